@@ -1,0 +1,92 @@
+/*
+ * engine/cpu/kernels.h — the CPU reference kernels, one per op, in f32 and f64.
+ *
+ * Plain C over raw NCHW buffers, BLAS for matrix products. The executor calls
+ * these with pointers into the arena; workspace sizes are asked for at compile
+ * time so that a step never allocates. Every kernel overwrites its output
+ * (never accumulates into it) unless its comment says otherwise.
+ */
+#ifndef LOOM_ENGINE_CPU_KERNELS_H
+#define LOOM_ENGINE_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct loom_conv_shape {
+	int n, c_in, h_in, w_in;
+	int c_out, kh, kw;
+	int stride, pad;
+	int h_out, w_out; /* (h_in + 2 pad - kh) / stride + 1 */
+} loom_conv_shape;
+
+typedef struct loom_pool_shape {
+	int n, c, h_in, w_in;
+	int k, stride, pad;
+	int h_out, w_out;
+} loom_pool_shape;
+
+/* Bytes of scratch each conv kernel needs for element size elem (4 or 8). */
+size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
+
+/* The X-macro below declares each kernel twice: suffix _f32 with T = float,
+ * suffix _f64 with T = double. */
+#define LOOM_CPU_KERNELS(T, SFX)                                                    \
+	/* y[n, c_out, ho, wo] = conv(x, w) + b (b may be NULL) */                      \
+	void loom_cpu_conv2d_fwd_##SFX(const loom_conv_shape *s, const T *x,            \
+				       const T *w, const T *b, T *y, void *ws);         \
+	/* dx = conv_transpose(dy, w) */                                                \
+	void loom_cpu_conv2d_bwd_data_##SFX(const loom_conv_shape *s, const T *dy,      \
+					    const T *w, T *dx, void *ws);               \
+	/* dw = correlation of x and dy, summed over the batch */                      \
+	void loom_cpu_conv2d_bwd_filter_##SFX(const loom_conv_shape *s, const T *dy,    \
+					      const T *x, T *dw, void *ws);             \
+	/* out[c] = sum over n and the hw spatial positions of x[n, c, hw] */          \
+	void loom_cpu_channel_sum_##SFX(int n, int c, int64_t hw, const T *x, T *out);  \
+	/* Training batch norm: biased variance for normalising; running stats      */ \
+	/* updated in place with momentum and the unbiased variance (PyTorch).      */ \
+	void loom_cpu_bn_fwd_train_##SFX(int n, int c, int64_t hw, const T *x,          \
+					 const T *gamma, const T *beta, T *running_mean, \
+					 T *running_var, double momentum, double eps,   \
+					 T *y);                                         \
+	void loom_cpu_bn_fwd_eval_##SFX(int n, int c, int64_t hw, const T *x,           \
+					const T *gamma, const T *beta,                  \
+					const T *running_mean, const T *running_var,    \
+					double eps, T *y);                              \
+	/* dx of training batch norm; batch mean/var recomputed from x */              \
+	void loom_cpu_bn_bwd_data_##SFX(int n, int c, int64_t hw, const T *x,           \
+					const T *gamma, const T *dy, double eps, T *dx);\
+	/* dgamma[c] = sum dy * xhat; dbeta is loom_cpu_channel_sum of dy */           \
+	void loom_cpu_bn_bwd_gamma_##SFX(int n, int c, int64_t hw, const T *x,          \
+					 const T *dy, double eps, T *dgamma);           \
+	/* Max pooling; padding never wins; ties go to the first element (PyTorch) */  \
+	void loom_cpu_maxpool2d_fwd_##SFX(const loom_pool_shape *s, const T *x, T *y);  \
+	void loom_cpu_maxpool2d_bwd_##SFX(const loom_pool_shape *s, const T *x,         \
+					  const T *dy, T *dx);                          \
+	/* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, op = transpose if t */   \
+	void loom_cpu_gemm_##SFX(int ta, int tb, int m, int n, int k, double alpha,     \
+				 const T *a, const T *b, double beta, T *c);            \
+	/* y[N,out] = x[N,in] w[out,in]^T + b (b may be NULL) */                        \
+	void loom_cpu_linear_fwd_##SFX(int n, int in, int out, const T *x, const T *w,  \
+				       const T *b, T *y);                               \
+	/* loss = mean over rows of logsumexp(logits) - logits[label]. Returns -1   */ \
+	/* and writes nothing if a label is out of range (its index in *bad).       */ \
+	int loom_cpu_softmax_ce_fwd_##SFX(int n, int classes, const T *logits,          \
+					  const int32_t *labels, T *loss, int *bad);    \
+	/* dlogits = (softmax - onehot) * dloss / n */                                  \
+	void loom_cpu_softmax_ce_bwd_##SFX(int n, int classes, const T *logits,         \
+					   const int32_t *labels, const T *dloss,       \
+					   T *dlogits);                                 \
+	void loom_cpu_relu_fwd_##SFX(int64_t n, const T *x, T *y);                     \
+	/* dx = dy where x > 0, else 0 */                                              \
+	void loom_cpu_relu_bwd_##SFX(int64_t n, const T *x, const T *dy, T *dx);        \
+	void loom_cpu_add_##SFX(int64_t n, const T *a, const T *b, T *y);              \
+	/* *y = sum of x (pairwise or blocked, so that f32 sums of 1e6 stay exact   */ \
+	/* to a few ulps) */                                                           \
+	void loom_cpu_sum_##SFX(int64_t n, const T *x, T *y);                          \
+	/* y[i] = *x * scale for all n elements */                                     \
+	void loom_cpu_broadcast_scalar_##SFX(int64_t n, const T *x, double scale, T *y);
+
+LOOM_CPU_KERNELS(float, f32)
+LOOM_CPU_KERNELS(double, f64)
+
+#endif /* LOOM_ENGINE_CPU_KERNELS_H */

@@ -1,0 +1,300 @@
+/*
+ * loom.h — the public API of loom, a mixed-precision training engine.
+ *
+ * A model is described once as a static graph (loom_graph), compiled into a
+ * fixed plan (loom_program: autodiff, AMP casts, memory arena, optimizer) and
+ * then run step after step on the CPU or CUDA backend. This header is the
+ * contract: each function says what it promises.
+ *
+ * Errors: everything that can fail returns a loom_status. Graph-building
+ * calls return LOOM_NONE on bad input and leave a sticky error on the graph;
+ * loom_compile refuses a graph in error and reports its first message.
+ * The library never aborts or exits on a user's mistake.
+ */
+#ifndef LOOM_H
+#define LOOM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum loom_status {
+	LOOM_OK = 0,
+	LOOM_ERR_INVALID,     /* a bad argument: null, out of range, bad flag */
+	LOOM_ERR_SHAPE,       /* shapes that do not fit together */
+	LOOM_ERR_DTYPE,       /* a dtype the op does not take */
+	LOOM_ERR_NOT_FOUND,   /* an unknown name, a missing file */
+	LOOM_ERR_IO,          /* a read or write that failed */
+	LOOM_ERR_FORMAT,      /* a malformed file */
+	LOOM_ERR_CORRUPT,     /* a checksum that does not match */
+	LOOM_ERR_MISMATCH,    /* a checkpoint or peer that does not fit this program */
+	LOOM_ERR_NOMEM,       /* an allocation that failed */
+	LOOM_ERR_UNSUPPORTED, /* valid, but not implemented on this backend */
+	LOOM_ERR_STATE,       /* a call out of order (graph in error, ...) */
+	LOOM_ERR_BACKEND,     /* a CUDA, cuBLASLt, cuDNN, NCCL or MPI failure */
+	LOOM_STATUS_COUNT
+} loom_status;
+
+/* A constant English name for a status ("shape mismatch"). */
+const char *loom_status_string(loom_status s);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum loom_dtype {
+	LOOM_F32 = 0,
+	LOOM_F64,
+	LOOM_F16,  /* IEEE binary16 storage, fp32 arithmetic */
+	LOOM_BF16, /* bfloat16 storage, fp32 arithmetic */
+	LOOM_I32,  /* class labels */
+	LOOM_DTYPE_COUNT
+} loom_dtype;
+
+const char *loom_dtype_name(loom_dtype dt); /* "f32", ... */
+size_t loom_dtype_size(loom_dtype dt);      /* bytes per element, 0 if unknown */
+
+#define LOOM_MAX_DIMS 6
+
+typedef struct loom_shape {
+	int ndim;
+	int64_t dims[LOOM_MAX_DIMS];
+} loom_shape;
+
+int64_t loom_shape_numel(const loom_shape *s);
+
+/* ---------------------------------------------------------------- graph */
+
+typedef struct loom_graph loom_graph;
+
+/* A value in a graph: an index, LOOM_NONE when building failed. */
+typedef int32_t loom_value;
+#define LOOM_NONE ((loom_value)-1)
+
+/* Creates an empty graph. *out is set even on LOOM_ERR_NOMEM (to NULL). */
+loom_status loom_graph_new(loom_graph **out);
+void loom_graph_free(loom_graph *g);
+
+/* The sticky error: LOOM_OK and "" while the graph is sound. */
+loom_status loom_graph_status(const loom_graph *g);
+const char *loom_graph_error(const loom_graph *g);
+
+/* Seed for parameter initialisers (default 0). */
+void loom_graph_set_seed(loom_graph *g, uint64_t seed);
+
+/* Gives a value a name, used in messages, dumps and checkpoints. Returns v. */
+loom_value loom_set_name(loom_graph *g, loom_value v, const char *name);
+
+loom_dtype loom_value_dtype(const loom_graph *g, loom_value v);
+loom_shape loom_value_shape(const loom_graph *g, loom_value v);
+
+/* Writes one line per node: index, op, name, dtype, shape, sources. */
+void loom_graph_dump(const loom_graph *g, FILE *out);
+
+/* Leaves. Names must be unique among inputs, parameters and buffers. */
+typedef enum loom_init {
+	LOOM_INIT_ZEROS = 0,
+	LOOM_INIT_ONES,
+	LOOM_INIT_KAIMING_UNIFORM, /* PyTorch conv/linear weight: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
+	LOOM_INIT_UNIFORM_FAN_IN,  /* PyTorch conv/linear bias: same bound */
+	LOOM_INIT_COUNT
+} loom_init;
+
+/* A tensor fed each step with loom_set_input (images, labels). */
+loom_value loom_input(loom_graph *g, const char *name, loom_dtype dt, int ndim,
+		      const int64_t *dims);
+/* A trainable tensor; fan_in is used by the uniform initialisers. */
+loom_value loom_param(loom_graph *g, const char *name, loom_dtype dt, int ndim,
+		      const int64_t *dims, loom_init init, int64_t fan_in);
+/* Non-trainable state kept across steps (batch-norm running statistics). */
+loom_value loom_buffer(loom_graph *g, const char *name, loom_dtype dt, int ndim,
+		       const int64_t *dims, loom_init init);
+
+/* Ops. Layout is NCHW; conv weights are [out, in, kh, kw]. b may be LOOM_NONE. */
+loom_value loom_conv2d(loom_graph *g, loom_value x, loom_value w, loom_value b,
+		       int stride, int pad);
+/* Training mode: batch statistics, running stats updated with momentum
+ * (unbiased variance, as PyTorch). Eval mode: running statistics. */
+loom_value loom_batchnorm2d(loom_graph *g, loom_value x, loom_value gamma,
+			    loom_value beta, loom_value running_mean,
+			    loom_value running_var, double momentum, double eps);
+loom_value loom_relu(loom_graph *g, loom_value x);
+loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
+			  int pad);
+/* y = x w^T + b, x [N, in], w [out, in], b [out] or LOOM_NONE. */
+loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b);
+/* [M, K] x [K, N] -> [M, N] */
+loom_value loom_matmul(loom_graph *g, loom_value a, loom_value b);
+/* Elementwise, same shape and dtype. */
+loom_value loom_add(loom_graph *g, loom_value a, loom_value b);
+/* One dim may be -1; element counts must agree. */
+loom_value loom_reshape(loom_graph *g, loom_value x, int ndim, const int64_t *dims);
+/* [N, ...] -> [N, rest] */
+loom_value loom_flatten(loom_graph *g, loom_value x);
+/* Reductions of every element to a scalar ([] shape). */
+loom_value loom_sum(loom_graph *g, loom_value x);
+loom_value loom_mean(loom_graph *g, loom_value x);
+/* Mean over the batch of -log softmax(logits)[label]; logits [N, C], labels
+ * [N] of LOOM_I32 in [0, C). A label out of range makes the step fail. */
+loom_value loom_softmax_cross_entropy(loom_graph *g, loom_value logits,
+				      loom_value labels);
+
+/* Layers: create named parameters with PyTorch's default initialisers
+ * ("name.weight", "name.bias", "name.running_mean", ...) and the op. */
+loom_value loom_layer_conv2d(loom_graph *g, const char *name, loom_value x,
+			     int out_channels, int kernel, int stride, int pad,
+			     int bias);
+loom_value loom_layer_batchnorm2d(loom_graph *g, const char *name, loom_value x);
+loom_value loom_layer_linear(loom_graph *g, const char *name, loom_value x,
+			     int out_features, int bias);
+
+/* Keeps v readable after a step (loss is always kept). */
+loom_status loom_mark_output(loom_graph *g, loom_value v);
+
+/* ---------------------------------------------------------------- compile */
+
+typedef enum loom_device {
+	LOOM_DEVICE_AUTO = 0, /* CUDA when a device exists, else CPU (one notice) */
+	LOOM_DEVICE_CPU,
+	LOOM_DEVICE_CUDA,
+	LOOM_DEVICE_COUNT
+} loom_device;
+
+typedef enum loom_optim_kind {
+	LOOM_OPTIM_NONE = 0, /* gradients only (gradient checks) */
+	LOOM_OPTIM_SGD,      /* torch.optim.SGD semantics */
+	LOOM_OPTIM_ADAMW,    /* torch.optim.AdamW semantics */
+	LOOM_OPTIM_COUNT
+} loom_optim_kind;
+
+typedef struct loom_optim_opts {
+	loom_optim_kind kind;
+	double lr;
+	double momentum;  /* SGD */
+	double dampening; /* SGD */
+	int nesterov;     /* SGD */
+	double weight_decay;
+	double beta1, beta2, eps; /* AdamW */
+} loom_optim_opts;
+
+typedef enum loom_opt_level {
+	LOOM_O0 = 0, /* fp32 everywhere */
+	LOOM_O1,     /* allow list in half, deny list in fp32, dynamic scaling */
+	LOOM_O2,     /* half model, fp32 batch norm and master weights */
+	LOOM_O3,     /* pure half, no master weights, no scaling */
+	LOOM_OPT_LEVEL_COUNT
+} loom_opt_level;
+
+typedef struct loom_amp_opts {
+	loom_opt_level level;
+	loom_dtype half;          /* LOOM_F16 or LOOM_BF16 */
+	double init_scale;        /* dynamic scaling start, default 65536 */
+	int growth_interval;      /* clean steps before doubling, default 2000 */
+	double static_scale;      /* > 0: fixed scale instead of dynamic */
+	int keep_batchnorm_fp32;  /* -1: the level's default, 0 or 1 override */
+} loom_amp_opts;
+
+typedef struct loom_compile_opts {
+	loom_device device;
+	loom_optim_opts optim;
+	loom_amp_opts amp;
+	int verbose; /* print the plan summary at compile time */
+} loom_compile_opts;
+
+/* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16. */
+void loom_compile_opts_default(loom_compile_opts *o);
+
+typedef struct loom_program loom_program;
+
+/*
+ * Compiles g for training `loss` (a scalar): autodiff over every parameter,
+ * the AMP pass, memory planning, backend lowering. The graph is not consumed
+ * and may be freed after. On failure *out is NULL and the message is in
+ * loom_last_error() (or the graph's sticky error).
+ */
+loom_status loom_compile(loom_graph *g, loom_value loss,
+			 const loom_compile_opts *o, loom_program **out);
+void loom_program_free(loom_program *p);
+
+/* The message of the last failed loom_compile in this thread. */
+const char *loom_last_error(void);
+
+/* ---------------------------------------------------------------- run */
+
+typedef enum loom_run_mode {
+	LOOM_RUN_TRAIN = 0, /* forward, backward, optimizer update */
+	LOOM_RUN_GRAD,      /* forward and backward, no update */
+	LOOM_RUN_FORWARD,   /* forward in training mode (batch statistics) */
+	LOOM_RUN_EVAL,      /* forward in eval mode (running statistics) */
+	LOOM_RUN_MODE_COUNT
+} loom_run_mode;
+
+/* Copies count elements of dtype dt into the input called name. */
+loom_status loom_set_input(loom_program *p, const char *name, const void *data,
+			   loom_dtype dt, size_t count);
+loom_status loom_run(loom_program *p, loom_run_mode mode);
+
+/* Reads a kept value (an output, a parameter, a buffer) as f32 or in its
+ * own dtype (loom_read_raw). count must equal the element count. */
+loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count);
+loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count);
+/* The gradient of parameter v from the last TRAIN or GRAD run. */
+loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst,
+			       size_t count);
+/* Overwrites a parameter or buffer (tests, custom initialisation). */
+loom_status loom_write_f64(loom_program *p, loom_value v, const double *src,
+			   size_t count);
+
+/* The loss of the last run, as f64. */
+double loom_loss(loom_program *p);
+
+loom_status loom_set_lr(loom_program *p, double lr);
+double loom_get_lr(const loom_program *p);
+/* Optimizer steps taken (skipped AMP steps do not count). */
+int64_t loom_step_count(const loom_program *p);
+
+typedef struct loom_program_info {
+	const char *backend;        /* "cpu" or "cuda: <device name>" */
+	size_t arena_bytes;         /* everything one step touches */
+	size_t param_bytes;         /* model weights, in their dtypes */
+	size_t master_bytes;        /* fp32 master weights (O2) */
+	size_t grad_bytes;
+	size_t optim_state_bytes;
+	size_t activation_bytes;    /* the planned, reused activation region */
+	size_t activation_naive_bytes; /* the same without reuse */
+	int n_nodes;
+	int n_params;
+	int64_t n_param_elems;
+	double loss_scale;          /* 1 without dynamic scaling */
+	int64_t skipped_steps;      /* AMP steps skipped on overflow */
+} loom_program_info;
+
+void loom_program_info_get(const loom_program *p, loom_program_info *info);
+
+/* The message of the last failure on p ("" if none). */
+const char *loom_program_error(const loom_program *p);
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/*
+ * Saves parameters, buffers, optimizer state, step counter, learning rate and
+ * loss-scaler state to path: written to path.tmp, synced, then renamed, so a
+ * crash never leaves a half-written file under the real name.
+ */
+loom_status loom_save(loom_program *p, const char *path);
+/*
+ * Restores what loom_save wrote. A corrupted file (checksum), a file of
+ * another format version, or one whose tensors do not match this program is
+ * refused with a message naming the file and the fault; p is then unchanged.
+ */
+loom_status loom_load(loom_program *p, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_H */
