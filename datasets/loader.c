@@ -1,0 +1,175 @@
+/*
+ * loader.c — batches over a dataset in sampler order, converted from bytes to
+ * normalised NCHW floats. The conversion goes through a 256-entry table, so
+ * every pixel costs one load, and one OpenMP loop spreads a batch's images
+ * over the cores.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "data_internal.h"
+#include "loom_data.h"
+
+/* Below this many pixels a batch converts faster on one thread than the
+ * OpenMP team takes to wake. */
+#define LOADER_PARALLEL_PIXELS 65536
+
+struct loom_loader {
+	const loom_dataset *ds;
+	const loom_sampler *s;
+	int batch_size;
+	int drop_last;
+	size_t image_elems;
+	float lut[256]; /* byte -> (byte / 255 - mean) / std */
+	char error[LOOM_DATA_ERRLEN];
+};
+
+static loom_status loader_check(const loom_dataset *ds, const loom_sampler *s,
+				int batch_size, float std, char *err,
+				size_t errlen)
+{
+	if (!ds || !s) {
+		loom_data_errf(err, errlen, "loader: %s is NULL",
+			       !ds ? "dataset" : "sampler");
+		return LOOM_ERR_INVALID;
+	}
+	if (ds->n < 0 || ds->c < 1 || ds->h < 1 || ds->w < 1 ||
+	    (ds->n > 0 && (!ds->images || !ds->labels))) {
+		loom_data_errf(err, errlen,
+			       "loader: dataset is malformed (n %lld, c %d, h %d, w %d)",
+			       (long long)ds->n, ds->c, ds->h, ds->w);
+		return LOOM_ERR_INVALID;
+	}
+	if (loom_sampler_size(s) != ds->n) {
+		loom_data_errf(err, errlen,
+			       "loader: sampler was built for %lld items but the dataset has %lld",
+			       (long long)loom_sampler_size(s), (long long)ds->n);
+		return LOOM_ERR_MISMATCH;
+	}
+	if (batch_size < 1) {
+		loom_data_errf(err, errlen,
+			       "loader: batch size %d, expected >= 1",
+			       batch_size);
+		return LOOM_ERR_INVALID;
+	}
+	if (!(std > 0.0f)) {
+		loom_data_errf(err, errlen,
+			       "loader: std %g, expected > 0", (double)std);
+		return LOOM_ERR_INVALID;
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
+			    int batch_size, int drop_last, float mean,
+			    float std, loom_loader **out, char *err,
+			    size_t errlen)
+{
+	loom_loader *l;
+	loom_status st;
+	int v;
+
+	loom_data_errf(err, errlen, "%s", "");
+	if (!out) {
+		loom_data_errf(err, errlen, "loom_loader_new: out is NULL");
+		return LOOM_ERR_INVALID;
+	}
+	*out = NULL;
+	st = loader_check(ds, s, batch_size, std, err, errlen);
+	if (st != LOOM_OK)
+		return st;
+	l = calloc(1, sizeof(*l));
+	if (!l) {
+		loom_data_errf(err, errlen, "loader: out of memory");
+		return LOOM_ERR_NOMEM;
+	}
+	l->ds = ds;
+	l->s = s;
+	l->batch_size = batch_size;
+	l->drop_last = drop_last != 0;
+	l->image_elems = (size_t)ds->c * (size_t)ds->h * (size_t)ds->w;
+	for (v = 0; v < 256; v++)
+		l->lut[v] = ((float)v / 255.0f - mean) / std;
+	*out = l;
+	return LOOM_OK;
+}
+
+void loom_loader_free(loom_loader *l)
+{
+	free(l);
+}
+
+int64_t loom_loader_num_batches(const loom_loader *l)
+{
+	int64_t len;
+
+	if (!l)
+		return 0;
+	len = loom_sampler_len(l->s);
+	return l->drop_last ? len / l->batch_size
+			    : (len + l->batch_size - 1) / l->batch_size;
+}
+
+int loom_loader_batch_size(const loom_loader *l)
+{
+	return l ? l->batch_size : 0;
+}
+
+size_t loom_loader_image_elems(const loom_loader *l)
+{
+	return l ? l->image_elems : 0;
+}
+
+loom_status loom_loader_get(loom_loader *l, int64_t batch, float *images,
+			    int32_t *labels, int *count)
+{
+	const int64_t *idx;
+	const uint8_t *src;
+	int64_t nb, len, start;
+	size_t elems;
+	int n, i;
+
+	if (!l)
+		return LOOM_ERR_INVALID;
+	if (count)
+		*count = 0;
+	if (!images || !labels || !count) {
+		loom_data_errf(l->error, sizeof(l->error),
+			       "loader: %s buffer is NULL",
+			       !images ? "images" : !labels ? "labels" : "count");
+		return LOOM_ERR_INVALID;
+	}
+	nb = loom_loader_num_batches(l);
+	if (batch < 0 || batch >= nb) {
+		loom_data_errf(l->error, sizeof(l->error),
+			       "loader: batch %lld out of range [0, %lld)",
+			       (long long)batch, (long long)nb);
+		return LOOM_ERR_INVALID;
+	}
+	len = loom_sampler_len(l->s);
+	start = batch * l->batch_size;
+	n = (int)(len - start < l->batch_size ? len - start : l->batch_size);
+	idx = loom_sampler_indices(l->s) + start;
+	src = l->ds->images;
+	elems = l->image_elems;
+
+	#pragma omp parallel for schedule(static) if ((size_t)n * elems >= LOADER_PARALLEL_PIXELS)
+	for (i = 0; i < n; i++) {
+		const uint8_t *in = src + (size_t)idx[i] * elems;
+		float *o = images + (size_t)i * elems;
+		size_t k;
+
+		for (k = 0; k < elems; k++)
+			o[k] = l->lut[in[k]];
+	}
+	for (i = 0; i < n; i++)
+		labels[i] = l->ds->labels[idx[i]];
+	*count = n;
+	l->error[0] = '\0';
+	return LOOM_OK;
+}
+
+const char *loom_loader_error(const loom_loader *l)
+{
+	return l ? l->error : "loader is NULL";
+}

@@ -1,0 +1,191 @@
+/*
+ * loom_data.h — data input for loom: IDX files (MNIST, Fashion-MNIST, raw or
+ * gzip), a rank-aware sampler with torch.utils.data.DistributedSampler
+ * semantics, a batch loader that normalises into NCHW floats, and a
+ * prefetching wrapper that fills the next batch on a thread of its own.
+ *
+ * Errors: every call that can fail returns a loom_status. Constructors take
+ * an (err, errlen) buffer that receives a message naming the file or the
+ * argument at fault; err may be NULL. Objects keep the message of their last
+ * failure (loom_*_error). Nothing here aborts or exits on a user's mistake.
+ */
+#ifndef LOOM_DATA_H
+#define LOOM_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where the Debian package dataset-fashion-mnist installs the four files. */
+#define LOOM_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* Per-channel statistics of the Fashion-MNIST training images (x / 255). */
+#define LOOM_FASHION_MNIST_MEAN 0.2860f
+#define LOOM_FASHION_MNIST_STD 0.3530f
+
+/* ---------------------------------------------------------------- IDX */
+
+/* The IDX format allows 255 dims; real files use 1 to 4. */
+#define LOOM_IDX_MAX_DIMS 8
+
+/* IDX element types (the third byte of the magic number). */
+#define LOOM_IDX_UBYTE 0x08
+
+typedef struct loom_idx {
+	int type;                         /* LOOM_IDX_UBYTE */
+	int ndim;                         /* 1 .. LOOM_IDX_MAX_DIMS */
+	int64_t dims[LOOM_IDX_MAX_DIMS];  /* outermost first */
+	size_t count;                     /* product of dims */
+	uint8_t *data;                    /* count elements, owned */
+} loom_idx;
+
+/*
+ * Reads an IDX file, raw or gzip-compressed (detected from its content, not
+ * its name). Checks the magic number (0x00 0x00 type ndim), that the type is
+ * unsigned byte, that every dim is read, and that the payload holds exactly
+ * the product of the dims: a short file and trailing bytes are both errors.
+ * On success *idx owns its data (loom_idx_free); on failure *idx is empty
+ * and err names the file and the fault. LOOM_ERR_NOT_FOUND: no such file;
+ * LOOM_ERR_IO: unreadable; LOOM_ERR_FORMAT: malformed; LOOM_ERR_UNSUPPORTED:
+ * a valid IDX type other than unsigned byte.
+ */
+loom_status loom_idx_load(const char *path, loom_idx *idx, char *err,
+			  size_t errlen);
+/* Frees idx->data and empties *idx. Safe on an empty or zeroed idx. */
+void loom_idx_free(loom_idx *idx);
+
+/* ---------------------------------------------------------------- datasets */
+
+/* Images in memory, N x C x H x W bytes, one label per image. A plain struct:
+ * tests and synthetic sources may fill one themselves. */
+typedef struct loom_dataset {
+	int64_t n;        /* images */
+	int c, h, w;      /* channels, height, width */
+	int classes;      /* labels lie in [0, classes) */
+	uint8_t *images;  /* n * c * h * w */
+	int32_t *labels;  /* n */
+} loom_dataset;
+
+/*
+ * Loads the MNIST-format split ("train" or "t10k") from dir, NULL meaning
+ * LOOM_FASHION_MNIST_DIR: <split>-images-idx3-ubyte[.gz] (N x H x W) and
+ * <split>-labels-idx1-ubyte[.gz] (N), the raw file preferred when both exist.
+ * Image and label counts must agree and every label must be below 10.
+ * A missing dir is LOOM_ERR_NOT_FOUND with a message that names the
+ * Debian package dataset-fashion-mnist. On failure *ds is empty.
+ */
+loom_status loom_mnist_load(const char *dir, const char *split,
+			    loom_dataset *ds, char *err, size_t errlen);
+/* Frees what loom_mnist_load allocated and empties *ds. */
+void loom_dataset_free(loom_dataset *ds);
+
+/* ---------------------------------------------------------------- sampler */
+
+/*
+ * Which indices of a data set of n items rank `rank` of `world` visits in an
+ * epoch, as torch.utils.data.DistributedSampler:
+ * - shuffle: a permutation of [0, n) that depends only on (seed, epoch);
+ *   otherwise 0, 1, ..., n-1.
+ * - drop_last = 0: the permutation is padded by repeating its start until
+ *   its length divides by world; every rank gets ceil(n / world) indices.
+ *   drop_last = 1: the tail is dropped; every rank gets floor(n / world).
+ * - rank r takes items r, r + world, r + 2 world, ... of that list.
+ */
+typedef struct loom_sampler loom_sampler;
+
+/* Creates a sampler at epoch 0. world >= 1, 0 <= rank < world, n >= 0;
+ * otherwise LOOM_ERR_INVALID and *out is NULL. */
+loom_status loom_sampler_new(int64_t n, int rank, int world, int shuffle,
+			     uint64_t seed, int drop_last, loom_sampler **out,
+			     char *err, size_t errlen);
+void loom_sampler_free(loom_sampler *s);
+
+/* Recomputes this rank's indices for epoch (>= 0). Call it before every
+ * epoch, on every rank with the same value, as with DistributedSampler. */
+loom_status loom_sampler_set_epoch(loom_sampler *s, int64_t epoch);
+int64_t loom_sampler_epoch(const loom_sampler *s);
+
+/* Indices this rank visits per epoch: ceil or floor of n / world. */
+int64_t loom_sampler_len(const loom_sampler *s);
+/* The size of the data set the sampler was made for. */
+int64_t loom_sampler_size(const loom_sampler *s);
+/* This rank's indices for the current epoch, loom_sampler_len of them;
+ * valid until the next set_epoch or free. */
+const int64_t *loom_sampler_indices(const loom_sampler *s);
+
+const char *loom_sampler_error(const loom_sampler *s);
+
+/* ---------------------------------------------------------------- loader */
+
+/*
+ * Cuts the sampler's indices into batches of batch_size and converts each
+ * image to floats, (x / 255 - mean) / std, in NCHW. The loader borrows ds
+ * and s: both must outlive it, and the sampler's epoch is the loader's.
+ */
+typedef struct loom_loader loom_loader;
+
+/* s must be built for ds->n items; batch_size >= 1; std > 0. drop_last
+ * leaves out the final partial batch. */
+loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
+			    int batch_size, int drop_last, float mean,
+			    float std, loom_loader **out, char *err,
+			    size_t errlen);
+void loom_loader_free(loom_loader *l);
+
+/* Batches per epoch (for this rank). */
+int64_t loom_loader_num_batches(const loom_loader *l);
+int loom_loader_batch_size(const loom_loader *l);
+/* Floats per image, c * h * w: images must hold batch_size times that. */
+size_t loom_loader_image_elems(const loom_loader *l);
+
+/*
+ * Fills batch `batch` (0 <= batch < num_batches) of the current epoch:
+ * images with *count * c * h * w floats, labels with *count labels.
+ * *count is batch_size except for a final partial batch.
+ * LOOM_ERR_INVALID for a batch out of range or a NULL buffer.
+ */
+loom_status loom_loader_get(loom_loader *l, int64_t batch, float *images,
+			    int32_t *labels, int *count);
+
+const char *loom_loader_error(const loom_loader *l);
+
+/* ---------------------------------------------------------------- prefetch */
+
+/*
+ * Overlaps loading with compute: a thread fills the next batch of the epoch
+ * into one of two buffers while the caller works on the other.
+ */
+typedef struct loom_prefetch loom_prefetch;
+
+/* Starts the worker thread; it waits for loom_prefetch_start. Borrows l. */
+loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
+			      size_t errlen);
+/* Stops and joins the worker, then frees. */
+void loom_prefetch_free(loom_prefetch *p);
+
+/* Begins an epoch at batch 0, abandoning any epoch in progress. Set the
+ * sampler's epoch first; do not change it until the epoch is consumed or
+ * started again. */
+loom_status loom_prefetch_start(loom_prefetch *p);
+
+/*
+ * Hands out the next batch of the epoch, waiting for it if needed. The
+ * pointers stay valid until the next call to next, start or free. At the end
+ * of the epoch returns LOOM_OK with *count = 0 and NULL pointers. A failure
+ * of the loader is returned here, with its message in loom_prefetch_error.
+ */
+loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
+			       const int32_t **labels, int *count);
+
+const char *loom_prefetch_error(const loom_prefetch *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_DATA_H */
