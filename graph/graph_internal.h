@@ -1,0 +1,144 @@
+/*
+ * graph/graph_internal.h — the IR behind loom_graph, shared by graph/, amp/
+ * and engine/. A node is a value: one op, its sources, its dtype and shape.
+ * Building a node only records it; loom_compile does the work.
+ */
+#ifndef LOOM_GRAPH_INTERNAL_H
+#define LOOM_GRAPH_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+typedef enum loom_op {
+	LOOM_OP_INPUT = 0,
+	LOOM_OP_PARAM,
+	LOOM_OP_BUFFER,
+	LOOM_OP_CONV2D,
+	LOOM_OP_CONV2D_BWD_DATA,   /* (dy, w) -> dx */
+	LOOM_OP_CONV2D_BWD_FILTER, /* (dy, x) -> dw */
+	LOOM_OP_CHANNEL_SUM,       /* [N, C, ...] -> [C] */
+	LOOM_OP_BATCHNORM2D,       /* (x, gamma, beta, rmean, rvar) */
+	LOOM_OP_BN_BWD_DATA,       /* (x, gamma, dy) -> dx */
+	LOOM_OP_BN_BWD_GAMMA,      /* (x, dy) -> dgamma */
+	LOOM_OP_RELU,
+	LOOM_OP_RELU_BWD,          /* (x, dy) -> dx */
+	LOOM_OP_MAXPOOL2D,
+	LOOM_OP_MAXPOOL2D_BWD,     /* (x, dy) -> dx */
+	LOOM_OP_LINEAR,            /* (x, w[, b]) */
+	LOOM_OP_MATMUL,            /* (a, b), attrs say which side is transposed */
+	LOOM_OP_ADD,
+	LOOM_OP_RESHAPE,
+	LOOM_OP_SUM,               /* all elements -> [] */
+	LOOM_OP_BROADCAST,         /* [] -> shape, times attrs.scale */
+	LOOM_OP_SOFTMAX_CE,        /* (logits, labels) -> [] */
+	LOOM_OP_SOFTMAX_CE_BWD,    /* (logits, labels, dloss) -> dlogits */
+	LOOM_OP_GRAD_SEED,         /* [] holding the loss scale: d loss / d loss */
+	LOOM_OP_CAST,              /* x -> dtype */
+	LOOM_OP_COUNT
+} loom_op;
+
+#define LOOM_MAX_SRC 5
+#define LOOM_NAME_MAX 64
+
+/* Node flags. */
+enum {
+	LOOM_NODE_OUTPUT = 1u << 0,   /* kept readable after a step */
+	LOOM_NODE_BACKWARD = 1u << 1, /* appended by autodiff */
+	LOOM_NODE_GRAD = 1u << 2,     /* the full gradient of a parameter */
+	LOOM_NODE_AMP = 1u << 3,      /* inserted by the AMP pass */
+};
+
+typedef union loom_attrs {
+	struct {
+		int stride, pad;
+	} conv;
+	struct {
+		double momentum, eps;
+	} bn;
+	struct {
+		int kernel, stride, pad;
+	} pool;
+	struct {
+		int ta, tb; /* transpose a / b */
+	} mm;
+	struct {
+		double scale;
+	} bc;
+	struct {
+		loom_init init;
+		int64_t fan_in;
+	} leaf;
+} loom_attrs;
+
+typedef struct loom_node {
+	loom_op op;
+	loom_dtype dtype;
+	loom_shape shape;
+	int nsrc;
+	loom_value src[LOOM_MAX_SRC];
+	loom_attrs a;
+	uint32_t flags;
+	loom_value grad;   /* for params, after autodiff: the gradient value */
+	loom_value master; /* for params, after AMP O2: the fp32 master (a param) */
+	char name[LOOM_NAME_MAX];
+} loom_node;
+
+struct loom_graph {
+	loom_node *nodes;
+	int n, cap;
+	loom_status err;
+	char errmsg[512];
+	uint64_t seed;
+};
+
+/* Op table: one definition per op. */
+typedef struct loom_op_def {
+	const char *name;
+	/* Appends the gradient nodes for node v given dy (its output gradient):
+	 * calls loom_grad_accum(ctx, src_value, grad_value) for each source that
+	 * needs one. NULL: the op has no gradient (it is a backward op). */
+	void (*grad)(loom_graph *g, loom_value v, loom_value dy, void *ctx);
+} loom_op_def;
+
+extern const loom_op_def loom_op_defs[LOOM_OP_COUNT];
+
+/* Sets the sticky error (first one wins) and returns LOOM_NONE. */
+loom_value loom_graph_fail(loom_graph *g, loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Appends a node, returns its value (LOOM_NONE on OOM, with the error set). */
+loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt,
+			 const loom_shape *shape, int nsrc, const loom_value *src);
+
+static inline loom_node *loom_node_at(const loom_graph *g, loom_value v)
+{
+	return &g->nodes[v];
+}
+
+/* "conv2d 'conv1'" or "conv2d #12", for messages. */
+const char *loom_node_label(const loom_graph *g, loom_value v, char *buf,
+			    size_t len);
+/* "[100, 1, 28, 28]" */
+const char *loom_shape_str(const loom_shape *s, char *buf, size_t len);
+
+int loom_shape_eq(const loom_shape *a, const loom_shape *b);
+loom_shape loom_shape_make(int ndim, const int64_t *dims);
+
+/* Copies a graph (for compile passes that rewrite it). */
+loom_status loom_graph_clone(const loom_graph *g, loom_graph **out);
+
+/* Autodiff: appends the backward graph of loss (a scalar) with respect to
+ * every parameter; sets node->grad of each parameter reached (params not
+ * reached get a zero gradient). */
+loom_status loom_autodiff(loom_graph *g, loom_value loss);
+
+/* Used by gradient rules. */
+void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
+
+/* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
+ * check checkpoints and, later, that all ranks compiled the same graph). */
+uint64_t loom_graph_fingerprint(const loom_graph *g);
+
+#endif /* LOOM_GRAPH_INTERNAL_H */
