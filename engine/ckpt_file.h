@@ -1,0 +1,77 @@
+/*
+ * ckpt_file.h — the checkpoint container: named tensors plus a graph
+ * fingerprint, written atomically and checked end to end with a CRC32.
+ * It knows nothing of programs; loom_save/loom_load decide what goes in.
+ *
+ * Layout (all integers little-endian):
+ *   header   "LOOMCKPT" | u32 version | u32 record count | u64 fingerprint
+ *   record   u32 name length (with its NUL) | name bytes incl. NUL
+ *            | i32 dtype | u32 ndim | i64 dims[ndim] | u64 byte length
+ *            | zero padding up to a 64-byte file offset | payload
+ *   trailer  u32 CRC32 (zlib) of every byte before it
+ * Payloads start 64-byte aligned so that a reader can use them in place.
+ */
+#ifndef LOOM_ENGINE_CKPT_FILE_H
+#define LOOM_ENGINE_CKPT_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_CKPT_MAGIC "LOOMCKPT"
+#define LOOM_CKPT_VERSION 1u
+#define LOOM_CKPT_ALIGN 64
+
+/* One tensor. dtype is a loom_dtype code, stored as is and not interpreted
+ * here; bytes need not equal numel * dtype size (the loader checks that). */
+typedef struct loom_ckpt_record {
+	const char *name; /* unique, non-empty */
+	int dtype;
+	int ndim;         /* 0 .. LOOM_MAX_DIMS */
+	int64_t dims[LOOM_MAX_DIMS];
+	const void *data; /* may be NULL only when bytes == 0 */
+	size_t bytes;
+} loom_ckpt_record;
+
+/* A checkpoint read into memory; records point into its one buffer. */
+typedef struct loom_ckpt_file loom_ckpt_file;
+
+/*
+ * Writes n records to path.tmp, flushes and fsyncs it, renames it over path
+ * and fsyncs the directory. On failure the .tmp file is removed and a file
+ * already at path is left as it was. err (may be NULL) receives a message
+ * that names the path. LOOM_ERR_INVALID for bad records (empty or duplicate
+ * name, ndim out of range, negative dim, NULL data), LOOM_ERR_IO otherwise.
+ */
+loom_status loom_ckpt_write(const char *path, uint64_t fingerprint,
+			    const loom_ckpt_record *recs, int n, char *err,
+			    size_t errlen);
+
+/*
+ * Reads and checks a whole checkpoint. *out is NULL on failure. Statuses:
+ * LOOM_ERR_NOT_FOUND (no such file), LOOM_ERR_IO, LOOM_ERR_NOMEM,
+ * LOOM_ERR_FORMAT (bad magic, truncated or malformed), LOOM_ERR_MISMATCH
+ * (another format version), LOOM_ERR_CORRUPT (checksum mismatch).
+ */
+loom_status loom_ckpt_read(const char *path, loom_ckpt_file **out, char *err,
+			   size_t errlen);
+
+/* The record called name, NULL if there is none. */
+const loom_ckpt_record *loom_ckpt_find(const loom_ckpt_file *f, const char *name);
+int loom_ckpt_count(const loom_ckpt_file *f);
+/* Records in file order; NULL when i is out of range. */
+const loom_ckpt_record *loom_ckpt_at(const loom_ckpt_file *f, int i);
+uint64_t loom_ckpt_fingerprint(const loom_ckpt_file *f);
+/* Frees f and everything its records point to. NULL is fine. */
+void loom_ckpt_free(loom_ckpt_file *f);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_ENGINE_CKPT_FILE_H */
