@@ -1,0 +1,20 @@
+/*
+ * engine/cpu/bn.c — CPU batch norm (training and eval forward, backward data
+ * and gamma) and per-channel sums, for f32 and f64 from bn_impl.h.
+ */
+#include <math.h>
+
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/kernels.h"
+
+#define T float
+#define SFX f32
+#include "engine/cpu/bn_impl.h"
+#undef T
+#undef SFX
+
+#define T double
+#define SFX f64
+#include "engine/cpu/bn_impl.h"
+#undef T
+#undef SFX

@@ -1,0 +1,167 @@
+/*
+ * engine/cpu/bn_impl.h — batch norm and per-channel sums over NCHW, written
+ * once for T/SFX and included by bn.c for f32 and f64 (no include guard on
+ * purpose). Channels run in parallel; sums accumulate in double, two passes
+ * for the variance so that a large mean does not cancel it away.
+ */
+
+/* Sum of channel ch over the batch, double accumulator. */
+static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int ch)
+{
+	double s = 0;
+	for (int i = 0; i < n; i++) {
+		const T *xp = x + ((int64_t)i * c + ch) * hw;
+#pragma omp simd reduction(+ : s)
+		for (int64_t j = 0; j < hw; j++)
+			s += xp[j];
+	}
+	return s;
+}
+
+/* Batch mean and biased variance of channel ch. */
+static void LOOM_CPU_FN(bn_chan_stats)(int n, int c, int64_t hw, const T *x, int ch,
+				       double *mean, double *var)
+{
+	const double m = (double)n * hw;
+	const double mu = LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch) / m;
+	double q = 0;
+	for (int i = 0; i < n; i++) {
+		const T *xp = x + ((int64_t)i * c + ch) * hw;
+#pragma omp simd reduction(+ : q)
+		for (int64_t j = 0; j < hw; j++) {
+			double d = xp[j] - mu;
+			q += d * d;
+		}
+	}
+	*mean = mu;
+	*var = q / m;
+}
+
+/* For backward: mean, biased variance, sum dy and sum dy * (x - mean), with
+ * the last three sharing one pass over x and dy. */
+static void LOOM_CPU_FN(bn_chan_bwd_sums)(int n, int c, int64_t hw, const T *x,
+					  const T *dy, int ch, double *mean,
+					  double *var, double *sdy, double *sdyx)
+{
+	const double m = (double)n * hw;
+	const double mu = LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch) / m;
+	double q = 0, a = 0, b = 0;
+	for (int i = 0; i < n; i++) {
+		int64_t o = ((int64_t)i * c + ch) * hw;
+		const T *xp = x + o, *dp = dy + o;
+#pragma omp simd reduction(+ : q, a, b)
+		for (int64_t j = 0; j < hw; j++) {
+			double d = xp[j] - mu;
+			q += d * d;
+			a += dp[j];
+			b += dp[j] * d;
+		}
+	}
+	*mean = mu;
+	*var = q / m;
+	*sdy = a;
+	*sdyx = b;
+}
+
+/* y = x * scale + shift over channel ch. */
+static void LOOM_CPU_FN(bn_chan_affine)(int n, int c, int64_t hw, const T *x, int ch,
+					T scale, T shift, T *y)
+{
+	for (int i = 0; i < n; i++) {
+		int64_t o = ((int64_t)i * c + ch) * hw;
+		const T *xp = x + o;
+		T *yp = y + o;
+#pragma omp simd
+		for (int64_t j = 0; j < hw; j++)
+			yp[j] = xp[j] * scale + shift;
+	}
+}
+
+static int LOOM_CPU_FN(bn_threads)(int n, int c, int64_t hw)
+{
+	return (int64_t)n * c * hw >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+}
+
+void LOOM_CPU_FN(loom_cpu_channel_sum)(int n, int c, int64_t hw, const T *x, T *out)
+{
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++)
+		out[ch] = (T)LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch);
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_fwd_train)(int n, int c, int64_t hw, const T *x,
+					const T *gamma, const T *beta, T *running_mean,
+					T *running_var, double momentum, double eps, T *y)
+{
+	const double m = (double)n * hw;
+	/* PyTorch stores the unbiased variance; with one value per channel that
+	 * is undefined, so the biased one is kept rather than a division by 0. */
+	const double unbias = m > 1 ? m / (m - 1) : 1;
+
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++) {
+		double mean, var;
+		LOOM_CPU_FN(bn_chan_stats)(n, c, hw, x, ch, &mean, &var);
+		double g = gamma ? gamma[ch] : 1, bt = beta ? beta[ch] : 0;
+		double scale = g / sqrt(var + eps);
+		LOOM_CPU_FN(bn_chan_affine)(n, c, hw, x, ch, (T)scale,
+					    (T)(bt - mean * scale), y);
+		if (running_mean)
+			running_mean[ch] = (T)((1 - momentum) * running_mean[ch] + momentum * mean);
+		if (running_var)
+			running_var[ch] = (T)((1 - momentum) * running_var[ch] +
+					      momentum * var * unbias);
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_fwd_eval)(int n, int c, int64_t hw, const T *x,
+				       const T *gamma, const T *beta,
+				       const T *running_mean, const T *running_var,
+				       double eps, T *y)
+{
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++) {
+		double g = gamma ? gamma[ch] : 1, bt = beta ? beta[ch] : 0;
+		double scale = g / sqrt((double)running_var[ch] + eps);
+		LOOM_CPU_FN(bn_chan_affine)(n, c, hw, x, ch, (T)scale,
+					    (T)(bt - running_mean[ch] * scale), y);
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
+				       const T *gamma, const T *dy, double eps, T *dx)
+{
+	const double m = (double)n * hw;
+
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++) {
+		double mean, var, sdy, sdyx;
+		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
+		double istd = 1 / sqrt(var + eps);
+		double k = (gamma ? gamma[ch] : 1) * istd;
+		/* dx = k (dy - mean(dy) - xhat mean(dy xhat)), folded into
+		 * dx = dy * a + x * b + d so the pass is one fma chain. */
+		double bb = -k * (sdyx / m) * istd * istd;
+		double d = -k * (sdy / m) - bb * mean;
+		T a = (T)k, b = (T)bb, dd = (T)d;
+		for (int i = 0; i < n; i++) {
+			int64_t o = ((int64_t)i * c + ch) * hw;
+			const T *xp = x + o, *dp = dy + o;
+			T *op = dx + o;
+#pragma omp simd
+			for (int64_t j = 0; j < hw; j++)
+				op[j] = dp[j] * a + xp[j] * b + dd;
+		}
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_bwd_gamma)(int n, int c, int64_t hw, const T *x,
+					const T *dy, double eps, T *dgamma)
+{
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++) {
+		double mean, var, sdy, sdyx;
+		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
+		dgamma[ch] = (T)(sdyx / sqrt(var + eps));
+	}
+}

@@ -1,0 +1,69 @@
+/*
+ * engine/cpu/conv.c — CPU 2-D convolution (forward, backward data, backward
+ * filter) for f32 and f64, instantiated from conv_impl.h, plus the workspace
+ * size the executor reserves for them.
+ */
+#include <string.h>
+
+#include <cblas.h>
+
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/kernels.h"
+
+/* A 1x1, stride-1, unpadded conv is a plain GEMM on the input: no im2col. */
+static int loom_cpu_conv_is_pointwise(const loom_conv_shape *s)
+{
+	return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0;
+}
+
+/* One thread's scratch: im2col of one image [K, P] then a private dw
+ * [c_out, K] (bwd_filter). Rounded to a cache line so slots never share one. */
+static size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem)
+{
+	size_t k = (size_t)s->c_in * s->kh * s->kw;
+	size_t p = (size_t)s->h_out * s->w_out;
+	size_t bytes = elem * (k * p + (size_t)s->c_out * k);
+	return (bytes + 63) & ~(size_t)63;
+}
+
+/*
+ * The conv kernels run one single-threaded GEMM per image on each OpenMP
+ * thread. Debian's OpenBLAS is the pthread build, which would otherwise start
+ * its own threads inside ours, so its thread count is dropped to one for the
+ * duration and put back after. Nothing to do when we run on one thread: then
+ * OpenBLAS may thread the lone GEMM itself (batch 1).
+ */
+static int loom_cpu_blas_serial_begin(int our_threads)
+{
+	int prev = openblas_get_num_threads();
+	if (our_threads > 1 && prev != 1)
+		openblas_set_num_threads(1);
+	return prev;
+}
+
+static void loom_cpu_blas_serial_end(int prev)
+{
+	if (openblas_get_num_threads() != prev)
+		openblas_set_num_threads(prev);
+}
+
+size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)
+{
+	return loom_cpu_conv_slot_bytes(s, elem) * (size_t)loom_cpu_slots();
+}
+
+#define T float
+#define SFX f32
+#define CBLAS_GEMM cblas_sgemm
+#include "engine/cpu/conv_impl.h"
+#undef T
+#undef SFX
+#undef CBLAS_GEMM
+
+#define T double
+#define SFX f64
+#define CBLAS_GEMM cblas_dgemm
+#include "engine/cpu/conv_impl.h"
+#undef T
+#undef SFX
+#undef CBLAS_GEMM

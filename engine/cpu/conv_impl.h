@@ -1,0 +1,185 @@
+/*
+ * engine/cpu/conv_impl.h — 2-D convolution as im2col + GEMM, written once for
+ * T/SFX/CBLAS_GEMM and included by conv.c for f32 and f64. Not a standalone
+ * header: it has no include guard on purpose.
+ *
+ * Each image is one GEMM whose output is already NCHW, so there is no
+ * permute pass; the im2col buffer of one image (K x P, 313 KB for the 16->32
+ * 5x5 layer at 14x14) lives in the running core's L2 and is consumed there.
+ * Threads split the batch; each BLAS call inside runs single-threaded.
+ */
+
+/* One image x[c_in, h_in, w_in] to col[c_in*kh*kw, ho*wo]; padding reads 0. */
+static void LOOM_CPU_FN(im2col)(const loom_conv_shape *s, const T *x, T *col)
+{
+	const int ho = s->h_out, wo = s->w_out, st = s->stride, pad = s->pad;
+	const int64_t plane = (int64_t)s->h_in * s->w_in;
+
+	for (int c = 0; c < s->c_in; c++) {
+		const T *src = x + c * plane;
+		for (int ki = 0; ki < s->kh; ki++) {
+			for (int kj = 0; kj < s->kw; kj++) {
+				int off = kj - pad, lo, hi;
+				loom_cpu_valid_range(off, st, s->w_in, wo, &lo, &hi);
+				for (int oh = 0; oh < ho; oh++, col += wo) {
+					int ih = oh * st - pad + ki;
+					if (ih < 0 || ih >= s->h_in) {
+						memset(col, 0, sizeof(T) * wo);
+						continue;
+					}
+					const T *row = src + (int64_t)ih * s->w_in;
+					for (int ow = 0; ow < lo; ow++)
+						col[ow] = 0;
+					if (st == 1)
+						memcpy(col + lo, row + lo + off, sizeof(T) * (hi - lo));
+					else
+						for (int ow = lo; ow < hi; ow++)
+							col[ow] = row[ow * st + off];
+					for (int ow = hi; ow < wo; ow++)
+						col[ow] = 0;
+				}
+			}
+		}
+	}
+}
+
+/* Adjoint of im2col: dx[c_in, h_in, w_in] = sum of col entries that read each
+ * pixel. Overwrites dx (one image). */
+static void LOOM_CPU_FN(col2im)(const loom_conv_shape *s, const T *col, T *dx)
+{
+	const int ho = s->h_out, wo = s->w_out, st = s->stride, pad = s->pad;
+	const int64_t plane = (int64_t)s->h_in * s->w_in;
+
+	memset(dx, 0, sizeof(T) * plane * s->c_in);
+	for (int c = 0; c < s->c_in; c++) {
+		T *dst = dx + c * plane;
+		for (int ki = 0; ki < s->kh; ki++) {
+			for (int kj = 0; kj < s->kw; kj++) {
+				int off = kj - pad, lo, hi;
+				loom_cpu_valid_range(off, st, s->w_in, wo, &lo, &hi);
+				for (int oh = 0; oh < ho; oh++, col += wo) {
+					int ih = oh * st - pad + ki;
+					if (ih < 0 || ih >= s->h_in)
+						continue;
+					T *row = dst + (int64_t)ih * s->w_in + off;
+					if (st == 1) {
+						for (int ow = lo; ow < hi; ow++)
+							row[ow] += col[ow];
+					} else {
+						for (int ow = lo; ow < hi; ow++)
+							row[ow * st] += col[ow];
+					}
+				}
+			}
+		}
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_conv2d_fwd)(const loom_conv_shape *s, const T *x,
+				      const T *w, const T *b, T *y, void *ws)
+{
+	const int k = s->c_in * s->kh * s->kw;
+	const int p = s->h_out * s->w_out;
+	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
+	const int64_t out_img = (int64_t)s->c_out * p;
+	const size_t slot = loom_cpu_conv_slot_bytes(s, sizeof(T));
+	const int direct = loom_cpu_conv_is_pointwise(s);
+	const int nt = loom_cpu_slot_threads(s->n);
+	int blas_prev = loom_cpu_blas_serial_begin(nt);
+
+#pragma omp parallel for num_threads(nt) schedule(static)
+	for (int n = 0; n < s->n; n++) {
+		T *col = (T *)((char *)ws + slot * omp_get_thread_num());
+		const T *xn = x + n * in_img;
+		T *yn = y + n * out_img;
+
+		if (direct)
+			col = (T *)xn;
+		else
+			LOOM_CPU_FN(im2col)(s, xn, col);
+		CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->c_out, p, k,
+			   1, w, k, col, p, 0, yn, p);
+		if (b) {
+			for (int co = 0; co < s->c_out; co++) {
+				T bias = b[co], *yr = yn + (int64_t)co * p;
+				for (int i = 0; i < p; i++)
+					yr[i] += bias;
+			}
+		}
+	}
+	loom_cpu_blas_serial_end(blas_prev);
+}
+
+void LOOM_CPU_FN(loom_cpu_conv2d_bwd_data)(const loom_conv_shape *s, const T *dy,
+					   const T *w, T *dx, void *ws)
+{
+	const int k = s->c_in * s->kh * s->kw;
+	const int p = s->h_out * s->w_out;
+	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
+	const int64_t out_img = (int64_t)s->c_out * p;
+	const size_t slot = loom_cpu_conv_slot_bytes(s, sizeof(T));
+	const int direct = loom_cpu_conv_is_pointwise(s);
+	const int nt = loom_cpu_slot_threads(s->n);
+	int blas_prev = loom_cpu_blas_serial_begin(nt);
+
+#pragma omp parallel for num_threads(nt) schedule(static)
+	for (int n = 0; n < s->n; n++) {
+		T *dcol = (T *)((char *)ws + slot * omp_get_thread_num());
+		T *dxn = dx + n * in_img;
+
+		/* dcol[K, P] = w^T[K, c_out] dy_n[c_out, P] */
+		CBLAS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, k, p, s->c_out,
+			   1, w, k, dy + n * out_img, p, 0, direct ? dxn : dcol, p);
+		if (!direct)
+			LOOM_CPU_FN(col2im)(s, dcol, dxn);
+	}
+	loom_cpu_blas_serial_end(blas_prev);
+}
+
+void LOOM_CPU_FN(loom_cpu_conv2d_bwd_filter)(const loom_conv_shape *s, const T *dy,
+					     const T *x, T *dw, void *ws)
+{
+	const int k = s->c_in * s->kh * s->kw;
+	const int p = s->h_out * s->w_out;
+	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
+	const int64_t out_img = (int64_t)s->c_out * p;
+	const int64_t nw = (int64_t)s->c_out * k;
+	const size_t slot = loom_cpu_conv_slot_bytes(s, sizeof(T));
+	const int direct = loom_cpu_conv_is_pointwise(s);
+	const int nt = loom_cpu_slot_threads(s->n);
+	int blas_prev = loom_cpu_blas_serial_begin(nt);
+	int team = 1;
+
+	/* Each thread sums its images into a private dw after its im2col buffer,
+	 * then the partial sums are added in a fixed order (deterministic). */
+#pragma omp parallel num_threads(nt)
+	{
+		T *col = (T *)((char *)ws + slot * omp_get_thread_num());
+		T *part = col + (int64_t)k * p;
+
+		/* The runtime may grant fewer threads than asked for. */
+		if (omp_get_thread_num() == 0)
+			team = omp_get_num_threads();
+		memset(part, 0, sizeof(T) * nw);
+#pragma omp for schedule(static)
+		for (int n = 0; n < s->n; n++) {
+			const T *xn = x + n * in_img;
+			const T *cn = direct ? xn : col;
+
+			if (!direct)
+				LOOM_CPU_FN(im2col)(s, xn, col);
+			/* part[c_out, K] += dy_n[c_out, P] col[K, P]^T */
+			CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, s->c_out, k, p,
+				   1, dy + n * out_img, p, cn, p, 1, part, k);
+		}
+	}
+	loom_cpu_blas_serial_end(blas_prev);
+
+	const T *part0 = (const T *)((char *)ws + (int64_t)k * p * sizeof(T));
+	memcpy(dw, part0, sizeof(T) * nw);
+	for (int t = 1; t < team; t++) {
+		const T *pt = (const T *)((const char *)part0 + slot * t);
+		for (int64_t i = 0; i < nw; i++)
+			dw[i] += pt[i];
+	}
+}

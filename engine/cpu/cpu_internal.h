@@ -1,0 +1,66 @@
+/*
+ * engine/cpu/cpu_internal.h — plumbing shared by the CPU kernel files: the name
+ * pasting that instantiates each *_impl.h for f32 and f64, and thread helpers.
+ * Never included by kernels.h.
+ */
+#ifndef LOOM_ENGINE_CPU_INTERNAL_H
+#define LOOM_ENGINE_CPU_INTERNAL_H
+
+#include <stdint.h>
+#include <omp.h>
+
+/* LOOM_CPU_FN(loom_cpu_relu_fwd) -> loom_cpu_relu_fwd_f32 when SFX is f32. */
+#define LOOM_CPU_PASTE_(a, b) a##_##b
+#define LOOM_CPU_PASTE(a, b) LOOM_CPU_PASTE_(a, b)
+#define LOOM_CPU_FN(name) LOOM_CPU_PASTE(name, SFX)
+
+/* Below this many elements a parallel region costs more than it saves. */
+#define LOOM_CPU_PAR_MIN 32768
+
+/*
+ * The conv kernels keep one scratch slot per thread so that each image's
+ * im2col buffer stays in that core's L2. The slot count must not depend on
+ * anything that can change between workspace query and launch, so it is the
+ * processor count (capped), not omp_get_max_threads().
+ */
+#define LOOM_CPU_MAX_SLOTS 64
+
+static inline int loom_cpu_slots(void)
+{
+	int p = omp_get_num_procs();
+	if (p < 1)
+		p = 1;
+	return p < LOOM_CPU_MAX_SLOTS ? p : LOOM_CPU_MAX_SLOTS;
+}
+
+/* Threads for a loop over `work` independent items that needs a slot each. */
+static inline int loom_cpu_slot_threads(int work)
+{
+	int t = omp_get_max_threads();
+	int s = loom_cpu_slots();
+	if (t > s)
+		t = s;
+	if (t > work)
+		t = work;
+	return t < 1 ? 1 : t;
+}
+
+/*
+ * Valid output range [*lo, *hi) along one axis: outputs o with
+ * 0 <= o * stride + off < len, clamped to [0, n_out). Lets the hot loops run
+ * branch-free inside the image and write zeros (or skip) outside it.
+ */
+static inline void loom_cpu_valid_range(int off, int stride, int len, int n_out,
+					int *lo, int *hi)
+{
+	int l = off >= 0 ? 0 : (-off + stride - 1) / stride;
+	int h = len - 1 - off < 0 ? 0 : (len - 1 - off) / stride + 1;
+	if (h > n_out)
+		h = n_out;
+	if (l > h)
+		l = h;
+	*lo = l;
+	*hi = h;
+}
+
+#endif /* LOOM_ENGINE_CPU_INTERNAL_H */

@@ -1,0 +1,27 @@
+/*
+ * engine/cpu/dense.c — CPU GEMM, linear forward and softmax cross-entropy for
+ * f32 and f64 from dense_impl.h. Matrix products go to OpenBLAS.
+ */
+#include <math.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/kernels.h"
+
+#define T float
+#define SFX f32
+#define CBLAS_GEMM cblas_sgemm
+#include "engine/cpu/dense_impl.h"
+#undef T
+#undef SFX
+#undef CBLAS_GEMM
+
+#define T double
+#define SFX f64
+#define CBLAS_GEMM cblas_dgemm
+#include "engine/cpu/dense_impl.h"
+#undef T
+#undef SFX
+#undef CBLAS_GEMM

@@ -1,0 +1,74 @@
+/*
+ * engine/cpu/dense_impl.h — matrix products (GEMM, linear) and softmax
+ * cross-entropy, written once for T/SFX/CBLAS_GEMM and included by dense.c
+ * for f32 and f64 (no include guard on purpose).
+ */
+
+void LOOM_CPU_FN(loom_cpu_gemm)(int ta, int tb, int m, int n, int k, double alpha,
+				const T *a, const T *b, double beta, T *c)
+{
+	CBLAS_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+		   tb ? CblasTrans : CblasNoTrans, m, n, k, (T)alpha, a, ta ? m : k,
+		   b, tb ? k : n, (T)beta, c, n);
+}
+
+void LOOM_CPU_FN(loom_cpu_linear_fwd)(int n, int in, int out, const T *x, const T *w,
+				      const T *b, T *y)
+{
+	/* Seeding y with the bias lets BLAS add it for free (beta = 1). */
+	if (b) {
+		for (int i = 0; i < n; i++)
+			memcpy(y + (int64_t)i * out, b, sizeof(T) * out);
+	}
+	CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1, x, in, w, in,
+		   b ? 1 : 0, y, out);
+}
+
+/* log(sum(exp(row))) with the max taken out so that exp never overflows. */
+static double LOOM_CPU_FN(ce_logsumexp)(int classes, const T *row)
+{
+	double mx = row[0], s = 0;
+	for (int j = 1; j < classes; j++)
+		mx = row[j] > mx ? row[j] : mx;
+	for (int j = 0; j < classes; j++)
+		s += exp(row[j] - mx);
+	return mx + log(s);
+}
+
+int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd)(int n, int classes, const T *logits,
+					 const int32_t *labels, T *loss, int *bad)
+{
+	/* Validate everything first so that a bad label writes nothing. */
+	for (int i = 0; i < n; i++) {
+		if (labels[i] < 0 || labels[i] >= classes) {
+			if (bad)
+				*bad = i;
+			return -1;
+		}
+	}
+	double total = 0;
+	for (int i = 0; i < n; i++) {
+		const T *row = logits + (int64_t)i * classes;
+		total += LOOM_CPU_FN(ce_logsumexp)(classes, row) - row[labels[i]];
+	}
+	*loss = (T)(n > 0 ? total / n : 0);
+	return 0;
+}
+
+void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd)(int n, int classes, const T *logits,
+					  const int32_t *labels, const T *dloss,
+					  T *dlogits)
+{
+	const double g = n > 0 ? (double)*dloss / n : 0;
+	for (int i = 0; i < n; i++) {
+		const T *row = logits + (int64_t)i * classes;
+		T *out = dlogits + (int64_t)i * classes;
+		double lse = LOOM_CPU_FN(ce_logsumexp)(classes, row);
+		for (int j = 0; j < classes; j++)
+			out[j] = (T)(exp(row[j] - lse) * g);
+		/* The forward rejected bad labels; a bad one here only loses its
+		 * one-hot term instead of writing out of bounds. */
+		if (labels[i] >= 0 && labels[i] < classes)
+			out[labels[i]] = (T)((exp(row[labels[i]] - lse) - 1) * g);
+	}
+}

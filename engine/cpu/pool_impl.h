@@ -1,0 +1,106 @@
+/*
+ * engine/cpu/pool_impl.h — 2-D max pooling forward and backward, written
+ * once for T/SFX and included by pool.c for f32 and f64 (no include guard on
+ * purpose). Windows are clipped to the image, so padding never wins; the scan
+ * is row-major with a strict '>', so ties go to the first element, and a NaN
+ * wins as in PyTorch.
+ */
+
+/* Flat index in the plane of the max of window (oh, ow), or -1 if the window
+ * lies wholly in padding (not reachable with PyTorch's pad <= k / 2). */
+static inline int64_t LOOM_CPU_FN(pool_argmax)(const loom_pool_shape *s, const T *x,
+					       int oh, int ow)
+{
+	int h0 = oh * s->stride - s->pad, w0 = ow * s->stride - s->pad;
+	int hlo = h0 < 0 ? 0 : h0, hhi = h0 + s->k < s->h_in ? h0 + s->k : s->h_in;
+	int wlo = w0 < 0 ? 0 : w0, whi = w0 + s->k < s->w_in ? w0 + s->k : s->w_in;
+	if (hlo >= hhi || wlo >= whi)
+		return -1;
+
+	int64_t best = (int64_t)hlo * s->w_in + wlo;
+	T bv = x[best];
+	for (int ih = hlo; ih < hhi; ih++) {
+		const T *row = x + (int64_t)ih * s->w_in;
+		for (int iw = wlo; iw < whi; iw++) {
+			T v = row[iw];
+			if (v > bv || (v != v && bv == bv)) {
+				bv = v;
+				best = (int64_t)ih * s->w_in + iw;
+			}
+		}
+	}
+	return best;
+}
+
+/* The running max after seeing v: same rule as pool_argmax. */
+static inline T LOOM_CPU_FN(pool_pick)(T m, T v)
+{
+	return (v > m || (v != v && m == m)) ? v : m;
+}
+
+/* The ConvNet's 2x2 stride-2 unpadded pool, without the general clipping. */
+static void LOOM_CPU_FN(pool2_plane_fwd)(const loom_pool_shape *s, const T *x, T *y)
+{
+	for (int oh = 0; oh < s->h_out; oh++) {
+		const T *r0 = x + (int64_t)(2 * oh) * s->w_in, *r1 = r0 + s->w_in;
+		T *yr = y + (int64_t)oh * s->w_out;
+		for (int ow = 0; ow < s->w_out; ow++) {
+			T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+			T m = LOOM_CPU_FN(pool_pick)(a, b);
+			m = LOOM_CPU_FN(pool_pick)(m, c);
+			yr[ow] = LOOM_CPU_FN(pool_pick)(m, d);
+		}
+	}
+}
+
+static int LOOM_CPU_FN(pool_is_2x2)(const loom_pool_shape *s)
+{
+	return s->k == 2 && s->stride == 2 && s->pad == 0 && s->h_in >= 2 * s->h_out &&
+	       s->w_in >= 2 * s->w_out;
+}
+
+void LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(const loom_pool_shape *s, const T *x, T *y)
+{
+	const int64_t planes = (int64_t)s->n * s->c;
+	const int64_t in_plane = (int64_t)s->h_in * s->w_in;
+	const int64_t out_plane = (int64_t)s->h_out * s->w_out;
+	const int fast = LOOM_CPU_FN(pool_is_2x2)(s);
+
+#pragma omp parallel for if (planes * in_plane >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t pl = 0; pl < planes; pl++) {
+		const T *xp = x + pl * in_plane;
+		T *yp = y + pl * out_plane;
+		if (fast) {
+			LOOM_CPU_FN(pool2_plane_fwd)(s, xp, yp);
+			continue;
+		}
+		for (int oh = 0; oh < s->h_out; oh++) {
+			for (int ow = 0; ow < s->w_out; ow++) {
+				int64_t i = LOOM_CPU_FN(pool_argmax)(s, xp, oh, ow);
+				yp[(int64_t)oh * s->w_out + ow] = i < 0 ? (T)-INFINITY : xp[i];
+			}
+		}
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const T *x,
+					 const T *dy, T *dx)
+{
+	const int64_t planes = (int64_t)s->n * s->c;
+	const int64_t in_plane = (int64_t)s->h_in * s->w_in;
+	const int64_t out_plane = (int64_t)s->h_out * s->w_out;
+
+#pragma omp parallel for if (planes * in_plane >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t pl = 0; pl < planes; pl++) {
+		const T *xp = x + pl * in_plane, *dp = dy + pl * out_plane;
+		T *gp = dx + pl * in_plane;
+		memset(gp, 0, sizeof(T) * in_plane);
+		for (int oh = 0; oh < s->h_out; oh++) {
+			for (int ow = 0; ow < s->w_out; ow++) {
+				int64_t i = LOOM_CPU_FN(pool_argmax)(s, xp, oh, ow);
+				if (i >= 0)
+					gp[i] += dp[(int64_t)oh * s->w_out + ow];
+			}
+		}
+	}
+}
