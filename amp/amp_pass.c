@@ -1,0 +1,289 @@
+/*
+ * amp/amp_pass.c — the cast-insertion pass (apex O0..O3, fp16 or bf16).
+ * Rewrites the forward graph before autodiff: decides each op's compute
+ * dtype from the level's policy, inserts explicit CAST nodes where a source
+ * has another dtype, turns parameters into half (O2: with an fp32 master
+ * kept as a buffer; O3: without). Nothing else in loom knows about precision:
+ * autodiff differentiates the casts like any op.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amp/amp_pass.h"
+
+static int is_half(loom_dtype dt)
+{
+	return dt == LOOM_F16 || dt == LOOM_BF16;
+}
+
+static int is_float(loom_dtype dt)
+{
+	return dt == LOOM_F32 || dt == LOOM_F64 || is_half(dt);
+}
+
+int loom_amp_uses_scaling(const loom_amp_opts *o)
+{
+	if (o->static_scale > 0)
+		return 1;
+	return (o->level == LOOM_O1 || o->level == LOOM_O2) && o->half == LOOM_F16;
+}
+
+static int keep_bn_fp32(const loom_amp_opts *o)
+{
+	if (o->keep_batchnorm_fp32 >= 0)
+		return o->keep_batchnorm_fp32;
+	return o->level != LOOM_O3;
+}
+
+loom_status loom_amp_check(const loom_amp_opts *o, char *err, size_t errlen)
+{
+	if ((unsigned)o->level >= LOOM_OPT_LEVEL_COUNT) {
+		snprintf(err, errlen, "amp: unknown opt level %d", (int)o->level);
+		return LOOM_ERR_INVALID;
+	}
+	if (o->half != LOOM_F16 && o->half != LOOM_BF16) {
+		snprintf(err, errlen, "amp: precision must be fp16 or bf16, got %s",
+			 loom_dtype_name(o->half));
+		return LOOM_ERR_INVALID;
+	}
+	if (o->level == LOOM_O0 && (o->static_scale > 0 || o->keep_batchnorm_fp32 == 0)) {
+		snprintf(err, errlen, "amp: O0 is fp32 everywhere: a loss scale or "
+				      "keep_batchnorm_fp32=0 makes no sense with it");
+		return LOOM_ERR_INVALID;
+	}
+	if (o->level == LOOM_O1 && o->keep_batchnorm_fp32 >= 0) {
+		snprintf(err, errlen, "amp: O1 keeps weights fp32 and patches ops; "
+				      "keep_batchnorm_fp32 applies to O2 and O3 only (as apex)");
+		return LOOM_ERR_INVALID;
+	}
+	if (o->half == LOOM_BF16 && o->static_scale > 0) {
+		snprintf(err, errlen, "amp: bf16 has fp32's range and needs no loss scale");
+		return LOOM_ERR_INVALID;
+	}
+	if (o->static_scale < 0 || (o->static_scale == 0 && loom_amp_uses_scaling(o) &&
+				    !(o->init_scale > 0))) {
+		snprintf(err, errlen, "amp: loss scale %g must be positive",
+			 o->static_scale < 0 ? o->static_scale : o->init_scale);
+		return LOOM_ERR_INVALID;
+	}
+	return LOOM_OK;
+}
+
+typedef struct pass {
+	loom_graph *src;  /* the graph before the pass */
+	loom_graph *dst;  /* the graph being written */
+	loom_value *map;  /* src value -> dst value */
+	loom_value *cast; /* per dst value and dtype: its cast, memoised */
+	int cast_cap;
+	const loom_amp_opts *o;
+	loom_dtype half;
+} pass;
+
+static loom_value *cast_slot(pass *ps, loom_value v, loom_dtype dt)
+{
+	if (v >= ps->cast_cap) {
+		int cap = ps->cast_cap ? ps->cast_cap : 64;
+		while (cap <= v)
+			cap *= 2;
+		loom_value *c = realloc(ps->cast, sizeof(loom_value) * cap * LOOM_DTYPE_COUNT);
+		if (!c)
+			return NULL;
+		for (int i = ps->cast_cap * LOOM_DTYPE_COUNT; i < cap * LOOM_DTYPE_COUNT; i++)
+			c[i] = LOOM_NONE;
+		ps->cast = c;
+		ps->cast_cap = cap;
+	}
+	return &ps->cast[v * LOOM_DTYPE_COUNT + dt];
+}
+
+/* v (a dst value) in dtype dt: itself, or its one CAST node. */
+static loom_value as_dtype(pass *ps, loom_value v, loom_dtype dt)
+{
+	loom_graph *g = ps->dst;
+	if (v == LOOM_NONE || g->nodes[v].dtype == dt || !is_float(g->nodes[v].dtype))
+		return v;
+	loom_value *slot = cast_slot(ps, v, dt);
+	if (!slot)
+		return loom_graph_fail(g, LOOM_ERR_NOMEM, "amp: out of memory");
+	if (*slot == LOOM_NONE) {
+		loom_shape s = g->nodes[v].shape;
+		*slot = loom_node_add(g, LOOM_OP_CAST, dt, &s, 1, &v);
+		if (*slot != LOOM_NONE)
+			g->nodes[*slot].flags |= LOOM_NODE_AMP;
+	}
+	return *slot;
+}
+
+static int is_bn_operand(const loom_graph *g, loom_value v)
+{
+	for (int u = v + 1; u < g->n; u++) {
+		const loom_node *n = &g->nodes[u];
+		if (n->op != LOOM_OP_BATCHNORM2D)
+			continue;
+		for (int i = 1; i < n->nsrc; i++)
+			if (n->src[i] == v)
+				return 1;
+	}
+	return 0;
+}
+
+/* The dtype a leaf gets at this level. */
+static loom_dtype leaf_dtype(pass *ps, loom_value v)
+{
+	const loom_node *n = &ps->src->nodes[v];
+	if (n->op == LOOM_OP_INPUT || n->dtype != LOOM_F32)
+		return n->dtype;
+	switch (ps->o->level) {
+	case LOOM_O2:
+	case LOOM_O3:
+		if (is_bn_operand(ps->src, v) && keep_bn_fp32(ps->o))
+			return LOOM_F32;
+		return ps->half;
+	default:
+		return LOOM_F32;
+	}
+}
+
+/* The compute dtype of op node v (in src), given its mapped sources. */
+static loom_dtype op_dtype(pass *ps, const loom_node *n, const loom_value *srcs)
+{
+	loom_graph *g = ps->dst;
+	int any_f32 = 0;
+	for (int i = 0; i < n->nsrc; i++)
+		if (g->nodes[srcs[i]].dtype == LOOM_F32)
+			any_f32 = 1;
+	switch (ps->o->level) {
+	case LOOM_O1:
+		switch (n->op) {
+		case LOOM_OP_CONV2D:
+		case LOOM_OP_LINEAR:
+		case LOOM_OP_MATMUL:
+			return ps->half; /* allow list */
+		case LOOM_OP_SOFTMAX_CE:
+		case LOOM_OP_SUM:
+		case LOOM_OP_BROADCAST:
+		case LOOM_OP_BATCHNORM2D:
+			return LOOM_F32; /* deny list */
+		default:
+			return any_f32 ? LOOM_F32 : ps->half; /* widest input */
+		}
+	case LOOM_O2:
+		switch (n->op) {
+		case LOOM_OP_SOFTMAX_CE:
+		case LOOM_OP_SUM:
+		case LOOM_OP_BROADCAST:
+			return LOOM_F32; /* the loss and reductions stay fp32 */
+		default:
+			return ps->half;
+		}
+	case LOOM_O3:
+		return ps->half;
+	default:
+		return n->dtype;
+	}
+}
+
+static loom_status run_pass(pass *ps, loom_value *loss)
+{
+	loom_graph *s = ps->src, *g = ps->dst;
+	for (int v = 0; v < s->n && g->err == LOOM_OK; v++) {
+		const loom_node *n = &s->nodes[v];
+		loom_value srcs[LOOM_MAX_SRC];
+		for (int i = 0; i < n->nsrc; i++)
+			srcs[i] = ps->map[n->src[i]];
+		if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER) {
+			loom_node copy = *n;
+			copy.dtype = leaf_dtype(ps, v);
+			loom_value nv = loom_node_add(g, n->op, copy.dtype, &copy.shape, 0, NULL);
+			if (nv == LOOM_NONE)
+				break;
+			g->nodes[nv] = copy;
+			ps->map[v] = nv;
+			/* O2: the fp32 master of a half parameter, a buffer the
+			 * optimizer owns (it has no readers in the graph). */
+			if (n->op == LOOM_OP_PARAM && ps->o->level == LOOM_O2 && is_half(copy.dtype)) {
+				loom_value m = loom_node_add(g, LOOM_OP_BUFFER, LOOM_F32, &copy.shape, 0, NULL);
+				if (m == LOOM_NONE)
+					break;
+				g->nodes[m].a = copy.a;
+				g->nodes[m].flags |= LOOM_NODE_AMP;
+				snprintf(g->nodes[m].name, LOOM_NAME_MAX, "%.56s.master", copy.name);
+				g->nodes[nv].master = m;
+			}
+			continue;
+		}
+		loom_dtype dt = op_dtype(ps, n, srcs);
+		if (n->op == LOOM_OP_RESHAPE) {
+			dt = g->nodes[srcs[0]].dtype; /* a view: never a cast */
+		} else if (n->op == LOOM_OP_BATCHNORM2D) {
+			/* x in the compute dtype; the parameters keep theirs
+			 * (keep_batchnorm_fp32: a half input with fp32 affine and
+			 * statistics, as cuDNN takes them). */
+			srcs[0] = as_dtype(ps, srcs[0], dt);
+			if (!keep_bn_fp32(ps->o) || ps->o->level == LOOM_O1)
+				for (int i = 1; i < n->nsrc; i++)
+					srcs[i] = as_dtype(ps, srcs[i], g->nodes[srcs[i]].op == LOOM_OP_BUFFER ?
+									       g->nodes[srcs[i]].dtype : dt);
+		} else if (n->op == LOOM_OP_SOFTMAX_CE) {
+			srcs[0] = as_dtype(ps, srcs[0], dt);
+		} else {
+			for (int i = 0; i < n->nsrc; i++)
+				srcs[i] = as_dtype(ps, srcs[i], dt);
+		}
+		loom_value nv = loom_node_add(g, n->op, dt, &n->shape, n->nsrc, srcs);
+		if (nv == LOOM_NONE)
+			break;
+		g->nodes[nv].a = n->a;
+		g->nodes[nv].flags = n->flags;
+		memcpy(g->nodes[nv].name, n->name, LOOM_NAME_MAX);
+		ps->map[v] = nv;
+	}
+	if (g->err != LOOM_OK)
+		return g->err;
+	*loss = ps->map[*loss];
+	/* The loss is read in fp32. */
+	if (g->nodes[*loss].dtype != LOOM_F32 && g->nodes[*loss].dtype != LOOM_F64) {
+		loom_value l = as_dtype(ps, *loss, LOOM_F32);
+		if (l == LOOM_NONE)
+			return g->err;
+		g->nodes[l].flags |= LOOM_NODE_OUTPUT;
+		*loss = l;
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *o,
+			  char *err, size_t errlen)
+{
+	loom_status st = loom_amp_check(o, err, errlen);
+	if (st != LOOM_OK || o->level == LOOM_O0)
+		return st;
+	for (int v = 0; v < g->n; v++)
+		if (g->nodes[v].dtype == LOOM_F64) {
+			snprintf(err, errlen, "amp: %s is f64; mixed precision starts from an f32 model",
+				 g->nodes[v].name[0] ? g->nodes[v].name : "a value");
+			return LOOM_ERR_DTYPE;
+		}
+	pass ps = { 0 };
+	ps.o = o;
+	ps.half = o->half;
+	ps.map = malloc(sizeof(loom_value) * (g->n ? g->n : 1));
+	loom_graph *src;
+	st = loom_graph_clone(g, &src);
+	if (st != LOOM_OK || !ps.map) {
+		free(ps.map);
+		snprintf(err, errlen, "amp: out of memory");
+		return LOOM_ERR_NOMEM;
+	}
+	ps.src = src;
+	ps.dst = g;
+	g->n = 0; /* rewrite in place: g is refilled from the copy */
+	st = run_pass(&ps, loss);
+	if (st != LOOM_OK)
+		snprintf(err, errlen, "%s", g->errmsg);
+	free(ps.map);
+	free(ps.cast);
+	loom_graph_free(src);
+	return st;
+}
