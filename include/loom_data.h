@@ -168,16 +168,25 @@ loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
 /* Stops and joins the worker, then frees. */
 void loom_prefetch_free(loom_prefetch *p);
 
-/* Begins an epoch at batch 0, abandoning any epoch in progress. Set the
- * sampler's epoch first; do not change it until the epoch is consumed or
- * started again. */
+/*
+ * The sampler's epoch must not change while the worker may read it: change
+ * it only before the first start, after next has reported the end of the
+ * epoch, or after loom_prefetch_stop.
+ */
+
+/* Begins the sampler's current epoch at batch 0, abandoning any epoch in
+ * progress. */
 loom_status loom_prefetch_start(loom_prefetch *p);
+
+/* Abandons the epoch in progress and returns once the worker is idle. */
+loom_status loom_prefetch_stop(loom_prefetch *p);
 
 /*
  * Hands out the next batch of the epoch, waiting for it if needed. The
- * pointers stay valid until the next call to next, start or free. At the end
+ * pointers stay valid until the next call to next, start, stop or free. At the end
  * of the epoch returns LOOM_OK with *count = 0 and NULL pointers. A failure
- * of the loader is returned here, with its message in loom_prefetch_error.
+ * of the loader is returned here, with its message in loom_prefetch_error;
+ * LOOM_ERR_STATE when no epoch was started (or it was stopped).
  */
 loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
 			       const int32_t **labels, int *count);
