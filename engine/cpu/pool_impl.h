@@ -6,6 +6,18 @@
  * wins as in PyTorch.
  */
 
+/* Whether v replaces the running max m: a strictly greater value, or the
+ * first NaN. */
+static inline int LOOM_CPU_FN(pool_takes)(T m, T v)
+{
+	return v > m || (v != v && m == m);
+}
+
+static inline T LOOM_CPU_FN(pool_pick)(T m, T v)
+{
+	return LOOM_CPU_FN(pool_takes)(m, v) ? v : m;
+}
+
 /* Flat index in the plane of the max of window (oh, ow), or -1 if the window
  * lies wholly in padding (not reachable with PyTorch's pad <= k / 2). */
 static inline int64_t LOOM_CPU_FN(pool_argmax)(const loom_pool_shape *s, const T *x,
@@ -23,7 +35,7 @@ static inline int64_t LOOM_CPU_FN(pool_argmax)(const loom_pool_shape *s, const T
 		const T *row = x + (int64_t)ih * s->w_in;
 		for (int iw = wlo; iw < whi; iw++) {
 			T v = row[iw];
-			if (v > bv || (v != v && bv == bv)) {
+			if (LOOM_CPU_FN(pool_takes)(bv, v)) {
 				bv = v;
 				best = (int64_t)ih * s->w_in + iw;
 			}
@@ -32,23 +44,49 @@ static inline int64_t LOOM_CPU_FN(pool_argmax)(const loom_pool_shape *s, const T
 	return best;
 }
 
-/* The running max after seeing v: same rule as pool_argmax. */
-static inline T LOOM_CPU_FN(pool_pick)(T m, T v)
-{
-	return (v > m || (v != v && m == m)) ? v : m;
-}
-
 /* The ConvNet's 2x2 stride-2 unpadded pool, without the general clipping. */
 static void LOOM_CPU_FN(pool2_plane_fwd)(const loom_pool_shape *s, const T *x, T *y)
 {
 	for (int oh = 0; oh < s->h_out; oh++) {
 		const T *r0 = x + (int64_t)(2 * oh) * s->w_in, *r1 = r0 + s->w_in;
 		T *yr = y + (int64_t)oh * s->w_out;
+#pragma omp simd
 		for (int ow = 0; ow < s->w_out; ow++) {
 			T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
 			T m = LOOM_CPU_FN(pool_pick)(a, b);
 			m = LOOM_CPU_FN(pool_pick)(m, c);
 			yr[ow] = LOOM_CPU_FN(pool_pick)(m, d);
+		}
+	}
+}
+
+/* Backward of the 2x2 pool: the windows tile the plane, so each input is
+ * written exactly once (dy at the window's max, else 0) with no memset, except
+ * for the odd last row/column no window reads. */
+static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
+					 const T *dy, T *dx)
+{
+	if (s->h_in != 2 * s->h_out || s->w_in != 2 * s->w_out)
+		memset(dx, 0, sizeof(T) * s->h_in * s->w_in);
+	for (int oh = 0; oh < s->h_out; oh++) {
+		const T *r0 = x + (int64_t)(2 * oh) * s->w_in, *r1 = r0 + s->w_in;
+		T *g0 = dx + (int64_t)(2 * oh) * s->w_in, *g1 = g0 + s->w_in;
+		const T *dr = dy + (int64_t)oh * s->w_out;
+#pragma omp simd
+		for (int ow = 0; ow < s->w_out; ow++) {
+			T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+			T m = a, g = dr[ow];
+			int at = 0;
+			if (LOOM_CPU_FN(pool_takes)(m, b))
+				m = b, at = 1;
+			if (LOOM_CPU_FN(pool_takes)(m, c))
+				m = c, at = 2;
+			if (LOOM_CPU_FN(pool_takes)(m, d))
+				at = 3;
+			g0[2 * ow] = at == 0 ? g : 0;
+			g0[2 * ow + 1] = at == 1 ? g : 0;
+			g1[2 * ow] = at == 2 ? g : 0;
+			g1[2 * ow + 1] = at == 3 ? g : 0;
 		}
 	}
 }
@@ -89,11 +127,16 @@ void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const T *x,
 	const int64_t planes = (int64_t)s->n * s->c;
 	const int64_t in_plane = (int64_t)s->h_in * s->w_in;
 	const int64_t out_plane = (int64_t)s->h_out * s->w_out;
+	const int fast = LOOM_CPU_FN(pool_is_2x2)(s);
 
 #pragma omp parallel for if (planes * in_plane >= LOOM_CPU_PAR_MIN) schedule(static)
 	for (int64_t pl = 0; pl < planes; pl++) {
 		const T *xp = x + pl * in_plane, *dp = dy + pl * out_plane;
 		T *gp = dx + pl * in_plane;
+		if (fast) {
+			LOOM_CPU_FN(pool2_plane_bwd)(s, xp, dp, gp);
+			continue;
+		}
 		memset(gp, 0, sizeof(T) * in_plane);
 		for (int oh = 0; oh < s->h_out; oh++) {
 			for (int ow = 0; ow < s->w_out; ow++) {

@@ -1,0 +1,167 @@
+/*
+ * engine/cpu/optim.c — SGD (momentum, dampening, nesterov, weight decay) and
+ * AdamW with torch.optim's semantics, fused with mixed precision's
+ * bookkeeping: one pass checks every gradient for inf/NaN, the loss scaler
+ * decides, and a second pass unscales each gradient as it updates the fp32
+ * value (the O2 master, or the parameter itself) and rounds half copies.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "amp/half.h"
+#include "engine/cpu/optim.h"
+
+#define CHUNK 2048
+
+static void load(loom_dtype dt, const void *src, int64_t off, int64_t n, double *dst)
+{
+	for (int64_t i = 0; i < n; i++) {
+		switch (dt) {
+		case LOOM_F32: dst[i] = ((const float *)src)[off + i]; break;
+		case LOOM_F64: dst[i] = ((const double *)src)[off + i]; break;
+		case LOOM_F16: dst[i] = loom_f16_to_f32(((const uint16_t *)src)[off + i]); break;
+		default: dst[i] = loom_bf16_to_f32(((const uint16_t *)src)[off + i]); break;
+		}
+	}
+}
+
+static void store(loom_dtype dt, void *dst, int64_t off, int64_t n, const double *src)
+{
+	for (int64_t i = 0; i < n; i++) {
+		switch (dt) {
+		case LOOM_F32: ((float *)dst)[off + i] = (float)src[i]; break;
+		case LOOM_F64: ((double *)dst)[off + i] = src[i]; break;
+		case LOOM_F16: ((uint16_t *)dst)[off + i] = loom_f32_to_f16((float)src[i]); break;
+		default: ((uint16_t *)dst)[off + i] = loom_f32_to_bf16((float)src[i]); break;
+		}
+	}
+}
+
+static int grads_finite(const loom_program *p)
+{
+	int ok = 1;
+	for (int s = 0; s < p->n_params && ok; s++) {
+		const loom_param_slot *sl = &p->params[s];
+		const loom_node *gn = &p->g->nodes[sl->grad];
+		const void *g = loom_value_ptr(p, sl->grad);
+		int64_t n = sl->numel;
+		switch (gn->dtype) {
+		case LOOM_F32:
+			for (int64_t i = 0; i < n; i++)
+				ok &= isfinite(((const float *)g)[i]);
+			break;
+		case LOOM_F64:
+			for (int64_t i = 0; i < n; i++)
+				ok &= isfinite(((const double *)g)[i]);
+			break;
+		case LOOM_F16: /* exponent all ones: inf or NaN */
+			for (int64_t i = 0; i < n; i++)
+				ok &= (((const uint16_t *)g)[i] & 0x7c00) != 0x7c00;
+			break;
+		default:
+			for (int64_t i = 0; i < n; i++)
+				ok &= (((const uint16_t *)g)[i] & 0x7f80) != 0x7f80;
+			break;
+		}
+	}
+	return ok;
+}
+
+/* One chunk of torch.optim.SGD / AdamW on w (fp32 or fp64 values). */
+static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double *w,
+			 const double *g, double *s0, double *s1, int64_t n)
+{
+	if (o->kind == LOOM_OPTIM_SGD) {
+		for (int64_t i = 0; i < n; i++) {
+			double d = g[i] + o->weight_decay * w[i];
+			if (o->momentum > 0) {
+				s0[i] = t == 1 ? d : o->momentum * s0[i] + (1 - o->dampening) * d;
+				d = o->nesterov ? d + o->momentum * s0[i] : s0[i];
+			}
+			w[i] -= lr * d;
+		}
+		return;
+	}
+	double bc1 = 1 - pow(o->beta1, (double)t), bc2 = 1 - pow(o->beta2, (double)t);
+	for (int64_t i = 0; i < n; i++) {
+		w[i] *= 1 - lr * o->weight_decay;
+		s0[i] = o->beta1 * s0[i] + (1 - o->beta1) * g[i];
+		s1[i] = o->beta2 * s1[i] + (1 - o->beta2) * g[i] * g[i];
+		double denom = sqrt(s1[i]) / sqrt(bc2) + o->eps;
+		w[i] -= lr / bc1 * s0[i] / denom;
+	}
+}
+
+static void update_slot(loom_program *p, const loom_param_slot *sl, double inv_scale)
+{
+	const loom_optim_opts *o = &p->opts.optim;
+	const loom_node *pn = &p->g->nodes[sl->param];
+	const loom_node *gn = &p->g->nodes[sl->grad];
+	void *param = loom_value_ptr(p, sl->param);
+	const void *grad = loom_value_ptr(p, sl->grad);
+	void *master = sl->master != LOOM_NONE ? loom_value_ptr(p, sl->master) : NULL;
+	loom_dtype wdt = master ? LOOM_F32 : pn->dtype;
+	void *w_src = master ? master : param;
+	int nstate = o->kind == LOOM_OPTIM_ADAMW ? 2 : (o->momentum > 0 ? 1 : 0);
+	void *st0 = nstate > 0 ? p->state + sl->state_off[0] : NULL;
+	void *st1 = nstate > 1 ? p->state + sl->state_off[1] : NULL;
+	int64_t t = p->step + 1;
+	#pragma omp parallel for if (sl->numel > 4 * CHUNK) schedule(static)
+	for (int64_t off = 0; off < sl->numel; off += CHUNK) {
+		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
+		int64_t n = sl->numel - off < CHUNK ? sl->numel - off : CHUNK;
+		load(wdt, w_src, off, n, w);
+		load(gn->dtype, grad, off, n, g);
+		for (int64_t i = 0; i < n; i++)
+			g[i] *= inv_scale;
+		if (st0)
+			load(sl->state_dtype, st0, off, n, s0);
+		if (st1)
+			load(sl->state_dtype, st1, off, n, s1);
+		update_chunk(o, p->lr, t, w, g, s0, s1, n);
+		store(wdt, w_src, off, n, w);
+		if (master)
+			store(pn->dtype, param, off, n, w);
+		if (st0)
+			store(sl->state_dtype, st0, off, n, s0);
+		if (st1)
+			store(sl->state_dtype, st1, off, n, s1);
+	}
+}
+
+loom_status loom_optim_step_host(loom_program *p)
+{
+	if (p->scaling) {
+		int finite = grads_finite(p);
+		int apply = loom_scaler_update(&p->scaler, !finite);
+		if (!apply) {
+			/* A collapsing scale: watch the next step node by node and
+			 * name the first op that produces inf/NaN. */
+			if (loom_scaler_collapsed(&p->scaler) && !p->amp_report[0])
+				p->diagnose = 1;
+			return LOOM_OK;
+		}
+	}
+	double inv = 1.0 / p->scaler.scale;
+	for (int s = 0; s < p->n_params; s++)
+		update_slot(p, &p->params[s], inv);
+	p->step++;
+	return LOOM_OK;
+}
+
+void loom_optim_refresh_params_host(loom_program *p)
+{
+	for (int s = 0; s < p->n_params; s++) {
+		const loom_param_slot *sl = &p->params[s];
+		if (sl->master == LOOM_NONE)
+			continue;
+		const loom_node *pn = &p->g->nodes[sl->param];
+		for (int64_t off = 0; off < sl->numel; off += CHUNK) {
+			double w[CHUNK];
+			int64_t n = sl->numel - off < CHUNK ? sl->numel - off : CHUNK;
+			load(LOOM_F32, loom_value_ptr(p, sl->master), off, n, w);
+			store(pn->dtype, loom_value_ptr(p, sl->param), off, n, w);
+		}
+	}
+}

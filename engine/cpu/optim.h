@@ -1,0 +1,16 @@
+/*
+ * engine/cpu/optim.h — the optimizer step on host memory: the overflow check,
+ * the unscale, the loss-scale decision and the SGD / AdamW update over all
+ * parameters in one call (the CUDA backend mirrors it on the device).
+ */
+#ifndef LOOM_ENGINE_CPU_OPTIM_H
+#define LOOM_ENGINE_CPU_OPTIM_H
+
+#include "engine/program_internal.h"
+
+loom_status loom_optim_step_host(loom_program *p);
+
+/* Rounds the fp32 masters into their half parameters (after init, a load). */
+void loom_optim_refresh_params_host(loom_program *p);
+
+#endif /* LOOM_ENGINE_CPU_OPTIM_H */
