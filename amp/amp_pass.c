@@ -217,14 +217,11 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 		if (n->op == LOOM_OP_RESHAPE) {
 			dt = g->nodes[srcs[0]].dtype; /* a view: never a cast */
 		} else if (n->op == LOOM_OP_BATCHNORM2D) {
-			/* x in the compute dtype; the parameters keep theirs
-			 * (keep_batchnorm_fp32: a half input with fp32 affine and
+			/* Only x takes the compute dtype; the parameters and
+			 * statistics keep the dtype their leaves got (under
+			 * keep_batchnorm_fp32, a half input with fp32 affine and
 			 * statistics, as cuDNN takes them). */
 			srcs[0] = as_dtype(ps, srcs[0], dt);
-			if (!keep_bn_fp32(ps->o) || ps->o->level == LOOM_O1)
-				for (int i = 1; i < n->nsrc; i++)
-					srcs[i] = as_dtype(ps, srcs[i], g->nodes[srcs[i]].op == LOOM_OP_BUFFER ?
-									       g->nodes[srcs[i]].dtype : dt);
 		} else if (n->op == LOOM_OP_SOFTMAX_CE) {
 			srcs[0] = as_dtype(ps, srcs[0], dt);
 		} else {

@@ -271,6 +271,9 @@ typedef struct loom_program_info {
 	int64_t n_param_elems;
 	double loss_scale;          /* 1 without dynamic scaling */
 	int64_t skipped_steps;      /* AMP steps skipped on overflow */
+	/* When the loss scale collapsed (below 1): which op first produced a
+	 * non-finite value, e.g. "conv2d 'conv1' (node 7)"; else "". */
+	const char *amp_report;
 } loom_program_info;
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info);

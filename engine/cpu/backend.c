@@ -327,6 +327,9 @@ static void run_cast(loom_dtype from, const void *src, loom_dtype to, void *dst,
 static loom_status run_node(loom_program *p, loom_value v, int train)
 {
 	const loom_node *n = &p->g->nodes[v];
+	if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
+	    n->op == LOOM_OP_RESHAPE)
+		return LOOM_OK; /* leaves are set by the caller; a reshape is a view */
 	args a = { .out = loom_value_ptr(p, v), .ws = p->ws };
 	for (int i = 0; i < n->nsrc; i++)
 		a.src[i] = loom_value_ptr(p, n->src[i]);

@@ -1,0 +1,23 @@
+/*
+ * amp/amp_pass.h — the mixed-precision pass run by loom_compile before
+ * autodiff, and the policy questions the engine asks of the AMP options.
+ */
+#ifndef LOOM_AMP_PASS_H
+#define LOOM_AMP_PASS_H
+
+#include <stddef.h>
+
+#include "graph/graph_internal.h"
+
+/* Refuses combinations that make no sense (as apex does), with a message. */
+loom_status loom_amp_check(const loom_amp_opts *o, char *err, size_t errlen);
+
+/* Rewrites g's forward graph for o->level; *loss is updated to the loss of
+ * the rewritten graph (always f32 or f64). O0 leaves g untouched. */
+loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *o,
+			  char *err, size_t errlen);
+
+/* Whether the gradients are scaled (O1/O2 with fp16, or a static scale). */
+int loom_amp_uses_scaling(const loom_amp_opts *o);
+
+#endif /* LOOM_AMP_PASS_H */

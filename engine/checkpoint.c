@@ -1,0 +1,221 @@
+/*
+ * engine/checkpoint.c — loom_save / loom_load: a program's parameters,
+ * buffers (batch-norm statistics, O2 masters), optimizer state, step,
+ * learning rate and loss scaler in one ckpt_file container. Loading checks
+ * everything before it changes anything, so a refused file leaves the
+ * program as it was.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/ckpt_file.h"
+#include "engine/program_internal.h"
+
+#define META "loom.meta"
+enum { META_STEP, META_LR, META_SCALE, META_TRACKER, META_SKIPPED, META_BELOW, META_COUNT };
+
+typedef struct rec_list {
+	loom_ckpt_record *r;
+	char (*names)[LOOM_NAME_MAX + 16];
+	void **host; /* downloaded payloads (owned) */
+	int n;
+} rec_list;
+
+static int is_state(const loom_node *n)
+{
+	return n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER;
+}
+
+static int n_opt_states(const loom_program *p)
+{
+	const loom_optim_opts *o = &p->opts.optim;
+	return o->kind == LOOM_OPTIM_ADAMW ? 2 : (o->kind == LOOM_OPTIM_SGD && o->momentum > 0);
+}
+
+/* The records this program saves and expects, payloads left NULL. */
+static loom_status list_records(loom_program *p, rec_list *l)
+{
+	int cap = 1 + p->n_params * 2;
+	for (int v = 0; v < p->n_fwd; v++)
+		cap += is_state(&p->g->nodes[v]);
+	l->r = calloc(cap, sizeof(*l->r));
+	l->names = calloc(cap, sizeof(*l->names));
+	l->host = calloc(cap, sizeof(void *));
+	if (!l->r || !l->names || !l->host)
+		return LOOM_ERR_NOMEM;
+	for (int v = 0; v < p->n_fwd; v++) {
+		const loom_node *n = &p->g->nodes[v];
+		if (!is_state(n))
+			continue;
+		loom_ckpt_record *r = &l->r[l->n];
+		snprintf(l->names[l->n], sizeof(l->names[0]), "%s", n->name);
+		r->name = l->names[l->n];
+		r->dtype = n->dtype;
+		r->ndim = n->shape.ndim;
+		memcpy(r->dims, n->shape.dims, sizeof(r->dims));
+		r->bytes = loom_value_bytes(p, v);
+		l->n++;
+	}
+	int ns = n_opt_states(p);
+	for (int s = 0; s < p->n_params; s++) {
+		const loom_param_slot *sl = &p->params[s];
+		for (int k = 0; k < ns; k++) {
+			loom_ckpt_record *r = &l->r[l->n];
+			snprintf(l->names[l->n], sizeof(l->names[0]), "optim.%s.%d",
+				 p->g->nodes[sl->param].name, k);
+			r->name = l->names[l->n];
+			r->dtype = sl->state_dtype;
+			r->ndim = 1;
+			r->dims[0] = sl->numel;
+			r->bytes = (size_t)sl->numel * loom_dtype_size(sl->state_dtype);
+			l->n++;
+		}
+	}
+	loom_ckpt_record *r = &l->r[l->n];
+	snprintf(l->names[l->n], sizeof(l->names[0]), META);
+	r->name = l->names[l->n];
+	r->dtype = LOOM_F64;
+	r->ndim = 1;
+	r->dims[0] = META_COUNT;
+	r->bytes = META_COUNT * sizeof(double);
+	l->n++;
+	return LOOM_OK;
+}
+
+static void free_records(rec_list *l)
+{
+	for (int i = 0; l->host && i < l->n; i++)
+		free(l->host[i]);
+	free(l->host);
+	free(l->r);
+	free(l->names);
+}
+
+/* The arena address of record i (NULL for the meta record). */
+static void *record_addr(loom_program *p, int i)
+{
+	int k = 0;
+	for (int v = 0; v < p->n_fwd; v++) {
+		if (!is_state(&p->g->nodes[v]))
+			continue;
+		if (k++ == i)
+			return loom_value_ptr(p, v);
+	}
+	int ns = n_opt_states(p);
+	for (int s = 0; s < p->n_params; s++)
+		for (int j = 0; j < ns; j++)
+			if (k++ == i)
+				return p->state + p->params[s].state_off[j];
+	return NULL;
+}
+
+loom_status loom_save(loom_program *p, const char *path)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (!path || !path[0])
+		return loom_program_fail(p, LOOM_ERR_INVALID, "save: no path given");
+	rec_list l = { 0 };
+	loom_status st = list_records(p, &l);
+	if (st != LOOM_OK) {
+		free_records(&l);
+		return loom_program_fail(p, st, "save %s: out of memory", path);
+	}
+	double meta[META_COUNT] = {
+		[META_STEP] = (double)p->step, [META_LR] = p->lr,
+		[META_SCALE] = p->scaler.scale, [META_TRACKER] = p->scaler.growth_tracker,
+		[META_SKIPPED] = (double)p->scaler.skipped_steps,
+		[META_BELOW] = (double)p->scaler.below_one_steps,
+	};
+	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
+		void *addr = record_addr(p, i);
+		if (!addr) {
+			l.r[i].data = meta;
+			continue;
+		}
+		l.host[i] = malloc(l.r[i].bytes ? l.r[i].bytes : 1);
+		if (!l.host[i]) {
+			st = loom_program_fail(p, LOOM_ERR_NOMEM, "save %s: out of memory", path);
+			break;
+		}
+		st = p->be->download(p, l.host[i], addr, l.r[i].bytes);
+		l.r[i].data = l.host[i];
+	}
+	char err[512];
+	if (st == LOOM_OK) {
+		st = loom_ckpt_write(path, p->fingerprint, l.r, l.n, err, sizeof(err));
+		if (st != LOOM_OK)
+			loom_program_fail(p, st, "%s", err);
+	}
+	free_records(&l);
+	return st;
+}
+
+loom_status loom_load(loom_program *p, const char *path)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (!path || !path[0])
+		return loom_program_fail(p, LOOM_ERR_INVALID, "load: no path given");
+	char err[512];
+	loom_ckpt_file *f = NULL;
+	loom_status st = loom_ckpt_read(path, &f, err, sizeof(err));
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s", err);
+	rec_list l = { 0 };
+	if (loom_ckpt_fingerprint(f) != p->fingerprint) {
+		st = loom_program_fail(p, LOOM_ERR_MISMATCH,
+				       "checkpoint %s was saved from another graph or other options "
+				       "(fingerprint %016llx, this program %016llx)",
+				       path, (unsigned long long)loom_ckpt_fingerprint(f),
+				       (unsigned long long)p->fingerprint);
+		goto out;
+	}
+	if ((st = list_records(p, &l)) != LOOM_OK) {
+		loom_program_fail(p, st, "load %s: out of memory", path);
+		goto out;
+	}
+	/* Check every record before touching the program. */
+	const loom_ckpt_record **found = calloc(l.n, sizeof(*found));
+	if (!found) {
+		st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
+		goto out;
+	}
+	for (int i = 0; i < l.n; i++) {
+		const loom_ckpt_record *r = loom_ckpt_find(f, l.r[i].name);
+		if (!r) {
+			st = loom_program_fail(p, LOOM_ERR_MISMATCH, "checkpoint %s has no tensor '%s'",
+					       path, l.r[i].name);
+			break;
+		}
+		if (r->dtype != l.r[i].dtype || r->ndim != l.r[i].ndim || r->bytes != l.r[i].bytes ||
+		    memcmp(r->dims, l.r[i].dims, sizeof(int64_t) * r->ndim) != 0) {
+			st = loom_program_fail(p, LOOM_ERR_MISMATCH,
+					       "checkpoint %s: tensor '%s' has another dtype or shape",
+					       path, l.r[i].name);
+			break;
+		}
+		found[i] = r;
+	}
+	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
+		void *addr = record_addr(p, i);
+		if (addr) {
+			st = p->be->upload(p, addr, found[i]->data, found[i]->bytes);
+			continue;
+		}
+		double meta[META_COUNT];
+		memcpy(meta, found[i]->data, sizeof(meta));
+		p->step = (int64_t)meta[META_STEP];
+		p->lr = meta[META_LR];
+		p->scaler.scale = (float)meta[META_SCALE];
+		p->scaler.growth_tracker = (int32_t)meta[META_TRACKER];
+		p->scaler.skipped_steps = (int64_t)meta[META_SKIPPED];
+		p->scaler.below_one_steps = (int64_t)meta[META_BELOW];
+	}
+	free(found);
+out:
+	free_records(&l);
+	loom_ckpt_free(f);
+	return st;
+}

@@ -1,0 +1,65 @@
+/*
+ * engine/init.c — parameter and buffer initialisers with PyTorch's defaults
+ * (ones/zeros, Kaiming-uniform conv/linear weights, fan-in uniform biases).
+ * Each tensor draws from its own stream keyed by the graph seed and its
+ * name, so adding a layer does not change the others' initial values.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "amp/half.h"
+#include "engine/program_internal.h"
+
+static uint64_t splitmix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t name_hash(const char *s, size_t len)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (const char *e = s + len; s < e; s++) {
+		h ^= (unsigned char)*s;
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+void loom_init_value(const loom_graph *g, loom_value v, void *dst)
+{
+	const loom_node *n = &g->nodes[v];
+	int64_t cnt = loom_shape_numel(&n->shape);
+	/* An O2 master ("w.master") draws the stream of its parameter "w", so
+	 * every opt level starts from the same weights. */
+	size_t len = strlen(n->name);
+	if ((n->flags & LOOM_NODE_AMP) && len > 7 && strcmp(n->name + len - 7, ".master") == 0)
+		len -= 7;
+	uint64_t state = g->seed ^ name_hash(n->name, len);
+	double bound = n->a.leaf.fan_in > 0 ? 1.0 / sqrt((double)n->a.leaf.fan_in) : 0;
+	for (int64_t i = 0; i < cnt; i++) {
+		double x;
+		switch (n->a.leaf.init) {
+		case LOOM_INIT_ONES:
+			x = 1;
+			break;
+		case LOOM_INIT_KAIMING_UNIFORM:
+		case LOOM_INIT_UNIFORM_FAN_IN:
+			/* 53 random bits -> [0, 1) -> [-bound, bound) */
+			x = ((splitmix64(&state) >> 11) * 0x1.0p-53 * 2 - 1) * bound;
+			break;
+		default:
+			x = 0;
+			break;
+		}
+		switch (n->dtype) {
+		case LOOM_F32: ((float *)dst)[i] = (float)x; break;
+		case LOOM_F64: ((double *)dst)[i] = x; break;
+		case LOOM_F16: ((uint16_t *)dst)[i] = loom_f32_to_f16((float)x); break;
+		case LOOM_BF16: ((uint16_t *)dst)[i] = loom_f32_to_bf16((float)x); break;
+		default: ((int32_t *)dst)[i] = 0; break;
+		}
+	}
+}

@@ -1,0 +1,530 @@
+/*
+ * engine/program.c — loom_compile and the run-time API of a program: the
+ * compile pipeline (clone, AMP pass, autodiff, memory plan, backend), the
+ * per-step executor entry points, and access to values by handle.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amp/amp_pass.h"
+#include "amp/half.h"
+#include "engine/cuda/device.h"
+#include "engine/program_internal.h"
+
+static __thread char last_error[512];
+
+const char *loom_last_error(void)
+{
+	return last_error;
+}
+
+static loom_status compile_fail(loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static loom_status compile_fail(loom_status st, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+const char *loom_program_error(const loom_program *p)
+{
+	return p ? p->err : "null program";
+}
+
+void loom_compile_opts_default(loom_compile_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->device = LOOM_DEVICE_AUTO;
+	o->optim.kind = LOOM_OPTIM_SGD;
+	o->optim.lr = 0.01;
+	o->optim.beta1 = 0.9;
+	o->optim.beta2 = 0.999;
+	o->optim.eps = 1e-8;
+	o->amp.level = LOOM_O0;
+	o->amp.half = LOOM_F16;
+	o->amp.init_scale = 65536.0;
+	o->amp.growth_interval = 2000;
+	o->amp.keep_batchnorm_fp32 = -1;
+}
+
+static loom_status check_optim(const loom_optim_opts *o)
+{
+	if ((unsigned)o->kind >= LOOM_OPTIM_COUNT)
+		return compile_fail(LOOM_ERR_INVALID, "optimizer: unknown kind %d", (int)o->kind);
+	if (o->kind == LOOM_OPTIM_NONE)
+		return LOOM_OK;
+	if (!(o->lr >= 0) || !isfinite(o->lr))
+		return compile_fail(LOOM_ERR_INVALID, "optimizer: learning rate %g must be >= 0", o->lr);
+	if (!(o->weight_decay >= 0))
+		return compile_fail(LOOM_ERR_INVALID, "optimizer: weight decay %g must be >= 0",
+				    o->weight_decay);
+	if (o->kind == LOOM_OPTIM_SGD) {
+		if (!(o->momentum >= 0))
+			return compile_fail(LOOM_ERR_INVALID, "sgd: momentum %g must be >= 0", o->momentum);
+		if (o->nesterov && (o->momentum <= 0 || o->dampening != 0))
+			return compile_fail(LOOM_ERR_INVALID,
+					    "sgd: nesterov needs a momentum and zero dampening");
+	} else {
+		if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
+			return compile_fail(LOOM_ERR_INVALID, "adamw: betas (%g, %g) must be in [0, 1)",
+					    o->beta1, o->beta2);
+		if (!(o->eps > 0))
+			return compile_fail(LOOM_ERR_INVALID, "adamw: eps %g must be > 0", o->eps);
+	}
+	return LOOM_OK;
+}
+
+/* Chooses the backend: CUDA when asked or found, else the CPU with one
+ * notice when the user left it to us. */
+static loom_status pick_backend(loom_program *p)
+{
+	int have_cuda = loom_cuda_available();
+	switch (p->opts.device) {
+	case LOOM_DEVICE_CUDA:
+		if (!have_cuda)
+			return compile_fail(LOOM_ERR_UNSUPPORTED,
+					    "device cuda: no CUDA device is available%s",
+					    loom_cuda_compiled() ? "" : " (loom was built without CUDA)");
+		/* fall through */
+	case LOOM_DEVICE_AUTO:
+		if (have_cuda && loom_cuda_backend_get()) {
+			p->be = loom_cuda_backend_get();
+			return LOOM_OK;
+		}
+		if (p->opts.device == LOOM_DEVICE_CUDA)
+			return compile_fail(LOOM_ERR_UNSUPPORTED,
+					    "device cuda: this build has no CUDA backend");
+		if (!have_cuda) {
+			static int told;
+			if (!told++)
+				fprintf(stderr, "loom: no CUDA device found, running on the CPU\n");
+		}
+		p->be = &loom_cpu_backend;
+		return LOOM_OK;
+	case LOOM_DEVICE_CPU:
+		p->be = &loom_cpu_backend;
+		return LOOM_OK;
+	default:
+		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)p->opts.device);
+	}
+}
+
+/* Parameter slots and their optimizer state (momentum buffers, Adam m/v),
+ * in f32 for half models (the master's dtype) and the param's dtype else. */
+static loom_status make_slots(loom_program *p)
+{
+	loom_graph *g = p->g;
+	int n = 0;
+	for (int v = 0; v < p->n_fwd; v++)
+		if (g->nodes[v].op == LOOM_OP_PARAM && g->nodes[v].grad != LOOM_NONE)
+			n++;
+	p->params = calloc(n ? n : 1, sizeof(*p->params));
+	if (!p->params)
+		return compile_fail(LOOM_ERR_NOMEM, "out of memory for %d parameter slots", n);
+	int nstate = p->opts.optim.kind == LOOM_OPTIM_ADAMW ? 2 :
+		     (p->opts.optim.kind == LOOM_OPTIM_SGD && p->opts.optim.momentum > 0) ? 1 : 0;
+	size_t off = 0;
+	for (int v = 0; v < p->n_fwd; v++) {
+		loom_node *nd = &g->nodes[v];
+		if (nd->op != LOOM_OP_PARAM || nd->grad == LOOM_NONE)
+			continue;
+		loom_param_slot *s = &p->params[p->n_params++];
+		s->param = v;
+		s->grad = nd->grad;
+		s->master = nd->master;
+		s->numel = loom_shape_numel(&nd->shape);
+		s->state_dtype = nd->master != LOOM_NONE ? g->nodes[nd->master].dtype :
+			       (nd->dtype == LOOM_F64 ? LOOM_F64 : LOOM_F32);
+		size_t sz = ((size_t)s->numel * loom_dtype_size(s->state_dtype) + 63) & ~(size_t)63;
+		for (int k = 0; k < nstate; k++) {
+			s->state_off[k] = off;
+			off += sz;
+		}
+		if (nd->master != LOOM_NONE)
+			p->master_bytes += loom_value_bytes(p, nd->master);
+	}
+	p->state_bytes = off;
+	return LOOM_OK;
+}
+
+/* Writes the initial parameters and buffers (and masters) into the arena. */
+static loom_status init_values(loom_program *p)
+{
+	loom_graph *g = p->g;
+	for (int v = 0; v < p->n_fwd; v++) {
+		loom_node *nd = &g->nodes[v];
+		if (nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER)
+			continue;
+		size_t bytes = loom_value_bytes(p, v);
+		void *tmp = malloc(bytes ? bytes : 1);
+		if (!tmp)
+			return compile_fail(LOOM_ERR_NOMEM, "out of memory initialising '%s'", nd->name);
+		loom_init_value(g, v, tmp);
+		loom_status st = p->be->upload(p, loom_value_ptr(p, v), tmp, bytes);
+		free(tmp);
+		if (st != LOOM_OK)
+			return compile_fail(st, "initialising '%s': %s", nd->name, p->err);
+	}
+	if (p->state_bytes) {
+		void *zero = calloc(1, p->state_bytes);
+		if (!zero)
+			return compile_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
+		loom_status st = p->be->upload(p, p->state, zero, p->state_bytes);
+		free(zero);
+		if (st != LOOM_OK)
+			return compile_fail(st, "optimizer state: %s", p->err);
+	}
+	return LOOM_OK;
+}
+
+static uint64_t mix(uint64_t h, uint64_t x)
+{
+	h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+	return h;
+}
+
+loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts *o,
+			 loom_program **out)
+{
+	loom_status st;
+	char lb[96];
+	last_error[0] = 0;
+	if (!out)
+		return compile_fail(LOOM_ERR_INVALID, "loom_compile: out is NULL");
+	*out = NULL;
+	if (!g)
+		return compile_fail(LOOM_ERR_INVALID, "loom_compile: graph is NULL");
+	if (g->err != LOOM_OK)
+		return compile_fail(g->err, "%s", g->errmsg);
+	if (loss < 0 || loss >= g->n)
+		return compile_fail(LOOM_ERR_INVALID, "loom_compile: the loss (%d) is not a value",
+				    (int)loss);
+	if (g->nodes[loss].shape.ndim != 0)
+		return compile_fail(LOOM_ERR_SHAPE, "loom_compile: the loss %s is not a scalar",
+				    loom_node_label(g, loss, lb, sizeof(lb)));
+	loom_compile_opts def;
+	if (!o) {
+		loom_compile_opts_default(&def);
+		o = &def;
+	}
+	if ((st = check_optim(&o->optim)) != LOOM_OK)
+		return st;
+
+	loom_program *p = calloc(1, sizeof(*p));
+	if (!p)
+		return compile_fail(LOOM_ERR_NOMEM, "out of memory");
+	p->opts = *o;
+	p->lr = o->optim.lr;
+	p->first_nonfinite = LOOM_NONE;
+	p->fingerprint = mix(loom_graph_fingerprint(g),
+			     (uint64_t)o->optim.kind * 131 + (uint64_t)o->amp.level * 7 +
+				     (uint64_t)o->amp.half);
+	if ((st = loom_graph_clone(g, &p->g)) != LOOM_OK) {
+		compile_fail(st, "out of memory copying the graph");
+		goto out_free;
+	}
+	p->g->nodes[loss].flags |= LOOM_NODE_OUTPUT;
+
+	/* AMP: casts, half parameters with f32 masters, the loss scale. */
+	char amsg[256] = "";
+	if ((st = loom_amp_pass(p->g, &loss, &o->amp, amsg, sizeof(amsg))) != LOOM_OK) {
+		compile_fail(st, "%s", amsg);
+		goto out_free;
+	}
+	p->loss = loss;
+	p->scaling = loom_amp_uses_scaling(&o->amp);
+	float init = o->amp.static_scale > 0 ? (float)o->amp.static_scale :
+		     p->scaling ? (float)o->amp.init_scale : 1.0f;
+	if (loom_scaler_init(&p->scaler, init, o->amp.growth_interval > 0 ? o->amp.growth_interval : 2000,
+			     p->scaling && !(o->amp.static_scale > 0)) != 0) {
+		compile_fail(LOOM_ERR_INVALID, "amp: loss scale %g / growth interval %d invalid",
+			     o->amp.init_scale, o->amp.growth_interval);
+		st = LOOM_ERR_INVALID;
+		goto out_free;
+	}
+
+	p->n_fwd = p->g->n;
+	if ((st = loom_autodiff(p->g, p->loss)) != LOOM_OK) {
+		compile_fail(st, "%s", p->g->errmsg);
+		goto out_free;
+	}
+	if ((st = loom_memplan_build(p->g, &p->mp)) != LOOM_OK) {
+		compile_fail(st, "memory planning: out of memory");
+		goto out_free;
+	}
+	if ((st = pick_backend(p)) != LOOM_OK)
+		goto out_free;
+	if ((st = make_slots(p)) != LOOM_OK)
+		goto out_free;
+	for (int v = 0; v < p->g->n; v++) {
+		size_t ws = p->be->workspace(p, v);
+		if (ws > p->ws_bytes)
+			p->ws_bytes = ws;
+	}
+	if ((st = p->be->prepare(p)) != LOOM_OK) {
+		compile_fail(st, "backend %s: %s", p->be->name, p->err);
+		goto out_free;
+	}
+	if ((st = init_values(p)) != LOOM_OK)
+		goto out_free;
+	if (o->verbose) {
+		loom_program_info info;
+		loom_program_info_get(p, &info);
+		fprintf(stderr,
+			"loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
+			"(params %.2f, grads %.2f, optimizer %.2f, activations %.2f of %.2f naive)\n",
+			info.n_nodes, p->n_fwd, info.backend, info.arena_bytes / 1048576.0,
+			info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
+			info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
+			info.activation_naive_bytes / 1048576.0);
+	}
+	*out = p;
+	return LOOM_OK;
+
+out_free:
+	loom_program_free(p);
+	return st;
+}
+
+void loom_program_free(loom_program *p)
+{
+	if (!p)
+		return;
+	if (p->be)
+		p->be->release(p);
+	loom_memplan_free(&p->mp);
+	free(p->params);
+	loom_graph_free(p->g);
+	free(p);
+}
+
+static loom_value find_named(const loom_program *p, loom_op op, const char *name)
+{
+	for (int v = 0; v < p->n_fwd; v++)
+		if (p->g->nodes[v].op == op && strcmp(p->g->nodes[v].name, name) == 0)
+			return v;
+	return LOOM_NONE;
+}
+
+loom_status loom_set_input(loom_program *p, const char *name, const void *data, loom_dtype dt,
+			   size_t count)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (!name || !data)
+		return loom_program_fail(p, LOOM_ERR_INVALID, "set_input: name or data is NULL");
+	loom_value v = find_named(p, LOOM_OP_INPUT, name);
+	if (v == LOOM_NONE)
+		return loom_program_fail(p, LOOM_ERR_NOT_FOUND, "set_input: no input called '%s'", name);
+	const loom_node *nd = &p->g->nodes[v];
+	char sb[96];
+	if (dt != nd->dtype)
+		return loom_program_fail(p, LOOM_ERR_DTYPE, "set_input '%s': data is %s, the input is %s",
+					 name, loom_dtype_name(dt), loom_dtype_name(nd->dtype));
+	if ((int64_t)count != loom_shape_numel(&nd->shape))
+		return loom_program_fail(p, LOOM_ERR_SHAPE,
+					 "set_input '%s': %zu elements given, shape %s holds %lld", name,
+					 count, loom_shape_str(&nd->shape, sb, sizeof(sb)),
+					 (long long)loom_shape_numel(&nd->shape));
+	return p->be->upload(p, loom_value_ptr(p, v), data, loom_value_bytes(p, v));
+}
+
+loom_status loom_run(loom_program *p, loom_run_mode mode)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	p->err[0] = 0;
+	loom_status st;
+	switch (mode) {
+	case LOOM_RUN_EVAL:
+		st = p->be->run_nodes(p, 0, p->n_fwd, 0);
+		break;
+	case LOOM_RUN_FORWARD:
+		st = p->be->run_nodes(p, 0, p->n_fwd, 1);
+		break;
+	case LOOM_RUN_GRAD:
+		st = p->be->run_nodes(p, 0, p->g->n, 1);
+		break;
+	case LOOM_RUN_TRAIN:
+		st = p->be->run_nodes(p, 0, p->g->n, 1);
+		if (st == LOOM_OK && p->opts.optim.kind != LOOM_OPTIM_NONE)
+			st = p->be->optim_step(p);
+		break;
+	default:
+		return loom_program_fail(p, LOOM_ERR_INVALID, "run: unknown mode %d", (int)mode);
+	}
+	if (st != LOOM_OK)
+		return st;
+	float l32;
+	double l64;
+	if (p->g->nodes[p->loss].dtype == LOOM_F64) {
+		st = p->be->download(p, &l64, loom_value_ptr(p, p->loss), sizeof(l64));
+		p->last_loss = l64;
+	} else {
+		st = p->be->download(p, &l32, loom_value_ptr(p, p->loss), sizeof(l32));
+		p->last_loss = l32;
+	}
+	return st;
+}
+
+double loom_loss(loom_program *p)
+{
+	return p ? p->last_loss : NAN;
+}
+
+/* A value readable after a step: persistent storage. */
+static loom_status readable(loom_program *p, loom_value v, size_t count, const char *what)
+{
+	char sb[96];
+	if (v < 0 || v >= p->g->n)
+		return loom_program_fail(p, LOOM_ERR_INVALID, "%s: no value %d", what, (int)v);
+	if (p->mp.region[v] != LOOM_REGION_PERSIST)
+		return loom_program_fail(p, LOOM_ERR_STATE,
+					 "%s: value %d is not kept after a step (mark it with loom_mark_output)",
+					 what, (int)v);
+	const loom_node *nd = &p->g->nodes[v];
+	if ((int64_t)count != loom_shape_numel(&nd->shape))
+		return loom_program_fail(p, LOOM_ERR_SHAPE, "%s: %zu elements asked, value %d is %s",
+					 what, count, (int)v, loom_shape_str(&nd->shape, sb, sizeof(sb)));
+	return LOOM_OK;
+}
+
+/* Downloads v and converts it to f64 (dst) elementwise. */
+static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_t count)
+{
+	const loom_node *nd = &p->g->nodes[v];
+	size_t bytes = loom_value_bytes(p, v);
+	void *tmp = malloc(bytes ? bytes : 1);
+	if (!tmp)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
+	loom_status st = p->be->download(p, tmp, loom_value_ptr(p, v), bytes);
+	for (size_t i = 0; st == LOOM_OK && i < count; i++) {
+		switch (nd->dtype) {
+		case LOOM_F32: dst[i] = ((float *)tmp)[i]; break;
+		case LOOM_F64: dst[i] = ((double *)tmp)[i]; break;
+		case LOOM_F16: dst[i] = loom_f16_to_f32(((uint16_t *)tmp)[i]); break;
+		case LOOM_BF16: dst[i] = loom_bf16_to_f32(((uint16_t *)tmp)[i]); break;
+		case LOOM_I32: dst[i] = ((int32_t *)tmp)[i]; break;
+		default: break;
+		}
+	}
+	free(tmp);
+	return st;
+}
+
+loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count)
+{
+	if (!p || !dst)
+		return LOOM_ERR_INVALID;
+	loom_status st = readable(p, v, count, "read");
+	return st != LOOM_OK ? st : read_as_f64(p, v, dst, count);
+}
+
+loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
+{
+	if (!p || !dst)
+		return LOOM_ERR_INVALID;
+	loom_status st = readable(p, v, count, "read");
+	if (st != LOOM_OK)
+		return st;
+	double *tmp = malloc(sizeof(double) * (count ? count : 1));
+	if (!tmp)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
+	st = read_as_f64(p, v, tmp, count);
+	for (size_t i = 0; st == LOOM_OK && i < count; i++)
+		dst[i] = (float)tmp[i];
+	free(tmp);
+	return st;
+}
+
+loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_t count)
+{
+	if (!p || !dst)
+		return LOOM_ERR_INVALID;
+	if (v < 0 || v >= p->n_fwd || p->g->nodes[v].op != LOOM_OP_PARAM)
+		return loom_program_fail(p, LOOM_ERR_INVALID, "read_grad: value %d is not a parameter",
+					 (int)v);
+	loom_value gr = p->g->nodes[v].grad;
+	loom_status st = readable(p, gr, count, "read_grad");
+	return st != LOOM_OK ? st : read_as_f64(p, gr, dst, count);
+}
+
+loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, size_t count)
+{
+	if (!p || !src)
+		return LOOM_ERR_INVALID;
+	if (v < 0 || v >= p->n_fwd ||
+	    (p->g->nodes[v].op != LOOM_OP_PARAM && p->g->nodes[v].op != LOOM_OP_BUFFER))
+		return loom_program_fail(p, LOOM_ERR_INVALID,
+					 "write: value %d is not a parameter or buffer", (int)v);
+	loom_status st = readable(p, v, count, "write");
+	if (st != LOOM_OK)
+		return st;
+	const loom_node *nd = &p->g->nodes[v];
+	size_t bytes = loom_value_bytes(p, v);
+	void *tmp = malloc(bytes ? bytes : 1);
+	if (!tmp)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
+	for (size_t i = 0; i < count; i++) {
+		switch (nd->dtype) {
+		case LOOM_F32: ((float *)tmp)[i] = (float)src[i]; break;
+		case LOOM_F64: ((double *)tmp)[i] = src[i]; break;
+		case LOOM_F16: ((uint16_t *)tmp)[i] = loom_f32_to_f16((float)src[i]); break;
+		case LOOM_BF16: ((uint16_t *)tmp)[i] = loom_f32_to_bf16((float)src[i]); break;
+		default: break;
+		}
+	}
+	st = p->be->upload(p, loom_value_ptr(p, v), tmp, bytes);
+	free(tmp);
+	return st;
+}
+
+loom_status loom_set_lr(loom_program *p, double lr)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (!(lr >= 0) || !isfinite(lr))
+		return loom_program_fail(p, LOOM_ERR_INVALID, "set_lr: %g must be >= 0", lr);
+	p->lr = lr;
+	return LOOM_OK;
+}
+
+double loom_get_lr(const loom_program *p)
+{
+	return p ? p->lr : NAN;
+}
+
+int64_t loom_step_count(const loom_program *p)
+{
+	return p ? p->step : 0;
+}
+
+void loom_program_info_get(const loom_program *p, loom_program_info *info)
+{
+	memset(info, 0, sizeof(*info));
+	if (!p)
+		return;
+	info->backend = p->backend_name[0] ? p->backend_name : p->be->name;
+	info->n_nodes = p->g->n;
+	info->n_params = p->n_params;
+	for (int i = 0; i < p->n_params; i++) {
+		const loom_param_slot *s = &p->params[i];
+		info->n_param_elems += s->numel;
+		info->param_bytes += loom_value_bytes(p, s->param);
+		info->grad_bytes += loom_value_bytes(p, s->grad);
+	}
+	info->master_bytes = p->master_bytes;
+	info->optim_state_bytes = p->state_bytes;
+	info->activation_bytes = p->mp.act_bytes;
+	info->activation_naive_bytes = p->mp.act_naive_bytes;
+	info->arena_bytes = p->mp.persist_bytes + p->mp.act_bytes + p->ws_bytes + p->state_bytes;
+	info->loss_scale = p->scaler.scale;
+	info->skipped_steps = p->scaler.skipped_steps;
+}
