@@ -96,7 +96,7 @@ void LOOM_CPU_FN(loom_cpu_bn_fwd_train)(int n, int c, int64_t hw, const T *x,
 	const double m = (double)n * hw;
 	/* PyTorch stores the unbiased variance; with one value per channel that
 	 * is undefined, so the biased one is kept rather than a division by 0. */
-	const double unbias = 1;
+	const double unbias = m > 1 ? m / (m - 1) : 1;
 
 #pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
 	for (int ch = 0; ch < c; ch++) {

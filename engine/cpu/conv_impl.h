@@ -69,7 +69,7 @@ static void LOOM_CPU_FN(col2im)(const loom_conv_shape *s, const T *col, T *dx)
 							row[ow] += col[ow];
 					} else {
 						for (int ow = lo; ow < hi; ow++)
-							row[ow] += col[ow];
+							row[ow * st] += col[ow];
 					}
 				}
 			}

@@ -10,7 +10,7 @@
  * first NaN. */
 static inline int LOOM_CPU_FN(pool_takes)(T m, T v)
 {
-	return v >= m || (v != v && m == m);
+	return v > m || (v != v && m == m);
 }
 
 static inline T LOOM_CPU_FN(pool_pick)(T m, T v)
