@@ -7,6 +7,9 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
 
+/* Values summed in the element type before going into a double. */
+#define LOOM_CPU_BN_BLOCK 1024
+
 #define T float
 #define SFX f32
 #include "engine/cpu/bn_impl.h"

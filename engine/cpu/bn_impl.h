@@ -1,8 +1,10 @@
 /*
  * engine/cpu/bn_impl.h — batch norm and per-channel sums over NCHW, written
  * once for T/SFX and included by bn.c for f32 and f64 (no include guard on
- * purpose). Channels run in parallel; sums accumulate in double, two passes
- * for the variance so that a large mean does not cancel it away.
+ * purpose). Channels run in parallel. Sums are blocked: at most
+ * LOOM_CPU_BN_BLOCK values accumulate in T across SIMD lanes (fast, and a few
+ * hundred floats lose nothing that matters), the block sums in double. Two
+ * passes for the variance so that a large mean does not cancel it away.
  */
 
 /* Sum of channel ch over the batch, double accumulator. */
@@ -11,9 +13,14 @@ static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int
 	double s = 0;
 	for (int i = 0; i < n; i++) {
 		const T *xp = x + ((int64_t)i * c + ch) * hw;
-#pragma omp simd reduction(+ : s)
-		for (int64_t j = 0; j < hw; j++)
-			s += xp[j];
+		for (int64_t j0 = 0; j0 < hw; j0 += LOOM_CPU_BN_BLOCK) {
+			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
+			T bs = 0;
+#pragma omp simd reduction(+ : bs)
+			for (int64_t j = j0; j < e; j++)
+				bs += xp[j];
+			s += bs;
+		}
 	}
 	return s;
 }
@@ -24,13 +31,19 @@ static void LOOM_CPU_FN(bn_chan_stats)(int n, int c, int64_t hw, const T *x, int
 {
 	const double m = (double)n * hw;
 	const double mu = LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch) / m;
+	const T mt = (T)mu;
 	double q = 0;
 	for (int i = 0; i < n; i++) {
 		const T *xp = x + ((int64_t)i * c + ch) * hw;
-#pragma omp simd reduction(+ : q)
-		for (int64_t j = 0; j < hw; j++) {
-			double d = xp[j] - mu;
-			q += d * d;
+		for (int64_t j0 = 0; j0 < hw; j0 += LOOM_CPU_BN_BLOCK) {
+			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
+			T bq = 0;
+#pragma omp simd reduction(+ : bq)
+			for (int64_t j = j0; j < e; j++) {
+				T d = xp[j] - mt;
+				bq += d * d;
+			}
+			q += bq;
 		}
 	}
 	*mean = mu;
@@ -45,16 +58,22 @@ static void LOOM_CPU_FN(bn_chan_bwd_sums)(int n, int c, int64_t hw, const T *x,
 {
 	const double m = (double)n * hw;
 	const double mu = LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch) / m;
+	const T mt = (T)mu;
 	double q = 0, a = 0, b = 0;
 	for (int i = 0; i < n; i++) {
 		int64_t o = ((int64_t)i * c + ch) * hw;
 		const T *xp = x + o, *dp = dy + o;
-#pragma omp simd reduction(+ : q, a, b)
-		for (int64_t j = 0; j < hw; j++) {
-			double d = xp[j] - mu;
-			q += d * d;
-			a += dp[j];
-			b += dp[j] * d;
+		for (int64_t j0 = 0; j0 < hw; j0 += LOOM_CPU_BN_BLOCK) {
+			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
+			T bq = 0, ba = 0, bb = 0;
+#pragma omp simd reduction(+ : bq, ba, bb)
+			for (int64_t j = j0; j < e; j++) {
+				T d = xp[j] - mt;
+				bq += d * d;
+				ba += dp[j];
+				bb += dp[j] * d;
+			}
+			q += bq, a += ba, b += bb;
 		}
 	}
 	*mean = mu;

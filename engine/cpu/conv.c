@@ -5,8 +5,6 @@
  */
 #include <string.h>
 
-#include <cblas.h>
-
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
 
@@ -37,27 +35,6 @@ static size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem)
 	size_t tail = (p > k ? p : k) * (size_t)s->c_out;
 	size_t bytes = elem * (k * p + tail);
 	return (bytes + 63) & ~(size_t)63;
-}
-
-/*
- * The conv kernels run one single-threaded GEMM per image on each OpenMP
- * thread. Debian's OpenBLAS is the pthread build, which would otherwise start
- * its own threads inside ours, so its thread count is dropped to one for the
- * duration and put back after. Nothing to do when we run on one thread: then
- * OpenBLAS may thread the lone GEMM itself (batch 1).
- */
-static int loom_cpu_blas_serial_begin(int our_threads)
-{
-	int prev = openblas_get_num_threads();
-	if (our_threads > 1 && prev != 1)
-		openblas_set_num_threads(1);
-	return prev;
-}
-
-static void loom_cpu_blas_serial_end(int prev)
-{
-	if (openblas_get_num_threads() != prev)
-		openblas_set_num_threads(prev);
 }
 
 size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)

@@ -10,6 +10,9 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
 
+/* Multiply-adds below which a GEMM is not worth splitting over threads. */
+#define LOOM_CPU_GEMM_PAR_MIN (1 << 21)
+
 #define T float
 #define SFX f32
 #define CBLAS_GEMM cblas_sgemm

@@ -7,9 +7,32 @@
 void LOOM_CPU_FN(loom_cpu_gemm)(int ta, int tb, int m, int n, int k, double alpha,
 				const T *a, const T *b, double beta, T *c)
 {
-	CBLAS_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-		   tb ? CblasTrans : CblasNoTrans, m, n, k, (T)alpha, a, ta ? m : k,
-		   b, tb ? k : n, (T)beta, c, n);
+	const int lda = ta ? m : k, ldb = tb ? k : n;
+	const enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
+	const enum CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
+	/* Split C along its longer side, one single-threaded GEMM per thread
+	 * (see loom_cpu_blas_serial_begin); small products stay on one. */
+	const int by_rows = m >= n, len = by_rows ? m : n;
+	int nt = (double)m * n * k >= LOOM_CPU_GEMM_PAR_MIN ? omp_get_max_threads() : 1;
+	if (nt > len)
+		nt = len;
+	if (nt < 1)
+		nt = 1;
+	int blas_prev = loom_cpu_blas_serial_begin();
+
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int i0 = (int)((int64_t)len * t / cnt), i1 = (int)((int64_t)len * (t + 1) / cnt);
+		if (i1 > i0 && by_rows)
+			CBLAS_GEMM(CblasRowMajor, opa, opb, i1 - i0, n, k, (T)alpha,
+				   ta ? a + i0 : a + (int64_t)i0 * k, lda, b, ldb, (T)beta,
+				   c + (int64_t)i0 * n, n);
+		else if (i1 > i0)
+			CBLAS_GEMM(CblasRowMajor, opa, opb, m, i1 - i0, k, (T)alpha, a, lda,
+				   tb ? b + (int64_t)i0 * k : b + i0, ldb, (T)beta, c + i0, n);
+	}
+	loom_cpu_blas_serial_end(blas_prev);
 }
 
 void LOOM_CPU_FN(loom_cpu_linear_fwd)(int n, int in, int out, const T *x, const T *w,
@@ -20,8 +43,7 @@ void LOOM_CPU_FN(loom_cpu_linear_fwd)(int n, int in, int out, const T *x, const 
 		for (int i = 0; i < n; i++)
 			memcpy(y + (int64_t)i * out, b, sizeof(T) * out);
 	}
-	CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1, x, in, w, in,
-		   b ? 1 : 0, y, out);
+	LOOM_CPU_FN(loom_cpu_gemm)(0, 1, n, out, in, 1, x, w, b ? 1 : 0, y);
 }
 
 /* log(sum(exp(row))) with the max taken out so that exp never overflows. */

@@ -13,6 +13,11 @@ static inline int LOOM_CPU_FN(pool_takes)(T m, T v)
 	return v > m || (v != v && m == m);
 }
 
+static inline int LOOM_CPU_FN(pool_same)(T v, T m)
+{
+	return v == m || (v != v && m != m);
+}
+
 static inline T LOOM_CPU_FN(pool_pick)(T m, T v)
 {
 	return LOOM_CPU_FN(pool_takes)(m, v) ? v : m;
@@ -72,21 +77,21 @@ static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
 		const T *r0 = x + (int64_t)(2 * oh) * s->w_in, *r1 = r0 + s->w_in;
 		T *g0 = dx + (int64_t)(2 * oh) * s->w_in, *g1 = g0 + s->w_in;
 		const T *dr = dy + (int64_t)oh * s->w_out;
-#pragma omp simd
 		for (int ow = 0; ow < s->w_out; ow++) {
 			T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-			T m = a, g = dr[ow];
-			int at = 0;
-			if (LOOM_CPU_FN(pool_takes)(m, b))
-				m = b, at = 1;
-			if (LOOM_CPU_FN(pool_takes)(m, c))
-				m = c, at = 2;
-			if (LOOM_CPU_FN(pool_takes)(m, d))
-				at = 3;
-			g0[2 * ow] = at == 0 ? g : 0;
-			g0[2 * ow + 1] = at == 1 ? g : 0;
-			g1[2 * ow] = at == 2 ? g : 0;
-			g1[2 * ow + 1] = at == 3 ? g : 0;
+			T m = LOOM_CPU_FN(pool_pick)(a, b), g = dr[ow];
+			m = LOOM_CPU_FN(pool_pick)(m, c);
+			m = LOOM_CPU_FN(pool_pick)(m, d);
+			/* Branch-free "first element equal to the max" (NaN equal
+			 * to NaN), so the loop vectorizes. */
+			int ia = LOOM_CPU_FN(pool_same)(a, m);
+			int ib = !ia && LOOM_CPU_FN(pool_same)(b, m);
+			int ic = !ia && !ib && LOOM_CPU_FN(pool_same)(c, m);
+			int id = !ia && !ib && !ic;
+			g0[2 * ow] = ia ? g : 0;
+			g0[2 * ow + 1] = ib ? g : 0;
+			g1[2 * ow] = ic ? g : 0;
+			g1[2 * ow + 1] = id ? g : 0;
 		}
 	}
 }
