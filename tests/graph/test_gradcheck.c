@@ -1,0 +1,736 @@
+/*
+ * tests/graph/test_gradcheck.c — every op's gradient rule (and the CPU
+ * backward kernels behind it) against central finite differences, in f64.
+ * Each differentiated tensor is a parameter so that its gradient is readable;
+ * each op's output is reduced to a scalar through a fixed random projection so
+ * that symmetric mistakes (a transposed index, a missing term that sums to
+ * zero over a channel) cannot cancel out.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom.h"
+#include "tests/graph/nets.h"
+
+/* How a parameter's test values are drawn. */
+typedef enum fill_kind {
+	FILL_UNIFORM,  /* U(-1, 1) */
+	FILL_AWAY0,    /* |x| in [0.2, 1], random sign: no ReLU kink within reach */
+	FILL_DISTINCT, /* a shuffled ladder of distinct values: no max-pool ties */
+	FILL_NEAR1,    /* U(0.5, 1.5): batch-norm scales */
+} fill_kind;
+
+typedef struct gc_param {
+	loom_value v;
+	fill_kind fill;
+	char name[64];
+	size_t numel;
+	int expect_zero; /* the gradient is zero by construction (bias before BN) */
+	double *val; /* the test values, restored after each perturbation */
+} gc_param;
+
+typedef struct gc_input {
+	char name[64];
+	loom_dtype dt;
+	void *data;
+	size_t count;
+} gc_input;
+
+#define GC_MAX 32
+
+typedef struct gc {
+	loom_graph *g;
+	uint64_t rng;
+	gc_param par[GC_MAX];
+	int npar;
+	gc_input in[4];
+	int nin;
+	int nproj; /* for unique projection names */
+} gc;
+
+/* splitmix64: a fixed, portable stream, so a failure reproduces exactly. */
+static uint64_t rnd_u64(gc *c)
+{
+	uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rnd_unit(gc *c)
+{
+	return (double)(rnd_u64(c) >> 11) / 9007199254740992.0;
+}
+
+static void gc_init(gc *c, uint64_t seed)
+{
+	memset(c, 0, sizeof(*c));
+	c->rng = seed;
+	cr_assert_eq(loom_graph_new(&c->g), LOOM_OK);
+}
+
+static void gc_fini(gc *c)
+{
+	for (int i = 0; i < c->npar; i++)
+		free(c->par[i].val);
+	for (int i = 0; i < c->nin; i++)
+		free(c->in[i].data);
+	loom_graph_free(c->g);
+}
+
+static loom_value gc_param_new(gc *c, const char *name, fill_kind fill, int ndim,
+			       const int64_t *dims)
+{
+	cr_assert_lt(c->npar, GC_MAX);
+	loom_value v = loom_param(c->g, name, LOOM_F64, ndim, dims, LOOM_INIT_ZEROS, 0);
+	cr_assert_neq(v, LOOM_NONE, "param '%s': %s", name, loom_graph_error(c->g));
+	gc_param *p = &c->par[c->npar++];
+	p->v = v;
+	p->fill = fill;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->numel = 1;
+	for (int i = 0; i < ndim; i++)
+		p->numel *= (size_t)dims[i];
+	return v;
+}
+
+/* Registers a parameter created elsewhere (the shared ConvNet). */
+static void gc_adopt(gc *c, loom_value v, const char *name, fill_kind fill)
+{
+	cr_assert_lt(c->npar, GC_MAX);
+	loom_shape s = loom_value_shape(c->g, v);
+	gc_param *p = &c->par[c->npar++];
+	p->v = v;
+	p->fill = fill;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->numel = (size_t)loom_shape_numel(&s);
+}
+
+static void gc_labels(gc *c, const char *name, size_t n, int classes)
+{
+	gc_input *in = &c->in[c->nin++];
+	snprintf(in->name, sizeof(in->name), "%s", name);
+	in->dt = LOOM_I32;
+	in->count = n;
+	int32_t *d = malloc(n * sizeof(*d));
+	for (size_t i = 0; i < n; i++)
+		d[i] = (int32_t)(rnd_u64(c) % (uint64_t)classes);
+	in->data = d;
+}
+
+static void gc_input_f64(gc *c, const char *name, size_t n)
+{
+	gc_input *in = &c->in[c->nin++];
+	snprintf(in->name, sizeof(in->name), "%s", name);
+	in->dt = LOOM_F64;
+	in->count = n;
+	double *d = malloc(n * sizeof(*d));
+	for (size_t i = 0; i < n; i++)
+		d[i] = 2 * rnd_unit(c) - 1;
+	in->data = d;
+}
+
+/* sum(linear(reshape(y, [1, numel]), r)) with r a fresh random parameter:
+ * a fixed random linear functional of y. r's own gradient (y itself) is
+ * checked along with everything else. */
+static loom_value gc_project(gc *c, loom_value y)
+{
+	loom_shape s = loom_value_shape(c->g, y);
+	int64_t numel = loom_shape_numel(&s);
+	int64_t fd[2] = { 1, numel }, rd[2] = { 1, numel };
+	char name[32];
+	snprintf(name, sizeof(name), "proj%d", c->nproj++);
+	loom_value r = gc_param_new(c, name, FILL_UNIFORM, 2, rd);
+	loom_value flat = loom_reshape(c->g, y, 2, fd);
+	return loom_sum(c->g, loom_linear(c->g, flat, r, LOOM_NONE));
+}
+
+static void fill(gc *c, gc_param *p)
+{
+	p->val = malloc(p->numel * sizeof(double));
+	switch (p->fill) {
+	case FILL_UNIFORM:
+		for (size_t i = 0; i < p->numel; i++)
+			p->val[i] = 2 * rnd_unit(c) - 1;
+		break;
+	case FILL_AWAY0:
+		for (size_t i = 0; i < p->numel; i++)
+			p->val[i] = (0.2 + 0.8 * rnd_unit(c)) * (rnd_u64(c) & 1 ? 1 : -1);
+		break;
+	case FILL_NEAR1:
+		for (size_t i = 0; i < p->numel; i++)
+			p->val[i] = 0.5 + rnd_unit(c);
+		break;
+	case FILL_DISTINCT:
+		/* A Fisher-Yates shuffle of a ladder in (-1, 1): neighbours are
+		 * 2/numel apart, far beyond the finite-difference step. */
+		for (size_t i = 0; i < p->numel; i++)
+			p->val[i] = -1 + 2 * (i + 0.5) / (double)p->numel;
+		for (size_t i = p->numel - 1; i > 0; i--) {
+			size_t j = (size_t)(rnd_u64(c) % (i + 1));
+			double t = p->val[i];
+			p->val[i] = p->val[j];
+			p->val[j] = t;
+		}
+		break;
+	}
+}
+
+static double forward_loss(loom_program *p)
+{
+	loom_status st = loom_run(p, LOOM_RUN_FORWARD);
+	cr_assert_eq(st, LOOM_OK, "forward: %s", loom_program_error(p));
+	return loom_loss(p);
+}
+
+/*
+ * Compiles loss, checks the analytic gradient of every registered parameter
+ * against (L(x + h) - L(x - h)) / 2h, element by element, and fails on the
+ * worst element with |a - n| > rtol * max(|a|, |n|, floor).
+ */
+static void gc_check(gc *c, loom_value loss, double rtol)
+{
+	const double h = 1e-5, floor = 1e-3;
+	cr_assert_eq(loom_graph_status(c->g), LOOM_OK, "build: %s", loom_graph_error(c->g));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_compile(c->g, loss, &o, &p), LOOM_OK, "compile: %s", loom_last_error());
+
+	for (int i = 0; i < c->npar; i++) {
+		fill(c, &c->par[i]);
+		cr_assert_eq(loom_write_f64(p, c->par[i].v, c->par[i].val, c->par[i].numel), LOOM_OK,
+			     "write '%s': %s", c->par[i].name, loom_program_error(p));
+	}
+	for (int i = 0; i < c->nin; i++)
+		cr_assert_eq(loom_set_input(p, c->in[i].name, c->in[i].data, c->in[i].dt,
+					    c->in[i].count),
+			     LOOM_OK, "set_input: %s", loom_program_error(p));
+
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK, "grad run: %s", loom_program_error(p));
+	double l0 = loom_loss(p);
+	cr_assert(isfinite(l0));
+	/* The forward half of a GRAD run is the forward run. */
+	double lf = forward_loss(p);
+	cr_assert_float_eq(lf, l0, 1e-12 * (1 + fabs(l0)));
+
+	for (int i = 0; i < c->npar; i++) {
+		gc_param *pp = &c->par[i];
+		double *an = malloc(pp->numel * sizeof(double));
+		/* Re-run GRAD at the unperturbed values before each read, so the
+		 * check does not rely on FORWARD runs leaving gradients alone. */
+		cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK);
+		cr_assert_eq(loom_read_grad_f64(p, pp->v, an, pp->numel), LOOM_OK, "read_grad '%s': %s",
+			     pp->name, loom_program_error(p));
+		double worst = 0, wa = 0, wn = 0, maxn = 0, maxa = 0;
+		size_t wi = 0;
+		for (size_t k = 0; k < pp->numel; k++) {
+			double x = pp->val[k];
+			pp->val[k] = x + h;
+			loom_write_f64(p, pp->v, pp->val, pp->numel);
+			double lp = forward_loss(p);
+			pp->val[k] = x - h;
+			loom_write_f64(p, pp->v, pp->val, pp->numel);
+			double lm = forward_loss(p);
+			pp->val[k] = x;
+			double num = (lp - lm) / (2 * h);
+			double den = fmax(fmax(fabs(an[k]), fabs(num)), floor);
+			double err = fabs(an[k] - num) / den;
+			if (!(err <= worst)) { /* NaN counts as worst */
+				worst = err;
+				wi = k;
+				wa = an[k];
+				wn = num;
+			}
+			maxn = fmax(maxn, fabs(num));
+			maxa = fmax(maxa, fabs(an[k]));
+		}
+		cr_assert_eq(loom_write_f64(p, pp->v, pp->val, pp->numel), LOOM_OK);
+		free(an);
+		cr_assert(worst <= rtol,
+			  "gradient of '%s' (%zu elements): worst element %zu: analytic %.12g, "
+			  "numeric %.12g, relative error %.3g > %.1g",
+			  pp->name, pp->numel, wi, wa, wn, worst, rtol);
+		/* A check of zeros against zeros proves nothing, unless zero is
+		 * the point. */
+		if (pp->expect_zero)
+			cr_assert_lt(maxa, 1e-9, "gradient of '%s' should vanish, max %g", pp->name,
+				     maxa);
+		else
+			cr_assert_gt(maxn, 1e-6, "gradient of '%s' is all zero: the test checks nothing",
+				     pp->name);
+	}
+	loom_program_free(p);
+}
+
+/* ------------------------------------------------------------------ conv2d */
+
+typedef struct conv_case {
+	int n, cin, cout, h, w, kh, kw, stride, pad, bias;
+} conv_case;
+
+static void check_conv(conv_case k, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	int64_t xd[4] = { k.n, k.cin, k.h, k.w }, wd[4] = { k.cout, k.cin, k.kh, k.kw };
+	int64_t bd[1] = { k.cout };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 4, wd);
+	loom_value b = k.bias ? gc_param_new(&c, "b", FILL_UNIFORM, 1, bd) : LOOM_NONE;
+	loom_value y = loom_conv2d(c.g, x, w, b, k.stride, k.pad);
+	cr_assert_neq(y, LOOM_NONE, "%s", loom_graph_error(c.g));
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, conv2d_3x3_pad0_bias_batch1)
+{
+	check_conv((conv_case){ 1, 1, 2, 5, 5, 3, 3, 1, 0, 1 }, 1);
+}
+
+Test(gradcheck, conv2d_3x3_pad1_nobias_nonsquare_batch3)
+{
+	check_conv((conv_case){ 3, 2, 3, 6, 7, 3, 3, 1, 1, 0 }, 2);
+}
+
+Test(gradcheck, conv2d_3x3_stride2_pad1_bias)
+{
+	check_conv((conv_case){ 3, 3, 2, 7, 5, 3, 3, 2, 1, 1 }, 3);
+}
+
+Test(gradcheck, conv2d_5x5_pad2_bias)
+{
+	check_conv((conv_case){ 1, 2, 4, 6, 8, 5, 5, 1, 2, 1 }, 4);
+}
+
+Test(gradcheck, conv2d_2x2_stride2_pad0_nobias)
+{
+	check_conv((conv_case){ 3, 4, 1, 5, 6, 2, 2, 2, 0, 0 }, 5);
+}
+
+Test(gradcheck, conv2d_1x1_bias)
+{
+	check_conv((conv_case){ 1, 3, 5, 4, 4, 1, 1, 1, 0, 1 }, 6);
+}
+
+Test(gradcheck, conv2d_stride2_pad2_nonsquare_batch3)
+{
+	check_conv((conv_case){ 3, 2, 2, 8, 9, 3, 3, 2, 2, 1 }, 7);
+}
+
+Test(gradcheck, conv2d_nonsquare_kernel)
+{
+	check_conv((conv_case){ 3, 2, 3, 6, 5, 3, 2, 1, 1, 1 }, 8);
+}
+
+/* ------------------------------------------------------------- batchnorm2d */
+
+static void check_bn(int n, int ch, int h, int w, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	int64_t xd[4] = { n, ch, h, w }, cd[1] = { ch };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	loom_value gm = gc_param_new(&c, "gamma", FILL_NEAR1, 1, cd);
+	loom_value bt = gc_param_new(&c, "beta", FILL_UNIFORM, 1, cd);
+	loom_value rm = loom_buffer(c.g, "rm", LOOM_F64, 1, cd, LOOM_INIT_ZEROS);
+	loom_value rv = loom_buffer(c.g, "rv", LOOM_F64, 1, cd, LOOM_INIT_ONES);
+	loom_value y = loom_batchnorm2d(c.g, x, gm, bt, rm, rv, 0.1, 1e-5);
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, batchnorm2d_train)
+{
+	check_bn(3, 4, 5, 6, 11);
+}
+
+Test(gradcheck, batchnorm2d_train_batch1)
+{
+	check_bn(1, 2, 4, 3, 12);
+}
+
+/* A sum projection makes dL/dx vanish per channel (sum of x-hat is zero);
+ * the gradient of x must then be ~0 while beta's is the element count. */
+Test(gradcheck, batchnorm2d_sum_is_invariant)
+{
+	gc c;
+	gc_init(&c, 13);
+	int64_t xd[4] = { 2, 3, 4, 4 }, cd[1] = { 3 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	loom_value gm = loom_param(c.g, "gamma", LOOM_F64, 1, cd, LOOM_INIT_ONES, 0);
+	loom_value bt = loom_param(c.g, "beta", LOOM_F64, 1, cd, LOOM_INIT_ZEROS, 0);
+	loom_value rm = loom_buffer(c.g, "rm", LOOM_F64, 1, cd, LOOM_INIT_ZEROS);
+	loom_value rv = loom_buffer(c.g, "rv", LOOM_F64, 1, cd, LOOM_INIT_ONES);
+	loom_value loss = loom_sum(c.g, loom_batchnorm2d(c.g, x, gm, bt, rm, rv, 0.1, 1e-5));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_program *p;
+	cr_assert_eq(loom_compile(c.g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	fill(&c, &c.par[0]);
+	loom_write_f64(p, x, c.par[0].val, c.par[0].numel);
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK);
+	double dx[96], db[3];
+	cr_assert_eq(loom_read_grad_f64(p, x, dx, 96), LOOM_OK);
+	cr_assert_eq(loom_read_grad_f64(p, bt, db, 3), LOOM_OK);
+	for (int i = 0; i < 96; i++)
+		cr_assert(fabs(dx[i]) < 1e-9, "dx[%d] = %g, expected 0", i, dx[i]);
+	for (int i = 0; i < 3; i++)
+		cr_assert_float_eq(db[i], 32.0, 1e-12);
+	loom_program_free(p);
+	gc_fini(&c);
+}
+
+/* -------------------------------------------------------------------- relu */
+
+Test(gradcheck, relu)
+{
+	gc c;
+	gc_init(&c, 21);
+	int64_t xd[4] = { 2, 3, 4, 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_AWAY0, 4, xd);
+	gc_check(&c, gc_project(&c, loom_relu(c.g, x)), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, relu_2d)
+{
+	gc c;
+	gc_init(&c, 22);
+	int64_t xd[2] = { 7, 3 };
+	loom_value x = gc_param_new(&c, "x", FILL_AWAY0, 2, xd);
+	gc_check(&c, gc_project(&c, loom_relu(c.g, x)), 1e-6);
+	gc_fini(&c);
+}
+
+/* --------------------------------------------------------------- maxpool2d */
+
+static void check_pool(int n, int ch, int h, int w, int k, int s, int pad, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	int64_t xd[4] = { n, ch, h, w };
+	loom_value x = gc_param_new(&c, "x", FILL_DISTINCT, 4, xd);
+	loom_value y = loom_maxpool2d(c.g, x, k, s, pad);
+	cr_assert_neq(y, LOOM_NONE, "%s", loom_graph_error(c.g));
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, maxpool2d_k2_s2)
+{
+	check_pool(3, 2, 6, 8, 2, 2, 0, 31);
+}
+
+Test(gradcheck, maxpool2d_k2_s2_odd)
+{
+	check_pool(1, 3, 7, 5, 2, 2, 0, 32);
+}
+
+Test(gradcheck, maxpool2d_k3_s2_pad1)
+{
+	check_pool(3, 2, 7, 7, 3, 2, 1, 33);
+}
+
+Test(gradcheck, maxpool2d_k3_s2_pad1_nonsquare)
+{
+	check_pool(2, 2, 6, 9, 3, 2, 1, 34);
+}
+
+/* ------------------------------------------------------- linear and matmul */
+
+static void check_linear(int bias, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	int64_t xd[2] = { 3, 5 }, wd[2] = { 4, 5 }, bd[1] = { 4 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	loom_value b = bias ? gc_param_new(&c, "b", FILL_UNIFORM, 1, bd) : LOOM_NONE;
+	gc_check(&c, gc_project(&c, loom_linear(c.g, x, w, b)), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, linear_bias)
+{
+	check_linear(1, 41);
+}
+
+Test(gradcheck, linear_nobias)
+{
+	check_linear(0, 42);
+}
+
+Test(gradcheck, matmul)
+{
+	gc c;
+	gc_init(&c, 43);
+	int64_t ad[2] = { 3, 5 }, bd[2] = { 5, 4 };
+	loom_value a = gc_param_new(&c, "a", FILL_UNIFORM, 2, ad);
+	loom_value b = gc_param_new(&c, "b", FILL_UNIFORM, 2, bd);
+	gc_check(&c, gc_project(&c, loom_matmul(c.g, a, b)), 1e-6);
+	gc_fini(&c);
+}
+
+/* The same parameter on both sides: a a, so both gradient terms land on a. */
+Test(gradcheck, matmul_square_self)
+{
+	gc c;
+	gc_init(&c, 44);
+	int64_t ad[2] = { 4, 4 };
+	loom_value a = gc_param_new(&c, "a", FILL_UNIFORM, 2, ad);
+	gc_check(&c, gc_project(&c, loom_matmul(c.g, a, a)), 1e-6);
+	gc_fini(&c);
+}
+
+/* --------------------------------------------------------------------- add */
+
+Test(gradcheck, add)
+{
+	gc c;
+	gc_init(&c, 51);
+	int64_t d[3] = { 2, 3, 4 };
+	loom_value a = gc_param_new(&c, "a", FILL_UNIFORM, 3, d);
+	loom_value b = gc_param_new(&c, "b", FILL_UNIFORM, 3, d);
+	gc_check(&c, gc_project(&c, loom_add(c.g, a, b)), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, add_same_value_twice)
+{
+	gc c;
+	gc_init(&c, 52);
+	int64_t d[2] = { 3, 4 };
+	loom_value a = gc_param_new(&c, "a", FILL_UNIFORM, 2, d);
+	gc_check(&c, gc_project(&c, loom_add(c.g, a, a)), 1e-6);
+	gc_fini(&c);
+}
+
+/* x + x of an intermediate: the accumulated gradient flows on through relu. */
+Test(gradcheck, add_intermediate_twice)
+{
+	gc c;
+	gc_init(&c, 53);
+	int64_t d[2] = { 4, 3 };
+	loom_value a = gc_param_new(&c, "a", FILL_AWAY0, 2, d);
+	loom_value r = loom_relu(c.g, a);
+	gc_check(&c, gc_project(&c, loom_add(c.g, r, loom_add(c.g, r, r))), 1e-6);
+	gc_fini(&c);
+}
+
+/* ------------------------------------------------------ reshape / flatten */
+
+Test(gradcheck, reshape_then_linear)
+{
+	gc c;
+	gc_init(&c, 61);
+	int64_t xd[3] = { 2, 3, 4 }, nd[2] = { 4, -1 }, wd[2] = { 5, 6 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	loom_value r = loom_reshape(c.g, x, 2, nd);
+	gc_check(&c, gc_project(&c, loom_linear(c.g, r, w, LOOM_NONE)), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, flatten_then_linear)
+{
+	gc c;
+	gc_init(&c, 62);
+	int64_t xd[4] = { 2, 3, 2, 2 }, wd[2] = { 4, 12 }, bd[1] = { 4 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	loom_value b = gc_param_new(&c, "b", FILL_UNIFORM, 1, bd);
+	gc_check(&c, gc_project(&c, loom_linear(c.g, loom_flatten(c.g, x), w, b)), 1e-6);
+	gc_fini(&c);
+}
+
+/* ------------------------------------------------------------- reductions */
+
+Test(gradcheck, sum)
+{
+	gc c;
+	gc_init(&c, 71);
+	int64_t xd[2] = { 3, 5 }, wd[2] = { 4, 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	gc_check(&c, loom_sum(c.g, loom_linear(c.g, x, w, LOOM_NONE)), 1e-6);
+	gc_fini(&c);
+}
+
+Test(gradcheck, mean)
+{
+	gc c;
+	gc_init(&c, 72);
+	int64_t xd[2] = { 3, 5 }, wd[2] = { 4, 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	gc_check(&c, loom_mean(c.g, loom_linear(c.g, x, w, LOOM_NONE)), 1e-6);
+	gc_fini(&c);
+}
+
+/* Exact values: d sum / dx = 1 and d mean / dx = 1/numel everywhere. */
+Test(gradcheck, sum_and_mean_exact)
+{
+	gc c;
+	gc_init(&c, 73);
+	int64_t xd[3] = { 2, 3, 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	loom_value y = gc_param_new(&c, "y", FILL_UNIFORM, 3, xd);
+	loom_value loss = loom_add(c.g, loom_sum(c.g, x), loom_mean(c.g, y));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_program *p;
+	cr_assert_eq(loom_compile(c.g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	double sx = 0, sy = 0;
+	for (int i = 0; i < 2; i++) {
+		fill(&c, &c.par[i]);
+		loom_write_f64(p, c.par[i].v, c.par[i].val, 30);
+	}
+	for (int k = 0; k < 30; k++) {
+		sx += c.par[0].val[k];
+		sy += c.par[1].val[k];
+	}
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK);
+	cr_assert_float_eq(loom_loss(p), sx + sy / 30, 1e-12);
+	double gx[30], gy[30];
+	cr_assert_eq(loom_read_grad_f64(p, x, gx, 30), LOOM_OK);
+	cr_assert_eq(loom_read_grad_f64(p, y, gy, 30), LOOM_OK);
+	for (int k = 0; k < 30; k++) {
+		cr_assert_float_eq(gx[k], 1.0, 1e-15);
+		cr_assert_float_eq(gy[k], 1.0 / 30, 1e-15);
+	}
+	loom_program_free(p);
+	gc_fini(&c);
+}
+
+/* ------------------------------------------------ softmax cross-entropy */
+
+Test(gradcheck, softmax_cross_entropy)
+{
+	gc c;
+	gc_init(&c, 81);
+	int64_t ld[2] = { 5, 4 };
+	loom_value logits = gc_param_new(&c, "logits", FILL_UNIFORM, 2, ld);
+	int64_t yd[1] = { 5 };
+	loom_value labels = loom_input(c.g, "labels", LOOM_I32, 1, yd);
+	gc_labels(&c, "labels", 5, 4);
+	gc_check(&c, loom_softmax_cross_entropy(c.g, logits, labels), 1e-6);
+	gc_fini(&c);
+}
+
+/* Cross-entropy over a flattened view of a 4-d tensor, after a linear layer. */
+Test(gradcheck, softmax_cross_entropy_flattened)
+{
+	gc c;
+	gc_init(&c, 82);
+	int64_t xd[4] = { 3, 2, 3, 2 }, wd[2] = { 5, 12 }, bd[1] = { 5 }, yd[1] = { 3 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	loom_value b = gc_param_new(&c, "b", FILL_UNIFORM, 1, bd);
+	loom_value labels = loom_input(c.g, "labels", LOOM_I32, 1, yd);
+	gc_labels(&c, "labels", 3, 5);
+	loom_value z = loom_linear(c.g, loom_flatten(c.g, x), w, b);
+	gc_check(&c, loom_softmax_cross_entropy(c.g, z, labels), 1e-6);
+	gc_fini(&c);
+}
+
+/* Large logits: the log-sum-exp must be stabilised or this overflows. */
+Test(gradcheck, softmax_cross_entropy_large_logits)
+{
+	gc c;
+	gc_init(&c, 83);
+	int64_t xd[2] = { 4, 3 }, wd[2] = { 6, 3 }, yd[1] = { 4 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	int64_t bd[1] = { 6 };
+	loom_value b = loom_param(c.g, "big", LOOM_F64, 1, bd, LOOM_INIT_ZEROS, 0);
+	loom_value labels = loom_input(c.g, "labels", LOOM_I32, 1, yd);
+	gc_labels(&c, "labels", 4, 6);
+	loom_value z = loom_linear(c.g, x, w, b);
+	loom_value loss = loom_softmax_cross_entropy(c.g, z, labels);
+	/* b is not checked numerically; it only shifts all logits by ~800. */
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_program *p;
+	cr_assert_eq(loom_compile(c.g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	double big[6] = { 800, 801, 799, 800.5, 802, 798 };
+	cr_assert_eq(loom_write_f64(p, b, big, 6), LOOM_OK);
+	for (int i = 0; i < 2; i++) {
+		fill(&c, &c.par[i]);
+		loom_write_f64(p, c.par[i].v, c.par[i].val, c.par[i].numel);
+	}
+	loom_set_input(p, "labels", c.in[0].data, LOOM_I32, 4);
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK);
+	cr_assert(isfinite(loom_loss(p)), "loss %g", loom_loss(p));
+	double gb[6], sum = 0;
+	cr_assert_eq(loom_read_grad_f64(p, b, gb, 6), LOOM_OK);
+	for (int i = 0; i < 6; i++) {
+		cr_assert(isfinite(gb[i]));
+		sum += gb[i];
+	}
+	/* Softmax minus one-hot sums to zero over classes. */
+	cr_assert(fabs(sum) < 1e-12, "sum of dlogits %g", sum);
+	loom_program_free(p);
+	gc_fini(&c);
+}
+
+/* ------------------------------------------------------------------ chains */
+
+Test(gradcheck, convnet)
+{
+	gc c;
+	gc_init(&c, 91);
+	loom_test_convnet m = loom_test_convnet_build(c.g, LOOM_F64, 3, 8, 3, 4, 3);
+	gc_adopt(&c, m.conv1_w, "conv1.weight", FILL_UNIFORM);
+	gc_adopt(&c, m.conv1_b, "conv1.bias", FILL_UNIFORM);
+	gc_adopt(&c, m.bn1_g, "bn1.weight", FILL_NEAR1);
+	gc_adopt(&c, m.bn1_b, "bn1.bias", FILL_UNIFORM);
+	gc_adopt(&c, m.conv2_w, "conv2.weight", FILL_UNIFORM);
+	gc_adopt(&c, m.conv2_b, "conv2.bias", FILL_UNIFORM);
+	gc_adopt(&c, m.bn2_g, "bn2.weight", FILL_NEAR1);
+	gc_adopt(&c, m.bn2_b, "bn2.bias", FILL_UNIFORM);
+	gc_adopt(&c, m.fc_w, "fc.weight", FILL_UNIFORM);
+	gc_adopt(&c, m.fc_b, "fc.bias", FILL_UNIFORM);
+	/* Batch norm removes any per-channel shift: a conv bias right before it
+	 * has an exactly zero gradient, analytic and numeric. */
+	c.par[1].expect_zero = 1;
+	c.par[5].expect_zero = 1;
+	gc_input_f64(&c, "image", 3 * 8 * 8);
+	gc_labels(&c, "labels", 3, 3);
+	gc_check(&c, m.loss, 1e-6);
+	gc_fini(&c);
+}
+
+/* x + conv2(relu(bn(conv1(x)))): x feeds both the block and the shortcut, so
+ * its gradient is the sum of two paths. */
+Test(gradcheck, residual_block)
+{
+	gc c;
+	gc_init(&c, 92);
+	int64_t xd[4] = { 2, 3, 5, 5 }, wd[4] = { 3, 3, 3, 3 }, cd[1] = { 3 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	loom_value w1 = gc_param_new(&c, "w1", FILL_UNIFORM, 4, wd);
+	loom_value gm = gc_param_new(&c, "gamma", FILL_NEAR1, 1, cd);
+	loom_value bt = gc_param_new(&c, "beta", FILL_UNIFORM, 1, cd);
+	loom_value w2 = gc_param_new(&c, "w2", FILL_UNIFORM, 4, wd);
+	loom_value b2 = gc_param_new(&c, "b2", FILL_UNIFORM, 1, cd);
+	loom_value rm = loom_buffer(c.g, "rm", LOOM_F64, 1, cd, LOOM_INIT_ZEROS);
+	loom_value rv = loom_buffer(c.g, "rv", LOOM_F64, 1, cd, LOOM_INIT_ONES);
+	loom_value h = loom_conv2d(c.g, x, w1, LOOM_NONE, 1, 1);
+	h = loom_relu(c.g, loom_batchnorm2d(c.g, h, gm, bt, rm, rv, 0.1, 1e-5));
+	h = loom_conv2d(c.g, h, w2, b2, 1, 1);
+	gc_check(&c, gc_project(&c, loom_add(c.g, x, h)), 1e-6);
+	gc_fini(&c);
+}
