@@ -1,0 +1,130 @@
+/*
+ * bench/bench_convnet.c — training throughput and planned memory of the
+ * ConvNet (batch 100, 28x28) for each opt level: warm-up steps, then timed
+ * steps on fixed random batches (data loading is not what is measured).
+ * Prints one table row per level; bench/run_convnet.sh puts PyTorch beside it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "loom.h"
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static loom_value convnet(loom_graph *g, int b)
+{
+	int64_t xd[4] = { b, 1, 28, 28 }, yd[1] = { b };
+	loom_value x = loom_input(g, "image", LOOM_F32, 4, xd);
+	loom_value y = loom_input(g, "label", LOOM_I32, 1, yd);
+	loom_value h = loom_layer_conv2d(g, "conv1", x, 16, 5, 1, 2, 1);
+	h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "bn1", h)), 2, 2, 0);
+	h = loom_layer_conv2d(g, "conv2", h, 32, 5, 1, 2, 1);
+	h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "bn2", h)), 2, 2, 0);
+	h = loom_layer_linear(g, "fc", loom_flatten(g, h), 10, 1);
+	return loom_softmax_cross_entropy(g, h, y);
+}
+
+static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, int warmup,
+		 int steps)
+{
+	loom_graph *g;
+	loom_program *p;
+	if (loom_graph_new(&g) != LOOM_OK)
+		return 1;
+	loom_value loss = convnet(g, b);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = dev;
+	o.optim.momentum = 0.9;
+	o.amp.level = level;
+	o.amp.half = half;
+	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
+		fprintf(stderr, "bench_convnet: %s\n", loom_last_error());
+		loom_graph_free(g);
+		return 1;
+	}
+	float *img = malloc(sizeof(float) * b * 784);
+	int32_t *lab = malloc(sizeof(int32_t) * b);
+	srand(1);
+	for (int i = 0; i < b * 784; i++)
+		img[i] = (float)rand() / RAND_MAX * 2 - 1;
+	for (int i = 0; i < b; i++)
+		lab[i] = rand() % 10;
+	int rc = 0;
+	double t0 = 0;
+	for (int s = 0; s < warmup + steps; s++) {
+		if (s == warmup)
+			t0 = now();
+		if (loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
+		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN)) {
+			fprintf(stderr, "bench_convnet: %s\n", loom_program_error(p));
+			rc = 1;
+			break;
+		}
+	}
+	if (!rc) {
+		double dt = now() - t0;
+		loom_program_info info;
+		loom_program_info_get(p, &info);
+		printf("| O%d %-4s | %-6s | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f |\n",
+		       level, level == LOOM_O0 ? "" : (half == LOOM_BF16 ? "bf16" : "fp16"),
+		       info.backend, steps * (double)b / dt, info.param_bytes / 1048576.0,
+		       info.master_bytes / 1048576.0, info.grad_bytes / 1048576.0,
+		       info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
+		       loom_loss(p));
+	}
+	free(img);
+	free(lab);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	int steps = 200, warmup = 20, b = 100;
+	const char *levels = "0123";
+	loom_device dev = LOOM_DEVICE_AUTO;
+	loom_dtype half = LOOM_F16;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+			steps = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
+			warmup = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--batch-size") && i + 1 < argc)
+			b = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--levels") && i + 1 < argc)
+			levels = argv[++i];
+		else if (!strcmp(argv[i], "--bf16"))
+			half = LOOM_BF16;
+		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+			i++;
+			dev = !strcmp(argv[i], "cpu") ? LOOM_DEVICE_CPU :
+			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
+		} else {
+			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
+					"[--levels 0123] [--bf16] [--device auto|cpu|cuda]\n");
+			return 2;
+		}
+	}
+	if (steps < 1 || warmup < 0 || b < 1) {
+		fprintf(stderr, "bench_convnet: steps, warmup and batch must be positive\n");
+		return 2;
+	}
+	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up\n\n", b, steps,
+	       warmup);
+	printf("| level   | device | img/s    | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss |\n");
+	printf("| ------- | ------ | -------- | --------- | --------- | --------- | --------- | ----------- | -------- |\n");
+	int rc = 0;
+	for (const char *l = levels; *l; l++)
+		if (*l >= '0' && *l <= '3')
+			rc |= bench((loom_opt_level)(*l - '0'), half, dev, b, warmup, steps);
+	return rc;
+}

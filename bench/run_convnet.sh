@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the ConvNet benchmarks side by side and prints markdown for
+# bench/RESULTS.md: loom's training throughput and planned memory per opt
+# level, PyTorch's throughput on the same model (if python3-torch is
+# installed), and the 2-epoch test accuracy of both.
+#   bench/run_convnet.sh [--quick]    (--quick: speed only, no 2-epoch runs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+bazel build -c opt //bench:bench_convnet //examples:mnist_ddp >/dev/null 2>&1
+bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u +%Y-%m-%d)"
+echo
+"$bin/bench/bench_convnet" --steps 300 --warmup 30 2>/dev/null
+"$bin/bench/bench_convnet" --steps 300 --warmup 30 --levels 123 --bf16 2>/dev/null | tail -n 3
+echo
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+	for t in 0 2; do
+		/usr/bin/python3 bench/torch_convnet.py speed --steps 300 --warmup 30 ${t:+--threads $t} 2>/dev/null || true
+	done
+else
+	echo "(python3-torch not installed: no PyTorch comparison)"
+fi
+[ $quick = 1 ] && exit 0
+echo
+echo "| run | epoch 1 test acc | epoch 2 test acc | epoch img/s |"
+echo "| --- | --- | --- | --- |"
+for lvl in O0 O1 O2 O3; do
+	out=$("$bin/examples/mnist_ddp" --epochs 2 --opt-level $lvl --log-interval 100000 2>/dev/null)
+	acc=$(echo "$out" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' | paste -sd'|' | sed 's/|/% | /')
+	ips=$(echo "$out" | sed -n 's/.*(\([0-9]*\) img\/s).*/\1/p' | paste -sd'/')
+	echo "| loom $lvl fp16 | $acc% | $ips |"
+done
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+	out=$(/usr/bin/python3 bench/torch_convnet.py train --epochs 2 2>/dev/null)
+	acc=$(echo "$out" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' | paste -sd'|' | sed 's/|/% | /')
+	ips=$(echo "$out" | sed -n 's/.*, \([0-9]*\) img\/s/\1/p' | paste -sd'/')
+	echo "| torch 1.13 fp32 | $acc% | $ips |"
+fi
