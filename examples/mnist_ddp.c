@@ -32,6 +32,7 @@ typedef struct args {
 	loom_opt_level level;
 	loom_dtype half;
 	double loss_scale; /* 0: the level's default (dynamic) */
+	int keep_bn_fp32;  /* -1: the level's default */
 	int log_interval;
 	int64_t max_steps; /* 0: no limit (for smoke runs) */
 	int dump_graph;
@@ -55,6 +56,7 @@ static void usage(FILE *f)
 		"  --opt-level O0..O3   apex mixed-precision level (default O0)\n"
 		"  --precision P        fp16 or bf16, the half type of O1..O3 (default fp16)\n"
 		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
+		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
 		"  --seed N             initialisation and shuffling seed (default 0)\n"
 		"  --checkpoint PATH    save here after every epoch (atomic write)\n"
@@ -98,7 +100,7 @@ static int parse_args(int argc, char **argv, args *a)
 {
 	enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
 	       O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX,
-	       O_DUMP, O_HELP };
+	       O_DUMP, O_KEEPBN, O_HELP };
 	static const struct option opts[] = {
 		{ "data", required_argument, 0, O_DATA },
 		{ "epochs", required_argument, 0, O_EPOCHS },
@@ -119,13 +121,14 @@ static int parse_args(int argc, char **argv, args *a)
 		{ "log-interval", required_argument, 0, O_LOG },
 		{ "max-steps", required_argument, 0, O_MAX },
 		{ "dump-graph", no_argument, 0, O_DUMP },
+		{ "keep-batchnorm-fp32", required_argument, 0, O_KEEPBN },
 		{ "help", no_argument, 0, O_HELP },
 		{ 0, 0, 0, 0 },
 	};
 	*a = (args){ .epochs = 2, .batch = 100, .lr = 0.01, .momentum = 0.9, .lr_gamma = 0.1,
 		     .optim = LOOM_OPTIM_SGD, .data = LOOM_FASHION_MNIST_DIR,
 		     .device = LOOM_DEVICE_AUTO, .level = LOOM_O0, .half = LOOM_F16,
-		     .log_interval = 100 };
+		     .log_interval = 100, .keep_bn_fp32 = -1 };
 	long l;
 	int c;
 	opterr = 0;
@@ -206,6 +209,14 @@ static int parse_args(int argc, char **argv, args *a)
 			a->max_steps = l;
 			break;
 		case O_DUMP: a->dump_graph = 1; break;
+		case O_KEEPBN:
+			if (!strcmp(optarg, "true")) a->keep_bn_fp32 = 1;
+			else if (!strcmp(optarg, "false")) a->keep_bn_fp32 = 0;
+			else {
+				fprintf(stderr, "mnist_ddp: --keep-batchnorm-fp32 must be true or false, got '%s'\n", optarg);
+				return -1;
+			}
+			break;
 		case 'h':
 		case O_HELP: usage(stdout); return 1;
 		default:
@@ -347,6 +358,7 @@ int main(int argc, char **argv)
 	o.amp.level = a.level;
 	o.amp.half = a.half;
 	o.amp.static_scale = a.loss_scale;
+	o.amp.keep_batchnorm_fp32 = a.keep_bn_fp32;
 	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
 		fprintf(stderr, "mnist_ddp: %s\n", loom_last_error());
 		goto out;
