@@ -379,6 +379,25 @@ double loom_loss(loom_program *p)
 	return p ? p->last_loss : NAN;
 }
 
+/*
+ * The compiled value behind a user's handle. The AMP pass rewrites the
+ * forward graph in order and the only nodes it adds are flagged
+ * LOOM_NODE_AMP (casts, O2 masters), so user value v is the v-th forward
+ * node without that flag: v itself under O0, a shifted index otherwise.
+ */
+static loom_value compiled_value(const loom_program *p, loom_value v)
+{
+	if (v < 0)
+		return LOOM_NONE;
+	for (int u = 0, k = 0; u < p->n_fwd; u++) {
+		if (p->g->nodes[u].flags & LOOM_NODE_AMP)
+			continue;
+		if (k++ == v)
+			return u;
+	}
+	return LOOM_NONE;
+}
+
 /* A value readable after a step: persistent storage. */
 static loom_status readable(loom_program *p, loom_value v, size_t count, const char *what)
 {
@@ -423,6 +442,8 @@ loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t cou
 {
 	if (!p || !dst)
 		return LOOM_ERR_INVALID;
+	if ((v = compiled_value(p, v)) == LOOM_NONE)
+		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
 	loom_status st = readable(p, v, count, "read");
 	return st != LOOM_OK ? st : read_as_f64(p, v, dst, count);
 }
@@ -431,6 +452,8 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 {
 	if (!p || !dst)
 		return LOOM_ERR_INVALID;
+	if ((v = compiled_value(p, v)) == LOOM_NONE)
+		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
 	loom_status st = readable(p, v, count, "read");
 	if (st != LOOM_OK)
 		return st;
@@ -448,9 +471,11 @@ loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_
 {
 	if (!p || !dst)
 		return LOOM_ERR_INVALID;
-	if (v < 0 || v >= p->n_fwd || p->g->nodes[v].op != LOOM_OP_PARAM)
+	loom_value uv = v;
+	v = compiled_value(p, v);
+	if (v == LOOM_NONE || p->g->nodes[v].op != LOOM_OP_PARAM)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read_grad: value %d is not a parameter",
-					 (int)v);
+					 (int)uv);
 	loom_value gr = p->g->nodes[v].grad;
 	loom_status st = readable(p, gr, count, "read_grad");
 	return st != LOOM_OK ? st : read_as_f64(p, gr, dst, count);
@@ -460,10 +485,12 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 {
 	if (!p || !src)
 		return LOOM_ERR_INVALID;
-	if (v < 0 || v >= p->n_fwd ||
+	loom_value uv = v;
+	v = compiled_value(p, v);
+	if (v == LOOM_NONE ||
 	    (p->g->nodes[v].op != LOOM_OP_PARAM && p->g->nodes[v].op != LOOM_OP_BUFFER))
 		return loom_program_fail(p, LOOM_ERR_INVALID,
-					 "write: value %d is not a parameter or buffer", (int)v);
+					 "write: value %d is not a parameter or buffer", (int)uv);
 	loom_status st = readable(p, v, count, "write");
 	if (st != LOOM_OK)
 		return st;
@@ -483,6 +510,17 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 	}
 	st = p->be->upload(p, loom_value_ptr(p, v), tmp, bytes);
 	free(tmp);
+	/* O2: the optimizer updates the fp32 master and copies it over the half
+	 * parameter, so the master must hold the written values too. */
+	if (st == LOOM_OK && nd->master != LOOM_NONE) {
+		float *m = malloc(sizeof(float) * (count ? count : 1));
+		if (!m)
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
+		for (size_t i = 0; i < count; i++)
+			m[i] = (float)src[i];
+		st = p->be->upload(p, loom_value_ptr(p, nd->master), m, sizeof(float) * count);
+		free(m);
+	}
 	return st;
 }
 
