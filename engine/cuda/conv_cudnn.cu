@@ -1,0 +1,247 @@
+/*
+ * engine/cuda/conv_cudnn.cu — CONV2D, CONV2D_BWD_DATA and CONV2D_BWD_FILTER
+ * through cuDNN's convolution API, with fp32 accumulation. Descriptors and
+ * the algorithm are chosen once, when the backend is asked for workspace
+ * sizes (before prepare), and cached in the node's plan. The conv bias is
+ * added after by an own kernel (elementwise.cu). CPU twin: engine/cpu/conv.c.
+ * fp32 runs with CUDNN_FMA_MATH (no TF32), so that fp32 results stay close
+ * to the CPU's. Not yet run on a GPU.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+
+/* The (x, w, y) shapes of a conv node or one of its backward nodes, as
+ * conv_shape_of in engine/cpu/backend.c. */
+static void conv_nodes(const loom_program *p, const loom_node *n, const loom_node **x,
+		       const loom_node **w, const loom_node **y)
+{
+	const loom_node *s0 = &p->g->nodes[n->src[0]], *s1 = &p->g->nodes[n->src[1]];
+	switch (n->op) {
+	case LOOM_OP_CONV2D: /* (x, w[, b]) -> y */
+		*x = s0, *w = s1, *y = n;
+		break;
+	case LOOM_OP_CONV2D_BWD_DATA: /* (dy, w) -> dx */
+		*x = n, *w = s1, *y = s0;
+		break;
+	default: /* CONV2D_BWD_FILTER: (dy, x) -> dw */
+		*x = s1, *w = n, *y = s0;
+		break;
+	}
+}
+
+static loom_status set_descs(loom_program *p, loom_cuda_conv_plan *cp, const loom_node *n,
+			     cudnnDataType_t dt)
+{
+	const loom_node *x, *w, *y;
+	loom_status st;
+	conv_nodes(p, n, &x, &w, &y);
+	const int64_t *xd = x->shape.dims, *wd = w->shape.dims, *yd = y->shape.dims;
+	int on, oc, oh, ow;
+
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->x, CUDNN_TENSOR_NCHW, dt,
+							      (int)xd[0], (int)xd[1], (int)xd[2],
+							      (int)xd[3]),
+				   p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->y, CUDNN_TENSOR_NCHW, dt,
+							      (int)yd[0], (int)yd[1], (int)yd[2],
+							      (int)yd[3]),
+				   p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(cp->w, dt, CUDNN_TENSOR_NCHW,
+							      (int)wd[0], (int)wd[1], (int)wd[2],
+							      (int)wd[3]),
+				   p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+					   cp->conv, n->a.conv.pad, n->a.conv.pad, n->a.conv.stride,
+					   n->a.conv.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+					   CUDNN_DATA_FLOAT),
+				   p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(
+					   cp->conv, dt == CUDNN_DATA_FLOAT ? CUDNN_FMA_MATH :
+									       CUDNN_TENSOR_OP_MATH),
+				   p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(cp->conv, cp->x, cp->w,
+									 &on, &oc, &oh, &ow),
+				   p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if (on != yd[0] || oc != yd[1] || oh != yd[2] || ow != yd[3])
+		return loom_program_fail(p, LOOM_ERR_SHAPE,
+					 "cuda conv: cuDNN computes output %dx%dx%dx%d, the graph has "
+					 "%lldx%lldx%lldx%lld",
+					 on, oc, oh, ow, (long long)yd[0], (long long)yd[1],
+					 (long long)yd[2], (long long)yd[3]);
+	return LOOM_OK;
+}
+
+/* The first algorithm (fastest by cuDNN's heuristic) that works, fits the
+ * workspace cap and, for fp32, does not convert to TF32 or half. -1 if none. */
+template <typename Perf>
+static int first_usable(const Perf *perf, int count, int f32, cudnnMathType_t *math)
+{
+	for (int i = 0; i < count; i++) {
+		if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > LOOM_CUDA_CONV_WS_MAX)
+			continue;
+		if (f32 && perf[i].mathType != CUDNN_FMA_MATH && perf[i].mathType != CUDNN_DEFAULT_MATH)
+			continue;
+		*math = perf[i].mathType;
+		return (int)perf[i].algo;
+	}
+	return -1;
+}
+
+static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node *n,
+			     loom_cuda_conv_plan *cp, int f32)
+{
+	loom_status st;
+	int count = 0, algo = -1;
+	cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+
+	switch (n->op) {
+	case LOOM_OP_CONV2D: {
+		cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+					      c->dnn, cp->x, cp->w, cp->conv, cp->y,
+					      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+				      p->err, sizeof(p->err));
+		if (st != LOOM_OK)
+			return st;
+		algo = first_usable(perf, count, f32, &math);
+		break;
+	}
+	case LOOM_OP_CONV2D_BWD_DATA: {
+		cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+					      c->dnn, cp->w, cp->y, cp->conv, cp->x,
+					      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+				      p->err, sizeof(p->err));
+		if (st != LOOM_OK)
+			return st;
+		algo = first_usable(perf, count, f32, &math);
+		break;
+	}
+	default: {
+		cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+					      c->dnn, cp->x, cp->y, cp->conv, cp->w,
+					      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
+				      p->err, sizeof(p->err));
+		if (st != LOOM_OK)
+			return st;
+		algo = first_usable(perf, count, f32, &math);
+		break;
+	}
+	}
+	if (algo < 0)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "cuda conv: cuDNN offers no algorithm for node %d (%d tried)",
+					 (int)(n - p->g->nodes), count);
+	cp->algo = algo;
+	/* fp32 keeps FMA math even where the heuristic said DEFAULT, which
+	 * may mean TF32 on sm_80+. */
+	if (f32)
+		math = CUDNN_FMA_MATH;
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(cp->conv, math), p->err, sizeof(p->err))) !=
+	    LOOM_OK)
+		return st;
+	switch (n->op) {
+	case LOOM_OP_CONV2D:
+		return LOOM_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+						c->dnn, cp->x, cp->w, cp->conv, cp->y,
+						(cudnnConvolutionFwdAlgo_t)algo, &cp->ws),
+					p->err, sizeof(p->err));
+	case LOOM_OP_CONV2D_BWD_DATA:
+		return LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+						c->dnn, cp->w, cp->y, cp->conv, cp->x,
+						(cudnnConvolutionBwdDataAlgo_t)algo, &cp->ws),
+					p->err, sizeof(p->err));
+	default:
+		return LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+						c->dnn, cp->x, cp->y, cp->conv, cp->w,
+						(cudnnConvolutionBwdFilterAlgo_t)algo, &cp->ws),
+					p->err, sizeof(p->err));
+	}
+}
+
+loom_status loom_cuda_conv_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				     loom_cuda_node_plan *np)
+{
+	const loom_node *n = &p->g->nodes[v];
+	loom_cuda_conv_plan *cp = &np->conv;
+	loom_status st;
+
+	np->kind = LOOM_CUDA_PLAN_CONV;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->x), p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->y), p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&cp->w), p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cp->conv), p->err, sizeof(p->err))) !=
+	    LOOM_OK)
+		return st;
+	if ((st = set_descs(p, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
+		return st;
+	if ((st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32)) != LOOM_OK)
+		return st;
+	np->lib_ws = loom_cuda_align(cp->ws);
+	return LOOM_OK;
+}
+
+/* Safe on a half-made plan: cuDNN destroy calls take NULL. */
+void loom_cuda_conv_plan_free(loom_cuda_node_plan *np)
+{
+	loom_cuda_conv_plan *cp = &np->conv;
+	if (cp->x)
+		cudnnDestroyTensorDescriptor(cp->x);
+	if (cp->y)
+		cudnnDestroyTensorDescriptor(cp->y);
+	if (cp->w)
+		cudnnDestroyFilterDescriptor(cp->w);
+	if (cp->conv)
+		cudnnDestroyConvolutionDescriptor(cp->conv);
+	memset(cp, 0, sizeof(*cp));
+}
+
+/* src: the node's sources after staging (all in the node's dtype but a
+ * conv bias, which the bias kernel reads in its own). */
+loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+			       const loom_cuda_node_plan *np, void *const *src, void *out)
+{
+	const loom_node *n = &p->g->nodes[v];
+	const loom_cuda_conv_plan *cp = &np->conv;
+	const float one = 1.0f, zero = 0.0f;
+	void *ws = cp->ws ? p->ws : NULL;
+	loom_status st;
+
+	switch (n->op) {
+	case LOOM_OP_CONV2D:
+		st = LOOM_CUDNN_CHECK(cudnnConvolutionForward(c->dnn, &one, cp->x, src[0], cp->w,
+							      src[1], cp->conv,
+							      (cudnnConvolutionFwdAlgo_t)cp->algo, ws,
+							      cp->ws, &zero, cp->y, out),
+				      p->err, sizeof(p->err));
+		if (st != LOOM_OK || n->nsrc < 3)
+			return st;
+		return loom_cuda_bias_add(p, c->stream, (int)n->shape.dims[0], (int)n->shape.dims[1],
+					  n->shape.dims[2] * n->shape.dims[3], out, n->dtype, src[2],
+					  p->g->nodes[n->src[2]].dtype);
+	case LOOM_OP_CONV2D_BWD_DATA:
+		return LOOM_CUDNN_CHECK(cudnnConvolutionBackwardData(
+						c->dnn, &one, cp->w, src[1], cp->y, src[0], cp->conv,
+						(cudnnConvolutionBwdDataAlgo_t)cp->algo, ws, cp->ws,
+						&zero, cp->x, out),
+					p->err, sizeof(p->err));
+	default:
+		return LOOM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+						c->dnn, &one, cp->x, src[1], cp->y, src[0], cp->conv,
+						(cudnnConvolutionBwdFilterAlgo_t)cp->algo, ws, cp->ws,
+						&zero, cp->w, out),
+					p->err, sizeof(p->err));
+	}
+}

@@ -1,0 +1,227 @@
+/*
+ * engine/cuda/cuda_internal.h — what the CUDA backend's files share: the
+ * backend context (handles, stream, per-node plans, the device control
+ * block), the launchers of the own kernels, and the cuBLASLt / cuDNN plan
+ * entry points. CUDA C++ only (nvcc); the public side is cuda_backend.h.
+ *
+ * None of this has run on a GPU yet: it was written and compiled on a
+ * machine without one. The tests in tests/engine/cuda/ are the first check.
+ */
+#ifndef LOOM_ENGINE_CUDA_INTERNAL_H
+#define LOOM_ENGINE_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <cublasLt.h>
+#include <cudnn.h>
+
+extern "C" {
+#include "engine/program_internal.h"
+}
+
+#include "engine/cuda/check.h"
+
+/* Arena sub-allocations are aligned to this (cuBLASLt and cuDNN like 256). */
+#define LOOM_CUDA_ALIGN 256
+/* cuBLASLt workspace per matrix-product node. */
+#define LOOM_CUDA_LT_WS ((size_t)4 << 20)
+/* The most workspace a cuDNN algorithm may ask for to be chosen. */
+#define LOOM_CUDA_CONV_WS_MAX ((size_t)512 << 20)
+/* Elements per optimizer chunk (one block each). */
+#define LOOM_CUDA_OPT_CHUNK 4096
+
+static inline size_t loom_cuda_align(size_t x)
+{
+	return (x + LOOM_CUDA_ALIGN - 1) & ~(size_t)(LOOM_CUDA_ALIGN - 1);
+}
+
+/*
+ * The device control block, at the end of the arena: the device copy of the
+ * loss scaler (the skip decision is taken here, without a host sync), the
+ * step counter the optimizer kernels read, and the error flags kernels raise
+ * for run-time faults that the next sync reports.
+ */
+typedef struct loom_cuda_ctl {
+	loom_scaler scaler;
+	int64_t step;        /* optimizer steps applied (mirrors p->step) */
+	int64_t t;           /* step + 1 of the update being applied */
+	double inv_scale;    /* 1 / scale, as the CPU computes it */
+	int32_t found_inf;   /* set by the finite check of this step */
+	int32_t apply;       /* the scaler's decision for this step */
+	int32_t ce_node;     /* softmax-CE node with a bad label, or -1 */
+	int32_t ce_row;      /* its first bad row (atomicMin), INT32_MAX if none */
+	int32_t first_nonfinite; /* diagnose: first node with inf/NaN, or -1 */
+	int32_t pad_;
+} loom_cuda_ctl;
+
+/* One chunk of one parameter for the fused optimizer kernels. */
+typedef struct loom_cuda_opt_chunk {
+	int32_t slot;
+	int32_t pad_;
+	int64_t off;
+} loom_cuda_opt_chunk;
+
+/* One parameter as the optimizer kernels see it (device addresses). */
+typedef struct loom_cuda_opt_slot {
+	void *param;
+	const void *grad;
+	void *master; /* NULL unless O2 */
+	void *st0, *st1;
+	int64_t numel;
+	int32_t param_dt, grad_dt, state_dt;
+	int32_t pad_;
+} loom_cuda_opt_slot;
+
+/* A source cast into workspace before a library call (dtype mismatch). */
+typedef struct loom_cuda_stage {
+	int src;        /* source index, -1 when unused */
+	size_t ws_off;  /* where its copy lives in ws */
+} loom_cuda_stage;
+
+typedef struct loom_cuda_conv_plan {
+	cudnnTensorDescriptor_t x, y;
+	cudnnFilterDescriptor_t w;
+	cudnnConvolutionDescriptor_t conv;
+	int algo; /* fwd, bwd-data or bwd-filter algorithm, by node op */
+	size_t ws;
+} loom_cuda_conv_plan;
+
+typedef struct loom_cuda_mm_plan {
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t a, b, c; /* cuBLAS operands: a = B rows, b = A */
+	cublasLtMatmulAlgo_t algo;
+	int bias;
+} loom_cuda_mm_plan;
+
+/* What prepare decided for one node. */
+typedef struct loom_cuda_node_plan {
+	int kind; /* LOOM_CUDA_PLAN_* */
+	loom_cuda_stage stage[LOOM_MAX_SRC];
+	size_t lib_ws; /* library workspace at the start of ws */
+	size_t ws;     /* everything this node uses of ws */
+	loom_cuda_conv_plan conv;
+	loom_cuda_mm_plan mm;
+} loom_cuda_node_plan;
+
+enum {
+	LOOM_CUDA_PLAN_NONE = 0,
+	LOOM_CUDA_PLAN_CONV,
+	LOOM_CUDA_PLAN_MM,
+};
+
+typedef struct loom_cuda_ctx {
+	loom_status status; /* a planning failure kept for prepare (workspace cannot fail) */
+	int device;
+	cudaStream_t stream;
+	cublasLtHandle_t lt;
+	cudnnHandle_t dnn;
+	loom_cuda_node_plan *plans; /* one per node */
+	int n_plans;
+
+	unsigned char *arena;   /* the one cudaMalloc */
+	size_t arena_bytes;
+	loom_cuda_ctl *ctl;     /* in the arena */
+	loom_cuda_opt_slot *d_slots;
+	loom_cuda_opt_chunk *d_chunks;
+	int n_chunks;
+
+	unsigned char *pinned; /* upload staging, two halves */
+	size_t pinned_half;
+	cudaEvent_t pinned_ev[2];
+	int pinned_next;
+
+	loom_scaler host_scaler; /* the scaler as last synced with the device */
+	int64_t host_step;
+} loom_cuda_ctx;
+
+/* Test hook state (cuda_backend.h). */
+extern int loom_cuda_poison_on;
+
+/* ------------------------------------------------------------ launchers */
+/* elementwise.cu */
+extern "C" {
+loom_status loom_cuda_cast(loom_program *p, cudaStream_t s, const void *x, int xdt, void *y,
+			   int ydt, int64_t n);
+loom_status loom_cuda_relu_fwd(loom_program *p, cudaStream_t s, const void *x, int xdt,
+			       void *y, int ydt, int64_t n);
+loom_status loom_cuda_relu_bwd(loom_program *p, cudaStream_t s, const void *x, int xdt,
+			       const void *dy, int dydt, void *dx, int dxdt, int64_t n);
+loom_status loom_cuda_add(loom_program *p, cudaStream_t s, const void *a, int adt,
+			  const void *b, int bdt, void *y, int ydt, int64_t n);
+loom_status loom_cuda_sum(loom_program *p, cudaStream_t s, const void *x, int xdt, int64_t n,
+			  void *y, int ydt);
+loom_status loom_cuda_broadcast_scalar(loom_program *p, cudaStream_t s, const void *x,
+				       int xdt, double scale, void *y, int ydt, int64_t n);
+loom_status loom_cuda_channel_sum(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+				  const void *x, int xdt, void *y, int ydt);
+loom_status loom_cuda_bias_add(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+			       void *y, int ydt, const void *b, int bdt);
+loom_status loom_cuda_grad_seed(loom_program *p, cudaStream_t s, const loom_cuda_ctl *ctl,
+				void *y, int ydt);
+loom_status loom_cuda_mark_nonfinite(loom_program *p, cudaStream_t s, const void *x, int xdt,
+				     int64_t n, int node, loom_cuda_ctl *ctl);
+
+/* bn.cu */
+loom_status loom_cuda_bn_fwd(loom_program *p, cudaStream_t s, int train, int n, int c,
+			     int64_t hw, const void *x, int xdt, const void *gamma, int gdt,
+			     const void *beta, int bdt, void *rmean, int rmdt, void *rvar,
+			     int rvdt, double momentum, double eps, void *y, int ydt);
+loom_status loom_cuda_bn_bwd_data(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+				  const void *x, int xdt, const void *gamma, int gdt,
+				  const void *dy, int dydt, double eps, void *dx, int dxdt);
+loom_status loom_cuda_bn_bwd_gamma(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+				   const void *x, int xdt, const void *dy, int dydt, double eps,
+				   void *dg, int dgdt);
+
+/* pool.cu — same shape struct as the CPU's, passed by value. */
+typedef struct loom_cuda_pool_shape {
+	int n, c, h_in, w_in;
+	int k, stride, pad;
+	int h_out, w_out;
+} loom_cuda_pool_shape;
+loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s, loom_cuda_pool_shape ps,
+				  const void *x, int xdt, void *y, int ydt);
+loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s, loom_cuda_pool_shape ps,
+				  const void *x, int xdt, const void *dy, int dydt, void *dx,
+				  int dxdt);
+
+/* loss.cu */
+loom_status loom_cuda_softmax_ce_fwd(loom_program *p, cudaStream_t s, int n, int classes,
+				     const void *logits, int ldt, const int32_t *labels,
+				     void *loss, int lossdt, double *row_ws, int node,
+				     loom_cuda_ctl *ctl);
+loom_status loom_cuda_softmax_ce_bwd(loom_program *p, cudaStream_t s, int n, int classes,
+				     const void *logits, int ldt, const int32_t *labels,
+				     const void *dloss, int dldt, void *dlogits, int dxdt);
+
+/* optim.cu */
+loom_status loom_cuda_optim_launch(loom_program *p, cudaStream_t s, loom_cuda_ctx *c);
+}
+
+/* ------------------------------------------------------------ libraries */
+/* matmul_cublaslt.cu: LINEAR and MATMUL. */
+loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np);
+void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
+loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+			     const loom_cuda_node_plan *np, void *const *src, void *out);
+
+/* conv_cudnn.cu: CONV2D and its two backward nodes. */
+loom_status loom_cuda_conv_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				     loom_cuda_node_plan *np);
+void loom_cuda_conv_plan_free(loom_cuda_node_plan *np);
+loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+			       const loom_cuda_node_plan *np, void *const *src, void *out);
+
+/* The dtype a library call runs a node in: its own (f32, f16, bf16). */
+static inline cudaDataType_t loom_cuda_data_type(loom_dtype dt)
+{
+	return dt == LOOM_F16 ? CUDA_R_16F : dt == LOOM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+static inline cudnnDataType_t loom_cudnn_data_type(loom_dtype dt)
+{
+	return dt == LOOM_F16 ? CUDNN_DATA_HALF : dt == LOOM_BF16 ? CUDNN_DATA_BFLOAT16 :
+							  CUDNN_DATA_FLOAT;
+}
+
+#endif /* LOOM_ENGINE_CUDA_INTERNAL_H */

@@ -1,0 +1,103 @@
+/*
+ * engine/cuda/dtype.cuh — device helpers shared by the kernel files: reading
+ * any float storage dtype as fp32 and writing fp32 back with round to nearest
+ * even (the CPU backend's half emulation, engine/cpu/backend.c), a block-wide
+ * double reduction, and the launch check every launcher ends with.
+ */
+#ifndef LOOM_ENGINE_CUDA_DTYPE_CUH
+#define LOOM_ENGINE_CUDA_DTYPE_CUH
+
+#include <math.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "engine/cuda/cuda_internal.h"
+
+/* dt is uniform across a launch, so the switch does not diverge. */
+static __device__ __forceinline__ float loom_ld(const void *p, int dt, int64_t i)
+{
+	switch (dt) {
+	case LOOM_F16: return __half2float(((const __half *)p)[i]);
+	case LOOM_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+	default: return ((const float *)p)[i];
+	}
+}
+
+static __device__ __forceinline__ void loom_st(void *p, int dt, int64_t i, float x)
+{
+	switch (dt) {
+	case LOOM_F16: ((__half *)p)[i] = __float2half_rn(x); break;
+	case LOOM_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x); break;
+	default: ((float *)p)[i] = x; break;
+	}
+}
+
+/* Sum of v over the block; every thread gets the result. blockDim.x must be
+ * a multiple of 32 and at most 1024. Uses 33 doubles of shared memory. */
+static __device__ __forceinline__ double loom_block_sum(double v)
+{
+	__shared__ double part[33];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int nwarps = blockDim.x >> 5;
+
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_down_sync(0xffffffffu, v, o);
+	__syncthreads(); /* part may still be read by a previous call */
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	if (warp == 0) {
+		v = lane < nwarps ? part[lane] : 0.0;
+		for (int o = 16; o > 0; o >>= 1)
+			v += __shfl_down_sync(0xffffffffu, v, o);
+		if (lane == 0)
+			part[32] = v;
+	}
+	__syncthreads();
+	return part[32];
+}
+
+/* Max of v over the block (NaN-propagating like fmax is not needed here:
+ * the CPU's max scan is a plain '>' so NaN never wins it either). */
+static __device__ __forceinline__ double loom_block_max(double v)
+{
+	__shared__ double part[33];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int nwarps = blockDim.x >> 5;
+
+	for (int o = 16; o > 0; o >>= 1) {
+		double w = __shfl_down_sync(0xffffffffu, v, o);
+		v = w > v ? w : v;
+	}
+	__syncthreads();
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	if (warp == 0) {
+		v = lane < nwarps ? part[lane] : -INFINITY;
+		for (int o = 16; o > 0; o >>= 1) {
+			double w = __shfl_down_sync(0xffffffffu, v, o);
+			v = w > v ? w : v;
+		}
+		if (lane == 0)
+			part[32] = v;
+	}
+	__syncthreads();
+	return part[32];
+}
+
+/* Blocks for a one-thread-per-element launch of n elements. */
+static inline unsigned loom_cuda_blocks(int64_t n, int threads)
+{
+	int64_t b = (n + threads - 1) / threads;
+	if (b < 1)
+		b = 1;
+	return b > 65535 * 16 ? 65535 * 16 : (unsigned)b; /* kernels grid-stride */
+}
+
+/* Checks the launch just made (configuration errors surface here; faults
+ * inside the kernel surface at the next sync). */
+#define LOOM_CUDA_LAUNCHED(p) LOOM_CUDA_CHECK(cudaGetLastError(), p->err, sizeof(p->err))
+
+#endif /* LOOM_ENGINE_CUDA_DTYPE_CUH */

@@ -1,0 +1,211 @@
+/*
+ * engine/cuda/elementwise.cu — casts, relu, add, sum, scalar broadcast,
+ * per-channel sums, the conv bias add, the gradient seed and the diagnose
+ * check. CPU twins: engine/cpu/elementwise_impl.h, loom_cpu_channel_sum in
+ * engine/cpu/bn_impl.h, run_cast and GRAD_SEED in engine/cpu/backend.c.
+ * Every kernel reads any float dtype as fp32 and rounds its result once.
+ * Not yet run on a GPU.
+ */
+#include "engine/cuda/dtype.cuh"
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+__global__ void loom_cast_kernel(const void *x, int xdt, void *y, int ydt, int64_t n)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		loom_st(y, ydt, i, loom_ld(x, xdt, i));
+}
+
+__global__ void loom_relu_fwd_kernel(const void *x, int xdt, void *y, int ydt, int64_t n)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		float v = loom_ld(x, xdt, i);
+		loom_st(y, ydt, i, v < 0.0f ? 0.0f : v); /* NaN passes through */
+	}
+}
+
+__global__ void loom_relu_bwd_kernel(const void *x, int xdt, const void *dy, int dydt,
+				     void *dx, int dxdt, int64_t n)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		loom_st(dx, dxdt, i, loom_ld(x, xdt, i) > 0.0f ? loom_ld(dy, dydt, i) : 0.0f);
+}
+
+__global__ void loom_add_kernel(const void *a, int adt, const void *b, int bdt, void *y,
+				int ydt, int64_t n)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		loom_st(y, ydt, i, loom_ld(a, adt, i) + loom_ld(b, bdt, i));
+}
+
+/* One block: a double accumulator per thread, then the block sum (the CPU
+ * sums in double too, so the fp32 results agree to the last ulp or so). */
+__global__ void loom_sum_kernel(const void *x, int xdt, int64_t n, void *y, int ydt)
+{
+	double s = 0;
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		s += loom_ld(x, xdt, i);
+	s = loom_block_sum(s);
+	if (threadIdx.x == 0)
+		loom_st(y, ydt, 0, (float)s);
+}
+
+/* y may alias x: every thread reads *x before the block's first write, and
+ * only one block is launched when they alias (see the launcher). */
+__global__ void loom_broadcast_kernel(const void *x, int xdt, double scale, void *y, int ydt,
+				      int64_t n)
+{
+	const float v = (float)((double)loom_ld(x, xdt, 0) * scale);
+	__syncthreads();
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		loom_st(y, ydt, i, v);
+}
+
+/* One block per channel. */
+__global__ void loom_channel_sum_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					void *y, int ydt)
+{
+	const int ch = blockIdx.x;
+	const int64_t m = (int64_t)n * hw;
+	double s = 0;
+	for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
+		int64_t i = k / hw, j = k - i * hw;
+		s += loom_ld(x, xdt, (i * c + ch) * hw + j);
+	}
+	s = loom_block_sum(s);
+	if (threadIdx.x == 0)
+		loom_st(y, ydt, ch, (float)s);
+}
+
+__global__ void loom_bias_add_kernel(int c, int64_t hw, int64_t total, void *y, int ydt,
+				     const void *b, int bdt)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		int ch = (int)((i / hw) % c);
+		loom_st(y, ydt, i, loom_ld(y, ydt, i) + loom_ld(b, bdt, ch));
+	}
+}
+
+__global__ void loom_grad_seed_kernel(const loom_cuda_ctl *ctl, void *y, int ydt)
+{
+	loom_st(y, ydt, 0, ctl->scaler.scale);
+}
+
+__global__ void loom_mark_nonfinite_kernel(const void *x, int xdt, int64_t n, int node,
+					   loom_cuda_ctl *ctl)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		if (!isfinite(loom_ld(x, xdt, i))) {
+			atomicCAS(&ctl->first_nonfinite, -1, node);
+			return;
+		}
+	}
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+static const int threads = 256;
+
+extern "C" loom_status loom_cuda_cast(loom_program *p, cudaStream_t s, const void *x, int xdt,
+				      void *y, int ydt, int64_t n)
+{
+	if (n <= 0)
+		return LOOM_OK;
+	loom_cast_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_relu_fwd(loom_program *p, cudaStream_t s, const void *x,
+					  int xdt, void *y, int ydt, int64_t n)
+{
+	if (n <= 0)
+		return LOOM_OK;
+	loom_relu_fwd_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_relu_bwd(loom_program *p, cudaStream_t s, const void *x,
+					  int xdt, const void *dy, int dydt, void *dx, int dxdt,
+					  int64_t n)
+{
+	if (n <= 0)
+		return LOOM_OK;
+	loom_relu_bwd_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, dy, dydt,
+									       dx, dxdt, n);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_add(loom_program *p, cudaStream_t s, const void *a, int adt,
+				     const void *b, int bdt, void *y, int ydt, int64_t n)
+{
+	if (n <= 0)
+		return LOOM_OK;
+	loom_add_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(a, adt, b, bdt, y, ydt,
+									  n);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_sum(loom_program *p, cudaStream_t s, const void *x, int xdt,
+				     int64_t n, void *y, int ydt)
+{
+	loom_sum_kernel<<<1, 1024, 0, s>>>(x, xdt, n, y, ydt);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_broadcast_scalar(loom_program *p, cudaStream_t s,
+						  const void *x, int xdt, double scale, void *y,
+						  int ydt, int64_t n)
+{
+	if (n <= 0)
+		return LOOM_OK;
+	/* In place (y == x, n == 1) one block keeps the read before the write. */
+	unsigned blocks = x == y ? 1 : loom_cuda_blocks(n, threads);
+	loom_broadcast_kernel<<<blocks, threads, 0, s>>>(x, xdt, scale, y, ydt, n);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_channel_sum(loom_program *p, cudaStream_t s, int n, int c,
+					     int64_t hw, const void *x, int xdt, void *y, int ydt)
+{
+	if (c <= 0)
+		return LOOM_OK;
+	loom_channel_sum_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, y, ydt);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_bias_add(loom_program *p, cudaStream_t s, int n, int c,
+					  int64_t hw, void *y, int ydt, const void *b, int bdt)
+{
+	int64_t total = (int64_t)n * c * hw;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_bias_add_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(c, hw, total, y,
+										   ydt, b, bdt);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_grad_seed(loom_program *p, cudaStream_t s,
+					   const loom_cuda_ctl *ctl, void *y, int ydt)
+{
+	loom_grad_seed_kernel<<<1, 1, 0, s>>>(ctl, y, ydt);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_mark_nonfinite(loom_program *p, cudaStream_t s, const void *x,
+						int xdt, int64_t n, int node, loom_cuda_ctl *ctl)
+{
+	if (n <= 0 || (xdt != LOOM_F32 && xdt != LOOM_F16 && xdt != LOOM_BF16))
+		return LOOM_OK;
+	loom_mark_nonfinite_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, n,
+										     node, ctl);
+	return LOOM_CUDA_LAUNCHED(p);
+}

@@ -1,0 +1,161 @@
+/*
+ * engine/cuda/matmul_cublaslt.cu — LINEAR and MATMUL (all transposed forms)
+ * through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F) and half
+ * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue. The
+ * algorithm is chosen once by cublasLtMatmulAlgoGetHeuristic and cached.
+ * CPU twin: loom_cpu_gemm / loom_cpu_linear_fwd in engine/cpu/dense_impl.h.
+ *
+ * loom is row-major, cuBLAS column-major: a row-major C[M,N] is a
+ * column-major C^T[N,M], so we compute C^T = op(B)^T op(A)^T, i.e. cuBLAS's
+ * "A" operand is loom's B and its "B" is loom's A. Not yet run on a GPU.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+
+typedef struct mm_shape {
+	int m, n, k; /* loom's row-major C[m,n] = op(A)[m,k] op(B)[k,n] */
+	int ta, tb;
+} mm_shape;
+
+static void mm_shape_of(const loom_program *p, const loom_node *nd, mm_shape *s)
+{
+	const loom_node *a = &p->g->nodes[nd->src[0]], *b = &p->g->nodes[nd->src[1]];
+	if (nd->op == LOOM_OP_LINEAR) { /* x[N, in] w[out, in]^T */
+		s->ta = 0, s->tb = 1;
+		s->m = (int)a->shape.dims[0], s->k = (int)a->shape.dims[1];
+		s->n = (int)b->shape.dims[0];
+		return;
+	}
+	s->ta = nd->a.mm.ta, s->tb = nd->a.mm.tb;
+	s->m = (int)nd->shape.dims[0], s->n = (int)nd->shape.dims[1];
+	s->k = (int)(s->ta ? a->shape.dims[0] : a->shape.dims[1]);
+}
+
+static loom_status set_attr(loom_program *p, cublasLtMatmulDesc_t d,
+			    cublasLtMatmulDescAttributes_t attr, const void *val, size_t sz)
+{
+	return LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, val, sz), p->err, sizeof(p->err));
+}
+
+loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np)
+{
+	const loom_node *nd = &p->g->nodes[v];
+	loom_cuda_mm_plan *mp = &np->mm;
+	cudaDataType_t dt = loom_cuda_data_type(nd->dtype);
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasLtMatmulHeuristicResult_t res;
+	int returned = 0;
+	loom_status st;
+	mm_shape s;
+
+	np->kind = LOOM_CUDA_PLAN_MM;
+	mm_shape_of(p, nd, &s);
+	mp->bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
+	cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's B */
+	cublasOperation_t opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's A */
+
+	if ((st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mp->desc, CUBLAS_COMPUTE_32F,
+							     CUDA_R_32F),
+				    p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))) != LOOM_OK)
+		return st;
+	if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))) != LOOM_OK)
+		return st;
+	if (mp->bias) {
+		cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+		if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) !=
+		    LOOM_OK)
+			return st;
+	}
+	/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
+	 * row-major, i.e. n x k (k x n) column-major; likewise A. */
+	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->a, dt, s.tb ? s.k : s.n,
+							  s.tb ? s.n : s.k, s.tb ? s.k : s.n),
+			       p->err, sizeof(p->err));
+	if (st != LOOM_OK)
+		return st;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->b, dt, s.ta ? s.m : s.k,
+							  s.ta ? s.k : s.m, s.ta ? s.m : s.k),
+			       p->err, sizeof(p->err));
+	if (st != LOOM_OK)
+		return st;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->c, dt, s.n, s.m, s.n),
+			       p->err, sizeof(p->err));
+	if (st != LOOM_OK)
+		return st;
+
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), p->err, sizeof(p->err));
+	if (st != LOOM_OK)
+		return st;
+	size_t ws_max = LOOM_CUDA_LT_WS;
+	/* Arena values are 64-byte aligned (graph/memplan.c), staged copies
+	 * 256; 16 is what every algorithm may rely on. */
+	uint32_t align = 16;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+				       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max,
+				       sizeof(ws_max)),
+			       p->err, sizeof(p->err));
+	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+	};
+	for (int i = 0; i < 4 && st == LOOM_OK; i++)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
+									     sizeof(align)),
+				       p->err, sizeof(p->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
+								      mp->c, mp->c, pref, 1, &res,
+								      &returned),
+				       p->err, sizeof(p->err));
+	cublasLtMatmulPreferenceDestroy(pref);
+	if (st != LOOM_OK)
+		return st;
+	if (returned < 1)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "cuda matmul: cuBLASLt has no algorithm for node %d "
+					 "(%d x %d x %d, %s)",
+					 (int)v, s.m, s.n, s.k, loom_dtype_name(nd->dtype));
+	mp->algo = res.algo;
+	np->lib_ws = loom_cuda_align(res.workspaceSize);
+	return LOOM_OK;
+}
+
+void loom_cuda_mm_plan_free(loom_cuda_node_plan *np)
+{
+	loom_cuda_mm_plan *mp = &np->mm;
+	if (mp->a)
+		cublasLtMatrixLayoutDestroy(mp->a);
+	if (mp->b)
+		cublasLtMatrixLayoutDestroy(mp->b);
+	if (mp->c)
+		cublasLtMatrixLayoutDestroy(mp->c);
+	if (mp->desc)
+		cublasLtMatmulDescDestroy(mp->desc);
+	memset(mp, 0, sizeof(*mp));
+}
+
+/* src: loom's A, B (and bias), all in the node's dtype after staging. */
+loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+			     const loom_cuda_node_plan *np, void *const *src, void *out)
+{
+	const loom_cuda_mm_plan *mp = &np->mm;
+	const float one = 1.0f, zero = 0.0f;
+	loom_status st;
+	(void)v;
+
+	if (mp->bias) {
+		const void *bias = src[2];
+		if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+				   sizeof(bias))) != LOOM_OK)
+			return st;
+	}
+	return LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
+						&zero, out, mp->c, out, mp->c, &mp->algo,
+						np->lib_ws ? p->ws : NULL, np->lib_ws, c->stream),
+				 p->err, sizeof(p->err));
+}

@@ -1,0 +1,164 @@
+/*
+ * engine/cuda/optim.cu — the optimizer step on the device, fused with mixed
+ * precision's bookkeeping, in three launches over all parameters: (1) check
+ * every gradient for inf/NaN, (2) one thread runs the loss-scale update on
+ * the device copy of the scaler and decides whether to apply, (3) unscale
+ * each gradient as it updates the fp32 value (the O2 master, or the
+ * parameter) with SGD or AdamW and rounds half copies. The host never waits:
+ * the decision stays on the device. CPU twins: engine/cpu/optim.c (the
+ * update, in double as there) and amp/scaler.c (loom_scaler_update, mirrored
+ * line for line below). Not yet run on a GPU.
+ */
+#include "engine/cuda/dtype.cuh"
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+/* amp/scaler.c loom_scaler_update, line for line. */
+static __device__ int scaler_update(loom_scaler *s, int found_inf)
+{
+	int apply = 1;
+
+	if (found_inf) {
+		if (s->dynamic) {
+			float next = s->scale * s->backoff_factor;
+
+			if (next > 0.0f)
+				s->scale = next;
+		}
+		s->growth_tracker = 0;
+		s->skipped_steps++;
+		apply = 0;
+	} else if (s->dynamic) {
+		int32_t clean = s->growth_tracker + 1;
+
+		if (clean >= s->growth_interval) {
+			float next = s->scale * s->growth_factor;
+
+			s->scale = next < s->max_scale ? next : s->max_scale;
+			clean = 0;
+		}
+		s->growth_tracker = clean;
+	}
+	if (s->dynamic && s->scale < 1.0f)
+		s->below_one_steps++;
+	return apply;
+}
+
+/* One block per chunk (grid-stride over chunks). */
+__global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
+				      const loom_cuda_opt_chunk *chunks, int n_chunks,
+				      loom_cuda_ctl *ctl)
+{
+	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
+		if (end > sl.numel)
+			end = sl.numel;
+		int bad = 0;
+		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x)
+			bad |= !isfinite(loom_ld(sl.grad, sl.grad_dt, i));
+		if (__syncthreads_or(bad) && threadIdx.x == 0)
+			ctl->found_inf = 1;
+	}
+}
+
+/*
+ * The decision, as loom_optim_step_host takes it. A step whose forward
+ * failed (a bad label) changes nothing: the CPU returns before the
+ * optimizer. The inverse scale is taken after the update, as the CPU does.
+ */
+__global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling)
+{
+	int apply = 1;
+	if (ctl->ce_node != -1) {
+		ctl->found_inf = 0;
+		ctl->apply = 0;
+		return;
+	}
+	if (scaling)
+		apply = scaler_update(&ctl->scaler, ctl->found_inf);
+	ctl->found_inf = 0;
+	ctl->inv_scale = 1.0 / (double)ctl->scaler.scale;
+	ctl->t = ctl->step + 1;
+	if (apply)
+		ctl->step++;
+	ctl->apply = apply;
+}
+
+/* update_chunk of engine/cpu/optim.c for one element, in double. */
+__global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
+				       const loom_cuda_opt_chunk *chunks, int n_chunks,
+				       loom_optim_opts o, double lr, const loom_cuda_ctl *ctl)
+{
+	if (!ctl->apply)
+		return;
+	const double inv = ctl->inv_scale;
+	const int64_t t = ctl->t;
+	double bc1 = 1, bc2 = 1;
+	if (o.kind == LOOM_OPTIM_ADAMW) {
+		bc1 = 1 - pow(o.beta1, (double)t);
+		bc2 = 1 - pow(o.beta2, (double)t);
+	}
+	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
+		if (end > sl.numel)
+			end = sl.numel;
+		void *wp = sl.master ? sl.master : sl.param;
+		const int wdt = sl.master ? LOOM_F32 : sl.param_dt;
+		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x) {
+			double w = loom_ld(wp, wdt, i);
+			double g = (double)loom_ld(sl.grad, sl.grad_dt, i) * inv;
+			if (o.kind == LOOM_OPTIM_SGD) {
+				double d = g + o.weight_decay * w;
+				if (o.momentum > 0) {
+					double s0 = t == 1 ? d :
+						    o.momentum * loom_ld(sl.st0, sl.state_dt, i) +
+							    (1 - o.dampening) * d;
+					loom_st(sl.st0, sl.state_dt, i, (float)s0);
+					d = o.nesterov ? d + o.momentum * s0 : s0;
+				}
+				w -= lr * d;
+			} else {
+				w *= 1 - lr * o.weight_decay;
+				double s0 = o.beta1 * loom_ld(sl.st0, sl.state_dt, i) + (1 - o.beta1) * g;
+				double s1 = o.beta2 * loom_ld(sl.st1, sl.state_dt, i) +
+					    (1 - o.beta2) * g * g;
+				double denom = sqrt(s1) / sqrt(bc2) + o.eps;
+				w -= lr / bc1 * s0 / denom;
+				loom_st(sl.st0, sl.state_dt, i, (float)s0);
+				loom_st(sl.st1, sl.state_dt, i, (float)s1);
+			}
+			loom_st(wp, wdt, i, (float)w);
+			if (sl.master)
+				loom_st(sl.param, sl.param_dt, i, (float)w);
+		}
+	}
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+static const int threads = 256;
+
+extern "C" loom_status loom_cuda_optim_launch(loom_program *p, cudaStream_t s, loom_cuda_ctx *c)
+{
+	loom_status st;
+	unsigned blocks = c->n_chunks < 65535 ? (unsigned)(c->n_chunks > 0 ? c->n_chunks : 1) : 65535;
+
+	if (p->scaling && c->n_chunks > 0) {
+		loom_opt_check_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
+								  c->ctl);
+		if ((st = LOOM_CUDA_LAUNCHED(p)) != LOOM_OK)
+			return st;
+	}
+	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling);
+	if ((st = LOOM_CUDA_LAUNCHED(p)) != LOOM_OK)
+		return st;
+	if (c->n_chunks == 0)
+		return LOOM_OK;
+	loom_opt_update_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
+							   p->opts.optim, p->lr, c->ctl);
+	return LOOM_CUDA_LAUNCHED(p);
+}

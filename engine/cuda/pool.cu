@@ -1,0 +1,115 @@
+/*
+ * engine/cuda/pool.cu — 2-D max pooling forward and backward. CPU twin:
+ * engine/cpu/pool_impl.h, with the same rules: windows clipped to the image
+ * (padding never wins), row-major scan with a strict '>' so ties go to the
+ * first element, and the first NaN wins.
+ *
+ * Own kernels rather than cudnnPoolingForward/Backward: cuDNN's backward
+ * needs the forward output y, which the graph's MAXPOOL2D_BWD (x, dy) does
+ * not have, and its choice among tied maxima is unspecified, so half inputs
+ * (where ties are common) would route gradients differently from the CPU.
+ * Not yet run on a GPU.
+ */
+#include "engine/cuda/dtype.cuh"
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+/* Flat index in the plane of the max of window (oh, ow), or -1. */
+static __device__ int64_t pool_argmax(const loom_cuda_pool_shape &s, const void *x, int xdt,
+				      int64_t plane_off, int oh, int ow)
+{
+	int h0 = oh * s.stride - s.pad, w0 = ow * s.stride - s.pad;
+	int hlo = h0 < 0 ? 0 : h0, hhi = h0 + s.k < s.h_in ? h0 + s.k : s.h_in;
+	int wlo = w0 < 0 ? 0 : w0, whi = w0 + s.k < s.w_in ? w0 + s.k : s.w_in;
+	if (hlo >= hhi || wlo >= whi)
+		return -1;
+	int64_t best = (int64_t)hlo * s.w_in + wlo;
+	float bv = loom_ld(x, xdt, plane_off + best);
+	for (int ih = hlo; ih < hhi; ih++) {
+		for (int iw = wlo; iw < whi; iw++) {
+			int64_t i = (int64_t)ih * s.w_in + iw;
+			float v = loom_ld(x, xdt, plane_off + i);
+			if (v > bv || (v != v && bv == bv)) {
+				bv = v;
+				best = i;
+			}
+		}
+	}
+	return best;
+}
+
+/* One thread per output element. */
+__global__ void loom_maxpool_fwd_kernel(loom_cuda_pool_shape s, const void *x, int xdt,
+					void *y, int ydt, int64_t total)
+{
+	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
+	     o += (int64_t)gridDim.x * blockDim.x) {
+		int ow = (int)(o % s.w_out);
+		int oh = (int)((o / s.w_out) % s.h_out);
+		int64_t pl = o / ((int64_t)s.w_out * s.h_out);
+		int64_t off = pl * s.h_in * s.w_in;
+		int64_t i = pool_argmax(s, x, xdt, off, oh, ow);
+		loom_st(y, ydt, o, i < 0 ? -INFINITY : loom_ld(x, xdt, off + i));
+	}
+}
+
+/* One thread per input element: it gathers dy from every window whose max
+ * it is, in the CPU's (oh, ow) order so that fp32 sums match exactly. */
+__global__ void loom_maxpool_bwd_kernel(loom_cuda_pool_shape s, const void *x, int xdt,
+					const void *dy, int dydt, void *dx, int dxdt,
+					int64_t total)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int iw = (int)(e % s.w_in);
+		int ih = (int)((e / s.w_in) % s.h_in);
+		int64_t pl = e / ((int64_t)s.w_in * s.h_in);
+		int64_t off = pl * s.h_in * s.w_in, doff = pl * s.h_out * s.w_out;
+		int64_t me = (int64_t)ih * s.w_in + iw;
+		/* Windows oh with oh*stride - pad <= ih < oh*stride - pad + k. */
+		int th = ih + s.pad - s.k, tw = iw + s.pad - s.k;
+		int oh_lo = th < 0 ? 0 : th / s.stride + 1;
+		int ow_lo = tw < 0 ? 0 : tw / s.stride + 1;
+		int oh_hi = (ih + s.pad) / s.stride, ow_hi = (iw + s.pad) / s.stride;
+		if (oh_hi > s.h_out - 1)
+			oh_hi = s.h_out - 1;
+		if (ow_hi > s.w_out - 1)
+			ow_hi = s.w_out - 1;
+		float g = 0.0f;
+		for (int oh = oh_lo; oh <= oh_hi; oh++)
+			for (int ow = ow_lo; ow <= ow_hi; ow++)
+				if (pool_argmax(s, x, xdt, off, oh, ow) == me)
+					g += loom_ld(dy, dydt, doff + (int64_t)oh * s.w_out + ow);
+		loom_st(dx, dxdt, e, g);
+	}
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+static const int threads = 256;
+
+extern "C" loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s,
+					     loom_cuda_pool_shape ps, const void *x, int xdt,
+					     void *y, int ydt)
+{
+	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_maxpool_fwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(ps, x, xdt, y,
+										      ydt, total);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s,
+					     loom_cuda_pool_shape ps, const void *x, int xdt,
+					     const void *dy, int dydt, void *dx, int dxdt)
+{
+	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_maxpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
+		ps, x, xdt, dy, dydt, dx, dxdt, total);
+	return LOOM_CUDA_LAUNCHED(p);
+}
