@@ -336,6 +336,23 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data, 
 	return p->be->upload(p, loom_value_ptr(p, v), data, loom_value_bytes(p, v));
 }
 
+/*
+ * After the loss scale collapsed, the optimizer turned on per-node checks
+ * (p->diagnose); the first run that saw a non-finite value names its op for
+ * loom_program_info's amp_report, once, and the checks stop.
+ */
+static void report_nonfinite(loom_program *p)
+{
+	if (!p->diagnose || p->first_nonfinite == LOOM_NONE || p->amp_report[0])
+		return;
+	char lb[96];
+	snprintf(p->amp_report, sizeof(p->amp_report), "%s (node %d)",
+		 loom_node_label(p->g, p->first_nonfinite, lb, sizeof(lb)), (int)p->first_nonfinite);
+	fprintf(stderr, "loom: loss scale collapsed below 1: %s first produced inf/NaN\n",
+		p->amp_report);
+	p->diagnose = 0;
+}
+
 loom_status loom_run(loom_program *p, loom_run_mode mode)
 {
 	if (!p)
@@ -360,6 +377,7 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 	default:
 		return loom_program_fail(p, LOOM_ERR_INVALID, "run: unknown mode %d", (int)mode);
 	}
+	report_nonfinite(p);
 	if (st != LOOM_OK)
 		return st;
 	float l32;
@@ -565,4 +583,5 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->arena_bytes = p->mp.persist_bytes + p->mp.act_bytes + p->ws_bytes + p->state_bytes;
 	info->loss_scale = p->scaler.scale;
 	info->skipped_steps = p->scaler.skipped_steps;
+	info->amp_report = p->amp_report;
 }
