@@ -1,0 +1,586 @@
+/*
+ * test_cuda_ops.c — every op on the CUDA backend against the CPU backend on
+ * the same fresh random inputs, in f32, f16 and bf16 (one-op graphs compiled
+ * twice; outputs and gradients compared by NMSE with a per-dtype bound, the
+ * CUDA arena poisoned with NaN so an element no kernel writes fails), and a
+ * ConvNet training step under O0, O1 and O2. Without a GPU every test skips.
+ *
+ * The bounds are first guesses: this suite was written on a machine with no
+ * GPU and has not run yet. Tighten or loosen them from the first GPU run.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/device.h"
+#include "loom.h"
+
+/* NULL when this machine can run the CUDA backend, else why not. */
+static const char *no_gpu(void)
+{
+	if (!loom_cuda_compiled())
+		return "this build has no CUDA toolkit";
+	if (!loom_cuda_available())
+		return "none is visible on this machine";
+	return NULL;
+}
+
+#define NEED_GPU()                                                     \
+	do {                                                           \
+		const char *why_ = no_gpu();                           \
+		if (why_)                                              \
+			cr_skip_test("needs a CUDA device: %s", why_); \
+	} while (0)
+
+static double bound(loom_dtype dt)
+{
+	return dt == LOOM_F32 ? 1e-8 : dt == LOOM_F16 ? 1e-4 : 1e-3;
+}
+
+static uint64_t rng_state;
+
+static double urand(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+}
+
+/* sum (a - ref)^2 / sum ref^2; NaN anywhere gives NaN, which fails. */
+static double nmse(const double *a, const double *ref, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		num += (a[i] - ref[i]) * (a[i] - ref[i]);
+		den += ref[i] * ref[i];
+	}
+	return den > 0 ? num / den : num;
+}
+
+/* A one-op case: its parameters (random, compared by gradient), buffers
+ * (compared by value after the run) and integer labels. */
+typedef struct tcase {
+	loom_dtype dt;
+	loom_value param[8];
+	int n_param;
+	loom_value buf[4];
+	int n_buf;
+	int64_t n_labels, classes; /* labels input "labels" when n_labels > 0 */
+	int bad_label;
+} tcase;
+
+typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
+
+static loom_value param(loom_graph *g, tcase *t, const char *name, int ndim, int64_t d0,
+			int64_t d1, int64_t d2, int64_t d3)
+{
+	int64_t dims[4] = { d0, d1, d2, d3 };
+	loom_value v = loom_param(g, name, t->dt, ndim, dims, LOOM_INIT_ZEROS, 1);
+	t->param[t->n_param++] = v;
+	return v;
+}
+
+static loom_value labels(loom_graph *g, tcase *t, int64_t n, int64_t classes)
+{
+	t->n_labels = n;
+	t->classes = classes;
+	return loom_input(g, "labels", LOOM_I32, 1, &n);
+}
+
+/* loss = y . r for a random r (one matmul), so that dy is random too. */
+static loom_value head(loom_graph *g, tcase *t, loom_value y)
+{
+	loom_shape s = loom_value_shape(g, y);
+	if (s.ndim == 0)
+		return y;
+	int64_t n = loom_shape_numel(&s), row[2] = { 1, n };
+	loom_value r = param(g, t, "head.r", 2, n, 1, 0, 0);
+	return loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
+}
+
+static loom_program *compile_on(loom_graph *g, loom_value loss, loom_device dev)
+{
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	loom_compile_opts_default(&o);
+	o.device = dev;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_cuda_test_poison(dev == LOOM_DEVICE_CUDA);
+	loom_status st = loom_compile(g, loss, &o, &p);
+	loom_cuda_test_poison(0);
+	cr_assert_eq(st, LOOM_OK, "compile on %s: %s", dev == LOOM_DEVICE_CUDA ? "cuda" : "cpu",
+		     loom_last_error());
+	return p;
+}
+
+static void read_value(loom_program *p, loom_value v, int grad, double *dst, size_t n)
+{
+	loom_status st = grad ? loom_read_grad_f64(p, v, dst, n) : loom_read_f64(p, v, dst, n);
+	cr_assert_eq(st, LOOM_OK, "%s", loom_program_error(p));
+}
+
+static void compare(const char *op, const char *what, loom_dtype dt, loom_program *cuda,
+		    loom_program *cpu, loom_value v, int grad, size_t n)
+{
+	double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double));
+	cr_assert(a && b);
+	read_value(cuda, v, grad, a, n);
+	read_value(cpu, v, grad, b, n);
+	double e = nmse(a, b, n);
+	cr_expect(e <= bound(dt), "%s %s %s: NMSE %g > %g (cuda[0] %g, cpu[0] %g)", op,
+		  loom_dtype_name(dt), what, e, bound(dt), a[0], b[0]);
+	free(a);
+	free(b);
+}
+
+static size_t numel_of(loom_graph *g, loom_value v)
+{
+	loom_shape s = loom_value_shape(g, v);
+	return (size_t)loom_shape_numel(&s);
+}
+
+/* Builds the case, runs it on both backends with the same inputs, compares
+ * the op's output, the loss, every gradient and every buffer. */
+static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mode mode,
+		     uint64_t seed)
+{
+	tcase t;
+	loom_graph *g;
+	memset(&t, 0, sizeof(t));
+	t.dt = dt;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value y = build(g, &t);
+	loom_value loss = head(g, &t, y);
+	loom_mark_output(g, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s: %s", op, loom_graph_error(g));
+
+	loom_program *cpu = compile_on(g, loss, LOOM_DEVICE_CPU);
+	loom_program *cuda = compile_on(g, loss, LOOM_DEVICE_CUDA);
+	loom_program_info info;
+	loom_program_info_get(cuda, &info);
+	cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
+
+	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+	for (int i = 0; i < t.n_param; i++) {
+		size_t n = numel_of(g, t.param[i]);
+		double *v = malloc(n * sizeof(double));
+		cr_assert(v);
+		for (size_t k = 0; k < n; k++)
+			v[k] = urand();
+		cr_assert_eq(loom_write_f64(cpu, t.param[i], v, n), LOOM_OK, "%s",
+			     loom_program_error(cpu));
+		cr_assert_eq(loom_write_f64(cuda, t.param[i], v, n), LOOM_OK, "%s",
+			     loom_program_error(cuda));
+		free(v);
+	}
+	if (t.n_labels > 0) {
+		int32_t *lab = malloc(t.n_labels * sizeof(int32_t));
+		cr_assert(lab);
+		for (int64_t k = 0; k < t.n_labels; k++)
+			lab[k] = (int32_t)((urand() + 1) / 2 * t.classes) % (int32_t)t.classes;
+		if (t.bad_label)
+			lab[t.n_labels - 1] = (int32_t)t.classes;
+		cr_assert_eq(loom_set_input(cpu, "labels", lab, LOOM_I32, t.n_labels), LOOM_OK);
+		cr_assert_eq(loom_set_input(cuda, "labels", lab, LOOM_I32, t.n_labels), LOOM_OK);
+		free(lab);
+	}
+
+	loom_status sc = loom_run(cpu, mode), sg = loom_run(cuda, mode);
+	if (t.bad_label) {
+		cr_expect_eq(sc, LOOM_ERR_INVALID);
+		cr_expect_eq(sg, LOOM_ERR_INVALID, "cuda: %s", loom_program_error(cuda));
+		cr_expect(strstr(loom_program_error(cuda), "label") != NULL, "%s",
+			  loom_program_error(cuda));
+		cr_expect_str_eq(loom_program_error(cuda), loom_program_error(cpu));
+		goto out;
+	}
+	cr_assert_eq(sc, LOOM_OK, "cpu: %s", loom_program_error(cpu));
+	cr_assert_eq(sg, LOOM_OK, "cuda: %s", loom_program_error(cuda));
+
+	compare(op, "output", dt, cuda, cpu, y, 0, numel_of(g, y));
+	double lc = loom_loss(cpu), lg = loom_loss(cuda);
+	if (loom_value_dtype(g, loss) == LOOM_F32)
+		cr_expect(fabs(lg - lc) <= 1e-3 * (fabs(lc) + 1e-3), "%s %s loss: cuda %g cpu %g",
+			  op, loom_dtype_name(dt), lg, lc);
+	if (mode == LOOM_RUN_GRAD)
+		for (int i = 0; i < t.n_param; i++)
+			compare(op, "gradient", dt, cuda, cpu, t.param[i], 1,
+				numel_of(g, t.param[i]));
+	for (int i = 0; i < t.n_buf; i++)
+		compare(op, "buffer", dt, cuda, cpu, t.buf[i], 0, numel_of(g, t.buf[i]));
+out:
+	loom_program_free(cuda);
+	loom_program_free(cpu);
+	loom_graph_free(g);
+}
+
+static void each_dtype(const char *op, build_fn build, loom_run_mode mode)
+{
+	const loom_dtype dts[3] = { LOOM_F32, LOOM_F16, LOOM_BF16 };
+	for (int i = 0; i < 3; i++)
+		for (uint64_t seed = 1; seed <= 2; seed++)
+			run_case(op, build, dts[i], mode, seed);
+}
+
+/* ------------------------------------------------------------ one-op graphs */
+
+static loom_value b_conv_bias(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 4, 2, 3, 9, 9);
+	loom_value w = param(g, t, "w", 4, 8, 3, 3, 3);
+	loom_value b = param(g, t, "b", 1, 8, 0, 0, 0);
+	return loom_conv2d(g, x, w, b, 1, 1);
+}
+
+static loom_value b_conv_stride(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 4, 3, 4, 10, 10);
+	loom_value w = param(g, t, "w", 4, 5, 4, 3, 3);
+	return loom_conv2d(g, x, w, LOOM_NONE, 2, 0);
+}
+
+static loom_value b_bn(loom_graph *g, tcase *t)
+{
+	int64_t c = 6;
+	loom_value x = param(g, t, "x", 4, 4, c, 5, 5);
+	loom_value ga = param(g, t, "gamma", 1, c, 0, 0, 0);
+	loom_value be = param(g, t, "beta", 1, c, 0, 0, 0);
+	loom_value rm = loom_buffer(g, "rm", t->dt, 1, &c, LOOM_INIT_ZEROS);
+	loom_value rv = loom_buffer(g, "rv", t->dt, 1, &c, LOOM_INIT_ONES);
+	t->buf[t->n_buf++] = rm;
+	t->buf[t->n_buf++] = rv;
+	return loom_batchnorm2d(g, x, ga, be, rm, rv, 0.1, 1e-5);
+}
+
+static loom_value b_relu(loom_graph *g, tcase *t)
+{
+	return loom_relu(g, param(g, t, "x", 3, 4, 5, 7, 0));
+}
+
+static loom_value b_pool2(loom_graph *g, tcase *t)
+{
+	return loom_maxpool2d(g, param(g, t, "x", 4, 2, 3, 8, 8), 2, 2, 0);
+}
+
+static loom_value b_pool3(loom_graph *g, tcase *t)
+{
+	return loom_maxpool2d(g, param(g, t, "x", 4, 2, 3, 9, 9), 3, 2, 1);
+}
+
+static loom_value b_linear_bias(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 2, 6, 20, 0, 0);
+	loom_value w = param(g, t, "w", 2, 12, 20, 0, 0);
+	loom_value b = param(g, t, "b", 1, 12, 0, 0, 0);
+	return loom_linear(g, x, w, b);
+}
+
+static loom_value b_linear(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 2, 5, 7, 0, 0);
+	loom_value w = param(g, t, "w", 2, 3, 7, 0, 0);
+	return loom_linear(g, x, w, LOOM_NONE);
+}
+
+static loom_value b_matmul(loom_graph *g, tcase *t)
+{
+	loom_value a = param(g, t, "a", 2, 7, 9, 0, 0);
+	loom_value b = param(g, t, "b", 2, 9, 5, 0, 0);
+	return loom_matmul(g, a, b);
+}
+
+static loom_value b_add(loom_graph *g, tcase *t)
+{
+	return loom_add(g, param(g, t, "a", 2, 30, 11, 0, 0), param(g, t, "b", 2, 30, 11, 0, 0));
+}
+
+static loom_value b_sum(loom_graph *g, tcase *t)
+{
+	return loom_sum(g, param(g, t, "x", 3, 10, 10, 10, 0));
+}
+
+static loom_value b_mean(loom_graph *g, tcase *t)
+{
+	return loom_mean(g, param(g, t, "x", 2, 33, 3, 0, 0));
+}
+
+static loom_value b_flatten(loom_graph *g, tcase *t)
+{
+	return loom_relu(g, loom_flatten(g, param(g, t, "x", 4, 2, 3, 4, 5)));
+}
+
+static loom_value b_ce(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "logits", 2, 16, 10, 0, 0);
+	return loom_softmax_cross_entropy(g, x, labels(g, t, 16, 10));
+}
+
+static loom_value b_ce_bad(loom_graph *g, tcase *t)
+{
+	loom_value y = b_ce(g, t);
+	t->bad_label = 1;
+	return y;
+}
+
+Test(cuda_ops, conv2d_bias)
+{
+	NEED_GPU();
+	each_dtype("conv2d+bias", b_conv_bias, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, conv2d_stride2)
+{
+	NEED_GPU();
+	each_dtype("conv2d/2", b_conv_stride, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, batchnorm_train)
+{
+	NEED_GPU();
+	each_dtype("batchnorm2d", b_bn, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, batchnorm_eval)
+{
+	NEED_GPU();
+	each_dtype("batchnorm2d eval", b_bn, LOOM_RUN_EVAL);
+}
+
+Test(cuda_ops, relu)
+{
+	NEED_GPU();
+	each_dtype("relu", b_relu, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, maxpool_2x2)
+{
+	NEED_GPU();
+	each_dtype("maxpool2d 2/2", b_pool2, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, maxpool_3x3_pad)
+{
+	NEED_GPU();
+	each_dtype("maxpool2d 3/2 pad 1", b_pool3, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, linear_bias)
+{
+	NEED_GPU();
+	each_dtype("linear+bias", b_linear_bias, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, linear)
+{
+	NEED_GPU();
+	each_dtype("linear", b_linear, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, matmul)
+{
+	NEED_GPU();
+	each_dtype("matmul", b_matmul, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, add)
+{
+	NEED_GPU();
+	each_dtype("add", b_add, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, sum)
+{
+	NEED_GPU();
+	each_dtype("sum", b_sum, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, mean)
+{
+	NEED_GPU();
+	each_dtype("mean", b_mean, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, flatten)
+{
+	NEED_GPU();
+	each_dtype("flatten+relu", b_flatten, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, softmax_cross_entropy)
+{
+	NEED_GPU();
+	each_dtype("softmax_ce", b_ce, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, bad_label_fails_the_step_like_the_cpu)
+{
+	NEED_GPU();
+	run_case("softmax_ce bad label", b_ce_bad, LOOM_F32, LOOM_RUN_GRAD, 3);
+}
+
+Test(cuda_ops, f64_graph_is_refused)
+{
+	NEED_GPU();
+	loom_graph *g;
+	loom_program *p = NULL;
+	loom_compile_opts o;
+	int64_t d[1] = { 4 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value x = loom_param(g, "x", LOOM_F64, 1, d, LOOM_INIT_ONES, 1);
+	loom_value l = loom_sum(g, loom_relu(g, x));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	cr_assert_eq(loom_compile(g, l, &o, &p), LOOM_ERR_UNSUPPORTED);
+	cr_assert(strstr(loom_last_error(), "f64") != NULL, "%s", loom_last_error());
+	cr_assert_null(p);
+	loom_graph_free(g);
+}
+
+/* Runs here too: asking for CUDA where there is none is an error, not a crash. */
+Test(cuda_ops, cuda_without_device_is_refused)
+{
+	if (!no_gpu())
+		cr_skip_test("needs a machine without a CUDA device");
+	loom_graph *g;
+	loom_program *p = NULL;
+	loom_compile_opts o;
+	int64_t d[1] = { 4 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value x = loom_param(g, "x", LOOM_F32, 1, d, LOOM_INIT_ONES, 1);
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	cr_assert_eq(loom_compile(g, loom_sum(g, x), &o, &p), LOOM_ERR_UNSUPPORTED);
+	cr_assert_null(p);
+	loom_graph_free(g);
+}
+
+/* ------------------------------------------------------------ ConvNet steps */
+
+typedef struct convnet {
+	loom_value w[6]; /* conv w, conv b, bn gamma, bn beta, fc w, fc b */
+	loom_value rm, rv, loss;
+} convnet;
+
+static loom_graph *convnet_graph(convnet *n)
+{
+	loom_graph *g;
+	int64_t xd[4] = { 8, 3, 12, 12 }, yd[1] = { 8 }, c = 8;
+	int64_t cw[4] = { 8, 3, 3, 3 }, fw[2] = { 10, 8 * 6 * 6 }, fb[1] = { 10 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_graph_set_seed(g, 7);
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	n->w[0] = loom_param(g, "conv.weight", LOOM_F32, 4, cw, LOOM_INIT_KAIMING_UNIFORM, 27);
+	n->w[1] = loom_param(g, "conv.bias", LOOM_F32, 1, &c, LOOM_INIT_UNIFORM_FAN_IN, 27);
+	n->w[2] = loom_param(g, "bn.weight", LOOM_F32, 1, &c, LOOM_INIT_ONES, 1);
+	n->w[3] = loom_param(g, "bn.bias", LOOM_F32, 1, &c, LOOM_INIT_ZEROS, 1);
+	n->rm = loom_buffer(g, "bn.running_mean", LOOM_F32, 1, &c, LOOM_INIT_ZEROS);
+	n->rv = loom_buffer(g, "bn.running_var", LOOM_F32, 1, &c, LOOM_INIT_ONES);
+	n->w[4] = loom_param(g, "fc.weight", LOOM_F32, 2, fw, LOOM_INIT_KAIMING_UNIFORM, fw[1]);
+	n->w[5] = loom_param(g, "fc.bias", LOOM_F32, 1, fb, LOOM_INIT_UNIFORM_FAN_IN, fw[1]);
+	loom_value h = loom_conv2d(g, x, n->w[0], n->w[1], 1, 1);
+	h = loom_relu(g, loom_batchnorm2d(g, h, n->w[2], n->w[3], n->rm, n->rv, 0.1, 1e-5));
+	h = loom_flatten(g, loom_maxpool2d(g, h, 2, 2, 0));
+	n->loss = loom_softmax_cross_entropy(g, loom_linear(g, h, n->w[4], n->w[5]), y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	return g;
+}
+
+static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind kind,
+			  double tol)
+{
+	convnet n;
+	loom_graph *g = convnet_graph(&n);
+	loom_program *p[2];
+	loom_compile_opts o;
+	float x[8 * 3 * 12 * 12];
+	int32_t y[8];
+	const char *name = level == LOOM_O0 ? "O0" : level == LOOM_O1 ? "O1" : "O2";
+
+	loom_compile_opts_default(&o);
+	o.amp.level = level;
+	o.amp.half = half;
+	o.optim.kind = kind;
+	o.optim.lr = kind == LOOM_OPTIM_SGD ? 0.05 : 1e-3;
+	o.optim.momentum = kind == LOOM_OPTIM_SGD ? 0.9 : 0;
+	o.optim.weight_decay = 1e-4;
+	for (int d = 0; d < 2; d++) {
+		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
+		cr_assert_eq(loom_compile(g, n.loss, &o, &p[d]), LOOM_OK, "%s: %s", name,
+			     loom_last_error());
+	}
+	rng_state = 42;
+	for (int step = 0; step < 3; step++) {
+		for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+			x[i] = (float)urand();
+		for (int i = 0; i < 8; i++)
+			y[i] = (int32_t)((urand() + 1) * 5) % 10;
+		double l[2];
+		for (int d = 0; d < 2; d++) {
+			cr_assert_eq(loom_set_input(p[d], "x", x, LOOM_F32, sizeof(x) / sizeof(x[0])),
+				     LOOM_OK);
+			cr_assert_eq(loom_set_input(p[d], "y", y, LOOM_I32, 8), LOOM_OK);
+			cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%s step %d on %s: %s",
+				     name, step, d ? "cuda" : "cpu", loom_program_error(p[d]));
+			l[d] = loom_loss(p[d]);
+		}
+		cr_expect(fabs(l[1] - l[0]) <= tol * fabs(l[0]) + 1e-6, "%s step %d: loss cuda %g cpu %g",
+			  name, step, l[1], l[0]);
+		cr_expect_eq(loom_step_count(p[1]), loom_step_count(p[0]), "%s step %d", name, step);
+	}
+	loom_program_info ic, ig;
+	loom_program_info_get(p[0], &ic);
+	loom_program_info_get(p[1], &ig);
+	cr_expect_eq(ig.loss_scale, ic.loss_scale, "%s: loss scale cuda %g cpu %g", name,
+		     ig.loss_scale, ic.loss_scale);
+	cr_expect_eq(ig.skipped_steps, ic.skipped_steps);
+	for (int i = 0; i < 8; i++) {
+		loom_value v = i < 6 ? n.w[i] : i == 6 ? n.rm : n.rv;
+		size_t cnt = numel_of(g, v);
+		double *a = malloc(cnt * sizeof(double)), *b = malloc(cnt * sizeof(double));
+		cr_assert(a && b);
+		read_value(p[1], v, 0, a, cnt);
+		read_value(p[0], v, 0, b, cnt);
+		double e = nmse(a, b, cnt);
+		cr_expect(e <= tol * tol, "%s value %d after 3 steps: NMSE %g", name, i, e);
+		free(a);
+		free(b);
+	}
+	loom_program_free(p[1]);
+	loom_program_free(p[0]);
+	loom_graph_free(g);
+}
+
+Test(cuda_convnet, o0_sgd)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_SGD, 1e-4);
+}
+
+Test(cuda_convnet, o0_adamw)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_ADAMW, 1e-4);
+}
+
+Test(cuda_convnet, o1_fp16)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O1, LOOM_F16, LOOM_OPTIM_SGD, 1e-2);
+}
+
+Test(cuda_convnet, o2_fp16)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O2, LOOM_F16, LOOM_OPTIM_SGD, 1e-2);
+}
+
+Test(cuda_convnet, o2_bf16_adamw)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2);
+}
