@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# bazel/gpu_bundle.sh — builds here (no GPU needed) what the GPU suite runs
+# and gathers it into .gpu-bundle/: the binaries, the non-CUDA shared
+# libraries they load (found with ldd: libcriterion and its deps, OpenBLAS,
+# libgomp, libz, ...; glibc and the CUDA libraries stay the host's), the
+# suite script and run.sh. Copy the folder to a GPU host and run ./run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ob=${LOOM_OUTPUT_BASE:-/root/.cache/bazel_cuda}
+out=.gpu-bundle
+
+targets=(//tests/engine/cuda:test_device //tests/engine/cuda:test_cuda_ops)
+for t in //examples:mnist_ddp //bench:bench_convnet; do
+	if bazel --output_base="$ob" query "$t" >/dev/null 2>&1; then
+		targets+=("$t")
+	fi
+done
+bazel --output_base="$ob" build "${targets[@]}"
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+built=()
+for t in "${targets[@]}"; do
+	pkg=${t#//}
+	pkg=${pkg%%:*}
+	name=${t##*:}
+	cp -L "bazel-bin/$pkg/$name" "$out/bin/$name"
+	built+=("bazel-bin/$pkg/$name")
+done
+
+# Everything ldd resolves for the built binaries (tests link bazel's own
+# shared libraries through a runfiles rpath), less glibc (the host's must match its kernel and
+# loader) and CUDA (the host's must match its driver).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libcuda\.so|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
+for b in "${built[@]}"; do
+	ldd "$b" | awk '/=> \// { print $1, $3 }' | while read -r so path; do
+		if ! [[ $so =~ $skip ]]; then
+			cp -Ln "$path" "$out/lib/$so" 2>/dev/null || true
+		fi
+	done
+done
+cp tests/engine/cuda/gpu_suite.sh "$out/gpu_suite.sh"
+
+cat >"$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the loom GPU suite from this folder. cuBLASLt and cuDNN come from the
+# host: /usr/local/cuda/lib64 (or $CUDA_HOME/lib64) and, if PyTorch is
+# installed, its site-packages/nvidia/*/lib.
+here=$(cd "$(dirname "$0")" && pwd)
+path=$here/lib
+for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
+	[ -d "$d" ] && path=$path:$d
+done
+for py in python3 python; do
+	command -v "$py" >/dev/null 2>&1 || continue
+	sp=$("$py" -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null) || continue
+	for s in $sp; do
+		for d in "$s"/nvidia/*/lib; do
+			[ -d "$d" ] && path=$path:$d
+		done
+	done
+	break
+done
+export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+exec bash "$here/gpu_suite.sh" "$@"
+RUN
+chmod +x "$out/run.sh" "$out/gpu_suite.sh"
+echo "bundle: $out ($(du -sh "$out" | cut -f1)); on a GPU host: $out/run.sh"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# tests/engine/cuda/gpu_suite.sh — what runs on a GPU host, from a bundle made
+# by bazel/gpu_bundle.sh (bin/ next to this script; run.sh sets the library
+# path and calls this). Runs the CUDA test suites, a short ConvNet benchmark
+# on CUDA and the example's --help (MNIST itself needs the data set), then
+# prints one table: what ran, its exit status, seconds, and the last line.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$here/bin
+logs=$here/logs
+mkdir -p "$logs"
+rows=()
+failed=0
+
+run() { # name, command...
+	local name=$1
+	shift
+	if [ ! -x "$1" ]; then
+		rows+=("$name|absent|0|not in this bundle")
+		return
+	fi
+	local t0 t1 rc
+	t0=$(date +%s.%N)
+	"$@" >"$logs/$name.log" 2>&1
+	rc=$?
+	t1=$(date +%s.%N)
+	[ $rc -ne 0 ] && failed=$((failed + 1))
+	rows+=("$name|$rc|$(awk "BEGIN { print $t1 - $t0 }")|$(grep -v '^$' "$logs/$name.log" | tail -n 1 | cut -c1-90)")
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+	echo "nvidia-smi: not found"
+run test_device "$bin/test_device" --verbose
+run test_cuda_ops "$bin/test_cuda_ops" --verbose
+run bench_convnet "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
+run mnist_ddp_help "$bin/mnist_ddp" --help
+
+printf '\n%-16s %-6s %-8s %s\n' what rc seconds "last line"
+for r in "${rows[@]}"; do
+	IFS='|' read -r name rc secs last <<<"$r"
+	printf '%-16s %-6s %-8.1f %s\n' "$name" "$rc" "$secs" "$last"
+done
+echo "logs: $logs ($failed failed)"
+[ $failed -eq 0 ]
