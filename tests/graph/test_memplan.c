@@ -1,0 +1,410 @@
+/*
+ * tests/graph/test_memplan.c — the memory plan of a compiled ConvNet (batch
+ * 100, 28x28), checked against lifetimes recomputed here from the graph: no
+ * two activations alive at once share a byte, everything fits its region,
+ * persistent values never overlap, reshapes alias their source, reuse beats
+ * one buffer per value, and loom_program_info_get agrees with the plan.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/program_internal.h"
+#include "graph/graph_internal.h"
+#include "graph/memplan.h"
+#include "loom.h"
+#include "tests/graph/nets.h"
+
+typedef struct span {
+	loom_value v;
+	int def, last; /* the nodes that write it and last read it (or an alias) */
+	size_t off, size;
+} span;
+
+static size_t value_bytes(const loom_graph *g, loom_value v)
+{
+	return (size_t)loom_shape_numel(&g->nodes[v].shape) * loom_dtype_size(g->nodes[v].dtype);
+}
+
+/* Our own idea of which value owns v's storage: reshapes are views. */
+static loom_value owner(const loom_graph *g, loom_value v)
+{
+	while (g->nodes[v].op == LOOM_OP_RESHAPE)
+		v = g->nodes[v].src[0];
+	return v;
+}
+
+static int persistent_kind(const loom_node *n)
+{
+	return n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
+	       (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD));
+}
+
+/* Lifetimes of every storage owner in region `region`, from the graph alone. */
+static span *spans_of(const loom_graph *g, const loom_memplan *mp, int region, int *count)
+{
+	int n = g->n;
+	int *last = malloc(sizeof(int) * n);
+	for (int v = 0; v < n; v++)
+		last[v] = v;
+	for (int v = 0; v < n; v++)
+		for (int i = 0; i < g->nodes[v].nsrc; i++) {
+			loom_value o = owner(g, g->nodes[v].src[i]);
+			if (last[o] < v)
+				last[o] = v;
+		}
+	span *s = calloc(n, sizeof(*s));
+	int k = 0;
+	for (int v = 0; v < n; v++) {
+		if (owner(g, v) != v || mp->region[v] != region)
+			continue;
+		s[k++] = (span){ v, v, last[v], mp->offset[v], value_bytes(g, v) };
+	}
+	free(last);
+	*count = k;
+	return s;
+}
+
+static int overlap(size_t a, size_t an, size_t b, size_t bn)
+{
+	return an && bn && a < b + bn && b < a + an;
+}
+
+typedef struct fixture {
+	loom_graph *g;
+	loom_test_convnet m;
+	loom_program *p;
+} fixture;
+
+static fixture convnet(loom_optim_opts *optim)
+{
+	fixture f;
+	cr_assert_eq(loom_graph_new(&f.g), LOOM_OK);
+	f.m = loom_test_convnet_build(f.g, LOOM_F32, 100, 28, 16, 32, 10);
+	cr_assert_eq(loom_graph_status(f.g), LOOM_OK, "%s", loom_graph_error(f.g));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	if (optim)
+		o.optim = *optim;
+	cr_assert_eq(loom_compile(f.g, f.m.loss, &o, &f.p), LOOM_OK, "%s", loom_last_error());
+	return f;
+}
+
+static void fixture_free(fixture *f)
+{
+	loom_program_free(f->p);
+	loom_graph_free(f->g);
+}
+
+Test(memplan, live_activations_never_share_bytes)
+{
+	fixture f = convnet(NULL);
+	const loom_graph *g = f.p->g;
+	int n;
+	span *s = spans_of(g, &f.p->mp, LOOM_REGION_ACT, &n);
+	cr_assert_geq(n, 15, "only %d activations: is this the ConvNet?", n);
+	int reused = 0;
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++) {
+			int live = s[i].def <= s[j].last && s[j].def <= s[i].last;
+			int shared = overlap(s[i].off, s[i].size, s[j].off, s[j].size);
+			cr_assert(!(live && shared),
+				  "values %d (%s, nodes %d..%d, bytes %zu+%zu) and %d (%s, nodes "
+				  "%d..%d, bytes %zu+%zu) are alive together and overlap",
+				  (int)s[i].v, loom_op_defs[g->nodes[s[i].v].op].name, s[i].def,
+				  s[i].last, s[i].off, s[i].size, (int)s[j].v,
+				  loom_op_defs[g->nodes[s[j].v].op].name, s[j].def, s[j].last, s[j].off,
+				  s[j].size);
+			reused += shared;
+		}
+	/* The plan is not trivially safe: some bytes do get reused. */
+	cr_assert_gt(reused, 0);
+	free(s);
+	fixture_free(&f);
+}
+
+Test(memplan, everything_fits_its_region)
+{
+	fixture f = convnet(NULL);
+	const loom_graph *g = f.p->g;
+	const loom_memplan *mp = &f.p->mp;
+	for (int v = 0; v < g->n; v++) {
+		size_t end = mp->offset[v] + value_bytes(g, v);
+		size_t cap = mp->region[v] == LOOM_REGION_PERSIST ? mp->persist_bytes : mp->act_bytes;
+		cr_assert(mp->region[v] == LOOM_REGION_PERSIST || mp->region[v] == LOOM_REGION_ACT);
+		cr_assert_leq(end, cap, "value %d (%s) ends at %zu, its region holds %zu", v,
+			      loom_op_defs[g->nodes[v].op].name, end, cap);
+		cr_assert_eq(mp->offset[v] % 64, 0, "value %d is not 64-byte aligned", v);
+	}
+	fixture_free(&f);
+}
+
+Test(memplan, persistent_values_never_overlap)
+{
+	fixture f = convnet(NULL);
+	const loom_graph *g = f.p->g;
+	int n;
+	span *s = spans_of(g, &f.p->mp, LOOM_REGION_PERSIST, &n);
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++)
+			cr_assert(!overlap(s[i].off, s[i].size, s[j].off, s[j].size),
+				  "persistent values %d and %d overlap", (int)s[i].v, (int)s[j].v);
+	/* And every value the user or the optimizer reads after a step is in it. */
+	int npersist = 0;
+	for (int v = 0; v < g->n; v++)
+		if (persistent_kind(&g->nodes[v])) {
+			npersist++;
+			cr_assert_eq(f.p->mp.region[v], LOOM_REGION_PERSIST, "value %d (%s) is not kept",
+				     v, loom_op_defs[g->nodes[v].op].name);
+		}
+	/* image, labels, 10 params, 4 buffers, 10 gradients, the loss. */
+	cr_assert_geq(npersist, 26);
+	free(s);
+	fixture_free(&f);
+}
+
+Test(memplan, reshape_aliases_its_source)
+{
+	fixture f = convnet(NULL);
+	const loom_graph *g = f.p->g;
+	const loom_memplan *mp = &f.p->mp;
+	int nreshape = 0;
+	for (int v = 0; v < g->n; v++) {
+		if (g->nodes[v].op != LOOM_OP_RESHAPE)
+			continue;
+		nreshape++;
+		loom_value src = g->nodes[v].src[0];
+		cr_assert_eq(mp->root[v], mp->root[src]);
+		cr_assert_eq(mp->root[v], owner(g, v));
+		cr_assert_eq(mp->region[v], mp->region[src]);
+		cr_assert_eq(mp->offset[v], mp->offset[src]);
+		cr_assert_eq(loom_value_ptr(f.p, v), loom_value_ptr(f.p, src));
+	}
+	/* flatten forward and its gradient backward */
+	cr_assert_eq(nreshape, 2);
+	cr_assert_eq(mp->offset[f.m.flat], mp->offset[f.m.pool2]);
+	fixture_free(&f);
+}
+
+/* A control: the pairwise check catches a plan that puts two live values
+ * on the same bytes (conv1's output moved onto its batch norm's output). */
+Test(memplan, overlap_check_catches_a_bad_plan)
+{
+	fixture f = convnet(NULL);
+	loom_memplan *mp = &f.p->mp;
+	loom_value bn1 = LOOM_NONE;
+	for (int v = f.m.conv1 + 1; v < f.p->n_fwd && bn1 == LOOM_NONE; v++)
+		if (f.p->g->nodes[v].op == LOOM_OP_BATCHNORM2D)
+			bn1 = v;
+	cr_assert_neq(bn1, LOOM_NONE);
+	cr_assert_eq(mp->region[f.m.conv1], LOOM_REGION_ACT);
+	mp->offset[f.m.conv1] = mp->offset[bn1];
+	int n, conflicts = 0;
+	span *s = spans_of(f.p->g, mp, LOOM_REGION_ACT, &n);
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++)
+			conflicts += s[i].def <= s[j].last && s[j].def <= s[i].last &&
+				     overlap(s[i].off, s[i].size, s[j].off, s[j].size);
+	cr_assert_gt(conflicts, 0);
+	free(s);
+	fixture_free(&f);
+}
+
+Test(memplan, reuse_beats_the_naive_plan)
+{
+	fixture f = convnet(NULL);
+	const loom_graph *g = f.p->g;
+	const loom_memplan *mp = &f.p->mp;
+	size_t naive = 0, biggest = 0;
+	for (int v = 0; v < g->n; v++)
+		if (mp->root[v] == v && mp->region[v] == LOOM_REGION_ACT) {
+			size_t b = (value_bytes(g, v) + 63) & ~(size_t)63;
+			naive += b;
+			if (b > biggest)
+				biggest = b;
+		}
+	cr_assert_eq(mp->act_naive_bytes, naive);
+	cr_assert_lt(mp->act_bytes, mp->act_naive_bytes, "planned %zu, naive %zu", mp->act_bytes,
+		     mp->act_naive_bytes);
+	/* conv1's output (100x16x28x28 f32, 5 MB) and its BN output are alive
+	 * together, so at least two of the biggest activations coexist. */
+	cr_assert_geq(mp->act_bytes, 2 * biggest);
+	/* Reuse is real, not a rounding effect: at most two thirds of naive. */
+	cr_assert_lt(mp->act_bytes * 3, mp->act_naive_bytes * 2, "planned %zu of naive %zu",
+		     mp->act_bytes, mp->act_naive_bytes);
+	fixture_free(&f);
+}
+
+Test(memplan, program_info_is_consistent)
+{
+	loom_optim_opts sgd = { .kind = LOOM_OPTIM_SGD, .lr = 0.1, .momentum = 0.9 };
+	fixture f = convnet(&sgd);
+	loom_program_info info;
+	loom_program_info_get(f.p, &info);
+	const loom_memplan *mp = &f.p->mp;
+	cr_assert_str_eq(info.backend, "cpu");
+	cr_assert_eq(info.n_nodes, f.p->g->n);
+	cr_assert_eq(info.n_params, 10);
+	int64_t elems = 16 * 9 + 16 + 16 + 16 + 32 * 16 * 9 + 32 + 32 + 32 + 10 * 32 * 49 + 10;
+	cr_assert_eq(info.n_param_elems, elems);
+	cr_assert_eq(info.param_bytes, (size_t)elems * 4);
+	cr_assert_eq(info.grad_bytes, (size_t)elems * 4);
+	cr_assert_eq(info.master_bytes, 0);
+	/* One momentum buffer per parameter, each rounded up to 64 bytes. */
+	size_t state = 0;
+	for (int i = 0; i < f.p->n_params; i++)
+		state += ((size_t)f.p->params[i].numel * 4 + 63) & ~(size_t)63;
+	cr_assert_eq(info.optim_state_bytes, state);
+	cr_assert_eq(info.activation_bytes, mp->act_bytes);
+	cr_assert_eq(info.activation_naive_bytes, mp->act_naive_bytes);
+	cr_assert_lt(info.activation_bytes, info.activation_naive_bytes);
+	cr_assert_eq(info.arena_bytes,
+		     mp->persist_bytes + mp->act_bytes + f.p->ws_bytes + f.p->state_bytes);
+	/* The persistent region holds at least params, gradients and the image. */
+	cr_assert_geq(mp->persist_bytes, info.param_bytes + info.grad_bytes + 100 * 28 * 28 * 4);
+	cr_assert_float_eq(info.loss_scale, 1.0, 0);
+	cr_assert_eq(info.skipped_steps, 0);
+	fixture_free(&f);
+
+	/* Without momentum there is no optimizer state. */
+	loom_optim_opts plain = { .kind = LOOM_OPTIM_SGD, .lr = 0.1 };
+	f = convnet(&plain);
+	loom_program_info_get(f.p, &info);
+	cr_assert_eq(info.optim_state_bytes, 0);
+	fixture_free(&f);
+}
+
+/* The plan is exercised, not just inspected: a step on the planned arena
+ * gives bit for bit the loss and gradients of a program whose forward
+ * activations are all marked as outputs, so none of them shares bytes. */
+Test(memplan, reuse_does_not_change_results, .timeout = 120)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_test_convnet m = loom_test_convnet_build(g, LOOM_F32, 8, 28, 4, 8, 10);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_program *planned, *flat;
+	cr_assert_eq(loom_compile(g, m.loss, &o, &planned), LOOM_OK, "%s", loom_last_error());
+	int nfwd = g->n;
+	for (int v = 0; v < nfwd; v++)
+		loom_mark_output(g, v);
+	cr_assert_eq(loom_compile(g, m.loss, &o, &flat), LOOM_OK, "%s", loom_last_error());
+	cr_assert_lt(planned->mp.act_bytes, planned->mp.act_naive_bytes);
+
+	float img[8 * 28 * 28];
+	int32_t lab[8];
+	for (int i = 0; i < 8 * 28 * 28; i++)
+		img[i] = (float)((i * 7919) % 101) / 101.0f;
+	for (int i = 0; i < 8; i++)
+		lab[i] = (i * 3) % 10;
+	loom_value ws[3] = { m.conv1_w, m.conv2_w, m.fc_w };
+	int64_t wn[3] = { 4 * 9, 8 * 4 * 9, 10 * 8 * 49 };
+	double *buf = malloc(sizeof(double) * 4000), *buf2 = malloc(sizeof(double) * 4000);
+	for (int k = 0; k < 3; k++) {
+		for (int64_t i = 0; i < wn[k]; i++)
+			buf[i] = 0.3 * sin(1.3 * i + k);
+		loom_write_f64(planned, ws[k], buf, wn[k]);
+		loom_write_f64(flat, ws[k], buf, wn[k]);
+	}
+	loom_program *ps[2] = { planned, flat };
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(loom_set_input(ps[k], "image", img, LOOM_F32, 8 * 28 * 28), LOOM_OK);
+		cr_assert_eq(loom_set_input(ps[k], "labels", lab, LOOM_I32, 8), LOOM_OK);
+		cr_assert_eq(loom_run(ps[k], LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(ps[k]));
+	}
+	cr_assert_eq(loom_loss(planned), loom_loss(flat));
+	loom_value all[10] = { m.conv1_w, m.conv1_b, m.bn1_g, m.bn1_b, m.conv2_w,
+			       m.conv2_b, m.bn2_g, m.bn2_b, m.fc_w, m.fc_b };
+	for (int k = 0; k < 10; k++) {
+		loom_shape s = loom_value_shape(g, all[k]);
+		size_t n = (size_t)loom_shape_numel(&s);
+		cr_assert_eq(loom_read_grad_f64(planned, all[k], buf, n), LOOM_OK);
+		cr_assert_eq(loom_read_grad_f64(flat, all[k], buf2, n), LOOM_OK);
+		cr_assert_eq(memcmp(buf, buf2, n * sizeof(double)), 0, "gradient %d differs", k);
+	}
+	free(buf);
+	free(buf2);
+	loom_program_free(planned);
+	loom_program_free(flat);
+	loom_graph_free(g);
+}
+
+/* ---------------------------------------------- the planner on its own */
+
+/* A chain of relus: each value dies at the next node, so two buffers (the
+ * one being read, the one being written) are enough however long it is. */
+Test(memplan, chain_needs_two_buffers)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[2] = { 16, 16 }; /* 1 KiB in f32 */
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value h = x;
+	for (int i = 0; i < 10; i++)
+		h = loom_relu(g, h);
+	loom_value loss = loom_sum(g, h);
+	(void)loss;
+	loom_memplan mp;
+	cr_assert_eq(loom_memplan_build(g, &mp), LOOM_OK);
+	cr_assert_eq(mp.act_naive_bytes, 10 * 1024 + 64);
+	cr_assert_leq(mp.act_bytes, 2 * 1024 + 64, "planned %zu", mp.act_bytes);
+	/* A node's output never sits on its own input. */
+	for (int v = 2; v <= 10; v++) {
+		loom_value s = g->nodes[v].src[0];
+		if (mp.region[s] == LOOM_REGION_ACT)
+			cr_assert(!overlap(mp.offset[v], 1024, mp.offset[s], 1024),
+				  "relu %d writes over its input %d", v, (int)s);
+	}
+	cr_assert_eq(mp.region[x], LOOM_REGION_PERSIST);
+	loom_memplan_free(&mp);
+	cr_assert_null(mp.offset);
+	loom_graph_free(g);
+}
+
+/* A value with a late reader stays alive over everything in between. */
+Test(memplan, late_reader_keeps_value_alive)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[1] = { 256 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 1, d);
+	loom_value a = loom_relu(g, x); /* read again at the very end */
+	loom_value h = a;
+	for (int i = 0; i < 6; i++)
+		h = loom_relu(g, h);
+	loom_value y = loom_add(g, h, a);
+	loom_memplan mp;
+	cr_assert_eq(loom_memplan_build(g, &mp), LOOM_OK);
+	for (int v = a + 1; v <= y; v++)
+		cr_assert(!overlap(mp.offset[v], 1024, mp.offset[a], 1024),
+			  "value %d reuses the bytes of %d, still needed at %d", v, (int)a, (int)y);
+	loom_memplan_free(&mp);
+	loom_graph_free(g);
+}
+
+/* An output marked by the user, or a reshape of it, is persistent. */
+Test(memplan, marked_output_and_its_alias_are_kept)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[2] = { 4, 8 }, nd[1] = { 32 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value a = loom_relu(g, x);
+	loom_value r = loom_reshape(g, a, 1, nd);
+	loom_mark_output(g, r);
+	loom_value b = loom_relu(g, loom_relu(g, r));
+	(void)b;
+	loom_memplan mp;
+	cr_assert_eq(loom_memplan_build(g, &mp), LOOM_OK);
+	cr_assert_eq(mp.region[a], LOOM_REGION_PERSIST, "the source of a kept view must be kept");
+	cr_assert_eq(mp.region[r], LOOM_REGION_PERSIST);
+	cr_assert_eq(mp.offset[r], mp.offset[a]);
+	cr_assert_eq(mp.region[b], LOOM_REGION_ACT);
+	loom_memplan_free(&mp);
+	loom_graph_free(g);
+}
