@@ -242,7 +242,9 @@ loom_status loom_run(loom_program *p, loom_run_mode mode);
  * own dtype (loom_read_raw). count must equal the element count. */
 loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count);
 loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count);
-/* The gradient of parameter v from the last TRAIN or GRAD run. */
+/* The gradient of parameter v from the last TRAIN or GRAD run, as the
+ * backward pass left it: under loss scaling still multiplied by the scale
+ * (loom_program_info.loss_scale); the optimizer unscales it. */
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst,
 			       size_t count);
 /* Overwrites a parameter or buffer (tests, custom initialisation). */
