@@ -132,6 +132,9 @@ static void update_slot(loom_program *p, const loom_param_slot *sl, double inv_s
 
 loom_status loom_optim_step_host(loom_program *p)
 {
+	/* The scale the gradients were multiplied by, before the update below
+	 * may grow it: unscaling by the new one would halve this step. */
+	double inv = 1.0 / p->scaler.scale;
 	if (p->scaling) {
 		int finite = grads_finite(p);
 		int apply = loom_scaler_update(&p->scaler, !finite);
@@ -143,7 +146,6 @@ loom_status loom_optim_step_host(loom_program *p)
 			return LOOM_OK;
 		}
 	}
-	double inv = 1.0 / p->scaler.scale;
 	for (int s = 0; s < p->n_params; s++)
 		update_slot(p, &p->params[s], inv);
 	p->step++;

@@ -66,11 +66,13 @@ __global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
 /*
  * The decision, as loom_optim_step_host takes it. A step whose forward
  * failed (a bad label) changes nothing: the CPU returns before the
- * optimizer. The inverse scale is taken after the update, as the CPU does.
+ * optimizer. The inverse scale is the one the gradients were scaled by,
+ * taken before the update may grow or shrink it (as the CPU does).
  */
 __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling)
 {
 	int apply = 1;
+	double inv = 1.0 / (double)ctl->scaler.scale;
 	if (ctl->ce_node != -1) {
 		ctl->found_inf = 0;
 		ctl->apply = 0;
@@ -79,7 +81,7 @@ __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling)
 	if (scaling)
 		apply = scaler_update(&ctl->scaler, ctl->found_inf);
 	ctl->found_inf = 0;
-	ctl->inv_scale = 1.0 / (double)ctl->scaler.scale;
+	ctl->inv_scale = inv;
 	ctl->t = ctl->step + 1;
 	if (apply)
 		ctl->step++;
