@@ -2,7 +2,8 @@
 # tests/engine/cuda/gpu_suite.sh — what runs on a GPU host, from a bundle made
 # by bazel/gpu_bundle.sh (bin/ next to this script; run.sh sets the library
 # path and calls this). Runs the CUDA test suites, a short ConvNet benchmark
-# on CUDA and the example's --help (MNIST itself needs the data set), then
+# on CUDA, the example's --help and, when the bundle carries Fashion-MNIST,
+# two epochs of the example under O0, O1 and O2 on the GPU; then
 # prints one table: what ran, its exit status, seconds, and the last line.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +35,12 @@ run test_device "$bin/test_device" --verbose
 run test_cuda_ops "$bin/test_cuda_ops" --verbose
 run bench_convnet "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
 run mnist_ddp_help "$bin/mnist_ddp" --help
+if [ -d "$here/data" ]; then
+	for lvl in O0 O1 O2; do
+		run "mnist_ddp_$lvl" "$bin/mnist_ddp" --device cuda --data "$here/data" --epochs 2 \
+			--opt-level "$lvl" --log-interval 200
+	done
+fi
 
 printf '\n%-16s %-6s %-8s %s\n' what rc seconds "last line"
 for r in "${rows[@]}"; do
