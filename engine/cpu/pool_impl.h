@@ -68,7 +68,7 @@ static void LOOM_CPU_FN(pool2_plane_fwd)(const loom_pool_shape *s, const T *x, T
 /* Backward of the 2x2 pool: the windows tile the plane, so each input is
  * written exactly once (dy at the window's max, else 0) with no memset, except
  * for the odd last row/column no window reads. */
-static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
+static void LOOM_CPU_FN(pool2_plane_bwd_nan)(const loom_pool_shape *s, const T *x,
 					 const T *dy, T *dx)
 {
 	if (s->h_in != 2 * s->h_out || s->w_in != 2 * s->w_out)
@@ -92,6 +92,51 @@ static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
 			g0[2 * ow + 1] = ib ? g : 0;
 			g1[2 * ow] = ic ? g : 0;
 			g1[2 * ow + 1] = id ? g : 0;
+		}
+	}
+}
+
+/* Whether a plane holds a NaN: the fast backward below assumes none. */
+static int LOOM_CPU_FN(plane_has_nan)(const T *x, int64_t n)
+{
+	int nan = 0;
+#pragma omp simd reduction(| : nan)
+	for (int64_t i = 0; i < n; i++)
+		nan |= x[i] != x[i];
+	return nan;
+}
+
+/*
+ * The same backward for a NaN-free plane, in plain compares that vectorize:
+ * the first max of each row pair by a strict '>', then the top pair wins
+ * ties, which is the row-major first-max rule of pool_argmax. A plane with a
+ * NaN takes the general path above (a NaN must win there).
+ */
+static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
+					 const T *dy, T *dx)
+{
+	if (LOOM_CPU_FN(plane_has_nan)(x, (int64_t)s->h_in * s->w_in)) {
+		LOOM_CPU_FN(pool2_plane_bwd_nan)(s, x, dy, dx);
+		return;
+	}
+	if (s->h_in != 2 * s->h_out || s->w_in != 2 * s->w_out)
+		memset(dx, 0, sizeof(T) * s->h_in * s->w_in);
+	for (int oh = 0; oh < s->h_out; oh++) {
+		/* restrict and selects only (no '&&'): the loop vectorizes. */
+		const T *restrict r0 = x + (int64_t)(2 * oh) * s->w_in;
+		const T *restrict r1 = r0 + s->w_in;
+		T *restrict g0 = dx + (int64_t)(2 * oh) * s->w_in;
+		T *restrict g1 = g0 + s->w_in;
+		const T *restrict dr = dy + (int64_t)oh * s->w_out;
+		for (int ow = 0; ow < s->w_out; ow++) {
+			T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+			T g = dr[ow];
+			T top = b > a ? b : a, bot = d > c ? d : c;
+			T gt = bot > top ? 0 : g, gb = bot > top ? g : 0;
+			g0[2 * ow] = b > a ? 0 : gt;
+			g0[2 * ow + 1] = b > a ? gt : 0;
+			g1[2 * ow] = d > c ? 0 : gb;
+			g1[2 * ow + 1] = d > c ? gb : 0;
 		}
 	}
 }

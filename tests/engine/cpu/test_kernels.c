@@ -499,6 +499,37 @@ Test(pool, ties_go_to_first)
 	}
 }
 
+Test(pool, nan_wins_in_forward_and_backward)
+{
+	/* A NaN anywhere in a 2x2 window is its max (PyTorch), and gets the
+	 * window's gradient; the other windows keep the fast path's answer. */
+	for (int dbl = 0; dbl < 2; dbl++) {
+		for (int at = 0; at < 4; at++) {
+			loom_pool_shape s = pool_shape(1, 1, 4, 4, 2, 2, 0);
+			buf x = buf_new(16), dy = buf_new(4), y = buf_nan(4), dx = buf_nan(16);
+			for (int i = 0; i < 16; i++)
+				x.d[i] = x.f[i] = i;
+			int r = at / 2, c = at % 2; /* NaN at this spot of window 0 */
+			x.d[r * 4 + c] = x.f[r * 4 + c] = NAN;
+			for (int i = 0; i < 4; i++)
+				dy.d[i] = dy.f[i] = i + 1;
+			run_pool(&s, dbl, &x, &dy, &y, &dx);
+			cr_assert(isnan(got_at(&y, dbl, 0)), "window 0 max is NaN");
+			for (int i = 0; i < 16; i++) {
+				int ir = i / 4, ic = i % 4;
+				double want = 0;
+				if (ir < 2 && ic < 2)
+					want = (ir == r && ic == c) ? 1 : 0;
+				else if (ir % 2 == 1 && ic % 2 == 1) /* the max of an increasing window */
+					want = (ir / 2) * 2 + ic / 2 + 1;
+				cr_assert_eq(got_at(&dx, dbl, i), want, "NaN at %d: dx[%d] = %g, want %g",
+					     at, i, got_at(&dx, dbl, i), want);
+			}
+			buf_free(&x), buf_free(&dy), buf_free(&y), buf_free(&dx);
+		}
+	}
+}
+
 Test(pool, padding_never_wins)
 {
 	/* All inputs negative: a zero-padded max would return 0 on the border. */
