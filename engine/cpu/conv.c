@@ -33,7 +33,8 @@ static size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem)
 	size_t k = (size_t)s->c_in * s->kh * s->kw;
 	size_t p = (size_t)s->h_out * s->w_out;
 	size_t tail = (p > k ? p : k) * (size_t)s->c_out;
-	size_t bytes = elem * (k * p + tail);
+	size_t padded = (size_t)(s->h_in + 2 * s->pad) * (s->w_in + 2 * s->pad);
+	size_t bytes = elem * (k * p + tail + padded);
 	return (bytes + 63) & ~(size_t)63;
 }
 
