@@ -124,6 +124,38 @@ static void LOOM_CPU_FN(col2im)(const loom_conv_shape *s, const T *col, T *dx)
 	}
 }
 
+/*
+ * col2im for stride 1, the adjoint of im2col_s1: column rows are added into
+ * a zeroed padded plane with no bounds to test, then its interior is copied
+ * out to dx (pp as in im2col_s1; its border is rewritten here each channel).
+ */
+static void LOOM_CPU_FN(col2im_s1)(const loom_conv_shape *s, const T *col, T *dx, T *pp)
+{
+	const int ho = s->h_out, wo = s->w_out, pad = s->pad;
+	const int wp = s->w_in + 2 * pad;
+	const int64_t plane = (int64_t)s->h_in * s->w_in;
+	const size_t padded = (size_t)(s->h_in + 2 * pad) * wp;
+
+	for (int c = 0; c < s->c_in; c++) {
+		memset(pp, 0, sizeof(T) * padded);
+		for (int ki = 0; ki < s->kh; ki++) {
+			for (int kj = 0; kj < s->kw; kj++) {
+				T *base = pp + (int64_t)ki * wp + kj;
+				for (int oh = 0; oh < ho; oh++, col += wo) {
+					T *restrict r = base + (int64_t)oh * wp;
+					const T *restrict d = col;
+					for (int ow = 0; ow < wo; ow++)
+						r[ow] += d[ow];
+				}
+			}
+		}
+		T *dst = dx + c * plane;
+		for (int ih = 0; ih < s->h_in; ih++)
+			memcpy(dst + (int64_t)ih * s->w_in, pp + (int64_t)(ih + pad) * wp + pad,
+			       sizeof(T) * s->w_in);
+	}
+}
+
 /* y_n[c_out, P] = yt[P, c_out]^T + b: the transposed GEMM result put back
  * in NCHW, with the bias added on the way (both in L1). */
 static void LOOM_CPU_FN(conv_untranspose)(int c_out, int p, const T *yt, const T *b,
@@ -199,16 +231,22 @@ void LOOM_CPU_FN(loom_cpu_conv2d_bwd_data)(const loom_conv_shape *s, const T *dy
 	const int nt = loom_cpu_slot_threads(s->n);
 	int blas_prev = loom_cpu_blas_serial_begin();
 
-#pragma omp parallel for num_threads(nt) schedule(static)
-	for (int n = 0; n < s->n; n++) {
+#pragma omp parallel num_threads(nt)
+	{
 		T *dcol = (T *)((char *)ws + slot * omp_get_thread_num());
-		T *dxn = dx + n * in_img;
+		T *pp = direct ? NULL : LOOM_CPU_FN(conv_padded_plane)(s, dcol, slot);
+#pragma omp for schedule(static)
+		for (int n = 0; n < s->n; n++) {
+			T *dxn = dx + n * in_img;
 
-		/* dcol[K, P] = w^T[K, c_out] dy_n[c_out, P] */
-		CBLAS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, k, p, s->c_out,
-			   1, w, k, dy + n * out_img, p, 0, direct ? dxn : dcol, p);
-		if (!direct)
-			LOOM_CPU_FN(col2im)(s, dcol, dxn);
+			/* dcol[K, P] = w^T[K, c_out] dy_n[c_out, P] */
+			CBLAS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, k, p, s->c_out,
+				   1, w, k, dy + n * out_img, p, 0, direct ? dxn : dcol, p);
+			if (pp)
+				LOOM_CPU_FN(col2im_s1)(s, dcol, dxn, pp);
+			else if (!direct)
+				LOOM_CPU_FN(col2im)(s, dcol, dxn);
+		}
 	}
 	loom_cpu_blas_serial_end(blas_prev);
 }
