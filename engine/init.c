@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "engine/elem.h"
 #include "engine/program_internal.h"
 
 static uint64_t splitmix64(uint64_t *s)
@@ -54,12 +54,6 @@ void loom_init_value(const loom_graph *g, loom_value v, void *dst)
 			x = 0;
 			break;
 		}
-		switch (n->dtype) {
-		case LOOM_F32: ((float *)dst)[i] = (float)x; break;
-		case LOOM_F64: ((double *)dst)[i] = x; break;
-		case LOOM_F16: ((uint16_t *)dst)[i] = loom_f32_to_f16((float)x); break;
-		case LOOM_BF16: ((uint16_t *)dst)[i] = loom_f32_to_bf16((float)x); break;
-		default: ((int32_t *)dst)[i] = 0; break;
-		}
+		loom_elem_set(n->dtype, dst, i, x);
 	}
 }

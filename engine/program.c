@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "amp/amp_pass.h"
-#include "amp/half.h"
+#include "engine/elem.h"
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h"
 
@@ -442,16 +442,8 @@ static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
 	loom_status st = p->be->download(p, tmp, loom_value_ptr(p, v), bytes);
-	for (size_t i = 0; st == LOOM_OK && i < count; i++) {
-		switch (nd->dtype) {
-		case LOOM_F32: dst[i] = ((float *)tmp)[i]; break;
-		case LOOM_F64: dst[i] = ((double *)tmp)[i]; break;
-		case LOOM_F16: dst[i] = loom_f16_to_f32(((uint16_t *)tmp)[i]); break;
-		case LOOM_BF16: dst[i] = loom_bf16_to_f32(((uint16_t *)tmp)[i]); break;
-		case LOOM_I32: dst[i] = ((int32_t *)tmp)[i]; break;
-		default: break;
-		}
-	}
+	for (size_t i = 0; st == LOOM_OK && i < count; i++)
+		dst[i] = loom_elem_get(nd->dtype, tmp, i);
 	free(tmp);
 	return st;
 }
@@ -517,15 +509,8 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 	void *tmp = malloc(bytes ? bytes : 1);
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
-	for (size_t i = 0; i < count; i++) {
-		switch (nd->dtype) {
-		case LOOM_F32: ((float *)tmp)[i] = (float)src[i]; break;
-		case LOOM_F64: ((double *)tmp)[i] = src[i]; break;
-		case LOOM_F16: ((uint16_t *)tmp)[i] = loom_f32_to_f16((float)src[i]); break;
-		case LOOM_BF16: ((uint16_t *)tmp)[i] = loom_f32_to_bf16((float)src[i]); break;
-		default: break;
-		}
-	}
+	for (size_t i = 0; i < count; i++)
+		loom_elem_set(nd->dtype, tmp, i, src[i]);
 	st = p->be->upload(p, loom_value_ptr(p, v), tmp, bytes);
 	free(tmp);
 	/* O2: the optimizer updates the fp32 master and copies it over the half

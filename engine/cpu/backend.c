@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "amp/half.h"
+#include "engine/elem.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/optim.h"
 #include "engine/program_internal.h"
@@ -306,21 +307,8 @@ static void run_cast(loom_dtype from, const void *src, loom_dtype to, void *dst,
 		loom_bf16_to_f32_array(src, dst, n);
 	} else {
 		#pragma omp parallel for if (n > 65536)
-		for (int64_t i = 0; i < n; i++) {
-			double x;
-			switch (from) {
-			case LOOM_F32: x = ((const float *)src)[i]; break;
-			case LOOM_F64: x = ((const double *)src)[i]; break;
-			case LOOM_F16: x = loom_f16_to_f32(((const uint16_t *)src)[i]); break;
-			default: x = loom_bf16_to_f32(((const uint16_t *)src)[i]); break;
-			}
-			switch (to) {
-			case LOOM_F32: ((float *)dst)[i] = (float)x; break;
-			case LOOM_F64: ((double *)dst)[i] = x; break;
-			case LOOM_F16: ((uint16_t *)dst)[i] = loom_f32_to_f16((float)x); break;
-			default: ((uint16_t *)dst)[i] = loom_f32_to_bf16((float)x); break;
-			}
-		}
+		for (int64_t i = 0; i < n; i++)
+			loom_elem_set(to, dst, i, loom_elem_get(from, src, i));
 	}
 }
 
@@ -383,18 +371,11 @@ static int all_finite(const loom_program *p, loom_value v)
 	const loom_node *n = &p->g->nodes[v];
 	int64_t cnt = loom_shape_numel(&n->shape);
 	const void *d = loom_value_ptr(p, v);
-	for (int64_t i = 0; i < cnt; i++) {
-		float x;
-		switch (n->dtype) {
-		case LOOM_F32: x = ((const float *)d)[i]; break;
-		case LOOM_F64: x = (float)((const double *)d)[i]; break;
-		case LOOM_F16: x = loom_f16_to_f32(((const uint16_t *)d)[i]); break;
-		case LOOM_BF16: x = loom_bf16_to_f32(((const uint16_t *)d)[i]); break;
-		default: return 1;
-		}
-		if (!isfinite(x))
+	if (n->dtype == LOOM_I32)
+		return 1;
+	for (int64_t i = 0; i < cnt; i++)
+		if (!isfinite(loom_elem_get(n->dtype, d, i)))
 			return 0;
-	}
 	return 1;
 }
 

@@ -9,33 +9,21 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "engine/elem.h"
 #include "engine/cpu/optim.h"
 
 #define CHUNK 2048
 
 static void load(loom_dtype dt, const void *src, int64_t off, int64_t n, double *dst)
 {
-	for (int64_t i = 0; i < n; i++) {
-		switch (dt) {
-		case LOOM_F32: dst[i] = ((const float *)src)[off + i]; break;
-		case LOOM_F64: dst[i] = ((const double *)src)[off + i]; break;
-		case LOOM_F16: dst[i] = loom_f16_to_f32(((const uint16_t *)src)[off + i]); break;
-		default: dst[i] = loom_bf16_to_f32(((const uint16_t *)src)[off + i]); break;
-		}
-	}
+	for (int64_t i = 0; i < n; i++)
+		dst[i] = loom_elem_get(dt, src, off + i);
 }
 
 static void store(loom_dtype dt, void *dst, int64_t off, int64_t n, const double *src)
 {
-	for (int64_t i = 0; i < n; i++) {
-		switch (dt) {
-		case LOOM_F32: ((float *)dst)[off + i] = (float)src[i]; break;
-		case LOOM_F64: ((double *)dst)[off + i] = src[i]; break;
-		case LOOM_F16: ((uint16_t *)dst)[off + i] = loom_f32_to_f16((float)src[i]); break;
-		default: ((uint16_t *)dst)[off + i] = loom_f32_to_bf16((float)src[i]); break;
-		}
-	}
+	for (int64_t i = 0; i < n; i++)
+		loom_elem_set(dt, dst, off + i, src[i]);
 }
 
 static int grads_finite(const loom_program *p)
