@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "examples/models.h"
 #include "loom.h"
 
 static double now(void)
@@ -18,19 +19,6 @@ static double now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static loom_value convnet(loom_graph *g, int b)
-{
-	int64_t xd[4] = { b, 1, 28, 28 }, yd[1] = { b };
-	loom_value x = loom_input(g, "image", LOOM_F32, 4, xd);
-	loom_value y = loom_input(g, "label", LOOM_I32, 1, yd);
-	loom_value h = loom_layer_conv2d(g, "conv1", x, 16, 5, 1, 2, 1);
-	h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "bn1", h)), 2, 2, 0);
-	h = loom_layer_conv2d(g, "conv2", h, 32, 5, 1, 2, 1);
-	h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "bn2", h)), 2, 2, 0);
-	h = loom_layer_linear(g, "fc", loom_flatten(g, h), 10, 1);
-	return loom_softmax_cross_entropy(g, h, y);
-}
-
 static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, int warmup,
 		 int steps)
 {
@@ -38,7 +26,7 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	loom_program *p;
 	if (loom_graph_new(&g) != LOOM_OK)
 		return 1;
-	loom_value loss = convnet(g, b);
+	loom_value loss = loom_model_convnet(g, b, NULL);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = dev;

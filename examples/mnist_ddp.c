@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "examples/models.h"
 #include "loom.h"
 #include "loom_data.h"
 
@@ -235,23 +236,6 @@ static int parse_args(int argc, char **argv, args *a)
 	return 0;
 }
 
-/* The ConvNet of the PyTorch DDP/apex examples, batch b. */
-static loom_value build_convnet(loom_graph *g, int b, loom_value *logits)
-{
-	int64_t xd[4] = { b, 1, 28, 28 }, yd[1] = { b };
-	loom_value x = loom_input(g, "image", LOOM_F32, 4, xd);
-	loom_value y = loom_input(g, "label", LOOM_I32, 1, yd);
-	loom_value h = loom_layer_conv2d(g, "conv1", x, 16, 5, 1, 2, 1);
-	h = loom_relu(g, loom_layer_batchnorm2d(g, "bn1", h));
-	h = loom_maxpool2d(g, h, 2, 2, 0);
-	h = loom_layer_conv2d(g, "conv2", h, 32, 5, 1, 2, 1);
-	h = loom_relu(g, loom_layer_batchnorm2d(g, "bn2", h));
-	h = loom_maxpool2d(g, h, 2, 2, 0);
-	*logits = loom_layer_linear(g, "fc", loom_flatten(g, h), 10, 1);
-	loom_mark_output(g, *logits);
-	return loom_softmax_cross_entropy(g, *logits, y);
-}
-
 static double now(void)
 {
 	struct timespec t;
@@ -344,7 +328,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	loom_graph_set_seed(g, a.seed);
-	loom_value loss = build_convnet(g, a.batch, &logits);
+	loom_value loss = loom_model_convnet(g, a.batch, &logits);
 	if (a.dump_graph)
 		loom_graph_dump(g, stdout);
 

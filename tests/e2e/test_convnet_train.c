@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "examples/models.h"
 #include "loom.h"
 #include "loom_data.h"
 
@@ -33,20 +34,6 @@ static void free_data(void)
 	loom_dataset_free(&test);
 }
 
-static loom_value convnet(loom_graph *g, loom_value *logits)
-{
-	int64_t xd[4] = { B, 1, 28, 28 }, yd[1] = { B };
-	loom_value x = loom_input(g, "image", LOOM_F32, 4, xd);
-	loom_value y = loom_input(g, "label", LOOM_I32, 1, yd);
-	loom_value h = loom_layer_conv2d(g, "conv1", x, 16, 5, 1, 2, 1);
-	h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "bn1", h)), 2, 2, 0);
-	h = loom_layer_conv2d(g, "conv2", h, 32, 5, 1, 2, 1);
-	h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "bn2", h)), 2, 2, 0);
-	*logits = loom_layer_linear(g, "fc", loom_flatten(g, h), 10, 1);
-	loom_mark_output(g, *logits);
-	return loom_softmax_cross_entropy(g, *logits, y);
-}
-
 /* Trains `epochs` epochs at level and returns the final test accuracy. */
 static double train_eval(loom_opt_level level, int epochs)
 {
@@ -57,7 +44,7 @@ static double train_eval(loom_opt_level level, int epochs)
 	loom_loader *tl, *el;
 	loom_value logits;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	loom_value loss = convnet(g, &logits);
+	loom_value loss = loom_model_convnet(g, B, &logits);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;
