@@ -88,12 +88,16 @@ def main():
         model.train()
         for i in range(a.warmup):
             step(i)
+        times = []
         t0 = time.perf_counter()
         for i in range(a.steps):
+            ts = time.perf_counter()
             step(a.warmup + i)
+            times.append(time.perf_counter() - ts)
         dt = time.perf_counter() - t0
-        print(f"torch speed: {a.steps * b / dt:.0f} img/s ({a.steps} steps, batch {b}, "
-              f"{torch.get_num_threads()} threads)")
+        med = sorted(times)[len(times) // 2]
+        print(f"torch speed: {b / med:.0f} img/s median step, {a.steps * b / dt:.0f} img/s mean "
+              f"({a.steps} steps, batch {b}, {torch.get_num_threads()} threads)")
         return
     xt, yt = load("t10k", a.data)
     g = torch.Generator().manual_seed(a.seed)

@@ -570,3 +570,25 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->skipped_steps = p->scaler.skipped_steps;
 	info->amp_report = p->amp_report;
 }
+
+void loom_program_dump(const loom_program *p, FILE *out)
+{
+	char sh[96], lb[96];
+	if (!p || !out)
+		return;
+	fprintf(out, "plan: %d nodes (%d forward), backend %s\n", p->g->n, p->n_fwd,
+		p->backend_name[0] ? p->backend_name : p->be->name);
+	for (int v = 0; v < p->g->n; v++) {
+		const loom_node *n = &p->g->nodes[v];
+		fprintf(out, "%4d %-30s %-4s %-18s %c+%-9zu", v, loom_node_label(p->g, v, lb, sizeof(lb)),
+			loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)),
+			p->mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->mp.offset[v]);
+		for (int i = 0; i < n->nsrc; i++)
+			fprintf(out, " %%%d", (int)n->src[i]);
+		if (n->flags & LOOM_NODE_AMP)
+			fprintf(out, " (amp)");
+		if (n->flags & LOOM_NODE_GRAD)
+			fprintf(out, " (grad)");
+		fprintf(out, "\n");
+	}
+}

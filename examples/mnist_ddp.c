@@ -64,7 +64,8 @@ static void usage(FILE *f)
 		"  --resume             continue from --checkpoint\n"
 		"  --log-interval N     steps between progress lines (default 100)\n"
 		"  --max-steps N        stop after N training steps (smoke tests)\n"
-		"  --dump-graph         print the model graph with each node's dtype\n"
+		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
+		"                       and its place in the arena\n"
 		"  --help               this text\n",
 		LOOM_FASHION_MNIST_DIR);
 }
@@ -329,8 +330,6 @@ int main(int argc, char **argv)
 	}
 	loom_graph_set_seed(g, a.seed);
 	loom_value loss = loom_model_convnet(g, a.batch, &logits);
-	if (a.dump_graph)
-		loom_graph_dump(g, stdout);
 
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
@@ -347,6 +346,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mnist_ddp: %s\n", loom_last_error());
 		goto out;
 	}
+	if (a.dump_graph)
+		loom_program_dump(p, stdout);
 	loom_program_info info;
 	loom_program_info_get(p, &info);
 	printf("loom mnist_ddp: %s, %s, opt level O%d (%s), %s lr %g, batch %d, %d epochs\n",

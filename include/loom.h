@@ -280,6 +280,12 @@ typedef struct loom_program_info {
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info);
 
+/* Writes the compiled plan, one line per node in execution order: the op,
+ * its dtype after the AMP pass (casts included), shape, sources, and where
+ * its buffer lives in the arena ("P+offset" persistent, "A+offset" reused
+ * activations). */
+void loom_program_dump(const loom_program *p, FILE *out);
+
 /* The message of the last failure on p ("" if none). */
 const char *loom_program_error(const loom_program *p);
 
