@@ -18,8 +18,16 @@ echo
 "$bin/bench/bench_convnet" --steps 300 --warmup 30 --levels 123 --bf16 2>/dev/null | tail -n 3
 echo
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-	for t in 0 2; do
-		/usr/bin/python3 bench/torch_convnet.py speed --steps 300 --warmup 30 ${t:+--threads $t} 2>/dev/null || true
+	# Interleaved rounds, so that both see the same state of this shared
+	# machine; each round prints loom O0 and PyTorch (2 threads) in turn.
+	echo "| round | loom O0 img/s (median step / mean) | PyTorch 2 threads img/s (median step / mean) |"
+	echo "| --- | --- | --- |"
+	for r in 1 2 3; do
+		l=$("$bin/bench/bench_convnet" --steps 200 --warmup 20 --levels 0 2>/dev/null | tail -n 1 |
+			awk -F'|' '{ gsub(/ /, "", $4); gsub(/ /, "", $5); print $4 " / " $5 }')
+		t=$(/usr/bin/python3 bench/torch_convnet.py speed --steps 200 --warmup 20 --threads 2 2>/dev/null |
+			sed -n 's/torch speed: \([0-9]*\) img\/s median step, \([0-9]*\) img\/s mean.*/\1 \/ \2/p')
+		echo "| $r | $l | $t |"
 	done
 else
 	echo "(python3-torch not installed: no PyTorch comparison)"
