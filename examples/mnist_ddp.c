@@ -34,6 +34,7 @@ typedef struct args {
 	loom_dtype half;
 	double loss_scale; /* 0: the level's default (dynamic) */
 	int keep_bn_fp32;  /* -1: the level's default */
+	int save_every;    /* steps between mid-epoch checkpoints, 0: epoch ends only */
 	int log_interval;
 	int64_t max_steps; /* 0: no limit (for smoke runs) */
 	int dump_graph;
@@ -61,6 +62,7 @@ static void usage(FILE *f)
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
 		"  --seed N             initialisation and shuffling seed (default 0)\n"
 		"  --checkpoint PATH    save here after every epoch (atomic write)\n"
+		"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
 		"  --resume             continue from --checkpoint\n"
 		"  --log-interval N     steps between progress lines (default 100)\n"
 		"  --max-steps N        stop after N training steps (smoke tests)\n"
@@ -102,7 +104,7 @@ static int parse_args(int argc, char **argv, args *a)
 {
 	enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
 	       O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX,
-	       O_DUMP, O_KEEPBN, O_HELP };
+	       O_DUMP, O_KEEPBN, O_SAVE_EVERY, O_HELP };
 	static const struct option opts[] = {
 		{ "data", required_argument, 0, O_DATA },
 		{ "epochs", required_argument, 0, O_EPOCHS },
@@ -120,6 +122,7 @@ static int parse_args(int argc, char **argv, args *a)
 		{ "seed", required_argument, 0, O_SEED },
 		{ "checkpoint", required_argument, 0, O_CKPT },
 		{ "resume", no_argument, 0, O_RESUME },
+		{ "save-every", required_argument, 0, O_SAVE_EVERY },
 		{ "log-interval", required_argument, 0, O_LOG },
 		{ "max-steps", required_argument, 0, O_MAX },
 		{ "dump-graph", no_argument, 0, O_DUMP },
@@ -202,6 +205,10 @@ static int parse_args(int argc, char **argv, args *a)
 			break;
 		case O_CKPT: a->checkpoint = optarg; break;
 		case O_RESUME: a->resume = 1; break;
+		case O_SAVE_EVERY:
+			if (parse_int("--save-every", optarg, 1, 1 << 30, &l)) return -1;
+			a->save_every = (int)l;
+			break;
 		case O_LOG:
 			if (parse_int("--log-interval", optarg, 1, 1 << 30, &l)) return -1;
 			a->log_interval = (int)l;
@@ -230,8 +237,8 @@ static int parse_args(int argc, char **argv, args *a)
 		fprintf(stderr, "mnist_ddp: unexpected argument '%s' (see --help)\n", argv[optind]);
 		return -1;
 	}
-	if (a->resume && !a->checkpoint) {
-		fprintf(stderr, "mnist_ddp: --resume needs --checkpoint PATH\n");
+	if ((a->resume || a->save_every) && !a->checkpoint) {
+		fprintf(stderr, "mnist_ddp: --resume and --save-every need --checkpoint PATH\n");
 		return -1;
 	}
 	return 0;
@@ -437,6 +444,13 @@ int main(int argc, char **argv)
 				tlog = t;
 				lsum = 0;
 				since = 0;
+			}
+			if (a.save_every && batches_done % a.save_every == 0 && b + 1 < per_epoch) {
+				if (loom_save(p, a.checkpoint) != LOOM_OK) {
+					fprintf(stderr, "mnist_ddp: %s\n", loom_program_error(p));
+					goto out;
+				}
+				printf("saved %s (step %lld)\n", a.checkpoint, (long long)batches_done);
 			}
 			if (a.max_steps && batches_done >= a.max_steps) {
 				stop = 1;
