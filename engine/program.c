@@ -255,12 +255,15 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		compile_fail(st, "%s", p->g->errmsg);
 		goto out_free;
 	}
+	if ((st = pick_backend(p)) != LOOM_OK)
+		goto out_free;
+	/* Planner passes, then the memory plan of what remains. */
+	if (p->be->fuses_relu_pool && !o->no_fusion)
+		loom_fuse_relu_pool(p->g);
 	if ((st = loom_memplan_build(p->g, &p->mp)) != LOOM_OK) {
 		compile_fail(st, "memory planning: out of memory");
 		goto out_free;
 	}
-	if ((st = pick_backend(p)) != LOOM_OK)
-		goto out_free;
 	if ((st = make_slots(p)) != LOOM_OK)
 		goto out_free;
 	for (int v = 0; v < p->g->n; v++) {

@@ -35,6 +35,8 @@ typedef struct loom_backend {
 	loom_status (*download)(loom_program *p, void *dst, const void *src, size_t bytes);
 	/* Bytes of scratch node v needs (0 if none). */
 	size_t (*workspace)(loom_program *p, loom_value v);
+	/* Capabilities the planner may use. */
+	int fuses_relu_pool; /* max-pool honours attrs.pool.relu (graph/fuse.c) */
 } loom_backend;
 
 /* One trainable parameter as the optimizer sees it. */

@@ -59,6 +59,7 @@ typedef union loom_attrs {
 	} bn;
 	struct {
 		int kernel, stride, pad;
+		int relu; /* fused relu before the pool (graph/fuse.c) */
 	} pool;
 	struct {
 		int ta, tb; /* transpose a / b */
@@ -136,6 +137,10 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss);
 
 /* Used by gradient rules. */
 void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
+
+/* Fuses relu -> maxpool pairs (and their backward) into relu-pools; returns
+ * how many. Run after autodiff, before memory planning. */
+int loom_fuse_relu_pool(loom_graph *g);
 
 /* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
  * check checkpoints and, later, that all ranks compiled the same graph). */

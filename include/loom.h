@@ -202,7 +202,9 @@ typedef struct loom_compile_opts {
 	loom_device device;
 	loom_optim_opts optim;
 	loom_amp_opts amp;
-	int verbose; /* print the plan summary at compile time */
+	int verbose;   /* print the plan summary at compile time */
+	int no_fusion; /* skip the planner's fusion passes (debugging: the
+			* unfused plan computes the same values, slower) */
 } loom_compile_opts;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16. */

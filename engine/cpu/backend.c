@@ -224,6 +224,7 @@ static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int 
 			.h_in = (int)x->shape.dims[2], .w_in = (int)x->shape.dims[3],
 			.k = n->a.pool.kernel, .stride = n->a.pool.stride, .pad = n->a.pool.pad,
 			.h_out = (int)y->shape.dims[2], .w_out = (int)y->shape.dims[3],
+			.relu = n->a.pool.relu,
 		};
 		if (n->op == LOOM_OP_MAXPOOL2D)
 			DISPATCH(dt, loom_cpu_maxpool2d_fwd, &ps, a->src[0], a->out);
@@ -405,4 +406,5 @@ const loom_backend loom_cpu_backend = {
 	/* .upload = */ cpu_copy,
 	/* .download = */ cpu_copy,
 	/* .workspace = */ cpu_workspace,
+	/* .fuses_relu_pool = */ 1,
 };

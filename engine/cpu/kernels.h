@@ -23,6 +23,10 @@ typedef struct loom_pool_shape {
 	int n, c, h_in, w_in;
 	int k, stride, pad;
 	int h_out, w_out;
+	/* Fused relu before the pool: y = maxpool(relu(x)), which equals
+	 * relu(maxpool(x)); the backward routes dy only where the window's max
+	 * is > 0, so it also stands for relu's backward (graph/fuse.c). */
+	int relu;
 } loom_pool_shape;
 
 /* Bytes of scratch each conv kernel needs for element size elem (4 or 8). */

@@ -82,6 +82,8 @@ static void LOOM_CPU_FN(pool2_plane_bwd_nan)(const loom_pool_shape *s, const T *
 			T m = LOOM_CPU_FN(pool_pick)(a, b), g = dr[ow];
 			m = LOOM_CPU_FN(pool_pick)(m, c);
 			m = LOOM_CPU_FN(pool_pick)(m, d);
+			if (s->relu && !(m > 0))
+				g = 0; /* relu's backward: a NaN or non-positive max */
 			/* Branch-free "first element equal to the max" (NaN equal
 			 * to NaN), so the loop vectorizes. */
 			int ia = LOOM_CPU_FN(pool_same)(a, m);
@@ -119,6 +121,7 @@ static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
 		LOOM_CPU_FN(pool2_plane_bwd_nan)(s, x, dy, dx);
 		return;
 	}
+	const int relu = s->relu;
 	if (s->h_in != 2 * s->h_out || s->w_in != 2 * s->w_out)
 		memset(dx, 0, sizeof(T) * s->h_in * s->w_in);
 	for (int oh = 0; oh < s->h_out; oh++) {
@@ -130,8 +133,9 @@ static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
 		const T *restrict dr = dy + (int64_t)oh * s->w_out;
 		for (int ow = 0; ow < s->w_out; ow++) {
 			T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-			T g = dr[ow];
 			T top = b > a ? b : a, bot = d > c ? d : c;
+			T mx = bot > top ? bot : top;
+			T g = (relu & !(mx > 0)) ? 0 : dr[ow];
 			T gt = bot > top ? 0 : g, gb = bot > top ? g : 0;
 			g0[2 * ow] = b > a ? 0 : gt;
 			g0[2 * ow + 1] = b > a ? gt : 0;
@@ -160,14 +164,18 @@ void LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(const loom_pool_shape *s, const T *x, T
 		T *yp = y + pl * out_plane;
 		if (fast) {
 			LOOM_CPU_FN(pool2_plane_fwd)(s, xp, yp);
-			continue;
-		}
-		for (int oh = 0; oh < s->h_out; oh++) {
-			for (int ow = 0; ow < s->w_out; ow++) {
-				int64_t i = LOOM_CPU_FN(pool_argmax)(s, xp, oh, ow);
-				yp[(int64_t)oh * s->w_out + ow] = i < 0 ? (T)-INFINITY : xp[i];
+		} else {
+			for (int oh = 0; oh < s->h_out; oh++) {
+				for (int ow = 0; ow < s->w_out; ow++) {
+					int64_t i = LOOM_CPU_FN(pool_argmax)(s, xp, oh, ow);
+					yp[(int64_t)oh * s->w_out + ow] = i < 0 ? (T)-INFINITY : xp[i];
+				}
 			}
 		}
+		/* relu(max) = max(relu): on the 4x smaller output; NaN stays. */
+		if (s->relu)
+			for (int64_t i = 0; i < out_plane; i++)
+				yp[i] = yp[i] > 0 || yp[i] != yp[i] ? yp[i] : 0;
 	}
 }
 
@@ -191,7 +199,7 @@ void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const T *x,
 		for (int oh = 0; oh < s->h_out; oh++) {
 			for (int ow = 0; ow < s->w_out; ow++) {
 				int64_t i = LOOM_CPU_FN(pool_argmax)(s, xp, oh, ow);
-				if (i >= 0)
+				if (i >= 0 && (!s->relu || xp[i] > 0))
 					gp[i] += dp[(int64_t)oh * s->w_out + ow];
 			}
 		}

@@ -616,6 +616,7 @@ static const loom_backend loom_cuda_backend = {
 	/* .upload = */ cuda_upload,
 	/* .download = */ cuda_download,
 	/* .workspace = */ cuda_workspace,
+	/* .fuses_relu_pool = */ 0, /* pool.cu has no fused relu yet */
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

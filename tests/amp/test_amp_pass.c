@@ -24,6 +24,7 @@ static loom_compile_opts amp_opts(loom_opt_level level, loom_dtype half)
 	o.device = LOOM_DEVICE_CPU;
 	o.amp.level = level;
 	o.amp.half = half;
+	o.no_fusion = 1; /* the pass's own output, before the planner fuses relu into pools */
 	return o;
 }
 

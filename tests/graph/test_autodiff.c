@@ -23,6 +23,7 @@ static loom_program *compile(loom_graph *g, loom_value loss, loom_optim_kind kin
 	o.device = LOOM_DEVICE_CPU;
 	o.optim.kind = kind;
 	o.amp.level = level;
+	o.no_fusion = 1; /* autodiff's own graph, before the planner fuses relu into pools */
 	loom_program *p = NULL;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "compile: %s", loom_last_error());
 	return p;

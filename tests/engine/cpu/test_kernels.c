@@ -463,6 +463,41 @@ static void check_pool(loom_pool_shape s, double lo, double hi, int quantise)
 	free(ry), free(rdx);
 }
 
+/* The fused relu + pool against relu, then pool, then relu's backward. */
+static void check_relu_pool(loom_pool_shape s, int quantise)
+{
+	size_t nx = (size_t)s.n * s.c * s.h_in * s.w_in, ny = (size_t)s.n * s.c * s.h_out * s.w_out;
+	buf x = buf_rand(nx, -1, 1), dy = buf_rand(ny, -1, 1);
+	if (quantise) /* many ties and many windows that are all <= 0 */
+		for (size_t i = 0; i < nx; i++)
+			x.f[i] = (float)(x.d[i] = floor(2 * x.d[i]) / 2);
+	double *rx = malloc(nx * 8), *ry = malloc(ny * 8), *rdx = malloc(nx * 8);
+	for (size_t i = 0; i < nx; i++)
+		rx[i] = x.d[i] > 0 ? x.d[i] : 0;
+	ref_pool(&s, rx, dy.d, ry, rdx);
+	for (size_t i = 0; i < nx; i++)
+		rdx[i] = x.d[i] > 0 ? rdx[i] : 0;
+	s.relu = 1;
+	for (int dbl = 0; dbl < 2; dbl++) {
+		buf y = buf_nan(ny), dx = buf_nan(nx);
+		run_pool(&s, dbl, &x, &dy, &y, &dx);
+		expect_close("relu+maxpool fwd", dbl, &y, ry, ny);
+		expect_close("relu+maxpool bwd", dbl, &dx, rdx, nx);
+		buf_free(&y), buf_free(&dx);
+	}
+	buf_free(&x), buf_free(&dy);
+	free(rx), free(ry), free(rdx);
+}
+
+Test(pool, fused_relu_equals_relu_then_pool)
+{
+	check_relu_pool(pool_shape(2, 3, 8, 8, 2, 2, 0), 0);
+	check_relu_pool(pool_shape(2, 3, 8, 8, 2, 2, 0), 1);
+	check_relu_pool(pool_shape(1, 2, 7, 9, 2, 2, 0), 1);
+	check_relu_pool(pool_shape(2, 2, 7, 6, 3, 2, 1), 1);
+	check_relu_pool(pool_shape(100, 32, 14, 14, 2, 2, 0), 0);
+}
+
 Test(pool, shapes)
 {
 	check_pool(pool_shape(2, 3, 8, 8, 2, 2, 0), -1, 1, 0);

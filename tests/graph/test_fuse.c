@@ -1,0 +1,130 @@
+/*
+ * tests/graph/test_fuse.c — the relu + max-pool fusion pass (graph/fuse.c):
+ * which pairs it fuses, which it must leave alone, and that the fused plan
+ * trains bit for bit like the unfused one while planning less memory.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/program_internal.h"
+#include "examples/models.h"
+#include "loom.h"
+
+#define B 8
+
+static loom_program *compile(loom_graph *g, loom_value loss, int no_fusion)
+{
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.momentum = 0.9;
+	o.no_fusion = no_fusion;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+static int count(const loom_program *p, loom_op op, int relu)
+{
+	int n = 0;
+	for (int v = 0; v < p->g->n; v++)
+		if (p->g->nodes[v].op == op && (relu < 0 || p->g->nodes[v].a.pool.relu == relu))
+			n++;
+	return n;
+}
+
+static void feed(loom_program *p, unsigned seed)
+{
+	float img[B * 784];
+	int32_t lab[B];
+	srand(seed);
+	for (int i = 0; i < B * 784; i++)
+		img[i] = (float)rand() / RAND_MAX * 2 - 1;
+	for (int i = 0; i < B; i++)
+		lab[i] = rand() % 10;
+	cr_assert_eq(loom_set_input(p, "image", img, LOOM_F32, B * 784), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "label", lab, LOOM_I32, B), LOOM_OK);
+}
+
+Test(fuse, convnet_relus_fold_into_pools)
+{
+	loom_graph *g;
+	loom_graph_new(&g);
+	loom_value loss = loom_model_convnet(g, B, NULL);
+	loom_program *p = compile(g, loss, 0);
+	cr_assert_eq(count(p, LOOM_OP_RELU, -1), 0, "a relu survived fusion");
+	cr_assert_eq(count(p, LOOM_OP_RELU_BWD, -1), 0, "a relu backward survived fusion");
+	cr_assert_eq(count(p, LOOM_OP_MAXPOOL2D, 1), 2);
+	cr_assert_eq(count(p, LOOM_OP_MAXPOOL2D_BWD, 1), 2);
+	/* The fused pools read batch norm's output directly. */
+	for (int v = 0; v < p->g->n; v++)
+		if (p->g->nodes[v].op == LOOM_OP_MAXPOOL2D)
+			cr_assert_eq(p->g->nodes[p->g->nodes[v].src[0]].op, LOOM_OP_BATCHNORM2D);
+	loom_program *q = compile(g, loss, 1);
+	cr_assert_eq(count(q, LOOM_OP_RELU, -1), 2);
+	cr_assert_eq(count(q, LOOM_OP_MAXPOOL2D, 1), 0);
+	loom_program_info fi, ui;
+	loom_program_info_get(p, &fi);
+	loom_program_info_get(q, &ui);
+	cr_assert_lt(fi.activation_bytes, ui.activation_bytes, "fused %zu vs unfused %zu bytes",
+		     fi.activation_bytes, ui.activation_bytes);
+	loom_program_free(p);
+	loom_program_free(q);
+	loom_graph_free(g);
+}
+
+Test(fuse, fused_trains_bit_for_bit_like_unfused)
+{
+	loom_graph *g;
+	loom_graph_new(&g);
+	loom_value logits;
+	loom_value loss = loom_model_convnet(g, B, &logits);
+	loom_program *f = compile(g, loss, 0), *u = compile(g, loss, 1);
+	for (int step = 0; step < 5; step++) {
+		feed(f, 100 + step);
+		feed(u, 100 + step);
+		cr_assert_eq(loom_run(f, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(f));
+		cr_assert_eq(loom_run(u, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(u));
+		cr_assert_eq(loom_loss(f), loom_loss(u), "step %d: loss %.17g fused vs %.17g", step,
+			     loom_loss(f), loom_loss(u));
+	}
+	/* Every parameter, by handle, after five updates. */
+	for (int v = 0; v < g->n; v++) {
+		if (g->nodes[v].op != LOOM_OP_PARAM && g->nodes[v].op != LOOM_OP_BUFFER)
+			continue;
+		size_t n = (size_t)loom_shape_numel(&g->nodes[v].shape);
+		double *a = malloc(n * 8), *b = malloc(n * 8);
+		cr_assert_eq(loom_read_f64(f, v, a, n), LOOM_OK);
+		cr_assert_eq(loom_read_f64(u, v, b, n), LOOM_OK);
+		cr_assert(memcmp(a, b, n * 8) == 0, "'%s' differs between fused and unfused",
+			  g->nodes[v].name);
+		free(a);
+		free(b);
+	}
+	loom_program_free(f);
+	loom_program_free(u);
+	loom_graph_free(g);
+}
+
+Test(fuse, relu_with_other_readers_is_left_alone)
+{
+	/* relu feeds a pool and also a residual add: the add needs the relu's
+	 * own values, so nothing may be fused. */
+	loom_graph *g;
+	loom_graph_new(&g);
+	int64_t xd[4] = { 2, 3, 4, 4 }, yd[1] = { 2 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_layer_conv2d(g, "c", x, 3, 3, 1, 1, 1);
+	loom_value r = loom_relu(g, h);
+	loom_value pooled = loom_maxpool2d(g, r, 2, 2, 0);
+	loom_value skip = loom_maxpool2d(g, loom_add(g, r, h), 2, 2, 0);
+	loom_value z = loom_add(g, pooled, skip);
+	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", loom_flatten(g, z), 5, 1), y);
+	loom_program *p = compile(g, loss, 0);
+	cr_assert_eq(count(p, LOOM_OP_RELU, -1), 1, "the shared relu was fused away");
+	cr_assert_eq(count(p, LOOM_OP_MAXPOOL2D, 1), 0);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
