@@ -27,6 +27,8 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+static int no_fusion;
+
 static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, int warmup,
 		 int steps)
 {
@@ -41,6 +43,7 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	o.optim.momentum = 0.9;
 	o.amp.level = level;
 	o.amp.half = half;
+	o.no_fusion = no_fusion;
 	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
 		fprintf(stderr, "bench_convnet: %s\n", loom_last_error());
 		loom_graph_free(g);
@@ -103,6 +106,8 @@ int main(int argc, char **argv)
 			b = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--levels") && i + 1 < argc)
 			levels = argv[++i];
+		else if (!strcmp(argv[i], "--no-fusion"))
+			no_fusion = 1;
 		else if (!strcmp(argv[i], "--bf16"))
 			half = LOOM_BF16;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -111,7 +116,7 @@ int main(int argc, char **argv)
 			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
 		} else {
 			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
-					"[--levels 0123] [--bf16] [--device auto|cpu|cuda]\n");
+					"[--levels 0123] [--bf16] [--no-fusion] [--device auto|cpu|cuda]\n");
 			return 2;
 		}
 	}
