@@ -164,7 +164,8 @@ static loom_dtype op_dtype(pass *ps, const loom_node *n, const loom_value *srcs)
 		case LOOM_OP_SUM:
 		case LOOM_OP_BROADCAST:
 		case LOOM_OP_BATCHNORM2D:
-			return LOOM_F32; /* deny list */
+		case LOOM_OP_GLOBAL_AVGPOOL:
+			return LOOM_F32; /* deny list: losses, reductions, batch norm */
 		default:
 			return any_f32 ? LOOM_F32 : ps->half; /* widest input */
 		}

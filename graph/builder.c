@@ -264,6 +264,16 @@ loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride, i
 	return v;
 }
 
+loom_value loom_global_avgpool(loom_graph *g, loom_value x)
+{
+	const char *op = "global_avgpool";
+	if (!g || !ok_value(g, x, op, "input") || !want_float(g, x, op, "input") ||
+	    !want_ndim(g, x, 4, op, "input"))
+		return LOOM_NONE;
+	loom_shape s = { 2, { N(g, x)->shape.dims[0], N(g, x)->shape.dims[1] } };
+	return add_node(g, LOOM_OP_GLOBAL_AVGPOOL, N(g, x)->dtype, &s, 1, &x);
+}
+
 loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b)
 {
 	const char *op = "linear";

@@ -36,6 +36,8 @@ typedef enum loom_op {
 	LOOM_OP_SOFTMAX_CE_BWD,    /* (logits, labels, dloss) -> dlogits */
 	LOOM_OP_GRAD_SEED,         /* [] holding the loss scale: d loss / d loss */
 	LOOM_OP_CAST,              /* x -> dtype */
+	LOOM_OP_GLOBAL_AVGPOOL,    /* [N, C, H, W] -> [N, C] */
+	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
 	LOOM_OP_COUNT
 } loom_op;
 

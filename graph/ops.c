@@ -184,6 +184,13 @@ static void grad_cast(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		loom_grad_accum(ctx, x, bwd(g, LOOM_OP_CAST, x, 1, &dy));
 }
 
+static void grad_global_avgpool(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_value x = g->nodes[v].src[0];
+	if (loom_grad_needed(ctx, x))
+		loom_grad_accum(ctx, x, bwd(g, LOOM_OP_GLOBAL_AVGPOOL_BWD, x, 1, &dy));
+}
+
 const loom_op_def loom_op_defs[LOOM_OP_COUNT] = {
 	[LOOM_OP_INPUT] = { "input", NULL },
 	[LOOM_OP_PARAM] = { "param", NULL },
@@ -209,4 +216,6 @@ const loom_op_def loom_op_defs[LOOM_OP_COUNT] = {
 	[LOOM_OP_SOFTMAX_CE_BWD] = { "softmax_ce_bwd", NULL },
 	[LOOM_OP_GRAD_SEED] = { "grad_seed", NULL },
 	[LOOM_OP_CAST] = { "cast", grad_cast },
+	[LOOM_OP_GLOBAL_AVGPOOL] = { "global_avgpool", grad_global_avgpool },
+	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = { "global_avgpool_bwd", NULL },
 };

@@ -125,6 +125,8 @@ loom_value loom_batchnorm2d(loom_graph *g, loom_value x, loom_value gamma,
 loom_value loom_relu(loom_graph *g, loom_value x);
 loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
 			  int pad);
+/* [N, C, H, W] -> [N, C]: the mean of each channel plane (ResNet's head). */
+loom_value loom_global_avgpool(loom_graph *g, loom_value x);
 /* y = x w^T + b, x [N, in], w [out, in], b [out] or LOOM_NONE. */
 loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b);
 /* [M, K] x [K, N] -> [M, N] */

@@ -283,6 +283,14 @@ static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int 
 		DISPATCH(dt, loom_cpu_softmax_ce_bwd, (int)x->shape.dims[0], (int)x->shape.dims[1],
 			 a->src[0], a->src[1], a->src[2], a->out);
 		return LOOM_OK;
+	case LOOM_OP_GLOBAL_AVGPOOL:
+		DISPATCH(dt, loom_cpu_global_avgpool_fwd, numel,
+			 x->shape.dims[2] * x->shape.dims[3], a->src[0], a->out);
+		return LOOM_OK;
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
+		DISPATCH(dt, loom_cpu_global_avgpool_bwd, loom_shape_numel(&x->shape),
+			 n->shape.dims[2] * n->shape.dims[3], a->src[0], a->out);
+		return LOOM_OK;
 	case LOOM_OP_GRAD_SEED:
 		if (dt == LOOM_F64)
 			*(double *)a->out = p->scaler.scale;

@@ -1,5 +1,6 @@
 /*
- * engine/cpu/elementwise_impl.h — relu, add, sum and scalar broadcast,
+ * engine/cpu/elementwise_impl.h — relu, add, sum, scalar broadcast and global
+ * average pooling,
  * written once for T/SFX and included by elementwise.c for f32 and f64 (no
  * include guard on purpose). Large arrays are split over threads.
  */
@@ -52,4 +53,29 @@ void LOOM_CPU_FN(loom_cpu_broadcast_scalar)(int64_t n, const T *x, double scale,
 #pragma omp parallel for simd if (n >= LOOM_CPU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i++)
 		y[i] = v;
+}
+
+void LOOM_CPU_FN(loom_cpu_global_avgpool_fwd)(int64_t nc, int64_t hw, const T *x, T *y)
+{
+#pragma omp parallel for if (nc * hw >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t p = 0; p < nc; p++) {
+		const T *xp = x + p * hw;
+		double s = 0;
+#pragma omp simd reduction(+ : s)
+		for (int64_t i = 0; i < hw; i++)
+			s += xp[i];
+		y[p] = (T)(s / (double)hw);
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_global_avgpool_bwd)(int64_t nc, int64_t hw, const T *dy, T *dx)
+{
+#pragma omp parallel for if (nc * hw >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t p = 0; p < nc; p++) {
+		const T g = (T)(dy[p] / (double)hw);
+		T *dp = dx + p * hw;
+#pragma omp simd
+		for (int64_t i = 0; i < hw; i++)
+			dp[i] = g;
+	}
 }

@@ -88,7 +88,11 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
 	/* to a few ulps) */                                                           \
 	void loom_cpu_sum_##SFX(int64_t n, const T *x, T *y);                          \
 	/* y[i] = *x * scale for all n elements */                                     \
-	void loom_cpu_broadcast_scalar_##SFX(int64_t n, const T *x, double scale, T *y);
+	void loom_cpu_broadcast_scalar_##SFX(int64_t n, const T *x, double scale, T *y); \
+	/* y[nc] = mean of the hw values of plane nc (global average pooling) */       \
+	void loom_cpu_global_avgpool_fwd_##SFX(int64_t nc, int64_t hw, const T *x, T *y); \
+	/* dx[nc, i] = dy[nc] / hw */                                                   \
+	void loom_cpu_global_avgpool_bwd_##SFX(int64_t nc, int64_t hw, const T *dy, T *dx);
 
 LOOM_CPU_KERNELS(float, f32)
 LOOM_CPU_KERNELS(double, f64)

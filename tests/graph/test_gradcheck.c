@@ -391,6 +391,16 @@ Test(gradcheck, batchnorm2d_sum_is_invariant)
 
 /* -------------------------------------------------------------------- relu */
 
+Test(gradcheck, global_avgpool)
+{
+	gc c;
+	gc_init(&c, 23);
+	int64_t xd[4] = { 2, 3, 4, 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	gc_check(&c, gc_project(&c, loom_global_avgpool(c.g, x)), 1e-6);
+	gc_fini(&c);
+}
+
 Test(gradcheck, relu)
 {
 	gc c;

@@ -796,3 +796,34 @@ Test(elementwise, channel_sum)
 	}
 	buf_free(&x);
 }
+
+/* ---- global average pooling --------------------------------------------- */
+
+Test(global_avgpool, mean_of_each_plane_and_its_adjoint)
+{
+	const int64_t nc = 6, hw = 49;
+	buf x = buf_rand((size_t)(nc * hw), -1, 1), dy = buf_rand((size_t)nc, -1, 1);
+	double ref[6];
+	for (int64_t p = 0; p < nc; p++) {
+		double s = 0;
+		for (int64_t i = 0; i < hw; i++)
+			s += x.d[p * hw + i];
+		ref[p] = s / hw;
+	}
+	for (int dbl = 0; dbl < 2; dbl++) {
+		buf y = buf_nan((size_t)nc), dx = buf_nan((size_t)(nc * hw));
+		if (dbl) {
+			loom_cpu_global_avgpool_fwd_f64(nc, hw, x.d, y.d);
+			loom_cpu_global_avgpool_bwd_f64(nc, hw, dy.d, dx.d);
+		} else {
+			loom_cpu_global_avgpool_fwd_f32(nc, hw, x.f, y.f);
+			loom_cpu_global_avgpool_bwd_f32(nc, hw, dy.f, dx.f);
+		}
+		expect_close("global_avgpool fwd", dbl, &y, ref, (size_t)nc);
+		for (int64_t i = 0; i < nc * hw; i++)
+			cr_assert_float_eq(got_at(&dx, dbl, i), dy.d[i / hw] / hw, 1e-6,
+					   "dx[%lld]", (long long)i);
+		buf_free(&y), buf_free(&dx);
+	}
+	buf_free(&x), buf_free(&dy);
+}
