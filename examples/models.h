@@ -18,4 +18,17 @@
  */
 loom_value loom_model_convnet(loom_graph *g, int batch, loom_value *logits);
 
+/*
+ * ResNet (He et al. 2015, torchvision's layout, v1.5: a bottleneck's stride
+ * sits on its 3x3 conv). depth 18 or 34: basic blocks; 50: bottlenecks.
+ * Inputs "image" [batch, 3, size, size] f32 and "label" [batch] i32.
+ * size <= 64: the CIFAR stem (3x3 conv, stride 1, no max-pool), as ResNets on
+ * 32x32 images are usually built; larger: the ImageNet stem (7x7/2 conv,
+ * 3x3/2 max-pool). Convolutions have no bias (batch norm follows each).
+ * Returns the cross-entropy loss; *logits gets [batch, classes]. Another
+ * depth returns LOOM_NONE and builds nothing.
+ */
+loom_value loom_model_resnet(loom_graph *g, int depth, int batch, int size, int classes,
+			     loom_value *logits);
+
 #endif /* LOOM_EXAMPLES_MODELS_H */
