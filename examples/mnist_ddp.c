@@ -357,8 +357,9 @@ int main(int argc, char **argv)
 		loom_program_dump(p, stdout);
 	loom_program_info info;
 	loom_program_info_get(p, &info);
-	printf("loom mnist_ddp: %s, %s, opt level O%d (%s), %s lr %g, batch %d, %d epochs\n",
-	       info.backend, a.data, a.level, a.half == LOOM_BF16 ? "bf16" : "fp16",
+	printf("loom mnist_ddp: %s, %s, opt level O%d%s, %s lr %g, batch %d, %d epochs\n",
+	       info.backend, a.data, a.level,
+	       a.level == LOOM_O0 ? "" : a.half == LOOM_BF16 ? " (bf16)" : " (fp16)",
 	       a.optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a.lr, a.batch, a.epochs);
 	printf("model: %lld parameters; memory planned before step 1: %.2f MiB arena "
 	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
