@@ -139,19 +139,3 @@ loom_status loom_optim_step_host(loom_program *p)
 	p->step++;
 	return LOOM_OK;
 }
-
-void loom_optim_refresh_params_host(loom_program *p)
-{
-	for (int s = 0; s < p->n_params; s++) {
-		const loom_param_slot *sl = &p->params[s];
-		if (sl->master == LOOM_NONE)
-			continue;
-		const loom_node *pn = &p->g->nodes[sl->param];
-		for (int64_t off = 0; off < sl->numel; off += CHUNK) {
-			double w[CHUNK];
-			int64_t n = sl->numel - off < CHUNK ? sl->numel - off : CHUNK;
-			load(LOOM_F32, loom_value_ptr(p, sl->master), off, n, w);
-			store(pn->dtype, loom_value_ptr(p, sl->param), off, n, w);
-		}
-	}
-}

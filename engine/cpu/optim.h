@@ -10,7 +10,4 @@
 
 loom_status loom_optim_step_host(loom_program *p);
 
-/* Rounds the fp32 masters into their half parameters (after init, a load). */
-void loom_optim_refresh_params_host(loom_program *p);
-
 #endif /* LOOM_ENGINE_CPU_OPTIM_H */
