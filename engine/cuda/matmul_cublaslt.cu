@@ -112,7 +112,11 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 								      mp->c, mp->c, pref, 1, &res,
 								      &returned),
 				       p->err, sizeof(p->err));
-	cublasLtMatmulPreferenceDestroy(pref);
+	/* Checked too, but an earlier failure keeps its message. */
+	loom_status dst = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref),
+					    st == LOOM_OK ? p->err : NULL, sizeof(p->err));
+	if (st == LOOM_OK)
+		st = dst;
 	if (st != LOOM_OK)
 		return st;
 	if (returned < 1)
