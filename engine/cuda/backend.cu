@@ -152,7 +152,8 @@ static int supported(loom_op op)
 	case LOOM_OP_MAXPOOL2D: case LOOM_OP_MAXPOOL2D_BWD: case LOOM_OP_LINEAR:
 	case LOOM_OP_MATMUL: case LOOM_OP_ADD: case LOOM_OP_RESHAPE: case LOOM_OP_SUM:
 	case LOOM_OP_BROADCAST: case LOOM_OP_SOFTMAX_CE: case LOOM_OP_SOFTMAX_CE_BWD:
-	case LOOM_OP_GRAD_SEED: case LOOM_OP_CAST:
+	case LOOM_OP_GRAD_SEED: case LOOM_OP_CAST: case LOOM_OP_GLOBAL_AVGPOOL:
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
 		return 1;
 	default:
 		return 0;
@@ -254,8 +255,10 @@ static loom_status cuda_prepare(loom_program *p)
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->arena + o_chunks);
 
 	/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32,
-	 * f16 and bf16, so an element no kernel writes cannot pass a test. */
-	st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->arena, loom_cuda_poison_on ? 0xff : 0, o_ctl,
+	 * f16 and bf16, so an element no kernel writes cannot pass a test. The
+	 * hook is the program's from here on: every run of it poisons too. */
+	c->poison = loom_cuda_poison_on;
+	st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->arena, c->poison ? 0xff : 0, o_ctl,
 					     c->stream),
 			     p->err, sizeof(p->err));
 	if (st != LOOM_OK)
@@ -535,10 +538,18 @@ static loom_status run_node(loom_program *p, loom_cuda_ctx *c, loom_value v, int
 		ps.pad = n->a.pool.pad;
 		ps.h_out = (int)y->shape.dims[2];
 		ps.w_out = (int)y->shape.dims[3];
+		ps.relu = n->a.pool.relu;
 		if (n->op == LOOM_OP_MAXPOOL2D)
 			return loom_cuda_maxpool_fwd(p, s, ps, src[0], dt[0], out, odt);
 		return loom_cuda_maxpool_bwd(p, s, ps, src[0], dt[0], src[1], dt[1], out, odt);
 	}
+	case LOOM_OP_GLOBAL_AVGPOOL: /* x [N, C, H, W] -> [N, C] */
+		return loom_cuda_global_avgpool_fwd(p, s, src[0], dt[0], out, odt, numel,
+						    x->shape.dims[2] * x->shape.dims[3]);
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD: /* dy [N, C] -> dx [N, C, H, W] */
+		return loom_cuda_global_avgpool_bwd(p, s, src[0], dt[0], out, odt,
+						    loom_shape_numel(&x->shape),
+						    n->shape.dims[2] * n->shape.dims[3]);
 	case LOOM_OP_ADD:
 		return loom_cuda_add(p, s, src[0], dt[0], src[1], dt[1], out, odt, numel);
 	case LOOM_OP_SUM:
@@ -584,7 +595,7 @@ static loom_status cuda_run_nodes(loom_program *p, int first, int last, int trai
 
 	if ((st = push_host_state(p, c)) != LOOM_OK)
 		return st;
-	if (loom_cuda_poison_on && (st = poison_outputs(p, c, first, last)) != LOOM_OK)
+	if (c->poison && (st = poison_outputs(p, c, first, last)) != LOOM_OK)
 		return st;
 	for (int v = first; v < last; v++) {
 		if ((st = run_node(p, c, v, train)) != LOOM_OK)
@@ -616,7 +627,7 @@ static const loom_backend loom_cuda_backend = {
 	/* .upload = */ cuda_upload,
 	/* .download = */ cuda_download,
 	/* .workspace = */ cuda_workspace,
-	/* .fuses_relu_pool = */ 0, /* pool.cu has no fused relu yet */
+	/* .fuses_relu_pool = */ 1,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

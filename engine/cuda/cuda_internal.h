@@ -131,6 +131,8 @@ typedef struct loom_cuda_ctx {
 
 	loom_scaler host_scaler; /* the scaler as last synced with the device */
 	int64_t host_step;
+
+	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 } loom_cuda_ctx;
 
 /* Test hook state (cuda_backend.h). */
@@ -172,17 +174,25 @@ loom_status loom_cuda_bn_bwd_gamma(loom_program *p, cudaStream_t s, int n, int c
 				   const void *x, int xdt, const void *dy, int dydt, double eps,
 				   void *dg, int dgdt);
 
-/* pool.cu — same shape struct as the CPU's, passed by value. */
+/* pool.cu — same shape struct as the CPU's, passed by value. relu: the
+ * pool carries a fused relu (graph/fuse.c), as loom_pool_shape.relu. */
 typedef struct loom_cuda_pool_shape {
 	int n, c, h_in, w_in;
 	int k, stride, pad;
 	int h_out, w_out;
+	int relu;
 } loom_cuda_pool_shape;
 loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s, loom_cuda_pool_shape ps,
 				  const void *x, int xdt, void *y, int ydt);
 loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s, loom_cuda_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
 				  int dxdt);
+/* Global average pooling: y[nc] = mean of plane nc's hw values; backward
+ * dx[nc, i] = dy[nc] / hw. */
+loom_status loom_cuda_global_avgpool_fwd(loom_program *p, cudaStream_t s, const void *x,
+					 int xdt, void *y, int ydt, int64_t nc, int64_t hw);
+loom_status loom_cuda_global_avgpool_bwd(loom_program *p, cudaStream_t s, const void *dy,
+					 int dydt, void *dx, int dxdt, int64_t nc, int64_t hw);
 
 /* loss.cu */
 loom_status loom_cuda_softmax_ce_fwd(loom_program *p, cudaStream_t s, int n, int classes,

@@ -1,8 +1,12 @@
 /*
- * engine/cuda/pool.cu — 2-D max pooling forward and backward. CPU twin:
- * engine/cpu/pool_impl.h, with the same rules: windows clipped to the image
- * (padding never wins), row-major scan with a strict '>' so ties go to the
- * first element, and the first NaN wins.
+ * engine/cuda/pool.cu — 2-D max pooling forward and backward, and global
+ * average pooling. CPU twins: engine/cpu/pool_impl.h for the max pool, with
+ * the same rules: windows clipped to the image (padding never wins),
+ * row-major scan with a strict '>' so ties go to the first element, the
+ * first NaN wins, and a fused relu (attrs.pool.relu, graph/fuse.c) gives
+ * y = relu(max) with NaN kept and routes dy only where the window's max is
+ * > 0; loom_cpu_global_avgpool_fwd/bwd in engine/cpu/elementwise_impl.h for
+ * the average (a double sum per plane, as there).
  *
  * Own kernels rather than cudnnPoolingForward/Backward: cuDNN's backward
  * needs the forward output y, which the graph's MAXPOOL2D_BWD (x, dy) does
@@ -50,7 +54,11 @@ __global__ void loom_maxpool_fwd_kernel(loom_cuda_pool_shape s, const void *x, i
 		int64_t pl = o / ((int64_t)s.w_out * s.h_out);
 		int64_t off = pl * s.h_in * s.w_in;
 		int64_t i = pool_argmax(s, x, xdt, off, oh, ow);
-		loom_st(y, ydt, o, i < 0 ? -INFINITY : loom_ld(x, xdt, off + i));
+		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, off + i);
+		/* relu(max) = max(relu), on the smaller output; NaN stays. */
+		if (s.relu && !(v > 0.0f || v != v))
+			v = 0.0f;
+		loom_st(y, ydt, o, v);
 	}
 }
 
@@ -67,6 +75,12 @@ __global__ void loom_maxpool_bwd_kernel(loom_cuda_pool_shape s, const void *x, i
 		int64_t pl = e / ((int64_t)s.w_in * s.h_in);
 		int64_t off = pl * s.h_in * s.w_in, doff = pl * s.h_out * s.w_out;
 		int64_t me = (int64_t)ih * s.w_in + iw;
+		/* Fused relu: dy reaches a window's max only if it is > 0, and
+		 * this element is the max of every window it gathers from. */
+		if (s.relu && !(loom_ld(x, xdt, off + me) > 0.0f)) {
+			loom_st(dx, dxdt, e, 0.0f);
+			continue;
+		}
 		/* Windows oh with oh*stride - pad <= ih < oh*stride - pad + k. */
 		int th = ih + s.pad - s.k, tw = iw + s.pad - s.k;
 		int oh_lo = th < 0 ? 0 : th / s.stride + 1;
@@ -83,6 +97,35 @@ __global__ void loom_maxpool_bwd_kernel(loom_cuda_pool_shape s, const void *x, i
 					g += loom_ld(dy, dydt, doff + (int64_t)oh * s.w_out + ow);
 		loom_st(dx, dxdt, e, g);
 	}
+}
+
+/* One warp per (n, c) plane, grid-stride over planes: lanes stride over the
+ * plane with a double accumulator, then a shuffle sum. The plane index is
+ * uniform across a warp, so every lane takes part in the shuffle. */
+__global__ void loom_global_avgpool_fwd_kernel(const void *x, int xdt, void *y, int ydt,
+					       int64_t nc, int64_t hw)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t wpb = blockDim.x >> 5;
+	for (int64_t pl = blockIdx.x * wpb + (threadIdx.x >> 5); pl < nc;
+	     pl += (int64_t)gridDim.x * wpb) {
+		double s = 0;
+		for (int64_t i = lane; i < hw; i += 32)
+			s += loom_ld(x, xdt, pl * hw + i);
+		for (int o = 16; o > 0; o >>= 1)
+			s += __shfl_down_sync(0xffffffffu, s, o);
+		if (lane == 0)
+			loom_st(y, ydt, pl, (float)(s / (double)hw));
+	}
+}
+
+/* One thread per input element: dx = dy of its plane / hw. */
+__global__ void loom_global_avgpool_bwd_kernel(const void *dy, int dydt, void *dx, int dxdt,
+					       int64_t total, int64_t hw)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x)
+		loom_st(dx, dxdt, e, (float)((double)loom_ld(dy, dydt, e / hw) / (double)hw));
 }
 
 // ----------------------------------------------------------------------------
@@ -111,5 +154,28 @@ extern "C" loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s,
 		return LOOM_OK;
 	loom_maxpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
 		ps, x, xdt, dy, dydt, dx, dxdt, total);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_global_avgpool_fwd(loom_program *p, cudaStream_t s,
+						    const void *x, int xdt, void *y, int ydt,
+						    int64_t nc, int64_t hw)
+{
+	if (nc <= 0)
+		return LOOM_OK;
+	loom_global_avgpool_fwd_kernel<<<loom_cuda_blocks(nc, threads / 32), threads, 0, s>>>(
+		x, xdt, y, ydt, nc, hw);
+	return LOOM_CUDA_LAUNCHED(p);
+}
+
+extern "C" loom_status loom_cuda_global_avgpool_bwd(loom_program *p, cudaStream_t s,
+						    const void *dy, int dydt, void *dx, int dxdt,
+						    int64_t nc, int64_t hw)
+{
+	int64_t total = nc * hw;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_global_avgpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
+		dy, dydt, dx, dxdt, total, hw);
 	return LOOM_CUDA_LAUNCHED(p);
 }
