@@ -2,8 +2,10 @@
  * test_cuda_ops.c — every op on the CUDA backend against the CPU backend on
  * the same fresh random inputs, in f32, f16 and bf16 (one-op graphs compiled
  * twice; outputs and gradients compared by NMSE with a per-dtype bound, the
- * CUDA arena poisoned with NaN so an element no kernel writes fails), and a
- * ConvNet training step under O0, O1 and O2. Without a GPU every test skips.
+ * CUDA arena poisoned with NaN so an element no kernel writes fails), and
+ * ConvNet and small ResNet training steps under O0, O1 and O2. Both backends
+ * must compile the same plan (the relu + max-pool fusion included). Without
+ * a GPU every test skips.
  *
  * The bounds are first guesses: this suite was written on a machine with no
  * GPU and has not run yet. Tighten or loosen them from the first GPU run.
@@ -16,6 +18,8 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/device.h"
+#include "engine/program_internal.h"
+#include "examples/models.h"
 #include "loom.h"
 
 /* NULL when this machine can run the CUDA backend, else why not. */
@@ -71,6 +75,7 @@ typedef struct tcase {
 	int n_buf;
 	int64_t n_labels, classes; /* labels input "labels" when n_labels > 0 */
 	int bad_label;
+	int fused_pools; /* max-pools the plan must carry a fused relu in */
 } tcase;
 
 typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
@@ -100,6 +105,34 @@ static loom_value head(loom_graph *g, tcase *t, loom_value y)
 	int64_t n = loom_shape_numel(&s), row[2] = { 1, n };
 	loom_value r = param(g, t, "head.r", 2, n, 1, 0, 0);
 	return loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
+}
+
+/* Pools that carry a fused relu (graph/fuse.c), forward and backward. */
+static int fused_pools(const loom_program *p)
+{
+	int n = 0;
+	for (int v = 0; v < p->g->n; v++) {
+		const loom_node *nd = &p->g->nodes[v];
+		if ((nd->op == LOOM_OP_MAXPOOL2D || nd->op == LOOM_OP_MAXPOOL2D_BWD) && nd->a.pool.relu)
+			n++;
+	}
+	return n;
+}
+
+/* The CPU and CUDA programs run the same plan: node for node the same op,
+ * dtype and fused relu, so a comparison of values compares kernels. */
+static void expect_same_plan(const char *what, const loom_program *cpu, const loom_program *cuda)
+{
+	cr_assert_eq(cuda->g->n, cpu->g->n, "%s: cuda plans %d nodes, cpu %d", what, cuda->g->n,
+		     cpu->g->n);
+	for (int v = 0; v < cpu->g->n; v++) {
+		const loom_node *a = &cuda->g->nodes[v], *b = &cpu->g->nodes[v];
+		int pool = b->op == LOOM_OP_MAXPOOL2D || b->op == LOOM_OP_MAXPOOL2D_BWD;
+		cr_expect(a->op == b->op && a->dtype == b->dtype &&
+				  (!pool || a->a.pool.relu == b->a.pool.relu),
+			  "%s: node %d differs: cuda op %d dtype %d, cpu op %d dtype %d", what, v,
+			  (int)a->op, (int)a->dtype, (int)b->op, (int)b->dtype);
+	}
 }
 
 static loom_program *compile_on(loom_graph *g, loom_value loss, loom_device dev)
@@ -163,6 +196,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	loom_program_info info;
 	loom_program_info_get(cuda, &info);
 	cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
+	expect_same_plan(op, cpu, cuda);
+	cr_expect_eq(fused_pools(cuda), t.fused_pools, "%s: %d fused pools in the cuda plan, want %d",
+		     op, fused_pools(cuda), t.fused_pools);
 
 	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
 	for (int i = 0; i < t.n_param; i++) {
@@ -271,6 +307,31 @@ static loom_value b_pool3(loom_graph *g, tcase *t)
 	return loom_maxpool2d(g, param(g, t, "x", 4, 2, 3, 9, 9), 3, 2, 1);
 }
 
+/* relu -> max-pool: fused into one relu-pool (and its backward). */
+static loom_value b_relu_pool2(loom_graph *g, tcase *t)
+{
+	t->fused_pools = 2;
+	return loom_maxpool2d(g, loom_relu(g, param(g, t, "x", 4, 2, 3, 8, 8)), 2, 2, 0);
+}
+
+/* ResNet's stem pool: 3x3, stride 2, pad 1, odd input. */
+static loom_value b_relu_pool3(loom_graph *g, tcase *t)
+{
+	t->fused_pools = 2;
+	return loom_maxpool2d(g, loom_relu(g, param(g, t, "x", 4, 2, 3, 9, 9)), 3, 2, 1);
+}
+
+static loom_value b_gap(loom_graph *g, tcase *t)
+{
+	return loom_global_avgpool(g, param(g, t, "x", 4, 3, 5, 4, 6));
+}
+
+/* Planes longer than a warp, and more planes than one block holds. */
+static loom_value b_gap_big(loom_graph *g, tcase *t)
+{
+	return loom_global_avgpool(g, param(g, t, "x", 4, 4, 9, 33, 35));
+}
+
 static loom_value b_linear_bias(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 2, 6, 20, 0, 0);
@@ -366,6 +427,90 @@ Test(cuda_ops, maxpool_3x3_pad)
 {
 	NEED_GPU();
 	each_dtype("maxpool2d 3/2 pad 1", b_pool3, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, relu_maxpool_2x2_fused)
+{
+	NEED_GPU();
+	each_dtype("relu+maxpool2d 2/2", b_relu_pool2, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, relu_maxpool_3x3_pad_fused)
+{
+	NEED_GPU();
+	each_dtype("relu+maxpool2d 3/2 pad 1", b_relu_pool3, LOOM_RUN_GRAD);
+}
+
+/* Exact values where the rules matter: ties (first max wins), windows whose
+ * max is negative or zero (relu gives 0 and no gradient), and NaN (wins the
+ * pool, survives the relu, gets no gradient). f32, so both backends must
+ * agree bit for bit up to the sums of overlapping windows. */
+static void relu_pool_special(int k, int stride, int pad)
+{
+	int64_t xd[4] = { 1, 2, 7, 7 }, n = 2 * 7 * 7;
+	loom_graph *g;
+	loom_program *p[2];
+	loom_compile_opts o;
+	double x[2 * 7 * 7];
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value xv = loom_param(g, "x", LOOM_F32, 4, xd, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_maxpool2d(g, loom_relu(g, xv), k, stride, pad);
+	loom_shape ys = loom_value_shape(g, y);
+	int64_t ny = loom_shape_numel(&ys), row[2] = { 1, ny }, rd[2] = { ny, 1 };
+	loom_value r = loom_param(g, "r", LOOM_F32, 2, rd, LOOM_INIT_ONES, 1);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
+	loom_mark_output(g, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	for (int64_t i = 0; i < n; i++) /* few distinct values: many ties */
+		x[i] = (double)((i * 7) % 5) - 2.0;
+	x[3] = NAN;
+	x[2 * 7 + 4] = NAN;
+	x[49 + 8] = -0.0;
+	for (int d = 0; d < 2; d++) {
+		loom_compile_opts_default(&o);
+		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		cr_assert_eq(loom_compile(g, loss, &o, &p[d]), LOOM_OK, "%s", loom_last_error());
+		cr_assert_eq(loom_write_f64(p[d], xv, x, n), LOOM_OK, "%s", loom_program_error(p[d]));
+		cr_assert_eq(loom_run(p[d], LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(p[d]));
+	}
+	expect_same_plan("relu+maxpool special values", p[0], p[1]);
+	cr_expect_eq(fused_pools(p[1]), 2);
+	double *a = malloc(sizeof(double) * n), *b = malloc(sizeof(double) * n);
+	cr_assert(a && b);
+	for (int grad = 0; grad < 2; grad++) {
+		loom_value v = grad ? xv : y;
+		size_t cnt = grad ? (size_t)n : (size_t)ny;
+		read_value(p[1], v, grad, a, cnt);
+		read_value(p[0], v, grad, b, cnt);
+		for (size_t i = 0; i < cnt; i++)
+			cr_expect((isnan(a[i]) && isnan(b[i])) || fabs(a[i] - b[i]) <= 1e-6,
+				  "k %d: %s[%zu]: cuda %g cpu %g", k, grad ? "dx" : "y", i, a[i], b[i]);
+	}
+	free(a);
+	free(b);
+	loom_program_free(p[1]);
+	loom_program_free(p[0]);
+	loom_graph_free(g);
+}
+
+Test(cuda_ops, relu_maxpool_ties_and_nan)
+{
+	NEED_GPU();
+	relu_pool_special(2, 2, 0);
+	relu_pool_special(3, 2, 1);
+}
+
+Test(cuda_ops, global_avgpool)
+{
+	NEED_GPU();
+	each_dtype("global_avgpool", b_gap, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, global_avgpool_long_planes)
+{
+	NEED_GPU();
+	each_dtype("global_avgpool 33x35", b_gap_big, LOOM_RUN_GRAD);
 }
 
 Test(cuda_ops, linear_bias)
@@ -513,6 +658,11 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 		cr_assert_eq(loom_compile(g, n.loss, &o, &p[d]), LOOM_OK, "%s: %s", name,
 			     loom_last_error());
 	}
+	/* The relu before the pool is fused on both backends (one pool and
+	 * its backward). */
+	expect_same_plan(name, p[0], p[1]);
+	cr_expect_eq(fused_pools(p[1]), 2, "%s: cuda plan has %d fused pools", name,
+		     fused_pools(p[1]));
 	rng_state = 42;
 	for (int step = 0; step < 3; step++) {
 		for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
@@ -583,4 +733,91 @@ Test(cuda_convnet, o2_bf16_adamw)
 {
 	NEED_GPU();
 	convnet_steps(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2);
+}
+
+/* ------------------------------------------------------------ ResNet steps */
+
+/*
+ * ResNet-18 with the ImageNet stem on 65x65 images (small enough for the CPU
+ * reference): the stem's relu + 3x3/2 pad-1 max-pool runs fused, the head is
+ * a global average pool, and residual adds join the blocks. Two training
+ * steps on each backend; losses and the fc weights compared.
+ */
+static void resnet_steps(loom_opt_level level, double tol)
+{
+	enum { B = 2, S = 65, CLS = 10 };
+	loom_graph *g;
+	loom_program *p[2];
+	loom_compile_opts o;
+	static float x[B * 3 * S * S];
+	int32_t y[B];
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_graph_set_seed(g, 11);
+	loom_value loss = loom_model_resnet(g, 18, B, S, CLS, NULL);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+
+	loom_compile_opts_default(&o);
+	o.amp.level = level;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.01;
+	o.optim.momentum = 0.9;
+	for (int d = 0; d < 2; d++) {
+		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
+		cr_assert_eq(loom_compile(g, loss, &o, &p[d]), LOOM_OK, "resnet: %s", loom_last_error());
+	}
+	expect_same_plan("resnet-18", p[0], p[1]);
+	cr_expect_eq(fused_pools(p[1]), 2, "resnet-18: %d fused pools", fused_pools(p[1]));
+	rng_state = 5;
+	for (int step = 0; step < 2; step++) {
+		for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+			x[i] = (float)urand();
+		for (int i = 0; i < B; i++)
+			y[i] = (int32_t)((urand() + 1) * 5) % CLS;
+		double l[2];
+		for (int d = 0; d < 2; d++) {
+			cr_assert_eq(loom_set_input(p[d], "image", x, LOOM_F32, sizeof(x) / sizeof(x[0])),
+				     LOOM_OK);
+			cr_assert_eq(loom_set_input(p[d], "label", y, LOOM_I32, B), LOOM_OK);
+			cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "resnet step %d on %s: %s",
+				     step, d ? "cuda" : "cpu", loom_program_error(p[d]));
+			l[d] = loom_loss(p[d]);
+		}
+		cr_expect(fabs(l[1] - l[0]) <= tol * fabs(l[0]) + 1e-6,
+			  "resnet step %d: loss cuda %g cpu %g", step, l[1], l[0]);
+	}
+	cr_expect_eq(loom_step_count(p[1]), loom_step_count(p[0]));
+	/* The head, by name in the user's graph: the last layer sees every
+	 * earlier difference. */
+	int checked = 0;
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *nd = &g->nodes[v];
+		if (nd->op != LOOM_OP_PARAM || strncmp(nd->name, "fc.", 3) != 0)
+			continue;
+		size_t cnt = numel_of(g, v);
+		double *a = malloc(cnt * sizeof(double)), *b = malloc(cnt * sizeof(double));
+		cr_assert(a && b);
+		read_value(p[1], v, 0, a, cnt);
+		read_value(p[0], v, 0, b, cnt);
+		double e = nmse(a, b, cnt);
+		cr_expect(e <= tol * tol, "resnet %s after 2 steps: NMSE %g", nd->name, e);
+		free(a);
+		free(b);
+		checked++;
+	}
+	cr_expect_eq(checked, 2, "fc.weight and fc.bias");
+	loom_program_free(p[1]);
+	loom_program_free(p[0]);
+	loom_graph_free(g);
+}
+
+Test(cuda_resnet, o0_sgd)
+{
+	NEED_GPU();
+	resnet_steps(LOOM_O0, 1e-3);
+}
+
+Test(cuda_resnet, o1_fp16)
+{
+	NEED_GPU();
+	resnet_steps(LOOM_O1, 2e-2);
 }
