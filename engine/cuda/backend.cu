@@ -608,6 +608,21 @@ static loom_status cuda_run_nodes(loom_program *p, int first, int last, int trai
 				return st;
 		}
 	}
+	/* While diagnosing (a collapsed scale, rare), wait for the verdict so
+	 * that loom_run reports it after this run, as on the CPU, rather than
+	 * one run later when the loss download brings it back. */
+	if (p->diagnose && p->first_nonfinite == LOOM_NONE) {
+		int32_t first = -1;
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&first, &c->ctl->first_nonfinite, sizeof(first),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     p->err, sizeof(p->err));
+		if (st == LOOM_OK)
+			st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), p->err, sizeof(p->err));
+		if (st != LOOM_OK)
+			return st;
+		if (first >= 0)
+			p->first_nonfinite = first;
+	}
 	return LOOM_OK;
 }
 
