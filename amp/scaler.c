@@ -146,7 +146,16 @@ static uint32_t unscale_bf16_range(const uint16_t *h, float *g, int64_t n,
 	return bad;
 }
 
-int loom_amp_unscale_check_f32(float *grad, int64_t n, float inv_scale)
+/* The source formats one chunked driver unscales. */
+enum unscale_src { UNSCALE_F32, UNSCALE_F16, UNSCALE_BF16 };
+
+/*
+ * Splits n elements into chunks over the threads and unscales each with its
+ * range function; returns 1 when every result is finite. For f32 the
+ * multiply is in place (src is NULL, g32 the gradient).
+ */
+static int unscale_chunked(enum unscale_src kind, const uint16_t *src, float *g32, int64_t n,
+			   float inv_scale)
 {
 	int64_t chunks = (n + LOOM_UNSCALE_CHUNK - 1) / LOOM_UNSCALE_CHUNK;
 	uint32_t bad = 0;
@@ -159,45 +168,34 @@ int loom_amp_unscale_check_f32(float *grad, int64_t n, float inv_scale)
 		int64_t lo = c * LOOM_UNSCALE_CHUNK;
 		int64_t len = n - lo < LOOM_UNSCALE_CHUNK ? n - lo : LOOM_UNSCALE_CHUNK;
 
-		bad |= unscale_f32_range(grad + lo, len, inv_scale);
+		switch (kind) {
+		case UNSCALE_F32:
+			bad |= unscale_f32_range(g32 + lo, len, inv_scale);
+			break;
+		case UNSCALE_F16:
+			bad |= unscale_f16_range(src + lo, g32 + lo, len, inv_scale);
+			break;
+		default:
+			bad |= unscale_bf16_range(src + lo, g32 + lo, len, inv_scale);
+			break;
+		}
 	}
 	return !bad;
+}
+
+int loom_amp_unscale_check_f32(float *grad, int64_t n, float inv_scale)
+{
+	return unscale_chunked(UNSCALE_F32, NULL, grad, n, inv_scale);
 }
 
 int loom_amp_unscale_f16_to_f32(const uint16_t *g16, float *g32, int64_t n,
 				float inv_scale)
 {
-	int64_t chunks = (n + LOOM_UNSCALE_CHUNK - 1) / LOOM_UNSCALE_CHUNK;
-	uint32_t bad = 0;
-
-	if (n <= 0)
-		return 1;
-#pragma omp parallel for schedule(static) reduction(| : bad) \
-	if (n >= LOOM_UNSCALE_PAR_MIN)
-	for (int64_t c = 0; c < chunks; c++) {
-		int64_t lo = c * LOOM_UNSCALE_CHUNK;
-		int64_t len = n - lo < LOOM_UNSCALE_CHUNK ? n - lo : LOOM_UNSCALE_CHUNK;
-
-		bad |= unscale_f16_range(g16 + lo, g32 + lo, len, inv_scale);
-	}
-	return !bad;
+	return unscale_chunked(UNSCALE_F16, g16, g32, n, inv_scale);
 }
 
 int loom_amp_unscale_bf16_to_f32(const uint16_t *g16, float *g32, int64_t n,
 				 float inv_scale)
 {
-	int64_t chunks = (n + LOOM_UNSCALE_CHUNK - 1) / LOOM_UNSCALE_CHUNK;
-	uint32_t bad = 0;
-
-	if (n <= 0)
-		return 1;
-#pragma omp parallel for schedule(static) reduction(| : bad) \
-	if (n >= LOOM_UNSCALE_PAR_MIN)
-	for (int64_t c = 0; c < chunks; c++) {
-		int64_t lo = c * LOOM_UNSCALE_CHUNK;
-		int64_t len = n - lo < LOOM_UNSCALE_CHUNK ? n - lo : LOOM_UNSCALE_CHUNK;
-
-		bad |= unscale_bf16_range(g16 + lo, g32 + lo, len, inv_scale);
-	}
-	return !bad;
+	return unscale_chunked(UNSCALE_BF16, g16, g32, n, inv_scale);
 }
