@@ -150,31 +150,48 @@ static loom_value add_node(loom_graph *g, loom_op op, loom_dtype dt, const loom_
 	return loom_node_add(g, op, dt, s, nsrc, src);
 }
 
+/*
+ * The operands every weighted op (conv2d, linear) shares: x and w of one
+ * float dtype with ndim dims, x's dim 1 matching w's dim 1 (what names it:
+ * "channels" or "features"), and an optional bias [w.dims[0]] of that dtype.
+ */
+static int check_weight_bias(loom_graph *g, const char *op, loom_value x, loom_value w,
+			     loom_value b, int ndim, const char *what)
+{
+	char bx[96], bw[96], bb[96];
+	if (!ok_value(g, x, op, "input") || !ok_value(g, w, op, "weight"))
+		return 0;
+	if (b != LOOM_NONE && !ok_value(g, b, op, "bias"))
+		return 0;
+	if (!want_float(g, x, op, "input") || !same_dtype(g, x, w, op, "input", "weight") ||
+	    !want_ndim(g, x, ndim, op, "input") || !want_ndim(g, w, ndim, op, "weight"))
+		return 0;
+	const int64_t *xd = N(g, x)->shape.dims, *wd = N(g, w)->shape.dims;
+	if (xd[1] != wd[1]) {
+		loom_graph_fail(g, LOOM_ERR_SHAPE, "%s: input %s has %lld %s, weight %s expects %lld",
+				op, SH(x, bx), (long long)xd[1], what, SH(w, bw), (long long)wd[1]);
+		return 0;
+	}
+	if (b == LOOM_NONE)
+		return 1;
+	if (!same_dtype(g, x, b, op, "input", "bias"))
+		return 0;
+	if (N(g, b)->shape.ndim != 1 || N(g, b)->shape.dims[0] != wd[0]) {
+		loom_graph_fail(g, LOOM_ERR_SHAPE, "%s: bias %s must be [%lld] for weight %s", op,
+				SH(b, bb), (long long)wd[0], SH(w, bw));
+		return 0;
+	}
+	return 1;
+}
+
 loom_value loom_conv2d(loom_graph *g, loom_value x, loom_value w, loom_value b,
 		       int stride, int pad)
 {
 	const char *op = "conv2d";
-	char bx[96], bw[96], bb[96];
-	if (!g || !ok_value(g, x, op, "input") || !ok_value(g, w, op, "weight"))
-		return LOOM_NONE;
-	if (b != LOOM_NONE && !ok_value(g, b, op, "bias"))
-		return LOOM_NONE;
-	if (!want_float(g, x, op, "input") || !same_dtype(g, x, w, op, "input", "weight") ||
-	    !want_ndim(g, x, 4, op, "input") || !want_ndim(g, w, 4, op, "weight"))
+	char bx[96], bw[96];
+	if (!g || !check_weight_bias(g, op, x, w, b, 4, "channels"))
 		return LOOM_NONE;
 	const int64_t *xd = N(g, x)->shape.dims, *wd = N(g, w)->shape.dims;
-	if (xd[1] != wd[1])
-		return loom_graph_fail(g, LOOM_ERR_SHAPE,
-				       "conv2d: input %s has %lld channels, weight %s expects %lld",
-				       SH(x, bx), (long long)xd[1], SH(w, bw), (long long)wd[1]);
-	if (b != LOOM_NONE) {
-		if (!same_dtype(g, x, b, op, "input", "bias"))
-			return LOOM_NONE;
-		if (N(g, b)->shape.ndim != 1 || N(g, b)->shape.dims[0] != wd[0])
-			return loom_graph_fail(g, LOOM_ERR_SHAPE,
-					       "conv2d: bias %s must be [%lld] for weight %s",
-					       SH(b, bb), (long long)wd[0], SH(w, bw));
-	}
 	if (stride < 1 || pad < 0)
 		return loom_graph_fail(g, LOOM_ERR_INVALID, "conv2d: stride %d / pad %d invalid",
 				       stride, pad);
@@ -277,27 +294,9 @@ loom_value loom_global_avgpool(loom_graph *g, loom_value x)
 loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b)
 {
 	const char *op = "linear";
-	char bx[96], bw[96], bb[96];
-	if (!g || !ok_value(g, x, op, "input") || !ok_value(g, w, op, "weight"))
-		return LOOM_NONE;
-	if (b != LOOM_NONE && !ok_value(g, b, op, "bias"))
-		return LOOM_NONE;
-	if (!want_float(g, x, op, "input") || !same_dtype(g, x, w, op, "input", "weight") ||
-	    !want_ndim(g, x, 2, op, "input") || !want_ndim(g, w, 2, op, "weight"))
+	if (!g || !check_weight_bias(g, op, x, w, b, 2, "features"))
 		return LOOM_NONE;
 	const int64_t *xd = N(g, x)->shape.dims, *wd = N(g, w)->shape.dims;
-	if (xd[1] != wd[1])
-		return loom_graph_fail(g, LOOM_ERR_SHAPE,
-				       "linear: input %s has %lld features, weight %s expects %lld",
-				       SH(x, bx), (long long)xd[1], SH(w, bw), (long long)wd[1]);
-	if (b != LOOM_NONE) {
-		if (!same_dtype(g, x, b, op, "input", "bias"))
-			return LOOM_NONE;
-		if (N(g, b)->shape.ndim != 1 || N(g, b)->shape.dims[0] != wd[0])
-			return loom_graph_fail(g, LOOM_ERR_SHAPE,
-					       "linear: bias %s must be [%lld] for weight %s",
-					       SH(b, bb), (long long)wd[0], SH(w, bw));
-	}
 	loom_shape s = { 2, { xd[0], wd[0] } };
 	loom_value src[3] = { x, w, b };
 	return add_node(g, LOOM_OP_LINEAR, N(g, x)->dtype, &s, b == LOOM_NONE ? 2 : 3, src);
