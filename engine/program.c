@@ -118,6 +118,26 @@ static loom_status pick_backend(loom_program *p)
 
 /* Parameter slots and their optimizer state (momentum buffers, Adam m/v),
  * in f32 for half models (the master's dtype) and the param's dtype else. */
+/* p->sibling / p->sibling_next from the graph's made_by marks. */
+static loom_status index_siblings(loom_program *p)
+{
+	int n = p->g->n;
+	p->sibling = malloc(sizeof(loom_value) * (n ? n : 1));
+	p->sibling_next = malloc(sizeof(loom_value) * (n ? n : 1));
+	if (!p->sibling || !p->sibling_next)
+		return LOOM_ERR_NOMEM;
+	for (int v = 0; v < n; v++)
+		p->sibling[v] = p->sibling_next[v] = LOOM_NONE;
+	for (int v = n - 1; v >= 0; v--) {
+		if (!loom_made_earlier(p, v))
+			continue;
+		loom_value u = p->g->nodes[v].made_by;
+		p->sibling_next[v] = p->sibling[u];
+		p->sibling[u] = v;
+	}
+	return LOOM_OK;
+}
+
 static loom_status make_slots(loom_program *p)
 {
 	loom_graph *g = p->g;
@@ -260,6 +280,12 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	/* Planner passes, then the memory plan of what remains. */
 	if (p->be->fuses_relu_pool && !o->no_fusion)
 		loom_fuse_relu_pool(p->g);
+	if (p->be->fuses_siblings && !o->no_fusion)
+		loom_fuse_siblings(p->g);
+	if ((st = index_siblings(p)) != LOOM_OK) {
+		compile_fail(st, "planning: out of memory");
+		goto out_free;
+	}
 	if ((st = loom_memplan_build(p->g, &p->mp)) != LOOM_OK) {
 		compile_fail(st, "memory planning: out of memory");
 		goto out_free;
@@ -304,6 +330,8 @@ void loom_program_free(loom_program *p)
 		p->be->release(p);
 	loom_memplan_free(&p->mp);
 	free(p->params);
+	free(p->sibling);
+	free(p->sibling_next);
 	loom_graph_free(p->g);
 	free(p);
 }
@@ -592,6 +620,11 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " (amp)");
 		if (n->flags & LOOM_NODE_GRAD)
 			fprintf(out, " (grad)");
+		if (n->op == LOOM_OP_MAXPOOL2D || n->op == LOOM_OP_MAXPOOL2D_BWD)
+			if (n->a.pool.relu)
+				fprintf(out, " (relu fused)");
+		if (loom_made_earlier(p, v))
+			fprintf(out, " (made by %d)", (int)n->made_by);
 		fprintf(out, "\n");
 	}
 }

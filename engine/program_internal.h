@@ -37,6 +37,9 @@ typedef struct loom_backend {
 	size_t (*workspace)(loom_program *p, loom_value v);
 	/* Capabilities the planner may use. */
 	int fuses_relu_pool; /* max-pool honours attrs.pool.relu (graph/fuse.c) */
+	/* run_nodes makes a node's siblings (made_by, graph/fuse.c) when it
+	 * runs the node, and skips them at their own place. */
+	int fuses_siblings;
 } loom_backend;
 
 /* One trainable parameter as the optimizer sees it. */
@@ -65,6 +68,10 @@ struct loom_program {
 	loom_param_slot *params;
 	int n_params;
 
+	/* The values node v makes besides its own (made_by == v): the first is
+	 * sibling[v], the next after w is sibling_next[w], LOOM_NONE ends. */
+	loom_value *sibling, *sibling_next;
+
 	double lr;
 	int64_t step;
 	loom_scaler scaler;
@@ -88,6 +95,24 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 {
 	const loom_node *n = &p->g->nodes[v];
 	return (size_t)loom_shape_numel(&n->shape) * loom_dtype_size(n->dtype);
+}
+
+/* Node v's first sibling, then the one after w (LOOM_NONE: no more). */
+static inline loom_value loom_sibling_first(const loom_program *p, loom_value v)
+{
+	return p->sibling ? p->sibling[v] : LOOM_NONE;
+}
+
+static inline loom_value loom_sibling_next(const loom_program *p, loom_value w)
+{
+	return p->sibling_next[w];
+}
+
+/* Made at an earlier node (so skipped at its own place)? */
+static inline int loom_made_earlier(const loom_program *p, loom_value v)
+{
+	loom_value u = p->g->nodes[v].made_by;
+	return u != LOOM_NONE && u < v;
 }
 
 /* Records a message on p and returns st. */

@@ -88,3 +88,81 @@ int loom_fuse_relu_pool(loom_graph *g)
 	}
 	return fused;
 }
+
+/*
+ * Sibling outputs. Some libraries make several of the graph's values in one
+ * call: cudnnBatchNormalizationBackward gives dx, dgamma and dbeta, and
+ * cuBLASLt's BGRADB epilogue gives a linear's bias gradient (the column sums
+ * of dy) with its weight gradient dy^T x. Autodiff emits those as separate
+ * nodes, producer first. This pass marks each sibling with made_by = the
+ * producer: backends run the sibling when the producer runs (one library
+ * call where they can, the sibling's own kernel right after otherwise), and
+ * the memory planner gives the sibling its storage from the producer on.
+ * A sibling is marked only when everything it reads exists by then.
+ */
+
+/* Does every source of node s exist before node at runs? */
+static int sources_ready(const loom_graph *g, loom_value s, loom_value at)
+{
+	const loom_node *n = &g->nodes[s];
+	for (int i = 0; i < n->nsrc; i++)
+		if (n->src[i] >= at)
+			return 0;
+	return 1;
+}
+
+static int mark(loom_graph *g, loom_value sib, loom_value producer)
+{
+	loom_node *n = &g->nodes[sib];
+	if (sib <= producer || n->made_by != LOOM_NONE || !sources_ready(g, sib, producer))
+		return 0;
+	n->made_by = producer;
+	return 1;
+}
+
+/* The channel sum of dy over a [N, C, ...] or [N, C] gradient, after v. */
+static loom_value channel_sum_of(const loom_graph *g, loom_value dy, loom_value after,
+				 loom_dtype dt)
+{
+	for (int u = after + 1; u < g->n; u++) {
+		const loom_node *n = &g->nodes[u];
+		if (n->op == LOOM_OP_CHANNEL_SUM && n->src[0] == dy && n->dtype == dt &&
+		    n->made_by == LOOM_NONE)
+			return u;
+	}
+	return LOOM_NONE;
+}
+
+int loom_fuse_siblings(loom_graph *g)
+{
+	int marked = 0;
+	for (int v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		if (n->op == LOOM_OP_BN_BWD_DATA) {
+			/* (x, gamma, dy) -> dx; dgamma = bn_bwd_gamma(x, dy) in
+			 * gamma's dtype, dbeta = channel_sum(dy) in beta's
+			 * (both the parameters' dtype: cuDNN writes them so). */
+			loom_value x = n->src[0], gamma = n->src[1], dy = n->src[2];
+			loom_dtype pdt = g->nodes[gamma].dtype;
+			for (int u = v + 1; u < g->n; u++) {
+				const loom_node *m = &g->nodes[u];
+				if (m->op == LOOM_OP_BN_BWD_GAMMA && m->src[0] == x && m->src[1] == dy &&
+				    m->dtype == pdt && m->made_by == LOOM_NONE) {
+					marked += mark(g, u, v);
+					break;
+				}
+			}
+			loom_value s = channel_sum_of(g, dy, v, pdt);
+			if (s != LOOM_NONE)
+				marked += mark(g, s, v);
+		} else if (n->op == LOOM_OP_MATMUL && n->a.mm.ta && !n->a.mm.tb &&
+			   g->nodes[n->src[0]].shape.ndim == 2) {
+			/* dw = dy^T x: its bias gradient is the column sums of
+			 * dy, in the same dtype (what BGRADB writes). */
+			loom_value s = channel_sum_of(g, n->src[0], v, n->dtype);
+			if (s != LOOM_NONE)
+				marked += mark(g, s, v);
+		}
+	}
+	return marked;
+}

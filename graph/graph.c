@@ -159,6 +159,7 @@ loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt,
 		n->src[i] = i < nsrc ? src[i] : LOOM_NONE;
 	n->grad = LOOM_NONE;
 	n->master = LOOM_NONE;
+	n->made_by = LOOM_NONE;
 	return g->n++;
 }
 

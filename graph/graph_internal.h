@@ -85,6 +85,10 @@ typedef struct loom_node {
 	uint32_t flags;
 	loom_value grad;   /* for params, after autodiff: the gradient value */
 	loom_value master; /* for params, after AMP O2: the fp32 master (a param) */
+	/* LOOM_NONE, or an earlier node whose kernel writes this value too
+	 * (graph/fuse.c, loom_fuse_siblings): the value is made when that node
+	 * runs, not at its own place, and the memory planner places it so. */
+	loom_value made_by;
 	char name[LOOM_NAME_MAX];
 } loom_node;
 
@@ -143,6 +147,13 @@ void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
 /* Fuses relu -> maxpool pairs (and their backward) into relu-pools; returns
  * how many. Run after autodiff, before memory planning. */
 int loom_fuse_relu_pool(loom_graph *g);
+
+/* Marks values one library call makes together with an earlier node's
+ * (node->made_by): batch norm's dgamma and dbeta with its dx (one
+ * cudnnBatchNormalizationBackward), and a linear's bias gradient with its
+ * weight gradient (cuBLASLt's BGRADB epilogue). Returns how many. Run after
+ * autodiff, before memory planning. */
+int loom_fuse_siblings(loom_graph *g);
 
 /* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
  * check checkpoints and, later, that all ranks compiled the same graph). */

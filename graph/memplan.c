@@ -169,16 +169,45 @@ loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
 		if (mp->root[v] == v && mp->region[v] != LOOM_REGION_PERSIST)
 			dies[last[v]][ndies[last[v]]++] = v;
 
+	/* A value another node makes (made_by, graph/fuse.c) is placed when
+	 * that node is: sibling[u] chains the values node u makes besides its
+	 * own, in node order. */
+	loom_value *sibling = malloc(sizeof(loom_value) * (n ? n : 1));
+	loom_value *next = malloc(sizeof(loom_value) * (n ? n : 1));
+	if (!sibling || !next) {
+		free(sibling);
+		free(next);
+		for (int v = 0; v < n; v++)
+			free(dies[v]);
+		free(dies);
+		free(ndies);
+		goto out_nomem;
+	}
+	for (int v = 0; v < n; v++)
+		sibling[v] = next[v] = LOOM_NONE;
+	for (int v = n - 1; v >= 0; v--) {
+		loom_value u = g->nodes[v].made_by;
+		if (u != LOOM_NONE && u < v) {
+			next[v] = sibling[u];
+			sibling[u] = v;
+		}
+	}
+
 	size_t naive = 0;
 	int fail = 0;
 	for (int v = 0; v < n && !fail; v++) {
-		if (mp->root[v] == v && mp->region[v] != LOOM_REGION_PERSIST) {
-			size_t sz = align_up(loom_shape_numel(&g->nodes[v].shape) *
-					     loom_dtype_size(g->nodes[v].dtype));
-			mp->region[v] = LOOM_REGION_ACT;
-			mp->offset[v] = alloc_take(&a, sz);
+		if (g->nodes[v].made_by != LOOM_NONE && g->nodes[v].made_by < v)
+			goto release; /* placed with its maker */
+		for (loom_value w = v; w != LOOM_NONE; w = w == v ? sibling[v] : next[w]) {
+			if (mp->root[w] != w || mp->region[w] == LOOM_REGION_PERSIST)
+				continue;
+			size_t sz = align_up(loom_shape_numel(&g->nodes[w].shape) *
+					     loom_dtype_size(g->nodes[w].dtype));
+			mp->region[w] = LOOM_REGION_ACT;
+			mp->offset[w] = alloc_take(&a, sz);
 			naive += sz;
 		}
+release:
 		for (int i = 0; i < ndies[v]; i++) {
 			loom_value d = dies[v][i];
 			size_t sz = align_up(loom_shape_numel(&g->nodes[d].shape) *
@@ -191,6 +220,8 @@ loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
 		free(dies[v]);
 	free(dies);
 	free(ndies);
+	free(sibling);
+	free(next);
 	if (fail)
 		goto out_nomem;
 

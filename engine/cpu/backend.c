@@ -391,11 +391,18 @@ static int all_finite(const loom_program *p, loom_value v)
 static loom_status cpu_run_nodes(loom_program *p, int first, int last, int train)
 {
 	for (int v = first; v < last; v++) {
-		loom_status st = run_node(p, v, train);
-		if (st != LOOM_OK)
-			return st;
-		if (p->diagnose && p->first_nonfinite == LOOM_NONE && !all_finite(p, v))
-			p->first_nonfinite = v;
+		if (loom_made_earlier(p, v))
+			continue; /* ran with its maker */
+		/* The node, then the values it makes besides its own (on the
+		 * CPU each by its own kernel, right after it). */
+		for (loom_value w = v; w != LOOM_NONE;
+		     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
+			loom_status st = run_node(p, w, train);
+			if (st != LOOM_OK)
+				return st;
+			if (p->diagnose && p->first_nonfinite == LOOM_NONE && !all_finite(p, w))
+				p->first_nonfinite = w;
+		}
 	}
 	return LOOM_OK;
 }
@@ -415,4 +422,5 @@ const loom_backend loom_cpu_backend = {
 	/* .download = */ cpu_copy,
 	/* .workspace = */ cpu_workspace,
 	/* .fuses_relu_pool = */ 1,
+	/* .fuses_siblings = */ 1,
 };

@@ -128,3 +128,80 @@ Test(fuse, relu_with_other_readers_is_left_alone)
 	loom_program_free(p);
 	loom_graph_free(g);
 }
+
+/* ------------------------------------------------------------ siblings */
+
+static int siblings_of(const loom_program *p, loom_op maker, loom_op sib)
+{
+	int n = 0;
+	for (int v = 0; v < p->g->n; v++) {
+		const loom_node *nd = &p->g->nodes[v];
+		if (nd->op == sib && nd->made_by != LOOM_NONE && nd->made_by < v &&
+		    p->g->nodes[nd->made_by].op == maker)
+			n++;
+	}
+	return n;
+}
+
+Test(fuse, convnet_siblings_are_marked)
+{
+	loom_graph *g;
+	loom_graph_new(&g);
+	loom_value loss = loom_model_convnet(g, B, NULL);
+	loom_program *p = compile(g, loss, 0);
+	/* Two batch norms: dgamma and dbeta made with dx; the linear's bias
+	 * gradient made with its weight gradient. Nothing else. */
+	cr_assert_eq(siblings_of(p, LOOM_OP_BN_BWD_DATA, LOOM_OP_BN_BWD_GAMMA), 2);
+	cr_assert_eq(siblings_of(p, LOOM_OP_BN_BWD_DATA, LOOM_OP_CHANNEL_SUM), 2);
+	cr_assert_eq(siblings_of(p, LOOM_OP_MATMUL, LOOM_OP_CHANNEL_SUM), 1);
+	int marked = 0;
+	for (int v = 0; v < p->g->n; v++) {
+		const loom_node *nd = &p->g->nodes[v];
+		if (nd->made_by == LOOM_NONE)
+			continue;
+		marked++;
+		/* Everything a sibling reads exists when its maker runs. */
+		for (int i = 0; i < nd->nsrc; i++)
+			cr_assert_lt(nd->src[i], nd->made_by, "node %d reads %d, made at %d", v,
+				     (int)nd->src[i], (int)nd->made_by);
+	}
+	cr_assert_eq(marked, 5);
+	/* Each maker knows its siblings, in node order. */
+	int listed = 0;
+	for (int v = 0; v < p->g->n; v++)
+		for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE;
+		     w = loom_sibling_next(p, w)) {
+			cr_assert_eq(p->g->nodes[w].made_by, v);
+			listed++;
+		}
+	cr_assert_eq(listed, 5);
+	loom_program_free(p);
+
+	/* no_fusion leaves every value to its own node. */
+	p = compile(g, loss, 1);
+	for (int v = 0; v < p->g->n; v++)
+		cr_assert_eq(p->g->nodes[v].made_by, LOOM_NONE, "node %d marked under no_fusion", v);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(fuse, conv_bias_sum_is_not_a_matmul_sibling)
+{
+	/* A conv bias's gradient is a channel sum of a 4-D dy: no matrix
+	 * product makes it. A linear without bias has no sibling at all. */
+	loom_graph *g;
+	loom_graph_new(&g);
+	int64_t xd[4] = { 2, 3, 6, 6 }, yd[1] = { 2 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_layer_conv2d(g, "c", x, 4, 3, 1, 1, 1);
+	loom_value z = loom_layer_linear(g, "fc", loom_flatten(g, h), 5, 0);
+	loom_value loss = loom_softmax_cross_entropy(g, z, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_program *p = compile(g, loss, 0);
+	for (int v = 0; v < p->g->n; v++)
+		cr_assert_eq(p->g->nodes[v].made_by, LOOM_NONE, "node %d (%s) was marked", v,
+			     loom_op_defs[p->g->nodes[v].op].name);
+	loom_program_free(p);
+	loom_graph_free(g);
+}

@@ -59,7 +59,9 @@ static span *spans_of(const loom_graph *g, const loom_memplan *mp, int region, i
 	for (int v = 0; v < n; v++) {
 		if (owner(g, v) != v || mp->region[v] != region)
 			continue;
-		s[k++] = (span){ v, v, last[v], mp->offset[v], value_bytes(g, v) };
+		/* A sibling (graph/fuse.c) is written when its maker runs. */
+		int def = g->nodes[v].made_by != LOOM_NONE ? g->nodes[v].made_by : v;
+		s[k++] = (span){ v, def, last[v], mp->offset[v], value_bytes(g, v) };
 	}
 	free(last);
 	*count = k;
@@ -77,7 +79,7 @@ typedef struct fixture {
 	loom_program *p;
 } fixture;
 
-static fixture convnet(loom_optim_opts *optim)
+static fixture convnet_at(loom_optim_opts *optim, loom_opt_level level)
 {
 	fixture f;
 	cr_assert_eq(loom_graph_new(&f.g), LOOM_OK);
@@ -88,8 +90,14 @@ static fixture convnet(loom_optim_opts *optim)
 	o.device = LOOM_DEVICE_CPU;
 	if (optim)
 		o.optim = *optim;
+	o.amp.level = level;
 	cr_assert_eq(loom_compile(f.g, f.m.loss, &o, &f.p), LOOM_OK, "%s", loom_last_error());
 	return f;
+}
+
+static fixture convnet(loom_optim_opts *optim)
+{
+	return convnet_at(optim, LOOM_O0);
 }
 
 static void fixture_free(fixture *f)
@@ -98,9 +106,8 @@ static void fixture_free(fixture *f)
 	loom_graph_free(f->g);
 }
 
-Test(memplan, live_activations_never_share_bytes)
+static void expect_no_live_overlap(fixture f)
 {
-	fixture f = convnet(NULL);
 	const loom_graph *g = f.p->g;
 	int n;
 	span *s = spans_of(g, &f.p->mp, LOOM_REGION_ACT, &n);
@@ -123,6 +130,26 @@ Test(memplan, live_activations_never_share_bytes)
 	cr_assert_gt(reused, 0);
 	free(s);
 	fixture_free(&f);
+}
+
+Test(memplan, live_activations_never_share_bytes)
+{
+	expect_no_live_overlap(convnet(NULL));
+}
+
+/* Under O1 the linear runs in half, so its bias gradient (a sibling of the
+ * weight gradient, made by the same cuBLASLt call) is a half activation cast
+ * to the fp32 gradient later: it must be placed from its maker on. */
+Test(memplan, siblings_are_placed_from_their_maker_on)
+{
+	fixture f = convnet_at(NULL, LOOM_O1);
+	const loom_graph *g = f.p->g;
+	int act_siblings = 0;
+	for (int v = 0; v < g->n; v++)
+		if (g->nodes[v].made_by != LOOM_NONE && f.p->mp.region[v] == LOOM_REGION_ACT)
+			act_siblings++;
+	cr_assert_geq(act_siblings, 1, "no sibling lives in the activation region under O1");
+	expect_no_live_overlap(f);
 }
 
 Test(memplan, everything_fits_its_region)
