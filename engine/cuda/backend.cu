@@ -27,15 +27,35 @@ extern "C" {
 }
 
 int loom_cuda_poison_on;
+int loom_cuda_own_kernels_on;
 
 extern "C" void loom_cuda_test_poison(int on)
 {
 	loom_cuda_poison_on = on;
 }
 
+extern "C" void loom_cuda_test_own_kernels(int on)
+{
+	loom_cuda_own_kernels_on = on;
+}
+
 static loom_cuda_ctx *ctx_of(const loom_program *p)
 {
 	return (loom_cuda_ctx *)p->be_ctx;
+}
+
+extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
+					   int *bgrad_epilogue)
+{
+	*bn_cudnn = *bgrad_epilogue = 0;
+	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0 || !p->be_ctx)
+		return;
+	const loom_cuda_ctx *c = ctx_of(p);
+	for (int v = 0; v < c->n_plans; v++) {
+		*bn_cudnn += c->plans[v].kind == LOOM_CUDA_PLAN_BN;
+		*bgrad_epilogue += c->plans[v].kind == LOOM_CUDA_PLAN_MM &&
+				   c->plans[v].mm.bgrad != LOOM_NONE;
+	}
 }
 
 static int is_leaf(const loom_node *n)
@@ -64,9 +84,12 @@ static loom_status ctx_create(loom_program *p)
 	if (!c->plans)
 		return c->status = loom_program_fail(p, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	c->n_plans = p->g->n;
-	for (int v = 0; v < p->g->n; v++)
+	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
+		c->plans[v].mm.bgrad = LOOM_NONE;
+		c->plans[v].bn.dgamma = c->plans[v].bn.dbeta = LOOM_NONE;
+	}
 	if ((st = LOOM_CUDA_CHECK(cudaGetDevice(&c->device), p->err, sizeof(p->err))) != LOOM_OK)
 		return c->status = st;
 	st = LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
@@ -128,6 +151,11 @@ static size_t cuda_workspace(loom_program *p, loom_value v)
 	case LOOM_OP_MATMUL:
 		st = loom_cuda_mm_plan_make(p, c, v, np);
 		np->ws = plan_stages(p, n, np, 3);
+		break;
+	case LOOM_OP_BATCHNORM2D:
+	case LOOM_OP_BN_BWD_DATA:
+		st = loom_cuda_bn_plan_make(p, c, v, np);
+		np->ws = np->lib_ws; /* cuDNN's path needs its dtypes as they are */
 		break;
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
@@ -310,6 +338,8 @@ static void cuda_release(loom_program *p)
 			loom_cuda_conv_plan_free(&c->plans[v]);
 		else if (c->plans[v].kind == LOOM_CUDA_PLAN_MM)
 			loom_cuda_mm_plan_free(&c->plans[v]);
+		else if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+			loom_cuda_bn_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
 	if (c->arena)
@@ -509,11 +539,15 @@ static loom_status run_node(loom_program *p, loom_cuda_ctx *c, loom_value v, int
 					     src[0], dt[0], out, odt);
 	}
 	case LOOM_OP_BATCHNORM2D:
+		if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+			return loom_cuda_bn_run(p, c, v, &c->plans[v], train, src, out);
 		return loom_cuda_bn_fwd(p, s, train, (int)x->shape.dims[0], (int)x->shape.dims[1],
 					x->shape.dims[2] * x->shape.dims[3], src[0], dt[0], src[1],
 					dt[1], src[2], dt[2], src[3], dt[3], src[4], dt[4],
 					n->a.bn.momentum, n->a.bn.eps, out, odt);
 	case LOOM_OP_BN_BWD_DATA:
+		if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+			return loom_cuda_bn_run(p, c, v, &c->plans[v], train, src, out);
 		return loom_cuda_bn_bwd_data(p, s, (int)x->shape.dims[0], (int)x->shape.dims[1],
 					     x->shape.dims[2] * x->shape.dims[3], src[0], dt[0],
 					     src[1], dt[1], src[2], dt[2], n->a.bn.eps, out, odt);
@@ -598,14 +632,23 @@ static loom_status cuda_run_nodes(loom_program *p, int first, int last, int trai
 	if (c->poison && (st = poison_outputs(p, c, first, last)) != LOOM_OK)
 		return st;
 	for (int v = first; v < last; v++) {
-		if ((st = run_node(p, c, v, train)) != LOOM_OK)
-			return st;
-		if (p->diagnose && p->first_nonfinite == LOOM_NONE) {
-			const loom_node *n = &p->g->nodes[v];
-			st = loom_cuda_mark_nonfinite(p, c->stream, loom_value_ptr(p, v), n->dtype,
-						      loom_shape_numel(&n->shape), v, c->ctl);
-			if (st != LOOM_OK)
-				return st;
+		if (loom_made_earlier(p, v))
+			continue; /* made with its maker */
+		/* The node, then its siblings (graph/fuse.c): those its library
+		 * call wrote already, the others by their own kernels now. */
+		for (loom_value w = v; w != LOOM_NONE;
+		     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
+			if (w == v || !loom_cuda_plan_makes(&c->plans[v], w))
+				if ((st = run_node(p, c, w, train)) != LOOM_OK)
+					return st;
+			if (p->diagnose && p->first_nonfinite == LOOM_NONE) {
+				const loom_node *n = &p->g->nodes[w];
+				st = loom_cuda_mark_nonfinite(p, c->stream, loom_value_ptr(p, w),
+							      n->dtype, loom_shape_numel(&n->shape),
+							      w, c->ctl);
+				if (st != LOOM_OK)
+					return st;
+			}
 		}
 	}
 	/* While diagnosing (a collapsed scale, rare), wait for the verdict so
@@ -643,6 +686,7 @@ static const loom_backend loom_cuda_backend = {
 	/* .download = */ cuda_download,
 	/* .workspace = */ cuda_workspace,
 	/* .fuses_relu_pool = */ 1,
+	/* .fuses_siblings = */ 1,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

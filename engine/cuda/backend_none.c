@@ -1,7 +1,7 @@
 /*
  * engine/cuda/backend_none.c — the CUDA backend's entry points for builds
- * without a toolkit: no backend (loom_compile then picks the CPU), and a
- * test hook that does nothing.
+ * without a toolkit: no backend (loom_compile then picks the CPU), and test
+ * hooks that do nothing.
  */
 #include <stddef.h>
 
@@ -16,4 +16,16 @@ const loom_backend *loom_cuda_backend_get(void)
 void loom_cuda_test_poison(int on)
 {
 	(void)on;
+}
+
+void loom_cuda_test_own_kernels(int on)
+{
+	(void)on;
+}
+
+void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
+				int *bgrad_epilogue)
+{
+	(void)p;
+	*bn_cudnn = *bgrad_epilogue = 0;
 }

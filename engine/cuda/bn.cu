@@ -5,11 +5,11 @@
  * (BN_BWD_DATA, BN_BWD_GAMMA; dbeta is a CHANNEL_SUM). CPU twin:
  * engine/cpu/bn_impl.h, followed formula for formula.
  *
- * Own kernels rather than cuDNN's batch-norm calls: cuDNN's backward makes
- * dx, dgamma and dbeta in one call while the graph has separate nodes, and
- * it refuses some dtype mixes the AMP levels produce (half gamma under O3).
- * One block per channel, double accumulators, two passes for the variance.
- * Not yet run on a GPU.
+ * The fallback of bn_cudnn.cu: cuDNN runs batch norm where it takes the
+ * dtypes (f32 or f16 data with f32 parameters: O0, O1, O2); these kernels
+ * run the rest (O3's half parameters, bf16) and everything under the
+ * loom_cuda_test_own_kernels hook. One block per channel, double
+ * accumulators, two passes for the variance. Not yet run on a GPU.
  */
 #include "engine/cuda/dtype.cuh"
 

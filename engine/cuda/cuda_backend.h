@@ -19,6 +19,24 @@ extern "C" {
  */
 void loom_cuda_test_poison(int on);
 
+/*
+ * Tests only: with on != 0, programs compiled afterwards run batch norm on
+ * the own kernels (bn.cu) rather than cuDNN's batch-norm calls, and the
+ * bias gradient by its own channel-sum kernel rather than cuBLASLt's BGRADB
+ * epilogue, so both paths can be checked against the CPU.
+ */
+void loom_cuda_test_own_kernels(int on);
+
+/*
+ * Tests only: of program p's nodes (compiled for the CUDA backend), how many
+ * run batch norm through cuDNN (forward and backward nodes), and how many
+ * matrix products make a bias gradient with the BGRADB epilogue. Zeros for
+ * a program of another backend or a build without CUDA.
+ */
+struct loom_program;
+void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
+				int *bgrad_epilogue);
+
 #ifdef __cplusplus
 }
 #endif

@@ -90,7 +90,14 @@ typedef struct loom_cuda_mm_plan {
 	cublasLtMatrixLayout_t a, b, c; /* cuBLAS operands: a = B rows, b = A */
 	cublasLtMatmulAlgo_t algo;
 	int bias;
+	loom_value bgrad; /* the sibling the BGRADB epilogue writes, or LOOM_NONE */
 } loom_cuda_mm_plan;
+
+typedef struct loom_cuda_bn_plan {
+	cudnnTensorDescriptor_t x;     /* x, y, dy, dx: [N, C, H, W] */
+	cudnnTensorDescriptor_t param; /* gamma, beta, statistics: [1, C, 1, 1] f32 */
+	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
+} loom_cuda_bn_plan;
 
 /* What prepare decided for one node. */
 typedef struct loom_cuda_node_plan {
@@ -100,12 +107,14 @@ typedef struct loom_cuda_node_plan {
 	size_t ws;     /* everything this node uses of ws */
 	loom_cuda_conv_plan conv;
 	loom_cuda_mm_plan mm;
+	loom_cuda_bn_plan bn;
 } loom_cuda_node_plan;
 
 enum {
-	LOOM_CUDA_PLAN_NONE = 0,
+	LOOM_CUDA_PLAN_NONE = 0, /* own kernels */
 	LOOM_CUDA_PLAN_CONV,
 	LOOM_CUDA_PLAN_MM,
+	LOOM_CUDA_PLAN_BN,
 };
 
 typedef struct loom_cuda_ctx {
@@ -137,6 +146,7 @@ typedef struct loom_cuda_ctx {
 
 /* Test hook state (cuda_backend.h). */
 extern int loom_cuda_poison_on;
+extern int loom_cuda_own_kernels_on;
 
 /* ------------------------------------------------------------ launchers */
 /* elementwise.cu */
@@ -221,6 +231,25 @@ loom_status loom_cuda_conv_plan_make(loom_program *p, loom_cuda_ctx *c, loom_val
 void loom_cuda_conv_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out);
+
+/* bn_cudnn.cu: BATCHNORM2D and BN_BWD_DATA (with its dgamma and dbeta
+ * siblings) through cuDNN; the plan stays NONE (own kernels) where cuDNN
+ * does not take the dtypes. */
+loom_status loom_cuda_bn_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np);
+void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
+loom_status loom_cuda_bn_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+			     const loom_cuda_node_plan *np, int train, void *const *src, void *out);
+
+/* Does node plan np's library call also write sibling w? */
+static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value w)
+{
+	if (np->kind == LOOM_CUDA_PLAN_BN)
+		return w == np->bn.dgamma || w == np->bn.dbeta;
+	if (np->kind == LOOM_CUDA_PLAN_MM)
+		return w == np->mm.bgrad;
+	return 0;
+}
 
 /* The dtype a library call runs a node in: its own (f32, f16, bf16). */
 static inline cudaDataType_t loom_cuda_data_type(loom_dtype dt)

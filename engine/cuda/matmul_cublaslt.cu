@@ -1,7 +1,9 @@
 /*
  * engine/cuda/matmul_cublaslt.cu — LINEAR and MATMUL (all transposed forms)
  * through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F) and half
- * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue. The
+ * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue, and
+ * the bias gradient the BGRADB epilogue of the weight gradient's product
+ * (its sibling, graph/fuse.c) where cuBLASLt has an algorithm for it. The
  * algorithm is chosen once by cublasLtMatmulAlgoGetHeuristic and cached.
  * CPU twin: loom_cpu_gemm / loom_cpu_linear_fwd in engine/cpu/dense_impl.h.
  *
@@ -39,24 +41,23 @@ static loom_status set_attr(loom_program *p, cublasLtMatmulDesc_t d,
 	return LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, val, sz), p->err, sizeof(p->err));
 }
 
-loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
-				   loom_cuda_node_plan *np)
+/* Descriptors for epilogue epi and the heuristic's first algorithm; found
+ * says whether there was one. */
+static loom_status plan_with(loom_program *p, loom_cuda_ctx *c, const loom_node *nd,
+			     const mm_shape *sp, cublasLtEpilogue_t epi, loom_cuda_node_plan *np,
+			     int *found)
 {
-	const loom_node *nd = &p->g->nodes[v];
 	loom_cuda_mm_plan *mp = &np->mm;
+	const mm_shape s = *sp;
 	cudaDataType_t dt = loom_cuda_data_type(nd->dtype);
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasLtMatmulHeuristicResult_t res;
 	int returned = 0;
 	loom_status st;
-	mm_shape s;
-
-	np->kind = LOOM_CUDA_PLAN_MM;
-	mm_shape_of(p, nd, &s);
-	mp->bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
 	cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's B */
 	cublasOperation_t opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's A */
 
+	*found = 0;
 	if ((st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mp->desc, CUBLAS_COMPUTE_32F,
 							     CUDA_R_32F),
 				    p->err, sizeof(p->err))) != LOOM_OK)
@@ -65,12 +66,9 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 		return st;
 	if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))) != LOOM_OK)
 		return st;
-	if (mp->bias) {
-		cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-		if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) !=
-		    LOOM_OK)
-			return st;
-	}
+	if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
+	    (st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) != LOOM_OK)
+		return st;
 	/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
 	 * row-major, i.e. n x k (k x n) column-major; likewise A. */
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->a, dt, s.tb ? s.k : s.n,
@@ -117,15 +115,67 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 					    st == LOOM_OK ? p->err : NULL, sizeof(p->err));
 	if (st == LOOM_OK)
 		st = dst;
+	if (st != LOOM_OK || returned < 1)
+		return st;
+	*found = 1;
+	mp->algo = res.algo;
+	np->lib_ws = loom_cuda_align(res.workspaceSize);
+	return LOOM_OK;
+}
+
+/* dw = dy^T x with a bias-gradient sibling (graph/fuse.c): the column sums
+ * of dy, which the BGRADB epilogue makes in the same call (the reduction of
+ * cuBLAS's B operand, loom's A, over k), in the node's dtype. */
+static loom_value bgrad_sibling(const loom_program *p, loom_value v)
+{
+	const loom_node *nd = &p->g->nodes[v];
+	if (nd->op != LOOM_OP_MATMUL || !nd->a.mm.ta || nd->a.mm.tb)
+		return LOOM_NONE;
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
+		const loom_node *s = &p->g->nodes[w];
+		if (s->op == LOOM_OP_CHANNEL_SUM && s->src[0] == nd->src[0] && s->dtype == nd->dtype)
+			return w;
+	}
+	return LOOM_NONE;
+}
+
+loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np)
+{
+	const loom_node *nd = &p->g->nodes[v];
+	loom_cuda_mm_plan *mp = &np->mm;
+	loom_status st;
+	int found = 0;
+	mm_shape s;
+
+	np->kind = LOOM_CUDA_PLAN_MM;
+	mm_shape_of(p, nd, &s);
+	mp->bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
+	mp->bgrad = LOOM_NONE;
+
+	loom_value sib = bgrad_sibling(p, v);
+	if (sib != LOOM_NONE && !loom_cuda_own_kernels_on) {
+		st = plan_with(p, c, nd, &s, CUBLASLT_EPILOGUE_BGRADB, np, &found);
+		if (st == LOOM_OK && found) {
+			mp->bgrad = sib;
+			return LOOM_OK;
+		}
+		/* No algorithm does it: the sibling's own kernel will. */
+		loom_cuda_mm_plan_free(np);
+		np->kind = LOOM_CUDA_PLAN_MM;
+		mp->bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
+		mp->bgrad = LOOM_NONE;
+		p->err[0] = 0;
+	}
+	st = plan_with(p, c, nd, &s, mp->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT,
+		       np, &found);
 	if (st != LOOM_OK)
 		return st;
-	if (returned < 1)
+	if (!found)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "cuda matmul: cuBLASLt has no algorithm for node %d "
 					 "(%d x %d x %d, %s)",
 					 (int)v, s.m, s.n, s.k, loom_dtype_name(nd->dtype));
-	mp->algo = res.algo;
-	np->lib_ws = loom_cuda_align(res.workspaceSize);
 	return LOOM_OK;
 }
 
@@ -152,8 +202,9 @@ loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 	loom_status st;
 	(void)v;
 
-	if (mp->bias) {
-		const void *bias = src[2];
+	if (mp->bias || mp->bgrad != LOOM_NONE) {
+		/* The bias to add, or where the bias gradient goes. */
+		const void *bias = mp->bias ? src[2] : loom_value_ptr(p, mp->bgrad);
 		if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
 				   sizeof(bias))) != LOOM_OK)
 			return st;

@@ -45,6 +45,7 @@ static double bound(loom_dtype dt)
 }
 
 static uint64_t rng_state;
+static int own_kernels; /* loom_cuda_test_own_kernels is on */
 
 static double urand(void)
 {
@@ -76,6 +77,8 @@ typedef struct tcase {
 	int64_t n_labels, classes; /* labels input "labels" when n_labels > 0 */
 	int bad_label;
 	int fused_pools; /* max-pools the plan must carry a fused relu in */
+	loom_opt_level level; /* AMP level both programs compile with (fp16) */
+	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
 } tcase;
 
 typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
@@ -135,12 +138,18 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 	}
 }
 
-static loom_program *compile_on(loom_graph *g, loom_value loss, loom_device dev)
+static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
+			       loom_opt_level level)
 {
 	loom_compile_opts o;
 	loom_program *p = NULL;
 	loom_compile_opts_default(&o);
 	o.device = dev;
+	o.amp.level = level;
+	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
+	 * the dynamic scaler's 2^16. */
+	if (level != LOOM_O0)
+		o.amp.static_scale = 1.0;
 	o.optim.kind = LOOM_OPTIM_NONE;
 	loom_cuda_test_poison(dev == LOOM_DEVICE_CUDA);
 	loom_status st = loom_compile(g, loss, &o, &p);
@@ -185,20 +194,32 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	loom_graph *g;
 	memset(&t, 0, sizeof(t));
 	t.dt = dt;
+	t.want_bn_cudnn = -1;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value y = build(g, &t);
 	loom_value loss = head(g, &t, y);
 	loom_mark_output(g, y);
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s: %s", op, loom_graph_error(g));
+	/* Under an AMP level the graph is fp32 and runs in fp16. */
+	if (t.level != LOOM_O0)
+		dt = LOOM_F16;
 
-	loom_program *cpu = compile_on(g, loss, LOOM_DEVICE_CPU);
-	loom_program *cuda = compile_on(g, loss, LOOM_DEVICE_CUDA);
+	loom_program *cpu = compile_at(g, loss, LOOM_DEVICE_CPU, t.level);
+	loom_program *cuda = compile_at(g, loss, LOOM_DEVICE_CUDA, t.level);
 	loom_program_info info;
 	loom_program_info_get(cuda, &info);
 	cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
 	expect_same_plan(op, cpu, cuda);
 	cr_expect_eq(fused_pools(cuda), t.fused_pools, "%s: %d fused pools in the cuda plan, want %d",
 		     op, fused_pools(cuda), t.fused_pools);
+	int bn_cudnn, bgrad;
+	loom_cuda_test_library_use(cuda, &bn_cudnn, &bgrad);
+	if (t.want_bn_cudnn >= 0)
+		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
+			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
+			     bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn);
+	if (own_kernels)
+		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
 
 	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
 	for (int i = 0; i < t.n_param; i++) {
@@ -262,6 +283,19 @@ static void each_dtype(const char *op, build_fn build, loom_run_mode mode)
 			run_case(op, build, dts[i], mode, seed);
 }
 
+/* each_dtype with the library fast paths (cuDNN batch norm, the BGRADB
+ * epilogue) and again with loom's own kernels in their place. */
+static void both_paths(const char *op, build_fn build, loom_run_mode mode)
+{
+	for (int own = 0; own <= 1; own++) {
+		own_kernels = own;
+		loom_cuda_test_own_kernels(own);
+		each_dtype(op, build, mode);
+	}
+	own_kernels = 0;
+	loom_cuda_test_own_kernels(0);
+}
+
 /* ------------------------------------------------------------ one-op graphs */
 
 static loom_value b_conv_bias(loom_graph *g, tcase *t)
@@ -279,10 +313,11 @@ static loom_value b_conv_stride(loom_graph *g, tcase *t)
 	return loom_conv2d(g, x, w, LOOM_NONE, 2, 0);
 }
 
-static loom_value b_bn(loom_graph *g, tcase *t)
+/* Batch norm of x [n, c, h, w]: cuDNN takes the all-f32 case (forward and,
+ * in training, the backward node: 2). */
+static loom_value bn_of(loom_graph *g, tcase *t, int64_t n, int64_t c, int64_t h, int64_t w)
 {
-	int64_t c = 6;
-	loom_value x = param(g, t, "x", 4, 4, c, 5, 5);
+	loom_value x = param(g, t, "x", 4, n, c, h, w);
 	loom_value ga = param(g, t, "gamma", 1, c, 0, 0, 0);
 	loom_value be = param(g, t, "beta", 1, c, 0, 0, 0);
 	loom_value rm = loom_buffer(g, "rm", t->dt, 1, &c, LOOM_INIT_ZEROS);
@@ -290,6 +325,28 @@ static loom_value b_bn(loom_graph *g, tcase *t)
 	t->buf[t->n_buf++] = rm;
 	t->buf[t->n_buf++] = rv;
 	return loom_batchnorm2d(g, x, ga, be, rm, rv, 0.1, 1e-5);
+}
+
+static loom_value b_bn(loom_graph *g, tcase *t)
+{
+	t->want_bn_cudnn = t->dt == LOOM_F32 ? 2 : 0;
+	return bn_of(g, t, 4, 6, 5, 5);
+}
+
+static loom_value b_bn_big(loom_graph *g, tcase *t)
+{
+	t->want_bn_cudnn = t->dt == LOOM_F32 ? 2 : 0;
+	return bn_of(g, t, 8, 32, 14, 14);
+}
+
+/* O2: x in fp16, gamma, beta and the statistics fp32 (keep_batchnorm_fp32),
+ * the mix cuDNN takes. */
+static loom_value b_bn_o2(loom_graph *g, tcase *t)
+{
+	t->dt = LOOM_F32;
+	t->level = LOOM_O2;
+	t->want_bn_cudnn = 2;
+	return bn_of(g, t, 6, 12, 9, 9);
 }
 
 static loom_value b_relu(loom_graph *g, tcase *t)
@@ -402,13 +459,34 @@ Test(cuda_ops, conv2d_stride2)
 Test(cuda_ops, batchnorm_train)
 {
 	NEED_GPU();
-	each_dtype("batchnorm2d", b_bn, LOOM_RUN_GRAD);
+	both_paths("batchnorm2d", b_bn, LOOM_RUN_GRAD);
 }
 
 Test(cuda_ops, batchnorm_eval)
 {
 	NEED_GPU();
-	each_dtype("batchnorm2d eval", b_bn, LOOM_RUN_EVAL);
+	both_paths("batchnorm2d eval", b_bn, LOOM_RUN_EVAL);
+}
+
+Test(cuda_ops, batchnorm_train_8x32x14x14)
+{
+	NEED_GPU();
+	both_paths("batchnorm2d 8x32x14x14", b_bn_big, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
+{
+	NEED_GPU();
+	for (int own = 0; own <= 1; own++) {
+		own_kernels = own;
+		loom_cuda_test_own_kernels(own);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			run_case("batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case("batchnorm2d O2 eval", b_bn_o2, LOOM_F32, LOOM_RUN_EVAL, seed);
+		}
+	}
+	own_kernels = 0;
+	loom_cuda_test_own_kernels(0);
 }
 
 Test(cuda_ops, relu)
@@ -516,7 +594,7 @@ Test(cuda_ops, global_avgpool_long_planes)
 Test(cuda_ops, linear_bias)
 {
 	NEED_GPU();
-	each_dtype("linear+bias", b_linear_bias, LOOM_RUN_GRAD);
+	both_paths("linear+bias", b_linear_bias, LOOM_RUN_GRAD);
 }
 
 Test(cuda_ops, linear)
@@ -648,6 +726,10 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 
 	loom_compile_opts_default(&o);
 	o.amp.level = level;
+	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
+	 * the dynamic scaler's 2^16. */
+	if (level != LOOM_O0)
+		o.amp.static_scale = 1.0;
 	o.amp.half = half;
 	o.optim.kind = kind;
 	o.optim.lr = kind == LOOM_OPTIM_SGD ? 0.05 : 1e-3;
@@ -758,6 +840,10 @@ static void resnet_steps(loom_opt_level level, double tol)
 
 	loom_compile_opts_default(&o);
 	o.amp.level = level;
+	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
+	 * the dynamic scaler's 2^16. */
+	if (level != LOOM_O0)
+		o.amp.static_scale = 1.0;
 	o.optim.kind = LOOM_OPTIM_SGD;
 	o.optim.lr = 0.01;
 	o.optim.momentum = 0.9;

@@ -1,0 +1,137 @@
+/*
+ * engine/cuda/bn_cudnn.cu — batch norm through cuDNN's batch-norm calls
+ * (CUDNN_BATCHNORM_SPATIAL, NCHW): training forward with the running
+ * statistics updated in place (exponentialAverageFactor = momentum, the
+ * running variance unbiased, as PyTorch, which calls the same function),
+ * eval forward from the running statistics, and one backward call that
+ * makes dx, dgamma and dbeta together. The graph has the backward as three
+ * nodes (BN_BWD_DATA, BN_BWD_GAMMA, a CHANNEL_SUM for dbeta); graph/fuse.c
+ * marks the last two as siblings of the first (made_by), so the one call
+ * writes all three where the memory plan put them. An unmarked gradient
+ * goes to scratch in ws and its own node computes it later.
+ *
+ * cuDNN takes x, y, dy and dx in one dtype (f32 or f16 here) with gamma,
+ * beta and the statistics in f32: the O0, O1 and O2 (keep_batchnorm_fp32)
+ * graphs. Anything else (O3's half statistics, bf16, f64) keeps the own
+ * kernels of bn.cu, which follow the CPU formula for formula. So does every
+ * node under the loom_cuda_test_own_kernels hook, which lets the tests check
+ * both paths against the CPU. CPU twin: engine/cpu/bn_impl.h.
+ *
+ * Not yet run on a GPU.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+
+/* Can cuDNN run node v? (x and the data tensors f32 or f16, the parameter
+ * tensors f32.) */
+static int cudnn_takes(const loom_program *p, const loom_node *n)
+{
+	const loom_graph *g = p->g;
+	const loom_node *x = &g->nodes[n->src[0]];
+	if (x->shape.ndim != 4 || (x->dtype != LOOM_F32 && x->dtype != LOOM_F16))
+		return 0;
+	if (n->dtype != x->dtype)
+		return 0;
+	if (n->op == LOOM_OP_BATCHNORM2D) {
+		for (int i = 1; i < 5; i++)
+			if (g->nodes[n->src[i]].dtype != LOOM_F32)
+				return 0;
+		return n->a.bn.eps >= CUDNN_BN_MIN_EPSILON;
+	}
+	/* BN_BWD_DATA (x, gamma, dy) -> dx */
+	return g->nodes[n->src[1]].dtype == LOOM_F32 && g->nodes[n->src[2]].dtype == x->dtype &&
+	       n->a.bn.eps >= CUDNN_BN_MIN_EPSILON;
+}
+
+loom_status loom_cuda_bn_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np)
+{
+	const loom_node *n = &p->g->nodes[v];
+	const loom_node *x = &p->g->nodes[n->src[0]];
+	loom_cuda_bn_plan *bp = &np->bn;
+	loom_status st;
+	(void)c;
+
+	bp->dgamma = bp->dbeta = LOOM_NONE;
+	if (loom_cuda_own_kernels_on || !cudnn_takes(p, n))
+		return LOOM_OK; /* kind stays NONE: the own kernels run it */
+	np->kind = LOOM_CUDA_PLAN_BN;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->x), p->err, sizeof(p->err))) !=
+	    LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->param), p->err,
+				   sizeof(p->err))) != LOOM_OK)
+		return st;
+	const int64_t *d = x->shape.dims;
+	st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bp->x, CUDNN_TENSOR_NCHW,
+							 loom_cudnn_data_type(x->dtype), (int)d[0],
+							 (int)d[1], (int)d[2], (int)d[3]),
+			      p->err, sizeof(p->err));
+	if (st != LOOM_OK)
+		return st;
+	st = LOOM_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bp->param, bp->x,
+							    CUDNN_BATCHNORM_SPATIAL),
+			      p->err, sizeof(p->err));
+	if (st != LOOM_OK)
+		return st;
+	if (n->op != LOOM_OP_BN_BWD_DATA)
+		return LOOM_OK;
+
+	/* The backward call writes dgamma and dbeta too: into the siblings
+	 * graph/fuse.c marked, else into scratch at the start of ws. */
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
+		const loom_node *s = &p->g->nodes[w];
+		if (s->op == LOOM_OP_BN_BWD_GAMMA && s->dtype == LOOM_F32)
+			bp->dgamma = w;
+		else if (s->op == LOOM_OP_CHANNEL_SUM && s->dtype == LOOM_F32)
+			bp->dbeta = w;
+	}
+	np->lib_ws = loom_cuda_align(2 * sizeof(float) * (size_t)d[1]);
+	return LOOM_OK;
+}
+
+void loom_cuda_bn_plan_free(loom_cuda_node_plan *np)
+{
+	loom_cuda_bn_plan *bp = &np->bn;
+	if (bp->x)
+		cudnnDestroyTensorDescriptor(bp->x);
+	if (bp->param)
+		cudnnDestroyTensorDescriptor(bp->param);
+	bp->x = bp->param = NULL;
+}
+
+loom_status loom_cuda_bn_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+			     const loom_cuda_node_plan *np, int train, void *const *src, void *out)
+{
+	const loom_node *n = &p->g->nodes[v];
+	const loom_cuda_bn_plan *bp = &np->bn;
+	const float one = 1.0f, zero = 0.0f;
+
+	if (n->op == LOOM_OP_BATCHNORM2D) {
+		/* (x, gamma, beta, running mean, running var) */
+		if (!train)
+			return LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+							c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+							bp->x, src[0], bp->x, out, bp->param, src[1],
+							src[2], src[3], src[4], n->a.bn.eps),
+						p->err, sizeof(p->err));
+		return LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+						c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bp->x,
+						src[0], bp->x, out, bp->param, src[1], src[2],
+						n->a.bn.momentum, src[3], src[4], n->a.bn.eps, NULL,
+						NULL),
+					p->err, sizeof(p->err));
+	}
+	/* BN_BWD_DATA (x, gamma, dy) -> dx, with dgamma and dbeta. */
+	int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
+	float *scratch = (float *)p->ws;
+	void *dg = bp->dgamma != LOOM_NONE ? loom_value_ptr(p, bp->dgamma) : (void *)scratch;
+	void *db = bp->dbeta != LOOM_NONE ? loom_value_ptr(p, bp->dbeta) : (void *)(scratch + ch);
+	return LOOM_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+					c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
+					bp->x, src[0], bp->x, src[2], bp->x, out, bp->param, src[1],
+					dg, db, n->a.bn.eps, NULL, NULL),
+				p->err, sizeof(p->err));
+}
