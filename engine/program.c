@@ -280,6 +280,8 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	/* Planner passes, then the memory plan of what remains. */
 	if (p->be->fuses_relu_pool && !o->no_fusion)
 		loom_fuse_relu_pool(p->g);
+	if (p->be->fuses_linear_relu && !o->no_fusion)
+		loom_fuse_linear_relu(p->g);
 	if (p->be->fuses_siblings && !o->no_fusion)
 		loom_fuse_siblings(p->g);
 	if ((st = index_siblings(p)) != LOOM_OK) {
@@ -623,6 +625,8 @@ void loom_program_dump(const loom_program *p, FILE *out)
 		if (n->op == LOOM_OP_MAXPOOL2D || n->op == LOOM_OP_MAXPOOL2D_BWD)
 			if (n->a.pool.relu)
 				fprintf(out, " (relu fused)");
+		if (n->op == LOOM_OP_LINEAR && n->a.mm.relu)
+			fprintf(out, " (relu fused)");
 		if (loom_made_earlier(p, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		fprintf(out, "\n");

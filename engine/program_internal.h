@@ -40,6 +40,7 @@ typedef struct loom_backend {
 	/* run_nodes makes a node's siblings (made_by, graph/fuse.c) when it
 	 * runs the node, and skips them at their own place. */
 	int fuses_siblings;
+	int fuses_linear_relu; /* LINEAR honours attrs.mm.relu (graph/fuse.c) */
 } loom_backend;
 
 /* One trainable parameter as the optimizer sees it. */

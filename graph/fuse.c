@@ -90,6 +90,45 @@ int loom_fuse_relu_pool(loom_graph *g)
 }
 
 /*
+ * Linear + relu. relu(x w^T + b) is what cuBLASLt's RELU_BIAS epilogue
+ * makes in the product's own pass; on the CPU the relu runs in place on the
+ * product's output before any rounding to half: rounding keeps signs, so
+ * the result is the unfused one's (in fp32 bit for bit; in half a tiny
+ * negative that rounds to -0 now gives +0, an equal value).
+ * relu's backward dx = dy * (x > 0) may read relu(x) instead of x: the two
+ * are > 0 at the same elements. So the linear carries the relu, the relu
+ * turns into a view, and the relu's backward reads the linear's output.
+ */
+int loom_fuse_linear_relu(loom_graph *g)
+{
+	int fused = 0;
+	for (int l = 0; l < g->n; l++) {
+		loom_node *ln = &g->nodes[l];
+		if (ln->op != LOOM_OP_LINEAR || ln->a.mm.relu ||
+		    (ln->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD)))
+			continue;
+		/* Read by one relu, and in training by that relu's backward. */
+		loom_value rd[2];
+		int nr = readers(g, l, rd, 2);
+		loom_value relu = LOOM_NONE;
+		int ok = nr >= 1;
+		for (int i = 0; i < nr && ok; i++) {
+			const loom_node *u = &g->nodes[rd[i]];
+			if (u->op == LOOM_OP_RELU && relu == LOOM_NONE)
+				relu = rd[i];
+			else if (u->op != LOOM_OP_RELU_BWD || u->src[0] != l || u->src[1] == l)
+				ok = 0;
+		}
+		if (!ok || relu == LOOM_NONE)
+			continue;
+		ln->a.mm.relu = 1;
+		make_view(g, relu, l);
+		fused++;
+	}
+	return fused;
+}
+
+/*
  * Sibling outputs. Some libraries make several of the graph's values in one
  * call: cudnnBatchNormalizationBackward gives dx, dgamma and dbeta, and
  * cuBLASLt's BGRADB epilogue gives a linear's bias gradient (the column sums

@@ -65,6 +65,7 @@ typedef union loom_attrs {
 	} pool;
 	struct {
 		int ta, tb; /* transpose a / b */
+		int relu;   /* LINEAR: a fused relu after the bias (graph/fuse.c) */
 	} mm;
 	struct {
 		double scale;
@@ -147,6 +148,12 @@ void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
 /* Fuses relu -> maxpool pairs (and their backward) into relu-pools; returns
  * how many. Run after autodiff, before memory planning. */
 int loom_fuse_relu_pool(loom_graph *g);
+
+/* Fuses linear -> relu pairs: the linear applies the relu (cuBLASLt's
+ * RELU_BIAS epilogue), the relu becomes a view and its backward reads the
+ * linear's (now relu'd) output, which is > 0 exactly where the pre-relu
+ * value was. Returns how many. Run after autodiff, before memory planning. */
+int loom_fuse_linear_relu(loom_graph *g);
 
 /* Marks values one library call makes together with an earlier node's
  * (node->made_by): batch norm's dgamma and dbeta with its dx (one

@@ -242,6 +242,8 @@ static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int 
 			loom_cpu_linear_fwd_f32((int)x->shape.dims[0], (int)x->shape.dims[1],
 						(int)w->shape.dims[0], a->src[0], a->src[1],
 						n->nsrc > 2 ? a->src[2] : NULL, a->out);
+		if (n->a.mm.relu) /* fused (graph/fuse.c), before any rounding to half */
+			DISPATCH(dt, loom_cpu_relu_fwd, numel, a->out, a->out);
 		return LOOM_OK;
 	}
 	case LOOM_OP_MATMUL: {
@@ -423,4 +425,5 @@ const loom_backend loom_cpu_backend = {
 	/* .workspace = */ cpu_workspace,
 	/* .fuses_relu_pool = */ 1,
 	/* .fuses_siblings = */ 1,
+	/* .fuses_linear_relu = */ 1,
 };

@@ -687,6 +687,7 @@ static const loom_backend loom_cuda_backend = {
 	/* .workspace = */ cuda_workspace,
 	/* .fuses_relu_pool = */ 1,
 	/* .fuses_siblings = */ 1,
+	/* .fuses_linear_relu = */ 1,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

@@ -1,7 +1,8 @@
 /*
  * engine/cuda/matmul_cublaslt.cu — LINEAR and MATMUL (all transposed forms)
  * through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F) and half
- * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue, and
+ * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue (a
+ * fused relu, graph/fuse.c, RELU_BIAS or RELU), and
  * the bias gradient the BGRADB epilogue of the weight gradient's product
  * (its sibling, graph/fuse.c) where cuBLASLt has an algorithm for it. The
  * algorithm is chosen once by cublasLtMatmulAlgoGetHeuristic and cached.
@@ -167,8 +168,11 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 		mp->bgrad = LOOM_NONE;
 		p->err[0] = 0;
 	}
-	st = plan_with(p, c, nd, &s, mp->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT,
-		       np, &found);
+	/* A fused relu (graph/fuse.c) rides the epilogue too. */
+	int relu = nd->op == LOOM_OP_LINEAR && nd->a.mm.relu;
+	cublasLtEpilogue_t epi = mp->bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+					  : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+	st = plan_with(p, c, nd, &s, epi, np, &found);
 	if (st != LOOM_OK)
 		return st;
 	if (!found)

@@ -205,3 +205,90 @@ Test(fuse, conv_bias_sum_is_not_a_matmul_sibling)
 	loom_program_free(p);
 	loom_graph_free(g);
 }
+
+/* ------------------------------------------------------------ linear + relu */
+
+static loom_value mlp(loom_graph *g, int mark_hidden)
+{
+	int64_t xd[2] = { B, 20 }, yd[1] = { B };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_layer_linear(g, "fc1", x, 32, 1);
+	if (mark_hidden)
+		loom_mark_output(g, h);
+	loom_value r = loom_relu(g, h);
+	loom_value z = loom_relu(g, loom_layer_linear(g, "fc2", r, 16, 0));
+	return loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc3", z, 5, 1), y);
+}
+
+static int linear_relus(const loom_program *p)
+{
+	int n = 0;
+	for (int v = 0; v < p->g->n; v++)
+		n += p->g->nodes[v].op == LOOM_OP_LINEAR && p->g->nodes[v].a.mm.relu;
+	return n;
+}
+
+static void feed_mlp(loom_program *p, unsigned seed)
+{
+	float x[B * 20];
+	int32_t y[B];
+	srand(seed);
+	for (int i = 0; i < B * 20; i++)
+		x[i] = (float)rand() / RAND_MAX * 4 - 2;
+	for (int i = 0; i < B; i++)
+		y[i] = rand() % 5;
+	cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, B * 20), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", y, LOOM_I32, B), LOOM_OK);
+}
+
+Test(fuse, linear_relu_fuses_and_trains_bit_for_bit)
+{
+	loom_graph *g;
+	loom_graph_new(&g);
+	loom_value loss = mlp(g, 0);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_program *f = compile(g, loss, 0), *u = compile(g, loss, 1);
+	/* With and without a bias; the last linear has no relu. */
+	cr_assert_eq(linear_relus(f), 2);
+	cr_assert_eq(count(f, LOOM_OP_RELU, -1), 0, "a relu survived fusion");
+	cr_assert_eq(count(f, LOOM_OP_RELU_BWD, -1), 2, "relu's backward is kept");
+	cr_assert_eq(linear_relus(u), 0);
+	for (int step = 0; step < 5; step++) {
+		feed_mlp(f, 7 + step);
+		feed_mlp(u, 7 + step);
+		cr_assert_eq(loom_run(f, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(f));
+		cr_assert_eq(loom_run(u, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(u));
+		cr_assert_eq(loom_loss(f), loom_loss(u), "step %d: loss %.17g fused vs %.17g", step,
+			     loom_loss(f), loom_loss(u));
+	}
+	for (int v = 0; v < g->n; v++) {
+		if (g->nodes[v].op != LOOM_OP_PARAM)
+			continue;
+		size_t n = (size_t)loom_shape_numel(&g->nodes[v].shape);
+		double *a = malloc(n * 8), *b = malloc(n * 8);
+		cr_assert_eq(loom_read_f64(f, v, a, n), LOOM_OK);
+		cr_assert_eq(loom_read_f64(u, v, b, n), LOOM_OK);
+		cr_assert(memcmp(a, b, n * 8) == 0, "'%s' differs between fused and unfused",
+			  g->nodes[v].name);
+		free(a);
+		free(b);
+	}
+	loom_program_free(f);
+	loom_program_free(u);
+	loom_graph_free(g);
+}
+
+Test(fuse, linear_read_by_others_keeps_its_relu)
+{
+	/* The hidden layer is marked as an output: its pre-relu values must
+	 * stay readable, so that linear is not fused (the next one is). */
+	loom_graph *g;
+	loom_graph_new(&g);
+	loom_value loss = mlp(g, 1);
+	loom_program *p = compile(g, loss, 0);
+	cr_assert_eq(linear_relus(p), 1);
+	cr_assert_eq(count(p, LOOM_OP_RELU, -1), 1);
+	loom_program_free(p);
+	loom_graph_free(g);
+}

@@ -131,8 +131,10 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 	for (int v = 0; v < cpu->g->n; v++) {
 		const loom_node *a = &cuda->g->nodes[v], *b = &cpu->g->nodes[v];
 		int pool = b->op == LOOM_OP_MAXPOOL2D || b->op == LOOM_OP_MAXPOOL2D_BWD;
+		int lin = b->op == LOOM_OP_LINEAR;
 		cr_expect(a->op == b->op && a->dtype == b->dtype &&
-				  (!pool || a->a.pool.relu == b->a.pool.relu),
+				  (!pool || a->a.pool.relu == b->a.pool.relu) &&
+				  (!lin || a->a.mm.relu == b->a.mm.relu) && a->made_by == b->made_by,
 			  "%s: node %d differs: cuda op %d dtype %d, cpu op %d dtype %d", what, v,
 			  (int)a->op, (int)a->dtype, (int)b->op, (int)b->dtype);
 	}
@@ -397,6 +399,20 @@ static loom_value b_linear_bias(loom_graph *g, tcase *t)
 	return loom_linear(g, x, w, b);
 }
 
+/* relu(x w^T + b): graph/fuse.c gives the relu to the linear (cuBLASLt's
+ * RELU_BIAS epilogue), and the relu's backward reads the linear's output. */
+static loom_value b_linear_bias_relu(loom_graph *g, tcase *t)
+{
+	return loom_relu(g, b_linear_bias(g, t));
+}
+
+static loom_value b_linear_relu(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 2, 9, 16, 0, 0);
+	loom_value w = param(g, t, "w", 2, 24, 16, 0, 0);
+	return loom_relu(g, loom_linear(g, x, w, LOOM_NONE));
+}
+
 static loom_value b_linear(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 2, 5, 7, 0, 0);
@@ -595,6 +611,18 @@ Test(cuda_ops, linear_bias)
 {
 	NEED_GPU();
 	both_paths("linear+bias", b_linear_bias, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, linear_bias_relu_fused)
+{
+	NEED_GPU();
+	both_paths("linear+bias+relu", b_linear_bias_relu, LOOM_RUN_GRAD);
+}
+
+Test(cuda_ops, linear_relu_fused)
+{
+	NEED_GPU();
+	each_dtype("linear+relu", b_linear_relu, LOOM_RUN_GRAD);
 }
 
 Test(cuda_ops, linear)
