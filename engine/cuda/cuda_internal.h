@@ -90,6 +90,7 @@ typedef struct loom_cuda_mm_plan {
 	cublasLtMatrixLayout_t a, b, c; /* cuBLAS operands: a = B rows, b = A */
 	cublasLtMatmulAlgo_t algo;
 	int bias;
+	int relu_after;   /* a fused relu no epilogue took: own kernel, in place */
 	loom_value bgrad; /* the sibling the BGRADB epilogue writes, or LOOM_NONE */
 } loom_cuda_mm_plan;
 

@@ -8,6 +8,10 @@
  * algorithm is chosen once by cublasLtMatmulAlgoGetHeuristic and cached.
  * CPU twin: loom_cpu_gemm / loom_cpu_linear_fwd in engine/cpu/dense_impl.h.
  *
+ * The RELU epilogue maps a NaN product to 0 where the CPU's relu keeps it;
+ * a NaN there comes from a NaN or inf input, which the weight gradient
+ * (dy^T x) carries to the overflow check all the same.
+ *
  * loom is row-major, cuBLAS column-major: a row-major C[M,N] is a
  * column-major C^T[N,M], so we compute C^T = op(B)^T op(A)^T, i.e. cuBLAS's
  * "A" operand is loom's B and its "B" is loom's A. Not yet run on a GPU.
@@ -173,6 +177,18 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 	cublasLtEpilogue_t epi = mp->bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
 					  : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
 	st = plan_with(p, c, nd, &s, epi, np, &found);
+	if (relu && (st != LOOM_OK || !found)) {
+		/* No algorithm with the relu epilogue: the plain product, and
+		 * the relu by its own kernel in place after it. */
+		loom_cuda_mm_plan_free(np);
+		np->kind = LOOM_CUDA_PLAN_MM;
+		mp->bias = nd->nsrc > 2;
+		mp->bgrad = LOOM_NONE;
+		mp->relu_after = 1;
+		p->err[0] = 0;
+		st = plan_with(p, c, nd, &s,
+			       mp->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, np, &found);
+	}
 	if (st != LOOM_OK)
 		return st;
 	if (!found)
@@ -204,7 +220,6 @@ loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 	const loom_cuda_mm_plan *mp = &np->mm;
 	const float one = 1.0f, zero = 0.0f;
 	loom_status st;
-	(void)v;
 
 	if (mp->bias || mp->bgrad != LOOM_NONE) {
 		/* The bias to add, or where the bias gradient goes. */
@@ -213,8 +228,14 @@ loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 				   sizeof(bias))) != LOOM_OK)
 			return st;
 	}
-	return LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
-						&zero, out, mp->c, out, mp->c, &mp->algo,
-						np->lib_ws ? p->ws : NULL, np->lib_ws, c->stream),
-				 p->err, sizeof(p->err));
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
+					      &zero, out, mp->c, out, mp->c, &mp->algo,
+					      np->lib_ws ? p->ws : NULL, np->lib_ws, c->stream),
+			       p->err, sizeof(p->err));
+	if (st == LOOM_OK && mp->relu_after) {
+		const loom_node *nd = &p->g->nodes[v];
+		st = loom_cuda_relu_fwd(p, c->stream, out, nd->dtype, out, nd->dtype,
+					loom_shape_numel(&nd->shape));
+	}
+	return st;
 }
