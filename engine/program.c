@@ -118,26 +118,6 @@ static loom_status pick_backend(loom_program *p)
 
 /* Parameter slots and their optimizer state (momentum buffers, Adam m/v),
  * in f32 for half models (the master's dtype) and the param's dtype else. */
-/* p->sibling / p->sibling_next from the graph's made_by marks. */
-static loom_status index_siblings(loom_program *p)
-{
-	int n = p->g->n;
-	p->sibling = malloc(sizeof(loom_value) * (n ? n : 1));
-	p->sibling_next = malloc(sizeof(loom_value) * (n ? n : 1));
-	if (!p->sibling || !p->sibling_next)
-		return LOOM_ERR_NOMEM;
-	for (int v = 0; v < n; v++)
-		p->sibling[v] = p->sibling_next[v] = LOOM_NONE;
-	for (int v = n - 1; v >= 0; v--) {
-		if (!loom_made_earlier(p, v))
-			continue;
-		loom_value u = p->g->nodes[v].made_by;
-		p->sibling_next[v] = p->sibling[u];
-		p->sibling[u] = v;
-	}
-	return LOOM_OK;
-}
-
 static loom_status make_slots(loom_program *p)
 {
 	loom_graph *g = p->g;
@@ -284,10 +264,6 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		loom_fuse_linear_relu(p->g);
 	if (p->be->fuses_siblings && !o->no_fusion)
 		loom_fuse_siblings(p->g);
-	if ((st = index_siblings(p)) != LOOM_OK) {
-		compile_fail(st, "planning: out of memory");
-		goto out_free;
-	}
 	if ((st = loom_memplan_build(p->g, &p->mp)) != LOOM_OK) {
 		compile_fail(st, "memory planning: out of memory");
 		goto out_free;
@@ -332,8 +308,6 @@ void loom_program_free(loom_program *p)
 		p->be->release(p);
 	loom_memplan_free(&p->mp);
 	free(p->params);
-	free(p->sibling);
-	free(p->sibling_next);
 	loom_graph_free(p->g);
 	free(p);
 }

@@ -69,10 +69,6 @@ struct loom_program {
 	loom_param_slot *params;
 	int n_params;
 
-	/* The values node v makes besides its own (made_by == v): the first is
-	 * sibling[v], the next after w is sibling_next[w], LOOM_NONE ends. */
-	loom_value *sibling, *sibling_next;
-
 	double lr;
 	int64_t step;
 	loom_scaler scaler;
@@ -101,12 +97,12 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 /* Node v's first sibling, then the one after w (LOOM_NONE: no more). */
 static inline loom_value loom_sibling_first(const loom_program *p, loom_value v)
 {
-	return p->sibling ? p->sibling[v] : LOOM_NONE;
+	return p->mp.sibling ? p->mp.sibling[v] : LOOM_NONE;
 }
 
 static inline loom_value loom_sibling_next(const loom_program *p, loom_value w)
 {
-	return p->sibling_next[w];
+	return p->mp.sibling_next[w];
 }
 
 /* Made at an earlier node (so skipped at its own place)? */

@@ -113,10 +113,23 @@ loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
 	mp->offset = calloc(n ? n : 1, sizeof(size_t));
 	mp->region = calloc(n ? n : 1, 1);
 	mp->root = malloc(sizeof(loom_value) * (n ? n : 1));
+	mp->sibling = malloc(sizeof(loom_value) * (n ? n : 1));
+	mp->sibling_next = malloc(sizeof(loom_value) * (n ? n : 1));
 	int *last = malloc(sizeof(int) * (n ? n : 1));
 	allocator a = { 0 };
-	if (!mp->offset || !mp->region || !mp->root || !last)
+	if (!mp->offset || !mp->region || !mp->root || !mp->sibling || !mp->sibling_next || !last)
 		goto out_nomem;
+
+	/* Siblings, chained per maker in node order. */
+	for (int v = 0; v < n; v++)
+		mp->sibling[v] = mp->sibling_next[v] = LOOM_NONE;
+	for (int v = n - 1; v >= 0; v--) {
+		loom_value u = g->nodes[v].made_by;
+		if (u != LOOM_NONE && u < v) {
+			mp->sibling_next[v] = mp->sibling[u];
+			mp->sibling[u] = v;
+		}
+	}
 
 	/* Roots: a reshape shares its source's storage. */
 	for (int v = 0; v < n; v++) {
@@ -170,28 +183,8 @@ loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
 			dies[last[v]][ndies[last[v]]++] = v;
 
 	/* A value another node makes (made_by, graph/fuse.c) is placed when
-	 * that node is: sibling[u] chains the values node u makes besides its
-	 * own, in node order. */
-	loom_value *sibling = malloc(sizeof(loom_value) * (n ? n : 1));
-	loom_value *next = malloc(sizeof(loom_value) * (n ? n : 1));
-	if (!sibling || !next) {
-		free(sibling);
-		free(next);
-		for (int v = 0; v < n; v++)
-			free(dies[v]);
-		free(dies);
-		free(ndies);
-		goto out_nomem;
-	}
-	for (int v = 0; v < n; v++)
-		sibling[v] = next[v] = LOOM_NONE;
-	for (int v = n - 1; v >= 0; v--) {
-		loom_value u = g->nodes[v].made_by;
-		if (u != LOOM_NONE && u < v) {
-			next[v] = sibling[u];
-			sibling[u] = v;
-		}
-	}
+	 * that node is, before the frees after it. */
+	loom_value *sibling = mp->sibling, *next = mp->sibling_next;
 
 	size_t naive = 0;
 	int fail = 0;
@@ -220,8 +213,6 @@ release:
 		free(dies[v]);
 	free(dies);
 	free(ndies);
-	free(sibling);
-	free(next);
 	if (fail)
 		goto out_nomem;
 
@@ -249,5 +240,7 @@ void loom_memplan_free(loom_memplan *mp)
 	free(mp->offset);
 	free(mp->region);
 	free(mp->root);
+	free(mp->sibling);
+	free(mp->sibling_next);
 	memset(mp, 0, sizeof(*mp));
 }

@@ -18,6 +18,10 @@ typedef struct loom_memplan {
 	size_t persist_bytes;  /* inputs, parameters, buffers, grads, outputs */
 	size_t act_bytes;      /* activations, with reuse */
 	size_t act_naive_bytes; /* activations, one buffer each */
+	/* The values node u makes besides its own (made_by == u, graph/fuse.c),
+	 * in node order: the first is sibling[u], the one after w is
+	 * sibling_next[w]; LOOM_NONE ends. */
+	loom_value *sibling, *sibling_next;
 } loom_memplan;
 
 /* Plans g in node order (the execution order). */
