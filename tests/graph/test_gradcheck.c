@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/graph_internal.h"
 #include "loom.h"
 #include "tests/graph/nets.h"
 
@@ -191,9 +192,9 @@ static double forward_loss(loom_program *p)
  * against (L(x + h) - L(x - h)) / 2h, element by element, and fails on the
  * worst element with |a - n| > rtol * max(|a|, |n|, floor).
  */
-static void gc_check(gc *c, loom_value loss, double rtol)
+static void gc_check_h(gc *c, loom_value loss, double rtol, double h)
 {
-	const double h = 1e-5, floor = 1e-3;
+	const double floor = 1e-3;
 	cr_assert_eq(loom_graph_status(c->g), LOOM_OK, "build: %s", loom_graph_error(c->g));
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
@@ -254,8 +255,8 @@ static void gc_check(gc *c, loom_value loss, double rtol)
 		free(an);
 		cr_assert(worst <= rtol,
 			  "gradient of '%s' (%zu elements): worst element %zu: analytic %.12g, "
-			  "numeric %.12g, relative error %.3g > %.1g",
-			  pp->name, pp->numel, wi, wa, wn, worst, rtol);
+			  "numeric %.12g, relative error %.3g > %.1g (step %g)",
+			  pp->name, pp->numel, wi, wa, wn, worst, rtol, h);
 		/* A check of zeros against zeros proves nothing, unless zero is
 		 * the point. */
 		if (pp->expect_zero)
@@ -266,6 +267,11 @@ static void gc_check(gc *c, loom_value loss, double rtol)
 				     pp->name);
 	}
 	loom_program_free(p);
+}
+
+static void gc_check(gc *c, loom_value loss, double rtol)
+{
+	gc_check_h(c, loss, rtol, 1e-5);
 }
 
 /* ------------------------------------------------------------------ conv2d */
@@ -743,4 +749,41 @@ Test(gradcheck, residual_block)
 	h = loom_conv2d(c.g, h, w2, b2, 1, 1);
 	gc_check(&c, gc_project(&c, loom_add(c.g, x, h)), 1e-6);
 	gc_fini(&c);
+}
+
+/* -------------------------------------------------------------------- cast */
+
+/* The AMP pass's cast (no public builder): x f64 -> dt -> f64. The function
+ * is linear in x with steps of dt's rounding, so a wide finite-difference
+ * step h measures the slope within 2 * ulp(1) / (2 h) (rounding of x + h and
+ * x - h), with no truncation error: 1e-2 and 0.25 keep that below 2e-5 for
+ * f32 and below 2e-2 for bf16, while a missing or doubled gradient is off by
+ * 100%. */
+static void check_cast(loom_dtype dt, double h, double rtol, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	int64_t xd[2] = { 3, 7 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
+	loom_shape s = loom_value_shape(c.g, x);
+	loom_value lo = loom_node_add(c.g, LOOM_OP_CAST, dt, &s, 1, &x);
+	loom_value back = loom_node_add(c.g, LOOM_OP_CAST, LOOM_F64, &s, 1, &lo);
+	cr_assert_neq(back, LOOM_NONE, "%s", loom_graph_error(c.g));
+	gc_check_h(&c, gc_project(&c, back), rtol, h);
+	gc_fini(&c);
+}
+
+Test(gradcheck, cast_through_f32)
+{
+	check_cast(LOOM_F32, 1e-2, 1e-4, 41);
+}
+
+Test(gradcheck, cast_through_f16)
+{
+	check_cast(LOOM_F16, 0.25, 2e-2, 42);
+}
+
+Test(gradcheck, cast_through_bf16)
+{
+	check_cast(LOOM_BF16, 0.25, 3e-2, 43);
 }
