@@ -2,7 +2,8 @@
  * ckpt_file.c — writes and reads the checkpoint container described in
  * ckpt_file.h. Writing goes through a temporary file and a rename so a crash
  * never leaves a half-written checkpoint under the real name; reading checks
- * every length against the file size before it trusts it, then the CRC.
+ * the CRC before it parses anything the CRC covers, then checks every length
+ * against the file size all the same.
  */
 #define _GNU_SOURCE /* O_DIRECTORY, fdopen, fileno */
 #include "engine/ckpt_file.h"
@@ -327,8 +328,39 @@ out_close:
 	return st;
 }
 
+/*
+ * What must hold before any field is read: the magic (a file that is not a
+ * checkpoint at all is told so, not called corrupt), room for a header and
+ * the trailer, and the CRC. The CRC is the last four bytes whatever the file
+ * holds, so the size alone finds it; checking it before the header and the
+ * records means a damaged count, length or dtype is reported as damage rather
+ * than misread as a malformed file or another version.
+ */
+static loom_status check_envelope(const loom_ckpt_file *f, const char *path, char *err,
+				  size_t errlen)
+{
+	uint32_t want, have;
+
+	if (f->size < 8 || memcmp(f->buf, LOOM_CKPT_MAGIC, 8) != 0)
+		return fail(err, errlen, LOOM_ERR_FORMAT, "checkpoint '%s': not a loom checkpoint",
+			    path);
+	if (f->size < HEADER_BYTES + TRAILER_BYTES)
+		return fail(err, errlen, LOOM_ERR_FORMAT,
+			    "checkpoint '%s': truncated header (%zu bytes)", path, f->size);
+	want = get_u32(f->buf + f->size - TRAILER_BYTES);
+	have = (uint32_t)crc_update(crc32(0L, Z_NULL, 0), f->buf, f->size - TRAILER_BYTES);
+	if (want != have)
+		return fail(err, errlen, LOOM_ERR_CORRUPT,
+			    "checkpoint '%s': checksum mismatch (stored %08x, computed %08x): "
+			    "the file is damaged, truncated or extended",
+			    path, want, have);
+	return LOOM_OK;
+}
+
 /* Walks the records, checking each length against what is left, and fills
- * f->recs. Nothing here trusts a number read from the file. */
+ * f->recs. The CRC has vouched for these bytes, but only that they are what
+ * some writer wrote: a foreign or buggy one could have put any number here,
+ * so nothing read is trusted to stay in bounds. */
 static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 				 size_t errlen)
 {
@@ -342,18 +374,19 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 		uint64_t bytes;
 
 		if (end - off < 4)
-			goto out_truncated;
+			goto out_overrun;
 		name_len = get_u32(f->buf + off);
 		off += 4;
-		if (name_len < 2 || name_len > end - off)
-			goto out_truncated;
-		if (memchr(f->buf + off, 0, name_len) != f->buf + off + name_len - 1)
+		if (name_len > end - off)
+			goto out_overrun;
+		if (name_len < 2 ||
+		    memchr(f->buf + off, 0, name_len) != f->buf + off + name_len - 1)
 			return fail(err, errlen, LOOM_ERR_FORMAT,
 				    "checkpoint '%s': record %d has a malformed name", path, i);
 		r->name = (const char *)(f->buf + off);
 		off += name_len;
 		if (end - off < 8)
-			goto out_truncated;
+			goto out_overrun;
 		r->dtype = (int)(int32_t)get_u32(f->buf + off);
 		ndim = get_u32(f->buf + off + 4);
 		off += 8;
@@ -363,28 +396,53 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 				    path, r->name, ndim, LOOM_MAX_DIMS);
 		r->ndim = (int)ndim;
 		if (end - off < 8 * (size_t)ndim + 8)
-			goto out_truncated;
+			goto out_overrun;
 		for (uint32_t d = 0; d < ndim; d++, off += 8)
 			r->dims[d] = (int64_t)get_u64(f->buf + off);
 		bytes = get_u64(f->buf + off);
 		off += 8;
 		pad = pad_to_align(off);
 		if (pad > end - off || bytes > end - off - pad)
-			goto out_truncated;
+			goto out_overrun;
 		off += pad;
 		r->data = f->buf + off;
 		r->bytes = (size_t)bytes;
 		off += (size_t)bytes;
 		continue;
-out_truncated:
+out_overrun:
 		return fail(err, errlen, LOOM_ERR_FORMAT,
-			    "checkpoint '%s': truncated in record %d of %d (file has %zu bytes)",
+			    "checkpoint '%s': malformed: record %d of %d runs past the end of "
+			    "the data (file has %zu bytes)",
 			    path, i, f->count, f->size);
 	}
 	if (off != end)
 		return fail(err, errlen, LOOM_ERR_FORMAT,
-			    "checkpoint '%s': %zu unexpected bytes after the last record",
+			    "checkpoint '%s': malformed: %zu unexpected bytes after the last record",
 			    path, end - off);
+	return LOOM_OK;
+}
+
+/* Version and record count, read only once the CRC has passed. */
+static loom_status parse_header(loom_ckpt_file *f, const char *path, char *err,
+				size_t errlen)
+{
+	uint32_t version = get_u32(f->buf + 8), count = get_u32(f->buf + 12);
+
+	if (version != LOOM_CKPT_VERSION)
+		return fail(err, errlen, LOOM_ERR_MISMATCH,
+			    "checkpoint '%s': format version %u, this build reads version %u",
+			    path, version, LOOM_CKPT_VERSION);
+	/* Bounds the allocation below by the file size, whatever count says. */
+	if (count > (f->size - HEADER_BYTES - TRAILER_BYTES) / MIN_RECORD_BYTES ||
+	    count > INT32_MAX)
+		return fail(err, errlen, LOOM_ERR_FORMAT,
+			    "checkpoint '%s': malformed: %u records cannot fit in %zu bytes",
+			    path, count, f->size);
+	f->count = (int)count;
+	f->fingerprint = get_u64(f->buf + 16);
+	f->recs = calloc(count ? count : 1, sizeof *f->recs);
+	if (!f->recs)
+		return fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
 	return LOOM_OK;
 }
 
@@ -393,7 +451,6 @@ loom_status loom_ckpt_read(const char *path, loom_ckpt_file **out, char *err,
 {
 	loom_ckpt_file *f;
 	loom_status st;
-	uint32_t version, count, want, have;
 
 	if (!out)
 		return fail(err, errlen, LOOM_ERR_INVALID, "checkpoint: no output handle");
@@ -404,61 +461,18 @@ loom_status loom_ckpt_read(const char *path, loom_ckpt_file **out, char *err,
 	if (!f)
 		return fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
 	st = slurp(path, &f->buf, &f->size, err, errlen);
-	if (st != LOOM_OK)
-		goto out_free;
-
-	if (f->size < 8 || memcmp(f->buf, LOOM_CKPT_MAGIC, 8) != 0) {
-		st = fail(err, errlen, LOOM_ERR_FORMAT, "checkpoint '%s': not a loom checkpoint",
-			  path);
-		goto out_free;
-	}
-	if (f->size < HEADER_BYTES + TRAILER_BYTES) {
-		st = fail(err, errlen, LOOM_ERR_FORMAT,
-			  "checkpoint '%s': truncated header (%zu bytes)", path, f->size);
-		goto out_free;
-	}
-	version = get_u32(f->buf + 8);
-	if (version != LOOM_CKPT_VERSION) {
-		st = fail(err, errlen, LOOM_ERR_MISMATCH,
-			  "checkpoint '%s': format version %u, this build reads version %u",
-			  path, version, LOOM_CKPT_VERSION);
-		goto out_free;
-	}
-	count = get_u32(f->buf + 12);
-	if (count > (f->size - HEADER_BYTES - TRAILER_BYTES) / MIN_RECORD_BYTES ||
-	    count > INT32_MAX) {
-		st = fail(err, errlen, LOOM_ERR_FORMAT,
-			  "checkpoint '%s': truncated: %u records cannot fit in %zu bytes",
-			  path, count, f->size);
-		goto out_free;
-	}
-	f->count = (int)count;
-	f->fingerprint = get_u64(f->buf + 16);
-	f->recs = calloc(count ? count : 1, sizeof *f->recs);
-	if (!f->recs) {
-		st = fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
-		goto out_free;
-	}
-	st = parse_records(f, path, err, errlen);
-	if (st != LOOM_OK)
-		goto out_free;
-
-	/* Checked last so that a short file is reported as truncated, which
-	 * says more than a checksum mismatch would. */
-	want = get_u32(f->buf + f->size - TRAILER_BYTES);
-	have = (uint32_t)crc_update(crc32(0L, Z_NULL, 0), f->buf, f->size - TRAILER_BYTES);
-	if (want != have) {
-		st = fail(err, errlen, LOOM_ERR_CORRUPT,
-			  "checkpoint '%s': checksum mismatch (stored %08x, computed %08x)",
-			  path, want, have);
-		goto out_free;
+	if (st == LOOM_OK)
+		st = check_envelope(f, path, err, errlen);
+	if (st == LOOM_OK)
+		st = parse_header(f, path, err, errlen);
+	if (st == LOOM_OK)
+		st = parse_records(f, path, err, errlen);
+	if (st != LOOM_OK) {
+		loom_ckpt_free(f);
+		return st;
 	}
 	*out = f;
 	return LOOM_OK;
-
-out_free:
-	loom_ckpt_free(f);
-	return st;
 }
 
 const loom_ckpt_record *loom_ckpt_find(const loom_ckpt_file *f, const char *name)

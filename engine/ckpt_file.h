@@ -53,10 +53,17 @@ loom_status loom_ckpt_write(const char *path, uint64_t fingerprint,
 			    size_t errlen);
 
 /*
- * Reads and checks a whole checkpoint. *out is NULL on failure. Statuses:
- * LOOM_ERR_NOT_FOUND (no such file), LOOM_ERR_IO, LOOM_ERR_NOMEM,
- * LOOM_ERR_FORMAT (bad magic, truncated or malformed), LOOM_ERR_MISMATCH
- * (another format version), LOOM_ERR_CORRUPT (checksum mismatch).
+ * Reads and checks a whole checkpoint. *out is NULL on failure. Checks, in
+ * order, each message naming the path:
+ *   LOOM_ERR_NOT_FOUND (no such file), LOOM_ERR_IO, LOOM_ERR_NOMEM;
+ *   LOOM_ERR_FORMAT: no magic (not a loom checkpoint), or too short to hold
+ *     a header and the trailer;
+ *   LOOM_ERR_CORRUPT: the CRC does not match. It is checked before any other
+ *     field is read, so any damage to the bytes it covers, a cut or an
+ *     appended tail included, is reported as corruption;
+ *   LOOM_ERR_MISMATCH: another format version, in an intact file;
+ *   LOOM_ERR_FORMAT: an intact file whose records do not add up (a foreign
+ *     or faulty writer). Every length is checked against the file size.
  */
 loom_status loom_ckpt_read(const char *path, loom_ckpt_file **out, char *err,
 			   size_t errlen);

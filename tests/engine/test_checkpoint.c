@@ -1,9 +1,10 @@
 /*
  * tests/engine/test_checkpoint.c — loom_save / loom_load on a small ConvNet
  * under O0 and O2: bit-exact round trips of everything a step depends on,
- * damaged, truncated and foreign files refused with the program left as it
- * was, failed saves that keep the old checkpoint, and a resumed run whose
- * losses equal the uninterrupted run's bit for bit.
+ * damaged and truncated files refused as corrupt and intact foreign ones
+ * for what they are, each leaving the program and the file as they were,
+ * failed saves that keep the old checkpoint, and a resumed run whose losses
+ * equal the uninterrupted run's bit for bit.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "engine/ckpt_file.h"
 #include "engine/program_internal.h"
@@ -184,8 +186,11 @@ static unsigned char *slurp(const char *path, size_t *n)
 	return b;
 }
 
+/* Always a new file: ext4 flushes a file truncated and rewritten on close,
+ * which would make the every-byte tests wait on the disk thousands of times. */
 static void spit(const char *path, const unsigned char *b, size_t n)
 {
+	cr_assert(unlink(path) == 0 || errno == ENOENT, "%s: %s", path, strerror(errno));
 	FILE *f = fopen(path, "wb");
 	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
 	cr_assert_eq(fwrite(b, 1, n, f), n);
@@ -296,15 +301,45 @@ static void check_refused(loom_program *p, const snap *before, const char *path,
 	drop(&now);
 }
 
+/* Writes b to path, loads it into p, checks that the load is refused with
+ * the program and the file left as they were, and returns the status. */
+static loom_status load_refused(loom_program *p, const snap *before, const char *path,
+				const unsigned char *b, size_t n, const char *what)
+{
+	spit(path, b, n);
+	loom_status st = loom_load(p, path);
+	check_refused(p, before, path, st, what);
+	size_t m;
+	unsigned char *after = slurp(path, &m);
+	cr_assert(m == n && memcmp(after, b, n) == 0, "%s: the refused file was changed", what);
+	free(after);
+	return st;
+}
+
+/* Stores the CRC of everything before the trailer, as a writer would: the
+ * file is then intact, whatever it says. */
+static void reseal(unsigned char *b, size_t n)
+{
+	uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(n - 4));
+	for (int i = 0; i < 4; i++)
+		b[n - 4 + i] = (unsigned char)(crc >> (8 * i));
+}
+
 /*
- * Every single flipped byte is refused and leaves the program alone. Bytes in
- * the payloads, names, padding and trailer are caught by the CRC
- * (LOOM_ERR_CORRUPT); a flip in a structural field (magic, version, counts,
- * lengths) may be reported by the parser first as a malformed file or another
- * version, which ckpt_file.c does on purpose (it names the truer fault).
+ * Every single flipped byte is refused and leaves the program and the file
+ * alone. The CRC covers every byte before the trailer and is checked before
+ * any field is parsed, so:
+ *   bytes 0..7 (the magic, checked first) give LOOM_ERR_FORMAT, "not a loom
+ *     checkpoint": a file that does not start with it is not ours to judge;
+ *   bytes 8..n-5 (version, count, fingerprint, names, lengths, dtypes, dims,
+ *     padding, payloads) give LOOM_ERR_CORRUPT, "checksum mismatch";
+ *   bytes n-4..n-1 (the CRC itself, outside what it covers) give
+ *     LOOM_ERR_CORRUPT too: the stored value no longer matches.
+ * Each byte is flipped whole and in its low bit only.
  */
 static void flipped_bytes(const net_cfg *c)
 {
+	static const unsigned char masks[] = { 0xff, 0x01 };
 	make_dir();
 	char *path = in_dir("a.ckpt"), *bad = in_dir("bad.ckpt");
 	loom_program *p = build(c);
@@ -314,32 +349,26 @@ static void flipped_bytes(const net_cfg *c)
 	snap before = take(p);
 	size_t n;
 	unsigned char *b = slurp(path, &n);
-	int corrupt = 0;
 	for (size_t i = 0; i < n; i++) {
-		b[i] ^= 0xff;
-		spit(bad, b, n);
-		b[i] ^= 0xff;
-		loom_status st = loom_load(p, bad);
-		char what[64];
-		snprintf(what, sizeof(what), "byte %zu of %zu flipped", i, n);
-		check_refused(p, &before, bad, st, what);
-		cr_assert(st == LOOM_ERR_CORRUPT || st == LOOM_ERR_FORMAT || st == LOOM_ERR_MISMATCH,
-			  "%s: status %s", what, loom_status_string(st));
-		if (i >= 24 && st != LOOM_ERR_CORRUPT)
-			cr_assert(st == LOOM_ERR_FORMAT, "%s: %s", what, loom_status_string(st));
-		if (st == LOOM_ERR_CORRUPT)
-			cr_assert_neq(strstr(loom_program_error(p), "checksum"), NULL, "%s",
-				      loom_program_error(p));
-		corrupt += st == LOOM_ERR_CORRUPT;
-	}
-	/* The payloads are most of the file: nearly every flip is a checksum
-	 * failure, and the last bytes (the CRC itself, the meta payload) are. */
-	cr_assert_gt(corrupt, (int)(n * 8 / 10), "%d of %zu flips reported as corrupt", corrupt, n);
-	for (size_t i = n - 64; i < n; i++) {
-		b[i] ^= 0x01;
-		spit(bad, b, n);
-		b[i] ^= 0x01;
-		cr_assert_eq(loom_load(p, bad), LOOM_ERR_CORRUPT, "low bit of byte %zu", i);
+		for (size_t m = 0; m < sizeof(masks); m++) {
+			char what[80];
+			snprintf(what, sizeof(what), "byte %zu of %zu flipped by 0x%02x", i, n,
+				 masks[m]);
+			b[i] ^= masks[m];
+			loom_status st = load_refused(p, &before, bad, b, n, what);
+			b[i] ^= masks[m];
+			const char *msg = loom_program_error(p);
+			if (i < 8) {
+				cr_assert_eq(st, LOOM_ERR_FORMAT, "%s: %s (%s)", what,
+					     loom_status_string(st), msg);
+				cr_assert_neq(strstr(msg, "not a loom checkpoint"), NULL, "%s: %s",
+					      what, msg);
+			} else {
+				cr_assert_eq(st, LOOM_ERR_CORRUPT, "%s: %s (%s)", what,
+					     loom_status_string(st), msg);
+				cr_assert_neq(strstr(msg, "checksum"), NULL, "%s: %s", what, msg);
+			}
+		}
 	}
 	/* The intact file still loads. */
 	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
@@ -360,6 +389,9 @@ Test(checkpoint, any_flipped_byte_refused_o2)
 	flipped_bytes(&O2_ADAMW);
 }
 
+/* A cut or extended file is a damaged one: too short for a header and the
+ * trailer it is FORMAT (nothing there to check a CRC against), any longer
+ * the CRC no longer matches and it is CORRUPT. */
 Test(checkpoint, truncated_refused)
 {
 	make_dir();
@@ -371,16 +403,19 @@ Test(checkpoint, truncated_refused)
 	snap before = take(p);
 	size_t n;
 	unsigned char *b = slurp(path, &n);
-	size_t cuts[] = { 0, 7, 8, 20, 64, n / 2, n - 5, n - 4, n - 1 };
+	size_t cuts[] = { 0, 7, 8, 20, 27, 28, 64, n / 2, n - 5, n - 4, n - 1 };
 	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
-		spit(bad, b, cuts[i]);
 		char what[64];
 		snprintf(what, sizeof(what), "truncated to %zu of %zu bytes", cuts[i], n);
-		loom_status st = loom_load(p, bad);
-		check_refused(p, &before, bad, st, what);
-		cr_assert(st == LOOM_ERR_FORMAT || st == LOOM_ERR_CORRUPT, "%s: %s", what,
-			  loom_status_string(st));
+		loom_status st = load_refused(p, &before, bad, b, cuts[i], what);
+		cr_assert_eq(st, cuts[i] < 28 ? LOOM_ERR_FORMAT : LOOM_ERR_CORRUPT, "%s: %s (%s)",
+			     what, loom_status_string(st), loom_program_error(p));
 	}
+	unsigned char *longer = calloc(1, n + 8);
+	memcpy(longer, b, n);
+	loom_status st = load_refused(p, &before, bad, longer, n + 8, "8 bytes appended");
+	cr_assert_eq(st, LOOM_ERR_CORRUPT, "%s", loom_program_error(p));
+	free(longer);
 	/* A missing file is NOT_FOUND, also naming it. */
 	char *none = in_dir("none.ckpt");
 	check_refused(p, &before, none, loom_load(p, none), "missing file");
@@ -388,6 +423,83 @@ Test(checkpoint, truncated_refused)
 	drop(&before);
 	free(b);
 	free(none);
+	loom_program_free(p);
+	free(path);
+	free(bad);
+}
+
+/*
+ * Intact files that are not this program's checkpoint: their CRC matches,
+ * so what is wrong with them is reported, not corruption. Not a checkpoint
+ * at all and a malformed one are FORMAT, another format version MISMATCH
+ * (ckpt_file.h), another graph MISMATCH (other_graph_refused below).
+ */
+Test(checkpoint, intact_foreign_files_refused)
+{
+	make_dir();
+	char *path = in_dir("a.ckpt"), *bad = in_dir("foreign.ckpt");
+	loom_program *p = build(&O0_ADAMW);
+	warm_up(p, 0, 1);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	warm_up(p, 1, 1);
+	snap before = take(p);
+	size_t n;
+	unsigned char *b = slurp(path, &n);
+	unsigned char *c = malloc(n);
+	loom_status st;
+
+	static const char text[] = "step,loss\n0,1.0986\n1,1.0412\n2,0.9977\n";
+	st = load_refused(p, &before, bad, (const unsigned char *)text, sizeof(text) - 1,
+			  "a text file");
+	cr_assert_eq(st, LOOM_ERR_FORMAT, "%s", loom_program_error(p));
+	cr_assert_neq(strstr(loom_program_error(p), "not a loom checkpoint"), NULL, "%s",
+		      loom_program_error(p));
+
+	/* Another magic, sealed with a valid CRC: still not ours. */
+	memcpy(c, b, n);
+	memcpy(c, "LOOMCKPX", 8);
+	reseal(c, n);
+	st = load_refused(p, &before, bad, c, n, "another magic");
+	cr_assert_eq(st, LOOM_ERR_FORMAT, "%s", loom_program_error(p));
+
+	/* A later format version. */
+	memcpy(c, b, n);
+	c[8] = 2;
+	reseal(c, n);
+	st = load_refused(p, &before, bad, c, n, "format version 2");
+	cr_assert_eq(st, LOOM_ERR_MISMATCH, "%s", loom_program_error(p));
+	cr_assert_neq(strstr(loom_program_error(p), "version 2"), NULL, "%s",
+		      loom_program_error(p));
+
+	/* Malformed but sealed: one record more than the file holds, a count
+	 * that would be an absurd allocation, a name length past the end. The
+	 * parser must refuse them without reading out of bounds. */
+	static const struct {
+		size_t off;
+		uint32_t v;
+		const char *what;
+	} lies[] = { { 12, 0, "one record more" }, { 12, 0xffffffffu, "2^32-1 records" },
+		     { 24, 0xfffffff0u, "a 4 GiB name" }, { 24, 1, "an empty name" } };
+	for (size_t i = 0; i < sizeof(lies) / sizeof(lies[0]); i++) {
+		memcpy(c, b, n);
+		uint32_t v = lies[i].v;
+		if (!v) /* the record count, plus one */
+			v = (c[12] | c[13] << 8 | c[14] << 16 | (uint32_t)c[15] << 24) + 1;
+		for (int k = 0; k < 4; k++)
+			c[lies[i].off + k] = (unsigned char)(v >> (8 * k));
+		reseal(c, n);
+		st = load_refused(p, &before, bad, c, n, lies[i].what);
+		cr_assert_eq(st, LOOM_ERR_FORMAT, "%s: %s (%s)", lies[i].what,
+			     loom_status_string(st), loom_program_error(p));
+		cr_assert_neq(strstr(loom_program_error(p), "malformed"), NULL, "%s: %s",
+			      lies[i].what, loom_program_error(p));
+	}
+
+	/* The original still loads. */
+	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
+	drop(&before);
+	free(b);
+	free(c);
 	loom_program_free(p);
 	free(path);
 	free(bad);
