@@ -1,6 +1,8 @@
 /*
- * amp/scaler.h — the dynamic loss scale (apex / torch GradScaler semantics)
- * and the fused unscale-and-check the optimizer runs on half gradients.
+ * amp/scaler.h — the dynamic loss scale (apex / torch GradScaler semantics).
+ * The optimizers (engine/cpu/optim.c, engine/cuda/optim.cu) check the
+ * gradients for inf/NaN, ask loom_scaler_update whether to apply, and unscale
+ * each gradient as they apply it.
  *
  * The update is a pure function of (state, found_inf): no globals, no
  * allocation, only float and integer arithmetic, so the CUDA kernel that
@@ -71,27 +73,6 @@ int loom_scaler_update(loom_scaler *s, int found_inf);
  * first produced a non-finite value. A static scale never counts as collapsed.
  */
 int loom_scaler_collapsed(const loom_scaler *s);
-
-/* 1 / scale, for the unscale helpers. */
-float loom_scaler_inv_scale(const loom_scaler *s);
-
-/*
- * grad[i] *= inv_scale for all n, in one pass that also returns 1 when every
- * result is finite and 0 when any is inf or NaN (the caller then skips the
- * step). The results are checked, not the inputs, so an overflow of the
- * multiplication itself is caught too.
- */
-int loom_amp_unscale_check_f32(float *grad, int64_t n, float inv_scale);
-
-/*
- * g32[i] = float(g16[i]) * inv_scale: fp16 (or bf16) gradients into fp32
- * master gradients, in one pass with the same finiteness check. A gradient
- * that only fit in half because it was scaled comes back exactly.
- */
-int loom_amp_unscale_f16_to_f32(const uint16_t *g16, float *g32, int64_t n,
-				float inv_scale);
-int loom_amp_unscale_bf16_to_f32(const uint16_t *g16, float *g32, int64_t n,
-				 float inv_scale);
 
 #ifdef __cplusplus
 }

@@ -1,15 +1,12 @@
 /*
  * tests/amp/test_scaler.c — the dynamic loss-scale state machine (apex /
- * GradScaler semantics) and the fused unscale + overflow check. Built twice:
- * with F16C and with -mno-f16c.
+ * GradScaler semantics).
  */
 #include <criterion/criterion.h>
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
-#include "amp/half.h"
 #include "amp/scaler.h"
 
 static loom_scaler make(float init, int32_t interval, int dynamic)
@@ -33,7 +30,6 @@ Test(scaler, init_defaults)
 	cr_assert_eq(s.dynamic, 1);
 	cr_assert_eq(s.skipped_steps, 0);
 	cr_assert_eq(s.below_one_steps, 0);
-	cr_assert_eq(loom_scaler_inv_scale(&s), 0x1p-16f);
 	cr_assert_not(loom_scaler_collapsed(&s));
 }
 
@@ -181,7 +177,6 @@ Test(scaler, collapse_detection)
 	cr_assert_eq(s.below_one_steps, 1);
 	loom_scaler_update(&s, 0);
 	cr_assert_eq(s.below_one_steps, 2);
-	cr_assert_eq(loom_scaler_inv_scale(&s), 2.0f);
 }
 
 Test(scaler, scale_never_reaches_zero)
@@ -198,142 +193,4 @@ Test(scaler, scale_never_reaches_zero)
 	s.growth_interval = 1;
 	loom_scaler_update(&s, 0);
 	cr_assert_eq(s.scale, 0x1p-148f);
-}
-
-/* ---------------------------------------------------------------- unscale */
-
-Test(unscale, f32_exact_and_finite)
-{
-	float g[37];
-
-	for (int i = 0; i < 37; i++)
-		g[i] = (float)(i - 18) * 65536.0f;
-	cr_assert_eq(loom_amp_unscale_check_f32(g, 37, 0x1p-16f), 1);
-	for (int i = 0; i < 37; i++)
-		cr_assert_eq(g[i], (float)(i - 18));
-	cr_assert_eq(loom_amp_unscale_check_f32(g, 0, 0.5f), 1);
-}
-
-Test(unscale, f32_nonfinite_anywhere_fails)
-{
-	const int n = 43;
-	const int where[] = { 0, 5, 8, 31, 40, 42 };
-	float g[43];
-
-	for (size_t k = 0; k < sizeof(where) / sizeof(where[0]); k++) {
-		for (int bad = 0; bad < 3; bad++) {
-			for (int i = 0; i < n; i++)
-				g[i] = 2.0f;
-			g[where[k]] = bad == 0 ? INFINITY : bad == 1 ? -INFINITY : NAN;
-			cr_assert_eq(loom_amp_unscale_check_f32(g, n, 0.5f), 0,
-				     "missed %d at %d", bad, where[k]);
-			/* the rest is still unscaled: one pass did all of it */
-			cr_assert_eq(g[(where[k] + 1) % n], 1.0f);
-		}
-	}
-	/* an overflow of the multiply itself (scale below one) also fails */
-	g[0] = 3e38f;
-	cr_assert_eq(loom_amp_unscale_check_f32(g, 1, 4.0f), 0);
-	cr_assert(isinf(g[0]));
-}
-
-Test(unscale, f16_recovers_values_only_scaling_made_representable)
-{
-	/* 2^-30 is below fp16's smallest subnormal; scaled by 2^16 it is 2^-14 */
-	uint16_t g16[3];
-	float g32[3];
-
-	g16[0] = loom_f32_to_f16(0x1p-30f * 65536.0f);
-	g16[1] = loom_f32_to_f16(0x1p-40f * 65536.0f); /* a half subnormal */
-	g16[2] = loom_f32_to_f16(-3.0f * 0x1p-28f * 65536.0f);
-	cr_assert_eq(g16[0], 0x0400);
-	cr_assert_eq(g16[1], 0x0001);
-	cr_assert_eq(loom_f32_to_f16(0x1p-30f), 0x0000, "unscaled it would be lost");
-	cr_assert_eq(loom_amp_unscale_f16_to_f32(g16, g32, 3, 0x1p-16f), 1);
-	cr_assert_eq(g32[0], 0x1p-30f);
-	cr_assert_eq(g32[1], 0x1p-40f);
-	cr_assert_eq(g32[2], -3.0f * 0x1p-28f);
-}
-
-Test(unscale, bf16_recovers_scaled_values)
-{
-	uint16_t g16[2];
-	float g32[2];
-
-	g16[0] = loom_f32_to_bf16(0x1p-130f * 65536.0f);
-	g16[1] = loom_f32_to_bf16(1.5f * 65536.0f);
-	cr_assert_eq(loom_amp_unscale_bf16_to_f32(g16, g32, 2, 0x1p-16f), 1);
-	cr_assert_eq(g32[0], 0x1p-130f); /* an fp32 subnormal, exactly */
-	cr_assert_eq(g32[1], 1.5f);
-}
-
-/* Long arrays (vector body, tails, OpenMP chunks): every value right, and an
- * inf or NaN in any position, including the last, fails the check. */
-static void check_half_unscale(int bf16)
-{
-	const int64_t n = (1 << 18) + 11;
-	const int64_t where[] = { 0, 7, 8, (1 << 15) - 1, (1 << 15), 200003, n - 1 };
-	uint16_t *h = malloc((size_t)n * sizeof(*h));
-	float *g = malloc((size_t)n * sizeof(*g));
-	uint16_t inf = bf16 ? 0x7f80 : 0x7c00;
-	uint16_t nan = bf16 ? 0xffc1 : 0xfe01;
-	int (*unscale)(const uint16_t *, float *, int64_t, float) =
-		bf16 ? loom_amp_unscale_bf16_to_f32 : loom_amp_unscale_f16_to_f32;
-
-	cr_assert(h && g);
-	for (int64_t i = 0; i < n; i++) {
-		float v = (float)((i % 2001) - 1000) * 0.25f;
-
-		h[i] = bf16 ? loom_f32_to_bf16(v) : loom_f32_to_f16(v);
-	}
-	cr_assert_eq(unscale(h, g, n, 0.125f), 1);
-	for (int64_t i = 0; i < n; i++) {
-		float v = bf16 ? loom_bf16_to_f32(h[i]) : loom_f16_to_f32(h[i]);
-
-		cr_assert_eq(g[i], v * 0.125f, "at %lld", (long long)i);
-	}
-	for (size_t k = 0; k < sizeof(where) / sizeof(where[0]); k++) {
-		uint16_t keep = h[where[k]];
-
-		h[where[k]] = inf;
-		cr_assert_eq(unscale(h, g, n, 0.125f), 0, "missed inf at %lld",
-			     (long long)where[k]);
-		h[where[k]] = nan;
-		cr_assert_eq(unscale(h, g, n, 0.125f), 0, "missed NaN at %lld",
-			     (long long)where[k]);
-		cr_assert(isnan(g[where[k]]));
-		h[where[k]] = keep;
-	}
-	cr_assert_eq(unscale(h, g, n, 0.125f), 1);
-	free(g);
-	free(h);
-}
-
-Test(unscale, f16_long_arrays)
-{
-	check_half_unscale(0);
-}
-
-Test(unscale, bf16_long_arrays)
-{
-	check_half_unscale(1);
-}
-
-Test(unscale, f32_long_array_any_position)
-{
-	const int64_t n = (1 << 18) + 5;
-	float *g = malloc((size_t)n * sizeof(*g));
-
-	cr_assert(g);
-	for (int64_t i = 0; i < n; i++)
-		g[i] = (float)(i % 1000);
-	cr_assert_eq(loom_amp_unscale_check_f32(g, n, 0.5f), 1);
-	for (int64_t i = 0; i < n; i++)
-		cr_assert_eq(g[i], (float)(i % 1000) * 0.5f);
-	g[n - 1] = NAN;
-	cr_assert_eq(loom_amp_unscale_check_f32(g, n, 0.5f), 0);
-	g[n - 1] = 1.0f;
-	g[150001] = -INFINITY;
-	cr_assert_eq(loom_amp_unscale_check_f32(g, n, 0.5f), 0);
-	free(g);
 }
