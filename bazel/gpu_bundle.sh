@@ -48,12 +48,28 @@ if [ -d "$data" ]; then
 	cp -L "$data"/*-ubyte* "$out/data/"
 fi
 
+# bin/ and lib/ travel as one gzip archive (OpenBLAS alone is 36 MB): with
+# the dataset the bundle stays under the device tool's 64 MiB; run.sh
+# unpacks it on first use.
+tar -C "$out" -czf "$out/payload.tar.gz" bin lib
+rm -rf "$out/bin" "$out/lib"
+
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the loom GPU suite from this folder. cuBLASLt and cuDNN come from the
 # host: /usr/local/cuda/lib64 (or $CUDA_HOME/lib64) and, if PyTorch is
-# installed, its site-packages/nvidia/*/lib.
+# installed, its site-packages/nvidia/*/lib. bin/ and lib/ are unpacked from
+# payload.tar.gz first (into a copy of this folder if it is read-only).
 here=$(cd "$(dirname "$0")" && pwd)
+if [ ! -x "$here/bin/test_cuda_ops" ]; then
+	if [ ! -w "$here" ]; then
+		tmp=$(mktemp -d)
+		cp -r "$here"/. "$tmp"/
+		here=$tmp
+	fi
+	tar -C "$here" -xzf "$here/payload.tar.gz" ||
+		{ echo "run.sh: cannot unpack $here/payload.tar.gz" >&2; exit 1; }
+fi
 path=$here/lib
 for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
 	[ -d "$d" ] && path=$path:$d
