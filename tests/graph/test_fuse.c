@@ -34,17 +34,57 @@ static int count(const loom_program *p, loom_op op, int relu)
 	return n;
 }
 
-static void feed(loom_program *p, unsigned seed)
+/* B rows of `features` values in (-amp, amp) into input x, labels in
+ * [0, classes) into input y. */
+typedef struct inputs {
+	const char *x, *y;
+	int features, classes;
+	float amp;
+} inputs;
+
+static const inputs CONVNET_IN = { "image", "label", 784, 10, 1 };
+
+static void feed(loom_program *p, const inputs *in, unsigned seed)
 {
-	float img[B * 784];
-	int32_t lab[B];
+	float *x = malloc(sizeof(float) * B * in->features);
+	int32_t y[B];
+	cr_assert(x);
 	srand(seed);
-	for (int i = 0; i < B * 784; i++)
-		img[i] = (float)rand() / RAND_MAX * 2 - 1;
+	for (int i = 0; i < B * in->features; i++)
+		x[i] = ((float)rand() / RAND_MAX * 2 - 1) * in->amp;
 	for (int i = 0; i < B; i++)
-		lab[i] = rand() % 10;
-	cr_assert_eq(loom_set_input(p, "image", img, LOOM_F32, B * 784), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "label", lab, LOOM_I32, B), LOOM_OK);
+		y[i] = rand() % in->classes;
+	cr_assert_eq(loom_set_input(p, in->x, x, LOOM_F32, (size_t)B * in->features), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, in->y, y, LOOM_I32, B), LOOM_OK);
+	free(x);
+}
+
+/* Five training steps of the fused plan f and the unfused plan u on the
+ * same data: the same losses and, bit for bit, the same parameters and
+ * buffers. */
+static void expect_trains_alike(loom_graph *g, loom_program *f, loom_program *u,
+				const inputs *in)
+{
+	for (int step = 0; step < 5; step++) {
+		feed(f, in, 100 + step);
+		feed(u, in, 100 + step);
+		cr_assert_eq(loom_run(f, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(f));
+		cr_assert_eq(loom_run(u, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(u));
+		cr_assert_eq(loom_loss(f), loom_loss(u), "step %d: loss %.17g fused vs %.17g", step,
+			     loom_loss(f), loom_loss(u));
+	}
+	for (int v = 0; v < g->n; v++) {
+		if (g->nodes[v].op != LOOM_OP_PARAM && g->nodes[v].op != LOOM_OP_BUFFER)
+			continue;
+		size_t n = (size_t)loom_shape_numel(&g->nodes[v].shape);
+		double *a = malloc(n * 8), *b = malloc(n * 8);
+		cr_assert_eq(loom_read_f64(f, v, a, n), LOOM_OK);
+		cr_assert_eq(loom_read_f64(u, v, b, n), LOOM_OK);
+		cr_assert(memcmp(a, b, n * 8) == 0, "'%s' differs between fused and unfused",
+			  g->nodes[v].name);
+		free(a);
+		free(b);
+	}
 }
 
 Test(fuse, convnet_relus_fold_into_pools)
@@ -81,27 +121,7 @@ Test(fuse, fused_trains_bit_for_bit_like_unfused)
 	loom_value logits;
 	loom_value loss = loom_model_convnet(g, B, &logits);
 	loom_program *f = compile(g, loss, 0), *u = compile(g, loss, 1);
-	for (int step = 0; step < 5; step++) {
-		feed(f, 100 + step);
-		feed(u, 100 + step);
-		cr_assert_eq(loom_run(f, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(f));
-		cr_assert_eq(loom_run(u, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(u));
-		cr_assert_eq(loom_loss(f), loom_loss(u), "step %d: loss %.17g fused vs %.17g", step,
-			     loom_loss(f), loom_loss(u));
-	}
-	/* Every parameter, by handle, after five updates. */
-	for (int v = 0; v < g->n; v++) {
-		if (g->nodes[v].op != LOOM_OP_PARAM && g->nodes[v].op != LOOM_OP_BUFFER)
-			continue;
-		size_t n = (size_t)loom_shape_numel(&g->nodes[v].shape);
-		double *a = malloc(n * 8), *b = malloc(n * 8);
-		cr_assert_eq(loom_read_f64(f, v, a, n), LOOM_OK);
-		cr_assert_eq(loom_read_f64(u, v, b, n), LOOM_OK);
-		cr_assert(memcmp(a, b, n * 8) == 0, "'%s' differs between fused and unfused",
-			  g->nodes[v].name);
-		free(a);
-		free(b);
-	}
+	expect_trains_alike(g, f, u, &CONVNET_IN);
 	loom_program_free(f);
 	loom_program_free(u);
 	loom_graph_free(g);
@@ -229,19 +249,6 @@ static int linear_relus(const loom_program *p)
 	return n;
 }
 
-static void feed_mlp(loom_program *p, unsigned seed)
-{
-	float x[B * 20];
-	int32_t y[B];
-	srand(seed);
-	for (int i = 0; i < B * 20; i++)
-		x[i] = (float)rand() / RAND_MAX * 4 - 2;
-	for (int i = 0; i < B; i++)
-		y[i] = rand() % 5;
-	cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, B * 20), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "y", y, LOOM_I32, B), LOOM_OK);
-}
-
 Test(fuse, linear_relu_fuses_and_trains_bit_for_bit)
 {
 	loom_graph *g;
@@ -254,26 +261,8 @@ Test(fuse, linear_relu_fuses_and_trains_bit_for_bit)
 	cr_assert_eq(count(f, LOOM_OP_RELU, -1), 0, "a relu survived fusion");
 	cr_assert_eq(count(f, LOOM_OP_RELU_BWD, -1), 2, "relu's backward is kept");
 	cr_assert_eq(linear_relus(u), 0);
-	for (int step = 0; step < 5; step++) {
-		feed_mlp(f, 7 + step);
-		feed_mlp(u, 7 + step);
-		cr_assert_eq(loom_run(f, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(f));
-		cr_assert_eq(loom_run(u, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(u));
-		cr_assert_eq(loom_loss(f), loom_loss(u), "step %d: loss %.17g fused vs %.17g", step,
-			     loom_loss(f), loom_loss(u));
-	}
-	for (int v = 0; v < g->n; v++) {
-		if (g->nodes[v].op != LOOM_OP_PARAM)
-			continue;
-		size_t n = (size_t)loom_shape_numel(&g->nodes[v].shape);
-		double *a = malloc(n * 8), *b = malloc(n * 8);
-		cr_assert_eq(loom_read_f64(f, v, a, n), LOOM_OK);
-		cr_assert_eq(loom_read_f64(u, v, b, n), LOOM_OK);
-		cr_assert(memcmp(a, b, n * 8) == 0, "'%s' differs between fused and unfused",
-			  g->nodes[v].name);
-		free(a);
-		free(b);
-	}
+	static const inputs in = { "x", "y", 20, 5, 2 };
+	expect_trains_alike(g, f, u, &in);
 	loom_program_free(f);
 	loom_program_free(u);
 	loom_graph_free(g);
