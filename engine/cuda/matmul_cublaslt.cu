@@ -149,54 +149,43 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 {
 	const loom_node *nd = &p->g->nodes[v];
 	loom_cuda_mm_plan *mp = &np->mm;
-	loom_status st;
+	loom_status st = LOOM_OK;
 	int found = 0;
 	mm_shape s;
 
-	np->kind = LOOM_CUDA_PLAN_MM;
 	mm_shape_of(p, nd, &s);
-	mp->bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
-	mp->bgrad = LOOM_NONE;
+	int bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
+	int relu = nd->op == LOOM_OP_LINEAR && nd->a.mm.relu; /* fused, graph/fuse.c */
+	loom_value sib = loom_cuda_own_kernels_on ? LOOM_NONE : bgrad_sibling(p, v);
+	/* Epilogues to try, the most fused first; what the chosen one leaves
+	 * out an own kernel does (the bias-gradient sibling's, or the relu in
+	 * place after the product). */
+	cublasLtEpilogue_t plain = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+	cublasLtEpilogue_t tries[2] = { plain, plain };
+	int ntries = 1;
+	if (sib != LOOM_NONE)
+		tries[0] = CUBLASLT_EPILOGUE_BGRADB, ntries = 2;
+	else if (relu)
+		tries[0] = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, ntries = 2;
 
-	loom_value sib = bgrad_sibling(p, v);
-	if (sib != LOOM_NONE && !loom_cuda_own_kernels_on) {
-		st = plan_with(p, c, nd, &s, CUBLASLT_EPILOGUE_BGRADB, np, &found);
-		if (st == LOOM_OK && found) {
-			mp->bgrad = sib;
-			return LOOM_OK;
+	for (int i = 0; i < ntries; i++) {
+		if (i > 0) { /* no algorithm for the last try */
+			loom_cuda_mm_plan_free(np);
+			p->err[0] = 0;
 		}
-		/* No algorithm does it: the sibling's own kernel will. */
-		loom_cuda_mm_plan_free(np);
 		np->kind = LOOM_CUDA_PLAN_MM;
-		mp->bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
-		mp->bgrad = LOOM_NONE;
-		p->err[0] = 0;
-	}
-	/* A fused relu (graph/fuse.c) rides the epilogue too. */
-	int relu = nd->op == LOOM_OP_LINEAR && nd->a.mm.relu;
-	cublasLtEpilogue_t epi = mp->bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-					  : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
-	st = plan_with(p, c, nd, &s, epi, np, &found);
-	if (relu && (st != LOOM_OK || !found)) {
-		/* No algorithm with the relu epilogue: the plain product, and
-		 * the relu by its own kernel in place after it. */
-		loom_cuda_mm_plan_free(np);
-		np->kind = LOOM_CUDA_PLAN_MM;
-		mp->bias = nd->nsrc > 2;
-		mp->bgrad = LOOM_NONE;
-		mp->relu_after = 1;
-		p->err[0] = 0;
-		st = plan_with(p, c, nd, &s,
-			       mp->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, np, &found);
+		mp->bias = bias;
+		mp->bgrad = tries[i] == CUBLASLT_EPILOGUE_BGRADB ? sib : LOOM_NONE;
+		mp->relu_after = relu && tries[i] == plain;
+		st = plan_with(p, c, nd, &s, tries[i], np, &found);
+		if (st == LOOM_OK && found)
+			return LOOM_OK;
 	}
 	if (st != LOOM_OK)
 		return st;
-	if (!found)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "cuda matmul: cuBLASLt has no algorithm for node %d "
-					 "(%d x %d x %d, %s)",
-					 (int)v, s.m, s.n, s.k, loom_dtype_name(nd->dtype));
-	return LOOM_OK;
+	return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+				 "cuda matmul: cuBLASLt has no algorithm for node %d (%d x %d x %d, %s)",
+				 (int)v, s.m, s.n, s.k, loom_dtype_name(nd->dtype));
 }
 
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np)
