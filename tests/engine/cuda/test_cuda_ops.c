@@ -287,15 +287,19 @@ static void each_dtype(const char *op, build_fn build, loom_run_mode mode)
 
 /* each_dtype with the library fast paths (cuDNN batch norm, the BGRADB
  * epilogue) and again with loom's own kernels in their place. */
+static void use_own_kernels(int on)
+{
+	own_kernels = on;
+	loom_cuda_test_own_kernels(on);
+}
+
 static void both_paths(const char *op, build_fn build, loom_run_mode mode)
 {
 	for (int own = 0; own <= 1; own++) {
-		own_kernels = own;
-		loom_cuda_test_own_kernels(own);
+		use_own_kernels(own);
 		each_dtype(op, build, mode);
 	}
-	own_kernels = 0;
-	loom_cuda_test_own_kernels(0);
+	use_own_kernels(0);
 }
 
 /* ------------------------------------------------------------ one-op graphs */
@@ -494,15 +498,13 @@ Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 {
 	NEED_GPU();
 	for (int own = 0; own <= 1; own++) {
-		own_kernels = own;
-		loom_cuda_test_own_kernels(own);
+		use_own_kernels(own);
 		for (uint64_t seed = 1; seed <= 2; seed++) {
 			run_case("batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
 			run_case("batchnorm2d O2 eval", b_bn_o2, LOOM_F32, LOOM_RUN_EVAL, seed);
 		}
 	}
-	own_kernels = 0;
-	loom_cuda_test_own_kernels(0);
+	use_own_kernels(0);
 }
 
 Test(cuda_ops, relu)
