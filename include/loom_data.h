@@ -164,6 +164,22 @@ loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
 			    size_t errlen);
 void loom_loader_free(loom_loader *l);
 
+/* Per-channel normalisation: channel c becomes (x / 255 - mean[c]) / std[c]
+ * (ds->c values each, every std > 0), replacing the loader's single pair. */
+loom_status loom_loader_set_normalize(loom_loader *l, const float *mean,
+				      const float *std);
+
+/*
+ * The standard CIFAR training augmentation: a random crop of the image's own
+ * size from the image zero-padded by pad on every side (pad 4 for CIFAR),
+ * and a horizontal flip with probability 1/2 when flip. What an item gets is
+ * decided by (seed, the sampler's epoch, the item's index in the data set)
+ * alone, so runs are reproducible on any number of ranks and threads.
+ * pad 0 and flip 0 turn it off (the default).
+ */
+loom_status loom_loader_set_augment(loom_loader *l, int pad, int flip,
+				    uint64_t seed);
+
 /* Batches per epoch (for this rank). */
 int64_t loom_loader_num_batches(const loom_loader *l);
 int loom_loader_batch_size(const loom_loader *l);
