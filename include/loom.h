@@ -290,6 +290,17 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info);
  * activations). */
 void loom_program_dump(const loom_program *p, FILE *out);
 
+/* Writes the compiled plan as a Graphviz digraph: one box per node labelled
+ * with its op, dtype, shape and arena place, filled by precision (fp32 blue,
+ * fp16 orange, bf16 gold), fused nodes outlined in red, AMP casts dashed,
+ * edges labelled with the shape they carry. `dot -Tsvg` renders it. */
+void loom_program_dump_dot(const loom_program *p, FILE *out);
+
+/* Writes where the program's memory goes, decided before step 1: parameters,
+ * master weights, gradients, optimizer state, activations (planned, and the
+ * naive one-buffer-each total beside them), workspace, and the peak. */
+void loom_program_memory_report(const loom_program *p, FILE *out);
+
 /* The message of the last failure on p ("" if none). */
 const char *loom_program_error(const loom_program *p);
 
