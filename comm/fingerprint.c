@@ -98,13 +98,18 @@ static int compare(const fp_view *a, const fp_view *b, uint64_t *at)
 }
 
 /* "node 14 conv2d has shape [100,..]" vs "node 14 conv2d has shape [50,..]":
- * when both share everything up to " has ", quote only the other value. */
+ * when both agree up to and past " has ", quote only where rank 0 differs. */
 static void say_item(char *buf, size_t len, int r, const char *mine, const char *zero)
 {
 	const char *has = strstr(mine, " has ");
+	size_t same = 0;
 
-	if (has && !strncmp(mine, zero, (size_t)(has - mine) + 5))
-		snprintf(buf, len, "rank %d: %s, rank 0 has %s", r, mine, zero + (has - mine) + 5);
+	while (mine[same] && mine[same] == zero[same])
+		same++;
+	while (same > 0 && mine[same - 1] != ' ')
+		same--;
+	if (has && (size_t)(has - mine) + 5 <= same)
+		snprintf(buf, len, "rank %d: %s, rank 0 has %s", r, mine, zero + same);
 	else
 		snprintf(buf, len, "rank %d: %s; rank 0: %s", r, mine, zero);
 }

@@ -345,6 +345,10 @@ void loom_pg_free(loom_pg *pg)
 {
 	if (!pg)
 		return;
+	/* A rank that failed a collective keeps its probe open a moment, so
+	 * that peers which time out a little later do not count it as dead. */
+	if ((pg->host && pg->host->broken) || (pg->device && pg->device->broken))
+		usleep(pg->timeout_s < 1.0 ? (useconds_t)(pg->timeout_s * 1e6) : 1000000);
 	if (pg->device)
 		pg->device->i->free(pg->device);
 	if (pg->host)

@@ -605,10 +605,12 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 			 "every rank is alive: one is slower than the timeout or called "
 			 "another collective");
 	else
-		snprintf(buf, len, "%s%s%s%s%s%s", ng ? "rank " : "", gone,
-			 ng ? " died (its process is gone)" : "", ng && nu ? "; " : "",
-			 nu ? "rank " : "", nu ? unreach : "");
-	if (nu)
-		snprintf(buf + strlen(buf), len - strlen(buf), " unreachable (no answer in 1 s)");
+		snprintf(buf, len, "%s%s%s%s%s%s%s", ng ? (strchr(gone, ',') ? "ranks " : "rank ") : "",
+			 gone,
+			 ng ? (strchr(gone, ',') ? " died (their processes are gone)"
+						 : " died (its process is gone)")
+			    : "",
+			 ng && nu ? "; " : "", nu ? (strchr(unreach, ',') ? "ranks " : "rank ") : "",
+			 unreach, nu ? " unreachable (no answer to the probe in 1 s)" : "");
 	return dead;
 }

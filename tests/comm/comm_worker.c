@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "amp/half.h"
 #include "comm/comm_internal.h"
 
 static int rank_of(loom_pg *pg)
@@ -61,6 +62,143 @@ static int allreduce(loom_pg *pg, loom_comm *c)
 	return 0;
 }
 
+/* f16 and bf16 sums of small integers are exact too. */
+static int allreduce_half(loom_pg *pg, loom_comm *c)
+{
+	const loom_pg_info *in = loom_pg_get_info(pg);
+	uint16_t h[64], b[64];
+	int i;
+	loom_status st;
+
+	for (i = 0; i < 64; i++) {
+		h[i] = loom_f32_to_f16((float)(in->rank + i));
+		b[i] = loom_f32_to_bf16((float)(in->rank + i));
+	}
+	if ((st = loom_comm_allreduce(c, h, 64, LOOM_F16)) ||
+	    (st = loom_comm_allreduce(c, b, 64, LOOM_BF16)))
+		return fail(pg, st);
+	for (i = 0; i < 64; i++) {
+		float want = (float)(in->world * (in->world - 1) / 2 + in->world * i);
+
+		if (loom_f16_to_f32(h[i]) != want || loom_bf16_to_f32(b[i]) != want) {
+			printf("rank %d: WRONG half sum [%d] %g / %g, want %g\n", in->rank, i,
+			       loom_f16_to_f32(h[i]), loom_bf16_to_f32(b[i]), want);
+			return 1;
+		}
+	}
+	printf("rank %d: OK half sums\n", in->rank);
+	return 0;
+}
+
+/* Rank 0's parameters reach every rank. */
+static int broadcast(loom_pg *pg, loom_comm *c)
+{
+	const loom_pg_info *in = loom_pg_get_info(pg);
+	float a[10], b[3];
+	void *bufs[2] = { a, b };
+	size_t bytes[2] = { sizeof(a), sizeof(b) };
+	int i;
+	loom_status st;
+
+	for (i = 0; i < 10; i++)
+		a[i] = (float)(in->rank * 100 + i);
+	for (i = 0; i < 3; i++)
+		b[i] = (float)(in->rank * 7 - i);
+	if ((st = loom_comm_broadcast_many(c, bufs, bytes, 2, 0)) || (st = loom_comm_barrier(c)))
+		return fail(pg, st);
+	for (i = 0; i < 10; i++)
+		if (a[i] != (float)i)
+			return printf("rank %d: WRONG a[%d] = %g\n", in->rank, i, a[i]), 1;
+	for (i = 0; i < 3; i++)
+		if (b[i] != (float)-i)
+			return printf("rank %d: WRONG b[%d] = %g\n", in->rank, i, b[i]), 1;
+	printf("rank %d: OK broadcast\n", in->rank);
+	return 0;
+}
+
+/* LOOM_TEST_VICTIM dies by SIGKILL between two all-reduces; the others must
+ * fail within the timeout, naming it. */
+static int die(loom_pg *pg, loom_comm *c)
+{
+	const loom_pg_info *in = loom_pg_get_info(pg);
+	const char *v = getenv("LOOM_TEST_VICTIM");
+	int victim = v ? atoi(v) : 1;
+	float x[1000] = { 0 };
+	double t0;
+	loom_status st;
+
+	if ((st = loom_comm_allreduce(c, x, 1000, LOOM_F32)))
+		return fail(pg, st);
+	if (in->rank == victim)
+		raise(SIGKILL);
+	t0 = loom_comm_now();
+	st = loom_comm_allreduce(c, x, 1000, LOOM_F32);
+	if (!st) {
+		printf("rank %d: WRONG the all-reduce without rank %d succeeded\n", in->rank,
+		       victim);
+		return 1;
+	}
+	printf("rank %d: after %.1f s: ", in->rank, loom_comm_now() - t0);
+	return fail(pg, st);
+}
+
+/* A plan of 20 nodes; rank LOOM_TEST_ODD's node 14 has another shape. */
+typedef struct toy_plan {
+	int batch14;
+} toy_plan;
+
+static void toy_describe(void *user, size_t i, char *buf, size_t len)
+{
+	const toy_plan *p = user;
+
+	if (i == 14)
+		snprintf(buf, len, "node 14 conv2d has shape [%d,32,14,14]", p->batch14);
+	else
+		snprintf(buf, len, "node %zu relu has shape [8]", i);
+}
+
+static int fingerprint(loom_pg *pg, loom_comm *c, const char *how)
+{
+	const loom_pg_info *in = loom_pg_get_info(pg);
+	const char *o = getenv("LOOM_TEST_ODD");
+	int odd = o ? atoi(o) : 1, k;
+	toy_plan plan = { 50 };
+	uint64_t items[20];
+	const char head[] = "O2 bucket_cap=25MiB";
+	loom_fingerprint fp = { "node", head, sizeof(head), items, 20, toy_describe, &plan };
+	loom_status st;
+
+	if (in->rank == odd && !strcmp(how, "fp-mismatch"))
+		plan.batch14 = 100;
+	for (k = 0; k < 20; k++) {
+		char d[128];
+
+		toy_describe(&plan, (size_t)k, d, sizeof(d));
+		items[k] = loom_comm_hash(d, strlen(d), 0);
+	}
+	if (in->rank == odd && !strcmp(how, "fp-count"))
+		fp.n_items = 19;
+	if (in->rank == odd && !strcmp(how, "fp-garbage")) {
+		uint8_t junk[40];
+
+		memset(junk, 0xab, sizeof(junk));
+		st = loom_comm_check_fingerprint_bytes(c, junk, sizeof(junk), &fp);
+	} else if (in->rank == odd && !strcmp(how, "fp-truncated")) {
+		uint8_t *rec;
+		size_t len;
+
+		loom_fingerprint_serialize(&fp, &rec, &len);
+		st = loom_comm_check_fingerprint_bytes(c, rec, len - 5, &fp);
+		free(rec);
+	} else {
+		st = loom_comm_check_fingerprint(c, &fp);
+	}
+	if (st)
+		return fail(pg, st);
+	printf("rank %d: OK fingerprint\n", in->rank);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "allreduce";
@@ -80,6 +218,14 @@ int main(int argc, char **argv)
 	c = loom_pg_comm(pg, LOOM_COMM_HOST);
 	if (!strcmp(what, "allreduce"))
 		rc = allreduce(pg, c);
+	else if (!strcmp(what, "half"))
+		rc = allreduce_half(pg, c);
+	else if (!strcmp(what, "broadcast"))
+		rc = broadcast(pg, c);
+	else if (!strcmp(what, "die"))
+		rc = die(pg, c);
+	else if (!strncmp(what, "fp-", 3))
+		rc = fingerprint(pg, c, what);
 	else {
 		printf("unknown scenario %s\n", what);
 		rc = 2;
