@@ -2,7 +2,7 @@
  * tests/comm/comm_worker.c — one rank of the multi-process tests, started by
  * mpirun, by env:// variables or by the launcher. argv[1] names the scenario;
  * the rank prints "rank R: OK ..." or "rank R: ERROR <status>: <message>" and
- * exits 0 or 1, so test_comm.sh can check every rank's verdict and timing.
+ * exits 0 or 1 (with --nproc N it is the launcher), so test_comm.sh can check every rank's verdict and timing.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +12,7 @@
 
 #include "amp/half.h"
 #include "comm/comm_internal.h"
+#include "comm/launch.h"
 
 static int rank_of(loom_pg *pg)
 {
@@ -209,6 +210,10 @@ int main(int argc, char **argv)
 	int rc;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	rc = loom_launch_maybe(&argc, argv);
+	if (rc >= 0)
+		return rc;
+	what = argc > 1 ? argv[1] : "allreduce";
 	st = loom_pg_init(&o, &pg);
 	if (st) {
 		rc = fail(pg, st);
@@ -222,7 +227,17 @@ int main(int argc, char **argv)
 		rc = allreduce_half(pg, c);
 	else if (!strcmp(what, "broadcast"))
 		rc = broadcast(pg, c);
-	else if (!strcmp(what, "die"))
+	else if (!strcmp(what, "flaky")) {
+		/* Rank 1 fails the first attempt; the launcher's restart succeeds. */
+		const char *n = getenv("TORCHELASTIC_RESTART_COUNT");
+
+		if (rank_of(pg) == 1 && (!n || !strcmp(n, "0"))) {
+			printf("rank 1: failing attempt 0 on purpose\n");
+			rc = 3;
+		} else {
+			rc = allreduce(pg, c);
+		}
+	} else if (!strcmp(what, "die"))
 		rc = die(pg, c);
 	else if (!strncmp(what, "fp-", 3))
 		rc = fingerprint(pg, c, what);
