@@ -407,7 +407,8 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 
 out_tell:
 	free(payload);
-	tell_all(r, err, deadline);
+	/* The deadline may be past: the verdict gets a second of its own. */
+	tell_all(r, err, loom_comm_now() + 1.0);
 	return st;
 }
 
@@ -442,6 +443,9 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	st = loom_sock_write(fd, hello, sizeof(hello), deadline, "rendezvous: hello", err, errlen);
 	if (st)
 		return st;
+	/* Rank 0 decides when its own deadline passes: wait a little longer
+	 * than it, so that its verdict arrives rather than a timeout of ours. */
+	deadline += 1.5;
 	st = loom_sock_read(fd, head, sizeof(head), deadline, who, err, errlen);
 	if (st)
 		return st;
