@@ -59,8 +59,10 @@ check "env:// 2 ranks: broadcast of parameters from rank 0" "$out" "OK broadcast
 
 # A rank killed mid-collective: the others name it within the timeout (2 s).
 within() { # NAME OUTPUT: every "after X s" is at most the timeout + 1 s
-	local t
-	for t in $(sed -n 's/.*after \([0-9.]*\) s:.*/\1/p' <<<"$2"); do
+	local t ts
+	ts=$(sed -n 's/.*after \([0-9.]*\) s:.*/\1/p' <<<"$2")
+	[ -n "$ts" ] || { bad "$1" "no rank reported its time" "$2"; return; }
+	for t in $ts; do
 		awk -v t="$t" 'BEGIN { exit !(t <= 3.0) }' || { bad "$1" "took $t s" "$2"; return; }
 	done
 	ok "$1"
