@@ -218,8 +218,8 @@ static bn_prog bn_build(void)
 	loom_compile_opts o = cpu_opts();
 	o.optim.kind = LOOM_OPTIM_NONE;
 	cr_assert_eq(loom_compile(g, loss, &o, &b.p), LOOM_OK, "%s", loom_last_error());
-	cr_assert_str_eq(b.p->g->nodes[b.rm].name, "bn.running_mean");
-	cr_assert_str_eq(b.p->g->nodes[b.rv].name, "bn.running_var");
+	cr_assert_str_eq(b.p->plan.g->nodes[b.rm].name, "bn.running_mean");
+	cr_assert_str_eq(b.p->plan.g->nodes[b.rv].name, "bn.running_var");
 	loom_graph_free(g);
 	return b;
 }
@@ -342,10 +342,10 @@ Test(program, info_sizes_o0)
 	cr_assert_eq(i.master_bytes, 0);
 	/* Adam's m and v per parameter, each rounded up to 64 bytes. */
 	cr_assert_eq(i.optim_state_bytes, 2 * (64 + 64));
-	cr_assert_eq(i.n_nodes, p->g->n);
+	cr_assert_eq(i.n_nodes, p->plan.g->n);
 	cr_assert_gt(i.n_nodes, 6, "no backward nodes: %d", i.n_nodes);
-	cr_assert_eq(i.arena_bytes, p->mp.persist_bytes + p->mp.act_bytes + p->ws_bytes +
-					    p->state_bytes);
+	cr_assert_eq(i.arena_bytes, p->plan.mp.persist_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes +
+					    p->plan.state_bytes);
 	cr_assert_geq(i.arena_bytes, i.param_bytes + i.grad_bytes + i.optim_state_bytes);
 	cr_assert_leq(i.activation_bytes, i.activation_naive_bytes);
 	cr_assert_eq(i.loss_scale, 1.0);

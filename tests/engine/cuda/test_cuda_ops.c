@@ -114,8 +114,8 @@ static loom_value head(loom_graph *g, tcase *t, loom_value y)
 static int fused_pools(const loom_program *p)
 {
 	int n = 0;
-	for (int v = 0; v < p->g->n; v++) {
-		const loom_node *nd = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
 		if ((nd->op == LOOM_OP_MAXPOOL2D || nd->op == LOOM_OP_MAXPOOL2D_BWD) && nd->a.pool.relu)
 			n++;
 	}
@@ -126,10 +126,10 @@ static int fused_pools(const loom_program *p)
  * dtype and fused relu, so a comparison of values compares kernels. */
 static void expect_same_plan(const char *what, const loom_program *cpu, const loom_program *cuda)
 {
-	cr_assert_eq(cuda->g->n, cpu->g->n, "%s: cuda plans %d nodes, cpu %d", what, cuda->g->n,
-		     cpu->g->n);
-	for (int v = 0; v < cpu->g->n; v++) {
-		const loom_node *a = &cuda->g->nodes[v], *b = &cpu->g->nodes[v];
+	cr_assert_eq(cuda->plan.g->n, cpu->plan.g->n, "%s: cuda plans %d nodes, cpu %d", what, cuda->plan.g->n,
+		     cpu->plan.g->n);
+	for (int v = 0; v < cpu->plan.g->n; v++) {
+		const loom_node *a = &cuda->plan.g->nodes[v], *b = &cpu->plan.g->nodes[v];
 		int pool = b->op == LOOM_OP_MAXPOOL2D || b->op == LOOM_OP_MAXPOOL2D_BWD;
 		int lin = b->op == LOOM_OP_LINEAR;
 		cr_expect(a->op == b->op && a->dtype == b->dtype &&
