@@ -106,7 +106,7 @@ static void *record_addr(loom_program *p, int i)
 
 loom_status loom_save(loom_program *p, const char *path)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "save: no path given");
@@ -148,7 +148,7 @@ loom_status loom_save(loom_program *p, const char *path)
 
 loom_status loom_load(loom_program *p, const char *path)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "load: no path given");

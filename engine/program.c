@@ -104,7 +104,7 @@ static loom_status pick_backend(loom_program *p)
 		if (!have_cuda) {
 			static int told;
 			if (!told++)
-				fprintf(stderr, "loom: no CUDA device found, running on the CPU\n");
+				loom_log("loom: no CUDA device found, running on the CPU\n");
 		}
 		p->be = &loom_cpu_backend;
 		return LOOM_OK;
@@ -235,6 +235,8 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	}
 	if ((st = check_optim(&o->optim)) != LOOM_OK)
 		return st;
+	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
+		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
 
 	loom_program *p = calloc(1, sizeof(*p));
 	if (!p)
@@ -247,7 +249,7 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 				     (uint64_t)o->amp.half);
 	if ((st = loom_graph_clone(g, &p->plan.g)) != LOOM_OK) {
 		compile_fail(st, "out of memory copying the graph");
-		goto out_free;
+		goto out_fail;
 	}
 	p->plan.g->nodes[loss].flags |= LOOM_NODE_OUTPUT;
 
@@ -255,7 +257,7 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	char amsg[256] = "";
 	if ((st = loom_amp_pass(p->plan.g, &loss, &o->amp, amsg, sizeof(amsg))) != LOOM_OK) {
 		compile_fail(st, "%s", amsg);
-		goto out_free;
+		goto out_fail;
 	}
 	p->plan.loss = loss;
 	p->plan.scaling = loom_amp_uses_scaling(&o->amp);
@@ -266,16 +268,16 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		compile_fail(LOOM_ERR_INVALID, "amp: loss scale %g / growth interval %d invalid",
 			     o->amp.init_scale, o->amp.growth_interval);
 		st = LOOM_ERR_INVALID;
-		goto out_free;
+		goto out_fail;
 	}
 
 	p->plan.n_fwd = p->plan.g->n;
 	if ((st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
 		compile_fail(st, "%s", p->plan.g->errmsg);
-		goto out_free;
+		goto out_fail;
 	}
 	if ((st = pick_backend(p)) != LOOM_OK)
-		goto out_free;
+		goto out_fail;
 	/* Planner passes, then the memory plan of what remains. */
 	if (p->be->fuses_relu_pool && !o->no_fusion)
 		loom_fuse_relu_pool(p->plan.g);
@@ -285,32 +287,35 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		loom_fuse_siblings(p->plan.g);
 	if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
 		compile_fail(st, "memory planning: out of memory");
-		goto out_free;
+		goto out_fail;
 	}
 	if ((st = make_slots(p)) != LOOM_OK)
-		goto out_free;
+		goto out_fail;
 	if ((st = backend_prepare(p)) != LOOM_OK) {
 		compile_fail(st, "backend %s: %s", p->be->name, p->err);
-		goto out_free;
+		goto out_fail;
 	}
 	if ((st = init_values(p)) != LOOM_OK)
-		goto out_free;
+		goto out_fail;
 	if (o->verbose) {
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		fprintf(stderr,
-			"loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
+		loom_log("loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
 			"(params %.2f, grads %.2f, optimizer %.2f, activations %.2f of %.2f naive)\n",
 			info.n_nodes, p->plan.n_fwd, info.backend, info.arena_bytes / 1048576.0,
 			info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
 			info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
 			info.activation_naive_bytes / 1048576.0);
 	}
+	p->ready = 1;
 	*out = p;
 	return LOOM_OK;
 
-out_free:
-	loom_program_free(p);
+out_fail:
+	/* As sqlite3_open: the handle comes back so that its error can be
+	 * read; only loom_program_error and loom_program_free take it. */
+	snprintf(p->err, sizeof(p->err), "%s", last_error);
+	*out = p;
 	return st;
 }
 
@@ -337,7 +342,7 @@ static loom_value find_named(const loom_program *p, loom_op op, const char *name
 loom_status loom_set_input(loom_program *p, const char *name, const void *data, loom_dtype dt,
 			   size_t count)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!name || !data)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "set_input: name or data is NULL");
@@ -369,8 +374,8 @@ static void report_nonfinite(loom_program *p)
 	char lb[96];
 	snprintf(p->ts.amp_report, sizeof(p->ts.amp_report), "%s (node %d)",
 		 loom_node_label(p->plan.g, p->ts.first_nonfinite, lb, sizeof(lb)), (int)p->ts.first_nonfinite);
-	fprintf(stderr, "loom: loss scale collapsed below 1: %s first produced inf/NaN\n",
-		p->ts.amp_report);
+	loom_log("loom: loss scale collapsed below 1: %s first produced inf/NaN\n",
+		 p->ts.amp_report);
 	p->ts.diagnose = 0;
 }
 
@@ -389,7 +394,7 @@ static loom_status run_range(loom_program *p, int last, unsigned flags, int opti
 
 loom_status loom_run(loom_program *p, loom_run_mode mode)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	p->err[0] = 0;
 	loom_status st;
@@ -489,7 +494,7 @@ static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_
 
 loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count)
 {
-	if (!p || !dst)
+	if (!loom_program_usable(p) || !dst)
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
@@ -499,7 +504,7 @@ loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t cou
 
 loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 {
-	if (!p || !dst)
+	if (!loom_program_usable(p) || !dst)
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
@@ -518,7 +523,7 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_t count)
 {
-	if (!p || !dst)
+	if (!loom_program_usable(p) || !dst)
 		return LOOM_ERR_INVALID;
 	loom_value uv = v;
 	v = compiled_value(p, v);
@@ -532,7 +537,7 @@ loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_
 
 loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, size_t count)
 {
-	if (!p || !src)
+	if (!loom_program_usable(p) || !src)
 		return LOOM_ERR_INVALID;
 	loom_value uv = v;
 	v = compiled_value(p, v);
@@ -589,7 +594,7 @@ int64_t loom_step_count(const loom_program *p)
 void loom_program_info_get(const loom_program *p, loom_program_info *info)
 {
 	memset(info, 0, sizeof(*info));
-	if (!p)
+	if (!loom_program_usable(p))
 		return;
 	info->backend = p->be->describe(p->be_ctx);
 	info->n_nodes = p->plan.g->n;
@@ -613,7 +618,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 void loom_program_dump(const loom_program *p, FILE *out)
 {
 	char sh[96], lb[96];
-	if (!p || !out)
+	if (!loom_program_usable(p) || !out)
 		return;
 	fprintf(out, "plan: %d nodes (%d forward), backend %s\n", p->plan.g->n, p->plan.n_fwd,
 		p->be->describe(p->be_ctx));

@@ -144,8 +144,15 @@ struct loom_program {
 	const loom_backend *be;
 	void *be_ctx;
 	loom_arena arena; /* the regions be_ctx allocated */
+	int ready;        /* compiled; a failed compile's handle only explains */
 	char err[LOOM_ERR_MAX];
 };
+
+/* A program that compiled (a failed compile's handle is not). */
+static inline int loom_program_usable(const loom_program *p)
+{
+	return p && p->ready;
+}
 
 /* Optimizer state buffers per parameter: SGD's momentum buffer, AdamW's m
  * and v. */
@@ -195,6 +202,9 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	loom_value u = pl->g->nodes[v].made_by;
 	return u != LOOM_NONE && u < v;
 }
+
+/* Prints one message through the user's log callback (loom_set_log). */
+void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Records a message on p and returns st. */
 loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)

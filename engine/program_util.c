@@ -3,6 +3,7 @@
  * formatting, and the messages both backends word the same way.
  */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "engine/program_internal.h"
 
@@ -49,4 +50,27 @@ loom_status loom_program_download(loom_program *p, void *dst, const void *src, s
 {
 	loom_status st = p->be->download(p->be_ctx, dst, src, bytes);
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
+}
+
+/* The library's one way to print: the user's callback, else stderr. */
+static loom_log_fn log_fn;
+static void *log_user;
+
+void loom_set_log(loom_log_fn fn, void *user)
+{
+	log_fn = fn;
+	log_user = user;
+}
+
+void loom_log(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (log_fn)
+		log_fn(log_user, msg);
+	else
+		fputs(msg, stderr);
 }

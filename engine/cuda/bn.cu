@@ -9,7 +9,7 @@
  * dtypes (f32 or f16 data with f32 parameters: O0, O1, O2); these kernels
  * run the rest (O3's half parameters, bf16) and everything under the
  * loom_cuda_test_own_kernels hook. One block per channel, double
- * accumulators, two passes for the variance. Not yet run on a GPU.
+ * accumulators, two passes for the variance.
  */
 #include "engine/cuda/dtype.cuh"
 

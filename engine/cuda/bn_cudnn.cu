@@ -16,8 +16,6 @@
  * kernels of bn.cu, which follow the CPU formula for formula. So does every
  * node under the loom_cuda_test_own_kernels hook, which lets the tests check
  * both paths against the CPU. CPU twin: engine/cpu/bn_impl.h.
- *
- * Not yet run on a GPU.
  */
 #include <stdio.h>
 #include <string.h>

@@ -4,7 +4,6 @@
  * check. CPU twins: engine/cpu/elementwise_impl.h, loom_cpu_channel_sum in
  * engine/cpu/bn_impl.h, run_cast and GRAD_SEED in engine/cpu/backend.c.
  * Every kernel reads any float dtype as fp32 and rounds its result once.
- * Not yet run on a GPU.
  */
 #include "engine/cuda/dtype.cuh"
 

@@ -8,7 +8,6 @@
  * the node and the first bad row in the control block, writes no loss, the
  * optimizer kernels skip the update, and the next sync (the loss download
  * every loom_run ends with) reports it as the CPU backend does.
- * Not yet run on a GPU.
  */
 #include <stdint.h>
 

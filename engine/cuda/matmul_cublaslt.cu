@@ -14,7 +14,7 @@
  *
  * loom is row-major, cuBLAS column-major: a row-major C[M,N] is a
  * column-major C^T[N,M], so we compute C^T = op(B)^T op(A)^T, i.e. cuBLAS's
- * "A" operand is loom's B and its "B" is loom's A. Not yet run on a GPU.
+ * "A" operand is loom's B and its "B" is loom's A.
  */
 #include <stdio.h>
 #include <string.h>

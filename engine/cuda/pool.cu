@@ -12,7 +12,6 @@
  * needs the forward output y, which the graph's MAXPOOL2D_BWD (x, dy) does
  * not have, and its choice among tied maxima is unspecified, so half inputs
  * (where ties are common) would route gradients differently from the CPU.
- * Not yet run on a GPU.
  */
 #include "engine/cuda/dtype.cuh"
 

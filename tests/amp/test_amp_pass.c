@@ -561,7 +561,11 @@ static void refused(const loom_compile_opts *o, loom_status want, const char *pa
 	loom_program *p = (loom_program *)1;
 	loom_status st = loom_compile(g, loss, o, &p);
 	cr_assert_eq(st, want, "%s: %s (%s)", what, loom_status_string(st), loom_last_error());
-	cr_assert_null(p);
+	/* The failed program comes back to explain itself (loom.h). */
+	cr_assert_not_null(p, "%s: no handle", what);
+	cr_assert_str_eq(loom_program_error(p), loom_last_error());
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_ERR_INVALID);
+	loom_program_free(p);
 	cr_assert_neq(strstr(loom_last_error(), part), NULL, "%s: message '%s' lacks '%s'", what,
 		      loom_last_error(), part);
 	char err[256] = "";
