@@ -33,7 +33,7 @@ static int is_leaf(loom_op op)
 /* The fusion a node carries, or NULL. */
 static const char *fused_note(const loom_program *p, loom_value v)
 {
-	const loom_node *n = &p->g->nodes[v];
+	const loom_node *n = &p->plan.g->nodes[v];
 	if ((n->op == LOOM_OP_MAXPOOL2D || n->op == LOOM_OP_MAXPOOL2D_BWD) && n->a.pool.relu)
 		return "relu fused";
 	if (n->op == LOOM_OP_LINEAR && n->a.mm.relu)
@@ -52,35 +52,35 @@ static void dot_escape(char *s)
 void loom_program_dump_dot(const loom_program *p, FILE *out)
 {
 	char lb[96], sh[96];
-	if (!p || !out)
+	if (!loom_program_usable(p) || !out)
 		return;
 	fprintf(out, "digraph loom_plan {\n");
 	fprintf(out, "  graph [rankdir=TB, fontname=\"Helvetica\", label=\"loom plan: %d nodes "
 		     "(%d forward), %s\"];\n",
-		p->g->n, p->n_fwd, p->backend_name[0] ? p->backend_name : p->be->name);
+		p->plan.g->n, p->plan.n_fwd, p->be->describe(p->be_ctx));
 	fprintf(out, "  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
 		     "fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=8];\n");
 	fprintf(out, "  legend [shape=plaintext, style=\"\", label=<<table border=\"0\">"
 		     "<tr><td bgcolor=\"%s\">fp32</td><td bgcolor=\"%s\">fp16</td>"
 		     "<td bgcolor=\"%s\">bf16</td></tr></table>>];\n",
 		dtype_colour(LOOM_F32), dtype_colour(LOOM_F16), dtype_colour(LOOM_BF16));
-	for (int v = 0; v < p->g->n; v++) {
-		const loom_node *n = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
 		const char *fused = fused_note(p, v);
-		loom_node_label(p->g, v, lb, sizeof(lb));
+		loom_node_label(p->plan.g, v, lb, sizeof(lb));
 		dot_escape(lb);
 		fprintf(out, "  n%d [label=\"%d: %s\\n%s %s", v, v, lb, loom_dtype_name(n->dtype),
 			loom_shape_str(&n->shape, sh, sizeof(sh)));
 		if (fused)
 			fprintf(out, "\\n(%s)", fused);
-		if (loom_made_earlier(p, v))
+		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, "\\n(made by %d)", (int)n->made_by);
 		fprintf(out, "\\n%c+%zu\", fillcolor=\"%s\"",
-			p->mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->mp.offset[v],
+			p->plan.mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->plan.mp.offset[v],
 			dtype_colour(n->dtype));
 		if (is_leaf(n->op))
 			fprintf(out, ", shape=%s", n->op == LOOM_OP_INPUT ? "invhouse" : "cylinder");
-		if (fused || loom_made_earlier(p, v))
+		if (fused || loom_made_earlier(&p->plan, v))
 			fprintf(out, ", penwidth=2.5, color=\"#c92a2a\"");
 		if (n->flags & LOOM_NODE_AMP)
 			fprintf(out, ", style=\"rounded,filled,dashed\"");
@@ -90,10 +90,10 @@ void loom_program_dump_dot(const loom_program *p, FILE *out)
 			if (s < 0)
 				continue;
 			fprintf(out, "  n%d -> n%d [label=\"%s\"%s];\n", (int)s, v,
-				loom_shape_str(&p->g->nodes[s].shape, sh, sizeof(sh)),
+				loom_shape_str(&p->plan.g->nodes[s].shape, sh, sizeof(sh)),
 				(n->flags & LOOM_NODE_BACKWARD) ? ", color=\"#868e96\"" : "");
 		}
-		if (loom_made_earlier(p, v))
+		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, "  n%d -> n%d [style=dotted, arrowhead=none, label=\"same call\"];\n",
 				(int)n->made_by, v);
 	}
@@ -110,14 +110,14 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 {
 	loom_program_info info;
 	char note[128];
-	if (!p || !out)
+	if (!loom_program_usable(p) || !out)
 		return;
 	loom_program_info_get(p, &info);
 	/* Without planning, every activation would have a buffer of its own
 	 * and so would every kernel's scratch. */
-	size_t naive = p->mp.persist_bytes + p->mp.act_naive_bytes + p->ws_bytes + p->state_bytes;
-	size_t other = p->mp.persist_bytes - info.param_bytes - info.grad_bytes - info.master_bytes;
-	if (p->mp.persist_bytes < info.param_bytes + info.grad_bytes + info.master_bytes)
+	size_t naive = p->plan.mp.persist_bytes + p->plan.mp.act_naive_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	size_t other = p->plan.mp.persist_bytes - info.param_bytes - info.grad_bytes - info.master_bytes;
+	if (p->plan.mp.persist_bytes < info.param_bytes + info.grad_bytes + info.master_bytes)
 		other = 0;
 	fprintf(out, "memory of the compiled plan (%s, %d nodes, %d parameters, %lld elements):\n",
 		info.backend, info.n_nodes, info.n_params, (long long)info.n_param_elems);
@@ -129,7 +129,7 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
 		 info.activation_naive_bytes / 1048576.0);
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
-	mib_line(out, "workspace", p->ws_bytes, NULL);
+	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
 	snprintf(note, sizeof(note), "(naive %.3f MiB: %.1f%% saved)", naive / 1048576.0,
 		 naive ? 100.0 * (1.0 - (double)info.arena_bytes / (double)naive) : 0.0);
 	mib_line(out, "peak (the arena)", info.arena_bytes, note);
