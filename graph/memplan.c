@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "graph/memplan.h"
+#include "graph/ops/ops.h"
 
 #define ALIGN 64
 
@@ -102,8 +103,7 @@ static int alloc_give(allocator *a, size_t off, size_t size)
 
 static int is_persistent(const loom_node *n)
 {
-	return n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
-	       (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD));
+	return loom_op_is_leaf(n->op) || (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD));
 }
 
 loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
@@ -134,7 +134,7 @@ loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
 	/* Roots: a reshape shares its source's storage. */
 	for (int v = 0; v < n; v++) {
 		const loom_node *nd = &g->nodes[v];
-		mp->root[v] = nd->op == LOOM_OP_RESHAPE ? mp->root[nd->src[0]] : v;
+		mp->root[v] = loom_op_is_view(nd->op) ? mp->root[nd->src[0]] : v;
 		last[v] = v;
 	}
 	for (int v = 0; v < n; v++) {

@@ -13,6 +13,7 @@
 #include "engine/program_internal.h"
 #include "graph/graph_internal.h"
 #include "graph/memplan.h"
+#include "graph/ops/ops.h"
 #include "loom.h"
 #include "tests/graph/nets.h"
 
@@ -120,9 +121,9 @@ static void expect_no_live_overlap(fixture f)
 			cr_assert(!(live && shared),
 				  "values %d (%s, nodes %d..%d, bytes %zu+%zu) and %d (%s, nodes "
 				  "%d..%d, bytes %zu+%zu) are alive together and overlap",
-				  (int)s[i].v, loom_op_defs[g->nodes[s[i].v].op].name, s[i].def,
+				  (int)s[i].v, loom_op_defs[g->nodes[s[i].v].op]->name, s[i].def,
 				  s[i].last, s[i].off, s[i].size, (int)s[j].v,
-				  loom_op_defs[g->nodes[s[j].v].op].name, s[j].def, s[j].last, s[j].off,
+				  loom_op_defs[g->nodes[s[j].v].op]->name, s[j].def, s[j].last, s[j].off,
 				  s[j].size);
 			reused += shared;
 		}
@@ -162,7 +163,7 @@ Test(memplan, everything_fits_its_region)
 		size_t cap = mp->region[v] == LOOM_REGION_PERSIST ? mp->persist_bytes : mp->act_bytes;
 		cr_assert(mp->region[v] == LOOM_REGION_PERSIST || mp->region[v] == LOOM_REGION_ACT);
 		cr_assert_leq(end, cap, "value %d (%s) ends at %zu, its region holds %zu", v,
-			      loom_op_defs[g->nodes[v].op].name, end, cap);
+			      loom_op_defs[g->nodes[v].op]->name, end, cap);
 		cr_assert_eq(mp->offset[v] % 64, 0, "value %d is not 64-byte aligned", v);
 	}
 	fixture_free(&f);
@@ -184,7 +185,7 @@ Test(memplan, persistent_values_never_overlap)
 		if (persistent_kind(&g->nodes[v])) {
 			npersist++;
 			cr_assert_eq(f.p->mp.region[v], LOOM_REGION_PERSIST, "value %d (%s) is not kept",
-				     v, loom_op_defs[g->nodes[v].op].name);
+				     v, loom_op_defs[g->nodes[v].op]->name);
 		}
 	/* image, labels, 10 params, 4 buffers, 10 gradients, the loss. */
 	cr_assert_geq(npersist, 26);
