@@ -437,3 +437,55 @@ Test(memplan, marked_output_and_its_alias_are_kept)
 	loom_memplan_free(&mp);
 	loom_graph_free(g);
 }
+
+/* ------------------------------------------- the schedule and the regions */
+
+/* Without a pass that reorders, the schedule is node order, each node once,
+ * and the region table agrees with the byte counts the engine reads. */
+Test(memplan, schedule_is_node_order_and_regions_agree)
+{
+	fixture f = convnet(NULL);
+	const loom_memplan *mp = &f.p->mp;
+	cr_assert_eq(mp->nschedule, f.p->g->n);
+	for (int i = 0; i < mp->nschedule; i++)
+		cr_assert_eq(mp->schedule[i], i);
+	cr_assert_eq(mp->regions[LOOM_REGION_ACT].bytes, mp->act_bytes);
+	cr_assert_eq(mp->regions[LOOM_REGION_PERSIST].bytes, mp->persist_bytes);
+	cr_assert(mp->regions[LOOM_REGION_ACT].reuse);
+	cr_assert(!mp->regions[LOOM_REGION_PERSIST].reuse);
+	for (int r = 0; r < LOOM_REGION_COUNT; r++)
+		cr_assert_not_null(mp->regions[r].name, "region %d has no name", r);
+	fixture_free(&f);
+}
+
+/* x -> a = relu(x), b = relu(x) (independent), y = add(a, b). Running b
+ * before a is a valid order: the plan follows it (a is now written last, so
+ * it must not share bytes with b, read at the same step). Running y before
+ * a is not: refused. */
+Test(memplan, ordered_plan_follows_the_schedule)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[1] = { 256 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 1, d);
+	loom_value a = loom_relu(g, x);
+	loom_value b = loom_relu(g, x);
+	loom_value y = loom_add(g, a, b);
+	loom_value c = loom_relu(g, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_memplan mp;
+	loom_value good[5] = { x, b, a, y, c };
+	cr_assert_eq(loom_memplan_build_ordered(g, good, &mp), LOOM_OK);
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(mp.schedule[i], good[i]);
+	cr_assert(!overlap(mp.offset[a], 1024, mp.offset[b], 1024));
+	cr_assert(!overlap(mp.offset[y], 1024, mp.offset[a], 1024));
+	cr_assert(!overlap(mp.offset[y], 1024, mp.offset[b], 1024));
+	loom_memplan_free(&mp);
+	loom_value bad[5] = { x, b, y, a, c };
+	cr_assert_eq(loom_memplan_build_ordered(g, bad, &mp), LOOM_ERR_INVALID);
+	cr_assert_null(mp.schedule, "a refused plan is left empty");
+	loom_value twice[5] = { x, a, a, y, c };
+	cr_assert_eq(loom_memplan_build_ordered(g, twice, &mp), LOOM_ERR_INVALID);
+	loom_graph_free(g);
+}
