@@ -33,7 +33,7 @@ static int shape_batchnorm2d(loom_graph *g, loom_node *n)
 		if (p->shape.ndim != 1 || p->shape.dims[0] != c)
 			return loom_graph_fail(g, LOOM_ERR_SHAPE,
 					       "batchnorm2d: %s %s must be [%lld] for input %s",
-					       loom_op_batchnorm2d.src_names[i],
+					       loom_op_defs[n->op]->src_names[i],
 					       loom_shape_str(&p->shape, bp, sizeof(bp)), (long long)c,
 					       loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
 	}

@@ -15,7 +15,7 @@ loom_value loom_softmax_cross_entropy(loom_graph *g, loom_value logits, loom_val
 
 static int shape_softmax_ce(loom_graph *g, loom_node *n)
 {
-	const char *op = loom_op_softmax_ce.name;
+	const char *op = loom_op_defs[n->op]->name;
 	char bl[96], by[96];
 	const loom_node *logits = &g->nodes[n->src[0]], *labels = &g->nodes[n->src[1]];
 	if (!loom_check_float(g, n, 0) || !loom_check_ndim(g, n, 0, 2) ||

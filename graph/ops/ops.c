@@ -1,8 +1,24 @@
 /*
  * graph/ops/ops.c — the op table, one row per op (the entries live in the
- * family files), and the helpers gradient rules share.
+ * family files and are declared only here), and the helpers gradient rules
+ * share.
  */
 #include "graph/ops/ops.h"
+
+/* The entries, one per op, defined in the family files. */
+extern const loom_op_def loom_op_input, loom_op_param, loom_op_buffer;         /* leaf.c */
+extern const loom_op_def loom_op_conv2d, loom_op_conv2d_bwd_data,
+	loom_op_conv2d_bwd_filter;                                              /* conv.c */
+extern const loom_op_def loom_op_batchnorm2d, loom_op_bn_bwd_data,
+	loom_op_bn_bwd_gamma;                                                   /* batchnorm.c */
+extern const loom_op_def loom_op_maxpool2d, loom_op_maxpool2d_bwd, loom_op_global_avgpool,
+	loom_op_global_avgpool_bwd;                                             /* pool.c */
+extern const loom_op_def loom_op_linear, loom_op_matmul;                       /* dense.c */
+extern const loom_op_def loom_op_relu, loom_op_relu_bwd, loom_op_add, loom_op_cast; /* elementwise.c */
+extern const loom_op_def loom_op_reshape;                                      /* view.c */
+extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
+extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
+	loom_op_grad_seed;                                                      /* loss.c */
 
 const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_INPUT] = &loom_op_input,

@@ -141,19 +141,4 @@ loom_value loom_grad_broadcast(loom_graph *g, loom_value x, loom_value like, dou
 loom_value loom_grad_matmul(loom_graph *g, loom_value a, int ta, loom_value b, int tb,
 			    loom_value like);
 
-/* The entries, one per op, defined in the family files. */
-extern const loom_op_def loom_op_input, loom_op_param, loom_op_buffer;         /* leaf.c */
-extern const loom_op_def loom_op_conv2d, loom_op_conv2d_bwd_data,
-	loom_op_conv2d_bwd_filter;                                              /* conv.c */
-extern const loom_op_def loom_op_batchnorm2d, loom_op_bn_bwd_data,
-	loom_op_bn_bwd_gamma;                                                   /* batchnorm.c */
-extern const loom_op_def loom_op_maxpool2d, loom_op_maxpool2d_bwd, loom_op_global_avgpool,
-	loom_op_global_avgpool_bwd;                                             /* pool.c */
-extern const loom_op_def loom_op_linear, loom_op_matmul;                       /* dense.c */
-extern const loom_op_def loom_op_relu, loom_op_relu_bwd, loom_op_add, loom_op_cast; /* elementwise.c */
-extern const loom_op_def loom_op_reshape;                                      /* view.c */
-extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
-extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
-	loom_op_grad_seed;                                                      /* loss.c */
-
 #endif /* LOOM_GRAPH_OPS_OPS_H */
