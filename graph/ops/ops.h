@@ -9,6 +9,10 @@
 
 #include "graph/graph_internal.h"
 
+#ifdef __cplusplus
+extern "C" { /* engine/cuda reads the table too */
+#endif
+
 /* Where an op's nodes come from; says which rules the op must have
  * (tests/graph/test_op_table.c holds every op to it). */
 typedef enum loom_op_kind {
@@ -140,5 +144,9 @@ loom_value loom_grad_broadcast(loom_graph *g, loom_value x, loom_value like, dou
 /* op(a) op(b) shaped like like. */
 loom_value loom_grad_matmul(loom_graph *g, loom_value a, int ta, loom_value b, int tb,
 			    loom_value like);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* LOOM_GRAPH_OPS_OPS_H */
