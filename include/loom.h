@@ -98,6 +98,11 @@ void loom_graph_set_seed(loom_graph *g, uint64_t seed);
 /* Gives a value a name, used in messages, dumps and checkpoints. Returns v. */
 loom_value loom_set_name(loom_graph *g, loom_value v, const char *name);
 
+/* The dtype and shape of value v. A value that is not one of g's (LOOM_NONE
+ * from a failed call, another graph's, or g NULL) has dtype
+ * LOOM_DTYPE_COUNT, which is no dtype, and shape { .ndim = 0 }, which is
+ * also a scalar's: check loom_graph_status, or v, before trusting a shape.
+ * Neither call sets the graph's error. */
 loom_dtype loom_value_dtype(const loom_graph *g, loom_value v);
 loom_shape loom_value_shape(const loom_graph *g, loom_value v);
 
