@@ -253,7 +253,8 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 	loom_cpu_ctx *c = ctx;
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->seed_scale = ts->scaler.scale;
-	for (int v = first; v < last; v++) {
+	for (int i = first; i < last; i++) {
+		loom_value v = plan->mp.schedule[i];
 		if (loom_made_earlier(plan, v))
 			continue; /* ran with its maker */
 		/* The node, then the values it makes besides its own (on the
