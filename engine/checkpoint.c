@@ -5,6 +5,8 @@
  * everything before it changes anything, so a refused file leaves the
  * program as it was.
  */
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +82,53 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	r->dims[0] = META_COUNT;
 	r->bytes = META_COUNT * sizeof(double);
 	l->n++;
+	return LOOM_OK;
+}
+
+/* Counters travel as doubles: every integer up to 2^53 is exact there. */
+#define META_INT_MAX 9007199254740992.0
+
+/*
+ * The run-time scalars, checked for range before any is used. The CRC only
+ * proves these are the bytes some writer wrote; a faulty or foreign writer
+ * can still have written a NaN step, and converting that to an integer is
+ * undefined. Each refusal names the field.
+ */
+static loom_status check_meta(loom_program *p, const char *path, const double *m)
+{
+	static const struct {
+		int i;
+		const char *name;
+		double hi;
+	} counters[] = {
+		{ META_STEP, "step", META_INT_MAX },
+		{ META_TRACKER, "loss scaler growth tracker", INT32_MAX },
+		{ META_SKIPPED, "skipped steps", META_INT_MAX },
+		{ META_BELOW, "steps with the loss scale below 1", META_INT_MAX },
+	};
+	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
+		double v = m[counters[k].i];
+		if (!(v >= 0 && v <= counters[k].hi && v == floor(v)))
+			return loom_program_fail(p, LOOM_ERR_FORMAT,
+						 "checkpoint %s: field '%s' is %g, expected an integer "
+						 "in [0, %.0f]",
+						 path, counters[k].name, v, counters[k].hi);
+	}
+	if (m[META_STEP] + m[META_SKIPPED] > META_INT_MAX)
+		return loom_program_fail(p, LOOM_ERR_FORMAT,
+					 "checkpoint %s: fields 'step' (%.0f) and 'skipped steps' "
+					 "(%.0f) add up to more than 2^53",
+					 path, m[META_STEP], m[META_SKIPPED]);
+	if (!(isfinite(m[META_LR]) && m[META_LR] >= 0))
+		return loom_program_fail(p, LOOM_ERR_FORMAT,
+					 "checkpoint %s: field 'learning rate' is %g, expected a "
+					 "finite number >= 0",
+					 path, m[META_LR]);
+	if (!(m[META_SCALE] > 0 && m[META_SCALE] <= FLT_MAX))
+		return loom_program_fail(p, LOOM_ERR_FORMAT,
+					 "checkpoint %s: field 'loss scale' is %g, expected a finite "
+					 "number > 0",
+					 path, m[META_SCALE]);
 	return LOOM_OK;
 }
 
@@ -197,6 +246,13 @@ loom_status loom_load(loom_program *p, const char *path)
 			break;
 		}
 		found[i] = r;
+		if (!record_addr(p, i)) {
+			double meta[META_COUNT];
+			memcpy(meta, r->data, sizeof(meta));
+			st = check_meta(p, path, meta);
+			if (st != LOOM_OK)
+				break;
+		}
 	}
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
