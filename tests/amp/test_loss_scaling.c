@@ -200,12 +200,13 @@ static snap take(const loom_program *p)
 		loom_op op = p->g->nodes[v].op;
 		if (op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER)
 			continue;
+		cr_assert_leq(s.n + loom_value_bytes(p, v), (size_t)1 << 16);
 		memcpy(s.bytes + s.n, loom_value_ptr(p, v), loom_value_bytes(p, v));
 		s.n += loom_value_bytes(p, v);
 	}
+	cr_assert_leq(s.n + p->state_bytes, (size_t)1 << 16);
 	memcpy(s.bytes + s.n, p->state, p->state_bytes);
 	s.n += p->state_bytes;
-	cr_assert_lt(s.n, (size_t)1 << 16);
 	return s;
 }
 
@@ -222,11 +223,21 @@ static void assert_all_finite(const loom_program *p)
 			cr_assert(isfinite(f), "%s[%lld] = %g", n->name, (long long)i, f);
 		}
 	}
+	/* Plain SGD keeps no state: state_off is meaningless there and
+	 * reading it would run past the arena. */
+	const loom_optim_opts *o = &p->opts.optim;
+	int n_states = o->kind == LOOM_OPTIM_ADAMW ? 2 : o->momentum > 0;
 	for (int s = 0; s < p->n_params; s++) {
-		const float *st = (const float *)(p->state + p->params[s].state_off[0]);
-		for (int64_t i = 0; i < p->params[s].numel; i++)
-			cr_assert(isfinite(st[i]), "optimizer state of slot %d [%lld] = %g", s,
-				  (long long)i, st[i]);
+		cr_assert_eq(p->params[s].state_dtype, LOOM_F32);
+		for (int k = 0; k < n_states; k++) {
+			const float *st = (const float *)(p->state + p->params[s].state_off[k]);
+			cr_assert_leq(p->params[s].state_off[k] +
+					      (size_t)p->params[s].numel * sizeof(float),
+				      p->state_bytes);
+			for (int64_t i = 0; i < p->params[s].numel; i++)
+				cr_assert(isfinite(st[i]), "optimizer state %d of slot %d [%lld] = %g",
+					  k, s, (long long)i, st[i]);
+		}
 	}
 }
 
