@@ -108,7 +108,7 @@ static loom_value as_dtype(pass *ps, loom_value v, loom_dtype dt)
 		return loom_graph_fail(g, LOOM_ERR_NOMEM, "amp: out of memory");
 	if (*slot == LOOM_NONE) {
 		loom_shape s = g->nodes[v].shape;
-		*slot = loom_node_add(g, LOOM_OP_CAST, dt, &s, 1, &v);
+		*slot = loom_node_add(g, LOOM_OP_CAST, dt, s, 1, &v);
 		if (*slot != LOOM_NONE)
 			g->nodes[*slot].flags |= LOOM_NODE_AMP;
 	}
@@ -196,7 +196,7 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 		if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER) {
 			loom_node copy = *n;
 			copy.dtype = leaf_dtype(ps, v);
-			loom_value nv = loom_node_add(g, n->op, copy.dtype, &copy.shape, 0, NULL);
+			loom_value nv = loom_node_add(g, n->op, copy.dtype, copy.shape, 0, NULL);
 			if (nv == LOOM_NONE)
 				break;
 			g->nodes[nv] = copy;
@@ -204,7 +204,7 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 			/* O2: the fp32 master of a half parameter, a buffer the
 			 * optimizer owns (it has no readers in the graph). */
 			if (n->op == LOOM_OP_PARAM && ps->o->level == LOOM_O2 && is_half(copy.dtype)) {
-				loom_value m = loom_node_add(g, LOOM_OP_BUFFER, LOOM_F32, &copy.shape, 0, NULL);
+				loom_value m = loom_node_add(g, LOOM_OP_BUFFER, LOOM_F32, copy.shape, 0, NULL);
 				if (m == LOOM_NONE)
 					break;
 				g->nodes[m].a = copy.a;
@@ -229,7 +229,7 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 			for (int i = 0; i < n->nsrc; i++)
 				srcs[i] = as_dtype(ps, srcs[i], dt);
 		}
-		loom_value nv = loom_node_add(g, n->op, dt, &n->shape, n->nsrc, srcs);
+		loom_value nv = loom_node_add(g, n->op, dt, n->shape, n->nsrc, srcs);
 		if (nv == LOOM_NONE)
 			break;
 		g->nodes[nv].a = n->a;

@@ -32,7 +32,7 @@ void loom_grad_accum(void *vctx, loom_value src, loom_value grad)
 	}
 	loom_value s[2] = { ctx->grads[src], grad };
 	loom_value sum = loom_node_add(g, LOOM_OP_ADD, g->nodes[grad].dtype,
-				       &g->nodes[grad].shape, 2, s);
+				       g->nodes[grad].shape, 2, s);
 	if (sum != LOOM_NONE)
 		g->nodes[sum].flags |= LOOM_NODE_BACKWARD;
 	ctx->grads[src] = sum;
@@ -72,7 +72,7 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 			ctx.need[v] = ctx.need[n->src[0]];
 	}
 	loom_shape scalar = { 0 };
-	loom_value seed = loom_node_add(g, LOOM_OP_GRAD_SEED, g->nodes[loss].dtype, &scalar, 0, NULL);
+	loom_value seed = loom_node_add(g, LOOM_OP_GRAD_SEED, g->nodes[loss].dtype, scalar, 0, NULL);
 	if (seed != LOOM_NONE)
 		g->nodes[seed].flags |= LOOM_NODE_BACKWARD;
 	ctx.grads[loss] = seed;
@@ -91,7 +91,7 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 		loom_value gr = ctx.grads[v];
 		if (gr == LOOM_NONE) {
 			gr = loom_node_add(g, LOOM_OP_BROADCAST, g->nodes[v].dtype,
-					   &g->nodes[v].shape, 1, &seed);
+					   g->nodes[v].shape, 1, &seed);
 			if (gr == LOOM_NONE)
 				break;
 			g->nodes[gr].a.bc.scale = 0.0;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "graph/graph_internal.h"
+#include "graph/ops/geometry.h"
 
 /* A usable value of graph g: in range, and the graph not already failed. */
 static int ok_value(loom_graph *g, loom_value v, const char *op, const char *what)
@@ -109,7 +110,7 @@ static loom_value leaf(loom_graph *g, loom_op op, const char *kind, const char *
 					       kind, name);
 	}
 	loom_shape s = loom_shape_make(ndim, dims);
-	loom_value v = loom_node_add(g, op, dt, &s, 0, NULL);
+	loom_value v = loom_node_add(g, op, dt, s, 0, NULL);
 	if (v == LOOM_NONE)
 		return v;
 	loom_node *n = &g->nodes[v];
@@ -147,7 +148,7 @@ loom_value loom_buffer(loom_graph *g, const char *name, loom_dtype dt, int ndim,
 static loom_value add_node(loom_graph *g, loom_op op, loom_dtype dt, const loom_shape *s,
 			   int nsrc, const loom_value *src)
 {
-	return loom_node_add(g, op, dt, s, nsrc, src);
+	return loom_node_add(g, op, dt, *s, nsrc, src);
 }
 
 /*
@@ -195,9 +196,9 @@ loom_value loom_conv2d(loom_graph *g, loom_value x, loom_value w, loom_value b,
 	if (stride < 1 || pad < 0)
 		return loom_graph_fail(g, LOOM_ERR_INVALID, "conv2d: stride %d / pad %d invalid",
 				       stride, pad);
-	int64_t ho = (xd[2] + 2 * pad - wd[2]) / stride + 1;
-	int64_t wo = (xd[3] + 2 * pad - wd[3]) / stride + 1;
-	if (xd[2] + 2 * pad < wd[2] || xd[3] + 2 * pad < wd[3] || ho <= 0 || wo <= 0)
+	int64_t ho = loom_window_out(xd[2], wd[2], stride, pad);
+	int64_t wo = loom_window_out(xd[3], wd[3], stride, pad);
+	if (ho <= 0 || wo <= 0)
 		return loom_graph_fail(g, LOOM_ERR_SHAPE,
 				       "conv2d: kernel %s larger than padded input %s (pad %d)",
 				       SH(w, bw), SH(x, bx), pad);
@@ -266,9 +267,9 @@ loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride, i
 				       "maxpool2d: kernel %d, stride %d, pad %d invalid (pad at most half the kernel)",
 				       kernel, stride, pad);
 	const int64_t *d = N(g, x)->shape.dims;
-	int64_t ho = (d[2] + 2 * pad - kernel) / stride + 1;
-	int64_t wo = (d[3] + 2 * pad - kernel) / stride + 1;
-	if (d[2] + 2 * pad < kernel || d[3] + 2 * pad < kernel)
+	int64_t ho = loom_window_out(d[2], kernel, stride, pad);
+	int64_t wo = loom_window_out(d[3], kernel, stride, pad);
+	if (ho <= 0 || wo <= 0)
 		return loom_graph_fail(g, LOOM_ERR_SHAPE, "maxpool2d: kernel %d larger than input %s",
 				       kernel, SH(x, bx));
 	loom_shape s = { 4, { d[0], d[1], ho, wo } };

@@ -137,9 +137,18 @@ loom_value loom_graph_fail(loom_graph *g, loom_status st, const char *fmt, ...)
 	return LOOM_NONE;
 }
 
-loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt,
-			 const loom_shape *shape, int nsrc, const loom_value *src)
+loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt, loom_shape shape,
+			 int nsrc, const loom_value *src)
 {
+	/* src may point into the node array (a node's own src[]); copy it
+	 * before growing the array can free that storage. The shape comes by
+	 * value for the same reason. */
+	loom_value s[LOOM_MAX_SRC];
+	if (nsrc < 0 || nsrc > LOOM_MAX_SRC)
+		return loom_graph_fail(g, LOOM_ERR_INVALID, "a node with %d sources (0..%d allowed)",
+				       nsrc, LOOM_MAX_SRC);
+	for (int i = 0; i < LOOM_MAX_SRC; i++)
+		s[i] = i < nsrc ? src[i] : LOOM_NONE;
 	if (g->n == g->cap) {
 		int cap = g->cap ? 2 * g->cap : 64;
 		loom_node *nodes = realloc(g->nodes, cap * sizeof(*nodes));
@@ -153,10 +162,9 @@ loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt,
 	memset(n, 0, sizeof(*n));
 	n->op = op;
 	n->dtype = dt;
-	n->shape = *shape;
+	n->shape = shape;
 	n->nsrc = nsrc;
-	for (int i = 0; i < LOOM_MAX_SRC; i++)
-		n->src[i] = i < nsrc ? src[i] : LOOM_NONE;
+	memcpy(n->src, s, sizeof(s));
 	n->grad = LOOM_NONE;
 	n->master = LOOM_NONE;
 	n->made_by = LOOM_NONE;

@@ -116,9 +116,12 @@ extern const loom_op_def loom_op_defs[LOOM_OP_COUNT];
 loom_value loom_graph_fail(loom_graph *g, loom_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* Appends a node, returns its value (LOOM_NONE on OOM, with the error set). */
-loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt,
-			 const loom_shape *shape, int nsrc, const loom_value *src);
+/* Appends a node, returns its value (LOOM_NONE on OOM, with the error set).
+ * Appending may move the node array: the shape comes by value and src is
+ * copied first, so callers may pass a node's own fields; but any pointer a
+ * caller holds into g->nodes is stale after this call. */
+loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt, loom_shape shape,
+			 int nsrc, const loom_value *src);
 
 static inline loom_node *loom_node_at(const loom_graph *g, loom_value v)
 {

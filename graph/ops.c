@@ -12,7 +12,7 @@ static loom_value bwd(loom_graph *g, loom_op op, loom_value like, int nsrc,
 		      const loom_value *src)
 {
 	const loom_node *l = &g->nodes[like];
-	loom_value v = loom_node_add(g, op, l->dtype, &l->shape, nsrc, src);
+	loom_value v = loom_node_add(g, op, l->dtype, l->shape, nsrc, src);
 	if (v != LOOM_NONE)
 		g->nodes[v].flags |= LOOM_NODE_BACKWARD;
 	return v;

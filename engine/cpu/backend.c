@@ -48,38 +48,6 @@ static int emulated(const loom_program *p, const loom_node *n)
 	return 0;
 }
 
-static void conv_shape(const loom_node *x, const loom_node *w, const loom_node *y,
-		       const loom_attrs *a, loom_conv_shape *s)
-{
-	s->n = (int)x->shape.dims[0];
-	s->c_in = (int)x->shape.dims[1];
-	s->h_in = (int)x->shape.dims[2];
-	s->w_in = (int)x->shape.dims[3];
-	s->c_out = (int)w->shape.dims[0];
-	s->kh = (int)w->shape.dims[2];
-	s->kw = (int)w->shape.dims[3];
-	s->stride = a->conv.stride;
-	s->pad = a->conv.pad;
-	s->h_out = (int)y->shape.dims[2];
-	s->w_out = (int)y->shape.dims[3];
-}
-
-/* The (x, w, y) triple of a conv node or one of its backward nodes. */
-static void conv_shape_of(const loom_program *p, const loom_node *n, loom_conv_shape *s)
-{
-	switch (n->op) {
-	case LOOM_OP_CONV2D:
-		conv_shape(src_node(p, n, 0), src_node(p, n, 1), n, &n->a, s);
-		break;
-	case LOOM_OP_CONV2D_BWD_DATA: /* (dy, w) -> dx */
-		conv_shape(n, src_node(p, n, 1), src_node(p, n, 0), &n->a, s);
-		break;
-	default: /* CONV2D_BWD_FILTER: (dy, x) -> dw */
-		conv_shape(src_node(p, n, 1), n, src_node(p, n, 0), &n->a, s);
-		break;
-	}
-}
-
 static size_t cpu_workspace(loom_program *p, loom_value v)
 {
 	const loom_node *n = &p->g->nodes[v];
@@ -87,7 +55,7 @@ static size_t cpu_workspace(loom_program *p, loom_value v)
 	if (n->op == LOOM_OP_CONV2D || n->op == LOOM_OP_CONV2D_BWD_DATA ||
 	    n->op == LOOM_OP_CONV2D_BWD_FILTER) {
 		loom_conv_shape s;
-		conv_shape_of(p, n, &s);
+		loom_conv_shape_of(p->g, v, &s);
 		ws = align64(loom_cpu_conv2d_workspace(&s, loom_dtype_size(kernel_dtype(n))));
 	}
 	if (n->op != LOOM_OP_CAST && emulated(p, n)) {
@@ -161,7 +129,7 @@ static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int 
 	case LOOM_OP_BUFFER:
 		return LOOM_OK;
 	case LOOM_OP_CONV2D:
-		conv_shape_of(p, n, &cs);
+		loom_conv_shape_of(p->g, v, &cs);
 		if (dt == LOOM_F64)
 			loom_cpu_conv2d_fwd_f64(&cs, a->src[0], a->src[1],
 						n->nsrc > 2 ? a->src[2] : NULL, a->out, a->ws);
@@ -170,11 +138,11 @@ static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int 
 						n->nsrc > 2 ? a->src[2] : NULL, a->out, a->ws);
 		return LOOM_OK;
 	case LOOM_OP_CONV2D_BWD_DATA:
-		conv_shape_of(p, n, &cs);
+		loom_conv_shape_of(p->g, v, &cs);
 		DISPATCH(dt, loom_cpu_conv2d_bwd_data, &cs, a->src[0], a->src[1], a->out, a->ws);
 		return LOOM_OK;
 	case LOOM_OP_CONV2D_BWD_FILTER:
-		conv_shape_of(p, n, &cs);
+		loom_conv_shape_of(p->g, v, &cs);
 		DISPATCH(dt, loom_cpu_conv2d_bwd_filter, &cs, a->src[0], a->src[1], a->out, a->ws);
 		return LOOM_OK;
 	case LOOM_OP_CHANNEL_SUM: {
@@ -218,14 +186,8 @@ static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int 
 		return LOOM_OK;
 	case LOOM_OP_MAXPOOL2D:
 	case LOOM_OP_MAXPOOL2D_BWD: {
-		const loom_node *y = n->op == LOOM_OP_MAXPOOL2D ? n : src_node(p, n, 1);
-		loom_pool_shape ps = {
-			.n = (int)x->shape.dims[0], .c = (int)x->shape.dims[1],
-			.h_in = (int)x->shape.dims[2], .w_in = (int)x->shape.dims[3],
-			.k = n->a.pool.kernel, .stride = n->a.pool.stride, .pad = n->a.pool.pad,
-			.h_out = (int)y->shape.dims[2], .w_out = (int)y->shape.dims[3],
-			.relu = n->a.pool.relu,
-		};
+		loom_pool_shape ps;
+		loom_pool_shape_of(p->g, v, &ps);
 		if (n->op == LOOM_OP_MAXPOOL2D)
 			DISPATCH(dt, loom_cpu_maxpool2d_fwd, &ps, a->src[0], a->out);
 		else
@@ -346,7 +308,7 @@ static loom_status run_node(loom_program *p, loom_value v, int train)
 	if (n->op == LOOM_OP_CONV2D || n->op == LOOM_OP_CONV2D_BWD_DATA ||
 	    n->op == LOOM_OP_CONV2D_BWD_FILTER) {
 		loom_conv_shape s;
-		conv_shape_of(p, n, &s);
+		loom_conv_shape_of(p->g, v, &s);
 		scratch += align64(loom_cpu_conv2d_workspace(&s, 4));
 	}
 	for (int i = 0; i < n->nsrc; i++) {

@@ -12,22 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct loom_conv_shape {
-	int n, c_in, h_in, w_in;
-	int c_out, kh, kw;
-	int stride, pad;
-	int h_out, w_out; /* (h_in + 2 pad - kh) / stride + 1 */
-} loom_conv_shape;
+#include "graph/ops/geometry.h" /* loom_conv_shape, loom_pool_shape */
 
-typedef struct loom_pool_shape {
-	int n, c, h_in, w_in;
-	int k, stride, pad;
-	int h_out, w_out;
-	/* Fused relu before the pool: y = maxpool(relu(x)), which equals
-	 * relu(maxpool(x)); the backward routes dy only where the window's max
-	 * is > 0, so it also stands for relu's backward (graph/fuse.c). */
-	int relu;
-} loom_pool_shape;
 
 /* Bytes of scratch each conv kernel needs for element size elem (4 or 8). */
 size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);

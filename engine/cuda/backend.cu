@@ -561,18 +561,8 @@ static loom_status run_node(loom_program *p, loom_cuda_ctx *c, loom_value v, int
 		return loom_cuda_relu_bwd(p, s, src[0], dt[0], src[1], dt[1], out, odt, numel);
 	case LOOM_OP_MAXPOOL2D:
 	case LOOM_OP_MAXPOOL2D_BWD: {
-		const loom_node *y = n->op == LOOM_OP_MAXPOOL2D ? n : &p->g->nodes[n->src[1]];
-		loom_cuda_pool_shape ps;
-		ps.n = (int)x->shape.dims[0];
-		ps.c = (int)x->shape.dims[1];
-		ps.h_in = (int)x->shape.dims[2];
-		ps.w_in = (int)x->shape.dims[3];
-		ps.k = n->a.pool.kernel;
-		ps.stride = n->a.pool.stride;
-		ps.pad = n->a.pool.pad;
-		ps.h_out = (int)y->shape.dims[2];
-		ps.w_out = (int)y->shape.dims[3];
-		ps.relu = n->a.pool.relu;
+		loom_pool_shape ps;
+		loom_pool_shape_of(p->g, v, &ps);
 		if (n->op == LOOM_OP_MAXPOOL2D)
 			return loom_cuda_maxpool_fwd(p, s, ps, src[0], dt[0], out, odt);
 		return loom_cuda_maxpool_bwd(p, s, ps, src[0], dt[0], src[1], dt[1], out, odt);

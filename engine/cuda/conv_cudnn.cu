@@ -5,39 +5,22 @@
  * sizes (before prepare), and cached in the node's plan. The conv bias is
  * added after by an own kernel (elementwise.cu). CPU twin: engine/cpu/conv.c.
  * fp32 runs with CUDNN_FMA_MATH (no TF32), so that fp32 results stay close
- * to the CPU's. Not yet run on a GPU.
+ * to the CPU's.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/cuda/cuda_internal.h"
 
-/* The (x, w, y) shapes of a conv node or one of its backward nodes, as
- * conv_shape_of in engine/cpu/backend.c. */
-static void conv_nodes(const loom_program *p, const loom_node *n, const loom_node **x,
-		       const loom_node **w, const loom_node **y)
-{
-	const loom_node *s0 = &p->g->nodes[n->src[0]], *s1 = &p->g->nodes[n->src[1]];
-	switch (n->op) {
-	case LOOM_OP_CONV2D: /* (x, w[, b]) -> y */
-		*x = s0, *w = s1, *y = n;
-		break;
-	case LOOM_OP_CONV2D_BWD_DATA: /* (dy, w) -> dx */
-		*x = n, *w = s1, *y = s0;
-		break;
-	default: /* CONV2D_BWD_FILTER: (dy, x) -> dw */
-		*x = s1, *w = n, *y = s0;
-		break;
-	}
-}
-
 static loom_status set_descs(loom_program *p, loom_cuda_conv_plan *cp, const loom_node *n,
 			     cudnnDataType_t dt)
 {
-	const loom_node *x, *w, *y;
+	loom_conv_shape cs;
 	loom_status st;
-	conv_nodes(p, n, &x, &w, &y);
-	const int64_t *xd = x->shape.dims, *wd = w->shape.dims, *yd = y->shape.dims;
+	loom_conv_shape_of(p->g, (loom_value)(n - p->g->nodes), &cs);
+	const int64_t xd[4] = { cs.n, cs.c_in, cs.h_in, cs.w_in };
+	const int64_t wd[4] = { cs.c_out, cs.c_in, cs.kh, cs.kw };
+	const int64_t yd[4] = { cs.n, cs.c_out, cs.h_out, cs.w_out };
 	int on, oc, oh, ow;
 
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->x, CUDNN_TENSOR_NCHW, dt,
@@ -56,8 +39,7 @@ static loom_status set_descs(loom_program *p, loom_cuda_conv_plan *cp, const loo
 				   p->err, sizeof(p->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
-					   cp->conv, n->a.conv.pad, n->a.conv.pad, n->a.conv.stride,
-					   n->a.conv.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+					   cp->conv, cs.pad, cs.pad, cs.stride, cs.stride, 1, 1, CUDNN_CROSS_CORRELATION,
 					   CUDNN_DATA_FLOAT),
 				   p->err, sizeof(p->err))) != LOOM_OK)
 		return st;

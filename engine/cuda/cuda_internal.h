@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "engine/program_internal.h"
+#include "graph/ops/geometry.h"
 }
 
 #include "engine/cuda/check.h"
@@ -185,17 +186,11 @@ loom_status loom_cuda_bn_bwd_gamma(loom_program *p, cudaStream_t s, int n, int c
 				   const void *x, int xdt, const void *dy, int dydt, double eps,
 				   void *dg, int dgdt);
 
-/* pool.cu — same shape struct as the CPU's, passed by value. relu: the
- * pool carries a fused relu (graph/fuse.c), as loom_pool_shape.relu. */
-typedef struct loom_cuda_pool_shape {
-	int n, c, h_in, w_in;
-	int k, stride, pad;
-	int h_out, w_out;
-	int relu;
-} loom_cuda_pool_shape;
-loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s, loom_cuda_pool_shape ps,
+/* pool.cu — the geometry struct of graph/ops/geometry.h, passed by value;
+ * relu: the pool carries a fused relu (graph/fuse.c). */
+loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, void *y, int ydt);
-loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s, loom_cuda_pool_shape ps,
+loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
 				  int dxdt);
 /* Global average pooling: y[nc] = mean of plane nc's hw values; backward

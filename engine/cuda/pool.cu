@@ -20,7 +20,7 @@
 // CUDA kernels
 
 /* Flat index in the plane of the max of window (oh, ow), or -1. */
-static __device__ int64_t pool_argmax(const loom_cuda_pool_shape &s, const void *x, int xdt,
+static __device__ int64_t pool_argmax(const loom_pool_shape &s, const void *x, int xdt,
 				      int64_t plane_off, int oh, int ow)
 {
 	int h0 = oh * s.stride - s.pad, w0 = ow * s.stride - s.pad;
@@ -44,7 +44,7 @@ static __device__ int64_t pool_argmax(const loom_cuda_pool_shape &s, const void 
 }
 
 /* One thread per output element. */
-__global__ void loom_maxpool_fwd_kernel(loom_cuda_pool_shape s, const void *x, int xdt,
+__global__ void loom_maxpool_fwd_kernel(loom_pool_shape s, const void *x, int xdt,
 					void *y, int ydt, int64_t total)
 {
 	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
@@ -64,7 +64,7 @@ __global__ void loom_maxpool_fwd_kernel(loom_cuda_pool_shape s, const void *x, i
 
 /* One thread per input element: it gathers dy from every window whose max
  * it is, in the CPU's (oh, ow) order so that fp32 sums match exactly. */
-__global__ void loom_maxpool_bwd_kernel(loom_cuda_pool_shape s, const void *x, int xdt,
+__global__ void loom_maxpool_bwd_kernel(loom_pool_shape s, const void *x, int xdt,
 					const void *dy, int dydt, void *dx, int dxdt,
 					int64_t total)
 {
@@ -134,7 +134,7 @@ __global__ void loom_global_avgpool_bwd_kernel(const void *dy, int dydt, void *d
 static const int threads = 256;
 
 extern "C" loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s,
-					     loom_cuda_pool_shape ps, const void *x, int xdt,
+					     loom_pool_shape ps, const void *x, int xdt,
 					     void *y, int ydt)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
@@ -146,7 +146,7 @@ extern "C" loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s,
 }
 
 extern "C" loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s,
-					     loom_cuda_pool_shape ps, const void *x, int xdt,
+					     loom_pool_shape ps, const void *x, int xdt,
 					     const void *dy, int dydt, void *dx, int dxdt)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;

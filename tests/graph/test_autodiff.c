@@ -482,3 +482,36 @@ Test(autodiff, amp_o2_handles_reach_the_users_values)
 {
 	amp_handles(LOOM_O2);
 }
+
+/*
+ * Gradient rules append nodes while they read their node's shape and sources;
+ * an append may move the node array (loom_node_add grows it with realloc).
+ * Deep chains of relus and convs put every kind of append (conv, batch norm,
+ * accumulation) on a growth boundary somewhere in the sweep: under the asan
+ * configuration a read of the old array fails here, and in any build every
+ * gradient must have its parameter's shape.
+ */
+Test(autodiff, appends_that_move_the_node_array)
+{
+	for (int depth = 1; depth <= 40; depth++) {
+		loom_graph *g = NULL;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		int64_t xd[4] = { 2, 3, 6, 6 }, ld[1] = { 2 };
+		loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+		loom_value y = loom_input(g, "y", LOOM_I32, 1, ld);
+		char name[32];
+		for (int i = 0; i < depth; i++) {
+			snprintf(name, sizeof(name), "c%d", i);
+			x = loom_layer_conv2d(g, name, x, 3, 3, 1, 1, 1);
+			snprintf(name, sizeof(name), "bn%d", i);
+			x = loom_relu(g, loom_layer_batchnorm2d(g, name, x));
+			x = loom_add(g, x, x); /* two consumers: accumulation */
+		}
+		loom_value logits = loom_layer_linear(g, "fc", loom_flatten(g, x), 4, 1);
+		loom_value loss = loom_softmax_cross_entropy(g, logits, y);
+		loom_program *p = compile(g, loss, LOOM_OPTIM_SGD, LOOM_O1);
+		check_every_param_has_grad(p, 4 * depth + 2);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}

@@ -766,8 +766,8 @@ static void check_cast(loom_dtype dt, double h, double rtol, uint64_t seed)
 	int64_t xd[2] = { 3, 7 };
 	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
 	loom_shape s = loom_value_shape(c.g, x);
-	loom_value lo = loom_node_add(c.g, LOOM_OP_CAST, dt, &s, 1, &x);
-	loom_value back = loom_node_add(c.g, LOOM_OP_CAST, LOOM_F64, &s, 1, &lo);
+	loom_value lo = loom_node_add(c.g, LOOM_OP_CAST, dt, s, 1, &x);
+	loom_value back = loom_node_add(c.g, LOOM_OP_CAST, LOOM_F64, s, 1, &lo);
 	cr_assert_neq(back, LOOM_NONE, "%s", loom_graph_error(c.g));
 	gc_check_h(&c, gc_project(&c, back), rtol, h);
 	gc_fini(&c);
