@@ -5,8 +5,6 @@
  * everything before it changes anything, so a refused file leaves the
  * program as it was.
  */
-#include <float.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +12,7 @@
 #include "engine/ckpt_file.h"
 #include "engine/program_internal.h"
 
-#define META "loom.meta"
-enum { META_STEP, META_LR, META_SCALE, META_TRACKER, META_SKIPPED, META_BELOW, META_COUNT };
+#define META LOOM_CKPT_META
 
 typedef struct rec_list {
 	loom_ckpt_record *r;
@@ -79,56 +76,9 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	r->name = l->names[l->n];
 	r->dtype = LOOM_F64;
 	r->ndim = 1;
-	r->dims[0] = META_COUNT;
-	r->bytes = META_COUNT * sizeof(double);
+	r->dims[0] = LOOM_CKPT_META_COUNT;
+	r->bytes = LOOM_CKPT_META_COUNT * sizeof(double);
 	l->n++;
-	return LOOM_OK;
-}
-
-/* Counters travel as doubles: every integer up to 2^53 is exact there. */
-#define META_INT_MAX 9007199254740992.0
-
-/*
- * The run-time scalars, checked for range before any is used. The CRC only
- * proves these are the bytes some writer wrote; a faulty or foreign writer
- * can still have written a NaN step, and converting that to an integer is
- * undefined. Each refusal names the field.
- */
-static loom_status check_meta(loom_program *p, const char *path, const double *m)
-{
-	static const struct {
-		int i;
-		const char *name;
-		double hi;
-	} counters[] = {
-		{ META_STEP, "step", META_INT_MAX },
-		{ META_TRACKER, "loss scaler growth tracker", INT32_MAX },
-		{ META_SKIPPED, "skipped steps", META_INT_MAX },
-		{ META_BELOW, "steps with the loss scale below 1", META_INT_MAX },
-	};
-	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
-		double v = m[counters[k].i];
-		if (!(v >= 0 && v <= counters[k].hi && v == floor(v)))
-			return loom_program_fail(p, LOOM_ERR_FORMAT,
-						 "checkpoint %s: field '%s' is %g, expected an integer "
-						 "in [0, %.0f]",
-						 path, counters[k].name, v, counters[k].hi);
-	}
-	if (m[META_STEP] + m[META_SKIPPED] > META_INT_MAX)
-		return loom_program_fail(p, LOOM_ERR_FORMAT,
-					 "checkpoint %s: fields 'step' (%.0f) and 'skipped steps' "
-					 "(%.0f) add up to more than 2^53",
-					 path, m[META_STEP], m[META_SKIPPED]);
-	if (!(isfinite(m[META_LR]) && m[META_LR] >= 0))
-		return loom_program_fail(p, LOOM_ERR_FORMAT,
-					 "checkpoint %s: field 'learning rate' is %g, expected a "
-					 "finite number >= 0",
-					 path, m[META_LR]);
-	if (!(m[META_SCALE] > 0 && m[META_SCALE] <= FLT_MAX))
-		return loom_program_fail(p, LOOM_ERR_FORMAT,
-					 "checkpoint %s: field 'loss scale' is %g, expected a finite "
-					 "number > 0",
-					 path, m[META_SCALE]);
 	return LOOM_OK;
 }
 
@@ -171,11 +121,11 @@ loom_status loom_save(loom_program *p, const char *path)
 		free_records(&l);
 		return loom_program_fail(p, st, "save %s: out of memory", path);
 	}
-	double meta[META_COUNT] = {
-		[META_STEP] = (double)p->step, [META_LR] = p->lr,
-		[META_SCALE] = p->scaler.scale, [META_TRACKER] = p->scaler.growth_tracker,
-		[META_SKIPPED] = (double)p->scaler.skipped_steps,
-		[META_BELOW] = (double)p->scaler.below_one_steps,
+	double meta[LOOM_CKPT_META_COUNT] = {
+		[LOOM_CKPT_META_STEP] = (double)p->step, [LOOM_CKPT_META_LR] = p->lr,
+		[LOOM_CKPT_META_SCALE] = p->scaler.scale, [LOOM_CKPT_META_TRACKER] = p->scaler.growth_tracker,
+		[LOOM_CKPT_META_SKIPPED] = (double)p->scaler.skipped_steps,
+		[LOOM_CKPT_META_BELOW] = (double)p->scaler.below_one_steps,
 	};
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
@@ -247,11 +197,13 @@ loom_status loom_load(loom_program *p, const char *path)
 		}
 		found[i] = r;
 		if (!record_addr(p, i)) {
-			double meta[META_COUNT];
+			double meta[LOOM_CKPT_META_COUNT];
 			memcpy(meta, r->data, sizeof(meta));
-			st = check_meta(p, path, meta);
-			if (st != LOOM_OK)
+			st = loom_ckpt_check_meta(meta, err, sizeof(err));
+			if (st != LOOM_OK) {
+				loom_program_fail(p, st, "checkpoint %s: %s", path, err);
 				break;
+			}
 		}
 	}
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
@@ -260,14 +212,14 @@ loom_status loom_load(loom_program *p, const char *path)
 			st = p->be->upload(p, addr, found[i]->data, found[i]->bytes);
 			continue;
 		}
-		double meta[META_COUNT];
+		double meta[LOOM_CKPT_META_COUNT];
 		memcpy(meta, found[i]->data, sizeof(meta));
-		p->step = (int64_t)meta[META_STEP];
-		p->lr = meta[META_LR];
-		p->scaler.scale = (float)meta[META_SCALE];
-		p->scaler.growth_tracker = (int32_t)meta[META_TRACKER];
-		p->scaler.skipped_steps = (int64_t)meta[META_SKIPPED];
-		p->scaler.below_one_steps = (int64_t)meta[META_BELOW];
+		p->step = (int64_t)meta[LOOM_CKPT_META_STEP];
+		p->lr = meta[LOOM_CKPT_META_LR];
+		p->scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
+		p->scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
+		p->scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
+		p->scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
 	}
 	free(found);
 out:

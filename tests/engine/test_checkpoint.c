@@ -555,7 +555,7 @@ Test(checkpoint, meta_fields_out_of_range_refused)
 		{ 1, NAN, "'learning rate'" }, { 1, -0.1, "'learning rate'" },
 		{ 1, INFINITY, "'learning rate'" },
 		{ 2, NAN, "'loss scale'" }, { 2, -1, "'loss scale'" }, { 2, 0, "'loss scale'" },
-		{ 2, 1e300, "'loss scale'" },
+		{ 2, 1e300, "'loss scale'" }, { 2, 1e-311, "'loss scale'" },
 		{ 3, -1, "'loss scaler growth tracker'" }, { 3, 1e10, "'loss scaler growth tracker'" },
 		{ 4, -1, "'skipped steps'" }, { 4, NAN, "'skipped steps'" },
 		{ 5, -3, "'steps with the loss scale below 1'" },
