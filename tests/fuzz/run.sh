@@ -10,6 +10,8 @@
 #   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]   (default 60, all)
 #   LOOM_FUZZ_OUT=dir   where binaries, working corpora and crashes go
 #                       (default ${TMPDIR:-/tmp}/loom-fuzz)
+#   LOOM_FUZZ_FLAGS=... more libFuzzer flags (e.g. -runs=10000000 for the
+#                       long runs recorded in README.md)
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -56,13 +58,14 @@ for t in "${targets[@]}"; do
 	# -timeout: one input running 10 s is a hang; -rss_limit_mb: a reader
 	# that allocates what a header claims is a failure too.
 	"$out/bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-		-max_len=65536 -print_final_stats=1 \
+		-max_len=65536 -print_final_stats=1 ${LOOM_FUZZ_FLAGS:-} \
 		-artifact_prefix="$out/crashes/$t-" \
 		"$out/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1 </dev/null
 	rc=$?
+	elapsed=$(sed -n 's/^stat::.*//; s/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\2/p' "$log" | tail -n 1)
 	execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
 	if [ "$rc" -eq 0 ]; then
-		echo "fuzz $t: ${execs:-?} executions in ${secs} s, no crash"
+		echo "fuzz $t: ${execs:-?} executions in ${elapsed:-$secs} s, no crash"
 		pass=$((pass + 1))
 	else
 		echo "fuzz $t: FAILED (exit $rc) after ${execs:-?} executions; input kept in $out/crashes/"
