@@ -1,7 +1,7 @@
 /*
- * amp/scaler.c — the loss-scale state machine. engine/cuda mirrors
- * loom_scaler_update in a one-thread kernel, so keep it branch-for-branch
- * simple and free of anything a kernel lacks.
+ * amp/scaler.c — the loss-scale state machine: initialisation and the
+ * out-of-line update. The update's body lives in scaler.h, shared with the
+ * one-thread CUDA kernel that decides a step on the device.
  */
 #include "amp/scaler.h"
 
@@ -33,34 +33,7 @@ int loom_scaler_init(loom_scaler *s, float init_scale, int32_t growth_interval,
 
 int loom_scaler_update(loom_scaler *s, int found_inf)
 {
-	int apply = 1;
-
-	if (found_inf) {
-		if (s->dynamic) {
-			float next = s->scale * s->backoff_factor;
-
-			/* no floor (apex has none), but 0 would make every
-			 * later gradient 0 and its unscale 0 * inf */
-			if (next > 0.0f)
-				s->scale = next;
-		}
-		s->growth_tracker = 0;
-		s->skipped_steps++;
-		apply = 0;
-	} else if (s->dynamic) {
-		int32_t clean = s->growth_tracker + 1;
-
-		if (clean >= s->growth_interval) {
-			float next = s->scale * s->growth_factor;
-
-			s->scale = next < s->max_scale ? next : s->max_scale;
-			clean = 0;
-		}
-		s->growth_tracker = clean;
-	}
-	if (s->dynamic && s->scale < 1.0f)
-		s->below_one_steps++;
-	return apply;
+	return loom_scaler_update_inline(s, found_inf);
 }
 
 int loom_scaler_collapsed(const loom_scaler *s)

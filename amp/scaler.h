@@ -5,14 +5,21 @@
  * each gradient as they apply it.
  *
  * The update is a pure function of (state, found_inf): no globals, no
- * allocation, only float and integer arithmetic, so the CUDA kernel that
- * decides the step on the device without a host sync mirrors
- * loom_scaler_update line for line.
+ * allocation, only float and integer arithmetic. It is defined once, below,
+ * as a static inline function that nvcc compiles for host and device: the
+ * CUDA kernel that decides the step without a host sync and the CPU
+ * optimizer run the same lines.
  */
 #ifndef LOOM_AMP_SCALER_H
 #define LOOM_AMP_SCALER_H
 
 #include <stdint.h>
+
+#ifdef __CUDACC__
+#define LOOM_SCALER_HD __host__ __device__
+#else
+#define LOOM_SCALER_HD
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,6 +73,39 @@ int loom_scaler_init(loom_scaler *s, float init_scale, int32_t growth_interval,
  *   count.
  */
 int loom_scaler_update(loom_scaler *s, int found_inf);
+
+/* loom_scaler_update's body, for the host and (nvcc) the device. */
+static inline LOOM_SCALER_HD int loom_scaler_update_inline(loom_scaler *s, int found_inf)
+{
+	int apply = 1;
+
+	if (found_inf) {
+		if (s->dynamic) {
+			float next = s->scale * s->backoff_factor;
+
+			/* no floor (apex has none), but 0 would make every
+			 * later gradient 0 and its unscale 0 * inf */
+			if (next > 0.0f)
+				s->scale = next;
+		}
+		s->growth_tracker = 0;
+		s->skipped_steps++;
+		apply = 0;
+	} else if (s->dynamic) {
+		int32_t clean = s->growth_tracker + 1;
+
+		if (clean >= s->growth_interval) {
+			float next = s->scale * s->growth_factor;
+
+			s->scale = next < s->max_scale ? next : s->max_scale;
+			clean = 0;
+		}
+		s->growth_tracker = clean;
+	}
+	if (s->dynamic && s->scale < 1.0f)
+		s->below_one_steps++;
+	return apply;
+}
 
 /*
  * True when a dynamic scale has collapsed below 1: gradients overflow even

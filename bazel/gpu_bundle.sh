@@ -40,6 +40,8 @@ for b in "${built[@]}"; do
 	done
 done
 cp tests/engine/cuda/gpu_suite.sh "$out/gpu_suite.sh"
+mkdir -p "$out/bench"
+cp bench/torch_gpu.py bench/torch_convnet.py "$out/bench/"
 # Fashion-MNIST (about 30 MB) travels too, so that the suite can train the
 # ConvNet on the GPU: the O0/O1/O2 accuracy and images/s targets.
 data=${LOOM_DATA_DIR:-/usr/share/datasets/fashion-mnist}

@@ -26,25 +26,19 @@ static int is_state(const loom_node *n)
 	return n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER;
 }
 
-static int n_opt_states(const loom_program *p)
-{
-	const loom_optim_opts *o = &p->opts.optim;
-	return o->kind == LOOM_OPTIM_ADAMW ? 2 : (o->kind == LOOM_OPTIM_SGD && o->momentum > 0);
-}
-
 /* The records this program saves and expects, payloads left NULL. */
 static loom_status list_records(loom_program *p, rec_list *l)
 {
-	int cap = 1 + p->n_params * 2;
-	for (int v = 0; v < p->n_fwd; v++)
-		cap += is_state(&p->g->nodes[v]);
+	int cap = 1 + p->plan.n_params * 2;
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		cap += is_state(&p->plan.g->nodes[v]);
 	l->r = calloc(cap, sizeof(*l->r));
 	l->names = calloc(cap, sizeof(*l->names));
 	l->host = calloc(cap, sizeof(void *));
 	if (!l->r || !l->names || !l->host)
 		return LOOM_ERR_NOMEM;
-	for (int v = 0; v < p->n_fwd; v++) {
-		const loom_node *n = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
 		if (!is_state(n))
 			continue;
 		loom_ckpt_record *r = &l->r[l->n];
@@ -56,13 +50,13 @@ static loom_status list_records(loom_program *p, rec_list *l)
 		r->bytes = loom_value_bytes(p, v);
 		l->n++;
 	}
-	int ns = n_opt_states(p);
-	for (int s = 0; s < p->n_params; s++) {
-		const loom_param_slot *sl = &p->params[s];
+	int ns = p->plan.n_state;
+	for (int s = 0; s < p->plan.n_params; s++) {
+		const loom_param_slot *sl = &p->plan.params[s];
 		for (int k = 0; k < ns; k++) {
 			loom_ckpt_record *r = &l->r[l->n];
 			snprintf(l->names[l->n], sizeof(l->names[0]), "optim.%s.%d",
-				 p->g->nodes[sl->param].name, k);
+				 p->plan.g->nodes[sl->param].name, k);
 			r->name = l->names[l->n];
 			r->dtype = sl->state_dtype;
 			r->ndim = 1;
@@ -95,23 +89,23 @@ static void free_records(rec_list *l)
 static void *record_addr(loom_program *p, int i)
 {
 	int k = 0;
-	for (int v = 0; v < p->n_fwd; v++) {
-		if (!is_state(&p->g->nodes[v]))
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		if (!is_state(&p->plan.g->nodes[v]))
 			continue;
 		if (k++ == i)
 			return loom_value_ptr(p, v);
 	}
-	int ns = n_opt_states(p);
-	for (int s = 0; s < p->n_params; s++)
+	int ns = p->plan.n_state;
+	for (int s = 0; s < p->plan.n_params; s++)
 		for (int j = 0; j < ns; j++)
 			if (k++ == i)
-				return p->state + p->params[s].state_off[j];
+				return p->arena.state + p->plan.params[s].state_off[j];
 	return NULL;
 }
 
 loom_status loom_save(loom_program *p, const char *path)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "save: no path given");
@@ -122,10 +116,10 @@ loom_status loom_save(loom_program *p, const char *path)
 		return loom_program_fail(p, st, "save %s: out of memory", path);
 	}
 	double meta[LOOM_CKPT_META_COUNT] = {
-		[LOOM_CKPT_META_STEP] = (double)p->step, [LOOM_CKPT_META_LR] = p->lr,
-		[LOOM_CKPT_META_SCALE] = p->scaler.scale, [LOOM_CKPT_META_TRACKER] = p->scaler.growth_tracker,
-		[LOOM_CKPT_META_SKIPPED] = (double)p->scaler.skipped_steps,
-		[LOOM_CKPT_META_BELOW] = (double)p->scaler.below_one_steps,
+		[LOOM_CKPT_META_STEP] = (double)p->ts.step, [LOOM_CKPT_META_LR] = p->ts.lr,
+		[LOOM_CKPT_META_SCALE] = p->ts.scaler.scale, [LOOM_CKPT_META_TRACKER] = p->ts.scaler.growth_tracker,
+		[LOOM_CKPT_META_SKIPPED] = (double)p->ts.scaler.skipped_steps,
+		[LOOM_CKPT_META_BELOW] = (double)p->ts.scaler.below_one_steps,
 	};
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
@@ -138,12 +132,12 @@ loom_status loom_save(loom_program *p, const char *path)
 			st = loom_program_fail(p, LOOM_ERR_NOMEM, "save %s: out of memory", path);
 			break;
 		}
-		st = p->be->download(p, l.host[i], addr, l.r[i].bytes);
+		st = loom_program_download(p, l.host[i], addr, l.r[i].bytes);
 		l.r[i].data = l.host[i];
 	}
 	char err[512];
 	if (st == LOOM_OK) {
-		st = loom_ckpt_write(path, p->fingerprint, l.r, l.n, err, sizeof(err));
+		st = loom_ckpt_write(path, p->plan.fingerprint, l.r, l.n, err, sizeof(err));
 		if (st != LOOM_OK)
 			loom_program_fail(p, st, "%s", err);
 	}
@@ -153,7 +147,7 @@ loom_status loom_save(loom_program *p, const char *path)
 
 loom_status loom_load(loom_program *p, const char *path)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "load: no path given");
@@ -163,12 +157,12 @@ loom_status loom_load(loom_program *p, const char *path)
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "%s", err);
 	rec_list l = { 0 };
-	if (loom_ckpt_fingerprint(f) != p->fingerprint) {
+	if (loom_ckpt_fingerprint(f) != p->plan.fingerprint) {
 		st = loom_program_fail(p, LOOM_ERR_MISMATCH,
 				       "checkpoint %s was saved from another graph or other options "
 				       "(fingerprint %016llx, this program %016llx)",
 				       path, (unsigned long long)loom_ckpt_fingerprint(f),
-				       (unsigned long long)p->fingerprint);
+				       (unsigned long long)p->plan.fingerprint);
 		goto out;
 	}
 	if ((st = list_records(p, &l)) != LOOM_OK) {
@@ -209,17 +203,17 @@ loom_status loom_load(loom_program *p, const char *path)
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
 		if (addr) {
-			st = p->be->upload(p, addr, found[i]->data, found[i]->bytes);
+			st = loom_program_upload(p, addr, found[i]->data, found[i]->bytes);
 			continue;
 		}
 		double meta[LOOM_CKPT_META_COUNT];
 		memcpy(meta, found[i]->data, sizeof(meta));
-		p->step = (int64_t)meta[LOOM_CKPT_META_STEP];
-		p->lr = meta[LOOM_CKPT_META_LR];
-		p->scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
-		p->scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
-		p->scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
-		p->scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
+		p->ts.step = (int64_t)meta[LOOM_CKPT_META_STEP];
+		p->ts.lr = meta[LOOM_CKPT_META_LR];
+		p->ts.scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
+		p->ts.scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
+		p->ts.scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
+		p->ts.scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
 	}
 	free(found);
 out:

@@ -86,7 +86,7 @@ static loom_status check_optim(const loom_optim_opts *o)
 static loom_status pick_backend(loom_program *p)
 {
 	int have_cuda = loom_cuda_available();
-	switch (p->opts.device) {
+	switch (p->plan.opts.device) {
 	case LOOM_DEVICE_CUDA:
 		if (!have_cuda)
 			return compile_fail(LOOM_ERR_UNSUPPORTED,
@@ -98,13 +98,13 @@ static loom_status pick_backend(loom_program *p)
 			p->be = loom_cuda_backend_get();
 			return LOOM_OK;
 		}
-		if (p->opts.device == LOOM_DEVICE_CUDA)
+		if (p->plan.opts.device == LOOM_DEVICE_CUDA)
 			return compile_fail(LOOM_ERR_UNSUPPORTED,
 					    "device cuda: this build has no CUDA backend");
 		if (!have_cuda) {
 			static int told;
 			if (!told++)
-				fprintf(stderr, "loom: no CUDA device found, running on the CPU\n");
+				loom_log("loom: no CUDA device found, running on the CPU\n");
 		}
 		p->be = &loom_cpu_backend;
 		return LOOM_OK;
@@ -112,7 +112,7 @@ static loom_status pick_backend(loom_program *p)
 		p->be = &loom_cpu_backend;
 		return LOOM_OK;
 	default:
-		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)p->opts.device);
+		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)p->plan.opts.device);
 	}
 }
 
@@ -120,22 +120,21 @@ static loom_status pick_backend(loom_program *p)
  * in f32 for half models (the master's dtype) and the param's dtype else. */
 static loom_status make_slots(loom_program *p)
 {
-	loom_graph *g = p->g;
+	loom_graph *g = p->plan.g;
 	int n = 0;
-	for (int v = 0; v < p->n_fwd; v++)
+	for (int v = 0; v < p->plan.n_fwd; v++)
 		if (g->nodes[v].op == LOOM_OP_PARAM && g->nodes[v].grad != LOOM_NONE)
 			n++;
-	p->params = calloc(n ? n : 1, sizeof(*p->params));
-	if (!p->params)
+	p->plan.params = calloc(n ? n : 1, sizeof(*p->plan.params));
+	if (!p->plan.params)
 		return compile_fail(LOOM_ERR_NOMEM, "out of memory for %d parameter slots", n);
-	int nstate = p->opts.optim.kind == LOOM_OPTIM_ADAMW ? 2 :
-		     (p->opts.optim.kind == LOOM_OPTIM_SGD && p->opts.optim.momentum > 0) ? 1 : 0;
+	int nstate = p->plan.n_state = loom_optim_state_count(&p->plan.opts.optim);
 	size_t off = 0;
-	for (int v = 0; v < p->n_fwd; v++) {
+	for (int v = 0; v < p->plan.n_fwd; v++) {
 		loom_node *nd = &g->nodes[v];
 		if (nd->op != LOOM_OP_PARAM || nd->grad == LOOM_NONE)
 			continue;
-		loom_param_slot *s = &p->params[p->n_params++];
+		loom_param_slot *s = &p->plan.params[p->plan.n_params++];
 		s->param = v;
 		s->grad = nd->grad;
 		s->master = nd->master;
@@ -148,17 +147,17 @@ static loom_status make_slots(loom_program *p)
 			off += sz;
 		}
 		if (nd->master != LOOM_NONE)
-			p->master_bytes += loom_value_bytes(p, nd->master);
+			p->plan.master_bytes += loom_value_bytes(p, nd->master);
 	}
-	p->state_bytes = off;
+	p->plan.state_bytes = off;
 	return LOOM_OK;
 }
 
 /* Writes the initial parameters and buffers (and masters) into the arena. */
 static loom_status init_values(loom_program *p)
 {
-	loom_graph *g = p->g;
-	for (int v = 0; v < p->n_fwd; v++) {
+	loom_graph *g = p->plan.g;
+	for (int v = 0; v < p->plan.n_fwd; v++) {
 		loom_node *nd = &g->nodes[v];
 		if (nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER)
 			continue;
@@ -167,20 +166,40 @@ static loom_status init_values(loom_program *p)
 		if (!tmp)
 			return compile_fail(LOOM_ERR_NOMEM, "out of memory initialising '%s'", nd->name);
 		loom_init_value(g, v, tmp);
-		loom_status st = p->be->upload(p, loom_value_ptr(p, v), tmp, bytes);
+		loom_status st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
 		free(tmp);
 		if (st != LOOM_OK)
 			return compile_fail(st, "initialising '%s': %s", nd->name, p->err);
 	}
-	if (p->state_bytes) {
-		void *zero = calloc(1, p->state_bytes);
+	if (p->plan.state_bytes) {
+		void *zero = calloc(1, p->plan.state_bytes);
 		if (!zero)
 			return compile_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
-		loom_status st = p->be->upload(p, p->state, zero, p->state_bytes);
+		loom_status st = loom_program_upload(p, p->arena.state, zero, p->plan.state_bytes);
 		free(zero);
 		if (st != LOOM_OK)
 			return compile_fail(st, "optimizer state: %s", p->err);
 	}
+	return LOOM_OK;
+}
+
+/* The backend's context, its per-node plans, then its arena. */
+static loom_status backend_prepare(loom_program *p)
+{
+	const loom_backend *be = p->be;
+	loom_status st;
+	char lb[96];
+
+	if ((st = be->init(&p->be_ctx, p->err, sizeof(p->err))) != LOOM_OK)
+		return st;
+	for (int v = 0; v < p->plan.g->n; v++)
+		if (!be->supports_op(p->be_ctx, p->plan.g->nodes[v].op))
+			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "%s: no kernel for %s",
+						 be->name, loom_node_label(p->plan.g, v, lb, sizeof(lb)));
+	if ((st = be->plan_create(p->be_ctx, &p->plan, &p->plan.ws_bytes)) != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	if ((st = be->alloc(p->be_ctx, &p->plan, &p->ts, &p->arena)) != LOOM_OK)
+		return loom_program_backend_fail(p, st);
 	return LOOM_OK;
 }
 
@@ -216,87 +235,87 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	}
 	if ((st = check_optim(&o->optim)) != LOOM_OK)
 		return st;
+	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
+		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
 
 	loom_program *p = calloc(1, sizeof(*p));
 	if (!p)
 		return compile_fail(LOOM_ERR_NOMEM, "out of memory");
-	p->opts = *o;
-	p->lr = o->optim.lr;
-	p->first_nonfinite = LOOM_NONE;
-	p->fingerprint = mix(loom_graph_fingerprint(g),
+	p->plan.opts = *o;
+	p->ts.lr = o->optim.lr;
+	p->ts.first_nonfinite = LOOM_NONE;
+	p->plan.fingerprint = mix(loom_graph_fingerprint(g),
 			     (uint64_t)o->optim.kind * 131 + (uint64_t)o->amp.level * 7 +
 				     (uint64_t)o->amp.half);
-	if ((st = loom_graph_clone(g, &p->g)) != LOOM_OK) {
+	if ((st = loom_graph_clone(g, &p->plan.g)) != LOOM_OK) {
 		compile_fail(st, "out of memory copying the graph");
-		goto out_free;
+		goto out_fail;
 	}
-	p->g->nodes[loss].flags |= LOOM_NODE_OUTPUT;
+	p->plan.g->nodes[loss].flags |= LOOM_NODE_OUTPUT;
 
 	/* AMP: casts, half parameters with f32 masters, the loss scale. */
 	char amsg[256] = "";
-	if ((st = loom_amp_pass(p->g, &loss, &o->amp, amsg, sizeof(amsg))) != LOOM_OK) {
+	if ((st = loom_amp_pass(p->plan.g, &loss, &o->amp, amsg, sizeof(amsg))) != LOOM_OK) {
 		compile_fail(st, "%s", amsg);
-		goto out_free;
+		goto out_fail;
 	}
-	p->loss = loss;
-	p->scaling = loom_amp_uses_scaling(&o->amp);
+	p->plan.loss = loss;
+	p->plan.scaling = loom_amp_uses_scaling(&o->amp);
 	float init = o->amp.static_scale > 0 ? (float)o->amp.static_scale :
-		     p->scaling ? (float)o->amp.init_scale : 1.0f;
-	if (loom_scaler_init(&p->scaler, init, o->amp.growth_interval > 0 ? o->amp.growth_interval : 2000,
-			     p->scaling && !(o->amp.static_scale > 0)) != 0) {
+		     p->plan.scaling ? (float)o->amp.init_scale : 1.0f;
+	if (loom_scaler_init(&p->ts.scaler, init, o->amp.growth_interval > 0 ? o->amp.growth_interval : 2000,
+			     p->plan.scaling && !(o->amp.static_scale > 0)) != 0) {
 		compile_fail(LOOM_ERR_INVALID, "amp: loss scale %g / growth interval %d invalid",
 			     o->amp.init_scale, o->amp.growth_interval);
 		st = LOOM_ERR_INVALID;
-		goto out_free;
+		goto out_fail;
 	}
 
-	p->n_fwd = p->g->n;
-	if ((st = loom_autodiff(p->g, p->loss)) != LOOM_OK) {
-		compile_fail(st, "%s", p->g->errmsg);
-		goto out_free;
+	p->plan.n_fwd = p->plan.g->n;
+	if ((st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
+		compile_fail(st, "%s", p->plan.g->errmsg);
+		goto out_fail;
 	}
 	if ((st = pick_backend(p)) != LOOM_OK)
-		goto out_free;
+		goto out_fail;
 	/* Planner passes, then the memory plan of what remains. */
 	if (p->be->fuses_relu_pool && !o->no_fusion)
-		loom_fuse_relu_pool(p->g);
+		loom_fuse_relu_pool(p->plan.g);
 	if (p->be->fuses_linear_relu && !o->no_fusion)
-		loom_fuse_linear_relu(p->g);
+		loom_fuse_linear_relu(p->plan.g);
 	if (p->be->fuses_siblings && !o->no_fusion)
-		loom_fuse_siblings(p->g);
-	if ((st = loom_memplan_build(p->g, &p->mp)) != LOOM_OK) {
+		loom_fuse_siblings(p->plan.g);
+	if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
 		compile_fail(st, "memory planning: out of memory");
-		goto out_free;
+		goto out_fail;
 	}
 	if ((st = make_slots(p)) != LOOM_OK)
-		goto out_free;
-	for (int v = 0; v < p->g->n; v++) {
-		size_t ws = p->be->workspace(p, v);
-		if (ws > p->ws_bytes)
-			p->ws_bytes = ws;
-	}
-	if ((st = p->be->prepare(p)) != LOOM_OK) {
+		goto out_fail;
+	if ((st = backend_prepare(p)) != LOOM_OK) {
 		compile_fail(st, "backend %s: %s", p->be->name, p->err);
-		goto out_free;
+		goto out_fail;
 	}
 	if ((st = init_values(p)) != LOOM_OK)
-		goto out_free;
+		goto out_fail;
 	if (o->verbose) {
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		fprintf(stderr,
-			"loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
+		loom_log("loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
 			"(params %.2f, grads %.2f, optimizer %.2f, activations %.2f of %.2f naive)\n",
-			info.n_nodes, p->n_fwd, info.backend, info.arena_bytes / 1048576.0,
+			info.n_nodes, p->plan.n_fwd, info.backend, info.arena_bytes / 1048576.0,
 			info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
 			info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
 			info.activation_naive_bytes / 1048576.0);
 	}
+	p->ready = 1;
 	*out = p;
 	return LOOM_OK;
 
-out_free:
-	loom_program_free(p);
+out_fail:
+	/* As sqlite3_open: the handle comes back so that its error can be
+	 * read; only loom_program_error and loom_program_free take it. */
+	snprintf(p->err, sizeof(p->err), "%s", last_error);
+	*out = p;
 	return st;
 }
 
@@ -304,18 +323,18 @@ void loom_program_free(loom_program *p)
 {
 	if (!p)
 		return;
-	if (p->be)
-		p->be->release(p);
-	loom_memplan_free(&p->mp);
-	free(p->params);
-	loom_graph_free(p->g);
+	if (p->be && p->be_ctx)
+		p->be->free(p->be_ctx);
+	loom_memplan_free(&p->plan.mp);
+	free(p->plan.params);
+	loom_graph_free(p->plan.g);
 	free(p);
 }
 
 static loom_value find_named(const loom_program *p, loom_op op, const char *name)
 {
-	for (int v = 0; v < p->n_fwd; v++)
-		if (p->g->nodes[v].op == op && strcmp(p->g->nodes[v].name, name) == 0)
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		if (p->plan.g->nodes[v].op == op && strcmp(p->plan.g->nodes[v].name, name) == 0)
 			return v;
 	return LOOM_NONE;
 }
@@ -323,14 +342,14 @@ static loom_value find_named(const loom_program *p, loom_op op, const char *name
 loom_status loom_set_input(loom_program *p, const char *name, const void *data, loom_dtype dt,
 			   size_t count)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!name || !data)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "set_input: name or data is NULL");
 	loom_value v = find_named(p, LOOM_OP_INPUT, name);
 	if (v == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_NOT_FOUND, "set_input: no input called '%s'", name);
-	const loom_node *nd = &p->g->nodes[v];
+	const loom_node *nd = &p->plan.g->nodes[v];
 	char sb[96];
 	if (dt != nd->dtype)
 		return loom_program_fail(p, LOOM_ERR_DTYPE, "set_input '%s': data is %s, the input is %s",
@@ -340,46 +359,58 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data, 
 					 "set_input '%s': %zu elements given, shape %s holds %lld", name,
 					 count, loom_shape_str(&nd->shape, sb, sizeof(sb)),
 					 (long long)loom_shape_numel(&nd->shape));
-	return p->be->upload(p, loom_value_ptr(p, v), data, loom_value_bytes(p, v));
+	return loom_program_upload(p, loom_value_ptr(p, v), data, loom_value_bytes(p, v));
 }
 
 /*
  * After the loss scale collapsed, the optimizer turned on per-node checks
- * (p->diagnose); the first run that saw a non-finite value names its op for
+ * (p->ts.diagnose); the first run that saw a non-finite value names its op for
  * loom_program_info's amp_report, once, and the checks stop.
  */
 static void report_nonfinite(loom_program *p)
 {
-	if (!p->diagnose || p->first_nonfinite == LOOM_NONE || p->amp_report[0])
+	if (!p->ts.diagnose || p->ts.first_nonfinite == LOOM_NONE || p->ts.amp_report[0])
 		return;
 	char lb[96];
-	snprintf(p->amp_report, sizeof(p->amp_report), "%s (node %d)",
-		 loom_node_label(p->g, p->first_nonfinite, lb, sizeof(lb)), (int)p->first_nonfinite);
-	fprintf(stderr, "loom: loss scale collapsed below 1: %s first produced inf/NaN\n",
-		p->amp_report);
-	p->diagnose = 0;
+	snprintf(p->ts.amp_report, sizeof(p->ts.amp_report), "%s (node %d)",
+		 loom_node_label(p->plan.g, p->ts.first_nonfinite, lb, sizeof(lb)), (int)p->ts.first_nonfinite);
+	loom_log("loom: loss scale collapsed below 1: %s first produced inf/NaN\n",
+		 p->ts.amp_report);
+	p->ts.diagnose = 0;
+}
+
+/* Queues nodes [0, last) and, when asked, the optimizer step: the step
+ * path, or the diagnosis run that checks every node and may wait. */
+static loom_status run_range(loom_program *p, int last, unsigned flags, int optim)
+{
+	loom_status st;
+	if (p->ts.diagnose)
+		flags |= LOOM_EXEC_DIAGNOSE;
+	st = p->be->run(p->be_ctx, &p->plan, &p->ts, 0, last, flags);
+	if (st == LOOM_OK && optim)
+		st = p->be->optim_step(p->be_ctx, &p->plan, &p->ts);
+	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
 
 loom_status loom_run(loom_program *p, loom_run_mode mode)
 {
-	if (!p)
+	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	p->err[0] = 0;
 	loom_status st;
 	switch (mode) {
 	case LOOM_RUN_EVAL:
-		st = p->be->run_nodes(p, 0, p->n_fwd, 0);
+		st = run_range(p, p->plan.n_fwd, 0, 0);
 		break;
 	case LOOM_RUN_FORWARD:
-		st = p->be->run_nodes(p, 0, p->n_fwd, 1);
+		st = run_range(p, p->plan.n_fwd, LOOM_EXEC_TRAIN, 0);
 		break;
 	case LOOM_RUN_GRAD:
-		st = p->be->run_nodes(p, 0, p->g->n, 1);
+		st = run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN, 0);
 		break;
 	case LOOM_RUN_TRAIN:
-		st = p->be->run_nodes(p, 0, p->g->n, 1);
-		if (st == LOOM_OK && p->opts.optim.kind != LOOM_OPTIM_NONE)
-			st = p->be->optim_step(p);
+		st = run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN,
+			       p->plan.opts.optim.kind != LOOM_OPTIM_NONE);
 		break;
 	default:
 		return loom_program_fail(p, LOOM_ERR_INVALID, "run: unknown mode %d", (int)mode);
@@ -389,19 +420,25 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 		return st;
 	float l32;
 	double l64;
-	if (p->g->nodes[p->loss].dtype == LOOM_F64) {
-		st = p->be->download(p, &l64, loom_value_ptr(p, p->loss), sizeof(l64));
-		p->last_loss = l64;
+	if (p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64) {
+		st = loom_program_download(p, &l64, loom_value_ptr(p, p->plan.loss), sizeof(l64));
+		p->ts.last_loss = l64;
 	} else {
-		st = p->be->download(p, &l32, loom_value_ptr(p, p->loss), sizeof(l32));
-		p->last_loss = l32;
+		st = loom_program_download(p, &l32, loom_value_ptr(p, p->plan.loss), sizeof(l32));
+		p->ts.last_loss = l32;
 	}
+	if (st == LOOM_OK && (st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	/* A collapsing scale: watch the next runs node by node and name the
+	 * first op that produces inf/NaN. */
+	if (loom_scaler_collapsed(&p->ts.scaler) && !p->ts.amp_report[0])
+		p->ts.diagnose = 1;
 	return st;
 }
 
 double loom_loss(loom_program *p)
 {
-	return p ? p->last_loss : NAN;
+	return p ? p->ts.last_loss : NAN;
 }
 
 /*
@@ -414,8 +451,8 @@ static loom_value compiled_value(const loom_program *p, loom_value v)
 {
 	if (v < 0)
 		return LOOM_NONE;
-	for (int u = 0, k = 0; u < p->n_fwd; u++) {
-		if (p->g->nodes[u].flags & LOOM_NODE_AMP)
+	for (int u = 0, k = 0; u < p->plan.n_fwd; u++) {
+		if (p->plan.g->nodes[u].flags & LOOM_NODE_AMP)
 			continue;
 		if (k++ == v)
 			return u;
@@ -427,13 +464,13 @@ static loom_value compiled_value(const loom_program *p, loom_value v)
 static loom_status readable(loom_program *p, loom_value v, size_t count, const char *what)
 {
 	char sb[96];
-	if (v < 0 || v >= p->g->n)
+	if (v < 0 || v >= p->plan.g->n)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "%s: no value %d", what, (int)v);
-	if (p->mp.region[v] != LOOM_REGION_PERSIST)
+	if (p->plan.mp.region[v] != LOOM_REGION_PERSIST)
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s: value %d is not kept after a step (mark it with loom_mark_output)",
 					 what, (int)v);
-	const loom_node *nd = &p->g->nodes[v];
+	const loom_node *nd = &p->plan.g->nodes[v];
 	if ((int64_t)count != loom_shape_numel(&nd->shape))
 		return loom_program_fail(p, LOOM_ERR_SHAPE, "%s: %zu elements asked, value %d is %s",
 					 what, count, (int)v, loom_shape_str(&nd->shape, sb, sizeof(sb)));
@@ -443,12 +480,12 @@ static loom_status readable(loom_program *p, loom_value v, size_t count, const c
 /* Downloads v and converts it to f64 (dst) elementwise. */
 static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_t count)
 {
-	const loom_node *nd = &p->g->nodes[v];
+	const loom_node *nd = &p->plan.g->nodes[v];
 	size_t bytes = loom_value_bytes(p, v);
 	void *tmp = malloc(bytes ? bytes : 1);
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
-	loom_status st = p->be->download(p, tmp, loom_value_ptr(p, v), bytes);
+	loom_status st = loom_program_download(p, tmp, loom_value_ptr(p, v), bytes);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
 		dst[i] = loom_elem_get(nd->dtype, tmp, i);
 	free(tmp);
@@ -457,7 +494,7 @@ static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_
 
 loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count)
 {
-	if (!p || !dst)
+	if (!loom_program_usable(p) || !dst)
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
@@ -467,7 +504,7 @@ loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t cou
 
 loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 {
-	if (!p || !dst)
+	if (!loom_program_usable(p) || !dst)
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
@@ -486,39 +523,39 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_t count)
 {
-	if (!p || !dst)
+	if (!loom_program_usable(p) || !dst)
 		return LOOM_ERR_INVALID;
 	loom_value uv = v;
 	v = compiled_value(p, v);
-	if (v == LOOM_NONE || p->g->nodes[v].op != LOOM_OP_PARAM)
+	if (v == LOOM_NONE || p->plan.g->nodes[v].op != LOOM_OP_PARAM)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read_grad: value %d is not a parameter",
 					 (int)uv);
-	loom_value gr = p->g->nodes[v].grad;
+	loom_value gr = p->plan.g->nodes[v].grad;
 	loom_status st = readable(p, gr, count, "read_grad");
 	return st != LOOM_OK ? st : read_as_f64(p, gr, dst, count);
 }
 
 loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, size_t count)
 {
-	if (!p || !src)
+	if (!loom_program_usable(p) || !src)
 		return LOOM_ERR_INVALID;
 	loom_value uv = v;
 	v = compiled_value(p, v);
 	if (v == LOOM_NONE ||
-	    (p->g->nodes[v].op != LOOM_OP_PARAM && p->g->nodes[v].op != LOOM_OP_BUFFER))
+	    (p->plan.g->nodes[v].op != LOOM_OP_PARAM && p->plan.g->nodes[v].op != LOOM_OP_BUFFER))
 		return loom_program_fail(p, LOOM_ERR_INVALID,
 					 "write: value %d is not a parameter or buffer", (int)uv);
 	loom_status st = readable(p, v, count, "write");
 	if (st != LOOM_OK)
 		return st;
-	const loom_node *nd = &p->g->nodes[v];
+	const loom_node *nd = &p->plan.g->nodes[v];
 	size_t bytes = loom_value_bytes(p, v);
 	void *tmp = malloc(bytes ? bytes : 1);
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 	for (size_t i = 0; i < count; i++)
 		loom_elem_set(nd->dtype, tmp, i, src[i]);
-	st = p->be->upload(p, loom_value_ptr(p, v), tmp, bytes);
+	st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
 	free(tmp);
 	/* O2: the optimizer updates the fp32 master and copies it over the half
 	 * parameter, so the master must hold the written values too. */
@@ -528,7 +565,7 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 			return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 		for (size_t i = 0; i < count; i++)
 			m[i] = (float)src[i];
-		st = p->be->upload(p, loom_value_ptr(p, nd->master), m, sizeof(float) * count);
+		st = loom_program_upload(p, loom_value_ptr(p, nd->master), m, sizeof(float) * count);
 		free(m);
 	}
 	return st;
@@ -540,56 +577,56 @@ loom_status loom_set_lr(loom_program *p, double lr)
 		return LOOM_ERR_INVALID;
 	if (!(lr >= 0) || !isfinite(lr))
 		return loom_program_fail(p, LOOM_ERR_INVALID, "set_lr: %g must be >= 0", lr);
-	p->lr = lr;
+	p->ts.lr = lr;
 	return LOOM_OK;
 }
 
 double loom_get_lr(const loom_program *p)
 {
-	return p ? p->lr : NAN;
+	return p ? p->ts.lr : NAN;
 }
 
 int64_t loom_step_count(const loom_program *p)
 {
-	return p ? p->step : 0;
+	return p ? p->ts.step : 0;
 }
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info)
 {
 	memset(info, 0, sizeof(*info));
-	if (!p)
+	if (!loom_program_usable(p))
 		return;
-	info->backend = p->backend_name[0] ? p->backend_name : p->be->name;
-	info->n_nodes = p->g->n;
-	info->n_params = p->n_params;
-	for (int i = 0; i < p->n_params; i++) {
-		const loom_param_slot *s = &p->params[i];
+	info->backend = p->be->describe(p->be_ctx);
+	info->n_nodes = p->plan.g->n;
+	info->n_params = p->plan.n_params;
+	for (int i = 0; i < p->plan.n_params; i++) {
+		const loom_param_slot *s = &p->plan.params[i];
 		info->n_param_elems += s->numel;
 		info->param_bytes += loom_value_bytes(p, s->param);
 		info->grad_bytes += loom_value_bytes(p, s->grad);
 	}
-	info->master_bytes = p->master_bytes;
-	info->optim_state_bytes = p->state_bytes;
-	info->activation_bytes = p->mp.act_bytes;
-	info->activation_naive_bytes = p->mp.act_naive_bytes;
-	info->arena_bytes = p->mp.persist_bytes + p->mp.act_bytes + p->ws_bytes + p->state_bytes;
-	info->loss_scale = p->scaler.scale;
-	info->skipped_steps = p->scaler.skipped_steps;
-	info->amp_report = p->amp_report;
+	info->master_bytes = p->plan.master_bytes;
+	info->optim_state_bytes = p->plan.state_bytes;
+	info->activation_bytes = p->plan.mp.act_bytes;
+	info->activation_naive_bytes = p->plan.mp.act_naive_bytes;
+	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	info->loss_scale = p->ts.scaler.scale;
+	info->skipped_steps = p->ts.scaler.skipped_steps;
+	info->amp_report = p->ts.amp_report;
 }
 
 void loom_program_dump(const loom_program *p, FILE *out)
 {
 	char sh[96], lb[96];
-	if (!p || !out)
+	if (!loom_program_usable(p) || !out)
 		return;
-	fprintf(out, "plan: %d nodes (%d forward), backend %s\n", p->g->n, p->n_fwd,
-		p->backend_name[0] ? p->backend_name : p->be->name);
-	for (int v = 0; v < p->g->n; v++) {
-		const loom_node *n = &p->g->nodes[v];
-		fprintf(out, "%4d %-30s %-4s %-18s %c+%-9zu", v, loom_node_label(p->g, v, lb, sizeof(lb)),
+	fprintf(out, "plan: %d nodes (%d forward), backend %s\n", p->plan.g->n, p->plan.n_fwd,
+		p->be->describe(p->be_ctx));
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		fprintf(out, "%4d %-30s %-4s %-18s %c+%-9zu", v, loom_node_label(p->plan.g, v, lb, sizeof(lb)),
 			loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)),
-			p->mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->mp.offset[v]);
+			p->plan.mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->plan.mp.offset[v]);
 		for (int i = 0; i < n->nsrc; i++)
 			fprintf(out, " %%%d", (int)n->src[i]);
 		if (n->flags & LOOM_NODE_AMP)
@@ -601,7 +638,7 @@ void loom_program_dump(const loom_program *p, FILE *out)
 				fprintf(out, " (relu fused)");
 		if (n->op == LOOM_OP_LINEAR && n->a.mm.relu)
 			fprintf(out, " (relu fused)");
-		if (loom_made_earlier(p, v))
+		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		fprintf(out, "\n");
 	}

@@ -1,7 +1,8 @@
 /*
- * engine/program_internal.h — what a compiled program holds: the rewritten
- * graph, its memory plan, the backend that runs it, the parameter slots the
- * optimizer walks, and the run-time state (step, learning rate, loss scale).
+ * engine/program_internal.h — what a compiled program is made of: the
+ * compiled plan (graph, memory plan, parameter slots, fingerprint), the
+ * training state (step, learning rate, loss scaler, what diagnosis found),
+ * and the backend (an interface table plus its own context) that runs it.
  */
 #ifndef LOOM_ENGINE_PROGRAM_INTERNAL_H
 #define LOOM_ENGINE_PROGRAM_INTERNAL_H
@@ -15,33 +16,8 @@
 
 typedef struct loom_program loom_program;
 
-/*
- * A backend: a table of functions plus a context (ggml style). The executor
- * in program.c owns the plan; a backend owns memory and kernels.
- */
-typedef struct loom_backend {
-	const char *name;
-	/* Allocates the arena regions (p->persist, p->act, p->ws, p->state)
-	 * with the sizes in p, and picks per-node algorithms. */
-	loom_status (*prepare)(loom_program *p);
-	void (*release)(loom_program *p);
-	/* Runs nodes [first, last) in training (train != 0) or eval mode. */
-	loom_status (*run_nodes)(loom_program *p, int first, int last, int train);
-	/* The fused unscale + overflow check + optimizer update over all
-	 * parameters; skips everything on overflow (dynamic scaling). */
-	loom_status (*optim_step)(loom_program *p);
-	/* Copies between host memory and an arena address. */
-	loom_status (*upload)(loom_program *p, void *dst, const void *src, size_t bytes);
-	loom_status (*download)(loom_program *p, void *dst, const void *src, size_t bytes);
-	/* Bytes of scratch node v needs (0 if none). */
-	size_t (*workspace)(loom_program *p, loom_value v);
-	/* Capabilities the planner may use. */
-	int fuses_relu_pool; /* max-pool honours attrs.pool.relu (graph/fuse.c) */
-	/* run_nodes makes a node's siblings (made_by, graph/fuse.c) when it
-	 * runs the node, and skips them at their own place. */
-	int fuses_siblings;
-	int fuses_linear_relu; /* LINEAR honours attrs.mm.relu (graph/fuse.c) */
-} loom_backend;
+/* Size of every error buffer a backend or launcher writes into. */
+#define LOOM_ERR_MAX 512
 
 /* One trainable parameter as the optimizer sees it. */
 typedef struct loom_param_slot {
@@ -49,72 +25,206 @@ typedef struct loom_param_slot {
 	loom_value grad;    /* its gradient, same dtype */
 	loom_value master;  /* O2: the f32 master weight, else LOOM_NONE */
 	int64_t numel;
-	size_t state_off[2]; /* optimizer state in p->state: SGD buf / Adam m, v */
+	size_t state_off[2]; /* optimizer state in the state region: SGD buf / Adam m, v */
 	loom_dtype state_dtype;
 } loom_param_slot;
 
-struct loom_program {
+/*
+ * The compiled plan: everything decided at compile time. Backends read it
+ * (const) and never write it; it does not change once loom_compile returns.
+ */
+typedef struct loom_plan {
 	loom_graph *g; /* owned: the user's graph + AMP casts + backward */
 	loom_value loss;
-	int n_fwd;                /* nodes [0, n_fwd) are the forward pass */
-	uint64_t fingerprint;     /* of the user's graph and the options */
+	int n_fwd;            /* nodes [0, n_fwd) are the forward pass */
+	uint64_t fingerprint; /* of the user's graph and the options */
 	loom_compile_opts opts;
 	loom_memplan mp;
-
-	const loom_backend *be;
-	void *be_ctx;
-	unsigned char *persist, *act, *ws, *state; /* arena regions */
-	size_t ws_bytes, state_bytes, master_bytes;
-
 	loom_param_slot *params;
 	int n_params;
+	int n_state;          /* optimizer state buffers per parameter (0, 1, 2) */
+	int scaling;          /* dynamic or static loss scaling is on */
+	size_t ws_bytes, state_bytes, master_bytes;
+} loom_plan;
 
+/* The training state: what a step changes besides the arena. */
+typedef struct loom_train_state {
 	double lr;
 	int64_t step;
 	loom_scaler scaler;
-	int scaling; /* dynamic or static loss scaling is on */
-	int diagnose;               /* check each node for inf/NaN as it runs */
-	loom_value first_nonfinite; /* the first node found non-finite */
-	char amp_report[256];       /* what diagnose found, for the user */
-
 	double last_loss;
-	char backend_name[128];
-	char err[512];
+	int diagnose;               /* next runs check each node for inf/NaN */
+	loom_value first_nonfinite; /* the first node found non-finite */
+	char amp_report[256];       /* what diagnosis found, for the user */
+} loom_train_state;
+
+/* Base addresses of the arena's regions (backend memory). */
+typedef struct loom_arena {
+	unsigned char *persist, *act, *ws, *state;
+} loom_arena;
+
+/* Streams a backend orders work on; a CPU backend has one in-order stream. */
+typedef enum loom_stream {
+	LOOM_STREAM_COMPUTE = 0,
+	LOOM_STREAM_COMM,      /* all-reduce and other communication */
+	LOOM_STREAM_COUNT
+} loom_stream;
+
+/* Events a backend creates at init, named by index. */
+#define LOOM_BACKEND_EVENTS 16
+
+/* Flags of one run. */
+enum {
+	LOOM_EXEC_TRAIN = 1 << 0,    /* training mode (batch-norm statistics) */
+	/* Check every value for inf/NaN as it is made and record the first in
+	 * ts->first_nonfinite before returning. May synchronise: it is the
+	 * separate mode a collapsed loss scale turns on, never the step path. */
+	LOOM_EXEC_DIAGNOSE = 1 << 1,
 };
+
+/*
+ * A backend: a table of functions plus the context it creates (after ggml's
+ * ggml_backend_i). Every method receives that context; those that run work
+ * receive the plan, const. A failing method returns a status and leaves its
+ * message for error(ctx); the program copies it into its own error.
+ */
+typedef struct loom_backend {
+	const char *name;
+	/* Creates the context: library handles, streams (a second one for
+	 * communication where the device has streams) and events. */
+	loom_status (*init)(void **ctx, char *err, size_t errlen);
+	void (*free)(void *ctx);
+	/* The last failure's message; "" if none. */
+	const char *(*error)(void *ctx);
+	/* What runs the program ("cpu", "cuda: <device name>"). */
+	const char *(*describe)(void *ctx);
+	/* Whether this backend has an entry for op: a NULL check of its table. */
+	int (*supports_op)(void *ctx, loom_op op);
+	/* The per-node plans (algorithms, library descriptors) for plan, made
+	 * once; *ws_bytes gets the scratch the largest node needs. A failure
+	 * is returned here, not at the first run. */
+	loom_status (*plan_create)(void *ctx, const loom_plan *plan, size_t *ws_bytes);
+	/* Allocates the arena regions with plan's sizes (zeroed) and takes
+	 * ts's scaler and step as the state to start from. */
+	loom_status (*alloc)(void *ctx, const loom_plan *plan, const loom_train_state *ts,
+			     loom_arena *arena);
+	/* Queues nodes [first, last) of the schedule; flags: LOOM_EXEC_*. */
+	loom_status (*run)(void *ctx, const loom_plan *plan, loom_train_state *ts, int first,
+			   int last, unsigned flags);
+	/* The fused unscale + overflow check + optimizer update over all
+	 * parameters; skips everything on overflow (dynamic scaling). */
+	loom_status (*optim_step)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+	/* Copies between host memory and an arena address. download returns
+	 * when dst holds the data; upload may return before the copy ends. */
+	loom_status (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+	loom_status (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+	/* Waits for all queued work, brings the training state the device
+	 * keeps (scaler, step) into ts and reports run-time faults (a bad
+	 * label). A change the host made to ts goes to the device at the next
+	 * run or optimizer step. */
+	loom_status (*synchronize)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+	/* Event `event` marks the work queued so far on `stream`; event_wait
+	 * makes later work on `stream` wait for it. */
+	loom_status (*event_record)(void *ctx, int event, loom_stream stream);
+	loom_status (*event_wait)(void *ctx, int event, loom_stream stream);
+	/* Records one training step once, then replays it. */
+	loom_status (*capture)(void *ctx, const loom_plan *plan, loom_train_state *ts); // (optional)
+	loom_status (*replay)(void *ctx, const loom_plan *plan, loom_train_state *ts);  // (optional)
+	/* Capabilities the planner may use. */
+	int fuses_relu_pool; /* max-pool honours attrs.pool.relu (graph/fuse.c) */
+	/* run makes a node's siblings (made_by, graph/fuse.c) when it runs the
+	 * node, and skips them at their own place. */
+	int fuses_siblings;
+	int fuses_linear_relu; /* LINEAR honours attrs.mm.relu (graph/fuse.c) */
+} loom_backend;
+
+struct loom_program {
+	loom_plan plan;
+	loom_train_state ts;
+	const loom_backend *be;
+	void *be_ctx;
+	loom_arena arena; /* the regions be_ctx allocated */
+	int ready;        /* compiled; a failed compile's handle only explains */
+	char err[LOOM_ERR_MAX];
+};
+
+/* A program that compiled (a failed compile's handle is not). */
+static inline int loom_program_usable(const loom_program *p)
+{
+	return p && p->ready;
+}
+
+/* Optimizer state buffers per parameter: SGD's momentum buffer, AdamW's m
+ * and v. */
+static inline int loom_optim_state_count(const loom_optim_opts *o)
+{
+	if (o->kind == LOOM_OPTIM_ADAMW)
+		return 2;
+	return o->kind == LOOM_OPTIM_SGD && o->momentum > 0 ? 1 : 0;
+}
+
+static inline void *loom_arena_ptr(const loom_arena *a, const loom_plan *pl, loom_value v)
+{
+	unsigned char *base = pl->mp.region[v] == LOOM_REGION_PERSIST ? a->persist : a->act;
+	return base + pl->mp.offset[v];
+}
 
 static inline void *loom_value_ptr(const loom_program *p, loom_value v)
 {
-	unsigned char *base = p->mp.region[v] == LOOM_REGION_PERSIST ? p->persist : p->act;
-	return base + p->mp.offset[v];
+	return loom_arena_ptr(&p->arena, &p->plan, v);
+}
+
+static inline size_t loom_plan_value_bytes(const loom_plan *pl, loom_value v)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	return (size_t)loom_shape_numel(&n->shape) * loom_dtype_size(n->dtype);
 }
 
 static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 {
-	const loom_node *n = &p->g->nodes[v];
-	return (size_t)loom_shape_numel(&n->shape) * loom_dtype_size(n->dtype);
+	return loom_plan_value_bytes(&p->plan, v);
 }
 
 /* Node v's first sibling, then the one after w (LOOM_NONE: no more). */
-static inline loom_value loom_sibling_first(const loom_program *p, loom_value v)
+static inline loom_value loom_sibling_first(const loom_plan *pl, loom_value v)
 {
-	return p->mp.sibling ? p->mp.sibling[v] : LOOM_NONE;
+	return pl->mp.sibling ? pl->mp.sibling[v] : LOOM_NONE;
 }
 
-static inline loom_value loom_sibling_next(const loom_program *p, loom_value w)
+static inline loom_value loom_sibling_next(const loom_plan *pl, loom_value w)
 {
-	return p->mp.sibling_next[w];
+	return pl->mp.sibling_next[w];
 }
 
 /* Made at an earlier node (so skipped at its own place)? */
-static inline int loom_made_earlier(const loom_program *p, loom_value v)
+static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 {
-	loom_value u = p->g->nodes[v].made_by;
+	loom_value u = pl->g->nodes[v].made_by;
 	return u != LOOM_NONE && u < v;
 }
+
+/* Prints one message through the user's log callback (loom_set_log). */
+void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Records a message on p and returns st. */
 loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* Copies the backend's last message into p's and returns st. */
+loom_status loom_program_backend_fail(loom_program *p, loom_status st);
+
+/* The backend's upload and download, with a failure's message in p. */
+loom_status loom_program_upload(loom_program *p, void *dst, const void *src, size_t bytes);
+loom_status loom_program_download(loom_program *p, void *dst, const void *src, size_t bytes);
+
+/* Formats into err (LOOM_ERR_MAX bytes) and returns st: how backends and
+ * their op entries report. */
+loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* The one wording of a label outside [0, classes) at softmax-CE node v,
+ * for both backends. */
+loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row);
 
 extern const loom_backend loom_cpu_backend;
 

@@ -10,6 +10,15 @@
  * calls return LOOM_NONE on bad input and leave a sticky error on the graph;
  * loom_compile refuses a graph in error and reports its first message.
  * The library never aborts or exits on a user's mistake.
+ *
+ * Returned strings belong to loom; never free them. loom_status_string and
+ * loom_dtype_name return constants. loom_graph_error lives as long as the
+ * graph; loom_last_error until the next loom_compile in the same thread;
+ * loom_program_error until the next call on that program; the strings of
+ * loom_program_info (backend, amp_report) until loom_program_free.
+ *
+ * The library prints (a notice, a verbose compile summary) only through
+ * the log callback set with loom_set_log; by default, to stderr.
  */
 #ifndef LOOM_H
 #define LOOM_H
@@ -217,8 +226,15 @@ typedef struct loom_program loom_program;
 /*
  * Compiles g for training `loss` (a scalar): autodiff over every parameter,
  * the AMP pass, memory planning, backend lowering. The graph is not consumed
- * and may be freed after. On failure *out is NULL and the message is in
- * loom_last_error() (or the graph's sticky error).
+ * and may be freed after.
+ * On failure the message is in loom_last_error(), and, as sqlite3_open does,
+ * *out holds the failed program where one was made, so that
+ * loom_program_error() can explain it; such a handle takes only
+ * loom_program_error and loom_program_free (other calls return
+ * LOOM_ERR_INVALID). *out is NULL when the arguments were refused before a
+ * program existed: out or g NULL, a graph in error, a loss that is not a
+ * scalar value, an unknown device or invalid optimizer options, or no
+ * memory.
  */
 loom_status loom_compile(loom_graph *g, loom_value loss,
 			 const loom_compile_opts *o, loom_program **out);
@@ -226,6 +242,12 @@ void loom_program_free(loom_program *p);
 
 /* The message of the last failed loom_compile in this thread. */
 const char *loom_last_error(void);
+
+/* Where the library's messages go: fn(user, message) with message one
+ * line ending in a newline. fn NULL restores the default (stderr). Set it
+ * before compiling; it is one setting for the process, not per thread. */
+typedef void (*loom_log_fn)(void *user, const char *message);
+void loom_set_log(loom_log_fn fn, void *user);
 
 /* ---------------------------------------------------------------- run */
 
@@ -289,6 +311,17 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info);
  * its buffer lives in the arena ("P+offset" persistent, "A+offset" reused
  * activations). */
 void loom_program_dump(const loom_program *p, FILE *out);
+
+/* Writes the compiled plan as a Graphviz digraph: one box per node labelled
+ * with its op, dtype, shape and arena place, filled by precision (fp32 blue,
+ * fp16 orange, bf16 gold), fused nodes outlined in red, AMP casts dashed,
+ * edges labelled with the shape they carry. `dot -Tsvg` renders it. */
+void loom_program_dump_dot(const loom_program *p, FILE *out);
+
+/* Writes where the program's memory goes, decided before step 1: parameters,
+ * master weights, gradients, optimizer state, activations (planned, and the
+ * naive one-buffer-each total beside them), workspace, and the peak. */
+void loom_program_memory_report(const loom_program *p, FILE *out);
 
 /* The message of the last failure on p ("" if none). */
 const char *loom_program_error(const loom_program *p);

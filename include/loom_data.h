@@ -84,6 +84,33 @@ loom_status loom_mnist_load(const char *dir, const char *split,
 /* Frees what loom_mnist_load allocated and empties *ds. */
 void loom_dataset_free(loom_dataset *ds);
 
+/*
+ * Loads a CIFAR-10 split from dir, the unpacked binary distribution
+ * (cifar-10-batches-bin): "train" reads data_batch_1.bin .. data_batch_5.bin,
+ * "test" reads test_batch.bin. Each file holds whole records of 1 label byte
+ * (0..9) and 3072 pixel bytes (R, G, B planes of 32x32); the real files hold
+ * 10,000 records each, smaller ones are accepted. A missing directory or
+ * file, a size that is not a whole number of records, or a label out of
+ * range is an error naming the file (and, for a missing one, what to
+ * download). ds becomes n x 3 x 32 x 32 with 10 classes; on failure it is
+ * empty.
+ */
+loom_status loom_cifar10_load(const char *dir, const char *split,
+			      loom_dataset *ds, char *err, size_t errlen);
+
+/* Per-channel statistics of the CIFAR-10 training images (x / 255). */
+#define LOOM_CIFAR10_MEAN { 0.4914f, 0.4822f, 0.4465f }
+#define LOOM_CIFAR10_STD { 0.2470f, 0.2435f, 0.2616f }
+
+/*
+ * n random images of c x h x w bytes with labels in [0, classes), the same
+ * bytes for the same seed on every machine: for benchmarks and smoke runs
+ * on machines without the real data (--synthetic).
+ */
+loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes,
+				uint64_t seed, loom_dataset *ds, char *err,
+				size_t errlen);
+
 /* ---------------------------------------------------------------- sampler */
 
 /*
@@ -136,6 +163,22 @@ loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
 			    float std, loom_loader **out, char *err,
 			    size_t errlen);
 void loom_loader_free(loom_loader *l);
+
+/* Per-channel normalisation: channel c becomes (x / 255 - mean[c]) / std[c]
+ * (ds->c values each, every std > 0), replacing the loader's single pair. */
+loom_status loom_loader_set_normalize(loom_loader *l, const float *mean,
+				      const float *std);
+
+/*
+ * The standard CIFAR training augmentation: a random crop of the image's own
+ * size from the image zero-padded by pad on every side (pad 4 for CIFAR),
+ * and a horizontal flip with probability 1/2 when flip. What an item gets is
+ * decided by (seed, the sampler's epoch, the item's index in the data set)
+ * alone, so runs are reproducible on any number of ranks and threads.
+ * pad 0 and flip 0 turn it off (the default).
+ */
+loom_status loom_loader_set_augment(loom_loader *l, int pad, int flip,
+				    uint64_t seed);
 
 /* Batches per epoch (for this rank). */
 int64_t loom_loader_num_batches(const loom_loader *l);

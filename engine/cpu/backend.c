@@ -1,21 +1,72 @@
 /*
  * engine/cpu/backend.c — the CPU backend: host memory for the arena and a
- * dispatch from each node to its kernel in kernels.h. f32 and f64 run
- * natively; f16 and bf16 are storage formats emulated exactly: half sources
- * are widened into f32 scratch, the f32 kernel runs, and a half result is
- * rounded to nearest even on the way out — the numerics of a GPU that reads
- * half, accumulates in fp32 and writes half.
+ * table from each op to its entry in ops.h. f32 and f64 run natively; f16
+ * and bf16 are storage formats emulated exactly: half sources are widened
+ * into f32 scratch, the f32 kernel runs, and a half result is rounded to
+ * nearest even on the way out — the numerics of a GPU that reads half,
+ * accumulates in fp32 and writes half.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
-#include "engine/elem.h"
-#include "engine/cpu/kernels.h"
+#include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
-#include "engine/program_internal.h"
+#include "engine/elem.h"
+
+/* Every op's entry; NULL: the CPU cannot run it (supports_op). */
+static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
+	[LOOM_OP_INPUT] = loom_cpu_op_nothing,
+	[LOOM_OP_PARAM] = loom_cpu_op_nothing,
+	[LOOM_OP_BUFFER] = loom_cpu_op_nothing,
+	[LOOM_OP_CONV2D] = loom_cpu_op_conv2d,
+	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_op_conv2d_bwd_data,
+	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_op_conv2d_bwd_filter,
+	[LOOM_OP_CHANNEL_SUM] = loom_cpu_op_channel_sum,
+	[LOOM_OP_BATCHNORM2D] = loom_cpu_op_batchnorm2d,
+	[LOOM_OP_BN_BWD_DATA] = loom_cpu_op_bn_bwd_data,
+	[LOOM_OP_BN_BWD_GAMMA] = loom_cpu_op_bn_bwd_gamma,
+	[LOOM_OP_RELU] = loom_cpu_op_relu,
+	[LOOM_OP_RELU_BWD] = loom_cpu_op_relu_bwd,
+	[LOOM_OP_MAXPOOL2D] = loom_cpu_op_maxpool2d,
+	[LOOM_OP_MAXPOOL2D_BWD] = loom_cpu_op_maxpool2d_bwd,
+	[LOOM_OP_LINEAR] = loom_cpu_op_linear,
+	[LOOM_OP_MATMUL] = loom_cpu_op_matmul,
+	[LOOM_OP_ADD] = loom_cpu_op_add,
+	[LOOM_OP_RESHAPE] = loom_cpu_op_nothing,
+	[LOOM_OP_SUM] = loom_cpu_op_sum,
+	[LOOM_OP_BROADCAST] = loom_cpu_op_broadcast,
+	[LOOM_OP_SOFTMAX_CE] = loom_cpu_op_softmax_ce,
+	[LOOM_OP_SOFTMAX_CE_BWD] = loom_cpu_op_softmax_ce_bwd,
+	[LOOM_OP_GRAD_SEED] = loom_cpu_op_grad_seed,
+	[LOOM_OP_CAST] = loom_cpu_op_cast,
+	[LOOM_OP_GLOBAL_AVGPOOL] = loom_cpu_op_global_avgpool,
+	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
+};
+
+/* Kernel workspace of the ops that need one, for element size elem. */
+static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_plan *, loom_value, size_t) = {
+	[LOOM_OP_CONV2D] = loom_cpu_conv_workspace,
+	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_conv_workspace,
+	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_conv_workspace,
+};
+
+/* Ops whose entry reads and writes their own dtypes: no half emulation. */
+static const unsigned char cpu_op_raw[LOOM_OP_COUNT] = {
+	[LOOM_OP_INPUT] = 1, [LOOM_OP_PARAM] = 1, [LOOM_OP_BUFFER] = 1,
+	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1,
+};
+
+loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cpu_io *io)
+{
+	(void)ctx;
+	(void)plan;
+	(void)v;
+	(void)io;
+	return LOOM_OK;
+}
 
 static int is_half(loom_dtype dt)
 {
@@ -27,323 +78,167 @@ static size_t align64(size_t x)
 	return (x + 63) & ~(size_t)63;
 }
 
-static const loom_node *src_node(const loom_program *p, const loom_node *n, int i)
+static const loom_node *src_node(const loom_plan *pl, const loom_node *n, int i)
 {
-	return &p->g->nodes[n->src[i]];
+	return &pl->g->nodes[n->src[i]];
 }
 
-/* The dtype the kernel runs in: f64 for f64 nodes, f32 for everything else. */
-static loom_dtype kernel_dtype(const loom_node *n)
+static int emulated(const loom_plan *pl, const loom_node *n)
 {
-	return n->dtype == LOOM_F64 ? LOOM_F64 : LOOM_F32;
-}
-
-static int emulated(const loom_program *p, const loom_node *n)
-{
+	if (cpu_op_raw[n->op])
+		return 0;
 	if (is_half(n->dtype))
 		return 1;
 	for (int i = 0; i < n->nsrc; i++)
-		if (is_half(src_node(p, n, i)->dtype))
+		if (is_half(src_node(pl, n, i)->dtype))
 			return 1;
 	return 0;
 }
 
-static size_t cpu_workspace(loom_program *p, loom_value v)
+/* Bytes of scratch node v needs: its kernel's workspace, then the f32
+ * copies of its half sources and result. */
+static size_t node_workspace(const loom_plan *pl, loom_value v)
 {
-	const loom_node *n = &p->g->nodes[v];
+	const loom_node *n = &pl->g->nodes[v];
 	size_t ws = 0;
-	if (n->op == LOOM_OP_CONV2D || n->op == LOOM_OP_CONV2D_BWD_DATA ||
-	    n->op == LOOM_OP_CONV2D_BWD_FILTER) {
-		loom_conv_shape s;
-		loom_conv_shape_of(p->g, v, &s);
-		ws = align64(loom_cpu_conv2d_workspace(&s, loom_dtype_size(kernel_dtype(n))));
-	}
-	if (n->op != LOOM_OP_CAST && emulated(p, n)) {
+	if (cpu_op_ws[n->op])
+		ws = cpu_op_ws[n->op](pl, v, loom_dtype_size(loom_cpu_kernel_dtype(n)));
+	if (emulated(pl, n)) {
 		for (int i = 0; i < n->nsrc; i++)
-			if (is_half(src_node(p, n, i)->dtype))
-				ws += align64(4 * loom_shape_numel(&src_node(p, n, i)->shape));
+			if (is_half(src_node(pl, n, i)->dtype))
+				ws += align64(4 * loom_shape_numel(&src_node(pl, n, i)->shape));
 		ws += align64(4 * loom_shape_numel(&n->shape));
 	}
 	return ws;
 }
 
-static loom_status cpu_prepare(loom_program *p)
+static loom_status cpu_init(void **out, char *err, size_t errlen)
 {
-	size_t total = p->mp.persist_bytes + p->mp.act_bytes + p->ws_bytes + p->state_bytes;
-	unsigned char *base = aligned_alloc(64, align64(total ? total : 64));
-	if (!base)
-		return loom_program_fail(p, LOOM_ERR_NOMEM, "cannot allocate the %.1f MiB arena",
-					 total / 1048576.0);
-	memset(base, 0, total);
-	p->be_ctx = base;
-	p->persist = base;
-	p->act = base + p->mp.persist_bytes;
-	p->ws = p->act + p->mp.act_bytes;
-	p->state = p->ws + p->ws_bytes;
-	snprintf(p->backend_name, sizeof(p->backend_name), "cpu");
+	loom_cpu_ctx *c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(err, errlen, "cpu: out of host memory");
+		return LOOM_ERR_NOMEM;
+	}
+	*out = c;
 	return LOOM_OK;
 }
 
-static void cpu_release(loom_program *p)
+static void cpu_free(void *ctx)
 {
-	free(p->be_ctx);
-	p->be_ctx = NULL;
+	loom_cpu_ctx *c = ctx;
+	if (!c)
+		return;
+	free(c->base);
+	free(c);
 }
 
-static loom_status cpu_copy(loom_program *p, void *dst, const void *src, size_t bytes)
+static const char *cpu_error(void *ctx)
 {
-	(void)p;
+	return ((loom_cpu_ctx *)ctx)->err;
+}
+
+static const char *cpu_describe(void *ctx)
+{
+	(void)ctx;
+	return "cpu";
+}
+
+static int cpu_supports_op(void *ctx, loom_op op)
+{
+	(void)ctx;
+	return (unsigned)op < LOOM_OP_COUNT && cpu_ops[op] != NULL;
+}
+
+/* The CPU has nothing to plan beyond each node's scratch. */
+static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_bytes)
+{
+	(void)ctx;
+	*ws_bytes = 0;
+	for (int v = 0; v < plan->g->n; v++) {
+		size_t ws = node_workspace(plan, v);
+		if (ws > *ws_bytes)
+			*ws_bytes = ws;
+	}
+	return LOOM_OK;
+}
+
+static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_state *ts,
+			     loom_arena *arena)
+{
+	loom_cpu_ctx *c = ctx;
+	size_t total = plan->mp.persist_bytes + plan->mp.act_bytes + plan->ws_bytes +
+		       plan->state_bytes;
+	(void)ts;
+	c->base = aligned_alloc(64, align64(total ? total : 64));
+	if (!c->base)
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cannot allocate the %.1f MiB arena",
+				 total / 1048576.0);
+	memset(c->base, 0, total);
+	c->arena.persist = c->base;
+	c->arena.act = c->base + plan->mp.persist_bytes;
+	c->arena.ws = c->arena.act + plan->mp.act_bytes;
+	c->arena.state = c->arena.ws + plan->ws_bytes;
+	*arena = c->arena;
+	return LOOM_OK;
+}
+
+static loom_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	(void)ctx;
 	memcpy(dst, src, bytes);
 	return LOOM_OK;
 }
 
 /* ------------------------------------------------------------ dispatch */
 
-typedef struct args {
-	void *src[LOOM_MAX_SRC];
-	void *out;
-	void *ws;
-} args;
-
-#define DISPATCH(dt, fn, ...)                                   \
-	do {                                                    \
-		if ((dt) == LOOM_F64)                           \
-			fn##_f64(__VA_ARGS__);                  \
-		else                                            \
-			fn##_f32(__VA_ARGS__);                  \
-	} while (0)
-
-/* Runs node v's kernel on buffers that all hold kernel_dtype(n) (or i32). */
-static loom_status run_kernel(loom_program *p, loom_value v, const args *a, int train)
+static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
-	const loom_node *n = &p->g->nodes[v];
-	loom_dtype dt = kernel_dtype(n);
-	int64_t numel = loom_shape_numel(&n->shape);
-	const loom_node *x = n->nsrc ? src_node(p, n, 0) : NULL;
-	loom_conv_shape cs;
-	char lb[96];
-
-	switch (n->op) {
-	case LOOM_OP_INPUT:
-	case LOOM_OP_PARAM:
-	case LOOM_OP_BUFFER:
-		return LOOM_OK;
-	case LOOM_OP_CONV2D:
-		loom_conv_shape_of(p->g, v, &cs);
-		if (dt == LOOM_F64)
-			loom_cpu_conv2d_fwd_f64(&cs, a->src[0], a->src[1],
-						n->nsrc > 2 ? a->src[2] : NULL, a->out, a->ws);
-		else
-			loom_cpu_conv2d_fwd_f32(&cs, a->src[0], a->src[1],
-						n->nsrc > 2 ? a->src[2] : NULL, a->out, a->ws);
-		return LOOM_OK;
-	case LOOM_OP_CONV2D_BWD_DATA:
-		loom_conv_shape_of(p->g, v, &cs);
-		DISPATCH(dt, loom_cpu_conv2d_bwd_data, &cs, a->src[0], a->src[1], a->out, a->ws);
-		return LOOM_OK;
-	case LOOM_OP_CONV2D_BWD_FILTER:
-		loom_conv_shape_of(p->g, v, &cs);
-		DISPATCH(dt, loom_cpu_conv2d_bwd_filter, &cs, a->src[0], a->src[1], a->out, a->ws);
-		return LOOM_OK;
-	case LOOM_OP_CHANNEL_SUM: {
-		int64_t hw = 1;
-		for (int i = 2; i < x->shape.ndim; i++)
-			hw *= x->shape.dims[i];
-		DISPATCH(dt, loom_cpu_channel_sum, (int)x->shape.dims[0], (int)x->shape.dims[1], hw,
-			 a->src[0], a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_BATCHNORM2D: {
-		int nb = (int)x->shape.dims[0], c = (int)x->shape.dims[1];
-		int64_t hw = x->shape.dims[2] * x->shape.dims[3];
-		if (train)
-			DISPATCH(dt, loom_cpu_bn_fwd_train, nb, c, hw, a->src[0], a->src[1], a->src[2],
-				 a->src[3], a->src[4], n->a.bn.momentum, n->a.bn.eps, a->out);
-		else
-			DISPATCH(dt, loom_cpu_bn_fwd_eval, nb, c, hw, a->src[0], a->src[1], a->src[2],
-				 a->src[3], a->src[4], n->a.bn.eps, a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_BN_BWD_DATA: {
-		int nb = (int)x->shape.dims[0], c = (int)x->shape.dims[1];
-		int64_t hw = x->shape.dims[2] * x->shape.dims[3];
-		DISPATCH(dt, loom_cpu_bn_bwd_data, nb, c, hw, a->src[0], a->src[1], a->src[2],
-			 n->a.bn.eps, a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_BN_BWD_GAMMA: {
-		int nb = (int)x->shape.dims[0], c = (int)x->shape.dims[1];
-		int64_t hw = x->shape.dims[2] * x->shape.dims[3];
-		DISPATCH(dt, loom_cpu_bn_bwd_gamma, nb, c, hw, a->src[0], a->src[1], n->a.bn.eps,
-			 a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_RELU:
-		DISPATCH(dt, loom_cpu_relu_fwd, numel, a->src[0], a->out);
-		return LOOM_OK;
-	case LOOM_OP_RELU_BWD:
-		DISPATCH(dt, loom_cpu_relu_bwd, numel, a->src[0], a->src[1], a->out);
-		return LOOM_OK;
-	case LOOM_OP_MAXPOOL2D:
-	case LOOM_OP_MAXPOOL2D_BWD: {
-		loom_pool_shape ps;
-		loom_pool_shape_of(p->g, v, &ps);
-		if (n->op == LOOM_OP_MAXPOOL2D)
-			DISPATCH(dt, loom_cpu_maxpool2d_fwd, &ps, a->src[0], a->out);
-		else
-			DISPATCH(dt, loom_cpu_maxpool2d_bwd, &ps, a->src[0], a->src[1], a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_LINEAR: {
-		const loom_node *w = src_node(p, n, 1);
-		if (dt == LOOM_F64)
-			loom_cpu_linear_fwd_f64((int)x->shape.dims[0], (int)x->shape.dims[1],
-						(int)w->shape.dims[0], a->src[0], a->src[1],
-						n->nsrc > 2 ? a->src[2] : NULL, a->out);
-		else
-			loom_cpu_linear_fwd_f32((int)x->shape.dims[0], (int)x->shape.dims[1],
-						(int)w->shape.dims[0], a->src[0], a->src[1],
-						n->nsrc > 2 ? a->src[2] : NULL, a->out);
-		if (n->a.mm.relu) /* fused (graph/fuse.c), before any rounding to half */
-			DISPATCH(dt, loom_cpu_relu_fwd, numel, a->out, a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_MATMUL: {
-		int ta = n->a.mm.ta, tb = n->a.mm.tb;
-		int k = (int)(ta ? x->shape.dims[0] : x->shape.dims[1]);
-		DISPATCH(dt, loom_cpu_gemm, ta, tb, (int)n->shape.dims[0], (int)n->shape.dims[1], k,
-			 1.0, a->src[0], a->src[1], 0.0, a->out);
-		return LOOM_OK;
-	}
-	case LOOM_OP_ADD:
-		DISPATCH(dt, loom_cpu_add, numel, a->src[0], a->src[1], a->out);
-		return LOOM_OK;
-	case LOOM_OP_RESHAPE:
-		/* A view: the memory planner gave it its source's storage. */
-		return LOOM_OK;
-	case LOOM_OP_SUM:
-		DISPATCH(dt, loom_cpu_sum, loom_shape_numel(&x->shape), a->src[0], a->out);
-		return LOOM_OK;
-	case LOOM_OP_BROADCAST:
-		DISPATCH(dt, loom_cpu_broadcast_scalar, numel, a->src[0], n->a.bc.scale, a->out);
-		return LOOM_OK;
-	case LOOM_OP_SOFTMAX_CE: {
-		int bad = -1, r;
-		if (dt == LOOM_F64)
-			r = loom_cpu_softmax_ce_fwd_f64((int)x->shape.dims[0], (int)x->shape.dims[1],
-							a->src[0], a->src[1], a->out, &bad);
-		else
-			r = loom_cpu_softmax_ce_fwd_f32((int)x->shape.dims[0], (int)x->shape.dims[1],
-							a->src[0], a->src[1], a->out, &bad);
-		if (r < 0)
-			return loom_program_fail(p, LOOM_ERR_INVALID,
-						 "%s: label %d of row %d is outside [0, %lld)",
-						 loom_node_label(p->g, v, lb, sizeof(lb)),
-						 bad >= 0 ? ((int32_t *)a->src[1])[bad] : -1, bad,
-						 (long long)x->shape.dims[1]);
-		return LOOM_OK;
-	}
-	case LOOM_OP_SOFTMAX_CE_BWD:
-		DISPATCH(dt, loom_cpu_softmax_ce_bwd, (int)x->shape.dims[0], (int)x->shape.dims[1],
-			 a->src[0], a->src[1], a->src[2], a->out);
-		return LOOM_OK;
-	case LOOM_OP_GLOBAL_AVGPOOL:
-		DISPATCH(dt, loom_cpu_global_avgpool_fwd, numel,
-			 x->shape.dims[2] * x->shape.dims[3], a->src[0], a->out);
-		return LOOM_OK;
-	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
-		DISPATCH(dt, loom_cpu_global_avgpool_bwd, loom_shape_numel(&x->shape),
-			 n->shape.dims[2] * n->shape.dims[3], a->src[0], a->out);
-		return LOOM_OK;
-	case LOOM_OP_GRAD_SEED:
-		if (dt == LOOM_F64)
-			*(double *)a->out = p->scaler.scale;
-		else
-			*(float *)a->out = p->scaler.scale;
-		return LOOM_OK;
-	default:
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "cpu: no kernel for %s",
-					 loom_node_label(p->g, v, lb, sizeof(lb)));
-	}
-}
-
-/* A CAST between any two float dtypes, through f32 (f64 directly). */
-static void run_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n)
-{
-	if (from == LOOM_F32 && to == LOOM_F16) {
-		loom_f32_to_f16_array(src, dst, n);
-	} else if (from == LOOM_F32 && to == LOOM_BF16) {
-		loom_f32_to_bf16_array(src, dst, n);
-	} else if (from == LOOM_F16 && to == LOOM_F32) {
-		loom_f16_to_f32_array(src, dst, n);
-	} else if (from == LOOM_BF16 && to == LOOM_F32) {
-		loom_bf16_to_f32_array(src, dst, n);
-	} else {
-		#pragma omp parallel for if (n > 65536)
-		for (int64_t i = 0; i < n; i++)
-			loom_elem_set(to, dst, i, loom_elem_get(from, src, i));
-	}
-}
-
-static loom_status run_node(loom_program *p, loom_value v, int train)
-{
-	const loom_node *n = &p->g->nodes[v];
-	if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
-	    n->op == LOOM_OP_RESHAPE)
-		return LOOM_OK; /* leaves are set by the caller; a reshape is a view */
-	args a = { .out = loom_value_ptr(p, v), .ws = p->ws };
+	const loom_node *n = &pl->g->nodes[v];
+	loom_cpu_op_fn fn = cpu_ops[n->op];
+	loom_cpu_io io = { .out = loom_arena_ptr(&c->arena, pl, v), .ws = c->arena.ws };
 	for (int i = 0; i < n->nsrc; i++)
-		a.src[i] = loom_value_ptr(p, n->src[i]);
-	if (n->op == LOOM_OP_CAST) {
-		run_cast(src_node(p, n, 0)->dtype, a.src[0], n->dtype, a.out,
-			 loom_shape_numel(&n->shape));
-		return LOOM_OK;
-	}
-	if (!emulated(p, n))
-		return run_kernel(p, v, &a, train);
+		io.src[i] = loom_arena_ptr(&c->arena, pl, n->src[i]);
+	if (!emulated(pl, n))
+		return fn(c, pl, v, &io);
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */
-	unsigned char *scratch = p->ws;
-	if (n->op == LOOM_OP_CONV2D || n->op == LOOM_OP_CONV2D_BWD_DATA ||
-	    n->op == LOOM_OP_CONV2D_BWD_FILTER) {
-		loom_conv_shape s;
-		loom_conv_shape_of(p->g, v, &s);
-		scratch += align64(loom_cpu_conv2d_workspace(&s, 4));
-	}
+	unsigned char *scratch = c->arena.ws;
+	if (cpu_op_ws[n->op])
+		scratch += cpu_op_ws[n->op](pl, v, 4);
 	for (int i = 0; i < n->nsrc; i++) {
-		const loom_node *sn = src_node(p, n, i);
+		const loom_node *sn = src_node(pl, n, i);
 		if (!is_half(sn->dtype))
 			continue;
 		int64_t cnt = loom_shape_numel(&sn->shape);
-		run_cast(sn->dtype, a.src[i], LOOM_F32, scratch, cnt);
-		a.src[i] = scratch;
+		loom_cpu_cast(sn->dtype, io.src[i], LOOM_F32, scratch, cnt);
+		io.src[i] = scratch;
 		scratch += align64(4 * cnt);
 	}
-	void *out = a.out;
+	void *out = io.out;
 	if (is_half(n->dtype))
-		a.out = scratch;
-	loom_status st = run_kernel(p, v, &a, train);
+		io.out = scratch;
+	loom_status st = fn(c, pl, v, &io);
 	if (st != LOOM_OK)
 		return st;
 	if (is_half(n->dtype))
-		run_cast(LOOM_F32, a.out, n->dtype, out, loom_shape_numel(&n->shape));
+		loom_cpu_cast(LOOM_F32, io.out, n->dtype, out, loom_shape_numel(&n->shape));
 	/* Batch norm updates its running statistics in place: write half
 	 * statistics back from their widened copies. */
-	if (n->op == LOOM_OP_BATCHNORM2D && train)
+	if (n->op == LOOM_OP_BATCHNORM2D && c->train)
 		for (int i = 3; i < 5; i++)
-			if (is_half(src_node(p, n, i)->dtype))
-				run_cast(LOOM_F32, a.src[i], src_node(p, n, i)->dtype,
-					 loom_value_ptr(p, n->src[i]),
-					 loom_shape_numel(&src_node(p, n, i)->shape));
+			if (is_half(src_node(pl, n, i)->dtype))
+				loom_cpu_cast(LOOM_F32, io.src[i], src_node(pl, n, i)->dtype,
+					      loom_arena_ptr(&c->arena, pl, n->src[i]),
+					      loom_shape_numel(&src_node(pl, n, i)->shape));
 	return LOOM_OK;
 }
 
-static int all_finite(const loom_program *p, loom_value v)
+static int all_finite(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
-	const loom_node *n = &p->g->nodes[v];
+	const loom_node *n = &pl->g->nodes[v];
 	int64_t cnt = loom_shape_numel(&n->shape);
-	const void *d = loom_value_ptr(p, v);
+	const void *d = loom_arena_ptr(&c->arena, pl, v);
 	if (n->dtype == LOOM_I32)
 		return 1;
 	for (int64_t i = 0; i < cnt; i++)
@@ -352,40 +247,73 @@ static int all_finite(const loom_program *p, loom_value v)
 	return 1;
 }
 
-static loom_status cpu_run_nodes(loom_program *p, int first, int last, int train)
+static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *ts, int first,
+			   int last, unsigned flags)
 {
+	loom_cpu_ctx *c = ctx;
+	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
+	c->seed_scale = ts->scaler.scale;
 	for (int v = first; v < last; v++) {
-		if (loom_made_earlier(p, v))
+		if (loom_made_earlier(plan, v))
 			continue; /* ran with its maker */
 		/* The node, then the values it makes besides its own (on the
 		 * CPU each by its own kernel, right after it). */
 		for (loom_value w = v; w != LOOM_NONE;
-		     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
-			loom_status st = run_node(p, w, train);
+		     w = w == v ? loom_sibling_first(plan, v) : loom_sibling_next(plan, w)) {
+			loom_status st = run_node(c, plan, w);
 			if (st != LOOM_OK)
 				return st;
-			if (p->diagnose && p->first_nonfinite == LOOM_NONE && !all_finite(p, w))
-				p->first_nonfinite = w;
+			if ((flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE &&
+			    !all_finite(c, plan, w))
+				ts->first_nonfinite = w;
 		}
 	}
 	return LOOM_OK;
 }
 
-static loom_status cpu_optim_step(loom_program *p)
+static loom_status cpu_optim_step(void *ctx, const loom_plan *plan, loom_train_state *ts)
 {
-	return loom_optim_step_host(p);
+	loom_cpu_ctx *c = ctx;
+	return loom_optim_step_host(plan, &c->arena, ts);
+}
+
+/* Everything ran when run returned: nothing to wait for or bring back. */
+static loom_status cpu_synchronize(void *ctx, const loom_plan *plan, loom_train_state *ts)
+{
+	(void)ctx;
+	(void)plan;
+	(void)ts;
+	return LOOM_OK;
+}
+
+/* One in-order stream: every event has already happened. */
+static loom_status cpu_event(void *ctx, int event, loom_stream stream)
+{
+	(void)ctx;
+	(void)event;
+	(void)stream;
+	return LOOM_OK;
 }
 
 const loom_backend loom_cpu_backend = {
-	/* .name = */ "cpu",
-	/* .prepare = */ cpu_prepare,
-	/* .release = */ cpu_release,
-	/* .run_nodes = */ cpu_run_nodes,
-	/* .optim_step = */ cpu_optim_step,
-	/* .upload = */ cpu_copy,
-	/* .download = */ cpu_copy,
-	/* .workspace = */ cpu_workspace,
-	/* .fuses_relu_pool = */ 1,
-	/* .fuses_siblings = */ 1,
-	/* .fuses_linear_relu = */ 1,
+	.name = "cpu",
+	.init = cpu_init,
+	.free = cpu_free,
+	.error = cpu_error,
+	.describe = cpu_describe,
+	.supports_op = cpu_supports_op,
+	.plan_create = cpu_plan_create,
+	.alloc = cpu_alloc,
+	.run = cpu_run,
+	.optim_step = cpu_optim_step,
+	.upload = cpu_copy,
+	.download = cpu_copy,
+	.synchronize = cpu_synchronize,
+	.event_record = cpu_event,
+	.event_wait = cpu_event,
+	.capture = NULL,
+	.replay = NULL,
+	.fuses_relu_pool = 1,
+	.fuses_siblings = 1,
+	.fuses_linear_relu = 1,
 };

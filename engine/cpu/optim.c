@@ -26,13 +26,13 @@ static void store(loom_dtype dt, void *dst, int64_t off, int64_t n, const double
 		loom_elem_set(dt, dst, off + i, src[i]);
 }
 
-static int grads_finite(const loom_program *p)
+static int grads_finite(const loom_plan *pl, const loom_arena *a)
 {
 	int ok = 1;
-	for (int s = 0; s < p->n_params && ok; s++) {
-		const loom_param_slot *sl = &p->params[s];
-		const loom_node *gn = &p->g->nodes[sl->grad];
-		const void *g = loom_value_ptr(p, sl->grad);
+	for (int s = 0; s < pl->n_params && ok; s++) {
+		const loom_param_slot *sl = &pl->params[s];
+		const loom_node *gn = &pl->g->nodes[sl->grad];
+		const void *g = loom_arena_ptr(a, pl, sl->grad);
 		int64_t n = sl->numel;
 		switch (gn->dtype) {
 		case LOOM_F32:
@@ -81,20 +81,21 @@ static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double 
 	}
 }
 
-static void update_slot(loom_program *p, const loom_param_slot *sl, double inv_scale)
+static void update_slot(const loom_plan *pl, const loom_arena *a, const loom_train_state *ts,
+			const loom_param_slot *sl, double inv_scale)
 {
-	const loom_optim_opts *o = &p->opts.optim;
-	const loom_node *pn = &p->g->nodes[sl->param];
-	const loom_node *gn = &p->g->nodes[sl->grad];
-	void *param = loom_value_ptr(p, sl->param);
-	const void *grad = loom_value_ptr(p, sl->grad);
-	void *master = sl->master != LOOM_NONE ? loom_value_ptr(p, sl->master) : NULL;
+	const loom_optim_opts *o = &pl->opts.optim;
+	const loom_node *pn = &pl->g->nodes[sl->param];
+	const loom_node *gn = &pl->g->nodes[sl->grad];
+	void *param = loom_arena_ptr(a, pl, sl->param);
+	const void *grad = loom_arena_ptr(a, pl, sl->grad);
+	void *master = sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
 	loom_dtype wdt = master ? LOOM_F32 : pn->dtype;
 	void *w_src = master ? master : param;
-	int nstate = o->kind == LOOM_OPTIM_ADAMW ? 2 : (o->momentum > 0 ? 1 : 0);
-	void *st0 = nstate > 0 ? p->state + sl->state_off[0] : NULL;
-	void *st1 = nstate > 1 ? p->state + sl->state_off[1] : NULL;
-	int64_t t = p->step + 1;
+	void *st0 = pl->n_state > 0 ? a->state + sl->state_off[0] : NULL;
+	void *st1 = pl->n_state > 1 ? a->state + sl->state_off[1] : NULL;
+	int64_t t = ts->step + 1;
+	double lr = ts->lr;
 	#pragma omp parallel for if (sl->numel > 4 * CHUNK) schedule(static)
 	for (int64_t off = 0; off < sl->numel; off += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
@@ -107,7 +108,7 @@ static void update_slot(loom_program *p, const loom_param_slot *sl, double inv_s
 			load(sl->state_dtype, st0, off, n, s0);
 		if (st1)
 			load(sl->state_dtype, st1, off, n, s1);
-		update_chunk(o, p->lr, t, w, g, s0, s1, n);
+		update_chunk(o, lr, t, w, g, s0, s1, n);
 		store(wdt, w_src, off, n, w);
 		if (master)
 			store(pn->dtype, param, off, n, w);
@@ -118,24 +119,15 @@ static void update_slot(loom_program *p, const loom_param_slot *sl, double inv_s
 	}
 }
 
-loom_status loom_optim_step_host(loom_program *p)
+loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts)
 {
 	/* The scale the gradients were multiplied by, before the update below
 	 * may grow it: unscaling by the new one would halve this step. */
-	double inv = 1.0 / p->scaler.scale;
-	if (p->scaling) {
-		int finite = grads_finite(p);
-		int apply = loom_scaler_update(&p->scaler, !finite);
-		if (!apply) {
-			/* A collapsing scale: watch the next step node by node and
-			 * name the first op that produces inf/NaN. */
-			if (loom_scaler_collapsed(&p->scaler) && !p->amp_report[0])
-				p->diagnose = 1;
-			return LOOM_OK;
-		}
-	}
-	for (int s = 0; s < p->n_params; s++)
-		update_slot(p, &p->params[s], inv);
-	p->step++;
+	double inv = 1.0 / ts->scaler.scale;
+	if (pl->scaling && !loom_scaler_update(&ts->scaler, !grads_finite(pl, a)))
+		return LOOM_OK;
+	for (int s = 0; s < pl->n_params; s++)
+		update_slot(pl, a, ts, &pl->params[s], inv);
+	ts->step++;
 	return LOOM_OK;
 }

@@ -8,6 +8,7 @@
 
 #include "engine/program_internal.h"
 
-loom_status loom_optim_step_host(loom_program *p);
+/* On the arena a of plan pl; ts's scaler decides, its step advances. */
+loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts);
 
 #endif /* LOOM_ENGINE_CPU_OPTIM_H */

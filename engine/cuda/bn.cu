@@ -9,7 +9,7 @@
  * dtypes (f32 or f16 data with f32 parameters: O0, O1, O2); these kernels
  * run the rest (O3's half parameters, bf16) and everything under the
  * loom_cuda_test_own_kernels hook. One block per channel, double
- * accumulators, two passes for the variance. Not yet run on a GPU.
+ * accumulators, two passes for the variance.
  */
 #include "engine/cuda/dtype.cuh"
 
@@ -151,7 +151,7 @@ __global__ void loom_bn_bwd_gamma_kernel(int n, int c, int64_t hw, const void *x
 
 static const int threads = 512;
 
-extern "C" loom_status loom_cuda_bn_fwd(loom_program *p, cudaStream_t s, int train, int n,
+extern "C" loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n,
 					int c, int64_t hw, const void *x, int xdt, const void *gamma,
 					int gdt, const void *beta, int bdt, void *rmean, int rmdt,
 					void *rvar, int rvdt, double momentum, double eps, void *y,
@@ -167,10 +167,10 @@ extern "C" loom_status loom_cuda_bn_fwd(loom_program *p, cudaStream_t s, int tra
 		loom_bn_fwd_eval_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, gamma, gdt, beta,
 							       bdt, rmean, rmdt, rvar, rvdt, eps, y,
 							       ydt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_bn_bwd_data(loom_program *p, cudaStream_t s, int n, int c,
+extern "C" loom_status loom_cuda_bn_bwd_data(char *err, cudaStream_t s, int n, int c,
 					     int64_t hw, const void *x, int xdt, const void *gamma,
 					     int gdt, const void *dy, int dydt, double eps, void *dx,
 					     int dxdt)
@@ -179,15 +179,56 @@ extern "C" loom_status loom_cuda_bn_bwd_data(loom_program *p, cudaStream_t s, in
 		return LOOM_OK;
 	loom_bn_bwd_data_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, gamma, gdt, dy, dydt, eps,
 						       dx, dxdt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_bn_bwd_gamma(loom_program *p, cudaStream_t s, int n, int c,
+extern "C" loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, int c,
 					      int64_t hw, const void *x, int xdt, const void *dy,
 					      int dydt, double eps, void *dg, int dgdt)
 {
 	if (c <= 0)
 		return LOOM_OK;
 	loom_bn_bwd_gamma_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, dy, dydt, eps, dg, dgdt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+// ----------------------------------------------------------------------------
+// op entries
+
+loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				     const loom_cuda_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
+	return loom_cuda_bn_fwd(c->err, c->stream, c->train, (int)x->shape.dims[0],
+				(int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
+				io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
+				io->src[3], io->dt[3], io->src[4], io->dt[4], n->a.bn.momentum,
+				n->a.bn.eps, io->out, io->odt);
+}
+
+loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				     const loom_cuda_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
+	return loom_cuda_bn_bwd_data(c->err, c->stream, (int)x->shape.dims[0],
+				     (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
+				     io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+				     io->dt[2], n->a.bn.eps, io->out, io->odt);
+}
+
+loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				      const loom_cuda_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	return loom_cuda_bn_bwd_gamma(c->err, c->stream, (int)x->shape.dims[0],
+				      (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
+				      io->src[0], io->dt[0], io->src[1], io->dt[1], n->a.bn.eps,
+				      io->out, io->odt);
 }

@@ -16,8 +16,6 @@
  * kernels of bn.cu, which follow the CPU formula for formula. So does every
  * node under the loom_cuda_test_own_kernels hook, which lets the tests check
  * both paths against the CPU. CPU twin: engine/cpu/bn_impl.h.
- *
- * Not yet run on a GPU.
  */
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +24,7 @@
 
 /* Can cuDNN run node v? (x and the data tensors f32 or f16, the parameter
  * tensors f32.) */
-static int cudnn_takes(const loom_program *p, const loom_node *n)
+static int cudnn_takes(const loom_plan *p, const loom_node *n)
 {
 	const loom_graph *g = p->g;
 	const loom_node *x = &g->nodes[n->src[0]];
@@ -45,7 +43,7 @@ static int cudnn_takes(const loom_program *p, const loom_node *n)
 	       n->a.bn.eps >= CUDNN_BN_MIN_EPSILON;
 }
 
-loom_status loom_cuda_bn_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np)
 {
 	const loom_node *n = &p->g->nodes[v];
@@ -58,22 +56,22 @@ loom_status loom_cuda_bn_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 	if (loom_cuda_own_kernels_on || !cudnn_takes(p, n))
 		return LOOM_OK; /* kind stays NONE: the own kernels run it */
 	np->kind = LOOM_CUDA_PLAN_BN;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->x), p->err, sizeof(p->err))) !=
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->x), c->err, sizeof(c->err))) !=
 	    LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->param), p->err,
-				   sizeof(p->err))) != LOOM_OK)
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->param), c->err,
+				   sizeof(c->err))) != LOOM_OK)
 		return st;
 	const int64_t *d = x->shape.dims;
 	st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bp->x, CUDNN_TENSOR_NCHW,
 							 loom_cudnn_data_type(x->dtype), (int)d[0],
 							 (int)d[1], (int)d[2], (int)d[3]),
-			      p->err, sizeof(p->err));
+			      c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	st = LOOM_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bp->param, bp->x,
 							    CUDNN_BATCHNORM_SPATIAL),
-			      p->err, sizeof(p->err));
+			      c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	if (n->op != LOOM_OP_BN_BWD_DATA)
@@ -102,7 +100,7 @@ void loom_cuda_bn_plan_free(loom_cuda_node_plan *np)
 	bp->x = bp->param = NULL;
 }
 
-loom_status loom_cuda_bn_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, int train, void *const *src, void *out)
 {
 	const loom_node *n = &p->g->nodes[v];
@@ -116,22 +114,22 @@ loom_status loom_cuda_bn_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 							c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
 							bp->x, src[0], bp->x, out, bp->param, src[1],
 							src[2], src[3], src[4], n->a.bn.eps),
-						p->err, sizeof(p->err));
+						c->err, sizeof(c->err));
 		return LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
 						c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bp->x,
 						src[0], bp->x, out, bp->param, src[1], src[2],
 						n->a.bn.momentum, src[3], src[4], n->a.bn.eps, NULL,
 						NULL),
-					p->err, sizeof(p->err));
+					c->err, sizeof(c->err));
 	}
 	/* BN_BWD_DATA (x, gamma, dy) -> dx, with dgamma and dbeta. */
 	int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
-	float *scratch = (float *)p->ws;
-	void *dg = bp->dgamma != LOOM_NONE ? loom_value_ptr(p, bp->dgamma) : (void *)scratch;
-	void *db = bp->dbeta != LOOM_NONE ? loom_value_ptr(p, bp->dbeta) : (void *)(scratch + ch);
+	float *scratch = (float *)c->arena.ws;
+	void *dg = bp->dgamma != LOOM_NONE ? loom_arena_ptr(&c->arena, p, bp->dgamma) : (void *)scratch;
+	void *db = bp->dbeta != LOOM_NONE ? loom_arena_ptr(&c->arena, p, bp->dbeta) : (void *)(scratch + ch);
 	return LOOM_CUDNN_CHECK(cudnnBatchNormalizationBackward(
 					c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
 					bp->x, src[0], bp->x, src[2], bp->x, out, bp->param, src[1],
 					dg, db, n->a.bn.eps, NULL, NULL),
-				p->err, sizeof(p->err));
+				c->err, sizeof(c->err));
 }

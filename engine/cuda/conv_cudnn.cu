@@ -12,7 +12,7 @@
 
 #include "engine/cuda/cuda_internal.h"
 
-static loom_status set_descs(loom_program *p, loom_cuda_conv_plan *cp, const loom_node *n,
+static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_conv_plan *cp, const loom_node *n,
 			     cudnnDataType_t dt)
 {
 	loom_conv_shape cs;
@@ -26,34 +26,34 @@ static loom_status set_descs(loom_program *p, loom_cuda_conv_plan *cp, const loo
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->x, CUDNN_TENSOR_NCHW, dt,
 							      (int)xd[0], (int)xd[1], (int)xd[2],
 							      (int)xd[3]),
-				   p->err, sizeof(p->err))) != LOOM_OK)
+				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->y, CUDNN_TENSOR_NCHW, dt,
 							      (int)yd[0], (int)yd[1], (int)yd[2],
 							      (int)yd[3]),
-				   p->err, sizeof(p->err))) != LOOM_OK)
+				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(cp->w, dt, CUDNN_TENSOR_NCHW,
 							      (int)wd[0], (int)wd[1], (int)wd[2],
 							      (int)wd[3]),
-				   p->err, sizeof(p->err))) != LOOM_OK)
+				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
 					   cp->conv, cs.pad, cs.pad, cs.stride, cs.stride, 1, 1, CUDNN_CROSS_CORRELATION,
 					   CUDNN_DATA_FLOAT),
-				   p->err, sizeof(p->err))) != LOOM_OK)
+				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(
 					   cp->conv, dt == CUDNN_DATA_FLOAT ? CUDNN_FMA_MATH :
 									       CUDNN_TENSOR_OP_MATH),
-				   p->err, sizeof(p->err))) != LOOM_OK)
+				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(cp->conv, cp->x, cp->w,
 									 &on, &oc, &oh, &ow),
-				   p->err, sizeof(p->err))) != LOOM_OK)
+				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if (on != yd[0] || oc != yd[1] || oh != yd[2] || ow != yd[3])
-		return loom_program_fail(p, LOOM_ERR_SHAPE,
+		return loom_errf(c->err, LOOM_ERR_SHAPE,
 					 "cuda conv: cuDNN computes output %dx%dx%dx%d, the graph has "
 					 "%lldx%lldx%lldx%lld",
 					 on, oc, oh, ow, (long long)yd[0], (long long)yd[1],
@@ -77,7 +77,7 @@ static int first_usable(const Perf *perf, int count, int f32, cudnnMathType_t *m
 	return -1;
 }
 
-static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node *n,
+static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
 			     loom_cuda_conv_plan *cp, int f32)
 {
 	loom_status st;
@@ -90,7 +90,7 @@ static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node 
 		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
 					      c->dnn, cp->x, cp->w, cp->conv, cp->y,
 					      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
-				      p->err, sizeof(p->err));
+				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
 		algo = first_usable(perf, count, f32, &math);
@@ -101,7 +101,7 @@ static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node 
 		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
 					      c->dnn, cp->w, cp->y, cp->conv, cp->x,
 					      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
-				      p->err, sizeof(p->err));
+				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
 		algo = first_usable(perf, count, f32, &math);
@@ -112,7 +112,7 @@ static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node 
 		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
 					      c->dnn, cp->x, cp->y, cp->conv, cp->w,
 					      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
-				      p->err, sizeof(p->err));
+				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
 		algo = first_usable(perf, count, f32, &math);
@@ -120,7 +120,7 @@ static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node 
 	}
 	}
 	if (algo < 0)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
 					 "cuda conv: cuDNN offers no algorithm for node %d (%d tried)",
 					 (int)(n - p->g->nodes), count);
 	cp->algo = algo;
@@ -128,7 +128,7 @@ static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node 
 	 * may mean TF32 on sm_80+. */
 	if (f32)
 		math = CUDNN_FMA_MATH;
-	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(cp->conv, math), p->err, sizeof(p->err))) !=
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(cp->conv, math), c->err, sizeof(c->err))) !=
 	    LOOM_OK)
 		return st;
 	switch (n->op) {
@@ -136,21 +136,21 @@ static loom_status pick_algo(loom_program *p, loom_cuda_ctx *c, const loom_node 
 		return LOOM_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
 						c->dnn, cp->x, cp->w, cp->conv, cp->y,
 						(cudnnConvolutionFwdAlgo_t)algo, &cp->ws),
-					p->err, sizeof(p->err));
+					c->err, sizeof(c->err));
 	case LOOM_OP_CONV2D_BWD_DATA:
 		return LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
 						c->dnn, cp->w, cp->y, cp->conv, cp->x,
 						(cudnnConvolutionBwdDataAlgo_t)algo, &cp->ws),
-					p->err, sizeof(p->err));
+					c->err, sizeof(c->err));
 	default:
 		return LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
 						c->dnn, cp->x, cp->y, cp->conv, cp->w,
 						(cudnnConvolutionBwdFilterAlgo_t)algo, &cp->ws),
-					p->err, sizeof(p->err));
+					c->err, sizeof(c->err));
 	}
 }
 
-loom_status loom_cuda_conv_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np)
 {
 	const loom_node *n = &p->g->nodes[v];
@@ -158,16 +158,16 @@ loom_status loom_cuda_conv_plan_make(loom_program *p, loom_cuda_ctx *c, loom_val
 	loom_status st;
 
 	np->kind = LOOM_CUDA_PLAN_CONV;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->x), p->err, sizeof(p->err))) != LOOM_OK)
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->x), c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->y), p->err, sizeof(p->err))) != LOOM_OK)
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->y), c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&cp->w), p->err, sizeof(p->err))) != LOOM_OK)
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&cp->w), c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cp->conv), p->err, sizeof(p->err))) !=
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cp->conv), c->err, sizeof(c->err))) !=
 	    LOOM_OK)
 		return st;
-	if ((st = set_descs(p, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
+	if ((st = set_descs(p, c, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
 		return st;
 	if ((st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32)) != LOOM_OK)
 		return st;
@@ -192,13 +192,13 @@ void loom_cuda_conv_plan_free(loom_cuda_node_plan *np)
 
 /* src: the node's sources after staging (all in the node's dtype but a
  * conv bias, which the bias kernel reads in its own). */
-loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out)
 {
 	const loom_node *n = &p->g->nodes[v];
 	const loom_cuda_conv_plan *cp = &np->conv;
 	const float one = 1.0f, zero = 0.0f;
-	void *ws = cp->ws ? p->ws : NULL;
+	void *ws = cp->ws ? c->arena.ws : NULL;
 	loom_status st;
 
 	switch (n->op) {
@@ -207,10 +207,10 @@ loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 							      src[1], cp->conv,
 							      (cudnnConvolutionFwdAlgo_t)cp->algo, ws,
 							      cp->ws, &zero, cp->y, out),
-				      p->err, sizeof(p->err));
+				      c->err, sizeof(c->err));
 		if (st != LOOM_OK || n->nsrc < 3)
 			return st;
-		return loom_cuda_bias_add(p, c->stream, (int)n->shape.dims[0], (int)n->shape.dims[1],
+		return loom_cuda_bias_add(c->err, c->stream, (int)n->shape.dims[0], (int)n->shape.dims[1],
 					  n->shape.dims[2] * n->shape.dims[3], out, n->dtype, src[2],
 					  p->g->nodes[n->src[2]].dtype);
 	case LOOM_OP_CONV2D_BWD_DATA:
@@ -218,12 +218,42 @@ loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 						c->dnn, &one, cp->w, src[1], cp->y, src[0], cp->conv,
 						(cudnnConvolutionBwdDataAlgo_t)cp->algo, ws, cp->ws,
 						&zero, cp->x, out),
-					p->err, sizeof(p->err));
+					c->err, sizeof(c->err));
 	default:
 		return LOOM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
 						c->dnn, &one, cp->x, src[1], cp->y, src[0], cp->conv,
 						(cudnnConvolutionBwdFilterAlgo_t)cp->algo, ws, cp->ws,
 						&zero, cp->w, out),
-					p->err, sizeof(p->err));
+					c->err, sizeof(c->err));
 	}
+}
+
+// ----------------------------------------------------------------------------
+// op entries: the three convolutions share the staging and the plan's call
+
+static loom_status conv_entry(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io)
+{
+	void *src[LOOM_MAX_SRC];
+	memcpy(src, io->src, sizeof(src));
+	loom_status st = loom_cuda_stage_sources(c, plan, v, src);
+	return st != LOOM_OK ? st : loom_cuda_conv_run(plan, c, v, &c->plans[v], src, io->out);
+}
+
+loom_status loom_cuda_op_conv2d(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io)
+{
+	return conv_entry(c, plan, v, io);
+}
+
+loom_status loom_cuda_op_conv2d_bwd_data(loom_cuda_ctx *c, const loom_plan *plan,
+					 loom_value v, const loom_cuda_io *io)
+{
+	return conv_entry(c, plan, v, io);
+}
+
+loom_status loom_cuda_op_conv2d_bwd_filter(loom_cuda_ctx *c, const loom_plan *plan,
+					   loom_value v, const loom_cuda_io *io)
+{
+	return conv_entry(c, plan, v, io);
 }

@@ -1,11 +1,9 @@
 /*
  * engine/cuda/cuda_internal.h — what the CUDA backend's files share: the
- * backend context (handles, stream, per-node plans, the device control
- * block), the launchers of the own kernels, and the cuBLASLt / cuDNN plan
- * entry points. CUDA C++ only (nvcc); the public side is cuda_backend.h.
- *
- * None of this has run on a GPU yet: it was written and compiled on a
- * machine without one. The tests in tests/engine/cuda/ are the first check.
+ * backend context (handles, streams, events, per-node plans, the device
+ * control block), the op entries (loom_cuda_op_<op>, each in its family's
+ * file), the launchers of the own kernels, and the cuBLASLt / cuDNN plan
+ * calls. CUDA C++ only (nvcc); the public side is cuda_backend.h.
  */
 #ifndef LOOM_ENGINE_CUDA_INTERNAL_H
 #define LOOM_ENGINE_CUDA_INTERNAL_H
@@ -120,16 +118,21 @@ enum {
 };
 
 typedef struct loom_cuda_ctx {
-	loom_status status; /* a planning failure kept for prepare (workspace cannot fail) */
+	char err[LOOM_ERR_MAX]; /* the last failure's message */
+	char describe[128];     /* "cuda: <device name>" */
 	int device;
-	cudaStream_t stream;
+	cudaStream_t stream;    /* compute: every node and the optimizer */
+	cudaStream_t comm;      /* communication (all-reduce), created at init */
+	cudaEvent_t events[LOOM_BACKEND_EVENTS];
+	int train;              /* the current run is in training mode */
 	cublasLtHandle_t lt;
 	cudnnHandle_t dnn;
 	loom_cuda_node_plan *plans; /* one per node */
 	int n_plans;
 
-	unsigned char *arena;   /* the one cudaMalloc */
-	size_t arena_bytes;
+	unsigned char *base;    /* the one cudaMalloc */
+	size_t base_bytes;
+	loom_arena arena;       /* persist, act, ws, state inside it */
 	loom_cuda_ctl *ctl;     /* in the arena */
 	loom_cuda_opt_slot *d_slots;
 	loom_cuda_opt_chunk *d_chunks;
@@ -142,6 +145,11 @@ typedef struct loom_cuda_ctx {
 
 	loom_scaler host_scaler; /* the scaler as last synced with the device */
 	int64_t host_step;
+	/* Pinned staging of a host-side change of scaler and step, read by the
+	 * device after push_host_state returns; reused once ctl_stage_ev has
+	 * passed. */
+	loom_cuda_ctl *ctl_stage;
+	cudaEvent_t ctl_stage_ev;
 
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 } loom_cuda_ctx;
@@ -150,91 +158,167 @@ typedef struct loom_cuda_ctx {
 extern int loom_cuda_poison_on;
 extern int loom_cuda_own_kernels_on;
 
+/* ------------------------------------------------------------ op entries */
+
+/* What one node runs on: its sources' and its own address and dtype. */
+typedef struct loom_cuda_io {
+	void *src[LOOM_MAX_SRC];
+	int dt[LOOM_MAX_SRC];
+	void *out;
+	int odt;
+} loom_cuda_io;
+
+typedef loom_status (*loom_cuda_op_fn)(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io);
+
+/* backend.cu: leaves and views have nothing to compute. */
+loom_status loom_cuda_op_nothing(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cuda_io *io);
+/* backend.cu: casts the sources whose dtype differs from the node's into
+ * the node's workspace (np->stage) and points src at the copies. */
+loom_status loom_cuda_stage_sources(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				    void **src);
+
+/* conv_cudnn.cu */
+loom_status loom_cuda_op_conv2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io);
+loom_status loom_cuda_op_conv2d_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan,
+					 loom_value v, const loom_cuda_io *io);
+loom_status loom_cuda_op_conv2d_bwd_filter(loom_cuda_ctx *ctx, const loom_plan *plan,
+					   loom_value v, const loom_cuda_io *io);
+/* matmul_cublaslt.cu */
+loom_status loom_cuda_op_linear(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io);
+loom_status loom_cuda_op_matmul(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io);
+/* bn.cu: cuDNN's calls where the node's plan took them, else own kernels */
+loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				     const loom_cuda_io *io);
+loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				     const loom_cuda_io *io);
+loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				      const loom_cuda_io *io);
+/* pool.cu */
+loom_status loom_cuda_op_maxpool2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io);
+loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io);
+loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan *plan,
+					    loom_value v, const loom_cuda_io *io);
+/* loss.cu */
+loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				    const loom_cuda_io *io);
+loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io);
+/* elementwise.cu */
+loom_status loom_cuda_op_cast(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io);
+loom_status loom_cuda_op_relu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io);
+loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				  const loom_cuda_io *io);
+loom_status loom_cuda_op_add(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			     const loom_cuda_io *io);
+loom_status loom_cuda_op_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			     const loom_cuda_io *io);
+loom_status loom_cuda_op_broadcast(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				     const loom_cuda_io *io);
+loom_status loom_cuda_op_grad_seed(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+
 /* ------------------------------------------------------------ launchers */
+/* Plain arguments, an explicit stream, a status; a failure's message goes
+ * into err (LOOM_ERR_MAX bytes). */
 /* elementwise.cu */
 extern "C" {
-loom_status loom_cuda_cast(loom_program *p, cudaStream_t s, const void *x, int xdt, void *y,
+loom_status loom_cuda_cast(char *err, cudaStream_t s, const void *x, int xdt, void *y,
 			   int ydt, int64_t n);
-loom_status loom_cuda_relu_fwd(loom_program *p, cudaStream_t s, const void *x, int xdt,
+loom_status loom_cuda_relu_fwd(char *err, cudaStream_t s, const void *x, int xdt,
 			       void *y, int ydt, int64_t n);
-loom_status loom_cuda_relu_bwd(loom_program *p, cudaStream_t s, const void *x, int xdt,
+loom_status loom_cuda_relu_bwd(char *err, cudaStream_t s, const void *x, int xdt,
 			       const void *dy, int dydt, void *dx, int dxdt, int64_t n);
-loom_status loom_cuda_add(loom_program *p, cudaStream_t s, const void *a, int adt,
+loom_status loom_cuda_add(char *err, cudaStream_t s, const void *a, int adt,
 			  const void *b, int bdt, void *y, int ydt, int64_t n);
-loom_status loom_cuda_sum(loom_program *p, cudaStream_t s, const void *x, int xdt, int64_t n,
+loom_status loom_cuda_sum(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
 			  void *y, int ydt);
-loom_status loom_cuda_broadcast_scalar(loom_program *p, cudaStream_t s, const void *x,
+loom_status loom_cuda_broadcast_scalar(char *err, cudaStream_t s, const void *x,
 				       int xdt, double scale, void *y, int ydt, int64_t n);
-loom_status loom_cuda_channel_sum(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+loom_status loom_cuda_channel_sum(char *err, cudaStream_t s, int n, int c, int64_t hw,
 				  const void *x, int xdt, void *y, int ydt);
-loom_status loom_cuda_bias_add(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+loom_status loom_cuda_bias_add(char *err, cudaStream_t s, int n, int c, int64_t hw,
 			       void *y, int ydt, const void *b, int bdt);
-loom_status loom_cuda_grad_seed(loom_program *p, cudaStream_t s, const loom_cuda_ctl *ctl,
+loom_status loom_cuda_grad_seed(char *err, cudaStream_t s, const loom_cuda_ctl *ctl,
 				void *y, int ydt);
-loom_status loom_cuda_mark_nonfinite(loom_program *p, cudaStream_t s, const void *x, int xdt,
+loom_status loom_cuda_mark_nonfinite(char *err, cudaStream_t s, const void *x, int xdt,
 				     int64_t n, int node, loom_cuda_ctl *ctl);
 
 /* bn.cu */
-loom_status loom_cuda_bn_fwd(loom_program *p, cudaStream_t s, int train, int n, int c,
+loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n, int c,
 			     int64_t hw, const void *x, int xdt, const void *gamma, int gdt,
 			     const void *beta, int bdt, void *rmean, int rmdt, void *rvar,
 			     int rvdt, double momentum, double eps, void *y, int ydt);
-loom_status loom_cuda_bn_bwd_data(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+loom_status loom_cuda_bn_bwd_data(char *err, cudaStream_t s, int n, int c, int64_t hw,
 				  const void *x, int xdt, const void *gamma, int gdt,
 				  const void *dy, int dydt, double eps, void *dx, int dxdt);
-loom_status loom_cuda_bn_bwd_gamma(loom_program *p, cudaStream_t s, int n, int c, int64_t hw,
+loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, int c, int64_t hw,
 				   const void *x, int xdt, const void *dy, int dydt, double eps,
 				   void *dg, int dgdt);
 
 /* pool.cu — the geometry struct of graph/ops/geometry.h, passed by value;
  * relu: the pool carries a fused relu (graph/fuse.c). */
-loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s, loom_pool_shape ps,
+loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, void *y, int ydt);
-loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s, loom_pool_shape ps,
+loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
 				  int dxdt);
 /* Global average pooling: y[nc] = mean of plane nc's hw values; backward
  * dx[nc, i] = dy[nc] / hw. */
-loom_status loom_cuda_global_avgpool_fwd(loom_program *p, cudaStream_t s, const void *x,
+loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *x,
 					 int xdt, void *y, int ydt, int64_t nc, int64_t hw);
-loom_status loom_cuda_global_avgpool_bwd(loom_program *p, cudaStream_t s, const void *dy,
+loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s, const void *dy,
 					 int dydt, void *dx, int dxdt, int64_t nc, int64_t hw);
 
 /* loss.cu */
-loom_status loom_cuda_softmax_ce_fwd(loom_program *p, cudaStream_t s, int n, int classes,
+loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n, int classes,
 				     const void *logits, int ldt, const int32_t *labels,
 				     void *loss, int lossdt, double *row_ws, int node,
 				     loom_cuda_ctl *ctl);
-loom_status loom_cuda_softmax_ce_bwd(loom_program *p, cudaStream_t s, int n, int classes,
+loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int classes,
 				     const void *logits, int ldt, const int32_t *labels,
 				     const void *dloss, int dldt, void *dlogits, int dxdt);
 
-/* optim.cu */
-loom_status loom_cuda_optim_launch(loom_program *p, cudaStream_t s, loom_cuda_ctx *c);
+/* optim.cu: the fused check, decision and update over every parameter
+ * (errors into c->err). */
+loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
+				   cudaStream_t s);
 }
 
 /* ------------------------------------------------------------ libraries */
 /* matmul_cublaslt.cu: LINEAR and MATMUL. */
-loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
-loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
 
 /* conv_cudnn.cu: CONV2D and its two backward nodes. */
-loom_status loom_cuda_conv_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np);
 void loom_cuda_conv_plan_free(loom_cuda_node_plan *np);
-loom_status loom_cuda_conv_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out);
 
 /* bn_cudnn.cu: BATCHNORM2D and BN_BWD_DATA (with its dgamma and dbeta
  * siblings) through cuDNN; the plan stays NONE (own kernels) where cuDNN
  * does not take the dtypes. */
-loom_status loom_cuda_bn_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
-loom_status loom_cuda_bn_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, int train, void *const *src, void *out);
 
 /* Does node plan np's library call also write sibling w? */

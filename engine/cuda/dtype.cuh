@@ -98,6 +98,6 @@ static inline unsigned loom_cuda_blocks(int64_t n, int threads)
 
 /* Checks the launch just made (configuration errors surface here; faults
  * inside the kernel surface at the next sync). */
-#define LOOM_CUDA_LAUNCHED(p) LOOM_CUDA_CHECK(cudaGetLastError(), p->err, sizeof(p->err))
+#define LOOM_CUDA_LAUNCHED(err) LOOM_CUDA_CHECK(cudaGetLastError(), err, LOOM_ERR_MAX)
 
 #endif /* LOOM_ENGINE_CUDA_DTYPE_CUH */

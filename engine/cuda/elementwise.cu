@@ -4,7 +4,6 @@
  * check. CPU twins: engine/cpu/elementwise_impl.h, loom_cpu_channel_sum in
  * engine/cpu/bn_impl.h, run_cast and GRAD_SEED in engine/cpu/backend.c.
  * Every kernel reads any float dtype as fp32 and rounds its result once.
- * Not yet run on a GPU.
  */
 #include "engine/cuda/dtype.cuh"
 
@@ -115,25 +114,25 @@ __global__ void loom_mark_nonfinite_kernel(const void *x, int xdt, int64_t n, in
 
 static const int threads = 256;
 
-extern "C" loom_status loom_cuda_cast(loom_program *p, cudaStream_t s, const void *x, int xdt,
+extern "C" loom_status loom_cuda_cast(char *err, cudaStream_t s, const void *x, int xdt,
 				      void *y, int ydt, int64_t n)
 {
 	if (n <= 0)
 		return LOOM_OK;
 	loom_cast_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_relu_fwd(loom_program *p, cudaStream_t s, const void *x,
+extern "C" loom_status loom_cuda_relu_fwd(char *err, cudaStream_t s, const void *x,
 					  int xdt, void *y, int ydt, int64_t n)
 {
 	if (n <= 0)
 		return LOOM_OK;
 	loom_relu_fwd_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_relu_bwd(loom_program *p, cudaStream_t s, const void *x,
+extern "C" loom_status loom_cuda_relu_bwd(char *err, cudaStream_t s, const void *x,
 					  int xdt, const void *dy, int dydt, void *dx, int dxdt,
 					  int64_t n)
 {
@@ -141,27 +140,27 @@ extern "C" loom_status loom_cuda_relu_bwd(loom_program *p, cudaStream_t s, const
 		return LOOM_OK;
 	loom_relu_bwd_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, dy, dydt,
 									       dx, dxdt, n);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_add(loom_program *p, cudaStream_t s, const void *a, int adt,
+extern "C" loom_status loom_cuda_add(char *err, cudaStream_t s, const void *a, int adt,
 				     const void *b, int bdt, void *y, int ydt, int64_t n)
 {
 	if (n <= 0)
 		return LOOM_OK;
 	loom_add_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(a, adt, b, bdt, y, ydt,
 									  n);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_sum(loom_program *p, cudaStream_t s, const void *x, int xdt,
+extern "C" loom_status loom_cuda_sum(char *err, cudaStream_t s, const void *x, int xdt,
 				     int64_t n, void *y, int ydt)
 {
 	loom_sum_kernel<<<1, 1024, 0, s>>>(x, xdt, n, y, ydt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_broadcast_scalar(loom_program *p, cudaStream_t s,
+extern "C" loom_status loom_cuda_broadcast_scalar(char *err, cudaStream_t s,
 						  const void *x, int xdt, double scale, void *y,
 						  int ydt, int64_t n)
 {
@@ -170,19 +169,19 @@ extern "C" loom_status loom_cuda_broadcast_scalar(loom_program *p, cudaStream_t 
 	/* In place (y == x, n == 1) one block keeps the read before the write. */
 	unsigned blocks = x == y ? 1 : loom_cuda_blocks(n, threads);
 	loom_broadcast_kernel<<<blocks, threads, 0, s>>>(x, xdt, scale, y, ydt, n);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_channel_sum(loom_program *p, cudaStream_t s, int n, int c,
+extern "C" loom_status loom_cuda_channel_sum(char *err, cudaStream_t s, int n, int c,
 					     int64_t hw, const void *x, int xdt, void *y, int ydt)
 {
 	if (c <= 0)
 		return LOOM_OK;
 	loom_channel_sum_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, y, ydt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_bias_add(loom_program *p, cudaStream_t s, int n, int c,
+extern "C" loom_status loom_cuda_bias_add(char *err, cudaStream_t s, int n, int c,
 					  int64_t hw, void *y, int ydt, const void *b, int bdt)
 {
 	int64_t total = (int64_t)n * c * hw;
@@ -190,22 +189,94 @@ extern "C" loom_status loom_cuda_bias_add(loom_program *p, cudaStream_t s, int n
 		return LOOM_OK;
 	loom_bias_add_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(c, hw, total, y,
 										   ydt, b, bdt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_grad_seed(loom_program *p, cudaStream_t s,
+extern "C" loom_status loom_cuda_grad_seed(char *err, cudaStream_t s,
 					   const loom_cuda_ctl *ctl, void *y, int ydt)
 {
 	loom_grad_seed_kernel<<<1, 1, 0, s>>>(ctl, y, ydt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_mark_nonfinite(loom_program *p, cudaStream_t s, const void *x,
+extern "C" loom_status loom_cuda_mark_nonfinite(char *err, cudaStream_t s, const void *x,
 						int xdt, int64_t n, int node, loom_cuda_ctl *ctl)
 {
 	if (n <= 0 || (xdt != LOOM_F32 && xdt != LOOM_F16 && xdt != LOOM_BF16))
 		return LOOM_OK;
 	loom_mark_nonfinite_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, n,
 										     node, ctl);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+// ----------------------------------------------------------------------------
+// op entries
+
+static int64_t numel_of(const loom_plan *plan, loom_value v)
+{
+	return loom_shape_numel(&plan->g->nodes[v].shape);
+}
+
+loom_status loom_cuda_op_cast(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io)
+{
+	return loom_cuda_cast(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt,
+			      numel_of(plan, v));
+}
+
+loom_status loom_cuda_op_relu(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io)
+{
+	return loom_cuda_relu_fwd(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt,
+				  numel_of(plan, v));
+}
+
+loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				  const loom_cuda_io *io)
+{
+	return loom_cuda_relu_bwd(c->err, c->stream, io->src[0], io->dt[0], io->src[1], io->dt[1],
+				  io->out, io->odt, numel_of(plan, v));
+}
+
+loom_status loom_cuda_op_add(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			     const loom_cuda_io *io)
+{
+	return loom_cuda_add(c->err, c->stream, io->src[0], io->dt[0], io->src[1], io->dt[1],
+			     io->out, io->odt, numel_of(plan, v));
+}
+
+loom_status loom_cuda_op_sum(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			     const loom_cuda_io *io)
+{
+	return loom_cuda_sum(c->err, c->stream, io->src[0], io->dt[0],
+			     numel_of(plan, plan->g->nodes[v].src[0]), io->out, io->odt);
+}
+
+loom_status loom_cuda_op_broadcast(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	return loom_cuda_broadcast_scalar(c->err, c->stream, io->src[0], io->dt[0],
+					  plan->g->nodes[v].a.bc.scale, io->out, io->odt,
+					  numel_of(plan, v));
+}
+
+loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				     const loom_cuda_io *io)
+{
+	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
+	int64_t hw = 1;
+	for (int i = 2; i < x->shape.ndim; i++)
+		hw *= x->shape.dims[i];
+	return loom_cuda_channel_sum(c->err, c->stream, (int)x->shape.dims[0],
+				     (int)x->shape.dims[1], hw, io->src[0], io->dt[0], io->out,
+				     io->odt);
+}
+
+/* The loss scale comes from the device's scaler, never from the host. */
+loom_status loom_cuda_op_grad_seed(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	(void)plan;
+	(void)v;
+	return loom_cuda_grad_seed(c->err, c->stream, c->ctl, io->out, io->odt);
 }

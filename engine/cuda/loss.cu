@@ -8,7 +8,6 @@
  * the node and the first bad row in the control block, writes no loss, the
  * optimizer kernels skip the update, and the next sync (the loss download
  * every loom_run ends with) reports it as the CPU backend does.
- * Not yet run on a GPU.
  */
 #include <stdint.h>
 
@@ -89,7 +88,7 @@ __global__ void loom_ce_bwd_kernel(int n, int classes, const void *logits, int l
 
 static const int threads = 128;
 
-extern "C" loom_status loom_cuda_softmax_ce_fwd(loom_program *p, cudaStream_t s, int n,
+extern "C" loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n,
 						int classes, const void *logits, int ldt,
 						const int32_t *labels, void *loss, int lossdt,
 						double *row_ws, int node, loom_cuda_ctl *ctl)
@@ -98,15 +97,15 @@ extern "C" loom_status loom_cuda_softmax_ce_fwd(loom_program *p, cudaStream_t s,
 	if (n > 0 && classes > 0) {
 		loom_ce_rows_kernel<<<n, threads, 0, s>>>(classes, logits, ldt, labels, row_ws,
 							   node, ctl);
-		if ((st = LOOM_CUDA_LAUNCHED(p)) != LOOM_OK)
+		if ((st = LOOM_CUDA_LAUNCHED(err)) != LOOM_OK)
 			return st;
 	}
 	loom_ce_mean_kernel<<<1, 1024, 0, s>>>(classes > 0 ? n : 0, row_ws, loss, lossdt, node,
 						ctl);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_softmax_ce_bwd(loom_program *p, cudaStream_t s, int n,
+extern "C" loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n,
 						int classes, const void *logits, int ldt,
 						const int32_t *labels, const void *dloss, int dldt,
 						void *dlogits, int dxdt)
@@ -115,5 +114,29 @@ extern "C" loom_status loom_cuda_softmax_ce_bwd(loom_program *p, cudaStream_t s,
 		return LOOM_OK;
 	loom_ce_bwd_kernel<<<n, threads, 0, s>>>(n, classes, logits, ldt, labels, dloss, dldt,
 						  dlogits, dxdt);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+// ----------------------------------------------------------------------------
+// op entries
+
+/* A bad label raises a flag in the control block; synchronize reports it. */
+loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				    const loom_cuda_io *io)
+{
+	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
+	return loom_cuda_softmax_ce_fwd(c->err, c->stream, (int)x->shape.dims[0],
+					(int)x->shape.dims[1], io->src[0], io->dt[0],
+					(const int32_t *)io->src[1], io->out, io->odt,
+					(double *)c->arena.ws, v, c->ctl);
+}
+
+loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io)
+{
+	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
+	return loom_cuda_softmax_ce_bwd(c->err, c->stream, (int)x->shape.dims[0],
+					(int)x->shape.dims[1], io->src[0], io->dt[0],
+					(const int32_t *)io->src[1], io->src[2], io->dt[2], io->out,
+					io->odt);
 }

@@ -14,7 +14,7 @@
  *
  * loom is row-major, cuBLAS column-major: a row-major C[M,N] is a
  * column-major C^T[N,M], so we compute C^T = op(B)^T op(A)^T, i.e. cuBLAS's
- * "A" operand is loom's B and its "B" is loom's A. Not yet run on a GPU.
+ * "A" operand is loom's B and its "B" is loom's A.
  */
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +26,7 @@ typedef struct mm_shape {
 	int ta, tb;
 } mm_shape;
 
-static void mm_shape_of(const loom_program *p, const loom_node *nd, mm_shape *s)
+static void mm_shape_of(const loom_plan *p, const loom_node *nd, mm_shape *s)
 {
 	const loom_node *a = &p->g->nodes[nd->src[0]], *b = &p->g->nodes[nd->src[1]];
 	if (nd->op == LOOM_OP_LINEAR) { /* x[N, in] w[out, in]^T */
@@ -40,15 +40,15 @@ static void mm_shape_of(const loom_program *p, const loom_node *nd, mm_shape *s)
 	s->k = (int)(s->ta ? a->shape.dims[0] : a->shape.dims[1]);
 }
 
-static loom_status set_attr(loom_program *p, cublasLtMatmulDesc_t d,
+static loom_status set_attr(loom_cuda_ctx *c, cublasLtMatmulDesc_t d,
 			    cublasLtMatmulDescAttributes_t attr, const void *val, size_t sz)
 {
-	return LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, val, sz), p->err, sizeof(p->err));
+	return LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, val, sz), c->err, sizeof(c->err));
 }
 
 /* Descriptors for epilogue epi and the heuristic's first algorithm; found
  * says whether there was one. */
-static loom_status plan_with(loom_program *p, loom_cuda_ctx *c, const loom_node *nd,
+static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
 			     const mm_shape *sp, cublasLtEpilogue_t epi, loom_cuda_node_plan *np,
 			     int *found)
 {
@@ -65,33 +65,33 @@ static loom_status plan_with(loom_program *p, loom_cuda_ctx *c, const loom_node 
 	*found = 0;
 	if ((st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mp->desc, CUBLAS_COMPUTE_32F,
 							     CUDA_R_32F),
-				    p->err, sizeof(p->err))) != LOOM_OK)
+				    c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))) != LOOM_OK)
+	if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))) != LOOM_OK)
 		return st;
-	if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))) != LOOM_OK)
+	if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))) != LOOM_OK)
 		return st;
 	if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
-	    (st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) != LOOM_OK)
+	    (st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) != LOOM_OK)
 		return st;
 	/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
 	 * row-major, i.e. n x k (k x n) column-major; likewise A. */
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->a, dt, s.tb ? s.k : s.n,
 							  s.tb ? s.n : s.k, s.tb ? s.k : s.n),
-			       p->err, sizeof(p->err));
+			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->b, dt, s.ta ? s.m : s.k,
 							  s.ta ? s.k : s.m, s.ta ? s.m : s.k),
-			       p->err, sizeof(p->err));
+			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->c, dt, s.n, s.m, s.n),
-			       p->err, sizeof(p->err));
+			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 
-	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), p->err, sizeof(p->err));
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	size_t ws_max = LOOM_CUDA_LT_WS;
@@ -101,7 +101,7 @@ static loom_status plan_with(loom_program *p, loom_cuda_ctx *c, const loom_node 
 	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
 				       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max,
 				       sizeof(ws_max)),
-			       p->err, sizeof(p->err));
+			       c->err, sizeof(c->err));
 	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
 		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
 		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
@@ -109,15 +109,15 @@ static loom_status plan_with(loom_program *p, loom_cuda_ctx *c, const loom_node 
 	for (int i = 0; i < 4 && st == LOOM_OK; i++)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
 									     sizeof(align)),
-				       p->err, sizeof(p->err));
+				       c->err, sizeof(c->err));
 	if (st == LOOM_OK)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
 								      mp->c, mp->c, pref, 1, &res,
 								      &returned),
-				       p->err, sizeof(p->err));
+				       c->err, sizeof(c->err));
 	/* Checked too, but an earlier failure keeps its message. */
 	loom_status dst = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref),
-					    st == LOOM_OK ? p->err : NULL, sizeof(p->err));
+					    st == LOOM_OK ? c->err : NULL, sizeof(c->err));
 	if (st == LOOM_OK)
 		st = dst;
 	if (st != LOOM_OK || returned < 1)
@@ -131,7 +131,7 @@ static loom_status plan_with(loom_program *p, loom_cuda_ctx *c, const loom_node 
 /* dw = dy^T x with a bias-gradient sibling (graph/fuse.c): the column sums
  * of dy, which the BGRADB epilogue makes in the same call (the reduction of
  * cuBLAS's B operand, loom's A, over k), in the node's dtype. */
-static loom_value bgrad_sibling(const loom_program *p, loom_value v)
+static loom_value bgrad_sibling(const loom_plan *p, loom_value v)
 {
 	const loom_node *nd = &p->g->nodes[v];
 	if (nd->op != LOOM_OP_MATMUL || !nd->a.mm.ta || nd->a.mm.tb)
@@ -144,7 +144,7 @@ static loom_value bgrad_sibling(const loom_program *p, loom_value v)
 	return LOOM_NONE;
 }
 
-loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np)
 {
 	const loom_node *nd = &p->g->nodes[v];
@@ -171,7 +171,7 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 	for (int i = 0; i < ntries; i++) {
 		if (i > 0) { /* no algorithm for the last try */
 			loom_cuda_mm_plan_free(np);
-			p->err[0] = 0;
+			c->err[0] = 0;
 		}
 		np->kind = LOOM_CUDA_PLAN_MM;
 		mp->bias = bias;
@@ -183,7 +183,7 @@ loom_status loom_cuda_mm_plan_make(loom_program *p, loom_cuda_ctx *c, loom_value
 	}
 	if (st != LOOM_OK)
 		return st;
-	return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+	return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
 				 "cuda matmul: cuBLASLt has no algorithm for node %d (%d x %d x %d, %s)",
 				 (int)v, s.m, s.n, s.k, loom_dtype_name(nd->dtype));
 }
@@ -203,7 +203,7 @@ void loom_cuda_mm_plan_free(loom_cuda_node_plan *np)
 }
 
 /* src: loom's A, B (and bias), all in the node's dtype after staging. */
-loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
+loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out)
 {
 	const loom_cuda_mm_plan *mp = &np->mm;
@@ -212,19 +212,43 @@ loom_status loom_cuda_mm_run(loom_program *p, loom_cuda_ctx *c, loom_value v,
 
 	if (mp->bias || mp->bgrad != LOOM_NONE) {
 		/* The bias to add, or where the bias gradient goes. */
-		const void *bias = mp->bias ? src[2] : loom_value_ptr(p, mp->bgrad);
-		if ((st = set_attr(p, mp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+		const void *bias = mp->bias ? src[2] : loom_arena_ptr(&c->arena, p, mp->bgrad);
+		if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
 				   sizeof(bias))) != LOOM_OK)
 			return st;
 	}
 	st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
 					      &zero, out, mp->c, out, mp->c, &mp->algo,
-					      np->lib_ws ? p->ws : NULL, np->lib_ws, c->stream),
-			       p->err, sizeof(p->err));
+					      np->lib_ws ? c->arena.ws : NULL, np->lib_ws, c->stream),
+			       c->err, sizeof(c->err));
 	if (st == LOOM_OK && mp->relu_after) {
 		const loom_node *nd = &p->g->nodes[v];
-		st = loom_cuda_relu_fwd(p, c->stream, out, nd->dtype, out, nd->dtype,
+		st = loom_cuda_relu_fwd(c->err, c->stream, out, nd->dtype, out, nd->dtype,
 					loom_shape_numel(&nd->shape));
 	}
 	return st;
+}
+
+// ----------------------------------------------------------------------------
+// op entries
+
+static loom_status mm_entry(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			    const loom_cuda_io *io)
+{
+	void *src[LOOM_MAX_SRC];
+	memcpy(src, io->src, sizeof(src));
+	loom_status st = loom_cuda_stage_sources(c, plan, v, src);
+	return st != LOOM_OK ? st : loom_cuda_mm_run(plan, c, v, &c->plans[v], src, io->out);
+}
+
+loom_status loom_cuda_op_linear(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io)
+{
+	return mm_entry(c, plan, v, io);
+}
+
+loom_status loom_cuda_op_matmul(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io)
+{
+	return mm_entry(c, plan, v, io);
 }

@@ -6,44 +6,13 @@
  * each gradient as it updates the fp32 value (the O2 master, or the
  * parameter) with SGD or AdamW and rounds half copies. The host never waits:
  * the decision stays on the device. CPU twins: engine/cpu/optim.c (the
- * update, in double as there) and amp/scaler.c (loom_scaler_update, mirrored
- * line for line below). Not yet run on a GPU.
+ * update, in double as there) and amp/scaler.h (loom_scaler_update_inline,
+ * the same function on both sides).
  */
 #include "engine/cuda/dtype.cuh"
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
-
-/* amp/scaler.c loom_scaler_update, line for line. */
-static __device__ int scaler_update(loom_scaler *s, int found_inf)
-{
-	int apply = 1;
-
-	if (found_inf) {
-		if (s->dynamic) {
-			float next = s->scale * s->backoff_factor;
-
-			if (next > 0.0f)
-				s->scale = next;
-		}
-		s->growth_tracker = 0;
-		s->skipped_steps++;
-		apply = 0;
-	} else if (s->dynamic) {
-		int32_t clean = s->growth_tracker + 1;
-
-		if (clean >= s->growth_interval) {
-			float next = s->scale * s->growth_factor;
-
-			s->scale = next < s->max_scale ? next : s->max_scale;
-			clean = 0;
-		}
-		s->growth_tracker = clean;
-	}
-	if (s->dynamic && s->scale < 1.0f)
-		s->below_one_steps++;
-	return apply;
-}
 
 /* One block per chunk (grid-stride over chunks). */
 __global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
@@ -79,7 +48,7 @@ __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling)
 		return;
 	}
 	if (scaling)
-		apply = scaler_update(&ctl->scaler, ctl->found_inf);
+		apply = loom_scaler_update_inline(&ctl->scaler, ctl->found_inf);
 	ctl->found_inf = 0;
 	ctl->inv_scale = inv;
 	ctl->t = ctl->step + 1;
@@ -144,7 +113,8 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 
 static const int threads = 256;
 
-extern "C" loom_status loom_cuda_optim_launch(loom_program *p, cudaStream_t s, loom_cuda_ctx *c)
+extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
+						 cudaStream_t s)
 {
 	loom_status st;
 	unsigned blocks = c->n_chunks < 65535 ? (unsigned)(c->n_chunks > 0 ? c->n_chunks : 1) : 65535;
@@ -152,15 +122,15 @@ extern "C" loom_status loom_cuda_optim_launch(loom_program *p, cudaStream_t s, l
 	if (p->scaling && c->n_chunks > 0) {
 		loom_opt_check_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
 								  c->ctl);
-		if ((st = LOOM_CUDA_LAUNCHED(p)) != LOOM_OK)
+		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 			return st;
 	}
 	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling);
-	if ((st = LOOM_CUDA_LAUNCHED(p)) != LOOM_OK)
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 		return st;
 	if (c->n_chunks == 0)
 		return LOOM_OK;
 	loom_opt_update_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
-							   p->opts.optim, p->lr, c->ctl);
-	return LOOM_CUDA_LAUNCHED(p);
+							   p->opts.optim, lr, c->ctl);
+	return LOOM_CUDA_LAUNCHED(c->err);
 }

@@ -12,7 +12,6 @@
  * needs the forward output y, which the graph's MAXPOOL2D_BWD (x, dy) does
  * not have, and its choice among tied maxima is unspecified, so half inputs
  * (where ties are common) would route gradients differently from the CPU.
- * Not yet run on a GPU.
  */
 #include "engine/cuda/dtype.cuh"
 
@@ -133,7 +132,7 @@ __global__ void loom_global_avgpool_bwd_kernel(const void *dy, int dydt, void *d
 
 static const int threads = 256;
 
-extern "C" loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s,
+extern "C" loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s,
 					     loom_pool_shape ps, const void *x, int xdt,
 					     void *y, int ydt)
 {
@@ -142,10 +141,10 @@ extern "C" loom_status loom_cuda_maxpool_fwd(loom_program *p, cudaStream_t s,
 		return LOOM_OK;
 	loom_maxpool_fwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(ps, x, xdt, y,
 										      ydt, total);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s,
+extern "C" loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s,
 					     loom_pool_shape ps, const void *x, int xdt,
 					     const void *dy, int dydt, void *dx, int dxdt)
 {
@@ -154,10 +153,10 @@ extern "C" loom_status loom_cuda_maxpool_bwd(loom_program *p, cudaStream_t s,
 		return LOOM_OK;
 	loom_maxpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
 		ps, x, xdt, dy, dydt, dx, dxdt, total);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_global_avgpool_fwd(loom_program *p, cudaStream_t s,
+extern "C" loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s,
 						    const void *x, int xdt, void *y, int ydt,
 						    int64_t nc, int64_t hw)
 {
@@ -165,10 +164,10 @@ extern "C" loom_status loom_cuda_global_avgpool_fwd(loom_program *p, cudaStream_
 		return LOOM_OK;
 	loom_global_avgpool_fwd_kernel<<<loom_cuda_blocks(nc, threads / 32), threads, 0, s>>>(
 		x, xdt, y, ydt, nc, hw);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_global_avgpool_bwd(loom_program *p, cudaStream_t s,
+extern "C" loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s,
 						    const void *dy, int dydt, void *dx, int dxdt,
 						    int64_t nc, int64_t hw)
 {
@@ -177,5 +176,48 @@ extern "C" loom_status loom_cuda_global_avgpool_bwd(loom_program *p, cudaStream_
 		return LOOM_OK;
 	loom_global_avgpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
 		dy, dydt, dx, dxdt, total, hw);
-	return LOOM_CUDA_LAUNCHED(p);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+// ----------------------------------------------------------------------------
+// op entries
+
+loom_status loom_cuda_op_maxpool2d(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	loom_pool_shape ps;
+	loom_pool_shape_of(plan->g, v, &ps);
+	return loom_cuda_maxpool_fwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->out,
+				     io->odt);
+}
+
+loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io)
+{
+	loom_pool_shape ps;
+	loom_pool_shape_of(plan->g, v, &ps);
+	return loom_cuda_maxpool_bwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->src[1],
+				     io->dt[1], io->out, io->odt);
+}
+
+/* x [N, C, H, W] -> [N, C] */
+loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	return loom_cuda_global_avgpool_fwd(c->err, c->stream, io->src[0], io->dt[0], io->out,
+					    io->odt, loom_shape_numel(&n->shape),
+					    x->shape.dims[2] * x->shape.dims[3]);
+}
+
+/* dy [N, C] -> dx [N, C, H, W] */
+loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *c, const loom_plan *plan,
+					    loom_value v, const loom_cuda_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	return loom_cuda_global_avgpool_bwd(c->err, c->stream, io->src[0], io->dt[0], io->out,
+					    io->odt, loom_shape_numel(&x->shape),
+					    n->shape.dims[2] * n->shape.dims[3]);
 }

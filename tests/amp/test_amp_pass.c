@@ -61,13 +61,13 @@ static loom_program *compile_convnet(const loom_compile_opts *o)
 
 static const loom_node *node(const loom_program *p, loom_value v)
 {
-	return &p->g->nodes[v];
+	return &p->plan.g->nodes[v];
 }
 
 /* The forward node that is op and called name (LOOM_NONE if none). */
 static loom_value find(const loom_program *p, loom_op op, const char *name)
 {
-	for (int v = 0; v < p->n_fwd; v++)
+	for (int v = 0; v < p->plan.n_fwd; v++)
 		if (node(p, v)->op == op && strcmp(node(p, v)->name, name) == 0)
 			return v;
 	return LOOM_NONE;
@@ -84,7 +84,7 @@ static loom_value must_find(const loom_program *p, loom_op op, const char *name)
 static int ops_of(const loom_program *p, loom_op op, loom_value *out, int max)
 {
 	int n = 0;
-	for (int v = 0; v < p->n_fwd; v++)
+	for (int v = 0; v < p->plan.n_fwd; v++)
 		if (node(p, v)->op == op && n < max)
 			out[n++] = v;
 	return n;
@@ -93,7 +93,7 @@ static int ops_of(const loom_program *p, loom_op op, loom_value *out, int max)
 static int count_casts(const loom_program *p, int whole_graph)
 {
 	int n = 0;
-	for (int v = 0; v < (whole_graph ? p->g->n : p->n_fwd); v++)
+	for (int v = 0; v < (whole_graph ? p->plan.g->n : p->plan.n_fwd); v++)
 		n += node(p, v)->op == LOOM_OP_CAST;
 	return n;
 }
@@ -116,7 +116,7 @@ static loom_value through_cast(const loom_program *p, loom_value v, int i, loom_
  * carries the AMP flag, and exists once per (value, dtype). */
 static void check_casts_well_placed(const loom_program *p)
 {
-	for (int v = 0; v < p->n_fwd; v++) {
+	for (int v = 0; v < p->plan.n_fwd; v++) {
 		const loom_node *n = node(p, v);
 		if (n->op != LOOM_OP_CAST)
 			continue;
@@ -126,11 +126,11 @@ static void check_casts_well_placed(const loom_program *p)
 		cr_assert_lt(s, v, "cast %d before its source %d", v, s);
 		cr_assert_neq(node(p, s)->dtype, n->dtype, "cast %d to its own dtype", v);
 		int users = 0;
-		for (int u = v + 1; u < p->n_fwd; u++)
+		for (int u = v + 1; u < p->plan.n_fwd; u++)
 			for (int i = 0; i < node(p, u)->nsrc; i++)
 				users += node(p, u)->src[i] == v;
 		cr_assert(users > 0 || (n->flags & LOOM_NODE_OUTPUT), "cast %d has no reader", v);
-		for (int w = v + 1; w < p->n_fwd; w++)
+		for (int w = v + 1; w < p->plan.n_fwd; w++)
 			cr_assert(!(node(p, w)->op == LOOM_OP_CAST && node(p, w)->src[0] == s &&
 				    node(p, w)->dtype == n->dtype),
 				  "value %d cast to %s twice (%d and %d)", s, loom_dtype_name(n->dtype),
@@ -141,16 +141,16 @@ static void check_casts_well_placed(const loom_program *p)
 /* The compiled loss: f32, read in f32 whatever ran before it. */
 static void check_loss_f32(const loom_program *p)
 {
-	cr_assert_eq(node(p, p->loss)->dtype, LOOM_F32, "loss is %s",
-		     loom_dtype_name(node(p, p->loss)->dtype));
-	cr_assert(node(p, p->loss)->flags & LOOM_NODE_OUTPUT);
-	cr_assert_eq(node(p, p->loss)->shape.ndim, 0);
+	cr_assert_eq(node(p, p->plan.loss)->dtype, LOOM_F32, "loss is %s",
+		     loom_dtype_name(node(p, p->plan.loss)->dtype));
+	cr_assert(node(p, p->plan.loss)->flags & LOOM_NODE_OUTPUT);
+	cr_assert_eq(node(p, p->plan.loss)->shape.ndim, 0);
 }
 
 static int n_masters(const loom_program *p)
 {
 	int n = 0;
-	for (int v = 0; v < p->n_fwd; v++)
+	for (int v = 0; v < p->plan.n_fwd; v++)
 		n += node(p, v)->op == LOOM_OP_PARAM && node(p, v)->master != LOOM_NONE;
 	return n;
 }
@@ -183,7 +183,7 @@ static void check_o0(loom_dtype half)
 	loom_compile_opts o = amp_opts(LOOM_O0, half);
 	loom_program *p = compile_convnet(&o);
 	cr_assert_eq(count_casts(p, 1), 0, "O0 inserted casts");
-	for (int v = 0; v < p->g->n; v++) {
+	for (int v = 0; v < p->plan.g->n; v++) {
 		const loom_node *n = node(p, v);
 		cr_assert(!(n->flags & LOOM_NODE_AMP), "node %d flagged AMP under O0", v);
 		cr_assert(n->dtype == LOOM_F32 || n->dtype == LOOM_I32, "node %d is %s under O0", v,
@@ -222,7 +222,7 @@ static void check_o1(loom_dtype half)
 		loom_value w = must_find(p, LOOM_OP_PARAM, conv_params[i]);
 		cr_assert_eq(node(p, w)->dtype, LOOM_F32, "%s", conv_params[i]);
 		int casts = 0;
-		for (int v = w + 1; v < p->n_fwd; v++)
+		for (int v = w + 1; v < p->plan.n_fwd; v++)
 			casts += node(p, v)->op == LOOM_OP_CAST && node(p, v)->src[0] == w &&
 				 node(p, v)->dtype == half;
 		cr_assert_eq(casts, 1, "%s cast %d times to half", conv_params[i], casts);
@@ -363,7 +363,7 @@ static void check_o2(loom_dtype half)
 		cr_assert_eq(find(p, LOOM_OP_BUFFER, want), m);
 		master_bytes += loom_value_bytes(p, m);
 		/* The master has no reader in the graph: the optimizer owns it. */
-		for (int u = 0; u < p->g->n; u++)
+		for (int u = 0; u < p->plan.g->n; u++)
 			for (int k = 0; k < node(p, u)->nsrc; k++)
 				cr_assert_neq(node(p, u)->src[k], m, "node %d reads a master", u);
 		/* Its gradient is half, as the param. */
@@ -410,9 +410,9 @@ static void check_o2(loom_dtype half)
 	cr_assert_eq(info.loss_scale, half == LOOM_F16 ? 65536.0 : 1.0);
 	cr_assert_eq(info.master_bytes, master_bytes);
 	cr_assert_gt(info.master_bytes, 0);
-	for (int s = 0; s < p->n_params; s++)
-		if (is_half(node(p, p->params[s].param)->dtype))
-			cr_assert_eq(p->params[s].master, node(p, p->params[s].param)->master);
+	for (int s = 0; s < p->plan.n_params; s++)
+		if (is_half(node(p, p->plan.params[s].param)->dtype))
+			cr_assert_eq(p->plan.params[s].master, node(p, p->plan.params[s].param)->master);
 	one_step(p);
 	loom_program_free(p);
 }
@@ -455,7 +455,7 @@ static void check_o3(loom_dtype half, int keep_bn)
 	loom_program *p = compile_convnet(&o);
 	check_casts_well_placed(p);
 	cr_assert_eq(n_masters(p), 0, "O3 made master weights");
-	for (int v = 0; v < p->n_fwd; v++) {
+	for (int v = 0; v < p->plan.n_fwd; v++) {
 		const loom_node *n = node(p, v);
 		cr_assert_eq(n->master, LOOM_NONE);
 		if (n->op == LOOM_OP_BUFFER)
@@ -470,7 +470,7 @@ static void check_o3(loom_dtype half, int keep_bn)
 		cr_assert_eq(node(p, must_find(p, LOOM_OP_BUFFER, bn_buffers[i]))->dtype, bn_dt);
 	/* Every op in half, the cross-entropy included; casts: the input in
 	 * and the loss out. */
-	for (int v = 0; v < p->n_fwd; v++) {
+	for (int v = 0; v < p->plan.n_fwd; v++) {
 		const loom_node *n = node(p, v);
 		if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
 		    n->op == LOOM_OP_CAST)
@@ -480,8 +480,8 @@ static void check_o3(loom_dtype half, int keep_bn)
 	}
 	cr_assert_eq(count_casts(p, 0), 2, "%d casts", count_casts(p, 0));
 	check_loss_f32(p);
-	cr_assert_eq(node(p, p->loss)->op, LOOM_OP_CAST);
-	cr_assert_eq(node(p, node(p, p->loss)->src[0])->op, LOOM_OP_SOFTMAX_CE);
+	cr_assert_eq(node(p, p->plan.loss)->op, LOOM_OP_CAST);
+	cr_assert_eq(node(p, node(p, p->plan.loss)->src[0])->op, LOOM_OP_SOFTMAX_CE);
 	loom_program_info i;
 	loom_program_info_get(p, &i);
 	cr_assert_eq(i.loss_scale, 1.0, "O3 scales the loss: %g", i.loss_scale);
@@ -525,7 +525,7 @@ Test(amp_pass, masters_and_scaling_by_level)
 			int scaled = halves[h] == LOOM_F16 && (l == LOOM_O1 || l == LOOM_O2);
 			cr_assert_eq(i.loss_scale, scaled ? 65536.0 : 1.0, "O%d %s: scale %g", l,
 				     loom_dtype_name(halves[h]), i.loss_scale);
-			cr_assert_eq(p->scaling, scaled);
+			cr_assert_eq(p->plan.scaling, scaled);
 			cr_assert_eq(loom_amp_uses_scaling(&o.amp), scaled);
 			loom_program_free(p);
 		}
@@ -539,7 +539,7 @@ Test(amp_pass, init_scale_and_static_scale)
 	loom_program_info i;
 	loom_program_info_get(p, &i);
 	cr_assert_eq(i.loss_scale, 1024.0);
-	cr_assert(p->scaler.dynamic);
+	cr_assert(p->ts.scaler.dynamic);
 	loom_program_free(p);
 
 	o = amp_opts(LOOM_O3, LOOM_F16);
@@ -547,7 +547,7 @@ Test(amp_pass, init_scale_and_static_scale)
 	p = compile_convnet(&o);
 	loom_program_info_get(p, &i);
 	cr_assert_eq(i.loss_scale, 128.0);
-	cr_assert(!p->scaler.dynamic);
+	cr_assert(!p->ts.scaler.dynamic);
 	loom_program_free(p);
 }
 
@@ -561,7 +561,11 @@ static void refused(const loom_compile_opts *o, loom_status want, const char *pa
 	loom_program *p = (loom_program *)1;
 	loom_status st = loom_compile(g, loss, o, &p);
 	cr_assert_eq(st, want, "%s: %s (%s)", what, loom_status_string(st), loom_last_error());
-	cr_assert_null(p);
+	/* The failed program comes back to explain itself (loom.h). */
+	cr_assert_not_null(p, "%s: no handle", what);
+	cr_assert_str_eq(loom_program_error(p), loom_last_error());
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_ERR_INVALID);
+	loom_program_free(p);
 	cr_assert_neq(strstr(loom_last_error(), part), NULL, "%s: message '%s' lacks '%s'", what,
 		      loom_last_error(), part);
 	char err[256] = "";

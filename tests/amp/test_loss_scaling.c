@@ -36,8 +36,8 @@ static loom_program *compile(loom_graph *g, loom_value loss, const loom_compile_
 /* The compiled node that is op and called name. */
 static loom_value compiled(const loom_program *p, loom_op op, const char *name)
 {
-	for (int v = 0; v < p->n_fwd; v++)
-		if (p->g->nodes[v].op == op && strcmp(p->g->nodes[v].name, name) == 0)
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		if (p->plan.g->nodes[v].op == op && strcmp(p->plan.g->nodes[v].name, name) == 0)
 			return v;
 	cr_assert_fail("no %s in the compiled graph", name);
 	return LOOM_NONE;
@@ -89,7 +89,7 @@ static under build_under(loom_opt_level level)
 static void read_master(loom_program *p, const char *name, double *dst, int n)
 {
 	loom_value m = compiled(p, LOOM_OP_BUFFER, name);
-	cr_assert_eq(p->g->nodes[m].dtype, LOOM_F32);
+	cr_assert_eq(p->plan.g->nodes[m].dtype, LOOM_F32);
 	const float *f = loom_value_ptr(p, m);
 	for (int i = 0; i < n; i++)
 		dst[i] = f[i];
@@ -195,25 +195,25 @@ typedef struct snap {
 
 static snap take(const loom_program *p)
 {
-	snap s = { malloc(1 << 16), 0, p->step };
-	for (int v = 0; v < p->n_fwd; v++) {
-		loom_op op = p->g->nodes[v].op;
+	snap s = { malloc(1 << 16), 0, p->ts.step };
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		loom_op op = p->plan.g->nodes[v].op;
 		if (op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER)
 			continue;
 		cr_assert_leq(s.n + loom_value_bytes(p, v), (size_t)1 << 16);
 		memcpy(s.bytes + s.n, loom_value_ptr(p, v), loom_value_bytes(p, v));
 		s.n += loom_value_bytes(p, v);
 	}
-	cr_assert_leq(s.n + p->state_bytes, (size_t)1 << 16);
-	memcpy(s.bytes + s.n, p->state, p->state_bytes);
-	s.n += p->state_bytes;
+	cr_assert_leq(s.n + p->plan.state_bytes, (size_t)1 << 16);
+	memcpy(s.bytes + s.n, p->arena.state, p->plan.state_bytes);
+	s.n += p->plan.state_bytes;
 	return s;
 }
 
 static void assert_all_finite(const loom_program *p)
 {
-	for (int v = 0; v < p->n_fwd; v++) {
-		const loom_node *n = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
 		if (n->op != LOOM_OP_PARAM && n->op != LOOM_OP_BUFFER)
 			continue;
 		int64_t cnt = loom_shape_numel(&n->shape);
@@ -225,16 +225,15 @@ static void assert_all_finite(const loom_program *p)
 	}
 	/* Plain SGD keeps no state: state_off is meaningless there and
 	 * reading it would run past the arena. */
-	const loom_optim_opts *o = &p->opts.optim;
-	int n_states = o->kind == LOOM_OPTIM_ADAMW ? 2 : o->momentum > 0;
-	for (int s = 0; s < p->n_params; s++) {
-		cr_assert_eq(p->params[s].state_dtype, LOOM_F32);
+	int n_states = p->plan.n_state;
+	for (int s = 0; s < p->plan.n_params; s++) {
+		const loom_param_slot *sl = &p->plan.params[s];
+		cr_assert_eq(sl->state_dtype, LOOM_F32);
 		for (int k = 0; k < n_states; k++) {
-			const float *st = (const float *)(p->state + p->params[s].state_off[k]);
-			cr_assert_leq(p->params[s].state_off[k] +
-					      (size_t)p->params[s].numel * sizeof(float),
-				      p->state_bytes);
-			for (int64_t i = 0; i < p->params[s].numel; i++)
+			const float *st = (const float *)(p->arena.state + sl->state_off[k]);
+			cr_assert_leq(sl->state_off[k] + (size_t)sl->numel * sizeof(float),
+				      p->plan.state_bytes);
+			for (int64_t i = 0; i < sl->numel; i++)
 				cr_assert(isfinite(st[i]), "optimizer state %d of slot %d [%lld] = %g",
 					  k, s, (long long)i, st[i]);
 		}
@@ -258,7 +257,7 @@ static int64_t skipped_of(const loom_program *p)
 static void overflow_skips_step(loom_optim_kind kind, float big)
 {
 	loom_program *p = build_over(3, kind);
-	cr_assert_gt(p->state_bytes, 0);
+	cr_assert_gt(p->plan.state_bytes, 0);
 	feed_over(p, 0, 0);
 	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(loom_step_count(p), 1, "the clean first step was skipped");
@@ -408,7 +407,7 @@ Test(loss_scaling, collapse_names_first_nonfinite_op)
 	cr_assert_eq(info.skipped_steps, 3);
 	cr_assert_eq(loom_step_count(p), 0);
 	/* The report stays; the per-node checks stop. */
-	cr_assert_eq(p->diagnose, 0);
+	cr_assert_eq(p->ts.diagnose, 0);
 	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
 	loom_program_info_get(p, &info);
 	cr_assert_str_eq(info.amp_report, want);

@@ -208,3 +208,78 @@ Test(loader, empty_dataset)
 	loom_loader_free(l);
 	loom_sampler_free(s);
 }
+
+Test(loader, per_channel_normalisation)
+{
+	loom_dataset ds = make_ds(4, 3, 2, 2);
+	loom_sampler *s = make_sampler(4, 0, 1, 0);
+	loom_loader *l = make_loader(&ds, s, 4, 0, 0.0f, 1.0f);
+	const float mean[3] = { 0.1f, 0.2f, 0.3f }, std[3] = { 0.5f, 0.25f, 2.0f };
+	float img[4 * 12];
+	int32_t lab[4];
+	int count;
+	cr_assert_eq(loom_loader_set_normalize(l, mean, std), LOOM_OK);
+	cr_assert_eq(loom_loader_get(l, 0, img, lab, &count), LOOM_OK);
+	for (int i = 0; i < 4; i++)
+		for (int k = 0; k < 12; k++) {
+			int c = k / 4;
+			float want = ((float)ds.images[i * 12 + k] / 255.0f - mean[c]) / std[c];
+			cr_assert_float_eq(img[i * 12 + k], want, 1e-6f, "image %d elem %d", i, k);
+		}
+	const float bad[3] = { 1.0f, 0.0f, 1.0f };
+	cr_assert_eq(loom_loader_set_normalize(l, mean, bad), LOOM_ERR_INVALID);
+	cr_assert(strstr(loom_loader_error(l), "channel 1"), "%s", loom_loader_error(l));
+	loom_loader_free(l);
+	loom_sampler_free(s);
+	loom_dataset_free(&ds);
+}
+
+/* The crop is a shift inside a zero-padded frame and the flip a mirror: every
+ * output pixel is either the padding value or a pixel of the same channel of
+ * the same image; the choice repeats for the same (seed, epoch, item) and
+ * changes with the epoch. */
+Test(loader, crop_and_flip_are_reproducible_shifts)
+{
+	const int n = 16, c = 3, h = 6, w = 6, e = c * h * w;
+	loom_dataset ds = make_ds(n, c, h, w);
+	loom_sampler *s = make_sampler(n, 0, 1, 1);
+	loom_loader *l = make_loader(&ds, s, n, 0, 0.0f, 1.0f);
+	static float a[16 * 108], b[16 * 108], d[16 * 108];
+	int32_t lab[16];
+	int count, moved = 0;
+	cr_assert_eq(loom_loader_set_augment(l, 2, 1, 99), LOOM_OK);
+	cr_assert_eq(loom_loader_get(l, 0, a, lab, &count), LOOM_OK);
+	cr_assert_eq(loom_loader_get(l, 0, b, lab, &count), LOOM_OK);
+	cr_assert_eq(memcmp(a, b, sizeof(a)), 0, "same epoch, different augmentation");
+	const int64_t *idx = loom_sampler_indices(s);
+	for (int i = 0; i < n; i++) {
+		const uint8_t *in = ds.images + idx[i] * e;
+		int found_shift = 0;
+		for (int dy = -2; dy <= 2 && !found_shift; dy++)
+			for (int dx = -2; dx <= 2 && !found_shift; dx++)
+				for (int f = 0; f < 2 && !found_shift; f++) {
+					int ok = 1;
+					for (int k = 0; k < e && ok; k++) {
+						int ch = k / (h * w), y = k / w % h, x = k % w;
+						int sy = y + dy, sx = (f ? w - 1 - x : x) + dx;
+						float want = sy < 0 || sy >= h || sx < 0 || sx >= w ?
+								     0.0f :
+								     in[ch * h * w + sy * w + sx] / 255.0f;
+						ok = fabsf(a[i * e + k] - want) < 1e-6f;
+					}
+					if (ok) {
+						found_shift = 1;
+						moved += dy != 0 || dx != 0 || f;
+					}
+				}
+		cr_assert(found_shift, "image %d is no crop/flip of item %lld", i, (long long)idx[i]);
+	}
+	cr_assert_geq(moved, n / 2, "only %d of %d images were augmented", moved, n);
+	cr_assert_eq(loom_sampler_set_epoch(s, 1), LOOM_OK);
+	cr_assert_eq(loom_loader_get(l, 0, d, lab, &count), LOOM_OK);
+	cr_assert_neq(memcmp(a, d, sizeof(a)), 0, "epoch 1 repeats epoch 0's batch exactly");
+	cr_assert_eq(loom_loader_set_augment(l, 7, 0, 1), LOOM_ERR_INVALID);
+	loom_loader_free(l);
+	loom_sampler_free(s);
+	loom_dataset_free(&ds);
+}

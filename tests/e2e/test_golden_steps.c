@@ -75,17 +75,17 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 static uint64_t state_hash(const loom_program *p)
 {
 	uint64_t h = 0xcbf29ce484222325ull;
-	for (int v = 0; v < p->n_fwd; v++) {
-		const loom_node *n = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
 		if (n->op != LOOM_OP_PARAM && n->op != LOOM_OP_BUFFER)
 			continue;
 		h = fnv(h, loom_value_ptr(p, v), loom_value_bytes(p, v));
 	}
-	for (int i = 0; i < p->n_params; i++) {
-		const loom_param_slot *s = &p->params[i];
+	for (int i = 0; i < p->plan.n_params; i++) {
+		const loom_param_slot *s = &p->plan.params[i];
 		h = fnv(h, loom_value_ptr(p, s->grad), loom_value_bytes(p, s->grad));
 	}
-	return fnv(h, p->state, p->state_bytes);
+	return fnv(h, p->arena.state, p->plan.state_bytes);
 }
 
 static void run_config(const config *c, result *r)

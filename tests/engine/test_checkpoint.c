@@ -122,27 +122,27 @@ typedef struct snap {
 static snap take(const loom_program *p)
 {
 	snap s = { 0 };
-	for (int v = 0; v < p->n_fwd; v++) {
-		loom_op op = p->g->nodes[v].op;
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		loom_op op = p->plan.g->nodes[v].op;
 		if (op == LOOM_OP_PARAM || op == LOOM_OP_BUFFER)
 			s.values_bytes += loom_value_bytes(p, v);
 	}
 	s.values = malloc(s.values_bytes + 1);
 	size_t off = 0;
-	for (int v = 0; v < p->n_fwd; v++) {
-		loom_op op = p->g->nodes[v].op;
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		loom_op op = p->plan.g->nodes[v].op;
 		if (op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER)
 			continue;
-		cr_assert_eq(p->mp.region[v], LOOM_REGION_PERSIST);
+		cr_assert_eq(p->plan.mp.region[v], LOOM_REGION_PERSIST);
 		memcpy(s.values + off, loom_value_ptr(p, v), loom_value_bytes(p, v));
 		off += loom_value_bytes(p, v);
 	}
-	s.state_bytes = p->state_bytes;
+	s.state_bytes = p->plan.state_bytes;
 	s.state = malloc(s.state_bytes + 1);
-	memcpy(s.state, p->state, s.state_bytes);
-	s.step = p->step;
-	s.lr = p->lr;
-	s.scaler = p->scaler;
+	memcpy(s.state, p->arena.state, s.state_bytes);
+	s.step = p->ts.step;
+	s.lr = p->ts.lr;
+	s.scaler = p->ts.scaler;
 	return s;
 }
 

@@ -4,6 +4,8 @@
  * training and eval mode against a hand computation of PyTorch's rule,
  * loom_program_info's sizes, and device selection on a machine without CUDA.
  */
+#include <stdio.h>
+
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -218,8 +220,8 @@ static bn_prog bn_build(void)
 	loom_compile_opts o = cpu_opts();
 	o.optim.kind = LOOM_OPTIM_NONE;
 	cr_assert_eq(loom_compile(g, loss, &o, &b.p), LOOM_OK, "%s", loom_last_error());
-	cr_assert_str_eq(b.p->g->nodes[b.rm].name, "bn.running_mean");
-	cr_assert_str_eq(b.p->g->nodes[b.rv].name, "bn.running_var");
+	cr_assert_str_eq(b.p->plan.g->nodes[b.rm].name, "bn.running_mean");
+	cr_assert_str_eq(b.p->plan.g->nodes[b.rv].name, "bn.running_var");
 	loom_graph_free(g);
 	return b;
 }
@@ -342,10 +344,10 @@ Test(program, info_sizes_o0)
 	cr_assert_eq(i.master_bytes, 0);
 	/* Adam's m and v per parameter, each rounded up to 64 bytes. */
 	cr_assert_eq(i.optim_state_bytes, 2 * (64 + 64));
-	cr_assert_eq(i.n_nodes, p->g->n);
+	cr_assert_eq(i.n_nodes, p->plan.g->n);
 	cr_assert_gt(i.n_nodes, 6, "no backward nodes: %d", i.n_nodes);
-	cr_assert_eq(i.arena_bytes, p->mp.persist_bytes + p->mp.act_bytes + p->ws_bytes +
-					    p->state_bytes);
+	cr_assert_eq(i.arena_bytes, p->plan.mp.persist_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes +
+					    p->plan.state_bytes);
 	cr_assert_geq(i.arena_bytes, i.param_bytes + i.grad_bytes + i.optim_state_bytes);
 	cr_assert_leq(i.activation_bytes, i.activation_naive_bytes);
 	cr_assert_eq(i.loss_scale, 1.0);
@@ -404,9 +406,12 @@ Test(program, cuda_without_a_device_fails_clearly)
 		cr_skip_test("a CUDA device is present; this checks the CPU-only case");
 	}
 	cr_assert_eq(st, LOOM_ERR_UNSUPPORTED, "%s", loom_status_string(st));
-	cr_assert_null(p);
 	cr_assert(has(loom_last_error(), "cuda") && has(loom_last_error(), "CUDA"), "%s",
 		  loom_last_error());
+	/* The handle comes back with the same message (loom.h, SQLite's model). */
+	cr_assert_not_null(p);
+	cr_assert_str_eq(loom_program_error(p), loom_last_error());
+	loom_program_free(p);
 
 	/* AUTO falls back to the CPU. */
 	o.device = LOOM_DEVICE_AUTO;
@@ -425,4 +430,31 @@ Test(program, cuda_without_a_device_fails_clearly)
 	cr_assert_eq(loom_step_count(p), 1);
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/* The library prints through the user's callback, and back to stderr
+ * after loom_set_log(NULL, NULL). */
+typedef struct log_sink {
+	int calls;
+	char last[512];
+} log_sink;
+
+static void sink(void *user, const char *msg)
+{
+	log_sink *s = user;
+	s->calls++;
+	snprintf(s->last, sizeof(s->last), "%s", msg);
+}
+
+Test(program, log_goes_through_the_callback)
+{
+	log_sink s = { 0, "" };
+	loom_compile_opts o = cpu_opts();
+	o.verbose = 1;
+	loom_set_log(sink, &s);
+	loom_program *p = compile_linear(&o);
+	loom_set_log(NULL, NULL);
+	cr_assert_geq(s.calls, 1);
+	cr_assert(has(s.last, "compiled"), "%s", s.last);
+	loom_program_free(p);
 }

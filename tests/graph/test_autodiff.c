@@ -3,7 +3,7 @@
  * program: one gradient per parameter in the parameter's shape and dtype,
  * zero gradients for parameters the loss never reaches, no backward work for
  * inputs, accumulation where a value has several consumers, and the loss kept
- * readable. Numbers are checked in test_gradcheck.c; this looks at p->g.
+ * readable. Numbers are checked in test_gradcheck.c; this looks at p->plan.g.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -32,8 +32,8 @@ static loom_program *compile(loom_graph *g, loom_value loss, loom_optim_kind kin
 static int count_op(const loom_program *p, loom_op op)
 {
 	int n = 0;
-	for (int v = 0; v < p->g->n; v++)
-		n += p->g->nodes[v].op == op;
+	for (int v = 0; v < p->plan.g->n; v++)
+		n += p->plan.g->nodes[v].op == op;
 	return n;
 }
 
@@ -43,22 +43,22 @@ static void check_every_param_has_grad(loom_program *p, int expect_params)
 {
 	int nparams = 0;
 	char b1[96], b2[96];
-	for (int v = 0; v < p->n_fwd; v++) {
-		const loom_node *n = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
 		if (n->op != LOOM_OP_PARAM)
 			continue;
 		/* O2 masters are parameters too, but the optimizer owns them. */
 		int is_master = 0;
-		for (int u = 0; u < p->n_fwd; u++)
-			if (p->g->nodes[u].op == LOOM_OP_PARAM && p->g->nodes[u].master == v)
+		for (int u = 0; u < p->plan.n_fwd; u++)
+			if (p->plan.g->nodes[u].op == LOOM_OP_PARAM && p->plan.g->nodes[u].master == v)
 				is_master = 1;
 		if (is_master)
 			continue;
 		nparams++;
 		cr_assert_neq(n->grad, LOOM_NONE, "param '%s' has no gradient", n->name);
-		cr_assert_geq(n->grad, p->n_fwd, "param '%s': its gradient %d is a forward node",
+		cr_assert_geq(n->grad, p->plan.n_fwd, "param '%s': its gradient %d is a forward node",
 			      n->name, (int)n->grad);
-		const loom_node *gn = &p->g->nodes[n->grad];
+		const loom_node *gn = &p->plan.g->nodes[n->grad];
 		cr_assert(loom_shape_eq(&gn->shape, &n->shape), "param '%s' %s has a gradient %s",
 			  n->name, loom_shape_str(&n->shape, b1, sizeof(b1)),
 			  loom_shape_str(&gn->shape, b2, sizeof(b2)));
@@ -66,7 +66,7 @@ static void check_every_param_has_grad(loom_program *p, int expect_params)
 			     loom_dtype_name(n->dtype), loom_dtype_name(gn->dtype));
 		cr_assert(gn->flags & LOOM_NODE_GRAD, "param '%s': gradient not flagged", n->name);
 		cr_assert(gn->flags & LOOM_NODE_BACKWARD);
-		cr_assert_eq(p->mp.region[n->grad], LOOM_REGION_PERSIST,
+		cr_assert_eq(p->plan.mp.region[n->grad], LOOM_REGION_PERSIST,
 			     "param '%s': its gradient is not kept", n->name);
 	}
 	cr_assert_eq(nparams, expect_params);
@@ -196,7 +196,7 @@ Test(autodiff, inputs_get_no_gradient_nodes)
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_test_convnet m = loom_test_convnet_build(g, LOOM_F32, 2, 8, 3, 4, 5);
 	loom_program *p = compile(g, m.loss, LOOM_OPTIM_SGD, LOOM_O0);
-	const loom_graph *pg = p->g;
+	const loom_graph *pg = p->plan.g;
 
 	cr_assert_eq(pg->nodes[m.image].grad, LOOM_NONE);
 	cr_assert_eq(pg->nodes[m.labels].grad, LOOM_NONE);
@@ -204,7 +204,7 @@ Test(autodiff, inputs_get_no_gradient_nodes)
 	 * conv1's input is the image: none. */
 	cr_assert_eq(count_op(p, LOOM_OP_CONV2D_BWD_DATA), 1);
 	cr_assert_eq(count_op(p, LOOM_OP_CONV2D_BWD_FILTER), 2);
-	for (int v = p->n_fwd; v < pg->n; v++) {
+	for (int v = p->plan.n_fwd; v < pg->n; v++) {
 		const loom_node *n = &pg->nodes[v];
 		if (n->op == LOOM_OP_CONV2D_BWD_DATA) {
 			cr_assert_neq(n->src[1], m.conv1_w, "conv1 got a data gradient");
@@ -245,9 +245,9 @@ Test(autodiff, input_only_branch_has_no_backward)
 	cr_assert_eq(count_op(p, LOOM_OP_RELU_BWD), 0);
 	/* linear: only dw (a transposed matmul), no dx. */
 	cr_assert_eq(count_op(p, LOOM_OP_MATMUL), 1);
-	for (int v = p->n_fwd; v < p->g->n; v++)
-		if (p->g->nodes[v].op == LOOM_OP_MATMUL)
-			cr_assert_eq(p->g->nodes[v].a.mm.ta, 1, "the matmul is dw = dy^T x");
+	for (int v = p->plan.n_fwd; v < p->plan.g->n; v++)
+		if (p->plan.g->nodes[v].op == LOOM_OP_MATMUL)
+			cr_assert_eq(p->plan.g->nodes[v].a.mm.ta, 1, "the matmul is dw = dy^T x");
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -266,8 +266,8 @@ Test(autodiff, loss_is_kept_readable)
 	cr_assert_eq(loom_mark_output(g, logits), LOOM_OK);
 	loom_value loss = loom_softmax_cross_entropy(g, logits, y);
 	loom_program *p = compile(g, loss, LOOM_OPTIM_NONE, LOOM_O0);
-	cr_assert(p->g->nodes[p->loss].flags & LOOM_NODE_OUTPUT);
-	cr_assert_eq(p->mp.region[p->loss], LOOM_REGION_PERSIST);
+	cr_assert(p->plan.g->nodes[p->plan.loss].flags & LOOM_NODE_OUTPUT);
+	cr_assert_eq(p->plan.mp.region[p->plan.loss], LOOM_REGION_PERSIST);
 
 	double xs[4] = { 1, 2, -1, 0.5 }, ws[6] = { 0.1, 0.2, -0.3, 0.4, 0.5, -0.6 };
 	int32_t ys[2] = { 2, 0 };
@@ -307,10 +307,10 @@ Test(autodiff, backward_nodes_follow_forward_in_topological_order)
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_test_convnet m = loom_test_convnet_build(g, LOOM_F32, 2, 8, 3, 4, 5);
 	loom_program *p = compile(g, m.loss, LOOM_OPTIM_SGD, LOOM_O0);
-	cr_assert_gt(p->g->n, p->n_fwd);
-	for (int v = 0; v < p->g->n; v++) {
-		const loom_node *n = &p->g->nodes[v];
-		if (v < p->n_fwd)
+	cr_assert_gt(p->plan.g->n, p->plan.n_fwd);
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		if (v < p->plan.n_fwd)
 			cr_assert(!(n->flags & LOOM_NODE_BACKWARD), "forward node %d flagged", v);
 		else
 			cr_assert(n->flags & LOOM_NODE_BACKWARD, "backward node %d (%s) not flagged",
@@ -337,10 +337,10 @@ Test(autodiff, compile_leaves_the_user_graph_alone)
 	for (int v = 0; v < n; v++)
 		cr_assert_eq(g->nodes[v].grad, LOOM_NONE);
 	/* Compiling twice gives the same plan. */
-	cr_assert_eq(p1->g->n, p2->g->n);
-	for (int v = 0; v < p1->g->n; v++) {
-		cr_assert_eq(p1->g->nodes[v].op, p2->g->nodes[v].op);
-		cr_assert_eq(p1->mp.offset[v], p2->mp.offset[v]);
+	cr_assert_eq(p1->plan.g->n, p2->plan.g->n);
+	for (int v = 0; v < p1->plan.g->n; v++) {
+		cr_assert_eq(p1->plan.g->nodes[v].op, p2->plan.g->nodes[v].op);
+		cr_assert_eq(p1->plan.mp.offset[v], p2->plan.mp.offset[v]);
 	}
 	loom_program_free(p1);
 	loom_program_free(p2);
@@ -360,8 +360,8 @@ Test(autodiff, shared_param_gradients_accumulate)
 	loom_value a = loom_sum(g, loom_linear(g, x1, w, LOOM_NONE));
 	loom_value b = loom_sum(g, loom_linear(g, x2, w, LOOM_NONE));
 	loom_program *p = compile(g, loom_add(g, a, b), LOOM_OPTIM_NONE, LOOM_O0);
-	loom_value gw = p->g->nodes[w].grad;
-	cr_assert_eq(p->g->nodes[gw].op, LOOM_OP_ADD, "the gradient of a shared param is a sum");
+	loom_value gw = p->plan.g->nodes[w].grad;
+	cr_assert_eq(p->plan.g->nodes[gw].op, LOOM_OP_ADD, "the gradient of a shared param is a sum");
 	double v1[6] = { 1, 2, 3, 4, 5, 6 }, v2[6] = { -1, 0.5, 2, 0, 1, -3 }, d[12];
 	loom_set_input(p, "x1", v1, LOOM_F64, 6);
 	loom_set_input(p, "x2", v2, LOOM_F64, 6);
@@ -441,7 +441,7 @@ static void amp_handles(loom_opt_level level)
 	o.amp.static_scale = 1;
 	loom_program *p = NULL;
 	cr_assert_eq(loom_compile(g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	cr_assert_gt(p->n_fwd, g->n, "the pass inserted nothing: this test tests nothing");
+	cr_assert_gt(p->plan.n_fwd, g->n, "the pass inserted nothing: this test tests nothing");
 	loom_value ps[4] = { m.conv1_w, m.bn2_g, m.fc_w, m.fc_b };
 	double w[128], r[128];
 	for (int i = 0; i < 128; i++)

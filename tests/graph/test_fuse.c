@@ -28,8 +28,8 @@ static loom_program *compile(loom_graph *g, loom_value loss, int no_fusion)
 static int count(const loom_program *p, loom_op op, int relu)
 {
 	int n = 0;
-	for (int v = 0; v < p->g->n; v++)
-		if (p->g->nodes[v].op == op && (relu < 0 || p->g->nodes[v].a.pool.relu == relu))
+	for (int v = 0; v < p->plan.g->n; v++)
+		if (p->plan.g->nodes[v].op == op && (relu < 0 || p->plan.g->nodes[v].a.pool.relu == relu))
 			n++;
 	return n;
 }
@@ -98,9 +98,9 @@ Test(fuse, convnet_relus_fold_into_pools)
 	cr_assert_eq(count(p, LOOM_OP_MAXPOOL2D, 1), 2);
 	cr_assert_eq(count(p, LOOM_OP_MAXPOOL2D_BWD, 1), 2);
 	/* The fused pools read batch norm's output directly. */
-	for (int v = 0; v < p->g->n; v++)
-		if (p->g->nodes[v].op == LOOM_OP_MAXPOOL2D)
-			cr_assert_eq(p->g->nodes[p->g->nodes[v].src[0]].op, LOOM_OP_BATCHNORM2D);
+	for (int v = 0; v < p->plan.g->n; v++)
+		if (p->plan.g->nodes[v].op == LOOM_OP_MAXPOOL2D)
+			cr_assert_eq(p->plan.g->nodes[p->plan.g->nodes[v].src[0]].op, LOOM_OP_BATCHNORM2D);
 	loom_program *q = compile(g, loss, 1);
 	cr_assert_eq(count(q, LOOM_OP_RELU, -1), 2);
 	cr_assert_eq(count(q, LOOM_OP_MAXPOOL2D, 1), 0);
@@ -154,10 +154,10 @@ Test(fuse, relu_with_other_readers_is_left_alone)
 static int siblings_of(const loom_program *p, loom_op maker, loom_op sib)
 {
 	int n = 0;
-	for (int v = 0; v < p->g->n; v++) {
-		const loom_node *nd = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
 		if (nd->op == sib && nd->made_by != LOOM_NONE && nd->made_by < v &&
-		    p->g->nodes[nd->made_by].op == maker)
+		    p->plan.g->nodes[nd->made_by].op == maker)
 			n++;
 	}
 	return n;
@@ -175,8 +175,8 @@ Test(fuse, convnet_siblings_are_marked)
 	cr_assert_eq(siblings_of(p, LOOM_OP_BN_BWD_DATA, LOOM_OP_CHANNEL_SUM), 2);
 	cr_assert_eq(siblings_of(p, LOOM_OP_MATMUL, LOOM_OP_CHANNEL_SUM), 1);
 	int marked = 0;
-	for (int v = 0; v < p->g->n; v++) {
-		const loom_node *nd = &p->g->nodes[v];
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
 		if (nd->made_by == LOOM_NONE)
 			continue;
 		marked++;
@@ -188,10 +188,10 @@ Test(fuse, convnet_siblings_are_marked)
 	cr_assert_eq(marked, 5);
 	/* Each maker knows its siblings, in node order. */
 	int listed = 0;
-	for (int v = 0; v < p->g->n; v++)
-		for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE;
-		     w = loom_sibling_next(p, w)) {
-			cr_assert_eq(p->g->nodes[w].made_by, v);
+	for (int v = 0; v < p->plan.g->n; v++)
+		for (loom_value w = loom_sibling_first(&p->plan, v); w != LOOM_NONE;
+		     w = loom_sibling_next(&p->plan, w)) {
+			cr_assert_eq(p->plan.g->nodes[w].made_by, v);
 			listed++;
 		}
 	cr_assert_eq(listed, 5);
@@ -199,8 +199,8 @@ Test(fuse, convnet_siblings_are_marked)
 
 	/* no_fusion leaves every value to its own node. */
 	p = compile(g, loss, 1);
-	for (int v = 0; v < p->g->n; v++)
-		cr_assert_eq(p->g->nodes[v].made_by, LOOM_NONE, "node %d marked under no_fusion", v);
+	for (int v = 0; v < p->plan.g->n; v++)
+		cr_assert_eq(p->plan.g->nodes[v].made_by, LOOM_NONE, "node %d marked under no_fusion", v);
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -219,9 +219,9 @@ Test(fuse, conv_bias_sum_is_not_a_matmul_sibling)
 	loom_value loss = loom_softmax_cross_entropy(g, z, y);
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
 	loom_program *p = compile(g, loss, 0);
-	for (int v = 0; v < p->g->n; v++)
-		cr_assert_eq(p->g->nodes[v].made_by, LOOM_NONE, "node %d (%s) was marked", v,
-			     loom_op_defs[p->g->nodes[v].op].name);
+	for (int v = 0; v < p->plan.g->n; v++)
+		cr_assert_eq(p->plan.g->nodes[v].made_by, LOOM_NONE, "node %d (%s) was marked", v,
+			     loom_op_defs[p->plan.g->nodes[v].op].name);
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -244,8 +244,8 @@ static loom_value mlp(loom_graph *g, int mark_hidden)
 static int linear_relus(const loom_program *p)
 {
 	int n = 0;
-	for (int v = 0; v < p->g->n; v++)
-		n += p->g->nodes[v].op == LOOM_OP_LINEAR && p->g->nodes[v].a.mm.relu;
+	for (int v = 0; v < p->plan.g->n; v++)
+		n += p->plan.g->nodes[v].op == LOOM_OP_LINEAR && p->plan.g->nodes[v].a.mm.relu;
 	return n;
 }
 

@@ -108,9 +108,9 @@ static void fixture_free(fixture *f)
 
 static void expect_no_live_overlap(fixture f)
 {
-	const loom_graph *g = f.p->g;
+	const loom_graph *g = f.p->plan.g;
 	int n;
-	span *s = spans_of(g, &f.p->mp, LOOM_REGION_ACT, &n);
+	span *s = spans_of(g, &f.p->plan.mp, LOOM_REGION_ACT, &n);
 	cr_assert_geq(n, 15, "only %d activations: is this the ConvNet?", n);
 	int reused = 0;
 	for (int i = 0; i < n; i++)
@@ -143,10 +143,10 @@ Test(memplan, live_activations_never_share_bytes)
 Test(memplan, siblings_are_placed_from_their_maker_on)
 {
 	fixture f = convnet_at(NULL, LOOM_O1);
-	const loom_graph *g = f.p->g;
+	const loom_graph *g = f.p->plan.g;
 	int act_siblings = 0;
 	for (int v = 0; v < g->n; v++)
-		if (g->nodes[v].made_by != LOOM_NONE && f.p->mp.region[v] == LOOM_REGION_ACT)
+		if (g->nodes[v].made_by != LOOM_NONE && f.p->plan.mp.region[v] == LOOM_REGION_ACT)
 			act_siblings++;
 	cr_assert_geq(act_siblings, 1, "no sibling lives in the activation region under O1");
 	expect_no_live_overlap(f);
@@ -155,8 +155,8 @@ Test(memplan, siblings_are_placed_from_their_maker_on)
 Test(memplan, everything_fits_its_region)
 {
 	fixture f = convnet(NULL);
-	const loom_graph *g = f.p->g;
-	const loom_memplan *mp = &f.p->mp;
+	const loom_graph *g = f.p->plan.g;
+	const loom_memplan *mp = &f.p->plan.mp;
 	for (int v = 0; v < g->n; v++) {
 		size_t end = mp->offset[v] + value_bytes(g, v);
 		size_t cap = mp->region[v] == LOOM_REGION_PERSIST ? mp->persist_bytes : mp->act_bytes;
@@ -171,9 +171,9 @@ Test(memplan, everything_fits_its_region)
 Test(memplan, persistent_values_never_overlap)
 {
 	fixture f = convnet(NULL);
-	const loom_graph *g = f.p->g;
+	const loom_graph *g = f.p->plan.g;
 	int n;
-	span *s = spans_of(g, &f.p->mp, LOOM_REGION_PERSIST, &n);
+	span *s = spans_of(g, &f.p->plan.mp, LOOM_REGION_PERSIST, &n);
 	for (int i = 0; i < n; i++)
 		for (int j = i + 1; j < n; j++)
 			cr_assert(!overlap(s[i].off, s[i].size, s[j].off, s[j].size),
@@ -183,7 +183,7 @@ Test(memplan, persistent_values_never_overlap)
 	for (int v = 0; v < g->n; v++)
 		if (persistent_kind(&g->nodes[v])) {
 			npersist++;
-			cr_assert_eq(f.p->mp.region[v], LOOM_REGION_PERSIST, "value %d (%s) is not kept",
+			cr_assert_eq(f.p->plan.mp.region[v], LOOM_REGION_PERSIST, "value %d (%s) is not kept",
 				     v, loom_op_defs[g->nodes[v].op].name);
 		}
 	/* image, labels, 10 params, 4 buffers, 10 gradients, the loss. */
@@ -195,8 +195,8 @@ Test(memplan, persistent_values_never_overlap)
 Test(memplan, reshape_aliases_its_source)
 {
 	fixture f = convnet(NULL);
-	const loom_graph *g = f.p->g;
-	const loom_memplan *mp = &f.p->mp;
+	const loom_graph *g = f.p->plan.g;
+	const loom_memplan *mp = &f.p->plan.mp;
 	int nreshape = 0;
 	for (int v = 0; v < g->n; v++) {
 		if (g->nodes[v].op != LOOM_OP_RESHAPE)
@@ -221,16 +221,16 @@ Test(memplan, reshape_aliases_its_source)
 Test(memplan, overlap_check_catches_a_bad_plan)
 {
 	fixture f = convnet(NULL);
-	loom_memplan *mp = &f.p->mp;
+	loom_memplan *mp = &f.p->plan.mp;
 	loom_value bn1 = LOOM_NONE;
-	for (int v = f.m.conv1 + 1; v < f.p->n_fwd && bn1 == LOOM_NONE; v++)
-		if (f.p->g->nodes[v].op == LOOM_OP_BATCHNORM2D)
+	for (int v = f.m.conv1 + 1; v < f.p->plan.n_fwd && bn1 == LOOM_NONE; v++)
+		if (f.p->plan.g->nodes[v].op == LOOM_OP_BATCHNORM2D)
 			bn1 = v;
 	cr_assert_neq(bn1, LOOM_NONE);
 	cr_assert_eq(mp->region[f.m.conv1], LOOM_REGION_ACT);
 	mp->offset[f.m.conv1] = mp->offset[bn1];
 	int n, conflicts = 0;
-	span *s = spans_of(f.p->g, mp, LOOM_REGION_ACT, &n);
+	span *s = spans_of(f.p->plan.g, mp, LOOM_REGION_ACT, &n);
 	for (int i = 0; i < n; i++)
 		for (int j = i + 1; j < n; j++)
 			conflicts += s[i].def <= s[j].last && s[j].def <= s[i].last &&
@@ -243,8 +243,8 @@ Test(memplan, overlap_check_catches_a_bad_plan)
 Test(memplan, reuse_beats_the_naive_plan)
 {
 	fixture f = convnet(NULL);
-	const loom_graph *g = f.p->g;
-	const loom_memplan *mp = &f.p->mp;
+	const loom_graph *g = f.p->plan.g;
+	const loom_memplan *mp = &f.p->plan.mp;
 	size_t naive = 0, biggest = 0;
 	for (int v = 0; v < g->n; v++)
 		if (mp->root[v] == v && mp->region[v] == LOOM_REGION_ACT) {
@@ -271,9 +271,9 @@ Test(memplan, program_info_is_consistent)
 	fixture f = convnet(&sgd);
 	loom_program_info info;
 	loom_program_info_get(f.p, &info);
-	const loom_memplan *mp = &f.p->mp;
+	const loom_memplan *mp = &f.p->plan.mp;
 	cr_assert_str_eq(info.backend, "cpu");
-	cr_assert_eq(info.n_nodes, f.p->g->n);
+	cr_assert_eq(info.n_nodes, f.p->plan.g->n);
 	cr_assert_eq(info.n_params, 10);
 	int64_t elems = 16 * 9 + 16 + 16 + 16 + 32 * 16 * 9 + 32 + 32 + 32 + 10 * 32 * 49 + 10;
 	cr_assert_eq(info.n_param_elems, elems);
@@ -282,14 +282,14 @@ Test(memplan, program_info_is_consistent)
 	cr_assert_eq(info.master_bytes, 0);
 	/* One momentum buffer per parameter, each rounded up to 64 bytes. */
 	size_t state = 0;
-	for (int i = 0; i < f.p->n_params; i++)
-		state += ((size_t)f.p->params[i].numel * 4 + 63) & ~(size_t)63;
+	for (int i = 0; i < f.p->plan.n_params; i++)
+		state += ((size_t)f.p->plan.params[i].numel * 4 + 63) & ~(size_t)63;
 	cr_assert_eq(info.optim_state_bytes, state);
 	cr_assert_eq(info.activation_bytes, mp->act_bytes);
 	cr_assert_eq(info.activation_naive_bytes, mp->act_naive_bytes);
 	cr_assert_lt(info.activation_bytes, info.activation_naive_bytes);
 	cr_assert_eq(info.arena_bytes,
-		     mp->persist_bytes + mp->act_bytes + f.p->ws_bytes + f.p->state_bytes);
+		     mp->persist_bytes + mp->act_bytes + f.p->plan.ws_bytes + f.p->plan.state_bytes);
 	/* The persistent region holds at least params, gradients and the image. */
 	cr_assert_geq(mp->persist_bytes, info.param_bytes + info.grad_bytes + 100 * 28 * 28 * 4);
 	cr_assert_float_eq(info.loss_scale, 1.0, 0);
@@ -322,7 +322,7 @@ Test(memplan, reuse_does_not_change_results, .timeout = 120)
 	for (int v = 0; v < nfwd; v++)
 		loom_mark_output(g, v);
 	cr_assert_eq(loom_compile(g, m.loss, &o, &flat), LOOM_OK, "%s", loom_last_error());
-	cr_assert_lt(planned->mp.act_bytes, planned->mp.act_naive_bytes);
+	cr_assert_lt(planned->plan.mp.act_bytes, planned->plan.mp.act_naive_bytes);
 
 	float img[8 * 28 * 28];
 	int32_t lab[8];

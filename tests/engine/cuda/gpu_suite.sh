@@ -41,6 +41,19 @@ if [ -d "$here/data" ]; then
 			--opt-level "$lvl" --log-interval 200
 	done
 fi
+# PyTorch on the same GPU in the same call (bench/torch_gpu.py), when the
+# host's python has torch: the other side of the issue-13 comparison.
+py=$(command -v python3 || true)
+if [ -n "$py" ] && [ -f "$here/bench/torch_gpu.py" ] &&
+	"$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	data_flag=()
+	[ -d "$here/data" ] && data_flag=(--data "$here/data")
+	run torch_convnet_b100 "$py" "$here/bench/torch_gpu.py" convnet --batch 100 "${data_flag[@]}"
+	run torch_convnet_b1024 "$py" "$here/bench/torch_gpu.py" convnet --batch 1024 "${data_flag[@]}"
+	run torch_resnet50_b128 "$py" "$here/bench/torch_gpu.py" resnet50 --batch 128 --steps 50
+else
+	rows+=("torch|absent|0|no python3 with CUDA torch on this host")
+fi
 
 printf '\n%-16s %-6s %-8s %s\n' what rc seconds "last line"
 for r in "${rows[@]}"; do

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""The PyTorch side of the GPU benchmark (issue 13): the workloads loom is
+measured on, run the way PyTorch users run them, so bench/gpu_side_by_side.sh
+can print one table with loom beside it from the same call on the same GPU.
+
+Modes (each prints one JSON object per line on stdout, a readable line on
+stderr):
+  eager-fp32    plain fp32
+  amp-fp16      torch.autocast(float16) + GradScaler (apex O1's successor)
+  amp-bf16      torch.autocast(bfloat16), no scaler
+  compile-fp16  torch.compile of the amp-fp16 step, when torch has it
+ResNet-50 runs channels_last, as NVIDIA's recipes do.
+
+usage: torch_gpu.py convnet [--batch 100] [--modes ...] [--data DIR]
+       torch_gpu.py resnet50 [--batch 128] [--modes ...]
+       add --device cpu --steps 3 for a smoke run on a machine without a GPU.
+Reference only: loom's tests never import torch.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_convnet import ConvNet, load, DATA  # noqa: E402  (the same model as the CPU twin)
+
+
+def resnet50():
+    try:
+        import torchvision
+        return torchvision.models.resnet50(num_classes=1000)
+    except ImportError:
+        sys.exit("torch_gpu: resnet50 needs torchvision")
+
+
+def make_step(model, opt, mode, device):
+    """One training step as its mode runs it; returns step(x, y) -> loss."""
+    half = {"amp-fp16": torch.float16, "compile-fp16": torch.float16,
+            "amp-bf16": torch.bfloat16}.get(mode)
+    scaler = torch.cuda.amp.GradScaler(enabled=(half == torch.float16 and device == "cuda"))
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        # CPU autocast takes bf16 only; a disabled context still wants a dtype
+        # the device accepts.
+        on = half is not None and (device == "cuda" or half == torch.bfloat16)
+        with torch.autocast(device_type=device, dtype=half if on else torch.bfloat16, enabled=on):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    if mode.startswith("compile"):
+        if not hasattr(torch, "compile"):
+            return None
+        return torch.compile(step)
+    return step
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(model, opt, mode, device, batches, steps, warmup):
+    step = make_step(model, opt, mode, device)
+    if step is None:
+        return None
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(warmup):
+        step(*batches[i % len(batches)])
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        loss = step(*batches[i % len(batches)])
+    sync(device)
+    dt = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    return {"img_per_s": steps * batches[0][0].shape[0] / dt, "peak_bytes": peak,
+            "loss": float(loss)}
+
+
+def time_to_accuracy(device, mode, batch, data, target=0.90, max_epochs=20):
+    """Seconds of training (evaluation excluded) until the test accuracy
+    reaches target, evaluated once per epoch; None if it never does."""
+    torch.manual_seed(0)
+    x, y = load("train", data)
+    xt, yt = load("t10k", data)
+    x, y, xt, yt = x.to(device), y.to(device), xt.to(device), yt.to(device)
+    model = ConvNet().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = make_step(model, opt, mode, device)
+    if step is None:
+        return None
+    spent = 0.0
+    for epoch in range(max_epochs):
+        perm = torch.randperm(x.shape[0], device=device)
+        model.train()
+        sync(device)
+        t0 = time.perf_counter()
+        for i in range(x.shape[0] // batch):
+            idx = perm[i * batch:(i + 1) * batch]
+            step(x[idx], y[idx])
+        sync(device)
+        spent += time.perf_counter() - t0
+        model.eval()
+        with torch.no_grad():
+            acc = sum((model(xt[i:i + 1000]).argmax(1) == yt[i:i + 1000]).sum().item()
+                      for i in range(0, xt.shape[0], 1000)) / xt.shape[0]
+        if acc >= target:
+            return {"seconds": spent, "epochs": epoch + 1, "accuracy": acc}
+    return {"seconds": None, "epochs": max_epochs, "accuracy": acc}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", choices=["convnet", "resnet50"])
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--modes", nargs="+",
+                    default=["eager-fp32", "amp-fp16", "amp-bf16", "compile-fp16"])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--data", default=DATA)
+    ap.add_argument("--time-to-accuracy", action="store_true",
+                    help="convnet: also train to 90%% test accuracy per mode")
+    a = ap.parse_args()
+    dev = a.device
+    gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    torch.backends.cudnn.benchmark = True
+    for mode in a.modes:
+        torch.manual_seed(0)
+        if a.model == "convnet":
+            b = a.batch or 100
+            model = ConvNet().to(dev)
+            x, y = load("train", a.data)
+            batches = [(x[i * b:(i + 1) * b].to(dev), y[i * b:(i + 1) * b].to(dev))
+                       for i in range(8)]
+        else:
+            b = a.batch or 128
+            model = resnet50().to(dev).to(memory_format=torch.channels_last)
+            # The mock loader of the classic DataParallel notebook: one fixed
+            # random batch that lives on the device.
+            xb = torch.randn(b, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
+            batches = [(xb, torch.randint(0, 1000, (b,), device=dev))]
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        r = measure(model, opt, mode, dev, batches, a.steps, a.warmup)
+        row = {"side": "torch " + torch.__version__, "model": a.model, "batch": b, "mode": mode,
+               "device": gpu}
+        if r is None:
+            row["skipped"] = "torch.compile is not in this torch"
+        else:
+            row.update(r)
+            if a.model == "convnet" and a.time_to_accuracy:
+                row["to_90"] = time_to_accuracy(dev, mode, b, a.data)
+        print(json.dumps(row), flush=True)
+        if r:
+            print(f"torch {a.model} b{b} {mode}: {r['img_per_s']:.0f} img/s, "
+                  f"peak {r['peak_bytes'] / 2**20:.0f} MiB", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

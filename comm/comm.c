@@ -1,0 +1,208 @@
+/*
+ * comm/comm.c — the contract wrappers every caller goes through (argument
+ * checks, the broken flag, the default all-reduce as start + wait), the
+ * world-1 backend that needs no MPI, and the parameter broadcast.
+ */
+#include "comm/comm_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static loom_status usable(loom_comm *c, const char *what)
+{
+	if (!c)
+		return LOOM_ERR_INVALID;
+	if (c->broken)
+		return loom_pg_fail(c->pg, LOOM_ERR_STATE,
+				    "%s on a %s communicator that already failed (first error "
+				    "above); start over",
+				    what, c->i->name);
+	return LOOM_OK;
+}
+
+loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	loom_status st = usable(c, "all-reduce");
+
+	if (st)
+		return st;
+	if (!out || (count && !buf) || !loom_dtype_size(dt))
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-reduce: bad arguments");
+	*out = NULL;
+	return c->i->allreduce_start(c, buf, count, dt, stream, out);
+}
+
+loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done)
+{
+	loom_status st = usable(c, "test");
+
+	*done = 0;
+	if (st)
+		return st;
+	if (!c->i->test)
+		return LOOM_OK;
+	return c->i->test(c, w, done);
+}
+
+loom_status loom_comm_wait(loom_comm *c, loom_comm_work *w)
+{
+	if (!c || !w)
+		return LOOM_ERR_INVALID;
+	/* wait() frees w even on a broken backend. */
+	return c->i->wait(c, w);
+}
+
+loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt)
+{
+	loom_comm_work *w;
+	loom_status st = loom_comm_allreduce_start(c, buf, count, dt, NULL, &w);
+
+	return st ? st : loom_comm_wait(c, w);
+}
+
+loom_status loom_comm_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
+{
+	loom_status st = usable(c, "broadcast");
+
+	if (st)
+		return st;
+	if ((bytes && !buf) || root < 0 || root >= c->pg->info.world)
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "broadcast: bad buffer or root %d",
+				    root);
+	return c->i->broadcast(c, buf, bytes, root);
+}
+
+loom_status loom_comm_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
+{
+	loom_status st = usable(c, "all-gather");
+
+	if (st)
+		return st;
+	if (bytes && (!send || !recv))
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-gather: NULL buffer");
+	return c->i->allgather(c, send, bytes, recv);
+}
+
+loom_status loom_comm_barrier(loom_comm *c)
+{
+	loom_status st = usable(c, "barrier");
+
+	return st ? st : c->i->barrier(c);
+}
+
+void loom_comm_abort(loom_comm *c)
+{
+	if (!c)
+		return;
+	c->broken = 1;
+	c->i->abort(c);
+}
+
+loom_status loom_comm_broadcast_many(loom_comm *c, void *const *bufs, const size_t *bytes,
+				     size_t n, int root)
+{
+	size_t k;
+
+	for (k = 0; k < n; k++) {
+		loom_status st = loom_comm_broadcast(c, bufs[k], bytes[k], root);
+
+		if (st)
+			return st;
+	}
+	return LOOM_OK;
+}
+
+uint64_t loom_comm_hash(const void *data, size_t len, uint64_t seed)
+{
+	const uint8_t *p = data;
+	uint64_t h = 1469598103934665603ull ^ seed;
+	size_t k;
+
+	for (k = 0; k < len; k++) {
+		h ^= p[k];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+/* ------------------------------------------------------------ world 1 */
+
+struct loom_comm_work {
+	int unused;
+};
+
+static loom_status self_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream, loom_comm_work **out)
+{
+	(void)buf, (void)count, (void)dt, (void)stream;
+	*out = calloc(1, sizeof(**out));
+	return *out ? LOOM_OK : loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+}
+
+static loom_status self_test(loom_comm *c, loom_comm_work *w, int *done)
+{
+	(void)c, (void)w;
+	*done = 1;
+	return LOOM_OK;
+}
+
+static loom_status self_wait(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	free(w);
+	return LOOM_OK;
+}
+
+static loom_status self_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
+{
+	(void)c, (void)buf, (void)bytes, (void)root;
+	return LOOM_OK;
+}
+
+static loom_status self_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
+{
+	(void)c;
+	memmove(recv, send, bytes);
+	return LOOM_OK;
+}
+
+static loom_status self_barrier(loom_comm *c)
+{
+	(void)c;
+	return LOOM_OK;
+}
+
+static void self_abort(loom_comm *c)
+{
+	(void)c;
+}
+
+static void self_free(loom_comm *c)
+{
+	free(c);
+}
+
+static const loom_comm_i self_iface = {
+	/* .name            = */ "self",
+	/* .allreduce_start = */ self_allreduce_start,
+	/* .test            = */ self_test,
+	/* .wait            = */ self_wait,
+	/* .broadcast       = */ self_broadcast,
+	/* .allgather       = */ self_allgather,
+	/* .barrier         = */ self_barrier,
+	/* .abort           = */ self_abort,
+	/* .free            = */ self_free,
+};
+
+loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out)
+{
+	loom_comm *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+	c->i = &self_iface;
+	c->pg = pg;
+	*out = c;
+	return LOOM_OK;
+}

@@ -1,0 +1,172 @@
+/*
+ * comm/comm.h — data-parallel communication: the process group (who am I,
+ * how many are we, which device is mine), the collective interface the plan
+ * calls (a struct of function pointers, MPI for host memory, NCCL for device
+ * memory), the start-up fingerprint check and the parameter broadcast.
+ *
+ * Contract shared by every call here: a failure returns a loom_status and
+ * leaves a message naming the rank or variable at fault in loom_pg_error();
+ * nothing here exits, aborts or waits longer than the group's timeout.
+ */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Seconds a collective may take before it is an error (LOOM_COMM_TIMEOUT_S
+ * in the environment overrides it, as does loom_comm_options.timeout_s). */
+#define LOOM_COMM_DEFAULT_TIMEOUT_S 300.0
+
+/* ------------------------------------------------------------ process group */
+
+typedef enum loom_comm_bootstrap {
+	LOOM_COMM_BOOT_AUTO = 0, /* mpirun's variables, else torchrun's, else single */
+	LOOM_COMM_BOOT_SINGLE,   /* one process, world 1, no MPI */
+	LOOM_COMM_BOOT_MPI,      /* started by Open MPI's mpirun: MPI_COMM_WORLD */
+	LOOM_COMM_BOOT_ENV,      /* torchrun's env://: rendezvous on MASTER_ADDR:PORT */
+	LOOM_COMM_BOOT_COUNT
+} loom_comm_bootstrap;
+
+typedef struct loom_comm_options {
+	loom_comm_bootstrap bootstrap;
+	double timeout_s;      /* per collective; 0: LOOM_COMM_TIMEOUT_S or the default */
+	double join_timeout_s; /* rendezvous: every rank must arrive; 0: timeout_s */
+	int want_device;       /* also open the NCCL communicator on GPU local_rank */
+} loom_comm_options;
+
+typedef struct loom_pg loom_pg;
+
+/* What a rank knows about the group once it is up. */
+typedef struct loom_pg_info {
+	int rank, world;             /* global */
+	int local_rank, local_world; /* on this host */
+	int device;                  /* the GPU this rank owns (local_rank), -1: none */
+	loom_comm_bootstrap how;     /* how the group was formed (never AUTO) */
+} loom_pg_info;
+
+/*
+ * Forms the group from the environment, as opts->bootstrap says (NULL opts:
+ * AUTO, default timeouts). Collective: every rank must call it. *out is set
+ * even on failure (NULL only when out of memory) so that loom_pg_error()
+ * explains it; free it with loom_pg_free().
+ */
+loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out);
+void loom_pg_free(loom_pg *pg);
+const loom_pg_info *loom_pg_get_info(const loom_pg *pg);
+/* The last error ("" while none); a NULL group answers a constant text. */
+const char *loom_pg_error(const loom_pg *pg);
+double loom_pg_timeout(const loom_pg *pg);
+const char *loom_comm_bootstrap_name(loom_comm_bootstrap b); /* "mpirun", ... */
+void loom_pg_set_timeout(loom_pg *pg, double seconds);
+
+/* ------------------------------------------------------------- collectives */
+
+typedef enum loom_comm_memory {
+	LOOM_COMM_HOST = 0, /* MPI (or the world-1 stand-in) */
+	LOOM_COMM_DEVICE,   /* NCCL, on the group's GPU */
+	LOOM_COMM_MEMORY_COUNT
+} loom_comm_memory;
+
+typedef struct loom_comm loom_comm;
+typedef struct loom_comm_work loom_comm_work; /* one outstanding all-reduce */
+
+/*
+ * A collective backend. Every member that can fail returns a loom_status and
+ * writes its message with loom_comm_fail(); each respects the group's
+ * timeout. Buffers are in the memory the backend serves. Sums are in place;
+ * f16 and bf16 are summed element-wise in fp32 and rounded back (as NCCL
+ * does), f32 exactly as the library does. Collectives are called by every
+ * rank in the same order.
+ */
+typedef struct loom_comm_i {
+	const char *name;
+	/* Starts a sum of buf over all ranks; *out waits for it. stream: the CUDA
+	 * stream that produced buf (NULL: the default stream; MPI ignores it). */
+	loom_status (*allreduce_start)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				       void *stream, loom_comm_work **out);
+	/* Drives an outstanding all-reduce without blocking; *done = 1 when it
+	 * has completed (the work then still needs wait()).   // (optional) */
+	loom_status (*test)(loom_comm *c, loom_comm_work *w, int *done);
+	/* Blocks until w completes or the timeout passes; frees w either way. */
+	loom_status (*wait)(loom_comm *c, loom_comm_work *w);
+	/* Copies root's bytes to every rank. */
+	loom_status (*broadcast)(loom_comm *c, void *buf, size_t bytes, int root);
+	/* Small metadata in HOST memory for every backend: rank r's bytes land at
+	 * recv + r * bytes. */
+	loom_status (*allgather)(loom_comm *c, const void *send, size_t bytes, void *recv);
+	loom_status (*barrier)(loom_comm *c);
+	/* Gives up on everything outstanding without blocking; the backend is
+	 * unusable afterwards but may still be freed. */
+	void (*abort)(loom_comm *c);
+	void (*free)(loom_comm *c);
+} loom_comm_i;
+
+/* What every backend shares; the backend keeps its own state in ctx. */
+struct loom_comm {
+	const loom_comm_i *i;
+	void *ctx;
+	loom_pg *pg;
+	int broken; /* a timeout or failure happened: every later call refuses */
+};
+
+/* The backend of the group for this memory (owned by the group; NULL and an
+ * error when there is none, e.g. DEVICE without a GPU or without want_device). */
+loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem);
+
+/* Contract wrappers: check the arguments and the broken flag, then dispatch. */
+loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt);
+loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out);
+loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done);
+loom_status loom_comm_wait(loom_comm *c, loom_comm_work *w);
+loom_status loom_comm_broadcast(loom_comm *c, void *buf, size_t bytes, int root);
+loom_status loom_comm_allgather(loom_comm *c, const void *send, size_t bytes, void *recv);
+loom_status loom_comm_barrier(loom_comm *c);
+void loom_comm_abort(loom_comm *c);
+
+/* Broadcasts n buffers from root (initial parameters and buffers). */
+loom_status loom_comm_broadcast_many(loom_comm *c, void *const *bufs, const size_t *bytes,
+				     size_t n, int root);
+
+/* ---------------------------------------------------- start-up fingerprint */
+
+/*
+ * What a rank compiled, for the start-up check: a header blob (options, opt
+ * level, bucket layout, ...) and one 64-bit hash per item (per node), with a
+ * describing text per item for the message ("node 14 conv2d has shape
+ * [100,32,14,14]"). When the text has the form "<what> has <value>", the
+ * message quotes only the other rank's value.
+ */
+typedef struct loom_fingerprint {
+	const char *item_noun; /* "node"; NULL: "item" */
+	const void *head;
+	size_t head_len;
+	const uint64_t *items;
+	size_t n_items;
+	void (*describe)(void *user, size_t i, char *buf, size_t len); /* (optional) */
+	void *user;
+} loom_fingerprint;
+
+/*
+ * Collective, on a host backend: compares every rank's fingerprint with rank
+ * 0's. LOOM_ERR_MISMATCH on every rank if any differs, naming the first rank
+ * and item that differ ("rank 1: node 14 conv2d has shape [100,32,14,14],
+ * rank 0 has [50,32,14,14]"); LOOM_ERR_FORMAT if a rank sent a malformed one.
+ */
+loom_status loom_comm_check_fingerprint(loom_comm *c, const loom_fingerprint *fp);
+
+/* FNV-1a, the hash the plan's fingerprint uses for its items. */
+uint64_t loom_comm_hash(const void *data, size_t len, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_COMM_H */

@@ -1,0 +1,177 @@
+/*
+ * comm/comm_internal.h — what the files of comm/ share and the tests reach
+ * into: the process group's insides, the strict environment parser, the
+ * start-up rendezvous and the liveness probe that names a dead rank. No MPI
+ * or CUDA type appears here, so the NCCL file (C++ under nvcc) includes it.
+ */
+#ifndef LOOM_COMM_INTERNAL_H
+#define LOOM_COMM_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "comm/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_COMM_ERRLEN 1024
+#define LOOM_COMM_HOSTLEN 64
+#define LOOM_COMM_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+
+/* ----------------------------------------------------------------- errors */
+
+/* printf into err (errlen bytes); returns st, so `return loom_comm_errf(...)`. */
+loom_status loom_comm_errf(char *err, size_t errlen, loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* The same into the group's message. */
+loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Marks c broken and records the message; returns st. */
+loom_status loom_comm_fail(loom_comm *c, loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Monotonic seconds. */
+double loom_comm_now(void);
+/* Sleeps a little while polling: short at first, longer as waiting drags on
+ * (a spinning rank would steal the core its peer needs on a small host). */
+void loom_comm_backoff(double waited_s);
+
+/* ------------------------------------------------------------ environment */
+
+/* torchrun's env:// variables, parsed and checked. */
+typedef struct loom_comm_env {
+	int rank, world;
+	int local_rank, local_world; /* -1 when unset: the rendezvous derives them */
+	char master_addr[256];
+	int master_port;
+} loom_comm_env;
+
+/* Parses RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT through getenv. A missing required or malformed value is
+ * LOOM_ERR_INVALID naming the variable and its text. */
+loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen);
+/* Open MPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; *present = 0
+ * when the process was not started by mpirun. */
+loom_status loom_comm_env_parse_ompi(loom_comm_env *e, int *present, char *err,
+				     size_t errlen);
+/* A strict non-negative decimal int within [lo, hi]: "", "1x", "-1", " 2",
+ * "99999999999" all fail. */
+loom_status loom_comm_parse_int(const char *name, const char *text, int lo, int hi, int *out,
+				char *err, size_t errlen);
+/* LOOM_COMM_TIMEOUT_S, if set: a positive number of seconds. */
+loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t errlen);
+
+/* ------------------------------------------------------------- rendezvous */
+
+/* What each rank tells the others at start-up (metadata only). */
+typedef struct loom_comm_peer {
+	uint32_t rank;
+	uint32_t pid;
+	uint32_t probe_port;               /* its liveness listener */
+	char host[LOOM_COMM_HOSTLEN];      /* gethostname() */
+	char addr[LOOM_COMM_HOSTLEN];      /* where others reach it (rank 0 fills it) */
+} loom_comm_peer;
+
+#define LOOM_RDV_MAX_BLOB (1u << 20)
+
+typedef struct loom_rdv {
+	/* in */
+	int rank, world;
+	const char *master_addr;
+	int master_port;
+	double timeout_s;
+	loom_comm_peer self;
+	const void *blob; /* rank 0: handed to every rank */
+	size_t blob_len;
+	/* out */
+	void *blob_out; /* every rank: rank 0's blob (malloc'd) */
+	size_t blob_out_len;
+	loom_comm_peer *peers; /* world entries, by rank */
+	/* rank 0: a socket per rank (kept for the ordered MPI join); others: [0] */
+	int *fds;
+	int listen_fd;
+} loom_rdv;
+
+/* Rank 0 listens on master_port and waits (timeout_s) for every other rank's
+ * hello; every other rank connects (retrying until the deadline). Strict:
+ * wrong magic, length, world size, duplicate or out-of-range rank are
+ * errors naming the rank (or the address when the rank is unknown), and rank
+ * 0 passes its verdict to every rank that arrived. */
+loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen);
+/* The ordered join: rank 0 tells rank k it may connect now; rank k waits. */
+loom_status loom_rdv_send_go(loom_rdv *r, int to, char *err, size_t errlen);
+loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t errlen);
+void loom_rdv_close(loom_rdv *r);
+
+/* Wire helpers, exported for the tests that forge malformed messages. */
+#define LOOM_RDV_HELLO_BYTES (8 + 4 * 5 + LOOM_COMM_HOSTLEN)
+void loom_rdv_encode_hello(const loom_comm_peer *self, int world, uint8_t *out);
+
+/* Socket helpers with deadlines (absolute, loom_comm_now()). Reads fail
+ * with a message saying how many of how many bytes came. */
+loom_status loom_sock_read(int fd, void *buf, size_t n, double deadline, const char *who,
+			   char *err, size_t errlen);
+loom_status loom_sock_write(int fd, const void *buf, size_t n, double deadline,
+			    const char *who, char *err, size_t errlen);
+/* A listening TCP socket on port (0: any), all interfaces; *port_out gets it. */
+loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t errlen);
+
+/* ------------------------------------------------------------ liveness */
+
+/* Probes every other rank's liveness listener (a TCP connect; the kernel
+ * answers for a live process even while it computes, refuses for a dead
+ * one) and writes a sentence naming the dead or unreachable ranks into buf.
+ * Returns the number of ranks found dead or unreachable. */
+int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len);
+
+/* ------------------------------------------------------------ the group */
+
+struct loom_pg_mpi; /* comm/mpi.c */
+
+struct loom_pg {
+	loom_pg_info info;
+	double timeout_s;
+	double join_timeout_s;
+	char err[LOOM_COMM_ERRLEN];
+	loom_comm_peer *peers; /* world entries */
+	int probe_fd;
+	pid_t ompi_server; /* rank 0 under env://: the Open MPI name server, else 0 */
+	uint8_t nccl_id[LOOM_COMM_NCCL_ID_BYTES];
+	struct loom_pg_mpi *mpi;
+	loom_comm *host;
+	loom_comm *device;
+};
+
+/* comm/mpi.c: bootstrap and the host backend. */
+loom_status loom_mpi_init_world(loom_pg *pg);              /* under mpirun */
+/* Under env://: MPI_Init (the name server's address already in the
+ * environment); rank 0 also opens the port the others connect to. */
+loom_status loom_mpi_open(loom_pg *pg, char *port, size_t len);
+loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port);
+loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out);
+/* Ends MPI unless the communicator broke (MPI_Finalize could then hang). */
+void loom_mpi_finish(loom_pg *pg);
+
+/* comm/self.c: the world-1 stand-in for both memories. */
+loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out);
+
+/* comm/nccl.cu (or nccl_none.c without a toolkit). */
+loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
+				size_t errlen);
+loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out);
+
+/* comm/fingerprint.c: the check on a serialized fingerprint (the tests feed
+ * it garbage); loom_comm_check_fingerprint serializes and calls it. */
+loom_status loom_fingerprint_serialize(const loom_fingerprint *fp, uint8_t **out, size_t *len);
+loom_status loom_comm_check_fingerprint_bytes(loom_comm *c, const uint8_t *rec, size_t len,
+					      const loom_fingerprint *fp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_COMM_INTERNAL_H */

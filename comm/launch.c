@@ -1,0 +1,334 @@
+/*
+ * comm/launch.c — the built-in launcher (see launch.h): fork/exec of N
+ * workers in their own process groups (so that stopping one also stops what
+ * it started: rank 0's ompi-server, Open MPI's helpers), one pipe per worker
+ * read line by line, and a failure policy like torchrun's.
+ */
+#define _GNU_SOURCE /* pipe2 */
+#include "comm/launch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+
+typedef struct worker {
+	pid_t pid;
+	int fd;        /* its stdout and stderr, -1 at EOF */
+	int running;
+	int status;    /* from waitpid, once it ended */
+	char line[4096];
+	size_t used;
+} worker;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+	interrupted = sig;
+}
+
+static void emit(int rank, const char *s, size_t n)
+{
+	fprintf(stdout, "[rank %d] %.*s\n", rank, (int)n, s);
+	fflush(stdout);
+}
+
+/* Reads what a worker wrote; whole lines go out prefixed. */
+static void drain(worker *w, int rank)
+{
+	for (;;) {
+		ssize_t k = read(w->fd, w->line + w->used, sizeof(w->line) - w->used);
+		size_t start = 0, i;
+
+		if (k < 0 && (errno == EINTR))
+			continue;
+		if (k <= 0) {
+			if (k == 0 || errno != EAGAIN) {
+				if (w->used)
+					emit(rank, w->line, w->used);
+				w->used = 0;
+				close(w->fd);
+				w->fd = -1;
+			}
+			return;
+		}
+		w->used += (size_t)k;
+		for (i = 0; i < w->used; i++)
+			if (w->line[i] == '\n') {
+				emit(rank, w->line + start, i - start);
+				start = i + 1;
+			}
+		memmove(w->line, w->line + start, w->used - start);
+		w->used -= start;
+		if (w->used == sizeof(w->line)) { /* a very long line: cut it */
+			emit(rank, w->line, w->used);
+			w->used = 0;
+		}
+	}
+}
+
+static void describe_end(int status, char *buf, size_t len)
+{
+	if (WIFSIGNALED(status))
+		snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(status),
+			 strsignal(WTERMSIG(status)));
+	else
+		snprintf(buf, len, "exited with code %d", WEXITSTATUS(status));
+}
+
+static int free_port(void)
+{
+	int fd, port = 0;
+	char err[128];
+
+	if (loom_sock_listen(0, &fd, &port, err, sizeof(err)))
+		return 29500;
+	close(fd);
+	return port;
+}
+
+static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, int port,
+		   int attempt, int *fd)
+{
+	int p[2];
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC))
+		return -1;
+	pid = fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		char v[32];
+
+		setpgid(0, 0);
+		dup2(p[1], 1);
+		dup2(p[1], 2);
+		snprintf(v, sizeof(v), "%d", rank);
+		setenv("RANK", v, 1);
+		setenv("LOCAL_RANK", v, 1);
+		snprintf(v, sizeof(v), "%d", o->nproc);
+		setenv("WORLD_SIZE", v, 1);
+		setenv("LOCAL_WORLD_SIZE", v, 1);
+		setenv("MASTER_ADDR", "127.0.0.1", 1);
+		snprintf(v, sizeof(v), "%d", port);
+		setenv("MASTER_PORT", v, 1);
+		snprintf(v, sizeof(v), "%d", attempt);
+		setenv("TORCHELASTIC_RESTART_COUNT", v, 1);
+		setenv("LOOM_LAUNCH_WORKER", "1", 1);
+		execv(o->program ? o->program : "/proc/self/exe", argv);
+		fprintf(stderr, "cannot run %s: %s\n", o->program ? o->program : argv[0],
+			strerror(errno));
+		_exit(127);
+	}
+	setpgid(pid, pid); /* also here: no race with the kill below */
+	close(p[1]);
+	fcntl(p[0], F_SETFL, O_NONBLOCK);
+	*fd = p[0];
+	return pid;
+}
+
+static void signal_all(worker *w, int n, int sig)
+{
+	int k;
+
+	for (k = 0; k < n; k++)
+		if (w[k].running)
+			kill(-w[k].pid, sig);
+}
+
+/* One attempt: 0 when every worker exited 0; else 1 and why in buf. */
+static int run_once(const loom_launch_options *o, char *const argv[], int port, int attempt,
+		    char *why, size_t whylen)
+{
+	worker *w = calloc((size_t)o->nproc, sizeof(*w));
+	struct pollfd *pf = calloc((size_t)o->nproc, sizeof(*pf));
+	double grace = o->grace_s > 0 ? o->grace_s : 3.0, failed_at = -1, termed_at = -1;
+	int k, running = 0, failed = -1;
+
+	if (!w || !pf) {
+		snprintf(why, whylen, "out of memory");
+		free(w);
+		free(pf);
+		return 1;
+	}
+	for (k = 0; k < o->nproc; k++) {
+		w[k].fd = -1;
+		w[k].pid = spawn(o, argv, k, port, attempt, &w[k].fd);
+		if (w[k].pid < 0) {
+			snprintf(why, whylen, "cannot start rank %d: %s", k, strerror(errno));
+			failed = k;
+			failed_at = loom_comm_now();
+			grace = 0;
+			break;
+		}
+		w[k].running = 1;
+		running++;
+	}
+
+	for (;;) {
+		int open = 0, i;
+
+		for (k = 0; k < o->nproc; k++) {
+			pf[k].fd = w[k].fd;
+			pf[k].events = POLLIN;
+			pf[k].revents = 0;
+			open += w[k].fd >= 0;
+		}
+		if (!running && !open)
+			break;
+		poll(pf, (nfds_t)o->nproc, 50);
+		for (k = 0; k < o->nproc; k++)
+			if (w[k].fd >= 0 && (pf[k].revents & (POLLIN | POLLHUP | POLLERR)))
+				drain(&w[k], k);
+		for (k = 0; k < o->nproc; k++) {
+			int st;
+
+			if (!w[k].running || waitpid(w[k].pid, &st, WNOHANG) != w[k].pid)
+				continue;
+			w[k].running = 0;
+			w[k].status = st;
+			running--;
+			if (failed < 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+				char how[96];
+
+				describe_end(st, how, sizeof(how));
+				failed = k;
+				failed_at = loom_comm_now();
+				snprintf(why, whylen, "rank %d %s", k, how);
+				if (running)
+					fprintf(stderr,
+						"launch: rank %d %s; stopping the other %d worker%s\n",
+						k, how, running, running > 1 ? "s" : "");
+			}
+		}
+		if (interrupted && failed < 0) {
+			failed = o->nproc;
+			failed_at = loom_comm_now();
+			grace = 0;
+			snprintf(why, whylen, "interrupted by signal %d", (int)interrupted);
+		}
+		/* The others first get a chance to report their own error. */
+		if (failed >= 0 && running) {
+			double now = loom_comm_now();
+
+			if (termed_at < 0 && now - failed_at >= grace) {
+				signal_all(w, o->nproc, SIGTERM);
+				termed_at = now;
+			} else if (termed_at >= 0 && now - termed_at >= 3.0) {
+				signal_all(w, o->nproc, SIGKILL);
+				termed_at = now + 1e9;
+			}
+		}
+		/* Workers gone but a grandchild holds the pipe: stop waiting. */
+		if (!running) {
+			for (i = 0; i < o->nproc; i++)
+				if (w[i].fd >= 0 && !(pf[i].revents & POLLIN)) {
+					kill(-w[i].pid, SIGKILL);
+					close(w[i].fd);
+					w[i].fd = -1;
+				}
+		}
+	}
+	free(w);
+	free(pf);
+	return failed >= 0;
+}
+
+int loom_launch(const loom_launch_options *o, char *const argv[])
+{
+	struct sigaction sa, old_int, old_term;
+	int attempt, port, rc = 1;
+	char why[256] = "";
+
+	if (!o || o->nproc < 1 || o->max_restarts < 0 || !argv || !argv[0]) {
+		fprintf(stderr, "launch: bad options\n");
+		return 2;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+	interrupted = 0;
+	for (attempt = 0; attempt <= o->max_restarts; attempt++) {
+		/* A fresh port each attempt: the old one may linger in TIME_WAIT. */
+		port = o->master_port ? o->master_port : free_port();
+		rc = run_once(o, argv, port, attempt, why, sizeof(why));
+		if (!rc || interrupted)
+			break;
+		if (attempt < o->max_restarts)
+			fprintf(stderr, "launch: %s; restarting all %d workers (restart %d of %d)\n",
+				why, o->nproc, attempt + 1, o->max_restarts);
+	}
+	if (rc)
+		fprintf(stderr, "launch: failed: %s%s\n", why,
+			o->max_restarts && !interrupted ? " (no restarts left)" : "");
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+	return rc ? 1 : 0;
+}
+
+/* Takes "--name V" or "--name=V" out of argv; 1 if found, -1 if malformed. */
+static int take_flag(int *argc, char **argv, const char *name, int lo, int *out)
+{
+	size_t nl = strlen(name);
+	char err[256];
+	int k;
+
+	for (k = 1; k < *argc; k++) {
+		const char *v = NULL;
+		int used = 1, j;
+
+		if (!strcmp(argv[k], name)) {
+			if (k + 1 >= *argc) {
+				fprintf(stderr, "%s expects a number\n", name);
+				return -1;
+			}
+			v = argv[k + 1];
+			used = 2;
+		} else if (!strncmp(argv[k], name, nl) && argv[k][nl] == '=') {
+			v = argv[k] + nl + 1;
+		} else {
+			continue;
+		}
+		if (loom_comm_parse_int(name, v, lo, 4096, out, err, sizeof(err))) {
+			fprintf(stderr, "%s\n", err);
+			return -1;
+		}
+		for (j = k; j + used <= *argc; j++)
+			argv[j] = argv[j + used];
+		*argc -= used;
+		return 1;
+	}
+	return 0;
+}
+
+int loom_launch_maybe(int *argc, char **argv)
+{
+	loom_launch_options o;
+	int have_n, have_k;
+
+	memset(&o, 0, sizeof(o));
+	have_n = take_flag(argc, argv, "--nproc", 1, &o.nproc);
+	have_k = take_flag(argc, argv, "--max-restarts", 0, &o.max_restarts);
+	if (have_n < 0 || have_k < 0)
+		return 2;
+	if (have_k > 0 && have_n <= 0) {
+		fprintf(stderr, "--max-restarts needs --nproc\n");
+		return 2;
+	}
+	if (have_n <= 0 || getenv("LOOM_LAUNCH_WORKER"))
+		return -1;
+	return loom_launch(&o, argv);
+}

@@ -1,0 +1,455 @@
+/*
+ * comm/mpi.c — Open MPI as bootstrap and as the host-memory backend. Under
+ * mpirun the group is MPI_COMM_WORLD; under env:// the singletons join
+ * through Open MPI's name server (ompi-server, started by rank 0) with
+ * MPI_Comm_accept/connect, one rank at a time in rank order.
+ *
+ * Every collective is non-blocking and polled against a deadline, so a dead
+ * peer is an error naming it, never a hang (Open MPI 4.1 has no fault
+ * tolerance: a blocking call on a dead peer would wait forever).
+ */
+#include "comm/comm_internal.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "amp/half.h"
+#include "engine/cuda/check.h"
+
+struct loom_pg_mpi {
+	MPI_Comm comm;
+	int we_inited;            /* we called MPI_Init, so we finalize */
+	int broken;               /* a collective timed out: never finalize */
+	char port[MPI_MAX_PORT_NAME]; /* rank 0 under env:// */
+	MPI_Op sum_f16, sum_bf16;
+};
+
+struct loom_comm_work {
+	MPI_Request req;
+	double t0;
+	size_t count;
+	loom_dtype dt;
+};
+
+const char *loom_mpi_error_string(int code);
+
+const char *loom_mpi_error_string(int code)
+{
+	static __thread char buf[MPI_MAX_ERROR_STRING];
+	int len = 0;
+
+	if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS)
+		snprintf(buf, sizeof(buf), "MPI error %d", code);
+	return buf;
+}
+
+#define MPI_CHECK(pg, call) LOOM_MPI_CHECK(call, (pg)->err, sizeof((pg)->err))
+
+/* ------------------------------------------------------------ sums */
+
+static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int i;
+
+	(void)dt;
+	for (i = 0; i < *len; i++)
+		b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));
+}
+
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int i;
+
+	(void)dt;
+	for (i = 0; i < *len; i++)
+		b[i] = loom_f32_to_bf16(loom_bf16_to_f32(a[i]) + loom_bf16_to_f32(b[i]));
+}
+
+/* ------------------------------------------------------------ bootstrap */
+
+static loom_status mpi_start(loom_pg *pg)
+{
+	struct loom_pg_mpi *m;
+	int inited = 0, provided;
+	loom_status st;
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+	pg->mpi = m;
+	m->comm = MPI_COMM_NULL;
+	m->sum_f16 = m->sum_bf16 = MPI_OP_NULL;
+	MPI_Initialized(&inited);
+	if (!inited) {
+		st = MPI_CHECK(pg, MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided));
+		if (st)
+			return st;
+		m->we_inited = 1;
+	}
+	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+	if ((st = MPI_CHECK(pg, MPI_Op_create(sum_f16, 1, &m->sum_f16))) ||
+	    (st = MPI_CHECK(pg, MPI_Op_create(sum_bf16, 1, &m->sum_bf16))))
+		return st;
+	return LOOM_OK;
+}
+
+/* Polls req until done or deadline; on timeout names the dead ranks. */
+static loom_status mpi_poll(loom_pg *pg, MPI_Request *req, double t0, const char *what)
+{
+	double deadline = t0 + pg->timeout_s;
+	loom_status st;
+	int done = 0;
+
+	for (;;) {
+		st = MPI_CHECK(pg, MPI_Test(req, &done, MPI_STATUS_IGNORE));
+		if (st || done)
+			return st;
+		if (loom_comm_now() > deadline)
+			break;
+		loom_comm_backoff(loom_comm_now() - t0);
+	}
+	{
+		char who[512];
+
+		pg->mpi->broken = 1;
+		loom_pg_name_dead(pg, who, sizeof(who));
+		return loom_pg_fail(pg, LOOM_ERR_IO, "rank %d: %s timed out after %.1f s: %s",
+				    pg->info.rank, what, pg->timeout_s, who);
+	}
+}
+
+static loom_status exchange_peers(loom_pg *pg)
+{
+	MPI_Request req;
+	loom_status st;
+	int k;
+
+	st = MPI_CHECK(pg, MPI_Iallgather(&pg->peers[pg->info.rank], sizeof(loom_comm_peer),
+					  MPI_BYTE, pg->peers, sizeof(loom_comm_peer), MPI_BYTE,
+					  pg->mpi->comm, &req));
+	if (!st)
+		st = mpi_poll(pg, &req, loom_comm_now(), "start-up exchange of peers");
+	if (st)
+		return st;
+	for (k = 0; k < pg->info.world; k++) {
+		loom_comm_peer *p = &pg->peers[k];
+
+		p->host[LOOM_COMM_HOSTLEN - 1] = 0;
+		if (p->rank != (uint32_t)k)
+			return loom_pg_fail(pg, LOOM_ERR_FORMAT,
+					    "start-up: peer entry %d names rank %u", k, p->rank);
+		/* Same host: loopback reaches its probe whatever the interfaces. */
+		snprintf(p->addr, sizeof(p->addr), "%s",
+			 strcmp(p->host, pg->peers[pg->info.rank].host) ? p->host : "127.0.0.1");
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_mpi_init_world(loom_pg *pg)
+{
+	loom_status st;
+	int rank, size;
+
+	st = mpi_start(pg);
+	if (st)
+		return st;
+	if ((st = MPI_CHECK(pg, MPI_Comm_dup(MPI_COMM_WORLD, &pg->mpi->comm))))
+		return st;
+	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(pg->mpi->comm, &rank);
+	MPI_Comm_size(pg->mpi->comm, &size);
+	if (rank != pg->info.rank || size != pg->info.world)
+		return loom_pg_fail(pg, LOOM_ERR_MISMATCH,
+				    "mpirun: MPI says rank %d of %d, OMPI_COMM_WORLD_RANK/SIZE say "
+				    "%d of %d",
+				    rank, size, pg->info.rank, pg->info.world);
+	return exchange_peers(pg);
+}
+
+loom_status loom_mpi_open(loom_pg *pg, char *port, size_t len)
+{
+	loom_status st = mpi_start(pg);
+
+	if (st)
+		return st;
+	if (pg->info.rank == 0) {
+		st = MPI_CHECK(pg, MPI_Open_port(MPI_INFO_NULL, pg->mpi->port));
+		if (st)
+			return st;
+		snprintf(port, len, "%s", pg->mpi->port);
+	}
+	return LOOM_OK;
+}
+
+/* The group so far accepts the next rank and merges it in (collective over
+ * cur; only rank 0's port counts). */
+static loom_status accept_one(loom_pg *pg, const char *port, MPI_Comm *cur)
+{
+	MPI_Comm inter, merged;
+	loom_status st;
+
+	st = MPI_CHECK(pg, MPI_Comm_accept(port, MPI_INFO_NULL, 0, *cur, &inter));
+	if (st)
+		return st;
+	st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, 0, &merged));
+	MPI_Comm_free(&inter);
+	if (st)
+		return st;
+	if (*cur != MPI_COMM_SELF)
+		MPI_Comm_free(cur);
+	*cur = merged;
+	return LOOM_OK;
+}
+
+loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
+{
+	MPI_Comm cur = MPI_COMM_SELF, inter;
+	char err[LOOM_COMM_ERRLEN];
+	loom_status st;
+	int size = 1, rank, k;
+
+	if (pg->info.rank == 0) {
+		for (k = 1; k < pg->info.world; k++) {
+			st = loom_rdv_send_go(r, k, err, sizeof(err));
+			if (st)
+				return loom_pg_fail(pg, st, "env:// join of rank %d: %s", k, err);
+			st = accept_one(pg, port, &cur);
+			if (st)
+				return st;
+		}
+	} else {
+		st = loom_rdv_wait_go(r, pg->join_timeout_s, err, sizeof(err));
+		if (st)
+			return loom_pg_fail(pg, st, "env:// join: %s", err);
+		st = MPI_CHECK(pg, MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter));
+		if (st)
+			return st;
+		st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, 1, &cur));
+		MPI_Comm_free(&inter);
+		if (st)
+			return st;
+		MPI_Comm_size(cur, &size);
+		while (size < pg->info.world) {
+			st = accept_one(pg, port, &cur);
+			if (st)
+				return st;
+			MPI_Comm_size(cur, &size);
+		}
+	}
+	/* Ranks follow RANK whatever order the joins took. */
+	st = MPI_CHECK(pg, MPI_Comm_split(cur, 0, pg->info.rank, &pg->mpi->comm));
+	if (cur != MPI_COMM_SELF)
+		MPI_Comm_free(&cur);
+	if (st)
+		return st;
+	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(pg->mpi->comm, &rank);
+	MPI_Comm_size(pg->mpi->comm, &size);
+	if (rank != pg->info.rank || size != pg->info.world)
+		return loom_pg_fail(pg, LOOM_ERR_STATE,
+				    "env:// join: the joined group says rank %d of %d, expected %d "
+				    "of %d",
+				    rank, size, pg->info.rank, pg->info.world);
+	return LOOM_OK;
+}
+
+void loom_mpi_finish(loom_pg *pg)
+{
+	struct loom_pg_mpi *m = pg->mpi;
+	int finalized = 0;
+
+	if (!m)
+		return;
+	if (!m->broken) {
+		if (m->comm != MPI_COMM_NULL)
+			MPI_Comm_free(&m->comm);
+		if (m->port[0])
+			MPI_Close_port(m->port);
+		if (m->sum_f16 != MPI_OP_NULL)
+			MPI_Op_free(&m->sum_f16);
+		if (m->sum_bf16 != MPI_OP_NULL)
+			MPI_Op_free(&m->sum_bf16);
+		MPI_Finalized(&finalized);
+		if (m->we_inited && !finalized)
+			MPI_Finalize();
+	}
+	free(m);
+	pg->mpi = NULL;
+}
+
+/* ------------------------------------------------------------ backend */
+
+static loom_status mpi_type(loom_comm *c, loom_dtype dt, MPI_Datatype *type, MPI_Op *op)
+{
+	struct loom_pg_mpi *m = c->pg->mpi;
+
+	*op = MPI_SUM;
+	switch (dt) {
+	case LOOM_F32:
+		*type = MPI_FLOAT;
+		return LOOM_OK;
+	case LOOM_F64:
+		*type = MPI_DOUBLE;
+		return LOOM_OK;
+	case LOOM_I32:
+		*type = MPI_INT32_T;
+		return LOOM_OK;
+	case LOOM_F16:
+		*type = MPI_UINT16_T;
+		*op = m->sum_f16;
+		return LOOM_OK;
+	case LOOM_BF16:
+		*type = MPI_UINT16_T;
+		*op = m->sum_bf16;
+		return LOOM_OK;
+	default:
+		return loom_pg_fail(c->pg, LOOM_ERR_DTYPE, "all-reduce: no sum for dtype %d",
+				    (int)dt);
+	}
+}
+
+static loom_status fits_int(loom_comm *c, size_t n, const char *what)
+{
+	if (n > (size_t)0x7fffffff)
+		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED,
+				    "%s of %zu elements: MPI counts stop at 2^31-1; split it", what,
+				    n);
+	return LOOM_OK;
+}
+
+/* A failed or timed-out collective breaks the backend for good. */
+static loom_status finish(loom_comm *c, MPI_Request *req, double t0, const char *what)
+{
+	loom_status st = mpi_poll(c->pg, req, t0, what);
+
+	if (st)
+		c->broken = 1;
+	return st;
+}
+
+static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				       void *stream, loom_comm_work **out)
+{
+	struct loom_comm_work *w;
+	MPI_Datatype type = MPI_DATATYPE_NULL;
+	MPI_Op op;
+	loom_status st;
+
+	(void)stream;
+	if ((st = mpi_type(c, dt, &type, &op)) || (st = fits_int(c, count, "all-reduce")))
+		return st;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->t0 = loom_comm_now();
+	w->count = count;
+	w->dt = dt;
+	st = MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
+					     c->pg->mpi->comm, &w->req));
+	if (st) {
+		free(w);
+		c->broken = 1;
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
+static loom_status mpi_test(loom_comm *c, loom_comm_work *w, int *done)
+{
+	loom_status st = MPI_CHECK(c->pg, MPI_Test(&w->req, done, MPI_STATUS_IGNORE));
+
+	if (st)
+		c->broken = 1;
+	return st;
+}
+
+static loom_status mpi_wait(loom_comm *c, loom_comm_work *w)
+{
+	char what[96];
+	loom_status st;
+
+	snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
+	st = finish(c, &w->req, w->t0, what);
+	free(w);
+	return st;
+}
+
+static loom_status mpi_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
+{
+	MPI_Request req;
+	double t0 = loom_comm_now();
+	loom_status st = fits_int(c, bytes, "broadcast");
+
+	if (st)
+		return st;
+	st = MPI_CHECK(c->pg, MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->pg->mpi->comm, &req));
+	return st ? st : finish(c, &req, t0, "broadcast");
+}
+
+static loom_status mpi_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
+{
+	MPI_Request req;
+	double t0 = loom_comm_now();
+	loom_status st = fits_int(c, bytes, "all-gather");
+
+	if (st)
+		return st;
+	st = MPI_CHECK(c->pg, MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes,
+					     MPI_BYTE, c->pg->mpi->comm, &req));
+	return st ? st : finish(c, &req, t0, "all-gather");
+}
+
+static loom_status mpi_barrier(loom_comm *c)
+{
+	MPI_Request req;
+	double t0 = loom_comm_now();
+	loom_status st = MPI_CHECK(c->pg, MPI_Ibarrier(c->pg->mpi->comm, &req));
+
+	return st ? st : finish(c, &req, t0, "barrier");
+}
+
+static void mpi_abort(loom_comm *c)
+{
+	/* Outstanding requests cannot be cancelled (collectives), so the only
+	 * safe thing is to never touch MPI again, MPI_Finalize included. */
+	c->pg->mpi->broken = 1;
+}
+
+static void mpi_free(loom_comm *c)
+{
+	free(c);
+}
+
+static const loom_comm_i mpi_iface = {
+	/* .name            = */ "mpi",
+	/* .allreduce_start = */ mpi_allreduce_start,
+	/* .test            = */ mpi_test,
+	/* .wait            = */ mpi_wait,
+	/* .broadcast       = */ mpi_broadcast,
+	/* .allgather       = */ mpi_allgather,
+	/* .barrier         = */ mpi_barrier,
+	/* .abort           = */ mpi_abort,
+	/* .free            = */ mpi_free,
+};
+
+loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out)
+{
+	loom_comm *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+	c->i = &mpi_iface;
+	c->ctx = pg->mpi;
+	c->pg = pg;
+	*out = c;
+	return LOOM_OK;
+}

@@ -1,0 +1,337 @@
+/*
+ * comm/nccl.cu — the device-memory backend: one NCCL communicator per group
+ * (made from rank 0's unique id, non-blocking so that init too has a
+ * deadline), its own CUDA stream, completion through events, and the
+ * asynchronous error polled with ncclCommGetAsyncError; a collective past
+ * the timeout aborts the communicator (ncclCommAbort) and names the ranks
+ * the liveness probe finds dead.
+ */
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+#include "engine/cuda/check.h"
+
+#define CUDA_OK(pg, call) LOOM_CUDA_CHECK(call, (pg)->err, sizeof((pg)->err))
+#define NCCL_OK(pg, call) LOOM_NCCL_CHECK(call, (pg)->err, sizeof((pg)->err))
+
+struct nccl_ctx {
+	ncclComm_t comm;
+	cudaStream_t stream;
+	cudaEvent_t ready; /* the producer's stream reached the collective */
+	float *scratch;    /* the barrier's one float */
+};
+
+struct loom_comm_work {
+	cudaEvent_t done;
+	double t0;
+	size_t count;
+	loom_dtype dt;
+};
+
+extern "C" loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
+					   size_t errlen)
+{
+	static_assert(sizeof(ncclUniqueId) == LOOM_COMM_NCCL_ID_BYTES, "ncclUniqueId size");
+	ncclUniqueId u;
+	loom_status st = LOOM_NCCL_CHECK(ncclGetUniqueId(&u), err, errlen);
+
+	if (!st)
+		memcpy(id, &u, sizeof(u));
+	return st;
+}
+
+static nccl_ctx *ctx_of(loom_comm *c)
+{
+	return (nccl_ctx *)c->ctx;
+}
+
+/* On a timeout: abort the communicator (its kernels would spin forever),
+ * name who is dead, and never touch it again. */
+static loom_status timed_out(loom_comm *c, const char *what)
+{
+	nccl_ctx *x = ctx_of(c);
+	char who[512];
+
+	loom_pg_name_dead(c->pg, who, sizeof(who));
+	if (x->comm)
+		ncclCommAbort(x->comm);
+	x->comm = NULL;
+	return loom_comm_fail(c, LOOM_ERR_IO, "rank %d: NCCL %s timed out after %.1f s: %s",
+			      c->pg->info.rank, what, c->pg->timeout_s, who);
+}
+
+/* The communicator's asynchronous state: LOOM_OK while fine or in progress. */
+static loom_status async_state(loom_comm *c, int *in_progress)
+{
+	nccl_ctx *x = ctx_of(c);
+	ncclResult_t state = ncclSuccess;
+	loom_status st = NCCL_OK(c->pg, ncclCommGetAsyncError(x->comm, &state));
+
+	*in_progress = state == ncclInProgress;
+	if (st)
+		return loom_comm_fail(c, st, "%s", c->pg->err);
+	if (state != ncclSuccess && state != ncclInProgress) {
+		ncclCommAbort(x->comm);
+		x->comm = NULL;
+		return loom_comm_fail(c, LOOM_ERR_BACKEND, "rank %d: NCCL failed: %s (%d)",
+				      c->pg->info.rank, ncclGetErrorString(state), (int)state);
+	}
+	return LOOM_OK;
+}
+
+/* Polls until ev has completed (ev NULL: until the communicator is ready). */
+static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const char *what)
+{
+	for (;;) {
+		int busy;
+		loom_status st = async_state(c, &busy);
+
+		if (st)
+			return st;
+		if (!ev && !busy)
+			return LOOM_OK;
+		if (ev) {
+			cudaError_t q = cudaEventQuery(ev);
+
+			if (q == cudaSuccess)
+				return LOOM_OK;
+			if (q != cudaErrorNotReady)
+				return loom_comm_fail(c, CUDA_OK(c->pg, q), "%s", c->pg->err);
+		}
+		if (loom_comm_now() - t0 > c->pg->timeout_s)
+			return timed_out(c, what);
+		loom_comm_backoff(loom_comm_now() - t0);
+	}
+}
+
+static loom_status nccl_type(loom_comm *c, loom_dtype dt, ncclDataType_t *t)
+{
+	switch (dt) {
+	case LOOM_F32: *t = ncclFloat32; return LOOM_OK;
+	case LOOM_F64: *t = ncclFloat64; return LOOM_OK;
+	case LOOM_F16: *t = ncclFloat16; return LOOM_OK;
+	case LOOM_BF16: *t = ncclBfloat16; return LOOM_OK;
+	case LOOM_I32: *t = ncclInt32; return LOOM_OK;
+	default:
+		return loom_pg_fail(c->pg, LOOM_ERR_DTYPE, "NCCL all-reduce: no sum for dtype %d",
+				    (int)dt);
+	}
+}
+
+/* A collective call: ncclInProgress is the non-blocking communicator's "queued". */
+static loom_status enqueued(loom_comm *c, ncclResult_t rc)
+{
+	if (rc == ncclSuccess || rc == ncclInProgress)
+		return LOOM_OK;
+	return loom_comm_fail(c, NCCL_OK(c->pg, rc), "%s", c->pg->err);
+}
+
+static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream, loom_comm_work **out)
+{
+	nccl_ctx *x = ctx_of(c);
+	ncclDataType_t t;
+	loom_comm_work *w;
+	loom_status st;
+
+	if ((st = nccl_type(c, dt, &t)))
+		return st;
+	w = (loom_comm_work *)calloc(1, sizeof(*w));
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->t0 = loom_comm_now();
+	w->count = count;
+	w->dt = dt;
+	/* The reduction waits for whatever produced buf, on the device. */
+	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
+	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
+	    (st = enqueued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream))) ||
+	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
+	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream)))) {
+		if (w->done)
+			cudaEventDestroy(w->done);
+		free(w);
+		c->broken = 1;
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
+static loom_status nccl_test(loom_comm *c, loom_comm_work *w, int *done)
+{
+	int busy;
+	loom_status st = async_state(c, &busy);
+	cudaError_t q;
+
+	if (st)
+		return st;
+	q = cudaEventQuery(w->done);
+	*done = q == cudaSuccess;
+	if (q != cudaSuccess && q != cudaErrorNotReady)
+		return loom_comm_fail(c, CUDA_OK(c->pg, q), "%s", c->pg->err);
+	return LOOM_OK;
+}
+
+static loom_status nccl_wait(loom_comm *c, loom_comm_work *w)
+{
+	char what[96];
+	loom_status st;
+
+	snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
+	st = c->broken ? LOOM_ERR_STATE : poll_until(c, w->done, w->t0, what);
+	cudaEventDestroy(w->done);
+	free(w);
+	return st;
+}
+
+/* Enqueues nothing more; waits for the stream's work so far. */
+static loom_status drain(loom_comm *c, double t0, const char *what)
+{
+	cudaEvent_t ev;
+	loom_status st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+
+	if (st)
+		return st;
+	st = CUDA_OK(c->pg, cudaEventRecord(ev, ctx_of(c)->stream));
+	if (!st)
+		st = poll_until(c, ev, t0, what);
+	cudaEventDestroy(ev);
+	return st;
+}
+
+static loom_status nccl_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
+{
+	nccl_ctx *x = ctx_of(c);
+	double t0 = loom_comm_now();
+	loom_status st =
+		enqueued(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->comm, x->stream));
+
+	return st ? st : drain(c, t0, "broadcast");
+}
+
+/* Host bytes in, host bytes out, through a device staging buffer. */
+static loom_status nccl_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
+{
+	nccl_ctx *x = ctx_of(c);
+	size_t total = bytes * (size_t)c->pg->info.world;
+	double t0 = loom_comm_now();
+	uint8_t *d = NULL;
+	loom_status st;
+
+	if (!bytes)
+		return LOOM_OK;
+	if ((st = CUDA_OK(c->pg, cudaMalloc((void **)&d, total))))
+		return st;
+	uint8_t *mine = d + bytes * (size_t)c->pg->info.rank;
+	if (!(st = CUDA_OK(c->pg, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice,
+						   x->stream))) &&
+	    !(st = enqueued(c, ncclAllGather(mine, d, bytes, ncclUint8, x->comm, x->stream))) &&
+	    !(st = CUDA_OK(c->pg, cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost,
+						   x->stream))))
+		st = drain(c, t0, "all-gather");
+	if (!c->broken)
+		cudaFree(d);
+	return st;
+}
+
+static loom_status nccl_barrier(loom_comm *c)
+{
+	nccl_ctx *x = ctx_of(c);
+	double t0 = loom_comm_now();
+	loom_status st = enqueued(
+		c, ncclAllReduce(x->scratch, x->scratch, 1, ncclFloat32, ncclSum, x->comm, x->stream));
+
+	return st ? st : drain(c, t0, "barrier");
+}
+
+static void nccl_abort(loom_comm *c)
+{
+	nccl_ctx *x = ctx_of(c);
+
+	if (x->comm)
+		ncclCommAbort(x->comm);
+	x->comm = NULL;
+}
+
+static void nccl_free(loom_comm *c)
+{
+	nccl_ctx *x = ctx_of(c);
+
+	if (x) {
+		/* A healthy communicator is destroyed in order; a broken one
+		 * could block there waiting for its dead peers. */
+		if (x->comm && !c->broken)
+			ncclCommDestroy(x->comm);
+		else if (x->comm)
+			ncclCommAbort(x->comm);
+		if (!c->broken) {
+			cudaFree(x->scratch);
+			cudaEventDestroy(x->ready);
+			cudaStreamDestroy(x->stream);
+		}
+		free(x);
+	}
+	free(c);
+}
+
+static const loom_comm_i nccl_iface = {
+	/* .name            = */ "nccl",
+	/* .allreduce_start = */ nccl_allreduce_start,
+	/* .test            = */ nccl_test,
+	/* .wait            = */ nccl_wait,
+	/* .broadcast       = */ nccl_broadcast,
+	/* .allgather       = */ nccl_allgather,
+	/* .barrier         = */ nccl_barrier,
+	/* .abort           = */ nccl_abort,
+	/* .free            = */ nccl_free,
+};
+
+extern "C" loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)
+{
+	loom_comm *c;
+	nccl_ctx *x;
+	ncclUniqueId id;
+	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+	int ndev = 0;
+	loom_status st;
+
+	*out = NULL;
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+		cudaGetLastError();
+		return loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
+				    "NCCL: rank %d sees no GPU, so it has no device communicator",
+				    pg->info.rank);
+	}
+	if (pg->info.device >= ndev)
+		return loom_pg_fail(pg, LOOM_ERR_INVALID,
+				    "NCCL: rank %d has LOCAL_RANK %d but this host has %d GPU(s)",
+				    pg->info.rank, pg->info.device, ndev);
+	c = (loom_comm *)calloc(1, sizeof(*c));
+	x = (nccl_ctx *)calloc(1, sizeof(*x));
+	if (!c || !x) {
+		free(c);
+		free(x);
+		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+	}
+	c->i = &nccl_iface;
+	c->ctx = x;
+	c->pg = pg;
+	*out = c;
+	memcpy(&id, pg->nccl_id, sizeof(id));
+	cfg.blocking = 0;
+	double t0 = loom_comm_now();
+	if ((st = CUDA_OK(pg, cudaSetDevice(pg->info.device))) ||
+	    (st = CUDA_OK(pg, cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking))) ||
+	    (st = CUDA_OK(pg, cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming))) ||
+	    (st = CUDA_OK(pg, cudaMalloc((void **)&x->scratch, sizeof(float)))) ||
+	    (st = enqueued(c, ncclCommInitRankConfig(&x->comm, pg->info.world, id,
+						     pg->info.rank, &cfg))) ||
+	    (st = poll_until(c, NULL, t0, "communicator init")))
+		return st;
+	return LOOM_OK;
+}

@@ -1,0 +1,404 @@
+/*
+ * comm/pg.c — forming the process group: from mpirun (MPI is the bootstrap),
+ * from torchrun's env:// variables (the TCP rendezvous hands out the Open MPI
+ * name server's address, rank 0's MPI port and the NCCL unique id, then the
+ * singletons join into one communicator), or as a single process.
+ */
+#include "comm/comm_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BLOB_MAGIC "LMBLOB01"
+
+static const char *const boot_names[LOOM_COMM_BOOT_COUNT] = { "auto", "single", "mpirun",
+							      "env://" };
+
+static void self_peer(loom_pg *pg, int rank)
+{
+	loom_comm_peer *p = &pg->peers[rank];
+
+	memset(p, 0, sizeof(*p));
+	p->rank = (uint32_t)rank;
+	p->pid = (uint32_t)getpid();
+	p->probe_port = 0;
+	if (gethostname(p->host, sizeof(p->host) - 1))
+		snprintf(p->host, sizeof(p->host), "localhost");
+	snprintf(p->addr, sizeof(p->addr), "127.0.0.1");
+}
+
+static loom_status open_probe(loom_pg *pg)
+{
+	int port = 0;
+	loom_status st = loom_sock_listen(0, &pg->probe_fd, &port, pg->err, sizeof(pg->err));
+
+	if (!st)
+		pg->peers[pg->info.rank].probe_port = (uint32_t)port;
+	return st;
+}
+
+/* ------------------------------------------------------------ ompi-server */
+
+/* Rank 0 under env:// starts Open MPI's name server, through which the
+ * singletons find each other, and reads its address from the file it writes. */
+static loom_status start_ompi_server(loom_pg *pg, char *uri, size_t len)
+{
+	char path[] = "/tmp/loom-ompi-server.XXXXXX";
+	double deadline = loom_comm_now() + 20.0;
+	int fd = mkstemp(path), status;
+	pid_t pid;
+
+	if (fd < 0)
+		return loom_pg_fail(pg, LOOM_ERR_IO, "env://: mkstemp: %s", strerror(errno));
+	close(fd);
+	pid = fork();
+	if (pid < 0) {
+		unlink(path);
+		return loom_pg_fail(pg, LOOM_ERR_IO, "env://: fork: %s", strerror(errno));
+	}
+	if (pid == 0) {
+		int null = open("/dev/null", O_RDWR);
+
+		/* It lives exactly as long as rank 0. */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		dup2(null, 0);
+		dup2(null, 1);
+		execlp("ompi-server", "ompi-server", "--no-daemonize", "-r", path, (char *)NULL);
+		_exit(127);
+	}
+	pg->ompi_server = pid;
+	for (;;) {
+		FILE *f = fopen(path, "r");
+		size_t n = 0;
+
+		if (f) {
+			n = fread(uri, 1, len - 1, f);
+			fclose(f);
+		}
+		uri[n] = 0;
+		if (n && uri[n - 1] == '\n') {
+			uri[n - 1] = 0;
+			break;
+		}
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			pg->ompi_server = 0;
+			unlink(path);
+			return loom_pg_fail(pg, LOOM_ERR_NOT_FOUND,
+					    "env://: ompi-server (Open MPI's name server, from "
+					    "openmpi-bin) did not start: %s %d",
+					    WIFEXITED(status) ? "exit code" : "signal",
+					    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+		}
+		if (loom_comm_now() > deadline) {
+			unlink(path);
+			return loom_pg_fail(pg, LOOM_ERR_IO,
+					    "env://: ompi-server wrote no address within 20 s");
+		}
+		usleep(5000);
+	}
+	unlink(path);
+	return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ env:// */
+
+static void put_str(uint8_t **p, const char *s)
+{
+	uint32_t n = (uint32_t)strlen(s);
+
+	memcpy(*p, &n, 4);
+	memcpy(*p + 4, s, n);
+	*p += 4 + n;
+}
+
+static int get_str(const uint8_t **p, const uint8_t *end, char *out, size_t cap)
+{
+	uint32_t n;
+
+	if (end - *p < 4)
+		return -1;
+	memcpy(&n, *p, 4);
+	if (n >= cap || (size_t)(end - *p - 4) < n)
+		return -1;
+	memcpy(out, *p + 4, n);
+	out[n] = 0;
+	*p += 4 + n;
+	return 0;
+}
+
+static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
+{
+	loom_comm_env e;
+	loom_rdv r;
+	char uri[1024] = "", port[1024] = "";
+	uint8_t blob[8 + 4 + sizeof(uri) + 4 + sizeof(port) + LOOM_COMM_NCCL_ID_BYTES], *w;
+	const uint8_t *rp, *end;
+	loom_status st;
+	int k;
+
+	st = loom_comm_env_parse(&e, pg->err, sizeof(pg->err));
+	if (st)
+		return st;
+	pg->info.rank = e.rank;
+	pg->info.world = e.world;
+	pg->peers = calloc((size_t)e.world, sizeof(loom_comm_peer));
+	if (!pg->peers)
+		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+	self_peer(pg, e.rank);
+	if ((st = open_probe(pg)))
+		return st;
+
+	if (e.rank == 0 && e.world > 1) {
+		if ((st = start_ompi_server(pg, uri, sizeof(uri))))
+			return st;
+		setenv("OMPI_MCA_pmix_server_uri", uri, 1);
+		if ((st = loom_mpi_open(pg, port, sizeof(port))))
+			return st;
+	}
+	if (e.rank == 0 && o->want_device &&
+	    (st = loom_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
+		return st;
+
+	w = blob;
+	memcpy(w, BLOB_MAGIC, 8);
+	w += 8;
+	put_str(&w, uri);
+	put_str(&w, port);
+	memcpy(w, pg->nccl_id, LOOM_COMM_NCCL_ID_BYTES);
+	w += LOOM_COMM_NCCL_ID_BYTES;
+
+	memset(&r, 0, sizeof(r));
+	r.rank = e.rank;
+	r.world = e.world;
+	r.master_addr = e.master_addr;
+	r.master_port = e.master_port;
+	r.timeout_s = pg->join_timeout_s;
+	r.self = pg->peers[e.rank];
+	r.blob = blob;
+	r.blob_len = (size_t)(w - blob);
+	st = loom_rdv_run(&r, pg->err, sizeof(pg->err));
+	if (st)
+		goto out_close;
+
+	rp = r.blob_out;
+	end = rp + r.blob_out_len;
+	st = LOOM_ERR_FORMAT;
+	if (r.blob_out_len < 8 || memcmp(rp, BLOB_MAGIC, 8) ||
+	    (rp += 8, get_str(&rp, end, uri, sizeof(uri))) || get_str(&rp, end, port, sizeof(port)) ||
+	    end - rp != LOOM_COMM_NCCL_ID_BYTES) {
+		loom_pg_fail(pg, st, "env://: rank 0's start-up blob is malformed (%zu bytes)",
+			     r.blob_out_len);
+		goto out_close;
+	}
+	memcpy(pg->nccl_id, rp, LOOM_COMM_NCCL_ID_BYTES);
+	memcpy(pg->peers, r.peers, sizeof(loom_comm_peer) * (size_t)e.world);
+
+	/* LOCAL_RANK / LOCAL_WORLD_SIZE when given, else counted by host name. */
+	pg->info.local_rank = pg->info.local_world = 0;
+	for (k = 0; k < e.world; k++)
+		if (!strcmp(pg->peers[k].host, pg->peers[e.rank].host)) {
+			pg->info.local_world++;
+			if (k < e.rank)
+				pg->info.local_rank++;
+		}
+	if (e.local_rank >= 0)
+		pg->info.local_rank = e.local_rank;
+	if (e.local_world >= 0)
+		pg->info.local_world = e.local_world;
+	if (pg->info.local_rank >= pg->info.local_world) {
+		st = loom_pg_fail(pg, LOOM_ERR_INVALID,
+				  "env://: LOCAL_RANK=%d is not below the local world of %d",
+				  pg->info.local_rank, pg->info.local_world);
+		goto out_close;
+	}
+
+	if (e.world > 1) {
+		if (e.rank != 0) {
+			setenv("OMPI_MCA_pmix_server_uri", uri, 1);
+			if ((st = loom_mpi_open(pg, NULL, 0)))
+				goto out_close;
+		}
+		st = loom_mpi_join(pg, &r, port);
+	} else {
+		st = LOOM_OK;
+	}
+out_close:
+	loom_rdv_close(&r);
+	return st;
+}
+
+/* ------------------------------------------------------------ mpirun */
+
+static loom_status boot_mpi(loom_pg *pg, const loom_comm_options *o)
+{
+	loom_comm_env e;
+	loom_status st;
+	int present;
+
+	st = loom_comm_env_parse_ompi(&e, &present, pg->err, sizeof(pg->err));
+	if (st)
+		return st;
+	if (!present)
+		return loom_pg_fail(pg, LOOM_ERR_INVALID,
+				    "mpirun bootstrap: OMPI_COMM_WORLD_SIZE is not set (not "
+				    "started by Open MPI's mpirun?)");
+	pg->info.rank = e.rank;
+	pg->info.world = e.world;
+	pg->info.local_rank = e.local_rank;
+	pg->info.local_world = e.local_world;
+	pg->peers = calloc((size_t)e.world, sizeof(loom_comm_peer));
+	if (!pg->peers)
+		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+	self_peer(pg, e.rank);
+	if ((st = open_probe(pg)) || (st = loom_mpi_init_world(pg)))
+		return st;
+	(void)o;
+	return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ the group */
+
+static loom_comm_bootstrap detect(void)
+{
+	if (getenv("OMPI_COMM_WORLD_SIZE"))
+		return LOOM_COMM_BOOT_MPI;
+	if (getenv("RANK") || getenv("WORLD_SIZE") || getenv("MASTER_ADDR"))
+		return LOOM_COMM_BOOT_ENV;
+	return LOOM_COMM_BOOT_SINGLE;
+}
+
+loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
+{
+	loom_comm_options o = { LOOM_COMM_BOOT_AUTO, 0, 0, 0 };
+	loom_pg *pg;
+	loom_status st;
+	double t;
+	int present;
+
+	if (!out)
+		return LOOM_ERR_INVALID;
+	*out = pg = calloc(1, sizeof(*pg));
+	if (!pg)
+		return LOOM_ERR_NOMEM;
+	if (opts)
+		o = *opts;
+	pg->probe_fd = -1;
+	pg->info.device = -1;
+	pg->info.world = pg->info.local_world = 1;
+	if ((unsigned)o.bootstrap >= LOOM_COMM_BOOT_COUNT || o.timeout_s < 0 ||
+	    o.join_timeout_s < 0)
+		return loom_pg_fail(pg, LOOM_ERR_INVALID,
+				    "loom_pg_init: bad options (bootstrap %d, timeouts %g/%g)",
+				    (int)o.bootstrap, o.timeout_s, o.join_timeout_s);
+	st = loom_comm_env_timeout(&t, &present, pg->err, sizeof(pg->err));
+	if (st)
+		return st;
+	pg->timeout_s = o.timeout_s > 0 ? o.timeout_s : present ? t : LOOM_COMM_DEFAULT_TIMEOUT_S;
+	pg->join_timeout_s = o.join_timeout_s > 0 ? o.join_timeout_s : pg->timeout_s;
+	if (o.bootstrap == LOOM_COMM_BOOT_AUTO)
+		o.bootstrap = detect();
+	pg->info.how = o.bootstrap;
+
+	switch (o.bootstrap) {
+	case LOOM_COMM_BOOT_MPI:
+		st = boot_mpi(pg, &o);
+		break;
+	case LOOM_COMM_BOOT_ENV:
+		st = boot_env(pg, &o);
+		break;
+	default:
+		pg->peers = calloc(1, sizeof(loom_comm_peer));
+		if (!pg->peers)
+			return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+		self_peer(pg, 0);
+		st = LOOM_OK;
+		break;
+	}
+	if (st)
+		return st;
+
+	st = pg->mpi ? loom_mpi_backend_new(pg, &pg->host) : loom_self_backend_new(pg, &pg->host);
+	if (st)
+		return st;
+	if (o.want_device) {
+		pg->info.device = pg->info.local_rank;
+		if (pg->info.rank == 0 && pg->info.how == LOOM_COMM_BOOT_MPI &&
+		    (st = loom_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
+			return st;
+		if (pg->info.how == LOOM_COMM_BOOT_MPI &&
+		    (st = loom_comm_broadcast(pg->host, pg->nccl_id, sizeof(pg->nccl_id), 0)))
+			return st;
+		if ((st = loom_nccl_backend_new(pg, &pg->device)))
+			return st;
+	}
+	return LOOM_OK;
+}
+
+void loom_pg_free(loom_pg *pg)
+{
+	if (!pg)
+		return;
+	/* A rank that failed a collective keeps its probe open a moment, so
+	 * that peers which time out a little later do not count it as dead. */
+	if ((pg->host && pg->host->broken) || (pg->device && pg->device->broken))
+		usleep(pg->timeout_s < 1.0 ? (useconds_t)(pg->timeout_s * 1e6) : 1000000);
+	if (pg->device)
+		pg->device->i->free(pg->device);
+	if (pg->host)
+		pg->host->i->free(pg->host);
+	loom_mpi_finish(pg);
+	if (pg->ompi_server > 0) {
+		kill(pg->ompi_server, SIGTERM);
+		waitpid(pg->ompi_server, NULL, 0);
+	}
+	if (pg->probe_fd >= 0)
+		close(pg->probe_fd);
+	free(pg->peers);
+	free(pg);
+}
+
+const loom_pg_info *loom_pg_get_info(const loom_pg *pg)
+{
+	return pg ? &pg->info : NULL;
+}
+
+const char *loom_pg_error(const loom_pg *pg)
+{
+	return pg ? pg->err : "out of memory (no process group)";
+}
+
+double loom_pg_timeout(const loom_pg *pg)
+{
+	return pg->timeout_s;
+}
+
+void loom_pg_set_timeout(loom_pg *pg, double seconds)
+{
+	if (seconds > 0)
+		pg->timeout_s = seconds;
+}
+
+const char *loom_comm_bootstrap_name(loom_comm_bootstrap b)
+{
+	return (unsigned)b < LOOM_COMM_BOOT_COUNT ? boot_names[b] : "?";
+}
+
+loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem)
+{
+	if (!pg)
+		return NULL;
+	if (mem == LOOM_COMM_HOST)
+		return pg->host;
+	if (mem == LOOM_COMM_DEVICE && pg->device)
+		return pg->device;
+	loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
+		     "no device communicator: open the group with want_device on a GPU host");
+	return NULL;
+}

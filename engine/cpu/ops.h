@@ -1,0 +1,115 @@
+/*
+ * engine/cpu/ops.h — the CPU backend's entry points, one per op, named
+ * loom_cpu_op_<op> and defined in the ops_<family>.c file of its family;
+ * backend.c indexes them by op. An entry unpacks the node's shapes and
+ * attributes and calls its kernel (kernels.h) in the node's kernel dtype.
+ */
+#ifndef LOOM_ENGINE_CPU_OPS_H
+#define LOOM_ENGINE_CPU_OPS_H
+
+#include "engine/cpu/kernels.h"
+#include "engine/program_internal.h"
+
+/* The CPU backend's context: the arena, the current run's mode, errors. */
+typedef struct loom_cpu_ctx {
+	unsigned char *base; /* the one allocation behind arena */
+	loom_arena arena;
+	int train;           /* this run is in training mode */
+	float seed_scale;    /* this run's loss scale, for GRAD_SEED */
+	char err[LOOM_ERR_MAX];
+} loom_cpu_ctx;
+
+/* The buffers one node runs on: its sources and output, already widened
+ * to f32 scratch where the node reads or writes half (backend.c), and the
+ * node's workspace. */
+typedef struct loom_cpu_io {
+	void *src[LOOM_MAX_SRC];
+	void *out;
+	void *ws;
+} loom_cpu_io;
+
+typedef loom_status (*loom_cpu_op_fn)(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				      const loom_cpu_io *io);
+
+/* The dtype node n's kernel runs in: f64 for f64 nodes, f32 for the rest. */
+static inline loom_dtype loom_cpu_kernel_dtype(const loom_node *n)
+{
+	return n->dtype == LOOM_F64 ? LOOM_F64 : LOOM_F32;
+}
+
+/* Calls fn_f64 or fn_f32. */
+#define LOOM_CPU_DISPATCH(dt, fn, ...)                          \
+	do {                                                    \
+		if ((dt) == LOOM_F64)                           \
+			fn##_f64(__VA_ARGS__);                  \
+		else                                            \
+			fn##_f32(__VA_ARGS__);                  \
+	} while (0)
+
+/* Every entry has the loom_cpu_op_fn shape, written out so that grep finds
+ * each by its name. */
+/* backend.c: leaves (set by the caller) and views (the memory planner gave
+ * them their source's storage) have nothing to compute. */
+loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+
+/* ops_conv.c */
+loom_status loom_cpu_op_conv2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_conv2d_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_conv2d_bwd_filter(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+/* Bytes of kernel workspace a conv node needs in elements of elem bytes. */
+size_t loom_cpu_conv_workspace(const loom_plan *plan, loom_value v, size_t elem);
+
+/* ops_bn.c */
+loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_bn_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_bn_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+
+/* ops_pool.c */
+loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_maxpool2d_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_global_avgpool(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_global_avgpool_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+
+/* ops_dense.c */
+loom_status loom_cpu_op_linear(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_matmul(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_softmax_ce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_softmax_ce_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+
+/* ops_elementwise.c */
+loom_status loom_cpu_op_relu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_add(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_broadcast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_grad_seed(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+/* Reads and writes any float dtypes itself (no half emulation around it). */
+loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+/* A cast of n elements between any two float dtypes. */
+void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n);
+
+#endif /* LOOM_ENGINE_CPU_OPS_H */

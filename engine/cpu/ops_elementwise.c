@@ -1,0 +1,99 @@
+/*
+ * engine/cpu/ops_elementwise.c — the CPU entries of the elementwise ops
+ * (relu, add, sum, scalar broadcast, the loss-scale seed of backward) and of
+ * the dtype cast that the AMP pass inserts.
+ */
+#include "amp/half.h"
+#include "engine/cpu/ops.h"
+#include "engine/elem.h"
+
+static int64_t numel_of(const loom_plan *plan, loom_value v)
+{
+	return loom_shape_numel(&plan->g->nodes[v].shape);
+}
+
+loom_status loom_cpu_op_relu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			     const loom_cpu_io *io)
+{
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_relu_fwd,
+			  numel_of(plan, v), io->src[0], io->out);
+	return LOOM_OK;
+}
+
+loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cpu_io *io)
+{
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_relu_bwd,
+			  numel_of(plan, v), io->src[0], io->src[1], io->out);
+	return LOOM_OK;
+}
+
+loom_status loom_cpu_op_add(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			    const loom_cpu_io *io)
+{
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_add,
+			  numel_of(plan, v), io->src[0], io->src[1], io->out);
+	return LOOM_OK;
+}
+
+loom_status loom_cpu_op_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			    const loom_cpu_io *io)
+{
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_sum,
+			  numel_of(plan, plan->g->nodes[v].src[0]), io->src[0], io->out);
+	return LOOM_OK;
+}
+
+loom_status loom_cpu_op_broadcast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				  const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_broadcast_scalar, numel_of(plan, v),
+			  io->src[0], n->a.bc.scale, io->out);
+	return LOOM_OK;
+}
+
+/* d loss / d loss, times the run's loss scale. */
+loom_status loom_cpu_op_grad_seed(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				  const loom_cpu_io *io)
+{
+	if (loom_cpu_kernel_dtype(&plan->g->nodes[v]) == LOOM_F64)
+		*(double *)io->out = ctx->seed_scale;
+	else
+		*(float *)io->out = ctx->seed_scale;
+	return LOOM_OK;
+}
+
+void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n)
+{
+	if (from == LOOM_F32 && to == LOOM_F16) {
+		loom_f32_to_f16_array(src, dst, n);
+	} else if (from == LOOM_F32 && to == LOOM_BF16) {
+		loom_f32_to_bf16_array(src, dst, n);
+	} else if (from == LOOM_F16 && to == LOOM_F32) {
+		loom_f16_to_f32_array(src, dst, n);
+	} else if (from == LOOM_BF16 && to == LOOM_F32) {
+		loom_bf16_to_f32_array(src, dst, n);
+	} else {
+		#pragma omp parallel for if (n > 65536)
+		for (int64_t i = 0; i < n; i++)
+			loom_elem_set(to, dst, i, loom_elem_get(from, src, i));
+	}
+}
+
+/* Between any two float dtypes, through f32 (f64 directly); the sources
+ * arrive in their own dtype (backend.c does not widen them). */
+loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			     const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	(void)ctx;
+	loom_cpu_cast(plan->g->nodes[n->src[0]].dtype, io->src[0], n->dtype, io->out,
+		      loom_shape_numel(&n->shape));
+	return LOOM_OK;
+}

@@ -1,0 +1,54 @@
+/*
+ * engine/cpu/ops_pool.c — the CPU entries of the pooling ops: max pooling
+ * (with the relu graph/fuse.c may fold into it) and global average pooling,
+ * forward and backward.
+ */
+#include "engine/cpu/ops.h"
+
+loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				  const loom_cpu_io *io)
+{
+	loom_pool_shape ps;
+	(void)ctx;
+	loom_pool_shape_of(plan->g, v, &ps);
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_maxpool2d_fwd, &ps,
+			  io->src[0], io->out);
+	return LOOM_OK;
+}
+
+loom_status loom_cpu_op_maxpool2d_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				      const loom_cpu_io *io)
+{
+	loom_pool_shape ps;
+	(void)ctx;
+	loom_pool_shape_of(plan->g, v, &ps);
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_maxpool2d_bwd, &ps,
+			  io->src[0], io->src[1], io->out);
+	return LOOM_OK;
+}
+
+/* x [N, C, H, W] -> y [N, C] */
+loom_status loom_cpu_op_global_avgpool(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				       const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_global_avgpool_fwd,
+			  loom_shape_numel(&n->shape), x->shape.dims[2] * x->shape.dims[3],
+			  io->src[0], io->out);
+	return LOOM_OK;
+}
+
+/* dy [N, C] -> dx [N, C, H, W] */
+loom_status loom_cpu_op_global_avgpool_bwd(loom_cpu_ctx *ctx, const loom_plan *plan,
+					   loom_value v, const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_global_avgpool_bwd,
+			  loom_shape_numel(&x->shape), n->shape.dims[2] * n->shape.dims[3],
+			  io->src[0], io->out);
+	return LOOM_OK;
+}

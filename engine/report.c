@@ -1,0 +1,136 @@
+/*
+ * engine/report.c — what a person can look at of a compiled program: the plan
+ * as a Graphviz graph (loom_program_dump_dot) and where its memory goes
+ * (loom_program_memory_report), both decided before step 1.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/program_internal.h"
+
+/* Fill colours by precision: fp32 blue, fp16 orange, bf16 gold. */
+static const char *dtype_colour(loom_dtype dt)
+{
+	switch (dt) {
+	case LOOM_F32:
+		return "#cfe2ff";
+	case LOOM_F16:
+		return "#ffd8a8";
+	case LOOM_BF16:
+		return "#fff3bf";
+	case LOOM_F64:
+		return "#dee2e6";
+	default:
+		return "#ffffff";
+	}
+}
+
+static int is_leaf(loom_op op)
+{
+	return op == LOOM_OP_INPUT || op == LOOM_OP_PARAM || op == LOOM_OP_BUFFER;
+}
+
+/* The fusion a node carries, or NULL. */
+static const char *fused_note(const loom_program *p, loom_value v)
+{
+	const loom_node *n = &p->plan.g->nodes[v];
+	if ((n->op == LOOM_OP_MAXPOOL2D || n->op == LOOM_OP_MAXPOOL2D_BWD) && n->a.pool.relu)
+		return "relu fused";
+	if (n->op == LOOM_OP_LINEAR && n->a.mm.relu)
+		return "relu fused";
+	return NULL;
+}
+
+/* A label safe inside a double-quoted dot string. */
+static void dot_escape(char *s)
+{
+	for (; *s; s++)
+		if (*s == '"' || *s == '\\')
+			*s = '\'';
+}
+
+void loom_program_dump_dot(const loom_program *p, FILE *out)
+{
+	char lb[96], sh[96];
+	if (!loom_program_usable(p) || !out)
+		return;
+	fprintf(out, "digraph loom_plan {\n");
+	fprintf(out, "  graph [rankdir=TB, fontname=\"Helvetica\", label=\"loom plan: %d nodes "
+		     "(%d forward), %s\"];\n",
+		p->plan.g->n, p->plan.n_fwd, p->be->describe(p->be_ctx));
+	fprintf(out, "  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
+		     "fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=8];\n");
+	fprintf(out, "  legend [shape=plaintext, style=\"\", label=<<table border=\"0\">"
+		     "<tr><td bgcolor=\"%s\">fp32</td><td bgcolor=\"%s\">fp16</td>"
+		     "<td bgcolor=\"%s\">bf16</td></tr></table>>];\n",
+		dtype_colour(LOOM_F32), dtype_colour(LOOM_F16), dtype_colour(LOOM_BF16));
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		const char *fused = fused_note(p, v);
+		loom_node_label(p->plan.g, v, lb, sizeof(lb));
+		dot_escape(lb);
+		fprintf(out, "  n%d [label=\"%d: %s\\n%s %s", v, v, lb, loom_dtype_name(n->dtype),
+			loom_shape_str(&n->shape, sh, sizeof(sh)));
+		if (fused)
+			fprintf(out, "\\n(%s)", fused);
+		if (loom_made_earlier(&p->plan, v))
+			fprintf(out, "\\n(made by %d)", (int)n->made_by);
+		fprintf(out, "\\n%c+%zu\", fillcolor=\"%s\"",
+			p->plan.mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->plan.mp.offset[v],
+			dtype_colour(n->dtype));
+		if (is_leaf(n->op))
+			fprintf(out, ", shape=%s", n->op == LOOM_OP_INPUT ? "invhouse" : "cylinder");
+		if (fused || loom_made_earlier(&p->plan, v))
+			fprintf(out, ", penwidth=2.5, color=\"#c92a2a\"");
+		if (n->flags & LOOM_NODE_AMP)
+			fprintf(out, ", style=\"rounded,filled,dashed\"");
+		fprintf(out, "];\n");
+		for (int i = 0; i < n->nsrc; i++) {
+			loom_value s = n->src[i];
+			if (s < 0)
+				continue;
+			fprintf(out, "  n%d -> n%d [label=\"%s\"%s];\n", (int)s, v,
+				loom_shape_str(&p->plan.g->nodes[s].shape, sh, sizeof(sh)),
+				(n->flags & LOOM_NODE_BACKWARD) ? ", color=\"#868e96\"" : "");
+		}
+		if (loom_made_earlier(&p->plan, v))
+			fprintf(out, "  n%d -> n%d [style=dotted, arrowhead=none, label=\"same call\"];\n",
+				(int)n->made_by, v);
+	}
+	fprintf(out, "}\n");
+}
+
+static void mib_line(FILE *out, const char *what, size_t bytes, const char *note)
+{
+	fprintf(out, "  %-22s %12.3f MiB%s%s\n", what, bytes / 1048576.0, note ? "  " : "",
+		note ? note : "");
+}
+
+void loom_program_memory_report(const loom_program *p, FILE *out)
+{
+	loom_program_info info;
+	char note[128];
+	if (!loom_program_usable(p) || !out)
+		return;
+	loom_program_info_get(p, &info);
+	/* Without planning, every activation would have a buffer of its own
+	 * and so would every kernel's scratch. */
+	size_t naive = p->plan.mp.persist_bytes + p->plan.mp.act_naive_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	size_t other = p->plan.mp.persist_bytes - info.param_bytes - info.grad_bytes - info.master_bytes;
+	if (p->plan.mp.persist_bytes < info.param_bytes + info.grad_bytes + info.master_bytes)
+		other = 0;
+	fprintf(out, "memory of the compiled plan (%s, %d nodes, %d parameters, %lld elements):\n",
+		info.backend, info.n_nodes, info.n_params, (long long)info.n_param_elems);
+	mib_line(out, "parameters", info.param_bytes, NULL);
+	mib_line(out, "master weights (fp32)", info.master_bytes, NULL);
+	mib_line(out, "gradients", info.grad_bytes, NULL);
+	mib_line(out, "optimizer state", info.optim_state_bytes, NULL);
+	mib_line(out, "inputs, buffers, outputs", other, NULL);
+	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
+		 info.activation_naive_bytes / 1048576.0);
+	mib_line(out, "activations (reused)", info.activation_bytes, note);
+	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
+	snprintf(note, sizeof(note), "(naive %.3f MiB: %.1f%% saved)", naive / 1048576.0,
+		 naive ? 100.0 * (1.0 - (double)info.arena_bytes / (double)naive) : 0.0);
+	mib_line(out, "peak (the arena)", info.arena_bytes, note);
+}

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# tests/comm/test_comm.sh — comm/ across real processes: all-reduces through
+# mpirun, env:// and the launcher; a rank killed mid-collective; a rank that
+# never comes; malformed rendezvous messages; fingerprint mismatches and
+# garbage. Each case checks every rank's verdict. Prints "N passed, N failed".
+set -u
+W=$1
+pass=0 fail=0
+export LOOM_COMM_TIMEOUT_S=2
+# Open MPI refuses root unless told; containers have no CMA for vader.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+MPIRUN=(mpirun --oversubscribe -x LOOM_COMM_TIMEOUT_S)
+port=$((20000 + ($$ % 20000)))
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() {
+	fail=$((fail + 1))
+	echo "FAIL $1"
+	shift
+	printf '%s\n' "$@" | head -20 | sed 's/^/     /'
+}
+
+# check NAME OUTPUT PATTERN COUNT: PATTERN on exactly COUNT lines.
+check() {
+	local n
+	n=$(grep -c -- "$3" <<<"$2")
+	if [ "$n" -eq "$4" ]; then ok "$1"; else bad "$1" "want $4 lines with '$3', got $n:" "$2"; fi
+}
+
+# env:// ranks started by hand: envrun WORLD SCENARIO [RANK...] (default all).
+envrun() {
+	local world=$1 what=$2 r
+	shift 2
+	port=$((port + 1))
+	for r in ${@:-$(seq 0 $((world - 1)))}; do
+		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+			timeout 30 "$W" "$what" &
+	done
+	wait
+}
+
+command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
+
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" allreduce 2>&1)
+	check "mpirun $n ranks: exact f32 sums" "$out" "OK allreduce world $n .* via mpirun" $n
+	out=$(envrun $n allreduce 2>&1)
+	check "env:// $n ranks: exact f32 sums" "$out" "OK allreduce world $n local [0-9]/$n via env://" $n
+done
+out=$("$W" allreduce 2>&1)
+check "single process: world 1 without MPI" "$out" "OK allreduce world 1 .* via single" 1
+out=$("$W" --nproc 3 allreduce 2>&1)
+check "launcher 3 ranks: prefixed lines, exact sums" "$out" "^\[rank [0-2]\] rank [0-2]: OK allreduce world 3" 3
+out=$("${MPIRUN[@]}" -np 3 "$W" half 2>&1)
+check "mpirun 3 ranks: f16 and bf16 sums" "$out" "OK half sums" 3
+out=$(envrun 2 broadcast 2>&1)
+check "env:// 2 ranks: broadcast of parameters from rank 0" "$out" "OK broadcast" 2
+
+# A rank killed mid-collective: the others name it within the timeout (2 s).
+within() { # NAME OUTPUT: every "after X s" is at most the timeout + 1 s
+	local t ts
+	ts=$(sed -n 's/.*after \([0-9.]*\) s:.*/\1/p' <<<"$2")
+	[ -n "$ts" ] || { bad "$1" "no rank reported its time" "$2"; return; }
+	for t in $ts; do
+		awk -v t="$t" 'BEGIN { exit !(t <= 3.0) }' || { bad "$1" "took $t s" "$2"; return; }
+	done
+	ok "$1"
+}
+out=$(LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
+check "mpirun: SIGKILL of rank 1, the others name it" "$out" "ERROR .* timed out after 2.0 s: rank 1 died" 2
+within "mpirun: ... within the timeout" "$out"
+out=$(LOOM_TEST_VICTIM=2 envrun 3 die 2>&1)
+check "env://: SIGKILL of rank 2, the others name it" "$out" "ERROR .* timed out after 2.0 s: rank 2 died" 2
+within "env://: ... within the timeout" "$out"
+out=$(LOOM_TEST_VICTIM=1 "$W" --nproc 3 die 2>&1)
+rc=$?
+check "launcher: the survivors name rank 1" "$out" "^\[rank [02]\] .*rank 1 died" 2
+check "launcher: reports rank 1 and its signal" "$out" "^launch: failed: rank 1 was killed by signal 9" 1
+[ $rc -ne 0 ] && ok "launcher: non-zero exit after a failure" || bad "launcher: exit code" "rc $rc"
+out=$("$W" --nproc 2 --max-restarts 1 flaky 2>&1)
+rc=$?
+check "launcher: restart after rank 1 exits with code 3" "$out" "restarting all 2 workers (restart 1 of 1)" 1
+[ $rc -eq 0 ] && check "launcher: the restarted attempt succeeds" "$out" "OK allreduce world 2" 2 ||
+	bad "launcher: restart" "rc $rc" "$out"
+
+# Start-up: a rank that never comes, a wrong world size, a duplicate rank.
+out=$(envrun 3 allreduce 0 1 2>&1)
+check "env://: rank 2 never comes (rank 0)" "$out" "rank 0: ERROR .*rank 2 did not arrive within 2.0 s" 1
+check "env://: rank 2 never comes (rank 1 hears it)" "$out" "rank 1: ERROR .*rank 0 refused the group: .*rank 2 did not arrive" 1
+port=$((port + 1))
+out=$( (RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
+	RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
+	wait) 2>&1)
+check "env://: mismatched WORLD_SIZE" "$out" "ERROR .*rank 1 .* has WORLD_SIZE=3, rank 0 has 2" 2
+out=$(envrun 3 allreduce 0 1 1 2>&1)
+check "env://: rank 1 twice" "$out" "rank 0: ERROR .*rank 1 arrived twice" 1
+out=$(RANK=1x WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$W" 2>&1)
+check "env://: malformed RANK" "$out" "ERROR .*RANK='1x' is not a non-negative integer" 1
+
+# Malformed rendezvous messages from a fake rank (bash's /dev/tcp).
+fake() { # WORLD PAYLOAD_CMD: rank 0 alone, a fake peer sends what the command prints
+	port=$((port + 1))
+	RANK=0 WORLD_SIZE=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
+	local i
+	for i in $(seq 50); do
+		(exec 3<>/dev/tcp/127.0.0.1/$port && eval "$2" >&3 && sleep 0.2) 2>/dev/null && break
+		sleep 0.05
+	done
+	wait
+}
+out=$(fake 2 "printf 'LMRDVHI1abc'" 2>&1)
+check "rendezvous: truncated hello" "$out" "ERROR .*hello from 127.0.0.1:[0-9]*: connection closed after 11 of 92 bytes (truncated message)" 1
+out=$(fake 2 "head -c 92 /dev/zero | tr '\\\\0' 'X'" 2>&1)
+check "rendezvous: wrong magic" "$out" "ERROR .*127.0.0.1:[0-9]* sent a message with a wrong magic" 1
+
+# The fingerprint: a different shape, a different count, garbage, truncated.
+out=$("${MPIRUN[@]}" -np 3 "$W" fp-match 2>&1)
+check "fingerprint: equal plans pass" "$out" "OK fingerprint" 3
+out=$("${MPIRUN[@]}" -np 2 "$W" fp-mismatch 2>&1)
+check "fingerprint: mismatch named on every rank" "$out" \
+	"ERROR .*rank 1: node 14 conv2d has shape \[100,32,14,14\], rank 0 has \[50,32,14,14\]" 2
+out=$(envrun 3 fp-count 2>&1)
+check "fingerprint: node count differs" "$out" "ERROR .*rank 1 has 19 nodes, rank 0 has 20" 3
+out=$("${MPIRUN[@]}" -np 3 "$W" fp-garbage 2>&1)
+check "fingerprint: garbage is an error, not a crash" "$out" "ERROR .*rank 1 sent a malformed fingerprint (40 bytes: wrong magic)" 3
+out=$("${MPIRUN[@]}" -np 2 "$W" fp-truncated 2>&1)
+check "fingerprint: truncated record" "$out" "ERROR .*rank 1 sent a malformed fingerprint .*do not add up" 2
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
