@@ -12,6 +12,7 @@ PACKAGES=(
 	libopenmpi-dev       # comm/: MPI backend and bootstrap
 	openmpi-bin          # mpirun for the multi-process tests
 	zlib1g-dev           # checkpoint CRC32, gzip IDX files
+	clang                # tests/fuzz: libFuzzer targets (gcc has no libFuzzer)
 	dataset-fashion-mnist # data for the examples and the end-to-end tests
 	pkg-config
 	ca-certificates

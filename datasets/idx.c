@@ -3,7 +3,11 @@
  * that raw and gzip files take the same path (gzread passes raw bytes through).
  * A file is accepted only when its header is sound and its payload is exactly
  * as long as the dims say: a short download and appended junk are both caught.
+ * The dims are a claim, not a size to allocate: a raw file's claim is checked
+ * against its size, and a gzip payload is read into a buffer that grows with
+ * what actually arrives.
  */
+#include <sys/stat.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -18,6 +22,8 @@
 
 /* gzread takes an unsigned length; reading in chunks keeps it in range. */
 #define IDX_CHUNK (1u << 30)
+/* The first payload buffer of a gzip file; it doubles as data arrives. */
+#define IDX_FIRST_BUF (1u << 20)
 
 static const char *idx_type_name(int type)
 {
@@ -76,9 +82,10 @@ static int64_t idx_count_rest(gzFile f)
 	return total;
 }
 
-static loom_status idx_open(const char *path, gzFile *out, char *err,
-			    size_t errlen)
+static loom_status idx_open(const char *path, gzFile *out, int64_t *fsize,
+			    char *err, size_t errlen)
 {
+	struct stat sb;
 	int fd;
 	gzFile f;
 
@@ -92,6 +99,7 @@ static loom_status idx_open(const char *path, gzFile *out, char *err,
 		return e == ENOENT || e == ENOTDIR ? LOOM_ERR_NOT_FOUND
 						   : LOOM_ERR_IO;
 	}
+	*fsize = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? (int64_t)sb.st_size : -1;
 	f = gzdopen(fd, "rb");
 	if (!f) {
 		close(fd);
@@ -186,37 +194,78 @@ static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
 	return LOOM_OK;
 }
 
-/* Reads exactly idx->count bytes of payload and makes sure nothing follows. */
-static loom_status idx_read_payload(gzFile f, const char *path, loom_idx *idx,
-				    char *err, size_t errlen)
+static loom_status idx_truncated(gzFile f, const char *path, size_t count,
+				 int64_t got, char *err, size_t errlen)
 {
+	const char *z = idx_zerror(f);
+
+	/* A cut gzip stream also ends short; zlib then says why. */
+	loom_data_errf(err, errlen,
+		       "idx '%s': truncated: expected %zu bytes of data, got %lld%s%s",
+		       path, count, (long long)got, *z ? "; zlib: " : "", z);
+	return LOOM_ERR_FORMAT;
+}
+
+/*
+ * Reads up to idx->count bytes into idx->data, allocating only as the data
+ * arrives: a header may claim 2^32 elements in a file of a few bytes. The
+ * buffer starts at IDX_FIRST_BUF and doubles, so it never exceeds twice what
+ * was read. Returns the bytes read, or -1 with err set.
+ */
+static int64_t idx_read_growing(gzFile f, const char *path, loom_idx *idx,
+				loom_status *st, char *err, size_t errlen)
+{
+	size_t cap = idx->count < IDX_FIRST_BUF ? idx->count : IDX_FIRST_BUF;
+	size_t got = 0;
+
+	for (;;) {
+		/* malloc(0) may return NULL; one byte keeps "NULL = failed" true. */
+		uint8_t *p = realloc(idx->data, cap ? cap : 1);
+		int64_t n;
+
+		if (!p) {
+			loom_data_errf(err, errlen,
+				       "idx '%s': cannot allocate %zu bytes for the data",
+				       path, cap);
+			*st = LOOM_ERR_NOMEM;
+			return -1;
+		}
+		idx->data = p;
+		n = idx_read(f, idx->data + got, cap - got);
+		if (n < 0) {
+			loom_data_errf(err, errlen, "idx '%s': read failed: %s",
+				       path, idx_zerror(f));
+			*st = LOOM_ERR_IO;
+			return -1;
+		}
+		got += (size_t)n;
+		if (got < cap || cap == idx->count)
+			return (int64_t)got;
+		cap = cap > idx->count / 2 ? idx->count : cap * 2;
+	}
+}
+
+/* Reads exactly idx->count bytes of payload and makes sure nothing follows.
+ * header is the bytes the header took; fsize the file's size (-1: unknown). */
+static loom_status idx_read_payload(gzFile f, const char *path, loom_idx *idx,
+				    int64_t header, int64_t fsize, char *err,
+				    size_t errlen)
+{
+	loom_status st = LOOM_OK;
 	unsigned char extra;
 	int64_t n;
 
-	/* malloc(0) may return NULL; one byte keeps "NULL = failed" true. */
-	idx->data = malloc(idx->count ? idx->count : 1);
-	if (!idx->data) {
-		loom_data_errf(err, errlen,
-			       "idx '%s': cannot allocate %zu bytes for the data",
-			       path, idx->count);
-		return LOOM_ERR_NOMEM;
-	}
-	n = idx_read(f, idx->data, idx->count);
-	if (n < 0) {
-		loom_data_errf(err, errlen, "idx '%s': read failed: %s", path,
-			       idx_zerror(f));
-		return LOOM_ERR_IO;
-	}
-	if ((size_t)n < idx->count) {
-		const char *z = idx_zerror(f);
-
-		/* A cut gzip stream also ends short; zlib then says why. */
-		loom_data_errf(err, errlen,
-			       "idx '%s': truncated: expected %zu bytes of data, got %lld%s%s",
-			       path, idx->count, (long long)n, *z ? "; zlib: " : "",
-			       z);
-		return LOOM_ERR_FORMAT;
-	}
+	/* A raw file holds exactly what is left of it: a claim beyond that is
+	 * a truncated file, found without allocating the claim. */
+	if (gzdirect(f) && fsize >= header &&
+	    idx->count > (uint64_t)(fsize - header))
+		return idx_truncated(f, path, idx->count, fsize - header, err,
+				     errlen);
+	n = idx_read_growing(f, path, idx, &st, err, errlen);
+	if (n < 0)
+		return st;
+	if ((size_t)n < idx->count)
+		return idx_truncated(f, path, idx->count, n, err, errlen);
 	n = idx_read(f, &extra, 1);
 	if (n != 0) {
 		if (n < 0) {
@@ -238,6 +287,7 @@ loom_status loom_idx_load(const char *path, loom_idx *idx, char *err,
 			  size_t errlen)
 {
 	gzFile f;
+	int64_t fsize;
 	loom_status st;
 
 	loom_data_errf(err, errlen, "%s", "");
@@ -250,13 +300,14 @@ loom_status loom_idx_load(const char *path, loom_idx *idx, char *err,
 		loom_data_errf(err, errlen, "loom_idx_load: path is NULL");
 		return LOOM_ERR_INVALID;
 	}
-	st = idx_open(path, &f, err, errlen);
+	st = idx_open(path, &f, &fsize, err, errlen);
 	if (st != LOOM_OK)
 		return st;
 	gzbuffer(f, 1 << 17);
 	st = idx_read_header(f, path, idx, err, errlen);
 	if (st == LOOM_OK)
-		st = idx_read_payload(f, path, idx, err, errlen);
+		st = idx_read_payload(f, path, idx, 4 + 4 * (int64_t)idx->ndim,
+				      fsize, err, errlen);
 	gzclose(f);
 	if (st != LOOM_OK)
 		loom_idx_free(idx);

@@ -14,19 +14,38 @@
 
 #define MNIST_CLASSES 10
 
+/* Whether path exists: 1 yes, 0 no, -1 cannot tell (a directory that may
+ * not be searched, say), with err saying why. */
+static int mnist_exists(const char *dir, const char *path, char *err,
+			size_t errlen)
+{
+	int e;
+
+	if (access(path, F_OK) == 0)
+		return 1;
+	e = errno;
+	if (e == ENOENT)
+		return 0;
+	loom_data_errf(err, errlen, "mnist '%s': cannot look for '%s': %s", dir,
+		       path, strerror(e));
+	return -1;
+}
+
 /* Picks <dir>/<stem>, else <dir>/<stem>.gz: the raw file first because it
  * needs no decompression when someone has unpacked the archive. */
 static loom_status mnist_find(const char *dir, const char *stem, char *path,
 			      size_t pathlen, char *err, size_t errlen)
 {
+	int r;
+
 	if ((size_t)snprintf(path, pathlen, "%s/%s", dir, stem) >= pathlen)
 		goto too_long;
-	if (access(path, F_OK) == 0)
-		return LOOM_OK;
+	if ((r = mnist_exists(dir, path, err, errlen)) != 0)
+		return r > 0 ? LOOM_OK : LOOM_ERR_IO;
 	if ((size_t)snprintf(path, pathlen, "%s/%s.gz", dir, stem) >= pathlen)
 		goto too_long;
-	if (access(path, F_OK) == 0)
-		return LOOM_OK;
+	if ((r = mnist_exists(dir, path, err, errlen)) != 0)
+		return r > 0 ? LOOM_OK : LOOM_ERR_IO;
 	loom_data_errf(err, errlen,
 		       "mnist '%s': neither %s nor %s.gz is in the directory",
 		       dir, stem, stem);

@@ -12,8 +12,7 @@
 #include "engine/ckpt_file.h"
 #include "engine/program_internal.h"
 
-#define META "loom.meta"
-enum { META_STEP, META_LR, META_SCALE, META_TRACKER, META_SKIPPED, META_BELOW, META_COUNT };
+#define META LOOM_CKPT_META
 
 typedef struct rec_list {
 	loom_ckpt_record *r;
@@ -71,8 +70,8 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	r->name = l->names[l->n];
 	r->dtype = LOOM_F64;
 	r->ndim = 1;
-	r->dims[0] = META_COUNT;
-	r->bytes = META_COUNT * sizeof(double);
+	r->dims[0] = LOOM_CKPT_META_COUNT;
+	r->bytes = LOOM_CKPT_META_COUNT * sizeof(double);
 	l->n++;
 	return LOOM_OK;
 }
@@ -116,11 +115,11 @@ loom_status loom_save(loom_program *p, const char *path)
 		free_records(&l);
 		return loom_program_fail(p, st, "save %s: out of memory", path);
 	}
-	double meta[META_COUNT] = {
-		[META_STEP] = (double)p->ts.step, [META_LR] = p->ts.lr,
-		[META_SCALE] = p->ts.scaler.scale, [META_TRACKER] = p->ts.scaler.growth_tracker,
-		[META_SKIPPED] = (double)p->ts.scaler.skipped_steps,
-		[META_BELOW] = (double)p->ts.scaler.below_one_steps,
+	double meta[LOOM_CKPT_META_COUNT] = {
+		[LOOM_CKPT_META_STEP] = (double)p->ts.step, [LOOM_CKPT_META_LR] = p->ts.lr,
+		[LOOM_CKPT_META_SCALE] = p->ts.scaler.scale, [LOOM_CKPT_META_TRACKER] = p->ts.scaler.growth_tracker,
+		[LOOM_CKPT_META_SKIPPED] = (double)p->ts.scaler.skipped_steps,
+		[LOOM_CKPT_META_BELOW] = (double)p->ts.scaler.below_one_steps,
 	};
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
@@ -191,6 +190,15 @@ loom_status loom_load(loom_program *p, const char *path)
 			break;
 		}
 		found[i] = r;
+		if (!record_addr(p, i)) {
+			double meta[LOOM_CKPT_META_COUNT];
+			memcpy(meta, r->data, sizeof(meta));
+			st = loom_ckpt_check_meta(meta, err, sizeof(err));
+			if (st != LOOM_OK) {
+				loom_program_fail(p, st, "checkpoint %s: %s", path, err);
+				break;
+			}
+		}
 	}
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
@@ -198,14 +206,14 @@ loom_status loom_load(loom_program *p, const char *path)
 			st = loom_program_upload(p, addr, found[i]->data, found[i]->bytes);
 			continue;
 		}
-		double meta[META_COUNT];
+		double meta[LOOM_CKPT_META_COUNT];
 		memcpy(meta, found[i]->data, sizeof(meta));
-		p->ts.step = (int64_t)meta[META_STEP];
-		p->ts.lr = meta[META_LR];
-		p->ts.scaler.scale = (float)meta[META_SCALE];
-		p->ts.scaler.growth_tracker = (int32_t)meta[META_TRACKER];
-		p->ts.scaler.skipped_steps = (int64_t)meta[META_SKIPPED];
-		p->ts.scaler.below_one_steps = (int64_t)meta[META_BELOW];
+		p->ts.step = (int64_t)meta[LOOM_CKPT_META_STEP];
+		p->ts.lr = meta[LOOM_CKPT_META_LR];
+		p->ts.scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
+		p->ts.scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
+		p->ts.scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
+		p->ts.scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
 	}
 	free(found);
 out:

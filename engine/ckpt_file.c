@@ -397,8 +397,15 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 		r->ndim = (int)ndim;
 		if (end - off < 8 * (size_t)ndim + 8)
 			goto out_overrun;
-		for (uint32_t d = 0; d < ndim; d++, off += 8)
+		for (uint32_t d = 0; d < ndim; d++, off += 8) {
 			r->dims[d] = (int64_t)get_u64(f->buf + off);
+			/* The writer refuses negative dims; a reader that
+			 * multiplied one out would get a nonsense size. */
+			if (r->dims[d] < 0)
+				return fail(err, errlen, LOOM_ERR_FORMAT,
+					    "checkpoint '%s': malformed: record '%s' dim %u is %lld",
+					    path, r->name, d, (long long)r->dims[d]);
+		}
 		bytes = get_u64(f->buf + off);
 		off += 8;
 		pad = pad_to_align(off);

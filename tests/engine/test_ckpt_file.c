@@ -274,6 +274,31 @@ Test(ckpt_file, other_format_version)
 	free(bad);
 }
 
+/* Sealed with a valid CRC but a dim of -1: the writer never makes one, so
+ * the reader refuses it and names the record. */
+Test(ckpt_file, negative_dim_refused)
+{
+	char *p = write_small("small.ckpt");
+	char *bad = path_in_dir("negdim.ckpt");
+	size_t size;
+	unsigned char *buf = slurp(p, &size);
+	uint32_t crc;
+
+	/* header 24 | name length 4 | "w\0" | dtype 4 | ndim 4 | dims[0] at 38 */
+	cr_assert_eq(buf[28], 'w');
+	for (int i = 0; i < 8; i++)
+		buf[38 + i] = 0xff;
+	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)(size - 4));
+	for (int i = 0; i < 4; i++)
+		buf[size - 4 + i] = (unsigned char)(crc >> (8 * i));
+	spit(bad, buf, size);
+	cr_assert_eq(read_status(bad), LOOM_ERR_FORMAT, "%s", err);
+	cr_assert_not_null(strstr(err, "record 'w' dim 0 is -1"), "%s", err);
+	free(buf);
+	free(p);
+	free(bad);
+}
+
 Test(ckpt_file, missing_file)
 {
 	char *p = path_in_dir("nothing-here.ckpt");

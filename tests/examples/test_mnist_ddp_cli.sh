@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/examples/test_mnist_ddp_cli.sh — the example's command line: --help,
-# every kind of bad flag, a missing or malformed data directory, a corrupted
-# checkpoint on --resume. Each must exit non-zero (2 for flags) with a message
+# every kind of bad flag, a missing, malformed, too small or unreadable data
+# directory, an unusable checkpoint path, corrupted and out-of-range
+# checkpoints on --resume. Each must exit non-zero (2 for flags) with a message
 # naming the fault, and never crash. Prints "N passed, N failed".
 set -u
 bin=$1
@@ -43,6 +44,99 @@ mkdir -p "$tmp/bad"
 printf '\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c\x01\x02' >"$tmp/bad/train-images-idx3-ubyte"
 printf '\x00\x00\x08\x01\x00\x00\x00\x02\x01\x02' >"$tmp/bad/train-labels-idx1-ubyte"
 expect truncated_data 1 "train-images-idx3-ubyte" -- --data "$tmp/bad"
+
+# Hand-made MNIST directories: mkdata DIR NTRAIN NTEST [TEST_H TEST_W], all
+# pixels 0 and all labels 1.
+be32() { printf "\\x$(printf %02x $(($1 >> 24 & 255)))\\x$(printf %02x $(($1 >> 16 & 255)))\\x$(printf %02x $(($1 >> 8 & 255)))\\x$(printf %02x $(($1 & 255)))"; }
+split() { # DIR SPLIT N H W
+	{ printf '\x00\x00\x08\x03'; be32 "$3"; be32 "$4"; be32 "$5"; head -c $(($3 * $4 * $5)) /dev/zero; } >"$1/$2-images-idx3-ubyte"
+	{ printf '\x00\x00\x08\x01'; be32 "$3"; head -c "$3" /dev/zero | tr '\0' '\1'; } >"$1/$2-labels-idx1-ubyte"
+}
+mkdata() {
+	mkdir -p "$1"
+	split "$1" train "$2" 28 28
+	split "$1" t10k "$3" "${4:-28}" "${5:-28}"
+}
+mkdata "$tmp/small" 200 100
+mkdata "$tmp/notrain" 0 100
+mkdata "$tmp/notest" 200 0
+mkdata "$tmp/test32" 200 100 32 32
+
+# Fewer images than one batch: refused naming both sizes (was SIGFPE).
+expect small_train 1 "--batch-size 500 is larger than the training set in $tmp/small (200 images)" -- \
+	--data "$tmp/small" --batch-size 500 --device cpu
+expect empty_train 1 "training set in $tmp/notrain is empty" -- --data "$tmp/notrain" --device cpu
+expect absurd_batch 1 "--batch-size 1048576 is larger than the training set" -- \
+	--data "$tmp/small" --batch-size 1048576 --device cpu
+# An empty test set trains and says there is nothing to evaluate.
+expect empty_test 0 "no test images to evaluate" -- --data "$tmp/notest" --epochs 1 --device cpu
+if grep -q "test accuracy" <<<"$("$bin" --data "$tmp/notest" --epochs 1 --device cpu 2>&1)"; then
+	fail=$((fail + 1))
+	echo "FAIL empty_test_no_accuracy: an accuracy was reported for an empty test set"
+else
+	pass=$((pass + 1))
+fi
+# Test images of another size: the message names the test file, not train.
+expect test_size 1 "$tmp/test32/t10k-images-idx3-ubyte: the test images are 32x32" -- \
+	--data "$tmp/test32" --device cpu
+
+# A checkpoint that cannot be written is refused before any work.
+expect ckpt_missing_dir 1 "directory $tmp/nodir: does not exist" -- --data "$tmp/small" \
+	--checkpoint "$tmp/nodir/ck.bin"
+expect ckpt_is_dir 1 "is a directory" -- --data "$tmp/small" --checkpoint "$tmp"
+
+# A checkpoint whose step is -5, sealed with a valid CRC: refused at load
+# naming the field, and left as it was. The run-time scalars are the last
+# record, 6 doubles just before the 4-byte CRC.
+if "$bin" --data "$tmp/small" --device cpu --max-steps 1 --checkpoint "$tmp/neg.ckpt" >/dev/null 2>&1; then
+	size=$(stat -c %s "$tmp/neg.ckpt")
+	{
+		head -c $((size - 52)) "$tmp/neg.ckpt"
+		printf '\x00\x00\x00\x00\x00\x00\x14\xc0' # -5.0, little-endian
+		tail -c 44 "$tmp/neg.ckpt" | head -c 40
+	} >"$tmp/neg.body"
+	# gzip's trailer holds the CRC-32 of its input, little-endian, as ours.
+	{ cat "$tmp/neg.body"; gzip -c <"$tmp/neg.body" | tail -c 8 | head -c 4; } >"$tmp/neg.ckpt"
+	cp "$tmp/neg.ckpt" "$tmp/neg.orig"
+	expect negative_step 1 "field 'step' is -5" -- --data "$tmp/small" --device cpu \
+		--checkpoint "$tmp/neg.ckpt" --resume
+	if cmp -s "$tmp/neg.ckpt" "$tmp/neg.orig"; then
+		pass=$((pass + 1))
+	else
+		fail=$((fail + 1))
+		echo "FAIL negative_step_kept: the refused checkpoint was changed"
+	fi
+else
+	fail=$((fail + 1))
+	echo "FAIL negative_step: could not train one step on $tmp/small"
+fi
+
+# A data directory that may not be searched: permission denied, not missing
+# files. Root passes every permission check, so as root run as nobody.
+locked=$(mktemp -d /tmp/loom-cli-locked.XXXXXX)
+mkdata "$locked/d" 200 100
+chmod 755 "$locked"
+run_as=()
+if [ "$(id -u)" -eq 0 ]; then
+	chown -R 65534:65534 "$locked/d"
+	command -v setpriv >/dev/null && run_as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+fi
+if [ "$(id -u)" -ne 0 ] || [ "${#run_as[@]}" -gt 0 ]; then
+	chmod 600 "$locked/d"
+	out=$("${run_as[@]}" "$bin" --data "$locked/d" --device cpu 2>&1)
+	rc=$?
+	if [ "$rc" -eq 1 ] && grep -q "Permission denied" <<<"$out" && ! grep -q "neither" <<<"$out"; then
+		pass=$((pass + 1))
+	else
+		fail=$((fail + 1))
+		echo "FAIL eacces: exit $rc, output:"
+		echo "$out" | head -5
+	fi
+else
+	echo "SKIP eacces: running as root without setpriv"
+fi
+chmod -R u+rwx "$locked"
+rm -rf "$locked"
 
 # A corrupted checkpoint is refused on --resume and left in place.
 data=/usr/share/datasets/fashion-mnist
