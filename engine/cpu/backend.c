@@ -13,6 +13,7 @@
 
 #include "amp/half.h"
 #include "engine/elem.h"
+#include "engine/cpu/bf16_node.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/optim.h"
 #include "engine/program_internal.h"
@@ -339,6 +340,9 @@ static loom_status run_node(loom_program *p, loom_value v, int train)
 	}
 	if (!emulated(p, n))
 		return run_kernel(p, v, &a, train);
+	/* bf16 products on CPUs that multiply bf16 natively (bf16_node.c). */
+	if (loom_cpu_bf16_node(p, v, a.src, a.out, p->ws))
+		return LOOM_OK;
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */

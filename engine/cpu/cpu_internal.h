@@ -11,6 +11,9 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "engine/cpu/cpu_path.h"
+#include "engine/cpu/kernels.h"
+
 /* LOOM_CPU_FN(loom_cpu_relu_fwd) -> loom_cpu_relu_fwd_f32 when SFX is f32. */
 #define LOOM_CPU_PASTE_(a, b) a##_##b
 #define LOOM_CPU_PASTE(a, b) LOOM_CPU_PASTE_(a, b)
@@ -87,5 +90,40 @@ static inline void loom_cpu_blas_serial_end(int prev)
 	if (prev != 1)
 		openblas_set_num_threads(prev);
 }
+
+/*
+ * The *_impl.h kernels are written against the cblas signature (row-major
+ * only); their f32 instances call this, which takes the path chosen in
+ * cpu_path.c. f64 stays on cblas_dgemm.
+ */
+static inline void loom_cpu_sgemm_cblas(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta,
+					enum CBLAS_TRANSPOSE tb, int m, int n, int k,
+					float alpha, const float *a, int lda, const float *b,
+					int ldb, float beta, float *c, int ldc)
+{
+	(void)order;
+	loom_cpu_sgemm(ta == CblasTrans ? 'T' : 'N', tb == CblasTrans ? 'T' : 'N', m, n, k,
+		       alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* A 1x1, stride-1, unpadded conv is a plain GEMM on the input: no im2col. */
+static inline int loom_cpu_conv_is_pointwise(const loom_conv_shape *s)
+{
+	return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0;
+}
+
+/*
+ * Forward as yt[P, c_out] = col^T w^T, then a transpose into NCHW, when the
+ * image is small: OpenBLAS 0.3.21 (Cooperlake kernels on this Zen 4) runs the
+ * 32 x 196 x 400 GEMM at ~50 GFLOP/s and the 196 x 32 x 400 one at ~90, one
+ * thread. For wide outputs (conv1: 16 x 784 x 25) the plain form is faster.
+ */
+static inline int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
+{
+	return s->h_out * s->w_out < 512;
+}
+
+/* Bytes of one thread's conv scratch slot for element size elem (conv.c). */
+size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem);
 
 #endif /* LOOM_ENGINE_CPU_INTERNAL_H */
