@@ -108,6 +108,8 @@ int main(int argc, char **argv)
 			levels = argv[++i];
 		else if (!strcmp(argv[i], "--no-fusion"))
 			no_fusion = 1;
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--bf16"))
 			half = LOOM_BF16;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -116,7 +118,8 @@ int main(int argc, char **argv)
 			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
 		} else {
 			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
-					"[--levels 0123] [--bf16] [--no-fusion] [--device auto|cpu|cuda]\n");
+					"[--levels 0123] [--bf16] [--no-fusion] [--device auto|cpu|cuda] "
+					"[--threads N]\n");
 			return 2;
 		}
 	}
@@ -124,8 +127,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_convnet: steps, warmup and batch must be positive\n");
 		return 2;
 	}
-	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up\n\n", b, steps,
-	       warmup);
+	char cpu[128];
+	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up; %s\n\n", b,
+	       steps, warmup, loom_cpu_describe(cpu, sizeof(cpu)));
 	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss |\n");
 	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- |\n");
 	int rc = 0;

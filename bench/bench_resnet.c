@@ -95,6 +95,8 @@ int main(int argc, char **argv)
 			warmup = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--levels") && i + 1 < argc)
 			levels = argv[++i];
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
 			i++;
 			dev = !strcmp(argv[i], "cpu") ? LOOM_DEVICE_CPU :
@@ -102,7 +104,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: bench_resnet [--depth 18|34|50] [--batch-size N] "
 					"[--size 32|224] [--steps N] [--warmup N] [--levels 0123] "
-					"[--device auto|cpu|cuda]\n");
+					"[--device auto|cpu|cuda] [--threads N]\n");
 			return 2;
 		}
 	}
@@ -111,6 +113,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_resnet: depth must be 18, 34 or 50; batch, size and steps positive\n");
 		return 2;
 	}
+	char cpu[128];
+	printf("%s\n\n", loom_cpu_describe(cpu, sizeof(cpu)));
 	printf("| model | batch | size | level | device | img/s | params (M) | params MiB | activations MiB | naive act. MiB | compile ms |\n");
 	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
 	int rc = 0;

@@ -38,6 +38,7 @@ typedef struct args {
 	int log_interval;
 	int64_t max_steps; /* 0: no limit (for smoke runs) */
 	int dump_graph;
+	int threads;
 } args;
 
 static void usage(FILE *f)
@@ -61,6 +62,7 @@ static void usage(FILE *f)
 		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
 		"  --seed N             initialisation and shuffling seed (default 0)\n"
+		"  --threads N          CPU threads (default: one per core)\n"
 		"  --checkpoint PATH    save here after every epoch (atomic write)\n"
 		"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
 		"  --resume             continue from --checkpoint\n"
@@ -104,7 +106,7 @@ static int parse_args(int argc, char **argv, args *a)
 {
 	enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
 	       O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX,
-	       O_DUMP, O_KEEPBN, O_SAVE_EVERY, O_HELP };
+	       O_DUMP, O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_HELP };
 	static const struct option opts[] = {
 		{ "data", required_argument, 0, O_DATA },
 		{ "epochs", required_argument, 0, O_EPOCHS },
@@ -127,6 +129,7 @@ static int parse_args(int argc, char **argv, args *a)
 		{ "max-steps", required_argument, 0, O_MAX },
 		{ "dump-graph", no_argument, 0, O_DUMP },
 		{ "keep-batchnorm-fp32", required_argument, 0, O_KEEPBN },
+		{ "threads", required_argument, 0, O_THREADS },
 		{ "help", no_argument, 0, O_HELP },
 		{ 0, 0, 0, 0 },
 	};
@@ -218,6 +221,10 @@ static int parse_args(int argc, char **argv, args *a)
 			a->max_steps = l;
 			break;
 		case O_DUMP: a->dump_graph = 1; break;
+		case O_THREADS:
+			if (parse_int("--threads", optarg, 1, 1024, &l)) return -1;
+			a->threads = (int)l;
+			break;
 		case O_KEEPBN:
 			if (!strcmp(optarg, "true")) a->keep_bn_fp32 = 1;
 			else if (!strcmp(optarg, "false")) a->keep_bn_fp32 = 0;
@@ -338,6 +345,8 @@ int main(int argc, char **argv)
 	loom_graph_set_seed(g, a.seed);
 	loom_value loss = loom_model_convnet(g, a.batch, &logits);
 
+	if (a.threads)
+		loom_cpu_set_threads(a.threads);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = a.device;
@@ -361,6 +370,10 @@ int main(int argc, char **argv)
 	       info.backend, a.data, a.level,
 	       a.level == LOOM_O0 ? "" : a.half == LOOM_BF16 ? " (bf16)" : " (fp16)",
 	       a.optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a.lr, a.batch, a.epochs);
+	if (!strncmp(info.backend, "cpu", 3)) {
+		char cpu[128];
+		printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));
+	}
 	printf("model: %lld parameters; memory planned before step 1: %.2f MiB arena "
 	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
 	       (long long)info.n_param_elems, info.arena_bytes / 1048576.0,
