@@ -8,6 +8,7 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
 
+#ifdef LOOM_CPU_BASE
 /* One thread's scratch: im2col of one image [K, P], then either the
  * transposed forward output [P, c_out] or a private dw^T [K, c_out]
  * (bwd_filter). Rounded to a cache line so slots never share one. */
@@ -25,15 +26,18 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)
 {
 	return loom_cpu_conv_slot_bytes(s, elem) * (size_t)loom_cpu_slots();
 }
+#endif
 
 #define T float
-#define SFX f32
+#define SFX LOOM_CPU_F32
 #define CBLAS_GEMM loom_cpu_sgemm_cblas
 #include "engine/cpu/conv_impl.h"
 #undef T
 #undef SFX
 #undef CBLAS_GEMM
 
+/* f64 (gradient checks) only in the baseline copy. */
+#ifdef LOOM_CPU_BASE
 #define T double
 #define SFX f64
 #define CBLAS_GEMM cblas_dgemm
@@ -41,3 +45,4 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)
 #undef T
 #undef SFX
 #undef CBLAS_GEMM
+#endif

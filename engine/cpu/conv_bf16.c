@@ -4,6 +4,8 @@
  * oneDNN's bf16 GEMM). Same structure as conv_impl.h: one im2col (here in
  * bf16, half the bytes) and one GEMM per image, threads split the batch.
  * The results are fp32; the backend rounds them if the node stores bf16.
+ * Compiled for AVX-512 only (BUILD); dispatch.c calls it after checking the
+ * CPU has avx512_bf16.
  */
 #include <string.h>
 
@@ -22,14 +24,9 @@
 #undef T
 #undef SFX
 
-int loom_cpu_bf16_native(void)
-{
-	return loom_cpu_isa_get() == LOOM_CPU_ISA_AVX512_BF16;
-}
-
 /* Rows of A and B must share one type, so a 1x1 conv's bf16 input can be
  * used in place; the others go through a bf16 im2col. */
-int loom_cpu_conv2d_fwd_bf16(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
+int loom_cpu_conv2d_fwd_bf16_avx512(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
 			     const float *b, float *y, void *ws)
 {
 	const int k = s->c_in * s->kh * s->kw;
@@ -42,8 +39,6 @@ int loom_cpu_conv2d_fwd_bf16(const loom_conv_shape *s, const uint16_t *x, const 
 	const int nt = loom_cpu_slot_threads(s->n);
 	int fail = 0;
 
-	if (!loom_cpu_bf16_native())
-		return -1;
 #pragma omp parallel num_threads(nt) reduction(| : fail)
 	{
 		char *base = (char *)ws + slot * omp_get_thread_num();
@@ -82,7 +77,7 @@ int loom_cpu_conv2d_fwd_bf16(const loom_conv_shape *s, const uint16_t *x, const 
 	return fail ? -1 : 0;
 }
 
-int loom_cpu_conv2d_bwd_data_bf16(const loom_conv_shape *s, const uint16_t *dy,
+int loom_cpu_conv2d_bwd_data_bf16_avx512(const loom_conv_shape *s, const uint16_t *dy,
 				  const uint16_t *w, float *dx, void *ws)
 {
 	const int k = s->c_in * s->kh * s->kw;
@@ -94,8 +89,6 @@ int loom_cpu_conv2d_bwd_data_bf16(const loom_conv_shape *s, const uint16_t *dy,
 	const int nt = loom_cpu_slot_threads(s->n);
 	int fail = 0;
 
-	if (!loom_cpu_bf16_native())
-		return -1;
 #pragma omp parallel num_threads(nt) reduction(| : fail)
 	{
 		float *dcol = (float *)((char *)ws + slot * omp_get_thread_num());
@@ -116,7 +109,7 @@ int loom_cpu_conv2d_bwd_data_bf16(const loom_conv_shape *s, const uint16_t *dy,
 	return fail ? -1 : 0;
 }
 
-int loom_cpu_conv2d_bwd_filter_bf16(const loom_conv_shape *s, const uint16_t *dy,
+int loom_cpu_conv2d_bwd_filter_bf16_avx512(const loom_conv_shape *s, const uint16_t *dy,
 				    const uint16_t *x, float *dw, void *ws)
 {
 	const int k = s->c_in * s->kh * s->kw;
@@ -129,8 +122,6 @@ int loom_cpu_conv2d_bwd_filter_bf16(const loom_conv_shape *s, const uint16_t *dy
 	const int nt = loom_cpu_slot_threads(s->n);
 	int fail = 0, team = 1;
 
-	if (!loom_cpu_bf16_native())
-		return -1;
 	/* Per-thread partial dw^T in fp32, summed in a fixed order after. */
 #pragma omp parallel num_threads(nt) reduction(| : fail)
 	{
@@ -166,12 +157,4 @@ int loom_cpu_conv2d_bwd_filter_bf16(const loom_conv_shape *s, const uint16_t *dy
 		}
 	}
 	return 0;
-}
-
-int loom_cpu_gemm_bf16f32(int ta, int tb, int m, int n, int k, double alpha,
-			  const uint16_t *a, const uint16_t *b, double beta, float *c)
-{
-	/* oneDNN splits one call over the OpenMP team itself. */
-	return loom_cpu_gemm_bf16(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, (float)alpha, a,
-				  ta ? m : k, b, tb ? k : n, (float)beta, c, n);
 }

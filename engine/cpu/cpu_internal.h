@@ -19,6 +19,19 @@
 #define LOOM_CPU_PASTE(a, b) LOOM_CPU_PASTE_(a, b)
 #define LOOM_CPU_FN(name) LOOM_CPU_PASTE(name, SFX)
 
+/*
+ * bn.c, conv.c, elementwise.c and pool.c are compiled once per instruction
+ * set (BUILD: -march=x86-64, x86-64-v3, x86-64-v4), LOOM_CPU_VARIANT naming
+ * the copy (base, avx2, avx512): their f32 kernels are then named e.g.
+ * loom_cpu_relu_fwd_f32_avx2, and dispatch.c's loom_cpu_relu_fwd_f32 calls
+ * the copy of the path chosen at start-up. f64 is in the base copy only.
+ */
+#ifdef LOOM_CPU_VARIANT
+#define LOOM_CPU_F32 LOOM_CPU_PASTE(f32, LOOM_CPU_VARIANT)
+#else
+#define LOOM_CPU_F32 f32
+#endif
+
 /* Below this many elements a parallel region costs more than it saves. */
 #define LOOM_CPU_PAR_MIN 32768
 
