@@ -4,8 +4,8 @@
  * oneDNN's bf16 GEMM). Same structure as conv_impl.h: one im2col (here in
  * bf16, half the bytes) and one GEMM per image, threads split the batch.
  * The results are fp32; the backend rounds them if the node stores bf16.
- * Compiled for AVX-512 only (BUILD); dispatch.c calls it after checking the
- * CPU has avx512_bf16.
+ * Compiled in the x86-64-v3 copy only (BUILD); dispatch.c calls it after
+ * checking the CPU has avx512_bf16.
  */
 #include <string.h>
 
@@ -26,7 +26,7 @@
 
 /* Rows of A and B must share one type, so a 1x1 conv's bf16 input can be
  * used in place; the others go through a bf16 im2col. */
-int loom_cpu_conv2d_fwd_bf16_avx512(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
+int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
 			     const float *b, float *y, void *ws)
 {
 	const int k = s->c_in * s->kh * s->kw;
@@ -77,7 +77,7 @@ int loom_cpu_conv2d_fwd_bf16_avx512(const loom_conv_shape *s, const uint16_t *x,
 	return fail ? -1 : 0;
 }
 
-int loom_cpu_conv2d_bwd_data_bf16_avx512(const loom_conv_shape *s, const uint16_t *dy,
+int loom_cpu_conv2d_bwd_data_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
 				  const uint16_t *w, float *dx, void *ws)
 {
 	const int k = s->c_in * s->kh * s->kw;
@@ -109,7 +109,7 @@ int loom_cpu_conv2d_bwd_data_bf16_avx512(const loom_conv_shape *s, const uint16_
 	return fail ? -1 : 0;
 }
 
-int loom_cpu_conv2d_bwd_filter_bf16_avx512(const loom_conv_shape *s, const uint16_t *dy,
+int loom_cpu_conv2d_bwd_filter_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
 				    const uint16_t *x, float *dw, void *ws)
 {
 	const int k = s->c_in * s->kh * s->kw;

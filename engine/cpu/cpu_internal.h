@@ -21,8 +21,8 @@
 
 /*
  * bn.c, conv.c, elementwise.c and pool.c are compiled once per instruction
- * set (BUILD: -march=x86-64, x86-64-v3, x86-64-v4), LOOM_CPU_VARIANT naming
- * the copy (base, avx2, avx512): their f32 kernels are then named e.g.
+ * set (BUILD: -march=x86-64 and x86-64-v3), LOOM_CPU_VARIANT naming the
+ * copy (base, avx2): their f32 kernels are then named e.g.
  * loom_cpu_relu_fwd_f32_avx2, and dispatch.c's loom_cpu_relu_fwd_f32 calls
  * the copy of the path chosen at start-up. f64 is in the base copy only.
  */

@@ -1,7 +1,8 @@
 /*
  * engine/cpu/dispatch.c — the public f32 kernels of kernels.h, each calling
  * the copy compiled for the path chosen at start-up (cpu_path.c): base
- * (plain x86-64), avx2 (x86-64-v3) or avx512 (x86-64-v4). The build's own
+ * (plain x86-64) on the portable path, avx2 (x86-64-v3) on the AVX2 and
+ * AVX-512 ones, whose products run in oneDNN's AVX-512 code. The build's own
  * baseline is plain x86-64, so the binary runs on any x86-64 CPU and still
  * gets the wide vectors where they exist.
  */
@@ -10,20 +11,16 @@
 
 LOOM_CPU_KERNELS(float, f32_base)
 LOOM_CPU_KERNELS(float, f32_avx2)
-LOOM_CPU_KERNELS(float, f32_avx512)
 
-int loom_cpu_conv2d_fwd_bf16_avx512(const loom_conv_shape *s, const uint16_t *x,
+int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x,
 				    const uint16_t *w, const float *b, float *y, void *ws);
-int loom_cpu_conv2d_bwd_data_bf16_avx512(const loom_conv_shape *s, const uint16_t *dy,
+int loom_cpu_conv2d_bwd_data_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
 					 const uint16_t *w, float *dx, void *ws);
-int loom_cpu_conv2d_bwd_filter_bf16_avx512(const loom_conv_shape *s, const uint16_t *dy,
+int loom_cpu_conv2d_bwd_filter_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
 					   const uint16_t *x, float *dw, void *ws);
 
 /* The copy of kernel fn for the chosen path. */
-#define PICK(fn)                                                    \
-	(loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX512 ? fn##_f32_avx512 : \
-	 loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX2   ? fn##_f32_avx2 :   \
-						     fn##_f32_base)
+#define PICK(fn) (loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX2 ? fn##_f32_avx2 : fn##_f32_base)
 
 void loom_cpu_conv2d_fwd_f32(const loom_conv_shape *s, const float *x, const float *w,
 			     const float *b, float *y, void *ws)
@@ -129,20 +126,20 @@ int loom_cpu_bf16_native(void)
 int loom_cpu_conv2d_fwd_bf16(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
 			     const float *b, float *y, void *ws)
 {
-	return loom_cpu_bf16_native() ? loom_cpu_conv2d_fwd_bf16_avx512(s, x, w, b, y, ws) : -1;
+	return loom_cpu_bf16_native() ? loom_cpu_conv2d_fwd_bf16_native(s, x, w, b, y, ws) : -1;
 }
 
 int loom_cpu_conv2d_bwd_data_bf16(const loom_conv_shape *s, const uint16_t *dy,
 				  const uint16_t *w, float *dx, void *ws)
 {
-	return loom_cpu_bf16_native() ? loom_cpu_conv2d_bwd_data_bf16_avx512(s, dy, w, dx, ws) :
+	return loom_cpu_bf16_native() ? loom_cpu_conv2d_bwd_data_bf16_native(s, dy, w, dx, ws) :
 					-1;
 }
 
 int loom_cpu_conv2d_bwd_filter_bf16(const loom_conv_shape *s, const uint16_t *dy,
 				    const uint16_t *x, float *dw, void *ws)
 {
-	return loom_cpu_bf16_native() ? loom_cpu_conv2d_bwd_filter_bf16_avx512(s, dy, x, dw, ws) :
+	return loom_cpu_bf16_native() ? loom_cpu_conv2d_bwd_filter_bf16_native(s, dy, x, dw, ws) :
 					-1;
 }
 
