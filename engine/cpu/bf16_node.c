@@ -3,10 +3,32 @@
  * conv, linear or matmul node whose two matrix sources are bf16 runs on the
  * bf16 kernels of conv_bf16.c (fp32 accumulation) instead of being widened
  * to f32 first, when the CPU multiplies bf16 itself (avx512_bf16).
+ *
+ * Off unless LOOM_CPU_BF16=native: with Debian's oneDNN 2.6 the bf16 GEMM
+ * (dnnl_gemm_bf16bf16f32, and the bf16 matmul primitive alike) ran at about
+ * half the fp32 GEMM's rate on the ConvNet's and ResNet-50's shapes on the
+ * one avx512_bf16 machine measured (bench/RESULTS.md), so by default bf16
+ * keeps the exact emulation, which is faster there.
  */
+
+#include <stdlib.h>
+#include <string.h>
+
 #include "amp/half.h"
 #include "engine/cpu/bf16_node.h"
 #include "engine/cpu/kernels.h"
+
+static int bf16_wanted(void)
+{
+	static int want = -1; /* every thread computes the same answer */
+	int w = __atomic_load_n(&want, __ATOMIC_RELAXED);
+	if (w < 0) {
+		const char *e = getenv("LOOM_CPU_BF16");
+		w = e && !strcmp(e, "native");
+		__atomic_store_n(&want, w, __ATOMIC_RELAXED);
+	}
+	return w;
+}
 
 static size_t align64(size_t x)
 {
@@ -50,6 +72,8 @@ int loom_cpu_bf16_node(loom_program *p, loom_value v, void *const *src, void *ou
 		   n->op == LOOM_OP_CONV2D_BWD_FILTER;
 
 	if (!conv && n->op != LOOM_OP_LINEAR && n->op != LOOM_OP_MATMUL)
+		return 0;
+	if (!bf16_wanted())
 		return 0;
 	if (n->nsrc < 2 || src_of(p, n, 0)->dtype != LOOM_BF16 ||
 	    src_of(p, n, 1)->dtype != LOOM_BF16 ||

@@ -127,13 +127,15 @@ static inline int loom_cpu_conv_is_pointwise(const loom_conv_shape *s)
 
 /*
  * Forward as yt[P, c_out] = col^T w^T, then a transpose into NCHW, when the
- * image is small: OpenBLAS 0.3.21 (Cooperlake kernels on this Zen 4) runs the
- * 32 x 196 x 400 GEMM at ~50 GFLOP/s and the 196 x 32 x 400 one at ~90, one
- * thread. For wide outputs (conv1: 16 x 784 x 25) the plain form is faster.
+ * image is small and the GEMM is OpenBLAS's: 0.3.21 (Cooperlake kernels on a
+ * Zen 4) runs the 32 x 196 x 400 GEMM at ~50 GFLOP/s and the 196 x 32 x 400
+ * one at ~90, one thread. oneDNN is the other way round (~150 GFLOP/s
+ * plain, ~85 transposed, one thread of a Xeon family 6 model 207), and
+ * for wide outputs (conv1: 16 x 784 x 25) the plain form is faster on both.
  */
 static inline int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
 {
-	return s->h_out * s->w_out < 512;
+	return s->h_out * s->w_out < 512 && loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE;
 }
 
 /* Bytes of one thread's conv scratch slot for element size elem (conv.c). */
