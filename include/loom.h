@@ -331,6 +331,17 @@ void loom_program_memory_report(const loom_program *p, FILE *out);
 /* The message of the last failure on p ("" if none). */
 const char *loom_program_error(const loom_program *p);
 
+/* ---------------------------------------------------------------- CPU path */
+
+/*
+ * One line naming the CPU kernels' path, chosen once from the CPU's features,
+ * and their thread count, e.g. "cpu: 2 threads, avx512_bf16 kernels (onednn)",
+ * written to buf; returns buf. For a program's start-up output.
+ */
+const char *loom_cpu_describe(char *buf, size_t size);
+/* Threads the CPU kernels use from now on (n < 1: one per core). */
+void loom_cpu_set_threads(int n);
+
 /* ---------------------------------------------------------------- checkpoints */
 
 /*
