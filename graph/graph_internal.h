@@ -38,6 +38,8 @@ typedef enum loom_op {
 	LOOM_OP_CAST,              /* x -> dtype */
 	LOOM_OP_GLOBAL_AVGPOOL,    /* [N, C, H, W] -> [N, C] */
 	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
+	LOOM_OP_GELU,              /* x * Phi(x), the exact (erf) form */
+	LOOM_OP_GELU_BWD,          /* (x, dy) -> dx */
 	LOOM_OP_COUNT
 } loom_op;
 

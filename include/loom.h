@@ -137,6 +137,8 @@ loom_value loom_batchnorm2d(loom_graph *g, loom_value x, loom_value gamma,
 			    loom_value beta, loom_value running_mean,
 			    loom_value running_var, double momentum, double eps);
 loom_value loom_relu(loom_graph *g, loom_value x);
+/* x * Phi(x) with Phi the normal CDF (torch.nn.GELU(), the exact erf form). */
+loom_value loom_gelu(loom_graph *g, loom_value x);
 loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
 			  int pad);
 /* [N, C, H, W] -> [N, C]: the mean of each channel plane (ResNet's head). */

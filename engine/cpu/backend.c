@@ -44,6 +44,8 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = loom_cpu_op_cast,
 	[LOOM_OP_GLOBAL_AVGPOOL] = loom_cpu_op_global_avgpool,
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
+	[LOOM_OP_GELU] = loom_cpu_op_gelu,
+	[LOOM_OP_GELU_BWD] = loom_cpu_op_gelu_bwd,
 };
 
 /* Kernel workspace of the ops that need one, for element size elem. */

@@ -3,6 +3,8 @@
  * (relu, add, sum, scalar broadcast, the loss-scale seed of backward) and of
  * the dtype cast that the AMP pass inserts.
  */
+#include <math.h>
+
 #include "amp/half.h"
 #include "engine/cpu/ops.h"
 #include "engine/elem.h"
@@ -27,6 +29,55 @@ loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_
 	(void)ctx;
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_relu_bwd,
 			  numel_of(plan, v), io->src[0], io->src[1], io->out);
+	return LOOM_OK;
+}
+
+/* gelu runs in the entry itself: erf dominates, and there is no library
+ * kernel or ISA-specific loop to choose between. dx = dy * (Phi(x) + x phi(x)). */
+#define GELU_PAR_MIN 32768
+
+static void gelu_f32(int64_t n, const float *x, const float *dy, float *y)
+{
+	const float k = (float)(0.5 * M_2_SQRTPI * M_SQRT1_2); /* 1 / sqrt(2 pi) */
+#pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
+	for (int64_t i = 0; i < n; i++) {
+		float cdf = 0.5f * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+		y[i] = dy ? dy[i] * (cdf + x[i] * k * expf(-0.5f * x[i] * x[i])) : x[i] * cdf;
+	}
+}
+
+static void gelu_f64(int64_t n, const double *x, const double *dy, double *y)
+{
+	const double k = 0.5 * M_2_SQRTPI * M_SQRT1_2;
+#pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
+	for (int64_t i = 0; i < n; i++) {
+		double cdf = 0.5 * (1.0 + erf(x[i] * M_SQRT1_2));
+		y[i] = dy ? dy[i] * (cdf + x[i] * k * exp(-0.5 * x[i] * x[i])) : x[i] * cdf;
+	}
+}
+
+static void gelu(const loom_plan *plan, loom_value v, const loom_cpu_io *io, int bwd)
+{
+	int64_t n = numel_of(plan, v);
+	if (loom_cpu_kernel_dtype(&plan->g->nodes[v]) == LOOM_F64)
+		gelu_f64(n, io->src[0], bwd ? io->src[1] : NULL, io->out);
+	else
+		gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, io->out);
+}
+
+loom_status loom_cpu_op_gelu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			     const loom_cpu_io *io)
+{
+	(void)ctx;
+	gelu(plan, v, io, 0);
+	return LOOM_OK;
+}
+
+loom_status loom_cpu_op_gelu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cpu_io *io)
+{
+	(void)ctx;
+	gelu(plan, v, io, 1);
 	return LOOM_OK;
 }
 

@@ -77,6 +77,8 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_CAST] = loom_cuda_op_cast;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL] = loom_cuda_op_global_avgpool;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
+	t.fn[LOOM_OP_GELU] = loom_cuda_op_gelu;
+	t.fn[LOOM_OP_GELU_BWD] = loom_cuda_op_gelu_bwd;
 	return t;
 }
 

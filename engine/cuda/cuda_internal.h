@@ -219,6 +219,10 @@ loom_status loom_cuda_op_relu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_va
 			      const loom_cuda_io *io);
 loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				  const loom_cuda_io *io);
+loom_status loom_cuda_op_gelu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io);
+loom_status loom_cuda_op_gelu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				  const loom_cuda_io *io);
 loom_status loom_cuda_op_add(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 			     const loom_cuda_io *io);
 loom_status loom_cuda_op_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,

@@ -34,6 +34,21 @@ __global__ void loom_relu_bwd_kernel(const void *x, int xdt, const void *dy, int
 		loom_st(dx, dxdt, i, loom_ld(x, xdt, i) > 0.0f ? loom_ld(dy, dydt, i) : 0.0f);
 }
 
+/* gelu, the exact form: y = x Phi(x); dx = dy (Phi(x) + x phi(x)). */
+__global__ void loom_gelu_kernel(const void *x, int xdt, const void *dy, int dydt, void *y,
+				 int ydt, int64_t n)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		float v = loom_ld(x, xdt, i);
+		float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+		float out = dy ? loom_ld(dy, dydt, i) *
+					 (cdf + v * 0.39894228040143268f * expf(-0.5f * v * v)) :
+				 v * cdf;
+		loom_st(y, ydt, i, out);
+	}
+}
+
 __global__ void loom_add_kernel(const void *a, int adt, const void *b, int bdt, void *y,
 				int ydt, int64_t n)
 {
@@ -229,6 +244,31 @@ loom_status loom_cuda_op_relu(loom_cuda_ctx *c, const loom_plan *plan, loom_valu
 {
 	return loom_cuda_relu_fwd(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt,
 				  numel_of(plan, v));
+}
+
+/* gelu (dy NULL) or its backward; launcher and entries together. */
+static loom_status gelu_launch(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			       const loom_cuda_io *io, int bwd)
+{
+	int64_t n = numel_of(plan, v);
+	if (n <= 0)
+		return LOOM_OK;
+	loom_gelu_kernel<<<loom_cuda_blocks(n, threads), threads, 0, c->stream>>>(
+		io->src[0], io->dt[0], bwd ? io->src[1] : NULL, bwd ? io->dt[1] : 0, io->out,
+		io->odt, n);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_gelu(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			      const loom_cuda_io *io)
+{
+	return gelu_launch(c, plan, v, io, 0);
+}
+
+loom_status loom_cuda_op_gelu_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				  const loom_cuda_io *io)
+{
+	return gelu_launch(c, plan, v, io, 1);
 }
 
 loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,

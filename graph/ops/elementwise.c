@@ -1,7 +1,7 @@
 /*
  * graph/ops/elementwise.c — ops that map each element on its own: relu and
- * its backward (x, dy) -> dx, add of two same-shaped values, and the cast
- * the AMP pass inserts between dtypes.
+ * gelu and their backwards (x, dy) -> dx, add of two same-shaped values, and
+ * the cast the AMP pass inserts between dtypes.
  */
 #include "graph/ops/ops.h"
 
@@ -29,6 +29,22 @@ static void grad_relu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		return;
 	loom_value s[2] = { x, dy };
 	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_RELU_BWD, x, 2, s));
+}
+
+loom_value loom_gelu(loom_graph *g, loom_value x)
+{
+	loom_node n;
+	loom_op_init(&n, LOOM_OP_GELU, 1, &x);
+	return loom_op_build(g, &n);
+}
+
+static void grad_gelu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_value x = g->nodes[v].src[0];
+	if (!loom_grad_needed(ctx, x))
+		return;
+	loom_value s[2] = { x, dy };
+	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_GELU_BWD, x, 2, s));
 }
 
 loom_value loom_add(loom_graph *g, loom_value a, loom_value b)
@@ -80,6 +96,21 @@ const loom_op_def loom_op_relu = {
 
 const loom_op_def loom_op_relu_bwd = {
 	.name = "relu_bwd",
+	.kind = LOOM_OPK_BACKWARD,
+	.src_names = { "input", "dy" },
+};
+
+/* gelu has relu's shape rule: the input's shape and dtype. */
+const loom_op_def loom_op_gelu = {
+	.name = "gelu",
+	.kind = LOOM_OPK_FORWARD,
+	.src_names = { "input" },
+	.shape = shape_relu,
+	.grad = grad_gelu,
+};
+
+const loom_op_def loom_op_gelu_bwd = {
+	.name = "gelu_bwd",
 	.kind = LOOM_OPK_BACKWARD,
 	.src_names = { "input", "dy" },
 };

@@ -418,6 +418,17 @@ static void case_relu(void)
 	gc_fini(&c);
 }
 
+/* Through zero too: gelu is smooth there, unlike relu. */
+static void case_gelu(void)
+{
+	gc c;
+	gc_init(&c, 24);
+	int64_t xd[4] = { 2, 3, 4, 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
+	gc_check(&c, gc_project(&c, loom_gelu(c.g, x)), 1e-6);
+	gc_fini(&c);
+}
+
 static void case_relu_2d(void)
 {
 	gc c;

@@ -370,6 +370,11 @@ static loom_value b_pool3(loom_graph *g, tcase *t)
 }
 
 /* relu -> max-pool: fused into one relu-pool (and its backward). */
+static loom_value b_gelu(loom_graph *g, tcase *t)
+{
+	return loom_gelu(g, param(g, t, "x", 3, 4, 5, 7, 0));
+}
+
 static loom_value b_relu_pool2(loom_graph *g, tcase *t)
 {
 	t->fused_pools = 2;
@@ -832,6 +837,7 @@ static const op_case cuda_op_cases[] = {
 	{ "batchnorm2d eval", b_bn, LOOM_RUN_EVAL, 1 },
 	{ "batchnorm2d 8x32x14x14", b_bn_big, LOOM_RUN_GRAD, 1 },
 	{ "relu", b_relu, LOOM_RUN_GRAD, 0 },
+	{ "gelu", b_gelu, LOOM_RUN_GRAD, 0 },
 	{ "maxpool2d 2/2", b_pool2, LOOM_RUN_GRAD, 0 },
 	{ "maxpool2d 3/2 pad 1", b_pool3, LOOM_RUN_GRAD, 0 },
 	{ "relu+maxpool2d 2/2", b_relu_pool2, LOOM_RUN_GRAD, 0 },
