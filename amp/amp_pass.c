@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "amp/amp_pass.h"
+#include "graph/ops/ops.h"
 
 static int is_half(loom_dtype dt)
 {
@@ -115,14 +116,17 @@ static loom_value as_dtype(pass *ps, loom_value v, loom_dtype dt)
 	return *slot;
 }
 
+/* Is leaf v a batch-norm parameter or statistic of some later node (the
+ * op table's amp.bn_params: one of the sources that op keeps uncast)? */
 static int is_bn_operand(const loom_graph *g, loom_value v)
 {
 	for (int u = v + 1; u < g->n; u++) {
 		const loom_node *n = &g->nodes[u];
-		if (n->op != LOOM_OP_BATCHNORM2D)
+		const loom_op_amp *amp = &loom_op_defs[n->op]->amp;
+		if (!amp->bn_params)
 			continue;
-		for (int i = 1; i < n->nsrc; i++)
-			if (n->src[i] == v)
+		for (int i = 0; i < n->nsrc; i++)
+			if (n->src[i] == v && (amp->keep & LOOM_SRC(i)))
 				return 1;
 	}
 	return 0;
@@ -132,7 +136,7 @@ static int is_bn_operand(const loom_graph *g, loom_value v)
 static loom_dtype leaf_dtype(pass *ps, loom_value v)
 {
 	const loom_node *n = &ps->src->nodes[v];
-	if (n->op == LOOM_OP_INPUT || n->dtype != LOOM_F32)
+	if ((loom_op_defs[n->op]->flags & LOOM_OPF_FED) || n->dtype != LOOM_F32)
 		return n->dtype;
 	switch (ps->o->level) {
 	case LOOM_O2:
@@ -145,39 +149,32 @@ static loom_dtype leaf_dtype(pass *ps, loom_value v)
 	}
 }
 
-/* The compute dtype of op node v (in src), given its mapped sources. */
+/* The compute dtype of op node n (in src), given its mapped sources: the
+ * op table's AMP class at this level (see loom_amp_class). */
 static loom_dtype op_dtype(pass *ps, const loom_node *n, const loom_value *srcs)
 {
 	loom_graph *g = ps->dst;
+	const loom_op_def *def = loom_op_defs[n->op];
 	int any_f32 = 0;
+	if (def->flags & LOOM_OPF_VIEW)
+		return g->nodes[srcs[0]].dtype; /* a view: never a cast */
 	for (int i = 0; i < n->nsrc; i++)
 		if (g->nodes[srcs[i]].dtype == LOOM_F32)
 			any_f32 = 1;
 	switch (ps->o->level) {
 	case LOOM_O1:
-		switch (n->op) {
-		case LOOM_OP_CONV2D:
-		case LOOM_OP_LINEAR:
-		case LOOM_OP_MATMUL:
-			return ps->half; /* allow list */
-		case LOOM_OP_SOFTMAX_CE:
-		case LOOM_OP_SUM:
-		case LOOM_OP_BROADCAST:
-		case LOOM_OP_BATCHNORM2D:
-		case LOOM_OP_GLOBAL_AVGPOOL:
-			return LOOM_F32; /* deny list: losses, reductions, batch norm */
+		switch (def->amp.cls) {
+		case LOOM_AMP_ALLOW:
+			return ps->half;
+		case LOOM_AMP_DENY:
+		case LOOM_AMP_FP32:
+			return LOOM_F32;
+		case LOOM_AMP_FOLLOW:
 		default:
-			return any_f32 ? LOOM_F32 : ps->half; /* widest input */
+			return any_f32 ? LOOM_F32 : ps->half; /* the widest input */
 		}
 	case LOOM_O2:
-		switch (n->op) {
-		case LOOM_OP_SOFTMAX_CE:
-		case LOOM_OP_SUM:
-		case LOOM_OP_BROADCAST:
-			return LOOM_F32; /* the loss and reductions stay fp32 */
-		default:
-			return ps->half;
-		}
+		return def->amp.cls == LOOM_AMP_FP32 ? LOOM_F32 : ps->half;
 	case LOOM_O3:
 		return ps->half;
 	default:
@@ -193,7 +190,8 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 		loom_value srcs[LOOM_MAX_SRC];
 		for (int i = 0; i < n->nsrc; i++)
 			srcs[i] = ps->map[n->src[i]];
-		if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER) {
+		const loom_op_def *def = loom_op_defs[n->op];
+		if (def->kind == LOOM_OPK_LEAF) {
 			loom_node copy = *n;
 			copy.dtype = leaf_dtype(ps, v);
 			loom_value nv = loom_node_add(g, n->op, copy.dtype, copy.shape, 0, NULL);
@@ -203,7 +201,8 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 			ps->map[v] = nv;
 			/* O2: the fp32 master of a half parameter, a buffer the
 			 * optimizer owns (it has no readers in the graph). */
-			if (n->op == LOOM_OP_PARAM && ps->o->level == LOOM_O2 && is_half(copy.dtype)) {
+			if ((def->flags & LOOM_OPF_TRAINABLE) && ps->o->level == LOOM_O2 &&
+			    is_half(copy.dtype)) {
 				loom_value m = loom_node_add(g, LOOM_OP_BUFFER, LOOM_F32, copy.shape, 0, NULL);
 				if (m == LOOM_NONE)
 					break;
@@ -214,21 +213,13 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 			}
 			continue;
 		}
+		/* Sources take the compute dtype, but for those the op keeps
+		 * (batch norm's parameters and statistics, the labels). A
+		 * view's compute dtype is its source's: nothing to cast. */
 		loom_dtype dt = op_dtype(ps, n, srcs);
-		if (n->op == LOOM_OP_RESHAPE) {
-			dt = g->nodes[srcs[0]].dtype; /* a view: never a cast */
-		} else if (n->op == LOOM_OP_BATCHNORM2D) {
-			/* Only x takes the compute dtype; the parameters and
-			 * statistics keep the dtype their leaves got (under
-			 * keep_batchnorm_fp32, a half input with fp32 affine and
-			 * statistics, as cuDNN takes them). */
-			srcs[0] = as_dtype(ps, srcs[0], dt);
-		} else if (n->op == LOOM_OP_SOFTMAX_CE) {
-			srcs[0] = as_dtype(ps, srcs[0], dt);
-		} else {
-			for (int i = 0; i < n->nsrc; i++)
+		for (int i = 0; i < n->nsrc; i++)
+			if (!(def->amp.keep & LOOM_SRC(i)))
 				srcs[i] = as_dtype(ps, srcs[i], dt);
-		}
 		loom_value nv = loom_node_add(g, n->op, dt, n->shape, n->nsrc, srcs);
 		if (nv == LOOM_NONE)
 			break;

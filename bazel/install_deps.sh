@@ -8,7 +8,8 @@ PACKAGES=(
 	bazel-bootstrap      # Bazel 4.2.3, the build
 	bazel-rules-java     # @rules_java, which Bazel 4 loads even for C
 	libcriterion-dev     # the test framework
-	libopenblas-dev      # CPU matrix products
+	libdnnl-dev          # oneDNN: CPU matrix products, JIT kernels picked by instruction set
+	libopenblas-dev      # CPU matrix products on the portable path, and f64
 	libopenmpi-dev       # comm/: MPI backend and bootstrap
 	openmpi-bin          # mpirun for the multi-process tests
 	zlib1g-dev           # checkpoint CRC32, gzip IDX files

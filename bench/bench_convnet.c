@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "examples/models.h"
@@ -19,6 +20,15 @@ static double now(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Seconds of CPU time (user + system) used by this process so far. */
+static double cpu_seconds(void)
+{
+	struct rusage u;
+	getrusage(RUSAGE_SELF, &u);
+	return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+	       (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -57,11 +67,13 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	for (int i = 0; i < b; i++)
 		lab[i] = rand() % 10;
 	int rc = 0;
-	double t0 = 0, *dt_step = malloc(sizeof(double) * steps);
+	double t0 = 0, c0 = 0, *dt_step = malloc(sizeof(double) * steps);
 	for (int s = 0; s < warmup + steps && dt_step; s++) {
 		double ts = now();
-		if (s == warmup)
+		if (s == warmup) {
 			t0 = ts;
+			c0 = cpu_seconds();
+		}
 		if (loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
 		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN)) {
 			fprintf(stderr, "bench_convnet: %s\n", loom_program_error(p));
@@ -72,16 +84,16 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 			dt_step[s - warmup] = now() - ts;
 	}
 	if (!rc && dt_step) {
-		double dt = now() - t0;
+		double dt = now() - t0, cpu = cpu_seconds() - c0;
 		qsort(dt_step, steps, sizeof(double), cmp_double);
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f |\n",
+		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f | %8.0f |\n",
 		       level, level == LOOM_O0 ? "" : (half == LOOM_BF16 ? "bf16" : "fp16"),
 		       info.backend, b / dt_step[steps / 2], steps * (double)b / dt, info.param_bytes / 1048576.0,
 		       info.master_bytes / 1048576.0, info.grad_bytes / 1048576.0,
 		       info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
-		       loom_loss(p));
+		       loom_loss(p), steps * (double)b / cpu);
 	}
 	free(dt_step);
 	free(img);
@@ -108,6 +120,8 @@ int main(int argc, char **argv)
 			levels = argv[++i];
 		else if (!strcmp(argv[i], "--no-fusion"))
 			no_fusion = 1;
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--bf16"))
 			half = LOOM_BF16;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -116,7 +130,8 @@ int main(int argc, char **argv)
 			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
 		} else {
 			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
-					"[--levels 0123] [--bf16] [--no-fusion] [--device auto|cpu|cuda]\n");
+					"[--levels 0123] [--bf16] [--no-fusion] [--device auto|cpu|cuda] "
+					"[--threads N]\n");
 			return 2;
 		}
 	}
@@ -124,10 +139,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_convnet: steps, warmup and batch must be positive\n");
 		return 2;
 	}
-	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up\n\n", b, steps,
-	       warmup);
-	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss |\n");
-	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- |\n");
+	char cpu[128];
+	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up; %s\n\n", b,
+	       steps, warmup, loom_cpu_describe(cpu, sizeof(cpu)));
+	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss | img/s per CPU-s |\n");
+	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- | -------- |\n");
 	int rc = 0;
 	for (const char *l = levels; *l; l++)
 		if (*l >= '0' && *l <= '3')

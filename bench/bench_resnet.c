@@ -18,6 +18,8 @@ static double now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+static loom_dtype half = LOOM_F16;
+
 static int run(int depth, int b, int size, loom_opt_level level, loom_device dev, int warmup,
 	       int steps)
 {
@@ -33,6 +35,7 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 	o.optim.momentum = 0.9;
 	o.optim.weight_decay = 1e-4;
 	o.amp.level = level;
+	o.amp.half = half;
 	double tc = now();
 	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
 		fprintf(stderr, "bench_resnet: %s\n", loom_last_error());
@@ -64,8 +67,10 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 		double dt = now() - t0;
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		printf("| ResNet-%d | %3d | %3d | O%d | %-6s | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",
-		       depth, b, size, level, info.backend, steps * (double)b / dt,
+		printf("| ResNet-%d | %3d | %3d | O%d%s | %-6s | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",
+		       depth, b, size, level,
+		       level == LOOM_O0 ? "" : half == LOOM_BF16 ? " bf16" : " fp16", info.backend,
+		       steps * (double)b / dt,
 		       info.n_param_elems / 1e6, info.param_bytes / 1048576.0,
 		       info.activation_bytes / 1048576.0, info.activation_naive_bytes / 1048576.0,
 		       tc * 1e3);
@@ -95,6 +100,10 @@ int main(int argc, char **argv)
 			warmup = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--levels") && i + 1 < argc)
 			levels = argv[++i];
+		else if (!strcmp(argv[i], "--bf16"))
+			half = LOOM_BF16;
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
 			i++;
 			dev = !strcmp(argv[i], "cpu") ? LOOM_DEVICE_CPU :
@@ -102,7 +111,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: bench_resnet [--depth 18|34|50] [--batch-size N] "
 					"[--size 32|224] [--steps N] [--warmup N] [--levels 0123] "
-					"[--device auto|cpu|cuda]\n");
+					"[--device auto|cpu|cuda] [--threads N] [--bf16]\n");
 			return 2;
 		}
 	}
@@ -111,6 +120,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_resnet: depth must be 18, 34 or 50; batch, size and steps positive\n");
 		return 2;
 	}
+	char cpu[128];
+	printf("%s\n\n", loom_cpu_describe(cpu, sizeof(cpu)));
 	printf("| model | batch | size | level | device | img/s | params (M) | params MiB | activations MiB | naive act. MiB | compile ms |\n");
 	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
 	int rc = 0;

@@ -89,14 +89,19 @@ def main():
         for i in range(a.warmup):
             step(i)
         times = []
+        c0 = time.process_time()
         t0 = time.perf_counter()
         for i in range(a.steps):
             ts = time.perf_counter()
             step(a.warmup + i)
             times.append(time.perf_counter() - ts)
         dt = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         med = sorted(times)[len(times) // 2]
-        print(f"torch speed: {b / med:.0f} img/s median step, {a.steps * b / dt:.0f} img/s mean "
+        # per CPU-second: what a shared machine's contention disturbs least
+        # (with 1 thread; with more it also counts OpenMP's spin-waits)
+        print(f"torch speed: {b / med:.0f} img/s median step, {a.steps * b / dt:.0f} img/s mean, "
+              f"{a.steps * b / cpu:.0f} img/s per CPU-second "
               f"({a.steps} steps, batch {b}, {torch.get_num_threads()} threads)")
         return
     xt, yt = load("t10k", a.data)

@@ -108,7 +108,9 @@ typedef struct loom_backend {
 	 * ts's scaler and step as the state to start from. */
 	loom_status (*alloc)(void *ctx, const loom_plan *plan, const loom_train_state *ts,
 			     loom_arena *arena);
-	/* Queues nodes [first, last) of the schedule; flags: LOOM_EXEC_*. */
+	/* Queues the nodes at positions [first, last) of plan->mp.schedule (the
+	 * forward pass is [0, n_fwd), the backward [n_fwd, n): passes reorder
+	 * within each); flags: LOOM_EXEC_*. */
 	loom_status (*run)(void *ctx, const loom_plan *plan, loom_train_state *ts, int first,
 			   int last, unsigned flags);
 	/* The fused unscale + overflow check + optimizer update over all

@@ -181,6 +181,8 @@ int main(int argc, char **argv)
 	loom_graph_set_seed(g, a.seed);
 	loom_value loss = loom_model_convnet(g, a.batch, &logits);
 
+	if (a.threads)
+		loom_cpu_set_threads(a.threads);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = a.device;
@@ -203,12 +205,30 @@ int main(int argc, char **argv)
 	}
 	if (a.dump_graph)
 		loom_program_dump(p, stdout);
+	if (a.dump_plan) {
+		FILE *df = fopen(a.dump_plan, "w");
+		if (!df) {
+			fprintf(stderr, "mnist_ddp: --dump-plan %s: %s\n", a.dump_plan, strerror(errno));
+			goto out;
+		}
+		loom_program_dump_dot(p, df);
+		if (fclose(df) != 0) {
+			fprintf(stderr, "mnist_ddp: --dump-plan %s: %s\n", a.dump_plan, strerror(errno));
+			goto out;
+		}
+	}
 	loom_program_info info;
 	loom_program_info_get(p, &info);
 	printf("loom mnist_ddp: %s, %s, opt level O%d%s, %s lr %g, batch %d, %d epochs\n",
 	       info.backend, a.data, a.level,
 	       a.level == LOOM_O0 ? "" : a.half == LOOM_BF16 ? " (bf16)" : " (fp16)",
 	       a.optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a.lr, a.batch, a.epochs);
+	if (!strncmp(info.backend, "cpu", 3)) {
+		char cpu[128];
+		printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));
+	}
+	if (a.memory_report)
+		loom_program_memory_report(p, stdout);
 	printf("model: %lld parameters; memory planned before step 1: %.2f MiB arena "
 	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
 	       (long long)info.n_param_elems, info.arena_bytes / 1048576.0,

@@ -48,11 +48,14 @@ void mnist_ddp_usage(FILE *f)
 		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
 		"  --seed N             initialisation and shuffling seed (default 0)\n"
+		"  --threads N          CPU kernel threads (default: one per core)\n"
 		"  --checkpoint PATH    save here after every epoch (atomic write)\n"
 		"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
 		"  --resume             continue from --checkpoint\n"
 		"  --log-interval N     steps between progress lines (default 100)\n"
 		"  --max-steps N        stop after N training steps (smoke tests)\n"
+		"  --dump-plan FILE     write the compiled plan as Graphviz (dot -Tsvg FILE)\n"
+		"  --memory-report      print where the plan's memory goes, before step 1\n"
 		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
 		"                       and its place in the arena\n"
 		"  --help               this text\n",
@@ -91,7 +94,7 @@ mnist_ddp_parse mnist_ddp_parse_args(int argc, char **argv, mnist_ddp_args *a, c
 {
 	enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
 	       O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX,
-	       O_DUMP, O_KEEPBN, O_SAVE_EVERY, O_HELP };
+	       O_DUMP, O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_HELP };
 	static const struct option opts[] = {
 		{ "data", required_argument, 0, O_DATA },
 		{ "epochs", required_argument, 0, O_EPOCHS },
@@ -113,6 +116,9 @@ mnist_ddp_parse mnist_ddp_parse_args(int argc, char **argv, mnist_ddp_args *a, c
 		{ "log-interval", required_argument, 0, O_LOG },
 		{ "max-steps", required_argument, 0, O_MAX },
 		{ "dump-graph", no_argument, 0, O_DUMP },
+		{ "dump-plan", required_argument, 0, O_DUMP_PLAN },
+		{ "memory-report", no_argument, 0, O_MEMREP },
+		{ "threads", required_argument, 0, O_THREADS },
 		{ "keep-batchnorm-fp32", required_argument, 0, O_KEEPBN },
 		{ "help", no_argument, 0, O_HELP },
 		{ 0, 0, 0, 0 },
@@ -211,6 +217,12 @@ mnist_ddp_parse mnist_ddp_parse_args(int argc, char **argv, mnist_ddp_args *a, c
 			a->max_steps = l;
 			break;
 		case O_DUMP: a->dump_graph = 1; break;
+		case O_DUMP_PLAN: a->dump_plan = optarg; break;
+		case O_MEMREP: a->memory_report = 1; break;
+		case O_THREADS:
+			if (parse_int("--threads", optarg, 1, 1024, &l, msg, msglen)) return MNIST_DDP_BAD;
+			a->threads = (int)l;
+			break;
 		case O_KEEPBN:
 			if (!strcmp(optarg, "true")) a->keep_bn_fp32 = 1;
 			else if (!strcmp(optarg, "false")) a->keep_bn_fp32 = 0;

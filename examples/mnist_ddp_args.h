@@ -32,6 +32,9 @@ typedef struct mnist_ddp_args {
 	int log_interval;
 	int64_t max_steps; /* 0: no limit (for smoke runs) */
 	int dump_graph;
+	const char *dump_plan; /* Graphviz file of the compiled plan, NULL: none */
+	int memory_report;
+	int threads;           /* CPU kernel threads, 0: one per core */
 } mnist_ddp_args;
 
 typedef enum mnist_ddp_parse {

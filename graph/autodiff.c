@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "graph/graph_internal.h"
+#include "graph/ops/ops.h"
 
 typedef struct grad_ctx {
 	loom_graph *g;
@@ -64,12 +65,13 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	for (int v = 0; v < n_fwd; v++) {
 		ctx.grads[v] = LOOM_NONE;
 		loom_node *n = &g->nodes[v];
-		ctx.need[v] = n->op == LOOM_OP_PARAM;
+		const loom_op_def *def = loom_op_defs[n->op];
+		ctx.need[v] = (def->flags & LOOM_OPF_TRAINABLE) != 0;
+		/* Sources the op does not differentiate (labels, running
+		 * statistics) do not make it depend on a parameter. */
 		for (int i = 0; i < n->nsrc; i++)
-			if (n->src[i] >= 0 && ctx.need[n->src[i]] && n->op != LOOM_OP_SOFTMAX_CE)
+			if (n->src[i] >= 0 && ctx.need[n->src[i]] && !(def->nondiff & LOOM_SRC(i)))
 				ctx.need[v] = 1;
-		if (n->op == LOOM_OP_SOFTMAX_CE)
-			ctx.need[v] = ctx.need[n->src[0]];
 	}
 	loom_shape scalar = { 0 };
 	loom_value seed = loom_node_add(g, LOOM_OP_GRAD_SEED, g->nodes[loss].dtype, scalar, 0, NULL);
@@ -79,14 +81,14 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	for (int v = loss; v >= 0 && g->err == LOOM_OK; v--) {
 		if (ctx.grads[v] == LOOM_NONE || !ctx.need[v])
 			continue;
-		const loom_op_def *def = &loom_op_defs[g->nodes[v].op];
+		const loom_op_def *def = loom_op_defs[g->nodes[v].op];
 		if (def->grad)
 			def->grad(g, v, ctx.grads[v], &ctx);
 	}
 	/* Parameters the loss does not reach get a zero gradient so that the
 	 * optimizer still sees one (weight decay and momentum go on). */
 	for (int v = 0; v < n_fwd && g->err == LOOM_OK; v++) {
-		if (g->nodes[v].op != LOOM_OP_PARAM)
+		if (!(loom_op_defs[g->nodes[v].op]->flags & LOOM_OPF_TRAINABLE))
 			continue;
 		loom_value gr = ctx.grads[v];
 		if (gr == LOOM_NONE) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "graph/graph_internal.h"
+#include "graph/ops/ops.h"
 
 static const char *const status_names[LOOM_STATUS_COUNT] = {
 	[LOOM_OK] = "ok",
@@ -176,9 +177,9 @@ const char *loom_node_label(const loom_graph *g, loom_value v, char *buf,
 {
 	const loom_node *n = &g->nodes[v];
 	if (n->name[0])
-		snprintf(buf, len, "%s '%s'", loom_op_defs[n->op].name, n->name);
+		snprintf(buf, len, "%s '%s'", loom_op_defs[n->op]->name, n->name);
 	else
-		snprintf(buf, len, "%s #%d", loom_op_defs[n->op].name, (int)v);
+		snprintf(buf, len, "%s #%d", loom_op_defs[n->op]->name, (int)v);
 	return buf;
 }
 

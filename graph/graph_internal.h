@@ -101,16 +101,7 @@ struct loom_graph {
 	uint64_t seed;
 };
 
-/* Op table: one definition per op. */
-typedef struct loom_op_def {
-	const char *name;
-	/* Appends the gradient nodes for node v given dy (its output gradient):
-	 * calls loom_grad_accum(ctx, src_value, grad_value) for each source that
-	 * needs one. NULL: the op has no gradient (it is a backward op). */
-	void (*grad)(loom_graph *g, loom_value v, loom_value dy, void *ctx);
-} loom_op_def;
-
-extern const loom_op_def loom_op_defs[LOOM_OP_COUNT];
+/* The op table (each op's rules) is graph/ops/ops.h. */
 
 /* Sets the sticky error (first one wins) and returns LOOM_NONE. */
 loom_value loom_graph_fail(loom_graph *g, loom_status st, const char *fmt, ...)
@@ -144,9 +135,6 @@ loom_status loom_graph_clone(const loom_graph *g, loom_graph **out);
  * every parameter; sets node->grad of each parameter reached (params not
  * reached get a zero gradient). */
 loom_status loom_autodiff(loom_graph *g, loom_value loss);
-
-/* Used by gradient rules. */
-void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
 
 /* Fuses relu -> maxpool pairs (and their backward) into relu-pools; returns
  * how many. Run after autodiff, before memory planning. */

@@ -1,20 +1,33 @@
 /*
- * graph/memplan.c — places every value of a compiled graph in one arena
- * before step 1. Persistent values (inputs, parameters, buffers, gradients,
- * outputs) get their own region; every other value lives from the node that
- * writes it to its last reader, and a best-fit allocator reuses the space of
- * dead values, in execution order. Reshapes alias their source.
+ * graph/memplan.c — plans a compiled graph before step 1, in phases that
+ * run top to bottom (the shape of ggml-alloc.c):
+ *   schedule     the order the nodes run in (node order unless a pass
+ *                reorders them), checked: every source is made first;
+ *   siblings     the values a node makes besides its own (graph/fuse.c);
+ *   liveness     which value owns whose storage (views alias their source),
+ *                which owners are persistent, and the step each is last read;
+ *   persistent   leaves, gradients and outputs, laid out once, never reused;
+ *   activations  every other owner lives from the step that writes it to
+ *                its last reader; a best-fit allocator reuses dead space.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "graph/memplan.h"
+#include "graph/ops/ops.h"
 
+/* Every value starts on a 64-byte boundary: what vector loads and
+ * cuBLASLt's fastest paths want. */
 #define ALIGN 64
 
 static size_t align_up(size_t x)
 {
 	return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
+
+static size_t value_bytes(const loom_graph *g, loom_value v)
+{
+	return align_up(loom_shape_numel(&g->nodes[v].shape) * loom_dtype_size(g->nodes[v].dtype));
 }
 
 /* A free block of the activation region. The list is kept sorted by offset
@@ -100,143 +113,263 @@ static int alloc_give(allocator *a, size_t off, size_t size)
 	return 0;
 }
 
+/* Values that outlive a step: what the user feeds or reads, what the
+ * optimizer updates, and what it reads after the step (gradients). */
 static int is_persistent(const loom_node *n)
 {
-	return n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
-	       (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD));
+	return loom_op_is_leaf(n->op) || (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD));
 }
 
-loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
-{
-	int n = g->n;
-	memset(mp, 0, sizeof(*mp));
-	mp->offset = calloc(n ? n : 1, sizeof(size_t));
-	mp->region = calloc(n ? n : 1, 1);
-	mp->root = malloc(sizeof(loom_value) * (n ? n : 1));
-	mp->sibling = malloc(sizeof(loom_value) * (n ? n : 1));
-	mp->sibling_next = malloc(sizeof(loom_value) * (n ? n : 1));
-	int *last = malloc(sizeof(int) * (n ? n : 1));
-	allocator a = { 0 };
-	if (!mp->offset || !mp->region || !mp->root || !mp->sibling || !mp->sibling_next || !last)
-		goto out_nomem;
+/* The working state of one planning run; the plan itself is mp. */
+typedef struct planner {
+	const loom_graph *g;
+	loom_memplan *mp;
+	int n;
+	int *pos;     /* per node: its position in the schedule */
+	int *made_at; /* per node: the position its value is written at (a
+		       * sibling's is its maker's) */
+	int *last;    /* per storage owner: the last position that reads it,
+		       * itself or through an alias */
+	/* The owners whose last read is at position i, as one array sliced by
+	 * position (CSR): dead[dead_at[i] .. dead_at[i + 1]). */
+	int *dead_at;
+	loom_value *dead;
+} planner;
 
-	/* Siblings, chained per maker in node order. */
-	for (int v = 0; v < n; v++)
-		mp->sibling[v] = mp->sibling_next[v] = LOOM_NONE;
-	for (int v = n - 1; v >= 0; v--) {
+/* ---------------------------------------------------------------- schedule */
+
+/* Positions, and where each value is written: a value made by another node
+ * (made_by, graph/fuse.c) is written when that node runs, if it runs first. */
+static loom_status schedule_init(planner *pl, const loom_value *order)
+{
+	const loom_graph *g = pl->g;
+	loom_memplan *mp = pl->mp;
+	for (int v = 0; v < pl->n; v++)
+		pl->pos[v] = -1;
+	for (int i = 0; i < pl->n; i++) {
+		loom_value v = order ? order[i] : i;
+		if (v < 0 || v >= pl->n || pl->pos[v] >= 0)
+			return LOOM_ERR_INVALID; /* not a node, or twice */
+		mp->schedule[i] = v;
+		pl->pos[v] = i;
+	}
+	mp->nschedule = pl->n;
+	for (int v = 0; v < pl->n; v++) {
 		loom_value u = g->nodes[v].made_by;
-		if (u != LOOM_NONE && u < v) {
+		pl->made_at[v] = u != LOOM_NONE && pl->pos[u] < pl->pos[v] ? pl->pos[u] : pl->pos[v];
+	}
+	for (int v = 0; v < pl->n; v++)
+		for (int i = 0; i < g->nodes[v].nsrc; i++)
+			if (pl->made_at[g->nodes[v].src[i]] >= pl->made_at[v])
+				return LOOM_ERR_INVALID; /* read before it is made */
+	return LOOM_OK;
+}
+
+/* Siblings, chained per maker in schedule order. */
+static void chain_siblings(planner *pl)
+{
+	loom_memplan *mp = pl->mp;
+	for (int v = 0; v < pl->n; v++)
+		mp->sibling[v] = mp->sibling_next[v] = LOOM_NONE;
+	for (int i = pl->n - 1; i >= 0; i--) {
+		loom_value v = mp->schedule[i];
+		loom_value u = pl->g->nodes[v].made_by;
+		if (u != LOOM_NONE && pl->made_at[v] < pl->pos[v]) {
 			mp->sibling_next[v] = mp->sibling[u];
 			mp->sibling[u] = v;
 		}
 	}
+}
 
-	/* Roots: a reshape shares its source's storage. */
-	for (int v = 0; v < n; v++) {
+/* ---------------------------------------------------------------- liveness */
+
+static void liveness(planner *pl)
+{
+	const loom_graph *g = pl->g;
+	loom_memplan *mp = pl->mp;
+	/* A view's source is an earlier node: node order resolves roots. */
+	for (int v = 0; v < pl->n; v++) {
 		const loom_node *nd = &g->nodes[v];
-		mp->root[v] = nd->op == LOOM_OP_RESHAPE ? mp->root[nd->src[0]] : v;
-		last[v] = v;
+		mp->root[v] = loom_op_is_view(nd->op) ? mp->root[nd->src[0]] : v;
+		pl->last[v] = pl->pos[v];
 	}
-	for (int v = 0; v < n; v++) {
+	/* An owner lives to its own step, its aliases' steps and every read of
+	 * any of them; a persistent alias keeps its owner persistent. */
+	for (int v = 0; v < pl->n; v++) {
 		const loom_node *nd = &g->nodes[v];
+		loom_value r = mp->root[v];
 		for (int i = 0; i < nd->nsrc; i++) {
-			loom_value r = mp->root[nd->src[i]];
-			if (last[r] < v)
-				last[r] = v;
+			loom_value s = mp->root[nd->src[i]];
+			if (pl->last[s] < pl->pos[v])
+				pl->last[s] = pl->pos[v];
 		}
-		/* A persistent alias keeps its root persistent. */
+		if (pl->last[r] < pl->pos[v])
+			pl->last[r] = pl->pos[v];
 		if (is_persistent(nd))
-			mp->region[mp->root[v]] = LOOM_REGION_PERSIST;
-		if (last[mp->root[v]] < last[v])
-			last[mp->root[v]] = last[v];
+			mp->region[r] = LOOM_REGION_PERSIST;
 	}
+}
 
-	/* Persistent region: in node order, never reused. */
-	size_t persist = 0;
-	for (int v = 0; v < n; v++) {
+static int is_act_owner(const planner *pl, loom_value v)
+{
+	return pl->mp->root[v] == v && pl->mp->region[v] != LOOM_REGION_PERSIST;
+}
+
+/* The activation owners that die at each position, for the allocator. */
+static loom_status death_lists(planner *pl)
+{
+	int n = pl->n;
+	pl->dead_at = calloc((size_t)n + 1, sizeof(int));
+	pl->dead = malloc(sizeof(loom_value) * (n ? n : 1));
+	if (!pl->dead_at || !pl->dead)
+		return LOOM_ERR_NOMEM;
+	for (int v = 0; v < n; v++)
+		if (is_act_owner(pl, v))
+			pl->dead_at[pl->last[v] + 1]++;
+	for (int i = 0; i < n; i++)
+		pl->dead_at[i + 1] += pl->dead_at[i];
+	/* Fill in node order, so each position lists its dead by node id (the
+	 * order they are released in, which decides the offsets). */
+	int *fill = calloc(n ? n : 1, sizeof(int));
+	if (!fill)
+		return LOOM_ERR_NOMEM;
+	for (int v = 0; v < n; v++)
+		if (is_act_owner(pl, v)) {
+			int at = pl->last[v];
+			pl->dead[pl->dead_at[at] + fill[at]++] = v;
+		}
+	free(fill);
+	return LOOM_OK;
+}
+
+/* -------------------------------------------------------------- placement */
+
+/* Persistent region: in schedule order, one after the other, never reused. */
+static size_t place_persistent(planner *pl)
+{
+	loom_memplan *mp = pl->mp;
+	size_t top = 0;
+	for (int i = 0; i < pl->n; i++) {
+		loom_value v = mp->schedule[i];
 		if (mp->root[v] != v || mp->region[v] != LOOM_REGION_PERSIST)
 			continue;
-		mp->offset[v] = persist;
-		persist += align_up(loom_shape_numel(&g->nodes[v].shape) *
-				    loom_dtype_size(g->nodes[v].dtype));
+		mp->offset[v] = top;
+		top += value_bytes(pl->g, v);
 	}
+	return top;
+}
 
-	/* Activation region: allocate at definition, free after the last read.
-	 * The output is placed before this node's dead inputs are released, so
-	 * a node never writes over what it reads. */
-	int **dies = calloc(n ? n : 1, sizeof(int *));
-	int *ndies = calloc(n ? n : 1, sizeof(int));
-	if (!dies || !ndies) {
-		free(dies);
-		free(ndies);
-		goto out_nomem;
-	}
-	for (int v = 0; v < n; v++)
-		if (mp->root[v] == v && mp->region[v] != LOOM_REGION_PERSIST)
-			ndies[last[v]]++;
-	for (int v = 0; v < n; v++) {
-		dies[v] = ndies[v] ? malloc(sizeof(int) * ndies[v]) : NULL;
-		ndies[v] = 0;
-	}
-	for (int v = 0; v < n; v++)
-		if (mp->root[v] == v && mp->region[v] != LOOM_REGION_PERSIST)
-			dies[last[v]][ndies[last[v]]++] = v;
-
-	/* A value another node makes (made_by, graph/fuse.c) is placed when
-	 * that node is, before the frees after it. */
-	loom_value *sibling = mp->sibling, *next = mp->sibling_next;
-
-	size_t naive = 0;
-	int fail = 0;
-	for (int v = 0; v < n && !fail; v++) {
-		if (g->nodes[v].made_by != LOOM_NONE && g->nodes[v].made_by < v)
-			goto release; /* placed with its maker */
-		for (loom_value w = v; w != LOOM_NONE; w = w == v ? sibling[v] : next[w]) {
-			if (mp->root[w] != w || mp->region[w] == LOOM_REGION_PERSIST)
-				continue;
-			size_t sz = align_up(loom_shape_numel(&g->nodes[w].shape) *
-					     loom_dtype_size(g->nodes[w].dtype));
-			mp->region[w] = LOOM_REGION_ACT;
-			mp->offset[w] = alloc_take(&a, sz);
-			naive += sz;
+/*
+ * Activation region: each step places what it writes (its own value and
+ * its siblings'), then releases the owners read for the last time. Placing
+ * before releasing means a node never writes over what it reads: kernels
+ * need not care whether their output aliases an input.
+ */
+static loom_status place_activations(planner *pl, allocator *a)
+{
+	loom_memplan *mp = pl->mp;
+	for (int i = 0; i < pl->n; i++) {
+		loom_value v = mp->schedule[i];
+		if (pl->made_at[v] == i) {
+			for (loom_value w = v; w != LOOM_NONE;
+			     w = w == v ? mp->sibling[v] : mp->sibling_next[w]) {
+				if (!is_act_owner(pl, w))
+					continue;
+				size_t sz = value_bytes(pl->g, w);
+				mp->region[w] = LOOM_REGION_ACT;
+				mp->offset[w] = alloc_take(a, sz);
+				mp->act_naive_bytes += sz;
+			}
 		}
-release:
-		for (int i = 0; i < ndies[v]; i++) {
-			loom_value d = dies[v][i];
-			size_t sz = align_up(loom_shape_numel(&g->nodes[d].shape) *
-					     loom_dtype_size(g->nodes[d].dtype));
-			if (alloc_give(&a, mp->offset[d], sz))
-				fail = 1;
+		for (int k = pl->dead_at[i]; k < pl->dead_at[i + 1]; k++) {
+			loom_value d = pl->dead[k];
+			if (alloc_give(a, mp->offset[d], value_bytes(pl->g, d)))
+				return LOOM_ERR_NOMEM;
 		}
 	}
-	for (int v = 0; v < n; v++)
-		free(dies[v]);
-	free(dies);
-	free(ndies);
-	if (fail)
-		goto out_nomem;
+	return LOOM_OK;
+}
 
-	/* Aliases take their root's place. */
+/* Aliases take their owner's place. */
+static void resolve_aliases(loom_memplan *mp, int n)
+{
 	for (int v = 0; v < n; v++) {
 		mp->region[v] = mp->region[mp->root[v]];
 		mp->offset[v] = mp->offset[mp->root[v]];
 	}
-	mp->persist_bytes = persist;
+}
+
+/* ------------------------------------------------------------------- build */
+
+static loom_status plan_alloc(loom_memplan *mp, planner *pl, int n)
+{
+	size_t m = n ? (size_t)n : 1;
+	mp->schedule = malloc(sizeof(loom_value) * m);
+	mp->offset = calloc(m, sizeof(size_t));
+	mp->region = calloc(m, 1);
+	mp->root = malloc(sizeof(loom_value) * m);
+	mp->sibling = malloc(sizeof(loom_value) * m);
+	mp->sibling_next = malloc(sizeof(loom_value) * m);
+	pl->pos = malloc(sizeof(int) * m);
+	pl->made_at = malloc(sizeof(int) * m);
+	pl->last = malloc(sizeof(int) * m);
+	if (!mp->schedule || !mp->offset || !mp->region || !mp->root || !mp->sibling ||
+	    !mp->sibling_next || !pl->pos || !pl->made_at || !pl->last)
+		return LOOM_ERR_NOMEM;
+	return LOOM_OK;
+}
+
+static void planner_free(planner *pl)
+{
+	free(pl->pos);
+	free(pl->made_at);
+	free(pl->last);
+	free(pl->dead_at);
+	free(pl->dead);
+}
+
+loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *order,
+				       loom_memplan *mp)
+{
+	planner pl = { .g = g, .mp = mp, .n = g->n };
+	allocator a = { 0 };
+	loom_status st;
+	memset(mp, 0, sizeof(*mp));
+	if ((st = plan_alloc(mp, &pl, g->n)) != LOOM_OK)
+		goto out_free;
+	if ((st = schedule_init(&pl, order)) != LOOM_OK)
+		goto out_free;
+	chain_siblings(&pl);
+	liveness(&pl);
+	if ((st = death_lists(&pl)) != LOOM_OK)
+		goto out_free;
+	mp->persist_bytes = place_persistent(&pl);
+	if ((st = place_activations(&pl, &a)) != LOOM_OK)
+		goto out_free;
+	resolve_aliases(mp, g->n);
 	mp->act_bytes = a.top;
-	mp->act_naive_bytes = naive;
+	mp->regions[LOOM_REGION_ACT] = (loom_region){ "activations", mp->act_bytes, 1 };
+	mp->regions[LOOM_REGION_PERSIST] = (loom_region){ "persistent", mp->persist_bytes, 0 };
+	mp->regions[LOOM_REGION_WORKSPACE] = (loom_region){ "workspace", 0, 1 };
 	free(a.free);
-	free(last);
+	planner_free(&pl);
 	return LOOM_OK;
 
-out_nomem:
+out_free:
 	free(a.free);
-	free(last);
+	planner_free(&pl);
 	loom_memplan_free(mp);
-	return LOOM_ERR_NOMEM;
+	return st;
+}
+
+loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)
+{
+	return loom_memplan_build_ordered(g, NULL, mp);
 }
 
 void loom_memplan_free(loom_memplan *mp)
 {
+	free(mp->schedule);
 	free(mp->offset);
 	free(mp->region);
 	free(mp->root);

@@ -1,6 +1,7 @@
 /*
- * graph/memplan.h — memory planning: where each value of a compiled graph
- * lives in the arena, decided once at compile time.
+ * graph/memplan.h — the plan of a compiled graph, decided once at compile
+ * time: the order its nodes run in (the schedule) and where each value
+ * lives (a region of the arena and an offset inside it).
  */
 #ifndef LOOM_GRAPH_MEMPLAN_H
 #define LOOM_GRAPH_MEMPLAN_H
@@ -9,14 +10,39 @@
 
 #include "graph/graph_internal.h"
 
-enum { LOOM_REGION_ACT = 0, LOOM_REGION_PERSIST = 1 };
+/*
+ * Regions of the arena. A value lives in exactly one; each region is laid
+ * out on its own (offsets start at 0 in each) and the backend places the
+ * regions one after the other. More come with data parallelism (gradient
+ * buckets, communication buffers): add an id here and a row in
+ * loom_memplan_build's region table.
+ */
+typedef enum loom_region_id {
+	LOOM_REGION_ACT = 0,       /* activations: live from writer to last reader, reused */
+	LOOM_REGION_PERSIST = 1,   /* leaves, gradients, outputs: live across steps */
+	LOOM_REGION_WORKSPACE = 2, /* per-node scratch; sized by the backend, holds no value */
+	LOOM_REGION_COUNT
+} loom_region_id;
+
+typedef struct loom_region {
+	const char *name;
+	size_t bytes; /* the region's size (WORKSPACE: 0 here, the backend's to fill) */
+	int reuse;    /* values whose lifetimes do not overlap share bytes */
+} loom_region;
 
 typedef struct loom_memplan {
+	/* The execution order: schedule[i] is the node run i-th (nschedule ==
+	 * g->n). A value made by another node (made_by, graph/fuse.c) is made
+	 * when that node runs; its own slot runs nothing. */
+	loom_value *schedule;
+	int nschedule;
+	loom_region regions[LOOM_REGION_COUNT];
+
 	size_t *offset;        /* per value: byte offset inside its region */
-	unsigned char *region; /* per value: LOOM_REGION_* */
-	loom_value *root;      /* per value: the value owning its storage */
-	size_t persist_bytes;  /* inputs, parameters, buffers, grads, outputs */
-	size_t act_bytes;      /* activations, with reuse */
+	unsigned char *region; /* per value: its loom_region_id */
+	loom_value *root;      /* per value: the value owning its storage (views alias) */
+	size_t persist_bytes;  /* regions[LOOM_REGION_PERSIST].bytes */
+	size_t act_bytes;      /* regions[LOOM_REGION_ACT].bytes: activations, with reuse */
 	size_t act_naive_bytes; /* activations, one buffer each */
 	/* The values node u makes besides its own (made_by == u, graph/fuse.c),
 	 * in node order: the first is sibling[u], the one after w is
@@ -24,8 +50,16 @@ typedef struct loom_memplan {
 	loom_value *sibling, *sibling_next;
 } loom_memplan;
 
-/* Plans g in node order (the execution order). */
+/* Plans g in node order. */
 loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp);
+
+/* Plans g in the given order (g->n node ids, each once; a pass's reordering):
+ * every source must be made before its reader runs. LOOM_ERR_INVALID if
+ * the order breaks that, LOOM_ERR_NOMEM on allocation failure; mp is then
+ * left empty. */
+loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *order,
+				       loom_memplan *mp);
+
 void loom_memplan_free(loom_memplan *mp);
 
 #endif /* LOOM_GRAPH_MEMPLAN_H */

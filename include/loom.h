@@ -98,6 +98,11 @@ void loom_graph_set_seed(loom_graph *g, uint64_t seed);
 /* Gives a value a name, used in messages, dumps and checkpoints. Returns v. */
 loom_value loom_set_name(loom_graph *g, loom_value v, const char *name);
 
+/* The dtype and shape of value v. A value that is not one of g's (LOOM_NONE
+ * from a failed call, another graph's, or g NULL) has dtype
+ * LOOM_DTYPE_COUNT, which is no dtype, and shape { .ndim = 0 }, which is
+ * also a scalar's: check loom_graph_status, or v, before trusting a shape.
+ * Neither call sets the graph's error. */
 loom_dtype loom_value_dtype(const loom_graph *g, loom_value v);
 loom_shape loom_value_shape(const loom_graph *g, loom_value v);
 
@@ -325,6 +330,17 @@ void loom_program_memory_report(const loom_program *p, FILE *out);
 
 /* The message of the last failure on p ("" if none). */
 const char *loom_program_error(const loom_program *p);
+
+/* ---------------------------------------------------------------- CPU path */
+
+/*
+ * One line naming the CPU kernels' path, chosen once from the CPU's features,
+ * and their thread count, e.g. "cpu: 2 threads, avx512_bf16 kernels (onednn)",
+ * written to buf; returns buf. For a program's start-up output.
+ */
+const char *loom_cpu_describe(char *buf, size_t size);
+/* Threads the CPU kernels use from now on (n < 1: one per core). */
+void loom_cpu_set_threads(int n);
 
 /* ---------------------------------------------------------------- checkpoints */
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cpu/bf16_node.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"
@@ -200,6 +201,9 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 		io.src[i] = loom_arena_ptr(&c->arena, pl, n->src[i]);
 	if (!emulated(pl, n))
 		return fn(c, pl, v, &io);
+	/* bf16 products on CPUs that multiply bf16 natively (bf16_node.c). */
+	if (loom_cpu_bf16_node(pl, v, io.src, io.out, c->arena.ws))
+		return LOOM_OK;
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */
@@ -253,7 +257,8 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 	loom_cpu_ctx *c = ctx;
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->seed_scale = ts->scaler.scale;
-	for (int v = first; v < last; v++) {
+	for (int i = first; i < last; i++) {
+		loom_value v = plan->mp.schedule[i];
 		if (loom_made_earlier(plan, v))
 			continue; /* ran with its maker */
 		/* The node, then the values it makes besides its own (on the

@@ -11,13 +11,16 @@
 #define LOOM_CPU_BN_BLOCK 1024
 
 #define T float
-#define SFX f32
+#define SFX LOOM_CPU_F32
 #include "engine/cpu/bn_impl.h"
 #undef T
 #undef SFX
 
+/* f64 (gradient checks) only in the baseline copy. */
+#ifdef LOOM_CPU_BASE
 #define T double
 #define SFX f64
 #include "engine/cpu/bn_impl.h"
 #undef T
 #undef SFX
+#endif

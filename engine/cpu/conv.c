@@ -8,27 +8,11 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
 
-/* A 1x1, stride-1, unpadded conv is a plain GEMM on the input: no im2col. */
-static int loom_cpu_conv_is_pointwise(const loom_conv_shape *s)
-{
-	return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0;
-}
-
-/*
- * Forward as yt[P, c_out] = col^T w^T, then a transpose into NCHW, when the
- * image is small: OpenBLAS 0.3.21 (Cooperlake kernels on this Zen 4) runs the
- * 32 x 196 x 400 GEMM at ~50 GFLOP/s and the 196 x 32 x 400 one at ~90, one
- * thread. For wide outputs (conv1: 16 x 784 x 25) the plain form is faster.
- */
-static int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
-{
-	return s->h_out * s->w_out < 512;
-}
-
+#ifdef LOOM_CPU_BASE
 /* One thread's scratch: im2col of one image [K, P], then either the
  * transposed forward output [P, c_out] or a private dw^T [K, c_out]
  * (bwd_filter). Rounded to a cache line so slots never share one. */
-static size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem)
+size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem)
 {
 	size_t k = (size_t)s->c_in * s->kh * s->kw;
 	size_t p = (size_t)s->h_out * s->w_out;
@@ -42,15 +26,18 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)
 {
 	return loom_cpu_conv_slot_bytes(s, elem) * (size_t)loom_cpu_slots();
 }
+#endif
 
 #define T float
-#define SFX f32
-#define CBLAS_GEMM cblas_sgemm
+#define SFX LOOM_CPU_F32
+#define CBLAS_GEMM loom_cpu_sgemm_cblas
 #include "engine/cpu/conv_impl.h"
 #undef T
 #undef SFX
 #undef CBLAS_GEMM
 
+/* f64 (gradient checks) only in the baseline copy. */
+#ifdef LOOM_CPU_BASE
 #define T double
 #define SFX f64
 #define CBLAS_GEMM cblas_dgemm
@@ -58,3 +45,4 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)
 #undef T
 #undef SFX
 #undef CBLAS_GEMM
+#endif

@@ -11,10 +11,26 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "engine/cpu/cpu_path.h"
+#include "engine/cpu/kernels.h"
+
 /* LOOM_CPU_FN(loom_cpu_relu_fwd) -> loom_cpu_relu_fwd_f32 when SFX is f32. */
 #define LOOM_CPU_PASTE_(a, b) a##_##b
 #define LOOM_CPU_PASTE(a, b) LOOM_CPU_PASTE_(a, b)
 #define LOOM_CPU_FN(name) LOOM_CPU_PASTE(name, SFX)
+
+/*
+ * bn.c, conv.c, elementwise.c and pool.c are compiled once per instruction
+ * set (BUILD: -march=x86-64 and x86-64-v3), LOOM_CPU_VARIANT naming the
+ * copy (base, avx2): their f32 kernels are then named e.g.
+ * loom_cpu_relu_fwd_f32_avx2, and dispatch.c's loom_cpu_relu_fwd_f32 calls
+ * the copy of the path chosen at start-up. f64 is in the base copy only.
+ */
+#ifdef LOOM_CPU_VARIANT
+#define LOOM_CPU_F32 LOOM_CPU_PASTE(f32, LOOM_CPU_VARIANT)
+#else
+#define LOOM_CPU_F32 f32
+#endif
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define LOOM_CPU_PAR_MIN 32768
@@ -87,5 +103,42 @@ static inline void loom_cpu_blas_serial_end(int prev)
 	if (prev != 1)
 		openblas_set_num_threads(prev);
 }
+
+/*
+ * The *_impl.h kernels are written against the cblas signature (row-major
+ * only); their f32 instances call this, which takes the path chosen in
+ * cpu_path.c. f64 stays on cblas_dgemm.
+ */
+static inline void loom_cpu_sgemm_cblas(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta,
+					enum CBLAS_TRANSPOSE tb, int m, int n, int k,
+					float alpha, const float *a, int lda, const float *b,
+					int ldb, float beta, float *c, int ldc)
+{
+	(void)order;
+	loom_cpu_sgemm(ta == CblasTrans ? 'T' : 'N', tb == CblasTrans ? 'T' : 'N', m, n, k,
+		       alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* A 1x1, stride-1, unpadded conv is a plain GEMM on the input: no im2col. */
+static inline int loom_cpu_conv_is_pointwise(const loom_conv_shape *s)
+{
+	return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0;
+}
+
+/*
+ * Forward as yt[P, c_out] = col^T w^T, then a transpose into NCHW, when the
+ * image is small and the GEMM is OpenBLAS's: 0.3.21 (Cooperlake kernels on a
+ * Zen 4) runs the 32 x 196 x 400 GEMM at ~50 GFLOP/s and the 196 x 32 x 400
+ * one at ~90, one thread. oneDNN is the other way round (~150 GFLOP/s
+ * plain, ~85 transposed, one thread of a Xeon family 6 model 207), and
+ * for wide outputs (conv1: 16 x 784 x 25) the plain form is faster on both.
+ */
+static inline int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
+{
+	return s->h_out * s->w_out < 512 && loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE;
+}
+
+/* Bytes of one thread's conv scratch slot for element size elem (conv.c). */
+size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem);
 
 #endif /* LOOM_ENGINE_CPU_INTERNAL_H */

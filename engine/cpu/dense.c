@@ -15,7 +15,7 @@
 
 #define T float
 #define SFX f32
-#define CBLAS_GEMM cblas_sgemm
+#define CBLAS_GEMM loom_cpu_sgemm_cblas
 #include "engine/cpu/dense_impl.h"
 #undef T
 #undef SFX

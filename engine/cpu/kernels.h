@@ -83,4 +83,22 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
 LOOM_CPU_KERNELS(float, f32)
 LOOM_CPU_KERNELS(double, f64)
 
+/*
+ * Native bf16 products (conv_bf16.c): bf16 sources as uint16 bit patterns,
+ * fp32 accumulation, fp32 results; the conv kernels take the workspace of
+ * loom_cpu_conv2d_workspace(s, 4). Only where loom_cpu_bf16_native() says
+ * the CPU multiplies bf16 itself (avx512_bf16); elsewhere they return -1
+ * and write nothing, and callers keep the exact widen-to-f32 emulation.
+ */
+int loom_cpu_bf16_native(void);
+int loom_cpu_conv2d_fwd_bf16(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
+			     const float *b, float *y, void *ws);
+int loom_cpu_conv2d_bwd_data_bf16(const loom_conv_shape *s, const uint16_t *dy,
+				  const uint16_t *w, float *dx, void *ws);
+int loom_cpu_conv2d_bwd_filter_bf16(const loom_conv_shape *s, const uint16_t *dy,
+				    const uint16_t *x, float *dw, void *ws);
+/* C[M,N] = alpha op(A) op(B) + beta C as loom_cpu_gemm_f32, A and B bf16 */
+int loom_cpu_gemm_bf16f32(int ta, int tb, int m, int n, int k, double alpha,
+			  const uint16_t *a, const uint16_t *b, double beta, float *c);
+
 #endif /* LOOM_ENGINE_CPU_KERNELS_H */

@@ -624,7 +624,8 @@ static loom_status poison_outputs(loom_cuda_ctx *c, const loom_plan *p, int firs
 {
 	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->arena.ws, 0xff, p->ws_bytes, c->stream),
 					 c->err, sizeof(c->err));
-	for (int v = first; v < last && st == LOOM_OK; v++) {
+	for (int i = first; i < last && st == LOOM_OK; i++) {
+		loom_value v = p->mp.schedule[i];
 		const loom_node *n = &p->g->nodes[v];
 		if (is_leaf(n) || n->op == LOOM_OP_RESHAPE || p->mp.root[v] != v)
 			continue;
@@ -663,7 +664,8 @@ static loom_status cuda_run(void *ctx, const loom_plan *p, loom_train_state *ts,
 		return st;
 	if (c->poison && (st = poison_outputs(c, p, first, last)) != LOOM_OK)
 		return st;
-	for (int v = first; v < last; v++) {
+	for (int i = first; i < last; i++) {
+		loom_value v = p->mp.schedule[i];
 		if (loom_made_earlier(p, v))
 			continue; /* made with its maker */
 		/* The node, then its siblings (graph/fuse.c): those its library

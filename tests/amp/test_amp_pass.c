@@ -13,6 +13,7 @@
 #include "amp/amp_pass.h"
 #include "engine/program_internal.h"
 #include "graph/graph_internal.h"
+#include "graph/ops/ops.h"
 #include "loom.h"
 
 #define BATCH 2
@@ -76,7 +77,7 @@ static loom_value find(const loom_program *p, loom_op op, const char *name)
 static loom_value must_find(const loom_program *p, loom_op op, const char *name)
 {
 	loom_value v = find(p, op, name);
-	cr_assert_neq(v, LOOM_NONE, "no %s '%s' in the compiled graph", loom_op_defs[op].name, name);
+	cr_assert_neq(v, LOOM_NONE, "no %s '%s' in the compiled graph", loom_op_defs[op]->name, name);
 	return v;
 }
 
@@ -475,7 +476,7 @@ static void check_o3(loom_dtype half, int keep_bn)
 		if (n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER ||
 		    n->op == LOOM_OP_CAST)
 			continue;
-		cr_assert_eq(n->dtype, half, "node %d (%s) is %s under O3", v, loom_op_defs[n->op].name,
+		cr_assert_eq(n->dtype, half, "node %d (%s) is %s under O3", v, loom_op_defs[n->op]->name,
 			     loom_dtype_name(n->dtype));
 	}
 	cr_assert_eq(count_casts(p, 0), 2, "%d casts", count_casts(p, 0));

@@ -6,8 +6,10 @@
  * bit-identical; a change that means to alter numerics regenerates the golden
  * (LOOM_GOLDEN_WRITE=path) and says so in its commit.
  *
- * Bits depend on the CPU kernels the machine runs (the BLAS picks its kernels
- * by CPU), so each golden line names its kernel path. On a machine whose path
+ * Bits depend on the CPU kernels the machine runs (engine/cpu/cpu_path.h:
+ * oneDNN capped to an ISA, or OpenBLAS, which picks its kernels by CPU
+ * model), so each golden line names its kernel path; LOOM_CPU_ISA and
+ * OPENBLAS_CORETYPE force the others when regenerating. On a machine whose path
  * has a line, the check is exact; otherwise the losses must agree within a
  * float tolerance with every recorded path, and the hash is not compared.
  */
@@ -17,9 +19,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
+#include "engine/cpu/cpu_path.h"
 #include "engine/program_internal.h"
 #include "examples/models.h"
 #include "loom.h"
@@ -45,17 +49,18 @@ typedef struct result {
 	uint64_t hash;
 } result;
 
-/* The CPU kernel path: what decides the bits of a matrix product here. */
+/* The CPU kernel path: what decides the bits of a matrix product here. On
+ * the oneDNN paths the ISA it was capped to; on the portable path OpenBLAS,
+ * whose kernels depend on the CPU model it recognises. */
 static const char *kernel_path(void)
 {
 	static char buf[64];
-	/* Sanitizer builds (bazel --config=asan) compile loom's own kernels
-	 * differently, so their bits are another path with no golden line. */
-#ifdef __SANITIZE_ADDRESS__
-	snprintf(buf, sizeof(buf), "openblas-%s+asan", openblas_get_corename());
-#else
-	snprintf(buf, sizeof(buf), "openblas-%s", openblas_get_corename());
-#endif
+	loom_cpu_isa isa = loom_cpu_isa_get();
+	if (isa == LOOM_CPU_ISA_PORTABLE)
+		snprintf(buf, sizeof(buf), "openblas-%s", openblas_get_corename());
+	else /* oneDNN blocks its GEMMs by the cache sizes it reads from cpuid */
+		snprintf(buf, sizeof(buf), "onednn-%s-l1d%ldk-l2%ldk", loom_cpu_isa_name(isa),
+			 sysconf(_SC_LEVEL1_DCACHE_SIZE) / 1024, sysconf(_SC_LEVEL2_CACHE_SIZE) / 1024);
 	for (char *c = buf; *c; c++)
 		if (*c == ' ')
 			*c = '_';

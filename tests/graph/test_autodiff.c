@@ -11,6 +11,7 @@
 
 #include "engine/program_internal.h"
 #include "graph/graph_internal.h"
+#include "graph/ops/ops.h"
 #include "loom.h"
 #include "tests/graph/nets.h"
 
@@ -215,7 +216,7 @@ Test(autodiff, inputs_get_no_gradient_nodes)
 		/* No backward node is shaped like the image batch. */
 		loom_shape is = loom_value_shape(g, m.image);
 		cr_assert(!loom_shape_eq(&n->shape, &is), "backward node %d is image-shaped (%s)", v,
-			  loom_op_defs[n->op].name);
+			  loom_op_defs[n->op]->name);
 	}
 	/* One backward op per differentiable forward op on the parameter path. */
 	cr_assert_eq(count_op(p, LOOM_OP_SOFTMAX_CE_BWD), 1);
@@ -314,7 +315,7 @@ Test(autodiff, backward_nodes_follow_forward_in_topological_order)
 			cr_assert(!(n->flags & LOOM_NODE_BACKWARD), "forward node %d flagged", v);
 		else
 			cr_assert(n->flags & LOOM_NODE_BACKWARD, "backward node %d (%s) not flagged",
-				  v, loom_op_defs[n->op].name);
+				  v, loom_op_defs[n->op]->name);
 		for (int i = 0; i < n->nsrc; i++)
 			cr_assert(n->src[i] >= 0 && n->src[i] < v, "node %d reads %d", v,
 				  (int)n->src[i]);

@@ -261,6 +261,25 @@ Test(build_errors, null_graph_never_crashes)
 	loom_graph_free(NULL);
 }
 
+/* include/loom.h documents what a bad value reads as, and that asking does
+ * not put the graph in error. */
+Test(build_errors, bad_value_reads_as_the_documented_sentinels)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[2] = { 2, 3 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value bad[3] = { LOOM_NONE, x + 1, 1000 };
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(loom_value_dtype(g, bad[i]), LOOM_DTYPE_COUNT);
+		cr_assert_eq(loom_value_shape(g, bad[i]).ndim, 0);
+	}
+	cr_assert_eq(loom_graph_status(g), LOOM_OK);
+	cr_assert_eq(loom_value_dtype(g, x), LOOM_F32);
+	cr_assert_eq(loom_value_shape(g, x).dims[1], 3);
+	loom_graph_free(g);
+}
+
 Test(build_errors, duplicate_names)
 {
 	loom_graph *g = graph();

@@ -9,6 +9,7 @@
 
 #include "engine/program_internal.h"
 #include "examples/models.h"
+#include "graph/ops/ops.h"
 #include "loom.h"
 
 #define B 8
@@ -221,7 +222,7 @@ Test(fuse, conv_bias_sum_is_not_a_matmul_sibling)
 	loom_program *p = compile(g, loss, 0);
 	for (int v = 0; v < p->plan.g->n; v++)
 		cr_assert_eq(p->plan.g->nodes[v].made_by, LOOM_NONE, "node %d (%s) was marked", v,
-			     loom_op_defs[p->plan.g->nodes[v].op].name);
+			     loom_op_defs[p->plan.g->nodes[v].op]->name);
 	loom_program_free(p);
 	loom_graph_free(g);
 }

@@ -13,6 +13,7 @@
 #include "engine/program_internal.h"
 #include "graph/graph_internal.h"
 #include "graph/memplan.h"
+#include "graph/ops/ops.h"
 #include "loom.h"
 #include "tests/graph/nets.h"
 
@@ -120,9 +121,9 @@ static void expect_no_live_overlap(fixture f)
 			cr_assert(!(live && shared),
 				  "values %d (%s, nodes %d..%d, bytes %zu+%zu) and %d (%s, nodes "
 				  "%d..%d, bytes %zu+%zu) are alive together and overlap",
-				  (int)s[i].v, loom_op_defs[g->nodes[s[i].v].op].name, s[i].def,
+				  (int)s[i].v, loom_op_defs[g->nodes[s[i].v].op]->name, s[i].def,
 				  s[i].last, s[i].off, s[i].size, (int)s[j].v,
-				  loom_op_defs[g->nodes[s[j].v].op].name, s[j].def, s[j].last, s[j].off,
+				  loom_op_defs[g->nodes[s[j].v].op]->name, s[j].def, s[j].last, s[j].off,
 				  s[j].size);
 			reused += shared;
 		}
@@ -162,7 +163,7 @@ Test(memplan, everything_fits_its_region)
 		size_t cap = mp->region[v] == LOOM_REGION_PERSIST ? mp->persist_bytes : mp->act_bytes;
 		cr_assert(mp->region[v] == LOOM_REGION_PERSIST || mp->region[v] == LOOM_REGION_ACT);
 		cr_assert_leq(end, cap, "value %d (%s) ends at %zu, its region holds %zu", v,
-			      loom_op_defs[g->nodes[v].op].name, end, cap);
+			      loom_op_defs[g->nodes[v].op]->name, end, cap);
 		cr_assert_eq(mp->offset[v] % 64, 0, "value %d is not 64-byte aligned", v);
 	}
 	fixture_free(&f);
@@ -184,7 +185,7 @@ Test(memplan, persistent_values_never_overlap)
 		if (persistent_kind(&g->nodes[v])) {
 			npersist++;
 			cr_assert_eq(f.p->plan.mp.region[v], LOOM_REGION_PERSIST, "value %d (%s) is not kept",
-				     v, loom_op_defs[g->nodes[v].op].name);
+				     v, loom_op_defs[g->nodes[v].op]->name);
 		}
 	/* image, labels, 10 params, 4 buffers, 10 gradients, the loss. */
 	cr_assert_geq(npersist, 26);
@@ -434,5 +435,57 @@ Test(memplan, marked_output_and_its_alias_are_kept)
 	cr_assert_eq(mp.offset[r], mp.offset[a]);
 	cr_assert_eq(mp.region[b], LOOM_REGION_ACT);
 	loom_memplan_free(&mp);
+	loom_graph_free(g);
+}
+
+/* ------------------------------------------- the schedule and the regions */
+
+/* Without a pass that reorders, the schedule is node order, each node once,
+ * and the region table agrees with the byte counts the engine reads. */
+Test(memplan, schedule_is_node_order_and_regions_agree)
+{
+	fixture f = convnet(NULL);
+	const loom_memplan *mp = &f.p->plan.mp;
+	cr_assert_eq(mp->nschedule, f.p->plan.g->n);
+	for (int i = 0; i < mp->nschedule; i++)
+		cr_assert_eq(mp->schedule[i], i);
+	cr_assert_eq(mp->regions[LOOM_REGION_ACT].bytes, mp->act_bytes);
+	cr_assert_eq(mp->regions[LOOM_REGION_PERSIST].bytes, mp->persist_bytes);
+	cr_assert(mp->regions[LOOM_REGION_ACT].reuse);
+	cr_assert(!mp->regions[LOOM_REGION_PERSIST].reuse);
+	for (int r = 0; r < LOOM_REGION_COUNT; r++)
+		cr_assert_not_null(mp->regions[r].name, "region %d has no name", r);
+	fixture_free(&f);
+}
+
+/* x -> a = relu(x), b = relu(x) (independent), y = add(a, b). Running b
+ * before a is a valid order: the plan follows it (a is now written last, so
+ * it must not share bytes with b, read at the same step). Running y before
+ * a is not: refused. */
+Test(memplan, ordered_plan_follows_the_schedule)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[1] = { 256 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 1, d);
+	loom_value a = loom_relu(g, x);
+	loom_value b = loom_relu(g, x);
+	loom_value y = loom_add(g, a, b);
+	loom_value c = loom_relu(g, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_memplan mp;
+	loom_value good[5] = { x, b, a, y, c };
+	cr_assert_eq(loom_memplan_build_ordered(g, good, &mp), LOOM_OK);
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(mp.schedule[i], good[i]);
+	cr_assert(!overlap(mp.offset[a], 1024, mp.offset[b], 1024));
+	cr_assert(!overlap(mp.offset[y], 1024, mp.offset[a], 1024));
+	cr_assert(!overlap(mp.offset[y], 1024, mp.offset[b], 1024));
+	loom_memplan_free(&mp);
+	loom_value bad[5] = { x, b, y, a, c };
+	cr_assert_eq(loom_memplan_build_ordered(g, bad, &mp), LOOM_ERR_INVALID);
+	cr_assert_null(mp.schedule, "a refused plan is left empty");
+	loom_value twice[5] = { x, a, a, y, c };
+	cr_assert_eq(loom_memplan_build_ordered(g, twice, &mp), LOOM_ERR_INVALID);
 	loom_graph_free(g);
 }

@@ -17,6 +17,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h"
+#include "graph/ops/ops.h"
 #include "examples/models.h"
 #include "loom.h"
 
@@ -902,7 +903,7 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 	}
 	const loom_backend *cuda = loom_cuda_backend_get();
 	for (int op = 0; op < LOOM_OP_COUNT; op++) {
-		const char *name = loom_op_defs[op].name;
+		const char *name = loom_op_defs[op]->name;
 		cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "%s: no CPU entry", name);
 		if (cuda)
 			cr_expect(cuda->supports_op(NULL, (loom_op)op),

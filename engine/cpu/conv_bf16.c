@@ -1,0 +1,160 @@
+/*
+ * engine/cpu/conv_bf16.c — convolution and matrix products on bf16 sources
+ * with fp32 accumulation, for CPUs that multiply bf16 natively (avx512_bf16:
+ * oneDNN's bf16 GEMM). Same structure as conv_impl.h: one im2col (here in
+ * bf16, half the bytes) and one GEMM per image, threads split the batch.
+ * The results are fp32; the backend rounds them if the node stores bf16.
+ * Compiled in the x86-64-v3 copy only (BUILD); dispatch.c calls it after
+ * checking the CPU has avx512_bf16.
+ */
+#include <string.h>
+
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/kernels.h"
+
+#define T uint16_t
+#define SFX bf16
+#include "engine/cpu/im2col_impl.h"
+#undef T
+#undef SFX
+
+#define T float
+#define SFX f32
+#include "engine/cpu/im2col_impl.h"
+#undef T
+#undef SFX
+
+/* Rows of A and B must share one type, so a 1x1 conv's bf16 input can be
+ * used in place; the others go through a bf16 im2col. */
+int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
+			     const float *b, float *y, void *ws)
+{
+	const int k = s->c_in * s->kh * s->kw;
+	const int p = s->h_out * s->w_out;
+	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
+	const int64_t out_img = (int64_t)s->c_out * p;
+	const size_t slot = loom_cpu_conv_slot_bytes(s, 4);
+	const int direct = loom_cpu_conv_is_pointwise(s);
+	const int tposed = loom_cpu_conv_fwd_transposed(s);
+	const int nt = loom_cpu_slot_threads(s->n);
+	int fail = 0;
+
+#pragma omp parallel num_threads(nt) reduction(| : fail)
+	{
+		char *base = (char *)ws + slot * omp_get_thread_num();
+		uint16_t *col = (uint16_t *)base;
+		float *yt = (float *)(base + (size_t)k * p * 4); /* as in the f32 slot */
+		uint16_t *pp = direct ? NULL : conv_padded_plane_bf16(s, base, slot);
+#pragma omp for schedule(static)
+		for (int n = 0; n < s->n; n++) {
+			const uint16_t *xn = x + n * in_img, *cn = col;
+			float *yn = y + n * out_img;
+
+			if (direct)
+				cn = xn;
+			else if (pp)
+				im2col_s1_bf16(s, xn, col, pp);
+			else
+				im2col_bf16(s, xn, col);
+			if (tposed) {
+				fail |= loom_cpu_gemm_bf16('T', 'T', p, s->c_out, k, 1, cn, p, w, k, 0,
+							   yt, s->c_out);
+				for (int co = 0; co < s->c_out; co++) {
+					float bias = b ? b[co] : 0, *yr = yn + (int64_t)co * p;
+					for (int i = 0; i < p; i++)
+						yr[i] = yt[(int64_t)i * s->c_out + co] + bias;
+				}
+				continue;
+			}
+			fail |= loom_cpu_gemm_bf16('N', 'N', s->c_out, p, k, 1, w, k, cn, p, 0, yn, p);
+			for (int co = 0; b && co < s->c_out; co++) {
+				float bias = b[co], *yr = yn + (int64_t)co * p;
+				for (int i = 0; i < p; i++)
+					yr[i] += bias;
+			}
+		}
+	}
+	return fail ? -1 : 0;
+}
+
+int loom_cpu_conv2d_bwd_data_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
+				  const uint16_t *w, float *dx, void *ws)
+{
+	const int k = s->c_in * s->kh * s->kw;
+	const int p = s->h_out * s->w_out;
+	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
+	const int64_t out_img = (int64_t)s->c_out * p;
+	const size_t slot = loom_cpu_conv_slot_bytes(s, 4);
+	const int direct = loom_cpu_conv_is_pointwise(s);
+	const int nt = loom_cpu_slot_threads(s->n);
+	int fail = 0;
+
+#pragma omp parallel num_threads(nt) reduction(| : fail)
+	{
+		float *dcol = (float *)((char *)ws + slot * omp_get_thread_num());
+		float *pp = direct ? NULL : conv_padded_plane_f32(s, dcol, slot);
+#pragma omp for schedule(static)
+		for (int n = 0; n < s->n; n++) {
+			float *dxn = dx + n * in_img;
+
+			/* dcol[K, P] = w^T[K, c_out] dy_n[c_out, P], in fp32 */
+			fail |= loom_cpu_gemm_bf16('T', 'N', k, p, s->c_out, 1, w, k,
+						   dy + n * out_img, p, 0, direct ? dxn : dcol, p);
+			if (pp)
+				col2im_s1_f32(s, dcol, dxn, pp);
+			else if (!direct)
+				col2im_f32(s, dcol, dxn);
+		}
+	}
+	return fail ? -1 : 0;
+}
+
+int loom_cpu_conv2d_bwd_filter_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
+				    const uint16_t *x, float *dw, void *ws)
+{
+	const int k = s->c_in * s->kh * s->kw;
+	const int p = s->h_out * s->w_out;
+	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
+	const int64_t out_img = (int64_t)s->c_out * p;
+	const int64_t nw = (int64_t)s->c_out * k;
+	const size_t slot = loom_cpu_conv_slot_bytes(s, 4);
+	const int direct = loom_cpu_conv_is_pointwise(s);
+	const int nt = loom_cpu_slot_threads(s->n);
+	int fail = 0, team = 1;
+
+	/* Per-thread partial dw^T in fp32, summed in a fixed order after. */
+#pragma omp parallel num_threads(nt) reduction(| : fail)
+	{
+		char *base = (char *)ws + slot * omp_get_thread_num();
+		uint16_t *col = (uint16_t *)base;
+		float *part = (float *)(base + (size_t)k * p * 4); /* [K, c_out] */
+
+		if (omp_get_thread_num() == 0)
+			team = omp_get_num_threads();
+		uint16_t *pp = direct ? NULL : conv_padded_plane_bf16(s, base, slot);
+		memset(part, 0, sizeof(float) * nw);
+#pragma omp for schedule(static)
+		for (int n = 0; n < s->n; n++) {
+			const uint16_t *xn = x + n * in_img, *cn = direct ? xn : col;
+
+			if (pp)
+				im2col_s1_bf16(s, xn, col, pp);
+			else if (!direct)
+				im2col_bf16(s, xn, col);
+			fail |= loom_cpu_gemm_bf16('N', 'T', k, s->c_out, p, 1, cn, p,
+						   dy + n * out_img, p, 1, part, s->c_out);
+		}
+	}
+	if (fail)
+		return -1;
+	const char *part0 = (const char *)ws + (size_t)k * p * 4;
+	for (int co = 0; co < s->c_out; co++) {
+		for (int j = 0; j < k; j++) {
+			float acc = 0;
+			for (int t = 0; t < team; t++)
+				acc += ((const float *)(part0 + slot * t))[(int64_t)j * s->c_out + co];
+			dw[(int64_t)co * k + j] = acc;
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,139 @@
+/*
+ * engine/cpu/cpu_path.c — picks the CPU's matrix-product path from its
+ * features once, and routes the fp32 and bf16 GEMMs of the kernels there.
+ *
+ * Why oneDNN and not OpenBLAS on the fast paths: Debian's OpenBLAS 0.3.21
+ * chooses its kernels from the CPU *model*, and on a model it does not know
+ * (a Sapphire Rapids Xeon, family 6 model 207) it falls back to its SSE3
+ * "Prescott" kernels, 3 to 5 times slower. oneDNN JIT-compiles its kernels
+ * from the instruction set it finds, so a new CPU model gets the right code.
+ * OpenBLAS stays as the portable path for CPUs with neither AVX2 nor AVX-512,
+ * and for f64 (oneDNN has no double GEMM).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <stdio.h>
+
+#include <cblas.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include "engine/cpu/cpu_path.h"
+#include "loom.h"
+
+/*
+ * Exported by libdnnl (DNNL_API in src/cpu/gemm/gemm.cpp) and used by
+ * oneDNN's own tests, but declared in no installed header; row-major like
+ * dnnl_sgemm. A and B are bfloat16 bit patterns.
+ */
+dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t m, dnnl_dim_t n,
+				    dnnl_dim_t k, float alpha, const uint16_t *a,
+				    dnnl_dim_t lda, const uint16_t *b, dnnl_dim_t ldb,
+				    float beta, float *c, dnnl_dim_t ldc);
+
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+static loom_cpu_isa isa_chosen;
+
+loom_cpu_isa loom_cpu_isa_detect(void)
+{
+	__builtin_cpu_init();
+	/* libgcc's checks include the OS's consent (XCR0) for the wide
+	 * registers, not only the cpuid bits. */
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+		return __builtin_cpu_supports("avx512bf16") ? LOOM_CPU_ISA_AVX512_BF16 :
+							      LOOM_CPU_ISA_AVX512;
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return LOOM_CPU_ISA_AVX2;
+	return LOOM_CPU_ISA_PORTABLE;
+}
+
+const char *loom_cpu_isa_name(loom_cpu_isa isa)
+{
+	switch (isa) {
+	case LOOM_CPU_ISA_AVX512_BF16:
+		return "avx512_bf16";
+	case LOOM_CPU_ISA_AVX512:
+		return "avx512";
+	case LOOM_CPU_ISA_AVX2:
+		return "avx2";
+	default:
+		return "portable";
+	}
+}
+
+static void isa_choose(void)
+{
+	loom_cpu_isa isa = loom_cpu_isa_detect();
+	const char *cap = getenv("LOOM_CPU_ISA");
+	if (cap && *cap) {
+		for (int i = LOOM_CPU_ISA_PORTABLE; i <= LOOM_CPU_ISA_AVX512_BF16; i++)
+			if (!strcmp(cap, loom_cpu_isa_name((loom_cpu_isa)i)) && i < (int)isa)
+				isa = (loom_cpu_isa)i;
+	}
+	/* oneDNN picks its own ISA; cap it at ours so that a forced lower
+	 * path really runs the lower kernels. Must precede its first use. */
+	static const dnnl_cpu_isa_t dnnl_cap[] = {
+		[LOOM_CPU_ISA_PORTABLE] = dnnl_cpu_isa_avx2, /* unused: no oneDNN */
+		[LOOM_CPU_ISA_AVX2] = dnnl_cpu_isa_avx2,
+		[LOOM_CPU_ISA_AVX512] = dnnl_cpu_isa_avx512_core,
+		[LOOM_CPU_ISA_AVX512_BF16] = dnnl_cpu_isa_all,
+	};
+	if (isa != LOOM_CPU_ISA_PORTABLE)
+		dnnl_set_max_cpu_isa(dnnl_cap[isa]);
+	isa_chosen = isa;
+}
+
+loom_cpu_isa loom_cpu_isa_get(void)
+{
+	pthread_once(&isa_once, isa_choose);
+	return isa_chosen;
+}
+
+static int is_t(char t)
+{
+	return t == 't' || t == 'T';
+}
+
+void loom_cpu_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a,
+		    int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+	if (m <= 0 || n <= 0)
+		return;
+	if (loom_cpu_isa_get() != LOOM_CPU_ISA_PORTABLE &&
+	    dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success)
+		return;
+	cblas_sgemm(CblasRowMajor, is_t(ta) ? CblasTrans : CblasNoTrans,
+		    is_t(tb) ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
+		    c, ldc);
+}
+
+int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
+		       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,
+		       float *c, int ldc)
+{
+	if (loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
+		return -1;
+	if (m <= 0 || n <= 0)
+		return 0;
+	return dnnl_gemm_bf16bf16f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) ==
+			       dnnl_success ?
+		       0 :
+		       -1;
+}
+
+const char *loom_cpu_describe(char *buf, size_t size)
+{
+	loom_cpu_isa isa = loom_cpu_isa_get();
+	int t = omp_get_max_threads();
+	snprintf(buf, size, "cpu: %d thread%s, %s kernels (%s)", t, t == 1 ? "" : "s",
+		 loom_cpu_isa_name(isa), isa == LOOM_CPU_ISA_PORTABLE ? "openblas" : "onednn");
+	return buf;
+}
+
+void loom_cpu_set_threads(int n)
+{
+	omp_set_num_threads(n < 1 ? omp_get_num_procs() : n);
+}

@@ -1,0 +1,48 @@
+/*
+ * engine/cpu/cpu_path.h — which matrix-product path the CPU kernels take on
+ * this machine, chosen once from the CPU's features (cpuid), never from its
+ * model name, and the GEMM entry points that follow that choice.
+ */
+#ifndef LOOM_ENGINE_CPU_PATH_H
+#define LOOM_ENGINE_CPU_PATH_H
+
+#include <stdint.h>
+
+/* Ordered: each path needs every feature of the ones before it. */
+typedef enum loom_cpu_isa {
+	LOOM_CPU_ISA_PORTABLE,    /* OpenBLAS, whatever kernels it picks */
+	LOOM_CPU_ISA_AVX2,        /* oneDNN JIT kernels for AVX2 + FMA */
+	LOOM_CPU_ISA_AVX512,      /* oneDNN JIT kernels for AVX-512 (F, BW, VL, DQ) */
+	LOOM_CPU_ISA_AVX512_BF16, /* the same, plus vdpbf16ps for bf16 products */
+} loom_cpu_isa;
+
+/*
+ * The path in use: the best the CPU supports, capped by the environment
+ * variable LOOM_CPU_ISA (portable, avx2, avx512, avx512_bf16) if set, so
+ * that tests can force a lower path. Decided on the first call, which also
+ * caps oneDNN's own choice to match; later calls return the same answer.
+ */
+loom_cpu_isa loom_cpu_isa_get(void);
+const char *loom_cpu_isa_name(loom_cpu_isa isa);
+
+/* The best path this CPU supports, ignoring LOOM_CPU_ISA. */
+loom_cpu_isa loom_cpu_isa_detect(void);
+
+/*
+ * Row-major C[m, n] = alpha op(A) op(B) + beta C (op = transpose when ta/tb
+ * is 't' or 'T'), on the chosen path. Runs single-threaded when called from
+ * inside a parallel region, on the caller's threads otherwise.
+ */
+void loom_cpu_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a,
+		    int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
+/*
+ * The same with bf16 A and B (raw uint16 bit patterns) and fp32 accumulation
+ * and C. Only on LOOM_CPU_ISA_AVX512_BF16; returns -1 (and does nothing)
+ * on any other path.
+ */
+int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
+		       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,
+		       float *c, int ldc);
+
+#endif /* LOOM_ENGINE_CPU_PATH_H */

@@ -1,0 +1,87 @@
+/*
+ * graph/ops/conv.c — 2-D convolution (NCHW, square stride and padding) and
+ * its two backward ops: the data gradient (dy, w) -> dx and the filter
+ * gradient (dy, x) -> dw. The window geometry is graph/ops/geometry.h.
+ */
+#include "graph/ops/geometry.h"
+#include "graph/ops/ops.h"
+
+loom_value loom_conv2d(loom_graph *g, loom_value x, loom_value w, loom_value b,
+		       int stride, int pad)
+{
+	loom_node n;
+	loom_value src[3] = { x, w, b };
+	loom_op_init(&n, LOOM_OP_CONV2D, b == LOOM_NONE ? 2 : 3, src);
+	n.a.conv.stride = stride;
+	n.a.conv.pad = pad;
+	return loom_op_build(g, &n);
+}
+
+static int shape_conv2d(loom_graph *g, loom_node *n)
+{
+	char bx[96], bw[96];
+	int stride = n->a.conv.stride, pad = n->a.conv.pad;
+	if (!loom_check_weight_bias(g, n, 4, "channels"))
+		return 0;
+	const loom_node *x = &g->nodes[n->src[0]], *w = &g->nodes[n->src[1]];
+	const int64_t *xd = x->shape.dims, *wd = w->shape.dims;
+	if (stride < 1 || pad < 0)
+		return loom_graph_fail(g, LOOM_ERR_INVALID, "conv2d: stride %d / pad %d invalid",
+				       stride, pad), 0;
+	int64_t ho = loom_window_out(xd[2], wd[2], stride, pad);
+	int64_t wo = loom_window_out(xd[3], wd[3], stride, pad);
+	if (ho <= 0 || wo <= 0)
+		return loom_graph_fail(g, LOOM_ERR_SHAPE,
+				       "conv2d: kernel %s larger than padded input %s (pad %d)",
+				       loom_shape_str(&w->shape, bw, sizeof(bw)),
+				       loom_shape_str(&x->shape, bx, sizeof(bx)), pad), 0;
+	int64_t d[4] = { xd[0], wd[0], ho, wo };
+	n->shape = loom_shape_make(4, d);
+	n->dtype = x->dtype;
+	return 1;
+}
+
+static void grad_conv2d(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_node n = g->nodes[v];
+	if (loom_grad_needed(ctx, n.src[0])) {
+		loom_value s[2] = { dy, n.src[1] };
+		loom_value dx = loom_grad_node(g, LOOM_OP_CONV2D_BWD_DATA, n.src[0], 2, s);
+		if (dx != LOOM_NONE)
+			g->nodes[dx].a = n.a;
+		loom_grad_accum(ctx, n.src[0], dx);
+	}
+	if (loom_grad_needed(ctx, n.src[1])) {
+		loom_value s[2] = { dy, n.src[0] };
+		loom_value dw = loom_grad_node(g, LOOM_OP_CONV2D_BWD_FILTER, n.src[1], 2, s);
+		if (dw != LOOM_NONE)
+			g->nodes[dw].a = n.a;
+		loom_grad_accum(ctx, n.src[1], dw);
+	}
+	if (n.nsrc > 2 && loom_grad_needed(ctx, n.src[2]))
+		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, dy, n.src[2]));
+}
+
+const loom_op_def loom_op_conv2d = {
+	.name = "conv2d",
+	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_CONV,
+	.src_names = { "input", "weight", "bias" },
+	.shape = shape_conv2d,
+	.grad = grad_conv2d,
+	.amp = { .cls = LOOM_AMP_ALLOW },
+};
+
+const loom_op_def loom_op_conv2d_bwd_data = {
+	.name = "conv2d_bwd_data",
+	.kind = LOOM_OPK_BACKWARD,
+	.attrs = LOOM_ATTRS_CONV,
+	.src_names = { "dy", "weight" },
+};
+
+const loom_op_def loom_op_conv2d_bwd_filter = {
+	.name = "conv2d_bwd_filter",
+	.kind = LOOM_OPK_BACKWARD,
+	.attrs = LOOM_ATTRS_CONV,
+	.src_names = { "dy", "input" },
+};

@@ -1,0 +1,97 @@
+/*
+ * graph/ops/dense.c — matrix products: linear y = x w^T + b (a relu may be
+ * fused in, graph/fuse.c) and matmul c = op(a) op(b), whose transposed forms
+ * only autodiff builds.
+ */
+#include "graph/ops/ops.h"
+
+loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b)
+{
+	loom_node n;
+	loom_value src[3] = { x, w, b };
+	loom_op_init(&n, LOOM_OP_LINEAR, b == LOOM_NONE ? 2 : 3, src);
+	return loom_op_build(g, &n);
+}
+
+static int shape_linear(loom_graph *g, loom_node *n)
+{
+	if (!loom_check_weight_bias(g, n, 2, "features"))
+		return 0;
+	const loom_node *x = &g->nodes[n->src[0]], *w = &g->nodes[n->src[1]];
+	int64_t d[2] = { x->shape.dims[0], w->shape.dims[0] };
+	n->shape = loom_shape_make(2, d);
+	n->dtype = x->dtype;
+	return 1;
+}
+
+/* y = x w^T + b: dx = dy w, dw = dy^T x, db = column sums of dy. */
+static void grad_linear(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_node n = g->nodes[v];
+	if (loom_grad_needed(ctx, n.src[0]))
+		loom_grad_accum(ctx, n.src[0], loom_grad_matmul(g, dy, 0, n.src[1], 0, n.src[0]));
+	if (loom_grad_needed(ctx, n.src[1]))
+		loom_grad_accum(ctx, n.src[1], loom_grad_matmul(g, dy, 1, n.src[0], 0, n.src[1]));
+	if (n.nsrc > 2 && loom_grad_needed(ctx, n.src[2]))
+		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, dy, n.src[2]));
+}
+
+loom_value loom_matmul(loom_graph *g, loom_value a, loom_value b)
+{
+	loom_node n;
+	loom_value src[2] = { a, b };
+	loom_op_init(&n, LOOM_OP_MATMUL, 2, src);
+	return loom_op_build(g, &n);
+}
+
+static int shape_matmul(loom_graph *g, loom_node *n)
+{
+	char ba[96], bb[96];
+	const loom_node *a = &g->nodes[n->src[0]], *b = &g->nodes[n->src[1]];
+	if (!loom_check_float(g, n, 0) || !loom_check_same_dtype(g, n, 0, 1) ||
+	    !loom_check_ndim(g, n, 0, 2) || !loom_check_ndim(g, n, 1, 2))
+		return 0;
+	if (a->shape.dims[1] != b->shape.dims[0])
+		return loom_graph_fail(g, LOOM_ERR_SHAPE, "matmul: a %s and b %s: inner dims differ",
+				       loom_shape_str(&a->shape, ba, sizeof(ba)),
+				       loom_shape_str(&b->shape, bb, sizeof(bb))), 0;
+	int64_t d[2] = { a->shape.dims[0], b->shape.dims[1] };
+	n->shape = loom_shape_make(2, d);
+	n->dtype = a->dtype;
+	return 1;
+}
+
+/* c = op(a) op(b); only the untransposed form is built by users. */
+static void grad_matmul(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_node n = g->nodes[v];
+	if (n.a.mm.ta || n.a.mm.tb) {
+		loom_graph_fail(g, LOOM_ERR_UNSUPPORTED,
+				"autodiff: gradient of a transposed matmul (#%d)", (int)v);
+		return;
+	}
+	if (loom_grad_needed(ctx, n.src[0]))
+		loom_grad_accum(ctx, n.src[0], loom_grad_matmul(g, dy, 0, n.src[1], 1, n.src[0]));
+	if (loom_grad_needed(ctx, n.src[1]))
+		loom_grad_accum(ctx, n.src[1], loom_grad_matmul(g, n.src[0], 1, dy, 0, n.src[1]));
+}
+
+const loom_op_def loom_op_linear = {
+	.name = "linear",
+	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_MM,
+	.src_names = { "input", "weight", "bias" },
+	.shape = shape_linear,
+	.grad = grad_linear,
+	.amp = { .cls = LOOM_AMP_ALLOW },
+};
+
+const loom_op_def loom_op_matmul = {
+	.name = "matmul",
+	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_MM,
+	.src_names = { "a", "b" },
+	.shape = shape_matmul,
+	.grad = grad_matmul,
+	.amp = { .cls = LOOM_AMP_ALLOW },
+};

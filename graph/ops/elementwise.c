@@ -1,0 +1,100 @@
+/*
+ * graph/ops/elementwise.c — ops that map each element on its own: relu and
+ * its backward (x, dy) -> dx, add of two same-shaped values, and the cast
+ * the AMP pass inserts between dtypes.
+ */
+#include "graph/ops/ops.h"
+
+loom_value loom_relu(loom_graph *g, loom_value x)
+{
+	loom_node n;
+	loom_op_init(&n, LOOM_OP_RELU, 1, &x);
+	return loom_op_build(g, &n);
+}
+
+static int shape_relu(loom_graph *g, loom_node *n)
+{
+	const loom_node *x = &g->nodes[n->src[0]];
+	if (!loom_check_float(g, n, 0))
+		return 0;
+	n->shape = x->shape;
+	n->dtype = x->dtype;
+	return 1;
+}
+
+static void grad_relu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_value x = g->nodes[v].src[0];
+	if (!loom_grad_needed(ctx, x))
+		return;
+	loom_value s[2] = { x, dy };
+	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_RELU_BWD, x, 2, s));
+}
+
+loom_value loom_add(loom_graph *g, loom_value a, loom_value b)
+{
+	loom_node n;
+	loom_value src[2] = { a, b };
+	loom_op_init(&n, LOOM_OP_ADD, 2, src);
+	return loom_op_build(g, &n);
+}
+
+static int shape_add(loom_graph *g, loom_node *n)
+{
+	char ba[96], bb[96];
+	const loom_node *a = &g->nodes[n->src[0]], *b = &g->nodes[n->src[1]];
+	if (!loom_check_float(g, n, 0) || !loom_check_same_dtype(g, n, 0, 1))
+		return 0;
+	if (!loom_shape_eq(&a->shape, &b->shape))
+		return loom_graph_fail(g, LOOM_ERR_SHAPE, "add: shapes %s and %s differ",
+				       loom_shape_str(&a->shape, ba, sizeof(ba)),
+				       loom_shape_str(&b->shape, bb, sizeof(bb))), 0;
+	n->shape = a->shape;
+	n->dtype = a->dtype;
+	return 1;
+}
+
+static void grad_add(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_node n = g->nodes[v];
+	for (int i = 0; i < 2; i++)
+		if (loom_grad_needed(ctx, n.src[i]))
+			loom_grad_accum(ctx, n.src[i], dy);
+}
+
+/* The gradient of a cast is dy cast back to the source's dtype. */
+static void grad_cast(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_value x = g->nodes[v].src[0];
+	if (loom_grad_needed(ctx, x))
+		loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_CAST, x, 1, &dy));
+}
+
+const loom_op_def loom_op_relu = {
+	.name = "relu",
+	.kind = LOOM_OPK_FORWARD,
+	.src_names = { "input" },
+	.shape = shape_relu,
+	.grad = grad_relu,
+};
+
+const loom_op_def loom_op_relu_bwd = {
+	.name = "relu_bwd",
+	.kind = LOOM_OPK_BACKWARD,
+	.src_names = { "input", "dy" },
+};
+
+const loom_op_def loom_op_add = {
+	.name = "add",
+	.kind = LOOM_OPK_FORWARD,
+	.src_names = { "a", "b" },
+	.shape = shape_add,
+	.grad = grad_add,
+};
+
+const loom_op_def loom_op_cast = {
+	.name = "cast",
+	.kind = LOOM_OPK_PASS,
+	.src_names = { "input" },
+	.grad = grad_cast,
+};

@@ -1,0 +1,152 @@
+/*
+ * graph/ops/ops.h — the op table: everything graph/ and amp/ know about an
+ * op, in one entry per op (defined in graph/ops/<family>.c, listed in
+ * graph/ops/ops.c). The builder, autodiff, the AMP pass and the memory
+ * planner ask the table; none of them tests for a particular op.
+ */
+#ifndef LOOM_GRAPH_OPS_OPS_H
+#define LOOM_GRAPH_OPS_OPS_H
+
+#include "graph/graph_internal.h"
+
+#ifdef __cplusplus
+extern "C" { /* engine/cuda reads the table too */
+#endif
+
+/* Where an op's nodes come from; says which rules the op must have
+ * (tests/graph/test_op_table.c holds every op to it). */
+typedef enum loom_op_kind {
+	LOOM_OPK_LEAF,     /* input, param, buffer: given a value, not computed */
+	LOOM_OPK_FORWARD,  /* built by users: a shape rule and a gradient rule */
+	LOOM_OPK_PASS,     /* inserted by a compile pass: a gradient rule */
+	LOOM_OPK_BACKWARD, /* appended by autodiff: never differentiated itself */
+} loom_op_kind;
+
+/* The member of loom_attrs an op's nodes use. */
+typedef enum loom_attrs_kind {
+	LOOM_ATTRS_NONE,
+	LOOM_ATTRS_CONV, /* .conv */
+	LOOM_ATTRS_BN,   /* .bn */
+	LOOM_ATTRS_POOL, /* .pool */
+	LOOM_ATTRS_MM,   /* .mm */
+	LOOM_ATTRS_BC,   /* .bc */
+	LOOM_ATTRS_LEAF, /* .leaf */
+} loom_attrs_kind;
+
+/*
+ * The op's precision under the AMP levels (apex's lists). O0 keeps the
+ * model's dtypes and O3 runs everything in half; in between:
+ *                       O1                    O2
+ *   FOLLOW   the widest input dtype          half
+ *   ALLOW    half (tensor-core ops)          half
+ *   DENY     fp32 (statistics, reductions)   half (O2 casts the model)
+ *   FP32     fp32 (the loss)                 fp32
+ */
+typedef enum loom_amp_class {
+	LOOM_AMP_FOLLOW = 0,
+	LOOM_AMP_ALLOW,
+	LOOM_AMP_DENY,
+	LOOM_AMP_FP32,
+} loom_amp_class;
+
+/* A set of an op's sources: bit i stands for src[i]. */
+#define LOOM_SRC(i) (1u << (i))
+
+typedef struct loom_op_amp {
+	loom_amp_class cls;
+	/* Sources that keep their own dtype instead of taking the op's compute
+	 * dtype (no cast inserted): batch norm's parameters and statistics,
+	 * softmax-CE's labels. */
+	unsigned keep;
+	/* The kept sources are batch-norm parameters: O2 and O3 leave such
+	 * leaves fp32 under keep_batchnorm_fp32 (as cuDNN takes them). */
+	int bn_params;
+} loom_op_amp;
+
+/* Op flags. */
+enum {
+	LOOM_OPF_VIEW = 1u << 0,      /* aliases src[0]'s storage: no kernel, never a cast */
+	LOOM_OPF_TRAINABLE = 1u << 1, /* a leaf the loss is differentiated against */
+	LOOM_OPF_FED = 1u << 2,       /* a leaf the user fills each step: keeps its data's dtype */
+};
+
+/*
+ * Checks one node about to be built and sets its output. n arrives with op,
+ * nsrc, src (each already a value of g), attributes and name; leaves,
+ * reshape and broadcast also carry the dtype and shape asked for. The rule
+ * checks them, names the op and the shapes in any error (loom_graph_fail),
+ * and sets n->dtype and n->shape. Returns 0 to refuse the node.
+ */
+typedef int (*loom_shape_rule)(loom_graph *g, loom_node *n);
+
+/*
+ * Appends the gradient nodes of node v given dy (its output gradient): for
+ * each source that loom_grad_needed() says needs one, computes its share
+ * and hands it to loom_grad_accum().
+ */
+typedef void (*loom_grad_rule)(loom_graph *g, loom_value v, loom_value dy, void *ctx);
+
+typedef struct loom_op_def {
+	const char *name;
+	loom_op_kind kind;
+	loom_attrs_kind attrs;
+	unsigned flags;                      /* LOOM_OPF_* */
+	const char *src_names[LOOM_MAX_SRC]; /* for messages: "input", "weight", ... */
+	unsigned nondiff;                    /* sources that take no gradient (labels, statistics) */
+	loom_shape_rule shape;               /* NULL for ops users do not build */
+	loom_grad_rule grad;                 /* NULL for leaves and backward ops */
+	loom_op_amp amp;
+} loom_op_def;
+
+/* Indexed by loom_op; graph/ops/ops.c asserts it covers every op (the size
+ * is left open here so that the assertion there can fail). */
+extern const loom_op_def *const loom_op_defs[];
+
+static inline int loom_op_is_leaf(loom_op op)
+{
+	return loom_op_defs[op]->kind == LOOM_OPK_LEAF;
+}
+
+static inline int loom_op_is_view(loom_op op)
+{
+	return (loom_op_defs[op]->flags & LOOM_OPF_VIEW) != 0;
+}
+
+/* Builds the node n describes (see loom_shape_rule): checks that g has no
+ * error and each source is a value of g, runs the op's shape rule, appends
+ * the node with n's attributes and name. LOOM_NONE when refused. */
+loom_value loom_op_build(loom_graph *g, loom_node *n);
+
+/* A blank node of op op with nsrc sources, for loom_op_build. */
+void loom_op_init(loom_node *n, loom_op op, int nsrc, const loom_value *src);
+
+/* Checks shared by shape rules; each sets the graph's error naming the op
+ * and the source (by its src_names entry) and returns 0 when it fails. */
+int loom_check_value(loom_graph *g, loom_value v, const char *op, const char *what);
+int loom_check_float(loom_graph *g, const loom_node *n, int i);
+int loom_check_same_dtype(loom_graph *g, const loom_node *n, int i, int j);
+int loom_check_ndim(loom_graph *g, const loom_node *n, int i, int ndim);
+int loom_check_weight_bias(loom_graph *g, const loom_node *n, int ndim, const char *what);
+int loom_is_float(loom_dtype dt);
+
+/* Gradient rules: does source value src need a gradient; add grad to its
+ * gradient (autodiff sums the shares of a value used more than once). */
+int loom_grad_needed(void *ctx, loom_value src);
+void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
+
+/* A backward node of op with like's dtype and shape (flagged BACKWARD). */
+loom_value loom_grad_node(loom_graph *g, loom_op op, loom_value like, int nsrc,
+			  const loom_value *src);
+/* Column sums of dy (a bias gradient) shaped like the bias. */
+loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like);
+/* like-shaped x * scale, x a scalar. */
+loom_value loom_grad_broadcast(loom_graph *g, loom_value x, loom_value like, double scale);
+/* op(a) op(b) shaped like like. */
+loom_value loom_grad_matmul(loom_graph *g, loom_value a, int ta, loom_value b, int tb,
+			    loom_value like);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_GRAPH_OPS_OPS_H */

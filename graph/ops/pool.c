@@ -1,0 +1,107 @@
+/*
+ * graph/ops/pool.c — 2-D max pooling (square window; a relu before it may
+ * be fused in, graph/fuse.c) and global average pooling [N, C, H, W] ->
+ * [N, C], with their backward ops.
+ */
+#include "graph/ops/geometry.h"
+#include "graph/ops/ops.h"
+
+loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride, int pad)
+{
+	loom_node n;
+	loom_op_init(&n, LOOM_OP_MAXPOOL2D, 1, &x);
+	n.a.pool.kernel = kernel;
+	n.a.pool.stride = stride;
+	n.a.pool.pad = pad;
+	return loom_op_build(g, &n);
+}
+
+static int shape_maxpool2d(loom_graph *g, loom_node *n)
+{
+	char bx[96];
+	const loom_node *x = &g->nodes[n->src[0]];
+	int kernel = n->a.pool.kernel, stride = n->a.pool.stride, pad = n->a.pool.pad;
+	if (!loom_check_float(g, n, 0) || !loom_check_ndim(g, n, 0, 4))
+		return 0;
+	if (kernel < 1 || stride < 1 || pad < 0 || 2 * pad > kernel)
+		return loom_graph_fail(g, LOOM_ERR_INVALID,
+				       "maxpool2d: kernel %d, stride %d, pad %d invalid (pad at most half the kernel)",
+				       kernel, stride, pad), 0;
+	const int64_t *d = x->shape.dims;
+	int64_t ho = loom_window_out(d[2], kernel, stride, pad);
+	int64_t wo = loom_window_out(d[3], kernel, stride, pad);
+	if (ho <= 0 || wo <= 0)
+		return loom_graph_fail(g, LOOM_ERR_SHAPE, "maxpool2d: kernel %d larger than input %s",
+				       kernel, loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
+	int64_t o[4] = { d[0], d[1], ho, wo };
+	n->shape = loom_shape_make(4, o);
+	n->dtype = x->dtype;
+	return 1;
+}
+
+static void grad_maxpool2d(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_node n = g->nodes[v];
+	if (!loom_grad_needed(ctx, n.src[0]))
+		return;
+	loom_value s[2] = { n.src[0], dy };
+	loom_value dx = loom_grad_node(g, LOOM_OP_MAXPOOL2D_BWD, n.src[0], 2, s);
+	if (dx != LOOM_NONE)
+		g->nodes[dx].a = n.a;
+	loom_grad_accum(ctx, n.src[0], dx);
+}
+
+loom_value loom_global_avgpool(loom_graph *g, loom_value x)
+{
+	loom_node n;
+	loom_op_init(&n, LOOM_OP_GLOBAL_AVGPOOL, 1, &x);
+	return loom_op_build(g, &n);
+}
+
+static int shape_global_avgpool(loom_graph *g, loom_node *n)
+{
+	const loom_node *x = &g->nodes[n->src[0]];
+	if (!loom_check_float(g, n, 0) || !loom_check_ndim(g, n, 0, 4))
+		return 0;
+	n->shape = loom_shape_make(2, x->shape.dims);
+	n->dtype = x->dtype;
+	return 1;
+}
+
+static void grad_global_avgpool(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_value x = g->nodes[v].src[0];
+	if (loom_grad_needed(ctx, x))
+		loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_GLOBAL_AVGPOOL_BWD, x, 1, &dy));
+}
+
+const loom_op_def loom_op_maxpool2d = {
+	.name = "maxpool2d",
+	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_POOL,
+	.src_names = { "input" },
+	.shape = shape_maxpool2d,
+	.grad = grad_maxpool2d,
+};
+
+const loom_op_def loom_op_maxpool2d_bwd = {
+	.name = "maxpool2d_bwd",
+	.kind = LOOM_OPK_BACKWARD,
+	.attrs = LOOM_ATTRS_POOL,
+	.src_names = { "input", "dy" },
+};
+
+const loom_op_def loom_op_global_avgpool = {
+	.name = "global_avgpool",
+	.kind = LOOM_OPK_FORWARD,
+	.src_names = { "input" },
+	.shape = shape_global_avgpool,
+	.grad = grad_global_avgpool,
+	.amp = { .cls = LOOM_AMP_DENY }, /* a reduction */
+};
+
+const loom_op_def loom_op_global_avgpool_bwd = {
+	.name = "global_avgpool_bwd",
+	.kind = LOOM_OPK_BACKWARD,
+	.src_names = { "dy" },
+};
