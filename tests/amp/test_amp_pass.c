@@ -642,6 +642,7 @@ Test(amp_pass, f64_model_refused)
 	loom_program *p;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_ERR_DTYPE, "%s", loom_last_error());
 	cr_assert_neq(strstr(loom_last_error(), "x64"), NULL, "%s", loom_last_error());
+	loom_program_free(p); /* a failed compile returns its program too */
 	o = amp_opts(LOOM_O0, LOOM_F16);
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
 	loom_program_free(p);
