@@ -14,6 +14,7 @@ PACKAGES=(
 	openmpi-bin          # mpirun for the multi-process tests
 	zlib1g-dev           # checkpoint CRC32, gzip IDX files
 	clang                # tests/fuzz: libFuzzer targets (gcc has no libFuzzer)
+	graphviz             # tests/engine/test_report renders --dump-plan output with dot
 	dataset-fashion-mnist # data for the examples and the end-to-end tests
 	pkg-config
 	ca-certificates
