@@ -19,6 +19,7 @@ static double now(void)
 }
 
 static loom_dtype half = LOOM_F16;
+static int no_fusion; /* --no-fusion: the planner's fusions off, to measure them */
 
 static int run(int depth, int b, int size, loom_opt_level level, loom_device dev, int warmup,
 	       int steps)
@@ -36,6 +37,7 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 	o.optim.weight_decay = 1e-4;
 	o.amp.level = level;
 	o.amp.half = half;
+	o.no_fusion = no_fusion;
 	double tc = now();
 	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
 		fprintf(stderr, "bench_resnet: %s\n", loom_last_error());
@@ -67,9 +69,10 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 		double dt = now() - t0;
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		printf("| ResNet-%d | %3d | %3d | O%d%s | %-6s | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",
+		printf("| ResNet-%d | %3d | %3d | O%d%s%s | %-6s | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",
 		       depth, b, size, level,
-		       level == LOOM_O0 ? "" : half == LOOM_BF16 ? " bf16" : " fp16", info.backend,
+		       level == LOOM_O0 ? "" : half == LOOM_BF16 ? " bf16" : " fp16",
+		       no_fusion ? " unfused" : "", info.backend,
 		       steps * (double)b / dt,
 		       info.n_param_elems / 1e6, info.param_bytes / 1048576.0,
 		       info.activation_bytes / 1048576.0, info.activation_naive_bytes / 1048576.0,
@@ -102,6 +105,8 @@ int main(int argc, char **argv)
 			levels = argv[++i];
 		else if (!strcmp(argv[i], "--bf16"))
 			half = LOOM_BF16;
+		else if (!strcmp(argv[i], "--no-fusion"))
+			no_fusion = 1;
 		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
 			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -111,7 +116,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: bench_resnet [--depth 18|34|50] [--batch-size N] "
 					"[--size 32|224] [--steps N] [--warmup N] [--levels 0123] "
-					"[--device auto|cpu|cuda] [--threads N] [--bf16]\n");
+					"[--device auto|cpu|cuda] [--threads N] [--bf16] [--no-fusion]\n");
 			return 2;
 		}
 	}

@@ -283,6 +283,11 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		loom_fuse_relu_pool(p->plan.g);
 	if (p->be->fuses_linear_relu && !o->no_fusion)
 		loom_fuse_linear_relu(p->plan.g);
+	/* After the pool fusion: a relu that feeds a pool stays the pool's. */
+	if (p->be->fuses_bn_relu && !o->no_fusion)
+		loom_fuse_bn_relu(p->plan.g);
+	if (p->be->fuses_add_relu && !o->no_fusion)
+		loom_fuse_add_relu(p->plan.g);
 	if (p->be->fuses_siblings && !o->no_fusion)
 		loom_fuse_siblings(p->plan.g);
 	if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
@@ -636,7 +641,9 @@ void loom_program_dump(const loom_program *p, FILE *out)
 		if (n->op == LOOM_OP_MAXPOOL2D || n->op == LOOM_OP_MAXPOOL2D_BWD)
 			if (n->a.pool.relu)
 				fprintf(out, " (relu fused)");
-		if (n->op == LOOM_OP_LINEAR && n->a.mm.relu)
+		if ((n->op == LOOM_OP_LINEAR && n->a.mm.relu) ||
+		    (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu) ||
+		    (n->op == LOOM_OP_ADD && n->a.ew.relu))
 			fprintf(out, " (relu fused)");
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);

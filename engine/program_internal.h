@@ -138,6 +138,8 @@ typedef struct loom_backend {
 	 * node, and skips them at their own place. */
 	int fuses_siblings;
 	int fuses_linear_relu; /* LINEAR honours attrs.mm.relu (graph/fuse.c) */
+	int fuses_bn_relu;     /* BATCHNORM2D honours attrs.bn.relu (graph/fuse.c) */
+	int fuses_add_relu;    /* ADD honours attrs.ew.relu (graph/fuse.c) */
 } loom_backend;
 
 struct loom_program {

@@ -36,7 +36,8 @@ static const char *fused_note(const loom_program *p, loom_value v)
 	const loom_node *n = &p->plan.g->nodes[v];
 	if ((n->op == LOOM_OP_MAXPOOL2D || n->op == LOOM_OP_MAXPOOL2D_BWD) && n->a.pool.relu)
 		return "relu fused";
-	if (n->op == LOOM_OP_LINEAR && n->a.mm.relu)
+	if ((n->op == LOOM_OP_LINEAR && n->a.mm.relu) ||
+	    (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu) || (n->op == LOOM_OP_ADD && n->a.ew.relu))
 		return "relu fused";
 	return NULL;
 }

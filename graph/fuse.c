@@ -1,6 +1,9 @@
 /*
- * graph/fuse.c — the relu + max-pool fusion pass, run by loom_compile after
- * autodiff and before memory planning. maxpool(relu(x)) equals
+ * graph/fuse.c — the planner's fusion passes, run by loom_compile after
+ * autodiff and before memory planning: relu into max-pool, linear, batch
+ * norm and the residual add, and the sibling outputs of one library call.
+ *
+ * Relu + max-pool: maxpool(relu(x)) equals
  * relu(maxpool(x)) exactly (max and relu commute, ties and NaN included), so
  * the pool can read x and apply relu to its 4x smaller output; its backward
  * routes dy only where the window's max is > 0, which is relu's backward
@@ -99,30 +102,88 @@ int loom_fuse_relu_pool(loom_graph *g)
  * are > 0 at the same elements. So the linear carries the relu, the relu
  * turns into a view, and the relu's backward reads the linear's output.
  */
+/* The relu that is, with its backward, the only reader of v; else LOOM_NONE.
+ * Then relu(v) may be computed in v's place: nothing else sees v's
+ * negative values. */
+static loom_value sole_relu(const loom_graph *g, loom_value v)
+{
+	if (g->nodes[v].flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD))
+		return LOOM_NONE;
+	/* Read by one relu, and in training by that relu's backward. */
+	loom_value rd[2];
+	int nr = readers(g, v, rd, 2);
+	loom_value relu = LOOM_NONE;
+	if (nr < 1)
+		return LOOM_NONE;
+	for (int i = 0; i < nr; i++) {
+		const loom_node *u = &g->nodes[rd[i]];
+		if (u->op == LOOM_OP_RELU && relu == LOOM_NONE)
+			relu = rd[i];
+		else if (u->op != LOOM_OP_RELU_BWD || u->src[0] != v || u->src[1] == v)
+			return LOOM_NONE;
+	}
+	return relu;
+}
+
 int loom_fuse_linear_relu(loom_graph *g)
 {
 	int fused = 0;
 	for (int l = 0; l < g->n; l++) {
 		loom_node *ln = &g->nodes[l];
-		if (ln->op != LOOM_OP_LINEAR || ln->a.mm.relu ||
-		    (ln->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD)))
+		if (ln->op != LOOM_OP_LINEAR || ln->a.mm.relu)
 			continue;
-		/* Read by one relu, and in training by that relu's backward. */
-		loom_value rd[2];
-		int nr = readers(g, l, rd, 2);
-		loom_value relu = LOOM_NONE;
-		int ok = nr >= 1;
-		for (int i = 0; i < nr && ok; i++) {
-			const loom_node *u = &g->nodes[rd[i]];
-			if (u->op == LOOM_OP_RELU && relu == LOOM_NONE)
-				relu = rd[i];
-			else if (u->op != LOOM_OP_RELU_BWD || u->src[0] != l || u->src[1] == l)
-				ok = 0;
-		}
-		if (!ok || relu == LOOM_NONE)
+		loom_value relu = sole_relu(g, l);
+		if (relu == LOOM_NONE)
 			continue;
 		ln->a.mm.relu = 1;
 		make_view(g, relu, l);
+		fused++;
+	}
+	return fused;
+}
+
+/*
+ * Batch norm + relu and the residual add + relu, the two relus of every
+ * ResNet block, on the linear's pattern: the op applies the relu in place
+ * on its output before any rounding to half, the relu becomes a view, and
+ * the relu's backward reads the op's (relu'd) output. Neither op's backward
+ * reads its output (batch norm's reads x; add's passes dy on), so the
+ * pre-relu value is not needed once the relu is applied. A relu that feeds
+ * a pool belongs to loom_fuse_relu_pool, which runs first: after it the
+ * batch norm is read by the pool and a view, never by a relu, and is left
+ * alone here.
+ */
+int loom_fuse_bn_relu(loom_graph *g)
+{
+	int fused = 0;
+	for (int b = 0; b < g->n; b++) {
+		loom_node *bn = &g->nodes[b];
+		if (bn->op != LOOM_OP_BATCHNORM2D || bn->a.bn.relu)
+			continue;
+		loom_value relu = sole_relu(g, b);
+		if (relu == LOOM_NONE)
+			continue;
+		bn->a.bn.relu = 1;
+		make_view(g, relu, b);
+		fused++;
+	}
+	return fused;
+}
+
+int loom_fuse_add_relu(loom_graph *g)
+{
+	int fused = 0;
+	for (int a = 0; a < g->n; a++) {
+		loom_node *an = &g->nodes[a];
+		/* Backward's gradient sums are adds too; only forward ones
+		 * have a relu after them. */
+		if (an->op != LOOM_OP_ADD || an->a.ew.relu || (an->flags & LOOM_NODE_BACKWARD))
+			continue;
+		loom_value relu = sole_relu(g, a);
+		if (relu == LOOM_NONE)
+			continue;
+		an->a.ew.relu = 1;
+		make_view(g, relu, a);
 		fused++;
 	}
 	return fused;

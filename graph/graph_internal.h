@@ -60,6 +60,7 @@ typedef union loom_attrs {
 	} conv;
 	struct {
 		double momentum, eps;
+		int relu; /* BATCHNORM2D: a fused relu after the affine (graph/fuse.c) */
 	} bn;
 	struct {
 		int kernel, stride, pad;
@@ -72,6 +73,9 @@ typedef union loom_attrs {
 	struct {
 		double scale;
 	} bc;
+	struct {
+		int relu; /* ADD: a fused relu after the sum (graph/fuse.c) */
+	} ew;
 	struct {
 		loom_init init;
 		int64_t fan_in;
@@ -147,6 +151,13 @@ int loom_fuse_relu_pool(loom_graph *g);
  * linear's (now relu'd) output, which is > 0 exactly where the pre-relu
  * value was. Returns how many. Run after autodiff, before memory planning. */
 int loom_fuse_linear_relu(loom_graph *g);
+
+/* Fuses batch norm -> relu and add -> relu pairs the same way: the batch
+ * norm or the add applies the relu, the relu becomes a view and its
+ * backward reads the fused node's output. Run after loom_fuse_relu_pool
+ * (which takes the relus that feed pools). Returns how many. */
+int loom_fuse_bn_relu(loom_graph *g);
+int loom_fuse_add_relu(loom_graph *g);
 
 /* Marks values one library call makes together with an earlier node's
  * (node->made_by): batch norm's dgamma and dbeta with its dx (one

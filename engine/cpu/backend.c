@@ -323,4 +323,6 @@ const loom_backend loom_cpu_backend = {
 	.fuses_relu_pool = 1,
 	.fuses_siblings = 1,
 	.fuses_linear_relu = 1,
+	.fuses_bn_relu = 1,
+	.fuses_add_relu = 1,
 };

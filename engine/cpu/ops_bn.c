@@ -1,6 +1,7 @@
 /*
  * engine/cpu/ops_bn.c — the CPU entries of batch norm (forward in training
- * and eval mode, the data and gamma gradients) and of the per-channel sum
+ * and eval mode, with the relu graph/fuse.c may fold into it; the data and
+ * gamma gradients) and of the per-channel sum
  * that makes beta's and a conv bias's gradient.
  */
 #include "engine/cpu/ops.h"
@@ -29,6 +30,9 @@ loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 	else
 		LOOM_CPU_DISPATCH(dt, loom_cpu_bn_fwd_eval, nb, c, hw, io->src[0], io->src[1],
 				  io->src[2], io->src[3], io->src[4], n->a.bn.eps, io->out);
+	if (n->a.bn.relu) /* fused (graph/fuse.c), before any rounding to half */
+		LOOM_CPU_DISPATCH(dt, loom_cpu_relu_fwd, loom_shape_numel(&n->shape), io->out,
+				  io->out);
 	return LOOM_OK;
 }
 

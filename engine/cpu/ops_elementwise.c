@@ -1,7 +1,8 @@
 /*
  * engine/cpu/ops_elementwise.c — the CPU entries of the elementwise ops
- * (relu, add, sum, scalar broadcast, the loss-scale seed of backward) and of
- * the dtype cast that the AMP pass inserts.
+ * (relu, add with the relu graph/fuse.c may fold into it, sum, scalar
+ * broadcast, the loss-scale seed of backward) and of the dtype cast that the
+ * AMP pass inserts.
  */
 #include <math.h>
 
@@ -84,9 +85,12 @@ loom_status loom_cpu_op_gelu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_
 loom_status loom_cpu_op_add(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			    const loom_cpu_io *io)
 {
+	const loom_node *n = &plan->g->nodes[v];
+	loom_dtype dt = loom_cpu_kernel_dtype(n);
 	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_add,
-			  numel_of(plan, v), io->src[0], io->src[1], io->out);
+	LOOM_CPU_DISPATCH(dt, loom_cpu_add, numel_of(plan, v), io->src[0], io->src[1], io->out);
+	if (n->a.ew.relu) /* fused (graph/fuse.c), before any rounding to half */
+		LOOM_CPU_DISPATCH(dt, loom_cpu_relu_fwd, numel_of(plan, v), io->out, io->out);
 	return LOOM_OK;
 }
 

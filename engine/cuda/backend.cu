@@ -719,6 +719,8 @@ static const loom_backend loom_cuda_backend = {
 	/* .fuses_relu_pool = */ 1,
 	/* .fuses_siblings = */ 1,
 	/* .fuses_linear_relu = */ 1,
+	/* .fuses_bn_relu = */ 1,
+	/* .fuses_add_relu = */ 1,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

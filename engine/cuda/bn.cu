@@ -67,21 +67,23 @@ static __device__ void bn_bwd_sums(int n, int c, int64_t hw, const void *x, int 
 }
 
 /* y = x * scale + shift with scale and shift rounded to fp32 first, as the
- * CPU's f32 kernel passes them as T. */
+ * CPU's f32 kernel passes them as T; then a fused relu (attrs.bn.relu,
+ * graph/fuse.c) in fp32 before the one rounding, as the CPU applies it. */
 static __device__ void bn_affine(int n, int c, int64_t hw, const void *x, int xdt, int ch,
-				 float scale, float shift, void *y, int ydt)
+				 float scale, float shift, int relu, void *y, int ydt)
 {
 	const int64_t m = (int64_t)n * hw;
 	for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
 		int64_t o = bn_index(c, hw, ch, k);
-		loom_st(y, ydt, o, fmaf(loom_ld(x, xdt, o), scale, shift));
+		float v = fmaf(loom_ld(x, xdt, o), scale, shift);
+		loom_st(y, ydt, o, relu && v < 0.0f ? 0.0f : v); /* NaN passes through */
 	}
 }
 
 __global__ void loom_bn_fwd_train_kernel(int n, int c, int64_t hw, const void *x, int xdt,
 					 const void *gamma, int gdt, const void *beta, int bdt,
 					 void *rmean, int rmdt, void *rvar, int rvdt,
-					 double momentum, double eps, void *y, int ydt)
+					 double momentum, double eps, int relu, void *y, int ydt)
 {
 	const int ch = blockIdx.x;
 	const double m = (double)n * hw;
@@ -90,7 +92,7 @@ __global__ void loom_bn_fwd_train_kernel(int n, int c, int64_t hw, const void *x
 	bn_stats(n, c, hw, x, xdt, ch, &mean, &var);
 	double g = gamma ? loom_ld(gamma, gdt, ch) : 1, bt = beta ? loom_ld(beta, bdt, ch) : 0;
 	double scale = g / sqrt(var + eps);
-	bn_affine(n, c, hw, x, xdt, ch, (float)scale, (float)(bt - mean * scale), y, ydt);
+	bn_affine(n, c, hw, x, xdt, ch, (float)scale, (float)(bt - mean * scale), relu, y, ydt);
 	if (threadIdx.x == 0) {
 		if (rmean)
 			loom_st(rmean, rmdt, ch,
@@ -105,14 +107,14 @@ __global__ void loom_bn_fwd_train_kernel(int n, int c, int64_t hw, const void *x
 __global__ void loom_bn_fwd_eval_kernel(int n, int c, int64_t hw, const void *x, int xdt,
 					const void *gamma, int gdt, const void *beta, int bdt,
 					const void *rmean, int rmdt, const void *rvar, int rvdt,
-					double eps, void *y, int ydt)
+					double eps, int relu, void *y, int ydt)
 {
 	const int ch = blockIdx.x;
 	double g = gamma ? loom_ld(gamma, gdt, ch) : 1, bt = beta ? loom_ld(beta, bdt, ch) : 0;
 	double scale = g / sqrt((double)loom_ld(rvar, rvdt, ch) + eps);
 	/* The CPU rounds running_mean * scale through T = float first. */
 	bn_affine(n, c, hw, x, xdt, ch, (float)scale,
-		  (float)(bt - loom_ld(rmean, rmdt, ch) * scale), y, ydt);
+		  (float)(bt - loom_ld(rmean, rmdt, ch) * scale), relu, y, ydt);
 }
 
 __global__ void loom_bn_bwd_data_kernel(int n, int c, int64_t hw, const void *x, int xdt,
@@ -154,19 +156,19 @@ static const int threads = 512;
 extern "C" loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n,
 					int c, int64_t hw, const void *x, int xdt, const void *gamma,
 					int gdt, const void *beta, int bdt, void *rmean, int rmdt,
-					void *rvar, int rvdt, double momentum, double eps, void *y,
-					int ydt)
+					void *rvar, int rvdt, double momentum, double eps, int relu,
+					void *y, int ydt)
 {
 	if (c <= 0)
 		return LOOM_OK;
 	if (train)
 		loom_bn_fwd_train_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, gamma, gdt, beta,
 								bdt, rmean, rmdt, rvar, rvdt,
-								momentum, eps, y, ydt);
+								momentum, eps, relu, y, ydt);
 	else
 		loom_bn_fwd_eval_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, gamma, gdt, beta,
-							       bdt, rmean, rmdt, rvar, rvdt, eps, y,
-							       ydt);
+							       bdt, rmean, rmdt, rvar, rvdt, eps, relu,
+							       y, ydt);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -206,7 +208,7 @@ loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *c, const loom_plan *plan, lo
 				(int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
 				io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
 				io->src[3], io->dt[3], io->src[4], io->dt[4], n->a.bn.momentum,
-				n->a.bn.eps, io->out, io->odt);
+				n->a.bn.eps, n->a.bn.relu, io->out, io->odt);
 }
 
 loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,

@@ -109,18 +109,27 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 
 	if (n->op == LOOM_OP_BATCHNORM2D) {
 		/* (x, gamma, beta, running mean, running var) */
+		loom_status st;
 		if (!train)
-			return LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-							c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-							bp->x, src[0], bp->x, out, bp->param, src[1],
-							src[2], src[3], src[4], n->a.bn.eps),
-						c->err, sizeof(c->err));
-		return LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-						c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bp->x,
-						src[0], bp->x, out, bp->param, src[1], src[2],
-						n->a.bn.momentum, src[3], src[4], n->a.bn.eps, NULL,
-						NULL),
-					c->err, sizeof(c->err));
+			st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+						      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+						      bp->x, src[0], bp->x, out, bp->param, src[1],
+						      src[2], src[3], src[4], n->a.bn.eps),
+					      c->err, sizeof(c->err));
+		else
+			st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+						      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+						      bp->x, src[0], bp->x, out, bp->param, src[1],
+						      src[2], n->a.bn.momentum, src[3], src[4],
+						      n->a.bn.eps, NULL, NULL),
+					      c->err, sizeof(c->err));
+		/* A fused relu (graph/fuse.c): the legacy API has no relu
+		 * epilogue, so the relu kernel runs in place after it, on the
+		 * rounded output (a half -0 stays -0: an equal value). */
+		if (st == LOOM_OK && n->a.bn.relu)
+			st = loom_cuda_relu_fwd(c->err, c->stream, out, n->dtype, out, n->dtype,
+						loom_shape_numel(&n->shape));
+		return st;
 	}
 	/* BN_BWD_DATA (x, gamma, dy) -> dx, with dgamma and dbeta. */
 	int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];

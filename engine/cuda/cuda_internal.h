@@ -245,8 +245,9 @@ loom_status loom_cuda_relu_fwd(char *err, cudaStream_t s, const void *x, int xdt
 			       void *y, int ydt, int64_t n);
 loom_status loom_cuda_relu_bwd(char *err, cudaStream_t s, const void *x, int xdt,
 			       const void *dy, int dydt, void *dx, int dxdt, int64_t n);
+/* relu: apply a fused relu (attrs.ew.relu) before rounding. */
 loom_status loom_cuda_add(char *err, cudaStream_t s, const void *a, int adt,
-			  const void *b, int bdt, void *y, int ydt, int64_t n);
+			  const void *b, int bdt, void *y, int ydt, int64_t n, int relu);
 loom_status loom_cuda_sum(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
 			  void *y, int ydt);
 loom_status loom_cuda_broadcast_scalar(char *err, cudaStream_t s, const void *x,
@@ -264,7 +265,7 @@ loom_status loom_cuda_mark_nonfinite(char *err, cudaStream_t s, const void *x, i
 loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n, int c,
 			     int64_t hw, const void *x, int xdt, const void *gamma, int gdt,
 			     const void *beta, int bdt, void *rmean, int rmdt, void *rvar,
-			     int rvdt, double momentum, double eps, void *y, int ydt);
+			     int rvdt, double momentum, double eps, int relu, void *y, int ydt);
 loom_status loom_cuda_bn_bwd_data(char *err, cudaStream_t s, int n, int c, int64_t hw,
 				  const void *x, int xdt, const void *gamma, int gdt,
 				  const void *dy, int dydt, double eps, void *dx, int dxdt);

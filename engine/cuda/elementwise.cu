@@ -1,7 +1,7 @@
 /*
- * engine/cuda/elementwise.cu — casts, relu, add, sum, scalar broadcast,
- * per-channel sums, the conv bias add, the gradient seed and the diagnose
- * check. CPU twins: engine/cpu/elementwise_impl.h, loom_cpu_channel_sum in
+ * engine/cuda/elementwise.cu — casts, relu, add (with a fused relu), sum,
+ * scalar broadcast, per-channel sums, the conv bias add, the gradient seed
+ * and the diagnose check. CPU twins: engine/cpu/elementwise_impl.h, loom_cpu_channel_sum in
  * engine/cpu/bn_impl.h, run_cast and GRAD_SEED in engine/cpu/backend.c.
  * Every kernel reads any float dtype as fp32 and rounds its result once.
  */
@@ -49,12 +49,16 @@ __global__ void loom_gelu_kernel(const void *x, int xdt, const void *dy, int dyd
 	}
 }
 
+/* relu: a fused relu (attrs.ew.relu, graph/fuse.c), applied in fp32 before
+ * the one rounding, as the CPU applies it before rounding to half. */
 __global__ void loom_add_kernel(const void *a, int adt, const void *b, int bdt, void *y,
-				int ydt, int64_t n)
+				int ydt, int64_t n, int relu)
 {
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-	     i += (int64_t)gridDim.x * blockDim.x)
-		loom_st(y, ydt, i, loom_ld(a, adt, i) + loom_ld(b, bdt, i));
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		float v = loom_ld(a, adt, i) + loom_ld(b, bdt, i);
+		loom_st(y, ydt, i, relu && v < 0.0f ? 0.0f : v); /* NaN passes through */
+	}
 }
 
 /* One block: a double accumulator per thread, then the block sum (the CPU
@@ -159,12 +163,12 @@ extern "C" loom_status loom_cuda_relu_bwd(char *err, cudaStream_t s, const void 
 }
 
 extern "C" loom_status loom_cuda_add(char *err, cudaStream_t s, const void *a, int adt,
-				     const void *b, int bdt, void *y, int ydt, int64_t n)
+				     const void *b, int bdt, void *y, int ydt, int64_t n, int relu)
 {
 	if (n <= 0)
 		return LOOM_OK;
 	loom_add_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(a, adt, b, bdt, y, ydt,
-									  n);
+									  n, relu);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -282,7 +286,7 @@ loom_status loom_cuda_op_add(loom_cuda_ctx *c, const loom_plan *plan, loom_value
 			     const loom_cuda_io *io)
 {
 	return loom_cuda_add(c->err, c->stream, io->src[0], io->dt[0], io->src[1], io->dt[1],
-			     io->out, io->odt, numel_of(plan, v));
+			     io->out, io->odt, numel_of(plan, v), plan->g->nodes[v].a.ew.relu);
 }
 
 loom_status loom_cuda_op_sum(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,

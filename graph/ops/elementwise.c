@@ -118,6 +118,7 @@ const loom_op_def loom_op_gelu_bwd = {
 const loom_op_def loom_op_add = {
 	.name = "add",
 	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_EW,
 	.src_names = { "a", "b" },
 	.shape = shape_add,
 	.grad = grad_add,

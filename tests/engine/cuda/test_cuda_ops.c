@@ -4,7 +4,8 @@
  * twice; outputs and gradients compared by NMSE with a per-dtype bound, the
  * CUDA arena poisoned with NaN so an element no kernel writes fails), and
  * ConvNet and small ResNet training steps under O0, O1 and O2. Both backends
- * must compile the same plan (the relu + max-pool fusion included). Without
+ * must compile the same plan (the relu fusions into pools, linears, batch
+ * norms and adds included). Without
  * a GPU every test skips.
  * The bounds are first guesses (engine/cuda/README.md, Status).
  */
@@ -76,6 +77,7 @@ typedef struct tcase {
 	int64_t n_labels, classes; /* labels input "labels" when n_labels > 0 */
 	int bad_label;
 	int fused_pools; /* max-pools the plan must carry a fused relu in */
+	int fused_relus; /* batch norms and adds that must carry a fused relu */
 	loom_opt_level level; /* AMP level both programs compile with (fp16) */
 	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
 } tcase;
@@ -121,6 +123,18 @@ static int fused_pools(const loom_program *p)
 	return n;
 }
 
+/* Batch norms and adds that carry a fused relu (graph/fuse.c). */
+static int fused_relus(const loom_program *p)
+{
+	int n = 0;
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
+		n += (nd->op == LOOM_OP_BATCHNORM2D && nd->a.bn.relu) ||
+		     (nd->op == LOOM_OP_ADD && nd->a.ew.relu);
+	}
+	return n;
+}
+
 /* The CPU and CUDA programs run the same plan: node for node the same op,
  * dtype and fused relu, so a comparison of values compares kernels. */
 static void expect_same_plan(const char *what, const loom_program *cpu, const loom_program *cuda)
@@ -131,9 +145,12 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 		const loom_node *a = &cuda->plan.g->nodes[v], *b = &cpu->plan.g->nodes[v];
 		int pool = b->op == LOOM_OP_MAXPOOL2D || b->op == LOOM_OP_MAXPOOL2D_BWD;
 		int lin = b->op == LOOM_OP_LINEAR;
+		int bn = b->op == LOOM_OP_BATCHNORM2D, add = b->op == LOOM_OP_ADD;
 		cr_expect(a->op == b->op && a->dtype == b->dtype &&
 				  (!pool || a->a.pool.relu == b->a.pool.relu) &&
-				  (!lin || a->a.mm.relu == b->a.mm.relu) && a->made_by == b->made_by,
+				  (!lin || a->a.mm.relu == b->a.mm.relu) &&
+				  (!bn || a->a.bn.relu == b->a.bn.relu) &&
+				  (!add || a->a.ew.relu == b->a.ew.relu) && a->made_by == b->made_by,
 			  "%s: node %d differs: cuda op %d dtype %d, cpu op %d dtype %d", what, v,
 			  (int)a->op, (int)a->dtype, (int)b->op, (int)b->dtype);
 	}
@@ -213,6 +230,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	expect_same_plan(op, cpu, cuda);
 	cr_expect_eq(fused_pools(cuda), t.fused_pools, "%s: %d fused pools in the cuda plan, want %d",
 		     op, fused_pools(cuda), t.fused_pools);
+	cr_expect_eq(fused_relus(cuda), t.fused_relus,
+		     "%s: %d batch norms / adds with a fused relu in the cuda plan, want %d", op,
+		     fused_relus(cuda), t.fused_relus);
 	int bn_cudnn, bgrad;
 	loom_cuda_test_library_use(cuda, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
@@ -354,6 +374,20 @@ static loom_value b_bn_o2(loom_graph *g, tcase *t)
 	return bn_of(g, t, 6, 12, 9, 9);
 }
 
+/* relu(batch norm): graph/fuse.c gives the relu to the batch norm (cuDNN:
+ * the relu kernel in place after it; own kernels: before the rounding). */
+static loom_value b_bn_relu(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	return loom_relu(g, b_bn(g, t));
+}
+
+static loom_value b_bn_relu_o2(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	return loom_relu(g, b_bn_o2(g, t));
+}
+
 static loom_value b_relu(loom_graph *g, tcase *t)
 {
 	return loom_relu(g, param(g, t, "x", 3, 4, 5, 7, 0));
@@ -440,6 +474,14 @@ static loom_value b_add(loom_graph *g, tcase *t)
 	return loom_add(g, param(g, t, "a", 2, 30, 11, 0, 0), param(g, t, "b", 2, 30, 11, 0, 0));
 }
 
+/* The residual add + relu of a ResNet block. */
+static loom_value b_add_relu(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	loom_value a = param(g, t, "a", 4, 2, 5, 6, 7), b = param(g, t, "b", 4, 2, 5, 6, 7);
+	return loom_relu(g, loom_add(g, a, b));
+}
+
 static loom_value b_sum(loom_graph *g, tcase *t)
 {
 	return loom_sum(g, param(g, t, "x", 3, 10, 10, 10, 0));
@@ -476,6 +518,9 @@ Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 		for (uint64_t seed = 1; seed <= 2; seed++) {
 			run_case("batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
 			run_case("batchnorm2d O2 eval", b_bn_o2, LOOM_F32, LOOM_RUN_EVAL, seed);
+			run_case("batchnorm2d+relu O2", b_bn_relu_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case("batchnorm2d+relu O2 eval", b_bn_relu_o2, LOOM_F32, LOOM_RUN_EVAL,
+				 seed);
 		}
 	}
 	use_own_kernels(0);
@@ -836,6 +881,8 @@ static const op_case cuda_op_cases[] = {
 	{ "batchnorm2d", b_bn, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d eval", b_bn, LOOM_RUN_EVAL, 1 },
 	{ "batchnorm2d 8x32x14x14", b_bn_big, LOOM_RUN_GRAD, 1 },
+	{ "batchnorm2d+relu", b_bn_relu, LOOM_RUN_GRAD, 1 },
+	{ "batchnorm2d+relu eval", b_bn_relu, LOOM_RUN_EVAL, 1 },
 	{ "relu", b_relu, LOOM_RUN_GRAD, 0 },
 	{ "gelu", b_gelu, LOOM_RUN_GRAD, 0 },
 	{ "maxpool2d 2/2", b_pool2, LOOM_RUN_GRAD, 0 },
@@ -850,6 +897,7 @@ static const op_case cuda_op_cases[] = {
 	{ "linear", b_linear, LOOM_RUN_GRAD, 0 },
 	{ "matmul", b_matmul, LOOM_RUN_GRAD, 0 },
 	{ "add", b_add, LOOM_RUN_GRAD, 0 },
+	{ "add+relu", b_add_relu, LOOM_RUN_GRAD, 0 },
 	{ "sum", b_sum, LOOM_RUN_GRAD, 0 },
 	{ "mean", b_mean, LOOM_RUN_GRAD, 0 },
 	{ "flatten+relu", b_flatten, LOOM_RUN_GRAD, 0 },
