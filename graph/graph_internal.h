@@ -38,6 +38,7 @@ typedef enum loom_op {
 	LOOM_OP_CAST,              /* x -> dtype */
 	LOOM_OP_GLOBAL_AVGPOOL,    /* [N, C, H, W] -> [N, C] */
 	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
+	LOOM_OP_ALLREDUCE,         /* a gradient bucket summed over ranks (graph/bucket_pass.c) */
 	LOOM_OP_COUNT
 } loom_op;
 
@@ -74,6 +75,9 @@ typedef union loom_attrs {
 		loom_init init;
 		int64_t fan_in;
 	} leaf;
+	struct {
+		int bucket; /* ALLREDUCE: its index in the plan's bucket table */
+	} ar;
 } loom_attrs;
 
 typedef struct loom_node {

@@ -19,6 +19,7 @@ extern const loom_op_def loom_op_reshape;                                      /
 extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
 extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
 	loom_op_grad_seed;                                                      /* loss.c */
+extern const loom_op_def loom_op_allreduce;                                    /* comm.c */
 
 const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_INPUT] = &loom_op_input,
@@ -47,6 +48,7 @@ const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_CAST] = &loom_op_cast,
 	[LOOM_OP_GLOBAL_AVGPOOL] = &loom_op_global_avgpool,
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = &loom_op_global_avgpool_bwd,
+	[LOOM_OP_ALLREDUCE] = &loom_op_allreduce,
 };
 
 /* A new op last in the enum with no row here fails to compile; a hole in

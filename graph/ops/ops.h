@@ -31,6 +31,7 @@ typedef enum loom_attrs_kind {
 	LOOM_ATTRS_MM,   /* .mm */
 	LOOM_ATTRS_BC,   /* .bc */
 	LOOM_ATTRS_LEAF, /* .leaf */
+	LOOM_ATTRS_AR,   /* .ar */
 } loom_attrs_kind;
 
 /*
