@@ -17,6 +17,7 @@
 
 #include "comm/comm.h"
 #include "comm/launch.h"
+#include "engine/cuda/device.h"
 #include "examples/mnist_ddp_args.h"
 #include "examples/models.h"
 #include "loom.h"
@@ -196,7 +197,11 @@ int main(int argc, char **argv)
 	 * or one process. Only rank 0 prints progress; errors go to stderr
 	 * from every rank. */
 	loom_pg *pg = NULL;
-	if (loom_pg_init(NULL, &pg) != LOOM_OK) {
+	loom_comm_options co = { .bootstrap = LOOM_COMM_BOOT_AUTO };
+	/* Training on a GPU: NCCL on this rank's GPU (LOCAL_RANK's). */
+	co.want_device = a.device == LOOM_DEVICE_CUDA ||
+			 (a.device == LOOM_DEVICE_AUTO && loom_cuda_available());
+	if (loom_pg_init(&co, &pg) != LOOM_OK) {
 		fprintf(stderr, "mnist_ddp: %s\n", loom_pg_error(pg));
 		loom_pg_free(pg);
 		return 1;

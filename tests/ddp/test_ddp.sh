@@ -7,6 +7,7 @@
 # sizes. Prints "N passed, N failed".
 set -u
 W=$1
+EX=${2:-}
 pass=0 fail=0
 export LOOM_COMM_TIMEOUT_S=2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -90,6 +91,25 @@ a=$("${MPIRUN[@]}" -np 2 "$W" save "$tmp/w2.ckpt" 5 2>&1)
 b=$("$W" load "$tmp/w2.ckpt" 2>&1)
 h=$(hash_of "$a" save)
 check "resume 2 -> 1: world 2's parameters at step 5" "$b" "OK load world 1 step 5 hash ${h:-none}" 1
+
+# The example at 2 ranks on Fashion-MNIST: the launcher, mpirun and
+# torchrun's variables; a resume at world 1 continues at the same sample.
+if [ -n "$EX" ]; then
+	flags=(--device cpu --epochs 1 --batch-size 50 --max-steps 4 --log-interval 2)
+	out=$("$EX" --nproc 2 "${flags[@]}" --checkpoint "$tmp/ex.ckpt" 2>&1)
+	check "mnist_ddp --nproc 2: a group of 2, global batch 100" "$out" \
+		"^\[rank 0\] data parallel: 2 ranks (env://), global batch 100" 1
+	check "mnist_ddp --nproc 2: rank 0 alone prints progress" "$out" "^\[rank 1\]" 0
+	check "mnist_ddp --nproc 2: the progress line shows the global batch" "$out" \
+		"^\[rank 0\] epoch 1 step .* batch 100 " 2
+	check "mnist_ddp --nproc 2: test accuracy over the whole test set" "$out" \
+		"^\[rank 0\] epoch 1 done: test loss [0-9.]*, test accuracy" 1
+	out=$("$EX" "${flags[@]}" --checkpoint "$tmp/ex.ckpt" --resume --max-steps 9 2>&1)
+	check "mnist_ddp: resume at world 1 from world 2 at sample 400 (batch 8 of 50)" "$out" \
+		"resumed .* at step 8 (epoch 1, batch 8)" 1
+	out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
+	check "mpirun -np 2 mnist_ddp" "$out" "data parallel: 2 ranks (mpirun)" 1
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
