@@ -14,8 +14,8 @@
  * back to back on the host, so one event serves every bucket. */
 #define COMM_EVENT 0
 
-extern "C" loom_status loom_cuda_op_allreduce(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
-					       const loom_cuda_io *io)
+loom_status loom_cuda_op_allreduce(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+				   const loom_cuda_io *io)
 {
 	int k = p->g->nodes[v].a.ar.bucket;
 	loom_status st;
@@ -41,7 +41,7 @@ extern "C" loom_status loom_cuda_op_allreduce(loom_cuda_ctx *c, const loom_plan 
 	return LOOM_OK;
 }
 
-extern "C" loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *c, const loom_plan *p)
+loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *c, const loom_plan *p)
 {
 	loom_status first = LOOM_OK;
 	for (int k = 0; k < p->buckets.n && c->n_pending; k++) {
