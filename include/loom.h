@@ -291,7 +291,9 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count);
 loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count);
 /* The gradient of parameter v from the last TRAIN or GRAD run, as the
  * backward pass left it: under loss scaling still multiplied by the scale
- * (loom_program_info.loss_scale); the optimizer unscales it. */
+ * (loom_program_info.loss_scale); the optimizer unscales it. With a process
+ * group (loom_compile_opts.pg) it is the sum over the ranks; the optimizer
+ * divides by the world size. */
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst,
 			       size_t count);
 /* Overwrites a parameter or buffer (tests, custom initialisation). */
