@@ -52,6 +52,8 @@ void loom_compile_opts_default(loom_compile_opts *o)
 	o->amp.init_scale = 65536.0;
 	o->amp.growth_interval = 2000;
 	o->amp.keep_batchnorm_fp32 = -1;
+	o->bucket_cap_mb = 25.0;
+	o->first_bucket_mb = 1.0;
 }
 
 static loom_status check_optim(const loom_optim_opts *o)
@@ -290,18 +292,31 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		loom_fuse_add_relu(p->plan.g);
 	if (p->be->fuses_siblings && !o->no_fusion)
 		loom_fuse_siblings(p->plan.g);
-	if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
+	if ((st = make_slots(p)) != LOOM_OK)
+		goto out_fail;
+	/* Data parallelism: gradient buckets and their all-reduces, then the
+	 * memory plan that lays the buckets out; else the plain plan. */
+	p->plan.world = loom_ddp_world(o);
+	if (p->plan.world > 1) {
+		char dmsg[256];
+		if ((st = loom_ddp_plan(p, dmsg, sizeof(dmsg))) != LOOM_OK) {
+			compile_fail(st, "%s", dmsg);
+			goto out_fail;
+		}
+	} else if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
 		compile_fail(st, "memory planning: out of memory");
 		goto out_fail;
 	}
-	if ((st = make_slots(p)) != LOOM_OK)
-		goto out_fail;
 	if ((st = backend_prepare(p)) != LOOM_OK) {
 		compile_fail(st, "backend %s: %s", p->be->name, p->err);
 		goto out_fail;
 	}
 	if ((st = init_values(p)) != LOOM_OK)
 		goto out_fail;
+	if (p->plan.world > 1 && (st = loom_ddp_start(p)) != LOOM_OK) {
+		compile_fail(st, "%s", p->err);
+		goto out_fail;
+	}
 	if (o->verbose) {
 		loom_program_info info;
 		loom_program_info_get(p, &info);
@@ -331,6 +346,7 @@ void loom_program_free(loom_program *p)
 	if (p->be && p->be_ctx)
 		p->be->free(p->be_ctx);
 	loom_memplan_free(&p->plan.mp);
+	loom_buckets_free(&p->plan.buckets);
 	free(p->plan.params);
 	loom_graph_free(p->plan.g);
 	free(p);
@@ -471,7 +487,7 @@ static loom_status readable(loom_program *p, loom_value v, size_t count, const c
 	char sb[96];
 	if (v < 0 || v >= p->plan.g->n)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "%s: no value %d", what, (int)v);
-	if (p->plan.mp.region[v] != LOOM_REGION_PERSIST)
+	if (p->plan.mp.region[v] != LOOM_REGION_PERSIST && p->plan.mp.region[v] != LOOM_REGION_BUCKET)
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s: value %d is not kept after a step (mark it with loom_mark_output)",
 					 what, (int)v);
@@ -614,7 +630,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
 	info->activation_naive_bytes = p->plan.mp.act_naive_bytes;
-	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
 	info->loss_scale = p->ts.scaler.scale;
 	info->skipped_steps = p->ts.scaler.skipped_steps;
 	info->amp_report = p->ts.amp_report;
@@ -631,7 +647,7 @@ void loom_program_dump(const loom_program *p, FILE *out)
 		const loom_node *n = &p->plan.g->nodes[v];
 		fprintf(out, "%4d %-30s %-4s %-18s %c+%-9zu", v, loom_node_label(p->plan.g, v, lb, sizeof(lb)),
 			loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)),
-			p->plan.mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->plan.mp.offset[v]);
+			loom_region_letter(p->plan.mp.region[v]), p->plan.mp.offset[v]);
 		for (int i = 0; i < n->nsrc; i++)
 			fprintf(out, " %%%d", (int)n->src[i]);
 		if (n->flags & LOOM_NODE_AMP)

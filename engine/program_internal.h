@@ -15,6 +15,8 @@
 #include "loom.h"
 
 typedef struct loom_program loom_program;
+struct loom_comm;      /* comm/comm.h: the collectives of data parallelism */
+struct loom_comm_work; /* one outstanding all-reduce */
 
 /* Size of every error buffer a backend or launcher writes into. */
 #define LOOM_ERR_MAX 512
@@ -45,6 +47,12 @@ typedef struct loom_plan {
 	int n_state;          /* optimizer state buffers per parameter (0, 1, 2) */
 	int scaling;          /* dynamic or static loss scaling is on */
 	size_t ws_bytes, state_bytes, master_bytes;
+	/* Data parallelism (world > 1): the gradient buckets, and the
+	 * collectives for the backend's memory that their ALLREDUCE nodes
+	 * start. The optimizer divides the summed gradients by world. */
+	int world, rank;
+	loom_buckets buckets;
+	struct loom_comm *comm;
 } loom_plan;
 
 /* The training state: what a step changes besides the arena. */
@@ -61,6 +69,7 @@ typedef struct loom_train_state {
 /* Base addresses of the arena's regions (backend memory). */
 typedef struct loom_arena {
 	unsigned char *persist, *act, *ws, *state;
+	unsigned char *bucket; /* the gradient buckets (data parallelism; else unused) */
 } loom_arena;
 
 /* Streams a backend orders work on; a CPU backend has one in-order stream. */
@@ -169,8 +178,15 @@ static inline int loom_optim_state_count(const loom_optim_opts *o)
 
 static inline void *loom_arena_ptr(const loom_arena *a, const loom_plan *pl, loom_value v)
 {
-	unsigned char *base = pl->mp.region[v] == LOOM_REGION_PERSIST ? a->persist : a->act;
+	unsigned char *base = pl->mp.region[v] == LOOM_REGION_PERSIST ? a->persist :
+			      pl->mp.region[v] == LOOM_REGION_BUCKET ? a->bucket : a->act;
 	return base + pl->mp.offset[v];
+}
+
+/* 'P' persistent, 'B' a gradient bucket, 'A' activations: for dumps. */
+static inline char loom_region_letter(int region)
+{
+	return region == LOOM_REGION_PERSIST ? 'P' : region == LOOM_REGION_BUCKET ? 'B' : 'A';
 }
 
 static inline void *loom_value_ptr(const loom_program *p, loom_value v)
@@ -234,6 +250,16 @@ extern const loom_backend loom_cpu_backend;
 
 /* The CUDA backend, or NULL in a build without one. */
 const loom_backend *loom_cuda_backend_get(void);
+
+/* engine/ddp.c, data parallelism in loom_compile. The group's world size
+ * (1 without a group). */
+int loom_ddp_world(const loom_compile_opts *o);
+/* The bucket pass and the memory plan with buckets (in place of
+ * loom_memplan_build), after the parameter slots exist. */
+loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen);
+/* Collective, once the arena holds the initial values: every rank's plan
+ * compared with rank 0's, then rank 0's parameters and buffers broadcast. */
+loom_status loom_ddp_start(loom_program *p);
 
 /* Host-side initialisation of parameters and buffers (PyTorch's defaults),
  * into a host buffer of the value's dtype. */

@@ -77,7 +77,7 @@ void loom_program_dump_dot(const loom_program *p, FILE *out)
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, "\\n(made by %d)", (int)n->made_by);
 		fprintf(out, "\\n%c+%zu\", fillcolor=\"%s\"",
-			p->plan.mp.region[v] == LOOM_REGION_PERSIST ? 'P' : 'A', p->plan.mp.offset[v],
+			loom_region_letter(p->plan.mp.region[v]), p->plan.mp.offset[v],
 			dtype_colour(n->dtype));
 		if (is_leaf(n->op))
 			fprintf(out, ", shape=%s", n->op == LOOM_OP_INPUT ? "invhouse" : "cylinder");
@@ -116,9 +116,10 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	loom_program_info_get(p, &info);
 	/* Without planning, every activation would have a buffer of its own
 	 * and so would every kernel's scratch. */
-	size_t naive = p->plan.mp.persist_bytes + p->plan.mp.act_naive_bytes + p->plan.ws_bytes + p->plan.state_bytes;
-	size_t other = p->plan.mp.persist_bytes - info.param_bytes - info.grad_bytes - info.master_bytes;
-	if (p->plan.mp.persist_bytes < info.param_bytes + info.grad_bytes + info.master_bytes)
+	size_t kept = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes; /* buckets hold gradients */
+	size_t naive = kept + p->plan.mp.act_naive_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	size_t other = kept - info.param_bytes - info.grad_bytes - info.master_bytes;
+	if (kept < info.param_bytes + info.grad_bytes + info.master_bytes)
 		other = 0;
 	fprintf(out, "memory of the compiled plan (%s, %d nodes, %d parameters, %lld elements):\n",
 		info.backend, info.n_nodes, info.n_params, (long long)info.n_param_elems);

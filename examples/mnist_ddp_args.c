@@ -35,7 +35,7 @@ void mnist_ddp_usage(FILE *f)
 		"on Fashion-MNIST with loom.\n\n"
 		"  --data DIR           MNIST-format directory (default %s)\n"
 		"  --epochs N           epochs to train (default 2)\n"
-		"  --batch-size N       images per step (default 100)\n"
+		"  --batch-size N       images per step and rank (default 100)\n"
 		"  --optimizer NAME     sgd or adamw (default sgd)\n"
 		"  --lr X               learning rate (default 0.01)\n"
 		"  --momentum X         SGD momentum (default 0.9)\n"
@@ -58,6 +58,9 @@ void mnist_ddp_usage(FILE *f)
 		"  --memory-report      print where the plan's memory goes, before step 1\n"
 		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
 		"                       and its place in the arena\n"
+		"  --nproc N            start N ranks on this host (data parallel; also under\n"
+		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
+		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
 		"  --help               this text\n",
 		LOOM_FASHION_MNIST_DIR);
 }

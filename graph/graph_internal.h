@@ -40,6 +40,7 @@ typedef enum loom_op {
 	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
 	LOOM_OP_GELU,              /* x * Phi(x), the exact (erf) form */
 	LOOM_OP_GELU_BWD,          /* (x, dy) -> dx */
+	LOOM_OP_ALLREDUCE,         /* a gradient bucket summed over ranks (graph/bucket_pass.c) */
 	LOOM_OP_COUNT
 } loom_op;
 
@@ -80,6 +81,9 @@ typedef union loom_attrs {
 		loom_init init;
 		int64_t fan_in;
 	} leaf;
+	struct {
+		int bucket; /* ALLREDUCE: its index in the plan's bucket table */
+	} ar;
 } loom_attrs;
 
 typedef struct loom_node {

@@ -6,6 +6,7 @@
  *   siblings     the values a node makes besides its own (graph/fuse.c);
  *   liveness     which value owns whose storage (views alias their source),
  *                which owners are persistent, and the step each is last read;
+ *   buckets      data parallelism's gradients, at their buckets' places;
  *   persistent   leaves, gradients and outputs, laid out once, never reused;
  *   activations  every other owner lives from the step that writes it to
  *                its last reader; a best-fit allocator reuses dead space.
@@ -212,7 +213,31 @@ static void liveness(planner *pl)
 
 static int is_act_owner(const planner *pl, loom_value v)
 {
-	return pl->mp->root[v] == v && pl->mp->region[v] != LOOM_REGION_PERSIST;
+	return pl->mp->root[v] == v && pl->mp->region[v] == LOOM_REGION_ACT;
+}
+
+/* ----------------------------------------------------------------- buckets */
+
+/* Each bucket's ALLREDUCE node owns its bucket; its gradients are views
+ * into it at their offsets (nothing is copied before the all-reduce). */
+static loom_status place_buckets(planner *pl, const loom_buckets *bk)
+{
+	loom_memplan *mp = pl->mp;
+	for (int k = 0; k < bk->n; k++) {
+		const loom_bucket *b = &bk->b[k];
+		if (b->node < 0 || b->node >= pl->n)
+			return LOOM_ERR_INVALID;
+		mp->region[b->node] = LOOM_REGION_BUCKET;
+		mp->offset[b->node] = b->base;
+		for (int i = b->first; i < b->first + b->n; i++) {
+			loom_value v = bk->grad[i];
+			if (v < 0 || v >= pl->n || mp->root[v] != v)
+				return LOOM_ERR_INVALID; /* a view cannot move into a bucket */
+			mp->region[v] = LOOM_REGION_BUCKET;
+			mp->offset[v] = b->base + bk->offset[i];
+		}
+	}
+	return LOOM_OK;
 }
 
 /* The activation owners that die at each position, for the allocator. */
@@ -328,8 +353,8 @@ static void planner_free(planner *pl)
 	free(pl->dead);
 }
 
-loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *order,
-				       loom_memplan *mp)
+loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *order,
+				       const loom_buckets *buckets, loom_memplan *mp)
 {
 	planner pl = { .g = g, .mp = mp, .n = g->n };
 	allocator a = { 0 };
@@ -341,6 +366,8 @@ loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *or
 		goto out_free;
 	chain_siblings(&pl);
 	liveness(&pl);
+	if (buckets && (st = place_buckets(&pl, buckets)) != LOOM_OK)
+		goto out_free;
 	if ((st = death_lists(&pl)) != LOOM_OK)
 		goto out_free;
 	mp->persist_bytes = place_persistent(&pl);
@@ -351,6 +378,8 @@ loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *or
 	mp->regions[LOOM_REGION_ACT] = (loom_region){ "activations", mp->act_bytes, 1 };
 	mp->regions[LOOM_REGION_PERSIST] = (loom_region){ "persistent", mp->persist_bytes, 0 };
 	mp->regions[LOOM_REGION_WORKSPACE] = (loom_region){ "workspace", 0, 1 };
+	mp->regions[LOOM_REGION_BUCKET] = (loom_region){ "buckets", buckets ? buckets->bytes : 0, 0 };
+	mp->bucket_bytes = buckets ? buckets->bytes : 0;
 	free(a.free);
 	planner_free(&pl);
 	return LOOM_OK;
@@ -360,6 +389,12 @@ out_free:
 	planner_free(&pl);
 	loom_memplan_free(mp);
 	return st;
+}
+
+loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *order,
+				       loom_memplan *mp)
+{
+	return loom_memplan_build_buckets(g, order, NULL, mp);
 }
 
 loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp)

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "graph/bucket_pass.h"
 #include "graph/graph_internal.h"
 
 /*
@@ -21,6 +22,7 @@ typedef enum loom_region_id {
 	LOOM_REGION_ACT = 0,       /* activations: live from writer to last reader, reused */
 	LOOM_REGION_PERSIST = 1,   /* leaves, gradients, outputs: live across steps */
 	LOOM_REGION_WORKSPACE = 2, /* per-node scratch; sized by the backend, holds no value */
+	LOOM_REGION_BUCKET = 3,    /* gradient buckets (graph/bucket_pass.h): live across steps */
 	LOOM_REGION_COUNT
 } loom_region_id;
 
@@ -44,6 +46,7 @@ typedef struct loom_memplan {
 	size_t persist_bytes;  /* regions[LOOM_REGION_PERSIST].bytes */
 	size_t act_bytes;      /* regions[LOOM_REGION_ACT].bytes: activations, with reuse */
 	size_t act_naive_bytes; /* activations, one buffer each */
+	size_t bucket_bytes;   /* regions[LOOM_REGION_BUCKET].bytes: 0 without buckets */
 	/* The values node u makes besides its own (made_by == u, graph/fuse.c),
 	 * in node order: the first is sibling[u], the one after w is
 	 * sibling_next[w]; LOOM_NONE ends. */
@@ -59,6 +62,13 @@ loom_status loom_memplan_build(const loom_graph *g, loom_memplan *mp);
  * left empty. */
 loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *order,
 				       loom_memplan *mp);
+
+/* As loom_memplan_build_ordered, with the gradients of data-parallel
+ * training in the bucket region at their buckets' places (each bucket's
+ * ALLREDUCE node owns the bucket; its gradients lie inside it). buckets
+ * NULL: none. */
+loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *order,
+				       const loom_buckets *buckets, loom_memplan *mp);
 
 void loom_memplan_free(loom_memplan *mp);
 

@@ -216,6 +216,9 @@ typedef struct loom_amp_opts {
 	int keep_batchnorm_fp32;  /* -1: the level's default, 0 or 1 override */
 } loom_amp_opts;
 
+/* A process group (comm/comm.h: loom_pg_init); opaque here. */
+struct loom_pg;
+
 typedef struct loom_compile_opts {
 	loom_device device;
 	loom_optim_opts optim;
@@ -223,9 +226,22 @@ typedef struct loom_compile_opts {
 	int verbose;   /* print the plan summary at compile time */
 	int no_fusion; /* skip the planner's fusion passes (debugging: the
 			* unfused plan computes the same values, slower) */
+	/* Data-parallel training: the group this program is one rank of.
+	 * NULL, or a group of world 1: one process, nothing changes. With
+	 * world > 1, loom_compile is collective (every rank calls it with the
+	 * same graph and options): rank 0's parameters and buffers are
+	 * broadcast, the compiled plans are compared (a difference is an error
+	 * on every rank naming it), and each step sums the gradients over the
+	 * ranks in buckets while backward runs; the optimizer averages them.
+	 * The group must outlive the program. */
+	struct loom_pg *pg;
+	double bucket_cap_mb;    /* gradient bucket size (DDP's bucket_cap_mb), default 25 */
+	double first_bucket_mb;  /* the first bucket's, small so that the first
+				  * all-reduce starts early; default 1 */
 } loom_compile_opts;
 
-/* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16. */
+/* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,
+ * no process group, buckets of 25 MiB (the first 1 MiB). */
 void loom_compile_opts_default(loom_compile_opts *o);
 
 typedef struct loom_program loom_program;
@@ -277,7 +293,9 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count);
 loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count);
 /* The gradient of parameter v from the last TRAIN or GRAD run, as the
  * backward pass left it: under loss scaling still multiplied by the scale
- * (loom_program_info.loss_scale); the optimizer unscales it. */
+ * (loom_program_info.loss_scale); the optimizer unscales it. With a process
+ * group (loom_compile_opts.pg) it is the sum over the ranks; the optimizer
+ * divides by the world size. */
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst,
 			       size_t count);
 /* Overwrites a parameter or buffer (tests, custom initialisation). */

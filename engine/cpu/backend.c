@@ -46,6 +46,7 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
 	[LOOM_OP_GELU] = loom_cpu_op_gelu,
 	[LOOM_OP_GELU_BWD] = loom_cpu_op_gelu_bwd,
+	[LOOM_OP_ALLREDUCE] = loom_cpu_op_allreduce,
 };
 
 /* Kernel workspace of the ops that need one, for element size elem. */
@@ -58,7 +59,7 @@ static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_plan *, loom_value, s
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */
 static const unsigned char cpu_op_raw[LOOM_OP_COUNT] = {
 	[LOOM_OP_INPUT] = 1, [LOOM_OP_PARAM] = 1, [LOOM_OP_BUFFER] = 1,
-	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1,
+	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1, [LOOM_OP_ALLREDUCE] = 1,
 };
 
 loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -132,6 +133,7 @@ static void cpu_free(void *ctx)
 	if (!c)
 		return;
 	free(c->base);
+	free(c->pending);
 	free(c);
 }
 
@@ -155,7 +157,13 @@ static int cpu_supports_op(void *ctx, loom_op op)
 /* The CPU has nothing to plan beyond each node's scratch. */
 static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_bytes)
 {
-	(void)ctx;
+	loom_cpu_ctx *c = ctx;
+	if (plan->buckets.n > 0) {
+		c->pending = calloc((size_t)plan->buckets.n, sizeof(*c->pending));
+		if (!c->pending)
+			return loom_errf(c->err, LOOM_ERR_NOMEM, "out of memory for %d buckets",
+					 plan->buckets.n);
+	}
 	*ws_bytes = 0;
 	for (int v = 0; v < plan->g->n; v++) {
 		size_t ws = node_workspace(plan, v);
@@ -169,8 +177,8 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 			     loom_arena *arena)
 {
 	loom_cpu_ctx *c = ctx;
-	size_t total = plan->mp.persist_bytes + plan->mp.act_bytes + plan->ws_bytes +
-		       plan->state_bytes;
+	size_t total = plan->mp.persist_bytes + plan->mp.bucket_bytes + plan->mp.act_bytes +
+		       plan->ws_bytes + plan->state_bytes;
 	(void)ts;
 	c->base = aligned_alloc(64, align64(total ? total : 64));
 	if (!c->base)
@@ -178,7 +186,8 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 				 total / 1048576.0);
 	memset(c->base, 0, total);
 	c->arena.persist = c->base;
-	c->arena.act = c->base + plan->mp.persist_bytes;
+	c->arena.bucket = c->base + plan->mp.persist_bytes;
+	c->arena.act = c->arena.bucket + plan->mp.bucket_bytes;
 	c->arena.ws = c->arena.act + plan->mp.act_bytes;
 	c->arena.state = c->arena.ws + plan->ws_bytes;
 	*arena = c->arena;
@@ -274,6 +283,13 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 			    !all_finite(c, plan, w))
 				ts->first_nonfinite = w;
 		}
+		/* MPI moves a non-blocking all-reduce only inside its calls:
+		 * give the outstanding ones a turn between nodes of backward. */
+		if (c->n_pending) {
+			loom_status st = loom_cpu_comm_progress(c, plan);
+			if (st != LOOM_OK)
+				return st;
+		}
 	}
 	return LOOM_OK;
 }
@@ -281,16 +297,16 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 static loom_status cpu_optim_step(void *ctx, const loom_plan *plan, loom_train_state *ts)
 {
 	loom_cpu_ctx *c = ctx;
-	return loom_optim_step_host(plan, &c->arena, ts);
+	loom_status st = loom_cpu_comm_wait_all(c, plan);
+	return st != LOOM_OK ? st : loom_optim_step_host(plan, &c->arena, ts);
 }
 
-/* Everything ran when run returned: nothing to wait for or bring back. */
+/* Everything ran when run returned but the all-reduces it started (a
+ * GRAD run's gradients are complete only once they end). */
 static loom_status cpu_synchronize(void *ctx, const loom_plan *plan, loom_train_state *ts)
 {
-	(void)ctx;
-	(void)plan;
 	(void)ts;
-	return LOOM_OK;
+	return loom_cpu_comm_wait_all(ctx, plan);
 }
 
 /* One in-order stream: every event has already happened. */

@@ -16,6 +16,10 @@ typedef struct loom_cpu_ctx {
 	loom_arena arena;
 	int train;           /* this run is in training mode */
 	float seed_scale;    /* this run's loss scale, for GRAD_SEED */
+	/* Per bucket: its all-reduce while in flight, else NULL; n_pending
+	 * counts those in flight. */
+	struct loom_comm_work **pending;
+	int n_pending;
 	char err[LOOM_ERR_MAX];
 } loom_cpu_ctx;
 
@@ -115,5 +119,14 @@ loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 			const loom_cpu_io *io);
 /* A cast of n elements between any two float dtypes. */
 void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n);
+
+/* ops_comm.c: starts the bucket's sum over ranks, non-blocking; the
+ * optimizer (loom_cpu_comm_wait_all) waits for it. */
+loom_status loom_cpu_op_allreduce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+/* Drives every outstanding all-reduce without blocking. */
+loom_status loom_cpu_comm_progress(loom_cpu_ctx *ctx, const loom_plan *plan);
+/* Waits for every outstanding all-reduce (the group's timeout applies). */
+loom_status loom_cpu_comm_wait_all(loom_cpu_ctx *ctx, const loom_plan *plan);
 
 #endif /* LOOM_ENGINE_CPU_OPS_H */

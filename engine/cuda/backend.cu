@@ -79,6 +79,7 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
 	t.fn[LOOM_OP_GELU] = loom_cuda_op_gelu;
 	t.fn[LOOM_OP_GELU_BWD] = loom_cuda_op_gelu_bwd;
+	t.fn[LOOM_OP_ALLREDUCE] = loom_cuda_op_allreduce;
 	return t;
 }
 
@@ -244,6 +245,11 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->plans = (loom_cuda_node_plan *)calloc(p->g->n ? p->g->n : 1, sizeof(*c->plans));
 	if (!c->plans)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	if (p->buckets.n > 0) {
+		c->pending = (struct loom_comm_work **)calloc((size_t)p->buckets.n, sizeof(*c->pending));
+		if (!c->pending)
+			return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	}
 	c->n_plans = p->g->n;
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -318,8 +324,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	for (int s = 0; s < p->n_params; s++)
 		c->n_chunks += (int)((p->params[s].numel + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
-	/* One allocation: persist | act | ws | state | ctl | slots | chunks. */
-	size_t o_act = loom_cuda_align(p->mp.persist_bytes);
+	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks. */
+	size_t o_bucket = loom_cuda_align(p->mp.persist_bytes);
+	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
 	size_t o_state = o_ws + loom_cuda_align(p->ws_bytes);
 	size_t o_ctl = o_state + loom_cuda_align(p->state_bytes);
@@ -332,6 +339,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 	c->base_bytes = total;
 	c->arena.persist = c->base;
+	c->arena.bucket = c->base + o_bucket;
 	c->arena.act = c->base + o_act;
 	c->arena.ws = c->base + o_ws;
 	c->arena.state = c->base + o_state;
@@ -407,6 +415,7 @@ static void cuda_free(void *ctx)
 			loom_cuda_bn_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
+	free(c->pending);
 	if (c->base)
 		(void)cudaFree(c->base);
 	if (c->pinned)
@@ -542,6 +551,8 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	loom_cuda_ctl h;
 	loom_status st;
 
+	if ((st = loom_cuda_comm_wait_all(c, p)) != LOOM_OK)
+		return st;
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&h, c->ctl, sizeof(h), cudaMemcpyDeviceToHost,
@@ -694,7 +705,9 @@ static loom_status cuda_run(void *ctx, const loom_plan *p, loom_train_state *ts,
 static loom_status cuda_optim_step(void *ctx, const loom_plan *p, loom_train_state *ts)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st = push_host_state(c, ts);
+	loom_status st = loom_cuda_comm_wait_all(c, p);
+	if (st == LOOM_OK)
+		st = push_host_state(c, ts);
 	return st != LOOM_OK ? st : loom_cuda_optim_launch(c, p, ts->lr, c->stream);
 }
 

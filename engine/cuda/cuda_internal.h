@@ -152,6 +152,10 @@ typedef struct loom_cuda_ctx {
 	cudaEvent_t ctl_stage_ev;
 
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
+
+	/* Per gradient bucket: its all-reduce while in flight (comm.cu). */
+	struct loom_comm_work **pending;
+	int n_pending;
 } loom_cuda_ctx;
 
 /* Test hook state (cuda_backend.h). */
@@ -207,6 +211,12 @@ loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *ctx, const loom_plan *pla
 					const loom_cuda_io *io);
 loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan *plan,
 					    loom_value v, const loom_cuda_io *io);
+/* comm.cu: a gradient bucket's all-reduce (NCCL) on the communication
+ * stream after the compute stream's work so far; the optimizer waits. */
+loom_status loom_cuda_op_allreduce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+/* Waits for every outstanding all-reduce (the group's timeout applies). */
+loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *ctx, const loom_plan *plan);
 /* loss.cu */
 loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io);

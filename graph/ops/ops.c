@@ -20,6 +20,7 @@ extern const loom_op_def loom_op_reshape;                                      /
 extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
 extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
 	loom_op_grad_seed;                                                      /* loss.c */
+extern const loom_op_def loom_op_allreduce;                                    /* comm.c */
 
 const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_INPUT] = &loom_op_input,
@@ -50,6 +51,7 @@ const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = &loom_op_global_avgpool_bwd,
 	[LOOM_OP_GELU] = &loom_op_gelu,
 	[LOOM_OP_GELU_BWD] = &loom_op_gelu_bwd,
+	[LOOM_OP_ALLREDUCE] = &loom_op_allreduce,
 };
 
 /* A new op last in the enum with no row here fails to compile; a hole in

@@ -32,6 +32,7 @@ typedef enum loom_attrs_kind {
 	LOOM_ATTRS_BC,   /* .bc */
 	LOOM_ATTRS_LEAF, /* .leaf */
 	LOOM_ATTRS_EW,   /* .ew */
+	LOOM_ATTRS_AR,   /* .ar */
 } loom_attrs_kind;
 
 /*

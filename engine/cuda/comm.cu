@@ -1,0 +1,57 @@
+/*
+ * engine/cuda/comm.cu — the CUDA entry of a gradient bucket's all-reduce:
+ * an event marks the compute stream's work so far (the bucket's last
+ * gradient), the communication stream waits for it, and NCCL sums the
+ * bucket from there (comm/nccl.cu), so the rest of backward overlaps it.
+ * The optimizer waits for every bucket before it reads one. Compiled, never
+ * yet run (no GPU where it was written).
+ */
+#include "comm/comm.h"
+#include "engine/cuda/check.h"
+#include "engine/cuda/cuda_internal.h"
+
+/* The event this entry records on the compute stream; record and wait are
+ * back to back on the host, so one event serves every bucket. */
+#define COMM_EVENT 0
+
+loom_status loom_cuda_op_allreduce(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+				   const loom_cuda_io *io)
+{
+	int k = p->g->nodes[v].a.ar.bucket;
+	loom_status st;
+	if (!p->comm || k < 0 || k >= p->buckets.n || !c->pending)
+		return loom_errf(c->err, LOOM_ERR_STATE, "all-reduce node %d: no process group", (int)v);
+	if (c->pending[k])
+		return loom_errf(c->err, LOOM_ERR_STATE,
+				 "all-reduce of bucket %d started again before it ended", k);
+	st = LOOM_CUDA_CHECK(cudaEventRecord(c->events[COMM_EVENT], c->stream), c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaStreamWaitEvent(c->comm, c->events[COMM_EVENT], 0), c->err,
+				     sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	const loom_bucket *b = &p->buckets.b[k];
+	st = loom_comm_allreduce_start(p->comm, io->out, (size_t)b->count, b->dtype, (void *)c->comm,
+				       &c->pending[k]);
+	if (st != LOOM_OK) {
+		c->pending[k] = NULL;
+		return loom_errf(c->err, st, "%s", loom_pg_error(p->comm->pg));
+	}
+	c->n_pending++;
+	return LOOM_OK;
+}
+
+loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *c, const loom_plan *p)
+{
+	loom_status first = LOOM_OK;
+	for (int k = 0; k < p->buckets.n && c->n_pending; k++) {
+		if (!c->pending[k])
+			continue;
+		loom_status st = loom_comm_wait(p->comm, c->pending[k]);
+		c->pending[k] = NULL;
+		c->n_pending--;
+		if (st != LOOM_OK && first == LOOM_OK)
+			first = loom_errf(c->err, st, "%s", loom_pg_error(p->comm->pg));
+	}
+	return first;
+}

@@ -1,0 +1,188 @@
+/*
+ * engine/ddp.c — what loom_compile does for data-parallel training (a
+ * process group of world > 1 in the options): the gradient buckets and the
+ * memory plan that holds them, then, once the program exists, the start-up
+ * check that every rank compiled the same plan and the broadcast of rank
+ * 0's parameters and buffers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "engine/program_internal.h"
+#include "graph/ops/ops.h"
+
+int loom_ddp_world(const loom_compile_opts *o)
+{
+	if (!o->pg)
+		return 1;
+	const loom_pg_info *in = loom_pg_get_info(o->pg);
+	return in && in->world > 1 ? in->world : 1;
+}
+
+loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
+{
+	const loom_compile_opts *o = &p->plan.opts;
+	const loom_pg_info *in = loom_pg_get_info(o->pg);
+	loom_graph *g = p->plan.g;
+	loom_status st;
+
+	p->plan.world = in->world;
+	p->plan.rank = in->rank;
+	p->plan.comm = loom_pg_comm(o->pg, p->be == &loom_cpu_backend ? LOOM_COMM_HOST :
+									 LOOM_COMM_DEVICE);
+	if (!p->plan.comm) {
+		snprintf(err, errlen, "data parallel: no collectives for the %s backend: %s",
+			 p->be->name, loom_pg_error(o->pg));
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	double cap_mb = o->bucket_cap_mb > 0 ? o->bucket_cap_mb : 25.0;
+	double first_mb = o->first_bucket_mb > 0 ? o->first_bucket_mb : 1.0;
+	loom_value *grads = malloc(sizeof(loom_value) * (p->plan.n_params ? p->plan.n_params : 1));
+	if (!grads) {
+		snprintf(err, errlen, "data parallel: out of memory");
+		return LOOM_ERR_NOMEM;
+	}
+	for (int i = 0; i < p->plan.n_params; i++)
+		grads[i] = p->plan.params[i].grad;
+	st = loom_bucket_pass(g, grads, p->plan.n_params, (size_t)(cap_mb * 1048576.0),
+			      (size_t)(first_mb * 1048576.0), &p->plan.buckets);
+	free(grads);
+	if (st != LOOM_OK) {
+		snprintf(err, errlen, "data parallel: %s", g->err ? g->errmsg : "out of memory");
+		return st;
+	}
+	st = loom_memplan_build_buckets(g, p->plan.buckets.order, &p->plan.buckets, &p->plan.mp);
+	if (st != LOOM_OK)
+		snprintf(err, errlen, "data parallel: memory planning with buckets failed (%s)",
+			 loom_status_string(st));
+	return st;
+}
+
+/* ------------------------------------------------------------ fingerprint */
+
+/* Items: every node in schedule order, then every bucket. */
+static uint64_t node_hash(const loom_plan *pl, loom_value v)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	int64_t f[8 + LOOM_MAX_DIMS + LOOM_MAX_SRC];
+	int k = 0;
+	memset(f, 0, sizeof(f));
+	f[k++] = v;
+	f[k++] = n->op;
+	f[k++] = n->dtype;
+	f[k++] = n->nsrc;
+	f[k++] = n->flags;
+	f[k++] = n->made_by;
+	f[k++] = n->op == LOOM_OP_ALLREDUCE ? n->a.ar.bucket : 0;
+	f[k++] = n->shape.ndim;
+	for (int i = 0; i < n->shape.ndim; i++)
+		f[k++] = n->shape.dims[i];
+	for (int i = 0; i < n->nsrc; i++)
+		f[k++] = n->src[i];
+	return loom_comm_hash(f, sizeof(f), 0);
+}
+
+static uint64_t bucket_hash(const loom_buckets *b, int k)
+{
+	const loom_bucket *bk = &b->b[k];
+	uint64_t h = loom_comm_hash(&bk->dtype, sizeof(bk->dtype), 0);
+	h = loom_comm_hash(&bk->bytes, sizeof(bk->bytes), h);
+	h = loom_comm_hash(&bk->base, sizeof(bk->base), h);
+	h = loom_comm_hash(&b->grad[bk->first], sizeof(loom_value) * bk->n, h);
+	return loom_comm_hash(&b->offset[bk->first], sizeof(size_t) * bk->n, h);
+}
+
+static void describe(void *user, size_t i, char *buf, size_t len)
+{
+	const loom_plan *pl = user;
+	char sh[96];
+	if (i < (size_t)pl->mp.nschedule) {
+		loom_value v = pl->mp.schedule[i];
+		const loom_node *n = &pl->g->nodes[v];
+		snprintf(buf, len, "node %d %s has %s %s", (int)v, loom_op_defs[n->op]->name,
+			 loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)));
+		return;
+	}
+	int k = (int)(i - pl->mp.nschedule);
+	const loom_bucket *b = &pl->buckets.b[k];
+	snprintf(buf, len, "bucket %d has %d %s gradients in %zu bytes", k, b->n,
+		 loom_dtype_name(b->dtype), b->bytes);
+}
+
+static loom_status check_plans(loom_program *p, loom_comm *host)
+{
+	const loom_plan *pl = &p->plan;
+	size_t n = (size_t)pl->mp.nschedule + (size_t)pl->buckets.n;
+	uint64_t *items = malloc(sizeof(uint64_t) * (n ? n : 1));
+	if (!items)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "fingerprint: out of memory");
+	for (int i = 0; i < pl->mp.nschedule; i++)
+		items[i] = node_hash(pl, pl->mp.schedule[i]);
+	for (int k = 0; k < pl->buckets.n; k++)
+		items[pl->mp.nschedule + k] = bucket_hash(&pl->buckets, k);
+	/* The options every rank must share; the world is the group's. */
+	int64_t head[] = {
+		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
+		pl->buckets.n, p->be == &loom_cpu_backend, pl->opts.no_fusion,
+	};
+	loom_fingerprint fp = {
+		.item_noun = "node",
+		.head = head,
+		.head_len = sizeof(head),
+		.items = items,
+		.n_items = n,
+		.describe = describe,
+		.user = (void *)pl,
+	};
+	loom_status st = loom_comm_check_fingerprint(host, &fp);
+	free(items);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s", loom_pg_error(pl->opts.pg));
+	return LOOM_OK;
+}
+
+/* Rank 0's parameters, masters and buffers to every rank. */
+static loom_status broadcast_values(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	int n = 0;
+	for (int v = 0; v < pl->g->n; v++)
+		n += pl->g->nodes[v].op == LOOM_OP_PARAM || pl->g->nodes[v].op == LOOM_OP_BUFFER;
+	void **bufs = malloc(sizeof(void *) * (n ? n : 1));
+	size_t *bytes = malloc(sizeof(size_t) * (n ? n : 1));
+	if (!bufs || !bytes) {
+		free(bufs);
+		free(bytes);
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "broadcast: out of memory");
+	}
+	int k = 0;
+	for (int v = 0; v < pl->g->n; v++)
+		if (pl->g->nodes[v].op == LOOM_OP_PARAM || pl->g->nodes[v].op == LOOM_OP_BUFFER) {
+			bufs[k] = loom_value_ptr(p, v);
+			bytes[k++] = loom_value_bytes(p, v);
+		}
+	loom_status st = loom_comm_broadcast_many(pl->comm, bufs, bytes, (size_t)k, 0);
+	free(bufs);
+	free(bytes);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "broadcast of rank 0's parameters: %s",
+					 loom_pg_error(pl->opts.pg));
+	return LOOM_OK;
+}
+
+loom_status loom_ddp_start(loom_program *p)
+{
+	loom_comm *host = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST);
+	if (!host)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "data parallel: %s",
+					 loom_pg_error(p->plan.opts.pg));
+	loom_status st = check_plans(p, host);
+	if (st == LOOM_OK)
+		st = broadcast_values(p);
+	/* Device memory: the broadcast is queued on the device's stream. */
+	if (st == LOOM_OK && (st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	return st;
+}

@@ -1,0 +1,14 @@
+/*
+ * graph/ops/comm.c — the data-parallel op: the all-reduce of one gradient
+ * bucket, which only graph/bucket_pass.c inserts. Its value is the whole
+ * bucket (every gradient in it is a view at its offset); its sources are
+ * the bucket's last-made gradients, so the schedule runs it right after them.
+ */
+#include "graph/ops/ops.h"
+
+const loom_op_def loom_op_allreduce = {
+	.name = "allreduce",
+	.kind = LOOM_OPK_BACKWARD, /* made after autodiff, never differentiated */
+	.attrs = LOOM_ATTRS_AR,
+	.src_names = { "grad", "grad", "grad", "grad", "grad" },
+};

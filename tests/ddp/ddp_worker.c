@@ -1,0 +1,367 @@
+/*
+ * tests/ddp/ddp_worker.c — one rank of the data-parallel training tests
+ * (test_ddp.sh starts it under mpirun, env:// or the launcher). argv[1]
+ * names the scenario; the rank prints "rank R: OK ..." or "rank R: ERROR
+ * <status>: <message>" and exits 0 or 1, so the script checks every rank.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "comm/launch.h"
+#include "loom.h"
+
+#define IN 20
+#define HID 32
+#define CLASSES 10
+#define MAXP 16
+
+typedef struct model {
+	loom_graph *g;
+	loom_program *p;
+	loom_value loss;
+	loom_value params[MAXP];
+	int64_t numel[MAXP];
+	int np;
+	int conv; /* the small ConvNet (batch norm) instead of the MLP */
+	int batch;
+} model;
+
+static int rank, world;
+
+static int fail(const char *what, loom_status st, const char *msg)
+{
+	printf("rank %d: ERROR %s: %s: %s\n", rank, what, loom_status_string(st), msg);
+	fflush(stdout);
+	return 1;
+}
+
+static loom_value param(model *m, const char *name, int ndim, const int64_t *dims, loom_init init,
+			int64_t fan_in)
+{
+	loom_value v = loom_param(m->g, name, LOOM_F32, ndim, dims, init, fan_in);
+	int64_t n = 1;
+	for (int i = 0; i < ndim; i++)
+		n *= dims[i];
+	m->numel[m->np] = n;
+	m->params[m->np++] = v;
+	return v;
+}
+
+/* MLP 20 -> 32 -> relu -> 10, or conv 3x3 (4 channels) + batch norm + relu +
+ * max-pool + linear on 1x8x8 images. */
+static void build(model *m, int batch, int conv)
+{
+	memset(m, 0, sizeof(*m));
+	m->batch = batch;
+	m->conv = conv;
+	loom_graph_new(&m->g);
+	loom_graph_set_seed(m->g, 7);
+	loom_graph *g = m->g;
+	int64_t yd[1] = { batch };
+	loom_value x, h;
+	if (!conv) {
+		int64_t xd[2] = { batch, IN }, w1[2] = { HID, IN }, b1[1] = { HID },
+			w2[2] = { CLASSES, HID }, b2[1] = { CLASSES };
+		x = loom_input(g, "x", LOOM_F32, 2, xd);
+		loom_value a = param(m, "l1.weight", 2, w1, LOOM_INIT_KAIMING_UNIFORM, IN);
+		loom_value b = param(m, "l1.bias", 1, b1, LOOM_INIT_UNIFORM_FAN_IN, IN);
+		h = loom_relu(g, loom_linear(g, x, a, b));
+		a = param(m, "l2.weight", 2, w2, LOOM_INIT_KAIMING_UNIFORM, HID);
+		b = param(m, "l2.bias", 1, b2, LOOM_INIT_UNIFORM_FAN_IN, HID);
+		h = loom_linear(g, h, a, b);
+	} else {
+		int64_t xd[4] = { batch, 1, 8, 8 }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
+			fw[2] = { CLASSES, 64 }, fb[1] = { CLASSES };
+		x = loom_input(g, "x", LOOM_F32, 4, xd);
+		loom_value w = param(m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9);
+		loom_value b = param(m, "c1.bias", 1, c, LOOM_INIT_UNIFORM_FAN_IN, 9);
+		h = loom_conv2d(g, x, w, b, 1, 1);
+		loom_value ga = param(m, "bn.weight", 1, c, LOOM_INIT_ONES, 0);
+		loom_value be = param(m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0);
+		loom_value rm = loom_buffer(g, "bn.running_mean", LOOM_F32, 1, c, LOOM_INIT_ZEROS);
+		loom_value rv = loom_buffer(g, "bn.running_var", LOOM_F32, 1, c, LOOM_INIT_ONES);
+		h = loom_batchnorm2d(g, h, ga, be, rm, rv, 0.1, 1e-5);
+		h = loom_maxpool2d(g, loom_relu(g, h), 2, 2, 0);
+		h = loom_flatten(g, h);
+		w = param(m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 64);
+		b = param(m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 64);
+		h = loom_linear(g, h, w, b);
+	}
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	m->loss = loom_softmax_cross_entropy(g, h, y);
+}
+
+static loom_status compile(model *m, loom_pg *pg, loom_opt_level level, double lr)
+{
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.lr = lr;
+	o.optim.momentum = 0.9;
+	o.amp.level = level;
+	o.pg = pg;
+	/* Small buckets so that the tiny models still have several. */
+	o.bucket_cap_mb = 0.002;
+	o.first_bucket_mb = 0.0005;
+	return loom_compile(m->g, m->loss, &o, &m->p);
+}
+
+/* The batch of global step `step` that rank r of w reads: rows [r*B, (r+1)*B)
+ * of a global batch of w*B deterministic samples. */
+static loom_status feed(model *m, int step, int r, int w, double poison)
+{
+	int b = m->batch, n = m->conv ? 64 : IN;
+	float *x = malloc(sizeof(float) * (size_t)b * n);
+	int32_t *y = malloc(sizeof(int32_t) * (size_t)b);
+	for (int i = 0; i < b; i++) {
+		long idx = (long)step * w * b + (long)r * b + i;
+		for (int j = 0; j < n; j++)
+			x[i * n + j] = (float)sin(0.37 * idx + 1.3 * j) + (float)(idx % 3) * 0.1f;
+		y[i] = (int32_t)(idx % CLASSES);
+	}
+	if (poison != 0)
+		x[0] = (float)poison;
+	loom_status st = loom_set_input(m->p, "x", x, LOOM_F32, (size_t)b * n);
+	if (st == LOOM_OK)
+		st = loom_set_input(m->p, "y", y, LOOM_I32, (size_t)b);
+	free(x);
+	free(y);
+	return st;
+}
+
+static uint64_t param_hash(model *m)
+{
+	uint64_t h = 0;
+	for (int i = 0; i < m->np; i++) {
+		double *d = malloc(sizeof(double) * m->numel[i]);
+		loom_read_f64(m->p, m->params[i], d, m->numel[i]);
+		h = loom_comm_hash(d, sizeof(double) * m->numel[i], h);
+		free(d);
+	}
+	return h;
+}
+
+/* Every rank's hash equal to rank 0's? */
+static int same_everywhere(loom_pg *pg, uint64_t h)
+{
+	uint64_t all[64];
+	loom_comm *c = loom_pg_comm(pg, LOOM_COMM_HOST);
+	if (loom_comm_allgather(c, &h, sizeof(h), all) != LOOM_OK)
+		return -1;
+	for (int r = 1; r < world; r++)
+		if (all[r] != all[0])
+			return 0;
+	return 1;
+}
+
+static loom_opt_level level_of(const char *s)
+{
+	return s && strcmp(s, "O2") == 0 ? LOOM_O2 : s && strcmp(s, "O1") == 0 ? LOOM_O1 : LOOM_O0;
+}
+
+/* Trains 8 steps; after each, every rank's parameters are bit-identical. */
+static int identical(loom_pg *pg, const char *lv, int conv)
+{
+	model m;
+	build(&m, 4, conv);
+	loom_status st = compile(&m, pg, level_of(lv), 0.05);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	for (int s = 0; s < 8; s++) {
+		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return fail("step", st, loom_program_error(m.p));
+		int same = same_everywhere(pg, param_hash(&m));
+		if (same != 1) {
+			printf("rank %d: DIFFER after step %d\n", rank, s + 1);
+			return 1;
+		}
+	}
+	loom_program_info info;
+	loom_program_info_get(m.p, &info);
+	printf("rank %d: OK identical %s %s world %d steps 8 loss %.6f\n", rank, lv,
+	       conv ? "convnet" : "mlp", world, loom_loss(m.p));
+	loom_program_free(m.p);
+	loom_graph_free(m.g);
+	return 0;
+}
+
+/* N ranks at batch B against one process at batch N*B, 20 SGD steps (no
+ * momentum), O0: the same parameters within 1e-5 relative. */
+static int equiv(loom_pg *pg)
+{
+	model d, one;
+	int B = 4;
+	build(&d, B, 0);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.lr = 0.1;
+	o.pg = pg;
+	o.bucket_cap_mb = 0.002;
+	o.first_bucket_mb = 0.0005;
+	loom_status st = loom_compile(d.g, d.loss, &o, &d.p);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	build(&one, B * world, 0);
+	o.pg = NULL;
+	if ((st = loom_compile(one.g, one.loss, &o, &one.p)))
+		return fail("compile (one process)", st, loom_last_error());
+	for (int s = 0; s < 20; s++) {
+		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
+			return fail("step", st, loom_program_error(d.p));
+		if ((st = feed(&one, s, 0, 1, 0)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
+			return fail("step (one process)", st, loom_program_error(one.p));
+	}
+	double worst = 0;
+	for (int i = 0; i < d.np; i++) {
+		double *a = malloc(sizeof(double) * d.numel[i]), *b = malloc(sizeof(double) * d.numel[i]);
+		loom_read_f64(d.p, d.params[i], a, d.numel[i]);
+		loom_read_f64(one.p, one.params[i], b, d.numel[i]);
+		double diff = 0, mag = 0;
+		for (int64_t k = 0; k < d.numel[i]; k++) {
+			diff = fmax(diff, fabs(a[k] - b[k]));
+			mag = fmax(mag, fabs(b[k]));
+		}
+		worst = fmax(worst, mag > 0 ? diff / mag : diff);
+		free(a);
+		free(b);
+	}
+	/* And the training moved the weights: a no-op would match too. */
+	printf("rank %d: %s equiv world %d batch %d vs 1 x %d: max relative difference %.3g\n",
+	       rank, worst <= 1e-5 ? "OK" : "WRONG", world, B, B * world, worst);
+	return worst <= 1e-5 ? 0 : 1;
+}
+
+/* Rank 1 builds a graph of another batch size: every rank's compile fails
+ * naming the first differing node. */
+static int mismatch(loom_pg *pg)
+{
+	model m;
+	build(&m, rank == 1 ? 8 : 4, 0);
+	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
+	return 0;
+}
+
+/* LOOM_TEST_VICTIM kills itself (SIGKILL) at step 3; the others must fail
+ * naming it within the timeout. */
+static int die(loom_pg *pg)
+{
+	model m;
+	const char *v = getenv("LOOM_TEST_VICTIM");
+	int victim = v ? atoi(v) : 1;
+	build(&m, 4, 0);
+	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	for (int s = 0; s < 10; s++) {
+		if (s == 3 && rank == victim) {
+			fflush(stdout);
+			raise(SIGKILL);
+		}
+		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return fail("step", st, loom_program_error(m.p));
+	}
+	printf("rank %d: OK survived (no death seen)\n", rank);
+	return 0;
+}
+
+/* O1: rank 1 alone feeds an image with 1e30 at step 3; every rank skips
+ * that step (and only it) and keeps the same scale and parameters. */
+static int overflow(loom_pg *pg)
+{
+	model m;
+	build(&m, 4, 1);
+	loom_status st = compile(&m, pg, LOOM_O1, 0.05);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	for (int s = 0; s < 6; s++) {
+		double poison = s == 3 && rank == 1 ? 1e30 : 0;
+		if ((st = feed(&m, s, rank, world, poison)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return fail("step", st, loom_program_error(m.p));
+	}
+	loom_program_info info;
+	loom_program_info_get(m.p, &info);
+	int same = same_everywhere(pg, param_hash(&m));
+	printf("rank %d: %s overflow skipped %lld steps %lld scale %g identical %d\n", rank,
+	       info.skipped_steps == 1 && same == 1 ? "OK" : "WRONG", (long long)info.skipped_steps,
+	       (long long)loom_step_count(m.p), info.loss_scale, same);
+	return info.skipped_steps == 1 && same == 1 ? 0 : 1;
+}
+
+/* Checkpoints across world sizes (the batch is per rank, as in DDP, so the
+ * graph is the same at any world size): `save PATH K` trains K steps and
+ * rank 0 saves; `load PATH` loads on every rank, prints the hash of what it
+ * loaded (the script compares it with the saver's), trains 3 more steps
+ * and checks the ranks still agree bit for bit. */
+static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
+{
+	model m;
+	build(&m, 4, 0);
+	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	int load = strcmp(what, "load") == 0;
+	if (load && (st = loom_load(m.p, path)))
+		return fail("load", st, loom_program_error(m.p));
+	int s0 = (int)loom_step_count(m.p);
+	uint64_t h0 = param_hash(&m);
+	for (int s = s0; s < (load ? s0 + 3 : k); s++)
+		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return fail("step", st, loom_program_error(m.p));
+	if (!load && rank == 0 && (st = loom_save(m.p, path)))
+		return fail("save", st, loom_program_error(m.p));
+	int same = same_everywhere(pg, param_hash(&m));
+	printf("rank %d: %s %s world %d step %lld hash %016llx\n", rank, same == 1 ? "OK" : "DIFFER",
+	       what, world, (long long)(load ? s0 : loom_step_count(m.p)),
+	       (unsigned long long)(load ? h0 : param_hash(&m)));
+	return same == 1 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+	int rc = loom_launch_maybe(&argc, argv);
+	if (rc >= 0)
+		return rc;
+	if (argc < 2) {
+		fprintf(stderr, "usage: ddp_worker SCENARIO [ARGS]\n");
+		return 2;
+	}
+	loom_pg *pg = NULL;
+	loom_status st = loom_pg_init(NULL, &pg);
+	if (st) {
+		printf("rank ?: ERROR group: %s\n", loom_pg_error(pg));
+		return 1;
+	}
+	rank = loom_pg_get_info(pg)->rank;
+	world = loom_pg_get_info(pg)->world;
+	const char *s = argv[1];
+	if (strcmp(s, "identical") == 0)
+		rc = identical(pg, argc > 2 ? argv[2] : "O0", argc > 3 && strcmp(argv[3], "conv") == 0);
+	else if (strcmp(s, "equiv") == 0)
+		rc = equiv(pg);
+	else if (strcmp(s, "mismatch") == 0)
+		rc = mismatch(pg);
+	else if (strcmp(s, "die") == 0)
+		rc = die(pg);
+	else if (strcmp(s, "overflow") == 0)
+		rc = overflow(pg);
+	else if ((strcmp(s, "save") == 0 && argc > 3) || (strcmp(s, "load") == 0 && argc > 2))
+		rc = ckpt(pg, s, argv[2], argc > 3 ? atoi(argv[3]) : 0);
+	else {
+		fprintf(stderr, "ddp_worker: unknown scenario %s\n", s);
+		rc = 2;
+	}
+	fflush(stdout);
+	/* A failed rank leaves without MPI_Finalize (it could hang on a dead
+	 * peer); loom_pg_free knows when the group is broken. */
+	loom_pg_free(pg);
+	return rc;
+}

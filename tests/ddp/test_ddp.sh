@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# tests/ddp/test_ddp.sh — data-parallel training across real processes
+# (mpirun, env://, the launcher): parameters bit-identical on every rank
+# after every step (O0, O2; 2 and 3 ranks), N ranks at batch B equal to one
+# process at batch N*B, a plan mismatch and a killed rank reported by every
+# rank, an overflow on one rank skipped by all, checkpoints across world
+# sizes. Prints "N passed, N failed".
+set -u
+W=$1
+EX=${2:-}
+pass=0 fail=0
+export LOOM_COMM_TIMEOUT_S=2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMP_NUM_THREADS=1
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LOOM_COMM_TIMEOUT_S -x OMP_NUM_THREADS)
+port=$((20000 + ($$ % 20000)))
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() {
+	fail=$((fail + 1))
+	echo "FAIL $1"
+	shift
+	printf '%s\n' "$@" | head -20 | sed 's/^/     /'
+}
+
+# check NAME OUTPUT PATTERN COUNT: PATTERN on exactly COUNT lines.
+check() {
+	local n
+	n=$(grep -c -- "$3" <<<"$2")
+	if [ "$n" -eq "$4" ]; then ok "$1"; else bad "$1" "want $4 lines with '$3', got $n:" "$2"; fi
+}
+
+envrun() { # WORLD ARGS...: env:// ranks started by hand
+	local world=$1 r
+	shift
+	port=$((port + 1))
+	for r in $(seq 0 $((world - 1))); do
+		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+			timeout 60 "$W" "$@" &
+	done
+	wait
+}
+
+command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
+
+for n in 2 3; do
+	for lv in O0 O2; do
+		out=$("${MPIRUN[@]}" -np $n "$W" identical $lv conv 2>&1)
+		check "mpirun $n ranks $lv: parameters bit-identical after every step" "$out" \
+			"OK identical $lv convnet world $n steps 8" $n
+	done
+done
+out=$(envrun 2 identical O0 2>&1)
+check "env:// 2 ranks: parameters bit-identical (MLP)" "$out" "OK identical O0 mlp world 2" 2
+out=$("$W" --nproc 2 identical O2 2>&1)
+check "launcher 2 ranks O2: parameters bit-identical (MLP)" "$out" "^\[rank [01]\] .*OK identical O2 mlp world 2" 2
+
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" equiv 2>&1)
+	check "equivalence: $n ranks x batch 4 = 1 rank x batch $((4 * n)) after 20 SGD steps" "$out" \
+		"OK equiv world $n" $n
+done
+
+out=$("${MPIRUN[@]}" -np 3 "$W" mismatch 2>&1)
+check "mismatch: rank 1 built another graph, every rank fails naming the node" "$out" \
+	"ERROR compile: .*rank 1: node [0-9]* input has f32 \[8, 20\], rank 0 has \[4, 20\]" 3
+
+out=$(LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
+check "SIGKILL of rank 1 mid-training: the others name it" "$out" \
+	"ERROR step: .*timed out after 2.0 s: rank 1 died" 2
+out=$(LOOM_TEST_VICTIM=1 "$W" --nproc 2 die 2>&1)
+check "launcher: the survivor names rank 1" "$out" "^\[rank 0\] .*rank 1 died" 1
+check "launcher: reports rank 1 killed" "$out" "^launch: failed: rank 1 was killed by signal 9" 1
+
+out=$("${MPIRUN[@]}" -np 2 "$W" overflow 2>&1)
+check "O1: overflow on rank 1 only, every rank skips that step, same scale" "$out" \
+	"OK overflow skipped 1 steps 5 scale 32768 identical 1" 2
+
+# Checkpoints across world sizes: what rank 0 saved at one world size is
+# what every rank loads at the other, and training goes on in step.
+hash_of() { sed -n "s/.*rank 0: OK $2 world [0-9]* step 5 hash \([0-9a-f]*\).*/\1/p" <<<"$1"; }
+a=$("$W" save "$tmp/w1.ckpt" 5 2>&1)
+b=$("${MPIRUN[@]}" -np 2 "$W" load "$tmp/w1.ckpt" 2>&1)
+check "resume at world 2 from world 1: every rank at step 5, in step after" "$b" "OK load world 2 step 5" 2
+h=$(hash_of "$a" save)
+check "resume 1 -> 2: every rank loaded world 1's parameters" "$b" "OK load world 2 step 5 hash ${h:-none}" 2
+a=$("${MPIRUN[@]}" -np 2 "$W" save "$tmp/w2.ckpt" 5 2>&1)
+b=$("$W" load "$tmp/w2.ckpt" 2>&1)
+h=$(hash_of "$a" save)
+check "resume 2 -> 1: world 2's parameters at step 5" "$b" "OK load world 1 step 5 hash ${h:-none}" 1
+
+# The example at 2 ranks on Fashion-MNIST: the launcher, mpirun and
+# torchrun's variables; a resume at world 1 continues at the same sample.
+if [ -n "$EX" ]; then
+	flags=(--device cpu --epochs 1 --batch-size 50 --max-steps 4 --log-interval 2)
+	out=$("$EX" --nproc 2 "${flags[@]}" --checkpoint "$tmp/ex.ckpt" 2>&1)
+	check "mnist_ddp --nproc 2: a group of 2, global batch 100" "$out" \
+		"^\[rank 0\] data parallel: 2 ranks (env://), global batch 100" 1
+	check "mnist_ddp --nproc 2: rank 0 alone prints progress" "$out" "^\[rank 1\]" 0
+	check "mnist_ddp --nproc 2: the progress line shows the global batch" "$out" \
+		"^\[rank 0\] epoch 1 step .* batch 100 " 2
+	check "mnist_ddp --nproc 2: test accuracy over the whole test set" "$out" \
+		"^\[rank 0\] epoch 1 done: test loss [0-9.]*, test accuracy" 1
+	out=$("$EX" "${flags[@]}" --checkpoint "$tmp/ex.ckpt" --resume --max-steps 9 2>&1)
+	check "mnist_ddp: resume at world 1 from world 2 at sample 400 (batch 8 of 50)" "$out" \
+		"resumed .* at step 8 (epoch 1, batch 8)" 1
+	out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
+	check "mpirun -np 2 mnist_ddp" "$out" "data parallel: 2 ranks (mpirun)" 1
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
