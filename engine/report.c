@@ -103,7 +103,7 @@ void loom_program_dump_dot(const loom_program *p, FILE *out)
 
 static void mib_line(FILE *out, const char *what, size_t bytes, const char *note)
 {
-	fprintf(out, "  %-22s %12.3f MiB%s%s\n", what, bytes / 1048576.0, note ? "  " : "",
+	fprintf(out, "  %-24s %12.3f MiB%s%s\n", what, bytes / 1048576.0, note ? "  " : "",
 		note ? note : "");
 }
 
