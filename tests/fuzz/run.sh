@@ -27,10 +27,11 @@ declare -A SRCS=(
 	[fuzz_idx]="datasets/idx.c datasets/errors.c"
 	[fuzz_ckpt]="engine/ckpt_file.c engine/ckpt_meta.c"
 	[fuzz_args]="examples/mnist_ddp_args.c"
+	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c"
 )
-declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="")
+declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz")
 targets=("$@")
-[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args)
+[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar)
 
 if ! command -v "$CC" >/dev/null 2>&1; then
 	echo "fuzz: $CC not found (bazel/install_deps.sh installs clang)"
