@@ -1,0 +1,26 @@
+# tests/lib/mp_harness.sh — what the multi-process script tests share
+# (tests/comm, tests/ddp): Open MPI as root in a container, a free-ish port,
+# and the pass/fail bookkeeping behind their "N passed, N failed" line.
+# Sourced, not run.
+
+pass=0 fail=0
+export LOOM_COMM_TIMEOUT_S=2
+# Open MPI refuses root unless told; containers have no CMA for vader.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+port=$((20000 + ($$ % 20000)))
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() {
+	fail=$((fail + 1))
+	echo "FAIL $1"
+	shift
+	printf '%s\n' "$@" | head -20 | sed 's/^/     /'
+}
+
+# check NAME OUTPUT PATTERN COUNT: PATTERN on exactly COUNT lines.
+check() {
+	local n
+	n=$(grep -c -- "$3" <<<"$2")
+	if [ "$n" -eq "$4" ]; then ok "$1"; else bad "$1" "want $4 lines with '$3', got $n:" "$2"; fi
+}
