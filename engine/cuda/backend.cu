@@ -727,6 +727,7 @@ static const loom_backend loom_cuda_backend = {
 	/* .synchronize = */ cuda_synchronize,
 	/* .event_record = */ cuda_event_record,
 	/* .event_wait = */ cuda_event_wait,
+	/* .alloc_accum = */ NULL, /* gradient accumulation: CPU only so far */
 	/* .capture = */ NULL, /* the GPU-step issue */
 	/* .replay = */ NULL,
 	/* .fuses_relu_pool = */ 1,
