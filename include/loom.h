@@ -302,8 +302,8 @@ typedef enum loom_run_mode {
  * - GRAD, FORWARD and EVAL runs leave the accumulated gradients alone;
  *   loom_save does not keep them (save between steps).
  * The sums take 4 bytes per gradient element, allocated by the first
- * ACCUMULATE (loom_program_memory_report shows them). The CUDA backend
- * refuses ACCUMULATE with LOOM_ERR_UNSUPPORTED.
+ * ACCUMULATE (loom_program_memory_report shows them); a backend without
+ * them answers LOOM_ERR_UNSUPPORTED.
  */
 
 /* Copies count elements of dtype dt into the input called name. */
