@@ -300,7 +300,8 @@ typedef enum loom_run_mode {
  * - Under loss scaling, an inf/NaN in any micro-step on any rank makes the
  *   whole accumulated step skip on every rank (the scale halves once).
  * - GRAD, FORWARD and EVAL runs leave the accumulated gradients alone;
- *   loom_save does not keep them (save between steps).
+ *   loom_save does not keep them (save between steps) and loom_load drops
+ *   them.
  * The sums take 4 bytes per gradient element, allocated by the first
  * ACCUMULATE (loom_program_memory_report shows them); a backend without
  * them answers LOOM_ERR_UNSUPPORTED.

@@ -17,6 +17,8 @@ command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 p
 out=$("$W" equiv 4 2>&1)
 check "no group: 4 micro-steps x batch 4 = 1 step x batch 16 after 10 steps (O0, 1e-5)" "$out" \
 	"OK accum world 1: 4 micro-steps x batch 4 vs 1 x batch 16, 10 steps" 1
+out=$("$W" load "$tmp/init.ckpt" 2>&1)
+check "loom_load drops the gradients accumulated before it" "$out" "OK load drops" 1
 out=$("${MPIRUN[@]}" -np 2 "$W" equiv 2 2>&1)
 check "2 ranks: 2 micro-steps x batch 4 = 1 rank x batch 16 after 10 steps" "$out" \
 	"OK accum world 2: 2 micro-steps x batch 4 vs 1 x batch 16, 10 steps" 2
