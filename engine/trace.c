@@ -207,7 +207,9 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
 	FILE *f = t->out;
 	const loom_plan *pl = &p->plan;
 	char name[64];
-	fprintf(f, "{\"traceEvents\":[\n{\"name\":\"loom\",\"ph\":\"M\",\"pid\":0,\"args\":{}}");
+	/* Every later event starts with a comma: the first is a label. */
+	fprintf(f, "{\"traceEvents\":[\n{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":0,"
+		   "\"args\":{\"labels\":\"loom\"}}");
 	for (int r = 0; r < pl->world; r++) {
 		snprintf(name, sizeof(name), "rank %d", r);
 		meta(f, r, 0, "process_name", name);
