@@ -613,6 +613,70 @@ static int syncbn_world1(loom_pg *pg)
 	return h[0] == h[1] ? 0 : 1;
 }
 
+/* conv -> batch norm -> relu -> linear (the relu folds into the batch
+ * norm: graph/fuse.c) with sync_bn, with and without the fusion passes:
+ * the fused plan has the synchronised batch norm carry the relu, and both
+ * end 4 steps with the same parameters, bit for bit. */
+static int syncbn_fused(loom_pg *pg)
+{
+	uint64_t h[2];
+	int carried = 0;
+	for (int nofuse = 0; nofuse < 2; nofuse++) {
+		model m;
+		memset(&m, 0, sizeof(m));
+		m.batch = 4;
+		m.conv = 1;
+		loom_graph_new(&m.g);
+		loom_graph_set_seed(m.g, 7);
+		loom_graph *g = m.g;
+		int64_t xd[4] = { 4, 1, 8, 8 }, yd[1] = { 4 }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
+			fw[2] = { CLASSES, 256 }, fb[1] = { CLASSES };
+		loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+		loom_value h1 = loom_conv2d(g, x, param(&m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9),
+					    LOOM_NONE, 1, 1);
+		h1 = loom_batchnorm2d(g, h1, param(&m, "bn.weight", 1, c, LOOM_INIT_ONES, 0),
+				      param(&m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0),
+				      loom_buffer(g, "bn.running_mean", LOOM_F32, 1, c, LOOM_INIT_ZEROS),
+				      loom_buffer(g, "bn.running_var", LOOM_F32, 1, c, LOOM_INIT_ONES),
+				      0.1, 1e-5);
+		h1 = loom_linear(g, loom_flatten(g, loom_relu(g, h1)),
+				 param(&m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 256),
+				 param(&m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 256));
+		m.loss = loom_softmax_cross_entropy(g, h1, loom_input(g, "y", LOOM_I32, 1, yd));
+		loom_compile_opts o;
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.optim.lr = 0.05;
+		o.pg = pg;
+		o.sync_bn = 1;
+		o.no_fusion = nofuse;
+		loom_status st = loom_compile(g, m.loss, &o, &m.p);
+		if (st)
+			return fail("compile", st, loom_last_error());
+		char *dump = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&dump, &len);
+		loom_program_dump(m.p, f);
+		fclose(f);
+		for (char *l = strtok(dump, "\n"); l; l = strtok(NULL, "\n"))
+			carried += !nofuse && strstr(l, "batchnorm2d") && strstr(l, "(relu fused)") &&
+				   strstr(l, "(sync)");
+		free(dump);
+		for (int s = 0; s < 4; s++)
+			if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+				return fail("step", st, loom_program_error(m.p));
+		h[nofuse] = param_hash(&m);
+		loom_program_free(m.p);
+		loom_graph_free(m.g);
+	}
+	int ok = carried == 1 && h[0] == h[1];
+	printf("rank %d: %s syncbn_fused world %d: relu carried by the sync batch norm %d, fused "
+	       "%016llx, unfused %016llx\n",
+	       rank, ok ? "OK" : "WRONG", world, carried, (unsigned long long)h[0],
+	       (unsigned long long)h[1]);
+	return ok ? 0 : 1;
+}
+
 /* Rank 1 alone sets sync_bn: every rank's compile fails naming it. */
 static int syncbn_mismatch(loom_pg *pg)
 {
@@ -651,6 +715,8 @@ int main(int argc, char **argv)
 		rc = syncbn_grad(pg);
 	else if (strcmp(s, "syncbn_world1") == 0)
 		rc = syncbn_world1(pg);
+	else if (strcmp(s, "syncbn_fused") == 0)
+		rc = syncbn_fused(pg);
 	else if (strcmp(s, "syncbn_mismatch") == 0)
 		rc = syncbn_mismatch(pg);
 	else if (strcmp(s, "equiv") == 0)

@@ -67,6 +67,9 @@ for lv in O0 O1 O2; do
 	check "sync_bn: 2 ranks $lv: parameters bit-identical after every step" "$out" \
 		"OK identical $lv convnet sync_bn world 2 steps 8" 2
 done
+out=$("${MPIRUN[@]}" -np 2 "$W" syncbn_fused 2>&1)
+check "sync_bn with batch norm + relu fused: bit for bit the unfused plan" "$out" \
+	"OK syncbn_fused world 2: relu carried by the sync batch norm 1" 2
 out=$("${MPIRUN[@]}" -np 3 "$W" syncbn_mismatch 2>&1)
 check "sync_bn on rank 1 only: every rank fails naming it" "$out" \
 	"ERROR compile: .*rank 1: node [0-9]* batchnorm2d has f32 \[4, 16, 28, 28\] with sync_bn=1, rank 0 has sync_bn=0" 3
