@@ -20,6 +20,13 @@ typedef struct loom_cpu_ctx {
 	 * counts those in flight. */
 	struct loom_comm_work **pending;
 	int n_pending;
+	unsigned flags;              /* this run's LOOM_EXEC_* */
+	unsigned char *accum_base;   /* the allocation behind arena.accum */
+	/* The trace being recorded (else NULL) and, per bucket, when its
+	 * all-reduce started and whether it was already seen complete. */
+	struct loom_trace *trace;
+	double *ar_t0;
+	unsigned char *ar_seen;
 	char err[LOOM_ERR_MAX];
 } loom_cpu_ctx;
 
@@ -127,6 +134,9 @@ void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, i
  * optimizer (loom_cpu_comm_wait_all) waits for it. */
 loom_status loom_cpu_op_allreduce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
+/* Gradient accumulation on segment s of plan->accum: add it into its sum,
+ * or (fold) add the sum into it and clear the sum. */
+void loom_cpu_accum(loom_cpu_ctx *ctx, const loom_plan *plan, int s, int fold);
 /* Drives every outstanding all-reduce without blocking. */
 loom_status loom_cpu_comm_progress(loom_cpu_ctx *ctx, const loom_plan *plan);
 /* Waits for every outstanding all-reduce (the group's timeout applies). */
