@@ -488,12 +488,12 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 	if (a->max_steps && a->max_steps < last)
 		last = a->max_steps;
 	int64_t done = step, timed = 0;
-	double t_first = 0; /* when this run's first step ended: the speed leaves it out */
+	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
 	/* --trace FILE.json starts its recording here and stops it after the loop. */
 	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
 		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
 		int64_t seen = 0, stopped_at = 0;
-		double lr = -1, t0 = train_now();
+		double lr = -1, t0 = train_now(), t_prev;
 		progress pr = { .tlog = t0 };
 
 		loom_sampler_set_epoch(train_s, epoch);
@@ -501,6 +501,7 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 			fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
 			goto out_free;
 		}
+		t_prev = train_now();
 		for (int64_t b = 0; b < per_epoch && done < last; b++) {
 			const float *img;
 			const int32_t *lab;
@@ -514,8 +515,10 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 					name, (long long)b, epoch + 1, count, a->batch);
 				goto out_free;
 			}
-			if (b < b0)
+			if (b < b0) {
+				t_prev = train_now();
 				continue; /* resumed mid-epoch: these were trained on */
+			}
 			double want = train_lr(a, epoch, b, per_epoch);
 			if (want != lr && loom_set_lr(t->p, lr = want) != LOOM_OK) {
 				fprintf(stderr, "%s: %s\n", name, loom_program_error(t->p));
@@ -534,10 +537,12 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 			pr.since++;
 			seen += count;
 			done++;
-			if (!t_first)
-				t_first = train_now();
-			else
+			double now = train_now();
+			if (done - step > 1) {
 				timed++;
+				timed_s += now - t_prev;
+			}
+			t_prev = now;
 			if (done % a->log_interval == 0)
 				progress_line(t, &pr, epoch, b, per_epoch, last - done, lr);
 			if (a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
@@ -551,13 +556,11 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		if (epoch_end(t, test_l, test_n, epoch, train_now() - t0, seen, stopped_at))
 			goto out_free;
 	}
-	if (timed > 0) {
-		double s = train_now() - t_first;
-		printf("trained %lld steps: %.1f img/s (global batch %d, steps 2..%lld of this run, "
-		       "%.1f s)\n",
-		       (long long)(done - step), timed * (double)a->batch * t->world / s,
-		       a->batch * t->world, (long long)(done - step), s);
-	}
+	if (timed > 0)
+		printf("trained %lld steps: %.1f img/s (global batch %d, steps 2..%lld of this run: "
+		       "%.1f s, loading included, evaluation not)\n",
+		       (long long)(done - step), timed * (double)a->batch * t->world / timed_s,
+		       a->batch * t->world, (long long)(done - step), timed_s);
 	rc = 0;
 out_free:
 	loom_prefetch_free(pf);
