@@ -49,9 +49,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(a.keep_bn_fp32 >= -1 && a.keep_bn_fp32 <= 1);
 		FUZZ_CHECK(a.data || !(prog->groups & TRAIN_FLAGS_DATA));
 		FUZZ_CHECK(!(a.resume || a.save_every) || a.checkpoint);
-		FUZZ_CHECK(a.depth == 18 || a.depth == 34 || a.depth == 50);
-		FUZZ_CHECK(a.depth != 50 || (prog->groups & TRAIN_FLAGS_BENCH));
-		FUZZ_CHECK(a.width >= 1 && a.size >= 8 && a.steps >= 0 && a.warmup >= 0);
+		if (prog->groups & TRAIN_FLAGS_RESNET) {
+			FUZZ_CHECK(a.depth == 18 || a.depth == 34 || a.depth == 50);
+			FUZZ_CHECK(a.depth != 50 || (prog->groups & TRAIN_FLAGS_BENCH));
+			FUZZ_CHECK(a.width >= 1 && a.size >= 8);
+		}
+		FUZZ_CHECK(a.steps >= 0 && a.warmup >= 0);
 		FUZZ_CHECK(a.train_images >= 0 && a.test_images >= 0);
 		FUZZ_CHECK(a.warmup_epochs >= 0 && (a.warmup_epochs == 0 || a.warmup_epochs < a.epochs));
 		FUZZ_CHECK(a.schedule == TRAIN_LR_STEP || a.schedule == TRAIN_LR_COSINE);
