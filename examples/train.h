@@ -51,19 +51,21 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv);
 int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits,
 		  int classes, const char *what);
 
-/* One training step on a batch: inputs "image" and "label". */
+/* One training step on a batch: inputs "image" (img_elems floats) and
+ * "label" (batch labels). */
 loom_status train_step(train_run *t, const float *img, size_t img_elems, const int32_t *lab,
 		       int batch);
 
-/* The learning rate of global step `step` (0-based) of epoch `epoch`, with
- * per_epoch steps in an epoch, as the flags' schedule says. */
+/* The learning rate of step `step` (0-based, within the epoch) of epoch
+ * `epoch`, with per_epoch steps in an epoch, as the flags' schedule says:
+ * step decay per epoch, or a linear warm-up then cosine decay per step. */
 double train_lr(const train_args *a, int64_t epoch, int64_t step, int64_t per_epoch);
 
 /*
- * Test accuracy and mean loss in eval mode over every rank's shard of test
- * (n images in all): the sums are added across ranks, so every rank gets
- * the figure of one evaluation of the whole set; the rows the sampler
- * repeats to pad a shard are not counted. img/lab/out: batch buffers.
+ * Test accuracy and mean loss in eval mode (running statistics) over every
+ * rank's shard of test (n images in all): the sums are added across ranks,
+ * so every rank gets the figure of one evaluation of the whole set; the
+ * rows the sampler repeats to pad a shard are not counted.
  */
 loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *acc,
 			   double *loss);
