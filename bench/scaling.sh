@@ -10,6 +10,7 @@
 #   bench/scaling.sh [N]                 (default 2 ranks)
 #   LAUNCH=mpirun bench/scaling.sh 2     mpirun instead of the built-in --nproc
 #   R50_BATCH=8 R50_STEPS=3 CIFAR_BATCH=64 CIFAR_STEPS=6 DEVICE=cpu  the sizes
+#   ONLY=resnet50 or ONLY=cifar          one workload only
 #   BIN=dir                              where the binaries are (default: bazel-bin)
 #
 # Build first: bazel build -c opt //examples:resnet50_synthetic //examples:cifar_ddp
@@ -71,11 +72,13 @@ measure() { # LABEL RANKS BATCH_PER_RANK PATTERN PROGRAM ARGS...
 }
 
 for r in 1 "$n"; do
+	[ "${ONLY:-}" = cifar ] && break
 	measure "ResNet-$R50_DEPTH 224x224, fixed batch" "$r" "$R50_BATCH" "total:" "$R50" \
 		--depth "$R50_DEPTH" --batch-size "$R50_BATCH" --steps "$R50_STEPS" --warmup 1 \
 		--device "$DEVICE"
 done
 for r in 1 "$n"; do
+	[ "${ONLY:-}" = resnet50 ] && break
 	measure "ResNet-18 CIFAR --synthetic" "$r" $((CIFAR_BATCH / r)) "trained [0-9]* steps:" \
 		"$CIFAR" --synthetic --train-images $((CIFAR_BATCH * (CIFAR_STEPS + 1))) \
 		--test-images 16 --batch-size $((CIFAR_BATCH / r)) --max-steps "$CIFAR_STEPS" \
