@@ -216,6 +216,9 @@ static const struct {
 	{ TRAIN_FLAGS_CIFAR, { "no-augment", no_argument, 0, O_NOAUG } },
 	{ TRAIN_FLAGS_CIFAR, { "lr-schedule", required_argument, 0, O_SCHED } },
 	{ TRAIN_FLAGS_CIFAR, { "warmup-epochs", required_argument, 0, O_WARMUP_EP } },
+	/* The data-parallel flags of the next round join here: --sync-bn
+	 * (COMMON), --accumulate N (FIT), --trace FILE.json (COMMON); their
+	 * values go through set_flag into train_args. */
 	{ TRAIN_FLAGS_COMMON, { "help", no_argument, 0, O_HELP } },
 };
 
