@@ -118,8 +118,10 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
 		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
-		"  --seed N             initialisation, shuffling and augmentation seed (default 0)\n"
-		"  --threads N          CPU kernel threads (default: one per core)\n");
+		"  --seed N             initialisation%s seed (default 0)\n"
+		"  --threads N          CPU kernel threads (default: one per core)\n",
+		g & TRAIN_FLAGS_CIFAR ? ", shuffling and augmentation" :
+		g & TRAIN_FLAGS_FIT ? " and shuffling" : " and batch");
 	if (g & TRAIN_FLAGS_FIT)
 		fprintf(f,
 			"  --checkpoint PATH    save here after every epoch (atomic write)\n"

@@ -50,6 +50,9 @@ check "3 steps: the speed at the end" "$out" "^trained 3 steps: [0-9.]* img/s" 1
 
 # An easy task: three epochs, one progress line each (rank 0's training
 # loss and accuracy over the epoch): the loss falls, the accuracy rises.
+# The training figures, not the test ones: after a few dozen steps the batch
+# norms' running statistics lag the weights, and eval-mode accuracy swings
+# from epoch to epoch (PyTorch's same model on these files: 18, 100, 44, 77%).
 out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 20 --epochs 3 --lr 0.05 --log-interval 12 2>&1)
 first=$(grep "^epoch 1 step" <<<"$out" | sed -n 's/.* loss \([0-9.]*\)  acc *\([0-9.]*\)%.*/\1 \2/p')
 last=$(grep "^epoch 3 step" <<<"$out" | sed -n 's/.* loss \([0-9.]*\)  acc *\([0-9.]*\)%.*/\1 \2/p')
