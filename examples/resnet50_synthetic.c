@@ -63,7 +63,8 @@ int main(int argc, char **argv)
 	for (int i = 0; i < a->warmup + a->steps; i++) {
 		if (i == a->warmup)
 			t0 = train_now();
-		if (train_step(&t, img, ni, lab, a->batch)) {
+		if (train_step(&t, img, ni, lab, a->batch, 1) ||
+		    train_trace_tick(&t, i + 1, i + 1 == a->warmup + a->steps)) {
 			fprintf(stderr, "resnet50_synthetic: step %d: %s\n", i + 1,
 				loom_program_error(t.p));
 			goto out;

@@ -152,7 +152,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.amp.static_scale = a->loss_scale;
 	o.amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
 	o.pg = t->pg;
-	/* --sync-bn sets o.sync_bn here, from train_args. */
+	o.sync_bn = a->sync_bn;
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
 		fprintf(stderr, "%s: --batch-size %d needs more memory than there is: %s\n", name,
@@ -183,8 +183,12 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	       a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a->lr, sched, a->batch,
 	       t->world > 1 ? " per rank" : "", tail);
 	if (t->world > 1)
-		printf("data parallel: %d ranks (%s), global batch %d\n", t->world,
-		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world);
+		printf("data parallel: %d ranks (%s), global batch %d%s\n", t->world,
+		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world,
+		       a->sync_bn ? ", synchronised batch norm" : "");
+	if (a->accumulate > 1)
+		printf("gradient accumulation: %d micro-batches per step, %d images per update\n",
+		       a->accumulate, a->accumulate * a->batch * t->world);
 	if (!strncmp(info.backend, "cpu", 3)) {
 		char cpu[128];
 		printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));
@@ -206,15 +210,45 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 }
 
 loom_status train_step(train_run *t, const float *img, size_t img_elems, const int32_t *lab,
-		       int batch)
+		       int batch, int update)
 {
 	loom_status st;
-	/* --accumulate N runs N-1 LOOM_RUN_ACCUMULATE micro-steps before this
-	 * one, each on its own batch: the place is here. */
 	if ((st = loom_set_input(t->p, "image", img, LOOM_F32, img_elems)) ||
 	    (st = loom_set_input(t->p, "label", lab, LOOM_I32, batch)))
 		return st;
-	return loom_run(t->p, LOOM_RUN_TRAIN);
+	return loom_run(t->p, update ? LOOM_RUN_TRAIN : LOOM_RUN_ACCUMULATE);
+}
+
+/* Stops the recording and says where it went. */
+static int trace_stop(train_run *t, int64_t steps)
+{
+	t->tracing = 0;
+	if (loom_trace_stop(t->p) != LOOM_OK)
+		return -1;
+	printf("trace: %lld step%s on %d rank%s written to %s (chrome://tracing, ui.perfetto.dev)\n",
+	       (long long)steps, steps == 1 ? "" : "s", t->world, t->world > 1 ? "s" : "",
+	       t->a.trace);
+	return 0;
+}
+
+int train_trace_tick(train_run *t, int64_t steps, int last)
+{
+	const train_args *a = &t->a;
+	int rc = 0;
+	if (!a->trace)
+		return 0;
+	/* The run's first step pays for start-up; the trace begins after it. */
+	if (!t->tracing && steps == 1 && !last)
+		rc = loom_trace_start(t->p, a->trace) == LOOM_OK ? (t->tracing = 1, 0) : -1;
+	else if (t->tracing && (steps >= 1 + a->trace_steps || last))
+		rc = trace_stop(t, steps - 1);
+	else if (!t->tracing && last && steps <= 1)
+		printf("trace: nothing written to %s, the run stopped after its first step\n",
+		       a->trace);
+	if (rc)
+		fprintf(stderr, "%s: --trace %s: %s\n", t->prog->name, a->trace,
+			loom_program_error(t->p));
+	return rc;
 }
 
 double train_lr(const train_args *a, int64_t epoch, int64_t step, int64_t per_epoch)
@@ -442,7 +476,7 @@ static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoc
 				loom_program_error(t->p), loom_pg_error(t->pg));
 			return -1;
 		}
-		snprintf(test_part, sizeof(test_part), "test loss %.4f, test accuracy %.2f%%", tloss,
+		snprintf(test_part, sizeof(test_part), "test loss %.6f, test accuracy %.2f%%", tloss,
 			 100 * acc);
 	}
 	loom_program_info_get(t->p, &info);
@@ -489,7 +523,6 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		last = a->max_steps;
 	int64_t done = step, timed = 0;
 	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
-	/* --trace FILE.json starts its recording here and stops it after the loop. */
 	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
 		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
 		int64_t seen = 0, stopped_at = 0;
@@ -524,7 +557,12 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 				fprintf(stderr, "%s: %s\n", name, loom_program_error(t->p));
 				goto out_free;
 			}
-			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch) ||
+			/* --accumulate: the optimizer steps on every N-th batch, on an
+			 * epoch's last and on the run's last, so that no micro-batch's
+			 * gradient is left behind or carried into a checkpoint. */
+			int update = (b + 1) % a->accumulate == 0 || b + 1 == per_epoch ||
+				     done + 1 >= last;
+			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch, update) ||
 			    loom_read(t->p, t->logits, out, (size_t)a->batch * t->classes)) {
 				fprintf(stderr, "%s: step %lld: %s\n", name, (long long)done,
 					loom_program_error(t->p));
@@ -545,7 +583,9 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 			t_prev = now;
 			if (done % a->log_interval == 0)
 				progress_line(t, &pr, epoch, b, per_epoch, last - done, lr);
-			if (a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
+			if (train_trace_tick(t, done - step, done >= last))
+				goto out_free;
+			if (update && a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
 			    save(t, epoch, (b + 1) * (int64_t)a->batch * t->world, done))
 				goto out_free;
 			if (done >= last && b + 1 < per_epoch)

@@ -26,6 +26,7 @@ typedef struct train_run {
 	loom_program *p; /* after train_compile */
 	loom_value logits;
 	int classes;
+	int tracing; /* between loom_trace_start and loom_trace_stop */
 } train_run;
 
 /* Monotonic seconds. */
@@ -51,10 +52,18 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv);
 int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits,
 		  int classes, const char *what);
 
-/* One training step on a batch: inputs "image" (img_elems floats) and
- * "label" (batch labels). */
+/* One batch: inputs "image" (img_elems floats) and "label" (batch labels).
+ * update 1: a training step (the gradients of any micro-batches before it
+ * included); 0: a micro-batch whose gradients are only accumulated
+ * (--accumulate). */
 loom_status train_step(train_run *t, const float *img, size_t img_elems, const int32_t *lab,
-		       int batch);
+		       int batch, int update);
+
+/* --trace: after each step, with steps the steps of this run so far and
+ * last set on its final one. Starts the recording after the first step,
+ * stops it --trace-steps steps later or at the last (every rank calls it
+ * alike: both are collective). 0, or -1 after saying why. */
+int train_trace_tick(train_run *t, int64_t steps, int last);
 
 /* The learning rate of step `step` (0-based, within the epoch) of epoch
  * `epoch`, with per_epoch steps in an epoch, as the flags' schedule says:

@@ -19,7 +19,8 @@
 #define TRAIN_BASE_DEFAULTS                                                            \
 	.epochs = 2, .batch = 100, .lr = 0.01, .momentum = 0.9, .lr_gamma = 0.1,        \
 	.optim = LOOM_OPTIM_SGD, .device = LOOM_DEVICE_AUTO, .level = LOOM_O0,          \
-	.half = LOOM_F16, .log_interval = 100, .keep_bn_fp32 = -1
+	.half = LOOM_F16, .log_interval = 100, .keep_bn_fp32 = -1,        \
+	.accumulate = 1, .trace_steps = 5
 
 const train_program train_mnist_ddp = {
 	.name = "mnist_ddp",
@@ -104,7 +105,9 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --weight-decay X     weight decay (default %g)\n"
 			"  --lr-step N          multiply the lr by --lr-gamma every N epochs (default %s%.0d;\n"
 			"                       0: constant)\n"
-			"  --lr-gamma X         step decay factor (default %g)\n",
+			"  --lr-gamma X         step decay factor (default %g)\n"
+			"  --accumulate N       N micro-batches per optimizer step, gradients all-reduced\n"
+			"                       once on the last (DDP's no_sync; default 1)\n",
 			d->lr, d->momentum, d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
 			d->lr_gamma);
 	}
@@ -136,10 +139,16 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
 		"                       and its place in the arena\n"
 		"  --dry-run            compile, print the above, and stop before step 1\n"
+		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
+		"                       (all ranks), as torch's SyncBatchNorm\n"
+		"  --trace FILE.json    Chrome/Perfetto trace of --trace-steps steps after the first\n"
+		"                       (one track per rank; open in ui.perfetto.dev)\n"
+		"  --trace-steps N      steps the trace records (default %d)\n"
 		"  --nproc N            start N ranks on this host (data parallel; also under\n"
 		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
 		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
-		"  --help               this text\n");
+		"  --help               this text\n",
+		d->trace_steps);
 }
 
 static int parse_double(const char *flag, const char *s, double *out, char *msg, size_t msglen)
@@ -174,7 +183,7 @@ enum {
 	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
-	O_WARMUP,
+	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS,
 };
 
 /* Every flag and the group that brings it. */
@@ -218,9 +227,10 @@ static const struct {
 	{ TRAIN_FLAGS_CIFAR, { "no-augment", no_argument, 0, O_NOAUG } },
 	{ TRAIN_FLAGS_CIFAR, { "lr-schedule", required_argument, 0, O_SCHED } },
 	{ TRAIN_FLAGS_CIFAR, { "warmup-epochs", required_argument, 0, O_WARMUP_EP } },
-	/* The data-parallel flags of the next round join here: --sync-bn
-	 * (COMMON), --accumulate N (FIT), --trace FILE.json (COMMON); their
-	 * values go through set_flag into train_args. */
+	{ TRAIN_FLAGS_COMMON, { "sync-bn", no_argument, 0, O_SYNCBN } },
+	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
+	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
+	{ TRAIN_FLAGS_COMMON, { "trace-steps", required_argument, 0, O_TRACE_STEPS } },
 	{ TRAIN_FLAGS_COMMON, { "help", no_argument, 0, O_HELP } },
 };
 
@@ -362,6 +372,16 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		a->test_images = l;
 		break;
 	case O_NOAUG: a->augment = 0; break;
+	case O_SYNCBN: a->sync_bn = 1; break;
+	case O_ACCUM:
+		if (parse_int("--accumulate", arg, 1, 1 << 16, &l, msg, msglen)) return -1;
+		a->accumulate = (int)l;
+		break;
+	case O_TRACE: a->trace = arg; break;
+	case O_TRACE_STEPS:
+		if (parse_int("--trace-steps", arg, 1, 10000, &l, msg, msglen)) return -1;
+		a->trace_steps = (int)l;
+		break;
 	case O_SCHED:
 		if (!strcmp(arg, "step")) a->schedule = TRAIN_LR_STEP;
 		else if (!strcmp(arg, "cosine")) a->schedule = TRAIN_LR_COSINE;
@@ -418,6 +438,11 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 	}
 	if ((a->resume || a->save_every) && !a->checkpoint) {
 		say(msg, msglen, "--resume and --save-every need --checkpoint PATH");
+		return TRAIN_BAD;
+	}
+	if (a->save_every % a->accumulate) {
+		say(msg, msglen, "--save-every %d must be a multiple of --accumulate %d (a checkpoint "
+		    "holds no half-accumulated step)", a->save_every, a->accumulate);
 		return TRAIN_BAD;
 	}
 	if (a->schedule != TRAIN_LR_COSINE && a->warmup_epochs > 0) {

@@ -58,13 +58,11 @@ typedef struct train_args {
 	/* TRAIN_FLAGS_BENCH */
 	int steps, warmup;     /* timed steps and untimed ones before them */
 
-	/*
-	 * Where the data-parallel flags of the next round go, each one field
-	 * here, one row in the option table of train_args.c and one line in
-	 * train.c: --sync-bn (loom_compile_opts.sync_bn, in train_compile),
-	 * --accumulate N (LOOM_RUN_ACCUMULATE micro-steps, in train_step) and
-	 * --trace FILE.json (loom_trace_start/stop, around train_fit's loop).
-	 */
+	/* data parallel and the picture */
+	int sync_bn;           /* batch-norm statistics over the global batch */
+	int accumulate;        /* micro-batches per optimizer step (DDP's no_sync), 1: none */
+	const char *trace;     /* Chrome trace file, NULL: none */
+	int trace_steps;       /* steps the trace records, after the run's first */
 } train_args;
 
 /* Flag groups; every program has TRAIN_FLAGS_COMMON. */
