@@ -7,7 +7,7 @@
  * yet run (no GPU where it was written).
  */
 #include "comm/comm.h"
-#include "engine/cuda/check.h"
+#include "base/check.h"
 #include "engine/cuda/cuda_internal.h"
 
 /* The event this entry records on the compute stream; record and wait are
