@@ -419,6 +419,12 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 		return LOOM_ERR_INVALID;
 	p->err[0] = 0;
 	loom_status st;
+	/* Each rank updated its buffers from its own batches: evaluate rank
+	 * 0's (DDP's broadcast_buffers), the model rank 0 saves. */
+	if (mode == LOOM_RUN_EVAL && p->ts.buffers_own && (st = loom_ddp_sync_buffers(p)))
+		return st;
+	if (mode != LOOM_RUN_EVAL && p->plan.world > 1)
+		p->ts.buffers_own = 1;
 	switch (mode) {
 	case LOOM_RUN_EVAL:
 		st = run_range(p, p->plan.n_fwd, 0, 0);

@@ -64,6 +64,8 @@ typedef struct loom_train_state {
 	int diagnose;               /* next runs check each node for inf/NaN */
 	loom_value first_nonfinite; /* the first node found non-finite */
 	char amp_report[256];       /* what diagnosis found, for the user */
+	int buffers_own;            /* data parallel: trained since rank 0's
+				     * buffers were last broadcast */
 } loom_train_state;
 
 /* Base addresses of the arena's regions (backend memory). */
@@ -260,6 +262,9 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen);
 /* Collective, once the arena holds the initial values: every rank's plan
  * compared with rank 0's, then rank 0's parameters and buffers broadcast. */
 loom_status loom_ddp_start(loom_program *p);
+/* Collective: rank 0's buffers (batch-norm running statistics, which each
+ * rank updates from its own batches) to every rank, before evaluating. */
+loom_status loom_ddp_sync_buffers(loom_program *p);
 
 /* Host-side initialisation of parameters and buffers (PyTorch's defaults),
  * into a host buffer of the value's dtype. */

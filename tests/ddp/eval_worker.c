@@ -5,8 +5,11 @@
  * evaluating the whole set with the same weights, however the shards are
  * padded. Every rank prints the global figure it computed.
  *
- *   eval_worker train PATH              one process trains the ConvNet a
- *                                       little on synthetic images, saves PATH
+ *   eval_worker train PATH [N]          the ranks train the ConvNet a little
+ *                                       on synthetic images, rank 0 saves
+ *                                       PATH; with N, then every rank
+ *                                       evaluates (its buffers are its own
+ *                                       until then)
  *   eval_worker eval PATH N [padding]   loads PATH on every rank, evaluates
  *                                       N synthetic images (batch 64);
  *                                       "padding" also counts the sampler's
@@ -63,51 +66,6 @@ static loom_status build(loom_pg *pg, loom_graph **g, loom_program **p, loom_val
 	return loom_compile(*g, loss, &o, p);
 }
 
-/* Three epochs on 1000 synthetic images, the ones evaluated later. */
-static int train(const char *path)
-{
-	loom_graph *g = NULL;
-	loom_program *p = NULL;
-	loom_value logits;
-	loom_dataset ds = { 0 };
-	loom_sampler *s = NULL;
-	loom_loader *l = NULL;
-	char err[256];
-	float *img = malloc(sizeof(float) * BATCH * 784);
-	int32_t *lab = malloc(sizeof(int32_t) * BATCH);
-	loom_status st = build(NULL, &g, &p, &logits);
-	if (st)
-		return fail("compile", st, loom_last_error());
-	if ((st = load_data(1000, &ds, err, sizeof(err))) ||
-	    (st = loom_sampler_new(ds.n, 0, 1, 1, 0, 0, &s, err, sizeof(err))) ||
-	    (st = loom_loader_new(&ds, s, BATCH, 1, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD,
-				  &l, err, sizeof(err))))
-		return fail("data", st, err);
-	for (int e = 0; e < 3; e++) {
-		loom_sampler_set_epoch(s, e);
-		for (int64_t b = 0; b < loom_loader_num_batches(l); b++) {
-			int count;
-			if ((st = loom_loader_get(l, b, img, lab, &count)) ||
-			    (st = loom_set_input(p, "image", img, LOOM_F32, (size_t)BATCH * 784)) ||
-			    (st = loom_set_input(p, "label", lab, LOOM_I32, BATCH)) ||
-			    (st = loom_run(p, LOOM_RUN_TRAIN)))
-				return fail("step", st, loom_program_error(p));
-		}
-	}
-	if ((st = loom_save(p, path)))
-		return fail("save", st, loom_program_error(p));
-	printf("rank %d: OK trained %lld steps, loss %.4f\n", rank, (long long)loom_step_count(p),
-	       loom_loss(p));
-	free(img);
-	free(lab);
-	loom_loader_free(l);
-	loom_sampler_free(s);
-	loom_dataset_free(&ds);
-	loom_program_free(p);
-	loom_graph_free(g);
-	return 0;
-}
-
 /*
  * The example's evaluation: this rank's shard through the sampler (no
  * shuffle, padded to the same length on every rank) and the loader (a
@@ -115,22 +73,16 @@ static int train(const char *path)
  * cross-entropy in double for the rows the rank owns, then the three sums
  * all-reduced.
  */
-static int eval(loom_pg *pg, const char *path, int64_t n, int count_padding)
+static int evaluate(loom_pg *pg, loom_program *p, loom_value logits, int64_t n,
+		    int count_padding)
 {
-	loom_graph *g = NULL;
-	loom_program *p = NULL;
-	loom_value logits;
 	loom_dataset ds = { 0 };
 	loom_sampler *s = NULL;
 	loom_loader *l = NULL;
 	char err[256];
 	float *img = malloc(sizeof(float) * BATCH * 784), *out = malloc(sizeof(float) * BATCH * 10);
 	int32_t *lab = malloc(sizeof(int32_t) * BATCH);
-	loom_status st = build(pg, &g, &p, &logits);
-	if (st)
-		return fail("compile", st, loom_last_error());
-	if ((st = loom_load(p, path)))
-		return fail("load", st, loom_program_error(p));
+	loom_status st;
 	if ((st = load_data(n, &ds, err, sizeof(err))) ||
 	    (st = loom_sampler_new(ds.n, rank, world, 0, 0, 0, &s, err, sizeof(err))) ||
 	    (st = loom_loader_new(&ds, s, BATCH, 0, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD,
@@ -176,6 +128,68 @@ static int eval(loom_pg *pg, const char *path, int64_t n, int count_padding)
 	loom_loader_free(l);
 	loom_sampler_free(s);
 	loom_dataset_free(&ds);
+	return 0;
+}
+
+static int eval(loom_pg *pg, const char *path, int64_t n, int count_padding)
+{
+	loom_graph *g = NULL;
+	loom_program *p = NULL;
+	loom_value logits;
+	loom_status st = build(pg, &g, &p, &logits);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	if ((st = loom_load(p, path)))
+		return fail("load", st, loom_program_error(p));
+	int rc = evaluate(pg, p, logits, n, count_padding);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return rc;
+}
+
+/* Three epochs on 1000 synthetic images, the ones evaluated later, each
+ * rank on its shard (batch 64 per rank); rank 0 saves. */
+static int train(loom_pg *pg, const char *path, int64_t eval_n)
+{
+	loom_graph *g = NULL;
+	loom_program *p = NULL;
+	loom_value logits;
+	loom_dataset ds = { 0 };
+	loom_sampler *s = NULL;
+	loom_loader *l = NULL;
+	char err[256];
+	float *img = malloc(sizeof(float) * BATCH * 784);
+	int32_t *lab = malloc(sizeof(int32_t) * BATCH);
+	loom_status st = build(pg, &g, &p, &logits);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	if ((st = load_data(1000, &ds, err, sizeof(err))) ||
+	    (st = loom_sampler_new(ds.n, rank, world, 1, 0, 0, &s, err, sizeof(err))) ||
+	    (st = loom_loader_new(&ds, s, BATCH, 1, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD,
+				  &l, err, sizeof(err))))
+		return fail("data", st, err);
+	for (int e = 0; e < 3; e++) {
+		loom_sampler_set_epoch(s, e);
+		for (int64_t b = 0; b < loom_loader_num_batches(l); b++) {
+			int count;
+			if ((st = loom_loader_get(l, b, img, lab, &count)) ||
+			    (st = loom_set_input(p, "image", img, LOOM_F32, (size_t)BATCH * 784)) ||
+			    (st = loom_set_input(p, "label", lab, LOOM_I32, BATCH)) ||
+			    (st = loom_run(p, LOOM_RUN_TRAIN)))
+				return fail("step", st, loom_program_error(p));
+		}
+	}
+	if (rank == 0 && (st = loom_save(p, path)))
+		return fail("save", st, loom_program_error(p));
+	printf("rank %d: OK trained %lld steps, loss %.4f\n", rank, (long long)loom_step_count(p),
+	       loom_loss(p));
+	if (eval_n > 0 && evaluate(pg, p, logits, eval_n, 0))
+		return 1;
+	free(img);
+	free(lab);
+	loom_loader_free(l);
+	loom_sampler_free(s);
+	loom_dataset_free(&ds);
 	loom_program_free(p);
 	loom_graph_free(g);
 	return 0;
@@ -186,7 +200,7 @@ int main(int argc, char **argv)
 	loom_pg *pg = NULL;
 	int rc;
 	if (argc < 3 || (strcmp(argv[1], "train") && (strcmp(argv[1], "eval") || argc < 4))) {
-		fprintf(stderr, "usage: eval_worker train PATH | eval PATH N [padding]\n");
+		fprintf(stderr, "usage: eval_worker train PATH [N] | eval PATH N [padding]\n");
 		return 2;
 	}
 	if (loom_pg_init(NULL, &pg)) {
@@ -196,7 +210,7 @@ int main(int argc, char **argv)
 	rank = loom_pg_get_info(pg)->rank;
 	world = loom_pg_get_info(pg)->world;
 	if (!strcmp(argv[1], "train"))
-		rc = world == 1 ? train(argv[2]) : fail("train", LOOM_ERR_INVALID, "one process only");
+		rc = train(pg, argv[2], argc > 3 ? atoll(argv[3]) : 0);
 	else
 		rc = eval(pg, argv[2], atoll(argv[3]), argc > 4 && !strcmp(argv[4], "padding"));
 	fflush(stdout);

@@ -4,8 +4,9 @@
 # images exactly, the mean loss within rounding (1e-6 relative), at 2 and 3
 # ranks on 1000 and 999 images with batch 64, so that shards are padded by
 # the sampler (1000 at 3 ranks: 334 per rank, 2 repeats; 999 at 2: one) and
-# last batches are ragged. Also checks that the comparison catches a count
-# that includes the padding. Prints "N passed, N failed".
+# last batches are ragged; and right after training at 2 ranks, when each
+# rank's batch-norm statistics are its own. Also checks that the comparison
+# catches a count that includes the padding. Prints "N passed, N failed".
 set -u
 W=$1
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
@@ -52,6 +53,19 @@ for n in 1000 999; do
 		fi
 	done
 done
+
+# After training at 2 ranks each rank's batch-norm running statistics are
+# its own; the evaluation right after training must still be that of rank
+# 0's model (the one it saves), as with DDP's broadcast_buffers.
+raw=$("${MPIRUN[@]}" -np 2 "$W" train "$tmp/w2.ckpt" 1000 2>&1)
+got=$(figure "$raw")
+one=$(figure "$("$W" eval "$tmp/w2.ckpt" 1000 2>&1)")
+if same_figure "$got" "$one"; then
+	ok "trained at 2 ranks: the summed figure equals 1 process on rank 0's checkpoint ($got)"
+else
+	bad "trained at 2 ranks: the summed figure equals 1 process on rank 0's checkpoint" \
+		"1 process: '$one'" "2 ranks: '$got'" "$raw"
+fi
 
 # The check notices a count inflated by the sampler's repeats.
 one=$(figure "$("$W" eval "$tmp/w.ckpt" 1000 2>&1)")
