@@ -667,6 +667,9 @@ void loom_program_dump(const loom_program *p, FILE *out)
 		    (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu) ||
 		    (n->op == LOOM_OP_ADD && n->a.ew.relu))
 			fprintf(out, " (relu fused)");
+		if ((n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
+		     n->op == LOOM_OP_BN_BWD_GAMMA) && n->a.bn.sync)
+			fprintf(out, " (sync)");
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		fprintf(out, "\n");

@@ -242,6 +242,21 @@ typedef struct loom_compile_opts {
 	double bucket_cap_mb;    /* gradient bucket size (DDP's bucket_cap_mb), default 25 */
 	double first_bucket_mb;  /* the first bucket's, small so that the first
 				  * all-reduce starts early; default 1 */
+	/* Synchronised batch norm (torch.nn.SyncBatchNorm), default 0. With a
+	 * group of world > 1, every batch norm in training mode (TRAIN, GRAD
+	 * and FORWARD runs) normalises with the mean and variance of the
+	 * global batch: forward sums each channel's count, sum and sum of
+	 * squares over the ranks, and backward also the sums of dy and
+	 * dy * xhat, so the input gradient is exact for the global batch.
+	 * The running statistics take the global mean and the global
+	 * unbiased variance. EVAL runs use the running statistics and
+	 * communicate nothing. Each training-mode batch norm then is a
+	 * blocking all-reduce (f64, 2C+1 or 4C+1 values) that every rank
+	 * must reach: all ranks run the same modes in the same order. Ranks
+	 * must agree (the start-up check names a batch norm that differs).
+	 * CPU backend only: with world > 1 loom_compile refuses it on CUDA.
+	 * World 1: nothing changes. */
+	int sync_bn;
 } loom_compile_opts;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,

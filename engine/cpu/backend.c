@@ -54,6 +54,9 @@ static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_plan *, loom_value, s
 	[LOOM_OP_CONV2D] = loom_cpu_conv_workspace,
 	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_conv_workspace,
 	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_conv_workspace,
+	[LOOM_OP_BATCHNORM2D] = loom_cpu_bn_workspace,
+	[LOOM_OP_BN_BWD_DATA] = loom_cpu_bn_workspace,
+	[LOOM_OP_BN_BWD_GAMMA] = loom_cpu_bn_workspace,
 };
 
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */

@@ -76,6 +76,9 @@ loom_status loom_cpu_op_bn_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, l
 			const loom_cpu_io *io);
 loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
+/* Bytes of workspace a batch-norm node needs: its per-channel sums when it
+ * is synchronised over the ranks, else none. */
+size_t loom_cpu_bn_workspace(const loom_plan *plan, loom_value v, size_t elem);
 
 /* ops_pool.c */
 loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
