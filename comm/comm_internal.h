@@ -13,13 +13,13 @@
 #include <sys/types.h>
 
 #include "comm/comm.h"
+#include "comm/wire.h" /* the rendezvous messages, the fingerprint record */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define LOOM_COMM_ERRLEN 1024
-#define LOOM_COMM_HOSTLEN 64
 #define LOOM_COMM_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 
 /* ----------------------------------------------------------------- errors */
@@ -67,17 +67,6 @@ loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t e
 
 /* ------------------------------------------------------------- rendezvous */
 
-/* What each rank tells the others at start-up (metadata only). */
-typedef struct loom_comm_peer {
-	uint32_t rank;
-	uint32_t pid;
-	uint32_t probe_port;               /* its liveness listener */
-	char host[LOOM_COMM_HOSTLEN];      /* gethostname() */
-	char addr[LOOM_COMM_HOSTLEN];      /* where others reach it (rank 0 fills it) */
-} loom_comm_peer;
-
-#define LOOM_RDV_MAX_BLOB (1u << 20)
-
 typedef struct loom_rdv {
 	/* in */
 	int rank, world;
@@ -106,10 +95,6 @@ loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen);
 loom_status loom_rdv_send_go(loom_rdv *r, int to, char *err, size_t errlen);
 loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t errlen);
 void loom_rdv_close(loom_rdv *r);
-
-/* Wire helpers, exported for the tests that forge malformed messages. */
-#define LOOM_RDV_HELLO_BYTES (8 + 4 * 5 + LOOM_COMM_HOSTLEN)
-void loom_rdv_encode_hello(const loom_comm_peer *self, int world, uint8_t *out);
 
 /* Socket helpers with deadlines (absolute, loom_comm_now()). Reads fail
  * with a message saying how many of how many bytes came. */
@@ -165,8 +150,8 @@ loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
 loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out);
 
 /* comm/fingerprint.c: the check on a serialized fingerprint (the tests feed
- * it garbage); loom_comm_check_fingerprint serializes and calls it. */
-loom_status loom_fingerprint_serialize(const loom_fingerprint *fp, uint8_t **out, size_t *len);
+ * it garbage); loom_comm_check_fingerprint serializes (comm/wire.c) and
+ * calls it. */
 loom_status loom_comm_check_fingerprint_bytes(loom_comm *c, const uint8_t *rec, size_t len,
 					      const loom_fingerprint *fp);
 

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "amp/half.h"
-#include "engine/cuda/check.h"
+#include "base/check.h"
 
 struct loom_pg_mpi {
 	MPI_Comm comm;

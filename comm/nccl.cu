@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
-#include "engine/cuda/check.h"
+#include "base/check.h"
 
 #define CUDA_OK(pg, call) LOOM_CUDA_CHECK(call, (pg)->err, sizeof((pg)->err))
 #define NCCL_OK(pg, call) LOOM_NCCL_CHECK(call, (pg)->err, sizeof((pg)->err))

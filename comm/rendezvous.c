@@ -5,12 +5,7 @@
  * unique id) and the table of peers. Only metadata travels here; tensors go
  * through MPI or NCCL. Also the liveness probe that names a dead rank.
  *
- * Wire format (little-endian u32 fields):
- *   hello  "LMRDVHI1" version rank world pid probe_port host[64]
- *   reply  "LMRDVRE1" kind(1 ok, 2 error) payload_len payload
- *          ok: world blob_len blob peer[world]  (peer: rank pid port host addr)
- *          error: the message text
- *   go     "LMRDVGO1" rank
+ * The messages and their strict decoders are in comm/wire.c.
  */
 #define _GNU_SOURCE /* accept4 */
 #include "comm/comm_internal.h"
@@ -27,25 +22,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#define RDV_VERSION 1
-#define RDV_REPLY_OK 1
-#define RDV_REPLY_ERR 2
-#define RDV_PEER_BYTES (4 * 3 + 2 * LOOM_COMM_HOSTLEN)
-
-static const char HELLO_MAGIC[8] = { 'L', 'M', 'R', 'D', 'V', 'H', 'I', '1' };
-static const char REPLY_MAGIC[8] = { 'L', 'M', 'R', 'D', 'V', 'R', 'E', '1' };
-static const char GO_MAGIC[8] = { 'L', 'M', 'R', 'D', 'V', 'G', 'O', '1' };
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = v, p[1] = v >> 8, p[2] = v >> 16, p[3] = v >> 24;
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* ------------------------------------------------------------ sockets */
 
@@ -192,45 +168,12 @@ static int connect_once(const char *host, int port, double deadline)
 
 /* ------------------------------------------------------------ messages */
 
-void loom_rdv_encode_hello(const loom_comm_peer *self, int world, uint8_t *out)
-{
-	memcpy(out, HELLO_MAGIC, 8);
-	put32(out + 8, RDV_VERSION);
-	put32(out + 12, self->rank);
-	put32(out + 16, (uint32_t)world);
-	put32(out + 20, self->pid);
-	put32(out + 24, self->probe_port);
-	memcpy(out + 28, self->host, LOOM_COMM_HOSTLEN);
-	out[28 + LOOM_COMM_HOSTLEN - 1] = 0;
-}
-
-static void encode_peer(const loom_comm_peer *p, uint8_t *out)
-{
-	put32(out, p->rank);
-	put32(out + 4, p->pid);
-	put32(out + 8, p->probe_port);
-	memcpy(out + 12, p->host, LOOM_COMM_HOSTLEN);
-	memcpy(out + 12 + LOOM_COMM_HOSTLEN, p->addr, LOOM_COMM_HOSTLEN);
-}
-
-static void decode_peer(const uint8_t *in, loom_comm_peer *p)
-{
-	p->rank = get32(in);
-	p->pid = get32(in + 4);
-	p->probe_port = get32(in + 8);
-	memcpy(p->host, in + 12, LOOM_COMM_HOSTLEN);
-	memcpy(p->addr, in + 12 + LOOM_COMM_HOSTLEN, LOOM_COMM_HOSTLEN);
-	p->host[LOOM_COMM_HOSTLEN - 1] = p->addr[LOOM_COMM_HOSTLEN - 1] = 0;
-}
-
 static loom_status send_reply(int fd, int kind, const void *payload, size_t len,
 			      double deadline, char *err, size_t errlen)
 {
-	uint8_t head[16];
+	uint8_t head[LOOM_RDV_HEAD_BYTES];
 
-	memcpy(head, REPLY_MAGIC, 8);
-	put32(head + 8, (uint32_t)kind);
-	put32(head + 12, (uint32_t)len);
+	loom_rdv_encode_head((uint32_t)kind, (uint32_t)len, head);
 	if (loom_sock_write(fd, head, sizeof(head), deadline, "rendezvous reply", err, errlen))
 		return LOOM_ERR_IO;
 	return loom_sock_write(fd, payload, len, deadline, "rendezvous reply", err, errlen);
@@ -266,41 +209,15 @@ static loom_status read_hello(loom_rdv *r, int fd, double deadline, loom_comm_pe
 	uint8_t m[LOOM_RDV_HELLO_BYTES];
 	char who[128], from[96];
 	loom_status st;
-	uint32_t rank, world;
 
 	peer_name(fd, from, sizeof(from));
 	snprintf(who, sizeof(who), "rendezvous: hello from %s", from);
 	st = loom_sock_read(fd, m, sizeof(m), deadline, who, err, errlen);
 	if (st)
 		return st;
-	if (memcmp(m, HELLO_MAGIC, 8))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
-				      "rendezvous: %s sent a message with a wrong magic "
-				      "(not a loom rank?)",
-				      from);
-	if (get32(m + 8) != RDV_VERSION)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
-				      "rendezvous: %s speaks version %u, rank 0 speaks %d", from,
-				      get32(m + 8), RDV_VERSION);
-	rank = get32(m + 12);
-	world = get32(m + 16);
-	if (world != (uint32_t)r->world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_MISMATCH,
-				      "rendezvous: rank %u (%s) has WORLD_SIZE=%u, rank 0 has %d",
-				      rank, from, world, r->world);
-	if (rank == 0 || rank >= (uint32_t)r->world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
-				      "rendezvous: %s claims rank %u, expected 1..%d", from, rank,
-				      r->world - 1);
-	memset(p, 0, sizeof(*p));
-	p->rank = rank;
-	p->pid = get32(m + 20);
-	p->probe_port = get32(m + 24);
-	memcpy(p->host, m + 28, LOOM_COMM_HOSTLEN);
-	p->host[LOOM_COMM_HOSTLEN - 1] = 0;
-	if (p->probe_port > 65535)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
-				      "rendezvous: rank %u sent probe port %u", rank, p->probe_port);
+	st = loom_rdv_decode_hello(m, r->world, from, p, err, errlen);
+	if (st)
+		return st;
 	/* Where the others reach it: the address it came from. */
 	snprintf(p->addr, sizeof(p->addr), "%s", from);
 	*strrchr(p->addr, ':') = 0;
@@ -314,7 +231,7 @@ static void tell_all(loom_rdv *r, const char *msg, double deadline)
 
 	for (k = 1; k < r->world; k++)
 		if (r->fds[k] >= 0)
-			send_reply(r->fds[k], RDV_REPLY_ERR, msg, strlen(msg), deadline, ignore,
+			send_reply(r->fds[k], LOOM_RDV_REPLY_ERR, msg, strlen(msg), deadline, ignore,
 				   sizeof(ignore));
 }
 
@@ -369,7 +286,7 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 					    p.rank, r->peers[p.rank].pid, r->peers[p.rank].host, p.pid, a);
 		}
 		if (st) {
-			send_reply(fd, RDV_REPLY_ERR, err, strlen(err), deadline, NULL, 0);
+			send_reply(fd, LOOM_RDV_REPLY_ERR, err, strlen(err), deadline, NULL, 0);
 			close(fd);
 			goto out_tell;
 		}
@@ -378,22 +295,18 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 		arrived++;
 	}
 
-	plen = 8 + r->blob_len + (size_t)r->world * RDV_PEER_BYTES;
+	plen = loom_rdv_welcome_bytes(r->world, r->blob_len);
 	payload = malloc(plen);
 	if (!payload) {
 		st = loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 		goto out_tell;
 	}
-	put32(payload, (uint32_t)r->world);
-	put32(payload + 4, (uint32_t)r->blob_len);
-	memcpy(payload + 8, r->blob, r->blob_len);
-	for (k = 0; k < r->world; k++)
-		encode_peer(&r->peers[k], payload + 8 + r->blob_len + (size_t)k * RDV_PEER_BYTES);
+	loom_rdv_encode_welcome(r->world, r->blob, r->blob_len, r->peers, payload);
 	for (k = 1; k < r->world; k++) {
 		char who[64];
 
 		snprintf(who, sizeof(who), "rendezvous: reply to rank %d", k);
-		st = send_reply(r->fds[k], RDV_REPLY_OK, payload, plen, deadline, err, errlen);
+		st = send_reply(r->fds[k], LOOM_RDV_REPLY_OK, payload, plen, deadline, err, errlen);
 		if (st)
 			goto out_tell;
 	}
@@ -415,11 +328,11 @@ out_tell:
 static loom_status join(loom_rdv *r, char *err, size_t errlen)
 {
 	double deadline = loom_comm_now() + r->timeout_s;
-	uint8_t hello[LOOM_RDV_HELLO_BYTES], head[16], *payload = NULL;
+	uint8_t hello[LOOM_RDV_HELLO_BYTES], head[LOOM_RDV_HEAD_BYTES], *payload = NULL;
 	char who[320];
-	uint32_t kind, plen, world, blob_len;
+	uint32_t kind, plen;
 	loom_status st;
-	int fd, k, last_errno = 0;
+	int fd, last_errno = 0;
 
 	snprintf(who, sizeof(who), "rendezvous: reply from rank 0 at %s:%d", r->master_addr,
 		 r->master_port);
@@ -449,64 +362,16 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	st = loom_sock_read(fd, head, sizeof(head), deadline, who, err, errlen);
 	if (st)
 		return st;
-	kind = get32(head + 8);
-	plen = get32(head + 12);
-	if (memcmp(head, REPLY_MAGIC, 8) || (kind != RDV_REPLY_OK && kind != RDV_REPLY_ERR))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
-				      "%s: wrong magic or kind (is MASTER_PORT another service?)",
-				      who);
-	if (plen > LOOM_RDV_MAX_BLOB + (size_t)r->world * RDV_PEER_BYTES + 8)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT, "%s: claims %u bytes, too many",
-				      who, plen);
-	payload = malloc(plen + 1);
+	st = loom_rdv_decode_head(head, r->world, who, &kind, &plen, err, errlen);
+	if (st)
+		return st;
+	payload = malloc(plen ? plen : 1);
 	if (!payload)
 		return loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 	st = loom_sock_read(fd, payload, plen, deadline, who, err, errlen);
-	if (st)
-		goto out_free;
-	if (kind == RDV_REPLY_ERR) {
-		payload[plen] = 0;
-		st = loom_comm_errf(err, errlen, LOOM_ERR_MISMATCH, "rank 0 refused the group: %s",
-				    (char *)payload);
-		goto out_free;
-	}
-	st = LOOM_ERR_FORMAT;
-	if (plen < 8) {
-		loom_comm_errf(err, errlen, st, "%s: %u bytes, shorter than its header", who, plen);
-		goto out_free;
-	}
-	world = get32(payload);
-	blob_len = get32(payload + 4);
-	if (world != (uint32_t)r->world) {
-		st = loom_comm_errf(err, errlen, LOOM_ERR_MISMATCH,
-				    "%s: rank 0 has WORLD_SIZE=%u, rank %d has %d", who, world,
-				    r->rank, r->world);
-		goto out_free;
-	}
-	if (blob_len > LOOM_RDV_MAX_BLOB ||
-	    plen != 8 + (size_t)blob_len + (size_t)world * RDV_PEER_BYTES) {
-		loom_comm_errf(err, errlen, st,
-			       "%s: length %u does not match its blob of %u bytes and %u peers",
-			       who, plen, blob_len, world);
-		goto out_free;
-	}
-	for (k = 0; k < r->world; k++) {
-		decode_peer(payload + 8 + blob_len + (size_t)k * RDV_PEER_BYTES, &r->peers[k]);
-		if (r->peers[k].rank != (uint32_t)k) {
-			loom_comm_errf(err, errlen, st, "%s: peer table entry %d names rank %u", who,
-				       k, r->peers[k].rank);
-			goto out_free;
-		}
-	}
-	r->blob_out = malloc(blob_len ? blob_len : 1);
-	if (!r->blob_out) {
-		st = loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
-		goto out_free;
-	}
-	memcpy(r->blob_out, payload + 8, blob_len);
-	r->blob_out_len = blob_len;
-	st = LOOM_OK;
-out_free:
+	if (!st)
+		st = loom_rdv_decode_reply(payload, plen, kind, r->rank, r->world, who, r->peers,
+					   &r->blob_out, &r->blob_out_len, err, errlen);
 	free(payload);
 	return st;
 }
@@ -533,27 +398,23 @@ loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen)
 
 loom_status loom_rdv_send_go(loom_rdv *r, int to, char *err, size_t errlen)
 {
-	uint8_t m[12];
+	uint8_t m[LOOM_RDV_GO_BYTES];
 
-	memcpy(m, GO_MAGIC, 8);
-	put32(m + 8, (uint32_t)to);
+	loom_rdv_encode_go(to, m);
 	return loom_sock_write(r->fds[to], m, sizeof(m), loom_comm_now() + r->timeout_s,
 			       "rendezvous: go", err, errlen);
 }
 
 loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t errlen)
 {
-	uint8_t m[12];
+	uint8_t m[LOOM_RDV_GO_BYTES];
 	loom_status st;
 
 	st = loom_sock_read(r->fds[0], m, sizeof(m), loom_comm_now() + timeout_s,
 			    "rendezvous: waiting for rank 0's turn signal", err, errlen);
 	if (st)
 		return st;
-	if (memcmp(m, GO_MAGIC, 8) || get32(m + 8) != (uint32_t)r->rank)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
-				      "rendezvous: malformed turn signal from rank 0");
-	return LOOM_OK;
+	return loom_rdv_decode_go(m, r->rank, err, errlen);
 }
 
 void loom_rdv_close(loom_rdv *r)

@@ -183,6 +183,18 @@ int64_t loom_sampler_size(const loom_sampler *s)
 	return s ? s->n : 0;
 }
 
+/* Rank r's k-th index is item r + k * world of the padded list (as in
+ * sampler_deal): it is r's own while that position is below n. */
+int64_t loom_sampler_len_unpadded(const loom_sampler *s)
+{
+	int64_t own;
+
+	if (!s || s->rank >= s->n)
+		return 0;
+	own = (s->n - s->rank + s->world - 1) / s->world;
+	return own < s->num_samples ? own : s->num_samples;
+}
+
 const int64_t *loom_sampler_indices(const loom_sampler *s)
 {
 	return s ? s->indices : NULL;

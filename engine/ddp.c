@@ -173,13 +173,20 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	return LOOM_OK;
 }
 
-/* Rank 0's parameters, masters and buffers to every rank. */
-static loom_status broadcast_values(loom_program *p)
+/* Rank 0's parameters, masters and buffers to every rank (buffers only:
+ * rank 0's buffers). */
+static int broadcast_this(const loom_plan *pl, loom_value v, int buffers_only)
+{
+	loom_op op = pl->g->nodes[v].op;
+	return op == LOOM_OP_BUFFER || (!buffers_only && op == LOOM_OP_PARAM);
+}
+
+static loom_status broadcast_values(loom_program *p, int buffers_only)
 {
 	const loom_plan *pl = &p->plan;
 	int n = 0;
 	for (int v = 0; v < pl->g->n; v++)
-		n += pl->g->nodes[v].op == LOOM_OP_PARAM || pl->g->nodes[v].op == LOOM_OP_BUFFER;
+		n += broadcast_this(pl, v, buffers_only);
 	void **bufs = malloc(sizeof(void *) * (n ? n : 1));
 	size_t *bytes = malloc(sizeof(size_t) * (n ? n : 1));
 	if (!bufs || !bytes) {
@@ -189,7 +196,7 @@ static loom_status broadcast_values(loom_program *p)
 	}
 	int k = 0;
 	for (int v = 0; v < pl->g->n; v++)
-		if (pl->g->nodes[v].op == LOOM_OP_PARAM || pl->g->nodes[v].op == LOOM_OP_BUFFER) {
+		if (broadcast_this(pl, v, buffers_only)) {
 			bufs[k] = loom_value_ptr(p, v);
 			bytes[k++] = loom_value_bytes(p, v);
 		}
@@ -197,7 +204,8 @@ static loom_status broadcast_values(loom_program *p)
 	free(bufs);
 	free(bytes);
 	if (st != LOOM_OK)
-		return loom_program_fail(p, st, "broadcast of rank 0's parameters: %s",
+		return loom_program_fail(p, st, "broadcast of rank 0's %s: %s",
+					 buffers_only ? "buffers" : "parameters",
 					 loom_pg_error(pl->opts.pg));
 	return LOOM_OK;
 }
@@ -210,9 +218,24 @@ loom_status loom_ddp_start(loom_program *p)
 					 loom_pg_error(p->plan.opts.pg));
 	loom_status st = check_plans(p, host);
 	if (st == LOOM_OK)
-		st = broadcast_values(p);
+		st = broadcast_values(p, 0);
 	/* Device memory: the broadcast is queued on the device's stream. */
 	if (st == LOOM_OK && (st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
 	return st;
+}
+
+loom_status loom_ddp_sync_buffers(loom_program *p)
+{
+	/* The buffers were written by the last run's kernels: on a device
+	 * they must be done before the broadcast reads them. */
+	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
+	if (st != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	if ((st = broadcast_values(p, 1)) != LOOM_OK)
+		return st;
+	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	p->ts.buffers_own = 0;
+	return LOOM_OK;
 }

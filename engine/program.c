@@ -462,6 +462,12 @@ static loom_status accum_ready(loom_program *p)
 static loom_status run_mode(loom_program *p, loom_run_mode mode)
 {
 	loom_status st;
+	/* Each rank updated its buffers from its own batches: evaluate rank
+	 * 0's (DDP's broadcast_buffers), the model rank 0 saves. */
+	if (mode == LOOM_RUN_EVAL && p->ts.buffers_own && (st = loom_ddp_sync_buffers(p)))
+		return st;
+	if (mode != LOOM_RUN_EVAL && mode < LOOM_RUN_MODE_COUNT && p->plan.world > 1)
+		p->ts.buffers_own = 1;
 	switch (mode) {
 	case LOOM_RUN_EVAL:
 		return run_range(p, p->plan.n_fwd, 0, 0);

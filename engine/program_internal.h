@@ -87,6 +87,8 @@ typedef struct loom_train_state {
 	 * accumulation sums, and the update divides by micro + 1. */
 	int micro;
 	struct loom_trace *trace;   /* recording spans (loom_trace_start), else NULL */
+	int buffers_own;            /* data parallel: trained since rank 0's
+				     * buffers were last broadcast */
 } loom_train_state;
 
 /* Base addresses of the arena's regions (backend memory). */
@@ -294,6 +296,9 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen);
 /* Collective, once the arena holds the initial values: every rank's plan
  * compared with rank 0's, then rank 0's parameters and buffers broadcast. */
 loom_status loom_ddp_start(loom_program *p);
+/* Collective: rank 0's buffers (batch-norm running statistics, which each
+ * rank updates from its own batches) to every rank, before evaluating. */
+loom_status loom_ddp_sync_buffers(loom_program *p);
 
 /* engine/accum.c: the accumulation segments of the plan (buckets, or each
  * parameter's gradient) and accum_bytes; after the memory plan. */

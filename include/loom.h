@@ -233,6 +233,10 @@ typedef struct loom_compile_opts {
 	 * broadcast, the compiled plans are compared (a difference is an error
 	 * on every rank naming it), and each step sums the gradients over the
 	 * ranks in buckets while backward runs; the optimizer averages them.
+	 * Buffers (batch-norm running statistics) are each rank's own while it
+	 * trains; the first LOOM_RUN_EVAL after training broadcasts rank 0's
+	 * first, as DDP's broadcast_buffers does, so that every rank evaluates
+	 * the model rank 0 saves (every rank must make that run).
 	 * The group must outlive the program. */
 	struct loom_pg *pg;
 	double bucket_cap_mb;    /* gradient bucket size (DDP's bucket_cap_mb), default 25 */
@@ -293,7 +297,9 @@ typedef enum loom_run_mode {
 	LOOM_RUN_TRAIN = 0, /* forward, backward, optimizer update */
 	LOOM_RUN_GRAD,      /* forward and backward, no update */
 	LOOM_RUN_FORWARD,   /* forward in training mode (batch statistics) */
-	LOOM_RUN_EVAL,      /* forward in eval mode (running statistics) */
+	LOOM_RUN_EVAL,      /* forward in eval mode (running statistics); data
+			     * parallel: the first after training is
+			     * collective (rank 0's buffers are broadcast) */
 	LOOM_RUN_ACCUMULATE, /* forward and backward; gradients kept for the next TRAIN */
 	LOOM_RUN_MODE_COUNT
 } loom_run_mode;

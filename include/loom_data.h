@@ -141,6 +141,13 @@ int64_t loom_sampler_epoch(const loom_sampler *s);
 int64_t loom_sampler_len(const loom_sampler *s);
 /* The size of the data set the sampler was made for. */
 int64_t loom_sampler_size(const loom_sampler *s);
+/* How many of this rank's indices come before its padding: the first
+ * loom_sampler_len_unpadded of loom_sampler_indices are this rank's own
+ * share of the n items; the rest (at most one, without drop_last) repeat
+ * items other ranks visit, so that every rank has as many. A sum over the
+ * ranks (an evaluation's correct count and loss) takes only these, and then
+ * counts every item exactly once. */
+int64_t loom_sampler_len_unpadded(const loom_sampler *s);
 /* This rank's indices for the current epoch, loom_sampler_len of them;
  * valid until the next set_epoch or free. */
 const int64_t *loom_sampler_indices(const loom_sampler *s);

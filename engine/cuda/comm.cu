@@ -8,7 +8,7 @@
  * Compiled, never yet run (no GPU where it was written).
  */
 #include "comm/comm.h"
-#include "engine/cuda/check.h"
+#include "base/check.h"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/dtype.cuh"
 

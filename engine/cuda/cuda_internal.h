@@ -17,7 +17,7 @@ extern "C" {
 #include "graph/ops/geometry.h"
 }
 
-#include "engine/cuda/check.h"
+#include "base/check.h"
 
 /* Arena sub-allocations are aligned to this (cuBLASLt and cuDNN like 256). */
 #define LOOM_CUDA_ALIGN 256

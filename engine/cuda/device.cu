@@ -8,7 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "engine/cuda/check.h"
+#include "base/check.h"
 
 extern "C" int loom_cuda_compiled(void)
 {

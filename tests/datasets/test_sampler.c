@@ -253,3 +253,44 @@ Test(sampler, ranks_share_one_permutation)
 	}
 	loom_sampler_free(all);
 }
+
+/* The unpadded prefixes of all ranks hold every item exactly once (without
+ * drop_last; with it, each rank's whole share), so that an evaluation summed
+ * over the ranks never counts a repeated item. */
+Test(sampler, unpadded_prefixes_count_every_item_once)
+{
+	const int64_t sizes[] = {0, 1, 2, 3, 7, 999, 1000, 1001};
+	size_t k;
+	int world, drop;
+
+	for (k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++)
+		for (world = 1; world <= 8; world++)
+			for (drop = 0; drop <= 1; drop++) {
+				int64_t n = sizes[k], total = 0;
+				int *seen = calloc((size_t)n + 1, sizeof(int));
+
+				for (int r = 0; r < world; r++) {
+					loom_sampler *s = make(n, r, world, 1, 5, drop);
+					int64_t u = loom_sampler_len_unpadded(s);
+					const int64_t *idx = loom_sampler_indices(s);
+
+					cr_assert(u <= loom_sampler_len(s));
+					cr_assert(u >= loom_sampler_len(s) - 1,
+						  "n %lld world %d: more than one repeat",
+						  (long long)n, world);
+					if (drop)
+						cr_assert_eq(u, loom_sampler_len(s));
+					for (int64_t i = 0; i < u; i++)
+						seen[idx[i]]++;
+					total += u;
+					loom_sampler_free(s);
+				}
+				cr_assert_eq(total, drop ? n / world * world : n,
+					     "n %lld world %d drop %d: %lld unpadded", (long long)n,
+					     world, drop, (long long)total);
+				for (int64_t i = 0; i < n && !drop; i++)
+					cr_assert_eq(seen[i], 1, "n %lld world %d: item %lld seen %d times",
+						     (long long)n, world, (long long)i, seen[i]);
+				free(seen);
+			}
+}

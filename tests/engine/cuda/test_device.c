@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "engine/cuda/check.h"
+#include "base/check.h"
 #include "engine/cuda/device.h"
 
 #if LOOM_HAVE_CUDA

@@ -1,8 +1,8 @@
 /*
- * check.c — the one formatter behind the LOOM_*_CHECK macros. Plain C with no
+ * base/check.c — the one formatter behind the LOOM_*_CHECK macros. Plain C with no
  * CUDA dependency, so CPU-only builds (and MPI code) share it.
  */
-#include "engine/cuda/check.h"
+#include "base/check.h"
 
 #include <stdio.h>
 #include <string.h>

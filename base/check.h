@@ -1,5 +1,5 @@
 /*
- * check.h — checked calls into CUDA, cuBLASLt, cuDNN, NCCL (and MPI): each
+ * base/check.h — checked calls into CUDA, cuBLASLt, cuDNN, NCCL (and MPI): each
  * macro runs a call once and yields a loom_status, LOOM_OK on success, else
  * LOOM_ERR_BACKEND with "file:line: callee: library message (code)" written
  * into a caller-supplied buffer. They never return or jump, so use them as
@@ -7,8 +7,8 @@
  *     if (st != LOOM_OK)
  *             goto out_free_x;
  */
-#ifndef LOOM_ENGINE_CUDA_CHECK_H
-#define LOOM_ENGINE_CUDA_CHECK_H
+#ifndef LOOM_BASE_CHECK_H
+#define LOOM_BASE_CHECK_H
 
 #include <stddef.h>
 
@@ -66,4 +66,4 @@ loom_status loom_check_failed(const char *lib_msg, long code, const char *expr,
 }
 #endif
 
-#endif /* LOOM_ENGINE_CUDA_CHECK_H */
+#endif /* LOOM_BASE_CHECK_H */

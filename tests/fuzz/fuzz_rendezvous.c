@@ -1,0 +1,166 @@
+/*
+ * tests/fuzz/fuzz_rendezvous.c — libFuzzer target for the env:// rendezvous
+ * decoders (comm/wire.c): what rank 0 reads from any process that connects
+ * to MASTER_PORT, and what the other ranks read back from whatever answers
+ * there. The sockets deliver fixed sizes (hello, head, go) or the length
+ * the head announced (payload), so the harness hands the decoders exactly
+ * those buffers.
+ *
+ * Input: byte 0 picks the message (low 3 bits: 0 hello, 1 reply head, 2 OK
+ * payload, 3 error payload, 4 turn signal); with bit 7 set the harness
+ * makes an OK payload's world and blob length agree with its size first,
+ * so that mutations reach the peer table. Byte 1 gives the world (1..16),
+ * byte 2 this rank; the rest is the message.
+ */
+#include "fuzz_common.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+
+static int terminated(const char *s, size_t n)
+{
+	return memchr(s, 0, n) != NULL;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = v, p[1] = v >> 8, p[2] = v >> 16, p[3] = v >> 24;
+}
+
+/* A fixed-size message: the input cut or zero-padded to n bytes, as a
+ * socket read of n bytes would have delivered it. */
+static void fixed(uint8_t *m, size_t n, const uint8_t *data, size_t size)
+{
+	memset(m, 0, n);
+	memcpy(m, data, size < n ? size : n);
+}
+
+static void hello(const uint8_t *data, size_t size, int world)
+{
+	uint8_t m[LOOM_RDV_HELLO_BYTES], again[LOOM_RDV_HELLO_BYTES];
+	loom_comm_peer p, q;
+	char err[LOOM_COMM_ERRLEN] = "";
+
+	fixed(m, sizeof(m), data, size);
+	if (loom_rdv_decode_hello(m, world, "10.0.0.1:5", &p, err, sizeof(err)) != LOOM_OK) {
+		FUZZ_CHECK(err[0] && terminated(err, sizeof(err)));
+		return;
+	}
+	FUZZ_CHECK(p.rank >= 1 && p.rank < (uint32_t)world);
+	FUZZ_CHECK(p.probe_port <= 65535);
+	FUZZ_CHECK(terminated(p.host, sizeof(p.host)) && p.addr[0] == 0);
+	/* What a rank would send for what was read reads back the same. */
+	loom_rdv_encode_hello(&p, world, again);
+	FUZZ_CHECK(loom_rdv_decode_hello(again, world, "10.0.0.1:5", &q, err, sizeof(err)) ==
+		   LOOM_OK);
+	FUZZ_CHECK(q.rank == p.rank && q.pid == p.pid && q.probe_port == p.probe_port &&
+		   strcmp(q.host, p.host) == 0);
+}
+
+static void head(const uint8_t *data, size_t size, int world)
+{
+	uint8_t m[LOOM_RDV_HEAD_BYTES];
+	uint32_t kind = 0, len = 0;
+	char err[LOOM_COMM_ERRLEN] = "";
+
+	fixed(m, sizeof(m), data, size);
+	if (loom_rdv_decode_head(m, world, "reply", &kind, &len, err, sizeof(err)) != LOOM_OK) {
+		FUZZ_CHECK(err[0]);
+		return;
+	}
+	FUZZ_CHECK(kind == LOOM_RDV_REPLY_OK || kind == LOOM_RDV_REPLY_ERR);
+	/* The caller mallocs what the head claims: it must be bounded. */
+	FUZZ_CHECK(len <= loom_rdv_welcome_bytes(world, LOOM_RDV_MAX_BLOB));
+}
+
+static void reply(uint8_t *data, size_t size, uint32_t kind, int rank, int world, int seal)
+{
+	loom_comm_peer peers[16], again[16];
+	void *blob = (void *)1, *blob2 = NULL;
+	size_t blob_len = 7, blob_len2 = 0;
+	char err[LOOM_COMM_ERRLEN] = "";
+	uint8_t *enc;
+
+	if (seal && size >= 8) {
+		size_t fixed_part = loom_rdv_welcome_bytes(world, 0);
+
+		put32(data, (uint32_t)world);
+		put32(data + 4, size >= fixed_part ? (uint32_t)(size - fixed_part) : 0);
+		/* The peer table's ranks in order too, when there is one. */
+		if (size >= fixed_part)
+			for (int k = 0; k < world; k++)
+				put32(data + 8 + (size - fixed_part) + (size_t)k * LOOM_RDV_PEER_BYTES,
+				      (uint32_t)k);
+	}
+	if (loom_rdv_decode_reply(data, size, kind, rank, world, "reply", peers, &blob, &blob_len,
+				  err, sizeof(err)) != LOOM_OK) {
+		FUZZ_CHECK(err[0] && blob == NULL && blob_len == 0);
+		return;
+	}
+	FUZZ_CHECK(kind == LOOM_RDV_REPLY_OK && blob != NULL);
+	FUZZ_CHECK(blob_len <= LOOM_RDV_MAX_BLOB && size == loom_rdv_welcome_bytes(world, blob_len));
+	FUZZ_CHECK(memcmp(blob, data + 8, blob_len) == 0);
+	for (int k = 0; k < world; k++)
+		FUZZ_CHECK(peers[k].rank == (uint32_t)k && terminated(peers[k].host, LOOM_COMM_HOSTLEN) &&
+			   terminated(peers[k].addr, LOOM_COMM_HOSTLEN));
+	/* Rank 0's encoder on what was read: read back, the same table. */
+	enc = malloc(size);
+	FUZZ_CHECK(enc != NULL);
+	loom_rdv_encode_welcome(world, blob, blob_len, peers, enc);
+	FUZZ_CHECK(loom_rdv_decode_reply(enc, size, kind, rank, world, "reply", again, &blob2,
+					 &blob_len2, err, sizeof(err)) == LOOM_OK);
+	FUZZ_CHECK(blob_len2 == blob_len && memcmp(blob2, blob, blob_len) == 0);
+	for (int k = 0; k < world; k++)
+		FUZZ_CHECK(again[k].pid == peers[k].pid && again[k].probe_port == peers[k].probe_port &&
+			   !strcmp(again[k].host, peers[k].host) &&
+			   !strcmp(again[k].addr, peers[k].addr));
+	free(enc);
+	free(blob);
+	free(blob2);
+}
+
+static void go(const uint8_t *data, size_t size, int rank)
+{
+	uint8_t m[LOOM_RDV_GO_BYTES], want[LOOM_RDV_GO_BYTES];
+	char err[LOOM_COMM_ERRLEN] = "";
+	loom_status st;
+
+	fixed(m, sizeof(m), data, size);
+	st = loom_rdv_decode_go(m, rank, err, sizeof(err));
+	loom_rdv_encode_go(rank, want);
+	/* Exactly the one message that names this rank is accepted. */
+	FUZZ_CHECK((st == LOOM_OK) == (memcmp(m, want, sizeof(m)) == 0));
+	FUZZ_CHECK(st == LOOM_OK || err[0]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	uint8_t *copy;
+	int world, rank, which, seal;
+
+	if (size < 3)
+		return 0;
+	which = data[0] & 7;
+	seal = data[0] >> 7;
+	world = 1 + data[1] % 16;
+	rank = data[2] % world;
+	data += 3;
+	size -= 3;
+	/* A private copy: the harness may reseal it, and ASan sees its end. */
+	copy = malloc(size ? size : 1);
+	FUZZ_CHECK(copy != NULL);
+	if (size)
+		memcpy(copy, data, size);
+	switch (which) {
+	case 0: hello(copy, size, world); break;
+	case 1: head(copy, size, world); break;
+	case 2: reply(copy, size, LOOM_RDV_REPLY_OK, rank, world, seal); break;
+	case 3: reply(copy, size, LOOM_RDV_REPLY_ERR, rank, world, 0); break;
+	case 4: go(copy, size, rank); break;
+	default: break;
+	}
+	free(copy);
+	return 0;
+}
