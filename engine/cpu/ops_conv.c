@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/ops.h"
 
 static size_t align64(size_t x)
@@ -54,13 +55,14 @@ static int conv_kind(loom_op op, loom_cpu_conv_kind *kind)
 
 /*
  * Where oneDNN's direct convolution (its blocked layouts, with the reorders
- * from and to NCHW inside the node) beat im2col + GEMM in bench_conv on the
- * ConvNet's and the CIFAR ResNet-18's layers: every spatial kernel, except
- * the forward and data gradient of a layer with a few input channels (the
- * ConvNet's conv1, a ResNet stem), where the im2col matrix is small and the
- * reorders dominate. 1x1 layers are a plain GEMM on loom's path already.
- * LOOM_CPU_CONV=im2col keeps every node on loom's kernels, for measuring
- * the two side by side.
+ * from and to NCHW inside the node) beat im2col + GEMM in bench_conv
+ * (bench/RESULTS.md) on the ConvNet's and the CIFAR ResNet-18's layers:
+ * every spatial kernel with 8 or more input channels, and on AVX-512 also
+ * the filter gradient of a layer with a few (the ConvNet's conv1, a ResNet
+ * stem). For a few input channels the im2col matrix is small and the
+ * reorders dominate; on AVX2 oneDNN's filter gradient there was 2-5x slower.
+ * 1x1 layers are a plain GEMM on loom's path already. LOOM_CPU_CONV=im2col
+ * keeps every node on loom's kernels, to measure the two side by side.
  */
 static int conv_wants_dnnl(loom_cpu_conv_kind kind, const loom_conv_shape *s)
 {
@@ -69,7 +71,8 @@ static int conv_wants_dnnl(loom_cpu_conv_kind kind, const loom_conv_shape *s)
 		return 0;
 	if (s->kh == 1 && s->kw == 1)
 		return 0;
-	return kind == LOOM_CPU_CONV_BWD_FILTER || s->c_in >= 8;
+	return s->c_in >= 8 ||
+	       (kind == LOOM_CPU_CONV_BWD_FILTER && loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX512);
 }
 
 loom_status loom_cpu_conv_plan(loom_cpu_ctx *ctx, const loom_plan *plan)
