@@ -12,6 +12,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/conv_dnnl.h"
+#include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/cpu_path.h"
 
 enum { ARG_A, ARG_B, ARG_BIAS, ARG_OUT, NARGS };
@@ -28,7 +29,8 @@ typedef struct conv_arg {
 
 /* The workspace (the backend's, shared by all nodes, since only one node
  * runs at a time): each blocked copy, then oneDNN's scratchpad. */
-struct loom_cpu_dnnl_conv {
+typedef struct conv_one {
+	dnnl_stream_t stream; /* its own: slices run concurrently */
 	dnnl_primitive_t prim;
 	dnnl_primitive_desc_t pd;
 	conv_arg arg[NARGS];
@@ -36,7 +38,7 @@ struct loom_cpu_dnnl_conv {
 	size_t scratch_off, ws_bytes;
 	dnnl_exec_arg_t exec[NARGS + 1];
 	int nexec;
-};
+} conv_one;
 
 static size_t align64(size_t x)
 {
@@ -44,19 +46,12 @@ static size_t align64(size_t x)
 }
 
 static dnnl_engine_t engine;
-static dnnl_stream_t stream;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 
 static void engine_make(void)
 {
-	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
+	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
 		engine = NULL;
-		return;
-	}
-	if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
-		dnnl_engine_destroy(engine);
-		engine = NULL;
-	}
 }
 
 static int md_init(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
@@ -68,7 +63,7 @@ static int md_init(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
 /* The argument's NCHW memory and, if the primitive chose another layout,
  * its own buffer and the reorder (to it for sources, from it for the
  * result). */
-static int arg_make(loom_cpu_dnnl_conv *c, conv_arg *a, int dnnl_arg,
+static int arg_make(conv_one *c, conv_arg *a, int dnnl_arg,
 		    const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *prim_md,
 		    int is_out)
 {
@@ -92,7 +87,7 @@ static int arg_make(loom_cpu_dnnl_conv *c, conv_arg *a, int dnnl_arg,
 	return st == dnnl_success ? 0 : -1;
 }
 
-void loom_cpu_dnnl_conv_free(loom_cpu_dnnl_conv *c)
+static void one_free(conv_one *c)
 {
 	if (!c)
 		return;
@@ -108,22 +103,16 @@ void loom_cpu_dnnl_conv_free(loom_cpu_dnnl_conv *c)
 		dnnl_memory_destroy(c->scratch);
 	if (c->prim)
 		dnnl_primitive_destroy(c->prim);
+	if (c->stream)
+		dnnl_stream_destroy(c->stream);
 	if (c->pd)
 		dnnl_primitive_desc_destroy(c->pd);
 	free(c);
 }
 
-loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_conv_shape *s,
-					   int bf16, int bias, int blocked)
+static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int bf16, int bias,
+			 int blocked)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE)
-		return NULL;
-	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
-		return NULL;
-	pthread_once(&engine_once, engine_make);
-	if (!engine)
-		return NULL;
-
 	const dnnl_dims_t xd = { s->n, s->c_in, s->h_in, s->w_in };
 	const dnnl_dims_t wd = { s->c_out, s->c_in, s->kh, s->kw };
 	const dnnl_dims_t yd = { s->n, s->c_out, s->h_out, s->w_out };
@@ -148,10 +137,12 @@ loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_c
 	    md_init(&yu, 4, yd, yt, dnnl_nchw))
 		return NULL;
 
-	loom_cpu_dnnl_conv *c = calloc(1, sizeof(*c));
+	conv_one *c = calloc(1, sizeof(*c));
 	dnnl_primitive_attr_t attr = NULL;
 	if (!c)
 		return NULL;
+	if (dnnl_stream_create(&c->stream, engine, dnnl_stream_default_flags) != dnnl_success)
+		goto fail;
 	/* The scratchpad in loom's workspace: planned memory, no allocation
 	 * in a step. */
 	if (dnnl_primitive_attr_create(&attr) != dnnl_success ||
@@ -248,23 +239,19 @@ fail:
 		dnnl_primitive_attr_destroy(attr);
 	if (hint)
 		dnnl_primitive_desc_destroy(hint);
-	loom_cpu_dnnl_conv_free(c);
+	one_free(c);
 	return NULL;
 }
 
-static int reorder(dnnl_primitive_t r, dnnl_memory_t from, dnnl_memory_t to)
+static int reorder(dnnl_stream_t stream, dnnl_primitive_t r, dnnl_memory_t from,
+		   dnnl_memory_t to)
 {
 	dnnl_exec_arg_t args[2] = { { DNNL_ARG_FROM, from }, { DNNL_ARG_TO, to } };
 	return dnnl_primitive_execute(r, stream, 2, args) == dnnl_success ? 0 : -1;
 }
 
-size_t loom_cpu_dnnl_conv_ws(const loom_cpu_dnnl_conv *c)
-{
-	return c->ws_bytes;
-}
-
-int loom_cpu_dnnl_conv_run(loom_cpu_dnnl_conv *c, const void *a, const void *b,
-			   const float *bias, float *out, void *ws)
+static int one_run(conv_one *c, const void *a, const void *b, const float *bias, float *out,
+		   void *ws)
 {
 	const void *ptr[NARGS] = { a, b, bias, out };
 	int rc = 0;
@@ -280,20 +267,152 @@ int loom_cpu_dnnl_conv_run(loom_cpu_dnnl_conv *c, const void *a, const void *b,
 					 dnnl_success))
 			return -1;
 		if (g->reorder && i != ARG_OUT)
-			rc |= reorder(g->reorder, g->user, g->inner);
+			rc |= reorder(c->stream, g->reorder, g->user, g->inner);
 	}
-	if (rc || dnnl_primitive_execute(c->prim, stream, c->nexec, c->exec) != dnnl_success)
+	if (rc || dnnl_primitive_execute(c->prim, c->stream, c->nexec, c->exec) != dnnl_success)
 		return -1;
 	conv_arg *o = &c->arg[ARG_OUT];
-	if (o->reorder && reorder(o->reorder, o->inner, o->user))
+	if (o->reorder && reorder(c->stream, o->reorder, o->inner, o->user))
 		return -1;
-	return dnnl_stream_wait(stream) == dnnl_success ? 0 : -1;
+	return dnnl_stream_wait(c->stream) == dnnl_success ? 0 : -1;
 }
 
-const char *loom_cpu_dnnl_conv_impl(const loom_cpu_dnnl_conv *c)
+static const char *one_impl(const conv_one *c)
 {
 	const char *s = NULL;
 	if (dnnl_primitive_desc_query(c->pd, dnnl_query_impl_info_str, 0, &s) != dnnl_success)
 		return "?";
 	return s;
+}
+
+/*
+ * A node: the batch split into one slice per thread, each slice its own
+ * primitive (made for one thread) on its own part of the workspace, all
+ * run in one parallel region, as loom's im2col kernels split the batch.
+ * One region per node, not one per reorder and per primitive as oneDNN's
+ * own threading does: on the shared 2-core machine its barriers cost more
+ * than the kernels gained (bench/RESULTS.md). The filter gradient sums the
+ * slices' partial gradients after, in slice order (deterministic).
+ */
+struct loom_cpu_dnnl_conv {
+	loom_cpu_conv_kind kind;
+	int bf16, nslice, per; /* slices of `per` images, the last maybe fewer */
+	size_t slot;           /* workspace bytes per slice */
+	loom_conv_shape s;
+	conv_one *one[LOOM_CPU_MAX_SLOTS];
+};
+
+void loom_cpu_dnnl_conv_free(loom_cpu_dnnl_conv *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < c->nslice; i++)
+		one_free(c->one[i]);
+	free(c);
+}
+
+loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_conv_shape *s,
+					   int bf16, int bias, int blocked)
+{
+	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE)
+		return NULL;
+	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
+		return NULL;
+	pthread_once(&engine_once, engine_make);
+	if (!engine)
+		return NULL;
+	loom_cpu_dnnl_conv *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	int nt = loom_cpu_slot_threads(s->n);
+	c->kind = kind;
+	c->bf16 = bf16;
+	c->s = *s;
+	c->per = (s->n + nt - 1) / nt;
+	c->nslice = (s->n + c->per - 1) / c->per;
+	/* Each slice's primitive is made for one thread: oneDNN sizes its
+	 * work split by the thread count it sees now, and inside the node's
+	 * parallel region it runs on the calling thread alone. */
+	int prev = omp_get_max_threads();
+	omp_set_num_threads(1);
+	size_t ws = 0;
+	for (int i = 0; i < c->nslice; i++) {
+		loom_conv_shape si = *s;
+		si.n = i + 1 < c->nslice ? c->per : s->n - i * c->per;
+		/* one per slice, even of equal shapes: slices run at once and
+		 * each sets its memory objects' handles */
+		c->one[i] = one_new(kind, &si, bf16, bias, blocked);
+		if (!c->one[i]) {
+			omp_set_num_threads(prev);
+			c->nslice = i;
+			loom_cpu_dnnl_conv_free(c);
+			return NULL;
+		}
+		if (c->one[i]->ws_bytes > ws)
+			ws = c->one[i]->ws_bytes;
+	}
+	omp_set_num_threads(prev);
+	c->slot = align64(ws);
+	if (kind == LOOM_CPU_CONV_BWD_FILTER && c->nslice > 1)
+		c->slot += align64(sizeof(float) * (size_t)s->c_out * s->c_in * s->kh * s->kw);
+	return c;
+}
+
+size_t loom_cpu_dnnl_conv_ws(const loom_cpu_dnnl_conv *c)
+{
+	return c->slot * (size_t)c->nslice;
+}
+
+int loom_cpu_dnnl_conv_run(loom_cpu_dnnl_conv *c, const void *a, const void *b,
+			   const float *bias, float *out, void *ws)
+{
+	const loom_conv_shape *s = &c->s;
+	const size_t esz = c->bf16 ? 2 : 4;
+	const size_t x_img = (size_t)s->c_in * s->h_in * s->w_in;
+	const size_t y_img = (size_t)s->c_out * s->h_out * s->w_out;
+	const size_t nw = (size_t)s->c_out * s->c_in * s->kh * s->kw;
+	const size_t part_off = c->slot - align64(sizeof(float) * nw);
+	int fail = 0;
+
+#pragma omp parallel for num_threads(c->nslice) schedule(static) reduction(| : fail)
+	for (int i = 0; i < c->nslice; i++) {
+		size_t n0 = (size_t)i * c->per;
+		char *slot = (char *)ws + c->slot * i;
+		const char *ai, *bi = b;
+		float *oi;
+		switch (c->kind) {
+		case LOOM_CPU_CONV_FWD:
+			ai = (const char *)a + n0 * x_img * esz;
+			oi = out + n0 * y_img;
+			break;
+		case LOOM_CPU_CONV_BWD_DATA:
+			ai = (const char *)a + n0 * y_img * esz;
+			oi = out + n0 * x_img;
+			break;
+		default:
+			ai = (const char *)a + n0 * y_img * esz;
+			bi = (const char *)b + n0 * x_img * esz;
+			oi = c->nslice > 1 ? (float *)(slot + part_off) : out;
+			break;
+		}
+		fail |= one_run(c->one[i], ai, bi, bias, oi, slot);
+	}
+	if (fail)
+		return -1;
+	if (c->kind == LOOM_CPU_CONV_BWD_FILTER && c->nslice > 1) {
+		const char *p0 = (const char *)ws + part_off;
+#pragma omp parallel for schedule(static) if (nw >= 32768)
+		for (size_t j = 0; j < nw; j++) {
+			float acc = 0;
+			for (int i = 0; i < c->nslice; i++)
+				acc += ((const float *)(p0 + c->slot * i))[j];
+			out[j] = acc;
+		}
+	}
+	return 0;
+}
+
+const char *loom_cpu_dnnl_conv_impl(const loom_cpu_dnnl_conv *c)
+{
+	return one_impl(c->one[0]);
 }
