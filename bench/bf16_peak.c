@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#define ACC 16
+#define ACC 12
 #define ITERS 25000000L
 
 static double now(void)
@@ -26,10 +26,13 @@ __attribute__((target("avx512f"))) static double fp32_rate(float *sink)
 	for (int i = 0; i < ACC; i++)
 		a[i] = _mm512_setzero_ps();
 	double t0 = now();
+	/* Written out so that the accumulators stay in registers (a loop
+	 * over k kept them in memory and measured store-forwarding). */
 	for (long i = 0; i < ITERS; i++) {
-		for (int k = 0; k < ACC; k++)
-			a[k] = _mm512_fmadd_ps(x, y, a[k]);
-		__asm__ volatile("" : "+v"(a[0]), "+v"(a[ACC - 1]));
+#define F(k) a[k] = _mm512_fmadd_ps(x, y, a[k]);
+		F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
+#undef F
+		__asm__ volatile("" ::"v"(a[0]), "v"(a[1]), "v"(a[2]), "v"(a[3]));
 	}
 	double dt = now() - t0;
 	for (int i = 0; i < ACC; i++)
@@ -46,9 +49,10 @@ __attribute__((target("avx512f,avx512bf16"))) static double bf16_rate(float *sin
 		a[i] = _mm512_setzero_ps();
 	double t0 = now();
 	for (long i = 0; i < ITERS; i++) {
-		for (int k = 0; k < ACC; k++)
-			a[k] = _mm512_dpbf16_ps(a[k], x, y);
-		__asm__ volatile("" : "+v"(a[0]), "+v"(a[ACC - 1]));
+#define B(k) a[k] = _mm512_dpbf16_ps(a[k], x, y);
+		B(0) B(1) B(2) B(3) B(4) B(5) B(6) B(7) B(8) B(9) B(10) B(11)
+#undef B
+		__asm__ volatile("" ::"v"(a[0]), "v"(a[1]), "v"(a[2]), "v"(a[3]));
 	}
 	double dt = now() - t0;
 	for (int i = 0; i < ACC; i++)
