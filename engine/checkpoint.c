@@ -215,6 +215,14 @@ loom_status loom_load(loom_program *p, const char *path)
 		p->ts.scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
 		p->ts.scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
 	}
+	/* Gradients accumulated before the load belong to the old weights. */
+	if (st == LOOM_OK && p->ts.micro > 0) {
+		void *zero = calloc(1, p->plan.accum_bytes ? p->plan.accum_bytes : 1);
+		st = zero ? loom_program_upload(p, p->arena.accum, zero, p->plan.accum_bytes) :
+			    loom_program_fail(p, LOOM_ERR_NOMEM, "load: out of memory");
+		free(zero);
+		p->ts.micro = 0;
+	}
 	free(found);
 out:
 	free_records(&l);

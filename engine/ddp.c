@@ -1,9 +1,9 @@
 /*
  * engine/ddp.c — what loom_compile does for data-parallel training (a
  * process group of world > 1 in the options): the gradient buckets and the
- * memory plan that holds them, then, once the program exists, the start-up
- * check that every rank compiled the same plan and the broadcast of rank
- * 0's parameters and buffers.
+ * memory plan that holds them, synchronised batch norm (sync_bn); then,
+ * once the program exists, the start-up check that every rank compiled the
+ * same plan and the broadcast of rank 0's parameters and buffers.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +19,30 @@ int loom_ddp_world(const loom_compile_opts *o)
 		return 1;
 	const loom_pg_info *in = loom_pg_get_info(o->pg);
 	return in && in->world > 1 ? in->world : 1;
+}
+
+static int is_bn(loom_op op)
+{
+	return op == LOOM_OP_BATCHNORM2D || op == LOOM_OP_BN_BWD_DATA || op == LOOM_OP_BN_BWD_GAMMA;
+}
+
+/* sync_bn: every batch norm, forward and backward, sums its statistics over
+ * the ranks (engine/cpu/ops_bn.c). The CPU alone has the split kernels;
+ * cuDNN's batch norm computes and applies its statistics in one call. */
+static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
+{
+	loom_graph *g = p->plan.g;
+	if (p->be != &loom_cpu_backend) {
+		snprintf(err, errlen,
+			 "sync_bn: the %s backend has no synchronised batch norm (the cpu "
+			 "backend has); compile without sync_bn or on the cpu device",
+			 p->be->name);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	for (int v = 0; v < g->n; v++)
+		if (is_bn(g->nodes[v].op))
+			g->nodes[v].a.bn.sync = 1;
+	return LOOM_OK;
 }
 
 loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
@@ -37,6 +61,8 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 			 p->be->name, loom_pg_error(o->pg));
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if (o->sync_bn && (st = mark_sync_bn(p, err, errlen)) != LOOM_OK)
+		return st;
 	double cap_mb = o->bucket_cap_mb > 0 ? o->bucket_cap_mb : 25.0;
 	double first_mb = o->first_bucket_mb > 0 ? o->first_bucket_mb : 1.0;
 	loom_value *grads = malloc(sizeof(loom_value) * (p->plan.n_params ? p->plan.n_params : 1));
@@ -66,7 +92,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 static uint64_t node_hash(const loom_plan *pl, loom_value v)
 {
 	const loom_node *n = &pl->g->nodes[v];
-	int64_t f[8 + LOOM_MAX_DIMS + LOOM_MAX_SRC];
+	int64_t f[9 + LOOM_MAX_DIMS + LOOM_MAX_SRC];
 	int k = 0;
 	memset(f, 0, sizeof(f));
 	f[k++] = v;
@@ -76,6 +102,7 @@ static uint64_t node_hash(const loom_plan *pl, loom_value v)
 	f[k++] = n->flags;
 	f[k++] = n->made_by;
 	f[k++] = n->op == LOOM_OP_ALLREDUCE ? n->a.ar.bucket : 0;
+	f[k++] = is_bn(n->op) ? n->a.bn.sync : 0;
 	f[k++] = n->shape.ndim;
 	for (int i = 0; i < n->shape.ndim; i++)
 		f[k++] = n->shape.dims[i];
@@ -101,8 +128,11 @@ static void describe(void *user, size_t i, char *buf, size_t len)
 	if (i < (size_t)pl->mp.nschedule) {
 		loom_value v = pl->mp.schedule[i];
 		const loom_node *n = &pl->g->nodes[v];
-		snprintf(buf, len, "node %d %s has %s %s", (int)v, loom_op_defs[n->op]->name,
-			 loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)));
+		/* A batch norm says whether it is synchronised: the one
+		 * difference sync_bn on some ranks only makes. */
+		snprintf(buf, len, "node %d %s has %s %s%s", (int)v, loom_op_defs[n->op]->name,
+			 loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)),
+			 !is_bn(n->op) ? "" : n->a.bn.sync ? " with sync_bn=1" : " with sync_bn=0");
 		return;
 	}
 	int k = (int)(i - pl->mp.nschedule);

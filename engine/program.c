@@ -13,6 +13,7 @@
 #include "engine/elem.h"
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h"
+#include "engine/trace.h"
 
 static __thread char last_error[512];
 
@@ -307,6 +308,10 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		compile_fail(st, "memory planning: out of memory");
 		goto out_fail;
 	}
+	if ((st = loom_accum_plan(&p->plan)) != LOOM_OK) {
+		compile_fail(st, "gradient accumulation: out of memory");
+		goto out_fail;
+	}
 	if ((st = backend_prepare(p)) != LOOM_OK) {
 		compile_fail(st, "backend %s: %s", p->be->name, p->err);
 		goto out_fail;
@@ -345,8 +350,10 @@ void loom_program_free(loom_program *p)
 		return;
 	if (p->be && p->be_ctx)
 		p->be->free(p->be_ctx);
+	loom_trace_free(p->ts.trace);
 	loom_memplan_free(&p->plan.mp);
 	loom_buckets_free(&p->plan.buckets);
+	free(p->plan.accum);
 	free(p->plan.params);
 	loom_graph_free(p->plan.g);
 	free(p);
@@ -400,6 +407,28 @@ static void report_nonfinite(loom_program *p)
 	p->ts.diagnose = 0;
 }
 
+/* The same run with a span per phase: forward and backward queued apart. */
+static loom_status run_traced(loom_program *p, int last, unsigned flags, int optim)
+{
+	loom_trace *tr = p->ts.trace;
+	int fwd = last < p->plan.n_fwd ? last : p->plan.n_fwd;
+	double t0 = loom_trace_now();
+	loom_status st = p->be->run(p->be_ctx, &p->plan, &p->ts, 0, fwd, flags);
+	double t1 = loom_trace_now();
+	loom_trace_add(tr, LOOM_SPAN_PHASE, LOOM_PHASE_FORWARD, 0, t0, t1);
+	if (st == LOOM_OK && last > fwd) {
+		st = p->be->run(p->be_ctx, &p->plan, &p->ts, fwd, last, flags);
+		t0 = loom_trace_now();
+		loom_trace_add(tr, LOOM_SPAN_PHASE, LOOM_PHASE_BACKWARD, 0, t1, t0);
+	}
+	if (st == LOOM_OK && optim) {
+		t0 = loom_trace_now();
+		st = p->be->optim_step(p->be_ctx, &p->plan, &p->ts);
+		loom_trace_add(tr, LOOM_SPAN_PHASE, LOOM_PHASE_OPTIMIZER, 0, t0, loom_trace_now());
+	}
+	return st;
+}
+
 /* Queues nodes [0, last) and, when asked, the optimizer step: the step
  * path, or the diagnosis run that checks every node and may wait. */
 static loom_status run_range(loom_program *p, int last, unsigned flags, int optim)
@@ -407,35 +436,80 @@ static loom_status run_range(loom_program *p, int last, unsigned flags, int opti
 	loom_status st;
 	if (p->ts.diagnose)
 		flags |= LOOM_EXEC_DIAGNOSE;
-	st = p->be->run(p->be_ctx, &p->plan, &p->ts, 0, last, flags);
-	if (st == LOOM_OK && optim)
-		st = p->be->optim_step(p->be_ctx, &p->plan, &p->ts);
+	if (p->ts.trace) {
+		st = run_traced(p, last, flags, optim);
+	} else {
+		st = p->be->run(p->be_ctx, &p->plan, &p->ts, 0, last, flags);
+		if (st == LOOM_OK && optim)
+			st = p->be->optim_step(p->be_ctx, &p->plan, &p->ts);
+	}
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
+
+/* The accumulation sums, allocated by the first ACCUMULATE. */
+static loom_status accum_ready(loom_program *p)
+{
+	if (p->arena.accum)
+		return LOOM_OK;
+	if (!p->be->alloc_accum)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "run: gradient accumulation is not implemented on the %s backend",
+					 p->be->name);
+	loom_status st = p->be->alloc_accum(p->be_ctx, &p->plan, &p->arena);
+	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
+}
+
+static loom_status run_mode(loom_program *p, loom_run_mode mode)
+{
+	loom_status st;
+	switch (mode) {
+	case LOOM_RUN_EVAL:
+		return run_range(p, p->plan.n_fwd, 0, 0);
+	case LOOM_RUN_FORWARD:
+		return run_range(p, p->plan.n_fwd, LOOM_EXEC_TRAIN, 0);
+	case LOOM_RUN_GRAD:
+		return run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN, 0);
+	case LOOM_RUN_ACCUMULATE:
+		if ((st = accum_ready(p)) != LOOM_OK)
+			return st;
+		st = run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN | LOOM_EXEC_ACCUMULATE, 0);
+		if (st == LOOM_OK)
+			p->ts.micro++;
+		return st;
+	case LOOM_RUN_TRAIN:
+		/* The update divides by micro + 1; the sums are spent after it,
+		 * skipped or not (or failed half-way: nothing sensible is left). */
+		st = run_range(p, p->plan.g->n,
+			       LOOM_EXEC_TRAIN | (p->ts.micro > 0 ? LOOM_EXEC_FOLD : 0),
+			       p->plan.opts.optim.kind != LOOM_OPTIM_NONE);
+		p->ts.micro = 0;
+		return st;
+	default:
+		return loom_program_fail(p, LOOM_ERR_INVALID, "run: unknown mode %d", (int)mode);
+	}
+}
+
+static loom_status run_and_sync(loom_program *p, loom_run_mode mode);
 
 loom_status loom_run(loom_program *p, loom_run_mode mode)
 {
 	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	p->err[0] = 0;
-	loom_status st;
-	switch (mode) {
-	case LOOM_RUN_EVAL:
-		st = run_range(p, p->plan.n_fwd, 0, 0);
-		break;
-	case LOOM_RUN_FORWARD:
-		st = run_range(p, p->plan.n_fwd, LOOM_EXEC_TRAIN, 0);
-		break;
-	case LOOM_RUN_GRAD:
-		st = run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN, 0);
-		break;
-	case LOOM_RUN_TRAIN:
-		st = run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN,
-			       p->plan.opts.optim.kind != LOOM_OPTIM_NONE);
-		break;
-	default:
-		return loom_program_fail(p, LOOM_ERR_INVALID, "run: unknown mode %d", (int)mode);
+	loom_trace *tr = p->ts.trace;
+	double t0 = tr ? loom_trace_now() : 0;
+	int aux = mode == LOOM_RUN_ACCUMULATE ? p->ts.micro + 1 : (int)p->ts.step + 1;
+	loom_status st = run_and_sync(p, mode);
+	if (tr) {
+		loom_trace_add(tr, LOOM_SPAN_RUN, (int)mode, aux, t0, loom_trace_now());
+		tr->run++;
 	}
+	return st;
+}
+
+static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
+{
+	loom_status st = run_mode(p, mode);
 	report_nonfinite(p);
 	if (st != LOOM_OK)
 		return st;
@@ -661,6 +735,9 @@ void loom_program_dump(const loom_program *p, FILE *out)
 		    (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu) ||
 		    (n->op == LOOM_OP_ADD && n->a.ew.relu))
 			fprintf(out, " (relu fused)");
+		if ((n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
+		     n->op == LOOM_OP_BN_BWD_GAMMA) && n->a.bn.sync)
+			fprintf(out, " (sync)");
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		fprintf(out, "\n");

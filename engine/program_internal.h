@@ -17,6 +17,7 @@
 typedef struct loom_program loom_program;
 struct loom_comm;      /* comm/comm.h: the collectives of data parallelism */
 struct loom_comm_work; /* one outstanding all-reduce */
+struct loom_trace;     /* engine/trace.h: the spans loom_trace_start records */
 
 /* Size of every error buffer a backend or launcher writes into. */
 #define LOOM_ERR_MAX 512
@@ -30,6 +31,19 @@ typedef struct loom_param_slot {
 	size_t state_off[2]; /* optimizer state in the state region: SGD buf / Adam m, v */
 	loom_dtype state_dtype;
 } loom_param_slot;
+
+/*
+ * One run of gradients that gradient accumulation sums (LOOM_RUN_ACCUMULATE):
+ * a bucket under data parallelism (its ALLREDUCE node, so that the running
+ * sum is folded in right before the bucket's all-reduce starts), else one
+ * parameter's gradient. Its sum lies at arena.accum + off, count f32.
+ */
+typedef struct loom_accum_seg {
+	loom_value v;   /* the bucket's ALLREDUCE node, or the gradient */
+	int64_t count;  /* elements (a bucket's padding included) */
+	loom_dtype dtype;
+	size_t off;
+} loom_accum_seg;
 
 /*
  * The compiled plan: everything decided at compile time. Backends read it
@@ -53,6 +67,11 @@ typedef struct loom_plan {
 	int world, rank;
 	loom_buckets buckets;
 	struct loom_comm *comm;
+	/* Gradient accumulation: bucket k is accum[k] when there are buckets.
+	 * accum_bytes of f32 sums, allocated at the first ACCUMULATE run. */
+	loom_accum_seg *accum;
+	int n_accum;
+	size_t accum_bytes;
 } loom_plan;
 
 /* The training state: what a step changes besides the arena. */
@@ -64,12 +83,17 @@ typedef struct loom_train_state {
 	int diagnose;               /* next runs check each node for inf/NaN */
 	loom_value first_nonfinite; /* the first node found non-finite */
 	char amp_report[256];       /* what diagnosis found, for the user */
+	/* ACCUMULATE runs since the last update: their gradients wait in the
+	 * accumulation sums, and the update divides by micro + 1. */
+	int micro;
+	struct loom_trace *trace;   /* recording spans (loom_trace_start), else NULL */
 } loom_train_state;
 
 /* Base addresses of the arena's regions (backend memory). */
 typedef struct loom_arena {
 	unsigned char *persist, *act, *ws, *state;
 	unsigned char *bucket; /* the gradient buckets (data parallelism; else unused) */
+	unsigned char *accum;  /* gradient accumulation's sums; NULL until the first ACCUMULATE */
 } loom_arena;
 
 /* Streams a backend orders work on; a CPU backend has one in-order stream. */
@@ -89,6 +113,13 @@ enum {
 	 * ts->first_nonfinite before returning. May synchronise: it is the
 	 * separate mode a collapsed loss scale turns on, never the step path. */
 	LOOM_EXEC_DIAGNOSE = 1 << 1,
+	/* Gradient accumulation. ACCUMULATE: add every accumulation segment
+	 * into its sum once backward made it, and start no all-reduce. FOLD:
+	 * add each sum into its segment and clear the sum, before the
+	 * segment's all-reduce starts (or before the optimizer, without
+	 * buckets). */
+	LOOM_EXEC_ACCUMULATE = 1 << 2,
+	LOOM_EXEC_FOLD = 1 << 3,
 };
 
 /*
@@ -138,6 +169,9 @@ typedef struct loom_backend {
 	 * makes later work on `stream` wait for it. */
 	loom_status (*event_record)(void *ctx, int event, loom_stream stream);
 	loom_status (*event_wait)(void *ctx, int event, loom_stream stream);
+	/* Allocates plan->accum_bytes of zeroed f32 sums into arena->accum,
+	 * at the first ACCUMULATE run. NULL: no gradient accumulation. // (optional) */
+	loom_status (*alloc_accum)(void *ctx, const loom_plan *plan, loom_arena *arena);
 	/* Records one training step once, then replays it. */
 	loom_status (*capture)(void *ctx, const loom_plan *plan, loom_train_state *ts); // (optional)
 	loom_status (*replay)(void *ctx, const loom_plan *plan, loom_train_state *ts);  // (optional)
@@ -260,6 +294,10 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen);
 /* Collective, once the arena holds the initial values: every rank's plan
  * compared with rank 0's, then rank 0's parameters and buffers broadcast. */
 loom_status loom_ddp_start(loom_program *p);
+
+/* engine/accum.c: the accumulation segments of the plan (buckets, or each
+ * parameter's gradient) and accum_bytes; after the memory plan. */
+loom_status loom_accum_plan(loom_plan *pl);
 
 /* Host-side initialisation of parameters and buffers (PyTorch's defaults),
  * into a host buffer of the value's dtype. */

@@ -132,6 +132,10 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 		 info.activation_naive_bytes / 1048576.0);
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
+	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */
+	mib_line(out, "accumulation sums", p->plan.accum_bytes,
+		 p->arena.accum ? "(gradient accumulation; allocated, outside the arena)" :
+				  "(gradient accumulation; allocated at the first ACCUMULATE)");
 	snprintf(note, sizeof(note), "(naive %.3f MiB: %.1f%% saved)", naive / 1048576.0,
 		 naive ? 100.0 * (1.0 - (double)info.arena_bytes / (double)naive) : 0.0);
 	mib_line(out, "peak (the arena)", info.arena_bytes, note);

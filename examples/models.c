@@ -72,25 +72,31 @@ static loom_value bottleneck(loom_graph *g, const char *prefix, loom_value x, in
 loom_value loom_model_resnet(loom_graph *g, int depth, int batch, int size, int classes,
 			     loom_value *logits)
 {
+	return loom_model_resnet_width(g, depth, batch, size, classes, 64, logits);
+}
+
+loom_value loom_model_resnet_width(loom_graph *g, int depth, int batch, int size, int classes,
+				   int base, loom_value *logits)
+{
 	static const int blocks18[4] = { 2, 2, 2, 2 }, blocks34[4] = { 3, 4, 6, 3 };
 	const int *blocks = depth == 18 ? blocks18 : blocks34;
 	int bottlenecks = depth == 50;
 	int64_t xd[4] = { batch, 3, size, size }, yd[1] = { batch };
-	if (depth != 18 && depth != 34 && depth != 50)
+	if ((depth != 18 && depth != 34 && depth != 50) || base < 1)
 		return LOOM_NONE;
 	loom_value x = loom_input(g, "image", LOOM_F32, 4, xd);
 	loom_value y = loom_input(g, "label", LOOM_I32, 1, yd);
 	loom_value h;
 	if (size <= 64) {
-		h = loom_layer_conv2d(g, "conv1", x, 64, 3, 1, 1, 0);
+		h = loom_layer_conv2d(g, "conv1", x, base, 3, 1, 1, 0);
 		h = loom_relu(g, loom_layer_batchnorm2d(g, "bn1", h));
 	} else {
-		h = loom_layer_conv2d(g, "conv1", x, 64, 7, 2, 3, 0);
+		h = loom_layer_conv2d(g, "conv1", x, base, 7, 2, 3, 0);
 		h = loom_relu(g, loom_layer_batchnorm2d(g, "bn1", h));
 		h = loom_maxpool2d(g, h, 3, 2, 1);
 	}
 	for (int stage = 0; stage < 4; stage++) {
-		int width = 64 << stage;
+		int width = base << stage;
 		for (int b = 0; b < blocks[stage]; b++) {
 			char prefix[LOOM_NAME_BUF];
 			snprintf(prefix, sizeof(prefix), "layer%d.%d", stage + 1, b);

@@ -31,4 +31,10 @@ loom_value loom_model_convnet(loom_graph *g, int batch, loom_value *logits);
 loom_value loom_model_resnet(loom_graph *g, int depth, int batch, int size, int classes,
 			     loom_value *logits);
 
+/* The same with `base` channels in the first stage instead of 64 (each later
+ * stage doubles them): narrow ResNets train the same code paths in a
+ * fraction of the time, for smoke tests. base < 1 returns LOOM_NONE. */
+loom_value loom_model_resnet_width(loom_graph *g, int depth, int batch, int size, int classes,
+				   int base, loom_value *logits);
+
 #endif /* LOOM_EXAMPLES_MODELS_H */

@@ -62,6 +62,9 @@ typedef union loom_attrs {
 	struct {
 		double momentum, eps;
 		int relu; /* BATCHNORM2D: a fused relu after the affine (graph/fuse.c) */
+		/* Training-mode statistics and the backward's sums over every
+		 * rank (loom_compile_opts.sync_bn, set by engine/ddp.c). */
+		int sync;
 	} bn;
 	struct {
 		int kernel, stride, pad;

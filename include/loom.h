@@ -238,6 +238,21 @@ typedef struct loom_compile_opts {
 	double bucket_cap_mb;    /* gradient bucket size (DDP's bucket_cap_mb), default 25 */
 	double first_bucket_mb;  /* the first bucket's, small so that the first
 				  * all-reduce starts early; default 1 */
+	/* Synchronised batch norm (torch.nn.SyncBatchNorm), default 0. With a
+	 * group of world > 1, every batch norm in training mode (TRAIN, GRAD
+	 * and FORWARD runs) normalises with the mean and variance of the
+	 * global batch: forward sums each channel's count, sum and sum of
+	 * squares over the ranks, and backward also the sums of dy and
+	 * dy * xhat, so the input gradient is exact for the global batch.
+	 * The running statistics take the global mean and the global
+	 * unbiased variance. EVAL runs use the running statistics and
+	 * communicate nothing. Each training-mode batch norm then is a
+	 * blocking all-reduce (f64, 2C+1 or 4C+1 values) that every rank
+	 * must reach: all ranks run the same modes in the same order. Ranks
+	 * must agree (the start-up check names a batch norm that differs).
+	 * CPU backend only: with world > 1 loom_compile refuses it on CUDA.
+	 * World 1: nothing changes. */
+	int sync_bn;
 } loom_compile_opts;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,
@@ -279,8 +294,33 @@ typedef enum loom_run_mode {
 	LOOM_RUN_GRAD,      /* forward and backward, no update */
 	LOOM_RUN_FORWARD,   /* forward in training mode (batch statistics) */
 	LOOM_RUN_EVAL,      /* forward in eval mode (running statistics) */
+	LOOM_RUN_ACCUMULATE, /* forward and backward; gradients kept for the next TRAIN */
 	LOOM_RUN_MODE_COUNT
 } loom_run_mode;
+
+/*
+ * Gradient accumulation (DDP's no_sync, `--accumulate N`): N-1 runs in
+ * LOOM_RUN_ACCUMULATE, then one in LOOM_RUN_TRAIN, take one optimizer step
+ * on the gradient of the N micro-batches together:
+ * - ACCUMULATE runs forward and backward and adds this micro-step's
+ *   gradients into the program's accumulated gradients (fp32 sums, the
+ *   bucket layout under a process group); no all-reduce, no optimizer
+ *   update, the step count and the loss scale stay as they are.
+ * - The TRAIN that follows adds its own micro-step's gradients, sums the
+ *   total over the ranks once (the usual buckets, overlapped with
+ *   backward), and updates with the gradient averaged over micro-steps x
+ *   world size: N micro-steps of batch B on each of W ranks make the same
+ *   step as one step of batch N*W*B with the mean loss. The sums are then
+ *   empty again.
+ * - Under loss scaling, an inf/NaN in any micro-step on any rank makes the
+ *   whole accumulated step skip on every rank (the scale halves once).
+ * - GRAD, FORWARD and EVAL runs leave the accumulated gradients alone;
+ *   loom_save does not keep them (save between steps) and loom_load drops
+ *   them.
+ * The sums take 4 bytes per gradient element, allocated by the first
+ * ACCUMULATE (loom_program_memory_report shows them); a backend without
+ * them answers LOOM_ERR_UNSUPPORTED.
+ */
 
 /* Copies count elements of dtype dt into the input called name. */
 loom_status loom_set_input(loom_program *p, const char *name, const void *data,
@@ -295,12 +335,35 @@ loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t cou
  * backward pass left it: under loss scaling still multiplied by the scale
  * (loom_program_info.loss_scale); the optimizer unscales it. With a process
  * group (loom_compile_opts.pg) it is the sum over the ranks; the optimizer
- * divides by the world size. */
+ * divides by the world size. After a TRAIN that ended an accumulation, it
+ * is the sum over the micro-steps too; after an ACCUMULATE, that
+ * micro-step's own (not summed over ranks). */
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst,
 			       size_t count);
 /* Overwrites a parameter or buffer (tests, custom initialisation). */
 loom_status loom_write_f64(loom_program *p, loom_value v, const double *src,
 			   size_t count);
+
+/*
+ * A Chrome trace (the JSON "traceEvents" format: chrome://tracing and
+ * ui.perfetto.dev open it) of the runs between loom_trace_start and
+ * loom_trace_stop: a span per run, per phase (forward, backward, optimizer),
+ * per node that computes (a fused node once, under its op and node id, with
+ * its shape and dtype), per wait for the all-reduces, and, on a second track
+ * "comm", each bucket's all-reduce from its start to when the executor first
+ * saw it complete. Times are CLOCK_MONOTONIC, in microseconds from the
+ * start on rank 0.
+ * With a process group both calls are collective (every rank calls them,
+ * between the same runs): rank 0 gathers every rank's spans at stop and
+ * writes ONE file at its path, one track (pid) per rank; the other ranks'
+ * path is not used (may be NULL). Ranks on other hosts are not aligned in
+ * time. Off, recording costs a pointer test per node.
+ * The CPU backend only: on CUDA, start returns LOOM_ERR_UNSUPPORTED. Start
+ * fails on every rank when rank 0 cannot create path (LOOM_ERR_IO), stop
+ * when the spans cannot be gathered or written.
+ */
+loom_status loom_trace_start(loom_program *p, const char *path);
+loom_status loom_trace_stop(loom_program *p);
 
 /* The loss of the last run, as f64. */
 double loom_loss(loom_program *p);

@@ -15,6 +15,7 @@
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"
+#include "engine/trace.h"
 
 /* Every op's entry; NULL: the CPU cannot run it (supports_op). */
 static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
@@ -49,12 +50,22 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_ALLREDUCE] = loom_cpu_op_allreduce,
 };
 
+/* Batch norm's workspace needs no context: the table's shape for it. */
+static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
+{
+	(void)c;
+	return loom_cpu_bn_workspace(pl, v, elem);
+}
+
 /* Kernel workspace of the ops that need one, for element size elem. */
 static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_cpu_ctx *, const loom_plan *,
 						loom_value, size_t) = {
 	[LOOM_OP_CONV2D] = loom_cpu_conv_node_ws,
 	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_conv_node_ws,
 	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_conv_node_ws,
+	[LOOM_OP_BATCHNORM2D] = bn_ws,
+	[LOOM_OP_BN_BWD_DATA] = bn_ws,
+	[LOOM_OP_BN_BWD_GAMMA] = bn_ws,
 };
 
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */
@@ -135,7 +146,10 @@ static void cpu_free(void *ctx)
 		return;
 	loom_cpu_conv_unplan(c);
 	free(c->base);
+	free(c->accum_base);
 	free(c->pending);
+	free(c->ar_t0);
+	free(c->ar_seen);
 	free(c);
 }
 
@@ -165,7 +179,9 @@ static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_
 		return st;
 	if (plan->buckets.n > 0) {
 		c->pending = calloc((size_t)plan->buckets.n, sizeof(*c->pending));
-		if (!c->pending)
+		c->ar_t0 = calloc((size_t)plan->buckets.n, sizeof(*c->ar_t0));
+		c->ar_seen = calloc((size_t)plan->buckets.n, 1);
+		if (!c->pending || !c->ar_t0 || !c->ar_seen)
 			return loom_errf(c->err, LOOM_ERR_NOMEM, "out of memory for %d buckets",
 					 plan->buckets.n);
 	}
@@ -196,6 +212,19 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 	c->arena.ws = c->arena.act + plan->mp.act_bytes;
 	c->arena.state = c->arena.ws + plan->ws_bytes;
 	*arena = c->arena;
+	return LOOM_OK;
+}
+
+static loom_status cpu_alloc_accum(void *ctx, const loom_plan *plan, loom_arena *arena)
+{
+	loom_cpu_ctx *c = ctx;
+	size_t bytes = align64(plan->accum_bytes ? plan->accum_bytes : 64);
+	c->accum_base = aligned_alloc(64, bytes);
+	if (!c->accum_base)
+		return loom_errf(c->err, LOOM_ERR_NOMEM,
+				 "cannot allocate %.1f MiB for gradient accumulation", bytes / 1048576.0);
+	memset(c->accum_base, 0, bytes);
+	c->arena.accum = arena->accum = c->accum_base;
 	return LOOM_OK;
 }
 
@@ -271,12 +300,15 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 			   int last, unsigned flags)
 {
 	loom_cpu_ctx *c = ctx;
+	loom_trace *tr = c->trace = ts->trace;
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
+	c->flags = flags;
 	c->seed_scale = ts->scaler.scale;
 	for (int i = first; i < last; i++) {
 		loom_value v = plan->mp.schedule[i];
 		if (loom_made_earlier(plan, v))
 			continue; /* ran with its maker */
+		double t0 = tr ? loom_trace_now() : 0;
 		/* The node, then the values it makes besides its own (on the
 		 * CPU each by its own kernel, right after it). */
 		for (loom_value w = v; w != LOOM_NONE;
@@ -288,6 +320,8 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 			    !all_finite(c, plan, w))
 				ts->first_nonfinite = w;
 		}
+		if (tr && cpu_ops[plan->g->nodes[v].op] != loom_cpu_op_nothing)
+			loom_trace_add(tr, LOOM_SPAN_NODE, v, 0, t0, loom_trace_now());
 		/* MPI moves a non-blocking all-reduce only inside its calls:
 		 * give the outstanding ones a turn between nodes of backward. */
 		if (c->n_pending) {
@@ -296,12 +330,19 @@ static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *t
 				return st;
 		}
 	}
+	/* Gradient accumulation without buckets: every gradient, once
+	 * backward has made them all. */
+	if ((flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)) && plan->buckets.n == 0 &&
+	    last == plan->mp.nschedule && last > first)
+		for (int s = 0; s < plan->n_accum; s++)
+			loom_cpu_accum(c, plan, s, (flags & LOOM_EXEC_FOLD) != 0);
 	return LOOM_OK;
 }
 
 static loom_status cpu_optim_step(void *ctx, const loom_plan *plan, loom_train_state *ts)
 {
 	loom_cpu_ctx *c = ctx;
+	c->trace = ts->trace;
 	loom_status st = loom_cpu_comm_wait_all(c, plan);
 	return st != LOOM_OK ? st : loom_optim_step_host(plan, &c->arena, ts);
 }
@@ -310,7 +351,7 @@ static loom_status cpu_optim_step(void *ctx, const loom_plan *plan, loom_train_s
  * GRAD run's gradients are complete only once they end). */
 static loom_status cpu_synchronize(void *ctx, const loom_plan *plan, loom_train_state *ts)
 {
-	(void)ts;
+	((loom_cpu_ctx *)ctx)->trace = ts->trace;
 	return loom_cpu_comm_wait_all(ctx, plan);
 }
 
@@ -339,6 +380,7 @@ const loom_backend loom_cpu_backend = {
 	.synchronize = cpu_synchronize,
 	.event_record = cpu_event,
 	.event_wait = cpu_event,
+	.alloc_accum = cpu_alloc_accum,
 	.capture = NULL,
 	.replay = NULL,
 	.fuses_relu_pool = 1,

@@ -5,6 +5,8 @@
  * LOOM_CPU_BN_BLOCK values accumulate in T across SIMD lanes (fast, and a few
  * hundred floats lose nothing that matters), the block sums in double. Two
  * passes for the variance so that a large mean does not cancel it away.
+ * The *_apply kernels and loom_cpu_bn_local_sums are synchronised batch
+ * norm's halves (ops_bn.c): statistics summed over every rank in between.
  */
 
 /* Sum of channel ch over the batch, double accumulator. */
@@ -108,31 +110,81 @@ void LOOM_CPU_FN(loom_cpu_channel_sum)(int n, int c, int64_t hw, const T *x, T *
 		out[ch] = (T)LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch);
 }
 
+/* Training forward of channel ch from its batch mean and biased variance:
+ * the affine, then the running statistics (unbias: m / (m - 1)). */
+static void LOOM_CPU_FN(bn_chan_train)(int n, int c, int64_t hw, const T *x, const T *gamma,
+				       const T *beta, T *running_mean, T *running_var,
+				       double momentum, double eps, int ch, double mean,
+				       double var, double unbias, T *y)
+{
+	double g = gamma ? gamma[ch] : 1, bt = beta ? beta[ch] : 0;
+	double scale = g / sqrt(var + eps);
+	LOOM_CPU_FN(bn_chan_affine)(n, c, hw, x, ch, (T)scale, (T)(bt - mean * scale), y);
+	if (running_mean)
+		running_mean[ch] = (T)((1 - momentum) * running_mean[ch] + momentum * mean);
+	if (running_var)
+		running_var[ch] = (T)((1 - momentum) * running_var[ch] + momentum * var * unbias);
+}
+
+/* PyTorch stores the unbiased variance; with one value per channel that is
+ * undefined, so the biased one is kept rather than a division by 0. */
+static double LOOM_CPU_FN(bn_unbias)(double m)
+{
+	return m > 1 ? m / (m - 1) : 1;
+}
+
 void LOOM_CPU_FN(loom_cpu_bn_fwd_train)(int n, int c, int64_t hw, const T *x,
 					const T *gamma, const T *beta, T *running_mean,
 					T *running_var, double momentum, double eps, T *y)
 {
-	const double m = (double)n * hw;
-	/* PyTorch stores the unbiased variance; with one value per channel that
-	 * is undefined, so the biased one is kept rather than a division by 0. */
-	const double unbias = m > 1 ? m / (m - 1) : 1;
+	const double unbias = LOOM_CPU_FN(bn_unbias)((double)n * hw);
 
 #pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
 	for (int ch = 0; ch < c; ch++) {
 		double mean, var;
 		LOOM_CPU_FN(bn_chan_stats)(n, c, hw, x, ch, &mean, &var);
-		double g = gamma ? gamma[ch] : 1, bt = beta ? beta[ch] : 0;
-		double scale = g / sqrt(var + eps);
-		LOOM_CPU_FN(bn_chan_affine)(n, c, hw, x, ch, (T)scale,
-					    (T)(bt - mean * scale), y);
-		if (running_mean)
-			running_mean[ch] = (T)((1 - momentum) * running_mean[ch] + momentum * mean);
-		if (running_var)
-			running_var[ch] = (T)((1 - momentum) * running_var[ch] +
-					      momentum * var * unbias);
+		LOOM_CPU_FN(bn_chan_train)(n, c, hw, x, gamma, beta, running_mean, running_var,
+					   momentum, eps, ch, mean, var, unbias, y);
 	}
 }
 
+void LOOM_CPU_FN(loom_cpu_bn_fwd_apply)(int n, int c, int64_t hw, const T *x,
+					const T *gamma, const T *beta, T *running_mean,
+					T *running_var, double momentum, double eps,
+					const double *mean, const double *var, double count, T *y)
+{
+	const double unbias = LOOM_CPU_FN(bn_unbias)(count);
+
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++)
+		LOOM_CPU_FN(bn_chan_train)(n, c, hw, x, gamma, beta, running_mean, running_var,
+					   momentum, eps, ch, mean[ch], var[ch], unbias, y);
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_local_sums)(int n, int c, int64_t hw, const T *x, const T *dy,
+					 double *sx, double *sxx, double *sdy, double *sdyx)
+{
+	const double m = (double)n * hw;
+
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++) {
+		double mean, var, a = 0, b = 0;
+		if (dy)
+			LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &a, &b);
+		else
+			LOOM_CPU_FN(bn_chan_stats)(n, c, hw, x, ch, &mean, &var);
+		/* The centred sums are about mt, the mean rounded to T:
+		 * sum x^2 = sum (x - mt)^2 + mt (2 sum x - m mt), and
+		 * sum dy x = sum dy (x - mt) + mt sum dy, both exact algebra. */
+		const double mt = (double)(T)mean;
+		sx[ch] = mean * m;
+		sxx[ch] = var * m + mt * (2 * mean - mt) * m;
+		if (dy) {
+			sdy[ch] = a;
+			sdyx[ch] = b + mt * a;
+		}
+	}
+}
 void LOOM_CPU_FN(loom_cpu_bn_fwd_eval)(int n, int c, int64_t hw, const T *x,
 				       const T *gamma, const T *beta,
 				       const T *running_mean, const T *running_var,
@@ -147,6 +199,29 @@ void LOOM_CPU_FN(loom_cpu_bn_fwd_eval)(int n, int c, int64_t hw, const T *x,
 	}
 }
 
+/* dx of channel ch from the batch's mean, biased variance, sum dy and sum
+ * dy (x - mean) over m values. */
+static void LOOM_CPU_FN(bn_chan_dx)(int n, int c, int64_t hw, const T *x, const T *gamma,
+				    const T *dy, double eps, int ch, double mean, double var,
+				    double sdy, double sdyx, double m, T *dx)
+{
+	double istd = 1 / sqrt(var + eps);
+	double k = (gamma ? gamma[ch] : 1) * istd;
+	/* dx = k (dy - mean(dy) - xhat mean(dy xhat)), folded into
+	 * dx = dy * a + x * b + d so the pass is one fma chain. */
+	double bb = -k * (sdyx / m) * istd * istd;
+	double d = -k * (sdy / m) - bb * mean;
+	T a = (T)k, b = (T)bb, dd = (T)d;
+	for (int i = 0; i < n; i++) {
+		int64_t o = ((int64_t)i * c + ch) * hw;
+		const T *xp = x + o, *dp = dy + o;
+		T *op = dx + o;
+#pragma omp simd
+		for (int64_t j = 0; j < hw; j++)
+			op[j] = dp[j] * a + xp[j] * b + dd;
+	}
+}
+
 void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
 				       const T *gamma, const T *dy, double eps, T *dx)
 {
@@ -156,22 +231,21 @@ void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
 	for (int ch = 0; ch < c; ch++) {
 		double mean, var, sdy, sdyx;
 		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
-		double istd = 1 / sqrt(var + eps);
-		double k = (gamma ? gamma[ch] : 1) * istd;
-		/* dx = k (dy - mean(dy) - xhat mean(dy xhat)), folded into
-		 * dx = dy * a + x * b + d so the pass is one fma chain. */
-		double bb = -k * (sdyx / m) * istd * istd;
-		double d = -k * (sdy / m) - bb * mean;
-		T a = (T)k, b = (T)bb, dd = (T)d;
-		for (int i = 0; i < n; i++) {
-			int64_t o = ((int64_t)i * c + ch) * hw;
-			const T *xp = x + o, *dp = dy + o;
-			T *op = dx + o;
-#pragma omp simd
-			for (int64_t j = 0; j < hw; j++)
-				op[j] = dp[j] * a + xp[j] * b + dd;
-		}
+		LOOM_CPU_FN(bn_chan_dx)(n, c, hw, x, gamma, dy, eps, ch, mean, var, sdy, sdyx,
+					m, dx);
 	}
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_bwd_data_apply)(int n, int c, int64_t hw, const T *x,
+					     const T *gamma, const T *dy, double eps,
+					     const double *mean, const double *var,
+					     const double *sdy, const double *sdyx,
+					     double count, T *dx)
+{
+#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
+	for (int ch = 0; ch < c; ch++)
+		LOOM_CPU_FN(bn_chan_dx)(n, c, hw, x, gamma, dy, eps, ch, mean[ch], var[ch],
+					sdy[ch], sdyx[ch], count, dx);
 }
 
 void LOOM_CPU_FN(loom_cpu_bn_bwd_gamma)(int n, int c, int64_t hw, const T *x,

@@ -72,6 +72,30 @@ void loom_cpu_bn_bwd_gamma_f32(int n, int c, int64_t hw, const float *x, const f
 	PICK(loom_cpu_bn_bwd_gamma)(n, c, hw, x, dy, eps, dgamma);
 }
 
+void loom_cpu_bn_local_sums_f32(int n, int c, int64_t hw, const float *x, const float *dy,
+				double *sx, double *sxx, double *sdy, double *sdyx)
+{
+	PICK(loom_cpu_bn_local_sums)(n, c, hw, x, dy, sx, sxx, sdy, sdyx);
+}
+
+void loom_cpu_bn_fwd_apply_f32(int n, int c, int64_t hw, const float *x, const float *gamma,
+			       const float *beta, float *running_mean, float *running_var,
+			       double momentum, double eps, const double *mean, const double *var,
+			       double count, float *y)
+{
+	PICK(loom_cpu_bn_fwd_apply)(n, c, hw, x, gamma, beta, running_mean, running_var,
+				    momentum, eps, mean, var, count, y);
+}
+
+void loom_cpu_bn_bwd_data_apply_f32(int n, int c, int64_t hw, const float *x,
+				    const float *gamma, const float *dy, double eps,
+				    const double *mean, const double *var, const double *sdy,
+				    const double *sdyx, double count, float *dx)
+{
+	PICK(loom_cpu_bn_bwd_data_apply)(n, c, hw, x, gamma, dy, eps, mean, var, sdy, sdyx,
+					 count, dx);
+}
+
 void loom_cpu_maxpool2d_fwd_f32(const loom_pool_shape *s, const float *x, float *y)
 {
 	PICK(loom_cpu_maxpool2d_fwd)(s, x, y);

@@ -48,6 +48,26 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
 	/* dgamma[c] = sum dy * xhat; dbeta is loom_cpu_channel_sum of dy */           \
 	void loom_cpu_bn_bwd_gamma_##SFX(int n, int c, int64_t hw, const T *x,          \
 					 const T *dy, double eps, T *dgamma);           \
+	/* Synchronised batch norm, this rank's part: per channel the sums of x and  */ \
+	/* x^2 (from centred sums) and, with dy (else NULL, sdy and sdyx unused),   */ \
+	/* of dy and dy * x, in double */                                             \
+	void loom_cpu_bn_local_sums_##SFX(int n, int c, int64_t hw, const T *x,         \
+					  const T *dy, double *sx, double *sxx,         \
+					  double *sdy, double *sdyx);                   \
+	/* Training forward from given per-channel mean and biased variance over    */ \
+	/* count values (the running variance is unbiased with count) */              \
+	void loom_cpu_bn_fwd_apply_##SFX(int n, int c, int64_t hw, const T *x,          \
+					 const T *gamma, const T *beta, T *running_mean, \
+					 T *running_var, double momentum, double eps,   \
+					 const double *mean, const double *var,         \
+					 double count, T *y);                           \
+	/* dx from given per-channel mean, biased variance, sum dy and              */ \
+	/* sum dy * (x - mean) over count values */                                   \
+	void loom_cpu_bn_bwd_data_apply_##SFX(int n, int c, int64_t hw, const T *x,     \
+					      const T *gamma, const T *dy, double eps,  \
+					      const double *mean, const double *var,    \
+					      const double *sdy, const double *sdyx,    \
+					      double count, T *dx);                     \
 	/* Max pooling; padding never wins; ties go to the first element (PyTorch) */  \
 	void loom_cpu_maxpool2d_fwd_##SFX(const loom_pool_shape *s, const T *x, T *y);  \
 	void loom_cpu_maxpool2d_bwd_##SFX(const loom_pool_shape *s, const T *x,         \

@@ -25,6 +25,13 @@ typedef struct loom_cpu_ctx {
 	 * or NULL where the node runs loom's im2col kernels (ops_conv.c). */
 	loom_cpu_dnnl_conv **conv;
 	int n_conv;
+	unsigned flags;              /* this run's LOOM_EXEC_* */
+	unsigned char *accum_base;   /* the allocation behind arena.accum */
+	/* The trace being recorded (else NULL) and, per bucket, when its
+	 * all-reduce started and whether it was already seen complete. */
+	struct loom_trace *trace;
+	double *ar_t0;
+	unsigned char *ar_seen;
 	char err[LOOM_ERR_MAX];
 } loom_cpu_ctx;
 
@@ -89,6 +96,9 @@ loom_status loom_cpu_op_bn_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, l
 			const loom_cpu_io *io);
 loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
+/* Bytes of workspace a batch-norm node needs: its per-channel sums when it
+ * is synchronised over the ranks, else none. */
+size_t loom_cpu_bn_workspace(const loom_plan *plan, loom_value v, size_t elem);
 
 /* ops_pool.c */
 loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -137,6 +147,9 @@ void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, i
  * optimizer (loom_cpu_comm_wait_all) waits for it. */
 loom_status loom_cpu_op_allreduce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
+/* Gradient accumulation on segment s of plan->accum: add it into its sum,
+ * or (fold) add the sum into it and clear the sum. */
+void loom_cpu_accum(loom_cpu_ctx *ctx, const loom_plan *plan, int s, int fold);
 /* Drives every outstanding all-reduce without blocking. */
 loom_status loom_cpu_comm_progress(loom_cpu_ctx *ctx, const loom_plan *plan);
 /* Waits for every outstanding all-reduce (the group's timeout applies). */

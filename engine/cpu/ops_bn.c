@@ -1,10 +1,14 @@
 /*
  * engine/cpu/ops_bn.c — the CPU entries of batch norm (forward in training
  * and eval mode, with the relu graph/fuse.c may fold into it; the data and
- * gamma gradients) and of the per-channel sum
- * that makes beta's and a conv bias's gradient.
+ * gamma gradients, each optionally synchronised over the ranks) and of the
+ * per-channel sum that makes beta's and a conv bias's gradient.
  */
+#include <math.h>
+
+#include "comm/comm.h"
 #include "engine/cpu/ops.h"
+#include "graph/ops/ops.h"
 
 /* x [N, C, H, W] as batch norm's kernels take it. */
 static void nchw(const loom_plan *plan, const loom_node *n, int *nb, int *c, int64_t *hw)
@@ -15,6 +19,53 @@ static void nchw(const loom_plan *plan, const loom_node *n, int *nb, int *c, int
 	*hw = x->shape.dims[2] * x->shape.dims[3];
 }
 
+/*
+ * Synchronised batch norm (n->a.bn.sync) keeps its per-channel sums in the
+ * node's workspace, in double: [count | sum x | sum x^2 | sum dy | sum dy x],
+ * c values each after the count. The first `reduce` of them are summed over
+ * the ranks (one blocking all-reduce), then the sums of x become the global
+ * mean and biased variance in place.
+ */
+typedef struct bn_sums {
+	double *count, *mean, *var, *sdy, *sdyx;
+} bn_sums;
+
+size_t loom_cpu_bn_workspace(const loom_plan *plan, loom_value v, size_t elem)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	(void)elem;
+	if (!n->a.bn.sync)
+		return 0;
+	return sizeof(double) * (1 + 4 * (size_t)plan->g->nodes[n->src[0]].shape.dims[1]);
+}
+
+static loom_status bn_sync_sums(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cpu_io *io, const void *dy, size_t reduce, bn_sums *s)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	int nb, c;
+	int64_t hw;
+	nchw(plan, n, &nb, &c, &hw);
+	double *w = io->ws;
+	*s = (bn_sums){ w, w + 1, w + 1 + c, w + 1 + 2 * c, w + 1 + 3 * c };
+	*s->count = (double)nb * hw;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_local_sums, nb, c, hw, io->src[0],
+			  dy, s->mean, s->var, s->sdy, s->sdyx);
+	loom_status st = loom_comm_allreduce(plan->comm, w, 1 + reduce * (size_t)c, LOOM_F64);
+	if (st != LOOM_OK)
+		return loom_errf(ctx->err, st, "%s node %d: all-reduce of its statistics: %s",
+				 loom_op_defs[n->op]->name, (int)v, loom_pg_error(plan->comm->pg));
+	for (int ch = 0; ch < c; ch++) {
+		double mean = s->mean[ch] / *s->count;
+		/* sum x^2 came from centred sums: the difference keeps the
+		 * variance unless the mean is ~1e8 standard deviations away. */
+		double var = s->var[ch] / *s->count - mean * mean;
+		s->mean[ch] = mean;
+		s->var[ch] = var > 0 ? var : 0;
+	}
+	return LOOM_OK;
+}
+
 loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cpu_io *io)
 {
@@ -23,43 +74,83 @@ loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 	int nb, c;
 	int64_t hw;
 	nchw(plan, n, &nb, &c, &hw);
-	if (ctx->train)
+	if (ctx->train && n->a.bn.sync) {
+		bn_sums s;
+		loom_status st = bn_sync_sums(ctx, plan, v, io, NULL, 2, &s);
+		if (st != LOOM_OK)
+			return st;
+		LOOM_CPU_DISPATCH(dt, loom_cpu_bn_fwd_apply, nb, c, hw, io->src[0], io->src[1],
+				  io->src[2], io->src[3], io->src[4], n->a.bn.momentum, n->a.bn.eps,
+				  s.mean, s.var, *s.count, io->out);
+	} else if (ctx->train) {
 		LOOM_CPU_DISPATCH(dt, loom_cpu_bn_fwd_train, nb, c, hw, io->src[0], io->src[1],
 				  io->src[2], io->src[3], io->src[4], n->a.bn.momentum, n->a.bn.eps,
 				  io->out);
-	else
+	} else {
 		LOOM_CPU_DISPATCH(dt, loom_cpu_bn_fwd_eval, nb, c, hw, io->src[0], io->src[1],
 				  io->src[2], io->src[3], io->src[4], n->a.bn.eps, io->out);
+	}
 	if (n->a.bn.relu) /* fused (graph/fuse.c), before any rounding to half */
 		LOOM_CPU_DISPATCH(dt, loom_cpu_relu_fwd, loom_shape_numel(&n->shape), io->out,
 				  io->out);
 	return LOOM_OK;
 }
 
+/* Both backward entries: dx from (x, gamma, dy), or dgamma from (x, dy). With
+ * sync, dx needs the global sums of dy and dy xhat too, dgamma only the
+ * global statistics (its own sum stays this rank's: the gradient buckets sum
+ * it over the ranks, as every parameter's). */
+static loom_status bn_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			  const loom_cpu_io *io, int want_dx)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	loom_dtype dt = loom_cpu_kernel_dtype(n);
+	const void *x = io->src[0], *gamma = want_dx ? io->src[1] : NULL;
+	const void *dy = io->src[want_dx ? 2 : 1];
+	int nb, c;
+	int64_t hw;
+	nchw(plan, n, &nb, &c, &hw);
+	if (!n->a.bn.sync) {
+		if (want_dx)
+			LOOM_CPU_DISPATCH(dt, loom_cpu_bn_bwd_data, nb, c, hw, x, gamma, dy,
+					  n->a.bn.eps, io->out);
+		else
+			LOOM_CPU_DISPATCH(dt, loom_cpu_bn_bwd_gamma, nb, c, hw, x, dy, n->a.bn.eps,
+					  io->out);
+		return LOOM_OK;
+	}
+	bn_sums s;
+	loom_status st = bn_sync_sums(ctx, plan, v, io, dy, want_dx ? 4 : 2, &s);
+	if (st != LOOM_OK)
+		return st;
+	/* sum dy (x - mean) from sum dy x, about the global mean. */
+	for (int ch = 0; ch < c; ch++)
+		s.sdyx[ch] -= s.mean[ch] * s.sdy[ch];
+	if (want_dx) {
+		LOOM_CPU_DISPATCH(dt, loom_cpu_bn_bwd_data_apply, nb, c, hw, x, gamma, dy,
+				  n->a.bn.eps, s.mean, s.var, s.sdy, s.sdyx, *s.count, io->out);
+		return LOOM_OK;
+	}
+	for (int ch = 0; ch < c; ch++) {
+		double dg = s.sdyx[ch] / sqrt(s.var[ch] + n->a.bn.eps);
+		if (dt == LOOM_F64)
+			((double *)io->out)[ch] = dg;
+		else
+			((float *)io->out)[ch] = (float)dg;
+	}
+	return LOOM_OK;
+}
+
 loom_status loom_cpu_op_bn_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cpu_io *io)
 {
-	const loom_node *n = &plan->g->nodes[v];
-	int nb, c;
-	int64_t hw;
-	(void)ctx;
-	nchw(plan, n, &nb, &c, &hw);
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_bwd_data, nb, c, hw, io->src[0],
-			  io->src[1], io->src[2], n->a.bn.eps, io->out);
-	return LOOM_OK;
+	return bn_bwd(ctx, plan, v, io, 1);
 }
 
 loom_status loom_cpu_op_bn_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				     const loom_cpu_io *io)
 {
-	const loom_node *n = &plan->g->nodes[v];
-	int nb, c;
-	int64_t hw;
-	(void)ctx;
-	nchw(plan, n, &nb, &c, &hw);
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_bwd_gamma, nb, c, hw, io->src[0],
-			  io->src[1], n->a.bn.eps, io->out);
-	return LOOM_OK;
+	return bn_bwd(ctx, plan, v, io, 0);
 }
 
 loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,

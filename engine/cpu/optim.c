@@ -122,13 +122,13 @@ static void update_slot(const loom_plan *pl, const loom_arena *a, const loom_tra
 loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts)
 {
 	/* The scale the gradients were multiplied by, before the update below
-	 * may grow it: unscaling by the new one would halve this step. */
-	double inv = 1.0 / ts->scaler.scale;
-	/* Data parallel: the buckets hold the sum over the ranks; averaging is
+	 * may grow it: unscaling by the new one would halve this step.
+	 * Data parallel: the buckets hold the sum over the ranks; averaging is
 	 * folded into the unscale. An overflow on any rank is an inf/NaN in
-	 * every rank's sum, so every rank skips the same steps. */
-	if (pl->world > 1)
-		inv = 1.0 / (ts->scaler.scale * pl->world);
+	 * every rank's sum, so every rank skips the same steps. Gradient
+	 * accumulation: the sum over micro + 1 micro-steps, averaged the same
+	 * way; an overflow in any of them is in the sum too. */
+	double inv = 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
 	if (pl->scaling && !loom_scaler_update(&ts->scaler, !grads_finite(pl, a)))
 		return LOOM_OK;
 	for (int s = 0; s < pl->n_params; s++)

@@ -418,6 +418,8 @@ static void cuda_free(void *ctx)
 	free(c->pending);
 	if (c->base)
 		(void)cudaFree(c->base);
+	if (c->accum_base)
+		(void)cudaFree(c->accum_base);
 	if (c->pinned)
 		(void)cudaFreeHost(c->pinned);
 	if (c->ctl_stage)
@@ -673,6 +675,7 @@ static loom_status cuda_run(void *ctx, const loom_plan *p, loom_train_state *ts,
 	loom_status st;
 
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
+	c->flags = flags;
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	if (c->poison && (st = poison_outputs(c, p, first, last)) != LOOM_OK)
@@ -699,7 +702,29 @@ static loom_status cuda_run(void *ctx, const loom_plan *p, loom_train_state *ts,
 			}
 		}
 	}
+	/* Gradient accumulation without buckets: every gradient, once
+	 * backward has made them all. */
+	if ((flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)) && p->buckets.n == 0 &&
+	    last == p->mp.nschedule && last > first)
+		for (int s = 0; s < p->n_accum; s++)
+			if ((st = loom_cuda_accum(c, p, s, (flags & LOOM_EXEC_FOLD) != 0)) != LOOM_OK)
+				return st;
 	return diagnose ? diagnose_verdict(c, ts) : LOOM_OK;
+}
+
+static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *arena)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	size_t bytes = p->accum_bytes ? p->accum_bytes : 64;
+	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->accum_base, bytes), c->err,
+					 sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->accum_base, 0, bytes, c->stream), c->err,
+				     sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	c->arena.accum = arena->accum = c->accum_base;
+	return LOOM_OK;
 }
 
 static loom_status cuda_optim_step(void *ctx, const loom_plan *p, loom_train_state *ts)
@@ -708,7 +733,7 @@ static loom_status cuda_optim_step(void *ctx, const loom_plan *p, loom_train_sta
 	loom_status st = loom_cuda_comm_wait_all(c, p);
 	if (st == LOOM_OK)
 		st = push_host_state(c, ts);
-	return st != LOOM_OK ? st : loom_cuda_optim_launch(c, p, ts->lr, c->stream);
+	return st != LOOM_OK ? st : loom_cuda_optim_launch(c, p, ts->lr, ts->micro, c->stream);
 }
 
 static const loom_backend loom_cuda_backend = {
@@ -727,6 +752,7 @@ static const loom_backend loom_cuda_backend = {
 	/* .synchronize = */ cuda_synchronize,
 	/* .event_record = */ cuda_event_record,
 	/* .event_wait = */ cuda_event_wait,
+	/* .alloc_accum = */ cuda_alloc_accum,
 	/* .capture = */ NULL, /* the GPU-step issue */
 	/* .replay = */ NULL,
 	/* .fuses_relu_pool = */ 1,

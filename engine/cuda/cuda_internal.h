@@ -156,6 +156,8 @@ typedef struct loom_cuda_ctx {
 	/* Per gradient bucket: its all-reduce while in flight (comm.cu). */
 	struct loom_comm_work **pending;
 	int n_pending;
+	unsigned flags;            /* the current run's LOOM_EXEC_* */
+	unsigned char *accum_base; /* gradient accumulation's sums (arena.accum), or NULL */
 } loom_cuda_ctx;
 
 /* Test hook state (cuda_backend.h). */
@@ -217,6 +219,9 @@ loom_status loom_cuda_op_allreduce(loom_cuda_ctx *ctx, const loom_plan *plan, lo
 				   const loom_cuda_io *io);
 /* Waits for every outstanding all-reduce (the group's timeout applies). */
 loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *ctx, const loom_plan *plan);
+/* Gradient accumulation on segment s of plan->accum, on the compute stream:
+ * add it into its sum, or (fold) add the sum into it and clear the sum. */
+loom_status loom_cuda_accum(loom_cuda_ctx *ctx, const loom_plan *plan, int s, int fold);
 /* loss.cu */
 loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io);
@@ -309,7 +314,7 @@ loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int class
 /* optim.cu: the fused check, decision and update over every parameter
  * (errors into c->err). */
 loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-				   cudaStream_t s);
+				   int micro, cudaStream_t s);
 }
 
 /* ------------------------------------------------------------ libraries */

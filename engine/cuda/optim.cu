@@ -38,13 +38,12 @@ __global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
  * optimizer. The inverse scale is the one the gradients were scaled by,
  * taken before the update may grow or shrink it (as the CPU does).
  */
-__global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int world)
+__global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int world, int micro)
 {
 	int apply = 1;
-	double inv = 1.0 / (double)ctl->scaler.scale;
-	/* Data parallel: the buckets hold the sum over the ranks (engine/cpu/optim.c). */
-	if (world > 1)
-		inv = 1.0 / ((double)ctl->scaler.scale * world);
+	/* Data parallel: the buckets hold the sum over the ranks; gradient
+	 * accumulation: over micro + 1 micro-steps (engine/cpu/optim.c). */
+	double inv = 1.0 / ((double)ctl->scaler.scale * world * (micro + 1));
 	if (ctl->ce_node != -1) {
 		ctl->found_inf = 0;
 		ctl->apply = 0;
@@ -117,7 +116,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 static const int threads = 256;
 
 extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-						 cudaStream_t s)
+						 int micro, cudaStream_t s)
 {
 	loom_status st;
 	unsigned blocks = c->n_chunks < 65535 ? (unsigned)(c->n_chunks > 0 ? c->n_chunks : 1) : 65535;
@@ -128,7 +127,7 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 			return st;
 	}
-	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world);
+	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 		return st;
 	if (c->n_chunks == 0)

@@ -13,6 +13,7 @@
 
 #include "comm/comm.h"
 #include "comm/launch.h"
+#include "examples/models.h"
 #include "loom.h"
 
 #define IN 20
@@ -96,10 +97,13 @@ static void build(model *m, int batch, int conv)
 	m->loss = loom_softmax_cross_entropy(g, h, y);
 }
 
+static int sync_bn; /* compile() sets loom_compile_opts.sync_bn */
+
 static loom_status compile(model *m, loom_pg *pg, loom_opt_level level, double lr)
 {
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
+	o.sync_bn = sync_bn;
 	o.device = LOOM_DEVICE_CPU;
 	o.optim.lr = lr;
 	o.optim.momentum = 0.9;
@@ -183,8 +187,8 @@ static int identical(loom_pg *pg, const char *lv, int conv)
 	}
 	loom_program_info info;
 	loom_program_info_get(m.p, &info);
-	printf("rank %d: OK identical %s %s world %d steps 8 loss %.6f\n", rank, lv,
-	       conv ? "convnet" : "mlp", world, loom_loss(m.p));
+	printf("rank %d: OK identical %s %s%s world %d steps 8 loss %.6f\n", rank, lv,
+	       conv ? "convnet" : "mlp", sync_bn ? " sync_bn" : "", world, loom_loss(m.p));
 	loom_program_free(m.p);
 	loom_graph_free(m.g);
 	return 0;
@@ -325,6 +329,365 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 	return same == 1 ? 0 : 1;
 }
 
+/* ------------------------------------------------------- sync batch norm */
+
+/* examples/models.h's ConvNet at batch b, compiled for SGD (no momentum). */
+static loom_status convnet(model *m, int b, loom_pg *pg, int sync)
+{
+	memset(m, 0, sizeof(*m));
+	m->batch = b;
+	loom_graph_new(&m->g);
+	loom_graph_set_seed(m->g, 11);
+	m->loss = loom_model_convnet(m->g, b, NULL);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	/* Small steps: at lr 0.05 a max-pool's choice flips between two
+	 * nearly equal values within 20 steps and the rounding-level
+	 * difference of the two runs jumps to 1e-3. */
+	o.optim.lr = 0.01;
+	o.pg = pg;
+	o.sync_bn = sync;
+	o.bucket_cap_mb = 0.05;
+	o.first_bucket_mb = 0.01;
+	return loom_compile(m->g, m->loss, &o, &m->p);
+}
+
+/* Rows [r*b, (r+1)*b) of global step `step`'s batch of w*b images; each
+ * image gets its own offset and scale so that the ranks' batch statistics
+ * differ from the global ones. */
+static loom_status feed_convnet(model *m, int step, int r, int w)
+{
+	int b = m->batch, n = 28 * 28;
+	float *x = malloc(sizeof(float) * (size_t)b * n);
+	int32_t y[64];
+	for (int i = 0; i < b; i++) {
+		long idx = (long)step * w * b + (long)r * b + i;
+		uint32_t u = (uint32_t)idx * 2654435761u + 12345u;
+		for (int j = 0; j < n; j++) {
+			u = u * 1664525u + 1013904223u;
+			double z = (double)(u >> 8) / 8388608.0 - 1.0;
+			x[i * n + j] = (float)((1 + 0.5 * (idx % 4)) * z + 0.3 * (idx % 5));
+		}
+		y[i] = (int32_t)(idx % CLASSES);
+	}
+	loom_status st = loom_set_input(m->p, "image", x, LOOM_F32, (size_t)b * n);
+	if (st == LOOM_OK)
+		st = loom_set_input(m->p, "label", y, LOOM_I32, (size_t)b);
+	free(x);
+	return st;
+}
+
+/* The largest relative difference over every parameter and buffer (the
+ * values of the same shape in both graphs that both programs keep, bar the
+ * loss); *n gets how many were compared. */
+static double max_rel_diff(model *a, model *b, int *n)
+{
+	double worst = 0;
+	*n = 0;
+	for (loom_value v = 0; loom_value_dtype(a->g, v) != LOOM_DTYPE_COUNT; v++) {
+		loom_shape sa = loom_value_shape(a->g, v), sb = loom_value_shape(b->g, v);
+		if (v == a->loss || sa.ndim != sb.ndim || memcmp(sa.dims, sb.dims, sizeof(int64_t) * sa.ndim))
+			continue;
+		int64_t k = 1;
+		for (int i = 0; i < sa.ndim; i++)
+			k *= sa.dims[i];
+		double *da = malloc(sizeof(double) * k), *db = malloc(sizeof(double) * k);
+		if (loom_read_f64(a->p, v, da, k) == LOOM_OK && loom_read_f64(b->p, v, db, k) == LOOM_OK) {
+			double diff = 0, mag = 0;
+			for (int64_t i = 0; i < k; i++) {
+				diff = fmax(diff, fabs(da[i] - db[i]));
+				mag = fmax(mag, fabs(db[i]));
+			}
+			worst = fmax(worst, mag > 0 ? diff / mag : diff);
+			(*n)++;
+		}
+		free(da);
+		free(db);
+	}
+	return worst;
+}
+
+/* The ConvNet at N ranks x batch 4 against one process at batch 4N on the
+ * same images, 20 SGD steps at O0: with sync_bn the parameters and running
+ * statistics agree within 1e-5 relative; without, batch norm sees only
+ * each rank's images and they must differ (so this test can fail). */
+static int syncbn_equiv(loom_pg *pg, int sync)
+{
+	model d, one;
+	int B = 4;
+	loom_status st = convnet(&d, B, pg, sync);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	if ((st = convnet(&one, B * world, NULL, 0)))
+		return fail("compile (one process)", st, loom_last_error());
+	for (int s = 0; s < 20; s++) {
+		if ((st = feed_convnet(&d, s, rank, world)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
+			return fail("step", st, loom_program_error(d.p));
+		if ((st = feed_convnet(&one, s, 0, 1)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
+			return fail("step (one process)", st, loom_program_error(one.p));
+	}
+	int n;
+	double worst = max_rel_diff(&d, &one, &n);
+	/* 10 parameters and 4 running statistics. */
+	int ok = n == 14 && (sync ? worst <= 1e-5 : worst > 1e-3);
+	printf("rank %d: %s syncbn_equiv %s world %d batch %d vs 1 x %d: %d values, max relative "
+	       "difference %.3g\n",
+	       rank, ok ? "OK" : "WRONG", sync ? "sync" : "nosync", world, B, B * world, n, worst);
+	return ok ? 0 : 1;
+}
+
+/*
+ * Sync batch norm's gradient against central differences of the global
+ * loss (the sum of every rank's loss). Rank r's batch is parameter X_r
+ * ([N, C*H*W], f64), selected by an input: x = sum over q of sel_q X_q with
+ * sel_q the identity on rank q and 0 elsewhere, so every rank has the same
+ * graph and X_q is read by rank q alone: d(global loss)/dX_q, summed over
+ * the ranks by the gradient buckets, is rank q's input gradient. Then
+ * y = batchnorm(x as [N, C, H, W]), loss = sum(gelu(y)).
+ */
+#define GN 3
+#define GC 2
+#define GHW 9
+
+static double global_loss(loom_program *p, loom_comm *host, loom_status *st)
+{
+	double l = 0;
+	if ((*st = loom_run(p, LOOM_RUN_FORWARD)) != LOOM_OK)
+		return 0;
+	l = loom_loss(p);
+	*st = loom_comm_allreduce(host, &l, 1, LOOM_F64);
+	return l;
+}
+
+/* Central difference of the global loss along element i of v (every rank
+ * moves it: a shared parameter, or an X_q only rank q reads). */
+static double central(loom_program *p, loom_comm *host, loom_value v, double *val, int64_t k,
+		      int64_t i, loom_status *st)
+{
+	const double h = 1e-6;
+	double x0 = val[i], lp, lm;
+	val[i] = x0 + h;
+	if ((*st = loom_write_f64(p, v, val, k)))
+		return 0;
+	lp = global_loss(p, host, st);
+	val[i] = x0 - h;
+	if (*st || (*st = loom_write_f64(p, v, val, k)))
+		return 0;
+	lm = global_loss(p, host, st);
+	val[i] = x0;
+	if (*st || (*st = loom_write_f64(p, v, val, k)))
+		return 0;
+	return (lp - lm) / (2 * h);
+}
+
+static int syncbn_grad(loom_pg *pg)
+{
+	loom_graph *g;
+	loom_program *p = NULL;
+	loom_comm *host = loom_pg_comm(pg, LOOM_COMM_HOST);
+	int64_t xd[2] = { GN, GC * GHW }, sd[2] = { GN, GN }, cd[1] = { GC },
+		x4[4] = { GN, GC, 3, 3 };
+	loom_value X[8], sel[8];
+	char name[32];
+	loom_graph_new(&g);
+	loom_value x = LOOM_NONE;
+	for (int q = 0; q < world; q++) {
+		snprintf(name, sizeof(name), "X%d", q);
+		X[q] = loom_param(g, name, LOOM_F64, 2, xd, LOOM_INIT_ZEROS, 0);
+		snprintf(name, sizeof(name), "sel%d", q);
+		sel[q] = loom_input(g, name, LOOM_F64, 2, sd);
+		loom_value t = loom_matmul(g, sel[q], X[q]);
+		x = q ? loom_add(g, x, t) : t;
+	}
+	loom_value gamma = loom_param(g, "bn.weight", LOOM_F64, 1, cd, LOOM_INIT_ONES, 0);
+	loom_value beta = loom_param(g, "bn.bias", LOOM_F64, 1, cd, LOOM_INIT_ZEROS, 0);
+	loom_value rm = loom_buffer(g, "bn.running_mean", LOOM_F64, 1, cd, LOOM_INIT_ZEROS);
+	loom_value rv = loom_buffer(g, "bn.running_var", LOOM_F64, 1, cd, LOOM_INIT_ONES);
+	loom_value y = loom_batchnorm2d(g, loom_reshape(g, x, 4, x4), gamma, beta, rm, rv, 0.1,
+					1e-5);
+	loom_value loss = loom_sum(g, loom_gelu(g, y));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	o.pg = pg;
+	o.sync_bn = 1;
+	loom_status st = loom_compile(g, loss, &o, &p);
+	if (st)
+		return fail("compile", st, loom_last_error());
+
+	/* Each rank's images: their own scale and offset. Every rank writes
+	 * every X_q the same (X_q is used by rank q only). */
+	double xv[8][GN * GC * GHW], gv[GC] = { 1.3, 0.7 }, bv[GC] = { 0.2, -0.4 };
+	double s[GN * GN];
+	for (int q = 0; q < world; q++) {
+		for (int i = 0; i < GN * GC * GHW; i++)
+			xv[q][i] = (1 + q) * sin(1.7 * i + 0.9 * q) + 0.5 * q;
+		if ((st = loom_write_f64(p, X[q], xv[q], GN * GC * GHW)))
+			return fail("write", st, loom_program_error(p));
+		for (int i = 0; i < GN * GN; i++)
+			s[i] = q == rank && i / GN == i % GN;
+		snprintf(name, sizeof(name), "sel%d", q);
+		if ((st = loom_set_input(p, name, s, LOOM_F64, GN * GN)))
+			return fail("input", st, loom_program_error(p));
+	}
+	if ((st = loom_write_f64(p, gamma, gv, GC)) || (st = loom_write_f64(p, beta, bv, GC)))
+		return fail("write", st, loom_program_error(p));
+	if ((st = loom_run(p, LOOM_RUN_GRAD)))
+		return fail("grad", st, loom_program_error(p));
+
+	/* Elements of two ranks' batches, then gamma and beta. */
+	struct {
+		loom_value v;
+		double *val;
+		int64_t k, i;
+		const char *what;
+	} cases[] = {
+		{ X[0], xv[0], GN * GC * GHW, 0, "X0[0]" },
+		{ X[0], xv[0], GN * GC * GHW, 31, "X0[31]" },
+		{ X[1], xv[1], GN * GC * GHW, 5, "X1[5]" },
+		{ X[world - 1], xv[world - 1], GN * GC * GHW, 50, "Xlast[50]" },
+		{ gamma, gv, GC, 0, "gamma[0]" },
+		{ gamma, gv, GC, 1, "gamma[1]" },
+		{ beta, bv, GC, 0, "beta[0]" },
+		{ beta, bv, GC, 1, "beta[1]" },
+	};
+	double worst = 0, an[GN * GC * GHW];
+	int ncase = (int)(sizeof(cases) / sizeof(cases[0]));
+	for (int c = 0; c < ncase; c++) {
+		if ((st = loom_read_grad_f64(p, cases[c].v, an, cases[c].k)))
+			return fail("read_grad", st, loom_program_error(p));
+		double fd = central(p, host, cases[c].v, cases[c].val, cases[c].k, cases[c].i, &st);
+		if (st)
+			return fail("finite difference", st, loom_program_error(p));
+		double a = an[cases[c].i], err = fabs(fd - a) / fmax(1, fabs(a));
+		if (rank == 0 && err > 1e-6)
+			printf("rank 0: %s analytic %.10g numeric %.10g\n", cases[c].what, a, fd);
+		worst = fmax(worst, err);
+	}
+	int ok = worst <= 1e-6;
+	printf("rank %d: %s syncbn_grad world %d: %d gradients against central differences, "
+	       "worst error %.3g\n",
+	       rank, ok ? "OK" : "WRONG", world, ncase, worst);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return ok ? 0 : 1;
+}
+
+/* The ConvNet's parameters and buffers after 5 steps, hashed. */
+static uint64_t convnet_hash(model *m)
+{
+	uint64_t h = 0;
+	for (loom_value v = 0; loom_value_dtype(m->g, v) != LOOM_DTYPE_COUNT; v++) {
+		loom_shape s = loom_value_shape(m->g, v);
+		int64_t k = 1;
+		for (int i = 0; i < s.ndim; i++)
+			k *= s.dims[i];
+		double *d = malloc(sizeof(double) * k);
+		if (v != m->loss && loom_read_f64(m->p, v, d, k) == LOOM_OK)
+			h = loom_comm_hash(d, sizeof(double) * k, h);
+		free(d);
+	}
+	return h;
+}
+
+/* World 1: sync_bn changes nothing, bit for bit. */
+static int syncbn_world1(loom_pg *pg)
+{
+	model m[2];
+	uint64_t h[2];
+	for (int sync = 0; sync < 2; sync++) {
+		loom_status st = convnet(&m[sync], 4, pg, sync);
+		if (st)
+			return fail("compile", st, loom_last_error());
+		for (int s = 0; s < 5; s++)
+			if ((st = feed_convnet(&m[sync], s, 0, 1)) ||
+			    (st = loom_run(m[sync].p, LOOM_RUN_TRAIN)))
+				return fail("step", st, loom_program_error(m[sync].p));
+		h[sync] = convnet_hash(&m[sync]);
+	}
+	printf("rank %d: %s syncbn_world1 world %d: sync_bn %016llx, plain %016llx\n", rank,
+	       h[0] == h[1] ? "OK" : "DIFFER", world, (unsigned long long)h[1],
+	       (unsigned long long)h[0]);
+	return h[0] == h[1] ? 0 : 1;
+}
+
+/* conv -> batch norm -> relu -> linear (the relu folds into the batch
+ * norm: graph/fuse.c) with sync_bn, with and without the fusion passes:
+ * the fused plan has the synchronised batch norm carry the relu, and both
+ * end 4 steps with the same parameters, bit for bit. */
+static int syncbn_fused(loom_pg *pg)
+{
+	uint64_t h[2];
+	int carried = 0;
+	for (int nofuse = 0; nofuse < 2; nofuse++) {
+		model m;
+		memset(&m, 0, sizeof(m));
+		m.batch = 4;
+		m.conv = 1;
+		loom_graph_new(&m.g);
+		loom_graph_set_seed(m.g, 7);
+		loom_graph *g = m.g;
+		int64_t xd[4] = { 4, 1, 8, 8 }, yd[1] = { 4 }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
+			fw[2] = { CLASSES, 256 }, fb[1] = { CLASSES };
+		loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+		loom_value h1 = loom_conv2d(g, x, param(&m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9),
+					    LOOM_NONE, 1, 1);
+		h1 = loom_batchnorm2d(g, h1, param(&m, "bn.weight", 1, c, LOOM_INIT_ONES, 0),
+				      param(&m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0),
+				      loom_buffer(g, "bn.running_mean", LOOM_F32, 1, c, LOOM_INIT_ZEROS),
+				      loom_buffer(g, "bn.running_var", LOOM_F32, 1, c, LOOM_INIT_ONES),
+				      0.1, 1e-5);
+		h1 = loom_linear(g, loom_flatten(g, loom_relu(g, h1)),
+				 param(&m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 256),
+				 param(&m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 256));
+		m.loss = loom_softmax_cross_entropy(g, h1, loom_input(g, "y", LOOM_I32, 1, yd));
+		loom_compile_opts o;
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.optim.lr = 0.05;
+		o.pg = pg;
+		o.sync_bn = 1;
+		o.no_fusion = nofuse;
+		loom_status st = loom_compile(g, m.loss, &o, &m.p);
+		if (st)
+			return fail("compile", st, loom_last_error());
+		char *dump = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&dump, &len);
+		loom_program_dump(m.p, f);
+		fclose(f);
+		for (char *l = strtok(dump, "\n"); l; l = strtok(NULL, "\n"))
+			carried += !nofuse && strstr(l, "batchnorm2d") && strstr(l, "(relu fused)") &&
+				   strstr(l, "(sync)");
+		free(dump);
+		for (int s = 0; s < 4; s++)
+			if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+				return fail("step", st, loom_program_error(m.p));
+		h[nofuse] = param_hash(&m);
+		loom_program_free(m.p);
+		loom_graph_free(m.g);
+	}
+	int ok = carried == 1 && h[0] == h[1];
+	printf("rank %d: %s syncbn_fused world %d: relu carried by the sync batch norm %d, fused "
+	       "%016llx, unfused %016llx\n",
+	       rank, ok ? "OK" : "WRONG", world, carried, (unsigned long long)h[0],
+	       (unsigned long long)h[1]);
+	return ok ? 0 : 1;
+}
+
+/* Rank 1 alone sets sync_bn: every rank's compile fails naming it. */
+static int syncbn_mismatch(loom_pg *pg)
+{
+	model m;
+	loom_status st = convnet(&m, 4, pg, rank == 1);
+	if (st)
+		return fail("compile", st, loom_last_error());
+	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int rc = loom_launch_maybe(&argc, argv);
@@ -343,8 +706,19 @@ int main(int argc, char **argv)
 	rank = loom_pg_get_info(pg)->rank;
 	world = loom_pg_get_info(pg)->world;
 	const char *s = argv[1];
-	if (strcmp(s, "identical") == 0)
+	if (strcmp(s, "identical") == 0) {
+		sync_bn = argc > 4 && strcmp(argv[4], "sync") == 0;
 		rc = identical(pg, argc > 2 ? argv[2] : "O0", argc > 3 && strcmp(argv[3], "conv") == 0);
+	} else if (strcmp(s, "syncbn_equiv") == 0)
+		rc = syncbn_equiv(pg, !(argc > 2 && strcmp(argv[2], "nosync") == 0));
+	else if (strcmp(s, "syncbn_grad") == 0)
+		rc = syncbn_grad(pg);
+	else if (strcmp(s, "syncbn_world1") == 0)
+		rc = syncbn_world1(pg);
+	else if (strcmp(s, "syncbn_fused") == 0)
+		rc = syncbn_fused(pg);
+	else if (strcmp(s, "syncbn_mismatch") == 0)
+		rc = syncbn_mismatch(pg);
 	else if (strcmp(s, "equiv") == 0)
 		rc = equiv(pg);
 	else if (strcmp(s, "mismatch") == 0)

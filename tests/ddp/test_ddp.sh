@@ -4,7 +4,7 @@
 # after every step (O0, O2; 2 and 3 ranks), N ranks at batch B equal to one
 # process at batch N*B, a plan mismatch and a killed rank reported by every
 # rank, an overflow on one rank skipped by all, checkpoints across world
-# sizes. Prints "N passed, N failed".
+# sizes, synchronised batch norm. Prints "N passed, N failed".
 set -u
 W=$1
 EX=${2:-}
@@ -45,6 +45,34 @@ for n in 2 3; do
 	check "equivalence: $n ranks x batch 4 = 1 rank x batch $((4 * n)) after 20 SGD steps" "$out" \
 		"OK equiv world $n" $n
 done
+
+# Synchronised batch norm (loom_compile_opts.sync_bn).
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" syncbn_equiv sync 2>&1)
+	check "sync_bn: ConvNet $n ranks x batch 4 = 1 rank x batch $((4 * n)), parameters and running stats" \
+		"$out" "OK syncbn_equiv sync world $n .* 14 values" $n
+done
+out=$("${MPIRUN[@]}" -np 2 "$W" syncbn_equiv nosync 2>&1)
+check "without sync_bn the same ConvNet run differs from 1 rank (per-rank statistics)" "$out" \
+	"OK syncbn_equiv nosync world 2 .* 14 values" 2
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" syncbn_grad 2>&1)
+	check "sync_bn: $n ranks, input, gamma and beta gradients = central differences of the global loss" \
+		"$out" "OK syncbn_grad world $n: 8 gradients" $n
+done
+out=$("$W" syncbn_world1 2>&1)
+check "sync_bn at world 1: bit for bit plain batch norm" "$out" "OK syncbn_world1 world 1" 1
+for lv in O0 O1 O2; do
+	out=$("${MPIRUN[@]}" -np 2 "$W" identical $lv conv sync 2>&1)
+	check "sync_bn: 2 ranks $lv: parameters bit-identical after every step" "$out" \
+		"OK identical $lv convnet sync_bn world 2 steps 8" 2
+done
+out=$("${MPIRUN[@]}" -np 2 "$W" syncbn_fused 2>&1)
+check "sync_bn with batch norm + relu fused: bit for bit the unfused plan" "$out" \
+	"OK syncbn_fused world 2: relu carried by the sync batch norm 1" 2
+out=$("${MPIRUN[@]}" -np 3 "$W" syncbn_mismatch 2>&1)
+check "sync_bn on rank 1 only: every rank fails naming it" "$out" \
+	"ERROR compile: .*rank 1: node [0-9]* batchnorm2d has f32 \[4, 16, 28, 28\] with sync_bn=1, rank 0 has sync_bn=0" 3
 
 out=$("${MPIRUN[@]}" -np 3 "$W" mismatch 2>&1)
 check "mismatch: rank 1 built another graph, every rank fails naming the node" "$out" \

@@ -26,7 +26,7 @@ FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 declare -A SRCS=(
 	[fuzz_idx]="datasets/idx.c datasets/errors.c"
 	[fuzz_ckpt]="engine/ckpt_file.c engine/ckpt_meta.c"
-	[fuzz_args]="examples/mnist_ddp_args.c"
+	[fuzz_args]="examples/train_args.c"
 	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz")

@@ -663,8 +663,10 @@ static loom_graph *convnet_graph(convnet *n)
 	return g;
 }
 
+/* 3 steps on both backends, each of `micro` micro-steps (micro - 1
+ * LOOM_RUN_ACCUMULATE, then TRAIN) on fresh batches. */
 static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind kind,
-			  double tol)
+			  double tol, int micro)
 {
 	convnet n;
 	loom_graph *g = convnet_graph(&n);
@@ -696,7 +698,8 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 	cr_expect_eq(fused_pools(p[1]), 2, "%s: cuda plan has %d fused pools", name,
 		     fused_pools(p[1]));
 	rng_state = 42;
-	for (int step = 0; step < 3; step++) {
+	for (int step = 0; step < 3 * micro; step++) {
+		loom_run_mode mode = step % micro == micro - 1 ? LOOM_RUN_TRAIN : LOOM_RUN_ACCUMULATE;
 		for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
 			x[i] = (float)urand();
 		for (int i = 0; i < 8; i++)
@@ -706,7 +709,7 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 			cr_assert_eq(loom_set_input(p[d], "x", x, LOOM_F32, sizeof(x) / sizeof(x[0])),
 				     LOOM_OK);
 			cr_assert_eq(loom_set_input(p[d], "y", y, LOOM_I32, 8), LOOM_OK);
-			cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%s step %d on %s: %s",
+			cr_assert_eq(loom_run(p[d], mode), LOOM_OK, "%s step %d on %s: %s",
 				     name, step, d ? "cuda" : "cpu", loom_program_error(p[d]));
 			l[d] = loom_loss(p[d]);
 		}
@@ -740,31 +743,45 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 Test(cuda_convnet, o0_sgd)
 {
 	NEED_GPU();
-	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_SGD, 1e-4);
+	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_SGD, 1e-4, 1);
+}
+
+/* Gradient accumulation: 2 micro-steps per step, the sums folded in
+ * before the update (the CUDA path compiled but never run where written). */
+Test(cuda_convnet, o0_sgd_accumulate)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_SGD, 1e-4, 2);
+}
+
+Test(cuda_convnet, o2_fp16_accumulate)
+{
+	NEED_GPU();
+	convnet_steps(LOOM_O2, LOOM_F16, LOOM_OPTIM_SGD, 3e-2, 2);
 }
 
 Test(cuda_convnet, o0_adamw)
 {
 	NEED_GPU();
-	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_ADAMW, 1e-4);
+	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_ADAMW, 1e-4, 1);
 }
 
 Test(cuda_convnet, o1_fp16)
 {
 	NEED_GPU();
-	convnet_steps(LOOM_O1, LOOM_F16, LOOM_OPTIM_SGD, 1e-2);
+	convnet_steps(LOOM_O1, LOOM_F16, LOOM_OPTIM_SGD, 1e-2, 1);
 }
 
 Test(cuda_convnet, o2_fp16)
 {
 	NEED_GPU();
-	convnet_steps(LOOM_O2, LOOM_F16, LOOM_OPTIM_SGD, 1e-2);
+	convnet_steps(LOOM_O2, LOOM_F16, LOOM_OPTIM_SGD, 1e-2, 1);
 }
 
 Test(cuda_convnet, o2_bf16_adamw)
 {
 	NEED_GPU();
-	convnet_steps(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2);
+	convnet_steps(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2, 1);
 }
 
 /* ------------------------------------------------------------ ResNet steps */

@@ -1,0 +1,102 @@
+/*
+ * examples/resnet50_synthetic.c — pure training speed, as the classic
+ * data-parallel benchmark measures it: ResNet-50 at 224x224 fed one fixed
+ * random batch per rank (a mock loader: nothing is read or decoded), timed
+ * over --steps after --warmup, images/s per rank and in total. bench/
+ * scaling.sh runs it at 1 and N ranks for the scaling table.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "examples/models.h"
+#include "examples/train.h"
+#include "loom.h"
+
+/* splitmix64: the same batch for the same (seed, rank) on every machine. */
+static uint64_t mix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+int main(int argc, char **argv)
+{
+	train_run t;
+	int rc = train_start(&t, &train_resnet50_synthetic, argc, argv);
+	if (rc >= 0)
+		return rc;
+	const train_args *a = &t.a;
+	int classes = a->size <= 64 ? 10 : 1000;
+	size_t ni = (size_t)a->batch * 3 * a->size * a->size;
+	float *img = malloc(sizeof(float) * ni);
+	int32_t *lab = malloc(sizeof(int32_t) * (size_t)a->batch);
+	double *rates = calloc((size_t)t.world, sizeof(double));
+	loom_graph *g = NULL;
+	char what[128];
+	rc = 1;
+
+	if (!img || !lab || !rates || loom_graph_new(&g) != LOOM_OK) {
+		fprintf(stderr, "resnet50_synthetic: out of memory\n");
+		goto out;
+	}
+	uint64_t s = a->seed * 7919 + (uint64_t)t.rank;
+	for (size_t i = 0; i < ni; i++)
+		img[i] = (float)((mix(&s) >> 40) / (double)(1 << 24) * 2 - 1);
+	for (int i = 0; i < a->batch; i++)
+		lab[i] = (int32_t)(mix(&s) % (uint64_t)classes);
+
+	loom_value logits;
+	loom_graph_set_seed(g, a->seed);
+	loom_value loss = loom_model_resnet_width(g, a->depth, a->batch, a->size, classes, a->width,
+						  &logits);
+	snprintf(what, sizeof(what), "ResNet-%d%s at %dx%d, one fixed random batch per rank",
+		 a->depth, a->width == 64 ? "" : " (narrow)", a->size, a->size);
+	switch (train_compile(&t, g, loss, logits, classes, what)) {
+	case 0: break;
+	case 1: rc = 0; goto out; /* --dry-run */
+	default: goto out;
+	}
+
+	double t0 = train_now(), tstep = t0;
+	for (int i = 0; i < a->warmup + a->steps; i++) {
+		if (i == a->warmup)
+			t0 = train_now();
+		if (train_step(&t, img, ni, lab, a->batch)) {
+			fprintf(stderr, "resnet50_synthetic: step %d: %s\n", i + 1,
+				loom_program_error(t.p));
+			goto out;
+		}
+		double now = train_now();
+		printf("step %3d/%d%s  loss %.4f  %.2f s  %.1f img/s on rank 0\n", i + 1,
+		       a->warmup + a->steps, i < a->warmup ? " (warm-up)" : "", loom_loss(t.p),
+		       now - tstep, a->batch / (now - tstep));
+		fflush(stdout);
+		tstep = now;
+	}
+	double dt = train_now() - t0, mine = a->steps * (double)a->batch / dt;
+	/* Every rank's speed, for rank 0 to print; the slowest sets the pace. */
+	if (t.world > 1 && loom_comm_allgather(t.host, &mine, sizeof(mine), rates) != LOOM_OK) {
+		fprintf(stderr, "resnet50_synthetic: %s\n", loom_pg_error(t.pg));
+		goto out;
+	} else if (t.world == 1) {
+		rates[0] = mine;
+	}
+	double sum = 0, slowest = rates[0];
+	for (int r = 0; r < t.world; r++) {
+		printf("rank %d: %.2f img/s (batch %d, %d steps)\n", r, rates[r], a->batch, a->steps);
+		sum += rates[r];
+		slowest = rates[r] < slowest ? rates[r] : slowest;
+	}
+	printf("total: %.2f img/s over %d rank%s (global batch %d; the slowest rank's pace: %.2f)\n",
+	       sum, t.world, t.world > 1 ? "s" : "", a->batch * t.world, slowest * t.world);
+	rc = 0;
+out:
+	train_end(&t);
+	loom_graph_free(g);
+	free(img);
+	free(lab);
+	free(rates);
+	return rc;
+}

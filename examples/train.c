@@ -1,0 +1,577 @@
+/*
+ * examples/train.c — the training loop and start-up the examples share
+ * (examples/train.h): one place for the launcher and group, the reports
+ * before step 1, the progress line, checkpoints with their data cursor and
+ * evaluation summed across ranks, so that each example is its model and
+ * its data.
+ */
+#include "examples/train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/launch.h"
+#include "engine/cuda/device.h"
+
+double train_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/*
+ * A checkpoint that cannot be written should stop the run before the first
+ * epoch's work, not after it: the path must not be a directory, and the
+ * directory it names must exist and be writable.
+ */
+static int check_checkpoint_path(const char *name, const char *path)
+{
+	struct stat sb;
+	if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		fprintf(stderr, "%s: --checkpoint %s is a directory, expected a file path\n", name,
+			path);
+		return -1;
+	}
+	const char *slash = strrchr(path, '/');
+	char dir[4096];
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if ((size_t)(slash - path) >= sizeof(dir)) {
+		fprintf(stderr, "%s: --checkpoint %s: path too long\n", name, path);
+		return -1;
+	} else
+		snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	if (stat(dir, &sb) != 0) {
+		fprintf(stderr, "%s: --checkpoint %s: directory %s: %s\n", name, path, dir,
+			errno == ENOENT ? "does not exist" : strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(sb.st_mode)) {
+		fprintf(stderr, "%s: --checkpoint %s: %s is not a directory\n", name, path, dir);
+		return -1;
+	}
+	if (access(dir, W_OK | X_OK) != 0) {
+		fprintf(stderr, "%s: --checkpoint %s: cannot write in directory %s: %s\n", name,
+			path, dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int train_start(train_run *t, const train_program *prog, int argc, char **argv)
+{
+	char msg[512];
+
+	memset(t, 0, sizeof(*t));
+	t->prog = prog;
+	/* --nproc N: this process becomes the launcher of N ranks. */
+	int lrc = loom_launch_maybe(&argc, argv);
+	if (lrc >= 0)
+		return lrc;
+	switch (train_parse_args(prog, argc, argv, &t->a, msg, sizeof(msg))) {
+	case TRAIN_RUN: break;
+	case TRAIN_HELP: train_usage(prog, stdout); return 0;
+	default: fprintf(stderr, "%s: %s\n", prog->name, msg); return 2;
+	}
+	if (t->a.checkpoint && check_checkpoint_path(prog->name, t->a.checkpoint))
+		return 1;
+
+	/* The group: mpirun's, torchrun's variables (the launcher sets them),
+	 * or one process. Training on a GPU: NCCL on LOCAL_RANK's GPU. */
+	loom_comm_options co = { .bootstrap = LOOM_COMM_BOOT_AUTO };
+	co.want_device = t->a.device == LOOM_DEVICE_CUDA ||
+			 (t->a.device == LOOM_DEVICE_AUTO && loom_cuda_available());
+	if (loom_pg_init(&co, &t->pg) != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", prog->name, loom_pg_error(t->pg));
+		loom_pg_free(t->pg);
+		t->pg = NULL;
+		return 1;
+	}
+	t->rank = loom_pg_get_info(t->pg)->rank;
+	t->world = loom_pg_get_info(t->pg)->world;
+	t->host = loom_pg_comm(t->pg, LOOM_COMM_HOST);
+	if (t->rank > 0 && !freopen("/dev/null", "w", stdout)) {
+		fprintf(stderr, "%s: rank %d: cannot quiet stdout\n", prog->name, t->rank);
+		train_end(t);
+		return 1;
+	}
+	if (t->a.threads)
+		loom_cpu_set_threads(t->a.threads);
+	return -1;
+}
+
+static int dump_plan(train_run *t)
+{
+	const char *name = t->prog->name, *path = t->a.dump_plan;
+	FILE *df = fopen(path, "w");
+	if (!df) {
+		fprintf(stderr, "%s: --dump-plan %s: %s\n", name, path, strerror(errno));
+		return -1;
+	}
+	loom_program_dump_dot(t->p, df);
+	if (fclose(df) != 0) {
+		fprintf(stderr, "%s: --dump-plan %s: %s\n", name, path, strerror(errno));
+		return -1;
+	}
+	printf("wrote the plan to %s (dot -Tsvg %s -o plan.svg)\n", path, path);
+	return 0;
+}
+
+static void schedule_text(const train_args *a, char *buf, size_t len)
+{
+	if (!(a->lr_step || a->schedule == TRAIN_LR_COSINE))
+		snprintf(buf, len, "constant");
+	else if (a->schedule == TRAIN_LR_COSINE)
+		snprintf(buf, len, "cosine, %g warm-up epochs", a->warmup_epochs);
+	else
+		snprintf(buf, len, "x%g every %d epochs", a->lr_gamma, a->lr_step);
+}
+
+int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits, int classes,
+		  const char *what)
+{
+	const train_args *a = &t->a;
+	const char *name = t->prog->name;
+	loom_compile_opts o;
+
+	loom_compile_opts_default(&o);
+	o.device = a->device;
+	o.optim.kind = a->optim;
+	o.optim.lr = a->lr;
+	o.optim.momentum = a->optim == LOOM_OPTIM_SGD ? a->momentum : 0;
+	o.optim.weight_decay = a->weight_decay;
+	o.amp.level = a->level;
+	o.amp.half = a->half;
+	o.amp.static_scale = a->loss_scale;
+	o.amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
+	o.pg = t->pg;
+	/* --sync-bn sets o.sync_bn here, from train_args. */
+	loom_status cst = loom_compile(g, loss, &o, &t->p);
+	if (cst == LOOM_ERR_NOMEM) {
+		fprintf(stderr, "%s: --batch-size %d needs more memory than there is: %s\n", name,
+			a->batch, loom_last_error());
+		return -1;
+	} else if (cst != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", name, loom_last_error());
+		return -1;
+	}
+	t->logits = logits;
+	t->classes = classes;
+	if (a->dump_graph)
+		loom_program_dump(t->p, stdout);
+	if (a->dump_plan && t->rank == 0 && dump_plan(t)) /* one writer */
+		return -1;
+
+	loom_program_info info;
+	char sched[96], tail[64];
+	loom_program_info_get(t->p, &info);
+	schedule_text(a, sched, sizeof(sched));
+	if (t->prog->groups & TRAIN_FLAGS_FIT)
+		snprintf(tail, sizeof(tail), "%d epochs", a->epochs);
+	else
+		snprintf(tail, sizeof(tail), "%d steps after %d warm-up", a->steps, a->warmup);
+	printf("loom %s: %s, %s, opt level O%d%s, %s lr %g (%s), batch %d%s, %s\n", name,
+	       info.backend, what, a->level,
+	       a->level == LOOM_O0 ? "" : a->half == LOOM_BF16 ? " (bf16)" : " (fp16)",
+	       a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a->lr, sched, a->batch,
+	       t->world > 1 ? " per rank" : "", tail);
+	if (t->world > 1)
+		printf("data parallel: %d ranks (%s), global batch %d\n", t->world,
+		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world);
+	if (!strncmp(info.backend, "cpu", 3)) {
+		char cpu[128];
+		printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));
+	}
+	if (a->memory_report)
+		loom_program_memory_report(t->p, stdout);
+	printf("model: %lld parameters; memory planned before step 1: %.2f MiB arena "
+	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
+	       (long long)info.n_param_elems, info.arena_bytes / 1048576.0,
+	       info.param_bytes / 1048576.0, info.master_bytes / 1048576.0,
+	       info.grad_bytes / 1048576.0, info.optim_state_bytes / 1048576.0,
+	       info.activation_bytes / 1048576.0);
+	fflush(stdout);
+	if (a->dry_run) {
+		printf("dry run: compiled, stopping before step 1\n");
+		return 1;
+	}
+	return 0;
+}
+
+loom_status train_step(train_run *t, const float *img, size_t img_elems, const int32_t *lab,
+		       int batch)
+{
+	loom_status st;
+	/* --accumulate N runs N-1 LOOM_RUN_ACCUMULATE micro-steps before this
+	 * one, each on its own batch: the place is here. */
+	if ((st = loom_set_input(t->p, "image", img, LOOM_F32, img_elems)) ||
+	    (st = loom_set_input(t->p, "label", lab, LOOM_I32, batch)))
+		return st;
+	return loom_run(t->p, LOOM_RUN_TRAIN);
+}
+
+double train_lr(const train_args *a, int64_t epoch, int64_t step, int64_t per_epoch)
+{
+	if (a->schedule == TRAIN_LR_COSINE) {
+		double s = (double)(epoch * per_epoch + step), total = (double)a->epochs * per_epoch;
+		double w = a->warmup_epochs * per_epoch;
+		if (s < w)
+			return a->lr * (s + 1) / w;
+		return a->lr * 0.5 * (1 + cos(M_PI * (s - w) / (total - w > 0 ? total - w : 1)));
+	}
+	return a->lr_step > 0 ? a->lr * pow(a->lr_gamma, (double)(epoch / a->lr_step)) : a->lr;
+}
+
+/* The predicted class of one row of scores. */
+static int argmax(const float *z, int classes)
+{
+	int arg = 0;
+	for (int k = 1; k < classes; k++)
+		if (z[k] > z[arg])
+			arg = k;
+	return arg;
+}
+
+loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *acc, double *loss)
+{
+	int b = loom_loader_batch_size(test), classes = t->classes;
+	size_t elems = loom_loader_image_elems(test);
+	double sums[3] = { 0, 0, 0 }; /* correct, seen, loss */
+	loom_status st = LOOM_ERR_NOMEM;
+	float *img = malloc(sizeof(float) * (size_t)b * elems);
+	float *out = malloc(sizeof(float) * (size_t)b * classes);
+	int32_t *lab = malloc(sizeof(int32_t) * (size_t)b);
+	if (!img || !out || !lab)
+		goto out_free;
+	for (int64_t i = 0; i < loom_loader_num_batches(test); i++) {
+		int count;
+		if ((st = loom_loader_get(test, i, img, lab, &count)) != LOOM_OK)
+			goto out_free;
+		/* A final partial batch is padded; padded rows are not counted. */
+		memset(img + (size_t)count * elems, 0, (size_t)(b - count) * elems * sizeof(float));
+		memset(lab + count, 0, (size_t)(b - count) * sizeof(int32_t));
+		if ((st = loom_set_input(t->p, "image", img, LOOM_F32, (size_t)b * elems)) ||
+		    (st = loom_set_input(t->p, "label", lab, LOOM_I32, b)) ||
+		    (st = loom_run(t->p, LOOM_RUN_EVAL)) ||
+		    (st = loom_read(t->p, t->logits, out, (size_t)b * classes)))
+			goto out_free;
+		for (int r = 0; r < count; r++) {
+			const float *z = out + (size_t)r * classes;
+			if (t->rank + (i * b + r) * (int64_t)t->world >= n)
+				continue; /* a repeated image padding this shard */
+			int arg = argmax(z, classes);
+			double mx = z[arg], s = 0;
+			for (int k = 0; k < classes; k++)
+				s += exp(z[k] - mx);
+			sums[2] += mx + log(s) - z[lab[r]];
+			sums[0] += arg == lab[r];
+			sums[1]++;
+		}
+	}
+	if (t->world > 1 && (st = loom_comm_allreduce(t->host, sums, 3, LOOM_F64)) != LOOM_OK)
+		goto out_free;
+	*acc = sums[1] ? sums[0] / sums[1] : 0;
+	*loss = sums[1] ? sums[2] / sums[1] : 0;
+	st = LOOM_OK;
+out_free:
+	free(img);
+	free(out);
+	free(lab);
+	return st;
+}
+
+/*
+ * Where training stands, in global samples, beside the checkpoint (PATH
+ * + ".cursor", written after it and renamed into place): the epoch and the
+ * images all ranks together consumed in it, so that a run resumed at
+ * another world size (another global batch) starts where this one stopped.
+ */
+static void cursor_path(char *buf, size_t len, const char *ckpt)
+{
+	snprintf(buf, len, "%s.cursor", ckpt);
+}
+
+static int cursor_save(const char *ckpt, int64_t epoch, int64_t samples)
+{
+	char path[4200], tmp[4300];
+	cursor_path(path, sizeof(path), ckpt);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return -1;
+	int bad = fprintf(f, "epoch %lld samples %lld\n", (long long)epoch, (long long)samples) < 0;
+	bad |= fclose(f) != 0;
+	return bad || rename(tmp, path) != 0 ? -1 : 0;
+}
+
+static int cursor_load(const char *ckpt, int64_t *epoch, int64_t *samples)
+{
+	char path[4200];
+	long long e, n;
+	cursor_path(path, sizeof(path), ckpt);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	int ok = fscanf(f, "epoch %lld samples %lld", &e, &n) == 2 && e >= 0 && n >= 0;
+	fclose(f);
+	if (!ok)
+		return -1;
+	*epoch = e;
+	*samples = n;
+	return 0;
+}
+
+/* Rank 0 writes the checkpoint and its cursor; every rank loads them. */
+static int save(train_run *t, int64_t epoch, int64_t samples, int64_t step)
+{
+	if (t->rank != 0)
+		return 0;
+	if (loom_save(t->p, t->a.checkpoint) != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	if (cursor_save(t->a.checkpoint, epoch, samples)) {
+		fprintf(stderr, "%s: %s.cursor: %s\n", t->prog->name, t->a.checkpoint,
+			strerror(errno));
+		return -1;
+	}
+	printf("saved %s (step %lld)\n", t->a.checkpoint, (long long)step);
+	return 0;
+}
+
+/* --resume: the step to start at and its epoch. 0 or -1 after saying why. */
+static int resume(train_run *t, int64_t per_epoch, int64_t *step, int64_t *first_epoch)
+{
+	const train_args *a = &t->a;
+	loom_program_info info;
+
+	if (access(a->checkpoint, F_OK) != 0) {
+		printf("resume: %s does not exist yet, starting fresh\n", a->checkpoint);
+		return 0;
+	}
+	if (loom_load(t->p, a->checkpoint) != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	/* Every training run either stepped or was skipped (AMP overflow):
+	 * together they count the batches consumed. */
+	loom_program_info_get(t->p, &info);
+	*step = loom_step_count(t->p) + info.skipped_steps;
+	/* The cursor is in global samples: at another world size the same
+	 * images are behind us, in other batches. */
+	int64_t ce, cs;
+	if (cursor_load(a->checkpoint, &ce, &cs) == 0) {
+		*first_epoch = ce;
+		*step = ce * per_epoch + cs / ((int64_t)a->batch * t->world);
+	} else {
+		*first_epoch = *step / per_epoch;
+	}
+	printf("resumed %s at step %lld (epoch %lld, batch %lld), loss scale %g\n", a->checkpoint,
+	       (long long)*step, (long long)(*first_epoch + 1),
+	       (long long)(*step - *first_epoch * per_epoch), info.loss_scale);
+	return 0;
+}
+
+/* "1h02m", "3m05s", "42s": the time left, read at a glance. */
+static void eta_text(double s, char *buf, size_t len)
+{
+	long v = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
+	if (v >= 3600)
+		snprintf(buf, len, "%ldh%02ldm", v / 3600, v / 60 % 60);
+	else if (v >= 60)
+		snprintf(buf, len, "%ldm%02lds", v / 60, v % 60);
+	else
+		snprintf(buf, len, "%lds", v);
+}
+
+/* The running figures of an epoch between two progress lines. */
+typedef struct progress {
+	double tlog, lsum;
+	int64_t correct, seen, since;
+} progress;
+
+/*
+ * One line a person reads at a glance: where in the run (epoch, step of the
+ * epoch), how it learns (rank 0's mean loss and accuracy since the last
+ * line), how fast (global images/s: every rank steps together) and how long
+ * is left (all the run's remaining steps at the current speed; evaluation
+ * is not counted), then the global batch, lr and loss scale.
+ */
+static void progress_line(train_run *t, progress *pr, int epoch, int64_t b, int64_t per_epoch,
+			  int64_t left, double lr)
+{
+	loom_program_info info;
+	double now = train_now(), dt = now - pr->tlog;
+	double ips = dt > 0 ? pr->since * (double)t->a.batch * t->world / dt : 0;
+	char eta[32];
+
+	eta_text(pr->since ? left * dt / pr->since : 0, eta, sizeof(eta));
+	loom_program_info_get(t->p, &info);
+	printf("epoch %d step %5lld/%lld  loss %.4f  acc %5.2f%%  %6.1f img/s  ETA %s  batch %d  "
+	       "lr %.4g  loss scale %g",
+	       epoch + 1, (long long)(b + 1), (long long)per_epoch, pr->lsum / pr->since,
+	       100.0 * pr->correct / (pr->seen ? pr->seen : 1), ips, eta, t->a.batch * t->world,
+	       lr, info.loss_scale);
+	if (info.skipped_steps)
+		printf(" (%lld steps skipped)", (long long)info.skipped_steps);
+	printf("\n");
+	if (info.amp_report && info.amp_report[0])
+		printf("amp: first non-finite value from %s\n", info.amp_report);
+	fflush(stdout);
+	*pr = (progress){ .tlog = now };
+}
+
+/* After an epoch: test loss and accuracy, the epoch's speed, a checkpoint. */
+static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoch, double secs,
+		     int64_t seen, int64_t stopped_at)
+{
+	char test_part[96] = "no test images to evaluate";
+	loom_program_info info;
+	double acc, tloss;
+
+	if (test_n > 0) {
+		if (train_evaluate(t, test_l, test_n, &acc, &tloss)) {
+			fprintf(stderr, "%s: evaluation: %s%s\n", t->prog->name,
+				loom_program_error(t->p), loom_pg_error(t->pg));
+			return -1;
+		}
+		snprintf(test_part, sizeof(test_part), "test loss %.4f, test accuracy %.2f%%", tloss,
+			 100 * acc);
+	}
+	loom_program_info_get(t->p, &info);
+	printf("epoch %d done: %s, train %.1f s (%.1f img/s), loss scale %g, skipped steps %lld\n",
+	       epoch + 1, test_part, secs, seen * (double)t->world / (secs > 0 ? secs : 1),
+	       info.loss_scale, (long long)info.skipped_steps);
+	/* A run stopped mid-epoch (--max-steps) resumes at its next batch. */
+	if (t->a.checkpoint &&
+	    save(t, stopped_at ? epoch : epoch + 1,
+		 stopped_at ? stopped_at * (int64_t)t->a.batch * t->world : 0,
+		 loom_step_count(t->p)))
+		return -1;
+	fflush(stdout);
+	return 0;
+}
+
+int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
+	      int64_t test_n)
+{
+	const train_args *a = &t->a;
+	const char *name = t->prog->name;
+	int64_t per_epoch = loom_loader_num_batches(train_l);
+	size_t elems = loom_loader_image_elems(train_l);
+	int64_t step = 0, first_epoch = 0;
+	loom_prefetch *pf = NULL;
+	char err[512];
+	int rc = -1;
+
+	if (a->resume && resume(t, per_epoch, &step, &first_epoch))
+		return -1;
+	float *out = malloc(sizeof(float) * (size_t)a->batch * t->classes);
+	if (!out) {
+		fprintf(stderr, "%s: out of memory\n", name);
+		return -1;
+	}
+	/* Batches are read, augmented and normalised on the prefetcher's
+	 * thread while the step runs. */
+	if (loom_prefetch_new(train_l, &pf, err, sizeof(err))) {
+		fprintf(stderr, "%s: %s\n", name, err);
+		goto out_free;
+	}
+	int64_t last = (int64_t)a->epochs * per_epoch;
+	if (a->max_steps && a->max_steps < last)
+		last = a->max_steps;
+	int64_t done = step, timed = 0;
+	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
+	/* --trace FILE.json starts its recording here and stops it after the loop. */
+	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
+		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
+		int64_t seen = 0, stopped_at = 0;
+		double lr = -1, t0 = train_now(), t_prev;
+		progress pr = { .tlog = t0 };
+
+		loom_sampler_set_epoch(train_s, epoch);
+		if (loom_prefetch_start(pf)) {
+			fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
+			goto out_free;
+		}
+		t_prev = train_now();
+		for (int64_t b = 0; b < per_epoch && done < last; b++) {
+			const float *img;
+			const int32_t *lab;
+			int count;
+			if (loom_prefetch_next(pf, &img, &lab, &count) != LOOM_OK) {
+				fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
+				goto out_free;
+			}
+			if (count != a->batch) {
+				fprintf(stderr, "%s: batch %lld of epoch %d holds %d images, not %d\n",
+					name, (long long)b, epoch + 1, count, a->batch);
+				goto out_free;
+			}
+			if (b < b0) {
+				t_prev = train_now();
+				continue; /* resumed mid-epoch: these were trained on */
+			}
+			double want = train_lr(a, epoch, b, per_epoch);
+			if (want != lr && loom_set_lr(t->p, lr = want) != LOOM_OK) {
+				fprintf(stderr, "%s: %s\n", name, loom_program_error(t->p));
+				goto out_free;
+			}
+			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch) ||
+			    loom_read(t->p, t->logits, out, (size_t)a->batch * t->classes)) {
+				fprintf(stderr, "%s: step %lld: %s\n", name, (long long)done,
+					loom_program_error(t->p));
+				goto out_free;
+			}
+			for (int i = 0; i < count; i++)
+				pr.correct += argmax(out + (size_t)i * t->classes, t->classes) == lab[i];
+			pr.seen += count;
+			pr.lsum += loom_loss(t->p);
+			pr.since++;
+			seen += count;
+			done++;
+			double now = train_now();
+			if (done - step > 1) {
+				timed++;
+				timed_s += now - t_prev;
+			}
+			t_prev = now;
+			if (done % a->log_interval == 0)
+				progress_line(t, &pr, epoch, b, per_epoch, last - done, lr);
+			if (a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
+			    save(t, epoch, (b + 1) * (int64_t)a->batch * t->world, done))
+				goto out_free;
+			if (done >= last && b + 1 < per_epoch)
+				stopped_at = b + 1;
+		}
+		/* The sampler's epoch changes next: the worker must be idle. */
+		loom_prefetch_stop(pf);
+		if (epoch_end(t, test_l, test_n, epoch, train_now() - t0, seen, stopped_at))
+			goto out_free;
+	}
+	if (timed > 0)
+		printf("trained %lld steps: %.1f img/s (global batch %d, steps 2..%lld of this run: "
+		       "%.1f s, loading included, evaluation not)\n",
+		       (long long)(done - step), timed * (double)a->batch * t->world / timed_s,
+		       a->batch * t->world, (long long)(done - step), timed_s);
+	rc = 0;
+out_free:
+	loom_prefetch_free(pf);
+	free(out);
+	return rc;
+}
+
+void train_end(train_run *t)
+{
+	loom_program_free(t->p);
+	t->p = NULL;
+	loom_pg_free(t->pg);
+	t->pg = NULL;
+}

@@ -1,0 +1,86 @@
+/*
+ * examples/train.h — what the training examples share once their flags are
+ * parsed: the process group (--nproc, mpirun, env://), compiling with the
+ * plan and memory reports, the start-up lines, checkpoints with a data
+ * cursor, the epoch loop with its progress line and learning-rate schedule,
+ * and evaluation summed across ranks. A program builds its graph and its
+ * loaders; train.c runs them.
+ */
+#ifndef LOOM_EXAMPLES_TRAIN_H
+#define LOOM_EXAMPLES_TRAIN_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "examples/train_args.h"
+#include "loom.h"
+#include "loom_data.h"
+
+/* One run of a training program. */
+typedef struct train_run {
+	const train_program *prog;
+	train_args a;
+	loom_pg *pg;
+	int rank, world;
+	loom_comm *host; /* the group's host collectives (evaluation sums) */
+	loom_program *p; /* after train_compile */
+	loom_value logits;
+	int classes;
+} train_run;
+
+/* Monotonic seconds. */
+double train_now(void);
+
+/*
+ * main()'s first call: --nproc (this process becomes the launcher), the
+ * flags, the checkpoint path, the process group; on ranks above 0 stdout is
+ * quieted (only rank 0 prints progress; errors go to stderr from every
+ * rank). Returns -1 when the program should go on, else the exit code for
+ * main (0 after --help, 2 for a bad flag, 1 for a failure, said on stderr).
+ */
+int train_start(train_run *t, const train_program *prog, int argc, char **argv);
+
+/*
+ * Compiles loss with the flags' optimizer, precision and device on the
+ * group, then writes what the flags ask for before step 1 (--dump-graph,
+ * --dump-plan by rank 0, --memory-report) and the start-up lines: the
+ * program line (`what` names the model and data), the data-parallel line,
+ * the CPU line, the memory line. logits: [batch, classes] scores.
+ * 0 or -1 after saying why.
+ */
+int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits,
+		  int classes, const char *what);
+
+/* One training step on a batch: inputs "image" (img_elems floats) and
+ * "label" (batch labels). */
+loom_status train_step(train_run *t, const float *img, size_t img_elems, const int32_t *lab,
+		       int batch);
+
+/* The learning rate of step `step` (0-based, within the epoch) of epoch
+ * `epoch`, with per_epoch steps in an epoch, as the flags' schedule says:
+ * step decay per epoch, or a linear warm-up then cosine decay per step. */
+double train_lr(const train_args *a, int64_t epoch, int64_t step, int64_t per_epoch);
+
+/*
+ * Test accuracy and mean loss in eval mode (running statistics) over every
+ * rank's shard of test (n images in all): the sums are added across ranks,
+ * so every rank gets the figure of one evaluation of the whole set; the
+ * rows the sampler repeats to pad a shard are not counted.
+ */
+loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *acc,
+			   double *loss);
+
+/*
+ * The epochs: resume (--resume, from the checkpoint and its cursor), the
+ * prefetched training batches of train_l (over train_s, whose epoch it
+ * sets), the schedule, the progress line every --log-interval steps,
+ * checkpoints, and evaluation on test_l (test_n images; 0: none) after
+ * every epoch. 0 or -1 after saying why.
+ */
+int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
+	      int64_t test_n);
+
+/* Frees the program and the group. */
+void train_end(train_run *t);
+
+#endif /* LOOM_EXAMPLES_TRAIN_H */

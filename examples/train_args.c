@@ -1,0 +1,433 @@
+/*
+ * examples/train_args.c — the command line of the training examples: every
+ * flag, its group, its default and its range, checked here so that each
+ * main() only runs. The programs' defaults live here too, so that the fuzz
+ * target drives all three without linking the engine.
+ */
+#include "examples/train_args.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom_data.h"
+
+/* What every program starts from; each overrides what differs. */
+#define TRAIN_BASE_DEFAULTS                                                            \
+	.epochs = 2, .batch = 100, .lr = 0.01, .momentum = 0.9, .lr_gamma = 0.1,        \
+	.optim = LOOM_OPTIM_SGD, .device = LOOM_DEVICE_AUTO, .level = LOOM_O0,          \
+	.half = LOOM_F16, .log_interval = 100, .keep_bn_fp32 = -1
+
+const train_program train_mnist_ddp = {
+	.name = "mnist_ddp",
+	.about = "Trains a ConvNet (conv5x5-16 bn relu pool, conv5x5-32 bn relu pool, linear 1568->10)\n"
+		 "on Fashion-MNIST with loom.",
+	.groups = TRAIN_FLAGS_COMMON | TRAIN_FLAGS_FIT | TRAIN_FLAGS_DATA,
+	.defaults = { TRAIN_BASE_DEFAULTS, .data = LOOM_FASHION_MNIST_DIR },
+};
+
+const train_program train_cifar_ddp = {
+	.name = "cifar_ddp",
+	.about = "Trains a ResNet-18 or -34 (CIFAR stem: 3x3 conv, no max-pool) on CIFAR-10 with loom,\n"
+		 "SGD with momentum and weight decay, random crop and flip, data parallel.",
+	.groups = TRAIN_FLAGS_COMMON | TRAIN_FLAGS_FIT | TRAIN_FLAGS_DATA | TRAIN_FLAGS_RESNET |
+		  TRAIN_FLAGS_CIFAR,
+	.defaults = { TRAIN_BASE_DEFAULTS, .epochs = 30, .batch = 128, .lr = 0.1,
+		      .weight_decay = 5e-4, .lr_step = 10, .log_interval = 20,
+		      .data = "cifar-10-batches-bin", .depth = 18, .width = 64, .size = 32,
+		      .augment = 1 },
+};
+
+const train_program train_resnet50_synthetic = {
+	.name = "resnet50_synthetic",
+	.about = "Measures ResNet training speed: one fixed random batch per rank (no loader),\n"
+		 "ResNet-50 at 224x224 by default, images/s per rank and in total.",
+	.groups = TRAIN_FLAGS_COMMON | TRAIN_FLAGS_RESNET | TRAIN_FLAGS_BENCH,
+	.defaults = { TRAIN_BASE_DEFAULTS, .batch = 8, .lr = 0.1, .weight_decay = 1e-4,
+		      .depth = 50, .width = 64, .size = 224, .steps = 10, .warmup = 2 },
+};
+
+static void say(char *msg, size_t msglen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void say(char *msg, size_t msglen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!msg || !msglen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, msglen, fmt, ap);
+	va_end(ap);
+}
+
+void train_usage(const train_program *prog, FILE *f)
+{
+	const train_args *d = &prog->defaults;
+	unsigned g = prog->groups;
+
+	fprintf(f, "usage: %s [options]\n%s\n\n", prog->name, prog->about);
+	if (g & TRAIN_FLAGS_DATA)
+		fprintf(f, "  --data DIR           %s (default %s)\n",
+			g & TRAIN_FLAGS_CIFAR ? "CIFAR-10 binary version: data_batch_1.bin ..\n"
+						"                       data_batch_5.bin, test_batch.bin" :
+						"MNIST-format directory", d->data);
+	if (g & TRAIN_FLAGS_CIFAR)
+		fprintf(f,
+			"  --synthetic          train on generated images of CIFAR-10's shape instead\n"
+			"  --train-images N     use only the first N training images (default all)\n"
+			"  --test-images N      use only the first N test images (default all)\n"
+			"  --no-augment         no random crop (pad 4) and flip\n");
+	if (g & TRAIN_FLAGS_RESNET)
+		fprintf(f,
+			"  --depth N            ResNet depth, %s (default %d)\n"
+			"  --width N            channels of the first stage (default %d, as published;\n"
+			"                       smaller for smoke tests)\n",
+			g & TRAIN_FLAGS_BENCH ? "18, 34 or 50" : "18 or 34", d->depth, d->width);
+	if (g & TRAIN_FLAGS_BENCH)
+		fprintf(f,
+			"  --size N             image side (default %d; 64 or less: the CIFAR stem)\n"
+			"  --steps N            timed training steps (default %d)\n"
+			"  --warmup N           untimed steps before them (default %d)\n",
+			d->size, d->steps, d->warmup);
+	if (g & TRAIN_FLAGS_FIT)
+		fprintf(f, "  --epochs N           epochs to train (default %d)\n", d->epochs);
+	fprintf(f, "  --batch-size N       images per step and rank (default %d)\n", d->batch);
+	if (g & TRAIN_FLAGS_FIT) {
+		fprintf(f,
+			"  --optimizer NAME     sgd or adamw (default sgd)\n"
+			"  --lr X               learning rate (default %g)\n"
+			"  --momentum X         SGD momentum (default %g)\n"
+			"  --weight-decay X     weight decay (default %g)\n"
+			"  --lr-step N          multiply the lr by --lr-gamma every N epochs (default %s%.0d;\n"
+			"                       0: constant)\n"
+			"  --lr-gamma X         step decay factor (default %g)\n",
+			d->lr, d->momentum, d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
+			d->lr_gamma);
+	}
+	if (g & TRAIN_FLAGS_CIFAR)
+		fprintf(f,
+			"  --lr-schedule S      step (--lr-step, --lr-gamma) or cosine (default step)\n"
+			"  --warmup-epochs K    cosine: raise the lr linearly over K epochs first (default 0)\n");
+	fprintf(f,
+		"  --opt-level O0..O3   apex mixed-precision level (default O0)\n"
+		"  --precision P        fp16 or bf16, the half type of O1..O3 (default fp16)\n"
+		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
+		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
+		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
+		"  --seed N             initialisation%s seed (default 0)\n"
+		"  --threads N          CPU kernel threads (default: one per core)\n",
+		g & TRAIN_FLAGS_CIFAR ? ", shuffling and augmentation" :
+		g & TRAIN_FLAGS_FIT ? " and shuffling" : " and batch");
+	if (g & TRAIN_FLAGS_FIT)
+		fprintf(f,
+			"  --checkpoint PATH    save here after every epoch (atomic write)\n"
+			"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
+			"  --resume             continue from --checkpoint\n"
+			"  --log-interval N     steps between progress lines (default %d)\n"
+			"  --max-steps N        stop after N training steps (smoke tests)\n",
+			d->log_interval);
+	fprintf(f,
+		"  --dump-plan FILE     write the compiled plan as Graphviz (dot -Tsvg FILE)\n"
+		"  --memory-report      print where the plan's memory goes, before step 1\n"
+		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
+		"                       and its place in the arena\n"
+		"  --dry-run            compile, print the above, and stop before step 1\n"
+		"  --nproc N            start N ranks on this host (data parallel; also under\n"
+		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
+		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
+		"  --help               this text\n");
+}
+
+static int parse_double(const char *flag, const char *s, double *out, char *msg, size_t msglen)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v)) {
+		say(msg, msglen, "%s expects a number, got '%s'", flag, s);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+static int parse_int(const char *flag, const char *s, long lo, long hi, long *out, char *msg,
+		     size_t msglen)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi) {
+		say(msg, msglen, "%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, s);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+enum {
+	O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
+	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
+	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
+	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
+	O_WARMUP,
+};
+
+/* Every flag and the group that brings it. */
+static const struct {
+	unsigned group;
+	struct option o;
+} table[] = {
+	{ TRAIN_FLAGS_DATA, { "data", required_argument, 0, O_DATA } },
+	{ TRAIN_FLAGS_FIT, { "epochs", required_argument, 0, O_EPOCHS } },
+	{ TRAIN_FLAGS_COMMON, { "batch-size", required_argument, 0, O_BATCH } },
+	{ TRAIN_FLAGS_FIT, { "optimizer", required_argument, 0, O_OPTIM } },
+	{ TRAIN_FLAGS_FIT, { "lr", required_argument, 0, O_LR } },
+	{ TRAIN_FLAGS_FIT, { "momentum", required_argument, 0, O_MOM } },
+	{ TRAIN_FLAGS_FIT, { "weight-decay", required_argument, 0, O_WD } },
+	{ TRAIN_FLAGS_FIT, { "lr-step", required_argument, 0, O_LRSTEP } },
+	{ TRAIN_FLAGS_FIT, { "lr-gamma", required_argument, 0, O_LRGAMMA } },
+	{ TRAIN_FLAGS_COMMON, { "opt-level", required_argument, 0, O_LEVEL } },
+	{ TRAIN_FLAGS_COMMON, { "precision", required_argument, 0, O_PREC } },
+	{ TRAIN_FLAGS_COMMON, { "loss-scale", required_argument, 0, O_SCALE } },
+	{ TRAIN_FLAGS_COMMON, { "device", required_argument, 0, O_DEVICE } },
+	{ TRAIN_FLAGS_COMMON, { "seed", required_argument, 0, O_SEED } },
+	{ TRAIN_FLAGS_FIT, { "checkpoint", required_argument, 0, O_CKPT } },
+	{ TRAIN_FLAGS_FIT, { "resume", no_argument, 0, O_RESUME } },
+	{ TRAIN_FLAGS_FIT, { "save-every", required_argument, 0, O_SAVE_EVERY } },
+	{ TRAIN_FLAGS_FIT, { "log-interval", required_argument, 0, O_LOG } },
+	{ TRAIN_FLAGS_FIT, { "max-steps", required_argument, 0, O_MAX } },
+	{ TRAIN_FLAGS_COMMON, { "dump-graph", no_argument, 0, O_DUMP } },
+	{ TRAIN_FLAGS_COMMON, { "dump-plan", required_argument, 0, O_DUMP_PLAN } },
+	{ TRAIN_FLAGS_COMMON, { "memory-report", no_argument, 0, O_MEMREP } },
+	{ TRAIN_FLAGS_COMMON, { "dry-run", no_argument, 0, O_DRY } },
+	{ TRAIN_FLAGS_COMMON, { "threads", required_argument, 0, O_THREADS } },
+	{ TRAIN_FLAGS_COMMON, { "keep-batchnorm-fp32", required_argument, 0, O_KEEPBN } },
+	{ TRAIN_FLAGS_RESNET, { "depth", required_argument, 0, O_DEPTH } },
+	{ TRAIN_FLAGS_RESNET, { "width", required_argument, 0, O_WIDTH } },
+	{ TRAIN_FLAGS_BENCH, { "size", required_argument, 0, O_SIZE } },
+	{ TRAIN_FLAGS_BENCH, { "steps", required_argument, 0, O_STEPS } },
+	{ TRAIN_FLAGS_BENCH, { "warmup", required_argument, 0, O_WARMUP } },
+	{ TRAIN_FLAGS_CIFAR, { "synthetic", no_argument, 0, O_SYNTH } },
+	{ TRAIN_FLAGS_CIFAR, { "train-images", required_argument, 0, O_NTRAIN } },
+	{ TRAIN_FLAGS_CIFAR, { "test-images", required_argument, 0, O_NTEST } },
+	{ TRAIN_FLAGS_CIFAR, { "no-augment", no_argument, 0, O_NOAUG } },
+	{ TRAIN_FLAGS_CIFAR, { "lr-schedule", required_argument, 0, O_SCHED } },
+	{ TRAIN_FLAGS_CIFAR, { "warmup-epochs", required_argument, 0, O_WARMUP_EP } },
+	/* The data-parallel flags of the next round join here: --sync-bn
+	 * (COMMON), --accumulate N (FIT), --trace FILE.json (COMMON); their
+	 * values go through set_flag into train_args. */
+	{ TRAIN_FLAGS_COMMON, { "help", no_argument, 0, O_HELP } },
+};
+
+#define N_FLAGS (sizeof(table) / sizeof(table[0]))
+
+/* One flag's value into *a; -1 with msg set when it is out of range. */
+static int set_flag(const train_program *prog, int c, const char *arg, train_args *a,
+		    char *msg, size_t msglen)
+{
+	long l;
+	switch (c) {
+	case O_DATA: a->data = arg; break;
+	case O_EPOCHS:
+		if (parse_int("--epochs", arg, 1, 100000, &l, msg, msglen)) return -1;
+		a->epochs = (int)l;
+		break;
+	case O_BATCH:
+		if (parse_int("--batch-size", arg, 1, 1 << 20, &l, msg, msglen)) return -1;
+		a->batch = (int)l;
+		break;
+	case O_OPTIM:
+		if (!strcmp(arg, "sgd")) a->optim = LOOM_OPTIM_SGD;
+		else if (!strcmp(arg, "adamw")) a->optim = LOOM_OPTIM_ADAMW;
+		else {
+			say(msg, msglen, "--optimizer must be sgd or adamw, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_LR: return parse_double("--lr", arg, &a->lr, msg, msglen);
+	case O_MOM: return parse_double("--momentum", arg, &a->momentum, msg, msglen);
+	case O_WD: return parse_double("--weight-decay", arg, &a->weight_decay, msg, msglen);
+	case O_LRSTEP:
+		if (parse_int("--lr-step", arg, 0, 100000, &l, msg, msglen)) return -1;
+		a->lr_step = (int)l;
+		break;
+	case O_LRGAMMA: return parse_double("--lr-gamma", arg, &a->lr_gamma, msg, msglen);
+	case O_LEVEL:
+		if (strlen(arg) == 2 && (arg[0] == 'O' || arg[0] == 'o') && arg[1] >= '0' &&
+		    arg[1] <= '3')
+			a->level = (loom_opt_level)(arg[1] - '0');
+		else {
+			say(msg, msglen, "--opt-level must be O0, O1, O2 or O3, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_PREC:
+		if (!strcmp(arg, "fp16")) a->half = LOOM_F16;
+		else if (!strcmp(arg, "bf16")) a->half = LOOM_BF16;
+		else {
+			say(msg, msglen, "--precision must be fp16 or bf16, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_SCALE:
+		if (!strcmp(arg, "dynamic"))
+			a->loss_scale = 0;
+		else if (parse_double("--loss-scale", arg, &a->loss_scale, msg, msglen) ||
+			 a->loss_scale <= 0) {
+			say(msg, msglen, "--loss-scale must be 'dynamic' or a positive number, got '%s'",
+			    arg);
+			return -1;
+		}
+		break;
+	case O_DEVICE:
+		if (!strcmp(arg, "auto")) a->device = LOOM_DEVICE_AUTO;
+		else if (!strcmp(arg, "cpu")) a->device = LOOM_DEVICE_CPU;
+		else if (!strcmp(arg, "cuda")) a->device = LOOM_DEVICE_CUDA;
+		else {
+			say(msg, msglen, "--device must be auto, cpu or cuda, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_SEED:
+		if (parse_int("--seed", arg, 0, 0x7fffffffL, &l, msg, msglen)) return -1;
+		a->seed = (uint64_t)l;
+		break;
+	case O_CKPT: a->checkpoint = arg; break;
+	case O_RESUME: a->resume = 1; break;
+	case O_SAVE_EVERY:
+		if (parse_int("--save-every", arg, 1, 1 << 30, &l, msg, msglen)) return -1;
+		a->save_every = (int)l;
+		break;
+	case O_LOG:
+		if (parse_int("--log-interval", arg, 1, 1 << 30, &l, msg, msglen)) return -1;
+		a->log_interval = (int)l;
+		break;
+	case O_MAX:
+		if (parse_int("--max-steps", arg, 1, 0x7fffffffL, &l, msg, msglen)) return -1;
+		a->max_steps = l;
+		break;
+	case O_DUMP: a->dump_graph = 1; break;
+	case O_DUMP_PLAN: a->dump_plan = arg; break;
+	case O_MEMREP: a->memory_report = 1; break;
+	case O_DRY: a->dry_run = 1; break;
+	case O_THREADS:
+		if (parse_int("--threads", arg, 1, 1024, &l, msg, msglen)) return -1;
+		a->threads = (int)l;
+		break;
+	case O_KEEPBN:
+		if (!strcmp(arg, "true")) a->keep_bn_fp32 = 1;
+		else if (!strcmp(arg, "false")) a->keep_bn_fp32 = 0;
+		else {
+			say(msg, msglen, "--keep-batchnorm-fp32 must be true or false, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_DEPTH:
+		if (parse_int("--depth", arg, 0, 1000, &l, msg, msglen)) return -1;
+		if (l != 18 && l != 34 && !(l == 50 && (prog->groups & TRAIN_FLAGS_BENCH))) {
+			say(msg, msglen, "--depth must be %s, got '%s'",
+			    prog->groups & TRAIN_FLAGS_BENCH ? "18, 34 or 50" : "18 or 34", arg);
+			return -1;
+		}
+		a->depth = (int)l;
+		break;
+	case O_WIDTH:
+		if (parse_int("--width", arg, 1, 4096, &l, msg, msglen)) return -1;
+		a->width = (int)l;
+		break;
+	case O_SIZE:
+		if (parse_int("--size", arg, 8, 4096, &l, msg, msglen)) return -1;
+		a->size = (int)l;
+		break;
+	case O_STEPS:
+		if (parse_int("--steps", arg, 1, 1 << 30, &l, msg, msglen)) return -1;
+		a->steps = (int)l;
+		break;
+	case O_WARMUP:
+		if (parse_int("--warmup", arg, 0, 1 << 30, &l, msg, msglen)) return -1;
+		a->warmup = (int)l;
+		break;
+	case O_SYNTH: a->synthetic = 1; break;
+	case O_NTRAIN:
+		if (parse_int("--train-images", arg, 1, 0x7fffffffL, &l, msg, msglen)) return -1;
+		a->train_images = l;
+		break;
+	case O_NTEST:
+		if (parse_int("--test-images", arg, 1, 0x7fffffffL, &l, msg, msglen)) return -1;
+		a->test_images = l;
+		break;
+	case O_NOAUG: a->augment = 0; break;
+	case O_SCHED:
+		if (!strcmp(arg, "step")) a->schedule = TRAIN_LR_STEP;
+		else if (!strcmp(arg, "cosine")) a->schedule = TRAIN_LR_COSINE;
+		else {
+			say(msg, msglen, "--lr-schedule must be step or cosine, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_WARMUP_EP:
+		if (parse_double("--warmup-epochs", arg, &a->warmup_epochs, msg, msglen))
+			return -1;
+		if (a->warmup_epochs < 0 || a->warmup_epochs > 100000) {
+			say(msg, msglen, "--warmup-epochs must lie in [0, 100000], got '%s'", arg);
+			return -1;
+		}
+		break;
+	default:
+		say(msg, msglen, "internal: flag %d has no handler", c);
+		return -1;
+	}
+	return 0;
+}
+
+train_parse train_parse_args(const train_program *prog, int argc, char **argv, train_args *a,
+			     char *msg, size_t msglen)
+{
+	struct option opts[N_FLAGS + 1];
+	size_t n = 0;
+	int c;
+
+	for (size_t i = 0; i < N_FLAGS; i++)
+		if (table[i].group & (prog->groups | TRAIN_FLAGS_COMMON))
+			opts[n++] = table[i].o;
+	opts[n] = (struct option){ 0, 0, 0, 0 };
+	*a = prog->defaults;
+	say(msg, msglen, "%s", "");
+	opterr = 0;
+	/* 0, not 1: glibc then starts afresh, so a second call parses too. */
+	optind = 0;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		const char *flag = optind > 1 ? argv[optind - 1] : "?";
+		if (c == 'h' || c == O_HELP)
+			return TRAIN_HELP;
+		if (c == '?' || c == ':') {
+			say(msg, msglen, "unknown or incomplete option '%s' (see --help)", flag);
+			return TRAIN_BAD;
+		}
+		if (set_flag(prog, c, optarg, a, msg, msglen))
+			return TRAIN_BAD;
+	}
+	if (optind < argc) {
+		say(msg, msglen, "unexpected argument '%s' (see --help)", argv[optind]);
+		return TRAIN_BAD;
+	}
+	if ((a->resume || a->save_every) && !a->checkpoint) {
+		say(msg, msglen, "--resume and --save-every need --checkpoint PATH");
+		return TRAIN_BAD;
+	}
+	if (a->schedule != TRAIN_LR_COSINE && a->warmup_epochs > 0) {
+		say(msg, msglen, "--warmup-epochs applies to --lr-schedule cosine");
+		return TRAIN_BAD;
+	}
+	if (a->warmup_epochs >= a->epochs && a->warmup_epochs > 0) {
+		say(msg, msglen, "--warmup-epochs %g leaves no epoch of the %d to decay over",
+		    a->warmup_epochs, a->epochs);
+		return TRAIN_BAD;
+	}
+	return TRAIN_RUN;
+}

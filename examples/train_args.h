@@ -1,0 +1,109 @@
+/*
+ * examples/train_args.h — the command line the training examples share
+ * (mnist_ddp, cifar_ddp, resnet50_synthetic): one parser over one table of
+ * flags, each program taking the groups it needs with its own defaults. It
+ * returns a status and a message instead of printing or exiting, so that a
+ * test or a fuzzer (tests/fuzz/fuzz_args.c) can call it as often as it likes.
+ */
+#ifndef LOOM_EXAMPLES_TRAIN_ARGS_H
+#define LOOM_EXAMPLES_TRAIN_ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom.h"
+
+typedef enum train_lr_schedule {
+	TRAIN_LR_STEP = 0, /* lr * gamma^(epoch / lr_step); constant when lr_step is 0 */
+	TRAIN_LR_COSINE,   /* linear warm-up, then cosine decay to 0 over the run */
+} train_lr_schedule;
+
+typedef struct train_args {
+	int epochs;
+	int batch;         /* per rank, as in DDP */
+	double lr, momentum, weight_decay;
+	train_lr_schedule schedule;
+	int lr_step;       /* epochs between decays, 0: constant */
+	double lr_gamma;
+	double warmup_epochs; /* cosine: epochs of linear warm-up */
+	loom_optim_kind optim;
+	const char *data;  /* points into argv or at a constant */
+	uint64_t seed;
+	const char *checkpoint;
+	int resume;
+	loom_device device;
+	loom_opt_level level;
+	loom_dtype half;
+	double loss_scale; /* 0: the level's default (dynamic) */
+	int keep_bn_fp32;  /* -1: the level's default */
+	int save_every;    /* steps between mid-epoch checkpoints, 0: epoch ends only */
+	int log_interval;
+	int64_t max_steps; /* 0: no limit (for smoke runs) */
+	int dump_graph;
+	const char *dump_plan; /* Graphviz file of the compiled plan, NULL: none */
+	int memory_report;
+	int dry_run;           /* compile, report, stop before step 1 */
+	int threads;           /* CPU kernel threads, 0: one per core */
+
+	/* TRAIN_FLAGS_RESNET */
+	int depth;             /* 18, 34 (CIFAR) or 50 */
+	int width;             /* channels of the first stage, 64 as published */
+	int size;              /* image side (resnet50_synthetic) */
+	/* TRAIN_FLAGS_CIFAR */
+	int synthetic;         /* generated images instead of --data */
+	int64_t train_images;  /* use only the first N (0: all) */
+	int64_t test_images;
+	int augment;           /* random crop (pad 4) and flip */
+	/* TRAIN_FLAGS_BENCH */
+	int steps, warmup;     /* timed steps and untimed ones before them */
+
+	/*
+	 * Where the data-parallel flags of the next round go, each one field
+	 * here, one row in the option table of train_args.c and one line in
+	 * train.c: --sync-bn (loom_compile_opts.sync_bn, in train_compile),
+	 * --accumulate N (LOOM_RUN_ACCUMULATE micro-steps, in train_step) and
+	 * --trace FILE.json (loom_trace_start/stop, around train_fit's loop).
+	 */
+} train_args;
+
+/* Flag groups; every program has TRAIN_FLAGS_COMMON. */
+enum {
+	TRAIN_FLAGS_COMMON = 1 << 0,   /* device, precision, threads, plan, memory, --nproc */
+	TRAIN_FLAGS_FIT = 1 << 1,      /* epochs, optimizer, lr schedule, checkpoints, logs */
+	TRAIN_FLAGS_DATA = 1 << 2,     /* --data DIR */
+	TRAIN_FLAGS_RESNET = 1 << 3,   /* --depth, --width */
+	TRAIN_FLAGS_CIFAR = 1 << 4,    /* --synthetic, image limits, augmentation, cosine */
+	TRAIN_FLAGS_BENCH = 1 << 5,    /* --steps, --warmup, --size */
+};
+
+/* A program's command line: its name, what it trains (the first lines of
+ * --help), the flag groups it takes and its defaults. */
+typedef struct train_program {
+	const char *name;
+	const char *about;
+	unsigned groups;
+	train_args defaults;
+} train_program;
+
+extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic;
+
+typedef enum train_parse {
+	TRAIN_RUN = 0,   /* *a holds the run's settings */
+	TRAIN_HELP = 1,  /* --help: print train_usage and exit 0 */
+	TRAIN_BAD = -1,  /* msg says which flag and why */
+} train_parse;
+
+/*
+ * Fills *a from argv (argv[0] is the program name; getopt_long may permute
+ * the rest) for program prog: a flag of a group prog does not take is
+ * unknown. msg (msglen bytes, may be NULL) receives a message without the
+ * program's name. Touches no file; safe to call repeatedly.
+ */
+train_parse train_parse_args(const train_program *prog, int argc, char **argv, train_args *a,
+			     char *msg, size_t msglen);
+
+/* The --help text of prog. */
+void train_usage(const train_program *prog, FILE *f);
+
+#endif /* LOOM_EXAMPLES_TRAIN_ARGS_H */

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# tests/examples/test_cifar_ddp.sh — examples/cifar_ddp and resnet50_synthetic
+# on small CIFAR-10 files in the real format that cifar_fixture writes: flags
+# and --help, the missing directory and missing file messages, a few steps,
+# loss falling and accuracy rising on an easy task, resume mid-epoch, the
+# cosine warm-up, --dump-plan through dot, the ResNet-34 batch-128 memory
+# report (planned activations at most half the naive sum), 2 ranks under
+# mpirun and --nproc. Narrow ResNets (--width 8) keep it to a minute or two.
+# Prints "N passed, N failed".
+set -u
+EX=$1 FIX=$2 R50=$3
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
+# Evaluation and compile take seconds on a loaded machine: not a dead rank.
+export LOOM_COMM_TIMEOUT_S=120 OMP_NUM_THREADS=1
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LOOM_COMM_TIMEOUT_S -x OMP_NUM_THREADS)
+tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cifar.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+small=(--width 8 --device cpu)
+
+# expect NAME WANT_RC PATTERN -- ARGS...: exit status and a line matching.
+expect() {
+	local name=$1 want=$2 pat=$3 out rc
+	shift 4
+	out=$("$EX" "$@" 2>&1)
+	rc=$?
+	if [ "$rc" -eq "$want" ] && grep -q -- "$pat" <<<"$out"; then ok "$name"; else
+		bad "$name" "exit $rc (want $want), no line with '$pat':" "$out"; fi
+}
+
+mkdir -p "$tmp/d" "$tmp/missing"
+"$FIX" "$tmp/d" 240 100 || { bad "cifar_fixture wrote the data"; echo "$pass passed, $fail failed"; exit 1; }
+cp "$tmp"/d/*.bin "$tmp/missing/"
+rm "$tmp/missing/data_batch_3.bin"
+
+expect "--help" 0 "usage: cifar_ddp" -- --help
+expect "--help lists --synthetic" 0 "--synthetic" -- --help
+expect "--depth 50 refused" 2 "--depth must be 18 or 34, got '50'" -- --depth 50
+expect "bad --lr-schedule" 2 "lr-schedule must be step or cosine" -- --lr-schedule linear
+expect "--warmup-epochs needs cosine" 2 "warmup-epochs applies to --lr-schedule cosine" -- --warmup-epochs 1
+expect "missing dir: names the files" 1 "data_batch_1.bin, data_batch_2.bin, data_batch_3.bin, data_batch_4.bin, data_batch_5.bin and test_batch.bin" -- --data "$tmp/none"
+expect "missing dir: names the URL" 1 "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz" -- --data "$tmp/none"
+expect "missing file: names it" 1 "missing batch file $tmp/missing/data_batch_3.bin" -- --data "$tmp/missing"
+expect "too few images for a batch" 1 "needs 500 training images" -- --data "$tmp/d" --batch-size 500 "${small[@]}"
+
+# A few steps, then the run's speed.
+out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 10 --max-steps 3 --log-interval 1 2>&1)
+check "3 steps: a progress line each" "$out" "^epoch 1 step .* loss [0-9.]*  acc .* img/s  ETA .* batch 10  lr 0.1  loss scale 1" 3
+check "3 steps: the test accuracy after them" "$out" "^epoch 1 done: test loss [0-9.]*, test accuracy" 1
+check "3 steps: the speed at the end" "$out" "^trained 3 steps: [0-9.]* img/s" 1
+
+# An easy task: three epochs, one progress line each (rank 0's training
+# loss and accuracy over the epoch): the loss falls, the accuracy rises.
+# The training figures, not the test ones: after a few dozen steps the batch
+# norms' running statistics lag the weights, and eval-mode accuracy swings
+# from epoch to epoch (PyTorch's same model on these files: 18, 100, 44, 77%).
+out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 20 --epochs 3 --lr 0.05 --log-interval 12 2>&1)
+first=$(grep "^epoch 1 step" <<<"$out" | sed -n 's/.* loss \([0-9.]*\)  acc *\([0-9.]*\)%.*/\1 \2/p')
+last=$(grep "^epoch 3 step" <<<"$out" | sed -n 's/.* loss \([0-9.]*\)  acc *\([0-9.]*\)%.*/\1 \2/p')
+if [ -n "$first" ] && [ -n "$last" ] && awk -v f="$first" -v l="$last" 'BEGIN {
+	split(f, a, " "); split(l, b, " "); exit !(b[1] < 0.85 * a[1] && b[2] > a[2] + 5) }'; then
+	ok "easy task: loss falls, accuracy rises (epoch 1: $first, epoch 3: $last)"
+else
+	bad "easy task: loss falls, accuracy rises (epoch 1: '$first', epoch 3: '$last')" "$out"
+fi
+
+# Resume mid-epoch: 5 steps saved (cursor at sample 50), 3 more after.
+"$EX" --data "$tmp/d" "${small[@]}" --batch-size 10 --max-steps 5 --test-images 10 \
+	--checkpoint "$tmp/ck" >/dev/null 2>&1
+out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 10 --max-steps 8 --test-images 10 \
+	--checkpoint "$tmp/ck" --resume 2>&1)
+check "resume: at step 5, batch 5 of epoch 1" "$out" "^resumed .*ck at step 5 (epoch 1, batch 5)" 1
+check "resume: 3 more steps" "$out" "^trained 3 steps" 1
+
+# Cosine with one warm-up epoch of 12 steps: the first step's lr is 0.1/12.
+out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 20 --epochs 2 --lr-schedule cosine \
+	--warmup-epochs 1 --max-steps 2 --log-interval 1 --test-images 10 2>&1)
+check "cosine warm-up: lr 0.1/12 at step 1" "$out" "^epoch 1 step     1/12 .* lr 0.008333 " 1
+check "cosine warm-up: lr 0.2/12 at step 2" "$out" "^epoch 1 step     2/12 .* lr 0.01667 " 1
+
+# The plan as Graphviz, rendered when dot is installed.
+out=$("$EX" --synthetic --train-images 20 --test-images 10 "${small[@]}" --batch-size 4 \
+	--dry-run --dump-plan "$tmp/plan.dot" 2>&1)
+check "--dump-plan --dry-run: written, stopped before step 1" "$out" "^dry run: compiled" 1
+if ! grep -q "^digraph loom_plan" "$tmp/plan.dot" 2>/dev/null; then
+	bad "--dump-plan: a digraph" "$(head -3 "$tmp/plan.dot" 2>&1)"
+elif command -v dot >/dev/null; then
+	if dot -Tsvg "$tmp/plan.dot" -o "$tmp/plan.svg" 2>"$tmp/dot.err" && grep -q "<svg" "$tmp/plan.svg"; then
+		ok "--dump-plan: dot renders it"
+	else
+		bad "--dump-plan: dot renders it" "$(cat "$tmp/dot.err")"
+	fi
+else
+	echo "skip --dump-plan rendering: needs Graphviz (dot)"
+fi
+
+# ResNet-34 at batch 128 (compile only): the planned activations are at
+# most half of one buffer each.
+out=$("$EX" --synthetic --train-images 128 --test-images 10 --depth 34 --batch-size 128 \
+	--device cpu --memory-report --dry-run 2>&1)
+act=$(sed -n 's/^ *activations (reused) *\([0-9.]*\) MiB *(\([0-9.]*\) MiB with one buffer each).*/\1 \2/p' <<<"$out")
+if [ -n "$act" ] && awk -v a="$act" 'BEGIN { split(a, v, " "); exit !(2 * v[1] <= v[2]) }'; then
+	ok "ResNet-34 b128: planned activations at most half the naive sum ($act MiB)"
+else
+	bad "ResNet-34 b128: planned activations at most half the naive sum ('$act')" "$out"
+fi
+
+# Two ranks: mpirun and the launcher; rank 0 alone prints.
+flags=(--synthetic --train-images 80 --test-images 20 "${small[@]}" --batch-size 10 --epochs 1 \
+	--max-steps 2 --log-interval 1)
+out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
+check "mpirun -np 2: a group of 2, global batch 20" "$out" "^data parallel: 2 ranks (mpirun), global batch 20" 1
+check "mpirun -np 2: progress at the global batch" "$out" "^epoch 1 step .* batch 20 " 2
+check "mpirun -np 2: test accuracy over both shards" "$out" "^epoch 1 done: test loss [0-9.]*, test accuracy" 1
+out=$("$EX" --nproc 2 "${flags[@]}" 2>&1)
+check "--nproc 2: rank 0 trains and evaluates" "$out" "^\[rank 0\] epoch 1 done: test loss" 1
+check "--nproc 2: rank 1 prints no progress" "$out" "^\[rank 1\] epoch" 0
+
+# resnet50_synthetic, narrow and small: per-rank and total images/s.
+out=$("$R50" --depth 18 --size 32 --width 8 --batch-size 4 --steps 2 --warmup 1 --device cpu 2>&1)
+check "resnet50_synthetic: 3 steps, one of them warm-up" "$out" "^step .*(warm-up)" 1
+check "resnet50_synthetic: images/s of rank 0" "$out" "^rank 0: [0-9.]* img/s (batch 4, 2 steps)" 1
+check "resnet50_synthetic: the total" "$out" "^total: [0-9.]* img/s over 1 rank" 1
+out=$("${MPIRUN[@]}" -np 2 "$R50" --depth 18 --size 32 --width 8 --batch-size 4 --steps 2 \
+	--warmup 1 --device cpu 2>&1)
+check "resnet50_synthetic 2 ranks: both ranks' speed" "$out" "^rank [01]: [0-9.]* img/s" 2
+check "resnet50_synthetic 2 ranks: the total" "$out" "^total: [0-9.]* img/s over 2 ranks (global batch 8" 1
+out=$("$R50" --epochs 3 2>&1)
+check "resnet50_synthetic: training flags are not its own" "$out" "unknown or incomplete option '--epochs'" 1
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
