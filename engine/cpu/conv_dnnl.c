@@ -7,7 +7,6 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -27,8 +26,9 @@ typedef struct conv_arg {
 	dnnl_primitive_t reorder;
 } conv_arg;
 
-/* The workspace (the backend's, shared by all nodes, since only one node
- * runs at a time): each blocked copy, then oneDNN's scratchpad. */
+/* One slice's primitive. Its part of the workspace (the backend's, shared
+ * by all nodes, since one node runs at a time): each blocked copy, then
+ * oneDNN's scratchpad. */
 typedef struct conv_one {
 	dnnl_stream_t stream; /* its own: slices run concurrently */
 	dnnl_primitive_t prim;
