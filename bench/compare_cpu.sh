@@ -7,14 +7,19 @@
 #   OpenBLAS SkylakeX     the same with OPENBLAS_CORETYPE=SkylakeX (ceiling
 #                         of OpenBLAS when it knows the CPU; not a solution)
 #   BLIS                  portable path with libblis preloaded for cblas_sgemm
-#   oneDNN avx2 / avx512  LOOM_CPU_ISA=avx2, and no variable (the default)
+#   oneDNN avx2 / avx512  LOOM_CPU_ISA=avx2, and no variable (the default:
+#                         conv nodes on oneDNN's convolution primitives)
+#   im2col conv           the default path with LOOM_CPU_CONV=im2col (conv
+#                         nodes on im2col + oneDNN's GEMM, as before them)
 #   PyTorch 1.13          bench/torch_convnet.py, 2 threads
-#   bench/compare_cpu.sh [rounds] [steps]     (defaults 3, 150)
+#   bench/compare_cpu.sh [rounds] [steps] [quick]     (defaults 3, 150)
+# quick leaves out the OpenBLAS and BLIS columns.
 # LOOM_BIN overrides the folder with the built binaries (bazel-bin).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 steps=${2:-150}
+quick=${3:-}
 bin=${LOOM_BIN:-}
 if [ -z "$bin" ]; then
 	bazel build -c opt //bench:bench_convnet >/dev/null 2>&1
@@ -42,17 +47,21 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "ConvNet batch 100, O0, $steps steps; each cell: img/s of the median step / mean / per CPU-second"
 echo
-echo "| round | threads | OpenBLAS as-is | OpenBLAS SkylakeX | BLIS | oneDNN avx2 | oneDNN avx512 (default) | PyTorch 1.13 |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| round | threads | OpenBLAS as-is | OpenBLAS SkylakeX | BLIS | oneDNN avx2 | oneDNN avx512, im2col conv | oneDNN avx512 (default) | PyTorch 1.13 | load avg |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for r in $(seq "$rounds"); do
 	for t in 2 1; do
-		a=$(run $t LOOM_CPU_ISA=portable)
-		s=$(run $t LOOM_CPU_ISA=portable OPENBLAS_CORETYPE=SkylakeX)
-		b=$([ -e $blis ] && run $t LOOM_CPU_ISA=portable LD_PRELOAD=$blis || echo "-")
+		a=- s=- b=-
+		if [ -z "$quick" ]; then
+			a=$(run $t LOOM_CPU_ISA=portable)
+			s=$(run $t LOOM_CPU_ISA=portable OPENBLAS_CORETYPE=SkylakeX)
+			b=$([ -e $blis ] && run $t LOOM_CPU_ISA=portable LD_PRELOAD=$blis || echo "-")
+		fi
 		d2=$(run $t LOOM_CPU_ISA=avx2)
+		ic=$(run $t LOOM_CPU_CONV=im2col)
 		d5=$(run $t)
 		p=$(torch $t)
-		echo "| $r | $t | $a | $s | $b | $d2 | $d5 | ${p:--} |"
+		echo "| $r | $t | $a | $s | $b | $d2 | $ic | $d5 | ${p:--} | $(cut -d' ' -f1 /proc/loadavg) |"
 	done
 done
 echo

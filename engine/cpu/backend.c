@@ -50,14 +50,22 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_ALLREDUCE] = loom_cpu_op_allreduce,
 };
 
+/* Batch norm's workspace needs no context: the table's shape for it. */
+static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
+{
+	(void)c;
+	return loom_cpu_bn_workspace(pl, v, elem);
+}
+
 /* Kernel workspace of the ops that need one, for element size elem. */
-static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_plan *, loom_value, size_t) = {
-	[LOOM_OP_CONV2D] = loom_cpu_conv_workspace,
-	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_conv_workspace,
-	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_conv_workspace,
-	[LOOM_OP_BATCHNORM2D] = loom_cpu_bn_workspace,
-	[LOOM_OP_BN_BWD_DATA] = loom_cpu_bn_workspace,
-	[LOOM_OP_BN_BWD_GAMMA] = loom_cpu_bn_workspace,
+static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_cpu_ctx *, const loom_plan *,
+						loom_value, size_t) = {
+	[LOOM_OP_CONV2D] = loom_cpu_conv_node_ws,
+	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_conv_node_ws,
+	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_conv_node_ws,
+	[LOOM_OP_BATCHNORM2D] = bn_ws,
+	[LOOM_OP_BN_BWD_DATA] = bn_ws,
+	[LOOM_OP_BN_BWD_GAMMA] = bn_ws,
 };
 
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */
@@ -105,12 +113,12 @@ static int emulated(const loom_plan *pl, const loom_node *n)
 
 /* Bytes of scratch node v needs: its kernel's workspace, then the f32
  * copies of its half sources and result. */
-static size_t node_workspace(const loom_plan *pl, loom_value v)
+static size_t node_workspace(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
 	const loom_node *n = &pl->g->nodes[v];
 	size_t ws = 0;
 	if (cpu_op_ws[n->op])
-		ws = cpu_op_ws[n->op](pl, v, loom_dtype_size(loom_cpu_kernel_dtype(n)));
+		ws = cpu_op_ws[n->op](c, pl, v, loom_dtype_size(loom_cpu_kernel_dtype(n)));
 	if (emulated(pl, n)) {
 		for (int i = 0; i < n->nsrc; i++)
 			if (is_half(src_node(pl, n, i)->dtype))
@@ -136,6 +144,7 @@ static void cpu_free(void *ctx)
 	loom_cpu_ctx *c = ctx;
 	if (!c)
 		return;
+	loom_cpu_conv_unplan(c);
 	free(c->base);
 	free(c->accum_base);
 	free(c->pending);
@@ -161,10 +170,13 @@ static int cpu_supports_op(void *ctx, loom_op op)
 	return (unsigned)op < LOOM_OP_COUNT && cpu_ops[op] != NULL;
 }
 
-/* The CPU has nothing to plan beyond each node's scratch. */
+/* The CPU plans each node's scratch and its conv nodes' oneDNN primitives. */
 static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_bytes)
 {
 	loom_cpu_ctx *c = ctx;
+	loom_status st = loom_cpu_conv_plan(c, plan);
+	if (st != LOOM_OK)
+		return st;
 	if (plan->buckets.n > 0) {
 		c->pending = calloc((size_t)plan->buckets.n, sizeof(*c->pending));
 		c->ar_t0 = calloc((size_t)plan->buckets.n, sizeof(*c->ar_t0));
@@ -175,7 +187,7 @@ static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_
 	}
 	*ws_bytes = 0;
 	for (int v = 0; v < plan->g->n; v++) {
-		size_t ws = node_workspace(plan, v);
+		size_t ws = node_workspace(c, plan, v);
 		if (ws > *ws_bytes)
 			*ws_bytes = ws;
 	}
@@ -242,7 +254,7 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	 * kernel's own workspace, run in f32, round the result. */
 	unsigned char *scratch = c->arena.ws;
 	if (cpu_op_ws[n->op])
-		scratch += cpu_op_ws[n->op](pl, v, 4);
+		scratch += cpu_op_ws[n->op](c, pl, v, 4);
 	for (int i = 0; i < n->nsrc; i++) {
 		const loom_node *sn = src_node(pl, n, i);
 		if (!is_half(sn->dtype))

@@ -7,8 +7,11 @@
  * Off unless LOOM_CPU_BF16=native: with Debian's oneDNN 2.6 the bf16 GEMM
  * (dnnl_gemm_bf16bf16f32, and the bf16 matmul primitive alike) ran at about
  * half the fp32 GEMM's rate on the ConvNet's and ResNet-50's shapes on the
- * one avx512_bf16 machine measured (bench/RESULTS.md), so by default bf16
- * keeps the exact emulation, which is faster there.
+ * one avx512_bf16 machine measured, and so did oneDNN's bf16 convolution
+ * primitives against its f32 ones: that core issues vdpbf16ps at a fraction
+ * of its FMA rate (bench/bf16_peak: bf16 at about half the fp32 FLOP rate;
+ * bench/RESULTS.md). So by default bf16 keeps the exact emulation, which is
+ * faster there.
  */
 
 #include <stdlib.h>

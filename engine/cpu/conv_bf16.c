@@ -59,19 +59,11 @@ int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x,
 			if (tposed) {
 				fail |= loom_cpu_gemm_bf16('T', 'T', p, s->c_out, k, 1, cn, p, w, k, 0,
 							   yt, s->c_out);
-				for (int co = 0; co < s->c_out; co++) {
-					float bias = b ? b[co] : 0, *yr = yn + (int64_t)co * p;
-					for (int i = 0; i < p; i++)
-						yr[i] = yt[(int64_t)i * s->c_out + co] + bias;
-				}
+				conv_untranspose_f32(s->c_out, p, yt, b, yn);
 				continue;
 			}
 			fail |= loom_cpu_gemm_bf16('N', 'N', s->c_out, p, k, 1, w, k, cn, p, 0, yn, p);
-			for (int co = 0; b && co < s->c_out; co++) {
-				float bias = b[co], *yr = yn + (int64_t)co * p;
-				for (int i = 0; i < p; i++)
-					yr[i] += bias;
-			}
+			conv_add_bias_f32(s->c_out, p, b, yn);
 		}
 	}
 	return fail ? -1 : 0;
@@ -147,14 +139,6 @@ int loom_cpu_conv2d_bwd_filter_bf16_native(const loom_conv_shape *s, const uint1
 	}
 	if (fail)
 		return -1;
-	const char *part0 = (const char *)ws + (size_t)k * p * 4;
-	for (int co = 0; co < s->c_out; co++) {
-		for (int j = 0; j < k; j++) {
-			float acc = 0;
-			for (int t = 0; t < team; t++)
-				acc += ((const float *)(part0 + slot * t))[(int64_t)j * s->c_out + co];
-			dw[(int64_t)co * k + j] = acc;
-		}
-	}
+	conv_dw_reduce_f32(s->c_out, k, (const char *)ws + (size_t)k * p * 4, slot, team, dw);
 	return 0;
 }

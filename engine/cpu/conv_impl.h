@@ -13,18 +13,6 @@
 
 #include "engine/cpu/im2col_impl.h"
 
-/* y_n[c_out, P] = yt[P, c_out]^T + b: the transposed GEMM result put back
- * in NCHW, with the bias added on the way (both in L1). */
-static void LOOM_CPU_FN(conv_untranspose)(int c_out, int p, const T *yt, const T *b,
-					  T *yn)
-{
-	for (int co = 0; co < c_out; co++) {
-		T bias = b ? b[co] : 0, *yr = yn + (int64_t)co * p;
-		for (int i = 0; i < p; i++)
-			yr[i] = yt[(int64_t)i * c_out + co] + bias;
-	}
-}
-
 void LOOM_CPU_FN(loom_cpu_conv2d_fwd)(const loom_conv_shape *s, const T *x,
 				      const T *w, const T *b, T *y, void *ws)
 {
@@ -64,13 +52,7 @@ void LOOM_CPU_FN(loom_cpu_conv2d_fwd)(const loom_conv_shape *s, const T *x,
 			}
 			CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->c_out, p, k,
 				   1, w, k, col, p, 0, yn, p);
-			if (b) {
-				for (int co = 0; co < s->c_out; co++) {
-					T bias = b[co], *yr = yn + (int64_t)co * p;
-					for (int i = 0; i < p; i++)
-						yr[i] += bias;
-				}
-			}
+			LOOM_CPU_FN(conv_add_bias)(s->c_out, p, b, yn);
 		}
 	}
 	loom_cpu_blas_serial_end(blas_prev);
@@ -152,14 +134,6 @@ void LOOM_CPU_FN(loom_cpu_conv2d_bwd_filter)(const loom_conv_shape *s, const T *
 	}
 	loom_cpu_blas_serial_end(blas_prev);
 
-	/* dw[c_out, K] = sum over threads of part^T, in a fixed order. */
-	const char *part0 = (const char *)ws + (int64_t)k * p * sizeof(T);
-	for (int co = 0; co < s->c_out; co++) {
-		for (int j = 0; j < k; j++) {
-			T acc = 0;
-			for (int t = 0; t < team; t++)
-				acc += ((const T *)(part0 + slot * t))[(int64_t)j * s->c_out + co];
-			dw[(int64_t)co * k + j] = acc;
-		}
-	}
+	LOOM_CPU_FN(conv_dw_reduce)(s->c_out, k, (const char *)ws + (int64_t)k * p * sizeof(T),
+				    slot, team, dw);
 }

@@ -1,8 +1,10 @@
 /*
  * engine/cpu/im2col_impl.h — im2col and its adjoint col2im for one image,
- * written once for T/SFX: conv_impl.h instantiates them for f32 and f64, and
- * conv_bf16.c for bf16 bit patterns (copies only, no arithmetic on T there).
- * No include guard on purpose. static inline: an instance may leave some unused.
+ * and the unpacking of the conv kernels' transposed GEMM results, written
+ * once for T/SFX: conv_impl.h instantiates them for f32 and f64, and
+ * conv_bf16.c for f32 and for bf16 bit patterns (im2col only: copies, no
+ * arithmetic on T). No include guard on purpose. static inline: an instance
+ * may leave some unused.
  */
 
 /* One image x[c_in, h_in, w_in] to col[c_in*kh*kw, ho*wo]; padding reads 0. */
@@ -150,3 +152,41 @@ static inline void LOOM_CPU_FN(col2im_s1)(const loom_conv_shape *s, const T *col
 	}
 }
 
+
+/* y_n[c_out, P] = yt[P, c_out]^T + b: a transposed GEMM result put back in
+ * NCHW, with the bias (may be NULL) added on the way (both in L1). */
+static inline void LOOM_CPU_FN(conv_untranspose)(int c_out, int p, const T *yt, const T *b,
+						 T *yn)
+{
+	for (int co = 0; co < c_out; co++) {
+		T bias = b ? b[co] : 0, *yr = yn + (int64_t)co * p;
+		for (int i = 0; i < p; i++)
+			yr[i] = yt[(int64_t)i * c_out + co] + bias;
+	}
+}
+
+/* y_n[c_out, P] += b[c_out] */
+static inline void LOOM_CPU_FN(conv_add_bias)(int c_out, int p, const T *b, T *yn)
+{
+	for (int co = 0; b && co < c_out; co++) {
+		T bias = b[co], *yr = yn + (int64_t)co * p;
+		for (int i = 0; i < p; i++)
+			yr[i] += bias;
+	}
+}
+
+/* dw[c_out, k] = the sum over `team` thread slots (slot bytes apart, from
+ * part0) of each one's partial dw^T [k, c_out], in a fixed order, so that
+ * the filter gradient is the same from run to run. */
+static inline void LOOM_CPU_FN(conv_dw_reduce)(int c_out, int k, const char *part0, size_t slot,
+					       int team, T *dw)
+{
+	for (int co = 0; co < c_out; co++) {
+		for (int j = 0; j < k; j++) {
+			T acc = 0;
+			for (int t = 0; t < team; t++)
+				acc += ((const T *)(part0 + slot * t))[(int64_t)j * c_out + co];
+			dw[(int64_t)co * k + j] = acc;
+		}
+	}
+}

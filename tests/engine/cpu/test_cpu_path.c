@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "amp/half.h"
+#include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
 #include "loom.h"
@@ -222,8 +223,43 @@ static void ref_conv(const loom_conv_shape *s, const float *x, const float *w, c
 	}
 }
 
-static void check_conv(int n, int c_in, int h, int w, int c_out, int kh, int kw, int stride,
-		       int pad, int bf16)
+/* How check_conv runs the conv: loom's im2col kernels, or oneDNN's
+ * primitives (conv_dnnl.c) in NCHW or in their own blocked layouts. */
+enum { CONV_LOOM, CONV_DNNL_NCHW, CONV_DNNL_BLOCKED };
+
+/* The three directions on oneDNN primitives, or -1 where the path has none:
+ * the portable path never has them, bf16 only on avx512_bf16, f32 on every
+ * other path must. */
+static int dnnl_conv3(const loom_conv_shape *s, int bf16, int blocked, const void *x,
+		      const void *w, const float *b, const void *dy, float *y, float *dx,
+		      float *dw, const char *what)
+{
+	loom_cpu_dnnl_conv *c[3];
+	int have = loom_cpu_isa_get() != LOOM_CPU_ISA_PORTABLE && (!bf16 || loom_cpu_bf16_native());
+	for (int k = 0; k < 3; k++) {
+		c[k] = loom_cpu_dnnl_conv_new((loom_cpu_conv_kind)k, s, bf16, k == 0, blocked);
+		cr_assert_eq(c[k] != NULL, have, "%s: primitive %d %s", what, k,
+			     have ? "missing" : "on a path without oneDNN");
+	}
+	if (!have)
+		return -1;
+	const void *a[3] = { x, dy, dy }, *bb[3] = { w, w, x };
+	float *out[3] = { y, dx, dw };
+	for (int k = 0; k < 3; k++) {
+		size_t n = loom_cpu_dnnl_conv_ws(c[k]);
+		void *ws = aligned_alloc(64, (n + 63) / 64 * 64 + 64);
+		/* garbage in the workspace and the result: nothing may read it */
+		memset(ws, 0xff, (n + 63) / 64 * 64 + 64);
+		cr_assert_eq(loom_cpu_dnnl_conv_run(c[k], a[k], bb[k], k == 0 ? b : NULL, out[k], ws),
+			     0, "%s: run %d", what, k);
+		free(ws);
+		loom_cpu_dnnl_conv_free(c[k]);
+	}
+	return 0;
+}
+
+static void check_conv_on(int mode, int n, int c_in, int h, int w, int c_out, int kh, int kw,
+			  int stride, int pad, int bf16)
 {
 	loom_conv_shape s = { n, c_in, h, w, c_out, kh, kw, stride, pad,
 			      (h + 2 * pad - kh) / stride + 1, (w + 2 * pad - kw) / stride + 1 };
@@ -238,9 +274,29 @@ static void check_conv(int n, int c_in, int h, int w, int c_out, int kh, int kw,
 	ref_conv(&s, x, wt, b, dy, ry, rym, rdx, rdxm, rdw, rdwm);
 
 	char what[128];
-	snprintf(what, sizeof(what), "%s conv n%d %dx%dx%d->%d k%dx%d s%d p%d",
+	snprintf(what, sizeof(what), "%s %s conv n%d %dx%dx%d->%d k%dx%d s%d p%d",
+		 mode == CONV_LOOM ? "im2col" : mode == CONV_DNNL_NCHW ? "onednn nchw" :
+									"onednn blocked",
 		 bf16 ? "bf16" : "f32", n, c_in, h, w, c_out, kh, kw, stride, pad);
-	if (!bf16) {
+	for (size_t i = 0; i < ys(&s); i++)
+		y[i] = NAN;
+	for (size_t i = 0; i < xs(&s); i++)
+		dx[i] = NAN;
+	for (size_t i = 0; i < wsz(&s); i++)
+		dw[i] = NAN;
+	if (mode != CONV_LOOM) {
+		uint16_t *xh = to_bf16(x, xs(&s)), *wh = to_bf16(wt, wsz(&s));
+		uint16_t *dyh = to_bf16(dy, ys(&s));
+		int rc = bf16 ? dnnl_conv3(&s, 1, mode == CONV_DNNL_BLOCKED, xh, wh, b, dyh, y, dx,
+					   dw, what) :
+				dnnl_conv3(&s, 0, mode == CONV_DNNL_BLOCKED, x, wt, b, dy, y, dx,
+					   dw, what);
+		free(xh);
+		free(wh);
+		free(dyh);
+		if (rc)
+			goto out;
+	} else if (!bf16) {
 		loom_cpu_conv2d_fwd_f32(&s, x, wt, b, y, ws);
 		loom_cpu_conv2d_bwd_data_f32(&s, dy, wt, dx, ws);
 		loom_cpu_conv2d_bwd_filter_f32(&s, dy, x, dw, ws);
@@ -282,6 +338,14 @@ out:
 	free(ws);
 }
 
+static int conv_mode;
+
+static void check_conv(int n, int c_in, int h, int w, int c_out, int kh, int kw, int stride,
+		       int pad, int bf16)
+{
+	check_conv_on(conv_mode, n, c_in, h, w, c_out, kh, kw, stride, pad, bf16);
+}
+
 static void conv_shapes(int bf16)
 {
 	check_conv(3, 5, 9, 7, 6, 3, 3, 1, 1, bf16);   /* ragged everything */
@@ -304,5 +368,23 @@ Test(cpu_path, conv_f32_random_ragged_shapes)
 
 Test(cpu_path, conv_bf16_random_ragged_shapes)
 {
+	conv_shapes(1);
+}
+
+/* oneDNN's primitives (the backend's conv path on AVX2 and AVX-512), in the
+ * layout the backend uses (blocked, reorders inside) and in NCHW. */
+Test(cpu_path, conv_onednn_f32_random_ragged_shapes)
+{
+	conv_mode = CONV_DNNL_BLOCKED;
+	conv_shapes(0);
+	conv_mode = CONV_DNNL_NCHW;
+	conv_shapes(0);
+}
+
+Test(cpu_path, conv_onednn_bf16_random_ragged_shapes)
+{
+	conv_mode = CONV_DNNL_BLOCKED;
+	conv_shapes(1);
+	conv_mode = CONV_DNNL_NCHW;
 	conv_shapes(1);
 }

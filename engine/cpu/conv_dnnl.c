@@ -1,0 +1,418 @@
+/*
+ * engine/cpu/conv_dnnl.c — convolution nodes as oneDNN convolution
+ * primitives (forward, backward data, backward weights; f32, or bf16
+ * sources with f32 results), created once per node and run on NCHW buffers.
+ * oneDNN JIT-compiles them for the instruction set it finds (cpu_path.c caps
+ * it), so the choice follows cpuid, never the CPU model.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "engine/cpu/conv_dnnl.h"
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/cpu_path.h"
+
+enum { ARG_A, ARG_B, ARG_BIAS, ARG_OUT, NARGS };
+
+/* One argument: loom's NCHW buffer, and where the primitive wants its own
+ * layout (blocked), the primitive's copy and the reorder between them. */
+typedef struct conv_arg {
+	int used, dnnl_arg;
+	dnnl_memory_t user;   /* NCHW, handle set at each run */
+	dnnl_memory_t inner;  /* the primitive's layout; NULL when it is NCHW */
+	size_t inner_off;     /* where in the workspace inner lives */
+	dnnl_primitive_t reorder;
+} conv_arg;
+
+/* One slice's primitive. Its part of the workspace (the backend's, shared
+ * by all nodes, since one node runs at a time): each blocked copy, then
+ * oneDNN's scratchpad. */
+typedef struct conv_one {
+	dnnl_stream_t stream; /* its own: slices run concurrently */
+	dnnl_primitive_t prim;
+	dnnl_primitive_desc_t pd;
+	conv_arg arg[NARGS];
+	dnnl_memory_t scratch;
+	size_t scratch_off, ws_bytes;
+	dnnl_exec_arg_t exec[NARGS + 1];
+	int nexec;
+} conv_one;
+
+static size_t align64(size_t x)
+{
+	return (x + 63) & ~(size_t)63;
+}
+
+static dnnl_engine_t engine;
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+
+static void engine_make(void)
+{
+	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
+		engine = NULL;
+}
+
+static int md_init(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
+		   dnnl_data_type_t dt, dnnl_format_tag_t tag)
+{
+	return dnnl_memory_desc_init_by_tag(md, ndims, dims, dt, tag) == dnnl_success ? 0 : -1;
+}
+
+/* The argument's NCHW memory and, if the primitive chose another layout,
+ * its own buffer and the reorder (to it for sources, from it for the
+ * result). */
+static int arg_make(conv_one *c, conv_arg *a, int dnnl_arg,
+		    const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *prim_md,
+		    int is_out)
+{
+	a->used = 1;
+	a->dnnl_arg = dnnl_arg;
+	if (dnnl_memory_create(&a->user, user_md, engine, DNNL_MEMORY_NONE) != dnnl_success)
+		return -1;
+	if (dnnl_memory_desc_equal(user_md, prim_md))
+		return 0;
+	if (dnnl_memory_create(&a->inner, prim_md, engine, DNNL_MEMORY_NONE) != dnnl_success)
+		return -1;
+	a->inner_off = c->ws_bytes;
+	c->ws_bytes += align64(dnnl_memory_desc_get_size(prim_md));
+	dnnl_primitive_desc_t rpd;
+	const dnnl_memory_desc_t *from = is_out ? prim_md : user_md, *to = is_out ? user_md : prim_md;
+	if (dnnl_reorder_primitive_desc_create(&rpd, from, engine, to, engine, NULL) !=
+	    dnnl_success)
+		return -1;
+	dnnl_status_t st = dnnl_primitive_create(&a->reorder, rpd);
+	dnnl_primitive_desc_destroy(rpd);
+	return st == dnnl_success ? 0 : -1;
+}
+
+static void one_free(conv_one *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < NARGS; i++) {
+		if (c->arg[i].reorder)
+			dnnl_primitive_destroy(c->arg[i].reorder);
+		if (c->arg[i].inner)
+			dnnl_memory_destroy(c->arg[i].inner);
+		if (c->arg[i].user)
+			dnnl_memory_destroy(c->arg[i].user);
+	}
+	if (c->scratch)
+		dnnl_memory_destroy(c->scratch);
+	if (c->prim)
+		dnnl_primitive_destroy(c->prim);
+	if (c->stream)
+		dnnl_stream_destroy(c->stream);
+	if (c->pd)
+		dnnl_primitive_desc_destroy(c->pd);
+	free(c);
+}
+
+static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int bf16, int bias,
+			 int blocked)
+{
+	const dnnl_dims_t xd = { s->n, s->c_in, s->h_in, s->w_in };
+	const dnnl_dims_t wd = { s->c_out, s->c_in, s->kh, s->kw };
+	const dnnl_dims_t yd = { s->n, s->c_out, s->h_out, s->w_out };
+	const dnnl_dims_t bd = { s->c_out };
+	const dnnl_dims_t strides = { s->stride, s->stride };
+	const dnnl_dims_t pad = { s->pad, s->pad };
+	/* The right padding that gives loom's (floor) output size exactly. */
+	const dnnl_dims_t pad_r = { (s->h_out - 1) * s->stride + s->kh - s->h_in - s->pad,
+				    (s->w_out - 1) * s->stride + s->kw - s->w_in - s->pad };
+	const dnnl_data_type_t in_t = bf16 ? dnnl_bf16 : dnnl_f32;
+	const dnnl_format_tag_t act = blocked ? dnnl_format_tag_any : dnnl_nchw;
+	const dnnl_format_tag_t wgt = blocked ? dnnl_format_tag_any : dnnl_oihw;
+
+	/* Data types by role: sources in in_t, the result in f32. */
+	dnnl_data_type_t xt = kind == LOOM_CPU_CONV_BWD_DATA ? dnnl_f32 : in_t;
+	dnnl_data_type_t wt = kind == LOOM_CPU_CONV_BWD_FILTER ? dnnl_f32 : in_t;
+	dnnl_data_type_t yt = kind == LOOM_CPU_CONV_FWD ? dnnl_f32 : in_t;
+	dnnl_memory_desc_t x_md, w_md, y_md, b_md, xu, wu, yu;
+	if (md_init(&x_md, 4, xd, xt, act) || md_init(&w_md, 4, wd, wt, wgt) ||
+	    md_init(&y_md, 4, yd, yt, act) || md_init(&b_md, 1, bd, dnnl_f32, dnnl_x) ||
+	    md_init(&xu, 4, xd, xt, dnnl_nchw) || md_init(&wu, 4, wd, wt, dnnl_oihw) ||
+	    md_init(&yu, 4, yd, yt, dnnl_nchw))
+		return NULL;
+
+	conv_one *c = calloc(1, sizeof(*c));
+	dnnl_primitive_attr_t attr = NULL;
+	if (!c)
+		return NULL;
+	if (dnnl_stream_create(&c->stream, engine, dnnl_stream_default_flags) != dnnl_success)
+		goto fail;
+	/* The scratchpad in loom's workspace: planned memory, no allocation
+	 * in a step. */
+	if (dnnl_primitive_attr_create(&attr) != dnnl_success ||
+	    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) !=
+		    dnnl_success)
+		goto fail;
+	dnnl_convolution_desc_t fd, bdesc;
+	dnnl_primitive_desc_t hint = NULL;
+	int use_bias = kind == LOOM_CPU_CONV_FWD && bias;
+	/* Forward (also the hint the backward ones need). Its data types are
+	 * those of a forward in this precision. */
+	dnnl_memory_desc_t fx = x_md, fw = w_md, fy = y_md;
+	fx.data_type = in_t;
+	fw.data_type = in_t;
+	fy.data_type = dnnl_f32;
+	if (dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
+					       &fx, &fw, use_bias ? &b_md : NULL, &fy, strides,
+					       pad, pad_r) != dnnl_success ||
+	    dnnl_primitive_desc_create(&hint, &fd, attr, engine, NULL) != dnnl_success)
+		goto fail;
+	if (kind == LOOM_CPU_CONV_FWD) {
+		c->pd = hint;
+		hint = NULL;
+	} else {
+		dnnl_status_t st =
+			kind == LOOM_CPU_CONV_BWD_DATA ?
+				dnnl_convolution_backward_data_desc_init(
+					&bdesc, dnnl_convolution_direct, &x_md, &w_md, &y_md,
+					strides, pad, pad_r) :
+				dnnl_convolution_backward_weights_desc_init(
+					&bdesc, dnnl_convolution_direct, &x_md, &w_md, NULL,
+					&y_md, strides, pad, pad_r);
+		if (st != dnnl_success ||
+		    dnnl_primitive_desc_create(&c->pd, &bdesc, attr, engine, hint) != dnnl_success)
+			goto fail;
+		dnnl_primitive_desc_destroy(hint);
+		hint = NULL;
+	}
+	if (dnnl_primitive_create(&c->prim, c->pd) != dnnl_success)
+		goto fail;
+
+#define PD_MD(q) dnnl_primitive_desc_query_md(c->pd, q, 0)
+	int rc = 0;
+	switch (kind) {
+	case LOOM_CPU_CONV_FWD:
+		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_SRC, &xu, PD_MD(dnnl_query_src_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_WEIGHTS, &wu,
+			       PD_MD(dnnl_query_weights_md), 0);
+		if (use_bias)
+			rc |= arg_make(c, &c->arg[ARG_BIAS], DNNL_ARG_BIAS, &b_md, &b_md, 0);
+		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DST, &yu, PD_MD(dnnl_query_dst_md), 1);
+		break;
+	case LOOM_CPU_CONV_BWD_DATA:
+		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_DIFF_DST, &yu,
+			       PD_MD(dnnl_query_diff_dst_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_WEIGHTS, &wu,
+			       PD_MD(dnnl_query_weights_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DIFF_SRC, &xu,
+			       PD_MD(dnnl_query_diff_src_md), 1);
+		break;
+	case LOOM_CPU_CONV_BWD_FILTER:
+		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_DIFF_DST, &yu,
+			       PD_MD(dnnl_query_diff_dst_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_SRC, &xu, PD_MD(dnnl_query_src_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DIFF_WEIGHTS, &wu,
+			       PD_MD(dnnl_query_diff_weights_md), 1);
+		break;
+	}
+#undef PD_MD
+	if (rc)
+		goto fail;
+	for (int i = 0; i < NARGS; i++) {
+		conv_arg *a = &c->arg[i];
+		if (!a->used)
+			continue;
+		c->exec[c->nexec].arg = a->dnnl_arg;
+		c->exec[c->nexec].memory = a->inner ? a->inner : a->user;
+		c->nexec++;
+	}
+	const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(c->pd, dnnl_query_scratchpad_md, 0);
+	if (sp && dnnl_memory_desc_get_size(sp) > 0) {
+		if (dnnl_memory_create(&c->scratch, sp, engine, DNNL_MEMORY_NONE) != dnnl_success)
+			goto fail;
+		c->scratch_off = c->ws_bytes;
+		c->ws_bytes += align64(dnnl_memory_desc_get_size(sp));
+		c->exec[c->nexec].arg = DNNL_ARG_SCRATCHPAD;
+		c->exec[c->nexec].memory = c->scratch;
+		c->nexec++;
+	}
+	dnnl_primitive_attr_destroy(attr);
+	return c;
+fail:
+	if (attr)
+		dnnl_primitive_attr_destroy(attr);
+	if (hint)
+		dnnl_primitive_desc_destroy(hint);
+	one_free(c);
+	return NULL;
+}
+
+static int reorder(dnnl_stream_t stream, dnnl_primitive_t r, dnnl_memory_t from,
+		   dnnl_memory_t to)
+{
+	dnnl_exec_arg_t args[2] = { { DNNL_ARG_FROM, from }, { DNNL_ARG_TO, to } };
+	return dnnl_primitive_execute(r, stream, 2, args) == dnnl_success ? 0 : -1;
+}
+
+static int one_run(conv_one *c, const void *a, const void *b, const float *bias, float *out,
+		   void *ws)
+{
+	const void *ptr[NARGS] = { a, b, bias, out };
+	int rc = 0;
+	if (c->scratch &&
+	    dnnl_memory_set_data_handle(c->scratch, (char *)ws + c->scratch_off) != dnnl_success)
+		return -1;
+	for (int i = 0; i < NARGS; i++) {
+		conv_arg *g = &c->arg[i];
+		if (!g->used)
+			continue;
+		if (dnnl_memory_set_data_handle(g->user, (void *)ptr[i]) != dnnl_success ||
+		    (g->inner && dnnl_memory_set_data_handle(g->inner, (char *)ws + g->inner_off) !=
+					 dnnl_success))
+			return -1;
+		if (g->reorder && i != ARG_OUT)
+			rc |= reorder(c->stream, g->reorder, g->user, g->inner);
+	}
+	if (rc || dnnl_primitive_execute(c->prim, c->stream, c->nexec, c->exec) != dnnl_success)
+		return -1;
+	conv_arg *o = &c->arg[ARG_OUT];
+	if (o->reorder && reorder(c->stream, o->reorder, o->inner, o->user))
+		return -1;
+	return dnnl_stream_wait(c->stream) == dnnl_success ? 0 : -1;
+}
+
+static const char *one_impl(const conv_one *c)
+{
+	const char *s = NULL;
+	if (dnnl_primitive_desc_query(c->pd, dnnl_query_impl_info_str, 0, &s) != dnnl_success)
+		return "?";
+	return s;
+}
+
+/*
+ * A node: the batch split into one slice per thread, each slice its own
+ * primitive (made for one thread) on its own part of the workspace, all
+ * run in one parallel region, as loom's im2col kernels split the batch.
+ * One region per node, not one per reorder and per primitive as oneDNN's
+ * own threading does: on the shared 2-core machine its barriers cost more
+ * than the kernels gained (bench/RESULTS.md). The filter gradient sums the
+ * slices' partial gradients after, in slice order (deterministic).
+ */
+struct loom_cpu_dnnl_conv {
+	loom_cpu_conv_kind kind;
+	int bf16, nslice, per; /* slices of `per` images, the last maybe fewer */
+	size_t slot;           /* workspace bytes per slice */
+	loom_conv_shape s;
+	conv_one *one[LOOM_CPU_MAX_SLOTS];
+};
+
+void loom_cpu_dnnl_conv_free(loom_cpu_dnnl_conv *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < c->nslice; i++)
+		one_free(c->one[i]);
+	free(c);
+}
+
+loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_conv_shape *s,
+					   int bf16, int bias, int blocked)
+{
+	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE)
+		return NULL;
+	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
+		return NULL;
+	pthread_once(&engine_once, engine_make);
+	if (!engine)
+		return NULL;
+	loom_cpu_dnnl_conv *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	int nt = loom_cpu_slot_threads(s->n);
+	c->kind = kind;
+	c->bf16 = bf16;
+	c->s = *s;
+	c->per = (s->n + nt - 1) / nt;
+	c->nslice = (s->n + c->per - 1) / c->per;
+	/* Each slice's primitive is made for one thread: oneDNN sizes its
+	 * work split by the thread count it sees now, and inside the node's
+	 * parallel region it runs on the calling thread alone. */
+	int prev = omp_get_max_threads();
+	omp_set_num_threads(1);
+	size_t ws = 0;
+	for (int i = 0; i < c->nslice; i++) {
+		loom_conv_shape si = *s;
+		si.n = i + 1 < c->nslice ? c->per : s->n - i * c->per;
+		/* one per slice, even of equal shapes: slices run at once and
+		 * each sets its memory objects' handles */
+		c->one[i] = one_new(kind, &si, bf16, bias, blocked);
+		if (!c->one[i]) {
+			omp_set_num_threads(prev);
+			c->nslice = i;
+			loom_cpu_dnnl_conv_free(c);
+			return NULL;
+		}
+		if (c->one[i]->ws_bytes > ws)
+			ws = c->one[i]->ws_bytes;
+	}
+	omp_set_num_threads(prev);
+	c->slot = align64(ws);
+	if (kind == LOOM_CPU_CONV_BWD_FILTER && c->nslice > 1)
+		c->slot += align64(sizeof(float) * (size_t)s->c_out * s->c_in * s->kh * s->kw);
+	return c;
+}
+
+size_t loom_cpu_dnnl_conv_ws(const loom_cpu_dnnl_conv *c)
+{
+	return c->slot * (size_t)c->nslice;
+}
+
+int loom_cpu_dnnl_conv_run(loom_cpu_dnnl_conv *c, const void *a, const void *b,
+			   const float *bias, float *out, void *ws)
+{
+	const loom_conv_shape *s = &c->s;
+	const size_t esz = c->bf16 ? 2 : 4;
+	const size_t x_img = (size_t)s->c_in * s->h_in * s->w_in;
+	const size_t y_img = (size_t)s->c_out * s->h_out * s->w_out;
+	const size_t nw = (size_t)s->c_out * s->c_in * s->kh * s->kw;
+	const size_t part_off = c->slot - align64(sizeof(float) * nw);
+	int fail = 0;
+
+#pragma omp parallel for num_threads(c->nslice) schedule(static) reduction(| : fail)
+	for (int i = 0; i < c->nslice; i++) {
+		size_t n0 = (size_t)i * c->per;
+		char *slot = (char *)ws + c->slot * i;
+		const char *ai, *bi = b;
+		float *oi;
+		switch (c->kind) {
+		case LOOM_CPU_CONV_FWD:
+			ai = (const char *)a + n0 * x_img * esz;
+			oi = out + n0 * y_img;
+			break;
+		case LOOM_CPU_CONV_BWD_DATA:
+			ai = (const char *)a + n0 * y_img * esz;
+			oi = out + n0 * x_img;
+			break;
+		default:
+			ai = (const char *)a + n0 * y_img * esz;
+			bi = (const char *)b + n0 * x_img * esz;
+			oi = c->nslice > 1 ? (float *)(slot + part_off) : out;
+			break;
+		}
+		fail |= one_run(c->one[i], ai, bi, bias, oi, slot);
+	}
+	if (fail)
+		return -1;
+	if (c->kind == LOOM_CPU_CONV_BWD_FILTER && c->nslice > 1) {
+		const char *p0 = (const char *)ws + part_off;
+#pragma omp parallel for schedule(static) if (nw >= 32768)
+		for (size_t j = 0; j < nw; j++) {
+			float acc = 0;
+			for (int i = 0; i < c->nslice; i++)
+				acc += ((const float *)(p0 + c->slot * i))[j];
+			out[j] = acc;
+		}
+	}
+	return 0;
+}
+
+const char *loom_cpu_dnnl_conv_impl(const loom_cpu_dnnl_conv *c)
+{
+	return one_impl(c->one[0]);
+}
