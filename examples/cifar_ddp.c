@@ -63,41 +63,34 @@ int main(int argc, char **argv)
 	static const float mean[3] = LOOM_CIFAR10_MEAN, std[3] = LOOM_CIFAR10_STD;
 
 	char err[768], what[512];
-	loom_dataset train = { 0 }, test = { 0 };
-	loom_sampler *train_s = NULL, *test_s = NULL;
-	loom_loader *train_l = NULL, *test_l = NULL;
+	train_data d = { 0 };
+	loom_dataset *train = &d.train, *test = &d.test;
 	loom_graph *g = NULL;
 	rc = 1;
 
-	if (load(a, &train, &test, err, sizeof(err))) {
+	if (load(a, train, test, err, sizeof(err))) {
 		fprintf(stderr, "cifar_ddp: %s\n", err);
 		goto out;
 	}
 	/* The graph is built for one batch size and the loader drops the last
 	 * partial batch: each rank needs one whole batch of its shard. */
-	if (train.n < (int64_t)a->batch * t.world) {
+	if (train->n < (int64_t)a->batch * t.world) {
 		fprintf(stderr, "cifar_ddp: --batch-size %d at %d rank%s needs %lld training images, "
 			"%s has %lld\n", a->batch, t.world, t.world > 1 ? "s" : "",
 			(long long)a->batch * t.world, a->synthetic ? "--synthetic" : a->data,
-			(long long)train.n);
+			(long long)train->n);
 		goto out;
 	}
-	if (loom_sampler_new(train.n, t.rank, t.world, 1, a->seed, 0, &train_s, err, sizeof(err)) ||
-	    loom_sampler_new(test.n, t.rank, t.world, 0, 0, 0, &test_s, err, sizeof(err)) ||
-	    loom_loader_new(&train, train_s, a->batch, 1, 0, 1, &train_l, err, sizeof(err)) ||
-	    loom_loader_new(&test, test_s, a->batch, 0, 0, 1, &test_l, err, sizeof(err))) {
-		fprintf(stderr, "cifar_ddp: %s\n", err);
+	if (train_data_shard(&t, &d, 0, 1))
 		goto out;
-	}
 	/* Augmentation only for training; what an image gets depends on (seed,
 	 * epoch, image), so any number of ranks sees the same crops. */
-	if (loom_loader_set_normalize(train_l, mean, std) ||
-	    loom_loader_set_normalize(test_l, mean, std) ||
-	    (a->augment && loom_loader_set_augment(train_l, 4, 1, a->seed))) {
-		fprintf(stderr, "cifar_ddp: %s\n", loom_loader_error(train_l));
+	if (loom_loader_set_normalize(d.train_l, mean, std) ||
+	    loom_loader_set_normalize(d.test_l, mean, std) ||
+	    (a->augment && loom_loader_set_augment(d.train_l, 4, 1, a->seed))) {
+		fprintf(stderr, "cifar_ddp: %s\n", loom_loader_error(d.train_l));
 		goto out;
 	}
-	loom_sampler_set_epoch(test_s, 0);
 
 	loom_value logits;
 	if (loom_graph_new(&g) != LOOM_OK) {
@@ -108,22 +101,11 @@ int main(int argc, char **argv)
 	loom_value loss = loom_model_resnet_width(g, a->depth, a->batch, 32, 10, a->width, &logits);
 	snprintf(what, sizeof(what), "ResNet-%d%s on %s (%lld train, %lld test images%s)",
 		 a->depth, a->width == 64 ? "" : " (narrow)", a->synthetic ? "synthetic data" : a->data,
-		 (long long)train.n, (long long)test.n, a->augment ? ", crop+flip" : "");
-	switch (train_compile(&t, g, loss, logits, 10, what)) {
-	case 0: break;
-	case 1: rc = 0; goto out; /* --dry-run */
-	default: goto out;
-	}
-	if (train_fit(&t, train_s, train_l, test_l, test.n) == 0)
-		rc = 0;
+		 (long long)train->n, (long long)test->n, a->augment ? ", crop+flip" : "");
+	rc = train_compile_fit(&t, &d, g, loss, logits, 10, what);
 out:
 	train_end(&t);
 	loom_graph_free(g);
-	loom_loader_free(train_l);
-	loom_loader_free(test_l);
-	loom_sampler_free(train_s);
-	loom_sampler_free(test_s);
-	loom_dataset_free(&train);
-	loom_dataset_free(&test);
+	train_data_free(&d);
 	return rc;
 }

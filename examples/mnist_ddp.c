@@ -36,46 +36,35 @@ int main(int argc, char **argv)
 	const train_args *a = &t.a;
 
 	char err[512];
-	loom_dataset train = { 0 }, test = { 0 };
-	loom_sampler *train_s = NULL, *test_s = NULL;
-	loom_loader *train_l = NULL, *test_l = NULL;
+	train_data d = { 0 };
+	loom_dataset *train = &d.train, *test = &d.test;
 	loom_graph *g = NULL;
 	rc = 1;
 
-	if (loom_mnist_load(a->data, "train", &train, err, sizeof(err)) ||
-	    loom_mnist_load(a->data, "t10k", &test, err, sizeof(err))) {
+	if (loom_mnist_load(a->data, "train", train, err, sizeof(err)) ||
+	    loom_mnist_load(a->data, "t10k", test, err, sizeof(err))) {
 		fprintf(stderr, "mnist_ddp: %s\n", err);
 		goto out;
 	}
-	if (check_split(a->data, "train", &train) || check_split(a->data, "t10k", &test))
+	if (check_split(a->data, "train", train) || check_split(a->data, "t10k", test))
 		goto out;
 	/* The graph is built for one batch size, and the loader drops the last
 	 * partial batch of an epoch: a training set smaller than one batch
 	 * would train on nothing. */
-	if (train.n < a->batch) {
-		if (train.n == 0)
+	if (train->n < a->batch) {
+		if (train->n == 0)
 			fprintf(stderr, "mnist_ddp: the training set in %s is empty: nothing to "
 				"train on\n", a->data);
 		else
 			fprintf(stderr, "mnist_ddp: --batch-size %d is larger than the training set "
 				"in %s (%lld images): pass --batch-size %lld or less\n", a->batch,
-				a->data, (long long)train.n, (long long)train.n);
+				a->data, (long long)train->n, (long long)train->n);
 		goto out;
 	}
-	if (test.n == 0)
+	if (test->n == 0)
 		printf("the test set in %s is empty: nothing to evaluate, training only\n", a->data);
-	/* Each rank reads its shard (DistributedSampler's); the batch size is
-	 * per rank, as in DDP. */
-	if (loom_sampler_new(train.n, t.rank, t.world, 1, a->seed, 0, &train_s, err, sizeof(err)) ||
-	    loom_sampler_new(test.n, t.rank, t.world, 0, 0, 0, &test_s, err, sizeof(err)) ||
-	    loom_loader_new(&train, train_s, a->batch, 1, LOOM_FASHION_MNIST_MEAN,
-			    LOOM_FASHION_MNIST_STD, &train_l, err, sizeof(err)) ||
-	    loom_loader_new(&test, test_s, a->batch, 0, LOOM_FASHION_MNIST_MEAN,
-			    LOOM_FASHION_MNIST_STD, &test_l, err, sizeof(err))) {
-		fprintf(stderr, "mnist_ddp: %s\n", err);
+	if (train_data_shard(&t, &d, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD))
 		goto out;
-	}
-	loom_sampler_set_epoch(test_s, 0);
 
 	loom_value logits;
 	if (loom_graph_new(&g) != LOOM_OK) {
@@ -84,21 +73,10 @@ int main(int argc, char **argv)
 	}
 	loom_graph_set_seed(g, a->seed);
 	loom_value loss = loom_model_convnet(g, a->batch, &logits);
-	switch (train_compile(&t, g, loss, logits, 10, a->data)) {
-	case 0: break;
-	case 1: rc = 0; goto out; /* --dry-run */
-	default: goto out;
-	}
-	if (train_fit(&t, train_s, train_l, test_l, test.n) == 0)
-		rc = 0;
+	rc = train_compile_fit(&t, &d, g, loss, logits, 10, a->data);
 out:
 	train_end(&t);
 	loom_graph_free(g);
-	loom_loader_free(train_l);
-	loom_loader_free(test_l);
-	loom_sampler_free(train_s);
-	loom_sampler_free(test_s);
-	loom_dataset_free(&train);
-	loom_dataset_free(&test);
+	train_data_free(&d);
 	return rc;
 }

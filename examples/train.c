@@ -209,6 +209,45 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	return 0;
 }
 
+int train_data_shard(train_run *t, train_data *d, float mean, float std)
+{
+	char err[512];
+	if (loom_sampler_new(d->train.n, t->rank, t->world, 1, t->a.seed, 0, &d->train_s, err,
+			     sizeof(err)) ||
+	    loom_sampler_new(d->test.n, t->rank, t->world, 0, 0, 0, &d->test_s, err, sizeof(err)) ||
+	    loom_loader_new(&d->train, d->train_s, t->a.batch, 1, mean, std, &d->train_l, err,
+			    sizeof(err)) ||
+	    loom_loader_new(&d->test, d->test_s, t->a.batch, 0, mean, std, &d->test_l, err,
+			    sizeof(err))) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, err);
+		return -1;
+	}
+	loom_sampler_set_epoch(d->test_s, 0);
+	return 0;
+}
+
+void train_data_free(train_data *d)
+{
+	loom_loader_free(d->train_l);
+	loom_loader_free(d->test_l);
+	loom_sampler_free(d->train_s);
+	loom_sampler_free(d->test_s);
+	loom_dataset_free(&d->train);
+	loom_dataset_free(&d->test);
+	memset(d, 0, sizeof(*d));
+}
+
+int train_compile_fit(train_run *t, train_data *d, loom_graph *g, loom_value loss,
+		      loom_value logits, int classes, const char *what)
+{
+	switch (train_compile(t, g, loss, logits, classes, what)) {
+	case 0: break;
+	case 1: return 0; /* --dry-run */
+	default: return 1;
+	}
+	return train_fit(t, d->train_s, d->train_l, d->test_l, d->test.n) ? 1 : 0;
+}
+
 loom_status train_step(train_run *t, const float *img, size_t img_elems, const int32_t *lab,
 		       int batch, int update)
 {

@@ -52,6 +52,26 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv);
 int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits,
 		  int classes, const char *what);
 
+/* A program's two splits, sharded over the group. */
+typedef struct train_data {
+	loom_dataset train, test;    /* filled by the program, freed by train_data_free */
+	loom_sampler *train_s, *test_s;
+	loom_loader *train_l, *test_l;
+} train_data;
+
+/*
+ * Each rank's shard of both splits (DistributedSampler's: the training one
+ * shuffled by --seed, batch per rank, as in DDP) and their loaders,
+ * normalising pixels by mean and std (per-channel tables: the program sets
+ * them after). 0, or -1 after saying why.
+ */
+int train_data_shard(train_run *t, train_data *d, float mean, float std);
+void train_data_free(train_data *d);
+
+/* train_compile then train_fit on d: main()'s exit code. */
+int train_compile_fit(train_run *t, train_data *d, loom_graph *g, loom_value loss,
+		      loom_value logits, int classes, const char *what);
+
 /* One batch: inputs "image" (img_elems floats) and "label" (batch labels).
  * update 1: a training step (the gradients of any micro-batches before it
  * included); 0: a micro-batch whose gradients are only accumulated
