@@ -113,6 +113,82 @@ static int number(parser *p, double *out)
 
 static int value(parser *p, int depth, int in_events);
 
+typedef int (*member_fn)(parser *p, const char *key, void *ctx);
+
+/* An object: for each member its key and ':' are read, then member() reads
+ * the value. */
+static int object(parser *p, member_fn member, void *ctx)
+{
+	char key[32];
+	if (expect(p, '{'))
+		return -1;
+	if (peek(p) == '}') {
+		p->at++;
+		return 0;
+	}
+	for (;;) {
+		if (string(p, key, sizeof(key)) || expect(p, ':') || member(p, key, ctx))
+			return -1;
+		if (peek(p) != ',')
+			return expect(p, '}');
+		p->at++;
+	}
+}
+
+/* A member of an event's "args": run, bucket and node kept. */
+static int arg_member(parser *p, const char *key, void *ctx)
+{
+	loom_tj_event *e = ctx;
+	int c = peek(p);
+	double num;
+	if (c != '-' && !isdigit(c))
+		return value(p, 3, 0);
+	if (number(p, &num))
+		return -1;
+	if (!strcmp(key, "run"))
+		e->run = (int)num;
+	else if (!strcmp(key, "bucket"))
+		e->bucket = (int)num;
+	else if (!strcmp(key, "node"))
+		e->node = (int)num;
+	return 0;
+}
+
+/* A member of an event: name, cat, ph, pid, tid, ts, dur and args kept. */
+static int event_member(parser *p, const char *key, void *ctx)
+{
+	loom_tj_event *e = ctx;
+	int c = peek(p);
+	char sv[96];
+	double num;
+	if (!strcmp(key, "args") && c == '{')
+		return object(p, arg_member, e);
+	if (c == '"') {
+		if (string(p, sv, sizeof(sv)))
+			return -1;
+		if (!strcmp(key, "name"))
+			snprintf(e->name, sizeof(e->name), "%s", sv);
+		else if (!strcmp(key, "cat"))
+			snprintf(e->cat, sizeof(e->cat), "%s", sv);
+		else if (!strcmp(key, "ph"))
+			e->ph = sv[0];
+		return 0;
+	}
+	if (c != '-' && !isdigit(c))
+		return value(p, 3, 0);
+	if (number(p, &num))
+		return -1;
+	if (!strcmp(key, "pid"))
+		e->pid = (int)num;
+	else if (!strcmp(key, "tid"))
+		e->tid = (int)num;
+	else if (!strcmp(key, "ts"))
+		e->ts = num;
+	else if (!strcmp(key, "dur"))
+		e->dur = num;
+	return 0;
+}
+
 /* One event object: the known keys are kept, every value is parsed. */
 static int event(parser *p)
 {
@@ -128,109 +204,28 @@ static int event(parser *p)
 	memset(e, 0, sizeof(*e));
 	e->pid = e->tid = e->run = e->bucket = e->node = -1;
 	e->ts = e->dur = -1;
-	if (expect(p, '{'))
+	if (object(p, event_member, e))
 		return -1;
-	if (peek(p) == '}') {
-		p->at++;
-		p->out->n++;
-		return 0;
-	}
-	for (;;) {
-		char key[32], sv[96];
-		double num;
-		if (string(p, key, sizeof(key)) || expect(p, ':'))
-			return -1;
-		int c = peek(p);
-		if (!strcmp(key, "args") && c == '{') {
-			p->at++;
-			if (peek(p) == '}') {
-				p->at++;
-			} else {
-				for (;;) {
-					if (string(p, key, sizeof(key)) || expect(p, ':'))
-						return -1;
-					c = peek(p);
-					if (c == '-' || isdigit(c)) {
-						if (number(p, &num))
-							return -1;
-						if (!strcmp(key, "run"))
-							e->run = (int)num;
-						else if (!strcmp(key, "bucket"))
-							e->bucket = (int)num;
-						else if (!strcmp(key, "node"))
-							e->node = (int)num;
-					} else if (value(p, 3, 0)) {
-						return -1;
-					}
-					if (peek(p) == ',') {
-						p->at++;
-						continue;
-					}
-					if (expect(p, '}'))
-						return -1;
-					break;
-				}
-			}
-		} else if (c == '"') {
-			if (string(p, sv, sizeof(sv)))
-				return -1;
-			if (!strcmp(key, "name"))
-				snprintf(e->name, sizeof(e->name), "%s", sv);
-			else if (!strcmp(key, "cat"))
-				snprintf(e->cat, sizeof(e->cat), "%s", sv);
-			else if (!strcmp(key, "ph"))
-				e->ph = sv[0];
-		} else if (c == '-' || isdigit(c)) {
-			if (number(p, &num))
-				return -1;
-			if (!strcmp(key, "pid"))
-				e->pid = (int)num;
-			else if (!strcmp(key, "tid"))
-				e->tid = (int)num;
-			else if (!strcmp(key, "ts"))
-				e->ts = num;
-			else if (!strcmp(key, "dur"))
-				e->dur = num;
-		} else if (value(p, 3, 0)) {
-			return -1;
-		}
-		if (peek(p) == ',') {
-			p->at++;
-			continue;
-		}
-		if (expect(p, '}'))
-			return -1;
-		break;
-	}
 	p->out->n++;
 	return 0;
 }
 
+/* A member of any other object; the top-level object's traceEvents holds
+ * the events. */
+static int value_member(parser *p, const char *key, void *ctx)
+{
+	int depth = *(const int *)ctx;
+	return value(p, depth + 1, depth == 0 && !strcmp(key, "traceEvents"));
+}
+
 static int value(parser *p, int depth, int in_events)
 {
-	char key[32];
+	char str[32];
 	int c = peek(p);
 	if (depth > 64)
 		return fail(p, "nested too deep");
-	if (c == '{') {
-		p->at++;
-		if (peek(p) == '}') {
-			p->at++;
-			return 0;
-		}
-		for (;;) {
-			if (string(p, key, sizeof(key)) || expect(p, ':'))
-				return -1;
-			/* The top-level object's traceEvents holds the events. */
-			if (value(p, depth + 1, depth == 0 && !strcmp(key, "traceEvents")))
-				return -1;
-			if (peek(p) == ',') {
-				p->at++;
-				continue;
-			}
-			return expect(p, '}');
-		}
-	}
+	if (c == '{')
+		return object(p, value_member, &depth);
 	if (c == '[') {
 		p->at++;
 		if (peek(p) == ']') {
@@ -240,15 +235,13 @@ static int value(parser *p, int depth, int in_events)
 		for (;;) {
 			if (in_events ? event(p) : value(p, depth + 1, 0))
 				return -1;
-			if (peek(p) == ',') {
-				p->at++;
-				continue;
-			}
-			return expect(p, ']');
+			if (peek(p) != ',')
+				return expect(p, ']');
+			p->at++;
 		}
 	}
 	if (c == '"')
-		return string(p, key, sizeof(key));
+		return string(p, str, sizeof(str));
 	for (const char *lit = "true\0false\0null\0"; *lit; lit += strlen(lit) + 1)
 		if (p->len - p->at >= strlen(lit) && !strncmp(p->s + p->at, lit, strlen(lit))) {
 			p->at += strlen(lit);

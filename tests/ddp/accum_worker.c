@@ -10,146 +10,20 @@
 #include <string.h>
 
 #include "bench/trace_json.h"
-#include "comm/comm.h"
-#include "examples/models.h"
 #include "loom.h"
-
-#define IN 20
-#define HID 32
-#define CLASSES 10
-#define MAXP 8
-
-typedef struct model {
-	loom_graph *g;
-	loom_program *p;
-	loom_value loss;
-	loom_value params[MAXP];
-	int64_t numel[MAXP];
-	int np;
-	int batch;
-} model;
+#include "tests/ddp/worker_util.h"
 
 static int rank, world;
 
-static int fail(const char *what, loom_status st, const char *msg)
-{
-	printf("rank %d: ERROR %s: %s: %s\n", rank, what, loom_status_string(st), msg);
-	fflush(stdout);
-	return 1;
-}
-
-static loom_value param(model *m, const char *name, int ndim, const int64_t *dims, loom_init init,
-			int64_t fan_in)
-{
-	loom_value v = loom_param(m->g, name, LOOM_F32, ndim, dims, init, fan_in);
-	m->numel[m->np] = ndim == 2 ? dims[0] * dims[1] : dims[0];
-	m->params[m->np++] = v;
-	return v;
-}
-
-/* MLP 20 -> 32 -> relu -> 10, no batch norm: batch B x N equals batch N*B. */
-static void build(model *m, int batch)
-{
-	memset(m, 0, sizeof(*m));
-	m->batch = batch;
-	loom_graph_new(&m->g);
-	loom_graph_set_seed(m->g, 11);
-	loom_graph *g = m->g;
-	int64_t xd[2] = { batch, IN }, yd[1] = { batch }, w1[2] = { HID, IN }, b1[1] = { HID },
-		w2[2] = { CLASSES, HID }, b2[1] = { CLASSES };
-	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
-	loom_value a = param(m, "l1.weight", 2, w1, LOOM_INIT_KAIMING_UNIFORM, IN);
-	loom_value b = param(m, "l1.bias", 1, b1, LOOM_INIT_UNIFORM_FAN_IN, IN);
-	loom_value h = loom_relu(g, loom_linear(g, x, a, b));
-	a = param(m, "l2.weight", 2, w2, LOOM_INIT_KAIMING_UNIFORM, HID);
-	b = param(m, "l2.bias", 1, b2, LOOM_INIT_UNIFORM_FAN_IN, HID);
-	h = loom_linear(g, h, a, b);
-	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
-	m->loss = loom_softmax_cross_entropy(g, h, y);
-}
-
-static loom_status compile(model *m, loom_pg *pg, loom_opt_level level)
+static loom_status compile(worker_model *m, loom_pg *pg, loom_opt_level level)
 {
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.lr = 0.1;
-	o.optim.momentum = 0.9;
+	worker_opts(&o, pg, level, 0.1, 0.9);
 	o.optim.weight_decay = 1e-3;
-	o.amp.level = level;
-	o.pg = pg;
 	/* Small buckets so that the MLP has several. */
 	o.bucket_cap_mb = 0.002;
 	o.first_bucket_mb = 0.0005;
 	return loom_compile(m->g, m->loss, &o, &m->p);
-}
-
-/* Rows [first, first + B) of the deterministic sample stream. */
-static loom_status feed(model *m, long first, double poison)
-{
-	int b = m->batch;
-	float *x = malloc(sizeof(float) * (size_t)b * IN);
-	int32_t *y = malloc(sizeof(int32_t) * (size_t)b);
-	for (int i = 0; i < b; i++) {
-		long idx = first + i;
-		for (int j = 0; j < IN; j++)
-			x[i * IN + j] = (float)sin(0.37 * idx + 1.3 * j) + (float)(idx % 3) * 0.1f;
-		y[i] = (int32_t)(idx % CLASSES);
-	}
-	if (poison != 0)
-		x[0] = (float)poison;
-	loom_status st = loom_set_input(m->p, "x", x, LOOM_F32, (size_t)b * IN);
-	if (st == LOOM_OK)
-		st = loom_set_input(m->p, "y", y, LOOM_I32, (size_t)b);
-	free(x);
-	free(y);
-	return st;
-}
-
-/* The largest difference between a's and b's parameters, relative to b's
- * largest magnitude, worst over the parameters. */
-static double rel_diff(model *a, model *b)
-{
-	double worst = 0;
-	for (int i = 0; i < a->np; i++) {
-		double *x = malloc(sizeof(double) * a->numel[i]), *y = malloc(sizeof(double) * a->numel[i]);
-		loom_read_f64(a->p, a->params[i], x, a->numel[i]);
-		loom_read_f64(b->p, b->params[i], y, a->numel[i]);
-		double diff = 0, mag = 0;
-		for (int64_t k = 0; k < a->numel[i]; k++) {
-			diff = fmax(diff, fabs(x[k] - y[k]));
-			mag = fmax(mag, fabs(y[k]));
-		}
-		worst = fmax(worst, mag > 0 ? diff / mag : diff);
-		free(x);
-		free(y);
-	}
-	return worst;
-}
-
-static uint64_t param_hash(model *m)
-{
-	uint64_t h = 0;
-	for (int i = 0; i < m->np; i++) {
-		double *d = malloc(sizeof(double) * m->numel[i]);
-		loom_read_f64(m->p, m->params[i], d, m->numel[i]);
-		h = loom_comm_hash(d, sizeof(double) * m->numel[i], h);
-		free(d);
-	}
-	return h;
-}
-
-static int same_everywhere(loom_pg *pg, uint64_t h)
-{
-	uint64_t all[64];
-	if (world == 1)
-		return 1;
-	if (loom_comm_allgather(loom_pg_comm(pg, LOOM_COMM_HOST), &h, sizeof(h), all) != LOOM_OK)
-		return -1;
-	for (int r = 1; r < world; r++)
-		if (all[r] != all[0])
-			return 0;
-	return 1;
 }
 
 /*
@@ -162,45 +36,45 @@ static int same_everywhere(loom_pg *pg, uint64_t h)
  */
 static int equiv(loom_pg *pg, int N, int steps, const char *trace)
 {
-	model d, one;
+	worker_model d, one;
 	int B = 4, W = pg ? world : 1, G = N * W * B;
-	build(&d, B);
+	worker_mlp(&d, B, 11);
 	loom_status st = compile(&d, pg, LOOM_O0);
 	if (st)
-		return fail("compile", st, loom_last_error());
-	build(&one, G);
+		return worker_fail("compile", st, loom_last_error());
+	worker_mlp(&one, G, 11);
 	if ((st = compile(&one, NULL, LOOM_O0)))
-		return fail("compile (one process)", st, loom_last_error());
+		return worker_fail("compile (one process)", st, loom_last_error());
 	if (trace && (st = loom_trace_start(d.p, trace)))
-		return fail("trace_start", st, loom_program_error(d.p));
+		return worker_fail("trace_start", st, loom_program_error(d.p));
 	int still = 1;
 	for (int s = 0; s < steps; s++) {
 		for (int m = 0; m < N; m++) {
 			loom_run_mode mode = m < N - 1 ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN;
-			uint64_t h = mode == LOOM_RUN_ACCUMULATE ? param_hash(&d) : 0;
-			if ((st = feed(&d, (long)s * G + (long)(m * W + (pg ? rank : 0)) * B, 0)) ||
+			uint64_t h = mode == LOOM_RUN_ACCUMULATE ? worker_param_hash(&d) : 0;
+			if ((st = worker_feed(&d, (long)s * G + (long)(m * W + (pg ? rank : 0)) * B, 0)) ||
 			    (st = loom_run(d.p, mode)))
-				return fail("micro-step", st, loom_program_error(d.p));
+				return worker_fail("micro-step", st, loom_program_error(d.p));
 			if (mode == LOOM_RUN_ACCUMULATE)
-				still &= h == param_hash(&d) && loom_step_count(d.p) == s;
+				still &= h == worker_param_hash(&d) && loom_step_count(d.p) == s;
 		}
-		if ((st = feed(&one, (long)s * G, 0)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
-			return fail("step (one process)", st, loom_program_error(one.p));
+		if ((st = worker_feed(&one, (long)s * G, 0)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step (one process)", st, loom_program_error(one.p));
 	}
 	if (trace && (st = loom_trace_stop(d.p)))
-		return fail("trace_stop", st, loom_program_error(d.p));
-	double worst = rel_diff(&d, &one);
+		return worker_fail("trace_stop", st, loom_program_error(d.p));
+	double worst = worker_param_rel_diff(&d, &one);
 	double moved = 0;
 	{
 		/* The training moved the weights: a no-op would match too. */
-		model fresh;
-		build(&fresh, G);
+		worker_model fresh;
+		worker_mlp(&fresh, G, 11);
 		if (compile(&fresh, NULL, LOOM_O0) == LOOM_OK)
-			moved = rel_diff(&fresh, &one);
+			moved = worker_param_rel_diff(&fresh, &one);
 		loom_program_free(fresh.p);
 		loom_graph_free(fresh.g);
 	}
-	int same = same_everywhere(pg, param_hash(&d));
+	int same = worker_same_everywhere(pg, worker_param_hash(&d));
 	int ok = worst <= 1e-5 && moved > 1e-3 && still && same == 1 &&
 		 loom_step_count(d.p) == steps;
 	printf("rank %d: %s accum world %d: %d micro-steps x batch %d vs 1 x batch %d, %d steps: "
@@ -222,29 +96,29 @@ static int equiv(loom_pg *pg, int N, int steps, const char *trace)
  */
 static int overflow(loom_pg *pg)
 {
-	model m;
+	worker_model m;
 	int B = 4, steps = 5;
-	build(&m, B);
+	worker_mlp(&m, B, 11);
 	loom_status st = compile(&m, pg, LOOM_O1);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	loom_program_info info;
 	int steady = 1;
 	for (int s = 0; s < steps; s++) {
 		double poison = s == 2 && rank == 1 ? 1e30 : 0;
 		loom_program_info_get(m.p, &info);
 		double before = info.loss_scale;
-		if ((st = feed(&m, ((long)s * 2 * world + rank) * B, poison)) ||
+		if ((st = worker_feed(&m, ((long)s * 2 * world + rank) * B, poison)) ||
 		    (st = loom_run(m.p, LOOM_RUN_ACCUMULATE)))
-			return fail("accumulate", st, loom_program_error(m.p));
+			return worker_fail("accumulate", st, loom_program_error(m.p));
 		loom_program_info_get(m.p, &info);
 		steady &= info.loss_scale == before;
-		if ((st = feed(&m, ((long)s * 2 * world + world + rank) * B, 0)) ||
+		if ((st = worker_feed(&m, ((long)s * 2 * world + world + rank) * B, 0)) ||
 		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return fail("train", st, loom_program_error(m.p));
+			return worker_fail("train", st, loom_program_error(m.p));
 	}
 	loom_program_info_get(m.p, &info);
-	int same = same_everywhere(pg, param_hash(&m));
+	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	int ok = info.skipped_steps == 1 && loom_step_count(m.p) == steps - 1 &&
 		 info.loss_scale == 32768 && steady && same == 1;
 	printf("rank %d: %s accum overflow skipped %lld steps %lld scale %g steady %d identical %d\n",
@@ -260,19 +134,19 @@ static int overflow(loom_pg *pg)
  * the load dropped the sum (and the divisor) of the micro-step before it. */
 static int load_drops(const char *path)
 {
-	model a, b;
+	worker_model a, b;
 	loom_status st;
-	build(&a, 4);
-	build(&b, 4);
+	worker_mlp(&a, 4, 11);
+	worker_mlp(&b, 4, 11);
 	if ((st = compile(&a, NULL, LOOM_O0)) || (st = compile(&b, NULL, LOOM_O0)))
-		return fail("compile", st, loom_last_error());
-	if ((st = loom_save(a.p, path)) || (st = feed(&a, 0, 0)) ||
+		return worker_fail("compile", st, loom_last_error());
+	if ((st = loom_save(a.p, path)) || (st = worker_feed(&a, 0, 0)) ||
 	    (st = loom_run(a.p, LOOM_RUN_ACCUMULATE)) || (st = loom_load(a.p, path)) ||
-	    (st = feed(&a, 100, 0)) || (st = loom_run(a.p, LOOM_RUN_TRAIN)))
-		return fail("accumulate, load, train", st, loom_program_error(a.p));
-	if ((st = feed(&b, 100, 0)) || (st = loom_run(b.p, LOOM_RUN_TRAIN)))
-		return fail("train", st, loom_program_error(b.p));
-	double d = rel_diff(&a, &b);
+	    (st = worker_feed(&a, 100, 0)) || (st = loom_run(a.p, LOOM_RUN_TRAIN)))
+		return worker_fail("accumulate, load, train", st, loom_program_error(a.p));
+	if ((st = worker_feed(&b, 100, 0)) || (st = loom_run(b.p, LOOM_RUN_TRAIN)))
+		return worker_fail("train", st, loom_program_error(b.p));
+	double d = worker_param_rel_diff(&a, &b);
 	printf("rank 0: %s load drops accumulated gradients: difference %.3g\n", d == 0 ? "OK" : "WRONG",
 	       d);
 	loom_program_free(a.p);
@@ -382,24 +256,19 @@ out:
  * a trace of 3 steps of N micro-steps each, checked by rank 0. */
 static int trace(loom_pg *pg, const char *path, int N)
 {
-	loom_graph *g;
-	loom_program *p;
+	worker_model m;
 	int B = 50, steps = 3;
-	loom_graph_new(&g);
-	loom_value loss = loom_model_convnet(g, B, NULL);
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.momentum = 0.9;
-	o.pg = pg;
+	worker_opts(&o, pg, LOOM_O0, 0.01, 0.9);
 	/* The default buckets (25 MiB, the first 1 MiB) hold the ConvNet's
 	 * 116 KiB of gradients in one bucket, whose all-reduce can only start
 	 * at the very end of backward. */
 	o.bucket_cap_mb = 0.03;
 	o.first_bucket_mb = 0.01;
-	loom_status st = loom_compile(g, loss, &o, &p);
+	loom_status st = worker_convnet(&m, B, 0, &o, NULL);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
+	loom_program *p = m.p;
 	float *img = malloc(sizeof(float) * B * 784);
 	int32_t lab[50];
 	for (int i = 0; i < B * 784; i++)
@@ -419,7 +288,7 @@ static int trace(loom_pg *pg, const char *path, int N)
 		st = loom_trace_stop(p);
 	free(img);
 	if (st)
-		return fail("trace", st, loom_program_error(p));
+		return worker_fail("trace", st, loom_program_error(p));
 	int rc = 0;
 	if (rank == 0) {
 		char why[256] = "";
@@ -434,7 +303,7 @@ static int trace(loom_pg *pg, const char *path, int N)
 		printf("rank %d: OK trace sent\n", rank);
 	}
 	loom_program_free(p);
-	loom_graph_free(g);
+	loom_graph_free(m.g);
 	return rc;
 }
 
@@ -472,14 +341,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: accum_worker SCENARIO [ARGS]\n");
 		return 2;
 	}
-	loom_pg *pg = NULL;
-	loom_status st = loom_pg_init(NULL, &pg);
-	if (st) {
-		printf("rank ?: ERROR group: %s\n", loom_pg_error(pg));
+	loom_pg *pg;
+	if (worker_init(&pg, &rank, &world))
 		return 1;
-	}
-	rank = loom_pg_get_info(pg)->rank;
-	world = loom_pg_get_info(pg)->world;
 	const char *s = argv[1];
 	int rc;
 	if (strcmp(s, "equiv") == 0 && argc > 2)

@@ -13,102 +13,48 @@
 
 #include "comm/comm.h"
 #include "comm/launch.h"
-#include "examples/models.h"
 #include "loom.h"
-
-#define IN 20
-#define HID 32
-#define CLASSES 10
-#define MAXP 16
-
-typedef struct model {
-	loom_graph *g;
-	loom_program *p;
-	loom_value loss;
-	loom_value params[MAXP];
-	int64_t numel[MAXP];
-	int np;
-	int conv; /* the small ConvNet (batch norm) instead of the MLP */
-	int batch;
-} model;
+#include "tests/ddp/worker_util.h"
 
 static int rank, world;
 
-static int fail(const char *what, loom_status st, const char *msg)
+/* The MLP, or conv 3x3 (4 channels) + batch norm + relu + max-pool + linear
+ * on 1x8x8 images. */
+static void build(worker_model *m, int batch, int conv)
 {
-	printf("rank %d: ERROR %s: %s: %s\n", rank, what, loom_status_string(st), msg);
-	fflush(stdout);
-	return 1;
-}
-
-static loom_value param(model *m, const char *name, int ndim, const int64_t *dims, loom_init init,
-			int64_t fan_in)
-{
-	loom_value v = loom_param(m->g, name, LOOM_F32, ndim, dims, init, fan_in);
-	int64_t n = 1;
-	for (int i = 0; i < ndim; i++)
-		n *= dims[i];
-	m->numel[m->np] = n;
-	m->params[m->np++] = v;
-	return v;
-}
-
-/* MLP 20 -> 32 -> relu -> 10, or conv 3x3 (4 channels) + batch norm + relu +
- * max-pool + linear on 1x8x8 images. */
-static void build(model *m, int batch, int conv)
-{
-	memset(m, 0, sizeof(*m));
-	m->batch = batch;
-	m->conv = conv;
-	loom_graph_new(&m->g);
-	loom_graph_set_seed(m->g, 7);
-	loom_graph *g = m->g;
-	int64_t yd[1] = { batch };
-	loom_value x, h;
 	if (!conv) {
-		int64_t xd[2] = { batch, IN }, w1[2] = { HID, IN }, b1[1] = { HID },
-			w2[2] = { CLASSES, HID }, b2[1] = { CLASSES };
-		x = loom_input(g, "x", LOOM_F32, 2, xd);
-		loom_value a = param(m, "l1.weight", 2, w1, LOOM_INIT_KAIMING_UNIFORM, IN);
-		loom_value b = param(m, "l1.bias", 1, b1, LOOM_INIT_UNIFORM_FAN_IN, IN);
-		h = loom_relu(g, loom_linear(g, x, a, b));
-		a = param(m, "l2.weight", 2, w2, LOOM_INIT_KAIMING_UNIFORM, HID);
-		b = param(m, "l2.bias", 1, b2, LOOM_INIT_UNIFORM_FAN_IN, HID);
-		h = loom_linear(g, h, a, b);
-	} else {
-		int64_t xd[4] = { batch, 1, 8, 8 }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
-			fw[2] = { CLASSES, 64 }, fb[1] = { CLASSES };
-		x = loom_input(g, "x", LOOM_F32, 4, xd);
-		loom_value w = param(m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9);
-		loom_value b = param(m, "c1.bias", 1, c, LOOM_INIT_UNIFORM_FAN_IN, 9);
-		h = loom_conv2d(g, x, w, b, 1, 1);
-		loom_value ga = param(m, "bn.weight", 1, c, LOOM_INIT_ONES, 0);
-		loom_value be = param(m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0);
-		loom_value rm = loom_buffer(g, "bn.running_mean", LOOM_F32, 1, c, LOOM_INIT_ZEROS);
-		loom_value rv = loom_buffer(g, "bn.running_var", LOOM_F32, 1, c, LOOM_INIT_ONES);
-		h = loom_batchnorm2d(g, h, ga, be, rm, rv, 0.1, 1e-5);
-		h = loom_maxpool2d(g, loom_relu(g, h), 2, 2, 0);
-		h = loom_flatten(g, h);
-		w = param(m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 64);
-		b = param(m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 64);
-		h = loom_linear(g, h, w, b);
+		worker_mlp(m, batch, 7);
+		return;
 	}
+	worker_begin(m, batch, 64, 7);
+	loom_graph *g = m->g;
+	int64_t xd[4] = { batch, 1, 8, 8 }, yd[1] = { batch }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
+		fw[2] = { WORKER_CLASSES, 64 }, fb[1] = { WORKER_CLASSES };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value w = worker_param(m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9);
+	loom_value b = worker_param(m, "c1.bias", 1, c, LOOM_INIT_UNIFORM_FAN_IN, 9);
+	loom_value h = loom_conv2d(g, x, w, b, 1, 1);
+	loom_value ga = worker_param(m, "bn.weight", 1, c, LOOM_INIT_ONES, 0);
+	loom_value be = worker_param(m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0);
+	loom_value rm = loom_buffer(g, "bn.running_mean", LOOM_F32, 1, c, LOOM_INIT_ZEROS);
+	loom_value rv = loom_buffer(g, "bn.running_var", LOOM_F32, 1, c, LOOM_INIT_ONES);
+	h = loom_batchnorm2d(g, h, ga, be, rm, rv, 0.1, 1e-5);
+	h = loom_maxpool2d(g, loom_relu(g, h), 2, 2, 0);
+	h = loom_flatten(g, h);
+	w = worker_param(m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 64);
+	b = worker_param(m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 64);
+	h = loom_linear(g, h, w, b);
 	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
 	m->loss = loom_softmax_cross_entropy(g, h, y);
 }
 
 static int sync_bn; /* compile() sets loom_compile_opts.sync_bn */
 
-static loom_status compile(model *m, loom_pg *pg, loom_opt_level level, double lr)
+static loom_status compile(worker_model *m, loom_pg *pg, loom_opt_level level, double lr)
 {
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
+	worker_opts(&o, pg, level, lr, 0.9);
 	o.sync_bn = sync_bn;
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.lr = lr;
-	o.optim.momentum = 0.9;
-	o.amp.level = level;
-	o.pg = pg;
 	/* Small buckets so that the tiny models still have several. */
 	o.bucket_cap_mb = 0.002;
 	o.first_bucket_mb = 0.0005;
@@ -117,50 +63,9 @@ static loom_status compile(model *m, loom_pg *pg, loom_opt_level level, double l
 
 /* The batch of global step `step` that rank r of w reads: rows [r*B, (r+1)*B)
  * of a global batch of w*B deterministic samples. */
-static loom_status feed(model *m, int step, int r, int w, double poison)
+static loom_status feed(worker_model *m, int step, int r, int w, double poison)
 {
-	int b = m->batch, n = m->conv ? 64 : IN;
-	float *x = malloc(sizeof(float) * (size_t)b * n);
-	int32_t *y = malloc(sizeof(int32_t) * (size_t)b);
-	for (int i = 0; i < b; i++) {
-		long idx = (long)step * w * b + (long)r * b + i;
-		for (int j = 0; j < n; j++)
-			x[i * n + j] = (float)sin(0.37 * idx + 1.3 * j) + (float)(idx % 3) * 0.1f;
-		y[i] = (int32_t)(idx % CLASSES);
-	}
-	if (poison != 0)
-		x[0] = (float)poison;
-	loom_status st = loom_set_input(m->p, "x", x, LOOM_F32, (size_t)b * n);
-	if (st == LOOM_OK)
-		st = loom_set_input(m->p, "y", y, LOOM_I32, (size_t)b);
-	free(x);
-	free(y);
-	return st;
-}
-
-static uint64_t param_hash(model *m)
-{
-	uint64_t h = 0;
-	for (int i = 0; i < m->np; i++) {
-		double *d = malloc(sizeof(double) * m->numel[i]);
-		loom_read_f64(m->p, m->params[i], d, m->numel[i]);
-		h = loom_comm_hash(d, sizeof(double) * m->numel[i], h);
-		free(d);
-	}
-	return h;
-}
-
-/* Every rank's hash equal to rank 0's? */
-static int same_everywhere(loom_pg *pg, uint64_t h)
-{
-	uint64_t all[64];
-	loom_comm *c = loom_pg_comm(pg, LOOM_COMM_HOST);
-	if (loom_comm_allgather(c, &h, sizeof(h), all) != LOOM_OK)
-		return -1;
-	for (int r = 1; r < world; r++)
-		if (all[r] != all[0])
-			return 0;
-	return 1;
+	return worker_feed(m, ((long)step * w + r) * m->batch, poison);
 }
 
 static loom_opt_level level_of(const char *s)
@@ -171,15 +76,15 @@ static loom_opt_level level_of(const char *s)
 /* Trains 8 steps; after each, every rank's parameters are bit-identical. */
 static int identical(loom_pg *pg, const char *lv, int conv)
 {
-	model m;
+	worker_model m;
 	build(&m, 4, conv);
 	loom_status st = compile(&m, pg, level_of(lv), 0.05);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	for (int s = 0; s < 8; s++) {
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return fail("step", st, loom_program_error(m.p));
-		int same = same_everywhere(pg, param_hash(&m));
+			return worker_fail("step", st, loom_program_error(m.p));
+		int same = worker_same_everywhere(pg, worker_param_hash(&m));
 		if (same != 1) {
 			printf("rank %d: DIFFER after step %d\n", rank, s + 1);
 			return 1;
@@ -198,43 +103,27 @@ static int identical(loom_pg *pg, const char *lv, int conv)
  * momentum), O0: the same parameters within 1e-5 relative. */
 static int equiv(loom_pg *pg)
 {
-	model d, one;
+	worker_model d, one;
 	int B = 4;
 	build(&d, B, 0);
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.lr = 0.1;
-	o.pg = pg;
+	worker_opts(&o, pg, LOOM_O0, 0.1, 0);
 	o.bucket_cap_mb = 0.002;
 	o.first_bucket_mb = 0.0005;
 	loom_status st = loom_compile(d.g, d.loss, &o, &d.p);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	build(&one, B * world, 0);
 	o.pg = NULL;
 	if ((st = loom_compile(one.g, one.loss, &o, &one.p)))
-		return fail("compile (one process)", st, loom_last_error());
+		return worker_fail("compile (one process)", st, loom_last_error());
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
-			return fail("step", st, loom_program_error(d.p));
+			return worker_fail("step", st, loom_program_error(d.p));
 		if ((st = feed(&one, s, 0, 1, 0)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
-			return fail("step (one process)", st, loom_program_error(one.p));
+			return worker_fail("step (one process)", st, loom_program_error(one.p));
 	}
-	double worst = 0;
-	for (int i = 0; i < d.np; i++) {
-		double *a = malloc(sizeof(double) * d.numel[i]), *b = malloc(sizeof(double) * d.numel[i]);
-		loom_read_f64(d.p, d.params[i], a, d.numel[i]);
-		loom_read_f64(one.p, one.params[i], b, d.numel[i]);
-		double diff = 0, mag = 0;
-		for (int64_t k = 0; k < d.numel[i]; k++) {
-			diff = fmax(diff, fabs(a[k] - b[k]));
-			mag = fmax(mag, fabs(b[k]));
-		}
-		worst = fmax(worst, mag > 0 ? diff / mag : diff);
-		free(a);
-		free(b);
-	}
+	double worst = worker_param_rel_diff(&d, &one);
 	/* And the training moved the weights: a no-op would match too. */
 	printf("rank %d: %s equiv world %d batch %d vs 1 x %d: max relative difference %.3g\n",
 	       rank, worst <= 1e-5 ? "OK" : "WRONG", world, B, B * world, worst);
@@ -245,11 +134,11 @@ static int equiv(loom_pg *pg)
  * naming the first differing node. */
 static int mismatch(loom_pg *pg)
 {
-	model m;
+	worker_model m;
 	build(&m, rank == 1 ? 8 : 4, 0);
 	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
 	return 0;
 }
@@ -258,20 +147,20 @@ static int mismatch(loom_pg *pg)
  * naming it within the timeout. */
 static int die(loom_pg *pg)
 {
-	model m;
+	worker_model m;
 	const char *v = getenv("LOOM_TEST_VICTIM");
 	int victim = v ? atoi(v) : 1;
 	build(&m, 4, 0);
 	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	for (int s = 0; s < 10; s++) {
 		if (s == 3 && rank == victim) {
 			fflush(stdout);
 			raise(SIGKILL);
 		}
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return fail("step", st, loom_program_error(m.p));
+			return worker_fail("step", st, loom_program_error(m.p));
 	}
 	printf("rank %d: OK survived (no death seen)\n", rank);
 	return 0;
@@ -281,19 +170,19 @@ static int die(loom_pg *pg)
  * that step (and only it) and keeps the same scale and parameters. */
 static int overflow(loom_pg *pg)
 {
-	model m;
+	worker_model m;
 	build(&m, 4, 1);
 	loom_status st = compile(&m, pg, LOOM_O1, 0.05);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	for (int s = 0; s < 6; s++) {
 		double poison = s == 3 && rank == 1 ? 1e30 : 0;
 		if ((st = feed(&m, s, rank, world, poison)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return fail("step", st, loom_program_error(m.p));
+			return worker_fail("step", st, loom_program_error(m.p));
 	}
 	loom_program_info info;
 	loom_program_info_get(m.p, &info);
-	int same = same_everywhere(pg, param_hash(&m));
+	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	printf("rank %d: %s overflow skipped %lld steps %lld scale %g identical %d\n", rank,
 	       info.skipped_steps == 1 && same == 1 ? "OK" : "WRONG", (long long)info.skipped_steps,
 	       (long long)loom_step_count(m.p), info.loss_scale, same);
@@ -307,56 +196,48 @@ static int overflow(loom_pg *pg)
  * and checks the ranks still agree bit for bit. */
 static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 {
-	model m;
+	worker_model m;
 	build(&m, 4, 0);
 	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	int load = strcmp(what, "load") == 0;
 	if (load && (st = loom_load(m.p, path)))
-		return fail("load", st, loom_program_error(m.p));
+		return worker_fail("load", st, loom_program_error(m.p));
 	int s0 = (int)loom_step_count(m.p);
-	uint64_t h0 = param_hash(&m);
+	uint64_t h0 = worker_param_hash(&m);
 	for (int s = s0; s < (load ? s0 + 3 : k); s++)
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return fail("step", st, loom_program_error(m.p));
+			return worker_fail("step", st, loom_program_error(m.p));
 	if (!load && rank == 0 && (st = loom_save(m.p, path)))
-		return fail("save", st, loom_program_error(m.p));
-	int same = same_everywhere(pg, param_hash(&m));
+		return worker_fail("save", st, loom_program_error(m.p));
+	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	printf("rank %d: %s %s world %d step %lld hash %016llx\n", rank, same == 1 ? "OK" : "DIFFER",
 	       what, world, (long long)(load ? s0 : loom_step_count(m.p)),
-	       (unsigned long long)(load ? h0 : param_hash(&m)));
+	       (unsigned long long)(load ? h0 : worker_param_hash(&m)));
 	return same == 1 ? 0 : 1;
 }
 
 /* ------------------------------------------------------- sync batch norm */
 
 /* examples/models.h's ConvNet at batch b, compiled for SGD (no momentum). */
-static loom_status convnet(model *m, int b, loom_pg *pg, int sync)
+static loom_status convnet(worker_model *m, int b, loom_pg *pg, int sync)
 {
-	memset(m, 0, sizeof(*m));
-	m->batch = b;
-	loom_graph_new(&m->g);
-	loom_graph_set_seed(m->g, 11);
-	m->loss = loom_model_convnet(m->g, b, NULL);
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
 	/* Small steps: at lr 0.05 a max-pool's choice flips between two
 	 * nearly equal values within 20 steps and the rounding-level
 	 * difference of the two runs jumps to 1e-3. */
-	o.optim.lr = 0.01;
-	o.pg = pg;
+	worker_opts(&o, pg, LOOM_O0, 0.01, 0);
 	o.sync_bn = sync;
 	o.bucket_cap_mb = 0.05;
 	o.first_bucket_mb = 0.01;
-	return loom_compile(m->g, m->loss, &o, &m->p);
+	return worker_convnet(m, b, 11, &o, NULL);
 }
 
 /* Rows [r*b, (r+1)*b) of global step `step`'s batch of w*b images; each
  * image gets its own offset and scale so that the ranks' batch statistics
  * differ from the global ones. */
-static loom_status feed_convnet(model *m, int step, int r, int w)
+static loom_status feed_convnet(worker_model *m, int step, int r, int w)
 {
 	int b = m->batch, n = 28 * 28;
 	float *x = malloc(sizeof(float) * (size_t)b * n);
@@ -369,7 +250,7 @@ static loom_status feed_convnet(model *m, int step, int r, int w)
 			double z = (double)(u >> 8) / 8388608.0 - 1.0;
 			x[i * n + j] = (float)((1 + 0.5 * (idx % 4)) * z + 0.3 * (idx % 5));
 		}
-		y[i] = (int32_t)(idx % CLASSES);
+		y[i] = (int32_t)(idx % WORKER_CLASSES);
 	}
 	loom_status st = loom_set_input(m->p, "image", x, LOOM_F32, (size_t)b * n);
 	if (st == LOOM_OK)
@@ -381,7 +262,7 @@ static loom_status feed_convnet(model *m, int step, int r, int w)
 /* The largest relative difference over every parameter and buffer (the
  * values of the same shape in both graphs that both programs keep, bar the
  * loss); *n gets how many were compared. */
-static double max_rel_diff(model *a, model *b, int *n)
+static double max_rel_diff(worker_model *a, worker_model *b, int *n)
 {
 	double worst = 0;
 	*n = 0;
@@ -394,12 +275,7 @@ static double max_rel_diff(model *a, model *b, int *n)
 			k *= sa.dims[i];
 		double *da = malloc(sizeof(double) * k), *db = malloc(sizeof(double) * k);
 		if (loom_read_f64(a->p, v, da, k) == LOOM_OK && loom_read_f64(b->p, v, db, k) == LOOM_OK) {
-			double diff = 0, mag = 0;
-			for (int64_t i = 0; i < k; i++) {
-				diff = fmax(diff, fabs(da[i] - db[i]));
-				mag = fmax(mag, fabs(db[i]));
-			}
-			worst = fmax(worst, mag > 0 ? diff / mag : diff);
+			worst = fmax(worst, worker_rel_diff(da, db, k));
 			(*n)++;
 		}
 		free(da);
@@ -414,18 +290,18 @@ static double max_rel_diff(model *a, model *b, int *n)
  * each rank's images and they must differ (so this test can fail). */
 static int syncbn_equiv(loom_pg *pg, int sync)
 {
-	model d, one;
+	worker_model d, one;
 	int B = 4;
 	loom_status st = convnet(&d, B, pg, sync);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	if ((st = convnet(&one, B * world, NULL, 0)))
-		return fail("compile (one process)", st, loom_last_error());
+		return worker_fail("compile (one process)", st, loom_last_error());
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed_convnet(&d, s, rank, world)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
-			return fail("step", st, loom_program_error(d.p));
+			return worker_fail("step", st, loom_program_error(d.p));
 		if ((st = feed_convnet(&one, s, 0, 1)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
-			return fail("step (one process)", st, loom_program_error(one.p));
+			return worker_fail("step (one process)", st, loom_program_error(one.p));
 	}
 	int n;
 	double worst = max_rel_diff(&d, &one, &n);
@@ -515,7 +391,7 @@ static int syncbn_grad(loom_pg *pg)
 	o.sync_bn = 1;
 	loom_status st = loom_compile(g, loss, &o, &p);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 
 	/* Each rank's images: their own scale and offset. Every rank writes
 	 * every X_q the same (X_q is used by rank q only). */
@@ -525,17 +401,17 @@ static int syncbn_grad(loom_pg *pg)
 		for (int i = 0; i < GN * GC * GHW; i++)
 			xv[q][i] = (1 + q) * sin(1.7 * i + 0.9 * q) + 0.5 * q;
 		if ((st = loom_write_f64(p, X[q], xv[q], GN * GC * GHW)))
-			return fail("write", st, loom_program_error(p));
+			return worker_fail("write", st, loom_program_error(p));
 		for (int i = 0; i < GN * GN; i++)
 			s[i] = q == rank && i / GN == i % GN;
 		snprintf(name, sizeof(name), "sel%d", q);
 		if ((st = loom_set_input(p, name, s, LOOM_F64, GN * GN)))
-			return fail("input", st, loom_program_error(p));
+			return worker_fail("input", st, loom_program_error(p));
 	}
 	if ((st = loom_write_f64(p, gamma, gv, GC)) || (st = loom_write_f64(p, beta, bv, GC)))
-		return fail("write", st, loom_program_error(p));
+		return worker_fail("write", st, loom_program_error(p));
 	if ((st = loom_run(p, LOOM_RUN_GRAD)))
-		return fail("grad", st, loom_program_error(p));
+		return worker_fail("grad", st, loom_program_error(p));
 
 	/* Elements of two ranks' batches, then gamma and beta. */
 	struct {
@@ -557,10 +433,10 @@ static int syncbn_grad(loom_pg *pg)
 	int ncase = (int)(sizeof(cases) / sizeof(cases[0]));
 	for (int c = 0; c < ncase; c++) {
 		if ((st = loom_read_grad_f64(p, cases[c].v, an, cases[c].k)))
-			return fail("read_grad", st, loom_program_error(p));
+			return worker_fail("read_grad", st, loom_program_error(p));
 		double fd = central(p, host, cases[c].v, cases[c].val, cases[c].k, cases[c].i, &st);
 		if (st)
-			return fail("finite difference", st, loom_program_error(p));
+			return worker_fail("finite difference", st, loom_program_error(p));
 		double a = an[cases[c].i], err = fabs(fd - a) / fmax(1, fabs(a));
 		if (rank == 0 && err > 1e-6)
 			printf("rank 0: %s analytic %.10g numeric %.10g\n", cases[c].what, a, fd);
@@ -576,7 +452,7 @@ static int syncbn_grad(loom_pg *pg)
 }
 
 /* The ConvNet's parameters and buffers after 5 steps, hashed. */
-static uint64_t convnet_hash(model *m)
+static uint64_t convnet_hash(worker_model *m)
 {
 	uint64_t h = 0;
 	for (loom_value v = 0; loom_value_dtype(m->g, v) != LOOM_DTYPE_COUNT; v++) {
@@ -595,16 +471,16 @@ static uint64_t convnet_hash(model *m)
 /* World 1: sync_bn changes nothing, bit for bit. */
 static int syncbn_world1(loom_pg *pg)
 {
-	model m[2];
+	worker_model m[2];
 	uint64_t h[2];
 	for (int sync = 0; sync < 2; sync++) {
 		loom_status st = convnet(&m[sync], 4, pg, sync);
 		if (st)
-			return fail("compile", st, loom_last_error());
+			return worker_fail("compile", st, loom_last_error());
 		for (int s = 0; s < 5; s++)
 			if ((st = feed_convnet(&m[sync], s, 0, 1)) ||
 			    (st = loom_run(m[sync].p, LOOM_RUN_TRAIN)))
-				return fail("step", st, loom_program_error(m[sync].p));
+				return worker_fail("step", st, loom_program_error(m[sync].p));
 		h[sync] = convnet_hash(&m[sync]);
 	}
 	printf("rank %d: %s syncbn_world1 world %d: sync_bn %016llx, plain %016llx\n", rank,
@@ -622,37 +498,30 @@ static int syncbn_fused(loom_pg *pg)
 	uint64_t h[2];
 	int carried = 0;
 	for (int nofuse = 0; nofuse < 2; nofuse++) {
-		model m;
-		memset(&m, 0, sizeof(m));
-		m.batch = 4;
-		m.conv = 1;
-		loom_graph_new(&m.g);
-		loom_graph_set_seed(m.g, 7);
+		worker_model m;
+		worker_begin(&m, 4, 64, 7);
 		loom_graph *g = m.g;
 		int64_t xd[4] = { 4, 1, 8, 8 }, yd[1] = { 4 }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
-			fw[2] = { CLASSES, 256 }, fb[1] = { CLASSES };
+			fw[2] = { WORKER_CLASSES, 256 }, fb[1] = { WORKER_CLASSES };
 		loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
-		loom_value h1 = loom_conv2d(g, x, param(&m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9),
-					    LOOM_NONE, 1, 1);
-		h1 = loom_batchnorm2d(g, h1, param(&m, "bn.weight", 1, c, LOOM_INIT_ONES, 0),
-				      param(&m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0),
+		loom_value w = worker_param(&m, "c1.weight", 4, wd, LOOM_INIT_KAIMING_UNIFORM, 9);
+		loom_value h1 = loom_conv2d(g, x, w, LOOM_NONE, 1, 1);
+		h1 = loom_batchnorm2d(g, h1, worker_param(&m, "bn.weight", 1, c, LOOM_INIT_ONES, 0),
+				      worker_param(&m, "bn.bias", 1, c, LOOM_INIT_ZEROS, 0),
 				      loom_buffer(g, "bn.running_mean", LOOM_F32, 1, c, LOOM_INIT_ZEROS),
 				      loom_buffer(g, "bn.running_var", LOOM_F32, 1, c, LOOM_INIT_ONES),
 				      0.1, 1e-5);
-		h1 = loom_linear(g, loom_flatten(g, loom_relu(g, h1)),
-				 param(&m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 256),
-				 param(&m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 256));
+		w = worker_param(&m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 256);
+		h1 = loom_linear(g, loom_flatten(g, loom_relu(g, h1)), w,
+				 worker_param(&m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 256));
 		m.loss = loom_softmax_cross_entropy(g, h1, loom_input(g, "y", LOOM_I32, 1, yd));
 		loom_compile_opts o;
-		loom_compile_opts_default(&o);
-		o.device = LOOM_DEVICE_CPU;
-		o.optim.lr = 0.05;
-		o.pg = pg;
+		worker_opts(&o, pg, LOOM_O0, 0.05, 0);
 		o.sync_bn = 1;
 		o.no_fusion = nofuse;
 		loom_status st = loom_compile(g, m.loss, &o, &m.p);
 		if (st)
-			return fail("compile", st, loom_last_error());
+			return worker_fail("compile", st, loom_last_error());
 		char *dump = NULL;
 		size_t len = 0;
 		FILE *f = open_memstream(&dump, &len);
@@ -664,8 +533,8 @@ static int syncbn_fused(loom_pg *pg)
 		free(dump);
 		for (int s = 0; s < 4; s++)
 			if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-				return fail("step", st, loom_program_error(m.p));
-		h[nofuse] = param_hash(&m);
+				return worker_fail("step", st, loom_program_error(m.p));
+		h[nofuse] = worker_param_hash(&m);
 		loom_program_free(m.p);
 		loom_graph_free(m.g);
 	}
@@ -680,10 +549,10 @@ static int syncbn_fused(loom_pg *pg)
 /* Rank 1 alone sets sync_bn: every rank's compile fails naming it. */
 static int syncbn_mismatch(loom_pg *pg)
 {
-	model m;
+	worker_model m;
 	loom_status st = convnet(&m, 4, pg, rank == 1);
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
 	return 0;
 }
@@ -697,14 +566,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: ddp_worker SCENARIO [ARGS]\n");
 		return 2;
 	}
-	loom_pg *pg = NULL;
-	loom_status st = loom_pg_init(NULL, &pg);
-	if (st) {
-		printf("rank ?: ERROR group: %s\n", loom_pg_error(pg));
+	loom_pg *pg;
+	if (worker_init(&pg, &rank, &world))
 		return 1;
-	}
-	rank = loom_pg_get_info(pg)->rank;
-	world = loom_pg_get_info(pg)->world;
 	const char *s = argv[1];
 	if (strcmp(s, "identical") == 0) {
 		sync_bn = argc > 4 && strcmp(argv[4], "sync") == 0;

@@ -22,21 +22,14 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "examples/models.h"
 #include "loom.h"
 #include "loom_data.h"
+#include "tests/ddp/worker_util.h"
 
 #define BATCH 64
 #define DATA_SEED 11 /* the same images to train on and to evaluate */
 
 static int rank, world;
-
-static int fail(const char *what, loom_status st, const char *msg)
-{
-	printf("rank %d: ERROR %s: %s: %s\n", rank, what, loom_status_string(st), msg);
-	fflush(stdout);
-	return 1;
-}
 
 /* Synthetic images and labels are unrelated; every other image gets its
  * label stamped in (a bright row at the label's height), so that a little
@@ -50,20 +43,11 @@ static loom_status load_data(int64_t n, loom_dataset *ds, char *err, size_t errl
 	return st;
 }
 
-static loom_status build(loom_pg *pg, loom_graph **g, loom_program **p, loom_value *logits)
+static loom_status build(loom_pg *pg, worker_model *m, loom_value *logits)
 {
 	loom_compile_opts o;
-	loom_status st = loom_graph_new(g);
-	if (st)
-		return st;
-	loom_graph_set_seed(*g, 3);
-	loom_value loss = loom_model_convnet(*g, BATCH, logits);
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.lr = 0.05;
-	o.optim.momentum = 0.9;
-	o.pg = pg;
-	return loom_compile(*g, loss, &o, p);
+	worker_opts(&o, pg, LOOM_O0, 0.05, 0.9);
+	return worker_convnet(m, BATCH, 3, &o, logits);
 }
 
 /*
@@ -87,13 +71,13 @@ static int evaluate(loom_pg *pg, loom_program *p, loom_value logits, int64_t n,
 	    (st = loom_sampler_new(ds.n, rank, world, 0, 0, 0, &s, err, sizeof(err))) ||
 	    (st = loom_loader_new(&ds, s, BATCH, 0, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD,
 				  &l, err, sizeof(err))))
-		return fail("data", st, err);
+		return worker_fail("data", st, err);
 	int64_t own = count_padding ? loom_sampler_len(s) : loom_sampler_len_unpadded(s);
 	double sums[3] = { 0, 0, 0 }; /* correct, seen, loss */
 	for (int64_t i = 0; i < loom_loader_num_batches(l); i++) {
 		int count;
 		if ((st = loom_loader_get(l, i, img, lab, &count)))
-			return fail("data", st, loom_loader_error(l));
+			return worker_fail("data", st, loom_loader_error(l));
 		for (int r = count; r < BATCH; r++) {
 			memset(img + (size_t)r * 784, 0, 784 * sizeof(float));
 			lab[r] = 0;
@@ -102,7 +86,7 @@ static int evaluate(loom_pg *pg, loom_program *p, loom_value logits, int64_t n,
 		    (st = loom_set_input(p, "label", lab, LOOM_I32, BATCH)) ||
 		    (st = loom_run(p, LOOM_RUN_EVAL)) ||
 		    (st = loom_read(p, logits, out, (size_t)BATCH * 10)))
-			return fail("eval", st, loom_program_error(p));
+			return worker_fail("eval", st, loom_program_error(p));
 		for (int r = 0; r < count && i * BATCH + r < own; r++) {
 			const float *z = out + r * 10;
 			int arg = 0;
@@ -119,7 +103,7 @@ static int evaluate(loom_pg *pg, loom_program *p, loom_value logits, int64_t n,
 	}
 	if (world > 1 && (st = loom_comm_allreduce(loom_pg_comm(pg, LOOM_COMM_HOST), sums, 3,
 						   LOOM_F64)))
-		return fail("all-reduce", st, loom_pg_error(pg));
+		return worker_fail("all-reduce", st, loom_pg_error(pg));
 	printf("rank %d: OK eval world %d images %lld batch %d correct %.0f seen %.0f loss %.17g\n",
 	       rank, world, (long long)n, BATCH, sums[0], sums[1], sums[2] / sums[1]);
 	free(img);
@@ -133,17 +117,17 @@ static int evaluate(loom_pg *pg, loom_program *p, loom_value logits, int64_t n,
 
 static int eval(loom_pg *pg, const char *path, int64_t n, int count_padding)
 {
-	loom_graph *g = NULL;
-	loom_program *p = NULL;
+	worker_model m;
 	loom_value logits;
-	loom_status st = build(pg, &g, &p, &logits);
+	loom_status st = build(pg, &m, &logits);
+	loom_program *p = m.p;
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	if ((st = loom_load(p, path)))
-		return fail("load", st, loom_program_error(p));
+		return worker_fail("load", st, loom_program_error(p));
 	int rc = evaluate(pg, p, logits, n, count_padding);
 	loom_program_free(p);
-	loom_graph_free(g);
+	loom_graph_free(m.g);
 	return rc;
 }
 
@@ -151,8 +135,7 @@ static int eval(loom_pg *pg, const char *path, int64_t n, int count_padding)
  * rank on its shard (batch 64 per rank); rank 0 saves. */
 static int train(loom_pg *pg, const char *path, int64_t eval_n)
 {
-	loom_graph *g = NULL;
-	loom_program *p = NULL;
+	worker_model m;
 	loom_value logits;
 	loom_dataset ds = { 0 };
 	loom_sampler *s = NULL;
@@ -160,14 +143,15 @@ static int train(loom_pg *pg, const char *path, int64_t eval_n)
 	char err[256];
 	float *img = malloc(sizeof(float) * BATCH * 784);
 	int32_t *lab = malloc(sizeof(int32_t) * BATCH);
-	loom_status st = build(pg, &g, &p, &logits);
+	loom_status st = build(pg, &m, &logits);
+	loom_program *p = m.p;
 	if (st)
-		return fail("compile", st, loom_last_error());
+		return worker_fail("compile", st, loom_last_error());
 	if ((st = load_data(1000, &ds, err, sizeof(err))) ||
 	    (st = loom_sampler_new(ds.n, rank, world, 1, 0, 0, &s, err, sizeof(err))) ||
 	    (st = loom_loader_new(&ds, s, BATCH, 1, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD,
 				  &l, err, sizeof(err))))
-		return fail("data", st, err);
+		return worker_fail("data", st, err);
 	for (int e = 0; e < 3; e++) {
 		loom_sampler_set_epoch(s, e);
 		for (int64_t b = 0; b < loom_loader_num_batches(l); b++) {
@@ -176,11 +160,11 @@ static int train(loom_pg *pg, const char *path, int64_t eval_n)
 			    (st = loom_set_input(p, "image", img, LOOM_F32, (size_t)BATCH * 784)) ||
 			    (st = loom_set_input(p, "label", lab, LOOM_I32, BATCH)) ||
 			    (st = loom_run(p, LOOM_RUN_TRAIN)))
-				return fail("step", st, loom_program_error(p));
+				return worker_fail("step", st, loom_program_error(p));
 		}
 	}
 	if (rank == 0 && (st = loom_save(p, path)))
-		return fail("save", st, loom_program_error(p));
+		return worker_fail("save", st, loom_program_error(p));
 	printf("rank %d: OK trained %lld steps, loss %.4f\n", rank, (long long)loom_step_count(p),
 	       loom_loss(p));
 	if (eval_n > 0 && evaluate(pg, p, logits, eval_n, 0))
@@ -191,7 +175,7 @@ static int train(loom_pg *pg, const char *path, int64_t eval_n)
 	loom_sampler_free(s);
 	loom_dataset_free(&ds);
 	loom_program_free(p);
-	loom_graph_free(g);
+	loom_graph_free(m.g);
 	return 0;
 }
 
@@ -203,12 +187,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: eval_worker train PATH [N] | eval PATH N [padding]\n");
 		return 2;
 	}
-	if (loom_pg_init(NULL, &pg)) {
-		printf("rank ?: ERROR group: %s\n", loom_pg_error(pg));
+	if (worker_init(&pg, &rank, &world))
 		return 1;
-	}
-	rank = loom_pg_get_info(pg)->rank;
-	world = loom_pg_get_info(pg)->world;
 	if (!strcmp(argv[1], "train"))
 		rc = train(pg, argv[2], argc > 3 ? atoll(argv[3]) : 0);
 	else

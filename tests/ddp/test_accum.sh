@@ -7,12 +7,7 @@
 set -u
 W=$1
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
-export OMP_NUM_THREADS=1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LOOM_COMM_TIMEOUT_S -x OMP_NUM_THREADS)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
+mp_setup
 
 out=$("$W" equiv 4 2>&1)
 check "no group: 4 micro-steps x batch 4 = 1 step x batch 16 after 10 steps (O0, 1e-5)" "$out" \

@@ -9,11 +9,7 @@ set -u
 W=$1
 EX=${2:-}
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
-export OMP_NUM_THREADS=1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LOOM_COMM_TIMEOUT_S -x OMP_NUM_THREADS)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
+mp_setup
 
 envrun() { # WORLD ARGS...: env:// ranks started by hand
 	local world=$1 r
@@ -25,8 +21,6 @@ envrun() { # WORLD ARGS...: env:// ranks started by hand
 	done
 	wait
 }
-
-command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
 
 for n in 2 3; do
 	for lv in O0 O2; do

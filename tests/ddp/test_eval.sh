@@ -10,11 +10,7 @@
 set -u
 W=$1
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
-export OMP_NUM_THREADS=1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LOOM_COMM_TIMEOUT_S -x OMP_NUM_THREADS)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
+mp_setup
 
 out=$("$W" train "$tmp/w.ckpt" 2>&1)
 check "one process trains and saves the weights" "$out" "rank 0: OK trained" 1

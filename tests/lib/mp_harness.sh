@@ -24,3 +24,14 @@ check() {
 	n=$(grep -c -- "$3" <<<"$2")
 	if [ "$n" -eq "$4" ]; then ok "$1"; else bad "$1" "want $4 lines with '$3', got $n:" "$2"; fi
 }
+
+# mp_setup: one OpenMP thread per rank, MPIRUN (mpirun as root, oversubscribed,
+# passing both settings on), a scratch folder $tmp removed at exit; ends the
+# script with "0 passed, 1 failed" where mpirun is missing.
+mp_setup() {
+	export OMP_NUM_THREADS=1
+	MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LOOM_COMM_TIMEOUT_S -x OMP_NUM_THREADS)
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
+}
