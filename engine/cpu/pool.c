@@ -19,14 +19,17 @@
  * four windows; each lane gets its window's a/b (c/d) by swapping within
  * pairs, and dy is repeated per pair. Every lane makes the scalar loop's
  * compares, so the result is the same bits. Row tails use masked loads and
- * stores (ConvNet rows are 28 and 14 wide).
+ * stores (ConvNet rows are 28 and 14 wide). Returns whether the rows held a
+ * NaN (then the caller redoes the plane on the NaN path), which spares the
+ * separate pass over the plane that looked for one first.
  */
-static void pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *dr, float *g0,
+static int pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *dr, float *g0,
 				float *g1, int w_out, int relu)
 {
 	const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
 	const __m256 even = _mm256_castsi256_ps(_mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0));
 	const __m256 zero = _mm256_setzero_ps();
+	__m256 nan = zero;
 	for (int ow = 0; ow < w_out; ow += 4) {
 		int left = w_out - ow < 4 ? w_out - ow : 4;
 		__m256i m8 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * left),
@@ -34,6 +37,7 @@ static void pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *d
 		__m128i m4 = _mm_cmpgt_epi32(_mm_set1_epi32(left), _mm_setr_epi32(0, 1, 2, 3));
 		__m256 v0 = _mm256_maskload_ps(r0 + 2 * ow, m8);
 		__m256 v1 = _mm256_maskload_ps(r1 + 2 * ow, m8);
+		nan = _mm256_or_ps(nan, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
 		__m256 s0 = _mm256_permute_ps(v0, 0xb1), s1 = _mm256_permute_ps(v1, 0xb1);
 		__m256 a = _mm256_blendv_ps(s0, v0, even), b = _mm256_blendv_ps(v0, s0, even);
 		__m256 c = _mm256_blendv_ps(s1, v1, even), d = _mm256_blendv_ps(v1, s1, even);
@@ -52,6 +56,7 @@ static void pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *d
 		_mm256_maskstore_ps(g0 + 2 * ow, m8, o0);
 		_mm256_maskstore_ps(g1 + 2 * ow, m8, o1);
 	}
+	return _mm256_movemask_ps(nan) != 0;
 }
 #define LOOM_POOL2_ROWS_BWD_F32 pool2_rows_bwd_avx2
 #endif
