@@ -58,7 +58,37 @@ static int pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *dr
 	}
 	return _mm256_movemask_ps(nan) != 0;
 }
+
+/* pool_pick (pool_impl.h) per lane: v replaces m if greater, or the first NaN. */
+static inline __m256 pool2_pick_avx2(__m256 m, __m256 v)
+{
+	__m256 nan_first = _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q),
+					 _mm256_cmp_ps(m, m, _CMP_ORD_Q));
+	return _mm256_blendv_ps(m, v, _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), nan_first));
+}
+
+/* One output row of the 2x2 forward, the same picks in the same order as
+ * pool2_plane_fwd's scalar loop (a, b, c, d), four windows at a time: the
+ * even lanes hold the windows, the odd ones are dropped when packing. */
+static void pool2_row_fwd_avx2(const float *r0, const float *r1, float *y, int w_out)
+{
+	const __m256i pack = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+	for (int ow = 0; ow < w_out; ow += 4) {
+		int left = w_out - ow < 4 ? w_out - ow : 4;
+		__m256i m8 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * left),
+						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+		__m128i m4 = _mm_cmpgt_epi32(_mm_set1_epi32(left), _mm_setr_epi32(0, 1, 2, 3));
+		__m256 v0 = _mm256_maskload_ps(r0 + 2 * ow, m8);
+		__m256 v1 = _mm256_maskload_ps(r1 + 2 * ow, m8);
+		__m256 m = pool2_pick_avx2(v0, _mm256_permute_ps(v0, 0xb1));
+		m = pool2_pick_avx2(m, v1);
+		m = pool2_pick_avx2(m, _mm256_permute_ps(v1, 0xb1));
+		_mm_maskstore_ps(y + ow, m4,
+				 _mm256_castps256_ps128(_mm256_permutevar8x32_ps(m, pack)));
+	}
+}
 #define LOOM_POOL2_ROWS_BWD_F32 pool2_rows_bwd_avx2
+#define LOOM_POOL2_ROW_FWD_F32 pool2_row_fwd_avx2
 #endif
 
 #define T float
@@ -67,6 +97,7 @@ static int pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *dr
 #undef T
 #undef SFX
 #undef LOOM_POOL2_ROWS_BWD_F32
+#undef LOOM_POOL2_ROW_FWD_F32
 
 /* f64 (gradient checks) only in the baseline copy. */
 #ifdef LOOM_CPU_BASE

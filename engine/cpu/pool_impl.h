@@ -52,6 +52,13 @@ static inline int64_t LOOM_CPU_FN(pool_argmax)(const loom_pool_shape *s, const T
 /* The ConvNet's 2x2 stride-2 unpadded pool, without the general clipping. */
 static void LOOM_CPU_FN(pool2_plane_fwd)(const loom_pool_shape *s, const T *x, T *y)
 {
+#ifdef LOOM_POOL2_ROW_FWD_F32 /* f32 in the AVX2 copy only (pool.c) */
+	for (int oh = 0; oh < s->h_out; oh++)
+		LOOM_POOL2_ROW_FWD_F32(x + (int64_t)(2 * oh) * s->w_in,
+				       x + (int64_t)(2 * oh + 1) * s->w_in, y + (int64_t)oh * s->w_out,
+				       s->w_out);
+	return;
+#endif
 	for (int oh = 0; oh < s->h_out; oh++) {
 		const T *r0 = x + (int64_t)(2 * oh) * s->w_in, *r1 = r0 + s->w_in;
 		T *yr = y + (int64_t)oh * s->w_out;
