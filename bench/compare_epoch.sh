@@ -33,7 +33,7 @@ loom() { # env... -> cell of one epoch
 	local out
 	out=$(env "$@" /usr/bin/time -f "%U %S" -o "$tf" "$bin/examples/mnist_ddp" --epochs 1 \
 		--device cpu --threads 2 ${LOOM_ARGS:-} 2>/dev/null | grep '^epoch 1 done')
-	cell "$(sed -n 's/.*(\([0-9]*\) img\/s).*/\1/p' <<<"$out")" \
+	cell "$(sed -n 's/.*(\([0-9.]*\) img\/s).*/\1/p' <<<"$out")" \
 		"$(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out")" \
 		"$(awk '{ print $1 + $2 }' "$tf")"
 }

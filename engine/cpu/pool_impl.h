@@ -52,6 +52,13 @@ static inline int64_t LOOM_CPU_FN(pool_argmax)(const loom_pool_shape *s, const T
 /* The ConvNet's 2x2 stride-2 unpadded pool, without the general clipping. */
 static void LOOM_CPU_FN(pool2_plane_fwd)(const loom_pool_shape *s, const T *x, T *y)
 {
+#ifdef LOOM_POOL2_ROW_FWD_F32 /* f32 in the AVX2 copy only (pool.c) */
+	for (int oh = 0; oh < s->h_out; oh++)
+		LOOM_POOL2_ROW_FWD_F32(x + (int64_t)(2 * oh) * s->w_in,
+				       x + (int64_t)(2 * oh + 1) * s->w_in, y + (int64_t)oh * s->w_out,
+				       s->w_out);
+	return;
+#endif
 	for (int oh = 0; oh < s->h_out; oh++) {
 		const T *r0 = x + (int64_t)(2 * oh) * s->w_in, *r1 = r0 + s->w_in;
 		T *yr = y + (int64_t)oh * s->w_out;
@@ -117,11 +124,27 @@ static int LOOM_CPU_FN(plane_has_nan)(const T *x, int64_t n)
 static void LOOM_CPU_FN(pool2_plane_bwd)(const loom_pool_shape *s, const T *x,
 					 const T *dy, T *dx)
 {
+	const int relu = s->relu;
+#ifdef LOOM_POOL2_ROWS_BWD_F32 /* f32 in the AVX2 copy only (pool.c) */
+	/* NaN looked for on the way, in the values the windows read (a NaN in
+	 * an odd last row or column no window reads changes nothing). */
+	int nan = 0;
+	if (s->h_in != 2 * s->h_out || s->w_in != 2 * s->w_out)
+		memset(dx, 0, sizeof(T) * s->h_in * s->w_in);
+	for (int oh = 0; oh < s->h_out; oh++)
+		nan |= LOOM_POOL2_ROWS_BWD_F32(x + (int64_t)(2 * oh) * s->w_in,
+					       x + (int64_t)(2 * oh + 1) * s->w_in,
+					       dy + (int64_t)oh * s->w_out,
+					       dx + (int64_t)(2 * oh) * s->w_in,
+					       dx + (int64_t)(2 * oh + 1) * s->w_in, s->w_out, relu);
+	if (nan)
+		LOOM_CPU_FN(pool2_plane_bwd_nan)(s, x, dy, dx);
+	return;
+#endif
 	if (LOOM_CPU_FN(plane_has_nan)(x, (int64_t)s->h_in * s->w_in)) {
 		LOOM_CPU_FN(pool2_plane_bwd_nan)(s, x, dy, dx);
 		return;
 	}
-	const int relu = s->relu;
 	if (s->h_in != 2 * s->h_out || s->w_in != 2 * s->w_out)
 		memset(dx, 0, sizeof(T) * s->h_in * s->w_in);
 	for (int oh = 0; oh < s->h_out; oh++) {
