@@ -177,9 +177,13 @@ static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count,
 
 	if ((st = nccl_type(c, dt, &t)) || (st = async_state(c, &busy)))
 		return st;
+	/* A non-blocking communicator may answer ncclInProgress while it is
+	 * still enqueueing: the event after it waits until the call is on
+	 * the stream (a host wait for the enqueue only, not for the sum). */
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
 	    (st = enqueued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream))) ||
+	    (st = poll_until(c, NULL, loom_comm_now(), "all-reduce enqueue")) ||
 	    (st = CUDA_OK(c->pg, cudaEventRecord(x->ready, x->stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent((cudaStream_t)stream, x->ready, 0)))) {
 		c->broken = 1;

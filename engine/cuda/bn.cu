@@ -320,7 +320,7 @@ static loom_status bn_sync_sums(loom_cuda_ctx *cx, const loom_plan *plan, loom_v
 	return LOOM_OK;
 }
 
-extern "C" size_t loom_cuda_bn_sync_ws(const loom_plan *plan, loom_value v)
+size_t loom_cuda_bn_sync_ws(const loom_plan *plan, loom_value v)
 {
 	const loom_node *n = &plan->g->nodes[v];
 	if (!n->a.bn.sync)
