@@ -33,6 +33,23 @@ loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 	return c->i->allreduce_start(c, buf, count, dt, stream, out);
 }
 
+loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream)
+{
+	loom_status st = usable(c, "all-reduce");
+
+	if (st)
+		return st;
+	if ((count && !buf) || !loom_dtype_size(dt))
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-reduce: bad arguments");
+	if (!c->i->allreduce_ordered)
+		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED,
+				    "all-reduce in stream order: the %s backend has none (a "
+				    "device backend, NCCL, has)",
+				    c->i->name);
+	return c->i->allreduce_ordered(c, buf, count, dt, stream);
+}
+
 loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done)
 {
 	loom_status st = usable(c, "test");

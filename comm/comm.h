@@ -106,6 +106,13 @@ typedef struct loom_comm_i {
 	 * unusable afterwards but may still be freed. */
 	void (*abort)(loom_comm *c);
 	void (*free)(loom_comm *c);
+	/* Sums buf over all ranks in the order of stream: the stream's later
+	 * work sees the sum, the host does not wait (nothing to wait() for), so
+	 * a CUDA graph can capture it. A dead peer shows at the next wait() of
+	 * an all-reduce_start, whose timeout aborts the communicator. Device
+	 * backends only (synchronised batch norm on CUDA).   // (optional) */
+	loom_status (*allreduce_ordered)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					 void *stream);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -124,6 +131,9 @@ loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem);
 loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt);
 loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				      void *stream, loom_comm_work **out);
+/* LOOM_ERR_UNSUPPORTED where the backend has no allreduce_ordered (MPI). */
+loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream);
 loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done);
 loom_status loom_comm_wait(loom_comm *c, loom_comm_work *w);
 loom_status loom_comm_broadcast(loom_comm *c, void *buf, size_t bytes, int root);

@@ -162,6 +162,36 @@ static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, l
 	return LOOM_OK;
 }
 
+/* The stream waits for the sum: ready marks the stream's work so far, NCCL
+ * runs on the communicator's own stream after it (one stream for every NCCL
+ * call, so they run in the order they were issued, as on every rank), and
+ * ready again marks the sum for the stream. Record and wait are back to
+ * back on the host, so the one event serves both. */
+static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					  void *stream)
+{
+	nccl_ctx *x = ctx_of(c);
+	ncclDataType_t t;
+	int busy;
+	loom_status st;
+
+	if ((st = nccl_type(c, dt, &t)) || (st = async_state(c, &busy)))
+		return st;
+	/* A non-blocking communicator may answer ncclInProgress while it is
+	 * still enqueueing: the event after it waits until the call is on
+	 * the stream (a host wait for the enqueue only, not for the sum). */
+	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
+	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
+	    (st = enqueued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream))) ||
+	    (st = poll_until(c, NULL, loom_comm_now(), "all-reduce enqueue")) ||
+	    (st = CUDA_OK(c->pg, cudaEventRecord(x->ready, x->stream))) ||
+	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent((cudaStream_t)stream, x->ready, 0)))) {
+		c->broken = 1;
+		return st;
+	}
+	return LOOM_OK;
+}
+
 static loom_status nccl_test(loom_comm *c, loom_comm_work *w, int *done)
 {
 	int busy;
@@ -289,6 +319,7 @@ static const loom_comm_i nccl_iface = {
 	/* .barrier         = */ nccl_barrier,
 	/* .abort           = */ nccl_abort,
 	/* .free            = */ nccl_free,
+	/* .allreduce_ordered = */ nccl_allreduce_ordered,
 };
 
 extern "C" loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)

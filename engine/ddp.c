@@ -26,22 +26,30 @@ static int is_bn(loom_op op)
 	return op == LOOM_OP_BATCHNORM2D || op == LOOM_OP_BN_BWD_DATA || op == LOOM_OP_BN_BWD_GAMMA;
 }
 
+int loom_ddp_test_sync_one_rank;
+
 /* sync_bn: every batch norm, forward and backward, sums its statistics over
- * the ranks (engine/cpu/ops_bn.c). The CPU alone has the split kernels;
- * cuDNN's batch norm computes and applies its statistics in one call. */
-static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
+ * the ranks (engine/cpu/ops_bn.c, engine/cuda/bn.cu). */
+void loom_ddp_mark_sync_bn(loom_graph *g)
 {
-	loom_graph *g = p->plan.g;
-	if (p->be != &loom_cpu_backend) {
-		snprintf(err, errlen,
-			 "sync_bn: the %s backend has no synchronised batch norm (the cpu "
-			 "backend has); compile without sync_bn or on the cpu device",
-			 p->be->name);
-		return LOOM_ERR_UNSUPPORTED;
-	}
 	for (int v = 0; v < g->n; v++)
 		if (is_bn(g->nodes[v].op))
 			g->nodes[v].a.bn.sync = 1;
+}
+
+/* The CUDA entries sum in the compute stream's order, which a device
+ * backend (NCCL) has and a host one does not. */
+static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
+{
+	if (p->be != &loom_cpu_backend && !p->plan.comm->i->allreduce_ordered) {
+		snprintf(err, errlen,
+			 "sync_bn: the %s backend's collectives (%s) cannot all-reduce in "
+			 "stream order, which its synchronised batch norm needs; compile "
+			 "without sync_bn or with a group that has NCCL",
+			 p->be->name, p->plan.comm->i->name);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	loom_ddp_mark_sync_bn(p->plan.g);
 	return LOOM_OK;
 }
 

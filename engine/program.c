@@ -304,9 +304,13 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 			compile_fail(st, "%s", dmsg);
 			goto out_fail;
 		}
-	} else if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
-		compile_fail(st, "memory planning: out of memory");
-		goto out_fail;
+	} else {
+		if (o->sync_bn && loom_ddp_test_sync_one_rank)
+			loom_ddp_mark_sync_bn(p->plan.g);
+		if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
+			compile_fail(st, "memory planning: out of memory");
+			goto out_fail;
+		}
 	}
 	if ((st = loom_accum_plan(&p->plan)) != LOOM_OK) {
 		compile_fail(st, "gradient accumulation: out of memory");

@@ -293,6 +293,12 @@ int loom_ddp_world(const loom_compile_opts *o);
 /* The bucket pass and the memory plan with buckets (in place of
  * loom_memplan_build), after the parameter slots exist. */
 loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen);
+/* sync_bn's marks: attrs.bn.sync on every batch norm, forward and backward. */
+void loom_ddp_mark_sync_bn(loom_graph *g);
+/* Test hook: while set, sync_bn marks the batch norms at world 1 too, where
+ * no all-reduce runs (the sums are everyone's already), so that a backend's
+ * split kernels can be checked against another's in one process. */
+extern int loom_ddp_test_sync_one_rank;
 /* Collective, once the arena holds the initial values: every rank's plan
  * compared with rank 0's, then rank 0's parameters and buffers broadcast. */
 loom_status loom_ddp_start(loom_program *p);

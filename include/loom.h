@@ -254,7 +254,9 @@ typedef struct loom_compile_opts {
 	 * blocking all-reduce (f64, 2C+1 or 4C+1 values) that every rank
 	 * must reach: all ranks run the same modes in the same order. Ranks
 	 * must agree (the start-up check names a batch norm that differs).
-	 * CPU backend only: with world > 1 loom_compile refuses it on CUDA.
+	 * CUDA: split kernels and an NCCL all-reduce in the compute stream's
+	 * order, no host wait (compiled, never yet run on a GPU); a group
+	 * without a device communicator is refused at compile.
 	 * World 1: nothing changes. */
 	int sync_bn;
 } loom_compile_opts;

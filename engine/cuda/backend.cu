@@ -220,6 +220,11 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_BN_BWD_DATA:
 		st = loom_cuda_bn_plan_make(p, c, v, np);
 		np->ws = np->lib_ws; /* cuDNN's path needs its dtypes as they are */
+		if (np->ws < loom_cuda_bn_sync_ws(p, v)) /* sync: its sums, own kernels */
+			np->ws = loom_cuda_bn_sync_ws(p, v);
+		break;
+	case LOOM_OP_BN_BWD_GAMMA:
+		np->ws = loom_cuda_bn_sync_ws(p, v);
 		break;
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);

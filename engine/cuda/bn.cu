@@ -10,7 +10,15 @@
  * run the rest (O3's half parameters, bf16) and everything under the
  * loom_cuda_test_own_kernels hook. One block per channel, double
  * accumulators, two passes for the variance.
+ *
+ * Synchronised batch norm (attrs.bn.sync, engine/ddp.c) always runs here,
+ * split as on the CPU (engine/cpu/ops_bn.c): a kernel writes this rank's
+ * per-channel sums in f64 into the node's workspace, NCCL sums them over
+ * the ranks in the compute stream's order (no host wait, so the step can
+ * still become one CUDA graph), and the apply kernels take the global
+ * statistics from there. Compiled, never yet run on a GPU.
  */
+#include "comm/comm.h"
 #include "engine/cuda/dtype.cuh"
 
 // ----------------------------------------------------------------------------
@@ -80,16 +88,14 @@ static __device__ void bn_affine(int n, int c, int64_t hw, const void *x, int xd
 	}
 }
 
-__global__ void loom_bn_fwd_train_kernel(int n, int c, int64_t hw, const void *x, int xdt,
-					 const void *gamma, int gdt, const void *beta, int bdt,
-					 void *rmean, int rmdt, void *rvar, int rvdt,
-					 double momentum, double eps, int relu, void *y, int ydt)
+/* Training forward of channel ch from its mean and biased variance: the
+ * affine, then the running statistics (unbias: m / (m - 1)). */
+static __device__ void bn_train_chan(int n, int c, int64_t hw, const void *x, int xdt,
+				     const void *gamma, int gdt, const void *beta, int bdt,
+				     void *rmean, int rmdt, void *rvar, int rvdt, double momentum,
+				     double eps, int relu, int ch, double mean, double var,
+				     double unbias, void *y, int ydt)
 {
-	const int ch = blockIdx.x;
-	const double m = (double)n * hw;
-	const double unbias = m > 1 ? m / (m - 1) : 1;
-	double mean, var;
-	bn_stats(n, c, hw, x, xdt, ch, &mean, &var);
 	double g = gamma ? loom_ld(gamma, gdt, ch) : 1, bt = beta ? loom_ld(beta, bdt, ch) : 0;
 	double scale = g / sqrt(var + eps);
 	bn_affine(n, c, hw, x, xdt, ch, (float)scale, (float)(bt - mean * scale), relu, y, ydt);
@@ -102,6 +108,73 @@ __global__ void loom_bn_fwd_train_kernel(int n, int c, int64_t hw, const void *x
 				(float)((1 - momentum) * loom_ld(rvar, rvdt, ch) +
 					momentum * var * unbias));
 	}
+}
+
+__global__ void loom_bn_fwd_train_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					 const void *gamma, int gdt, const void *beta, int bdt,
+					 void *rmean, int rmdt, void *rvar, int rvdt,
+					 double momentum, double eps, int relu, void *y, int ydt)
+{
+	const int ch = blockIdx.x;
+	const double m = (double)n * hw;
+	const double unbias = m > 1 ? m / (m - 1) : 1;
+	double mean, var;
+	bn_stats(n, c, hw, x, xdt, ch, &mean, &var);
+	bn_train_chan(n, c, hw, x, xdt, gamma, gdt, beta, bdt, rmean, rmdt, rvar, rvdt, momentum,
+		      eps, relu, ch, mean, var, unbias, y, ydt);
+}
+
+/* Synchronised batch norm's workspace, f64: [count | sum x | sum x^2 |
+ * sum dy | sum dy x], c values each after the count (the CPU's layout). */
+static __device__ void bn_global_stats(const double *w, int c, int ch, double *mean,
+				       double *var)
+{
+	const double mu = w[1 + ch] / w[0];
+	/* sum x^2 came from centred sums: the difference keeps the variance
+	 * unless the mean is ~1e8 standard deviations away. */
+	const double v = w[1 + c + ch] / w[0] - mu * mu;
+	*mean = mu;
+	*var = v > 0 ? v : 0;
+}
+
+/* This rank's sums of channel ch (dy NULL: the statistics only), from the
+ * centred two-pass sums: sum x^2 = sum (x - mean)^2 + m mean^2 and sum dy x
+ * = sum dy (x - mean) + mean sum dy. */
+__global__ void loom_bn_local_sums_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					  const void *dy, int dydt, double *w)
+{
+	const int ch = blockIdx.x;
+	const double m = (double)n * hw;
+	double mean, var, sdy = 0, sdyx = 0;
+	if (dy)
+		bn_bwd_sums(n, c, hw, x, xdt, dy, dydt, ch, &mean, &var, &sdy, &sdyx);
+	else
+		bn_stats(n, c, hw, x, xdt, ch, &mean, &var);
+	if (threadIdx.x != 0)
+		return;
+	if (ch == 0)
+		w[0] = m;
+	w[1 + ch] = mean * m;
+	w[1 + c + ch] = var * m + mean * mean * m;
+	if (dy) {
+		w[1 + 2 * c + ch] = sdy;
+		w[1 + 3 * c + ch] = sdyx + mean * sdy;
+	}
+}
+
+__global__ void loom_bn_fwd_apply_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					 const void *gamma, int gdt, const void *beta, int bdt,
+					 void *rmean, int rmdt, void *rvar, int rvdt,
+					 double momentum, double eps, int relu, const double *w,
+					 void *y, int ydt)
+{
+	const int ch = blockIdx.x;
+	const double m = w[0];
+	const double unbias = m > 1 ? m / (m - 1) : 1;
+	double mean, var;
+	bn_global_stats(w, c, ch, &mean, &var);
+	bn_train_chan(n, c, hw, x, xdt, gamma, gdt, beta, bdt, rmean, rmdt, rvar, rvdt, momentum,
+		      eps, relu, ch, mean, var, unbias, y, ydt);
 }
 
 __global__ void loom_bn_fwd_eval_kernel(int n, int c, int64_t hw, const void *x, int xdt,
@@ -117,14 +190,13 @@ __global__ void loom_bn_fwd_eval_kernel(int n, int c, int64_t hw, const void *x,
 		  (float)(bt - loom_ld(rmean, rmdt, ch) * scale), relu, y, ydt);
 }
 
-__global__ void loom_bn_bwd_data_kernel(int n, int c, int64_t hw, const void *x, int xdt,
-					const void *gamma, int gdt, const void *dy, int dydt,
-					double eps, void *dx, int dxdt)
+/* dx of channel ch from the mean, biased variance, sum dy and sum
+ * dy (x - mean) over m values. */
+static __device__ void bn_dx_chan(int n, int c, int64_t hw, const void *x, int xdt,
+				  const void *gamma, int gdt, const void *dy, int dydt, double eps,
+				  int ch, double mean, double var, double sdy, double sdyx, double m,
+				  void *dx, int dxdt)
 {
-	const int ch = blockIdx.x;
-	const double m = (double)n * hw;
-	double mean, var, sdy, sdyx;
-	bn_bwd_sums(n, c, hw, x, xdt, dy, dydt, ch, &mean, &var, &sdy, &sdyx);
 	double istd = 1 / sqrt(var + eps);
 	double k = (gamma ? loom_ld(gamma, gdt, ch) : 1) * istd;
 	double bb = -k * (sdyx / m) * istd * istd;
@@ -136,6 +208,37 @@ __global__ void loom_bn_bwd_data_kernel(int n, int c, int64_t hw, const void *x,
 		float v = loom_ld(dy, dydt, o) * a + loom_ld(x, xdt, o) * b + dd;
 		loom_st(dx, dxdt, o, v);
 	}
+}
+
+__global__ void loom_bn_bwd_data_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					const void *gamma, int gdt, const void *dy, int dydt,
+					double eps, void *dx, int dxdt)
+{
+	const int ch = blockIdx.x;
+	double mean, var, sdy, sdyx;
+	bn_bwd_sums(n, c, hw, x, xdt, dy, dydt, ch, &mean, &var, &sdy, &sdyx);
+	bn_dx_chan(n, c, hw, x, xdt, gamma, gdt, dy, dydt, eps, ch, mean, var, sdy, sdyx,
+		   (double)n * hw, dx, dxdt);
+}
+
+/* Synchronised backward from the workspace: dx (dg NULL) from the global
+ * sums of all four, or dgamma (dx NULL) from the global statistics and
+ * this rank's dy sums (the gradient buckets sum dgamma over the ranks). */
+__global__ void loom_bn_bwd_apply_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					 const void *gamma, int gdt, const void *dy, int dydt,
+					 double eps, const double *w, void *dx, int dxdt, void *dg,
+					 int dgdt)
+{
+	const int ch = blockIdx.x;
+	double mean, var;
+	bn_global_stats(w, c, ch, &mean, &var);
+	const double sdy = w[1 + 2 * c + ch];
+	const double sdyx = w[1 + 3 * c + ch] - mean * sdy; /* sum dy (x - mean) */
+	if (dx)
+		bn_dx_chan(n, c, hw, x, xdt, gamma, gdt, dy, dydt, eps, ch, mean, var, sdy, sdyx,
+			   w[0], dx, dxdt);
+	else if (threadIdx.x == 0)
+		loom_st(dg, dgdt, ch, (float)(sdyx / sqrt(var + eps)));
 }
 
 __global__ void loom_bn_bwd_gamma_kernel(int n, int c, int64_t hw, const void *x, int xdt,
@@ -194,6 +297,38 @@ extern "C" loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, 
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
+/* Synchronised batch norm's sums: this rank's into the workspace, then the
+ * first 1 + reduce * c of them summed over the ranks in stream order. No
+ * process group (world 1, the test hook of engine/ddp.c): the sums are
+ * already everyone's. */
+static loom_status bn_sync_sums(loom_cuda_ctx *cx, const loom_plan *plan, loom_value v,
+				const loom_cuda_io *io, int ndy, int reduce, double *w)
+{
+	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
+	const int c = (int)x->shape.dims[1];
+	loom_bn_local_sums_kernel<<<c, threads, 0, cx->stream>>>(
+		(int)x->shape.dims[0], c, x->shape.dims[2] * x->shape.dims[3], io->src[0],
+		io->dt[0], ndy >= 0 ? io->src[ndy] : NULL, ndy >= 0 ? io->dt[ndy] : 0, w);
+	loom_status st = LOOM_CUDA_LAUNCHED(cx->err);
+	if (st != LOOM_OK || !plan->comm)
+		return st;
+	st = loom_comm_allreduce_ordered(plan->comm, w, 1 + (size_t)reduce * c, LOOM_F64,
+					 (void *)cx->stream);
+	if (st != LOOM_OK)
+		return loom_errf(cx->err, st, "batch-norm node %d: all-reduce of its statistics: %s",
+				 (int)v, loom_pg_error(plan->comm->pg));
+	return LOOM_OK;
+}
+
+size_t loom_cuda_bn_sync_ws(const loom_plan *plan, loom_value v)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	if (!n->a.bn.sync)
+		return 0;
+	return loom_cuda_align(sizeof(double) *
+			       (1 + 4 * (size_t)plan->g->nodes[n->src[0]].shape.dims[1]));
+}
+
 // ----------------------------------------------------------------------------
 // op entries
 
@@ -204,11 +339,46 @@ loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *c, const loom_plan *plan, lo
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
 		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
-	return loom_cuda_bn_fwd(c->err, c->stream, c->train, (int)x->shape.dims[0],
-				(int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
-				io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
-				io->src[3], io->dt[3], io->src[4], io->dt[4], n->a.bn.momentum,
-				n->a.bn.eps, n->a.bn.relu, io->out, io->odt);
+	const int nb = (int)x->shape.dims[0], ch = (int)x->shape.dims[1];
+	const int64_t hw = x->shape.dims[2] * x->shape.dims[3];
+	if (!c->train || !n->a.bn.sync || ch <= 0)
+		return loom_cuda_bn_fwd(c->err, c->stream, c->train, nb, ch, hw, io->src[0],
+					io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
+					io->src[3], io->dt[3], io->src[4], io->dt[4],
+					n->a.bn.momentum, n->a.bn.eps, n->a.bn.relu, io->out,
+					io->odt);
+	double *w = (double *)c->arena.ws;
+	loom_status st = bn_sync_sums(c, plan, v, io, -1, 2, w);
+	if (st != LOOM_OK)
+		return st;
+	loom_bn_fwd_apply_kernel<<<ch, threads, 0, c->stream>>>(
+		nb, ch, hw, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
+		io->src[3], io->dt[3], io->src[4], io->dt[4], n->a.bn.momentum, n->a.bn.eps,
+		n->a.bn.relu, w, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* The synchronised backward nodes: dx from (x, gamma, dy), dgamma from
+ * (x, dy); as on the CPU, whatever the run's mode. */
+static loom_status bn_bwd_sync(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			       const loom_cuda_io *io, int want_dx)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const loom_node *x = &plan->g->nodes[n->src[0]];
+	const int nb = (int)x->shape.dims[0], ch = (int)x->shape.dims[1];
+	const int ndy = want_dx ? 2 : 1;
+	double *w = (double *)c->arena.ws;
+	if (ch <= 0)
+		return LOOM_OK;
+	loom_status st = bn_sync_sums(c, plan, v, io, ndy, want_dx ? 4 : 2, w);
+	if (st != LOOM_OK)
+		return st;
+	loom_bn_bwd_apply_kernel<<<ch, threads, 0, c->stream>>>(
+		nb, ch, x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0],
+		want_dx ? io->src[1] : NULL, want_dx ? io->dt[1] : 0, io->src[ndy], io->dt[ndy],
+		n->a.bn.eps, w, want_dx ? io->out : NULL, io->odt, want_dx ? NULL : io->out,
+		io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
 loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
@@ -218,6 +388,8 @@ loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, lo
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
 		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
+	if (n->a.bn.sync)
+		return bn_bwd_sync(c, plan, v, io, 1);
 	return loom_cuda_bn_bwd_data(c->err, c->stream, (int)x->shape.dims[0],
 				     (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
 				     io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
@@ -229,6 +401,8 @@ loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, l
 {
 	const loom_node *n = &plan->g->nodes[v];
 	const loom_node *x = &plan->g->nodes[n->src[0]];
+	if (n->a.bn.sync)
+		return bn_bwd_sync(c, plan, v, io, 0);
 	return loom_cuda_bn_bwd_gamma(c->err, c->stream, (int)x->shape.dims[0],
 				      (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
 				      io->src[0], io->dt[0], io->src[1], io->dt[1], n->a.bn.eps,

@@ -53,7 +53,9 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	(void)c;
 
 	bp->dgamma = bp->dbeta = LOOM_NONE;
-	if (loom_cuda_own_kernels_on || !cudnn_takes(p, n))
+	/* Synchronised batch norm needs its statistics between two kernels;
+	 * cuDNN computes and applies them in one call. */
+	if (loom_cuda_own_kernels_on || n->a.bn.sync || !cudnn_takes(p, n))
 		return LOOM_OK; /* kind stays NONE: the own kernels run it */
 	np->kind = LOOM_CUDA_PLAN_BN;
 	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->x), c->err, sizeof(c->err))) !=

@@ -335,6 +335,9 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 /* bn_cudnn.cu: BATCHNORM2D and BN_BWD_DATA (with its dgamma and dbeta
  * siblings) through cuDNN; the plan stays NONE (own kernels) where cuDNN
  * does not take the dtypes. */
+/* Synchronised batch norm's f64 sums in the workspace of node v (bn.cu); 0
+ * unless the node is synchronised. */
+size_t loom_cuda_bn_sync_ws(const loom_plan *p, loom_value v);
 loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);

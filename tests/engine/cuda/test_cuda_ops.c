@@ -156,6 +156,10 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 	}
 }
 
+/* Compile with sync_bn (under engine/ddp.c's world-1 hook: the batch norms
+ * are marked, nothing is all-reduced). */
+static int sync_bn;
+
 static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 			       loom_opt_level level)
 {
@@ -163,6 +167,7 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 	loom_program *p = NULL;
 	loom_compile_opts_default(&o);
 	o.device = dev;
+	o.sync_bn = sync_bn;
 	o.amp.level = level;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
@@ -233,6 +238,22 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	cr_expect_eq(fused_relus(cuda), t.fused_relus,
 		     "%s: %d batch norms / adds with a fused relu in the cuda plan, want %d", op,
 		     fused_relus(cuda), t.fused_relus);
+	if (sync_bn) {
+		/* Marked on both backends, so both run the split kernels;
+		 * cuDNN takes none of them. */
+		int marked = 0, bns = 0;
+		for (int v = 0; v < cuda->plan.g->n; v++) {
+			const loom_node *nd = &cuda->plan.g->nodes[v];
+			if (nd->op == LOOM_OP_BATCHNORM2D || nd->op == LOOM_OP_BN_BWD_DATA ||
+			    nd->op == LOOM_OP_BN_BWD_GAMMA) {
+				bns++;
+				marked += nd->a.bn.sync != 0;
+			}
+		}
+		cr_expect(bns > 0 && marked == bns, "%s: %d of %d batch-norm nodes synchronised",
+			  op, marked, bns);
+		t.want_bn_cudnn = 0;
+	}
 	int bn_cudnn, bgrad;
 	loom_cuda_test_library_use(cuda, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
@@ -524,6 +545,32 @@ Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 		}
 	}
 	use_own_kernels(0);
+}
+
+/* Synchronised batch norm (sync_bn) at world 1: the split kernels of
+ * engine/cuda/bn.cu (per-channel f64 sums into the workspace, then the
+ * apply kernels) against the CPU's split path, in every dtype and under O2,
+ * forward, backward and eval. Without a second rank no all-reduce runs:
+ * the NCCL call between the halves is tested by nothing here. */
+static void sync_bn_on(int on)
+{
+	sync_bn = on;
+	loom_ddp_test_sync_one_rank = on;
+}
+
+Test(cuda_ops, sync_batchnorm_one_rank)
+{
+	NEED_GPU();
+	sync_bn_on(1);
+	each_dtype("sync batchnorm2d", b_bn, LOOM_RUN_GRAD);
+	each_dtype("sync batchnorm2d eval", b_bn, LOOM_RUN_EVAL);
+	each_dtype("sync batchnorm2d 8x32x14x14", b_bn_big, LOOM_RUN_GRAD);
+	each_dtype("sync batchnorm2d+relu", b_bn_relu, LOOM_RUN_GRAD);
+	for (uint64_t seed = 1; seed <= 2; seed++) {
+		run_case("sync batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("sync batchnorm2d+relu O2", b_bn_relu_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+	}
+	sync_bn_on(0);
 }
 
 /* Exact values where the rules matter: ties (first max wins), windows whose
