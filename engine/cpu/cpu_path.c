@@ -11,10 +11,10 @@
  * and for f64 (oneDNN has no double GEMM).
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <stdio.h>
+#include <unistd.h>
 
 #include <cblas.h>
 #include <omp.h>
@@ -64,6 +64,45 @@ const char *loom_cpu_isa_name(loom_cpu_isa isa)
 	}
 }
 
+/*
+ * libgomp's threads spin about 300,000 rounds (a few ms) at each barrier and
+ * between regions before they sleep, unless more OpenMP threads are in
+ * teams than there are CPUs, when they spin 100. On a machine others share,
+ * a thread spinning at a barrier keeps its core while the thread it waits
+ * for is descheduled: at load 4-5 on 2 cores the ConvNet stepped 4-9x
+ * slower and burnt 3-5x the CPU time (bench/RESULTS.md). GOMP_SPINCOUNT
+ * would say so, but libgomp reads it in its own constructor, before any of
+ * ours, and a user should not need a variable. So one thread opens a team
+ * of two and parks inside it for the life of the process: its worker
+ * sleeps at the team's end barrier and keeps the count one above loom's
+ * threads. (mnist_ddp had this by accident, part of the time: its
+ * prefetcher converts batches of 84 images and more in a parallel region.)
+ */
+static void *spin_throttle_main(void *arg)
+{
+	(void)arg;
+#pragma omp parallel num_threads(2)
+	{
+		if (omp_get_thread_num() == 0)
+			for (;;)
+				pause();
+	}
+	return NULL;
+}
+
+static void spin_throttle_start(void)
+{
+	pthread_attr_t at;
+	pthread_t t;
+	if (pthread_attr_init(&at))
+		return;
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&at, 1 << 18);
+	/* Without it loom is only slower on a busy machine: no error. */
+	pthread_create(&t, &at, spin_throttle_main, NULL);
+	pthread_attr_destroy(&at);
+}
+
 static void isa_choose(void)
 {
 	loom_cpu_isa isa = loom_cpu_isa_detect();
@@ -84,6 +123,7 @@ static void isa_choose(void)
 	if (isa != LOOM_CPU_ISA_PORTABLE)
 		dnnl_set_max_cpu_isa(dnnl_cap[isa]);
 	isa_chosen = isa;
+	spin_throttle_start();
 }
 
 loom_cpu_isa loom_cpu_isa_get(void)
