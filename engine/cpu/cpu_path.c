@@ -11,10 +11,10 @@
  * and for f64 (oneDNN has no double GEMM).
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <stdio.h>
+#include <unistd.h>
 
 #include <cblas.h>
 #include <omp.h>
@@ -64,6 +64,45 @@ const char *loom_cpu_isa_name(loom_cpu_isa isa)
 	}
 }
 
+/*
+ * libgomp's threads spin about 300,000 rounds (a few ms) at each barrier and
+ * between regions before they sleep, unless more OpenMP threads are in
+ * teams than there are CPUs, when they spin 100. On a machine others share,
+ * a thread spinning at a barrier keeps its core while the thread it waits
+ * for is descheduled: at load 4-5 on 2 cores the ConvNet stepped 4-9x
+ * slower and burnt 3-5x the CPU time (bench/RESULTS.md). GOMP_SPINCOUNT
+ * would say so, but libgomp reads it in its own constructor, before any of
+ * ours, and a user should not need a variable. So one thread opens a team
+ * of two and parks inside it for the life of the process: its worker
+ * sleeps at the team's end barrier and keeps the count one above loom's
+ * threads. (mnist_ddp had this by accident, part of the time: its
+ * prefetcher converts batches of 84 images and more in a parallel region.)
+ */
+static void *spin_throttle_main(void *arg)
+{
+	(void)arg;
+#pragma omp parallel num_threads(2)
+	{
+		if (omp_get_thread_num() == 0)
+			for (;;)
+				pause();
+	}
+	return NULL;
+}
+
+static void spin_throttle_start(void)
+{
+	pthread_attr_t at;
+	pthread_t t;
+	if (pthread_attr_init(&at))
+		return;
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&at, 1 << 18);
+	/* Without it loom is only slower on a busy machine: no error. */
+	pthread_create(&t, &at, spin_throttle_main, NULL);
+	pthread_attr_destroy(&at);
+}
+
 static void isa_choose(void)
 {
 	loom_cpu_isa isa = loom_cpu_isa_detect();
@@ -84,6 +123,7 @@ static void isa_choose(void)
 	if (isa != LOOM_CPU_ISA_PORTABLE)
 		dnnl_set_max_cpu_isa(dnnl_cap[isa]);
 	isa_chosen = isa;
+	spin_throttle_start();
 }
 
 loom_cpu_isa loom_cpu_isa_get(void)
@@ -97,14 +137,47 @@ static int is_t(char t)
 	return t == 't' || t == 'T';
 }
 
+/*
+ * The kernels call oneDNN's GEMMs from inside their own parallel regions, one
+ * GEMM per thread, and so mean them to run on the calling thread. In a region
+ * of several threads oneDNN sees omp_in_parallel() and does. In a region of
+ * one (a product too small to split: the ConvNet's fc layer and its
+ * gradients) the region is inactive, oneDNN opens a nested one of
+ * omp_get_max_threads() threads, and libgomp keeps no pool for nested teams:
+ * every such call created and ended a thread (3-5 ms instead of 0.05-0.25 on
+ * the shared 2-core machine, bench/RESULTS.md). Inside any region, the GEMM
+ * runs on one thread; the thread count is the calling task's own and is put
+ * back after. Returns the count to put back, or 0.
+ */
+static int dnnl_serial_begin(void)
+{
+	if (omp_get_level() == 0 || omp_in_parallel())
+		return 0;
+	int prev = omp_get_max_threads();
+	if (prev == 1)
+		return 0;
+	omp_set_num_threads(1);
+	return prev;
+}
+
+static void dnnl_serial_end(int prev)
+{
+	if (prev)
+		omp_set_num_threads(prev);
+}
+
 void loom_cpu_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a,
 		    int lda, const float *b, int ldb, float beta, float *c, int ldc)
 {
 	if (m <= 0 || n <= 0)
 		return;
-	if (loom_cpu_isa_get() != LOOM_CPU_ISA_PORTABLE &&
-	    dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success)
-		return;
+	if (loom_cpu_isa_get() != LOOM_CPU_ISA_PORTABLE) {
+		int prev = dnnl_serial_begin();
+		dnnl_status_t st = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+		dnnl_serial_end(prev);
+		if (st == dnnl_success)
+			return;
+	}
 	cblas_sgemm(CblasRowMajor, is_t(ta) ? CblasTrans : CblasNoTrans,
 		    is_t(tb) ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
 		    c, ldc);
@@ -118,10 +191,11 @@ int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
 		return -1;
 	if (m <= 0 || n <= 0)
 		return 0;
-	return dnnl_gemm_bf16bf16f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) ==
-			       dnnl_success ?
-		       0 :
-		       -1;
+	int prev = dnnl_serial_begin();
+	dnnl_status_t st =
+		dnnl_gemm_bf16bf16f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+	dnnl_serial_end(prev);
+	return st == dnnl_success ? 0 : -1;
 }
 
 const char *loom_cpu_describe(char *buf, size_t size)
