@@ -229,10 +229,11 @@ static T LOOM_CPU_FN(bn_chan_dgamma)(double var, double sdyx, double eps)
 }
 
 /* One set of per-channel sums (bn_chan_bwd_sums) makes all three: dx, and
- * dgamma and dbeta where not NULL. Their sum of dy is bn_chan_sum's over dy
- * bit for bit (the same blocks, lanes and order; tests/engine/cpu checks it),
- * so the three equal what bn_bwd_data, bn_bwd_gamma and channel_sum make
- * apart, in one pass for the sums instead of three. */
+ * dgamma and dbeta where not NULL. Its sum of dy is bn_chan_sum's over dy
+ * bit for bit (the same blocks, lanes and order; tests/engine/cpu checks it
+ * on each compiled copy), so the three equal what bn_bwd_data, bn_bwd_gamma
+ * and channel_sum make apart, with the sums made once instead of twice and
+ * no pass of dbeta's own. */
 void LOOM_CPU_FN(loom_cpu_bn_bwd)(int n, int c, int64_t hw, const T *x, const T *gamma,
 				  const T *dy, double eps, T *dx, T *dgamma, T *dbeta)
 {
