@@ -222,8 +222,20 @@ static void LOOM_CPU_FN(bn_chan_dx)(int n, int c, int64_t hw, const T *x, const 
 	}
 }
 
-void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
-				       const T *gamma, const T *dy, double eps, T *dx)
+/* dgamma of channel ch: sum dy xhat. */
+static T LOOM_CPU_FN(bn_chan_dgamma)(double var, double sdyx, double eps)
+{
+	return (T)(sdyx / sqrt(var + eps));
+}
+
+/* One set of per-channel sums (bn_chan_bwd_sums) makes all three: dx, and
+ * dgamma and dbeta where not NULL. Its sum of dy is bn_chan_sum's over dy
+ * bit for bit (the same blocks, lanes and order; tests/engine/cpu checks it
+ * on each compiled copy), so the three equal what bn_bwd_data, bn_bwd_gamma
+ * and channel_sum make apart, with the sums made once instead of twice and
+ * no pass of dbeta's own. */
+void LOOM_CPU_FN(loom_cpu_bn_bwd)(int n, int c, int64_t hw, const T *x, const T *gamma,
+				  const T *dy, double eps, T *dx, T *dgamma, T *dbeta)
 {
 	const double m = (double)n * hw;
 
@@ -233,7 +245,17 @@ void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
 		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
 		LOOM_CPU_FN(bn_chan_dx)(n, c, hw, x, gamma, dy, eps, ch, mean, var, sdy, sdyx,
 					m, dx);
+		if (dgamma)
+			dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, eps);
+		if (dbeta)
+			dbeta[ch] = (T)sdy;
 	}
+}
+
+void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
+				       const T *gamma, const T *dy, double eps, T *dx)
+{
+	LOOM_CPU_FN(loom_cpu_bn_bwd)(n, c, hw, x, gamma, dy, eps, dx, NULL, NULL);
 }
 
 void LOOM_CPU_FN(loom_cpu_bn_bwd_data_apply)(int n, int c, int64_t hw, const T *x,
@@ -255,6 +277,6 @@ void LOOM_CPU_FN(loom_cpu_bn_bwd_gamma)(int n, int c, int64_t hw, const T *x,
 	for (int ch = 0; ch < c; ch++) {
 		double mean, var, sdy, sdyx;
 		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
-		dgamma[ch] = (T)(sdyx / sqrt(var + eps));
+		dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, eps);
 	}
 }

@@ -66,6 +66,12 @@ void loom_cpu_bn_bwd_data_f32(int n, int c, int64_t hw, const float *x, const fl
 	PICK(loom_cpu_bn_bwd_data)(n, c, hw, x, gamma, dy, eps, dx);
 }
 
+void loom_cpu_bn_bwd_f32(int n, int c, int64_t hw, const float *x, const float *gamma,
+			 const float *dy, double eps, float *dx, float *dgamma, float *dbeta)
+{
+	PICK(loom_cpu_bn_bwd)(n, c, hw, x, gamma, dy, eps, dx, dgamma, dbeta);
+}
+
 void loom_cpu_bn_bwd_gamma_f32(int n, int c, int64_t hw, const float *x, const float *dy,
 			       double eps, float *dgamma)
 {

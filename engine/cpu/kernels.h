@@ -45,6 +45,11 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
 	/* dx of training batch norm; batch mean/var recomputed from x */              \
 	void loom_cpu_bn_bwd_data_##SFX(int n, int c, int64_t hw, const T *x,           \
 					const T *gamma, const T *dy, double eps, T *dx);\
+	/* dx, and where not NULL dgamma and dbeta, from one set of per-channel     */ \
+	/* sums: equal bit for bit to bn_bwd_data, bn_bwd_gamma and channel_sum */      \
+	void loom_cpu_bn_bwd_##SFX(int n, int c, int64_t hw, const T *x,                \
+				   const T *gamma, const T *dy, double eps, T *dx,      \
+				   T *dgamma, T *dbeta);                                \
 	/* dgamma[c] = sum dy * xhat; dbeta is loom_cpu_channel_sum of dy */           \
 	void loom_cpu_bn_bwd_gamma_##SFX(int n, int c, int64_t hw, const T *x,          \
 					 const T *dy, double eps, T *dgamma);           \

@@ -99,6 +99,68 @@ loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 	return LOOM_OK;
 }
 
+/*
+ * dx's siblings. graph/fuse.c marks dgamma = bn_bwd_gamma(x, dy) and dbeta =
+ * channel_sum(dy) as made by dx's node; backend.c runs them right after it.
+ * Without sync, dx's kernel writes both from the per-channel sums it makes
+ * anyway (loom_cpu_bn_bwd), and their own entries then have nothing to do:
+ * two passes over x and dy and one over dy fewer per batch norm, same bits.
+ * Only where no half emulation comes between (backend.c widens half values
+ * into scratch): x, dy, dx and the siblings all in the kernel's dtype.
+ */
+static int bn_fuses_sibling(const loom_plan *plan, loom_value v, loom_value w)
+{
+	const loom_node *n = &plan->g->nodes[v], *s = &plan->g->nodes[w];
+	loom_dtype dt = n->dtype;
+	if (n->op != LOOM_OP_BN_BWD_DATA || n->a.bn.sync || (dt != LOOM_F32 && dt != LOOM_F64) ||
+	    s->made_by != v || s->dtype != dt)
+		return 0;
+	for (int i = 0; i < n->nsrc; i++)
+		if (plan->g->nodes[n->src[i]].dtype != dt)
+			return 0;
+	if (s->op == LOOM_OP_BN_BWD_GAMMA)
+		return s->src[0] == n->src[0] && s->src[1] == n->src[2] &&
+		       s->a.bn.eps == n->a.bn.eps && !s->a.bn.sync;
+	return s->op == LOOM_OP_CHANNEL_SUM && s->src[0] == n->src[2];
+}
+
+/* Made by its batch norm dx node's kernel already? Only if the dx node
+ * runs it as a sibling (the memory plan chains it there when the dx node
+ * comes first in the schedule). */
+static int bn_made_with_dx(const loom_plan *plan, loom_value w)
+{
+	loom_value u = plan->g->nodes[w].made_by;
+	if (u == LOOM_NONE || !bn_fuses_sibling(plan, u, w))
+		return 0;
+	for (loom_value s = loom_sibling_first(plan, u); s != LOOM_NONE;
+	     s = loom_sibling_next(plan, s))
+		if (s == w)
+			return 1;
+	return 0;
+}
+
+/* dx, with the dgamma and dbeta of v's siblings that it makes. */
+static void bn_bwd_fused(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			 const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	void *dg = NULL, *db = NULL;
+	int nb, c;
+	int64_t hw;
+	nchw(plan, n, &nb, &c, &hw);
+	for (loom_value w = loom_sibling_first(plan, v); w != LOOM_NONE;
+	     w = loom_sibling_next(plan, w)) {
+		if (!bn_fuses_sibling(plan, v, w))
+			continue;
+		if (plan->g->nodes[w].op == LOOM_OP_BN_BWD_GAMMA)
+			dg = loom_arena_ptr(&ctx->arena, plan, w);
+		else
+			db = loom_arena_ptr(&ctx->arena, plan, w);
+	}
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_bwd, nb, c, hw, io->src[0],
+			  io->src[1], io->src[2], n->a.bn.eps, io->out, dg, db);
+}
+
 /* Both backward entries: dx from (x, gamma, dy), or dgamma from (x, dy). With
  * sync, dx needs the global sums of dy and dy xhat too, dgamma only the
  * global statistics (its own sum stays this rank's: the gradient buckets sum
@@ -115,9 +177,8 @@ static loom_status bn_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v
 	nchw(plan, n, &nb, &c, &hw);
 	if (!n->a.bn.sync) {
 		if (want_dx)
-			LOOM_CPU_DISPATCH(dt, loom_cpu_bn_bwd_data, nb, c, hw, x, gamma, dy,
-					  n->a.bn.eps, io->out);
-		else
+			bn_bwd_fused(ctx, plan, v, io);
+		else if (!bn_made_with_dx(plan, v))
 			LOOM_CPU_DISPATCH(dt, loom_cpu_bn_bwd_gamma, nb, c, hw, x, dy, n->a.bn.eps,
 					  io->out);
 		return LOOM_OK;
@@ -163,6 +224,8 @@ loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	int64_t hw = 1;
 	(void)ctx;
+	if (bn_made_with_dx(plan, v))
+		return LOOM_OK;
 	for (int i = 2; i < x->shape.ndim; i++)
 		hw *= x->shape.dims[i];
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_channel_sum, (int)x->shape.dims[0],
