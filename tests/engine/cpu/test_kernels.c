@@ -371,6 +371,24 @@ Test(bn, running_stats_exact)
 	cr_assert_float_eq(y[0], -1.5 / sqrt(1.25), 1e-15, "normalised with the biased var");
 }
 
+/* The three kernels apart, the one kernel with and without its siblings'
+ * outputs, then a byte comparison of each result, for one element type
+ * (check_bn_bwd_same_bits's locals). */
+#define BN_BWD_SAME_BITS(SFX, F, SZ)                                                        \
+	do {                                                                                 \
+		loom_cpu_bn_bwd_data_##SFX(n, c, hw, x.F, g.F, dy.F, 1e-5, dx.F);               \
+		loom_cpu_bn_bwd_gamma_##SFX(n, c, hw, x.F, dy.F, 1e-5, dg.F);                   \
+		loom_cpu_channel_sum_##SFX(n, c, hw, dy.F, db.F);                               \
+		loom_cpu_bn_bwd_##SFX(n, c, hw, x.F, g.F, dy.F, 1e-5, dx1.F, dg1.F, db1.F);     \
+		loom_cpu_bn_bwd_##SFX(n, c, hw, x.F, g.F, dy.F, 1e-5, dx2.F, NULL, NULL);       \
+		cr_assert(!memcmp(dx.F, dx1.F, nx * SZ) && !memcmp(dx.F, dx2.F, nx * SZ),       \
+			  #SFX " dx %dx%dx%ld", n, c, (long)hw);                                \
+		cr_assert(!memcmp(dg.F, dg1.F, c * SZ), #SFX " dgamma %dx%dx%ld", n, c,         \
+			  (long)hw);                                                            \
+		cr_assert(!memcmp(db.F, db1.F, c * SZ), #SFX " dbeta %dx%dx%ld", n, c,          \
+			  (long)hw);                                                            \
+	} while (0)
+
 /* loom_cpu_bn_bwd makes dx, dgamma and dbeta from one set of sums; each
  * must equal, bit for bit, what the three kernels make apart (the CPU
  * backend swaps one for the other, and the golden steps are exact). */
@@ -381,27 +399,10 @@ static void check_bn_bwd_same_bits(int n, int c, int64_t hw)
 	for (int dbl = 0; dbl < 2; dbl++) {
 		buf dx = buf_nan(nx), dg = buf_nan(c), db = buf_nan(c);
 		buf dx1 = buf_nan(nx), dg1 = buf_nan(c), db1 = buf_nan(c), dx2 = buf_nan(nx);
-		if (dbl) {
-			loom_cpu_bn_bwd_data_f64(n, c, hw, x.d, g.d, dy.d, 1e-5, dx.d);
-			loom_cpu_bn_bwd_gamma_f64(n, c, hw, x.d, dy.d, 1e-5, dg.d);
-			loom_cpu_channel_sum_f64(n, c, hw, dy.d, db.d);
-			loom_cpu_bn_bwd_f64(n, c, hw, x.d, g.d, dy.d, 1e-5, dx1.d, dg1.d, db1.d);
-			loom_cpu_bn_bwd_f64(n, c, hw, x.d, g.d, dy.d, 1e-5, dx2.d, NULL, NULL);
-			cr_assert(!memcmp(dx.d, dx1.d, nx * 8) && !memcmp(dx.d, dx2.d, nx * 8),
-				  "f64 dx %dx%dx%ld", n, c, (long)hw);
-			cr_assert(!memcmp(dg.d, dg1.d, c * 8), "f64 dgamma %dx%dx%ld", n, c, (long)hw);
-			cr_assert(!memcmp(db.d, db1.d, c * 8), "f64 dbeta %dx%dx%ld", n, c, (long)hw);
-		} else {
-			loom_cpu_bn_bwd_data_f32(n, c, hw, x.f, g.f, dy.f, 1e-5, dx.f);
-			loom_cpu_bn_bwd_gamma_f32(n, c, hw, x.f, dy.f, 1e-5, dg.f);
-			loom_cpu_channel_sum_f32(n, c, hw, dy.f, db.f);
-			loom_cpu_bn_bwd_f32(n, c, hw, x.f, g.f, dy.f, 1e-5, dx1.f, dg1.f, db1.f);
-			loom_cpu_bn_bwd_f32(n, c, hw, x.f, g.f, dy.f, 1e-5, dx2.f, NULL, NULL);
-			cr_assert(!memcmp(dx.f, dx1.f, nx * 4) && !memcmp(dx.f, dx2.f, nx * 4),
-				  "f32 dx %dx%dx%ld", n, c, (long)hw);
-			cr_assert(!memcmp(dg.f, dg1.f, c * 4), "f32 dgamma %dx%dx%ld", n, c, (long)hw);
-			cr_assert(!memcmp(db.f, db1.f, c * 4), "f32 dbeta %dx%dx%ld", n, c, (long)hw);
-		}
+		if (dbl)
+			BN_BWD_SAME_BITS(f64, d, 8);
+		else
+			BN_BWD_SAME_BITS(f32, f, 4);
 		buf_free(&dx), buf_free(&dg), buf_free(&db);
 		buf_free(&dx1), buf_free(&dg1), buf_free(&db1), buf_free(&dx2);
 	}
