@@ -130,6 +130,21 @@ static loom_status enqueued(loom_comm *c, ncclResult_t rc)
 	return loom_comm_fail(c, NCCL_OK(c->pg, rc), "%s", c->pg->err);
 }
 
+/*
+ * A collective on the communicator's stream. ncclInProgress means the
+ * non-blocking communicator may still be putting it on the stream: whatever
+ * is recorded or issued on that stream next (the done event, a copy back)
+ * must come after it, so the host waits for the enqueue (not for the sum).
+ */
+static loom_status issued(loom_comm *c, ncclResult_t rc, const char *what)
+{
+	loom_status st = enqueued(c, rc);
+
+	if (!st && rc == ncclInProgress)
+		st = poll_until(c, NULL, loom_comm_now(), what);
+	return st;
+}
+
 static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream, loom_comm_work **out)
 {
@@ -149,7 +164,8 @@ static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, l
 	/* The reduction waits for whatever produced buf, on the device. */
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
-	    (st = enqueued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream))) ||
+	    (st = issued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream),
+			 "all-reduce enqueue")) ||
 	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
 	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream)))) {
 		if (w->done)
@@ -177,13 +193,10 @@ static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count,
 
 	if ((st = nccl_type(c, dt, &t)) || (st = async_state(c, &busy)))
 		return st;
-	/* A non-blocking communicator may answer ncclInProgress while it is
-	 * still enqueueing: the event after it waits until the call is on
-	 * the stream (a host wait for the enqueue only, not for the sum). */
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
-	    (st = enqueued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream))) ||
-	    (st = poll_until(c, NULL, loom_comm_now(), "all-reduce enqueue")) ||
+	    (st = issued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream),
+			 "all-reduce enqueue")) ||
 	    (st = CUDA_OK(c->pg, cudaEventRecord(x->ready, x->stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent((cudaStream_t)stream, x->ready, 0)))) {
 		c->broken = 1;
@@ -239,7 +252,8 @@ static loom_status nccl_broadcast(loom_comm *c, void *buf, size_t bytes, int roo
 	nccl_ctx *x = ctx_of(c);
 	double t0 = loom_comm_now();
 	loom_status st =
-		enqueued(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->comm, x->stream));
+		issued(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->comm, x->stream),
+		       "broadcast enqueue");
 
 	return st ? st : drain(c, t0, "broadcast");
 }
@@ -260,7 +274,8 @@ static loom_status nccl_allgather(loom_comm *c, const void *send, size_t bytes, 
 	uint8_t *mine = d + bytes * (size_t)c->pg->info.rank;
 	if (!(st = CUDA_OK(c->pg, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice,
 						   x->stream))) &&
-	    !(st = enqueued(c, ncclAllGather(mine, d, bytes, ncclUint8, x->comm, x->stream))) &&
+	    !(st = issued(c, ncclAllGather(mine, d, bytes, ncclUint8, x->comm, x->stream),
+			  "all-gather enqueue")) &&
 	    !(st = CUDA_OK(c->pg, cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost,
 						   x->stream))))
 		st = drain(c, t0, "all-gather");
@@ -273,8 +288,9 @@ static loom_status nccl_barrier(loom_comm *c)
 {
 	nccl_ctx *x = ctx_of(c);
 	double t0 = loom_comm_now();
-	loom_status st = enqueued(
-		c, ncclAllReduce(x->scratch, x->scratch, 1, ncclFloat32, ncclSum, x->comm, x->stream));
+	loom_status st = issued(
+		c, ncclAllReduce(x->scratch, x->scratch, 1, ncclFloat32, ncclSum, x->comm, x->stream),
+		"barrier enqueue");
 
 	return st ? st : drain(c, t0, "barrier");
 }
