@@ -8,26 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_util.h"
 #include "amp/half.h"
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
 #include "loom.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
 
 typedef struct bufs {
 	float *x, *w, *b, *y, *dx, *dw;
@@ -97,16 +84,16 @@ static void time_all(loom_cpu_conv_kind kind, const loom_conv_shape *s, bufs *m,
 		for (int k = 0; k < NCAND; k++) {
 			if (!ok[k])
 				continue;
-			double t0 = now();
+			double t0 = bench_now();
 			if (run_one(k, c[k], dws[k], kind, s, m))
 				ok[k] = 0;
 			if (r >= 0)
-				t[k][r] = (now() - t0) * 1e3;
+				t[k][r] = (bench_now() - t0) * 1e3;
 		}
 	}
 	for (int k = 0; k < NCAND; k++) {
 		if (ok[k]) {
-			qsort(t[k], reps, sizeof(double), cmp);
+			qsort(t[k], reps, sizeof(double), bench_cmp_double);
 			printf(" %.2f / %.2f |", t[k][reps / 2], t[k][0]);
 		} else {
 			printf(" - |");

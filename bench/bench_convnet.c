@@ -10,17 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
+#include "bench/bench_util.h"
 #include "examples/models.h"
 #include "loom.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* Seconds of CPU time (user + system) used by this process so far. */
 static double cpu_seconds(void)
@@ -29,12 +22,6 @@ static double cpu_seconds(void)
 	getrusage(RUSAGE_SELF, &u);
 	return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
 	       (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
 }
 
 static int no_fusion;
@@ -69,7 +56,7 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	int rc = 0;
 	double t0 = 0, c0 = 0, *dt_step = malloc(sizeof(double) * steps);
 	for (int s = 0; s < warmup + steps && dt_step; s++) {
-		double ts = now();
+		double ts = bench_now();
 		if (s == warmup) {
 			t0 = ts;
 			c0 = cpu_seconds();
@@ -81,11 +68,11 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 			break;
 		}
 		if (s >= warmup)
-			dt_step[s - warmup] = now() - ts;
+			dt_step[s - warmup] = bench_now() - ts;
 	}
 	if (!rc && dt_step) {
-		double dt = now() - t0, cpu = cpu_seconds() - c0;
-		qsort(dt_step, steps, sizeof(double), cmp_double);
+		double dt = bench_now() - t0, cpu = cpu_seconds() - c0;
+		qsort(dt_step, steps, sizeof(double), bench_cmp_double);
 		loom_program_info info;
 		loom_program_info_get(p, &info);
 		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f | %8.0f |\n",

@@ -10,25 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_util.h"
 #include "bench/trace_json.h"
 #include "comm/comm.h"
 #include "examples/models.h"
 #include "loom.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
 
 /* Per TRAIN run and rank, from the trace (microseconds): the step, the
  * all-reduces (sum of their spans, which overlap one another), the part of
@@ -188,12 +175,12 @@ int main(int argc, char **argv)
 	for (int s = 0; s < warmup + steps + traced && !rc; s++) {
 		if (s == warmup + steps && loom_trace_start(p, trace) != LOOM_OK)
 			rc = 1;
-		double t0 = now();
+		double t0 = bench_now();
 		if (rc || loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
 		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN))
 			rc = 1;
 		if (s >= warmup && s < warmup + steps)
-			dt[s - warmup] = now() - t0;
+			dt[s - warmup] = bench_now() - t0;
 	}
 	if (!rc && loom_trace_stop(p) != LOOM_OK)
 		rc = 1;
@@ -201,7 +188,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_ddp: rank %d: %s\n", rank, loom_program_error(p));
 	figures f;
 	if (!rc && rank == 0 && !(rc = read_trace(trace, world, &f))) {
-		qsort(dt, steps, sizeof(double), cmp_double);
+		qsort(dt, steps, sizeof(double), bench_cmp_double);
 		const char *th = getenv("OMP_NUM_THREADS");
 		printf("| %d x %s | %d | %g / %g | %d | %.0f | %.1f | %.1f | %.1f (%.0f%%) | %.1f | "
 		       "%.1f (%.0f%%) | %.1f |\n",

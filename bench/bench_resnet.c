@@ -6,17 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_util.h"
 #include "examples/models.h"
 #include "loom.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static loom_dtype half = LOOM_F16;
 static int no_fusion; /* --no-fusion: the planner's fusions off, to measure them */
@@ -38,13 +31,13 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 	o.amp.level = level;
 	o.amp.half = half;
 	o.no_fusion = no_fusion;
-	double tc = now();
+	double tc = bench_now();
 	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
 		fprintf(stderr, "bench_resnet: %s\n", loom_last_error());
 		loom_graph_free(g);
 		return 1;
 	}
-	tc = now() - tc;
+	tc = bench_now() - tc;
 	size_t ni = (size_t)b * 3 * size * size;
 	float *img = malloc(sizeof(float) * ni);
 	int32_t *lab = malloc(sizeof(int32_t) * b);
@@ -57,7 +50,7 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 	double t0 = 0;
 	for (int s = 0; s < warmup + steps; s++) {
 		if (s == warmup)
-			t0 = now();
+			t0 = bench_now();
 		if (loom_set_input(p, "image", img, LOOM_F32, ni) ||
 		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN)) {
 			fprintf(stderr, "bench_resnet: %s\n", loom_program_error(p));
@@ -66,7 +59,7 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 		}
 	}
 	if (!rc) {
-		double dt = now() - t0;
+		double dt = bench_now() - t0;
 		loom_program_info info;
 		loom_program_info_get(p, &info);
 		printf("| ResNet-%d | %3d | %3d | O%d%s%s | %-6s | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",

@@ -7,17 +7,11 @@
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "bench/bench_util.h"
 
 #define ACC 12
 #define ITERS 25000000L
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* GFLOP/s of ITERS x ACC vfmadd231ps zmm (16 lanes, 2 flops each). */
 __attribute__((target("avx512f"))) static double fp32_rate(float *sink)
@@ -25,7 +19,7 @@ __attribute__((target("avx512f"))) static double fp32_rate(float *sink)
 	__m512 a[ACC], x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
 	for (int i = 0; i < ACC; i++)
 		a[i] = _mm512_setzero_ps();
-	double t0 = now();
+	double t0 = bench_now();
 	/* Written out so that the accumulators stay in registers (a loop
 	 * over k kept them in memory and measured store-forwarding). */
 	for (long i = 0; i < ITERS; i++) {
@@ -34,7 +28,7 @@ __attribute__((target("avx512f"))) static double fp32_rate(float *sink)
 #undef F
 		__asm__ volatile("" ::"v"(a[0]), "v"(a[1]), "v"(a[2]), "v"(a[3]));
 	}
-	double dt = now() - t0;
+	double dt = bench_now() - t0;
 	for (int i = 0; i < ACC; i++)
 		*sink += _mm512_reduce_add_ps(a[i]);
 	return ITERS * ACC * 32.0 / dt / 1e9;
@@ -47,14 +41,14 @@ __attribute__((target("avx512f,avx512bf16"))) static double bf16_rate(float *sin
 	__m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3f80);
 	for (int i = 0; i < ACC; i++)
 		a[i] = _mm512_setzero_ps();
-	double t0 = now();
+	double t0 = bench_now();
 	for (long i = 0; i < ITERS; i++) {
 #define B(k) a[k] = _mm512_dpbf16_ps(a[k], x, y);
 		B(0) B(1) B(2) B(3) B(4) B(5) B(6) B(7) B(8) B(9) B(10) B(11)
 #undef B
 		__asm__ volatile("" ::"v"(a[0]), "v"(a[1]), "v"(a[2]), "v"(a[3]));
 	}
-	double dt = now() - t0;
+	double dt = bench_now() - t0;
 	for (int i = 0; i < ACC; i++)
 		*sink += _mm512_reduce_add_ps(a[i]);
 	return ITERS * ACC * 64.0 / dt / 1e9;

@@ -11,6 +11,19 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 
+/* Row pair (r0, r1) from input column 2 ow: the four windows left of
+ * w_out at most, masked (m8 for the eight inputs, m4 for the four outputs). */
+static inline void pool2_load_avx2(const float *r0, const float *r1, int ow, int w_out,
+				   __m256 *v0, __m256 *v1, __m256i *m8, __m128i *m4)
+{
+	int left = w_out - ow < 4 ? w_out - ow : 4;
+	*m8 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * left),
+				 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	*m4 = _mm_cmpgt_epi32(_mm_set1_epi32(left), _mm_setr_epi32(0, 1, 2, 3));
+	*v0 = _mm256_maskload_ps(r0 + 2 * ow, *m8);
+	*v1 = _mm256_maskload_ps(r1 + 2 * ow, *m8);
+}
+
 /*
  * One row pair of the NaN-free 2x2 backward (pool_impl.h's pool2_plane_bwd)
  * in AVX2, for the x86-64-v3 copy: the scalar loop's interleaved loads and
@@ -31,12 +44,10 @@ static int pool2_rows_bwd_avx2(const float *r0, const float *r1, const float *dr
 	const __m256 zero = _mm256_setzero_ps();
 	__m256 nan = zero;
 	for (int ow = 0; ow < w_out; ow += 4) {
-		int left = w_out - ow < 4 ? w_out - ow : 4;
-		__m256i m8 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * left),
-						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-		__m128i m4 = _mm_cmpgt_epi32(_mm_set1_epi32(left), _mm_setr_epi32(0, 1, 2, 3));
-		__m256 v0 = _mm256_maskload_ps(r0 + 2 * ow, m8);
-		__m256 v1 = _mm256_maskload_ps(r1 + 2 * ow, m8);
+		__m256 v0, v1;
+		__m256i m8;
+		__m128i m4;
+		pool2_load_avx2(r0, r1, ow, w_out, &v0, &v1, &m8, &m4);
 		nan = _mm256_or_ps(nan, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
 		__m256 s0 = _mm256_permute_ps(v0, 0xb1), s1 = _mm256_permute_ps(v1, 0xb1);
 		__m256 a = _mm256_blendv_ps(s0, v0, even), b = _mm256_blendv_ps(v0, s0, even);
@@ -74,12 +85,10 @@ static void pool2_row_fwd_avx2(const float *r0, const float *r1, float *y, int w
 {
 	const __m256i pack = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
 	for (int ow = 0; ow < w_out; ow += 4) {
-		int left = w_out - ow < 4 ? w_out - ow : 4;
-		__m256i m8 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * left),
-						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-		__m128i m4 = _mm_cmpgt_epi32(_mm_set1_epi32(left), _mm_setr_epi32(0, 1, 2, 3));
-		__m256 v0 = _mm256_maskload_ps(r0 + 2 * ow, m8);
-		__m256 v1 = _mm256_maskload_ps(r1 + 2 * ow, m8);
+		__m256 v0, v1;
+		__m256i m8;
+		__m128i m4;
+		pool2_load_avx2(r0, r1, ow, w_out, &v0, &v1, &m8, &m4);
 		__m256 m = pool2_pick_avx2(v0, _mm256_permute_ps(v0, 0xb1));
 		m = pool2_pick_avx2(m, v1);
 		m = pool2_pick_avx2(m, _mm256_permute_ps(v1, 0xb1));
