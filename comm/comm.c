@@ -33,6 +33,41 @@ loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 	return c->i->allreduce_start(c, buf, count, dt, stream, out);
 }
 
+/* The shard pair: same checks, and a backend without them says so. */
+static loom_status shard_args(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+			      loom_comm_work **out, const char *what, int have)
+{
+	loom_status st = usable(c, what);
+
+	if (st)
+		return st;
+	if (!out || (count && !buf) || !loom_dtype_size(dt))
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "%s: bad arguments", what);
+	if (!have)
+		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED, "%s: the %s backend has none",
+				    what, c->i->name);
+	*out = NULL;
+	return LOOM_OK;
+}
+
+loom_status loom_comm_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					   void *stream, loom_comm_work **out)
+{
+	loom_status st = shard_args(c, buf, count, dt, out, "reduce-scatter",
+				    c && c->i->reduce_scatter_start);
+
+	return st ? st : c->i->reduce_scatter_start(c, buf, count, dt, stream, out);
+}
+
+loom_status loom_comm_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	loom_status st = shard_args(c, buf, count, dt, out, "all-gather",
+				    c && c->i->allgather_start);
+
+	return st ? st : c->i->allgather_start(c, buf, count, dt, stream, out);
+}
+
 loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream)
 {
@@ -201,15 +236,18 @@ static void self_free(loom_comm *c)
 }
 
 static const loom_comm_i self_iface = {
-	/* .name            = */ "self",
-	/* .allreduce_start = */ self_allreduce_start,
-	/* .test            = */ self_test,
-	/* .wait            = */ self_wait,
-	/* .broadcast       = */ self_broadcast,
-	/* .allgather       = */ self_allgather,
-	/* .barrier         = */ self_barrier,
-	/* .abort           = */ self_abort,
-	/* .free            = */ self_free,
+	.name = "self",
+	.allreduce_start = self_allreduce_start,
+	.test = self_test,
+	.wait = self_wait,
+	.broadcast = self_broadcast,
+	.allgather = self_allgather,
+	.barrier = self_barrier,
+	.abort = self_abort,
+	.free = self_free,
+	/* One rank: its shard is the whole sum and everyone's already. */
+	.reduce_scatter_start = self_allreduce_start,
+	.allgather_start = self_allreduce_start,
 };
 
 loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out)

@@ -75,7 +75,7 @@ typedef enum loom_comm_memory {
 } loom_comm_memory;
 
 typedef struct loom_comm loom_comm;
-typedef struct loom_comm_work loom_comm_work; /* one outstanding all-reduce */
+typedef struct loom_comm_work loom_comm_work; /* one outstanding collective */
 
 /*
  * A collective backend. Every member that can fail returns a loom_status and
@@ -113,6 +113,15 @@ typedef struct loom_comm_i {
 	 * backends only (synchronised batch norm on CUDA).   // (optional) */
 	loom_status (*allreduce_ordered)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					 void *stream);
+	/* ZeRO's pair, in place on buf (world * count elements; rank r's shard
+	 * is elements [r * count, (r + 1) * count)); *out waits, as for
+	 * allreduce_start. reduce_scatter: rank r's shard ends as the sum of
+	 * every rank's shard r (the rest of buf is scratch). allgather: every
+	 * rank's shard ends in every rank's buf. stream as allreduce_start. */
+	loom_status (*reduce_scatter_start)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream, loom_comm_work **out);
+	loom_status (*allgather_start)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				       void *stream, loom_comm_work **out);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -134,6 +143,11 @@ loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 /* LOOM_ERR_UNSUPPORTED where the backend has no allreduce_ordered (MPI). */
 loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream);
+/* ZeRO's reduce-scatter and all-gather (loom_comm_i), in place. */
+loom_status loom_comm_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					   void *stream, loom_comm_work **out);
+loom_status loom_comm_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out);
 loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done);
 loom_status loom_comm_wait(loom_comm *c, loom_comm_work *w);
 loom_status loom_comm_broadcast(loom_comm *c, void *buf, size_t bytes, int root);

@@ -32,6 +32,10 @@ struct loom_comm_work {
 	double t0;
 	size_t count;
 	loom_dtype dt;
+	const char *what;   /* "all-reduce", ... for the timeout's message */
+	void *move_to;      /* reduce-scatter: where the shard goes once summed */
+	const void *move_from;
+	size_t move_bytes;
 };
 
 const char *loom_mpi_error_string(int code);
@@ -352,8 +356,77 @@ static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, lo
 	w->t0 = loom_comm_now();
 	w->count = count;
 	w->dt = dt;
+	w->what = "all-reduce";
 	st = MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
 					     c->pg->mpi->comm, &w->req));
+	if (st) {
+		free(w);
+		c->broken = 1;
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
+/*
+ * MPI_Ireduce_scatter_block in place sums every rank's block r into the
+ * start of rank r's buffer; the wait moves it to the rank's own place, so
+ * that the shard lies where the bucket's elements are.
+ */
+static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream, loom_comm_work **out)
+{
+	struct loom_comm_work *w;
+	MPI_Datatype type = MPI_DATATYPE_NULL;
+	MPI_Op op;
+	loom_status st;
+	size_t esz = loom_dtype_size(dt);
+
+	(void)stream;
+	if ((st = mpi_type(c, dt, &type, &op)) ||
+	    (st = fits_int(c, count * (size_t)c->pg->info.world, "reduce-scatter")))
+		return st;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->t0 = loom_comm_now();
+	w->count = count;
+	w->dt = dt;
+	w->what = "reduce-scatter";
+	w->move_to = (unsigned char *)buf + (size_t)c->pg->info.rank * count * esz;
+	w->move_from = buf;
+	w->move_bytes = count * esz;
+	st = MPI_CHECK(c->pg, MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count, type, op,
+							c->pg->mpi->comm, &w->req));
+	if (st) {
+		free(w);
+		c->broken = 1;
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
+/* In place: rank r's block of buf is its contribution. */
+static loom_status mpi_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				       void *stream, loom_comm_work **out)
+{
+	struct loom_comm_work *w;
+	size_t bytes = count * loom_dtype_size(dt);
+	loom_status st;
+
+	(void)stream;
+	if ((st = fits_int(c, bytes, "all-gather")))
+		return st;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->t0 = loom_comm_now();
+	w->count = count;
+	w->dt = dt;
+	w->what = "all-gather";
+	st = MPI_CHECK(c->pg, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)bytes,
+					     MPI_BYTE, c->pg->mpi->comm, &w->req));
 	if (st) {
 		free(w);
 		c->broken = 1;
@@ -377,8 +450,10 @@ static loom_status mpi_wait(loom_comm *c, loom_comm_work *w)
 	char what[96];
 	loom_status st;
 
-	snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
+	snprintf(what, sizeof(what), "%s of %zu %s", w->what, w->count, loom_dtype_name(w->dt));
 	st = finish(c, &w->req, w->t0, what);
+	if (!st && w->move_to && w->move_to != w->move_from)
+		memmove(w->move_to, w->move_from, w->move_bytes);
 	free(w);
 	return st;
 }
@@ -430,15 +505,17 @@ static void mpi_free(loom_comm *c)
 }
 
 static const loom_comm_i mpi_iface = {
-	/* .name            = */ "mpi",
-	/* .allreduce_start = */ mpi_allreduce_start,
-	/* .test            = */ mpi_test,
-	/* .wait            = */ mpi_wait,
-	/* .broadcast       = */ mpi_broadcast,
-	/* .allgather       = */ mpi_allgather,
-	/* .barrier         = */ mpi_barrier,
-	/* .abort           = */ mpi_abort,
-	/* .free            = */ mpi_free,
+	.name = "mpi",
+	.allreduce_start = mpi_allreduce_start,
+	.test = mpi_test,
+	.wait = mpi_wait,
+	.broadcast = mpi_broadcast,
+	.allgather = mpi_allgather,
+	.barrier = mpi_barrier,
+	.abort = mpi_abort,
+	.free = mpi_free,
+	.reduce_scatter_start = mpi_reduce_scatter_start,
+	.allgather_start = mpi_allgather_start,
 };
 
 loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out)

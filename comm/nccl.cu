@@ -178,6 +178,56 @@ static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, l
 	return LOOM_OK;
 }
 
+/* ZeRO's pair, in place: rank r's shard is elements [r * count, (r + 1) *
+ * count) of buf, as NCCL's in-place forms want (recvbuff = sendbuff +
+ * rank * count for the reduce-scatter, sendbuff = recvbuff + rank * count
+ * for the all-gather). Ordered after stream, waited for like an all-reduce. */
+static loom_status nccl_shard_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				    void *stream, loom_comm_work **out, int gather)
+{
+	nccl_ctx *x = ctx_of(c);
+	ncclDataType_t t;
+	loom_comm_work *w;
+	loom_status st;
+	char *mine = (char *)buf + (size_t)c->pg->info.rank * count * loom_dtype_size(dt);
+
+	if ((st = nccl_type(c, dt, &t)))
+		return st;
+	w = (loom_comm_work *)calloc(1, sizeof(*w));
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->t0 = loom_comm_now();
+	w->count = count;
+	w->dt = dt;
+	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
+	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
+	    (st = issued(c, gather ? ncclAllGather(mine, buf, count, t, x->comm, x->stream) :
+				     ncclReduceScatter(buf, mine, count, t, ncclSum, x->comm, x->stream),
+			 gather ? "all-gather enqueue" : "reduce-scatter enqueue")) ||
+	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
+	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream)))) {
+		if (w->done)
+			cudaEventDestroy(w->done);
+		free(w);
+		c->broken = 1;
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
+static loom_status nccl_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					     void *stream, loom_comm_work **out)
+{
+	return nccl_shard_start(c, buf, count, dt, stream, out, 0);
+}
+
+static loom_status nccl_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream, loom_comm_work **out)
+{
+	return nccl_shard_start(c, buf, count, dt, stream, out, 1);
+}
+
 /* The stream waits for the sum: ready marks the stream's work so far, NCCL
  * runs on the communicator's own stream after it (one stream for every NCCL
  * call, so they run in the order they were issued, as on every rank), and
@@ -326,16 +376,18 @@ static void nccl_free(loom_comm *c)
 }
 
 static const loom_comm_i nccl_iface = {
-	/* .name            = */ "nccl",
-	/* .allreduce_start = */ nccl_allreduce_start,
-	/* .test            = */ nccl_test,
-	/* .wait            = */ nccl_wait,
-	/* .broadcast       = */ nccl_broadcast,
-	/* .allgather       = */ nccl_allgather,
-	/* .barrier         = */ nccl_barrier,
-	/* .abort           = */ nccl_abort,
-	/* .free            = */ nccl_free,
-	/* .allreduce_ordered = */ nccl_allreduce_ordered,
+	.name = "nccl",
+	.allreduce_start = nccl_allreduce_start,
+	.test = nccl_test,
+	.wait = nccl_wait,
+	.broadcast = nccl_broadcast,
+	.allgather = nccl_allgather,
+	.barrier = nccl_barrier,
+	.abort = nccl_abort,
+	.free = nccl_free,
+	.allreduce_ordered = nccl_allreduce_ordered,
+	.reduce_scatter_start = nccl_reduce_scatter_start,
+	.allgather_start = nccl_allgather_start,
 };
 
 extern "C" loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)

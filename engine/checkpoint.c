@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "engine/ckpt_file.h"
 #include "engine/program_internal.h"
 
@@ -103,6 +104,37 @@ static void *record_addr(loom_program *p, int i)
 	return NULL;
 }
 
+/* Record i is optimizer state buffer *k of slot *s? */
+static int state_record(const loom_program *p, int i, int *s, int *k)
+{
+	int n = 0, ns = p->plan.n_state;
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		n += is_state(&p->plan.g->nodes[v]);
+	if (i < n || ns == 0 || i >= n + p->plan.n_params * ns)
+		return 0;
+	*s = (i - n) / ns;
+	*k = (i - n) % ns;
+	return 1;
+}
+
+/* Record i's payload into dst: a download, or under ZeRO a state buffer
+ * gathered from every rank's shards (collective). */
+static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, size_t bytes)
+{
+	int s, k;
+	if (p->plan.zero && state_record(p, i, &s, &k))
+		return loom_zero_gather_state(p, s, k, dst);
+	return loom_program_download(p, dst, addr, bytes);
+}
+
+static loom_status place_record(loom_program *p, int i, void *addr, const void *src, size_t bytes)
+{
+	int s, k;
+	if (p->plan.zero && state_record(p, i, &s, &k))
+		return loom_zero_scatter_state(p, s, k, src);
+	return loom_program_upload(p, addr, src, bytes);
+}
+
 loom_status loom_save(loom_program *p, const char *path)
 {
 	if (!loom_program_usable(p))
@@ -132,10 +164,15 @@ loom_status loom_save(loom_program *p, const char *path)
 			st = loom_program_fail(p, LOOM_ERR_NOMEM, "save %s: out of memory", path);
 			break;
 		}
-		st = loom_program_download(p, l.host[i], addr, l.r[i].bytes);
+		st = fetch_record(p, i, addr, l.host[i], l.r[i].bytes);
 		l.r[i].data = l.host[i];
 	}
 	char err[512];
+	/* ZeRO: every rank gathered, rank 0 writes. */
+	if (st == LOOM_OK && p->plan.zero && p->plan.rank != 0) {
+		free_records(&l);
+		return LOOM_OK;
+	}
 	if (st == LOOM_OK) {
 		st = loom_ckpt_write(path, p->plan.fingerprint, l.r, l.n, err, sizeof(err));
 		if (st != LOOM_OK)
@@ -203,7 +240,7 @@ loom_status loom_load(loom_program *p, const char *path)
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
 		if (addr) {
-			st = loom_program_upload(p, addr, found[i]->data, found[i]->bytes);
+			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
 			continue;
 		}
 		double meta[LOOM_CKPT_META_COUNT];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "amp/amp_pass.h"
+#include "dist/dist.h"
 #include "engine/elem.h"
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h"
@@ -186,19 +187,17 @@ static loom_status init_values(loom_program *p)
 	return LOOM_OK;
 }
 
-/* The backend's context, its per-node plans, then its arena. */
+/* The backend's context, what it runs (every node a step runs, asked with
+ * its dtypes and shapes), its per-node plans, then its arena. */
 static loom_status backend_prepare(loom_program *p)
 {
 	const loom_backend *be = p->be;
 	loom_status st;
-	char lb[96];
 
 	if ((st = be->init(&p->be_ctx, p->err, sizeof(p->err))) != LOOM_OK)
 		return st;
-	for (int v = 0; v < p->plan.g->n; v++)
-		if (!be->supports_op(p->be_ctx, p->plan.g->nodes[v].op))
-			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "%s: no kernel for %s",
-						 be->name, loom_node_label(p->plan.g, v, lb, sizeof(lb)));
+	if ((st = loom_exec_check_support(p)) != LOOM_OK)
+		return st;
 	if ((st = be->plan_create(p->be_ctx, &p->plan, &p->plan.ws_bytes)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
 	if ((st = be->alloc(p->be_ctx, &p->plan, &p->ts, &p->arena)) != LOOM_OK)
@@ -282,16 +281,17 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	if ((st = pick_backend(p)) != LOOM_OK)
 		goto out_fail;
 	/* Planner passes, then the memory plan of what remains. */
-	if (p->be->fuses_relu_pool && !o->no_fusion)
+	unsigned caps = o->no_fusion ? 0 : p->be->caps;
+	if (caps & LOOM_BE_FUSES_RELU_POOL)
 		loom_fuse_relu_pool(p->plan.g);
-	if (p->be->fuses_linear_relu && !o->no_fusion)
+	if (caps & LOOM_BE_FUSES_LINEAR_RELU)
 		loom_fuse_linear_relu(p->plan.g);
 	/* After the pool fusion: a relu that feeds a pool stays the pool's. */
-	if (p->be->fuses_bn_relu && !o->no_fusion)
+	if (caps & LOOM_BE_FUSES_BN_RELU)
 		loom_fuse_bn_relu(p->plan.g);
-	if (p->be->fuses_add_relu && !o->no_fusion)
+	if (caps & LOOM_BE_FUSES_ADD_RELU)
 		loom_fuse_add_relu(p->plan.g);
-	if (p->be->fuses_siblings && !o->no_fusion)
+	if (caps & LOOM_BE_FUSES_SIBLINGS)
 		loom_fuse_siblings(p->plan.g);
 	if ((st = make_slots(p)) != LOOM_OK)
 		goto out_fail;
@@ -316,13 +316,27 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 		compile_fail(st, "gradient accumulation: out of memory");
 		goto out_fail;
 	}
+	/* The step list, then the strategy passes that rewrite it. */
+	if ((st = loom_pieces_plain(&p->plan)) != LOOM_OK ||
+	    (st = loom_steps_build(&p->plan)) != LOOM_OK) {
+		compile_fail(st, "steps: out of memory");
+		goto out_fail;
+	}
+	if (p->plan.zero) {
+		char zmsg[256];
+		if ((st = loom_zero_plan(&p->plan, p->be, zmsg, sizeof(zmsg))) != LOOM_OK) {
+			compile_fail(st, "%s", zmsg);
+			goto out_fail;
+		}
+	}
 	if ((st = backend_prepare(p)) != LOOM_OK) {
 		compile_fail(st, "backend %s: %s", p->be->name, p->err);
 		goto out_fail;
 	}
 	if ((st = init_values(p)) != LOOM_OK)
 		goto out_fail;
-	if (p->plan.world > 1 && (st = loom_ddp_start(p)) != LOOM_OK) {
+	if (p->plan.world > 1 &&
+	    ((st = loom_ddp_start(p)) != LOOM_OK || (st = loom_exec_synchronize(p)) != LOOM_OK)) {
 		compile_fail(st, "%s", p->err);
 		goto out_fail;
 	}
@@ -355,6 +369,9 @@ void loom_program_free(loom_program *p)
 	if (p->be && p->be_ctx)
 		p->be->free(p->be_ctx);
 	loom_trace_free(p->ts.trace);
+	loom_exec_free(&p->exec);
+	free(p->plan.steps);
+	free(p->plan.pieces);
 	loom_memplan_free(&p->plan.mp);
 	loom_buckets_free(&p->plan.buckets);
 	free(p->plan.accum);
@@ -411,43 +428,13 @@ static void report_nonfinite(loom_program *p)
 	p->ts.diagnose = 0;
 }
 
-/* The same run with a span per phase: forward and backward queued apart. */
-static loom_status run_traced(loom_program *p, int last, unsigned flags, int optim)
-{
-	loom_trace *tr = p->ts.trace;
-	int fwd = last < p->plan.n_fwd ? last : p->plan.n_fwd;
-	double t0 = loom_trace_now();
-	loom_status st = p->be->run(p->be_ctx, &p->plan, &p->ts, 0, fwd, flags);
-	double t1 = loom_trace_now();
-	loom_trace_add(tr, LOOM_SPAN_PHASE, LOOM_PHASE_FORWARD, 0, t0, t1);
-	if (st == LOOM_OK && last > fwd) {
-		st = p->be->run(p->be_ctx, &p->plan, &p->ts, fwd, last, flags);
-		t0 = loom_trace_now();
-		loom_trace_add(tr, LOOM_SPAN_PHASE, LOOM_PHASE_BACKWARD, 0, t1, t0);
-	}
-	if (st == LOOM_OK && optim) {
-		t0 = loom_trace_now();
-		st = p->be->optim_step(p->be_ctx, &p->plan, &p->ts);
-		loom_trace_add(tr, LOOM_SPAN_PHASE, LOOM_PHASE_OPTIMIZER, 0, t0, loom_trace_now());
-	}
-	return st;
-}
-
-/* Queues nodes [0, last) and, when asked, the optimizer step: the step
+/* Walks steps [0, last) (the optimizer's among them or not): the step
  * path, or the diagnosis run that checks every node and may wait. */
-static loom_status run_range(loom_program *p, int last, unsigned flags, int optim)
+static loom_status run_range(loom_program *p, int last, unsigned flags)
 {
-	loom_status st;
 	if (p->ts.diagnose)
 		flags |= LOOM_EXEC_DIAGNOSE;
-	if (p->ts.trace) {
-		st = run_traced(p, last, flags, optim);
-	} else {
-		st = p->be->run(p->be_ctx, &p->plan, &p->ts, 0, last, flags);
-		if (st == LOOM_OK && optim)
-			st = p->be->optim_step(p->be_ctx, &p->plan, &p->ts);
-	}
-	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
+	return loom_exec_run(p, 0, last, flags);
 }
 
 /* The accumulation sums, allocated by the first ACCUMULATE. */
@@ -463,35 +450,47 @@ static loom_status accum_ready(loom_program *p)
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
 
+/* Rank 0's buffers to every rank: the last run's kernels wrote them (on a
+ * device they must be done before the broadcast reads them), and the
+ * broadcast must be done before the next run reads them. */
+static loom_status sync_buffers(loom_program *p)
+{
+	loom_status st;
+	if ((st = loom_exec_synchronize(p)) != LOOM_OK || (st = loom_ddp_broadcast_buffers(p)) != LOOM_OK ||
+	    (st = loom_exec_synchronize(p)) != LOOM_OK)
+		return st;
+	p->ts.buffers_own = 0;
+	return LOOM_OK;
+}
+
 static loom_status run_mode(loom_program *p, loom_run_mode mode)
 {
 	loom_status st;
 	/* Each rank updated its buffers from its own batches: evaluate rank
 	 * 0's (DDP's broadcast_buffers), the model rank 0 saves. */
-	if (mode == LOOM_RUN_EVAL && p->ts.buffers_own && (st = loom_ddp_sync_buffers(p)))
+	if (mode == LOOM_RUN_EVAL && p->ts.buffers_own && (st = sync_buffers(p)))
 		return st;
 	if (mode != LOOM_RUN_EVAL && mode < LOOM_RUN_MODE_COUNT && p->plan.world > 1)
 		p->ts.buffers_own = 1;
 	switch (mode) {
 	case LOOM_RUN_EVAL:
-		return run_range(p, p->plan.n_fwd, 0, 0);
+		return run_range(p, p->plan.n_fwd_steps, 0);
 	case LOOM_RUN_FORWARD:
-		return run_range(p, p->plan.n_fwd, LOOM_EXEC_TRAIN, 0);
+		return run_range(p, p->plan.n_fwd_steps, LOOM_EXEC_TRAIN);
 	case LOOM_RUN_GRAD:
-		return run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN, 0);
+		return run_range(p, p->plan.n_grad_steps, LOOM_EXEC_TRAIN);
 	case LOOM_RUN_ACCUMULATE:
 		if ((st = accum_ready(p)) != LOOM_OK)
 			return st;
-		st = run_range(p, p->plan.g->n, LOOM_EXEC_TRAIN | LOOM_EXEC_ACCUMULATE, 0);
+		st = run_range(p, p->plan.n_grad_steps, LOOM_EXEC_TRAIN | LOOM_EXEC_ACCUMULATE);
 		if (st == LOOM_OK)
 			p->ts.micro++;
 		return st;
 	case LOOM_RUN_TRAIN:
 		/* The update divides by micro + 1; the sums are spent after it,
 		 * skipped or not (or failed half-way: nothing sensible is left). */
-		st = run_range(p, p->plan.g->n,
-			       LOOM_EXEC_TRAIN | (p->ts.micro > 0 ? LOOM_EXEC_FOLD : 0),
-			       p->plan.opts.optim.kind != LOOM_OPTIM_NONE);
+		st = run_range(p, p->plan.n_steps,
+			       LOOM_EXEC_TRAIN | (p->ts.micro > 0 ? LOOM_EXEC_FOLD : 0));
 		p->ts.micro = 0;
 		return st;
 	default:
@@ -511,6 +510,8 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 	int aux = mode == LOOM_RUN_ACCUMULATE ? p->ts.micro + 1 : (int)p->ts.step + 1;
 	loom_status st = run_and_sync(p, mode);
 	if (tr) {
+		/* The run was synchronised: its timers can be read. */
+		loom_exec_trace_flush(p);
 		loom_trace_add(tr, LOOM_SPAN_RUN, (int)mode, aux, t0, loom_trace_now());
 		tr->run++;
 	}
@@ -532,8 +533,8 @@ static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 		st = loom_program_download(p, &l32, loom_value_ptr(p, p->plan.loss), sizeof(l32));
 		p->ts.last_loss = l32;
 	}
-	if (st == LOOM_OK && (st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
-		return loom_program_backend_fail(p, st);
+	if (st == LOOM_OK && (st = loom_exec_synchronize(p)) != LOOM_OK)
+		return st;
 	/* A collapsing scale: watch the next runs node by node and name the
 	 * first op that produces inf/NaN. */
 	if (loom_scaler_collapsed(&p->ts.scaler) && !p->ts.amp_report[0])

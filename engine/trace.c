@@ -38,10 +38,6 @@ loom_status loom_trace_start(loom_program *p, const char *path)
 	p->err[0] = 0;
 	if (p->ts.trace)
 		return loom_program_fail(p, LOOM_ERR_STATE, "trace_start: a trace is already on");
-	if (p->be != &loom_cpu_backend)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "trace_start: traces record runs of the CPU backend only, "
-					 "this program runs on %s", p->be->describe(p->be_ctx));
 	loom_trace *t = calloc(1, sizeof(*t));
 	if (!t)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "trace_start: out of memory");
@@ -182,13 +178,18 @@ static void span_event(FILE *f, const loom_plan *pl, int pid, const loom_span *s
 		return;
 	case LOOM_SPAN_ALLREDUCE: {
 		const loom_bucket *b = &pl->buckets.b[s->id];
-		snprintf(name, sizeof(name), "allreduce bucket %d", s->id);
+		snprintf(name, sizeof(name), "%s bucket %d", loom_coll_name((loom_coll_op)s->aux), s->id);
 		head(f, name, "comm", pid, TID_COMM, s, origin);
 		fprintf(f, ",\"args\":{\"bucket\":%d,\"node\":%d,\"dtype\":\"%s\",\"bytes\":%zu,"
 			   "\"gradients\":%d,\"run\":%d}}",
 			s->id, (int)b->node, loom_dtype_name(b->dtype), b->bytes, b->n, s->run);
 		return;
 	}
+	case LOOM_SPAN_COPY:
+		snprintf(name, sizeof(name), "gathered parameters of bucket %d", s->id);
+		head(f, name, "optimizer", pid, TID_COMPUTE, s, origin);
+		fprintf(f, ",\"args\":{\"bucket\":%d,\"run\":%d}}", s->id, s->run);
+		return;
 	default:
 		return;
 	}

@@ -17,11 +17,11 @@ typedef enum loom_span_kind {
 	LOOM_SPAN_NODE,      /* id: the node (with what it makes besides, fused) */
 	LOOM_SPAN_WAIT,      /* the wait for outstanding all-reduces */
 	LOOM_SPAN_ACCUM,     /* gradient accumulation: id the segment (-1: all), aux 1 fold */
-	LOOM_SPAN_ALLREDUCE, /* id: the bucket; start to first seen complete ("comm" track) */
+	LOOM_SPAN_ALLREDUCE, /* id: the bucket, aux its loom_coll_op; start to its end
+			      * (first seen complete, or its event) ("comm" track) */
+	LOOM_SPAN_COPY,      /* ZeRO: bucket id's gathered parameters into the parameters */
 	LOOM_SPAN_KIND_COUNT
 } loom_span_kind;
-
-enum { LOOM_PHASE_FORWARD = 0, LOOM_PHASE_BACKWARD, LOOM_PHASE_OPTIMIZER };
 
 /* One span, plain data of fixed size: rank 0 gathers the others' as bytes
  * (every rank runs the same plan, so ids mean the same everywhere). */

@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "graph/bucket_pass.h"
+#include "graph/buckets.h"
 #include "graph/graph_internal.h"
 
 /*
@@ -22,7 +22,7 @@ typedef enum loom_region_id {
 	LOOM_REGION_ACT = 0,       /* activations: live from writer to last reader, reused */
 	LOOM_REGION_PERSIST = 1,   /* leaves, gradients, outputs: live across steps */
 	LOOM_REGION_WORKSPACE = 2, /* per-node scratch; sized by the backend, holds no value */
-	LOOM_REGION_BUCKET = 3,    /* gradient buckets (graph/bucket_pass.h): live across steps */
+	LOOM_REGION_BUCKET = 3,    /* gradient buckets (graph/buckets.h): live across steps */
 	LOOM_REGION_COUNT
 } loom_region_id;
 

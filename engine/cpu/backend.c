@@ -16,6 +16,7 @@
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"
 #include "engine/trace.h"
+#include "graph/ops/ops.h"
 
 /* Every op's entry; NULL: the CPU cannot run it (supports_op). */
 static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
@@ -47,7 +48,6 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
 	[LOOM_OP_GELU] = loom_cpu_op_gelu,
 	[LOOM_OP_GELU_BWD] = loom_cpu_op_gelu_bwd,
-	[LOOM_OP_ALLREDUCE] = loom_cpu_op_allreduce,
 };
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
@@ -71,7 +71,7 @@ static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_cpu_ctx *, const loom
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */
 static const unsigned char cpu_op_raw[LOOM_OP_COUNT] = {
 	[LOOM_OP_INPUT] = 1, [LOOM_OP_PARAM] = 1, [LOOM_OP_BUFFER] = 1,
-	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1, [LOOM_OP_ALLREDUCE] = 1,
+	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1,
 };
 
 loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -147,9 +147,7 @@ static void cpu_free(void *ctx)
 	loom_cpu_conv_unplan(c);
 	free(c->base);
 	free(c->accum_base);
-	free(c->pending);
-	free(c->ar_t0);
-	free(c->ar_seen);
+	free(c->timer);
 	free(c);
 }
 
@@ -170,6 +168,13 @@ static int cpu_supports_op(void *ctx, loom_op op)
 	return (unsigned)op < LOOM_OP_COUNT && cpu_ops[op] != NULL;
 }
 
+/* Every op in every dtype the graph allows: f32 and f64 natively, halves
+ * emulated exactly, i32 labels. */
+static int cpu_supports_node(void *ctx, const loom_plan *plan, loom_value v)
+{
+	return cpu_supports_op(ctx, plan->g->nodes[v].op);
+}
+
 /* The CPU plans each node's scratch and its conv nodes' oneDNN primitives. */
 static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_bytes)
 {
@@ -177,14 +182,6 @@ static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_
 	loom_status st = loom_cpu_conv_plan(c, plan);
 	if (st != LOOM_OK)
 		return st;
-	if (plan->buckets.n > 0) {
-		c->pending = calloc((size_t)plan->buckets.n, sizeof(*c->pending));
-		c->ar_t0 = calloc((size_t)plan->buckets.n, sizeof(*c->ar_t0));
-		c->ar_seen = calloc((size_t)plan->buckets.n, 1);
-		if (!c->pending || !c->ar_t0 || !c->ar_seen)
-			return loom_errf(c->err, LOOM_ERR_NOMEM, "out of memory for %d buckets",
-					 plan->buckets.n);
-	}
 	*ws_bytes = 0;
 	for (int v = 0; v < plan->g->n; v++) {
 		size_t ws = node_workspace(c, plan, v);
@@ -206,12 +203,12 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cannot allocate the %.1f MiB arena",
 				 total / 1048576.0);
 	memset(c->base, 0, total);
-	c->arena.persist = c->base;
-	c->arena.bucket = c->base + plan->mp.persist_bytes;
-	c->arena.act = c->arena.bucket + plan->mp.bucket_bytes;
-	c->arena.ws = c->arena.act + plan->mp.act_bytes;
-	c->arena.state = c->arena.ws + plan->ws_bytes;
-	*arena = c->arena;
+	arena->persist = c->base;
+	arena->bucket = c->base + plan->mp.persist_bytes;
+	arena->act = arena->bucket + plan->mp.bucket_bytes;
+	arena->ws = arena->act + plan->mp.act_bytes;
+	arena->state = arena->ws + plan->ws_bytes;
+	c->arena = arena;
 	return LOOM_OK;
 }
 
@@ -224,7 +221,7 @@ static loom_status cpu_alloc_accum(void *ctx, const loom_plan *plan, loom_arena 
 		return loom_errf(c->err, LOOM_ERR_NOMEM,
 				 "cannot allocate %.1f MiB for gradient accumulation", bytes / 1048576.0);
 	memset(c->accum_base, 0, bytes);
-	c->arena.accum = arena->accum = c->accum_base;
+	arena->accum = c->accum_base;
 	return LOOM_OK;
 }
 
@@ -239,20 +236,21 @@ static loom_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 
 static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
+	const loom_arena *a = c->arena;
 	const loom_node *n = &pl->g->nodes[v];
 	loom_cpu_op_fn fn = cpu_ops[n->op];
-	loom_cpu_io io = { .out = loom_arena_ptr(&c->arena, pl, v), .ws = c->arena.ws };
+	loom_cpu_io io = { .out = loom_arena_ptr(a, pl, v), .ws = a->ws };
 	for (int i = 0; i < n->nsrc; i++)
-		io.src[i] = loom_arena_ptr(&c->arena, pl, n->src[i]);
+		io.src[i] = loom_arena_ptr(a, pl, n->src[i]);
 	if (!emulated(pl, n))
 		return fn(c, pl, v, &io);
 	/* bf16 products on CPUs that multiply bf16 natively (bf16_node.c). */
-	if (loom_cpu_bf16_node(pl, v, io.src, io.out, c->arena.ws))
+	if (loom_cpu_bf16_node(pl, v, io.src, io.out, a->ws))
 		return LOOM_OK;
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */
-	unsigned char *scratch = c->arena.ws;
+	unsigned char *scratch = a->ws;
 	if (cpu_op_ws[n->op])
 		scratch += cpu_op_ws[n->op](c, pl, v, 4);
 	for (int i = 0; i < n->nsrc; i++) {
@@ -278,81 +276,97 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 		for (int i = 3; i < 5; i++)
 			if (is_half(src_node(pl, n, i)->dtype))
 				loom_cpu_cast(LOOM_F32, io.src[i], src_node(pl, n, i)->dtype,
-					      loom_arena_ptr(&c->arena, pl, n->src[i]),
+					      loom_arena_ptr(a, pl, n->src[i]),
 					      loom_shape_numel(&src_node(pl, n, i)->shape));
 	return LOOM_OK;
 }
 
-static int all_finite(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
-{
-	const loom_node *n = &pl->g->nodes[v];
-	int64_t cnt = loom_shape_numel(&n->shape);
-	const void *d = loom_arena_ptr(&c->arena, pl, v);
-	if (n->dtype == LOOM_I32)
-		return 1;
-	for (int64_t i = 0; i < cnt; i++)
-		if (!isfinite(loom_elem_get(n->dtype, d, i)))
-			return 0;
-	return 1;
-}
-
-static loom_status cpu_run(void *ctx, const loom_plan *plan, loom_train_state *ts, int first,
-			   int last, unsigned flags)
+static loom_status cpu_run_node(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				loom_value v)
 {
 	loom_cpu_ctx *c = ctx;
-	loom_trace *tr = c->trace = ts->trace;
+	c->arena = arena;
+	return run_node(c, plan, v);
+}
+
+static loom_status cpu_run_begin(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				 loom_train_state *ts, unsigned flags)
+{
+	loom_cpu_ctx *c = ctx;
+	(void)plan;
+	c->arena = arena;
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
 	c->seed_scale = ts->scaler.scale;
-	for (int i = first; i < last; i++) {
-		loom_value v = plan->mp.schedule[i];
-		if (loom_made_earlier(plan, v))
-			continue; /* ran with its maker */
-		double t0 = tr ? loom_trace_now() : 0;
-		/* The node, then the values it makes besides its own (on the
-		 * CPU each by its own kernel, right after it). */
-		for (loom_value w = v; w != LOOM_NONE;
-		     w = w == v ? loom_sibling_first(plan, v) : loom_sibling_next(plan, w)) {
-			loom_status st = run_node(c, plan, w);
-			if (st != LOOM_OK)
-				return st;
-			if ((flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE &&
-			    !all_finite(c, plan, w))
-				ts->first_nonfinite = w;
-		}
-		if (tr && cpu_ops[plan->g->nodes[v].op] != loom_cpu_op_nothing)
-			loom_trace_add(tr, LOOM_SPAN_NODE, v, 0, t0, loom_trace_now());
-		/* MPI moves a non-blocking all-reduce only inside its calls:
-		 * give the outstanding ones a turn between nodes of backward. */
-		if (c->n_pending) {
-			loom_status st = loom_cpu_comm_progress(c, plan);
-			if (st != LOOM_OK)
-				return st;
-		}
-	}
-	/* Gradient accumulation without buckets: every gradient, once
-	 * backward has made them all. */
-	if ((flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)) && plan->buckets.n == 0 &&
-	    last == plan->mp.nschedule && last > first)
-		for (int s = 0; s < plan->n_accum; s++)
-			loom_cpu_accum(c, plan, s, (flags & LOOM_EXEC_FOLD) != 0);
 	return LOOM_OK;
 }
 
-static loom_status cpu_optim_step(void *ctx, const loom_plan *plan, loom_train_state *ts)
+/* Everything ran when each call returned. */
+static loom_status cpu_run_end(void *ctx, const loom_plan *plan, const loom_arena *arena,
+			       loom_train_state *ts)
 {
-	loom_cpu_ctx *c = ctx;
-	c->trace = ts->trace;
-	loom_status st = loom_cpu_comm_wait_all(c, plan);
-	return st != LOOM_OK ? st : loom_optim_step_host(plan, &c->arena, ts);
+	(void)ctx;
+	(void)plan;
+	(void)arena;
+	(void)ts;
+	return LOOM_OK;
 }
 
-/* Everything ran when run returned but the all-reduces it started (a
- * GRAD run's gradients are complete only once they end). */
+static loom_status cpu_check_finite(void *ctx, const loom_plan *pl, const loom_arena *arena,
+				    loom_train_state *ts, loom_value v)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	int64_t cnt = loom_shape_numel(&n->shape);
+	const void *d = loom_arena_ptr(arena, pl, v);
+	(void)ctx;
+	if (n->dtype == LOOM_I32 || ts->first_nonfinite != LOOM_NONE)
+		return LOOM_OK;
+	for (int64_t i = 0; i < cnt; i++)
+		if (!isfinite(loom_elem_get(n->dtype, d, i))) {
+			ts->first_nonfinite = v;
+			break;
+		}
+	return LOOM_OK;
+}
+
+static loom_status cpu_accum(void *ctx, const loom_plan *plan, const loom_arena *arena, int s,
+			     int fold)
+{
+	loom_cpu_accum(plan, arena, s, fold);
+	(void)ctx;
+	return LOOM_OK;
+}
+
+static loom_status cpu_optim(void *ctx, const loom_plan *plan, const loom_arena *arena,
+			     loom_train_state *ts, int first, int last, int finite)
+{
+	(void)ctx;
+	return loom_optim_step_host(plan, arena, ts, first, last, finite);
+}
+
+static loom_status cpu_grads_finite(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				    int first, int last, int *finite)
+{
+	(void)ctx;
+	*finite = loom_optim_grads_finite_host(plan, arena, first, last);
+	return LOOM_OK;
+}
+
+/* Host memory: the communicator needs no stream. */
+static void *cpu_stream_handle(void *ctx, loom_stream stream)
+{
+	(void)ctx;
+	(void)stream;
+	return NULL;
+}
+
+/* Nothing is queued: every call has finished when it returns. */
 static loom_status cpu_synchronize(void *ctx, const loom_plan *plan, loom_train_state *ts)
 {
-	((loom_cpu_ctx *)ctx)->trace = ts->trace;
-	return loom_cpu_comm_wait_all(ctx, plan);
+	(void)ctx;
+	(void)plan;
+	(void)ts;
+	return LOOM_OK;
 }
 
 /* One in-order stream: every event has already happened. */
@@ -364,28 +378,61 @@ static loom_status cpu_event(void *ctx, int event, loom_stream stream)
 	return LOOM_OK;
 }
 
+/* A timer is the host clock now: the work queued before it is done. */
+static loom_status cpu_timer_record(void *ctx, int slot, loom_stream stream)
+{
+	loom_cpu_ctx *c = ctx;
+	(void)stream;
+	if (slot >= c->n_timer) {
+		int n = slot < 256 ? 512 : 2 * slot;
+		double *t = realloc(c->timer, sizeof(*t) * (size_t)n);
+		if (!t)
+			return loom_errf(c->err, LOOM_ERR_NOMEM, "cpu: out of memory for trace timers");
+		c->timer = t;
+		c->n_timer = n;
+	}
+	c->timer[slot] = loom_trace_now();
+	return LOOM_OK;
+}
+
+static loom_status cpu_timer_read(void *ctx, int slot, double *seconds)
+{
+	loom_cpu_ctx *c = ctx;
+	if (slot < 0 || slot >= c->n_timer)
+		return loom_errf(c->err, LOOM_ERR_INVALID, "cpu: no trace timer %d", slot);
+	*seconds = c->timer[slot];
+	return LOOM_OK;
+}
+
 const loom_backend loom_cpu_backend = {
 	.name = "cpu",
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_HOST_MEMORY | LOOM_BE_SHARDED_OPTIM,
 	.init = cpu_init,
 	.free = cpu_free,
 	.error = cpu_error,
 	.describe = cpu_describe,
 	.supports_op = cpu_supports_op,
+	.supports_node = cpu_supports_node,
 	.plan_create = cpu_plan_create,
 	.alloc = cpu_alloc,
-	.run = cpu_run,
-	.optim_step = cpu_optim_step,
+	.alloc_accum = cpu_alloc_accum,
+	.run_begin = cpu_run_begin,
+	.run_end = cpu_run_end,
+	.run_node = cpu_run_node,
+	.makes_sibling = NULL, /* each sibling by its own kernel, right after its maker */
+	.check_finite = cpu_check_finite,
+	.accum = cpu_accum,
+	.optim = cpu_optim,
+	.grads_finite = cpu_grads_finite,
+	.stream_handle = cpu_stream_handle,
 	.upload = cpu_copy,
 	.download = cpu_copy,
+	.copy = cpu_copy,
 	.synchronize = cpu_synchronize,
 	.event_record = cpu_event,
 	.event_wait = cpu_event,
-	.alloc_accum = cpu_alloc_accum,
+	.timer_record = cpu_timer_record,
+	.timer_read = cpu_timer_read,
 	.capture = NULL,
 	.replay = NULL,
-	.fuses_relu_pool = 1,
-	.fuses_siblings = 1,
-	.fuses_linear_relu = 1,
-	.fuses_bn_relu = 1,
-	.fuses_add_relu = 1,
 };

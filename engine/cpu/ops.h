@@ -9,29 +9,23 @@
 
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/kernels.h"
-#include "engine/program_internal.h"
+#include "engine/backend.h"
 
-/* The CPU backend's context: the arena, the current run's mode, errors. */
+/* The CPU backend's context: the program's arena (the one copy of its
+ * addresses, which the program owns), the current run's mode, errors. */
 typedef struct loom_cpu_ctx {
-	unsigned char *base; /* the one allocation behind arena */
-	loom_arena arena;
+	unsigned char *base; /* the one allocation behind the arena */
+	const loom_arena *arena;
 	int train;           /* this run is in training mode */
 	float seed_scale;    /* this run's loss scale, for GRAD_SEED */
-	/* Per bucket: its all-reduce while in flight, else NULL; n_pending
-	 * counts those in flight. */
-	struct loom_comm_work **pending;
-	int n_pending;
 	/* Per node: its oneDNN convolution primitive, made when the plan is,
 	 * or NULL where the node runs loom's im2col kernels (ops_conv.c). */
 	loom_cpu_dnnl_conv **conv;
 	int n_conv;
 	unsigned flags;              /* this run's LOOM_EXEC_* */
-	unsigned char *accum_base;   /* the allocation behind arena.accum */
-	/* The trace being recorded (else NULL) and, per bucket, when its
-	 * all-reduce started and whether it was already seen complete. */
-	struct loom_trace *trace;
-	double *ar_t0;
-	unsigned char *ar_seen;
+	unsigned char *accum_base;   /* the allocation behind arena->accum */
+	double *timer;               /* trace timers (loom_trace_now() seconds) */
+	int n_timer;
 	char err[LOOM_ERR_MAX];
 } loom_cpu_ctx;
 
@@ -143,16 +137,8 @@ loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 /* A cast of n elements between any two float dtypes. */
 void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n);
 
-/* ops_comm.c: starts the bucket's sum over ranks, non-blocking; the
- * optimizer (loom_cpu_comm_wait_all) waits for it. */
-loom_status loom_cpu_op_allreduce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-/* Gradient accumulation on segment s of plan->accum: add it into its sum,
- * or (fold) add the sum into it and clear the sum. */
-void loom_cpu_accum(loom_cpu_ctx *ctx, const loom_plan *plan, int s, int fold);
-/* Drives every outstanding all-reduce without blocking. */
-loom_status loom_cpu_comm_progress(loom_cpu_ctx *ctx, const loom_plan *plan);
-/* Waits for every outstanding all-reduce (the group's timeout applies). */
-loom_status loom_cpu_comm_wait_all(loom_cpu_ctx *ctx, const loom_plan *plan);
+/* accum.c: gradient accumulation on segment s of plan->accum: add it into
+ * its sum, or (fold) add the sum into it and clear the sum. */
+void loom_cpu_accum(const loom_plan *plan, const loom_arena *arena, int s, int fold);
 
 #endif /* LOOM_ENGINE_CPU_OPS_H */

@@ -153,9 +153,9 @@ static void bn_bwd_fused(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 		if (!bn_fuses_sibling(plan, v, w))
 			continue;
 		if (plan->g->nodes[w].op == LOOM_OP_BN_BWD_GAMMA)
-			dg = loom_arena_ptr(&ctx->arena, plan, w);
+			dg = loom_arena_ptr(ctx->arena, plan, w);
 		else
-			db = loom_arena_ptr(&ctx->arena, plan, w);
+			db = loom_arena_ptr(ctx->arena, plan, w);
 	}
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_bwd, nb, c, hw, io->src[0],
 			  io->src[1], io->src[2], n->a.bn.eps, io->out, dg, db);

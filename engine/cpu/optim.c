@@ -26,29 +26,31 @@ static void store(loom_dtype dt, void *dst, int64_t off, int64_t n, const double
 		loom_elem_set(dt, dst, off + i, src[i]);
 }
 
-static int grads_finite(const loom_plan *pl, const loom_arena *a)
+/* Pieces [first, last): every gradient element finite? */
+int loom_optim_grads_finite_host(const loom_plan *pl, const loom_arena *a, int first, int last)
 {
 	int ok = 1;
-	for (int s = 0; s < pl->n_params && ok; s++) {
-		const loom_param_slot *sl = &pl->params[s];
+	for (int k = first; k < last && ok; k++) {
+		const loom_optim_piece *pc = &pl->pieces[k];
+		const loom_param_slot *sl = &pl->params[pc->slot];
 		const loom_node *gn = &pl->g->nodes[sl->grad];
 		const void *g = loom_arena_ptr(a, pl, sl->grad);
-		int64_t n = sl->numel;
+		int64_t lo = pc->off, hi = pc->off + pc->n;
 		switch (gn->dtype) {
 		case LOOM_F32:
-			for (int64_t i = 0; i < n; i++)
+			for (int64_t i = lo; i < hi; i++)
 				ok &= isfinite(((const float *)g)[i]);
 			break;
 		case LOOM_F64:
-			for (int64_t i = 0; i < n; i++)
+			for (int64_t i = lo; i < hi; i++)
 				ok &= isfinite(((const double *)g)[i]);
 			break;
 		case LOOM_F16: /* exponent all ones: inf or NaN */
-			for (int64_t i = 0; i < n; i++)
+			for (int64_t i = lo; i < hi; i++)
 				ok &= (((const uint16_t *)g)[i] & 0x7c00) != 0x7c00;
 			break;
 		default:
-			for (int64_t i = 0; i < n; i++)
+			for (int64_t i = lo; i < hi; i++)
 				ok &= (((const uint16_t *)g)[i] & 0x7f80) != 0x7f80;
 			break;
 		}
@@ -81,10 +83,14 @@ static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double 
 	}
 }
 
-static void update_slot(const loom_plan *pl, const loom_arena *a, const loom_train_state *ts,
-			const loom_param_slot *sl, double inv_scale)
+/* One piece: elements [off, off + n) of its slot. The state (and, ZeRO,
+ * the packed copy of the parameter in the bucket) is the piece's own, from
+ * element 0; values, gradients and masters are the slot's, from off. */
+static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_train_state *ts,
+			 const loom_optim_piece *pc, double inv_scale)
 {
 	const loom_optim_opts *o = &pl->opts.optim;
+	const loom_param_slot *sl = &pl->params[pc->slot];
 	const loom_node *pn = &pl->g->nodes[sl->param];
 	const loom_node *gn = &pl->g->nodes[sl->grad];
 	void *param = loom_arena_ptr(a, pl, sl->param);
@@ -92,47 +98,56 @@ static void update_slot(const loom_plan *pl, const loom_arena *a, const loom_tra
 	void *master = sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
 	loom_dtype wdt = master ? LOOM_F32 : pn->dtype;
 	void *w_src = master ? master : param;
-	void *st0 = pl->n_state > 0 ? a->state + sl->state_off[0] : NULL;
-	void *st1 = pl->n_state > 1 ? a->state + sl->state_off[1] : NULL;
+	void *st0 = pl->n_state > 0 ? a->state + pc->state_off[0] : NULL;
+	void *st1 = pl->n_state > 1 ? a->state + pc->state_off[1] : NULL;
+	void *pack = pc->pack ? a->bucket + pc->pack_off : NULL;
 	int64_t t = ts->step + 1;
 	double lr = ts->lr;
-	#pragma omp parallel for if (sl->numel > 4 * CHUNK) schedule(static)
-	for (int64_t off = 0; off < sl->numel; off += CHUNK) {
+	#pragma omp parallel for if (pc->n > 4 * CHUNK) schedule(static)
+	for (int64_t k = 0; k < pc->n; k += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
-		int64_t n = sl->numel - off < CHUNK ? sl->numel - off : CHUNK;
+		int64_t n = pc->n - k < CHUNK ? pc->n - k : CHUNK, off = pc->off + k;
 		load(wdt, w_src, off, n, w);
 		load(gn->dtype, grad, off, n, g);
 		for (int64_t i = 0; i < n; i++)
 			g[i] *= inv_scale;
 		if (st0)
-			load(sl->state_dtype, st0, off, n, s0);
+			load(sl->state_dtype, st0, k, n, s0);
 		if (st1)
-			load(sl->state_dtype, st1, off, n, s1);
+			load(sl->state_dtype, st1, k, n, s1);
 		update_chunk(o, lr, t, w, g, s0, s1, n);
 		store(wdt, w_src, off, n, w);
 		if (master)
 			store(pn->dtype, param, off, n, w);
+		if (pack)
+			store(pn->dtype, pack, k, n, w);
 		if (st0)
-			store(sl->state_dtype, st0, off, n, s0);
+			store(sl->state_dtype, st0, k, n, s0);
 		if (st1)
-			store(sl->state_dtype, st1, off, n, s1);
+			store(sl->state_dtype, st1, k, n, s1);
 	}
 }
 
-loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts)
+loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts,
+				 int first, int last, int finite)
 {
 	/* The scale the gradients were multiplied by, before the update below
 	 * may grow it: unscaling by the new one would halve this step.
 	 * Data parallel: the buckets hold the sum over the ranks; averaging is
 	 * folded into the unscale. An overflow on any rank is an inf/NaN in
-	 * every rank's sum, so every rank skips the same steps. Gradient
+	 * every rank's sum, so every rank skips the same steps (ZeRO: the
+	 * executor reduced the shards' verdicts into finite). Gradient
 	 * accumulation: the sum over micro + 1 micro-steps, averaged the same
 	 * way; an overflow in any of them is in the sum too. */
 	double inv = 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
-	if (pl->scaling && !loom_scaler_update(&ts->scaler, !grads_finite(pl, a)))
-		return LOOM_OK;
-	for (int s = 0; s < pl->n_params; s++)
-		update_slot(pl, a, ts, &pl->params[s], inv);
+	if (pl->scaling) {
+		if (finite < 0)
+			finite = loom_optim_grads_finite_host(pl, a, first, last);
+		if (!loom_scaler_update(&ts->scaler, !finite))
+			return LOOM_OK;
+	}
+	for (int k = first; k < last; k++)
+		update_piece(pl, a, ts, &pl->pieces[k], inv);
 	ts->step++;
 	return LOOM_OK;
 }

@@ -6,9 +6,14 @@
 #ifndef LOOM_ENGINE_CPU_OPTIM_H
 #define LOOM_ENGINE_CPU_OPTIM_H
 
-#include "engine/program_internal.h"
+#include "engine/plan.h"
 
-/* On the arena a of plan pl; ts's scaler decides, its step advances. */
-loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts);
+/* Pieces [first, last) of plan pl on the arena a; ts's scaler decides (on
+ * finite: 0 or 1, or -1 to check the pieces here), its step advances. */
+loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts,
+				 int first, int last, int finite);
+
+/* Whether the gradients of pieces [first, last) hold no inf/NaN. */
+int loom_optim_grads_finite_host(const loom_plan *pl, const loom_arena *a, int first, int last);
 
 #endif /* LOOM_ENGINE_CPU_OPTIM_H */

@@ -25,6 +25,8 @@
 
 extern "C" {
 #include "engine/cuda/device.h"
+#include "engine/program_internal.h" /* loom_cuda_test_library_use reads the program */
+#include "engine/trace.h"
 }
 
 int loom_cuda_poison_on;
@@ -41,7 +43,7 @@ extern "C" void loom_cuda_test_own_kernels(int on)
 }
 
 /* Every op's entry; NULL: no CUDA kernel (supports_op). f64 nodes are
- * refused as a whole in plan_create: they run on the CPU only. nvcc's C++17
+ * refused by supports_node: they run on the CPU only. nvcc's C++17
  * has no designated array initialisers, so a constexpr function fills the
  * table by op, which keeps each row keyed by its enum value. */
 struct cuda_op_table {
@@ -79,7 +81,6 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
 	t.fn[LOOM_OP_GELU] = loom_cuda_op_gelu;
 	t.fn[LOOM_OP_GELU_BWD] = loom_cuda_op_gelu_bwd;
-	t.fn[LOOM_OP_ALLREDUCE] = loom_cuda_op_allreduce;
 	return t;
 }
 
@@ -112,14 +113,6 @@ extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn
 static int is_leaf(const loom_node *n)
 {
 	return n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER;
-}
-
-static loom_value first_f64(const loom_plan *p)
-{
-	for (int v = 0; v < p->g->n; v++)
-		if (p->g->nodes[v].dtype == LOOM_F64)
-			return v;
-	return LOOM_NONE;
 }
 
 /* ------------------------------------------------------------ context */
@@ -176,6 +169,19 @@ static int cuda_supports_op(void *ctx, loom_op op)
 {
 	(void)ctx;
 	return (unsigned)op < LOOM_OP_COUNT && cuda_ops.fn[op] != NULL;
+}
+
+/* Every op with an entry, in f32, f16 and bf16 (i32 labels); f64 runs on
+ * the CPU only. */
+static int cuda_supports_node(void *ctx, const loom_plan *p, loom_value v)
+{
+	const loom_node *n = &p->g->nodes[v];
+	if (!cuda_supports_op(ctx, n->op) || n->dtype == LOOM_F64)
+		return 0;
+	for (int i = 0; i < n->nsrc; i++)
+		if (p->g->nodes[n->src[i]].dtype == LOOM_F64)
+			return 0;
+	return 1;
 }
 
 /* ------------------------------------------------------------ planning */
@@ -239,22 +245,11 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
-	char lb[96];
 
 	*ws_bytes = 0;
-	loom_value bad = first_f64(p);
-	if (bad != LOOM_NONE)
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
-				 "cuda: %s is f64; f64 graphs run on the CPU backend only",
-				 loom_node_label(p->g, bad, lb, sizeof(lb)));
 	c->plans = (loom_cuda_node_plan *)calloc(p->g->n ? p->g->n : 1, sizeof(*c->plans));
 	if (!c->plans)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	if (p->buckets.n > 0) {
-		c->pending = (struct loom_comm_work **)calloc((size_t)p->buckets.n, sizeof(*c->pending));
-		if (!c->pending)
-			return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	}
 	c->n_plans = p->g->n;
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -287,12 +282,12 @@ static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 	}
 	for (int s = 0; s < p->n_params; s++) {
 		const loom_param_slot *sl = &p->params[s];
-		slots[s].param = loom_arena_ptr(&c->arena, p, sl->param);
-		slots[s].grad = loom_arena_ptr(&c->arena, p, sl->grad);
-		slots[s].master = sl->master != LOOM_NONE ? loom_arena_ptr(&c->arena, p, sl->master) :
+		slots[s].param = loom_arena_ptr(c->arena, p, sl->param);
+		slots[s].grad = loom_arena_ptr(c->arena, p, sl->grad);
+		slots[s].master = sl->master != LOOM_NONE ? loom_arena_ptr(c->arena, p, sl->master) :
 							    NULL;
-		slots[s].st0 = p->n_state > 0 ? c->arena.state + sl->state_off[0] : NULL;
-		slots[s].st1 = p->n_state > 1 ? c->arena.state + sl->state_off[1] : NULL;
+		slots[s].st0 = p->n_state > 0 ? c->arena->state + sl->state_off[0] : NULL;
+		slots[s].st1 = p->n_state > 1 ? c->arena->state + sl->state_off[1] : NULL;
 		slots[s].numel = sl->numel;
 		slots[s].param_dt = p->g->nodes[sl->param].dtype;
 		slots[s].grad_dt = p->g->nodes[sl->grad].dtype;
@@ -343,11 +338,12 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	if (st != LOOM_OK)
 		return st;
 	c->base_bytes = total;
-	c->arena.persist = c->base;
-	c->arena.bucket = c->base + o_bucket;
-	c->arena.act = c->base + o_act;
-	c->arena.ws = c->base + o_ws;
-	c->arena.state = c->base + o_state;
+	arena->persist = c->base;
+	arena->bucket = c->base + o_bucket;
+	arena->act = c->base + o_act;
+	arena->ws = c->base + o_ws;
+	arena->state = c->base + o_state;
+	c->arena = arena;
 	c->ctl = (loom_cuda_ctl *)(c->base + o_ctl);
 	c->d_slots = (loom_cuda_opt_slot *)(c->base + o_slots);
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->base + o_chunks);
@@ -397,7 +393,6 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->host_step = ts->step;
 	if ((st = upload_opt_tables(c, p)) != LOOM_OK)
 		return st;
-	*arena = c->arena;
 	return LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
 }
 
@@ -420,7 +415,10 @@ static void cuda_free(void *ctx)
 			loom_cuda_bn_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
-	free(c->pending);
+	for (int i = 0; i < c->n_timers; i++)
+		if (c->timers[i])
+			(void)cudaEventDestroy(c->timers[i]);
+	free(c->timers);
 	if (c->base)
 		(void)cudaFree(c->base);
 	if (c->accum_base)
@@ -518,7 +516,7 @@ static loom_status push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
 static loom_status report_bad_label(loom_cuda_ctx *c, const loom_plan *p, const loom_cuda_ctl *h)
 {
 	const loom_node *n = &p->g->nodes[h->ce_node];
-	const int32_t *labels = (const int32_t *)loom_arena_ptr(&c->arena, p, n->src[1]);
+	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
 	int32_t lab = -1, clear[2] = { -1, INT32_MAX };
 	loom_status st;
 
@@ -558,8 +556,6 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	loom_cuda_ctl h;
 	loom_status st;
 
-	if ((st = loom_cuda_comm_wait_all(c, p)) != LOOM_OK)
-		return st;
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&h, c->ctl, sizeof(h), cudaMemcpyDeviceToHost,
@@ -614,7 +610,7 @@ loom_status loom_cuda_stage_sources(loom_cuda_ctx *c, const loom_plan *p, loom_v
 		if (np->stage[i].src < 0)
 			continue;
 		const loom_node *s = &p->g->nodes[n->src[i]];
-		void *dst = c->arena.ws + np->stage[i].ws_off;
+		void *dst = c->arena->ws + np->stage[i].ws_off;
 		st = loom_cuda_cast(c->err, c->stream, src[i], s->dtype, dst, n->dtype,
 				    loom_shape_numel(&s->shape));
 		if (st != LOOM_OK)
@@ -631,26 +627,28 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 
 	memset(&io, 0, sizeof(io));
 	for (int i = 0; i < n->nsrc; i++) {
-		io.src[i] = loom_arena_ptr(&c->arena, p, n->src[i]);
+		io.src[i] = loom_arena_ptr(c->arena, p, n->src[i]);
 		io.dt[i] = p->g->nodes[n->src[i]].dtype;
 	}
-	io.out = loom_arena_ptr(&c->arena, p, v);
+	io.out = loom_arena_ptr(c->arena, p, v);
 	io.odt = n->dtype;
 	return cuda_ops.fn[n->op](c, p, v, &io);
 }
 
-/* Test hook: NaN into every value nodes [first, last) write, and into ws. */
-static loom_status poison_outputs(loom_cuda_ctx *c, const loom_plan *p, int first, int last)
+/* Test hook: NaN into the value v writes, before it runs, and into the
+ * values its library call makes besides. */
+static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 {
-	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->arena.ws, 0xff, p->ws_bytes, c->stream),
-					 c->err, sizeof(c->err));
-	for (int i = first; i < last && st == LOOM_OK; i++) {
-		loom_value v = p->mp.schedule[i];
-		const loom_node *n = &p->g->nodes[v];
-		if (is_leaf(n) || n->op == LOOM_OP_RESHAPE || p->mp.root[v] != v)
+	loom_status st = LOOM_OK;
+	for (loom_value w = v; w != LOOM_NONE && st == LOOM_OK;
+	     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
+		const loom_node *n = &p->g->nodes[w];
+		if (w != v && !loom_cuda_plan_makes(&c->plans[v], w))
 			continue;
-		st = LOOM_CUDA_CHECK(cudaMemsetAsync(loom_arena_ptr(&c->arena, p, v), 0xff,
-						     loom_plan_value_bytes(p, v), c->stream),
+		if (is_leaf(n) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w)
+			continue;
+		st = LOOM_CUDA_CHECK(cudaMemsetAsync(loom_arena_ptr(c->arena, p, w), 0xff,
+						     loom_plan_value_bytes(p, w), c->stream),
 				     c->err, sizeof(c->err));
 	}
 	return st;
@@ -672,49 +670,70 @@ static loom_status diagnose_verdict(loom_cuda_ctx *c, loom_train_state *ts)
 	return st;
 }
 
-static loom_status cuda_run(void *ctx, const loom_plan *p, loom_train_state *ts, int first,
-			    int last, unsigned flags)
+static loom_status cuda_run_begin(void *ctx, const loom_plan *p, const loom_arena *arena,
+				  loom_train_state *ts, unsigned flags)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	int diagnose = (flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE;
 	loom_status st;
 
+	c->arena = arena;
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
+	c->diagnose = (flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE;
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
-	if (c->poison && (st = poison_outputs(c, p, first, last)) != LOOM_OK)
+	if (c->poison)
+		return LOOM_CUDA_CHECK(cudaMemsetAsync(arena->ws, 0xff, p->ws_bytes, c->stream),
+				       c->err, sizeof(c->err));
+	return LOOM_OK;
+}
+
+static loom_status cuda_run_end(void *ctx, const loom_plan *p, const loom_arena *arena,
+				loom_train_state *ts)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	(void)p;
+	(void)arena;
+	return c->diagnose ? diagnose_verdict(c, ts) : LOOM_OK;
+}
+
+static loom_status cuda_run_node(void *ctx, const loom_plan *p, const loom_arena *arena,
+				 loom_value v)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	c->arena = arena;
+	if (c->poison && (st = poison_node(c, p, v)) != LOOM_OK)
 		return st;
-	for (int i = first; i < last; i++) {
-		loom_value v = p->mp.schedule[i];
-		if (loom_made_earlier(p, v))
-			continue; /* made with its maker */
-		/* The node, then its siblings (graph/fuse.c): those its library
-		 * call wrote already, the others by their own kernels now. */
-		for (loom_value w = v; w != LOOM_NONE;
-		     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
-			if (w == v || !loom_cuda_plan_makes(&c->plans[v], w))
-				if ((st = run_node(c, p, w)) != LOOM_OK)
-					return st;
-			if (diagnose) {
-				const loom_node *n = &p->g->nodes[w];
-				st = loom_cuda_mark_nonfinite(c->err, c->stream,
-							      loom_arena_ptr(&c->arena, p, w),
-							      n->dtype, loom_shape_numel(&n->shape),
-							      w, c->ctl);
-				if (st != LOOM_OK)
-					return st;
-			}
-		}
-	}
-	/* Gradient accumulation without buckets: every gradient, once
-	 * backward has made them all. */
-	if ((flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)) && p->buckets.n == 0 &&
-	    last == p->mp.nschedule && last > first)
-		for (int s = 0; s < p->n_accum; s++)
-			if ((st = loom_cuda_accum(c, p, s, (flags & LOOM_EXEC_FOLD) != 0)) != LOOM_OK)
-				return st;
-	return diagnose ? diagnose_verdict(c, ts) : LOOM_OK;
+	return run_node(c, p, v);
+}
+
+/* The library call for v (cuBLASLt's bias-gradient epilogue, cuDNN's batch
+ * norm backward) wrote sibling w already. */
+static int cuda_makes_sibling(void *ctx, const loom_plan *p, loom_value v, loom_value w)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	(void)p;
+	return loom_cuda_plan_makes(&c->plans[v], w);
+}
+
+/* Marks the device's first non-finite node; run_end reads the verdict. */
+static loom_status cuda_check_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
+				     loom_train_state *ts, loom_value w)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	const loom_node *n = &p->g->nodes[w];
+	(void)ts;
+	return loom_cuda_mark_nonfinite(c->err, c->stream, loom_arena_ptr(arena, p, w), n->dtype,
+					loom_shape_numel(&n->shape), w, c->ctl);
+}
+
+static loom_status cuda_accum(void *ctx, const loom_plan *p, const loom_arena *arena, int s,
+			      int fold)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	c->arena = arena;
+	return loom_cuda_accum(c, p, s, fold);
 }
 
 static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *arena)
@@ -728,43 +747,114 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 				     sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	c->arena.accum = arena->accum = c->accum_base;
+	arena->accum = c->accum_base;
 	return LOOM_OK;
 }
 
-static loom_status cuda_optim_step(void *ctx, const loom_plan *p, loom_train_state *ts)
+/* The fused optimizer runs over every slot at once (its chunk table, made
+ * at alloc): pieces are whole slots here (no LOOM_BE_SHARDED_OPTIM). The
+ * overflow check and the skip stay on the device. */
+static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
+			      loom_train_state *ts, int first, int last, int finite)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st = loom_cuda_comm_wait_all(c, p);
-	if (st == LOOM_OK)
-		st = push_host_state(c, ts);
-	return st != LOOM_OK ? st : loom_cuda_optim_launch(c, p, ts->lr, ts->micro, c->stream);
+	loom_status st;
+	(void)arena;
+	if (first != 0 || last != p->n_pieces || finite >= 0)
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the optimizer updates all parameters at once, not pieces "
+				 "[%d, %d) of %d", first, last, p->n_pieces);
+	if ((st = push_host_state(c, ts)) != LOOM_OK)
+		return st;
+	return loom_cuda_optim_launch(c, p, ts->lr, ts->micro, c->stream);
+}
+
+static void *cuda_stream_handle(void *ctx, loom_stream s)
+{
+	return (void *)stream_of((loom_cuda_ctx *)ctx, s);
+}
+
+static loom_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	return LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
+			       c->err, sizeof(c->err));
+}
+
+/* Trace timers: timing events, made as the trace first needs them. Slot 0
+ * opens a run's record: its host time is taken as the event's, and the
+ * others are read as that time plus the device's elapsed time. */
+static loom_status cuda_timer_record(void *ctx, int slot, loom_stream s)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	if (slot < 0)
+		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no trace timer %d", slot);
+	if (slot >= c->n_timers) {
+		int n = slot < 256 ? 512 : 2 * slot;
+		cudaEvent_t *t = (cudaEvent_t *)realloc(c->timers, sizeof(*t) * (size_t)n);
+		if (!t)
+			return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for trace timers");
+		memset(t + c->n_timers, 0, sizeof(*t) * (size_t)(n - c->n_timers));
+		c->timers = t;
+		c->n_timers = n;
+	}
+	if (!c->timers[slot] &&
+	    (st = LOOM_CUDA_CHECK(cudaEventCreate(&c->timers[slot]), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	if (slot == 0) {
+		/* The origin: the compute stream's work so far is done first. */
+		if ((st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err))) != LOOM_OK)
+			return st;
+		c->timer0_host = loom_trace_now();
+	}
+	return LOOM_CUDA_CHECK(cudaEventRecord(c->timers[slot], stream_of(c, s)), c->err,
+			       sizeof(c->err));
+}
+
+static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	float ms = 0;
+	if (slot < 0 || slot >= c->n_timers || !c->timers[slot] || !c->timers[0])
+		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no trace timer %d", slot);
+	loom_status st = LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, c->timers[0], c->timers[slot]),
+					 c->err, sizeof(c->err));
+	*seconds = c->timer0_host + ms * 1e-3;
+	return st;
 }
 
 static const loom_backend loom_cuda_backend = {
-	/* .name = */ "cuda",
-	/* .init = */ cuda_init,
-	/* .free = */ cuda_free,
-	/* .error = */ cuda_error,
-	/* .describe = */ cuda_describe,
-	/* .supports_op = */ cuda_supports_op,
-	/* .plan_create = */ cuda_plan_create,
-	/* .alloc = */ cuda_alloc,
-	/* .run = */ cuda_run,
-	/* .optim_step = */ cuda_optim_step,
-	/* .upload = */ cuda_upload,
-	/* .download = */ cuda_download,
-	/* .synchronize = */ cuda_synchronize,
-	/* .event_record = */ cuda_event_record,
-	/* .event_wait = */ cuda_event_wait,
-	/* .alloc_accum = */ cuda_alloc_accum,
-	/* .capture = */ NULL, /* the GPU-step issue */
-	/* .replay = */ NULL,
-	/* .fuses_relu_pool = */ 1,
-	/* .fuses_siblings = */ 1,
-	/* .fuses_linear_relu = */ 1,
-	/* .fuses_bn_relu = */ 1,
-	/* .fuses_add_relu = */ 1,
+	.name = "cuda",
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS,
+	.init = cuda_init,
+	.free = cuda_free,
+	.error = cuda_error,
+	.describe = cuda_describe,
+	.supports_op = cuda_supports_op,
+	.supports_node = cuda_supports_node,
+	.plan_create = cuda_plan_create,
+	.alloc = cuda_alloc,
+	.alloc_accum = cuda_alloc_accum,
+	.run_begin = cuda_run_begin,
+	.run_end = cuda_run_end,
+	.run_node = cuda_run_node,
+	.makes_sibling = cuda_makes_sibling,
+	.check_finite = cuda_check_finite,
+	.accum = cuda_accum,
+	.optim = cuda_optim,
+	.grads_finite = NULL, /* no ZeRO on the device yet */
+	.stream_handle = cuda_stream_handle,
+	.upload = cuda_upload,
+	.download = cuda_download,
+	.copy = cuda_copy,
+	.synchronize = cuda_synchronize,
+	.event_record = cuda_event_record,
+	.event_wait = cuda_event_wait,
+	.timer_record = cuda_timer_record,
+	.timer_read = cuda_timer_read,
+	.capture = NULL, /* the GPU-step issue */
+	.replay = NULL,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

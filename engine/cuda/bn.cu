@@ -347,7 +347,7 @@ loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *c, const loom_plan *plan, lo
 					io->src[3], io->dt[3], io->src[4], io->dt[4],
 					n->a.bn.momentum, n->a.bn.eps, n->a.bn.relu, io->out,
 					io->odt);
-	double *w = (double *)c->arena.ws;
+	double *w = (double *)c->arena->ws;
 	loom_status st = bn_sync_sums(c, plan, v, io, -1, 2, w);
 	if (st != LOOM_OK)
 		return st;
@@ -367,7 +367,7 @@ static loom_status bn_bwd_sync(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	const int nb = (int)x->shape.dims[0], ch = (int)x->shape.dims[1];
 	const int ndy = want_dx ? 2 : 1;
-	double *w = (double *)c->arena.ws;
+	double *w = (double *)c->arena->ws;
 	if (ch <= 0)
 		return LOOM_OK;
 	loom_status st = bn_sync_sums(c, plan, v, io, ndy, want_dx ? 4 : 2, w);

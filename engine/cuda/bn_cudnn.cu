@@ -135,9 +135,9 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	}
 	/* BN_BWD_DATA (x, gamma, dy) -> dx, with dgamma and dbeta. */
 	int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
-	float *scratch = (float *)c->arena.ws;
-	void *dg = bp->dgamma != LOOM_NONE ? loom_arena_ptr(&c->arena, p, bp->dgamma) : (void *)scratch;
-	void *db = bp->dbeta != LOOM_NONE ? loom_arena_ptr(&c->arena, p, bp->dbeta) : (void *)(scratch + ch);
+	float *scratch = (float *)c->arena->ws;
+	void *dg = bp->dgamma != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dgamma) : (void *)scratch;
+	void *db = bp->dbeta != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dbeta) : (void *)(scratch + ch);
 	return LOOM_CUDNN_CHECK(cudnnBatchNormalizationBackward(
 					c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
 					bp->x, src[0], bp->x, src[2], bp->x, out, bp->param, src[1],

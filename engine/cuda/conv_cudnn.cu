@@ -198,7 +198,7 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 	const loom_node *n = &p->g->nodes[v];
 	const loom_cuda_conv_plan *cp = &np->conv;
 	const float one = 1.0f, zero = 0.0f;
-	void *ws = cp->ws ? c->arena.ws : NULL;
+	void *ws = cp->ws ? c->arena->ws : NULL;
 	loom_status st;
 
 	switch (n->op) {

@@ -13,7 +13,7 @@
 #include <cudnn.h>
 
 extern "C" {
-#include "engine/program_internal.h"
+#include "engine/backend.h"
 #include "graph/ops/geometry.h"
 }
 
@@ -132,7 +132,7 @@ typedef struct loom_cuda_ctx {
 
 	unsigned char *base;    /* the one cudaMalloc */
 	size_t base_bytes;
-	loom_arena arena;       /* persist, act, ws, state inside it */
+	const loom_arena *arena; /* the program's: persist, act, ws, state inside base */
 	loom_cuda_ctl *ctl;     /* in the arena */
 	loom_cuda_opt_slot *d_slots;
 	loom_cuda_opt_chunk *d_chunks;
@@ -153,11 +153,14 @@ typedef struct loom_cuda_ctx {
 
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 
-	/* Per gradient bucket: its all-reduce while in flight (comm.cu). */
-	struct loom_comm_work **pending;
-	int n_pending;
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
-	unsigned char *accum_base; /* gradient accumulation's sums (arena.accum), or NULL */
+	int diagnose;              /* the current run marks non-finite values */
+	unsigned char *accum_base; /* gradient accumulation's sums (arena->accum), or NULL */
+	/* Trace timers: events with timing, made on first use; timer 0's
+	 * host time is the origin the others are measured from. */
+	cudaEvent_t *timers;
+	int n_timers;
+	double timer0_host;
 } loom_cuda_ctx;
 
 /* Test hook state (cuda_backend.h). */
@@ -213,13 +216,7 @@ loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *ctx, const loom_plan *pla
 					const loom_cuda_io *io);
 loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan *plan,
 					    loom_value v, const loom_cuda_io *io);
-/* comm.cu: a gradient bucket's all-reduce (NCCL) on the communication
- * stream after the compute stream's work so far; the optimizer waits. */
-loom_status loom_cuda_op_allreduce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
-/* Waits for every outstanding all-reduce (the group's timeout applies). */
-loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *ctx, const loom_plan *plan);
-/* Gradient accumulation on segment s of plan->accum, on the compute stream:
+/* comm.cu: gradient accumulation on segment s of plan->accum, on the compute stream:
  * add it into its sum, or (fold) add the sum into it and clear the sum. */
 loom_status loom_cuda_accum(loom_cuda_ctx *ctx, const loom_plan *plan, int s, int fold);
 /* loss.cu */

@@ -128,7 +128,7 @@ loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *c, const loom_plan *plan, loo
 	return loom_cuda_softmax_ce_fwd(c->err, c->stream, (int)x->shape.dims[0],
 					(int)x->shape.dims[1], io->src[0], io->dt[0],
 					(const int32_t *)io->src[1], io->out, io->odt,
-					(double *)c->arena.ws, v, c->ctl);
+					(double *)c->arena->ws, v, c->ctl);
 }
 
 loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,

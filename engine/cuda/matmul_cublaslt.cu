@@ -212,14 +212,14 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 
 	if (mp->bias || mp->bgrad != LOOM_NONE) {
 		/* The bias to add, or where the bias gradient goes. */
-		const void *bias = mp->bias ? src[2] : loom_arena_ptr(&c->arena, p, mp->bgrad);
+		const void *bias = mp->bias ? src[2] : loom_arena_ptr(c->arena, p, mp->bgrad);
 		if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
 				   sizeof(bias))) != LOOM_OK)
 			return st;
 	}
 	st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
 					      &zero, out, mp->c, out, mp->c, &mp->algo,
-					      np->lib_ws ? c->arena.ws : NULL, np->lib_ws, c->stream),
+					      np->lib_ws ? c->arena->ws : NULL, np->lib_ws, c->stream),
 			       c->err, sizeof(c->err));
 	if (st == LOOM_OK && mp->relu_after) {
 		const loom_node *nd = &p->g->nodes[v];

@@ -1,5 +1,5 @@
 /*
- * graph/bucket_pass.c — the gradient buckets of data-parallel training:
+ * dist/bucket_pass.c — the gradient buckets of data-parallel training:
  * which gradient goes in which bucket and where, the all-reduce node of
  * each bucket, and the schedule that starts each all-reduce as soon as the
  * last of its gradients is made, so communication overlaps the rest of
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/bucket_pass.h"
+#include "dist/bucket_pass.h"
 #include "graph/ops/ops.h"
 
 static size_t align_up(size_t x)
@@ -23,27 +23,6 @@ static loom_value made_at(const loom_graph *g, loom_value v)
 {
 	loom_value u = g->nodes[v].made_by;
 	return u != LOOM_NONE && u < v ? u : v;
-}
-
-void loom_buckets_free(loom_buckets *b)
-{
-	free(b->b);
-	free(b->grad);
-	free(b->offset);
-	free(b->order);
-	memset(b, 0, sizeof(*b));
-}
-
-int loom_bucket_find(const loom_buckets *b, loom_value v, size_t *offset)
-{
-	for (int k = 0; k < b->n; k++)
-		for (int i = b->b[k].first; i < b->b[k].first + b->b[k].n; i++)
-			if (b->grad[i] == v) {
-				if (offset)
-					*offset = b->offset[i];
-				return k;
-			}
-	return -1;
 }
 
 /* Which bucket each gradient joins (in[i] for grads[i]); fills out->b with
@@ -143,6 +122,12 @@ static loom_status make_order(loom_graph *g, loom_buckets *out, int n_before)
 loom_status loom_bucket_pass(loom_graph *g, const loom_value *grads, int n, size_t cap,
 			     size_t first_cap, loom_buckets *out)
 {
+	return loom_bucket_pass_sharded(g, grads, n, cap, first_cap, 1, out);
+}
+
+loom_status loom_bucket_pass_sharded(loom_graph *g, const loom_value *grads, int n, size_t cap,
+				     size_t first_cap, int shards, loom_buckets *out)
+{
 	loom_status st;
 	int n_before = g->n;
 	memset(out, 0, sizeof(*out));
@@ -174,6 +159,10 @@ loom_status loom_bucket_pass(loom_graph *g, const loom_value *grads, int n, size
 			off += align_up((size_t)loom_shape_numel(&nd->shape) * loom_dtype_size(nd->dtype));
 		}
 		b->count = (int64_t)(b->bytes / loom_dtype_size(b->dtype));
+		if (shards > 1 && b->count % shards) {
+			b->count += shards - b->count % shards;
+			b->bytes = (size_t)b->count * loom_dtype_size(b->dtype);
+		}
 		base += align_up(b->bytes);
 	}
 	out->ngrad = at;

@@ -1,15 +1,18 @@
 /*
- * engine/ddp.c — what loom_compile does for data-parallel training (a
- * process group of world > 1 in the options): the gradient buckets and the
- * memory plan that holds them, synchronised batch norm (sync_bn); then,
- * once the program exists, the start-up check that every rank compiled the
- * same plan and the broadcast of rank 0's parameters and buffers.
+ * dist/ddp.c — data parallelism as a compile pass (a process group of
+ * world > 1 in the options): the gradient buckets (sharded ones under
+ * ZeRO) and the memory plan that holds them, synchronised batch norm
+ * (sync_bn); then, once the arena holds the initial values, the start-up
+ * check that every rank compiled the same plan and the broadcast of rank
+ * 0's parameters and buffers.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
+#include "dist/bucket_pass.h"
+#include "dist/dist.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 
@@ -41,7 +44,7 @@ void loom_ddp_mark_sync_bn(loom_graph *g)
  * backend (NCCL) has and a host one does not. */
 static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
 {
-	if (p->be != &loom_cpu_backend && !p->plan.comm->i->allreduce_ordered) {
+	if (!(p->be->caps & LOOM_BE_HOST_MEMORY) && !p->plan.comm->i->allreduce_ordered) {
 		snprintf(err, errlen,
 			 "sync_bn: the %s backend's collectives (%s) cannot all-reduce in "
 			 "stream order, which its synchronised batch norm needs; compile "
@@ -62,8 +65,9 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 
 	p->plan.world = in->world;
 	p->plan.rank = in->rank;
-	p->plan.comm = loom_pg_comm(o->pg, p->be == &loom_cpu_backend ? LOOM_COMM_HOST :
-									 LOOM_COMM_DEVICE);
+	p->plan.zero = o->zero_stage;
+	p->plan.comm = loom_pg_comm(o->pg, (p->be->caps & LOOM_BE_HOST_MEMORY) ? LOOM_COMM_HOST :
+										  LOOM_COMM_DEVICE);
 	if (!p->plan.comm) {
 		snprintf(err, errlen, "data parallel: no collectives for the %s backend: %s",
 			 p->be->name, loom_pg_error(o->pg));
@@ -80,8 +84,10 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	}
 	for (int i = 0; i < p->plan.n_params; i++)
 		grads[i] = p->plan.params[i].grad;
-	st = loom_bucket_pass(g, grads, p->plan.n_params, (size_t)(cap_mb * 1048576.0),
-			      (size_t)(first_mb * 1048576.0), &p->plan.buckets);
+	/* ZeRO: each bucket splits into world equal shards. */
+	st = loom_bucket_pass_sharded(g, grads, p->plan.n_params, (size_t)(cap_mb * 1048576.0),
+				      (size_t)(first_mb * 1048576.0), p->plan.zero ? in->world : 1,
+				      &p->plan.buckets);
 	free(grads);
 	if (st != LOOM_OK) {
 		snprintf(err, errlen, "data parallel: %s", g->err ? g->errmsg : "out of memory");
@@ -163,7 +169,8 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	/* The options every rank must share; the world is the group's. */
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
-		pl->buckets.n, p->be == &loom_cpu_backend, pl->opts.no_fusion,
+		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
+		pl->zero,
 	};
 	loom_fingerprint fp = {
 		.item_noun = "node",
@@ -228,22 +235,12 @@ loom_status loom_ddp_start(loom_program *p)
 	if (st == LOOM_OK)
 		st = broadcast_values(p, 0);
 	/* Device memory: the broadcast is queued on the device's stream. */
-	if (st == LOOM_OK && (st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
-		return loom_program_backend_fail(p, st);
+	if (st == LOOM_OK)
+		st = loom_exec_synchronize(p);
 	return st;
 }
 
-loom_status loom_ddp_sync_buffers(loom_program *p)
+loom_status loom_ddp_broadcast_buffers(loom_program *p)
 {
-	/* The buffers were written by the last run's kernels: on a device
-	 * they must be done before the broadcast reads them. */
-	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
-	if (st != LOOM_OK)
-		return loom_program_backend_fail(p, st);
-	if ((st = broadcast_values(p, 1)) != LOOM_OK)
-		return st;
-	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
-		return loom_program_backend_fail(p, st);
-	p->ts.buffers_own = 0;
-	return LOOM_OK;
+	return broadcast_values(p, 1);
 }

@@ -1,0 +1,138 @@
+/*
+ * engine/backend.h — the backend interface: a table of functions plus the
+ * context it creates (after ggml's ggml_backend_i), and the capability bits
+ * the planner asks instead of comparing addresses. A backend runs nodes,
+ * the device side of collectives, copies, events and synchronisation; the
+ * executor (engine/exec.c) walks the plan's steps and calls it.
+ */
+#ifndef LOOM_ENGINE_BACKEND_H
+#define LOOM_ENGINE_BACKEND_H
+
+#include "engine/plan.h"
+
+/* Capability bits (loom_backend.caps). */
+enum {
+	LOOM_BE_FUSES_RELU_POOL = 1u << 0,   /* max-pool honours attrs.pool.relu (graph/fuse.c) */
+	LOOM_BE_FUSES_SIBLINGS = 1u << 1,    /* runs a node's siblings (made_by) with it */
+	LOOM_BE_FUSES_LINEAR_RELU = 1u << 2, /* LINEAR honours attrs.mm.relu */
+	LOOM_BE_FUSES_BN_RELU = 1u << 3,     /* BATCHNORM2D honours attrs.bn.relu */
+	LOOM_BE_FUSES_ADD_RELU = 1u << 4,    /* ADD honours attrs.ew.relu */
+	/* The arena is host memory: collectives go through the host (MPI)
+	 * communicator; else the device (NCCL) one. */
+	LOOM_BE_HOST_MEMORY = 1u << 5,
+	/* Work is queued on asynchronous streams: a collective's end is an
+	 * event on the communication stream, not the host seeing it done. */
+	LOOM_BE_ASYNC_STREAMS = 1u << 6,
+	/* optim updates pieces that are part of a slot (ZeRO), and answers
+	 * grads_finite. */
+	LOOM_BE_SHARDED_OPTIM = 1u << 7,
+};
+
+#define LOOM_BE_FUSES_ALL                                                              \
+	(LOOM_BE_FUSES_RELU_POOL | LOOM_BE_FUSES_SIBLINGS | LOOM_BE_FUSES_LINEAR_RELU | \
+	 LOOM_BE_FUSES_BN_RELU | LOOM_BE_FUSES_ADD_RELU)
+
+/*
+ * Every method receives the backend's context; those that run work receive
+ * the plan, const. A failing method returns a status and leaves its message
+ * for error(ctx), which the program copies into its own error (the one path
+ * from a backend to loom_program_error).
+ */
+typedef struct loom_backend {
+	const char *name;
+	unsigned caps; /* LOOM_BE_* */
+	/* Creates the context: library handles, streams (a second one for
+	 * communication where the device has streams) and events. */
+	loom_status (*init)(void **ctx, char *err, size_t errlen);
+	void (*free)(void *ctx);
+	/* The last failure's message; "" if none. */
+	const char *(*error)(void *ctx);
+	/* What runs the program ("cpu", "cuda: <device name>"). */
+	const char *(*describe)(void *ctx);
+	/* Whether this backend has an entry for op at all (a table lookup;
+	 * ctx may be NULL). */
+	int (*supports_op)(void *ctx, loom_op op);
+	/* Whether it runs node v of plan as it is: its op, its dtype and its
+	 * sources' dtypes and shapes (as ggml's supports_op sees the tensor).
+	 * Asked for every node a step runs, before plan_create. */
+	int (*supports_node)(void *ctx, const loom_plan *plan, loom_value v);
+	/* The per-node plans (algorithms, library descriptors) for plan, made
+	 * once; *ws_bytes gets the scratch the largest node needs. A failure
+	 * is returned here, not at the first run. */
+	loom_status (*plan_create)(void *ctx, const loom_plan *plan, size_t *ws_bytes);
+	/* Allocates the arena regions with plan's sizes (zeroed) and takes
+	 * ts's scaler and step as the state to start from. The backend owns
+	 * the memory; *arena is the one copy of its addresses (the program's). */
+	loom_status (*alloc)(void *ctx, const loom_plan *plan, const loom_train_state *ts,
+			     loom_arena *arena);
+	/* Allocates plan->accum_bytes of zeroed sums into arena->accum, at the
+	 * first ACCUMULATE run. NULL: no gradient accumulation. // (optional) */
+	loom_status (*alloc_accum)(void *ctx, const loom_plan *plan, loom_arena *arena);
+
+	/* One run of steps: begin takes the run's flags and ts (a host-side
+	 * change of ts goes to the device here), end closes it (a deferred
+	 * verdict, e.g. the device's diagnosis, lands in ts). */
+	loom_status (*run_begin)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				 loom_train_state *ts, unsigned flags);
+	loom_status (*run_end)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+			       loom_train_state *ts);
+	/* Queues node v (on the compute stream). */
+	loom_status (*run_node)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				loom_value v);
+	/* Whether running node v also wrote its sibling w (a library call
+	 * that makes both); NULL: never, each sibling runs by itself. // (optional) */
+	int (*makes_sibling)(void *ctx, const loom_plan *plan, loom_value v, loom_value w);
+	/* Diagnosis: records v in ts->first_nonfinite if it holds inf/NaN and
+	 * none was found yet (now, or by run_end). */
+	loom_status (*check_finite)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				    loom_train_state *ts, loom_value v);
+	/* Adds gradient accumulation segment s into its sum, or (fold) adds
+	 * the sum into the segment and clears it. */
+	loom_status (*accum)(void *ctx, const loom_plan *plan, const loom_arena *arena, int s,
+			     int fold);
+	/* The fused overflow check, unscale, loss-scale decision and
+	 * SGD/AdamW update over pieces [first, last); skips the update on
+	 * overflow (dynamic scaling). finite: -1, check the pieces' gradients
+	 * here; 0 or 1, the verdict the executor reduced over the ranks. */
+	loom_status (*optim)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+			     loom_train_state *ts, int first, int last, int finite);
+	/* Host verdict: the gradients of pieces [first, last) hold no inf/NaN
+	 * (*finite = 1). May wait. LOOM_BE_SHARDED_OPTIM only. // (optional) */
+	loom_status (*grads_finite)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				    int first, int last, int *finite);
+	/* What the communicator needs to order a collective on `stream` (a
+	 * CUDA stream), NULL for host memory. */
+	void *(*stream_handle)(void *ctx, loom_stream stream);
+	/* Copies between host memory and an arena address. download returns
+	 * when dst holds the data; upload may return before the copy ends. */
+	loom_status (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+	loom_status (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+	/* Copies between two arena addresses, in the compute stream's order. */
+	loom_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+	/* Waits for all queued work, brings the training state the device
+	 * keeps (scaler, step) into ts and reports run-time faults (a bad
+	 * label). The executor has waited for its collectives before. */
+	loom_status (*synchronize)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+	/* Event `event` (< LOOM_BACKEND_EVENTS) marks the work queued so far on
+	 * `stream`; event_wait makes later work on `stream` wait for it. */
+	loom_status (*event_record)(void *ctx, int event, loom_stream stream);
+	loom_status (*event_wait)(void *ctx, int event, loom_stream stream);
+	/* Trace timers: timer_record marks slot `slot` when the work queued so
+	 * far on `stream` is done; timer_read (after synchronize) gives that
+	 * moment in loom_trace_now()'s seconds. */
+	loom_status (*timer_record)(void *ctx, int slot, loom_stream stream);
+	loom_status (*timer_read)(void *ctx, int slot, double *seconds);
+	/* Records one training step once, then replays it. // (optional) */
+	loom_status (*capture)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+	loom_status (*replay)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+} loom_backend;
+
+/* Events a backend creates at init, named by index. */
+#define LOOM_BACKEND_EVENTS 16
+
+extern const loom_backend loom_cpu_backend;
+
+/* The CUDA backend, or NULL in a build without one. */
+const loom_backend *loom_cuda_backend_get(void);
+
+#endif /* LOOM_ENGINE_BACKEND_H */

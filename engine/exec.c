@@ -1,0 +1,400 @@
+/*
+ * engine/exec.c — the one executor: walks a range of the plan's steps
+ * (engine/plan.h) on the program's backend, for every backend. What is not
+ * a backend's business lives here once: a node's fused siblings, the
+ * per-node overflow diagnosis, the collectives in flight per bucket (started
+ * on the communication stream after the compute stream's work so far, moved
+ * along between nodes where the host drives them, waited for by the WAIT
+ * step), ZeRO's shard-wide overflow verdict, and the trace's spans, read
+ * from the backend's timers once the run has been synchronised.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "engine/program_internal.h"
+#include "engine/trace.h"
+
+/* The events the executor records; a backend has LOOM_BACKEND_EVENTS. */
+enum { EV_COLL_START = 0 };
+
+static loom_status be_fail(loom_program *p, loom_status st)
+{
+	return loom_program_backend_fail(p, st);
+}
+
+static loom_status comm_fail(loom_program *p, loom_status st)
+{
+	return loom_program_fail(p, st, "%s", loom_pg_error(p->plan.opts.pg));
+}
+
+/* ------------------------------------------------------------ trace */
+
+/* A timer slot marking the work queued so far on stream; -1 when the trace
+ * is off or the timer failed (a span is never worth failing a step). */
+static int timer(loom_program *p, loom_stream stream)
+{
+	if (!p->ts.trace)
+		return -1;
+	int slot = p->exec.n_timers;
+	if (p->be->timer_record(p->be_ctx, slot, stream) != LOOM_OK) {
+		p->ts.trace->lost++;
+		return -1;
+	}
+	p->exec.n_timers++;
+	return slot;
+}
+
+/* Index of the new span, -1 if none. */
+static int span(loom_program *p, int kind, int id, int aux, int t0, int t1)
+{
+	loom_exec *x = &p->exec;
+	if (!p->ts.trace || t0 < 0)
+		return -1;
+	if (x->n_spans == x->cap_spans) {
+		int cap = x->cap_spans ? 2 * x->cap_spans : 256;
+		loom_exec_span *s = realloc(x->spans, sizeof(*s) * (size_t)cap);
+		if (!s) {
+			p->ts.trace->lost++;
+			return -1;
+		}
+		x->spans = s;
+		x->cap_spans = cap;
+	}
+	x->spans[x->n_spans] = (loom_exec_span){ kind, id, aux, t0, t1 };
+	return x->n_spans++;
+}
+
+loom_status loom_exec_trace_flush(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	loom_trace *tr = p->ts.trace;
+	for (int i = 0; tr && i < x->n_spans; i++) {
+		const loom_exec_span *s = &x->spans[i];
+		double t0, t1;
+		if (s->t1 < 0 || p->be->timer_read(p->be_ctx, s->t0, &t0) != LOOM_OK ||
+		    p->be->timer_read(p->be_ctx, s->t1, &t1) != LOOM_OK) {
+			tr->lost++;
+			continue;
+		}
+		loom_trace_add(tr, s->kind, s->id, s->aux, t0, t1);
+	}
+	x->n_spans = 0;
+	x->n_timers = 0;
+	return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ collectives */
+
+static loom_status exec_alloc(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	int n = p->plan.buckets.n;
+	if (x->pending || n == 0)
+		return LOOM_OK;
+	x->pending = calloc((size_t)n, sizeof(*x->pending));
+	x->pending_span = malloc(sizeof(int) * (size_t)n);
+	if (!x->pending || !x->pending_span)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "executor: out of memory for %d buckets", n);
+	for (int k = 0; k < n; k++)
+		x->pending_span[k] = -1;
+	return LOOM_OK;
+}
+
+void loom_exec_free(loom_exec *x)
+{
+	free(x->pending);
+	free(x->pending_span);
+	free(x->spans);
+	memset(x, 0, sizeof(*x));
+}
+
+/* The collective ended (seen by the host): its span, if it waits for an end. */
+static void seen_complete(loom_program *p, int k)
+{
+	int i = p->exec.pending_span[k];
+	if (i >= 0 && p->exec.spans[i].t1 < 0)
+		p->exec.spans[i].t1 = timer(p, LOOM_STREAM_COMPUTE);
+	p->exec.pending_span[k] = -1;
+}
+
+static loom_status coll_start(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	loom_exec *x = &p->exec;
+	int k = s->index;
+	loom_status st;
+	if (!pl->comm || k < 0 || k >= pl->buckets.n)
+		return loom_program_fail(p, LOOM_ERR_STATE, "%s of bucket %d: no process group",
+					 loom_coll_name(s->coll), k);
+	if (x->pending[k])
+		return loom_program_fail(p, LOOM_ERR_STATE,
+					 "%s of bucket %d started before the last one ended",
+					 loom_coll_name(s->coll), k);
+	const loom_bucket *b = &pl->buckets.b[k];
+	void *buf = p->arena.bucket + b->base;
+	/* The communication stream starts after the compute stream's work so
+	 * far (the bucket's last gradient, or the optimizer's update). */
+	if ((st = p->be->event_record(p->be_ctx, EV_COLL_START, LOOM_STREAM_COMPUTE)) != LOOM_OK ||
+	    (st = p->be->event_wait(p->be_ctx, EV_COLL_START, LOOM_STREAM_COMM)) != LOOM_OK)
+		return be_fail(p, st);
+	int t0 = timer(p, LOOM_STREAM_COMM);
+	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
+	size_t shard = (size_t)b->count / (size_t)pl->world;
+	switch (s->coll) {
+	case LOOM_COLL_ALLREDUCE:
+		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
+					       &x->pending[k]);
+		break;
+	case LOOM_COLL_REDUCE_SCATTER:
+		st = loom_comm_reduce_scatter_start(pl->comm, buf, shard, b->dtype, stream,
+						    &x->pending[k]);
+		break;
+	case LOOM_COLL_ALLGATHER:
+		st = loom_comm_allgather_start(pl->comm, buf, shard, b->dtype, stream, &x->pending[k]);
+		break;
+	default:
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s step on buckets",
+					 loom_coll_name(s->coll));
+	}
+	if (st != LOOM_OK) {
+		x->pending[k] = NULL;
+		return comm_fail(p, st);
+	}
+	x->n_pending++;
+	/* Its end: an event after it on an asynchronous stream; else the
+	 * moment the host first sees it complete. */
+	int t1 = (p->be->caps & LOOM_BE_ASYNC_STREAMS) ? timer(p, LOOM_STREAM_COMM) : -1;
+	x->pending_span[k] = span(p, LOOM_SPAN_ALLREDUCE, k, s->coll, t0, t1);
+	return LOOM_OK;
+}
+
+/* MPI moves a non-blocking collective only inside its calls: a turn for
+ * the outstanding ones between nodes. */
+static loom_status coll_progress(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	for (int k = 0; k < p->plan.buckets.n; k++) {
+		int done = 0;
+		if (!x->pending[k])
+			continue;
+		loom_status st = loom_comm_test(p->plan.comm, x->pending[k], &done);
+		if (st != LOOM_OK)
+			return comm_fail(p, st);
+		if (done)
+			seen_complete(p, k);
+	}
+	return LOOM_OK;
+}
+
+/* Every collective in flight ends (the group's timeout applies). */
+static loom_status coll_wait_all(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	loom_status first = LOOM_OK;
+	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
+	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
+		if (!x->pending[k])
+			continue;
+		/* wait frees the work whatever it returns */
+		loom_status st = loom_comm_wait(p->plan.comm, x->pending[k]);
+		x->pending[k] = NULL;
+		x->n_pending--;
+		if (st != LOOM_OK && first == LOOM_OK)
+			first = comm_fail(p, st);
+		else if (st == LOOM_OK)
+			seen_complete(p, k);
+	}
+	if (t0 >= 0)
+		span(p, LOOM_SPAN_WAIT, 0, 0, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return first;
+}
+
+loom_status loom_exec_synchronize(loom_program *p)
+{
+	loom_status st = coll_wait_all(p);
+	if (st != LOOM_OK)
+		return st;
+	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
+		return be_fail(p, st);
+	return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ steps */
+
+/* The node, then the values it makes besides its own: those the backend's
+ * call for the node wrote already, the others by their own entries now. */
+static loom_status exec_node(loom_program *p, const loom_step *s, int diagnose)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_backend *be = p->be;
+	loom_value v = s->v;
+	loom_status st;
+	int t0 = s->noop ? -1 : timer(p, LOOM_STREAM_COMPUTE);
+	for (loom_value w = v; w != LOOM_NONE;
+	     w = w == v ? loom_sibling_first(pl, v) : loom_sibling_next(pl, w)) {
+		int run = w == v ? !s->noop : !be->makes_sibling || !be->makes_sibling(p->be_ctx, pl, v, w);
+		if (run && (st = be->run_node(p->be_ctx, pl, &p->arena, w)) != LOOM_OK)
+			return be_fail(p, st);
+		if (diagnose && (st = be->check_finite(p->be_ctx, pl, &p->arena, &p->ts, w)) != LOOM_OK)
+			return be_fail(p, st);
+	}
+	if (t0 >= 0)
+		span(p, LOOM_SPAN_NODE, v, 0, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return LOOM_OK;
+}
+
+static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flags)
+{
+	int fold = (flags & LOOM_EXEC_FOLD) != 0;
+	if (!(flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)))
+		return LOOM_OK;
+	int t0 = timer(p, LOOM_STREAM_COMPUTE);
+	loom_status st = p->be->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
+	if (st != LOOM_OK)
+		return be_fail(p, st);
+	span(p, LOOM_SPAN_ACCUM, s->index, fold, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return LOOM_OK;
+}
+
+/* ZeRO: every rank checked its shard; a step is skipped everywhere when
+ * any shard overflowed. */
+static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finite)
+{
+	const loom_plan *pl = &p->plan;
+	int mine = 1;
+	loom_status st;
+	if (!p->be->grads_finite)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "zero: the %s backend cannot check a shard", p->be->name);
+	if ((st = p->be->grads_finite(p->be_ctx, pl, &p->arena, s->first, s->last, &mine)) != LOOM_OK)
+		return be_fail(p, st);
+	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	float bad = mine ? 0.0f : 1.0f;
+	if (!host || (st = loom_comm_allreduce(host, &bad, 1, LOOM_F32)) != LOOM_OK)
+		return comm_fail(p, host ? st : LOOM_ERR_UNSUPPORTED);
+	*finite = bad == 0.0f;
+	return LOOM_OK;
+}
+
+static loom_status exec_optim(loom_program *p, const loom_step *s)
+{
+	int finite = -1;
+	loom_status st;
+	if (p->plan.zero && p->plan.scaling && (st = shard_verdict(p, s, &finite)) != LOOM_OK)
+		return st;
+	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
+	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
+}
+
+/* ZeRO: bucket k holds every rank's updated parameters, gathered: each
+ * into its parameter. */
+static loom_status exec_copy(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_bucket *b = &pl->buckets.b[s->index];
+	int t0 = timer(p, LOOM_STREAM_COMPUTE);
+	for (int j = b->first; j < b->first + b->n; j++) {
+		loom_value grad = pl->buckets.grad[j], param = LOOM_NONE;
+		for (int q = 0; q < pl->n_params && param == LOOM_NONE; q++)
+			if (pl->params[q].grad == grad)
+				param = pl->params[q].param;
+		if (param == LOOM_NONE)
+			continue;
+		loom_status st = p->be->copy(p->be_ctx, loom_arena_ptr(&p->arena, pl, param),
+					     p->arena.bucket + b->base + pl->buckets.offset[j],
+					     loom_plan_value_bytes(pl, param));
+		if (st != LOOM_OK)
+			return be_fail(p, st);
+	}
+	span(p, LOOM_SPAN_COPY, s->index, 0, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return LOOM_OK;
+}
+
+static loom_status exec_step(loom_program *p, const loom_step *s, unsigned flags, int diagnose)
+{
+	switch (s->kind) {
+	case LOOM_STEP_NODE:
+		return exec_node(p, s, diagnose);
+	case LOOM_STEP_ACCUM:
+		return exec_accum(p, s, flags);
+	case LOOM_STEP_COLLECTIVE:
+		/* Gradient accumulation (DDP's no_sync): nothing is sent. */
+		return (flags & LOOM_EXEC_ACCUMULATE) ? LOOM_OK : coll_start(p, s);
+	case LOOM_STEP_WAIT:
+		return coll_wait_all(p);
+	case LOOM_STEP_OPTIM:
+		return exec_optim(p, s);
+	case LOOM_STEP_COPY:
+		return exec_copy(p, s);
+	default:
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s steps yet",
+					 loom_step_kind_name(s->kind));
+	}
+}
+
+loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_backend *be = p->be;
+	loom_status st;
+	if ((st = exec_alloc(p)) != LOOM_OK)
+		return st;
+	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
+		return be_fail(p, st);
+	int diagnose = (flags & LOOM_EXEC_DIAGNOSE) && p->ts.first_nonfinite == LOOM_NONE;
+	int host_progress = !(be->caps & LOOM_BE_ASYNC_STREAMS);
+	int phase = -1, phase_t0 = -1;
+	for (int i = first; i < last; i++) {
+		const loom_step *s = &pl->steps[i];
+		if ((int)s->phase != phase) {
+			int t = timer(p, LOOM_STREAM_COMPUTE);
+			if (phase >= 0)
+				span(p, LOOM_SPAN_PHASE, phase, 0, phase_t0, t);
+			phase = s->phase;
+			phase_t0 = t;
+		}
+		if ((st = exec_step(p, s, flags, diagnose)) != LOOM_OK)
+			return st;
+		if (s->kind == LOOM_STEP_NODE && host_progress && p->exec.n_pending &&
+		    (st = coll_progress(p)) != LOOM_OK)
+			return st;
+	}
+	if (phase >= 0)
+		span(p, LOOM_SPAN_PHASE, phase, 0, phase_t0, timer(p, LOOM_STREAM_COMPUTE));
+	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
+		return be_fail(p, st);
+	return LOOM_OK;
+}
+
+loom_status loom_exec_check_support(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_NODE)
+			continue;
+		for (loom_value w = s->v; w != LOOM_NONE;
+		     w = w == s->v ? loom_sibling_first(pl, s->v) : loom_sibling_next(pl, w)) {
+			if (p->be->supports_node(p->be_ctx, pl, w))
+				continue;
+			const loom_node *n = &pl->g->nodes[w];
+			char lb[96], sh[96], srcs[384] = "";
+			size_t len = 0;
+			for (int j = 0; j < n->nsrc && len < sizeof(srcs); j++) {
+				const loom_node *sn = &pl->g->nodes[n->src[j]];
+				len += (size_t)snprintf(srcs + len, sizeof(srcs) - len, "%s%s %s",
+							j ? ", " : "", loom_dtype_name(sn->dtype),
+							loom_shape_str(&sn->shape, sh, sizeof(sh)));
+			}
+			loom_shape_str(&n->shape, sh, sizeof(sh));
+			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+						 "%s: does not run node %d %s: %s %s from (%s)",
+						 p->be->describe(p->be_ctx), (int)w,
+						 loom_node_label(pl->g, w, lb, sizeof(lb)),
+						 loom_dtype_name(n->dtype), sh, srcs);
+		}
+	}
+	return LOOM_OK;
+}

@@ -1,0 +1,245 @@
+/*
+ * engine/plan.h — what a backend sees of a compiled program: the const plan
+ * (graph, memory plan, parameter slots, the step list the executor walks),
+ * the arena's regions, and the training state a step reads and advances.
+ * Backends include this and engine/backend.h, never the engine's own
+ * program_internal.h.
+ */
+#ifndef LOOM_ENGINE_PLAN_H
+#define LOOM_ENGINE_PLAN_H
+
+#include <stdarg.h>
+
+#include "amp/scaler.h"
+#include "graph/graph_internal.h"
+#include "graph/memplan.h"
+#include "loom.h"
+
+struct loom_comm;      /* comm/comm.h: the collectives of data parallelism */
+struct loom_comm_work; /* one outstanding collective */
+struct loom_trace;     /* engine/trace.h: the spans loom_trace_start records */
+
+/* Size of every error buffer a backend or launcher writes into. */
+#define LOOM_ERR_MAX 512
+
+/* One trainable parameter as the optimizer sees it. */
+typedef struct loom_param_slot {
+	loom_value param;   /* the value the model reads (f16 under O2) */
+	loom_value grad;    /* its gradient, same dtype */
+	loom_value master;  /* O2: the f32 master weight, else LOOM_NONE */
+	int64_t numel;
+	size_t state_off[2]; /* plain plans: optimizer state in the state region
+			      * (SGD buf / Adam m, v); sharded plans: see pieces */
+	loom_dtype state_dtype;
+} loom_param_slot;
+
+/*
+ * The unit of an optimizer update: elements [off, off + n) of slot's
+ * parameter, with its optimizer state at state_off[k] in the state region
+ * (element off's). A plain plan has one piece per slot; ZeRO-1
+ * (dist/zero.c) has the pieces of this rank's shards only, and each piece
+ * also writes its updated parameter into its gradient's place in the
+ * bucket (pack_off, bytes into the bucket region), for the all-gather.
+ */
+typedef struct loom_optim_piece {
+	int slot;
+	int64_t off, n;
+	size_t state_off[2];
+	int pack;        /* write the updated parameter at bucket + pack_off */
+	size_t pack_off;
+} loom_optim_piece;
+
+/*
+ * One run of gradients that gradient accumulation sums (LOOM_RUN_ACCUMULATE):
+ * a bucket under data parallelism, else one parameter's gradient. Its sum
+ * lies at arena.accum + off, count f32 (f64 for f64 gradients).
+ */
+typedef struct loom_accum_seg {
+	loom_value v;   /* the bucket's ALLREDUCE node, or the gradient */
+	int64_t count;  /* elements (a bucket's padding included) */
+	loom_dtype dtype;
+	size_t off;
+} loom_accum_seg;
+
+/* Streams a backend orders work on; a CPU backend has one in-order stream. */
+typedef enum loom_stream {
+	LOOM_STREAM_COMPUTE = 0,
+	LOOM_STREAM_COMM,      /* collectives */
+	LOOM_STREAM_COUNT
+} loom_stream;
+
+/* Phases of a step, for traces and run ranges. */
+typedef enum loom_phase {
+	LOOM_PHASE_FORWARD = 0,
+	LOOM_PHASE_BACKWARD,
+	LOOM_PHASE_OPTIMIZER,
+	LOOM_PHASE_COUNT
+} loom_phase;
+
+/* What a step does. */
+typedef enum loom_step_kind {
+	LOOM_STEP_NODE = 0,   /* node v and the values it makes besides (fused siblings) */
+	LOOM_STEP_ACCUM,      /* accumulation segment `index`: adds (ACCUMULATE runs)
+			       * or folds (FOLD runs); nothing in other runs */
+	LOOM_STEP_COLLECTIVE, /* `coll` on bucket `index`; skipped by ACCUMULATE runs */
+	LOOM_STEP_WAIT,       /* the collectives started so far end; later compute sees them */
+	LOOM_STEP_OPTIM,      /* the fused check + unscale + update over pieces [first, last) */
+	LOOM_STEP_COPY,       /* ZeRO: bucket `index`'s gathered parameters into the parameters */
+	LOOM_STEP_SEND,       /* pipeline stages (reserved: no pass makes them yet) */
+	LOOM_STEP_RECV,
+	LOOM_STEP_KIND_COUNT
+} loom_step_kind;
+
+typedef enum loom_coll_op {
+	LOOM_COLL_ALLREDUCE = 0,
+	LOOM_COLL_REDUCE_SCATTER, /* this rank's shard of the bucket holds the sum */
+	LOOM_COLL_ALLGATHER,      /* every rank's shard to every rank */
+	LOOM_COLL_BROADCAST,
+	LOOM_COLL_COUNT
+} loom_coll_op;
+
+typedef struct loom_step {
+	loom_step_kind kind;
+	loom_stream stream;
+	loom_phase phase;
+	loom_value v;      /* NODE: the node; COLLECTIVE, ACCUM: the bucket's node or
+			    * the gradient; else LOOM_NONE */
+	loom_coll_op coll; /* COLLECTIVE */
+	int index;         /* COLLECTIVE, COPY: the bucket; ACCUM: the segment */
+	int first, last;   /* OPTIM: pieces */
+	int noop;          /* NODE: a leaf or view, nothing to compute */
+} loom_step;
+
+/* "node", "accum", ...: dumps and traces. */
+const char *loom_step_kind_name(loom_step_kind k);
+const char *loom_coll_name(loom_coll_op op);
+
+/*
+ * The compiled plan: everything decided at compile time. Backends read it
+ * (const) and never write it; it does not change once loom_compile returns.
+ */
+typedef struct loom_plan {
+	loom_graph *g; /* owned: the user's graph + AMP casts + backward */
+	loom_value loss;
+	int n_fwd;            /* nodes [0, n_fwd) are the forward pass */
+	uint64_t fingerprint; /* of the user's graph and the options */
+	loom_compile_opts opts;
+	loom_memplan mp;
+	loom_param_slot *params;
+	int n_params;
+	int n_state;          /* optimizer state buffers per parameter (0, 1, 2) */
+	int scaling;          /* dynamic or static loss scaling is on */
+	size_t ws_bytes, state_bytes, master_bytes;
+	/* The optimizer's pieces (one per slot, or a shard's). */
+	loom_optim_piece *pieces;
+	int n_pieces;
+	/* The steps, in order: a FORWARD run walks [0, n_fwd_steps), a GRAD
+	 * run [0, n_grad_steps), a TRAIN run all of them. */
+	loom_step *steps;
+	int n_steps, n_fwd_steps, n_grad_steps;
+	/* Data parallelism (world > 1): the gradient buckets and the
+	 * collectives for the backend's memory. The optimizer divides the
+	 * summed gradients by world. zero: the ZeRO stage (0 or 1). */
+	int world, rank, zero;
+	loom_buckets buckets;
+	struct loom_comm *comm;
+	/* Gradient accumulation: bucket k is accum[k] when there are buckets.
+	 * accum_bytes of sums, allocated at the first ACCUMULATE run. */
+	loom_accum_seg *accum;
+	int n_accum;
+	size_t accum_bytes;
+} loom_plan;
+
+/* The training state: what a step changes besides the arena. */
+typedef struct loom_train_state {
+	double lr;
+	int64_t step;
+	loom_scaler scaler;
+	double last_loss;
+	int diagnose;               /* next runs check each node for inf/NaN */
+	loom_value first_nonfinite; /* the first node found non-finite */
+	char amp_report[256];       /* what diagnosis found, for the user */
+	/* ACCUMULATE runs since the last update: their gradients wait in the
+	 * accumulation sums, and the update divides by micro + 1. */
+	int micro;
+	struct loom_trace *trace;   /* recording spans (loom_trace_start), else NULL */
+	int buffers_own;            /* data parallel: trained since rank 0's
+				     * buffers were last broadcast */
+} loom_train_state;
+
+/* Base addresses of the arena's regions (backend memory). */
+typedef struct loom_arena {
+	unsigned char *persist, *act, *ws, *state;
+	unsigned char *bucket; /* the gradient buckets (data parallelism; else unused) */
+	unsigned char *accum;  /* gradient accumulation's sums; NULL until the first ACCUMULATE */
+} loom_arena;
+
+/* Flags of one run. */
+enum {
+	LOOM_EXEC_TRAIN = 1 << 0,    /* training mode (batch-norm statistics) */
+	/* Check every value for inf/NaN as it is made and record the first in
+	 * ts->first_nonfinite before returning. May synchronise: it is the
+	 * separate mode a collapsed loss scale turns on, never the step path. */
+	LOOM_EXEC_DIAGNOSE = 1 << 1,
+	/* Gradient accumulation: ACCUM steps add (ACCUMULATE, which also
+	 * skips the collectives) or fold and clear (FOLD) their sums. */
+	LOOM_EXEC_ACCUMULATE = 1 << 2,
+	LOOM_EXEC_FOLD = 1 << 3,
+};
+
+/* Optimizer state buffers per parameter: SGD's momentum buffer, AdamW's m
+ * and v. */
+static inline int loom_optim_state_count(const loom_optim_opts *o)
+{
+	if (o->kind == LOOM_OPTIM_ADAMW)
+		return 2;
+	return o->kind == LOOM_OPTIM_SGD && o->momentum > 0 ? 1 : 0;
+}
+
+static inline void *loom_arena_ptr(const loom_arena *a, const loom_plan *pl, loom_value v)
+{
+	unsigned char *base = pl->mp.region[v] == LOOM_REGION_PERSIST ? a->persist :
+			      pl->mp.region[v] == LOOM_REGION_BUCKET ? a->bucket : a->act;
+	return base + pl->mp.offset[v];
+}
+
+/* 'P' persistent, 'B' a gradient bucket, 'A' activations: for dumps. */
+static inline char loom_region_letter(int region)
+{
+	return region == LOOM_REGION_PERSIST ? 'P' : region == LOOM_REGION_BUCKET ? 'B' : 'A';
+}
+
+static inline size_t loom_plan_value_bytes(const loom_plan *pl, loom_value v)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	return (size_t)loom_shape_numel(&n->shape) * loom_dtype_size(n->dtype);
+}
+
+/* Node v's first sibling, then the one after w (LOOM_NONE: no more). */
+static inline loom_value loom_sibling_first(const loom_plan *pl, loom_value v)
+{
+	return pl->mp.sibling ? pl->mp.sibling[v] : LOOM_NONE;
+}
+
+static inline loom_value loom_sibling_next(const loom_plan *pl, loom_value w)
+{
+	return pl->mp.sibling_next[w];
+}
+
+/* Made at an earlier node (so skipped at its own place)? */
+static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
+{
+	loom_value u = pl->g->nodes[v].made_by;
+	return u != LOOM_NONE && u < v;
+}
+
+/* Formats into err (LOOM_ERR_MAX bytes) and returns st: how backends and
+ * their op entries report. */
+loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* The one wording of a label outside [0, classes) at softmax-CE node v,
+ * for both backends. */
+loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row);
+
+#endif /* LOOM_ENGINE_PLAN_H */
