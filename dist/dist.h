@@ -45,6 +45,9 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 /* ZeRO: the state of slot s, buffer k, whole (every rank's shards), into
  * dst (numel elements of the slot's state dtype). Collective. */
 loom_status loom_zero_gather_state(loom_program *p, int s, int k, void *dst);
+/* ZeRO: the O2 master of slot s, whole (each rank updates only its
+ * shard's elements of it). Collective. */
+loom_status loom_zero_gather_master(loom_program *p, int s, void *dst);
 /* ZeRO: this rank's pieces of slot s's state buffer k from the whole src. */
 loom_status loom_zero_scatter_state(loom_program *p, int s, int k, const void *src);
 

@@ -153,24 +153,27 @@ static int64_t member_at(const loom_plan *pl, int s, int *bucket)
 }
 
 /*
- * Slot s's state buffer k, whole: every rank's shard of the slot's bucket
- * (its state, in bucket order, zero where this rank has no piece) is
- * gathered, and the slot's elements are taken from the bucket's.
+ * Slot s's state buffer k (k < 0: its O2 master), whole: every rank's shard
+ * of the slot's bucket (the values of its pieces, in bucket order, zero
+ * where this rank has no piece) is gathered, and the slot's elements are
+ * taken from the bucket's. Masters are kept whole on every rank, but only
+ * the shard's elements are updated there.
  */
-loom_status loom_zero_gather_state(loom_program *p, int s, int k, void *dst)
+static loom_status gather(loom_program *p, int s, int k, void *dst)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_param_slot *sl = &pl->params[s];
-	size_t ssz = loom_dtype_size(sl->state_dtype);
+	size_t esz = k < 0 ? loom_dtype_size(pl->g->nodes[sl->master].dtype) :
+			     loom_dtype_size(sl->state_dtype);
 	int b = -1;
 	int64_t e0 = member_at(pl, s, &b);
 	if (e0 < 0)
 		return loom_program_fail(p, LOOM_ERR_STATE, "zero: parameter %d is in no bucket", s);
 	int64_t shard = pl->buckets.b[b].count / pl->world;
 	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
-	unsigned char *mine = calloc((size_t)shard ? (size_t)shard : 1, ssz);
+	unsigned char *mine = calloc((size_t)shard ? (size_t)shard : 1, esz);
 	size_t n_all = (size_t)shard * (size_t)pl->world;
-	unsigned char *all = malloc((n_all ? n_all : 1) * ssz);
+	unsigned char *all = malloc((n_all ? n_all : 1) * esz);
 	loom_status st = LOOM_OK;
 	if (!mine || !all) {
 		st = loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory gathering state");
@@ -184,21 +187,35 @@ loom_status loom_zero_gather_state(loom_program *p, int s, int k, void *dst)
 		int64_t pe0 = member_at(pl, pc->slot, &pb);
 		if (pb != b)
 			continue;
-		st = loom_program_download(p, mine + (size_t)(pe0 + pc->off - lo) * ssz,
-					   p->arena.state + pc->state_off[k], (size_t)pc->n * ssz);
+		const unsigned char *src =
+			k >= 0 ? p->arena.state + pc->state_off[k] :
+				 (const unsigned char *)loom_value_ptr(p, pl->params[pc->slot].master) +
+					 (size_t)pc->off * esz;
+		st = loom_program_download(p, mine + (size_t)(pe0 + pc->off - lo) * esz, src,
+					   (size_t)pc->n * esz);
 	}
 	if (st != LOOM_OK)
 		goto out;
-	if (!host || (st = loom_comm_allgather(host, mine, (size_t)shard * ssz, all)) != LOOM_OK) {
+	if (!host || (st = loom_comm_allgather(host, mine, (size_t)shard * esz, all)) != LOOM_OK) {
 		st = loom_program_fail(p, host ? st : LOOM_ERR_UNSUPPORTED, "zero: gathering state: %s",
 				       loom_pg_error(pl->opts.pg));
 		goto out;
 	}
-	memcpy(dst, all + (size_t)e0 * ssz, (size_t)sl->numel * ssz);
+	memcpy(dst, all + (size_t)e0 * esz, (size_t)sl->numel * esz);
 out:
 	free(mine);
 	free(all);
 	return st;
+}
+
+loom_status loom_zero_gather_state(loom_program *p, int s, int k, void *dst)
+{
+	return gather(p, s, k, dst);
+}
+
+loom_status loom_zero_gather_master(loom_program *p, int s, void *dst)
+{
+	return gather(p, s, -1, dst);
 }
 
 loom_status loom_zero_scatter_state(loom_program *p, int s, int k, const void *src)

@@ -124,6 +124,10 @@ static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, s
 	int s, k;
 	if (p->plan.zero && state_record(p, i, &s, &k))
 		return loom_zero_gather_state(p, s, k, dst);
+	for (s = 0; p->plan.zero && s < p->plan.n_params; s++)
+		if (p->plan.params[s].master != LOOM_NONE &&
+		    addr == loom_value_ptr(p, p->plan.params[s].master))
+			return loom_zero_gather_master(p, s, dst);
 	return loom_program_download(p, dst, addr, bytes);
 }
 

@@ -128,6 +128,17 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	}
 }
 
+static void pack_unchanged(const loom_plan *pl, const loom_arena *a, const loom_optim_piece *pc)
+{
+	if (!pc->pack)
+		return;
+	const loom_param_slot *sl = &pl->params[pc->slot];
+	size_t esz = loom_dtype_size(pl->g->nodes[sl->param].dtype);
+	memcpy(a->bucket + pc->pack_off,
+	       (const unsigned char *)loom_arena_ptr(a, pl, sl->param) + (size_t)pc->off * esz,
+	       (size_t)pc->n * esz);
+}
+
 loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts,
 				 int first, int last, int finite)
 {
@@ -143,8 +154,13 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 	if (pl->scaling) {
 		if (finite < 0)
 			finite = loom_optim_grads_finite_host(pl, a, first, last);
-		if (!loom_scaler_update(&ts->scaler, !finite))
+		if (!loom_scaler_update(&ts->scaler, !finite)) {
+			/* Skipped: the all-gather still needs this shard's
+			 * parameters where the gradients were (ZeRO). */
+			for (int k = first; k < last; k++)
+				pack_unchanged(pl, a, &pl->pieces[k]);
 			return LOOM_OK;
+		}
 	}
 	for (int k = first; k < last; k++)
 		update_piece(pl, a, ts, &pl->pieces[k], inv);

@@ -218,6 +218,101 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 	return same == 1 ? 0 : 1;
 }
 
+/* ------------------------------------------------------------------ ZeRO-1 */
+
+/* The conv model compiled for plain data parallelism or ZeRO-1 (zero), with
+ * SGD (momentum 0.9) or AdamW. */
+static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level level, int adamw,
+				int zero)
+{
+	loom_compile_opts o;
+	worker_opts(&o, pg, level, adamw ? 0.01 : 0.05, 0.9);
+	if (adamw) {
+		o.optim.kind = LOOM_OPTIM_ADAMW;
+		o.optim.weight_decay = 0.01;
+	}
+	o.bucket_cap_mb = 0.002;
+	o.first_bucket_mb = 0.0005;
+	o.zero_stage = zero;
+	return loom_compile(m->g, m->loss, &o, &m->p);
+}
+
+/* 20 steps of plain data parallelism and of ZeRO-1 side by side on the same
+ * batches: the parameters after every step equal bit for bit, the same on
+ * every rank, and ZeRO's optimizer state is this rank's shard (about 1 /
+ * world of plain's). */
+static int zero_equal(loom_pg *pg, const char *lv, int adamw)
+{
+	worker_model d, z;
+	loom_status st;
+	build(&d, 4, 1);
+	build(&z, 4, 1);
+	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0)))
+		return worker_fail("compile (plain)", st, loom_last_error());
+	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1)))
+		return worker_fail("compile (zero)", st, loom_last_error());
+	double worst = 0;
+	for (int s = 0; s < 20; s++) {
+		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step (plain)", st, loom_program_error(d.p));
+		if ((st = feed(&z, s, rank, world, 0)) || (st = loom_run(z.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step (zero)", st, loom_program_error(z.p));
+		double r = worker_param_rel_diff(&z, &d);
+		if (r > worst)
+			worst = r;
+		if (worker_same_everywhere(pg, worker_param_hash(&z)) != 1) {
+			printf("rank %d: DIFFER zero across ranks after step %d\n", rank, s + 1);
+			return 1;
+		}
+	}
+	loom_program_info a, b;
+	loom_program_info_get(d.p, &a);
+	loom_program_info_get(z.p, &b);
+	int exact = worker_param_hash(&z) == worker_param_hash(&d);
+	int moved = loom_step_count(z.p) == loom_step_count(d.p) && loom_step_count(z.p) > 10;
+	int shard = b.optim_state_bytes * world <= a.optim_state_bytes + 64 * 16 * world &&
+		    b.optim_state_bytes < a.optim_state_bytes;
+	printf("rank %d: %s zero %s %s world %d steps %lld: %s to plain (max relative difference "
+	       "%.3g), optimizer state %zu of %zu bytes\n",
+	       rank, exact && moved && shard ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
+	       (long long)loom_step_count(z.p), exact ? "bit-identical" : "DIFFERENT", worst,
+	       b.optim_state_bytes, a.optim_state_bytes);
+	loom_program_free(d.p);
+	loom_program_free(z.p);
+	loom_graph_free(d.g);
+	loom_graph_free(z.g);
+	return exact && moved && shard ? 0 : 1;
+}
+
+/* Checkpoints with ZeRO (conv model, AdamW, O2): `zsave PATH K Z` trains K
+ * steps (Z: zero stage) and saves (every rank under ZeRO, rank 0 without);
+ * `zload PATH Z` loads, trains 3 more steps and prints the hash, the same
+ * on every rank. */
+static int zckpt(loom_pg *pg, const char *what, const char *path, int k, int zero)
+{
+	worker_model m;
+	build(&m, 4, 1);
+	loom_status st = compile_zero(&m, pg, LOOM_O2, 1, zero);
+	if (st)
+		return worker_fail("compile", st, loom_last_error());
+	int load = strcmp(what, "zload") == 0;
+	if (load && (st = loom_load(m.p, path)))
+		return worker_fail("load", st, loom_program_error(m.p));
+	int s0 = (int)loom_step_count(m.p);
+	for (int s = s0; s < (load ? s0 + 3 : k); s++)
+		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(m.p));
+	if (!load && (zero || rank == 0) && (st = loom_save(m.p, path)))
+		return worker_fail("save", st, loom_program_error(m.p));
+	int same = worker_same_everywhere(pg, worker_param_hash(&m));
+	printf("rank %d: %s %s zero %d world %d step %lld hash %016llx\n", rank,
+	       same == 1 ? "OK" : "DIFFER", what, zero, world, (long long)loom_step_count(m.p),
+	       (unsigned long long)worker_param_hash(&m));
+	loom_program_free(m.p);
+	loom_graph_free(m.g);
+	return same == 1 ? 0 : 1;
+}
+
 /* ------------------------------------------------------- sync batch norm */
 
 /* examples/models.h's ConvNet at batch b, compiled for SGD (no momentum). */
@@ -591,6 +686,12 @@ int main(int argc, char **argv)
 		rc = die(pg);
 	else if (strcmp(s, "overflow") == 0)
 		rc = overflow(pg);
+	else if (strcmp(s, "zero") == 0 && argc > 3)
+		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0);
+	else if (strcmp(s, "zsave") == 0 && argc > 4)
+		rc = zckpt(pg, s, argv[2], atoi(argv[3]), atoi(argv[4]));
+	else if (strcmp(s, "zload") == 0 && argc > 3)
+		rc = zckpt(pg, s, argv[2], 0, atoi(argv[3]));
 	else if ((strcmp(s, "save") == 0 && argc > 3) || (strcmp(s, "load") == 0 && argc > 2))
 		rc = ckpt(pg, s, argv[2], argc > 3 ? atoi(argv[3]) : 0);
 	else {

@@ -4,7 +4,8 @@
 # after every step (O0, O2; 2 and 3 ranks), N ranks at batch B equal to one
 # process at batch N*B, a plan mismatch and a killed rank reported by every
 # rank, an overflow on one rank skipped by all, checkpoints across world
-# sizes, synchronised batch norm. Prints "N passed, N failed".
+# sizes, synchronised batch norm, ZeRO-1 against plain data parallelism and
+# its checkpoints. Prints "N passed, N failed".
 set -u
 W=$1
 EX=${2:-}
@@ -95,6 +96,44 @@ a=$("${MPIRUN[@]}" -np 2 "$W" save "$tmp/w2.ckpt" 5 2>&1)
 b=$("$W" load "$tmp/w2.ckpt" 2>&1)
 h=$(hash_of "$a" save)
 check "resume 2 -> 1: world 2's parameters at step 5" "$b" "OK load world 1 step 5 hash ${h:-none}" 1
+
+# ZeRO-1 (loom_compile_opts.zero_stage): 20 steps side by side with plain
+# data parallelism, bit for bit, at 2 and 3 ranks, O0 and O2, SGD and AdamW.
+for n in 2 3; do
+	for lv in O0 O2; do
+		for op in sgd adamw; do
+			out=$("${MPIRUN[@]}" -np $n "$W" zero $lv $op 2>&1)
+			check "zero 1, $n ranks $lv $op: 20 steps bit-identical to plain DDP, on every rank" \
+				"$out" "OK zero $lv $op world $n steps [0-9]*: bit-identical" $n
+		done
+	done
+done
+# ZeRO checkpoints are plain DDP's: the same file at the same step; a ZeRO
+# file resumes without ZeRO at world 1, a plain file with ZeRO at world 3
+# exactly as without, and a ZeRO file at another world size with ZeRO.
+zhash() { sed -n "s/.*rank 0: OK zload zero $2 world $3 step [0-9]* hash \([0-9a-f]*\).*/\1/p" <<<"$1"; }
+a=$("${MPIRUN[@]}" -np 2 "$W" zsave "$tmp/z2.ckpt" 5 1 2>&1)
+b=$("${MPIRUN[@]}" -np 2 "$W" zsave "$tmp/p2.ckpt" 5 0 2>&1)
+check "zero 1 save: every rank took part" "$a" "OK zsave zero 1 world 2 step 5" 2
+out=$(cmp "$tmp/z2.ckpt" "$tmp/p2.ckpt" 2>&1 && echo SAME)
+check "zero 1 save at 2 ranks (O2 masters, AdamW moments): the same bytes as plain DDP's" "$out" "^SAME" 1
+"${MPIRUN[@]}" -np 3 "$W" zsave "$tmp/z3.ckpt" 5 1 >/dev/null 2>&1
+"${MPIRUN[@]}" -np 3 "$W" zsave "$tmp/p3.ckpt" 5 0 >/dev/null 2>&1
+out=$(cmp "$tmp/z3.ckpt" "$tmp/p3.ckpt" 2>&1 && echo SAME)
+check "zero 1 save at 3 ranks: the same bytes as plain DDP's" "$out" "^SAME" 1
+out=$("$W" zload "$tmp/z2.ckpt" 0 2>&1)
+check "resume zero (2 ranks) -> plain (1 rank): step 8" "$out" "OK zload zero 0 world 1 step 8" 1
+"$W" zsave "$tmp/p1.ckpt" 5 0 >/dev/null 2>&1
+a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 1 2>&1)
+b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 0 2>&1)
+h=$(zhash "$b" 0 3)
+check "resume plain (1 rank) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
+	"OK zload zero 1 world 3 step [0-9]* hash ${h:-none}" 3
+a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z2.ckpt" 1 2>&1)
+b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z2.ckpt" 0 2>&1)
+h=$(zhash "$b" 0 3)
+check "resume zero 1 (2 ranks) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
+	"OK zload zero 1 world 3 step [0-9]* hash ${h:-none}" 3
 
 # The example at 2 ranks on Fashion-MNIST: the launcher, mpirun and
 # torchrun's variables; a resume at world 1 continues at the same sample.
