@@ -15,6 +15,7 @@
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
+#include "graph/ops/ops.h"
 
 static __thread char last_error[512];
 
@@ -85,10 +86,16 @@ static loom_status check_optim(const loom_optim_opts *o)
 	return LOOM_OK;
 }
 
+const loom_backend *loom_test_backend;
+
 /* Chooses the backend: CUDA when asked or found, else the CPU with one
  * notice when the user left it to us. */
 static loom_status pick_backend(loom_program *p)
 {
+	if (loom_test_backend) {
+		p->be = loom_test_backend;
+		return LOOM_OK;
+	}
 	int have_cuda = loom_cuda_available();
 	switch (p->plan.opts.device) {
 	case LOOM_DEVICE_CUDA:
@@ -751,6 +758,45 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " (sync)");
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
+		fprintf(out, "\n");
+	}
+	loom_program_dump_steps(p, out);
+}
+
+void loom_program_dump_steps(const loom_program *p, FILE *out)
+{
+	static const char *const phase[] = { "forward", "backward", "optimizer" };
+	const loom_plan *pl = &p->plan;
+	fprintf(out, "steps: %d (forward [0, %d), backward [%d, %d), optimizer [%d, %d))%s\n",
+		pl->n_steps, pl->n_fwd_steps, pl->n_fwd_steps, pl->n_grad_steps, pl->n_grad_steps,
+		pl->n_steps, pl->zero ? ", zero 1" : "");
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		fprintf(out, "%4d %-10s %-9s %-7s", i, loom_step_kind_name(s->kind), phase[s->phase],
+			s->stream == LOOM_STREAM_COMM ? "comm" : "compute");
+		switch (s->kind) {
+		case LOOM_STEP_NODE:
+			fprintf(out, " node %d %s%s", (int)s->v, loom_op_defs[pl->g->nodes[s->v].op]->name,
+				s->noop ? " (nothing to run)" : "");
+			break;
+		case LOOM_STEP_COLLECTIVE:
+			fprintf(out, " %s bucket %d (%lld %s)", loom_coll_name(s->coll), s->index,
+				(long long)pl->buckets.b[s->index].count,
+				loom_dtype_name(pl->buckets.b[s->index].dtype));
+			break;
+		case LOOM_STEP_ACCUM:
+			fprintf(out, " segment %d (%lld elements)", s->index,
+				(long long)pl->accum[s->index].count);
+			break;
+		case LOOM_STEP_OPTIM:
+			fprintf(out, " pieces [%d, %d) of %d parameters", s->first, s->last, pl->n_params);
+			break;
+		case LOOM_STEP_COPY:
+			fprintf(out, " bucket %d into its parameters", s->index);
+			break;
+		default:
+			break;
+		}
 		fprintf(out, "\n");
 	}
 }

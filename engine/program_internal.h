@@ -9,6 +9,7 @@
 #define LOOM_ENGINE_PROGRAM_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdio.h>
 
 #include "engine/backend.h"
 #include "engine/plan.h"
@@ -100,6 +101,12 @@ void loom_exec_free(loom_exec *x);
 /* Whether the backend runs every node a step runs; else the message names
  * the first node it refuses, with its dtypes and shapes. */
 loom_status loom_exec_check_support(loom_program *p);
+
+/* Test hook: while set, loom_compile runs every program on this backend. */
+extern const loom_backend *loom_test_backend;
+
+/* The step list, one line per step (loom_program_dump ends with it). */
+void loom_program_dump_steps(const loom_program *p, FILE *out);
 
 /* Host-side initialisation of parameters and buffers (PyTorch's defaults),
  * into a host buffer of the value's dtype. */

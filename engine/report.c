@@ -50,6 +50,40 @@ static void dot_escape(char *s)
 			*s = '\'';
 }
 
+/* The steps that are not nodes, in the executor's order: each collective
+ * hangs off its bucket's node on the comm stream; the rest are listed. */
+static void dot_steps(const loom_program *p, FILE *out)
+{
+	const loom_plan *pl = &p->plan;
+	int listed = 0;
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind == LOOM_STEP_COLLECTIVE)
+			fprintf(out, "  s%d [shape=ellipse, fillcolor=\"#d3f9d8\", label=\"step %d: %s "
+				     "bucket %d\\ncomm stream\"];\n  n%d -> s%d [style=dashed];\n",
+				i, i, loom_coll_name(s->coll), s->index, (int)s->v, i);
+		listed += s->kind != LOOM_STEP_NODE;
+	}
+	if (!listed)
+		return;
+	fprintf(out, "  steps [shape=note, fillcolor=\"#f1f3f5\", label=\"steps besides the nodes "
+		     "(%d in all)\\l", pl->n_steps);
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind == LOOM_STEP_NODE)
+			continue;
+		fprintf(out, "%d: %s", i, loom_step_kind_name(s->kind));
+		if (s->kind == LOOM_STEP_COLLECTIVE)
+			fprintf(out, " %s bucket %d", loom_coll_name(s->coll), s->index);
+		else if (s->kind == LOOM_STEP_ACCUM || s->kind == LOOM_STEP_COPY)
+			fprintf(out, " %d", s->index);
+		else if (s->kind == LOOM_STEP_OPTIM)
+			fprintf(out, " pieces [%d, %d)", s->first, s->last);
+		fprintf(out, "\\l");
+	}
+	fprintf(out, "\"];\n");
+}
+
 void loom_program_dump_dot(const loom_program *p, FILE *out)
 {
 	char lb[96], sh[96];
@@ -98,6 +132,7 @@ void loom_program_dump_dot(const loom_program *p, FILE *out)
 			fprintf(out, "  n%d -> n%d [style=dotted, arrowhead=none, label=\"same call\"];\n",
 				(int)n->made_by, v);
 	}
+	dot_steps(p, out);
 	fprintf(out, "}\n");
 }
 
@@ -126,7 +161,8 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	mib_line(out, "parameters", info.param_bytes, NULL);
 	mib_line(out, "master weights (fp32)", info.master_bytes, NULL);
 	mib_line(out, "gradients", info.grad_bytes, NULL);
-	mib_line(out, "optimizer state", info.optim_state_bytes, NULL);
+	snprintf(note, sizeof(note), "(ZeRO-1: this rank's shard, 1/%d)", p->plan.world);
+	mib_line(out, "optimizer state", info.optim_state_bytes, p->plan.zero ? note : NULL);
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
 		 info.activation_naive_bytes / 1048576.0);
