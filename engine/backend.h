@@ -132,7 +132,9 @@ typedef struct loom_backend {
 
 extern const loom_backend loom_cpu_backend;
 
-/* The CUDA backend, or NULL in a build without one. */
+/* The CUDA backend (engine/cuda/backend.cu). It lives in libloom_cuda.so:
+ * the engine reaches it through the plugin's table (base/cuda_plugin.h),
+ * never by this name, which only the plugin itself links against. */
 const loom_backend *loom_cuda_backend_get(void);
 
 #endif /* LOOM_ENGINE_BACKEND_H */
