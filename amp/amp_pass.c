@@ -18,11 +18,6 @@ static int is_half(loom_dtype dt)
 	return dt == LOOM_F16 || dt == LOOM_BF16;
 }
 
-static int is_float(loom_dtype dt)
-{
-	return dt == LOOM_F32 || dt == LOOM_F64 || is_half(dt);
-}
-
 int loom_amp_uses_scaling(const loom_amp_opts *o)
 {
 	if (o->static_scale > 0)
@@ -102,7 +97,7 @@ static loom_value *cast_slot(pass *ps, loom_value v, loom_dtype dt)
 static loom_value as_dtype(pass *ps, loom_value v, loom_dtype dt)
 {
 	loom_graph *g = ps->dst;
-	if (v == LOOM_NONE || g->nodes[v].dtype == dt || !is_float(g->nodes[v].dtype))
+	if (v == LOOM_NONE || g->nodes[v].dtype == dt || !loom_is_float(g->nodes[v].dtype))
 		return v;
 	loom_value *slot = cast_slot(ps, v, dt);
 	if (!slot)

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/splitmix.h"
 #include "data_internal.h"
 #include "loom_data.h"
 
@@ -175,11 +176,7 @@ loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes, uin
 	/* splitmix64: the same bytes for the same seed on every machine. */
 	uint64_t s = seed;
 	for (int64_t i = 0; i < n; i++) {
-		s += 0x9e3779b97f4a7c15ull;
-		uint64_t z = s;
-		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-		z ^= z >> 31;
+		uint64_t z = loom_splitmix64(&s);
 		ds->labels[i] = (int32_t)(z % (uint64_t)classes);
 		for (size_t k = 0; k < per; k++) {
 			z ^= z << 13, z ^= z >> 7, z ^= z << 17;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/splitmix.h"
 #include "data_internal.h"
 #include "loom_data.h"
 
@@ -22,16 +23,6 @@ struct loom_sampler {
 	char error[LOOM_DATA_ERRLEN];
 };
 
-/* splitmix64 (Steele, Lea, Flood 2014): tiny, full period, and good enough to
- * drive a shuffle; libc rand() is neither portable nor reproducible. */
-static uint64_t splitmix64(uint64_t *state)
-{
-	uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-	return z ^ (z >> 31);
-}
 
 /* A uniform draw from [0, bound): rejecting the low 2^64 mod bound values
  * removes the modulo bias that would favour small indices. */
@@ -41,7 +32,7 @@ static uint64_t sampler_below(uint64_t *state, uint64_t bound)
 	uint64_t r;
 
 	do
-		r = splitmix64(state);
+		r = loom_splitmix64(state);
 	while (r < threshold);
 	return r % bound;
 }
@@ -58,8 +49,8 @@ static void sampler_permute(loom_sampler *s)
 		s->perm[i] = i;
 	if (!s->shuffle)
 		return;
-	state = splitmix64(&mix) ^ (uint64_t)s->epoch;
-	(void)splitmix64(&state);
+	state = loom_splitmix64(&mix) ^ (uint64_t)s->epoch;
+	(void)loom_splitmix64(&state);
 	for (i = s->n - 1; i > 0; i--) {
 		int64_t j = (int64_t)sampler_below(&state, (uint64_t)i + 1);
 		int64_t t = s->perm[i];

@@ -7,16 +7,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/splitmix.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
 
-static uint64_t splitmix64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
 
 static uint64_t name_hash(const char *s, size_t len)
 {
@@ -48,7 +42,7 @@ void loom_init_value(const loom_graph *g, loom_value v, void *dst)
 		case LOOM_INIT_KAIMING_UNIFORM:
 		case LOOM_INIT_UNIFORM_FAN_IN:
 			/* 53 random bits -> [0, 1) -> [-bound, bound) */
-			x = ((splitmix64(&state) >> 11) * 0x1.0p-53 * 2 - 1) * bound;
+			x = ((loom_splitmix64(&state) >> 11) * 0x1.0p-53 * 2 - 1) * bound;
 			break;
 		default:
 			x = 0;

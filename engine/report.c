@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/program_internal.h"
+#include "graph/ops/ops.h"
 
 /* Fill colours by precision: fp32 blue, fp16 orange, bf16 gold. */
 static const char *dtype_colour(loom_dtype dt)
@@ -23,11 +24,6 @@ static const char *dtype_colour(loom_dtype dt)
 	default:
 		return "#ffffff";
 	}
-}
-
-static int is_leaf(loom_op op)
-{
-	return op == LOOM_OP_INPUT || op == LOOM_OP_PARAM || op == LOOM_OP_BUFFER;
 }
 
 /* The fusion a node carries, or NULL. */
@@ -68,18 +64,35 @@ static void dot_steps(const loom_program *p, FILE *out)
 		return;
 	fprintf(out, "  steps [shape=note, fillcolor=\"#f1f3f5\", label=\"steps besides the nodes "
 		     "(%d in all)\\l", pl->n_steps);
+	/* A run of steps of one kind (every gradient's accumulation, every
+	 * bucket's all-gather) is one line. */
 	for (int i = 0; i < pl->n_steps; i++) {
 		const loom_step *s = &pl->steps[i];
 		if (s->kind == LOOM_STEP_NODE)
 			continue;
-		fprintf(out, "%d: %s", i, loom_step_kind_name(s->kind));
+		int j = i;
+		while (j + 1 < pl->n_steps && pl->steps[j + 1].kind == s->kind &&
+		       pl->steps[j + 1].coll == s->coll && s->kind != LOOM_STEP_OPTIM &&
+		       s->kind != LOOM_STEP_WAIT)
+			j++;
+		if (j > i)
+			fprintf(out, "%d-%d: %s", i, j, loom_step_kind_name(s->kind));
+		else
+			fprintf(out, "%d: %s", i, loom_step_kind_name(s->kind));
 		if (s->kind == LOOM_STEP_COLLECTIVE)
-			fprintf(out, " %s bucket %d", loom_coll_name(s->coll), s->index);
-		else if (s->kind == LOOM_STEP_ACCUM || s->kind == LOOM_STEP_COPY)
-			fprintf(out, " %d", s->index);
+			fprintf(out, " %s", loom_coll_name(s->coll));
+		if (s->kind == LOOM_STEP_ACCUM || s->kind == LOOM_STEP_COPY ||
+		    s->kind == LOOM_STEP_COLLECTIVE)
+		{
+			if (j > i)
+				fprintf(out, " %d..%d", s->index, pl->steps[j].index);
+			else
+				fprintf(out, " %d", s->index);
+		}
 		else if (s->kind == LOOM_STEP_OPTIM)
 			fprintf(out, " pieces [%d, %d)", s->first, s->last);
 		fprintf(out, "\\l");
+		i = j;
 	}
 	fprintf(out, "\"];\n");
 }
@@ -113,7 +126,7 @@ void loom_program_dump_dot(const loom_program *p, FILE *out)
 		fprintf(out, "\\n%c+%zu\", fillcolor=\"%s\"",
 			loom_region_letter(p->plan.mp.region[v]), p->plan.mp.offset[v],
 			dtype_colour(n->dtype));
-		if (is_leaf(n->op))
+		if (loom_op_is_leaf(n->op))
 			fprintf(out, ", shape=%s", n->op == LOOM_OP_INPUT ? "invhouse" : "cylinder");
 		if (fused || loom_made_earlier(&p->plan, v))
 			fprintf(out, ", penwidth=2.5, color=\"#c92a2a\"");

@@ -158,6 +158,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
 	o.pg = t->pg;
 	o.sync_bn = a->sync_bn;
+	o.zero_stage = a->zero;
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
 		fprintf(stderr, "%s: --batch-size %d needs more memory than there is: %s\n", name,
@@ -190,7 +191,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	if (t->world > 1)
 		printf("data parallel: %d ranks (%s), global batch %d%s\n", t->world,
 		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world,
-		       a->sync_bn ? ", synchronised batch norm" : "");
+		       a->sync_bn ? ", synchronised batch norm" : a->zero ? ", ZeRO-1" : "");
 	if (a->accumulate > 1)
 		printf("gradient accumulation: %d micro-batches per step, %d images per update\n",
 		       a->accumulate, a->accumulate * a->batch * t->world);
@@ -406,15 +407,18 @@ static int cursor_load(const char *ckpt, int64_t *epoch, int64_t *samples)
 	return 0;
 }
 
-/* Rank 0 writes the checkpoint and its cursor; every rank loads them. */
+/* Rank 0 writes the checkpoint and its cursor; every rank loads them.
+ * Under ZeRO every rank takes part in the save (its shard is gathered). */
 static int save(train_run *t, int64_t epoch, int64_t samples, int64_t step)
 {
-	if (t->rank != 0)
+	if (t->rank != 0 && !(t->a.zero && t->world > 1))
 		return 0;
 	if (loom_save(t->p, t->a.checkpoint) != LOOM_OK) {
 		fprintf(stderr, "%s: %s\n", t->prog->name, loom_program_error(t->p));
 		return -1;
 	}
+	if (t->rank != 0)
+		return 0;
 	if (cursor_save(t->a.checkpoint, epoch, samples)) {
 		fprintf(stderr, "%s: %s.cursor: %s\n", t->prog->name, t->a.checkpoint,
 			strerror(errno));

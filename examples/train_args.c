@@ -141,6 +141,8 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --dry-run            compile, print the above, and stop before step 1\n"
 		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
 		"                       (all ranks), as torch's SyncBatchNorm\n"
+		"  --zero N             ZeRO stage 0 or 1: with 1, each rank keeps the optimizer\n"
+		"                       state of its shard only (data parallel; default 0)\n"
 		"  --trace FILE.json    Chrome/Perfetto trace of --trace-steps steps after the first\n"
 		"                       (one track per rank; open in ui.perfetto.dev)\n"
 		"  --trace-steps N      steps the trace records (default %d)\n"
@@ -183,7 +185,7 @@ enum {
 	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
-	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS,
+	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_ZERO,
 };
 
 /* Every flag and the group that brings it. */
@@ -228,6 +230,7 @@ static const struct {
 	{ TRAIN_FLAGS_CIFAR, { "lr-schedule", required_argument, 0, O_SCHED } },
 	{ TRAIN_FLAGS_CIFAR, { "warmup-epochs", required_argument, 0, O_WARMUP_EP } },
 	{ TRAIN_FLAGS_COMMON, { "sync-bn", no_argument, 0, O_SYNCBN } },
+	{ TRAIN_FLAGS_COMMON, { "zero", required_argument, 0, O_ZERO } },
 	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
 	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
 	{ TRAIN_FLAGS_COMMON, { "trace-steps", required_argument, 0, O_TRACE_STEPS } },
@@ -373,6 +376,10 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		break;
 	case O_NOAUG: a->augment = 0; break;
 	case O_SYNCBN: a->sync_bn = 1; break;
+	case O_ZERO:
+		if (parse_int("--zero", arg, 0, 1, &l, msg, msglen)) return -1;
+		a->zero = (int)l;
+		break;
 	case O_ACCUM:
 		if (parse_int("--accumulate", arg, 1, 1 << 16, &l, msg, msglen)) return -1;
 		a->accumulate = (int)l;

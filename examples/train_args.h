@@ -60,6 +60,7 @@ typedef struct train_args {
 
 	/* data parallel and the picture */
 	int sync_bn;           /* batch-norm statistics over the global batch */
+	int zero;              /* ZeRO stage (loom_compile_opts.zero_stage) */
 	int accumulate;        /* micro-batches per optimizer step (DDP's no_sync), 1: none */
 	const char *trace;     /* Chrome trace file, NULL: none */
 	int trace_steps;       /* steps the trace records, after the run's first */

@@ -3,7 +3,8 @@
  * loom_op_build checks the sources, runs the op's shape rule (graph/ops/)
  * and appends the node. On bad input it sets the graph's sticky error,
  * naming the op and the shapes, and returns LOOM_NONE; every later call on
- * that graph then returns LOOM_NONE too. The layer helpers live here too.
+ * that graph then returns LOOM_NONE too. The layer helpers (a layer's
+ * parameters plus its op) are in graph/layers.c.
  */
 #include <stdio.h>
 #include <string.h>
@@ -134,90 +135,4 @@ loom_value loom_op_build(loom_graph *g, loom_node *n)
 	g->nodes[v].a = n->a;
 	memcpy(g->nodes[v].name, n->name, LOOM_NAME_MAX);
 	return v;
-}
-
-static int want_ndim(loom_graph *g, loom_value v, int ndim, const char *op,
-		     const char *what)
-{
-	char b[96];
-	if (N(g, v)->shape.ndim != ndim) {
-		loom_graph_fail(g, LOOM_ERR_SHAPE, "%s: %s must have %d dims, got %s", op,
-				what, ndim, SH(v, b));
-		return 0;
-	}
-	return 1;
-}
-
-/* ------------------------------------------------------------------ layers */
-
-static loom_value layer_param(loom_graph *g, const char *layer, const char *what,
-			      loom_dtype dt, int ndim, const int64_t *dims, loom_init init,
-			      int64_t fan_in, int buffer)
-{
-	char name[LOOM_NAME_MAX];
-	if (!layer || strlen(layer) + strlen(what) + 2 > LOOM_NAME_MAX)
-		return loom_graph_fail(g, LOOM_ERR_INVALID, "layer name '%s' missing or too long",
-				       layer ? layer : "(null)");
-	snprintf(name, sizeof(name), "%s.%s", layer, what);
-	if (buffer)
-		return loom_buffer(g, name, dt, ndim, dims, init);
-	return loom_param(g, name, dt, ndim, dims, init, fan_in);
-}
-
-loom_value loom_layer_conv2d(loom_graph *g, const char *name, loom_value x,
-			     int out_channels, int kernel, int stride, int pad, int bias)
-{
-	if (!g || !loom_check_value(g, x, "conv2d layer", "input") ||
-	    !want_ndim(g, x, 4, "conv2d layer", "input"))
-		return LOOM_NONE;
-	if (out_channels < 1 || kernel < 1)
-		return loom_graph_fail(g, LOOM_ERR_INVALID, "conv2d '%s': %d channels, kernel %d",
-				       name ? name : "?", out_channels, kernel);
-	loom_dtype dt = N(g, x)->dtype;
-	int64_t cin = N(g, x)->shape.dims[1];
-	int64_t wd[4] = { out_channels, cin, kernel, kernel };
-	int64_t fan_in = cin * kernel * kernel;
-	loom_value w = layer_param(g, name, "weight", dt, 4, wd, LOOM_INIT_KAIMING_UNIFORM,
-				   fan_in, 0);
-	loom_value b = LOOM_NONE;
-	if (bias) {
-		int64_t bd[1] = { out_channels };
-		b = layer_param(g, name, "bias", dt, 1, bd, LOOM_INIT_UNIFORM_FAN_IN, fan_in, 0);
-	}
-	return loom_set_name(g, loom_conv2d(g, x, w, b, stride, pad), name);
-}
-
-loom_value loom_layer_batchnorm2d(loom_graph *g, const char *name, loom_value x)
-{
-	if (!g || !loom_check_value(g, x, "batchnorm2d layer", "input") ||
-	    !want_ndim(g, x, 4, "batchnorm2d layer", "input"))
-		return LOOM_NONE;
-	loom_dtype dt = N(g, x)->dtype;
-	int64_t c[1] = { N(g, x)->shape.dims[1] };
-	loom_value gm = layer_param(g, name, "weight", dt, 1, c, LOOM_INIT_ONES, 0, 0);
-	loom_value bt = layer_param(g, name, "bias", dt, 1, c, LOOM_INIT_ZEROS, 0, 0);
-	loom_value rm = layer_param(g, name, "running_mean", dt, 1, c, LOOM_INIT_ZEROS, 0, 1);
-	loom_value rv = layer_param(g, name, "running_var", dt, 1, c, LOOM_INIT_ONES, 0, 1);
-	return loom_set_name(g, loom_batchnorm2d(g, x, gm, bt, rm, rv, 0.1, 1e-5), name);
-}
-
-loom_value loom_layer_linear(loom_graph *g, const char *name, loom_value x,
-			     int out_features, int bias)
-{
-	if (!g || !loom_check_value(g, x, "linear layer", "input") ||
-	    !want_ndim(g, x, 2, "linear layer", "input"))
-		return LOOM_NONE;
-	if (out_features < 1)
-		return loom_graph_fail(g, LOOM_ERR_INVALID, "linear '%s': %d output features",
-				       name ? name : "?", out_features);
-	loom_dtype dt = N(g, x)->dtype;
-	int64_t in = N(g, x)->shape.dims[1];
-	int64_t wd[2] = { out_features, in };
-	loom_value w = layer_param(g, name, "weight", dt, 2, wd, LOOM_INIT_KAIMING_UNIFORM, in, 0);
-	loom_value b = LOOM_NONE;
-	if (bias) {
-		int64_t bd[1] = { out_features };
-		b = layer_param(g, name, "bias", dt, 1, bd, LOOM_INIT_UNIFORM_FAN_IN, in, 0);
-	}
-	return loom_set_name(g, loom_linear(g, x, w, b), name);
 }

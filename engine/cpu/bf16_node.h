@@ -5,7 +5,7 @@
 #ifndef LOOM_ENGINE_CPU_BF16_NODE_H
 #define LOOM_ENGINE_CPU_BF16_NODE_H
 
-#include "engine/program_internal.h"
+#include "engine/plan.h"
 
 /*
  * Runs node v on native bf16 kernels if it is a conv, linear or matmul with

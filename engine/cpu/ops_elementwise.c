@@ -6,6 +6,7 @@
  */
 #include <math.h>
 
+#include "engine/gelu.h"
 #include "amp/half.h"
 #include "engine/cpu/ops.h"
 #include "engine/elem.h"
@@ -39,22 +40,16 @@ loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_
 
 static void gelu_f32(int64_t n, const float *x, const float *dy, float *y)
 {
-	const float k = (float)(0.5 * M_2_SQRTPI * M_SQRT1_2); /* 1 / sqrt(2 pi) */
 #pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
-	for (int64_t i = 0; i < n; i++) {
-		float cdf = 0.5f * (1.0f + erff(x[i] * (float)M_SQRT1_2));
-		y[i] = dy ? dy[i] * (cdf + x[i] * k * expf(-0.5f * x[i] * x[i])) : x[i] * cdf;
-	}
+	for (int64_t i = 0; i < n; i++)
+		y[i] = loom_gelu_f32(x[i], dy ? dy[i] : 0.0f, dy != NULL);
 }
 
 static void gelu_f64(int64_t n, const double *x, const double *dy, double *y)
 {
-	const double k = 0.5 * M_2_SQRTPI * M_SQRT1_2;
 #pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
-	for (int64_t i = 0; i < n; i++) {
-		double cdf = 0.5 * (1.0 + erf(x[i] * M_SQRT1_2));
-		y[i] = dy ? dy[i] * (cdf + x[i] * k * exp(-0.5 * x[i] * x[i])) : x[i] * cdf;
-	}
+	for (int64_t i = 0; i < n; i++)
+		y[i] = loom_gelu_f64(x[i], dy ? dy[i] : 0.0, dy != NULL);
 }
 
 static void gelu(const loom_plan *plan, loom_value v, const loom_cpu_io *io, int bwd)

@@ -26,6 +26,7 @@
 extern "C" {
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h" /* loom_cuda_test_library_use reads the program */
+#include "graph/ops/ops.h"
 #include "engine/trace.h"
 }
 
@@ -110,10 +111,6 @@ extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn
 	}
 }
 
-static int is_leaf(const loom_node *n)
-{
-	return n->op == LOOM_OP_INPUT || n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER;
-}
 
 /* ------------------------------------------------------------ context */
 
@@ -645,7 +642,7 @@ static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value 
 		const loom_node *n = &p->g->nodes[w];
 		if (w != v && !loom_cuda_plan_makes(&c->plans[v], w))
 			continue;
-		if (is_leaf(n) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w)
+		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w)
 			continue;
 		st = LOOM_CUDA_CHECK(cudaMemsetAsync(loom_arena_ptr(c->arena, p, w), 0xff,
 						     loom_plan_value_bytes(p, w), c->stream),

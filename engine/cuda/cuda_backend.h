@@ -1,7 +1,7 @@
 /*
  * engine/cuda/cuda_backend.h — what the CUDA backend shows outside engine/:
  * a test hook. The backend itself is reached through loom_cuda_backend_get()
- * (engine/program_internal.h), NULL in a build without the toolkit.
+ * (engine/backend.h), NULL in a build without the toolkit.
  */
 #ifndef LOOM_ENGINE_CUDA_BACKEND_H
 #define LOOM_ENGINE_CUDA_BACKEND_H

@@ -5,6 +5,7 @@
  * engine/cpu/bn_impl.h, run_cast and GRAD_SEED in engine/cpu/backend.c.
  * Every kernel reads any float dtype as fp32 and rounds its result once.
  */
+#include "engine/gelu.h"
 #include "engine/cuda/dtype.cuh"
 
 // ----------------------------------------------------------------------------
@@ -40,12 +41,8 @@ __global__ void loom_gelu_kernel(const void *x, int xdt, const void *dy, int dyd
 {
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
-		float v = loom_ld(x, xdt, i);
-		float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-		float out = dy ? loom_ld(dy, dydt, i) *
-					 (cdf + v * 0.39894228040143268f * expf(-0.5f * v * v)) :
-				 v * cdf;
-		loom_st(y, ydt, i, out);
+		float g = dy ? loom_ld(dy, dydt, i) : 0.0f;
+		loom_st(y, ydt, i, loom_gelu_f32(loom_ld(x, xdt, i), g, dy != NULL));
 	}
 }
 

@@ -90,6 +90,7 @@ const loom_op_def loom_op_bn_bwd_data = {
 	.kind = LOOM_OPK_BACKWARD,
 	.attrs = LOOM_ATTRS_BN,
 	.src_names = { "input", "weight", "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_bn_bwd_gamma = {
@@ -97,4 +98,5 @@ const loom_op_def loom_op_bn_bwd_gamma = {
 	.kind = LOOM_OPK_BACKWARD,
 	.attrs = LOOM_ATTRS_BN,
 	.src_names = { "input", "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

@@ -11,4 +11,5 @@ const loom_op_def loom_op_allreduce = {
 	.kind = LOOM_OPK_BACKWARD, /* made after autodiff, never differentiated */
 	.attrs = LOOM_ATTRS_AR,
 	.src_names = { "grad", "grad", "grad", "grad", "grad" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

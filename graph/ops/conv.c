@@ -77,6 +77,7 @@ const loom_op_def loom_op_conv2d_bwd_data = {
 	.kind = LOOM_OPK_BACKWARD,
 	.attrs = LOOM_ATTRS_CONV,
 	.src_names = { "dy", "weight" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_conv2d_bwd_filter = {
@@ -84,4 +85,5 @@ const loom_op_def loom_op_conv2d_bwd_filter = {
 	.kind = LOOM_OPK_BACKWARD,
 	.attrs = LOOM_ATTRS_CONV,
 	.src_names = { "dy", "input" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

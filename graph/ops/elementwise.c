@@ -92,12 +92,14 @@ const loom_op_def loom_op_relu = {
 	.src_names = { "input" },
 	.shape = shape_relu,
 	.grad = grad_relu,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_relu_bwd = {
 	.name = "relu_bwd",
 	.kind = LOOM_OPK_BACKWARD,
 	.src_names = { "input", "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 /* gelu has relu's shape rule: the input's shape and dtype. */
@@ -107,12 +109,14 @@ const loom_op_def loom_op_gelu = {
 	.src_names = { "input" },
 	.shape = shape_relu,
 	.grad = grad_gelu,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_gelu_bwd = {
 	.name = "gelu_bwd",
 	.kind = LOOM_OPK_BACKWARD,
 	.src_names = { "input", "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_add = {
@@ -122,6 +126,7 @@ const loom_op_def loom_op_add = {
 	.src_names = { "a", "b" },
 	.shape = shape_add,
 	.grad = grad_add,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_cast = {
@@ -129,4 +134,5 @@ const loom_op_def loom_op_cast = {
 	.kind = LOOM_OPK_PASS,
 	.src_names = { "input" },
 	.grad = grad_cast,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

@@ -103,6 +103,7 @@ const loom_op_def loom_op_input = {
 	.attrs = LOOM_ATTRS_LEAF,
 	.flags = LOOM_OPF_FED,
 	.shape = shape_input,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_param = {
@@ -111,6 +112,7 @@ const loom_op_def loom_op_param = {
 	.attrs = LOOM_ATTRS_LEAF,
 	.flags = LOOM_OPF_TRAINABLE,
 	.shape = shape_param,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_buffer = {
@@ -118,4 +120,5 @@ const loom_op_def loom_op_buffer = {
 	.kind = LOOM_OPK_LEAF,
 	.attrs = LOOM_ATTRS_LEAF,
 	.shape = shape_param,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

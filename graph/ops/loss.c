@@ -57,9 +57,11 @@ const loom_op_def loom_op_softmax_ce_bwd = {
 	.name = "softmax_ce_bwd",
 	.kind = LOOM_OPK_BACKWARD,
 	.src_names = { "logits", "labels", "dloss" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_grad_seed = {
 	.name = "grad_seed",
 	.kind = LOOM_OPK_BACKWARD,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

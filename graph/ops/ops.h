@@ -36,7 +36,9 @@ typedef enum loom_attrs_kind {
 } loom_attrs_kind;
 
 /*
- * The op's precision under the AMP levels (apex's lists). O0 keeps the
+ * The op's precision under the AMP levels (apex's lists); every row names
+ * one (a missing .amp is LOOM_AMP_UNSET, which the op table test refuses,
+ * so that a new normalisation op cannot run in half by omission). O0 keeps the
  * model's dtypes and O3 runs everything in half; in between:
  *                       O1                    O2
  *   FOLLOW   the widest input dtype          half
@@ -45,7 +47,8 @@ typedef enum loom_attrs_kind {
  *   FP32     fp32 (the loss)                 fp32
  */
 typedef enum loom_amp_class {
-	LOOM_AMP_FOLLOW = 0,
+	LOOM_AMP_UNSET = 0, /* a row that forgot its class: tests/graph/test_op_table.c fails */
+	LOOM_AMP_FOLLOW,
 	LOOM_AMP_ALLOW,
 	LOOM_AMP_DENY,
 	LOOM_AMP_FP32,

@@ -82,6 +82,7 @@ const loom_op_def loom_op_maxpool2d = {
 	.src_names = { "input" },
 	.shape = shape_maxpool2d,
 	.grad = grad_maxpool2d,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_maxpool2d_bwd = {
@@ -89,6 +90,7 @@ const loom_op_def loom_op_maxpool2d_bwd = {
 	.kind = LOOM_OPK_BACKWARD,
 	.attrs = LOOM_ATTRS_POOL,
 	.src_names = { "input", "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
 const loom_op_def loom_op_global_avgpool = {
@@ -104,4 +106,5 @@ const loom_op_def loom_op_global_avgpool_bwd = {
 	.name = "global_avgpool_bwd",
 	.kind = LOOM_OPK_BACKWARD,
 	.src_names = { "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

@@ -87,4 +87,5 @@ const loom_op_def loom_op_channel_sum = {
 	.name = "channel_sum",
 	.kind = LOOM_OPK_BACKWARD,
 	.src_names = { "dy" },
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

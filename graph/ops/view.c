@@ -78,4 +78,5 @@ const loom_op_def loom_op_reshape = {
 	.src_names = { "input" },
 	.shape = shape_reshape,
 	.grad = grad_reshape,
+	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

@@ -98,6 +98,14 @@ typedef struct op_column {
 	int (*has)(const loom_op_def *d, int op);   /* op is fine in it */
 } op_column;
 
+/* Every row names its AMP class: a missing .amp would silently follow its
+ * inputs into half under O1, where apex keeps e.g. a normalisation fp32. */
+static int has_amp_class(const loom_op_def *d, int op)
+{
+	(void)op;
+	return d->amp.cls != LOOM_AMP_UNSET;
+}
+
 static const op_column columns[] = {
 	{ "name", every_op, has_name },
 	{ "shape rule (users build it)", user_built, has_shape_rule },
@@ -108,6 +116,7 @@ static const op_column columns[] = {
 	{ "known attribute member", every_op, has_known_attrs },
 	{ "source sets (nondiff, amp.keep) within LOOM_MAX_SRC", every_op,
 	  has_sane_source_sets },
+	{ "AMP class (.amp.cls: FOLLOW, ALLOW, DENY or FP32)", every_op, has_amp_class },
 };
 
 #define NCOLUMNS ((int)(sizeof(columns) / sizeof(columns[0])))
@@ -162,10 +171,12 @@ Test(op_table, walker_catches_an_empty_op)
 {
 	char msg[1024];
 	const loom_op_def empty = { .kind = LOOM_OPK_FORWARD };
-	cr_assert_eq(lacks(&empty, -1, msg, sizeof(msg)), 4, "%s", msg);
-	cr_assert(strstr(msg, "shape rule") && strstr(msg, "gradient check"), "%s", msg);
+	cr_assert_eq(lacks(&empty, -1, msg, sizeof(msg)), 5, "%s", msg);
+	cr_assert(strstr(msg, "shape rule") && strstr(msg, "gradient check") &&
+		  strstr(msg, "AMP class"), "%s", msg);
 	const loom_op_def bwd_with_grad = { .name = "x", .kind = LOOM_OPK_BACKWARD,
-					    .grad = loom_op_defs[LOOM_OP_RELU]->grad };
+					    .grad = loom_op_defs[LOOM_OP_RELU]->grad,
+					    .amp = { .cls = LOOM_AMP_FOLLOW } };
 	cr_assert_eq(lacks(&bwd_with_grad, -1, msg, sizeof(msg)), 1, "%s", msg);
 }
 
