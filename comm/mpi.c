@@ -339,6 +339,36 @@ static loom_status finish(loom_comm *c, MPI_Request *req, double t0, const char 
 	return st;
 }
 
+/* A work for a collective of count dt about to start (NULL: out of memory,
+ * said in the group's error). */
+static struct loom_comm_work *work_new(loom_comm *c, size_t count, loom_dtype dt, const char *what)
+{
+	struct loom_comm_work *w = calloc(1, sizeof(*w));
+
+	if (!w) {
+		loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	w->t0 = loom_comm_now();
+	w->count = count;
+	w->dt = dt;
+	w->what = what;
+	return w;
+}
+
+/* The start call's verdict: *out gets w, or w goes and the backend breaks. */
+static loom_status started(loom_comm *c, loom_status st, struct loom_comm_work *w,
+			   loom_comm_work **out)
+{
+	if (st) {
+		free(w);
+		c->broken = 1;
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
 static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				       void *stream, loom_comm_work **out)
 {
@@ -350,22 +380,10 @@ static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, lo
 	(void)stream;
 	if ((st = mpi_type(c, dt, &type, &op)) || (st = fits_int(c, count, "all-reduce")))
 		return st;
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
-	w->t0 = loom_comm_now();
-	w->count = count;
-	w->dt = dt;
-	w->what = "all-reduce";
-	st = MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
-					     c->pg->mpi->comm, &w->req));
-	if (st) {
-		free(w);
-		c->broken = 1;
-		return st;
-	}
-	*out = w;
-	return LOOM_OK;
+	if (!(w = work_new(c, count, dt, "all-reduce")))
+		return LOOM_ERR_NOMEM;
+	return started(c, MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
+							  c->pg->mpi->comm, &w->req)), w, out);
 }
 
 /*
@@ -386,25 +404,14 @@ static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t coun
 	if ((st = mpi_type(c, dt, &type, &op)) ||
 	    (st = fits_int(c, count * (size_t)c->pg->info.world, "reduce-scatter")))
 		return st;
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
-	w->t0 = loom_comm_now();
-	w->count = count;
-	w->dt = dt;
-	w->what = "reduce-scatter";
+	if (!(w = work_new(c, count, dt, "reduce-scatter")))
+		return LOOM_ERR_NOMEM;
 	w->move_to = (unsigned char *)buf + (size_t)c->pg->info.rank * count * esz;
 	w->move_from = buf;
 	w->move_bytes = count * esz;
-	st = MPI_CHECK(c->pg, MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count, type, op,
-							c->pg->mpi->comm, &w->req));
-	if (st) {
-		free(w);
-		c->broken = 1;
-		return st;
-	}
-	*out = w;
-	return LOOM_OK;
+	return started(c, MPI_CHECK(c->pg, MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count,
+								     type, op, c->pg->mpi->comm,
+								     &w->req)), w, out);
 }
 
 /* In place: rank r's block of buf is its contribution. */
@@ -418,22 +425,11 @@ static loom_status mpi_allgather_start(loom_comm *c, void *buf, size_t count, lo
 	(void)stream;
 	if ((st = fits_int(c, bytes, "all-gather")))
 		return st;
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
-	w->t0 = loom_comm_now();
-	w->count = count;
-	w->dt = dt;
-	w->what = "all-gather";
-	st = MPI_CHECK(c->pg, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)bytes,
-					     MPI_BYTE, c->pg->mpi->comm, &w->req));
-	if (st) {
-		free(w);
-		c->broken = 1;
-		return st;
-	}
-	*out = w;
-	return LOOM_OK;
+	if (!(w = work_new(c, count, dt, "all-gather")))
+		return LOOM_ERR_NOMEM;
+	return started(c, MPI_CHECK(c->pg, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf,
+							  (int)bytes, MPI_BYTE, c->pg->mpi->comm,
+							  &w->req)), w, out);
 }
 
 static loom_status mpi_test(loom_comm *c, loom_comm_work *w, int *done)

@@ -145,46 +145,29 @@ static loom_status issued(loom_comm *c, ncclResult_t rc, const char *what)
 	return st;
 }
 
-static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-					void *stream, loom_comm_work **out)
-{
-	nccl_ctx *x = ctx_of(c);
-	ncclDataType_t t;
-	loom_comm_work *w;
-	loom_status st;
+enum { START_ALLREDUCE, START_REDUCE_SCATTER, START_ALLGATHER };
 
-	if ((st = nccl_type(c, dt, &t)))
-		return st;
-	w = (loom_comm_work *)calloc(1, sizeof(*w));
-	if (!w)
-		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
-	w->t0 = loom_comm_now();
-	w->count = count;
-	w->dt = dt;
-	/* The reduction waits for whatever produced buf, on the device. */
-	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
-	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
-	    (st = issued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream),
-			 "all-reduce enqueue")) ||
-	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
-	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream)))) {
-		if (w->done)
-			cudaEventDestroy(w->done);
-		free(w);
-		c->broken = 1;
-		return st;
-	}
-	*out = w;
-	return LOOM_OK;
+/* The one enqueue of each bucket collective. ZeRO's pair is in place: rank
+ * r's shard is elements [r * count, (r + 1) * count) of buf, as NCCL's
+ * in-place forms want (recvbuff = sendbuff + rank * count for the
+ * reduce-scatter, sendbuff = recvbuff + rank * count for the all-gather). */
+static ncclResult_t enqueue(nccl_ctx *x, int kind, void *buf, char *mine, size_t count,
+			    ncclDataType_t t)
+{
+	if (kind == START_REDUCE_SCATTER)
+		return ncclReduceScatter(buf, mine, count, t, ncclSum, x->comm, x->stream);
+	if (kind == START_ALLGATHER)
+		return ncclAllGather(mine, buf, count, t, x->comm, x->stream);
+	return ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream);
 }
 
-/* ZeRO's pair, in place: rank r's shard is elements [r * count, (r + 1) *
- * count) of buf, as NCCL's in-place forms want (recvbuff = sendbuff +
- * rank * count for the reduce-scatter, sendbuff = recvbuff + rank * count
- * for the all-gather). Ordered after stream, waited for like an all-reduce. */
-static loom_status nccl_shard_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-				    void *stream, loom_comm_work **out, int gather)
+/* A bucket collective on the communicator's stream, ordered after stream;
+ * *out waits for it (its done event). */
+static loom_status nccl_start(loom_comm *c, void *buf, size_t count, loom_dtype dt, void *stream,
+			      loom_comm_work **out, int kind)
 {
+	static const char *const what[] = { "all-reduce enqueue", "reduce-scatter enqueue",
+					    "all-gather enqueue" };
 	nccl_ctx *x = ctx_of(c);
 	ncclDataType_t t;
 	loom_comm_work *w;
@@ -199,11 +182,10 @@ static loom_status nccl_shard_start(loom_comm *c, void *buf, size_t count, loom_
 	w->t0 = loom_comm_now();
 	w->count = count;
 	w->dt = dt;
+	/* The collective waits for whatever produced buf, on the device. */
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
-	    (st = issued(c, gather ? ncclAllGather(mine, buf, count, t, x->comm, x->stream) :
-				     ncclReduceScatter(buf, mine, count, t, ncclSum, x->comm, x->stream),
-			 gather ? "all-gather enqueue" : "reduce-scatter enqueue")) ||
+	    (st = issued(c, enqueue(x, kind, buf, mine, count, t), what[kind])) ||
 	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
 	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream)))) {
 		if (w->done)
@@ -216,16 +198,22 @@ static loom_status nccl_shard_start(loom_comm *c, void *buf, size_t count, loom_
 	return LOOM_OK;
 }
 
+static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream, loom_comm_work **out)
+{
+	return nccl_start(c, buf, count, dt, stream, out, START_ALLREDUCE);
+}
+
 static loom_status nccl_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					     void *stream, loom_comm_work **out)
 {
-	return nccl_shard_start(c, buf, count, dt, stream, out, 0);
+	return nccl_start(c, buf, count, dt, stream, out, START_REDUCE_SCATTER);
 }
 
 static loom_status nccl_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream, loom_comm_work **out)
 {
-	return nccl_shard_start(c, buf, count, dt, stream, out, 1);
+	return nccl_start(c, buf, count, dt, stream, out, START_ALLGATHER);
 }
 
 /* The stream waits for the sum: ready marks the stream's work so far, NCCL
