@@ -241,15 +241,21 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
 		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
 
+	if (o->inference && loom_ddp_world(o) > 1)
+		return compile_fail(LOOM_ERR_UNSUPPORTED,
+				    "loom_compile: a forward-only (inference) plan is for one process");
+
 	loom_program *p = calloc(1, sizeof(*p));
 	if (!p)
 		return compile_fail(LOOM_ERR_NOMEM, "out of memory");
 	p->plan.opts = *o;
+	if (o->inference) /* no gradients: nothing to optimize */
+		p->plan.opts.optim.kind = LOOM_OPTIM_NONE;
 	p->ts.lr = o->optim.lr;
 	p->ts.first_nonfinite = LOOM_NONE;
 	p->plan.fingerprint = mix(loom_graph_fingerprint(g),
-			     (uint64_t)o->optim.kind * 131 + (uint64_t)o->amp.level * 7 +
-				     (uint64_t)o->amp.half);
+			     (uint64_t)p->plan.opts.optim.kind * 131 + (uint64_t)o->amp.level * 7 +
+				     (uint64_t)o->amp.half + (o->inference ? 0x1f00dull : 0));
 	if ((st = loom_graph_clone(g, &p->plan.g)) != LOOM_OK) {
 		compile_fail(st, "out of memory copying the graph");
 		goto out_fail;
@@ -275,7 +281,7 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	}
 
 	p->plan.n_fwd = p->plan.g->n;
-	if ((st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
+	if (!o->inference && (st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
 		compile_fail(st, "%s", p->plan.g->errmsg);
 		goto out_fail;
 	}
@@ -466,6 +472,10 @@ static loom_status accum_ready(loom_program *p)
 static loom_status run_mode(loom_program *p, loom_run_mode mode)
 {
 	loom_status st;
+	if (p->plan.opts.inference && mode != LOOM_RUN_EVAL)
+		return loom_program_fail(p, LOOM_ERR_STATE,
+					 "run: a forward-only (inference) program runs LOOM_RUN_EVAL "
+					 "only, not mode %d", (int)mode);
 	/* Each rank updated its buffers from its own batches: evaluate rank
 	 * 0's (DDP's broadcast_buffers), the model rank 0 saves. */
 	if (mode == LOOM_RUN_EVAL && p->ts.buffers_own && (st = loom_ddp_sync_buffers(p)))
