@@ -720,6 +720,15 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->param_bytes += loom_value_bytes(p, s->param);
 		info->grad_bytes += loom_value_bytes(p, s->grad);
 	}
+	/* A forward-only plan has no slots: its parameters are the graph's. */
+	for (int v = 0; p->plan.opts.inference && v < p->plan.n_fwd; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
+		if (nd->op != LOOM_OP_PARAM || (nd->flags & LOOM_NODE_AMP))
+			continue;
+		info->n_params++;
+		info->n_param_elems += loom_shape_numel(&nd->shape);
+		info->param_bytes += loom_value_bytes(p, v);
+	}
 	info->master_bytes = p->plan.master_bytes;
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;

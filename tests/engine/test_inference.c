@@ -84,6 +84,8 @@ static void same_as_training(model m)
 	cr_expect_lt(ii.arena_bytes, it.arena_bytes, "inference arena %zu, training %zu",
 		     ii.arena_bytes, it.arena_bytes);
 	cr_expect_eq(ii.grad_bytes, 0u);
+	cr_expect_eq(ii.n_param_elems, it.n_param_elems);
+	cr_expect_eq(ii.param_bytes, it.param_bytes);
 	cr_expect_eq(ii.optim_state_bytes, 0u);
 	cr_expect_lt(ii.n_nodes, it.n_nodes);
 	cr_expect_lt(ii.activation_bytes, it.activation_bytes);

@@ -2,7 +2,9 @@
  * tests/examples/test_metrics.c — the --metrics log (examples/metrics.c)
  * parsed back line by line with jansson, on its own and from a mnist_ddp
  * run on a small hand-made dataset; and that run's --export / --init-from
- * (--reinit, a bad file named) from the command line.
+ * (--reinit, a bad file named) from the command line; and examples/classify
+ * on the export (a forward-only plan) and on the checkpoint, which give the
+ * accuracy of the run's own last evaluation.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -19,6 +21,7 @@
 #include "examples/metrics.h"
 
 #define MNIST_BIN "examples/mnist_ddp"
+#define CLASSIFY_BIN "examples/classify"
 
 static char dir[4096];
 
@@ -136,18 +139,34 @@ static void write_split(const char *split, int n)
 	fclose(f);
 }
 
-/* Runs mnist_ddp with args on the fixture; its output into out. */
-static int run(const char *args, char *out, size_t len)
+/* Runs bin with args on the fixture; its output into out. */
+static int run_bin(const char *bin, const char *args, char *out, size_t len)
 {
 	char cmd[8192];
-	snprintf(cmd, sizeof(cmd), "%s --data %s --device cpu --threads 1 %s 2>&1", MNIST_BIN,
-		 dir, args);
+	snprintf(cmd, sizeof(cmd), "%s --data %s --device cpu --threads 1 %s 2>&1", bin, dir, args);
 	FILE *p = popen(cmd, "r");
 	cr_assert_not_null(p);
 	size_t got = fread(out, 1, len - 1, p);
 	out[got] = 0;
 	int st = pclose(p);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int run(const char *args, char *out, size_t len)
+{
+	return run_bin(MNIST_BIN, args, out, len);
+}
+
+/* classify's accuracy line: hits of n. */
+static void classify_hits(const char *args, long long *hits, long long *n)
+{
+	static char out[1 << 16];
+	double pct;
+	cr_assert_eq(run_bin(CLASSIFY_BIN, args, out, sizeof(out)), 0, "%s", out);
+	const char *line = strstr(out, "accuracy ");
+	cr_assert_not_null(line, "%s", out);
+	cr_assert_eq(sscanf(line, "accuracy %lf%% (%lld of %lld)", &pct, hits, n), 3, "%s", line);
+	cr_expect(strstr(out, "confusion matrix"), "%s", out);
 }
 
 Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
@@ -161,8 +180,8 @@ Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
 	write_split("t10k", 40);
 	const char *metrics = in_dir("run.jsonl"), *exp = in_dir("run.safetensors");
 	snprintf(args, sizeof(args),
-		 "--batch-size 20 --epochs 2 --log-interval 2 --metrics %s --export %s", metrics,
-		 exp);
+		 "--batch-size 20 --epochs 2 --log-interval 2 --metrics %s --export %s "
+		 "--checkpoint %s", metrics, exp, in_dir("run.ckpt"));
 	cr_assert_eq(run(args, out, sizeof(out)), 0, "%s", out);
 	cr_expect(strstr(out, "exported the weights to"), "%s", out);
 
@@ -173,6 +192,7 @@ Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
 	cr_expect_str_eq(type_of(v[0]), "start");
 	cr_expect_str_eq(json_string_value(json_object_get(v[0], "opt_level")), "O0");
 	int steps = 0, epochs = 0;
+	double last_acc = -1;
 	for (int i = 1; i < n; i++) {
 		if (!strcmp(type_of(v[i]), "step")) {
 			steps++;
@@ -190,6 +210,7 @@ Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
 			cr_expect_eq(json_integer_value(json_object_get(v[i], "step")), 6 * epochs);
 			double acc = json_real_value(json_object_get(v[i], "test_accuracy"));
 			cr_expect(acc >= 0 && acc <= 1, "test accuracy %g", acc);
+			last_acc = acc;
 		}
 	}
 	cr_expect_eq(steps, 6);
@@ -210,4 +231,21 @@ Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
 	cr_expect(strstr(out, "--init-from") && strstr(out, metrics), "%s", out);
 	cr_expect_eq(run("--reinit fc", out, sizeof(out)), 2, "%s", out);
 	cr_expect(strstr(out, "--reinit applies to --init-from"), "%s", out);
+
+	/* classify on the export: the forward-only plan counts what the run's
+	 * last evaluation counted, over the 40 test images (two batches of 16
+	 * and one of 8, padded). */
+	long long hits, imgs;
+	snprintf(args, sizeof(args), "--weights %s --batch-size 16 --top-k 10", exp);
+	classify_hits(args, &hits, &imgs);
+	cr_expect_eq(imgs, 40);
+	cr_expect_eq(hits, (long long)(last_acc * 40 + 0.5), "classify %lld of 40, the run %g",
+		     hits, last_acc);
+	/* The checkpoint, through the training program it was saved from (its
+	 * batch: the graph is part of the checkpoint's fingerprint). */
+	snprintf(args, sizeof(args), "--checkpoint %s --batch-size 20", in_dir("run.ckpt"));
+	classify_hits(args, &hits, &imgs);
+	cr_expect_eq(hits, (long long)(last_acc * 40 + 0.5), "checkpoint: %lld of 40", hits);
+	cr_expect_eq(run_bin(CLASSIFY_BIN, "--batch-size 16", out, sizeof(out)), 2, "%s", out);
+	cr_expect(strstr(out, "give --weights"), "%s", out);
 }
