@@ -248,12 +248,11 @@ static loom_program *build(const classify_args *a, loom_value *logits)
 	}
 	loom_weights_opts wo;
 	loom_weights_report r;
-	loom_weights_opts_default(&wo);
+	if (is_convnet(a))
+		loom_convnet_weights_opts(&wo);
+	else
+		loom_weights_opts_default(&wo);
 	wo.strict = a->strict;
-	if (is_convnet(a)) {
-		wo.names = loom_convnet_torch_names;
-		wo.n_names = LOOM_CONVNET_TORCH_NAMES;
-	}
 	if (loom_import_safetensors(p, a->weights, &wo, &r) != LOOM_OK) {
 		fprintf(stderr, "classify: %s\n", loom_program_error(p));
 		loom_program_free(p);

@@ -28,6 +28,13 @@ const loom_name_map loom_convnet_torch_names[LOOM_CONVNET_TORCH_NAMES] = {
 	{ .loom = "bn2.", .file = "layer2.1." },
 };
 
+void loom_convnet_weights_opts(loom_weights_opts *o)
+{
+	loom_weights_opts_default(o);
+	o->names = loom_convnet_torch_names;
+	o->n_names = LOOM_CONVNET_TORCH_NAMES;
+}
+
 #include <stdio.h>
 
 /* conv (no bias) + batch norm [+ relu], named prefix.convK / prefix.bnK. */

@@ -30,6 +30,9 @@ loom_value loom_model_convnet(loom_graph *g, int batch, loom_value *logits);
 #define LOOM_CONVNET_TORCH_NAMES 4
 extern const loom_name_map loom_convnet_torch_names[LOOM_CONVNET_TORCH_NAMES];
 
+/* loom_weights_opts_default with the ConvNet's PyTorch names. */
+void loom_convnet_weights_opts(loom_weights_opts *o);
+
 /*
  * ResNet (He et al. 2015, torchvision's layout, v1.5: a bottleneck's stride
  * sits on its 3x3 conv). depth 18 or 34: basic blocks; 50: bottlenecks.

@@ -89,9 +89,7 @@ static void eval_logits(net *n, float *out)
 static loom_weights_opts torch_names(void)
 {
 	loom_weights_opts o;
-	loom_weights_opts_default(&o);
-	o.names = loom_convnet_torch_names;
-	o.n_names = LOOM_CONVNET_TORCH_NAMES;
+	loom_convnet_weights_opts(&o);
 	return o;
 }
 
