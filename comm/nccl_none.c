@@ -12,10 +12,21 @@ loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err, 
 			      "unavailable");
 }
 
-loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)
+static loom_status no_toolkit(loom_pg *pg)
 {
-	*out = NULL;
 	return loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
 			    "NCCL: this build has no CUDA toolkit; device communication is "
 			    "unavailable");
+}
+
+loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)
+{
+	*out = NULL;
+	return no_toolkit(pg);
+}
+
+loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)
+{
+	(void)local_rank;
+	return no_toolkit(pg);
 }

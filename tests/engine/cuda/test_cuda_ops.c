@@ -6,7 +6,7 @@
  * ConvNet and small ResNet training steps under O0, O1 and O2. Both backends
  * must compile the same plan (the relu fusions into pools, linears, batch
  * norms and adds included). Without
- * a GPU every test skips.
+ * a GPU every test skips, naming why; with LOOM_REQUIRE_GPU=1 it fails.
  * The bounds are first guesses (engine/cuda/README.md, Status).
  */
 #include <criterion/criterion.h>
@@ -17,6 +17,7 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/device.h"
+#include "tests/engine/cuda/need_gpu.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 #include "examples/models.h"
@@ -25,19 +26,11 @@
 /* NULL when this machine can run the CUDA backend, else why not. */
 static const char *no_gpu(void)
 {
-	if (!loom_cuda_compiled())
-		return "this build has no CUDA toolkit";
-	if (!loom_cuda_available())
-		return "none is visible on this machine";
-	return NULL;
+	static char why[512];
+	return loom_test_no_gpu(why, sizeof(why));
 }
 
-#define NEED_GPU()                                                     \
-	do {                                                           \
-		const char *why_ = no_gpu();                           \
-		if (why_)                                              \
-			cr_skip_test("needs a CUDA device: %s", why_); \
-	} while (0)
+#define NEED_GPU() LOOM_NEED_GPU()
 
 static double bound(loom_dtype dt)
 {
@@ -262,6 +255,23 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 			     bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
+	/* Under the hook every fallback is taken: half convolutions in f32,
+	 * a linear's bias and relu by own kernels after the plain product. */
+	int conv_f32, mm_unfused, n_conv = 0, n_fused_linear = 0;
+	loom_cuda_test_fallbacks(cuda, &conv_f32, &mm_unfused);
+	for (int v = 0; v < cuda->plan.g->n; v++) {
+		const loom_node *nd = &cuda->plan.g->nodes[v];
+		n_conv += nd->op == LOOM_OP_CONV2D || nd->op == LOOM_OP_CONV2D_BWD_DATA ||
+			  nd->op == LOOM_OP_CONV2D_BWD_FILTER;
+		n_fused_linear += nd->op == LOOM_OP_LINEAR && (nd->nsrc > 2 || nd->a.mm.relu);
+	}
+	cr_expect_eq(conv_f32, own_kernels && dt != LOOM_F32 ? n_conv : 0,
+		     "%s %s: %d of %d convolutions in f32", op, loom_dtype_name(dt), conv_f32,
+		     n_conv);
+	if (own_kernels)
+		cr_expect_eq(mm_unfused, n_fused_linear,
+			     "%s: %d of %d linears with a bias or relu left to own kernels", op,
+			     mm_unfused, n_fused_linear);
 
 	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
 	for (int i = 0; i < t.n_param; i++) {
@@ -325,8 +335,9 @@ static void each_dtype(const char *op, build_fn build, loom_run_mode mode)
 			run_case(op, build, dts[i], mode, seed);
 }
 
-/* each_dtype with the library fast paths (cuDNN batch norm, the BGRADB
- * epilogue) and again with loom's own kernels in their place. */
+/* each_dtype with the library fast paths (cuDNN batch norm, the cuBLASLt
+ * epilogues, half cuDNN convolutions) and again with every fallback in
+ * their place (loom_cuda_test_own_kernels). */
 static void use_own_kernels(int on)
 {
 	own_kernels = on;
@@ -658,22 +669,32 @@ Test(cuda_ops, f64_graph_is_refused)
 	loom_graph_free(g);
 }
 
-/* Runs here too: asking for CUDA where there is none is an error, not a crash. */
-Test(cuda_ops, cuda_without_device_is_refused)
+/* Runs everywhere, never skips: asking for CUDA where there is none is an
+ * error that names the missing device, not a crash; where there is one,
+ * the program is the CUDA backend's. */
+Test(cuda_ops, cuda_compile_follows_the_device)
 {
-	if (!no_gpu())
-		cr_skip_test("needs a machine without a CUDA device");
 	loom_graph *g;
 	loom_program *p = NULL;
 	loom_compile_opts o;
+	loom_program_info info;
 	int64_t d[1] = { 4 };
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value x = loom_param(g, "x", LOOM_F32, 1, d, LOOM_INIT_ONES, 1);
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CUDA;
-	cr_assert_eq(loom_compile(g, loom_sum(g, x), &o, &p), LOOM_ERR_UNSUPPORTED);
-	cr_assert_not_null(p, "the failed program comes back to explain itself");
-	cr_assert_str_eq(loom_program_error(p), loom_last_error());
+	loom_status st = loom_compile(g, loom_sum(g, x), &o, &p);
+	if (no_gpu()) {
+		cr_assert_eq(st, LOOM_ERR_UNSUPPORTED, "%s", loom_last_error());
+		cr_assert_not_null(p, "the failed program comes back to explain itself");
+		cr_assert_str_eq(loom_program_error(p), loom_last_error());
+		cr_assert(strstr(loom_last_error(), "CUDA") || strstr(loom_last_error(), "cuda"),
+			  "the message names CUDA: %s", loom_last_error());
+	} else {
+		cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+		loom_program_info_get(p, &info);
+		cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
+	}
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -940,8 +961,8 @@ typedef struct op_case {
 } op_case;
 
 static const op_case cuda_op_cases[] = {
-	{ "conv2d+bias", b_conv_bias, LOOM_RUN_GRAD, 0 },
-	{ "conv2d/2", b_conv_stride, LOOM_RUN_GRAD, 0 },
+	{ "conv2d+bias", b_conv_bias, LOOM_RUN_GRAD, 1 },
+	{ "conv2d/2", b_conv_stride, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d", b_bn, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d eval", b_bn, LOOM_RUN_EVAL, 1 },
 	{ "batchnorm2d 8x32x14x14", b_bn_big, LOOM_RUN_GRAD, 1 },
@@ -957,8 +978,8 @@ static const op_case cuda_op_cases[] = {
 	{ "global_avgpool 33x35", b_gap_big, LOOM_RUN_GRAD, 0 },
 	{ "linear+bias", b_linear_bias, LOOM_RUN_GRAD, 1 },
 	{ "linear+bias+relu", b_linear_bias_relu, LOOM_RUN_GRAD, 1 },
-	{ "linear+relu", b_linear_relu, LOOM_RUN_GRAD, 0 },
-	{ "linear", b_linear, LOOM_RUN_GRAD, 0 },
+	{ "linear+relu", b_linear_relu, LOOM_RUN_GRAD, 1 },
+	{ "linear", b_linear, LOOM_RUN_GRAD, 1 },
 	{ "matmul", b_matmul, LOOM_RUN_GRAD, 0 },
 	{ "add", b_add, LOOM_RUN_GRAD, 0 },
 	{ "add+relu", b_add_relu, LOOM_RUN_GRAD, 0 },
