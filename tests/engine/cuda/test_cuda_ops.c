@@ -15,6 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "comm/comm.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/device.h"
 #include "tests/engine/cuda/need_gpu.h"
@@ -697,6 +708,94 @@ Test(cuda_ops, cuda_compile_follows_the_device)
 	}
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/* ------------------------------------------------------------ NCCL at world 1 */
+
+/* A TCP port free now on 127.0.0.1 (the rendezvous listens on it next). */
+static int free_port(void)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+	cr_assert_geq(fd, 0);
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/*
+ * torchrun's env:// at world 1 (the variables the GPU bundle sets, else
+ * set here): rank 0 makes the NCCL id, meets itself at the rendezvous and
+ * opens NCCL on its device; then every device collective on device memory
+ * (a sum over one rank is the identity, so the values must come back as
+ * they went), and a teardown that finalizes and destroys within its
+ * deadline instead of hanging.
+ */
+Test(cuda_nccl, env_world1_collectives)
+{
+	NEED_GPU();
+#if LOOM_HAVE_CUDA
+	char port[16];
+	if (!getenv("RANK")) {
+		snprintf(port, sizeof(port), "%d", free_port());
+		setenv("RANK", "0", 1);
+		setenv("WORLD_SIZE", "1", 1);
+		setenv("MASTER_ADDR", "127.0.0.1", 1);
+		setenv("MASTER_PORT", port, 1);
+	}
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_ENV, .timeout_s = 60, .want_device = 1 };
+	loom_pg *pg = NULL;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(loom_pg_get_info(pg)->world, 1);
+	cr_assert_geq(loom_pg_get_info(pg)->device, 0);
+	loom_comm *c = loom_pg_comm(pg, LOOM_COMM_DEVICE);
+	cr_assert_not_null(c, "%s", loom_pg_error(pg));
+	cr_assert_str_eq(c->i->name, "nccl");
+
+	enum { N = 4096 };
+	static float h[N], back[N];
+	float *d = NULL;
+	for (int i = 0; i < N; i++)
+		h[i] = (float)i - 1000.5f;
+	cr_assert_eq(cudaMalloc((void **)&d, sizeof(h)), cudaSuccess);
+	cr_assert_eq(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice), cudaSuccess);
+
+	cr_assert_eq(loom_comm_broadcast(c, d, sizeof(h), 0), LOOM_OK, "%s", loom_pg_error(pg));
+	loom_comm_work *w = NULL;
+	cr_assert_eq(loom_comm_allreduce_start(c, d, N, LOOM_F32, NULL, &w), LOOM_OK, "%s",
+		     loom_pg_error(pg));
+	cr_assert_eq(loom_comm_wait(c, w), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(loom_comm_allreduce_ordered(c, d, N, LOOM_F32, NULL), LOOM_OK, "%s",
+		     loom_pg_error(pg));
+	cr_assert_eq(loom_comm_barrier(c), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(cudaMemcpy(back, d, sizeof(back), cudaMemcpyDeviceToHost), cudaSuccess);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(back[i], h[i], "element %d: %g after the collectives, was %g", i,
+			     back[i], h[i]);
+
+	char send[13] = "rank 0 says", recv[13] = "";
+	cr_assert_eq(loom_comm_allgather(c, send, sizeof(send), recv), LOOM_OK, "%s",
+		     loom_pg_error(pg));
+	cr_assert_str_eq(recv, send);
+
+	cr_assert_eq(cudaFree(d), cudaSuccess);
+	double t0 = now_s();
+	loom_pg_free(pg);
+	cr_assert_lt(now_s() - t0, 35.0, "the teardown took %.1f s", now_s() - t0);
+#endif
 }
 
 /* ------------------------------------------------------------ ConvNet steps */
