@@ -389,8 +389,10 @@ static void nccl_free(loom_comm *c)
 	int clean = 0;
 
 	if (x) {
-		if (x->comm && !c->broken && finalized(c))
-			clean = ncclCommDestroy(x->comm) == ncclSuccess;
+		if (x->comm && !c->broken && finalized(c)) {
+			ncclResult_t rc = ncclCommDestroy(x->comm); /* local after finalize */
+			clean = rc == ncclSuccess || rc == ncclInProgress;
+		}
 		else if (x->comm)
 			ncclCommAbort(x->comm);
 		else

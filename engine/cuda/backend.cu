@@ -95,14 +95,20 @@ loom_status loom_cuda_op_nothing(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	return LOOM_OK;
 }
 
+/* The CUDA context of program p, or NULL (another backend, or not made). */
+static const loom_cuda_ctx *cuda_ctx_of(const struct loom_program *p)
+{
+	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0)
+		return NULL;
+	return (const loom_cuda_ctx *)p->be_ctx;
+}
+
 extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
 					   int *bgrad_epilogue)
 {
+	const loom_cuda_ctx *c = cuda_ctx_of(p);
 	*bn_cudnn = *bgrad_epilogue = 0;
-	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0 || !p->be_ctx)
-		return;
-	const loom_cuda_ctx *c = (const loom_cuda_ctx *)p->be_ctx;
-	for (int v = 0; v < c->n_plans; v++) {
+	for (int v = 0; c && v < c->n_plans; v++) {
 		*bn_cudnn += c->plans[v].kind == LOOM_CUDA_PLAN_BN;
 		*bgrad_epilogue += c->plans[v].kind == LOOM_CUDA_PLAN_MM &&
 				   c->plans[v].mm.bgrad != LOOM_NONE;
@@ -112,11 +118,9 @@ extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn
 extern "C" void loom_cuda_test_fallbacks(const struct loom_program *p, int *conv_f32,
 					int *mm_unfused)
 {
+	const loom_cuda_ctx *c = cuda_ctx_of(p);
 	*conv_f32 = *mm_unfused = 0;
-	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0 || !p->be_ctx)
-		return;
-	const loom_cuda_ctx *c = (const loom_cuda_ctx *)p->be_ctx;
-	for (int v = 0; v < c->n_plans; v++) {
+	for (int v = 0; c && v < c->n_plans; v++) {
 		const loom_cuda_node_plan *np = &c->plans[v];
 		*conv_f32 += np->kind == LOOM_CUDA_PLAN_CONV && np->conv.f32;
 		*mm_unfused += np->kind == LOOM_CUDA_PLAN_MM &&
