@@ -16,12 +16,6 @@
 
 #include "engine/cuda/device.h"
 
-/* engine/cuda/device.h's probe message ("no CUDA driver (...)", "cuInit:
- * CUDA_ERROR_NO_DEVICE ..."). Weak, so that these suites build and say the
- * device count where a device library without it is linked. */
-const char *loom_cuda_probe_error(void);
-#pragma weak loom_cuda_probe_error
-
 /* LOOM_REQUIRE_GPU is set to anything but "" or "0". */
 static inline int loom_test_require_gpu(void)
 {
@@ -39,8 +33,11 @@ static inline const char *loom_test_no_gpu(char *buf, size_t len)
 	n = loom_cuda_device_count();
 	if (n > 0)
 		return NULL;
-	if (loom_cuda_probe_error && loom_cuda_probe_error() && *loom_cuda_probe_error())
-		snprintf(buf, len, "none is usable: %s", loom_cuda_probe_error());
+	/* The driver's own reason ("no CUDA driver: libcuda.so.1: ...",
+	 * "cuInit: CUDA_ERROR_NO_DEVICE ..."), else the bare count. */
+	const char *why = loom_cuda_probe_error();
+	if (why && *why)
+		snprintf(buf, len, "none is usable: %s", why);
 	else
 		snprintf(buf, len, "none is usable: loom_cuda_device_count() is %d", n);
 	return buf;
