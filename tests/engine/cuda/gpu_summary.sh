@@ -8,7 +8,8 @@
 #   criterion  a Criterion suite run with --verbose: FAIL on a non-zero
 #              status, a failing or crashing case, no synthesis line, no
 #              case run, or any skipped case ([SKIP] lines; Criterion's
-#              synthesis does not count them)
+#              synthesis does not count them; "Test is disabled" is a case
+#              --filter left out, not a skip)
 #   sanitizer  criterion, and compute-sanitizer's "ERROR SUMMARY: 0 errors"
 #   train      the last "test accuracy X%" at or above the minimum
 #   bench      a non-zero img/s figure
@@ -24,10 +25,16 @@ num() { # the first integer after label in text ("" when absent)
 	sed -n "s/.*$1 *\([0-9][0-9]*\).*/\1/p" <<<"$2" | head -n 1
 }
 
+last_line() { # the log's last non-blank line, cut
+	grep -av '^\s*$' "$1" 2>/dev/null | tail -n 1 | cut -c1-100
+}
+
 criterion_verdict() { # log -> sets verdict and detail
 	local log=$1 syn tested passing failing crashing skipped
 	syn=$(grep -a 'Synthesis:' "$log" | tail -n 1)
-	skipped=$(grep -ac '\[SKIP\]' "$log")
+	# "Test is disabled": a case --filter left out (the world-1 NCCL row
+	# runs one suite of the binary), not a skip.
+	skipped=$(grep -a '\[SKIP\]' "$log" | grep -vc 'Test is disabled$')
 	if [ -z "$syn" ]; then
 		verdict=FAIL
 		detail="no Criterion synthesis (crashed before the end?); $skipped skipped"
@@ -41,8 +48,11 @@ criterion_verdict() { # log -> sets verdict and detail
 	if [ "${tested:-0}" -eq 0 ] || [ "${failing:-1}" -ne 0 ] || [ "${crashing:-1}" -ne 0 ] ||
 		[ "$skipped" -ne 0 ]; then
 		verdict=FAIL
+		# The first assertion's message ("[----]   needs a CUDA device ...").
+		first=$(grep -a '^\[----\]   *[^ ]' "$log" | head -n 1 | sed 's/^\[----\] *//' | cut -c1-120)
+		[ "${failing:-0}" != 0 ] && [ -n "$first" ] && detail="$detail; first failure: $first"
 		[ "$skipped" -ne 0 ] &&
-			detail="$detail; first skip: $(grep -a -m1 '\[SKIP\]' "$log" | cut -c1-120)"
+			detail="$detail; first skip: $(grep -a '\[SKIP\]' "$log" | grep -v -m1 'Test is disabled$' | cut -c1-120)"
 	fi
 }
 
@@ -62,10 +72,10 @@ while IFS=$'\t' read -r name kind rc secs log min; do
 		[ -z "$detail" ] && detail="not in this bundle or on this host"
 	elif [ "$rc" = budget ]; then
 		verdict=FAIL
-		detail="not run: the suite's 20-minute budget was spent"
+		detail="not run: the suite's time budget (20 minutes, LOOM_GPU_BUDGET_S) was spent"
 	elif [ "$rc" = timeout ] || [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 		verdict=FAIL
-		detail="timed out; last line: $(grep -av '^\s*$' "$log" 2>/dev/null | tail -n 1 | cut -c1-100)"
+		detail="timed out; last line: $(last_line "$log")"
 	elif [ ! -f "$log" ]; then
 		verdict=FAIL
 		detail="no log $log"
@@ -92,7 +102,7 @@ while IFS=$'\t' read -r name kind rc secs log min; do
 			acc=$(grep -ao 'test accuracy [0-9.]*%' "$log" | tail -n 1 | sed 's/test accuracy \([0-9.]*\)%/\1/')
 			if [ -z "$acc" ]; then
 				verdict=FAIL
-				detail="no test accuracy in the log"
+				detail="no test accuracy in the log; last line: $(last_line "$log")"
 			else
 				detail="test accuracy $acc% (minimum ${min:-0}%)"
 				awk -v a="$acc" -v m="${min:-0}" 'BEGIN { exit !(a + 0 >= m + 0) }' || verdict=FAIL
@@ -104,7 +114,7 @@ while IFS=$'\t' read -r name kind rc secs log min; do
 			ips=$(grep -aoE '[0-9]+(\.[0-9]+)? img/s|"img_per_s": *[0-9.]+|\| *[0-9]+ *\| *[0-9]+ *\|' "$log" | tail -n 1)
 			if [ -z "$ips" ] || ! grep -q '[1-9]' <<<"$ips"; then
 				verdict=FAIL
-				detail="no images/s figure in the log"
+				detail="no images/s figure in the log; last line: $(last_line "$log")"
 			else
 				detail="$ips"
 			fi

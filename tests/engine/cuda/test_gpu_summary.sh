@@ -26,10 +26,18 @@ cat >"$d/skip.log" <<'L'
 [====] Synthesis: Tested: 16 | Passing: 16 | Failing: 0 | Crashing: 0
 L
 cat >"$d/failing.log" <<'L'
+[----] tests/engine/cuda/test_cuda_ops.c:1057: Assertion Failed
+[----]   needs a CUDA device (LOOM_REQUIRE_GPU=1): none is usable: cuInit: CUDA_ERROR_NO_DEVICE
+[----]   
 [FAIL] cuda_ops::table: (3.00s)
 [====] Synthesis: Tested: 17 | Passing: 16 | Failing: 1 | Crashing: 0
 L
 printf '[PASS] a::b: (0.00s)\n' >"$d/nosyn.log"
+cat >"$d/filtered.log" <<'L'
+[SKIP] cuda_ops::table: Test is disabled
+[PASS] cuda_nccl::env_world1_collectives: (2.00s)
+[====] Synthesis: Tested: 1 | Passing: 1 | Failing: 0 | Crashing: 0
+L
 cat >"$d/san_ok.log" <<'L'
 ========= COMPUTE-SANITIZER
 [====] Synthesis: Tested: 17 | Passing: 17 | Failing: 0 | Crashing: 0
@@ -70,12 +78,13 @@ T=$'\t'
 cat >"$d/rows_good" <<R
 versions${T}info${T}0${T}0${T}$d/clean.log${T}
 test_cuda_ops${T}criterion${T}0${T}12.0${T}$d/clean.log${T}
+nccl_env_world1${T}criterion${T}0${T}2.0${T}$d/filtered.log${T}
 memcheck${T}sanitizer${T}0${T}80.0${T}$d/san_ok.log${T}
 mnist_ddp_O0${T}train${T}0${T}20.0${T}$d/train_ok.log${T}80
 bench_convnet${T}bench${T}0${T}5.0${T}$d/bench_ok.log${T}
 torch${T}optional${T}absent${T}0${T}$d/torch.log${T}
 R
-check "$d/rows_good" 0 versions=PASS test_cuda_ops=PASS memcheck=PASS mnist_ddp_O0=PASS \
+check "$d/rows_good" 0 versions=PASS test_cuda_ops=PASS nccl_env_world1=PASS memcheck=PASS mnist_ddp_O0=PASS \
 	bench_convnet=PASS torch=N/A
 grep -q 'verdict: PASS' "$d/out" || fail "no overall PASS line"
 grep -q 'test accuracy 86.93% (minimum 80%)' "$d/out" || fail "the accuracy is not in the table"
@@ -104,6 +113,10 @@ R
 check "$d/rows_bad" 1 failing=FAIL nosyn=FAIL san_bad=FAIL san_nosummary=FAIL train_low=FAIL \
 	train_none=FAIL bench_bad=FAIL slow=FAIL late=FAIL gone=FAIL
 grep -q 'verdict: FAIL (10 row(s))' "$d/out" || fail "overall line: $(tail -n 1 "$d/out")"
+grep -q 'failing .*first failure: needs a CUDA device (LOOM_REQUIRE_GPU=1): none is usable: cuInit' "$d/out" ||
+	fail "a failed case's message is not in the table"
+grep -q 'train_none .*last line: mnist_ddp: device cuda: no CUDA device' "$d/out" ||
+	fail "a failed run's reason is not in the table"
 
 echo "$failed failed"
 [ $failed -eq 0 ]
