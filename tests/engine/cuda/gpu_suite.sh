@@ -30,10 +30,14 @@ rows=$res/rows.tsv
 budget=${LOOM_GPU_BUDGET_S:-1200}
 t_start=$(date +%s)
 export LOOM_REQUIRE_GPU=1
-# Where cuBLASLt and cuDNN say what went wrong (their logs go with ours).
-export CUBLASLT_LOG_LEVEL=${CUBLASLT_LOG_LEVEL:-2}
+# Where cuBLASLt and cuDNN say what went wrong (their logs go with ours):
+# cuBLASLt's errors and hints (mask 1 | 4; level 1 for older versions);
+# cuDNN's errors (CUDNN_LOGERR_DBG; cuDNN 9 reads CUDNN_LOGLEVEL_DBG).
+export CUBLASLT_LOG_LEVEL=${CUBLASLT_LOG_LEVEL:-1}
+export CUBLASLT_LOG_MASK=${CUBLASLT_LOG_MASK:-5}
 export CUBLASLT_LOG_FILE=$logs/cublaslt_%i.log
 export CUDNN_LOGERR_DBG=1
+export CUDNN_LOGLEVEL_DBG=${CUDNN_LOGLEVEL_DBG:-1}
 export CUDNN_LOGDEST_DBG=$logs/cudnn.log
 exec > >(tee "$res/suite.log") 2>&1
 
@@ -92,11 +96,16 @@ row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 if command -v compute-sanitizer >/dev/null 2>&1; then
 	row memcheck_cuda_ops sanitizer 300 "" -- compute-sanitizer --tool memcheck \
 		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose
-	# racecheck is slow: the own kernels' cases (the table runs every op on
-	# the own kernels too) and the fused pool.
-	row racecheck_kernels sanitizer 240 "" -- compute-sanitizer --tool racecheck \
+	# racecheck (shared-memory hazards) is slow: the cases whose own kernels
+	# share memory in a block (elementwise.cu's sums, optim.cu's fused
+	# update and overflow check, the block reductions of dtype.cuh): the
+	# own batch-norm kernels, and ConvNet steps with the O2 optimizer.
+	row racecheck_bn sanitizer 150 "" -- compute-sanitizer --tool racecheck \
 		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
-		--filter 'cuda_ops/relu_maxpool_ties_and_nan'
+		--filter 'cuda_ops/sync_batchnorm_one_rank'
+	row racecheck_convnet sanitizer 150 "" -- compute-sanitizer --tool racecheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
+		--filter 'cuda_convnet/o2_fp16'
 else
 	echo "compute-sanitizer: not on this host" >"$logs/memcheck_cuda_ops.log"
 	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
