@@ -211,6 +211,12 @@ static loom_status coll_wait_all(loom_program *p)
 	return first;
 }
 
+void loom_exec_drain(loom_program *p)
+{
+	if (p->exec.n_pending)
+		(void)coll_wait_all(p);
+}
+
 loom_status loom_exec_synchronize(loom_program *p)
 {
 	loom_status st = coll_wait_all(p);

@@ -98,6 +98,8 @@ loom_status loom_exec_synchronize(loom_program *p);
  * timers, into the trace. */
 loom_status loom_exec_trace_flush(loom_program *p);
 void loom_exec_free(loom_exec *x);
+/* Before the backend is freed: no collective still writes into its arena. */
+void loom_exec_drain(loom_program *p);
 /* Whether the backend runs every node a step runs; else the message names
  * the first node it refuses, with its dtypes and shapes. */
 loom_status loom_exec_check_support(loom_program *p);

@@ -82,13 +82,16 @@ typedef struct loom_cuda_conv_plan {
 	cudnnConvolutionDescriptor_t conv;
 	int algo; /* fwd, bwd-data or bwd-filter algorithm, by node op */
 	size_t ws;
+	int f32;           /* a half node run in f32: no half algorithm (or test hook) */
+	size_t f32_off[3]; /* ws offsets of the f32 copies: sources 0, 1, the output */
 } loom_cuda_conv_plan;
 
 typedef struct loom_cuda_mm_plan {
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c; /* cuBLAS operands: a = B rows, b = A */
 	cublasLtMatmulAlgo_t algo;
-	int bias;
+	int bias;         /* the epilogue adds the linear's bias */
+	int bias_after;   /* a bias no epilogue took: own kernel, in place */
 	int relu_after;   /* a fused relu no epilogue took: own kernel, in place */
 	loom_value bgrad; /* the sibling the BGRADB epilogue writes, or LOOM_NONE */
 } loom_cuda_mm_plan;
@@ -120,7 +123,7 @@ enum {
 typedef struct loom_cuda_ctx {
 	char err[LOOM_ERR_MAX]; /* the last failure's message */
 	char describe[128];     /* "cuda: <device name>" */
-	int device;
+	int device;             /* made current by every entry (loom_cuda_use_device) */
 	cudaStream_t stream;    /* compute: every node and the optimizer */
 	cudaStream_t comm;      /* communication (all-reduce), created at init */
 	cudaEvent_t events[LOOM_BACKEND_EVENTS];
@@ -326,6 +329,10 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np);
 void loom_cuda_conv_plan_free(loom_cuda_node_plan *np);
+/* Places the f32 copies of a conv plan's fallback in ws from offset at;
+ * returns the end (at when the plan has no fallback). */
+size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np,
+			     size_t at);
 loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out);
 
