@@ -51,6 +51,17 @@ const train_program train_resnet50_synthetic = {
 		      .depth = 50, .width = 64, .size = 224, .steps = 10, .warmup = 2 },
 };
 
+const train_program train_gpt_ddp = {
+	.name = "gpt_ddp",
+	.about = "Trains a GPT-2-style transformer (pre-norm blocks, GELU MLP, tied embeddings,\n"
+		 "learned positions) on text, byte by byte, or on llm.c token files, with loom.",
+	.groups = TRAIN_FLAGS_COMMON | TRAIN_FLAGS_FIT | TRAIN_FLAGS_DATA,
+	.defaults = { TRAIN_BASE_DEFAULTS, .epochs = 1, .batch = 8, .lr = 1e-3,
+		      .weight_decay = 0.1, .optim = LOOM_OPTIM_ADAMW, .log_interval = 10,
+		      .data = "/usr/share/games/fortunes", .schedule = TRAIN_LR_COSINE,
+		      .max_steps = 300 },
+};
+
 static void say(char *msg, size_t msglen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 

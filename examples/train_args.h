@@ -84,7 +84,8 @@ typedef struct train_program {
 	train_args defaults;
 } train_program;
 
-extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic;
+extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic,
+	train_gpt_ddp;
 
 typedef enum train_parse {
 	TRAIN_RUN = 0,   /* *a holds the run's settings */

@@ -405,6 +405,22 @@ double loom_loss(loom_program *p);
 
 loom_status loom_set_lr(loom_program *p, double lr);
 double loom_get_lr(const loom_program *p);
+/*
+ * Gradient clipping by global norm before every update, as
+ * torch.nn.utils.clip_grad_norm_(params, max_norm): the L2 norm of all
+ * gradients together (unscaled, averaged over the ranks and micro-steps,
+ * i.e. the gradient the optimizer applies) and, when it exceeds max_norm,
+ * every gradient times max_norm / (norm + 1e-6). Every rank holds the same
+ * summed gradients, so every rank computes the same norm and scale. A step
+ * skipped for an inf/NaN (loss scaling) is skipped before the norm is
+ * taken: nothing changes. max_norm 0 turns it off (the default). The CPU
+ * backend only for now (LOOM_ERR_UNSUPPORTED elsewhere).
+ */
+loom_status loom_set_clip_grad(loom_program *p, double max_norm);
+/* Weight decay only on parameters of 2 or more dims (matrices and
+ * embeddings; not biases or norms), as nanoGPT's optimizer groups; off by
+ * default. The CPU backend only for now. */
+loom_status loom_set_decay_matrices_only(loom_program *p, int on);
 /* Optimizer steps taken (skipped AMP steps do not count). */
 int64_t loom_step_count(const loom_program *p);
 
@@ -422,6 +438,8 @@ typedef struct loom_program_info {
 	int64_t n_param_elems;
 	double loss_scale;          /* 1 without dynamic scaling */
 	int64_t skipped_steps;      /* AMP steps skipped on overflow */
+	double grad_norm;           /* the last update's global gradient norm (before clipping;
+				     * taken only while clipping is on, else 0) */
 	/* When the loss scale collapsed (below 1): which op first produced a
 	 * non-finite value, e.g. "conv2d 'conv1' (node 7)"; else "". */
 	const char *amp_report;

@@ -407,4 +407,5 @@ const loom_backend loom_cpu_backend = {
 	.fuses_linear_relu = 1,
 	.fuses_bn_relu = 1,
 	.fuses_add_relu = 1,
+	.clips_grad = 1,
 };
