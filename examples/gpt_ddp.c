@@ -34,7 +34,10 @@ typedef struct gpt_cfg {
 	int warmup_steps;
 	double clip;            /* global-norm clipping, 0: off */
 	double peak_flops;      /* 0: measured */
-	const char *init_file;  /* parameters in loom order, f32, from bench/torch_gpt.py */
+	const char *init_file;  /* parameters in loom order, f64, from bench/torch_gpt.py */
+	loom_dtype dtype;       /* of the parameters: f32, or f64 (reference runs) */
+	int sequential;         /* batch k = windows k*B .. (no shuffling), as the references */
+	const char *loss_file;  /* every step's loss, %.17g, for the reference comparisons */
 } gpt_cfg;
 
 static void gpt_usage(FILE *f)
@@ -60,7 +63,10 @@ static void gpt_usage(FILE *f)
 		"  --temperature X      sampling temperature (default 0.8; 0: greedy)\n"
 		"  --top-k K            sample among the K likeliest (default 40; 0: all)\n"
 		"  --peak-flops X       FLOP/s for MFU (default: measured with a loom matmul)\n"
-		"  --init FILE          initial parameters (f32, loom's order; bench/torch_gpt.py)\n\n");
+		"  --init FILE          initial parameters (f64, loom's order; bench/torch_gpt.py)\n"
+		"  --dtype f32|f64      the model's dtype (default f32; f64 for reference runs, O0)\n"
+		"  --sequential         batches in corpus order, no shuffling (reference runs)\n"
+		"  --loss-file FILE     write every step's loss (%%.17g) there\n\n");
 }
 
 /* Takes this program's flags out of argv; the rest go to train_start. */
@@ -110,13 +116,29 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 		DBL_FLAG("--peak-flops", peak_flops)
 #undef INT_FLAG
 #undef DBL_FLAG
-		if (!strcmp(f, "--tokens") || !strcmp(f, "--val-tokens") || !strcmp(f, "--init")) {
+		if (!strcmp(f, "--tokens") || !strcmp(f, "--val-tokens") || !strcmp(f, "--init") ||
+		    !strcmp(f, "--loss-file")) {
 			if (!v) {
 				fprintf(stderr, "gpt_ddp: %s expects a file\n", f);
 				return 2;
 			}
 			*(!strcmp(f, "--tokens") ? &c->tokens :
-			  !strcmp(f, "--init") ? &c->init_file : &c->val_tokens) = v;
+			  !strcmp(f, "--init") ? &c->init_file :
+			  !strcmp(f, "--loss-file") ? &c->loss_file : &c->val_tokens) = v;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--sequential")) {
+			c->sequential = 1;
+			continue;
+		}
+		if (!strcmp(f, "--dtype")) {
+			if (!v || (strcmp(v, "f32") && strcmp(v, "f64"))) {
+				fprintf(stderr, "gpt_ddp: --dtype must be f32 or f64, got '%s'\n",
+					v ? v : "");
+				return 2;
+			}
+			c->dtype = strcmp(v, "f64") ? LOOM_F32 : LOOM_F64;
 			i++;
 			continue;
 		}
@@ -155,11 +177,13 @@ typedef struct gpt_model {
 	int n_params;
 } gpt_model;
 
+static loom_dtype model_dtype = LOOM_F32;
+
 static loom_value param(loom_graph *g, gpt_model *m, const char *name, int ndim, int64_t d0,
 			int64_t d1, loom_init init)
 {
 	int64_t d[2] = { d0, d1 };
-	loom_value v = loom_param(g, name, LOOM_F32, ndim, d, init, 0);
+	loom_value v = loom_param(g, name, model_dtype, ndim, d, init, 0);
 	if (v != LOOM_NONE)
 		m->params[m->n_params++] = v;
 	return v;
@@ -171,9 +195,11 @@ static loom_value linear(loom_graph *g, gpt_model *m, const char *name, loom_val
 	char wn[64], bn[64];
 	snprintf(wn, sizeof(wn), "%s.weight", name);
 	snprintf(bn, sizeof(bn), "%s.bias", name);
+	/* Weight then bias, in this order (the --init file's). */
 	loom_value w = param(g, m, wn, 2, out, in, LOOM_INIT_ZEROS);
+	loom_value b = param(g, m, bn, 1, out, 0, LOOM_INIT_ZEROS);
 	m->matrices[m->n_matrices++] = w;
-	return loom_linear(g, x, w, param(g, m, bn, 1, out, 0, LOOM_INIT_ZEROS));
+	return loom_linear(g, x, w, b);
 }
 
 static loom_value layernorm(loom_graph *g, gpt_model *m, const char *name, loom_value x, int c)
@@ -181,8 +207,9 @@ static loom_value layernorm(loom_graph *g, gpt_model *m, const char *name, loom_
 	char wn[64], bn[64];
 	snprintf(wn, sizeof(wn), "%s.weight", name);
 	snprintf(bn, sizeof(bn), "%s.bias", name);
-	return loom_layernorm(g, x, param(g, m, wn, 1, c, 0, LOOM_INIT_ONES),
-			      param(g, m, bn, 1, c, 0, LOOM_INIT_ZEROS), 1e-5);
+	loom_value w = param(g, m, wn, 1, c, 0, LOOM_INIT_ONES);
+	loom_value b = param(g, m, bn, 1, c, 0, LOOM_INIT_ZEROS);
+	return loom_layernorm(g, x, w, b, 1e-5);
 }
 
 /*
@@ -194,6 +221,7 @@ static int gpt_build(loom_graph *g, const gpt_cfg *c, int b, gpt_model *m)
 	const int64_t T = c->context, C = c->embd, V = c->vocab;
 	int64_t bt[2] = { b, T }, flat[1] = { b * T }, lg[2] = { b * T, V };
 	char name[64];
+	model_dtype = c->dtype;
 	m->params = calloc(4 + 12 * (size_t)c->layers + 4, sizeof(loom_value));
 	m->matrices = calloc(4 * (size_t)c->layers + 1, sizeof(loom_value));
 	if (!m->params || !m->matrices)
@@ -246,7 +274,7 @@ static double normal(uint64_t *s)
 /* GPT-2's initialisation (nanoGPT's _init_weights): N(0, 0.02) for the
  * embeddings and matrices, 0.02 / sqrt(2 L) for the residual projections,
  * biases 0, layer norms 1 (their initialisers). Every rank draws the same.
- * Or --init FILE: every parameter in creation order, f32. */
+ * Or --init FILE: every parameter in creation order, f64. */
 static int gpt_init(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_model *m)
 {
 	size_t cap = 0;
@@ -270,14 +298,10 @@ static int gpt_init(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_mod
 			cap = n;
 		}
 		if (f) {
-			for (size_t k = 0; k < n; k++) {
-				float x;
-				if (fread(&x, 4, 1, f) != 1) {
-					fprintf(stderr, "gpt_ddp: --init %s: too short for the model\n",
-						c->init_file);
-					goto out;
-				}
-				buf[k] = x;
+			if (fread(buf, sizeof(double), n, f) != n) {
+				fprintf(stderr, "gpt_ddp: --init %s: too short for the model\n",
+					c->init_file);
+				goto out;
 			}
 		} else if (sh.ndim == 2) {
 			int proj = 0;
@@ -293,6 +317,11 @@ static int gpt_init(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_mod
 			fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t->p));
 			goto out;
 		}
+	}
+	if (f && fgetc(f) != EOF) {
+		fprintf(stderr, "gpt_ddp: --init %s: longer than the model's parameters\n",
+			c->init_file);
+		goto out;
 	}
 	rc = 0;
 out:
@@ -504,7 +533,7 @@ int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
 		      .temperature = 0.8, .top_k = 40, .val_interval = 50, .val_batches = 4,
-		      .warmup_steps = 20, .clip = 1.0 };
+		      .warmup_steps = 20, .clip = 1.0, .dtype = LOOM_F32 };
 	/* --nproc first: the workers get every flag, this program's too. */
 	int rc = loom_launch_maybe(&argc, argv);
 	if (rc >= 0)
@@ -520,6 +549,7 @@ int main(int argc, char **argv)
 	gpt_batch bt = { 0 };
 	loom_graph *g = NULL;
 	loom_sampler *sampler = NULL;
+	FILE *lossf = NULL;
 	char err[512], what[768];
 	const int B = a->batch, T = c.context;
 	rc = 1;
@@ -597,6 +627,10 @@ int main(int argc, char **argv)
 	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", peak / 1e9,
 	       c.peak_flops > 0 ? "--peak-flops" : "a 1024^3 loom matmul, measured", flops_tok / 1e6);
 
+	if (c.loss_file && t.rank == 0 && !(lossf = fopen(c.loss_file, "w"))) {
+		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
+		goto out;
+	}
 	double t_log = train_now(), loss_sum = 0, vloss;
 	int64_t since = 0, epoch = -1;
 	for (; step < total; step++) {
@@ -608,8 +642,10 @@ int main(int argc, char **argv)
 		loom_set_lr(t.p, lr_at(a, &c, step, total));
 		for (int micro = 0; micro < a->accumulate; micro++) {
 			int64_t starts[4096];
-			for (int r = 0; r < B; r++)
-				starts[r] = idx[((step % per_epoch) * a->accumulate + micro) * B + r] * T;
+			for (int r = 0; r < B; r++) {
+				int64_t k = ((step % per_epoch) * a->accumulate + micro) * B + r;
+				starts[r] = (c.sequential ? (k * t.world + t.rank) % windows : idx[k]) * T;
+			}
 			fill_batch(&train, starts, B, T, &bt);
 			if (run_batch(t.p, &bt, (size_t)B * T,
 				      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE :
@@ -620,6 +656,8 @@ int main(int argc, char **argv)
 			}
 			loss_sum += loom_loss(t.p);
 			since++;
+			if (lossf)
+				fprintf(lossf, "%lld %.17g\n", (long long)step + 1, loom_loss(t.p));
 		}
 		int last = step + 1 == total;
 		if ((step + 1) % a->log_interval == 0 || last) {
@@ -657,6 +695,10 @@ int main(int argc, char **argv)
 		goto out;
 	rc = 0;
 out:
+	if (lossf && fclose(lossf) != 0) {
+		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
+		rc = 1;
+	}
 	free(bt.ids);
 	free(bt.pos);
 	free(bt.targets);
