@@ -51,7 +51,7 @@ def=(--layers 4 --heads 4 --embd 128 --context 128 --batch-size 8)
 for r in $(seq 1 "$ROUNDS"); do
 	l=$("$LOOM" --data "$text" "${def[@]}" --max-steps "$STEPS" --log-interval "$STEPS" "${loom_ref[@]}" \
 		--peak-flops 1 2>&1 | grep "^step .*tok/s" | tail -1)
-	echo "round $r loom f32: $(sed 's/.*loss [0-9.]*  //; s/  MFU.*//' <<<"$l")  (the timing line covers steps 2-$STEPS? no: all $STEPS)"
+	echo "round $r loom f32: $(sed 's/.*loss [0-9.]*  //; s/  MFU.*//' <<<"$l")  (all $STEPS steps, the first included)"
 	echo "round $r $("$PY" bench/torch_gpt.py --data "$text" "${def[@]}" --steps "$STEPS" --threads "$THREADS" | tail -1)"
 	if [ "${COMPILE:-1}" = 1 ]; then
 		echo "round $r $("$PY" bench/torch_gpt.py --data "$text" "${def[@]}" --steps "$STEPS" --threads "$THREADS" --compile 2>&1 | tail -1)"
