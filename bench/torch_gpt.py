@@ -26,9 +26,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(s, C, nh):
+    def __init__(s, C, nh, gelu):
         super().__init__()
         s.nh = nh
+        s.gelu = gelu
         s.ln_1 = nn.LayerNorm(C)
         s.c_attn = nn.Linear(C, 3 * C)
         s.attn_proj = nn.Linear(C, C)
@@ -47,15 +48,15 @@ class Block(nn.Module):
 
     def forward(s, x):
         x = x + s.attn(s.ln_1(x))
-        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x))))
+        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate=s.gelu))
 
 
 class GPT(nn.Module):
-    def __init__(s, V, T, C, L, nh):
+    def __init__(s, V, T, C, L, nh, gelu="none"):
         super().__init__()
         s.wte = nn.Embedding(V, C)
         s.wpe = nn.Embedding(T, C)
-        s.h = nn.ModuleList(Block(C, nh) for _ in range(L))
+        s.h = nn.ModuleList(Block(C, nh, gelu) for _ in range(L))
         s.ln_f = nn.LayerNorm(C)
 
     def forward(s, idx, targets):
@@ -101,6 +102,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--gelu", choices=["erf", "tanh"], default="erf")
     p.add_argument("--init", help="write the initial parameters here (f64, loom's order)")
     p.add_argument("--losses", help="write every step's loss here")
     a = p.parse_args()
@@ -115,7 +117,7 @@ def main():
     B, T = a.batch_size, a.context
     windows = (len(train) - 1) // T
 
-    m = GPT(256, T, a.embd, a.layers, a.heads).to(dt)
+    m = GPT(256, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
     with torch.no_grad():
         for name, w in m.named_parameters():
             if w.dim() == 2:

@@ -38,6 +38,9 @@ typedef struct gpt_cfg {
 	loom_dtype dtype;       /* of the parameters: f32, or f64 (reference runs) */
 	int sequential;         /* batch k = windows k*B .. (no shuffling), as the references */
 	const char *loss_file;  /* every step's loss, %.17g, for the reference comparisons */
+	int gelu_tanh;          /* GPT-2's (and llm.c's) tanh GELU instead of the exact one */
+	int constant_lr;        /* no warm-up, no decay (llm.c's trainer) */
+	const char *llmc_out;   /* write the initial model as an llm.c checkpoint, then stop */
 } gpt_cfg;
 
 static void gpt_usage(FILE *f)
@@ -66,7 +69,11 @@ static void gpt_usage(FILE *f)
 		"  --init FILE          initial parameters (f64, loom's order; bench/torch_gpt.py)\n"
 		"  --dtype f32|f64      the model's dtype (default f32; f64 for reference runs, O0)\n"
 		"  --sequential         batches in corpus order, no shuffling (reference runs)\n"
-		"  --loss-file FILE     write every step's loss (%%.17g) there\n\n");
+		"  --loss-file FILE     write every step's loss (%%.17g) there\n"
+		"  --gelu erf|tanh      the exact GELU (default, nn.GELU()) or GPT-2's tanh form\n"
+		"  --constant-lr        no warm-up, no decay\n"
+		"  --write-llmc FILE    write the initial model as an llm.c checkpoint (gpt2_124M.bin's\n"
+		"                       layout, f32) and stop (bench/llmc_compare.sh)\n\n");
 }
 
 /* Takes this program's flags out of argv; the rest go to train_start. */
@@ -128,8 +135,27 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 			i++;
 			continue;
 		}
-		if (!strcmp(f, "--sequential")) {
-			c->sequential = 1;
+		if (!strcmp(f, "--sequential") || !strcmp(f, "--constant-lr")) {
+			*(!strcmp(f, "--sequential") ? &c->sequential : &c->constant_lr) = 1;
+			continue;
+		}
+		if (!strcmp(f, "--gelu")) {
+			if (!v || (strcmp(v, "erf") && strcmp(v, "tanh"))) {
+				fprintf(stderr, "gpt_ddp: --gelu must be erf or tanh, got '%s'\n",
+					v ? v : "");
+				return 2;
+			}
+			c->gelu_tanh = !strcmp(v, "tanh");
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--write-llmc")) {
+			if (!v) {
+				fprintf(stderr, "gpt_ddp: --write-llmc expects a file\n");
+				return 2;
+			}
+			c->llmc_out = v;
+			i++;
 			continue;
 		}
 		if (!strcmp(f, "--dtype")) {
@@ -239,7 +265,8 @@ static int gpt_build(loom_graph *g, const gpt_cfg *c, int b, gpt_model *m)
 		h = loom_causal_self_attention(g, h, c->heads);
 		x = loom_add(g, x, linear(g, m, NAME("attn.c_proj"), h, (int)C, (int)C));
 		h = layernorm(g, m, NAME("ln_2"), x, (int)C);
-		h = loom_gelu(g, linear(g, m, NAME("mlp.c_fc"), h, (int)(4 * C), (int)C));
+		h = linear(g, m, NAME("mlp.c_fc"), h, (int)(4 * C), (int)C);
+		h = c->gelu_tanh ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
 		x = loom_add(g, x, linear(g, m, NAME("mlp.c_proj"), h, (int)C, (int)(4 * C)));
 #undef NAME
 	}
@@ -329,6 +356,65 @@ out:
 		fclose(f);
 	free(buf);
 	return rc;
+}
+
+/*
+ * The initial model as an llm.c checkpoint (train_gpt2.c's
+ * gpt2_build_from_checkpoint): 256 int32 (magic 20240326, version 3, maxT,
+ * V, L, NH, C, padded V), then f32 tensors each over all layers: wte
+ * (padded rows 0), wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w,
+ * ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb. Weights [out, in] as loom's.
+ */
+static int write_llmc(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_model *m)
+{
+	const int L = c->layers, C = c->embd, Vp = (c->vocab + 127) / 128 * 128;
+	int32_t head[256] = { 20240326, 3, c->context, c->vocab, L, c->heads, C, Vp };
+	FILE *f = fopen(c->llmc_out, "wb");
+	double *buf = NULL;
+	float *out = NULL;
+	size_t cap = 0;
+	int bad = !f || fwrite(head, sizeof(head), 1, f) != 1;
+	/* Which of a layer's 12 parameters each llm.c tensor is, in its order
+	 * (-1, -2: wte, wpe; 12, 13: ln_f weight and bias, once). */
+	static const int order[16] = { -1, -2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13 };
+	for (int k = 0; k < 16 && !bad; k++) {
+		int layers = order[k] >= 0 && order[k] < 12 ? L : 1;
+		for (int l = 0; l < layers && !bad; l++) {
+			loom_value v = order[k] == -1 ? m->params[0] :
+				       order[k] == -2 ? m->params[1] :
+				       order[k] >= 12 ? m->params[2 + 12 * L + order[k] - 12] :
+							m->params[2 + 12 * l + order[k]];
+			loom_shape sh = loom_value_shape(g, v);
+			size_t n = (size_t)loom_shape_numel(&sh), pad = order[k] == -1 ?
+					   (size_t)(Vp - c->vocab) * C : 0;
+			if (n + pad > cap) {
+				cap = n + pad;
+				double *nb = realloc(buf, cap * sizeof(double));
+				float *no = realloc(out, cap * sizeof(float));
+				buf = nb ? nb : buf;
+				out = no ? no : out;
+				if (!nb || !no) {
+					bad = 1;
+					break;
+				}
+			}
+			bad = loom_read_f64(t->p, v, buf, n) != LOOM_OK;
+			for (size_t i = 0; i < n + pad; i++)
+				out[i] = i < n ? (float)buf[i] : 0.0f;
+			bad |= fwrite(out, sizeof(float), n + pad, f) != n + pad;
+		}
+	}
+	if (f && fclose(f) != 0)
+		bad = 1;
+	free(buf);
+	free(out);
+	if (bad)
+		fprintf(stderr, "gpt_ddp: --write-llmc %s: %s\n", c->llmc_out,
+			f ? "write failed" : strerror(errno));
+	else
+		printf("wrote the initial model to %s (llm.c checkpoint, V %d padded to %d)\n",
+		       c->llmc_out, c->vocab, Vp);
+	return bad ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------ data */
@@ -489,6 +575,8 @@ static double measure_peak(const train_args *a)
 /* A linear warm-up over warmup steps, then cosine to a tenth (nanoGPT). */
 static double lr_at(const train_args *a, const gpt_cfg *c, int64_t step, int64_t total)
 {
+	if (c->constant_lr)
+		return a->lr;
 	if (step < c->warmup_steps)
 		return a->lr * (step + 1) / c->warmup_steps;
 	double r = total > c->warmup_steps ?
@@ -598,6 +686,10 @@ int main(int argc, char **argv)
 	}
 	if (gpt_init(&t, &c, g, &m))
 		goto out;
+	if (c.llmc_out) {
+		rc = t.rank == 0 && write_llmc(&t, &c, g, &m) ? 1 : 0;
+		goto out;
+	}
 	bt.ids = malloc(sizeof(int32_t) * (size_t)B * T);
 	bt.pos = malloc(sizeof(int32_t) * (size_t)B * T);
 	bt.targets = malloc(sizeof(int32_t) * (size_t)B * T);

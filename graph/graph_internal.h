@@ -89,6 +89,7 @@ typedef union loom_attrs {
 	} bc;
 	struct {
 		int relu; /* ADD: a fused relu after the sum (graph/fuse.c) */
+		int tanh; /* GELU, GELU_BWD: the tanh approximation (GPT-2's) */
 	} ew;
 	struct {
 		loom_init init;

@@ -139,6 +139,9 @@ loom_value loom_batchnorm2d(loom_graph *g, loom_value x, loom_value gamma,
 loom_value loom_relu(loom_graph *g, loom_value x);
 /* x * Phi(x) with Phi the normal CDF (torch.nn.GELU(), the exact erf form). */
 loom_value loom_gelu(loom_graph *g, loom_value x);
+/* GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (torch.nn.GELU(approximate='tanh'): GPT-2's and llm.c's). */
+loom_value loom_gelu_tanh(loom_graph *g, loom_value x);
 loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
 			  int pad);
 /* [N, C, H, W] -> [N, C]: the mean of each channel plane (ResNet's head). */

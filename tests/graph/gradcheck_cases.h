@@ -25,6 +25,7 @@
 	X(LOOM_OP_RELU, relu)                                            \
 	X(LOOM_OP_RELU, relu_2d)                                         \
 	X(LOOM_OP_GELU, gelu)                                            \
+	X(LOOM_OP_GELU, gelu_tanh)                                       \
 	X(LOOM_OP_MAXPOOL2D, maxpool2d_k2_s2)                            \
 	X(LOOM_OP_MAXPOOL2D, maxpool2d_k2_s2_odd)                        \
 	X(LOOM_OP_MAXPOOL2D, maxpool2d_k3_s2_pad1)                       \

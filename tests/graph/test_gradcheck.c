@@ -429,6 +429,16 @@ static void case_gelu(void)
 	gc_fini(&c);
 }
 
+static void case_gelu_tanh(void)
+{
+	gc c;
+	gc_init(&c, 25);
+	int64_t xd[3] = { 2, 3, 7 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	gc_check(&c, gc_project(&c, loom_gelu_tanh(c.g, x)), 1e-6);
+	gc_fini(&c);
+}
+
 static void case_relu_2d(void)
 {
 	gc c;

@@ -550,6 +550,11 @@ static loom_value b_embedding(loom_graph *g, tcase *t)
 	return loom_embedding(g, ids, param(g, t, "wte", 2, 7, 5, 0, 0));
 }
 
+static loom_value b_gelu_tanh(loom_graph *g, tcase *t)
+{
+	return loom_gelu_tanh(g, param(g, t, "x", 3, 2, 5, 9, 0));
+}
+
 static loom_value b_layernorm(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 3, 2, 3, 40, 0);
@@ -1005,6 +1010,7 @@ static const op_case cuda_op_cases[] = {
 	{ "flatten+relu", b_flatten, LOOM_RUN_GRAD, 0 },
 	{ "softmax_ce", b_ce, LOOM_RUN_GRAD, 0 },
 	{ "embedding", b_embedding, LOOM_RUN_GRAD, 0 },
+	{ "gelu tanh", b_gelu_tanh, LOOM_RUN_GRAD, 0 },
 	{ "layernorm", b_layernorm, LOOM_RUN_GRAD, 0 },
 	{ "linear [B, T, C]", b_linear_3d, LOOM_RUN_GRAD, 1 },
 	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 0 },
