@@ -11,14 +11,6 @@ export LOOM_COMM_TIMEOUT_S=120 OMP_NUM_THREADS=1
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/gpt.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-expect() {
-	local name=$1 want=$2 pat=$3 out rc
-	shift 4
-	out=$("$EX" "$@" 2>&1)
-	rc=$?
-	if [ "$rc" -eq "$want" ] && grep -q -- "$pat" <<<"$out"; then ok "$name"; else
-		bad "$name" "exit $rc (want $want), no line with '$pat':" "$out"; fi
-}
 
 # A small, very regular text: a tiny model learns it within tens of steps.
 for i in $(seq 1 300); do
