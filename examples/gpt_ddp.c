@@ -54,8 +54,6 @@ static void gpt_usage(FILE *f)
 		"  --preset gpt2        GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024,\n"
 		"                       vocabulary 50257 (compile it with --dry-run --memory-report)\n"
 		"  --vocab N            vocabulary size (default: 256 for text, the ids' for --tokens)\n"
-		"  --data PATH          a text file or a folder of them, read byte by byte\n"
-		"                       (default /usr/share/games/fortunes: Debian package fortunes)\n"
 		"  --tokens FILE        an llm.c token file (.bin) instead of text\n"
 		"  --val-tokens FILE    its validation file (default: the last tenth of --tokens)\n"
 		"  --val-interval N     validation loss every N steps (default 50; 0: at the end)\n"

@@ -82,6 +82,7 @@ typedef struct train_program {
 	const char *about;
 	unsigned groups;
 	train_args defaults;
+	const char *data_help; /* --data's line of --help, NULL: an image folder's */
 } train_program;
 
 extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic,
