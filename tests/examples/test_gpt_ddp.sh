@@ -2,8 +2,8 @@
 # tests/examples/test_gpt_ddp.sh — examples/gpt_ddp on a small text written
 # here: bad flags and data named, the loss falling over 40 steps of a tiny
 # GPT, the validation loss and a sample, GPT-2 124M compiled (--preset gpt2
-# --dry-run, its parameter count), and 2 ranks (--nproc 2, batch 2 each)
-# ending where 1 rank at batch 4 ends. Prints "N passed, N failed".
+# --dry-run, its parameter count), resume from a checkpoint, and 2 ranks
+# (--nproc 2, batch 2 each) ending where 1 rank at batch 4 ends. Prints "N passed, N failed".
 set -u
 EX=$1
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
@@ -49,6 +49,20 @@ fi
 check "validation loss every 20 steps" "$out" "validation loss [0-9.]*$" 2
 check "progress line: tok/s, ms/step, MFU" "$out" "tok/s .* ms/step  MFU [0-9.]*%" 8
 check "a sample comes out" "$out" "^sample (temperature" 1
+
+# Resume: 5 steps, a checkpoint, 5 more equal 10 straight (a constant
+# schedule: the cosine's length is the run's --max-steps).
+rs=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-size 4 --device cpu
+    --threads 1 --sample 0 --val-interval 0 --log-interval 5 --constant-lr)
+"$EX" "${rs[@]}" --max-steps 10 --loss-file "$tmp/straight.txt" >/dev/null 2>&1
+"$EX" "${rs[@]}" --max-steps 5 --checkpoint "$tmp/r.ckpt" >/dev/null 2>&1
+out=$("$EX" "${rs[@]}" --max-steps 10 --checkpoint "$tmp/r.ckpt" --resume --loss-file "$tmp/resumed.txt" 2>&1)
+check "resume says where it starts" "$out" "^resumed from .* at step 5" 1
+if [ -s "$tmp/resumed.txt" ] && [ "$(tail -5 "$tmp/straight.txt")" = "$(cat "$tmp/resumed.txt")" ]; then
+	ok "resumed steps 6-10 equal the straight run's, bit for bit"
+else
+	bad "resume" "straight: $(tail -5 "$tmp/straight.txt" | tr '\n' ' ')" "resumed: $(tr '\n' ' ' <"$tmp/resumed.txt")"
+fi
 
 # Data parallel: 2 ranks of batch 2 see the global batch of 1 rank of batch
 # 4 (the sampler's shards of one permutation) and end at the same
