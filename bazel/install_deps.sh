@@ -17,6 +17,7 @@ PACKAGES=(
 	clang                # tests/fuzz: libFuzzer targets (gcc has no libFuzzer)
 	graphviz             # tests/engine/test_report renders --dump-plan output with dot
 	dataset-fashion-mnist # data for the examples and the end-to-end tests
+	fortunes             # gpt_ddp's default text (English prose)
 	pkg-config
 	ca-certificates
 )

@@ -26,6 +26,9 @@ enum {
 	/* optim updates pieces that are part of a slot (ZeRO), and answers
 	 * grads_finite. */
 	LOOM_BE_SHARDED_OPTIM = 1u << 7,
+	/* optim honours ts->clip_grad and ts->decay_matrices_only and sets
+	 * ts->grad_norm. */
+	LOOM_BE_CLIPS_GRAD = 1u << 8,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \

@@ -706,6 +706,37 @@ loom_status loom_set_lr(loom_program *p, double lr)
 	return LOOM_OK;
 }
 
+loom_status loom_set_clip_grad(loom_program *p, double max_norm)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (!(max_norm >= 0) || !isfinite(max_norm))
+		return loom_program_fail(p, LOOM_ERR_INVALID, "set_clip_grad: %g must be >= 0",
+					 max_norm);
+	if (max_norm > 0 && !(p->be->caps & LOOM_BE_CLIPS_GRAD))
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "set_clip_grad: the %s backend's optimizer does not clip yet",
+					 p->be->name);
+	if (max_norm > 0 && p->plan.opts.zero_stage > 0)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "set_clip_grad: not under ZeRO yet (each rank holds one "
+					 "shard's gradients; the norm needs their sum over ranks)");
+	p->ts.clip_grad = max_norm;
+	return LOOM_OK;
+}
+
+loom_status loom_set_decay_matrices_only(loom_program *p, int on)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (on && !(p->be->caps & LOOM_BE_CLIPS_GRAD))
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "set_decay_matrices_only: not on the %s backend yet",
+					 p->be->name);
+	p->ts.decay_matrices_only = on != 0;
+	return LOOM_OK;
+}
+
 double loom_get_lr(const loom_program *p)
 {
 	return p ? p->ts.lr : NAN;
@@ -746,6 +777,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
 	info->loss_scale = p->ts.scaler.scale;
 	info->skipped_steps = p->ts.scaler.skipped_steps;
+	info->grad_norm = p->ts.grad_norm;
 	info->amp_report = p->ts.amp_report;
 }
 

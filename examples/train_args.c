@@ -51,6 +51,19 @@ const train_program train_resnet50_synthetic = {
 		      .depth = 50, .width = 64, .size = 224, .steps = 10, .warmup = 2 },
 };
 
+const train_program train_gpt_ddp = {
+	.name = "gpt_ddp",
+	.about = "Trains a GPT-2-style transformer (pre-norm blocks, GELU MLP, tied embeddings,\n"
+		 "learned positions) on text, byte by byte, or on llm.c token files, with loom.",
+	.groups = TRAIN_FLAGS_COMMON | TRAIN_FLAGS_FIT | TRAIN_FLAGS_DATA,
+	.defaults = { TRAIN_BASE_DEFAULTS, .epochs = 1, .batch = 8, .lr = 1e-3,
+		      .weight_decay = 0.1, .optim = LOOM_OPTIM_ADAMW, .log_interval = 10,
+		      .data = "/usr/share/games/fortunes", .schedule = TRAIN_LR_COSINE,
+		      .max_steps = 300 },
+	.data_help = "a text file or a folder of them, read byte by byte\n"
+		     "                       (Debian package fortunes for the default)",
+};
+
 static void say(char *msg, size_t msglen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -71,7 +84,9 @@ void train_usage(const train_program *prog, FILE *f)
 	unsigned g = prog->groups;
 
 	fprintf(f, "usage: %s [options]\n%s\n\n", prog->name, prog->about);
-	if (g & TRAIN_FLAGS_DATA)
+	if ((g & TRAIN_FLAGS_DATA) && prog->data_help)
+		fprintf(f, "  --data PATH          %s (default %s)\n", prog->data_help, d->data);
+	else if (g & TRAIN_FLAGS_DATA)
 		fprintf(f, "  --data DIR           %s (default %s)\n",
 			g & TRAIN_FLAGS_CIFAR ? "CIFAR-10 binary version: data_batch_1.bin ..\n"
 						"                       data_batch_5.bin, test_batch.bin" :
@@ -96,10 +111,11 @@ void train_usage(const train_program *prog, FILE *f)
 			d->size, d->steps, d->warmup);
 	if (g & TRAIN_FLAGS_FIT)
 		fprintf(f, "  --epochs N           epochs to train (default %d)\n", d->epochs);
-	fprintf(f, "  --batch-size N       images per step and rank (default %d)\n", d->batch);
+	fprintf(f, "  --batch-size N       %s per step and rank (default %d)\n",
+		prog->data_help ? "sequences" : "images", d->batch);
 	if (g & TRAIN_FLAGS_FIT) {
 		fprintf(f,
-			"  --optimizer NAME     sgd or adamw (default sgd)\n"
+			"  --optimizer NAME     sgd or adamw (default %s)\n"
 			"  --lr X               learning rate (default %g)\n"
 			"  --momentum X         SGD momentum (default %g)\n"
 			"  --weight-decay X     weight decay (default %g)\n"
@@ -108,7 +124,8 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --lr-gamma X         step decay factor (default %g)\n"
 			"  --accumulate N       N micro-batches per optimizer step, gradients all-reduced\n"
 			"                       once on the last (DDP's no_sync; default 1)\n",
-			d->lr, d->momentum, d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
+			d->optim == LOOM_OPTIM_ADAMW ? "adamw" : "sgd", d->lr, d->momentum,
+			d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
 			d->lr_gamma);
 	}
 	if (g & TRAIN_FLAGS_CIFAR)
@@ -131,8 +148,8 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
 			"  --resume             continue from --checkpoint\n"
 			"  --log-interval N     steps between progress lines (default %d)\n"
-			"  --max-steps N        stop after N training steps (smoke tests)\n",
-			d->log_interval);
+			"  --max-steps N        stop after N training steps (default %s%.0lld; 0: none)\n",
+			d->log_interval, d->max_steps ? "" : "none", (long long)d->max_steps);
 	fprintf(f,
 		"  --dump-plan FILE     write the compiled plan as Graphviz (dot -Tsvg FILE)\n"
 		"  --memory-report      print where the plan's memory goes, before step 1\n"
@@ -337,7 +354,8 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		a->log_interval = (int)l;
 		break;
 	case O_MAX:
-		if (parse_int("--max-steps", arg, 1, 0x7fffffffL, &l, msg, msglen)) return -1;
+		/* 0: no limit (gpt_ddp's default is 300) */
+		if (parse_int("--max-steps", arg, 0, 0x7fffffffL, &l, msg, msglen)) return -1;
 		a->max_steps = l;
 		break;
 	case O_DUMP: a->dump_graph = 1; break;

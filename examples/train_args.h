@@ -90,9 +90,11 @@ typedef struct train_program {
 	const char *about;
 	unsigned groups;
 	train_args defaults;
+	const char *data_help; /* --data's line of --help, NULL: an image folder's */
 } train_program;
 
-extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic;
+extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic,
+	train_gpt_ddp;
 
 typedef enum train_parse {
 	TRAIN_RUN = 0,   /* *a holds the run's settings */

@@ -34,31 +34,35 @@ loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_
 	return LOOM_OK;
 }
 
-/* gelu runs in the entry itself: erf dominates, and there is no library
- * kernel or ISA-specific loop to choose between. dx = dy * (Phi(x) + x phi(x)). */
+/* gelu runs in the entry itself: erf (or tanh) dominates, and there is no
+ * library kernel or ISA-specific loop to choose between. The formulas, exact
+ * and tanh (GPT-2's), are engine/gelu.h's. */
 #define GELU_PAR_MIN 32768
 
-static void gelu_f32(int64_t n, const float *x, const float *dy, float *y)
+static void gelu_f32(int64_t n, const float *x, const float *dy, float *y, int tanh_form)
 {
 #pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i++)
-		y[i] = loom_gelu_f32(x[i], dy ? dy[i] : 0.0f, dy != NULL);
+		y[i] = tanh_form ? loom_gelu_tanh_f32(x[i], dy ? dy[i] : 0.0f, dy != NULL)
+				 : loom_gelu_f32(x[i], dy ? dy[i] : 0.0f, dy != NULL);
 }
 
-static void gelu_f64(int64_t n, const double *x, const double *dy, double *y)
+static void gelu_f64(int64_t n, const double *x, const double *dy, double *y, int tanh_form)
 {
 #pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i++)
-		y[i] = loom_gelu_f64(x[i], dy ? dy[i] : 0.0, dy != NULL);
+		y[i] = tanh_form ? loom_gelu_tanh_f64(x[i], dy ? dy[i] : 0.0, dy != NULL)
+				 : loom_gelu_f64(x[i], dy ? dy[i] : 0.0, dy != NULL);
 }
 
 static void gelu(const loom_plan *plan, loom_value v, const loom_cpu_io *io, int bwd)
 {
 	int64_t n = numel_of(plan, v);
+	int t = plan->g->nodes[v].a.ew.tanh;
 	if (loom_cpu_kernel_dtype(&plan->g->nodes[v]) == LOOM_F64)
-		gelu_f64(n, io->src[0], bwd ? io->src[1] : NULL, io->out);
+		gelu_f64(n, io->src[0], bwd ? io->src[1] : NULL, io->out, t);
 	else
-		gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, io->out);
+		gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, io->out, t);
 }
 
 loom_status loom_cpu_op_gelu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,

@@ -35,14 +35,15 @@ __global__ void loom_relu_bwd_kernel(const void *x, int xdt, const void *dy, int
 		loom_st(dx, dxdt, i, loom_ld(x, xdt, i) > 0.0f ? loom_ld(dy, dydt, i) : 0.0f);
 }
 
-/* gelu, the exact form: y = x Phi(x); dx = dy (Phi(x) + x phi(x)). */
+/* gelu, the exact or (tanh_form) GPT-2's tanh form: engine/gelu.h. */
 __global__ void loom_gelu_kernel(const void *x, int xdt, const void *dy, int dydt, void *y,
-				 int ydt, int64_t n)
+				 int ydt, int64_t n, int tanh_form)
 {
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
-		float g = dy ? loom_ld(dy, dydt, i) : 0.0f;
-		loom_st(y, ydt, i, loom_gelu_f32(loom_ld(x, xdt, i), g, dy != NULL));
+		float g = dy ? loom_ld(dy, dydt, i) : 0.0f, v = loom_ld(x, xdt, i);
+		loom_st(y, ydt, i,
+			tanh_form ? loom_gelu_tanh_f32(v, g, dy != NULL) : loom_gelu_f32(v, g, dy != NULL));
 	}
 }
 
@@ -256,7 +257,7 @@ static loom_status gelu_launch(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 		return LOOM_OK;
 	loom_gelu_kernel<<<loom_cuda_blocks(n, threads), threads, 0, c->stream>>>(
 		io->src[0], io->dt[0], bwd ? io->src[1] : NULL, bwd ? io->dt[1] : 0, io->out,
-		io->odt, n);
+		io->odt, n, plan->g->nodes[v].a.ew.tanh);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 

@@ -31,11 +31,12 @@ declare -A SRCS=(
 	[fuzz_rendezvous]="comm/wire.c comm/env.c"
 	[fuzz_fingerprint]="comm/wire.c comm/env.c"
 	[fuzz_safetensors]="engine/safetensors.c"
+	[fuzz_gpt_tokens]="examples/gpt_data.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz"
-	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson")
+	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson" [fuzz_gpt_tokens]="")
 targets=("$@")
-[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors)
+[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors fuzz_gpt_tokens)
 
 if ! command -v "$CC" >/dev/null 2>&1; then
 	echo "fuzz: $CC not found (bazel/install_deps.sh installs clang)"

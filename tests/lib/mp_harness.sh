@@ -25,6 +25,17 @@ check() {
 	if [ "$n" -eq "$4" ]; then ok "$1"; else bad "$1" "want $4 lines with '$3', got $n:" "$2"; fi
 }
 
+# expect NAME WANT_RC PATTERN -- ARGS...: runs "$EX" ARGS (the script's
+# program under test) and wants exit status WANT_RC and a line matching.
+expect() {
+	local name=$1 want=$2 pat=$3 out rc
+	shift 4
+	out=$("$EX" "$@" 2>&1)
+	rc=$?
+	if [ "$rc" -eq "$want" ] && grep -q -- "$pat" <<<"$out"; then ok "$name"; else
+		bad "$name" "exit $rc (want $want), no line with '$pat':" "$out"; fi
+}
+
 # mp_setup: one OpenMP thread per rank, MPIRUN (mpirun as root, oversubscribed,
 # passing both settings on), a scratch folder $tmp removed at exit; ends the
 # script with "0 passed, 1 failed" where mpirun is missing.
