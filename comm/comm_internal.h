@@ -67,6 +67,42 @@ loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t e
 
 /* ------------------------------------------------------------- rendezvous */
 
+/*
+ * Rank 0's side of the rendezvous apart from its sockets (tests/fuzz drives
+ * it): what it makes of the bytes each connection sent. Anything may
+ * connect to MASTER_PORT (a port scanner, a health check, a second job), so
+ * a bad connection is turned away with one line and the group keeps waiting
+ * for the real ranks until its own deadline, as a TCP store does.
+ */
+#define LOOM_RDV_HELLO_TIMEOUT_S 5.0 /* each connection's own deadline for its hello */
+#define LOOM_RDV_TURNED_LEN 512
+
+typedef struct loom_rdv_srv {
+	int world;
+	loom_comm_peer *peers; /* world entries; [0] rank 0 itself */
+	int arrived;           /* ranks taken, rank 0 included */
+	int dropped, refused;  /* connections turned away */
+	char turned[LOOM_RDV_TURNED_LEN]; /* the refusals, for the timeout's message */
+} loom_rdv_srv;
+
+/* How the bytes of one connection were judged. */
+enum {
+	LOOM_RDV_MORE,   /* a hello so far: wait for the rest */
+	LOOM_RDV_TAKE,   /* a rank of the group: *rank and peers[*rank] filled */
+	LOOM_RDV_DROP,   /* not a loom rank, or half a message: close it */
+	LOOM_RDV_REFUSE, /* a loom rank in error (another world size or version, a
+			    rank out of range or already taken): send why, close */
+};
+/* Connection states for loom_rdv_srv_judge's `ended`. */
+enum { LOOM_RDV_OPEN, LOOM_RDV_CLOSED, LOOM_RDV_STALLED };
+
+/* Judges the first n (<= LOOM_RDV_HELLO_BYTES) bytes a connection from
+ * `from` ("address:port") sent; `ended` says whether it closed or its hello
+ * deadline passed. On DROP and REFUSE, why holds one line naming `from`
+ * (and for REFUSE the reply to send). */
+int loom_rdv_srv_judge(loom_rdv_srv *s, const uint8_t *m, size_t n, int ended,
+		       const char *from, int *rank, char *why, size_t len);
+
 typedef struct loom_rdv {
 	/* in */
 	int rank, world;
@@ -83,17 +119,20 @@ typedef struct loom_rdv {
 	/* rank 0: a socket per rank (kept for the ordered MPI join); others: [0] */
 	int *fds;
 	int listen_fd;
+	loom_rdv_srv srv; /* rank 0 */
 } loom_rdv;
 
 /* Rank 0 listens on master_port and waits (timeout_s) for every other rank's
- * hello; every other rank connects (retrying until the deadline). Strict:
- * wrong magic, length, world size, duplicate or out-of-range rank are
- * errors naming the rank (or the address when the rank is unknown), and rank
- * 0 passes its verdict to every rank that arrived. */
+ * hello; every other rank connects (retrying until the deadline). Rank 0
+ * turns away what is not a rank of this group (loom_rdv_srv_judge) and keeps
+ * waiting; when a rank does not come, its timeout names the missing ranks and
+ * what was refused, and passes that verdict to every rank that arrived. */
 loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen);
 /* The ordered join: rank 0 tells rank k it may connect now; rank k waits. */
 loom_status loom_rdv_send_go(loom_rdv *r, int to, char *err, size_t errlen);
 loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t errlen);
+/* Rank 0 first answers the connections still queued (a rank that claims an
+ * existing rank after the group formed is told so), then closes. */
 void loom_rdv_close(loom_rdv *r);
 
 /* Socket helpers with deadlines (absolute, loom_comm_now()). Reads fail

@@ -57,6 +57,9 @@ void loom_rdv_encode_welcome(int world, const void *blob, size_t blob_len,
 			     const loom_comm_peer *peers, uint8_t *out);
 void loom_rdv_encode_go(int rank, uint8_t *out);
 
+/* Whether the first n bytes a connection sent agree with a hello's magic
+ * (n < 8: as far as they go), so that rank 0 drops a stranger early. */
+int loom_rdv_hello_could_be(const uint8_t *m, size_t n);
 /*
  * Rank 0 reads a hello that came from `from` ("address:port") in a group of
  * `world`: wrong magic or version, another world size, a rank outside

@@ -74,25 +74,49 @@ out=$( (RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "
 	wait) 2>&1)
 check "env://: mismatched WORLD_SIZE" "$out" "ERROR .*rank 1 .* has WORLD_SIZE=3, rank 0 has 2" 2
 out=$(envrun 3 allreduce 0 1 1 2>&1)
-check "env://: rank 1 twice" "$out" "rank 0: ERROR .*rank 1 arrived twice" 1
+check "env://: rank 1 twice: the second is refused, naming it" "$out" \
+	"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
+check "env://: rank 1 twice: rank 0 keeps waiting, then names both" "$out" \
+	"rank 0: ERROR .*rank 2 did not arrive within 2.0 s (2 of 3 ranks came; refused: rendezvous: rank 1 is already in the group" 1
 out=$(RANK=1x WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$W" 2>&1)
 check "env://: malformed RANK" "$out" "ERROR .*RANK='1x' is not a non-negative integer" 1
 
-# Malformed rendezvous messages from a fake rank (bash's /dev/tcp).
-fake() { # WORLD PAYLOAD_CMD: rank 0 alone, a fake peer sends what the command prints
-	port=$((port + 1))
-	RANK=0 WORLD_SIZE=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
-	local i
-	for i in $(seq 50); do
-		(exec 3<>/dev/tcp/127.0.0.1/$port && eval "$2" >&3 && sleep 0.2) 2>/dev/null && break
+# Strangers on MASTER_PORT (a port scanner, an HTTP health check, half a
+# hello that stalls, random bytes): rank 0 drops each with one line naming
+# its address and the real rank 1 still completes the group, while the
+# stalled connection is still open. Nothing here waits for a timeout: a
+# long one, so that the machine's load cannot decide.
+port=$((port + 1))
+strangers=$(mktemp)
+(
+	export LOOM_COMM_TIMEOUT_S=20 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+	RANK=0 timeout 60 "$W" allreduce 2>&1 &
+	# The first connect that gets through is the bare connect-and-close.
+	for i in $(seq 200); do
+		(exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
 		sleep 0.05
 	done
+	# (in subshells: rank 0 closes on them, and a write then raises SIGPIPE)
+	(head -c 300 /dev/urandom | tr 'L' 'x' >/dev/tcp/127.0.0.1/$port) 2>/dev/null
+	(printf 'GET / HTTP/1.1\r\nHost: loom\r\n\r\n' >/dev/tcp/127.0.0.1/$port) 2>/dev/null
+	(exec 3<>/dev/tcp/127.0.0.1/$port && printf 'LMRDVHI1abc' >&3 && sleep 30) &
+	stall=$!
+	sleep 0.5
+	RANK=1 timeout 60 "$W" allreduce 2>&1
+	echo "stalled connection open: $(kill -0 $stall 2>/dev/null && echo yes || echo no)"
+	kill $stall 2>/dev/null
 	wait
-}
-out=$(fake 2 "printf 'LMRDVHI1abc'" 2>&1)
-check "rendezvous: truncated hello" "$out" "ERROR .*hello from 127.0.0.1:[0-9]*: connection closed after 11 of 92 bytes (truncated message)" 1
-out=$(fake 2 "head -c 92 /dev/zero | tr '\\\\0' 'X'" 2>&1)
-check "rendezvous: wrong magic" "$out" "ERROR .*127.0.0.1:[0-9]* sent a message with a wrong magic" 1
+) >"$strangers" 2>&1
+out=$(cat "$strangers")
+rm -f "$strangers"
+check "rendezvous strangers: the group completes" "$out" "rank [01]: OK allreduce world 2" 2
+check "rendezvous strangers: ... while the stalled one is still open" "$out" "stalled connection open: yes" 1
+check "rendezvous strangers: one line for each, naming its address" "$out" \
+	"^rendezvous: rank 0 dropped a connection from 127.0.0.1:[0-9]*: " 4
+check "rendezvous strangers: a bare connect-and-close" "$out" "dropped .*: it closed without a word" 1
+check "rendezvous strangers: random bytes" "$out" 'dropped .*: not a loom rank (it sent "' 2
+check "rendezvous strangers: an HTTP request" "$out" 'dropped .*: not a loom rank (it sent "GET / HTTP/1.1\\x0d' 1
+check "rendezvous strangers: half a hello, stalled" "$out" "dropped .*: 11 of 92 bytes of a hello, then it stalled" 1
 
 # The fingerprint: a different shape, a different count, garbage, truncated.
 out=$("${MPIRUN[@]}" -np 3 "$W" fp-match 2>&1)

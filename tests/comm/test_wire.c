@@ -49,7 +49,7 @@ Test(wire, hello_round_trip_and_refusals)
 	self.probe_port = 70000;
 	loom_rdv_encode_hello(&self, 3, m);
 	cr_assert_eq(loom_rdv_decode_hello(m, 3, "x:1", &p, err, sizeof(err)), LOOM_ERR_FORMAT);
-	cr_assert_str_eq(err, "rendezvous: rank 1 sent probe port 70000");
+	cr_assert_str_eq(err, "rendezvous: rank 1 (x:1) sent probe port 70000");
 	m[0] = 'X';
 	cr_assert_eq(loom_rdv_decode_hello(m, 3, "x:1", &p, err, sizeof(err)), LOOM_ERR_FORMAT);
 	cr_assert(strstr(err, "wrong magic"));
