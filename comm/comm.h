@@ -172,6 +172,26 @@ typedef struct loom_fingerprint {
  */
 loom_status loom_comm_check_fingerprint(loom_comm *c, const loom_fingerprint *fp);
 
+/* ------------------------------------------- settings every rank must share */
+
+#define LOOM_COMM_SETTING_LEN 48
+
+/* One setting, named as the user gave it ("--opt-level") with its value as
+ * text ("O2"; numbers printed so that equal text means equal values). */
+typedef struct loom_comm_setting {
+	const char *name;
+	char value[LOOM_COMM_SETTING_LEN];
+} loom_comm_setting;
+
+/*
+ * Collective, on a host backend: compares every rank's n settings with rank
+ * 0's. LOOM_ERR_MISMATCH on every rank if any differs, naming the first rank
+ * and setting that differ and both values: "rank 1 has --opt-level O2,
+ * rank 0 has O0". A rank with another number of settings (another build)
+ * is named too.
+ */
+loom_status loom_comm_check_settings(loom_comm *c, const loom_comm_setting *s, size_t n);
+
 /* FNV-1a, the hash the plan's fingerprint uses for its items. */
 uint64_t loom_comm_hash(const void *data, size_t len, uint64_t seed);
 

@@ -278,3 +278,23 @@ void loom_fingerprint_say_item(char *buf, size_t len, int r, const char *mine, c
 	else
 		snprintf(buf, len, "rank %d: %s; rank 0: %s", r, mine, zero);
 }
+
+/* ------------------------------------------------------------- settings */
+
+int loom_settings_differ(const uint8_t *all, int world, size_t n, int *rank, size_t *which)
+{
+	const size_t len = LOOM_COMM_SETTING_LEN;
+
+	for (int r = 1; r < world; r++)
+		for (size_t i = 0; i < n; i++) {
+			const char *a = (const char *)all + ((size_t)r * n + i) * len;
+			const char *z = (const char *)all + i * len;
+
+			if (strncmp(a, z, len - 1)) {
+				*rank = r;
+				*which = i;
+				return 1;
+			}
+		}
+	return 0;
+}

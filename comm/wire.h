@@ -121,6 +121,16 @@ int loom_fingerprint_compare(const loom_fp_view *a, const loom_fp_view *b, uint6
  * else both in full. */
 void loom_fingerprint_say_item(char *buf, size_t len, int r, const char *mine, const char *zero);
 
+/* ------------------------------------------------------------- settings */
+
+/*
+ * Every rank's n setting values, LOOM_COMM_SETTING_LEN bytes each (text,
+ * compared up to its first NUL or the record's last byte), rank after rank
+ * in `all`. 1 with the first rank (then setting) whose value differs from
+ * rank 0's in *rank and *which; 0 when all agree.
+ */
+int loom_settings_differ(const uint8_t *all, int world, size_t n, int *rank, size_t *which);
+
 #ifdef __cplusplus
 }
 #endif

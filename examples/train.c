@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,93 @@ static int check_checkpoint_path(const char *name, const char *path)
 	return 0;
 }
 
+/* A setting's value as text; a number in the fewest digits that read back
+ * the same, so that equal text is an equal value. */
+static void setting(loom_comm_setting *s, size_t *n, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void setting(loom_comm_setting *s, size_t *n, const char *name, const char *fmt, ...)
+{
+	va_list ap;
+
+	s[*n].name = name;
+	va_start(ap, fmt);
+	vsnprintf(s[*n].value, sizeof(s[*n].value), fmt, ap);
+	va_end(ap);
+	++*n;
+}
+
+static void setting_num(loom_comm_setting *s, size_t *n, const char *name, double v)
+{
+	char buf[40];
+
+	snprintf(buf, sizeof(buf), "%.15g", v);
+	if (strtod(buf, NULL) != v)
+		snprintf(buf, sizeof(buf), "%.17g", v);
+	setting(s, n, name, "%s", buf);
+}
+
+/*
+ * Every setting that must agree across ranks, checked right after the group
+ * forms (before any data is read), so that a typo on one rank is named
+ * ("rank 1 has --lr 0.2, rank 0 has 0.1") instead of diverging silently or
+ * timing out at a later collective. May differ between ranks: --data (a
+ * host's own copy), --log-interval, --dump-graph, --dump-plan,
+ * --memory-report, --threads, and the --checkpoint and --trace paths (only
+ * whether there is one must agree).
+ */
+static int check_settings(train_run *t)
+{
+	const train_args *a = &t->a;
+	loom_comm_setting s[40];
+	size_t n = 0;
+
+	setting(s, &n, "program", "%s", t->prog->name);
+	setting(s, &n, "--epochs", "%d", a->epochs);
+	setting(s, &n, "--batch-size", "%d", a->batch);
+	setting(s, &n, "--optimizer", "%s", a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw");
+	setting_num(s, &n, "--lr", a->lr);
+	setting_num(s, &n, "--momentum", a->momentum);
+	setting_num(s, &n, "--weight-decay", a->weight_decay);
+	setting(s, &n, "--lr-schedule", "%s", a->schedule == TRAIN_LR_COSINE ? "cosine" : "step");
+	setting(s, &n, "--lr-step", "%d", a->lr_step);
+	setting_num(s, &n, "--lr-gamma", a->lr_gamma);
+	setting_num(s, &n, "--warmup-epochs", a->warmup_epochs);
+	setting(s, &n, "--opt-level", "O%d", (int)a->level);
+	setting(s, &n, "--precision", "%s", a->half == LOOM_BF16 ? "bf16" : "fp16");
+	if (a->loss_scale > 0)
+		setting_num(s, &n, "--loss-scale", a->loss_scale);
+	else
+		setting(s, &n, "--loss-scale", "dynamic");
+	setting(s, &n, "--keep-batchnorm-fp32", "%s",
+		a->keep_bn_fp32 < 0 ? "default" : a->keep_bn_fp32 ? "True" : "False");
+	setting(s, &n, "--device", "%s",
+		a->device == LOOM_DEVICE_CPU ? "cpu" : a->device == LOOM_DEVICE_CUDA ? "cuda" : "auto");
+	setting(s, &n, "--seed", "%llu", (unsigned long long)a->seed);
+	setting(s, &n, "--checkpoint", "%s", a->checkpoint ? "given" : "none");
+	setting(s, &n, "--resume", "%s", a->resume ? "given" : "not given");
+	setting(s, &n, "--save-every", "%d", a->save_every);
+	setting(s, &n, "--max-steps", "%lld", (long long)a->max_steps);
+	setting(s, &n, "--dry-run", "%s", a->dry_run ? "given" : "not given");
+	setting(s, &n, "--depth", "%d", a->depth);
+	setting(s, &n, "--width", "%d", a->width);
+	setting(s, &n, "--size", "%d", a->size);
+	setting(s, &n, "--synthetic", "%s", a->synthetic ? "given" : "not given");
+	setting(s, &n, "--train-images", "%lld", (long long)a->train_images);
+	setting(s, &n, "--test-images", "%lld", (long long)a->test_images);
+	setting(s, &n, "--no-augment", "%s", a->augment ? "not given" : "given");
+	setting(s, &n, "--steps", "%d", a->steps);
+	setting(s, &n, "--warmup", "%d", a->warmup);
+	setting(s, &n, "--sync-bn", "%s", a->sync_bn ? "given" : "not given");
+	setting(s, &n, "--accumulate", "%d", a->accumulate);
+	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
+	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
+	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
+		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->rank, loom_pg_error(t->pg));
+		return -1;
+	}
+	return 0;
+}
+
 int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 {
 	char msg[512];
@@ -97,6 +185,10 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	t->rank = loom_pg_get_info(t->pg)->rank;
 	t->world = loom_pg_get_info(t->pg)->world;
 	t->host = loom_pg_comm(t->pg, LOOM_COMM_HOST);
+	if (t->world > 1 && check_settings(t)) {
+		train_end(t);
+		return 1;
+	}
 	if (t->rank > 0 && !freopen("/dev/null", "w", stdout)) {
 		fprintf(stderr, "%s: rank %d: cannot quiet stdout\n", prog->name, t->rank);
 		train_end(t);

@@ -182,3 +182,27 @@ Test(wire, fingerprint_parse_compare_say)
 	free(a);
 	free(b);
 }
+
+Test(wire, settings_first_difference)
+{
+	/* 3 ranks x 2 settings: rank 2's second value differs, rank 1 agrees. */
+	uint8_t all[3 * 2 * LOOM_COMM_SETTING_LEN];
+	const char *v[3][2] = { { "O0", "0.1" }, { "O0", "0.1" }, { "O0", "0.2" } };
+	int rank = -1;
+	size_t which = 99;
+
+	memset(all, 0, sizeof(all));
+	for (int r = 0; r < 3; r++)
+		for (int i = 0; i < 2; i++)
+			strcpy((char *)all + (r * 2 + i) * LOOM_COMM_SETTING_LEN, v[r][i]);
+	cr_assert_eq(loom_settings_differ(all, 3, 2, &rank, &which), 1);
+	cr_assert_eq(rank, 2);
+	cr_assert_eq(which, 1);
+	strcpy((char *)all + (2 * 2 + 1) * LOOM_COMM_SETTING_LEN, "0.1");
+	cr_assert_eq(loom_settings_differ(all, 3, 2, &rank, &which), 0);
+	/* An unterminated value is compared up to the record's last byte. */
+	memset(all + (1 * 2 + 0) * LOOM_COMM_SETTING_LEN, 'x', LOOM_COMM_SETTING_LEN);
+	memset(all, 'x', LOOM_COMM_SETTING_LEN - 1);
+	all[LOOM_COMM_SETTING_LEN - 1] = 0;
+	cr_assert_eq(loom_settings_differ(all, 2, 2, &rank, &which), 0);
+}

@@ -113,6 +113,26 @@ if [ -n "$EX" ]; then
 		"resumed .* at step 8 (epoch 1, batch 8)" 1
 	out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
 	check "mpirun -np 2 mnist_ddp" "$out" "data parallel: 2 ranks (mpirun)" 1
+
+	# A setting that differs on one rank (mpirun's MPMD form) is refused at
+	# start-up on every rank, naming it and both values.
+	while read -r flag v0 v1; do
+		out=$("${MPIRUN[@]}" -np 1 "$EX" "${flags[@]}" "$flag" "$v0" : \
+			-np 1 "$EX" "${flags[@]}" "$flag" "$v1" 2>&1 </dev/null)
+		check "mnist_ddp: $flag $v0 on rank 0, $v1 on rank 1: refused naming both" "$out" \
+			"^mnist_ddp: rank [01]: rank 1 has $flag $v1, rank 0 has $v0: every rank must run with the same $flag" 2
+	done <<-EOF
+		--opt-level O0 O2
+		--optimizer sgd adamw
+		--lr 0.1 0.2
+		--momentum 0.9 0.5
+		--weight-decay 0 0.0001
+		--seed 1 2
+		--accumulate 1 2
+		--max-steps 4 5
+		--epochs 1 2
+		--loss-scale 128 1024
+	EOF
 fi
 
 echo "$pass passed, $fail failed"
