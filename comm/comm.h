@@ -65,6 +65,10 @@ const char *loom_pg_error(const loom_pg *pg);
 double loom_pg_timeout(const loom_pg *pg);
 const char *loom_comm_bootstrap_name(loom_comm_bootstrap b); /* "mpirun", ... */
 void loom_pg_set_timeout(loom_pg *pg, double seconds);
+/* The training step this rank is at: each collective it enters is recorded
+ * as "step S's all-reduce of ..." so that, when a collective times out, the
+ * others can say which rank has not reached which step's collective. */
+void loom_pg_set_step(loom_pg *pg, int64_t step);
 
 /* ------------------------------------------------------------- collectives */
 

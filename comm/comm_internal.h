@@ -151,6 +151,30 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
  * one) and writes a sentence naming the dead or unreachable ranks into buf.
  * Returns the number of ranks found dead or unreachable. */
 int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len);
+/* The same for collective number seq, which timed out: when every peer is
+ * alive, names the peers on this host that have not reached it. */
+int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len);
+
+/* ------------------------------------------------------------ progress */
+
+/* comm/progress.c: the last collective each rank entered, in a file that
+ * the ranks on its host read when a collective times out. */
+#define LOOM_PROGRESS_LABEL 128
+#define LOOM_PROGRESS_RING 64
+struct loom_progress;
+void loom_progress_open(loom_pg *pg);
+void loom_progress_close(loom_pg *pg);
+/* Every collective, on entry (comm.c's wrappers): counts it and records
+ * "step S's <what>". */
+void loom_progress_enter(loom_pg *pg, const char *what);
+/* This rank's description of its collective number seq (recent ones). */
+const char *loom_progress_label(const loom_pg *pg, uint64_t seq);
+/* A peer's last collective (same host only); -1 when it cannot be read. */
+int loom_progress_read(const loom_comm_peer *peer, uint64_t *seq, char *label, size_t len);
+/* The peers on this host that have not entered collective seq, named with
+ * what they last entered ("rank 1 is alive but has not reached step 39's
+ * all-reduce of 1000 f32 (its last: step 38's ...)"); the length written. */
+size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len);
 
 /* ------------------------------------------------------------ the group */
 
@@ -166,6 +190,10 @@ struct loom_pg {
 	pid_t ompi_server; /* rank 0 under env://: the Open MPI name server, else 0 */
 	uint8_t nccl_id[LOOM_COMM_NCCL_ID_BYTES];
 	struct loom_pg_mpi *mpi;
+	struct loom_progress *progress; /* mapped; NULL without /dev/shm */
+	uint64_t seq;                   /* collectives entered */
+	int64_t step;                   /* loom_pg_set_step, -1 before */
+	char labels[LOOM_PROGRESS_RING][LOOM_PROGRESS_LABEL];
 	loom_comm *host;
 	loom_comm *device;
 };

@@ -118,18 +118,24 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
 }
 
 /* One non-blocking connect to host:port, waiting until deadline. Returns the
- * socket, or -1 with errno (ECONNREFUSED for a port nobody listens on). */
-static int connect_once(const char *host, int port, double deadline)
+ * socket, or -1 with errno (ECONNREFUSED for a port nobody listens on) and,
+ * when why is given, the reason as text: the errno of the last address
+ * tried, or the resolver's own failure for a name that does not resolve. */
+static int connect_once(const char *host, int port, double deadline, char *why, size_t whylen)
 {
 	struct addrinfo hints, *res = NULL, *ai;
 	char service[16];
-	int fd = -1;
+	int fd = -1, gai;
 
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	snprintf(service, sizeof(service), "%d", port);
-	if (getaddrinfo(host, service, &hints, &res)) {
+	gai = getaddrinfo(host, service, &hints, &res);
+	if (gai) {
+		if (why)
+			snprintf(why, whylen, "cannot resolve '%s': %s", host,
+				 gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
 		errno = EHOSTUNREACH;
 		return -1;
 	}
@@ -162,6 +168,8 @@ static int connect_once(const char *host, int port, double deadline)
 		int one = 1;
 
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	} else if (why) {
+		snprintf(why, whylen, "%s", strerror(errno));
 	}
 	return fd;
 }
@@ -509,25 +517,30 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 {
 	double deadline = loom_comm_now() + r->timeout_s;
 	uint8_t hello[LOOM_RDV_HELLO_BYTES], head[LOOM_RDV_HEAD_BYTES], *payload = NULL;
-	char who[320];
+	char who[320], why[256] = "";
 	uint32_t kind, plen;
 	loom_status st;
-	int fd, last_errno = 0;
+	int fd;
 
 	snprintf(who, sizeof(who), "rendezvous: reply from rank 0 at %s:%d", r->master_addr,
 		 r->master_port);
 	/* Rank 0 may not listen yet: retry until the deadline. */
 	for (;;) {
-		fd = connect_once(r->master_addr, r->master_port, deadline);
+		/* Each attempt gets a second of its own past the deadline, so that
+		 * the last one ends with its real reason (refused, unreachable),
+		 * not a timeout the deadline made. */
+		double now = loom_comm_now();
+
+		fd = connect_once(r->master_addr, r->master_port,
+				  deadline > now + 1.0 ? deadline : now + 1.0, why, sizeof(why));
 		if (fd >= 0)
 			break;
-		last_errno = errno;
 		if (loom_comm_now() >= deadline)
 			return loom_comm_errf(err, errlen, LOOM_ERR_IO,
 					      "rendezvous: rank %d could not reach rank 0 at "
 					      "MASTER_ADDR=%s MASTER_PORT=%d within %.1f s (%s)",
 					      r->rank, r->master_addr, r->master_port, r->timeout_s,
-					      strerror(last_errno));
+					      why);
 		loom_comm_backoff(1.0);
 		usleep(20000);
 	}
@@ -536,9 +549,11 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	st = loom_sock_write(fd, hello, sizeof(hello), deadline, "rendezvous: hello", err, errlen);
 	if (st)
 		return st;
-	/* Rank 0 decides when its own deadline passes: wait a little longer
-	 * than it, so that its verdict arrives rather than a timeout of ours. */
-	deadline += 1.5;
+	/* Rank 0 decides when its own deadline passes, which began when it
+	 * started (perhaps well after us, on a loaded machine): wait twice as
+	 * long and more, so that its verdict arrives rather than a timeout of
+	 * ours. */
+	deadline = loom_comm_now() + 2 * r->timeout_s + 1.5;
 	st = loom_sock_read(fd, head, sizeof(head), deadline, who, err, errlen);
 	if (st)
 		return st;
@@ -657,7 +672,7 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 
 		if (k == pg->info.rank || !p->probe_port)
 			continue;
-		fd = connect_once(p->addr, (int)p->probe_port, deadline);
+		fd = connect_once(p->addr, (int)p->probe_port, deadline, NULL, 0);
 		e = errno;
 		if (fd >= 0) {
 			close(fd);
@@ -683,5 +698,14 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 			    : "",
 			 ng && nu ? "; " : "", nu ? (strchr(unreach, ',') ? "ranks " : "rank ") : "",
 			 unreach, nu ? " unreachable (no answer to the probe in 1 s)" : "");
+	return dead;
+}
+
+int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len)
+{
+	int dead = loom_pg_name_dead(pg, buf, len);
+
+	if (!dead && loom_progress_laggards(pg, seq, buf, len))
+		return 0;
 	return dead;
 }

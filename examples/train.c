@@ -693,6 +693,7 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 			 * gradient is left behind or carried into a checkpoint. */
 			int update = (b + 1) % a->accumulate == 0 || b + 1 == per_epoch ||
 				     done + 1 >= last;
+			loom_pg_set_step(t->pg, done + 1); /* for a hang report: "step 39's all-reduce" */
 			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch, update) ||
 			    loom_read(t->p, t->logits, out, (size_t)a->batch * t->classes)) {
 				fprintf(stderr, "%s: step %lld: %s\n", name, (long long)done,

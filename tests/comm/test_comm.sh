@@ -58,6 +58,39 @@ rc=$?
 check "launcher: the survivors name rank 1" "$out" "^\[rank [02]\] .*rank 1 died" 2
 check "launcher: reports rank 1 and its signal" "$out" "^launch: failed: rank 1 was killed by signal 9" 1
 [ $rc -ne 0 ] && ok "launcher: non-zero exit after a failure" || bad "launcher: exit code" "rc $rc"
+# A frozen rank (SIGSTOP after step 2's all-reduce): the others name it and
+# both steps; continued, it reports the others gone (not a silent SIGPIPE).
+port=$((port + 1))
+fz=$(mktemp -d)
+pids=()
+for r in 0 1 2; do
+	RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1 \
+		timeout -s KILL 60 "$W" freeze >"$fz/$r" 2>&1 &
+	pids+=($!)
+done
+wait "${pids[0]}" "${pids[2]}"
+pkill -CONT -P "${pids[1]}"
+wait "${pids[1]}"
+rc=$?
+out=$(cat "$fz"/0 "$fz"/2)
+check "env://: a stopped rank is named with the step it has not reached" "$out" \
+	"ERROR .*timed out after 2.0 s: rank 1 is alive (stopped: SIGSTOP?) but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's all-reduce of 1000 f32)" 2
+out=$(cat "$fz"/1)
+[ $rc -eq 1 ] && check "env://: the stopped rank, continued, names the others gone" "$out" \
+	"rank 1: ERROR .*ranks 0, 2 died" 1 || bad "env://: the continued rank's exit code" "rc $rc (141: SIGPIPE)" "$out"
+rm -rf "$fz"
+out=$(LOOM_TEST_VICTIM=1 timeout -s KILL 60 "$W" --nproc 3 freeze 2>&1)
+check "launcher: blames the rank the survivors name, not the reporter" "$out" \
+	"^launch: failed: rank 1 is alive .*but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's .*(reported by rank [02]; rank [02] exited with code 1)" 1
+
+# Connection errors say why: a refused port, a name that does not resolve.
+out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
+check "env://: rank 0's port refused: the reason is the refusal" "$out" \
+	"could not reach rank 0 at MASTER_ADDR=127.0.0.1 MASTER_PORT=1 within 1.0 s (Connection refused)" 1
+out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
+check "env://: a MASTER_ADDR that does not resolve is said so" "$out" \
+	"could not reach rank 0 .* (cannot resolve 'no-such-host.invalid': " 1
+
 out=$("$W" --nproc 2 --max-restarts 1 flaky 2>&1)
 rc=$?
 check "launcher: restart after rank 1 exits with code 3" "$out" "restarting all 2 workers (restart 1 of 1)" 1
