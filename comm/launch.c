@@ -376,5 +376,17 @@ int loom_launch_maybe(int *argc, char **argv)
 	}
 	if (have_n <= 0 || getenv("LOOM_LAUNCH_WORKER"))
 		return -1;
+	/* Already one rank of a group: N more each would form groups of their
+	 * own on the same ports and die of it without a reason. */
+	if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("RANK") || getenv("WORLD_SIZE")) {
+		fprintf(stderr,
+			"--nproc %d: this process is already one rank of a group (started by "
+			"%s): start it either with --nproc or with %s, not both\n",
+			o.nproc,
+			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun: OMPI_COMM_WORLD_SIZE is set"
+						       : "torchrun: RANK or WORLD_SIZE is set",
+			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "torchrun");
+		return 2;
+	}
 	return loom_launch(&o, argv);
 }

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,13 +154,34 @@ static int check_settings(train_run *t)
 	return 0;
 }
 
+/* The value of --name V or --name=V in argv, or NULL. */
+static const char *flag_value(int argc, char **argv, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (int k = 1; k < argc; k++) {
+		if (!strcmp(argv[k], name))
+			return k + 1 < argc ? argv[k + 1] : "";
+		if (!strncmp(argv[k], name, n) && argv[k][n] == '=')
+			return argv[k] + n + 1;
+	}
+	return NULL;
+}
+
 int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 {
 	char msg[512];
 
 	memset(t, 0, sizeof(*t));
 	t->prog = prog;
-	/* --nproc N: this process becomes the launcher of N ranks. */
+	/* --nproc N: this process becomes the launcher of N ranks. A restart
+	 * resumes from --checkpoint (below); without one it begins again at
+	 * step 0, which is allowed (a short run) but said. */
+	if (flag_value(argc, argv, "--max-restarts") && !flag_value(argc, argv, "--checkpoint") &&
+	    strcmp(flag_value(argc, argv, "--max-restarts"), "0"))
+		fprintf(stderr, "%s: warning: --max-restarts without --checkpoint: a restart "
+				"begins again from step 0\n",
+			prog->name);
 	int lrc = loom_launch_maybe(&argc, argv);
 	if (lrc >= 0)
 		return lrc;
@@ -170,6 +192,16 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	}
 	if (t->a.checkpoint && check_checkpoint_path(prog->name, t->a.checkpoint))
 		return 1;
+	/* A restarted worker (the launcher's or torchrun's) always continues
+	 * from the checkpoint when there is one, --resume or not: starting
+	 * over would lose the run and then overwrite its checkpoint with an
+	 * earlier step. */
+	const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+	if (restart && strcmp(restart, "0") && t->a.checkpoint && !t->a.resume) {
+		t->a.resume = 1;
+		fprintf(stderr, "%s: restart %s: resuming from %s\n", prog->name, restart,
+			t->a.checkpoint);
+	}
 
 	/* The group: mpirun's, torchrun's variables (the launcher sets them),
 	 * or one process. Training on a GPU: NCCL on LOCAL_RANK's GPU. */
@@ -653,6 +685,10 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 	if (a->max_steps && a->max_steps < last)
 		last = a->max_steps;
 	int64_t done = step, timed = 0;
+	/* Test hook (tests/ddp/test_ddp.sh): rank 1 of a launcher's first
+	 * attempt dies by SIGKILL before step LOOM_TEST_KILL_AT_STEP. */
+	const char *ka = getenv("LOOM_TEST_KILL_AT_STEP"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+	int64_t kill_at = ka && t->rank == 1 && att && !strcmp(att, "0") ? atoll(ka) : -1;
 	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
 	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
 		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
@@ -694,6 +730,8 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 			int update = (b + 1) % a->accumulate == 0 || b + 1 == per_epoch ||
 				     done + 1 >= last;
 			loom_pg_set_step(t->pg, done + 1); /* for a hang report: "step 39's all-reduce" */
+			if (kill_at >= 0 && done == kill_at)
+				raise(SIGKILL);
 			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch, update) ||
 			    loom_read(t->p, t->logits, out, (size_t)a->batch * t->classes)) {
 				fprintf(stderr, "%s: step %lld: %s\n", name, (long long)done,

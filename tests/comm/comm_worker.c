@@ -252,8 +252,8 @@ int main(int argc, char **argv)
 		/* Rank 1 fails the first attempt; the launcher's restart succeeds. */
 		const char *n = getenv("TORCHELASTIC_RESTART_COUNT");
 
-		if (rank_of(pg) == 1 && (!n || !strcmp(n, "0"))) {
-			printf("rank 1: failing attempt 0 on purpose\n");
+		if (rank_of(pg) == 1 && (!n || !strcmp(n, "0") || getenv("LOOM_TEST_ALWAYS"))) {
+			printf("rank 1: failing attempt %s on purpose\n", n ? n : "0");
 			rc = 3;
 		} else {
 			rc = allreduce(pg, c);
@@ -262,6 +262,11 @@ int main(int argc, char **argv)
 		rc = die(pg, c);
 	else if (!strcmp(what, "freeze"))
 		rc = freeze(pg, c);
+	else if (!strcmp(what, "sleep")) {
+		/* Up and waiting, for the launcher's signal tests. */
+		rc = allreduce(pg, c);
+		sleep(60);
+	}
 	else if (!strncmp(what, "fp-", 3))
 		rc = fingerprint(pg, c, what);
 	else {

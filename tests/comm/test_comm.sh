@@ -97,6 +97,41 @@ check "launcher: restart after rank 1 exits with code 3" "$out" "restarting all 
 [ $rc -eq 0 ] && check "launcher: the restarted attempt succeeds" "$out" "OK allreduce world 2" 2 ||
 	bad "launcher: restart" "rc $rc" "$out"
 
+# The launcher's other paths: out of restarts, --max-restarts alone,
+# --nproc inside a group, SIGTERM and SIGINT to the launcher.
+out=$(LOOM_TEST_ALWAYS=1 "$W" --nproc 2 --max-restarts 1 flaky 2>&1)
+rc=$?
+check "launcher: out of restarts: one restart" "$out" "restarting all 2 workers (restart 1 of 1)" 1
+check "launcher: out of restarts: the last failure, named" "$out" \
+	"^launch: failed: rank 1 exited with code 3 (no restarts left)" 1
+[ $rc -eq 1 ] && ok "launcher: out of restarts: exit code 1" || bad "launcher: out of restarts: exit code" "rc $rc"
+out=$("$W" --max-restarts 1 allreduce 2>&1)
+rc=$?
+[ $rc -eq 2 ] && check "launcher: --max-restarts without --nproc is refused" "$out" "^--max-restarts needs --nproc" 1 ||
+	bad "launcher: --max-restarts without --nproc: exit code" "rc $rc" "$out"
+out=$("${MPIRUN[@]}" -np 2 "$W" --nproc 2 allreduce 2>&1)
+check "launcher: --nproc under mpirun is refused, naming why" "$out" \
+	"^--nproc 2: this process is already one rank of a group (started by mpirun: OMPI_COMM_WORLD_SIZE is set)" 2
+out=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$W" --nproc 2 allreduce 2>&1)
+check "launcher: --nproc under torchrun's variables is refused" "$out" \
+	"^--nproc 2: this process is already one rank of a group (started by torchrun" 1
+for sig in TERM INT; do
+	lo=$(mktemp)
+	"$W" --nproc 2 sleep >"$lo" 2>&1 &
+	lp=$!
+	for i in $(seq 300); do grep -q "OK allreduce" "$lo" && break; sleep 0.1; done
+	kill -$sig $lp
+	t0=$SECONDS
+	wait $lp
+	rc=$?
+	out=$(cat "$lo")
+	rm -f "$lo"
+	check "launcher: SIG$sig to the launcher stops the workers and says so" "$out" \
+		"^launch: failed: interrupted by signal $(kill -l $sig)" 1
+	[ $rc -eq 1 ] && [ $((SECONDS - t0)) -lt 15 ] && ok "launcher: SIG$sig: exit code 1 within 15 s" ||
+		bad "launcher: SIG$sig: exit" "rc $rc after $((SECONDS - t0)) s"
+done
+
 # Start-up: a rank that never comes, a wrong world size, a duplicate rank.
 out=$(envrun 3 allreduce 0 1 2>&1)
 check "env://: rank 2 never comes (rank 0)" "$out" "rank 0: ERROR .*rank 2 did not arrive within 2.0 s" 1

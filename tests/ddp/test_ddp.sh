@@ -114,6 +114,24 @@ if [ -n "$EX" ]; then
 	out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
 	check "mpirun -np 2 mnist_ddp" "$out" "data parallel: 2 ranks (mpirun)" 1
 
+	# A restart resumes from the checkpoint (no --resume given) and never
+	# overwrites it with an earlier step: rank 1 killed before step 6 of
+	# the first attempt, the checkpoint then at step 4.
+	out=$(LOOM_TEST_KILL_AT_STEP=5 "$EX" --nproc 2 --max-restarts 1 "${flags[@]}" --max-steps 8 \
+		--save-every 2 --checkpoint "$tmp/rs.ckpt" 2>&1)
+	rc=$?
+	check "mnist_ddp --max-restarts: rank 1 killed, one restart" "$out" "restarting all 2 workers (restart 1 of 1)" 1
+	check "mnist_ddp --max-restarts: the restart resumes from the checkpoint" "$out" \
+		"^\[rank 0\] resumed .* at step 4 (epoch 1, batch 4)" 1
+	after=$(sed -n '/restarting all 2 workers/,$p' <<<"$out")
+	check "mnist_ddp --max-restarts: no save of an earlier step after the restart" "$after" \
+		"saved .* (step [0-4])" 0
+	check "mnist_ddp --max-restarts: the run ends at step 8 (mid-epoch and end saves)" "$after" "saved .* (step 8)" 2
+	[ $rc -eq 0 ] && ok "mnist_ddp --max-restarts: exit code 0" || bad "mnist_ddp --max-restarts: exit code" "rc $rc"
+	out=$("$EX" --nproc 1 --max-restarts 1 "${flags[@]}" --max-steps 1 2>&1)
+	check "mnist_ddp: --max-restarts without --checkpoint warns at start-up" "$out" \
+		"^mnist_ddp: warning: --max-restarts without --checkpoint: a restart begins again from step 0" 1
+
 	# A setting that differs on one rank (mpirun's MPMD form) is refused at
 	# start-up on every rank, naming it and both values.
 	while read -r flag v0 v1; do
