@@ -656,6 +656,25 @@ static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoc
 	return 0;
 }
 
+/* Test hook (LOOM_TEST_EPOCH_ORDER, tests/e2e/test_epoch_order.sh): what an
+ * epoch fed, as a hash of the order of its samples and a sum of their
+ * hashes (the same whatever the order), so that a test sees that two epochs
+ * shuffle the same set differently. */
+typedef struct epoch_order {
+	uint64_t order, set;
+} epoch_order;
+
+static void epoch_order_add(epoch_order *eo, const float *img, const int32_t *lab, int count,
+			    size_t elems)
+{
+	for (int i = 0; i < count; i++) {
+		uint64_t h = loom_comm_hash(img + (size_t)i * elems, elems * sizeof(float),
+					    (uint64_t)lab[i]);
+		eo->order = loom_comm_hash(&h, sizeof(h), eo->order);
+		eo->set += h;
+	}
+}
+
 int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
 	      int64_t test_n)
 {
@@ -690,6 +709,7 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 	const char *ka = getenv("LOOM_TEST_KILL_AT_STEP"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
 	int64_t kill_at = ka && t->rank == 1 && att && !strcmp(att, "0") ? atoll(ka) : -1;
 	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
+	int order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL;
 	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
 		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
 		int64_t seen = 0, stopped_at = 0;
@@ -697,6 +717,7 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		progress pr = { .tlog = t0 };
 
 		loom_sampler_set_epoch(train_s, epoch);
+		epoch_order eo = { 1469598103934665603ull, 0 };
 		if (loom_prefetch_start(pf)) {
 			fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
 			goto out_free;
@@ -715,6 +736,8 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 					name, (long long)b, epoch + 1, count, a->batch);
 				goto out_free;
 			}
+			if (order_hook)
+				epoch_order_add(&eo, img, lab, count, elems);
 			if (b < b0) {
 				t_prev = train_now();
 				continue; /* resumed mid-epoch: these were trained on */
@@ -763,6 +786,9 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		}
 		/* The sampler's epoch changes next: the worker must be idle. */
 		loom_prefetch_stop(pf);
+		if (order_hook)
+			printf("epoch %d order %016llx set %016llx\n", epoch + 1,
+			       (unsigned long long)eo.order, (unsigned long long)eo.set);
 		if (epoch_end(t, test_l, test_n, epoch, train_now() - t0, seen, stopped_at))
 			goto out_free;
 	}
