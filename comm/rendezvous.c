@@ -515,7 +515,11 @@ out_tell:
 
 static loom_status join(loom_rdv *r, char *err, size_t errlen)
 {
-	double deadline = loom_comm_now() + r->timeout_s;
+	/* Rank 0 reports a rank that does not come; this side only waits. It
+	 * waits longer than rank 0 would (twice and more: rank 0 may start its
+	 * name server and MPI before it listens, slowly on a loaded machine),
+	 * so that the verdict comes from rank 0, whatever the machine's load. */
+	double window = 2 * r->timeout_s + 1.5, deadline = loom_comm_now() + window;
 	uint8_t hello[LOOM_RDV_HELLO_BYTES], head[LOOM_RDV_HEAD_BYTES], *payload = NULL;
 	char who[320], why[256] = "";
 	uint32_t kind, plen;
@@ -539,8 +543,7 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 			return loom_comm_errf(err, errlen, LOOM_ERR_IO,
 					      "rendezvous: rank %d could not reach rank 0 at "
 					      "MASTER_ADDR=%s MASTER_PORT=%d within %.1f s (%s)",
-					      r->rank, r->master_addr, r->master_port, r->timeout_s,
-					      why);
+					      r->rank, r->master_addr, r->master_port, window, why);
 		loom_comm_backoff(1.0);
 		usleep(20000);
 	}
@@ -553,7 +556,7 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	 * started (perhaps well after us, on a loaded machine): wait twice as
 	 * long and more, so that its verdict arrives rather than a timeout of
 	 * ours. */
-	deadline = loom_comm_now() + 2 * r->timeout_s + 1.5;
+	deadline = loom_comm_now() + window;
 	st = loom_sock_read(fd, head, sizeof(head), deadline, who, err, errlen);
 	if (st)
 		return st;

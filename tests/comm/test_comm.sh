@@ -86,7 +86,7 @@ check "launcher: blames the rank the survivors name, not the reporter" "$out" \
 # Connection errors say why: a refused port, a name that does not resolve.
 out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
 check "env://: rank 0's port refused: the reason is the refusal" "$out" \
-	"could not reach rank 0 at MASTER_ADDR=127.0.0.1 MASTER_PORT=1 within 1.0 s (Connection refused)" 1
+	"could not reach rank 0 at MASTER_ADDR=127.0.0.1 MASTER_PORT=1 within 3.5 s (Connection refused)" 1
 out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
 check "env://: a MASTER_ADDR that does not resolve is said so" "$out" \
 	"could not reach rank 0 .* (cannot resolve 'no-such-host.invalid': " 1
