@@ -28,7 +28,7 @@ declare -A SRCS=(
 	[fuzz_ckpt]="engine/ckpt_file.c engine/ckpt_meta.c"
 	[fuzz_args]="examples/train_args.c"
 	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c"
-	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c"
+	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c comm/progress.c"
 	[fuzz_fingerprint]="comm/wire.c comm/env.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz"
