@@ -47,13 +47,13 @@ within() { # NAME OUTPUT: every "after X s" is at most the timeout + 1 s
 	done
 	ok "$1"
 }
-out=$(LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
 check "mpirun: SIGKILL of rank 1, the others name it" "$out" "ERROR .* timed out after 2.0 s: rank 1 died" 2
 within "mpirun: ... within the timeout" "$out"
-out=$(LOOM_TEST_VICTIM=2 envrun 3 die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=2 envrun 3 die 2>&1)
 check "env://: SIGKILL of rank 2, the others name it" "$out" "ERROR .* timed out after 2.0 s: rank 2 died" 2
 within "env://: ... within the timeout" "$out"
-out=$(LOOM_TEST_VICTIM=1 "$W" --nproc 3 die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 "$W" --nproc 3 die 2>&1)
 rc=$?
 check "launcher: the survivors name rank 1" "$out" "^\[rank [02]\] .*rank 1 died" 2
 check "launcher: reports rank 1 and its signal" "$out" "^launch: failed: rank 1 was killed by signal 9" 1
@@ -64,7 +64,7 @@ port=$((port + 1))
 fz=$(mktemp -d)
 pids=()
 for r in 0 1 2; do
-	RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1 \
+	RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1 LOOM_COMM_TIMEOUT_S=$T \
 		timeout -s KILL 60 "$W" freeze >"$fz/$r" 2>&1 &
 	pids+=($!)
 done
@@ -79,7 +79,7 @@ out=$(cat "$fz"/1)
 [ $rc -eq 1 ] && check "env://: the stopped rank, continued, names the others gone" "$out" \
 	"rank 1: ERROR .*ranks 0, 2 died" 1 || bad "env://: the continued rank's exit code" "rc $rc (141: SIGPIPE)" "$out"
 rm -rf "$fz"
-out=$(LOOM_TEST_VICTIM=1 timeout -s KILL 60 "$W" --nproc 3 freeze 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 timeout -s KILL 60 "$W" --nproc 3 freeze 2>&1)
 check "launcher: blames the rank the survivors name, not the reporter" "$out" \
 	"^launch: failed: rank 1 is alive .*but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's .*(reported by rank [02]; rank [02] exited with code 1)" 1
 
@@ -133,15 +133,16 @@ for sig in TERM INT; do
 done
 
 # Start-up: a rank that never comes, a wrong world size, a duplicate rank.
-out=$(envrun 3 allreduce 0 1 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T envrun 3 allreduce 0 1 2>&1)
 check "env://: rank 2 never comes (rank 0)" "$out" "rank 0: ERROR .*rank 2 did not arrive within 2.0 s" 1
 check "env://: rank 2 never comes (rank 1 hears it)" "$out" "rank 1: ERROR .*rank 0 refused the group: .*rank 2 did not arrive" 1
 port=$((port + 1))
-out=$( (RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
+out=$( (export LOOM_COMM_TIMEOUT_S=$T
+	RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
 	RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
 	wait) 2>&1)
 check "env://: mismatched WORLD_SIZE" "$out" "ERROR .*rank 1 .* has WORLD_SIZE=3, rank 0 has 2" 2
-out=$(envrun 3 allreduce 0 1 1 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T envrun 3 allreduce 0 1 1 2>&1)
 check "env://: rank 1 twice: the second is refused, naming it" "$out" \
 	"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
 check "env://: rank 1 twice: rank 0 keeps waiting, then names both" "$out" \
