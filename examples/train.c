@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "comm/launch.h"
 #include "engine/cuda/device.h"
 
@@ -233,7 +235,93 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	}
 	if (t->a.threads)
 		loom_cpu_set_threads(t->a.threads);
+	if (t->a.metrics && t->rank == 0 &&
+	    train_metrics_open(&t->metrics, t->a.metrics, msg, sizeof(msg))) {
+		fprintf(stderr, "%s: %s\n", prog->name, msg);
+		train_end(t);
+		return 1;
+	}
 	return -1;
+}
+
+/* The --reinit list split at its commas into names (at most 32). */
+#define REINIT_MAX 32
+
+static int split_names(char *buf, const char **names)
+{
+	int n = 0;
+	for (char *s = strtok(buf, ","); s && n < REINIT_MAX; s = strtok(NULL, ","))
+		names[n++] = s;
+	return n;
+}
+
+/* --init-from: every rank reads the file into its program. */
+static int init_from(train_run *t)
+{
+	const train_args *a = &t->a;
+	char buf[1024];
+	const char *skip[REINIT_MAX];
+	loom_weights_opts o;
+	loom_weights_report r;
+
+	loom_weights_opts_default(&o);
+	o.names = t->names;
+	o.n_names = t->n_names;
+	o.strict = a->init_strict;
+	snprintf(buf, sizeof(buf), "%s", a->reinit ? a->reinit : "");
+	o.skip = skip;
+	o.n_skip = split_names(buf, skip);
+	if (loom_import_safetensors(t->p, a->init_from, &o, &r) != LOOM_OK) {
+		fprintf(stderr, "%s: --init-from: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	printf("initialised from %s: %d tensors", a->init_from, r.loaded);
+	if (r.skipped)
+		printf(", %d left as initialised (--reinit %s)", r.skipped, a->reinit);
+	if (r.missing)
+		printf(", %d not in the file (first: %s)", r.missing, r.first_missing);
+	if (r.unexpected)
+		printf(", %d of the file's not in the model (first: %s)", r.unexpected,
+		       r.first_unexpected);
+	printf("\n");
+	return 0;
+}
+
+int train_export(train_run *t)
+{
+	loom_weights_opts o;
+	if (!t->a.export_path || t->rank != 0)
+		return 0;
+	loom_weights_opts_default(&o);
+	o.names = t->names;
+	o.n_names = t->n_names;
+	if (loom_export_safetensors(t->p, t->a.export_path, &o) != LOOM_OK) {
+		fprintf(stderr, "%s: --export: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	printf("exported the weights to %s (safetensors, PyTorch's names)\n", t->a.export_path);
+	return 0;
+}
+
+int train_log_step(train_run *t, int64_t step, int epoch, double loss, double acc, double lr,
+		   double images_per_s)
+{
+	loom_program_info info;
+	char err[256];
+	if (!t->metrics)
+		return 0;
+	loom_program_info_get(t->p, &info);
+	if (train_metrics_log(t->metrics, "step", err, sizeof(err),
+			      "{s:I, s:i, s:o, s:o, s:f, s:f, s:f, s:I, s:i, s:i}", "step",
+			      (json_int_t)step, "epoch", epoch, "loss", train_metrics_number(loss),
+			      "accuracy", train_metrics_number(acc), "lr",
+			      lr, "images_per_s", images_per_s, "loss_scale", info.loss_scale,
+			      "skipped_steps", (json_int_t)info.skipped_steps, "ranks", t->world,
+			      "global_batch", t->a.batch * t->world)) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, err);
+		return -1;
+	}
+	return 0;
 }
 
 static int dump_plan(train_run *t)
@@ -293,6 +381,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	}
 	t->logits = logits;
 	t->classes = classes;
+	if (a->init_from && init_from(t))
+		return -1;
 	if (a->dump_graph)
 		loom_program_dump(t->p, stdout);
 	if (a->dump_plan && t->rank == 0 && dump_plan(t)) /* one writer */
@@ -331,6 +421,18 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	       info.grad_bytes / 1048576.0, info.optim_state_bytes / 1048576.0,
 	       info.activation_bytes / 1048576.0);
 	fflush(stdout);
+	char merr[256];
+	if (t->metrics &&
+	    train_metrics_log(t->metrics, "start", merr, sizeof(merr),
+			      "{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:s}", "program", name,
+			      "backend", info.backend, "opt_level",
+			      (const char *[]){ "O0", "O1", "O2", "O3" }[a->level], "precision",
+			      a->level == LOOM_O0 ? "fp32" : a->half == LOOM_BF16 ? "bf16" : "fp16",
+			      "ranks", t->world, "batch_per_rank", a->batch, "lr", a->lr, "optimizer",
+			      a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw")) {
+		fprintf(stderr, "%s: %s\n", name, merr);
+		return -1;
+	}
 	if (a->dry_run) {
 		printf("dry run: compiled, stopping before step 1\n");
 		return 1;
@@ -606,8 +708,8 @@ typedef struct progress {
  * is left (all the run's remaining steps at the current speed; evaluation
  * is not counted), then the global batch, lr and loss scale.
  */
-static void progress_line(train_run *t, progress *pr, int epoch, int64_t b, int64_t per_epoch,
-			  int64_t left, double lr)
+static int progress_line(train_run *t, progress *pr, int epoch, int64_t b, int64_t per_epoch,
+			 int64_t left, double lr, int64_t done)
 {
 	loom_program_info info;
 	double now = train_now(), dt = now - pr->tlog;
@@ -627,7 +729,10 @@ static void progress_line(train_run *t, progress *pr, int epoch, int64_t b, int6
 	if (info.amp_report && info.amp_report[0])
 		printf("amp: first non-finite value from %s\n", info.amp_report);
 	fflush(stdout);
+	int rc = train_log_step(t, done, epoch + 1, pr->lsum / pr->since,
+				(double)pr->correct / (pr->seen ? pr->seen : 1), lr, ips);
 	*pr = (progress){ .tlog = now };
+	return rc;
 }
 
 /* After an epoch: test loss and accuracy, the epoch's speed, a checkpoint. */
@@ -648,9 +753,21 @@ static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoc
 			 100 * acc);
 	}
 	loom_program_info_get(t->p, &info);
+	double ips = seen * (double)t->world / (secs > 0 ? secs : 1);
 	printf("epoch %d done: %s, train %.1f s (%.1f img/s), loss scale %g, skipped steps %lld\n",
-	       epoch + 1, test_part, secs, seen * (double)t->world / (secs > 0 ? secs : 1),
-	       info.loss_scale, (long long)info.skipped_steps);
+	       epoch + 1, test_part, secs, ips, info.loss_scale, (long long)info.skipped_steps);
+	char err[256];
+	if (t->metrics &&
+	    train_metrics_log(t->metrics, "epoch", err, sizeof(err),
+			      "{s:i, s:I, s:o, s:o, s:f, s:f, s:f, s:I, s:i}", "epoch", epoch + 1,
+			      "step", (json_int_t)loom_step_count(t->p), "test_loss",
+			      train_metrics_number(test_n > 0 ? tloss : NAN), "test_accuracy",
+			      train_metrics_number(test_n > 0 ? acc : NAN),
+			      "train_s", secs, "images_per_s", ips, "loss_scale", info.loss_scale,
+			      "skipped_steps", (json_int_t)info.skipped_steps, "ranks", t->world)) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, err);
+		return -1;
+	}
 	/* A run stopped mid-epoch (--max-steps) resumes at its next batch. */
 	if (t->a.checkpoint &&
 	    save(t, stopped_at ? epoch : epoch + 1,
@@ -779,8 +896,9 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 				timed_s += now - t_prev;
 			}
 			t_prev = now;
-			if (done % a->log_interval == 0)
-				progress_line(t, &pr, epoch, b, per_epoch, last - done, lr);
+			if (done % a->log_interval == 0 &&
+			    progress_line(t, &pr, epoch, b, per_epoch, last - done, lr, done))
+				goto out_free;
 			if (train_trace_tick(t, done - step, done >= last))
 				goto out_free;
 			if (update && a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
@@ -802,6 +920,8 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		       "%.1f s, loading included, evaluation not)\n",
 		       (long long)(done - step), timed * (double)a->batch * t->world / timed_s,
 		       a->batch * t->world, (long long)(done - step), timed_s);
+	if (train_export(t))
+		goto out_free;
 	rc = 0;
 out_free:
 	loom_prefetch_free(pf);
@@ -811,6 +931,10 @@ out_free:
 
 void train_end(train_run *t)
 {
+	if (train_metrics_close(t->metrics))
+		fprintf(stderr, "%s: --metrics %s: the log is incomplete\n", t->prog->name,
+			t->a.metrics);
+	t->metrics = NULL;
 	loom_program_free(t->p);
 	t->p = NULL;
 	loom_pg_free(t->pg);

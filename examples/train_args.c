@@ -20,7 +20,7 @@
 	.epochs = 2, .batch = 100, .lr = 0.01, .momentum = 0.9, .lr_gamma = 0.1,        \
 	.optim = LOOM_OPTIM_SGD, .device = LOOM_DEVICE_AUTO, .level = LOOM_O0,          \
 	.half = LOOM_F16, .log_interval = 100, .keep_bn_fp32 = -1,        \
-	.accumulate = 1, .trace_steps = 5
+	.accumulate = 1, .trace_steps = 5, .init_strict = 1
 
 const train_program train_mnist_ddp = {
 	.name = "mnist_ddp",
@@ -144,6 +144,16 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --trace FILE.json    Chrome/Perfetto trace of --trace-steps steps after the first\n"
 		"                       (one track per rank; open in ui.perfetto.dev)\n"
 		"  --trace-steps N      steps the trace records (default %d)\n"
+		"  --init-from FILE     start from these weights (safetensors, PyTorch's state_dict\n"
+		"                       names), after initialisation and before step 1\n"
+		"  --reinit NAMES       with --init-from: leave these (comma-separated prefixes,\n"
+		"                       e.g. fc) as initialised: a classifier of another size\n"
+		"  --init-strict B      true (default) or false: a name in one but not the other\n"
+		"                       is an error, or is left alone (load_state_dict's strict)\n"
+		"  --export FILE        write the weights after training (safetensors, PyTorch's\n"
+		"                       names: safetensors.torch.load_file(FILE))\n"
+		"  --metrics FILE       one JSON object per line per logged step and per epoch\n"
+		"                       (tools/plot_metrics draws them)\n"
 		"  --nproc N            start N ranks on this host (data parallel; also under\n"
 		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
 		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
@@ -183,7 +193,8 @@ enum {
 	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
-	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS,
+	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
+	O_INIT_STRICT, O_METRICS,
 };
 
 /* Every flag and the group that brings it. */
@@ -231,6 +242,11 @@ static const struct {
 	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
 	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
 	{ TRAIN_FLAGS_COMMON, { "trace-steps", required_argument, 0, O_TRACE_STEPS } },
+	{ TRAIN_FLAGS_COMMON, { "export", required_argument, 0, O_EXPORT } },
+	{ TRAIN_FLAGS_COMMON, { "init-from", required_argument, 0, O_INIT_FROM } },
+	{ TRAIN_FLAGS_COMMON, { "reinit", required_argument, 0, O_REINIT } },
+	{ TRAIN_FLAGS_COMMON, { "init-strict", required_argument, 0, O_INIT_STRICT } },
+	{ TRAIN_FLAGS_COMMON, { "metrics", required_argument, 0, O_METRICS } },
 	{ TRAIN_FLAGS_COMMON, { "help", no_argument, 0, O_HELP } },
 };
 
@@ -382,6 +398,18 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		if (parse_int("--trace-steps", arg, 1, 10000, &l, msg, msglen)) return -1;
 		a->trace_steps = (int)l;
 		break;
+	case O_EXPORT: a->export_path = arg; break;
+	case O_INIT_FROM: a->init_from = arg; break;
+	case O_REINIT: a->reinit = arg; break;
+	case O_INIT_STRICT:
+		if (!strcmp(arg, "true")) a->init_strict = 1;
+		else if (!strcmp(arg, "false")) a->init_strict = 0;
+		else {
+			say(msg, msglen, "--init-strict must be true or false, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_METRICS: a->metrics = arg; break;
 	case O_SCHED:
 		if (!strcmp(arg, "step")) a->schedule = TRAIN_LR_STEP;
 		else if (!strcmp(arg, "cosine")) a->schedule = TRAIN_LR_COSINE;
@@ -443,6 +471,10 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 	if (a->save_every % a->accumulate) {
 		say(msg, msglen, "--save-every %d must be a multiple of --accumulate %d (a checkpoint "
 		    "holds no half-accumulated step)", a->save_every, a->accumulate);
+		return TRAIN_BAD;
+	}
+	if (a->reinit && !a->init_from) {
+		say(msg, msglen, "--reinit applies to --init-from FILE");
 		return TRAIN_BAD;
 	}
 	if (a->schedule != TRAIN_LR_COSINE && a->warmup_epochs > 0) {

@@ -259,6 +259,18 @@ typedef struct loom_compile_opts {
 	 * without a device communicator is refused at compile.
 	 * World 1: nothing changes. */
 	int sync_bn;
+	/* A forward-only plan (default 0), for inference: no autodiff, no
+	 * gradients, no optimizer state (optim is ignored), so its own,
+	 * smaller memory plan; batch norm uses its running statistics. Only
+	 * LOOM_RUN_EVAL runs (others answer LOOM_ERR_STATE); its outputs equal
+	 * a training program's EVAL outputs on the same weights bit for bit.
+	 * The loss is still a scalar value of g (the forward computes it; a
+	 * classifier's cross-entropy gives the test loss). The AMP level
+	 * applies as in training (O2/O3: half weights; O2 keeps its fp32
+	 * masters, which loom_import_safetensors fills). Not with a process
+	 * group of world > 1. loom_load takes only checkpoints of the same
+	 * kind: move weights between the two with safetensors (loom_io.h). */
+	int inference;
 } loom_compile_opts;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,

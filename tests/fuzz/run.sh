@@ -30,11 +30,12 @@ declare -A SRCS=(
 	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c"
 	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c comm/progress.c"
 	[fuzz_fingerprint]="comm/wire.c comm/env.c"
+	[fuzz_safetensors]="engine/safetensors.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz"
-	[fuzz_rendezvous]="" [fuzz_fingerprint]="")
+	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson")
 targets=("$@")
-[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint)
+[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors)
 
 if ! command -v "$CC" >/dev/null 2>&1; then
 	echo "fuzz: $CC not found (bazel/install_deps.sh installs clang)"
