@@ -259,6 +259,11 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	return u != LOOM_NONE && u < v;
 }
 
+/* The FLOPs of the plan's products (conv2d and its backward directions,
+ * linear, matmul; 2 per multiply-add), forward nodes [0, n_fwd) and the
+ * rest (engine/report.c; loom_program_info.flops_fwd/_bwd). */
+void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd);
+
 /* Prints one message through the user's log callback (loom_set_log). */
 void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# loom against current PyTorch (eager, bf16 autocast, torch.compile,
+# channels-last) and against the machine's own peak, in one alternating run
+# (loom, torch, loom, torch, ...: every round sees the same state of a shared
+# machine), printed as markdown for bench/RESULTS.md.
+#   bench/setup_torch.sh               once: the reference venv, outside the repo
+#   bench/yardstick.sh [--quick] [rounds]       (default 2 rounds; --quick: 1
+#                                       round of a few steps each, a smoke run)
+# Workloads (WORKLOADS, default all four):
+#   convnet     one epoch of the ConvNet on Fashion-MNIST (batch 100, SGD lr
+#               0.01 momentum 0.9): loom's examples/mnist_ddp and
+#               bench/torch_convnet.py train; cell: epoch img/s / test
+#               accuracy / img/s per CPU-second / peak RSS MiB
+#   resnet18    ResNet-18 on CIFAR-shaped synthetic data (32x32, 10 classes,
+#               batch 32): bench_resnet and bench/torch_resnet.py
+#   resnet50-16, resnet50-32   ResNet-50 at 224, batch 16 and 32
+#               resnet cells: img/s / img/s per CPU-second / peak RSS MiB
+# Variants: loom O0 (fp32), loom O1 bf16, loom O2 bf16 (native bf16 products
+# only where the CPU has avx512_bf16; else loom's exact emulation), PyTorch
+# eager fp32, eager bf16 autocast, torch.compile fp32, and for the ResNets
+# channels-last eager and compiled (bench/torch_modes.py). Compiled modes
+# compile in their warm-up, outside the timed steps.
+# After the rounds: per variant the median img/s, its FLOP/s (the model's
+# FLOPs per image, forward + backward, counted by loom from its plan) and
+# that as a fraction of the fp32 peak bench/bf16_peak measures on the same
+# threads, and the ratio to PyTorch eager fp32.
+# CPU-seconds: loom's ConvNet cell counts the whole process (/usr/bin/time:
+# data loading and the test pass included), torch's its training loop only;
+# both ResNet scripts count their timed steps only.
+# Variables: TORCH_VENV (default /work/venv-torch), THREADS (2), LOOM_BIN (a
+# bazel-bin holding the binaries; default: build them with $BAZEL, default
+# `bazel`), WORKLOADS, LOOM_VARIANTS ("O0 O1 O2"), TORCH_MODES_CONVNET
+# ("eager bf16 compile"), TORCH_MODES_RESNET ("eager bf16 compile cl compile-cl").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+	quick=1
+	shift
+fi
+rounds=${1:-2}
+[ $quick = 1 ] && rounds=1
+venv=${TORCH_VENV:-/work/venv-torch}
+py=$venv/bin/python
+threads=${THREADS:-2}
+workloads=${WORKLOADS:-convnet resnet18 resnet50-16 resnet50-32}
+loom_variants=${LOOM_VARIANTS:-O0 O1 O2}
+tm_convnet=${TORCH_MODES_CONVNET:-eager bf16 compile}
+tm_resnet=${TORCH_MODES_RESNET:-eager bf16 compile cl compile-cl}
+if [ $quick = 1 ]; then
+	tm_resnet=${TORCH_MODES_RESNET:-eager cl}
+fi
+if ! [ -x "$py" ] || ! "$py" -c 'import torch' 2>/dev/null; then
+	echo "yardstick: no torch in $venv: run bench/setup_torch.sh first" >&2
+	exit 2
+fi
+bin=${LOOM_BIN:-}
+if [ -z "$bin" ]; then
+	${BAZEL:-bazel} build //bench:bench_resnet //bench:bench_convnet //bench:bf16_peak \
+		//examples:mnist_ddp >/dev/null 2>&1 || {
+		echo "yardstick: build failed" >&2
+		exit 1
+	}
+	bin=$(${BAZEL:-bazel} info bazel-bin 2>/dev/null)
+fi
+data=$(mktemp -d)
+trap 'rm -rf "$data"' EXIT
+
+# Step counts: (warm-up, timed) per workload.
+if [ $quick = 1 ]; then
+	conv_max="--max-steps 30" torch_max="--max-steps 30"
+	r18="--batch-size 8 --warmup 1 --steps 1" r50_16="--batch-size 2 --warmup 1 --steps 1"
+	r50_32="--batch-size 4 --warmup 1 --steps 1"
+else
+	conv_max="" torch_max=""
+	r18="--batch-size 32 --warmup 2 --steps 6" r50_16="--batch-size 16 --warmup 1 --steps 3"
+	r50_32="--batch-size 32 --warmup 1 --steps 2"
+fi
+
+resnet_args() { # workload -> depth, size, steps args
+	case $1 in
+	resnet18) echo "--depth 18 --size 32 $r18" ;;
+	resnet50-16) echo "--depth 50 --size 224 $r50_16" ;;
+	resnet50-32) echo "--depth 50 --size 224 $r50_32" ;;
+	esac
+}
+
+level_args() { # O0|O1|O2 -> loom flags (mnist_ddp and bench_resnet spell them apart)
+	case $1 in
+	O0) echo "" ;;
+	*) echo "--opt-level $1 --precision bf16" ;;
+	esac
+}
+
+tf=$data/time
+# Each cell also goes to $data/<workload>.<variant> (one img/s per line) for the summary.
+keep() { # workload variant img/s
+	[ -n "$3" ] && echo "$3" >>"$data/$1.$2"
+}
+
+loom_convnet() { # level -> cell
+	local out r
+	out=$(/usr/bin/time -f "%U %S %M" -o "$tf" "$bin/examples/mnist_ddp" --epochs 1 --device cpu \
+		--threads "$threads" $(level_args "$1") $conv_max 2>/dev/null | grep '^epoch 1 done')
+	r=$(sed -n 's/.*(\([0-9.]*\) img\/s).*/\1/p' <<<"$out")
+	keep convnet "loom $1" "$r"
+	awk -v r="$r" -v a="$(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out")" \
+		-v n="${conv_max:+30}" '{ c = $1 + $2; printf "%s / %s / %.0f / %.0f", r, a,
+		(n ? n * 100 : 60000) / (c > 0 ? c : 1), $3 / 1024 }' "$tf"
+}
+
+torch_convnet() { # mode -> cell
+	local out r
+	out=$("$py" bench/torch_convnet.py train --epochs 1 --threads "$threads" --mode "$1" \
+		$torch_max 2>/dev/null | grep '^torch epoch 1')
+	r=$(sed -n 's/.*%, \([0-9]*\) img\/s,.*/\1/p' <<<"$out")
+	keep convnet "torch $1" "$r"
+	echo "$r / $(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out") /" \
+		"$(sed -n 's/.* \([0-9]*\) img\/s per CPU-second.*/\1/p' <<<"$out") /" \
+		"$(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
+}
+
+loom_resnet() { # workload level -> cell
+	local out r lv=${2#O}
+	out=$("$bin/bench/bench_resnet" $(resnet_args "$1") --levels "$lv" $([ "$2" != O0 ] && echo --bf16) \
+		--device cpu --threads "$threads" 2>/dev/null | grep '^| ResNet')
+	r=$(awk -F'|' '{ gsub(/ /, "", $7); print $7 }' <<<"$out")
+	keep "$1" "loom $2" "$r"
+	awk -F'|' '{ for (i = 7; i <= 9; i++) gsub(/ /, "", $i); if ($7 != "") printf "%s / %s / %s", $7, $8, $9 }' <<<"$out"
+}
+
+torch_resnet() { # workload mode -> cell
+	local out r
+	out=$("$py" bench/torch_resnet.py $(resnet_args "$1") --threads "$threads" --mode "$2" 2>/dev/null |
+		grep '^torch resnet')
+	r=$(sed -n 's/.*: \([0-9.]*\) img\/s,.*/\1/p' <<<"$out")
+	keep "$1" "torch $2" "$r"
+	[ -n "$r" ] && echo "$r / $(sed -n 's/.* \([0-9.]*\) img\/s per CPU-second.*/\1/p' <<<"$out") /" \
+		"$(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
+}
+
+variants() { # workload -> the column names, in running order (loom, torch alternating)
+	local tm l t
+	[ "$1" = convnet ] && tm=($tm_convnet) || tm=($tm_resnet)
+	local lv=($loom_variants) i=0 n
+	n=$((${#lv[@]} > ${#tm[@]} ? ${#lv[@]} : ${#tm[@]}))
+	for ((i = 0; i < n; i++)); do
+		[ $i -lt ${#lv[@]} ] && echo "loom ${lv[$i]}"
+		[ $i -lt ${#tm[@]} ] && echo "torch ${tm[$i]}"
+	done
+}
+
+cell() { # workload variant -> cell
+	local w=$1 kind=${2%% *} v=${2#* }
+	if [ "$w" = convnet ]; then
+		[ "$kind" = loom ] && loom_convnet "$v" || torch_convnet "$v"
+	else
+		[ "$kind" = loom ] && loom_resnet "$w" "$v" || torch_resnet "$w" "$v"
+	fi
+}
+
+label() { # variant -> column title
+	case $1 in
+	"loom O0") echo "loom O0 fp32" ;;
+	"loom O1" | "loom O2") echo "$1 bf16" ;;
+	"torch eager") echo "PyTorch eager fp32" ;;
+	"torch bf16") echo "PyTorch eager bf16 autocast" ;;
+	"torch compile") echo "torch.compile fp32" ;;
+	"torch cl") echo "PyTorch eager fp32 channels-last" ;;
+	"torch compile-cl") echo "torch.compile fp32 channels-last" ;;
+	*) echo "$1" ;;
+	esac
+}
+
+gflop_per_img() { # workload -> the model's GFLOP per image (forward + backward), from loom's plan
+	if [ "$1" = convnet ]; then
+		"$bin/bench/bench_convnet" --steps 1 --warmup 0 --levels 0 --threads 1 2>/dev/null |
+			awk -F'|' '/^\| O0/ { gsub(/ /, "", $13); print $13 / 1000 }'
+	else
+		"$bin/bench/bench_resnet" $(resnet_args "$1" | sed 's/--steps [0-9]*/--steps 1/; s/--warmup [0-9]*/--warmup 0/') \
+			--levels 0 --threads 1 2>/dev/null |
+			awk -F'|' '/^\| ResNet/ { gsub(/ /, "", $10); print $10 }'
+	fi
+}
+
+cpu_line() {
+	echo "$(sed -n 's/^model name\t*: //p' /proc/cpuinfo | head -1) (family $(sed -n 's/^cpu family\t*: //p' /proc/cpuinfo | head -1), model $(sed -n 's/^model\t*: //p' /proc/cpuinfo | head -1)), $(nproc) cores, flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512vl|avx512_bf16|amx_bf16)$' | paste -sd' ')"
+}
+
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: bench/yardstick.sh $([ $quick = 1 ] && echo '--quick ')$rounds (WORKLOADS=\"$workloads\", THREADS=$threads)"
+echo "machine: $(cpu_line)"
+echo "versions: loom $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo '+changes'), $("$py" -c 'import sys, torch; print("PyTorch", torch.__version__, "(Python", sys.version.split()[0] + ")", end="")'), $("$bin/bench/bench_convnet" --steps 1 --warmup 0 --levels 0 --threads "$threads" 2>/dev/null | sed -n 's/.*; \(cpu: .*\)/loom \1/p'), oneDNN $(dpkg-query -W -f '${Version}' libdnnl2 2>/dev/null || echo '?')"
+echo "load average before: $(uptime | sed 's/.*load average: //')"
+peak_out=$("$bin/bench/bf16_peak" 3 "$threads")
+peak=$(sed -n 's/^peak: fp32 \([0-9.]*\) GFLOP\/s.*/\1/p' <<<"$peak_out")
+echo
+echo '```'
+echo "$peak_out"
+echo '```'
+echo
+echo "fp32 peak used below: $peak GFLOP/s ($threads threads, bench/bf16_peak, best of 3)"
+
+for w in $workloads; do
+	gf=$(gflop_per_img "$w")
+	mapfile -t vs < <(variants "$w")
+	echo
+	case $w in
+	convnet) echo "### ConvNet, Fashion-MNIST, $([ $quick = 1 ] && echo '30 steps' || echo '1 epoch'), batch 100, $threads threads ($gf GFLOP/img); cell: img/s / test accuracy / img/s per CPU-second / peak RSS MiB" ;;
+	*) echo "### $w: $(resnet_args "$w"), $threads threads ($gf GFLOP/img); cell: img/s / img/s per CPU-second / peak RSS MiB" ;;
+	esac
+	echo
+	head="| round |"
+	for v in "${vs[@]}"; do head+=" $(label "$v") |"; done
+	echo "$head load avg |"
+	echo "$head load avg |" | sed 's/[^|]\+/ --- /g'
+	for r in $(seq "$rounds"); do
+		row="| $r |"
+		for v in "${vs[@]}"; do
+			c=$(cell "$w" "$v")
+			row+=" ${c:--} |"
+		done
+		echo "$row $(cut -d' ' -f1 /proc/loadavg) |"
+	done
+	echo
+	echo "| $w | median img/s | GFLOP/s | % of fp32 peak | / PyTorch eager fp32 |"
+	echo "| --- | --- | --- | --- | --- |"
+	base=$(sort -n "$data/$w.torch eager" 2>/dev/null | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }')
+	for v in "${vs[@]}"; do
+		sort -n "$data/$w.$v" 2>/dev/null | awk -v name="$(label "$v")" -v gf="$gf" -v pk="$peak" -v base="$base" '
+			{ a[NR] = $1 }
+			END {
+				if (!NR) { printf "| %s | - | - | - | - |\n", name; exit }
+				m = a[int((NR + 1) / 2)]
+				printf "| %s | %.1f | %.1f | %.1f%% | %s |\n", name, m, m * gf, pk ? 100 * m * gf / pk : 0,
+					base ? sprintf("%.2fx", m / base) : "-"
+			}'
+	done
+done
+echo
+echo "load average after: $(uptime | sed 's/.*load average: //')"
