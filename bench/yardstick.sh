@@ -16,10 +16,16 @@
 #   resnet50-16, resnet50-32   ResNet-50 at 224, batch 16 and 32
 #               resnet cells: img/s / img/s per CPU-second / peak RSS MiB
 # Variants: loom O0 (fp32), loom O1 bf16, loom O2 bf16 (native bf16 products
-# only where the CPU has avx512_bf16; else loom's exact emulation), PyTorch
-# eager fp32, eager bf16 autocast, torch.compile fp32, and for the ResNets
-# channels-last eager and compiled (bench/torch_modes.py). Compiled modes
-# compile in their warm-up, outside the timed steps.
+# only where loom chose them at start-up; else loom's exact emulation),
+# PyTorch eager fp32, eager bf16 autocast, torch.compile fp32, and for the
+# ResNets channels-last (bench/torch_modes.py; compile-cl, torch.compile in
+# channels-last, on request). Compiled modes compile in their warm-up,
+# outside the timed steps (a second run finds inductor's cache).
+# Defaults sized for a shared 2-core machine: the ConvNet's bf16 variants
+# (loom O1/O2, PyTorch autocast: 9x slower than fp32 on a CPU without
+# avx512_bf16) run CONV_CAP (150) steps of the epoch, not all 600; the
+# ResNet tables leave bf16 autocast out (TORCH_MODES_RESNET adds it) and
+# ResNet-50 at batch 32 runs loom O0 against PyTorch eager and channels-last.
 # After the rounds: per variant the median img/s, its FLOP/s (the model's
 # FLOPs per image, forward + backward, counted by loom from its plan) and
 # that as a fraction of the fp32 peak bench/bf16_peak measures on the same
@@ -29,7 +35,8 @@
 # both ResNet scripts count their timed steps only.
 # Variables: TORCH_VENV (default /work/venv-torch), THREADS (2), LOOM_BIN (a
 # bazel-bin holding the binaries; default: build them with $BAZEL, default
-# `bazel`), WORKLOADS, LOOM_VARIANTS ("O0 O1 O2"), TORCH_MODES_CONVNET
+# `bazel`), LOOM_BIN_B (a second such folder, the "before" build of a
+# change: adds a "loom O0 (B)" column after loom O0), WORKLOADS, LOOM_VARIANTS ("O0 O1 O2"), TORCH_MODES_CONVNET
 # ("eager bf16 compile"), TORCH_MODES_RESNET ("eager bf16 compile cl compile-cl").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,16 +52,21 @@ py=$venv/bin/python
 threads=${THREADS:-2}
 workloads=${WORKLOADS:-convnet resnet18 resnet50-16 resnet50-32}
 loom_variants=${LOOM_VARIANTS:-O0 O1 O2}
-tm_convnet=${TORCH_MODES_CONVNET:-eager bf16 compile}
-tm_resnet=${TORCH_MODES_RESNET:-eager bf16 compile cl compile-cl}
+tm_convnet=${TORCH_MODES_CONVNET:-eager compile bf16}
+tm_resnet=${TORCH_MODES_RESNET:-eager cl compile}
+tm_resnet_big=${TORCH_MODES_RESNET_BIG:-eager cl}
+lv_big=${LOOM_VARIANTS_BIG:-O0}
+conv_cap=${CONV_CAP:-150}
 if [ $quick = 1 ]; then
 	tm_resnet=${TORCH_MODES_RESNET:-eager cl}
+	conv_cap=30
 fi
 if ! [ -x "$py" ] || ! "$py" -c 'import torch' 2>/dev/null; then
 	echo "yardstick: no torch in $venv: run bench/setup_torch.sh first" >&2
 	exit 2
 fi
 bin=${LOOM_BIN:-}
+bin_b=${LOOM_BIN_B:-}
 if [ -z "$bin" ]; then
 	${BAZEL:-bazel} build //bench:bench_resnet //bench:bench_convnet //bench:bf16_peak \
 		//examples:mnist_ddp >/dev/null 2>&1 || {
@@ -73,8 +85,8 @@ if [ $quick = 1 ]; then
 	r50_32="--batch-size 4 --warmup 1 --steps 1"
 else
 	conv_max="" torch_max=""
-	r18="--batch-size 32 --warmup 2 --steps 6" r50_16="--batch-size 16 --warmup 1 --steps 3"
-	r50_32="--batch-size 32 --warmup 1 --steps 2"
+	r18="--batch-size 32 --warmup 1 --steps 3" r50_16="--batch-size 16 --warmup 1 --steps 2"
+	r50_32="--batch-size 32 --warmup 1 --steps 1"
 fi
 
 resnet_args() { # workload -> depth, size, steps args
@@ -99,20 +111,25 @@ keep() { # workload variant img/s
 }
 
 loom_convnet() { # level -> cell
-	local out r
+	local out r n=600
+	[ -n "$conv_max" ] && n=30
+	[ "$1" != O0 ] && n=$conv_cap
 	out=$(/usr/bin/time -f "%U %S %M" -o "$tf" "$bin/examples/mnist_ddp" --epochs 1 --device cpu \
-		--threads "$threads" $(level_args "$1") $conv_max 2>/dev/null | grep '^epoch 1 done')
+		--threads "$threads" $(level_args "$1") $([ $n != 600 ] && echo --max-steps $n) 2>/dev/null |
+		grep '^epoch 1 done')
 	r=$(sed -n 's/.*(\([0-9.]*\) img\/s).*/\1/p' <<<"$out")
-	keep convnet "loom $1" "$r"
+	keep convnet "${tag:-loom} $1" "$r"
 	awk -v r="$r" -v a="$(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out")" \
-		-v n="${conv_max:+30}" '{ c = $1 + $2; printf "%s / %s / %.0f / %.0f", r, a,
-		(n ? n * 100 : 60000) / (c > 0 ? c : 1), $3 / 1024 }' "$tf"
+		-v n="$n" '{ c = $1 + $2; printf "%s / %s / %.0f / %.0f", r, a, n * 100 / (c > 0 ? c : 1),
+		$3 / 1024 }' "$tf"
 }
 
 torch_convnet() { # mode -> cell
 	local out r
+	local cap=$torch_max
+	[ "$1" = bf16 ] && cap="--max-steps $conv_cap"
 	out=$("$py" bench/torch_convnet.py train --epochs 1 --threads "$threads" --mode "$1" \
-		$torch_max 2>/dev/null | grep '^torch epoch 1')
+		$cap 2>/dev/null | grep '^torch epoch 1')
 	r=$(sed -n 's/.*%, \([0-9]*\) img\/s,.*/\1/p' <<<"$out")
 	keep convnet "torch $1" "$r"
 	echo "$r / $(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out") /" \
@@ -125,7 +142,7 @@ loom_resnet() { # workload level -> cell
 	out=$("$bin/bench/bench_resnet" $(resnet_args "$1") --levels "$lv" $([ "$2" != O0 ] && echo --bf16) \
 		--device cpu --threads "$threads" 2>/dev/null | grep '^| ResNet')
 	r=$(awk -F'|' '{ gsub(/ /, "", $7); print $7 }' <<<"$out")
-	keep "$1" "loom $2" "$r"
+	keep "$1" "${tag:-loom} $2" "$r"
 	awk -F'|' '{ for (i = 7; i <= 9; i++) gsub(/ /, "", $i); if ($7 != "") printf "%s / %s / %s", $7, $8, $9 }' <<<"$out"
 }
 
@@ -140,28 +157,37 @@ torch_resnet() { # workload mode -> cell
 }
 
 variants() { # workload -> the column names, in running order (loom, torch alternating)
-	local tm l t
-	[ "$1" = convnet ] && tm=($tm_convnet) || tm=($tm_resnet)
-	local lv=($loom_variants) i=0 n
+	local tm lv i=0 n
+	lv=($loom_variants)
+	case $1 in
+	convnet) tm=($tm_convnet) ;;
+	resnet50-32) tm=($tm_resnet_big) lv=($lv_big) ;;
+	*) tm=($tm_resnet) ;;
+	esac
 	n=$((${#lv[@]} > ${#tm[@]} ? ${#lv[@]} : ${#tm[@]}))
 	for ((i = 0; i < n; i++)); do
 		[ $i -lt ${#lv[@]} ] && echo "loom ${lv[$i]}"
+		[ $i = 0 ] && [ -n "$bin_b" ] && echo "loomB ${lv[0]}"
 		[ $i -lt ${#tm[@]} ] && echo "torch ${tm[$i]}"
 	done
 }
 
 cell() { # workload variant -> cell
 	local w=$1 kind=${2%% *} v=${2#* }
-	if [ "$w" = convnet ]; then
-		[ "$kind" = loom ] && loom_convnet "$v" || torch_convnet "$v"
-	else
-		[ "$kind" = loom ] && loom_resnet "$w" "$v" || torch_resnet "$w" "$v"
-	fi
+	case $w.$kind in
+	convnet.loom) loom_convnet "$v" ;;
+	convnet.loomB) bin=$bin_b tag=loomB loom_convnet "$v" ;;
+	convnet.torch) torch_convnet "$v" ;;
+	*.loom) loom_resnet "$w" "$v" ;;
+	*.loomB) bin=$bin_b tag=loomB loom_resnet "$w" "$v" ;;
+	*) torch_resnet "$w" "$v" ;;
+	esac
 }
 
 label() { # variant -> column title
 	case $1 in
 	"loom O0") echo "loom O0 fp32" ;;
+	"loomB O0") echo "loom O0 fp32 (B: before)" ;;
 	"loom O1" | "loom O2") echo "$1 bf16" ;;
 	"torch eager") echo "PyTorch eager fp32" ;;
 	"torch bf16") echo "PyTorch eager bf16 autocast" ;;
@@ -191,21 +217,21 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: bench/yardstick.sh $([ $q
 echo "machine: $(cpu_line)"
 echo "versions: loom $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo '+changes'), $("$py" -c 'import sys, torch; print("PyTorch", torch.__version__, "(Python", sys.version.split()[0] + ")", end="")'), $("$bin/bench/bench_convnet" --steps 1 --warmup 0 --levels 0 --threads "$threads" 2>/dev/null | sed -n 's/.*; \(cpu: .*\)/loom \1/p'), oneDNN $(dpkg-query -W -f '${Version}' libdnnl2 2>/dev/null || echo '?')"
 echo "load average before: $(uptime | sed 's/.*load average: //')"
-peak_out=$("$bin/bench/bf16_peak" 3 "$threads")
+peak_out=$("$bin/bench/bf16_peak" 5 "$threads")
 peak=$(sed -n 's/^peak: fp32 \([0-9.]*\) GFLOP\/s.*/\1/p' <<<"$peak_out")
 echo
 echo '```'
 echo "$peak_out"
 echo '```'
 echo
-echo "fp32 peak used below: $peak GFLOP/s ($threads threads, bench/bf16_peak, best of 3)"
+echo "fp32 peak used below: $peak GFLOP/s ($threads threads, bench/bf16_peak: the best of 5 rounds)"
 
 for w in $workloads; do
 	gf=$(gflop_per_img "$w")
 	mapfile -t vs < <(variants "$w")
 	echo
 	case $w in
-	convnet) echo "### ConvNet, Fashion-MNIST, $([ $quick = 1 ] && echo '30 steps' || echo '1 epoch'), batch 100, $threads threads ($gf GFLOP/img); cell: img/s / test accuracy / img/s per CPU-second / peak RSS MiB" ;;
+	convnet) echo "### ConvNet, Fashion-MNIST, $([ $quick = 1 ] && echo '30 steps' || echo "1 epoch (600 steps; loom O1/O2 bf16 and PyTorch bf16 autocast: the first $conv_cap)"), batch 100, $threads threads ($gf GFLOP/img); cell: img/s / test accuracy / img/s per CPU-second / peak RSS MiB" ;;
 	*) echo "### $w: $(resnet_args "$w"), $threads threads ($gf GFLOP/img); cell: img/s / img/s per CPU-second / peak RSS MiB" ;;
 	esac
 	echo
@@ -231,7 +257,7 @@ for w in $workloads; do
 			END {
 				if (!NR) { printf "| %s | - | - | - | - |\n", name; exit }
 				m = a[int((NR + 1) / 2)]
-				printf "| %s | %.1f | %.1f | %.1f%% | %s |\n", name, m, m * gf, pk ? 100 * m * gf / pk : 0,
+				printf "| %s | %.4g | %.1f | %.1f%% | %s |\n", name, m, m * gf, pk ? 100 * m * gf / pk : 0,
 					base ? sprintf("%.2fx", m / base) : "-"
 			}'
 	done
