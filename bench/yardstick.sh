@@ -23,7 +23,7 @@
 # outside the timed steps (a second run finds inductor's cache).
 # Defaults sized for a shared 2-core machine: the ConvNet's bf16 variants
 # (loom O1/O2, PyTorch autocast: 9x slower than fp32 on a CPU without
-# avx512_bf16) run CONV_CAP (150) steps of the epoch, not all 600; the
+# avx512_bf16) run CONV_CAP (50) steps of the epoch, not all 600; the
 # ResNet tables leave bf16 autocast out (TORCH_MODES_RESNET adds it) and
 # ResNet-50 at batch 32 runs loom O0 against PyTorch eager and channels-last.
 # After the rounds: per variant the median img/s, its FLOP/s (the model's
@@ -56,7 +56,7 @@ tm_convnet=${TORCH_MODES_CONVNET:-eager compile bf16}
 tm_resnet=${TORCH_MODES_RESNET:-eager cl compile}
 tm_resnet_big=${TORCH_MODES_RESNET_BIG:-eager cl}
 lv_big=${LOOM_VARIANTS_BIG:-O0}
-conv_cap=${CONV_CAP:-150}
+conv_cap=${CONV_CAP:-50}
 if [ $quick = 1 ]; then
 	tm_resnet=${TORCH_MODES_RESNET:-eager cl}
 	conv_cap=30
@@ -105,9 +105,15 @@ level_args() { # O0|O1|O2 -> loom flags (mnist_ddp and bench_resnet spell them a
 }
 
 tf=$data/time
-# Each cell also goes to $data/<workload>.<variant> (one img/s per line) for the summary.
-keep() { # workload variant img/s
+
+median() { # file of numbers -> their median, or nothing
+	sort -n "$1" 2>/dev/null | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'
+}
+# Each cell also goes to $data/<workload>.<variant> (one img/s per line) and
+# .cpu (img/s per CPU-second) for the summary.
+keep() { # workload variant img/s per-CPU-s
 	[ -n "$3" ] && echo "$3" >>"$data/$1.$2"
+	[ -n "$4" ] && echo "$4" >>"$data/$1.$2.cpu"
 }
 
 loom_convnet() { # level -> cell
@@ -118,10 +124,9 @@ loom_convnet() { # level -> cell
 		--threads "$threads" $(level_args "$1") $([ $n != 600 ] && echo --max-steps $n) 2>/dev/null |
 		grep '^epoch 1 done')
 	r=$(sed -n 's/.*(\([0-9.]*\) img\/s).*/\1/p' <<<"$out")
-	keep convnet "${tag:-loom} $1" "$r"
-	awk -v r="$r" -v a="$(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out")" \
-		-v n="$n" '{ c = $1 + $2; printf "%s / %s / %.0f / %.0f", r, a, n * 100 / (c > 0 ? c : 1),
-		$3 / 1024 }' "$tf"
+	pc=$(awk -v n="$n" '{ c = $1 + $2; printf "%.0f", n * 100 / (c > 0 ? c : 1) }' "$tf")
+	keep convnet "${tag:-loom} $1" "$r" "$pc"
+	echo "$r / $(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out") / $pc / $(awk '{ printf "%.0f", $3 / 1024 }' "$tf")"
 }
 
 torch_convnet() { # mode -> cell
@@ -131,9 +136,9 @@ torch_convnet() { # mode -> cell
 	out=$("$py" bench/torch_convnet.py train --epochs 1 --threads "$threads" --mode "$1" \
 		$cap 2>/dev/null | grep '^torch epoch 1')
 	r=$(sed -n 's/.*%, \([0-9]*\) img\/s,.*/\1/p' <<<"$out")
-	keep convnet "torch $1" "$r"
-	echo "$r / $(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out") /" \
-		"$(sed -n 's/.* \([0-9]*\) img\/s per CPU-second.*/\1/p' <<<"$out") /" \
+	pc=$(sed -n 's/.* \([0-9]*\) img\/s per CPU-second.*/\1/p' <<<"$out")
+	keep convnet "torch $1" "$r" "$pc"
+	echo "$r / $(sed -n 's/.*test accuracy \([0-9.]*%\).*/\1/p' <<<"$out") / $pc /" \
 		"$(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
 }
 
@@ -142,7 +147,7 @@ loom_resnet() { # workload level -> cell
 	out=$("$bin/bench/bench_resnet" $(resnet_args "$1") --levels "$lv" $([ "$2" != O0 ] && echo --bf16) \
 		--device cpu --threads "$threads" 2>/dev/null | grep '^| ResNet')
 	r=$(awk -F'|' '{ gsub(/ /, "", $7); print $7 }' <<<"$out")
-	keep "$1" "${tag:-loom} $2" "$r"
+	keep "$1" "${tag:-loom} $2" "$r" "$(awk -F'|' '{ gsub(/ /, "", $8); print $8 }' <<<"$out")"
 	awk -F'|' '{ for (i = 7; i <= 9; i++) gsub(/ /, "", $i); if ($7 != "") printf "%s / %s / %s", $7, $8, $9 }' <<<"$out"
 }
 
@@ -151,9 +156,9 @@ torch_resnet() { # workload mode -> cell
 	out=$("$py" bench/torch_resnet.py $(resnet_args "$1") --threads "$threads" --mode "$2" 2>/dev/null |
 		grep '^torch resnet')
 	r=$(sed -n 's/.*: \([0-9.]*\) img\/s,.*/\1/p' <<<"$out")
-	keep "$1" "torch $2" "$r"
-	[ -n "$r" ] && echo "$r / $(sed -n 's/.* \([0-9.]*\) img\/s per CPU-second.*/\1/p' <<<"$out") /" \
-		"$(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
+	pc=$(sed -n 's/.* \([0-9.]*\) img\/s per CPU-second.*/\1/p' <<<"$out")
+	keep "$1" "torch $2" "$r" "$pc"
+	[ -n "$r" ] && echo "$r / $pc / $(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
 }
 
 variants() { # workload -> the column names, in running order (loom, torch alternating)
@@ -219,12 +224,13 @@ echo "versions: loom $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet
 echo "load average before: $(uptime | sed 's/.*load average: //')"
 peak_out=$("$bin/bench/bf16_peak" 5 "$threads")
 peak=$(sed -n 's/^peak: fp32 \([0-9.]*\) GFLOP\/s.*/\1/p' <<<"$peak_out")
+peak1=$(sed -n 's/^peak: fp32 .*(best on 1 thread \([0-9.]*\),.*/\1/p' <<<"$peak_out")
 echo
 echo '```'
 echo "$peak_out"
 echo '```'
 echo
-echo "fp32 peak used below: $peak GFLOP/s ($threads threads, bench/bf16_peak: the best of 5 rounds)"
+echo "fp32 peak used below: $peak GFLOP/s on $threads threads, $peak1 on one core (bench/bf16_peak: the best of 5 rounds). Per CPU-second figures divide by one core's peak: on a shared machine they say how well a process uses the core time it gets."
 
 for w in $workloads; do
 	gf=$(gflop_per_img "$w")
@@ -248,17 +254,19 @@ for w in $workloads; do
 		echo "$row $(cut -d' ' -f1 /proc/loadavg) |"
 	done
 	echo
-	echo "| $w | median img/s | GFLOP/s | % of fp32 peak | / PyTorch eager fp32 |"
-	echo "| --- | --- | --- | --- | --- |"
-	base=$(sort -n "$data/$w.torch eager" 2>/dev/null | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }')
+	echo "| $w | img/s | GFLOP/s | % of fp32 peak | / PyTorch eager | img/s per CPU-s | GFLOP per CPU-s | % of one core's peak | / PyTorch eager per CPU-s |"
+	echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+	base=$(median "$data/$w.torch eager") basec=$(median "$data/$w.torch eager.cpu")
 	for v in "${vs[@]}"; do
-		sort -n "$data/$w.$v" 2>/dev/null | awk -v name="$(label "$v")" -v gf="$gf" -v pk="$peak" -v base="$base" '
-			{ a[NR] = $1 }
-			END {
-				if (!NR) { printf "| %s | - | - | - | - |\n", name; exit }
-				m = a[int((NR + 1) / 2)]
-				printf "| %s | %.4g | %.1f | %.1f%% | %s |\n", name, m, m * gf, pk ? 100 * m * gf / pk : 0,
-					base ? sprintf("%.2fx", m / base) : "-"
+		awk -v name="$(label "$v")" -v gf="$gf" -v pk="$peak" -v pk1="$peak1" -v base="$base" \
+			-v basec="$basec" -v m="$(median "$data/$w.$v")" -v c="$(median "$data/$w.$v.cpu")" '
+			function ratio(x, y) { return x != "" && y != "" && y > 0 ? sprintf("%.2fx", x / y) : "-" }
+			function pct(x, y) { return x != "" && y > 0 ? sprintf("%.1f%%", 100 * x * gf / y) : "-" }
+			function f(x, fmt) { return x != "" ? sprintf(fmt, x) : "-" }
+			BEGIN {
+				printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, f(m, "%.4g"),
+					f(m != "" ? m * gf : "", "%.1f"), pct(m, pk), ratio(m, base), f(c, "%.4g"),
+					f(c != "" ? c * gf : "", "%.1f"), pct(c, pk1), ratio(c, basec)
 			}'
 	done
 done
