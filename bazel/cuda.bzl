@@ -1,4 +1,8 @@
-"""cuda_library: compiles .cu files with nvcc (sm_80 and sm_90) into a cc_library.
+"""cuda_library: compiles .cu files with nvcc into a cc_library.
+
+SASS for sm_80 (A100) and sm_90 (H100, H200), plus PTX for compute_90, which
+the driver compiles at load time on a newer GPU (Blackwell and later) that
+has no SASS here.
 
 nvcc runs from a genrule, called by its absolute path because the sandbox has
 no PATH to it. Without a toolkit the macro yields a cc_library built from
@@ -24,7 +28,8 @@ _cc_headers = rule(
     attrs = {"deps": attr.label_list()},
 )
 
-_ARCH_FLAGS = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90"
+_ARCH_FLAGS = ("-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 " +
+               "-gencode arch=compute_90,code=compute_90")
 
 def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [], **kwargs):
     if not CUDA_ENABLED:

@@ -1,6 +1,7 @@
 """Finds a local CUDA toolkit and exposes it as the repository @local_cuda.
 
-CUDA_HOME wins, else /usr/local/cuda. With no toolkit (no nvcc or no
+CUDA_HOME wins, else the toolkit of the `nvcc` on PATH, else /usr/local/cuda;
+the choice (or "none") is printed when the repository is made. With no toolkit (no nvcc or no
 cuda_runtime.h) the repository still exists, with CUDA_ENABLED = False and
 empty libraries, so the whole build succeeds CPU-only.
 """
@@ -18,8 +19,19 @@ def _find_lib_dir(rctx, home, so):
             return d
     return None
 
+# (home, how it was found): CUDA_HOME, then nvcc on PATH, then the default.
+def _find_home(rctx):
+    if rctx.os.environ.get("CUDA_HOME"):
+        return rctx.os.environ["CUDA_HOME"], "CUDA_HOME"
+    nvcc = rctx.which("nvcc")
+    if nvcc != None:
+        # bin/nvcc may be a link (Debian's /usr/bin/nvcc): follow it.
+        real = nvcc.realpath
+        return str(real.dirname.dirname), "nvcc on PATH (%s)" % nvcc
+    return "/usr/local/cuda", "the default location"
+
 def _cuda_configure_impl(rctx):
-    home = rctx.os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    home, how = _find_home(rctx)
     nvcc = home + "/bin/nvcc"
     enabled = (rctx.path(nvcc).exists and
                rctx.path(home + "/include/cuda_runtime.h").exists)
@@ -62,6 +74,10 @@ cc_library(
     else:
         for name in ["cuda_headers", "cudart"] + list(_LIBS.keys()):
             build.append('cc_library(name = "%s")\n' % name)
+    if enabled:
+        print("loom: CUDA toolkit at %s, found through %s: the CUDA plugin is built" % (home, how))
+    else:
+        print("loom: no CUDA toolkit (looked at %s, found through %s): CPU-only build" % (home, how))
     rctx.file("BUILD", "\n".join(build))
     rctx.file("defs.bzl", "CUDA_ENABLED = %s\nNVCC = %r\nCUDA_HOME = %r\n" % (
         enabled,
@@ -71,6 +87,6 @@ cc_library(
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,
-    environ = ["CUDA_HOME"],
+    environ = ["CUDA_HOME", "PATH"],
     local = True,
 )

@@ -144,10 +144,28 @@ void loom_mpi_finish(loom_pg *pg);
 /* comm/self.c: the world-1 stand-in for both memories. */
 loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out);
 
-/* comm/nccl.cu (or nccl_none.c without a toolkit). */
+/* comm/nccl.cu, inside the CUDA plugin (libloom_cuda.so). */
 loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
 				size_t errlen);
 loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out);
+
+/* comm/nccl_load.c: the two above through the plugin, which is mapped only
+ * when the driver reports a device; without one, LOOM_ERR_UNSUPPORTED
+ * naming why. */
+loom_status loom_comm_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
+				     size_t errlen);
+loom_status loom_comm_nccl_backend_new(loom_pg *pg, loom_comm **out);
+
+/* Where a group's NCCL unique id comes from: made here by ncclGetUniqueId
+ * (rank 0 under mpirun, and a single process: world 1 makes its own id, so
+ * one GPU runs NCCL exactly as many do), broadcast over MPI from rank 0
+ * (other ranks under mpirun), or handed out by the env:// rendezvous. */
+typedef enum loom_nccl_id_source {
+	LOOM_NCCL_ID_LOCAL = 0,
+	LOOM_NCCL_ID_MPI_BROADCAST,
+	LOOM_NCCL_ID_RENDEZVOUS,
+} loom_nccl_id_source;
+loom_nccl_id_source loom_pg_nccl_id_source(const loom_pg *pg);
 
 /* comm/fingerprint.c: the check on a serialized fingerprint (the tests feed
  * it garbage); loom_comm_check_fingerprint serializes (comm/wire.c) and

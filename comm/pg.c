@@ -163,7 +163,7 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 			return st;
 	}
 	if (e.rank == 0 && o->want_device &&
-	    (st = loom_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
+	    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
 		return st;
 
 	w = blob;
@@ -328,17 +328,30 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 	if (st)
 		return st;
 	if (o.want_device) {
+		loom_nccl_id_source src = loom_pg_nccl_id_source(pg);
+
 		pg->info.device = pg->info.local_rank;
-		if (pg->info.rank == 0 && pg->info.how == LOOM_COMM_BOOT_MPI &&
-		    (st = loom_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
+		/* A single process has no rendezvous to hand it an id: it makes
+		 * its own (an all-zero id is refused by NCCL's bootstrap). */
+		if (src == LOOM_NCCL_ID_LOCAL &&
+		    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
 			return st;
 		if (pg->info.how == LOOM_COMM_BOOT_MPI &&
 		    (st = loom_comm_broadcast(pg->host, pg->nccl_id, sizeof(pg->nccl_id), 0)))
 			return st;
-		if ((st = loom_nccl_backend_new(pg, &pg->device)))
+		if ((st = loom_comm_nccl_backend_new(pg, &pg->device)))
 			return st;
 	}
 	return LOOM_OK;
+}
+
+loom_nccl_id_source loom_pg_nccl_id_source(const loom_pg *pg)
+{
+	if (pg->info.how == LOOM_COMM_BOOT_ENV)
+		return LOOM_NCCL_ID_RENDEZVOUS;
+	if (pg->info.how == LOOM_COMM_BOOT_MPI && pg->info.rank > 0)
+		return LOOM_NCCL_ID_MPI_BROADCAST;
+	return LOOM_NCCL_ID_LOCAL;
 }
 
 void loom_pg_free(loom_pg *pg)

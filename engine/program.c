@@ -11,7 +11,7 @@
 
 #include "amp/amp_pass.h"
 #include "engine/elem.h"
-#include "engine/cuda/device.h"
+#include "base/cuda_plugin.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 
@@ -85,38 +85,37 @@ static loom_status check_optim(const loom_optim_opts *o)
 }
 
 /* Chooses the backend: CUDA when asked or found, else the CPU with one
- * notice when the user left it to us. */
+ * notice when the user left it to us. The CUDA plugin is mapped here, and
+ * only when the driver reports a device. */
 static loom_status pick_backend(loom_program *p)
 {
-	int have_cuda = loom_cuda_available();
-	switch (p->plan.opts.device) {
-	case LOOM_DEVICE_CUDA:
-		if (!have_cuda)
-			return compile_fail(LOOM_ERR_UNSUPPORTED,
-					    "device cuda: no CUDA device is available%s",
-					    loom_cuda_compiled() ? "" : " (loom was built without CUDA)");
-		/* fall through */
-	case LOOM_DEVICE_AUTO:
-		if (have_cuda && loom_cuda_backend_get()) {
-			p->be = loom_cuda_backend_get();
-			return LOOM_OK;
-		}
-		if (p->plan.opts.device == LOOM_DEVICE_CUDA)
-			return compile_fail(LOOM_ERR_UNSUPPORTED,
-					    "device cuda: this build has no CUDA backend");
-		if (!have_cuda) {
-			static int told;
-			if (!told++)
-				loom_log("loom: no CUDA device found, running on the CPU\n");
-		}
+	char why[2048];
+	const loom_cuda_plugin *pl;
+	int have_cuda;
+
+	if (p->plan.opts.device == LOOM_DEVICE_CPU) {
 		p->be = &loom_cpu_backend;
 		return LOOM_OK;
-	case LOOM_DEVICE_CPU:
-		p->be = &loom_cpu_backend;
-		return LOOM_OK;
-	default:
-		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)p->plan.opts.device);
 	}
+	if (p->plan.opts.device != LOOM_DEVICE_AUTO && p->plan.opts.device != LOOM_DEVICE_CUDA)
+		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d",
+				    (int)p->plan.opts.device);
+	have_cuda = loom_cuda_probe(why, sizeof why) > 0;
+	pl = have_cuda ? loom_cuda_plugin_load(why, sizeof why) : NULL;
+	if (pl) {
+		p->be = pl->backend();
+		return LOOM_OK;
+	}
+	if (p->plan.opts.device == LOOM_DEVICE_CUDA)
+		return compile_fail(LOOM_ERR_UNSUPPORTED, "device cuda: %s%s",
+				    have_cuda ? "" : "no CUDA device is available: ", why);
+	static int told;
+	if (!told++)
+		loom_log(have_cuda ? "loom: a CUDA device was found but %s; running on the CPU\n"
+				   : "loom: no CUDA device found, running on the CPU (%s)\n",
+			 why);
+	p->be = &loom_cpu_backend;
+	return LOOM_OK;
 }
 
 /* Parameter slots and their optimizer state (momentum buffers, Adam m/v),

@@ -289,7 +289,9 @@ loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t
 
 extern const loom_backend loom_cpu_backend;
 
-/* The CUDA backend, or NULL in a build without one. */
+/* The CUDA backend (engine/cuda/backend.cu). It lives in libloom_cuda.so:
+ * the engine reaches it through the plugin's table (base/cuda_plugin.h),
+ * never by this name, which only the plugin itself links against. */
 const loom_backend *loom_cuda_backend_get(void);
 
 /* engine/ddp.c, data parallelism in loom_compile. The group's world size

@@ -86,6 +86,11 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	/* The group: mpirun's, torchrun's variables (the launcher sets them),
 	 * or one process. Training on a GPU: NCCL on LOCAL_RANK's GPU. */
 	loom_comm_options co = { .bootstrap = LOOM_COMM_BOOT_AUTO };
+	if (t->a.device == LOOM_DEVICE_CUDA && !loom_cuda_available()) {
+		fprintf(stderr, "%s: --device cuda: no CUDA device is available: %s\n", prog->name,
+			loom_cuda_probe_error());
+		return 1;
+	}
 	co.want_device = t->a.device == LOOM_DEVICE_CUDA ||
 			 (t->a.device == LOOM_DEVICE_AUTO && loom_cuda_available());
 	if (loom_pg_init(&co, &t->pg) != LOOM_OK) {

@@ -45,6 +45,14 @@ printf '\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c\x01\x02
 printf '\x00\x00\x08\x01\x00\x00\x00\x02\x01\x02' >"$tmp/bad/train-labels-idx1-ubyte"
 expect truncated_data 1 "train-images-idx3-ubyte" -- --data "$tmp/bad"
 
+# --device cuda without a GPU: an error with the driver's own reason, never
+# a crash or a silent CPU run (the probe maps no CUDA library for it).
+if [ -e /dev/nvidiactl ]; then
+	echo "SKIP cuda_absent: this machine has an NVIDIA device"
+else
+	expect cuda_absent 1 "--device cuda: no CUDA device is available: .*driver" -- --device cuda --max-steps 1
+fi
+
 # Hand-made MNIST directories: mkdata DIR NTRAIN NTEST [TEST_H TEST_W], all
 # pixels 0 and all labels 1.
 be32() { printf "\\x$(printf %02x $(($1 >> 24 & 255)))\\x$(printf %02x $(($1 >> 16 & 255)))\\x$(printf %02x $(($1 >> 8 & 255)))\\x$(printf %02x $(($1 & 255)))"; }

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/cuda/cuda_backend.h"
+#include "base/cuda_plugin.h"
 #include "engine/cuda/device.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
@@ -45,7 +45,14 @@ static double bound(loom_dtype dt)
 }
 
 static uint64_t rng_state;
-static int own_kernels; /* loom_cuda_test_own_kernels is on */
+static int own_kernels; /* the plugin's test_own_kernels is on */
+
+/* The CUDA plugin this binary links (//engine/cuda:plugin_static), NULL in
+ * a build without the toolkit: its test hooks are reached through it. */
+static const loom_cuda_plugin *plugin(void)
+{
+	return loom_cuda_plugin_load(NULL, 0);
+}
 
 static double urand(void)
 {
@@ -174,9 +181,11 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 	if (level != LOOM_O0)
 		o.amp.static_scale = 1.0;
 	o.optim.kind = LOOM_OPTIM_NONE;
-	loom_cuda_test_poison(dev == LOOM_DEVICE_CUDA);
+	if (plugin())
+		plugin()->test_poison(dev == LOOM_DEVICE_CUDA);
 	loom_status st = loom_compile(g, loss, &o, &p);
-	loom_cuda_test_poison(0);
+	if (plugin())
+		plugin()->test_poison(0);
 	cr_assert_eq(st, LOOM_OK, "compile on %s: %s", dev == LOOM_DEVICE_CUDA ? "cuda" : "cpu",
 		     loom_last_error());
 	return p;
@@ -255,7 +264,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		t.want_bn_cudnn = 0;
 	}
 	int bn_cudnn, bgrad;
-	loom_cuda_test_library_use(cuda, &bn_cudnn, &bgrad);
+	bn_cudnn = bgrad = 0;
+	if (plugin())
+		plugin()->test_library_use(cuda, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
 		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
 			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
@@ -330,7 +341,8 @@ static void each_dtype(const char *op, build_fn build, loom_run_mode mode)
 static void use_own_kernels(int on)
 {
 	own_kernels = on;
-	loom_cuda_test_own_kernels(on);
+	if (plugin())
+		plugin()->test_own_kernels(on);
 }
 
 static void both_paths(const char *op, build_fn build, loom_run_mode mode)
@@ -1020,7 +1032,7 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 		loom_program_free(p);
 		loom_graph_free(g);
 	}
-	const loom_backend *cuda = loom_cuda_backend_get();
+	const loom_backend *cuda = plugin() ? plugin()->backend() : NULL;
 	for (int op = 0; op < LOOM_OP_COUNT; op++) {
 		const char *name = loom_op_defs[op]->name;
 		cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "%s: no CPU entry", name);

@@ -1,0 +1,41 @@
+/*
+ * comm/nccl_load.c — the NCCL collective as comm/ sees it: reached through
+ * the CUDA plugin (base/cuda_plugin.h), which is mapped only here, once a
+ * device communicator is asked for and the driver reports a device.
+ */
+#include "base/cuda_plugin.h"
+#include "comm/comm_internal.h"
+
+/* The plugin, or an error naming why there is none. */
+static const loom_cuda_plugin *nccl_plugin(char *err, size_t errlen)
+{
+	const loom_cuda_plugin *pl;
+	char why[2048];
+
+	if (loom_cuda_probe(why, sizeof why) == 0) {
+		loom_comm_errf(err, errlen, LOOM_ERR_UNSUPPORTED,
+			       "NCCL: no CUDA device for a device communicator: %s", why);
+		return NULL;
+	}
+	pl = loom_cuda_plugin_load(why, sizeof why);
+	if (!pl)
+		loom_comm_errf(err, errlen, LOOM_ERR_UNSUPPORTED, "NCCL: %s", why);
+	return pl;
+}
+
+loom_status loom_comm_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
+				     size_t errlen)
+{
+	const loom_cuda_plugin *pl = nccl_plugin(err, errlen);
+
+	return pl ? pl->nccl_unique_id(id, err, errlen) : LOOM_ERR_UNSUPPORTED;
+}
+
+loom_status loom_comm_nccl_backend_new(loom_pg *pg, loom_comm **out)
+{
+	const loom_cuda_plugin *pl;
+
+	*out = NULL;
+	pl = nccl_plugin(pg->err, sizeof pg->err);
+	return pl ? pl->nccl_backend_new(pg, out) : LOOM_ERR_UNSUPPORTED;
+}
