@@ -406,6 +406,7 @@ static void conv_shapes(int bf16)
 	check_conv(5, 16, 14, 14, 32, 5, 5, 1, 2, bf16); /* the ConvNet's conv2 */
 	check_conv(3, 1, 28, 28, 16, 5, 5, 1, 2, bf16); /* conv1: wide output */
 	check_conv(2, 3, 112, 112, 8, 7, 7, 2, 3, bf16); /* a 224 ResNet stem's kind (oneDNN fwd) */
+	check_conv(2, 1024, 3, 3, 8, 1, 1, 1, 0, bf16); /* pointwise, wide input (oneDNN dx on AVX2) */
 	for (int it = 0; it < 6; it++) {
 		int kh = irand(1, 4), kw = irand(1, 4), st = irand(1, 2);
 		check_conv(irand(1, 4), irand(1, 9), irand(kh, 12), irand(kw, 12), irand(1, 11), kh,
