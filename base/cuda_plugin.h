@@ -24,7 +24,7 @@ extern "C" {
 
 /* Bumped whenever the struct below changes; a plugin of another version
  * is refused with both numbers. */
-#define LOOM_CUDA_PLUGIN_ABI 1
+#define LOOM_CUDA_PLUGIN_ABI 2
 /* The file the loader looks for (see loom_cuda_plugin_load). */
 #define LOOM_CUDA_PLUGIN_FILE "libloom_cuda.so"
 /* The one symbol the shared object exports. */
@@ -46,11 +46,15 @@ typedef struct loom_cuda_plugin {
 	 * device communicator of a formed process group. */
 	loom_status (*nccl_unique_id)(uint8_t *id, char *err, size_t errlen);
 	loom_status (*nccl_backend_new)(struct loom_pg *pg, struct loom_comm **out);
+	/* The device of local rank local_rank (LOCAL_RANK, or LOCAL_RANK %
+	 * visible) made current and put in the group's info; before MPI_Init. */
+	loom_status (*nccl_use_device)(struct loom_pg *pg, int local_rank);
 	/* Test hooks (engine/cuda/cuda_backend.h). */
 	void (*test_poison)(int on);
 	void (*test_own_kernels)(int on);
 	void (*test_library_use)(const struct loom_program *p, int *bn_cudnn,
 				 int *bgrad_epilogue);
+	void (*test_fallbacks)(const struct loom_program *p, int *conv_f32, int *mm_unfused);
 } loom_cuda_plugin;
 
 /*

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # bazel/gpu_bundle.sh — builds here (no GPU needed) what the GPU suite runs
-# and gathers it into .gpu-bundle/: the binaries, the non-CUDA shared
+# and gathers it into .gpu-bundle/: the binaries, the CUDA plugin
+# libloom_cuda.so when the build has that target, the non-CUDA shared
 # libraries they load (found with ldd: libcriterion and its deps, OpenBLAS,
 # libgomp, libz, ...; glibc and the CUDA libraries stay the host's), the
-# suite script and run.sh. Copy the folder to a GPU host and run ./run.sh.
+# suite and its summariser, the PyTorch side, Fashion-MNIST, and run.sh.
+# Copy the folder to a GPU host and run ./run.sh (with $OUT set, the logs
+# and the table go there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ob=${LOOM_OUTPUT_BASE:-/root/.cache/bazel_cuda}
 out=.gpu-bundle
+bz() { bazel --output_base="$ob" "$@"; }
 
 targets=(//tests/engine/cuda:test_device //tests/engine/cuda:test_cuda_ops)
-for t in //examples:mnist_ddp //bench:bench_convnet; do
-	if bazel --output_base="$ob" query "$t" >/dev/null 2>&1; then
+for t in //examples:mnist_ddp //examples:resnet50_synthetic //bench:bench_convnet \
+	//engine/cuda:libloom_cuda.so; do
+	if bz query "$t" >/dev/null 2>&1; then
 		targets+=("$t")
+	else
+		echo "gpu_bundle: $t is not a target of this tree; left out" >&2
 	fi
 done
-bazel --output_base="$ob" build "${targets[@]}"
+bz build --jobs="${LOOM_JOBS:-2}" "${targets[@]}"
+bin_dir=$(bz info bazel-bin 2>/dev/null)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
@@ -24,14 +32,14 @@ for t in "${targets[@]}"; do
 	pkg=${t#//}
 	pkg=${pkg%%:*}
 	name=${t##*:}
-	cp -L "bazel-bin/$pkg/$name" "$out/bin/$name"
-	built+=("bazel-bin/$pkg/$name")
+	cp -L "$bin_dir/$pkg/$name" "$out/bin/$name"
+	built+=("$bin_dir/$pkg/$name")
 done
 
 # Everything ldd resolves for the built binaries (tests link bazel's own
-# shared libraries through a runfiles rpath), less glibc (the host's must match its kernel and
-# loader) and CUDA (the host's must match its driver).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libcuda\.so|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
+# shared libraries through a runfiles rpath), less glibc (the host's must
+# match its kernel and loader) and CUDA (the host's must match its driver).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libcuda\.so|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink|libloom_cuda)'
 for b in "${built[@]}"; do
 	ldd "$b" | awk '/=> \// { print $1, $3 }' | while read -r so path; do
 		if ! [[ $so =~ $skip ]]; then
@@ -39,39 +47,51 @@ for b in "${built[@]}"; do
 		fi
 	done
 done
-cp tests/engine/cuda/gpu_suite.sh "$out/gpu_suite.sh"
+cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh "$out/"
 mkdir -p "$out/bench"
 cp bench/torch_gpu.py bench/torch_convnet.py "$out/bench/"
 # Fashion-MNIST (about 30 MB) travels too, so that the suite can train the
-# ConvNet on the GPU: the issue's O0/O1/O2 accuracy and images/s targets.
+# ConvNet on the GPU and report its accuracy.
 data=${LOOM_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -d "$data" ]; then
 	mkdir -p "$out/data"
 	cp -L "$data"/*-ubyte* "$out/data/"
 fi
 
-# bin/ and lib/ travel as one gzip archive (OpenBLAS alone is 36 MB): with
-# the dataset the bundle stays under the device tool's 64 MiB; run.sh
-# unpacks it on first use.
-tar -C "$out" -czf "$out/payload.tar.gz" bin lib
+# bin/ and lib/ travel as one archive (oneDNN and OpenBLAS alone are 76 MB):
+# xz makes it 18 MB where gzip makes 32, so that with the dataset (30 MB) and
+# the CUDA plugin the bundle stays under the device tool's 64 MiB. run.sh
+# unpacks it afresh on every run, so a stale bin/ is never run.
+if command -v xz >/dev/null 2>&1; then
+	tar -C "$out" -cf - bin lib | xz -T"${LOOM_JOBS:-2}" -6 >"$out/payload.tar.xz"
+else
+	tar -C "$out" -czf "$out/payload.tar.gz" bin lib
+fi
 rm -rf "$out/bin" "$out/lib"
+git rev-parse --short HEAD >"$out/COMMIT" 2>/dev/null || echo unknown >"$out/COMMIT"
 
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs the loom GPU suite from this folder. cuBLASLt and cuDNN come from the
-# host: /usr/local/cuda/lib64 (or $CUDA_HOME/lib64) and, if PyTorch is
-# installed, its site-packages/nvidia/*/lib. bin/ and lib/ are unpacked from
-# payload.tar.gz first (into a copy of this folder if it is read-only).
+# Runs the loom GPU suite from this folder: bin/ and lib/ are unpacked
+# afresh from payload.tar.xz (or .gz) every time (a bin/ left by an earlier bundle
+# is wiped, never run), into a copy of this folder if it is read-only.
+# cuBLASLt, cuDNN and NCCL come from the host: $CUDA_HOME/lib64,
+# /usr/local/cuda/lib64 and, with PyTorch installed, its
+# site-packages/nvidia/*/lib. The CUDA plugin is bin/libloom_cuda.so
+# (LOOM_CUDA_PLUGIN). Logs and the table: $OUT if set, else results/.
 here=$(cd "$(dirname "$0")" && pwd)
-if [ ! -x "$here/bin/test_cuda_ops" ]; then
-	if [ ! -w "$here" ]; then
-		tmp=$(mktemp -d)
-		cp -r "$here"/. "$tmp"/
-		here=$tmp
-	fi
-	tar -C "$here" -xzf "$here/payload.tar.gz" ||
-		{ echo "run.sh: cannot unpack $here/payload.tar.gz" >&2; exit 1; }
+if [ ! -w "$here" ]; then
+	tmp=$(mktemp -d)
+	cp -r "$here"/. "$tmp"/
+	here=$tmp
 fi
+rm -rf "$here/bin" "$here/lib"
+payload=$(ls "$here"/payload.tar.* 2>/dev/null | head -n 1)
+tar -C "$here" -xf "$payload" 2>/dev/null ||
+	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+		"$payload" "$here" ||
+	{ echo "run.sh: cannot unpack ${payload:-payload.tar.*} (no tar with xz, no python3)" >&2; exit 1; }
+echo "loom bundle of commit $(cat "$here/COMMIT" 2>/dev/null)"
 path=$here/lib
 for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
 	[ -d "$d" ] && path=$path:$d
@@ -87,7 +107,9 @@ for py in python3 python; do
 	break
 done
 export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -f "$here/bin/libloom_cuda.so" ] && export LOOM_CUDA_PLUGIN=$here/bin/libloom_cuda.so
 exec bash "$here/gpu_suite.sh" "$@"
 RUN
-chmod +x "$out/run.sh" "$out/gpu_suite.sh"
-echo "bundle: $out ($(du -sh "$out" | cut -f1)); on a GPU host: $out/run.sh"
+chmod +x "$out/run.sh" "$out/gpu_suite.sh" "$out/gpu_summary.sh"
+echo "bundle: $out ($(du -sh "$out" | cut -f1)): ${targets[*]}"
+echo "on a GPU host: $out/run.sh (OUT=dir for the logs and the table)"

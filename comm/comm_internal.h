@@ -64,6 +64,12 @@ loom_status loom_comm_parse_int(const char *name, const char *text, int lo, int 
 				char *err, size_t errlen);
 /* LOOM_COMM_TIMEOUT_S, if set: a positive number of seconds. */
 loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t errlen);
+/* The CUDA device a rank with this local rank uses when the host shows it
+ * `visible` devices: local_rank itself when there are that many, else
+ * local_rank % visible (device 0 where a launcher gives each rank its own
+ * CUDA_VISIBLE_DEVICES), with a sentence saying so in note (else note is
+ * ""). -1 when no device is visible. */
+int loom_comm_pick_device(int local_rank, int visible, char *note, size_t notelen);
 
 /* ------------------------------------------------------------- rendezvous */
 
@@ -148,13 +154,19 @@ loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out);
 loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
 				size_t errlen);
 loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out);
+/* Makes the device of local rank local_rank (loom_comm_pick_device over the
+ * visible devices) current on this thread and records it in pg->info.device;
+ * called before MPI_Init too, so that MPI's CUDA support (if any) opens its
+ * context there and not on device 0. */
+loom_status loom_nccl_use_device(loom_pg *pg, int local_rank);
 
-/* comm/nccl_load.c: the two above through the plugin, which is mapped only
- * when the driver reports a device; without one, LOOM_ERR_UNSUPPORTED
+/* comm/nccl_load.c: the three above through the plugin, which is mapped
+ * only when the driver reports a device; without one, LOOM_ERR_UNSUPPORTED
  * naming why. */
 loom_status loom_comm_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
 				     size_t errlen);
 loom_status loom_comm_nccl_backend_new(loom_pg *pg, loom_comm **out);
+loom_status loom_comm_nccl_use_device(loom_pg *pg, int local_rank);
 
 /* Where a group's NCCL unique id comes from: made here by ncclGetUniqueId
  * (rank 0 under mpirun, and a single process: world 1 makes its own id, so

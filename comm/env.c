@@ -197,3 +197,26 @@ loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t e
 	*out = v;
 	return LOOM_OK;
 }
+
+int loom_comm_pick_device(int local_rank, int visible, char *note, size_t notelen)
+{
+	int dev;
+
+	if (note && notelen)
+		note[0] = 0;
+	if (visible <= 0 || local_rank < 0)
+		return -1;
+	if (local_rank < visible)
+		return local_rank;
+	/* A launcher that gives each rank its own CUDA_VISIBLE_DEVICES shows
+	 * every rank one device: it is device 0. More ranks than devices on a
+	 * host share them round-robin. */
+	dev = local_rank % visible;
+	if (note && notelen)
+		snprintf(note, notelen,
+			 "LOCAL_RANK %d but %d visible CUDA device%s: using device %d%s", local_rank,
+			 visible, visible == 1 ? "" : "s", dev,
+			 visible == 1 ? " (one device per rank, e.g. CUDA_VISIBLE_DEVICES per rank)" :
+					" (ranks share devices round-robin)");
+	return dev;
+}

@@ -23,6 +23,8 @@ struct nccl_ctx {
 	cudaStream_t stream;
 	cudaEvent_t ready; /* the producer's stream reached the collective */
 	float *scratch;    /* the barrier's one float */
+	uint8_t *host;     /* the all-gather's pinned staging (cudaMallocHost) */
+	size_t host_bytes;
 };
 
 struct loom_comm_work {
@@ -258,7 +260,28 @@ static loom_status nccl_broadcast(loom_comm *c, void *buf, size_t bytes, int roo
 	return st ? st : drain(c, t0, "broadcast");
 }
 
-/* Host bytes in, host bytes out, through a device staging buffer. */
+/* Pinned host staging of at least bytes (grown, never shrunk): a copy from
+ * pageable memory would block the host until the stream gets there, outside
+ * the timeout. */
+static loom_status host_stage(loom_comm *c, size_t bytes)
+{
+	nccl_ctx *x = ctx_of(c);
+	loom_status st;
+
+	if (x->host_bytes >= bytes)
+		return LOOM_OK;
+	if (x->host)
+		cudaFreeHost(x->host);
+	x->host = NULL;
+	x->host_bytes = 0;
+	if ((st = CUDA_OK(c->pg, cudaMallocHost((void **)&x->host, bytes))))
+		return st;
+	x->host_bytes = bytes;
+	return LOOM_OK;
+}
+
+/* Host bytes in, host bytes out, through pinned and device staging: every
+ * copy is asynchronous, and the one wait is drain's, with the timeout. */
 static loom_status nccl_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
 {
 	nccl_ctx *x = ctx_of(c);
@@ -269,18 +292,25 @@ static loom_status nccl_allgather(loom_comm *c, const void *send, size_t bytes, 
 
 	if (!bytes)
 		return LOOM_OK;
+	if ((st = host_stage(c, total)))
+		return st;
 	if ((st = CUDA_OK(c->pg, cudaMalloc((void **)&d, total))))
 		return st;
 	uint8_t *mine = d + bytes * (size_t)c->pg->info.rank;
-	if (!(st = CUDA_OK(c->pg, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice,
+	memcpy(x->host, send, bytes);
+	if (!(st = CUDA_OK(c->pg, cudaMemcpyAsync(mine, x->host, bytes, cudaMemcpyHostToDevice,
 						   x->stream))) &&
 	    !(st = issued(c, ncclAllGather(mine, d, bytes, ncclUint8, x->comm, x->stream),
 			  "all-gather enqueue")) &&
-	    !(st = CUDA_OK(c->pg, cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost,
-						   x->stream))))
-		st = drain(c, t0, "all-gather");
+	    !(st = CUDA_OK(c->pg, cudaMemcpyAsync(x->host, d, total, cudaMemcpyDeviceToHost,
+						   x->stream))) &&
+	    !(st = drain(c, t0, "all-gather")))
+		memcpy(recv, x->host, total);
+	/* A broken communicator may still write d and the staging: both stay. */
 	if (!c->broken)
 		cudaFree(d);
+	else
+		x->host = NULL, x->host_bytes = 0;
 	return st;
 }
 
@@ -304,21 +334,79 @@ static void nccl_abort(loom_comm *c)
 	x->comm = NULL;
 }
 
+/* The longest a healthy teardown may wait for the communicator to go
+ * quiet; then (or as soon as a peer is found dead) it is aborted. */
+#define NCCL_FINALIZE_MAX_S 30.0
+
+/*
+ * ncclCommFinalize flushes what was issued; on the non-blocking
+ * communicator it returns at once and the state reads ncclInProgress until
+ * the communicator is quiescent, after which ncclCommDestroy is local.
+ * Polled with a deadline, and the peers probed once a second: 1 when it
+ * may be destroyed, 0 when it must be aborted (a peer gone, an error, or
+ * the deadline).
+ */
+static int finalized(loom_comm *c)
+{
+	nccl_ctx *x = ctx_of(c);
+	double limit = c->pg->timeout_s < NCCL_FINALIZE_MAX_S ? c->pg->timeout_s :
+								 NCCL_FINALIZE_MAX_S;
+	double t0 = loom_comm_now(), probe_at = 1.0;
+	ncclResult_t rc = ncclCommFinalize(x->comm);
+
+	if (rc != ncclSuccess && rc != ncclInProgress)
+		return 0;
+	for (;;) {
+		ncclResult_t state = ncclInProgress;
+		double waited;
+		char who[256];
+
+		if (ncclCommGetAsyncError(x->comm, &state) != ncclSuccess)
+			return 0;
+		if (state == ncclSuccess)
+			return 1;
+		if (state != ncclInProgress)
+			return 0;
+		waited = loom_comm_now() - t0;
+		if (waited > limit)
+			return 0;
+		if (waited > probe_at) {
+			if (loom_pg_name_dead(c->pg, who, sizeof(who)) > 0)
+				return 0;
+			probe_at = waited + 1.0;
+		}
+		loom_comm_backoff(waited);
+	}
+}
+
+/* Never hangs: a healthy communicator is finalized (with a deadline) and
+ * destroyed, a broken or stuck one aborted. The stream, event and buffers
+ * are freed only after a clean destroy; after an abort they stay (a kernel
+ * of the aborted communicator may still name them). */
 static void nccl_free(loom_comm *c)
 {
 	nccl_ctx *x = ctx_of(c);
+	int clean = 0;
 
 	if (x) {
-		/* A healthy communicator is destroyed in order; a broken one
-		 * could block there waiting for its dead peers. */
-		if (x->comm && !c->broken)
-			ncclCommDestroy(x->comm);
+		if (x->comm && !c->broken && finalized(c)) {
+			ncclResult_t rc = ncclCommDestroy(x->comm); /* local after finalize */
+			clean = rc == ncclSuccess || rc == ncclInProgress;
+		}
 		else if (x->comm)
 			ncclCommAbort(x->comm);
-		if (!c->broken) {
-			cudaFree(x->scratch);
-			cudaEventDestroy(x->ready);
-			cudaStreamDestroy(x->stream);
+		else
+			clean = !c->broken; /* init never made one */
+		x->comm = NULL;
+		if (clean) {
+			if (x->scratch)
+				cudaFree(x->scratch);
+			if (x->host)
+				cudaFreeHost(x->host);
+			if (x->ready)
+				cudaEventDestroy(x->ready);
+			if (x->stream)
+				cudaStreamDestroy(x->stream);
 		}
 		free(x);
 	}
@@ -338,26 +426,42 @@ static const loom_comm_i nccl_iface = {
 	/* .allreduce_ordered = */ nccl_allreduce_ordered,
 };
 
+extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)
+{
+	char note[192];
+	int ndev = 0, dev;
+	cudaError_t e = cudaGetDeviceCount(&ndev);
+
+	if (e != cudaSuccess || ndev == 0) {
+		cudaGetLastError();
+		return loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
+				    "NCCL: rank %d sees no GPU (%s), so it has no device "
+				    "communicator",
+				    pg->info.rank,
+				    e != cudaSuccess ? cudaGetErrorString(e) : "0 devices visible");
+	}
+	dev = loom_comm_pick_device(local_rank, ndev, note, sizeof(note));
+	if (dev < 0)
+		return loom_pg_fail(pg, LOOM_ERR_INVALID, "NCCL: rank %d has LOCAL_RANK %d",
+				    pg->info.rank, local_rank);
+	static int told; /* once per process (this runs before MPI_Init and again at init) */
+	if (note[0] && !told++)
+		fprintf(stderr, "loom: rank %d: %s\n", pg->info.rank, note);
+	pg->info.device = dev;
+	return CUDA_OK(pg, cudaSetDevice(dev));
+}
+
 extern "C" loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)
 {
 	loom_comm *c;
 	nccl_ctx *x;
 	ncclUniqueId id;
 	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-	int ndev = 0;
 	loom_status st;
 
 	*out = NULL;
-	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-		cudaGetLastError();
-		return loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
-				    "NCCL: rank %d sees no GPU, so it has no device communicator",
-				    pg->info.rank);
-	}
-	if (pg->info.device >= ndev)
-		return loom_pg_fail(pg, LOOM_ERR_INVALID,
-				    "NCCL: rank %d has LOCAL_RANK %d but this host has %d GPU(s)",
-				    pg->info.rank, pg->info.device, ndev);
+	if ((st = loom_nccl_use_device(pg, pg->info.local_rank)))
+		return st;
 	c = (loom_comm *)calloc(1, sizeof(*c));
 	x = (nccl_ctx *)calloc(1, sizeof(*x));
 	if (!c || !x) {
@@ -372,8 +476,7 @@ extern "C" loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)
 	memcpy(&id, pg->nccl_id, sizeof(id));
 	cfg.blocking = 0;
 	double t0 = loom_comm_now();
-	if ((st = CUDA_OK(pg, cudaSetDevice(pg->info.device))) ||
-	    (st = CUDA_OK(pg, cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking))) ||
+	if ((st = CUDA_OK(pg, cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking))) ||
 	    (st = CUDA_OK(pg, cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming))) ||
 	    (st = CUDA_OK(pg, cudaMalloc((void **)&x->scratch, sizeof(float)))) ||
 	    (st = enqueued(c, ncclCommInitRankConfig(&x->comm, pg->info.world, id,

@@ -39,3 +39,10 @@ loom_status loom_comm_nccl_backend_new(loom_pg *pg, loom_comm **out)
 	pl = nccl_plugin(pg->err, sizeof pg->err);
 	return pl ? pl->nccl_backend_new(pg, out) : LOOM_ERR_UNSUPPORTED;
 }
+
+loom_status loom_comm_nccl_use_device(loom_pg *pg, int local_rank)
+{
+	const loom_cuda_plugin *pl = nccl_plugin(pg->err, sizeof pg->err);
+
+	return pl ? pl->nccl_use_device(pg, local_rank) : LOOM_ERR_UNSUPPORTED;
+}

@@ -156,6 +156,11 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 		return st;
 
 	if (e.rank == 0 && e.world > 1) {
+		/* Rank 0 is its host's first unless LOCAL_RANK says otherwise;
+		 * its GPU is chosen before MPI_Init (see boot_mpi). */
+		if (o->want_device &&
+		    (st = loom_comm_nccl_use_device(pg, e.local_rank >= 0 ? e.local_rank : 0)))
+			return st;
 		if ((st = start_ompi_server(pg, uri, sizeof(uri))))
 			return st;
 		setenv("OMPI_MCA_pmix_server_uri", uri, 1);
@@ -222,7 +227,9 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	if (e.world > 1) {
 		if (e.rank != 0) {
 			setenv("OMPI_MCA_pmix_server_uri", uri, 1);
-			if ((st = loom_mpi_open(pg, NULL, 0)))
+			if ((o->want_device &&
+			     (st = loom_comm_nccl_use_device(pg, pg->info.local_rank))) ||
+			    (st = loom_mpi_open(pg, NULL, 0)))
 				goto out_close;
 		}
 		st = loom_mpi_join(pg, &r, port);
@@ -257,9 +264,12 @@ static loom_status boot_mpi(loom_pg *pg, const loom_comm_options *o)
 	if (!pg->peers)
 		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
 	self_peer(pg, e.rank);
-	if ((st = open_probe(pg)) || (st = loom_mpi_init_world(pg)))
+	/* The GPU before MPI_Init: a CUDA-aware MPI opens its context on the
+	 * current device, which would be device 0 on every rank. */
+	if ((st = open_probe(pg)) ||
+	    (o->want_device && (st = loom_comm_nccl_use_device(pg, e.local_rank))) ||
+	    (st = loom_mpi_init_world(pg)))
 		return st;
-	(void)o;
 	return LOOM_OK;
 }
 

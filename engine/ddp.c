@@ -224,7 +224,15 @@ loom_status loom_ddp_start(loom_program *p)
 	if (!host)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "data parallel: %s",
 					 loom_pg_error(p->plan.opts.pg));
-	loom_status st = check_plans(p, host);
+	/* The initial values went up asynchronously on the compute stream
+	 * (init_values); the broadcast runs on the collective's own stream.
+	 * Every rank waits for its upload first, so that the root does not
+	 * send before its copy lands and a receiver's late upload does not
+	 * overwrite what it received. */
+	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
+	if (st != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	st = check_plans(p, host);
 	if (st == LOOM_OK)
 		st = broadcast_values(p, 0);
 	/* Device memory: the broadcast is queued on the device's stream. */

@@ -95,17 +95,36 @@ loom_status loom_cuda_op_nothing(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	return LOOM_OK;
 }
 
+/* The CUDA context of program p, or NULL (another backend, or not made). */
+static const loom_cuda_ctx *cuda_ctx_of(const struct loom_program *p)
+{
+	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0)
+		return NULL;
+	return (const loom_cuda_ctx *)p->be_ctx;
+}
+
 extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
 					   int *bgrad_epilogue)
 {
+	const loom_cuda_ctx *c = cuda_ctx_of(p);
 	*bn_cudnn = *bgrad_epilogue = 0;
-	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0 || !p->be_ctx)
-		return;
-	const loom_cuda_ctx *c = (const loom_cuda_ctx *)p->be_ctx;
-	for (int v = 0; v < c->n_plans; v++) {
+	for (int v = 0; c && v < c->n_plans; v++) {
 		*bn_cudnn += c->plans[v].kind == LOOM_CUDA_PLAN_BN;
 		*bgrad_epilogue += c->plans[v].kind == LOOM_CUDA_PLAN_MM &&
 				   c->plans[v].mm.bgrad != LOOM_NONE;
+	}
+}
+
+extern "C" void loom_cuda_test_fallbacks(const struct loom_program *p, int *conv_f32,
+					int *mm_unfused)
+{
+	const loom_cuda_ctx *c = cuda_ctx_of(p);
+	*conv_f32 = *mm_unfused = 0;
+	for (int v = 0; c && v < c->n_plans; v++) {
+		const loom_cuda_node_plan *np = &c->plans[v];
+		*conv_f32 += np->kind == LOOM_CUDA_PLAN_CONV && np->conv.f32;
+		*mm_unfused += np->kind == LOOM_CUDA_PLAN_MM &&
+			       (np->mm.bias_after || np->mm.relu_after);
 	}
 }
 
@@ -125,6 +144,16 @@ static loom_value first_f64(const loom_plan *p)
 /* ------------------------------------------------------------ context */
 
 static void cuda_free(void *ctx);
+
+/* The context's device, made current on the calling thread by every entry:
+ * a program may be run from a thread other than the one that compiled it
+ * (a loader's, a user's), whose current device is another (0 unless set).
+ * cudaSetDevice on the device already current is a cheap thread-local
+ * check. */
+static loom_status use_device(loom_cuda_ctx *c)
+{
+	return LOOM_CUDA_CHECK(cudaSetDevice(c->device), c->err, sizeof(c->err));
+}
 
 /* Handles, both streams and the events; no plan, no memory yet. */
 static loom_status cuda_init(void **out, char *err, size_t errlen)
@@ -210,6 +239,7 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_CONV2D_BWD_FILTER:
 		st = loom_cuda_conv_plan_make(p, c, v, np);
 		np->ws = plan_stages(p, n, np, 2); /* a conv bias is read as it is */
+		np->ws = loom_cuda_conv_f32_ws(p, v, np, np->ws);
 		break;
 	case LOOM_OP_LINEAR:
 	case LOOM_OP_MATMUL:
@@ -242,6 +272,8 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	char lb[96];
 
 	*ws_bytes = 0;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
 	loom_value bad = first_f64(p);
 	if (bad != LOOM_NONE)
 		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
@@ -255,6 +287,8 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		if (!c->pending)
 			return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	}
+	c->group = p->comm;
+	c->n_buckets = p->buckets.n;
 	c->n_plans = p->g->n;
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -324,6 +358,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
+
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
 
 	c->n_chunks = 0;
 	for (int s = 0; s < p->n_params; s++)
@@ -406,6 +443,10 @@ static void cuda_free(void *ctx)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (!c)
 		return;
+	(void)use_device(c);
+	/* No bucket's sum may still write into the arena freed below. */
+	if (c->n_pending)
+		(void)loom_cuda_comm_wait_all(c);
 	/* Teardown: errors here have nowhere to go and nothing to undo. */
 	if (c->stream)
 		(void)cudaStreamSynchronize(c->stream);
@@ -460,6 +501,9 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 	const unsigned char *s = (const unsigned char *)src;
 	unsigned char *d = (unsigned char *)dst;
 	loom_status st = LOOM_OK;
+
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
 
 	while (bytes > 0 && st == LOOM_OK) {
 		size_t n = bytes < c->pinned_half ? bytes : c->pinned_half;
@@ -541,6 +585,9 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st = LOOM_OK;
 
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+
 	if (bytes > 0)
 		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
 						     c->stream),
@@ -558,7 +605,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	loom_cuda_ctl h;
 	loom_status st;
 
-	if ((st = loom_cuda_comm_wait_all(c, p)) != LOOM_OK)
+	if ((st = use_device(c)) != LOOM_OK || (st = loom_cuda_comm_wait_all(c)) != LOOM_OK)
 		return st;
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
@@ -588,6 +635,9 @@ static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
 		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no event %d", event);
+	loom_status st = use_device(c);
+	if (st != LOOM_OK)
+		return st;
 	return LOOM_CUDA_CHECK(cudaEventRecord(c->events[event], stream_of(c, stream)), c->err,
 			       sizeof(c->err));
 }
@@ -597,6 +647,9 @@ static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
 		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no event %d", event);
+	loom_status st = use_device(c);
+	if (st != LOOM_OK)
+		return st;
 	return LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_of(c, stream), c->events[event], 0),
 			       c->err, sizeof(c->err));
 }
@@ -681,7 +734,7 @@ static loom_status cuda_run(void *ctx, const loom_plan *p, loom_train_state *ts,
 
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
-	if ((st = push_host_state(c, ts)) != LOOM_OK)
+	if ((st = use_device(c)) != LOOM_OK || (st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	if (c->poison && (st = poison_outputs(c, p, first, last)) != LOOM_OK)
 		return st;
@@ -721,8 +774,10 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	size_t bytes = p->accum_bytes ? p->accum_bytes : 64;
-	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->accum_base, bytes), c->err,
-					 sizeof(c->err));
+	loom_status st = use_device(c);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->accum_base, bytes), c->err,
+				     sizeof(c->err));
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->accum_base, 0, bytes, c->stream), c->err,
 				     sizeof(c->err));
@@ -735,7 +790,9 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 static loom_status cuda_optim_step(void *ctx, const loom_plan *p, loom_train_state *ts)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st = loom_cuda_comm_wait_all(c, p);
+	loom_status st = use_device(c);
+	if (st == LOOM_OK)
+		st = loom_cuda_comm_wait_all(c);
 	if (st == LOOM_OK)
 		st = push_host_state(c, ts);
 	return st != LOOM_OK ? st : loom_cuda_optim_launch(c, p, ts->lr, ts->micro, c->stream);

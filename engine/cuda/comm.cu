@@ -88,17 +88,17 @@ loom_status loom_cuda_op_allreduce(loom_cuda_ctx *c, const loom_plan *p, loom_va
 	return LOOM_OK;
 }
 
-loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *c, const loom_plan *p)
+loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *c)
 {
 	loom_status first = LOOM_OK;
-	for (int k = 0; k < p->buckets.n && c->n_pending; k++) {
+	for (int k = 0; k < c->n_buckets && c->n_pending; k++) {
 		if (!c->pending[k])
 			continue;
-		loom_status st = loom_comm_wait(p->comm, c->pending[k]);
+		loom_status st = loom_comm_wait(c->group, c->pending[k]);
 		c->pending[k] = NULL;
 		c->n_pending--;
 		if (st != LOOM_OK && first == LOOM_OK)
-			first = loom_errf(c->err, st, "%s", loom_pg_error(p->comm->pg));
+			first = loom_errf(c->err, st, "%s", loom_pg_error(c->group->pg));
 	}
 	return first;
 }

@@ -3,7 +3,9 @@
  * through cuDNN's convolution API, with fp32 accumulation. Descriptors and
  * the algorithm are chosen once, when the backend is asked for workspace
  * sizes (before prepare), and cached in the node's plan. The conv bias is
- * added after by an own kernel (elementwise.cu). CPU twin: engine/cpu/conv.c.
+ * added after by an own kernel (elementwise.cu). A half convolution cuDNN
+ * has no algorithm for runs in f32 on copies in the workspace, cast back.
+ * CPU twin: engine/cpu/conv.c.
  * fp32 runs with CUDNN_FMA_MATH (no TF32), so that fp32 results stay close
  * to the CPU's.
  */
@@ -119,10 +121,14 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 		break;
 	}
 	}
-	if (algo < 0)
+	if (algo < 0) {
+		char lb[96];
 		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
-					 "cuda conv: cuDNN offers no algorithm for node %d (%d tried)",
-					 (int)(n - p->g->nodes), count);
+				 "cuda conv: cuDNN offers no %s algorithm for %s (%d tried)",
+				 f32 ? "f32" : "half", loom_node_label(p->g, (loom_value)(n - p->g->nodes),
+								   lb, sizeof(lb)),
+				 count);
+	}
 	cp->algo = algo;
 	/* fp32 keeps FMA math even where the heuristic said DEFAULT, which
 	 * may mean TF32 on sm_80+. */
@@ -169,10 +175,49 @@ loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_
 		return st;
 	if ((st = set_descs(p, c, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
 		return st;
-	if ((st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32)) != LOOM_OK)
+	st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32);
+	/* A half convolution cuDNN's heuristic has no algorithm for (bf16 NCHW
+	 * through the _v7 API may get none), or any half one under the test
+	 * hook: the same convolution in f32 on copies (conv_f32_ws), cast
+	 * back; only if f32 has none either is the node refused, by name. */
+	if (n->dtype != LOOM_F32 &&
+	    ((st == LOOM_ERR_UNSUPPORTED) || (st == LOOM_OK && loom_cuda_own_kernels_on))) {
+		c->err[0] = 0;
+		cp->f32 = 1;
+		if ((st = set_descs(p, c, cp, n, CUDNN_DATA_FLOAT)) != LOOM_OK ||
+		    (st = pick_algo(p, c, n, cp, 1)) != LOOM_OK)
+			return st;
+	}
+	if (st != LOOM_OK)
 		return st;
 	np->lib_ws = loom_cuda_align(cp->ws);
 	return LOOM_OK;
+}
+
+/* The three operands of node v as the library sees them: sources 0 and 1
+ * and the output, in numel. */
+static void conv_operands(const loom_plan *p, loom_value v, int64_t numel[3])
+{
+	const loom_node *n = &p->g->nodes[v];
+	numel[0] = loom_shape_numel(&p->g->nodes[n->src[0]].shape);
+	numel[1] = loom_shape_numel(&p->g->nodes[n->src[1]].shape);
+	numel[2] = loom_shape_numel(&n->shape);
+}
+
+size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np,
+			     size_t at)
+{
+	int64_t numel[3];
+	size_t off = at;
+
+	if (np->kind != LOOM_CUDA_PLAN_CONV || !np->conv.f32)
+		return at;
+	conv_operands(p, v, numel);
+	for (int i = 0; i < 3; i++) {
+		np->conv.f32_off[i] = off;
+		off += loom_cuda_align((size_t)numel[i] * sizeof(float));
+	}
+	return off;
 }
 
 /* Safe on a half-made plan: cuDNN destroy calls take NULL. */
@@ -190,29 +235,19 @@ void loom_cuda_conv_plan_free(loom_cuda_node_plan *np)
 	memset(cp, 0, sizeof(*cp));
 }
 
-/* src: the node's sources after staging (all in the node's dtype but a
- * conv bias, which the bias kernel reads in its own). */
-loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
-			       const loom_cuda_node_plan *np, void *const *src, void *out)
+/* The library call of a convolution node on src (0, 1) into out. */
+static loom_status conv_call(loom_cuda_ctx *c, loom_op op, const loom_cuda_conv_plan *cp,
+			     void *const *src, void *out, void *ws)
 {
-	const loom_node *n = &p->g->nodes[v];
-	const loom_cuda_conv_plan *cp = &np->conv;
 	const float one = 1.0f, zero = 0.0f;
-	void *ws = cp->ws ? c->arena.ws : NULL;
-	loom_status st;
 
-	switch (n->op) {
+	switch (op) {
 	case LOOM_OP_CONV2D:
-		st = LOOM_CUDNN_CHECK(cudnnConvolutionForward(c->dnn, &one, cp->x, src[0], cp->w,
-							      src[1], cp->conv,
-							      (cudnnConvolutionFwdAlgo_t)cp->algo, ws,
-							      cp->ws, &zero, cp->y, out),
-				      c->err, sizeof(c->err));
-		if (st != LOOM_OK || n->nsrc < 3)
-			return st;
-		return loom_cuda_bias_add(c->err, c->stream, (int)n->shape.dims[0], (int)n->shape.dims[1],
-					  n->shape.dims[2] * n->shape.dims[3], out, n->dtype, src[2],
-					  p->g->nodes[n->src[2]].dtype);
+		return LOOM_CUDNN_CHECK(cudnnConvolutionForward(c->dnn, &one, cp->x, src[0], cp->w,
+								src[1], cp->conv,
+								(cudnnConvolutionFwdAlgo_t)cp->algo,
+								ws, cp->ws, &zero, cp->y, out),
+					c->err, sizeof(c->err));
 	case LOOM_OP_CONV2D_BWD_DATA:
 		return LOOM_CUDNN_CHECK(cudnnConvolutionBackwardData(
 						c->dnn, &one, cp->w, src[1], cp->y, src[0], cp->conv,
@@ -226,6 +261,39 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 						&zero, cp->w, out),
 					c->err, sizeof(c->err));
 	}
+}
+
+/* src: the node's sources after staging (all in the node's dtype but a
+ * conv bias, which the bias kernel reads in its own). */
+loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+			       const loom_cuda_node_plan *np, void *const *src, void *out)
+{
+	const loom_node *n = &p->g->nodes[v];
+	const loom_cuda_conv_plan *cp = &np->conv;
+	void *ws = cp->ws ? c->arena.ws : NULL;
+	void *lib_src[2] = { src[0], src[1] }, *lib_out = out;
+	loom_status st;
+
+	if (cp->f32) { /* the f32 fallback: copies in, the result cast back after */
+		int64_t numel[3];
+		conv_operands(p, v, numel);
+		for (int i = 0; i < 2; i++) {
+			lib_src[i] = c->arena.ws + cp->f32_off[i];
+			if ((st = loom_cuda_cast(c->err, c->stream, src[i], n->dtype, lib_src[i],
+						 LOOM_F32, numel[i])) != LOOM_OK)
+				return st;
+		}
+		lib_out = c->arena.ws + cp->f32_off[2];
+	}
+	st = conv_call(c, n->op, cp, lib_src, lib_out, ws);
+	if (st == LOOM_OK && cp->f32)
+		st = loom_cuda_cast(c->err, c->stream, lib_out, LOOM_F32, out, n->dtype,
+				    loom_shape_numel(&n->shape));
+	if (st != LOOM_OK || n->op != LOOM_OP_CONV2D || n->nsrc < 3)
+		return st;
+	return loom_cuda_bias_add(c->err, c->stream, (int)n->shape.dims[0], (int)n->shape.dims[1],
+				  n->shape.dims[2] * n->shape.dims[3], out, n->dtype, src[2],
+				  p->g->nodes[n->src[2]].dtype);
 }
 
 // ----------------------------------------------------------------------------

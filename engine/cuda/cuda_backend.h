@@ -20,10 +20,12 @@ extern "C" {
 void loom_cuda_test_poison(int on);
 
 /*
- * Tests only: with on != 0, programs compiled afterwards run batch norm on
- * the own kernels (bn.cu) rather than cuDNN's batch-norm calls, and the
- * bias gradient by its own channel-sum kernel rather than cuBLASLt's BGRADB
- * epilogue, so both paths can be checked against the CPU.
+ * Tests only: with on != 0, programs compiled afterwards take every
+ * fallback path, so that both paths can be checked against the CPU: batch
+ * norm on the own kernels (bn.cu) rather than cuDNN's batch-norm calls;
+ * matrix products without a cuBLASLt epilogue (bias, relu and bias
+ * gradient by own kernels after the plain product); half convolutions in
+ * f32 on copies (what runs when cuDNN has no half algorithm).
  */
 void loom_cuda_test_own_kernels(int on);
 
@@ -36,6 +38,14 @@ void loom_cuda_test_own_kernels(int on);
 struct loom_program;
 void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
 				int *bgrad_epilogue);
+
+/*
+ * Tests only: of program p's nodes (CUDA backend), how many half
+ * convolutions run in f32 (no half algorithm, or the own-kernels hook), and
+ * how many linears leave their bias or relu to own kernels after a plain
+ * product. Zeros for a program of another backend or a build without CUDA.
+ */
+void loom_cuda_test_fallbacks(const struct loom_program *p, int *conv_f32, int *mm_unfused);
 
 #ifdef __cplusplus
 }

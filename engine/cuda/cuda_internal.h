@@ -82,13 +82,16 @@ typedef struct loom_cuda_conv_plan {
 	cudnnConvolutionDescriptor_t conv;
 	int algo; /* fwd, bwd-data or bwd-filter algorithm, by node op */
 	size_t ws;
+	int f32;           /* a half node run in f32: no half algorithm (or test hook) */
+	size_t f32_off[3]; /* ws offsets of the f32 copies: sources 0, 1, the output */
 } loom_cuda_conv_plan;
 
 typedef struct loom_cuda_mm_plan {
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c; /* cuBLAS operands: a = B rows, b = A */
 	cublasLtMatmulAlgo_t algo;
-	int bias;
+	int bias;         /* the epilogue adds the linear's bias */
+	int bias_after;   /* a bias no epilogue took: own kernel, in place */
 	int relu_after;   /* a fused relu no epilogue took: own kernel, in place */
 	loom_value bgrad; /* the sibling the BGRADB epilogue writes, or LOOM_NONE */
 } loom_cuda_mm_plan;
@@ -120,7 +123,7 @@ enum {
 typedef struct loom_cuda_ctx {
 	char err[LOOM_ERR_MAX]; /* the last failure's message */
 	char describe[128];     /* "cuda: <device name>" */
-	int device;
+	int device;             /* made current by every entry (loom_cuda_use_device) */
 	cudaStream_t stream;    /* compute: every node and the optimizer */
 	cudaStream_t comm;      /* communication (all-reduce), created at init */
 	cudaEvent_t events[LOOM_BACKEND_EVENTS];
@@ -156,6 +159,8 @@ typedef struct loom_cuda_ctx {
 	/* Per gradient bucket: its all-reduce while in flight (comm.cu). */
 	struct loom_comm_work **pending;
 	int n_pending;
+	struct loom_comm *group; /* the plan's collective backend (p->comm), or NULL */
+	int n_buckets;           /* entries of pending */
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
 	unsigned char *accum_base; /* gradient accumulation's sums (arena.accum), or NULL */
 } loom_cuda_ctx;
@@ -217,8 +222,9 @@ loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan 
  * stream after the compute stream's work so far; the optimizer waits. */
 loom_status loom_cuda_op_allreduce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
-/* Waits for every outstanding all-reduce (the group's timeout applies). */
-loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *ctx, const loom_plan *plan);
+/* Waits for every outstanding all-reduce (the group's timeout applies);
+ * also at free, so that no sum still writes into the arena freed then. */
+loom_status loom_cuda_comm_wait_all(loom_cuda_ctx *ctx);
 /* Gradient accumulation on segment s of plan->accum, on the compute stream:
  * add it into its sum, or (fold) add the sum into it and clear the sum. */
 loom_status loom_cuda_accum(loom_cuda_ctx *ctx, const loom_plan *plan, int s, int fold);
@@ -329,6 +335,10 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np);
 void loom_cuda_conv_plan_free(loom_cuda_node_plan *np);
+/* Places the f32 copies of a conv plan's fallback in ws from offset at;
+ * returns the end (at when the plan has no fallback). */
+size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np,
+			     size_t at);
 loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out);
 

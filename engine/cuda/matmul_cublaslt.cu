@@ -4,8 +4,10 @@
  * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue (a
  * fused relu, graph/fuse.c, RELU_BIAS or RELU), and
  * the bias gradient the BGRADB epilogue of the weight gradient's product
- * (its sibling, graph/fuse.c) where cuBLASLt has an algorithm for it. The
- * algorithm is chosen once by cublasLtMatmulAlgoGetHeuristic and cached.
+ * (its sibling, graph/fuse.c) where cuBLASLt has an algorithm for it; where
+ * it has none for an epilogue, the plain product and own kernels (bias add,
+ * relu) do the rest. The algorithm is chosen once by
+ * cublasLtMatmulAlgoGetHeuristic and cached.
  * CPU twin: loom_cpu_gemm / loom_cpu_linear_fwd in engine/cpu/dense_impl.h.
  *
  * The RELU epilogue maps a NaN product to 0 where the CPU's relu keeps it;
@@ -144,6 +146,26 @@ static loom_value bgrad_sibling(const loom_plan *p, loom_value v)
 	return LOOM_NONE;
 }
 
+/* The epilogues to try for a product, the most fused first; the last has
+ * none, so that a product cuBLASLt can do at all always gets a plan: what
+ * the chosen epilogue leaves out, own kernels do after it (the bias add,
+ * the relu in place, the bias-gradient sibling's channel sum). The test
+ * hook (loom_cuda_test_own_kernels) keeps only that last one. */
+static int mm_tries(int bias, int relu, int bgrad, cublasLtEpilogue_t tries[3])
+{
+	int n = 0;
+	if (!loom_cuda_own_kernels_on) {
+		if (bgrad)
+			tries[n++] = CUBLASLT_EPILOGUE_BGRADB;
+		else if (relu)
+			tries[n++] = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+		if (bias)
+			tries[n++] = CUBLASLT_EPILOGUE_BIAS;
+	}
+	tries[n++] = CUBLASLT_EPILOGUE_DEFAULT;
+	return n;
+}
+
 loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np)
 {
@@ -152,40 +174,37 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	loom_status st = LOOM_OK;
 	int found = 0;
 	mm_shape s;
+	char lb[96];
 
 	mm_shape_of(p, nd, &s);
 	int bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
 	int relu = nd->op == LOOM_OP_LINEAR && nd->a.mm.relu; /* fused, graph/fuse.c */
 	loom_value sib = loom_cuda_own_kernels_on ? LOOM_NONE : bgrad_sibling(p, v);
-	/* Epilogues to try, the most fused first; what the chosen one leaves
-	 * out an own kernel does (the bias-gradient sibling's, or the relu in
-	 * place after the product). */
-	cublasLtEpilogue_t plain = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-	cublasLtEpilogue_t tries[2] = { plain, plain };
-	int ntries = 1;
-	if (sib != LOOM_NONE)
-		tries[0] = CUBLASLT_EPILOGUE_BGRADB, ntries = 2;
-	else if (relu)
-		tries[0] = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, ntries = 2;
+	cublasLtEpilogue_t tries[3];
+	int ntries = mm_tries(bias, relu, sib != LOOM_NONE, tries);
 
 	for (int i = 0; i < ntries; i++) {
 		if (i > 0) { /* no algorithm for the last try */
 			loom_cuda_mm_plan_free(np);
 			c->err[0] = 0;
 		}
+		cublasLtEpilogue_t e = tries[i];
 		np->kind = LOOM_CUDA_PLAN_MM;
-		mp->bias = bias;
-		mp->bgrad = tries[i] == CUBLASLT_EPILOGUE_BGRADB ? sib : LOOM_NONE;
-		mp->relu_after = relu && tries[i] == plain;
-		st = plan_with(p, c, nd, &s, tries[i], np, &found);
+		mp->bias = e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS;
+		mp->bias_after = bias && !mp->bias;
+		mp->bgrad = e == CUBLASLT_EPILOGUE_BGRADB ? sib : LOOM_NONE;
+		mp->relu_after = relu && e != CUBLASLT_EPILOGUE_RELU && e != CUBLASLT_EPILOGUE_RELU_BIAS;
+		st = plan_with(p, c, nd, &s, e, np, &found);
 		if (st == LOOM_OK && found)
 			return LOOM_OK;
 	}
 	if (st != LOOM_OK)
 		return st;
 	return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
-				 "cuda matmul: cuBLASLt has no algorithm for node %d (%d x %d x %d, %s)",
-				 (int)v, s.m, s.n, s.k, loom_dtype_name(nd->dtype));
+			 "cuda matmul: cuBLASLt has no algorithm for %s (%d x %d x %d, %s), "
+			 "even without an epilogue",
+			 loom_node_label(p->g, v, lb, sizeof(lb)), s.m, s.n, s.k,
+			 loom_dtype_name(nd->dtype));
 }
 
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np)
@@ -221,11 +240,15 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 					      &zero, out, mp->c, out, mp->c, &mp->algo,
 					      np->lib_ws ? c->arena.ws : NULL, np->lib_ws, c->stream),
 			       c->err, sizeof(c->err));
-	if (st == LOOM_OK && mp->relu_after) {
-		const loom_node *nd = &p->g->nodes[v];
+	const loom_node *nd = &p->g->nodes[v];
+	/* What the epilogue left out: the bias over the rows [m, n], then the
+	 * relu, both in place. */
+	if (st == LOOM_OK && mp->bias_after)
+		st = loom_cuda_bias_add(c->err, c->stream, (int)nd->shape.dims[0],
+					(int)nd->shape.dims[1], 1, out, nd->dtype, src[2], nd->dtype);
+	if (st == LOOM_OK && mp->relu_after)
 		st = loom_cuda_relu_fwd(c->err, c->stream, out, nd->dtype, out, nd->dtype,
 					loom_shape_numel(&nd->shape));
-	}
 	return st;
 }
 

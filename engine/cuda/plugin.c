@@ -41,9 +41,11 @@ static const loom_cuda_plugin plugin = {
 	.backend = loom_cuda_backend_get,
 	.nccl_unique_id = plugin_nccl_unique_id,
 	.nccl_backend_new = loom_nccl_backend_new,
+	.nccl_use_device = loom_nccl_use_device,
 	.test_poison = loom_cuda_test_poison,
 	.test_own_kernels = loom_cuda_test_own_kernels,
 	.test_library_use = loom_cuda_test_library_use,
+	.test_fallbacks = loom_cuda_test_fallbacks,
 };
 
 const loom_cuda_plugin *loom_cuda_plugin_entry(void)

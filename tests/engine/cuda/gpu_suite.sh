@@ -1,64 +1,151 @@
 #!/usr/bin/env bash
 # tests/engine/cuda/gpu_suite.sh — what runs on a GPU host, from a bundle made
-# by bazel/gpu_bundle.sh (bin/ next to this script; run.sh sets the library
-# path and calls this). Runs the CUDA test suites, a short ConvNet benchmark
-# on CUDA, the example's --help and, when the bundle carries Fashion-MNIST,
-# two epochs of the example under O0, O1 and O2 on the GPU; then
-# prints one table: what ran, its exit status, seconds, and the last line.
+# by bazel/gpu_bundle.sh (bin/ next to this script; run.sh unpacks it fresh,
+# sets the library path and calls this). In this order, each a row of one
+# table with a verdict read from its log (gpu_summary.sh):
+#   1. the device, driver and library versions;
+#   2. test_device and 3. test_cuda_ops, with LOOM_REQUIRE_GPU=1 (a missing
+#      device fails, never skips; any skipped case fails the row);
+#   4. test_cuda_ops under compute-sanitizer memcheck, and racecheck on the
+#      own kernels' cases, when the host has compute-sanitizer, with
+#      cuBLASLt's log (CUBLASLT_LOG_LEVEL) and cuDNN's error log on;
+#   5. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
+#      with the test accuracy;
+#   6. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
+#      the NCCL test (init, broadcast, all-reduce, all-gather, teardown) and
+#      mnist_ddp started that way;
+#   7. bench_convnet, resnet50_synthetic and bench/torch_gpu.py side by side.
+# The whole run keeps to a 20-minute budget (LOOM_GPU_BUDGET_S); a step that
+# would start after it is a FAIL row "not run". Logs, the table and the
+# whole output go into one folder: $OUT when set (the device tool copies it
+# back), else results/ here.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/bin
-logs=$here/logs
+res=${OUT:-$here/results}
+logs=$res/logs
 mkdir -p "$logs"
-rows=()
-failed=0
+rows=$res/rows.tsv
+: >"$rows"
+budget=${LOOM_GPU_BUDGET_S:-1200}
+t_start=$(date +%s)
+export LOOM_REQUIRE_GPU=1
+# Where cuBLASLt and cuDNN say what went wrong (their logs go with ours):
+# cuBLASLt's errors and hints (mask 1 | 4; level 1 for older versions);
+# cuDNN's errors (CUDNN_LOGERR_DBG; cuDNN 9 reads CUDNN_LOGLEVEL_DBG).
+export CUBLASLT_LOG_LEVEL=${CUBLASLT_LOG_LEVEL:-1}
+export CUBLASLT_LOG_MASK=${CUBLASLT_LOG_MASK:-5}
+export CUBLASLT_LOG_FILE=$logs/cublaslt_%i.log
+export CUDNN_LOGERR_DBG=1
+export CUDNN_LOGLEVEL_DBG=${CUDNN_LOGLEVEL_DBG:-1}
+export CUDNN_LOGDEST_DBG=$logs/cudnn.log
+exec > >(tee "$res/suite.log") 2>&1
 
-run() { # name, command...
-	local name=$1
-	shift
-	if [ ! -x "$1" ]; then
-		rows+=("$name|absent|0|not in this bundle")
+left() { echo $((budget - ($(date +%s) - t_start))); }
+
+# row name kind limit_s [min_accuracy] -- command...
+row() {
+	local name=$1 kind=$2 limit=$3 min=$4
+	shift 5
+	local log=$logs/$name.log rc t0 t1 rem
+	if [ ! -x "$1" ] && ! command -v "$1" >/dev/null 2>&1; then
+		echo "$1: not in this bundle or on this host" >"$log"
+		printf '%s\t%s\tabsent\t0\t%s\t%s\n' "$name" "$kind" "$log" "$min" >>"$rows"
 		return
 	fi
-	local t0 t1 rc
+	rem=$(left)
+	if [ "$rem" -le 5 ]; then
+		: >"$log"
+		printf '%s\t%s\tbudget\t0\t%s\t%s\n' "$name" "$kind" "$log" "$min" >>"$rows"
+		return
+	fi
+	[ "$limit" -gt "$rem" ] && limit=$rem
+	echo "=== $name (limit ${limit} s): $*"
 	t0=$(date +%s.%N)
-	"$@" >"$logs/$name.log" 2>&1
+	timeout -k 10 "$limit" "$@" >"$log" 2>&1
 	rc=$?
 	t1=$(date +%s.%N)
-	[ $rc -ne 0 ] && failed=$((failed + 1))
-	rows+=("$name|$rc|$(awk "BEGIN { print $t1 - $t0 }")|$(grep -v '^$' "$logs/$name.log" | tail -n 1 | cut -c1-90)")
+	tail -n 5 "$log"
+	printf '%s\t%s\t%s\t%.1f\t%s\t%s\n' "$name" "$kind" "$rc" \
+		"$(awk "BEGIN { print $t1 - $t0 }")" "$log" "$min" >>"$rows"
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
-	echo "nvidia-smi: not found"
-run test_device "$bin/test_device" --verbose
-run test_cuda_ops "$bin/test_cuda_ops" --verbose
-run bench_convnet "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
-run mnist_ddp_help "$bin/mnist_ddp" --help
-if [ -d "$here/data" ]; then
-	for lvl in O0 O1 O2; do
-		run "mnist_ddp_$lvl" "$bin/mnist_ddp" --device cuda --data "$here/data" --epochs 2 \
-			--opt-level "$lvl" --log-interval 200
-	done
-fi
-# PyTorch on the same GPU in the same call (bench/torch_gpu.py), when the
-# host's python has torch: the other side of the issue-13 comparison.
-py=$(command -v python3 || true)
-if [ -n "$py" ] && [ -f "$here/bench/torch_gpu.py" ] &&
-	"$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-	data_flag=()
-	[ -d "$here/data" ] && data_flag=(--data "$here/data")
-	run torch_convnet_b100 "$py" "$here/bench/torch_gpu.py" convnet --batch 100 "${data_flag[@]}"
-	run torch_convnet_b1024 "$py" "$here/bench/torch_gpu.py" convnet --batch 1024 "${data_flag[@]}"
-	run torch_resnet50_b128 "$py" "$here/bench/torch_gpu.py" resnet50 --batch 128 --steps 50
+versions() {
+	if ! command -v nvidia-smi >/dev/null 2>&1; then
+		echo "nvidia-smi: not found (no NVIDIA driver on this host?)"
+		return 1
+	fi
+	nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader || return 1
+	nvidia-smi | head -n 4 | tail -n 2
+	command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -n 2
+	echo "libraries the loom binaries load:"
+	ldd "$bin/test_cuda_ops" | grep -E 'cudart|cublas|cudnn|nccl|cuda\.so' || true
+	[ -f "$bin/libloom_cuda.so" ] &&
+		ldd "$bin/libloom_cuda.so" | grep -E 'cudart|cublas|cudnn|nccl|cuda\.so'
+	command -v compute-sanitizer >/dev/null 2>&1 && compute-sanitizer --version | tail -n 1
+	return 0
+}
+echo "=== versions"
+versions >"$logs/versions.log" 2>&1
+printf 'versions\tinfo\t%s\t0\t%s\t\n' "$?" "$logs/versions.log" >>"$rows"
+cat "$logs/versions.log"
+
+row test_device criterion 120 "" -- "$bin/test_device" --verbose
+row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
+
+if command -v compute-sanitizer >/dev/null 2>&1; then
+	row memcheck_cuda_ops sanitizer 300 "" -- compute-sanitizer --tool memcheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose
+	# racecheck (shared-memory hazards) is slow: the cases whose own kernels
+	# share memory in a block (elementwise.cu's sums, optim.cu's fused
+	# update and overflow check, the block reductions of dtype.cuh): the
+	# own batch-norm kernels, and ConvNet steps with the O2 optimizer.
+	row racecheck_bn sanitizer 150 "" -- compute-sanitizer --tool racecheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
+		--filter 'cuda_ops/sync_batchnorm_one_rank'
+	row racecheck_convnet sanitizer 150 "" -- compute-sanitizer --tool racecheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
+		--filter 'cuda_convnet/o2_fp16'
 else
-	rows+=("torch|absent|0|no python3 with CUDA torch on this host")
+	echo "compute-sanitizer: not on this host" >"$logs/memcheck_cuda_ops.log"
+	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
 fi
 
-printf '\n%-16s %-6s %-8s %s\n' what rc seconds "last line"
-for r in "${rows[@]}"; do
-	IFS='|' read -r name rc secs last <<<"$r"
-	printf '%-16s %-6s %-8.1f %s\n' "$name" "$rc" "$secs" "$last"
+data=()
+[ -d "$here/data" ] && data=(--data "$here/data")
+for lvl in O0 O1 O2 O2_bf16; do
+	prec=()
+	[ $lvl = O2_bf16 ] && prec=(--precision bf16)
+	row "mnist_ddp_$lvl" train 240 80 -- "$bin/mnist_ddp" --device cuda "${data[@]}" --epochs 1 \
+		--opt-level "${lvl%_bf16}" "${prec[@]}" --log-interval 200
 done
-echo "logs: $logs ($failed failed)"
-[ $failed -eq 0 ]
+
+# env:// at world 1: rank 0 makes the NCCL id, rendezvous with itself,
+# NCCL on its one device; the test drives broadcast, all-reduce, all-gather
+# and the teardown, then mnist_ddp starts the same way for a few steps.
+port=$((29500 + RANDOM % 2000))
+row nccl_env_world1 criterion 120 "" -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
+	MASTER_PORT=$port "$bin/test_cuda_ops" --verbose --filter 'cuda_nccl/*'
+row mnist_ddp_env_world1 train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+	MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) "$bin/mnist_ddp" --device cuda "${data[@]}" \
+	--epochs 1 --max-steps 100 --log-interval 50
+
+# loom and PyTorch side by side, one after the other on the same GPU.
+row bench_convnet bench 180 "" -- "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
+row resnet50_synthetic bench 180 "" -- "$bin/resnet50_synthetic" --device cuda --batch-size 64 \
+	--steps 20 --warmup 3
+py=$(command -v python3 || true)
+if [ -n "$py" ] && "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	row torch_convnet optional 180 "" -- "$py" "$here/bench/torch_gpu.py" convnet --batch 100 "${data[@]}"
+	row torch_resnet50 optional 180 "" -- "$py" "$here/bench/torch_gpu.py" resnet50 --batch 64 --steps 20
+else
+	echo "no python3 with CUDA PyTorch on this host" >"$logs/torch.log"
+	printf 'torch\toptional\tabsent\t0\t%s\t\n' "$logs/torch.log" >>"$rows"
+fi
+
+echo
+echo "=== summary ($(($(date +%s) - t_start)) s of ${budget} s)"
+bash "$here/gpu_summary.sh" "$rows" | tee "$res/summary.txt"
+rc=${PIPESTATUS[0]}
+echo "logs and table: $res"
+exit "$rc"

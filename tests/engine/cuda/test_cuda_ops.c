@@ -6,7 +6,7 @@
  * ConvNet and small ResNet training steps under O0, O1 and O2. Both backends
  * must compile the same plan (the relu fusions into pools, linears, batch
  * norms and adds included). Without
- * a GPU every test skips.
+ * a GPU every test skips, naming why; with LOOM_REQUIRE_GPU=1 it fails.
  * The bounds are first guesses (engine/cuda/README.md, Status).
  */
 #include <criterion/criterion.h>
@@ -15,8 +15,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "base/cuda_plugin.h"
+#include "comm/comm.h"
 #include "engine/cuda/device.h"
+#include "tests/engine/cuda/need_gpu.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 #include "examples/models.h"
@@ -25,19 +37,11 @@
 /* NULL when this machine can run the CUDA backend, else why not. */
 static const char *no_gpu(void)
 {
-	if (!loom_cuda_compiled())
-		return "this build has no CUDA toolkit";
-	if (!loom_cuda_available())
-		return "none is visible on this machine";
-	return NULL;
+	static char why[512];
+	return loom_test_no_gpu(why, sizeof(why));
 }
 
-#define NEED_GPU()                                                     \
-	do {                                                           \
-		const char *why_ = no_gpu();                           \
-		if (why_)                                              \
-			cr_skip_test("needs a CUDA device: %s", why_); \
-	} while (0)
+#define NEED_GPU() LOOM_NEED_GPU()
 
 static double bound(loom_dtype dt)
 {
@@ -273,6 +277,30 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 			     bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
+	/* Under the hook every fallback is taken: half convolutions in f32,
+	 * a linear's bias and relu by own kernels after the plain product. */
+	int conv_f32, mm_unfused, n_conv = 0, n_fused_linear = 0;
+	conv_f32 = mm_unfused = 0;
+	if (plugin())
+		plugin()->test_fallbacks(cuda, &conv_f32, &mm_unfused);
+	for (int v = 0; v < cuda->plan.g->n; v++) {
+		const loom_node *nd = &cuda->plan.g->nodes[v];
+		n_conv += nd->op == LOOM_OP_CONV2D || nd->op == LOOM_OP_CONV2D_BWD_DATA ||
+			  nd->op == LOOM_OP_CONV2D_BWD_FILTER;
+		n_fused_linear += nd->op == LOOM_OP_LINEAR && (nd->nsrc > 2 || nd->a.mm.relu);
+	}
+	/* (Without the hook a fallback may be taken too, where the library
+	 * has no algorithm: nothing to expect there but the CPU's values.) */
+	if (dt == LOOM_F32)
+		cr_expect_eq(conv_f32, 0, "%s: an f32 convolution took the f32 fallback", op);
+	if (own_kernels) {
+		cr_expect_eq(conv_f32, dt != LOOM_F32 ? n_conv : 0,
+			     "%s %s: %d of %d convolutions in f32", op, loom_dtype_name(dt),
+			     conv_f32, n_conv);
+		cr_expect_eq(mm_unfused, n_fused_linear,
+			     "%s: %d of %d linears with a bias or relu left to own kernels", op,
+			     mm_unfused, n_fused_linear);
+	}
 
 	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
 	for (int i = 0; i < t.n_param; i++) {
@@ -336,8 +364,9 @@ static void each_dtype(const char *op, build_fn build, loom_run_mode mode)
 			run_case(op, build, dts[i], mode, seed);
 }
 
-/* each_dtype with the library fast paths (cuDNN batch norm, the BGRADB
- * epilogue) and again with loom's own kernels in their place. */
+/* each_dtype with the library fast paths (cuDNN batch norm, the cuBLASLt
+ * epilogues, half cuDNN convolutions) and again with every fallback in
+ * their place (loom_cuda_test_own_kernels). */
 static void use_own_kernels(int on)
 {
 	own_kernels = on;
@@ -670,24 +699,122 @@ Test(cuda_ops, f64_graph_is_refused)
 	loom_graph_free(g);
 }
 
-/* Runs here too: asking for CUDA where there is none is an error, not a crash. */
-Test(cuda_ops, cuda_without_device_is_refused)
+/* Runs everywhere, never skips: asking for CUDA where there is none is an
+ * error that names the missing device, not a crash; where there is one,
+ * the program is the CUDA backend's. */
+Test(cuda_ops, cuda_compile_follows_the_device)
 {
-	if (!no_gpu())
-		cr_skip_test("needs a machine without a CUDA device");
 	loom_graph *g;
 	loom_program *p = NULL;
 	loom_compile_opts o;
+	loom_program_info info;
 	int64_t d[1] = { 4 };
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value x = loom_param(g, "x", LOOM_F32, 1, d, LOOM_INIT_ONES, 1);
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CUDA;
-	cr_assert_eq(loom_compile(g, loom_sum(g, x), &o, &p), LOOM_ERR_UNSUPPORTED);
-	cr_assert_not_null(p, "the failed program comes back to explain itself");
-	cr_assert_str_eq(loom_program_error(p), loom_last_error());
+	loom_status st = loom_compile(g, loom_sum(g, x), &o, &p);
+	if (no_gpu()) {
+		cr_assert_eq(st, LOOM_ERR_UNSUPPORTED, "%s", loom_last_error());
+		cr_assert_not_null(p, "the failed program comes back to explain itself");
+		cr_assert_str_eq(loom_program_error(p), loom_last_error());
+		cr_assert(strstr(loom_last_error(), "CUDA") || strstr(loom_last_error(), "cuda"),
+			  "the message names CUDA: %s", loom_last_error());
+	} else {
+		cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+		loom_program_info_get(p, &info);
+		cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
+	}
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/* ------------------------------------------------------------ NCCL at world 1 */
+
+/* A TCP port free now on 127.0.0.1 (the rendezvous listens on it next). */
+static int free_port(void)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+	cr_assert_geq(fd, 0);
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/*
+ * torchrun's env:// at world 1 (the variables the GPU bundle sets, else
+ * set here): rank 0 makes the NCCL id, meets itself at the rendezvous and
+ * opens NCCL on its device; then every device collective on device memory
+ * (a sum over one rank is the identity, so the values must come back as
+ * they went), and a teardown that finalizes and destroys within its
+ * deadline instead of hanging.
+ */
+Test(cuda_nccl, env_world1_collectives)
+{
+	NEED_GPU();
+#if LOOM_HAVE_CUDA
+	char port[16];
+	if (!getenv("RANK")) {
+		snprintf(port, sizeof(port), "%d", free_port());
+		setenv("RANK", "0", 1);
+		setenv("WORLD_SIZE", "1", 1);
+		setenv("MASTER_ADDR", "127.0.0.1", 1);
+		setenv("MASTER_PORT", port, 1);
+	}
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_ENV, .timeout_s = 60, .want_device = 1 };
+	loom_pg *pg = NULL;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(loom_pg_get_info(pg)->world, 1);
+	cr_assert_geq(loom_pg_get_info(pg)->device, 0);
+	loom_comm *c = loom_pg_comm(pg, LOOM_COMM_DEVICE);
+	cr_assert_not_null(c, "%s", loom_pg_error(pg));
+	cr_assert_str_eq(c->i->name, "nccl");
+
+	enum { N = 4096 };
+	static float h[N], back[N];
+	float *d = NULL;
+	for (int i = 0; i < N; i++)
+		h[i] = (float)i - 1000.5f;
+	cr_assert_eq(cudaMalloc((void **)&d, sizeof(h)), cudaSuccess);
+	cr_assert_eq(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice), cudaSuccess);
+
+	cr_assert_eq(loom_comm_broadcast(c, d, sizeof(h), 0), LOOM_OK, "%s", loom_pg_error(pg));
+	loom_comm_work *w = NULL;
+	cr_assert_eq(loom_comm_allreduce_start(c, d, N, LOOM_F32, NULL, &w), LOOM_OK, "%s",
+		     loom_pg_error(pg));
+	cr_assert_eq(loom_comm_wait(c, w), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(loom_comm_allreduce_ordered(c, d, N, LOOM_F32, NULL), LOOM_OK, "%s",
+		     loom_pg_error(pg));
+	cr_assert_eq(loom_comm_barrier(c), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(cudaMemcpy(back, d, sizeof(back), cudaMemcpyDeviceToHost), cudaSuccess);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(back[i], h[i], "element %d: %g after the collectives, was %g", i,
+			     back[i], h[i]);
+
+	char send[13] = "rank 0 says", recv[13] = "";
+	cr_assert_eq(loom_comm_allgather(c, send, sizeof(send), recv), LOOM_OK, "%s",
+		     loom_pg_error(pg));
+	cr_assert_str_eq(recv, send);
+
+	cr_assert_eq(cudaFree(d), cudaSuccess);
+	double t0 = now_s();
+	loom_pg_free(pg);
+	cr_assert_lt(now_s() - t0, 35.0, "the teardown took %.1f s", now_s() - t0);
+#endif
 }
 
 /* ------------------------------------------------------------ ConvNet steps */
@@ -952,8 +1079,8 @@ typedef struct op_case {
 } op_case;
 
 static const op_case cuda_op_cases[] = {
-	{ "conv2d+bias", b_conv_bias, LOOM_RUN_GRAD, 0 },
-	{ "conv2d/2", b_conv_stride, LOOM_RUN_GRAD, 0 },
+	{ "conv2d+bias", b_conv_bias, LOOM_RUN_GRAD, 1 },
+	{ "conv2d/2", b_conv_stride, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d", b_bn, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d eval", b_bn, LOOM_RUN_EVAL, 1 },
 	{ "batchnorm2d 8x32x14x14", b_bn_big, LOOM_RUN_GRAD, 1 },
@@ -969,8 +1096,8 @@ static const op_case cuda_op_cases[] = {
 	{ "global_avgpool 33x35", b_gap_big, LOOM_RUN_GRAD, 0 },
 	{ "linear+bias", b_linear_bias, LOOM_RUN_GRAD, 1 },
 	{ "linear+bias+relu", b_linear_bias_relu, LOOM_RUN_GRAD, 1 },
-	{ "linear+relu", b_linear_relu, LOOM_RUN_GRAD, 0 },
-	{ "linear", b_linear, LOOM_RUN_GRAD, 0 },
+	{ "linear+relu", b_linear_relu, LOOM_RUN_GRAD, 1 },
+	{ "linear", b_linear, LOOM_RUN_GRAD, 1 },
 	{ "matmul", b_matmul, LOOM_RUN_GRAD, 0 },
 	{ "add", b_add, LOOM_RUN_GRAD, 0 },
 	{ "add+relu", b_add_relu, LOOM_RUN_GRAD, 0 },

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# tests/engine/cuda/test_gpu_summary.sh — the GPU suite's verdicts
+# (gpu_summary.sh) on made-up logs: a Criterion run with a skipped case
+# FAILs though it exited 0, as do a failing case, a missing synthesis, a
+# sanitizer error, a low or missing accuracy, a timeout and a step the
+# budget left out; clean logs PASS; a missing PyTorch is N/A.
+# arg: gpu_summary.sh
+set -u
+summary=$1
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+failed=0
+fail() {
+	echo "FAIL: $*"
+	failed=$((failed + 1))
+}
+
+cat >"$d/clean.log" <<'L'
+[----] tests/engine/cuda/test_cuda_ops.c:1: device 0: NVIDIA H100 (sm_90, 79.1 GiB)
+[PASS] cuda_ops::table: (12.00s)
+[====] Synthesis: Tested: 17 | Passing: 17 | Failing: 0 | Crashing: 0
+L
+cat >"$d/skip.log" <<'L'
+[SKIP] cuda_ops::table: needs a CUDA device: none is usable: cuInit: CUDA_ERROR_NO_DEVICE
+[PASS] cuda_device::name_rejects_bad_buffer: (0.00s)
+[====] Synthesis: Tested: 16 | Passing: 16 | Failing: 0 | Crashing: 0
+L
+cat >"$d/failing.log" <<'L'
+[----] tests/engine/cuda/test_cuda_ops.c:1057: Assertion Failed
+[----]   needs a CUDA device (LOOM_REQUIRE_GPU=1): none is usable: cuInit: CUDA_ERROR_NO_DEVICE
+[----]   
+[FAIL] cuda_ops::table: (3.00s)
+[====] Synthesis: Tested: 17 | Passing: 16 | Failing: 1 | Crashing: 0
+L
+printf '[PASS] a::b: (0.00s)\n' >"$d/nosyn.log"
+cat >"$d/filtered.log" <<'L'
+[SKIP] cuda_ops::table: Test is disabled
+[PASS] cuda_nccl::env_world1_collectives: (2.00s)
+[====] Synthesis: Tested: 1 | Passing: 1 | Failing: 0 | Crashing: 0
+L
+cat >"$d/san_ok.log" <<'L'
+========= COMPUTE-SANITIZER
+[====] Synthesis: Tested: 17 | Passing: 17 | Failing: 0 | Crashing: 0
+========= ERROR SUMMARY: 0 errors
+L
+cat >"$d/san_bad.log" <<'L'
+========= Invalid __global__ read of size 4 bytes
+[====] Synthesis: Tested: 17 | Passing: 17 | Failing: 0 | Crashing: 0
+========= ERROR SUMMARY: 3 errors
+L
+cat >"$d/train_ok.log" <<'L'
+epoch 1 step   600/600  loss 0.4  acc 86.0%  51234.5 img/s  ETA 0s  batch 100
+epoch 1 done: test loss 0.3690, test accuracy 86.93%, train 1.2 s
+L
+sed 's/86.93%/41.00%/' "$d/train_ok.log" >"$d/train_low.log"
+printf 'mnist_ddp: device cuda: no CUDA device is available\n' >"$d/train_none.log"
+printf '| O0 f32  | cuda   |    51234 |    50000 |\n' >"$d/bench_ok.log"
+printf 'bench_convnet: cuda: out of memory\n' >"$d/bench_bad.log"
+printf 'no python3 with CUDA PyTorch on this host\n' >"$d/torch.log"
+: >"$d/empty.log"
+
+# expect name verdict: the row's verdict in the table
+verdict_of() { awk -v n="$1" '$1 == n { print $2 }' "$d/out"; }
+check() { # rows-file expected-exit, then name=verdict pairs
+	local rows=$1 want_rc=$2 rc
+	shift 2
+	bash "$summary" "$rows" >"$d/out" 2>&1
+	rc=$?
+	[ $rc -eq "$want_rc" ] || fail "$rows: exit $rc, want $want_rc"
+	for p in "$@"; do
+		local n=${p%%=*} v=${p#*=} got
+		got=$(verdict_of "$n")
+		[ "$got" = "$v" ] || fail "$n: verdict '$got', want '$v'"
+	done
+}
+
+T=$'\t'
+cat >"$d/rows_good" <<R
+versions${T}info${T}0${T}0${T}$d/clean.log${T}
+test_cuda_ops${T}criterion${T}0${T}12.0${T}$d/clean.log${T}
+nccl_env_world1${T}criterion${T}0${T}2.0${T}$d/filtered.log${T}
+memcheck${T}sanitizer${T}0${T}80.0${T}$d/san_ok.log${T}
+mnist_ddp_O0${T}train${T}0${T}20.0${T}$d/train_ok.log${T}80
+bench_convnet${T}bench${T}0${T}5.0${T}$d/bench_ok.log${T}
+torch${T}optional${T}absent${T}0${T}$d/torch.log${T}
+R
+check "$d/rows_good" 0 versions=PASS test_cuda_ops=PASS nccl_env_world1=PASS memcheck=PASS mnist_ddp_O0=PASS \
+	bench_convnet=PASS torch=N/A
+grep -q 'verdict: PASS' "$d/out" || fail "no overall PASS line"
+grep -q 'test accuracy 86.93% (minimum 80%)' "$d/out" || fail "the accuracy is not in the table"
+
+# The case the bundle exists for: exit 0, everything skipped or one skip.
+cat >"$d/rows_skip" <<R
+test_cuda_ops${T}criterion${T}0${T}1.0${T}$d/skip.log${T}
+R
+check "$d/rows_skip" 1 test_cuda_ops=FAIL
+grep -q 'skipped 1' "$d/out" || fail "the skip count is not in the table"
+grep -q 'CUDA_ERROR_NO_DEVICE' "$d/out" || fail "the first skip's reason is not in the table"
+cat "$d/out"
+
+cat >"$d/rows_bad" <<R
+failing${T}criterion${T}1${T}3.0${T}$d/failing.log${T}
+nosyn${T}criterion${T}0${T}1.0${T}$d/nosyn.log${T}
+san_bad${T}sanitizer${T}0${T}1.0${T}$d/san_bad.log${T}
+san_nosummary${T}sanitizer${T}0${T}1.0${T}$d/clean.log${T}
+train_low${T}train${T}0${T}1.0${T}$d/train_low.log${T}80
+train_none${T}train${T}1${T}1.0${T}$d/train_none.log${T}80
+bench_bad${T}bench${T}1${T}1.0${T}$d/bench_bad.log${T}
+slow${T}criterion${T}124${T}300.0${T}$d/clean.log${T}
+late${T}bench${T}budget${T}0${T}$d/empty.log${T}
+gone${T}criterion${T}absent${T}0${T}$d/empty.log${T}
+R
+check "$d/rows_bad" 1 failing=FAIL nosyn=FAIL san_bad=FAIL san_nosummary=FAIL train_low=FAIL \
+	train_none=FAIL bench_bad=FAIL slow=FAIL late=FAIL gone=FAIL
+grep -q 'verdict: FAIL (10 row(s))' "$d/out" || fail "overall line: $(tail -n 1 "$d/out")"
+grep -q 'failing .*first failure: needs a CUDA device (LOOM_REQUIRE_GPU=1): none is usable: cuInit' "$d/out" ||
+	fail "a failed case's message is not in the table"
+grep -q 'train_none .*last line: mnist_ddp: device cuda: no CUDA device' "$d/out" ||
+	fail "a failed run's reason is not in the table"
+
+echo "$failed failed"
+[ $failed -eq 0 ]
