@@ -13,9 +13,11 @@ PACKAGES=(
 	libopenmpi-dev       # comm/: MPI backend and bootstrap
 	openmpi-bin          # mpirun for the multi-process tests
 	zlib1g-dev           # checkpoint CRC32, gzip IDX files
+	libjansson-dev       # JSON: safetensors headers, the --metrics log
 	clang                # tests/fuzz: libFuzzer targets (gcc has no libFuzzer)
 	graphviz             # tests/engine/test_report renders --dump-plan output with dot
 	dataset-fashion-mnist # data for the examples and the end-to-end tests
+	fortunes             # gpt_ddp's default text (English prose)
 	pkg-config
 	ca-certificates
 )

@@ -5,6 +5,8 @@
  */
 #include "comm/comm_internal.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +22,21 @@ static loom_status usable(loom_comm *c, const char *what)
 	return LOOM_OK;
 }
 
+/* Records the collective being entered, for the hang report (progress.c). */
+static void entering(loom_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void entering(loom_comm *c, const char *fmt, ...)
+{
+	char what[96];
+	va_list ap;
+
+	if (c->pg->info.world < 2)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	loom_progress_enter(c->pg, what);
+}
+
 loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				      void *stream, loom_comm_work **out)
 {
@@ -30,6 +47,7 @@ loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 	if (!out || (count && !buf) || !loom_dtype_size(dt))
 		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-reduce: bad arguments");
 	*out = NULL;
+	entering(c, "all-reduce of %zu %s", count, loom_dtype_name(dt));
 	return c->i->allreduce_start(c, buf, count, dt, stream, out);
 }
 
@@ -47,6 +65,7 @@ loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, l
 				    "all-reduce in stream order: the %s backend has none (a "
 				    "device backend, NCCL, has)",
 				    c->i->name);
+	entering(c, "all-reduce of %zu %s", count, loom_dtype_name(dt));
 	return c->i->allreduce_ordered(c, buf, count, dt, stream);
 }
 
@@ -87,6 +106,7 @@ loom_status loom_comm_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 	if ((bytes && !buf) || root < 0 || root >= c->pg->info.world)
 		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "broadcast: bad buffer or root %d",
 				    root);
+	entering(c, "broadcast of %zu bytes from rank %d", bytes, root);
 	return c->i->broadcast(c, buf, bytes, root);
 }
 
@@ -98,6 +118,7 @@ loom_status loom_comm_allgather(loom_comm *c, const void *send, size_t bytes, vo
 		return st;
 	if (bytes && (!send || !recv))
 		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-gather: NULL buffer");
+	entering(c, "all-gather of %zu bytes", bytes);
 	return c->i->allgather(c, send, bytes, recv);
 }
 
@@ -105,7 +126,10 @@ loom_status loom_comm_barrier(loom_comm *c)
 {
 	loom_status st = usable(c, "barrier");
 
-	return st ? st : c->i->barrier(c);
+	if (st)
+		return st;
+	entering(c, "barrier");
+	return c->i->barrier(c);
 }
 
 void loom_comm_abort(loom_comm *c)

@@ -65,6 +65,10 @@ const char *loom_pg_error(const loom_pg *pg);
 double loom_pg_timeout(const loom_pg *pg);
 const char *loom_comm_bootstrap_name(loom_comm_bootstrap b); /* "mpirun", ... */
 void loom_pg_set_timeout(loom_pg *pg, double seconds);
+/* The training step this rank is at: each collective it enters is recorded
+ * as "step S's all-reduce of ..." so that, when a collective times out, the
+ * others can say which rank has not reached which step's collective. */
+void loom_pg_set_step(loom_pg *pg, int64_t step);
 
 /* ------------------------------------------------------------- collectives */
 
@@ -171,6 +175,26 @@ typedef struct loom_fingerprint {
  * rank 0 has [50,32,14,14]"); LOOM_ERR_FORMAT if a rank sent a malformed one.
  */
 loom_status loom_comm_check_fingerprint(loom_comm *c, const loom_fingerprint *fp);
+
+/* ------------------------------------------- settings every rank must share */
+
+#define LOOM_COMM_SETTING_LEN 48
+
+/* One setting, named as the user gave it ("--opt-level") with its value as
+ * text ("O2"; numbers printed so that equal text means equal values). */
+typedef struct loom_comm_setting {
+	const char *name;
+	char value[LOOM_COMM_SETTING_LEN];
+} loom_comm_setting;
+
+/*
+ * Collective, on a host backend: compares every rank's n settings with rank
+ * 0's. LOOM_ERR_MISMATCH on every rank if any differs, naming the first rank
+ * and setting that differ and both values: "rank 1 has --opt-level O2,
+ * rank 0 has O0". A rank with another number of settings (another build)
+ * is named too.
+ */
+loom_status loom_comm_check_settings(loom_comm *c, const loom_comm_setting *s, size_t n);
 
 /* FNV-1a, the hash the plan's fingerprint uses for its items. */
 uint64_t loom_comm_hash(const void *data, size_t len, uint64_t seed);

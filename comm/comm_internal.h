@@ -73,6 +73,42 @@ int loom_comm_pick_device(int local_rank, int visible, char *note, size_t notele
 
 /* ------------------------------------------------------------- rendezvous */
 
+/*
+ * Rank 0's side of the rendezvous apart from its sockets (tests/fuzz drives
+ * it): what it makes of the bytes each connection sent. Anything may
+ * connect to MASTER_PORT (a port scanner, a health check, a second job), so
+ * a bad connection is turned away with one line and the group keeps waiting
+ * for the real ranks until its own deadline, as a TCP store does.
+ */
+#define LOOM_RDV_HELLO_TIMEOUT_S 5.0 /* each connection's own deadline for its hello */
+#define LOOM_RDV_TURNED_LEN 512
+
+typedef struct loom_rdv_srv {
+	int world;
+	loom_comm_peer *peers; /* world entries; [0] rank 0 itself */
+	int arrived;           /* ranks taken, rank 0 included */
+	int dropped, refused;  /* connections turned away */
+	char turned[LOOM_RDV_TURNED_LEN]; /* the refusals, for the timeout's message */
+} loom_rdv_srv;
+
+/* How the bytes of one connection were judged. */
+enum {
+	LOOM_RDV_MORE,   /* a hello so far: wait for the rest */
+	LOOM_RDV_TAKE,   /* a rank of the group: *rank and peers[*rank] filled */
+	LOOM_RDV_DROP,   /* not a loom rank, or half a message: close it */
+	LOOM_RDV_REFUSE, /* a loom rank in error (another world size or version, a
+			    rank out of range or already taken): send why, close */
+};
+/* Connection states for loom_rdv_srv_judge's `ended`. */
+enum { LOOM_RDV_OPEN, LOOM_RDV_CLOSED, LOOM_RDV_STALLED };
+
+/* Judges the first n (<= LOOM_RDV_HELLO_BYTES) bytes a connection from
+ * `from` ("address:port") sent; `ended` says whether it closed or its hello
+ * deadline passed. On DROP and REFUSE, why holds one line naming `from`
+ * (and for REFUSE the reply to send). */
+int loom_rdv_srv_judge(loom_rdv_srv *s, const uint8_t *m, size_t n, int ended,
+		       const char *from, int *rank, char *why, size_t len);
+
 typedef struct loom_rdv {
 	/* in */
 	int rank, world;
@@ -89,17 +125,20 @@ typedef struct loom_rdv {
 	/* rank 0: a socket per rank (kept for the ordered MPI join); others: [0] */
 	int *fds;
 	int listen_fd;
+	loom_rdv_srv srv; /* rank 0 */
 } loom_rdv;
 
 /* Rank 0 listens on master_port and waits (timeout_s) for every other rank's
- * hello; every other rank connects (retrying until the deadline). Strict:
- * wrong magic, length, world size, duplicate or out-of-range rank are
- * errors naming the rank (or the address when the rank is unknown), and rank
- * 0 passes its verdict to every rank that arrived. */
+ * hello; every other rank connects (retrying until the deadline). Rank 0
+ * turns away what is not a rank of this group (loom_rdv_srv_judge) and keeps
+ * waiting; when a rank does not come, its timeout names the missing ranks and
+ * what was refused, and passes that verdict to every rank that arrived. */
 loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen);
 /* The ordered join: rank 0 tells rank k it may connect now; rank k waits. */
 loom_status loom_rdv_send_go(loom_rdv *r, int to, char *err, size_t errlen);
 loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t errlen);
+/* Rank 0 first answers the connections still queued (a rank that claims an
+ * existing rank after the group formed is told so), then closes. */
 void loom_rdv_close(loom_rdv *r);
 
 /* Socket helpers with deadlines (absolute, loom_comm_now()). Reads fail
@@ -118,6 +157,30 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
  * one) and writes a sentence naming the dead or unreachable ranks into buf.
  * Returns the number of ranks found dead or unreachable. */
 int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len);
+/* The same for collective number seq, which timed out: when every peer is
+ * alive, names the peers on this host that have not reached it. */
+int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len);
+
+/* ------------------------------------------------------------ progress */
+
+/* comm/progress.c: the last collective each rank entered, in a file that
+ * the ranks on its host read when a collective times out. */
+#define LOOM_PROGRESS_LABEL 128
+#define LOOM_PROGRESS_RING 64
+struct loom_progress;
+void loom_progress_open(loom_pg *pg);
+void loom_progress_close(loom_pg *pg);
+/* Every collective, on entry (comm.c's wrappers): counts it and records
+ * "step S's <what>". */
+void loom_progress_enter(loom_pg *pg, const char *what);
+/* This rank's description of its collective number seq (recent ones). */
+const char *loom_progress_label(const loom_pg *pg, uint64_t seq);
+/* A peer's last collective (same host only); -1 when it cannot be read. */
+int loom_progress_read(const loom_comm_peer *peer, uint64_t *seq, char *label, size_t len);
+/* The peers on this host that have not entered collective seq, named with
+ * what they last entered ("rank 1 is alive but has not reached step 39's
+ * all-reduce of 1000 f32 (its last: step 38's ...)"); the length written. */
+size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len);
 
 /* ------------------------------------------------------------ the group */
 
@@ -133,6 +196,10 @@ struct loom_pg {
 	pid_t ompi_server; /* rank 0 under env://: the Open MPI name server, else 0 */
 	uint8_t nccl_id[LOOM_COMM_NCCL_ID_BYTES];
 	struct loom_pg_mpi *mpi;
+	struct loom_progress *progress; /* mapped; NULL without /dev/shm */
+	uint64_t seq;                   /* collectives entered */
+	int64_t step;                   /* loom_pg_set_step, -1 before */
+	char labels[LOOM_PROGRESS_RING][LOOM_PROGRESS_LABEL];
 	loom_comm *host;
 	loom_comm *device;
 };

@@ -141,3 +141,53 @@ loom_status loom_comm_check_fingerprint(loom_comm *c, const loom_fingerprint *fp
 	free(rec);
 	return st;
 }
+
+loom_status loom_comm_check_settings(loom_comm *c, const loom_comm_setting *s, size_t n)
+{
+	const size_t len = LOOM_COMM_SETTING_LEN;
+	uint64_t mine = n, *counts = NULL;
+	uint8_t *buf = NULL, *all = NULL;
+	loom_status st;
+	size_t which;
+	int world, r;
+
+	if (!c || (n && !s))
+		return c ? loom_pg_fail(c->pg, LOOM_ERR_INVALID, "settings check: bad arguments")
+			 : LOOM_ERR_INVALID;
+	world = c->pg->info.world;
+	counts = malloc(sizeof(uint64_t) * (size_t)world);
+	buf = calloc(n ? n : 1, len);
+	all = malloc((size_t)world * (n ? n : 1) * len);
+	if (!counts || !buf || !all) {
+		st = loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "settings check: out of memory");
+		goto out_free;
+	}
+	st = loom_comm_allgather(c, &mine, sizeof(mine), counts);
+	if (st)
+		goto out_free;
+	for (r = 1; r < world; r++)
+		if (counts[r] != counts[0]) {
+			st = loom_pg_fail(c->pg, LOOM_ERR_MISMATCH,
+					  "settings check: rank %d has %llu settings to compare, rank "
+					  "0 has %llu (different builds of the program?)",
+					  r, (unsigned long long)counts[r],
+					  (unsigned long long)counts[0]);
+			goto out_free;
+		}
+	for (size_t i = 0; i < n; i++)
+		memcpy(buf + i * len, s[i].value, len - 1);
+	st = loom_comm_allgather(c, buf, n * len, all);
+	if (st || !loom_settings_differ(all, world, n, &r, &which))
+		goto out_free;
+	st = loom_pg_fail(c->pg, LOOM_ERR_MISMATCH,
+			  "rank %d has %s %.*s, rank 0 has %.*s: every rank must run with the "
+			  "same %s",
+			  r, s[which].name, (int)(len - 1),
+			  (const char *)all + ((size_t)r * n + which) * len, (int)(len - 1),
+			  (const char *)all + which * len, s[which].name);
+out_free:
+	free(counts);
+	free(buf);
+	free(all);
+	return st;
+}

@@ -35,8 +35,31 @@ static void on_signal(int sig)
 	interrupted = sig;
 }
 
+/* What the first survivor to report a timed-out collective said of the
+ * others ("rank 1 is alive but has not reached step 39's all-reduce ...",
+ * "rank 2 died ..."): the launcher blames that rank, not the reporter. */
+static char blame[512];
+static int blame_by = -1;
+
+static void note_blame(int rank, const char *s, size_t n)
+{
+	char line[4096];
+	const char *t, *why;
+
+	if (blame_by >= 0)
+		return;
+	snprintf(line, sizeof(line), "%.*s", (int)n, s);
+	t = strstr(line, " timed out after ");
+	why = t ? strstr(t, " s: ") : NULL;
+	if (!why || strncmp(why + 4, "rank", 4) || (!strstr(why, " is alive") && !strstr(why, " died")))
+		return;
+	snprintf(blame, sizeof(blame), "%s", why + 4);
+	blame_by = rank;
+}
+
 static void emit(int rank, const char *s, size_t n)
 {
+	note_blame(rank, s, n);
 	fprintf(stdout, "[rank %d] %.*s\n", rank, (int)n, s);
 	fflush(stdout);
 }
@@ -173,6 +196,8 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 		free(pf);
 		return 1;
 	}
+	blame_by = -1;
+	blame[0] = 0;
 	for (k = 0; k < o->nproc; k++) {
 		w[k].fd = -1;
 		w[k].pid = spawn(o, argv, k, port, attempt, &w[k].fd);
@@ -251,6 +276,17 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 				}
 		}
 	}
+	/* The first rank to fail may only be the one that noticed: say whom it
+	 * named. */
+	if (failed >= 0 && failed < o->nproc && blame_by >= 0) {
+		char own[16], first[1024];
+
+		snprintf(own, sizeof(own), "rank %d ", failed);
+		if (strncmp(blame, own, strlen(own))) {
+			snprintf(first, sizeof(first), "%s", why);
+			snprintf(why, whylen, "%s (reported by rank %d; %s)", blame, blame_by, first);
+		}
+	}
 	free(w);
 	free(pf);
 	return failed >= 0;
@@ -260,7 +296,7 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 {
 	struct sigaction sa, old_int, old_term;
 	int attempt, port, rc = 1;
-	char why[256] = "";
+	char why[1024] = "";
 
 	if (!o || o->nproc < 1 || o->max_restarts < 0 || !argv || !argv[0]) {
 		fprintf(stderr, "launch: bad options\n");
@@ -340,5 +376,17 @@ int loom_launch_maybe(int *argc, char **argv)
 	}
 	if (have_n <= 0 || getenv("LOOM_LAUNCH_WORKER"))
 		return -1;
+	/* Already one rank of a group: N more each would form groups of their
+	 * own on the same ports and die of it without a reason. */
+	if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("RANK") || getenv("WORLD_SIZE")) {
+		fprintf(stderr,
+			"--nproc %d: this process is already one rank of a group (started by "
+			"%s): start it either with --nproc or with %s, not both\n",
+			o.nproc,
+			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun: OMPI_COMM_WORLD_SIZE is set"
+						       : "torchrun: RANK or WORLD_SIZE is set",
+			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "torchrun");
+		return 2;
+	}
 	return loom_launch(&o, argv);
 }

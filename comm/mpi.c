@@ -30,6 +30,7 @@ struct loom_pg_mpi {
 struct loom_comm_work {
 	MPI_Request req;
 	double t0;
+	uint64_t seq; /* its number among the group's collectives */
 	size_t count;
 	loom_dtype dt;
 };
@@ -102,7 +103,8 @@ static loom_status mpi_start(loom_pg *pg)
 }
 
 /* Polls req until done or deadline; on timeout names the dead ranks. */
-static loom_status mpi_poll(loom_pg *pg, MPI_Request *req, double t0, const char *what)
+static loom_status mpi_poll(loom_pg *pg, MPI_Request *req, double t0, uint64_t seq,
+			   const char *what)
 {
 	double deadline = t0 + pg->timeout_s;
 	loom_status st;
@@ -120,7 +122,7 @@ static loom_status mpi_poll(loom_pg *pg, MPI_Request *req, double t0, const char
 		char who[512];
 
 		pg->mpi->broken = 1;
-		loom_pg_name_dead(pg, who, sizeof(who));
+		loom_pg_name_culprit(pg, seq, who, sizeof(who));
 		return loom_pg_fail(pg, LOOM_ERR_IO, "rank %d: %s timed out after %.1f s: %s",
 				    pg->info.rank, what, pg->timeout_s, who);
 	}
@@ -136,7 +138,7 @@ static loom_status exchange_peers(loom_pg *pg)
 					  MPI_BYTE, pg->peers, sizeof(loom_comm_peer), MPI_BYTE,
 					  pg->mpi->comm, &req));
 	if (!st)
-		st = mpi_poll(pg, &req, loom_comm_now(), "start-up exchange of peers");
+		st = mpi_poll(pg, &req, loom_comm_now(), 0, "start-up exchange of peers");
 	if (st)
 		return st;
 	for (k = 0; k < pg->info.world; k++) {
@@ -326,9 +328,10 @@ static loom_status fits_int(loom_comm *c, size_t n, const char *what)
 }
 
 /* A failed or timed-out collective breaks the backend for good. */
-static loom_status finish(loom_comm *c, MPI_Request *req, double t0, const char *what)
+static loom_status finish(loom_comm *c, MPI_Request *req, double t0, uint64_t seq,
+			  const char *what)
 {
-	loom_status st = mpi_poll(c->pg, req, t0, what);
+	loom_status st = mpi_poll(c->pg, req, t0, seq, what);
 
 	if (st)
 		c->broken = 1;
@@ -350,6 +353,7 @@ static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, lo
 	if (!w)
 		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
 	w->t0 = loom_comm_now();
+	w->seq = c->pg->seq;
 	w->count = count;
 	w->dt = dt;
 	st = MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
@@ -378,7 +382,7 @@ static loom_status mpi_wait(loom_comm *c, loom_comm_work *w)
 	loom_status st;
 
 	snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
-	st = finish(c, &w->req, w->t0, what);
+	st = finish(c, &w->req, w->t0, w->seq, what);
 	free(w);
 	return st;
 }
@@ -392,7 +396,7 @@ static loom_status mpi_broadcast(loom_comm *c, void *buf, size_t bytes, int root
 	if (st)
 		return st;
 	st = MPI_CHECK(c->pg, MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->pg->mpi->comm, &req));
-	return st ? st : finish(c, &req, t0, "broadcast");
+	return st ? st : finish(c, &req, t0, c->pg->seq, "broadcast");
 }
 
 static loom_status mpi_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
@@ -405,7 +409,7 @@ static loom_status mpi_allgather(loom_comm *c, const void *send, size_t bytes, v
 		return st;
 	st = MPI_CHECK(c->pg, MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes,
 					     MPI_BYTE, c->pg->mpi->comm, &req));
-	return st ? st : finish(c, &req, t0, "all-gather");
+	return st ? st : finish(c, &req, t0, c->pg->seq, "all-gather");
 }
 
 static loom_status mpi_barrier(loom_comm *c)
@@ -414,7 +418,7 @@ static loom_status mpi_barrier(loom_comm *c)
 	double t0 = loom_comm_now();
 	loom_status st = MPI_CHECK(c->pg, MPI_Ibarrier(c->pg->mpi->comm, &req));
 
-	return st ? st : finish(c, &req, t0, "barrier");
+	return st ? st : finish(c, &req, t0, c->pg->seq, "barrier");
 }
 
 static void mpi_abort(loom_comm *c)

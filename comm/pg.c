@@ -299,7 +299,17 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 		return LOOM_ERR_NOMEM;
 	if (opts)
 		o = *opts;
+	/* A peer that vanishes mid-write must be an error naming it, not a
+	 * silent death by SIGPIPE (exit 141): ignore it unless the program
+	 * chose a handler. */
+	{
+		struct sigaction old;
+
+		if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+			signal(SIGPIPE, SIG_IGN);
+	}
 	pg->probe_fd = -1;
+	pg->step = -1;
 	pg->info.device = -1;
 	pg->info.world = pg->info.local_world = 1;
 	if ((unsigned)o.bootstrap >= LOOM_COMM_BOOT_COUNT || o.timeout_s < 0 ||
@@ -334,6 +344,8 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 	if (st)
 		return st;
 
+	if (pg->info.world > 1)
+		loom_progress_open(pg);
 	st = pg->mpi ? loom_mpi_backend_new(pg, &pg->host) : loom_self_backend_new(pg, &pg->host);
 	if (st)
 		return st;
@@ -383,6 +395,7 @@ void loom_pg_free(loom_pg *pg)
 	}
 	if (pg->probe_fd >= 0)
 		close(pg->probe_fd);
+	loom_progress_close(pg);
 	free(pg->peers);
 	free(pg);
 }
@@ -400,6 +413,12 @@ const char *loom_pg_error(const loom_pg *pg)
 double loom_pg_timeout(const loom_pg *pg)
 {
 	return pg->timeout_s;
+}
+
+void loom_pg_set_step(loom_pg *pg, int64_t step)
+{
+	if (pg)
+		pg->step = step;
 }
 
 void loom_pg_set_timeout(loom_pg *pg, double seconds)

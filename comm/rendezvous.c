@@ -118,18 +118,24 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
 }
 
 /* One non-blocking connect to host:port, waiting until deadline. Returns the
- * socket, or -1 with errno (ECONNREFUSED for a port nobody listens on). */
-static int connect_once(const char *host, int port, double deadline)
+ * socket, or -1 with errno (ECONNREFUSED for a port nobody listens on) and,
+ * when why is given, the reason as text: the errno of the last address
+ * tried, or the resolver's own failure for a name that does not resolve. */
+static int connect_once(const char *host, int port, double deadline, char *why, size_t whylen)
 {
 	struct addrinfo hints, *res = NULL, *ai;
 	char service[16];
-	int fd = -1;
+	int fd = -1, gai;
 
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	snprintf(service, sizeof(service), "%d", port);
-	if (getaddrinfo(host, service, &hints, &res)) {
+	gai = getaddrinfo(host, service, &hints, &res);
+	if (gai) {
+		if (why)
+			snprintf(why, whylen, "cannot resolve '%s': %s", host,
+				 gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
 		errno = EHOSTUNREACH;
 		return -1;
 	}
@@ -162,6 +168,8 @@ static int connect_once(const char *host, int port, double deadline)
 		int one = 1;
 
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	} else if (why) {
+		snprintf(why, whylen, "%s", strerror(errno));
 	}
 	return fd;
 }
@@ -202,26 +210,169 @@ static void peer_name(int fd, char *buf, size_t len)
 	snprintf(buf, len, "%s:%d", host, port);
 }
 
-/* Rank 0's side: the hello of one connection, checked. */
-static loom_status read_hello(loom_rdv *r, int fd, double deadline, loom_comm_peer *p,
-			      char *err, size_t errlen)
-{
-	uint8_t m[LOOM_RDV_HELLO_BYTES];
-	char who[128], from[96];
-	loom_status st;
+/* ------------------------------------------------------------ rank 0 */
 
-	peer_name(fd, from, sizeof(from));
-	snprintf(who, sizeof(who), "rendezvous: hello from %s", from);
-	st = loom_sock_read(fd, m, sizeof(m), deadline, who, err, errlen);
-	if (st)
-		return st;
-	st = loom_rdv_decode_hello(m, r->world, from, p, err, errlen);
-	if (st)
-		return st;
+/* The first bytes a stranger sent, printable, for the line that drops it. */
+static void show_bytes(const uint8_t *m, size_t n, char *out, size_t len)
+{
+	size_t i, o = 0;
+
+	for (i = 0; i < n && i < 16 && o + 5 < len; i++) {
+		int plain = m[i] >= 32 && m[i] < 127 && m[i] != '"' && m[i] != '\\';
+
+		o += (size_t)snprintf(out + o, len - o, plain ? "%c" : "\\x%02x", m[i]);
+	}
+	out[o] = 0;
+}
+
+static void note_refusal(loom_rdv_srv *s, const char *why)
+{
+	size_t n = strlen(s->turned);
+
+	s->refused++;
+	if (n + 8 < sizeof(s->turned))
+		snprintf(s->turned + n, sizeof(s->turned) - n, "%s%s", n ? "; " : "", why);
+}
+
+int loom_rdv_srv_judge(loom_rdv_srv *s, const uint8_t *m, size_t n, int ended,
+		       const char *from, int *rank, char *why, size_t len)
+{
+	loom_comm_peer p;
+	char shown[80], e[LOOM_COMM_ERRLEN];
+
+	if (!loom_rdv_hello_could_be(m, n)) {
+		show_bytes(m, n, shown, sizeof(shown));
+		snprintf(why, len,
+			 "rendezvous: rank 0 dropped a connection from %s: not a loom rank (it "
+			 "sent \"%s\"%s)",
+			 from, shown, n > 16 ? "..." : "");
+		s->dropped++;
+		return LOOM_RDV_DROP;
+	}
+	if (n < LOOM_RDV_HELLO_BYTES) {
+		if (ended == LOOM_RDV_OPEN)
+			return LOOM_RDV_MORE;
+		if (n == 0)
+			snprintf(why, len,
+				 "rendezvous: rank 0 dropped a connection from %s: it %s without "
+				 "a word",
+				 from,
+				 ended == LOOM_RDV_CLOSED ? "closed" : "stayed silent");
+		else
+			snprintf(why, len,
+				 "rendezvous: rank 0 dropped a connection from %s: %zu of %d bytes "
+				 "of a hello, then it %s",
+				 from, n, LOOM_RDV_HELLO_BYTES,
+				 ended == LOOM_RDV_CLOSED ? "closed (truncated message)"
+							  : "stalled");
+		s->dropped++;
+		return LOOM_RDV_DROP;
+	}
+	if (loom_rdv_decode_hello(m, s->world, from, &p, e, sizeof(e))) {
+		snprintf(why, len, "%s", e);
+		note_refusal(s, why);
+		return LOOM_RDV_REFUSE;
+	}
+	if (s->peers[p.rank].pid) {
+		const loom_comm_peer *q = &s->peers[p.rank];
+
+		snprintf(why, len,
+			 "rendezvous: rank %u is already in the group (pid %u on %s, from %s); "
+			 "pid %u on %s (%s) claims it too: check RANK",
+			 p.rank, q->pid, q->host, q->addr, p.pid, p.host, from);
+		note_refusal(s, why);
+		return LOOM_RDV_REFUSE;
+	}
 	/* Where the others reach it: the address it came from. */
-	snprintf(p->addr, sizeof(p->addr), "%s", from);
-	*strrchr(p->addr, ':') = 0;
-	return LOOM_OK;
+	snprintf(p.addr, sizeof(p.addr), "%s", from);
+	if (strrchr(p.addr, ':'))
+		*strrchr(p.addr, ':') = 0;
+	if (!p.pid)
+		p.pid = 1; /* pid 0 marks a free slot */
+	s->peers[p.rank] = p;
+	s->arrived++;
+	*rank = (int)p.rank;
+	return LOOM_RDV_TAKE;
+}
+
+/* One connection whose hello has not come in full. */
+typedef struct rdv_conn {
+	int fd;
+	size_t got;
+	double deadline;
+	char from[96];
+	uint8_t m[LOOM_RDV_HELLO_BYTES];
+} rdv_conn;
+
+#define RDV_MAX_CONNS 64
+#define RDV_MAX_LOG_LINES 32
+
+/* Rank 0 says what it turned away, one line each (a port scanner could
+ * make thousands: the first RDV_MAX_LOG_LINES only). */
+static void log_turned(const loom_rdv_srv *s, const char *why)
+{
+	int n = s->dropped + s->refused;
+
+	if (n <= RDV_MAX_LOG_LINES)
+		fprintf(stderr, "%s%s\n", why, n == RDV_MAX_LOG_LINES ? " (no more such lines)" : "");
+}
+
+/* Reads what connection c has sent, judges it and acts on the verdict:
+ * 1 when c is done with (taken, dropped or refused), 0 while its hello is
+ * still coming. `ended` forces a verdict on what came so far. */
+static int serve_conn(loom_rdv *r, rdv_conn *c, int ended, double now)
+{
+	char why[LOOM_COMM_ERRLEN];
+	int rank = -1, v;
+
+	if (!ended) {
+		ssize_t k = recv(c->fd, c->m + c->got, sizeof(c->m) - c->got, MSG_DONTWAIT);
+
+		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+			ended = LOOM_RDV_CLOSED;
+		else if (k > 0)
+			c->got += (size_t)k;
+		if (!ended && now >= c->deadline)
+			ended = LOOM_RDV_STALLED;
+	}
+	v = loom_rdv_srv_judge(&r->srv, c->m, c->got, ended, c->from, &rank, why, sizeof(why));
+	switch (v) {
+	case LOOM_RDV_MORE:
+		return 0;
+	case LOOM_RDV_TAKE:
+		r->fds[rank] = c->fd;
+		return 1;
+	case LOOM_RDV_REFUSE:
+		log_turned(&r->srv, why);
+		send_reply(c->fd, LOOM_RDV_REPLY_ERR, why, strlen(why), now + 1.0, NULL, 0);
+		break;
+	default:
+		log_turned(&r->srv, why);
+		break;
+	}
+	close(c->fd);
+	return 1;
+}
+
+static void accept_conn(loom_rdv *r, rdv_conn *conns, int *n, double now)
+{
+	int fd = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), k, old = 0;
+
+	if (fd < 0)
+		return;
+	if (*n == RDV_MAX_CONNS) {
+		/* Full of silent strangers: the oldest makes room. */
+		for (k = 1; k < *n; k++)
+			if (conns[k].deadline < conns[old].deadline)
+				old = k;
+		serve_conn(r, &conns[old], LOOM_RDV_STALLED, now);
+		conns[old] = conns[--*n];
+	}
+	memset(&conns[*n], 0, sizeof(conns[*n]));
+	conns[*n].fd = fd;
+	conns[*n].deadline = now + LOOM_RDV_HELLO_TIMEOUT_S;
+	peer_name(fd, conns[*n].from, sizeof(conns[*n].from));
+	++*n;
 }
 
 static void tell_all(loom_rdv *r, const char *msg, double deadline)
@@ -235,13 +386,83 @@ static void tell_all(loom_rdv *r, const char *msg, double deadline)
 				   sizeof(ignore));
 }
 
+static loom_status missing_ranks(loom_rdv *r, char *err, size_t errlen)
+{
+	char missing[512], dropped[64] = "";
+	size_t m = 0;
+	int k;
+
+	for (k = 1; k < r->world && m < sizeof(missing) - 16; k++)
+		if (r->fds[k] < 0)
+			m += (size_t)snprintf(missing + m, sizeof(missing) - m, "%s%d", m ? ", " : "", k);
+	if (r->srv.dropped)
+		snprintf(dropped, sizeof(dropped), "; %d other connection%s dropped", r->srv.dropped,
+			 r->srv.dropped > 1 ? "s" : "");
+	return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+			      "rendezvous: rank%s %s did not arrive within %.1f s (%d of %d ranks "
+			      "came%s%s%s)",
+			      r->world - r->srv.arrived > 1 ? "s" : "", missing, r->timeout_s,
+			      r->srv.arrived, r->world, dropped, r->srv.refused ? "; refused: " : "",
+			      r->srv.turned);
+}
+
+/* Accepts and judges connections until every rank came or the deadline
+ * passed; a connection whose hello is late holds nobody else. */
+static loom_status wait_for_ranks(loom_rdv *r, double deadline, char *err, size_t errlen)
+{
+	rdv_conn *conns = calloc(RDV_MAX_CONNS, sizeof(*conns));
+	struct pollfd *pf = calloc(RDV_MAX_CONNS + 1, sizeof(*pf));
+	loom_status st = LOOM_OK;
+	int n = 0, k;
+
+	if (!conns || !pf) {
+		st = loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		goto out;
+	}
+	while (r->srv.arrived < r->world) {
+		double now = loom_comm_now(), wake = deadline;
+
+		if (now >= deadline) {
+			st = missing_ranks(r, err, errlen);
+			goto out;
+		}
+		pf[0].fd = r->listen_fd;
+		pf[0].events = POLLIN;
+		for (k = 0; k < n; k++) {
+			pf[k + 1].fd = conns[k].fd;
+			pf[k + 1].events = POLLIN;
+			pf[k + 1].revents = 0;
+			if (conns[k].deadline < wake)
+				wake = conns[k].deadline;
+		}
+		if (poll(pf, (nfds_t)n + 1, (int)((wake - now) * 1000) + 1) < 0 && errno != EINTR) {
+			st = loom_comm_errf(err, errlen, LOOM_ERR_IO, "rendezvous: poll: %s",
+					    strerror(errno));
+			goto out;
+		}
+		now = loom_comm_now();
+		for (k = n - 1; k >= 0; k--)
+			if ((pf[k + 1].revents || now >= conns[k].deadline) &&
+			    serve_conn(r, &conns[k], LOOM_RDV_OPEN, now))
+				conns[k] = conns[--n];
+		if (pf[0].revents & POLLIN)
+			accept_conn(r, conns, &n, now);
+	}
+out:
+	/* Half hellos still open once the group is complete: strangers. */
+	for (k = 0; conns && k < n; k++)
+		serve_conn(r, &conns[k], LOOM_RDV_STALLED, loom_comm_now());
+	free(conns);
+	free(pf);
+	return st;
+}
+
 static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 {
-	double deadline = loom_comm_now() + r->timeout_s;
-	int arrived = 1, k;
 	uint8_t *payload = NULL;
 	size_t plen;
 	loom_status st;
+	int k;
 
 	st = loom_sock_listen(r->master_port, &r->listen_fd, NULL, err, errlen);
 	if (st) {
@@ -250,50 +471,19 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 		snprintf(why, sizeof(why), "%s", err);
 		return loom_comm_errf(err, errlen, st, "rendezvous: rank 0 (MASTER_PORT): %s", why);
 	}
+	/* A client gone between poll and accept must not block rank 0. */
+	fcntl(r->listen_fd, F_SETFL, fcntl(r->listen_fd, F_GETFL) | O_NONBLOCK);
 	r->peers[0] = r->self;
 	snprintf(r->peers[0].addr, LOOM_COMM_HOSTLEN, "%s", r->master_addr);
+	if (!r->peers[0].pid)
+		r->peers[0].pid = 1;
+	r->srv.world = r->world;
+	r->srv.peers = r->peers;
+	r->srv.arrived = 1;
 
-	while (arrived < r->world) {
-		loom_comm_peer p;
-		int fd;
-
-		if (wait_fd(r->listen_fd, POLLIN, deadline) <= 0) {
-			char missing[512];
-			size_t n = 0;
-
-			for (k = 1; k < r->world && n < sizeof(missing) - 16; k++)
-				if (r->fds[k] < 0)
-					n += snprintf(missing + n, sizeof(missing) - n, "%s%d",
-						      n ? ", " : "", k);
-			st = loom_comm_errf(err, errlen, LOOM_ERR_IO,
-					    "rendezvous: rank%s %s did not arrive within %.1f s "
-					    "(%d of %d ranks came)",
-					    r->world - arrived > 1 ? "s" : "", missing, r->timeout_s,
-					    arrived, r->world);
-			goto out_tell;
-		}
-		fd = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-		if (fd < 0)
-			continue;
-		st = read_hello(r, fd, deadline, &p, err, errlen);
-		if (!st && r->fds[p.rank] >= 0) {
-			char a[96];
-
-			peer_name(fd, a, sizeof(a));
-			st = loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
-					    "rendezvous: rank %u arrived twice (pid %u on %s, then "
-					    "pid %u from %s): check RANK",
-					    p.rank, r->peers[p.rank].pid, r->peers[p.rank].host, p.pid, a);
-		}
-		if (st) {
-			send_reply(fd, LOOM_RDV_REPLY_ERR, err, strlen(err), deadline, NULL, 0);
-			close(fd);
-			goto out_tell;
-		}
-		r->fds[p.rank] = fd;
-		r->peers[p.rank] = p;
-		arrived++;
-	}
+	st = wait_for_ranks(r, loom_comm_now() + r->timeout_s, err, errlen);
+	if (st)
+		goto out_tell;
 
 	plen = loom_rdv_welcome_bytes(r->world, r->blob_len);
 	payload = malloc(plen);
@@ -303,10 +493,8 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 	}
 	loom_rdv_encode_welcome(r->world, r->blob, r->blob_len, r->peers, payload);
 	for (k = 1; k < r->world; k++) {
-		char who[64];
-
-		snprintf(who, sizeof(who), "rendezvous: reply to rank %d", k);
-		st = send_reply(r->fds[k], LOOM_RDV_REPLY_OK, payload, plen, deadline, err, errlen);
+		st = send_reply(r->fds[k], LOOM_RDV_REPLY_OK, payload, plen,
+				loom_comm_now() + LOOM_RDV_HELLO_TIMEOUT_S, err, errlen);
 		if (st)
 			goto out_tell;
 	}
@@ -327,27 +515,35 @@ out_tell:
 
 static loom_status join(loom_rdv *r, char *err, size_t errlen)
 {
-	double deadline = loom_comm_now() + r->timeout_s;
+	/* Rank 0 reports a rank that does not come; this side only waits. It
+	 * waits longer than rank 0 would (twice and more: rank 0 may start its
+	 * name server and MPI before it listens, slowly on a loaded machine),
+	 * so that the verdict comes from rank 0, whatever the machine's load. */
+	double window = 2 * r->timeout_s + 1.5, deadline = loom_comm_now() + window;
 	uint8_t hello[LOOM_RDV_HELLO_BYTES], head[LOOM_RDV_HEAD_BYTES], *payload = NULL;
-	char who[320];
+	char who[320], why[256] = "";
 	uint32_t kind, plen;
 	loom_status st;
-	int fd, last_errno = 0;
+	int fd;
 
 	snprintf(who, sizeof(who), "rendezvous: reply from rank 0 at %s:%d", r->master_addr,
 		 r->master_port);
 	/* Rank 0 may not listen yet: retry until the deadline. */
 	for (;;) {
-		fd = connect_once(r->master_addr, r->master_port, deadline);
+		/* Each attempt gets a second of its own past the deadline, so that
+		 * the last one ends with its real reason (refused, unreachable),
+		 * not a timeout the deadline made. */
+		double now = loom_comm_now();
+
+		fd = connect_once(r->master_addr, r->master_port,
+				  deadline > now + 1.0 ? deadline : now + 1.0, why, sizeof(why));
 		if (fd >= 0)
 			break;
-		last_errno = errno;
 		if (loom_comm_now() >= deadline)
 			return loom_comm_errf(err, errlen, LOOM_ERR_IO,
 					      "rendezvous: rank %d could not reach rank 0 at "
 					      "MASTER_ADDR=%s MASTER_PORT=%d within %.1f s (%s)",
-					      r->rank, r->master_addr, r->master_port, r->timeout_s,
-					      strerror(last_errno));
+					      r->rank, r->master_addr, r->master_port, window, why);
 		loom_comm_backoff(1.0);
 		usleep(20000);
 	}
@@ -356,9 +552,11 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	st = loom_sock_write(fd, hello, sizeof(hello), deadline, "rendezvous: hello", err, errlen);
 	if (st)
 		return st;
-	/* Rank 0 decides when its own deadline passes: wait a little longer
-	 * than it, so that its verdict arrives rather than a timeout of ours. */
-	deadline += 1.5;
+	/* Rank 0 decides when its own deadline passes, which began when it
+	 * started (perhaps well after us, on a loaded machine): wait twice as
+	 * long and more, so that its verdict arrives rather than a timeout of
+	 * ours. */
+	deadline = loom_comm_now() + window;
 	st = loom_sock_read(fd, head, sizeof(head), deadline, who, err, errlen);
 	if (st)
 		return st;
@@ -382,6 +580,7 @@ loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen)
 
 	r->listen_fd = -1;
 	r->blob_out = NULL;
+	memset(&r->srv, 0, sizeof(r->srv));
 	r->fds = malloc(sizeof(int) * (size_t)r->world);
 	r->peers = calloc((size_t)r->world, sizeof(loom_comm_peer));
 	if (!r->fds || !r->peers)
@@ -417,9 +616,34 @@ loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t er
 	return loom_rdv_decode_go(m, r->rank, err, errlen);
 }
 
+/* Rank 0, the group formed: a process that connects now (a second RANK=1
+ * started a moment late) is told why it cannot join rather than reset. */
+static void refuse_latecomers(loom_rdv *r)
+{
+	rdv_conn c;
+	int k;
+
+	for (k = 0; k < 16; k++) {
+		double now = loom_comm_now();
+		int fd = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+		if (fd < 0)
+			return;
+		memset(&c, 0, sizeof(c));
+		c.fd = fd;
+		c.deadline = now + 0.5;
+		peer_name(fd, c.from, sizeof(c.from));
+		while (!serve_conn(r, &c, LOOM_RDV_OPEN, loom_comm_now()))
+			wait_fd(fd, POLLIN, c.deadline);
+	}
+}
+
 void loom_rdv_close(loom_rdv *r)
 {
 	int k;
+
+	if (r->rank == 0 && r->listen_fd >= 0 && r->srv.peers && r->srv.arrived == r->world)
+		refuse_latecomers(r);
 
 	if (r->fds)
 		for (k = 0; k < r->world; k++)
@@ -451,7 +675,7 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 
 		if (k == pg->info.rank || !p->probe_port)
 			continue;
-		fd = connect_once(p->addr, (int)p->probe_port, deadline);
+		fd = connect_once(p->addr, (int)p->probe_port, deadline, NULL, 0);
 		e = errno;
 		if (fd >= 0) {
 			close(fd);
@@ -477,5 +701,14 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 			    : "",
 			 ng && nu ? "; " : "", nu ? (strchr(unreach, ',') ? "ranks " : "rank ") : "",
 			 unreach, nu ? " unreachable (no answer to the probe in 1 s)" : "");
+	return dead;
+}
+
+int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len)
+{
+	int dead = loom_pg_name_dead(pg, buf, len);
+
+	if (!dead && loom_progress_laggards(pg, seq, buf, len))
+		return 0;
 	return dead;
 }

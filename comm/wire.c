@@ -87,6 +87,11 @@ void loom_rdv_encode_go(int rank, uint8_t *out)
 	put32(out + 8, (uint32_t)rank);
 }
 
+int loom_rdv_hello_could_be(const uint8_t *m, size_t n)
+{
+	return memcmp(m, HELLO_MAGIC, n < 8 ? n : 8) == 0;
+}
+
 loom_status loom_rdv_decode_hello(const uint8_t *m, int world, const char *from,
 				  loom_comm_peer *p, char *err, size_t errlen)
 {
@@ -119,7 +124,8 @@ loom_status loom_rdv_decode_hello(const uint8_t *m, int world, const char *from,
 	p->host[LOOM_COMM_HOSTLEN - 1] = 0;
 	if (p->probe_port > 65535)
 		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
-				      "rendezvous: rank %u sent probe port %u", rank, p->probe_port);
+				      "rendezvous: rank %u (%s) sent probe port %u", rank, from,
+				      p->probe_port);
 	return LOOM_OK;
 }
 
@@ -271,4 +277,24 @@ void loom_fingerprint_say_item(char *buf, size_t len, int r, const char *mine, c
 		snprintf(buf, len, "rank %d: %s, rank 0 has %s", r, mine, zero + same);
 	else
 		snprintf(buf, len, "rank %d: %s; rank 0: %s", r, mine, zero);
+}
+
+/* ------------------------------------------------------------- settings */
+
+int loom_settings_differ(const uint8_t *all, int world, size_t n, int *rank, size_t *which)
+{
+	const size_t len = LOOM_COMM_SETTING_LEN;
+
+	for (int r = 1; r < world; r++)
+		for (size_t i = 0; i < n; i++) {
+			const char *a = (const char *)all + ((size_t)r * n + i) * len;
+			const char *z = (const char *)all + i * len;
+
+			if (strncmp(a, z, len - 1)) {
+				*rank = r;
+				*which = i;
+				return 1;
+			}
+		}
+	return 0;
 }

@@ -57,6 +57,9 @@ void loom_rdv_encode_welcome(int world, const void *blob, size_t blob_len,
 			     const loom_comm_peer *peers, uint8_t *out);
 void loom_rdv_encode_go(int rank, uint8_t *out);
 
+/* Whether the first n bytes a connection sent agree with a hello's magic
+ * (n < 8: as far as they go), so that rank 0 drops a stranger early. */
+int loom_rdv_hello_could_be(const uint8_t *m, size_t n);
 /*
  * Rank 0 reads a hello that came from `from` ("address:port") in a group of
  * `world`: wrong magic or version, another world size, a rank outside
@@ -117,6 +120,16 @@ int loom_fingerprint_compare(const loom_fp_view *a, const loom_fp_view *b, uint6
  * [100,..], rank 0 has [50,..]" when both agree up to and past " has ",
  * else both in full. */
 void loom_fingerprint_say_item(char *buf, size_t len, int r, const char *mine, const char *zero);
+
+/* ------------------------------------------------------------- settings */
+
+/*
+ * Every rank's n setting values, LOOM_COMM_SETTING_LEN bytes each (text,
+ * compared up to its first NUL or the record's last byte), rank after rank
+ * in `all`. 1 with the first rank (then setting) whose value differs from
+ * rank 0's in *rank and *which; 0 when all agree.
+ */
+int loom_settings_differ(const uint8_t *all, int world, size_t n, int *rank, size_t *which);
 
 #ifdef __cplusplus
 }

@@ -240,15 +240,21 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
 		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
 
+	if (o->inference && loom_ddp_world(o) > 1)
+		return compile_fail(LOOM_ERR_UNSUPPORTED,
+				    "loom_compile: a forward-only (inference) plan is for one process");
+
 	loom_program *p = calloc(1, sizeof(*p));
 	if (!p)
 		return compile_fail(LOOM_ERR_NOMEM, "out of memory");
 	p->plan.opts = *o;
+	if (o->inference) /* no gradients: nothing to optimize */
+		p->plan.opts.optim.kind = LOOM_OPTIM_NONE;
 	p->ts.lr = o->optim.lr;
 	p->ts.first_nonfinite = LOOM_NONE;
 	p->plan.fingerprint = mix(loom_graph_fingerprint(g),
-			     (uint64_t)o->optim.kind * 131 + (uint64_t)o->amp.level * 7 +
-				     (uint64_t)o->amp.half);
+			     (uint64_t)p->plan.opts.optim.kind * 131 + (uint64_t)o->amp.level * 7 +
+				     (uint64_t)o->amp.half + (o->inference ? 0x1f00dull : 0));
 	if ((st = loom_graph_clone(g, &p->plan.g)) != LOOM_OK) {
 		compile_fail(st, "out of memory copying the graph");
 		goto out_fail;
@@ -274,7 +280,7 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	}
 
 	p->plan.n_fwd = p->plan.g->n;
-	if ((st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
+	if (!o->inference && (st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
 		compile_fail(st, "%s", p->plan.g->errmsg);
 		goto out_fail;
 	}
@@ -465,6 +471,10 @@ static loom_status accum_ready(loom_program *p)
 static loom_status run_mode(loom_program *p, loom_run_mode mode)
 {
 	loom_status st;
+	if (p->plan.opts.inference && mode != LOOM_RUN_EVAL)
+		return loom_program_fail(p, LOOM_ERR_STATE,
+					 "run: a forward-only (inference) program runs LOOM_RUN_EVAL "
+					 "only, not mode %d", (int)mode);
 	/* Each rank updated its buffers from its own batches: evaluate rank
 	 * 0's (DDP's broadcast_buffers), the model rank 0 saves. */
 	if (mode == LOOM_RUN_EVAL && p->ts.buffers_own && (st = loom_ddp_sync_buffers(p)))
@@ -685,6 +695,33 @@ loom_status loom_set_lr(loom_program *p, double lr)
 	return LOOM_OK;
 }
 
+loom_status loom_set_clip_grad(loom_program *p, double max_norm)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (!(max_norm >= 0) || !isfinite(max_norm))
+		return loom_program_fail(p, LOOM_ERR_INVALID, "set_clip_grad: %g must be >= 0",
+					 max_norm);
+	if (max_norm > 0 && !p->be->clips_grad)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "set_clip_grad: the %s backend's optimizer does not clip yet",
+					 p->be->name);
+	p->ts.clip_grad = max_norm;
+	return LOOM_OK;
+}
+
+loom_status loom_set_decay_matrices_only(loom_program *p, int on)
+{
+	if (!p)
+		return LOOM_ERR_INVALID;
+	if (on && !p->be->clips_grad)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "set_decay_matrices_only: not on the %s backend yet",
+					 p->be->name);
+	p->ts.decay_matrices_only = on != 0;
+	return LOOM_OK;
+}
+
 double loom_get_lr(const loom_program *p)
 {
 	return p ? p->ts.lr : NAN;
@@ -709,6 +746,15 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->param_bytes += loom_value_bytes(p, s->param);
 		info->grad_bytes += loom_value_bytes(p, s->grad);
 	}
+	/* A forward-only plan has no slots: its parameters are the graph's. */
+	for (int v = 0; p->plan.opts.inference && v < p->plan.n_fwd; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
+		if (nd->op != LOOM_OP_PARAM || (nd->flags & LOOM_NODE_AMP))
+			continue;
+		info->n_params++;
+		info->n_param_elems += loom_shape_numel(&nd->shape);
+		info->param_bytes += loom_value_bytes(p, v);
+	}
 	info->master_bytes = p->plan.master_bytes;
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
@@ -717,6 +763,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	loom_plan_flops(&p->plan, &info->flops_fwd, &info->flops_bwd);
 	info->loss_scale = p->ts.scaler.scale;
 	info->skipped_steps = p->ts.scaler.skipped_steps;
+	info->grad_norm = p->ts.grad_norm;
 	info->amp_report = p->ts.amp_report;
 }
 

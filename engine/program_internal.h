@@ -89,6 +89,9 @@ typedef struct loom_train_state {
 	struct loom_trace *trace;   /* recording spans (loom_trace_start), else NULL */
 	int buffers_own;            /* data parallel: trained since rank 0's
 				     * buffers were last broadcast */
+	double clip_grad;           /* max global gradient norm, 0: no clipping */
+	int decay_matrices_only;    /* weight decay on parameters of >= 2 dims only */
+	double grad_norm;           /* the last update's global norm (unscaled, averaged) */
 } loom_train_state;
 
 /* Base addresses of the arena's regions (backend memory). */
@@ -185,6 +188,9 @@ typedef struct loom_backend {
 	int fuses_linear_relu; /* LINEAR honours attrs.mm.relu (graph/fuse.c) */
 	int fuses_bn_relu;     /* BATCHNORM2D honours attrs.bn.relu (graph/fuse.c) */
 	int fuses_add_relu;    /* ADD honours attrs.ew.relu (graph/fuse.c) */
+	/* optim_step honours ts->clip_grad and ts->decay_matrices_only and
+	 * sets ts->grad_norm. */
+	int clips_grad;
 } loom_backend;
 
 struct loom_program {

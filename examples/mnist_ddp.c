@@ -73,6 +73,8 @@ int main(int argc, char **argv)
 	}
 	loom_graph_set_seed(g, a->seed);
 	loom_value loss = loom_model_convnet(g, a->batch, &logits);
+	t.names = loom_convnet_torch_names; /* --init-from, --export: PyTorch's names */
+	t.n_names = LOOM_CONVNET_TORCH_NAMES;
 	rc = train_compile_fit(&t, &d, g, loss, logits, 10, a->data);
 out:
 	train_end(&t);

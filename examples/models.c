@@ -21,6 +21,20 @@ loom_value loom_model_convnet(loom_graph *g, int batch, loom_value *logits)
 	return loom_softmax_cross_entropy(g, z, y);
 }
 
+const loom_name_map loom_convnet_torch_names[LOOM_CONVNET_TORCH_NAMES] = {
+	{ .loom = "conv1.", .file = "layer1.0." },
+	{ .loom = "bn1.", .file = "layer1.1." },
+	{ .loom = "conv2.", .file = "layer2.0." },
+	{ .loom = "bn2.", .file = "layer2.1." },
+};
+
+void loom_convnet_weights_opts(loom_weights_opts *o)
+{
+	loom_weights_opts_default(o);
+	o->names = loom_convnet_torch_names;
+	o->n_names = LOOM_CONVNET_TORCH_NAMES;
+}
+
 #include <stdio.h>
 
 /* conv (no bias) + batch norm [+ relu], named prefix.convK / prefix.bnK. */

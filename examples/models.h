@@ -7,6 +7,7 @@
 #define LOOM_EXAMPLES_MODELS_H
 
 #include "loom.h"
+#include "loom_io.h"
 
 /*
  * The classic data-parallel ConvNet for 28x28 single-channel images:
@@ -17,6 +18,20 @@
  * holds the error and LOOM_NONE is returned.
  */
 loom_value loom_model_convnet(loom_graph *g, int batch, loom_value *logits);
+
+/*
+ * The ConvNet's names as PyTorch's state_dict has them for the same model
+ * written with nn.Sequential (the tutorial's: layer1 = Sequential(Conv2d,
+ * BatchNorm2d, ReLU, MaxPool2d), layer2 the same, fc): conv1 is layer1.0,
+ * bn1 layer1.1, conv2 layer2.0, bn2 layer2.1; fc is fc. loom keeps its own
+ * names inside (each initial value is drawn from its name's stream, and the
+ * committed goldens hold those values); loom_weights_opts.names takes this.
+ */
+#define LOOM_CONVNET_TORCH_NAMES 4
+extern const loom_name_map loom_convnet_torch_names[LOOM_CONVNET_TORCH_NAMES];
+
+/* loom_weights_opts_default with the ConvNet's PyTorch names. */
+void loom_convnet_weights_opts(loom_weights_opts *o);
 
 /*
  * ResNet (He et al. 2015, torchvision's layout, v1.5: a bottleneck's stride

@@ -5,6 +5,7 @@
  * over --steps after --warmup, images/s per rank and in total. bench/
  * scaling.sh runs it at 1 and N ranks for the scaling table.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -74,6 +75,9 @@ int main(int argc, char **argv)
 		       a->warmup + a->steps, i < a->warmup ? " (warm-up)" : "", loom_loss(t.p),
 		       now - tstep, a->batch / (now - tstep));
 		fflush(stdout);
+		if (train_log_step(&t, i + 1, 1, loom_loss(t.p), NAN, a->lr,
+				   a->batch * t.world / (now - tstep)))
+			goto out;
 		tstep = now;
 	}
 	double dt = train_now() - t0, mine = a->steps * (double)a->batch / dt;
@@ -92,6 +96,8 @@ int main(int argc, char **argv)
 	}
 	printf("total: %.2f img/s over %d rank%s (global batch %d; the slowest rank's pace: %.2f)\n",
 	       sum, t.world, t.world > 1 ? "s" : "", a->batch * t.world, slowest * t.world);
+	if (train_export(&t))
+		goto out;
 	rc = 0;
 out:
 	train_end(&t);

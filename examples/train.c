@@ -9,12 +9,16 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "comm/launch.h"
 #include "engine/cuda/device.h"
@@ -65,13 +69,121 @@ static int check_checkpoint_path(const char *name, const char *path)
 	return 0;
 }
 
+/* A setting's value as text; a number in the fewest digits that read back
+ * the same, so that equal text is an equal value. */
+static void setting(loom_comm_setting *s, size_t *n, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void setting(loom_comm_setting *s, size_t *n, const char *name, const char *fmt, ...)
+{
+	va_list ap;
+
+	s[*n].name = name;
+	va_start(ap, fmt);
+	vsnprintf(s[*n].value, sizeof(s[*n].value), fmt, ap);
+	va_end(ap);
+	++*n;
+}
+
+static void setting_num(loom_comm_setting *s, size_t *n, const char *name, double v)
+{
+	char buf[40];
+
+	snprintf(buf, sizeof(buf), "%.15g", v);
+	if (strtod(buf, NULL) != v)
+		snprintf(buf, sizeof(buf), "%.17g", v);
+	setting(s, n, name, "%s", buf);
+}
+
+/*
+ * Every setting that must agree across ranks, checked right after the group
+ * forms (before any data is read), so that a typo on one rank is named
+ * ("rank 1 has --lr 0.2, rank 0 has 0.1") instead of diverging silently or
+ * timing out at a later collective. May differ between ranks: --data (a
+ * host's own copy), --log-interval, --dump-graph, --dump-plan,
+ * --memory-report, --threads, and the --checkpoint and --trace paths (only
+ * whether there is one must agree).
+ */
+static int check_settings(train_run *t)
+{
+	const train_args *a = &t->a;
+	loom_comm_setting s[40];
+	size_t n = 0;
+
+	setting(s, &n, "program", "%s", t->prog->name);
+	setting(s, &n, "--epochs", "%d", a->epochs);
+	setting(s, &n, "--batch-size", "%d", a->batch);
+	setting(s, &n, "--optimizer", "%s", a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw");
+	setting_num(s, &n, "--lr", a->lr);
+	setting_num(s, &n, "--momentum", a->momentum);
+	setting_num(s, &n, "--weight-decay", a->weight_decay);
+	setting(s, &n, "--lr-schedule", "%s", a->schedule == TRAIN_LR_COSINE ? "cosine" : "step");
+	setting(s, &n, "--lr-step", "%d", a->lr_step);
+	setting_num(s, &n, "--lr-gamma", a->lr_gamma);
+	setting_num(s, &n, "--warmup-epochs", a->warmup_epochs);
+	setting(s, &n, "--opt-level", "O%d", (int)a->level);
+	setting(s, &n, "--precision", "%s", a->half == LOOM_BF16 ? "bf16" : "fp16");
+	if (a->loss_scale > 0)
+		setting_num(s, &n, "--loss-scale", a->loss_scale);
+	else
+		setting(s, &n, "--loss-scale", "dynamic");
+	setting(s, &n, "--keep-batchnorm-fp32", "%s",
+		a->keep_bn_fp32 < 0 ? "default" : a->keep_bn_fp32 ? "True" : "False");
+	setting(s, &n, "--device", "%s",
+		a->device == LOOM_DEVICE_CPU ? "cpu" : a->device == LOOM_DEVICE_CUDA ? "cuda" : "auto");
+	setting(s, &n, "--seed", "%llu", (unsigned long long)a->seed);
+	setting(s, &n, "--checkpoint", "%s", a->checkpoint ? "given" : "none");
+	setting(s, &n, "--resume", "%s", a->resume ? "given" : "not given");
+	setting(s, &n, "--save-every", "%d", a->save_every);
+	setting(s, &n, "--max-steps", "%lld", (long long)a->max_steps);
+	setting(s, &n, "--dry-run", "%s", a->dry_run ? "given" : "not given");
+	setting(s, &n, "--depth", "%d", a->depth);
+	setting(s, &n, "--width", "%d", a->width);
+	setting(s, &n, "--size", "%d", a->size);
+	setting(s, &n, "--synthetic", "%s", a->synthetic ? "given" : "not given");
+	setting(s, &n, "--train-images", "%lld", (long long)a->train_images);
+	setting(s, &n, "--test-images", "%lld", (long long)a->test_images);
+	setting(s, &n, "--no-augment", "%s", a->augment ? "not given" : "given");
+	setting(s, &n, "--steps", "%d", a->steps);
+	setting(s, &n, "--warmup", "%d", a->warmup);
+	setting(s, &n, "--sync-bn", "%s", a->sync_bn ? "given" : "not given");
+	setting(s, &n, "--accumulate", "%d", a->accumulate);
+	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
+	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
+	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
+		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->rank, loom_pg_error(t->pg));
+		return -1;
+	}
+	return 0;
+}
+
+/* The value of --name V or --name=V in argv, or NULL. */
+static const char *flag_value(int argc, char **argv, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (int k = 1; k < argc; k++) {
+		if (!strcmp(argv[k], name))
+			return k + 1 < argc ? argv[k + 1] : "";
+		if (!strncmp(argv[k], name, n) && argv[k][n] == '=')
+			return argv[k] + n + 1;
+	}
+	return NULL;
+}
+
 int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 {
 	char msg[512];
 
 	memset(t, 0, sizeof(*t));
 	t->prog = prog;
-	/* --nproc N: this process becomes the launcher of N ranks. */
+	/* --nproc N: this process becomes the launcher of N ranks. A restart
+	 * resumes from --checkpoint (below); without one it begins again at
+	 * step 0, which is allowed (a short run) but said. */
+	if (flag_value(argc, argv, "--max-restarts") && !flag_value(argc, argv, "--checkpoint") &&
+	    strcmp(flag_value(argc, argv, "--max-restarts"), "0"))
+		fprintf(stderr, "%s: warning: --max-restarts without --checkpoint: a restart "
+				"begins again from step 0\n",
+			prog->name);
 	int lrc = loom_launch_maybe(&argc, argv);
 	if (lrc >= 0)
 		return lrc;
@@ -82,6 +194,16 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	}
 	if (t->a.checkpoint && check_checkpoint_path(prog->name, t->a.checkpoint))
 		return 1;
+	/* A restarted worker (the launcher's or torchrun's) always continues
+	 * from the checkpoint when there is one, --resume or not: starting
+	 * over would lose the run and then overwrite its checkpoint with an
+	 * earlier step. */
+	const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+	if (restart && strcmp(restart, "0") && t->a.checkpoint && !t->a.resume) {
+		t->a.resume = 1;
+		fprintf(stderr, "%s: restart %s: resuming from %s\n", prog->name, restart,
+			t->a.checkpoint);
+	}
 
 	/* The group: mpirun's, torchrun's variables (the launcher sets them),
 	 * or one process. Training on a GPU: NCCL on LOCAL_RANK's GPU. */
@@ -102,6 +224,10 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	t->rank = loom_pg_get_info(t->pg)->rank;
 	t->world = loom_pg_get_info(t->pg)->world;
 	t->host = loom_pg_comm(t->pg, LOOM_COMM_HOST);
+	if (t->world > 1 && check_settings(t)) {
+		train_end(t);
+		return 1;
+	}
 	if (t->rank > 0 && !freopen("/dev/null", "w", stdout)) {
 		fprintf(stderr, "%s: rank %d: cannot quiet stdout\n", prog->name, t->rank);
 		train_end(t);
@@ -109,7 +235,93 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	}
 	if (t->a.threads)
 		loom_cpu_set_threads(t->a.threads);
+	if (t->a.metrics && t->rank == 0 &&
+	    train_metrics_open(&t->metrics, t->a.metrics, msg, sizeof(msg))) {
+		fprintf(stderr, "%s: %s\n", prog->name, msg);
+		train_end(t);
+		return 1;
+	}
 	return -1;
+}
+
+/* The --reinit list split at its commas into names (at most 32). */
+#define REINIT_MAX 32
+
+static int split_names(char *buf, const char **names)
+{
+	int n = 0;
+	for (char *s = strtok(buf, ","); s && n < REINIT_MAX; s = strtok(NULL, ","))
+		names[n++] = s;
+	return n;
+}
+
+/* --init-from: every rank reads the file into its program. */
+static int init_from(train_run *t)
+{
+	const train_args *a = &t->a;
+	char buf[1024];
+	const char *skip[REINIT_MAX];
+	loom_weights_opts o;
+	loom_weights_report r;
+
+	loom_weights_opts_default(&o);
+	o.names = t->names;
+	o.n_names = t->n_names;
+	o.strict = a->init_strict;
+	snprintf(buf, sizeof(buf), "%s", a->reinit ? a->reinit : "");
+	o.skip = skip;
+	o.n_skip = split_names(buf, skip);
+	if (loom_import_safetensors(t->p, a->init_from, &o, &r) != LOOM_OK) {
+		fprintf(stderr, "%s: --init-from: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	printf("initialised from %s: %d tensors", a->init_from, r.loaded);
+	if (r.skipped)
+		printf(", %d left as initialised (--reinit %s)", r.skipped, a->reinit);
+	if (r.missing)
+		printf(", %d not in the file (first: %s)", r.missing, r.first_missing);
+	if (r.unexpected)
+		printf(", %d of the file's not in the model (first: %s)", r.unexpected,
+		       r.first_unexpected);
+	printf("\n");
+	return 0;
+}
+
+int train_export(train_run *t)
+{
+	loom_weights_opts o;
+	if (!t->a.export_path || t->rank != 0)
+		return 0;
+	loom_weights_opts_default(&o);
+	o.names = t->names;
+	o.n_names = t->n_names;
+	if (loom_export_safetensors(t->p, t->a.export_path, &o) != LOOM_OK) {
+		fprintf(stderr, "%s: --export: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	printf("exported the weights to %s (safetensors, PyTorch's names)\n", t->a.export_path);
+	return 0;
+}
+
+int train_log_step(train_run *t, int64_t step, int epoch, double loss, double acc, double lr,
+		   double images_per_s)
+{
+	loom_program_info info;
+	char err[256];
+	if (!t->metrics)
+		return 0;
+	loom_program_info_get(t->p, &info);
+	if (train_metrics_log(t->metrics, "step", err, sizeof(err),
+			      "{s:I, s:i, s:o, s:o, s:f, s:f, s:f, s:I, s:i, s:i}", "step",
+			      (json_int_t)step, "epoch", epoch, "loss", train_metrics_number(loss),
+			      "accuracy", train_metrics_number(acc), "lr",
+			      lr, "images_per_s", images_per_s, "loss_scale", info.loss_scale,
+			      "skipped_steps", (json_int_t)info.skipped_steps, "ranks", t->world,
+			      "global_batch", t->a.batch * t->world)) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, err);
+		return -1;
+	}
+	return 0;
 }
 
 static int dump_plan(train_run *t)
@@ -169,6 +381,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	}
 	t->logits = logits;
 	t->classes = classes;
+	if (a->init_from && init_from(t))
+		return -1;
 	if (a->dump_graph)
 		loom_program_dump(t->p, stdout);
 	if (a->dump_plan && t->rank == 0 && dump_plan(t)) /* one writer */
@@ -207,6 +421,18 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	       info.grad_bytes / 1048576.0, info.optim_state_bytes / 1048576.0,
 	       info.activation_bytes / 1048576.0);
 	fflush(stdout);
+	char merr[256];
+	if (t->metrics &&
+	    train_metrics_log(t->metrics, "start", merr, sizeof(merr),
+			      "{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:s}", "program", name,
+			      "backend", info.backend, "opt_level",
+			      (const char *[]){ "O0", "O1", "O2", "O3" }[a->level], "precision",
+			      a->level == LOOM_O0 ? "fp32" : a->half == LOOM_BF16 ? "bf16" : "fp16",
+			      "ranks", t->world, "batch_per_rank", a->batch, "lr", a->lr, "optimizer",
+			      a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw")) {
+		fprintf(stderr, "%s: %s\n", name, merr);
+		return -1;
+	}
 	if (a->dry_run) {
 		printf("dry run: compiled, stopping before step 1\n");
 		return 1;
@@ -482,8 +708,8 @@ typedef struct progress {
  * is left (all the run's remaining steps at the current speed; evaluation
  * is not counted), then the global batch, lr and loss scale.
  */
-static void progress_line(train_run *t, progress *pr, int epoch, int64_t b, int64_t per_epoch,
-			  int64_t left, double lr)
+static int progress_line(train_run *t, progress *pr, int epoch, int64_t b, int64_t per_epoch,
+			 int64_t left, double lr, int64_t done)
 {
 	loom_program_info info;
 	double now = train_now(), dt = now - pr->tlog;
@@ -503,7 +729,10 @@ static void progress_line(train_run *t, progress *pr, int epoch, int64_t b, int6
 	if (info.amp_report && info.amp_report[0])
 		printf("amp: first non-finite value from %s\n", info.amp_report);
 	fflush(stdout);
+	int rc = train_log_step(t, done, epoch + 1, pr->lsum / pr->since,
+				(double)pr->correct / (pr->seen ? pr->seen : 1), lr, ips);
 	*pr = (progress){ .tlog = now };
+	return rc;
 }
 
 /* After an epoch: test loss and accuracy, the epoch's speed, a checkpoint. */
@@ -524,9 +753,21 @@ static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoc
 			 100 * acc);
 	}
 	loom_program_info_get(t->p, &info);
+	double ips = seen * (double)t->world / (secs > 0 ? secs : 1);
 	printf("epoch %d done: %s, train %.1f s (%.1f img/s), loss scale %g, skipped steps %lld\n",
-	       epoch + 1, test_part, secs, seen * (double)t->world / (secs > 0 ? secs : 1),
-	       info.loss_scale, (long long)info.skipped_steps);
+	       epoch + 1, test_part, secs, ips, info.loss_scale, (long long)info.skipped_steps);
+	char err[256];
+	if (t->metrics &&
+	    train_metrics_log(t->metrics, "epoch", err, sizeof(err),
+			      "{s:i, s:I, s:o, s:o, s:f, s:f, s:f, s:I, s:i}", "epoch", epoch + 1,
+			      "step", (json_int_t)loom_step_count(t->p), "test_loss",
+			      train_metrics_number(test_n > 0 ? tloss : NAN), "test_accuracy",
+			      train_metrics_number(test_n > 0 ? acc : NAN),
+			      "train_s", secs, "images_per_s", ips, "loss_scale", info.loss_scale,
+			      "skipped_steps", (json_int_t)info.skipped_steps, "ranks", t->world)) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, err);
+		return -1;
+	}
 	/* A run stopped mid-epoch (--max-steps) resumes at its next batch. */
 	if (t->a.checkpoint &&
 	    save(t, stopped_at ? epoch : epoch + 1,
@@ -535,6 +776,25 @@ static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoc
 		return -1;
 	fflush(stdout);
 	return 0;
+}
+
+/* Test hook (LOOM_TEST_EPOCH_ORDER, tests/e2e/test_epoch_order.sh): what an
+ * epoch fed, as a hash of the order of its samples and a sum of their
+ * hashes (the same whatever the order), so that a test sees that two epochs
+ * shuffle the same set differently. */
+typedef struct epoch_order {
+	uint64_t order, set;
+} epoch_order;
+
+static void epoch_order_add(epoch_order *eo, const float *img, const int32_t *lab, int count,
+			    size_t elems)
+{
+	for (int i = 0; i < count; i++) {
+		uint64_t h = loom_comm_hash(img + (size_t)i * elems, elems * sizeof(float),
+					    (uint64_t)lab[i]);
+		eo->order = loom_comm_hash(&h, sizeof(h), eo->order);
+		eo->set += h;
+	}
 }
 
 int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
@@ -566,7 +826,12 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 	if (a->max_steps && a->max_steps < last)
 		last = a->max_steps;
 	int64_t done = step, timed = 0;
+	/* Test hook (tests/ddp/test_ddp.sh): rank 1 of a launcher's first
+	 * attempt dies by SIGKILL before step LOOM_TEST_KILL_AT_STEP. */
+	const char *ka = getenv("LOOM_TEST_KILL_AT_STEP"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+	int64_t kill_at = ka && t->rank == 1 && att && !strcmp(att, "0") ? atoll(ka) : -1;
 	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
+	int order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL;
 	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
 		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
 		int64_t seen = 0, stopped_at = 0;
@@ -574,6 +839,7 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		progress pr = { .tlog = t0 };
 
 		loom_sampler_set_epoch(train_s, epoch);
+		epoch_order eo = { 1469598103934665603ull, 0 };
 		if (loom_prefetch_start(pf)) {
 			fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
 			goto out_free;
@@ -592,6 +858,8 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 					name, (long long)b, epoch + 1, count, a->batch);
 				goto out_free;
 			}
+			if (order_hook)
+				epoch_order_add(&eo, img, lab, count, elems);
 			if (b < b0) {
 				t_prev = train_now();
 				continue; /* resumed mid-epoch: these were trained on */
@@ -606,6 +874,9 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 			 * gradient is left behind or carried into a checkpoint. */
 			int update = (b + 1) % a->accumulate == 0 || b + 1 == per_epoch ||
 				     done + 1 >= last;
+			loom_pg_set_step(t->pg, done + 1); /* for a hang report: "step 39's all-reduce" */
+			if (kill_at >= 0 && done == kill_at)
+				raise(SIGKILL);
 			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch, update) ||
 			    loom_read(t->p, t->logits, out, (size_t)a->batch * t->classes)) {
 				fprintf(stderr, "%s: step %lld: %s\n", name, (long long)done,
@@ -625,8 +896,9 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 				timed_s += now - t_prev;
 			}
 			t_prev = now;
-			if (done % a->log_interval == 0)
-				progress_line(t, &pr, epoch, b, per_epoch, last - done, lr);
+			if (done % a->log_interval == 0 &&
+			    progress_line(t, &pr, epoch, b, per_epoch, last - done, lr, done))
+				goto out_free;
 			if (train_trace_tick(t, done - step, done >= last))
 				goto out_free;
 			if (update && a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
@@ -637,6 +909,9 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		}
 		/* The sampler's epoch changes next: the worker must be idle. */
 		loom_prefetch_stop(pf);
+		if (order_hook)
+			printf("epoch %d order %016llx set %016llx\n", epoch + 1,
+			       (unsigned long long)eo.order, (unsigned long long)eo.set);
 		if (epoch_end(t, test_l, test_n, epoch, train_now() - t0, seen, stopped_at))
 			goto out_free;
 	}
@@ -645,6 +920,8 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		       "%.1f s, loading included, evaluation not)\n",
 		       (long long)(done - step), timed * (double)a->batch * t->world / timed_s,
 		       a->batch * t->world, (long long)(done - step), timed_s);
+	if (train_export(t))
+		goto out_free;
 	rc = 0;
 out_free:
 	loom_prefetch_free(pf);
@@ -654,6 +931,10 @@ out_free:
 
 void train_end(train_run *t)
 {
+	if (train_metrics_close(t->metrics))
+		fprintf(stderr, "%s: --metrics %s: the log is incomplete\n", t->prog->name,
+			t->a.metrics);
+	t->metrics = NULL;
 	loom_program_free(t->p);
 	t->p = NULL;
 	loom_pg_free(t->pg);

@@ -12,8 +12,10 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "examples/metrics.h"
 #include "examples/train_args.h"
 #include "loom.h"
+#include "loom_io.h"
 #include "loom_data.h"
 
 /* One run of a training program. */
@@ -27,6 +29,11 @@ typedef struct train_run {
 	loom_value logits;
 	int classes;
 	int tracing; /* between loom_trace_start and loom_trace_stop */
+	/* The model's names in PyTorch's state_dict, for --init-from and
+	 * --export (set by the program before compiling); NULL: loom's own. */
+	const loom_name_map *names;
+	int n_names;
+	train_metrics *metrics; /* --metrics, on rank 0; else NULL */
 } train_run;
 
 /* Monotonic seconds. */
@@ -108,6 +115,20 @@ loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *a
  */
 int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
 	      int64_t test_n);
+
+/*
+ * --metrics: one "step" record (rank 0; a no-op without --metrics): the
+ * global step, the epoch (1-based), the mean loss and the training accuracy
+ * since the last record (acc NaN: not measured, written as null), the lr,
+ * the global images/s, and the program's loss scale, skipped steps and the
+ * rank count. 0 or -1 after saying why.
+ */
+int train_log_step(train_run *t, int64_t step, int epoch, double loss, double acc, double lr,
+		   double images_per_s);
+
+/* --export: rank 0 writes the weights under the model's names. 0 or -1
+ * after saying why; 0 without --export. */
+int train_export(train_run *t);
 
 /* Frees the program and the group. */
 void train_end(train_run *t);

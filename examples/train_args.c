@@ -20,7 +20,7 @@
 	.epochs = 2, .batch = 100, .lr = 0.01, .momentum = 0.9, .lr_gamma = 0.1,        \
 	.optim = LOOM_OPTIM_SGD, .device = LOOM_DEVICE_AUTO, .level = LOOM_O0,          \
 	.half = LOOM_F16, .log_interval = 100, .keep_bn_fp32 = -1,        \
-	.accumulate = 1, .trace_steps = 5
+	.accumulate = 1, .trace_steps = 5, .init_strict = 1
 
 const train_program train_mnist_ddp = {
 	.name = "mnist_ddp",
@@ -51,6 +51,19 @@ const train_program train_resnet50_synthetic = {
 		      .depth = 50, .width = 64, .size = 224, .steps = 10, .warmup = 2 },
 };
 
+const train_program train_gpt_ddp = {
+	.name = "gpt_ddp",
+	.about = "Trains a GPT-2-style transformer (pre-norm blocks, GELU MLP, tied embeddings,\n"
+		 "learned positions) on text, byte by byte, or on llm.c token files, with loom.",
+	.groups = TRAIN_FLAGS_COMMON | TRAIN_FLAGS_FIT | TRAIN_FLAGS_DATA,
+	.defaults = { TRAIN_BASE_DEFAULTS, .epochs = 1, .batch = 8, .lr = 1e-3,
+		      .weight_decay = 0.1, .optim = LOOM_OPTIM_ADAMW, .log_interval = 10,
+		      .data = "/usr/share/games/fortunes", .schedule = TRAIN_LR_COSINE,
+		      .max_steps = 300 },
+	.data_help = "a text file or a folder of them, read byte by byte\n"
+		     "                       (Debian package fortunes for the default)",
+};
+
 static void say(char *msg, size_t msglen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -71,7 +84,9 @@ void train_usage(const train_program *prog, FILE *f)
 	unsigned g = prog->groups;
 
 	fprintf(f, "usage: %s [options]\n%s\n\n", prog->name, prog->about);
-	if (g & TRAIN_FLAGS_DATA)
+	if ((g & TRAIN_FLAGS_DATA) && prog->data_help)
+		fprintf(f, "  --data PATH          %s (default %s)\n", prog->data_help, d->data);
+	else if (g & TRAIN_FLAGS_DATA)
 		fprintf(f, "  --data DIR           %s (default %s)\n",
 			g & TRAIN_FLAGS_CIFAR ? "CIFAR-10 binary version: data_batch_1.bin ..\n"
 						"                       data_batch_5.bin, test_batch.bin" :
@@ -96,10 +111,11 @@ void train_usage(const train_program *prog, FILE *f)
 			d->size, d->steps, d->warmup);
 	if (g & TRAIN_FLAGS_FIT)
 		fprintf(f, "  --epochs N           epochs to train (default %d)\n", d->epochs);
-	fprintf(f, "  --batch-size N       images per step and rank (default %d)\n", d->batch);
+	fprintf(f, "  --batch-size N       %s per step and rank (default %d)\n",
+		prog->data_help ? "sequences" : "images", d->batch);
 	if (g & TRAIN_FLAGS_FIT) {
 		fprintf(f,
-			"  --optimizer NAME     sgd or adamw (default sgd)\n"
+			"  --optimizer NAME     sgd or adamw (default %s)\n"
 			"  --lr X               learning rate (default %g)\n"
 			"  --momentum X         SGD momentum (default %g)\n"
 			"  --weight-decay X     weight decay (default %g)\n"
@@ -108,7 +124,8 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --lr-gamma X         step decay factor (default %g)\n"
 			"  --accumulate N       N micro-batches per optimizer step, gradients all-reduced\n"
 			"                       once on the last (DDP's no_sync; default 1)\n",
-			d->lr, d->momentum, d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
+			d->optim == LOOM_OPTIM_ADAMW ? "adamw" : "sgd", d->lr, d->momentum,
+			d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
 			d->lr_gamma);
 	}
 	if (g & TRAIN_FLAGS_CIFAR)
@@ -131,8 +148,8 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --save-every N       also save every N steps (resume continues mid-epoch)\n"
 			"  --resume             continue from --checkpoint\n"
 			"  --log-interval N     steps between progress lines (default %d)\n"
-			"  --max-steps N        stop after N training steps (smoke tests)\n",
-			d->log_interval);
+			"  --max-steps N        stop after N training steps (default %s%.0lld; 0: none)\n",
+			d->log_interval, d->max_steps ? "" : "none", (long long)d->max_steps);
 	fprintf(f,
 		"  --dump-plan FILE     write the compiled plan as Graphviz (dot -Tsvg FILE)\n"
 		"  --memory-report      print where the plan's memory goes, before step 1\n"
@@ -144,6 +161,16 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --trace FILE.json    Chrome/Perfetto trace of --trace-steps steps after the first\n"
 		"                       (one track per rank; open in ui.perfetto.dev)\n"
 		"  --trace-steps N      steps the trace records (default %d)\n"
+		"  --init-from FILE     start from these weights (safetensors, PyTorch's state_dict\n"
+		"                       names), after initialisation and before step 1\n"
+		"  --reinit NAMES       with --init-from: leave these (comma-separated prefixes,\n"
+		"                       e.g. fc) as initialised: a classifier of another size\n"
+		"  --init-strict B      true (default) or false: a name in one but not the other\n"
+		"                       is an error, or is left alone (load_state_dict's strict)\n"
+		"  --export FILE        write the weights after training (safetensors, PyTorch's\n"
+		"                       names: safetensors.torch.load_file(FILE))\n"
+		"  --metrics FILE       one JSON object per line per logged step and per epoch\n"
+		"                       (tools/plot_metrics draws them)\n"
 		"  --nproc N            start N ranks on this host (data parallel; also under\n"
 		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
 		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
@@ -183,7 +210,8 @@ enum {
 	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
-	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS,
+	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
+	O_INIT_STRICT, O_METRICS,
 };
 
 /* Every flag and the group that brings it. */
@@ -231,6 +259,11 @@ static const struct {
 	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
 	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
 	{ TRAIN_FLAGS_COMMON, { "trace-steps", required_argument, 0, O_TRACE_STEPS } },
+	{ TRAIN_FLAGS_COMMON, { "export", required_argument, 0, O_EXPORT } },
+	{ TRAIN_FLAGS_COMMON, { "init-from", required_argument, 0, O_INIT_FROM } },
+	{ TRAIN_FLAGS_COMMON, { "reinit", required_argument, 0, O_REINIT } },
+	{ TRAIN_FLAGS_COMMON, { "init-strict", required_argument, 0, O_INIT_STRICT } },
+	{ TRAIN_FLAGS_COMMON, { "metrics", required_argument, 0, O_METRICS } },
 	{ TRAIN_FLAGS_COMMON, { "help", no_argument, 0, O_HELP } },
 };
 
@@ -318,7 +351,8 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		a->log_interval = (int)l;
 		break;
 	case O_MAX:
-		if (parse_int("--max-steps", arg, 1, 0x7fffffffL, &l, msg, msglen)) return -1;
+		/* 0: no limit (gpt_ddp's default is 300) */
+		if (parse_int("--max-steps", arg, 0, 0x7fffffffL, &l, msg, msglen)) return -1;
 		a->max_steps = l;
 		break;
 	case O_DUMP: a->dump_graph = 1; break;
@@ -382,6 +416,18 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		if (parse_int("--trace-steps", arg, 1, 10000, &l, msg, msglen)) return -1;
 		a->trace_steps = (int)l;
 		break;
+	case O_EXPORT: a->export_path = arg; break;
+	case O_INIT_FROM: a->init_from = arg; break;
+	case O_REINIT: a->reinit = arg; break;
+	case O_INIT_STRICT:
+		if (!strcmp(arg, "true")) a->init_strict = 1;
+		else if (!strcmp(arg, "false")) a->init_strict = 0;
+		else {
+			say(msg, msglen, "--init-strict must be true or false, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_METRICS: a->metrics = arg; break;
 	case O_SCHED:
 		if (!strcmp(arg, "step")) a->schedule = TRAIN_LR_STEP;
 		else if (!strcmp(arg, "cosine")) a->schedule = TRAIN_LR_COSINE;
@@ -443,6 +489,10 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 	if (a->save_every % a->accumulate) {
 		say(msg, msglen, "--save-every %d must be a multiple of --accumulate %d (a checkpoint "
 		    "holds no half-accumulated step)", a->save_every, a->accumulate);
+		return TRAIN_BAD;
+	}
+	if (a->reinit && !a->init_from) {
+		say(msg, msglen, "--reinit applies to --init-from FILE");
 		return TRAIN_BAD;
 	}
 	if (a->schedule != TRAIN_LR_COSINE && a->warmup_epochs > 0) {

@@ -63,6 +63,13 @@ typedef struct train_args {
 	int accumulate;        /* micro-batches per optimizer step (DDP's no_sync), 1: none */
 	const char *trace;     /* Chrome trace file, NULL: none */
 	int trace_steps;       /* steps the trace records, after the run's first */
+
+	/* weights in and out (safetensors, PyTorch's names), the metrics log */
+	const char *export_path; /* --export: the weights after training, NULL: none */
+	const char *init_from;   /* --init-from: weights to start from, NULL: none */
+	const char *reinit;      /* --reinit: comma-separated names left as initialised */
+	int init_strict;         /* --init-strict: names must match both ways (default 1) */
+	const char *metrics;     /* --metrics: JSON Lines log, NULL: none */
 } train_args;
 
 /* Flag groups; every program has TRAIN_FLAGS_COMMON. */
@@ -82,9 +89,11 @@ typedef struct train_program {
 	const char *about;
 	unsigned groups;
 	train_args defaults;
+	const char *data_help; /* --data's line of --help, NULL: an image folder's */
 } train_program;
 
-extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic;
+extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic,
+	train_gpt_ddp;
 
 typedef enum train_parse {
 	TRAIN_RUN = 0,   /* *a holds the run's settings */

@@ -204,14 +204,17 @@ loom_value loom_layer_batchnorm2d(loom_graph *g, const char *name, loom_value x)
 loom_value loom_layer_linear(loom_graph *g, const char *name, loom_value x,
 			     int out_features, int bias)
 {
-	if (!g || !loom_check_value(g, x, "linear layer", "input") ||
-	    !want_ndim(g, x, 2, "linear layer", "input"))
+	if (!g || !loom_check_value(g, x, "linear layer", "input"))
 		return LOOM_NONE;
+	if (N(g, x)->shape.ndim < 2) {
+		want_ndim(g, x, 2, "linear layer", "input");
+		return LOOM_NONE;
+	}
 	if (out_features < 1)
 		return loom_graph_fail(g, LOOM_ERR_INVALID, "linear '%s': %d output features",
 				       name ? name : "?", out_features);
 	loom_dtype dt = N(g, x)->dtype;
-	int64_t in = N(g, x)->shape.dims[1];
+	int64_t in = loom_shape_last(&N(g, x)->shape);
 	int64_t wd[2] = { out_features, in };
 	loom_value w = layer_param(g, name, "weight", dt, 2, wd, LOOM_INIT_KAIMING_UNIFORM, in, 0);
 	loom_value b = LOOM_NONE;
@@ -220,4 +223,18 @@ loom_value loom_layer_linear(loom_graph *g, const char *name, loom_value x,
 		b = layer_param(g, name, "bias", dt, 1, bd, LOOM_INIT_UNIFORM_FAN_IN, in, 0);
 	}
 	return loom_set_name(g, loom_linear(g, x, w, b), name);
+}
+
+loom_value loom_layer_layernorm(loom_graph *g, const char *name, loom_value x)
+{
+	if (!g || !loom_check_value(g, x, "layernorm layer", "input"))
+		return LOOM_NONE;
+	if (N(g, x)->shape.ndim < 1)
+		return loom_graph_fail(g, LOOM_ERR_SHAPE, "layernorm '%s': input is a scalar",
+				       name ? name : "?");
+	loom_dtype dt = N(g, x)->dtype;
+	int64_t cd[1] = { loom_shape_last(&N(g, x)->shape) };
+	loom_value w = layer_param(g, name, "weight", dt, 1, cd, LOOM_INIT_ONES, 0, 0);
+	loom_value b = layer_param(g, name, "bias", dt, 1, cd, LOOM_INIT_ZEROS, 0, 0);
+	return loom_set_name(g, loom_layernorm(g, x, w, b, 1e-5), name);
 }

@@ -41,6 +41,16 @@ typedef enum loom_op {
 	LOOM_OP_GELU,              /* x * Phi(x), the exact (erf) form */
 	LOOM_OP_GELU_BWD,          /* (x, dy) -> dx */
 	LOOM_OP_ALLREDUCE,         /* a gradient bucket summed over ranks (graph/bucket_pass.c) */
+	LOOM_OP_EMBEDDING,         /* (ids i32 [...], table [V, C]) -> [..., C]: a gather */
+	LOOM_OP_EMBEDDING_BWD,     /* (ids, dy) -> dtable, a scatter-add */
+	LOOM_OP_LAYERNORM,         /* (x [..., C], gamma [C], beta [C]) over the last dim */
+	LOOM_OP_LAYERNORM_BWD_DATA, /* (x, gamma, dy) -> dx */
+	LOOM_OP_LAYERNORM_BWD_GAMMA, /* (x, dy) -> dgamma */
+	LOOM_OP_ATTN_PROBS,        /* qkv [B, T, 3C] -> P [B, NH, T, T], causal softmax(q k^T / sqrt(hs)) */
+	LOOM_OP_ATTN_PROBS_BWD,    /* (qkv, P, dP) -> dqkv (q and k parts; v part 0) */
+	LOOM_OP_ATTENTION,         /* (P, qkv) -> y [B, T, C]: per head P v */
+	LOOM_OP_ATTENTION_BWD_PROBS, /* (qkv, dy) -> dP */
+	LOOM_OP_ATTENTION_BWD_QKV, /* (P, dy) -> dqkv (v part; q and k parts 0) */
 	LOOM_OP_COUNT
 } loom_op;
 
@@ -79,6 +89,7 @@ typedef union loom_attrs {
 	} bc;
 	struct {
 		int relu; /* ADD: a fused relu after the sum (graph/fuse.c) */
+		int tanh; /* GELU, GELU_BWD: the tanh approximation (GPT-2's) */
 	} ew;
 	struct {
 		loom_init init;
@@ -87,6 +98,12 @@ typedef union loom_attrs {
 	struct {
 		int bucket; /* ALLREDUCE: its index in the plan's bucket table */
 	} ar;
+	struct {
+		double eps; /* LAYERNORM and its backward */
+	} ln;
+	struct {
+		int n_head; /* ATTN_PROBS, ATTENTION and their backward */
+	} attn;
 } loom_attrs;
 
 typedef struct loom_node {
@@ -139,6 +156,19 @@ const char *loom_node_label(const loom_graph *g, loom_value v, char *buf,
 const char *loom_shape_str(const loom_shape *s, char *buf, size_t len);
 
 int loom_shape_eq(const loom_shape *a, const loom_shape *b);
+
+/* A shape [..., last] seen as a matrix [rows, last], as products and
+ * layer norm see values of more than 2 dims. */
+static inline int64_t loom_shape_last(const loom_shape *s)
+{
+	return s->ndim > 0 ? s->dims[s->ndim - 1] : 1;
+}
+
+static inline int64_t loom_shape_rows(const loom_shape *s)
+{
+	int64_t last = loom_shape_last(s);
+	return last ? loom_shape_numel(s) / last : 0;
+}
 loom_shape loom_shape_make(int ndim, const int64_t *dims);
 
 /* Copies a graph (for compile passes that rewrite it). */

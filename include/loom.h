@@ -139,11 +139,15 @@ loom_value loom_batchnorm2d(loom_graph *g, loom_value x, loom_value gamma,
 loom_value loom_relu(loom_graph *g, loom_value x);
 /* x * Phi(x) with Phi the normal CDF (torch.nn.GELU(), the exact erf form). */
 loom_value loom_gelu(loom_graph *g, loom_value x);
+/* GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (torch.nn.GELU(approximate='tanh'): GPT-2's and llm.c's). */
+loom_value loom_gelu_tanh(loom_graph *g, loom_value x);
 loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
 			  int pad);
 /* [N, C, H, W] -> [N, C]: the mean of each channel plane (ResNet's head). */
 loom_value loom_global_avgpool(loom_graph *g, loom_value x);
-/* y = x w^T + b, x [N, in], w [out, in], b [out] or LOOM_NONE. */
+/* y = x w^T + b, x [N, in] or [..., in] (any leading dims, e.g. a GPT's
+ * [B, T, C]: y is then [..., out]), w [out, in], b [out] or LOOM_NONE. */
 loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b);
 /* [M, K] x [K, N] -> [M, N] */
 loom_value loom_matmul(loom_graph *g, loom_value a, loom_value b);
@@ -161,6 +165,30 @@ loom_value loom_mean(loom_graph *g, loom_value x);
 loom_value loom_softmax_cross_entropy(loom_graph *g, loom_value logits,
 				      loom_value labels);
 
+/* Transformer ops (a GPT-2 block: examples/gpt_ddp.c). */
+/* Rows of table [V, C] gathered by ids (LOOM_I32, any shape): [..., C]
+ * (torch.nn.Embedding). An id outside [0, V) makes the step fail on the
+ * CPU; the CUDA backend writes zeros for it. A table used by two ops (tied
+ * embedding and output projection) gets the sum of both gradients. */
+loom_value loom_embedding(loom_graph *g, loom_value ids, loom_value table);
+/* Layer norm over the last dim of x [..., C] (torch.nn.LayerNorm(C)):
+ * gamma and beta [C], biased variance, statistics in fp32 (f64 for f64
+ * graphs) at every opt level. */
+loom_value loom_layernorm(loom_graph *g, loom_value x, loom_value gamma,
+			  loom_value beta, double eps);
+/* Causal multi-head self-attention over a fused qkv [B, T, 3C] (q, k, v
+ * side by side, each C = n_head * hs wide, head h at columns h*hs):
+ * y [B, T, C] = softmax(q k^T / sqrt(hs), masked to j <= i) v per head,
+ * no dropout (GPT-2's attention before c_proj). Built as the two nodes
+ * below; the probabilities [B, n_head, T, T] are kept for backward as
+ * llm.c keeps them. */
+loom_value loom_causal_self_attention(loom_graph *g, loom_value qkv, int n_head);
+/* Its two halves: P = the masked softmax [B, n_head, T, T] of qkv, and
+ * y = P v with v from qkv (P any [B, n_head, T, T] value). */
+loom_value loom_attention_probs(loom_graph *g, loom_value qkv, int n_head);
+loom_value loom_attention_apply(loom_graph *g, loom_value probs, loom_value qkv,
+				int n_head);
+
 /* Layers: create named parameters with PyTorch's default initialisers
  * ("name.weight", "name.bias", "name.running_mean", ...) and the op. */
 loom_value loom_layer_conv2d(loom_graph *g, const char *name, loom_value x,
@@ -169,6 +197,8 @@ loom_value loom_layer_conv2d(loom_graph *g, const char *name, loom_value x,
 loom_value loom_layer_batchnorm2d(loom_graph *g, const char *name, loom_value x);
 loom_value loom_layer_linear(loom_graph *g, const char *name, loom_value x,
 			     int out_features, int bias);
+/* "name.weight" (ones) and "name.bias" (zeros) over x's last dim, eps 1e-5. */
+loom_value loom_layer_layernorm(loom_graph *g, const char *name, loom_value x);
 
 /* Keeps v readable after a step (loss is always kept). */
 loom_status loom_mark_output(loom_graph *g, loom_value v);
@@ -259,6 +289,18 @@ typedef struct loom_compile_opts {
 	 * without a device communicator is refused at compile.
 	 * World 1: nothing changes. */
 	int sync_bn;
+	/* A forward-only plan (default 0), for inference: no autodiff, no
+	 * gradients, no optimizer state (optim is ignored), so its own,
+	 * smaller memory plan; batch norm uses its running statistics. Only
+	 * LOOM_RUN_EVAL runs (others answer LOOM_ERR_STATE); its outputs equal
+	 * a training program's EVAL outputs on the same weights bit for bit.
+	 * The loss is still a scalar value of g (the forward computes it; a
+	 * classifier's cross-entropy gives the test loss). The AMP level
+	 * applies as in training (O2/O3: half weights; O2 keeps its fp32
+	 * masters, which loom_import_safetensors fills). Not with a process
+	 * group of world > 1. loom_load takes only checkpoints of the same
+	 * kind: move weights between the two with safetensors (loom_io.h). */
+	int inference;
 } loom_compile_opts;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,
@@ -378,6 +420,22 @@ double loom_loss(loom_program *p);
 
 loom_status loom_set_lr(loom_program *p, double lr);
 double loom_get_lr(const loom_program *p);
+/*
+ * Gradient clipping by global norm before every update, as
+ * torch.nn.utils.clip_grad_norm_(params, max_norm): the L2 norm of all
+ * gradients together (unscaled, averaged over the ranks and micro-steps,
+ * i.e. the gradient the optimizer applies) and, when it exceeds max_norm,
+ * every gradient times max_norm / (norm + 1e-6). Every rank holds the same
+ * summed gradients, so every rank computes the same norm and scale. A step
+ * skipped for an inf/NaN (loss scaling) is skipped before the norm is
+ * taken: nothing changes. max_norm 0 turns it off (the default). The CPU
+ * backend only for now (LOOM_ERR_UNSUPPORTED elsewhere).
+ */
+loom_status loom_set_clip_grad(loom_program *p, double max_norm);
+/* Weight decay only on parameters of 2 or more dims (matrices and
+ * embeddings; not biases or norms), as nanoGPT's optimizer groups; off by
+ * default. The CPU backend only for now. */
+loom_status loom_set_decay_matrices_only(loom_program *p, int on);
 /* Optimizer steps taken (skipped AMP steps do not count). */
 int64_t loom_step_count(const loom_program *p);
 
@@ -402,6 +460,8 @@ typedef struct loom_program_info {
 	double flops_fwd, flops_bwd;
 	double loss_scale;          /* 1 without dynamic scaling */
 	int64_t skipped_steps;      /* AMP steps skipped on overflow */
+	double grad_norm;           /* the last update's global gradient norm (before clipping;
+				     * taken only while clipping is on, else 0) */
 	/* When the loss scale collapsed (below 1): which op first produced a
 	 * non-finite value, e.g. "conv2d 'conv1' (node 7)"; else "". */
 	const char *amp_report;

@@ -48,6 +48,16 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_GELU] = loom_cpu_op_gelu,
 	[LOOM_OP_GELU_BWD] = loom_cpu_op_gelu_bwd,
 	[LOOM_OP_ALLREDUCE] = loom_cpu_op_allreduce,
+	[LOOM_OP_EMBEDDING] = loom_cpu_op_embedding,
+	[LOOM_OP_EMBEDDING_BWD] = loom_cpu_op_embedding_bwd,
+	[LOOM_OP_LAYERNORM] = loom_cpu_op_layernorm,
+	[LOOM_OP_LAYERNORM_BWD_DATA] = loom_cpu_op_layernorm_bwd_data,
+	[LOOM_OP_LAYERNORM_BWD_GAMMA] = loom_cpu_op_layernorm_bwd_gamma,
+	[LOOM_OP_ATTN_PROBS] = loom_cpu_op_attn_probs,
+	[LOOM_OP_ATTN_PROBS_BWD] = loom_cpu_op_attn_probs_bwd,
+	[LOOM_OP_ATTENTION] = loom_cpu_op_attention,
+	[LOOM_OP_ATTENTION_BWD_PROBS] = loom_cpu_op_attention_bwd_probs,
+	[LOOM_OP_ATTENTION_BWD_QKV] = loom_cpu_op_attention_bwd_qkv,
 };
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
@@ -55,6 +65,13 @@ static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, si
 {
 	(void)c;
 	return loom_cpu_bn_workspace(pl, v, elem);
+}
+
+/* The transformer ops' workspace needs no context either. */
+static size_t gpt_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
+{
+	(void)c;
+	return loom_cpu_gpt_workspace(pl, v, elem);
 }
 
 /* Kernel workspace of the ops that need one, for element size elem. */
@@ -66,6 +83,8 @@ static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_cpu_ctx *, const loom
 	[LOOM_OP_BATCHNORM2D] = bn_ws,
 	[LOOM_OP_BN_BWD_DATA] = bn_ws,
 	[LOOM_OP_BN_BWD_GAMMA] = bn_ws,
+	[LOOM_OP_LAYERNORM_BWD_GAMMA] = gpt_ws,
+	[LOOM_OP_ATTN_PROBS_BWD] = gpt_ws,
 };
 
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */
@@ -388,4 +407,5 @@ const loom_backend loom_cpu_backend = {
 	.fuses_linear_relu = 1,
 	.fuses_bn_relu = 1,
 	.fuses_add_relu = 1,
+	.clips_grad = 1,
 };

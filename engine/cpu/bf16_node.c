@@ -81,11 +81,11 @@ int loom_cpu_bf16_node(const loom_plan *p, loom_value v, void *const *src, void 
 		rc = loom_cpu_conv2d_bwd_filter_bf16(&cs, src[0], src[1], y, ws);
 		break;
 	case LOOM_OP_LINEAR: {
-		int rows = (int)x->shape.dims[0], out_f = (int)n->shape.dims[1];
+		int rows = (int)loom_shape_rows(&x->shape), out_f = (int)loom_shape_last(&n->shape);
 		for (int i = 0; b && i < rows; i++)
 			for (int j = 0; j < out_f; j++)
 				y[(int64_t)i * out_f + j] = b[j];
-		rc = loom_cpu_gemm_bf16f32(0, 1, rows, out_f, (int)x->shape.dims[1], 1, src[0],
+		rc = loom_cpu_gemm_bf16f32(0, 1, rows, out_f, (int)loom_shape_last(&x->shape), 1, src[0],
 					   src[1], b ? 1 : 0, y);
 		if (rc == 0 && n->a.mm.relu) /* fused (graph/fuse.c), before rounding */
 			loom_cpu_relu_fwd_f32(numel, y, y);
@@ -93,8 +93,9 @@ int loom_cpu_bf16_node(const loom_plan *p, loom_value v, void *const *src, void 
 	}
 	default: { /* MATMUL */
 		int ta = n->a.mm.ta, tb = n->a.mm.tb;
-		int k = (int)(ta ? x->shape.dims[0] : x->shape.dims[1]);
-		rc = loom_cpu_gemm_bf16f32(ta, tb, (int)n->shape.dims[0], (int)n->shape.dims[1], k,
+		int k = (int)(ta ? loom_shape_rows(&x->shape) : loom_shape_last(&x->shape));
+		rc = loom_cpu_gemm_bf16f32(ta, tb, (int)loom_shape_rows(&n->shape),
+					   (int)loom_shape_last(&n->shape), k,
 					   1, src[0], src[1], 0, y);
 		break;
 	}

@@ -143,6 +143,31 @@ loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 /* A cast of n elements between any two float dtypes. */
 void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n);
 
+/* ops_gpt.c: the transformer ops */
+loom_status loom_cpu_op_embedding(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_embedding_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_layernorm(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_layernorm_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_layernorm_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_attn_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_attn_probs_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_attention(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_attention_bwd_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+loom_status loom_cpu_op_attention_bwd_qkv(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			const loom_cpu_io *io);
+/* Bytes of workspace a transformer node needs in elements of elem bytes:
+ * layer norm's dgamma per-thread sums, attention's per-thread dS. */
+size_t loom_cpu_gpt_workspace(const loom_plan *plan, loom_value v, size_t elem);
+
 /* ops_comm.c: starts the bucket's sum over ranks, non-blocking; the
  * optimizer (loom_cpu_comm_wait_all) waits for it. */
 loom_status loom_cpu_op_allreduce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,

@@ -12,14 +12,13 @@ loom_status loom_cpu_op_linear(loom_cpu_ctx *ctx, const loom_plan *plan, loom_va
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	const loom_node *w = &plan->g->nodes[n->src[1]];
 	loom_dtype dt = loom_cpu_kernel_dtype(n);
+	int in = (int)w->shape.dims[1], rows = (int)loom_shape_rows(&x->shape);
 	(void)ctx;
 	if (dt == LOOM_F64)
-		loom_cpu_linear_fwd_f64((int)x->shape.dims[0], (int)x->shape.dims[1],
-					(int)w->shape.dims[0], io->src[0], io->src[1],
+		loom_cpu_linear_fwd_f64(rows, in, (int)w->shape.dims[0], io->src[0], io->src[1],
 					n->nsrc > 2 ? io->src[2] : NULL, io->out);
 	else
-		loom_cpu_linear_fwd_f32((int)x->shape.dims[0], (int)x->shape.dims[1],
-					(int)w->shape.dims[0], io->src[0], io->src[1],
+		loom_cpu_linear_fwd_f32(rows, in, (int)w->shape.dims[0], io->src[0], io->src[1],
 					n->nsrc > 2 ? io->src[2] : NULL, io->out);
 	if (n->a.mm.relu) /* fused (graph/fuse.c), before any rounding to half */
 		LOOM_CPU_DISPATCH(dt, loom_cpu_relu_fwd, loom_shape_numel(&n->shape), io->out,
@@ -33,10 +32,13 @@ loom_status loom_cpu_op_matmul(loom_cpu_ctx *ctx, const loom_plan *plan, loom_va
 	const loom_node *n = &plan->g->nodes[v];
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	int ta = n->a.mm.ta, tb = n->a.mm.tb;
-	int k = (int)(ta ? x->shape.dims[0] : x->shape.dims[1]);
+	int k = (int)(ta ? loom_shape_rows(&x->shape) : loom_shape_last(&x->shape));
 	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_gemm, ta, tb, (int)n->shape.dims[0],
-			  (int)n->shape.dims[1], k, 1.0, io->src[0], io->src[1], 0.0, io->out);
+	/* Operands of more than 2 dims are their rows (autodiff's linear over
+	 * [B, T, C]): [..., last] as [numel / last, last]. */
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_gemm, ta, tb,
+			  (int)loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), k, 1.0,
+			  io->src[0], io->src[1], 0.0, io->out);
 	return LOOM_OK;
 }
 

@@ -33,37 +33,59 @@ loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_
 	return LOOM_OK;
 }
 
-/* gelu runs in the entry itself: erf dominates, and there is no library
- * kernel or ISA-specific loop to choose between. dx = dy * (Phi(x) + x phi(x)). */
+/* gelu runs in the entry itself: erf (or tanh) dominates, and there is no
+ * library kernel or ISA-specific loop to choose between. The exact form:
+ * dx = dy * (Phi(x) + x phi(x)); the tanh one (GPT-2's), with
+ * u = k (x + c x^3): y = x (1 + tanh u) / 2,
+ * dx = dy ((1 + tanh u) / 2 + x (1 - tanh^2 u) k (1 + 3 c x^2) / 2). */
 #define GELU_PAR_MIN 32768
+#define GELU_C 0.044715
 
-static void gelu_f32(int64_t n, const float *x, const float *dy, float *y)
+static void gelu_f32(int64_t n, const float *x, const float *dy, float *y, int tanh_form)
 {
 	const float k = (float)(0.5 * M_2_SQRTPI * M_SQRT1_2); /* 1 / sqrt(2 pi) */
+	const float kt = (float)(M_2_SQRTPI * M_SQRT1_2);      /* sqrt(2 / pi) */
 #pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i++) {
-		float cdf = 0.5f * (1.0f + erff(x[i] * (float)M_SQRT1_2));
-		y[i] = dy ? dy[i] * (cdf + x[i] * k * expf(-0.5f * x[i] * x[i])) : x[i] * cdf;
+		float v = x[i];
+		if (tanh_form) {
+			float t = tanhf(kt * (v + (float)GELU_C * v * v * v));
+			y[i] = dy ? dy[i] * (0.5f * (1 + t) + 0.5f * v * (1 - t * t) * kt *
+						       (1 + 3 * (float)GELU_C * v * v)) :
+				    0.5f * v * (1 + t);
+			continue;
+		}
+		float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+		y[i] = dy ? dy[i] * (cdf + v * k * expf(-0.5f * v * v)) : v * cdf;
 	}
 }
 
-static void gelu_f64(int64_t n, const double *x, const double *dy, double *y)
+static void gelu_f64(int64_t n, const double *x, const double *dy, double *y, int tanh_form)
 {
-	const double k = 0.5 * M_2_SQRTPI * M_SQRT1_2;
+	const double k = 0.5 * M_2_SQRTPI * M_SQRT1_2, kt = M_2_SQRTPI * M_SQRT1_2;
 #pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i++) {
-		double cdf = 0.5 * (1.0 + erf(x[i] * M_SQRT1_2));
-		y[i] = dy ? dy[i] * (cdf + x[i] * k * exp(-0.5 * x[i] * x[i])) : x[i] * cdf;
+		double v = x[i];
+		if (tanh_form) {
+			double t = tanh(kt * (v + GELU_C * v * v * v));
+			y[i] = dy ? dy[i] * (0.5 * (1 + t) + 0.5 * v * (1 - t * t) * kt *
+						       (1 + 3 * GELU_C * v * v)) :
+				    0.5 * v * (1 + t);
+			continue;
+		}
+		double cdf = 0.5 * (1.0 + erf(v * M_SQRT1_2));
+		y[i] = dy ? dy[i] * (cdf + v * k * exp(-0.5 * v * v)) : v * cdf;
 	}
 }
 
 static void gelu(const loom_plan *plan, loom_value v, const loom_cpu_io *io, int bwd)
 {
 	int64_t n = numel_of(plan, v);
+	int t = plan->g->nodes[v].a.ew.tanh;
 	if (loom_cpu_kernel_dtype(&plan->g->nodes[v]) == LOOM_F64)
-		gelu_f64(n, io->src[0], bwd ? io->src[1] : NULL, io->out);
+		gelu_f64(n, io->src[0], bwd ? io->src[1] : NULL, io->out, t);
 	else
-		gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, io->out);
+		gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, io->out, t);
 }
 
 loom_status loom_cpu_op_gelu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,

@@ -56,13 +56,33 @@ static int grads_finite(const loom_plan *pl, const loom_arena *a)
 	return ok;
 }
 
+/* The sum of squares of every gradient times inv, in double, in a fixed
+ * order (the same on every rank). */
+static double grad_sumsq(const loom_plan *pl, const loom_arena *a, double inv)
+{
+	double total = 0;
+	for (int s = 0; s < pl->n_params; s++) {
+		const loom_param_slot *sl = &pl->params[s];
+		loom_dtype dt = pl->g->nodes[sl->grad].dtype;
+		const void *g = loom_arena_ptr(a, pl, sl->grad);
+		double part = 0;
+		#pragma omp parallel for reduction(+ : part) if (sl->numel > 65536) schedule(static)
+		for (int64_t i = 0; i < sl->numel; i++) {
+			double x = loom_elem_get(dt, g, i) * inv;
+			part += x * x;
+		}
+		total += part;
+	}
+	return total;
+}
+
 /* One chunk of torch.optim.SGD / AdamW on w (fp32 or fp64 values). */
 static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double *w,
-			 const double *g, double *s0, double *s1, int64_t n)
+			 const double *g, double *s0, double *s1, int64_t n, double wd)
 {
 	if (o->kind == LOOM_OPTIM_SGD) {
 		for (int64_t i = 0; i < n; i++) {
-			double d = g[i] + o->weight_decay * w[i];
+			double d = g[i] + wd * w[i];
 			if (o->momentum > 0) {
 				s0[i] = t == 1 ? d : o->momentum * s0[i] + (1 - o->dampening) * d;
 				d = o->nesterov ? d + o->momentum * s0[i] : s0[i];
@@ -73,7 +93,7 @@ static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double 
 	}
 	double bc1 = 1 - pow(o->beta1, (double)t), bc2 = 1 - pow(o->beta2, (double)t);
 	for (int64_t i = 0; i < n; i++) {
-		w[i] *= 1 - lr * o->weight_decay;
+		w[i] *= 1 - lr * wd;
 		s0[i] = o->beta1 * s0[i] + (1 - o->beta1) * g[i];
 		s1[i] = o->beta2 * s1[i] + (1 - o->beta2) * g[i] * g[i];
 		double denom = sqrt(s1[i]) / sqrt(bc2) + o->eps;
@@ -96,6 +116,7 @@ static void update_slot(const loom_plan *pl, const loom_arena *a, const loom_tra
 	void *st1 = pl->n_state > 1 ? a->state + sl->state_off[1] : NULL;
 	int64_t t = ts->step + 1;
 	double lr = ts->lr;
+	double wd = ts->decay_matrices_only && pn->shape.ndim < 2 ? 0 : o->weight_decay;
 	#pragma omp parallel for if (sl->numel > 4 * CHUNK) schedule(static)
 	for (int64_t off = 0; off < sl->numel; off += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
@@ -108,7 +129,7 @@ static void update_slot(const loom_plan *pl, const loom_arena *a, const loom_tra
 			load(sl->state_dtype, st0, off, n, s0);
 		if (st1)
 			load(sl->state_dtype, st1, off, n, s1);
-		update_chunk(o, lr, t, w, g, s0, s1, n);
+		update_chunk(o, lr, t, w, g, s0, s1, n, wd);
 		store(wdt, w_src, off, n, w);
 		if (master)
 			store(pn->dtype, param, off, n, w);
@@ -131,6 +152,13 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 	double inv = 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
 	if (pl->scaling && !loom_scaler_update(&ts->scaler, !grads_finite(pl, a)))
 		return LOOM_OK;
+	/* Clipping (torch's clip_grad_norm_) folded into the unscale. */
+	if (ts->clip_grad > 0) {
+		ts->grad_norm = sqrt(grad_sumsq(pl, a, inv));
+		double coef = ts->clip_grad / (ts->grad_norm + 1e-6);
+		if (coef < 1)
+			inv *= coef;
+	}
 	for (int s = 0; s < pl->n_params; s++)
 		update_slot(pl, a, ts, &pl->params[s], inv);
 	ts->step++;

@@ -80,6 +80,16 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_GELU] = loom_cuda_op_gelu;
 	t.fn[LOOM_OP_GELU_BWD] = loom_cuda_op_gelu_bwd;
 	t.fn[LOOM_OP_ALLREDUCE] = loom_cuda_op_allreduce;
+	t.fn[LOOM_OP_EMBEDDING] = loom_cuda_op_embedding;
+	t.fn[LOOM_OP_EMBEDDING_BWD] = loom_cuda_op_embedding_bwd;
+	t.fn[LOOM_OP_LAYERNORM] = loom_cuda_op_layernorm;
+	t.fn[LOOM_OP_LAYERNORM_BWD_DATA] = loom_cuda_op_layernorm_bwd_data;
+	t.fn[LOOM_OP_LAYERNORM_BWD_GAMMA] = loom_cuda_op_layernorm_bwd_gamma;
+	t.fn[LOOM_OP_ATTN_PROBS] = loom_cuda_op_attn_probs;
+	t.fn[LOOM_OP_ATTN_PROBS_BWD] = loom_cuda_op_attn_probs_bwd;
+	t.fn[LOOM_OP_ATTENTION] = loom_cuda_op_attention;
+	t.fn[LOOM_OP_ATTENTION_BWD_PROBS] = loom_cuda_op_attention_bwd_probs;
+	t.fn[LOOM_OP_ATTENTION_BWD_QKV] = loom_cuda_op_attention_bwd_qkv;
 	return t;
 }
 
@@ -260,6 +270,7 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
 	default:
+		np->ws = loom_cuda_gpt_ws(p, v); /* 0 for the others */
 		break;
 	}
 	return st;

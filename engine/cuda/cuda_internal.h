@@ -255,6 +255,30 @@ loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *ctx, const loom_plan *plan, 
 loom_status loom_cuda_op_grad_seed(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 
+/* gpt.cu: the transformer ops (own kernels) */
+loom_status loom_cuda_op_embedding(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io);
+loom_status loom_cuda_op_layernorm(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan,
+					    loom_value v, const loom_cuda_io *io);
+loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan,
+					     loom_value v, const loom_cuda_io *io);
+loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				    const loom_cuda_io *io);
+loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io);
+loom_status loom_cuda_op_attention(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io);
+loom_status loom_cuda_op_attention_bwd_probs(loom_cuda_ctx *ctx, const loom_plan *plan,
+					     loom_value v, const loom_cuda_io *io);
+loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *ctx, const loom_plan *plan,
+					   loom_value v, const loom_cuda_io *io);
+/* Workspace bytes of a transformer node (its fp32 sums or row statistics). */
+size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v);
+
 /* ------------------------------------------------------------ launchers */
 /* Plain arguments, an explicit stream, a status; a failure's message goes
  * into err (LOOM_ERR_MAX bytes). */

@@ -34,13 +34,24 @@ __global__ void loom_relu_bwd_kernel(const void *x, int xdt, const void *dy, int
 		loom_st(dx, dxdt, i, loom_ld(x, xdt, i) > 0.0f ? loom_ld(dy, dydt, i) : 0.0f);
 }
 
-/* gelu, the exact form: y = x Phi(x); dx = dy (Phi(x) + x phi(x)). */
+/* gelu, the exact form: y = x Phi(x); dx = dy (Phi(x) + x phi(x)); or
+ * (tanh_form) the tanh approximation, as engine/cpu/ops_elementwise.c. */
 __global__ void loom_gelu_kernel(const void *x, int xdt, const void *dy, int dydt, void *y,
-				 int ydt, int64_t n)
+				 int ydt, int64_t n, int tanh_form)
 {
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
 		float v = loom_ld(x, xdt, i);
+		if (tanh_form) {
+			const float kt = 0.79788456080286536f, c = 0.044715f;
+			float t = tanhf(kt * (v + c * v * v * v));
+			loom_st(y, ydt, i,
+				dy ? loom_ld(dy, dydt, i) *
+					     (0.5f * (1 + t) +
+					      0.5f * v * (1 - t * t) * kt * (1 + 3 * c * v * v)) :
+				     0.5f * v * (1 + t));
+			continue;
+		}
 		float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
 		float out = dy ? loom_ld(dy, dydt, i) *
 					 (cdf + v * 0.39894228040143268f * expf(-0.5f * v * v)) :
@@ -259,7 +270,7 @@ static loom_status gelu_launch(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 		return LOOM_OK;
 	loom_gelu_kernel<<<loom_cuda_blocks(n, threads), threads, 0, c->stream>>>(
 		io->src[0], io->dt[0], bwd ? io->src[1] : NULL, bwd ? io->dt[1] : 0, io->out,
-		io->odt, n);
+		io->odt, n, plan->g->nodes[v].a.ew.tanh);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 

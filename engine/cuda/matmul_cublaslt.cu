@@ -31,15 +31,17 @@ typedef struct mm_shape {
 static void mm_shape_of(const loom_plan *p, const loom_node *nd, mm_shape *s)
 {
 	const loom_node *a = &p->g->nodes[nd->src[0]], *b = &p->g->nodes[nd->src[1]];
+	/* Values of more than 2 dims are their rows: [..., last] as
+	 * [numel / last, last] (a linear over GPT's [B, T, C]). */
 	if (nd->op == LOOM_OP_LINEAR) { /* x[N, in] w[out, in]^T */
 		s->ta = 0, s->tb = 1;
-		s->m = (int)a->shape.dims[0], s->k = (int)a->shape.dims[1];
+		s->m = (int)loom_shape_rows(&a->shape), s->k = (int)loom_shape_last(&a->shape);
 		s->n = (int)b->shape.dims[0];
 		return;
 	}
 	s->ta = nd->a.mm.ta, s->tb = nd->a.mm.tb;
-	s->m = (int)nd->shape.dims[0], s->n = (int)nd->shape.dims[1];
-	s->k = (int)(s->ta ? a->shape.dims[0] : a->shape.dims[1]);
+	s->m = (int)loom_shape_rows(&nd->shape), s->n = (int)loom_shape_last(&nd->shape);
+	s->k = (int)(s->ta ? loom_shape_rows(&a->shape) : loom_shape_last(&a->shape));
 }
 
 static loom_status set_attr(loom_cuda_ctx *c, cublasLtMatmulDesc_t d,

@@ -31,20 +31,35 @@ static void grad_relu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_RELU_BWD, x, 2, s));
 }
 
-loom_value loom_gelu(loom_graph *g, loom_value x)
+static loom_value gelu(loom_graph *g, loom_value x, int tanh)
 {
 	loom_node n;
 	loom_op_init(&n, LOOM_OP_GELU, 1, &x);
+	n.a.ew.tanh = tanh;
 	return loom_op_build(g, &n);
+}
+
+loom_value loom_gelu(loom_graph *g, loom_value x)
+{
+	return gelu(g, x, 0);
+}
+
+loom_value loom_gelu_tanh(loom_graph *g, loom_value x)
+{
+	return gelu(g, x, 1);
 }
 
 static void grad_gelu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_value x = g->nodes[v].src[0];
+	int tanh = g->nodes[v].a.ew.tanh;
 	if (!loom_grad_needed(ctx, x))
 		return;
 	loom_value s[2] = { x, dy };
-	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_GELU_BWD, x, 2, s));
+	loom_value dx = loom_grad_node(g, LOOM_OP_GELU_BWD, x, 2, s);
+	if (dx != LOOM_NONE)
+		g->nodes[dx].a.ew.tanh = tanh;
+	loom_grad_accum(ctx, x, dx);
 }
 
 loom_value loom_add(loom_graph *g, loom_value a, loom_value b)
@@ -100,10 +115,12 @@ const loom_op_def loom_op_relu_bwd = {
 	.src_names = { "input", "dy" },
 };
 
-/* gelu has relu's shape rule: the input's shape and dtype. */
+/* gelu has relu's shape rule: the input's shape and dtype; attrs.ew.tanh
+ * picks the tanh approximation. */
 const loom_op_def loom_op_gelu = {
 	.name = "gelu",
 	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_EW,
 	.src_names = { "input" },
 	.shape = shape_relu,
 	.grad = grad_gelu,
@@ -112,6 +129,7 @@ const loom_op_def loom_op_gelu = {
 const loom_op_def loom_op_gelu_bwd = {
 	.name = "gelu_bwd",
 	.kind = LOOM_OPK_BACKWARD,
+	.attrs = LOOM_ATTRS_EW,
 	.src_names = { "input", "dy" },
 };
 

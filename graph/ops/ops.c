@@ -21,6 +21,11 @@ extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /
 extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
 	loom_op_grad_seed;                                                      /* loss.c */
 extern const loom_op_def loom_op_allreduce;                                    /* comm.c */
+extern const loom_op_def loom_op_embedding, loom_op_embedding_bwd;             /* embedding.c */
+extern const loom_op_def loom_op_layernorm, loom_op_layernorm_bwd_data,
+	loom_op_layernorm_bwd_gamma;                                            /* layernorm.c */
+extern const loom_op_def loom_op_attn_probs, loom_op_attn_probs_bwd, loom_op_attention,
+	loom_op_attention_bwd_probs, loom_op_attention_bwd_qkv;                 /* attention.c */
 
 const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_INPUT] = &loom_op_input,
@@ -52,6 +57,16 @@ const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_GELU] = &loom_op_gelu,
 	[LOOM_OP_GELU_BWD] = &loom_op_gelu_bwd,
 	[LOOM_OP_ALLREDUCE] = &loom_op_allreduce,
+	[LOOM_OP_EMBEDDING] = &loom_op_embedding,
+	[LOOM_OP_EMBEDDING_BWD] = &loom_op_embedding_bwd,
+	[LOOM_OP_LAYERNORM] = &loom_op_layernorm,
+	[LOOM_OP_LAYERNORM_BWD_DATA] = &loom_op_layernorm_bwd_data,
+	[LOOM_OP_LAYERNORM_BWD_GAMMA] = &loom_op_layernorm_bwd_gamma,
+	[LOOM_OP_ATTN_PROBS] = &loom_op_attn_probs,
+	[LOOM_OP_ATTN_PROBS_BWD] = &loom_op_attn_probs_bwd,
+	[LOOM_OP_ATTENTION] = &loom_op_attention,
+	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_op_attention_bwd_probs,
+	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_op_attention_bwd_qkv,
 };
 
 /* A new op last in the enum with no row here fails to compile; a hole in
@@ -92,4 +107,18 @@ loom_value loom_grad_matmul(loom_graph *g, loom_value a, int ta, loom_value b, i
 		g->nodes[v].a.mm.tb = tb;
 	}
 	return v;
+}
+
+loom_value loom_grad_rows(loom_graph *g, loom_value v)
+{
+	loom_shape s = g->nodes[v].shape;
+	if (s.ndim == 2 || s.ndim < 1)
+		return v;
+	int64_t c = s.dims[s.ndim - 1];
+	int64_t d[2] = { c ? loom_shape_numel(&s) / c : 0, c };
+	loom_value r = loom_node_add(g, LOOM_OP_RESHAPE, g->nodes[v].dtype, loom_shape_make(2, d),
+				     1, &v);
+	if (r != LOOM_NONE)
+		g->nodes[r].flags |= LOOM_NODE_BACKWARD;
+	return r;
 }

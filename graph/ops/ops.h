@@ -33,6 +33,8 @@ typedef enum loom_attrs_kind {
 	LOOM_ATTRS_LEAF, /* .leaf */
 	LOOM_ATTRS_EW,   /* .ew */
 	LOOM_ATTRS_AR,   /* .ar */
+	LOOM_ATTRS_LN,   /* .ln */
+	LOOM_ATTRS_ATTN, /* .attn */
 } loom_attrs_kind;
 
 /*
@@ -141,6 +143,9 @@ loom_value loom_grad_node(loom_graph *g, loom_op op, loom_value like, int nsrc,
 			  const loom_value *src);
 /* Column sums of dy (a bias gradient) shaped like the bias. */
 loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like);
+/* v [..., C] seen as [rows, C]: a view (no copy), for products and column
+ * sums over every leading dim; v itself when it already has 2 dims. */
+loom_value loom_grad_rows(loom_graph *g, loom_value v);
 /* like-shaped x * scale, x a scalar. */
 loom_value loom_grad_broadcast(loom_graph *g, loom_value x, loom_value like, double scale);
 /* op(a) op(b) shaped like like. */

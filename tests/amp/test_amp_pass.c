@@ -648,3 +648,77 @@ Test(amp_pass, f64_model_refused)
 	loom_program_free(p);
 	loom_graph_free(g);
 }
+
+/* ------------------------------------------------------ a transformer block */
+
+/* ids -> embedding -> layer norm -> qkv linear over [B, T, C] -> causal
+ * attention -> linear -> tied output projection -> cross-entropy. */
+static loom_program *compile_block(loom_opt_level level, loom_dtype half)
+{
+	loom_graph *g;
+	loom_program *p;
+	int64_t bt[2] = { 2, 4 }, flat[1] = { 8 }, td[2] = { 10, 8 }, lg[2] = { 8, 10 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, flat);
+	loom_value wte = loom_param(g, "wte", LOOM_F32, 2, td, LOOM_INIT_KAIMING_UNIFORM, 8);
+	loom_value x = loom_layer_layernorm(g, "ln", loom_embedding(g, ids, wte));
+	x = loom_causal_self_attention(g, loom_layer_linear(g, "qkv", x, 24, 1), 2);
+	x = loom_layer_linear(g, "proj", x, 8, 1);
+	loom_value logits = loom_reshape(g, loom_linear(g, x, wte, LOOM_NONE), 2, lg);
+	loom_value loss = loom_softmax_cross_entropy(g, logits, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts o = amp_opts(level, half);
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	loom_graph_free(g);
+	int32_t idv[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, yv[8] = { 2, 3, 4, 5, 6, 7, 8, 9 };
+	cr_assert_eq(loom_set_input(p, "ids", idv, LOOM_I32, 8), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 8), LOOM_OK);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert(isfinite(loom_loss(p)));
+	return p;
+}
+
+static loom_dtype dtype_of_op(const loom_program *p, loom_op op)
+{
+	loom_value v[2];
+	cr_assert_eq(ops_of(p, op, v, 2), 1, "%s nodes", loom_op_defs[op]->name);
+	return node(p, v[0])->dtype;
+}
+
+/* O1: layer norm and the attention's softmax fp32 (apex's FP32 list), the
+ * products half, the embedding following its fp32 table, the loss fp32. */
+static void check_block_o1(loom_dtype half)
+{
+	loom_program *p = compile_block(LOOM_O1, half);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_LAYERNORM), LOOM_F32);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTN_PROBS), LOOM_F32);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTENTION), half);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_EMBEDDING), LOOM_F32);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_SOFTMAX_CE), LOOM_F32);
+	loom_value lin[3];
+	cr_assert_eq(ops_of(p, LOOM_OP_LINEAR, lin, 3), 3);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(node(p, lin[i])->dtype, half);
+	check_loss_f32(p);
+	loom_program_free(p);
+}
+
+Test(amp_pass, o1_transformer_layernorm_softmax_fp32)
+{
+	check_block_o1(LOOM_F16);
+	check_block_o1(LOOM_BF16);
+}
+
+/* O2: the half model throughout (layer norm's statistics stay fp32 inside
+ * its kernels), the loss fp32, fp32 masters for the table and the norm. */
+Test(amp_pass, o2_transformer_half_model)
+{
+	loom_program *p = compile_block(LOOM_O2, LOOM_BF16);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_LAYERNORM), LOOM_BF16);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTN_PROBS), LOOM_BF16);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_EMBEDDING), LOOM_BF16);
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_SOFTMAX_CE), LOOM_F32);
+	cr_assert_eq(n_masters(p), 7, "%d masters", n_masters(p)); /* wte, ln, qkv, proj (+ biases) */
+	loom_program_free(p);
+}

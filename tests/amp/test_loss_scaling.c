@@ -342,6 +342,35 @@ Test(loss_scaling, repeated_overflow_backs_off_each_time)
 	loom_program_free(p);
 }
 
+/*
+ * A step on which the scale grows (growth interval 1) updates exactly as one
+ * on which it does not (interval 2000): the unscale divides by the scale the
+ * gradients were multiplied by, not by the grown one (which would halve every
+ * growth step's update).
+ */
+Test(loss_scaling, growth_step_update_equals_unscaled_gradient)
+{
+	loom_program *grows = build_over(1, LOOM_OPTIM_SGD);
+	loom_program *stays = build_over(2000, LOOM_OPTIM_SGD);
+	feed_over(grows, 0, 0);
+	feed_over(stays, 0, 0);
+	snap before = take(stays);
+	cr_assert_eq(loom_run(grows, LOOM_RUN_TRAIN), LOOM_OK);
+	cr_assert_eq(loom_run(stays, LOOM_RUN_TRAIN), LOOM_OK);
+	cr_assert_eq(scale_of(grows), 2 * 65536.0, "the scale grew on this step");
+	cr_assert_eq(scale_of(stays), 65536.0);
+	snap g = take(grows), s = take(stays);
+	cr_assert_eq(g.n, s.n);
+	cr_assert(memcmp(before.bytes, s.bytes, s.n) != 0, "the step changed the parameters");
+	cr_assert(memcmp(g.bytes, s.bytes, s.n) == 0,
+		  "the growth step's parameters and state differ from the plain step's");
+	free(before.bytes);
+	free(g.bytes);
+	free(s.bytes);
+	loom_program_free(grows);
+	loom_program_free(stays);
+}
+
 /* Growth stops at apex's cap, 2^24. */
 Test(loss_scaling, growth_capped)
 {

@@ -143,6 +143,27 @@ static int die(loom_pg *pg, loom_comm *c)
 	return fail(pg, st);
 }
 
+/* LOOM_TEST_VICTIM stops itself (SIGSTOP) after step 2's all-reduce; the
+ * others time out in step 3's and must name it with both steps. */
+static int freeze(loom_pg *pg, loom_comm *c)
+{
+	const loom_pg_info *in = loom_pg_get_info(pg);
+	const char *v = getenv("LOOM_TEST_VICTIM");
+	int victim = v ? atoi(v) : 1, step;
+	float x[1000] = { 0 };
+	loom_status st;
+
+	for (step = 1; step <= 3; step++) {
+		loom_pg_set_step(pg, step);
+		if ((st = loom_comm_allreduce(c, x, 1000, LOOM_F32)))
+			return fail(pg, st);
+		if (step == 2 && in->rank == victim)
+			raise(SIGSTOP);
+	}
+	printf("rank %d: OK freeze\n", in->rank);
+	return 0;
+}
+
 /* A plan of 20 nodes; rank LOOM_TEST_ODD's node 14 has another shape. */
 typedef struct toy_plan {
 	int batch14;
@@ -231,14 +252,21 @@ int main(int argc, char **argv)
 		/* Rank 1 fails the first attempt; the launcher's restart succeeds. */
 		const char *n = getenv("TORCHELASTIC_RESTART_COUNT");
 
-		if (rank_of(pg) == 1 && (!n || !strcmp(n, "0"))) {
-			printf("rank 1: failing attempt 0 on purpose\n");
+		if (rank_of(pg) == 1 && (!n || !strcmp(n, "0") || getenv("LOOM_TEST_ALWAYS"))) {
+			printf("rank 1: failing attempt %s on purpose\n", n ? n : "0");
 			rc = 3;
 		} else {
 			rc = allreduce(pg, c);
 		}
 	} else if (!strcmp(what, "die"))
 		rc = die(pg, c);
+	else if (!strcmp(what, "freeze"))
+		rc = freeze(pg, c);
+	else if (!strcmp(what, "sleep")) {
+		/* Up and waiting, for the launcher's signal tests. */
+		rc = allreduce(pg, c);
+		sleep(60);
+	}
 	else if (!strncmp(what, "fp-", 3))
 		rc = fingerprint(pg, c, what);
 	else {

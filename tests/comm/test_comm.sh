@@ -47,52 +47,145 @@ within() { # NAME OUTPUT: every "after X s" is at most the timeout + 1 s
 	done
 	ok "$1"
 }
-out=$(LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
 check "mpirun: SIGKILL of rank 1, the others name it" "$out" "ERROR .* timed out after 2.0 s: rank 1 died" 2
 within "mpirun: ... within the timeout" "$out"
-out=$(LOOM_TEST_VICTIM=2 envrun 3 die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=2 envrun 3 die 2>&1)
 check "env://: SIGKILL of rank 2, the others name it" "$out" "ERROR .* timed out after 2.0 s: rank 2 died" 2
 within "env://: ... within the timeout" "$out"
-out=$(LOOM_TEST_VICTIM=1 "$W" --nproc 3 die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 "$W" --nproc 3 die 2>&1)
 rc=$?
 check "launcher: the survivors name rank 1" "$out" "^\[rank [02]\] .*rank 1 died" 2
 check "launcher: reports rank 1 and its signal" "$out" "^launch: failed: rank 1 was killed by signal 9" 1
 [ $rc -ne 0 ] && ok "launcher: non-zero exit after a failure" || bad "launcher: exit code" "rc $rc"
+# A frozen rank (SIGSTOP after step 2's all-reduce): the others name it and
+# both steps; continued, it reports the others gone (not a silent SIGPIPE).
+port=$((port + 1))
+fz=$(mktemp -d)
+pids=()
+for r in 0 1 2; do
+	RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1 LOOM_COMM_TIMEOUT_S=$T \
+		timeout -s KILL 60 "$W" freeze >"$fz/$r" 2>&1 &
+	pids+=($!)
+done
+wait "${pids[0]}" "${pids[2]}"
+pkill -CONT -P "${pids[1]}"
+wait "${pids[1]}"
+rc=$?
+out=$(cat "$fz"/0 "$fz"/2)
+check "env://: a stopped rank is named with the step it has not reached" "$out" \
+	"ERROR .*timed out after 2.0 s: rank 1 is alive (stopped: SIGSTOP?) but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's all-reduce of 1000 f32)" 2
+out=$(cat "$fz"/1)
+[ $rc -eq 1 ] && check "env://: the stopped rank, continued, names the others gone" "$out" \
+	"rank 1: ERROR .*ranks 0, 2 died" 1 || bad "env://: the continued rank's exit code" "rc $rc (141: SIGPIPE)" "$out"
+rm -rf "$fz"
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 timeout -s KILL 60 "$W" --nproc 3 freeze 2>&1)
+check "launcher: blames the rank the survivors name, not the reporter" "$out" \
+	"^launch: failed: rank 1 is alive .*but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's .*(reported by rank [02]; rank [02] exited with code 1)" 1
+
+# Connection errors say why: a refused port, a name that does not resolve.
+out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
+check "env://: rank 0's port refused: the reason is the refusal" "$out" \
+	"could not reach rank 0 at MASTER_ADDR=127.0.0.1 MASTER_PORT=1 within 3.5 s (Connection refused)" 1
+out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
+check "env://: a MASTER_ADDR that does not resolve is said so" "$out" \
+	"could not reach rank 0 .* (cannot resolve 'no-such-host.invalid': " 1
+
 out=$("$W" --nproc 2 --max-restarts 1 flaky 2>&1)
 rc=$?
 check "launcher: restart after rank 1 exits with code 3" "$out" "restarting all 2 workers (restart 1 of 1)" 1
 [ $rc -eq 0 ] && check "launcher: the restarted attempt succeeds" "$out" "OK allreduce world 2" 2 ||
 	bad "launcher: restart" "rc $rc" "$out"
 
+# The launcher's other paths: out of restarts, --max-restarts alone,
+# --nproc inside a group, SIGTERM and SIGINT to the launcher.
+out=$(LOOM_TEST_ALWAYS=1 "$W" --nproc 2 --max-restarts 1 flaky 2>&1)
+rc=$?
+check "launcher: out of restarts: one restart" "$out" "restarting all 2 workers (restart 1 of 1)" 1
+check "launcher: out of restarts: the last failure, named" "$out" \
+	"^launch: failed: rank 1 exited with code 3 (no restarts left)" 1
+[ $rc -eq 1 ] && ok "launcher: out of restarts: exit code 1" || bad "launcher: out of restarts: exit code" "rc $rc"
+out=$("$W" --max-restarts 1 allreduce 2>&1)
+rc=$?
+[ $rc -eq 2 ] && check "launcher: --max-restarts without --nproc is refused" "$out" "^--max-restarts needs --nproc" 1 ||
+	bad "launcher: --max-restarts without --nproc: exit code" "rc $rc" "$out"
+out=$("${MPIRUN[@]}" -np 2 "$W" --nproc 2 allreduce 2>&1)
+check "launcher: --nproc under mpirun is refused, naming why" "$out" \
+	"^--nproc 2: this process is already one rank of a group (started by mpirun: OMPI_COMM_WORLD_SIZE is set)" 2
+out=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$W" --nproc 2 allreduce 2>&1)
+check "launcher: --nproc under torchrun's variables is refused" "$out" \
+	"^--nproc 2: this process is already one rank of a group (started by torchrun" 1
+for sig in TERM INT; do
+	lo=$(mktemp)
+	"$W" --nproc 2 sleep >"$lo" 2>&1 &
+	lp=$!
+	for i in $(seq 300); do grep -q "OK allreduce" "$lo" && break; sleep 0.1; done
+	kill -$sig $lp
+	t0=$SECONDS
+	wait $lp
+	rc=$?
+	out=$(cat "$lo")
+	rm -f "$lo"
+	check "launcher: SIG$sig to the launcher stops the workers and says so" "$out" \
+		"^launch: failed: interrupted by signal $(kill -l $sig)" 1
+	[ $rc -eq 1 ] && [ $((SECONDS - t0)) -lt 15 ] && ok "launcher: SIG$sig: exit code 1 within 15 s" ||
+		bad "launcher: SIG$sig: exit" "rc $rc after $((SECONDS - t0)) s"
+done
+
 # Start-up: a rank that never comes, a wrong world size, a duplicate rank.
-out=$(envrun 3 allreduce 0 1 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T envrun 3 allreduce 0 1 2>&1)
 check "env://: rank 2 never comes (rank 0)" "$out" "rank 0: ERROR .*rank 2 did not arrive within 2.0 s" 1
 check "env://: rank 2 never comes (rank 1 hears it)" "$out" "rank 1: ERROR .*rank 0 refused the group: .*rank 2 did not arrive" 1
 port=$((port + 1))
-out=$( (RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
+out=$( (export LOOM_COMM_TIMEOUT_S=$T
+	RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
 	RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
 	wait) 2>&1)
 check "env://: mismatched WORLD_SIZE" "$out" "ERROR .*rank 1 .* has WORLD_SIZE=3, rank 0 has 2" 2
-out=$(envrun 3 allreduce 0 1 1 2>&1)
-check "env://: rank 1 twice" "$out" "rank 0: ERROR .*rank 1 arrived twice" 1
+out=$(LOOM_COMM_TIMEOUT_S=$T envrun 3 allreduce 0 1 1 2>&1)
+check "env://: rank 1 twice: the second is refused, naming it" "$out" \
+	"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
+check "env://: rank 1 twice: rank 0 keeps waiting, then names both" "$out" \
+	"rank 0: ERROR .*rank 2 did not arrive within 2.0 s (2 of 3 ranks came; refused: rendezvous: rank 1 is already in the group" 1
 out=$(RANK=1x WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$W" 2>&1)
 check "env://: malformed RANK" "$out" "ERROR .*RANK='1x' is not a non-negative integer" 1
 
-# Malformed rendezvous messages from a fake rank (bash's /dev/tcp).
-fake() { # WORLD PAYLOAD_CMD: rank 0 alone, a fake peer sends what the command prints
-	port=$((port + 1))
-	RANK=0 WORLD_SIZE=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$W" &
-	local i
-	for i in $(seq 50); do
-		(exec 3<>/dev/tcp/127.0.0.1/$port && eval "$2" >&3 && sleep 0.2) 2>/dev/null && break
+# Strangers on MASTER_PORT (a port scanner, an HTTP health check, half a
+# hello that stalls, random bytes): rank 0 drops each with one line naming
+# its address and the real rank 1 still completes the group, while the
+# stalled connection is still open. Nothing here waits for a timeout: a
+# long one, so that the machine's load cannot decide.
+port=$((port + 1))
+strangers=$(mktemp)
+(
+	export LOOM_COMM_TIMEOUT_S=20 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+	RANK=0 timeout 60 "$W" allreduce 2>&1 &
+	# The first connect that gets through is the bare connect-and-close.
+	for i in $(seq 200); do
+		(exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
 		sleep 0.05
 	done
+	# (in subshells: rank 0 closes on them, and a write then raises SIGPIPE)
+	(head -c 300 /dev/urandom | tr 'L' 'x' >/dev/tcp/127.0.0.1/$port) 2>/dev/null
+	(printf 'GET / HTTP/1.1\r\nHost: loom\r\n\r\n' >/dev/tcp/127.0.0.1/$port) 2>/dev/null
+	(exec 3<>/dev/tcp/127.0.0.1/$port && printf 'LMRDVHI1abc' >&3 && sleep 30) &
+	stall=$!
+	sleep 0.5
+	RANK=1 timeout 60 "$W" allreduce 2>&1
+	echo "stalled connection open: $(kill -0 $stall 2>/dev/null && echo yes || echo no)"
+	kill $stall 2>/dev/null
 	wait
-}
-out=$(fake 2 "printf 'LMRDVHI1abc'" 2>&1)
-check "rendezvous: truncated hello" "$out" "ERROR .*hello from 127.0.0.1:[0-9]*: connection closed after 11 of 92 bytes (truncated message)" 1
-out=$(fake 2 "head -c 92 /dev/zero | tr '\\\\0' 'X'" 2>&1)
-check "rendezvous: wrong magic" "$out" "ERROR .*127.0.0.1:[0-9]* sent a message with a wrong magic" 1
+) >"$strangers" 2>&1
+out=$(cat "$strangers")
+rm -f "$strangers"
+check "rendezvous strangers: the group completes" "$out" "rank [01]: OK allreduce world 2" 2
+check "rendezvous strangers: ... while the stalled one is still open" "$out" "stalled connection open: yes" 1
+check "rendezvous strangers: one line for each, naming its address" "$out" \
+	"^rendezvous: rank 0 dropped a connection from 127.0.0.1:[0-9]*: " 4
+check "rendezvous strangers: a bare connect-and-close" "$out" "dropped .*: it closed without a word" 1
+check "rendezvous strangers: random bytes" "$out" 'dropped .*: not a loom rank (it sent "' 2
+check "rendezvous strangers: an HTTP request" "$out" 'dropped .*: not a loom rank (it sent "GET / HTTP/1.1\\x0d' 1
+check "rendezvous strangers: half a hello, stalled" "$out" "dropped .*: 11 of 92 bytes of a hello, then it stalled" 1
 
 # The fingerprint: a different shape, a different count, garbage, truncated.
 out=$("${MPIRUN[@]}" -np 3 "$W" fp-match 2>&1)

@@ -49,7 +49,7 @@ Test(wire, hello_round_trip_and_refusals)
 	self.probe_port = 70000;
 	loom_rdv_encode_hello(&self, 3, m);
 	cr_assert_eq(loom_rdv_decode_hello(m, 3, "x:1", &p, err, sizeof(err)), LOOM_ERR_FORMAT);
-	cr_assert_str_eq(err, "rendezvous: rank 1 sent probe port 70000");
+	cr_assert_str_eq(err, "rendezvous: rank 1 (x:1) sent probe port 70000");
 	m[0] = 'X';
 	cr_assert_eq(loom_rdv_decode_hello(m, 3, "x:1", &p, err, sizeof(err)), LOOM_ERR_FORMAT);
 	cr_assert(strstr(err, "wrong magic"));
@@ -181,4 +181,28 @@ Test(wire, fingerprint_parse_compare_say)
 	cr_assert_str_eq(buf, "rank 2: bucket 3; rank 0: node 9");
 	free(a);
 	free(b);
+}
+
+Test(wire, settings_first_difference)
+{
+	/* 3 ranks x 2 settings: rank 2's second value differs, rank 1 agrees. */
+	uint8_t all[3 * 2 * LOOM_COMM_SETTING_LEN];
+	const char *v[3][2] = { { "O0", "0.1" }, { "O0", "0.1" }, { "O0", "0.2" } };
+	int rank = -1;
+	size_t which = 99;
+
+	memset(all, 0, sizeof(all));
+	for (int r = 0; r < 3; r++)
+		for (int i = 0; i < 2; i++)
+			strcpy((char *)all + (r * 2 + i) * LOOM_COMM_SETTING_LEN, v[r][i]);
+	cr_assert_eq(loom_settings_differ(all, 3, 2, &rank, &which), 1);
+	cr_assert_eq(rank, 2);
+	cr_assert_eq(which, 1);
+	strcpy((char *)all + (2 * 2 + 1) * LOOM_COMM_SETTING_LEN, "0.1");
+	cr_assert_eq(loom_settings_differ(all, 3, 2, &rank, &which), 0);
+	/* An unterminated value is compared up to the record's last byte. */
+	memset(all + (1 * 2 + 0) * LOOM_COMM_SETTING_LEN, 'x', LOOM_COMM_SETTING_LEN);
+	memset(all, 'x', LOOM_COMM_SETTING_LEN - 1);
+	all[LOOM_COMM_SETTING_LEN - 1] = 0;
+	cr_assert_eq(loom_settings_differ(all, 2, 2, &rank, &which), 0);
 }

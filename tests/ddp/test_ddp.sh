@@ -72,10 +72,10 @@ out=$("${MPIRUN[@]}" -np 3 "$W" mismatch 2>&1)
 check "mismatch: rank 1 built another graph, every rank fails naming the node" "$out" \
 	"ERROR compile: .*rank 1: node [0-9]* input has f32 \[8, 20\], rank 0 has \[4, 20\]" 3
 
-out=$(LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
 check "SIGKILL of rank 1 mid-training: the others name it" "$out" \
 	"ERROR step: .*timed out after 2.0 s: rank 1 died" 2
-out=$(LOOM_TEST_VICTIM=1 "$W" --nproc 2 die 2>&1)
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 "$W" --nproc 2 die 2>&1)
 check "launcher: the survivor names rank 1" "$out" "^\[rank 0\] .*rank 1 died" 1
 check "launcher: reports rank 1 killed" "$out" "^launch: failed: rank 1 was killed by signal 9" 1
 
@@ -113,6 +113,44 @@ if [ -n "$EX" ]; then
 		"resumed .* at step 8 (epoch 1, batch 8)" 1
 	out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
 	check "mpirun -np 2 mnist_ddp" "$out" "data parallel: 2 ranks (mpirun)" 1
+
+	# A restart resumes from the checkpoint (no --resume given) and never
+	# overwrites it with an earlier step: rank 1 killed before step 6 of
+	# the first attempt, the checkpoint then at step 4.
+	out=$(LOOM_TEST_KILL_AT_STEP=5 "$EX" --nproc 2 --max-restarts 1 "${flags[@]}" --max-steps 8 \
+		--save-every 2 --checkpoint "$tmp/rs.ckpt" 2>&1)
+	rc=$?
+	check "mnist_ddp --max-restarts: rank 1 killed, one restart" "$out" "restarting all 2 workers (restart 1 of 1)" 1
+	check "mnist_ddp --max-restarts: the restart resumes from the checkpoint" "$out" \
+		"^\[rank 0\] resumed .* at step 4 (epoch 1, batch 4)" 1
+	after=$(sed -n '/restarting all 2 workers/,$p' <<<"$out")
+	check "mnist_ddp --max-restarts: no save of an earlier step after the restart" "$after" \
+		"saved .* (step [0-4])" 0
+	check "mnist_ddp --max-restarts: the run ends at step 8 (mid-epoch and end saves)" "$after" "saved .* (step 8)" 2
+	[ $rc -eq 0 ] && ok "mnist_ddp --max-restarts: exit code 0" || bad "mnist_ddp --max-restarts: exit code" "rc $rc"
+	out=$("$EX" --nproc 1 --max-restarts 1 "${flags[@]}" --max-steps 1 2>&1)
+	check "mnist_ddp: --max-restarts without --checkpoint warns at start-up" "$out" \
+		"^mnist_ddp: warning: --max-restarts without --checkpoint: a restart begins again from step 0" 1
+
+	# A setting that differs on one rank (mpirun's MPMD form) is refused at
+	# start-up on every rank, naming it and both values.
+	while read -r flag v0 v1; do
+		out=$("${MPIRUN[@]}" -np 1 "$EX" "${flags[@]}" "$flag" "$v0" : \
+			-np 1 "$EX" "${flags[@]}" "$flag" "$v1" 2>&1 </dev/null)
+		check "mnist_ddp: $flag $v0 on rank 0, $v1 on rank 1: refused naming both" "$out" \
+			"^mnist_ddp: rank [01]: rank 1 has $flag $v1, rank 0 has $v0: every rank must run with the same $flag" 2
+	done <<-EOF
+		--opt-level O0 O2
+		--optimizer sgd adamw
+		--lr 0.1 0.2
+		--momentum 0.9 0.5
+		--weight-decay 0 0.0001
+		--seed 1 2
+		--accumulate 1 2
+		--max-steps 4 5
+		--epochs 1 2
+		--loss-scale 128 1024
+	EOF
 fi
 
 echo "$pass passed, $fail failed"

@@ -11,7 +11,11 @@
  * model), so each golden line names its kernel path; LOOM_CPU_ISA and
  * OPENBLAS_CORETYPE force the others when regenerating. On a machine whose path
  * has a line, the check is exact; otherwise the losses must agree within a
- * float tolerance with every recorded path, and the hash is not compared.
+ * float tolerance with every recorded path, the hash is not compared, and
+ * the test is then skipped (never passed) naming the path that has no line.
+ * The cache sizes stay in oneDNN's key: measured, AVX2 with 32 KiB L1d and
+ * 512 KiB L2 (an AMD EPYC) gives other bits than AVX2 with 48 KiB and 2 MiB
+ * (O0's hash 259dbec2e0203e0d against 8daf01711d8e4352).
  */
 #include <criterion/criterion.h>
 #include <inttypes.h>
@@ -155,6 +159,7 @@ Test(golden, convnet_steps_match_the_committed_golden, .timeout = 600)
 	FILE *f = out ? fopen(out, "a") : fopen(GOLDEN, "r");
 	cr_assert(f, "cannot open %s", out ? out : GOLDEN);
 	char line[512];
+	int unknown = 0;
 	for (size_t ci = 0; ci < sizeof(configs) / sizeof(configs[0]); ci++) {
 		const config *c = &configs[ci];
 		result r;
@@ -202,9 +207,16 @@ Test(golden, convnet_steps_match_the_committed_golden, .timeout = 600)
 			}
 		}
 		cr_assert(exact + near > 0, "%s: no golden line in %s", c->name, GOLDEN);
-		if (!exact)
-			cr_log_info("%s: no golden for kernel path %s; losses checked within "
-				    "tolerance only", c->name, kernel_path());
+		unknown += !exact;
 	}
 	fclose(f);
+	/* A path without golden lines checked only tolerances: that is not the
+	 * exact check this test exists for, so it is a skip (counted by CI and
+	 * shown), never a pass. */
+	if (!out && unknown)
+		cr_skip_test("no golden for kernel path %s (%d of %zu configs): losses agree "
+			     "within tolerance with every recorded path, but the exact check did "
+			     "not run; generate the path's lines with LOOM_GOLDEN_WRITE=%s and "
+			     "commit them",
+			     kernel_path(), unknown, sizeof(configs) / sizeof(configs[0]), GOLDEN);
 }

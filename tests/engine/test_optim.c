@@ -324,3 +324,116 @@ Test(optim, bad_options_refused)
 	}
 	loom_graph_free(g);
 }
+
+/* ------------------------------------------------------------ clipping */
+
+/* The gradient of the model at its start (GRAD run, step 0's batch). */
+static double grads_and_norm(model *m, double g[15])
+{
+	feed(m, LOOM_F64, 0);
+	cr_assert_eq(loom_run(m->p, LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(m->p));
+	cr_assert_eq(loom_read_grad_f64(m->p, m->w, g, 12), LOOM_OK);
+	cr_assert_eq(loom_read_grad_f64(m->p, m->b, g + 12, 3), LOOM_OK);
+	double s = 0;
+	for (int i = 0; i < 15; i++)
+		s += g[i] * g[i];
+	return sqrt(s);
+}
+
+/* One SGD step (lr 0.1) with clipping at max_norm: every parameter moves by
+ * -lr g min(1, max_norm / (norm + 1e-6)), torch's clip_grad_norm_. */
+static void check_clip(double max_norm_of_norm, int decay_matrices_only)
+{
+	loom_optim_opts o = sgd(0.1, 0, 0, 0, 0.05);
+	model m = build(LOOM_F64, &o);
+	double g[15], before[15], after[15];
+	double norm = grads_and_norm(&m, g);
+	double max_norm = max_norm_of_norm * norm;
+	cr_assert_eq(loom_read_f64(m.p, m.w, before, 12), LOOM_OK);
+	cr_assert_eq(loom_read_f64(m.p, m.b, before + 12, 3), LOOM_OK);
+	cr_assert_eq(loom_set_clip_grad(m.p, max_norm), LOOM_OK, "%s", loom_program_error(m.p));
+	cr_assert_eq(loom_set_decay_matrices_only(m.p, decay_matrices_only), LOOM_OK);
+	feed(&m, LOOM_F64, 0);
+	cr_assert_eq(loom_run(m.p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(m.p));
+	cr_assert_eq(loom_read_f64(m.p, m.w, after, 12), LOOM_OK);
+	cr_assert_eq(loom_read_f64(m.p, m.b, after + 12, 3), LOOM_OK);
+	double coef = max_norm / (norm + 1e-6);
+	coef = coef < 1 ? coef : 1;
+	for (int i = 0; i < 15; i++) {
+		double wd = decay_matrices_only && i >= 12 ? 0 : 0.05;
+		double want = before[i] - 0.1 * (g[i] * coef + wd * before[i]);
+		cr_assert(fabs(after[i] - want) <= 1e-14, "value %d: %.17g, want %.17g (coef %g)", i,
+			  after[i], want, coef);
+	}
+	loom_program_info info;
+	loom_program_info_get(m.p, &info);
+	cr_assert(fabs(info.grad_norm - norm) <= 1e-14 * norm, "norm %.17g, want %.17g",
+		  info.grad_norm, norm);
+	loom_program_free(m.p);
+}
+
+Test(optim, clip_grad_scales_down_like_torch)
+{
+	check_clip(0.25, 0);
+}
+
+Test(optim, clip_grad_above_the_norm_changes_nothing)
+{
+	check_clip(10, 0);
+}
+
+/* Biases (1 dim) take no weight decay; the matrix does. */
+Test(optim, decay_matrices_only)
+{
+	check_clip(0.5, 1);
+}
+
+Test(optim, clip_grad_refuses_bad_values)
+{
+	loom_optim_opts o = sgd(0.1, 0, 0, 0, 0);
+	model m = build(LOOM_F64, &o);
+	cr_assert_eq(loom_set_clip_grad(m.p, -1), LOOM_ERR_INVALID);
+	cr_assert(strstr(loom_program_error(m.p), "set_clip_grad"));
+	cr_assert_eq(loom_set_clip_grad(m.p, NAN), LOOM_ERR_INVALID);
+	cr_assert_eq(loom_set_clip_grad(NULL, 1), LOOM_ERR_INVALID);
+	loom_program_free(m.p);
+}
+
+/* A step skipped for an overflow (fp16 gradients at a 2^40 scale) changes
+ * nothing: no parameter, no norm taken. */
+Test(optim, clip_grad_leaves_skipped_steps_alone)
+{
+	loom_graph *g;
+	loom_program *p;
+	int64_t xd[2] = { 5, 4 }, yd[1] = { 5 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", x, 3, 1), y);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim = sgd(0.1, 0, 0, 0, 0);
+	o.amp.level = LOOM_O1;
+	o.amp.init_scale = 1099511627776.0;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	loom_graph_free(g);
+	cr_assert_eq(loom_set_clip_grad(p, 0.01), LOOM_OK);
+	float xv[20];
+	int32_t yv[5] = { 0, 1, 2, 0, 1 };
+	for (int i = 0; i < 20; i++)
+		xv[i] = (float)(i % 7) - 3;
+	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 20), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 5), LOOM_OK);
+	double w0[12], w1[12];
+	cr_assert_eq(loom_read_f64(p, 2, w0, 12), LOOM_OK);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_read_f64(p, 2, w1, 12), LOOM_OK);
+	loom_program_info info;
+	loom_program_info_get(p, &info);
+	cr_assert_eq(info.skipped_steps, 1, "the 2^40 scale did not overflow");
+	cr_assert_eq(loom_step_count(p), 0);
+	cr_assert_eq(info.grad_norm, 0);
+	cr_assert_eq(memcmp(w0, w1, sizeof(w0)), 0);
+	loom_program_free(p);
+}

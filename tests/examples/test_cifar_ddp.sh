@@ -17,15 +17,6 @@ tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cifar.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 small=(--width 8 --device cpu)
 
-# expect NAME WANT_RC PATTERN -- ARGS...: exit status and a line matching.
-expect() {
-	local name=$1 want=$2 pat=$3 out rc
-	shift 4
-	out=$("$EX" "$@" 2>&1)
-	rc=$?
-	if [ "$rc" -eq "$want" ] && grep -q -- "$pat" <<<"$out"; then ok "$name"; else
-		bad "$name" "exit $rc (want $want), no line with '$pat':" "$out"; fi
-}
 
 mkdir -p "$tmp/d" "$tmp/missing"
 "$FIX" "$tmp/d" 240 100 || { bad "cifar_fixture wrote the data"; echo "$pass passed, $fail failed"; exit 1; }

@@ -18,7 +18,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static const train_program *progs[] = { &train_mnist_ddp, &train_cifar_ddp,
-						&train_resnet50_synthetic };
+						&train_resnet50_synthetic, &train_gpt_ddp };
 	const train_program *prog;
 	char *buf, *argv[MAX_ARGS + 2], msg[512];
 	int argc = 0;
@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (size == 0)
 		return 0;
-	prog = progs[data[0] % 3];
+	prog = progs[data[0] % (sizeof(progs) / sizeof(progs[0]))];
 	data++;
 	size--;
 	buf = malloc(size + 1);

@@ -7,7 +7,8 @@
  * those buffers.
  *
  * Input: byte 0 picks the message (low 3 bits: 0 hello, 1 reply head, 2 OK
- * payload, 3 error payload, 4 turn signal); with bit 7 set the harness
+ * payload, 3 error payload, 4 turn signal, 5 a script of connections to rank
+ * 0's server, which comm/rendezvous.c judges: see server() below); with bit 7 set the harness
  * makes an OK payload's world and blob length agree with its size first,
  * so that mutations reach the peer table. Byte 1 gives the world (1..16),
  * byte 2 this rank; the rest is the message.
@@ -135,6 +136,132 @@ static void go(const uint8_t *data, size_t size, int rank)
 	FUZZ_CHECK(st == LOOM_OK || err[0]);
 }
 
+/*
+ * Rank 0's server (comm/rendezvous.c's loom_rdv_srv_judge) over a script of
+ * up to 8 connections: each op byte's low 3 bits pick the connection, bits
+ * 3-4 what happens: 0 it sends the next byte's count of bytes (taken from
+ * the input), 1 it closes or stalls (bit 5), 2 it sends a whole valid hello
+ * for the next byte's rank and world (bit 5: another world), 3 it sends the
+ * first next-byte bytes of a valid hello. The server's promises: it waits
+ * only for a prefix of a hello, takes each rank of 1..world-1 at most once,
+ * counts what it turned away, names the connection in every line; and after
+ * any such traffic, the real ranks' hellos complete the group.
+ */
+typedef struct fconn {
+	uint8_t m[LOOM_RDV_HELLO_BYTES];
+	size_t got;
+} fconn;
+
+static void valid_hello(uint8_t *m, int rank, int world)
+{
+	loom_comm_peer p;
+
+	memset(&p, 0, sizeof(p));
+	p.rank = (uint32_t)rank;
+	p.pid = 4000 + (uint32_t)rank;
+	p.probe_port = 30000 + (uint32_t)rank;
+	snprintf(p.host, sizeof(p.host), "node-%d", rank);
+	loom_rdv_encode_hello(&p, world, m);
+}
+
+/* Judges what conn k holds; returns the verdict and checks its promises. */
+static int judge(loom_rdv_srv *s, fconn *c, int k, int ended, int *taken)
+{
+	char from[32], why[LOOM_COMM_ERRLEN];
+	int rank = -1, before = s->arrived, turned = s->dropped + s->refused, v;
+
+	snprintf(from, sizeof(from), "10.0.0.%d:4%d", k, k);
+	why[0] = 0;
+	v = loom_rdv_srv_judge(s, c->m, c->got, ended, from, &rank, why, sizeof(why));
+	switch (v) {
+	case LOOM_RDV_MORE:
+		FUZZ_CHECK(!ended && c->got < LOOM_RDV_HELLO_BYTES &&
+			   loom_rdv_hello_could_be(c->m, c->got));
+		FUZZ_CHECK(s->arrived == before && s->dropped + s->refused == turned);
+		return v;
+	case LOOM_RDV_TAKE:
+		FUZZ_CHECK(rank >= 1 && rank < s->world && !taken[rank]);
+		FUZZ_CHECK(c->got == LOOM_RDV_HELLO_BYTES && s->arrived == before + 1);
+		FUZZ_CHECK(s->peers[rank].rank == (uint32_t)rank && s->peers[rank].pid != 0);
+		snprintf(from, sizeof(from), "10.0.0.%d", k);
+		FUZZ_CHECK(!strcmp(s->peers[rank].addr, from));
+		taken[rank] = 1;
+		break;
+	case LOOM_RDV_DROP:
+	case LOOM_RDV_REFUSE:
+		FUZZ_CHECK(s->arrived == before && s->dropped + s->refused == turned + 1);
+		FUZZ_CHECK(terminated(why, sizeof(why)) && strstr(why, from));
+		FUZZ_CHECK(strlen(s->turned) < LOOM_RDV_TURNED_LEN);
+		break;
+	default:
+		FUZZ_CHECK(!"a verdict outside the four");
+	}
+	c->got = 0;
+	return v;
+}
+
+static void server(const uint8_t *data, size_t size, int world)
+{
+	loom_comm_peer peers[16];
+	loom_rdv_srv s;
+	fconn conns[8];
+	int taken[16] = { 0 }, k;
+	size_t i = 0;
+
+	memset(peers, 0, sizeof(peers));
+	memset(conns, 0, sizeof(conns));
+	memset(&s, 0, sizeof(s));
+	peers[0].pid = 1;
+	s.world = world;
+	s.peers = peers;
+	s.arrived = 1;
+	while (i < size) {
+		uint8_t op = data[i++], arg = i < size ? data[i] : 0;
+		fconn *c = &conns[op & 7];
+		int what = (op >> 3) & 3, alt = (op >> 5) & 1;
+		size_t n;
+
+		switch (what) {
+		case 0: /* raw bytes */
+			i = i < size ? i + 1 : size;
+			n = arg;
+			if (n > size - i)
+				n = size - i;
+			if (n > sizeof(c->m) - c->got)
+				n = sizeof(c->m) - c->got;
+			memcpy(c->m + c->got, data + i, n);
+			i += n;
+			c->got += n;
+			break;
+		case 1: /* it closes or stalls */
+			judge(&s, c, op & 7, alt ? LOOM_RDV_STALLED : LOOM_RDV_CLOSED, taken);
+			continue;
+		case 2: /* a whole hello of a rank (of another world with bit 5) */
+		case 3: /* the start of one */
+			i++;
+			c->got = 0;
+			valid_hello(c->m, 1 + arg % (world > 1 ? world - 1 : 1),
+				    alt ? world + 1 + (arg >> 4) : world);
+			c->got = what == 2 ? LOOM_RDV_HELLO_BYTES : arg % LOOM_RDV_HELLO_BYTES;
+			break;
+		}
+		judge(&s, c, op & 7, LOOM_RDV_OPEN, taken);
+	}
+	/* The real ranks come now: each not taken yet is taken (one already
+	 * taken by the script is refused as a duplicate). */
+	for (k = 1; k < world; k++) {
+		fconn c = { .got = LOOM_RDV_HELLO_BYTES };
+		int was = taken[k];
+
+		valid_hello(c.m, k, world);
+		FUZZ_CHECK(judge(&s, &c, 0, LOOM_RDV_OPEN, taken) ==
+			   (was ? LOOM_RDV_REFUSE : LOOM_RDV_TAKE));
+	}
+	FUZZ_CHECK(s.arrived == world);
+	for (k = 1; k < world; k++)
+		FUZZ_CHECK(taken[k]);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t *copy;
@@ -159,6 +286,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case 2: reply(copy, size, LOOM_RDV_REPLY_OK, rank, world, seal); break;
 	case 3: reply(copy, size, LOOM_RDV_REPLY_ERR, rank, world, 0); break;
 	case 4: go(copy, size, rank); break;
+	case 5: server(copy, size, world); break;
 	default: break;
 	}
 	free(copy);

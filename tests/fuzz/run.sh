@@ -28,13 +28,15 @@ declare -A SRCS=(
 	[fuzz_ckpt]="engine/ckpt_file.c engine/ckpt_meta.c"
 	[fuzz_args]="examples/train_args.c"
 	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c"
-	[fuzz_rendezvous]="comm/wire.c comm/env.c"
+	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c comm/progress.c"
 	[fuzz_fingerprint]="comm/wire.c comm/env.c"
+	[fuzz_safetensors]="engine/safetensors.c"
+	[fuzz_gpt_tokens]="examples/gpt_data.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz"
-	[fuzz_rendezvous]="" [fuzz_fingerprint]="")
+	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson" [fuzz_gpt_tokens]="")
 targets=("$@")
-[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint)
+[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors fuzz_gpt_tokens)
 
 if ! command -v "$CC" >/dev/null 2>&1; then
 	echo "fuzz: $CC not found (bazel/install_deps.sh installs clang)"

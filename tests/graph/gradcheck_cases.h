@@ -25,6 +25,7 @@
 	X(LOOM_OP_RELU, relu)                                            \
 	X(LOOM_OP_RELU, relu_2d)                                         \
 	X(LOOM_OP_GELU, gelu)                                            \
+	X(LOOM_OP_GELU, gelu_tanh)                                       \
 	X(LOOM_OP_MAXPOOL2D, maxpool2d_k2_s2)                            \
 	X(LOOM_OP_MAXPOOL2D, maxpool2d_k2_s2_odd)                        \
 	X(LOOM_OP_MAXPOOL2D, maxpool2d_k3_s2_pad1)                       \
@@ -48,6 +49,16 @@
 	X(LOOM_OP_COUNT, residual_block)                                 \
 	X(LOOM_OP_CAST, cast_through_f32)                                \
 	X(LOOM_OP_CAST, cast_through_f16)                                \
-	X(LOOM_OP_CAST, cast_through_bf16)
+	X(LOOM_OP_CAST, cast_through_bf16)                               \
+	X(LOOM_OP_EMBEDDING, embedding_repeated_ids)                     \
+	X(LOOM_OP_EMBEDDING, embedding_tied_output)                      \
+	X(LOOM_OP_LAYERNORM, layernorm_3d)                               \
+	X(LOOM_OP_LAYERNORM, layernorm_2d_narrow)                        \
+	X(LOOM_OP_LINEAR, linear_3d_bias)                                \
+	X(LOOM_OP_ATTENTION, attention_t1)                               \
+	X(LOOM_OP_ATTENTION, attention_t4_h1)                            \
+	X(LOOM_OP_ATTENTION, attention_t5_h3)                            \
+	X(LOOM_OP_ATTENTION, attention_free_probs)                       \
+	X(LOOM_OP_ATTN_PROBS, attn_probs_t4_h2)
 
 #endif /* LOOM_TESTS_GRAPH_GRADCHECK_CASES_H */

@@ -422,14 +422,60 @@ Test(build_errors, linear_feature_mismatch)
 	loom_graph_free(g);
 }
 
-Test(build_errors, linear_wrong_ndim)
+/* linear reads the last dim of any input of 2 or more dims ([B, T, C]):
+ * an NCHW map is not flattened for it. */
+Test(build_errors, linear_last_dim_mismatch)
 {
 	loom_graph *g = graph();
 	loom_value x = in4(g, "x", LOOM_F32, 2, 3, 4, 4);
 	int64_t wd[2] = { 3, 48 };
 	loom_value w = par(g, "w", LOOM_F32, 2, wd);
 	cr_assert_eq(loom_linear(g, x, w, LOOM_NONE), LOOM_NONE);
-	expect_fail(g, LOOM_ERR_SHAPE, "linear", "2 dims", "[2, 3, 4, 4]");
+	expect_fail(g, LOOM_ERR_SHAPE, "linear", "[2, 3, 4, 4]", "4 features");
+	loom_graph_free(g);
+}
+
+Test(build_errors, linear_vector_input)
+{
+	loom_graph *g = graph();
+	int64_t xd[1] = { 4 }, wd[2] = { 3, 4 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 1, xd);
+	loom_value w = par(g, "w", LOOM_F32, 2, wd);
+	cr_assert_eq(loom_linear(g, x, w, LOOM_NONE), LOOM_NONE);
+	expect_fail(g, LOOM_ERR_SHAPE, "linear", "at least 2 dims", "[4]");
+	loom_graph_free(g);
+}
+
+Test(build_errors, attention_heads_do_not_divide)
+{
+	loom_graph *g = graph();
+	int64_t qd[3] = { 2, 4, 12 };
+	loom_value q = loom_input(g, "qkv", LOOM_F32, 3, qd);
+	cr_assert_eq(loom_causal_self_attention(g, q, 3), LOOM_NONE);
+	expect_fail(g, LOOM_ERR_SHAPE, "attn_probs", "[2, 4, 12]", "3 heads");
+	loom_graph_free(g);
+}
+
+Test(build_errors, embedding_float_ids)
+{
+	loom_graph *g = graph();
+	int64_t id[1] = { 4 }, td[2] = { 10, 3 };
+	loom_value ids = loom_input(g, "ids", LOOM_F32, 1, id);
+	loom_value t = par(g, "t", LOOM_F32, 2, td);
+	cr_assert_eq(loom_embedding(g, ids, t), LOOM_NONE);
+	expect_fail(g, LOOM_ERR_DTYPE, "embedding", "ids", "f32");
+	loom_graph_free(g);
+}
+
+Test(build_errors, layernorm_gamma_size)
+{
+	loom_graph *g = graph();
+	int64_t xd[3] = { 2, 3, 8 }, pd[1] = { 4 }, bd[1] = { 8 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 3, xd);
+	loom_value gm = par(g, "g", LOOM_F32, 1, pd);
+	loom_value bt = par(g, "b", LOOM_F32, 1, bd);
+	cr_assert_eq(loom_layernorm(g, x, gm, bt, 1e-5), LOOM_NONE);
+	expect_fail(g, LOOM_ERR_SHAPE, "layernorm", "gamma [4]", "[8]");
 	loom_graph_free(g);
 }
 

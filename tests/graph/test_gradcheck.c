@@ -429,6 +429,16 @@ static void case_gelu(void)
 	gc_fini(&c);
 }
 
+static void case_gelu_tanh(void)
+{
+	gc c;
+	gc_init(&c, 25);
+	int64_t xd[3] = { 2, 3, 7 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	gc_check(&c, gc_project(&c, loom_gelu_tanh(c.g, x)), 1e-6);
+	gc_fini(&c);
+}
+
 static void case_relu_2d(void)
 {
 	gc c;
@@ -798,6 +808,155 @@ static void case_cast_through_f16(void)
 static void case_cast_through_bf16(void)
 {
 	check_cast(LOOM_BF16, 0.25, 3e-2, 43);
+}
+
+/* ------------------------------------------------------------ transformer */
+
+/* 8 ids over a vocabulary of 5: some ids repeat (their rows' gradients
+ * add), some never occur (zero rows, checked as such). */
+static void case_embedding_repeated_ids(void)
+{
+	gc c;
+	gc_init(&c, 101);
+	int64_t td[2] = { 5, 3 }, id[2] = { 2, 4 };
+	loom_value t = gc_param_new(&c, "table", FILL_UNIFORM, 2, td);
+	loom_value ids = loom_input(c.g, "ids", LOOM_I32, 2, id);
+	gc_input *in = &c.in[c.nin++];
+	snprintf(in->name, sizeof(in->name), "ids");
+	in->dt = LOOM_I32;
+	in->count = 8;
+	int32_t *d = malloc(8 * sizeof(*d));
+	const int32_t ids_v[8] = { 3, 0, 3, 1, 0, 3, 1, 0 }; /* 2 and 4 unused */
+	memcpy(d, ids_v, sizeof(ids_v));
+	in->data = d;
+	loom_value y = loom_embedding(c.g, ids, t);
+	cr_assert_neq(y, LOOM_NONE, "%s", loom_graph_error(c.g));
+	loom_shape s = loom_value_shape(c.g, y);
+	cr_assert(s.ndim == 3 && s.dims[0] == 2 && s.dims[1] == 4 && s.dims[2] == 3);
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
+}
+
+/* GPT-2's weight tying: one table is the token embedding and the output
+ * projection; its gradient is the sum of the scatter-add and the product. */
+static void case_embedding_tied_output(void)
+{
+	gc c;
+	gc_init(&c, 102);
+	int64_t td[2] = { 6, 4 }, id[2] = { 2, 3 }, yd[1] = { 6 };
+	loom_value t = gc_param_new(&c, "wte", FILL_UNIFORM, 2, td);
+	loom_value ids = loom_input(c.g, "ids", LOOM_I32, 2, id);
+	gc_labels(&c, "ids", 6, 6);
+	loom_value labels = loom_input(c.g, "labels", LOOM_I32, 1, yd);
+	gc_labels(&c, "labels", 6, 6);
+	loom_value h = loom_embedding(c.g, ids, t);
+	loom_value logits = loom_linear(c.g, h, t, LOOM_NONE); /* [2, 3, 6] */
+	int64_t fd[2] = { 6, 6 };
+	loom_value flat = loom_reshape(c.g, logits, 2, fd);
+	gc_check(&c, loom_softmax_cross_entropy(c.g, flat, labels), 1e-6);
+	gc_fini(&c);
+}
+
+static void case_layernorm_3d(void)
+{
+	gc c;
+	gc_init(&c, 103);
+	int64_t xd[3] = { 2, 3, 5 }, pd[1] = { 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	loom_value gm = gc_param_new(&c, "gamma", FILL_NEAR1, 1, pd);
+	loom_value bt = gc_param_new(&c, "beta", FILL_UNIFORM, 1, pd);
+	gc_check(&c, gc_project(&c, loom_layernorm(c.g, x, gm, bt, 1e-5)), 1e-6);
+	gc_fini(&c);
+}
+
+/* A row of 2 (the smallest with a variance) and a tiny eps. */
+static void case_layernorm_2d_narrow(void)
+{
+	gc c;
+	gc_init(&c, 104);
+	int64_t xd[2] = { 4, 2 }, pd[1] = { 2 };
+	loom_value x = gc_param_new(&c, "x", FILL_AWAY0, 2, xd);
+	loom_value gm = gc_param_new(&c, "gamma", FILL_NEAR1, 1, pd);
+	loom_value bt = gc_param_new(&c, "beta", FILL_UNIFORM, 1, pd);
+	gc_check(&c, gc_project(&c, loom_layernorm(c.g, x, gm, bt, 1e-3)), 1e-6);
+	gc_fini(&c);
+}
+
+/* linear over the last dim of [B, T, C]: no reshape around it. */
+static void case_linear_3d_bias(void)
+{
+	gc c;
+	gc_init(&c, 105);
+	int64_t xd[3] = { 2, 3, 4 }, wd[2] = { 5, 4 }, bd[1] = { 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	loom_value w = gc_param_new(&c, "w", FILL_UNIFORM, 2, wd);
+	loom_value b = gc_param_new(&c, "b", FILL_UNIFORM, 1, bd);
+	loom_value y = loom_linear(c.g, x, w, b);
+	loom_shape s = loom_value_shape(c.g, y);
+	cr_assert(s.ndim == 3 && s.dims[2] == 5);
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
+}
+
+/* Causal self-attention over a qkv parameter [b, t, 3 * nh * hs]. */
+static void check_attention(int b, int t, int nh, int hs, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	int64_t qd[3] = { b, t, 3 * nh * hs };
+	loom_value qkv = gc_param_new(&c, "qkv", FILL_UNIFORM, 3, qd);
+	loom_value y = loom_causal_self_attention(c.g, qkv, nh);
+	cr_assert_neq(y, LOOM_NONE, "%s", loom_graph_error(c.g));
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
+}
+
+static void case_attention_t1(void)
+{
+	check_attention(2, 1, 2, 3, 106); /* one position: only v matters */
+}
+
+static void case_attention_t4_h1(void)
+{
+	check_attention(1, 4, 1, 4, 107);
+}
+
+static void case_attention_t5_h3(void)
+{
+	check_attention(2, 5, 3, 2, 108);
+}
+
+/* The softmax half alone, read whole (masked entries included: they are
+ * 0 whatever q and k are). */
+static void case_attn_probs_t4_h2(void)
+{
+	gc c;
+	gc_init(&c, 109);
+	int64_t qd[3] = { 2, 4, 12 };
+	loom_value qkv = gc_param_new(&c, "qkv", FILL_UNIFORM, 3, qd);
+	loom_value p = loom_attention_probs(c.g, qkv, 2);
+	cr_assert_neq(p, LOOM_NONE, "%s", loom_graph_error(c.g));
+	loom_shape s = loom_value_shape(c.g, p);
+	cr_assert(s.ndim == 4 && s.dims[1] == 2 && s.dims[2] == 4 && s.dims[3] == 4);
+	/* q and k get a gradient, v none: qkv's v columns are checked as the
+	 * zeros they must be by the finite differences too. */
+	gc_check(&c, gc_project(&c, p), 1e-6);
+	gc_fini(&c);
+}
+
+/* The product half with free probabilities (not a softmax): every entry
+ * of P, above the diagonal too, has its gradient dy v^T. */
+static void case_attention_free_probs(void)
+{
+	gc c;
+	gc_init(&c, 110);
+	int64_t qd[3] = { 2, 3, 12 }, pd[4] = { 2, 2, 3, 3 };
+	loom_value qkv = gc_param_new(&c, "qkv", FILL_UNIFORM, 3, qd);
+	loom_value p = gc_param_new(&c, "p", FILL_UNIFORM, 4, pd);
+	loom_value y = loom_attention_apply(c.g, p, qkv, 2);
+	cr_assert_neq(y, LOOM_NONE, "%s", loom_graph_error(c.g));
+	gc_check(&c, gc_project(&c, y), 1e-6);
+	gc_fini(&c);
 }
 
 /* One Test per row of tests/graph/gradcheck_cases.h: a new case is a

@@ -572,6 +572,37 @@ static loom_value b_ce_bad(loom_graph *g, tcase *t)
 	return y;
 }
 
+/* The transformer ops (engine/cuda/gpt.cu against engine/cpu/gpt_impl.h). */
+static loom_value b_embedding(loom_graph *g, tcase *t)
+{
+	loom_value ids = labels(g, t, 12, 7); /* 12 ids over 7 rows: repeats */
+	return loom_embedding(g, ids, param(g, t, "wte", 2, 7, 5, 0, 0));
+}
+
+static loom_value b_gelu_tanh(loom_graph *g, tcase *t)
+{
+	return loom_gelu_tanh(g, param(g, t, "x", 3, 2, 5, 9, 0));
+}
+
+static loom_value b_layernorm(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 3, 40, 0);
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 40, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 40, 0, 0, 0), 1e-5);
+}
+
+static loom_value b_linear_3d(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 3, 8, 0);
+	return loom_linear(g, x, param(g, t, "fc.weight", 2, 5, 8, 0, 0),
+			   param(g, t, "fc.bias", 1, 5, 0, 0, 0));
+}
+
+static loom_value b_attention(loom_graph *g, tcase *t)
+{
+	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 2, 7, 24, 0), 2);
+}
+
 Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 {
 	NEED_GPU();
@@ -1105,6 +1136,11 @@ static const op_case cuda_op_cases[] = {
 	{ "mean", b_mean, LOOM_RUN_GRAD, 0 },
 	{ "flatten+relu", b_flatten, LOOM_RUN_GRAD, 0 },
 	{ "softmax_ce", b_ce, LOOM_RUN_GRAD, 0 },
+	{ "embedding", b_embedding, LOOM_RUN_GRAD, 0 },
+	{ "gelu tanh", b_gelu_tanh, LOOM_RUN_GRAD, 0 },
+	{ "layernorm", b_layernorm, LOOM_RUN_GRAD, 0 },
+	{ "linear [B, T, C]", b_linear_3d, LOOM_RUN_GRAD, 1 },
+	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 0 },
 };
 
 #define N_CASES (sizeof(cuda_op_cases) / sizeof(cuda_op_cases[0]))

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""bench/torch_gpt.py — the PyTorch reference for examples/gpt_ddp.
+
+A nanoGPT-style GPT-2 (pre-norm blocks, exact-erf GELU MLP of 4C, tied
+embeddings, learned positions, no dropout) built with the same shapes as
+gpt_ddp, trained on the same bytes in the same order (--sequential: batch k
+is windows k*B .. k*B+B-1 of the first nine tenths of the text, each window
+T+1 bytes starting at a multiple of T), AdamW with torch's defaults (betas
+0.9, 0.999, eps 1e-8) and decay on parameters of 2 or more dims, a linear
+warm-up then cosine decay to a tenth, gradient clipping by global norm.
+
+--init FILE writes the initial parameters (N(0, 0.02), residual projections
+0.02/sqrt(2L), as GPT-2) in loom's order as f64, for gpt_ddp --init; every
+step's loss goes to --losses FILE ("step loss", %.17g); the last line of
+stdout gives tokens/s. Run it from a virtual environment with torch
+(outside the repository: /work/venv-torch/bin/python bench/torch_gpt.py ...).
+"""
+import argparse
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(s, C, nh, gelu):
+        super().__init__()
+        s.nh = nh
+        s.gelu = gelu
+        s.ln_1 = nn.LayerNorm(C)
+        s.c_attn = nn.Linear(C, 3 * C)
+        s.attn_proj = nn.Linear(C, C)
+        s.ln_2 = nn.LayerNorm(C)
+        s.c_fc = nn.Linear(C, 4 * C)
+        s.mlp_proj = nn.Linear(4 * C, C)
+
+    def attn(s, x):
+        B, T, C = x.shape
+        q, k, v = s.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, s.nh, C // s.nh).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // s.nh)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return s.attn_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(s, x):
+        x = x + s.attn(s.ln_1(x))
+        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate=s.gelu))
+
+
+class GPT(nn.Module):
+    def __init__(s, V, T, C, L, nh, gelu="none"):
+        super().__init__()
+        s.wte = nn.Embedding(V, C)
+        s.wpe = nn.Embedding(T, C)
+        s.h = nn.ModuleList(Block(C, nh, gelu) for _ in range(L))
+        s.ln_f = nn.LayerNorm(C)
+
+    def forward(s, idx, targets):
+        B, T = idx.shape
+        x = s.wte(idx) + s.wpe(torch.arange(T, device=idx.device))
+        for b in s.h:
+            x = b(x)
+        logits = s.ln_f(x) @ s.wte.weight.t()
+        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+
+    def loom_order(s):
+        """Parameters in gpt_ddp's creation order (examples/gpt_ddp.c, gpt_build)."""
+        ps = [s.wte.weight, s.wpe.weight]
+        for b in s.h:
+            ps += [b.ln_1.weight, b.ln_1.bias, b.c_attn.weight, b.c_attn.bias,
+                   b.attn_proj.weight, b.attn_proj.bias, b.ln_2.weight, b.ln_2.bias,
+                   b.c_fc.weight, b.c_fc.bias, b.mlp_proj.weight, b.mlp_proj.bias]
+        return ps + [s.ln_f.weight, s.ln_f.bias]
+
+
+def lr_at(a, step, total):
+    if step < a.warmup_steps:
+        return a.lr * (step + 1) / a.warmup_steps
+    r = (step - a.warmup_steps) / (total - a.warmup_steps) if total > a.warmup_steps else 1
+    lo = a.lr * 0.1
+    return lo + 0.5 * (1 + math.cos(math.pi * min(r, 1.0))) * (a.lr - lo)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--clip-grad", type=float, default=1.0)
+    p.add_argument("--dtype", choices=["f32", "f64"], default="f32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--gelu", choices=["erf", "tanh"], default="erf")
+    p.add_argument("--init", help="write the initial parameters here (f64, loom's order)")
+    p.add_argument("--losses", help="write every step's loss here")
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dt = torch.float64 if a.dtype == "f64" else torch.float32
+    torch.manual_seed(a.seed)
+
+    data = open(a.data, "rb").read()
+    cut = len(data) - len(data) // 10
+    train = torch.tensor(list(data[:cut]), dtype=torch.long)
+    B, T = a.batch_size, a.context
+    windows = (len(train) - 1) // T
+
+    m = GPT(256, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
+    with torch.no_grad():
+        for name, w in m.named_parameters():
+            if w.dim() == 2:
+                proj = name.endswith("attn_proj.weight") or name.endswith("mlp_proj.weight")
+                w.normal_(0, 0.02 / math.sqrt(2 * a.layers) if proj else 0.02)
+    if a.init:
+        with open(a.init, "wb") as f:
+            for w in m.loom_order():
+                f.write(w.detach().to(torch.float64).contiguous().numpy().tobytes())
+    decay = [w for w in m.parameters() if w.dim() >= 2]
+    rest = [w for w in m.parameters() if w.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=a.lr)
+    fwd = torch.compile(m) if a.compile else m
+    out = open(a.losses, "w") if a.losses else None
+    t0 = None
+    for step in range(a.steps):
+        if step == 1:
+            t0 = time.perf_counter()  # the first step pays for start-up
+        rows = [((step * B + r) % windows) * T for r in range(B)]
+        x = torch.stack([train[s:s + T] for s in rows])
+        y = torch.stack([train[s + 1:s + T + 1] for s in rows])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(a, step, a.steps)
+        opt.zero_grad(set_to_none=True)
+        loss = fwd(x, y)
+        loss.backward()
+        if a.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), a.clip_grad)
+        opt.step()
+        if out:
+            out.write("%d %.17g\n" % (step + 1, loss.item()))
+    dt_s = time.perf_counter() - t0 if t0 else float("nan")
+    n = sum(w.numel() for w in m.parameters())
+    print("torch %s %s: %d parameters, %d steps, %.1f ms/step, %.0f tok/s" % (
+        torch.__version__, "compiled" if a.compile else "eager", n, a.steps,
+        1e3 * dt_s / max(a.steps - 1, 1), (a.steps - 1) * B * T / dt_s))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+/*
+ * engine/cuda/gpt.cu — the transformer ops on the GPU: embedding gather and
+ * scatter-add, layer norm over the last dim (and its dx, dgamma), and the
+ * two halves of causal attention with their backward nodes. CPU twins:
+ * engine/cpu/gpt_impl.h (same formulas, statistics and softmax sums in
+ * double, the scatter-add in row order).
+ *
+ * Own kernels throughout, written for correctness first: the attention
+ * products are one thread per output element with a loop over the shared
+ * dim (no cuBLASLt strided-batched call yet, no tensor cores), so they are
+ * slow at GPT-2 sizes. Status as the rest of engine/cuda: compiled, never
+ * run on a GPU.
+ */
+#include <stdint.h>
+
+#include "engine/cuda/dtype.cuh"
+
+static const int threads = 256;
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+/* y[i, j] = table[ids[i], j]; an id outside [0, v) gives a zero row. */
+__global__ void loom_embedding_fwd_kernel(int64_t n, int v, int c, const int32_t *ids,
+					  const void *table, int tdt, void *y, int ydt)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n * c;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int64_t i = e / c;
+		int j = (int)(e % c), id = ids[i];
+		loom_st(y, ydt, e, id >= 0 && id < v ? loom_ld(table, tdt, (int64_t)id * c + j) : 0.0f);
+	}
+}
+
+/* One thread per column: rows added in order into fp32 acc [v, c] (zeroed
+ * first), as the CPU does, so the sums are the CPU's bit for bit. */
+__global__ void loom_embedding_bwd_kernel(int64_t n, int v, int c, const int32_t *ids,
+					  const void *dy, int dydt, float *acc)
+{
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
+		for (int64_t i = 0; i < n; i++) {
+			int id = ids[i];
+			if (id >= 0 && id < v)
+				acc[(int64_t)id * c + j] += loom_ld(dy, dydt, i * c + j);
+		}
+}
+
+/* Mean and 1 / sqrt(var + eps) of row r (every thread of the block). */
+static __device__ void ln_stats(const void *x, int xdt, int64_t r, int c, double eps,
+				double *mean, double *rstd)
+{
+	double s = 0;
+	for (int j = threadIdx.x; j < c; j += blockDim.x)
+		s += loom_ld(x, xdt, r * c + j);
+	double m = loom_block_sum(s) / c, ss = 0;
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		double d = loom_ld(x, xdt, r * c + j) - m;
+		ss += d * d;
+	}
+	*mean = m;
+	*rstd = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
+}
+
+/* One block per row. */
+__global__ void loom_layernorm_fwd_kernel(int c, const void *x, int xdt, const void *g, int gdt,
+					  const void *b, int bdt, double eps, void *y, int ydt)
+{
+	const int64_t r = blockIdx.x;
+	double m, rs;
+	ln_stats(x, xdt, r, c, eps, &m, &rs);
+	for (int j = threadIdx.x; j < c; j += blockDim.x)
+		loom_st(y, ydt, r * c + j,
+			(float)((loom_ld(x, xdt, r * c + j) - m) * rs * loom_ld(g, gdt, j) +
+				loom_ld(b, bdt, j)));
+}
+
+/* One block per row: dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). */
+__global__ void loom_layernorm_bwd_data_kernel(int c, const void *x, int xdt, const void *g,
+					       int gdt, const void *dy, int dydt, double eps,
+					       void *dx, int dxdt)
+{
+	const int64_t r = blockIdx.x;
+	double m, rs, a = 0, b = 0;
+	ln_stats(x, xdt, r, c, eps, &m, &rs);
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		double gd = (double)loom_ld(g, gdt, j) * loom_ld(dy, dydt, r * c + j);
+		a += gd;
+		b += gd * (loom_ld(x, xdt, r * c + j) - m) * rs;
+	}
+	a = loom_block_sum(a) / c;
+	b = loom_block_sum(b) / c;
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		double xh = (loom_ld(x, xdt, r * c + j) - m) * rs;
+		double gd = (double)loom_ld(g, gdt, j) * loom_ld(dy, dydt, r * c + j);
+		loom_st(dx, dxdt, r * c + j, (float)(rs * (gd - a - xh * b)));
+	}
+}
+
+/* One block per row: its mean and rstd into stats[2r], stats[2r + 1]. */
+__global__ void loom_layernorm_stats_kernel(int c, const void *x, int xdt, double eps,
+					    double *stats)
+{
+	const int64_t r = blockIdx.x;
+	double m, rs;
+	ln_stats(x, xdt, r, c, eps, &m, &rs);
+	if (threadIdx.x == 0) {
+		stats[2 * r] = m;
+		stats[2 * r + 1] = rs;
+	}
+}
+
+/* One thread per column: dgamma[j] = sum over rows of dy xhat. */
+__global__ void loom_layernorm_bwd_gamma_kernel(int64_t rows, int c, const void *x, int xdt,
+						const void *dy, int dydt, const double *stats,
+						void *dg, int dgdt)
+{
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
+		double s = 0;
+		for (int64_t r = 0; r < rows; r++)
+			s += (double)loom_ld(dy, dydt, r * c + j) *
+			     (loom_ld(x, xdt, r * c + j) - stats[2 * r]) * stats[2 * r + 1];
+		loom_st(dg, dgdt, j, (float)s);
+	}
+}
+
+/* One block per row (b, h, i) of p: the causal softmax of q_i k_j scale;
+ * the scores wait in fp32 sc (p itself when p is fp32), so a half p is
+ * rounded once, as on the CPU. */
+__global__ void loom_attn_probs_kernel(int t, int c, int nh, const void *qkv, int qdt, void *p,
+				       int pdt, float *sc)
+{
+	const int64_t row = blockIdx.x;
+	const int i = (int)(row % t), h = (int)(row / t % nh), b = (int)(row / t / nh);
+	const int hs = c / nh;
+	const int64_t c3 = 3 * (int64_t)c, q0 = ((int64_t)b * t + i) * c3 + h * hs;
+	const double scale = 1.0 / sqrt((double)hs);
+	double mx = -INFINITY;
+	for (int j = threadIdx.x; j <= i; j += blockDim.x) {
+		const int64_t k0 = ((int64_t)b * t + j) * c3 + c + h * hs;
+		float s = 0;
+		for (int d = 0; d < hs; d++)
+			s += loom_ld(qkv, qdt, q0 + d) * loom_ld(qkv, qdt, k0 + d);
+		s = (float)(s * scale);
+		sc[row * t + j] = s; /* each thread reads back only its own */
+		mx = s > mx ? s : mx;
+	}
+	mx = loom_block_max(mx);
+	double sum = 0;
+	for (int j = threadIdx.x; j <= i; j += blockDim.x)
+		sum += exp((double)sc[row * t + j] - mx);
+	sum = loom_block_sum(sum);
+	for (int j = threadIdx.x; j < t; j += blockDim.x)
+		loom_st(p, pdt, row * t + j,
+			j <= i ? (float)(exp((double)sc[row * t + j] - mx) / sum) : 0.0f);
+}
+
+/* One block per row (b, h, i): ds = p (dp - sum_j p dp), fp32, into ws. */
+__global__ void loom_attn_softmax_bwd_kernel(int t, const void *p, int pdt, const void *dp,
+					     int dpdt, float *ds)
+{
+	const int64_t row = blockIdx.x;
+	const int i = (int)(row % t);
+	double dot = 0;
+	for (int j = threadIdx.x; j <= i; j += blockDim.x)
+		dot += (double)loom_ld(p, pdt, row * t + j) * loom_ld(dp, dpdt, row * t + j);
+	dot = loom_block_sum(dot);
+	for (int j = threadIdx.x; j < t; j += blockDim.x)
+		ds[row * t + j] = j <= i ? (float)(loom_ld(p, pdt, row * t + j) *
+						   (loom_ld(dp, dpdt, row * t + j) - dot)) :
+					   0.0f;
+}
+
+/* One thread per element of dqkv [b, t, 3c]: q part sum_j ds_ij k_j scale,
+ * k part sum_i ds_ij q_i scale, v part 0. */
+__global__ void loom_attn_qk_grad_kernel(int b_, int t, int c, int nh, const void *qkv, int qdt,
+					 const float *ds, void *dqkv, int odt)
+{
+	const int hs = c / nh;
+	const int64_t c3 = 3 * (int64_t)c, total = (int64_t)b_ * t * c3;
+	const float scale = (float)(1.0 / sqrt((double)hs));
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int col = (int)(e % c3), pos = (int)(e / c3 % t), b = (int)(e / c3 / t);
+		int part = col / c, h = col % c / hs, d = col % hs;
+		float s = 0;
+		if (part == 0) { /* dq_pos = sum_j ds[pos, j] k_j */
+			const float *dr = ds + (((int64_t)b * nh + h) * t + pos) * t;
+			for (int j = 0; j <= pos; j++)
+				s += dr[j] * loom_ld(qkv, qdt, ((int64_t)b * t + j) * c3 + c + h * hs + d);
+		} else if (part == 1) { /* dk_pos = sum_i ds[i, pos] q_i */
+			const float *dcol = ds + ((int64_t)b * nh + h) * t * t + pos;
+			for (int i = pos; i < t; i++)
+				s += dcol[(int64_t)i * t] *
+				     loom_ld(qkv, qdt, ((int64_t)b * t + i) * c3 + h * hs + d);
+		}
+		loom_st(dqkv, odt, e, s * scale);
+	}
+}
+
+/* One thread per element of y [b, t, c]: y_i = sum_j p_ij v_j (all j). */
+__global__ void loom_attention_fwd_kernel(int b_, int t, int c, int nh, const void *p, int pdt,
+					  const void *qkv, int qdt, void *y, int ydt)
+{
+	const int hs = c / nh;
+	const int64_t c3 = 3 * (int64_t)c, total = (int64_t)b_ * t * c;
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int col = (int)(e % c), i = (int)(e / c % t), b = (int)(e / c / t);
+		int h = col / hs;
+		const int64_t pr = (((int64_t)b * nh + h) * t + i) * t;
+		float s = 0;
+		for (int j = 0; j < t; j++)
+			s += loom_ld(p, pdt, pr + j) *
+			     loom_ld(qkv, qdt, ((int64_t)b * t + j) * c3 + 2 * c + col);
+		loom_st(y, ydt, e, s);
+	}
+}
+
+/* One thread per element of dp [b, nh, t, t]: dy_i . v_j. */
+__global__ void loom_attention_bwd_probs_kernel(int b_, int t, int c, int nh, const void *qkv,
+						int qdt, const void *dy, int dydt, void *dp,
+						int dpdt)
+{
+	const int hs = c / nh;
+	const int64_t c3 = 3 * (int64_t)c, total = (int64_t)b_ * nh * t * t;
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int j = (int)(e % t), i = (int)(e / t % t), h = (int)(e / t / t % nh);
+		int b = (int)(e / t / t / nh);
+		float s = 0;
+		for (int d = 0; d < hs; d++)
+			s += loom_ld(dy, dydt, ((int64_t)b * t + i) * c + h * hs + d) *
+			     loom_ld(qkv, qdt, ((int64_t)b * t + j) * c3 + 2 * c + h * hs + d);
+		loom_st(dp, dpdt, e, s);
+	}
+}
+
+/* One thread per element of dqkv: v part sum_i p_ij dy_i, q and k parts 0. */
+__global__ void loom_attention_bwd_qkv_kernel(int b_, int t, int c, int nh, const void *p,
+					      int pdt, const void *dy, int dydt, void *dqkv,
+					      int odt)
+{
+	const int hs = c / nh;
+	const int64_t c3 = 3 * (int64_t)c, total = (int64_t)b_ * t * c3;
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int col = (int)(e % c3), j = (int)(e / c3 % t), b = (int)(e / c3 / t);
+		float s = 0;
+		if (col >= 2 * c) {
+			int vc = col - 2 * c, h = vc / hs;
+			const int64_t p0 = ((int64_t)b * nh + h) * t * t + j;
+			for (int i = 0; i < t; i++)
+				s += loom_ld(p, pdt, p0 + (int64_t)i * t) *
+				     loom_ld(dy, dydt, ((int64_t)b * t + i) * c + vc);
+		}
+		loom_st(dqkv, odt, e, s);
+	}
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers and op entries
+
+static const loom_node *nd(const loom_plan *p, loom_value v)
+{
+	return &p->g->nodes[v];
+}
+
+static const loom_node *src_of(const loom_plan *p, loom_value v, int i)
+{
+	return &p->g->nodes[p->g->nodes[v].src[i]];
+}
+
+/* An embedding backward whose gradient is half sums in fp32 workspace. */
+static size_t embedding_bwd_ws(const loom_plan *p, loom_value v)
+{
+	const loom_node *n = nd(p, v);
+	return n->dtype == LOOM_F32 ? 0 :
+				      loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
+}
+
+size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v)
+{
+	const loom_node *n = nd(p, v);
+	switch (n->op) {
+	case LOOM_OP_EMBEDDING_BWD:
+		return embedding_bwd_ws(p, v);
+	case LOOM_OP_LAYERNORM_BWD_GAMMA:
+		return loom_cuda_align(2 * sizeof(double) *
+				       (size_t)loom_shape_rows(&src_of(p, v, 0)->shape));
+	case LOOM_OP_ATTN_PROBS:
+		return n->dtype == LOOM_F32 ? 0 :
+					      loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
+	case LOOM_OP_ATTN_PROBS_BWD:
+		return loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&src_of(p, v, 1)->shape));
+	default:
+		return 0;
+	}
+}
+
+loom_status loom_cuda_op_embedding(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	const loom_node *w = src_of(plan, v, 1);
+	int64_t n = loom_shape_numel(&src_of(plan, v, 0)->shape);
+	int cc = (int)w->shape.dims[1];
+	if (n * cc <= 0)
+		return LOOM_OK;
+	loom_embedding_fwd_kernel<<<loom_cuda_blocks(n * cc, threads), threads, 0, c->stream>>>(
+		n, (int)w->shape.dims[0], cc, (const int32_t *)io->src[0], io->src[1], io->dt[1],
+		io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v);
+	int64_t cnt = loom_shape_numel(&src_of(plan, v, 0)->shape), total = loom_shape_numel(&n->shape);
+	int cc = (int)n->shape.dims[1];
+	float *acc = n->dtype == LOOM_F32 ? (float *)io->out : (float *)c->arena.ws;
+	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
+					 c->err, sizeof(c->err));
+	if (st != LOOM_OK || cc <= 0)
+		return st;
+	loom_embedding_bwd_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
+		cnt, (int)n->shape.dims[0], cc, (const int32_t *)io->src[0], io->src[1], io->dt[1],
+		acc);
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK || n->dtype == LOOM_F32)
+		return st;
+	return loom_cuda_cast(c->err, c->stream, acc, LOOM_F32, io->out, io->odt, total);
+}
+
+loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v);
+	int64_t rows = loom_shape_rows(&n->shape);
+	if (rows <= 0)
+		return LOOM_OK;
+	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *plan,
+					    loom_value v, const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v);
+	int64_t rows = loom_shape_rows(&n->shape);
+	if (rows <= 0)
+		return LOOM_OK;
+	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan,
+					     loom_value v, const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v), *x = src_of(plan, v, 0);
+	int64_t rows = loom_shape_rows(&x->shape);
+	int cc = (int)loom_shape_last(&x->shape);
+	double *stats = (double *)c->arena.ws;
+	if (rows <= 0)
+		return LOOM_OK;
+	loom_layernorm_stats_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+		cc, io->src[0], io->dt[0], n->a.ln.eps, stats);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	if (st != LOOM_OK)
+		return st;
+	loom_layernorm_bwd_gamma_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
+		rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], stats, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* b, t, c of the qkv source qi of node v, and its n_head. */
+static void attn_dims(const loom_plan *p, loom_value v, int qi, int *b, int *t, int *c, int *nh)
+{
+	const loom_node *q = src_of(p, v, qi);
+	*b = (int)q->shape.dims[0];
+	*t = (int)q->shape.dims[1];
+	*c = (int)(q->shape.dims[2] / 3);
+	*nh = nd(p, v)->a.attn.n_head;
+}
+
+loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				    const loom_cuda_io *io)
+{
+	int b, t, cc, nh;
+	attn_dims(plan, v, 0, &b, &t, &cc, &nh);
+	unsigned rows = (unsigned)((int64_t)b * nh * t);
+	if (rows == 0)
+		return LOOM_OK;
+	float *sc = io->odt == LOOM_F32 ? (float *)io->out : (float *)c->arena.ws;
+	loom_attn_probs_kernel<<<rows, threads, 0, c->stream>>>(t, cc, nh, io->src[0], io->dt[0],
+								 io->out, io->odt, sc);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io)
+{
+	int b, t, cc, nh;
+	attn_dims(plan, v, 0, &b, &t, &cc, &nh);
+	unsigned rows = (unsigned)((int64_t)b * nh * t);
+	float *ds = (float *)c->arena.ws;
+	if (rows == 0)
+		return LOOM_OK;
+	loom_attn_softmax_bwd_kernel<<<rows, threads, 0, c->stream>>>(t, io->src[1], io->dt[1],
+								       io->src[2], io->dt[2], ds);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	if (st != LOOM_OK)
+		return st;
+	int64_t total = (int64_t)b * t * 3 * cc;
+	loom_attn_qk_grad_kernel<<<loom_cuda_blocks(total, threads), threads, 0, c->stream>>>(
+		b, t, cc, nh, io->src[0], io->dt[0], ds, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_attention(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	int b, t, cc, nh;
+	attn_dims(plan, v, 1, &b, &t, &cc, &nh);
+	int64_t total = (int64_t)b * t * cc;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_attention_fwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, c->stream>>>(
+		b, t, cc, nh, io->src[0], io->dt[0], io->src[1], io->dt[1], io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_attention_bwd_probs(loom_cuda_ctx *c, const loom_plan *plan,
+					     loom_value v, const loom_cuda_io *io)
+{
+	int b, t, cc, nh;
+	attn_dims(plan, v, 0, &b, &t, &cc, &nh);
+	int64_t total = (int64_t)b * nh * t * t;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_attention_bwd_probs_kernel<<<loom_cuda_blocks(total, threads), threads, 0,
+					  c->stream>>>(b, t, cc, nh, io->src[0], io->dt[0],
+						       io->src[1], io->dt[1], io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *c, const loom_plan *plan,
+					   loom_value v, const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v);
+	int b = (int)n->shape.dims[0], t = (int)n->shape.dims[1], cc = (int)(n->shape.dims[2] / 3);
+	int64_t total = (int64_t)b * t * 3 * cc;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_attention_bwd_qkv_kernel<<<loom_cuda_blocks(total, threads), threads, 0, c->stream>>>(
+		b, t, cc, n->a.attn.n_head, io->src[0], io->dt[0], io->src[1], io->dt[1], io->out,
+		io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}

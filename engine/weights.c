@@ -1,0 +1,344 @@
+/*
+ * engine/weights.c — loom_export_safetensors / loom_import_safetensors: a
+ * program's parameters and buffers as a safetensors file under PyTorch's
+ * state_dict names (include/loom_io.h). The container is
+ * engine/safetensors.c; here, which tensors, their names, their dtypes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/elem.h"
+#include "engine/program_internal.h"
+#include "engine/safetensors.h"
+#include "loom_io.h"
+
+#define NAME_BUF (LOOM_NAME_MAX + 64)
+#define NBT ".num_batches_tracked"
+
+void loom_weights_opts_default(loom_weights_opts *o)
+{
+	if (o)
+		*o = (loom_weights_opts){ .strict = 1 };
+}
+
+/* A parameter or buffer of the user's graph (not an O2 master). */
+static int is_exchanged(const loom_node *n)
+{
+	return (n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER) && !(n->flags & LOOM_NODE_AMP);
+}
+
+/* The name of loom name `name` in the file, through the first matching rename. */
+static void file_name(const loom_weights_opts *o, const char *name, char *buf, size_t len)
+{
+	for (int i = 0; i < o->n_names; i++) {
+		size_t k = strlen(o->names[i].loom);
+		if (strncmp(name, o->names[i].loom, k) == 0) {
+			snprintf(buf, len, "%s%s", o->names[i].file, name + k);
+			return;
+		}
+	}
+	snprintf(buf, len, "%s", name);
+}
+
+static int skipped(const loom_weights_opts *o, const char *fname)
+{
+	for (int i = 0; i < o->n_skip; i++) {
+		size_t k = strlen(o->skip[i]);
+		if (k && strncmp(fname, o->skip[i], k) == 0 && (fname[k] == 0 || fname[k] == '.'))
+			return 1;
+	}
+	return 0;
+}
+
+/* "layer1.1.running_mean" -> "layer1.1" in buf; 0 if name is not a batch
+ * norm's running mean. */
+static int bn_prefix(const char *name, char *buf, size_t len)
+{
+	static const char suffix[] = ".running_mean";
+	size_t n = strlen(name), k = sizeof(suffix) - 1;
+	if (n <= k || strcmp(name + n - k, suffix) != 0)
+		return 0;
+	snprintf(buf, len, "%.*s", (int)(n - k), name);
+	return 1;
+}
+
+static loom_st_dtype st_dtype(loom_dtype dt)
+{
+	switch (dt) {
+	case LOOM_F32: return LOOM_ST_F32;
+	case LOOM_F64: return LOOM_ST_F64;
+	case LOOM_F16: return LOOM_ST_F16;
+	case LOOM_BF16: return LOOM_ST_BF16;
+	case LOOM_I32: return LOOM_ST_I32;
+	default: return LOOM_ST_DTYPE_COUNT;
+	}
+}
+
+/* ---------------------------------------------------------------- export */
+
+typedef struct export_list {
+	loom_st_tensor *t;
+	char (*names)[NAME_BUF];
+	void **host;
+	int n;
+} export_list;
+
+static void export_free(export_list *l)
+{
+	for (int i = 0; l->host && i < l->n; i++)
+		free(l->host[i]);
+	free(l->host);
+	free(l->names);
+	free(l->t);
+}
+
+/* One tensor of the file: node v's values (its master's under O2). */
+static loom_status export_value(loom_program *p, const loom_weights_opts *o, loom_value v,
+				export_list *l)
+{
+	const loom_node *n = &p->plan.g->nodes[v];
+	loom_value src = n->master != LOOM_NONE && n->op == LOOM_OP_PARAM ? n->master : v;
+	const loom_node *s = &p->plan.g->nodes[src];
+	loom_st_tensor *t = &l->t[l->n];
+	size_t bytes = loom_value_bytes(p, src);
+	file_name(o, n->name, l->names[l->n], NAME_BUF);
+	t->name = l->names[l->n];
+	t->dtype = st_dtype(s->dtype);
+	t->ndim = s->shape.ndim;
+	memcpy(t->dims, s->shape.dims, sizeof(int64_t) * s->shape.ndim);
+	t->bytes = bytes;
+	if (!(l->host[l->n] = malloc(bytes ? bytes : 1)))
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
+	t->data = l->host[l->n];
+	l->n++;
+	return loom_program_download(p, l->host[l->n - 1], loom_value_ptr(p, src), bytes);
+}
+
+/* PyTorch's num_batches_tracked beside the batch norm whose running mean
+ * is node v. */
+static loom_status export_nbt(loom_program *p, const loom_weights_opts *o, loom_value v,
+			      export_list *l)
+{
+	char prefix[NAME_BUF], loom_name[NAME_BUF + 32];
+	if (!bn_prefix(p->plan.g->nodes[v].name, prefix, sizeof(prefix)))
+		return LOOM_OK;
+	snprintf(loom_name, sizeof(loom_name), "%s" NBT, prefix);
+	loom_st_tensor *t = &l->t[l->n];
+	int64_t *count = malloc(sizeof(int64_t));
+	if (!count)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
+	*count = p->ts.step + p->ts.scaler.skipped_steps;
+	l->host[l->n] = count;
+	file_name(o, loom_name, l->names[l->n], NAME_BUF);
+	*t = (loom_st_tensor){ .name = l->names[l->n], .dtype = LOOM_ST_I64, .ndim = 0,
+			       .data = count, .bytes = sizeof(int64_t) };
+	l->n++;
+	return LOOM_OK;
+}
+
+loom_status loom_export_safetensors(loom_program *p, const char *path,
+				    const loom_weights_opts *opts)
+{
+	loom_weights_opts def;
+	if (!loom_program_usable(p))
+		return LOOM_ERR_INVALID;
+	if (!path || !path[0])
+		return loom_program_fail(p, LOOM_ERR_INVALID, "export: no path given");
+	if (!opts) {
+		loom_weights_opts_default(&def);
+		opts = &def;
+	}
+	loom_status st = LOOM_OK;
+	int cap = 0;
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		cap += is_exchanged(&p->plan.g->nodes[v]) ? 2 : 0;
+	export_list l = { .t = calloc(cap + 1, sizeof(*l.t)),
+			  .names = calloc(cap + 1, sizeof(*l.names)),
+			  .host = calloc(cap + 1, sizeof(void *)) };
+	if (!l.t || !l.names || !l.host) {
+		st = loom_program_fail(p, LOOM_ERR_NOMEM, "export %s: out of memory", path);
+		goto out;
+	}
+	for (int v = 0; v < p->plan.n_fwd && st == LOOM_OK; v++) {
+		if (!is_exchanged(&p->plan.g->nodes[v]))
+			continue;
+		st = export_value(p, opts, v, &l);
+		if (st == LOOM_OK)
+			st = export_nbt(p, opts, v, &l);
+	}
+	static const char *const meta[] = { "format", "pt", "producer", "loom" };
+	char err[LOOM_ERR_MAX];
+	if (st == LOOM_OK && (st = loom_st_write(path, l.t, l.n, meta, 2, err, sizeof(err))))
+		loom_program_fail(p, st, "export: %s", err);
+out:
+	export_free(&l);
+	return st;
+}
+
+/* ---------------------------------------------------------------- import */
+
+/* The file's tensor for the program's value: converted, ready to write. */
+typedef struct import_item {
+	loom_value v;
+	const loom_st_tensor *t;
+} import_item;
+
+static double st_get(const loom_st_tensor *t, int64_t i)
+{
+	const unsigned char *b = (const unsigned char *)t->data + i * loom_st_dtype_size(t->dtype);
+	switch (t->dtype) {
+	case LOOM_ST_F64: { double x; memcpy(&x, b, 8); return x; }
+	case LOOM_ST_F32: { float x; memcpy(&x, b, 4); return x; }
+	case LOOM_ST_F16: { uint16_t x; memcpy(&x, b, 2); return loom_f16_to_f32(x); }
+	case LOOM_ST_BF16: { uint16_t x; memcpy(&x, b, 2); return loom_bf16_to_f32(x); }
+	default: return 0;
+	}
+}
+
+static int is_float(loom_st_dtype dt)
+{
+	return dt == LOOM_ST_F64 || dt == LOOM_ST_F32 || dt == LOOM_ST_F16 || dt == LOOM_ST_BF16;
+}
+
+/* The shape as text, for messages. */
+static const char *dims_str(const int64_t *dims, int ndim, char *buf, size_t len)
+{
+	size_t at = 0;
+	at += snprintf(buf, len, "[");
+	for (int d = 0; d < ndim && at < len; d++)
+		at += snprintf(buf + at, len - at, "%s%lld", d ? ", " : "", (long long)dims[d]);
+	if (at < len)
+		snprintf(buf + at, len - at, "]");
+	return buf;
+}
+
+/* Pairs the program's tensors with the file's, or says which does not fit. */
+static loom_status match(loom_program *p, const loom_weights_opts *o, const loom_st_file *f,
+			 const char *path, import_item *items, int *n_items, char *used,
+			 loom_weights_report *r)
+{
+	char fname[NAME_BUF], a[128], b[128];
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		if (!is_exchanged(n))
+			continue;
+		file_name(o, n->name, fname, sizeof(fname));
+		/* num_batches_tracked of this batch norm: expected, not used. */
+		char prefix[NAME_BUF], nbt[NAME_BUF + 32];
+		if (bn_prefix(fname, prefix, sizeof(prefix))) {
+			snprintf(nbt, sizeof(nbt), "%s" NBT, prefix);
+			const loom_st_tensor *t = loom_st_find(f, nbt);
+			if (t)
+				used[t - loom_st_at(f, 0)] = 1;
+		}
+		const loom_st_tensor *t = loom_st_find(f, fname);
+		if (t)
+			used[t - loom_st_at(f, 0)] = 1;
+		if (skipped(o, fname)) {
+			r->skipped++;
+			continue;
+		}
+		if (!t) {
+			if (!r->missing++)
+				snprintf(r->first_missing, sizeof(r->first_missing), "%s", fname);
+			if (o->strict)
+				return loom_program_fail(p, LOOM_ERR_NOT_FOUND,
+							 "import %s: no tensor '%s' in the file (strict; "
+							 "the program's %s)", path, fname, n->name);
+			continue;
+		}
+		if (t->ndim != n->shape.ndim ||
+		    memcmp(t->dims, n->shape.dims, sizeof(int64_t) * t->ndim) != 0)
+			return loom_program_fail(p, LOOM_ERR_SHAPE,
+						 "import %s: tensor '%s' is %s in the file, the "
+						 "program's is %s", path, fname,
+						 dims_str(t->dims, t->ndim, a, sizeof(a)),
+						 dims_str(n->shape.dims, n->shape.ndim, b, sizeof(b)));
+		if (!is_float(t->dtype))
+			return loom_program_fail(p, LOOM_ERR_DTYPE,
+						 "import %s: tensor '%s' is %s, loom reads F32, F16, "
+						 "BF16 or F64", path, fname, loom_st_dtype_name(t->dtype));
+		items[(*n_items)++] = (import_item){ v, t };
+	}
+	for (int i = 0; i < loom_st_count(f); i++) {
+		const loom_st_tensor *t = loom_st_at(f, i);
+		if (used[i] || skipped(o, t->name))
+			continue;
+		if (!r->unexpected++)
+			snprintf(r->first_unexpected, sizeof(r->first_unexpected), "%s", t->name);
+		if (o->strict)
+			return loom_program_fail(p, LOOM_ERR_MISMATCH,
+						 "import %s: the file's tensor '%s' is not in the "
+						 "program (strict; pass strict 0 to ignore it)", path,
+						 t->name);
+	}
+	return LOOM_OK;
+}
+
+/* Writes one tensor into node v (and its O2 master), as loom_write_f64. */
+static loom_status import_value(loom_program *p, loom_value v, const loom_st_tensor *t)
+{
+	const loom_node *n = &p->plan.g->nodes[v];
+	int64_t cnt = loom_shape_numel(&n->shape);
+	size_t bytes = loom_value_bytes(p, v);
+	void *tmp = malloc(bytes ? bytes : 1);
+	float *m = n->master != LOOM_NONE ? malloc(sizeof(float) * (cnt ? cnt : 1)) : NULL;
+	loom_status st = LOOM_OK;
+	if (!tmp || (n->master != LOOM_NONE && !m)) {
+		st = loom_program_fail(p, LOOM_ERR_NOMEM, "import: out of memory");
+		goto out;
+	}
+	for (int64_t i = 0; i < cnt; i++) {
+		double x = st_get(t, i);
+		loom_elem_set(n->dtype, tmp, i, x);
+		if (m)
+			m[i] = (float)x;
+	}
+	st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+	if (st == LOOM_OK && m)
+		st = loom_program_upload(p, loom_value_ptr(p, n->master), m, sizeof(float) * cnt);
+out:
+	free(tmp);
+	free(m);
+	return st;
+}
+
+loom_status loom_import_safetensors(loom_program *p, const char *path,
+				    const loom_weights_opts *opts, loom_weights_report *report)
+{
+	loom_weights_opts def;
+	loom_weights_report r = { 0 };
+	char err[LOOM_ERR_MAX];
+	loom_st_file *f = NULL;
+	if (!loom_program_usable(p))
+		return LOOM_ERR_INVALID;
+	if (!path || !path[0])
+		return loom_program_fail(p, LOOM_ERR_INVALID, "import: no path given");
+	if (!opts) {
+		loom_weights_opts_default(&def);
+		opts = &def;
+	}
+	loom_status st = loom_st_read(path, &f, err, sizeof(err));
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "import: %s", err);
+	import_item *items = calloc(p->plan.n_fwd + 1, sizeof(*items));
+	char *used = calloc(loom_st_count(f) + 1, 1);
+	int n_items = 0;
+	if (!items || !used) {
+		st = loom_program_fail(p, LOOM_ERR_NOMEM, "import %s: out of memory", path);
+		goto out;
+	}
+	if ((st = match(p, opts, f, path, items, &n_items, used, &r)) != LOOM_OK)
+		goto out;
+	for (int i = 0; i < n_items && st == LOOM_OK; i++)
+		st = import_value(p, items[i].v, items[i].t);
+	r.loaded = n_items;
+out:
+	if (report)
+		*report = r;
+	free(items);
+	free(used);
+	loom_st_free(f);
+	return st;
+}

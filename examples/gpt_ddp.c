@@ -1,0 +1,802 @@
+/*
+ * examples/gpt_ddp.c — trains a GPT-2-style transformer with loom: pre-norm
+ * blocks (layer norm, causal self-attention over a fused qkv, projection,
+ * residual; layer norm, GELU MLP of 4C, residual), learned positions, a
+ * final layer norm and the output projection tied to the token embedding.
+ * Text is read byte by byte (vocabulary 256; default: the fortunes of the
+ * Debian package `fortunes`), or llm.c token files with --tokens; the last
+ * tenth is held out for the validation loss. AdamW with weight decay on
+ * matrices only, a linear warm-up then cosine decay, gradient clipping by
+ * global norm, data parallel, opt levels, checkpoints: the start-up, the
+ * launcher and the flags are examples/train.c's, the loop is here.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/launch.h"
+#include "examples/gpt_data.h"
+#include "examples/train.h"
+#include "loom.h"
+
+/* The model's shape and the flags only this program takes. */
+typedef struct gpt_cfg {
+	int layers, heads, embd, context;
+	int vocab;              /* from the data (256 for bytes); --vocab overrides */
+	const char *tokens;     /* llm.c token file, else NULL */
+	const char *val_tokens; /* its held-out file, else the last tenth */
+	int sample;             /* characters generated at the end */
+	double temperature;     /* 0: greedy */
+	int top_k;
+	int val_interval, val_batches;
+	int warmup_steps;
+	double clip;            /* global-norm clipping, 0: off */
+	double peak_flops;      /* 0: measured */
+	const char *init_file;  /* parameters in loom order, f64, from bench/torch_gpt.py */
+	loom_dtype dtype;       /* of the parameters: f32, or f64 (reference runs) */
+	int sequential;         /* batch k = windows k*B .. (no shuffling), as the references */
+	const char *loss_file;  /* every step's loss, %.17g, for the reference comparisons */
+	int gelu_tanh;          /* GPT-2's (and llm.c's) tanh GELU instead of the exact one */
+	int constant_lr;        /* no warm-up, no decay (llm.c's trainer) */
+	const char *llmc_out;   /* write the initial model as an llm.c checkpoint, then stop */
+} gpt_cfg;
+
+static void gpt_usage(FILE *f)
+{
+	fprintf(f,
+		"model and data (gpt_ddp only):\n"
+		"  --layers N           transformer blocks (default 4)\n"
+		"  --heads N            attention heads (default 4)\n"
+		"  --embd N             width C (default 128)\n"
+		"  --context N          sequence length T (default 128)\n"
+		"  --preset gpt2        GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024,\n"
+		"                       vocabulary 50257 (compile it with --dry-run --memory-report)\n"
+		"  --vocab N            vocabulary size (default: 256 for text, the ids' for --tokens)\n"
+		"  --tokens FILE        an llm.c token file (.bin) instead of text\n"
+		"  --val-tokens FILE    its validation file (default: the last tenth of --tokens)\n"
+		"  --val-interval N     validation loss every N steps (default 50; 0: at the end)\n"
+		"  --val-batches N      batches per validation (default 4)\n"
+		"  --warmup-steps N     linear warm-up before the cosine decay (default 20)\n"
+		"  --clip-grad X        clip the gradients' global norm to X (default 1; 0: off)\n"
+		"  --sample N           generate N characters at the end (default 200)\n"
+		"  --temperature X      sampling temperature (default 0.8; 0: greedy)\n"
+		"  --top-k K            sample among the K likeliest (default 40; 0: all)\n"
+		"  --peak-flops X       FLOP/s for MFU (default: measured with a loom matmul)\n"
+		"  --init FILE          initial parameters (f64, loom's order; bench/torch_gpt.py)\n"
+		"  --dtype f32|f64      the model's dtype (default f32; f64 for reference runs, O0)\n"
+		"  --sequential         batches in corpus order, no shuffling (reference runs)\n"
+		"  --loss-file FILE     write every step's loss (%%.17g) there\n"
+		"  --gelu erf|tanh      the exact GELU (default, nn.GELU()) or GPT-2's tanh form\n"
+		"  --constant-lr        no warm-up, no decay\n"
+		"  --write-llmc FILE    write the initial model as an llm.c checkpoint (gpt2_124M.bin's\n"
+		"                       layout, f32) and stop (bench/llmc_compare.sh)\n\n");
+}
+
+/* Takes this program's flags out of argv; the rest go to train_start. */
+static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
+{
+	int out = 1;
+	for (int i = 1; i < *argc; i++) {
+		const char *f = argv[i], *v = i + 1 < *argc ? argv[i + 1] : NULL;
+#define INT_FLAG(name, field, lo)                                                         \
+	if (!strcmp(f, name)) {                                                           \
+		char *end;                                                                \
+		long x = v ? strtol(v, &end, 10) : 0;                                     \
+		if (!v || *end || x < (lo) || x > 1 << 24) {                              \
+			fprintf(stderr, "gpt_ddp: %s expects an integer >= %d, got '%s'\n", \
+				name, (int)(lo), v ? v : "");                             \
+			return 2;                                                         \
+		}                                                                         \
+		c->field = (int)x;                                                        \
+		i++;                                                                      \
+		continue;                                                                 \
+	}
+#define DBL_FLAG(name, field)                                                             \
+	if (!strcmp(f, name)) {                                                           \
+		char *end;                                                                \
+		double x = v ? strtod(v, &end) : 0;                                       \
+		if (!v || *end || !(x >= 0) || !isfinite(x)) {                            \
+			fprintf(stderr, "gpt_ddp: %s expects a number >= 0, got '%s'\n", \
+				name, v ? v : "");                                        \
+			return 2;                                                         \
+		}                                                                         \
+		c->field = x;                                                             \
+		i++;                                                                      \
+		continue;                                                                 \
+	}
+		INT_FLAG("--layers", layers, 1)
+		INT_FLAG("--heads", heads, 1)
+		INT_FLAG("--embd", embd, 1)
+		INT_FLAG("--context", context, 1)
+		INT_FLAG("--vocab", vocab, 2)
+		INT_FLAG("--sample", sample, 0)
+		INT_FLAG("--top-k", top_k, 0)
+		INT_FLAG("--val-interval", val_interval, 0)
+		INT_FLAG("--val-batches", val_batches, 1)
+		INT_FLAG("--warmup-steps", warmup_steps, 0)
+		DBL_FLAG("--temperature", temperature)
+		DBL_FLAG("--clip-grad", clip)
+		DBL_FLAG("--peak-flops", peak_flops)
+#undef INT_FLAG
+#undef DBL_FLAG
+		if (!strcmp(f, "--tokens") || !strcmp(f, "--val-tokens") || !strcmp(f, "--init") ||
+		    !strcmp(f, "--loss-file")) {
+			if (!v) {
+				fprintf(stderr, "gpt_ddp: %s expects a file\n", f);
+				return 2;
+			}
+			*(!strcmp(f, "--tokens") ? &c->tokens :
+			  !strcmp(f, "--init") ? &c->init_file :
+			  !strcmp(f, "--loss-file") ? &c->loss_file : &c->val_tokens) = v;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--sequential") || !strcmp(f, "--constant-lr")) {
+			*(!strcmp(f, "--sequential") ? &c->sequential : &c->constant_lr) = 1;
+			continue;
+		}
+		if (!strcmp(f, "--gelu")) {
+			if (!v || (strcmp(v, "erf") && strcmp(v, "tanh"))) {
+				fprintf(stderr, "gpt_ddp: --gelu must be erf or tanh, got '%s'\n",
+					v ? v : "");
+				return 2;
+			}
+			c->gelu_tanh = !strcmp(v, "tanh");
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--write-llmc")) {
+			if (!v) {
+				fprintf(stderr, "gpt_ddp: --write-llmc expects a file\n");
+				return 2;
+			}
+			c->llmc_out = v;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--dtype")) {
+			if (!v || (strcmp(v, "f32") && strcmp(v, "f64"))) {
+				fprintf(stderr, "gpt_ddp: --dtype must be f32 or f64, got '%s'\n",
+					v ? v : "");
+				return 2;
+			}
+			c->dtype = strcmp(v, "f64") ? LOOM_F32 : LOOM_F64;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--preset")) {
+			if (!v || strcmp(v, "gpt2")) {
+				fprintf(stderr, "gpt_ddp: --preset knows gpt2, got '%s'\n", v ? v : "");
+				return 2;
+			}
+			c->layers = 12, c->heads = 12, c->embd = 768, c->context = 1024;
+			c->vocab = 50257;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--help"))
+			gpt_usage(stdout);
+		argv[out++] = argv[i];
+	}
+	argv[out] = NULL;
+	*argc = out;
+	if (c->embd % c->heads) {
+		fprintf(stderr, "gpt_ddp: --embd %d is not divisible by --heads %d\n", c->embd,
+			c->heads);
+		return 2;
+	}
+	return -1;
+}
+
+/* ------------------------------------------------------------------ model */
+
+/* The values one step reads and writes. */
+typedef struct gpt_model {
+	loom_value loss, logits;
+	loom_value *matrices; /* weights that take decay and the scaled init */
+	int n_matrices;
+	loom_value *params;   /* every parameter, in creation order */
+	int n_params;
+} gpt_model;
+
+static loom_dtype model_dtype = LOOM_F32;
+
+static loom_value param(loom_graph *g, gpt_model *m, const char *name, int ndim, int64_t d0,
+			int64_t d1, loom_init init)
+{
+	int64_t d[2] = { d0, d1 };
+	loom_value v = loom_param(g, name, model_dtype, ndim, d, init, 0);
+	if (v != LOOM_NONE)
+		m->params[m->n_params++] = v;
+	return v;
+}
+
+static loom_value linear(loom_graph *g, gpt_model *m, const char *name, loom_value x, int out,
+			 int in)
+{
+	char wn[64], bn[64];
+	snprintf(wn, sizeof(wn), "%s.weight", name);
+	snprintf(bn, sizeof(bn), "%s.bias", name);
+	/* Weight then bias, in this order (the --init file's). */
+	loom_value w = param(g, m, wn, 2, out, in, LOOM_INIT_ZEROS);
+	loom_value b = param(g, m, bn, 1, out, 0, LOOM_INIT_ZEROS);
+	m->matrices[m->n_matrices++] = w;
+	return loom_linear(g, x, w, b);
+}
+
+static loom_value layernorm(loom_graph *g, gpt_model *m, const char *name, loom_value x, int c)
+{
+	char wn[64], bn[64];
+	snprintf(wn, sizeof(wn), "%s.weight", name);
+	snprintf(bn, sizeof(bn), "%s.bias", name);
+	loom_value w = param(g, m, wn, 1, c, 0, LOOM_INIT_ONES);
+	loom_value b = param(g, m, bn, 1, c, 0, LOOM_INIT_ZEROS);
+	return loom_layernorm(g, x, w, b, 1e-5);
+}
+
+/*
+ * GPT-2 (nanoGPT's model.py, no dropout) for batch b: inputs "ids" and
+ * "pos" [b, T] and "targets" [b * T]; parameters named as its state dict.
+ */
+static int gpt_build(loom_graph *g, const gpt_cfg *c, int b, gpt_model *m)
+{
+	const int64_t T = c->context, C = c->embd, V = c->vocab;
+	int64_t bt[2] = { b, T }, flat[1] = { b * T }, lg[2] = { b * T, V };
+	char name[64];
+	model_dtype = c->dtype;
+	m->params = calloc(4 + 12 * (size_t)c->layers + 4, sizeof(loom_value));
+	m->matrices = calloc(4 * (size_t)c->layers + 1, sizeof(loom_value));
+	if (!m->params || !m->matrices)
+		return -1;
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
+	loom_value pos = loom_input(g, "pos", LOOM_I32, 2, bt);
+	loom_value targets = loom_input(g, "targets", LOOM_I32, 1, flat);
+	loom_value wte = param(g, m, "transformer.wte.weight", 2, V, C, LOOM_INIT_ZEROS);
+	loom_value wpe = param(g, m, "transformer.wpe.weight", 2, T, C, LOOM_INIT_ZEROS);
+	loom_value x = loom_add(g, loom_embedding(g, ids, wte), loom_embedding(g, pos, wpe));
+	for (int l = 0; l < c->layers; l++) {
+#define NAME(what) (snprintf(name, sizeof(name), "transformer.h.%d.%s", l, what), name)
+		loom_value h = layernorm(g, m, NAME("ln_1"), x, (int)C);
+		h = linear(g, m, NAME("attn.c_attn"), h, (int)(3 * C), (int)C);
+		h = loom_causal_self_attention(g, h, c->heads);
+		x = loom_add(g, x, linear(g, m, NAME("attn.c_proj"), h, (int)C, (int)C));
+		h = layernorm(g, m, NAME("ln_2"), x, (int)C);
+		h = linear(g, m, NAME("mlp.c_fc"), h, (int)(4 * C), (int)C);
+		h = c->gelu_tanh ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
+		x = loom_add(g, x, linear(g, m, NAME("mlp.c_proj"), h, (int)C, (int)(4 * C)));
+#undef NAME
+	}
+	x = layernorm(g, m, "transformer.ln_f", x, (int)C);
+	m->logits = loom_linear(g, x, wte, LOOM_NONE); /* tied: lm_head = wte */
+	m->loss = loom_softmax_cross_entropy(g, loom_reshape(g, m->logits, 2, lg), targets);
+	loom_mark_output(g, m->logits);
+	return loom_graph_status(g) == LOOM_OK ? 0 : -1;
+}
+
+static void gpt_model_free(gpt_model *m)
+{
+	free(m->params);
+	free(m->matrices);
+}
+
+/* splitmix64 and Box-Muller: N(0, 1) draws from a seed. */
+static uint64_t mix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double normal(uint64_t *s)
+{
+	double u1 = ((mix(s) >> 11) + 1) * 0x1.0p-53, u2 = (mix(s) >> 11) * 0x1.0p-53;
+	return sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+}
+
+/* GPT-2's initialisation (nanoGPT's _init_weights): N(0, 0.02) for the
+ * embeddings and matrices, 0.02 / sqrt(2 L) for the residual projections,
+ * biases 0, layer norms 1 (their initialisers). Every rank draws the same.
+ * Or --init FILE: every parameter in creation order, f64. */
+static int gpt_init(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_model *m)
+{
+	size_t cap = 0;
+	double *buf = NULL;
+	uint64_t s = t->a.seed * 0x2545f4914f6cdd1dull + 1;
+	FILE *f = NULL;
+	int rc = -1;
+	if (c->init_file && !(f = fopen(c->init_file, "rb"))) {
+		fprintf(stderr, "gpt_ddp: --init %s: %s\n", c->init_file, strerror(errno));
+		return -1;
+	}
+	for (int i = 0; i < m->n_params; i++) {
+		loom_value v = m->params[i];
+		loom_shape sh = loom_value_shape(g, v);
+		size_t n = (size_t)loom_shape_numel(&sh);
+		if (n > cap) {
+			double *nb = realloc(buf, n * sizeof(double));
+			if (!nb)
+				goto out;
+			buf = nb;
+			cap = n;
+		}
+		if (f) {
+			if (fread(buf, sizeof(double), n, f) != n) {
+				fprintf(stderr, "gpt_ddp: --init %s: too short for the model\n",
+					c->init_file);
+				goto out;
+			}
+		} else if (sh.ndim == 2) {
+			int proj = 0;
+			for (int k = 0; k < m->n_matrices; k++)
+				proj |= m->matrices[k] == v && (k % 4 == 1 || k % 4 == 3);
+			double sd = proj ? 0.02 / sqrt(2.0 * c->layers) : 0.02;
+			for (size_t k = 0; k < n; k++)
+				buf[k] = sd * normal(&s);
+		} else {
+			continue; /* layer norms and biases keep their initialisers */
+		}
+		if (loom_write_f64(t->p, v, buf, n) != LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t->p));
+			goto out;
+		}
+	}
+	if (f && fgetc(f) != EOF) {
+		fprintf(stderr, "gpt_ddp: --init %s: longer than the model's parameters\n",
+			c->init_file);
+		goto out;
+	}
+	rc = 0;
+out:
+	if (f)
+		fclose(f);
+	free(buf);
+	return rc;
+}
+
+/*
+ * The initial model as an llm.c checkpoint (train_gpt2.c's
+ * gpt2_build_from_checkpoint): 256 int32 (magic 20240326, version 3, maxT,
+ * V, L, NH, C, padded V), then f32 tensors each over all layers: wte
+ * (padded rows 0), wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w,
+ * ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb. Weights [out, in] as loom's.
+ */
+static int write_llmc(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_model *m)
+{
+	const int L = c->layers, C = c->embd, Vp = (c->vocab + 127) / 128 * 128;
+	int32_t head[256] = { 20240326, 3, c->context, c->vocab, L, c->heads, C, Vp };
+	FILE *f = fopen(c->llmc_out, "wb");
+	double *buf = NULL;
+	float *out = NULL;
+	size_t cap = 0;
+	int bad = !f || fwrite(head, sizeof(head), 1, f) != 1;
+	/* Which of a layer's 12 parameters each llm.c tensor is, in its order
+	 * (-1, -2: wte, wpe; 12, 13: ln_f weight and bias, once). */
+	static const int order[16] = { -1, -2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13 };
+	for (int k = 0; k < 16 && !bad; k++) {
+		int layers = order[k] >= 0 && order[k] < 12 ? L : 1;
+		for (int l = 0; l < layers && !bad; l++) {
+			loom_value v = order[k] == -1 ? m->params[0] :
+				       order[k] == -2 ? m->params[1] :
+				       order[k] >= 12 ? m->params[2 + 12 * L + order[k] - 12] :
+							m->params[2 + 12 * l + order[k]];
+			loom_shape sh = loom_value_shape(g, v);
+			size_t n = (size_t)loom_shape_numel(&sh), pad = order[k] == -1 ?
+					   (size_t)(Vp - c->vocab) * C : 0;
+			if (n + pad > cap) {
+				cap = n + pad;
+				double *nb = realloc(buf, cap * sizeof(double));
+				float *no = realloc(out, cap * sizeof(float));
+				buf = nb ? nb : buf;
+				out = no ? no : out;
+				if (!nb || !no) {
+					bad = 1;
+					break;
+				}
+			}
+			bad = loom_read_f64(t->p, v, buf, n) != LOOM_OK;
+			for (size_t i = 0; i < n + pad; i++)
+				out[i] = i < n ? (float)buf[i] : 0.0f;
+			bad |= fwrite(out, sizeof(float), n + pad, f) != n + pad;
+		}
+	}
+	if (f && fclose(f) != 0)
+		bad = 1;
+	free(buf);
+	free(out);
+	if (bad)
+		fprintf(stderr, "gpt_ddp: --write-llmc %s: %s\n", c->llmc_out,
+			f ? "write failed" : strerror(errno));
+	else
+		printf("wrote the initial model to %s (llm.c checkpoint, V %d padded to %d)\n",
+		       c->llmc_out, c->vocab, Vp);
+	return bad ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------ data */
+
+/* One batch: rows start at the given offsets of the corpus. */
+typedef struct gpt_batch {
+	int32_t *ids, *pos, *targets;
+} gpt_batch;
+
+static void fill_batch(const gpt_tokens *d, const int64_t *starts, int b, int T, gpt_batch *o)
+{
+	for (int r = 0; r < b; r++)
+		for (int k = 0; k < T; k++) {
+			o->ids[r * T + k] = d->ids[starts[r] + k];
+			o->targets[r * T + k] = d->ids[starts[r] + k + 1];
+			o->pos[r * T + k] = k;
+		}
+}
+
+static loom_status run_batch(loom_program *p, const gpt_batch *bt, size_t n, loom_run_mode mode)
+{
+	loom_status st;
+	if ((st = loom_set_input(p, "ids", bt->ids, LOOM_I32, n)) ||
+	    (st = loom_set_input(p, "pos", bt->pos, LOOM_I32, n)) ||
+	    (st = loom_set_input(p, "targets", bt->targets, LOOM_I32, n)))
+		return st;
+	return loom_run(p, mode);
+}
+
+/* The mean loss over the first val_batches batches of each rank's share of
+ * the held-out windows, averaged over the ranks. */
+static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_batch *bt,
+		    double *loss)
+{
+	const int b = t->a.batch, T = c->context;
+	int64_t windows = (val->n - 1) / T, starts[4096];
+	double sums[2] = { 0, 0 };
+	for (int k = 0; k < c->val_batches; k++) {
+		for (int r = 0; r < b; r++)
+			starts[r] = ((((int64_t)k * t->world + t->rank) * b + r) % windows) * T;
+		fill_batch(val, starts, b, T, bt);
+		if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: validation: %s\n", loom_program_error(t->p));
+			return -1;
+		}
+		sums[0] += loom_loss(t->p);
+		sums[1]++;
+	}
+	if (t->world > 1 && loom_comm_allreduce(t->host, sums, 2, LOOM_F64) != LOOM_OK) {
+		fprintf(stderr, "gpt_ddp: validation: the ranks' sums did not arrive\n");
+		return -1;
+	}
+	*loss = sums[0] / sums[1];
+	return 0;
+}
+
+/* Generates c->sample bytes after a prompt from the held-out text, from
+ * row 0 of the batch (a causal model: what follows a position does not
+ * change its logits). Every rank runs it (EVAL runs are collective after
+ * training); rank 0 prints. */
+static int sample(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_batch *bt)
+{
+	const int b = t->a.batch, T = c->context, V = c->vocab;
+	int len = T / 4 < 16 ? (T < 16 ? T : 16) : T / 4;
+	uint64_t s = t->a.seed + 12345;
+	int32_t *text = malloc(sizeof(int32_t) * (size_t)(len + c->sample));
+	float *logits = malloc(sizeof(float) * (size_t)b * T * V);
+	double *prob = malloc(sizeof(double) * (size_t)V);
+	int rc = -1;
+	if (!text || !logits || !prob)
+		goto out;
+	memcpy(text, val->ids, sizeof(int32_t) * (size_t)len);
+	memset(bt->ids, 0, sizeof(int32_t) * (size_t)b * T);
+	for (int k = 0; k < b * T; k++)
+		bt->pos[k] = k % T;
+	for (int n = 0; n < c->sample; n++) {
+		int total = len + n, from = total > T ? total - T : 0, here = total - from;
+		memcpy(bt->ids, text + from, sizeof(int32_t) * (size_t)here);
+		memcpy(bt->targets, bt->ids, sizeof(int32_t) * (size_t)b * T);
+		if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK ||
+		    loom_read(t->p, t->logits, logits, (size_t)b * T * V) != LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: sampling: %s\n", loom_program_error(t->p));
+			goto out;
+		}
+		const float *z = logits + (size_t)(here - 1) * V;
+		int best = 0;
+		for (int k = 1; k < V; k++)
+			best = z[k] > z[best] ? k : best;
+		int pick = best;
+		if (c->temperature > 0) {
+			/* top-k: the k-th largest logit is the cut. */
+			float cut = -INFINITY;
+			if (c->top_k > 0 && c->top_k < V) {
+				for (int k = 0; k < V; k++) {
+					int above = 0;
+					for (int j = 0; j < V && above < c->top_k; j++)
+						above += z[j] > z[k];
+					if (above < c->top_k && z[k] > cut && above == c->top_k - 1)
+						cut = z[k];
+				}
+			}
+			double sum = 0, u;
+			for (int k = 0; k < V; k++)
+				sum += prob[k] = z[k] >= cut ? exp((z[k] - z[best]) / c->temperature) : 0;
+			u = (mix(&s) >> 11) * 0x1.0p-53 * sum;
+			for (pick = 0; pick < V - 1 && (u -= prob[pick]) > 0; pick++)
+				;
+		}
+		text[total] = pick;
+	}
+	printf("sample (%s, %d bytes after a held-out prompt of %d, the cut marked |):\n---\n",
+	       c->temperature > 0 ? "temperature" : "greedy", c->sample, len);
+	for (int k = 0; k < len + c->sample; k++) {
+		if (k == len)
+			putchar('|');
+		putchar(text[k]);
+	}
+	printf("\n---\n");
+	rc = 0;
+out:
+	free(text);
+	free(logits);
+	free(prob);
+	return rc;
+}
+
+/* FLOP/s of a 1024^3 matrix product in loom on this machine, the best of
+ * five (forward only): the peak MFU is measured against, as llm.c does. */
+static double measure_peak(const train_args *a)
+{
+	loom_graph *g = NULL;
+	loom_program *p = NULL;
+	loom_compile_opts o;
+	int64_t d[2] = { 1024, 1024 };
+	double best = 0;
+	if (loom_graph_new(&g) != LOOM_OK)
+		return 0;
+	loom_value x = loom_param(g, "a", LOOM_F32, 2, d, LOOM_INIT_ONES, 0);
+	loom_value w = loom_param(g, "b", LOOM_F32, 2, d, LOOM_INIT_ONES, 0);
+	loom_value y = loom_sum(g, loom_matmul(g, x, w));
+	loom_compile_opts_default(&o);
+	o.device = a->device;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	if (loom_compile(g, y, &o, &p) == LOOM_OK)
+		for (int i = 0; i < 6; i++) {
+			double t0 = train_now();
+			if (loom_run(p, LOOM_RUN_FORWARD) != LOOM_OK)
+				break;
+			double dt = train_now() - t0;
+			if (i > 0 && 2.0 * 1024 * 1024 * 1024 / dt > best)
+				best = 2.0 * 1024 * 1024 * 1024 / dt;
+		}
+	loom_program_free(p);
+	loom_graph_free(g);
+	return best;
+}
+
+/* A linear warm-up over warmup steps, then cosine to a tenth (nanoGPT). */
+static double lr_at(const train_args *a, const gpt_cfg *c, int64_t step, int64_t total)
+{
+	if (c->constant_lr)
+		return a->lr;
+	if (step < c->warmup_steps)
+		return a->lr * (step + 1) / c->warmup_steps;
+	double r = total > c->warmup_steps ?
+			   (double)(step - c->warmup_steps) / (double)(total - c->warmup_steps) :
+			   1;
+	double lo = a->lr * 0.1;
+	return lo + 0.5 * (1 + cos(M_PI * (r > 1 ? 1 : r))) * (a->lr - lo);
+}
+
+static int load_data(const gpt_cfg *c, const train_args *a, gpt_tokens *train, gpt_tokens *val)
+{
+	char err[1024];
+	int rc = c->tokens ? gpt_tokens_load(c->tokens, train, err, sizeof(err)) :
+			     gpt_text_load(a->data, train, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "gpt_ddp: %s\n", err);
+		if (!c->tokens && !strcmp(a->data, train_gpt_ddp.defaults.data))
+			fprintf(stderr, "gpt_ddp: the default text is the Debian package fortunes "
+					"(apt-get install fortunes), or pass --data FILE\n");
+		return -1;
+	}
+	if (c->val_tokens) {
+		if (gpt_tokens_load(c->val_tokens, val, err, sizeof(err))) {
+			fprintf(stderr, "gpt_ddp: %s\n", err);
+			return -1;
+		}
+		return 0;
+	}
+	/* The last tenth held out. */
+	int64_t cut = train->n - train->n / 10;
+	val->n = train->n - cut;
+	val->vocab = train->vocab;
+	val->ids = malloc(sizeof(int32_t) * (size_t)(val->n ? val->n : 1));
+	if (!val->ids)
+		return -1;
+	memcpy(val->ids, train->ids + cut, sizeof(int32_t) * (size_t)val->n);
+	train->n = cut;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
+		      .temperature = 0.8, .top_k = 40, .val_interval = 50, .val_batches = 4,
+		      .warmup_steps = 20, .clip = 1.0, .dtype = LOOM_F32 };
+	/* --nproc first: the workers get every flag, this program's too. */
+	int rc = loom_launch_maybe(&argc, argv);
+	if (rc >= 0)
+		return rc;
+	if ((rc = gpt_parse(&argc, argv, &c)) >= 0)
+		return rc;
+	train_run t;
+	if ((rc = train_start(&t, &train_gpt_ddp, argc, argv)) >= 0)
+		return rc;
+	const train_args *a = &t.a;
+	gpt_tokens train = { 0 }, val = { 0 };
+	gpt_model m = { 0 };
+	gpt_batch bt = { 0 };
+	loom_graph *g = NULL;
+	loom_sampler *sampler = NULL;
+	FILE *lossf = NULL;
+	char err[512], what[768];
+	const int B = a->batch, T = c.context;
+	rc = 1;
+
+	int preset = c.vocab == 50257;
+	if (B > 4096) {
+		fprintf(stderr, "gpt_ddp: --batch-size %d: at most 4096 sequences per rank\n", B);
+		goto out;
+	}
+	if (!(a->dry_run && preset) && load_data(&c, a, &train, &val))
+		goto out;
+	if (!c.vocab)
+		c.vocab = train.vocab > val.vocab ? train.vocab : val.vocab;
+	if (!a->dry_run && (train.vocab > c.vocab || val.vocab > c.vocab)) {
+		fprintf(stderr, "gpt_ddp: the data has ids up to %d, --vocab %d is too small\n",
+			(train.vocab > val.vocab ? train.vocab : val.vocab) - 1, c.vocab);
+		goto out;
+	}
+	int64_t windows = train.n > T ? (train.n - 1) / T : 0;
+	if (!a->dry_run && (windows < (int64_t)B * t.world || (val.n - 1) / T < B)) {
+		fprintf(stderr, "gpt_ddp: %lld training and %lld held-out tokens are too few for "
+			"--batch-size %d x %d rank(s) of --context %d\n", (long long)train.n,
+			(long long)val.n, B, t.world, T);
+		goto out;
+	}
+	if (loom_graph_new(&g) != LOOM_OK || gpt_build(g, &c, B, &m)) {
+		fprintf(stderr, "gpt_ddp: %s\n", g ? loom_graph_error(g) : "out of memory");
+		goto out;
+	}
+	loom_graph_set_seed(g, a->seed);
+	snprintf(what, sizeof(what),
+		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, on %s (%lld train, "
+		 "%lld held-out tokens), clip %g",
+		 c.layers, c.heads, c.embd, T, c.vocab,
+		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
+		 (long long)train.n, (long long)val.n, c.clip);
+	switch (train_compile(&t, g, m.loss, m.logits, c.vocab, what)) {
+	case 0: break;
+	case 1: rc = 0; goto out; /* --dry-run */
+	default: goto out;
+	}
+	if (loom_set_clip_grad(t.p, c.clip) != LOOM_OK ||
+	    loom_set_decay_matrices_only(t.p, 1) != LOOM_OK) {
+		fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
+		goto out;
+	}
+	if (gpt_init(&t, &c, g, &m))
+		goto out;
+	if (c.llmc_out) {
+		rc = t.rank == 0 && write_llmc(&t, &c, g, &m) ? 1 : 0;
+		goto out;
+	}
+	bt.ids = malloc(sizeof(int32_t) * (size_t)B * T);
+	bt.pos = malloc(sizeof(int32_t) * (size_t)B * T);
+	bt.targets = malloc(sizeof(int32_t) * (size_t)B * T);
+	if (!bt.ids || !bt.pos || !bt.targets ||
+	    loom_sampler_new(windows, t.rank, t.world, 1, a->seed, 1, &sampler, err, sizeof(err))) {
+		fprintf(stderr, "gpt_ddp: %s\n", bt.ids ? err : "out of memory");
+		goto out;
+	}
+	int64_t per_epoch = loom_sampler_len(sampler) / B / (a->accumulate);
+	int64_t total = per_epoch * a->epochs;
+	if (a->max_steps && a->max_steps < total)
+		total = a->max_steps;
+	int64_t step = 0;
+	if (a->resume) {
+		if (loom_load(t.p, a->checkpoint) != LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
+			goto out;
+		}
+		step = loom_step_count(t.p);
+		printf("resumed from %s at step %lld\n", a->checkpoint, (long long)step);
+	}
+	/* MFU as nanoGPT estimates it: 6 N + 12 L C T FLOPs per token. */
+	loom_program_info info;
+	loom_program_info_get(t.p, &info);
+	double flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
+	double peak = c.peak_flops > 0 ? c.peak_flops : measure_peak(a);
+	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", peak / 1e9,
+	       c.peak_flops > 0 ? "--peak-flops" : "a 1024^3 loom matmul, measured", flops_tok / 1e6);
+
+	if (c.loss_file && t.rank == 0 && !(lossf = fopen(c.loss_file, "w"))) {
+		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
+		goto out;
+	}
+	double t_log = train_now(), loss_sum = 0, vloss;
+	int64_t since = 0, epoch = -1;
+	for (; step < total; step++) {
+		if (step / per_epoch != epoch) {
+			epoch = step / per_epoch;
+			loom_sampler_set_epoch(sampler, epoch);
+		}
+		const int64_t *idx = loom_sampler_indices(sampler);
+		loom_set_lr(t.p, lr_at(a, &c, step, total));
+		for (int micro = 0; micro < a->accumulate; micro++) {
+			int64_t starts[4096];
+			for (int r = 0; r < B; r++) {
+				int64_t k = ((step % per_epoch) * a->accumulate + micro) * B + r;
+				starts[r] = (c.sequential ? (k * t.world + t.rank) % windows : idx[k]) * T;
+			}
+			fill_batch(&train, starts, B, T, &bt);
+			if (run_batch(t.p, &bt, (size_t)B * T,
+				      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE :
+								  LOOM_RUN_TRAIN) != LOOM_OK) {
+				fprintf(stderr, "gpt_ddp: step %lld: %s\n", (long long)step + 1,
+					loom_program_error(t.p));
+				goto out;
+			}
+			loss_sum += loom_loss(t.p);
+			since++;
+			if (lossf)
+				fprintf(lossf, "%lld %.17g\n", (long long)step + 1, loom_loss(t.p));
+		}
+		int last = step + 1 == total;
+		if ((step + 1) % a->log_interval == 0 || last) {
+			double now = train_now(), dt = now - t_log;
+			int64_t steps = since / a->accumulate;
+			double tok = (double)since * B * T * t.world;
+			loom_program_info_get(t.p, &info);
+			printf("step %5lld/%lld  loss %.4f  %.0f tok/s  %.1f ms/step  MFU %.1f%%  lr %.3g"
+			       "  grad norm %.3g%s\n",
+			       (long long)step + 1, (long long)total, loss_sum / since, tok / dt,
+			       1e3 * dt / (steps ? steps : 1), peak > 0 ? 100 * tok / dt * flops_tok /
+			       t.world / peak : 0, loom_get_lr(t.p), info.grad_norm,
+			       info.skipped_steps ? "  (skipped steps)" : "");
+			fflush(stdout);
+			loss_sum = 0;
+			since = 0;
+			t_log = train_now();
+		}
+		if ((c.val_interval && (step + 1) % c.val_interval == 0) || last) {
+			if (validate(&t, &c, &val, &bt, &vloss))
+				goto out;
+			printf("step %5lld: validation loss %.7f\n", (long long)step + 1, vloss);
+			t_log = train_now();
+		}
+		if (a->checkpoint && ((a->save_every && (step + 1) % a->save_every == 0) || last) &&
+		    t.rank == 0) {
+			if (loom_save(t.p, a->checkpoint) != LOOM_OK) {
+				fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
+				goto out;
+			}
+			printf("saved %s (step %lld)\n", a->checkpoint, (long long)step + 1);
+		}
+	}
+	if (c.sample > 0 && c.vocab == 256 && sample(&t, &c, &val, &bt))
+		goto out;
+	rc = 0;
+out:
+	if (lossf && fclose(lossf) != 0) {
+		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
+		rc = 1;
+	}
+	free(bt.ids);
+	free(bt.pos);
+	free(bt.targets);
+	loom_sampler_free(sampler);
+	train_end(&t);
+	loom_graph_free(g);
+	gpt_model_free(&m);
+	gpt_tokens_free(&train);
+	gpt_tokens_free(&val);
+	return rc;
+}

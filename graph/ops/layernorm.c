@@ -1,0 +1,94 @@
+/*
+ * graph/ops/layernorm.c — layer normalisation over the last dimension
+ * (torch.nn.LayerNorm(C)): y = (x - mean) / sqrt(var + eps) * gamma + beta
+ * with the biased variance of each row, and its backward: dx from
+ * (x, gamma, dy), dgamma from (x, dy), dbeta the column sums of dy seen as
+ * [rows, C] (a view, no copy). Statistics are fp32 (f64 for f64 graphs) on
+ * every backend and at every opt level.
+ */
+#include "graph/ops/ops.h"
+
+loom_value loom_layernorm(loom_graph *g, loom_value x, loom_value gamma, loom_value beta,
+			  double eps)
+{
+	loom_node n;
+	loom_value src[3] = { x, gamma, beta };
+	loom_op_init(&n, LOOM_OP_LAYERNORM, 3, src);
+	n.a.ln.eps = eps;
+	return loom_op_build(g, &n);
+}
+
+static int shape_layernorm(loom_graph *g, loom_node *n)
+{
+	char bx[96], bp[96];
+	const loom_node *x = &g->nodes[n->src[0]];
+	if (!loom_check_float(g, n, 0) || !loom_check_same_dtype(g, n, 0, 1) ||
+	    !loom_check_same_dtype(g, n, 0, 2) || !loom_check_ndim(g, n, 1, 1) ||
+	    !loom_check_ndim(g, n, 2, 1))
+		return 0;
+	if (x->shape.ndim < 1)
+		return loom_graph_fail(g, LOOM_ERR_SHAPE, "layernorm: input is a scalar"), 0;
+	int64_t c = x->shape.dims[x->shape.ndim - 1];
+	for (int i = 1; i < 3; i++) {
+		const loom_node *p = &g->nodes[n->src[i]];
+		if (p->shape.dims[0] != c)
+			return loom_graph_fail(g, LOOM_ERR_SHAPE,
+					       "layernorm: %s %s must be [%lld] for input %s",
+					       i == 1 ? "gamma" : "beta",
+					       loom_shape_str(&p->shape, bp, sizeof(bp)), (long long)c,
+					       loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
+	}
+	if (!(n->a.ln.eps > 0))
+		return loom_graph_fail(g, LOOM_ERR_INVALID, "layernorm: eps %g must be positive",
+				       n->a.ln.eps), 0;
+	n->shape = x->shape;
+	n->dtype = x->dtype;
+	return 1;
+}
+
+static void grad_layernorm(loom_graph *g, loom_value v, loom_value dy, void *ctx)
+{
+	loom_node n = g->nodes[v];
+	if (loom_grad_needed(ctx, n.src[0])) {
+		loom_value s[3] = { n.src[0], n.src[1], dy };
+		loom_value dx = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_DATA, n.src[0], 3, s);
+		if (dx != LOOM_NONE)
+			g->nodes[dx].a.ln.eps = n.a.ln.eps;
+		loom_grad_accum(ctx, n.src[0], dx);
+	}
+	if (loom_grad_needed(ctx, n.src[1])) {
+		loom_value s[2] = { n.src[0], dy };
+		loom_value dg = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_GAMMA, n.src[1], 2, s);
+		if (dg != LOOM_NONE)
+			g->nodes[dg].a.ln.eps = n.a.ln.eps;
+		loom_grad_accum(ctx, n.src[1], dg);
+	}
+	if (loom_grad_needed(ctx, n.src[2]))
+		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, loom_grad_rows(g, dy), n.src[2]));
+}
+
+/* fp32 under O1 (apex's FP32 list), half storage under O2 with fp32
+ * statistics inside the kernels. */
+const loom_op_def loom_op_layernorm = {
+	.name = "layernorm",
+	.kind = LOOM_OPK_FORWARD,
+	.attrs = LOOM_ATTRS_LN,
+	.src_names = { "input", "gamma", "beta" },
+	.shape = shape_layernorm,
+	.grad = grad_layernorm,
+	.amp = { .cls = LOOM_AMP_DENY },
+};
+
+const loom_op_def loom_op_layernorm_bwd_data = {
+	.name = "layernorm_bwd_data",
+	.kind = LOOM_OPK_BACKWARD,
+	.attrs = LOOM_ATTRS_LN,
+	.src_names = { "input", "gamma", "dy" },
+};
+
+const loom_op_def loom_op_layernorm_bwd_gamma = {
+	.name = "layernorm_bwd_gamma",
+	.kind = LOOM_OPK_BACKWARD,
+	.attrs = LOOM_ATTRS_LN,
+	.src_names = { "input", "dy" },
+};

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# tests/examples/test_gpt_ddp.sh — examples/gpt_ddp on a small text written
+# here: bad flags and data named, the loss falling over 40 steps of a tiny
+# GPT, the validation loss and a sample, GPT-2 124M compiled (--preset gpt2
+# --dry-run, its parameter count), resume from a checkpoint, and 2 ranks
+# (--nproc 2, batch 2 each) ending where 1 rank at batch 4 ends. Prints "N passed, N failed".
+set -u
+EX=$1
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
+export LOOM_COMM_TIMEOUT_S=120 OMP_NUM_THREADS=1
+tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/gpt.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+
+# A small, very regular text: a tiny model learns it within tens of steps.
+for i in $(seq 1 300); do
+	echo "the cat sat on the mat. the dog sat on the log. $((i % 7)) cats, $((i % 5)) dogs."
+done >"$tmp/text.txt"
+tiny=(--data "$tmp/text.txt" --layers 2 --heads 2 --embd 32 --context 32 --batch-size 4
+      --device cpu --threads 1 --warmup-steps 5 --lr 3e-3)
+
+expect "--help names the model flags" 0 "--layers N" -- --help
+expect "--help keeps the shared flags" 0 "--opt-level" -- --help
+expect "heads must divide the width" 2 "--embd 32 is not divisible by --heads 3" -- "${tiny[@]}" --heads 3
+expect "bad --layers" 2 "--layers expects an integer" -- --layers x
+expect "unknown preset" 2 "--preset knows gpt2" -- --preset gpt3
+expect "missing text named" 1 "$tmp/none: No such file" -- --data "$tmp/none"
+printf 'abc' >"$tmp/tiny.txt"
+expect "too little text" 1 "too few for --batch-size" -- --data "$tmp/tiny.txt"
+head -c 100 /dev/zero >"$tmp/short.bin"
+expect "short token file" 1 "shorter than the 1024-byte llm.c header" -- --tokens "$tmp/short.bin"
+head -c 2048 /dev/zero >"$tmp/magic.bin"
+expect "wrong magic" 1 "magic 0, expected 20240520" -- --tokens "$tmp/magic.bin"
+
+# GPT-2 124M compiles (context 64 keeps the dry run's arena small): its
+# parameters less the 960 position rows it does not have.
+expect "--preset gpt2 compiles" 0 "model: 123702528 parameters" -- --preset gpt2 --context 64 \
+	--batch-size 1 --dry-run --memory-report --device cpu
+
+# Learning: the last progress line's loss well below the first.
+out=$("$EX" "${tiny[@]}" --max-steps 40 --log-interval 5 --val-interval 20 --sample 30 2>&1)
+first=$(grep -m1 '^step .*loss' <<<"$out" | sed 's/.*loss \([0-9.]*\).*/\1/')
+last=$(grep '^step .*loss' <<<"$out" | tail -1 | sed 's/.*loss \([0-9.]*\).*/\1/')
+if [ -n "$first" ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.6 * a) }'; then
+	ok "loss falls ($first -> $last)"
+else
+	bad "loss falls" "first $first, last $last" "$out"
+fi
+check "validation loss every 20 steps" "$out" "validation loss [0-9.]*$" 2
+check "progress line: tok/s, ms/step, MFU" "$out" "tok/s .* ms/step  MFU [0-9.]*%" 8
+check "a sample comes out" "$out" "^sample (temperature" 1
+
+# Resume: 5 steps, a checkpoint, 5 more equal 10 straight (a constant
+# schedule: the cosine's length is the run's --max-steps).
+rs=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-size 4 --device cpu
+    --threads 1 --sample 0 --val-interval 0 --log-interval 5 --constant-lr)
+"$EX" "${rs[@]}" --max-steps 10 --loss-file "$tmp/straight.txt" >/dev/null 2>&1
+"$EX" "${rs[@]}" --max-steps 5 --checkpoint "$tmp/r.ckpt" >/dev/null 2>&1
+out=$("$EX" "${rs[@]}" --max-steps 10 --checkpoint "$tmp/r.ckpt" --resume --loss-file "$tmp/resumed.txt" 2>&1)
+check "resume says where it starts" "$out" "^resumed from .* at step 5" 1
+if [ -s "$tmp/resumed.txt" ] && [ "$(tail -5 "$tmp/straight.txt")" = "$(cat "$tmp/resumed.txt")" ]; then
+	ok "resumed steps 6-10 equal the straight run's, bit for bit"
+else
+	bad "resume" "straight: $(tail -5 "$tmp/straight.txt" | tr '\n' ' ')" "resumed: $(tr '\n' ' ' <"$tmp/resumed.txt")"
+fi
+
+# Data parallel: 2 ranks of batch 2 see the global batch of 1 rank of batch
+# 4 (the sampler's shards of one permutation) and end at the same
+# validation loss (mean over the same held-out windows).
+dp=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --device cpu --threads 1
+    --max-steps 10 --log-interval 10 --val-interval 0 --sample 0 --warmup-steps 2)
+one=$("$EX" "${dp[@]}" --batch-size 4 2>&1 | grep 'validation loss' | sed 's/.*loss //')
+two=$("$EX" "${dp[@]}" --batch-size 2 --nproc 2 2>&1 | grep '^\[rank 0\].*validation loss' | sed 's/.*loss //')
+if [ -n "$one" ] && [ -n "$two" ] && awk -v a="$one" -v b="$two" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }'; then
+	ok "2 ranks x batch 2 = 1 rank x batch 4 after 10 steps ($one, $two)"
+else
+	bad "2 ranks = 1 rank" "1 rank: '$one', 2 ranks: '$two'"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
