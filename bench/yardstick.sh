@@ -36,8 +36,12 @@
 # Variables: TORCH_VENV (default /work/venv-torch), THREADS (2), LOOM_BIN (a
 # bazel-bin holding the binaries; default: build them with $BAZEL, default
 # `bazel`), LOOM_BIN_B (a second such folder, the "before" build of a
-# change: adds a "loom O0 (B)" column after loom O0), WORKLOADS, LOOM_VARIANTS ("O0 O1 O2"), TORCH_MODES_CONVNET
-# ("eager bf16 compile"), TORCH_MODES_RESNET ("eager bf16 compile cl compile-cl").
+# change: adds a "loom O0 (B)" column after loom O0), WORKLOADS, LOOM_VARIANTS
+# ("O0 O1 O2"), TORCH_MODES_CONVNET ("eager compile bf16"), TORCH_MODES_RESNET
+# ("eager cl compile"), TORCH_MODES_RESNET_BIG and LOOM_VARIANTS_BIG (ResNet-50
+# at batch 32: "eager cl", "O0"), CONV_CAP (50), PEAK_FP32 and PEAK_FP32_1
+# (GFLOP/s on all threads and on one core, in place of what bf16_peak measures
+# at the start: on a busy machine the loop gets a fraction of a core).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -225,6 +229,10 @@ echo "load average before: $(uptime | sed 's/.*load average: //')"
 peak_out=$("$bin/bench/bf16_peak" 5 "$threads")
 peak=$(sed -n 's/^peak: fp32 \([0-9.]*\) GFLOP\/s.*/\1/p' <<<"$peak_out")
 peak1=$(sed -n 's/^peak: fp32 .*(best on 1 thread \([0-9.]*\),.*/\1/p' <<<"$peak_out")
+# On a busy machine the loop itself gets a fraction of a core: a peak known
+# from a quiet moment can be given instead.
+peak=${PEAK_FP32:-$peak}
+peak1=${PEAK_FP32_1:-$peak1}
 echo
 echo '```'
 echo "$peak_out"
