@@ -3,7 +3,7 @@
  * each CPU candidate side by side: loom's im2col + GEMM kernels, and oneDNN's
  * convolution primitives on NCHW or in their own (blocked) layouts with the
  * reorders counted, in f32 and in bf16 (sources bf16, results f32).
- *   bench_conv [--reps N] [--set convnet|resnet18|resnet50] [--batch B]
+ *   bench_conv [--reps N] [--set convnet|resnet18|resnet50|resnet50-1x1] [--batch B]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,7 +164,7 @@ int main(int argc, char **argv)
 			loom_cpu_set_threads(atoi(argv[++i]));
 		else {
 			fprintf(stderr, "usage: bench_conv [--reps N] [--set convnet|resnet18|"
-					"resnet50] [--batch B] [--threads N]\n");
+					"resnet50|resnet50-1x1] [--batch B] [--threads N]\n");
 			return 2;
 		}
 	}
@@ -191,6 +191,16 @@ int main(int argc, char **argv)
 		layer("l2", b, 128, 16, 128, 3, 1, 1, reps);
 		layer("l3", b, 256, 8, 256, 3, 1, 1, reps);
 		layer("l4", b, 512, 4, 512, 3, 1, 1, reps);
+	} else if (!strcmp(set, "resnet50-1x1")) {
+		/* ResNet-50's pointwise layers past stage 1, where the channels
+		 * grow and the images shrink, and the strided shortcuts */
+		int b = batch ? batch : 16;
+		layer("l2 1x1 in", b, 512, 28, 128, 1, 1, 0, reps);
+		layer("l2 1x1 up", b, 128, 28, 512, 1, 1, 0, reps);
+		layer("l3 1x1 in", b, 1024, 14, 256, 1, 1, 0, reps);
+		layer("l3 1x1 up", b, 256, 14, 1024, 1, 1, 0, reps);
+		layer("l4 1x1 in", b, 2048, 7, 512, 1, 1, 0, reps);
+		layer("l3 shortcut", b, 512, 28, 1024, 1, 2, 0, reps);
 	} else {
 		int b = batch ? batch : 16;
 		layer("stem", b, 3, 224, 64, 7, 2, 3, reps);

@@ -9,20 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "bench/bench_util.h"
 #include "examples/models.h"
 #include "loom.h"
-
-/* Seconds of CPU time (user + system) used by this process so far. */
-static double cpu_seconds(void)
-{
-	struct rusage u;
-	getrusage(RUSAGE_SELF, &u);
-	return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
-	       (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
 
 static int no_fusion;
 
@@ -59,7 +49,7 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 		double ts = bench_now();
 		if (s == warmup) {
 			t0 = ts;
-			c0 = cpu_seconds();
+			c0 = bench_cpu_seconds();
 		}
 		if (loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
 		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN)) {
@@ -71,16 +61,18 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 			dt_step[s - warmup] = bench_now() - ts;
 	}
 	if (!rc && dt_step) {
-		double dt = bench_now() - t0, cpu = cpu_seconds() - c0;
+		double dt = bench_now() - t0, cpu = bench_cpu_seconds() - c0;
 		qsort(dt_step, steps, sizeof(double), bench_cmp_double);
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f | %8.0f |\n",
+		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f | %8.0f | %7.2f | %6.2f |\n",
 		       level, level == LOOM_O0 ? "" : (half == LOOM_BF16 ? "bf16" : "fp16"),
 		       info.backend, b / dt_step[steps / 2], steps * (double)b / dt, info.param_bytes / 1048576.0,
 		       info.master_bytes / 1048576.0, info.grad_bytes / 1048576.0,
 		       info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
-		       loom_loss(p), steps * (double)b / cpu);
+		       loom_loss(p), steps * (double)b / cpu,
+		       (info.flops_fwd + info.flops_bwd) / b * 1e-6,
+		       (info.flops_fwd + info.flops_bwd) / dt_step[steps / 2] * 1e-9);
 	}
 	free(dt_step);
 	free(img);
@@ -129,8 +121,8 @@ int main(int argc, char **argv)
 	char cpu[128];
 	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up; %s\n\n", b,
 	       steps, warmup, loom_cpu_describe(cpu, sizeof(cpu)));
-	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss | img/s per CPU-s |\n");
-	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- | -------- |\n");
+	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss | img/s per CPU-s | MFLOP/img | GFLOP/s (median step) |\n");
+	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- | -------- | ------- | ------ |\n");
 	int rc = 0;
 	for (const char *l = levels; *l; l++)
 		if (*l >= '0' && *l <= '3')

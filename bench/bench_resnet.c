@@ -1,7 +1,9 @@
 /*
  * bench/bench_resnet.c — ResNet-18/34/50 training steps on synthetic data
  * (random images and labels: the loader is not what is measured): the plan's
- * memory, known before step 1, and images/s per opt level.
+ * memory, known before step 1, and per opt level images/s (wall and per
+ * CPU-second), the process's peak memory, the products' FLOPs per image
+ * counted from the plan and the FLOP/s they make.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +49,12 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 	for (int i = 0; i < b; i++)
 		lab[i] = rand() % (size <= 64 ? 10 : 1000);
 	int rc = 0;
-	double t0 = 0;
+	double t0 = 0, c0 = 0;
 	for (int s = 0; s < warmup + steps; s++) {
-		if (s == warmup)
+		if (s == warmup) {
 			t0 = bench_now();
+			c0 = bench_cpu_seconds();
+		}
 		if (loom_set_input(p, "image", img, LOOM_F32, ni) ||
 		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN)) {
 			fprintf(stderr, "bench_resnet: %s\n", loom_program_error(p));
@@ -59,15 +63,16 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 		}
 	}
 	if (!rc) {
-		double dt = bench_now() - t0;
+		double dt = bench_now() - t0, cpu = bench_cpu_seconds() - c0;
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		printf("| ResNet-%d | %3d | %3d | O%d%s%s | %-6s | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",
+		double flops = info.flops_fwd + info.flops_bwd;
+		printf("| ResNet-%d | %3d | %3d | O%d%s%s | %-6s | %7.2f | %7.2f | %7.0f | %7.3f | %7.1f | %8.1f | %9.1f | %11.1f | %11.1f | %6.1f |\n",
 		       depth, b, size, level,
 		       level == LOOM_O0 ? "" : half == LOOM_BF16 ? " bf16" : " fp16",
 		       no_fusion ? " unfused" : "", info.backend,
-		       steps * (double)b / dt,
-		       info.n_param_elems / 1e6, info.param_bytes / 1048576.0,
+		       steps * (double)b / dt, steps * (double)b / cpu, bench_peak_rss_mib(),
+		       flops / b * 1e-9, flops * steps / dt * 1e-9, info.n_param_elems / 1e6, info.param_bytes / 1048576.0,
 		       info.activation_bytes / 1048576.0, info.activation_naive_bytes / 1048576.0,
 		       tc * 1e3);
 	}
@@ -120,8 +125,8 @@ int main(int argc, char **argv)
 	}
 	char cpu[128];
 	printf("%s\n\n", loom_cpu_describe(cpu, sizeof(cpu)));
-	printf("| model | batch | size | level | device | img/s | params (M) | params MiB | activations MiB | naive act. MiB | compile ms |\n");
-	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+	printf("| model | batch | size | level | device | img/s | img/s per CPU-s | peak RSS MiB | GFLOP/img | GFLOP/s | params (M) | params MiB | activations MiB | naive act. MiB | compile ms |\n");
+	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
 	int rc = 0;
 	for (const char *l = levels; *l; l++)
 		if (*l >= '0' && *l <= '3')

@@ -775,6 +775,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->activation_bytes = p->plan.mp.act_bytes;
 	info->activation_naive_bytes = p->plan.mp.act_naive_bytes;
 	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	loom_plan_flops(&p->plan, &info->flops_fwd, &info->flops_bwd);
 	info->loss_scale = p->ts.scaler.scale;
 	info->skipped_steps = p->ts.scaler.skipped_steps;
 	info->grad_norm = p->ts.grad_norm;

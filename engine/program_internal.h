@@ -64,6 +64,11 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 	return loom_plan_value_bytes(&p->plan, v);
 }
 
+/* The FLOPs of the plan's products (conv2d and its backward directions,
+ * linear, matmul; 2 per multiply-add), forward nodes [0, n_fwd) and the
+ * rest (engine/report.c; loom_program_info.flops_fwd/_bwd). */
+void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd);
+
 /* Prints one message through the user's log callback (loom_set_log). */
 void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -464,6 +464,13 @@ typedef struct loom_program_info {
 	int n_nodes;
 	int n_params;
 	int64_t n_param_elems;
+	/* Floating-point operations of one step's products (conv2d and its two
+	 * backward directions, linear, matmul: 2 per multiply-add), counted
+	 * from the plan, so a layer whose input needs no gradient counts no
+	 * data-gradient product. Element-wise work (batch norm, relu, pooling,
+	 * the optimizer) is not counted: it is a few percent of the products'
+	 * FLOPs in a CNN. Divided by a step's time: the achieved FLOP/s. */
+	double flops_fwd, flops_bwd;
 	double loss_scale;          /* 1 without dynamic scaling */
 	int64_t skipped_steps;      /* AMP steps skipped on overflow */
 	double grad_norm;           /* the last update's global gradient norm (before clipping;

@@ -4,34 +4,20 @@
  * bf16 kernels of conv_bf16.c (fp32 accumulation) instead of being widened
  * to f32 first, when the CPU multiplies bf16 itself (avx512_bf16).
  *
- * Off unless LOOM_CPU_BF16=native: with Debian's oneDNN 2.6 the bf16 GEMM
+ * On where cpu_path.c chose native bf16 at start-up (loom_cpu_bf16_use_native:
+ * the core's measured vdpbf16ps rate at 1.5x its fp32 FMA rate or more, or
+ * LOOM_CPU_BF16=native). With Debian's oneDNN 2.6 the bf16 GEMM
  * (dnnl_gemm_bf16bf16f32, and the bf16 matmul primitive alike) ran at about
- * half the fp32 GEMM's rate on the ConvNet's and ResNet-50's shapes on the
- * one avx512_bf16 machine measured, and so did oneDNN's bf16 convolution
- * primitives against its f32 ones: that core issues vdpbf16ps at a fraction
- * of its FMA rate (bench/bf16_peak: bf16 at about half the fp32 FLOP rate;
- * bench/RESULTS.md). So by default bf16 keeps the exact emulation, which is
- * faster there.
+ * half the fp32 GEMM's rate on the ConvNet's and ResNet-50's shapes on an
+ * avx512_bf16 machine whose core issues vdpbf16ps at half its FMA rate
+ * (bench/bf16_peak; bench/RESULTS.md): there bf16 keeps the exact
+ * emulation, which is faster.
  */
-
-#include <stdlib.h>
-#include <string.h>
 
 #include "amp/half.h"
 #include "engine/cpu/bf16_node.h"
+#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
-
-static int bf16_wanted(void)
-{
-	static int want = -1; /* every thread computes the same answer */
-	int w = __atomic_load_n(&want, __ATOMIC_RELAXED);
-	if (w < 0) {
-		const char *e = getenv("LOOM_CPU_BF16");
-		w = e && !strcmp(e, "native");
-		__atomic_store_n(&want, w, __ATOMIC_RELAXED);
-	}
-	return w;
-}
 
 static size_t align64(size_t x)
 {
@@ -51,7 +37,7 @@ int loom_cpu_bf16_node(const loom_plan *p, loom_value v, void *const *src, void 
 
 	if (!conv && n->op != LOOM_OP_LINEAR && n->op != LOOM_OP_MATMUL)
 		return 0;
-	if (!bf16_wanted())
+	if (!loom_cpu_bf16_use_native())
 		return 0;
 	if (n->nsrc < 2 || src_of(p, n, 0)->dtype != LOOM_BF16 ||
 	    src_of(p, n, 1)->dtype != LOOM_BF16 ||

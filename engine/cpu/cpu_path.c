@@ -21,6 +21,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/cpu_path.h"
+#include "engine/cpu/peak.h"
 #include "loom.h"
 
 /*
@@ -35,6 +36,9 @@ dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t m, dnnl
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static loom_cpu_isa isa_chosen;
+static int bf16_native;     /* bf16 products on vdpbf16ps, not emulated */
+static double bf16_ratio;   /* measured vdpbf16ps / fp32 FMA rate; 0: not measured */
+static const char *bf16_why = "no avx512_bf16";
 
 loom_cpu_isa loom_cpu_isa_detect(void)
 {
@@ -103,6 +107,42 @@ static void spin_throttle_start(void)
 	pthread_attr_destroy(&at);
 }
 
+/*
+ * Native bf16 products pay only where the core issues vdpbf16ps at well
+ * above its fp32 FMA rate: on one avx512_bf16 machine it ran at half the
+ * fp32 rate (bf16 then lost to the exact emulation, which widens to fp32),
+ * on another at 1.86x. So the choice is measured, not read from cpuid:
+ * about a millisecond of each loop (best of three, as the machine may be
+ * busy), native at 1.5x or more. LOOM_CPU_BF16=native or =emulate decides
+ * instead (native only where the CPU has the instruction).
+ */
+#define BF16_NATIVE_MIN_RATIO 1.5
+
+static void bf16_choose(loom_cpu_isa isa)
+{
+	const char *e = getenv("LOOM_CPU_BF16");
+	if (isa != LOOM_CPU_ISA_AVX512_BF16)
+		return;
+	float sink = 0;
+	double f = 0, b = 0;
+	for (int r = 0; r < 3; r++) {
+		double fr = loom_cpu_peak_gflops(LOOM_CPU_PEAK_FP32_AVX512, 100000, &sink);
+		double br = loom_cpu_peak_gflops(LOOM_CPU_PEAK_BF16_AVX512, 100000, &sink);
+		f = fr > f ? fr : f;
+		b = br > b ? br : b;
+	}
+	bf16_ratio = f > 0 ? b / f : 0;
+	if (e && !strcmp(e, "native")) {
+		bf16_native = 1;
+		bf16_why = "LOOM_CPU_BF16=native";
+	} else if (e && !strcmp(e, "emulate")) {
+		bf16_why = "LOOM_CPU_BF16=emulate";
+	} else {
+		bf16_native = bf16_ratio >= BF16_NATIVE_MIN_RATIO;
+		bf16_why = "measured";
+	}
+}
+
 static void isa_choose(void)
 {
 	loom_cpu_isa isa = loom_cpu_isa_detect();
@@ -123,6 +163,7 @@ static void isa_choose(void)
 	if (isa != LOOM_CPU_ISA_PORTABLE)
 		dnnl_set_max_cpu_isa(dnnl_cap[isa]);
 	isa_chosen = isa;
+	bf16_choose(isa);
 	spin_throttle_start();
 }
 
@@ -198,12 +239,28 @@ int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
 	return st == dnnl_success ? 0 : -1;
 }
 
+int loom_cpu_bf16_use_native(void)
+{
+	loom_cpu_isa_get();
+	return bf16_native;
+}
+
+double loom_cpu_bf16_measured_ratio(void)
+{
+	loom_cpu_isa_get();
+	return bf16_ratio;
+}
+
 const char *loom_cpu_describe(char *buf, size_t size)
 {
 	loom_cpu_isa isa = loom_cpu_isa_get();
 	int t = omp_get_max_threads();
-	snprintf(buf, size, "cpu: %d thread%s, %s kernels (%s)", t, t == 1 ? "" : "s",
-		 loom_cpu_isa_name(isa), isa == LOOM_CPU_ISA_PORTABLE ? "openblas" : "onednn");
+	char ratio[48] = "";
+	if (bf16_ratio > 0)
+		snprintf(ratio, sizeof(ratio), "vdpbf16ps %.2fx fp32 FMA, ", bf16_ratio);
+	snprintf(buf, size, "cpu: %d thread%s, %s kernels (%s), bf16 %s (%s%s)", t, t == 1 ? "" : "s",
+		 loom_cpu_isa_name(isa), isa == LOOM_CPU_ISA_PORTABLE ? "openblas" : "onednn",
+		 bf16_native ? "native" : "emulated", ratio, bf16_why);
 	return buf;
 }
 

@@ -25,6 +25,17 @@ typedef enum loom_cpu_isa {
 loom_cpu_isa loom_cpu_isa_get(void);
 const char *loom_cpu_isa_name(loom_cpu_isa isa);
 
+/*
+ * Whether bf16 products run natively (vdpbf16ps, fp32 accumulation) rather
+ * than in loom's exact emulation: chosen with the path, on CPUs with
+ * avx512_bf16 only, from the measured ratio of the core's bf16 dot-product
+ * rate to its fp32 FMA rate (native at 1.5x or more), unless LOOM_CPU_BF16
+ * is "native" or "emulate". loom_cpu_describe prints the choice and why.
+ */
+int loom_cpu_bf16_use_native(void);
+/* That ratio as measured at start-up; 0 where not measured (no avx512_bf16). */
+double loom_cpu_bf16_measured_ratio(void);
+
 /* The best path this CPU supports, ignoring LOOM_CPU_ISA. */
 loom_cpu_isa loom_cpu_isa_detect(void);
 

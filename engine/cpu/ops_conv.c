@@ -61,18 +61,30 @@ static int conv_kind(loom_op op, loom_cpu_conv_kind *kind)
  * the filter gradient of a layer with a few (the ConvNet's conv1, a ResNet
  * stem). For a few input channels the im2col matrix is small and the
  * reorders dominate; on AVX2 oneDNN's filter gradient there was 2-5x slower.
- * 1x1 layers are a plain GEMM on loom's path already. LOOM_CPU_CONV=im2col
- * keeps every node on loom's kernels, to measure the two side by side.
+ * On AVX2 (bench_conv --set resnet50 and resnet50-1x1, AMD EPYC family 25,
+ * one thread) two more go to oneDNN's blocked primitives: ResNet's 224 stem
+ * forward (3 channels, 7x7, stride 2), where im2col makes a matrix 49 times
+ * the image and oneDNN ran 2-3x faster (its filter gradient did not, and its
+ * data gradient is never needed: the image has none); and the data gradient
+ * of a 1x1 layer with 1024 or more input channels (ResNet-50's stages 3 and
+ * 4), which on loom's path is one GEMM per image with a short side of 49 to
+ * 196 and ran 2-3.5x slower than oneDNN's blocked kernel (18-21 against
+ * 39-67 ms at batch 8). Neither was measured on AVX-512: there they stay.
+ * Other 1x1 layers are a plain GEMM on loom's path already, as fast as
+ * oneDNN's or faster. LOOM_CPU_CONV=im2col keeps every node on loom's
+ * kernels, to measure the two side by side.
  */
 static int conv_wants_dnnl(loom_cpu_conv_kind kind, const loom_conv_shape *s)
 {
 	const char *e = getenv("LOOM_CPU_CONV");
 	if (e && !strcmp(e, "im2col"))
 		return 0;
+	int avx2 = loom_cpu_isa_get() == LOOM_CPU_ISA_AVX2;
 	if (s->kh == 1 && s->kw == 1)
-		return 0;
+		return avx2 && kind == LOOM_CPU_CONV_BWD_DATA && s->c_in >= 1024;
 	return s->c_in >= 8 ||
-	       (kind == LOOM_CPU_CONV_BWD_FILTER && loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX512);
+	       (kind == LOOM_CPU_CONV_BWD_FILTER && loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX512) ||
+	       (avx2 && kind == LOOM_CPU_CONV_FWD && s->kh >= 7 && s->h_out >= 56);
 }
 
 loom_status loom_cpu_conv_plan(loom_cpu_ctx *ctx, const loom_plan *plan)

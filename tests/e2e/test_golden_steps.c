@@ -65,6 +65,10 @@ static const char *kernel_path(void)
 	else /* oneDNN blocks its GEMMs by the cache sizes it reads from cpuid */
 		snprintf(buf, sizeof(buf), "onednn-%s-l1d%ldk-l2%ldk", loom_cpu_isa_name(isa),
 			 sysconf(_SC_LEVEL1_DCACHE_SIZE) / 1024, sysconf(_SC_LEVEL2_CACHE_SIZE) / 1024);
+	/* Native bf16 products (chosen at start-up from the measured peak,
+	 * cpu_path.h) round otherwise than the exact emulation. */
+	if (loom_cpu_bf16_use_native())
+		strncat(buf, "+bf16native", sizeof(buf) - strlen(buf) - 1);
 	/* Sanitizer builds (bazel --config=asan) compile loom's own kernels
 	 * differently, so their bits are another path with no golden line. */
 #ifdef __SANITIZE_ADDRESS__

@@ -109,3 +109,32 @@ Test(report, memory_report_adds_up_to_the_arena)
 	free(buf);
 	loom_program_free(p);
 }
+
+/*
+ * The products' FLOPs of a ConvNet step at batch 8, counted by hand:
+ * forward conv1 2*16*28*28*(1*5*5), conv2 2*32*14*14*(16*5*5), fc 2*10*1568
+ * per image; backward conv1's weight gradient only (the image needs none),
+ * conv2's and fc's data and weight gradients.
+ */
+Test(report, flops_are_the_products_of_forward_and_backward)
+{
+	loom_program *p = convnet(LOOM_O0);
+	loom_program_info info;
+	loom_program_info_get(p, &info);
+	double conv1 = 2.0 * 16 * 28 * 28 * 25, conv2 = 2.0 * 32 * 14 * 14 * 400, fc = 2.0 * 10 * 1568;
+	cr_assert_float_eq(info.flops_fwd, 8 * (conv1 + conv2 + fc), 1.0, "forward %.0f", info.flops_fwd);
+	cr_assert_float_eq(info.flops_bwd, 8 * (conv1 + 2 * conv2 + 2 * fc), 1.0, "backward %.0f",
+			   info.flops_bwd);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	loom_program_memory_report(p, f);
+	fclose(f);
+	double gf = 0;
+	const char *q = strstr(buf, "compute of one step:");
+	cr_assert(q, "no compute line in:\n%s", buf);
+	cr_assert_eq(sscanf(q, "compute of one step: %lf GFLOP", &gf), 1, "%s", q);
+	cr_assert_float_eq(gf, (info.flops_fwd + info.flops_bwd) * 1e-9, 1e-4);
+	free(buf);
+	loom_program_free(p);
+}

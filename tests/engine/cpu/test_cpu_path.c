@@ -15,6 +15,7 @@
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/peak.h"
 #include "loom.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -87,6 +88,56 @@ Test(cpu_path, choice_follows_cpu_and_cap)
 	cr_assert(strstr(line, "cpu: 1 thread, ") == line, "line '%s'", line);
 	cr_assert(strstr(line, loom_cpu_isa_name(got)), "line '%s' names no path", line);
 	loom_cpu_set_threads(0);
+}
+
+/* The peak loops run where the CPU has the instructions, and only there. */
+Test(cpu_path, peak_loops_measure_a_rate)
+{
+	float sink = 0;
+	for (int k = LOOM_CPU_PEAK_FP32_AVX2; k <= LOOM_CPU_PEAK_BF16_AVX512; k++) {
+		double r = loom_cpu_peak_gflops((loom_cpu_peak)k, 20000, &sink);
+		if (loom_cpu_peak_supported((loom_cpu_peak)k))
+			cr_assert(r > 0.1 && r < 1e5, "kind %d: %g GFLOP/s", k, r);
+		else
+			cr_assert_eq(r, 0, "kind %d measured without the instructions: %g", k, r);
+	}
+	cr_assert(isfinite(sink));
+	cr_assert_eq(loom_cpu_peak_gflops(LOOM_CPU_PEAK_FP32_AVX2, 0, &sink), 0);
+}
+
+/* Native bf16 only on a path with avx512_bf16; there, chosen from the
+ * measured ratio; the start-up line says which and why. */
+Test(cpu_path, bf16_choice_from_the_measured_peak)
+{
+	char line[160];
+	double ratio = loom_cpu_bf16_measured_ratio();
+	loom_cpu_describe(line, sizeof(line));
+	if (loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16) {
+		cr_assert_eq(loom_cpu_bf16_use_native(), 0);
+		cr_assert_eq(ratio, 0);
+		cr_assert(strstr(line, "bf16 emulated (no avx512_bf16)"), "line '%s'", line);
+		return;
+	}
+	cr_assert(ratio > 0.05 && ratio < 20, "ratio %g", ratio);
+	const char *e = getenv("LOOM_CPU_BF16");
+	if (!e || !*e)
+		cr_assert_eq(loom_cpu_bf16_use_native(), ratio >= 1.5, "ratio %g", ratio);
+	cr_assert(strstr(line, loom_cpu_bf16_use_native() ? "bf16 native (vdpbf16ps " :
+							     "bf16 emulated (vdpbf16ps "),
+		  "line '%s'", line);
+}
+
+static void bf16_emulate_env(void)
+{
+	setenv("LOOM_CPU_BF16", "emulate", 1);
+}
+
+Test(cpu_path, bf16_emulate_by_variable, .init = bf16_emulate_env)
+{
+	char line[160];
+	cr_assert_eq(loom_cpu_bf16_use_native(), 0);
+	loom_cpu_describe(line, sizeof(line));
+	cr_assert(strstr(line, "bf16 emulated ("), "line '%s'", line);
 }
 
 /* Row-major reference of C = alpha op(A) op(B) + beta C0, with the summed
@@ -354,6 +405,8 @@ static void conv_shapes(int bf16)
 	check_conv(2, 4, 10, 10, 5, 2, 2, 2, 0, bf16);  /* even kernel */
 	check_conv(5, 16, 14, 14, 32, 5, 5, 1, 2, bf16); /* the ConvNet's conv2 */
 	check_conv(3, 1, 28, 28, 16, 5, 5, 1, 2, bf16); /* conv1: wide output */
+	check_conv(2, 3, 112, 112, 8, 7, 7, 2, 3, bf16); /* a 224 ResNet stem's kind (oneDNN fwd) */
+	check_conv(2, 1024, 3, 3, 8, 1, 1, 1, 0, bf16); /* pointwise, wide input (oneDNN dx on AVX2) */
 	for (int it = 0; it < 6; it++) {
 		int kh = irand(1, 4), kw = irand(1, 4), st = irand(1, 2);
 		check_conv(irand(1, 4), irand(1, 9), irand(kh, 12), irand(kw, 12), irand(1, 11), kh,
