@@ -73,6 +73,7 @@ typedef struct pass {
 	loom_value *cast; /* per dst value and dtype: its cast, memoised */
 	int cast_cap;
 	const loom_amp_opts *o;
+	int masters; /* O2: give half parameters an fp32 master */
 	loom_dtype half;
 } pass;
 
@@ -197,7 +198,7 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 			/* O2: the fp32 master of a half parameter, a buffer the
 			 * optimizer owns (it has no readers in the graph). */
 			if ((def->flags & LOOM_OPF_TRAINABLE) && ps->o->level == LOOM_O2 &&
-			    is_half(copy.dtype)) {
+			    ps->masters && is_half(copy.dtype)) {
 				loom_value m = loom_node_add(g, LOOM_OP_BUFFER, LOOM_F32, copy.shape, 0, NULL);
 				if (m == LOOM_NONE)
 					break;
@@ -237,7 +238,7 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 	return LOOM_OK;
 }
 
-loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *o,
+loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *o, int masters,
 			  char *err, size_t errlen)
 {
 	loom_status st = loom_amp_check(o, err, errlen);
@@ -251,6 +252,7 @@ loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *
 		}
 	pass ps = { 0 };
 	ps.o = o;
+	ps.masters = masters;
 	ps.half = o->half;
 	ps.map = malloc(sizeof(loom_value) * (g->n ? g->n : 1));
 	loom_graph *src;

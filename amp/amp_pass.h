@@ -13,8 +13,10 @@
 loom_status loom_amp_check(const loom_amp_opts *o, char *err, size_t errlen);
 
 /* Rewrites g's forward graph for o->level; *loss is updated to the loss of
- * the rewritten graph (always f32 or f64). O0 leaves g untouched. */
-loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *o,
+ * the rewritten graph (always f32 or f64). O0 leaves g untouched. With
+ * masters 0, O2's half parameters get no fp32 master (a forward-only plan
+ * has no optimizer to own one). */
+loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *o, int masters,
 			  char *err, size_t errlen);
 
 /* Whether the gradients are scaled (O1/O2 with fp16, or a static scale). */

@@ -269,7 +269,8 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 
 	/* AMP: casts, half parameters with f32 masters, the loss scale. */
 	char amsg[256] = "";
-	if ((st = loom_amp_pass(p->plan.g, &loss, &o->amp, amsg, sizeof(amsg))) != LOOM_OK) {
+	if ((st = loom_amp_pass(p->plan.g, &loss, &o->amp, !o->inference, amsg, sizeof(amsg))) !=
+	    LOOM_OK) {
 		compile_fail(st, "%s", amsg);
 		goto out_fail;
 	}

@@ -309,8 +309,9 @@ typedef struct loom_compile_opts {
 	 * a training program's EVAL outputs on the same weights bit for bit.
 	 * The loss is still a scalar value of g (the forward computes it; a
 	 * classifier's cross-entropy gives the test loss). The AMP level
-	 * applies as in training (O2/O3: half weights; O2 keeps its fp32
-	 * masters, which loom_import_safetensors fills). Not with a process
+	 * applies as in training (O2/O3: half weights), without O2's fp32
+	 * masters (no optimizer owns them; loom_import_safetensors rounds
+	 * the file's values into the half weights). Not with a process
 	 * group of world > 1. loom_load takes only checkpoints of the same
 	 * kind: move weights between the two with safetensors (loom_io.h). */
 	int inference;

@@ -87,6 +87,8 @@ static void same_as_training(model m)
 	cr_expect_eq(ii.n_param_elems, it.n_param_elems);
 	cr_expect_eq(ii.param_bytes, it.param_bytes);
 	cr_expect_eq(ii.optim_state_bytes, 0u);
+	cr_expect_eq(ii.master_bytes, 0u, "a forward-only plan has no masters (%zu bytes)",
+		     ii.master_bytes);
 	cr_expect_lt(ii.n_nodes, it.n_nodes);
 	cr_expect_lt(ii.activation_bytes, it.activation_bytes);
 	cr_log_info("%s O%d: arena %.2f MiB inference, %.2f MiB training",
