@@ -15,6 +15,15 @@ distinct() { # PREFIX FIELD OUTPUT: how many different values FIELD takes
 flags=(--synthetic --train-images 64 --test-images 16 --batch-size 16 --epochs 3 --no-augment
 	--depth 18 --width 4 --device cpu)
 export OMP_NUM_THREADS=1 LOOM_TEST_EPOCH_ORDER=1 LOOM_COMM_TIMEOUT_S=60
+# Under ASan: Open MPI's own exit-time leaks are suppressed by library, as
+# tests/lib/mp_harness.sh does (its plugins kept loaded so that their frames
+# have names), never loom's.
+if [ -n "${2:-}" ]; then
+	supp=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+	export LSAN_OPTIONS="${LSAN_OPTIONS:-}${LSAN_OPTIONS:+:}suppressions=$supp:print_suppressions=0"
+	export OMPI_MCA_mca_base_component_disable_dlclose=1
+	[ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0"
+fi
 
 for how in single nproc; do
 	if [ $how = single ]; then
