@@ -140,6 +140,17 @@ loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t er
 /* Rank 0 first answers the connections still queued (a rank that claims an
  * existing rank after the group formed is told so), then closes. */
 void loom_rdv_close(loom_rdv *r);
+/* Rank 0, the group formed: keeps MASTER_PORT open for the group's life
+ * (call before loom_rdv_close; NULL elsewhere or when out of memory), so
+ * that a process connecting later is told why it cannot join ("rank 1 is
+ * already in the group ...; pid 815 on node-b claims it too") and a
+ * stranger is dropped with a line, as at start-up. _poll never blocks
+ * (loom_pg_set_step and every collective call it; it acts at most every
+ * 0.1 s); _free answers what is queued and closes. */
+typedef struct loom_rdv_late loom_rdv_late;
+loom_rdv_late *loom_rdv_keep(loom_rdv *r);
+void loom_rdv_late_poll(loom_rdv_late *l);
+void loom_rdv_late_free(loom_rdv_late *l);
 
 /* Socket helpers with deadlines (absolute, loom_comm_now()). Reads fail
  * with a message saying how many of how many bytes came. */
@@ -193,6 +204,7 @@ struct loom_pg {
 	char err[LOOM_COMM_ERRLEN];
 	loom_comm_peer *peers; /* world entries */
 	int probe_fd;
+	struct loom_rdv_late *late; /* rank 0 under env://: MASTER_PORT, kept */
 	pid_t ompi_server; /* rank 0 under env://: the Open MPI name server, else 0 */
 	uint8_t nccl_id[LOOM_COMM_NCCL_ID_BYTES];
 	struct loom_pg_mpi *mpi;

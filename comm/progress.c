@@ -74,6 +74,8 @@ void loom_progress_enter(loom_pg *pg, const char *what)
 	struct loom_progress *p = pg->progress;
 	uint64_t seq = ++pg->seq;
 
+	loom_rdv_late_poll(pg->late); /* a late process is told why (rendezvous.c) */
+
 	if (pg->step >= 0)
 		snprintf(pg->labels[seq % LOOM_PROGRESS_RING], LOOM_PROGRESS_LABEL, "step %lld's %s",
 			 (long long)pg->step, what);
