@@ -174,6 +174,11 @@ static int connect_once(const char *host, int port, double deadline, char *why, 
 	return fd;
 }
 
+int loom_sock_connect(const char *host, int port, double deadline)
+{
+	return connect_once(host, port, deadline, NULL, 0);
+}
+
 /* ------------------------------------------------------------ messages */
 
 static loom_status send_reply(int fd, int kind, const void *payload, size_t len,
