@@ -789,8 +789,11 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len)
 {
 	int dead = loom_pg_name_dead(pg, buf, len);
+	char behind[512];
 
-	if (!dead && loom_progress_laggards(pg, seq, buf, len))
-		return 0;
+	/* Into a buffer of its own: when no peer is found behind, buf keeps
+	 * "every rank is alive: ..." rather than an empty reason. */
+	if (!dead && loom_progress_laggards(pg, seq, behind, sizeof(behind)))
+		snprintf(buf, len, "%s", behind);
 	return dead;
 }
