@@ -27,6 +27,9 @@ extern int loom_ddp_test_sync_one_rank;
  * compared with rank 0's, then rank 0's parameters and buffers broadcast
  * (queued on a device: the caller synchronises). */
 loom_status loom_ddp_start(loom_program *p);
+/* The start-up fingerprint's hash of node v (op, dtype, shape, sources,
+ * flags): dist/pipeline.c's per-stage check uses it too. */
+uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v);
 /* Collective: rank 0's buffers (batch-norm running statistics, which each
  * rank updates from its own batches) to every rank. */
 loom_status loom_ddp_broadcast_buffers(loom_program *p);

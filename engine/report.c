@@ -179,6 +179,11 @@ static double node_flops(const loom_graph *g, loom_value v)
 	}
 }
 
+double loom_node_flops(const loom_graph *g, loom_value v)
+{
+	return node_flops(g, v);
+}
+
 void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd)
 {
 	*fwd = *bwd = 0;

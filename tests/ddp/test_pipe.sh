@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# tests/ddp/test_pipe.sh — pipeline stages (loom_compile_opts.pipeline_stages)
+# across real processes: 2 and 3 stages of M micro-batches end 20 steps with
+# the parameters of one process accumulating over the same micro-batches
+# (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
+# mpirun, env:// and the launcher; a user's cut; evaluation through the
+# stages; the planner's activation slots; a stage built from another graph
+# and a killed stage. Prints "N passed, N failed".
+set -u
+W=$1
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
+mp_setup
+
+envrun() { # WORLD ARGS...: env:// ranks started by hand
+	local world=$1 r
+	shift
+	port=$((port + 1))
+	for r in $(seq 0 $((world - 1))); do
+		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+			timeout 60 "$W" "$@" &
+	done
+	wait
+}
+
+# Bit-identical: the same kernels on the same micro-batches, the gradients
+# summed over the micro-batches in the same order (ADD, ..., FOLD), one
+# update dividing by M, so no bound is needed.
+for n in 2 3; do
+	for model in mlp cnn; do
+		for lv in O0 O2; do
+			for sc in gpipe 1f1b; do
+				out=$("${MPIRUN[@]}" -np $n "$W" equiv $model $lv $sc 4 2>&1)
+				check "$n stages, $model $lv $sc, M 4: 20 steps bit-identical to 1 process accumulating" \
+					"$out" "OK equiv $model $lv $sc M 4 world $n: bit-identical" $n
+			done
+		done
+	done
+done
+out=$("${MPIRUN[@]}" -np 2 "$W" equiv mlp O0 1f1b 1 2>&1)
+check "2 stages, M 1: bit-identical to 1 process" "$out" "OK equiv mlp O0 1f1b M 1 world 2: bit-identical" 2
+out=$("${MPIRUN[@]}" -np 3 "$W" equiv mlp O0 1f1b 8 2>&1)
+check "3 stages, M 8 (more micro-batches than slots): bit-identical" "$out" \
+	"OK equiv mlp O0 1f1b M 8 world 3: bit-identical" 3
+out=$(envrun 2 equiv mlp O0 1f1b 4 2>&1)
+check "env:// 2 stages: bit-identical" "$out" "OK equiv mlp O0 1f1b M 4 world 2: bit-identical" 2
+out=$("$W" --nproc 2 equiv cnn O0 gpipe 4 2>&1)
+check "launcher 2 stages: bit-identical" "$out" "^\[rank [01]\] .*OK equiv cnn O0 gpipe M 4 world 2: bit-identical" 2
+
+# Pipeline and data parallel: 2 stages x 2 replicas (ranks 0, 2 are stage 0's).
+for model in mlp cnn; do
+	out=$("${MPIRUN[@]}" -np 4 "$W" dpequiv $model 4 2>&1)
+	check "2 stages x 2 replicas, $model: 1 process at the global batch within 1e-6" "$out" \
+		"OK dpequiv $model M 4 stages 2 replicas 2" 4
+done
+
+out=$("${MPIRUN[@]}" -np 2 "$W" cut 2>&1)
+check "loom_stage_boundary: the user's cut trains as 1 process; 2 marks for 2 stages refused" \
+	"$out" "OK cut: bit-identical" 2
+check "the start-up table shows stage 0 holding l1 only (32x20 + 32 = 672 parameters)" \
+	"$out" "stage 0: [0-9]* nodes, 672 parameters" 1
+
+for m in 2 4; do
+	out=$("${MPIRUN[@]}" -np 2 "$W" eval $m 2>&1)
+	check "EVAL through 2 stages, M $m: logits and loss of 1 process" "$out" "OK eval M $m: .* bit-identical" 2
+done
+
+out=$("${MPIRUN[@]}" -np 2 "$W" memory 8 2>&1)
+check "planner: 1F1B's activations are (stages - stage)/M of GPipe's, <= stages/M" "$out" "OK memory M 8" 2
+check "--memory-report: each rank prints its planned peak before step 1" "$out" \
+	"rank [01] (stage [01], [0-9]* activation slots .*planned peak" 4
+
+# Checkpoints: the one file format whatever the strategy (O2, AdamW).
+hash_of() { sed -n "s/.*rank 0: OK $2 .* hash \([0-9a-f]*\).*/\1/p" <<<"$1" | head -1; }
+a=$("${MPIRUN[@]}" -np 2 "$W" psave "$tmp/p2.ckpt" 5 2 2>&1)
+check "pipeline save: every rank took part, step 5" "$a" "OK psave stages 2 world 2 step 5" 2
+h=$(hash_of "$a" psave)
+b=$("$W" pload "$tmp/p2.ckpt" 1 2>&1)
+check "resume a 2-stage checkpoint on 1 rank: its parameters, step 5" "$b" \
+	"OK pload stages 1 world 1 step 5 hash ${h:-none}" 1
+b=$("${MPIRUN[@]}" -np 2 "$W" pload "$tmp/p2.ckpt" 1 2>&1)
+check "resume a 2-stage checkpoint under plain DDP at 2 ranks" "$b" \
+	"OK pload stages 1 world 2 step 5 hash ${h:-none}" 2
+b=$("${MPIRUN[@]}" -np 3 "$W" pload "$tmp/p2.ckpt" 3 2>&1)
+check "resume a 2-stage checkpoint with another cut (3 stages)" "$b" \
+	"OK pload stages 3 world 3 step 5 hash ${h:-none}" 3
+a=$("$W" psave "$tmp/p1.ckpt" 5 1 2>&1)
+h=$(hash_of "$a" psave)
+b=$("${MPIRUN[@]}" -np 2 "$W" pload "$tmp/p1.ckpt" 2 2>&1)
+check "and back: a 1-rank checkpoint resumes on 2 stages" "$b" \
+	"OK pload stages 2 world 2 step 5 hash ${h:-none}" 2
+
+out=$("${MPIRUN[@]}" -np 2 "$W" mismatch 2>&1)
+check "a stage built from another graph: every rank fails naming the stage and node" "$out" \
+	"OK mismatch: .*rank 1: stage 0's node 1 param has f32 \[33, 20\], rank 0 has \[32, 20\]" 2
+
+out=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 2 "$W" kill 2>&1)
+check "a killed stage: the other stage ends with an error naming rank 1, within the timeout" \
+	"$out" "OK kill: .*rank 1 died" 1
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
