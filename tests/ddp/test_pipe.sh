@@ -8,6 +8,8 @@
 # and a killed stage. Prints "N passed, N failed".
 set -u
 W=$1
+MNIST=${2:-}
+CIFAR=${3:-}
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
 mp_setup
 
@@ -96,6 +98,44 @@ check "a stage built from another graph: every rank fails naming the stage and n
 out=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 2 "$W" kill 2>&1)
 check "a killed stage: the other stage ends with an error naming rank 1, within the timeout" \
 	"$out" "OK kill: .*rank 1 died" 1
+
+# The examples: --pipeline under the launcher, mpirun and env://; the same
+# model as one process accumulating over the same micro-batches (batch norm
+# per micro-batch in both), so the same test loss to the printed digit.
+if [ -n "$MNIST" ]; then
+	flags=(--device cpu --epochs 1 --log-interval 100 --batch-size 50 --max-steps 6)
+	want=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 25 --accumulate 2 \
+		--max-steps 12 2>&1 | sed -n 's/.*\(test loss [0-9.]*\).*/\1/p')
+	out=$("$MNIST" --nproc 2 --pipeline 2 "${flags[@]}" --checkpoint "$tmp/m.ckpt" 2>&1)
+	check "mnist_ddp --nproc 2 --pipeline 2: the stage table, one pipeline line" "$out" \
+		"^\[rank 0\] pipeline: 2 stages x 1 replicas, 2 micro-batches of 25, 1f1b schedule" 1
+	check "mnist_ddp --nproc 2 --pipeline 2: test loss of 1 process --accumulate 2 (${want:-none})" \
+		"$out" "^\[rank 0\] epoch 1 done: ${want:-none}," 1
+	out=$("${MPIRUN[@]}" -np 2 "$MNIST" --pipeline 2 --schedule gpipe "${flags[@]}" 2>&1)
+	check "mpirun -np 2 mnist_ddp --pipeline 2 --schedule gpipe: the same test loss" "$out" \
+		"^epoch 1 done: ${want:-none}," 1
+	port=$((port + 1))
+	for r in 0 1; do
+		RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 \
+			"$MNIST" --pipeline 2 "${flags[@]}" >"$tmp/env$r.out" 2>&1 &
+	done
+	wait
+	check "env:// mnist_ddp --pipeline 2: the same test loss" "$(cat "$tmp/env0.out")" \
+		"^epoch 1 done: ${want:-none}," 1
+	out=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 50 --max-steps 8 \
+		--checkpoint "$tmp/m.ckpt" --resume 2>&1)
+	check "mnist_ddp: a --pipeline 2 checkpoint resumes on 1 rank at step 6" "$out" \
+		"resumed .* at step 6" 1
+fi
+if [ -n "$CIFAR" ]; then
+	out=$("$CIFAR" --nproc 4 --pipeline 2 --micro-batches 8 --synthetic --train-images 160 \
+		--test-images 40 --width 8 --device cpu --batch-size 16 --epochs 1 --max-steps 3 \
+		--log-interval 1 2>&1)
+	check "cifar_ddp --nproc 4 --pipeline 2 --micro-batches 8: 2 stages x 2 replicas" "$out" \
+		"^\[rank 0\] pipeline: 2 stages x 2 replicas, 8 micro-batches of 2" 1
+	check "cifar_ddp 2 x 2: trains and evaluates through the stages" "$out" \
+		"^\[rank 0\] epoch 1 done: test loss [0-9.]*, test accuracy" 1
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
