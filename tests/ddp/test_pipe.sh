@@ -122,10 +122,12 @@ if [ -n "$MNIST" ]; then
 	wait
 	check "env:// mnist_ddp --pipeline 2: the same test loss" "$(cat "$tmp/env0.out")" \
 		"^epoch 1 done: ${want:-none}," 1
-	out=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 50 --max-steps 8 \
+	# The graph is the micro-batch's (25): one process resumes at that batch,
+	# 300 images in.
+	out=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 25 --max-steps 14 \
 		--checkpoint "$tmp/m.ckpt" --resume 2>&1)
-	check "mnist_ddp: a --pipeline 2 checkpoint resumes on 1 rank at step 6" "$out" \
-		"resumed .* at step 6" 1
+	check "mnist_ddp: a --pipeline 2 checkpoint resumes on 1 rank, 300 images in" "$out" \
+		"resumed .* at step 12 (epoch 1, batch 12)" 1
 fi
 if [ -n "$CIFAR" ]; then
 	out=$("$CIFAR" --nproc 4 --pipeline 2 --micro-batches 8 --synthetic --train-images 160 \
