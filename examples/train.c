@@ -399,6 +399,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
 	o.micro_batches = a->micro_batches;
 	o.schedule = a->pipe_schedule;
+	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
 		fprintf(stderr, "%s: --batch-size %d needs more memory than there is: %s\n", name,
