@@ -449,37 +449,37 @@ static loom_status mpi_allgather_start(loom_comm *c, void *buf, size_t count, lo
 
 /* Pipeline stages: MPI_Isend / MPI_Irecv of bytes, finished by test and
  * wait like the collectives (wait polls against the group's timeout). */
-static loom_status mpi_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
-				  void *stream, loom_comm_work **out)
+static loom_status mpi_p2p_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				 loom_comm_work **out, int send)
 {
 	struct loom_comm_work *w;
 	loom_status st;
+	const char *what = send ? "send" : "receive";
 
-	(void)stream;
-	if ((st = fits_int(c, bytes, "send")))
+	if ((st = fits_int(c, bytes, what)))
 		return st;
-	if (!(w = work_new(c, bytes, LOOM_F32, "send")))
+	if (!(w = work_new(c, bytes, LOOM_F32, what)))
 		return LOOM_ERR_NOMEM;
-	w->count = bytes;
-	w->dt = LOOM_DTYPE_COUNT;
-	return started(c, MPI_CHECK(c->pg, MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag & 0x7fff,
-						     comm_of(c), &w->req)), w, out);
+	w->dt = LOOM_DTYPE_COUNT; /* the wait's message: count is bytes */
+	return started(c, MPI_CHECK(c->pg, send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer,
+							    tag & 0x7fff, comm_of(c), &w->req) :
+						  MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer,
+							    tag & 0x7fff, comm_of(c), &w->req)),
+		       w, out);
+}
+
+static loom_status mpi_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				  void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_p2p_start(c, (void *)buf, bytes, peer, tag, out, 1);
 }
 
 static loom_status mpi_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
 				  void *stream, loom_comm_work **out)
 {
-	struct loom_comm_work *w;
-	loom_status st;
-
 	(void)stream;
-	if ((st = fits_int(c, bytes, "receive")))
-		return st;
-	if (!(w = work_new(c, bytes, LOOM_F32, "receive")))
-		return LOOM_ERR_NOMEM;
-	w->dt = LOOM_DTYPE_COUNT;
-	return started(c, MPI_CHECK(c->pg, MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag & 0x7fff,
-						     comm_of(c), &w->req)), w, out);
+	return mpi_p2p_start(c, buf, bytes, peer, tag, out, 0);
 }
 
 static const loom_comm_i mpi_sub_iface;

@@ -12,17 +12,6 @@ EX=${2:-}
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
 mp_setup
 
-envrun() { # WORLD ARGS...: env:// ranks started by hand
-	local world=$1 r
-	shift
-	port=$((port + 1))
-	for r in $(seq 0 $((world - 1))); do
-		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-			timeout 60 "$W" "$@" &
-	done
-	wait
-}
-
 for n in 2 3; do
 	for lv in O0 O2; do
 		out=$("${MPIRUN[@]}" -np $n "$W" identical $lv conv 2>&1)

@@ -13,17 +13,6 @@ CIFAR=${3:-}
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
 mp_setup
 
-envrun() { # WORLD ARGS...: env:// ranks started by hand
-	local world=$1 r
-	shift
-	port=$((port + 1))
-	for r in $(seq 0 $((world - 1))); do
-		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-			timeout 60 "$W" "$@" &
-	done
-	wait
-}
-
 # Bit-identical: the same kernels on the same micro-batches, the gradients
 # summed over the micro-batches in the same order (ADD, ..., FOLD), one
 # update dividing by M, so no bound is needed.
