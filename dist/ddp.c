@@ -170,6 +170,26 @@ static void describe(void *user, size_t i, char *buf, size_t len)
 		 loom_dtype_name(b->dtype), b->bytes);
 }
 
+loom_status loom_ddp_check_items(loom_program *p, loom_comm *host, const int64_t *head,
+				 size_t head_len, uint64_t *items, size_t n,
+				 void (*describe)(void *, size_t, char *, size_t), const char *what)
+{
+	loom_fingerprint fp = {
+		.item_noun = "node",
+		.head = head,
+		.head_len = head_len,
+		.items = items,
+		.n_items = n,
+		.describe = describe,
+		.user = (void *)&p->plan,
+	};
+	loom_status st = loom_comm_check_fingerprint(host, &fp);
+	free(items);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s%s", what, loom_pg_error(p->plan.opts.pg));
+	return LOOM_OK;
+}
+
 static loom_status check_plans(loom_program *p, loom_comm *host)
 {
 	const loom_plan *pl = &p->plan;
@@ -187,20 +207,7 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
 		pl->zero,
 	};
-	loom_fingerprint fp = {
-		.item_noun = "node",
-		.head = head,
-		.head_len = sizeof(head),
-		.items = items,
-		.n_items = n,
-		.describe = describe,
-		.user = (void *)pl,
-	};
-	loom_status st = loom_comm_check_fingerprint(host, &fp);
-	free(items);
-	if (st != LOOM_OK)
-		return loom_program_fail(p, st, "%s", loom_pg_error(pl->opts.pg));
-	return LOOM_OK;
+	return loom_ddp_check_items(p, host, head, sizeof(head), items, n, describe, "");
 }
 
 /* Rank 0's parameters, masters and buffers to every rank (buffers only:

@@ -691,20 +691,8 @@ static loom_status check_plans(loom_program *p)
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->opts.no_fusion, pp->stages, pp->micro, pp->schedule,
 	};
-	loom_fingerprint fp = {
-		.item_noun = "node",
-		.head = head,
-		.head_len = sizeof(head),
-		.items = items,
-		.n_items = n,
-		.describe = describe,
-		.user = (void *)pl,
-	};
-	loom_status st = loom_comm_check_fingerprint(pp->world, &fp);
-	free(items);
-	if (st != LOOM_OK)
-		return loom_program_fail(p, st, "pipeline start-up: %s", loom_pg_error(pl->opts.pg));
-	return LOOM_OK;
+	return loom_ddp_check_items(p, pp->world, head, sizeof(head), items, n, describe,
+				    "pipeline start-up: ");
 }
 
 /* Parameters, masters and buffers of the stages in `which` (-1: every

@@ -92,8 +92,10 @@ static void build(worker_model *m, const char *model, loom_value *logits)
 		mlp3(m, 32, logits);
 }
 
-/* Rows [first, first + n) of the sample stream into "x" and "y". */
-static loom_status feed_rows(loom_program *p, int width, long first, int n)
+/* Rows [first, first + n) of the sample stream into "x" and "y"; row
+ * `bad` (if >= 0) starts with `poison`. */
+static loom_status feed_poisoned(loom_program *p, int width, long first, int n, int bad,
+				 float poison)
 {
 	float *x = malloc(sizeof(float) * (size_t)n * width);
 	int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
@@ -103,12 +105,19 @@ static loom_status feed_rows(loom_program *p, int width, long first, int n)
 			x[i * width + j] = (float)sin(0.37 * idx + 1.3 * j) + (float)(idx % 3) * 0.1f;
 		y[i] = (int32_t)(idx % WORKER_CLASSES);
 	}
+	if (bad >= 0 && bad < n)
+		x[bad * width] = poison;
 	loom_status st = loom_set_input(p, "x", x, LOOM_F32, (size_t)n * width);
 	if (st == LOOM_OK)
 		st = loom_set_input(p, "y", y, LOOM_I32, (size_t)n);
 	free(x);
 	free(y);
 	return st;
+}
+
+static loom_status feed_rows(loom_program *p, int width, long first, int n)
+{
+	return feed_poisoned(p, width, first, n, -1, 0);
 }
 
 static void pipe_opts(loom_compile_opts *o, loom_pg *pg, loom_opt_level lv, int stages, int micro,
@@ -224,6 +233,36 @@ static int dpequiv(loom_pg *pg, const char *model, int micro)
 	loom_program_free(r.p);
 	loom_graph_free(m.g);
 	loom_graph_free(r.g);
+	return ok ? 0 : 1;
+}
+
+/* Loss scaling across the stages (O2): step 3's second micro-batch has an
+ * input of 1e30 (inf in f16), so the gradients overflow; every rank skips
+ * that step and halves the scale, the same. */
+static int overflow(loom_pg *pg)
+{
+	worker_model m;
+	loom_value lo;
+	loom_compile_opts o;
+	mlp3(&m, 32, &lo);
+	pipe_opts(&o, pg, LOOM_O2, world, 2, LOOM_SCHEDULE_1F1B);
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	if (st)
+		return worker_fail("compile", st, loom_last_error());
+	for (int s = 0; s < 5; s++)
+		if ((st = feed_poisoned(m.p, m.width, s * 2L * B, 2 * B, s == 2 ? B : -1, 1e30f)) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(m.p));
+	loom_program_info in;
+	loom_program_info_get(m.p, &in);
+	double mine[3] = { (double)in.skipped_steps, in.loss_scale, (double)loom_step_count(m.p) };
+	int same = worker_same_everywhere(pg, loom_comm_hash(mine, sizeof(mine), 0)) == 1;
+	int ok = same && in.skipped_steps == 1 && in.loss_scale == 32768.0 && loom_step_count(m.p) == 4;
+	printf("rank %d: %s overflow: skipped %lld steps %lld scale %g, the same on every rank %d\n",
+	       rank, ok ? "OK" : "WRONG", (long long)in.skipped_steps,
+	       (long long)loom_step_count(m.p), in.loss_scale, same);
+	loom_program_free(m.p);
+	loom_graph_free(m.g);
 	return ok ? 0 : 1;
 }
 
@@ -451,6 +490,8 @@ int main(int argc, char **argv)
 		rc = equiv(pg, argv[2], argv[3], argv[4], atoi(argv[5]));
 	else if (strcmp(mode, "dpequiv") == 0 && argc >= 4)
 		rc = dpequiv(pg, argv[2], atoi(argv[3]));
+	else if (strcmp(mode, "overflow") == 0)
+		rc = overflow(pg);
 	else if (strcmp(mode, "mismatch") == 0)
 		rc = mismatch(pg);
 	else if (strcmp(mode, "kill") == 0)

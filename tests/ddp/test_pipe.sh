@@ -44,6 +44,12 @@ for model in mlp cnn; do
 		"OK dpequiv $model M 4 stages 2 replicas 2" 4
 done
 
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" overflow 2>&1)
+	check "O2, $n stages: an overflow in one micro-batch skips the step on every rank, same scale" \
+		"$out" "OK overflow: skipped 1 steps 4 scale 32768, the same on every rank 1" $n
+done
+
 out=$("${MPIRUN[@]}" -np 2 "$W" cut 2>&1)
 check "loom_stage_boundary: the user's cut trains as 1 process; 2 marks for 2 stages refused" \
 	"$out" "OK cut: bit-identical" 2
