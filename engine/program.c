@@ -195,6 +195,30 @@ static loom_status init_values(loom_program *p)
 	return LOOM_OK;
 }
 
+/* This rank's planned peak: the arena, and the accumulation sums a
+ * pipeline of several micro-batches allocates at its first step. */
+static size_t planned_peak(const loom_plan *pl)
+{
+	size_t accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
+	return pl->mp.persist_bytes + pl->mp.bucket_bytes + pl->mp.act_bytes + pl->ws_bytes +
+	       pl->state_bytes + accum;
+}
+
+/* loom_compile_opts.memory_limit_mb: refused before anything is allocated. */
+static loom_status check_memory_limit(loom_program *p)
+{
+	double limit = p->plan.opts.memory_limit_mb;
+	double peak = planned_peak(&p->plan) / 1048576.0;
+	if (limit > 0 && peak > limit)
+		return loom_program_fail(p, LOOM_ERR_NOMEM,
+					 "the planned peak of %.2f MiB (activations %.2f, persistent "
+					 "%.2f, optimizer state %.2f, workspace %.2f) exceeds the memory "
+					 "limit of %.2f MiB", peak, p->plan.mp.act_bytes / 1048576.0,
+					 p->plan.mp.persist_bytes / 1048576.0,
+					 p->plan.state_bytes / 1048576.0, p->plan.ws_bytes / 1048576.0, limit);
+	return LOOM_OK;
+}
+
 /* The backend's context, what it runs (every node a step runs, asked with
  * its dtypes and shapes), its per-node plans, then its arena. */
 static loom_status backend_prepare(loom_program *p)
@@ -208,6 +232,8 @@ static loom_status backend_prepare(loom_program *p)
 		return st;
 	if ((st = be->plan_create(p->be_ctx, &p->plan, &p->plan.ws_bytes)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
+	if ((st = check_memory_limit(p)) != LOOM_OK)
+		return st;
 	if ((st = be->alloc(p->be_ctx, &p->plan, &p->ts, &p->arena)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
 	return LOOM_OK;
@@ -229,8 +255,7 @@ static void memory_report(const loom_program *p)
 	size_t grads = 0, accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
 	for (int i = 0; i < pl->n_params; i++)
 		grads += loom_plan_value_bytes(pl, pl->params[i].grad);
-	size_t total = pl->mp.persist_bytes + pl->mp.bucket_bytes + pl->mp.act_bytes + pl->ws_bytes +
-		       pl->state_bytes + accum;
+	size_t total = planned_peak(pl);
 	char where[64] = "";
 	if (pl->pipe)
 		snprintf(where, sizeof(where), " (stage %d, %d activation slots of %.2f MiB)",

@@ -399,11 +399,13 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
 	o.micro_batches = a->micro_batches;
 	o.schedule = a->pipe_schedule;
+	o.memory_limit_mb = a->memory_limit;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
-		fprintf(stderr, "%s: --batch-size %d needs more memory than there is: %s\n", name,
-			a->batch, loom_last_error());
+		fprintf(stderr, "%s: --batch-size %d needs more memory than %s: %s\n", name,
+			a->batch, a->memory_limit > 0 ? "--memory-limit allows" : "there is",
+			loom_last_error());
 		return -1;
 	} else if (cst != LOOM_OK) {
 		fprintf(stderr, "%s: %s\n", name, loom_last_error());

@@ -178,6 +178,7 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --micro-batches M    micro-batches per batch under --pipeline (default S):\n"
 		"                       --batch-size is M micro-batches of batch-size / M\n"
 		"  --schedule S         1f1b (default) or gpipe\n"
+		"  --memory-limit MiB   refuse a plan whose planned peak per rank is larger\n"
 		"  --nproc N            start N ranks on this host (data parallel; also under\n"
 		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
 		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
@@ -218,7 +219,7 @@ enum {
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
-	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED,
+	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM,
 };
 
 /* Every flag and the group that brings it. */
@@ -267,6 +268,7 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "pipeline", required_argument, 0, O_PIPE } },
 	{ TRAIN_FLAGS_COMMON, { "micro-batches", required_argument, 0, O_MICRO } },
 	{ TRAIN_FLAGS_COMMON, { "schedule", required_argument, 0, O_PSCHED } },
+	{ TRAIN_FLAGS_COMMON, { "memory-limit", required_argument, 0, O_MEMLIM } },
 	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
 	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
 	{ TRAIN_FLAGS_COMMON, { "trace-steps", required_argument, 0, O_TRACE_STEPS } },
@@ -433,6 +435,13 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	case O_MICRO:
 		if (parse_int("--micro-batches", arg, 1, 1 << 16, &l, msg, msglen)) return -1;
 		a->micro_batches = (int)l;
+		break;
+	case O_MEMLIM:
+		if (parse_double("--memory-limit", arg, &a->memory_limit, msg, msglen)) return -1;
+		if (a->memory_limit < 0) {
+			say(msg, msglen, "--memory-limit %g must be >= 0 (MiB)", a->memory_limit);
+			return -1;
+		}
 		break;
 	case O_PSCHED:
 		if (!strcmp(arg, "1f1b")) a->pipe_schedule = LOOM_SCHEDULE_1F1B;

@@ -346,6 +346,11 @@ typedef struct loom_compile_opts {
 	 * optimizer state, activations for the micro-batches in flight) at
 	 * compile time. */
 	int memory_report;
+	/* A per-rank memory budget in MiB, default 0 (none): a plan whose
+	 * planned peak (the arena, plus a pipeline's accumulation sums) is
+	 * larger is refused at compile with LOOM_ERR_NOMEM, the message giving
+	 * the planned peak, before anything is allocated. */
+	double memory_limit_mb;
 } loom_compile_opts;
 
 /* Pipeline schedules (loom_compile_opts.schedule). */

@@ -117,6 +117,11 @@ if [ -n "$MNIST" ]; then
 	wait
 	check "env:// mnist_ddp --pipeline 2: the same test loss" "$(cat "$tmp/env0.out")" \
 		"^epoch 1 done: ${want:-none}," 1
+	out=$("$MNIST" --device cpu --batch-size 50 --dry-run --memory-limit 1 2>&1)
+	check "--memory-limit 1: refused at compile with the planned peak" "$out" \
+		"needs more memory than --memory-limit allows: .*the planned peak of [0-9.]* MiB .* exceeds the memory limit of 1.00 MiB" 1
+	out=$("$MNIST" --nproc 2 --pipeline 2 --device cpu --batch-size 50 --dry-run --memory-limit 100 2>&1)
+	check "--memory-limit 100: 2 stages compile" "$out" "^\[rank 0\] pipeline: 2 stages" 1
 	# The graph is the micro-batch's (25): one process resumes at that batch,
 	# 300 images in.
 	out=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 25 --max-steps 14 \
