@@ -334,7 +334,12 @@ typedef struct loom_compile_opts {
 	 * stages (activations sent forward, their gradients backward),
 	 * accumulates the gradients and updates once: the update of one
 	 * process running LOOM_RUN_ACCUMULATE over the same micro-batches.
-	 * loom_loss is the mean over the micro-batches, on every rank. The
+	 * loom_loss is the mean over the micro-batches, on every rank.
+	 * loom_read / loom_read_f64 are then collective (every rank calls
+	 * them): a parameter or buffer comes from the stage that updates it,
+	 * a marked output of every micro-batch (M times its elements) from
+	 * the stage that makes it. loom_save is collective too (rank 0
+	 * writes the one file of a plain run). The
 	 * overflow verdict under loss scaling is every stage's. schedule:
 	 * LOOM_SCHEDULE_1F1B (default) or LOOM_SCHEDULE_GPIPE. Batch norm
 	 * normalises each micro-batch with its own statistics. CPU only for
