@@ -482,7 +482,7 @@ static loom_status mpi_recv_start(loom_comm *c, void *buf, size_t bytes, int pee
 	return mpi_p2p_start(c, buf, bytes, peer, tag, out, 0);
 }
 
-static const loom_comm_i mpi_sub_iface;
+static const loom_comm_i mpi_iface;
 static loom_status mpi_barrier(loom_comm *c);
 
 static loom_status mpi_split(loom_comm *c, int color, int key, loom_comm **out)
@@ -506,7 +506,7 @@ static loom_status mpi_split(loom_comm *c, int color, int key, loom_comm **out)
 		return st;
 	}
 	MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
-	s->i = &mpi_sub_iface;
+	s->i = &mpi_iface;
 	s->ctx = x;
 	s->pg = c->pg;
 	s->owned = 1;
@@ -516,9 +516,11 @@ static loom_status mpi_split(loom_comm *c, int color, int key, loom_comm **out)
 	return LOOM_OK;
 }
 
-static void mpi_sub_free(loom_comm *c)
+/* The group's own communicator is the group's; a split's MPI
+ * communicator is freed with it. */
+static void mpi_free(loom_comm *c)
 {
-	struct mpi_sub *x = c->ctx;
+	struct mpi_sub *x = c->owned ? c->ctx : NULL;
 
 	/* MPI_Comm_free is collective in spirit only (local in Open MPI);
 	 * skipped once MPI broke, as MPI_Finalize is. */
@@ -595,11 +597,6 @@ static void mpi_abort(loom_comm *c)
 	c->pg->mpi->broken = 1;
 }
 
-static void mpi_free(loom_comm *c)
-{
-	free(c);
-}
-
 static const loom_comm_i mpi_iface = {
 	.name = "mpi",
 	.allreduce_start = mpi_allreduce_start,
@@ -617,23 +614,6 @@ static const loom_comm_i mpi_iface = {
 	.split = mpi_split,
 };
 
-/* A split's: the same calls on its own MPI communicator. */
-static const loom_comm_i mpi_sub_iface = {
-	.name = "mpi",
-	.allreduce_start = mpi_allreduce_start,
-	.test = mpi_test,
-	.wait = mpi_wait,
-	.broadcast = mpi_broadcast,
-	.allgather = mpi_allgather,
-	.barrier = mpi_barrier,
-	.abort = mpi_abort,
-	.free = mpi_sub_free,
-	.reduce_scatter_start = mpi_reduce_scatter_start,
-	.allgather_start = mpi_allgather_start,
-	.send_start = mpi_send_start,
-	.recv_start = mpi_recv_start,
-	.split = mpi_split,
-};
 
 loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out)
 {

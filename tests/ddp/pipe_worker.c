@@ -115,6 +115,12 @@ static loom_status feed_poisoned(loom_program *p, int width, long first, int n, 
 	return st;
 }
 
+static void drop(worker_model *m)
+{
+	loom_program_free(m->p);
+	loom_graph_free(m->g);
+}
+
 static loom_status feed_rows(loom_program *p, int width, long first, int n)
 {
 	return feed_poisoned(p, width, first, n, -1, 0);
@@ -261,8 +267,7 @@ static int overflow(loom_pg *pg)
 	printf("rank %d: %s overflow: skipped %lld steps %lld scale %g, the same on every rank %d\n",
 	       rank, ok ? "OK" : "WRONG", (long long)in.skipped_steps,
 	       (long long)loom_step_count(m.p), in.loss_scale, same);
-	loom_program_free(m.p);
-	loom_graph_free(m.g);
+	drop(&m);
 	return ok ? 0 : 1;
 }
 
@@ -277,8 +282,7 @@ static int mismatch(loom_pg *pg)
 	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
 	printf("rank %d: %s mismatch: %s: %s\n", rank, st == LOOM_ERR_MISMATCH ? "OK" : "WRONG",
 	       loom_status_string(st), loom_last_error());
-	loom_program_free(m.p);
-	loom_graph_free(m.g);
+	drop(&m);
 	return st == LOOM_ERR_MISMATCH ? 0 : 1;
 }
 
@@ -467,8 +471,7 @@ static int ckpt(loom_pg *pg, int save, const char *path, int k, int stages)
 	printf("rank %d: OK %s stages %d world %d step %lld hash %016llx\n", rank,
 	       save ? "psave" : "pload", stages, world, (long long)loom_step_count(m.p) - 1,
 	       (unsigned long long)h);
-	loom_program_free(m.p);
-	loom_graph_free(m.g);
+	drop(&m);
 	return 0;
 }
 
