@@ -20,17 +20,6 @@ mp_setup
 # pick FULL_LIST SANITIZER_LIST
 pick() { if [ -n "${ASAN_OPTIONS:-}" ] && [ -z "${LOOM_TEST_FULL:-}" ]; then echo "$2"; else echo "$1"; fi; }
 
-envrun() { # WORLD ARGS...: env:// ranks started by hand
-	local world=$1 r
-	shift
-	port=$((port + 1))
-	for r in $(seq 0 $((world - 1))); do
-		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-			timeout 60 "$W" "$@" &
-	done
-	wait
-}
-
 for n in $(pick "2 3" 2); do
 	for lv in $(pick "O0 O2" O2); do
 		out=$("${MPIRUN[@]}" -np $n "$W" identical $lv conv 2>&1)

@@ -53,6 +53,19 @@ expect() {
 		bad "$name" "exit $rc (want $want), no line with '$pat':" "$out"; fi
 }
 
+# envrun WORLD ARGS...: env:// ranks of the script's program "$W" started by
+# hand (torchrun's variables), each with a 60 s limit; waits for all.
+envrun() {
+	local world=$1 r
+	shift
+	port=$((port + 1))
+	for r in $(seq 0 $((world - 1))); do
+		RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+			timeout 60 "$W" "$@" &
+	done
+	wait
+}
+
 # mp_setup: one OpenMP thread per rank, MPIRUN (mpirun as root, oversubscribed,
 # passing both settings on), a scratch folder $tmp removed at exit; ends the
 # script with "0 passed, 1 failed" where mpirun is missing.
