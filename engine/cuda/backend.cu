@@ -704,7 +704,9 @@ static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value 
 		const loom_node *n = &p->g->nodes[w];
 		if (w != v && !loom_cuda_plan_makes(&c->plans[v], w))
 			continue;
-		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w)
+		/* A value written in place over its source would poison the source. */
+		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w ||
+		    p->mp.inplace[w] != LOOM_NONE)
 			continue;
 		st = LOOM_CUDA_CHECK(cudaMemsetAsync(loom_arena_ptr(c->arena, p, w), 0xff,
 						     loom_plan_value_bytes(p, w), c->stream),
