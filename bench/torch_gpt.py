@@ -6,7 +6,7 @@ embeddings, learned positions, no dropout) built with the same shapes as
 gpt_ddp, trained on the same bytes in the same order (--sequential: batch k
 is windows k*B .. k*B+B-1 of the first nine tenths of the text, each window
 T+1 bytes starting at a multiple of T), AdamW with torch's defaults (betas
-0.9, 0.999, eps 1e-8) and decay on parameters of 2 or more dims, a linear
+0.9, 0.999, eps 1e-8) and decay on matrices (not embeddings), a linear
 warm-up then cosine decay to a tenth, gradient clipping by global norm.
 
 --init FILE writes the initial parameters (N(0, 0.02), residual projections
@@ -127,8 +127,11 @@ def main():
         with open(a.init, "wb") as f:
             for w in m.loom_order():
                 f.write(w.detach().to(torch.float64).contiguous().numpy().tobytes())
-    decay = [w for w in m.parameters() if w.dim() >= 2]
-    rest = [w for w in m.parameters() if w.dim() < 2]
+    # Decay on matrices only: not the embeddings (wte, tied to the output
+    # projection, and wpe), biases or norms (loom_set_decay_matrices_only).
+    emb = {id(m.wte.weight), id(m.wpe.weight)}
+    decay = [w for w in m.parameters() if w.dim() >= 2 and id(w) not in emb]
+    rest = [w for w in m.parameters() if w.dim() < 2 or id(w) in emb]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=a.lr)
     fwd = torch.compile(m) if a.compile else m

@@ -446,9 +446,10 @@ double loom_get_lr(const loom_program *p);
  * backend only for now (LOOM_ERR_UNSUPPORTED elsewhere).
  */
 loom_status loom_set_clip_grad(loom_program *p, double max_norm);
-/* Weight decay only on parameters of 2 or more dims (matrices and
- * embeddings; not biases or norms), as nanoGPT's optimizer groups; off by
- * default. The CPU backend only for now. */
+/* Weight decay only on matrices: parameters of 2 or more dims that no
+ * embedding reads as its table (not embeddings, even one tied to an output
+ * projection, nor biases or norms), as the GPT issue asks; off by default.
+ * The CPU backend only for now. */
 loom_status loom_set_decay_matrices_only(loom_program *p, int on);
 /* Optimizer steps taken (skipped AMP steps do not count). */
 int64_t loom_step_count(const loom_program *p);
