@@ -349,6 +349,26 @@ void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
 
+/*
+ * matmul_cublaslt.cu: C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch,
+ * row-major as loom stores them (op(A) [m, k], op(B) [k, n], C [m, n]), each
+ * operand at its row stride (ld) and batch stride (elements), A and B of
+ * type abt, C of type ct, fp32 accumulation: attention's per-head products
+ * over the fused qkv without copies. Descriptors are made per call, with
+ * no library workspace. done says whether cuBLASLt had an algorithm (the
+ * caller falls back to its own kernel when not).
+ */
+typedef struct loom_cuda_gemm {
+	int ta, tb, m, n, k, batch;
+	float alpha, beta;
+	const void *a, *b;
+	void *c;
+	int lda, ldb, ldc;
+	int64_t sa, sb, sc;
+	cudaDataType_t abt, ct;
+} loom_cuda_gemm;
+loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, int *done);
+
 /* conv_cudnn.cu: CONV2D and its two backward nodes. */
 loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np);

@@ -604,6 +604,18 @@ static loom_value b_attention(loom_graph *g, tcase *t)
 	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 2, 7, 24, 0), 2);
 }
 
+/* Sizes where cuBLASLt's strided-batched products have aligned operands
+ * and tensor-core algorithms: 4 heads of 32, and GPT-2's heads of 64. */
+static loom_value b_attention_hs32(loom_graph *g, tcase *t)
+{
+	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 2, 64, 3 * 128, 0), 4);
+}
+
+static loom_value b_attention_hs64(loom_graph *g, tcase *t)
+{
+	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 1, 96, 3 * 256, 0), 4);
+}
+
 Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 {
 	NEED_GPU();
@@ -1141,7 +1153,9 @@ static const op_case cuda_op_cases[] = {
 	{ "gelu tanh", b_gelu_tanh, LOOM_RUN_GRAD, 0 },
 	{ "layernorm", b_layernorm, LOOM_RUN_GRAD, 0 },
 	{ "linear [B, T, C]", b_linear_3d, LOOM_RUN_GRAD, 1 },
-	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 0 },
+	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 1 },
+	{ "causal self-attention 2x64, 4 heads of 32", b_attention_hs32, LOOM_RUN_GRAD, 1 },
+	{ "causal self-attention 1x96, 4 heads of 64", b_attention_hs64, LOOM_RUN_GRAD, 1 },
 };
 
 #define N_CASES (sizeof(cuda_op_cases) / sizeof(cuda_op_cases[0]))
