@@ -50,6 +50,7 @@ typedef struct loom_cuda_ctl {
 	int32_t ce_row;      /* its first bad row (atomicMin), INT32_MAX if none */
 	int32_t first_nonfinite; /* diagnose: first node with inf/NaN, or -1 */
 	int32_t pad_;
+	double grad_norm;    /* clipping: the last update's global norm */
 } loom_cuda_ctl;
 
 /* One chunk of one parameter for the fused optimizer kernels. */
@@ -67,7 +68,7 @@ typedef struct loom_cuda_opt_slot {
 	void *st0, *st1;
 	int64_t numel;
 	int32_t param_dt, grad_dt, state_dt;
-	int32_t pad_;
+	int32_t matrix; /* loom_param_slot.matrix: decayed under decay_matrices_only */
 } loom_cuda_opt_slot;
 
 /* A source cast into workspace before a library call (dtype mismatch). */
@@ -140,6 +141,7 @@ typedef struct loom_cuda_ctx {
 	loom_cuda_opt_slot *d_slots;
 	loom_cuda_opt_chunk *d_chunks;
 	int n_chunks;
+	double *d_norm_parts; /* clipping: each chunk's sum of squares, in the arena */
 
 	unsigned char *pinned; /* upload staging, two halves */
 	size_t pinned_half;
@@ -338,7 +340,7 @@ loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int class
 /* optim.cu: the fused check, decision and update over every parameter
  * (errors into c->err). */
 loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-				   int micro, cudaStream_t s);
+				   int micro, double clip, int matrices_only, cudaStream_t s);
 }
 
 /* ------------------------------------------------------------ libraries */
