@@ -10,7 +10,8 @@
  *   persistent   leaves, gradients and outputs, laid out once, never reused;
  *   activations  every other owner lives from the step that writes it to
  *                its last reader; a best-fit allocator reuses dead space;
- *                an in-place op's value takes over its dying source's bytes.
+ *                an in-place op's value takes over its dying source's bytes
+ *                (kept when that plans no larger than without).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,7 @@ typedef struct planner {
 	 * position (CSR): dead[dead_at[i] .. dead_at[i + 1]). */
 	int *dead_at;
 	loom_value *dead;
+	int inplace_on; /* place_activations may write in place (LOOM_OPF_INPLACE) */
 } planner;
 
 /* ---------------------------------------------------------------- schedule */
@@ -295,7 +297,7 @@ static loom_value inplace_source(const planner *pl, loom_value v, int i)
 {
 	const loom_graph *g = pl->g;
 	const loom_node *nd = &g->nodes[v];
-	if (!(loom_op_defs[nd->op]->flags & LOOM_OPF_INPLACE) || nd->nsrc < 1 ||
+	if (!pl->inplace_on || !(loom_op_defs[nd->op]->flags & LOOM_OPF_INPLACE) || nd->nsrc < 1 ||
 	    nd->made_by != LOOM_NONE)
 		return LOOM_NONE;
 	loom_value s = pl->mp->root[nd->src[0]];
@@ -317,6 +319,11 @@ static loom_value inplace_source(const planner *pl, loom_value v, int i)
 static loom_status place_activations(planner *pl, allocator *a)
 {
 	loom_memplan *mp = pl->mp;
+	a->nfree = 0;
+	a->top = 0;
+	mp->act_naive_bytes = 0;
+	for (int v = 0; v < pl->n; v++)
+		mp->inplace[v] = LOOM_NONE;
 	for (int i = 0; i < pl->n; i++) {
 		loom_value v = mp->schedule[i];
 		if (pl->made_at[v] == i) {
@@ -350,6 +357,35 @@ static loom_status place_activations(planner *pl, allocator *a)
 		if (mp->inplace[v] == v)
 			mp->inplace[v] = LOOM_NONE;
 	return LOOM_OK;
+}
+
+/*
+ * Places the activations with in-place writes and, when any was taken,
+ * also without; keeps the smaller region (in place on a tie). Writing in
+ * place never adds live bytes, but the merged value is placed where its
+ * source was, early, and best fit can then leave a hole later: a GPT whose
+ * peak is elsewhere than its loss can plan smaller without. At a large
+ * vocabulary the loss is the peak and in place wins by a [B*T, V] buffer.
+ */
+static loom_status place_activations_best(planner *pl, allocator *a)
+{
+	loom_status st;
+	int any = 0;
+	pl->inplace_on = 1;
+	if ((st = place_activations(pl, a)) != LOOM_OK)
+		return st;
+	for (int v = 0; v < pl->n && !any; v++)
+		any = pl->mp->inplace[v] != LOOM_NONE;
+	if (!any)
+		return LOOM_OK;
+	size_t with = a->top;
+	pl->inplace_on = 0;
+	if ((st = place_activations(pl, a)) != LOOM_OK)
+		return st;
+	if (a->top < with)
+		return LOOM_OK;
+	pl->inplace_on = 1;
+	return place_activations(pl, a);
 }
 
 /* Aliases take their owner's place. */
@@ -411,7 +447,7 @@ loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *or
 	if ((st = death_lists(&pl)) != LOOM_OK)
 		goto out_free;
 	mp->persist_bytes = place_persistent(&pl);
-	if ((st = place_activations(&pl, &a)) != LOOM_OK)
+	if ((st = place_activations_best(&pl, &a)) != LOOM_OK)
 		goto out_free;
 	resolve_aliases(mp, g->n);
 	mp->act_bytes = a.top;
