@@ -9,9 +9,10 @@
  * per sequence of the batch, its heads the batch: a head's q, k, v are
  * columns h * hs of the fused qkv, so the per-head operands lie hs apart
  * with row stride 3C, and no permuted copy is made), the causal softmax
- * and its backward through own kernels, as llm.c's attention. A node whose
- * sources and output differ in dtype, or a shape cuBLASLt has no algorithm
- * for, takes the own product kernels below (one thread per output element,
+ * and its backward through own kernels, as llm.c's attention (the scores
+ * in fp32 whatever the dtypes). A product node whose sources and output
+ * differ in dtype, or a shape cuBLASLt has no algorithm for, takes the own
+ * product kernels below (one thread per output element,
  * correctness first). Status as the rest of engine/cuda: compiled, never
  * run on a GPU.
  */
@@ -459,8 +460,9 @@ loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *c, const loom_plan *plan, loo
 	const int hs = cc / nh;
 	float *sc = io->odt == LOOM_F32 ? (float *)io->out : (float *)c->arena->ws;
 	loom_status st = LOOM_OK;
-	if (io->dt[0] == io->odt) {
-		/* S = q k^T / sqrt(hs), every (i, j); the softmax masks j > i. */
+	{
+		/* S = q k^T / sqrt(hs), every (i, j), in fp32 whatever qkv's and
+		 * P's dtypes (O1: half qkv, fp32 P); the softmax masks j > i. */
 		loom_cuda_gemm g = {
 			.ta = 0, .tb = 1, .m = t, .n = t, .k = hs, .batch = nh,
 			.alpha = (float)(1.0 / sqrt((double)hs)), .beta = 0,
