@@ -128,6 +128,21 @@ __global__ void loom_layernorm_bwd_gamma_kernel(int64_t rows, int c, const void 
 	}
 }
 
+/* Row `row` (position i) of p from its fp32 scores, the block's max mx of
+ * them given: the causal softmax, 0 above the diagonal. Every thread reads
+ * sc[j] for its own j before writing p[j], so p may be sc (fp32). */
+static __device__ void causal_softmax_row(int t, int i, int64_t row, const float *sc, double mx,
+					  void *p, int pdt)
+{
+	double sum = 0;
+	for (int j = threadIdx.x; j <= i; j += blockDim.x)
+		sum += exp((double)sc[row * t + j] - mx);
+	sum = loom_block_sum(sum);
+	for (int j = threadIdx.x; j < t; j += blockDim.x)
+		loom_st(p, pdt, row * t + j,
+			j <= i ? (float)(exp((double)sc[row * t + j] - mx) / sum) : 0.0f);
+}
+
 /* One block per row (b, h, i) of p: the causal softmax of q_i k_j scale;
  * the scores wait in fp32 sc (p itself when p is fp32), so a half p is
  * rounded once, as on the CPU. */
@@ -149,18 +164,11 @@ __global__ void loom_attn_probs_kernel(int t, int c, int nh, const void *qkv, in
 		sc[row * t + j] = s; /* each thread reads back only its own */
 		mx = s > mx ? s : mx;
 	}
-	mx = loom_block_max(mx);
-	double sum = 0;
-	for (int j = threadIdx.x; j <= i; j += blockDim.x)
-		sum += exp((double)sc[row * t + j] - mx);
-	sum = loom_block_sum(sum);
-	for (int j = threadIdx.x; j < t; j += blockDim.x)
-		loom_st(p, pdt, row * t + j,
-			j <= i ? (float)(exp((double)sc[row * t + j] - mx) / sum) : 0.0f);
+	causal_softmax_row(t, i, row, sc, loom_block_max(mx), p, pdt);
 }
 
 /* One block per row (b, h, i) of the scores sc (fp32, made by cuBLASLt):
- * p = their causal softmax, 0 above the diagonal; p may be sc (fp32). */
+ * p = their causal softmax; p may be sc (fp32). */
 __global__ void loom_attn_softmax_kernel(int t, const float *sc, void *p, int pdt)
 {
 	const int64_t row = blockIdx.x;
@@ -170,14 +178,7 @@ __global__ void loom_attn_softmax_kernel(int t, const float *sc, void *p, int pd
 		double s = sc[row * t + j];
 		mx = s > mx ? s : mx;
 	}
-	mx = loom_block_max(mx);
-	double sum = 0;
-	for (int j = threadIdx.x; j <= i; j += blockDim.x)
-		sum += exp((double)sc[row * t + j] - mx);
-	sum = loom_block_sum(sum);
-	for (int j = threadIdx.x; j < t; j += blockDim.x)
-		loom_st(p, pdt, row * t + j,
-			j <= i ? (float)(exp((double)sc[row * t + j] - mx) / sum) : 0.0f);
+	causal_softmax_row(t, i, row, sc, loom_block_max(mx), p, pdt);
 }
 
 /* One block per row (b, h, i): ds = p (dp - sum_j p dp) into ws, in dsdt

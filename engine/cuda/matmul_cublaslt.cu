@@ -50,6 +50,26 @@ static loom_status set_attr(loom_cuda_ctx *c, cublasLtMatmulDesc_t d,
 	return LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, val, sz), c->err, sizeof(c->err));
 }
 
+/* The heuristic's limits: at most ws_max bytes of workspace, operands
+ * aligned to align bytes (the heuristic's default assumes 256). */
+static loom_status set_prefs(loom_cuda_ctx *c, cublasLtMatmulPreference_t pref, size_t ws_max,
+			     uint32_t align)
+{
+	loom_status st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+						   pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+						   &ws_max, sizeof(ws_max)),
+					   c->err, sizeof(c->err));
+	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+	};
+	for (int i = 0; i < 4 && st == LOOM_OK; i++)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
+									     sizeof(align)),
+				       c->err, sizeof(c->err));
+	return st;
+}
+
 /* Descriptors for epilogue epi and the heuristic's first algorithm; found
  * says whether there was one. */
 static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
@@ -98,22 +118,9 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	size_t ws_max = LOOM_CUDA_LT_WS;
 	/* Arena values are 64-byte aligned (graph/memplan.c), staged copies
 	 * 256; 16 is what every algorithm may rely on. */
-	uint32_t align = 16;
-	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-				       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max,
-				       sizeof(ws_max)),
-			       c->err, sizeof(c->err));
-	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
-		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-	};
-	for (int i = 0; i < 4 && st == LOOM_OK; i++)
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
-									     sizeof(align)),
-				       c->err, sizeof(c->err));
+	st = set_prefs(c, pref, LOOM_CUDA_LT_WS, 16);
 	if (st == LOOM_OK)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
 								      mp->c, mp->c, pref, 1, &res,
@@ -332,7 +339,6 @@ loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, in
 		(uint64_t)g->sa * ab,      (uint64_t)g->sb * ab,      (uint64_t)g->sc * cb,
 	};
 	uint32_t align = common_align(addrs, g->batch > 1 ? 6 : 3);
-	size_t no_ws = 0;
 
 	*done = 0;
 	if (g->batch <= 0 || g->m <= 0 || g->n <= 0)
@@ -355,18 +361,7 @@ loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, in
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
 	/* No library workspace: the node's ws holds its own scores. */
 	if (st == LOOM_OK)
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-					       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_ws,
-					       sizeof(no_ws)),
-				       c->err, sizeof(c->err));
-	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
-		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-	};
-	for (int i = 0; i < 4 && st == LOOM_OK; i++)
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
-									     sizeof(align)),
-				       c->err, sizeof(c->err));
+		st = set_prefs(c, pref, 0, align);
 	if (st == LOOM_OK)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref,
 								      1, &res, &returned),
