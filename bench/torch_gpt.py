@@ -92,6 +92,8 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--embd", type=int, default=128)
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=256,
+                   help="table size (the ids are bytes; 50257 for GPT-2's shapes)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -117,7 +119,7 @@ def main():
     B, T = a.batch_size, a.context
     windows = (len(train) - 1) // T
 
-    m = GPT(256, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
+    m = GPT(a.vocab, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
     with torch.no_grad():
         for name, w in m.named_parameters():
             if w.dim() == 2:
