@@ -125,7 +125,7 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	void *pack = pc->pack ? a->bucket + pc->pack_off : NULL;
 	int64_t t = ts->step + 1;
 	double lr = ts->lr;
-	double wd = ts->decay_matrices_only && pn->shape.ndim < 2 ? 0 : o->weight_decay;
+	double wd = ts->decay_matrices_only && !sl->matrix ? 0 : o->weight_decay;
 	#pragma omp parallel for if (pc->n > 4 * CHUNK) schedule(static)
 	for (int64_t k = 0; k < pc->n; k += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
