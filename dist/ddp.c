@@ -93,6 +93,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 		snprintf(err, errlen, "data parallel: %s", g->err ? g->errmsg : "out of memory");
 		return st;
 	}
+	loom_zero_mark_masters(&p->plan);
 	st = loom_memplan_build_buckets(g, p->plan.buckets.order, &p->plan.buckets, &p->plan.mp);
 	if (st != LOOM_OK)
 		snprintf(err, errlen, "data parallel: memory planning with buckets failed (%s)",
@@ -189,11 +190,13 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 }
 
 /* Rank 0's parameters, masters and buffers to every rank (buffers only:
- * rank 0's buffers). */
+ * rank 0's buffers). ZeRO's sharded masters are loom_zero_start's. */
 static int broadcast_this(const loom_plan *pl, loom_value v, int buffers_only)
 {
-	loom_op op = pl->g->nodes[v].op;
-	return op == LOOM_OP_BUFFER || (!buffers_only && op == LOOM_OP_PARAM);
+	const loom_node *n = &pl->g->nodes[v];
+	if (n->flags & LOOM_NODE_SHARDED)
+		return 0;
+	return n->op == LOOM_OP_BUFFER || (!buffers_only && n->op == LOOM_OP_PARAM);
 }
 
 static loom_status broadcast_values(loom_program *p, int buffers_only)
@@ -242,6 +245,8 @@ loom_status loom_ddp_start(loom_program *p)
 	st = check_plans(p, host);
 	if (st == LOOM_OK)
 		st = broadcast_values(p, 0);
+	if (st == LOOM_OK)
+		st = loom_zero_start(p);
 	/* Device memory: the broadcast is queued on the device's stream. */
 	if (st == LOOM_OK)
 		st = loom_exec_synchronize(p);

@@ -169,7 +169,9 @@ static loom_status init_values(loom_program *p)
 	loom_graph *g = p->plan.g;
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		loom_node *nd = &g->nodes[v];
-		if (nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER)
+		/* ZeRO's sharded masters: loom_zero_start */
+		if ((nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER) ||
+		    (nd->flags & LOOM_NODE_SHARDED))
 			continue;
 		size_t bytes = loom_value_bytes(p, v);
 		void *tmp = malloc(bytes ? bytes : 1);
@@ -691,7 +693,7 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 			return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 		for (size_t i = 0; i < count; i++)
 			m[i] = (float)src[i];
-		st = loom_program_upload(p, loom_value_ptr(p, nd->master), m, sizeof(float) * count);
+		st = loom_master_write(p, v, m);
 		free(m);
 	}
 	return st;
@@ -775,7 +777,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
 	info->activation_naive_bytes = p->plan.mp.act_naive_bytes;
-	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + loom_plan_state_region_bytes(&p->plan);
 	loom_plan_flops(&p->plan, &info->flops_fwd, &info->flops_bwd);
 	info->loss_scale = p->ts.scaler.scale;
 	info->skipped_steps = p->ts.scaler.skipped_steps;

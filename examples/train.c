@@ -291,7 +291,8 @@ static int init_from(train_run *t)
 int train_export(train_run *t)
 {
 	loom_weights_opts o;
-	if (!t->a.export_path || t->rank != 0)
+	/* Under ZeRO every rank takes part (O2 masters are gathered). */
+	if (!t->a.export_path || (t->rank != 0 && !(t->a.zero && t->world > 1)))
 		return 0;
 	loom_weights_opts_default(&o);
 	o.names = t->names;
@@ -300,6 +301,8 @@ int train_export(train_run *t)
 		fprintf(stderr, "%s: --export: %s\n", t->prog->name, loom_program_error(t->p));
 		return -1;
 	}
+	if (t->rank != 0)
+		return 0;
 	printf("exported the weights to %s (safetensors, PyTorch's names)\n", t->a.export_path);
 	return 0;
 }

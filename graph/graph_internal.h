@@ -63,6 +63,9 @@ enum {
 	LOOM_NODE_BACKWARD = 1u << 1, /* appended by autodiff */
 	LOOM_NODE_GRAD = 1u << 2,     /* the full gradient of a parameter */
 	LOOM_NODE_AMP = 1u << 3,      /* inserted by the AMP pass */
+	/* Stored outside the memory plan, in shards (ZeRO-1's O2 masters, in
+	 * the optimizer-state region: dist/zero.c): no place in any region. */
+	LOOM_NODE_SHARDED = 1u << 4,
 };
 
 typedef union loom_attrs {

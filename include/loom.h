@@ -292,13 +292,13 @@ typedef struct loom_compile_opts {
 	/* ZeRO stage (DeepSpeed's), 0 or 1, default 0. With a group of world
 	 * > 1, stage 1 shards the optimizer: each gradient bucket is
 	 * reduce-scattered instead of all-reduced, each rank keeps optimizer
-	 * state (SGD momentum, AdamW moments) for its shard only and updates
-	 * only its shard, and the updated parameters are all-gathered at the
-	 * end of the step. The loss-scale overflow verdict is reduced over the
+	 * state (SGD momentum, AdamW moments) and, under O2, the fp32 master
+	 * weights for its shard only and updates only its shard, and the
+	 * updated parameters are all-gathered at the end of the step. The loss-scale overflow verdict is reduced over the
 	 * shards, so every rank skips the same steps. Parameters end each step
-	 * as plain data parallelism leaves them. loom_save is then collective
-	 * (every rank calls it; rank 0 writes the same file format as without
-	 * ZeRO), and a checkpoint resumes with or without ZeRO at any world
+	 * as plain data parallelism leaves them. loom_save and
+	 * loom_export_safetensors are then collective (every rank calls them;
+	 * rank 0 writes the same file as without ZeRO), and a checkpoint resumes with or without ZeRO at any world
 	 * size. Backends that cannot update a shard (CUDA, for now) are
 	 * refused at compile. World 1: nothing changes. */
 	int zero_stage;

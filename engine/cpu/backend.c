@@ -215,7 +215,7 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 {
 	loom_cpu_ctx *c = ctx;
 	size_t total = plan->mp.persist_bytes + plan->mp.bucket_bytes + plan->mp.act_bytes +
-		       plan->ws_bytes + plan->state_bytes;
+		       plan->ws_bytes + loom_plan_state_region_bytes(plan);
 	(void)ts;
 	c->base = aligned_alloc(64, align64(total ? total : 64));
 	if (!c->base)

@@ -106,8 +106,9 @@ static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double 
 }
 
 /* One piece: elements [off, off + n) of its slot. The state (and, ZeRO,
- * the packed copy of the parameter in the bucket) is the piece's own, from
- * element 0; values, gradients and masters are the slot's, from off. */
+ * the packed copy of the parameter in the bucket and the master shard) is
+ * the piece's own, from element 0; values, gradients and whole masters are
+ * the slot's, from off. */
 static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_train_state *ts,
 			 const loom_optim_piece *pc, double inv_scale)
 {
@@ -117,9 +118,11 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	const loom_node *gn = &pl->g->nodes[sl->grad];
 	void *param = loom_arena_ptr(a, pl, sl->param);
 	const void *grad = loom_arena_ptr(a, pl, sl->grad);
-	void *master = sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
+	void *master = pc->shard_master ? a->state + pc->master_off :
+		       sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
 	loom_dtype wdt = master ? LOOM_F32 : pn->dtype;
 	void *w_src = master ? master : param;
+	int64_t w_base = pc->shard_master ? -pc->off : 0; /* w_src's element off is at off + w_base */
 	void *st0 = pl->n_state > 0 ? a->state + pc->state_off[0] : NULL;
 	void *st1 = pl->n_state > 1 ? a->state + pc->state_off[1] : NULL;
 	void *pack = pc->pack ? a->bucket + pc->pack_off : NULL;
@@ -130,7 +133,7 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	for (int64_t k = 0; k < pc->n; k += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
 		int64_t n = pc->n - k < CHUNK ? pc->n - k : CHUNK, off = pc->off + k;
-		load(wdt, w_src, off, n, w);
+		load(wdt, w_src, off + w_base, n, w);
 		load(gn->dtype, grad, off, n, g);
 		for (int64_t i = 0; i < n; i++)
 			g[i] *= inv_scale;
@@ -139,7 +142,7 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 		if (st1)
 			load(sl->state_dtype, st1, k, n, s1);
 		update_chunk(o, lr, t, w, g, s0, s1, n, wd);
-		store(wdt, w_src, off, n, w);
+		store(wdt, w_src, off + w_base, n, w);
 		if (master)
 			store(pn->dtype, param, off, n, w);
 		if (pack)

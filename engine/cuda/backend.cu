@@ -371,7 +371,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
 	size_t o_state = o_ws + loom_cuda_align(p->ws_bytes);
-	size_t o_ctl = o_state + loom_cuda_align(p->state_bytes);
+	size_t o_ctl = o_state + loom_cuda_align(loom_plan_state_region_bytes(p));
 	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
 	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_params);
 	size_t total = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);

@@ -14,6 +14,7 @@
 #include "comm/comm.h"
 #include "comm/launch.h"
 #include "loom.h"
+#include "loom_io.h"
 #include "tests/ddp/worker_util.h"
 
 static int rank, world;
@@ -272,11 +273,17 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw)
 	int moved = loom_step_count(z.p) == loom_step_count(d.p) && loom_step_count(z.p) > 10;
 	int shard = b.optim_state_bytes * world <= a.optim_state_bytes + 64 * 16 * world &&
 		    b.optim_state_bytes < a.optim_state_bytes;
+	/* O2: the fp32 masters are the shard's too (none at O0). */
+	int o2 = level_of(lv) == LOOM_O2;
+	int mshard = o2 ? b.master_bytes * world <= a.master_bytes + 64 * 16 * world &&
+				  b.master_bytes < a.master_bytes && a.master_bytes > 0 :
+			  a.master_bytes == 0 && b.master_bytes == 0;
+	shard &= mshard;
 	printf("rank %d: %s zero %s %s world %d steps %lld: %s to plain (max relative difference "
-	       "%.3g), optimizer state %zu of %zu bytes\n",
+	       "%.3g), optimizer state %zu of %zu bytes, masters %zu of %zu bytes\n",
 	       rank, exact && moved && shard ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
 	       (long long)loom_step_count(z.p), exact ? "bit-identical" : "DIFFERENT", worst,
-	       b.optim_state_bytes, a.optim_state_bytes);
+	       b.optim_state_bytes, a.optim_state_bytes, b.master_bytes, a.master_bytes);
 	loom_program_free(d.p);
 	loom_program_free(z.p);
 	loom_graph_free(d.g);
@@ -304,6 +311,11 @@ static int zckpt(loom_pg *pg, const char *what, const char *path, int k, int zer
 			return worker_fail("step", st, loom_program_error(m.p));
 	if (!load && (zero || rank == 0) && (st = loom_save(m.p, path)))
 		return worker_fail("save", st, loom_program_error(m.p));
+	/* The weights too (O2: from the masters, gathered under ZeRO). */
+	char st_path[4096];
+	snprintf(st_path, sizeof(st_path), "%s.safetensors", path);
+	if (!load && (zero || rank == 0) && (st = loom_export_safetensors(m.p, st_path, NULL)))
+		return worker_fail("export", st, loom_program_error(m.p));
 	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	printf("rank %d: %s %s zero %d world %d step %lld hash %016llx\n", rank,
 	       same == 1 ? "OK" : "DIFFER", what, zero, world, (long long)loom_step_count(m.p),

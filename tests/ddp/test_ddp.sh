@@ -117,6 +117,8 @@ b=$("${MPIRUN[@]}" -np 2 "$W" zsave "$tmp/p2.ckpt" 5 0 2>&1)
 check "zero 1 save: every rank took part" "$a" "OK zsave zero 1 world 2 step 5" 2
 out=$(cmp "$tmp/z2.ckpt" "$tmp/p2.ckpt" 2>&1 && echo SAME)
 check "zero 1 save at 2 ranks (O2 masters, AdamW moments): the same bytes as plain DDP's" "$out" "^SAME" 1
+out=$(cmp "$tmp/z2.ckpt.safetensors" "$tmp/p2.ckpt.safetensors" 2>&1 && echo SAME)
+check "zero 1 export at 2 ranks (O2: the gathered masters): the same bytes as plain DDP's" "$out" "^SAME" 1
 "${MPIRUN[@]}" -np 3 "$W" zsave "$tmp/z3.ckpt" 5 1 >/dev/null 2>&1
 "${MPIRUN[@]}" -np 3 "$W" zsave "$tmp/p3.ckpt" 5 0 >/dev/null 2>&1
 out=$(cmp "$tmp/z3.ckpt" "$tmp/p3.ckpt" 2>&1 && echo SAME)
@@ -152,6 +154,24 @@ if [ -n "$EX" ]; then
 		"resumed .* at step 8 (epoch 1, batch 8)" 1
 	out=$("${MPIRUN[@]}" -np 2 "$EX" "${flags[@]}" 2>&1)
 	check "mpirun -np 2 mnist_ddp" "$out" "data parallel: 2 ranks (mpirun)" 1
+
+	# ZeRO-1 with AdamW under O2 at 2 ranks: the memory report shows the
+	# optimizer state and the fp32 masters at half of plain DDP's.
+	mflags=(--device cpu --epochs 1 --batch-size 50 --max-steps 1 --optimizer adamw
+		--opt-level O2 --memory-report)
+	a=$("$EX" --nproc 2 "${mflags[@]}" 2>&1)
+	b=$("$EX" --nproc 2 "${mflags[@]}" --zero 1 2>&1)
+	mib() { sed -n "s/^\[rank 0\]   $2  *\([0-9.]*\) MiB.*/\1/p" <<<"$1" | head -1; }
+	for what in "master weights (fp32)" "optimizer state"; do
+		pa=$(mib "$a" "$what")
+		pb=$(mib "$b" "$what")
+		out=$(awk -v a="${pa:-0}" -v b="${pb:-0}" \
+			'BEGIN { if (a > 0 && b > 0 && b < a && 2 * b <= a + 0.002) print "HALF" }')
+		check "mnist_ddp --zero 1, 2 ranks, AdamW O2: $what ${pb:-?} MiB per rank, plain ${pa:-?}" \
+			"$out" "^HALF" 1
+	done
+	check "mnist_ddp --zero 1: the report names the shard" "$b" \
+		"^\[rank 0\]   master weights (fp32) .*(ZeRO-1: this rank's shard, 1/2)" 1
 
 	# A restart resumes from the checkpoint (no --resume given) and never
 	# overwrites it with an earlier step: rank 1 killed before step 6 of
