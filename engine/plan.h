@@ -176,7 +176,9 @@ typedef struct loom_train_state {
 				     * buffers were last broadcast */
 	double clip_grad;           /* max global gradient norm, 0: no clipping */
 	int decay_matrices_only;    /* weight decay on parameters of >= 2 dims only */
-	double grad_norm;           /* the last update's global norm (unscaled, averaged) */
+	double grad_norm;           /* the last update's global norm (unscaled, averaged);
+				     * ZeRO: the executor's, summed over the shards,
+				     * before the optimizer step that clips by it */
 } loom_train_state;
 
 /* Base addresses of the arena's regions (backend memory). */
@@ -206,6 +208,14 @@ static inline int loom_optim_state_count(const loom_optim_opts *o)
 	if (o->kind == LOOM_OPTIM_ADAMW)
 		return 2;
 	return o->kind == LOOM_OPTIM_SGD && o->momentum > 0 ? 1 : 0;
+}
+
+/* What the optimizer multiplies the summed gradients by: the loss scale
+ * undone, averaged over the ranks (data parallel: the buckets hold the
+ * sum) and the micro-steps of gradient accumulation. */
+static inline double loom_grad_unscale(const loom_plan *pl, const loom_train_state *ts)
+{
+	return 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
 }
 
 /* What a backend allocates for the state region. */

@@ -720,10 +720,11 @@ loom_status loom_set_clip_grad(loom_program *p, double max_norm)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "set_clip_grad: the %s backend's optimizer does not clip yet",
 					 p->be->name);
-	if (max_norm > 0 && p->plan.opts.zero_stage > 0)
+	if (max_norm > 0 && p->plan.zero && !p->be->grad_sumsq)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_clip_grad: not under ZeRO yet (each rank holds one "
-					 "shard's gradients; the norm needs their sum over ranks)");
+					 "set_clip_grad: the %s backend cannot take a shard's "
+					 "gradient norm, which clipping under ZeRO needs",
+					 p->be->name);
 	p->ts.clip_grad = max_norm;
 	return LOOM_OK;
 }

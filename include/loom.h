@@ -440,7 +440,8 @@ double loom_get_lr(const loom_program *p);
  * gradients together (unscaled, averaged over the ranks and micro-steps,
  * i.e. the gradient the optimizer applies) and, when it exceeds max_norm,
  * every gradient times max_norm / (norm + 1e-6). Every rank holds the same
- * summed gradients, so every rank computes the same norm and scale. A step
+ * summed gradients, so every rank computes the same norm and scale (ZeRO:
+ * the shards' sums of squares are added over the ranks in rank order). A step
  * skipped for an inf/NaN (loss scaling) is skipped before the norm is
  * taken: nothing changes. max_norm 0 turns it off (the default). The CPU
  * backend only for now (LOOM_ERR_UNSUPPORTED elsewhere).

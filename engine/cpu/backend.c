@@ -371,6 +371,14 @@ static loom_status cpu_grads_finite(void *ctx, const loom_plan *plan, const loom
 	return LOOM_OK;
 }
 
+static loom_status cpu_grad_sumsq(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				  const loom_train_state *ts, int first, int last, double *sumsq)
+{
+	(void)ctx;
+	*sumsq = loom_optim_grad_sumsq_host(plan, arena, loom_grad_unscale(plan, ts), first, last);
+	return LOOM_OK;
+}
+
 /* Host memory: the communicator needs no stream. */
 static void *cpu_stream_handle(void *ctx, loom_stream stream)
 {
@@ -443,6 +451,7 @@ const loom_backend loom_cpu_backend = {
 	.accum = cpu_accum,
 	.optim = cpu_optim,
 	.grads_finite = cpu_grads_finite,
+	.grad_sumsq = cpu_grad_sumsq,
 	.stream_handle = cpu_stream_handle,
 	.upload = cpu_copy,
 	.download = cpu_copy,

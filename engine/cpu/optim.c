@@ -58,10 +58,8 @@ int loom_optim_grads_finite_host(const loom_plan *pl, const loom_arena *a, int f
 	return ok;
 }
 
-/* The sum of squares of the gradients of pieces [first, last) times inv,
- * in double, in a fixed order (the same on every rank). */
-static double grad_sumsq(const loom_plan *pl, const loom_arena *a, double inv, int first,
-			 int last)
+double loom_optim_grad_sumsq_host(const loom_plan *pl, const loom_arena *a, double inv, int first,
+				  int last)
 {
 	double total = 0;
 	for (int k = first; k < last; k++) {
@@ -176,7 +174,7 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 	 * executor reduced the shards' verdicts into finite). Gradient
 	 * accumulation: the sum over micro + 1 micro-steps, averaged the same
 	 * way; an overflow in any of them is in the sum too. */
-	double inv = 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
+	double inv = loom_grad_unscale(pl, ts);
 	if (pl->scaling) {
 		if (finite < 0)
 			finite = loom_optim_grads_finite_host(pl, a, first, last);
@@ -189,10 +187,11 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 		}
 	}
 	/* Clipping (torch's clip_grad_norm_) folded into the unscale. Over
-	 * every piece: loom_set_clip_grad refuses ZeRO, whose pieces are one
-	 * shard's. */
+	 * every piece; ZeRO's pieces are one shard's, and the executor has
+	 * put the norm over every shard in ts->grad_norm. */
 	if (ts->clip_grad > 0) {
-		ts->grad_norm = sqrt(grad_sumsq(pl, a, inv, first, last));
+		if (!pl->zero)
+			ts->grad_norm = sqrt(loom_optim_grad_sumsq_host(pl, a, inv, first, last));
 		double coef = ts->clip_grad / (ts->grad_norm + 1e-6);
 		if (coef < 1)
 			inv *= coef;

@@ -241,8 +241,12 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
 /* 20 steps of plain data parallelism and of ZeRO-1 side by side on the same
  * batches: the parameters after every step equal bit for bit, the same on
  * every rank, and ZeRO's optimizer state is this rank's shard (about 1 /
- * world of plain's). */
-static int zero_equal(loom_pg *pg, const char *lv, int adamw)
+ * world of plain's). clip > 0: both clip the global gradient norm to clip
+ * (loom_set_clip_grad); ZeRO's norm is the shards' sums of squares added
+ * over the ranks, plain's the pieces' in slot order, so the norms may
+ * differ in the last bits: they must agree to 1e-12 and the parameters
+ * to 1e-6 relative (the line says whether they are bit-identical too). */
+static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
 {
 	worker_model d, z;
 	loom_status st;
@@ -252,7 +256,10 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw)
 		return worker_fail("compile (plain)", st, loom_last_error());
 	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1)))
 		return worker_fail("compile (zero)", st, loom_last_error());
-	double worst = 0;
+	if (clip > 0 && ((st = loom_set_clip_grad(d.p, clip)) || (st = loom_set_clip_grad(z.p, clip))))
+		return worker_fail("set_clip_grad", st, loom_program_error(z.p));
+	double worst = 0, norm_diff = 0;
+	int clipped = 0;
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
 			return worker_fail("step (plain)", st, loom_program_error(d.p));
@@ -265,11 +272,32 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw)
 			printf("rank %d: DIFFER zero across ranks after step %d\n", rank, s + 1);
 			return 1;
 		}
+		if (clip > 0) {
+			loom_program_info a, b;
+			loom_program_info_get(d.p, &a);
+			loom_program_info_get(z.p, &b);
+			norm_diff = fmax(norm_diff, fabs(a.grad_norm - b.grad_norm) / a.grad_norm);
+			clipped += a.grad_norm > clip;
+		}
 	}
 	loom_program_info a, b;
 	loom_program_info_get(d.p, &a);
 	loom_program_info_get(z.p, &b);
 	int exact = worker_param_hash(&z) == worker_param_hash(&d);
+	if (clip > 0) {
+		int ok = worst <= 1e-6 && norm_diff <= 1e-12 && clipped >= 5 &&
+			 loom_step_count(z.p) == loom_step_count(d.p);
+		printf("rank %d: %s zero clip %s %s world %d steps %lld: %s to plain (max relative "
+		       "difference %.3g), norms within %.3g, %d of 20 steps clipped\n",
+		       rank, ok ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
+		       (long long)loom_step_count(z.p), exact ? "bit-identical" : "within 1e-6",
+		       worst, norm_diff, clipped);
+		loom_program_free(d.p);
+		loom_program_free(z.p);
+		loom_graph_free(d.g);
+		loom_graph_free(z.g);
+		return ok ? 0 : 1;
+	}
 	int moved = loom_step_count(z.p) == loom_step_count(d.p) && loom_step_count(z.p) > 10;
 	int shard = b.optim_state_bytes * world <= a.optim_state_bytes + 64 * 16 * world &&
 		    b.optim_state_bytes < a.optim_state_bytes;
@@ -699,7 +727,8 @@ int main(int argc, char **argv)
 	else if (strcmp(s, "overflow") == 0)
 		rc = overflow(pg);
 	else if (strcmp(s, "zero") == 0 && argc > 3)
-		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0);
+		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0,
+				argc > 4 ? atof(argv[4]) : 0);
 	else if (strcmp(s, "zsave") == 0 && argc > 4)
 		rc = zckpt(pg, s, argv[2], atoi(argv[3]), atoi(argv[4]));
 	else if (strcmp(s, "zload") == 0 && argc > 3)

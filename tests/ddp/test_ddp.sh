@@ -108,6 +108,21 @@ for n in 2 3; do
 		done
 	done
 done
+# Gradient clipping under ZeRO-1 (loom_set_clip_grad 0.1: every step
+# clips): the shards' sums of squares added over the ranks, so the norm
+# may differ from plain's in the last bits (within 1e-12) and the
+# parameters by 1e-6 relative at most; O2 also skips a step (overflow).
+for n in 2 3; do
+	for lv in O0 O2; do
+		out=$("${MPIRUN[@]}" -np $n "$W" zero $lv adamw 0.1 2>&1)
+		check "zero 1 + clip_grad, $n ranks $lv adamw: 20 steps as plain DDP with clipping, every rank" \
+			"$out" "OK zero clip $lv adamw world $n steps [0-9]*: .* 20 of 20 steps clipped" $n
+	done
+done
+out=$("${MPIRUN[@]}" -np 2 "$W" zero O2 sgd 0.1 2>&1)
+check "zero 1 + clip_grad, 2 ranks O2 sgd: as plain DDP with clipping" "$out" \
+	"OK zero clip O2 sgd world 2 steps [0-9]*: .* 20 of 20 steps clipped" 2
+
 # ZeRO checkpoints are plain DDP's: the same file at the same step; a ZeRO
 # file resumes without ZeRO at world 1, a plain file with ZeRO at world 3
 # exactly as without, and a ZeRO file at another world size with ZeRO.
