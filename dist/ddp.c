@@ -168,10 +168,12 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	for (int k = 0; k < pl->buckets.n; k++)
 		items[pl->mp.nschedule + k] = bucket_hash(&pl->buckets, k);
 	/* The options every rank must share; the world is the group's. */
+	int64_t clip;
+	memcpy(&clip, &pl->opts.optim.clip_grad, sizeof(clip));
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
-		pl->zero,
+		pl->zero, clip, pl->opts.optim.decay_matrices_only,
 	};
 	loom_fingerprint fp = {
 		.item_noun = "node",

@@ -150,6 +150,12 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 			 "compile without zero_stage", be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if (pl->opts.optim.clip_grad > 0 && !be->grad_sumsq) {
+		snprintf(err, errlen,
+			 "zero 1: the %s backend cannot take a shard's gradient norm, which "
+			 "clip_grad needs; compile without zero_stage or clip_grad", be->name);
+		return LOOM_ERR_UNSUPPORTED;
+	}
 	if ((st = make_pieces(pl)) != LOOM_OK || (st = rewrite_steps(pl)) != LOOM_OK) {
 		snprintf(err, errlen, "zero 1: out of memory");
 		return st;

@@ -26,8 +26,8 @@ enum {
 	/* optim updates pieces that are part of a slot (ZeRO), and answers
 	 * grads_finite. */
 	LOOM_BE_SHARDED_OPTIM = 1u << 7,
-	/* optim honours ts->clip_grad and ts->decay_matrices_only and sets
-	 * ts->grad_norm (ZeRO: clips by the ts->grad_norm the executor
+	/* optim honours opts.optim's clip_grad and decay_matrices_only and
+	 * sets ts->grad_norm (ZeRO: clips by the ts->grad_norm the executor
 	 * reduced over the shards; with LOOM_BE_SHARDED_OPTIM, answers
 	 * grad_sumsq). */
 	LOOM_BE_CLIPS_GRAD = 1u << 8,

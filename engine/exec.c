@@ -322,7 +322,7 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 	if (p->plan.zero && p->plan.scaling && (st = shard_verdict(p, s, &finite)) != LOOM_OK)
 		return st;
 	/* A skipped step (an overflow on any shard) takes no norm. */
-	if (p->plan.zero && p->ts.clip_grad > 0 && finite != 0 && (st = shard_norm(p, s)) != LOOM_OK)
+	if (p->plan.zero && p->plan.opts.optim.clip_grad > 0 && finite != 0 && (st = shard_norm(p, s)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
 	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;

@@ -174,8 +174,6 @@ typedef struct loom_train_state {
 	struct loom_trace *trace;   /* recording spans (loom_trace_start), else NULL */
 	int buffers_own;            /* data parallel: trained since rank 0's
 				     * buffers were last broadcast */
-	double clip_grad;           /* max global gradient norm, 0: no clipping */
-	int decay_matrices_only;    /* weight decay on parameters of >= 2 dims only */
 	double grad_norm;           /* the last update's global norm (unscaled, averaged);
 				     * ZeRO: the executor's, summed over the shards,
 				     * before the optimizer step that clips by it */

@@ -70,6 +70,9 @@ static loom_status check_optim(const loom_optim_opts *o)
 	if (!(o->weight_decay >= 0))
 		return compile_fail(LOOM_ERR_INVALID, "optimizer: weight decay %g must be >= 0",
 				    o->weight_decay);
+	if (!(o->clip_grad >= 0) || !isfinite(o->clip_grad))
+		return compile_fail(LOOM_ERR_INVALID, "optimizer: clip_grad %g must be >= 0",
+				    o->clip_grad);
 	if (o->kind == LOOM_OPTIM_SGD) {
 		if (!(o->momentum >= 0))
 			return compile_fail(LOOM_ERR_INVALID, "sgd: momentum %g must be >= 0", o->momentum);
@@ -295,6 +298,13 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	}
 	if ((st = pick_backend(p)) != LOOM_OK)
 		goto out_fail;
+	if ((o->optim.clip_grad > 0 || o->optim.decay_matrices_only) &&
+	    p->plan.opts.optim.kind != LOOM_OPTIM_NONE && !(p->be->caps & LOOM_BE_CLIPS_GRAD)) {
+		st = compile_fail(LOOM_ERR_UNSUPPORTED,
+				  "optimizer: the %s backend's optimizer has no %s yet",
+				  p->be->name, o->optim.clip_grad > 0 ? "clip_grad" : "decay_matrices_only");
+		goto out_fail;
+	}
 	/* Planner passes, then the memory plan of what remains. */
 	unsigned caps = o->no_fusion ? 0 : p->be->caps;
 	if (caps & LOOM_BE_FUSES_RELU_POOL)
@@ -706,38 +716,6 @@ loom_status loom_set_lr(loom_program *p, double lr)
 	if (!(lr >= 0) || !isfinite(lr))
 		return loom_program_fail(p, LOOM_ERR_INVALID, "set_lr: %g must be >= 0", lr);
 	p->ts.lr = lr;
-	return LOOM_OK;
-}
-
-loom_status loom_set_clip_grad(loom_program *p, double max_norm)
-{
-	if (!p)
-		return LOOM_ERR_INVALID;
-	if (!(max_norm >= 0) || !isfinite(max_norm))
-		return loom_program_fail(p, LOOM_ERR_INVALID, "set_clip_grad: %g must be >= 0",
-					 max_norm);
-	if (max_norm > 0 && !(p->be->caps & LOOM_BE_CLIPS_GRAD))
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_clip_grad: the %s backend's optimizer does not clip yet",
-					 p->be->name);
-	if (max_norm > 0 && p->plan.zero && !p->be->grad_sumsq)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_clip_grad: the %s backend cannot take a shard's "
-					 "gradient norm, which clipping under ZeRO needs",
-					 p->be->name);
-	p->ts.clip_grad = max_norm;
-	return LOOM_OK;
-}
-
-loom_status loom_set_decay_matrices_only(loom_program *p, int on)
-{
-	if (!p)
-		return LOOM_ERR_INVALID;
-	if (on && !(p->be->caps & LOOM_BE_CLIPS_GRAD))
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_decay_matrices_only: not on the %s backend yet",
-					 p->be->name);
-	p->ts.decay_matrices_only = on != 0;
 	return LOOM_OK;
 }
 

@@ -148,6 +148,8 @@ static int check_settings(train_run *t)
 	setting(s, &n, "--sync-bn", "%s", a->sync_bn ? "given" : "not given");
 	setting(s, &n, "--accumulate", "%d", a->accumulate);
 	setting(s, &n, "--zero", "%d", a->zero);
+	setting(s, &n, "--clip-grad", "%.17g", a->clip_grad);
+	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
 	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
@@ -368,6 +370,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.optim.lr = a->lr;
 	o.optim.momentum = a->optim == LOOM_OPTIM_SGD ? a->momentum : 0;
 	o.optim.weight_decay = a->weight_decay;
+	o.optim.clip_grad = a->clip_grad;
+	o.optim.decay_matrices_only = a->decay_matrices_only;
 	o.amp.level = a->level;
 	o.amp.half = a->half;
 	o.amp.static_scale = a->loss_scale;

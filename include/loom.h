@@ -227,6 +227,21 @@ typedef struct loom_optim_opts {
 	int nesterov;     /* SGD */
 	double weight_decay;
 	double beta1, beta2, eps; /* AdamW */
+	/* Gradient clipping by global norm before every update, as
+	 * torch.nn.utils.clip_grad_norm_(params, clip_grad): the L2 norm of
+	 * all gradients together (unscaled, averaged over the ranks and
+	 * micro-steps, i.e. the gradient the optimizer applies) and, when it
+	 * exceeds clip_grad, every gradient times clip_grad / (norm + 1e-6).
+	 * Every rank computes the same norm (ZeRO: the shards' sums of
+	 * squares added over the ranks in rank order). A step skipped for an
+	 * inf/NaN (loss scaling) is skipped before the norm is taken. 0: off
+	 * (the default). loom_program_info.grad_norm reports the last norm.
+	 * The CPU backend only for now (loom_compile refuses it elsewhere). */
+	double clip_grad;
+	/* Weight decay only on parameters of 2 or more dims (not biases or
+	 * norms), as nanoGPT's optimizer groups; 0 (the default): on all.
+	 * The CPU backend only for now. */
+	int decay_matrices_only;
 } loom_optim_opts;
 
 typedef enum loom_opt_level {
@@ -434,23 +449,6 @@ double loom_loss(loom_program *p);
 
 loom_status loom_set_lr(loom_program *p, double lr);
 double loom_get_lr(const loom_program *p);
-/*
- * Gradient clipping by global norm before every update, as
- * torch.nn.utils.clip_grad_norm_(params, max_norm): the L2 norm of all
- * gradients together (unscaled, averaged over the ranks and micro-steps,
- * i.e. the gradient the optimizer applies) and, when it exceeds max_norm,
- * every gradient times max_norm / (norm + 1e-6). Every rank holds the same
- * summed gradients, so every rank computes the same norm and scale (ZeRO:
- * the shards' sums of squares are added over the ranks in rank order). A step
- * skipped for an inf/NaN (loss scaling) is skipped before the norm is
- * taken: nothing changes. max_norm 0 turns it off (the default). The CPU
- * backend only for now (LOOM_ERR_UNSUPPORTED elsewhere).
- */
-loom_status loom_set_clip_grad(loom_program *p, double max_norm);
-/* Weight decay only on parameters of 2 or more dims (matrices and
- * embeddings; not biases or norms), as nanoGPT's optimizer groups; off by
- * default. The CPU backend only for now. */
-loom_status loom_set_decay_matrices_only(loom_program *p, int on);
 /* Optimizer steps taken (skipped AMP steps do not count). */
 int64_t loom_step_count(const loom_program *p);
 

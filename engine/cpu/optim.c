@@ -126,7 +126,7 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	void *pack = pc->pack ? a->bucket + pc->pack_off : NULL;
 	int64_t t = ts->step + 1;
 	double lr = ts->lr;
-	double wd = ts->decay_matrices_only && pn->shape.ndim < 2 ? 0 : o->weight_decay;
+	double wd = o->decay_matrices_only && pn->shape.ndim < 2 ? 0 : o->weight_decay;
 	#pragma omp parallel for if (pc->n > 4 * CHUNK) schedule(static)
 	for (int64_t k = 0; k < pc->n; k += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
@@ -189,10 +189,11 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 	/* Clipping (torch's clip_grad_norm_) folded into the unscale. Over
 	 * every piece; ZeRO's pieces are one shard's, and the executor has
 	 * put the norm over every shard in ts->grad_norm. */
-	if (ts->clip_grad > 0) {
+	double clip = pl->opts.optim.clip_grad;
+	if (clip > 0) {
 		if (!pl->zero)
 			ts->grad_norm = sqrt(loom_optim_grad_sumsq_host(pl, a, inv, first, last));
-		double coef = ts->clip_grad / (ts->grad_norm + 1e-6);
+		double coef = clip / (ts->grad_norm + 1e-6);
 		if (coef < 1)
 			inv *= coef;
 	}

@@ -224,10 +224,11 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 /* The conv model compiled for plain data parallelism or ZeRO-1 (zero), with
  * SGD (momentum 0.9) or AdamW. */
 static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level level, int adamw,
-				int zero)
+				int zero, double clip)
 {
 	loom_compile_opts o;
 	worker_opts(&o, pg, level, adamw ? 0.01 : 0.05, 0.9);
+	o.optim.clip_grad = clip;
 	if (adamw) {
 		o.optim.kind = LOOM_OPTIM_ADAMW;
 		o.optim.weight_decay = 0.01;
@@ -242,7 +243,7 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
  * batches: the parameters after every step equal bit for bit, the same on
  * every rank, and ZeRO's optimizer state is this rank's shard (about 1 /
  * world of plain's). clip > 0: both clip the global gradient norm to clip
- * (loom_set_clip_grad); ZeRO's norm is the shards' sums of squares added
+ * (loom_optim_opts.clip_grad); ZeRO's norm is the shards' sums of squares added
  * over the ranks, plain's the pieces' in slot order, so the norms may
  * differ in the last bits: they must agree to 1e-12 and the parameters
  * to 1e-6 relative (the line says whether they are bit-identical too). */
@@ -252,12 +253,10 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
 	loom_status st;
 	build(&d, 4, 1);
 	build(&z, 4, 1);
-	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0)))
+	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0, clip)))
 		return worker_fail("compile (plain)", st, loom_last_error());
-	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1)))
+	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1, clip)))
 		return worker_fail("compile (zero)", st, loom_last_error());
-	if (clip > 0 && ((st = loom_set_clip_grad(d.p, clip)) || (st = loom_set_clip_grad(z.p, clip))))
-		return worker_fail("set_clip_grad", st, loom_program_error(z.p));
 	double worst = 0, norm_diff = 0;
 	int clipped = 0;
 	for (int s = 0; s < 20; s++) {
@@ -327,7 +326,7 @@ static int zckpt(loom_pg *pg, const char *what, const char *path, int k, int zer
 {
 	worker_model m;
 	build(&m, 4, 1);
-	loom_status st = compile_zero(&m, pg, LOOM_O2, 1, zero);
+	loom_status st = compile_zero(&m, pg, LOOM_O2, 1, zero, 0);
 	if (st)
 		return worker_fail("compile", st, loom_last_error());
 	int load = strcmp(what, "zload") == 0;

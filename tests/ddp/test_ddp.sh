@@ -108,7 +108,7 @@ for n in 2 3; do
 		done
 	done
 done
-# Gradient clipping under ZeRO-1 (loom_set_clip_grad 0.1: every step
+# Gradient clipping under ZeRO-1 (loom_optim_opts.clip_grad 0.1: every step
 # clips): the shards' sums of squares added over the ranks, so the norm
 # may differ from plain's in the last bits (within 1e-12) and the
 # parameters by 1e-6 relative at most; O2 also skips a step (overflow).
@@ -224,6 +224,7 @@ if [ -n "$EX" ]; then
 		--max-steps 4 5
 		--epochs 1 2
 		--loss-scale 128 1024
+		--clip-grad 0 1
 	EOF
 fi
 
