@@ -8,7 +8,17 @@
 #ifndef LOOM_ENGINE_BACKEND_H
 #define LOOM_ENGINE_BACKEND_H
 
+#include <time.h>
+
 #include "engine/plan.h"
+
+/* The clock of traces and of the backends' timers: CLOCK_MONOTONIC seconds. */
+static inline double loom_trace_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 /* Capability bits (loom_backend.caps). */
 enum {

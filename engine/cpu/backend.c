@@ -15,7 +15,6 @@
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"
-#include "engine/trace.h"
 #include "graph/ops/ops.h"
 
 /* Every op's entry; NULL: the CPU cannot run it (supports_op). */

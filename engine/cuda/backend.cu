@@ -25,9 +25,7 @@
 
 extern "C" {
 #include "engine/cuda/device.h"
-#include "engine/program_internal.h" /* loom_cuda_test_library_use reads the program */
 #include "graph/ops/ops.h"
-#include "engine/trace.h"
 }
 
 int loom_cuda_poison_on;
@@ -107,18 +105,10 @@ loom_status loom_cuda_op_nothing(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	return LOOM_OK;
 }
 
-/* The CUDA context of program p, or NULL (another backend, or not made). */
-static const loom_cuda_ctx *cuda_ctx_of(const struct loom_program *p)
-{
-	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0)
-		return NULL;
-	return (const loom_cuda_ctx *)p->be_ctx;
-}
-
-extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
+extern "C" void loom_cuda_test_library_use(const void *be_ctx, int *bn_cudnn,
 					   int *bgrad_epilogue)
 {
-	const loom_cuda_ctx *c = cuda_ctx_of(p);
+	const loom_cuda_ctx *c = (const loom_cuda_ctx *)be_ctx;
 	*bn_cudnn = *bgrad_epilogue = 0;
 	for (int v = 0; c && v < c->n_plans; v++) {
 		*bn_cudnn += c->plans[v].kind == LOOM_CUDA_PLAN_BN;
@@ -127,10 +117,9 @@ extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn
 	}
 }
 
-extern "C" void loom_cuda_test_fallbacks(const struct loom_program *p, int *conv_f32,
-					int *mm_unfused)
+extern "C" void loom_cuda_test_fallbacks(const void *be_ctx, int *conv_f32, int *mm_unfused)
 {
-	const loom_cuda_ctx *c = cuda_ctx_of(p);
+	const loom_cuda_ctx *c = (const loom_cuda_ctx *)be_ctx;
 	*conv_f32 = *mm_unfused = 0;
 	for (int v = 0; c && v < c->n_plans; v++) {
 		const loom_cuda_node_plan *np = &c->plans[v];

@@ -270,8 +270,10 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	}
 	int bn_cudnn, bgrad;
 	bn_cudnn = bgrad = 0;
+	/* The hooks read the CUDA backend's context (NULL: another backend). */
+	const void *cuda_ctx = strcmp(cuda->be->name, "cuda") == 0 ? cuda->be_ctx : NULL;
 	if (plugin())
-		plugin()->test_library_use(cuda, &bn_cudnn, &bgrad);
+		plugin()->test_library_use(cuda_ctx, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
 		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
 			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
@@ -283,7 +285,7 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	int conv_f32, mm_unfused, n_conv = 0, n_fused_linear = 0;
 	conv_f32 = mm_unfused = 0;
 	if (plugin())
-		plugin()->test_fallbacks(cuda, &conv_f32, &mm_unfused);
+		plugin()->test_fallbacks(cuda_ctx, &conv_f32, &mm_unfused);
 	for (int v = 0; v < cuda->plan.g->n; v++) {
 		const loom_node *nd = &cuda->plan.g->nodes[v];
 		n_conv += nd->op == LOOM_OP_CONV2D || nd->op == LOOM_OP_CONV2D_BWD_DATA ||
