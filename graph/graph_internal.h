@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 
+#include "graph/unary.h"
 #include "loom.h"
 
 typedef enum loom_op {
@@ -38,8 +39,10 @@ typedef enum loom_op {
 	LOOM_OP_CAST,              /* x -> dtype */
 	LOOM_OP_GLOBAL_AVGPOOL,    /* [N, C, H, W] -> [N, C] */
 	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
-	LOOM_OP_GELU,              /* x * Phi(x), the exact (erf) form */
-	LOOM_OP_GELU_BWD,          /* (x, dy) -> dx */
+	/* The unary elementwise ops (graph/unary.h): x -> y, (x, dy) -> dx. */
+#define LOOM_UNARY_ENUM(NAME, low) LOOM_OP_##NAME, LOOM_OP_##NAME##_BWD,
+	LOOM_UNARY_OPS(LOOM_UNARY_ENUM)
+#undef LOOM_UNARY_ENUM
 	LOOM_OP_ALLREDUCE,         /* a gradient bucket summed over ranks (graph/bucket_pass.c) */
 	LOOM_OP_EMBEDDING,         /* (ids i32 [...], table [V, C]) -> [..., C]: a gather */
 	LOOM_OP_EMBEDDING_BWD,     /* (ids, dy) -> dtable, a scatter-add */
@@ -92,7 +95,7 @@ typedef union loom_attrs {
 	} bc;
 	struct {
 		int relu; /* ADD: a fused relu after the sum (graph/fuse.c) */
-		int tanh; /* GELU, GELU_BWD: the tanh approximation (GPT-2's) */
+		int tanh; /* unary ops (graph/unary.h): the variant (GELU: GPT-2's tanh form) */
 	} ew;
 	struct {
 		loom_init init;

@@ -45,8 +45,9 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = loom_cpu_op_cast,
 	[LOOM_OP_GLOBAL_AVGPOOL] = loom_cpu_op_global_avgpool,
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
-	[LOOM_OP_GELU] = loom_cpu_op_gelu,
-	[LOOM_OP_GELU_BWD] = loom_cpu_op_gelu_bwd,
+#define UNARY_ENTRY(NAME, low) [LOOM_OP_##NAME] = loom_cpu_op_unary, [LOOM_OP_##NAME##_BWD] = loom_cpu_op_unary,
+	LOOM_UNARY_OPS(UNARY_ENTRY)
+#undef UNARY_ENTRY
 	[LOOM_OP_EMBEDDING] = loom_cpu_op_embedding,
 	[LOOM_OP_EMBEDDING_BWD] = loom_cpu_op_embedding_bwd,
 	[LOOM_OP_LAYERNORM] = loom_cpu_op_layernorm,

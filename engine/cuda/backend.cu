@@ -78,8 +78,11 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_CAST] = loom_cuda_op_cast;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL] = loom_cuda_op_global_avgpool;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
-	t.fn[LOOM_OP_GELU] = loom_cuda_op_gelu;
-	t.fn[LOOM_OP_GELU_BWD] = loom_cuda_op_gelu_bwd;
+#define UNARY_ENTRY(NAME, low) \
+	t.fn[LOOM_OP_##NAME] = loom_cuda_op_unary; \
+	t.fn[LOOM_OP_##NAME##_BWD] = loom_cuda_op_unary;
+	LOOM_UNARY_OPS(UNARY_ENTRY)
+#undef UNARY_ENTRY
 	t.fn[LOOM_OP_EMBEDDING] = loom_cuda_op_embedding;
 	t.fn[LOOM_OP_EMBEDDING_BWD] = loom_cuda_op_embedding_bwd;
 	t.fn[LOOM_OP_LAYERNORM] = loom_cuda_op_layernorm;

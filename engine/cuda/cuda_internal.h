@@ -234,10 +234,9 @@ loom_status loom_cuda_op_relu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_va
 			      const loom_cuda_io *io);
 loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				  const loom_cuda_io *io);
-loom_status loom_cuda_op_gelu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			      const loom_cuda_io *io);
-loom_status loom_cuda_op_gelu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				  const loom_cuda_io *io);
+/* Every unary op of graph/unary.h, forward and backward. */
+loom_status loom_cuda_op_unary(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			       const loom_cuda_io *io);
 loom_status loom_cuda_op_add(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 			     const loom_cuda_io *io);
 loom_status loom_cuda_op_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,

@@ -468,11 +468,16 @@ static loom_value b_pool3(loom_graph *g, tcase *t)
 	return loom_maxpool2d(g, param(g, t, "x", 4, 2, 3, 9, 9), 3, 2, 1);
 }
 
+/* Every unary op of graph/unary.h, forward and backward: a row each below. */
+#define UNARY_BUILD(NAME, low)                                        \
+	static loom_value b_unary_##low(loom_graph *g, tcase *t)      \
+	{                                                             \
+		return loom_##low(g, param(g, t, "x", 3, 4, 5, 7, 0)); \
+	}
+LOOM_UNARY_OPS(UNARY_BUILD)
+#undef UNARY_BUILD
+
 /* relu -> max-pool: fused into one relu-pool (and its backward). */
-static loom_value b_gelu(loom_graph *g, tcase *t)
-{
-	return loom_gelu(g, param(g, t, "x", 3, 4, 5, 7, 0));
-}
 
 static loom_value b_relu_pool2(loom_graph *g, tcase *t)
 {
@@ -1121,7 +1126,9 @@ static const op_case cuda_op_cases[] = {
 	{ "batchnorm2d+relu", b_bn_relu, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d+relu eval", b_bn_relu, LOOM_RUN_EVAL, 1 },
 	{ "relu", b_relu, LOOM_RUN_GRAD, 0 },
-	{ "gelu", b_gelu, LOOM_RUN_GRAD, 0 },
+#define UNARY_ROW(NAME, low) { #low, b_unary_##low, LOOM_RUN_GRAD, 0 },
+	LOOM_UNARY_OPS(UNARY_ROW)
+#undef UNARY_ROW
 	{ "maxpool2d 2/2", b_pool2, LOOM_RUN_GRAD, 0 },
 	{ "maxpool2d 3/2 pad 1", b_pool3, LOOM_RUN_GRAD, 0 },
 	{ "relu+maxpool2d 2/2", b_relu_pool2, LOOM_RUN_GRAD, 0 },
