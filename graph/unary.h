@@ -27,7 +27,7 @@
 #define LOOM_UNARY_HD
 #endif
 
-#define LOOM_UNARY_OPS(X) X(GELU, gelu)
+#define LOOM_UNARY_OPS(X) X(GELU, gelu) X(SILU, silu)
 
 /*
  * GELU: the exact form, y = x Phi(x), dx = dy (Phi(x) + x phi(x)), Phi the
@@ -62,6 +62,21 @@ static inline LOOM_UNARY_HD double loom_unary_gelu_f64(double x, double dy, int 
 	}
 	double cdf = 0.5 * (1.0 + erf(x * LOOM_GELU_SQRT1_2));
 	return bwd ? dy * (cdf + x * LOOM_GELU_INV_SQRT_2PI * exp(-0.5 * x * x)) : x * cdf;
+}
+
+/* SiLU (swish): y = x s, s = 1 / (1 + e^-x); dx = dy (s + x s (1 - s)). */
+static inline LOOM_UNARY_HD float loom_unary_silu_f32(float x, float dy, int bwd, int attr)
+{
+	float s = 1.0f / (1.0f + expf(-x));
+	(void)attr;
+	return bwd ? dy * (s + x * s * (1.0f - s)) : x * s;
+}
+
+static inline LOOM_UNARY_HD double loom_unary_silu_f64(double x, double dy, int bwd, int attr)
+{
+	double s = 1.0 / (1.0 + exp(-x));
+	(void)attr;
+	return bwd ? dy * (s + x * s * (1.0 - s)) : x * s;
 }
 
 #endif /* LOOM_GRAPH_UNARY_H */

@@ -142,6 +142,8 @@ loom_value loom_gelu(loom_graph *g, loom_value x);
 /* GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  * (torch.nn.GELU(approximate='tanh'): GPT-2's and llm.c's). */
 loom_value loom_gelu_tanh(loom_graph *g, loom_value x);
+/* x * sigmoid(x) (torch.nn.SiLU()). */
+loom_value loom_silu(loom_graph *g, loom_value x);
 loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
 			  int pad);
 /* [N, C, H, W] -> [N, C]: the mean of each channel plane (ResNet's head). */
