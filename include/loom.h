@@ -316,8 +316,9 @@ typedef struct loom_compile_opts {
 	 * as plain data parallelism leaves them. loom_save and
 	 * loom_export_safetensors are then collective (every rank calls them;
 	 * rank 0 writes the same file as without ZeRO), and a checkpoint resumes with or without ZeRO at any world
-	 * size. Backends that cannot update a shard (CUDA, for now) are
-	 * refused at compile. World 1: nothing changes. */
+	 * size. CUDA: the fused optimizer updates the shard's pieces and NCCL
+	 * reduce-scatters and all-gathers (compiled, never yet run on a GPU).
+	 * World 1: nothing changes. */
 	int zero_stage;
 	/* A forward-only plan (default 0), for inference: no autodiff, no
 	 * gradients, no optimizer state (optim is ignored), so its own,
