@@ -5,13 +5,14 @@
  */
 #include <stdio.h>
 
+#include "base/errf.h"
 #include "engine/plan.h"
 
 loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(err, LOOM_ERR_MAX, fmt, ap);
+	loom_verrnf(err, LOOM_ERR_MAX, st, fmt, ap);
 	va_end(ap);
 	return st;
 }
