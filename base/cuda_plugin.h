@@ -24,7 +24,7 @@ extern "C" {
 
 /* Bumped whenever the struct below changes; a plugin of another version
  * is refused with both numbers. */
-#define LOOM_CUDA_PLUGIN_ABI 3 /* 3: the backend table of engine/backend.h (steps, caps) */
+#define LOOM_CUDA_PLUGIN_ABI 4 /* 4: test hooks take the backend context, grad_sumsq */
 /* The file the loader looks for (see loom_cuda_plugin_load). */
 #define LOOM_CUDA_PLUGIN_FILE "libloom_cuda.so"
 /* The one symbol the shared object exports. */
@@ -52,9 +52,8 @@ typedef struct loom_cuda_plugin {
 	/* Test hooks (engine/cuda/cuda_backend.h). */
 	void (*test_poison)(int on);
 	void (*test_own_kernels)(int on);
-	void (*test_library_use)(const struct loom_program *p, int *bn_cudnn,
-				 int *bgrad_epilogue);
-	void (*test_fallbacks)(const struct loom_program *p, int *conv_f32, int *mm_unfused);
+	void (*test_library_use)(const void *be_ctx, int *bn_cudnn, int *bgrad_epilogue);
+	void (*test_fallbacks)(const void *be_ctx, int *conv_f32, int *mm_unfused);
 } loom_cuda_plugin;
 
 /*

@@ -130,7 +130,7 @@ def main():
             for w in m.loom_order():
                 f.write(w.detach().to(torch.float64).contiguous().numpy().tobytes())
     # Decay on matrices only: not the embeddings (wte, tied to the output
-    # projection, and wpe), biases or norms (loom_set_decay_matrices_only).
+    # projection, and wpe), biases or norms (loom_optim_opts.decay_matrices_only).
     emb = {id(m.wte.weight), id(m.wpe.weight)}
     decay = [w for w in m.parameters() if w.dim() >= 2 and id(w) not in emb]
     rest = [w for w in m.parameters() if w.dim() < 2 or id(w) in emb]

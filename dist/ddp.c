@@ -103,6 +103,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 		snprintf(err, errlen, "data parallel: %s", g->err ? g->errmsg : "out of memory");
 		return st;
 	}
+	loom_zero_mark_masters(&p->plan);
 	st = loom_memplan_build_buckets(g, p->plan.buckets.order, &p->plan.buckets, &p->plan.mp);
 	if (st != LOOM_OK)
 		snprintf(err, errlen, "data parallel: memory planning with buckets failed (%s)",
@@ -202,20 +203,24 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	for (int k = 0; k < pl->buckets.n; k++)
 		items[pl->mp.nschedule + k] = bucket_hash(&pl->buckets, k);
 	/* The options every rank must share; the world is the group's. */
+	int64_t clip;
+	memcpy(&clip, &pl->opts.optim.clip_grad, sizeof(clip));
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
-		pl->zero,
+		pl->zero, clip, pl->opts.optim.decay_matrices_only,
 	};
 	return loom_ddp_check_items(p, host, head, sizeof(head), items, n, describe, "");
 }
 
 /* Rank 0's parameters, masters and buffers to every rank (buffers only:
- * rank 0's buffers). */
+ * rank 0's buffers). ZeRO's sharded masters are loom_zero_start's. */
 static int broadcast_this(const loom_plan *pl, loom_value v, int buffers_only)
 {
-	loom_op op = pl->g->nodes[v].op;
-	return op == LOOM_OP_BUFFER || (!buffers_only && op == LOOM_OP_PARAM);
+	const loom_node *n = &pl->g->nodes[v];
+	if (n->flags & LOOM_NODE_SHARDED)
+		return 0;
+	return n->op == LOOM_OP_BUFFER || (!buffers_only && n->op == LOOM_OP_PARAM);
 }
 
 static loom_status broadcast_values(loom_program *p, int buffers_only)
@@ -264,6 +269,8 @@ loom_status loom_ddp_start(loom_program *p)
 	st = check_plans(p, host);
 	if (st == LOOM_OK)
 		st = broadcast_values(p, 0);
+	if (st == LOOM_OK)
+		st = loom_zero_start(p);
 	/* Device memory: the broadcast is queued on the device's stream. */
 	if (st == LOOM_OK)
 		st = loom_exec_synchronize(p);

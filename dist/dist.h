@@ -45,20 +45,36 @@ loom_status loom_ddp_broadcast_buffers(loom_program *p);
  * ZeRO-1 (dist/zero.c), after loom_steps_build: every bucket's all-reduce
  * becomes a reduce-scatter, the optimizer's pieces become this rank's
  * shard of every bucket with shard-local optimizer state (state_bytes
- * shrinks to the shard's), and the step ends with an all-gather of the
+ * shrinks to the shard's) and, under O2, shard-local fp32 masters
+ * (master_shard_bytes, after the state), and the step ends with an all-gather of the
  * updated parameters per bucket and their copy back. A no-op without
  * buckets or without an optimizer. caps: the backend's (it must update
  * pieces of a slot).
  */
 loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, size_t errlen);
 
-/* ZeRO: the state of slot s, buffer k, whole (every rank's shards), into
- * dst (numel elements of the slot's state dtype). Collective. */
-loom_status loom_zero_gather_state(loom_program *p, int s, int k, void *dst);
-/* ZeRO: the O2 master of slot s, whole (each rank updates only its
- * shard's elements of it). Collective. */
-loom_status loom_zero_gather_master(loom_program *p, int s, void *dst);
-/* ZeRO: this rank's pieces of slot s's state buffer k from the whole src. */
-loom_status loom_zero_scatter_state(loom_program *p, int s, int k, const void *src);
+/* Before the memory plan (loom_ddp_plan): under ZeRO-1 with an optimizer,
+ * the slots' O2 masters are marked LOOM_NODE_SHARDED (no persistent
+ * storage); loom_zero_plan gives every piece its shard of them. */
+void loom_zero_mark_masters(loom_plan *pl);
+/* Collective, in loom_ddp_start: rank 0's initial masters, each rank
+ * keeping its pieces. */
+loom_status loom_zero_start(loom_program *p);
+
+/* ZeRO: slot s's state buffer k (k < 0: its O2 master), whole (every
+ * rank's shards), into dst (numel elements of the state dtype, f32 for a
+ * master). Collective. */
+loom_status loom_zero_gather(loom_program *p, int s, int k, void *dst);
+/* ZeRO: this rank's pieces of slot s's state buffer k (k < 0: its O2
+ * master) from the whole src. */
+loom_status loom_zero_scatter(loom_program *p, int s, int k, const void *src);
+/* ZeRO with sharded masters: the slot whose parameter or master is v, if
+ * that slot's master is sharded; else -1 (v's master, if any, is whole). */
+int loom_zero_master_slot(const loom_program *p, loom_value v);
+/* Parameter v's O2 master (v has one), whole, from src / into dst (f32):
+ * an upload or download, or under ZeRO this rank's pieces / a gather
+ * (collective: every rank calls it). */
+loom_status loom_master_write(loom_program *p, loom_value v, const float *src);
+loom_status loom_master_read(loom_program *p, loom_value v, float *dst);
 
 #endif /* LOOM_DIST_DIST_H */

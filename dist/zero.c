@@ -41,22 +41,28 @@ static loom_status make_pieces(loom_plan *pl)
 	if (!pc)
 		return LOOM_ERR_NOMEM;
 	int n = 0;
-	size_t state = 0;
+	size_t state = 0, masters = 0;
 	for (int k = 0; k < bk->n; k++) {
 		const loom_bucket *b = &bk->b[k];
 		size_t dsz = loom_dtype_size(b->dtype);
 		int64_t shard = b->count / pl->world, lo = shard * pl->rank, hi = lo + shard;
-		size_t ssz = 0, base[2] = { 0, 0 };
+		size_t ssz = 0, base[2] = { 0, 0 }, mbase = masters;
+		int has_master = 0;
 		for (int j = b->first; j < b->first + b->n; j++) {
 			int s = slot_of_grad(pl, bk->grad[j]);
 			if (s < 0)
 				continue;
 			ssz = loom_dtype_size(pl->params[s].state_dtype);
+			has_master |= pl->params[s].master != LOOM_NONE;
 		}
 		for (int i = 0; i < pl->n_state; i++) {
 			base[i] = state;
 			state += align64((size_t)shard * ssz);
 		}
+		/* O2: the bucket's shard of fp32 masters (laid after all the
+		 * state below). */
+		if (has_master)
+			masters += align64((size_t)shard * sizeof(float));
 		for (int j = b->first; j < b->first + b->n; j++) {
 			int s = slot_of_grad(pl, bk->grad[j]);
 			if (s < 0)
@@ -73,14 +79,28 @@ static loom_status make_pieces(loom_plan *pl)
 					       base[1] + (size_t)(a - lo) * ssz },
 				.pack = 1,
 				.pack_off = b->base + (size_t)a * dsz,
+				.shard_master = pl->params[s].master != LOOM_NONE,
+				.master_off = mbase + (size_t)(a - lo) * sizeof(float),
 			};
 		}
 	}
+	for (int i = 0; i < n; i++)
+		pc[i].master_off += state;
 	free(pl->pieces);
 	pl->pieces = pc;
 	pl->n_pieces = n;
 	pl->state_bytes = state;
+	pl->master_shard_bytes = pl->master_bytes = masters;
 	return LOOM_OK;
+}
+
+void loom_zero_mark_masters(loom_plan *pl)
+{
+	if (pl->zero != 1 || pl->world <= 1 || pl->opts.optim.kind == LOOM_OPTIM_NONE)
+		return;
+	for (int s = 0; s < pl->n_params; s++)
+		if (pl->params[s].master != LOOM_NONE)
+			pl->g->nodes[pl->params[s].master].flags |= LOOM_NODE_SHARDED;
 }
 
 /* Reduce-scatters in place of the all-reduces; after the optimizer, an
@@ -130,6 +150,12 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 			 "compile without zero_stage", be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if (pl->opts.optim.clip_grad > 0 && !be->grad_sumsq) {
+		snprintf(err, errlen,
+			 "zero 1: the %s backend cannot take a shard's gradient norm, which "
+			 "clip_grad needs; compile without zero_stage or clip_grad", be->name);
+		return LOOM_ERR_UNSUPPORTED;
+	}
 	if ((st = make_pieces(pl)) != LOOM_OK || (st = rewrite_steps(pl)) != LOOM_OK) {
 		snprintf(err, errlen, "zero 1: out of memory");
 		return st;
@@ -152,14 +178,19 @@ static int64_t member_at(const loom_plan *pl, int s, int *bucket)
 	return -1;
 }
 
+/* Where piece pc's buffer k (k < 0: its O2 master) lies: element pc->off's. */
+static unsigned char *piece_buf(loom_program *p, const loom_optim_piece *pc, int k)
+{
+	return p->arena.state + (k >= 0 ? pc->state_off[k] : pc->master_off);
+}
+
 /*
  * Slot s's state buffer k (k < 0: its O2 master), whole: every rank's shard
  * of the slot's bucket (the values of its pieces, in bucket order, zero
  * where this rank has no piece) is gathered, and the slot's elements are
- * taken from the bucket's. Masters are kept whole on every rank, but only
- * the shard's elements are updated there.
+ * taken from the bucket's.
  */
-static loom_status gather(loom_program *p, int s, int k, void *dst)
+loom_status loom_zero_gather(loom_program *p, int s, int k, void *dst)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_param_slot *sl = &pl->params[s];
@@ -187,12 +218,8 @@ static loom_status gather(loom_program *p, int s, int k, void *dst)
 		int64_t pe0 = member_at(pl, pc->slot, &pb);
 		if (pb != b)
 			continue;
-		const unsigned char *src =
-			k >= 0 ? p->arena.state + pc->state_off[k] :
-				 (const unsigned char *)loom_value_ptr(p, pl->params[pc->slot].master) +
-					 (size_t)pc->off * esz;
-		st = loom_program_download(p, mine + (size_t)(pe0 + pc->off - lo) * esz, src,
-					   (size_t)pc->n * esz);
+		st = loom_program_download(p, mine + (size_t)(pe0 + pc->off - lo) * esz,
+					   piece_buf(p, pc, k), (size_t)pc->n * esz);
 	}
 	if (st != LOOM_OK)
 		goto out;
@@ -208,29 +235,77 @@ out:
 	return st;
 }
 
-loom_status loom_zero_gather_state(loom_program *p, int s, int k, void *dst)
-{
-	return gather(p, s, k, dst);
-}
-
-loom_status loom_zero_gather_master(loom_program *p, int s, void *dst)
-{
-	return gather(p, s, -1, dst);
-}
-
-loom_status loom_zero_scatter_state(loom_program *p, int s, int k, const void *src)
+loom_status loom_zero_scatter(loom_program *p, int s, int k, const void *src)
 {
 	const loom_plan *pl = &p->plan;
-	size_t ssz = loom_dtype_size(pl->params[s].state_dtype);
+	const loom_param_slot *sl = &pl->params[s];
+	size_t esz = k < 0 ? sizeof(float) : loom_dtype_size(sl->state_dtype);
 	const unsigned char *from = src;
 	for (int i = 0; i < pl->n_pieces; i++) {
 		const loom_optim_piece *pc = &pl->pieces[i];
-		if (pc->slot != s)
+		if (pc->slot != s || (k < 0 && !pc->shard_master))
 			continue;
-		loom_status st = loom_program_upload(p, p->arena.state + pc->state_off[k],
-						     from + (size_t)pc->off * ssz, (size_t)pc->n * ssz);
+		loom_status st = loom_program_upload(p, piece_buf(p, pc, k),
+						     from + (size_t)pc->off * esz, (size_t)pc->n * esz);
 		if (st != LOOM_OK)
 			return st;
 	}
 	return LOOM_OK;
+}
+
+int loom_zero_master_slot(const loom_program *p, loom_value v)
+{
+	const loom_plan *pl = &p->plan;
+	if (!pl->master_shard_bytes || v == LOOM_NONE)
+		return -1;
+	for (int s = 0; s < pl->n_params; s++)
+		if (pl->params[s].param == v || pl->params[s].master == v)
+			return pl->params[s].master != LOOM_NONE ? s : -1;
+	return -1;
+}
+
+/* Rank 0's initial masters (drawn as loom_init_value draws them, in f32)
+ * to every rank, each keeping its pieces: what the broadcast of whole
+ * masters does for plain data parallelism. */
+loom_status loom_zero_start(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	loom_status st = LOOM_OK;
+	for (int s = 0; s < pl->n_params && st == LOOM_OK; s++) {
+		const loom_param_slot *sl = &pl->params[s];
+		if (sl->master == LOOM_NONE || !pl->master_shard_bytes)
+			continue;
+		size_t bytes = (size_t)sl->numel * sizeof(float);
+		float *m = malloc(bytes ? bytes : 1);
+		if (!m)
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory for masters");
+		loom_init_value(pl->g, sl->master, m);
+		if (!host || (st = loom_comm_broadcast(host, m, bytes, 0)) != LOOM_OK)
+			st = loom_program_fail(p, host ? st : LOOM_ERR_UNSUPPORTED,
+					       "zero: broadcast of rank 0's masters: %s",
+					       loom_pg_error(pl->opts.pg));
+		else
+			st = loom_zero_scatter(p, s, -1, m);
+		free(m);
+	}
+	return st;
+}
+
+loom_status loom_master_write(loom_program *p, loom_value v, const float *src)
+{
+	int s = loom_zero_master_slot(p, v);
+	if (s >= 0)
+		return loom_zero_scatter(p, s, -1, src);
+	loom_value m = p->plan.g->nodes[v].master;
+	return loom_program_upload(p, loom_value_ptr(p, m), src, loom_value_bytes(p, m));
+}
+
+loom_status loom_master_read(loom_program *p, loom_value v, float *dst)
+{
+	int s = loom_zero_master_slot(p, v);
+	if (s >= 0)
+		return loom_zero_gather(p, s, -1, dst);
+	loom_value m = p->plan.g->nodes[v].master;
+	return loom_program_download(p, dst, loom_value_ptr(p, m), loom_value_bytes(p, m));
 }

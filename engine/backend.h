@@ -8,7 +8,17 @@
 #ifndef LOOM_ENGINE_BACKEND_H
 #define LOOM_ENGINE_BACKEND_H
 
+#include <time.h>
+
 #include "engine/plan.h"
+
+/* The clock of traces and of the backends' timers: CLOCK_MONOTONIC seconds. */
+static inline double loom_trace_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 /* Capability bits (loom_backend.caps). */
 enum {
@@ -26,8 +36,10 @@ enum {
 	/* optim updates pieces that are part of a slot (ZeRO), and answers
 	 * grads_finite. */
 	LOOM_BE_SHARDED_OPTIM = 1u << 7,
-	/* optim honours ts->clip_grad and ts->decay_matrices_only and sets
-	 * ts->grad_norm. */
+	/* optim honours opts.optim's clip_grad and decay_matrices_only and
+	 * sets ts->grad_norm (ZeRO: clips by the ts->grad_norm the executor
+	 * reduced over the shards; with LOOM_BE_SHARDED_OPTIM, answers
+	 * grad_sumsq). */
 	LOOM_BE_CLIPS_GRAD = 1u << 8,
 };
 
@@ -103,6 +115,12 @@ typedef struct loom_backend {
 	 * (*finite = 1). May wait. LOOM_BE_SHARDED_OPTIM only. // (optional) */
 	loom_status (*grads_finite)(void *ctx, const loom_plan *plan, const loom_arena *arena,
 				    int first, int last, int *finite);
+	/* Host value: the sum of squares of pieces [first, last)'s gradients
+	 * as the optimizer applies them (times loom_grad_unscale(plan, ts)),
+	 * in f64, in a fixed order. May wait. Clipping under ZeRO
+	 * (LOOM_BE_SHARDED_OPTIM and LOOM_BE_CLIPS_GRAD). // (optional) */
+	loom_status (*grad_sumsq)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				  const loom_train_state *ts, int first, int last, double *sumsq);
 	/* What the communicator needs to order a collective on `stream` (a
 	 * CUDA stream), NULL for host memory. */
 	void *(*stream_handle)(void *ctx, loom_stream stream);

@@ -87,7 +87,18 @@ static void free_records(rec_list *l)
 	free(l->names);
 }
 
-/* The arena address of record i (NULL for the meta record). */
+/* The value of record i, LOOM_NONE if it is not a value's. */
+static loom_value record_value(const loom_program *p, int i)
+{
+	int k = 0;
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		if (is_state(&p->plan.g->nodes[v]) && k++ == i)
+			return v;
+	return LOOM_NONE;
+}
+
+/* The arena address of record i (NULL for the meta record; a sharded
+ * master's is not one: see sharded_master). */
 static void *record_addr(loom_program *p, int i)
 {
 	int k = 0;
@@ -118,17 +129,24 @@ static int state_record(const loom_program *p, int i, int *s, int *k)
 	return 1;
 }
 
+/* Record i is ZeRO's sharded O2 master of slot *s? */
+static int sharded_master(const loom_program *p, int i, int *s)
+{
+	loom_value v = record_value(p, i);
+	if (v == LOOM_NONE || !(p->plan.g->nodes[v].flags & LOOM_NODE_SHARDED))
+		return 0;
+	return (*s = loom_zero_master_slot(p, v)) >= 0;
+}
+
 /* Record i's payload into dst: a download, or under ZeRO a state buffer
- * gathered from every rank's shards (collective). */
+ * or master gathered from every rank's shards (collective). */
 static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, size_t bytes)
 {
 	int s, k;
 	if (p->plan.zero && state_record(p, i, &s, &k))
-		return loom_zero_gather_state(p, s, k, dst);
-	for (s = 0; p->plan.zero && s < p->plan.n_params; s++)
-		if (p->plan.params[s].master != LOOM_NONE &&
-		    addr == loom_value_ptr(p, p->plan.params[s].master))
-			return loom_zero_gather_master(p, s, dst);
+		return loom_zero_gather(p, s, k, dst);
+	if (p->plan.zero && sharded_master(p, i, &s))
+		return loom_zero_gather(p, s, -1, dst);
 	return loom_program_download(p, dst, addr, bytes);
 }
 
@@ -136,7 +154,9 @@ static loom_status place_record(loom_program *p, int i, void *addr, const void *
 {
 	int s, k;
 	if (p->plan.zero && state_record(p, i, &s, &k))
-		return loom_zero_scatter_state(p, s, k, src);
+		return loom_zero_scatter(p, s, k, src);
+	if (p->plan.zero && sharded_master(p, i, &s))
+		return loom_zero_scatter(p, s, -1, src);
 	return loom_program_upload(p, addr, src, bytes);
 }
 

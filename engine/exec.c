@@ -5,9 +5,11 @@
  * per-node overflow diagnosis, the collectives in flight per bucket (started
  * on the communication stream after the compute stream's work so far, moved
  * along between nodes where the host drives them, waited for by the WAIT
- * step), ZeRO's shard-wide overflow verdict, and the trace's spans, read
- * from the backend's timers once the run has been synchronised.
+ * step), ZeRO's shard-wide overflow verdict and gradient norm, and the
+ * trace's spans, read from the backend's timers once the run has been
+ * synchronised.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,6 +296,35 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 	return LOOM_OK;
 }
 
+/* ZeRO with clipping: every rank's sum of squares over its shard, gathered
+ * and added in rank order, so that every rank clips by the same global
+ * norm (ts->grad_norm, which the optimizer then reads). */
+static loom_status shard_norm(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	double mine = 0, *all = NULL, sum = 0;
+	loom_status st;
+	if (!p->be->grad_sumsq)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "zero: the %s backend cannot take a shard's gradient norm",
+					 p->be->name);
+	if ((st = p->be->grad_sumsq(p->be_ctx, pl, &p->arena, &p->ts, s->first, s->last, &mine)) !=
+	    LOOM_OK)
+		return be_fail(p, st);
+	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	if (!(all = malloc(sizeof(double) * (size_t)pl->world)))
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory");
+	if (!host || (st = loom_comm_allgather(host, &mine, sizeof(mine), all)) != LOOM_OK) {
+		free(all);
+		return comm_fail(p, host ? st : LOOM_ERR_UNSUPPORTED);
+	}
+	for (int r = 0; r < pl->world; r++)
+		sum += all[r];
+	free(all);
+	p->ts.grad_norm = sqrt(sum);
+	return LOOM_OK;
+}
+
 static loom_status exec_optim(loom_program *p, const loom_step *s)
 {
 	int finite = -1;
@@ -301,6 +332,9 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 	/* ZeRO's shards and a pipeline's stages each hold some gradients. */
 	if ((p->plan.zero || p->plan.pipe) && p->plan.scaling &&
 	    (st = shard_verdict(p, s, &finite)) != LOOM_OK)
+		return st;
+	/* A skipped step (an overflow on any shard) takes no norm. */
+	if (p->plan.zero && p->plan.opts.optim.clip_grad > 0 && finite != 0 && (st = shard_norm(p, s)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
 	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;

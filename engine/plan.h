@@ -44,6 +44,9 @@ typedef struct loom_param_slot {
  * (dist/zero.c) has the pieces of this rank's shards only, and each piece
  * also writes its updated parameter into its gradient's place in the
  * bucket (pack_off, bytes into the bucket region), for the all-gather.
+ * Under O2 a ZeRO piece's fp32 master is its own too (shard_master: at
+ * master_off in the state region, element off's); the slot's master value
+ * then has no storage (LOOM_NODE_SHARDED).
  */
 typedef struct loom_optim_piece {
 	int slot;
@@ -51,6 +54,8 @@ typedef struct loom_optim_piece {
 	size_t state_off[2];
 	int pack;        /* write the updated parameter at bucket + pack_off */
 	size_t pack_off;
+	int shard_master; /* the master is at state + master_off, from element off */
+	size_t master_off;
 } loom_optim_piece;
 
 /*
@@ -142,7 +147,11 @@ typedef struct loom_plan {
 	int n_params;
 	int n_state;          /* optimizer state buffers per parameter (0, 1, 2) */
 	int scaling;          /* dynamic or static loss scaling is on */
-	size_t ws_bytes, state_bytes, master_bytes;
+	/* The state region holds the optimizer state (state_bytes), then,
+	 * ZeRO under O2, this rank's shards of the fp32 masters
+	 * (master_shard_bytes; loom_plan_state_region_bytes). master_bytes:
+	 * the masters this rank holds, whole (persistent region) or shards. */
+	size_t ws_bytes, state_bytes, master_bytes, master_shard_bytes;
 	/* The optimizer's pieces (one per slot, or a shard's). */
 	loom_optim_piece *pieces;
 	int n_pieces;
@@ -180,9 +189,9 @@ typedef struct loom_train_state {
 	struct loom_trace *trace;   /* recording spans (loom_trace_start), else NULL */
 	int buffers_own;            /* data parallel: trained since rank 0's
 				     * buffers were last broadcast */
-	double clip_grad;           /* max global gradient norm, 0: no clipping */
-	int decay_matrices_only;    /* weight decay on parameters of >= 2 dims only */
-	double grad_norm;           /* the last update's global norm (unscaled, averaged) */
+	double grad_norm;           /* the last update's global norm (unscaled, averaged);
+				     * ZeRO: the executor's, summed over the shards,
+				     * before the optimizer step that clips by it */
 } loom_train_state;
 
 /* Base addresses of the arena's regions (backend memory). */
@@ -212,6 +221,20 @@ static inline int loom_optim_state_count(const loom_optim_opts *o)
 	if (o->kind == LOOM_OPTIM_ADAMW)
 		return 2;
 	return o->kind == LOOM_OPTIM_SGD && o->momentum > 0 ? 1 : 0;
+}
+
+/* What the optimizer multiplies the summed gradients by: the loss scale
+ * undone, averaged over the ranks (data parallel: the buckets hold the
+ * sum) and the micro-steps of gradient accumulation. */
+static inline double loom_grad_unscale(const loom_plan *pl, const loom_train_state *ts)
+{
+	return 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
+}
+
+/* What a backend allocates for the state region. */
+static inline size_t loom_plan_state_region_bytes(const loom_plan *pl)
+{
+	return pl->state_bytes + pl->master_shard_bytes;
 }
 
 static inline void *loom_arena_ptr(const loom_arena *a, const loom_plan *pl, loom_value v)

@@ -72,6 +72,9 @@ static loom_status check_optim(const loom_optim_opts *o)
 	if (!(o->weight_decay >= 0))
 		return compile_fail(LOOM_ERR_INVALID, "optimizer: weight decay %g must be >= 0",
 				    o->weight_decay);
+	if (!(o->clip_grad >= 0) || !isfinite(o->clip_grad))
+		return compile_fail(LOOM_ERR_INVALID, "optimizer: clip_grad %g must be >= 0",
+				    o->clip_grad);
 	if (o->kind == LOOM_OPTIM_SGD) {
 		if (!(o->momentum >= 0))
 			return compile_fail(LOOM_ERR_INVALID, "sgd: momentum %g must be >= 0", o->momentum);
@@ -188,7 +191,9 @@ static loom_status init_values(loom_program *p)
 	loom_graph *g = p->plan.g;
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		loom_node *nd = &g->nodes[v];
-		if (nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER)
+		/* ZeRO's sharded masters: loom_zero_start */
+		if ((nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER) ||
+		    (nd->flags & LOOM_NODE_SHARDED))
 			continue;
 		size_t bytes = loom_value_bytes(p, v);
 		void *tmp = malloc(bytes ? bytes : 1);
@@ -361,6 +366,19 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	}
 	if ((st = pick_backend(p)) != LOOM_OK)
 		goto out_fail;
+	if ((o->optim.clip_grad > 0 || o->optim.decay_matrices_only) &&
+	    p->plan.opts.optim.kind != LOOM_OPTIM_NONE && !(p->be->caps & LOOM_BE_CLIPS_GRAD)) {
+		st = compile_fail(LOOM_ERR_UNSUPPORTED,
+				  "optimizer: the %s backend's optimizer has no %s yet",
+				  p->be->name, o->optim.clip_grad > 0 ? "clip_grad" : "decay_matrices_only");
+		goto out_fail;
+	}
+	if (o->optim.clip_grad > 0 && o->pipeline_stages > 1) {
+		st = compile_fail(LOOM_ERR_UNSUPPORTED,
+				  "optimizer: clip_grad is not supported with pipeline stages yet (each "
+				  "stage holds its own gradients; the norm needs their sum)");
+		goto out_fail;
+	}
 	/* Planner passes, then the memory plan of what remains. */
 	unsigned caps = o->no_fusion ? 0 : p->be->caps;
 	if (caps & LOOM_BE_FUSES_RELU_POOL)
@@ -800,7 +818,7 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 			return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 		for (size_t i = 0; i < count; i++)
 			m[i] = (float)src[i];
-		st = loom_program_upload(p, loom_value_ptr(p, nd->master), m, sizeof(float) * count);
+		st = loom_master_write(p, v, m);
 		free(m);
 	}
 	return st;
@@ -813,41 +831,6 @@ loom_status loom_set_lr(loom_program *p, double lr)
 	if (!(lr >= 0) || !isfinite(lr))
 		return loom_program_fail(p, LOOM_ERR_INVALID, "set_lr: %g must be >= 0", lr);
 	p->ts.lr = lr;
-	return LOOM_OK;
-}
-
-loom_status loom_set_clip_grad(loom_program *p, double max_norm)
-{
-	if (!p)
-		return LOOM_ERR_INVALID;
-	if (!(max_norm >= 0) || !isfinite(max_norm))
-		return loom_program_fail(p, LOOM_ERR_INVALID, "set_clip_grad: %g must be >= 0",
-					 max_norm);
-	if (max_norm > 0 && !(p->be->caps & LOOM_BE_CLIPS_GRAD))
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_clip_grad: the %s backend's optimizer does not clip yet",
-					 p->be->name);
-	if (max_norm > 0 && p->plan.pipe)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_clip_grad: not with pipeline stages yet (each stage "
-					 "holds its own gradients; the norm needs their sum)");
-	if (max_norm > 0 && p->plan.opts.zero_stage > 0)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_clip_grad: not under ZeRO yet (each rank holds one "
-					 "shard's gradients; the norm needs their sum over ranks)");
-	p->ts.clip_grad = max_norm;
-	return LOOM_OK;
-}
-
-loom_status loom_set_decay_matrices_only(loom_program *p, int on)
-{
-	if (!p)
-		return LOOM_ERR_INVALID;
-	if (on && !(p->be->caps & LOOM_BE_CLIPS_GRAD))
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "set_decay_matrices_only: not on the %s backend yet",
-					 p->be->name);
-	p->ts.decay_matrices_only = on != 0;
 	return LOOM_OK;
 }
 
@@ -888,7 +871,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
 	info->activation_naive_bytes = p->plan.mp.act_naive_bytes;
-	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + p->plan.state_bytes;
+	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + loom_plan_state_region_bytes(&p->plan);
 	loom_plan_flops(&p->plan, &info->flops_fwd, &info->flops_bwd);
 	info->loss_scale = p->ts.scaler.scale;
 	info->skipped_steps = p->ts.scaler.skipped_steps;

@@ -1,13 +1,12 @@
 /*
- * engine/program_util.c — small helpers every backend shares: error
- * formatting, and the messages both backends word the same way.
+ * engine/program_util.c — the engine's small helpers: a program's errors
+ * (its own, a backend's copied in), uploads and downloads that record a
+ * failure, and the library's log.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "engine/program_internal.h"
-
-#include "base/errf.h"
 
 loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)
 {
@@ -16,24 +15,6 @@ loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, 
 	vsnprintf(p->err, sizeof(p->err), fmt, ap);
 	va_end(ap);
 	return st;
-}
-
-loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	loom_verrnf(err, LOOM_ERR_MAX, st, fmt, ap);
-	va_end(ap);
-	return st;
-}
-
-loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row)
-{
-	const loom_node *n = &pl->g->nodes[v];
-	char lb[96];
-	return loom_errf(err, LOOM_ERR_INVALID, "%s: label %d of row %d is outside [0, %lld)",
-			 loom_node_label(pl->g, v, lb, sizeof(lb)), (int)label, row,
-			 (long long)pl->g->nodes[n->src[0]].shape.dims[1]);
 }
 
 loom_status loom_program_backend_fail(loom_program *p, loom_status st)

@@ -208,16 +208,20 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	/* Without planning, every activation would have a buffer of its own
 	 * and so would every kernel's scratch. */
 	size_t kept = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes; /* buckets hold gradients */
-	size_t naive = kept + p->plan.mp.act_naive_bytes + p->plan.ws_bytes + p->plan.state_bytes;
-	size_t other = kept - info.param_bytes - info.grad_bytes - info.master_bytes;
-	if (kept < info.param_bytes + info.grad_bytes + info.master_bytes)
+	size_t naive = kept + p->plan.mp.act_naive_bytes + p->plan.ws_bytes +
+		       loom_plan_state_region_bytes(&p->plan);
+	/* Whole masters are persistent values; sharded ones (ZeRO) are not. */
+	size_t whole_masters = info.master_bytes - p->plan.master_shard_bytes;
+	size_t other = kept - info.param_bytes - info.grad_bytes - whole_masters;
+	if (kept < info.param_bytes + info.grad_bytes + whole_masters)
 		other = 0;
 	fprintf(out, "memory of the compiled plan (%s, %d nodes, %d parameters, %lld elements):\n",
 		info.backend, info.n_nodes, info.n_params, (long long)info.n_param_elems);
 	mib_line(out, "parameters", info.param_bytes, NULL);
-	mib_line(out, "master weights (fp32)", info.master_bytes, NULL);
-	mib_line(out, "gradients", info.grad_bytes, NULL);
 	snprintf(note, sizeof(note), "(ZeRO-1: this rank's shard, 1/%d)", p->plan.world);
+	mib_line(out, "master weights (fp32)", info.master_bytes,
+		 p->plan.master_shard_bytes ? note : NULL);
+	mib_line(out, "gradients", info.grad_bytes, NULL);
 	mib_line(out, "optimizer state", info.optim_state_bytes, p->plan.zero ? note : NULL);
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",

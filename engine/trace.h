@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "engine/backend.h" /* loom_trace_now */
+
 typedef enum loom_span_kind {
 	LOOM_SPAN_RUN = 0,   /* one loom_run: id the mode, aux the step it makes */
 	LOOM_SPAN_PHASE,     /* id: LOOM_PHASE_* */
@@ -39,13 +41,6 @@ typedef struct loom_trace {
 	FILE *out;     /* rank 0 (or world 1): the file being written */
 	char path[512];
 } loom_trace;
-
-static inline double loom_trace_now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* Records a span; never fails a step (a span that finds no memory is
  * counted in lost and the file says so). */

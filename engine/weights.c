@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
 #include "engine/safetensors.h"
@@ -112,6 +113,8 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
 	t->data = l->host[l->n];
 	l->n++;
+	if (src != v) /* ZeRO: gathered from the shards */
+		return loom_master_read(p, v, l->host[l->n - 1]);
 	return loom_program_download(p, l->host[l->n - 1], loom_value_ptr(p, src), bytes);
 }
 
@@ -169,6 +172,9 @@ loom_status loom_export_safetensors(loom_program *p, const char *path,
 	}
 	static const char *const meta[] = { "format", "pt", "producer", "loom" };
 	char err[LOOM_ERR_MAX];
+	/* ZeRO: every rank gathered (sharded masters), rank 0 writes. */
+	if (st == LOOM_OK && p->plan.zero && p->plan.rank != 0)
+		goto out;
 	if (st == LOOM_OK && (st = loom_st_write(path, l.t, l.n, meta, 2, err, sizeof(err))))
 		loom_program_fail(p, st, "export: %s", err);
 out:
@@ -297,7 +303,7 @@ static loom_status import_value(loom_program *p, loom_value v, const loom_st_ten
 	}
 	st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
 	if (st == LOOM_OK && m)
-		st = loom_program_upload(p, loom_value_ptr(p, n->master), m, sizeof(float) * cnt);
+		st = loom_master_write(p, v, m);
 out:
 	free(tmp);
 	free(m);

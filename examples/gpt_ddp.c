@@ -32,7 +32,6 @@ typedef struct gpt_cfg {
 	int top_k;
 	int val_interval, val_batches;
 	int warmup_steps;
-	double clip;            /* global-norm clipping, 0: off */
 	double peak_flops;      /* 0: measured */
 	const char *init_file;  /* parameters in loom order, f64, from bench/torch_gpt.py */
 	loom_dtype dtype;       /* of the parameters: f32, or f64 (reference runs) */
@@ -59,7 +58,6 @@ static void gpt_usage(FILE *f)
 		"  --val-interval N     validation loss every N steps (default 50; 0: at the end)\n"
 		"  --val-batches N      batches per validation (default 4)\n"
 		"  --warmup-steps N     linear warm-up before the cosine decay (default 20)\n"
-		"  --clip-grad X        clip the gradients' global norm to X (default 1; 0: off)\n"
 		"  --sample N           generate N characters at the end (default 200)\n"
 		"  --temperature X      sampling temperature (default 0.8; 0: greedy)\n"
 		"  --top-k K            sample among the K likeliest (default 40; 0: all)\n"
@@ -117,7 +115,6 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 		INT_FLAG("--val-batches", val_batches, 1)
 		INT_FLAG("--warmup-steps", warmup_steps, 0)
 		DBL_FLAG("--temperature", temperature)
-		DBL_FLAG("--clip-grad", clip)
 		DBL_FLAG("--peak-flops", peak_flops)
 #undef INT_FLAG
 #undef DBL_FLAG
@@ -642,7 +639,7 @@ int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
 		      .temperature = 0.8, .top_k = 40, .val_interval = 50, .val_batches = 4,
-		      .warmup_steps = 20, .clip = 1.0, .dtype = LOOM_F32 };
+		      .warmup_steps = 20, .dtype = LOOM_F32 };
 	/* --nproc first: the workers get every flag, this program's too. */
 	int rc = loom_launch_maybe(&argc, argv);
 	if (rc >= 0)
@@ -694,16 +691,11 @@ int main(int argc, char **argv)
 		 "%lld held-out tokens), clip %g",
 		 c.layers, c.heads, c.embd, T, c.vocab,
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
-		 (long long)train.n, (long long)val.n, c.clip);
+		 (long long)train.n, (long long)val.n, a->clip_grad);
 	switch (train_compile(&t, g, m.loss, LOOM_NONE, c.vocab, what)) {
 	case 0: break;
 	case 1: rc = 0; goto out; /* --dry-run */
 	default: goto out;
-	}
-	if (loom_set_clip_grad(t.p, c.clip) != LOOM_OK ||
-	    loom_set_decay_matrices_only(t.p, 1) != LOOM_OK) {
-		fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
-		goto out;
 	}
 	if (gpt_init(&t, &c, g, &m))
 		goto out;

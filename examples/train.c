@@ -151,6 +151,8 @@ static int check_settings(train_run *t)
 	setting(s, &n, "--pipeline", "%d", a->pipeline);
 	setting(s, &n, "--micro-batches", "%d", a->micro_batches);
 	setting(s, &n, "--schedule", "%s", a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+	setting(s, &n, "--clip-grad", "%.17g", a->clip_grad);
+	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
 	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
@@ -307,7 +309,8 @@ static int init_from(train_run *t)
 int train_export(train_run *t)
 {
 	loom_weights_opts o;
-	if (!t->a.export_path || t->rank != 0)
+	/* Under ZeRO every rank takes part (O2 masters are gathered). */
+	if (!t->a.export_path || (t->rank != 0 && !(t->a.zero && t->world > 1)))
 		return 0;
 	loom_weights_opts_default(&o);
 	o.names = t->names;
@@ -316,6 +319,8 @@ int train_export(train_run *t)
 		fprintf(stderr, "%s: --export: %s\n", t->prog->name, loom_program_error(t->p));
 		return -1;
 	}
+	if (t->rank != 0)
+		return 0;
 	printf("exported the weights to %s (safetensors, PyTorch's names)\n", t->a.export_path);
 	return 0;
 }
@@ -389,6 +394,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.optim.lr = a->lr;
 	o.optim.momentum = a->optim == LOOM_OPTIM_SGD ? a->momentum : 0;
 	o.optim.weight_decay = a->weight_decay;
+	o.optim.clip_grad = a->clip_grad;
+	o.optim.decay_matrices_only = a->decay_matrices_only;
 	o.amp.level = a->level;
 	o.amp.half = a->half;
 	o.amp.static_scale = a->loss_scale;

@@ -59,7 +59,7 @@ const train_program train_gpt_ddp = {
 	.defaults = { TRAIN_BASE_DEFAULTS, .epochs = 1, .batch = 8, .lr = 1e-3,
 		      .weight_decay = 0.1, .optim = LOOM_OPTIM_ADAMW, .log_interval = 10,
 		      .data = "/usr/share/games/fortunes", .schedule = TRAIN_LR_COSINE,
-		      .max_steps = 300 },
+		      .max_steps = 300, .clip_grad = 1.0, .decay_matrices_only = 1 },
 	.data_help = "a text file or a folder of them, read byte by byte\n"
 		     "                       (Debian package fortunes for the default)",
 };
@@ -118,14 +118,16 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --optimizer NAME     sgd or adamw (default %s)\n"
 			"  --lr X               learning rate (default %g)\n"
 			"  --momentum X         SGD momentum (default %g)\n"
-			"  --weight-decay X     weight decay (default %g)\n"
+			"  --weight-decay X     weight decay (default %g%s)\n"
+			"  --clip-grad X        clip the gradients' global norm to X (default %g; 0: off)\n"
 			"  --lr-step N          multiply the lr by --lr-gamma every N epochs (default %s%.0d;\n"
 			"                       0: constant)\n"
 			"  --lr-gamma X         step decay factor (default %g)\n"
 			"  --accumulate N       N micro-batches per optimizer step, gradients all-reduced\n"
 			"                       once on the last (DDP's no_sync; default 1)\n",
 			d->optim == LOOM_OPTIM_ADAMW ? "adamw" : "sgd", d->lr, d->momentum,
-			d->weight_decay, d->lr_step ? "" : "off", d->lr_step,
+			d->weight_decay, d->decay_matrices_only ? ", on matrices only" : "",
+			d->clip_grad, d->lr_step ? "" : "off", d->lr_step,
 			d->lr_gamma);
 	}
 	if (g & TRAIN_FLAGS_CIFAR)
@@ -219,7 +221,7 @@ enum {
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
-	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM,
+	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
 };
 
 /* Every flag and the group that brings it. */
@@ -234,6 +236,7 @@ static const struct {
 	{ TRAIN_FLAGS_FIT, { "lr", required_argument, 0, O_LR } },
 	{ TRAIN_FLAGS_FIT, { "momentum", required_argument, 0, O_MOM } },
 	{ TRAIN_FLAGS_FIT, { "weight-decay", required_argument, 0, O_WD } },
+	{ TRAIN_FLAGS_FIT, { "clip-grad", required_argument, 0, O_CLIP } },
 	{ TRAIN_FLAGS_FIT, { "lr-step", required_argument, 0, O_LRSTEP } },
 	{ TRAIN_FLAGS_FIT, { "lr-gamma", required_argument, 0, O_LRGAMMA } },
 	{ TRAIN_FLAGS_COMMON, { "opt-level", required_argument, 0, O_LEVEL } },
@@ -308,6 +311,13 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	case O_LR: return parse_double("--lr", arg, &a->lr, msg, msglen);
 	case O_MOM: return parse_double("--momentum", arg, &a->momentum, msg, msglen);
 	case O_WD: return parse_double("--weight-decay", arg, &a->weight_decay, msg, msglen);
+	case O_CLIP:
+		if (parse_double("--clip-grad", arg, &a->clip_grad, msg, msglen)) return -1;
+		if (a->clip_grad < 0) {
+			say(msg, msglen, "--clip-grad must be >= 0 (0: off), got '%s'", arg);
+			return -1;
+		}
+		return 0;
 	case O_LRSTEP:
 		if (parse_int("--lr-step", arg, 0, 100000, &l, msg, msglen)) return -1;
 		a->lr_step = (int)l;

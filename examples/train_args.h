@@ -23,6 +23,8 @@ typedef struct train_args {
 	int epochs;
 	int batch;         /* per rank, as in DDP */
 	double lr, momentum, weight_decay;
+	double clip_grad;        /* loom_optim_opts.clip_grad, 0: off */
+	int decay_matrices_only; /* a program's default (gpt_ddp), no flag */
 	train_lr_schedule schedule;
 	int lr_step;       /* epochs between decays, 0: constant */
 	double lr_gamma;

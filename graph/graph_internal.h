@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 
+#include "graph/unary.h"
 #include "loom.h"
 
 typedef enum loom_op {
@@ -38,8 +39,10 @@ typedef enum loom_op {
 	LOOM_OP_CAST,              /* x -> dtype */
 	LOOM_OP_GLOBAL_AVGPOOL,    /* [N, C, H, W] -> [N, C] */
 	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
-	LOOM_OP_GELU,              /* x * Phi(x), the exact (erf) form */
-	LOOM_OP_GELU_BWD,          /* (x, dy) -> dx */
+	/* The unary elementwise ops (graph/unary.h): x -> y, (x, dy) -> dx. */
+#define LOOM_UNARY_ENUM(NAME, low) LOOM_OP_##NAME, LOOM_OP_##NAME##_BWD,
+	LOOM_UNARY_OPS(LOOM_UNARY_ENUM)
+#undef LOOM_UNARY_ENUM
 	LOOM_OP_ALLREDUCE,         /* a gradient bucket summed over ranks (graph/bucket_pass.c) */
 	LOOM_OP_EMBEDDING,         /* (ids i32 [...], table [V, C]) -> [..., C]: a gather */
 	LOOM_OP_EMBEDDING_BWD,     /* (ids, dy) -> dtable, a scatter-add */
@@ -64,6 +67,9 @@ enum {
 	LOOM_NODE_GRAD = 1u << 2,     /* the full gradient of a parameter */
 	LOOM_NODE_AMP = 1u << 3,      /* inserted by the AMP pass */
 	LOOM_NODE_STAGE_CUT = 1u << 4, /* pipeline: the last value of its stage (loom_stage_boundary) */
+	/* Stored outside the memory plan, in shards (ZeRO-1's O2 masters, in
+	 * the optimizer-state region: dist/zero.c): no place in any region. */
+	LOOM_NODE_SHARDED = 1u << 5,
 };
 
 typedef union loom_attrs {
@@ -90,7 +96,7 @@ typedef union loom_attrs {
 	} bc;
 	struct {
 		int relu; /* ADD: a fused relu after the sum (graph/fuse.c) */
-		int tanh; /* GELU, GELU_BWD: the tanh approximation (GPT-2's) */
+		int tanh; /* unary ops (graph/unary.h): the variant (GELU: GPT-2's tanh form) */
 	} ew;
 	struct {
 		loom_init init;

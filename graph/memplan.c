@@ -272,14 +272,16 @@ static loom_status death_lists(planner *pl)
 
 /* -------------------------------------------------------------- placement */
 
-/* Persistent region: in schedule order, one after the other, never reused. */
+/* Persistent region: in schedule order, one after the other, never reused.
+ * A sharded value (LOOM_NODE_SHARDED) has no place here: its owner keeps it. */
 static size_t place_persistent(planner *pl)
 {
 	loom_memplan *mp = pl->mp;
 	size_t top = 0;
 	for (int i = 0; i < pl->n; i++) {
 		loom_value v = mp->schedule[i];
-		if (mp->root[v] != v || mp->region[v] != LOOM_REGION_PERSIST)
+		if (mp->root[v] != v || mp->region[v] != LOOM_REGION_PERSIST ||
+		    (pl->g->nodes[v].flags & LOOM_NODE_SHARDED))
 			continue;
 		mp->offset[v] = top;
 		top += value_bytes(pl->g, v);

@@ -142,6 +142,8 @@ loom_value loom_gelu(loom_graph *g, loom_value x);
 /* GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  * (torch.nn.GELU(approximate='tanh'): GPT-2's and llm.c's). */
 loom_value loom_gelu_tanh(loom_graph *g, loom_value x);
+/* x * sigmoid(x) (torch.nn.SiLU()). */
+loom_value loom_silu(loom_graph *g, loom_value x);
 loom_value loom_maxpool2d(loom_graph *g, loom_value x, int kernel, int stride,
 			  int pad);
 /* [N, C, H, W] -> [N, C]: the mean of each channel plane (ResNet's head). */
@@ -235,6 +237,23 @@ typedef struct loom_optim_opts {
 	int nesterov;     /* SGD */
 	double weight_decay;
 	double beta1, beta2, eps; /* AdamW */
+	/* Gradient clipping by global norm before every update, as
+	 * torch.nn.utils.clip_grad_norm_(params, clip_grad): the L2 norm of
+	 * all gradients together (unscaled, averaged over the ranks and
+	 * micro-steps, i.e. the gradient the optimizer applies) and, when it
+	 * exceeds clip_grad, every gradient times clip_grad / (norm + 1e-6).
+	 * Every rank computes the same norm (ZeRO: the shards' sums of
+	 * squares added over the ranks in rank order). A step skipped for an
+	 * inf/NaN (loss scaling) is skipped before the norm is taken. 0: off
+	 * (the default). loom_program_info.grad_norm reports the last norm.
+	 * CPU and CUDA backends (loom_compile refuses it on one without
+	 * LOOM_BE_CLIPS_GRAD, with ZeRO on CUDA, and with pipeline stages). */
+	double clip_grad;
+	/* Weight decay only on matrices: parameters of 2 or more dims that no
+	 * embedding reads as its table (not embeddings, even one tied to an
+	 * output projection, nor biases or norms), as the GPT issue asks;
+	 * 0 (the default): on all. CPU and CUDA backends. */
+	int decay_matrices_only;
 } loom_optim_opts;
 
 typedef enum loom_opt_level {
@@ -300,15 +319,16 @@ typedef struct loom_compile_opts {
 	/* ZeRO stage (DeepSpeed's), 0 or 1, default 0. With a group of world
 	 * > 1, stage 1 shards the optimizer: each gradient bucket is
 	 * reduce-scattered instead of all-reduced, each rank keeps optimizer
-	 * state (SGD momentum, AdamW moments) for its shard only and updates
-	 * only its shard, and the updated parameters are all-gathered at the
-	 * end of the step. The loss-scale overflow verdict is reduced over the
+	 * state (SGD momentum, AdamW moments) and, under O2, the fp32 master
+	 * weights for its shard only and updates only its shard, and the
+	 * updated parameters are all-gathered at the end of the step. The loss-scale overflow verdict is reduced over the
 	 * shards, so every rank skips the same steps. Parameters end each step
-	 * as plain data parallelism leaves them. loom_save is then collective
-	 * (every rank calls it; rank 0 writes the same file format as without
-	 * ZeRO), and a checkpoint resumes with or without ZeRO at any world
-	 * size. Backends that cannot update a shard (CUDA, for now) are
-	 * refused at compile. World 1: nothing changes. */
+	 * as plain data parallelism leaves them. loom_save and
+	 * loom_export_safetensors are then collective (every rank calls them;
+	 * rank 0 writes the same file as without ZeRO), and a checkpoint resumes with or without ZeRO at any world
+	 * size. CUDA: the fused optimizer updates the shard's pieces and NCCL
+	 * reduce-scatters and all-gathers (compiled, never yet run on a GPU).
+	 * World 1: nothing changes. */
 	int zero_stage;
 	/* A forward-only plan (default 0), for inference: no autodiff, no
 	 * gradients, no optimizer state (optim is ignored), so its own,
@@ -482,23 +502,6 @@ double loom_loss(loom_program *p);
 
 loom_status loom_set_lr(loom_program *p, double lr);
 double loom_get_lr(const loom_program *p);
-/*
- * Gradient clipping by global norm before every update, as
- * torch.nn.utils.clip_grad_norm_(params, max_norm): the L2 norm of all
- * gradients together (unscaled, averaged over the ranks and micro-steps,
- * i.e. the gradient the optimizer applies) and, when it exceeds max_norm,
- * every gradient times max_norm / (norm + 1e-6). Every rank holds the same
- * summed gradients, so every rank computes the same norm and scale. A step
- * skipped for an inf/NaN (loss scaling) is skipped before the norm is
- * taken: nothing changes. max_norm 0 turns it off (the default). CPU and
- * CUDA backends (LOOM_ERR_UNSUPPORTED on one without LOOM_BE_CLIPS_GRAD).
- */
-loom_status loom_set_clip_grad(loom_program *p, double max_norm);
-/* Weight decay only on matrices: parameters of 2 or more dims that no
- * embedding reads as its table (not embeddings, even one tied to an output
- * projection, nor biases or norms), as the GPT issue asks; off by default.
- * CPU and CUDA backends. */
-loom_status loom_set_decay_matrices_only(loom_program *p, int on);
 /* Optimizer steps taken (skipped AMP steps do not count). */
 int64_t loom_step_count(const loom_program *p);
 

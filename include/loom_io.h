@@ -63,7 +63,9 @@ typedef struct loom_weights_report {
  * through opts->names, plus for every batch norm the int64 scalar
  * "<name>.num_batches_tracked" PyTorch keeps (loom's count of training
  * steps, skipped ones included). opts may be NULL. On failure p's error
- * names the file and the fault.
+ * names the file and the fault. Under ZeRO-1 (zero_stage with a group)
+ * it is collective, as loom_save: every rank calls it (under O2 each holds
+ * a shard of the fp32 masters), rank 0 writes.
  */
 loom_status loom_export_safetensors(loom_program *p, const char *path,
 				    const loom_weights_opts *opts);

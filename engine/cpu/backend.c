@@ -15,7 +15,6 @@
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"
-#include "engine/trace.h"
 #include "graph/ops/ops.h"
 
 /* Every op's entry; NULL: the CPU cannot run it (supports_op). */
@@ -46,8 +45,9 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = loom_cpu_op_cast,
 	[LOOM_OP_GLOBAL_AVGPOOL] = loom_cpu_op_global_avgpool,
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
-	[LOOM_OP_GELU] = loom_cpu_op_gelu,
-	[LOOM_OP_GELU_BWD] = loom_cpu_op_gelu_bwd,
+#define UNARY_ENTRY(NAME, low) [LOOM_OP_##NAME] = loom_cpu_op_unary, [LOOM_OP_##NAME##_BWD] = loom_cpu_op_unary,
+	LOOM_UNARY_OPS(UNARY_ENTRY)
+#undef UNARY_ENTRY
 	[LOOM_OP_EMBEDDING] = loom_cpu_op_embedding,
 	[LOOM_OP_EMBEDDING_BWD] = loom_cpu_op_embedding_bwd,
 	[LOOM_OP_LAYERNORM] = loom_cpu_op_layernorm,
@@ -215,7 +215,7 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 {
 	loom_cpu_ctx *c = ctx;
 	size_t total = plan->mp.persist_bytes + plan->mp.bucket_bytes + plan->mp.act_bytes +
-		       plan->ws_bytes + plan->state_bytes;
+		       plan->ws_bytes + loom_plan_state_region_bytes(plan);
 	(void)ts;
 	c->base = aligned_alloc(64, align64(total ? total : 64));
 	if (!c->base)
@@ -371,6 +371,14 @@ static loom_status cpu_grads_finite(void *ctx, const loom_plan *plan, const loom
 	return LOOM_OK;
 }
 
+static loom_status cpu_grad_sumsq(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				  const loom_train_state *ts, int first, int last, double *sumsq)
+{
+	(void)ctx;
+	*sumsq = loom_optim_grad_sumsq_host(plan, arena, loom_grad_unscale(plan, ts), first, last);
+	return LOOM_OK;
+}
+
 /* Host memory: the communicator needs no stream. */
 static void *cpu_stream_handle(void *ctx, loom_stream stream)
 {
@@ -443,6 +451,7 @@ const loom_backend loom_cpu_backend = {
 	.accum = cpu_accum,
 	.optim = cpu_optim,
 	.grads_finite = cpu_grads_finite,
+	.grad_sumsq = cpu_grad_sumsq,
 	.stream_handle = cpu_stream_handle,
 	.upload = cpu_copy,
 	.download = cpu_copy,

@@ -119,9 +119,8 @@ loom_status loom_cpu_op_relu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 			const loom_cpu_io *io);
 loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
-loom_status loom_cpu_op_gelu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_gelu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+/* Every unary op of graph/unary.h, forward and backward. */
+loom_status loom_cpu_op_unary(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
 loom_status loom_cpu_op_add(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);

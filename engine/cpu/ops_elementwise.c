@@ -1,15 +1,16 @@
 /*
  * engine/cpu/ops_elementwise.c — the CPU entries of the elementwise ops
- * (relu, add with the relu graph/fuse.c may fold into it, sum, scalar
+ * (relu, the unary ops of graph/unary.h through one entry, add with the
+ * relu graph/fuse.c may fold into it, sum, scalar
  * broadcast, the loss-scale seed of backward) and of the dtype cast that the
  * AMP pass inserts.
  */
 #include <math.h>
 
-#include "engine/gelu.h"
 #include "amp/half.h"
 #include "engine/cpu/ops.h"
 #include "engine/elem.h"
+#include "graph/ops/ops.h"
 
 static int64_t numel_of(const loom_plan *plan, loom_value v)
 {
@@ -34,52 +35,45 @@ loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_
 	return LOOM_OK;
 }
 
-/* gelu runs in the entry itself: erf (or tanh) dominates, and there is no
- * library kernel or ISA-specific loop to choose between. The formulas, exact
- * and tanh (GPT-2's), are engine/gelu.h's. */
-#define GELU_PAR_MIN 32768
+/* The unary ops (graph/unary.h) run in the entry itself: their functions
+ * (erf, tanh) dominate, and there is no library kernel or ISA-specific
+ * loop to choose between. One loop per row and dtype, the row chosen once. */
+#define UNARY_PAR_MIN 32768
 
-static void gelu_f32(int64_t n, const float *x, const float *dy, float *y, int tanh_form)
-{
-#pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
-	for (int64_t i = 0; i < n; i++)
-		y[i] = tanh_form ? loom_gelu_tanh_f32(x[i], dy ? dy[i] : 0.0f, dy != NULL)
-				 : loom_gelu_f32(x[i], dy ? dy[i] : 0.0f, dy != NULL);
-}
+#define UNARY_CASE(NAME, low)                                                          \
+	case LOOM_OP_##NAME:                                                            \
+	case LOOM_OP_##NAME##_BWD:                                                      \
+		if (f64) {                                                              \
+			const double *x = io->src[0], *dy = bwd ? io->src[1] : NULL;    \
+			double *y = io->out;                                            \
+			_Pragma("omp parallel for if (n >= UNARY_PAR_MIN) schedule(static)") \
+			for (int64_t i = 0; i < n; i++)                                 \
+				y[i] = loom_unary_##low##_f64(x[i], bwd ? dy[i] : 0.0, bwd, attr); \
+		} else {                                                                \
+			const float *x = io->src[0], *dy = bwd ? io->src[1] : NULL;     \
+			float *y = io->out;                                             \
+			_Pragma("omp parallel for if (n >= UNARY_PAR_MIN) schedule(static)") \
+			for (int64_t i = 0; i < n; i++)                                 \
+				y[i] = loom_unary_##low##_f32(x[i], bwd ? dy[i] : 0.0f, bwd, attr); \
+		}                                                                       \
+		return LOOM_OK;
 
-static void gelu_f64(int64_t n, const double *x, const double *dy, double *y, int tanh_form)
+loom_status loom_cpu_op_unary(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			      const loom_cpu_io *io)
 {
-#pragma omp parallel for if (n >= GELU_PAR_MIN) schedule(static)
-	for (int64_t i = 0; i < n; i++)
-		y[i] = tanh_form ? loom_gelu_tanh_f64(x[i], dy ? dy[i] : 0.0, dy != NULL)
-				 : loom_gelu_f64(x[i], dy ? dy[i] : 0.0, dy != NULL);
-}
-
-static void gelu(const loom_plan *plan, loom_value v, const loom_cpu_io *io, int bwd)
-{
+	const loom_node *nd = &plan->g->nodes[v];
 	int64_t n = numel_of(plan, v);
-	int t = plan->g->nodes[v].a.ew.tanh;
-	if (loom_cpu_kernel_dtype(&plan->g->nodes[v]) == LOOM_F64)
-		gelu_f64(n, io->src[0], bwd ? io->src[1] : NULL, io->out, t);
-	else
-		gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, io->out, t);
-}
-
-loom_status loom_cpu_op_gelu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			     const loom_cpu_io *io)
-{
+	int bwd = nd->nsrc > 1, attr = nd->a.ew.tanh;
+	int f64 = loom_cpu_kernel_dtype(nd) == LOOM_F64;
 	(void)ctx;
-	gelu(plan, v, io, 0);
-	return LOOM_OK;
+	switch (nd->op) {
+		LOOM_UNARY_OPS(UNARY_CASE)
+	default:
+		return loom_errf(ctx->err, LOOM_ERR_UNSUPPORTED, "cpu: %s is not a unary op",
+				 loom_op_defs[nd->op]->name);
+	}
 }
-
-loom_status loom_cpu_op_gelu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	(void)ctx;
-	gelu(plan, v, io, 1);
-	return LOOM_OK;
-}
+#undef UNARY_CASE
 
 loom_status loom_cpu_op_add(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			    const loom_cpu_io *io)

@@ -58,10 +58,8 @@ int loom_optim_grads_finite_host(const loom_plan *pl, const loom_arena *a, int f
 	return ok;
 }
 
-/* The sum of squares of the gradients of pieces [first, last) times inv,
- * in double, in a fixed order (the same on every rank). */
-static double grad_sumsq(const loom_plan *pl, const loom_arena *a, double inv, int first,
-			 int last)
+double loom_optim_grad_sumsq_host(const loom_plan *pl, const loom_arena *a, double inv, int first,
+				  int last)
 {
 	double total = 0;
 	for (int k = first; k < last; k++) {
@@ -106,8 +104,9 @@ static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double 
 }
 
 /* One piece: elements [off, off + n) of its slot. The state (and, ZeRO,
- * the packed copy of the parameter in the bucket) is the piece's own, from
- * element 0; values, gradients and masters are the slot's, from off. */
+ * the packed copy of the parameter in the bucket and the master shard) is
+ * the piece's own, from element 0; values, gradients and whole masters are
+ * the slot's, from off. */
 static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_train_state *ts,
 			 const loom_optim_piece *pc, double inv_scale)
 {
@@ -117,20 +116,22 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	const loom_node *gn = &pl->g->nodes[sl->grad];
 	void *param = loom_arena_ptr(a, pl, sl->param);
 	const void *grad = loom_arena_ptr(a, pl, sl->grad);
-	void *master = sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
+	void *master = pc->shard_master ? a->state + pc->master_off :
+		       sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
 	loom_dtype wdt = master ? LOOM_F32 : pn->dtype;
 	void *w_src = master ? master : param;
+	int64_t w_base = pc->shard_master ? -pc->off : 0; /* w_src's element off is at off + w_base */
 	void *st0 = pl->n_state > 0 ? a->state + pc->state_off[0] : NULL;
 	void *st1 = pl->n_state > 1 ? a->state + pc->state_off[1] : NULL;
 	void *pack = pc->pack ? a->bucket + pc->pack_off : NULL;
 	int64_t t = ts->step + 1;
 	double lr = ts->lr;
-	double wd = ts->decay_matrices_only && !sl->matrix ? 0 : o->weight_decay;
+	double wd = o->decay_matrices_only && !sl->matrix ? 0 : o->weight_decay;
 	#pragma omp parallel for if (pc->n > 4 * CHUNK) schedule(static)
 	for (int64_t k = 0; k < pc->n; k += CHUNK) {
 		double w[CHUNK], g[CHUNK], s0[CHUNK], s1[CHUNK];
 		int64_t n = pc->n - k < CHUNK ? pc->n - k : CHUNK, off = pc->off + k;
-		load(wdt, w_src, off, n, w);
+		load(wdt, w_src, off + w_base, n, w);
 		load(gn->dtype, grad, off, n, g);
 		for (int64_t i = 0; i < n; i++)
 			g[i] *= inv_scale;
@@ -139,7 +140,7 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 		if (st1)
 			load(sl->state_dtype, st1, k, n, s1);
 		update_chunk(o, lr, t, w, g, s0, s1, n, wd);
-		store(wdt, w_src, off, n, w);
+		store(wdt, w_src, off + w_base, n, w);
 		if (master)
 			store(pn->dtype, param, off, n, w);
 		if (pack)
@@ -173,7 +174,7 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 	 * executor reduced the shards' verdicts into finite). Gradient
 	 * accumulation: the sum over micro + 1 micro-steps, averaged the same
 	 * way; an overflow in any of them is in the sum too. */
-	double inv = 1.0 / (ts->scaler.scale * pl->world * (ts->micro + 1));
+	double inv = loom_grad_unscale(pl, ts);
 	if (pl->scaling) {
 		if (finite < 0)
 			finite = loom_optim_grads_finite_host(pl, a, first, last);
@@ -186,11 +187,13 @@ loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_
 		}
 	}
 	/* Clipping (torch's clip_grad_norm_) folded into the unscale. Over
-	 * every piece: loom_set_clip_grad refuses ZeRO, whose pieces are one
-	 * shard's. */
-	if (ts->clip_grad > 0) {
-		ts->grad_norm = sqrt(grad_sumsq(pl, a, inv, first, last));
-		double coef = ts->clip_grad / (ts->grad_norm + 1e-6);
+	 * every piece; ZeRO's pieces are one shard's, and the executor has
+	 * put the norm over every shard in ts->grad_norm. */
+	double clip = pl->opts.optim.clip_grad;
+	if (clip > 0) {
+		if (!pl->zero)
+			ts->grad_norm = sqrt(loom_optim_grad_sumsq_host(pl, a, inv, first, last));
+		double coef = clip / (ts->grad_norm + 1e-6);
 		if (coef < 1)
 			inv *= coef;
 	}

@@ -13,6 +13,11 @@
 loom_status loom_optim_step_host(const loom_plan *pl, const loom_arena *a, loom_train_state *ts,
 				 int first, int last, int finite);
 
+/* The sum of squares of pieces [first, last)'s gradients times inv, in
+ * f64, in a fixed order (the same on every rank). */
+double loom_optim_grad_sumsq_host(const loom_plan *pl, const loom_arena *a, double inv, int first,
+				  int last);
+
 /* Whether the gradients of pieces [first, last) hold no inf/NaN. */
 int loom_optim_grads_finite_host(const loom_plan *pl, const loom_arena *a, int first, int last);
 

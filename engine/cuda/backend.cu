@@ -25,9 +25,7 @@
 
 extern "C" {
 #include "engine/cuda/device.h"
-#include "engine/program_internal.h" /* loom_cuda_test_library_use reads the program */
 #include "graph/ops/ops.h"
-#include "engine/trace.h"
 }
 
 int loom_cuda_poison_on;
@@ -80,8 +78,11 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_CAST] = loom_cuda_op_cast;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL] = loom_cuda_op_global_avgpool;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
-	t.fn[LOOM_OP_GELU] = loom_cuda_op_gelu;
-	t.fn[LOOM_OP_GELU_BWD] = loom_cuda_op_gelu_bwd;
+#define UNARY_ENTRY(NAME, low) \
+	t.fn[LOOM_OP_##NAME] = loom_cuda_op_unary; \
+	t.fn[LOOM_OP_##NAME##_BWD] = loom_cuda_op_unary;
+	LOOM_UNARY_OPS(UNARY_ENTRY)
+#undef UNARY_ENTRY
 	t.fn[LOOM_OP_EMBEDDING] = loom_cuda_op_embedding;
 	t.fn[LOOM_OP_EMBEDDING_BWD] = loom_cuda_op_embedding_bwd;
 	t.fn[LOOM_OP_LAYERNORM] = loom_cuda_op_layernorm;
@@ -107,18 +108,10 @@ loom_status loom_cuda_op_nothing(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	return LOOM_OK;
 }
 
-/* The CUDA context of program p, or NULL (another backend, or not made). */
-static const loom_cuda_ctx *cuda_ctx_of(const struct loom_program *p)
-{
-	if (!p || !p->be || strcmp(p->be->name, "cuda") != 0)
-		return NULL;
-	return (const loom_cuda_ctx *)p->be_ctx;
-}
-
-extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
+extern "C" void loom_cuda_test_library_use(const void *be_ctx, int *bn_cudnn,
 					   int *bgrad_epilogue)
 {
-	const loom_cuda_ctx *c = cuda_ctx_of(p);
+	const loom_cuda_ctx *c = (const loom_cuda_ctx *)be_ctx;
 	*bn_cudnn = *bgrad_epilogue = 0;
 	for (int v = 0; c && v < c->n_plans; v++) {
 		*bn_cudnn += c->plans[v].kind == LOOM_CUDA_PLAN_BN;
@@ -127,10 +120,9 @@ extern "C" void loom_cuda_test_library_use(const struct loom_program *p, int *bn
 	}
 }
 
-extern "C" void loom_cuda_test_fallbacks(const struct loom_program *p, int *conv_f32,
-					int *mm_unfused)
+extern "C" void loom_cuda_test_fallbacks(const void *be_ctx, int *conv_f32, int *mm_unfused)
 {
-	const loom_cuda_ctx *c = cuda_ctx_of(p);
+	const loom_cuda_ctx *c = (const loom_cuda_ctx *)be_ctx;
 	*conv_f32 = *mm_unfused = 0;
 	for (int v = 0; c && v < c->n_plans; v++) {
 		const loom_cuda_node_plan *np = &c->plans[v];
@@ -309,7 +301,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 {
 	loom_cuda_opt_slot *slots =
-		(loom_cuda_opt_slot *)calloc(p->n_params ? p->n_params : 1, sizeof(*slots));
+		(loom_cuda_opt_slot *)calloc(p->n_pieces ? p->n_pieces : 1, sizeof(*slots));
 	loom_cuda_opt_chunk *chunks =
 		(loom_cuda_opt_chunk *)calloc(c->n_chunks ? c->n_chunks : 1, sizeof(*chunks));
 	loom_status st = LOOM_OK;
@@ -319,26 +311,34 @@ static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 		st = loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 		goto out_free;
 	}
-	for (int s = 0; s < p->n_params; s++) {
-		const loom_param_slot *sl = &p->params[s];
-		slots[s].param = loom_arena_ptr(c->arena, p, sl->param);
-		slots[s].grad = loom_arena_ptr(c->arena, p, sl->grad);
-		slots[s].master = sl->master != LOOM_NONE ? loom_arena_ptr(c->arena, p, sl->master) :
-							    NULL;
-		slots[s].st0 = p->n_state > 0 ? c->arena->state + sl->state_off[0] : NULL;
-		slots[s].st1 = p->n_state > 1 ? c->arena->state + sl->state_off[1] : NULL;
-		slots[s].numel = sl->numel;
+	/* One table row per optimizer piece, its addresses at its element 0. */
+	for (int s = 0; s < p->n_pieces; s++) {
+		const loom_optim_piece *pc = &p->pieces[s];
+		const loom_param_slot *sl = &p->params[pc->slot];
+		size_t psz = loom_dtype_size(p->g->nodes[sl->param].dtype);
+		size_t gsz = loom_dtype_size(p->g->nodes[sl->grad].dtype);
+		slots[s].param = (unsigned char *)loom_arena_ptr(c->arena, p, sl->param) + pc->off * psz;
+		slots[s].grad = (unsigned char *)loom_arena_ptr(c->arena, p, sl->grad) + pc->off * gsz;
+		slots[s].master = pc->shard_master ? (void *)(c->arena->state + pc->master_off) :
+				  sl->master != LOOM_NONE ?
+					  (void *)((unsigned char *)loom_arena_ptr(c->arena, p, sl->master) +
+						   pc->off * sizeof(float)) :
+					  NULL;
+		slots[s].st0 = p->n_state > 0 ? c->arena->state + pc->state_off[0] : NULL;
+		slots[s].st1 = p->n_state > 1 ? c->arena->state + pc->state_off[1] : NULL;
+		slots[s].pack = pc->pack ? c->arena->bucket + pc->pack_off : NULL;
+		slots[s].numel = pc->n;
 		slots[s].param_dt = p->g->nodes[sl->param].dtype;
 		slots[s].grad_dt = p->g->nodes[sl->grad].dtype;
 		slots[s].state_dt = sl->state_dtype;
 		slots[s].matrix = sl->matrix;
-		for (int64_t off = 0; off < sl->numel; off += LOOM_CUDA_OPT_CHUNK) {
+		for (int64_t off = 0; off < pc->n; off += LOOM_CUDA_OPT_CHUNK) {
 			chunks[k].slot = s;
 			chunks[k].off = off;
 			k++;
 		}
 	}
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_slots, slots, sizeof(*slots) * p->n_params,
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_slots, slots, sizeof(*slots) * p->n_pieces,
 					     cudaMemcpyHostToDevice, c->stream),
 			     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
@@ -364,8 +364,8 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 
 	c->n_chunks = 0;
-	for (int s = 0; s < p->n_params; s++)
-		c->n_chunks += (int)((p->params[s].numel + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
+	for (int s = 0; s < p->n_pieces; s++)
+		c->n_chunks += (int)((p->pieces[s].n + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
 	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks
 	 * | the chunks' norm parts. */
@@ -373,9 +373,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
 	size_t o_state = o_ws + loom_cuda_align(p->ws_bytes);
-	size_t o_ctl = o_state + loom_cuda_align(p->state_bytes);
+	size_t o_ctl = o_state + loom_cuda_align(loom_plan_state_region_bytes(p));
 	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
-	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_params);
+	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_pieces);
 	size_t o_norm = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
 	size_t total = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
 
@@ -819,9 +819,10 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 	return LOOM_OK;
 }
 
-/* The fused optimizer runs over every slot at once (its chunk table, made
- * at alloc): pieces are whole slots here (no LOOM_BE_SHARDED_OPTIM). The
- * overflow check and the skip stay on the device. */
+/* The fused optimizer runs over every piece at once (its chunk table, made
+ * at alloc: whole slots, or under ZeRO this rank's shard). The overflow
+ * check and the skip stay on the device; under ZeRO the verdict is the
+ * executor's (finite), summed over the ranks. */
 static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
 			      loom_train_state *ts, int first, int last, int finite)
 {
@@ -830,14 +831,42 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 	(void)arena;
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
-	if (first != 0 || last != p->n_pieces || finite >= 0)
+	if (first != 0 || last != p->n_pieces)
 		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the optimizer updates all parameters at once, not pieces "
+				 "cuda: the optimizer updates all its pieces at once, not pieces "
 				 "[%d, %d) of %d", first, last, p->n_pieces);
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
-	return loom_cuda_optim_launch(c, p, ts->lr, ts->micro, ts->clip_grad,
-				      ts->decay_matrices_only, c->stream);
+	return loom_cuda_optim_launch(c, p, ts->lr, ts->micro, finite, p->opts.optim.clip_grad,
+				      p->opts.optim.decay_matrices_only, c->stream);
+}
+
+/* ZeRO: this rank's pieces checked on the device, the verdict read back
+ * (waits). ctl->found_inf is left clear for the decision, which takes the
+ * executor's verdict. */
+static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
+				     int first, int last, int *finite)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	int32_t bad = 0;
+	(void)arena;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
+				 first, last, p->n_pieces);
+	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
+				  c->err, sizeof(c->err))) != LOOM_OK ||
+	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK ||
+	    (st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, &c->ctl->found_inf, sizeof(bad),
+						  cudaMemcpyDeviceToHost, c->stream),
+				  c->err, sizeof(c->err))) != LOOM_OK ||
+	    (st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	*finite = !bad;
+	return LOOM_OK;
 }
 
 static void *cuda_stream_handle(void *ctx, loom_stream s)
@@ -897,7 +926,7 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD,
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,
@@ -914,7 +943,7 @@ static const loom_backend loom_cuda_backend = {
 	.check_finite = cuda_check_finite,
 	.accum = cuda_accum,
 	.optim = cuda_optim,
-	.grads_finite = NULL, /* no ZeRO on the device yet */
+	.grads_finite = cuda_grads_finite,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,

@@ -30,22 +30,21 @@ void loom_cuda_test_poison(int on);
 void loom_cuda_test_own_kernels(int on);
 
 /*
- * Tests only: of program p's nodes (compiled for the CUDA backend), how many
- * run batch norm through cuDNN (forward and backward nodes), and how many
- * matrix products make a bias gradient with the BGRADB epilogue. Zeros for
- * a program of another backend or a build without CUDA.
+ * Tests only: of the nodes of the program whose CUDA backend context is
+ * be_ctx, how many run batch norm through cuDNN (forward and backward
+ * nodes), and how many matrix products make a bias gradient with the
+ * BGRADB epilogue. Zeros for be_ctx NULL (the caller passes NULL for a
+ * program of another backend).
  */
-struct loom_program;
-void loom_cuda_test_library_use(const struct loom_program *p, int *bn_cudnn,
-				int *bgrad_epilogue);
+void loom_cuda_test_library_use(const void *be_ctx, int *bn_cudnn, int *bgrad_epilogue);
 
 /*
- * Tests only: of program p's nodes (CUDA backend), how many half
- * convolutions run in f32 (no half algorithm, or the own-kernels hook), and
- * how many linears leave their bias or relu to own kernels after a plain
- * product. Zeros for a program of another backend or a build without CUDA.
+ * Tests only: of the nodes of the program whose CUDA backend context is
+ * be_ctx, how many half convolutions run in f32 (no half algorithm, or the
+ * own-kernels hook), and how many linears leave their bias or relu to own
+ * kernels after a plain product. Zeros for be_ctx NULL.
  */
-void loom_cuda_test_fallbacks(const struct loom_program *p, int *conv_f32, int *mm_unfused);
+void loom_cuda_test_fallbacks(const void *be_ctx, int *conv_f32, int *mm_unfused);
 
 #ifdef __cplusplus
 }

@@ -60,12 +60,15 @@ typedef struct loom_cuda_opt_chunk {
 	int64_t off;
 } loom_cuda_opt_chunk;
 
-/* One parameter as the optimizer kernels see it (device addresses). */
+/* One optimizer piece (engine/plan.h: a whole parameter, or under ZeRO
+ * the part of one in this rank's shard) as the kernels see it: device
+ * addresses of its element 0. */
 typedef struct loom_cuda_opt_slot {
 	void *param;
 	const void *grad;
-	void *master; /* NULL unless O2 */
+	void *master; /* NULL unless O2 (the slot's, or ZeRO's shard) */
 	void *st0, *st1;
+	void *pack;   /* ZeRO: the piece's place in the bucket, for the all-gather */
 	int64_t numel;
 	int32_t param_dt, grad_dt, state_dt;
 	int32_t matrix; /* loom_param_slot.matrix: decayed under decay_matrices_only */
@@ -236,10 +239,9 @@ loom_status loom_cuda_op_relu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_va
 			      const loom_cuda_io *io);
 loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				  const loom_cuda_io *io);
-loom_status loom_cuda_op_gelu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			      const loom_cuda_io *io);
-loom_status loom_cuda_op_gelu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				  const loom_cuda_io *io);
+/* Every unary op of graph/unary.h, forward and backward. */
+loom_status loom_cuda_op_unary(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+			       const loom_cuda_io *io);
 loom_status loom_cuda_op_add(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 			     const loom_cuda_io *io);
 loom_status loom_cuda_op_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -337,10 +339,15 @@ loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int class
 				     const void *logits, int ldt, const int32_t *labels,
 				     const void *dloss, int dldt, void *dlogits, int dxdt);
 
-/* optim.cu: the fused check, decision and update over every parameter
- * (errors into c->err). */
+/* optim.cu: the fused check, decision and update over every piece
+ * (errors into c->err). verdict: -1, check the pieces here; 0 or 1, the
+ * executor's verdict over the ranks (ZeRO). */
 loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-				   int micro, double clip, int matrices_only, cudaStream_t s);
+				   int micro, int verdict, double clip, int matrices_only,
+				   cudaStream_t s);
+/* optim.cu: the pieces' overflow check alone, into ctl->found_inf (ZeRO's
+ * grads_finite reads it back). */
+loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStream_t s);
 }
 
 /* ------------------------------------------------------------ libraries */

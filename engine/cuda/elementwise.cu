@@ -5,7 +5,6 @@
  * engine/cpu/bn_impl.h, run_cast and GRAD_SEED in engine/cpu/backend.c.
  * Every kernel reads any float dtype as fp32 and rounds its result once.
  */
-#include "engine/gelu.h"
 #include "engine/cuda/dtype.cuh"
 
 // ----------------------------------------------------------------------------
@@ -35,17 +34,21 @@ __global__ void loom_relu_bwd_kernel(const void *x, int xdt, const void *dy, int
 		loom_st(dx, dxdt, i, loom_ld(x, xdt, i) > 0.0f ? loom_ld(dy, dydt, i) : 0.0f);
 }
 
-/* gelu, the exact or (tanh_form) GPT-2's tanh form: engine/gelu.h. */
-__global__ void loom_gelu_kernel(const void *x, int xdt, const void *dy, int dydt, void *y,
-				 int ydt, int64_t n, int tanh_form)
-{
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-	     i += (int64_t)gridDim.x * blockDim.x) {
-		float g = dy ? loom_ld(dy, dydt, i) : 0.0f, v = loom_ld(x, xdt, i);
-		loom_st(y, ydt, i,
-			tanh_form ? loom_gelu_tanh_f32(v, g, dy != NULL) : loom_gelu_f32(v, g, dy != NULL));
+/* Every unary op of graph/unary.h: one kernel per row (its function
+ * inlined), forward (dy NULL) or backward. */
+#define UNARY_KERNEL(NAME, low)                                                              \
+	__global__ void loom_unary_##low##_kernel(const void *x, int xdt, const void *dy,    \
+						  int dydt, void *y, int ydt, int64_t n,      \
+						  int attr)                                   \
+	{                                                                                     \
+		for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;      \
+		     i += (int64_t)gridDim.x * blockDim.x) {                                  \
+			float g = dy ? loom_ld(dy, dydt, i) : 0.0f, v = loom_ld(x, xdt, i);   \
+			loom_st(y, ydt, i, loom_unary_##low##_f32(v, g, dy != NULL, attr));  \
+		}                                                                             \
 	}
-}
+LOOM_UNARY_OPS(UNARY_KERNEL)
+#undef UNARY_KERNEL
 
 /* relu: a fused relu (attrs.ew.relu, graph/fuse.c), applied in fp32 before
  * the one rounding, as the CPU applies it before rounding to half. */
@@ -248,29 +251,30 @@ loom_status loom_cuda_op_relu(loom_cuda_ctx *c, const loom_plan *plan, loom_valu
 				  numel_of(plan, v));
 }
 
-/* gelu (dy NULL) or its backward; launcher and entries together. */
-static loom_status gelu_launch(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-			       const loom_cuda_io *io, int bwd)
+/* Every unary op (graph/unary.h), forward or (two sources) backward. */
+loom_status loom_cuda_op_unary(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+			       const loom_cuda_io *io)
 {
+	const loom_node *nd = &plan->g->nodes[v];
 	int64_t n = numel_of(plan, v);
+	int bwd = nd->nsrc > 1;
 	if (n <= 0)
 		return LOOM_OK;
-	loom_gelu_kernel<<<loom_cuda_blocks(n, threads), threads, 0, c->stream>>>(
-		io->src[0], io->dt[0], bwd ? io->src[1] : NULL, bwd ? io->dt[1] : 0, io->out,
-		io->odt, n, plan->g->nodes[v].a.ew.tanh);
+	switch (nd->op) {
+#define UNARY_LAUNCH(NAME, low)                                                              \
+	case LOOM_OP_##NAME:                                                                  \
+	case LOOM_OP_##NAME##_BWD:                                                            \
+		loom_unary_##low##_kernel<<<loom_cuda_blocks(n, threads), threads, 0, c->stream>>>( \
+			io->src[0], io->dt[0], bwd ? io->src[1] : NULL, bwd ? io->dt[1] : 0,   \
+			io->out, io->odt, n, nd->a.ew.tanh);                                  \
+		break;
+		LOOM_UNARY_OPS(UNARY_LAUNCH)
+#undef UNARY_LAUNCH
+	default:
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED, "cuda: op %d is not a unary op",
+				 (int)nd->op);
+	}
 	return LOOM_CUDA_LAUNCHED(c->err);
-}
-
-loom_status loom_cuda_op_gelu(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-			      const loom_cuda_io *io)
-{
-	return gelu_launch(c, plan, v, io, 0);
-}
-
-loom_status loom_cuda_op_gelu_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-				  const loom_cuda_io *io)
-{
-	return gelu_launch(c, plan, v, io, 1);
 }
 
 loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,

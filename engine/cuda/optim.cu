@@ -1,6 +1,7 @@
 /*
  * engine/cuda/optim.cu — the optimizer step on the device, fused with mixed
- * precision's bookkeeping, in three launches over all parameters: (1) check
+ * precision's bookkeeping, in three launches over the plan's optimizer
+ * pieces (whole parameters, or under ZeRO this rank's shard): (1) check
  * every gradient for inf/NaN, (2) one thread runs the loss-scale update on
  * the device copy of the scaler and decides whether to apply, (3) unscale
  * each gradient as it updates the fp32 value (the O2 master, or the
@@ -41,9 +42,13 @@ __global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
  * optimizer. The inverse scale is the one the gradients were scaled by,
  * taken before the update may grow or shrink it (as the CPU does).
  */
-__global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int world, int micro)
+__global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int world, int micro,
+				       int verdict)
 {
 	int apply = 1;
+	/* ZeRO: every rank checked its shard, the executor summed them. */
+	if (verdict >= 0)
+		ctl->found_inf = !verdict;
 	/* Data parallel: the buckets hold the sum over the ranks; gradient
 	 * accumulation: over micro + 1 micro-steps (engine/cpu/optim.c). */
 	double inv = 1.0 / ((double)ctl->scaler.scale * world * (micro + 1));
@@ -113,8 +118,20 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				       loom_optim_opts o, double lr, int matrices_only,
 				       const loom_cuda_ctl *ctl)
 {
-	if (!ctl->apply)
+	if (!ctl->apply) {
+		/* Skipped: the all-gather still needs this shard's parameters
+		 * where the gradients were (ZeRO). */
+		for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+			const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+			int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
+			if (end > sl.numel)
+				end = sl.numel;
+			for (int64_t i = chunks[ci].off + threadIdx.x; sl.pack && i < end;
+			     i += blockDim.x)
+				loom_st(sl.pack, sl.param_dt, i, loom_ld(sl.param, sl.param_dt, i));
+		}
 		return;
+	}
 	const double inv = ctl->inv_scale;
 	const int64_t t = ctl->t;
 	double bc1 = 1, bc2 = 1;
@@ -156,6 +173,8 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 			loom_st(wp, wdt, i, (float)w);
 			if (sl.master)
 				loom_st(sl.param, sl.param_dt, i, (float)w);
+			if (sl.pack)
+				loom_st(sl.pack, sl.param_dt, i, (float)w);
 		}
 	}
 }
@@ -165,20 +184,31 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 
 static const int threads = 256;
 
+static unsigned opt_blocks(const loom_cuda_ctx *c)
+{
+	return c->n_chunks < 65535 ? (unsigned)(c->n_chunks > 0 ? c->n_chunks : 1) : 65535;
+}
+
+extern "C" loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStream_t s)
+{
+	(void)p;
+	if (c->n_chunks == 0)
+		return LOOM_OK;
+	loom_opt_check_kernel<<<opt_blocks(c), threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
+								 c->ctl);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
 extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-						 int micro, double clip, int matrices_only,
+						 int micro, int verdict, double clip, int matrices_only,
 						 cudaStream_t s)
 {
 	loom_status st;
-	unsigned blocks = c->n_chunks < 65535 ? (unsigned)(c->n_chunks > 0 ? c->n_chunks : 1) : 65535;
+	unsigned blocks = opt_blocks(c);
 
-	if (p->scaling && c->n_chunks > 0) {
-		loom_opt_check_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
-								  c->ctl);
-		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
-			return st;
-	}
-	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro);
+	if (p->scaling && verdict < 0 && (st = loom_cuda_optim_check(c, p, s)) != LOOM_OK)
+		return st;
+	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro, verdict);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 		return st;
 	if (c->n_chunks == 0)

@@ -11,8 +11,8 @@
 #include "base/check.h"
 #include "base/cuda_plugin.h"
 #include "comm/comm_internal.h"
+#include "engine/backend.h" /* loom_cuda_backend_get */
 #include "engine/cuda/cuda_backend.h"
-#include "engine/program_internal.h"
 
 static int plugin_device_count(char *err, size_t errlen)
 {

@@ -1,7 +1,8 @@
 /*
  * graph/ops/elementwise.c — ops that map each element on its own: relu and
- * gelu and their backwards (x, dy) -> dx, add of two same-shaped values, and
- * the cast the AMP pass inserts between dtypes.
+ * its backward (x, dy) -> dx, add of two same-shaped values, and the cast
+ * the AMP pass inserts between dtypes (the unary ops of graph/unary.h:
+ * graph/ops/unary.c).
  */
 #include "graph/ops/ops.h"
 
@@ -12,7 +13,7 @@ loom_value loom_relu(loom_graph *g, loom_value x)
 	return loom_op_build(g, &n);
 }
 
-static int shape_relu(loom_graph *g, loom_node *n)
+int loom_shape_like_input(loom_graph *g, loom_node *n)
 {
 	const loom_node *x = &g->nodes[n->src[0]];
 	if (!loom_check_float(g, n, 0))
@@ -29,37 +30,6 @@ static void grad_relu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		return;
 	loom_value s[2] = { x, dy };
 	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_RELU_BWD, x, 2, s));
-}
-
-static loom_value gelu(loom_graph *g, loom_value x, int tanh)
-{
-	loom_node n;
-	loom_op_init(&n, LOOM_OP_GELU, 1, &x);
-	n.a.ew.tanh = tanh;
-	return loom_op_build(g, &n);
-}
-
-loom_value loom_gelu(loom_graph *g, loom_value x)
-{
-	return gelu(g, x, 0);
-}
-
-loom_value loom_gelu_tanh(loom_graph *g, loom_value x)
-{
-	return gelu(g, x, 1);
-}
-
-static void grad_gelu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
-{
-	loom_value x = g->nodes[v].src[0];
-	int tanh = g->nodes[v].a.ew.tanh;
-	if (!loom_grad_needed(ctx, x))
-		return;
-	loom_value s[2] = { x, dy };
-	loom_value dx = loom_grad_node(g, LOOM_OP_GELU_BWD, x, 2, s);
-	if (dx != LOOM_NONE)
-		g->nodes[dx].a.ew.tanh = tanh;
-	loom_grad_accum(ctx, x, dx);
 }
 
 loom_value loom_add(loom_graph *g, loom_value a, loom_value b)
@@ -105,7 +75,7 @@ const loom_op_def loom_op_relu = {
 	.name = "relu",
 	.kind = LOOM_OPK_FORWARD,
 	.src_names = { "input" },
-	.shape = shape_relu,
+	.shape = loom_shape_like_input,
 	.grad = grad_relu,
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
@@ -113,26 +83,6 @@ const loom_op_def loom_op_relu = {
 const loom_op_def loom_op_relu_bwd = {
 	.name = "relu_bwd",
 	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
-
-/* gelu has relu's shape rule: the input's shape and dtype; attrs.ew.tanh
- * picks the tanh approximation. */
-const loom_op_def loom_op_gelu = {
-	.name = "gelu",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_EW,
-	.src_names = { "input" },
-	.shape = shape_relu,
-	.grad = grad_gelu,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
-
-const loom_op_def loom_op_gelu_bwd = {
-	.name = "gelu_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_EW,
 	.src_names = { "input", "dy" },
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

@@ -14,8 +14,11 @@ extern const loom_op_def loom_op_batchnorm2d, loom_op_bn_bwd_data,
 extern const loom_op_def loom_op_maxpool2d, loom_op_maxpool2d_bwd, loom_op_global_avgpool,
 	loom_op_global_avgpool_bwd;                                             /* pool.c */
 extern const loom_op_def loom_op_linear, loom_op_matmul;                       /* dense.c */
-extern const loom_op_def loom_op_relu, loom_op_relu_bwd, loom_op_gelu, loom_op_gelu_bwd,
-	loom_op_add, loom_op_cast;                                              /* elementwise.c */
+extern const loom_op_def loom_op_relu, loom_op_relu_bwd, loom_op_add,
+	loom_op_cast;                                                           /* elementwise.c */
+#define UNARY_EXTERN(NAME, low) extern const loom_op_def loom_op_##low, loom_op_##low##_bwd;
+LOOM_UNARY_OPS(UNARY_EXTERN)                                                   /* unary.c */
+#undef UNARY_EXTERN
 extern const loom_op_def loom_op_reshape;                                      /* view.c */
 extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
 extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
@@ -54,8 +57,9 @@ const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_CAST] = &loom_op_cast,
 	[LOOM_OP_GLOBAL_AVGPOOL] = &loom_op_global_avgpool,
 	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = &loom_op_global_avgpool_bwd,
-	[LOOM_OP_GELU] = &loom_op_gelu,
-	[LOOM_OP_GELU_BWD] = &loom_op_gelu_bwd,
+#define UNARY_ROW(NAME, low) [LOOM_OP_##NAME] = &loom_op_##low, [LOOM_OP_##NAME##_BWD] = &loom_op_##low##_bwd,
+	LOOM_UNARY_OPS(UNARY_ROW)
+#undef UNARY_ROW
 	[LOOM_OP_ALLREDUCE] = &loom_op_allreduce,
 	[LOOM_OP_EMBEDDING] = &loom_op_embedding,
 	[LOOM_OP_EMBEDDING_BWD] = &loom_op_embedding_bwd,

@@ -130,6 +130,8 @@ loom_value loom_op_build(loom_graph *g, loom_node *n);
 
 /* A blank node of op op with nsrc sources, for loom_op_build. */
 void loom_op_init(loom_node *n, loom_op op, int nsrc, const loom_value *src);
+/* Shape rule of relu and the unary ops: a float input's shape and dtype. */
+int loom_shape_like_input(loom_graph *g, loom_node *n);
 
 /* Checks shared by shape rules; each sets the graph's error naming the op
  * and the source (by its src_names entry) and returns 0 when it fails. */

@@ -14,6 +14,7 @@
 #include "comm/comm.h"
 #include "comm/launch.h"
 #include "loom.h"
+#include "loom_io.h"
 #include "tests/ddp/worker_util.h"
 
 static int rank, world;
@@ -221,10 +222,11 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 /* The conv model compiled for plain data parallelism or ZeRO-1 (zero), with
  * SGD (momentum 0.9) or AdamW. */
 static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level level, int adamw,
-				int zero)
+				int zero, double clip)
 {
 	loom_compile_opts o;
 	worker_opts(&o, pg, level, adamw ? 0.01 : 0.05, 0.9);
+	o.optim.clip_grad = clip;
 	if (adamw) {
 		o.optim.kind = LOOM_OPTIM_ADAMW;
 		o.optim.weight_decay = 0.01;
@@ -238,18 +240,23 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
 /* 20 steps of plain data parallelism and of ZeRO-1 side by side on the same
  * batches: the parameters after every step equal bit for bit, the same on
  * every rank, and ZeRO's optimizer state is this rank's shard (about 1 /
- * world of plain's). */
-static int zero_equal(loom_pg *pg, const char *lv, int adamw)
+ * world of plain's). clip > 0: both clip the global gradient norm to clip
+ * (loom_optim_opts.clip_grad); ZeRO's norm is the shards' sums of squares added
+ * over the ranks, plain's the pieces' in slot order, so the norms may
+ * differ in the last bits: they must agree to 1e-12 and the parameters
+ * to 1e-6 relative (the line says whether they are bit-identical too). */
+static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
 {
 	worker_model d = { 0 }, z = { 0 };
 	loom_status st;
 	build(&d, 4, 1);
 	build(&z, 4, 1);
-	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0)))
+	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0, clip)))
 		return worker_free(worker_fail("compile (plain)", st, loom_last_error()), &d, &z);
-	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1)))
+	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1, clip)))
 		return worker_free(worker_fail("compile (zero)", st, loom_last_error()), &d, &z);
-	double worst = 0;
+	double worst = 0, norm_diff = 0;
+	int clipped = 0;
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
 			return worker_free(worker_fail("step (plain)", st, loom_program_error(d.p)), &d, &z);
@@ -262,19 +269,46 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw)
 			printf("rank %d: DIFFER zero across ranks after step %d\n", rank, s + 1);
 			return worker_free(1, &d, &z);
 		}
+		if (clip > 0) {
+			loom_program_info a, b;
+			loom_program_info_get(d.p, &a);
+			loom_program_info_get(z.p, &b);
+			norm_diff = fmax(norm_diff, fabs(a.grad_norm - b.grad_norm) / a.grad_norm);
+			clipped += a.grad_norm > clip;
+		}
 	}
 	loom_program_info a, b;
 	loom_program_info_get(d.p, &a);
 	loom_program_info_get(z.p, &b);
 	int exact = worker_param_hash(&z) == worker_param_hash(&d);
+	if (clip > 0) {
+		int ok = worst <= 1e-6 && norm_diff <= 1e-12 && clipped >= 5 &&
+			 loom_step_count(z.p) == loom_step_count(d.p);
+		printf("rank %d: %s zero clip %s %s world %d steps %lld: %s to plain (max relative "
+		       "difference %.3g), norms within %.3g, %d of 20 steps clipped\n",
+		       rank, ok ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
+		       (long long)loom_step_count(z.p), exact ? "bit-identical" : "within 1e-6",
+		       worst, norm_diff, clipped);
+		loom_program_free(d.p);
+		loom_program_free(z.p);
+		loom_graph_free(d.g);
+		loom_graph_free(z.g);
+		return ok ? 0 : 1;
+	}
 	int moved = loom_step_count(z.p) == loom_step_count(d.p) && loom_step_count(z.p) > 10;
 	int shard = b.optim_state_bytes * world <= a.optim_state_bytes + 64 * 16 * world &&
 		    b.optim_state_bytes < a.optim_state_bytes;
+	/* O2: the fp32 masters are the shard's too (none at O0). */
+	int o2 = level_of(lv) == LOOM_O2;
+	int mshard = o2 ? b.master_bytes * world <= a.master_bytes + 64 * 16 * world &&
+				  b.master_bytes < a.master_bytes && a.master_bytes > 0 :
+			  a.master_bytes == 0 && b.master_bytes == 0;
+	shard &= mshard;
 	printf("rank %d: %s zero %s %s world %d steps %lld: %s to plain (max relative difference "
-	       "%.3g), optimizer state %zu of %zu bytes\n",
+	       "%.3g), optimizer state %zu of %zu bytes, masters %zu of %zu bytes\n",
 	       rank, exact && moved && shard ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
 	       (long long)loom_step_count(z.p), exact ? "bit-identical" : "DIFFERENT", worst,
-	       b.optim_state_bytes, a.optim_state_bytes);
+	       b.optim_state_bytes, a.optim_state_bytes, b.master_bytes, a.master_bytes);
 	return worker_free(exact && moved && shard ? 0 : 1, &d, &z);
 }
 
@@ -286,7 +320,7 @@ static int zckpt(loom_pg *pg, const char *what, const char *path, int k, int zer
 {
 	worker_model m = { 0 };
 	build(&m, 4, 1);
-	loom_status st = compile_zero(&m, pg, LOOM_O2, 1, zero);
+	loom_status st = compile_zero(&m, pg, LOOM_O2, 1, zero, 0);
 	if (st)
 		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	int load = strcmp(what, "zload") == 0;
@@ -298,6 +332,11 @@ static int zckpt(loom_pg *pg, const char *what, const char *path, int k, int zer
 			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 	if (!load && (zero || rank == 0) && (st = loom_save(m.p, path)))
 		return worker_free(worker_fail("save", st, loom_program_error(m.p)), &m, NULL);
+	/* The weights too (O2: from the masters, gathered under ZeRO). */
+	char st_path[4096];
+	snprintf(st_path, sizeof(st_path), "%s.safetensors", path);
+	if (!load && (zero || rank == 0) && (st = loom_export_safetensors(m.p, st_path, NULL)))
+		return worker_free(worker_fail("export", st, loom_program_error(m.p)), &m, NULL);
 	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	printf("rank %d: %s %s zero %d world %d step %lld hash %016llx\n", rank,
 	       same == 1 ? "OK" : "DIFFER", what, zero, world, (long long)loom_step_count(m.p),
@@ -678,7 +717,8 @@ int main(int argc, char **argv)
 	else if (strcmp(s, "overflow") == 0)
 		rc = overflow(pg);
 	else if (strcmp(s, "zero") == 0 && argc > 3)
-		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0);
+		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0,
+				argc > 4 ? atof(argv[4]) : 0);
 	else if (strcmp(s, "zsave") == 0 && argc > 4)
 		rc = zckpt(pg, s, argv[2], atoi(argv[3]), atoi(argv[4]));
 	else if (strcmp(s, "zload") == 0 && argc > 3)

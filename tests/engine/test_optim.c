@@ -345,14 +345,17 @@ static double grads_and_norm(model *m, double g[15])
 static void check_clip(double max_norm_of_norm, int decay_matrices_only)
 {
 	loom_optim_opts o = sgd(0.1, 0, 0, 0, 0.05);
-	model m = build(LOOM_F64, &o);
+	/* The norm first, from a program without clipping on the same start. */
+	model m0 = build(LOOM_F64, &o);
 	double g[15], before[15], after[15];
-	double norm = grads_and_norm(&m, g);
+	double norm = grads_and_norm(&m0, g);
+	loom_program_free(m0.p);
 	double max_norm = max_norm_of_norm * norm;
+	o.clip_grad = max_norm;
+	o.decay_matrices_only = decay_matrices_only;
+	model m = build(LOOM_F64, &o);
 	cr_assert_eq(loom_read_f64(m.p, m.w, before, 12), LOOM_OK);
 	cr_assert_eq(loom_read_f64(m.p, m.b, before + 12, 3), LOOM_OK);
-	cr_assert_eq(loom_set_clip_grad(m.p, max_norm), LOOM_OK, "%s", loom_program_error(m.p));
-	cr_assert_eq(loom_set_decay_matrices_only(m.p, decay_matrices_only), LOOM_OK);
 	feed(&m, LOOM_F64, 0);
 	cr_assert_eq(loom_run(m.p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(m.p));
 	cr_assert_eq(loom_read_f64(m.p, m.w, after, 12), LOOM_OK);
@@ -418,8 +421,8 @@ Test(optim, decay_matrices_only_leaves_embeddings_biases_and_norms)
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;
 	o.optim = adamw(0.1, 0.9, 0.999, 1e-8, 0.5);
+	o.optim.decay_matrices_only = 1;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	cr_assert_eq(loom_set_decay_matrices_only(p, 1), LOOM_OK, "%s", loom_program_error(p));
 	loom_value all[6] = { e, gain, beta, w, b, b2 };
 	const char *names[6] = { "E (embedding, tied)", "ln.g", "ln.b", "W", "W.b", "head.b" };
 	int64_t n[6] = { 24, 4, 4, 12, 3, 6 };
@@ -445,37 +448,48 @@ Test(optim, decay_matrices_only_leaves_embeddings_biases_and_norms)
 	loom_graph_free(g);
 }
 
+/* A linear classifier on x [5, 4] (fc: 3 classes) compiled with o (on the
+ * CPU); the compile's status. */
+static loom_status compile_fc(loom_compile_opts *o, loom_program **p)
+{
+	loom_graph *g;
+	int64_t xd[2] = { 5, 4 }, yd[1] = { 5 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", x, 3, 1), y);
+	o->device = LOOM_DEVICE_CPU;
+	loom_status st = loom_compile(g, loss, o, p);
+	loom_graph_free(g);
+	return st;
+}
+
 Test(optim, clip_grad_refuses_bad_values)
 {
-	loom_optim_opts o = sgd(0.1, 0, 0, 0, 0);
-	model m = build(LOOM_F64, &o);
-	cr_assert_eq(loom_set_clip_grad(m.p, -1), LOOM_ERR_INVALID);
-	cr_assert(strstr(loom_program_error(m.p), "set_clip_grad"));
-	cr_assert_eq(loom_set_clip_grad(m.p, NAN), LOOM_ERR_INVALID);
-	cr_assert_eq(loom_set_clip_grad(NULL, 1), LOOM_ERR_INVALID);
-	loom_program_free(m.p);
+	double bad[] = { -1, NAN, INFINITY };
+	for (int i = 0; i < 3; i++) {
+		loom_program *p = NULL;
+		loom_compile_opts o;
+		loom_compile_opts_default(&o);
+		o.optim.clip_grad = bad[i];
+		cr_assert_eq(compile_fc(&o, &p), LOOM_ERR_INVALID);
+		cr_assert(strstr(loom_last_error(), "clip_grad"), "%s", loom_last_error());
+		loom_program_free(p);
+	}
 }
 
 /* A step skipped for an overflow (fp16 gradients at a 2^40 scale) changes
  * nothing: no parameter, no norm taken. */
 Test(optim, clip_grad_leaves_skipped_steps_alone)
 {
-	loom_graph *g;
 	loom_program *p;
-	int64_t xd[2] = { 5, 4 }, yd[1] = { 5 };
-	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
-	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
-	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", x, 3, 1), y);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
 	o.optim = sgd(0.1, 0, 0, 0, 0);
 	o.amp.level = LOOM_O1;
 	o.amp.init_scale = 1099511627776.0;
-	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	loom_graph_free(g);
-	cr_assert_eq(loom_set_clip_grad(p, 0.01), LOOM_OK);
+	o.optim.clip_grad = 0.01;
+	cr_assert_eq(compile_fc(&o, &p), LOOM_OK, "%s", loom_last_error());
 	float xv[20];
 	int32_t yv[5] = { 0, 1, 2, 0, 1 };
 	for (int i = 0; i < 20; i++)

@@ -418,16 +418,25 @@ static void case_relu(void)
 	gc_fini(&c);
 }
 
-/* Through zero too: gelu is smooth there, unlike relu. */
-static void case_gelu(void)
+/* Every unary op of graph/unary.h, through zero too (gelu is smooth there,
+ * unlike relu): a Test per row, named gradcheck/unary_<op>. An op defined
+ * on part of FILL_UNIFORM's range needs a case of its own besides. */
+static void unary_case(loom_value (*build)(loom_graph *, loom_value), int seed)
 {
 	gc c;
-	gc_init(&c, 24);
+	gc_init(&c, seed);
 	int64_t xd[4] = { 2, 3, 4, 5 };
 	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 4, xd);
-	gc_check(&c, gc_project(&c, loom_gelu(c.g, x)), 1e-6);
+	gc_check(&c, gc_project(&c, build(c.g, x)), 1e-6);
 	gc_fini(&c);
 }
+
+#define UNARY_TEST(NAME, low) \
+	Test(gradcheck, unary_##low) { unary_case(loom_##low, 24 + LOOM_OP_##NAME); }
+LOOM_UNARY_OPS(UNARY_TEST)
+#undef UNARY_TEST
+
+/* GELU's variant (attrs.ew.tanh), which the rows above do not reach. */
 
 static void case_gelu_tanh(void)
 {

@@ -74,6 +74,9 @@ static int has_gradcheck(const loom_op_def *d, int op)
 #define COUNT_CASE(case_op, name) n += (case_op) == op;
 	LOOM_GRADCHECK_CASES(COUNT_CASE)
 #undef COUNT_CASE
+#define COUNT_UNARY(NAME, low) n += LOOM_OP_##NAME == op;
+	LOOM_UNARY_OPS(COUNT_UNARY)
+#undef COUNT_UNARY
 	return n > 0;
 }
 

@@ -270,8 +270,10 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	}
 	int bn_cudnn, bgrad;
 	bn_cudnn = bgrad = 0;
+	/* The hooks read the CUDA backend's context (NULL: another backend). */
+	const void *cuda_ctx = strcmp(cuda->be->name, "cuda") == 0 ? cuda->be_ctx : NULL;
 	if (plugin())
-		plugin()->test_library_use(cuda, &bn_cudnn, &bgrad);
+		plugin()->test_library_use(cuda_ctx, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
 		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
 			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
@@ -283,7 +285,7 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	int conv_f32, mm_unfused, n_conv = 0, n_fused_linear = 0;
 	conv_f32 = mm_unfused = 0;
 	if (plugin())
-		plugin()->test_fallbacks(cuda, &conv_f32, &mm_unfused);
+		plugin()->test_fallbacks(cuda_ctx, &conv_f32, &mm_unfused);
 	for (int v = 0; v < cuda->plan.g->n; v++) {
 		const loom_node *nd = &cuda->plan.g->nodes[v];
 		n_conv += nd->op == LOOM_OP_CONV2D || nd->op == LOOM_OP_CONV2D_BWD_DATA ||
@@ -466,11 +468,16 @@ static loom_value b_pool3(loom_graph *g, tcase *t)
 	return loom_maxpool2d(g, param(g, t, "x", 4, 2, 3, 9, 9), 3, 2, 1);
 }
 
+/* Every unary op of graph/unary.h, forward and backward: a row each below. */
+#define UNARY_BUILD(NAME, low)                                        \
+	static loom_value b_unary_##low(loom_graph *g, tcase *t)      \
+	{                                                             \
+		return loom_##low(g, param(g, t, "x", 3, 4, 5, 7, 0)); \
+	}
+LOOM_UNARY_OPS(UNARY_BUILD)
+#undef UNARY_BUILD
+
 /* relu -> max-pool: fused into one relu-pool (and its backward). */
-static loom_value b_gelu(loom_graph *g, tcase *t)
-{
-	return loom_gelu(g, param(g, t, "x", 3, 4, 5, 7, 0));
-}
 
 static loom_value b_relu_pool2(loom_graph *g, tcase *t)
 {
@@ -923,14 +930,12 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 	o.optim.momentum = kind == LOOM_OPTIM_SGD ? 0.9 : 0;
 	/* Under the decay mask, a decay large enough to tell the groups apart. */
 	o.optim.weight_decay = steps_matrices_only ? 0.1 : 1e-4;
+	o.optim.clip_grad = steps_clip;
+	o.optim.decay_matrices_only = steps_matrices_only;
 	for (int d = 0; d < 2; d++) {
 		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
 		cr_assert_eq(loom_compile(g, n.loss, &o, &p[d]), LOOM_OK, "%s: %s", name,
 			     loom_last_error());
-		cr_assert_eq(loom_set_clip_grad(p[d], steps_clip), LOOM_OK, "%s",
-			     loom_program_error(p[d]));
-		cr_assert_eq(loom_set_decay_matrices_only(p[d], steps_matrices_only), LOOM_OK, "%s",
-			     loom_program_error(p[d]));
 	}
 	/* The relu before the pool is fused on both backends (one pool and
 	 * its backward). */
@@ -1178,7 +1183,9 @@ static const op_case cuda_op_cases[] = {
 	{ "batchnorm2d+relu", b_bn_relu, LOOM_RUN_GRAD, 1 },
 	{ "batchnorm2d+relu eval", b_bn_relu, LOOM_RUN_EVAL, 1 },
 	{ "relu", b_relu, LOOM_RUN_GRAD, 0 },
-	{ "gelu", b_gelu, LOOM_RUN_GRAD, 0 },
+#define UNARY_ROW(NAME, low) { #low, b_unary_##low, LOOM_RUN_GRAD, 0 },
+	LOOM_UNARY_OPS(UNARY_ROW)
+#undef UNARY_ROW
 	{ "maxpool2d 2/2", b_pool2, LOOM_RUN_GRAD, 0 },
 	{ "maxpool2d 3/2 pad 1", b_pool3, LOOM_RUN_GRAD, 0 },
 	{ "relu+maxpool2d 2/2", b_relu_pool2, LOOM_RUN_GRAD, 0 },

@@ -1,0 +1,27 @@
+/*
+ * engine/backend_util.c — small helpers every backend shares (declared in
+ * engine/plan.h): error formatting, and the messages both backends word
+ * the same way.
+ */
+#include <stdio.h>
+
+#include "base/errf.h"
+#include "engine/plan.h"
+
+loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	loom_verrnf(err, LOOM_ERR_MAX, st, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	char lb[96];
+	return loom_errf(err, LOOM_ERR_INVALID, "%s: label %d of row %d is outside [0, %lld)",
+			 loom_node_label(pl->g, v, lb, sizeof(lb)), (int)label, row,
+			 (long long)pl->g->nodes[n->src[0]].shape.dims[1]);
+}
