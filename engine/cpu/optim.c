@@ -15,14 +15,28 @@
 
 #define CHUNK 2048
 
+/* f32, the common case, as its own loop: the per-element dtype switch kept
+ * these loops scalar (3-4% of a ResNet-50 step in perf). Same conversions. */
 static void load(loom_dtype dt, const void *src, int64_t off, int64_t n, double *dst)
 {
+	if (dt == LOOM_F32) {
+		const float *s = (const float *)src + off;
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = s[i];
+		return;
+	}
 	for (int64_t i = 0; i < n; i++)
 		dst[i] = loom_elem_get(dt, src, off + i);
 }
 
 static void store(loom_dtype dt, void *dst, int64_t off, int64_t n, const double *src)
 {
+	if (dt == LOOM_F32) {
+		float *d = (float *)dst + off;
+		for (int64_t i = 0; i < n; i++)
+			d[i] = (float)src[i];
+		return;
+	}
 	for (int64_t i = 0; i < n; i++)
 		loom_elem_set(dt, dst, off + i, src[i]);
 }

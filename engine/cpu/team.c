@@ -9,8 +9,9 @@
  * machine the ConvNet stepped 4-9x slower (bench/RESULTS.md). loom worked
  * round it with a parked second team that pushed libgomp onto its short spin,
  * which made every region on an idle machine wake its workers from sleep.
- * Here the wait is loom's: spin TEAM_SPIN_NS (back-to-back kernels find their
- * workers awake), then sleep on a futex (a descheduled sibling costs at most
+ * Here the wait is loom's: spin TEAM_SPIN_NS, yielding after the first few
+ * microseconds (back-to-back kernels find their workers awake), then sleep
+ * on a futex (a descheduled sibling costs at most
  * that spin). Jobs run oneDNN primitives and GEMMs on their own thread: the
  * OpenMP thread count of every thread in a job is 1, so oneDNN never opens a
  * team of its own there.
@@ -21,6 +22,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,8 +40,12 @@
 #define TEAM_MAX 64
 /* How long a waiting thread spins before it sleeps: long enough to cover
  * the serial gap between two kernels of a step, short enough that a
- * descheduled sibling costs little on a busy machine. */
+ * descheduled sibling costs little on a busy machine. Past the first
+ * TEAM_PAUSE_NS the spin yields the core at each check (sched_yield): on
+ * an idle machine that returns at once, on a busy one it lets the thread
+ * being waited for run. */
 #define TEAM_SPIN_NS 50000
+#define TEAM_PAUSE_NS 5000
 
 typedef struct team_worker {
 	_Atomic uint32_t seq;  /* bumped by the caller: a job for this worker */
@@ -83,21 +89,33 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* One check of a spin that began at *start (0: not yet): pauses, and
+ * every 64th round reads the clock and past TEAM_PAUSE_NS yields.
+ * Returns 0 once TEAM_SPIN_NS have passed. */
+static int spin_step(unsigned i, int64_t *start)
+{
+	cpu_relax();
+	if (i & 63)
+		return 1;
+	int64_t t = now_ns();
+	if (!*start)
+		*start = t;
+	if (t - *start >= TEAM_SPIN_NS)
+		return 0;
+	if (t - *start >= TEAM_PAUSE_NS)
+		sched_yield();
+	return 1;
+}
+
 /* Spins up to TEAM_SPIN_NS for *w != old; returns whether it changed. */
 static int spin_until_changed(_Atomic uint32_t *w, uint32_t old)
 {
-	int64_t end = 0;
+	int64_t start = 0;
 	for (unsigned i = 1;; i++) {
 		if (atomic_load_explicit(w, memory_order_acquire) != old)
 			return 1;
-		cpu_relax();
-		if ((i & 63) == 0) {
-			int64_t t = now_ns();
-			if (!end)
-				end = t + TEAM_SPIN_NS;
-			else if (t >= end)
-				return 0;
-		}
+		if (!spin_step(i, &start))
+			return 0;
 	}
 }
 
@@ -107,21 +125,15 @@ static void wait_workers(void)
 {
 	_Atomic uint32_t *pend = (_Atomic uint32_t *)&job_pending;
 	uint32_t p;
-	int64_t end = 0;
-	for (unsigned i = 1; (p = atomic_load(pend)) != 0; i++) {
-		cpu_relax();
-		if ((i & 63) == 0) {
-			int64_t t = now_ns();
-			if (!end) {
-				end = t + TEAM_SPIN_NS;
-			} else if (t >= end) {
-				atomic_store(&caller_sleeping, 1);
-				while ((p = atomic_load(pend)) != 0)
-					futex(pend, FUTEX_WAIT, p);
-				atomic_store(&caller_sleeping, 0);
-				return;
-			}
-		}
+	int64_t start = 0;
+	for (unsigned i = 1; atomic_load(pend) != 0; i++) {
+		if (spin_step(i, &start))
+			continue;
+		atomic_store(&caller_sleeping, 1);
+		while ((p = atomic_load(pend)) != 0)
+			futex(pend, FUTEX_WAIT, p);
+		atomic_store(&caller_sleeping, 0);
+		return;
 	}
 }
 
