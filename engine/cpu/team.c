@@ -9,9 +9,8 @@
  * machine the ConvNet stepped 4-9x slower (bench/RESULTS.md). loom worked
  * round it with a parked second team that pushed libgomp onto its short spin,
  * which made every region on an idle machine wake its workers from sleep.
- * Here the wait is loom's: spin TEAM_SPIN_NS, yielding after the first few
- * microseconds (back-to-back kernels find their workers awake), then sleep
- * on a futex (a descheduled sibling costs at most
+ * Here the wait is loom's: spin for an adaptive time (below), then sleep on
+ * a futex (a descheduled sibling costs at most
  * that spin). Jobs run oneDNN primitives and GEMMs on their own thread: the
  * OpenMP thread count of every thread in a job is 1, so oneDNN never opens a
  * team of its own there.
@@ -22,7 +21,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,14 +36,19 @@
 
 /* At most this many threads in a job (the kernels' scratch slots). */
 #define TEAM_MAX 64
-/* How long a waiting thread spins before it sleeps: long enough to cover
- * the serial gap between two kernels of a step, short enough that a
- * descheduled sibling costs little on a busy machine. Past the first
- * TEAM_PAUSE_NS the spin yields the core at each check (sched_yield): on
- * an idle machine that returns at once, on a busy one it lets the thread
- * being waited for run. */
-#define TEAM_SPIN_NS 50000
-#define TEAM_PAUSE_NS 5000
+/*
+ * How long a waiting thread spins before it sleeps, adapted per thread as
+ * glibc's adaptive mutexes do: a wait that the spin covered lets the next
+ * spin be longer (up to TEAM_SPIN_MAX_NS, the serial gap between two kernels
+ * of a step on an idle machine), one that ran out halves it (down to
+ * TEAM_SPIN_MIN_NS, about libgomp's short spin). On a busy machine the
+ * thread waited for is often descheduled and a fixed long spin only burnt
+ * the core it needed: the ConvNet's epoch ran at half the rate of OpenMP's
+ * short spin (bench/RESULTS.md).
+ */
+#define TEAM_SPIN_MAX_NS 50000
+#define TEAM_SPIN_MIN_NS 1000
+static __thread int64_t spin_ns = TEAM_SPIN_MAX_NS;
 
 typedef struct team_worker {
 	_Atomic uint32_t seq;  /* bumped by the caller: a job for this worker */
@@ -90,36 +93,43 @@ static int64_t now_ns(void)
 }
 
 /* One check of a spin that began at *start (0: not yet): pauses, and
- * every 64th round reads the clock and past TEAM_PAUSE_NS yields.
- * Returns 0 once TEAM_SPIN_NS have passed. */
+ * every 16th round reads the clock. Returns 0 once this thread's spin_ns
+ * have passed, and halves spin_ns for the next wait. */
 static int spin_step(unsigned i, int64_t *start)
 {
 	cpu_relax();
-	if (i & 63)
+	if (i & 15)
 		return 1;
 	int64_t t = now_ns();
 	if (!*start)
 		*start = t;
-	if (t - *start >= TEAM_SPIN_NS)
-		return 0;
-	if (t - *start >= TEAM_PAUSE_NS)
-		sched_yield();
-	return 1;
+	if (t - *start < spin_ns)
+		return 1;
+	spin_ns = spin_ns / 2 > TEAM_SPIN_MIN_NS ? spin_ns / 2 : TEAM_SPIN_MIN_NS;
+	return 0;
 }
 
-/* Spins up to TEAM_SPIN_NS for *w != old; returns whether it changed. */
+/* A wait the spin covered: the next may spin longer. */
+static void spin_paid(void)
+{
+	spin_ns = spin_ns * 2 < TEAM_SPIN_MAX_NS ? spin_ns * 2 : TEAM_SPIN_MAX_NS;
+}
+
+/* Spins up to spin_ns for *w != old; returns whether it changed. */
 static int spin_until_changed(_Atomic uint32_t *w, uint32_t old)
 {
 	int64_t start = 0;
 	for (unsigned i = 1;; i++) {
-		if (atomic_load_explicit(w, memory_order_acquire) != old)
+		if (atomic_load_explicit(w, memory_order_acquire) != old) {
+			spin_paid();
 			return 1;
+		}
 		if (!spin_step(i, &start))
 			return 0;
 	}
 }
 
-/* The caller, after its own share: spin up to TEAM_SPIN_NS in all for the
+/* The caller, after its own share: spin up to its spin_ns in all for the
  * workers to finish, then sleep until the last one wakes it. */
 static void wait_workers(void)
 {
@@ -135,6 +145,7 @@ static void wait_workers(void)
 		atomic_store(&caller_sleeping, 0);
 		return;
 	}
+	spin_paid();
 }
 
 static void *worker_main(void *arg)
