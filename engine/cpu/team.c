@@ -1,22 +1,26 @@
 /*
- * engine/cpu/team.c — loom's own worker threads for the CPU kernels' parallel
- * loops: a job is a function run by thread t of nt, the caller being thread 0.
+ * engine/cpu/team.c — the CPU kernels' parallel loops as jobs (a function run
+ * by thread t of nt, the caller being thread 0), run as OpenMP regions or on
+ * loom's own worker threads.
  *
- * Why not OpenMP's team: libgomp decides once, in its constructor, how long a
+ * Why own workers at all: libgomp decides once, in its constructor, how long a
  * waiting thread spins (about 300,000 rounds, a few ms; 100 when more OpenMP
  * threads exist than CPUs), and a thread that spins at a barrier keeps its
  * core while the thread it waits for is descheduled: on a shared 2-core
  * machine the ConvNet stepped 4-9x slower (bench/RESULTS.md). loom worked
  * round it with a parked second team that pushed libgomp onto its short spin,
  * which made every region on an idle machine wake its workers from sleep.
- * Here the wait is loom's: spin for an adaptive time (below), then sleep on
- * a futex (a descheduled sibling costs at most
- * that spin). Jobs run oneDNN primitives and GEMMs on their own thread: the
+ * loom's workers wait by loom's policy: spin for an adaptive time (below),
+ * then sleep on a futex (a descheduled sibling costs at most that spin). Jobs run oneDNN primitives and GEMMs on their own thread: the
  * OpenMP thread count of every thread in a job is 1, so oneDNN never opens a
  * team of its own there.
  *
- * LOOM_CPU_TEAM=openmp runs every job as one OpenMP region instead (the
- * threading before this file, parked team included), to measure the two.
+ * Not the default: measured side by side on the shared 2-core machine (load
+ * 9-12, bench/RESULTS.md) it was not faster than OpenMP's regions with the
+ * parked team, and the ConvNet epoch rounds favoured OpenMP. So by default
+ * every job runs as one OpenMP region (the threading before this file), and
+ * LOOM_CPU_TEAM=loom selects loom's workers, to measure the two again on a
+ * quieter machine.
  */
 #include <errno.h>
 #include <limits.h>
@@ -59,7 +63,7 @@ typedef struct team_worker {
 } team_worker;
 
 static pthread_once_t team_once = PTHREAD_ONCE_INIT;
-static int team_omp;                 /* LOOM_CPU_TEAM=openmp */
+static int team_omp;                 /* unless LOOM_CPU_TEAM=loom */
 static pthread_mutex_t team_lock = PTHREAD_MUTEX_INITIALIZER;
 static int team_started;             /* workers 1..team_started exist */
 static team_worker team_w[TEAM_MAX] __attribute__((aligned(64)));
@@ -181,7 +185,7 @@ static void team_atfork_child(void)
 static void team_init(void)
 {
 	const char *e = getenv("LOOM_CPU_TEAM");
-	team_omp = e && !strcmp(e, "openmp");
+	team_omp = !(e && !strcmp(e, "loom"));
 	pthread_atfork(NULL, NULL, team_atfork_child);
 }
 

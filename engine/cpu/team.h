@@ -1,6 +1,6 @@
 /*
- * engine/cpu/team.h — loom's own worker threads for the CPU kernels' parallel
- * loops (team.c says why they are not OpenMP's).
+ * engine/cpu/team.h — the CPU kernels' parallel loops as jobs, run as OpenMP
+ * regions or on loom's own worker threads (team.c).
  */
 #ifndef LOOM_ENGINE_CPU_TEAM_H
 #define LOOM_ENGINE_CPU_TEAM_H
@@ -17,7 +17,8 @@ typedef void (*loom_cpu_team_range_fn)(void *ctx, int64_t lo, int64_t hi);
  * returns when all are done. nt' is nt, or 1 when called from inside a job
  * (or while another thread of the process holds the team): fn must use the
  * nt it is given. Inside a job, oneDNN and BLAS calls run on the calling
- * thread alone.
+ * thread alone (an OpenMP job: oneDNN sees omp_in_parallel(); loom's: every
+ * thread's OpenMP count is 1).
  */
 void loom_cpu_team_run(int nt, loom_cpu_team_fn fn, void *ctx);
 
@@ -35,9 +36,9 @@ void loom_cpu_team_block(int64_t n, int t, int nt, int64_t *lo, int64_t *hi);
  * OMP_NUM_THREADS, else the CPUs), 1 inside a job. */
 int loom_cpu_team_threads(void);
 
-/* Which runtime runs the jobs: "loom" (the default), or "openmp" when
- * LOOM_CPU_TEAM=openmp (one OpenMP region per job, as before the team: kept
- * to measure the two side by side). */
+/* Which runtime runs the jobs: "openmp" (the default: one OpenMP region per
+ * job), or "loom" when LOOM_CPU_TEAM=loom (loom's own workers; team.c says
+ * why that is not the default). */
 const char *loom_cpu_team_runtime(void);
 
 #endif /* LOOM_ENGINE_CPU_TEAM_H */
