@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/errf.h"
 #include "comm/comm.h"
 #include "comm/wire.h" /* the rendezvous messages, the fingerprint record */
 
@@ -24,9 +25,9 @@ extern "C" {
 
 /* ----------------------------------------------------------------- errors */
 
-/* printf into err (errlen bytes); returns st, so `return loom_comm_errf(...)`. */
-loom_status loom_comm_errf(char *err, size_t errlen, loom_status st, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+/* printf into err (errlen bytes); returns st, so `return loom_comm_errf(...)`:
+ * base/errf.h's loom_errnf under comm/'s older name. */
+#define loom_comm_errf loom_errnf
 /* The same into the group's message. */
 loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -5,30 +5,14 @@
  */
 #include "comm/comm_internal.h"
 
+#include "base/errf.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static loom_status vformat(char *err, size_t errlen, loom_status st, const char *fmt,
-			   va_list ap)
-{
-	if (err && errlen)
-		vsnprintf(err, errlen, fmt, ap);
-	return st;
-}
-
-loom_status loom_comm_errf(char *err, size_t errlen, loom_status st, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vformat(err, errlen, st, fmt, ap);
-	va_end(ap);
-	return st;
-}
 
 loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 {
@@ -37,7 +21,7 @@ loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 	if (!pg)
 		return st;
 	va_start(ap, fmt);
-	vformat(pg->err, sizeof(pg->err), st, fmt, ap);
+	loom_verrnf(pg->err, sizeof(pg->err), st, fmt, ap);
 	va_end(ap);
 	return st;
 }
@@ -50,7 +34,7 @@ loom_status loom_comm_fail(loom_comm *c, loom_status st, const char *fmt, ...)
 	if (!c->pg)
 		return st;
 	va_start(ap, fmt);
-	vformat(c->pg->err, sizeof(c->pg->err), st, fmt, ap);
+	loom_verrnf(c->pg->err, sizeof(c->pg->err), st, fmt, ap);
 	va_end(ap);
 	return st;
 }

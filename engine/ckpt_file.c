@@ -8,6 +8,8 @@
 #define _GNU_SOURCE /* O_DIRECTORY, fdopen, fileno */
 #include "engine/ckpt_file.h"
 
+#include "base/errf.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -31,23 +33,6 @@ struct loom_ckpt_file {
 	int count;
 	loom_ckpt_record *recs;
 };
-
-static loom_status fail(char *err, size_t errlen, loom_status st,
-			const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static loom_status fail(char *err, size_t errlen, loom_status st,
-			const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return st;
-}
 
 /* zlib's crc32 takes a 32-bit length; payloads may be larger. */
 static uLong crc_update(uLong crc, const void *p, size_t n)
@@ -148,33 +133,33 @@ static loom_status check_records(const char *path, const loom_ckpt_record *recs,
 				 int n, char *err, size_t errlen)
 {
 	if (n < 0 || (n > 0 && !recs))
-		return fail(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 			    "checkpoint '%s': %d records at %p", path, n,
 			    (const void *)recs);
 	for (int i = 0; i < n; i++) {
 		const loom_ckpt_record *r = &recs[i];
 
 		if (!r->name || !r->name[0] || strlen(r->name) >= UINT32_MAX)
-			return fail(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				    "checkpoint '%s': record %d has no name", path, i);
 		if (r->ndim < 0 || r->ndim > LOOM_MAX_DIMS)
-			return fail(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				    "checkpoint '%s': record '%s' has ndim %d (0..%d)",
 				    path, r->name, r->ndim, LOOM_MAX_DIMS);
 		for (int d = 0; d < r->ndim; d++)
 			if (r->dims[d] < 0)
-				return fail(err, errlen, LOOM_ERR_INVALID,
+				return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 					    "checkpoint '%s': record '%s' dim %d is %lld",
 					    path, r->name, d, (long long)r->dims[d]);
 		if (r->bytes && !r->data)
-			return fail(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				    "checkpoint '%s': record '%s' has %zu bytes but no data",
 				    path, r->name, r->bytes);
 		/* Quadratic, but checkpoints hold hundreds of tensors, not millions,
 		 * and a duplicate would make loom_ckpt_find silently pick one. */
 		for (int j = 0; j < i; j++)
 			if (strcmp(recs[j].name, r->name) == 0)
-				return fail(err, errlen, LOOM_ERR_INVALID,
+				return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 					    "checkpoint '%s': record name '%s' appears twice",
 					    path, r->name);
 	}
@@ -218,16 +203,16 @@ loom_status loom_ckpt_write(const char *path, uint64_t fingerprint,
 	int fd, saved;
 
 	if (!path || !path[0])
-		return fail(err, errlen, LOOM_ERR_INVALID, "checkpoint: no path given");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "checkpoint: no path given");
 	st = check_records(path, recs, n, err, errlen);
 	if (st != LOOM_OK)
 		return st;
 
 	if (asprintf(&tmp, "%s.tmp", path) < 0)
-		return fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
-		st = fail(err, errlen, LOOM_ERR_IO, "checkpoint '%s': cannot create '%s': %s",
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "checkpoint '%s': cannot create '%s': %s",
 			  path, tmp, strerror(errno));
 		goto out_free_tmp;
 	}
@@ -235,7 +220,7 @@ loom_status loom_ckpt_write(const char *path, uint64_t fingerprint,
 	if (!w.f) {
 		saved = errno;
 		close(fd);
-		st = fail(err, errlen, LOOM_ERR_IO, "checkpoint '%s': %s", path,
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "checkpoint '%s': %s", path,
 			  strerror(saved));
 		goto out_unlink;
 	}
@@ -259,14 +244,14 @@ loom_status loom_ckpt_write(const char *path, uint64_t fingerprint,
 	w.f = NULL;
 
 	if (rename(tmp, path) != 0) {
-		st = fail(err, errlen, LOOM_ERR_IO, "checkpoint '%s': cannot rename '%s' over it: %s",
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "checkpoint '%s': cannot rename '%s' over it: %s",
 			  path, tmp, strerror(errno));
 		goto out_unlink;
 	}
 	/* The new file is in place; a failure here only means it may not
 	 * survive a power cut, which the caller should still hear about. */
 	if (sync_parent_dir(path) != 0)
-		st = fail(err, errlen, LOOM_ERR_IO,
+		st = loom_errnf(err, errlen, LOOM_ERR_IO,
 			  "checkpoint '%s': written, but syncing its directory failed: %s",
 			  path, strerror(errno));
 	else
@@ -274,7 +259,7 @@ loom_status loom_ckpt_write(const char *path, uint64_t fingerprint,
 	goto out_free_tmp;
 
 out_write_error:
-	st = fail(err, errlen, LOOM_ERR_IO, "checkpoint '%s': writing '%s' failed: %s",
+	st = loom_errnf(err, errlen, LOOM_ERR_IO, "checkpoint '%s': writing '%s' failed: %s",
 		  path, tmp, strerror(errno));
 	if (w.f)
 		fclose(w.f);
@@ -300,23 +285,23 @@ static loom_status slurp(const char *path, unsigned char **out, size_t *size,
 	*out = NULL;
 	f = fopen(path, "rb");
 	if (!f)
-		return fail(err, errlen, errno == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_IO,
+		return loom_errnf(err, errlen, errno == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_IO,
 			    "checkpoint '%s': cannot open: %s", path, strerror(errno));
 	if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-		st = fail(err, errlen, LOOM_ERR_IO, "checkpoint '%s': not a regular file", path);
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "checkpoint '%s': not a regular file", path);
 		goto out_close;
 	}
 	/* aligned_alloc wants a multiple of the alignment, and at least one. */
 	cap = (size_t)sb.st_size + LOOM_CKPT_ALIGN - (size_t)sb.st_size % LOOM_CKPT_ALIGN;
 	buf = aligned_alloc(LOOM_CKPT_ALIGN, cap);
 	if (!buf) {
-		st = fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': cannot hold %lld bytes",
+		st = loom_errnf(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': cannot hold %lld bytes",
 			  path, (long long)sb.st_size);
 		goto out_close;
 	}
 	got = fread(buf, 1, (size_t)sb.st_size, f);
 	if (ferror(f)) {
-		st = fail(err, errlen, LOOM_ERR_IO, "checkpoint '%s': read failed: %s",
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "checkpoint '%s': read failed: %s",
 			  path, strerror(errno));
 		free(buf);
 		goto out_close;
@@ -342,15 +327,15 @@ static loom_status check_envelope(const loom_ckpt_file *f, const char *path, cha
 	uint32_t want, have;
 
 	if (f->size < 8 || memcmp(f->buf, LOOM_CKPT_MAGIC, 8) != 0)
-		return fail(err, errlen, LOOM_ERR_FORMAT, "checkpoint '%s': not a loom checkpoint",
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT, "checkpoint '%s': not a loom checkpoint",
 			    path);
 	if (f->size < HEADER_BYTES + TRAILER_BYTES)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "checkpoint '%s': truncated header (%zu bytes)", path, f->size);
 	want = get_u32(f->buf + f->size - TRAILER_BYTES);
 	have = (uint32_t)crc_update(crc32(0L, Z_NULL, 0), f->buf, f->size - TRAILER_BYTES);
 	if (want != have)
-		return fail(err, errlen, LOOM_ERR_CORRUPT,
+		return loom_errnf(err, errlen, LOOM_ERR_CORRUPT,
 			    "checkpoint '%s': checksum mismatch (stored %08x, computed %08x): "
 			    "the file is damaged, truncated or extended",
 			    path, want, have);
@@ -381,7 +366,7 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 			goto out_overrun;
 		if (name_len < 2 ||
 		    memchr(f->buf + off, 0, name_len) != f->buf + off + name_len - 1)
-			return fail(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				    "checkpoint '%s': record %d has a malformed name", path, i);
 		r->name = (const char *)(f->buf + off);
 		off += name_len;
@@ -391,7 +376,7 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 		ndim = get_u32(f->buf + off + 4);
 		off += 8;
 		if (ndim > LOOM_MAX_DIMS)
-			return fail(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				    "checkpoint '%s': record '%s' has ndim %u (at most %d)",
 				    path, r->name, ndim, LOOM_MAX_DIMS);
 		r->ndim = (int)ndim;
@@ -402,7 +387,7 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 			/* The writer refuses negative dims; a reader that
 			 * multiplied one out would get a nonsense size. */
 			if (r->dims[d] < 0)
-				return fail(err, errlen, LOOM_ERR_FORMAT,
+				return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 					    "checkpoint '%s': malformed: record '%s' dim %u is %lld",
 					    path, r->name, d, (long long)r->dims[d]);
 		}
@@ -417,13 +402,13 @@ static loom_status parse_records(loom_ckpt_file *f, const char *path, char *err,
 		off += (size_t)bytes;
 		continue;
 out_overrun:
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "checkpoint '%s': malformed: record %d of %d runs past the end of "
 			    "the data (file has %zu bytes)",
 			    path, i, f->count, f->size);
 	}
 	if (off != end)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "checkpoint '%s': malformed: %zu unexpected bytes after the last record",
 			    path, end - off);
 	return LOOM_OK;
@@ -436,20 +421,20 @@ static loom_status parse_header(loom_ckpt_file *f, const char *path, char *err,
 	uint32_t version = get_u32(f->buf + 8), count = get_u32(f->buf + 12);
 
 	if (version != LOOM_CKPT_VERSION)
-		return fail(err, errlen, LOOM_ERR_MISMATCH,
+		return loom_errnf(err, errlen, LOOM_ERR_MISMATCH,
 			    "checkpoint '%s': format version %u, this build reads version %u",
 			    path, version, LOOM_CKPT_VERSION);
 	/* Bounds the allocation below by the file size, whatever count says. */
 	if (count > (f->size - HEADER_BYTES - TRAILER_BYTES) / MIN_RECORD_BYTES ||
 	    count > INT32_MAX)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "checkpoint '%s': malformed: %u records cannot fit in %zu bytes",
 			    path, count, f->size);
 	f->count = (int)count;
 	f->fingerprint = get_u64(f->buf + 16);
 	f->recs = calloc(count ? count : 1, sizeof *f->recs);
 	if (!f->recs)
-		return fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
 	return LOOM_OK;
 }
 
@@ -460,13 +445,13 @@ loom_status loom_ckpt_read(const char *path, loom_ckpt_file **out, char *err,
 	loom_status st;
 
 	if (!out)
-		return fail(err, errlen, LOOM_ERR_INVALID, "checkpoint: no output handle");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "checkpoint: no output handle");
 	*out = NULL;
 	if (!path || !path[0])
-		return fail(err, errlen, LOOM_ERR_INVALID, "checkpoint: no path given");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "checkpoint: no path given");
 	f = calloc(1, sizeof *f);
 	if (!f)
-		return fail(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "checkpoint '%s': out of memory", path);
 	st = slurp(path, &f->buf, &f->size, err, errlen);
 	if (st == LOOM_OK)
 		st = check_envelope(f, path, err, errlen);

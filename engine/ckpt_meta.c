@@ -8,25 +8,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "base/errf.h"
 #include "engine/ckpt_file.h"
 
 /* Counters travel as doubles: every integer up to 2^53 is exact there. */
 #define META_INT_MAX 9007199254740992.0
-
-static loom_status meta_fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static loom_status meta_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return LOOM_ERR_FORMAT;
-}
 
 loom_status loom_ckpt_check_meta(const double *m, char *err, size_t errlen)
 {
@@ -45,24 +31,24 @@ loom_status loom_ckpt_check_meta(const double *m, char *err, size_t errlen)
 		double v = m[counters[k].i];
 
 		if (!(v >= 0 && v <= counters[k].hi && v == floor(v)))
-			return meta_fail(err, errlen,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 					 "field '%s' is %g, expected an integer in [0, %.0f]",
 					 counters[k].name, v, counters[k].hi);
 	}
 	if (m[LOOM_CKPT_META_STEP] + m[LOOM_CKPT_META_SKIPPED] > META_INT_MAX)
-		return meta_fail(err, errlen,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				 "fields 'step' (%.0f) and 'skipped steps' (%.0f) add up to more "
 				 "than 2^53",
 				 m[LOOM_CKPT_META_STEP], m[LOOM_CKPT_META_SKIPPED]);
 	if (!(isfinite(m[LOOM_CKPT_META_LR]) && m[LOOM_CKPT_META_LR] >= 0))
-		return meta_fail(err, errlen,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				 "field 'learning rate' is %g, expected a finite number >= 0",
 				 m[LOOM_CKPT_META_LR]);
 	/* The scale is kept as a float: a double below the smallest float
 	 * would become 0 there, and one above FLT_MAX cannot be converted. */
 	if (!(m[LOOM_CKPT_META_SCALE] > 0 && m[LOOM_CKPT_META_SCALE] <= FLT_MAX &&
 	      (float)m[LOOM_CKPT_META_SCALE] > 0))
-		return meta_fail(err, errlen,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				 "field 'loss scale' is %g, expected a finite number > 0 that a "
 				 "float can hold",
 				 m[LOOM_CKPT_META_SCALE]);

@@ -237,7 +237,7 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 }
 
 /* Formats into err (LOOM_ERR_MAX bytes) and returns st: how backends and
- * their op entries report. */
+ * their op entries report (base/errf.h's loom_errnf with the plan's length). */
 loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 

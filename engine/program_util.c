@@ -7,6 +7,8 @@
 
 #include "engine/program_internal.h"
 
+#include "base/errf.h"
+
 loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)
 {
 	va_list ap;
@@ -20,7 +22,7 @@ loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(err, LOOM_ERR_MAX, fmt, ap);
+	loom_verrnf(err, LOOM_ERR_MAX, st, fmt, ap);
 	va_end(ap);
 	return st;
 }

@@ -7,6 +7,8 @@
  */
 #include "engine/safetensors.h"
 
+#include "base/errf.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -58,20 +60,6 @@ static int dtype_from_name(const char *s, loom_st_dtype *out)
 	return -1;
 }
 
-static loom_status fail(char *err, size_t errlen, loom_status st, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static loom_status fail(char *err, size_t errlen, loom_status st, const char *fmt, ...)
-{
-	va_list ap;
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return st;
-}
-
 /* numel * size of a shape, or -1 when it does not fit in 62 bits. */
 static int64_t shape_bytes(const int64_t *dims, int ndim, size_t size)
 {
@@ -108,47 +96,47 @@ static loom_status parse_entry(const char *what, const char *name, json_t *e,
 	json_t *dt = json_object_get(e, "dtype"), *shape = json_object_get(e, "shape"),
 	       *offs = json_object_get(e, "data_offsets");
 	if (!json_is_object(e))
-		return fail(err, errlen, LOOM_ERR_FORMAT, "%s: tensor '%s': entry is not an object",
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT, "%s: tensor '%s': entry is not an object",
 			    what, name);
 	if (!json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs))
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: tensor '%s': needs \"dtype\" (a string), \"shape\" and "
 			    "\"data_offsets\" (arrays)", what, name);
 	if (dtype_from_name(json_string_value(dt), &t->dtype))
-		return fail(err, errlen, LOOM_ERR_FORMAT, "%s: tensor '%s': unknown dtype '%.32s'",
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT, "%s: tensor '%s': unknown dtype '%.32s'",
 			    what, name, json_string_value(dt));
 	size_t nd = json_array_size(shape);
 	if (nd > LOOM_ST_MAX_DIMS)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: tensor '%s': %zu dims, at most %d are supported", what, name, nd,
 			    LOOM_ST_MAX_DIMS);
 	t->ndim = (int)nd;
 	for (size_t d = 0; d < nd; d++) {
 		json_t *x = json_array_get(shape, d);
 		if (!json_is_integer(x) || json_integer_value(x) < 0)
-			return fail(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				    "%s: tensor '%s': shape[%zu] is not a non-negative integer",
 				    what, name, d);
 		t->dims[d] = json_integer_value(x);
 	}
 	if (json_array_size(offs) != 2 || !json_is_integer(json_array_get(offs, 0)) ||
 	    !json_is_integer(json_array_get(offs, 1)))
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: tensor '%s': data_offsets is not two integers", what, name);
 	json_int_t b = json_integer_value(json_array_get(offs, 0)),
 		   en = json_integer_value(json_array_get(offs, 1));
 	if (b < 0 || en < b)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: tensor '%s': data_offsets [%lld, %lld] are not 0 <= begin <= end",
 			    what, name, (long long)b, (long long)en);
 	if ((uint64_t)en > data_size)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: tensor '%s': data_offsets [%lld, %lld] run past the data "
 			    "(%llu bytes after the header)", what, name, (long long)b,
 			    (long long)en, (unsigned long long)data_size);
 	int64_t need = shape_bytes(t->dims, t->ndim, loom_st_dtype_size(t->dtype));
 	if (need < 0 || (uint64_t)need != (uint64_t)(en - b))
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: tensor '%s': data_offsets [%lld, %lld] hold %lld bytes, its "
 			    "shape of %s needs %lld", what, name, (long long)b, (long long)en,
 			    (long long)(en - b), loom_st_dtype_name(t->dtype), (long long)need);
@@ -163,10 +151,10 @@ static loom_status parse_metadata(const char *what, json_t *m, char *err, size_t
 	const char *k;
 	json_t *v;
 	if (!json_is_object(m))
-		return fail(err, errlen, LOOM_ERR_FORMAT, "%s: __metadata__ is not an object", what);
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT, "%s: __metadata__ is not an object", what);
 	json_object_foreach(m, k, v) {
 		if (!json_is_string(v))
-			return fail(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				    "%s: __metadata__ '%s' is not a string", what, k);
 	}
 	return LOOM_OK;
@@ -196,19 +184,19 @@ static loom_status check_tiling(const char *what, const loom_st_file *f, span *s
 	qsort(s, f->n, sizeof(*s), span_cmp);
 	for (int k = 0; k < f->n; k++) {
 		if (s[k].begin < at)
-			return fail(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				    "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
 				    what, f->t[s[k - 1].i].name, (unsigned long long)s[k - 1].begin,
 				    (unsigned long long)s[k - 1].end, f->t[s[k].i].name,
 				    (unsigned long long)s[k].begin, (unsigned long long)s[k].end);
 		if (s[k].begin > at)
-			return fail(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				    "%s: %llu bytes before tensor '%s' belong to no tensor", what,
 				    (unsigned long long)(s[k].begin - at), f->t[s[k].i].name);
 		at = s[k].end;
 	}
 	if (at != data_size)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: %llu bytes after the last tensor belong to no tensor", what,
 			    (unsigned long long)(data_size - at));
 	return LOOM_OK;
@@ -226,7 +214,7 @@ static loom_status parse_header(const char *what, json_t *root, const unsigned c
 	loom_status st = LOOM_OK;
 	if (!s || !f->t || !f->names) {
 		free(s);
-		return fail(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory", what);
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory", what);
 	}
 	json_object_foreach(root, k, v) {
 		if (strcmp(k, "__metadata__") == 0) {
@@ -240,7 +228,7 @@ static loom_status parse_header(const char *what, json_t *root, const unsigned c
 		if ((st = parse_entry(what, k, v, data_size, t, off, err, errlen)) != LOOM_OK)
 			goto out;
 		if (!(f->names[f->n] = strdup(k))) {
-			st = fail(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory", what);
+			st = loom_errnf(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory", what);
 			goto out;
 		}
 		t->name = f->names[f->n];
@@ -270,40 +258,40 @@ loom_status loom_st_parse(const void *buf, size_t size, const char *what, loom_s
 	loom_status st;
 
 	if (!out)
-		return fail(err, errlen, LOOM_ERR_INVALID, "safetensors: no output given");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "safetensors: no output given");
 	*out = NULL;
 	what = what ? what : "buffer";
 	if (!buf && size)
-		return fail(err, errlen, LOOM_ERR_INVALID, "%s: no buffer given", what);
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s: no buffer given", what);
 	if (size < 8)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: truncated: %zu bytes, too short for the 8-byte header length",
 			    what, size);
 	uint64_t hlen = get_u64le(b);
 	if (hlen > size - 8)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: header length %llu runs past the end of the file (%zu bytes "
 			    "after the length): truncated or not a safetensors file", what,
 			    (unsigned long long)hlen, size - 8);
 	if (hlen > LOOM_ST_MAX_HEADER)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: header length %llu is over the %u-byte limit", what,
 			    (unsigned long long)hlen, LOOM_ST_MAX_HEADER);
 	if (hlen < 2 || b[8] != '{')
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: the header is not a JSON object (it must start with '{')", what);
 	json_t *root = json_loadb((const char *)b + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
 	if (!root)
-		return fail(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 			    "%s: the header is not valid JSON (line %d, column %d: %s)", what,
 			    je.line, je.column, je.text);
 	loom_st_file *f = calloc(1, sizeof(*f));
 	if (!f) {
 		json_decref(root);
-		return fail(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory", what);
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory", what);
 	}
 	if (!json_is_object(root))
-		st = fail(err, errlen, LOOM_ERR_FORMAT, "%s: the header is not a JSON object", what);
+		st = loom_errnf(err, errlen, LOOM_ERR_FORMAT, "%s: the header is not a JSON object", what);
 	else
 		st = parse_header(what, root, b + 8 + hlen, size - 8 - hlen, f, err, errlen);
 	json_decref(root);
@@ -319,23 +307,23 @@ loom_status loom_st_read(const char *path, loom_st_file **out, char *err, size_t
 {
 	struct stat sb;
 	if (!out)
-		return fail(err, errlen, LOOM_ERR_INVALID, "safetensors: no output given");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "safetensors: no output given");
 	*out = NULL;
 	if (!path || !path[0])
-		return fail(err, errlen, LOOM_ERR_INVALID, "safetensors: no path given");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "safetensors: no path given");
 	FILE *fp = fopen(path, "rb");
 	if (!fp)
-		return fail(err, errlen, errno == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_IO,
+		return loom_errnf(err, errlen, errno == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_IO,
 			    "%s: %s", path, strerror(errno));
 	if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
 		fclose(fp);
-		return fail(err, errlen, LOOM_ERR_IO, "%s: not a regular file", path);
+		return loom_errnf(err, errlen, LOOM_ERR_IO, "%s: not a regular file", path);
 	}
 	size_t size = (size_t)sb.st_size;
 	unsigned char *buf = malloc(size ? size : 1);
 	if (!buf) {
 		fclose(fp);
-		return fail(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory for %zu bytes", path,
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory for %zu bytes", path,
 			    size);
 	}
 	size_t got = fread(buf, 1, size, fp);
@@ -343,7 +331,7 @@ loom_status loom_st_read(const char *path, loom_st_file **out, char *err, size_t
 	fclose(fp);
 	if (bad || got != size) {
 		free(buf);
-		return fail(err, errlen, LOOM_ERR_IO, "%s: read %zu of %zu bytes", path, got, size);
+		return loom_errnf(err, errlen, LOOM_ERR_IO, "%s: read %zu of %zu bytes", path, got, size);
 	}
 	loom_status st = loom_st_parse(buf, size, path, out, err, errlen);
 	if (st != LOOM_OK) {
@@ -387,19 +375,19 @@ static loom_status check_tensors(const char *path, const loom_st_tensor *t, int 
 	for (int i = 0; i < n; i++) {
 		const char *name = t[i].name;
 		if (!name || !name[0] || strcmp(name, "__metadata__") == 0)
-			return fail(err, errlen, LOOM_ERR_INVALID, "%s: tensor %d has no usable name",
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s: tensor %d has no usable name",
 				    path, i);
 		for (int j = 0; j < i; j++)
 			if (strcmp(t[j].name, name) == 0)
-				return fail(err, errlen, LOOM_ERR_INVALID,
+				return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 					    "%s: two tensors are called '%s'", path, name);
 		if ((unsigned)t[i].dtype >= LOOM_ST_DTYPE_COUNT || t[i].ndim < 0 ||
 		    t[i].ndim > LOOM_ST_MAX_DIMS)
-			return fail(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				    "%s: tensor '%s': bad dtype or ndim", path, name);
 		int64_t need = shape_bytes(t[i].dims, t[i].ndim, loom_st_dtype_size(t[i].dtype));
 		if (need < 0 || (uint64_t)need != t[i].bytes || (!t[i].data && t[i].bytes))
-			return fail(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				    "%s: tensor '%s': %zu bytes of data for a shape that needs "
 				    "%lld", path, name, t[i].bytes, (long long)need);
 	}
@@ -449,26 +437,26 @@ loom_status loom_st_write(const char *path, const loom_st_tensor *t, int n,
 			  const char *const *meta, int n_meta, char *err, size_t errlen)
 {
 	if (!path || !path[0] || n < 0 || (n && !t) || n_meta < 0 || (n_meta && !meta))
-		return fail(err, errlen, LOOM_ERR_INVALID, "safetensors: bad arguments to write");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "safetensors: bad arguments to write");
 	loom_status st = check_tensors(path, t, n, err, errlen);
 	if (st != LOOM_OK)
 		return st;
 	for (int i = 0; i < 2 * n_meta; i++)
 		if (!meta[i])
-			return fail(err, errlen, LOOM_ERR_INVALID, "%s: a NULL metadata string",
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s: a NULL metadata string",
 				    path);
 	size_t hlen = 0;
 	char *h = header_json(t, n, meta, n_meta, &hlen);
 	if (!h)
-		return fail(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory for the header", path);
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "%s: out of memory for the header", path);
 	char tmp[4200];
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) {
 		free(h);
-		return fail(err, errlen, LOOM_ERR_INVALID, "%s: path too long", path);
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s: path too long", path);
 	}
 	FILE *fp = fopen(tmp, "wb");
 	if (!fp) {
-		st = fail(err, errlen, LOOM_ERR_IO, "%s: cannot create %s: %s", path, tmp,
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "%s: cannot create %s: %s", path, tmp,
 			  strerror(errno));
 		free(h);
 		return st;
@@ -484,7 +472,7 @@ loom_status loom_st_write(const char *path, const loom_st_tensor *t, int n,
 	bad = (fclose(fp) != 0) || bad;
 	free(h);
 	if (bad || rename(tmp, path) != 0) {
-		st = fail(err, errlen, LOOM_ERR_IO, "%s: writing failed: %s", path,
+		st = loom_errnf(err, errlen, LOOM_ERR_IO, "%s: writing failed: %s", path,
 			  strerror(bad ? saved : errno));
 		unlink(tmp);
 		return st;

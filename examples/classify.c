@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "examples/models.h"
+#include "examples/train_args.h"
 #include "loom.h"
 #include "loom_data.h"
 #include "loom_io.h"
@@ -110,45 +111,27 @@ static int parse(int argc, char **argv, classify_args *a)
 		case 'n': if (parse_long("--limit", optarg, 1, 1L << 40, &l)) return 2; a->limit = l; break;
 		case 'b': if (parse_long("--batch-size", optarg, 1, 1 << 16, &l)) return 2; a->batch = (int)l; break;
 		case 'k': if (parse_long("--top-k", optarg, 1, CLASSES, &l)) return 2; a->top_k = (int)l; break;
-		case 't': if (parse_long("--threads", optarg, 1, 1024, &l)) return 2; a->threads = (int)l; break;
-		case 'O':
-			if (strlen(optarg) != 2 || (optarg[0] != 'O' && optarg[0] != 'o') ||
-			    optarg[1] < '0' || optarg[1] > '3') {
-				fprintf(stderr, "classify: --opt-level must be O0..O3, got '%s'\n", optarg);
+		case 't': case 'O': case 'p': case 'o': case 'S': case 'D': {
+			/* the flags classify shares with training: one parser of each */
+			const char *name = c == 't' ? "threads" : c == 'O' ? "opt-level" :
+					   c == 'p' ? "precision" : c == 'o' ? "optimizer" :
+					   c == 'S' ? "init-strict" : "device";
+			char msg[256];
+			train_args t = train_mnist_ddp.defaults;
+			if (train_set_value(&train_mnist_ddp, name, optarg, &t, msg, sizeof(msg))) {
+				fprintf(stderr, "classify: %s\n", msg);
 				return 2;
 			}
-			a->level = (loom_opt_level)(optarg[1] - '0');
-			break;
-		case 'p':
-			if (strcmp(optarg, "fp16") && strcmp(optarg, "bf16")) {
-				fprintf(stderr, "classify: --precision must be fp16 or bf16, got '%s'\n", optarg);
-				return 2;
-			}
-			a->half = optarg[0] == 'b' ? LOOM_BF16 : LOOM_F16;
-			break;
-		case 'o':
-			if (strcmp(optarg, "sgd") && strcmp(optarg, "adamw")) {
-				fprintf(stderr, "classify: --optimizer must be sgd or adamw, got '%s'\n", optarg);
-				return 2;
-			}
-			a->optim = optarg[0] == 'a' ? LOOM_OPTIM_ADAMW : LOOM_OPTIM_SGD;
-			break;
-		case 'S':
-			if (strcmp(optarg, "true") && strcmp(optarg, "false")) {
-				fprintf(stderr, "classify: --init-strict must be true or false, got '%s'\n", optarg);
-				return 2;
-			}
-			a->strict = optarg[0] == 't';
-			break;
-		case 'D':
-			if (!strcmp(optarg, "auto")) a->device = LOOM_DEVICE_AUTO;
-			else if (!strcmp(optarg, "cpu")) a->device = LOOM_DEVICE_CPU;
-			else if (!strcmp(optarg, "cuda")) a->device = LOOM_DEVICE_CUDA;
-			else {
-				fprintf(stderr, "classify: --device must be auto, cpu or cuda, got '%s'\n", optarg);
-				return 2;
+			switch (c) {
+			case 't': a->threads = t.threads; break;
+			case 'O': a->level = t.level; break;
+			case 'p': a->half = t.half; break;
+			case 'o': a->optim = t.optim; break;
+			case 'S': a->strict = t.init_strict; break;
+			default: a->device = t.device; break;
 			}
 			break;
+		}
 		case 'h': usage(stdout); return 1;
 		default:
 			fprintf(stderr, "classify: unknown or incomplete option '%s' (see --help)\n",

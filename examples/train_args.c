@@ -458,6 +458,16 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	return 0;
 }
 
+int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
+		    char *msg, size_t msglen)
+{
+	for (size_t i = 0; i < N_FLAGS; i++)
+		if (!strcmp(table[i].o.name, name))
+			return set_flag(prog, table[i].o.val, arg, a, msg, msglen);
+	say(msg, msglen, "--%s is not a training flag", name);
+	return -1;
+}
+
 train_parse train_parse_args(const train_program *prog, int argc, char **argv, train_args *a,
 			     char *msg, size_t msglen)
 {

@@ -111,6 +111,14 @@ typedef enum train_parse {
 train_parse train_parse_args(const train_program *prog, int argc, char **argv, train_args *a,
 			     char *msg, size_t msglen);
 
+/*
+ * One flag's value (name without dashes, e.g. "opt-level") into *a, with the
+ * same checks and messages as train_parse_args: 0, or -1 with msg set. For a
+ * tool with its own command line (classify) that shares some of the flags.
+ */
+int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
+		    char *msg, size_t msglen);
+
 /* The --help text of prog. */
 void train_usage(const train_program *prog, FILE *f);
 
