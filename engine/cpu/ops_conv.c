@@ -82,8 +82,6 @@ static int conv_wants_dnnl(loom_cpu_conv_kind kind, const loom_conv_shape *s)
 	int avx2 = loom_cpu_isa_get() == LOOM_CPU_ISA_AVX2;
 	if (s->kh == 1 && s->kw == 1)
 		return avx2 && kind == LOOM_CPU_CONV_BWD_DATA && s->c_in >= 1024;
-	if (avx2 && kind == LOOM_CPU_CONV_BWD_FILTER && s->kh == 3 && s->kw == 3)
-		return 0;
 	return s->c_in >= 8 ||
 	       (kind == LOOM_CPU_CONV_BWD_FILTER && loom_cpu_isa_get() >= LOOM_CPU_ISA_AVX512) ||
 	       (avx2 && kind == LOOM_CPU_CONV_FWD && s->kh >= 7 && s->h_out >= 56);
