@@ -110,6 +110,69 @@ loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, l
 	return c->i->allreduce_ordered(c, buf, count, dt, stream);
 }
 
+/* Point-to-point: the same checks, and the peer is a rank of c other
+ * than this one. */
+static loom_status p2p_args(loom_comm *c, const void *buf, size_t bytes, int peer,
+			    loom_comm_work **out, const char *what, int have)
+{
+	loom_status st = usable(c, what);
+
+	if (st)
+		return st;
+	if (!out || (bytes && !buf) || peer < 0 || peer >= c->world || peer == c->rank)
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "%s: bad arguments (peer %d of %d)",
+				    what, peer, c->world);
+	if (!have)
+		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED, "%s: the %s backend has none",
+				    what, c->i->name);
+	*out = NULL;
+	return LOOM_OK;
+}
+
+loom_status loom_comm_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				 void *stream, loom_comm_work **out)
+{
+	loom_status st = p2p_args(c, buf, bytes, peer, out, "send", c && c->i->send_start);
+
+	if (st)
+		return st;
+	entering(c, "send of %zu bytes to rank %d", bytes, peer);
+	return c->i->send_start(c, buf, bytes, peer, tag, stream, out);
+}
+
+loom_status loom_comm_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				 void *stream, loom_comm_work **out)
+{
+	loom_status st = p2p_args(c, buf, bytes, peer, out, "receive", c && c->i->recv_start);
+
+	if (st)
+		return st;
+	entering(c, "receive of %zu bytes from rank %d", bytes, peer);
+	return c->i->recv_start(c, buf, bytes, peer, tag, stream, out);
+}
+
+loom_status loom_comm_split(loom_comm *c, int color, int key, loom_comm **out)
+{
+	loom_status st = usable(c, "split");
+
+	if (st)
+		return st;
+	if (!out || color < 0)
+		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "split: bad arguments (color %d)", color);
+	*out = NULL;
+	if (!c->i->split)
+		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED, "split: the %s backend has none",
+				    c->i->name);
+	entering(c, "split by color %d", color);
+	return c->i->split(c, color, key, out);
+}
+
+void loom_comm_free(loom_comm *c)
+{
+	if (c && c->owned)
+		c->i->free(c);
+}
+
 loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done)
 {
 	loom_status st = usable(c, "test");
@@ -288,6 +351,8 @@ loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out)
 		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
 	c->i = &self_iface;
 	c->pg = pg;
+	c->rank = pg->info.rank;
+	c->world = pg->info.world;
 	*out = c;
 	return LOOM_OK;
 }

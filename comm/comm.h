@@ -126,6 +126,20 @@ typedef struct loom_comm_i {
 					    void *stream, loom_comm_work **out);
 	loom_status (*allgather_start)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				       void *stream, loom_comm_work **out);
+	/* Pipeline stages' point-to-point pair: bytes to / from rank peer of
+	 * this communicator, matched by tag and in the order they were
+	 * started (between one pair of ranks, in one direction); *out waits
+	 * (test and wait as for allreduce_start, with the group's timeout).
+	 * stream: as allreduce_start (the send waits for it; the receive's
+	 * data is ready for it after wait).   // (optional) */
+	loom_status (*send_start)(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				  void *stream, loom_comm_work **out);
+	loom_status (*recv_start)(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				  void *stream, loom_comm_work **out);
+	/* A new communicator of the ranks that gave the same color, ranked by
+	 * key (MPI_Comm_split); collective over c. The caller frees it with
+	 * loom_comm_free.   // (optional) */
+	loom_status (*split)(loom_comm *c, int color, int key, loom_comm **out);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -134,6 +148,10 @@ struct loom_comm {
 	void *ctx;
 	loom_pg *pg;
 	int broken; /* a timeout or failure happened: every later call refuses */
+	/* This rank's place in the communicator: the group's for the group's
+	 * own, the split's for a sub-communicator (loom_comm_split). */
+	int rank, world;
+	int owned; /* made by loom_comm_split: loom_comm_free frees it */
 };
 
 /* The backend of the group for this memory (owned by the group; NULL and an
@@ -158,6 +176,20 @@ loom_status loom_comm_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 loom_status loom_comm_allgather(loom_comm *c, const void *send, size_t bytes, void *recv);
 loom_status loom_comm_barrier(loom_comm *c);
 void loom_comm_abort(loom_comm *c);
+
+/* Pipeline stages: non-blocking send / receive of bytes with rank peer of
+ * c (loom_comm_i.send_start); LOOM_ERR_UNSUPPORTED where the backend has
+ * none. Finish them with loom_comm_test / loom_comm_wait. */
+loom_status loom_comm_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				 void *stream, loom_comm_work **out);
+loom_status loom_comm_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				 void *stream, loom_comm_work **out);
+/* A sub-communicator of the ranks of c with the same color (data
+ * parallelism among one pipeline stage's replicas); collective over c. */
+loom_status loom_comm_split(loom_comm *c, int color, int key, loom_comm **out);
+/* Frees a communicator loom_comm_split made (the group's own are the
+ * group's: ignored). */
+void loom_comm_free(loom_comm *c);
 
 /* Broadcasts n buffers from root (initial parameters and buffers). */
 loom_status loom_comm_broadcast_many(loom_comm *c, void *const *bufs, const size_t *bytes,

@@ -141,6 +141,17 @@ loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t er
 /* Rank 0 first answers the connections still queued (a rank that claims an
  * existing rank after the group formed is told so), then closes. */
 void loom_rdv_close(loom_rdv *r);
+/* Rank 0, the group formed: keeps MASTER_PORT open for the group's life
+ * (call before loom_rdv_close; NULL elsewhere or when out of memory), so
+ * that a process connecting later is told why it cannot join ("rank 1 is
+ * already in the group ...; pid 815 on node-b claims it too") and a
+ * stranger is dropped with a line, as at start-up. _poll never blocks
+ * (loom_pg_set_step and every collective call it; it acts at most every
+ * 0.1 s); _free answers what is queued and closes. */
+typedef struct loom_rdv_late loom_rdv_late;
+loom_rdv_late *loom_rdv_keep(loom_rdv *r);
+void loom_rdv_late_poll(loom_rdv_late *l);
+void loom_rdv_late_free(loom_rdv_late *l);
 
 /* Socket helpers with deadlines (absolute, loom_comm_now()). Reads fail
  * with a message saying how many of how many bytes came. */
@@ -150,6 +161,9 @@ loom_status loom_sock_write(int fd, const void *buf, size_t n, double deadline,
 			    const char *who, char *err, size_t errlen);
 /* A listening TCP socket on port (0: any), all interfaces; *port_out gets it. */
 loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t errlen);
+/* One non-blocking TCP connect to host:port by deadline: the socket
+ * (non-blocking, TCP_NODELAY) or -1 with errno. */
+int loom_sock_connect(const char *host, int port, double deadline);
 
 /* ------------------------------------------------------------ liveness */
 
@@ -165,10 +179,16 @@ int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len);
 /* ------------------------------------------------------------ progress */
 
 /* comm/progress.c: the last collective each rank entered, in a file that
- * the ranks on its host read when a collective times out. */
-#define LOOM_PROGRESS_LABEL 128
+ * the ranks on its host read when a collective times out, and sent to the
+ * ranks on other hosts over a link to each one's liveness listener (read
+ * there without blocking, at most every 0.1 s and when a collective times
+ * out), so that a frozen rank is named across hosts too. */
+#define LOOM_PROGRESS_LABEL LOOM_PROG_LABEL_BYTES
 #define LOOM_PROGRESS_RING 64
 struct loom_progress;
+struct loom_progress_links;
+/* The file, and the links to the ranks on other hosts (after the group
+ * formed: the peer table is complete). */
 void loom_progress_open(loom_pg *pg);
 void loom_progress_close(loom_pg *pg);
 /* Every collective, on entry (comm.c's wrappers): counts it and records
@@ -178,9 +198,10 @@ void loom_progress_enter(loom_pg *pg, const char *what);
 const char *loom_progress_label(const loom_pg *pg, uint64_t seq);
 /* A peer's last collective (same host only); -1 when it cannot be read. */
 int loom_progress_read(const loom_comm_peer *peer, uint64_t *seq, char *label, size_t len);
-/* The peers on this host that have not entered collective seq, named with
- * what they last entered ("rank 1 is alive but has not reached step 39's
- * all-reduce of 1000 f32 (its last: step 38's ...)"); the length written. */
+/* The peers that have not entered collective seq, named with what they
+ * last entered ("rank 1 is alive but has not reached step 39's all-reduce
+ * of 1000 f32 (its last: step 38's ...)"): on this host from their files,
+ * on others from what their links last brought; the length written. */
 size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len);
 
 /* ------------------------------------------------------------ the group */
@@ -194,10 +215,12 @@ struct loom_pg {
 	char err[LOOM_COMM_ERRLEN];
 	loom_comm_peer *peers; /* world entries */
 	int probe_fd;
+	struct loom_rdv_late *late; /* rank 0 under env://: MASTER_PORT, kept */
 	pid_t ompi_server; /* rank 0 under env://: the Open MPI name server, else 0 */
 	uint8_t nccl_id[LOOM_COMM_NCCL_ID_BYTES];
 	struct loom_pg_mpi *mpi;
 	struct loom_progress *progress; /* mapped; NULL without /dev/shm */
+	struct loom_progress_links *links; /* to and from other hosts; or NULL */
 	uint64_t seq;                   /* collectives entered */
 	int64_t step;                   /* loom_pg_set_step, -1 before */
 	char labels[LOOM_PROGRESS_RING][LOOM_PROGRESS_LABEL];

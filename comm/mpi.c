@@ -293,6 +293,17 @@ void loom_mpi_finish(loom_pg *pg)
 
 /* ------------------------------------------------------------ backend */
 
+/* A sub-communicator's own MPI communicator (loom_comm_split). */
+struct mpi_sub {
+	MPI_Comm comm;
+};
+
+/* The MPI communicator behind c: the group's, or a split's. */
+static MPI_Comm comm_of(loom_comm *c)
+{
+	return c->owned ? ((struct mpi_sub *)c->ctx)->comm : comm_of(c);
+}
+
 static loom_status mpi_type(loom_comm *c, loom_dtype dt, MPI_Datatype *type, MPI_Op *op)
 {
 	struct loom_pg_mpi *m = c->pg->mpi;
@@ -387,7 +398,7 @@ static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, lo
 	if (!(w = work_new(c, count, dt, "all-reduce")))
 		return LOOM_ERR_NOMEM;
 	return started(c, MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
-							  c->pg->mpi->comm, &w->req)), w, out);
+							  comm_of(c), &w->req)), w, out);
 }
 
 /*
@@ -406,15 +417,15 @@ static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t coun
 
 	(void)stream;
 	if ((st = mpi_type(c, dt, &type, &op)) ||
-	    (st = fits_int(c, count * (size_t)c->pg->info.world, "reduce-scatter")))
+	    (st = fits_int(c, count * (size_t)c->world, "reduce-scatter")))
 		return st;
 	if (!(w = work_new(c, count, dt, "reduce-scatter")))
 		return LOOM_ERR_NOMEM;
-	w->move_to = (unsigned char *)buf + (size_t)c->pg->info.rank * count * esz;
+	w->move_to = (unsigned char *)buf + (size_t)c->rank * count * esz;
 	w->move_from = buf;
 	w->move_bytes = count * esz;
 	return started(c, MPI_CHECK(c->pg, MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count,
-								     type, op, c->pg->mpi->comm,
+								     type, op, comm_of(c),
 								     &w->req)), w, out);
 }
 
@@ -432,8 +443,91 @@ static loom_status mpi_allgather_start(loom_comm *c, void *buf, size_t count, lo
 	if (!(w = work_new(c, count, dt, "all-gather")))
 		return LOOM_ERR_NOMEM;
 	return started(c, MPI_CHECK(c->pg, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf,
-							  (int)bytes, MPI_BYTE, c->pg->mpi->comm,
+							  (int)bytes, MPI_BYTE, comm_of(c),
 							  &w->req)), w, out);
+}
+
+/* Pipeline stages: MPI_Isend / MPI_Irecv of bytes, finished by test and
+ * wait like the collectives (wait polls against the group's timeout). */
+static loom_status mpi_p2p_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				 loom_comm_work **out, int send)
+{
+	struct loom_comm_work *w;
+	loom_status st;
+	const char *what = send ? "send" : "receive";
+
+	if ((st = fits_int(c, bytes, what)))
+		return st;
+	if (!(w = work_new(c, bytes, LOOM_F32, what)))
+		return LOOM_ERR_NOMEM;
+	w->dt = LOOM_DTYPE_COUNT; /* the wait's message: count is bytes */
+	return started(c, MPI_CHECK(c->pg, send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer,
+							    tag & 0x7fff, comm_of(c), &w->req) :
+						  MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer,
+							    tag & 0x7fff, comm_of(c), &w->req)),
+		       w, out);
+}
+
+static loom_status mpi_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				  void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_p2p_start(c, (void *)buf, bytes, peer, tag, out, 1);
+}
+
+static loom_status mpi_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				  void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_p2p_start(c, buf, bytes, peer, tag, out, 0);
+}
+
+static const loom_comm_i mpi_iface;
+static loom_status mpi_barrier(loom_comm *c);
+
+static loom_status mpi_split(loom_comm *c, int color, int key, loom_comm **out)
+{
+	loom_comm *s = calloc(1, sizeof(*s));
+	struct mpi_sub *x = calloc(1, sizeof(*x));
+	loom_status st;
+
+	if (!s || !x) {
+		free(s);
+		free(x);
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	}
+	x->comm = MPI_COMM_NULL;
+	/* MPI_Comm_split blocks: a barrier first, polled against the
+	 * timeout, so that a dead rank is an error and not a hang. */
+	if ((st = mpi_barrier(c)) ||
+	    (st = MPI_CHECK(c->pg, MPI_Comm_split(comm_of(c), color, key, &x->comm)))) {
+		free(s);
+		free(x);
+		return st;
+	}
+	MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
+	s->i = &mpi_iface;
+	s->ctx = x;
+	s->pg = c->pg;
+	s->owned = 1;
+	MPI_Comm_rank(x->comm, &s->rank);
+	MPI_Comm_size(x->comm, &s->world);
+	*out = s;
+	return LOOM_OK;
+}
+
+/* The group's own communicator is the group's; a split's MPI
+ * communicator is freed with it. */
+static void mpi_free(loom_comm *c)
+{
+	struct mpi_sub *x = c->owned ? c->ctx : NULL;
+
+	/* MPI_Comm_free is collective in spirit only (local in Open MPI);
+	 * skipped once MPI broke, as MPI_Finalize is. */
+	if (x && x->comm != MPI_COMM_NULL && !c->pg->mpi->broken)
+		MPI_Comm_free(&x->comm);
+	free(x);
+	free(c);
 }
 
 static loom_status mpi_test(loom_comm *c, loom_comm_work *w, int *done)
@@ -450,7 +544,11 @@ static loom_status mpi_wait(loom_comm *c, loom_comm_work *w)
 	char what[96];
 	loom_status st;
 
-	snprintf(what, sizeof(what), "%s of %zu %s", w->what, w->count, loom_dtype_name(w->dt));
+	if (w->dt == LOOM_DTYPE_COUNT) /* a send or receive: count is bytes */
+		snprintf(what, sizeof(what), "%s of %zu bytes", w->what, w->count);
+	else
+		snprintf(what, sizeof(what), "%s of %zu %s", w->what, w->count,
+			 loom_dtype_name(w->dt));
 	st = finish(c, &w->req, w->t0, w->seq, what);
 	if (!st && w->move_to && w->move_to != w->move_from)
 		memmove(w->move_to, w->move_from, w->move_bytes);
@@ -466,7 +564,7 @@ static loom_status mpi_broadcast(loom_comm *c, void *buf, size_t bytes, int root
 
 	if (st)
 		return st;
-	st = MPI_CHECK(c->pg, MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->pg->mpi->comm, &req));
+	st = MPI_CHECK(c->pg, MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, comm_of(c), &req));
 	return st ? st : finish(c, &req, t0, c->pg->seq, "broadcast");
 }
 
@@ -479,7 +577,7 @@ static loom_status mpi_allgather(loom_comm *c, const void *send, size_t bytes, v
 	if (st)
 		return st;
 	st = MPI_CHECK(c->pg, MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes,
-					     MPI_BYTE, c->pg->mpi->comm, &req));
+					     MPI_BYTE, comm_of(c), &req));
 	return st ? st : finish(c, &req, t0, c->pg->seq, "all-gather");
 }
 
@@ -487,7 +585,7 @@ static loom_status mpi_barrier(loom_comm *c)
 {
 	MPI_Request req;
 	double t0 = loom_comm_now();
-	loom_status st = MPI_CHECK(c->pg, MPI_Ibarrier(c->pg->mpi->comm, &req));
+	loom_status st = MPI_CHECK(c->pg, MPI_Ibarrier(comm_of(c), &req));
 
 	return st ? st : finish(c, &req, t0, c->pg->seq, "barrier");
 }
@@ -497,11 +595,6 @@ static void mpi_abort(loom_comm *c)
 	/* Outstanding requests cannot be cancelled (collectives), so the only
 	 * safe thing is to never touch MPI again, MPI_Finalize included. */
 	c->pg->mpi->broken = 1;
-}
-
-static void mpi_free(loom_comm *c)
-{
-	free(c);
 }
 
 static const loom_comm_i mpi_iface = {
@@ -516,7 +609,11 @@ static const loom_comm_i mpi_iface = {
 	.free = mpi_free,
 	.reduce_scatter_start = mpi_reduce_scatter_start,
 	.allgather_start = mpi_allgather_start,
+	.send_start = mpi_send_start,
+	.recv_start = mpi_recv_start,
+	.split = mpi_split,
 };
+
 
 loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out)
 {
@@ -527,6 +624,8 @@ loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out)
 	c->i = &mpi_iface;
 	c->ctx = pg->mpi;
 	c->pg = pg;
+	c->rank = pg->info.rank;
+	c->world = pg->info.world;
 	*out = c;
 	return LOOM_OK;
 }

@@ -218,6 +218,56 @@ static loom_status nccl_allgather_start(loom_comm *c, void *buf, size_t count, l
 	return nccl_start(c, buf, count, dt, stream, out, START_ALLGATHER);
 }
 
+/* Pipeline stages: ncclSend / ncclRecv of bytes on the communicator's
+ * stream after stream's work so far; *out waits for it (its done event),
+ * and the receiver's stream then sees the bytes. Compiled; run only where
+ * a GPU is. */
+static loom_status nccl_p2p_start(loom_comm *c, void *buf, size_t bytes, int peer, void *stream,
+				  loom_comm_work **out, int send)
+{
+	nccl_ctx *x = ctx_of(c);
+	loom_comm_work *w = (loom_comm_work *)calloc(1, sizeof(*w));
+	loom_status st;
+
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->t0 = loom_comm_now();
+	w->count = bytes;
+	w->dt = LOOM_F32;
+	ncclResult_t rc;
+	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
+	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))))
+		goto fail;
+	rc = send ? ncclSend(buf, bytes, ncclUint8, peer, x->comm, x->stream) :
+		    ncclRecv(buf, bytes, ncclUint8, peer, x->comm, x->stream);
+	if ((st = issued(c, rc, send ? "send enqueue" : "receive enqueue")) ||
+	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
+	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream))))
+		goto fail;
+	*out = w;
+	return LOOM_OK;
+fail:
+	if (w->done)
+		cudaEventDestroy(w->done);
+	free(w);
+	c->broken = 1;
+	return st;
+}
+
+static loom_status nccl_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				   void *stream, loom_comm_work **out)
+{
+	(void)tag; /* NCCL matches sends and receives by order, per peer */
+	return nccl_p2p_start(c, (void *)buf, bytes, peer, stream, out, 1);
+}
+
+static loom_status nccl_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				   void *stream, loom_comm_work **out)
+{
+	(void)tag;
+	return nccl_p2p_start(c, buf, bytes, peer, stream, out, 0);
+}
+
 /* The stream waits for the sum: ready marks the stream's work so far, NCCL
  * runs on the communicator's own stream after it (one stream for every NCCL
  * call, so they run in the order they were issued, as on every rank), and
@@ -464,6 +514,9 @@ static const loom_comm_i nccl_iface = {
 	.allreduce_ordered = nccl_allreduce_ordered,
 	.reduce_scatter_start = nccl_reduce_scatter_start,
 	.allgather_start = nccl_allgather_start,
+	.send_start = nccl_send_start,
+	.recv_start = nccl_recv_start,
+	.split = NULL,
 };
 
 extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)
@@ -512,6 +565,8 @@ extern "C" loom_status loom_nccl_backend_new(loom_pg *pg, loom_comm **out)
 	c->i = &nccl_iface;
 	c->ctx = x;
 	c->pg = pg;
+	c->rank = pg->info.rank;
+	c->world = pg->info.world;
 	*out = c;
 	memcpy(&id, pg->nccl_id, sizeof(id));
 	cfg.blocking = 0;

@@ -236,6 +236,8 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	} else {
 		st = LOOM_OK;
 	}
+	if (!st)
+		pg->late = loom_rdv_keep(&r);
 out_close:
 	loom_rdv_close(&r);
 	return st;
@@ -395,6 +397,7 @@ void loom_pg_free(loom_pg *pg)
 	}
 	if (pg->probe_fd >= 0)
 		close(pg->probe_fd);
+	loom_rdv_late_free(pg->late);
 	loom_progress_close(pg);
 	free(pg->peers);
 	free(pg);
@@ -417,8 +420,10 @@ double loom_pg_timeout(const loom_pg *pg)
 
 void loom_pg_set_step(loom_pg *pg, int64_t step)
 {
-	if (pg)
-		pg->step = step;
+	if (!pg)
+		return;
+	pg->step = step;
+	loom_rdv_late_poll(pg->late);
 }
 
 void loom_pg_set_timeout(loom_pg *pg, double seconds)

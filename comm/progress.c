@@ -5,14 +5,26 @@
  * entered ("step 38's all-reduce of 1000 f32"). When a collective times out
  * and every peer is alive, the survivors read it and name the rank that has
  * not reached theirs, as a hang report would.
+ *
+ * Ranks on other hosts cannot read that file, and a stopped rank answers
+ * nothing: so each rank also sends the same record, on entry to every
+ * collective, to each rank on another host, over one TCP connection to that
+ * rank's liveness listener (opened once the group formed). The receiver
+ * reads it without blocking every 0.1 s at most (on entry to its own
+ * collectives) and when a collective times out; what a stopped rank wrote
+ * before it stopped is in the receiver's socket buffer by then.
  */
+#define _GNU_SOURCE /* accept4 */
 #include "comm/comm_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define PROGRESS_MAGIC "LMPROG01"
@@ -29,6 +41,203 @@ static void progress_path(char *buf, size_t len, const char *host, unsigned pid)
 	snprintf(buf, len, "/dev/shm/loom-progress-%s-%u", host, pid);
 }
 
+/* ------------------------------------------------------ links to other hosts */
+
+typedef struct progress_link {
+	int out;                              /* to this peer, or -1 */
+	uint8_t pend[LOOM_PROG_RECORD_BYTES]; /* a record partly sent */
+	size_t pend_off, pend_len;
+	int in;                               /* from this peer, or -1 */
+	uint8_t buf[LOOM_PROG_RECORD_BYTES];  /* a record partly read */
+	size_t got;
+	int have;                             /* a record came: seq, label */
+	uint64_t seq;
+	char label[LOOM_PROGRESS_LABEL];
+} progress_link;
+
+struct loom_progress_links {
+	progress_link *l; /* world entries */
+	double drained;
+};
+
+static int other_host(const loom_pg *pg, int k)
+{
+	return k != pg->info.rank && strcmp(pg->peers[k].host, pg->peers[pg->info.rank].host);
+}
+
+/* One link per rank on another host, to its liveness listener; a peer that
+ * cannot be reached just has none (its state stays unknown). */
+static void links_open(loom_pg *pg)
+{
+	struct loom_progress_links *L;
+	uint8_t hello[LOOM_PROG_LINK_BYTES];
+	char ignore[64];
+	int k, any = 0;
+
+	for (k = 0; k < pg->info.world; k++)
+		any |= other_host(pg, k);
+	if (!any || pg->probe_fd < 0)
+		return;
+	L = calloc(1, sizeof(*L));
+	if (!L || !(L->l = calloc((size_t)pg->info.world, sizeof(*L->l)))) {
+		free(L);
+		return;
+	}
+	/* Links and liveness probes arrive there: accept without blocking. */
+	fcntl(pg->probe_fd, F_SETFL, fcntl(pg->probe_fd, F_GETFL) | O_NONBLOCK);
+	loom_prog_encode_link(pg->info.rank, pg->info.world, hello);
+	for (k = 0; k < pg->info.world; k++) {
+		progress_link *l = &L->l[k];
+
+		l->out = l->in = -1;
+		if (!other_host(pg, k) || !pg->peers[k].probe_port)
+			continue;
+		l->out = loom_sock_connect(pg->peers[k].addr, (int)pg->peers[k].probe_port,
+					   loom_comm_now() + 2.0);
+		if (l->out >= 0 && loom_sock_write(l->out, hello, sizeof(hello), loom_comm_now() + 2.0,
+						   "progress link", ignore, sizeof(ignore))) {
+			close(l->out);
+			l->out = -1;
+		}
+	}
+	pg->links = L;
+}
+
+static void links_close(loom_pg *pg)
+{
+	struct loom_progress_links *L = pg->links;
+	int k;
+
+	if (!L)
+		return;
+	for (k = 0; k < pg->info.world; k++) {
+		if (L->l[k].out >= 0)
+			close(L->l[k].out);
+		if (L->l[k].in >= 0)
+			close(L->l[k].in);
+	}
+	free(L->l);
+	free(L);
+	pg->links = NULL;
+}
+
+/* Sends what is pending on l; 1 when all of it went. A link that fails
+ * otherwise than by being full is closed. */
+static int link_flush(progress_link *l)
+{
+	while (l->pend_off < l->pend_len) {
+		ssize_t n = send(l->out, l->pend + l->pend_off, l->pend_len - l->pend_off,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
+
+		if (n > 0) {
+			l->pend_off += (size_t)n;
+			continue;
+		}
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			return 0;
+		close(l->out);
+		l->out = -1;
+		return 0;
+	}
+	return 1;
+}
+
+/* The record of collective seq to every other host. A link whose peer has
+ * not read the last ones (its buffers full) skips this one rather than
+ * block: records are whole, so the peer reads the latest that fitted. */
+static void links_push(loom_pg *pg, uint64_t seq, const char *label)
+{
+	struct loom_progress_links *L = pg->links;
+	int k;
+
+	for (k = 0; L && k < pg->info.world; k++) {
+		progress_link *l = &L->l[k];
+
+		if (l->out < 0 || !link_flush(l))
+			continue;
+		loom_prog_encode_record(seq, label, l->pend);
+		l->pend_off = 0;
+		l->pend_len = sizeof(l->pend);
+		link_flush(l);
+	}
+}
+
+/* A connection just accepted on the liveness listener: a peer's link (its
+ * first 16 bytes say which), or a liveness probe or a stranger (closed). */
+static void link_accept(loom_pg *pg, int fd)
+{
+	struct loom_progress_links *L = pg->links;
+	uint8_t m[LOOM_PROG_LINK_BYTES];
+	struct pollfd p = { fd, POLLIN, 0 };
+	size_t got = 0;
+	int rank, tries;
+
+	for (tries = 0; got < sizeof(m) && tries < 3; tries++) {
+		ssize_t n;
+
+		if (poll(&p, 1, 20) <= 0)
+			continue;
+		n = recv(fd, m + got, sizeof(m) - got, MSG_DONTWAIT);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got < sizeof(m) || loom_prog_decode_link(m, pg->info.world, pg->info.rank, &rank) ||
+	    !other_host(pg, rank)) {
+		close(fd);
+		return;
+	}
+	if (L->l[rank].in >= 0)
+		close(L->l[rank].in);
+	L->l[rank].in = fd;
+	L->l[rank].got = 0;
+}
+
+/* Reads every link without blocking and keeps each peer's latest record;
+ * at most every 0.1 s unless forced. */
+static void links_drain(loom_pg *pg, int force)
+{
+	struct loom_progress_links *L = pg->links;
+	int k, fd, n;
+
+	if (!L || (!force && loom_comm_now() < L->drained + 0.1))
+		return;
+	L->drained = loom_comm_now();
+	for (n = 0; n < 4 * pg->info.world + 16; n++) {
+		fd = accept4(pg->probe_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0)
+			break;
+		link_accept(pg, fd);
+	}
+	for (k = 0; k < pg->info.world; k++) {
+		progress_link *l = &L->l[k];
+
+		while (l->in >= 0) {
+			ssize_t r = recv(l->in, l->buf + l->got, sizeof(l->buf) - l->got, MSG_DONTWAIT);
+
+			if (r <= 0) {
+				if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+					close(l->in);
+					l->in = -1;
+				}
+				break;
+			}
+			l->got += (size_t)r;
+			if (l->got < sizeof(l->buf))
+				continue;
+			l->got = 0;
+			if (loom_prog_decode_record(l->buf, &l->seq, l->label, sizeof(l->label))) {
+				close(l->in); /* not a record: the stream is lost */
+				l->in = -1;
+				break;
+			}
+			l->have = 1;
+		}
+	}
+}
+
+/* ------------------------------------------------------------ the file */
+
 void loom_progress_open(loom_pg *pg)
 {
 	const loom_comm_peer *me = &pg->peers[pg->info.rank];
@@ -36,6 +245,7 @@ void loom_progress_open(loom_pg *pg)
 	void *m;
 	int fd;
 
+	links_open(pg);
 	progress_path(path, sizeof(path), me->host, me->pid);
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
@@ -60,6 +270,7 @@ void loom_progress_close(loom_pg *pg)
 	const loom_comm_peer *me;
 	char path[160];
 
+	links_close(pg);
 	if (!pg->progress)
 		return;
 	me = &pg->peers[pg->info.rank];
@@ -74,12 +285,16 @@ void loom_progress_enter(loom_pg *pg, const char *what)
 	struct loom_progress *p = pg->progress;
 	uint64_t seq = ++pg->seq;
 
+	loom_rdv_late_poll(pg->late); /* a late process is told why (rendezvous.c) */
+
 	if (pg->step >= 0)
 		snprintf(pg->labels[seq % LOOM_PROGRESS_RING], LOOM_PROGRESS_LABEL, "step %lld's %s",
 			 (long long)pg->step, what);
 	else
 		snprintf(pg->labels[seq % LOOM_PROGRESS_RING], LOOM_PROGRESS_LABEL,
 			 "collective %llu, %s", (unsigned long long)seq, what);
+	links_push(pg, seq, pg->labels[seq % LOOM_PROGRESS_RING]);
+	links_drain(pg, 0);
 	if (!p)
 		return;
 	__atomic_store_n(&p->begun, seq, __ATOMIC_RELEASE);
@@ -146,18 +361,33 @@ size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len)
 	int k;
 
 	buf[0] = 0;
+	links_drain(pg, 1);
 	for (k = 0; k < pg->info.world && n < len; k++) {
 		const loom_comm_peer *p = &pg->peers[k];
-		char last[LOOM_PROGRESS_LABEL];
+		const progress_link *l = pg->links ? &pg->links->l[k] : NULL;
+		char last[LOOM_PROGRESS_LABEL], where[LOOM_COMM_HOSTLEN + 16] = "";
 		uint64_t theirs;
 
-		if (k == pg->info.rank || strcmp(p->host, me->host) ||
-		    loom_progress_read(p, &theirs, last, sizeof(last)) || theirs >= seq)
+		if (k == pg->info.rank)
+			continue;
+		if (!strcmp(p->host, me->host)) {
+			if (loom_progress_read(p, &theirs, last, sizeof(last)))
+				continue;
+			if (stopped(p->pid))
+				snprintf(where, sizeof(where), " (stopped: SIGSTOP?)");
+		} else {
+			/* On another host: what its link last brought. */
+			if (!l || !l->have)
+				continue;
+			theirs = l->seq;
+			snprintf(last, sizeof(last), "%s", l->label);
+			snprintf(where, sizeof(where), " (on %s)", p->host);
+		}
+		if (theirs >= seq)
 			continue;
 		n += (size_t)snprintf(buf + n, len - n,
 				      "%srank %d is alive%s but has not reached %s (its last: %s)",
-				      n ? "; " : "", k, stopped(p->pid) ? " (stopped: SIGSTOP?)" : "",
-				      loom_progress_label(pg, seq), last);
+				      n ? "; " : "", k, where, loom_progress_label(pg, seq), last);
 	}
 	return n;
 }

@@ -174,6 +174,11 @@ static int connect_once(const char *host, int port, double deadline, char *why, 
 	return fd;
 }
 
+int loom_sock_connect(const char *host, int port, double deadline)
+{
+	return connect_once(host, port, deadline, NULL, 0);
+}
+
 /* ------------------------------------------------------------ messages */
 
 static loom_status send_reply(int fd, int kind, const void *payload, size_t len,
@@ -354,13 +359,13 @@ static int serve_conn(loom_rdv *r, rdv_conn *c, int ended, double now)
 	return 1;
 }
 
-static void accept_conn(loom_rdv *r, rdv_conn *conns, int *n, double now)
+static void accept_conn(loom_rdv *r, rdv_conn *conns, int *n, double now, int max)
 {
 	int fd = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), k, old = 0;
 
 	if (fd < 0)
 		return;
-	if (*n == RDV_MAX_CONNS) {
+	if (*n == max) {
 		/* Full of silent strangers: the oldest makes room. */
 		for (k = 1; k < *n; k++)
 			if (conns[k].deadline < conns[old].deadline)
@@ -446,7 +451,7 @@ static loom_status wait_for_ranks(loom_rdv *r, double deadline, char *err, size_
 			    serve_conn(r, &conns[k], LOOM_RDV_OPEN, now))
 				conns[k] = conns[--n];
 		if (pf[0].revents & POLLIN)
-			accept_conn(r, conns, &n, now);
+			accept_conn(r, conns, &n, now, RDV_MAX_CONNS);
 	}
 out:
 	/* Half hellos still open once the group is complete: strangers. */
@@ -638,6 +643,83 @@ static void refuse_latecomers(loom_rdv *r)
 	}
 }
 
+/* Rank 0 keeps MASTER_PORT for the group's life, as a TCP store does, so
+ * that a process that comes after the group formed (a second RANK=1
+ * started late) is told why it cannot join rather than finding no
+ * listener ("Connection refused" until its timeout). Polled without
+ * blocking, at most every 0.1 s, from loom_pg_set_step and on entry to
+ * every collective: each connection's hello gets its own deadline across
+ * polls, as at start-up. */
+#define RDV_LATE_CONNS 8
+
+struct loom_rdv_late {
+	loom_rdv r; /* listen_fd and srv (every slot taken); fds unused */
+	rdv_conn conns[RDV_LATE_CONNS];
+	int n;
+	double polled; /* when last polled: at most every 0.1 s */
+};
+
+loom_rdv_late *loom_rdv_keep(loom_rdv *r)
+{
+	loom_rdv_late *l;
+
+	if (r->rank != 0 || r->listen_fd < 0 || r->srv.arrived != r->world)
+		return NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->r.rank = 0;
+	l->r.world = r->world;
+	l->r.listen_fd = r->listen_fd;
+	l->r.srv = r->srv;
+	l->r.srv.peers = malloc(sizeof(loom_comm_peer) * (size_t)r->world);
+	if (!l->r.srv.peers) {
+		free(l);
+		return NULL;
+	}
+	memcpy(l->r.srv.peers, r->srv.peers, sizeof(loom_comm_peer) * (size_t)r->world);
+	r->listen_fd = -1; /* the group's now: loom_rdv_close leaves it open */
+	return l;
+}
+
+void loom_rdv_late_poll(loom_rdv_late *l)
+{
+	double now;
+	int k;
+
+	if (!l || (now = loom_comm_now()) < l->polled + 0.1)
+		return;
+	l->polled = now;
+	for (k = l->n - 1; k >= 0; k--)
+		if (serve_conn(&l->r, &l->conns[k], LOOM_RDV_OPEN, now))
+			l->conns[k] = l->conns[--l->n];
+	for (k = 0; k < RDV_LATE_CONNS; k++) {
+		int before = l->n;
+
+		accept_conn(&l->r, l->conns, &l->n, now, RDV_LATE_CONNS);
+		if (l->n == before)
+			break;
+		/* Its hello is usually in already: judge it now. */
+		if (serve_conn(&l->r, &l->conns[l->n - 1], LOOM_RDV_OPEN, now))
+			l->n--;
+	}
+}
+
+void loom_rdv_late_free(loom_rdv_late *l)
+{
+	int k;
+
+	if (!l)
+		return;
+	l->polled = 0;
+	loom_rdv_late_poll(l);
+	for (k = 0; k < l->n; k++)
+		close(l->conns[k].fd);
+	close(l->r.listen_fd);
+	free(l->r.srv.peers);
+	free(l);
+}
+
 void loom_rdv_close(loom_rdv *r)
 {
 	int k;
@@ -707,8 +789,11 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len)
 {
 	int dead = loom_pg_name_dead(pg, buf, len);
+	char behind[512];
 
-	if (!dead && loom_progress_laggards(pg, seq, buf, len))
-		return 0;
+	/* Into a buffer of its own: when no peer is found behind, buf keeps
+	 * "every rank is alive: ..." rather than an empty reason. */
+	if (!dead && loom_progress_laggards(pg, seq, behind, sizeof(behind)))
+		snprintf(buf, len, "%s", behind);
 	return dead;
 }

@@ -14,6 +14,8 @@ static const char HELLO_MAGIC[8] = { 'L', 'M', 'R', 'D', 'V', 'H', 'I', '1' };
 static const char REPLY_MAGIC[8] = { 'L', 'M', 'R', 'D', 'V', 'R', 'E', '1' };
 static const char GO_MAGIC[8] = { 'L', 'M', 'R', 'D', 'V', 'G', 'O', '1' };
 static const char FP_MAGIC[8] = { 'L', 'M', 'F', 'P', 'R', 'T', '0', '1' };
+static const char LINK_MAGIC[8] = { 'L', 'M', 'P', 'R', 'G', 'L', 'K', '1' };
+static const char RECORD_MAGIC[8] = { 'L', 'M', 'P', 'R', 'G', 'R', 'C', '1' };
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -296,5 +298,49 @@ int loom_settings_differ(const uint8_t *all, int world, size_t n, int *rank, siz
 				return 1;
 			}
 		}
+	return 0;
+}
+
+/* ------------------------------------------------------------ progress */
+
+void loom_prog_encode_link(int rank, int world, uint8_t *out)
+{
+	memcpy(out, LINK_MAGIC, 8);
+	put32(out + 8, (uint32_t)rank);
+	put32(out + 12, (uint32_t)world);
+}
+
+void loom_prog_encode_record(uint64_t seq, const char *label, uint8_t *out)
+{
+	size_t n = strnlen(label, LOOM_PROG_LABEL_BYTES);
+
+	memcpy(out, RECORD_MAGIC, 8);
+	put32(out + 8, (uint32_t)seq);
+	put32(out + 12, (uint32_t)(seq >> 32));
+	memset(out + 16, 0, LOOM_PROG_LABEL_BYTES);
+	memcpy(out + 16, label, n);
+}
+
+int loom_prog_decode_link(const uint8_t *m, int world, int self, int *rank)
+{
+	uint32_t r = get32(m + 8);
+
+	if (memcmp(m, LINK_MAGIC, 8) || get32(m + 12) != (uint32_t)world || r >= (uint32_t)world ||
+	    r == (uint32_t)self)
+		return -1;
+	*rank = (int)r;
+	return 0;
+}
+
+int loom_prog_decode_record(const uint8_t *m, uint64_t *seq, char *label, size_t len)
+{
+	size_t i;
+
+	if (memcmp(m, RECORD_MAGIC, 8) || !len)
+		return -1;
+	*seq = (uint64_t)get32(m + 8) | (uint64_t)get32(m + 12) << 32;
+	for (i = 0; i < LOOM_PROG_LABEL_BYTES && i + 1 < len && m[16 + i]; i++)
+		label[i] = m[16 + i] >= 32 && m[16 + i] < 127 ? (char)m[16 + i] : '?';
+	label[i] = 0;
 	return 0;
 }

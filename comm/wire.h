@@ -87,6 +87,29 @@ loom_status loom_rdv_decode_reply(const uint8_t *payload, size_t len, uint32_t k
 /* A rank reads rank 0's turn signal, which must name it. */
 loom_status loom_rdv_decode_go(const uint8_t *m, int rank, char *err, size_t errlen);
 
+/* ------------------------------------------------------------ progress */
+
+/*
+ * What a rank tells the ranks on other hosts of its progress
+ * (comm/progress.c), over a TCP connection to each one's liveness listener:
+ *   link    "LMPRGLK1" rank world            (once, when the link opens)
+ *   record  "LMPRGRC1" seq(u64) label[128]   (on entry to every collective)
+ * Little-endian; the label is text up to its first NUL.
+ */
+#define LOOM_PROG_LABEL_BYTES 128
+#define LOOM_PROG_LINK_BYTES 16
+#define LOOM_PROG_RECORD_BYTES (8 + 8 + LOOM_PROG_LABEL_BYTES)
+
+void loom_prog_encode_link(int rank, int world, uint8_t *out);
+void loom_prog_encode_record(uint64_t seq, const char *label, uint8_t *out);
+/* A link's first bytes, read by rank `self` of `world`: 0 with the sender's
+ * rank in *rank (another rank of this world), -1 for anything else (a
+ * liveness probe sends nothing; a stranger anything). */
+int loom_prog_decode_link(const uint8_t *m, int world, int self, int *rank);
+/* A record: 0 with its seq and its label (terminated, unprintable bytes
+ * shown as '?', at most len - 1 bytes), -1 when the magic is wrong. */
+int loom_prog_decode_record(const uint8_t *m, uint64_t *seq, char *label, size_t len);
+
 /* ------------------------------------------------------------ fingerprint */
 
 /*

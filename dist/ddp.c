@@ -13,6 +13,7 @@
 #include "comm/comm.h"
 #include "dist/bucket_pass.h"
 #include "dist/dist.h"
+#include "dist/pipeline.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 
@@ -68,6 +69,13 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	p->plan.zero = o->zero_stage;
 	p->plan.comm = loom_pg_comm(o->pg, (p->be->caps & LOOM_BE_HOST_MEMORY) ? LOOM_COMM_HOST :
 										  LOOM_COMM_DEVICE);
+	/* Pipeline stages: data parallelism among this stage's replicas, over
+	 * this stage's parameters (dist/pipeline.c). */
+	if (p->plan.pipe) {
+		p->plan.world = p->plan.pipe->replicas;
+		p->plan.rank = p->plan.pipe->replica;
+		p->plan.comm = p->plan.pipe->dp;
+	}
 	if (!p->plan.comm) {
 		snprintf(err, errlen, "data parallel: no collectives for the %s backend: %s",
 			 p->be->name, loom_pg_error(o->pg));
@@ -82,11 +90,13 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 		snprintf(err, errlen, "data parallel: out of memory");
 		return LOOM_ERR_NOMEM;
 	}
+	int ng = 0;
 	for (int i = 0; i < p->plan.n_params; i++)
-		grads[i] = p->plan.params[i].grad;
+		if (loom_pipeline_owns(&p->plan, i))
+			grads[ng++] = p->plan.params[i].grad;
 	/* ZeRO: each bucket splits into world equal shards. */
-	st = loom_bucket_pass_sharded(g, grads, p->plan.n_params, (size_t)(cap_mb * 1048576.0),
-				      (size_t)(first_mb * 1048576.0), p->plan.zero ? in->world : 1,
+	st = loom_bucket_pass_sharded(g, grads, ng, (size_t)(cap_mb * 1048576.0),
+				      (size_t)(first_mb * 1048576.0), p->plan.zero ? p->plan.world : 1,
 				      &p->plan.buckets);
 	free(grads);
 	if (st != LOOM_OK) {
@@ -125,6 +135,11 @@ static uint64_t node_hash(const loom_plan *pl, loom_value v)
 	return loom_comm_hash(f, sizeof(f), 0);
 }
 
+uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v)
+{
+	return node_hash(pl, v);
+}
+
 static uint64_t bucket_hash(const loom_buckets *b, int k)
 {
 	const loom_bucket *bk = &b->b[k];
@@ -155,6 +170,26 @@ static void describe(void *user, size_t i, char *buf, size_t len)
 		 loom_dtype_name(b->dtype), b->bytes);
 }
 
+loom_status loom_ddp_check_items(loom_program *p, loom_comm *host, const int64_t *head,
+				 size_t head_len, uint64_t *items, size_t n,
+				 void (*describe)(void *, size_t, char *, size_t), const char *what)
+{
+	loom_fingerprint fp = {
+		.item_noun = "node",
+		.head = head,
+		.head_len = head_len,
+		.items = items,
+		.n_items = n,
+		.describe = describe,
+		.user = (void *)&p->plan,
+	};
+	loom_status st = loom_comm_check_fingerprint(host, &fp);
+	free(items);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s%s", what, loom_pg_error(p->plan.opts.pg));
+	return LOOM_OK;
+}
+
 static loom_status check_plans(loom_program *p, loom_comm *host)
 {
 	const loom_plan *pl = &p->plan;
@@ -172,20 +207,7 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
 		pl->zero,
 	};
-	loom_fingerprint fp = {
-		.item_noun = "node",
-		.head = head,
-		.head_len = sizeof(head),
-		.items = items,
-		.n_items = n,
-		.describe = describe,
-		.user = (void *)pl,
-	};
-	loom_status st = loom_comm_check_fingerprint(host, &fp);
-	free(items);
-	if (st != LOOM_OK)
-		return loom_program_fail(p, st, "%s", loom_pg_error(pl->opts.pg));
-	return LOOM_OK;
+	return loom_ddp_check_items(p, host, head, sizeof(head), items, n, describe, "");
 }
 
 /* Rank 0's parameters, masters and buffers to every rank (buffers only:

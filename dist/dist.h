@@ -27,6 +27,16 @@ extern int loom_ddp_test_sync_one_rank;
  * compared with rank 0's, then rank 0's parameters and buffers broadcast
  * (queued on a device: the caller synchronises). */
 loom_status loom_ddp_start(loom_program *p);
+/* The start-up fingerprint's hash of node v (op, dtype, shape, sources,
+ * flags): dist/pipeline.c's per-stage check uses it too. */
+uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v);
+/* Collective, on host: every rank's head (the settings that must agree)
+ * and items (one hash per node, described by describe(plan, i, ...))
+ * compared with rank 0's; a difference fails p with what + the message
+ * naming the first. Frees items. */
+loom_status loom_ddp_check_items(loom_program *p, struct loom_comm *host, const int64_t *head,
+				 size_t head_len, uint64_t *items, size_t n,
+				 void (*describe)(void *, size_t, char *, size_t), const char *what);
 /* Collective: rank 0's buffers (batch-norm running statistics, which each
  * rank updates from its own batches) to every rank. */
 loom_status loom_ddp_broadcast_buffers(loom_program *p);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dist/dist.h"
+#include "dist/pipeline.h"
 #include "engine/ckpt_file.h"
 #include "engine/program_internal.h"
 
@@ -145,8 +146,13 @@ loom_status loom_save(loom_program *p, const char *path)
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "save: no path given");
+	/* Pipeline: every stage's parameters and state to every rank, so that
+	 * rank 0 writes the whole model in the one format (collective). */
+	loom_status st = p->plan.pipe ? loom_pipeline_gather(p) : LOOM_OK;
+	if (st != LOOM_OK)
+		return st;
 	rec_list l = { 0 };
-	loom_status st = list_records(p, &l);
+	st = list_records(p, &l);
 	if (st != LOOM_OK) {
 		free_records(&l);
 		return loom_program_fail(p, st, "save %s: out of memory", path);
@@ -172,8 +178,10 @@ loom_status loom_save(loom_program *p, const char *path)
 		l.r[i].data = l.host[i];
 	}
 	char err[512];
-	/* ZeRO: every rank gathered, rank 0 writes. */
-	if (st == LOOM_OK && p->plan.zero && p->plan.rank != 0) {
+	/* ZeRO, pipeline: every rank gathered, rank 0 writes. */
+	int writer = p->plan.pipe ? p->plan.pipe->replica == 0 && p->plan.pipe->stage == 0 :
+				    p->plan.rank == 0;
+	if (st == LOOM_OK && (p->plan.zero || p->plan.pipe) && !writer) {
 		free_records(&l);
 		return LOOM_OK;
 	}

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "dist/pipeline.h"
+#include "engine/elem.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 
@@ -211,15 +213,21 @@ static loom_status coll_wait_all(loom_program *p)
 	return first;
 }
 
+static loom_status sends_wait(loom_program *p, int slot);
+
 void loom_exec_drain(loom_program *p)
 {
 	if (p->exec.n_pending)
 		(void)coll_wait_all(p);
+	if (p->plan.pipe && p->plan.pipe->n_sends)
+		(void)sends_wait(p, -1);
 }
 
 loom_status loom_exec_synchronize(loom_program *p)
 {
 	loom_status st = coll_wait_all(p);
+	if (st == LOOM_OK && p->plan.pipe && p->plan.pipe->n_sends)
+		st = sends_wait(p, -1);
 	if (st != LOOM_OK)
 		return st;
 	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
@@ -254,7 +262,9 @@ static loom_status exec_node(loom_program *p, const loom_step *s, int diagnose)
 static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flags)
 {
 	int fold = (flags & LOOM_EXEC_FOLD) != 0;
-	if (!(flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)))
+	if (s->accum == LOOM_ACCUM_ADD || s->accum == LOOM_ACCUM_FOLD)
+		fold = s->accum == LOOM_ACCUM_FOLD; /* a pipeline's micro-batch */
+	else if (!(flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)))
 		return LOOM_OK;
 	int t0 = timer(p, LOOM_STREAM_COMPUTE);
 	loom_status st = p->be->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
@@ -288,7 +298,9 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 {
 	int finite = -1;
 	loom_status st;
-	if (p->plan.zero && p->plan.scaling && (st = shard_verdict(p, s, &finite)) != LOOM_OK)
+	/* ZeRO's shards and a pipeline's stages each hold some gradients. */
+	if ((p->plan.zero || p->plan.pipe) && p->plan.scaling &&
+	    (st = shard_verdict(p, s, &finite)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
 	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
@@ -318,6 +330,144 @@ static loom_status exec_copy(loom_program *p, const loom_step *s)
 	return LOOM_OK;
 }
 
+/* ------------------------------------------------------------ pipeline */
+
+/* Sends in flight (dist/pipeline.c's stage boundaries): each reads the
+ * activation slot it was sent from (or a copy), so a slot is reused only
+ * once its sends ended. slot < 0: every send. */
+static loom_status sends_wait(loom_program *p, int slot)
+{
+	loom_pipe *pp = p->plan.pipe;
+	loom_status first = LOOM_OK;
+	int k = 0;
+	for (int i = 0; i < pp->n_sends; i++) {
+		if (slot >= 0 && pp->send_slot[i] != slot) {
+			pp->sends[k] = pp->sends[i];
+			pp->send_slot[k] = pp->send_slot[i];
+			pp->send_copy[k++] = pp->send_copy[i];
+			continue;
+		}
+		loom_status st = loom_comm_wait(pp->world, pp->sends[i]);
+		free(pp->send_copy[i]);
+		if (st != LOOM_OK && first == LOOM_OK)
+			first = comm_fail(p, st);
+	}
+	pp->n_sends = k;
+	return first;
+}
+
+/* MPI moves a send only inside its calls: a turn between nodes. */
+static loom_status sends_progress(loom_program *p)
+{
+	loom_pipe *pp = p->plan.pipe;
+	for (int i = 0; i < pp->n_sends; i++) {
+		int done = 0;
+		loom_status st = loom_comm_test(pp->world, pp->sends[i], &done);
+		if (st != LOOM_OK)
+			return comm_fail(p, st);
+	}
+	return LOOM_OK;
+}
+
+static loom_status exec_send(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	size_t bytes = loom_plan_value_bytes(pl, s->v);
+	void *buf = loom_arena_ptr(&p->arena, pl, s->v), *copy = NULL;
+	loom_status st;
+	if (pp->n_sends == pp->cap_sends) {
+		int cap = pp->cap_sends ? 2 * pp->cap_sends : 16;
+		loom_comm_work **w = realloc(pp->sends, sizeof(*w) * (size_t)cap);
+		int *sl = w ? realloc(pp->send_slot, sizeof(int) * (size_t)cap) : NULL;
+		void **cp = sl ? realloc(pp->send_copy, sizeof(void *) * (size_t)cap) : NULL;
+		if (w)
+			pp->sends = w;
+		if (sl)
+			pp->send_slot = sl;
+		if (!cp)
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
+		pp->send_copy = cp;
+		pp->cap_sends = cap;
+	}
+	/* A value outside the slots (a marked output) is overwritten by the
+	 * next micro-batch: the send reads a copy. */
+	if (pl->mp.region[pl->mp.root[s->v]] != LOOM_REGION_ACT) {
+		if (!(copy = malloc(bytes ? bytes : 1)))
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
+		if ((st = loom_program_download(p, copy, buf, bytes)) != LOOM_OK) {
+			free(copy);
+			return st;
+		}
+		buf = copy;
+	}
+	st = loom_comm_send_start(pp->world, buf, bytes, s->peer, s->v,
+				  p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE),
+				  &pp->sends[pp->n_sends]);
+	if (st != LOOM_OK) {
+		free(copy);
+		return comm_fail(p, st);
+	}
+	pp->send_slot[pp->n_sends] = s->first;
+	pp->send_copy[pp->n_sends++] = copy;
+	return LOOM_OK;
+}
+
+/* The receive blocks (the group's timeout applies) while the sends in
+ * flight move on. */
+static loom_status exec_recv(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	loom_comm_work *w = NULL;
+	int t0 = timer(p, LOOM_STREAM_COMPUTE);
+	loom_status st = loom_comm_recv_start(pp->world, loom_arena_ptr(&p->arena, pl, s->v),
+					      loom_plan_value_bytes(pl, s->v), s->peer, s->v,
+					      p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE), &w);
+	if (st == LOOM_OK)
+		st = loom_comm_wait(pp->world, w);
+	if (st != LOOM_OK) {
+		char lb[96];
+		loom_program_fail(p, st, "stage %d, micro-batch %d: receiving %s from stage %d: %s",
+				  pp->stage, s->micro, loom_node_label(pl->g, s->v, lb, sizeof(lb)),
+				  s->peer % pp->stages, loom_pg_error(pl->opts.pg));
+		return st;
+	}
+	span(p, LOOM_SPAN_WAIT, s->v, s->micro, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return LOOM_OK;
+}
+
+/* Micro-batch s->micro begins its forward (index 0) or backward (2) in
+ * activation slot s->first, with its inputs (and, for the backward, the
+ * outputs its forward made) put back; or its forward ended (1): the
+ * outputs are kept for its backward and the reader. */
+static loom_status exec_micro(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	loom_status st;
+	int end = s->index == 1, bwd = s->index == 2;
+	if (!end) {
+		if ((st = sends_wait(p, s->first)) != LOOM_OK)
+			return st;
+		p->arena.act = pp->act_base + (size_t)s->first * pp->slot_bytes;
+	}
+	for (int i = 0; i < pp->n_vals; i++) {
+		loom_value v = pp->vals[i];
+		unsigned char *host = pp->host[i] + (size_t)s->micro * pp->bytes[i];
+		if (end && !pp->is_input[i]) {
+			if ((st = loom_program_download(p, host, loom_value_ptr(p, v), pp->bytes[i])) != LOOM_OK)
+				return st;
+			if (v == pl->loss)
+				pp->loss[s->micro] = loom_elem_get(pl->g->nodes[v].dtype, host, 0);
+		} else if (!end && (pp->is_input[i] || bwd)) {
+			if ((st = loom_program_upload(p, loom_value_ptr(p, v), host, pp->bytes[i])) != LOOM_OK)
+				return st;
+		}
+	}
+	return LOOM_OK;
+}
+
 static loom_status exec_step(loom_program *p, const loom_step *s, unsigned flags, int diagnose)
 {
 	switch (s->kind) {
@@ -334,6 +484,12 @@ static loom_status exec_step(loom_program *p, const loom_step *s, unsigned flags
 		return exec_optim(p, s);
 	case LOOM_STEP_COPY:
 		return exec_copy(p, s);
+	case LOOM_STEP_SEND:
+		return exec_send(p, s);
+	case LOOM_STEP_RECV:
+		return exec_recv(p, s);
+	case LOOM_STEP_MICRO:
+		return exec_micro(p, s);
 	default:
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s steps yet",
 					 loom_step_kind_name(s->kind));
@@ -365,6 +521,9 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 			return st;
 		if (s->kind == LOOM_STEP_NODE && host_progress && p->exec.n_pending &&
 		    (st = coll_progress(p)) != LOOM_OK)
+			return st;
+		if (s->kind == LOOM_STEP_NODE && pl->pipe && pl->pipe->n_sends &&
+		    (st = sends_progress(p)) != LOOM_OK)
 			return st;
 	}
 	if (phase >= 0)

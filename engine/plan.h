@@ -85,8 +85,10 @@ typedef enum loom_step_kind {
 	LOOM_STEP_WAIT,       /* the collectives started so far end; later compute sees them */
 	LOOM_STEP_OPTIM,      /* the fused check + unscale + update over pieces [first, last) */
 	LOOM_STEP_COPY,       /* ZeRO: bucket `index`'s gathered parameters into the parameters */
-	LOOM_STEP_SEND,       /* pipeline stages (reserved: no pass makes them yet) */
-	LOOM_STEP_RECV,
+	LOOM_STEP_SEND,       /* pipeline: value v of micro-batch `micro` to rank `peer` */
+	LOOM_STEP_RECV,       /* pipeline: value v of micro-batch `micro` from rank `peer` */
+	LOOM_STEP_MICRO,      /* pipeline: micro-batch `micro`'s forward (phase) or backward
+			       * starts: its activation slot, its inputs (dist/pipeline.c) */
 	LOOM_STEP_KIND_COUNT
 } loom_step_kind;
 
@@ -108,7 +110,14 @@ typedef struct loom_step {
 	int index;         /* COLLECTIVE, COPY: the bucket; ACCUM: the segment */
 	int first, last;   /* OPTIM: pieces */
 	int noop;          /* NODE: a leaf or view, nothing to compute */
+	/* Pipeline stages (dist/pipeline.c): SEND, RECV, MICRO: the
+	 * micro-batch; SEND, RECV: the peer's rank in the group. ACCUM:
+	 * LOOM_ACCUM_BY_RUN (the run's flags decide), _ADD or _FOLD. */
+	int micro, peer;
+	int accum;
 } loom_step;
+
+enum { LOOM_ACCUM_BY_RUN = 0, LOOM_ACCUM_ADD, LOOM_ACCUM_FOLD };
 
 /* "node", "accum", ...: dumps and traces. */
 const char *loom_step_kind_name(loom_step_kind k);
@@ -148,6 +157,8 @@ typedef struct loom_plan {
 	loom_accum_seg *accum;
 	int n_accum;
 	size_t accum_bytes;
+	/* Pipeline stages (dist/pipeline.h), else NULL. */
+	struct loom_pipe *pipe;
 } loom_plan;
 
 /* The training state: what a step changes besides the arena. */

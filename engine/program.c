@@ -10,7 +10,9 @@
 #include <string.h>
 
 #include "amp/amp_pass.h"
+#include "comm/comm.h"
 #include "dist/dist.h"
+#include "dist/pipeline.h"
 #include "engine/elem.h"
 #include "base/cuda_plugin.h"
 #include "engine/program_internal.h"
@@ -193,6 +195,30 @@ static loom_status init_values(loom_program *p)
 	return LOOM_OK;
 }
 
+/* This rank's planned peak: the arena, and the accumulation sums a
+ * pipeline of several micro-batches allocates at its first step. */
+static size_t planned_peak(const loom_plan *pl)
+{
+	size_t accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
+	return pl->mp.persist_bytes + pl->mp.bucket_bytes + pl->mp.act_bytes + pl->ws_bytes +
+	       pl->state_bytes + accum;
+}
+
+/* loom_compile_opts.memory_limit_mb: refused before anything is allocated. */
+static loom_status check_memory_limit(loom_program *p)
+{
+	double limit = p->plan.opts.memory_limit_mb;
+	double peak = planned_peak(&p->plan) / 1048576.0;
+	if (limit > 0 && peak > limit)
+		return loom_program_fail(p, LOOM_ERR_NOMEM,
+					 "the planned peak of %.2f MiB (activations %.2f, persistent "
+					 "%.2f, optimizer state %.2f, workspace %.2f) exceeds the memory "
+					 "limit of %.2f MiB", peak, p->plan.mp.act_bytes / 1048576.0,
+					 p->plan.mp.persist_bytes / 1048576.0,
+					 p->plan.state_bytes / 1048576.0, p->plan.ws_bytes / 1048576.0, limit);
+	return LOOM_OK;
+}
+
 /* The backend's context, what it runs (every node a step runs, asked with
  * its dtypes and shapes), its per-node plans, then its arena. */
 static loom_status backend_prepare(loom_program *p)
@@ -206,6 +232,8 @@ static loom_status backend_prepare(loom_program *p)
 		return st;
 	if ((st = be->plan_create(p->be_ctx, &p->plan, &p->plan.ws_bytes)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
+	if ((st = check_memory_limit(p)) != LOOM_OK)
+		return st;
 	if ((st = be->alloc(p->be_ctx, &p->plan, &p->ts, &p->arena)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
 	return LOOM_OK;
@@ -215,6 +243,29 @@ static uint64_t mix(uint64_t h, uint64_t x)
 {
 	h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
 	return h;
+}
+
+/* --memory-report: this rank's planned peak, before step 1 (everything
+ * lives in the one arena, so the peak is its size, plus the accumulation
+ * sums a pipeline of several micro-batches allocates at its first step). */
+static void memory_report(const loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_pg_info *in = pl->opts.pg ? loom_pg_get_info(pl->opts.pg) : NULL;
+	size_t grads = 0, accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
+	for (int i = 0; i < pl->n_params; i++)
+		grads += loom_plan_value_bytes(pl, pl->params[i].grad);
+	size_t total = planned_peak(pl);
+	char where[64] = "";
+	if (pl->pipe)
+		snprintf(where, sizeof(where), " (stage %d, %d activation slots of %.2f MiB)",
+			 pl->pipe->stage, pl->pipe->slots, pl->pipe->slot_bytes / 1048576.0);
+	loom_log("loom: rank %d%s: planned peak %.2f MiB = persistent %.2f (gradients %.2f) + "
+		 "buckets %.2f + activations %.2f + workspace %.2f + optimizer state %.2f + "
+		 "accumulation %.2f\n",
+		 in ? in->rank : 0, where, total / 1048576.0, pl->mp.persist_bytes / 1048576.0,
+		 grads / 1048576.0, pl->mp.bucket_bytes / 1048576.0, pl->mp.act_bytes / 1048576.0,
+		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0, accum / 1048576.0);
 }
 
 loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts *o,
@@ -311,6 +362,20 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	/* Data parallelism: gradient buckets and their all-reduces, then the
 	 * memory plan that lays the buckets out; else the plain plan. */
 	p->plan.world = loom_ddp_world(o);
+	if (o->pipeline_stages > 1) {
+		/* Pipeline stages: the world is stages x replicas; the data
+		 * parallelism is among a stage's replicas. */
+		char pmsg[256];
+		if ((st = loom_pipeline_check(o, p->plan.world, pmsg, sizeof(pmsg))) != LOOM_OK) {
+			compile_fail(st, "%s", pmsg);
+			goto out_fail;
+		}
+		p->plan.world /= o->pipeline_stages;
+		if ((st = loom_pipeline_assign(p, pmsg, sizeof(pmsg))) != LOOM_OK) {
+			compile_fail(st, "%s", pmsg);
+			goto out_fail;
+		}
+	}
 	if (p->plan.world > 1) {
 		char dmsg[256];
 		if ((st = loom_ddp_plan(p, dmsg, sizeof(dmsg))) != LOOM_OK) {
@@ -342,17 +407,33 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 			goto out_fail;
 		}
 	}
+	if (o->pipeline_stages > 1) {
+		char pmsg[256];
+		if ((st = loom_pipeline_plan(p, pmsg, sizeof(pmsg))) != LOOM_OK) {
+			compile_fail(st, "%s", pmsg);
+			goto out_fail;
+		}
+	}
 	if ((st = backend_prepare(p)) != LOOM_OK) {
 		compile_fail(st, "backend %s: %s", p->be->name, p->err);
 		goto out_fail;
 	}
 	if ((st = init_values(p)) != LOOM_OK)
 		goto out_fail;
-	if (p->plan.world > 1 &&
+	if (p->plan.world > 1 && !p->plan.pipe &&
 	    ((st = loom_ddp_start(p)) != LOOM_OK || (st = loom_exec_synchronize(p)) != LOOM_OK)) {
 		compile_fail(st, "%s", p->err);
 		goto out_fail;
 	}
+	if (p->plan.pipe) {
+		p->plan.pipe->act_base = p->arena.act;
+		if ((st = loom_pipeline_start(p)) != LOOM_OK) {
+			compile_fail(st, "%s", p->err);
+			goto out_fail;
+		}
+	}
+	if (o->memory_report)
+		memory_report(p);
 	if (o->verbose) {
 		loom_program_info info;
 		loom_program_info_get(p, &info);
@@ -386,6 +467,7 @@ void loom_program_free(loom_program *p)
 	}
 	loom_trace_free(p->ts.trace);
 	loom_exec_free(&p->exec);
+	loom_pipeline_free(p->plan.pipe);
 	free(p->plan.steps);
 	free(p->plan.pieces);
 	loom_memplan_free(&p->plan.mp);
@@ -419,6 +501,8 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data, 
 	if (dt != nd->dtype)
 		return loom_program_fail(p, LOOM_ERR_DTYPE, "set_input '%s': data is %s, the input is %s",
 					 name, loom_dtype_name(dt), loom_dtype_name(nd->dtype));
+	if (p->plan.pipe)
+		return loom_pipeline_set_input(p, v, data, count);
 	if ((int64_t)count != loom_shape_numel(&nd->shape))
 		return loom_program_fail(p, LOOM_ERR_SHAPE,
 					 "set_input '%s': %zu elements given, shape %s holds %lld", name,
@@ -454,7 +538,7 @@ static loom_status run_range(loom_program *p, int last, unsigned flags)
 }
 
 /* The accumulation sums, allocated by the first ACCUMULATE. */
-static loom_status accum_ready(loom_program *p)
+loom_status loom_program_accum_ready(loom_program *p)
 {
 	if (p->arena.accum)
 		return LOOM_OK;
@@ -500,7 +584,7 @@ static loom_status run_mode(loom_program *p, loom_run_mode mode)
 	case LOOM_RUN_GRAD:
 		return run_range(p, p->plan.n_grad_steps, LOOM_EXEC_TRAIN);
 	case LOOM_RUN_ACCUMULATE:
-		if ((st = accum_ready(p)) != LOOM_OK)
+		if ((st = loom_program_accum_ready(p)) != LOOM_OK)
 			return st;
 		st = run_range(p, p->plan.n_grad_steps, LOOM_EXEC_TRAIN | LOOM_EXEC_ACCUMULATE);
 		if (st == LOOM_OK)
@@ -540,6 +624,12 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 
 static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 {
+	if (p->plan.pipe) {
+		loom_status pst = loom_pipeline_run(p, mode);
+		/* the activation region as compiled, for whatever reads it next */
+		p->arena.act = p->plan.pipe->act_base;
+		return pst;
+	}
 	loom_status st = run_mode(p, mode);
 	report_nonfinite(p);
 	if (st != LOOM_OK)
@@ -624,6 +714,8 @@ loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t cou
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
+	if (p->plan.pipe)
+		return loom_pipeline_read(p, v, dst, count);
 	loom_status st = readable(p, v, count, "read");
 	return st != LOOM_OK ? st : read_as_f64(p, v, dst, count);
 }
@@ -634,13 +726,13 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
-	loom_status st = readable(p, v, count, "read");
+	loom_status st = p->plan.pipe ? LOOM_OK : readable(p, v, count, "read");
 	if (st != LOOM_OK)
 		return st;
 	double *tmp = malloc(sizeof(double) * (count ? count : 1));
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
-	st = read_as_f64(p, v, tmp, count);
+	st = p->plan.pipe ? loom_pipeline_read(p, v, tmp, count) : read_as_f64(p, v, tmp, count);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
 		dst[i] = (float)tmp[i];
 	free(tmp);
@@ -718,6 +810,10 @@ loom_status loom_set_clip_grad(loom_program *p, double max_norm)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "set_clip_grad: the %s backend's optimizer does not clip yet",
 					 p->be->name);
+	if (max_norm > 0 && p->plan.pipe)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "set_clip_grad: not with pipeline stages yet (each stage "
+					 "holds its own gradients; the norm needs their sum)");
 	if (max_norm > 0 && p->plan.opts.zero_stage > 0)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "set_clip_grad: not under ZeRO yet (each rank holds one "
@@ -848,6 +944,16 @@ void loom_program_dump_steps(const loom_program *p, FILE *out)
 			break;
 		case LOOM_STEP_COPY:
 			fprintf(out, " bucket %d into its parameters", s->index);
+			break;
+		case LOOM_STEP_SEND:
+		case LOOM_STEP_RECV:
+			fprintf(out, " value %d of micro-batch %d %s rank %d", (int)s->v, s->micro,
+				s->kind == LOOM_STEP_SEND ? "to" : "from", s->peer);
+			break;
+		case LOOM_STEP_MICRO:
+			fprintf(out, " micro-batch %d %s, activation slot %d", s->micro,
+				s->index == 1 ? "forward ends" : s->index == 2 ? "backward" : "forward",
+				s->first);
 			break;
 		default:
 			break;

@@ -68,6 +68,8 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
  * linear, matmul; 2 per multiply-add), forward nodes [0, n_fwd) and the
  * rest (engine/report.c; loom_program_info.flops_fwd/_bwd). */
 void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd);
+/* One node's share of those (0 for a node that is no product). */
+double loom_node_flops(const loom_graph *g, loom_value v);
 
 /* Prints one message through the user's log callback (loom_set_log). */
 void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -78,6 +80,9 @@ loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, 
 
 /* Copies the backend's last message into p's and returns st. */
 loom_status loom_program_backend_fail(loom_program *p, loom_status st);
+
+/* The accumulation sums, allocated by the first run that needs them. */
+loom_status loom_program_accum_ready(loom_program *p);
 
 /* The backend's upload and download, with a failure's message in p. */
 loom_status loom_program_upload(loom_program *p, void *dst, const void *src, size_t bytes);

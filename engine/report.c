@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dist/pipeline.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 
@@ -179,6 +180,11 @@ static double node_flops(const loom_graph *g, loom_value v)
 	}
 }
 
+double loom_node_flops(const loom_graph *g, loom_value v)
+{
+	return node_flops(g, v);
+}
+
 void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd)
 {
 	*fwd = *bwd = 0;
@@ -216,6 +222,10 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
 		 info.activation_naive_bytes / 1048576.0);
+	if (p->plan.pipe)
+		snprintf(note, sizeof(note), "(pipeline stage %d: %d micro-batches in flight x "
+			 "%.3f MiB)", p->plan.pipe->stage, p->plan.pipe->slots,
+			 p->plan.pipe->slot_bytes / 1048576.0);
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
 	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */

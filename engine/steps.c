@@ -18,6 +18,7 @@ static const char *const step_names[LOOM_STEP_KIND_COUNT] = {
 	[LOOM_STEP_COLLECTIVE] = "collective", [LOOM_STEP_WAIT] = "wait",
 	[LOOM_STEP_OPTIM] = "optim",     [LOOM_STEP_COPY] = "copy",
 	[LOOM_STEP_SEND] = "send",       [LOOM_STEP_RECV] = "recv",
+	[LOOM_STEP_MICRO] = "micro",
 };
 
 static const char *const coll_names[LOOM_COLL_COUNT] = {

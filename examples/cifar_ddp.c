@@ -98,7 +98,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	loom_graph_set_seed(g, a->seed);
-	loom_value loss = loom_model_resnet_width(g, a->depth, a->batch, 32, 10, a->width, &logits);
+	loom_value loss = loom_model_resnet_width(g, a->depth, train_graph_batch(&t), 32, 10, a->width, &logits);
 	snprintf(what, sizeof(what), "ResNet-%d%s on %s (%lld train, %lld test images%s)",
 		 a->depth, a->width == 64 ? "" : " (narrow)", a->synthetic ? "synthetic data" : a->data,
 		 (long long)train->n, (long long)test->n, a->augment ? ", crop+flip" : "");

@@ -72,7 +72,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	loom_graph_set_seed(g, a->seed);
-	loom_value loss = loom_model_convnet(g, a->batch, &logits);
+	loom_value loss = loom_model_convnet(g, train_graph_batch(&t), &logits);
 	t.names = loom_convnet_torch_names; /* --init-from, --export: PyTorch's names */
 	t.n_names = LOOM_CONVNET_TORCH_NAMES;
 	rc = train_compile_fit(&t, &d, g, loss, logits, 10, a->data);

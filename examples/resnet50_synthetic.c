@@ -33,7 +33,7 @@ int main(int argc, char **argv)
 	size_t ni = (size_t)a->batch * 3 * a->size * a->size;
 	float *img = malloc(sizeof(float) * ni);
 	int32_t *lab = malloc(sizeof(int32_t) * (size_t)a->batch);
-	double *rates = calloc((size_t)t.world, sizeof(double));
+	double *rates = calloc((size_t)t.gworld, sizeof(double));
 	loom_graph *g = NULL;
 	char what[128];
 	rc = 1;
@@ -50,7 +50,7 @@ int main(int argc, char **argv)
 
 	loom_value logits;
 	loom_graph_set_seed(g, a->seed);
-	loom_value loss = loom_model_resnet_width(g, a->depth, a->batch, a->size, classes, a->width,
+	loom_value loss = loom_model_resnet_width(g, a->depth, train_graph_batch(&t), a->size, classes, a->width,
 						  &logits);
 	snprintf(what, sizeof(what), "ResNet-%d%s at %dx%d, one fixed random batch per rank",
 		 a->depth, a->width == 64 ? "" : " (narrow)", a->size, a->size);
@@ -82,12 +82,16 @@ int main(int argc, char **argv)
 	}
 	double dt = train_now() - t0, mine = a->steps * (double)a->batch / dt;
 	/* Every rank's speed, for rank 0 to print; the slowest sets the pace. */
-	if (t.world > 1 && loom_comm_allgather(t.host, &mine, sizeof(mine), rates) != LOOM_OK) {
+	if (t.gworld > 1 && loom_comm_allgather(t.host, &mine, sizeof(mine), rates) != LOOM_OK) {
 		fprintf(stderr, "resnet50_synthetic: %s\n", loom_pg_error(t.pg));
 		goto out;
-	} else if (t.world == 1) {
+	} else if (t.gworld == 1) {
 		rates[0] = mine;
 	}
+	/* --pipeline: a replica's stages go at one pace; its first stage's counts. */
+	int every = a->pipeline > 1 ? a->pipeline : 1;
+	for (int r = 0; r < t.world; r++)
+		rates[r] = rates[r * every];
 	double sum = 0, slowest = rates[0];
 	for (int r = 0; r < t.world; r++) {
 		printf("rank %d: %.2f img/s (batch %d, %d steps)\n", r, rates[r], a->batch, a->steps);

@@ -148,6 +148,9 @@ static int check_settings(train_run *t)
 	setting(s, &n, "--sync-bn", "%s", a->sync_bn ? "given" : "not given");
 	setting(s, &n, "--accumulate", "%d", a->accumulate);
 	setting(s, &n, "--zero", "%d", a->zero);
+	setting(s, &n, "--pipeline", "%d", a->pipeline);
+	setting(s, &n, "--micro-batches", "%d", a->micro_batches);
+	setting(s, &n, "--schedule", "%s", a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
 	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
@@ -229,14 +232,27 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 		train_end(t);
 		return 1;
 	}
-	if (t->rank > 0 && !freopen("/dev/null", "w", stdout)) {
+	t->grank = t->rank;
+	t->gworld = t->world;
+	if (t->a.pipeline > 1) {
+		if (t->world % t->a.pipeline) {
+			fprintf(stderr, "%s: --pipeline %d does not divide the %d ranks\n", prog->name,
+				t->a.pipeline, t->world);
+			train_end(t);
+			return 1;
+		}
+		t->stage = t->grank % t->a.pipeline;
+		t->rank = t->grank / t->a.pipeline;
+		t->world = t->gworld / t->a.pipeline;
+	}
+	if (t->grank > 0 && !freopen("/dev/null", "w", stdout)) {
 		fprintf(stderr, "%s: rank %d: cannot quiet stdout\n", prog->name, t->rank);
 		train_end(t);
 		return 1;
 	}
 	if (t->a.threads)
 		loom_cpu_set_threads(t->a.threads);
-	if (t->a.metrics && t->rank == 0 &&
+	if (t->a.metrics && t->grank == 0 &&
 	    train_metrics_open(&t->metrics, t->a.metrics, msg, sizeof(msg))) {
 		fprintf(stderr, "%s: %s\n", prog->name, msg);
 		train_end(t);
@@ -352,6 +368,14 @@ static void schedule_text(const train_args *a, char *buf, size_t len)
 		snprintf(buf, len, "x%g every %d epochs", a->lr_gamma, a->lr_step);
 }
 
+int train_graph_batch(const train_run *t)
+{
+	const train_args *a = &t->a;
+	if (a->pipeline <= 1)
+		return a->batch;
+	return a->batch / (a->micro_batches ? a->micro_batches : a->pipeline);
+}
+
 int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits, int classes,
 		  const char *what)
 {
@@ -372,10 +396,16 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pg = t->pg;
 	o.sync_bn = a->sync_bn;
 	o.zero_stage = a->zero;
+	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
+	o.micro_batches = a->micro_batches;
+	o.schedule = a->pipe_schedule;
+	o.memory_limit_mb = a->memory_limit;
+	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
-		fprintf(stderr, "%s: --batch-size %d needs more memory than there is: %s\n", name,
-			a->batch, loom_last_error());
+		fprintf(stderr, "%s: --batch-size %d needs more memory than %s: %s\n", name,
+			a->batch, a->memory_limit > 0 ? "--memory-limit allows" : "there is",
+			loom_last_error());
 		return -1;
 	} else if (cst != LOOM_OK) {
 		fprintf(stderr, "%s: %s\n", name, loom_last_error());
@@ -387,7 +417,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 		return -1;
 	if (a->dump_graph)
 		loom_program_dump(t->p, stdout);
-	if (a->dump_plan && t->rank == 0 && dump_plan(t)) /* one writer */
+	if (a->dump_plan && t->grank == 0 && dump_plan(t)) /* one writer */
 		return -1;
 
 	loom_program_info info;
@@ -407,6 +437,10 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 		printf("data parallel: %d ranks (%s), global batch %d%s\n", t->world,
 		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world,
 		       a->sync_bn ? ", synchronised batch norm" : a->zero ? ", ZeRO-1" : "");
+	if (a->pipeline > 1)
+		printf("pipeline: %d stages x %d replicas, %d micro-batches of %d, %s schedule\n",
+		       a->pipeline, t->world, a->micro_batches ? a->micro_batches : a->pipeline,
+		       train_graph_batch(t), a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
 	if (a->accumulate > 1)
 		printf("gradient accumulation: %d micro-batches per step, %d images per update\n",
 		       a->accumulate, a->accumulate * a->batch * t->world);
@@ -581,7 +615,11 @@ loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *a
 			sums[1]++;
 		}
 	}
-	if (t->world > 1 && (st = loom_comm_allreduce(t->host, sums, 3, LOOM_F64)) != LOOM_OK)
+	/* Under --pipeline every stage of a replica read the same logits:
+	 * stage 0's count. */
+	if (t->a.pipeline > 1 && t->stage != 0)
+		sums[0] = sums[1] = sums[2] = 0;
+	if (t->gworld > 1 && (st = loom_comm_allreduce(t->host, sums, 3, LOOM_F64)) != LOOM_OK)
 		goto out_free;
 	*acc = sums[1] ? sums[0] / sums[1] : 0;
 	*loss = sums[1] ? sums[2] / sums[1] : 0;
@@ -638,13 +676,13 @@ static int cursor_load(const char *ckpt, int64_t *epoch, int64_t *samples)
  * Under ZeRO every rank takes part in the save (its shard is gathered). */
 static int save(train_run *t, int64_t epoch, int64_t samples, int64_t step)
 {
-	if (t->rank != 0 && !(t->a.zero && t->world > 1))
+	if (t->grank != 0 && !(t->a.zero && t->world > 1) && !(t->a.pipeline > 1))
 		return 0;
 	if (loom_save(t->p, t->a.checkpoint) != LOOM_OK) {
 		fprintf(stderr, "%s: %s\n", t->prog->name, loom_program_error(t->p));
 		return -1;
 	}
-	if (t->rank != 0)
+	if (t->grank != 0)
 		return 0;
 	if (cursor_save(t->a.checkpoint, epoch, samples)) {
 		fprintf(stderr, "%s: %s.cursor: %s\n", t->prog->name, t->a.checkpoint,

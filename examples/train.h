@@ -23,7 +23,10 @@ typedef struct train_run {
 	const train_program *prog;
 	train_args a;
 	loom_pg *pg;
+	/* The data-parallel view (sampler shards, global batch): with
+	 * --pipeline S, a replica of S stages is one data-parallel rank. */
 	int rank, world;
+	int grank, gworld, stage; /* the group's rank and world; the pipeline stage */
 	loom_comm *host; /* the group's host collectives (evaluation sums) */
 	loom_program *p; /* after train_compile */
 	loom_value logits;
@@ -38,6 +41,10 @@ typedef struct train_run {
 
 /* Monotonic seconds. */
 double train_now(void);
+
+/* The batch the graph is built for: --batch-size, or a micro-batch of it
+ * under --pipeline. */
+int train_graph_batch(const train_run *t);
 
 /*
  * main()'s first call: --nproc (this process becomes the launcher), the

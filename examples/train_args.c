@@ -173,6 +173,12 @@ void train_usage(const train_program *prog, FILE *f)
 		"                       names: safetensors.torch.load_file(FILE))\n"
 		"  --metrics FILE       one JSON object per line per logged step and per epoch\n"
 		"                       (tools/plot_metrics draws them)\n"
+		"  --pipeline S         cut the model into S pipeline stages (rank r runs stage\n"
+		"                       r %% S; the world / S ranks of a stage are data parallel)\n"
+		"  --micro-batches M    micro-batches per batch under --pipeline (default S):\n"
+		"                       --batch-size is M micro-batches of batch-size / M\n"
+		"  --schedule S         1f1b (default) or gpipe\n"
+		"  --memory-limit MiB   refuse a plan whose planned peak per rank is larger\n"
 		"  --nproc N            start N ranks on this host (data parallel; also under\n"
 		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
 		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
@@ -213,7 +219,7 @@ enum {
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
-	O_INIT_STRICT, O_METRICS, O_ZERO,
+	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM,
 };
 
 /* Every flag and the group that brings it. */
@@ -259,6 +265,10 @@ static const struct {
 	{ TRAIN_FLAGS_CIFAR, { "warmup-epochs", required_argument, 0, O_WARMUP_EP } },
 	{ TRAIN_FLAGS_COMMON, { "sync-bn", no_argument, 0, O_SYNCBN } },
 	{ TRAIN_FLAGS_COMMON, { "zero", required_argument, 0, O_ZERO } },
+	{ TRAIN_FLAGS_COMMON, { "pipeline", required_argument, 0, O_PIPE } },
+	{ TRAIN_FLAGS_COMMON, { "micro-batches", required_argument, 0, O_MICRO } },
+	{ TRAIN_FLAGS_COMMON, { "schedule", required_argument, 0, O_PSCHED } },
+	{ TRAIN_FLAGS_COMMON, { "memory-limit", required_argument, 0, O_MEMLIM } },
 	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
 	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
 	{ TRAIN_FLAGS_COMMON, { "trace-steps", required_argument, 0, O_TRACE_STEPS } },
@@ -418,6 +428,29 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		if (parse_int("--accumulate", arg, 1, 1 << 16, &l, msg, msglen)) return -1;
 		a->accumulate = (int)l;
 		break;
+	case O_PIPE:
+		if (parse_int("--pipeline", arg, 1, 64, &l, msg, msglen)) return -1;
+		a->pipeline = (int)l;
+		break;
+	case O_MICRO:
+		if (parse_int("--micro-batches", arg, 1, 1 << 16, &l, msg, msglen)) return -1;
+		a->micro_batches = (int)l;
+		break;
+	case O_MEMLIM:
+		if (parse_double("--memory-limit", arg, &a->memory_limit, msg, msglen)) return -1;
+		if (a->memory_limit < 0) {
+			say(msg, msglen, "--memory-limit %g must be >= 0 (MiB)", a->memory_limit);
+			return -1;
+		}
+		break;
+	case O_PSCHED:
+		if (!strcmp(arg, "1f1b")) a->pipe_schedule = LOOM_SCHEDULE_1F1B;
+		else if (!strcmp(arg, "gpipe")) a->pipe_schedule = LOOM_SCHEDULE_GPIPE;
+		else {
+			say(msg, msglen, "--schedule expects gpipe or 1f1b, got '%s'", arg);
+			return -1;
+		}
+		break;
 	case O_TRACE: a->trace = arg; break;
 	case O_TRACE_STEPS:
 		if (parse_int("--trace-steps", arg, 1, 10000, &l, msg, msglen)) return -1;
@@ -506,6 +539,23 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 	if (a->save_every % a->accumulate) {
 		say(msg, msglen, "--save-every %d must be a multiple of --accumulate %d (a checkpoint "
 		    "holds no half-accumulated step)", a->save_every, a->accumulate);
+		return TRAIN_BAD;
+	}
+	if (a->pipeline > 1) {
+		int m = a->micro_batches ? a->micro_batches : a->pipeline;
+		if (a->batch % m) {
+			say(msg, msglen, "--batch-size %d is not a multiple of the %d micro-batches of "
+			    "--pipeline", a->batch, m);
+			return TRAIN_BAD;
+		}
+		if (a->accumulate > 1 || a->zero || a->sync_bn || a->export_path) {
+			say(msg, msglen, "--pipeline: not with %s (it accumulates over "
+			    "--micro-batches already)", a->accumulate > 1 ? "--accumulate" :
+			    a->zero ? "--zero" : a->sync_bn ? "--sync-bn" : "--export yet");
+			return TRAIN_BAD;
+		}
+	} else if (a->micro_batches || a->pipe_schedule) {
+		say(msg, msglen, "--micro-batches and --schedule apply to --pipeline N (N > 1)");
 		return TRAIN_BAD;
 	}
 	if (a->reinit && !a->init_from) {

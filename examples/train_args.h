@@ -62,6 +62,10 @@ typedef struct train_args {
 	int sync_bn;           /* batch-norm statistics over the global batch */
 	int zero;              /* ZeRO stage (loom_compile_opts.zero_stage) */
 	int accumulate;        /* micro-batches per optimizer step (DDP's no_sync), 1: none */
+	int pipeline;          /* pipeline stages (loom_compile_opts.pipeline_stages), 1: none */
+	int micro_batches;     /* a pipeline batch's micro-batches, 0: the stages */
+	int pipe_schedule;     /* loom_schedule */
+	double memory_limit;   /* MiB per rank the plan may take (0: no limit) */
 	const char *trace;     /* Chrome trace file, NULL: none */
 	int trace_steps;       /* steps the trace records, after the run's first */
 

@@ -75,15 +75,20 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	}
 	loom_shape scalar = { 0 };
 	loom_value seed = loom_node_add(g, LOOM_OP_GRAD_SEED, g->nodes[loss].dtype, scalar, 0, NULL);
-	if (seed != LOOM_NONE)
+	if (seed != LOOM_NONE) {
 		g->nodes[seed].flags |= LOOM_NODE_BACKWARD;
+		g->nodes[seed].bwd_of = loss;
+	}
 	ctx.grads[loss] = seed;
 	for (int v = loss; v >= 0 && g->err == LOOM_OK; v--) {
 		if (ctx.grads[v] == LOOM_NONE || !ctx.need[v])
 			continue;
 		const loom_op_def *def = loom_op_defs[g->nodes[v].op];
+		int first = g->n;
 		if (def->grad)
 			def->grad(g, v, ctx.grads[v], &ctx);
+		for (int u = first; u < g->n; u++)
+			g->nodes[u].bwd_of = v;
 	}
 	/* Parameters the loss does not reach get a zero gradient so that the
 	 * optimizer still sees one (weight decay and momentum go on). */
@@ -98,6 +103,7 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 				break;
 			g->nodes[gr].a.bc.scale = 0.0;
 			g->nodes[gr].flags |= LOOM_NODE_BACKWARD;
+			g->nodes[gr].bwd_of = v;
 		}
 		g->nodes[v].grad = gr;
 		g->nodes[gr].flags |= LOOM_NODE_GRAD;

@@ -169,6 +169,7 @@ loom_value loom_node_add(loom_graph *g, loom_op op, loom_dtype dt, loom_shape sh
 	n->grad = LOOM_NONE;
 	n->master = LOOM_NONE;
 	n->made_by = LOOM_NONE;
+	n->bwd_of = LOOM_NONE;
 	return g->n++;
 }
 
@@ -215,6 +216,18 @@ loom_status loom_mark_output(loom_graph *g, loom_value v)
 		return LOOM_ERR_INVALID;
 	}
 	g->nodes[v].flags |= LOOM_NODE_OUTPUT;
+	return LOOM_OK;
+}
+
+loom_status loom_stage_boundary(loom_graph *g, loom_value v)
+{
+	if (!g)
+		return LOOM_ERR_INVALID;
+	if (v < 0 || v >= g->n) {
+		loom_graph_fail(g, LOOM_ERR_INVALID, "stage_boundary: no value %d", (int)v);
+		return LOOM_ERR_INVALID;
+	}
+	g->nodes[v].flags |= LOOM_NODE_STAGE_CUT;
 	return LOOM_OK;
 }
 

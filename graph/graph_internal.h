@@ -63,6 +63,7 @@ enum {
 	LOOM_NODE_BACKWARD = 1u << 1, /* appended by autodiff */
 	LOOM_NODE_GRAD = 1u << 2,     /* the full gradient of a parameter */
 	LOOM_NODE_AMP = 1u << 3,      /* inserted by the AMP pass */
+	LOOM_NODE_STAGE_CUT = 1u << 4, /* pipeline: the last value of its stage (loom_stage_boundary) */
 };
 
 typedef union loom_attrs {
@@ -120,6 +121,10 @@ typedef struct loom_node {
 	 * (graph/fuse.c, loom_fuse_siblings): the value is made when that node
 	 * runs, not at its own place, and the memory planner places it so. */
 	loom_value made_by;
+	/* Backward nodes: the forward node whose gradient rule appended it
+	 * (graph/autodiff.c; the seed's is the loss), so that a pipeline
+	 * stage runs the backward of its own forward nodes. Else LOOM_NONE. */
+	loom_value bwd_of;
 	char name[LOOM_NAME_MAX];
 } loom_node;
 

@@ -203,6 +203,14 @@ loom_value loom_layer_layernorm(loom_graph *g, const char *name, loom_value x);
 /* Keeps v readable after a step (loss is always kept). */
 loom_status loom_mark_output(loom_graph *g, loom_value v);
 
+/*
+ * Pipeline parallelism: v is the last value of its stage; the next stage
+ * starts after it (in the order the graph was built). With
+ * loom_compile_opts.pipeline_stages = S, either no value is marked (the
+ * compiler balances the stages' estimated cost) or exactly S - 1 are.
+ */
+loom_status loom_stage_boundary(loom_graph *g, loom_value v);
+
 /* ---------------------------------------------------------------- compile */
 
 typedef enum loom_device {
@@ -315,7 +323,47 @@ typedef struct loom_compile_opts {
 	 * group of world > 1. loom_load takes only checkpoints of the same
 	 * kind: move weights between the two with safetensors (loom_io.h). */
 	int inference;
+	/* Pipeline parallelism (model parallel), default 0 (off). With a
+	 * group of world W, pipeline_stages = S > 1 cuts the graph into S
+	 * stages (by estimated cost, or at loom_stage_boundary marks), rank r
+	 * runs stage r % S; the W / S ranks of a stage are its data-parallel
+	 * replicas. Each batch is micro_batches (M, default S) micro-batches:
+	 * the graph is built at the micro-batch size, loom_set_input takes M
+	 * micro-batches at once (M times the input's elements, in order),
+	 * and a TRAIN run forwards and backwards each of them through the
+	 * stages (activations sent forward, their gradients backward),
+	 * accumulates the gradients and updates once: the update of one
+	 * process running LOOM_RUN_ACCUMULATE over the same micro-batches.
+	 * loom_loss is the mean over the micro-batches, on every rank.
+	 * loom_read / loom_read_f64 are then collective (every rank calls
+	 * them): a parameter or buffer comes from the stage that updates it,
+	 * a marked output of every micro-batch (M times its elements) from
+	 * the stage that makes it. loom_save is collective too (rank 0
+	 * writes the one file of a plain run). The
+	 * overflow verdict under loss scaling is every stage's. schedule:
+	 * LOOM_SCHEDULE_1F1B (default) or LOOM_SCHEDULE_GPIPE. Batch norm
+	 * normalises each micro-batch with its own statistics. CPU only for
+	 * now; see dist/README.md for what is not done. */
+	int pipeline_stages;
+	int micro_batches;
+	int schedule;
+	/* Print each rank's planned peak memory (parameters, gradients,
+	 * optimizer state, activations for the micro-batches in flight) at
+	 * compile time. */
+	int memory_report;
+	/* A per-rank memory budget in MiB, default 0 (none): a plan whose
+	 * planned peak (the arena, plus a pipeline's accumulation sums) is
+	 * larger is refused at compile with LOOM_ERR_NOMEM, the message giving
+	 * the planned peak, before anything is allocated. */
+	double memory_limit_mb;
 } loom_compile_opts;
+
+/* Pipeline schedules (loom_compile_opts.schedule). */
+typedef enum loom_schedule {
+	LOOM_SCHEDULE_1F1B = 0, /* warm-up forwards, then one forward one backward */
+	LOOM_SCHEDULE_GPIPE,    /* every forward, then every backward */
+	LOOM_SCHEDULE_COUNT
+} loom_schedule;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,
  * no process group, buckets of 25 MiB (the first 1 MiB). */

@@ -164,6 +164,27 @@ static int freeze(loom_pg *pg, loom_comm *c)
 	return 0;
 }
 
+/* 30 steps of an all-reduce 0.1 s apart, for a process that comes after
+ * the group formed (test_comm: a late duplicate rank). */
+static int steps(loom_pg *pg, loom_comm *c)
+{
+	const loom_pg_info *in = loom_pg_get_info(pg);
+	float x[10] = { 0 };
+	loom_status st;
+	int step;
+
+	printf("rank %d: group formed\n", in->rank);
+	fflush(stdout);
+	for (step = 1; step <= 30; step++) {
+		loom_pg_set_step(pg, step);
+		if ((st = loom_comm_allreduce(c, x, 10, LOOM_F32)))
+			return fail(pg, st);
+		usleep(100000);
+	}
+	printf("rank %d: OK steps\n", in->rank);
+	return 0;
+}
+
 /* A plan of 20 nodes; rank LOOM_TEST_ODD's node 14 has another shape. */
 typedef struct toy_plan {
 	int batch14;
@@ -262,6 +283,8 @@ int main(int argc, char **argv)
 		rc = die(pg, c);
 	else if (!strcmp(what, "freeze"))
 		rc = freeze(pg, c);
+	else if (!strcmp(what, "steps"))
+		rc = steps(pg, c);
 	else if (!strcmp(what, "sleep")) {
 		/* Up and waiting, for the launcher's signal tests. */
 		rc = allreduce(pg, c);

@@ -1,7 +1,8 @@
 /*
- * tests/comm/test_wire.c — the rendezvous messages and fingerprint records
- * (comm/wire.c) without sockets or MPI: what each encoder writes reads back,
- * and each lie a message can tell is refused with a message naming it.
+ * tests/comm/test_wire.c — the rendezvous messages, progress records and
+ * fingerprint records (comm/wire.c) without sockets or MPI: what each
+ * encoder writes reads back, and each lie a message can tell is refused
+ * with a message naming it.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -205,4 +206,36 @@ Test(wire, settings_first_difference)
 	memset(all, 'x', LOOM_COMM_SETTING_LEN - 1);
 	all[LOOM_COMM_SETTING_LEN - 1] = 0;
 	cr_assert_eq(loom_settings_differ(all, 2, 2, &rank, &which), 0);
+}
+
+/* The progress link a rank opens to each rank on another host, and its
+ * records: what is sent reads back; a link that names the reader, a rank
+ * outside the world or another world size, and a record of another magic,
+ * are refused; a label's unprintable bytes are shown as '?'. */
+Test(wire, progress_link_and_record)
+{
+	uint8_t m[LOOM_PROG_RECORD_BYTES];
+	char label[LOOM_PROG_LABEL_BYTES];
+	uint64_t seq = 0;
+	int rank = -1;
+
+	loom_prog_encode_link(2, 4, m);
+	cr_assert_eq(loom_prog_decode_link(m, 4, 0, &rank), 0);
+	cr_assert_eq(rank, 2);
+	cr_assert_eq(loom_prog_decode_link(m, 4, 2, &rank), -1, "a link from the reader itself");
+	cr_assert_eq(loom_prog_decode_link(m, 3, 0, &rank), -1, "another world size");
+	loom_prog_encode_link(5, 4, m);
+	cr_assert_eq(loom_prog_decode_link(m, 4, 0, &rank), -1, "rank 5 of 4");
+	memset(m, 0, LOOM_PROG_LINK_BYTES); /* a liveness probe sends nothing */
+	cr_assert_eq(loom_prog_decode_link(m, 4, 0, &rank), -1);
+
+	loom_prog_encode_record(((uint64_t)7 << 32) | 39, "step 39's all-reduce of 1000 f32", m);
+	cr_assert_eq(loom_prog_decode_record(m, &seq, label, sizeof(label)), 0);
+	cr_assert_eq(seq, ((uint64_t)7 << 32) | 39);
+	cr_assert_str_eq(label, "step 39's all-reduce of 1000 f32");
+	m[16 + 4] = 0x1b; /* an escape in the label */
+	cr_assert_eq(loom_prog_decode_record(m, &seq, label, 8), 0);
+	cr_assert_str_eq(label, "step?39", "cut to the buffer, unprintable shown as '?'");
+	m[0] = 'X';
+	cr_assert_eq(loom_prog_decode_record(m, &seq, label, sizeof(label)), -1, "wrong magic");
 }

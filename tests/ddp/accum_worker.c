@@ -36,17 +36,17 @@ static loom_status compile(worker_model *m, loom_pg *pg, loom_opt_level level)
  */
 static int equiv(loom_pg *pg, int N, int steps, const char *trace)
 {
-	worker_model d, one;
+	worker_model d = { 0 }, one = { 0 };
 	int B = 4, W = pg ? world : 1, G = N * W * B;
 	worker_mlp(&d, B, 11);
 	loom_status st = compile(&d, pg, LOOM_O0);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &d, &one);
 	worker_mlp(&one, G, 11);
 	if ((st = compile(&one, NULL, LOOM_O0)))
-		return worker_fail("compile (one process)", st, loom_last_error());
+		return worker_free(worker_fail("compile (one process)", st, loom_last_error()), &d, &one);
 	if (trace && (st = loom_trace_start(d.p, trace)))
-		return worker_fail("trace_start", st, loom_program_error(d.p));
+		return worker_free(worker_fail("trace_start", st, loom_program_error(d.p)), &d, &one);
 	int still = 1;
 	for (int s = 0; s < steps; s++) {
 		for (int m = 0; m < N; m++) {
@@ -54,15 +54,15 @@ static int equiv(loom_pg *pg, int N, int steps, const char *trace)
 			uint64_t h = mode == LOOM_RUN_ACCUMULATE ? worker_param_hash(&d) : 0;
 			if ((st = worker_feed(&d, (long)s * G + (long)(m * W + (pg ? rank : 0)) * B, 0)) ||
 			    (st = loom_run(d.p, mode)))
-				return worker_fail("micro-step", st, loom_program_error(d.p));
+				return worker_free(worker_fail("micro-step", st, loom_program_error(d.p)), &d, &one);
 			if (mode == LOOM_RUN_ACCUMULATE)
 				still &= h == worker_param_hash(&d) && loom_step_count(d.p) == s;
 		}
 		if ((st = worker_feed(&one, (long)s * G, 0)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step (one process)", st, loom_program_error(one.p));
+			return worker_free(worker_fail("step (one process)", st, loom_program_error(one.p)), &d, &one);
 	}
 	if (trace && (st = loom_trace_stop(d.p)))
-		return worker_fail("trace_stop", st, loom_program_error(d.p));
+		return worker_free(worker_fail("trace_stop", st, loom_program_error(d.p)), &d, &one);
 	double worst = worker_param_rel_diff(&d, &one);
 	double moved = 0;
 	{
@@ -82,11 +82,7 @@ static int equiv(loom_pg *pg, int N, int steps, const char *trace)
 	       "ranks identical %d\n",
 	       rank, ok ? "OK" : "WRONG", W, N, B, G, steps, worst, moved,
 	       still ? "alone" : "CHANGED", (long long)loom_step_count(d.p), same);
-	loom_program_free(d.p);
-	loom_graph_free(d.g);
-	loom_program_free(one.p);
-	loom_graph_free(one.g);
-	return ok ? 0 : 1;
+	return worker_free(ok ? 0 : 1, &d, &one);
 }
 
 /*
@@ -96,12 +92,12 @@ static int equiv(loom_pg *pg, int N, int steps, const char *trace)
  */
 static int overflow(loom_pg *pg)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	int B = 4, steps = 5;
 	worker_mlp(&m, B, 11);
 	loom_status st = compile(&m, pg, LOOM_O1);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	loom_program_info info;
 	int steady = 1;
 	for (int s = 0; s < steps; s++) {
@@ -110,12 +106,12 @@ static int overflow(loom_pg *pg)
 		double before = info.loss_scale;
 		if ((st = worker_feed(&m, ((long)s * 2 * world + rank) * B, poison)) ||
 		    (st = loom_run(m.p, LOOM_RUN_ACCUMULATE)))
-			return worker_fail("accumulate", st, loom_program_error(m.p));
+			return worker_free(worker_fail("accumulate", st, loom_program_error(m.p)), &m, NULL);
 		loom_program_info_get(m.p, &info);
 		steady &= info.loss_scale == before;
 		if ((st = worker_feed(&m, ((long)s * 2 * world + world + rank) * B, 0)) ||
 		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return worker_fail("train", st, loom_program_error(m.p));
+			return worker_free(worker_fail("train", st, loom_program_error(m.p)), &m, NULL);
 	}
 	loom_program_info_get(m.p, &info);
 	int same = worker_same_everywhere(pg, worker_param_hash(&m));
@@ -124,9 +120,7 @@ static int overflow(loom_pg *pg)
 	printf("rank %d: %s accum overflow skipped %lld steps %lld scale %g steady %d identical %d\n",
 	       rank, ok ? "OK" : "WRONG", (long long)info.skipped_steps,
 	       (long long)loom_step_count(m.p), info.loss_scale, steady, same);
-	loom_program_free(m.p);
-	loom_graph_free(m.g);
-	return ok ? 0 : 1;
+	return worker_free(ok ? 0 : 1, &m, NULL);
 }
 
 /* No group: an ACCUMULATE, then loom_load of the initial weights, then a
@@ -134,26 +128,22 @@ static int overflow(loom_pg *pg)
  * the load dropped the sum (and the divisor) of the micro-step before it. */
 static int load_drops(const char *path)
 {
-	worker_model a, b;
+	worker_model a = { 0 }, b = { 0 };
 	loom_status st;
 	worker_mlp(&a, 4, 11);
 	worker_mlp(&b, 4, 11);
 	if ((st = compile(&a, NULL, LOOM_O0)) || (st = compile(&b, NULL, LOOM_O0)))
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &a, &b);
 	if ((st = loom_save(a.p, path)) || (st = worker_feed(&a, 0, 0)) ||
 	    (st = loom_run(a.p, LOOM_RUN_ACCUMULATE)) || (st = loom_load(a.p, path)) ||
 	    (st = worker_feed(&a, 100, 0)) || (st = loom_run(a.p, LOOM_RUN_TRAIN)))
-		return worker_fail("accumulate, load, train", st, loom_program_error(a.p));
+		return worker_free(worker_fail("accumulate, load, train", st, loom_program_error(a.p)), &a, &b);
 	if ((st = worker_feed(&b, 100, 0)) || (st = loom_run(b.p, LOOM_RUN_TRAIN)))
-		return worker_fail("train", st, loom_program_error(b.p));
+		return worker_free(worker_fail("train", st, loom_program_error(b.p)), &a, &b);
 	double d = worker_param_rel_diff(&a, &b);
 	printf("rank 0: %s load drops accumulated gradients: difference %.3g\n", d == 0 ? "OK" : "WRONG",
 	       d);
-	loom_program_free(a.p);
-	loom_graph_free(a.g);
-	loom_program_free(b.p);
-	loom_graph_free(b.g);
-	return d == 0 ? 0 : 1;
+	return worker_free(d == 0 ? 0 : 1, &a, &b);
 }
 
 /* ------------------------------------------------------------ traces */
@@ -267,7 +257,7 @@ static int trace(loom_pg *pg, const char *path, int N)
 	o.first_bucket_mb = 0.01;
 	loom_status st = worker_convnet(&m, B, 0, &o, NULL);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	loom_program *p = m.p;
 	float *img = malloc(sizeof(float) * B * 784);
 	int32_t lab[50];
@@ -288,7 +278,7 @@ static int trace(loom_pg *pg, const char *path, int N)
 		st = loom_trace_stop(p);
 	free(img);
 	if (st)
-		return worker_fail("trace", st, loom_program_error(p));
+		return worker_free(worker_fail("trace", st, loom_program_error(p)), &m, NULL);
 	int rc = 0;
 	if (rank == 0) {
 		char why[256] = "";
@@ -302,9 +292,7 @@ static int trace(loom_pg *pg, const char *path, int N)
 	} else {
 		printf("rank %d: OK trace sent\n", rank);
 	}
-	loom_program_free(p);
-	loom_graph_free(m.g);
-	return rc;
+	return worker_free(rc, &m, NULL);
 }
 
 /* No group at all: 2 steps of 2 micro-steps traced to path, and the file

@@ -76,34 +76,32 @@ static loom_opt_level level_of(const char *s)
 /* Trains 8 steps; after each, every rank's parameters are bit-identical. */
 static int identical(loom_pg *pg, const char *lv, int conv)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	build(&m, 4, conv);
 	loom_status st = compile(&m, pg, level_of(lv), 0.05);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	for (int s = 0; s < 8; s++) {
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(m.p));
+			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 		int same = worker_same_everywhere(pg, worker_param_hash(&m));
 		if (same != 1) {
 			printf("rank %d: DIFFER after step %d\n", rank, s + 1);
-			return 1;
+			return worker_free(1, &m, NULL);
 		}
 	}
 	loom_program_info info;
 	loom_program_info_get(m.p, &info);
 	printf("rank %d: OK identical %s %s%s world %d steps 8 loss %.6f\n", rank, lv,
 	       conv ? "convnet" : "mlp", sync_bn ? " sync_bn" : "", world, loom_loss(m.p));
-	loom_program_free(m.p);
-	loom_graph_free(m.g);
-	return 0;
+	return worker_free(0, &m, NULL);
 }
 
 /* N ranks at batch B against one process at batch N*B, 20 SGD steps (no
  * momentum), O0: the same parameters within 1e-5 relative. */
 static int equiv(loom_pg *pg)
 {
-	worker_model d, one;
+	worker_model d = { 0 }, one = { 0 };
 	int B = 4;
 	build(&d, B, 0);
 	loom_compile_opts o;
@@ -112,73 +110,73 @@ static int equiv(loom_pg *pg)
 	o.first_bucket_mb = 0.0005;
 	loom_status st = loom_compile(d.g, d.loss, &o, &d.p);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &d, &one);
 	build(&one, B * world, 0);
 	o.pg = NULL;
 	if ((st = loom_compile(one.g, one.loss, &o, &one.p)))
-		return worker_fail("compile (one process)", st, loom_last_error());
+		return worker_free(worker_fail("compile (one process)", st, loom_last_error()), &d, &one);
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(d.p));
+			return worker_free(worker_fail("step", st, loom_program_error(d.p)), &d, &one);
 		if ((st = feed(&one, s, 0, 1, 0)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step (one process)", st, loom_program_error(one.p));
+			return worker_free(worker_fail("step (one process)", st, loom_program_error(one.p)), &d, &one);
 	}
 	double worst = worker_param_rel_diff(&d, &one);
 	/* And the training moved the weights: a no-op would match too. */
 	printf("rank %d: %s equiv world %d batch %d vs 1 x %d: max relative difference %.3g\n",
 	       rank, worst <= 1e-5 ? "OK" : "WRONG", world, B, B * world, worst);
-	return worst <= 1e-5 ? 0 : 1;
+	return worker_free(worst <= 1e-5 ? 0 : 1, &d, &one);
 }
 
 /* Rank 1 builds a graph of another batch size: every rank's compile fails
  * naming the first differing node. */
 static int mismatch(loom_pg *pg)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	build(&m, rank == 1 ? 8 : 4, 0);
 	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
-	return 0;
+	return worker_free(0, &m, NULL);
 }
 
 /* LOOM_TEST_VICTIM kills itself (SIGKILL) at step 3; the others must fail
  * naming it within the timeout. */
 static int die(loom_pg *pg)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	const char *v = getenv("LOOM_TEST_VICTIM");
 	int victim = v ? atoi(v) : 1;
 	build(&m, 4, 0);
 	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	for (int s = 0; s < 10; s++) {
 		if (s == 3 && rank == victim) {
 			fflush(stdout);
 			raise(SIGKILL);
 		}
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(m.p));
+			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 	}
 	printf("rank %d: OK survived (no death seen)\n", rank);
-	return 0;
+	return worker_free(0, &m, NULL);
 }
 
 /* O1: rank 1 alone feeds an image with 1e30 at step 3; every rank skips
  * that step (and only it) and keeps the same scale and parameters. */
 static int overflow(loom_pg *pg)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	build(&m, 4, 1);
 	loom_status st = compile(&m, pg, LOOM_O1, 0.05);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	for (int s = 0; s < 6; s++) {
 		double poison = s == 3 && rank == 1 ? 1e30 : 0;
 		if ((st = feed(&m, s, rank, world, poison)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(m.p));
+			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 	}
 	loom_program_info info;
 	loom_program_info_get(m.p, &info);
@@ -186,7 +184,7 @@ static int overflow(loom_pg *pg)
 	printf("rank %d: %s overflow skipped %lld steps %lld scale %g identical %d\n", rank,
 	       info.skipped_steps == 1 && same == 1 ? "OK" : "WRONG", (long long)info.skipped_steps,
 	       (long long)loom_step_count(m.p), info.loss_scale, same);
-	return info.skipped_steps == 1 && same == 1 ? 0 : 1;
+	return worker_free(info.skipped_steps == 1 && same == 1 ? 0 : 1, &m, NULL);
 }
 
 /* Checkpoints across world sizes (the batch is per rank, as in DDP, so the
@@ -196,26 +194,26 @@ static int overflow(loom_pg *pg)
  * and checks the ranks still agree bit for bit. */
 static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	build(&m, 4, 0);
 	loom_status st = compile(&m, pg, LOOM_O0, 0.05);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	int load = strcmp(what, "load") == 0;
 	if (load && (st = loom_load(m.p, path)))
-		return worker_fail("load", st, loom_program_error(m.p));
+		return worker_free(worker_fail("load", st, loom_program_error(m.p)), &m, NULL);
 	int s0 = (int)loom_step_count(m.p);
 	uint64_t h0 = worker_param_hash(&m);
 	for (int s = s0; s < (load ? s0 + 3 : k); s++)
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(m.p));
+			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 	if (!load && rank == 0 && (st = loom_save(m.p, path)))
-		return worker_fail("save", st, loom_program_error(m.p));
+		return worker_free(worker_fail("save", st, loom_program_error(m.p)), &m, NULL);
 	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	printf("rank %d: %s %s world %d step %lld hash %016llx\n", rank, same == 1 ? "OK" : "DIFFER",
 	       what, world, (long long)(load ? s0 : loom_step_count(m.p)),
 	       (unsigned long long)(load ? h0 : worker_param_hash(&m)));
-	return same == 1 ? 0 : 1;
+	return worker_free(same == 1 ? 0 : 1, &m, NULL);
 }
 
 /* ------------------------------------------------------------------ ZeRO-1 */
@@ -243,26 +241,26 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
  * world of plain's). */
 static int zero_equal(loom_pg *pg, const char *lv, int adamw)
 {
-	worker_model d, z;
+	worker_model d = { 0 }, z = { 0 };
 	loom_status st;
 	build(&d, 4, 1);
 	build(&z, 4, 1);
 	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0)))
-		return worker_fail("compile (plain)", st, loom_last_error());
+		return worker_free(worker_fail("compile (plain)", st, loom_last_error()), &d, &z);
 	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1)))
-		return worker_fail("compile (zero)", st, loom_last_error());
+		return worker_free(worker_fail("compile (zero)", st, loom_last_error()), &d, &z);
 	double worst = 0;
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step (plain)", st, loom_program_error(d.p));
+			return worker_free(worker_fail("step (plain)", st, loom_program_error(d.p)), &d, &z);
 		if ((st = feed(&z, s, rank, world, 0)) || (st = loom_run(z.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step (zero)", st, loom_program_error(z.p));
+			return worker_free(worker_fail("step (zero)", st, loom_program_error(z.p)), &d, &z);
 		double r = worker_param_rel_diff(&z, &d);
 		if (r > worst)
 			worst = r;
 		if (worker_same_everywhere(pg, worker_param_hash(&z)) != 1) {
 			printf("rank %d: DIFFER zero across ranks after step %d\n", rank, s + 1);
-			return 1;
+			return worker_free(1, &d, &z);
 		}
 	}
 	loom_program_info a, b;
@@ -277,11 +275,7 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw)
 	       rank, exact && moved && shard ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
 	       (long long)loom_step_count(z.p), exact ? "bit-identical" : "DIFFERENT", worst,
 	       b.optim_state_bytes, a.optim_state_bytes);
-	loom_program_free(d.p);
-	loom_program_free(z.p);
-	loom_graph_free(d.g);
-	loom_graph_free(z.g);
-	return exact && moved && shard ? 0 : 1;
+	return worker_free(exact && moved && shard ? 0 : 1, &d, &z);
 }
 
 /* Checkpoints with ZeRO (conv model, AdamW, O2): `zsave PATH K Z` trains K
@@ -290,27 +284,25 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw)
  * on every rank. */
 static int zckpt(loom_pg *pg, const char *what, const char *path, int k, int zero)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	build(&m, 4, 1);
 	loom_status st = compile_zero(&m, pg, LOOM_O2, 1, zero);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	int load = strcmp(what, "zload") == 0;
 	if (load && (st = loom_load(m.p, path)))
-		return worker_fail("load", st, loom_program_error(m.p));
+		return worker_free(worker_fail("load", st, loom_program_error(m.p)), &m, NULL);
 	int s0 = (int)loom_step_count(m.p);
 	for (int s = s0; s < (load ? s0 + 3 : k); s++)
 		if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(m.p));
+			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 	if (!load && (zero || rank == 0) && (st = loom_save(m.p, path)))
-		return worker_fail("save", st, loom_program_error(m.p));
+		return worker_free(worker_fail("save", st, loom_program_error(m.p)), &m, NULL);
 	int same = worker_same_everywhere(pg, worker_param_hash(&m));
 	printf("rank %d: %s %s zero %d world %d step %lld hash %016llx\n", rank,
 	       same == 1 ? "OK" : "DIFFER", what, zero, world, (long long)loom_step_count(m.p),
 	       (unsigned long long)worker_param_hash(&m));
-	loom_program_free(m.p);
-	loom_graph_free(m.g);
-	return same == 1 ? 0 : 1;
+	return worker_free(same == 1 ? 0 : 1, &m, NULL);
 }
 
 /* ------------------------------------------------------- sync batch norm */
@@ -385,18 +377,18 @@ static double max_rel_diff(worker_model *a, worker_model *b, int *n)
  * each rank's images and they must differ (so this test can fail). */
 static int syncbn_equiv(loom_pg *pg, int sync)
 {
-	worker_model d, one;
+	worker_model d = { 0 }, one = { 0 };
 	int B = 4;
 	loom_status st = convnet(&d, B, pg, sync);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &d, &one);
 	if ((st = convnet(&one, B * world, NULL, 0)))
-		return worker_fail("compile (one process)", st, loom_last_error());
+		return worker_free(worker_fail("compile (one process)", st, loom_last_error()), &d, &one);
 	for (int s = 0; s < 20; s++) {
 		if ((st = feed_convnet(&d, s, rank, world)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step", st, loom_program_error(d.p));
+			return worker_free(worker_fail("step", st, loom_program_error(d.p)), &d, &one);
 		if ((st = feed_convnet(&one, s, 0, 1)) || (st = loom_run(one.p, LOOM_RUN_TRAIN)))
-			return worker_fail("step (one process)", st, loom_program_error(one.p));
+			return worker_free(worker_fail("step (one process)", st, loom_program_error(one.p)), &d, &one);
 	}
 	int n;
 	double worst = max_rel_diff(&d, &one, &n);
@@ -405,7 +397,7 @@ static int syncbn_equiv(loom_pg *pg, int sync)
 	printf("rank %d: %s syncbn_equiv %s world %d batch %d vs 1 x %d: %d values, max relative "
 	       "difference %.3g\n",
 	       rank, ok ? "OK" : "WRONG", sync ? "sync" : "nosync", world, B, B * world, n, worst);
-	return ok ? 0 : 1;
+	return worker_free(ok ? 0 : 1, &d, &one);
 }
 
 /*
@@ -454,14 +446,14 @@ static double central(loom_program *p, loom_comm *host, loom_value v, double *va
 
 static int syncbn_grad(loom_pg *pg)
 {
-	loom_graph *g;
-	loom_program *p = NULL;
+	worker_model m = { 0 }; /* its graph and program, freed on every path */
 	loom_comm *host = loom_pg_comm(pg, LOOM_COMM_HOST);
 	int64_t xd[2] = { GN, GC * GHW }, sd[2] = { GN, GN }, cd[1] = { GC },
 		x4[4] = { GN, GC, 3, 3 };
 	loom_value X[8], sel[8];
 	char name[32];
-	loom_graph_new(&g);
+	loom_graph_new(&m.g);
+	loom_graph *g = m.g;
 	loom_value x = LOOM_NONE;
 	for (int q = 0; q < world; q++) {
 		snprintf(name, sizeof(name), "X%d", q);
@@ -484,9 +476,10 @@ static int syncbn_grad(loom_pg *pg)
 	o.optim.kind = LOOM_OPTIM_NONE;
 	o.pg = pg;
 	o.sync_bn = 1;
-	loom_status st = loom_compile(g, loss, &o, &p);
+	loom_status st = loom_compile(g, loss, &o, &m.p);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
+	loom_program *p = m.p;
 
 	/* Each rank's images: their own scale and offset. Every rank writes
 	 * every X_q the same (X_q is used by rank q only). */
@@ -496,17 +489,17 @@ static int syncbn_grad(loom_pg *pg)
 		for (int i = 0; i < GN * GC * GHW; i++)
 			xv[q][i] = (1 + q) * sin(1.7 * i + 0.9 * q) + 0.5 * q;
 		if ((st = loom_write_f64(p, X[q], xv[q], GN * GC * GHW)))
-			return worker_fail("write", st, loom_program_error(p));
+			return worker_free(worker_fail("write", st, loom_program_error(p)), &m, NULL);
 		for (int i = 0; i < GN * GN; i++)
 			s[i] = q == rank && i / GN == i % GN;
 		snprintf(name, sizeof(name), "sel%d", q);
 		if ((st = loom_set_input(p, name, s, LOOM_F64, GN * GN)))
-			return worker_fail("input", st, loom_program_error(p));
+			return worker_free(worker_fail("input", st, loom_program_error(p)), &m, NULL);
 	}
 	if ((st = loom_write_f64(p, gamma, gv, GC)) || (st = loom_write_f64(p, beta, bv, GC)))
-		return worker_fail("write", st, loom_program_error(p));
+		return worker_free(worker_fail("write", st, loom_program_error(p)), &m, NULL);
 	if ((st = loom_run(p, LOOM_RUN_GRAD)))
-		return worker_fail("grad", st, loom_program_error(p));
+		return worker_free(worker_fail("grad", st, loom_program_error(p)), &m, NULL);
 
 	/* Elements of two ranks' batches, then gamma and beta. */
 	struct {
@@ -528,10 +521,10 @@ static int syncbn_grad(loom_pg *pg)
 	int ncase = (int)(sizeof(cases) / sizeof(cases[0]));
 	for (int c = 0; c < ncase; c++) {
 		if ((st = loom_read_grad_f64(p, cases[c].v, an, cases[c].k)))
-			return worker_fail("read_grad", st, loom_program_error(p));
+			return worker_free(worker_fail("read_grad", st, loom_program_error(p)), &m, NULL);
 		double fd = central(p, host, cases[c].v, cases[c].val, cases[c].k, cases[c].i, &st);
 		if (st)
-			return worker_fail("finite difference", st, loom_program_error(p));
+			return worker_free(worker_fail("finite difference", st, loom_program_error(p)), &m, NULL);
 		double a = an[cases[c].i], err = fabs(fd - a) / fmax(1, fabs(a));
 		if (rank == 0 && err > 1e-6)
 			printf("rank 0: %s analytic %.10g numeric %.10g\n", cases[c].what, a, fd);
@@ -541,9 +534,7 @@ static int syncbn_grad(loom_pg *pg)
 	printf("rank %d: %s syncbn_grad world %d: %d gradients against central differences, "
 	       "worst error %.3g\n",
 	       rank, ok ? "OK" : "WRONG", world, ncase, worst);
-	loom_program_free(p);
-	loom_graph_free(g);
-	return ok ? 0 : 1;
+	return worker_free(ok ? 0 : 1, &m, NULL);
 }
 
 /* The ConvNet's parameters and buffers after 5 steps, hashed. */
@@ -566,22 +557,22 @@ static uint64_t convnet_hash(worker_model *m)
 /* World 1: sync_bn changes nothing, bit for bit. */
 static int syncbn_world1(loom_pg *pg)
 {
-	worker_model m[2];
+	worker_model m[2] = { { 0 } };
 	uint64_t h[2];
 	for (int sync = 0; sync < 2; sync++) {
 		loom_status st = convnet(&m[sync], 4, pg, sync);
 		if (st)
-			return worker_fail("compile", st, loom_last_error());
+			return worker_free(worker_fail("compile", st, loom_last_error()), &m[0], &m[1]);
 		for (int s = 0; s < 5; s++)
 			if ((st = feed_convnet(&m[sync], s, 0, 1)) ||
 			    (st = loom_run(m[sync].p, LOOM_RUN_TRAIN)))
-				return worker_fail("step", st, loom_program_error(m[sync].p));
+				return worker_free(worker_fail("step", st, loom_program_error(m[sync].p)), &m[0], &m[1]);
 		h[sync] = convnet_hash(&m[sync]);
 	}
 	printf("rank %d: %s syncbn_world1 world %d: sync_bn %016llx, plain %016llx\n", rank,
 	       h[0] == h[1] ? "OK" : "DIFFER", world, (unsigned long long)h[1],
 	       (unsigned long long)h[0]);
-	return h[0] == h[1] ? 0 : 1;
+	return worker_free(h[0] == h[1] ? 0 : 1, &m[0], &m[1]);
 }
 
 /* conv -> batch norm -> relu -> linear (the relu folds into the batch
@@ -593,7 +584,7 @@ static int syncbn_fused(loom_pg *pg)
 	uint64_t h[2];
 	int carried = 0;
 	for (int nofuse = 0; nofuse < 2; nofuse++) {
-		worker_model m;
+		worker_model m = { 0 };
 		worker_begin(&m, 4, 64, 7);
 		loom_graph *g = m.g;
 		int64_t xd[4] = { 4, 1, 8, 8 }, yd[1] = { 4 }, wd[4] = { 4, 1, 3, 3 }, c[1] = { 4 },
@@ -616,7 +607,7 @@ static int syncbn_fused(loom_pg *pg)
 		o.no_fusion = nofuse;
 		loom_status st = loom_compile(g, m.loss, &o, &m.p);
 		if (st)
-			return worker_fail("compile", st, loom_last_error());
+			return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 		char *dump = NULL;
 		size_t len = 0;
 		FILE *f = open_memstream(&dump, &len);
@@ -628,7 +619,7 @@ static int syncbn_fused(loom_pg *pg)
 		free(dump);
 		for (int s = 0; s < 4; s++)
 			if ((st = feed(&m, s, rank, world, 0)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
-				return worker_fail("step", st, loom_program_error(m.p));
+				return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
 		h[nofuse] = worker_param_hash(&m);
 		loom_program_free(m.p);
 		loom_graph_free(m.g);
@@ -644,12 +635,12 @@ static int syncbn_fused(loom_pg *pg)
 /* Rank 1 alone sets sync_bn: every rank's compile fails naming it. */
 static int syncbn_mismatch(loom_pg *pg)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	loom_status st = convnet(&m, 4, pg, rank == 1);
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
-	return 0;
+	return worker_free(0, &m, NULL);
 }
 
 int main(int argc, char **argv)

@@ -117,18 +117,15 @@ static int evaluate(loom_pg *pg, loom_program *p, loom_value logits, int64_t n,
 
 static int eval(loom_pg *pg, const char *path, int64_t n, int count_padding)
 {
-	worker_model m;
+	worker_model m = { 0 };
 	loom_value logits;
 	loom_status st = build(pg, &m, &logits);
 	loom_program *p = m.p;
 	if (st)
-		return worker_fail("compile", st, loom_last_error());
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
 	if ((st = loom_load(p, path)))
-		return worker_fail("load", st, loom_program_error(p));
-	int rc = evaluate(pg, p, logits, n, count_padding);
-	loom_program_free(p);
-	loom_graph_free(m.g);
-	return rc;
+		return worker_free(worker_fail("load", st, loom_program_error(p)), &m, NULL);
+	return worker_free(evaluate(pg, p, logits, n, count_padding), &m, NULL);
 }
 
 /* Three epochs on 1000 synthetic images, the ones evaluated later, each

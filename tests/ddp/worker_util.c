@@ -41,6 +41,20 @@ void worker_begin(worker_model *m, int batch, int width, uint64_t seed)
 	loom_graph_set_seed(m->g, seed);
 }
 
+int worker_free(int rc, worker_model *a, worker_model *b)
+{
+	worker_model *m[2] = { a, b };
+	for (int i = 0; i < 2; i++) {
+		if (!m[i])
+			continue;
+		loom_program_free(m[i]->p);
+		loom_graph_free(m[i]->g);
+		m[i]->p = NULL;
+		m[i]->g = NULL;
+	}
+	return rc;
+}
+
 loom_value worker_param(worker_model *m, const char *name, int ndim, const int64_t *dims,
 			loom_init init, int64_t fan_in)
 {

@@ -38,6 +38,11 @@ int worker_fail(const char *what, loom_status st, const char *msg);
 /* Clears m for a graph at `batch` rows of `width` values, seeded. */
 void worker_begin(worker_model *m, int batch, int width, uint64_t seed);
 
+/* Frees m's program and graph (either may be absent) and clears them;
+ * returns rc, so that a scenario ends with `return worker_free(rc, &m)`
+ * on every path, its failures included. b may be NULL. */
+int worker_free(int rc, worker_model *a, worker_model *b);
+
 /* An f32 parameter of m's graph, listed in m->params. */
 loom_value worker_param(worker_model *m, const char *name, int ndim, const int64_t *dims,
 			loom_init init, int64_t fan_in);

@@ -8,7 +8,8 @@
  *
  * Input: byte 0 picks the message (low 3 bits: 0 hello, 1 reply head, 2 OK
  * payload, 3 error payload, 4 turn signal, 5 a script of connections to rank
- * 0's server, which comm/rendezvous.c judges: see server() below); with bit 7 set the harness
+ * 0's server, which comm/rendezvous.c judges: see server() below; 6 a
+ * progress link's first bytes and record, comm/progress.c); with bit 7 set the harness
  * makes an OK payload's world and blob length agree with its size first,
  * so that mutations reach the peer table. Byte 1 gives the world (1..16),
  * byte 2 this rank; the rest is the message.
@@ -262,6 +263,33 @@ static void server(const uint8_t *data, size_t size, int world)
 		FUZZ_CHECK(taken[k]);
 }
 
+/* What a rank's liveness listener reads from a progress link (comm/
+ * progress.c): the link's first 16 bytes, then a record of 144. */
+static void progress(const uint8_t *data, size_t size, int rank, int world)
+{
+	uint8_t m[LOOM_PROG_RECORD_BYTES], again[LOOM_PROG_RECORD_BYTES];
+	char label[LOOM_PROG_LABEL_BYTES], back[LOOM_PROG_LABEL_BYTES];
+	uint64_t seq, seq2;
+	int from;
+
+	fixed(m, LOOM_PROG_LINK_BYTES, data, size);
+	if (loom_prog_decode_link(m, world, rank, &from) == 0) {
+		FUZZ_CHECK(from >= 0 && from < world && from != rank);
+		loom_prog_encode_link(from, world, again);
+		FUZZ_CHECK(memcmp(again, m, LOOM_PROG_LINK_BYTES) == 0);
+	}
+	fixed(m, sizeof(m), data, size);
+	if (loom_prog_decode_record(m, &seq, label, sizeof(label)))
+		return;
+	FUZZ_CHECK(terminated(label, sizeof(label)));
+	for (size_t i = 0; label[i]; i++)
+		FUZZ_CHECK(label[i] >= 32 && label[i] < 127);
+	/* What was read, sent again, reads back the same. */
+	loom_prog_encode_record(seq, label, again);
+	FUZZ_CHECK(loom_prog_decode_record(again, &seq2, back, sizeof(back)) == 0);
+	FUZZ_CHECK(seq2 == seq && strcmp(back, label) == 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t *copy;
@@ -287,6 +315,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case 3: reply(copy, size, LOOM_RDV_REPLY_ERR, rank, world, 0); break;
 	case 4: go(copy, size, rank); break;
 	case 5: server(copy, size, world); break;
+	case 6: progress(copy, size, rank, world); break;
 	default: break;
 	}
 	free(copy);

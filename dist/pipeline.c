@@ -1,0 +1,896 @@
+/*
+ * dist/pipeline.c — pipeline parallelism as a pass over the step list.
+ * Every rank builds and plans the whole graph; the pass gives every node a
+ * stage (forward nodes by balanced cost in build order, or at the user's
+ * loom_stage_boundary marks; a backward node follows the forward node whose
+ * gradient rule made it), keeps this rank's nodes, and lays out M
+ * micro-batches as one fixed list: each micro-batch's forward (receive the
+ * values an earlier stage made, run, send what a later stage reads) and
+ * backward (the same for gradients, backwards), in GPipe's or 1F1B's order,
+ * each gradient accumulated after its micro-batch's backward, then the
+ * optimizer over this stage's parameters once. Activations of the
+ * micro-batches in flight live in slots of the activation region that the
+ * executor switches between (engine/exec.c, LOOM_STEP_MICRO).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "dist/dist.h"
+#include "dist/pipeline.h"
+#include "engine/elem.h"
+#include "graph/ops/ops.h"
+
+static size_t align64(size_t x)
+{
+	return (x + 63) & ~(size_t)63;
+}
+
+loom_status loom_pipeline_check(const loom_compile_opts *o, int world, char *err, size_t errlen)
+{
+	int s = o->pipeline_stages;
+	if (s < 0 || s > 64) {
+		snprintf(err, errlen, "pipeline: %d stages (1 to 64)", s);
+		return LOOM_ERR_INVALID;
+	}
+	if (s > 1 && world % s != 0) {
+		snprintf(err, errlen,
+			 "pipeline: %d stages do not divide the world of %d ranks (each stage "
+			 "needs the same number of replicas)", s, world);
+		return LOOM_ERR_INVALID;
+	}
+	if (o->micro_batches < 0 || (unsigned)o->schedule >= LOOM_SCHEDULE_COUNT) {
+		snprintf(err, errlen, "pipeline: %d micro-batches, schedule %d", o->micro_batches,
+			 o->schedule);
+		return LOOM_ERR_INVALID;
+	}
+	if (s > 1 && (o->zero_stage || o->sync_bn || o->inference)) {
+		snprintf(err, errlen, "pipeline: not with %s yet",
+			 o->zero_stage ? "zero_stage" : o->sync_bn ? "sync_bn" : "inference");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ stages */
+
+/* Estimated cost of one forward node: its products at 1e10 FLOP/s and the
+ * bytes it writes and reads at 1e10 B/s (a CPU's order of magnitude; only
+ * the ratios between stages matter for the cut). */
+static double node_seconds(const loom_graph *g, loom_value v)
+{
+	const loom_node *n = &g->nodes[v];
+	double bytes = (double)loom_shape_numel(&n->shape) * loom_dtype_size(n->dtype);
+	for (int i = 0; i < n->nsrc; i++)
+		if (n->src[i] >= 0) {
+			const loom_node *s = &g->nodes[n->src[i]];
+			bytes += (double)loom_shape_numel(&s->shape) * loom_dtype_size(s->dtype);
+		}
+	return loom_node_flops(g, v) * 1e-10 + bytes * 1e-10;
+}
+
+static int is_leaf(const loom_graph *g, loom_value v)
+{
+	return loom_op_is_leaf(g->nodes[v].op);
+}
+
+/* Forward nodes: at the marks, else balanced by cost. */
+static loom_status cut_forward(loom_plan *pl, loom_pipe *pp, char *err, size_t errlen)
+{
+	const loom_graph *g = pl->g;
+	int S = pp->stages, marks = 0, work = 0;
+	double total = 0;
+	for (loom_value v = 0; v < pl->n_fwd; v++) {
+		if (is_leaf(g, v)) {
+			if (g->nodes[v].flags & LOOM_NODE_STAGE_CUT) {
+				char lb[96];
+				snprintf(err, errlen, "pipeline: the stage boundary at %s: a leaf is no "
+					 "stage's output", loom_node_label(g, v, lb, sizeof(lb)));
+				return LOOM_ERR_INVALID;
+			}
+			continue;
+		}
+		work++;
+		marks += (g->nodes[v].flags & LOOM_NODE_STAGE_CUT) != 0;
+		total += node_seconds(g, v);
+	}
+	if (marks && marks != S - 1) {
+		snprintf(err, errlen, "pipeline: %d values marked as stage boundaries; %d stages need "
+			 "%d (or none, for a balanced cut)", marks, S, S - 1);
+		return LOOM_ERR_INVALID;
+	}
+	if (work < S) {
+		snprintf(err, errlen, "pipeline: %d nodes cannot make %d stages", work, S);
+		return LOOM_ERR_INVALID;
+	}
+	int stage = 0, left = work;
+	double acc = 0;
+	for (loom_value v = 0; v < pl->n_fwd; v++) {
+		if (is_leaf(g, v)) {
+			pp->stage_of[v] = -1;
+			continue;
+		}
+		pp->stage_of[v] = (signed char)stage;
+		acc += node_seconds(g, v);
+		left--;
+		if (stage == S - 1)
+			continue;
+		if (marks ? (g->nodes[v].flags & LOOM_NODE_STAGE_CUT) != 0 :
+			    acc >= total * (stage + 1) / S || left == S - 1 - stage)
+			stage++;
+	}
+	if (stage != S - 1) {
+		snprintf(err, errlen, "pipeline: a stage boundary after the last node");
+		return LOOM_ERR_INVALID;
+	}
+	return LOOM_OK;
+}
+
+/* Backward nodes: the stage of the forward node whose rule made them. */
+static void cut_backward(loom_plan *pl, loom_pipe *pp)
+{
+	const loom_graph *g = pl->g;
+	for (loom_value v = pl->n_fwd; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		int s = 0;
+		if (is_leaf(g, v))
+			s = -1;
+		else if (n->bwd_of != LOOM_NONE && pp->stage_of[n->bwd_of] >= 0)
+			s = pp->stage_of[n->bwd_of];
+		else
+			for (int i = 0; i < n->nsrc; i++)
+				if (n->src[i] >= 0 && pp->stage_of[n->src[i]] > s)
+					s = pp->stage_of[n->src[i]];
+		pp->stage_of[v] = (signed char)s;
+	}
+	/* A value a fused kernel makes besides its own is its maker's. */
+	for (loom_value v = 0; v < g->n; v++)
+		if (g->nodes[v].made_by != LOOM_NONE)
+			pp->stage_of[v] = pp->stage_of[g->nodes[v].made_by];
+}
+
+/* Every value crossing a cut goes forward in the forward pass and
+ * backward in the backward pass; a parameter is read by one stage. */
+static loom_status check_cut(loom_plan *pl, loom_pipe *pp, char *err, size_t errlen)
+{
+	const loom_graph *g = pl->g;
+	char la[96], lb[96];
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		int s = pp->stage_of[v];
+		if (s < 0)
+			continue;
+		for (int i = 0; i < n->nsrc; i++) {
+			loom_value u = n->src[i];
+			if (u < 0)
+				continue;
+			int t = pp->stage_of[u];
+			if (t < 0 && g->nodes[u].op == LOOM_OP_PARAM && v < pl->n_fwd) {
+				/* the parameter's reader: one stage only */
+				if (pp->owner[u] >= 0 && pp->owner[u] != s) {
+					snprintf(err, errlen, "pipeline: %s is read by stages %d and %d "
+						 "(weights shared across stages are not supported)",
+						 loom_node_label(g, u, la, sizeof(la)), pp->owner[u], s);
+					return LOOM_ERR_UNSUPPORTED;
+				}
+				pp->owner[u] = (signed char)s;
+			}
+			if (t < 0 || t == s)
+				continue;
+			if ((u < pl->n_fwd && t > s) || (u >= pl->n_fwd && t < s)) {
+				snprintf(err, errlen, "pipeline: %s (stage %d) reads %s of stage %d, "
+					 "against the pipeline's direction",
+					 loom_node_label(g, v, la, sizeof(la)), s,
+					 loom_node_label(g, u, lb, sizeof(lb)), t);
+				return LOOM_ERR_UNSUPPORTED;
+			}
+		}
+	}
+	/* Leaves that are not parameters (inputs, buffers): the first stage
+	 * that reads them owns them (a buffer is written by its reader). */
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		for (int i = 0; i < n->nsrc; i++) {
+			loom_value u = n->src[i];
+			if (u >= 0 && pp->stage_of[u] < 0 && pp->owner[u] < 0 && pp->stage_of[v] >= 0)
+				pp->owner[u] = pp->stage_of[v];
+		}
+	}
+	for (int i = 0; i < pl->n_params; i++) {
+		const loom_param_slot *sl = &pl->params[i];
+		pp->owner[sl->param] = pp->stage_of[sl->grad] >= 0 ? pp->stage_of[sl->grad] : 0;
+		if (sl->master != LOOM_NONE)
+			pp->owner[sl->master] = pp->owner[sl->param];
+	}
+	for (loom_value v = 0; v < g->n; v++)
+		if (pp->stage_of[v] < 0 && pp->owner[v] < 0)
+			pp->owner[v] = 0;
+	return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ steps */
+
+/* The steps one micro-batch's forward or backward runs on stage s, in
+ * plan order: [first, last) of the plain list, its nodes whose stage is
+ * s, with the receives before a value's first reader and the sends after
+ * its maker. */
+typedef struct seq {
+	loom_step *st;
+	int n, cap;
+} seq;
+
+static int seq_push(seq *q, loom_step s)
+{
+	if (q->n == q->cap) {
+		int cap = q->cap ? 2 * q->cap : 64;
+		loom_step *n = realloc(q->st, sizeof(*n) * (size_t)cap);
+		if (!n)
+			return -1;
+		q->st = n;
+		q->cap = cap;
+	}
+	q->st[q->n++] = s;
+	return 0;
+}
+
+static int rank_of(const loom_pipe *pp, int stage)
+{
+	return pp->replica * pp->stages + stage;
+}
+
+/* The values node v's kernel reads: its sources and its siblings'. */
+static int reads(const loom_plan *pl, loom_value v, loom_value u)
+{
+	for (loom_value w = v; w != LOOM_NONE;
+	     w = w == v ? loom_sibling_first(pl, v) : loom_sibling_next(pl, w)) {
+		const loom_node *n = &pl->g->nodes[w];
+		for (int i = 0; i < n->nsrc; i++)
+			if (n->src[i] == u)
+				return 1;
+	}
+	return 0;
+}
+
+/* Whether stage s has a node that reads u. */
+static int stage_reads(const loom_plan *pl, const loom_pipe *pp, int s, loom_value u)
+{
+	for (loom_value v = 0; v < pl->g->n; v++)
+		if (pp->stage_of[v] == s && !loom_made_earlier(pl, v) && reads(pl, v, u))
+			return 1;
+	return 0;
+}
+
+static loom_step xfer(loom_step_kind kind, loom_phase ph, loom_value u, int peer)
+{
+	return (loom_step){ .kind = kind, .phase = ph, .stream = LOOM_STREAM_COMM, .v = u,
+			    .index = -1, .peer = peer };
+}
+
+/*
+ * One pass (forward: [first, last) of the plain steps, values u <
+ * n_fwd; backward: the rest) of stage me, as a template: micro-batch
+ * fields are filled when it is laid out. Forward values of another
+ * stage that only this stage's backward reads are received at the end
+ * of the forward, where they are still live in the plan.
+ */
+static loom_status make_pass(const loom_plan *pl, const loom_pipe *pp, int fwd, seq *q)
+{
+	const loom_graph *g = pl->g;
+	int me = pp->stage, lo = fwd ? 0 : pl->n_fwd_steps, hi = fwd ? pl->n_fwd_steps : pl->n_grad_steps;
+	loom_phase ph = fwd ? LOOM_PHASE_FORWARD : LOOM_PHASE_BACKWARD;
+	unsigned char *got = calloc((size_t)g->n, 1);
+	if (!got)
+		return LOOM_ERR_NOMEM;
+	for (int i = lo; i < hi; i++) {
+		const loom_step *s = &pl->steps[i];
+		/* this stage's accumulation and bucket collectives, in place */
+		if ((s->kind == LOOM_STEP_ACCUM || s->kind == LOOM_STEP_COLLECTIVE) &&
+		    pp->stage_of[s->v] == me) {
+			if (seq_push(q, *s))
+				goto nomem;
+			continue;
+		}
+		if (s->kind != LOOM_STEP_NODE || pp->stage_of[s->v] != me)
+			continue;
+		/* receives: values of other stages this node's kernel reads */
+		for (loom_value w = s->v; w != LOOM_NONE;
+		     w = w == s->v ? loom_sibling_first(pl, s->v) : loom_sibling_next(pl, w)) {
+			const loom_node *n = &g->nodes[w];
+			for (int k = 0; k < n->nsrc; k++) {
+				loom_value u = n->src[k];
+				if (u < 0 || got[u] || pp->stage_of[u] < 0 || pp->stage_of[u] == me)
+					continue;
+				/* a forward value read in backward came with the forward */
+				if (!fwd && u < pl->n_fwd)
+					continue;
+				got[u] = 1;
+				if (seq_push(q, xfer(LOOM_STEP_RECV, ph, u, rank_of(pp, pp->stage_of[u]))))
+					goto nomem;
+			}
+		}
+		if (seq_push(q, *s))
+			goto nomem;
+		/* sends: what it makes that other stages read, in their pass */
+		for (loom_value w = s->v; w != LOOM_NONE;
+		     w = w == s->v ? loom_sibling_first(pl, s->v) : loom_sibling_next(pl, w))
+			for (int t = 0; t < pp->stages; t++)
+				if (t != me && stage_reads(pl, pp, t, w) &&
+				    seq_push(q, xfer(LOOM_STEP_SEND, ph, w, rank_of(pp, t))))
+					goto nomem;
+	}
+	/* Forward values of earlier stages that only this stage's backward reads. */
+	for (loom_value u = 0; fwd && u < pl->n_fwd; u++)
+		if (!got[u] && pp->stage_of[u] >= 0 && pp->stage_of[u] != me &&
+		    stage_reads(pl, pp, me, u) &&
+		    seq_push(q, xfer(LOOM_STEP_RECV, ph, u, rank_of(pp, pp->stage_of[u]))))
+			goto nomem;
+	free(got);
+	return LOOM_OK;
+nomem:
+	free(got);
+	return LOOM_ERR_NOMEM;
+}
+
+/* The forward the sending stage makes for a value read by a later stage's
+ * backward only must come at the end of the sender's forward too: make_pass
+ * sends after the maker, which is earlier; both sides keep plan order per
+ * direction and MPI matches by tag, so the order between values is free. */
+
+enum { MICRO_FWD = 0, MICRO_FWD_END, MICRO_BWD };
+
+/* One micro-batch's pass into the list. The buckets' collectives run
+ * after the last micro-batch's accumulation only (DDP's no_sync before). */
+static loom_status lay(seq *out, const seq *tpl, int micro, int slot, int phase_kind, int accum)
+{
+	int last = accum != LOOM_ACCUM_ADD;
+	loom_phase ph = phase_kind == MICRO_BWD ? LOOM_PHASE_BACKWARD : LOOM_PHASE_FORWARD;
+	loom_step m = { .kind = LOOM_STEP_MICRO, .phase = ph, .stream = LOOM_STREAM_COMPUTE,
+			.v = LOOM_NONE, .index = phase_kind, .micro = micro, .first = slot };
+	if (seq_push(out, m))
+		return LOOM_ERR_NOMEM;
+	for (int i = 0; i < tpl->n; i++) {
+		loom_step s = tpl->st[i];
+		s.micro = micro;
+		s.first = slot;
+		if (s.kind == LOOM_STEP_ACCUM)
+			s.accum = accum;
+		if (s.kind == LOOM_STEP_COLLECTIVE && !last)
+			continue;
+		if (seq_push(out, s))
+			return LOOM_ERR_NOMEM;
+	}
+	if (phase_kind == MICRO_FWD) {
+		m.index = MICRO_FWD_END;
+		if (seq_push(out, m))
+			return LOOM_ERR_NOMEM;
+	}
+	return LOOM_OK;
+}
+
+/* The micro-batches this stage holds at once under the schedule. */
+static int in_flight(int schedule, int stages, int stage, int m)
+{
+	if (schedule == LOOM_SCHEDULE_GPIPE)
+		return m;
+	return stages - stage < m ? stages - stage : m;
+}
+
+static loom_status build_schedule(loom_plan *pl, loom_pipe *pp, const seq *F, const seq *B)
+{
+	seq out = { 0 };
+	int M = pp->micro, slots = pp->slots;
+	loom_status st = LOOM_OK;
+	/* EVAL: every micro-batch's forward. */
+	for (int j = 0; j < M && !st; j++)
+		st = lay(&out, F, j, j % slots, MICRO_FWD, 0);
+	pp->eval_steps = out.n;
+	/* TRAIN: the backwards in micro-batch order, each accumulated; the
+	 * last folds the sums into the gradients, as one process's TRAIN
+	 * after M - 1 ACCUMULATE runs does. */
+#define BWD(j) lay(&out, B, (j), (j) % slots, MICRO_BWD, \
+		   M == 1 ? LOOM_ACCUM_BY_RUN : (j) == M - 1 ? LOOM_ACCUM_FOLD : LOOM_ACCUM_ADD)
+	if (pp->schedule == LOOM_SCHEDULE_GPIPE) {
+		for (int j = 0; j < M && !st; j++)
+			st = lay(&out, F, j, j % slots, MICRO_FWD, 0);
+		for (int j = 0; j < M && !st; j++)
+			st = BWD(j);
+	} else {
+		int w = pp->stages - pp->stage - 1;
+		if (w > M)
+			w = M;
+		for (int j = 0; j < w && !st; j++)
+			st = lay(&out, F, j, j % slots, MICRO_FWD, 0);
+		for (int i = 0; i < M - w && !st; i++) {
+			st = lay(&out, F, w + i, (w + i) % slots, MICRO_FWD, 0);
+			if (!st)
+				st = BWD(i);
+		}
+		for (int j = M - w; j < M && !st; j++)
+			st = BWD(j);
+	}
+#undef BWD
+	if (!st && pl->buckets.n > 0) {
+		loom_step w = { .kind = LOOM_STEP_WAIT, .phase = LOOM_PHASE_OPTIMIZER,
+				.stream = LOOM_STREAM_COMPUTE, .v = LOOM_NONE, .index = -1 };
+		if (seq_push(&out, w))
+			st = LOOM_ERR_NOMEM;
+	}
+	if (!st && pl->opts.optim.kind != LOOM_OPTIM_NONE) {
+		loom_step o = { .kind = LOOM_STEP_OPTIM, .phase = LOOM_PHASE_OPTIMIZER,
+				.stream = LOOM_STREAM_COMPUTE, .v = LOOM_NONE, .index = -1,
+				.first = 0, .last = pl->n_pieces };
+		if (seq_push(&out, o))
+			st = LOOM_ERR_NOMEM;
+	}
+	if (st) {
+		free(out.st);
+		return st;
+	}
+	free(pl->steps);
+	pl->steps = out.st;
+	pl->n_steps = out.n;
+	pl->n_fwd_steps = pp->eval_steps;
+	pl->n_grad_steps = out.n - (pl->opts.optim.kind != LOOM_OPTIM_NONE) - (pl->buckets.n > 0);
+	return LOOM_OK;
+}
+
+/* This stage's parameters only: the optimizer updates what it owns. */
+static loom_status own_pieces(loom_plan *pl, const loom_pipe *pp)
+{
+	int n = 0;
+	for (int i = 0; i < pl->n_pieces; i++)
+		if (pp->owner[pl->params[pl->pieces[i].slot].param] == pp->stage)
+			pl->pieces[n++] = pl->pieces[i];
+	pl->n_pieces = n;
+	return LOOM_OK;
+}
+
+/* The values outside the activation region that change per micro-batch. */
+static loom_status per_micro_values(loom_plan *pl, loom_pipe *pp)
+{
+	const loom_graph *g = pl->g;
+	int n = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		for (loom_value v = 0; v < pl->n_fwd; v++) {
+			const loom_node *nd = &g->nodes[v];
+			int input = nd->op == LOOM_OP_INPUT;
+			int out = !is_leaf(g, v) && pl->mp.region[v] == LOOM_REGION_PERSIST &&
+				  (pp->stage_of[v] == pp->stage || stage_reads(pl, pp, pp->stage, v));
+			if (!input && !out)
+				continue;
+			if (pass == 1) {
+				pp->vals[n] = v;
+				pp->is_input[n] = (unsigned char)input;
+				pp->bytes[n] = loom_plan_value_bytes(pl, v);
+				pp->host[n] = calloc((size_t)pp->micro, pp->bytes[n] ? pp->bytes[n] : 1);
+				if (!pp->host[n])
+					return LOOM_ERR_NOMEM;
+			}
+			n++;
+		}
+		if (pass == 0) {
+			pp->n_vals = n;
+			n = 0;
+			pp->vals = calloc((size_t)pp->n_vals + 1, sizeof(*pp->vals));
+			pp->is_input = calloc((size_t)pp->n_vals + 1, 1);
+			pp->bytes = calloc((size_t)pp->n_vals + 1, sizeof(*pp->bytes));
+			pp->host = calloc((size_t)pp->n_vals + 1, sizeof(*pp->host));
+			if (!pp->vals || !pp->is_input || !pp->bytes || !pp->host)
+				return LOOM_ERR_NOMEM;
+		}
+	}
+	pp->loss = calloc((size_t)pp->micro, sizeof(double));
+	return pp->loss ? LOOM_OK : LOOM_ERR_NOMEM;
+}
+
+/* Per stage: nodes, parameters, activations of one micro-batch (the extent
+ * of the plan's activation region its values use), estimated time. */
+static void stage_table(loom_plan *pl, loom_pipe *pp)
+{
+	const loom_graph *g = pl->g;
+	for (loom_value v = 0; v < g->n; v++) {
+		int s = pp->stage_of[v];
+		if (s < 0) {
+			if (g->nodes[v].op == LOOM_OP_PARAM && !(g->nodes[v].flags & LOOM_NODE_AMP))
+				pp->n_param_elems[pp->owner[v]] += loom_shape_numel(&g->nodes[v].shape);
+			continue;
+		}
+		if (!loom_made_earlier(pl, v))
+			pp->n_nodes[s]++;
+		pp->gflop[s] += loom_node_flops(g, v) * 1e-9;
+		if (v < pl->n_fwd)
+			pp->est_s[s] += 3 * node_seconds(g, v); /* backward ~ 2x forward */
+		/* the values its kernels make or receive */
+		loom_value r = pl->mp.root[v];
+		if (pl->mp.region[r] == LOOM_REGION_ACT) {
+			size_t end = pl->mp.offset[r] + loom_plan_value_bytes(pl, r);
+			if (end > pp->act_bytes[s])
+				pp->act_bytes[s] = end;
+		}
+		const loom_node *n = &g->nodes[v];
+		for (int i = 0; i < n->nsrc; i++) {
+			loom_value u = n->src[i];
+			if (u < 0 || pl->mp.region[pl->mp.root[u]] != LOOM_REGION_ACT)
+				continue;
+			loom_value ru = pl->mp.root[u];
+			size_t end = pl->mp.offset[ru] + loom_plan_value_bytes(pl, ru);
+			if (end > pp->act_bytes[s])
+				pp->act_bytes[s] = end;
+		}
+	}
+	for (int s = 0; s < pp->stages; s++)
+		pp->in_flight[s] = in_flight(pp->schedule, pp->stages, s, pp->micro);
+}
+
+static void print_table(const loom_program *p, const loom_pipe *pp)
+{
+	static const char *const sched[] = { "1f1b", "gpipe" };
+	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s:\n", pp->stages,
+		 pp->replicas, pp->micro, sched[pp->schedule]);
+	for (int s = 0; s < pp->stages; s++)
+		loom_log("loom:   stage %d: %d nodes, %lld parameters, activations %.2f MiB per "
+			 "micro-batch x %d in flight, %.3f GFLOP, est. %.3f ms per micro-batch\n",
+			 s, pp->n_nodes[s], (long long)pp->n_param_elems[s], pp->act_bytes[s] / 1048576.0,
+			 pp->in_flight[s], pp->gflop[s], pp->est_s[s] * 1e3);
+	(void)p;
+}
+
+loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
+{
+	loom_plan *pl = &p->plan;
+	const loom_pg_info *in = loom_pg_get_info(pl->opts.pg);
+	loom_status st;
+	loom_pipe *pp = calloc(1, sizeof(*pp));
+	if (!pp)
+		goto nomem;
+	pl->pipe = pp;
+	pp->stages = pl->opts.pipeline_stages;
+	pp->stage = in->rank % pp->stages;
+	pp->replicas = in->world / pp->stages;
+	pp->replica = in->rank / pp->stages;
+	pp->micro = pl->opts.micro_batches > 0 ? pl->opts.micro_batches : pp->stages;
+	pp->schedule = pl->opts.schedule;
+	pp->world = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	if (!(p->be->caps & LOOM_BE_HOST_MEMORY)) {
+		snprintf(err, errlen, "pipeline: the %s backend is not supported yet (CPU only)",
+			 p->be->name);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	if (!pp->world) {
+		snprintf(err, errlen, "pipeline: %s", loom_pg_error(pl->opts.pg));
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	/* A stage's replicas sum their gradients among themselves; a
+	 * replica's stages pass its values to each other. */
+	pp->rep = pp->world;
+	if (pp->replicas > 1 &&
+	    ((st = loom_comm_split(pp->world, pp->stage, pp->replica, &pp->dp)) != LOOM_OK ||
+	     (st = loom_comm_split(pp->world, pp->replica, pp->stage, &pp->rep)) != LOOM_OK)) {
+		snprintf(err, errlen, "pipeline: sub-communicators: %s", loom_pg_error(pl->opts.pg));
+		return st;
+	}
+	int n = pp->n_graph = pl->g->n, S = pp->stages;
+	pp->stage_of = malloc((size_t)n);
+	pp->owner = malloc((size_t)n);
+	pp->est_s = calloc((size_t)S, sizeof(double));
+	pp->gflop = calloc((size_t)S, sizeof(double));
+	pp->n_nodes = calloc((size_t)S, sizeof(int));
+	pp->in_flight = calloc((size_t)S, sizeof(int));
+	pp->n_param_elems = calloc((size_t)S, sizeof(int64_t));
+	pp->act_bytes = calloc((size_t)S, sizeof(size_t));
+	if (!pp->stage_of || !pp->owner || !pp->est_s || !pp->gflop || !pp->n_nodes ||
+	    !pp->in_flight || !pp->n_param_elems || !pp->act_bytes)
+		goto nomem;
+	memset(pp->owner, -1, (size_t)n);
+	if ((st = cut_forward(pl, pp, err, errlen)) != LOOM_OK)
+		return st;
+	cut_backward(pl, pp);
+	return check_cut(pl, pp, err, errlen);
+nomem:
+	snprintf(err, errlen, "pipeline: out of memory");
+	return LOOM_ERR_NOMEM;
+}
+
+int loom_pipeline_owns(const loom_plan *pl, int slot)
+{
+	return !pl->pipe || pl->pipe->owner[pl->params[slot].param] == pl->pipe->stage;
+}
+
+/* Nodes a later pass added (a bucket's all-reduce): the stage of what they read. */
+static loom_status stage_new_nodes(loom_plan *pl, loom_pipe *pp)
+{
+	int n = pl->g->n;
+	if (n == pp->n_graph)
+		return LOOM_OK;
+	signed char *s = realloc(pp->stage_of, (size_t)n), *o = realloc(pp->owner, (size_t)n);
+	if (s)
+		pp->stage_of = s;
+	if (o)
+		pp->owner = o;
+	if (!s || !o)
+		return LOOM_ERR_NOMEM;
+	for (loom_value v = pp->n_graph; v < n; v++) {
+		const loom_node *nd = &pl->g->nodes[v];
+		int st = is_leaf(pl->g, v) ? -1 : 0;
+		for (int i = 0; st >= 0 && i < nd->nsrc; i++)
+			if (nd->src[i] >= 0 && pp->stage_of[nd->src[i]] > st)
+				st = pp->stage_of[nd->src[i]];
+		pp->stage_of[v] = (signed char)st;
+		pp->owner[v] = st < 0 ? 0 : (signed char)st;
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen)
+{
+	loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	const loom_pg_info *in = loom_pg_get_info(pl->opts.pg);
+	loom_status st;
+	if ((st = stage_new_nodes(pl, pp)) != LOOM_OK)
+		goto nomem;
+	stage_table(pl, pp);
+	pp->slots = in_flight(pp->schedule, pp->stages, pp->stage, pp->micro);
+	seq F = { 0 }, B = { 0 };
+	if ((st = make_pass(pl, pp, 1, &F)) || (st = make_pass(pl, pp, 0, &B)) ||
+	    (st = own_pieces(pl, pp)) || (st = build_schedule(pl, pp, &F, &B)) ||
+	    (st = per_micro_values(pl, pp))) {
+		free(F.st);
+		free(B.st);
+		goto nomem;
+	}
+	free(F.st);
+	free(B.st);
+	/* The slots: this stage touches the first act_bytes of the region. */
+	pp->slot_bytes = align64(pp->act_bytes[pp->stage] ? pp->act_bytes[pp->stage] : 64);
+	pl->mp.act_bytes = pp->slot_bytes * (size_t)pp->slots;
+	if (in->rank == 0)
+		print_table(p, pp);
+	return LOOM_OK;
+nomem:
+	snprintf(err, errlen, "pipeline: out of memory");
+	return LOOM_ERR_NOMEM;
+}
+
+/* ------------------------------------------------------------ start-up */
+
+static void describe(void *user, size_t i, char *buf, size_t len)
+{
+	const loom_plan *pl = user;
+	char sh[96];
+	if (i < (size_t)pl->pipe->n_graph) {
+		loom_value v = (loom_value)i;
+		const loom_node *n = &pl->g->nodes[v];
+		int s = pl->pipe->stage_of[v] >= 0 ? pl->pipe->stage_of[v] : pl->pipe->owner[v];
+		snprintf(buf, len, "stage %d's node %d %s has %s %s", s, (int)v,
+			 loom_op_defs[n->op]->name, loom_dtype_name(n->dtype),
+			 loom_shape_str(&n->shape, sh, sizeof(sh)));
+		return;
+	}
+	snprintf(buf, len, "item %zu", i);
+}
+
+static loom_status check_plans(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	/* the graph every rank built, in node order (each stage's buckets
+	 * are its own) */
+	size_t n = (size_t)pp->n_graph;
+	uint64_t *items = malloc(sizeof(uint64_t) * (n ? n : 1));
+	if (!items)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "fingerprint: out of memory");
+	for (size_t i = 0; i < n; i++) {
+		loom_value v = (loom_value)i;
+		int64_t s = pp->stage_of[v];
+		items[i] = loom_comm_hash(&s, sizeof(s), loom_ddp_node_hash(pl, v));
+	}
+	int64_t head[] = {
+		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
+		pl->opts.no_fusion, pp->stages, pp->micro, pp->schedule,
+	};
+	return loom_ddp_check_items(p, pp->world, head, sizeof(head), items, n, describe,
+				    "pipeline start-up: ");
+}
+
+/* Parameters, masters and buffers of the stages in `which` (-1: every
+ * value, from rank 0; else each from its owning stage's first rank). */
+static loom_status broadcast_leaves(loom_program *p, int from_owner)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	for (loom_value v = 0; v < pl->n_fwd; v++) {
+		loom_op op = pl->g->nodes[v].op;
+		if (op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER)
+			continue;
+		int root = from_owner ? pp->owner[v] : 0;
+		loom_status st = loom_comm_broadcast(pp->world, loom_value_ptr(p, v),
+						     loom_value_bytes(p, v), root);
+		if (st != LOOM_OK)
+			return loom_program_fail(p, st, "pipeline: broadcast of %s: %s",
+						 pl->g->nodes[v].name, loom_pg_error(pl->opts.pg));
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_pipeline_start(loom_program *p)
+{
+	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
+	if (st != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	if ((st = check_plans(p)) != LOOM_OK)
+		return st;
+	return broadcast_leaves(p, 0);
+}
+
+/* Optimizer state of the slots of stage `owner`, from its rank. */
+static loom_status broadcast_state(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	for (int i = 0; i < pl->n_params; i++) {
+		const loom_param_slot *sl = &pl->params[i];
+		size_t bytes = (size_t)sl->numel * loom_dtype_size(sl->state_dtype);
+		for (int k = 0; k < pl->n_state; k++) {
+			loom_status st = loom_comm_broadcast(pp->world, p->arena.state + sl->state_off[k],
+							     bytes, pp->owner[sl->param]);
+			if (st != LOOM_OK)
+				return loom_program_fail(p, st, "pipeline: optimizer state: %s",
+							 loom_pg_error(pl->opts.pg));
+		}
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_pipeline_gather(loom_program *p)
+{
+	loom_status st = broadcast_leaves(p, 1);
+	return st != LOOM_OK ? st : broadcast_state(p);
+}
+
+/* ------------------------------------------------------------ runs */
+
+loom_status loom_pipeline_set_input(loom_program *p, loom_value v, const void *data, size_t count)
+{
+	loom_pipe *pp = p->plan.pipe;
+	for (int i = 0; i < pp->n_vals; i++) {
+		if (pp->vals[i] != v)
+			continue;
+		size_t numel = pp->bytes[i] / loom_dtype_size(p->plan.g->nodes[v].dtype);
+		if (count != numel * (size_t)pp->micro)
+			return loom_program_fail(p, LOOM_ERR_SHAPE,
+						 "set_input '%s': %zu elements given; a pipeline of %d "
+						 "micro-batches takes %zu (%d x %zu)",
+						 p->plan.g->nodes[v].name, count, pp->micro,
+						 numel * (size_t)pp->micro, pp->micro, numel);
+		memcpy(pp->host[i], data, pp->bytes[i] * (size_t)pp->micro);
+		return LOOM_OK;
+	}
+	return loom_program_fail(p, LOOM_ERR_NOT_FOUND, "set_input: input %d is no pipeline input",
+				 (int)v);
+}
+
+/* The loss: the mean over the micro-batches on the last stage, the same
+ * on every rank. */
+static loom_status agree_loss(loom_program *p)
+{
+	loom_pipe *pp = p->plan.pipe;
+	double sum = 0;
+	if (pp->stage == pp->stages - 1)
+		for (int j = 0; j < pp->micro; j++)
+			sum += pp->loss[j];
+	sum /= pp->micro;
+	loom_status st = loom_comm_allreduce(pp->world, &sum, 1, LOOM_F64);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "pipeline: the loss: %s", loom_pg_error(p->plan.opts.pg));
+	p->ts.last_loss = sum / pp->replicas;
+	return LOOM_OK;
+}
+
+loom_status loom_pipeline_run(loom_program *p, loom_run_mode mode)
+{
+	loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	loom_status st;
+	switch (mode) {
+	case LOOM_RUN_EVAL:
+		st = loom_exec_run(p, 0, pp->eval_steps, 0);
+		break;
+	case LOOM_RUN_TRAIN:
+		if (pp->micro > 1 && (st = loom_program_accum_ready(p)) != LOOM_OK)
+			return st;
+		p->ts.micro = pp->micro - 1;
+		st = loom_exec_run(p, pp->eval_steps, pl->n_steps, LOOM_EXEC_TRAIN);
+		p->ts.micro = 0;
+		break;
+	default:
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "run: a pipeline program runs TRAIN and EVAL only, not mode %d",
+					 (int)mode);
+	}
+	if (st == LOOM_OK)
+		st = loom_exec_synchronize(p);
+	if (st == LOOM_OK)
+		st = agree_loss(p);
+	return st;
+}
+
+loom_status loom_pipeline_read(loom_program *p, loom_value v, double *dst, size_t count)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	const loom_node *nd = &pl->g->nodes[v];
+	size_t numel = (size_t)loom_shape_numel(&nd->shape), esz = loom_dtype_size(nd->dtype);
+	loom_status st;
+	if (pp->stage_of[v] < 0) {
+		/* a parameter or buffer: its owner's copy */
+		if (count != numel)
+			return loom_program_fail(p, LOOM_ERR_SHAPE, "read: %zu elements asked, value %d "
+						 "has %zu", count, (int)v, numel);
+		unsigned char *tmp = malloc(numel * esz + 1);
+		if (!tmp)
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
+		st = loom_program_download(p, tmp, loom_value_ptr(p, v), numel * esz);
+		/* replica 0's copy: rank = its stage */
+		if (st == LOOM_OK && (st = loom_comm_broadcast(pp->world, tmp, numel * esz,
+							       pp->owner[v])) != LOOM_OK)
+			loom_program_fail(p, st, "read: %s", loom_pg_error(pl->opts.pg));
+		for (size_t i = 0; st == LOOM_OK && i < numel; i++)
+			dst[i] = loom_elem_get(nd->dtype, tmp, i);
+		free(tmp);
+		return st;
+	}
+	if (count != numel * (size_t)pp->micro)
+		return loom_program_fail(p, LOOM_ERR_SHAPE, "read: %zu elements asked; value %d holds "
+					 "%zu per micro-batch, %zu for the %d of a pipeline batch",
+					 count, (int)v, numel, numel * (size_t)pp->micro, pp->micro);
+	int i = 0;
+	while (i < pp->n_vals && pp->vals[i] != v)
+		i++;
+	size_t all = numel * esz * (size_t)pp->micro;
+	unsigned char *tmp = malloc(all + 1);
+	if (!tmp)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
+	if (i < pp->n_vals)
+		memcpy(tmp, pp->host[i], all);
+	st = loom_comm_broadcast(pp->rep, tmp, all, pp->stage_of[v]);
+	if (st != LOOM_OK)
+		loom_program_fail(p, st, "read: %s", loom_pg_error(pl->opts.pg));
+	else if (i == pp->n_vals && pp->stage_of[v] == pp->stage)
+		st = loom_program_fail(p, LOOM_ERR_STATE, "read: value %d is not kept after a step",
+				       (int)v);
+	for (size_t k = 0; st == LOOM_OK && k < numel * (size_t)pp->micro; k++)
+		dst[k] = loom_elem_get(nd->dtype, tmp, k);
+	free(tmp);
+	return st;
+}
+
+void loom_pipeline_free(loom_pipe *pp)
+{
+	if (!pp)
+		return;
+	for (int i = 0; i < pp->n_vals; i++)
+		free(pp->host[i]);
+	free(pp->host);
+	free(pp->vals);
+	free(pp->is_input);
+	free(pp->bytes);
+	free(pp->loss);
+	free(pp->sends);
+	free(pp->send_slot);
+	free(pp->send_copy);
+	free(pp->stage_of);
+	free(pp->owner);
+	free(pp->est_s);
+	free(pp->gflop);
+	free(pp->n_nodes);
+	free(pp->in_flight);
+	free(pp->n_param_elems);
+	free(pp->act_bytes);
+	loom_comm_free(pp->dp);
+	if (pp->rep != pp->world)
+		loom_comm_free(pp->rep);
+	free(pp);
+}

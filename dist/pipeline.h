@@ -1,0 +1,113 @@
+/*
+ * dist/pipeline.h — pipeline parallelism (model parallel) as a compile pass
+ * over the plan: the graph cut into stages, this rank's stage kept, the
+ * micro-batches scheduled (GPipe or 1F1B) as one fixed step list with send
+ * and receive steps for the values that cross a cut. What engine/program.c
+ * and engine/exec.c call.
+ */
+#ifndef LOOM_DIST_PIPELINE_H
+#define LOOM_DIST_PIPELINE_H
+
+#include "engine/program_internal.h"
+
+struct loom_comm;
+struct loom_comm_work;
+
+/* What the pass decided and what the executor keeps between steps. */
+typedef struct loom_pipe {
+	int stages, stage;     /* S, and this rank's stage (rank % S) */
+	int replicas, replica; /* data-parallel copies of each stage */
+	int micro;             /* M micro-batches per batch */
+	int schedule;          /* loom_schedule */
+	/* Activations: one slot per micro-batch in flight on this stage
+	 * (GPipe: M; 1F1B: at most S - stage), each slot_bytes (the
+	 * activation region of one micro-batch). */
+	int slots;
+	size_t slot_bytes;
+	signed char *stage_of; /* per value: the stage that makes it; -1: a leaf,
+				* which every rank holds */
+	signed char *owner;    /* per leaf: the stage that updates it (a parameter's
+				* gradient's, a buffer's reader's) */
+	/* Per stage, for the start-up table and the memory report. */
+	double *est_s;         /* estimated seconds, forward + backward, one micro-batch */
+	double *gflop;         /* its products' GFLOP per micro-batch */
+	int *n_nodes;
+	int64_t *n_param_elems;
+	size_t *act_bytes;     /* planned activations of one micro-batch on the stage */
+	int *in_flight;        /* slots the schedule needs */
+	struct loom_comm *world; /* the group's host communicator */
+	struct loom_comm *dp;    /* this stage's replicas (NULL: one replica) */
+	struct loom_comm *rep;   /* this replica's stages (the world with one replica) */
+	int n_graph;             /* nodes when the stages were assigned (the graph
+				  * every rank built; buckets come after) */
+	int eval_steps;        /* steps [0, eval_steps): an EVAL run's; the rest TRAIN's */
+	/* Values that change per micro-batch and live outside the activation
+	 * slots: every input (the user gives M micro-batches at once) and the
+	 * forward outputs this stage makes (the loss, marked values). Host
+	 * copies of all M, put back before each micro-batch's forward (inputs)
+	 * and backward (both). */
+	int n_vals;
+	loom_value *vals;
+	unsigned char *is_input;
+	size_t *bytes;         /* one micro-batch's */
+	unsigned char **host;  /* M * bytes each */
+	double *loss;          /* per micro-batch, the last stage's */
+	/* The executor's: sends in flight, with the slot whose memory they read. */
+	struct loom_comm_work **sends;
+	int *send_slot;
+	void **send_copy;      /* a send of a value outside the slots reads a copy */
+	int n_sends, cap_sends;
+	unsigned char *act_base; /* slot 0's activation region */
+} loom_pipe;
+
+/* The group's world size over the stages (the replicas of each stage),
+ * or an error in err: the world must be a multiple of the stages. */
+loom_status loom_pipeline_check(const loom_compile_opts *o, int world, char *err, size_t errlen);
+
+/*
+ * Before the memory plan, once the parameter slots exist: every node's
+ * stage, each leaf's owner, the sub-communicators (collective). A cut that
+ * sends a value against the pipeline's direction, or a parameter read by
+ * two stages, is refused naming it.
+ */
+loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen);
+
+/* Whether this rank's stage updates parameter slot s (1 without stages):
+ * the data-parallel buckets hold only those. */
+int loom_pipeline_owns(const loom_plan *pl, int slot);
+
+/*
+ * After loom_steps_build on a plain plan (world = the replicas): assigns
+ * every node a stage, keeps this rank's, and rewrites the step list into
+ * the schedule of M micro-batches: [EVAL's forwards | TRAIN's forwards and
+ * backwards with their sends, receives, accumulation; the optimizer over
+ * this stage's parameters]. Grows the activation region to the slots the
+ * schedule needs. Prints the stage table and (memory_report) the peak.
+ */
+loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen);
+
+/* Collective over the group, once the arena holds the initial values: every
+ * rank's stage assignment and plan compared (a difference names the stage
+ * and node), then rank 0's parameters and buffers to every rank. */
+loom_status loom_pipeline_start(loom_program *p);
+
+/* A run of a pipeline program: TRAIN (the whole batch, one update) or
+ * EVAL (forward of every micro-batch); other modes are refused. */
+loom_status loom_pipeline_run(loom_program *p, loom_run_mode mode);
+
+/* loom_set_input for a pipeline program: M micro-batches of input v. */
+loom_status loom_pipeline_set_input(loom_program *p, loom_value v, const void *data, size_t count);
+
+/* A forward output (the loss, a marked value) of every micro-batch, as
+ * f64; held by the stage that makes it, broadcast from it on every rank
+ * (collective: every rank calls it). count: M times the value's elements. */
+loom_status loom_pipeline_read(loom_program *p, loom_value v, double *dst, size_t count);
+
+/* Before the parameters are saved: each stage's parameters, masters,
+ * optimizer state and buffers from its first replica to every rank
+ * (collective), so that rank 0 holds the whole model. */
+loom_status loom_pipeline_gather(loom_program *p);
+
+void loom_pipeline_free(loom_pipe *pp);
+
+#endif /* LOOM_DIST_PIPELINE_H */

@@ -1,0 +1,518 @@
+/*
+ * tests/ddp/pipe_worker.c — one rank of the pipeline tests (test_pipe.sh
+ * starts it under mpirun, env:// or the launcher). Modes:
+ *   equiv MODEL LEVEL SCHED M  S stages of M micro-batches (S = the world)
+ *                              against one process running LOOM_RUN_ACCUMULATE
+ *                              over the same micro-batches, 20 steps
+ *   mismatch                   rank 1 builds another graph: the start-up check
+ *                              names the stage and node
+ *   kill                       the last rank exits after compiling: every other
+ *                              rank ends with an error
+ *   memory M                   the planned activations under 1F1B and GPipe
+ *   cut                        loom_stage_boundary places the cut
+ *   eval                       EVAL through the stages equals one process's
+ * MODEL: mlp (20-32-32-10, no batch norm) or cnn (two convolutions with
+ * pools and a linear layer, no batch norm).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <signal.h>
+
+#include "comm/comm.h"
+#include "comm/launch.h"
+#include "loom.h"
+#include "tests/ddp/worker_util.h"
+
+#define B 4 /* rows per micro-batch */
+#define STEPS 20
+
+static int rank, world;
+
+static loom_opt_level level_of(const char *s)
+{
+	return strcmp(s, "O2") == 0 ? LOOM_O2 : LOOM_O0;
+}
+
+static void mlp3(worker_model *m, int hid, loom_value *logits)
+{
+	worker_begin(m, B, WORKER_IN, 7);
+	loom_graph *g = m->g;
+	int64_t xd[2] = { B, WORKER_IN }, yd[1] = { B };
+	int64_t w1[2] = { hid, WORKER_IN }, b1[1] = { hid }, w2[2] = { hid, hid }, b2[1] = { hid },
+		w3[2] = { WORKER_CLASSES, hid }, b3[1] = { WORKER_CLASSES };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value a = worker_param(m, "l1.weight", 2, w1, LOOM_INIT_KAIMING_UNIFORM, WORKER_IN);
+	loom_value b = worker_param(m, "l1.bias", 1, b1, LOOM_INIT_UNIFORM_FAN_IN, WORKER_IN);
+	loom_value h = loom_relu(g, loom_linear(g, x, a, b));
+	a = worker_param(m, "l2.weight", 2, w2, LOOM_INIT_KAIMING_UNIFORM, hid);
+	b = worker_param(m, "l2.bias", 1, b2, LOOM_INIT_UNIFORM_FAN_IN, hid);
+	h = loom_relu(g, loom_linear(g, h, a, b));
+	a = worker_param(m, "l3.weight", 2, w3, LOOM_INIT_KAIMING_UNIFORM, hid);
+	b = worker_param(m, "l3.bias", 1, b3, LOOM_INIT_UNIFORM_FAN_IN, hid);
+	h = loom_linear(g, h, a, b);
+	loom_mark_output(g, h);
+	*logits = h;
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	m->loss = loom_softmax_cross_entropy(g, h, y);
+}
+
+/* The tutorial ConvNet's shape without batch norm, smaller. */
+static void cnn(worker_model *m, loom_value *logits)
+{
+	worker_begin(m, B, 784, 11);
+	loom_graph *g = m->g;
+	int64_t xd[4] = { B, 1, 28, 28 }, yd[1] = { B };
+	int64_t c1[4] = { 4, 1, 5, 5 }, cb1[1] = { 4 }, c2[4] = { 8, 4, 5, 5 }, cb2[1] = { 8 },
+		fw[2] = { WORKER_CLASSES, 8 * 7 * 7 }, fb[1] = { WORKER_CLASSES };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value w = worker_param(m, "c1.weight", 4, c1, LOOM_INIT_KAIMING_UNIFORM, 25);
+	loom_value b = worker_param(m, "c1.bias", 1, cb1, LOOM_INIT_UNIFORM_FAN_IN, 25);
+	loom_value h = loom_maxpool2d(g, loom_relu(g, loom_conv2d(g, x, w, b, 1, 2)), 2, 2, 0);
+	w = worker_param(m, "c2.weight", 4, c2, LOOM_INIT_KAIMING_UNIFORM, 100);
+	b = worker_param(m, "c2.bias", 1, cb2, LOOM_INIT_UNIFORM_FAN_IN, 100);
+	h = loom_maxpool2d(g, loom_relu(g, loom_conv2d(g, h, w, b, 1, 2)), 2, 2, 0);
+	h = loom_flatten(g, h);
+	w = worker_param(m, "fc.weight", 2, fw, LOOM_INIT_KAIMING_UNIFORM, 8 * 7 * 7);
+	b = worker_param(m, "fc.bias", 1, fb, LOOM_INIT_UNIFORM_FAN_IN, 8 * 7 * 7);
+	h = loom_linear(g, h, w, b);
+	*logits = h;
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	m->loss = loom_softmax_cross_entropy(g, h, y);
+}
+
+static void build(worker_model *m, const char *model, loom_value *logits)
+{
+	if (strcmp(model, "cnn") == 0)
+		cnn(m, logits);
+	else
+		mlp3(m, 32, logits);
+}
+
+/* Rows [first, first + n) of the sample stream into "x" and "y"; row
+ * `bad` (if >= 0) starts with `poison`. */
+static loom_status feed_poisoned(loom_program *p, int width, long first, int n, int bad,
+				 float poison)
+{
+	float *x = malloc(sizeof(float) * (size_t)n * width);
+	int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+	for (int i = 0; i < n; i++) {
+		long idx = first + i;
+		for (int j = 0; j < width; j++)
+			x[i * width + j] = (float)sin(0.37 * idx + 1.3 * j) + (float)(idx % 3) * 0.1f;
+		y[i] = (int32_t)(idx % WORKER_CLASSES);
+	}
+	if (bad >= 0 && bad < n)
+		x[bad * width] = poison;
+	loom_status st = loom_set_input(p, "x", x, LOOM_F32, (size_t)n * width);
+	if (st == LOOM_OK)
+		st = loom_set_input(p, "y", y, LOOM_I32, (size_t)n);
+	free(x);
+	free(y);
+	return st;
+}
+
+static void drop(worker_model *m)
+{
+	loom_program_free(m->p);
+	loom_graph_free(m->g);
+}
+
+static loom_status feed_rows(loom_program *p, int width, long first, int n)
+{
+	return feed_poisoned(p, width, first, n, -1, 0);
+}
+
+static void pipe_opts(loom_compile_opts *o, loom_pg *pg, loom_opt_level lv, int stages, int micro,
+		      int sched)
+{
+	worker_opts(o, pg, lv, 0.05, 0.9);
+	o->pipeline_stages = stages;
+	o->micro_batches = micro;
+	o->schedule = sched;
+}
+
+static int sched_of(const char *s)
+{
+	return strcmp(s, "gpipe") == 0 ? LOOM_SCHEDULE_GPIPE : LOOM_SCHEDULE_1F1B;
+}
+
+/* One process, gradient accumulation over the same micro-batches. */
+static loom_status reference_step(worker_model *r, int width, int step, int micro)
+{
+	loom_status st = LOOM_OK;
+	for (int j = 0; j < micro && st == LOOM_OK; j++) {
+		st = feed_rows(r->p, width, (long)step * micro * B + j * B, B);
+		if (st == LOOM_OK)
+			st = loom_run(r->p, j < micro - 1 ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN);
+	}
+	return st;
+}
+
+static int equiv(loom_pg *pg, const char *model, const char *lv, const char *sched, int micro)
+{
+	worker_model m, r;
+	loom_value lo, lr;
+	loom_compile_opts o, ro;
+	loom_status st;
+	build(&m, model, &lo);
+	build(&r, model, &lr);
+	pipe_opts(&o, pg, level_of(lv), world, micro, sched_of(sched));
+	worker_opts(&ro, NULL, level_of(lv), 0.05, 0.9);
+	if ((st = loom_compile(m.g, m.loss, &o, &m.p)))
+		return worker_fail("compile (pipeline)", st, loom_last_error());
+	if ((st = loom_compile(r.g, r.loss, &ro, &r.p)))
+		return worker_fail("compile (one process)", st, loom_last_error());
+	double worst_loss = 0;
+	for (int s = 0; s < STEPS; s++) {
+		if ((st = feed_rows(m.p, m.width, (long)s * micro * B, micro * B)) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step (pipeline)", st, loom_program_error(m.p));
+		/* the reference's loss: the mean of its micro-batches' */
+		double sum = 0;
+		for (int j = 0; j < micro; j++) {
+			if ((st = feed_rows(r.p, r.width, (long)s * micro * B + j * B, B)) ||
+			    (st = loom_run(r.p, j < micro - 1 ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN)))
+				return worker_fail("step (one process)", st, loom_program_error(r.p));
+			sum += loom_loss(r.p);
+		}
+		double d = fabs(loom_loss(m.p) - sum / micro);
+		if (d > worst_loss)
+			worst_loss = d;
+	}
+	/* Parameters: read from the stage that owns each (collective). */
+	uint64_t hm = worker_param_hash(&m), hr = worker_param_hash(&r);
+	double rel = worker_param_rel_diff(&m, &r);
+	int moved = loom_step_count(m.p) == loom_step_count(r.p) && loom_step_count(r.p) > 10;
+	int ok = hm == hr && moved && worst_loss <= 1e-6;
+	printf("rank %d: %s equiv %s %s %s M %d world %d: %s to one process accumulating (max "
+	       "relative difference %.3g, loss %.3g apart), step %lld\n",
+	       rank, ok ? "OK" : "WRONG", model, lv, sched, micro, world,
+	       hm == hr ? "bit-identical" : "DIFFERENT", rel, worst_loss,
+	       (long long)loom_step_count(r.p));
+	loom_program_free(m.p);
+	loom_program_free(r.p);
+	loom_graph_free(m.g);
+	loom_graph_free(r.g);
+	return ok ? 0 : 1;
+}
+
+/* 2 stages x (world / 2) replicas against one process accumulating every
+ * replica's micro-batches: the same mean gradient, summed in another order
+ * (each stage's buckets all-reduced among its replicas), so equal to
+ * rounding: bounded at 1e-6 relative. */
+static int dpequiv(loom_pg *pg, const char *model, int micro)
+{
+	worker_model m, r;
+	loom_value lo, lr;
+	loom_compile_opts o, ro;
+	loom_status st;
+	int S = 2, reps = world / S, rep = rank / S;
+	build(&m, model, &lo);
+	build(&r, model, &lr);
+	pipe_opts(&o, pg, LOOM_O0, S, micro, LOOM_SCHEDULE_1F1B);
+	o.optim.momentum = 0;
+	worker_opts(&ro, NULL, LOOM_O0, 0.05, 0);
+	if ((st = loom_compile(m.g, m.loss, &o, &m.p)))
+		return worker_fail("compile (pipeline)", st, loom_last_error());
+	if ((st = loom_compile(r.g, r.loss, &ro, &r.p)))
+		return worker_fail("compile (one process)", st, loom_last_error());
+	int all = micro * reps;
+	for (int s = 0; s < STEPS; s++) {
+		long base = (long)s * all * B;
+		if ((st = feed_rows(m.p, m.width, base + (long)rep * micro * B, micro * B)) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step (pipeline)", st, loom_program_error(m.p));
+		for (int j = 0; j < all; j++)
+			if ((st = feed_rows(r.p, r.width, base + (long)j * B, B)) ||
+			    (st = loom_run(r.p, j < all - 1 ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN)))
+				return worker_fail("step (one process)", st, loom_program_error(r.p));
+	}
+	double rel = worker_param_rel_diff(&m, &r);
+	int ok = rel <= 1e-6 && loom_step_count(r.p) == STEPS;
+	printf("rank %d: %s dpequiv %s M %d stages 2 replicas %d: max relative difference %.3g to "
+	       "one process at the global batch\n", rank, ok ? "OK" : "WRONG", model, micro, reps, rel);
+	loom_program_free(m.p);
+	loom_program_free(r.p);
+	loom_graph_free(m.g);
+	loom_graph_free(r.g);
+	return ok ? 0 : 1;
+}
+
+/* Loss scaling across the stages (O2): step 3's second micro-batch has an
+ * input of 1e30 (inf in f16), so the gradients overflow; every rank skips
+ * that step and halves the scale, the same. */
+static int overflow(loom_pg *pg)
+{
+	worker_model m;
+	loom_value lo;
+	loom_compile_opts o;
+	mlp3(&m, 32, &lo);
+	pipe_opts(&o, pg, LOOM_O2, world, 2, LOOM_SCHEDULE_1F1B);
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	if (st)
+		return worker_fail("compile", st, loom_last_error());
+	for (int s = 0; s < 5; s++)
+		if ((st = feed_poisoned(m.p, m.width, s * 2L * B, 2 * B, s == 2 ? B : -1, 1e30f)) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(m.p));
+	loom_program_info in;
+	loom_program_info_get(m.p, &in);
+	double mine[3] = { (double)in.skipped_steps, in.loss_scale, (double)loom_step_count(m.p) };
+	int same = worker_same_everywhere(pg, loom_comm_hash(mine, sizeof(mine), 0)) == 1;
+	int ok = same && in.skipped_steps == 1 && in.loss_scale == 32768.0 && loom_step_count(m.p) == 4;
+	printf("rank %d: %s overflow: skipped %lld steps %lld scale %g, the same on every rank %d\n",
+	       rank, ok ? "OK" : "WRONG", (long long)in.skipped_steps,
+	       (long long)loom_step_count(m.p), in.loss_scale, same);
+	drop(&m);
+	return ok ? 0 : 1;
+}
+
+/* Rank 1 builds a wider hidden layer: compile fails everywhere. */
+static int mismatch(loom_pg *pg)
+{
+	worker_model m;
+	loom_value lo;
+	loom_compile_opts o;
+	mlp3(&m, rank == 1 ? 33 : 32, &lo);
+	pipe_opts(&o, pg, LOOM_O0, world, 2, LOOM_SCHEDULE_1F1B);
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	printf("rank %d: %s mismatch: %s: %s\n", rank, st == LOOM_ERR_MISMATCH ? "OK" : "WRONG",
+	       loom_status_string(st), loom_last_error());
+	drop(&m);
+	return st == LOOM_ERR_MISMATCH ? 0 : 1;
+}
+
+/* The last stage's rank dies after compiling: the others end with an error
+ * within the timeout. */
+static int kill_last(loom_pg *pg)
+{
+	worker_model m;
+	loom_value lo;
+	loom_compile_opts o;
+	mlp3(&m, 32, &lo);
+	pipe_opts(&o, pg, LOOM_O0, world, 2, LOOM_SCHEDULE_1F1B);
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	if (st)
+		return worker_fail("compile", st, loom_last_error());
+	if (rank == world - 1) {
+		fflush(stdout);
+		raise(SIGKILL);
+	}
+	st = LOOM_OK;
+	for (int s = 0; s < 3 && st == LOOM_OK; s++)
+		if ((st = feed_rows(m.p, m.width, s * 2L * B, 2 * B)) == LOOM_OK)
+			st = loom_run(m.p, LOOM_RUN_TRAIN);
+	printf("rank %d: %s kill: %s: %s\n", rank, st != LOOM_OK ? "OK" : "WRONG",
+	       loom_status_string(st), loom_program_error(m.p));
+	fflush(stdout);
+	/* MPI cannot finalise with a dead peer */
+	_exit(st != LOOM_OK ? 0 : 1);
+}
+
+/* The planner's activation slots: 1F1B holds at most S - stage
+ * micro-batches, GPipe all M. */
+static int memory(loom_pg *pg, int micro)
+{
+	size_t act[2];
+	for (int k = 0; k < 2; k++) {
+		worker_model m;
+		loom_value lo;
+		loom_compile_opts o;
+		build(&m, "cnn", &lo);
+		pipe_opts(&o, pg, LOOM_O0, world, micro, k ? LOOM_SCHEDULE_GPIPE : LOOM_SCHEDULE_1F1B);
+		o.memory_report = 1;
+		loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+		if (st)
+			return worker_fail("compile", st, loom_last_error());
+		loom_program_info in;
+		loom_program_info_get(m.p, &in);
+		act[k] = in.activation_bytes;
+		loom_program_free(m.p);
+		loom_graph_free(m.g);
+	}
+	int stage = rank % world, in_flight = world - stage < micro ? world - stage : micro;
+	/* 1F1B / GPipe = in flight / M exactly (the same slot size) */
+	int ok = act[0] * (size_t)micro == act[1] * (size_t)in_flight && act[0] > 0 &&
+		 act[0] * (size_t)micro <= act[1] * (size_t)world;
+	printf("rank %d: %s memory M %d stage %d: 1f1b %zu bytes, gpipe %zu bytes (ratio %.3f, "
+	       "stages/M %.3f)\n", rank, ok ? "OK" : "WRONG", micro, stage, act[0], act[1],
+	       (double)act[0] / (double)act[1], (double)world / micro);
+	return ok ? 0 : 1;
+}
+
+/* A user's cut: after the first relu, on an MLP; stage 0 then holds l1
+ * only. Checked by training: equal to one process as without a mark. */
+static int cut(loom_pg *pg)
+{
+	worker_model m, r;
+	loom_value lo, lr;
+	loom_compile_opts o, ro;
+	mlp3(&m, 32, &lo);
+	/* the first relu is node: x, w, b, linear, relu -> value 4 */
+	loom_stage_boundary(m.g, 4);
+	build(&r, "mlp", &lr);
+	pipe_opts(&o, pg, LOOM_O0, world, 2, LOOM_SCHEDULE_1F1B);
+	worker_opts(&ro, NULL, LOOM_O0, 0.05, 0.9);
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	if (st)
+		return worker_fail("compile (cut)", st, loom_last_error());
+	if ((st = loom_compile(r.g, r.loss, &ro, &r.p)))
+		return worker_fail("compile (one process)", st, loom_last_error());
+	for (int s = 0; s < 5; s++) {
+		if ((st = feed_rows(m.p, m.width, s * 2L * B, 2 * B)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(m.p));
+		if ((st = reference_step(&r, r.width, s, 2)))
+			return worker_fail("step (one process)", st, loom_program_error(r.p));
+	}
+	/* two marks for two stages: refused, naming the count */
+	worker_model bad;
+	loom_value lb;
+	mlp3(&bad, 32, &lb);
+	loom_stage_boundary(bad.g, 4);
+	loom_stage_boundary(bad.g, 7);
+	loom_program *bp = NULL;
+	st = loom_compile(bad.g, bad.loss, &o, &bp);
+	int refused = st == LOOM_ERR_INVALID && strstr(loom_last_error(), "2 values marked");
+	int same = worker_param_hash(&m) == worker_param_hash(&r);
+	printf("rank %d: %s cut: %s to one process; two marks: %s\n", rank,
+	       same && refused ? "OK" : "WRONG", same ? "bit-identical" : "DIFFERENT",
+	       loom_last_error());
+	loom_program_free(bp);
+	loom_graph_free(bad.g);
+	loom_program_free(m.p);
+	loom_program_free(r.p);
+	loom_graph_free(m.g);
+	loom_graph_free(r.g);
+	return same && refused ? 0 : 1;
+}
+
+/* EVAL through the stages: the logits of every micro-batch, on every rank,
+ * equal one process's EVAL micro-batch by micro-batch. */
+static int eval(loom_pg *pg, int micro)
+{
+	worker_model m, r;
+	loom_value lo, lr;
+	loom_compile_opts o, ro;
+	build(&m, "mlp", &lo);
+	build(&r, "mlp", &lr);
+	pipe_opts(&o, pg, LOOM_O0, world, micro, LOOM_SCHEDULE_1F1B);
+	worker_opts(&ro, NULL, LOOM_O0, 0.05, 0.9);
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	if (st || (st = loom_compile(r.g, r.loss, &ro, &r.p)))
+		return worker_fail("compile", st, loom_last_error());
+	for (int s = 0; s < 3; s++) {
+		if ((st = feed_rows(m.p, m.width, s * (long)micro * B, micro * B)) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(m.p));
+		if ((st = reference_step(&r, r.width, s, micro)))
+			return worker_fail("step (one process)", st, loom_program_error(r.p));
+	}
+	size_t n = (size_t)micro * B * WORKER_CLASSES;
+	double *a = malloc(sizeof(double) * n), *b = malloc(sizeof(double) * n);
+	if ((st = feed_rows(m.p, m.width, 1000, micro * B)) || (st = loom_run(m.p, LOOM_RUN_EVAL)) ||
+	    (st = loom_read_f64(m.p, lo, a, n)))
+		return worker_fail("eval", st, loom_program_error(m.p));
+	double loss = 0;
+	for (int j = 0; j < micro; j++) {
+		if ((st = feed_rows(r.p, r.width, 1000 + j * B, B)) || (st = loom_run(r.p, LOOM_RUN_EVAL)) ||
+		    (st = loom_read_f64(r.p, lr, b + (size_t)j * B * WORKER_CLASSES, B * WORKER_CLASSES)))
+			return worker_fail("eval (one process)", st, loom_program_error(r.p));
+		loss += loom_loss(r.p) / micro;
+	}
+	int same = memcmp(a, b, sizeof(double) * n) == 0 && fabs(loom_loss(m.p) - loss) <= 1e-6;
+	printf("rank %d: %s eval M %d: logits of %zu values %s, loss %.6f vs %.6f\n", rank,
+	       same ? "OK" : "WRONG", micro, n, same ? "bit-identical" : "DIFFERENT",
+	       loom_loss(m.p), loss);
+	free(a);
+	free(b);
+	loom_program_free(m.p);
+	loom_program_free(r.p);
+	loom_graph_free(m.g);
+	loom_graph_free(r.g);
+	return same ? 0 : 1;
+}
+
+/* Checkpoints: `psave PATH K STAGES` trains K steps (2 micro-batches; STAGES
+ * 1: plain data parallelism over the world) and saves (every rank calls
+ * loom_save; rank 0 writes); `pload PATH STAGES` loads and prints the
+ * parameters' hash and step, the same on every rank. */
+static int ckpt(loom_pg *pg, int save, const char *path, int k, int stages)
+{
+	worker_model m;
+	loom_value lo;
+	loom_compile_opts o;
+	mlp3(&m, 32, &lo);
+	if (stages > 1)
+		pipe_opts(&o, pg, LOOM_O2, stages, 2, LOOM_SCHEDULE_1F1B);
+	else
+		worker_opts(&o, pg, LOOM_O2, 0.05, 0.9);
+	o.optim.kind = LOOM_OPTIM_ADAMW;
+	o.optim.lr = 1e-3;
+	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+	if (st)
+		return worker_fail("compile", st, loom_last_error());
+	if (!save && (st = loom_load(m.p, path)))
+		return worker_fail("load", st, loom_program_error(m.p));
+	int rows = stages > 1 ? 2 * B : B;
+	for (int s = 0; save && s < k; s++)
+		if ((st = feed_rows(m.p, m.width, (long)s * 2 * B, rows)) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(m.p));
+	if (save && (st = loom_save(m.p, path)))
+		return worker_fail("save", st, loom_program_error(m.p));
+	uint64_t h = worker_param_hash(&m);
+	/* and it trains on from there */
+	if ((st = feed_rows(m.p, m.width, 500, rows)) || (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+		return worker_fail("step after", st, loom_program_error(m.p));
+	printf("rank %d: OK %s stages %d world %d step %lld hash %016llx\n", rank,
+	       save ? "psave" : "pload", stages, world, (long long)loom_step_count(m.p) - 1,
+	       (unsigned long long)h);
+	drop(&m);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	loom_pg *pg = NULL;
+	int lrc = loom_launch_maybe(&argc, argv);
+	if (lrc >= 0)
+		return lrc;
+	if (argc < 2) {
+		fprintf(stderr, "usage: pipe_worker equiv|mismatch|kill|memory|cut|eval ...\n");
+		return 2;
+	}
+	if (worker_init(&pg, &rank, &world))
+		return 1;
+	int rc;
+	const char *mode = argv[1];
+	if (strcmp(mode, "equiv") == 0 && argc >= 6)
+		rc = equiv(pg, argv[2], argv[3], argv[4], atoi(argv[5]));
+	else if (strcmp(mode, "dpequiv") == 0 && argc >= 4)
+		rc = dpequiv(pg, argv[2], atoi(argv[3]));
+	else if (strcmp(mode, "overflow") == 0)
+		rc = overflow(pg);
+	else if (strcmp(mode, "mismatch") == 0)
+		rc = mismatch(pg);
+	else if (strcmp(mode, "kill") == 0)
+		rc = kill_last(pg);
+	else if (strcmp(mode, "memory") == 0 && argc >= 3)
+		rc = memory(pg, atoi(argv[2]));
+	else if (strcmp(mode, "cut") == 0)
+		rc = cut(pg);
+	else if (strcmp(mode, "psave") == 0 && argc >= 5)
+		rc = ckpt(pg, 1, argv[2], atoi(argv[3]), atoi(argv[4]));
+	else if (strcmp(mode, "pload") == 0 && argc >= 4)
+		rc = ckpt(pg, 0, argv[2], 0, atoi(argv[3]));
+	else if (strcmp(mode, "eval") == 0 && argc >= 3)
+		rc = eval(pg, atoi(argv[2]));
+	else {
+		fprintf(stderr, "pipe_worker: unknown mode or missing arguments: %s\n", mode);
+		rc = 2;
+	}
+	loom_pg_free(pg);
+	return rc;
+}

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# tests/ddp/test_pipe.sh — pipeline stages (loom_compile_opts.pipeline_stages)
+# across real processes: 2 and 3 stages of M micro-batches end 20 steps with
+# the parameters of one process accumulating over the same micro-batches
+# (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
+# mpirun, env:// and the launcher; a user's cut; evaluation through the
+# stages; the planner's activation slots; a stage built from another graph
+# and a killed stage. Prints "N passed, N failed".
+set -u
+W=$1
+MNIST=${2:-}
+CIFAR=${3:-}
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
+mp_setup
+
+# Bit-identical: the same kernels on the same micro-batches, the gradients
+# summed over the micro-batches in the same order (ADD, ..., FOLD), one
+# update dividing by M, so no bound is needed.
+for n in 2 3; do
+	for model in mlp cnn; do
+		for lv in O0 O2; do
+			for sc in gpipe 1f1b; do
+				out=$("${MPIRUN[@]}" -np $n "$W" equiv $model $lv $sc 4 2>&1)
+				check "$n stages, $model $lv $sc, M 4: 20 steps bit-identical to 1 process accumulating" \
+					"$out" "OK equiv $model $lv $sc M 4 world $n: bit-identical" $n
+			done
+		done
+	done
+done
+out=$("${MPIRUN[@]}" -np 2 "$W" equiv mlp O0 1f1b 1 2>&1)
+check "2 stages, M 1: bit-identical to 1 process" "$out" "OK equiv mlp O0 1f1b M 1 world 2: bit-identical" 2
+out=$("${MPIRUN[@]}" -np 3 "$W" equiv mlp O0 1f1b 8 2>&1)
+check "3 stages, M 8 (more micro-batches than slots): bit-identical" "$out" \
+	"OK equiv mlp O0 1f1b M 8 world 3: bit-identical" 3
+out=$(envrun 2 equiv mlp O0 1f1b 4 2>&1)
+check "env:// 2 stages: bit-identical" "$out" "OK equiv mlp O0 1f1b M 4 world 2: bit-identical" 2
+out=$("$W" --nproc 2 equiv cnn O0 gpipe 4 2>&1)
+check "launcher 2 stages: bit-identical" "$out" "^\[rank [01]\] .*OK equiv cnn O0 gpipe M 4 world 2: bit-identical" 2
+
+# Pipeline and data parallel: 2 stages x 2 replicas (ranks 0, 2 are stage 0's).
+for model in mlp cnn; do
+	out=$("${MPIRUN[@]}" -np 4 "$W" dpequiv $model 4 2>&1)
+	check "2 stages x 2 replicas, $model: 1 process at the global batch within 1e-6" "$out" \
+		"OK dpequiv $model M 4 stages 2 replicas 2" 4
+done
+
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" overflow 2>&1)
+	check "O2, $n stages: an overflow in one micro-batch skips the step on every rank, same scale" \
+		"$out" "OK overflow: skipped 1 steps 4 scale 32768, the same on every rank 1" $n
+done
+
+out=$("${MPIRUN[@]}" -np 2 "$W" cut 2>&1)
+check "loom_stage_boundary: the user's cut trains as 1 process; 2 marks for 2 stages refused" \
+	"$out" "OK cut: bit-identical" 2
+check "the start-up table shows stage 0 holding l1 only (32x20 + 32 = 672 parameters)" \
+	"$out" "stage 0: [0-9]* nodes, 672 parameters" 1
+
+for m in 2 4; do
+	out=$("${MPIRUN[@]}" -np 2 "$W" eval $m 2>&1)
+	check "EVAL through 2 stages, M $m: logits and loss of 1 process" "$out" "OK eval M $m: .* bit-identical" 2
+done
+
+out=$("${MPIRUN[@]}" -np 2 "$W" memory 8 2>&1)
+check "planner: 1F1B's activations are (stages - stage)/M of GPipe's, <= stages/M" "$out" "OK memory M 8" 2
+check "--memory-report: each rank prints its planned peak before step 1" "$out" \
+	"rank [01] (stage [01], [0-9]* activation slots .*planned peak" 4
+
+# Checkpoints: the one file format whatever the strategy (O2, AdamW).
+hash_of() { sed -n "s/.*rank 0: OK $2 .* hash \([0-9a-f]*\).*/\1/p" <<<"$1" | head -1; }
+a=$("${MPIRUN[@]}" -np 2 "$W" psave "$tmp/p2.ckpt" 5 2 2>&1)
+check "pipeline save: every rank took part, step 5" "$a" "OK psave stages 2 world 2 step 5" 2
+h=$(hash_of "$a" psave)
+b=$("$W" pload "$tmp/p2.ckpt" 1 2>&1)
+check "resume a 2-stage checkpoint on 1 rank: its parameters, step 5" "$b" \
+	"OK pload stages 1 world 1 step 5 hash ${h:-none}" 1
+b=$("${MPIRUN[@]}" -np 2 "$W" pload "$tmp/p2.ckpt" 1 2>&1)
+check "resume a 2-stage checkpoint under plain DDP at 2 ranks" "$b" \
+	"OK pload stages 1 world 2 step 5 hash ${h:-none}" 2
+b=$("${MPIRUN[@]}" -np 3 "$W" pload "$tmp/p2.ckpt" 3 2>&1)
+check "resume a 2-stage checkpoint with another cut (3 stages)" "$b" \
+	"OK pload stages 3 world 3 step 5 hash ${h:-none}" 3
+a=$("$W" psave "$tmp/p1.ckpt" 5 1 2>&1)
+h=$(hash_of "$a" psave)
+b=$("${MPIRUN[@]}" -np 2 "$W" pload "$tmp/p1.ckpt" 2 2>&1)
+check "and back: a 1-rank checkpoint resumes on 2 stages" "$b" \
+	"OK pload stages 2 world 2 step 5 hash ${h:-none}" 2
+
+out=$("${MPIRUN[@]}" -np 2 "$W" mismatch 2>&1)
+check "a stage built from another graph: every rank fails naming the stage and node" "$out" \
+	"OK mismatch: .*rank 1: stage 0's node 1 param has f32 \[33, 20\], rank 0 has \[32, 20\]" 2
+
+out=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 2 "$W" kill 2>&1)
+check "a killed stage: the other stage ends with an error naming rank 1, within the timeout" \
+	"$out" "OK kill: .*rank 1 died" 1
+
+# The examples: --pipeline under the launcher, mpirun and env://; the same
+# model as one process accumulating over the same micro-batches (batch norm
+# per micro-batch in both), so the same test loss to the printed digit.
+if [ -n "$MNIST" ]; then
+	flags=(--device cpu --epochs 1 --log-interval 100 --batch-size 50 --max-steps 6)
+	want=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 25 --accumulate 2 \
+		--max-steps 12 2>&1 | sed -n 's/.*\(test loss [0-9.]*\).*/\1/p')
+	out=$("$MNIST" --nproc 2 --pipeline 2 "${flags[@]}" --checkpoint "$tmp/m.ckpt" 2>&1)
+	check "mnist_ddp --nproc 2 --pipeline 2: the stage table, one pipeline line" "$out" \
+		"^\[rank 0\] pipeline: 2 stages x 1 replicas, 2 micro-batches of 25, 1f1b schedule" 1
+	check "mnist_ddp --nproc 2 --pipeline 2: test loss of 1 process --accumulate 2 (${want:-none})" \
+		"$out" "^\[rank 0\] epoch 1 done: ${want:-none}," 1
+	out=$("${MPIRUN[@]}" -np 2 "$MNIST" --pipeline 2 --schedule gpipe "${flags[@]}" 2>&1)
+	check "mpirun -np 2 mnist_ddp --pipeline 2 --schedule gpipe: the same test loss" "$out" \
+		"^epoch 1 done: ${want:-none}," 1
+	port=$((port + 1))
+	for r in 0 1; do
+		RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 \
+			"$MNIST" --pipeline 2 "${flags[@]}" >"$tmp/env$r.out" 2>&1 &
+	done
+	wait
+	check "env:// mnist_ddp --pipeline 2: the same test loss" "$(cat "$tmp/env0.out")" \
+		"^epoch 1 done: ${want:-none}," 1
+	out=$("$MNIST" --device cpu --batch-size 50 --dry-run --memory-limit 1 2>&1)
+	check "--memory-limit 1: refused at compile with the planned peak" "$out" \
+		"needs more memory than --memory-limit allows: .*the planned peak of [0-9.]* MiB .* exceeds the memory limit of 1.00 MiB" 1
+	out=$("$MNIST" --nproc 2 --pipeline 2 --device cpu --batch-size 50 --dry-run --memory-limit 100 2>&1)
+	check "--memory-limit 100: 2 stages compile" "$out" "^\[rank 0\] pipeline: 2 stages" 1
+	# The graph is the micro-batch's (25): one process resumes at that batch,
+	# 300 images in.
+	out=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 25 --max-steps 14 \
+		--checkpoint "$tmp/m.ckpt" --resume 2>&1)
+	check "mnist_ddp: a --pipeline 2 checkpoint resumes on 1 rank, 300 images in" "$out" \
+		"resumed .* at step 12 (epoch 1, batch 12)" 1
+fi
+if [ -n "$CIFAR" ]; then
+	out=$("$CIFAR" --nproc 4 --pipeline 2 --micro-batches 8 --synthetic --train-images 160 \
+		--test-images 40 --width 8 --device cpu --batch-size 16 --epochs 1 --max-steps 3 \
+		--log-interval 1 2>&1)
+	check "cifar_ddp --nproc 4 --pipeline 2 --micro-batches 8: 2 stages x 2 replicas" "$out" \
+		"^\[rank 0\] pipeline: 2 stages x 2 replicas, 8 micro-batches of 2" 1
+	check "cifar_ddp 2 x 2: trains and evaluates through the stages" "$out" \
+		"^\[rank 0\] epoch 1 done: test loss [0-9.]*, test accuracy" 1
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
