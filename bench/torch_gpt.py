@@ -6,7 +6,7 @@ embeddings, learned positions, no dropout) built with the same shapes as
 gpt_ddp, trained on the same bytes in the same order (--sequential: batch k
 is windows k*B .. k*B+B-1 of the first nine tenths of the text, each window
 T+1 bytes starting at a multiple of T), AdamW with torch's defaults (betas
-0.9, 0.999, eps 1e-8) and decay on parameters of 2 or more dims, a linear
+0.9, 0.999, eps 1e-8) and decay on matrices (not embeddings), a linear
 warm-up then cosine decay to a tenth, gradient clipping by global norm.
 
 --init FILE writes the initial parameters (N(0, 0.02), residual projections
@@ -92,6 +92,8 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--embd", type=int, default=128)
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=256,
+                   help="table size (the ids are bytes; 50257 for GPT-2's shapes)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -117,7 +119,7 @@ def main():
     B, T = a.batch_size, a.context
     windows = (len(train) - 1) // T
 
-    m = GPT(256, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
+    m = GPT(a.vocab, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
     with torch.no_grad():
         for name, w in m.named_parameters():
             if w.dim() == 2:
@@ -127,8 +129,11 @@ def main():
         with open(a.init, "wb") as f:
             for w in m.loom_order():
                 f.write(w.detach().to(torch.float64).contiguous().numpy().tobytes())
-    decay = [w for w in m.parameters() if w.dim() >= 2]
-    rest = [w for w in m.parameters() if w.dim() < 2]
+    # Decay on matrices only: not the embeddings (wte, tied to the output
+    # projection, and wpe), biases or norms (loom_set_decay_matrices_only).
+    emb = {id(m.wte.weight), id(m.wpe.weight)}
+    decay = [w for w in m.parameters() if w.dim() >= 2 and id(w) not in emb]
+    rest = [w for w in m.parameters() if w.dim() < 2 or id(w) in emb]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=a.lr)
     fwd = torch.compile(m) if a.compile else m

@@ -31,6 +31,10 @@ typedef struct loom_param_slot {
 	size_t state_off[2]; /* plain plans: optimizer state in the state region
 			      * (SGD buf / Adam m, v); sharded plans: see pieces */
 	loom_dtype state_dtype;
+	/* A matrix: 2 or more dims and no embedding's table (a table tied to
+	 * an output projection stays an embedding); what the decay of
+	 * matrices only decays (not embeddings, biases, norms). */
+	int matrix;
 } loom_param_slot;
 
 /*

@@ -128,6 +128,22 @@ static loom_status pick_backend(loom_program *p)
 	return LOOM_OK;
 }
 
+/* Whether an embedding reads v (or a cast of it) as its table. */
+static int is_embedding_table(const loom_graph *g, int n_fwd, loom_value v)
+{
+	for (int u = 0; u < n_fwd; u++) {
+		const loom_node *nd = &g->nodes[u];
+		if (nd->op != LOOM_OP_EMBEDDING)
+			continue;
+		loom_value t = nd->src[1];
+		while (g->nodes[t].op == LOOM_OP_CAST)
+			t = g->nodes[t].src[0];
+		if (t == v)
+			return 1;
+	}
+	return 0;
+}
+
 /* Parameter slots and their optimizer state (momentum buffers, Adam m/v),
  * in f32 for half models (the master's dtype) and the param's dtype else. */
 static loom_status make_slots(loom_program *p)
@@ -151,6 +167,7 @@ static loom_status make_slots(loom_program *p)
 		s->grad = nd->grad;
 		s->master = nd->master;
 		s->numel = loom_shape_numel(&nd->shape);
+		s->matrix = nd->shape.ndim >= 2 && !is_embedding_table(g, p->plan.n_fwd, v);
 		s->state_dtype = nd->master != LOOM_NONE ? g->nodes[nd->master].dtype :
 			       (nd->dtype == LOOM_F64 ? LOOM_F64 : LOOM_F32);
 		size_t sz = ((size_t)s->numel * loom_dtype_size(s->state_dtype) + 63) & ~(size_t)63;

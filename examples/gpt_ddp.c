@@ -194,7 +194,12 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 
 /* The values one step reads and writes. */
 typedef struct gpt_model {
-	loom_value loss, logits;
+	loom_value loss;
+	/* The last layer norm's output [b, T, C] and the tied table [V, C]: the
+	 * sampler's logits, made on the host for the one position it needs (the
+	 * [b * T, V] logits are not kept: the loss's backward writes their
+	 * gradient over them, so one such buffer is all the plan holds). */
+	loom_value hidden, wte;
 	loom_value *matrices; /* weights that take decay and the scaled init */
 	int n_matrices;
 	loom_value *params;   /* every parameter, in creation order */
@@ -269,9 +274,11 @@ static int gpt_build(loom_graph *g, const gpt_cfg *c, int b, gpt_model *m)
 #undef NAME
 	}
 	x = layernorm(g, m, "transformer.ln_f", x, (int)C);
-	m->logits = loom_linear(g, x, wte, LOOM_NONE); /* tied: lm_head = wte */
-	m->loss = loom_softmax_cross_entropy(g, loom_reshape(g, m->logits, 2, lg), targets);
-	loom_mark_output(g, m->logits);
+	loom_value logits = loom_linear(g, x, wte, LOOM_NONE); /* tied: lm_head = wte */
+	m->loss = loom_softmax_cross_entropy(g, loom_reshape(g, logits, 2, lg), targets);
+	m->hidden = x;
+	m->wte = wte;
+	loom_mark_output(g, x);
 	return loom_graph_status(g) == LOOM_OK ? 0 : -1;
 }
 
@@ -473,17 +480,25 @@ static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_b
  * row 0 of the batch (a causal model: what follows a position does not
  * change its logits). Every rank runs it (EVAL runs are collective after
  * training); rank 0 prints. */
-static int sample(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_batch *bt)
+static int sample(train_run *t, const gpt_cfg *c, const gpt_model *m, const gpt_tokens *val,
+		  gpt_batch *bt)
 {
 	const int b = t->a.batch, T = c->context, V = c->vocab;
 	int len = T / 4 < 16 ? (T < 16 ? T : 16) : T / 4;
 	uint64_t s = t->a.seed + 12345;
 	int32_t *text = malloc(sizeof(int32_t) * (size_t)(len + c->sample));
-	float *logits = malloc(sizeof(float) * (size_t)b * T * V);
+	const int C = c->embd;
+	float *hidden = malloc(sizeof(float) * (size_t)b * T * C);
+	float *wte = malloc(sizeof(float) * (size_t)V * C);
+	float *z = malloc(sizeof(float) * (size_t)V);
 	double *prob = malloc(sizeof(double) * (size_t)V);
 	int rc = -1;
-	if (!text || !logits || !prob)
+	if (!text || !hidden || !wte || !z || !prob)
 		goto out;
+	if (loom_read(t->p, m->wte, wte, (size_t)V * C) != LOOM_OK) {
+		fprintf(stderr, "gpt_ddp: sampling: %s\n", loom_program_error(t->p));
+		goto out;
+	}
 	memcpy(text, val->ids, sizeof(int32_t) * (size_t)len);
 	memset(bt->ids, 0, sizeof(int32_t) * (size_t)b * T);
 	for (int k = 0; k < b * T; k++)
@@ -493,11 +508,17 @@ static int sample(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_bat
 		memcpy(bt->ids, text + from, sizeof(int32_t) * (size_t)here);
 		memcpy(bt->targets, bt->ids, sizeof(int32_t) * (size_t)b * T);
 		if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK ||
-		    loom_read(t->p, t->logits, logits, (size_t)b * T * V) != LOOM_OK) {
+		    loom_read(t->p, m->hidden, hidden, (size_t)b * T * C) != LOOM_OK) {
 			fprintf(stderr, "gpt_ddp: sampling: %s\n", loom_program_error(t->p));
 			goto out;
 		}
-		const float *z = logits + (size_t)(here - 1) * V;
+		const float *h = hidden + (size_t)(here - 1) * C;
+		for (int k = 0; k < V; k++) {
+			double dot = 0;
+			for (int j = 0; j < C; j++)
+				dot += (double)h[j] * wte[(size_t)k * C + j];
+			z[k] = (float)dot;
+		}
 		int best = 0;
 		for (int k = 1; k < V; k++)
 			best = z[k] > z[best] ? k : best;
@@ -534,7 +555,9 @@ static int sample(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_bat
 	rc = 0;
 out:
 	free(text);
-	free(logits);
+	free(hidden);
+	free(wte);
+	free(z);
 	free(prob);
 	return rc;
 }
@@ -672,7 +695,7 @@ int main(int argc, char **argv)
 		 c.layers, c.heads, c.embd, T, c.vocab,
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
 		 (long long)train.n, (long long)val.n, c.clip);
-	switch (train_compile(&t, g, m.loss, m.logits, c.vocab, what)) {
+	switch (train_compile(&t, g, m.loss, LOOM_NONE, c.vocab, what)) {
 	case 0: break;
 	case 1: rc = 0; goto out; /* --dry-run */
 	default: goto out;
@@ -781,7 +804,7 @@ int main(int argc, char **argv)
 			printf("saved %s (step %lld)\n", a->checkpoint, (long long)step + 1);
 		}
 	}
-	if (c.sample > 0 && c.vocab == 256 && sample(&t, &c, &val, &bt))
+	if (c.sample > 0 && c.vocab == 256 && sample(&t, &c, &m, &val, &bt))
 		goto out;
 	rc = 0;
 out:

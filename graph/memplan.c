@@ -9,7 +9,9 @@
  *   buckets      data parallelism's gradients, at their buckets' places;
  *   persistent   leaves, gradients and outputs, laid out once, never reused;
  *   activations  every other owner lives from the step that writes it to
- *                its last reader; a best-fit allocator reuses dead space.
+ *                its last reader; a best-fit allocator reuses dead space;
+ *                an in-place op's value takes over its dying source's bytes
+ *                (kept when that plans no larger than without).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +137,7 @@ typedef struct planner {
 	 * position (CSR): dead[dead_at[i] .. dead_at[i + 1]). */
 	int *dead_at;
 	loom_value *dead;
+	int inplace_on; /* place_activations may write in place (LOOM_OPF_INPLACE) */
 } planner;
 
 /* ---------------------------------------------------------------- schedule */
@@ -285,14 +288,42 @@ static size_t place_persistent(planner *pl)
 }
 
 /*
+ * The source whose bytes node v (at position i) may write its own value
+ * over: an op flagged LOOM_OPF_INPLACE, its src[0]'s owner an activation
+ * read for the last time at i, not yet taken over, of v's dtype and size.
+ * LOOM_NONE otherwise.
+ */
+static loom_value inplace_source(const planner *pl, loom_value v, int i)
+{
+	const loom_graph *g = pl->g;
+	const loom_node *nd = &g->nodes[v];
+	if (!pl->inplace_on || !(loom_op_defs[nd->op]->flags & LOOM_OPF_INPLACE) || nd->nsrc < 1 ||
+	    nd->made_by != LOOM_NONE)
+		return LOOM_NONE;
+	loom_value s = pl->mp->root[nd->src[0]];
+	if (!is_act_owner(pl, s) || pl->last[s] != i || pl->mp->inplace[s] == s ||
+	    g->nodes[s].dtype != nd->dtype || value_bytes(g, s) != value_bytes(g, v))
+		return LOOM_NONE;
+	return s;
+}
+
+/*
  * Activation region: each step places what it writes (its own value and
  * its siblings'), then releases the owners read for the last time. Placing
- * before releasing means a node never writes over what it reads: kernels
- * need not care whether their output aliases an input.
+ * before releasing means a node never writes over what it reads, so
+ * kernels need not care whether their output aliases an input; except an
+ * op flagged LOOM_OPF_INPLACE, whose value takes its dying source's bytes
+ * (the source is then not released: its bytes live on as the value's).
+ * mp->inplace[s] == s marks a source taken over.
  */
 static loom_status place_activations(planner *pl, allocator *a)
 {
 	loom_memplan *mp = pl->mp;
+	a->nfree = 0;
+	a->top = 0;
+	mp->act_naive_bytes = 0;
+	for (int v = 0; v < pl->n; v++)
+		mp->inplace[v] = LOOM_NONE;
 	for (int i = 0; i < pl->n; i++) {
 		loom_value v = mp->schedule[i];
 		if (pl->made_at[v] == i) {
@@ -301,18 +332,60 @@ static loom_status place_activations(planner *pl, allocator *a)
 				if (!is_act_owner(pl, w))
 					continue;
 				size_t sz = value_bytes(pl->g, w);
+				loom_value s = w == v ? inplace_source(pl, v, i) : LOOM_NONE;
 				mp->region[w] = LOOM_REGION_ACT;
-				mp->offset[w] = alloc_take(a, sz);
 				mp->act_naive_bytes += sz;
+				if (s != LOOM_NONE) {
+					mp->offset[w] = mp->offset[s];
+					mp->inplace[w] = s;
+					mp->inplace[s] = s;
+				} else {
+					mp->offset[w] = alloc_take(a, sz);
+				}
 			}
 		}
 		for (int k = pl->dead_at[i]; k < pl->dead_at[i + 1]; k++) {
 			loom_value d = pl->dead[k];
+			if (mp->inplace[d] == d)
+				continue; /* its bytes are its in-place successor's now */
 			if (alloc_give(a, mp->offset[d], value_bytes(pl->g, d)))
 				return LOOM_ERR_NOMEM;
 		}
 	}
+	/* Only the successors' entries stay: a taken-over source is LOOM_NONE. */
+	for (int v = 0; v < pl->n; v++)
+		if (mp->inplace[v] == v)
+			mp->inplace[v] = LOOM_NONE;
 	return LOOM_OK;
+}
+
+/*
+ * Places the activations with in-place writes and, when any was taken,
+ * also without; keeps the smaller region (in place on a tie). Writing in
+ * place never adds live bytes, but the merged value is placed where its
+ * source was, early, and best fit can then leave a hole later: a GPT whose
+ * peak is elsewhere than its loss can plan smaller without. At a large
+ * vocabulary the loss is the peak and in place wins by a [B*T, V] buffer.
+ */
+static loom_status place_activations_best(planner *pl, allocator *a)
+{
+	loom_status st;
+	int any = 0;
+	pl->inplace_on = 1;
+	if ((st = place_activations(pl, a)) != LOOM_OK)
+		return st;
+	for (int v = 0; v < pl->n && !any; v++)
+		any = pl->mp->inplace[v] != LOOM_NONE;
+	if (!any)
+		return LOOM_OK;
+	size_t with = a->top;
+	pl->inplace_on = 0;
+	if ((st = place_activations(pl, a)) != LOOM_OK)
+		return st;
+	if (a->top < with)
+		return LOOM_OK;
+	pl->inplace_on = 1;
+	return place_activations(pl, a);
 }
 
 /* Aliases take their owner's place. */
@@ -333,14 +406,17 @@ static loom_status plan_alloc(loom_memplan *mp, planner *pl, int n)
 	mp->offset = calloc(m, sizeof(size_t));
 	mp->region = calloc(m, 1);
 	mp->root = malloc(sizeof(loom_value) * m);
+	mp->inplace = malloc(sizeof(loom_value) * m);
 	mp->sibling = malloc(sizeof(loom_value) * m);
 	mp->sibling_next = malloc(sizeof(loom_value) * m);
 	pl->pos = malloc(sizeof(int) * m);
 	pl->made_at = malloc(sizeof(int) * m);
 	pl->last = malloc(sizeof(int) * m);
-	if (!mp->schedule || !mp->offset || !mp->region || !mp->root || !mp->sibling ||
-	    !mp->sibling_next || !pl->pos || !pl->made_at || !pl->last)
+	if (!mp->schedule || !mp->offset || !mp->region || !mp->root || !mp->inplace ||
+	    !mp->sibling || !mp->sibling_next || !pl->pos || !pl->made_at || !pl->last)
 		return LOOM_ERR_NOMEM;
+	for (int v = 0; v < n; v++)
+		mp->inplace[v] = LOOM_NONE;
 	return LOOM_OK;
 }
 
@@ -371,7 +447,7 @@ loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *or
 	if ((st = death_lists(&pl)) != LOOM_OK)
 		goto out_free;
 	mp->persist_bytes = place_persistent(&pl);
-	if ((st = place_activations(&pl, &a)) != LOOM_OK)
+	if ((st = place_activations_best(&pl, &a)) != LOOM_OK)
 		goto out_free;
 	resolve_aliases(mp, g->n);
 	mp->act_bytes = a.top;
@@ -408,6 +484,7 @@ void loom_memplan_free(loom_memplan *mp)
 	free(mp->offset);
 	free(mp->region);
 	free(mp->root);
+	free(mp->inplace);
 	free(mp->sibling);
 	free(mp->sibling_next);
 	memset(mp, 0, sizeof(*mp));

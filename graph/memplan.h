@@ -43,6 +43,10 @@ typedef struct loom_memplan {
 	size_t *offset;        /* per value: byte offset inside its region */
 	unsigned char *region; /* per value: its loom_region_id */
 	loom_value *root;      /* per value: the value owning its storage (views alias) */
+	/* per value: the activation owner whose bytes it took over, written in
+	 * place (LOOM_OPF_INPLACE: that owner dies where this value is made);
+	 * LOOM_NONE for the others */
+	loom_value *inplace;
 	size_t persist_bytes;  /* regions[LOOM_REGION_PERSIST].bytes */
 	size_t act_bytes;      /* regions[LOOM_REGION_ACT].bytes: activations, with reuse */
 	size_t act_naive_bytes; /* activations, one buffer each */

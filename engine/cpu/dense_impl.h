@@ -97,12 +97,16 @@ void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd)(int n, int classes, const T *logits,
 	for (int i = 0; i < n; i++) {
 		const T *row = logits + (int64_t)i * classes;
 		T *out = dlogits + (int64_t)i * classes;
+		/* dlogits may be logits (LOOM_OPF_INPLACE): the label's logit is
+		 * read before its place is written. */
+		int lab = labels[i];
+		T at_label = lab >= 0 && lab < classes ? row[lab] : 0;
 		double lse = LOOM_CPU_FN(ce_logsumexp)(classes, row);
 		for (int j = 0; j < classes; j++)
 			out[j] = (T)(exp(row[j] - lse) * g);
 		/* The forward rejected bad labels; a bad one here only loses its
 		 * one-hot term instead of writing out of bounds. */
-		if (labels[i] >= 0 && labels[i] < classes)
-			out[labels[i]] = (T)((exp(row[labels[i]] - lse) - 1) * g);
+		if (lab >= 0 && lab < classes)
+			out[lab] = (T)((exp(at_label - lse) - 1) * g);
 	}
 }

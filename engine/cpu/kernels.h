@@ -87,7 +87,7 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
 	/* and writes nothing if a label is out of range (its index in *bad).       */ \
 	int loom_cpu_softmax_ce_fwd_##SFX(int n, int classes, const T *logits,          \
 					  const int32_t *labels, T *loss, int *bad);    \
-	/* dlogits = (softmax - onehot) * dloss / n */                                  \
+	/* dlogits = (softmax - onehot) * dloss / n; dlogits may be logits */         \
 	void loom_cpu_softmax_ce_bwd_##SFX(int n, int classes, const T *logits,         \
 					   const int32_t *labels, const T *dloss,       \
 					   T *dlogits);                                 \

@@ -184,7 +184,7 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	j.pack = pc->pack ? a->bucket + pc->pack_off : NULL;
 	j.t = ts->step + 1;
 	j.lr = ts->lr;
-	j.wd = ts->decay_matrices_only && j.pn->shape.ndim < 2 ? 0 : j.o->weight_decay;
+	j.wd = ts->decay_matrices_only && !sl->matrix ? 0 : j.o->weight_decay;
 	loom_cpu_team_for((pc->n + CHUNK - 1) / CHUNK,
 			  pc->n > 4 * CHUNK ? loom_cpu_team_threads() : 1, piece_chunks, &j);
 }

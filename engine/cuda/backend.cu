@@ -331,6 +331,7 @@ static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 		slots[s].param_dt = p->g->nodes[sl->param].dtype;
 		slots[s].grad_dt = p->g->nodes[sl->grad].dtype;
 		slots[s].state_dt = sl->state_dtype;
+		slots[s].matrix = sl->matrix;
 		for (int64_t off = 0; off < sl->numel; off += LOOM_CUDA_OPT_CHUNK) {
 			chunks[k].slot = s;
 			chunks[k].off = off;
@@ -366,7 +367,8 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	for (int s = 0; s < p->n_params; s++)
 		c->n_chunks += (int)((p->params[s].numel + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
-	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks. */
+	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks
+	 * | the chunks' norm parts. */
 	size_t o_bucket = loom_cuda_align(p->mp.persist_bytes);
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
@@ -374,7 +376,8 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	size_t o_ctl = o_state + loom_cuda_align(p->state_bytes);
 	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
 	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_params);
-	size_t total = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
+	size_t o_norm = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
+	size_t total = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
 
 	st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
@@ -389,6 +392,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->ctl = (loom_cuda_ctl *)(c->base + o_ctl);
 	c->d_slots = (loom_cuda_opt_slot *)(c->base + o_slots);
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->base + o_chunks);
+	c->d_norm_parts = (double *)(c->base + o_norm);
 
 	/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32,
 	 * f16 and bf16, so an element no kernel writes cannot pass a test. The
@@ -622,6 +626,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 		return st;
 	ts->scaler = c->host_scaler = h.scaler;
 	ts->step = c->host_step = h.step;
+	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
 		return report_bad_label(c, p, &h);
 	return LOOM_OK;
@@ -704,7 +709,9 @@ static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value 
 		const loom_node *n = &p->g->nodes[w];
 		if (w != v && !loom_cuda_plan_makes(&c->plans[v], w))
 			continue;
-		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w)
+		/* A value written in place over its source would poison the source. */
+		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w ||
+		    p->mp.inplace[w] != LOOM_NONE)
 			continue;
 		st = LOOM_CUDA_CHECK(cudaMemsetAsync(loom_arena_ptr(c->arena, p, w), 0xff,
 						     loom_plan_value_bytes(p, w), c->stream),
@@ -829,7 +836,8 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 				 "[%d, %d) of %d", first, last, p->n_pieces);
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
-	return loom_cuda_optim_launch(c, p, ts->lr, ts->micro, c->stream);
+	return loom_cuda_optim_launch(c, p, ts->lr, ts->micro, ts->clip_grad,
+				      ts->decay_matrices_only, c->stream);
 }
 
 static void *cuda_stream_handle(void *ctx, loom_stream s)
@@ -889,7 +897,7 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS,
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,

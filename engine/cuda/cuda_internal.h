@@ -50,6 +50,7 @@ typedef struct loom_cuda_ctl {
 	int32_t ce_row;      /* its first bad row (atomicMin), INT32_MAX if none */
 	int32_t first_nonfinite; /* diagnose: first node with inf/NaN, or -1 */
 	int32_t pad_;
+	double grad_norm;    /* clipping: the last update's global norm */
 } loom_cuda_ctl;
 
 /* One chunk of one parameter for the fused optimizer kernels. */
@@ -67,7 +68,7 @@ typedef struct loom_cuda_opt_slot {
 	void *st0, *st1;
 	int64_t numel;
 	int32_t param_dt, grad_dt, state_dt;
-	int32_t pad_;
+	int32_t matrix; /* loom_param_slot.matrix: decayed under decay_matrices_only */
 } loom_cuda_opt_slot;
 
 /* A source cast into workspace before a library call (dtype mismatch). */
@@ -140,6 +141,7 @@ typedef struct loom_cuda_ctx {
 	loom_cuda_opt_slot *d_slots;
 	loom_cuda_opt_chunk *d_chunks;
 	int n_chunks;
+	double *d_norm_parts; /* clipping: each chunk's sum of squares, in the arena */
 
 	unsigned char *pinned; /* upload staging, two halves */
 	size_t pinned_half;
@@ -338,7 +340,7 @@ loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int class
 /* optim.cu: the fused check, decision and update over every parameter
  * (errors into c->err). */
 loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-				   int micro, cudaStream_t s);
+				   int micro, double clip, int matrices_only, cudaStream_t s);
 }
 
 /* ------------------------------------------------------------ libraries */
@@ -348,6 +350,26 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
+
+/*
+ * matmul_cublaslt.cu: C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch,
+ * row-major as loom stores them (op(A) [m, k], op(B) [k, n], C [m, n]), each
+ * operand at its row stride (ld) and batch stride (elements), A and B of
+ * type abt, C of type ct, fp32 accumulation: attention's per-head products
+ * over the fused qkv without copies. Descriptors are made per call, with
+ * no library workspace. done says whether cuBLASLt had an algorithm (the
+ * caller falls back to its own kernel when not).
+ */
+typedef struct loom_cuda_gemm {
+	int ta, tb, m, n, k, batch;
+	float alpha, beta;
+	const void *a, *b;
+	void *c;
+	int lda, ldb, ldc;
+	int64_t sa, sb, sc;
+	cudaDataType_t abt, ct;
+} loom_cuda_gemm;
+loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, int *done);
 
 /* conv_cudnn.cu: CONV2D and its two backward nodes. */
 loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,

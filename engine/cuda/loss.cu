@@ -64,7 +64,9 @@ __global__ void loom_ce_mean_kernel(int n, const double *row_ws, void *loss, int
 		loom_st(loss, lossdt, 0, (float)(n > 0 ? s / n : 0));
 }
 
-/* One block per row. */
+/* One block per row. dlogits may be logits (LOOM_OPF_INPLACE): the block
+ * has read its row for the logsumexp before the reduction's last barrier,
+ * and each thread then reads element j before it writes it. */
 __global__ void loom_ce_bwd_kernel(int n, int classes, const void *logits, int ldt,
 				   const int32_t *labels, const void *dloss, int dldt,
 				   void *dlogits, int dxdt)

@@ -50,6 +50,26 @@ static loom_status set_attr(loom_cuda_ctx *c, cublasLtMatmulDesc_t d,
 	return LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, val, sz), c->err, sizeof(c->err));
 }
 
+/* The heuristic's limits: at most ws_max bytes of workspace, operands
+ * aligned to align bytes (the heuristic's default assumes 256). */
+static loom_status set_prefs(loom_cuda_ctx *c, cublasLtMatmulPreference_t pref, size_t ws_max,
+			     uint32_t align)
+{
+	loom_status st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+						   pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+						   &ws_max, sizeof(ws_max)),
+					   c->err, sizeof(c->err));
+	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+	};
+	for (int i = 0; i < 4 && st == LOOM_OK; i++)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
+									     sizeof(align)),
+				       c->err, sizeof(c->err));
+	return st;
+}
+
 /* Descriptors for epilogue epi and the heuristic's first algorithm; found
  * says whether there was one. */
 static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
@@ -98,22 +118,9 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	size_t ws_max = LOOM_CUDA_LT_WS;
 	/* Arena values are 64-byte aligned (graph/memplan.c), staged copies
 	 * 256; 16 is what every algorithm may rely on. */
-	uint32_t align = 16;
-	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-				       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max,
-				       sizeof(ws_max)),
-			       c->err, sizeof(c->err));
-	const cublasLtMatmulPreferenceAttributes_t aligns[] = {
-		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-	};
-	for (int i = 0; i < 4 && st == LOOM_OK; i++)
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align,
-									     sizeof(align)),
-				       c->err, sizeof(c->err));
+	st = set_prefs(c, pref, LOOM_CUDA_LT_WS, 16);
 	if (st == LOOM_OK)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
 								      mp->c, mp->c, pref, 1, &res,
@@ -276,4 +283,106 @@ loom_status loom_cuda_op_matmul(loom_cuda_ctx *c, const loom_plan *plan, loom_va
 				const loom_cuda_io *io)
 {
 	return mm_entry(c, plan, v, io);
+}
+
+// ----------------------------------------------------------------------------
+// strided-batched products (attention)
+
+/* The largest power of two, at most 256, that divides every x[i]: the
+ * alignment the heuristic may rely on (its default assumes 256). */
+static uint32_t common_align(const uint64_t *x, int n)
+{
+	uint32_t a = 256;
+	for (int i = 0; i < n; i++)
+		while (a > 1 && x[i] % a)
+			a >>= 1;
+	return a;
+}
+
+static loom_status batched_layout(loom_cuda_ctx *c, cublasLtMatrixLayout_t *l, cudaDataType_t dt,
+				  int rows, int cols, int ld, int batch, int64_t stride)
+{
+	loom_status st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, dt, rows, cols, ld),
+					   c->err, sizeof(c->err));
+	if (st != LOOM_OK || batch <= 1)
+		return st;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+								 &batch, sizeof(batch)),
+			       c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+					       *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+					       sizeof(stride)),
+				       c->err, sizeof(c->err));
+	return st;
+}
+
+static size_t cuda_type_size(cudaDataType_t t)
+{
+	return t == CUDA_R_32F ? 4 : 2;
+}
+
+loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, int *done)
+{
+	cublasLtMatmulDesc_t desc = NULL;
+	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasLtMatmulHeuristicResult_t res;
+	int returned = 0;
+	loom_status st;
+	/* Row-major to column-major as in plan_with: cuBLAS's A is loom's B. */
+	cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasOperation_t opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	const size_t ab = cuda_type_size(g->abt), cb = cuda_type_size(g->ct);
+	const uint64_t addrs[6] = {
+		(uint64_t)(uintptr_t)g->a, (uint64_t)(uintptr_t)g->b, (uint64_t)(uintptr_t)g->c,
+		(uint64_t)g->sa * ab,      (uint64_t)g->sb * ab,      (uint64_t)g->sc * cb,
+	};
+	uint32_t align = common_align(addrs, g->batch > 1 ? 6 : 3);
+
+	*done = 0;
+	if (g->batch <= 0 || g->m <= 0 || g->n <= 0)
+		return LOOM_OK;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+			       c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = set_attr(c, desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+	if (st == LOOM_OK)
+		st = set_attr(c, desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+	if (st == LOOM_OK)
+		st = batched_layout(c, &la, g->abt, g->tb ? g->k : g->n, g->tb ? g->n : g->k, g->ldb,
+				    g->batch, g->sb);
+	if (st == LOOM_OK)
+		st = batched_layout(c, &lb, g->abt, g->ta ? g->m : g->k, g->ta ? g->k : g->m, g->lda,
+				    g->batch, g->sa);
+	if (st == LOOM_OK)
+		st = batched_layout(c, &lc, g->ct, g->n, g->m, g->ldc, g->batch, g->sc);
+	if (st == LOOM_OK)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
+	/* No library workspace: the node's ws holds its own scores. */
+	if (st == LOOM_OK)
+		st = set_prefs(c, pref, 0, align);
+	if (st == LOOM_OK)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref,
+								      1, &res, &returned),
+				       c->err, sizeof(c->err));
+	if (st == LOOM_OK && returned > 0) {
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, desc, &g->alpha, g->b, la, g->a, lb,
+						      &g->beta, g->c, lc, g->c, lc, &res.algo, NULL, 0,
+						      c->stream),
+				       c->err, sizeof(c->err));
+		*done = st == LOOM_OK;
+	}
+	/* Destroyed whatever happened; an earlier failure keeps its message. */
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	if (lc)
+		cublasLtMatrixLayoutDestroy(lc);
+	if (lb)
+		cublasLtMatrixLayoutDestroy(lb);
+	if (la)
+		cublasLtMatrixLayoutDestroy(la);
+	if (desc)
+		cublasLtMatmulDescDestroy(desc);
+	return st;
 }

@@ -4,8 +4,11 @@
  * every gradient for inf/NaN, (2) one thread runs the loss-scale update on
  * the device copy of the scaler and decides whether to apply, (3) unscale
  * each gradient as it updates the fp32 value (the O2 master, or the
- * parameter) with SGD or AdamW and rounds half copies. The host never waits:
- * the decision stays on the device. CPU twins: engine/cpu/optim.c (the
+ * parameter) with SGD or AdamW and rounds half copies; clipping by global
+ * norm adds two launches before the update (each chunk's sum of squares,
+ * then one block sums them in chunk order and folds the coefficient into
+ * the unscale); decay on matrices only reads each slot's matrix flag. The
+ * host never waits: the decision stays on the device. CPU twins: engine/cpu/optim.c (the
  * update, in double as there) and amp/scaler.h (loom_scaler_update_inline,
  * the same function on both sides).
  */
@@ -59,10 +62,56 @@ __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int worl
 	ctl->apply = apply;
 }
 
+/* Clipping, one block per chunk (grid-stride): the chunk's sum of squares
+ * of its unscaled gradients into parts[ci]. Nothing on a skipped step. */
+__global__ void loom_opt_sumsq_kernel(const loom_cuda_opt_slot *slots,
+				      const loom_cuda_opt_chunk *chunks, int n_chunks,
+				      double *parts, const loom_cuda_ctl *ctl)
+{
+	if (!ctl->apply)
+		return;
+	const double inv = ctl->inv_scale;
+	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
+		if (end > sl.numel)
+			end = sl.numel;
+		double s = 0;
+		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x) {
+			double g = (double)loom_ld(sl.grad, sl.grad_dt, i) * inv;
+			s += g * g;
+		}
+		s = loom_block_sum(s);
+		if (threadIdx.x == 0)
+			parts[ci] = s;
+	}
+}
+
+/* Clipping, one block: the global norm from the parts (summed in a fixed
+ * order, the same every step), torch's clip_grad_norm_ coefficient folded
+ * into the unscale as engine/cpu/optim.c does. */
+__global__ void loom_opt_clip_kernel(int n_chunks, const double *parts, double max_norm,
+				     loom_cuda_ctl *ctl)
+{
+	if (!ctl->apply)
+		return;
+	double s = 0;
+	for (int i = threadIdx.x; i < n_chunks; i += blockDim.x)
+		s += parts[i];
+	s = loom_block_sum(s);
+	if (threadIdx.x == 0) {
+		double norm = sqrt(s), coef = max_norm / (norm + 1e-6);
+		ctl->grad_norm = norm;
+		if (coef < 1)
+			ctl->inv_scale *= coef;
+	}
+}
+
 /* update_chunk of engine/cpu/optim.c for one element, in double. */
 __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				       const loom_cuda_opt_chunk *chunks, int n_chunks,
-				       loom_optim_opts o, double lr, const loom_cuda_ctl *ctl)
+				       loom_optim_opts o, double lr, int matrices_only,
+				       const loom_cuda_ctl *ctl)
 {
 	if (!ctl->apply)
 		return;
@@ -79,12 +128,13 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 		if (end > sl.numel)
 			end = sl.numel;
 		void *wp = sl.master ? sl.master : sl.param;
+		const double wd = matrices_only && !sl.matrix ? 0 : o.weight_decay;
 		const int wdt = sl.master ? LOOM_F32 : sl.param_dt;
 		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x) {
 			double w = loom_ld(wp, wdt, i);
 			double g = (double)loom_ld(sl.grad, sl.grad_dt, i) * inv;
 			if (o.kind == LOOM_OPTIM_SGD) {
-				double d = g + o.weight_decay * w;
+				double d = g + wd * w;
 				if (o.momentum > 0) {
 					double s0 = t == 1 ? d :
 						    o.momentum * loom_ld(sl.st0, sl.state_dt, i) +
@@ -94,7 +144,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				}
 				w -= lr * d;
 			} else {
-				w *= 1 - lr * o.weight_decay;
+				w *= 1 - lr * wd;
 				double s0 = o.beta1 * loom_ld(sl.st0, sl.state_dt, i) + (1 - o.beta1) * g;
 				double s1 = o.beta2 * loom_ld(sl.st1, sl.state_dt, i) +
 					    (1 - o.beta2) * g * g;
@@ -116,7 +166,8 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 static const int threads = 256;
 
 extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
-						 int micro, cudaStream_t s)
+						 int micro, double clip, int matrices_only,
+						 cudaStream_t s)
 {
 	loom_status st;
 	unsigned blocks = c->n_chunks < 65535 ? (unsigned)(c->n_chunks > 0 ? c->n_chunks : 1) : 65535;
@@ -132,7 +183,18 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 		return st;
 	if (c->n_chunks == 0)
 		return LOOM_OK;
+	if (clip > 0) {
+		loom_opt_sumsq_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
+								  c->n_chunks, c->d_norm_parts,
+								  c->ctl);
+		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+			return st;
+		loom_opt_clip_kernel<<<1, 1024, 0, s>>>(c->n_chunks, c->d_norm_parts, clip, c->ctl);
+		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+			return st;
+	}
 	loom_opt_update_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
-							   p->opts.optim, lr, c->ctl);
+							   p->opts.optim, lr, matrices_only,
+							   c->ctl);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }

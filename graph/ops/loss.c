@@ -53,9 +53,12 @@ const loom_op_def loom_op_softmax_ce = {
 	.amp = { .cls = LOOM_AMP_FP32, .keep = LOOM_SRC(1) },
 };
 
+/* In place over the logits (llm.c's fused classifier): a large-vocabulary
+ * loss holds one [rows, classes] buffer, not the logits and their gradient. */
 const loom_op_def loom_op_softmax_ce_bwd = {
 	.name = "softmax_ce_bwd",
 	.kind = LOOM_OPK_BACKWARD,
+	.flags = LOOM_OPF_INPLACE,
 	.src_names = { "logits", "labels", "dloss" },
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };

@@ -75,6 +75,10 @@ enum {
 	LOOM_OPF_VIEW = 1u << 0,      /* aliases src[0]'s storage: no kernel, never a cast */
 	LOOM_OPF_TRAINABLE = 1u << 1, /* a leaf the loss is differentiated against */
 	LOOM_OPF_FED = 1u << 2,       /* a leaf the user fills each step: keeps its data's dtype */
+	/* May write its output over src[0]'s storage when src[0] is read for the
+	 * last time here and has the output's dtype and size (graph/memplan.c
+	 * decides): its kernels on every backend must be safe for it. */
+	LOOM_OPF_INPLACE = 1u << 3,
 };
 
 /*

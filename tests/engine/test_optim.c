@@ -388,6 +388,63 @@ Test(optim, decay_matrices_only)
 	check_clip(0.5, 1);
 }
 
+/*
+ * Which parameters decay, one by one: a table E [6, 4] read by an embedding
+ * and tied to an output projection, a layer norm (gain, bias), a matrix W
+ * [3, 4] with its bias, the tied projection's bias. Both products end in a
+ * relu of values far below zero (biases -100), so every gradient is 0 and
+ * one AdamW step (lr 0.1, decay 0.5) moves only what decays: W by the
+ * factor 1 - 0.05, bit for bit; E, the norm and the biases not at all.
+ */
+Test(optim, decay_matrices_only_leaves_embeddings_biases_and_norms)
+{
+	loom_graph *g;
+	loom_program *p;
+	int64_t idd[2] = { 2, 3 }, ed[2] = { 6, 4 }, wd[2] = { 3, 4 }, bd[1] = { 3 }, b2d[1] = { 6 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, idd);
+	loom_value e = loom_param(g, "E", LOOM_F64, 2, ed, LOOM_INIT_ZEROS, 0);
+	loom_value gain = loom_param(g, "ln.g", LOOM_F64, 1, ed + 1, LOOM_INIT_ONES, 0);
+	loom_value beta = loom_param(g, "ln.b", LOOM_F64, 1, ed + 1, LOOM_INIT_ZEROS, 0);
+	loom_value w = loom_param(g, "W", LOOM_F64, 2, wd, LOOM_INIT_ZEROS, 0);
+	loom_value b = loom_param(g, "W.b", LOOM_F64, 1, bd, LOOM_INIT_ZEROS, 0);
+	loom_value b2 = loom_param(g, "head.b", LOOM_F64, 1, b2d, LOOM_INIT_ZEROS, 0);
+	loom_value h = loom_layernorm(g, loom_embedding(g, ids, e), gain, beta, 1e-5);
+	loom_value y = loom_sum(g, loom_relu(g, loom_linear(g, h, w, b)));
+	loom_value y2 = loom_sum(g, loom_relu(g, loom_linear(g, h, e, b2))); /* tied */
+	loom_value loss = loom_add(g, y, y2);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim = adamw(0.1, 0.9, 0.999, 1e-8, 0.5);
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(loom_set_decay_matrices_only(p, 1), LOOM_OK, "%s", loom_program_error(p));
+	loom_value all[6] = { e, gain, beta, w, b, b2 };
+	const char *names[6] = { "E (embedding, tied)", "ln.g", "ln.b", "W", "W.b", "head.b" };
+	int64_t n[6] = { 24, 4, 4, 12, 3, 6 };
+	double before[6][24], after[24];
+	for (int k = 0; k < 6; k++) {
+		for (int i = 0; i < n[k]; i++)
+			before[k][i] = k == 4 || k == 5 ? -100 : 0.25 * sin(1.7 * i + k) + (k == 1);
+		cr_assert_eq(loom_write_f64(p, all[k], before[k], n[k]), LOOM_OK);
+	}
+	int32_t idv[6] = { 0, 5, 2, 2, 4, 1 };
+	cr_assert_eq(loom_set_input(p, "ids", idv, LOOM_I32, 6), LOOM_OK);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_loss(p), 0.0, "the relus are not all off: loss %g", loom_loss(p));
+	for (int k = 0; k < 6; k++) {
+		cr_assert_eq(loom_read_f64(p, all[k], after, n[k]), LOOM_OK);
+		for (int i = 0; i < n[k]; i++) {
+			double want = k == 3 ? before[k][i] * (1 - 0.1 * 0.5) : before[k][i];
+			cr_assert_eq(after[i], want, "%s[%d]: %.17g, want %.17g (%s)", names[k], i,
+				     after[i], want, k == 3 ? "decayed" : "untouched");
+		}
+	}
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
 Test(optim, clip_grad_refuses_bad_values)
 {
 	loom_optim_opts o = sgd(0.1, 0, 0, 0, 0);

@@ -3,7 +3,8 @@
 # here: bad flags and data named, the loss falling over 40 steps of a tiny
 # GPT, the validation loss and a sample, GPT-2 124M compiled (--preset gpt2
 # --dry-run, its parameter count), resume from a checkpoint, and 2 ranks
-# (--nproc 2, batch 2 each) ending where 1 rank at batch 4 ends. Prints "N passed, N failed".
+# (--nproc 2, batch 2 each) ending where 1 rank at batch 4 ends, O2 bf16
+# within 2% of O0 after 200 steps. Prints "N passed, N failed".
 set -u
 EX=$1
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
@@ -75,6 +76,18 @@ if [ -n "$one" ] && [ -n "$two" ] && awk -v a="$one" -v b="$two" 'BEGIN { d = a 
 	ok "2 ranks x batch 2 = 1 rank x batch 4 after 10 steps ($one, $two)"
 else
 	bad "2 ranks = 1 rank" "1 rank: '$one', 2 ranks: '$two'"
+fi
+
+# Mixed precision: O2 bf16 (fp32 masters, layer norm and the softmaxes in
+# fp32) ends within 2% of O0's validation loss after 200 steps.
+mp=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-size 4 --device cpu
+    --threads 1 --max-steps 200 --log-interval 200 --val-interval 0 --sample 0 --lr 3e-3)
+o0=$("$EX" "${mp[@]}" --opt-level O0 2>&1 | grep 'validation loss' | tail -1 | sed 's/.*loss //')
+o2=$("$EX" "${mp[@]}" --opt-level O2 --precision bf16 2>&1 | grep 'validation loss' | tail -1 | sed 's/.*loss //')
+if [ -n "$o0" ] && [ -n "$o2" ] && awk -v a="$o0" -v b="$o2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a && a < 2.5) }'; then
+	ok "O2 bf16 within 2% of O0 after 200 steps ($o0, $o2)"
+else
+	bad "O2 bf16 vs O0" "O0: '$o0', O2 bf16: '$o2'"
 fi
 
 echo "$pass passed, $fail failed"

@@ -4,6 +4,8 @@
  * two activations alive at once share a byte, everything fits its region,
  * persistent values never overlap, reshapes alias their source, reuse beats
  * one buffer per value, and loom_program_info_get agrees with the plan.
+ * Then in-place ops (LOOM_OPF_INPLACE): softmax-CE's backward takes over its
+ * dying logits, so a GPT's large-vocabulary loss holds one [B*T, V] buffer.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -74,6 +76,16 @@ static int overlap(size_t a, size_t an, size_t b, size_t bn)
 	return an && bn && a < b + bn && b < a + an;
 }
 
+/* b is made in place over a (an op flagged LOOM_OPF_INPLACE whose src[0]
+ * is a, or a view of a), at a's last read: the one overlap allowed. */
+static int in_place_pair(const loom_graph *g, span a, span b)
+{
+	const loom_node *n = &g->nodes[b.v];
+	return (loom_op_defs[n->op]->flags & LOOM_OPF_INPLACE) && n->nsrc > 0 &&
+	       owner(g, n->src[0]) == a.v && a.last == b.def && b.def == b.v &&
+	       a.off == b.off && a.size == b.size;
+}
+
 typedef struct fixture {
 	loom_graph *g;
 	loom_test_convnet m;
@@ -118,6 +130,10 @@ static void expect_no_live_overlap(fixture f)
 		for (int j = i + 1; j < n; j++) {
 			int live = s[i].def <= s[j].last && s[j].def <= s[i].last;
 			int shared = overlap(s[i].off, s[i].size, s[j].off, s[j].size);
+			/* Written in place over a source read for the last time by
+			 * the writer: what the plan allows, checked here on its own. */
+			if (in_place_pair(g, s[i], s[j]) || in_place_pair(g, s[j], s[i]))
+				live = 0;
 			cr_assert(!(live && shared),
 				  "values %d (%s, nodes %d..%d, bytes %zu+%zu) and %d (%s, nodes "
 				  "%d..%d, bytes %zu+%zu) are alive together and overlap",
@@ -488,4 +504,163 @@ Test(memplan, ordered_plan_follows_the_schedule)
 	loom_value twice[5] = { x, a, a, y, c };
 	cr_assert_eq(loom_memplan_build_ordered(g, twice, &mp), LOOM_ERR_INVALID);
 	loom_graph_free(g);
+}
+
+/* ------------------------------------------------------ in-place values */
+
+/* The ConvNet's loss backward writes dlogits over its logits (their last
+ * read): same offset, the plan records it, nothing else shares them. */
+Test(memplan, softmax_ce_backward_takes_over_its_logits)
+{
+	fixture f = convnet(NULL);
+	const loom_graph *g = f.p->plan.g;
+	const loom_memplan *mp = &f.p->plan.mp;
+	int found = 0;
+	for (int v = 0; v < g->n; v++) {
+		if (g->nodes[v].op != LOOM_OP_SOFTMAX_CE_BWD)
+			continue;
+		found++;
+		loom_value lg = owner(g, g->nodes[v].src[0]);
+		cr_assert_eq(mp->inplace[v], lg, "dlogits %d took over %d, not the logits %d", v,
+			     (int)mp->inplace[v], (int)lg);
+		cr_assert_eq(mp->region[v], LOOM_REGION_ACT);
+		cr_assert_eq(mp->offset[v], mp->offset[lg]);
+		cr_assert_eq(mp->inplace[lg], LOOM_NONE);
+	}
+	cr_assert_eq(found, 1);
+	/* Every other value is written on bytes of its own. */
+	int inplace = 0;
+	for (int v = 0; v < g->n; v++)
+		inplace += mp->inplace[v] != LOOM_NONE;
+	cr_assert_eq(inplace, 1);
+	fixture_free(&f);
+	/* And the pairwise check still holds with the one overlap allowed. */
+	expect_no_live_overlap(convnet(NULL));
+}
+
+/* z = relu(x) -> softmax-CE -> its backward dz, appended by hand as
+ * autodiff would; read_later adds a reader of z after the backward. */
+static void ce_by_hand(int read_later)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[2] = { 4, 16 }, nd[1] = { 4 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, nd);
+	loom_value z = loom_relu(g, x);
+	loom_value loss = loom_softmax_cross_entropy(g, z, y);
+	loom_value src[3] = { z, y, loom_relu(g, loss) };
+	loom_value dz = loom_grad_node(g, LOOM_OP_SOFTMAX_CE_BWD, z, 3, src);
+	loom_value after = read_later ? loom_add(g, dz, z) : loom_relu(g, dz);
+	(void)after;
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_memplan mp;
+	cr_assert_eq(loom_memplan_build(g, &mp), LOOM_OK);
+	if (read_later) {
+		cr_assert_eq(mp.inplace[dz], LOOM_NONE);
+		cr_assert(!overlap(mp.offset[dz], 256, mp.offset[z], 256));
+	} else {
+		cr_assert_eq(mp.inplace[dz], z);
+		cr_assert_eq(mp.offset[dz], mp.offset[z]);
+	}
+	loom_memplan_free(&mp);
+	loom_graph_free(g);
+}
+
+/* A source read after the in-place op is not dying: the backward writes on
+ * bytes of its own; without that reader it takes the source's. */
+Test(memplan, a_source_read_later_is_not_taken_over)
+{
+	ce_by_hand(1);
+	ce_by_hand(0);
+}
+
+/* The tail of a GPT (embedding, layer norm, attention, a linear, the tied
+ * output projection over [B, T, C], softmax-CE over [B*T, V]) at B*T = 16. */
+static loom_program *gpt_tail(int64_t V, loom_opt_level level, int keep_logits)
+{
+	loom_graph *g;
+	loom_program *p;
+	const int64_t B = 2, T = 8, C = 16;
+	int64_t bt[2] = { B, T }, flat[1] = { B * T }, td[2] = { V, C }, lg[2] = { B * T, V };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, flat);
+	loom_value wte = loom_param(g, "wte", LOOM_F32, 2, td, LOOM_INIT_KAIMING_UNIFORM, C);
+	loom_value x = loom_layer_layernorm(g, "ln", loom_embedding(g, ids, wte));
+	x = loom_causal_self_attention(g, loom_layer_linear(g, "qkv", x, 3 * C, 1), 2);
+	x = loom_layer_linear(g, "proj", x, C, 1);
+	loom_value logits = loom_linear(g, x, wte, LOOM_NONE);
+	loom_value loss = loom_softmax_cross_entropy(g, loom_reshape(g, logits, 2, lg), y);
+	if (keep_logits)
+		loom_mark_output(g, logits);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.amp.level = level;
+	o.amp.half = LOOM_BF16;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	loom_graph_free(g);
+	return p;
+}
+
+/* The distinct buffers (region, offset) of f32 values [..., V] of rows
+ * rows ([B*T, V] or [B, T, V]). */
+static int f32_buffers_of(const loom_program *p, int64_t rows, int64_t V)
+{
+	const loom_graph *g = p->plan.g;
+	const loom_memplan *mp = &p->plan.mp;
+	size_t off[64];
+	int reg[64], k = 0;
+	for (int v = 0; v < g->n; v++) {
+		const loom_shape *sh = &g->nodes[v].shape;
+		if (g->nodes[v].dtype != LOOM_F32 || sh->ndim < 2 || loom_shape_last(sh) != V ||
+		    loom_shape_rows(sh) != rows)
+			continue;
+		int seen = 0;
+		for (int i = 0; i < k; i++)
+			seen |= off[i] == mp->offset[v] && reg[i] == mp->region[v];
+		if (!seen && k < 64) {
+			off[k] = mp->offset[v];
+			reg[k++] = mp->region[v];
+		}
+	}
+	return k;
+}
+
+static void expect_one_logits_buffer(int64_t V, loom_opt_level level)
+{
+	loom_program *p = gpt_tail(V, level, 0);
+	cr_assert_eq(f32_buffers_of(p, 16, V), 1,
+		     "V = %lld, O%d: %d f32 [B*T, V] buffers in the plan", (long long)V, (int)level,
+		     f32_buffers_of(p, 16, V));
+	loom_program_info info;
+	loom_program_info_get(p, &info);
+	size_t arena = info.arena_bytes;
+	loom_program_free(p);
+	if (level != LOOM_O0)
+		return;
+	/* The control (f32 logits, O0): logits kept for the user cannot be
+	 * written over, and the same count then finds both buffers; at a
+	 * large vocabulary the arena grows by about one of them. */
+	p = gpt_tail(V, level, 1);
+	cr_assert_eq(f32_buffers_of(p, 16, V), 2);
+	loom_program_info_get(p, &info);
+	if (V > 10000)
+		cr_assert_geq(info.arena_bytes, arena + (size_t)16 * V * 4,
+			      "kept logits: arena %zu, in place %zu", info.arena_bytes, arena);
+	loom_program_free(p);
+}
+
+Test(memplan, gpt_loss_holds_one_logits_buffer_v256)
+{
+	expect_one_logits_buffer(256, LOOM_O0);
+	expect_one_logits_buffer(256, LOOM_O1);
+}
+
+Test(memplan, gpt_loss_holds_one_logits_buffer_v50257, .timeout = 120)
+{
+	expect_one_logits_buffer(50257, LOOM_O0);
+	expect_one_logits_buffer(50257, LOOM_O1);
 }

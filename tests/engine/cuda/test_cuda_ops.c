@@ -604,6 +604,18 @@ static loom_value b_attention(loom_graph *g, tcase *t)
 	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 2, 7, 24, 0), 2);
 }
 
+/* Sizes where cuBLASLt's strided-batched products have aligned operands
+ * and tensor-core algorithms: 4 heads of 32, and GPT-2's heads of 64. */
+static loom_value b_attention_hs32(loom_graph *g, tcase *t)
+{
+	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 2, 64, 3 * 128, 0), 4);
+}
+
+static loom_value b_attention_hs64(loom_graph *g, tcase *t)
+{
+	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 1, 96, 3 * 256, 0), 4);
+}
+
 Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 {
 	NEED_GPU();
@@ -881,6 +893,11 @@ static loom_graph *convnet_graph(convnet *n)
 	return g;
 }
 
+/* Clipping by global norm and decay on matrices only for convnet_steps
+ * (0: off), set on both programs after compiling. */
+static double steps_clip;
+static int steps_matrices_only;
+
 /* 3 steps on both backends, each of `micro` micro-steps (micro - 1
  * LOOM_RUN_ACCUMULATE, then TRAIN) on fresh batches. */
 static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind kind,
@@ -904,11 +921,16 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 	o.optim.kind = kind;
 	o.optim.lr = kind == LOOM_OPTIM_SGD ? 0.05 : 1e-3;
 	o.optim.momentum = kind == LOOM_OPTIM_SGD ? 0.9 : 0;
-	o.optim.weight_decay = 1e-4;
+	/* Under the decay mask, a decay large enough to tell the groups apart. */
+	o.optim.weight_decay = steps_matrices_only ? 0.1 : 1e-4;
 	for (int d = 0; d < 2; d++) {
 		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
 		cr_assert_eq(loom_compile(g, n.loss, &o, &p[d]), LOOM_OK, "%s: %s", name,
 			     loom_last_error());
+		cr_assert_eq(loom_set_clip_grad(p[d], steps_clip), LOOM_OK, "%s",
+			     loom_program_error(p[d]));
+		cr_assert_eq(loom_set_decay_matrices_only(p[d], steps_matrices_only), LOOM_OK, "%s",
+			     loom_program_error(p[d]));
 	}
 	/* The relu before the pool is fused on both backends (one pool and
 	 * its backward). */
@@ -941,6 +963,12 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 	cr_expect_eq(ig.loss_scale, ic.loss_scale, "%s: loss scale cuda %g cpu %g", name,
 		     ig.loss_scale, ic.loss_scale);
 	cr_expect_eq(ig.skipped_steps, ic.skipped_steps);
+	if (steps_clip > 0) {
+		/* The norm is the unclipped one; clipping acted (norm above). */
+		cr_expect(fabs(ig.grad_norm - ic.grad_norm) <= tol * ic.grad_norm,
+			  "%s: grad norm cuda %.9g cpu %.9g", name, ig.grad_norm, ic.grad_norm);
+		cr_expect_gt(ic.grad_norm, steps_clip, "%s: the clip never acted", name);
+	}
 	for (int i = 0; i < 8; i++) {
 		loom_value v = i < 6 ? n.w[i] : i == 6 ? n.rm : n.rv;
 		size_t cnt = numel_of(g, v);
@@ -1000,6 +1028,37 @@ Test(cuda_convnet, o2_bf16_adamw)
 {
 	NEED_GPU();
 	convnet_steps(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2, 1);
+}
+
+/* The device optimizer's clipping (sum of squares per chunk, one block for
+ * the norm) and decay mask (conv and fc weights decay, biases and the batch
+ * norm's gain do not) against engine/cpu/optim.c. */
+static void clip_and_mask(loom_opt_level level, loom_dtype half, loom_optim_kind kind,
+			  double tol)
+{
+	steps_clip = 0.05;
+	steps_matrices_only = 1;
+	convnet_steps(level, half, kind, tol, 1);
+	steps_clip = 0;
+	steps_matrices_only = 0;
+}
+
+Test(cuda_convnet, o0_adamw_clip_decay_matrices_only)
+{
+	NEED_GPU();
+	clip_and_mask(LOOM_O0, LOOM_F16, LOOM_OPTIM_ADAMW, 1e-4);
+}
+
+Test(cuda_convnet, o0_sgd_clip_decay_matrices_only)
+{
+	NEED_GPU();
+	clip_and_mask(LOOM_O0, LOOM_F16, LOOM_OPTIM_SGD, 1e-4);
+}
+
+Test(cuda_convnet, o2_bf16_adamw_clip_decay_matrices_only)
+{
+	NEED_GPU();
+	clip_and_mask(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2);
 }
 
 /* ------------------------------------------------------------ ResNet steps */
@@ -1141,7 +1200,9 @@ static const op_case cuda_op_cases[] = {
 	{ "gelu tanh", b_gelu_tanh, LOOM_RUN_GRAD, 0 },
 	{ "layernorm", b_layernorm, LOOM_RUN_GRAD, 0 },
 	{ "linear [B, T, C]", b_linear_3d, LOOM_RUN_GRAD, 1 },
-	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 0 },
+	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 1 },
+	{ "causal self-attention 2x64, 4 heads of 32", b_attention_hs32, LOOM_RUN_GRAD, 1 },
+	{ "causal self-attention 1x96, 4 heads of 64", b_attention_hs64, LOOM_RUN_GRAD, 1 },
 };
 
 #define N_CASES (sizeof(cuda_op_cases) / sizeof(cuda_op_cases[0]))
