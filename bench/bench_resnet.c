@@ -15,6 +15,7 @@
 
 static loom_dtype half = LOOM_F16;
 static int no_fusion; /* --no-fusion: the planner's fusions off, to measure them */
+static const char *trace_path; /* --trace FILE: a Chrome trace of the timed steps */
 
 static int run(int depth, int b, int size, loom_opt_level level, loom_device dev, int warmup,
 	       int steps)
@@ -52,6 +53,11 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 	double t0 = 0, c0 = 0;
 	for (int s = 0; s < warmup + steps; s++) {
 		if (s == warmup) {
+			if (trace_path && loom_trace_start(p, trace_path) != LOOM_OK) {
+				fprintf(stderr, "bench_resnet: %s\n", loom_program_error(p));
+				rc = 1;
+				break;
+			}
 			t0 = bench_now();
 			c0 = bench_cpu_seconds();
 		}
@@ -62,8 +68,12 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 			break;
 		}
 	}
+	double dt = bench_now() - t0, cpu = bench_cpu_seconds() - c0;
+	if (trace_path && !rc && loom_trace_stop(p) != LOOM_OK) {
+		fprintf(stderr, "bench_resnet: %s\n", loom_program_error(p));
+		rc = 1;
+	}
 	if (!rc) {
-		double dt = bench_now() - t0, cpu = bench_cpu_seconds() - c0;
 		loom_program_info info;
 		loom_program_info_get(p, &info);
 		double flops = info.flops_fwd + info.flops_bwd;
@@ -103,6 +113,8 @@ int main(int argc, char **argv)
 			levels = argv[++i];
 		else if (!strcmp(argv[i], "--bf16"))
 			half = LOOM_BF16;
+		else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
+			trace_path = argv[++i];
 		else if (!strcmp(argv[i], "--no-fusion"))
 			no_fusion = 1;
 		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -114,7 +126,8 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: bench_resnet [--depth 18|34|50] [--batch-size N] "
 					"[--size 32|224] [--steps N] [--warmup N] [--levels 0123] "
-					"[--device auto|cpu|cuda] [--threads N] [--bf16] [--no-fusion]\n");
+					"[--device auto|cpu|cuda] [--threads N] [--bf16] [--no-fusion] "
+					"[--trace FILE.json]\n");
 			return 2;
 		}
 	}

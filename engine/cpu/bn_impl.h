@@ -1,7 +1,7 @@
 /*
  * engine/cpu/bn_impl.h — batch norm and per-channel sums over NCHW, written
  * once for T/SFX and included by bn.c for f32 and f64 (no include guard on
- * purpose). Channels run in parallel. Sums are blocked: at most
+ * purpose). Channels run in parallel on loom's team (team.c). Sums are blocked: at most
  * LOOM_CPU_BN_BLOCK values accumulate in T across SIMD lanes (fast, and a few
  * hundred floats lose nothing that matters), the block sums in double. Two
  * passes for the variance so that a large mean does not cancel it away.
@@ -100,14 +100,38 @@ static void LOOM_CPU_FN(bn_chan_affine)(int n, int c, int64_t hw, const T *x, in
 
 static int LOOM_CPU_FN(bn_threads)(int n, int c, int64_t hw)
 {
-	return (int64_t)n * c * hw >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+	return (int64_t)n * c * hw >= LOOM_CPU_PAR_MIN ? loom_cpu_team_threads() : 1;
+}
+
+/* Every kernel's arguments, for its per-channel loop on loom's team. */
+typedef struct LOOM_CPU_FN(bn_args) {
+	int n, c;
+	int64_t hw;
+	const T *x, *gamma, *beta, *dy;
+	const T *rmean_in, *rvar_in;
+	T *running_mean, *running_var, *y, *dx, *dgamma, *dbeta, *out;
+	double momentum, eps, unbias, m;
+	const double *mean, *var, *sdy, *sdyx;
+	double *sx, *sxx, *osdy, *osdyx;
+} LOOM_CPU_FN(bn_args);
+
+/* Runs body(args, lo, hi) over the channels on loom's team. */
+static void LOOM_CPU_FN(bn_run)(LOOM_CPU_FN(bn_args) *a, loom_cpu_team_range_fn body)
+{
+	loom_cpu_team_for(a->c, LOOM_CPU_FN(bn_threads)(a->n, a->c, a->hw), body, a);
+}
+
+static void LOOM_CPU_FN(channel_sum_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++)
+		a->out[ch] = (T)LOOM_CPU_FN(bn_chan_sum)(a->n, a->c, a->hw, a->x, ch);
 }
 
 void LOOM_CPU_FN(loom_cpu_channel_sum)(int n, int c, int64_t hw, const T *x, T *out)
 {
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++)
-		out[ch] = (T)LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch);
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .out = out };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(channel_sum_part));
 }
 
 /* Training forward of channel ch from its batch mean and biased variance:
@@ -133,19 +157,36 @@ static double LOOM_CPU_FN(bn_unbias)(double m)
 	return m > 1 ? m / (m - 1) : 1;
 }
 
+static void LOOM_CPU_FN(bn_fwd_train_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++) {
+		double mean, var;
+		LOOM_CPU_FN(bn_chan_stats)(a->n, a->c, a->hw, a->x, ch, &mean, &var);
+		LOOM_CPU_FN(bn_chan_train)(a->n, a->c, a->hw, a->x, a->gamma, a->beta,
+					   a->running_mean, a->running_var, a->momentum, a->eps,
+					   ch, mean, var, a->unbias, a->y);
+	}
+}
+
 void LOOM_CPU_FN(loom_cpu_bn_fwd_train)(int n, int c, int64_t hw, const T *x,
 					const T *gamma, const T *beta, T *running_mean,
 					T *running_var, double momentum, double eps, T *y)
 {
-	const double unbias = LOOM_CPU_FN(bn_unbias)((double)n * hw);
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma,
+				   .beta = beta, .running_mean = running_mean,
+				   .running_var = running_var, .momentum = momentum, .eps = eps,
+				   .unbias = LOOM_CPU_FN(bn_unbias)((double)n * hw), .y = y };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_fwd_train_part));
+}
 
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++) {
-		double mean, var;
-		LOOM_CPU_FN(bn_chan_stats)(n, c, hw, x, ch, &mean, &var);
-		LOOM_CPU_FN(bn_chan_train)(n, c, hw, x, gamma, beta, running_mean, running_var,
-					   momentum, eps, ch, mean, var, unbias, y);
-	}
+static void LOOM_CPU_FN(bn_fwd_apply_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++)
+		LOOM_CPU_FN(bn_chan_train)(a->n, a->c, a->hw, a->x, a->gamma, a->beta,
+					   a->running_mean, a->running_var, a->momentum, a->eps,
+					   ch, a->mean[ch], a->var[ch], a->unbias, a->y);
 }
 
 void LOOM_CPU_FN(loom_cpu_bn_fwd_apply)(int n, int c, int64_t hw, const T *x,
@@ -153,21 +194,23 @@ void LOOM_CPU_FN(loom_cpu_bn_fwd_apply)(int n, int c, int64_t hw, const T *x,
 					T *running_var, double momentum, double eps,
 					const double *mean, const double *var, double count, T *y)
 {
-	const double unbias = LOOM_CPU_FN(bn_unbias)(count);
-
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++)
-		LOOM_CPU_FN(bn_chan_train)(n, c, hw, x, gamma, beta, running_mean, running_var,
-					   momentum, eps, ch, mean[ch], var[ch], unbias, y);
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma,
+				   .beta = beta, .running_mean = running_mean,
+				   .running_var = running_var, .momentum = momentum, .eps = eps,
+				   .unbias = LOOM_CPU_FN(bn_unbias)(count), .mean = mean,
+				   .var = var, .y = y };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_fwd_apply_part));
 }
 
-void LOOM_CPU_FN(loom_cpu_bn_local_sums)(int n, int c, int64_t hw, const T *x, const T *dy,
-					 double *sx, double *sxx, double *sdy, double *sdyx)
+static void LOOM_CPU_FN(bn_local_sums_part)(void *arg, int64_t lo, int64_t hi)
 {
-	const double m = (double)n * hw;
-
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++) {
+	const LOOM_CPU_FN(bn_args) *g = arg;
+	const int n = g->n, c = g->c;
+	const int64_t hw = g->hw;
+	const T *x = g->x, *dy = g->dy;
+	const double m = g->m;
+	double *sx = g->sx, *sxx = g->sxx, *sdy = g->osdy, *sdyx = g->osdyx;
+	for (int ch = (int)lo; ch < (int)hi; ch++) {
 		double mean, var, a = 0, b = 0;
 		if (dy)
 			LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &a, &b);
@@ -185,18 +228,36 @@ void LOOM_CPU_FN(loom_cpu_bn_local_sums)(int n, int c, int64_t hw, const T *x, c
 		}
 	}
 }
+
+void LOOM_CPU_FN(loom_cpu_bn_local_sums)(int n, int c, int64_t hw, const T *x, const T *dy,
+					 double *sx, double *sxx, double *sdy, double *sdyx)
+{
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .dy = dy,
+				   .m = (double)n * hw, .sx = sx, .sxx = sxx, .osdy = sdy,
+				   .osdyx = sdyx };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_local_sums_part));
+}
+
+static void LOOM_CPU_FN(bn_fwd_eval_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++) {
+		double g = a->gamma ? a->gamma[ch] : 1, bt = a->beta ? a->beta[ch] : 0;
+		double scale = g / sqrt((double)a->rvar_in[ch] + a->eps);
+		LOOM_CPU_FN(bn_chan_affine)(a->n, a->c, a->hw, a->x, ch, (T)scale,
+					    (T)(bt - a->rmean_in[ch] * scale), a->y);
+	}
+}
+
 void LOOM_CPU_FN(loom_cpu_bn_fwd_eval)(int n, int c, int64_t hw, const T *x,
 				       const T *gamma, const T *beta,
 				       const T *running_mean, const T *running_var,
 				       double eps, T *y)
 {
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++) {
-		double g = gamma ? gamma[ch] : 1, bt = beta ? beta[ch] : 0;
-		double scale = g / sqrt((double)running_var[ch] + eps);
-		LOOM_CPU_FN(bn_chan_affine)(n, c, hw, x, ch, (T)scale,
-					    (T)(bt - running_mean[ch] * scale), y);
-	}
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma,
+				   .beta = beta, .rmean_in = running_mean,
+				   .rvar_in = running_var, .eps = eps, .y = y };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_fwd_eval_part));
 }
 
 /* dx of channel ch from the batch's mean, biased variance, sum dy and sum
@@ -234,22 +295,29 @@ static T LOOM_CPU_FN(bn_chan_dgamma)(double var, double sdyx, double eps)
  * on each compiled copy), so the three equal what bn_bwd_data, bn_bwd_gamma
  * and channel_sum make apart, with the sums made once instead of twice and
  * no pass of dbeta's own. */
+static void LOOM_CPU_FN(bn_bwd_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++) {
+		double mean, var, sdy, sdyx;
+		LOOM_CPU_FN(bn_chan_bwd_sums)(a->n, a->c, a->hw, a->x, a->dy, ch, &mean, &var,
+					      &sdy, &sdyx);
+		LOOM_CPU_FN(bn_chan_dx)(a->n, a->c, a->hw, a->x, a->gamma, a->dy, a->eps, ch,
+					mean, var, sdy, sdyx, a->m, a->dx);
+		if (a->dgamma)
+			a->dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, a->eps);
+		if (a->dbeta)
+			a->dbeta[ch] = (T)sdy;
+	}
+}
+
 void LOOM_CPU_FN(loom_cpu_bn_bwd)(int n, int c, int64_t hw, const T *x, const T *gamma,
 				  const T *dy, double eps, T *dx, T *dgamma, T *dbeta)
 {
-	const double m = (double)n * hw;
-
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++) {
-		double mean, var, sdy, sdyx;
-		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
-		LOOM_CPU_FN(bn_chan_dx)(n, c, hw, x, gamma, dy, eps, ch, mean, var, sdy, sdyx,
-					m, dx);
-		if (dgamma)
-			dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, eps);
-		if (dbeta)
-			dbeta[ch] = (T)sdy;
-	}
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma,
+				   .dy = dy, .eps = eps, .m = (double)n * hw, .dx = dx,
+				   .dgamma = dgamma, .dbeta = dbeta };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_part));
 }
 
 void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
@@ -258,25 +326,42 @@ void LOOM_CPU_FN(loom_cpu_bn_bwd_data)(int n, int c, int64_t hw, const T *x,
 	LOOM_CPU_FN(loom_cpu_bn_bwd)(n, c, hw, x, gamma, dy, eps, dx, NULL, NULL);
 }
 
+static void LOOM_CPU_FN(bn_bwd_data_apply_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++)
+		LOOM_CPU_FN(bn_chan_dx)(a->n, a->c, a->hw, a->x, a->gamma, a->dy, a->eps, ch,
+					a->mean[ch], a->var[ch], a->sdy[ch], a->sdyx[ch], a->m,
+					a->dx);
+}
+
 void LOOM_CPU_FN(loom_cpu_bn_bwd_data_apply)(int n, int c, int64_t hw, const T *x,
 					     const T *gamma, const T *dy, double eps,
 					     const double *mean, const double *var,
 					     const double *sdy, const double *sdyx,
 					     double count, T *dx)
 {
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++)
-		LOOM_CPU_FN(bn_chan_dx)(n, c, hw, x, gamma, dy, eps, ch, mean[ch], var[ch],
-					sdy[ch], sdyx[ch], count, dx);
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma,
+				   .dy = dy, .eps = eps, .mean = mean, .var = var, .sdy = sdy,
+				   .sdyx = sdyx, .m = count, .dx = dx };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_data_apply_part));
+}
+
+static void LOOM_CPU_FN(bn_bwd_gamma_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	for (int ch = (int)lo; ch < (int)hi; ch++) {
+		double mean, var, sdy, sdyx;
+		LOOM_CPU_FN(bn_chan_bwd_sums)(a->n, a->c, a->hw, a->x, a->dy, ch, &mean, &var,
+					      &sdy, &sdyx);
+		a->dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, a->eps);
+	}
 }
 
 void LOOM_CPU_FN(loom_cpu_bn_bwd_gamma)(int n, int c, int64_t hw, const T *x,
 					const T *dy, double eps, T *dgamma)
 {
-#pragma omp parallel for num_threads(LOOM_CPU_FN(bn_threads)(n, c, hw)) schedule(static)
-	for (int ch = 0; ch < c; ch++) {
-		double mean, var, sdy, sdyx;
-		LOOM_CPU_FN(bn_chan_bwd_sums)(n, c, hw, x, dy, ch, &mean, &var, &sdy, &sdyx);
-		dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, eps);
-	}
+	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .dy = dy, .eps = eps,
+				   .dgamma = dgamma };
+	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_gamma_part));
 }

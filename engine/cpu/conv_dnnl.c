@@ -6,6 +6,7 @@
  * it), so the choice follows cpuid, never the CPU model.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -13,6 +14,7 @@
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/cpu_path.h"
+#include "engine/cpu/team.h"
 
 enum { ARG_A, ARG_B, ARG_BIAS, ARG_OUT, NARGS };
 
@@ -288,9 +290,9 @@ static const char *one_impl(const conv_one *c)
 /*
  * A node: the batch split into one slice per thread, each slice its own
  * primitive (made for one thread) on its own part of the workspace, all
- * run in one parallel region, as loom's im2col kernels split the batch.
- * One region per node, not one per reorder and per primitive as oneDNN's
- * own threading does: on the shared 2-core machine its barriers cost more
+ * run as one job of loom's team (team.c), as loom's im2col kernels split
+ * the batch. One job per node, not one region per reorder and per primitive
+ * as oneDNN's own threading does: on the shared 2-core machine its barriers cost more
  * than the kernels gained (bench/RESULTS.md). The filter gradient sums the
  * slices' partial gradients after, in slice order (deterministic).
  */
@@ -363,52 +365,78 @@ size_t loom_cpu_dnnl_conv_ws(const loom_cpu_dnnl_conv *c)
 	return c->slot * (size_t)c->nslice;
 }
 
-int loom_cpu_dnnl_conv_run(loom_cpu_dnnl_conv *c, const void *a, const void *b,
-			   const float *bias, float *out, void *ws)
+/* One node's run, shared by its threads. */
+typedef struct conv_job {
+	loom_cpu_dnnl_conv *c;
+	const void *a, *b;
+	const float *bias;
+	float *out;
+	void *ws;
+	size_t part_off;
+	_Atomic int fail;
+} conv_job;
+
+/* Thread t of nt runs slices t, t + nt, ... (one each when nt is the slice
+ * count, as the node plans it). */
+static void conv_job_slices(void *arg, int t, int nt)
 {
+	conv_job *j = arg;
+	loom_cpu_dnnl_conv *c = j->c;
 	const loom_conv_shape *s = &c->s;
 	const size_t esz = c->bf16 ? 2 : 4;
 	const size_t x_img = (size_t)s->c_in * s->h_in * s->w_in;
 	const size_t y_img = (size_t)s->c_out * s->h_out * s->w_out;
-	const size_t nw = (size_t)s->c_out * s->c_in * s->kh * s->kw;
-	const size_t part_off = c->slot - align64(sizeof(float) * nw);
-	int fail = 0;
-
-#pragma omp parallel for num_threads(c->nslice) schedule(static) reduction(| : fail)
-	for (int i = 0; i < c->nslice; i++) {
+	for (int i = t; i < c->nslice; i += nt) {
 		size_t n0 = (size_t)i * c->per;
-		char *slot = (char *)ws + c->slot * i;
-		const char *ai, *bi = b;
+		char *slot = (char *)j->ws + c->slot * i;
+		const char *ai, *bi = j->b;
 		float *oi;
 		switch (c->kind) {
 		case LOOM_CPU_CONV_FWD:
-			ai = (const char *)a + n0 * x_img * esz;
-			oi = out + n0 * y_img;
+			ai = (const char *)j->a + n0 * x_img * esz;
+			oi = j->out + n0 * y_img;
 			break;
 		case LOOM_CPU_CONV_BWD_DATA:
-			ai = (const char *)a + n0 * y_img * esz;
-			oi = out + n0 * x_img;
+			ai = (const char *)j->a + n0 * y_img * esz;
+			oi = j->out + n0 * x_img;
 			break;
 		default:
-			ai = (const char *)a + n0 * y_img * esz;
-			bi = (const char *)b + n0 * x_img * esz;
-			oi = c->nslice > 1 ? (float *)(slot + part_off) : out;
+			ai = (const char *)j->a + n0 * y_img * esz;
+			bi = (const char *)j->b + n0 * x_img * esz;
+			oi = c->nslice > 1 ? (float *)(slot + j->part_off) : j->out;
 			break;
 		}
-		fail |= one_run(c->one[i], ai, bi, bias, oi, slot);
+		if (one_run(c->one[i], ai, bi, j->bias, oi, slot))
+			atomic_store(&j->fail, 1);
 	}
-	if (fail)
+}
+
+/* The filter gradient: the slices' partial sums added in slice order. */
+static void conv_job_reduce(void *arg, int64_t lo, int64_t hi)
+{
+	conv_job *j = arg;
+	const char *p0 = (const char *)j->ws + j->part_off;
+	for (int64_t k = lo; k < hi; k++) {
+		float acc = 0;
+		for (int i = 0; i < j->c->nslice; i++)
+			acc += ((const float *)(p0 + j->c->slot * i))[k];
+		j->out[k] = acc;
+	}
+}
+
+int loom_cpu_dnnl_conv_run(loom_cpu_dnnl_conv *c, const void *a, const void *b,
+			   const float *bias, float *out, void *ws)
+{
+	const loom_conv_shape *s = &c->s;
+	const size_t nw = (size_t)s->c_out * s->c_in * s->kh * s->kw;
+	conv_job j = { c, a, b, bias, out, ws, c->slot - align64(sizeof(float) * nw), 0 };
+
+	loom_cpu_team_run(c->nslice, conv_job_slices, &j);
+	if (atomic_load(&j.fail))
 		return -1;
-	if (c->kind == LOOM_CPU_CONV_BWD_FILTER && c->nslice > 1) {
-		const char *p0 = (const char *)ws + part_off;
-#pragma omp parallel for schedule(static) if (nw >= 32768)
-		for (size_t j = 0; j < nw; j++) {
-			float acc = 0;
-			for (int i = 0; i < c->nslice; i++)
-				acc += ((const float *)(p0 + c->slot * i))[j];
-			out[j] = acc;
-		}
-	}
+	if (c->kind == LOOM_CPU_CONV_BWD_FILTER && c->nslice > 1)
+		loom_cpu_team_for((int64_t)nw, nw >= 32768 ? loom_cpu_team_threads() : 1,
+				  conv_job_reduce, &j);
 	return 0;
 }
 

@@ -13,6 +13,7 @@
 
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/team.h"
 
 /* LOOM_CPU_FN(loom_cpu_relu_fwd) -> loom_cpu_relu_fwd_f32 when SFX is f32. */
 #define LOOM_CPU_PASTE_(a, b) a##_##b
@@ -54,7 +55,7 @@ static inline int loom_cpu_slots(void)
 /* Threads for a loop over `work` independent items that needs a slot each. */
 static inline int loom_cpu_slot_threads(int work)
 {
-	int t = omp_get_max_threads();
+	int t = loom_cpu_team_threads();
 	int s = loom_cpu_slots();
 	if (t > s)
 		t = s;

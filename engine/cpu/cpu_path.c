@@ -81,6 +81,9 @@ const char *loom_cpu_isa_name(loom_cpu_isa isa)
  * sleeps at the team's end barrier and keeps the count one above loom's
  * threads. (mnist_ddp had this by accident, part of the time: its
  * prefetcher converts batches of 84 images and more in a parallel region.)
+ * team.c's own workers (LOOM_CPU_TEAM=loom) would wait by loom's policy
+ * instead; measured on the shared machine they were not faster, so OpenMP
+ * regions and this parked team stay the default.
  */
 static void *spin_throttle_main(void *arg)
 {

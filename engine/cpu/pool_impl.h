@@ -174,15 +174,33 @@ static int LOOM_CPU_FN(pool_is_2x2)(const loom_pool_shape *s)
 	       s->w_in >= 2 * s->w_out;
 }
 
-void LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(const loom_pool_shape *s, const T *x, T *y)
+/* A pooling kernel's arguments, for its loop over planes on loom's team. */
+typedef struct LOOM_CPU_FN(pool_args) {
+	const loom_pool_shape *s;
+	const T *x, *dy;
+	T *y;
+} LOOM_CPU_FN(pool_args);
+
+static void LOOM_CPU_FN(pool_run)(LOOM_CPU_FN(pool_args) *a, loom_cpu_team_range_fn body)
 {
+	const loom_pool_shape *s = a->s;
 	const int64_t planes = (int64_t)s->n * s->c;
+	const int64_t in_plane = (int64_t)s->h_in * s->w_in;
+	loom_cpu_team_for(planes, planes * in_plane >= LOOM_CPU_PAR_MIN ? loom_cpu_team_threads() : 1,
+			  body, a);
+}
+
+static void LOOM_CPU_FN(maxpool_fwd_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(pool_args) *a = arg;
+	const loom_pool_shape *s = a->s;
+	const T *x = a->x;
+	T *y = a->y;
 	const int64_t in_plane = (int64_t)s->h_in * s->w_in;
 	const int64_t out_plane = (int64_t)s->h_out * s->w_out;
 	const int fast = LOOM_CPU_FN(pool_is_2x2)(s);
 
-#pragma omp parallel for if (planes * in_plane >= LOOM_CPU_PAR_MIN) schedule(static)
-	for (int64_t pl = 0; pl < planes; pl++) {
+	for (int64_t pl = lo; pl < hi; pl++) {
 		const T *xp = x + pl * in_plane;
 		T *yp = y + pl * out_plane;
 		if (fast) {
@@ -202,16 +220,23 @@ void LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(const loom_pool_shape *s, const T *x, T
 	}
 }
 
-void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const T *x,
-					 const T *dy, T *dx)
+void LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(const loom_pool_shape *s, const T *x, T *y)
 {
-	const int64_t planes = (int64_t)s->n * s->c;
+	LOOM_CPU_FN(pool_args) a = { .s = s, .x = x, .y = y };
+	LOOM_CPU_FN(pool_run)(&a, LOOM_CPU_FN(maxpool_fwd_part));
+}
+
+static void LOOM_CPU_FN(maxpool_bwd_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(pool_args) *a = arg;
+	const loom_pool_shape *s = a->s;
+	const T *x = a->x, *dy = a->dy;
+	T *dx = a->y;
 	const int64_t in_plane = (int64_t)s->h_in * s->w_in;
 	const int64_t out_plane = (int64_t)s->h_out * s->w_out;
 	const int fast = LOOM_CPU_FN(pool_is_2x2)(s);
 
-#pragma omp parallel for if (planes * in_plane >= LOOM_CPU_PAR_MIN) schedule(static)
-	for (int64_t pl = 0; pl < planes; pl++) {
+	for (int64_t pl = lo; pl < hi; pl++) {
 		const T *xp = x + pl * in_plane, *dp = dy + pl * out_plane;
 		T *gp = dx + pl * in_plane;
 		if (fast) {
@@ -227,4 +252,11 @@ void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const T *x,
 			}
 		}
 	}
+}
+
+void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const T *x,
+					 const T *dy, T *dx)
+{
+	LOOM_CPU_FN(pool_args) a = { .s = s, .x = x, .dy = dy, .y = dx };
+	LOOM_CPU_FN(pool_run)(&a, LOOM_CPU_FN(maxpool_bwd_part));
 }
