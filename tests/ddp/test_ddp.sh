@@ -12,6 +12,13 @@ EX=${2:-}
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
 mp_setup
 
+# Under a sanitizer (bazel test --config=asan) each scenario runs once, at
+# one world size, level and optimizer, so that every code path is checked
+# under ASan in about a third of the time (each mpirun costs seconds there);
+# the repeats over world sizes, levels and optimizers run in the normal
+# suite (and under ASan with LOOM_TEST_FULL=1).
+# pick FULL_LIST SANITIZER_LIST
+pick() { if [ -n "${ASAN_OPTIONS:-}" ] && [ -z "${LOOM_TEST_FULL:-}" ]; then echo "$2"; else echo "$1"; fi; }
 
 for n in $(pick "2 3" 2); do
 	for lv in $(pick "O0 O2" O2); do

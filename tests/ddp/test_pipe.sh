@@ -5,8 +5,7 @@
 # (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
 # mpirun, env:// and the launcher; a user's cut; evaluation through the
 # stages; the planner's activation slots; a stage built from another graph
-# and a killed stage. Under ASan each scenario runs once (pick in
-# tests/lib/mp_harness.sh). Prints "N passed, N failed".
+# and a killed stage. Prints "N passed, N failed".
 set -u
 W=$1
 MNIST=${2:-}
@@ -17,10 +16,10 @@ mp_setup
 # Bit-identical: the same kernels on the same micro-batches, the gradients
 # summed over the micro-batches in the same order (ADD, ..., FOLD), one
 # update dividing by M, so no bound is needed.
-for n in $(pick "2 3" 2); do
-	for model in $(pick "mlp cnn" cnn); do
-		for lv in $(pick "O0 O2" O2); do
-			for sc in $(pick "gpipe 1f1b" 1f1b); do
+for n in 2 3; do
+	for model in mlp cnn; do
+		for lv in O0 O2; do
+			for sc in gpipe 1f1b; do
 				out=$("${MPIRUN[@]}" -np $n "$W" equiv $model $lv $sc 4 2>&1)
 				check "$n stages, $model $lv $sc, M 4: 20 steps bit-identical to 1 process accumulating" \
 					"$out" "OK equiv $model $lv $sc M 4 world $n: bit-identical" $n
@@ -39,13 +38,13 @@ out=$("$W" --nproc 2 equiv cnn O0 gpipe 4 2>&1)
 check "launcher 2 stages: bit-identical" "$out" "^\[rank [01]\] .*OK equiv cnn O0 gpipe M 4 world 2: bit-identical" 2
 
 # Pipeline and data parallel: 2 stages x 2 replicas (ranks 0, 2 are stage 0's).
-for model in $(pick "mlp cnn" cnn); do
+for model in mlp cnn; do
 	out=$("${MPIRUN[@]}" -np 4 "$W" dpequiv $model 4 2>&1)
 	check "2 stages x 2 replicas, $model: 1 process at the global batch within 1e-6" "$out" \
 		"OK dpequiv $model M 4 stages 2 replicas 2" 4
 done
 
-for n in $(pick "2 3" 2); do
+for n in 2 3; do
 	out=$("${MPIRUN[@]}" -np $n "$W" overflow 2>&1)
 	check "O2, $n stages: an overflow in one micro-batch skips the step on every rank, same scale" \
 		"$out" "OK overflow: skipped 1 steps 4 scale 32768, the same on every rank 1" $n
@@ -57,7 +56,7 @@ check "loom_stage_boundary: the user's cut trains as 1 process; 2 marks for 2 st
 check "the start-up table shows stage 0 holding l1 only (32x20 + 32 = 672 parameters)" \
 	"$out" "stage 0: [0-9]* nodes, 672 parameters" 1
 
-for m in $(pick "2 4" 4); do
+for m in 2 4; do
 	out=$("${MPIRUN[@]}" -np 2 "$W" eval $m 2>&1)
 	check "EVAL through 2 stages, M $m: logits and loss of 1 process" "$out" "OK eval M $m: .* bit-identical" 2
 done
@@ -130,8 +129,7 @@ if [ -n "$MNIST" ]; then
 	check "mnist_ddp: a --pipeline 2 checkpoint resumes on 1 rank, 300 images in" "$out" \
 		"resumed .* at step 12 (epoch 1, batch 12)" 1
 fi
-# 4 ranks of cifar_ddp: the normal suite only (minutes under ASan).
-if [ -n "$CIFAR" ] && [ "$(pick full quick)" = full ]; then
+if [ -n "$CIFAR" ]; then
 	out=$("$CIFAR" --nproc 4 --pipeline 2 --micro-batches 8 --synthetic --train-images 160 \
 		--test-images 40 --width 8 --device cpu --batch-size 16 --epochs 1 --max-steps 3 \
 		--log-interval 1 2>&1)

@@ -76,11 +76,3 @@ mp_setup() {
 	trap 'rm -rf "$tmp"' EXIT
 	command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
 }
-
-# Under a sanitizer (bazel test --config=asan) a test runs each scenario
-# once, at one world size, level and optimizer, so that every code path is
-# checked under ASan in a fraction of the time (each mpirun costs seconds
-# there); the repeats run in the normal suite (and under ASan with
-# LOOM_TEST_FULL=1).
-# pick FULL_LIST SANITIZER_LIST
-pick() { if [ -n "${ASAN_OPTIONS:-}" ] && [ -z "${LOOM_TEST_FULL:-}" ]; then echo "$2"; else echo "$1"; fi; }
