@@ -14,8 +14,8 @@ out=.gpu-bundle
 bz() { bazel --output_base="$ob" "$@"; }
 
 targets=(//tests/engine/cuda:test_device //tests/engine/cuda:test_cuda_ops)
-for t in //examples:mnist_ddp //examples:resnet50_synthetic //bench:bench_convnet \
-	//engine/cuda:libloom_cuda.so; do
+for t in //examples:mnist_ddp //examples:gpt_ddp //examples:resnet50_synthetic \
+	//bench:bench_convnet //engine/cuda:libloom_cuda.so; do
 	if bz query "$t" >/dev/null 2>&1; then
 		targets+=("$t")
 	else
@@ -49,13 +49,21 @@ for b in "${built[@]}"; do
 done
 cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh "$out/"
 mkdir -p "$out/bench"
-cp bench/torch_gpu.py bench/torch_convnet.py "$out/bench/"
+cp bench/torch_gpu.py bench/torch_convnet.py bench/torch_modes.py bench/torch_gpt.py "$out/bench/"
 # Fashion-MNIST (about 30 MB) travels too, so that the suite can train the
 # ConvNet on the GPU and report its accuracy.
 data=${LOOM_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -d "$data" ]; then
 	mkdir -p "$out/data"
 	cp -L "$data"/*-ubyte* "$out/data/"
+fi
+# gpt_ddp's text (Debian's fortunes, about 1.5 MB of prose): one file, for
+# loom and bench/torch_gpt.py alike.
+text=${LOOM_TEXT_DIR:-/usr/share/games/fortunes}
+if [ -d "$text" ]; then
+	mkdir -p "$out/data"
+	find "$text" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 | sort -z |
+		xargs -0 cat >"$out/data/fortunes.txt"
 fi
 
 # bin/ and lib/ travel as one archive (oneDNN and OpenBLAS alone are 76 MB):

@@ -104,6 +104,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU suite's twin of gpt_ddp)")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="bf16 autocast (gpt_ddp --opt-level O1 --precision bf16's twin)")
     p.add_argument("--gelu", choices=["erf", "tanh"], default="erf")
     p.add_argument("--init", help="write the initial parameters here (f64, loom's order)")
     p.add_argument("--losses", help="write every step's loss here")
@@ -115,11 +118,14 @@ def main():
 
     data = open(a.data, "rb").read()
     cut = len(data) - len(data) // 10
-    train = torch.tensor(list(data[:cut]), dtype=torch.long)
+    train = torch.tensor(list(data[:cut]), dtype=torch.long).to(a.device)
     B, T = a.batch_size, a.context
     windows = (len(train) - 1) // T
 
     m = GPT(a.vocab, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none").to(dt)
+    m = m.to(a.device)
+    cuda = a.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     with torch.no_grad():
         for name, w in m.named_parameters():
             if w.dim() == 2:
@@ -141,6 +147,7 @@ def main():
     t0 = None
     for step in range(a.steps):
         if step == 1:
+            sync()
             t0 = time.perf_counter()  # the first step pays for start-up
         rows = [((step * B + r) % windows) * T for r in range(B)]
         x = torch.stack([train[s:s + T] for s in rows])
@@ -148,17 +155,23 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr_at(a, step, a.steps)
         opt.zero_grad(set_to_none=True)
-        loss = fwd(x, y)
+        if a.autocast == "bf16":
+            with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=torch.bfloat16):
+                loss = fwd(x, y)
+        else:
+            loss = fwd(x, y)
         loss.backward()
         if a.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(m.parameters(), a.clip_grad)
         opt.step()
         if out:
             out.write("%d %.17g\n" % (step + 1, loss.item()))
+    sync()
     dt_s = time.perf_counter() - t0 if t0 else float("nan")
     n = sum(w.numel() for w in m.parameters())
-    print("torch %s %s: %d parameters, %d steps, %.1f ms/step, %.0f tok/s" % (
-        torch.__version__, "compiled" if a.compile else "eager", n, a.steps,
+    print("torch %s %s%s on %s: %d parameters, %d steps, %.1f ms/step, %.0f tok/s" % (
+        torch.__version__, "compiled" if a.compile else "eager",
+        " bf16 autocast" if a.autocast == "bf16" else "", a.device, n, a.steps,
         1e3 * dt_s / max(a.steps - 1, 1), (a.steps - 1) * B * T / dt_s))
     return 0
 

@@ -252,9 +252,13 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	const loom_node *nd = &p->g->nodes[v];
 	/* What the epilogue left out: the bias over the rows [m, n], then the
 	 * relu, both in place. */
-	if (st == LOOM_OK && mp->bias_after)
-		st = loom_cuda_bias_add(c->err, c->stream, (int)nd->shape.dims[0],
-					(int)nd->shape.dims[1], 1, out, nd->dtype, src[2], nd->dtype);
+	if (st == LOOM_OK && mp->bias_after) {
+		/* Rows of a [..., out] output (a linear over GPT's [B, T, C]). */
+		mm_shape s;
+		mm_shape_of(p, nd, &s);
+		st = loom_cuda_bias_add(c->err, c->stream, s.m, s.n, 1, out, nd->dtype, src[2],
+					nd->dtype);
+	}
 	if (st == LOOM_OK && mp->relu_after)
 		st = loom_cuda_relu_fwd(c->err, c->stream, out, nd->dtype, out, nd->dtype,
 					loom_shape_numel(&nd->shape));

@@ -6,15 +6,18 @@
 #   1. the device, driver and library versions;
 #   2. test_device and 3. test_cuda_ops, with LOOM_REQUIRE_GPU=1 (a missing
 #      device fails, never skips; any skipped case fails the row);
-#   4. test_cuda_ops under compute-sanitizer memcheck, and racecheck on the
-#      own kernels' cases, when the host has compute-sanitizer, with
-#      cuBLASLt's log (CUBLASLT_LOG_LEVEL) and cuDNN's error log on;
-#   5. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
+#   4. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
 #      with the test accuracy;
-#   6. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
+#   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
 #      the NCCL test (init, broadcast, all-reduce, all-gather, teardown) and
 #      mnist_ddp started that way;
-#   7. bench_convnet, resnet50_synthetic and bench/torch_gpu.py side by side.
+#   6. gpt_ddp (small GPT at O0, O1/O2 bf16; GPT-2 124M for speed),
+#      bench_convnet, resnet50_synthetic, and their PyTorch twins
+#      (bench/torch_gpu.py, bench/torch_gpt.py) one after the other;
+#   7. test_cuda_ops under compute-sanitizer memcheck, and racecheck on the
+#      own kernels' cases, when the host has compute-sanitizer (last, so a
+#      short lease gets the rest first; LOOM_GPU_SANITIZER=0 leaves it out).
+# cuBLASLt's log (CUBLASLT_LOG_LEVEL) and cuDNN's error log are on throughout.
 # The whole run keeps to a 20-minute budget (LOOM_GPU_BUDGET_S); a step that
 # would start after it is a FAIL row "not run". Logs, the table and the
 # whole output go into one folder: $OUT when set (the device tool copies it
@@ -93,24 +96,6 @@ cat "$logs/versions.log"
 row test_device criterion 120 "" -- "$bin/test_device" --verbose
 row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 
-if command -v compute-sanitizer >/dev/null 2>&1; then
-	row memcheck_cuda_ops sanitizer 300 "" -- compute-sanitizer --tool memcheck \
-		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose
-	# racecheck (shared-memory hazards) is slow: the cases whose own kernels
-	# share memory in a block (elementwise.cu's sums, optim.cu's fused
-	# update and overflow check, the block reductions of dtype.cuh): the
-	# own batch-norm kernels, and ConvNet steps with the O2 optimizer.
-	row racecheck_bn sanitizer 150 "" -- compute-sanitizer --tool racecheck \
-		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
-		--filter 'cuda_ops/sync_batchnorm_one_rank'
-	row racecheck_convnet sanitizer 150 "" -- compute-sanitizer --tool racecheck \
-		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
-		--filter 'cuda_convnet/o2_fp16'
-else
-	echo "compute-sanitizer: not on this host" >"$logs/memcheck_cuda_ops.log"
-	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
-fi
-
 data=()
 [ -d "$here/data" ] && data=(--data "$here/data")
 for lvl in O0 O1 O2 O2_bf16; do
@@ -134,13 +119,59 @@ row mnist_ddp_env_world1 train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
 row bench_convnet bench 180 "" -- "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
 row resnet50_synthetic bench 180 "" -- "$bin/resnet50_synthetic" --device cuda --batch-size 64 \
 	--steps 20 --warmup 3
+# The transformer: the small default GPT at O0, O1 bf16 and O2 bf16 for
+# 300 steps (the loss must fall; a sample of text at the end), then GPT-2
+# 124M (vocabulary 50257, context 1024) at batch 8 for speed, loom and
+# PyTorch (bench/torch_gpt.py, the same model) one after the other.
+text=()
+[ -f "$here/data/fortunes.txt" ] && text=(--data "$here/data/fortunes.txt")
+for lvl in O0 O1_bf16 O2_bf16; do
+	prec=()
+	[ $lvl != O0 ] && prec=(--precision bf16)
+	row "gpt_ddp_$lvl" bench 120 "" -- "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--opt-level "${lvl%_bf16}" "${prec[@]}" --max-steps 300 --log-interval 50 \
+		--val-interval 100 --sample 200
+done
+row gpt2_124m_O1_bf16 bench 150 "" -- "$bin/gpt_ddp" --device cuda "${text[@]}" --preset gpt2 \
+	--opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 --log-interval 5 \
+	--val-interval 0 --sample 0 --memory-report
 py=$(command -v python3 || true)
 if [ -n "$py" ] && "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
 	row torch_convnet optional 180 "" -- "$py" "$here/bench/torch_gpu.py" convnet --batch 100 "${data[@]}"
 	row torch_resnet50 optional 180 "" -- "$py" "$here/bench/torch_gpu.py" resnet50 --batch 64 --steps 20
+	if [ ${#text[@]} -gt 0 ]; then
+		for ac in none bf16; do
+			row "torch_gpt2_124m_$ac" optional 150 "" -- "$py" "$here/bench/torch_gpt.py" \
+				--device cuda "${text[@]}" --layers 12 --heads 12 --embd 768 --context 1024 \
+				--vocab 50257 --batch-size 8 --steps 20 --autocast $ac
+		done
+	fi
 else
 	echo "no python3 with CUDA PyTorch on this host" >"$logs/torch.log"
 	printf 'torch\toptional\tabsent\t0\t%s\t\n' "$logs/torch.log" >>"$rows"
+fi
+
+# The sanitizer rows come last, so that a short lease gets the tests,
+# training and benchmarks first; LOOM_GPU_SANITIZER=0 leaves them out.
+if [ "${LOOM_GPU_SANITIZER:-1}" = 0 ]; then
+	echo "compute-sanitizer: left out (LOOM_GPU_SANITIZER=0)" >"$logs/memcheck_cuda_ops.log"
+	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
+elif command -v compute-sanitizer >/dev/null 2>&1; then
+	row memcheck_cuda_ops sanitizer 300 "" -- compute-sanitizer --tool memcheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose
+	# racecheck (shared-memory hazards) is slow: the cases whose own kernels
+	# share memory in a block (elementwise.cu's sums, optim.cu's fused
+	# update and overflow check, the block reductions of dtype.cuh): the
+	# own batch-norm kernels, and ConvNet steps with the O2 optimizer.
+	row racecheck_bn sanitizer 150 "" -- compute-sanitizer --tool racecheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
+		--filter 'cuda_ops/sync_batchnorm_one_rank'
+	row racecheck_convnet sanitizer 150 "" -- compute-sanitizer --tool racecheck \
+		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose \
+		--filter 'cuda_convnet/o2_fp16'
+else
+	echo "compute-sanitizer: not on this host" >"$logs/memcheck_cuda_ops.log"
+	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
 fi
 
 echo

@@ -12,7 +12,7 @@
 #              --filter left out, not a skip)
 #   sanitizer  criterion, and compute-sanitizer's "ERROR SUMMARY: 0 errors"
 #   train      the last "test accuracy X%" at or above the minimum
-#   bench      a non-zero img/s figure
+#   bench      a non-zero img/s (or tok/s) figure
 #   optional   like bench, but a missing tool (rc "absent") is N/A, not FAIL
 # rc "absent": the program is not there; "timeout" (or 124): it ran out of
 # time; "budget": not run, the suite's time was spent. Prints the table;
@@ -111,7 +111,7 @@ while IFS=$'\t' read -r name kind rc secs log min; do
 			[ -n "$ips" ] && detail="$detail, last $ips"
 			;;
 		bench | optional)
-			ips=$(grep -aoE '[0-9]+(\.[0-9]+)? img/s|"img_per_s": *[0-9.]+|\| *[0-9]+ *\| *[0-9]+ *\|' "$log" | tail -n 1)
+			ips=$(grep -aoE '[0-9]+(\.[0-9]+)? (img|tok)/s|"img_per_s": *[0-9.]+|\| *[0-9]+ *\| *[0-9]+ *\|' "$log" | tail -n 1)
 			if [ -z "$ips" ] || ! grep -q '[1-9]' <<<"$ips"; then
 				verdict=FAIL
 				detail="no images/s figure in the log; last line: $(last_line "$log")"

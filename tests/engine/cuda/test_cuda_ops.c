@@ -922,7 +922,7 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 	o.amp.level = level;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
-	if (level != LOOM_O0)
+	if (level != LOOM_O0 && half == LOOM_F16) /* bf16 takes no loss scale */
 		o.amp.static_scale = 1.0;
 	o.amp.half = half;
 	o.optim.kind = kind;
@@ -981,8 +981,25 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 		cr_assert(a && b);
 		read_value(p[1], v, 0, a, cnt);
 		read_value(p[0], v, 0, b, cnt);
-		double e = nmse(a, b, cnt);
-		cr_expect(e <= tol * tol, "%s value %d after 3 steps: NMSE %g", name, i, e);
+		/* The conv bias feeds a training-mode batch norm, which removes any
+		 * per-channel shift: its gradient is zero in exact arithmetic, and
+		 * each backend's is rounding noise. SGD moves it by lr times that
+		 * noise; AdamW normalises the noise to a step of about lr whatever
+		 * its size (|m^/sqrt(v^)| <= 1.01 for 3 steps), in a direction
+		 * neither backend can be held to. For AdamW the bias (1) and the
+		 * running mean it feeds (6) are held to that bound instead: at
+		 * most 3 steps of lr each way (6.5 lr); the others to the NMSE. */
+		if (kind == LOOM_OPTIM_ADAMW && (i == 1 || i == 6)) {
+			double worst = 0;
+			for (size_t j = 0; j < cnt; j++)
+				worst = fmax(worst, fabs(a[j] - b[j]));
+			cr_expect(worst <= 6.5 * o.optim.lr,
+				  "%s value %d after 3 steps: |cuda - cpu| %g > 6.5 lr", name, i,
+				  worst);
+		} else {
+			double e = nmse(a, b, cnt);
+			cr_expect(e <= tol * tol, "%s value %d after 3 steps: NMSE %g", name, i, e);
+		}
 		free(a);
 		free(b);
 	}
