@@ -263,6 +263,9 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
+	case LOOM_OP_SUM: /* the per-block sums (elementwise.cu) */
+		np->ws = loom_cuda_align(sizeof(double) * LOOM_CUDA_SUM_PARTS);
+		break;
 	default:
 		np->ws = loom_cuda_gpt_ws(p, v); /* 0 for the others */
 		break;

@@ -291,8 +291,11 @@ loom_status loom_cuda_relu_bwd(char *err, cudaStream_t s, const void *x, int xdt
 /* relu: apply a fused relu (attrs.ew.relu) before rounding. */
 loom_status loom_cuda_add(char *err, cudaStream_t s, const void *a, int adt,
 			  const void *b, int bdt, void *y, int ydt, int64_t n, int relu);
+/* The sum of x's n elements into y[0], in double: part (the node's
+ * workspace, LOOM_CUDA_SUM_PARTS doubles) holds the per-block sums. */
+#define LOOM_CUDA_SUM_PARTS 1024
 loom_status loom_cuda_sum(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
-			  void *y, int ydt);
+			  void *y, int ydt, double *part);
 loom_status loom_cuda_broadcast_scalar(char *err, cudaStream_t s, const void *x,
 				       int xdt, double scale, void *y, int ydt, int64_t n);
 loom_status loom_cuda_channel_sum(char *err, cudaStream_t s, int n, int c, int64_t hw,

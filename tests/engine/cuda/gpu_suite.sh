@@ -119,6 +119,11 @@ row mnist_ddp_env_world1 train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
 row bench_convnet bench 180 "" -- "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
 row resnet50_synthetic bench 180 "" -- "$bin/resnet50_synthetic" --device cuda --batch-size 64 \
 	--steps 20 --warmup 3
+# Mixed precision, the twins of PyTorch's amp-fp16 and amp-bf16 rows.
+row resnet50_synthetic_O2 bench 180 "" -- "$bin/resnet50_synthetic" --device cuda --batch-size 64 \
+	--steps 20 --warmup 3 --opt-level O2
+row resnet50_synthetic_O1_bf16 bench 180 "" -- "$bin/resnet50_synthetic" --device cuda \
+	--batch-size 64 --steps 20 --warmup 3 --opt-level O1 --precision bf16
 # The transformer: the small default GPT at O0, O1 bf16 and O2 bf16 for
 # 300 steps (the loss must fall; a sample of text at the end), then GPT-2
 # 124M (vocabulary 50257, context 1024) at batch 8 for speed, loom and
@@ -132,11 +137,18 @@ for lvl in O0 O1_bf16 O2_bf16; do
 		--opt-level "${lvl%_bf16}" "${prec[@]}" --max-steps 300 --log-interval 50 \
 		--val-interval 100 --sample 200
 done
-row gpt2_124m_O1_bf16 bench 150 "" -- "$bin/gpt_ddp" --device cuda "${text[@]}" --preset gpt2 \
-	--opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 --log-interval 5 \
-	--val-interval 0 --sample 0 --memory-report
+for lvl in O1 O2; do
+	row "gpt2_124m_${lvl}_bf16" bench 150 "" -- "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level $lvl --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0 --memory-report
+done
 py=$(command -v python3 || true)
-if [ -n "$py" ] && "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+# LOOM_GPU_TORCH=0 leaves the PyTorch twins out (a rerun on a machine
+# where they were measured already).
+if [ "${LOOM_GPU_TORCH:-1}" = 0 ]; then
+	echo "PyTorch twins: left out (LOOM_GPU_TORCH=0)" >"$logs/torch.log"
+	printf 'torch\toptional\tabsent\t0\t%s\t\n' "$logs/torch.log" >>"$rows"
+elif [ -n "$py" ] && "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
 	row torch_convnet optional 180 "" -- "$py" "$here/bench/torch_gpu.py" convnet --batch 100 "${data[@]}"
 	row torch_resnet50 optional 180 "" -- "$py" "$here/bench/torch_gpu.py" resnet50 --batch 64 --steps 20
 	if [ ${#text[@]} -gt 0 ]; then
@@ -157,8 +169,14 @@ if [ "${LOOM_GPU_SANITIZER:-1}" = 0 ]; then
 	echo "compute-sanitizer: left out (LOOM_GPU_SANITIZER=0)" >"$logs/memcheck_cuda_ops.log"
 	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
 elif command -v compute-sanitizer >/dev/null 2>&1; then
+	# --report-api-errors no: NCCL's start-up probes a kernel image for
+	# every architecture it was built for and takes the "no kernel image"
+	# answers as expected (8 reports inside ncclInitKernelsForDevice on an
+	# H200, none from loom); loom checks every CUDA call's status itself,
+	# and a failing call fails its test. Memory errors are all reported.
 	row memcheck_cuda_ops sanitizer 300 "" -- compute-sanitizer --tool memcheck \
-		--target-processes all --error-exitcode 86 "$bin/test_cuda_ops" --verbose
+		--report-api-errors no --target-processes all --error-exitcode 86 \
+		"$bin/test_cuda_ops" --verbose
 	# racecheck (shared-memory hazards) is slow: the cases whose own kernels
 	# share memory in a block (elementwise.cu's sums, optim.cu's fused
 	# update and overflow check, the block reductions of dtype.cuh): the

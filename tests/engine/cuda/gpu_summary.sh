@@ -11,6 +11,7 @@
 #              synthesis does not count them; "Test is disabled" is a case
 #              --filter left out, not a skip)
 #   sanitizer  criterion, and compute-sanitizer's "ERROR SUMMARY: 0 errors"
+#              (memcheck) or "RACECHECK SUMMARY: ... (0 errors, ...)"
 #   train      the last "test accuracy X%" at or above the minimum
 #   bench      a non-zero img/s (or tok/s) figure
 #   optional   like bench, but a missing tool (rc "absent") is N/A, not FAIL
@@ -87,8 +88,12 @@ while IFS=$'\t' read -r name kind rc secs log min; do
 		criterion | sanitizer)
 			criterion_verdict "$log"
 			if [ "$kind" = sanitizer ]; then
-				errs=$(grep -a 'ERROR SUMMARY:' "$log" | sed -n 's/.*ERROR SUMMARY: *\([0-9][0-9]*\).*/\1/p' |
-					awk '{ s += $1 } END { print (NR ? s : "") }')
+				# memcheck: "ERROR SUMMARY: N errors"; racecheck:
+				# "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)".
+				errs=$( {
+					grep -a 'ERROR SUMMARY:' "$log" | sed -n 's/.*ERROR SUMMARY: *\([0-9][0-9]*\).*/\1/p'
+					grep -a 'RACECHECK SUMMARY:' "$log" | sed -n 's/.*(\([0-9][0-9]*\) errors.*/\1/p'
+				} | awk '{ s += $1 } END { print (NR ? s : "") }')
 				if [ -z "$errs" ]; then
 					verdict=FAIL
 					detail="$detail; no compute-sanitizer ERROR SUMMARY"

@@ -48,6 +48,14 @@ cat >"$d/san_bad.log" <<'L'
 [====] Synthesis: Tested: 17 | Passing: 17 | Failing: 0 | Crashing: 0
 ========= ERROR SUMMARY: 3 errors
 L
+cat >"$d/race_ok.log" <<'L'
+[PASS] cuda_convnet::o2_fp16: (2.01s)
+[====] Synthesis: Tested: 1 | Passing: 1 | Failing: 0 | Crashing: 0
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+L
+sed 's/0 hazards displayed (0 errors, 0 warnings)/2 hazards displayed (1 errors, 1 warnings)/' \
+	"$d/race_ok.log" >"$d/race_bad.log"
+printf 'step    20/20  loss 3.19  49744 tok/s  164.7 ms/step  MFU 40.1%%\n' >"$d/gpt_ok.log"
 cat >"$d/train_ok.log" <<'L'
 epoch 1 step   600/600  loss 0.4  acc 86.0%  51234.5 img/s  ETA 0s  batch 100
 epoch 1 done: test loss 0.3690, test accuracy 86.93%, train 1.2 s
@@ -80,11 +88,14 @@ versions${T}info${T}0${T}0${T}$d/clean.log${T}
 test_cuda_ops${T}criterion${T}0${T}12.0${T}$d/clean.log${T}
 nccl_env_world1${T}criterion${T}0${T}2.0${T}$d/filtered.log${T}
 memcheck${T}sanitizer${T}0${T}80.0${T}$d/san_ok.log${T}
+racecheck${T}sanitizer${T}0${T}8.0${T}$d/race_ok.log${T}
+gpt_ddp_O0${T}bench${T}0${T}3.0${T}$d/gpt_ok.log${T}
 mnist_ddp_O0${T}train${T}0${T}20.0${T}$d/train_ok.log${T}80
 bench_convnet${T}bench${T}0${T}5.0${T}$d/bench_ok.log${T}
 torch${T}optional${T}absent${T}0${T}$d/torch.log${T}
 R
-check "$d/rows_good" 0 versions=PASS test_cuda_ops=PASS nccl_env_world1=PASS memcheck=PASS mnist_ddp_O0=PASS \
+check "$d/rows_good" 0 versions=PASS test_cuda_ops=PASS nccl_env_world1=PASS memcheck=PASS \
+	racecheck=PASS gpt_ddp_O0=PASS mnist_ddp_O0=PASS \
 	bench_convnet=PASS torch=N/A
 grep -q 'verdict: PASS' "$d/out" || fail "no overall PASS line"
 grep -q 'test accuracy 86.93% (minimum 80%)' "$d/out" || fail "the accuracy is not in the table"
@@ -103,6 +114,7 @@ failing${T}criterion${T}1${T}3.0${T}$d/failing.log${T}
 nosyn${T}criterion${T}0${T}1.0${T}$d/nosyn.log${T}
 san_bad${T}sanitizer${T}0${T}1.0${T}$d/san_bad.log${T}
 san_nosummary${T}sanitizer${T}0${T}1.0${T}$d/clean.log${T}
+race_bad${T}sanitizer${T}0${T}1.0${T}$d/race_bad.log${T}
 train_low${T}train${T}0${T}1.0${T}$d/train_low.log${T}80
 train_none${T}train${T}1${T}1.0${T}$d/train_none.log${T}80
 bench_bad${T}bench${T}1${T}1.0${T}$d/bench_bad.log${T}
@@ -110,9 +122,9 @@ slow${T}criterion${T}124${T}300.0${T}$d/clean.log${T}
 late${T}bench${T}budget${T}0${T}$d/empty.log${T}
 gone${T}criterion${T}absent${T}0${T}$d/empty.log${T}
 R
-check "$d/rows_bad" 1 failing=FAIL nosyn=FAIL san_bad=FAIL san_nosummary=FAIL train_low=FAIL \
+check "$d/rows_bad" 1 failing=FAIL nosyn=FAIL san_bad=FAIL san_nosummary=FAIL race_bad=FAIL train_low=FAIL \
 	train_none=FAIL bench_bad=FAIL slow=FAIL late=FAIL gone=FAIL
-grep -q 'verdict: FAIL (10 row(s))' "$d/out" || fail "overall line: $(tail -n 1 "$d/out")"
+grep -q 'verdict: FAIL (11 row(s))' "$d/out" || fail "overall line: $(tail -n 1 "$d/out")"
 grep -q 'failing .*first failure: needs a CUDA device (LOOM_REQUIRE_GPU=1): none is usable: cuInit' "$d/out" ||
 	fail "a failed case's message is not in the table"
 grep -q 'train_none .*last line: mnist_ddp: device cuda: no CUDA device' "$d/out" ||
