@@ -298,10 +298,13 @@ struct mpi_sub {
 	MPI_Comm comm;
 };
 
-/* The MPI communicator behind c: the group's, or a split's. */
+/* The MPI communicator behind c: a split's own, or the group's. (It once
+ * called itself for the group's: optimised builds read the group's struct
+ * through the split's cast by luck, as comm is the first field of both; the
+ * ASan build spun forever in the first all-reduce.) */
 static MPI_Comm comm_of(loom_comm *c)
 {
-	return c->owned ? ((struct mpi_sub *)c->ctx)->comm : comm_of(c);
+	return c->owned ? ((struct mpi_sub *)c->ctx)->comm : c->pg->mpi->comm;
 }
 
 static loom_status mpi_type(loom_comm *c, loom_dtype dt, MPI_Datatype *type, MPI_Op *op)
