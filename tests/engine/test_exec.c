@@ -1,12 +1,15 @@
 /*
  * tests/engine/test_exec.c — the step list and the one executor, through a
- * recording backend (the CPU backend's table with its step methods counted):
- * each step kind a single process has (node, accumulation, optimizer) runs
- * when and as often as the list says, the list is what --dump-graph shows,
- * a backend that refuses a node is refused at compile naming the node with
- * its dtypes and shapes, and a trace records spans on a backend that is not
- * the CPU's table. Collective, wait and copy steps need ranks: tests/ddp
- * (the zero and zsteps cases).
+ * recording backend (the CPU backend's table with its step methods counted),
+ * one test per step kind: node, accumulation and optimizer steps run when
+ * and as often as the list says; collective, wait and copy steps run on a
+ * group of two ranks held in this one process (rank 0 is this test, the
+ * other rank is a fake communicator whose sums and gathers the tests can
+ * predict), as do the pipeline's send, receive and micro-batch steps (this
+ * rank is stage 0 of two). Also: the list is what --dump-graph shows, a
+ * backend that refuses a node is refused at compile naming the node with its
+ * dtypes and shapes, and a trace records spans on a backend that is not the
+ * CPU's table. The real multi-process runs are tests/ddp's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,17 +18,243 @@
 
 #include <criterion/criterion.h>
 
+#include "comm/comm_internal.h"
+#include "dist/pipeline.h"
 #include "engine/program_internal.h"
 #include "loom.h"
 
 static struct {
 	int nodes, accum_add, accum_fold, optim, optim_first, optim_last, optim_finite, begins;
 	loom_op refuse; /* supports_node says no to this op (LOOM_OP_COUNT: none) */
+	/* With the fake group: collectives in flight while a node ran, and
+	 * when the optimizer and each copy ran. */
+	int nodes_overlapped, in_flight_at_optim, waited_at_optim;
+	int copies, in_flight_at_copy;
 } rec;
+
+/* ------------------------------------------------------------ a group of two in one process */
+
+/*
+ * The host communicator of a group of `world` ranks in which this process
+ * is rank `rank` and every other rank is played here. The other ranks run
+ * the same program on the same data, so a sum is this rank's buffer times
+ * the world; what the others contribute to an all-gather is a sentinel
+ * (1000 + the element's index in the buffer), so that a test sees where
+ * each element came from; what they send this rank is recv_fill. Each call
+ * is logged, and its effect lands at wait(), as a real collective's lands
+ * at some point before it: whatever the executor reads too early shows.
+ */
+enum { FK_ALLREDUCE, FK_REDUCE_SCATTER, FK_ALLGATHER, FK_SEND, FK_RECV };
+
+typedef struct fk_call {
+	int op;
+	void *buf;
+	size_t count; /* elements (collectives), bytes (send, receive) */
+	loom_dtype dt;
+	int peer, tag;
+	int waited;
+	void *sent; /* send: the bytes as they were at wait() */
+} fk_call;
+
+#define FK_MAX 256
+
+static struct {
+	fk_call calls[FK_MAX];
+	int n, in_flight, recvs;
+	float recv_fill[8]; /* the k-th receive's every f32 element */
+} fk;
+
+typedef struct fk_work {
+	int call;
+} fk_work;
+
+static void fk_reset(void)
+{
+	for (int i = 0; i < fk.n; i++)
+		free(fk.calls[i].sent);
+	memset(&fk, 0, sizeof(fk));
+}
+
+static loom_status fk_start(loom_comm *c, int op, void *buf, size_t count, loom_dtype dt, int peer,
+			    int tag, loom_comm_work **out)
+{
+	fk_work *w = malloc(sizeof(*w));
+	if (!w || fk.n == FK_MAX) {
+		free(w);
+		return loom_comm_fail(c, LOOM_ERR_NOMEM, "fake: out of call slots");
+	}
+	fk.calls[fk.n] = (fk_call){ .op = op, .buf = buf, .count = count, .dt = dt, .peer = peer,
+				    .tag = tag };
+	w->call = fk.n++;
+	fk.in_flight++;
+	*out = (loom_comm_work *)w;
+	return LOOM_OK;
+}
+
+static loom_status fk_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return fk_start(c, FK_ALLREDUCE, buf, count, dt, -1, 0, out);
+}
+
+static loom_status fk_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					   void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return fk_start(c, FK_REDUCE_SCATTER, buf, count, dt, -1, 0, out);
+}
+
+static loom_status fk_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return fk_start(c, FK_ALLGATHER, buf, count, dt, -1, 0, out);
+}
+
+static loom_status fk_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+				 void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return fk_start(c, FK_SEND, (void *)buf, bytes, LOOM_F32, peer, tag, out);
+}
+
+static loom_status fk_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+				 void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return fk_start(c, FK_RECV, buf, bytes, LOOM_F32, peer, tag, out);
+}
+
+/* Elements [lo, hi) of an f32 or f64 buffer times k. */
+static void fk_scale(void *buf, loom_dtype dt, size_t lo, size_t hi, double k)
+{
+	for (size_t e = lo; e < hi; e++)
+		if (dt == LOOM_F64)
+			((double *)buf)[e] *= k;
+		else
+			((float *)buf)[e] *= (float)k;
+}
+
+/* Nothing ends before wait(): the executor must wait for it. */
+static loom_status fk_test(loom_comm *c, loom_comm_work *w, int *done)
+{
+	(void)c, (void)w;
+	*done = 0;
+	return LOOM_OK;
+}
+
+static loom_status fk_wait(loom_comm *c, loom_comm_work *work)
+{
+	fk_work *w = (fk_work *)work;
+	fk_call *k = &fk.calls[w->call];
+	size_t n = k->count;
+	free(w);
+	cr_assert(k->op == FK_SEND || k->op == FK_RECV || k->dt == LOOM_F32 || k->dt == LOOM_F64,
+		  "the fake sums f32 and f64 only");
+	switch (k->op) {
+	case FK_ALLREDUCE:
+		fk_scale(k->buf, k->dt, 0, n, c->world);
+		break;
+	case FK_REDUCE_SCATTER: /* this rank's shard holds every rank's */
+		fk_scale(k->buf, k->dt, n * (size_t)c->rank, n * (size_t)(c->rank + 1), c->world);
+		break;
+	case FK_ALLGATHER:
+		cr_assert_eq(k->dt, LOOM_F32);
+		for (int r = 0; r < c->world; r++)
+			for (size_t e = n * (size_t)r; r != c->rank && e < n * (size_t)(r + 1); e++)
+				((float *)k->buf)[e] = 1000.0f + (float)e;
+		break;
+	case FK_SEND:
+		k->sent = malloc(n ? n : 1);
+		cr_assert_not_null(k->sent);
+		memcpy(k->sent, k->buf, n);
+		break;
+	case FK_RECV:
+		cr_assert_lt(fk.recvs, 8);
+		for (size_t e = 0; e < n / sizeof(float); e++)
+			((float *)k->buf)[e] = fk.recv_fill[fk.recvs];
+		fk.recvs++;
+		break;
+	}
+	k->waited = 1;
+	fk.in_flight--;
+	return LOOM_OK;
+}
+
+/* The root is this rank in every broadcast these tests make. */
+static loom_status fk_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
+{
+	(void)buf, (void)bytes;
+	cr_assert_eq(root, c->rank, "the fake broadcasts from this rank only");
+	return LOOM_OK;
+}
+
+/* Every rank compiled the same plan: the same metadata from each. */
+static loom_status fk_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
+{
+	for (int r = 0; r < c->world; r++)
+		memmove((unsigned char *)recv + (size_t)r * bytes, send, bytes);
+	return LOOM_OK;
+}
+
+static loom_status fk_barrier(loom_comm *c)
+{
+	(void)c;
+	return LOOM_OK;
+}
+
+static void fk_abort(loom_comm *c)
+{
+	(void)c;
+}
+
+static void fk_free(loom_comm *c)
+{
+	free(c);
+}
+
+static const loom_comm_i fk_iface = {
+	.name = "fake",
+	.allreduce_start = fk_allreduce_start,
+	.test = fk_test,
+	.wait = fk_wait,
+	.broadcast = fk_broadcast,
+	.allgather = fk_allgather,
+	.barrier = fk_barrier,
+	.abort = fk_abort,
+	.free = fk_free,
+	.reduce_scatter_start = fk_reduce_scatter_start,
+	.allgather_start = fk_allgather_start,
+	.send_start = fk_send_start,
+	.recv_start = fk_recv_start,
+};
+
+/* A single process's group made into rank `rank` of `world`, with the fake
+ * as its host communicator (no MPI, no sockets). */
+static loom_pg *fake_group(int world, int rank)
+{
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE };
+	loom_pg *pg;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	loom_comm_peer *peers = calloc((size_t)world, sizeof(*peers));
+	loom_comm *c = calloc(1, sizeof(*c));
+	cr_assert(peers && c);
+	peers[rank] = pg->peers[0];
+	free(pg->peers);
+	pg->peers = peers;
+	pg->host->i->free(pg->host);
+	*c = (loom_comm){ .i = &fk_iface, .pg = pg, .rank = rank, .world = world };
+	pg->host = c;
+	pg->info.rank = pg->info.local_rank = rank;
+	pg->info.world = pg->info.local_world = world;
+	return pg;
+}
 
 static loom_status rec_run_node(void *ctx, const loom_plan *pl, const loom_arena *a, loom_value v)
 {
 	rec.nodes++;
+	rec.nodes_overlapped += fk.in_flight > 0;
 	return loom_cpu_backend.run_node(ctx, pl, a, v);
 }
 
@@ -45,6 +274,9 @@ static loom_status rec_optim(void *ctx, const loom_plan *pl, const loom_arena *a
 	rec.optim_first = first;
 	rec.optim_last = last;
 	rec.optim_finite = finite;
+	rec.in_flight_at_optim = fk.in_flight;
+	for (int i = 0; i < fk.n; i++)
+		rec.waited_at_optim += fk.calls[i].waited && fk.calls[i].op != FK_SEND;
 	return loom_cpu_backend.optim(ctx, pl, a, ts, first, last, finite);
 }
 
@@ -53,6 +285,13 @@ static loom_status rec_run_begin(void *ctx, const loom_plan *pl, const loom_aren
 {
 	rec.begins++;
 	return loom_cpu_backend.run_begin(ctx, pl, a, ts, flags);
+}
+
+static loom_status rec_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	rec.copies++;
+	rec.in_flight_at_copy += fk.in_flight;
+	return loom_cpu_backend.copy(ctx, dst, src, bytes);
 }
 
 static int rec_supports_node(void *ctx, const loom_plan *pl, loom_value v)
@@ -65,6 +304,7 @@ static loom_backend rec_backend;
 static void setup(void)
 {
 	memset(&rec, 0, sizeof(rec));
+	fk_reset();
 	rec.refuse = LOOM_OP_COUNT;
 	rec_backend = loom_cpu_backend;
 	rec_backend.name = "recording";
@@ -73,16 +313,18 @@ static void setup(void)
 	rec_backend.optim = rec_optim;
 	rec_backend.run_begin = rec_run_begin;
 	rec_backend.supports_node = rec_supports_node;
+	rec_backend.copy = rec_copy;
 	loom_test_backend = &rec_backend;
 }
 
 static void teardown(void)
 {
 	loom_test_backend = NULL;
+	fk_reset();
 }
 
-/* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y. */
-static loom_program *compile_mlp(loom_graph **gp, loom_optim_kind kind)
+/* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y; the loss. */
+static loom_value build_mlp(loom_graph **gp)
 {
 	loom_graph *g;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
@@ -90,16 +332,23 @@ static loom_program *compile_mlp(loom_graph **gp, loom_optim_kind kind)
 	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
 	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
 	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 8, 1));
-	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc2", h, 3, 1), y);
-	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.kind = kind;
-	o.optim.lr = 0.1;
-	loom_program *p;
-	loom_status st = loom_compile(g, loss, &o, &p);
 	*gp = g;
-	if (st != LOOM_OK) {
+	return loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc2", h, 3, 1), y);
+}
+
+static void mlp_opts(loom_compile_opts *o, loom_optim_kind kind)
+{
+	loom_compile_opts_default(o);
+	o->device = LOOM_DEVICE_CPU;
+	o->optim.kind = kind;
+	o->optim.lr = 0.1;
+}
+
+/* Compiled with o and given its inputs; NULL if the compile failed. */
+static loom_program *compile_mlp_with(loom_graph *g, loom_value loss, const loom_compile_opts *o)
+{
+	loom_program *p;
+	if (loom_compile(g, loss, o, &p) != LOOM_OK) {
 		loom_program_free(p);
 		return NULL;
 	}
@@ -109,6 +358,31 @@ static loom_program *compile_mlp(loom_graph **gp, loom_optim_kind kind)
 		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
 	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
 	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
+	return p;
+}
+
+static loom_program *compile_mlp(loom_graph **gp, loom_optim_kind kind)
+{
+	loom_compile_opts o;
+	mlp_opts(&o, kind);
+	loom_value loss = build_mlp(gp);
+	return compile_mlp_with(*gp, loss, &o);
+}
+
+/* The MLP as rank 0 of the fake group of two, its gradients in buckets of
+ * about 100 bytes (several buckets: fc2's weight alone is 96). */
+static loom_program *compile_mlp_ranked(loom_graph **gp, loom_pg *pg, int zero)
+{
+	loom_compile_opts o;
+	mlp_opts(&o, LOOM_OPTIM_SGD);
+	o.pg = pg;
+	o.zero_stage = zero;
+	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
+	loom_value loss = build_mlp(gp);
+	loom_program *p = compile_mlp_with(*gp, loss, &o);
+	cr_assert_not_null(p, "%s", loom_last_error());
+	cr_assert_eq(p->plan.world, 2);
+	cr_assert_geq(p->plan.buckets.n, 2, "buckets: %d", p->plan.buckets.n);
 	return p;
 }
 
@@ -279,4 +553,516 @@ Test(exec, a_trace_records_on_any_backend)
 	free(buf);
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/* ------------------------------------------------------------ collective, wait, copy */
+
+/* The step that computes v: its own node step, or its maker's. */
+static int step_of(const loom_plan *pl, loom_value v)
+{
+	loom_value u = loom_made_earlier(pl, v) ? pl->g->nodes[v].made_by : v;
+	for (int i = 0; i < pl->n_steps; i++)
+		if (pl->steps[i].kind == LOOM_STEP_NODE && pl->steps[i].v == u)
+			return i;
+	return -1;
+}
+
+/* The fake's calls of kind op, in the order they were made: how many, and
+ * the first `max` in out. */
+static int calls_of(int op, const fk_call **out, int max)
+{
+	int n = 0;
+	for (int i = 0; i < fk.n; i++)
+		if (fk.calls[i].op == op) {
+			if (n < max)
+				out[n] = &fk.calls[i];
+			n++;
+		}
+	return n;
+}
+
+/* Every parameter's gradient, read back after a GRAD run. */
+static double *grads_of(loom_program *p, loom_graph *g, size_t *n_out)
+{
+	size_t n = 0;
+	for (loom_value v = 0; v < g->n; v++)
+		if (g->nodes[v].op == LOOM_OP_PARAM)
+			n += (size_t)loom_shape_numel(&g->nodes[v].shape);
+	double *all = malloc(n * sizeof(double)), *at = all;
+	cr_assert_not_null(all);
+	for (loom_value v = 0; v < g->n; v++) {
+		if (g->nodes[v].op != LOOM_OP_PARAM)
+			continue;
+		size_t k = (size_t)loom_shape_numel(&g->nodes[v].shape);
+		cr_assert_eq(loom_read_grad_f64(p, v, at, k), LOOM_OK, "%s", loom_program_error(p));
+		at += k;
+	}
+	*n_out = n;
+	return all;
+}
+
+Test(exec, allreduce_steps_sum_each_bucket_once_backward_made_it)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp_ranked(&g, pg, 0);
+	loom_program *one = compile_mlp(&g1, LOOM_OPTIM_SGD);
+	cr_assert_not_null(one, "%s", loom_last_error());
+	const loom_plan *pl = &p->plan;
+	const loom_buckets *bk = &pl->buckets;
+	/* The list: each bucket's accumulation, then its all-reduce on the
+	 * communication stream, after the steps that make its gradients. */
+	int order[32], n = 0;
+	cr_assert_leq(bk->n, 32);
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_COLLECTIVE)
+			continue;
+		cr_assert_lt(i, pl->n_grad_steps, "step %d: all-reduces start during backward", i);
+		cr_assert_eq(s->coll, LOOM_COLL_ALLREDUCE, "step %d: %s", i, loom_coll_name(s->coll));
+		cr_assert_eq(s->stream, LOOM_STREAM_COMM);
+		cr_assert_eq(s->phase, LOOM_PHASE_BACKWARD);
+		cr_assert(s->index >= 0 && s->index < bk->n, "step %d: bucket %d", i, s->index);
+		const loom_bucket *b = &bk->b[s->index];
+		cr_assert_eq(s->v, b->node);
+		cr_assert_eq(pl->steps[i - 1].kind, LOOM_STEP_ACCUM);
+		cr_assert_eq(pl->steps[i - 1].index, s->index);
+		for (int j = b->first; j < b->first + b->n; j++) {
+			int m = step_of(pl, bk->grad[j]);
+			cr_assert(m >= 0 && m < i, "bucket %d: gradient %d made at step %d, all-reduced at %d",
+				  s->index, (int)bk->grad[j], m, i);
+		}
+		for (int k = 0; k < n; k++)
+			cr_assert_neq(order[k], s->index, "bucket %d all-reduced twice", s->index);
+		order[n++] = s->index;
+	}
+	cr_assert_eq(n, bk->n, "one all-reduce per bucket");
+
+	/* The run: each bucket whole, in the list's order; the sum is the
+	 * two ranks' (the same gradients: one process's times two). */
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_run(one, LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(one));
+	const fk_call *c[32];
+	cr_assert_eq(calls_of(FK_ALLREDUCE, c, 32), bk->n);
+	for (int k = 0; k < n; k++) {
+		const loom_bucket *b = &bk->b[order[k]];
+		cr_assert_eq(c[k]->buf, p->arena.bucket + b->base, "all-reduce %d: not bucket %d", k,
+			     order[k]);
+		cr_assert_eq(c[k]->count, (size_t)b->count);
+		cr_assert_eq(c[k]->dt, b->dtype);
+		cr_assert(c[k]->waited);
+	}
+	size_t ng, ng1;
+	double *two = grads_of(p, g, &ng), *ref = grads_of(one, g1, &ng1);
+	cr_assert_eq(ng, ng1);
+	int nonzero = 0;
+	for (size_t i = 0; i < ng; i++) {
+		cr_assert_eq(two[i], 2 * ref[i], "gradient element %zu: %g, one process's %g", i,
+			     two[i], ref[i]);
+		nonzero += ref[i] != 0;
+	}
+	cr_assert_gt(nonzero, 0);
+	free(two);
+	free(ref);
+
+	/* Gradient accumulation (DDP's no_sync): nothing is sent. */
+	fk_reset();
+	rec.accum_add = 0;
+	cr_assert_eq(loom_run(p, LOOM_RUN_ACCUMULATE), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(fk.n, 0, "an ACCUMULATE run made %d collective calls", fk.n);
+	cr_assert_eq(rec.accum_add, bk->n);
+	loom_program_free(one);
+	loom_program_free(p);
+	loom_graph_free(g1);
+	loom_graph_free(g);
+	loom_pg_free(pg);
+}
+
+Test(exec, the_wait_step_ends_the_collectives_in_flight_before_the_update)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_program *p = compile_mlp_ranked(&g, pg, 0);
+	const loom_plan *pl = &p->plan;
+	/* One wait: the optimizer phase's first step, right before the update. */
+	cr_assert_eq(count_kind(pl, LOOM_STEP_WAIT, 0, pl->n_steps), 1);
+	const loom_step *w = &pl->steps[pl->n_grad_steps];
+	cr_assert_eq(w->kind, LOOM_STEP_WAIT, "step %d is %s", pl->n_grad_steps,
+		     loom_step_kind_name(w->kind));
+	cr_assert_eq(w->stream, LOOM_STREAM_COMPUTE);
+	cr_assert_eq(w->phase, LOOM_PHASE_OPTIMIZER);
+	cr_assert_eq(pl->steps[pl->n_grad_steps + 1].kind, LOOM_STEP_OPTIM);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	/* Backward went on while all-reduces were in flight (nothing ends
+	 * before its wait here), and the wait ended them all before the
+	 * update read the sums. */
+	cr_assert_gt(rec.nodes_overlapped, 0, "no node ran beside a collective");
+	cr_assert_eq(rec.optim, 1);
+	cr_assert_eq(rec.in_flight_at_optim, 0, "the update ran with collectives in flight");
+	cr_assert_eq(rec.waited_at_optim, pl->buckets.n);
+	cr_assert_eq(fk.in_flight, 0);
+	loom_program_free(p);
+	loom_graph_free(g);
+	loom_pg_free(pg);
+}
+
+Test(exec, zero_reduce_scatters_each_bucket_then_all_gathers_it_after_the_update)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp_ranked(&g, pg, 1);
+	loom_program *one = compile_mlp(&g1, LOOM_OPTIM_SGD);
+	cr_assert_not_null(one, "%s", loom_last_error());
+	const loom_plan *pl = &p->plan;
+	const loom_buckets *bk = &pl->buckets;
+	int nb = bk->n, rs = 0;
+	cr_assert_eq(pl->zero, 1);
+	/* Backward: a reduce-scatter per bucket where the all-reduce was. */
+	for (int i = 0; i < pl->n_grad_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_COLLECTIVE)
+			continue;
+		cr_assert_eq(s->coll, LOOM_COLL_REDUCE_SCATTER, "step %d: %s", i, loom_coll_name(s->coll));
+		cr_assert_eq(s->stream, LOOM_STREAM_COMM);
+		cr_assert_eq(pl->steps[i - 1].kind, LOOM_STEP_ACCUM);
+		rs++;
+	}
+	cr_assert_eq(rs, nb);
+	/* Then: wait, update, an all-gather per bucket, wait, a copy per bucket. */
+	const loom_step *s = &pl->steps[pl->n_grad_steps];
+	cr_assert_eq(pl->n_steps, pl->n_grad_steps + 3 + 2 * nb);
+	cr_assert_eq(s[0].kind, LOOM_STEP_WAIT);
+	cr_assert_eq(s[1].kind, LOOM_STEP_OPTIM);
+	for (int k = 0; k < nb; k++) {
+		const loom_step *a = &s[2 + k];
+		cr_assert_eq(a->kind, LOOM_STEP_COLLECTIVE, "step %d", pl->n_grad_steps + 2 + k);
+		cr_assert_eq(a->coll, LOOM_COLL_ALLGATHER);
+		cr_assert_eq(a->index, k);
+		cr_assert_eq(a->stream, LOOM_STREAM_COMM);
+		cr_assert_eq(a->phase, LOOM_PHASE_OPTIMIZER);
+	}
+	cr_assert_eq(s[2 + nb].kind, LOOM_STEP_WAIT);
+
+	/* The run: each bucket's shard (half of it) reduced, then gathered,
+	 * from the bucket's own memory; every reduce-scatter ended before the
+	 * update, which no all-gather started ahead of. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	const fk_call *r[32], *a[32];
+	cr_assert_eq(calls_of(FK_REDUCE_SCATTER, r, 32), nb);
+	cr_assert_eq(calls_of(FK_ALLGATHER, a, 32), nb);
+	cr_assert_eq(calls_of(FK_ALLREDUCE, a, 0), 0);
+	cr_assert_lt(r[nb - 1], a[0], "an all-gather started before the last reduce-scatter");
+	cr_assert_eq(rec.in_flight_at_optim, 0);
+	cr_assert_eq(rec.optim, 1);
+	cr_assert_eq(rec.waited_at_optim, nb);
+	int seen = 0;
+	for (int i = 0; i < nb; i++)
+		for (int k = 0; k < nb; k++) {
+			const loom_bucket *b = &bk->b[k];
+			if (r[i]->buf != p->arena.bucket + b->base)
+				continue;
+			seen |= 1 << k;
+			cr_assert_eq(r[i]->count, (size_t)b->count / 2, "bucket %d: shard", k);
+			cr_assert_eq(a[k]->buf, p->arena.bucket + b->base, "all-gather %d", k);
+			cr_assert_eq(a[k]->count, (size_t)b->count / 2);
+		}
+	cr_assert_eq(seen, (1 << nb) - 1, "a reduce-scatter of every bucket");
+	/* This rank's shard held the two ranks' sum: its update is one
+	 * process's, bit for bit (2g / 2 = g). */
+	cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	int mine = 0;
+	for (int k = 0; k < nb; k++) {
+		const loom_bucket *b = &bk->b[k];
+		int64_t shard = b->count / 2;
+		for (int j = b->first; j < b->first + b->n; j++)
+			for (int sl = 0; sl < pl->n_params; sl++) {
+				if (pl->params[sl].grad != bk->grad[j])
+					continue;
+				loom_value v = pl->params[sl].param;
+				const float *w2 = loom_arena_ptr(&p->arena, pl, v);
+				const float *w1 = loom_arena_ptr(&one->arena, &one->plan, v);
+				int64_t e0 = (int64_t)(bk->offset[j] / sizeof(float));
+				for (int64_t e = 0; e < pl->params[sl].numel && e0 + e < shard; e++, mine++)
+					cr_assert_eq(w2[e], w1[e], "%s[%lld]: %g, one process's %g",
+						     pl->g->nodes[v].name, (long long)e, w2[e], w1[e]);
+			}
+	}
+	cr_assert_gt(mine, 0);
+	loom_program_free(one);
+	loom_program_free(p);
+	loom_graph_free(g1);
+	loom_graph_free(g);
+	loom_pg_free(pg);
+}
+
+Test(exec, zero_copy_steps_put_the_gathered_parameters_back)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_program *p = compile_mlp_ranked(&g, pg, 1);
+	const loom_plan *pl = &p->plan;
+	const loom_buckets *bk = &pl->buckets;
+	int nb = bk->n, members = 0;
+	for (int k = 0; k < nb; k++) {
+		const loom_step *c = &pl->steps[pl->n_steps - nb + k];
+		cr_assert_eq(c->kind, LOOM_STEP_COPY, "step %d", pl->n_steps - nb + k);
+		cr_assert_eq(c->index, k);
+		cr_assert_eq(c->stream, LOOM_STREAM_COMPUTE);
+		members += bk->b[k].n;
+	}
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	/* One copy per parameter, none while its all-gather was in flight;
+	 * then every element is its bucket's: the other rank's shard (the
+	 * fake's 1000 + index) and this rank's update alike. */
+	cr_assert_eq(rec.copies, members);
+	cr_assert_eq(rec.in_flight_at_copy, 0);
+	int theirs = 0, mine = 0;
+	for (int k = 0; k < nb; k++) {
+		const loom_bucket *b = &bk->b[k];
+		const float *bucket = (const float *)(p->arena.bucket + b->base);
+		int64_t shard = b->count / 2;
+		for (int j = b->first; j < b->first + b->n; j++)
+			for (int sl = 0; sl < pl->n_params; sl++) {
+				if (pl->params[sl].grad != bk->grad[j])
+					continue;
+				loom_value v = pl->params[sl].param;
+				const float *w = loom_arena_ptr(&p->arena, pl, v);
+				int64_t e0 = (int64_t)(bk->offset[j] / sizeof(float));
+				for (int64_t e = 0; e < pl->params[sl].numel; e++) {
+					int64_t be = e0 + e;
+					float want = be >= shard ? 1000.0f + (float)be : bucket[be];
+					cr_assert_eq(w[e], want, "%s[%lld] (bucket %d element %lld): %g, want %g",
+						     pl->g->nodes[v].name, (long long)e, k, (long long)be,
+						     w[e], want);
+					theirs += be >= shard;
+					mine += be < shard;
+				}
+			}
+	}
+	cr_assert_gt(theirs, 0);
+	cr_assert_gt(mine, 0);
+	loom_program_free(p);
+	loom_graph_free(g);
+	loom_pg_free(pg);
+}
+
+/* ------------------------------------------------------------ pipeline: send, recv, micro */
+
+/* Two micro-batches of x [2, 3]: all positive, then of both signs. */
+static const float pipe_x[2][6] = { { 0.5f, 1, 1.5f, 2, 2.5f, 3 }, { 1, -1, 2, -2, 3, -3 } };
+
+/*
+ * h = relu(x + w), w zeros, the last value of stage 0; loss = sum(h) on
+ * stage 1. This process is rank 0 of the fake two: stage 0, which sends h
+ * forward and receives its gradient back (the fake's recv_fill), two
+ * micro-batches, GPipe, SGD at lr 1: w's update is minus the mean over the
+ * micro-batches of the gradient received where relu let it through.
+ */
+static loom_program *compile_pipe(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w)
+{
+	loom_graph *g;
+	int64_t d[2] = { 2, 3 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	*w = loom_param(g, "w", LOOM_F32, 2, d, LOOM_INIT_ZEROS, 3);
+	*h = loom_relu(g, loom_add(g, x, *w));
+	cr_assert_eq(loom_stage_boundary(g, *h), LOOM_OK);
+	loom_value loss = loom_sum(g, *h);
+	loom_compile_opts o;
+	mlp_opts(&o, LOOM_OPTIM_SGD);
+	o.optim.lr = 1;
+	o.pg = pg;
+	o.pipeline_stages = 2;
+	o.micro_batches = 2;
+	o.schedule = LOOM_SCHEDULE_GPIPE;
+	loom_program *p;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	cr_assert_not_null(p->plan.pipe);
+	cr_assert_eq(p->plan.pipe->stage, 0);
+	cr_assert_eq(loom_set_input(p, "x", pipe_x, LOOM_F32, 12), LOOM_OK, "%s",
+		     loom_program_error(p));
+	fk.recv_fill[0] = 1;
+	fk.recv_fill[1] = 3;
+	*gp = g;
+	return p;
+}
+
+/* The micro-batch step i belongs to: the last MICRO step at or before it
+ * in [first, i]; -1 if none. */
+static int micro_at(const loom_plan *pl, int first, int i)
+{
+	for (; i >= first; i--)
+		if (pl->steps[i].kind == LOOM_STEP_MICRO)
+			return pl->steps[i].micro;
+	return -1;
+}
+
+Test(exec, send_steps_pass_each_micro_batchs_boundary_value_forward)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	const loom_plan *pl = &p->plan;
+	int first = pl->pipe->eval_steps, n = 0;
+	/* TRAIN's steps: one send of h to rank 1 per micro-batch, in its
+	 * forward, after the step that makes h. */
+	for (int i = first; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_SEND)
+			continue;
+		cr_assert_eq(s->v, h, "step %d sends value %d", i, (int)s->v);
+		cr_assert_eq(s->peer, 1);
+		cr_assert_eq(s->phase, LOOM_PHASE_FORWARD);
+		cr_assert_eq(s->micro, n, "sends in micro-batch order");
+		cr_assert_eq(micro_at(pl, first, i), n);
+		int m = step_of(pl, h);
+		cr_assert(m >= 0, "no step makes h");
+		int made = 0;
+		for (int k = i - 1; k >= first && pl->steps[k].kind != LOOM_STEP_MICRO; k--)
+			made |= pl->steps[k].kind == LOOM_STEP_NODE && pl->steps[k].v == pl->steps[m].v;
+		cr_assert(made, "step %d sends h before its micro-batch made it", i);
+		n++;
+	}
+	cr_assert_eq(n, 2);
+	/* The run: what left for rank 1 is each micro-batch's relu(x + 0),
+	 * as it was when the send ended. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_SEND, c, 4), 2);
+	for (int j = 0; j < 2; j++) {
+		cr_assert_eq(c[j]->peer, 1);
+		cr_assert_eq(c[j]->tag, (int)h);
+		cr_assert_eq(c[j]->count, 6 * sizeof(float));
+		cr_assert(c[j]->waited && c[j]->sent);
+		const float *got = c[j]->sent;
+		for (int e = 0; e < 6; e++)
+			cr_assert_eq(got[e], pipe_x[j][e] > 0 ? pipe_x[j][e] : 0.0f,
+				     "micro-batch %d, element %d: sent %g", j, e, got[e]);
+	}
+	loom_program_free(p);
+	loom_graph_free(g);
+	loom_pg_free(pg);
+}
+
+Test(exec, recv_steps_take_each_micro_batchs_gradient_from_the_next_stage)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	const loom_plan *pl = &p->plan;
+	int first = pl->pipe->eval_steps, n = 0;
+	loom_value got_v = LOOM_NONE;
+	/* TRAIN's steps: one receive per micro-batch from rank 1, first in
+	 * its backward, of a gradient shaped as h. */
+	for (int i = first; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_RECV)
+			continue;
+		cr_assert_eq(s->peer, 1);
+		cr_assert_eq(s->phase, LOOM_PHASE_BACKWARD);
+		cr_assert_eq(s->micro, n);
+		cr_assert_eq(pl->steps[i - 1].kind, LOOM_STEP_MICRO, "step %d: not first in its backward", i);
+		cr_assert_eq(pl->steps[i - 1].micro, n);
+		cr_assert_geq(s->v, pl->n_fwd, "a backward value");
+		cr_assert_eq(loom_plan_value_bytes(pl, s->v), 6 * sizeof(float));
+		cr_assert(got_v == LOOM_NONE || got_v == s->v);
+		got_v = s->v;
+		n++;
+	}
+	cr_assert_eq(n, 2);
+	cr_assert_eq(count_kind(pl, LOOM_STEP_RECV, 0, first), 0, "stage 0's forward receives nothing");
+	/* The run: each receive from rank 1, tagged with the value; each
+	 * micro-batch's backward used its own (1, then 3): w = -(1 + 3) / 2
+	 * where both passed relu, -1 / 2 where micro-batch 1's did not. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	for (int j = 0; j < 2; j++) {
+		cr_assert_eq(c[j]->peer, 1);
+		cr_assert_eq(c[j]->tag, (int)got_v);
+		cr_assert_eq(c[j]->count, 6 * sizeof(float));
+	}
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	loom_program_free(p);
+	loom_graph_free(g);
+	loom_pg_free(pg);
+}
+
+static struct {
+	unsigned char *act[64];
+	int n;
+} acts;
+
+static loom_status act_run_node(void *ctx, const loom_plan *pl, const loom_arena *a, loom_value v)
+{
+	if (acts.n < 64)
+		acts.act[acts.n++] = a->act;
+	return rec_run_node(ctx, pl, a, v);
+}
+
+Test(exec, micro_steps_give_each_micro_batch_its_inputs_and_activation_slot)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	rec_backend.run_node = act_run_node;
+	acts.n = 0;
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	/* The list: EVAL begins and ends each forward; TRAIN the same, then
+	 * each backward, micro-batch j in slot j (GPipe keeps both). */
+	static const int want[][3] = { { 0, 0, 0 }, { 0, 1, 0 }, { 1, 0, 1 }, { 1, 1, 1 },
+				       { 0, 0, 0 }, { 0, 1, 0 }, { 1, 0, 1 }, { 1, 1, 1 },
+				       { 0, 2, 0 }, { 1, 2, 1 } };
+	int n = 0;
+	cr_assert_eq(pp->slots, 2);
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind == LOOM_STEP_OPTIM)
+			continue;
+		if (s->kind != LOOM_STEP_MICRO) {
+			/* every other step belongs to the micro-batch begun last */
+			cr_assert_eq(s->micro, micro_at(pl, i < pp->eval_steps ? 0 : pp->eval_steps, i),
+				     "step %d (%s)", i, loom_step_kind_name(s->kind));
+			continue;
+		}
+		cr_assert_lt(n, 10);
+		cr_assert_eq(s->micro, want[n][0], "micro step %d (step %d)", n, i);
+		cr_assert_eq(s->index, want[n][1], "micro step %d (step %d)", n, i);
+		cr_assert_eq(s->first, want[n][2], "micro step %d (step %d)", n, i);
+		cr_assert_eq(i < pp->eval_steps, n < 4, "micro step %d on the wrong side of EVAL's", n);
+		n++;
+	}
+	cr_assert_eq(n, 10);
+	/* The run: the nodes ran in both slots and nowhere else; micro-batch
+	 * 1's inputs reached its forward (its relu(x) was sent), and micro-batch
+	 * 0's backward found its own activations in its slot after micro-batch
+	 * 1's forward ran in the other (w got -0.5, not 0, where only
+	 * micro-batch 0's relu passed). */
+	unsigned char *base = p->arena.act;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	int in[2] = { 0, 0 };
+	for (int i = 0; i < acts.n; i++) {
+		int slot = acts.act[i] == base ? 0 : acts.act[i] == base + pp->slot_bytes ? 1 : -1;
+		cr_assert_geq(slot, 0, "node %d ran outside the slots", i);
+		in[slot]++;
+	}
+	cr_assert(in[0] > 0 && in[1] > 0, "nodes in slot 0: %d, slot 1: %d", in[0], in[1]);
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_SEND, c, 4), 2);
+	cr_assert_eq(((const float *)c[1]->sent)[1], 0.0f, "micro-batch 1's x[1] = -1");
+	cr_assert_eq(((const float *)c[1]->sent)[2], 2.0f);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(wv[1], -0.5, "w[1] = %g", wv[1]);
+	cr_assert_eq(wv[0], -2.0, "w[0] = %g", wv[0]);
+	loom_program_free(p);
+	loom_graph_free(g);
+	loom_pg_free(pg);
 }
