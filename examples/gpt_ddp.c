@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/splitmix.h"
 #include "comm/launch.h"
 #include "examples/gpt_data.h"
 #include "examples/train.h"
@@ -285,18 +286,11 @@ static void gpt_model_free(gpt_model *m)
 	free(m->matrices);
 }
 
-/* splitmix64 and Box-Muller: N(0, 1) draws from a seed. */
-static uint64_t mix(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
+/* Box-Muller over splitmix64: N(0, 1) draws from a seed. */
 static double normal(uint64_t *s)
 {
-	double u1 = ((mix(s) >> 11) + 1) * 0x1.0p-53, u2 = (mix(s) >> 11) * 0x1.0p-53;
+	double u1 = ((loom_splitmix64(s) >> 11) + 1) * 0x1.0p-53,
+	       u2 = (loom_splitmix64(s) >> 11) * 0x1.0p-53;
 	return sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
 }
 
@@ -535,7 +529,7 @@ static int sample(train_run *t, const gpt_cfg *c, const gpt_model *m, const gpt_
 			double sum = 0, u;
 			for (int k = 0; k < V; k++)
 				sum += prob[k] = z[k] >= cut ? exp((z[k] - z[best]) / c->temperature) : 0;
-			u = (mix(&s) >> 11) * 0x1.0p-53 * sum;
+			u = (loom_splitmix64(&s) >> 11) * 0x1.0p-53 * sum;
 			for (pick = 0; pick < V - 1 && (u -= prob[pick]) > 0; pick++)
 				;
 		}

@@ -9,18 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/splitmix.h"
 #include "examples/models.h"
 #include "examples/train.h"
 #include "loom.h"
-
-/* splitmix64: the same batch for the same (seed, rank) on every machine. */
-static uint64_t mix(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
 
 int main(int argc, char **argv)
 {
@@ -42,11 +34,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "resnet50_synthetic: out of memory\n");
 		goto out;
 	}
+	/* splitmix64: the same batch for the same (seed, rank) on every machine. */
 	uint64_t s = a->seed * 7919 + (uint64_t)t.rank;
 	for (size_t i = 0; i < ni; i++)
-		img[i] = (float)((mix(&s) >> 40) / (double)(1 << 24) * 2 - 1);
+		img[i] = (float)((loom_splitmix64(&s) >> 40) / (double)(1 << 24) * 2 - 1);
 	for (int i = 0; i < a->batch; i++)
-		lab[i] = (int32_t)(mix(&s) % (uint64_t)classes);
+		lab[i] = (int32_t)(loom_splitmix64(&s) % (uint64_t)classes);
 
 	loom_value logits;
 	loom_graph_set_seed(g, a->seed);

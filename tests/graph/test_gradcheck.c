@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/splitmix.h"
 #include "graph/graph_internal.h"
 #include "loom.h"
 #include "tests/graph/gradcheck_cases.h"
@@ -56,10 +57,7 @@ typedef struct gc {
 /* splitmix64: a fixed, portable stream, so a failure reproduces exactly. */
 static uint64_t rnd_u64(gc *c)
 {
-	uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return loom_splitmix64(&c->rng);
 }
 
 static double rnd_unit(gc *c)
