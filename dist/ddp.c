@@ -104,7 +104,12 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 		return st;
 	}
 	loom_zero_mark_masters(&p->plan);
-	st = loom_memplan_build_buckets(g, p->plan.buckets.order, &p->plan.buckets, &p->plan.mp);
+	/* Pipeline stages: the values this rank's stage touches only. */
+	unsigned char *held = NULL;
+	if ((st = loom_pipeline_held(&p->plan, &held)) == LOOM_OK)
+		st = loom_memplan_build_held(g, p->plan.buckets.order, &p->plan.buckets, held,
+					     &p->plan.mp);
+	free(held);
 	if (st != LOOM_OK)
 		snprintf(err, errlen, "data parallel: memory planning with buckets failed (%s)",
 			 loom_status_string(st));

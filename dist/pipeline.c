@@ -210,6 +210,71 @@ static loom_status check_cut(loom_plan *pl, loom_pipe *pp, char *err, size_t err
 	return LOOM_OK;
 }
 
+/* ------------------------------------------------------------ memory */
+
+/*
+ * The values stage s touches: those its nodes make (fused siblings
+ * included) or read, and the leaves it owns (its parameters, their O2
+ * masters, the inputs and buffers it reads first). The memory planner
+ * gives only these storage. Nodes added after the assignment (a bucket's
+ * all-reduce) are this rank's stage's: held when `later` says so.
+ */
+static void stage_mask(const loom_plan *pl, const loom_pipe *pp, int s, int later,
+		       unsigned char *held)
+{
+	const loom_graph *g = pl->g;
+	memset(held, 0, (size_t)g->n);
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *nd = &g->nodes[v];
+		if (v >= pp->n_graph) {
+			held[v] = (unsigned char)later;
+			continue;
+		}
+		if (pp->stage_of[v] < 0) {
+			held[v] |= pp->owner[v] == s;
+			continue;
+		}
+		if (pp->stage_of[v] != s)
+			continue;
+		held[v] = 1;
+		for (int i = 0; i < nd->nsrc; i++)
+			if (nd->src[i] >= 0 && nd->src[i] < pp->n_graph)
+				held[nd->src[i]] = 1;
+	}
+}
+
+loom_status loom_pipeline_held(const loom_plan *pl, unsigned char **held)
+{
+	*held = NULL;
+	if (!pl->pipe)
+		return LOOM_OK;
+	if (!(*held = malloc(pl->g->n ? (size_t)pl->g->n : 1)))
+		return LOOM_ERR_NOMEM;
+	stage_mask(pl, pl->pipe, pl->pipe->stage, 1, *held);
+	return LOOM_OK;
+}
+
+/* Optimizer state and O2 masters of this stage's slots only, laid out as
+ * make_slots lays out all of them (a slot of another stage has none: its
+ * state_off is 0 and nothing reads it). */
+static void own_state(loom_plan *pl, const loom_pipe *pp)
+{
+	size_t off = 0, masters = 0;
+	for (int i = 0; i < pl->n_params; i++) {
+		loom_param_slot *sl = &pl->params[i];
+		int mine = pp->owner[sl->param] == pp->stage;
+		size_t sz = align64((size_t)sl->numel * loom_dtype_size(sl->state_dtype));
+		for (int k = 0; k < pl->n_state; k++) {
+			sl->state_off[k] = mine ? off : 0;
+			off += mine ? sz : 0;
+		}
+		if (mine && sl->master != LOOM_NONE)
+			masters += loom_plan_value_bytes(pl, sl->master);
+	}
+	pl->state_bytes = off;
+	pl->master_bytes = masters;
+}
+
 /* ------------------------------------------------------------ steps */
 
 /* The steps one micro-batch's forward or backward runs on stage s, in
@@ -485,9 +550,11 @@ static loom_status per_micro_values(loom_plan *pl, loom_pipe *pp)
 	return pp->loss ? LOOM_OK : LOOM_ERR_NOMEM;
 }
 
-/* Per stage: nodes, parameters, activations of one micro-batch (the extent
- * of the plan's activation region its values use), estimated time. */
-static void stage_table(loom_plan *pl, loom_pipe *pp)
+/* Per stage: nodes, parameters, estimated time, and what the memory
+ * planner gives the stage's own plan (the values it touches only, placed
+ * in the whole graph's order): its activations of one micro-batch and its
+ * persistent bytes (parameters, gradients, masters, inputs, outputs). */
+static loom_status stage_table(loom_plan *pl, loom_pipe *pp)
 {
 	const loom_graph *g = pl->g;
 	for (loom_value v = 0; v < g->n; v++) {
@@ -502,26 +569,25 @@ static void stage_table(loom_plan *pl, loom_pipe *pp)
 		pp->gflop[s] += loom_node_flops(g, v) * 1e-9;
 		if (v < pl->n_fwd)
 			pp->est_s[s] += 3 * node_seconds(g, v); /* backward ~ 2x forward */
-		/* the values its kernels make or receive */
-		loom_value r = pl->mp.root[v];
-		if (pl->mp.region[r] == LOOM_REGION_ACT) {
-			size_t end = pl->mp.offset[r] + loom_plan_value_bytes(pl, r);
-			if (end > pp->act_bytes[s])
-				pp->act_bytes[s] = end;
-		}
-		const loom_node *n = &g->nodes[v];
-		for (int i = 0; i < n->nsrc; i++) {
-			loom_value u = n->src[i];
-			if (u < 0 || pl->mp.region[pl->mp.root[u]] != LOOM_REGION_ACT)
-				continue;
-			loom_value ru = pl->mp.root[u];
-			size_t end = pl->mp.offset[ru] + loom_plan_value_bytes(pl, ru);
-			if (end > pp->act_bytes[s])
-				pp->act_bytes[s] = end;
-		}
 	}
-	for (int s = 0; s < pp->stages; s++)
+	unsigned char *held = malloc(g->n ? (size_t)g->n : 1);
+	if (!held)
+		return LOOM_ERR_NOMEM;
+	for (int s = 0; s < pp->stages; s++) {
+		loom_memplan mp;
 		pp->in_flight[s] = in_flight(pp->schedule, pp->stages, s, pp->micro);
+		stage_mask(pl, pp, s, 0, held);
+		loom_status st = loom_memplan_build_held(g, pl->mp.schedule, NULL, held, &mp);
+		if (st != LOOM_OK) {
+			free(held);
+			return st;
+		}
+		pp->act_bytes[s] = mp.act_bytes;
+		pp->persist_bytes[s] = mp.persist_bytes;
+		loom_memplan_free(&mp);
+	}
+	free(held);
+	return LOOM_OK;
 }
 
 static void print_table(const loom_program *p, const loom_pipe *pp)
@@ -530,9 +596,11 @@ static void print_table(const loom_program *p, const loom_pipe *pp)
 	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s:\n", pp->stages,
 		 pp->replicas, pp->micro, sched[pp->schedule]);
 	for (int s = 0; s < pp->stages; s++)
-		loom_log("loom:   stage %d: %d nodes, %lld parameters, activations %.2f MiB per "
-			 "micro-batch x %d in flight, %.3f GFLOP, est. %.3f ms per micro-batch\n",
-			 s, pp->n_nodes[s], (long long)pp->n_param_elems[s], pp->act_bytes[s] / 1048576.0,
+		loom_log("loom:   stage %d: %d nodes, %lld parameters, persistent %.2f MiB, "
+			 "activations %.2f MiB per micro-batch x %d in flight, %.3f GFLOP, est. %.3f ms "
+			 "per micro-batch\n",
+			 s, pp->n_nodes[s], (long long)pp->n_param_elems[s],
+			 pp->persist_bytes[s] / 1048576.0, pp->act_bytes[s] / 1048576.0,
 			 pp->in_flight[s], pp->gflop[s], pp->est_s[s] * 1e3);
 	(void)p;
 }
@@ -580,14 +648,18 @@ loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 	pp->in_flight = calloc((size_t)S, sizeof(int));
 	pp->n_param_elems = calloc((size_t)S, sizeof(int64_t));
 	pp->act_bytes = calloc((size_t)S, sizeof(size_t));
+	pp->persist_bytes = calloc((size_t)S, sizeof(size_t));
 	if (!pp->stage_of || !pp->owner || !pp->est_s || !pp->gflop || !pp->n_nodes ||
-	    !pp->in_flight || !pp->n_param_elems || !pp->act_bytes)
+	    !pp->in_flight || !pp->n_param_elems || !pp->act_bytes || !pp->persist_bytes)
 		goto nomem;
 	memset(pp->owner, -1, (size_t)n);
 	if ((st = cut_forward(pl, pp, err, errlen)) != LOOM_OK)
 		return st;
 	cut_backward(pl, pp);
-	return check_cut(pl, pp, err, errlen);
+	if ((st = check_cut(pl, pp, err, errlen)) != LOOM_OK)
+		return st;
+	own_state(pl, pp);
+	return LOOM_OK;
 nomem:
 	snprintf(err, errlen, "pipeline: out of memory");
 	return LOOM_ERR_NOMEM;
@@ -629,9 +701,8 @@ loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen)
 	loom_pipe *pp = pl->pipe;
 	const loom_pg_info *in = loom_pg_get_info(pl->opts.pg);
 	loom_status st;
-	if ((st = stage_new_nodes(pl, pp)) != LOOM_OK)
+	if ((st = stage_new_nodes(pl, pp)) != LOOM_OK || (st = stage_table(pl, pp)) != LOOM_OK)
 		goto nomem;
-	stage_table(pl, pp);
 	pp->slots = in_flight(pp->schedule, pp->stages, pp->stage, pp->micro);
 	seq F = { 0 }, B = { 0 };
 	if ((st = make_pass(pl, pp, 1, &F)) || (st = make_pass(pl, pp, 0, &B)) ||
@@ -643,8 +714,8 @@ loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen)
 	}
 	free(F.st);
 	free(B.st);
-	/* The slots: this stage touches the first act_bytes of the region. */
-	pp->slot_bytes = align64(pp->act_bytes[pp->stage] ? pp->act_bytes[pp->stage] : 64);
+	/* The slots: the stage's plan holds only its own activations. */
+	pp->slot_bytes = align64(pl->mp.act_bytes ? pl->mp.act_bytes : 64);
 	pl->mp.act_bytes = pp->slot_bytes * (size_t)pp->slots;
 	if (in->rank == 0)
 		print_table(p, pp);
@@ -695,19 +766,19 @@ static loom_status check_plans(loom_program *p)
 				    "pipeline start-up: ");
 }
 
-/* Parameters, masters and buffers of the stages in `which` (-1: every
- * value, from rank 0; else each from its owning stage's first rank). */
-static loom_status broadcast_leaves(loom_program *p, int from_owner)
+/* The leaves this stage holds (its parameters, masters and buffers, made
+ * by init_values from the same graph on every rank): from the stage's
+ * first replica to the others, as data parallelism's start-up does. */
+static loom_status broadcast_leaves(loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_pipe *pp = pl->pipe;
-	for (loom_value v = 0; v < pl->n_fwd; v++) {
+	for (loom_value v = 0; pp->dp && v < pl->n_fwd; v++) {
 		loom_op op = pl->g->nodes[v].op;
-		if (op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER)
+		if ((op != LOOM_OP_PARAM && op != LOOM_OP_BUFFER) || !loom_plan_holds(pl, v))
 			continue;
-		int root = from_owner ? pp->owner[v] : 0;
-		loom_status st = loom_comm_broadcast(pp->world, loom_value_ptr(p, v),
-						     loom_value_bytes(p, v), root);
+		loom_status st = loom_comm_broadcast(pp->dp, loom_value_ptr(p, v),
+						     loom_value_bytes(p, v), 0);
 		if (st != LOOM_OK)
 			return loom_program_fail(p, st, "pipeline: broadcast of %s: %s",
 						 pl->g->nodes[v].name, loom_pg_error(pl->opts.pg));
@@ -722,32 +793,26 @@ loom_status loom_pipeline_start(loom_program *p)
 		return loom_program_backend_fail(p, st);
 	if ((st = check_plans(p)) != LOOM_OK)
 		return st;
-	return broadcast_leaves(p, 0);
+	return broadcast_leaves(p);
 }
 
-/* Optimizer state of the slots of stage `owner`, from its rank. */
-static loom_status broadcast_state(loom_program *p)
+int loom_pipeline_leaf_owner(const loom_plan *pl, loom_value v)
 {
-	const loom_plan *pl = &p->plan;
-	const loom_pipe *pp = pl->pipe;
-	for (int i = 0; i < pl->n_params; i++) {
-		const loom_param_slot *sl = &pl->params[i];
-		size_t bytes = (size_t)sl->numel * loom_dtype_size(sl->state_dtype);
-		for (int k = 0; k < pl->n_state; k++) {
-			loom_status st = loom_comm_broadcast(pp->world, p->arena.state + sl->state_off[k],
-							     bytes, pp->owner[sl->param]);
-			if (st != LOOM_OK)
-				return loom_program_fail(p, st, "pipeline: optimizer state: %s",
-							 loom_pg_error(pl->opts.pg));
-		}
-	}
-	return LOOM_OK;
+	return pl->pipe->owner[v];
 }
 
-loom_status loom_pipeline_gather(loom_program *p)
+loom_status loom_pipeline_fetch(loom_program *p, int stage, const void *addr, void *dst,
+				size_t bytes)
 {
-	loom_status st = broadcast_leaves(p, 1);
-	return st != LOOM_OK ? st : broadcast_state(p);
+	const loom_pipe *pp = p->plan.pipe;
+	loom_status st = LOOM_OK;
+	/* replica 0 of the stage: rank = stage */
+	if (pp->replica == 0 && pp->stage == stage)
+		st = loom_program_download(p, dst, addr, bytes);
+	if (st == LOOM_OK && (st = loom_comm_broadcast(pp->world, dst, bytes, stage)) != LOOM_OK)
+		loom_program_fail(p, st, "pipeline: gathering the checkpoint from stage %d: %s", stage,
+				  loom_pg_error(p->plan.opts.pg));
+	return st;
 }
 
 /* ------------------------------------------------------------ runs */
@@ -832,11 +897,8 @@ loom_status loom_pipeline_read(loom_program *p, loom_value v, double *dst, size_
 		unsigned char *tmp = malloc(numel * esz + 1);
 		if (!tmp)
 			return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
-		st = loom_program_download(p, tmp, loom_value_ptr(p, v), numel * esz);
 		/* replica 0's copy: rank = its stage */
-		if (st == LOOM_OK && (st = loom_comm_broadcast(pp->world, tmp, numel * esz,
-							       pp->owner[v])) != LOOM_OK)
-			loom_program_fail(p, st, "read: %s", loom_pg_error(pl->opts.pg));
+		st = loom_pipeline_fetch(p, pp->owner[v], loom_value_ptr(p, v), tmp, numel * esz);
 		for (size_t i = 0; st == LOOM_OK && i < numel; i++)
 			dst[i] = loom_elem_get(nd->dtype, tmp, i);
 		free(tmp);
@@ -889,6 +951,7 @@ void loom_pipeline_free(loom_pipe *pp)
 	free(pp->in_flight);
 	free(pp->n_param_elems);
 	free(pp->act_bytes);
+	free(pp->persist_bytes);
 	loom_comm_free(pp->dp);
 	if (pp->rep != pp->world)
 		loom_comm_free(pp->rep);

@@ -34,6 +34,7 @@ typedef struct loom_pipe {
 	int *n_nodes;
 	int64_t *n_param_elems;
 	size_t *act_bytes;     /* planned activations of one micro-batch on the stage */
+	size_t *persist_bytes; /* its persistent values (parameters, gradients, masters, I/O) */
 	int *in_flight;        /* slots the schedule needs */
 	struct loom_comm *world; /* the group's host communicator */
 	struct loom_comm *dp;    /* this stage's replicas (NULL: one replica) */
@@ -72,6 +73,10 @@ loom_status loom_pipeline_check(const loom_compile_opts *o, int world, char *err
  */
 loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen);
 
+/* The values this rank's stage gives storage (one byte per node, malloc'd,
+ * for loom_memplan_build_held), or NULL without stages. */
+loom_status loom_pipeline_held(const loom_plan *pl, unsigned char **held);
+
 /* Whether this rank's stage updates parameter slot s (1 without stages):
  * the data-parallel buckets hold only those. */
 int loom_pipeline_owns(const loom_plan *pl, int slot);
@@ -88,7 +93,8 @@ loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen);
 
 /* Collective over the group, once the arena holds the initial values: every
  * rank's stage assignment and plan compared (a difference names the stage
- * and node), then rank 0's parameters and buffers to every rank. */
+ * and node), then each stage's parameters and buffers from its first
+ * replica to the others. */
 loom_status loom_pipeline_start(loom_program *p);
 
 /* A run of a pipeline program: TRAIN (the whole batch, one update) or
@@ -103,10 +109,15 @@ loom_status loom_pipeline_set_input(loom_program *p, loom_value v, const void *d
  * (collective: every rank calls it). count: M times the value's elements. */
 loom_status loom_pipeline_read(loom_program *p, loom_value v, double *dst, size_t count);
 
-/* Before the parameters are saved: each stage's parameters, masters,
- * optimizer state and buffers from its first replica to every rank
- * (collective), so that rank 0 holds the whole model. */
-loom_status loom_pipeline_gather(loom_program *p);
+/* The stage that holds and updates leaf v (a parameter, master, buffer
+ * or input): a checkpoint record's source. */
+int loom_pipeline_leaf_owner(const loom_plan *pl, loom_value v);
+
+/* Collective over the group: `bytes` at addr on replica 0 of `stage` into
+ * dst on every rank (how a checkpoint gathers what one stage holds; addr
+ * is read on that rank only). */
+loom_status loom_pipeline_fetch(loom_program *p, int stage, const void *addr, void *dst,
+				size_t bytes);
 
 void loom_pipeline_free(loom_pipe *pp);
 

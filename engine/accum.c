@@ -37,6 +37,11 @@ loom_status loom_accum_plan(loom_plan *pl)
 		} else {
 			const loom_param_slot *sl = &pl->params[i];
 			*s = (loom_accum_seg){ sl->grad, sl->numel, pl->g->nodes[sl->grad].dtype, off };
+			/* another pipeline stage's gradient: its stage sums it */
+			if (!loom_plan_holds(pl, sl->grad)) {
+				s->off = 0;
+				continue;
+			}
 		}
 		off += sum_bytes(s->dtype, s->count);
 	}

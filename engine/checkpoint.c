@@ -138,11 +138,26 @@ static int sharded_master(const loom_program *p, int i, int *s)
 	return (*s = loom_zero_master_slot(p, v)) >= 0;
 }
 
-/* Record i's payload into dst: a download, or under ZeRO a state buffer
- * or master gathered from every rank's shards (collective). */
+/* Pipeline stages: the stage that holds record i (a value's owner, a
+ * state buffer's slot's); -1 without stages. */
+static int record_stage(const loom_program *p, int i)
+{
+	int s, k;
+	if (!p->plan.pipe)
+		return -1;
+	if (state_record(p, i, &s, &k))
+		return loom_pipeline_leaf_owner(&p->plan, p->plan.params[s].param);
+	return loom_pipeline_leaf_owner(&p->plan, record_value(p, i));
+}
+
+/* Record i's payload into dst: a download, under ZeRO a state buffer or
+ * master gathered from every rank's shards, under pipeline stages the
+ * holding stage's copy (both collective). */
 static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, size_t bytes)
 {
 	int s, k;
+	if (p->plan.pipe)
+		return loom_pipeline_fetch(p, record_stage(p, i), addr, dst, bytes);
 	if (p->plan.zero && state_record(p, i, &s, &k))
 		return loom_zero_gather(p, s, k, dst);
 	if (p->plan.zero && sharded_master(p, i, &s))
@@ -153,6 +168,11 @@ static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, s
 static loom_status place_record(loom_program *p, int i, void *addr, const void *src, size_t bytes)
 {
 	int s, k;
+	/* every rank read the file; each stage takes what it holds */
+	if (p->plan.pipe && (state_record(p, i, &s, &k) ?
+			     record_stage(p, i) != p->plan.pipe->stage :
+			     !loom_plan_holds(&p->plan, record_value(p, i))))
+		return LOOM_OK;
 	if (p->plan.zero && state_record(p, i, &s, &k))
 		return loom_zero_scatter(p, s, k, src);
 	if (p->plan.zero && sharded_master(p, i, &s))
@@ -166,13 +186,10 @@ loom_status loom_save(loom_program *p, const char *path)
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "save: no path given");
-	/* Pipeline: every stage's parameters and state to every rank, so that
-	 * rank 0 writes the whole model in the one format (collective). */
-	loom_status st = p->plan.pipe ? loom_pipeline_gather(p) : LOOM_OK;
-	if (st != LOOM_OK)
-		return st;
+	/* Pipeline: each record comes from the stage that holds it, so that
+	 * rank 0 writes the whole model in the one format (fetch_record). */
 	rec_list l = { 0 };
-	st = list_records(p, &l);
+	loom_status st = list_records(p, &l);
 	if (st != LOOM_OK) {
 		free_records(&l);
 		return loom_program_fail(p, st, "save %s: out of memory", path);

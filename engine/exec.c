@@ -489,6 +489,8 @@ static loom_status exec_micro(loom_program *p, const loom_step *s)
 	for (int i = 0; i < pp->n_vals; i++) {
 		loom_value v = pp->vals[i];
 		unsigned char *host = pp->host[i] + (size_t)s->micro * pp->bytes[i];
+		if (!loom_plan_holds(pl, v))
+			continue; /* an input only other stages read */
 		if (end && !pp->is_input[i]) {
 			if ((st = loom_program_download(p, host, loom_value_ptr(p, v), pp->bytes[i])) != LOOM_OK)
 				return st;

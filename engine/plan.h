@@ -237,6 +237,13 @@ static inline size_t loom_plan_state_region_bytes(const loom_plan *pl)
 	return pl->state_bytes + pl->master_shard_bytes;
 }
 
+/* Whether v has storage on this rank (a pipeline stage holds only the
+ * values its nodes make or read, and the leaves it owns). */
+static inline int loom_plan_holds(const loom_plan *pl, loom_value v)
+{
+	return !pl->mp.held || pl->mp.held[v];
+}
+
 static inline void *loom_arena_ptr(const loom_arena *a, const loom_plan *pl, loom_value v)
 {
 	unsigned char *base = pl->mp.region[v] == LOOM_REGION_PERSIST ? a->persist :

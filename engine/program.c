@@ -191,9 +191,9 @@ static loom_status init_values(loom_program *p)
 	loom_graph *g = p->plan.g;
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		loom_node *nd = &g->nodes[v];
-		/* ZeRO's sharded masters: loom_zero_start */
+		/* ZeRO's sharded masters: loom_zero_start; another stage's: none */
 		if ((nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER) ||
-		    (nd->flags & LOOM_NODE_SHARDED))
+		    (nd->flags & LOOM_NODE_SHARDED) || !loom_plan_holds(&p->plan, v))
 			continue;
 		size_t bytes = loom_value_bytes(p, v);
 		void *tmp = malloc(bytes ? bytes : 1);
@@ -276,7 +276,8 @@ static void memory_report(const loom_program *p)
 	const loom_pg_info *in = pl->opts.pg ? loom_pg_get_info(pl->opts.pg) : NULL;
 	size_t grads = 0, accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
 	for (int i = 0; i < pl->n_params; i++)
-		grads += loom_plan_value_bytes(pl, pl->params[i].grad);
+		if (loom_plan_holds(pl, pl->params[i].grad))
+			grads += loom_plan_value_bytes(pl, pl->params[i].grad);
 	size_t total = planned_peak(pl);
 	char where[64] = "";
 	if (pl->pipe)
@@ -420,7 +421,12 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 	} else {
 		if (o->sync_bn && loom_ddp_test_sync_one_rank)
 			loom_ddp_mark_sync_bn(p->plan.g);
-		if ((st = loom_memplan_build(p->plan.g, &p->plan.mp)) != LOOM_OK) {
+		/* Pipeline stages: the values this rank's stage touches only. */
+		unsigned char *held = NULL;
+		if ((st = loom_pipeline_held(&p->plan, &held)) == LOOM_OK)
+			st = loom_memplan_build_held(p->plan.g, NULL, NULL, held, &p->plan.mp);
+		free(held);
+		if (st != LOOM_OK) {
 			compile_fail(st, "memory planning: out of memory");
 			goto out_fail;
 		}
@@ -784,6 +790,9 @@ loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read_grad: value %d is not a parameter",
 					 (int)uv);
 	loom_value gr = p->plan.g->nodes[v].grad;
+	if (gr != LOOM_NONE && !loom_plan_holds(&p->plan, gr))
+		return loom_program_fail(p, LOOM_ERR_STATE, "read_grad: parameter '%s' belongs to "
+					 "another pipeline stage", p->plan.g->nodes[v].name);
 	loom_status st = readable(p, gr, count, "read_grad");
 	return st != LOOM_OK ? st : read_as_f64(p, gr, dst, count);
 }
@@ -801,6 +810,9 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 	loom_status st = readable(p, v, count, "write");
 	if (st != LOOM_OK)
 		return st;
+	/* Pipeline stages: every rank writes, the stage that holds v keeps it. */
+	if (!loom_plan_holds(&p->plan, v))
+		return LOOM_OK;
 	const loom_node *nd = &p->plan.g->nodes[v];
 	size_t bytes = loom_value_bytes(p, v);
 	void *tmp = malloc(bytes ? bytes : 1);
@@ -852,11 +864,15 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->backend = p->be->describe(p->be_ctx);
 	info->n_nodes = p->plan.g->n;
 	info->n_params = p->plan.n_params;
+	/* Pipeline stages: the figures of what this rank's stage holds. */
 	for (int i = 0; i < p->plan.n_params; i++) {
 		const loom_param_slot *s = &p->plan.params[i];
+		if (!loom_plan_holds(&p->plan, s->param))
+			continue;
 		info->n_param_elems += s->numel;
 		info->param_bytes += loom_value_bytes(p, s->param);
-		info->grad_bytes += loom_value_bytes(p, s->grad);
+		if (loom_plan_holds(&p->plan, s->grad))
+			info->grad_bytes += loom_value_bytes(p, s->grad);
 	}
 	/* A forward-only plan has no slots: its parameters are the graph's. */
 	for (int v = 0; p->plan.opts.inference && v < p->plan.n_fwd; v++) {

@@ -148,6 +148,10 @@ loom_status loom_export_safetensors(loom_program *p, const char *path,
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "export: no path given");
+	/* Each stage holds its own parameters: loom_save gathers them. */
+	if (p->plan.pipe)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "export: not with pipeline stages yet "
+					 "(loom_save writes the whole model; resume it on one rank)");
 	if (!opts) {
 		loom_weights_opts_default(&def);
 		opts = &def;
@@ -321,6 +325,10 @@ loom_status loom_import_safetensors(loom_program *p, const char *path,
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "import: no path given");
+	/* Each stage holds its own parameters: loom_save gathers them. */
+	if (p->plan.pipe)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "import: not with pipeline stages yet "
+					 "(loom_save writes the whole model; resume it on one rank)");
 	if (!opts) {
 		loom_weights_opts_default(&def);
 		opts = &def;

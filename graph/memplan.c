@@ -6,6 +6,8 @@
  *   siblings     the values a node makes besides its own (graph/fuse.c);
  *   liveness     which value owns whose storage (views alias their source),
  *                which owners are persistent, and the step each is last read;
+ *   held         which owners this plan gives storage (a pipeline stage
+ *                places only the values its nodes make or read);
  *   buckets      data parallelism's gradients, at their buckets' places;
  *   persistent   leaves, gradients and outputs, laid out once, never reused;
  *   activations  every other owner lives from the step that writes it to
@@ -214,9 +216,34 @@ static void liveness(planner *pl)
 	}
 }
 
+static int is_held(const loom_memplan *mp, loom_value v)
+{
+	return !mp->held || mp->held[mp->root[v]];
+}
+
 static int is_act_owner(const planner *pl, loom_value v)
 {
-	return pl->mp->root[v] == v && pl->mp->region[v] == LOOM_REGION_ACT;
+	return pl->mp->root[v] == v && pl->mp->region[v] == LOOM_REGION_ACT && is_held(pl->mp, v);
+}
+
+/* ------------------------------------------------------------------- held */
+
+/* An owner is held when it or any of its aliases is: a stage that reads a
+ * view needs the bytes behind it. Then every alias follows its owner. */
+static loom_status mark_held(planner *pl, const unsigned char *held)
+{
+	loom_memplan *mp = pl->mp;
+	if (!held)
+		return LOOM_OK;
+	mp->held = calloc((size_t)(pl->n > 0 ? pl->n : 1), 1);
+	if (!mp->held)
+		return LOOM_ERR_NOMEM;
+	for (int v = 0; v < pl->n; v++)
+		if (held[v])
+			mp->held[mp->root[v]] = 1;
+	for (int v = 0; v < pl->n; v++)
+		mp->held[v] = mp->held[mp->root[v]];
+	return LOOM_OK;
 }
 
 /* ----------------------------------------------------------------- buckets */
@@ -281,7 +308,7 @@ static size_t place_persistent(planner *pl)
 	for (int i = 0; i < pl->n; i++) {
 		loom_value v = mp->schedule[i];
 		if (mp->root[v] != v || mp->region[v] != LOOM_REGION_PERSIST ||
-		    (pl->g->nodes[v].flags & LOOM_NODE_SHARDED))
+		    (pl->g->nodes[v].flags & LOOM_NODE_SHARDED) || !is_held(mp, v))
 			continue;
 		mp->offset[v] = top;
 		top += value_bytes(pl->g, v);
@@ -431,8 +458,9 @@ static void planner_free(planner *pl)
 	free(pl->dead);
 }
 
-loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *order,
-				       const loom_buckets *buckets, loom_memplan *mp)
+loom_status loom_memplan_build_held(const loom_graph *g, const loom_value *order,
+				    const loom_buckets *buckets, const unsigned char *held,
+				    loom_memplan *mp)
 {
 	planner pl = { .g = g, .mp = mp, .n = g->n };
 	allocator a = { 0 };
@@ -444,6 +472,8 @@ loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *or
 		goto out_free;
 	chain_siblings(&pl);
 	liveness(&pl);
+	if ((st = mark_held(&pl, held)) != LOOM_OK)
+		goto out_free;
 	if (buckets && (st = place_buckets(&pl, buckets)) != LOOM_OK)
 		goto out_free;
 	if ((st = death_lists(&pl)) != LOOM_OK)
@@ -469,6 +499,12 @@ out_free:
 	return st;
 }
 
+loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *order,
+				       const loom_buckets *buckets, loom_memplan *mp)
+{
+	return loom_memplan_build_held(g, order, buckets, NULL, mp);
+}
+
 loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *order,
 				       loom_memplan *mp)
 {
@@ -489,5 +525,6 @@ void loom_memplan_free(loom_memplan *mp)
 	free(mp->inplace);
 	free(mp->sibling);
 	free(mp->sibling_next);
+	free(mp->held);
 	memset(mp, 0, sizeof(*mp));
 }

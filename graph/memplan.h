@@ -47,6 +47,10 @@ typedef struct loom_memplan {
 	 * place (LOOM_OPF_INPLACE: that owner dies where this value is made);
 	 * LOOM_NONE for the others */
 	loom_value *inplace;
+	/* per value: whether it has storage in this plan (1) or belongs to
+	 * another rank's part of the graph (0: a pipeline stage that never
+	 * touches it; its offset means nothing). NULL: every value has. */
+	unsigned char *held;
 	size_t persist_bytes;  /* regions[LOOM_REGION_PERSIST].bytes */
 	size_t act_bytes;      /* regions[LOOM_REGION_ACT].bytes: activations, with reuse */
 	size_t act_naive_bytes; /* activations, one buffer each */
@@ -73,6 +77,15 @@ loom_status loom_memplan_build_ordered(const loom_graph *g, const loom_value *or
  * NULL: none. */
 loom_status loom_memplan_build_buckets(const loom_graph *g, const loom_value *order,
 				       const loom_buckets *buckets, loom_memplan *mp);
+
+/* As loom_memplan_build_buckets, placing only the values `held` marks
+ * (one byte per node, nonzero: held; an alias held holds its owner): the
+ * others get no bytes in any region (mp->held says which). The schedule
+ * and the lifetimes are still the whole graph's, so a held value lives as
+ * long as it would in the whole plan. held NULL: every value. */
+loom_status loom_memplan_build_held(const loom_graph *g, const loom_value *order,
+				    const loom_buckets *buckets, const unsigned char *held,
+				    loom_memplan *mp);
 
 void loom_memplan_free(loom_memplan *mp);
 

@@ -9,6 +9,8 @@
  *   kill                       the last rank exits after compiling: every other
  *                              rank ends with an error
  *   memory M                   the planned activations under 1F1B and GPipe
+ *   pstate                     each stage plans only its own parameters,
+ *                              gradients, masters and optimizer state
  *   cut                        loom_stage_boundary places the cut
  *   eval                       EVAL through the stages equals one process's
  * MODEL: mlp (20-32-32-10, no batch norm) or cnn (two convolutions with
@@ -344,6 +346,53 @@ static int memory(loom_pg *pg, int micro)
 	return ok ? 0 : 1;
 }
 
+/* Per-stage memory (O2, AdamW, the MLP at S = world stages): each rank's
+ * planned parameter, gradient, fp32 master and optimizer-state bytes are
+ * its stage's, below one process's, and the stages' sum is one process's
+ * to the byte (the state is laid out per slot, 64-byte aligned, as one
+ * process lays it out; the rest are the values' own sizes). */
+static int pstate(loom_pg *pg)
+{
+	double fig[2][4];
+	size_t persist[2];
+	for (int k = 0; k < 2; k++) {
+		worker_model m;
+		loom_value lo;
+		loom_compile_opts o;
+		mlp3(&m, 32, &lo);
+		if (k)
+			pipe_opts(&o, pg, LOOM_O2, world, 2, LOOM_SCHEDULE_1F1B);
+		else
+			worker_opts(&o, NULL, LOOM_O2, 0.05, 0.9);
+		o.optim.kind = LOOM_OPTIM_ADAMW;
+		o.memory_report = k;
+		loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
+		if (st)
+			return worker_fail("compile", st, loom_last_error());
+		loom_program_info in;
+		loom_program_info_get(m.p, &in);
+		fig[k][0] = (double)in.param_bytes;
+		fig[k][1] = (double)in.grad_bytes;
+		fig[k][2] = (double)in.master_bytes;
+		fig[k][3] = (double)in.optim_state_bytes;
+		persist[k] = in.param_bytes + in.grad_bytes + in.master_bytes + in.optim_state_bytes;
+		drop(&m);
+	}
+	double sum[4] = { fig[1][0], fig[1][1], fig[1][2], fig[1][3] };
+	if (loom_comm_allreduce(loom_pg_comm(pg, LOOM_COMM_HOST), sum, 4, LOOM_F64) != LOOM_OK)
+		return worker_fail("allreduce", LOOM_ERR_BACKEND, "the stages' sums");
+	int ok = persist[1] > 0 && persist[1] < persist[0];
+	for (int i = 0; i < 4; i++)
+		ok &= sum[i] == fig[0][i];
+	printf("rank %d: %s pstate stages %d stage %d: params %.0f grads %.0f masters %.0f state "
+	       "%.0f = %zu bytes of one process's %zu (%.3f); the stages' sums %.0f %.0f %.0f %.0f, "
+	       "one process %.0f %.0f %.0f %.0f\n",
+	       rank, ok ? "OK" : "WRONG", world, rank % world, fig[1][0], fig[1][1], fig[1][2],
+	       fig[1][3], persist[1], persist[0], (double)persist[1] / (double)persist[0], sum[0],
+	       sum[1], sum[2], sum[3], fig[0][0], fig[0][1], fig[0][2], fig[0][3]);
+	return ok ? 0 : 1;
+}
+
 /* A user's cut: after the first relu, on an MLP; stage 0 then holds l1
  * only. Checked by training: equal to one process as without a mark. */
 static int cut(loom_pg *pg)
@@ -503,6 +552,8 @@ int main(int argc, char **argv)
 		rc = memory(pg, atoi(argv[2]));
 	else if (strcmp(mode, "cut") == 0)
 		rc = cut(pg);
+	else if (strcmp(mode, "pstate") == 0)
+		rc = pstate(pg);
 	else if (strcmp(mode, "psave") == 0 && argc >= 5)
 		rc = ckpt(pg, 1, argv[2], atoi(argv[3]), atoi(argv[4]));
 	else if (strcmp(mode, "pload") == 0 && argc >= 4)

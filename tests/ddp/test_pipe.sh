@@ -66,6 +66,14 @@ check "planner: 1F1B's activations are (stages - stage)/M of GPipe's, <= stages/
 check "--memory-report: each rank prints its planned peak before step 1" "$out" \
 	"rank [01] (stage [01], [0-9]* activation slots .*planned peak" 4
 
+# Per-stage memory: a rank plans only its stage's parameters, gradients,
+# O2 masters and optimizer state; the stages add up to one process's.
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" pstate 2>&1)
+	check "$n stages: each rank's parameter+gradient+master+state bytes are its stage's, summing to 1 process's" \
+		"$out" "OK pstate stages $n" $n
+done
+
 # Checkpoints: the one file format whatever the strategy (O2, AdamW).
 hash_of() { sed -n "s/.*rank 0: OK $2 .* hash \([0-9a-f]*\).*/\1/p" <<<"$1" | head -1; }
 a=$("${MPIRUN[@]}" -np 2 "$W" psave "$tmp/p2.ckpt" 5 2 2>&1)

@@ -454,6 +454,48 @@ Test(memplan, marked_output_and_its_alias_are_kept)
 	loom_graph_free(g);
 }
 
+/* A plan that holds part of the graph (a pipeline stage's): the values
+ * outside the mask get no bytes, a view held holds its source, and what
+ * is held is placed as in the whole plan's lifetimes (a value read late
+ * by an unheld node still stays alive over the held ones in between). */
+Test(memplan, held_mask_places_only_the_marked_values)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[1] = { 256 }, rd[2] = { 16, 16 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 1, d);
+	loom_value a = loom_relu(g, x);
+	loom_value b = loom_relu(g, a);
+	loom_value c = loom_relu(g, b);
+	loom_value r = loom_reshape(g, c, 2, rd);
+	loom_value e = loom_relu(g, r);
+	loom_value f = loom_add(g, loom_reshape(g, e, 1, d), a);
+	(void)f;
+	unsigned char *held = calloc((size_t)g->n, 1);
+	held[a] = held[b] = held[r] = held[e] = 1; /* not x, not c itself, not f */
+	loom_memplan whole, mp;
+	cr_assert_eq(loom_memplan_build(g, &whole), LOOM_OK);
+	cr_assert_eq(loom_memplan_build_held(g, NULL, NULL, held, &mp), LOOM_OK);
+	cr_assert_not_null(mp.held);
+	cr_assert(mp.held[c], "the view r is held: its source c must be");
+	cr_assert(!mp.held[x] && !mp.held[f]);
+	cr_assert_eq(mp.persist_bytes, 0, "x is not held: no persistent bytes");
+	cr_assert_eq(mp.act_naive_bytes, 4 * 1024, "a, b, c, e: %zu", mp.act_naive_bytes);
+	cr_assert_eq(whole.act_naive_bytes, 5 * 1024);
+	cr_assert_leq(mp.act_bytes, whole.act_bytes);
+	/* a (read by f at the end) stays alive over b, c and e */
+	loom_value live[] = { b, c, e };
+	for (int i = 0; i < 3; i++)
+		cr_assert(!overlap(mp.offset[live[i]], 1024, mp.offset[a], 1024),
+			  "value %d reuses the bytes of %d", (int)live[i], (int)a);
+	cr_assert_eq(mp.offset[r], mp.offset[c]);
+	loom_memplan_free(&mp);
+	cr_assert_null(mp.held);
+	loom_memplan_free(&whole);
+	free(held);
+	loom_graph_free(g);
+}
+
 /* ------------------------------------------- the schedule and the regions */
 
 /* Without a pass that reorders, the schedule is node order, each node once,
