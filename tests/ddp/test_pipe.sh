@@ -156,6 +156,22 @@ if [ -n "$CIFAR" ]; then
 		"^\[rank 0\] pipeline: 2 stages x 2 replicas, 8 micro-batches of 2" 1
 	check "cifar_ddp 2 x 2: trains and evaluates through the stages" "$out" \
 		"^\[rank 0\] epoch 1 done: test loss [0-9.]*, test accuracy" 1
+	# A trace of a pipeline: one file with a track per stage, each with its
+	# nodes and its receives (bench/pipeline_bubble.py reads it).
+	rm -f "$tmp/pipe.json"
+	out=$("$CIFAR" --nproc 2 --pipeline 2 --micro-batches 4 --synthetic --train-images 160 \
+		--test-images 40 --width 8 --device cpu --batch-size 16 --epochs 1 --max-steps 4 \
+		--log-interval 10 --trace "$tmp/pipe.json" --trace-steps 2 2>&1)
+	check "cifar_ddp --pipeline 2 --trace: written once, by rank 0, for 2 ranks" "$out" \
+		"trace: 2 steps on 2 ranks written to $tmp/pipe.json" 1
+	tr=$(tr ',' '\n' <"$tmp/pipe.json" 2>/dev/null)
+	n=$(grep -c '"name":"receive ' "$tmp/pipe.json" 2>/dev/null)
+	if grep -q '"world":2' <<<"$tr" && grep -q '"name":"rank 1 (stage 1)"' <<<"$tr" &&
+		grep -q '"pid":1' <<<"$tr" && [ "${n:-0}" -gt 0 ]; then
+		ok "the pipeline's trace: both stages' tracks, their receives"
+	else
+		bad "the pipeline's trace: both stages' tracks, their receives" "$out" "$(head -c 600 "$tmp/pipe.json" 2>&1)"
+	fi
 fi
 
 echo "$pass passed, $fail failed"
