@@ -5,7 +5,8 @@
 # (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
 # mpirun, env:// and the launcher; a user's cut; evaluation through the
 # stages; the planner's activation slots; a stage built from another graph
-# and a killed stage. Prints "N passed, N failed".
+# and a killed stage (named with its stage); a trace of every stage. Prints
+# "N passed, N failed".
 set -u
 W=$1
 MNIST=${2:-}
