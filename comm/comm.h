@@ -69,6 +69,12 @@ void loom_pg_set_timeout(loom_pg *pg, double seconds);
  * as "step S's all-reduce of ..." so that, when a collective times out, the
  * others can say which rank has not reached which step's collective. */
 void loom_pg_set_step(loom_pg *pg, int64_t step);
+/* A few words on the part rank plays (at most LOOM_PG_NOTE_BYTES - 1), which
+ * the messages that name it add: "rank 1 (pipeline stage 1) died ...". NULL
+ * or "" clears it; the last note set stands (dist/pipeline.c sets one per
+ * rank at compile and clears them when the program is freed). */
+#define LOOM_PG_NOTE_BYTES 48
+void loom_pg_set_rank_note(loom_pg *pg, int rank, const char *note);
 
 /* ------------------------------------------------------------- collectives */
 

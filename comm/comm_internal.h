@@ -175,6 +175,9 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len);
 /* The same for collective number seq, which timed out: when every peer is
  * alive, names the peers on this host that have not reached it. */
 int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len);
+/* "1" or, with a note, "1 (pipeline stage 1)": how the messages above name
+ * a rank. Returns buf. */
+const char *loom_pg_rank_name(const loom_pg *pg, int rank, char *buf, size_t len);
 
 /* ------------------------------------------------------------ progress */
 
@@ -224,6 +227,7 @@ struct loom_pg {
 	uint64_t seq;                   /* collectives entered */
 	int64_t step;                   /* loom_pg_set_step, -1 before */
 	char labels[LOOM_PROGRESS_RING][LOOM_PROGRESS_LABEL];
+	char (*notes)[LOOM_PG_NOTE_BYTES]; /* loom_pg_set_rank_note, world entries; or NULL */
 	loom_comm *host;
 	loom_comm *device;
 };

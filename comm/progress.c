@@ -366,6 +366,7 @@ size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len)
 		const loom_comm_peer *p = &pg->peers[k];
 		const progress_link *l = pg->links ? &pg->links->l[k] : NULL;
 		char last[LOOM_PROGRESS_LABEL], where[LOOM_COMM_HOSTLEN + 16] = "";
+		char who[LOOM_PG_NOTE_BYTES + 16];
 		uint64_t theirs;
 
 		if (k == pg->info.rank)
@@ -386,8 +387,9 @@ size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len)
 		if (theirs >= seq)
 			continue;
 		n += (size_t)snprintf(buf + n, len - n,
-				      "%srank %d is alive%s but has not reached %s (its last: %s)",
-				      n ? "; " : "", k, where, loom_progress_label(pg, seq), last);
+				      "%srank %s is alive%s but has not reached %s (its last: %s)",
+				      n ? "; " : "", loom_pg_rank_name(pg, k, who, sizeof(who)), where,
+				      loom_progress_label(pg, seq), last);
 	}
 	return n;
 }

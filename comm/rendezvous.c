@@ -746,9 +746,9 @@ void loom_rdv_close(loom_rdv *r)
 
 int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 {
-	char gone[256] = "", unreach[256] = "";
+	char gone[256] = "", unreach[256] = "", who[LOOM_PG_NOTE_BYTES + 16];
 	size_t ng = 0, nu = 0;
-	int k, dead = 0;
+	int k, n_gone = 0, n_unreach = 0;
 	double deadline = loom_comm_now() + 1.0;
 
 	for (k = 0; k < pg->info.world; k++) {
@@ -763,27 +763,28 @@ int loom_pg_name_dead(loom_pg *pg, char *buf, size_t len)
 			close(fd);
 			continue;
 		}
-		dead++;
+		loom_pg_rank_name(pg, k, who, sizeof(who));
 		if (e == ECONNREFUSED)
-			ng += snprintf(gone + ng, ng < sizeof(gone) ? sizeof(gone) - ng : 0, "%s%d",
-				       ng ? ", " : "", k);
+			ng += snprintf(gone + ng, ng < sizeof(gone) ? sizeof(gone) - ng : 0, "%s%s",
+				       n_gone++ ? ", " : "", who);
 		else
 			nu += snprintf(unreach + nu, nu < sizeof(unreach) ? sizeof(unreach) - nu : 0,
-				       "%s%d", nu ? ", " : "", k);
+				       "%s%s", n_unreach++ ? ", " : "", who);
 	}
-	if (!dead)
+	if (!n_gone && !n_unreach)
 		snprintf(buf, len,
 			 "every rank is alive: one is slower than the timeout or called "
 			 "another collective");
 	else
-		snprintf(buf, len, "%s%s%s%s%s%s%s", ng ? (strchr(gone, ',') ? "ranks " : "rank ") : "",
-			 gone,
-			 ng ? (strchr(gone, ',') ? " died (their processes are gone)"
-						 : " died (its process is gone)")
-			    : "",
-			 ng && nu ? "; " : "", nu ? (strchr(unreach, ',') ? "ranks " : "rank ") : "",
-			 unreach, nu ? " unreachable (no answer to the probe in 1 s)" : "");
-	return dead;
+		snprintf(buf, len, "%s%s%s%s%s%s%s",
+			 n_gone ? (n_gone > 1 ? "ranks " : "rank ") : "", gone,
+			 n_gone ? (n_gone > 1 ? " died (their processes are gone)"
+					      : " died (its process is gone)")
+				: "",
+			 n_gone && n_unreach ? "; " : "",
+			 n_unreach ? (n_unreach > 1 ? "ranks " : "rank ") : "", unreach,
+			 n_unreach ? " unreachable (no answer to the probe in 1 s)" : "");
+	return n_gone + n_unreach;
 }
 
 int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len)

@@ -605,6 +605,23 @@ static void print_table(const loom_program *p, const loom_pipe *pp)
 	(void)p;
 }
 
+/* So that a dead or late rank is named with its stage ("rank 1 (pipeline
+ * stage 1) died ..."), whichever step found it: a receive, a send's wait, the
+ * loss's all-reduce. */
+static void name_stages(loom_pipe *pp, struct loom_pg *pg, int world)
+{
+	char note[LOOM_PG_NOTE_BYTES];
+	pp->pg = pg;
+	for (int r = 0; r < world; r++) {
+		if (pp->replicas > 1)
+			snprintf(note, sizeof(note), "pipeline stage %d, replica %d", r % pp->stages,
+				 r / pp->stages);
+		else
+			snprintf(note, sizeof(note), "pipeline stage %d", r % pp->stages);
+		loom_pg_set_rank_note(pg, r, note);
+	}
+}
+
 loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 {
 	loom_plan *pl = &p->plan;
@@ -621,6 +638,7 @@ loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 	pp->micro = pl->opts.micro_batches > 0 ? pl->opts.micro_batches : pp->stages;
 	pp->schedule = pl->opts.schedule;
 	pp->world = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	name_stages(pp, pl->opts.pg, in->world);
 	if (!(p->be->caps & LOOM_BE_HOST_MEMORY)) {
 		snprintf(err, errlen, "pipeline: the %s backend is not supported yet (CPU only)",
 			 p->be->name);
@@ -933,6 +951,9 @@ void loom_pipeline_free(loom_pipe *pp)
 {
 	if (!pp)
 		return;
+	if (pp->pg)
+		for (int r = 0; r < loom_pg_get_info(pp->pg)->world; r++)
+			loom_pg_set_rank_note(pp->pg, r, NULL);
 	for (int i = 0; i < pp->n_vals; i++)
 		free(pp->host[i]);
 	free(pp->host);

@@ -36,6 +36,7 @@ typedef struct loom_pipe {
 	size_t *act_bytes;     /* planned activations of one micro-batch on the stage */
 	size_t *persist_bytes; /* its persistent values (parameters, gradients, masters, I/O) */
 	int *in_flight;        /* slots the schedule needs */
+	struct loom_pg *pg;      /* the group: its ranks' notes name their stages */
 	struct loom_comm *world; /* the group's host communicator */
 	struct loom_comm *dp;    /* this stage's replicas (NULL: one replica) */
 	struct loom_comm *rep;   /* this replica's stages (the world with one replica) */

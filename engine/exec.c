@@ -467,7 +467,7 @@ static loom_status exec_recv(loom_program *p, const loom_step *s)
 				  s->peer % pp->stages, loom_pg_error(pl->opts.pg));
 		return st;
 	}
-	span(p, LOOM_SPAN_WAIT, s->v, s->micro, t0, timer(p, LOOM_STREAM_COMPUTE));
+	span(p, LOOM_SPAN_RECV, s->v, s->micro, t0, timer(p, LOOM_STREAM_COMPUTE));
 	return LOOM_OK;
 }
 

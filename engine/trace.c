@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "dist/pipeline.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 #include "graph/ops/ops.h"
@@ -26,9 +27,22 @@ void loom_trace_free(loom_trace *t)
 	free(t);
 }
 
+/* The ranks a trace covers: the data-parallel world, or with pipeline
+ * stages the whole group (plan.world and plan.rank are then a stage's
+ * replicas), so that every stage is a track of the one file. */
+static int trace_world(const loom_program *p)
+{
+	return p->plan.pipe ? p->plan.pipe->stages * p->plan.pipe->replicas : p->plan.world;
+}
+
+static int trace_rank(const loom_program *p)
+{
+	return p->plan.pipe ? loom_pg_get_info(p->plan.opts.pg)->rank : p->plan.rank;
+}
+
 static loom_comm *host_comm(loom_program *p)
 {
-	return p->plan.world > 1 ? loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST) : NULL;
+	return trace_world(p) > 1 ? loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST) : NULL;
 }
 
 loom_status loom_trace_start(loom_program *p, const char *path)
@@ -44,7 +58,7 @@ loom_status loom_trace_start(loom_program *p, const char *path)
 	/* Rank 0 creates the file now, so that a bad path fails here on
 	 * every rank rather than after the runs. */
 	int ok = 1, err = 0;
-	if (p->plan.rank == 0) {
+	if (trace_rank(p) == 0) {
 		snprintf(t->path, sizeof(t->path), "%s", path ? path : "");
 		if (!path || !(t->out = fopen(path, "w"))) {
 			ok = 0;
@@ -62,7 +76,7 @@ loom_status loom_trace_start(loom_program *p, const char *path)
 	}
 	if (!ok) {
 		loom_trace_free(t);
-		if (p->plan.rank == 0)
+		if (trace_rank(p) == 0)
 			return loom_program_fail(p, LOOM_ERR_IO, "trace_start: cannot create '%s': %s",
 						 path ? path : "(null)", strerror(err));
 		return loom_program_fail(p, LOOM_ERR_IO, "trace_start: rank 0 cannot create its file");
@@ -137,9 +151,41 @@ static void node_event(FILE *f, const loom_plan *pl, int pid, const loom_span *s
 static const char *const mode_name[] = { "train", "grad", "forward", "eval", "accumulate" };
 static const char *const phase_name[] = { "forward", "backward", "optimizer" };
 
+/* A span of another pipeline stage: its accumulation segments, buckets and
+ * the nodes it added after the cut (its buckets') are its own plan's, which
+ * this rank has not: named by number only. */
+static void foreign_event(FILE *f, const loom_plan *pl, int pid, const loom_span *s, double origin)
+{
+	char name[128];
+	switch (s->kind) {
+	case LOOM_SPAN_ACCUM:
+		snprintf(name, sizeof(name), "%s segment %d", s->aux ? "fold sum into" : "accumulate",
+			 s->id);
+		head(f, name, "accumulate", pid, TID_COMPUTE, s, origin);
+		fprintf(f, ",\"args\":{\"segment\":%d,\"run\":%d}}", s->id, s->run);
+		return;
+	case LOOM_SPAN_ALLREDUCE:
+		snprintf(name, sizeof(name), "%s bucket %d", loom_coll_name((loom_coll_op)s->aux), s->id);
+		head(f, name, "comm", pid, TID_COMM, s, origin);
+		fprintf(f, ",\"args\":{\"bucket\":%d,\"run\":%d}}", s->id, s->run);
+		return;
+	default: /* a node past the cut's graph */
+		snprintf(name, sizeof(name), "node #%d", s->id);
+		head(f, name, "node", pid, TID_COMPUTE, s, origin);
+		fprintf(f, ",\"args\":{\"node\":%d,\"run\":%d}}", s->id, s->run);
+		return;
+	}
+}
+
 static void span_event(FILE *f, const loom_plan *pl, int pid, const loom_span *s, double origin)
 {
 	char name[128];
+	if (pl->pipe && pid % pl->pipe->stages != pl->pipe->stage &&
+	    (s->kind == LOOM_SPAN_ACCUM || s->kind == LOOM_SPAN_ALLREDUCE ||
+	     (s->kind == LOOM_SPAN_NODE && s->id >= pl->pipe->n_graph))) {
+		foreign_event(f, pl, pid, s, origin);
+		return;
+	}
 	switch (s->kind) {
 	case LOOM_SPAN_RUN:
 		if (s->id == LOOM_RUN_TRAIN)
@@ -185,6 +231,15 @@ static void span_event(FILE *f, const loom_plan *pl, int pid, const loom_span *s
 			s->id, (int)b->node, loom_dtype_name(b->dtype), b->bytes, b->n, s->run);
 		return;
 	}
+	case LOOM_SPAN_RECV: {
+		char lb[96];
+		snprintf(name, sizeof(name), "receive %s, micro-batch %d",
+			 loom_node_label(pl->g, s->id, lb, sizeof(lb)), s->aux);
+		head(f, name, "comm", pid, TID_COMPUTE, s, origin);
+		fprintf(f, ",\"args\":{\"value\":%d,\"micro\":%d,\"run\":%d}}", s->id, s->aux,
+			s->run);
+		return;
+	}
 	case LOOM_SPAN_COPY:
 		snprintf(name, sizeof(name), "gathered parameters of bucket %d", s->id);
 		head(f, name, "optimizer", pid, TID_COMPUTE, s, origin);
@@ -211,8 +266,12 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
 	/* Every later event starts with a comma: the first is a label. */
 	fprintf(f, "{\"traceEvents\":[\n{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":0,"
 		   "\"args\":{\"labels\":\"loom\"}}");
-	for (int r = 0; r < pl->world; r++) {
-		snprintf(name, sizeof(name), "rank %d", r);
+	int world = trace_world(p);
+	for (int r = 0; r < world; r++) {
+		if (pl->pipe)
+			snprintf(name, sizeof(name), "rank %d (stage %d)", r, r % pl->pipe->stages);
+		else
+			snprintf(name, sizeof(name), "rank %d", r);
 		meta(f, r, 0, "process_name", name);
 		fprintf(f, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,"
 			   "\"args\":{\"sort_index\":%d}}", r, r);
@@ -222,7 +281,7 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
 			span_event(f, pl, r, &spans[(size_t)r * stride + (size_t)i], t->origin);
 	}
 	fprintf(f, "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"world\":%d,\"backend\":",
-		pl->world);
+		world);
 	json_str(f, p->be->describe(p->be_ctx));
 	fprintf(f, ",\"lost_spans\":%lld}}\n", (long long)lost);
 	int bad = ferror(f);
@@ -237,7 +296,7 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
  * the spans padded to the longest list, through the host collectives. */
 static loom_status gather(loom_program *p, loom_trace *t, loom_comm *c)
 {
-	int world = p->plan.world;
+	int world = trace_world(p);
 	int64_t mine[2] = { (int64_t)t->n, t->lost }, max = 0, lost = 0;
 	int64_t *meta_all = malloc(sizeof(int64_t) * 2 * (size_t)world);
 	int64_t *counts = malloc(sizeof(int64_t) * (size_t)world);
@@ -265,7 +324,7 @@ static loom_status gather(loom_program *p, loom_trace *t, loom_comm *c)
 		memcpy(pad, t->span, sizeof(*pad) * t->n);
 	if (max > 0 && (st = loom_comm_allgather(c, pad, sizeof(*pad) * (size_t)max, all)) != LOOM_OK)
 		goto out_comm;
-	if (st == LOOM_OK && p->plan.rank == 0)
+	if (st == LOOM_OK && trace_rank(p) == 0)
 		st = write_trace(p, t, all, (size_t)max, counts, lost);
 	goto out;
 out_comm:

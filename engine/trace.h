@@ -22,6 +22,7 @@ typedef enum loom_span_kind {
 	LOOM_SPAN_ALLREDUCE, /* id: the bucket, aux its loom_coll_op; start to its end
 			      * (first seen complete, or its event) ("comm" track) */
 	LOOM_SPAN_COPY,      /* ZeRO: bucket id's gathered parameters into the parameters */
+	LOOM_SPAN_RECV,      /* pipeline: receiving value id of micro-batch aux */
 	LOOM_SPAN_KIND_COUNT
 } loom_span_kind;
 

@@ -539,7 +539,7 @@ static int trace_stop(train_run *t, int64_t steps)
 	if (loom_trace_stop(t->p) != LOOM_OK)
 		return -1;
 	printf("trace: %lld step%s on %d rank%s written to %s (chrome://tracing, ui.perfetto.dev)\n",
-	       (long long)steps, steps == 1 ? "" : "s", t->world, t->world > 1 ? "s" : "",
+	       (long long)steps, steps == 1 ? "" : "s", t->gworld, t->gworld > 1 ? "s" : "",
 	       t->a.trace);
 	return 0;
 }

@@ -5,7 +5,8 @@
 # (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
 # mpirun, env:// and the launcher; a user's cut; evaluation through the
 # stages; the planner's activation slots; a stage built from another graph
-# and a killed stage. Prints "N passed, N failed".
+# and a killed stage (named with its stage); a trace of every stage. Prints
+# "N passed, N failed".
 set -u
 W=$1
 MNIST=${2:-}
@@ -98,9 +99,20 @@ out=$("${MPIRUN[@]}" -np 2 "$W" mismatch 2>&1)
 check "a stage built from another graph: every rank fails naming the stage and node" "$out" \
 	"OK mismatch: .*rank 1: stage 0's node 1 param has f32 \[33, 20\], rank 0 has \[32, 20\]" 2
 
+# A killed stage: every survivor's error names the dead rank and its stage,
+# and comes within the timeout (T, plus the 1 s liveness probe and room for
+# a loaded machine).
 out=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 2 "$W" kill 2>&1)
-check "a killed stage: the other stage ends with an error naming rank 1, within the timeout" \
-	"$out" "OK kill: .*rank 1 died" 1
+check "a killed stage: the other stage's error names rank 1 and its stage" "$out" \
+	"OK kill: .* timed out after $T.0 s: rank 1 (pipeline stage 1) died" 1
+out3=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 3 "$W" kill 2>&1)
+check "3 stages, the last killed: both survivors' errors name rank 2 and its stage" "$out3" \
+	"OK kill: .* timed out after $T.0 s: .*2 (pipeline stage 2)[, ].*died" 2
+late=$(sed -n 's/.*OK kill: after \([0-9.]*\) s:.*/\1/p' <<<"$out"$'\n'"$out3" |
+	awk -v lim=$((2 * T + 2)) '$1 > lim')
+n=$(grep -c "OK kill: after" <<<"$out"$'\n'"$out3")
+if [ "$n" -eq 3 ] && [ -z "$late" ]; then ok "a killed stage: each survivor failed within $((2 * T + 2)) s"; else
+	bad "a killed stage: each survivor failed within $((2 * T + 2)) s" "$out" "$out3"; fi
 
 # The examples: --pipeline under the launcher, mpirun and env://; the same
 # model as one process accumulating over the same micro-batches (batch norm
@@ -145,6 +157,22 @@ if [ -n "$CIFAR" ]; then
 		"^\[rank 0\] pipeline: 2 stages x 2 replicas, 8 micro-batches of 2" 1
 	check "cifar_ddp 2 x 2: trains and evaluates through the stages" "$out" \
 		"^\[rank 0\] epoch 1 done: test loss [0-9.]*, test accuracy" 1
+	# A trace of a pipeline: one file with a track per stage, each with its
+	# nodes and its receives (bench/pipeline_bubble.py reads it).
+	rm -f "$tmp/pipe.json"
+	out=$("$CIFAR" --nproc 2 --pipeline 2 --micro-batches 4 --synthetic --train-images 160 \
+		--test-images 40 --width 8 --device cpu --batch-size 16 --epochs 1 --max-steps 4 \
+		--log-interval 10 --trace "$tmp/pipe.json" --trace-steps 2 2>&1)
+	check "cifar_ddp --pipeline 2 --trace: written once, by rank 0, for 2 ranks" "$out" \
+		"trace: 2 steps on 2 ranks written to $tmp/pipe.json" 1
+	tr=$(tr ',' '\n' <"$tmp/pipe.json" 2>/dev/null)
+	n=$(grep -c '"name":"receive ' "$tmp/pipe.json" 2>/dev/null)
+	if grep -q '"world":2' <<<"$tr" && grep -q '"name":"rank 1 (stage 1)"' <<<"$tr" &&
+		grep -q '"pid":1' <<<"$tr" && [ "${n:-0}" -gt 0 ]; then
+		ok "the pipeline's trace: both stages' tracks, their receives"
+	else
+		bad "the pipeline's trace: both stages' tracks, their receives" "$out" "$(head -c 600 "$tmp/pipe.json" 2>&1)"
+	fi
 fi
 
 echo "$pass passed, $fail failed"
