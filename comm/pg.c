@@ -427,29 +427,6 @@ void loom_pg_set_step(loom_pg *pg, int64_t step)
 	loom_rdv_late_poll(pg->late);
 }
 
-void loom_pg_set_rank_note(loom_pg *pg, int rank, const char *note)
-{
-	if (!pg || rank < 0 || rank >= pg->info.world)
-		return;
-	if (!pg->notes) {
-		if (!note || !*note)
-			return;
-		/* Without memory the messages only name the rank: not worth an error. */
-		if (!(pg->notes = calloc((size_t)pg->info.world, sizeof(*pg->notes))))
-			return;
-	}
-	snprintf(pg->notes[rank], sizeof(pg->notes[rank]), "%s", note ? note : "");
-}
-
-const char *loom_pg_rank_name(const loom_pg *pg, int rank, char *buf, size_t len)
-{
-	if (pg->notes && pg->notes[rank][0])
-		snprintf(buf, len, "%d (%s)", rank, pg->notes[rank]);
-	else
-		snprintf(buf, len, "%d", rank);
-	return buf;
-}
-
 void loom_pg_set_timeout(loom_pg *pg, double seconds)
 {
 	if (seconds > 0)
