@@ -9,7 +9,10 @@
 #     with two edits to the copy: the training loader reads in order
 #     (should_shuffle 0, as gpt_ddp --sequential) and the loop stops after
 #     STEPS steps (its sampling at step 20 needs the GPT-2 tokenizer file);
-#   - both train STEPS steps; the table gives each step's loss and ms/step.
+#   - both train STEPS steps; the table gives each step's loss and ms/step;
+#   - then tokens/s and MFU of loom, llm.c and (with bench/setup_torch.sh's
+#     venv) PyTorch eager on the same model, against bench/bf16_peak's fp32
+#     peak (issue 21's figures).
 # The vocabulary is GPT-2's 50257 (the bytes are ids 0-255): llm.c's trainer
 # starts generation from token 50256, which a 256-entry table does not have.
 # Usage: bench/llmc_compare.sh [TEXT]. LLMC_SRC (a clone of karpathy/llm.c,
@@ -75,4 +78,38 @@ paste "$work/llmc.txt" "$work/loom.txt" | awk '{ d = $2 - $5; if (d < 0) d = -d;
 echo "llm.c ms/step (its own timer, mean of steps 2-$STEPS): $(awk 'NR > 1 { s += $3; n++ } END { printf "%.1f", s / n }' "$work/llmc.txt")"
 echo "loom: $(grep '^step .*ms/step' "$work/loom.out" | tail -1 | sed 's/.*tok\/s  //; s/  MFU.*//') (all $STEPS steps, the first included)"
 echo "wall: llm.c $(echo "$t1 - $t0" | bc) s, loom $(echo "$t2 - $t1" | bc) s (start-up included)"
+
+# Tokens/s and MFU of the three engines on this model (PyTorch eager when the
+# venv of bench/setup_torch.sh is there): llm.c from its own per-step timer
+# (steps 2-STEPS), loom from a second run whose last progress line covers
+# steps 2-STEPS, PyTorch from bench/torch_gpt.py (steps 2-STEPS, the same
+# model, V 50257, T 64, B 4, tanh GELU). MFU: against bench/bf16_peak's fp32
+# peak on all the cores (run THREADS = the cores), with loom's FLOPs per token from the plan
+# (forward and backward products) for all three.
+PY=${TORCH_PY:-/work/venv-torch/bin/python}
+PEAK=${PEAK_BIN:-bazel-bin/bench/bf16_peak}
+# Its last line: "peak: fp32 X GFLOP/s on N threads (...)", N the cores.
+core=$("$PEAK" 2>&1 | sed -n 's/^peak: fp32 \([0-9.]*\) GFLOP\/s on .*/\1/p' | head -n 1 || true)
+out=$("$LOOM" "${model[@]}" "${run[@]}" --max-steps "$STEPS" --log-interval $((STEPS > 2 ? STEPS - 1 : 1)) 2>&1)
+flop=$(sed -n 's/.*, \([0-9.]*\) MFLOP per token.*/\1/p' <<<"$out" | head -n 1)
+ltok=$(grep '^step .*tok/s' <<<"$out" | tail -n 1 | sed 's/.*  \([0-9]*\) tok\/s.*/\1/')
+ctok=$(awk 'NR > 1 { s += $3; n++ } END { if (n) printf "%.0f", 4 * 64 * 1000 / (s / n) }' "$work/llmc.txt")
+ptok=
+if [ -x "$PY" ]; then
+	ptok=$("$PY" bench/torch_gpt.py --data "$text" --layers "$LAYERS" --heads "$HEADS" --embd "$EMBD" \
+		--context 64 --vocab 50257 --batch-size 4 --steps "$STEPS" --threads "$THREADS" --gelu tanh \
+		--weight-decay 0 --clip-grad 0 --lr 1e-4 2>&1 | sed -n 's/.* \([0-9]*\) tok\/s$/\1/p')
+	tv=$("$PY" -c 'import torch; print(torch.__version__)')
+fi
+mfu() { # tok/s -> MFU % (or n/a)
+	[ -n "$1" ] && [ -n "$core" ] && [ -n "$flop" ] &&
+		awk -v t="$1" -v f="$flop" -v p="$core" 'BEGIN { printf "%.1f%%", 100 * t * f * 1e6 / (p * 1e9) }' ||
+		echo n/a
+}
+echo "fp32 peak: ${core:-?} GFLOP/s on all cores (bench/bf16_peak); ${flop:-?} MFLOP per token (loom's plan)"
+echo "| engine | tok/s (steps 2-$STEPS) | MFU |"
+echo "| --- | --- | --- |"
+echo "| loom gpt_ddp | ${ltok:-n/a} | $(mfu "$ltok") |"
+echo "| llm.c train_gpt2.c | ${ctok:-n/a} | $(mfu "$ctok") |"
+echo "| PyTorch ${tv:-(no venv)} eager | ${ptok:-n/a} | $(mfu "$ptok") |"
 echo "after: $(uptime | sed 's/.*load/load/')"
