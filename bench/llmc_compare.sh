@@ -84,8 +84,8 @@ echo "wall: llm.c $(echo "$t1 - $t0" | bc) s, loom $(echo "$t2 - $t1" | bc) s (s
 # (steps 2-STEPS), loom from a second run whose last progress line covers
 # steps 2-STEPS, PyTorch from bench/torch_gpt.py (steps 2-STEPS, the same
 # model, V 50257, T 64, B 4, tanh GELU). MFU: against bench/bf16_peak's fp32
-# peak on all the cores (run THREADS = the cores), with loom's FLOPs per token from the plan
-# (forward and backward products) for all three.
+# peak on all the cores (run THREADS = the cores), with the FLOPs per token
+# gpt_ddp prints (nanoGPT's 6N + 12LCT) for all three.
 PY=${TORCH_PY:-/work/venv-torch/bin/python}
 PEAK=${PEAK_BIN:-bazel-bin/bench/bf16_peak}
 # Its last line: "peak: fp32 X GFLOP/s on N threads (...)", N the cores.
@@ -106,7 +106,7 @@ mfu() { # tok/s -> MFU % (or n/a)
 		awk -v t="$1" -v f="$flop" -v p="$core" 'BEGIN { printf "%.1f%%", 100 * t * f * 1e6 / (p * 1e9) }' ||
 		echo n/a
 }
-echo "fp32 peak: ${core:-?} GFLOP/s on all cores (bench/bf16_peak); ${flop:-?} MFLOP per token (loom's plan)"
+echo "fp32 peak: ${core:-?} GFLOP/s on all cores (bench/bf16_peak); ${flop:-?} MFLOP per token (6N + 12LCT)"
 echo "| engine | tok/s (steps 2-$STEPS) | MFU |"
 echo "| --- | --- | --- |"
 echo "| loom gpt_ddp | ${ltok:-n/a} | $(mfu "$ltok") |"
