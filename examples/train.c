@@ -457,9 +457,14 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	}
 	if (a->memory_report)
 		loom_program_memory_report(t->p, stdout);
-	printf("model: %lld parameters; memory planned before step 1: %.2f MiB arena "
+	/* Under pipeline stages the figures are this rank's stage's (it holds
+	 * only those): say so, rank r runs stage r % S. */
+	char stage[48] = "";
+	if (a->pipeline > 1)
+		snprintf(stage, sizeof(stage), " (pipeline stage %d's)", t->rank % a->pipeline);
+	printf("model: %lld parameters%s; memory planned before step 1: %.2f MiB arena "
 	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
-	       (long long)info.n_param_elems, info.arena_bytes / 1048576.0,
+	       (long long)info.n_param_elems, stage, info.arena_bytes / 1048576.0,
 	       info.param_bytes / 1048576.0, info.master_bytes / 1048576.0,
 	       info.grad_bytes / 1048576.0, info.optim_state_bytes / 1048576.0,
 	       info.activation_bytes / 1048576.0);

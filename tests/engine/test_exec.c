@@ -230,6 +230,15 @@ static const loom_comm_i fk_iface = {
 	.recv_start = fk_recv_start,
 };
 
+/* A test's program, its graph and (if any) its group, freed in that order. */
+static void free_ranked(loom_program *p, loom_graph *g, loom_pg *pg)
+{
+	loom_program_free(p);
+	loom_graph_free(g);
+	if (pg)
+		loom_pg_free(pg);
+}
+
 /* A single process's group made into rank `rank` of `world`, with the fake
  * as its host communicator (no MPI, no sockets). */
 static loom_pg *fake_group(int world, int rank)
@@ -671,11 +680,8 @@ Test(exec, allreduce_steps_sum_each_bucket_once_backward_made_it)
 	cr_assert_eq(loom_run(p, LOOM_RUN_ACCUMULATE), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(fk.n, 0, "an ACCUMULATE run made %d collective calls", fk.n);
 	cr_assert_eq(rec.accum_add, bk->n);
-	loom_program_free(one);
-	loom_program_free(p);
-	loom_graph_free(g1);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(one, g1, NULL);
+	free_ranked(p, g, pg);
 }
 
 Test(exec, the_wait_step_ends_the_collectives_in_flight_before_the_update)
@@ -701,9 +707,7 @@ Test(exec, the_wait_step_ends_the_collectives_in_flight_before_the_update)
 	cr_assert_eq(rec.in_flight_at_optim, 0, "the update ran with collectives in flight");
 	cr_assert_eq(rec.waited_at_optim, pl->buckets.n);
 	cr_assert_eq(fk.in_flight, 0);
-	loom_program_free(p);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(p, g, pg);
 }
 
 Test(exec, zero_reduce_scatters_each_bucket_then_all_gathers_it_after_the_update)
@@ -788,11 +792,8 @@ Test(exec, zero_reduce_scatters_each_bucket_then_all_gathers_it_after_the_update
 			}
 	}
 	cr_assert_gt(mine, 0);
-	loom_program_free(one);
-	loom_program_free(p);
-	loom_graph_free(g1);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(one, g1, NULL);
+	free_ranked(p, g, pg);
 }
 
 Test(exec, zero_copy_steps_put_the_gathered_parameters_back)
@@ -841,9 +842,7 @@ Test(exec, zero_copy_steps_put_the_gathered_parameters_back)
 	}
 	cr_assert_gt(theirs, 0);
 	cr_assert_gt(mine, 0);
-	loom_program_free(p);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(p, g, pg);
 }
 
 /* ------------------------------------------------------------ pipeline: send, recv, micro */
@@ -940,9 +939,7 @@ Test(exec, send_steps_pass_each_micro_batchs_boundary_value_forward)
 			cr_assert_eq(got[e], pipe_x[j][e] > 0 ? pipe_x[j][e] : 0.0f,
 				     "micro-batch %d, element %d: sent %g", j, e, got[e]);
 	}
-	loom_program_free(p);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(p, g, pg);
 }
 
 Test(exec, recv_steps_take_each_micro_batchs_gradient_from_the_next_stage)
@@ -988,9 +985,7 @@ Test(exec, recv_steps_take_each_micro_batchs_gradient_from_the_next_stage)
 	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
 	for (int e = 0; e < 6; e++)
 		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
-	loom_program_free(p);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(p, g, pg);
 }
 
 static struct {
@@ -1062,7 +1057,5 @@ Test(exec, micro_steps_give_each_micro_batch_its_inputs_and_activation_slot)
 	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(wv[1], -0.5, "w[1] = %g", wv[1]);
 	cr_assert_eq(wv[0], -2.0, "w[0] = %g", wv[0]);
-	loom_program_free(p);
-	loom_graph_free(g);
-	loom_pg_free(pg);
+	free_ranked(p, g, pg);
 }
