@@ -17,6 +17,7 @@ stdout gives tokens/s. Run it from a virtual environment with torch
 """
 import argparse
 import math
+import resource
 import sys
 import time
 
@@ -144,11 +145,12 @@ def main():
                              {"params": rest, "weight_decay": 0.0}], lr=a.lr)
     fwd = torch.compile(m) if a.compile else m
     out = open(a.losses, "w") if a.losses else None
-    t0 = None
+    t0 = c0 = None
     for step in range(a.steps):
         if step == 1:
             sync()
             t0 = time.perf_counter()  # the first step pays for start-up
+            c0 = time.process_time()
         rows = [((step * B + r) % windows) * T for r in range(B)]
         x = torch.stack([train[s:s + T] for s in rows])
         y = torch.stack([train[s + 1:s + T + 1] for s in rows])
@@ -168,11 +170,18 @@ def main():
             out.write("%d %.17g\n" % (step + 1, loss.item()))
     sync()
     dt_s = time.perf_counter() - t0 if t0 else float("nan")
+    cpu_s = time.process_time() - c0 if c0 is not None else float("nan")
     n = sum(w.numel() for w in m.parameters())
     print("torch %s %s%s on %s: %d parameters, %d steps, %.1f ms/step, %.0f tok/s" % (
         torch.__version__, "compiled" if a.compile else "eager",
         " bf16 autocast" if a.autocast == "bf16" else "", a.device, n, a.steps,
         1e3 * dt_s / max(a.steps - 1, 1), (a.steps - 1) * B * T / dt_s))
+    # A second line, so that the first still ends in tok/s (llmc_compare.sh
+    # reads it): the same steps per CPU-second of this process, and its peak
+    # resident memory (bench/yardstick.sh's cells).
+    print("torch cpu: %.0f tok/s per CPU-second, peak RSS %.0f MiB" % (
+        (a.steps - 1) * B * T / cpu_s if cpu_s > 0 else float("nan"),
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0))
     return 0
 
 

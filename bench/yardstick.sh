@@ -15,6 +15,13 @@
 #               batch 32): bench_resnet and bench/torch_resnet.py
 #   resnet50-16, resnet50-32   ResNet-50 at 224, batch 16 and 32
 #               resnet cells: img/s / img/s per CPU-second / peak RSS MiB
+#   gpt         the GPT of examples/gpt_ddp at its defaults (4 layers, 4
+#               heads, 128 wide, context 128, bytes of the Debian fortunes,
+#               batch 8, AdamW) against bench/torch_gpt.py, the same model
+#               and settings; GPT_STEPS (30) steps, tok/s over steps 2-N;
+#               cell: tok/s / tok/s per CPU-second / peak RSS MiB (loom's
+#               CPU-seconds: the whole process, start-up and one validation
+#               included; torch's: its steps 2-N)
 # Variants: loom O0 (fp32), loom O1 bf16, loom O2 bf16 (native bf16 products
 # only where loom chose them at start-up; else loom's exact emulation),
 # PyTorch eager fp32, eager bf16 autocast, torch.compile fp32, and for the
@@ -54,16 +61,19 @@ rounds=${1:-2}
 venv=${TORCH_VENV:-/work/venv-torch}
 py=$venv/bin/python
 threads=${THREADS:-2}
-workloads=${WORKLOADS:-convnet resnet18 resnet50-16 resnet50-32}
+workloads=${WORKLOADS:-convnet resnet18 resnet50-16 resnet50-32 gpt}
 loom_variants=${LOOM_VARIANTS:-O0 O1 O2}
 tm_convnet=${TORCH_MODES_CONVNET:-eager compile bf16}
 tm_resnet=${TORCH_MODES_RESNET:-eager cl compile}
 tm_resnet_big=${TORCH_MODES_RESNET_BIG:-eager cl}
+tm_gpt=${TORCH_MODES_GPT:-eager bf16 compile}
+gpt_steps=${GPT_STEPS:-30}
 lv_big=${LOOM_VARIANTS_BIG:-O0}
 conv_cap=${CONV_CAP:-50}
 if [ $quick = 1 ]; then
 	tm_resnet=${TORCH_MODES_RESNET:-eager cl}
 	conv_cap=30
+	gpt_steps=${GPT_STEPS:-5}
 fi
 if ! [ -x "$py" ] || ! "$py" -c 'import torch' 2>/dev/null; then
 	echo "yardstick: no torch in $venv: run bench/setup_torch.sh first" >&2
@@ -73,7 +83,7 @@ bin=${LOOM_BIN:-}
 bin_b=${LOOM_BIN_B:-}
 if [ -z "$bin" ]; then
 	${BAZEL:-bazel} build //bench:bench_resnet //bench:bench_convnet //bench:bf16_peak \
-		//examples:mnist_ddp >/dev/null 2>&1 || {
+		//examples:mnist_ddp //examples:gpt_ddp >/dev/null 2>&1 || {
 		echo "yardstick: build failed" >&2
 		exit 1
 	}
@@ -81,6 +91,9 @@ if [ -z "$bin" ]; then
 fi
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
+# The GPT's text: one file both engines read (the last tenth held out).
+text=${GPT_TEXT:-$data/text.txt}
+[ -f "$text" ] || cat /usr/share/games/fortunes/* 2>/dev/null | head -c 3000000 >"$text"
 
 # Step counts: (warm-up, timed) per workload.
 if [ $quick = 1 ]; then
@@ -165,11 +178,40 @@ torch_resnet() { # workload mode -> cell
 	[ -n "$r" ] && echo "$r / $pc / $(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
 }
 
+gpt_args=(--data "$text" --batch-size 8 --threads "$threads")
+
+loom_gpt() { # level -> cell
+	local out r
+	out=$(/usr/bin/time -f "%U %S %M" -o "$tf" "$bin/examples/gpt_ddp" "${gpt_args[@]}" --device cpu \
+		$(level_args "$1") --max-steps "$gpt_steps" --log-interval 1 --sample 0 --val-interval 0 \
+		--val-batches 1 2>/dev/null)
+	# Steps 2-N from their own ms/step (the first pays for start-up).
+	r=$(grep '^step .*ms/step' <<<"$out" | awk 'NR > 1 { for (i = 1; i < NF; i++) if ($(i + 1) == "ms/step") s += $i; n++ }
+		END { if (n && s > 0) printf "%.0f", n * 8 * 128 * 1000 / s }')
+	pc=$(awk -v n="$gpt_steps" '{ c = $1 + $2; printf "%.0f", n * 8 * 128 / (c > 0 ? c : 1) }' "$tf")
+	keep gpt "${tag:-loom} $1" "$r" "$pc"
+	[ -n "$r" ] && echo "$r / $pc / $(awk '{ printf "%.0f", $3 / 1024 }' "$tf")"
+}
+
+torch_gpt() { # mode -> cell
+	local out r pc flags=()
+	case $1 in
+	bf16) flags=(--autocast bf16) ;;
+	compile) flags=(--compile) ;;
+	esac
+	out=$("$py" bench/torch_gpt.py "${gpt_args[@]}" --steps "$gpt_steps" "${flags[@]}" 2>/dev/null)
+	r=$(sed -n 's/.* \([0-9]*\) tok\/s$/\1/p' <<<"$out")
+	pc=$(sed -n 's/^torch cpu: \([0-9]*\) tok\/s per CPU-second.*/\1/p' <<<"$out")
+	keep gpt "torch $1" "$r" "$pc"
+	[ -n "$r" ] && echo "$r / $pc / $(sed -n 's/.*peak RSS \([0-9]*\) MiB.*/\1/p' <<<"$out")"
+}
+
 variants() { # workload -> the column names, in running order (loom, torch alternating)
 	local tm lv i=0 n
 	lv=($loom_variants)
 	case $1 in
 	convnet) tm=($tm_convnet) ;;
+	gpt) tm=($tm_gpt) ;;
 	resnet50-32) tm=($tm_resnet_big) lv=($lv_big) ;;
 	*) tm=($tm_resnet) ;;
 	esac
@@ -187,6 +229,9 @@ cell() { # workload variant -> cell
 	convnet.loom) loom_convnet "$v" ;;
 	convnet.loomB) bin=$bin_b tag=loomB loom_convnet "$v" ;;
 	convnet.torch) torch_convnet "$v" ;;
+	gpt.loom) loom_gpt "$v" ;;
+	gpt.loomB) bin=$bin_b tag=loomB loom_gpt "$v" ;;
+	gpt.torch) torch_gpt "$v" ;;
 	*.loom) loom_resnet "$w" "$v" ;;
 	*.loomB) bin=$bin_b tag=loomB loom_resnet "$w" "$v" ;;
 	*) torch_resnet "$w" "$v" ;;
@@ -207,8 +252,13 @@ label() { # variant -> column title
 	esac
 }
 
-gflop_per_img() { # workload -> the model's GFLOP per image (forward + backward), from loom's plan
-	if [ "$1" = convnet ]; then
+gflop_per_img() { # workload -> the model's GFLOP per image (per token for the GPT: nanoGPT's
+	# 6N + 12LCT, which gpt_ddp prints), forward + backward, from loom's plan
+	if [ "$1" = gpt ]; then
+		"$bin/examples/gpt_ddp" "${gpt_args[@]}" --device cpu --max-steps 1 --sample 0 --val-interval 0 \
+			--val-batches 1 --peak-flops 1 2>/dev/null | sed -n 's/.*, \([0-9.]*\) MFLOP per token.*/\1/p' |
+			awk 'NR == 1 { print $1 / 1000 }'
+	elif [ "$1" = convnet ]; then
 		"$bin/bench/bench_convnet" --steps 1 --warmup 0 --levels 0 --threads 1 2>/dev/null |
 			awk -F'|' '/^\| O0/ { gsub(/ /, "", $13); print $13 / 1000 }'
 	else
@@ -246,8 +296,11 @@ for w in $workloads; do
 	echo
 	case $w in
 	convnet) echo "### ConvNet, Fashion-MNIST, $([ $quick = 1 ] && echo '30 steps' || echo "1 epoch (600 steps; loom O1/O2 bf16 and PyTorch bf16 autocast: the first $conv_cap)"), batch 100, $threads threads ($gf GFLOP/img); cell: img/s / test accuracy / img/s per CPU-second / peak RSS MiB" ;;
+	gpt) echo "### GPT (gpt_ddp's defaults: 4 layers, 4 heads, 128 wide, context 128, vocabulary 256), batch 8, $gpt_steps steps (tok/s over steps 2-$gpt_steps), $threads threads ($gf GFLOP/token, 6N + 12LCT); cell: tok/s / tok/s per CPU-second / peak RSS MiB" ;;
 	*) echo "### $w: $(resnet_args "$w"), $threads threads ($gf GFLOP/img); cell: img/s / img/s per CPU-second / peak RSS MiB" ;;
 	esac
+	unit=img
+	[ "$w" = gpt ] && unit=tok
 	echo
 	head="| round |"
 	for v in "${vs[@]}"; do head+=" $(label "$v") |"; done
@@ -262,7 +315,7 @@ for w in $workloads; do
 		echo "$row $(cut -d' ' -f1 /proc/loadavg) |"
 	done
 	echo
-	echo "| $w | img/s | GFLOP/s | % of fp32 peak | / PyTorch eager | img/s per CPU-s | GFLOP per CPU-s | % of one core's peak | / PyTorch eager per CPU-s |"
+	echo "| $w | $unit/s | GFLOP/s | % of fp32 peak | / PyTorch eager | $unit/s per CPU-s | GFLOP per CPU-s | % of one core's peak | / PyTorch eager per CPU-s |"
 	echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 	base=$(median "$data/$w.torch eager") basec=$(median "$data/$w.torch eager.cpu")
 	for v in "${vs[@]}"; do
