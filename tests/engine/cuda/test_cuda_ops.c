@@ -587,6 +587,15 @@ static loom_value b_embedding(loom_graph *g, tcase *t)
 	return loom_embedding(g, ids, param(g, t, "wte", 2, 7, 5, 0, 0));
 }
 
+/* 450 rows: the gamma gradient's 15 chunks of 32 rows, the last of 2, and
+ * a second block of columns 8 wide (engine/cuda/gpt.cu). */
+static loom_value b_layernorm_rows(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 3, 150, 40, 0);
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 40, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 40, 0, 0, 0), 1e-5);
+}
+
 static loom_value b_gelu_tanh(loom_graph *g, tcase *t)
 {
 	return loom_gelu_tanh(g, param(g, t, "x", 3, 2, 5, 9, 0));
@@ -1223,6 +1232,7 @@ static const op_case cuda_op_cases[] = {
 	{ "embedding", b_embedding, LOOM_RUN_GRAD, 0 },
 	{ "gelu tanh", b_gelu_tanh, LOOM_RUN_GRAD, 0 },
 	{ "layernorm", b_layernorm, LOOM_RUN_GRAD, 0 },
+	{ "layernorm_rows", b_layernorm_rows, LOOM_RUN_GRAD, 0 },
 	{ "linear [B, T, C]", b_linear_3d, LOOM_RUN_GRAD, 1 },
 	{ "causal self-attention", b_attention, LOOM_RUN_GRAD, 1 },
 	{ "causal self-attention 2x64, 4 heads of 32", b_attention_hs32, LOOM_RUN_GRAD, 1 },
