@@ -18,7 +18,9 @@
 #   gpt         the GPT of examples/gpt_ddp at its defaults (4 layers, 4
 #               heads, 128 wide, context 128, bytes of the Debian fortunes,
 #               batch 8, AdamW) against bench/torch_gpt.py, the same model
-#               and settings; GPT_STEPS (30) steps, tok/s over steps 2-N;
+#               and settings; GPT_STEPS (30) steps, tok/s over steps 2-N
+#               (PyTorch's bf16 autocast GPT_CAP (10): 0.1x fp32's speed on
+#               a CPU without avx512_bf16);
 #               cell: tok/s / tok/s per CPU-second / peak RSS MiB (loom's
 #               CPU-seconds: the whole process, start-up and one validation
 #               included; torch's: its steps 2-N)
@@ -68,6 +70,7 @@ tm_resnet=${TORCH_MODES_RESNET:-eager cl compile}
 tm_resnet_big=${TORCH_MODES_RESNET_BIG:-eager cl}
 tm_gpt=${TORCH_MODES_GPT:-eager bf16 compile}
 gpt_steps=${GPT_STEPS:-30}
+gpt_cap=${GPT_CAP:-10}
 lv_big=${LOOM_VARIANTS_BIG:-O0}
 conv_cap=${CONV_CAP:-50}
 if [ $quick = 1 ]; then
@@ -195,11 +198,12 @@ loom_gpt() { # level -> cell
 
 torch_gpt() { # mode -> cell
 	local out r pc flags=()
+	local n=$gpt_steps
 	case $1 in
-	bf16) flags=(--autocast bf16) ;;
+	bf16) flags=(--autocast bf16) n=$((gpt_cap < n ? gpt_cap : n)) ;;
 	compile) flags=(--compile) ;;
 	esac
-	out=$("$py" bench/torch_gpt.py "${gpt_args[@]}" --steps "$gpt_steps" "${flags[@]}" 2>/dev/null)
+	out=$("$py" bench/torch_gpt.py "${gpt_args[@]}" --steps "$n" "${flags[@]}" 2>/dev/null)
 	r=$(sed -n 's/.* \([0-9]*\) tok\/s$/\1/p' <<<"$out")
 	pc=$(sed -n 's/^torch cpu: \([0-9]*\) tok\/s per CPU-second.*/\1/p' <<<"$out")
 	keep gpt "torch $1" "$r" "$pc"
@@ -296,7 +300,7 @@ for w in $workloads; do
 	echo
 	case $w in
 	convnet) echo "### ConvNet, Fashion-MNIST, $([ $quick = 1 ] && echo '30 steps' || echo "1 epoch (600 steps; loom O1/O2 bf16 and PyTorch bf16 autocast: the first $conv_cap)"), batch 100, $threads threads ($gf GFLOP/img); cell: img/s / test accuracy / img/s per CPU-second / peak RSS MiB" ;;
-	gpt) echo "### GPT (gpt_ddp's defaults: 4 layers, 4 heads, 128 wide, context 128, vocabulary 256), batch 8, $gpt_steps steps (tok/s over steps 2-$gpt_steps), $threads threads ($gf GFLOP/token, 6N + 12LCT); cell: tok/s / tok/s per CPU-second / peak RSS MiB" ;;
+	gpt) echo "### GPT (gpt_ddp's defaults: 4 layers, 4 heads, 128 wide, context 128, vocabulary 256), batch 8, $gpt_steps steps (tok/s over steps 2-$gpt_steps; PyTorch bf16 autocast: $gpt_cap), $threads threads ($gf GFLOP/token, 6N + 12LCT); cell: tok/s / tok/s per CPU-second / peak RSS MiB" ;;
 	*) echo "### $w: $(resnet_args "$w"), $threads threads ($gf GFLOP/img); cell: img/s / img/s per CPU-second / peak RSS MiB" ;;
 	esac
 	unit=img
