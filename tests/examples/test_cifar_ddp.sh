@@ -44,7 +44,11 @@ check "3 steps: the speed at the end" "$out" "^trained 3 steps: [0-9.]* img/s" 1
 # The training figures, not the test ones: after a few dozen steps the batch
 # norms' running statistics lag the weights, and eval-mode accuracy swings
 # from epoch to epoch (PyTorch's same model on these files: 18, 100, 44, 77%).
-out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 20 --epochs 3 --lr 0.05 --log-interval 12 2>&1)
+# lr 0.01, not 0.05: at 0.05 the 36 steps are chaotic enough that the ASan
+# build's different rounding (its own code generation, the same arithmetic
+# up to the last bits at step 4) ended with the loss 13% down instead of
+# 37%; at 0.01 both builds end about 45% down and 25 points up (2026-11-26).
+out=$("$EX" --data "$tmp/d" "${small[@]}" --batch-size 20 --epochs 3 --lr 0.01 --log-interval 12 2>&1)
 first=$(grep "^epoch 1 step" <<<"$out" | sed -n 's/.* loss \([0-9.]*\)  acc *\([0-9.]*\)%.*/\1 \2/p')
 last=$(grep "^epoch 3 step" <<<"$out" | sed -n 's/.* loss \([0-9.]*\)  acc *\([0-9.]*\)%.*/\1 \2/p')
 if [ -n "$first" ] && [ -n "$last" ] && awk -v f="$first" -v l="$last" 'BEGIN {
