@@ -54,11 +54,11 @@ echo '| --- | --- | --- | --- | --- |'
 for cut in time memory; do
 	lim=$(awk -v p="${top[$cut]}" 'BEGIN { printf "%.2f", p }')
 	below=$(awk -v p="$lim" 'BEGIN { printf "%.2f", p - 0.01 }')
-	at=$("${R[@]}" --memory-limit "$lim" --steps 1 --warmup 0 2>&1)
-	bl=$("${R[@]}" --memory-limit "$below" --dry-run 2>&1)
+	at=$("${R[@]}" --pipeline-balance "$cut" --memory-limit "$lim" --steps 1 --warmup 0 2>&1) || true
+	bl=$("${R[@]}" --pipeline-balance "$cut" --memory-limit "$below" --dry-run 2>&1) || true
 	say() { # what a run under a limit did, in a few words
 		if grep -q "needs more memory" <<<"$1"; then
-			sed -n 's/.*\(neither cut fits.*\)/refused: \1/p; s/.*\(stage [0-9]*.s planned peak .*\)/refused: \1/p' <<<"$1" | head -1
+			sed -n 's/.*pipeline: \(.*\)/refused: \1/p' <<<"$1" | head -1
 		elif grep -q "the memory-balanced cut, since" <<<"$1"; then
 			echo "memory cut (fallback)$(grep -q 'step *1/1' <<<"$1" && echo ', trained 1 step')"
 		else

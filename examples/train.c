@@ -153,6 +153,9 @@ static int check_settings(train_run *t)
 	setting(s, &n, "--schedule", "%s", a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
 	setting(s, &n, "--pipeline-balance", "%s",
 		a->pipe_balance == LOOM_BALANCE_MEMORY ? "memory" : "time");
+	/* Under --pipeline every rank checks every stage's plan against it
+	 * and may change the cut: ranks with other limits would cut apart. */
+	setting_num(s, &n, "--memory-limit", a->memory_limit);
 	setting(s, &n, "--clip-grad", "%.17g", a->clip_grad);
 	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
