@@ -76,10 +76,12 @@ check "a memory limit the time cut exceeds: the memory cut instead, said once, t
 	"$out" "OK fallback M 4: .* bit-identical to one process; limit [0-9.]*: .*neither cut fits the memory limit" 2
 
 out=$("${MPIRUN[@]}" -np 2 "$W" cut 2>&1)
-check "loom_stage_boundary: the user's cut trains as 1 process; 2 marks for 2 stages refused" \
+check "loom_stage_boundary (memory balance asked): the user's cut trains as 1 process; 2 marks for 2 stages refused" \
 	"$out" "OK cut: bit-identical" 2
 check "the start-up table shows stage 0 holding l1 only (32x20 + 32 = 672 parameters)" \
 	"$out" "stage 0: [0-9]* nodes, 672 parameters" 1
+check "the marks win over --pipeline-balance memory, and the table says so" \
+	"$out" "loom: pipeline of 2 stages .*, cut at the loom_stage_boundary marks:" 1
 
 for m in 2 4; do
 	out=$("${MPIRUN[@]}" -np 2 "$W" eval $m 2>&1)
