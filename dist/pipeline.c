@@ -1,9 +1,10 @@
 /*
  * dist/pipeline.c — pipeline parallelism as a pass over the step list.
  * Every rank builds and plans the whole graph; the pass gives every node a
- * stage (forward nodes by balanced cost in build order, or at the user's
- * loom_stage_boundary marks; a backward node follows the forward node whose
- * gradient rule made it), keeps this rank's nodes, and lays out M
+ * stage (forward nodes in build order, balancing estimated time or each
+ * stage's planned peak memory, or at the user's loom_stage_boundary marks;
+ * a backward node follows the forward node whose gradient rule made it),
+ * keeps this rank's nodes, and lays out M
  * micro-batches as one fixed list: each micro-batch's forward (receive the
  * values an earlier stage made, run, send what a later stage reads) and
  * backward (the same for gradients, backwards), in GPipe's or 1F1B's order,
@@ -46,6 +47,11 @@ loom_status loom_pipeline_check(const loom_compile_opts *o, int world, char *err
 			 o->schedule);
 		return LOOM_ERR_INVALID;
 	}
+	if ((unsigned)o->pipeline_balance >= LOOM_BALANCE_COUNT) {
+		snprintf(err, errlen, "pipeline: pipeline_balance %d is no loom_pipeline_balance "
+			 "(LOOM_BALANCE_TIME or LOOM_BALANCE_MEMORY)", o->pipeline_balance);
+		return LOOM_ERR_INVALID;
+	}
 	if (s > 1 && (o->zero_stage || o->sync_bn || o->inference)) {
 		snprintf(err, errlen, "pipeline: not with %s yet",
 			 o->zero_stage ? "zero_stage" : o->sync_bn ? "sync_bn" : "inference");
@@ -76,7 +82,8 @@ static int is_leaf(const loom_graph *g, loom_value v)
 	return loom_op_is_leaf(g->nodes[v].op);
 }
 
-/* Forward nodes: at the marks, else balanced by cost. */
+/* Forward nodes: at the marks, else balanced by cost (the memory balance
+ * starts from this cut: cut_memory). */
 static loom_status cut_forward(loom_plan *pl, loom_pipe *pp, char *err, size_t errlen)
 {
 	const loom_graph *g = pl->g;
@@ -125,6 +132,7 @@ static loom_status cut_forward(loom_plan *pl, loom_pipe *pp, char *err, size_t e
 		snprintf(err, errlen, "pipeline: a stage boundary after the last node");
 		return LOOM_ERR_INVALID;
 	}
+	pp->balance = marks ? -1 : pl->opts.pipeline_balance;
 	return LOOM_OK;
 }
 
@@ -273,6 +281,208 @@ static void own_state(loom_plan *pl, const loom_pipe *pp)
 	}
 	pl->state_bytes = off;
 	pl->master_bytes = masters;
+}
+
+/* ------------------------------------------------------------ memory balance */
+
+static int in_flight(int schedule, int stages, int stage, int m);
+
+/* What stage s's rank will plan, from the stage's own memory plan: its
+ * persistent values, one micro-batch's activations, the slots the
+ * schedule keeps, its slots' optimizer state and (M > 1) accumulation
+ * sums, laid out as own_state and loom_accum_plan lay them out. */
+typedef struct stage_mem {
+	size_t persist, act, state, accum;
+	int slots;
+} stage_mem;
+
+/* The rank's planned peak less the workspace (engine/program.c's
+ * planned_peak: the backend's workspace is the largest node's of the
+ * whole graph, the same on every stage, known after the backend plans). */
+static size_t stage_peak(const stage_mem *m)
+{
+	return m->persist + align64(m->act ? m->act : 64) * (size_t)m->slots + m->state + m->accum;
+}
+
+static loom_status plan_stage(const loom_plan *pl, const loom_pipe *pp, int s, unsigned char *held,
+			      stage_mem *out)
+{
+	loom_memplan mp;
+	stage_mask(pl, pp, s, 0, held);
+	loom_status st = loom_memplan_build_held(pl->g, pl->mp.schedule, NULL, held, &mp);
+	if (st != LOOM_OK)
+		return st;
+	*out = (stage_mem){ mp.persist_bytes, mp.act_bytes, 0, 0,
+			    in_flight(pp->schedule, pp->stages, s, pp->micro) };
+	for (int i = 0; i < pl->n_params; i++) {
+		const loom_param_slot *sl = &pl->params[i];
+		if (pp->owner[sl->param] == s)
+			out->state += (size_t)pl->n_state *
+				      align64((size_t)sl->numel * loom_dtype_size(sl->state_dtype));
+		if (pp->micro > 1 && (!mp.held || mp.held[sl->grad]))
+			out->accum += align64((size_t)sl->numel *
+					      (pl->g->nodes[sl->grad].dtype == LOOM_F64 ? 8 : 4));
+	}
+	loom_memplan_free(&mp);
+	return LOOM_OK;
+}
+
+/*
+ * The search for the memory-balanced cut. A cut is S - 1 places in the
+ * list of forward nodes that do work (build order, as the time cut); a
+ * stage's peak is what its own memory plan says (plan_stage), not an
+ * estimate: a stage's activations keep the whole graph's lifetimes, a
+ * value received from an earlier stage or kept for backward is planned as
+ * the rank will plan it, and the planner's reuse is what decides, none of
+ * which a sum of value sizes knows. One plan of one stage costs about as
+ * much as the planner's pass over the graph, so a search of a few hundred
+ * plans stays a fraction of the compile.
+ */
+typedef struct cutter {
+	loom_plan *pl;
+	loom_pipe *pp;
+	loom_value *work; /* the forward nodes that do work, in build order */
+	int n;
+	unsigned char *held;
+	loom_status st;   /* out of memory in a plan */
+} cutter;
+
+/*
+ * Stage k's peak when it holds work[i, j). The nodes before i are
+ * labelled k - 1 and those after j k + 1: stage k's plan depends only on
+ * which nodes are its own and which stage reads a leaf first, which a
+ * relabelling that keeps the stages' order keeps. A cut that sends a
+ * value against the pipeline's direction (check_cut) is no candidate:
+ * SIZE_MAX.
+ */
+static size_t eval_stage(cutter *c, int k, int i, int j)
+{
+	loom_pipe *pp = c->pp;
+	char err[256];
+	stage_mem m;
+	for (int w = 0; w < c->n; w++)
+		pp->stage_of[c->work[w]] = (signed char)(w < i ? k - 1 : w < j ? k : k + 1);
+	cut_backward(c->pl, pp);
+	memset(pp->owner, -1, (size_t)pp->n_graph);
+	if (check_cut(c->pl, pp, err, sizeof(err)) != LOOM_OK)
+		return SIZE_MAX;
+	loom_status st = plan_stage(c->pl, pp, k, c->held, &m);
+	if (st != LOOM_OK) {
+		c->st = st;
+		return SIZE_MAX;
+	}
+	return stage_peak(&m);
+}
+
+/*
+ * Whether every stage fits in `bound`: each stage in turn takes as many
+ * nodes as keep its peak within it, leaving one per later stage. Greedy
+ * is enough for contiguous ranges whose cost grows with the range: taking
+ * less never helps a later stage. Where a stage ends is a binary search,
+ * which assumes that a stage taking one more node plans no less; the
+ * planner's best fit can break that by a little, which may cost the
+ * optimum, never a valid cut. b (S + 1 places) gets the cut, *worst its
+ * largest peak.
+ */
+static int fits(cutter *c, size_t bound, int *b, size_t *worst)
+{
+	int S = c->pp->stages, i = 0;
+	*worst = 0;
+	b[0] = 0;
+	for (int k = 0; k < S - 1; k++) {
+		int lo = i + 1, hi = c->n - (S - 1 - k);
+		size_t got = eval_stage(c, k, i, lo);
+		if (got > bound)
+			return 0;
+		while (lo < hi) {
+			int mid = lo + (hi - lo + 1) / 2;
+			size_t p = eval_stage(c, k, i, mid);
+			if (p <= bound) {
+				lo = mid;
+				got = p;
+			} else {
+				hi = mid - 1;
+			}
+		}
+		b[k + 1] = i = lo;
+		if (got > *worst)
+			*worst = got;
+	}
+	size_t last = eval_stage(c, S - 1, i, c->n);
+	b[S] = c->n;
+	if (last > bound)
+		return 0;
+	if (last > *worst)
+		*worst = last;
+	return 1;
+}
+
+/*
+ * The memory-balanced cut: the smallest bound every stage fits in, by
+ * bisection between 0 and the time-balanced cut's largest peak (to 1/4096
+ * of it), then that cut. The time cut (stage_of on entry) is kept when
+ * nothing found is smaller, so the memory cut is never worse than it.
+ */
+static loom_status cut_memory(loom_plan *pl, loom_pipe *pp, char *err, size_t errlen)
+{
+	const loom_graph *g = pl->g;
+	int S = pp->stages;
+	cutter c = { .pl = pl, .pp = pp };
+	c.work = malloc(sizeof(loom_value) * (size_t)(pl->n_fwd ? pl->n_fwd : 1));
+	c.held = malloc((size_t)(g->n ? g->n : 1));
+	int *best = calloc((size_t)S + 1, sizeof(int)), *b = calloc((size_t)S + 1, sizeof(int));
+	loom_status st = LOOM_ERR_NOMEM;
+	if (!c.work || !c.held || !best || !b)
+		goto out_free;
+	/* the time cut's places */
+	for (loom_value v = 0; v < pl->n_fwd; v++) {
+		if (is_leaf(g, v))
+			continue;
+		int s = pp->stage_of[v];
+		if (c.n > 0 && s != pp->stage_of[c.work[c.n - 1]])
+			best[s] = c.n;
+		c.work[c.n++] = v;
+	}
+	best[S] = c.n;
+	size_t top = 0;
+	pp->time_stage = 0;
+	for (int k = 0; k < S; k++) {
+		size_t p = eval_stage(&c, k, best[k], best[k + 1]);
+		if (k == 0 || p > top) {
+			top = p;
+			pp->time_stage = k;
+		}
+	}
+	if (c.st != LOOM_OK)
+		goto out_nomem;
+	pp->time_peak = top;
+	size_t lo = 0, hi = top == SIZE_MAX ? SIZE_MAX - 1 : top, tol = hi / 4096 + 64, worst;
+	while (lo + tol < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (fits(&c, mid, b, &worst)) {
+			memcpy(best, b, sizeof(int) * ((size_t)S + 1));
+			hi = worst;
+		} else {
+			lo = mid + 1;
+		}
+		if (c.st != LOOM_OK)
+			goto out_nomem;
+	}
+	for (int k = 0; k < S; k++)
+		for (int w = best[k]; w < best[k + 1]; w++)
+			pp->stage_of[c.work[w]] = (signed char)k;
+	st = LOOM_OK;
+	goto out_free;
+out_nomem:
+	st = c.st;
+out_free:
+	if (st != LOOM_OK)
+		snprintf(err, errlen, "pipeline: the memory-balanced cut: out of memory");
+	free(c.work);
+	free(c.held);
+	free(best);
+	free(b);
+	return st;
 }
 
 /* ------------------------------------------------------------ steps */
@@ -552,8 +762,9 @@ static loom_status per_micro_values(loom_plan *pl, loom_pipe *pp)
 
 /* Per stage: nodes, parameters, estimated time, and what the memory
  * planner gives the stage's own plan (the values it touches only, placed
- * in the whole graph's order): its activations of one micro-batch and its
- * persistent bytes (parameters, gradients, masters, inputs, outputs). */
+ * in the whole graph's order): its activations of one micro-batch, its
+ * persistent bytes (parameters, gradients, masters, inputs, outputs) and
+ * its rank's planned peak less the workspace. */
 static loom_status stage_table(loom_plan *pl, loom_pipe *pp)
 {
 	const loom_graph *g = pl->g;
@@ -574,35 +785,101 @@ static loom_status stage_table(loom_plan *pl, loom_pipe *pp)
 	if (!held)
 		return LOOM_ERR_NOMEM;
 	for (int s = 0; s < pp->stages; s++) {
-		loom_memplan mp;
-		pp->in_flight[s] = in_flight(pp->schedule, pp->stages, s, pp->micro);
-		stage_mask(pl, pp, s, 0, held);
-		loom_status st = loom_memplan_build_held(g, pl->mp.schedule, NULL, held, &mp);
+		stage_mem m;
+		loom_status st = plan_stage(pl, pp, s, held, &m);
 		if (st != LOOM_OK) {
 			free(held);
 			return st;
 		}
-		pp->act_bytes[s] = mp.act_bytes;
-		pp->persist_bytes[s] = mp.persist_bytes;
-		loom_memplan_free(&mp);
+		pp->in_flight[s] = m.slots;
+		pp->act_bytes[s] = m.act;
+		pp->persist_bytes[s] = m.persist;
+		pp->peak_bytes[s] = stage_peak(&m);
 	}
 	free(held);
 	return LOOM_OK;
 }
 
+static double mib(size_t bytes)
+{
+	return bytes / 1048576.0;
+}
+
+/* The cut the table shows; under the memory balance, what the time
+ * balance would have planned (the workspace ws added, as to every peak). */
+static void cut_text(const loom_pipe *pp, size_t ws, char *buf, size_t len)
+{
+	if (pp->balance < 0)
+		snprintf(buf, len, "cut at the loom_stage_boundary marks");
+	else if (pp->balance == LOOM_BALANCE_TIME)
+		snprintf(buf, len, "cut balancing time");
+	else
+		snprintf(buf, len, "cut balancing memory%s (the time-balanced cut's largest: stage %d, "
+			 "planned peak %.2f MiB)", pp->rebalanced ? " under the memory limit" : "",
+			 pp->time_stage, mib(pp->time_peak + ws));
+}
+
 static void print_table(const loom_program *p, const loom_pipe *pp)
 {
 	static const char *const sched[] = { "1f1b", "gpipe" };
-	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s:\n", pp->stages,
-		 pp->replicas, pp->micro, sched[pp->schedule]);
+	size_t ws = p->plan.ws_bytes;
+	char cut[160];
+	cut_text(pp, ws, cut, sizeof(cut));
+	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s, %s:\n",
+		 pp->stages, pp->replicas, pp->micro, sched[pp->schedule], cut);
 	for (int s = 0; s < pp->stages; s++)
 		loom_log("loom:   stage %d: %d nodes, %lld parameters, persistent %.2f MiB, "
-			 "activations %.2f MiB per micro-batch x %d in flight, %.3f GFLOP, est. %.3f ms "
-			 "per micro-batch\n",
+			 "activations %.2f MiB per micro-batch x %d in flight, planned peak %.2f MiB, "
+			 "%.3f GFLOP, est. %.3f ms per micro-batch\n",
 			 s, pp->n_nodes[s], (long long)pp->n_param_elems[s],
-			 pp->persist_bytes[s] / 1048576.0, pp->act_bytes[s] / 1048576.0,
-			 pp->in_flight[s], pp->gflop[s], pp->est_s[s] * 1e3);
-	(void)p;
+			 mib(pp->persist_bytes[s]), mib(pp->act_bytes[s]), pp->in_flight[s],
+			 mib(pp->peak_bytes[s] + ws), pp->gflop[s], pp->est_s[s] * 1e3);
+}
+
+loom_status loom_pipeline_limit(loom_program *p, char *err, size_t errlen)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	double limit = pl->opts.memory_limit_mb;
+	size_t ws = pl->ws_bytes;
+	int worst = 0;
+	for (int s = 1; s < pp->stages; s++)
+		if (pp->peak_bytes[s] > pp->peak_bytes[worst])
+			worst = s;
+	double peak = mib(pp->peak_bytes[worst] + ws);
+	if (limit > 0 && peak > limit) {
+		pp->refused = 1;
+		if (pp->rebalanced)
+			snprintf(err, errlen, "pipeline: neither cut fits the memory limit of %.2f MiB: "
+				 "the time-balanced cut's stage %d plans %.2f MiB, the memory-balanced "
+				 "cut's stage %d %.2f MiB", limit, pp->time_stage,
+				 mib(pp->time_peak + ws), worst, peak);
+		else if (pp->balance == LOOM_BALANCE_MEMORY)
+			snprintf(err, errlen, "pipeline: stage %d's planned peak of %.2f MiB (the "
+				 "memory-balanced cut; the time-balanced cut's stage %d plans %.2f MiB) "
+				 "exceeds the memory limit of %.2f MiB", worst, peak, pp->time_stage,
+				 mib(pp->time_peak + ws), limit);
+		else
+			snprintf(err, errlen, "pipeline: stage %d's planned peak of %.2f MiB (the %s) "
+				 "exceeds the memory limit of %.2f MiB", worst, peak,
+				 pp->balance < 0 ? "cut at the loom_stage_boundary marks" :
+				 "time-balanced cut", limit);
+		return LOOM_ERR_NOMEM;
+	}
+	if (loom_pg_get_info(pl->opts.pg)->rank != 0)
+		return LOOM_OK;
+	if (pp->rebalanced)
+		loom_log("loom: pipeline: the memory-balanced cut, since the time-balanced cut's stage "
+			 "%d plans %.2f MiB, over the memory limit of %.2f MiB\n", pp->time_stage,
+			 mib(pp->time_peak + ws), limit);
+	print_table(p, pp);
+	return LOOM_OK;
+}
+
+int loom_pipeline_may_rebalance(const loom_plan *pl)
+{
+	const loom_pipe *pp = pl->pipe;
+	return pp && pp->refused && pp->balance == LOOM_BALANCE_TIME;
 }
 
 /* So that a dead or late rank is named with its stage ("rank 1 (pipeline
@@ -667,12 +944,16 @@ loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 	pp->n_param_elems = calloc((size_t)S, sizeof(int64_t));
 	pp->act_bytes = calloc((size_t)S, sizeof(size_t));
 	pp->persist_bytes = calloc((size_t)S, sizeof(size_t));
+	pp->peak_bytes = calloc((size_t)S, sizeof(size_t));
 	if (!pp->stage_of || !pp->owner || !pp->est_s || !pp->gflop || !pp->n_nodes ||
-	    !pp->in_flight || !pp->n_param_elems || !pp->act_bytes || !pp->persist_bytes)
+	    !pp->in_flight || !pp->n_param_elems || !pp->act_bytes || !pp->persist_bytes ||
+	    !pp->peak_bytes)
 		goto nomem;
-	memset(pp->owner, -1, (size_t)n);
 	if ((st = cut_forward(pl, pp, err, errlen)) != LOOM_OK)
 		return st;
+	if (pp->balance == LOOM_BALANCE_MEMORY && (st = cut_memory(pl, pp, err, errlen)) != LOOM_OK)
+		return st;
+	memset(pp->owner, -1, (size_t)n);
 	cut_backward(pl, pp);
 	if ((st = check_cut(pl, pp, err, errlen)) != LOOM_OK)
 		return st;
@@ -717,7 +998,6 @@ loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen)
 {
 	loom_plan *pl = &p->plan;
 	loom_pipe *pp = pl->pipe;
-	const loom_pg_info *in = loom_pg_get_info(pl->opts.pg);
 	loom_status st;
 	if ((st = stage_new_nodes(pl, pp)) != LOOM_OK || (st = stage_table(pl, pp)) != LOOM_OK)
 		goto nomem;
@@ -735,8 +1015,6 @@ loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen)
 	/* The slots: the stage's plan holds only its own activations. */
 	pp->slot_bytes = align64(pl->mp.act_bytes ? pl->mp.act_bytes : 64);
 	pl->mp.act_bytes = pp->slot_bytes * (size_t)pp->slots;
-	if (in->rank == 0)
-		print_table(p, pp);
 	return LOOM_OK;
 nomem:
 	snprintf(err, errlen, "pipeline: out of memory");
@@ -973,6 +1251,7 @@ void loom_pipeline_free(loom_pipe *pp)
 	free(pp->n_param_elems);
 	free(pp->act_bytes);
 	free(pp->persist_bytes);
+	free(pp->peak_bytes);
 	loom_comm_free(pp->dp);
 	if (pp->rep != pp->world)
 		loom_comm_free(pp->rep);

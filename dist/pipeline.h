@@ -36,6 +36,17 @@ typedef struct loom_pipe {
 	size_t *act_bytes;     /* planned activations of one micro-batch on the stage */
 	size_t *persist_bytes; /* its persistent values (parameters, gradients, masters, I/O) */
 	int *in_flight;        /* slots the schedule needs */
+	size_t *peak_bytes;    /* its rank's planned peak less the backend's workspace:
+				* persistent, the slots, optimizer state, accumulation sums */
+	/* The cut: loom_pipeline_balance, or -1 at the user's marks. */
+	int balance;
+	int rebalanced;        /* memory-balanced because the time-balanced cut
+				* left a stage over memory_limit_mb */
+	int refused;           /* loom_pipeline_limit refused the plan */
+	/* Under the memory balance: the time-balanced cut's largest stage and
+	 * its planned peak less the workspace (what the cut improves on). */
+	int time_stage;
+	size_t time_peak;
 	struct loom_pg *pg;      /* the group: its ranks' notes name their stages */
 	struct loom_comm *world; /* the group's host communicator */
 	struct loom_comm *dp;    /* this stage's replicas (NULL: one replica) */
@@ -74,6 +85,20 @@ loom_status loom_pipeline_check(const loom_compile_opts *o, int world, char *err
  */
 loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen);
 
+/*
+ * After the backend planned its workspace: every stage's planned peak (its
+ * own memory plan, its activation slots, optimizer state and accumulation
+ * sums, the workspace) against memory_limit_mb. Every rank knows every
+ * stage's plan, so all give the same verdict: a stage over the limit
+ * refuses the compile on every rank (LOOM_ERR_NOMEM, err naming the stage,
+ * its peak and the cut's). Else rank 0 prints the stage table.
+ */
+loom_status loom_pipeline_limit(loom_program *p, char *err, size_t errlen);
+
+/* Whether a compile that loom_pipeline_limit refused may be tried again
+ * with the memory-balanced cut: its cut balanced time (no marks). */
+int loom_pipeline_may_rebalance(const loom_plan *pl);
+
 /* The values this rank's stage gives storage (one byte per node, malloc'd,
  * for loom_memplan_build_held), or NULL without stages. */
 loom_status loom_pipeline_held(const loom_plan *pl, unsigned char **held);
@@ -88,7 +113,7 @@ int loom_pipeline_owns(const loom_plan *pl, int slot);
  * the schedule of M micro-batches: [EVAL's forwards | TRAIN's forwards and
  * backwards with their sends, receives, accumulation; the optimizer over
  * this stage's parameters]. Grows the activation region to the slots the
- * schedule needs. Prints the stage table and (memory_report) the peak.
+ * schedule needs, and plans every stage's memory for the stage table.
  */
 loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen);
 

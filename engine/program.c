@@ -226,11 +226,19 @@ static size_t planned_peak(const loom_plan *pl)
 	       pl->state_bytes + accum;
 }
 
-/* loom_compile_opts.memory_limit_mb: refused before anything is allocated. */
+/* loom_compile_opts.memory_limit_mb: refused before anything is allocated.
+ * Pipeline stages first: every rank checks every stage, so that all refuse
+ * together (and may try another cut together, loom_compile). */
 static loom_status check_memory_limit(loom_program *p)
 {
 	double limit = p->plan.opts.memory_limit_mb;
 	double peak = planned_peak(&p->plan) / 1048576.0;
+	if (p->plan.pipe) {
+		char msg[400];
+		loom_status st = loom_pipeline_limit(p, msg, sizeof(msg));
+		if (st != LOOM_OK)
+			return loom_program_fail(p, st, "%s", msg);
+	}
 	if (limit > 0 && peak > limit)
 		return loom_program_fail(p, LOOM_ERR_NOMEM,
 					 "the planned peak of %.2f MiB (activations %.2f, persistent "
@@ -291,8 +299,10 @@ static void memory_report(const loom_program *p)
 		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0, accum / 1048576.0);
 }
 
-loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts *o,
-			 loom_program **out)
+/* One compile of g; `rebalanced`: pipeline stages cut by memory because
+ * the time-balanced cut was over the memory limit (loom_compile). */
+static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compile_opts *o,
+			       int rebalanced, loom_program **out)
 {
 	loom_status st;
 	char lb[96];
@@ -411,6 +421,7 @@ loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts
 			compile_fail(st, "%s", pmsg);
 			goto out_fail;
 		}
+		p->plan.pipe->rebalanced = rebalanced;
 	}
 	if (p->plan.world > 1) {
 		char dmsg[256];
@@ -494,6 +505,23 @@ out_fail:
 	 * read; only loom_program_error and loom_program_free take it. */
 	snprintf(p->err, sizeof(p->err), "%s", last_error);
 	*out = p;
+	return st;
+}
+
+loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts *o,
+			 loom_program **out)
+{
+	loom_status st = compile_one(g, loss, o, 0, out);
+	/* Pipeline stages over the memory limit on a time-balanced cut: the
+	 * memory-balanced cut before refusing. Every rank refused the same
+	 * stage (loom_pipeline_limit), so every rank compiles again. */
+	if (st == LOOM_ERR_NOMEM && o && *out && loom_pipeline_may_rebalance(&(*out)->plan)) {
+		loom_compile_opts mo = *o;
+		mo.pipeline_balance = LOOM_BALANCE_MEMORY;
+		loom_program_free(*out);
+		*out = NULL;
+		st = compile_one(g, loss, &mo, 1, out);
+	}
 	return st;
 }
 

@@ -151,6 +151,11 @@ static int check_settings(train_run *t)
 	setting(s, &n, "--pipeline", "%d", a->pipeline);
 	setting(s, &n, "--micro-batches", "%d", a->micro_batches);
 	setting(s, &n, "--schedule", "%s", a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+	setting(s, &n, "--pipeline-balance", "%s",
+		a->pipe_balance == LOOM_BALANCE_MEMORY ? "memory" : "time");
+	/* Under --pipeline every rank checks every stage's plan against it
+	 * and may change the cut: ranks with other limits would cut apart. */
+	setting_num(s, &n, "--memory-limit", a->memory_limit);
 	setting(s, &n, "--clip-grad", "%.17g", a->clip_grad);
 	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
@@ -406,6 +411,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
 	o.micro_batches = a->micro_batches;
 	o.schedule = a->pipe_schedule;
+	o.pipeline_balance = a->pipe_balance;
 	o.memory_limit_mb = a->memory_limit;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);

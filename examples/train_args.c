@@ -180,7 +180,13 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --micro-batches M    micro-batches per batch under --pipeline (default S):\n"
 		"                       --batch-size is M micro-batches of batch-size / M\n"
 		"  --schedule S         1f1b (default) or gpipe\n"
-		"  --memory-limit MiB   refuse a plan whose planned peak per rank is larger\n"
+		"  --pipeline-balance B time (default) or memory: cut the stages to equal\n"
+		"                       estimated time, or to the smallest largest planned peak\n"
+		"                       per stage (parameters, gradients, optimizer state and\n"
+		"                       the activations the schedule keeps in flight there)\n"
+		"  --memory-limit MiB   refuse a plan whose planned peak per rank is larger;\n"
+		"                       under --pipeline, a time-balanced cut over it is\n"
+		"                       replaced by the memory-balanced cut first\n"
 		"  --nproc N            start N ranks on this host (data parallel; also under\n"
 		"                       mpirun, or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/PORT)\n"
 		"  --max-restarts K     with --nproc: restart all ranks up to K times after a failure\n"
@@ -222,6 +228,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
+	O_PBAL,
 };
 
 /* Every flag and the group that brings it. */
@@ -271,6 +278,7 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "pipeline", required_argument, 0, O_PIPE } },
 	{ TRAIN_FLAGS_COMMON, { "micro-batches", required_argument, 0, O_MICRO } },
 	{ TRAIN_FLAGS_COMMON, { "schedule", required_argument, 0, O_PSCHED } },
+	{ TRAIN_FLAGS_COMMON, { "pipeline-balance", required_argument, 0, O_PBAL } },
 	{ TRAIN_FLAGS_COMMON, { "memory-limit", required_argument, 0, O_MEMLIM } },
 	{ TRAIN_FLAGS_FIT, { "accumulate", required_argument, 0, O_ACCUM } },
 	{ TRAIN_FLAGS_COMMON, { "trace", required_argument, 0, O_TRACE } },
@@ -461,6 +469,14 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 			return -1;
 		}
 		break;
+	case O_PBAL:
+		if (!strcmp(arg, "time")) a->pipe_balance = LOOM_BALANCE_TIME;
+		else if (!strcmp(arg, "memory")) a->pipe_balance = LOOM_BALANCE_MEMORY;
+		else {
+			say(msg, msglen, "--pipeline-balance expects time or memory, got '%s'", arg);
+			return -1;
+		}
+		break;
 	case O_TRACE: a->trace = arg; break;
 	case O_TRACE_STEPS:
 		if (parse_int("--trace-steps", arg, 1, 10000, &l, msg, msglen)) return -1;
@@ -564,8 +580,9 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 			    a->zero ? "--zero" : a->sync_bn ? "--sync-bn" : "--export yet");
 			return TRAIN_BAD;
 		}
-	} else if (a->micro_batches || a->pipe_schedule) {
-		say(msg, msglen, "--micro-batches and --schedule apply to --pipeline N (N > 1)");
+	} else if (a->micro_batches || a->pipe_schedule || a->pipe_balance) {
+		say(msg, msglen, "--micro-batches, --schedule and --pipeline-balance apply to "
+		    "--pipeline N (N > 1)");
 		return TRAIN_BAD;
 	}
 	if (a->reinit && !a->init_from) {

@@ -67,6 +67,7 @@ typedef struct train_args {
 	int pipeline;          /* pipeline stages (loom_compile_opts.pipeline_stages), 1: none */
 	int micro_batches;     /* a pipeline batch's micro-batches, 0: the stages */
 	int pipe_schedule;     /* loom_schedule */
+	int pipe_balance;      /* loom_pipeline_balance: how the stages are cut */
 	double memory_limit;   /* MiB per rank the plan may take (0: no limit) */
 	const char *trace;     /* Chrome trace file, NULL: none */
 	int trace_steps;       /* steps the trace records, after the run's first */

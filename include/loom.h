@@ -209,7 +209,8 @@ loom_status loom_mark_output(loom_graph *g, loom_value v);
  * Pipeline parallelism: v is the last value of its stage; the next stage
  * starts after it (in the order the graph was built). With
  * loom_compile_opts.pipeline_stages = S, either no value is marked (the
- * compiler balances the stages' estimated cost) or exactly S - 1 are.
+ * compiler cuts as loom_compile_opts.pipeline_balance says) or exactly
+ * S - 1 are.
  */
 loom_status loom_stage_boundary(loom_graph *g, loom_value v);
 
@@ -345,7 +346,7 @@ typedef struct loom_compile_opts {
 	int inference;
 	/* Pipeline parallelism (model parallel), default 0 (off). With a
 	 * group of world W, pipeline_stages = S > 1 cuts the graph into S
-	 * stages (by estimated cost, or at loom_stage_boundary marks), rank r
+	 * stages (see pipeline_balance, or at loom_stage_boundary marks), rank r
 	 * runs stage r % S; the W / S ranks of a stage are its data-parallel
 	 * replicas. Each batch is micro_batches (M, default S) micro-batches:
 	 * the graph is built at the micro-batch size, loom_set_input takes M
@@ -367,6 +368,18 @@ typedef struct loom_compile_opts {
 	int pipeline_stages;
 	int micro_batches;
 	int schedule;
+	/* How the compiler cuts the stages when no value is marked with
+	 * loom_stage_boundary (marks win over either): LOOM_BALANCE_TIME
+	 * (default) balances their estimated time; LOOM_BALANCE_MEMORY picks
+	 * the cut whose largest stage plans the smallest peak (parameters,
+	 * gradients, masters, optimizer state, accumulation sums, and the
+	 * activations of the micro-batches the schedule keeps in flight on
+	 * that stage), evaluated with each stage's own memory plan. With
+	 * memory_limit_mb set, a time-balanced cut that leaves some stage over
+	 * the limit is replaced by the memory-balanced cut before the compile
+	 * is refused (one line says so); a refusal names the stage and the
+	 * largest planned peak of each cut tried. */
+	int pipeline_balance;
 	/* Print each rank's planned peak memory (parameters, gradients,
 	 * optimizer state, activations for the micro-batches in flight) at
 	 * compile time. */
@@ -374,7 +387,9 @@ typedef struct loom_compile_opts {
 	/* A per-rank memory budget in MiB, default 0 (none): a plan whose
 	 * planned peak (the arena, plus a pipeline's accumulation sums) is
 	 * larger is refused at compile with LOOM_ERR_NOMEM, the message giving
-	 * the planned peak, before anything is allocated. */
+	 * the planned peak, before anything is allocated. Under pipeline
+	 * stages every rank checks every stage's plan (so all refuse alike)
+	 * and may change the cut first: see pipeline_balance. */
 	double memory_limit_mb;
 } loom_compile_opts;
 
@@ -384,6 +399,13 @@ typedef enum loom_schedule {
 	LOOM_SCHEDULE_GPIPE,    /* every forward, then every backward */
 	LOOM_SCHEDULE_COUNT
 } loom_schedule;
+
+/* How pipeline stages are cut (loom_compile_opts.pipeline_balance). */
+typedef enum loom_pipeline_balance {
+	LOOM_BALANCE_TIME = 0, /* equal estimated time per stage */
+	LOOM_BALANCE_MEMORY,   /* the smallest largest planned peak per stage */
+	LOOM_BALANCE_COUNT
+} loom_pipeline_balance;
 
 /* Fills o with defaults: AUTO device, SGD lr 0.01, O0, fp16, scale 2^16,
  * no process group, buckets of 25 MiB (the first 1 MiB). */

@@ -13,8 +13,17 @@
  *                              gradients, masters and optimizer state
  *   cut                        loom_stage_boundary places the cut
  *   eval                       EVAL through the stages equals one process's
- * MODEL: mlp (20-32-32-10, no batch norm) or cnn (two convolutions with
- * pools and a linear layer, no batch norm).
+ *   balance SCHED M            the memory-balanced cut's largest planned peak
+ *                              against the time-balanced cut's, on imb
+ *   fallback M                 --memory-limit between the two cuts' peaks:
+ *                              the time cut gives way to the memory cut,
+ *                              which trains as one process; below both:
+ *                              refused naming both
+ * MODEL: mlp (20-32-32-10, no batch norm), cnn (two convolutions with
+ * pools and a linear layer, no batch norm) or imb (cnn's shape with wide
+ * linear layers after: the convolutions take the time, the linear layers
+ * the memory). equiv takes the cut's balance as a last argument: time
+ * (default) or memory.
  */
 #include <math.h>
 #include <stdio.h>
@@ -87,10 +96,50 @@ static void cnn(worker_model *m, loom_value *logits)
 	m->loss = loom_softmax_cross_entropy(g, h, y);
 }
 
+/* Imbalanced in memory under the time cut: the two convolutions are most
+ * of the estimated time, the linear layers after them (200 k, 65 k and
+ * 65 k weights) most of the parameters, so a time cut right after the
+ * convolutions leaves the last stage the parameters, their gradients,
+ * momentum and accumulation sums. */
+static void imb(worker_model *m, loom_value *logits)
+{
+	worker_begin(m, B, 784, 13);
+	loom_graph *g = m->g;
+	int64_t xd[4] = { B, 1, 28, 28 }, yd[1] = { B };
+	int64_t c1[4] = { 8, 1, 5, 5 }, cb1[1] = { 8 }, c2[4] = { 16, 8, 5, 5 }, cb2[1] = { 16 },
+		w1[2] = { 256, 16 * 7 * 7 }, b1[1] = { 256 }, w2[2] = { 256, 256 }, b2[1] = { 256 },
+		w4[2] = { WORKER_CLASSES, 256 }, b4[1] = { WORKER_CLASSES };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value w = worker_param(m, "c1.weight", 4, c1, LOOM_INIT_KAIMING_UNIFORM, 25);
+	loom_value b = worker_param(m, "c1.bias", 1, cb1, LOOM_INIT_UNIFORM_FAN_IN, 25);
+	loom_value h = loom_maxpool2d(g, loom_relu(g, loom_conv2d(g, x, w, b, 1, 2)), 2, 2, 0);
+	w = worker_param(m, "c2.weight", 4, c2, LOOM_INIT_KAIMING_UNIFORM, 200);
+	b = worker_param(m, "c2.bias", 1, cb2, LOOM_INIT_UNIFORM_FAN_IN, 200);
+	h = loom_maxpool2d(g, loom_relu(g, loom_conv2d(g, h, w, b, 1, 2)), 2, 2, 0);
+	h = loom_flatten(g, h);
+	w = worker_param(m, "fc1.weight", 2, w1, LOOM_INIT_KAIMING_UNIFORM, 16 * 7 * 7);
+	b = worker_param(m, "fc1.bias", 1, b1, LOOM_INIT_UNIFORM_FAN_IN, 16 * 7 * 7);
+	h = loom_relu(g, loom_linear(g, h, w, b));
+	w = worker_param(m, "fc2.weight", 2, w2, LOOM_INIT_KAIMING_UNIFORM, 256);
+	b = worker_param(m, "fc2.bias", 1, b2, LOOM_INIT_UNIFORM_FAN_IN, 256);
+	h = loom_relu(g, loom_linear(g, h, w, b));
+	w = worker_param(m, "fc3.weight", 2, w2, LOOM_INIT_KAIMING_UNIFORM, 256);
+	b = worker_param(m, "fc3.bias", 1, b2, LOOM_INIT_UNIFORM_FAN_IN, 256);
+	h = loom_relu(g, loom_linear(g, h, w, b));
+	w = worker_param(m, "fc4.weight", 2, w4, LOOM_INIT_KAIMING_UNIFORM, 256);
+	b = worker_param(m, "fc4.bias", 1, b4, LOOM_INIT_UNIFORM_FAN_IN, 256);
+	h = loom_linear(g, h, w, b);
+	*logits = h;
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	m->loss = loom_softmax_cross_entropy(g, h, y);
+}
+
 static void build(worker_model *m, const char *model, loom_value *logits)
 {
 	if (strcmp(model, "cnn") == 0)
 		cnn(m, logits);
+	else if (strcmp(model, "imb") == 0)
+		imb(m, logits);
 	else
 		mlp3(m, 32, logits);
 }
@@ -155,7 +204,8 @@ static loom_status reference_step(worker_model *r, int width, int step, int micr
 	return st;
 }
 
-static int equiv(loom_pg *pg, const char *model, const char *lv, const char *sched, int micro)
+static int equiv(loom_pg *pg, const char *model, const char *lv, const char *sched, int micro,
+		 const char *balance)
 {
 	worker_model m, r;
 	loom_value lo, lr;
@@ -164,6 +214,7 @@ static int equiv(loom_pg *pg, const char *model, const char *lv, const char *sch
 	build(&m, model, &lo);
 	build(&r, model, &lr);
 	pipe_opts(&o, pg, level_of(lv), world, micro, sched_of(sched));
+	o.pipeline_balance = strcmp(balance, "memory") == 0 ? LOOM_BALANCE_MEMORY : LOOM_BALANCE_TIME;
 	worker_opts(&ro, NULL, level_of(lv), 0.05, 0.9);
 	if ((st = loom_compile(m.g, m.loss, &o, &m.p)))
 		return worker_fail("compile (pipeline)", st, loom_last_error());
@@ -191,9 +242,10 @@ static int equiv(loom_pg *pg, const char *model, const char *lv, const char *sch
 	double rel = worker_param_rel_diff(&m, &r);
 	int moved = loom_step_count(m.p) == loom_step_count(r.p) && loom_step_count(r.p) > 10;
 	int ok = hm == hr && moved && worst_loss <= 1e-6;
-	printf("rank %d: %s equiv %s %s %s M %d world %d: %s to one process accumulating (max "
+	printf("rank %d: %s equiv %s %s %s M %d world %d%s: %s to one process accumulating (max "
 	       "relative difference %.3g, loss %.3g apart), step %lld\n",
 	       rank, ok ? "OK" : "WRONG", model, lv, sched, micro, world,
+	       o.pipeline_balance == LOOM_BALANCE_MEMORY ? " memory cut" : "",
 	       hm == hr ? "bit-identical" : "DIFFERENT", rel, worst_loss,
 	       (long long)loom_step_count(r.p));
 	loom_program_free(m.p);
@@ -206,8 +258,10 @@ static int equiv(loom_pg *pg, const char *model, const char *lv, const char *sch
 /* 2 stages x (world / 2) replicas against one process accumulating every
  * replica's micro-batches: the same mean gradient, summed in another order
  * (each stage's buckets all-reduced among its replicas), so equal to
- * rounding: bounded at 1e-6 relative. */
-static int dpequiv(loom_pg *pg, const char *model, int micro)
+ * rounding: bounded at 1e-6 relative, after `steps` steps. (imb at one
+ * thread stays within 1.2e-7 for 17 steps, then a rounding difference
+ * flips a max pool's choice and the runs part by 1e-3: it runs 12.) */
+static int dpequiv(loom_pg *pg, const char *model, int micro, const char *balance, int steps)
 {
 	worker_model m, r;
 	loom_value lo, lr;
@@ -217,6 +271,7 @@ static int dpequiv(loom_pg *pg, const char *model, int micro)
 	build(&m, model, &lo);
 	build(&r, model, &lr);
 	pipe_opts(&o, pg, LOOM_O0, S, micro, LOOM_SCHEDULE_1F1B);
+	o.pipeline_balance = strcmp(balance, "memory") == 0 ? LOOM_BALANCE_MEMORY : LOOM_BALANCE_TIME;
 	o.optim.momentum = 0;
 	worker_opts(&ro, NULL, LOOM_O0, 0.05, 0);
 	if ((st = loom_compile(m.g, m.loss, &o, &m.p)))
@@ -224,7 +279,7 @@ static int dpequiv(loom_pg *pg, const char *model, int micro)
 	if ((st = loom_compile(r.g, r.loss, &ro, &r.p)))
 		return worker_fail("compile (one process)", st, loom_last_error());
 	int all = micro * reps;
-	for (int s = 0; s < STEPS; s++) {
+	for (int s = 0; s < steps; s++) {
 		long base = (long)s * all * B;
 		if ((st = feed_rows(m.p, m.width, base + (long)rep * micro * B, micro * B)) ||
 		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
@@ -235,9 +290,10 @@ static int dpequiv(loom_pg *pg, const char *model, int micro)
 				return worker_fail("step (one process)", st, loom_program_error(r.p));
 	}
 	double rel = worker_param_rel_diff(&m, &r);
-	int ok = rel <= 1e-6 && loom_step_count(r.p) == STEPS;
-	printf("rank %d: %s dpequiv %s M %d stages 2 replicas %d: max relative difference %.3g to "
-	       "one process at the global batch\n", rank, ok ? "OK" : "WRONG", model, micro, reps, rel);
+	int ok = rel <= 1e-6 && loom_step_count(r.p) == steps;
+	printf("rank %d: %s dpequiv %s M %d stages 2 replicas %d%s: max relative difference %.3g "
+	       "to one process at the global batch after %d steps\n", rank, ok ? "OK" : "WRONG", model,
+	       micro, reps, o.pipeline_balance == LOOM_BALANCE_MEMORY ? " memory cut" : "", rel, steps);
 	loom_program_free(m.p);
 	loom_program_free(r.p);
 	loom_graph_free(m.g);
@@ -401,7 +457,9 @@ static int pstate(loom_pg *pg)
 }
 
 /* A user's cut: after the first relu, on an MLP; stage 0 then holds l1
- * only. Checked by training: equal to one process as without a mark. */
+ * only, though the memory balance is asked for (marks win; the stage
+ * table says the cut is the marks'). Checked by training: equal to one
+ * process as without a mark. */
 static int cut(loom_pg *pg)
 {
 	worker_model m, r;
@@ -412,6 +470,7 @@ static int cut(loom_pg *pg)
 	loom_stage_boundary(m.g, 4);
 	build(&r, "mlp", &lr);
 	pipe_opts(&o, pg, LOOM_O0, world, 2, LOOM_SCHEDULE_1F1B);
+	o.pipeline_balance = LOOM_BALANCE_MEMORY;
 	worker_opts(&ro, NULL, LOOM_O0, 0.05, 0.9);
 	loom_status st = loom_compile(m.g, m.loss, &o, &m.p);
 	if (st)
@@ -531,6 +590,164 @@ static int ckpt(loom_pg *pg, int save, const char *path, int k, int stages)
 	return 0;
 }
 
+/* The library's lines (loom_set_log), kept to read the planned peaks. */
+static char logbuf[1 << 16];
+static size_t loglen;
+
+static void keep_log(void *user, const char *msg)
+{
+	size_t n = strlen(msg);
+	(void)user;
+	if (loglen + n < sizeof(logbuf)) {
+		memcpy(logbuf + loglen, msg, n + 1);
+		loglen += n;
+	}
+	fputs(msg, stderr);
+}
+
+/* One cut of imb: every stage's planned peak as its own rank reports it
+ * (--memory-report, gathered), and as the start-up table gives it (rank
+ * 0's, broadcast); the largest of the ranks' and its stage. */
+typedef struct cut_fig {
+	double rank_mib[8], table_mib[8];
+	double largest;
+	int stage;
+	loom_status st;
+	char err[512];
+} cut_fig;
+
+static int compile_cut(loom_pg *pg, int sched, int micro, int balance, double limit, cut_fig *f,
+		       worker_model *keep)
+{
+	worker_model m;
+	loom_value lo;
+	loom_compile_opts o;
+	memset(f, 0, sizeof(*f));
+	imb(&m, &lo);
+	pipe_opts(&o, pg, LOOM_O0, world, micro, sched);
+	o.pipeline_balance = balance;
+	o.memory_limit_mb = limit;
+	o.memory_report = 1;
+	loglen = 0;
+	logbuf[0] = 0;
+	loom_set_log(keep_log, NULL);
+	f->st = loom_compile(m.g, m.loss, &o, &m.p);
+	loom_set_log(NULL, NULL);
+	snprintf(f->err, sizeof(f->err), "%s", f->st ? loom_last_error() : "");
+	if (f->st == LOOM_OK) {
+		const char *r = strstr(logbuf, "planned peak ");
+		const char *mine = strstr(logbuf, "): planned peak ");
+		if (mine)
+			f->rank_mib[rank] = atof(mine + strlen("): planned peak "));
+		for (int k = 0; rank == 0 && k < world && k < 8; k++) {
+			char key[32];
+			snprintf(key, sizeof(key), "stage %d: ", k);
+			const char *t = strstr(logbuf, key);
+			if (t && (r = strstr(t, "planned peak ")))
+				f->table_mib[k] = atof(r + strlen("planned peak "));
+		}
+	}
+	struct loom_comm *host = loom_pg_comm(pg, LOOM_COMM_HOST);
+	if (loom_comm_allreduce(host, f->rank_mib, 8, LOOM_F64) != LOOM_OK ||
+	    loom_comm_allreduce(host, f->table_mib, 8, LOOM_F64) != LOOM_OK)
+		return worker_fail("allreduce", LOOM_ERR_BACKEND, "the stages' peaks");
+	for (int k = 0; k < world && k < 8; k++)
+		if (k == 0 || f->rank_mib[k] > f->largest) {
+			f->largest = f->rank_mib[k];
+			f->stage = k;
+		}
+	if (keep)
+		*keep = m;
+	else
+		drop(&m);
+	return 0;
+}
+
+/* Whether the table's peak of every stage is its rank's own planned peak. */
+static int table_is_ranks(const cut_fig *f)
+{
+	for (int k = 0; k < world && k < 8; k++)
+		if (f->table_mib[k] != f->rank_mib[k] || f->rank_mib[k] <= 0)
+			return 0;
+	return 1;
+}
+
+/* imb at S = world stages: the memory-balanced cut's largest planned peak
+ * is no larger than the time-balanced cut's, and smaller (the time cut
+ * leaves the linear layers on the last stage); the start-up table's peaks
+ * are the ranks' own. */
+static int balance(loom_pg *pg, const char *sched, int micro)
+{
+	cut_fig t, m;
+	if (compile_cut(pg, sched_of(sched), micro, LOOM_BALANCE_TIME, 0, &t, NULL) ||
+	    compile_cut(pg, sched_of(sched), micro, LOOM_BALANCE_MEMORY, 0, &m, NULL))
+		return 1;
+	if (t.st || m.st)
+		return worker_fail("compile", t.st ? t.st : m.st, t.st ? t.err : m.err);
+	int ok = m.largest < t.largest && table_is_ranks(&t) && table_is_ranks(&m);
+	printf("rank %d: %s balance %s M %d stages %d: largest planned peak: time cut %.2f MiB "
+	       "(stage %d), memory cut %.2f MiB (stage %d); stages (time / memory):", rank,
+	       ok ? "OK" : "WRONG", sched, micro, world, t.largest, t.stage, m.largest, m.stage);
+	for (int k = 0; k < world && k < 8; k++)
+		printf(" %.2f/%.2f", t.rank_mib[k], m.rank_mib[k]);
+	printf("; the table's are the ranks' own: %s\n",
+	       table_is_ranks(&t) && table_is_ranks(&m) ? "yes" : "NO");
+	return ok ? 0 : 1;
+}
+
+/* A memory limit between the two cuts' largest peaks: the time cut would
+ * be refused, the compile takes the memory cut (one line says so) and
+ * trains as one process accumulating; a limit below both is refused on
+ * every rank, naming both cuts' largest stages and peaks. */
+static int fallback(loom_pg *pg, int micro)
+{
+	cut_fig t, m, f, no;
+	worker_model fm, r;
+	loom_value lr;
+	loom_compile_opts ro;
+	loom_status st;
+	if (compile_cut(pg, LOOM_SCHEDULE_1F1B, micro, LOOM_BALANCE_TIME, 0, &t, NULL) ||
+	    compile_cut(pg, LOOM_SCHEDULE_1F1B, micro, LOOM_BALANCE_MEMORY, 0, &m, NULL))
+		return 1;
+	if (t.st || m.st)
+		return worker_fail("compile", t.st ? t.st : m.st, t.st ? t.err : m.err);
+	double limit = (t.largest + m.largest) / 2;
+	if (compile_cut(pg, LOOM_SCHEDULE_1F1B, micro, LOOM_BALANCE_TIME, limit, &f, &fm))
+		return 1;
+	if (f.st)
+		return worker_fail("compile under the limit", f.st, f.err);
+	int said = rank != 0 || strstr(logbuf, "loom: pipeline: the memory-balanced cut, since the "
+					       "time-balanced cut's stage") != NULL;
+	build(&r, "imb", &lr);
+	worker_opts(&ro, NULL, LOOM_O0, 0.05, 0.9);
+	if ((st = loom_compile(r.g, r.loss, &ro, &r.p)))
+		return worker_fail("compile (one process)", st, loom_last_error());
+	for (int s = 0; s < 5; s++) {
+		if ((st = feed_rows(fm.p, fm.width, s * (long)micro * B, micro * B)) ||
+		    (st = loom_run(fm.p, LOOM_RUN_TRAIN)))
+			return worker_fail("step", st, loom_program_error(fm.p));
+		if ((st = reference_step(&r, r.width, s, micro)))
+			return worker_fail("step (one process)", st, loom_program_error(r.p));
+	}
+	int same = worker_param_hash(&fm) == worker_param_hash(&r);
+	drop(&fm);
+	drop(&r);
+	/* below both: every rank refuses, naming both */
+	double low = m.largest * 0.9;
+	if (compile_cut(pg, LOOM_SCHEDULE_1F1B, micro, LOOM_BALANCE_TIME, low, &no, NULL))
+		return 1;
+	char want[256];
+	snprintf(want, sizeof(want), "the time-balanced cut's stage %d plans %.2f MiB, the "
+		 "memory-balanced cut's stage %d %.2f MiB", t.stage, t.largest, m.stage, m.largest);
+	int refused = no.st == LOOM_ERR_NOMEM && strstr(no.err, want) != NULL;
+	int ok = f.largest == m.largest && said && same && refused && limit < t.largest;
+	printf("rank %d: %s fallback M %d: limit %.2f MiB: the time cut's largest %.2f MiB over it, "
+	       "the memory cut's %.2f MiB used (%.2f; said %d), %s to one process; limit %.2f: %s\n",
+	       rank, ok ? "OK" : "WRONG", micro, limit, t.largest, m.largest, f.largest, said,
+	       same ? "bit-identical" : "DIFFERENT", low, no.st ? no.err : "NOT REFUSED");
+	return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	loom_pg *pg = NULL;
@@ -538,7 +755,8 @@ int main(int argc, char **argv)
 	if (lrc >= 0)
 		return lrc;
 	if (argc < 2) {
-		fprintf(stderr, "usage: pipe_worker equiv|mismatch|kill|memory|cut|eval ...\n");
+		fprintf(stderr, "usage: pipe_worker equiv|mismatch|kill|memory|cut|eval|balance|"
+			"fallback ...\n");
 		return 2;
 	}
 	if (worker_init(&pg, &rank, &world))
@@ -546,9 +764,14 @@ int main(int argc, char **argv)
 	int rc;
 	const char *mode = argv[1];
 	if (strcmp(mode, "equiv") == 0 && argc >= 6)
-		rc = equiv(pg, argv[2], argv[3], argv[4], atoi(argv[5]));
+		rc = equiv(pg, argv[2], argv[3], argv[4], atoi(argv[5]), argc >= 7 ? argv[6] : "time");
+	else if (strcmp(mode, "balance") == 0 && argc >= 4)
+		rc = balance(pg, argv[2], atoi(argv[3]));
+	else if (strcmp(mode, "fallback") == 0 && argc >= 3)
+		rc = fallback(pg, atoi(argv[2]));
 	else if (strcmp(mode, "dpequiv") == 0 && argc >= 4)
-		rc = dpequiv(pg, argv[2], atoi(argv[3]));
+		rc = dpequiv(pg, argv[2], atoi(argv[3]), argc >= 5 ? argv[4] : "time",
+			     argc >= 6 ? atoi(argv[5]) : STEPS);
 	else if (strcmp(mode, "overflow") == 0)
 		rc = overflow(pg);
 	else if (strcmp(mode, "mismatch") == 0)

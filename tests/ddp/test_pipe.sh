@@ -5,7 +5,8 @@
 # (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
 # mpirun, env:// and the launcher; a user's cut; evaluation through the
 # stages; the planner's activation slots; a stage built from another graph
-# and a killed stage (named with its stage); a trace of every stage. Prints
+# and a killed stage (named with its stage); a trace of every stage; the
+# memory-balanced cut and its fallback under a memory limit. Prints
 # "N passed, N failed".
 set -u
 W=$1
@@ -51,11 +52,36 @@ for n in 2 3; do
 		"$out" "OK overflow: skipped 1 steps 4 scale 32768, the same on every rank 1" $n
 done
 
+# The memory-balanced cut (loom_compile_opts.pipeline_balance): on imb (the
+# convolutions take the time, the linear layers after them the memory) its
+# largest stage plans less than the time cut's, the start-up table's peaks
+# are the ranks' own plans, and it trains as one process does.
+for run in "2 1f1b 4" "3 1f1b 4" "2 gpipe 4" "3 gpipe 6"; do
+	set -- $run
+	out=$("${MPIRUN[@]}" -np $1 "$W" balance $2 $3 2>&1)
+	check "$1 stages, $2, M $3: the memory cut's largest planned peak below the time cut's; the table's peaks are the ranks'" \
+		"$out" "OK balance $2 M $3 stages $1: .*the table's are the ranks' own: yes" $1
+done
+for run in "2 O0 1f1b" "2 O2 gpipe" "3 O0 1f1b" "3 O2 1f1b"; do
+	set -- $run
+	out=$("${MPIRUN[@]}" -np $1 "$W" equiv imb $2 $3 4 memory 2>&1)
+	check "$1 stages, the memory cut, imb $2 $3, M 4: 20 steps bit-identical to 1 process accumulating" \
+		"$out" "OK equiv imb $2 $3 M 4 world $1 memory cut: bit-identical" $1
+done
+out=$("${MPIRUN[@]}" -np 4 "$W" dpequiv imb 4 memory 12 2>&1)
+check "2 stages x 2 replicas, the memory cut: 1 process at the global batch within 1e-6 (12 steps)" "$out" \
+	"OK dpequiv imb M 4 stages 2 replicas 2 memory cut" 4
+out=$("${MPIRUN[@]}" -np 2 "$W" fallback 4 2>&1)
+check "a memory limit the time cut exceeds: the memory cut instead, said once, trains as 1 process; below both: refused naming both" \
+	"$out" "OK fallback M 4: .* bit-identical to one process; limit [0-9.]*: .*neither cut fits the memory limit" 2
+
 out=$("${MPIRUN[@]}" -np 2 "$W" cut 2>&1)
-check "loom_stage_boundary: the user's cut trains as 1 process; 2 marks for 2 stages refused" \
+check "loom_stage_boundary (memory balance asked): the user's cut trains as 1 process; 2 marks for 2 stages refused" \
 	"$out" "OK cut: bit-identical" 2
 check "the start-up table shows stage 0 holding l1 only (32x20 + 32 = 672 parameters)" \
 	"$out" "stage 0: [0-9]* nodes, 672 parameters" 1
+check "the marks win over --pipeline-balance memory, and the table says so" \
+	"$out" "loom: pipeline of 2 stages .*, cut at the loom_stage_boundary marks:" 1
 
 for m in 2 4; do
 	out=$("${MPIRUN[@]}" -np 2 "$W" eval $m 2>&1)
@@ -142,6 +168,24 @@ if [ -n "$MNIST" ]; then
 		"needs more memory than --memory-limit allows: .*the planned peak of [0-9.]* MiB .* exceeds the memory limit of 1.00 MiB" 1
 	out=$("$MNIST" --nproc 2 --pipeline 2 --device cpu --batch-size 50 --dry-run --memory-limit 100 2>&1)
 	check "--memory-limit 100: 2 stages compile" "$out" "^\[rank 0\] pipeline: 2 stages" 1
+	out=$("$MNIST" --pipeline 2 --pipeline-balance bogus 2>&1)
+	rc=$?
+	if [ $rc -eq 2 ] && grep -q "^mnist_ddp: --pipeline-balance expects time or memory, got 'bogus'" <<<"$out"
+	then ok "--pipeline-balance bogus: exit 2, naming the flag"; else
+		bad "--pipeline-balance bogus: exit 2, naming the flag" "exit $rc:" "$out"; fi
+	# The largest planned peak of each cut, from the start-up table; a
+	# limit between them: the time cut is refused, the memory cut trains.
+	largest() { sed -n 's/.*stage [0-9]*: .*planned peak \([0-9.]*\) MiB.*/\1/p' <<<"$1" | sort -g | tail -1; }
+	t=$("$MNIST" --nproc 2 --pipeline 2 --device cpu --batch-size 50 --dry-run 2>&1)
+	m=$("$MNIST" --nproc 2 --pipeline 2 --pipeline-balance memory --device cpu --batch-size 50 \
+		--dry-run 2>&1)
+	check "mnist_ddp --pipeline-balance memory: the table says the cut" "$m" \
+		"^\[rank 0\] loom: pipeline of 2 stages .*, cut balancing memory (the time-balanced cut's largest: stage [01], planned peak $(largest "$t") MiB)" 1
+	lim=$(awk -v a="$(largest "$t")" -v b="$(largest "$m")" 'BEGIN { if (b < a) printf "%.2f", (a + b) / 2 }')
+	out=$("$MNIST" --nproc 2 --pipeline 2 "${flags[@]}" --memory-limit "${lim:-0.01}" 2>&1)
+	check "mnist_ddp --memory-limit ${lim:-none} (memory cut $(largest "$m"), time cut $(largest "$t") MiB): the memory cut, said, trains" \
+		"$out" "^\[rank 0\] loom: pipeline: the memory-balanced cut, since the time-balanced cut's stage [01] plans $(largest "$t") MiB, over the memory limit of ${lim:-none} MiB" 1
+	check "mnist_ddp under the fallback: the same test loss" "$out" "^\[rank 0\] epoch 1 done: ${want:-none}," 1
 	# The graph is the micro-batch's (25): one process resumes at that batch,
 	# 300 images in.
 	out=$("$MNIST" --device cpu --epochs 1 --log-interval 100 --batch-size 25 --max-steps 14 \

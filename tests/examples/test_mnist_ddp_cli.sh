@@ -33,6 +33,8 @@ expect bad_epochs 2 "--epochs expects an integer" -- --epochs 0
 expect bad_precision 2 "precision must be fp16 or bf16" -- --precision fp8
 expect bad_device 2 "device must be auto, cpu or cuda" -- --device tpu
 expect bad_optimizer 2 "optimizer must be sgd or adamw" -- --optimizer lbfgs
+expect bad_balance 2 "--pipeline-balance expects time or memory, got 'bogus'" -- --pipeline 2 --pipeline-balance bogus
+expect balance_alone 2 "--pipeline-balance apply to --pipeline N" -- --pipeline-balance memory
 expect unknown_flag 2 "unknown or incomplete option '--frobnicate'" -- --frobnicate
 expect missing_arg 2 "unknown or incomplete option" -- --lr
 expect stray_arg 2 "unexpected argument 'extra'" -- extra

@@ -58,6 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(a.train_images >= 0 && a.test_images >= 0);
 		FUZZ_CHECK(a.warmup_epochs >= 0 && (a.warmup_epochs == 0 || a.warmup_epochs < a.epochs));
 		FUZZ_CHECK(a.schedule == TRAIN_LR_STEP || a.schedule == TRAIN_LR_COSINE);
+		FUZZ_CHECK((unsigned)a.pipe_balance < LOOM_BALANCE_COUNT &&
+			   (a.pipeline > 1 || a.pipe_balance == LOOM_BALANCE_TIME));
 		break;
 	case TRAIN_HELP:
 		break;
