@@ -54,6 +54,7 @@ typedef struct fk_call {
 	int peer, tag;
 	int waited;
 	void *sent; /* send: the bytes as they were at wait() */
+	int nodes_at; /* the nodes the recording backend had run when it started */
 } fk_call;
 
 #define FK_MAX 256
@@ -84,7 +85,7 @@ static loom_status fk_start(loom_comm *c, int op, void *buf, size_t count, loom_
 		return loom_comm_fail(c, LOOM_ERR_NOMEM, "fake: out of call slots");
 	}
 	fk.calls[fk.n] = (fk_call){ .op = op, .buf = buf, .count = count, .dt = dt, .peer = peer,
-				    .tag = tag };
+				    .tag = tag, .nodes_at = rec.nodes };
 	w->call = fk.n++;
 	fk.in_flight++;
 	*out = (loom_comm_work *)w;
@@ -857,7 +858,16 @@ static const float pipe_x[2][6] = { { 0.5f, 1, 1.5f, 2, 2.5f, 3 }, { 1, -1, 2, -
  * micro-batches, GPipe, SGD at lr 1: w's update is minus the mean over the
  * micro-batches of the gradient received where relu let it through.
  */
+static loom_program *compile_pipe_fused(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w,
+					int fuse);
+
 static loom_program *compile_pipe(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w)
+{
+	return compile_pipe_fused(gp, pg, h, w, 1);
+}
+
+static loom_program *compile_pipe_fused(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w,
+					int fuse)
 {
 	loom_graph *g;
 	int64_t d[2] = { 2, 3 };
@@ -874,6 +884,7 @@ static loom_program *compile_pipe(loom_graph **gp, loom_pg *pg, loom_value *h, l
 	o.pipeline_stages = 2;
 	o.micro_batches = 2;
 	o.schedule = LOOM_SCHEDULE_GPIPE;
+	o.no_fusion = !fuse;
 	loom_program *p;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
 	cr_assert_not_null(p->plan.pipe);
@@ -1057,5 +1068,94 @@ Test(exec, micro_steps_give_each_micro_batch_its_inputs_and_activation_slot)
 	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(wv[1], -0.5, "w[1] = %g", wv[1]);
 	cr_assert_eq(wv[0], -2.0, "w[0] = %g", wv[0]);
+	free_ranked(p, g, pg);
+}
+
+
+/*
+ * An early receive: stage 0's gradient of h (fused into add's relu, so no
+ * forward value of the stage dies before the gradient is born and nothing
+ * shares its bytes) is posted from the TRAIN run's first step, as each
+ * micro-batch's slot is free from then on (GPipe: a slot per micro-batch);
+ * the data still lands in each micro-batch's own slot.
+ */
+Test(exec, a_receive_is_posted_when_its_slot_is_free_before_its_step)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	int first = pp->eval_steps, n = 0;
+	for (int i = first; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_RECV)
+			continue;
+		cr_assert_eq(s->post, first, "step %d (micro-batch %d) posts at %d", i, s->micro, s->post);
+		n++;
+	}
+	cr_assert_eq(n, 2);
+	cr_assert_eq(pp->n_recv, 2);
+	int before = rec.nodes;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(pp->n_early, 2, "%lld receives posted early", (long long)pp->n_early);
+	const fk_call *c[4], *snd[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	cr_assert_eq(calls_of(FK_SEND, snd, 4), 2);
+	for (int j = 0; j < 2; j++) {
+		cr_assert_eq(c[j]->nodes_at, before, "receive %d posted after %d nodes of the run", j,
+			     c[j]->nodes_at - before);
+		cr_assert_lt(c[j], snd[0], "receive %d posted after the first send", j);
+		cr_assert(c[j]->waited);
+		cr_assert_eq(c[j]->buf, pp->act_base + (size_t)j * pp->slot_bytes + pl->mp.offset[pl->steps[pp->recv_at[j]].v],
+			     "receive %d lands outside its micro-batch's slot", j);
+	}
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	free_ranked(p, g, pg);
+}
+
+/*
+ * Aliasing: without fusion, relu's h is a value of its own that stage 0
+ * sends and that dies (in the plan) where stage 1 reads it, and the
+ * planner puts h's gradient in its bytes. Posted early, the receive could
+ * land while h is still read (by its send); so it is posted at its step.
+ */
+Test(exec, a_receive_sharing_a_dead_values_bytes_is_posted_at_its_step)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	loom_program *p = compile_pipe_fused(&g, pg, &h, &w, 0);
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	int first = pp->eval_steps, n = 0, nodes_before[2] = { 0, 0 }, nodes = 0;
+	for (int i = first; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		nodes += s->kind == LOOM_STEP_NODE && !s->noop;
+		if (s->kind != LOOM_STEP_RECV)
+			continue;
+		cr_assert_eq(pl->mp.offset[s->v], pl->mp.offset[h], "the gradient does not share h's bytes");
+		cr_assert_eq(pl->mp.region[s->v], LOOM_REGION_ACT);
+		cr_assert_eq(s->post, i, "step %d (micro-batch %d) posts at %d", i, s->micro, s->post);
+		nodes_before[n++] = nodes;
+	}
+	cr_assert_eq(n, 2);
+	int before = rec.nodes;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(pp->n_early, 0, "%lld receives posted early", (long long)pp->n_early);
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	for (int j = 0; j < 2; j++)
+		cr_assert_eq(c[j]->nodes_at - before, nodes_before[j],
+			     "receive %d posted after %d nodes, its step comes after %d", j,
+			     c[j]->nodes_at - before, nodes_before[j]);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
 	free_ranked(p, g, pg);
 }
