@@ -713,8 +713,10 @@ static loom_status stage_table(loom_plan *pl, loom_pipe *pp)
 static void print_table(const loom_program *p, const loom_pipe *pp)
 {
 	static const char *const sched[] = { "1f1b", "gpipe" };
-	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s:\n", pp->stages,
-		 pp->replicas, pp->micro, sched[pp->schedule]);
+	static const char *const xfer[] = { "host memory over MPI", "the device communicator",
+					    "host buffers over MPI (staged)" };
+	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s, values through "
+		 "%s:\n", pp->stages, pp->replicas, pp->micro, sched[pp->schedule], xfer[pp->xfer]);
 	for (int s = 0; s < pp->stages; s++)
 		loom_log("loom:   stage %d: %d nodes, %lld parameters, persistent %.2f MiB, "
 			 "activations %.2f MiB per micro-batch x %d in flight, %.3f GFLOP, est. %.3f ms "
@@ -762,8 +764,6 @@ static loom_status pick_transport(loom_program *p, loom_pipe *pp, char *err, siz
 		pp->xfer = stage_host_hook() ? LOOM_PIPE_XFER_STAGED : LOOM_PIPE_XFER_HOST;
 		return LOOM_OK;
 	}
-	snprintf(err, errlen, "pipeline: the %s backend is not supported yet (CPU only)", p->be->name);
-	return LOOM_ERR_UNSUPPORTED;
 	/* Data parallelism within a stage sums device buckets over pp->dp, a
 	 * split of the host communicator, which reads host memory only. */
 	if (pp->replicas > 1) {
