@@ -74,7 +74,7 @@ typedef struct loom_pipe {
 	 * receive's (recv_at), recv_host[k] its host buffer when staged.
 	 * [recv_wait, recv_next): posted, not yet waited for; recv_end: the
 	 * run's last + 1. n_early: receives posted before their step since
-	 * compile (tests and --verbose read it). */
+	 * compile (tests read it). */
 	struct loom_comm_work **recv_work;
 	void **recv_host;
 	int recv_wait, recv_next, recv_end;

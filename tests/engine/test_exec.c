@@ -1159,3 +1159,44 @@ Test(exec, a_receive_sharing_a_dead_values_bytes_is_posted_at_its_step)
 		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
 	free_ranked(p, g, pg);
 }
+
+/*
+ * The staged transport (a GPU without a device communicator), forced on
+ * the CPU by its test hook: every send reads a host copy and every receive
+ * lands in a host buffer outside the arena, uploaded into its micro-batch's
+ * slot at its step, so the update is the same as in place.
+ */
+Test(exec, staged_sends_and_receives_go_through_host_buffers)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	cr_assert_eq(setenv("LOOM_PIPE_STAGE_HOST", "1", 1), 0);
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	unsetenv("LOOM_PIPE_STAGE_HOST");
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	cr_assert_eq(pp->xfer, LOOM_PIPE_XFER_STAGED);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	const unsigned char *lo = pp->act_base, *hi = pp->act_base + pl->mp.act_bytes;
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	cr_assert_eq(calls_of(FK_SEND, c + 2, 2), 2);
+	for (int j = 0; j < 4; j++) {
+		const unsigned char *b = c[j]->buf;
+		cr_assert(b < lo || b >= hi, "%s %d reads or writes the arena's slots",
+			  j < 2 ? "receive" : "send", j % 2);
+	}
+	for (int j = 0; j < 2; j++) {
+		const float *got = c[2 + j]->sent;
+		for (int e = 0; e < 6; e++)
+			cr_assert_eq(got[e], pipe_x[j][e] > 0 ? pipe_x[j][e] : 0.0f,
+				     "micro-batch %d, element %d: sent %g", j, e, got[e]);
+	}
+	cr_assert_eq(pp->n_early, 2);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	free_ranked(p, g, pg);
+}
