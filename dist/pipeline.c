@@ -558,9 +558,12 @@ static int *birth_positions(const loom_plan *pl)
  * (the run's first step when none did), or its own step where aliasing
  * (recv_aliased) or the transport (a device communicator runs its sends
  * and receives in the order they were issued, so one posted early would
- * hold up the sends behind it) says so. The executor also waits, at run
- * time, for that micro-batch's sends from the slot to have ended before
- * posting early. Also lists the receives in step order (pp->recv_at).
+ * hold up the sends behind it) says so. Staged through a host buffer, a
+ * receive writes the slot only at its step, so aliasing does not hold it
+ * back (the slot point still bounds the buffers in flight). The executor
+ * also waits, at run time, for that micro-batch's sends from the slot to
+ * have ended before posting early into the slot. Also lists the receives
+ * in step order (pp->recv_at).
  */
 static loom_status post_points(loom_plan *pl, loom_pipe *pp)
 {
@@ -610,7 +613,13 @@ static loom_status post_points(loom_plan *pl, loom_pipe *pp)
 			pp->recv_at[pp->n_recv++] = i;
 			if (aliased[s->v] < 0)
 				aliased[s->v] = (signed char)recv_aliased(pl, s->v, made_at);
-			s->post = aliased[s->v] || pp->xfer == LOOM_PIPE_XFER_DEVICE ? i : free_at[k];
+			/* staged, it lands in a host buffer: its bytes in the slot
+			 * are written at its step only */
+			if (pp->xfer == LOOM_PIPE_XFER_DEVICE ||
+			    (aliased[s->v] && pp->xfer != LOOM_PIPE_XFER_STAGED))
+				s->post = i;
+			else
+				s->post = free_at[k];
 		}
 	}
 	free(made_at);
@@ -942,9 +951,13 @@ static loom_status check_plans(loom_program *p)
 		int64_t s = pp->stage_of[v];
 		items[i] = loom_comm_hash(&s, sizeof(s), loom_ddp_node_hash(pl, v));
 	}
+	/* Whether the values go over the device communicator: a rank using it
+	 * and a rank using MPI would wait for each other forever (the host and
+	 * the staged transports both use MPI and may differ). */
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->opts.no_fusion, pp->stages, pp->micro, pp->schedule,
+		pp->xfer == LOOM_PIPE_XFER_DEVICE,
 	};
 	return loom_ddp_check_items(p, pp->world, head, sizeof(head), items, n, describe,
 				    "pipeline start-up: ");

@@ -543,8 +543,9 @@ static loom_status recv_post(loom_program *p, int k)
 
 /*
  * Before step i: posts, in step order, the run's receives whose post
- * point (loom_step.post) is at or before i, each early one only once the
- * sends from its slot of the micro-batch before it ended; the first that
+ * point (loom_step.post) is at or before i, each early one into the slot
+ * only once the sends from its slot of the micro-batch before it ended;
+ * the first that
  * cannot go holds the later ones back (a value's receives in successive
  * micro-batches share a tag and must match its sends in order). A receive
  * whose own step this is goes now whatever: its MICRO step waited for the
@@ -561,8 +562,10 @@ static loom_status recvs_post(loom_program *p, int i)
 		if (s->post > i)
 			break;
 		if (at > i) {
-			int done;
-			if ((st = slot_sends_done(p, s->first, s->micro, &done)) != LOOM_OK)
+			/* staged, it lands in a host buffer, not in the slot */
+			int done = 1;
+			if (pp->xfer != LOOM_PIPE_XFER_STAGED &&
+			    (st = slot_sends_done(p, s->first, s->micro, &done)) != LOOM_OK)
 				return st;
 			if (!done)
 				break;

@@ -1200,3 +1200,29 @@ Test(exec, staged_sends_and_receives_go_through_host_buffers)
 		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
 	free_ranked(p, g, pg);
 }
+
+/* Staged, a receive lands in a host buffer and writes the slot only at its
+ * step: the gradient that shares h's bytes (unfused) is posted early too. */
+Test(exec, a_staged_receive_is_posted_early_even_where_its_bytes_are_shared)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	cr_assert_eq(setenv("LOOM_PIPE_STAGE_HOST", "1", 1), 0);
+	loom_program *p = compile_pipe_fused(&g, pg, &h, &w, 0);
+	unsetenv("LOOM_PIPE_STAGE_HOST");
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	for (int k = 0; k < pp->n_recv; k++) {
+		const loom_step *s = &pl->steps[pp->recv_at[k]];
+		cr_assert_eq(pl->mp.offset[s->v], pl->mp.offset[h]);
+		cr_assert_eq(s->post, pp->eval_steps, "receive %d posts at %d", k, s->post);
+	}
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(pp->n_early, 2);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	free_ranked(p, g, pg);
+}
