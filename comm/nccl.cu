@@ -256,6 +256,13 @@ fail:
 	return st;
 }
 
+/* The timeout counts from now (a receive waited at its step). */
+static void nccl_restart(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	w->t0 = loom_comm_now();
+}
+
 static loom_status nccl_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
 				   void *stream, loom_comm_work **out)
 {
@@ -522,6 +529,7 @@ static const loom_comm_i nccl_iface = {
 	.send_start = nccl_send_start,
 	.recv_start = nccl_recv_start,
 	.split = NULL,
+	.restart = nccl_restart,
 };
 
 extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)

@@ -622,8 +622,8 @@ static void recvs_begin(loom_program *p, int first, int last)
 }
 
 /* The receive, posted at or before this step, ends here (the group's
- * timeout applies) while the sends in flight move on; staged, its host
- * buffer goes up into the slot. */
+ * timeout applies, counted from this step) while the sends in flight move
+ * on; staged, its host buffer goes up into the slot. */
 static loom_status exec_recv(loom_program *p, const loom_step *s, int i)
 {
 	const loom_plan *pl = &p->plan;
@@ -634,6 +634,8 @@ static loom_status exec_recv(loom_program *p, const loom_step *s, int i)
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "stage %d, step %d: a receive that was never posted", pp->stage, i);
 	int t0 = timer(p, LOOM_STREAM_COMPUTE);
+	/* the timeout counts from here, not from an early post */
+	loom_comm_restart(pp->comm, pp->recv_work[k]);
 	st = loom_comm_wait(pp->comm, pp->recv_work[k]);
 	pp->recv_work[k] = NULL;
 	pp->recv_wait = k + 1;

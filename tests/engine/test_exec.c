@@ -55,6 +55,7 @@ typedef struct fk_call {
 	int waited;
 	void *sent; /* send: the bytes as they were at wait() */
 	int nodes_at; /* the nodes the recording backend had run when it started */
+	int restart_at; /* ... when its timeout was restarted (-1: never) */
 } fk_call;
 
 #define FK_MAX 256
@@ -85,7 +86,7 @@ static loom_status fk_start(loom_comm *c, int op, void *buf, size_t count, loom_
 		return loom_comm_fail(c, LOOM_ERR_NOMEM, "fake: out of call slots");
 	}
 	fk.calls[fk.n] = (fk_call){ .op = op, .buf = buf, .count = count, .dt = dt, .peer = peer,
-				    .tag = tag, .nodes_at = rec.nodes };
+				    .tag = tag, .nodes_at = rec.nodes, .restart_at = -1 };
 	w->call = fk.n++;
 	fk.in_flight++;
 	*out = (loom_comm_work *)w;
@@ -183,6 +184,12 @@ static loom_status fk_wait(loom_comm *c, loom_comm_work *work)
 	return LOOM_OK;
 }
 
+static void fk_restart(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	fk.calls[((fk_work *)w)->call].restart_at = rec.nodes;
+}
+
 /* The root is this rank in every broadcast these tests make. */
 static loom_status fk_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 {
@@ -229,6 +236,7 @@ static const loom_comm_i fk_iface = {
 	.allgather_start = fk_allgather_start,
 	.send_start = fk_send_start,
 	.recv_start = fk_recv_start,
+	.restart = fk_restart,
 };
 
 /* A test's program, its graph and (if any) its group, freed in that order. */
@@ -1108,6 +1116,8 @@ Test(exec, a_receive_is_posted_when_its_slot_is_free_before_its_step)
 			     c[j]->nodes_at - before);
 		cr_assert_lt(c[j], snd[0], "receive %d posted after the first send", j);
 		cr_assert(c[j]->waited);
+		/* its timeout counts from its step, where nodes have run since */
+		cr_assert_gt(c[j]->restart_at, c[j]->nodes_at, "receive %d's timeout not restarted at its step", j);
 		cr_assert_eq(c[j]->buf, pp->act_base + (size_t)j * pp->slot_bytes + pl->mp.offset[pl->steps[pp->recv_at[j]].v],
 			     "receive %d lands outside its micro-batch's slot", j);
 	}
