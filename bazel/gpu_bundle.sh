@@ -4,7 +4,8 @@
 # libloom_cuda.so when the build has that target, the non-CUDA shared
 # libraries they load (found with ldd: libcriterion and its deps, OpenBLAS,
 # libgomp, libz, ...; glibc and the CUDA libraries stay the host's), the
-# suite and its summariser, the PyTorch side, Fashion-MNIST, and run.sh.
+# suite and its summariser, Open MPI's runtime (for the two-rank rows), the
+# PyTorch side, Fashion-MNIST, and run.sh.
 # Copy the folder to a GPU host and run ./run.sh (with $OUT set, the logs
 # and the table go there).
 set -euo pipefail
@@ -15,7 +16,7 @@ bz() { bazel --output_base="$ob" "$@"; }
 
 targets=(//tests/engine/cuda:test_device //tests/engine/cuda:test_cuda_ops)
 for t in //examples:mnist_ddp //examples:gpt_ddp //examples:resnet50_synthetic \
-	//bench:bench_convnet //engine/cuda:libloom_cuda.so; do
+	//bench:bench_convnet //tests/ddp:pipe_worker //engine/cuda:libloom_cuda.so; do
 	if bz query "$t" >/dev/null 2>&1; then
 		targets+=("$t")
 	else
@@ -47,6 +48,34 @@ for b in "${built[@]}"; do
 		fi
 	done
 done
+# Open MPI's runtime, for the rows of two ranks (the launcher's env://
+# group: rank 0 starts ompi-server, each rank's MPI_Init starts an orted):
+# the GPU host's image has no Open MPI. Its programs, components (which it
+# loads by path) and help texts, with PMIx's, relocated by run.sh through
+# OPAL_PREFIX and PMIX_PREFIX; the libraries they load join lib/.
+ompi=/usr/lib/x86_64-linux-gnu/openmpi
+pmix=/usr/lib/x86_64-linux-gnu/pmix2
+if command -v ompi-server >/dev/null 2>&1 && [ -d "$ompi/lib/openmpi3" ]; then
+	mkdir -p "$out/mpi/bin" "$out/mpi/lib/x86_64-linux-gnu/openmpi" "$out/mpi/share"
+	cp -L "$(command -v ompi-server)" "$(command -v orted)" "$out/mpi/bin/"
+	cp -rL "$ompi/lib" "$out/mpi/lib/x86_64-linux-gnu/openmpi/"
+	rm -rf "$out/mpi/lib/x86_64-linux-gnu/openmpi/lib/pkgconfig"
+	[ -d /usr/share/openmpi ] && cp -rL /usr/share/openmpi "$out/mpi/share/"
+	if [ -d "$pmix/lib" ]; then
+		mkdir -p "$out/mpi/pmix2"
+		cp -rL "$pmix/lib" "$out/mpi/pmix2/"
+		[ -d "$pmix/share" ] && cp -rL "$pmix/share" "$out/mpi/pmix2/"
+	fi
+	find "$out/mpi" -type f \( -name '*.so*' -o -perm -u+x \) | while read -r f; do
+		ldd "$f" 2>/dev/null | awk '/=> \// { print $1, $3 }' | while read -r so path; do
+			if ! [[ $so =~ $skip ]]; then
+				cp -Ln "$path" "$out/lib/$so" 2>/dev/null || true
+			fi
+		done
+	done
+else
+	echo "gpu_bundle: no Open MPI here (ompi-server, $ompi): the two-rank rows will need the host's" >&2
+fi
 cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh "$out/"
 mkdir -p "$out/bench"
 cp bench/torch_gpu.py bench/torch_convnet.py bench/torch_modes.py bench/torch_gpt.py "$out/bench/"
@@ -69,13 +98,16 @@ fi
 # bin/ and lib/ travel as one archive (oneDNN and OpenBLAS alone are 76 MB):
 # xz makes it 18 MB where gzip makes 32, so that with the dataset (30 MB) and
 # the CUDA plugin the bundle stays under the device tool's 64 MiB. run.sh
-# unpacks it afresh on every run, so a stale bin/ is never run.
+# unpacks it afresh on every run, so a stale bin/ is never run. Open MPI's
+# runtime (mpi/) goes in the same archive.
+mpi=()
+[ -d "$out/mpi" ] && mpi=(mpi)
 if command -v xz >/dev/null 2>&1; then
-	tar -C "$out" -cf - bin lib | xz -T"${LOOM_JOBS:-2}" -6 >"$out/payload.tar.xz"
+	tar -C "$out" -cf - bin lib "${mpi[@]}" | xz -T"${LOOM_JOBS:-2}" -6 >"$out/payload.tar.xz"
 else
-	tar -C "$out" -czf "$out/payload.tar.gz" bin lib
+	tar -C "$out" -czf "$out/payload.tar.gz" bin lib "${mpi[@]}"
 fi
-rm -rf "$out/bin" "$out/lib"
+rm -rf "$out/bin" "$out/lib" "$out/mpi"
 git rev-parse --short HEAD >"$out/COMMIT" 2>/dev/null || echo unknown >"$out/COMMIT"
 
 cat >"$out/run.sh" <<'RUN'
@@ -93,7 +125,7 @@ if [ ! -w "$here" ]; then
 	cp -r "$here"/. "$tmp"/
 	here=$tmp
 fi
-rm -rf "$here/bin" "$here/lib"
+rm -rf "$here/bin" "$here/lib" "$here/mpi"
 payload=$(ls "$here"/payload.tar.* 2>/dev/null | head -n 1)
 tar -C "$here" -xf "$payload" 2>/dev/null ||
 	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
@@ -114,8 +146,20 @@ for py in python3 python; do
 	done
 	break
 done
+# Open MPI from the bundle (the binaries link its libmpi): its programs
+# first on PATH, its install tree relocated here.
+if [ -d "$here/mpi" ]; then
+	export OPAL_PREFIX=$here/mpi PMIX_PREFIX=$here/mpi/pmix2 PMIX_INSTALL_PREFIX=$here/mpi/pmix2
+	# PMIx looks for its components where it was installed whatever the
+	# prefix says (a warning about pcompress otherwise).
+	export PMIX_MCA_mca_base_component_path=$here/mpi/pmix2/lib/pmix PATH=$here/mpi/bin:$PATH
+	path=$path:$here/mpi/lib/x86_64-linux-gnu/openmpi/lib:$here/mpi/pmix2/lib
+fi
 export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -f "$here/bin/libloom_cuda.so" ] && export LOOM_CUDA_PLUGIN=$here/bin/libloom_cuda.so
+# LOOM_BUNDLE_ENV_ONLY=1: runs its arguments (or a shell) in this environment instead
+# (how the bundle's own Open MPI is tried on a host without one).
+[ "${LOOM_BUNDLE_ENV_ONLY:-0}" = 1 ] && exec "${@:-bash}"
 exec bash "$here/gpu_suite.sh" "$@"
 RUN
 chmod +x "$out/run.sh" "$out/gpu_suite.sh" "$out/gpu_summary.sh"

@@ -151,6 +151,12 @@ loom_status loom_comm_recv_start(loom_comm *c, void *buf, size_t bytes, int peer
 	return c->i->recv_start(c, buf, bytes, peer, tag, stream, out);
 }
 
+void loom_comm_restart(loom_comm *c, loom_comm_work *w)
+{
+	if (c && w && c->i->restart)
+		c->i->restart(c, w);
+}
+
 loom_status loom_comm_split(loom_comm *c, int color, int key, loom_comm **out)
 {
 	loom_status st = usable(c, "split");

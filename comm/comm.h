@@ -146,6 +146,11 @@ typedef struct loom_comm_i {
 	 * key (MPI_Comm_split); collective over c. The caller frees it with
 	 * loom_comm_free.   // (optional) */
 	loom_status (*split)(loom_comm *c, int color, int key, loom_comm **out);
+	/* The group's timeout for w counts from now, not from its start: a
+	 * receive posted ahead of the step that waits for it (dist/pipeline.c)
+	 * has the whole timeout from that step, however long the compute in
+	 * between took.   // (optional) */
+	void (*restart)(loom_comm *c, loom_comm_work *w);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -190,6 +195,9 @@ loom_status loom_comm_send_start(loom_comm *c, const void *buf, size_t bytes, in
 				 void *stream, loom_comm_work **out);
 loom_status loom_comm_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
 				 void *stream, loom_comm_work **out);
+/* w's timeout counts from now (loom_comm_i.restart); nothing where the
+ * backend has no restart. */
+void loom_comm_restart(loom_comm *c, loom_comm_work *w);
 /* A sub-communicator of the ranks of c with the same color (data
  * parallelism among one pipeline stage's replicas); collective over c. */
 loom_status loom_comm_split(loom_comm *c, int color, int key, loom_comm **out);

@@ -485,6 +485,13 @@ static loom_status mpi_recv_start(loom_comm *c, void *buf, size_t bytes, int pee
 	return mpi_p2p_start(c, buf, bytes, peer, tag, out, 0);
 }
 
+/* The timeout counts from now (a receive posted early, waited at its step). */
+static void mpi_restart(loom_comm *c, struct loom_comm_work *w)
+{
+	(void)c;
+	w->t0 = loom_comm_now();
+}
+
 static const loom_comm_i mpi_iface;
 static loom_status mpi_barrier(loom_comm *c);
 
@@ -615,6 +622,7 @@ static const loom_comm_i mpi_iface = {
 	.send_start = mpi_send_start,
 	.recv_start = mpi_recv_start,
 	.split = mpi_split,
+	.restart = mpi_restart,
 };
 
 

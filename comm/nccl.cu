@@ -32,6 +32,7 @@ struct loom_comm_work {
 	double t0;
 	size_t count;
 	loom_dtype dt;
+	const char *p2p; /* "send" or "receive" (count is bytes); NULL: a collective */
 };
 
 extern "C" loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
@@ -234,6 +235,7 @@ static loom_status nccl_p2p_start(loom_comm *c, void *buf, size_t bytes, int pee
 	w->t0 = loom_comm_now();
 	w->count = bytes;
 	w->dt = LOOM_F32;
+	w->p2p = send ? "send" : "receive";
 	ncclResult_t rc;
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))))
@@ -252,6 +254,13 @@ fail:
 	free(w);
 	c->broken = 1;
 	return st;
+}
+
+/* The timeout counts from now (a receive waited at its step). */
+static void nccl_restart(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	w->t0 = loom_comm_now();
 }
 
 static loom_status nccl_send_start(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
@@ -315,7 +324,10 @@ static loom_status nccl_wait(loom_comm *c, loom_comm_work *w)
 	char what[96];
 	loom_status st;
 
-	snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
+	if (w->p2p)
+		snprintf(what, sizeof(what), "%s of %zu bytes", w->p2p, w->count);
+	else
+		snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
 	st = c->broken ? LOOM_ERR_STATE : poll_until(c, w->done, w->t0, what);
 	cudaEventDestroy(w->done);
 	free(w);
@@ -517,6 +529,7 @@ static const loom_comm_i nccl_iface = {
 	.send_start = nccl_send_start,
 	.recv_start = nccl_recv_start,
 	.split = NULL,
+	.restart = nccl_restart,
 };
 
 extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)

@@ -711,6 +711,135 @@ static loom_status build_schedule(loom_plan *pl, loom_pipe *pp, const seq *F, co
 	return LOOM_OK;
 }
 
+/* ------------------------------------------------------------ early receives */
+
+/*
+ * Whether the receive of u must wait for its own step: u is no activation
+ * owner of the slot (a value outside the slots is put back per micro-batch
+ * by the MICRO steps; a view shares another value's bytes), or a value of
+ * the micro-batch's own plan made before u and dead by u's birth shares
+ * u's bytes (the planner reuses addresses by lifetime: a gradient received
+ * in backward may lie where a forward value was, which this stage may still
+ * read or send until it dies). Values made after u cannot share them: they
+ * are born while u lives (until its last reader, which follows its receive).
+ */
+static int recv_aliased(const loom_plan *pl, loom_value u, const int *made_at)
+{
+	const loom_memplan *mp = &pl->mp;
+	if (mp->root[u] != u || mp->region[u] != LOOM_REGION_ACT)
+		return 1;
+	size_t lo = mp->offset[u], hi = lo + loom_plan_value_bytes(pl, u);
+	for (loom_value w = 0; w < pl->g->n; w++) {
+		if (w == u || mp->root[w] != w || mp->region[w] != LOOM_REGION_ACT ||
+		    !loom_plan_holds(pl, w) || made_at[w] >= made_at[u])
+			continue;
+		size_t wlo = mp->offset[w], whi = wlo + loom_plan_value_bytes(pl, w);
+		if (wlo < hi && lo < whi)
+			return 1;
+	}
+	return 0;
+}
+
+/* Where each value is made in the plan's schedule (a fused sibling where
+ * its maker runs), as graph/memplan.c's lifetimes begin. */
+static int *birth_positions(const loom_plan *pl)
+{
+	int n = pl->g->n;
+	int *pos = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	int *made_at = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	if (!pos || !made_at) {
+		free(pos);
+		free(made_at);
+		return NULL;
+	}
+	for (int i = 0; i < pl->mp.nschedule; i++)
+		pos[pl->mp.schedule[i]] = i;
+	for (loom_value v = 0; v < n; v++) {
+		loom_value m = pl->g->nodes[v].made_by;
+		made_at[v] = m != LOOM_NONE && pos[m] < pos[v] ? pos[m] : pos[v];
+	}
+	free(pos);
+	return made_at;
+}
+
+/*
+ * Each RECV step's post point: the step after the last step of the
+ * micro-batch that held its activation slot before it in the same run
+ * (the run's first step when none did), or its own step where aliasing
+ * (recv_aliased) or the transport (a device communicator runs its sends
+ * and receives in the order they were issued, so one posted early would
+ * hold up the sends behind it) says so. Staged through a host buffer, a
+ * receive writes the slot only at its step, so aliasing does not hold it
+ * back (the slot point still bounds the buffers in flight). The executor
+ * also waits, at run time, for that micro-batch's sends from the slot to
+ * have ended before posting early into the slot. Also lists the receives
+ * in step order (pp->recv_at).
+ */
+static loom_status post_points(loom_plan *pl, loom_pipe *pp)
+{
+	int S = pp->slots, n_recv = 0;
+	for (int i = 0; i < pl->n_steps; i++)
+		n_recv += pl->steps[i].kind == LOOM_STEP_RECV;
+	int *made_at = birth_positions(pl);
+	signed char *aliased = malloc(pl->g->n ? (size_t)pl->g->n : 1);
+	int *owner = malloc(sizeof(int) * (size_t)S), *last = malloc(sizeof(int) * (size_t)S);
+	int *free_at = malloc(sizeof(int) * (size_t)S);
+	pp->recv_at = malloc(sizeof(int) * (size_t)(n_recv + 1));
+	pp->recv_work = calloc((size_t)n_recv + 1, sizeof(*pp->recv_work));
+	pp->recv_host = calloc((size_t)n_recv + 1, sizeof(*pp->recv_host));
+	if (!made_at || !aliased || !owner || !last || !free_at || !pp->recv_at || !pp->recv_work ||
+	    !pp->recv_host) {
+		free(made_at);
+		free(aliased);
+		free(owner);
+		free(last);
+		free(free_at);
+		return LOOM_ERR_NOMEM;
+	}
+	memset(aliased, -1, pl->g->n ? (size_t)pl->g->n : 1);
+	pp->n_recv = 0;
+	/* EVAL's run, then TRAIN's: a run starts with no receive in flight and
+	 * every send of the one before it ended (loom_exec_synchronize). */
+	int bounds[3] = { 0, pp->eval_steps, pl->n_steps };
+	for (int r = 0; r < 2; r++) {
+		for (int k = 0; k < S; k++) {
+			owner[k] = -1;
+			last[k] = -1;
+			free_at[k] = bounds[r];
+		}
+		for (int i = bounds[r]; i < bounds[r + 1]; i++) {
+			loom_step *s = &pl->steps[i];
+			if (s->kind == LOOM_STEP_WAIT || s->kind == LOOM_STEP_OPTIM)
+				continue; /* no micro-batch's, no slot's */
+			int k = s->first;
+			if (owner[k] != s->micro) {
+				if (last[k] >= 0)
+					free_at[k] = last[k] + 1;
+				owner[k] = s->micro;
+			}
+			last[k] = i;
+			if (s->kind != LOOM_STEP_RECV)
+				continue;
+			pp->recv_at[pp->n_recv++] = i;
+			if (aliased[s->v] < 0)
+				aliased[s->v] = (signed char)recv_aliased(pl, s->v, made_at);
+			/* staged, it lands in a host buffer: its bytes in the slot
+			 * are written at its step only */
+			if (pp->xfer == LOOM_PIPE_XFER_DEVICE ||
+			    (aliased[s->v] && pp->xfer != LOOM_PIPE_XFER_STAGED))
+				s->post = i;
+			else
+				s->post = free_at[k];
+		}
+	}
+	free(made_at);
+	free(aliased);
+	free(owner);
+	free(last);
+	free(free_at);
+	return LOOM_OK;
+}
+
 /* This stage's parameters only: the optimizer updates what it owns. */
 static loom_status own_pieces(loom_plan *pl, const loom_pipe *pp)
 {
@@ -822,11 +951,14 @@ static void cut_text(const loom_pipe *pp, size_t ws, char *buf, size_t len)
 static void print_table(const loom_program *p, const loom_pipe *pp)
 {
 	static const char *const sched[] = { "1f1b", "gpipe" };
+	static const char *const xfer[] = { "host memory over MPI", "the device communicator",
+					    "host buffers over MPI (staged)" };
 	size_t ws = p->plan.ws_bytes;
 	char cut[160];
 	cut_text(pp, ws, cut, sizeof(cut));
-	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s, %s:\n",
-		 pp->stages, pp->replicas, pp->micro, sched[pp->schedule], cut);
+	loom_log("loom: pipeline of %d stages x %d replicas, %d micro-batches, %s, %s, values "
+		 "through %s:\n", pp->stages, pp->replicas, pp->micro, sched[pp->schedule], cut,
+		 xfer[pp->xfer]);
 	for (int s = 0; s < pp->stages; s++)
 		loom_log("loom:   stage %d: %d nodes, %lld parameters, persistent %.2f MiB, "
 			 "activations %.2f MiB per micro-batch x %d in flight, planned peak %.2f MiB, "
@@ -899,6 +1031,53 @@ static void name_stages(loom_pipe *pp, struct loom_pg *pg, int world)
 	}
 }
 
+/* LOOM_PIPE_STAGE_HOST=1: the staged transport on a host backend too, so
+ * that the path a GPU without a device communicator takes is tested
+ * without one (tests/ddp/test_pipe.sh). Read at compile. */
+static int stage_host_hook(void)
+{
+	const char *e = getenv("LOOM_PIPE_STAGE_HOST");
+	return e && strcmp(e, "1") == 0;
+}
+
+/* How values cross a cut (loom_pipe_xfer): the arena's bytes over the host
+ * communicator where they are host memory; over the device communicator
+ * where there is one; else through host buffers. */
+static loom_status pick_transport(loom_program *p, loom_pipe *pp, char *err, size_t errlen)
+{
+	const loom_pg_info *in = loom_pg_get_info(p->plan.opts.pg);
+	pp->comm = pp->world;
+	if (p->be->caps & LOOM_BE_HOST_MEMORY) {
+		pp->xfer = stage_host_hook() ? LOOM_PIPE_XFER_STAGED : LOOM_PIPE_XFER_HOST;
+		return LOOM_OK;
+	}
+	/* Data parallelism within a stage sums device buckets over pp->dp, a
+	 * split of the host communicator, which reads host memory only. */
+	if (pp->replicas > 1) {
+		snprintf(err, errlen, "pipeline: %d replicas per stage on the %s backend: not yet "
+			 "(the stage's replicas would sum device memory over the host "
+			 "communicator); one replica per stage runs", pp->replicas, p->be->name);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	/* A group has a device communicator where it has a device (asking
+	 * one without sets the group's error). NCCL runs a communicator's
+	 * sends and receives one after the other in the order they were
+	 * issued: under 1F1B stage 0 issues the send of micro-batch j + 1's
+	 * forward before the receive of j's gradient, which stage 1 sends
+	 * before it receives j + 1's forward, so both sends wait for each
+	 * other once a message outgrows NCCL's buffers. GPipe issues them in
+	 * the same order on both sides of every cut; 1F1B goes through host
+	 * buffers over MPI, whose sends and receives progress on their own. */
+	loom_comm *dev = in->device >= 0 ? loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE) : NULL;
+	if (dev && dev->i->send_start && dev->i->recv_start && pp->schedule == LOOM_SCHEDULE_GPIPE) {
+		pp->xfer = LOOM_PIPE_XFER_DEVICE;
+		pp->comm = dev;
+	} else {
+		pp->xfer = LOOM_PIPE_XFER_STAGED;
+	}
+	return LOOM_OK;
+}
+
 loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 {
 	loom_plan *pl = &p->plan;
@@ -916,15 +1095,12 @@ loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 	pp->schedule = pl->opts.schedule;
 	pp->world = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
 	name_stages(pp, pl->opts.pg, in->world);
-	if (!(p->be->caps & LOOM_BE_HOST_MEMORY)) {
-		snprintf(err, errlen, "pipeline: the %s backend is not supported yet (CPU only)",
-			 p->be->name);
-		return LOOM_ERR_UNSUPPORTED;
-	}
 	if (!pp->world) {
 		snprintf(err, errlen, "pipeline: %s", loom_pg_error(pl->opts.pg));
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if ((st = pick_transport(p, pp, err, errlen)) != LOOM_OK)
+		return st;
 	/* A stage's replicas sum their gradients among themselves; a
 	 * replica's stages pass its values to each other. */
 	pp->rep = pp->world;
@@ -1005,7 +1181,7 @@ loom_status loom_pipeline_plan(loom_program *p, char *err, size_t errlen)
 	seq F = { 0 }, B = { 0 };
 	if ((st = make_pass(pl, pp, 1, &F)) || (st = make_pass(pl, pp, 0, &B)) ||
 	    (st = own_pieces(pl, pp)) || (st = build_schedule(pl, pp, &F, &B)) ||
-	    (st = per_micro_values(pl, pp))) {
+	    (st = post_points(pl, pp)) || (st = per_micro_values(pl, pp))) {
 		free(F.st);
 		free(B.st);
 		goto nomem;
@@ -1054,9 +1230,13 @@ static loom_status check_plans(loom_program *p)
 		int64_t s = pp->stage_of[v];
 		items[i] = loom_comm_hash(&s, sizeof(s), loom_ddp_node_hash(pl, v));
 	}
+	/* Whether the values go over the device communicator: a rank using it
+	 * and a rank using MPI would wait for each other forever (the host and
+	 * the staged transports both use MPI and may differ). */
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->opts.no_fusion, pp->stages, pp->micro, pp->schedule,
+		pp->xfer == LOOM_PIPE_XFER_DEVICE,
 	};
 	return loom_ddp_check_items(p, pp->world, head, sizeof(head), items, n, describe,
 				    "pipeline start-up: ");
@@ -1241,7 +1421,13 @@ void loom_pipeline_free(loom_pipe *pp)
 	free(pp->loss);
 	free(pp->sends);
 	free(pp->send_slot);
+	free(pp->send_micro);
 	free(pp->send_copy);
+	for (int k = 0; pp->recv_host && k < pp->n_recv; k++)
+		free(pp->recv_host[k]);
+	free(pp->recv_host);
+	free(pp->recv_work);
+	free(pp->recv_at);
 	free(pp->stage_of);
 	free(pp->owner);
 	free(pp->est_s);

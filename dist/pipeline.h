@@ -65,13 +65,52 @@ typedef struct loom_pipe {
 	size_t *bytes;         /* one micro-batch's */
 	unsigned char **host;  /* M * bytes each */
 	double *loss;          /* per micro-batch, the last stage's */
-	/* The executor's: sends in flight, with the slot whose memory they read. */
+	/* How values cross a cut (loom_pipeline_assign): xfer says which
+	 * memory the transport `comm` reads and writes. */
+	int xfer;              /* loom_pipe_xfer */
+	struct loom_comm *comm;
+	/* The receives, as step indices in step order: the executor posts
+	 * them in this order, each from its step's `post` on, so that two
+	 * receives with one tag (a value's, in successive micro-batches)
+	 * match the sends in order. */
+	int *recv_at;
+	int n_recv;
+	/* The executor's: sends in flight, with the slot whose memory they
+	 * read and their micro-batch. */
 	struct loom_comm_work **sends;
-	int *send_slot;
-	void **send_copy;      /* a send of a value outside the slots reads a copy */
+	int *send_slot, *send_micro;
+	void **send_copy;      /* a send of a value outside the slots, or staged, reads a copy */
 	int n_sends, cap_sends;
+	/* The executor's: receives in flight. recv_work[k]: the k-th
+	 * receive's (recv_at), recv_host[k] its host buffer when staged.
+	 * [recv_wait, recv_next): posted, not yet waited for; recv_end: the
+	 * run's last + 1. n_early: receives posted before their step since
+	 * compile (tests read it). */
+	struct loom_comm_work **recv_work;
+	void **recv_host;
+	int recv_wait, recv_next, recv_end;
+	int64_t n_early;
 	unsigned char *act_base; /* slot 0's activation region */
 } loom_pipe;
+
+/*
+ * How a stage's values reach its neighbours:
+ * HOST    the backend's memory is the host's: the host communicator (MPI)
+ *         sends and receives the arena's bytes;
+ * DEVICE  device memory and a device communicator (NCCL): its send and
+ *         receive on the device's bytes, in stream order;
+ * STAGED  device memory, no device communicator (NCCL refuses two ranks on
+ *         one GPU, NVIDIA/nccl#1241): a send downloads into a host copy,
+ *         a receive lands in a host buffer and is uploaded at its step, over
+ *         the host communicator. LOOM_PIPE_STAGE_HOST=1 in the environment
+ *         at compile (a test hook) takes this path on a host backend too.
+ */
+typedef enum loom_pipe_xfer {
+	LOOM_PIPE_XFER_HOST = 0,
+	LOOM_PIPE_XFER_DEVICE,
+	LOOM_PIPE_XFER_STAGED,
+	LOOM_PIPE_XFER_COUNT
+} loom_pipe_xfer;
 
 /* The group's world size over the stages (the replicas of each stage),
  * or an error in err: the world must be a multiple of the stages. */

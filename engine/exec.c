@@ -216,6 +216,7 @@ static loom_status coll_wait_all(loom_program *p)
 }
 
 static loom_status sends_wait(loom_program *p, int slot);
+static void recvs_drop(loom_program *p);
 
 void loom_exec_drain(loom_program *p)
 {
@@ -223,6 +224,8 @@ void loom_exec_drain(loom_program *p)
 		(void)coll_wait_all(p);
 	if (p->plan.pipe && p->plan.pipe->n_sends)
 		(void)sends_wait(p, -1);
+	if (p->plan.pipe)
+		recvs_drop(p);
 }
 
 loom_status loom_exec_synchronize(loom_program *p)
@@ -378,10 +381,11 @@ static loom_status sends_wait(loom_program *p, int slot)
 		if (slot >= 0 && pp->send_slot[i] != slot) {
 			pp->sends[k] = pp->sends[i];
 			pp->send_slot[k] = pp->send_slot[i];
+			pp->send_micro[k] = pp->send_micro[i];
 			pp->send_copy[k++] = pp->send_copy[i];
 			continue;
 		}
-		loom_status st = loom_comm_wait(pp->world, pp->sends[i]);
+		loom_status st = loom_comm_wait(pp->comm, pp->sends[i]);
 		free(pp->send_copy[i]);
 		if (st != LOOM_OK && first == LOOM_OK)
 			first = comm_fail(p, st);
@@ -396,10 +400,50 @@ static loom_status sends_progress(loom_program *p)
 	loom_pipe *pp = p->plan.pipe;
 	for (int i = 0; i < pp->n_sends; i++) {
 		int done = 0;
-		loom_status st = loom_comm_test(pp->world, pp->sends[i], &done);
+		loom_status st = loom_comm_test(pp->comm, pp->sends[i], &done);
 		if (st != LOOM_OK)
 			return comm_fail(p, st);
 	}
+	return LOOM_OK;
+}
+
+/* Whether the sends in flight from activation slot `slot` of micro-batches
+ * other than `micro` (the slot's earlier holders) have ended: tested, never
+ * waited for, so that posting a receive early never blocks the stage. */
+static loom_status slot_sends_done(loom_program *p, int slot, int micro, int *done)
+{
+	loom_pipe *pp = p->plan.pipe;
+	*done = 1;
+	for (int i = 0; i < pp->n_sends && *done; i++) {
+		if (pp->send_slot[i] != slot || pp->send_micro[i] == micro)
+			continue;
+		loom_status st = loom_comm_test(pp->comm, pp->sends[i], done);
+		if (st != LOOM_OK)
+			return comm_fail(p, st);
+	}
+	return LOOM_OK;
+}
+
+static loom_status sends_grow(loom_program *p)
+{
+	loom_pipe *pp = p->plan.pipe;
+	if (pp->n_sends < pp->cap_sends)
+		return LOOM_OK;
+	int cap = pp->cap_sends ? 2 * pp->cap_sends : 16;
+	loom_comm_work **w = realloc(pp->sends, sizeof(*w) * (size_t)cap);
+	if (w)
+		pp->sends = w;
+	int *sl = w ? realloc(pp->send_slot, sizeof(int) * (size_t)cap) : NULL;
+	if (sl)
+		pp->send_slot = sl;
+	int *mi = sl ? realloc(pp->send_micro, sizeof(int) * (size_t)cap) : NULL;
+	if (mi)
+		pp->send_micro = mi;
+	void **cp = mi ? realloc(pp->send_copy, sizeof(void *) * (size_t)cap) : NULL;
+	if (!cp)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
+	pp->send_copy = cp;
+	pp->cap_sends = cap;
 	return LOOM_OK;
 }
 
@@ -409,24 +453,15 @@ static loom_status exec_send(loom_program *p, const loom_step *s)
 	loom_pipe *pp = pl->pipe;
 	size_t bytes = loom_plan_value_bytes(pl, s->v);
 	void *buf = loom_arena_ptr(&p->arena, pl, s->v), *copy = NULL;
+	int outside = pl->mp.region[pl->mp.root[s->v]] != LOOM_REGION_ACT;
 	loom_status st;
-	if (pp->n_sends == pp->cap_sends) {
-		int cap = pp->cap_sends ? 2 * pp->cap_sends : 16;
-		loom_comm_work **w = realloc(pp->sends, sizeof(*w) * (size_t)cap);
-		int *sl = w ? realloc(pp->send_slot, sizeof(int) * (size_t)cap) : NULL;
-		void **cp = sl ? realloc(pp->send_copy, sizeof(void *) * (size_t)cap) : NULL;
-		if (w)
-			pp->sends = w;
-		if (sl)
-			pp->send_slot = sl;
-		if (!cp)
-			return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
-		pp->send_copy = cp;
-		pp->cap_sends = cap;
-	}
+	if ((st = sends_grow(p)) != LOOM_OK)
+		return st;
 	/* A value outside the slots (a marked output) is overwritten by the
-	 * next micro-batch: the send reads a copy. */
-	if (pl->mp.region[pl->mp.root[s->v]] != LOOM_REGION_ACT) {
+	 * next micro-batch: the send reads a copy; so does every staged send
+	 * (device memory over the host communicator). A device communicator
+	 * sends from the device in stream order. */
+	if (pp->xfer == LOOM_PIPE_XFER_STAGED || (outside && pp->xfer == LOOM_PIPE_XFER_HOST)) {
 		if (!(copy = malloc(bytes ? bytes : 1)))
 			return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
 		if ((st = loom_program_download(p, copy, buf, bytes)) != LOOM_OK) {
@@ -435,38 +470,182 @@ static loom_status exec_send(loom_program *p, const loom_step *s)
 		}
 		buf = copy;
 	}
-	st = loom_comm_send_start(pp->world, buf, bytes, s->peer, s->v,
-				  p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE),
-				  &pp->sends[pp->n_sends]);
+	loom_comm_work *w = NULL;
+	st = loom_comm_send_start(pp->comm, buf, bytes, s->peer, s->v,
+				  p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE), &w);
 	if (st != LOOM_OK) {
 		free(copy);
 		return comm_fail(p, st);
 	}
+	/* NCCL reads the device bytes on its own stream, which the compute
+	 * stream does not wait for: a value outside the slots is waited for
+	 * here, before the next micro-batch can write it. */
+	if (outside && pp->xfer == LOOM_PIPE_XFER_DEVICE)
+		return (st = loom_comm_wait(pp->comm, w)) != LOOM_OK ? comm_fail(p, st) : LOOM_OK;
+	pp->sends[pp->n_sends] = w;
 	pp->send_slot[pp->n_sends] = s->first;
+	pp->send_micro[pp->n_sends] = s->micro;
 	pp->send_copy[pp->n_sends++] = copy;
 	return LOOM_OK;
 }
 
-/* The receive blocks (the group's timeout applies) while the sends in
- * flight move on. */
-static loom_status exec_recv(loom_program *p, const loom_step *s)
+/* The one wording of a failed receive: the stage, the micro-batch, the
+ * value and the stage it comes from, then the group's own message (which
+ * names a dead or late rank with its stage). */
+static loom_status recv_fail(loom_program *p, const loom_step *s, loom_status st)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	char lb[96];
+	return loom_program_fail(p, st, "stage %d, micro-batch %d: receiving %s from stage %d: %s",
+				 pp->stage, s->micro, loom_node_label(pl->g, s->v, lb, sizeof(lb)),
+				 s->peer % pp->stages, loom_pg_error(pl->opts.pg));
+}
+
+/* Where the received value goes: its place in its micro-batch's slot,
+ * whichever slot the arena points at now (a receive may be posted while
+ * another micro-batch runs), or its own place outside the slots. */
+static void *recv_dst(const loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	if (pl->mp.region[s->v] == LOOM_REGION_ACT)
+		return pp->act_base + (size_t)s->first * pp->slot_bytes + pl->mp.offset[s->v];
+	return loom_arena_ptr(&p->arena, pl, s->v);
+}
+
+/* Posts receive k (pp->recv_at): into the arena, or (staged) into a host
+ * buffer that its step uploads. */
+static loom_status recv_post(loom_program *p, int k)
 {
 	const loom_plan *pl = &p->plan;
 	loom_pipe *pp = pl->pipe;
-	loom_comm_work *w = NULL;
-	int t0 = timer(p, LOOM_STREAM_COMPUTE);
-	loom_status st = loom_comm_recv_start(pp->world, loom_arena_ptr(&p->arena, pl, s->v),
-					      loom_plan_value_bytes(pl, s->v), s->peer, s->v,
-					      p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE), &w);
-	if (st == LOOM_OK)
-		st = loom_comm_wait(pp->world, w);
-	if (st != LOOM_OK) {
-		char lb[96];
-		loom_program_fail(p, st, "stage %d, micro-batch %d: receiving %s from stage %d: %s",
-				  pp->stage, s->micro, loom_node_label(pl->g, s->v, lb, sizeof(lb)),
-				  s->peer % pp->stages, loom_pg_error(pl->opts.pg));
-		return st;
+	const loom_step *s = &pl->steps[pp->recv_at[k]];
+	size_t bytes = loom_plan_value_bytes(pl, s->v);
+	void *dst = recv_dst(p, s);
+	if (pp->xfer == LOOM_PIPE_XFER_STAGED) {
+		if (!(pp->recv_host[k] = malloc(bytes ? bytes : 1)))
+			return recv_fail(p, s, LOOM_ERR_NOMEM);
+		dst = pp->recv_host[k];
 	}
+	loom_status st = loom_comm_recv_start(pp->comm, dst, bytes, s->peer, s->v,
+					      p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE),
+					      &pp->recv_work[k]);
+	if (st != LOOM_OK) {
+		pp->recv_work[k] = NULL;
+		free(pp->recv_host[k]);
+		pp->recv_host[k] = NULL;
+		return recv_fail(p, s, st);
+	}
+	pp->recv_next = k + 1;
+	return LOOM_OK;
+}
+
+/*
+ * Before step i: posts, in step order, the run's receives whose post
+ * point (loom_step.post) is at or before i, each early one into the slot
+ * only once the sends from its slot of the micro-batch before it ended;
+ * the first that
+ * cannot go holds the later ones back (a value's receives in successive
+ * micro-batches share a tag and must match its sends in order). A receive
+ * whose own step this is goes now whatever: its MICRO step waited for the
+ * slot's sends.
+ */
+static loom_status recvs_post(loom_program *p, int i)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	loom_status st;
+	while (pp->recv_next < pp->recv_end) {
+		int k = pp->recv_next, at = pp->recv_at[k];
+		const loom_step *s = &pl->steps[at];
+		if (s->post > i)
+			break;
+		if (at > i) {
+			/* staged, it lands in a host buffer, not in the slot */
+			int done = 1;
+			if (pp->xfer != LOOM_PIPE_XFER_STAGED &&
+			    (st = slot_sends_done(p, s->first, s->micro, &done)) != LOOM_OK)
+				return st;
+			if (!done)
+				break;
+			pp->n_early++;
+		}
+		if ((st = recv_post(p, k)) != LOOM_OK)
+			return st;
+	}
+	return LOOM_OK;
+}
+
+/* A turn for the receives posted ahead of their steps, between nodes. */
+static loom_status recvs_progress(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	for (int k = pp->recv_wait; k < pp->recv_next; k++) {
+		int done = 0;
+		loom_status st = loom_comm_test(pp->comm, pp->recv_work[k], &done);
+		if (st != LOOM_OK)
+			return recv_fail(p, &pl->steps[pp->recv_at[k]], st);
+	}
+	return LOOM_OK;
+}
+
+/* Receives a failed run left posted: waited for (the group's timeout
+ * applies, counted from each one's post) and their data dropped. */
+static void recvs_drop(loom_program *p)
+{
+	loom_pipe *pp = p->plan.pipe;
+	for (int k = pp->recv_wait; k < pp->recv_next; k++) {
+		if (pp->recv_work[k])
+			(void)loom_comm_wait(pp->comm, pp->recv_work[k]);
+		pp->recv_work[k] = NULL;
+		free(pp->recv_host[k]);
+		pp->recv_host[k] = NULL;
+	}
+	pp->recv_wait = pp->recv_next = pp->recv_end = 0;
+}
+
+/* A run of steps [first, last): its receives are recv_at's from the first
+ * at or after `first` to the last before `last`. */
+static void recvs_begin(loom_program *p, int first, int last)
+{
+	loom_pipe *pp = p->plan.pipe;
+	recvs_drop(p);
+	int k = 0;
+	while (k < pp->n_recv && pp->recv_at[k] < first)
+		k++;
+	pp->recv_wait = pp->recv_next = k;
+	while (k < pp->n_recv && pp->recv_at[k] < last)
+		k++;
+	pp->recv_end = k;
+}
+
+/* The receive, posted at or before this step, ends here (the group's
+ * timeout applies, counted from this step) while the sends in flight move
+ * on; staged, its host buffer goes up into the slot. */
+static loom_status exec_recv(loom_program *p, const loom_step *s, int i)
+{
+	const loom_plan *pl = &p->plan;
+	loom_pipe *pp = pl->pipe;
+	int k = pp->recv_wait;
+	loom_status st;
+	if (k >= pp->recv_next || pp->recv_at[k] != i)
+		return loom_program_fail(p, LOOM_ERR_STATE,
+					 "stage %d, step %d: a receive that was never posted", pp->stage, i);
+	int t0 = timer(p, LOOM_STREAM_COMPUTE);
+	/* the timeout counts from here, not from an early post */
+	loom_comm_restart(pp->comm, pp->recv_work[k]);
+	st = loom_comm_wait(pp->comm, pp->recv_work[k]);
+	pp->recv_work[k] = NULL;
+	pp->recv_wait = k + 1;
+	if (st == LOOM_OK && pp->xfer == LOOM_PIPE_XFER_STAGED)
+		st = loom_program_upload(p, recv_dst(p, s), pp->recv_host[k],
+					 loom_plan_value_bytes(pl, s->v));
+	free(pp->recv_host[k]);
+	pp->recv_host[k] = NULL;
+	if (st != LOOM_OK)
+		return recv_fail(p, s, st);
 	span(p, LOOM_SPAN_RECV, s->v, s->micro, t0, timer(p, LOOM_STREAM_COMPUTE));
 	return LOOM_OK;
 }
@@ -504,7 +683,7 @@ static loom_status exec_micro(loom_program *p, const loom_step *s)
 	return LOOM_OK;
 }
 
-static loom_status exec_step(loom_program *p, const loom_step *s, unsigned flags, int diagnose)
+static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigned flags, int diagnose)
 {
 	switch (s->kind) {
 	case LOOM_STEP_NODE:
@@ -523,7 +702,7 @@ static loom_status exec_step(loom_program *p, const loom_step *s, unsigned flags
 	case LOOM_STEP_SEND:
 		return exec_send(p, s);
 	case LOOM_STEP_RECV:
-		return exec_recv(p, s);
+		return exec_recv(p, s, i);
 	case LOOM_STEP_MICRO:
 		return exec_micro(p, s);
 	default:
@@ -539,6 +718,8 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 	loom_status st;
 	if ((st = exec_alloc(p)) != LOOM_OK)
 		return st;
+	if (pl->pipe)
+		recvs_begin(p, first, last);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
 		return be_fail(p, st);
 	int diagnose = (flags & LOOM_EXEC_DIAGNOSE) && p->ts.first_nonfinite == LOOM_NONE;
@@ -553,13 +734,19 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 			phase = s->phase;
 			phase_t0 = t;
 		}
-		if ((st = exec_step(p, s, flags, diagnose)) != LOOM_OK)
+		if (pl->pipe && pl->pipe->recv_next < pl->pipe->recv_end &&
+		    (st = recvs_post(p, i)) != LOOM_OK)
+			return st;
+		if ((st = exec_step(p, s, i, flags, diagnose)) != LOOM_OK)
 			return st;
 		if (s->kind == LOOM_STEP_NODE && host_progress && p->exec.n_pending &&
 		    (st = coll_progress(p)) != LOOM_OK)
 			return st;
 		if (s->kind == LOOM_STEP_NODE && pl->pipe && pl->pipe->n_sends &&
 		    (st = sends_progress(p)) != LOOM_OK)
+			return st;
+		if (s->kind == LOOM_STEP_NODE && pl->pipe && pl->pipe->recv_wait < pl->pipe->recv_next &&
+		    (st = recvs_progress(p)) != LOOM_OK)
 			return st;
 	}
 	if (phase >= 0)

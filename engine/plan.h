@@ -124,6 +124,11 @@ typedef struct loom_step {
 	 * LOOM_ACCUM_BY_RUN (the run's flags decide), _ADD or _FOLD. */
 	int micro, peer;
 	int accum;
+	/* RECV: the step from which its receive may be posted (dist/pipeline.c
+	 * decides: its activation slot free of the micro-batch before and no
+	 * value of its own micro-batch's plan that died before it shares its
+	 * bytes); its own index where it must be posted at its step. */
+	int post;
 } loom_step;
 
 enum { LOOM_ACCUM_BY_RUN = 0, LOOM_ACCUM_ADD, LOOM_ACCUM_FOLD };

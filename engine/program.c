@@ -993,6 +993,8 @@ void loom_program_dump_steps(const loom_program *p, FILE *out)
 		case LOOM_STEP_RECV:
 			fprintf(out, " value %d of micro-batch %d %s rank %d", (int)s->v, s->micro,
 				s->kind == LOOM_STEP_SEND ? "to" : "from", s->peer);
+			if (s->kind == LOOM_STEP_RECV && s->post < i)
+				fprintf(out, ", posted from step %d", s->post);
 			break;
 		case LOOM_STEP_MICRO:
 			fprintf(out, " micro-batch %d %s, activation slot %d", s->micro,

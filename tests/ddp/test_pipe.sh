@@ -3,7 +3,8 @@
 # across real processes: 2 and 3 stages of M micro-batches end 20 steps with
 # the parameters of one process accumulating over the same micro-batches
 # (GPipe and 1F1B, O0 and O2, an MLP and a ConvNet without batch norm), under
-# mpirun, env:// and the launcher; a user's cut; evaluation through the
+# mpirun, env:// and the launcher, and through host buffers (the staged
+# transport's test hook); a user's cut; evaluation through the
 # stages; the planner's activation slots; a stage built from another graph
 # and a killed stage (named with its stage); a trace of every stage; the
 # memory-balanced cut and its fallback under a memory limit. Prints
@@ -38,6 +39,23 @@ out=$(envrun 2 equiv mlp O0 1f1b 4 2>&1)
 check "env:// 2 stages: bit-identical" "$out" "OK equiv mlp O0 1f1b M 4 world 2: bit-identical" 2
 out=$("$W" --nproc 2 equiv cnn O0 gpipe 4 2>&1)
 check "launcher 2 stages: bit-identical" "$out" "^\[rank [01]\] .*OK equiv cnn O0 gpipe M 4 world 2: bit-identical" 2
+
+# The staged transport (what a GPU without a device communicator takes:
+# each send downloaded into a host copy, each receive into a host buffer
+# uploaded at its step), forced on the CPU by its test hook: bit-identical
+# too, under both schedules, 2 and 3 stages, early receives included.
+for n in 2 3; do
+	for sc in gpipe 1f1b; do
+		out=$(LOOM_PIPE_STAGE_HOST=1 "${MPIRUN[@]}" -x LOOM_PIPE_STAGE_HOST -np $n "$W" equiv cnn O2 $sc 4 2>&1)
+		check "staged through host buffers (LOOM_PIPE_STAGE_HOST=1), $n stages, cnn O2 $sc: bit-identical" \
+			"$out" "OK equiv cnn O2 $sc M 4 world $n: bit-identical" $n
+		check "LOOM_PIPE_STAGE_HOST=1: the stage table says the values go through host buffers" \
+			"$out" "pipeline of $n stages .* values through host buffers over MPI (staged)" 1
+	done
+done
+out=$(LOOM_PIPE_STAGE_HOST=1 "${MPIRUN[@]}" -x LOOM_PIPE_STAGE_HOST -np 3 "$W" equiv mlp O0 1f1b 8 2>&1)
+check "staged, 3 stages, M 8 (slots reused): bit-identical" "$out" \
+	"OK equiv mlp O0 1f1b M 8 world 3: bit-identical" 3
 
 # Pipeline and data parallel: 2 stages x 2 replicas (ranks 0, 2 are stage 0's).
 for model in mlp cnn; do
@@ -81,7 +99,7 @@ check "loom_stage_boundary (memory balance asked): the user's cut trains as 1 pr
 check "the start-up table shows stage 0 holding l1 only (32x20 + 32 = 672 parameters)" \
 	"$out" "stage 0: [0-9]* nodes, 672 parameters" 1
 check "the marks win over --pipeline-balance memory, and the table says so" \
-	"$out" "loom: pipeline of 2 stages .*, cut at the loom_stage_boundary marks:" 1
+	"$out" "loom: pipeline of 2 stages .*, cut at the loom_stage_boundary marks, values through" 1
 
 for m in 2 4; do
 	out=$("${MPIRUN[@]}" -np 2 "$W" eval $m 2>&1)

@@ -96,8 +96,11 @@ loom_status worker_convnet(worker_model *m, int batch, uint64_t seed, const loom
 void worker_opts(loom_compile_opts *o, loom_pg *pg, loom_opt_level level, double lr,
 		 double momentum)
 {
+	const char *dev = getenv("LOOM_WORKER_DEVICE");
 	loom_compile_opts_default(o);
-	o->device = LOOM_DEVICE_CPU;
+	/* LOOM_WORKER_DEVICE=cuda: the GPU suite runs the same scenarios on the
+	 * CUDA backend (tests/engine/cuda/gpu_suite.sh); the CPU otherwise. */
+	o->device = dev && strcmp(dev, "cuda") == 0 ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
 	o->optim.lr = lr;
 	o->optim.momentum = momentum;
 	o->amp.level = level;

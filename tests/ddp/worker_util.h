@@ -56,7 +56,8 @@ void worker_mlp(worker_model *m, int batch, uint64_t seed);
 loom_status worker_convnet(worker_model *m, int batch, uint64_t seed, const loom_compile_opts *o,
 			   loom_value *logits);
 
-/* The defaults but for: CPU, group pg, level, SGD at lr with momentum. */
+/* The defaults but for: CPU (LOOM_WORKER_DEVICE=cuda: CUDA), group pg, level, SGD at
+ * lr with momentum. */
 void worker_opts(loom_compile_opts *o, loom_pg *pg, loom_opt_level level, double lr,
 		 double momentum);
 

@@ -54,6 +54,8 @@ typedef struct fk_call {
 	int peer, tag;
 	int waited;
 	void *sent; /* send: the bytes as they were at wait() */
+	int nodes_at; /* the nodes the recording backend had run when it started */
+	int restart_at; /* ... when its timeout was restarted (-1: never) */
 } fk_call;
 
 #define FK_MAX 256
@@ -84,7 +86,7 @@ static loom_status fk_start(loom_comm *c, int op, void *buf, size_t count, loom_
 		return loom_comm_fail(c, LOOM_ERR_NOMEM, "fake: out of call slots");
 	}
 	fk.calls[fk.n] = (fk_call){ .op = op, .buf = buf, .count = count, .dt = dt, .peer = peer,
-				    .tag = tag };
+				    .tag = tag, .nodes_at = rec.nodes, .restart_at = -1 };
 	w->call = fk.n++;
 	fk.in_flight++;
 	*out = (loom_comm_work *)w;
@@ -182,6 +184,12 @@ static loom_status fk_wait(loom_comm *c, loom_comm_work *work)
 	return LOOM_OK;
 }
 
+static void fk_restart(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	fk.calls[((fk_work *)w)->call].restart_at = rec.nodes;
+}
+
 /* The root is this rank in every broadcast these tests make. */
 static loom_status fk_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 {
@@ -228,6 +236,7 @@ static const loom_comm_i fk_iface = {
 	.allgather_start = fk_allgather_start,
 	.send_start = fk_send_start,
 	.recv_start = fk_recv_start,
+	.restart = fk_restart,
 };
 
 /* A test's program, its graph and (if any) its group, freed in that order. */
@@ -857,7 +866,16 @@ static const float pipe_x[2][6] = { { 0.5f, 1, 1.5f, 2, 2.5f, 3 }, { 1, -1, 2, -
  * micro-batches, GPipe, SGD at lr 1: w's update is minus the mean over the
  * micro-batches of the gradient received where relu let it through.
  */
+static loom_program *compile_pipe_fused(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w,
+					int fuse);
+
 static loom_program *compile_pipe(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w)
+{
+	return compile_pipe_fused(gp, pg, h, w, 1);
+}
+
+static loom_program *compile_pipe_fused(loom_graph **gp, loom_pg *pg, loom_value *h, loom_value *w,
+					int fuse)
 {
 	loom_graph *g;
 	int64_t d[2] = { 2, 3 };
@@ -874,6 +892,7 @@ static loom_program *compile_pipe(loom_graph **gp, loom_pg *pg, loom_value *h, l
 	o.pipeline_stages = 2;
 	o.micro_batches = 2;
 	o.schedule = LOOM_SCHEDULE_GPIPE;
+	o.no_fusion = !fuse;
 	loom_program *p;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
 	cr_assert_not_null(p->plan.pipe);
@@ -1057,5 +1076,163 @@ Test(exec, micro_steps_give_each_micro_batch_its_inputs_and_activation_slot)
 	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(wv[1], -0.5, "w[1] = %g", wv[1]);
 	cr_assert_eq(wv[0], -2.0, "w[0] = %g", wv[0]);
+	free_ranked(p, g, pg);
+}
+
+
+/*
+ * An early receive: stage 0's gradient of h (fused into add's relu, so no
+ * forward value of the stage dies before the gradient is born and nothing
+ * shares its bytes) is posted from the TRAIN run's first step, as each
+ * micro-batch's slot is free from then on (GPipe: a slot per micro-batch);
+ * the data still lands in each micro-batch's own slot.
+ */
+Test(exec, a_receive_is_posted_when_its_slot_is_free_before_its_step)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	int first = pp->eval_steps, n = 0;
+	for (int i = first; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->kind != LOOM_STEP_RECV)
+			continue;
+		cr_assert_eq(s->post, first, "step %d (micro-batch %d) posts at %d", i, s->micro, s->post);
+		n++;
+	}
+	cr_assert_eq(n, 2);
+	cr_assert_eq(pp->n_recv, 2);
+	int before = rec.nodes;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(pp->n_early, 2, "%lld receives posted early", (long long)pp->n_early);
+	const fk_call *c[4], *snd[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	cr_assert_eq(calls_of(FK_SEND, snd, 4), 2);
+	for (int j = 0; j < 2; j++) {
+		cr_assert_eq(c[j]->nodes_at, before, "receive %d posted after %d nodes of the run", j,
+			     c[j]->nodes_at - before);
+		cr_assert_lt(c[j], snd[0], "receive %d posted after the first send", j);
+		cr_assert(c[j]->waited);
+		/* its timeout counts from its step, where nodes have run since */
+		cr_assert_gt(c[j]->restart_at, c[j]->nodes_at, "receive %d's timeout not restarted at its step", j);
+		cr_assert_eq(c[j]->buf, pp->act_base + (size_t)j * pp->slot_bytes + pl->mp.offset[pl->steps[pp->recv_at[j]].v],
+			     "receive %d lands outside its micro-batch's slot", j);
+	}
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	free_ranked(p, g, pg);
+}
+
+/*
+ * Aliasing: without fusion, relu's h is a value of its own that stage 0
+ * sends and that dies (in the plan) where stage 1 reads it, and the
+ * planner puts h's gradient in its bytes. Posted early, the receive could
+ * land while h is still read (by its send); so it is posted at its step.
+ */
+Test(exec, a_receive_sharing_a_dead_values_bytes_is_posted_at_its_step)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	loom_program *p = compile_pipe_fused(&g, pg, &h, &w, 0);
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	int first = pp->eval_steps, n = 0, nodes_before[2] = { 0, 0 }, nodes = 0;
+	for (int i = first; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		nodes += s->kind == LOOM_STEP_NODE && !s->noop;
+		if (s->kind != LOOM_STEP_RECV)
+			continue;
+		cr_assert_eq(pl->mp.offset[s->v], pl->mp.offset[h], "the gradient does not share h's bytes");
+		cr_assert_eq(pl->mp.region[s->v], LOOM_REGION_ACT);
+		cr_assert_eq(s->post, i, "step %d (micro-batch %d) posts at %d", i, s->micro, s->post);
+		nodes_before[n++] = nodes;
+	}
+	cr_assert_eq(n, 2);
+	int before = rec.nodes;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(pp->n_early, 0, "%lld receives posted early", (long long)pp->n_early);
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	for (int j = 0; j < 2; j++)
+		cr_assert_eq(c[j]->nodes_at - before, nodes_before[j],
+			     "receive %d posted after %d nodes, its step comes after %d", j,
+			     c[j]->nodes_at - before, nodes_before[j]);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	free_ranked(p, g, pg);
+}
+
+/*
+ * The staged transport (a GPU without a device communicator), forced on
+ * the CPU by its test hook: every send reads a host copy and every receive
+ * lands in a host buffer outside the arena, uploaded into its micro-batch's
+ * slot at its step, so the update is the same as in place.
+ */
+Test(exec, staged_sends_and_receives_go_through_host_buffers)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	cr_assert_eq(setenv("LOOM_PIPE_STAGE_HOST", "1", 1), 0);
+	loom_program *p = compile_pipe(&g, pg, &h, &w);
+	unsetenv("LOOM_PIPE_STAGE_HOST");
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	cr_assert_eq(pp->xfer, LOOM_PIPE_XFER_STAGED);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	const unsigned char *lo = pp->act_base, *hi = pp->act_base + pl->mp.act_bytes;
+	const fk_call *c[4];
+	cr_assert_eq(calls_of(FK_RECV, c, 4), 2);
+	cr_assert_eq(calls_of(FK_SEND, c + 2, 2), 2);
+	for (int j = 0; j < 4; j++) {
+		const unsigned char *b = c[j]->buf;
+		cr_assert(b < lo || b >= hi, "%s %d reads or writes the arena's slots",
+			  j < 2 ? "receive" : "send", j % 2);
+	}
+	for (int j = 0; j < 2; j++) {
+		const float *got = c[2 + j]->sent;
+		for (int e = 0; e < 6; e++)
+			cr_assert_eq(got[e], pipe_x[j][e] > 0 ? pipe_x[j][e] : 0.0f,
+				     "micro-batch %d, element %d: sent %g", j, e, got[e]);
+	}
+	cr_assert_eq(pp->n_early, 2);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
+	free_ranked(p, g, pg);
+}
+
+/* Staged, a receive lands in a host buffer and writes the slot only at its
+ * step: the gradient that shares h's bytes (unfused) is posted early too. */
+Test(exec, a_staged_receive_is_posted_early_even_where_its_bytes_are_shared)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_value h, w;
+	cr_assert_eq(setenv("LOOM_PIPE_STAGE_HOST", "1", 1), 0);
+	loom_program *p = compile_pipe_fused(&g, pg, &h, &w, 0);
+	unsetenv("LOOM_PIPE_STAGE_HOST");
+	const loom_plan *pl = &p->plan;
+	const loom_pipe *pp = pl->pipe;
+	for (int k = 0; k < pp->n_recv; k++) {
+		const loom_step *s = &pl->steps[pp->recv_at[k]];
+		cr_assert_eq(pl->mp.offset[s->v], pl->mp.offset[h]);
+		cr_assert_eq(s->post, pp->eval_steps, "receive %d posts at %d", k, s->post);
+	}
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(pp->n_early, 2);
+	double wv[6];
+	cr_assert_eq(loom_read_f64(p, w, wv, 6), LOOM_OK, "%s", loom_program_error(p));
+	for (int e = 0; e < 6; e++)
+		cr_assert_eq(wv[e], pipe_x[1][e] > 0 ? -2.0 : -0.5, "w[%d] = %g", e, wv[e]);
 	free_ranked(p, g, pg);
 }

@@ -10,7 +10,9 @@
 #      with the test accuracy;
 #   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
 #      the NCCL test (init, broadcast, all-reduce, all-gather, teardown) and
-#      mnist_ddp started that way;
+#      mnist_ddp started that way; 2 pipeline stages on one GPU through host
+#      buffers (tests/ddp's pipe_worker, equiv), and over NCCL where there
+#      are 2 GPUs;
 #   6. gpt_ddp (small GPT at O0, O1/O2 bf16; GPT-2 124M for speed),
 #      bench_convnet, resnet50_synthetic, and their PyTorch twins
 #      (bench/torch_gpu.py, bench/torch_gpt.py) one after the other;
@@ -114,6 +116,29 @@ row nccl_env_world1 criterion 120 "" -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MAS
 row mnist_ddp_env_world1 train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
 	MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) "$bin/mnist_ddp" --device cuda "${data[@]}" \
 	--epochs 1 --max-steps 100 --log-interval 50
+
+# Pipeline stages on the CUDA backend (compiled, never run before this
+# row): two ranks of the launcher on one GPU, where NCCL refuses two ranks
+# ("Duplicate GPU detected"), so the group has no device communicator and
+# the values go through host buffers over the host communicator (the staged
+# transport); 20 steps of 2 stages against one process accumulating on the
+# same GPU (the worker prints OK and bit-identical, or DIFFERENT with the
+# relative difference). GPipe and 1F1B, O0 and O2.
+row pipe_cuda_staged_gpipe ranks 180 2 -- env LOOM_WORKER_DEVICE=cuda "$bin/pipe_worker" \
+	--nproc 2 equiv mlp O0 gpipe 4
+row pipe_cuda_staged_1f1b_O2 ranks 180 2 -- env LOOM_WORKER_DEVICE=cuda "$bin/pipe_worker" \
+	--nproc 2 equiv cnn O2 1f1b 4
+# With a GPU per rank the group opens NCCL, and GPipe's values go through it
+# (ncclSend / ncclRecv); one GPU: not run.
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+	row mnist_ddp_pipeline2_nccl train 240 70 -- "$bin/mnist_ddp" --device cuda --nproc 2 \
+		--pipeline 2 --schedule gpipe "${data[@]}" --epochs 1 --log-interval 200
+else
+	echo "mnist_ddp --nproc 2 --pipeline 2 over NCCL needs 2 GPUs; this host has fewer" \
+		>"$logs/mnist_ddp_pipeline2_nccl.log"
+	printf 'mnist_ddp_pipeline2_nccl\toptional\tabsent\t0\t%s\t\n' \
+		"$logs/mnist_ddp_pipeline2_nccl.log" >>"$rows"
+fi
 
 # loom and PyTorch side by side, one after the other on the same GPU.
 row bench_convnet bench 180 "" -- "$bin/bench_convnet" --device cuda --steps 50 --warmup 5

@@ -15,6 +15,8 @@
 #   train      the last "test accuracy X%" at or above the minimum
 #   bench      a non-zero img/s (or tok/s) figure
 #   optional   like bench, but a missing tool (rc "absent") is N/A, not FAIL
+#   ranks      a multi-rank worker (tests/ddp): at least <minimum> lines say
+#              "OK", none says WRONG or ERROR
 # rc "absent": the program is not there; "timeout" (or 124): it ran out of
 # time; "budget": not run, the suite's time was spent. Prints the table;
 # exits 1 when any row FAILs.
@@ -114,6 +116,12 @@ while IFS=$'\t' read -r name kind rc secs log min; do
 			fi
 			ips=$(grep -ao '[0-9.]* img/s' "$log" | tail -n 1)
 			[ -n "$ips" ] && detail="$detail, last $ips"
+			;;
+		ranks)
+			oks=$(grep -ac ' OK ' "$log")
+			bads=$(grep -acE 'WRONG|ERROR' "$log")
+			detail="$oks ranks OK, $bads WRONG or ERROR; $(grep -aE ' OK | WRONG | ERROR ' "$log" | head -n 1 | cut -c1-120)"
+			[ "$oks" -ge "${min:-1}" ] && [ "$bads" -eq 0 ] || verdict=FAIL
 			;;
 		bench | optional)
 			ips=$(grep -aoE '[0-9]+(\.[0-9]+)? (img|tok)/s|"img_per_s": *[0-9.]+|\| *[0-9]+ *\| *[0-9]+ *\|' "$log" | tail -n 1)
