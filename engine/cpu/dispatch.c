@@ -11,6 +11,8 @@
 
 LOOM_CPU_KERNELS(float, f32_base)
 LOOM_CPU_KERNELS(float, f32_avx2)
+void loom_cpu_gelu_f32_base(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
+void loom_cpu_gelu_f32_avx2(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
 
 int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x,
 				    const uint16_t *w, const float *b, float *y, void *ws);
@@ -121,6 +123,11 @@ void loom_cpu_relu_fwd_f32(int64_t n, const float *x, float *y)
 void loom_cpu_relu_bwd_f32(int64_t n, const float *x, const float *dy, float *dx)
 {
 	PICK(loom_cpu_relu_bwd)(n, x, dy, dx);
+}
+
+void loom_cpu_gelu_f32(int64_t n, const float *x, const float *dy, int tanh_form, float *y)
+{
+	PICK(loom_cpu_gelu)(n, x, dy, tanh_form, y);
 }
 
 void loom_cpu_add_f32(int64_t n, const float *a, const float *b, float *y)

@@ -4,6 +4,7 @@
  */
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
+#include "graph/unary.h"
 
 /* Elements per block of loom_cpu_sum: big enough for SIMD, small enough that
  * the per-block error stays tiny. */
@@ -12,6 +13,53 @@
 #define T float
 #define SFX LOOM_CPU_F32
 #include "engine/cpu/elementwise_impl.h"
+
+/*
+ * GELU in f32 (both forms, forward and backward), graph/unary.h's formulas
+ * vectorised: glibc's libmvec (2.35 on) has SIMD variants of erff, expf and
+ * tanhf (_ZGVdN8v_erff for AVX2, _ZGVbN4v_erff for SSE2), but math.h
+ * declares them as such only under -ffast-math, which would also let GCC
+ * drop the NaN and infinity checks the loss scaler relies on. Declared SIMD
+ * here, the loops below call them 8 (4) at a time: 1.2 ns per element
+ * forward against 24 for the scalar erff on the 2-core EPYC (2026-11-26),
+ * the GPT's GELU 30 ms of a 194 ms step before. Results agree with the
+ * scalar functions to about an ulp (libmvec's bound: 4).
+ */
+#if defined(__x86_64__) && defined(__GLIBC__) && \
+	(__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+__attribute__((simd("notinbranch"))) float erff(float);
+__attribute__((simd("notinbranch"))) float expf(float);
+__attribute__((simd("notinbranch"))) float tanhf(float);
+#endif
+
+#define GELU_LOOP(bwd, tanh_form)                                                      \
+	_Pragma("omp simd") for (int64_t i = lo; i < hi; i++) y[i] =                    \
+		loom_unary_gelu_f32(x[i], (bwd) ? dy[i] : 0.0f, bwd, tanh_form)
+
+static void LOOM_CPU_FN(gelu_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(ew_args) *g = arg;
+	const float *x = g->a, *dy = g->b;
+	float *y = g->y;
+	/* One loop per variant: the flags constant inside each, so that GCC
+	 * vectorises the inlined formula with no branch in it. */
+	if (g->b && g->tanh_form)
+		GELU_LOOP(1, 1);
+	else if (g->b)
+		GELU_LOOP(1, 0);
+	else if (g->tanh_form)
+		GELU_LOOP(0, 1);
+	else
+		GELU_LOOP(0, 0);
+}
+#undef GELU_LOOP
+
+void LOOM_CPU_FN(loom_cpu_gelu)(int64_t n, const float *x, const float *dy, int tanh_form,
+				float *y)
+{
+	LOOM_CPU_FN(ew_args) g = { .a = x, .b = dy, .y = y, .tanh_form = tanh_form };
+	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(gelu_part), &g);
+}
 #undef T
 #undef SFX
 

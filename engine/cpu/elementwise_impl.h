@@ -12,6 +12,7 @@ typedef struct LOOM_CPU_FN(ew_args) {
 	T *y;
 	T v;
 	int64_t n, hw;
+	int tanh_form; /* GELU's form (elementwise.c) */
 	double part[LOOM_CPU_MAX_SLOTS]; /* sum: one partial per block of blocks */
 } LOOM_CPU_FN(ew_args);
 

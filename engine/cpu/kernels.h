@@ -108,6 +108,11 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem);
 LOOM_CPU_KERNELS(float, f32)
 LOOM_CPU_KERNELS(double, f64)
 
+/* GELU (graph/unary.h) in f32: y = gelu(x) when dy is NULL, else
+ * dx = dy gelu'(x); tanh_form: GPT-2's form. Vectorised through libmvec
+ * (elementwise.c); f64 stays on the scalar row loop (ops_elementwise.c). */
+void loom_cpu_gelu_f32(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
+
 /*
  * Native bf16 products (conv_bf16.c): bf16 sources as uint16 bit patterns,
  * fp32 accumulation, fp32 results; the conv kernels take the workspace of

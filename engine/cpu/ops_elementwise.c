@@ -66,6 +66,10 @@ loom_status loom_cpu_op_unary(loom_cpu_ctx *ctx, const loom_plan *plan, loom_val
 	int bwd = nd->nsrc > 1, attr = nd->a.ew.tanh;
 	int f64 = loom_cpu_kernel_dtype(nd) == LOOM_F64;
 	(void)ctx;
+	if ((nd->op == LOOM_OP_GELU || nd->op == LOOM_OP_GELU_BWD) && !f64) {
+		loom_cpu_gelu_f32(n, io->src[0], bwd ? io->src[1] : NULL, attr, io->out);
+		return LOOM_OK;
+	}
 	switch (nd->op) {
 		LOOM_UNARY_OPS(UNARY_CASE)
 	default:

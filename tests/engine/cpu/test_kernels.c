@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels.h"
+#include "graph/unary.h"
 
 #define TOL_F32 1e-4
 #define TOL_F64 1e-11
@@ -799,6 +800,53 @@ Test(elementwise, relu_propagates_nan)
 	float x[3] = {NAN, -1, 2}, y[3];
 	loom_cpu_relu_fwd_f32(3, x, y);
 	cr_assert(isnan(y[0]) && y[1] == 0 && y[2] == 2);
+}
+
+/* GELU's f32 kernel (libmvec's SIMD erff/expf/tanhf, elementwise.c) against
+ * graph/unary.h's formula in double, both forms, forward and backward: an
+ * odd count (the loops' scalar tails) over the team's threshold, x out to
+ * +-12 (erf's saturation, exp's underflow), a NaN passed through. */
+Test(elementwise, gelu_f32_matches_the_formula_in_double)
+{
+	const int64_t n = 100003;
+	float *x = malloc(sizeof(float) * n), *dy = malloc(sizeof(float) * n),
+	      *y = malloc(sizeof(float) * n);
+	cr_assert(x && dy && y);
+	for (int64_t i = 0; i < n; i++) {
+		x[i] = (float)(24.0 * urand() - 12.0);
+		dy[i] = (float)(2.0 * urand() - 1.0);
+	}
+	x[7] = NAN;
+	x[8] = 0;
+	for (int form = 0; form < 2; form++)
+		for (int bwd = 0; bwd < 2; bwd++) {
+			loom_cpu_gelu_f32(n, x, bwd ? dy : NULL, form, y);
+			double worst = 0;
+			int64_t at = -1;
+			for (int64_t i = 0; i < n; i++) {
+				if (i == 7) {
+					cr_expect(isnan(y[i]), "form %d bwd %d: NaN in, %g out", form, bwd, y[i]);
+					continue;
+				}
+				double ref = loom_unary_gelu_f64(x[i], bwd ? dy[i] : 0.0, bwd, form);
+				/* The f32 formula itself loses to cancellation in
+				 * 1 + erf(x / sqrt 2) for x << 0 (an ulp of 1 times
+				 * x / 2): an absolute part that grows with |x|, and a
+				 * relative one; the error is in units of that bound. */
+				double e = fabs(y[i] - ref) / (1e-5 * fabs(ref) + 1e-6 * (1 + fabs(x[i])));
+				if (e > worst) {
+					worst = e;
+					at = i;
+				}
+			}
+			cr_expect(worst <= 1, "form %d bwd %d: x %g gives %.9g, double %.9g (%g bounds)",
+				  form, bwd, at >= 0 ? x[at] : 0.0, at >= 0 ? y[at] : 0.0,
+				  at >= 0 ? loom_unary_gelu_f64(x[at], bwd ? dy[at] : 0.0, bwd, form) : 0.0,
+				  worst);
+		}
+	free(x);
+	free(dy);
+	free(y);
 }
 
 Test(elementwise, sum_million_f32_accurate)
