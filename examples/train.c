@@ -364,7 +364,8 @@ static int dump_plan(train_run *t)
 		fprintf(stderr, "%s: --dump-plan %s: %s\n", name, path, strerror(errno));
 		return -1;
 	}
-	printf("wrote the plan to %s (dot -Tsvg %s -o plan.svg)\n", path, path);
+	printf("wrote the plan to %s (dot -Tsvg %s -o plan.svg; sfdp instead of dot for a large "
+	       "plan)\n", path, path);
 	return 0;
 }
 

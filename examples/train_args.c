@@ -153,7 +153,8 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --max-steps N        stop after N training steps (default %s%.0lld; 0: none)\n",
 			d->log_interval, d->max_steps ? "" : "none", (long long)d->max_steps);
 	fprintf(f,
-		"  --dump-plan FILE     write the compiled plan as Graphviz (dot -Tsvg FILE)\n"
+		"  --dump-plan FILE     write the compiled plan as Graphviz (dot -Tsvg FILE; sfdp for a\n"
+		"                       ResNet-sized plan, which dot takes minutes to lay out)\n"
 		"  --memory-report      print where the plan's memory goes, before step 1\n"
 		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
 		"                       and its place in the arena\n"
