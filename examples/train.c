@@ -160,6 +160,7 @@ static int check_settings(train_run *t)
 	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
+	setting(s, &n, "--tf32", "%s", a->no_tf32 ? "off" : "on");
 	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
 		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->rank, loom_pg_error(t->pg));
 		return -1;
@@ -414,6 +415,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.schedule = a->pipe_schedule;
 	o.pipeline_balance = a->pipe_balance;
 	o.memory_limit_mb = a->memory_limit;
+	o.no_tf32 = a->no_tf32;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {

@@ -35,6 +35,7 @@ typedef struct train_args {
 	const char *checkpoint;
 	int resume;
 	loom_device device;
+	int no_tf32;           /* --tf32 off: exact fp32 products on a GPU */
 	loom_opt_level level;
 	loom_dtype half;
 	double loss_scale; /* 0: the level's default (dynamic) */

@@ -32,6 +32,7 @@ expect bad_lr 2 "--lr expects a number, got 'fast'" -- --lr fast
 expect bad_epochs 2 "--epochs expects an integer" -- --epochs 0
 expect bad_precision 2 "precision must be fp16 or bf16" -- --precision fp8
 expect bad_device 2 "device must be auto, cpu or cuda" -- --device tpu
+expect bad_tf32 2 "--tf32 must be on or off, got 'maybe'" -- --tf32 maybe
 expect bad_optimizer 2 "optimizer must be sgd or adamw" -- --optimizer lbfgs
 expect bad_balance 2 "--pipeline-balance expects time or memory, got 'bogus'" -- --pipeline 2 --pipeline-balance bogus
 expect balance_alone 2 "--pipeline-balance apply to --pipeline N" -- --pipeline-balance memory
