@@ -111,21 +111,23 @@ static void setting_num(loom_comm_setting *s, size_t *n, const char *name, doubl
 }
 
 /*
- * Every setting that must agree across ranks, checked right after the group
- * forms (before any data is read), so that a typo on one rank is named
- * ("rank 1 has --lr 0.2, rank 0 has 0.1") instead of diverging silently or
- * timing out at a later collective. May differ between ranks: --data (a
- * host's own copy), --log-interval, --dump-graph, --dump-plan,
- * --memory-report, --threads, and the --checkpoint and --trace paths (only
- * whether there is one must agree).
+ * May differ between ranks: --data (a host's own copy), --log-interval,
+ * --dump-graph, --dump-plan, --memory-report, --threads, --export and
+ * --metrics (rank 0's are used), and the --checkpoint and --trace paths
+ * (only whether there is one must agree). Every other flag of train_args.c
+ * is compared (tests/examples/test_settings.c holds the two lists to the
+ * parser's table).
  */
-static int check_settings(train_run *t)
+const char *const train_settings_free[] = {
+	"data", "log-interval", "dump-graph", "dump-plan", "memory-report", "threads",
+	"export", "metrics", "help", NULL,
+};
+
+size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s)
 {
-	const train_args *a = &t->a;
-	loom_comm_setting s[48];
 	size_t n = 0;
 
-	setting(s, &n, "program", "%s", t->prog->name);
+	setting(s, &n, "program", "%s", prog->name);
 	setting(s, &n, "--epochs", "%d", a->epochs);
 	setting(s, &n, "--batch-size", "%d", a->batch);
 	setting(s, &n, "--optimizer", "%s", a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw");
@@ -176,6 +178,23 @@ static int check_settings(train_run *t)
 	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
+	/* Each rank reads --init-from after rank 0's parameters are broadcast. */
+	setting(s, &n, "--init-from", "%s", a->init_from ? "given" : "none");
+	setting(s, &n, "--reinit", "%s", a->reinit ? a->reinit : "");
+	setting(s, &n, "--init-strict", "%s", a->init_strict ? "true" : "false");
+	return n;
+}
+
+/*
+ * Every setting that must agree across ranks (train_settings), checked
+ * right after the group forms (before any data is read), so that a typo on
+ * one rank is named ("rank 1 has --lr 0.2, rank 0 has 0.1") instead of
+ * diverging silently or timing out at a later collective.
+ */
+static int check_settings(train_run *t)
+{
+	loom_comm_setting s[TRAIN_SETTINGS_MAX];
+	size_t n = train_settings(t->prog, &t->a, s);
 	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
 		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->rank, loom_pg_error(t->pg));
 		return -1;

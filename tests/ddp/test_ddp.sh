@@ -229,6 +229,14 @@ if [ -n "$EX" ]; then
 		--loss-scale 128 1024
 		--clip-grad 0 1
 	EOF
+	# --micro-batches under --pipeline: named by its flag at start-up, not by
+	# the plan fingerprint's "header ... differs at byte 48" (every compared
+	# flag is held to the parser's table in tests/examples/test_settings.c).
+	pf=("${flags[@]}" --batch-size 40 --pipeline 2)
+	out=$("${MPIRUN[@]}" -np 1 "$EX" "${pf[@]}" --micro-batches 2 : \
+		-np 1 "$EX" "${pf[@]}" --micro-batches 4 2>&1 </dev/null)
+	check "mnist_ddp --pipeline 2: --micro-batches 2 on rank 0, 4 on rank 1: refused naming the flag" "$out" \
+		"^mnist_ddp: rank [01]: rank 1 has --micro-batches 4, rank 0 has 2: every rank must run with the same --micro-batches" 2
 fi
 
 echo "$pass passed, $fail failed"
