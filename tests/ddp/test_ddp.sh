@@ -237,6 +237,14 @@ if [ -n "$EX" ]; then
 		-np 1 "$EX" "${pf[@]}" --micro-batches 4 2>&1 </dev/null)
 	check "mnist_ddp --pipeline 2: --micro-batches 2 on rank 0, 4 on rank 1: refused naming the flag" "$out" \
 		"^mnist_ddp: rank [01]: rank 1 has --micro-batches 4, rank 0 has 2: every rank must run with the same --micro-batches" 2
+
+	# An output path rank 0 cannot write stops every rank before step 1.
+	out=$("$EX" --nproc 2 "${flags[@]}" --export / 2>&1)
+	check "mnist_ddp --nproc 2 --export /: rank 0 names the path" "$out" \
+		"^\[rank 0\] mnist_ddp: --export /: is a directory, expected a file path" 1
+	check "mnist_ddp --nproc 2 --export /: rank 1 stops too" "$out" \
+		"^\[rank 1\] mnist_ddp: rank 1: stopping: rank 0 refused an output path" 1
+	check "mnist_ddp --nproc 2 --export /: no step taken" "$out" "^\[rank 0\] epoch 1 step" 0
 fi
 
 echo "$pass passed, $fail failed"
