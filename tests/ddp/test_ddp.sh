@@ -209,9 +209,9 @@ if [ -n "$EX" ]; then
 	# start-up on every rank, naming it and both values.
 	n=0
 	while read -r flag v0 v1; do
-		# Under a sanitizer, one of the ten (the check's code is one).
+		# Under a sanitizer, one of the eleven (the check's code is one).
 		n=$((n + 1))
-		[ "$n" -gt "$(pick 10 1)" ] && continue
+		[ "$n" -gt "$(pick 11 1)" ] && continue
 		out=$("${MPIRUN[@]}" -np 1 "$EX" "${flags[@]}" "$flag" "$v0" : \
 			-np 1 "$EX" "${flags[@]}" "$flag" "$v1" 2>&1 </dev/null)
 		check "mnist_ddp: $flag $v0 on rank 0, $v1 on rank 1: refused naming both" "$out" \
