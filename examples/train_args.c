@@ -529,6 +529,11 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	return 0;
 }
 
+const char *train_flag_name(size_t i)
+{
+	return i < N_FLAGS ? table[i].o.name : NULL;
+}
+
 int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
 		    char *msg, size_t msglen)
 {

@@ -127,6 +127,10 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
 		    char *msg, size_t msglen);
 
+/* The name (without dashes) of the i-th flag of the table, every group's;
+ * NULL past the last. */
+const char *train_flag_name(size_t i);
+
 /* The --help text of prog. */
 void train_usage(const train_program *prog, FILE *f);
 
