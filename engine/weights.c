@@ -280,7 +280,8 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 		if (o->strict)
 			return loom_program_fail(p, LOOM_ERR_MISMATCH,
 						 "import %s: the file's tensor '%s' is not in the "
-						 "program (strict; pass strict 0 to ignore it)", path,
+						 "program (strict; with loom_weights_opts.strict 0 it is "
+						 "counted and left out)", path,
 						 t->name);
 	}
 	return LOOM_OK;

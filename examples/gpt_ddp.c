@@ -73,6 +73,10 @@ static void gpt_usage(FILE *f)
 		"                       layout, f32) and stop (bench/llmc_compare.sh)\n\n");
 }
 
+/* The largest value of an integer flag (2^24: a context, width or count
+ * beyond it is no model this program can hold). */
+#define GPT_INT_MAX (1 << 24)
+
 /* Takes this program's flags out of argv; the rest go to train_start. */
 static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 {
@@ -83,9 +87,9 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 	if (!strcmp(f, name)) {                                                           \
 		char *end;                                                                \
 		long x = v ? strtol(v, &end, 10) : 0;                                     \
-		if (!v || *end || x < (lo) || x > 1 << 24) {                              \
-			fprintf(stderr, "gpt_ddp: %s expects an integer >= %d, got '%s'\n", \
-				name, (int)(lo), v ? v : "");                             \
+		if (!v || *end || x < (lo) || x > GPT_INT_MAX) {                          \
+			fprintf(stderr, "gpt_ddp: %s expects an integer from %d to %d, "  \
+				"got '%s'\n", name, (int)(lo), GPT_INT_MAX, v ? v : "");   \
 			return 2;                                                         \
 		}                                                                         \
 		c->field = (int)x;                                                        \
@@ -413,6 +417,19 @@ static int write_llmc(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_m
 	return bad ? -1 : 0;
 }
 
+/* What train_compile's init hook needs: it runs before --init-from. */
+typedef struct gpt_init_ctx {
+	const gpt_cfg *c;
+	loom_graph *g;
+	const gpt_model *m;
+} gpt_init_ctx;
+
+static int gpt_init_hook(train_run *t, void *ctx)
+{
+	const gpt_init_ctx *k = ctx;
+	return gpt_init(t, k->c, k->g, k->m);
+}
+
 /* ------------------------------------------------------------------ data */
 
 /* One batch: rows start at the given offsets of the corpus. */
@@ -699,13 +716,23 @@ int main(int argc, char **argv)
 		 c.layers, c.heads, c.embd, T, c.vocab,
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
 		 (long long)train.n, (long long)val.n, a->clip_grad);
+	/* GPT-2's initial values (or --init), then --init-from over them. */
+	gpt_init_ctx ic = { &c, g, &m };
+	char sched[96], size[96];
+	t.init = gpt_init_hook;
+	t.init_ctx = &ic;
+	if (c.constant_lr)
+		snprintf(sched, sizeof(sched), "constant");
+	else
+		snprintf(sched, sizeof(sched), "%d warm-up steps, cosine to a tenth", c.warmup_steps);
+	t.schedule_text = sched;
+	snprintf(size, sizeof(size), "--context %d at --batch-size %d", T, B);
+	t.size_text = size;
 	switch (train_compile(&t, g, m.loss, LOOM_NONE, c.vocab, what)) {
 	case 0: break;
 	case 1: rc = 0; goto out; /* --dry-run */
 	default: goto out;
 	}
-	if (gpt_init(&t, &c, g, &m))
-		goto out;
 	if (c.llmc_out) {
 		rc = t.rank == 0 && write_llmc(&t, &c, g, &m) ? 1 : 0;
 		goto out;
@@ -790,6 +817,9 @@ int main(int argc, char **argv)
 			       t.world / peak : 0, loom_get_lr(t.p), info.grad_norm,
 			       info.skipped_steps ? "  (skipped steps)" : "");
 			fflush(stdout);
+			if (train_log_step(&t, step + 1, (int)epoch + 1, loss_sum / since, NAN,
+					   loom_get_lr(t.p), (double)since * B * t.world / dt))
+				goto out;
 			loss_sum = 0;
 			since = 0;
 			t_log = train_now();
@@ -809,6 +839,8 @@ int main(int argc, char **argv)
 			printf("saved %s (step %lld)\n", a->checkpoint, (long long)step + 1);
 		}
 	}
+	if (train_export(&t))
+		goto out;
 	if (c.sample > 0 && c.vocab == 256 && sample(&t, &c, &m, &val, &bt))
 		goto out;
 	rc = 0;

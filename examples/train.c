@@ -295,8 +295,13 @@ static int init_from(train_run *t)
 	snprintf(buf, sizeof(buf), "%s", a->reinit ? a->reinit : "");
 	o.skip = skip;
 	o.n_skip = split_names(buf, skip);
-	if (loom_import_safetensors(t->p, a->init_from, &o, &r) != LOOM_OK) {
-		fprintf(stderr, "%s: --init-from: %s\n", t->prog->name, loom_program_error(t->p));
+	loom_status st = loom_import_safetensors(t->p, a->init_from, &o, &r);
+	if (st != LOOM_OK) {
+		/* A name on one side only: the flag that accepts it. */
+		int names = a->init_strict && (st == LOOM_ERR_NOT_FOUND || st == LOOM_ERR_MISMATCH) &&
+			    (r.missing || r.unexpected);
+		fprintf(stderr, "%s: --init-from: %s%s\n", t->prog->name, loom_program_error(t->p),
+			names ? " (--init-strict false loads the tensors both sides have)" : "");
 		return -1;
 	}
 	printf("initialised from %s: %d tensors", a->init_from, r.loaded);
@@ -417,9 +422,11 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
-		fprintf(stderr, "%s: --batch-size %d needs more memory than %s: %s\n", name,
-			a->batch, a->memory_limit > 0 ? "--memory-limit allows" : "there is",
-			loom_last_error());
+		char size[64];
+		snprintf(size, sizeof(size), "--batch-size %d", a->batch);
+		fprintf(stderr, "%s: %s needs more memory than %s: %s\n", name,
+			t->size_text ? t->size_text : size,
+			a->memory_limit > 0 ? "--memory-limit allows" : "there is", loom_last_error());
 		return -1;
 	} else if (cst != LOOM_OK) {
 		fprintf(stderr, "%s: %s\n", name, loom_last_error());
@@ -427,6 +434,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	}
 	t->logits = logits;
 	t->classes = classes;
+	if (t->init && !a->dry_run && t->init(t, t->init_ctx))
+		return -1;
 	if (a->init_from && init_from(t))
 		return -1;
 	if (a->dump_graph)
@@ -437,7 +446,10 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	loom_program_info info;
 	char sched[96], tail[64];
 	loom_program_info_get(t->p, &info);
-	schedule_text(a, sched, sizeof(sched));
+	if (t->schedule_text)
+		snprintf(sched, sizeof(sched), "%s", t->schedule_text);
+	else
+		schedule_text(a, sched, sizeof(sched));
 	if (t->prog->groups & TRAIN_FLAGS_FIT)
 		snprintf(tail, sizeof(tail), "%d epochs", a->epochs);
 	else

@@ -37,6 +37,18 @@ typedef struct train_run {
 	const loom_name_map *names;
 	int n_names;
 	train_metrics *metrics; /* --metrics, on rank 0; else NULL */
+	/* The program's own initial values, written after compiling and
+	 * before --init-from replaces them (so that the file's weights are
+	 * the ones trained); NULL: the graph's initialisers. 0 or -1 after
+	 * saying why. */
+	int (*init)(struct train_run *t, void *ctx);
+	void *init_ctx;
+	/* The learning-rate schedule as the start-up line says it; NULL:
+	 * the flags' (train_lr's). */
+	const char *schedule_text;
+	/* The flags that size the model, blamed when it does not fit in
+	 * memory; NULL: "--batch-size N". */
+	const char *size_text;
 } train_run;
 
 /* Monotonic seconds. */
