@@ -8,7 +8,8 @@
  * tenth is held out for the validation loss. AdamW with weight decay on
  * matrices only, a linear warm-up then cosine decay, gradient clipping by
  * global norm, data parallel, opt levels, checkpoints: the start-up, the
- * launcher and the flags are examples/train.c's, the loop is here.
+ * launcher, the flags and the loop (train_drive) are examples/train.c's; the
+ * model, its batches, validation and sampling are here.
  */
 #include <errno.h>
 #include <math.h>
@@ -659,6 +660,124 @@ static int load_data(const gpt_cfg *c, const train_args *a, gpt_tokens *train, g
 	return 0;
 }
 
+/* ------------------------------------------------------------------ task */
+
+/* The GPT on examples/train.c's driver: windows of the corpus as batches. */
+typedef struct gpt_task {
+	const gpt_cfg *c;
+	const gpt_model *m;
+	const gpt_tokens *train, *val;
+	gpt_batch *bt;
+	loom_sampler *sampler;
+	int64_t windows, per_epoch;
+	FILE *lossf;
+	double flops_tok, peak;
+} gpt_task;
+
+static int gpt_epoch_begin(train_run *t, void *ctx, int64_t epoch)
+{
+	gpt_task *k = ctx;
+	(void)t;
+	loom_sampler_set_epoch(k->sampler, epoch);
+	return 0;
+}
+
+/* Step b: --accumulate micro-batches of B windows (the sampler's, or in
+ * corpus order under --sequential), the last one updating. */
+static int gpt_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, int update,
+		    train_tally *ty)
+{
+	gpt_task *k = ctx;
+	const train_args *a = &t->a;
+	const int B = a->batch, T = k->c->context;
+	const int64_t *idx = loom_sampler_indices(k->sampler);
+	int64_t starts[4096];
+	double sum = 0;
+	(void)update;
+	if (!run)
+		return 0;
+	for (int micro = 0; micro < a->accumulate; micro++) {
+		for (int r = 0; r < B; r++) {
+			int64_t w = (b * a->accumulate + micro) * B + r;
+			starts[r] = (k->c->sequential ? (w * t->world + t->rank) % k->windows : idx[w]) * T;
+		}
+		fill_batch(k->train, starts, B, T, k->bt);
+		if (run_batch(t->p, k->bt, (size_t)B * T,
+			      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN) !=
+		    LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: step %lld: %s\n",
+				(long long)(epoch * k->per_epoch + b + 1), loom_program_error(t->p));
+			return -1;
+		}
+		sum += loom_loss(t->p);
+		if (k->lossf)
+			fprintf(k->lossf, "%lld %.17g\n", (long long)(epoch * k->per_epoch + b + 1),
+				loom_loss(t->p));
+	}
+	ty->loss += sum / a->accumulate;
+	return 0;
+}
+
+static double gpt_lr(train_run *t, void *ctx, int64_t epoch, int64_t b, int64_t step,
+		     int64_t last)
+{
+	const gpt_task *k = ctx;
+	(void)epoch;
+	(void)b;
+	return lr_at(&t->a, k->c, step, last);
+}
+
+/* Tokens/s, ms per step, MFU and the gradient norm: nanoGPT's line. */
+static void gpt_progress(train_run *t, void *ctx, const train_progress *pr)
+{
+	const gpt_task *k = ctx;
+	const train_tally *ty = pr->tally;
+	loom_program_info info;
+	double dt = pr->secs > 0 ? pr->secs : 1e-9;
+	double tok = (double)ty->steps * t->a.accumulate * t->a.batch * k->c->context * t->world;
+	loom_program_info_get(t->p, &info);
+	printf("step %5lld/%lld  loss %.4f  %.0f tok/s  %.1f ms/step  MFU %.1f%%  lr %.3g"
+	       "  grad norm %.3g%s\n",
+	       (long long)pr->done, (long long)pr->last, ty->loss / ty->steps, tok / dt,
+	       1e3 * dt / (ty->steps ? ty->steps : 1),
+	       k->peak > 0 ? 100 * tok / dt * k->flops_tok / t->world / k->peak : 0,
+	       loom_get_lr(t->p), info.grad_norm, info.skipped_steps ? "  (skipped steps)" : "");
+}
+
+/* The validation loss, said with its step. */
+static int gpt_validate_line(train_run *t, gpt_task *k, int64_t done, double *loss)
+{
+	if (validate(t, k->c, k->val, k->bt, loss))
+		return -1;
+	printf("step %5lld: validation loss %.7f\n", (long long)done, *loss);
+	return 0;
+}
+
+static int gpt_evaluate(train_run *t, void *ctx, int64_t done, double *loss, double *acc)
+{
+	*acc = NAN;
+	return gpt_validate_line(t, ctx, done, loss);
+}
+
+/* --val-interval: a validation between epochs' ends (the driver
+ * evaluates at those). */
+static int gpt_after_step(train_run *t, void *ctx, int64_t done, int epoch_end)
+{
+	gpt_task *k = ctx;
+	double loss;
+	if (epoch_end || !k->c->val_interval || done % k->c->val_interval)
+		return 0;
+	return gpt_validate_line(t, k, done, &loss);
+}
+
+static int gpt_finish(train_run *t, void *ctx)
+{
+	gpt_task *k = ctx;
+	if (k->c->sample > 0 && k->c->vocab == 256)
+		return sample(t, k->c, k->m, k->val, k->bt);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
@@ -745,103 +864,42 @@ int main(int argc, char **argv)
 		fprintf(stderr, "gpt_ddp: %s\n", bt.ids ? err : "out of memory");
 		goto out;
 	}
-	int64_t per_epoch = loom_sampler_len(sampler) / B / (a->accumulate);
-	int64_t total = per_epoch * a->epochs;
-	if (a->max_steps && a->max_steps < total)
-		total = a->max_steps;
-	int64_t step = 0;
-	if (a->resume) {
-		if (loom_load(t.p, a->checkpoint) != LOOM_OK) {
-			fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
-			goto out;
-		}
-		step = loom_step_count(t.p);
-		printf("resumed from %s at step %lld\n", a->checkpoint, (long long)step);
-	}
 	/* MFU as nanoGPT estimates it: 6 N + 12 L C T FLOPs per token. */
 	loom_program_info info;
 	loom_program_info_get(t.p, &info);
-	double flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
-	double peak = c.peak_flops > 0 ? c.peak_flops : measure_peak(a);
+	gpt_task k = { .c = &c, .m = &m, .train = &train, .val = &val, .bt = &bt,
+		       .sampler = sampler, .windows = windows,
+		       .per_epoch = loom_sampler_len(sampler) / B / a->accumulate };
+	k.flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
+	k.peak = c.peak_flops > 0 ? c.peak_flops : measure_peak(a);
 	char how[64];
 	snprintf(how, sizeof(how), "a %.0f^3 loom matmul%s, measured", peak_side(a),
 		 a->level == LOOM_O0 ? "" : a->half == LOOM_BF16 ? " in bf16" : " in fp16");
-	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", peak / 1e9,
-	       c.peak_flops > 0 ? "--peak-flops" : how, flops_tok / 1e6);
+	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", k.peak / 1e9,
+	       c.peak_flops > 0 ? "--peak-flops" : how, k.flops_tok / 1e6);
 
 	if (c.loss_file && t.rank == 0 && !(lossf = fopen(c.loss_file, "w"))) {
 		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
 		goto out;
 	}
-	double t_log = train_now(), loss_sum = 0, vloss;
-	int64_t since = 0, epoch = -1;
-	const int64_t first = step; /* --trace counts this run's steps */
-	for (; step < total; step++) {
-		if (step / per_epoch != epoch) {
-			epoch = step / per_epoch;
-			loom_sampler_set_epoch(sampler, epoch);
-		}
-		const int64_t *idx = loom_sampler_indices(sampler);
-		loom_set_lr(t.p, lr_at(a, &c, step, total));
-		for (int micro = 0; micro < a->accumulate; micro++) {
-			int64_t starts[4096];
-			for (int r = 0; r < B; r++) {
-				int64_t k = ((step % per_epoch) * a->accumulate + micro) * B + r;
-				starts[r] = (c.sequential ? (k * t.world + t.rank) % windows : idx[k]) * T;
-			}
-			fill_batch(&train, starts, B, T, &bt);
-			if (run_batch(t.p, &bt, (size_t)B * T,
-				      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE :
-								  LOOM_RUN_TRAIN) != LOOM_OK) {
-				fprintf(stderr, "gpt_ddp: step %lld: %s\n", (long long)step + 1,
-					loom_program_error(t.p));
-				goto out;
-			}
-			loss_sum += loom_loss(t.p);
-			since++;
-			if (lossf)
-				fprintf(lossf, "%lld %.17g\n", (long long)step + 1, loom_loss(t.p));
-		}
-		int last = step + 1 == total;
-		if (train_trace_tick(&t, step + 1 - first, last))
-			goto out;
-		if ((step + 1) % a->log_interval == 0 || last) {
-			double now = train_now(), dt = now - t_log;
-			int64_t steps = since / a->accumulate;
-			double tok = (double)since * B * T * t.world;
-			loom_program_info_get(t.p, &info);
-			printf("step %5lld/%lld  loss %.4f  %.0f tok/s  %.1f ms/step  MFU %.1f%%  lr %.3g"
-			       "  grad norm %.3g%s\n",
-			       (long long)step + 1, (long long)total, loss_sum / since, tok / dt,
-			       1e3 * dt / (steps ? steps : 1), peak > 0 ? 100 * tok / dt * flops_tok /
-			       t.world / peak : 0, loom_get_lr(t.p), info.grad_norm,
-			       info.skipped_steps ? "  (skipped steps)" : "");
-			fflush(stdout);
-			if (train_log_step(&t, step + 1, (int)epoch + 1, loss_sum / since, NAN,
-					   loom_get_lr(t.p), (double)since * B * t.world / dt))
-				goto out;
-			loss_sum = 0;
-			since = 0;
-			t_log = train_now();
-		}
-		if ((c.val_interval && (step + 1) % c.val_interval == 0) || last) {
-			if (validate(&t, &c, &val, &bt, &vloss))
-				goto out;
-			printf("step %5lld: validation loss %.7f\n", (long long)step + 1, vloss);
-			t_log = train_now();
-		}
-		if (a->checkpoint && ((a->save_every && (step + 1) % a->save_every == 0) || last) &&
-		    t.rank == 0) {
-			if (loom_save(t.p, a->checkpoint) != LOOM_OK) {
-				fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
-				goto out;
-			}
-			printf("saved %s (step %lld)\n", a->checkpoint, (long long)step + 1);
-		}
-	}
-	if (train_export(&t))
-		goto out;
-	if (c.sample > 0 && c.vocab == 256 && sample(&t, &c, &m, &val, &bt))
+	k.lossf = lossf;
+	/* A step runs --accumulate windows of B per rank. */
+	train_task task = {
+		.ctx = &k,
+		.per_epoch = k.per_epoch,
+		.samples_per_step = (int64_t)B * t.world * a->accumulate,
+		.accumulates_itself = 1,
+		.unit = "seq",
+		.log_last = 1,
+		.epoch_begin = gpt_epoch_begin,
+		.step = gpt_step,
+		.evaluate = gpt_evaluate,
+		.after_step = gpt_after_step,
+		.lr = gpt_lr,
+		.progress = gpt_progress,
+		.finish = gpt_finish,
+	};
+	if (train_drive(&t, &task))
 		goto out;
 	rc = 0;
 out:

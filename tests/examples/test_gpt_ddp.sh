@@ -90,7 +90,7 @@ rs=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-s
 "$EX" "${rs[@]}" --max-steps 10 --loss-file "$tmp/straight.txt" >/dev/null 2>&1
 "$EX" "${rs[@]}" --max-steps 5 --checkpoint "$tmp/r.ckpt" >/dev/null 2>&1
 out=$("$EX" "${rs[@]}" --max-steps 10 --checkpoint "$tmp/r.ckpt" --resume --loss-file "$tmp/resumed.txt" 2>&1)
-check "resume says where it starts" "$out" "^resumed from .* at step 5" 1
+check "resume says where it starts" "$out" "^resumed .* at step 5 (epoch 1, batch 5)" 1
 if [ -s "$tmp/resumed.txt" ] && [ "$(tail -5 "$tmp/straight.txt")" = "$(cat "$tmp/resumed.txt")" ]; then
 	ok "resumed steps 6-10 equal the straight run's, bit for bit"
 else
