@@ -42,7 +42,21 @@ typedef struct gpt_cfg {
 	int gelu_tanh;          /* GPT-2's (and llm.c's) tanh GELU instead of the exact one */
 	int constant_lr;        /* no warm-up, no decay (llm.c's trainer) */
 	const char *llmc_out;   /* write the initial model as an llm.c checkpoint, then stop */
+	int export_hf;          /* --export-format hf: Conv1D layout and a config.json */
+	const char *logits_out; /* write the first window's logits, then stop */
 } gpt_cfg;
+
+/* Hugging Face's GPT-2 (GPT2LMHeadModel, modeling_gpt2.py): the names are
+ * loom's; GPT2Model's files drop "transformer."; the four projections are
+ * Conv1D ([in, out]); attn.bias and attn.masked_bias are the causal mask
+ * (buffers of older versions), lm_head.weight is wte's (tied). */
+static const loom_name_map gpt_hf_names[] = {
+	{ .loom = "transformer.", .file = "transformer." },
+	{ .loom = "transformer.", .file = "" },
+};
+static const char *const gpt_hf_conv1d[] = { "attn.c_attn.weight", "attn.c_proj.weight",
+					     "mlp.c_fc.weight", "mlp.c_proj.weight" };
+static const char *const gpt_hf_ignore[] = { "attn.bias", "attn.masked_bias", "lm_head.weight" };
 
 static void gpt_usage(FILE *f)
 {
@@ -71,7 +85,15 @@ static void gpt_usage(FILE *f)
 		"  --gelu erf|tanh      the exact GELU (default, nn.GELU()) or GPT-2's tanh form\n"
 		"  --constant-lr        no warm-up, no decay\n"
 		"  --write-llmc FILE    write the initial model as an llm.c checkpoint (gpt2_124M.bin's\n"
-		"                       layout, f32) and stop (bench/llmc_compare.sh)\n\n");
+		"                       layout, f32) and stop (bench/llmc_compare.sh)\n"
+		"  --write-logits FILE  write the logits of the data's first window ([context, vocab]\n"
+		"                       f64, little-endian) from the model as initialised or imported,\n"
+		"                       and stop (tools/hf_gpt2_golden.py compares them)\n"
+		"  --export-format F    loom (default: nanoGPT's nn.Linear layout) or hf: Hugging Face's\n"
+		"                       GPT-2 (Conv1D layout) and a config.json beside --export FILE, for\n"
+		"                       GPT2LMHeadModel.from_pretrained(its folder) (name it\n"
+		"                       model.safetensors). --init-from reads either, and GPT2Model's\n"
+		"                       names (no 'transformer.'); GPT-2's GELU is --gelu tanh\n\n");
 }
 
 /* The largest value of an integer flag (2^24: a context, width or count
@@ -150,12 +172,22 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 			i++;
 			continue;
 		}
-		if (!strcmp(f, "--write-llmc")) {
+		if (!strcmp(f, "--write-llmc") || !strcmp(f, "--write-logits")) {
 			if (!v) {
-				fprintf(stderr, "gpt_ddp: --write-llmc expects a file\n");
+				fprintf(stderr, "gpt_ddp: %s expects a file\n", f);
 				return 2;
 			}
-			c->llmc_out = v;
+			*(!strcmp(f, "--write-llmc") ? &c->llmc_out : &c->logits_out) = v;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--export-format")) {
+			if (!v || (strcmp(v, "loom") && strcmp(v, "hf"))) {
+				fprintf(stderr, "gpt_ddp: --export-format must be loom or hf, got '%s'\n",
+					v ? v : "");
+				return 2;
+			}
+			c->export_hf = !strcmp(v, "hf");
 			i++;
 			continue;
 		}
@@ -571,6 +603,67 @@ out:
 	return rc;
 }
 
+/*
+ * The logits of the training data's first window (row 0 of a batch of it)
+ * in EVAL mode, [T, V] f64 little-endian: the last layer norm's output
+ * times the tied table, on the host in double, as sample() makes them.
+ * For comparisons with another engine from the same weights.
+ */
+static int write_logits(train_run *t, const gpt_cfg *c, const gpt_model *m,
+			const gpt_tokens *train, gpt_batch *bt)
+{
+	const int b = t->a.batch, T = c->context, C = c->embd, V = c->vocab;
+	int64_t starts[4096] = { 0 };
+	double *h = malloc(sizeof(double) * (size_t)b * T * C);
+	double *w = malloc(sizeof(double) * (size_t)V * C);
+	double *z = malloc(sizeof(double) * (size_t)V);
+	FILE *f = NULL;
+	int rc = -1;
+	if (!h || !w || !z) {
+		fprintf(stderr, "gpt_ddp: --write-logits: out of memory\n");
+		goto out;
+	}
+	fill_batch(train, starts, b, T, bt);
+	if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK ||
+	    loom_read_f64(t->p, m->hidden, h, (size_t)b * T * C) != LOOM_OK ||
+	    loom_read_f64(t->p, m->wte, w, (size_t)V * C) != LOOM_OK) {
+		fprintf(stderr, "gpt_ddp: --write-logits: %s\n", loom_program_error(t->p));
+		goto out;
+	}
+	if (t->rank != 0) {
+		rc = 0;
+		goto out;
+	}
+	if (!(f = fopen(c->logits_out, "wb"))) {
+		fprintf(stderr, "gpt_ddp: --write-logits %s: %s\n", c->logits_out, strerror(errno));
+		goto out;
+	}
+	for (int p = 0; p < T; p++) {
+		for (int k = 0; k < V; k++) {
+			double dot = 0;
+			for (int j = 0; j < C; j++)
+				dot += h[(size_t)p * C + j] * w[(size_t)k * C + j];
+			z[k] = dot;
+		}
+		if (fwrite(z, sizeof(double), (size_t)V, f) != (size_t)V)
+			break;
+	}
+	int bad = ferror(f);
+	if (fclose(f) != 0 || bad) {
+		fprintf(stderr, "gpt_ddp: --write-logits %s: %s\n", c->logits_out, strerror(errno));
+		f = NULL;
+		goto out;
+	}
+	f = NULL;
+	printf("wrote the logits of the first window to %s ([%d, %d] f64)\n", c->logits_out, T, V);
+	rc = 0;
+out:
+	free(h);
+	free(w);
+	free(z);
+	return rc;
+}
+
 /* FLOP/s of a square matrix product in loom on this machine at the run's
  * precision (under O1 and above the product runs in the half type), the
  * best of five (forward only): the peak MFU is measured against, as llm.c
@@ -778,6 +871,43 @@ static int gpt_finish(train_run *t, void *ctx)
 	return 0;
 }
 
+/* --export-format hf: config.json beside the exported file, GPT2Config's
+ * fields for this model (Hugging Face's from_pretrained reads both from
+ * one folder, the weights as model.safetensors). 0 or -1 after saying why. */
+static int write_hf_config(const train_run *t, const gpt_cfg *c)
+{
+	const char *path = t->a.export_path, *slash = strrchr(path, '/');
+	char cfg[4200];
+	if (slash)
+		snprintf(cfg, sizeof(cfg), "%.*s/config.json", (int)(slash - path), path);
+	else
+		snprintf(cfg, sizeof(cfg), "config.json");
+	FILE *f = fopen(cfg, "w");
+	if (!f) {
+		fprintf(stderr, "gpt_ddp: --export-format hf: %s: %s\n", cfg, strerror(errno));
+		return -1;
+	}
+	fprintf(f,
+		"{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+		"  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n  \"n_embd\": %d,\n"
+		"  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+		"  \"activation_function\": \"%s\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+		"  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+		"  \"initializer_range\": 0.02,\n  \"scale_attn_weights\": true,\n"
+		"  \"tie_word_embeddings\": true,\n  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n"
+		"  \"torch_dtype\": \"%s\"\n}\n",
+		c->vocab, c->context, c->context, c->embd, c->layers, c->heads,
+		c->gelu_tanh ? "gelu_new" : "gelu", c->dtype == LOOM_F64 ? "float64" : "float32");
+	if (fclose(f) != 0) {
+		fprintf(stderr, "gpt_ddp: --export-format hf: %s: %s\n", cfg, strerror(errno));
+		return -1;
+	}
+	printf("wrote %s (GPT2Config: GPT2LMHeadModel.from_pretrained loads the folder%s)\n", cfg,
+	       strcmp(slash ? slash + 1 : path, "model.safetensors") ?
+		       "; it looks for model.safetensors" : "");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
@@ -793,6 +923,11 @@ int main(int argc, char **argv)
 	if ((rc = train_start(&t, &train_gpt_ddp, argc, argv)) >= 0)
 		return rc;
 	const train_args *a = &t.a;
+	if (c.export_hf && !a->export_path) {
+		fprintf(stderr, "gpt_ddp: --export-format hf applies to --export FILE\n");
+		train_end(&t);
+		return 2;
+	}
 	gpt_tokens train = { 0 }, val = { 0 };
 	gpt_model m = { 0 };
 	gpt_batch bt = { 0 };
@@ -835,6 +970,14 @@ int main(int argc, char **argv)
 		 c.layers, c.heads, c.embd, T, c.vocab,
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
 		 (long long)train.n, (long long)val.n, a->clip_grad);
+	/* Hugging Face's GPT-2 files in (recognised) and out (--export-format hf). */
+	t.names = gpt_hf_names;
+	t.n_names = 2;
+	t.conv1d = gpt_hf_conv1d;
+	t.n_conv1d = 4;
+	t.conv1d_export = c.export_hf;
+	t.ignore = gpt_hf_ignore;
+	t.n_ignore = 3;
 	/* GPT-2's initial values (or --init), then --init-from over them. */
 	gpt_init_ctx ic = { &c, g, &m };
 	char sched[96], size[96];
@@ -862,6 +1005,10 @@ int main(int argc, char **argv)
 	if (!bt.ids || !bt.pos || !bt.targets ||
 	    loom_sampler_new(windows, t.rank, t.world, 1, a->seed, 1, &sampler, err, sizeof(err))) {
 		fprintf(stderr, "gpt_ddp: %s\n", bt.ids ? err : "out of memory");
+		goto out;
+	}
+	if (c.logits_out) {
+		rc = write_logits(&t, &c, &m, &train, &bt) ? 1 : 0;
 		goto out;
 	}
 	/* MFU as nanoGPT estimates it: 6 N + 12 L C T FLOPs per token. */
@@ -900,6 +1047,8 @@ int main(int argc, char **argv)
 		.finish = gpt_finish,
 	};
 	if (train_drive(&t, &task))
+		goto out;
+	if (c.export_hf && a->export_path && t.rank == 0 && write_hf_config(&t, &c))
 		goto out;
 	rc = 0;
 out:

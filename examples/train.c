@@ -291,6 +291,10 @@ static int init_from(train_run *t)
 	loom_weights_opts_default(&o);
 	o.names = t->names;
 	o.n_names = t->n_names;
+	o.conv1d = t->conv1d;
+	o.n_conv1d = t->n_conv1d;
+	o.ignore = t->ignore;
+	o.n_ignore = t->n_ignore;
 	o.strict = a->init_strict;
 	snprintf(buf, sizeof(buf), "%s", a->reinit ? a->reinit : "");
 	o.skip = skip;
@@ -305,6 +309,10 @@ static int init_from(train_run *t)
 		return -1;
 	}
 	printf("initialised from %s: %d tensors", a->init_from, r.loaded);
+	if (r.transposed)
+		printf(" (%d Conv1D weights transposed)", r.transposed);
+	if (r.ignored)
+		printf(", %d of the file's ignored (buffers, tied)", r.ignored);
 	if (r.skipped)
 		printf(", %d left as initialised (--reinit %s)", r.skipped, a->reinit);
 	if (r.missing)
@@ -325,13 +333,17 @@ int train_export(train_run *t)
 	loom_weights_opts_default(&o);
 	o.names = t->names;
 	o.n_names = t->n_names;
+	o.conv1d = t->conv1d;
+	o.n_conv1d = t->n_conv1d;
+	o.conv1d_export = t->conv1d_export;
 	if (loom_export_safetensors(t->p, t->a.export_path, &o) != LOOM_OK) {
 		fprintf(stderr, "%s: --export: %s\n", t->prog->name, loom_program_error(t->p));
 		return -1;
 	}
 	if (t->rank != 0)
 		return 0;
-	printf("exported the weights to %s (safetensors, PyTorch's names)\n", t->a.export_path);
+	printf("exported the weights to %s (safetensors, %s)\n", t->a.export_path,
+	       t->conv1d_export ? "Hugging Face's names and layout" : "PyTorch's names");
 	return 0;
 }
 

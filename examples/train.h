@@ -36,6 +36,13 @@ typedef struct train_run {
 	 * --export (set by the program before compiling); NULL: loom's own. */
 	const loom_name_map *names;
 	int n_names;
+	/* Hugging Face layouts (loom_weights_opts): weights a file may hold
+	 * as Conv1D ([in, out]; conv1d_export: --export writes them so) and
+	 * the file's tensors to ignore (gpt_ddp: GPT-2's). NULL: none. */
+	const char *const *conv1d;
+	int n_conv1d, conv1d_export;
+	const char *const *ignore;
+	int n_ignore;
 	train_metrics *metrics; /* --metrics, on rank 0; else NULL */
 	/* The program's own initial values, written after compiling and
 	 * before --init-from replaces them (so that the file's weights are
