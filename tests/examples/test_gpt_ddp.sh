@@ -34,11 +34,18 @@ expect "short token file" 1 "shorter than the 1024-byte llm.c header" -- --token
 head -c 2048 /dev/zero >"$tmp/magic.bin"
 expect "wrong magic" 1 "magic 0, expected 20240520" -- --tokens "$tmp/magic.bin"
 expect "--context's upper limit named" 2 "--context expects an integer from 1 to 16777216" -- --context 100000000
-# (ASan refuses an allocation beyond 1 TiB unless told to return NULL.)
-ASAN_OPTIONS="${ASAN_OPTIONS:-}:allocator_may_return_null=1" \
+# (ASan refuses an allocation beyond 1 TiB unless told to return NULL, and
+# then warns: that warning goes to a log of its own, which must hold nothing
+# else.)
+# (UBSan's and LSan's options are read after ASan's: log_path in each.)
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:allocator_may_return_null=1:log_path=$tmp/asan-oom" \
+	UBSAN_OPTIONS="${UBSAN_OPTIONS:-}:log_path=$tmp/asan-oom" LSAN_OPTIONS="${LSAN_OPTIONS:-}:log_path=$tmp/asan-oom" \
 	expect "a context too large for memory blames --context" 1 \
 	"--context 1048576 at --batch-size 8 needs more memory" -- --data "$tmp/text.txt" --context 1048576 \
 	--dry-run --device cpu
+if cat "$tmp"/asan-oom* 2>/dev/null | grep -v "AddressSanitizer failed to allocate" | grep -q .; then
+	bad "no sanitizer report beside the refused allocation" "$(cat "$tmp"/asan-oom*)"
+fi
 
 # GPT-2 124M compiles (context 64 keeps the dry run's arena small): its
 # parameters less the 960 position rows it does not have.
