@@ -995,6 +995,9 @@ int main(int argc, char **argv)
 	case 1: rc = 0; goto out; /* --dry-run */
 	default: goto out;
 	}
+	if (t.init_report.transposed && !c.gelu_tanh)
+		printf("note: %s is in Hugging Face's GPT-2 layout; GPT-2's GELU is the tanh form "
+		       "(--gelu tanh), this model's the exact one\n", a->init_from);
 	if (c.llmc_out) {
 		rc = t.rank == 0 && write_llmc(&t, &c, g, &m) ? 1 : 0;
 		goto out;

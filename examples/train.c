@@ -308,6 +308,7 @@ static int init_from(train_run *t)
 			names ? " (--init-strict false loads the tensors both sides have)" : "");
 		return -1;
 	}
+	t->init_report = r;
 	printf("initialised from %s: %d tensors", a->init_from, r.loaded);
 	if (r.transposed)
 		printf(" (%d Conv1D weights transposed)", r.transposed);

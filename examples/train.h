@@ -43,6 +43,7 @@ typedef struct train_run {
 	int n_conv1d, conv1d_export;
 	const char *const *ignore;
 	int n_ignore;
+	loom_weights_report init_report; /* what --init-from read */
 	train_metrics *metrics; /* --metrics, on rank 0; else NULL */
 	/* The program's own initial values, written after compiling and
 	 * before --init-from replaces them (so that the file's weights are

@@ -53,7 +53,8 @@ check "GPT2Model's names, mask buffers and a tied lm_head: read, 5 ignored" "$ou
 within "GPT2Model's file: the same logits" "$tmp/legacy.bin" "$G/logits_f32.bin" 1e-5 "$out"
 
 # The exact GELU is not GPT-2's: the golden logits tell them apart.
-"$EX" "${gpt[@]}" --gelu erf --init-from "$G/model.safetensors" --write-logits "$tmp/erf.bin" >/dev/null 2>&1
+out=$("$EX" "${gpt[@]}" --gelu erf --init-from "$G/model.safetensors" --write-logits "$tmp/erf.bin" 2>&1)
+check "--gelu erf on a GPT-2 file: a note names --gelu tanh" "$out" "^note: .*GPT-2's GELU is the tanh form (--gelu tanh)" 1
 d=$(maxdiff "$tmp/erf.bin" "$G/logits_f32.bin")
 awk -v d="$d" 'BEGIN { exit !(d > 1e-4) }' 2>/dev/null && ok "--gelu erf differs from GPT-2's gelu_new ($d)" ||
 	bad "--gelu erf" "max |diff| $d: the test cannot tell the GELUs apart"
