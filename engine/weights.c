@@ -328,9 +328,15 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 		}
 		int tr = conv1d && n->shape.ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
 		int64_t want[2] = { n->shape.dims[tr], n->shape.dims[!tr] };
+		/* The file's first rows: a row-major prefix, read as it is. */
+		int rows = !tr && t->ndim == n->shape.ndim && t->ndim >= 1 &&
+			   t->dims[0] > n->shape.dims[0] &&
+			   memcmp(t->dims + 1, n->shape.dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
+			   listed(o->first_rows, o->n_first_rows, fname);
+		r->first_rows += rows;
 		if (t->ndim != n->shape.ndim ||
 		    (tr ? memcmp(t->dims, want, sizeof(want)) :
-			  memcmp(t->dims, n->shape.dims, sizeof(int64_t) * t->ndim)) != 0)
+		     rows ? 0 : memcmp(t->dims, n->shape.dims, sizeof(int64_t) * t->ndim)) != 0)
 			return loom_program_fail(p, LOOM_ERR_SHAPE,
 						 "import %s: tensor '%s' is %s in the file, the "
 						 "program's is %s%s", path, fname,

@@ -57,6 +57,8 @@ static const loom_name_map gpt_hf_names[] = {
 static const char *const gpt_hf_conv1d[] = { "attn.c_attn.weight", "attn.c_proj.weight",
 					     "mlp.c_fc.weight", "mlp.c_proj.weight" };
 static const char *const gpt_hf_ignore[] = { "attn.bias", "attn.masked_bias", "lm_head.weight" };
+/* A file's n_positions may exceed --context: its first rows of wpe. */
+static const char *const gpt_hf_rows[] = { "wpe.weight" };
 
 static void gpt_usage(FILE *f)
 {
@@ -93,7 +95,8 @@ static void gpt_usage(FILE *f)
 		"                       GPT-2 (Conv1D layout) and a config.json beside --export FILE, for\n"
 		"                       GPT2LMHeadModel.from_pretrained(its folder) (name it\n"
 		"                       model.safetensors). --init-from reads either, and GPT2Model's\n"
-		"                       names (no 'transformer.'); GPT-2's GELU is --gelu tanh\n\n");
+		"                       names (no 'transformer.'), and a file's longer wpe (its first\n"
+		"                       --context rows); GPT-2's GELU is --gelu tanh\n\n");
 }
 
 /* The largest value of an integer flag (2^24: a context, width or count
@@ -978,6 +981,8 @@ int main(int argc, char **argv)
 	t.conv1d_export = c.export_hf;
 	t.ignore = gpt_hf_ignore;
 	t.n_ignore = 3;
+	t.first_rows = gpt_hf_rows;
+	t.n_first_rows = 1;
 	/* GPT-2's initial values (or --init), then --init-from over them. */
 	gpt_init_ctx ic = { &c, g, &m };
 	char sched[96], size[96];

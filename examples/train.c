@@ -295,6 +295,8 @@ static int init_from(train_run *t)
 	o.n_conv1d = t->n_conv1d;
 	o.ignore = t->ignore;
 	o.n_ignore = t->n_ignore;
+	o.first_rows = t->first_rows;
+	o.n_first_rows = t->n_first_rows;
 	o.strict = a->init_strict;
 	snprintf(buf, sizeof(buf), "%s", a->reinit ? a->reinit : "");
 	o.skip = skip;
@@ -314,6 +316,8 @@ static int init_from(train_run *t)
 		printf(" (%d Conv1D weights transposed)", r.transposed);
 	if (r.ignored)
 		printf(", %d of the file's ignored (buffers, tied)", r.ignored);
+	if (r.first_rows)
+		printf(", %d read in part (the file's first rows)", r.first_rows);
 	if (r.skipped)
 		printf(", %d left as initialised (--reinit %s)", r.skipped, a->reinit);
 	if (r.missing)

@@ -43,6 +43,8 @@ typedef struct train_run {
 	int n_conv1d, conv1d_export;
 	const char *const *ignore;
 	int n_ignore;
+	const char *const *first_rows; /* --init-from may hold more rows (loom_weights_opts) */
+	int n_first_rows;
 	loom_weights_report init_report; /* what --init-from read */
 	train_metrics *metrics; /* --metrics, on rank 0; else NULL */
 	/* The program's own initial values, written after compiling and

@@ -61,6 +61,12 @@ typedef struct loom_weights_opts {
 	 * to the embedding. May be NULL. */
 	const char *const *ignore;
 	int n_ignore;
+	/* Import only: tensors (matched as conv1d) of which the program holds
+	 * the file's first rows when the file has more, the other dimensions
+	 * equal: GPT-2's wpe (n_positions rows) for a shorter context. May be
+	 * NULL. */
+	const char *const *first_rows;
+	int n_first_rows;
 } loom_weights_opts;
 
 /* strict 1, no renames, nothing skipped. */
@@ -77,6 +83,7 @@ typedef struct loom_weights_report {
 	char first_unexpected[96];
 	int transposed;  /* of loaded: read from [in, out] (opts.conv1d) */
 	int ignored;     /* the file's, left by opts.ignore */
+	int first_rows;  /* of loaded: their first rows only (opts.first_rows) */
 } loom_weights_report;
 
 /*

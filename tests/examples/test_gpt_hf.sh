@@ -21,12 +21,12 @@ trap 'rm -rf "$tmp"' EXIT
 
 gpt=(--data "$G/text.txt" --layers 2 --heads 2 --embd 32 --context 32 --batch-size 1 --device cpu
      --threads 1 --gelu tanh)
-# maxdiff A B: the largest |a - b| over two files of f64.
+# maxdiff A B [N]: the largest |a - b| over the first N (8192) f64 of two files.
 maxdiff() {
 	paste <(od -An -v -t f8 "$1" | tr -s ' ' '\n' | sed '/^$/d') \
 		<(od -An -v -t f8 "$2" | tr -s ' ' '\n' | sed '/^$/d') |
-		awk 'BEGIN { m = -1 } NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
-		     END { if (n != 8192) m = "count " n; print m }'
+		awk -v want="${3:-8192}" 'BEGIN { m = -1 } NF == 2 && n < want { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ }
+		     END { if (n != want) m = "count " n; print m }'
 }
 # within NAME LOGITS GOLDEN TOL OUT
 within() {
@@ -51,6 +51,14 @@ out=$("$EX" "${gpt[@]}" --init-from "$G/legacy.safetensors" --write-logits "$tmp
 check "GPT2Model's names, mask buffers and a tied lm_head: read, 5 ignored" "$out" \
 	"28 tensors (8 Conv1D weights transposed), 5 of the file's ignored" 1
 within "GPT2Model's file: the same logits" "$tmp/legacy.bin" "$G/logits_f32.bin" 1e-5 "$out"
+
+# A shorter context than the file's n_positions: wpe's first 16 rows, and
+# (a causal model) the first 16 positions' logits.
+out=$("$EX" "${gpt[@]}" --context 16 --init-from "$G/model.safetensors" --write-logits "$tmp/c16.bin" 2>&1)
+check "--context 16 from n_positions 32: wpe read in part" "$out" ", 1 read in part (the file's first rows)" 1
+d=$(maxdiff "$tmp/c16.bin" "$G/logits_f32.bin" 4096)
+awk -v d="$d" 'BEGIN { exit !(d >= 0 && d <= 1e-5) }' 2>/dev/null && ok "--context 16: the first 16 positions' logits ($d)" ||
+	bad "--context 16 logits" "max |diff| $d" "$out"
 
 # The exact GELU is not GPT-2's: the golden logits tell them apart.
 out=$("$EX" "${gpt[@]}" --gelu erf --init-from "$G/model.safetensors" --write-logits "$tmp/erf.bin" 2>&1)
