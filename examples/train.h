@@ -4,7 +4,9 @@
  * plan and memory reports, the start-up lines, checkpoints with a data
  * cursor, the epoch loop with its progress line and learning-rate schedule,
  * and evaluation summed across ranks. A program builds its graph and its
- * loaders; train.c runs them.
+ * data, hands train_drive a train_task (its batches, evaluation and lines;
+ * train_fit is the image programs'), and train.c runs them: every example,
+ * gpt_ddp included, on the one driver.
  */
 #ifndef LOOM_EXAMPLES_TRAIN_H
 #define LOOM_EXAMPLES_TRAIN_H
