@@ -957,8 +957,9 @@ int train_drive(train_run *t, const train_task *task)
 				goto out_stop;
 			if (task->after_step && task->after_step(t, task->ctx, done, ends))
 				goto out_stop;
+			/* The run's last step saves in epoch_end (once). */
 			if (update && a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
-			    save(t, epoch, (b + 1) * task->samples_per_step, done))
+			    done < last && save(t, epoch, (b + 1) * task->samples_per_step, done))
 				goto out_stop;
 			if (done >= last && b + 1 < per_epoch)
 				stopped_at = b + 1;
