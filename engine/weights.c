@@ -42,6 +42,45 @@ static void file_name(const loom_weights_opts *o, const char *name, char *buf, s
 	snprintf(buf, len, "%s", name);
 }
 
+/* name is entry, or ends in '.' and entry (one of list's n). */
+static int listed(const char *const *list, int n, const char *name)
+{
+	size_t len = strlen(name);
+	for (int i = 0; i < n; i++) {
+		size_t k = strlen(list[i]);
+		if (k && (strcmp(name, list[i]) == 0 ||
+			  (len > k && name[len - k - 1] == '.' && strcmp(name + len - k, list[i]) == 0)))
+			return 1;
+	}
+	return 0;
+}
+
+/* Import: the first matching rename whose result the file holds, else the
+ * first matching one (file_name's). */
+static void import_name(const loom_weights_opts *o, const loom_st_file *f, const char *name,
+			char *buf, size_t len)
+{
+	for (int i = 0; i < o->n_names; i++) {
+		size_t k = strlen(o->names[i].loom);
+		if (strncmp(name, o->names[i].loom, k) == 0) {
+			snprintf(buf, len, "%s%s", o->names[i].file, name + k);
+			if (loom_st_find(f, buf))
+				return;
+		}
+	}
+	file_name(o, name, buf, len);
+}
+
+/* A 2-D tensor of elem-byte elements, rows x cols, into its transpose. */
+static void transpose_bytes(const void *src, void *dst, int64_t rows, int64_t cols, size_t elem)
+{
+	const char *s = src;
+	char *d = dst;
+	for (int64_t i = 0; i < rows; i++)
+		for (int64_t j = 0; j < cols; j++)
+			memcpy(d + (j * rows + i) * elem, s + (i * cols + j) * elem, elem);
+}
+
 static int skipped(const loom_weights_opts *o, const char *fname)
 {
 	for (int i = 0; i < o->n_skip; i++) {
@@ -113,9 +152,24 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
 	t->data = l->host[l->n];
 	l->n++;
-	if (src != v) /* ZeRO: gathered from the shards */
-		return loom_master_read(p, v, l->host[l->n - 1]);
-	return loom_program_download(p, l->host[l->n - 1], loom_value_ptr(p, src), bytes);
+	loom_status st = src != v ? /* ZeRO: gathered from the shards */
+				 loom_master_read(p, v, l->host[l->n - 1]) :
+				 loom_program_download(p, l->host[l->n - 1], loom_value_ptr(p, src), bytes);
+	if (st != LOOM_OK || !o->conv1d_export || t->ndim != 2 ||
+	    !listed(o->conv1d, o->n_conv1d, t->name))
+		return st;
+	/* Hugging Face's Conv1D: [in, out]. */
+	void *tr = malloc(bytes ? bytes : 1);
+	if (!tr)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
+	transpose_bytes(t->data, tr, t->dims[0], t->dims[1], loom_st_dtype_size(t->dtype));
+	free(l->host[l->n - 1]);
+	l->host[l->n - 1] = tr;
+	t->data = tr;
+	int64_t d0 = t->dims[0];
+	t->dims[0] = t->dims[1];
+	t->dims[1] = d0;
+	return LOOM_OK;
 }
 
 /* PyTorch's num_batches_tracked beside the batch norm whose running mean
@@ -192,6 +246,7 @@ out:
 typedef struct import_item {
 	loom_value v;
 	const loom_st_tensor *t;
+	int transpose; /* the file's is [in, out] (Conv1D) */
 } import_item;
 
 static double st_get(const loom_st_tensor *t, int64_t i)
@@ -229,11 +284,24 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 			 loom_weights_report *r)
 {
 	char fname[NAME_BUF], a[128], b[128];
+	/* Conv1D layout: one listed weight stored with its two (unequal)
+	 * dimensions swapped says the file is so. */
+	int conv1d = 0;
+	for (int v = 0; v < p->plan.n_fwd && o->n_conv1d; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		if (!is_exchanged(n) || n->shape.ndim != 2 || n->shape.dims[0] == n->shape.dims[1])
+			continue;
+		import_name(o, f, n->name, fname, sizeof(fname));
+		const loom_st_tensor *t = loom_st_find(f, fname);
+		if (t && t->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname) &&
+		    t->dims[0] == n->shape.dims[1] && t->dims[1] == n->shape.dims[0])
+			conv1d = 1;
+	}
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		const loom_node *n = &p->plan.g->nodes[v];
 		if (!is_exchanged(n))
 			continue;
-		file_name(o, n->name, fname, sizeof(fname));
+		import_name(o, f, n->name, fname, sizeof(fname));
 		/* num_batches_tracked of this batch norm: expected, not used. */
 		char prefix[NAME_BUF], nbt[NAME_BUF + 32];
 		if (bn_prefix(fname, prefix, sizeof(prefix))) {
@@ -258,36 +326,53 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 							 "the program's %s)", path, fname, n->name);
 			continue;
 		}
+		int tr = conv1d && n->shape.ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
+		int64_t want[2] = { n->shape.dims[tr], n->shape.dims[!tr] };
+		/* The file's first rows: a row-major prefix, read as it is. */
+		int rows = !tr && t->ndim == n->shape.ndim && t->ndim >= 1 &&
+			   t->dims[0] > n->shape.dims[0] &&
+			   memcmp(t->dims + 1, n->shape.dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
+			   listed(o->first_rows, o->n_first_rows, fname);
+		r->first_rows += rows;
 		if (t->ndim != n->shape.ndim ||
-		    memcmp(t->dims, n->shape.dims, sizeof(int64_t) * t->ndim) != 0)
+		    (tr ? memcmp(t->dims, want, sizeof(want)) :
+		     rows ? 0 : memcmp(t->dims, n->shape.dims, sizeof(int64_t) * t->ndim)) != 0)
 			return loom_program_fail(p, LOOM_ERR_SHAPE,
 						 "import %s: tensor '%s' is %s in the file, the "
-						 "program's is %s", path, fname,
+						 "program's is %s%s", path, fname,
 						 dims_str(t->dims, t->ndim, a, sizeof(a)),
-						 dims_str(n->shape.dims, n->shape.ndim, b, sizeof(b)));
+						 dims_str(n->shape.dims, n->shape.ndim, b, sizeof(b)),
+						 tr ? " (read transposed: the file's Conv1D layout)" : "");
 		if (!is_float(t->dtype))
 			return loom_program_fail(p, LOOM_ERR_DTYPE,
 						 "import %s: tensor '%s' is %s, loom reads F32, F16, "
 						 "BF16 or F64", path, fname, loom_st_dtype_name(t->dtype));
-		items[(*n_items)++] = (import_item){ v, t };
+		items[(*n_items)++] = (import_item){ v, t, tr };
+		r->transposed += tr;
 	}
 	for (int i = 0; i < loom_st_count(f); i++) {
 		const loom_st_tensor *t = loom_st_at(f, i);
 		if (used[i] || skipped(o, t->name))
 			continue;
+		if (listed(o->ignore, o->n_ignore, t->name)) {
+			r->ignored++;
+			continue;
+		}
 		if (!r->unexpected++)
 			snprintf(r->first_unexpected, sizeof(r->first_unexpected), "%s", t->name);
 		if (o->strict)
 			return loom_program_fail(p, LOOM_ERR_MISMATCH,
 						 "import %s: the file's tensor '%s' is not in the "
-						 "program (strict; pass strict 0 to ignore it)", path,
+						 "program (strict; with loom_weights_opts.strict 0 it is "
+						 "counted and left out)", path,
 						 t->name);
 	}
 	return LOOM_OK;
 }
 
 /* Writes one tensor into node v (and its O2 master), as loom_write_f64. */
-static loom_status import_value(loom_program *p, loom_value v, const loom_st_tensor *t)
+static loom_status import_value(loom_program *p, loom_value v, const loom_st_tensor *t,
+				int transpose)
 {
 	const loom_node *n = &p->plan.g->nodes[v];
 	int64_t cnt = loom_shape_numel(&n->shape);
@@ -299,8 +384,11 @@ static loom_status import_value(loom_program *p, loom_value v, const loom_st_ten
 		st = loom_program_fail(p, LOOM_ERR_NOMEM, "import: out of memory");
 		goto out;
 	}
+	/* Conv1D: the program's [out, in] element (i, j) is the file's (j, i). */
+	int64_t rows = n->shape.ndim == 2 ? n->shape.dims[0] : 1;
+	int64_t cols = n->shape.ndim == 2 ? n->shape.dims[1] : cnt;
 	for (int64_t i = 0; i < cnt; i++) {
-		double x = st_get(t, i);
+		double x = st_get(t, transpose ? (i % cols) * rows + i / cols : i);
 		loom_elem_set(n->dtype, tmp, i, x);
 		if (m)
 			m[i] = (float)x;
@@ -346,7 +434,7 @@ loom_status loom_import_safetensors(loom_program *p, const char *path,
 	if ((st = match(p, opts, f, path, items, &n_items, used, &r)) != LOOM_OK)
 		goto out;
 	for (int i = 0; i < n_items && st == LOOM_OK; i++)
-		st = import_value(p, items[i].v, items[i].t);
+		st = import_value(p, items[i].v, items[i].t, items[i].transpose);
 	r.loaded = n_items;
 out:
 	if (report)

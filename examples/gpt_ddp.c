@@ -8,7 +8,8 @@
  * tenth is held out for the validation loss. AdamW with weight decay on
  * matrices only, a linear warm-up then cosine decay, gradient clipping by
  * global norm, data parallel, opt levels, checkpoints: the start-up, the
- * launcher and the flags are examples/train.c's, the loop is here.
+ * launcher, the flags and the loop (train_drive) are examples/train.c's; the
+ * model, its batches, validation and sampling are here.
  */
 #include <errno.h>
 #include <math.h>
@@ -41,7 +42,23 @@ typedef struct gpt_cfg {
 	int gelu_tanh;          /* GPT-2's (and llm.c's) tanh GELU instead of the exact one */
 	int constant_lr;        /* no warm-up, no decay (llm.c's trainer) */
 	const char *llmc_out;   /* write the initial model as an llm.c checkpoint, then stop */
+	int export_hf;          /* --export-format hf: Conv1D layout and a config.json */
+	const char *logits_out; /* write the first window's logits, then stop */
 } gpt_cfg;
+
+/* Hugging Face's GPT-2 (GPT2LMHeadModel, modeling_gpt2.py): the names are
+ * loom's; GPT2Model's files drop "transformer."; the four projections are
+ * Conv1D ([in, out]); attn.bias and attn.masked_bias are the causal mask
+ * (buffers of older versions), lm_head.weight is wte's (tied). */
+static const loom_name_map gpt_hf_names[] = {
+	{ .loom = "transformer.", .file = "transformer." },
+	{ .loom = "transformer.", .file = "" },
+};
+static const char *const gpt_hf_conv1d[] = { "attn.c_attn.weight", "attn.c_proj.weight",
+					     "mlp.c_fc.weight", "mlp.c_proj.weight" };
+static const char *const gpt_hf_ignore[] = { "attn.bias", "attn.masked_bias", "lm_head.weight" };
+/* A file's n_positions may exceed --context: its first rows of wpe. */
+static const char *const gpt_hf_rows[] = { "wpe.weight" };
 
 static void gpt_usage(FILE *f)
 {
@@ -70,8 +87,21 @@ static void gpt_usage(FILE *f)
 		"  --gelu erf|tanh      the exact GELU (default, nn.GELU()) or GPT-2's tanh form\n"
 		"  --constant-lr        no warm-up, no decay\n"
 		"  --write-llmc FILE    write the initial model as an llm.c checkpoint (gpt2_124M.bin's\n"
-		"                       layout, f32) and stop (bench/llmc_compare.sh)\n\n");
+		"                       layout, f32) and stop (bench/llmc_compare.sh)\n"
+		"  --write-logits FILE  write the logits of the data's first window ([context, vocab]\n"
+		"                       f64, little-endian) from the model as initialised or imported,\n"
+		"                       and stop (tools/hf_gpt2_golden.py compares them)\n"
+		"  --export-format F    loom (default: nanoGPT's nn.Linear layout) or hf: Hugging Face's\n"
+		"                       GPT-2 (Conv1D layout) and a config.json beside --export FILE, for\n"
+		"                       GPT2LMHeadModel.from_pretrained(its folder) (name it\n"
+		"                       model.safetensors). --init-from reads either, and GPT2Model's\n"
+		"                       names (no 'transformer.'), and a file's longer wpe (its first\n"
+		"                       --context rows); GPT-2's GELU is --gelu tanh\n\n");
 }
+
+/* The largest value of an integer flag (2^24: a context, width or count
+ * beyond it is no model this program can hold). */
+#define GPT_INT_MAX (1 << 24)
 
 /* Takes this program's flags out of argv; the rest go to train_start. */
 static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
@@ -83,9 +113,9 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 	if (!strcmp(f, name)) {                                                           \
 		char *end;                                                                \
 		long x = v ? strtol(v, &end, 10) : 0;                                     \
-		if (!v || *end || x < (lo) || x > 1 << 24) {                              \
-			fprintf(stderr, "gpt_ddp: %s expects an integer >= %d, got '%s'\n", \
-				name, (int)(lo), v ? v : "");                             \
+		if (!v || *end || x < (lo) || x > GPT_INT_MAX) {                          \
+			fprintf(stderr, "gpt_ddp: %s expects an integer from %d to %d, "  \
+				"got '%s'\n", name, (int)(lo), GPT_INT_MAX, v ? v : "");   \
 			return 2;                                                         \
 		}                                                                         \
 		c->field = (int)x;                                                        \
@@ -145,12 +175,22 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 			i++;
 			continue;
 		}
-		if (!strcmp(f, "--write-llmc")) {
+		if (!strcmp(f, "--write-llmc") || !strcmp(f, "--write-logits")) {
 			if (!v) {
-				fprintf(stderr, "gpt_ddp: --write-llmc expects a file\n");
+				fprintf(stderr, "gpt_ddp: %s expects a file\n", f);
 				return 2;
 			}
-			c->llmc_out = v;
+			*(!strcmp(f, "--write-llmc") ? &c->llmc_out : &c->logits_out) = v;
+			i++;
+			continue;
+		}
+		if (!strcmp(f, "--export-format")) {
+			if (!v || (strcmp(v, "loom") && strcmp(v, "hf"))) {
+				fprintf(stderr, "gpt_ddp: --export-format must be loom or hf, got '%s'\n",
+					v ? v : "");
+				return 2;
+			}
+			c->export_hf = !strcmp(v, "hf");
 			i++;
 			continue;
 		}
@@ -413,6 +453,19 @@ static int write_llmc(train_run *t, const gpt_cfg *c, loom_graph *g, const gpt_m
 	return bad ? -1 : 0;
 }
 
+/* What train_compile's init hook needs: it runs before --init-from. */
+typedef struct gpt_init_ctx {
+	const gpt_cfg *c;
+	loom_graph *g;
+	const gpt_model *m;
+} gpt_init_ctx;
+
+static int gpt_init_hook(train_run *t, void *ctx)
+{
+	const gpt_init_ctx *k = ctx;
+	return gpt_init(t, k->c, k->g, k->m);
+}
+
 /* ------------------------------------------------------------------ data */
 
 /* One batch: rows start at the given offsets of the corpus. */
@@ -553,6 +606,67 @@ out:
 	return rc;
 }
 
+/*
+ * The logits of the training data's first window (row 0 of a batch of it)
+ * in EVAL mode, [T, V] f64 little-endian: the last layer norm's output
+ * times the tied table, on the host in double, as sample() makes them.
+ * For comparisons with another engine from the same weights.
+ */
+static int write_logits(train_run *t, const gpt_cfg *c, const gpt_model *m,
+			const gpt_tokens *train, gpt_batch *bt)
+{
+	const int b = t->a.batch, T = c->context, C = c->embd, V = c->vocab;
+	int64_t starts[4096] = { 0 };
+	double *h = malloc(sizeof(double) * (size_t)b * T * C);
+	double *w = malloc(sizeof(double) * (size_t)V * C);
+	double *z = malloc(sizeof(double) * (size_t)V);
+	FILE *f = NULL;
+	int rc = -1;
+	if (!h || !w || !z) {
+		fprintf(stderr, "gpt_ddp: --write-logits: out of memory\n");
+		goto out;
+	}
+	fill_batch(train, starts, b, T, bt);
+	if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK ||
+	    loom_read_f64(t->p, m->hidden, h, (size_t)b * T * C) != LOOM_OK ||
+	    loom_read_f64(t->p, m->wte, w, (size_t)V * C) != LOOM_OK) {
+		fprintf(stderr, "gpt_ddp: --write-logits: %s\n", loom_program_error(t->p));
+		goto out;
+	}
+	if (t->rank != 0) {
+		rc = 0;
+		goto out;
+	}
+	if (!(f = fopen(c->logits_out, "wb"))) {
+		fprintf(stderr, "gpt_ddp: --write-logits %s: %s\n", c->logits_out, strerror(errno));
+		goto out;
+	}
+	for (int p = 0; p < T; p++) {
+		for (int k = 0; k < V; k++) {
+			double dot = 0;
+			for (int j = 0; j < C; j++)
+				dot += h[(size_t)p * C + j] * w[(size_t)k * C + j];
+			z[k] = dot;
+		}
+		if (fwrite(z, sizeof(double), (size_t)V, f) != (size_t)V)
+			break;
+	}
+	int bad = ferror(f);
+	if (fclose(f) != 0 || bad) {
+		fprintf(stderr, "gpt_ddp: --write-logits %s: %s\n", c->logits_out, strerror(errno));
+		f = NULL;
+		goto out;
+	}
+	f = NULL;
+	printf("wrote the logits of the first window to %s ([%d, %d] f64)\n", c->logits_out, T, V);
+	rc = 0;
+out:
+	free(h);
+	free(w);
+	free(z);
+	return rc;
+}
+
 /* FLOP/s of a square matrix product in loom on this machine at the run's
  * precision (under O1 and above the product runs in the half type), the
  * best of five (forward only): the peak MFU is measured against, as llm.c
@@ -642,6 +756,161 @@ static int load_data(const gpt_cfg *c, const train_args *a, gpt_tokens *train, g
 	return 0;
 }
 
+/* ------------------------------------------------------------------ task */
+
+/* The GPT on examples/train.c's driver: windows of the corpus as batches. */
+typedef struct gpt_task {
+	const gpt_cfg *c;
+	const gpt_model *m;
+	const gpt_tokens *train, *val;
+	gpt_batch *bt;
+	loom_sampler *sampler;
+	int64_t windows, per_epoch;
+	FILE *lossf;
+	double flops_tok, peak;
+} gpt_task;
+
+static int gpt_epoch_begin(train_run *t, void *ctx, int64_t epoch)
+{
+	gpt_task *k = ctx;
+	(void)t;
+	loom_sampler_set_epoch(k->sampler, epoch);
+	return 0;
+}
+
+/* Step b: --accumulate micro-batches of B windows (the sampler's, or in
+ * corpus order under --sequential), the last one updating. */
+static int gpt_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, int update,
+		    train_tally *ty)
+{
+	gpt_task *k = ctx;
+	const train_args *a = &t->a;
+	const int B = a->batch, T = k->c->context;
+	const int64_t *idx = loom_sampler_indices(k->sampler);
+	int64_t starts[4096];
+	double sum = 0;
+	(void)update;
+	if (!run)
+		return 0;
+	for (int micro = 0; micro < a->accumulate; micro++) {
+		for (int r = 0; r < B; r++) {
+			int64_t w = (b * a->accumulate + micro) * B + r;
+			starts[r] = (k->c->sequential ? (w * t->world + t->rank) % k->windows : idx[w]) * T;
+		}
+		fill_batch(k->train, starts, B, T, k->bt);
+		if (run_batch(t->p, k->bt, (size_t)B * T,
+			      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN) !=
+		    LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: step %lld: %s\n",
+				(long long)(epoch * k->per_epoch + b + 1), loom_program_error(t->p));
+			return -1;
+		}
+		sum += loom_loss(t->p);
+		if (k->lossf)
+			fprintf(k->lossf, "%lld %.17g\n", (long long)(epoch * k->per_epoch + b + 1),
+				loom_loss(t->p));
+	}
+	ty->loss += sum / a->accumulate;
+	return 0;
+}
+
+static double gpt_lr(train_run *t, void *ctx, int64_t epoch, int64_t b, int64_t step,
+		     int64_t last)
+{
+	const gpt_task *k = ctx;
+	(void)epoch;
+	(void)b;
+	return lr_at(&t->a, k->c, step, last);
+}
+
+/* Tokens/s, ms per step, MFU and the gradient norm: nanoGPT's line. */
+static void gpt_progress(train_run *t, void *ctx, const train_progress *pr)
+{
+	const gpt_task *k = ctx;
+	const train_tally *ty = pr->tally;
+	loom_program_info info;
+	double dt = pr->secs > 0 ? pr->secs : 1e-9;
+	double tok = (double)ty->steps * t->a.accumulate * t->a.batch * k->c->context * t->world;
+	loom_program_info_get(t->p, &info);
+	printf("step %5lld/%lld  loss %.4f  %.0f tok/s  %.1f ms/step  MFU %.1f%%  lr %.3g"
+	       "  grad norm %.3g%s\n",
+	       (long long)pr->done, (long long)pr->last, ty->loss / ty->steps, tok / dt,
+	       1e3 * dt / (ty->steps ? ty->steps : 1),
+	       k->peak > 0 ? 100 * tok / dt * k->flops_tok / t->world / k->peak : 0,
+	       loom_get_lr(t->p), info.grad_norm, info.skipped_steps ? "  (skipped steps)" : "");
+}
+
+/* The validation loss, said with its step. */
+static int gpt_validate_line(train_run *t, gpt_task *k, int64_t done, double *loss)
+{
+	if (validate(t, k->c, k->val, k->bt, loss))
+		return -1;
+	printf("step %5lld: validation loss %.7f\n", (long long)done, *loss);
+	return 0;
+}
+
+static int gpt_evaluate(train_run *t, void *ctx, int64_t done, double *loss, double *acc)
+{
+	*acc = NAN;
+	return gpt_validate_line(t, ctx, done, loss);
+}
+
+/* --val-interval: a validation between epochs' ends (the driver
+ * evaluates at those). */
+static int gpt_after_step(train_run *t, void *ctx, int64_t done, int epoch_end)
+{
+	gpt_task *k = ctx;
+	double loss;
+	if (epoch_end || !k->c->val_interval || done % k->c->val_interval)
+		return 0;
+	return gpt_validate_line(t, k, done, &loss);
+}
+
+static int gpt_finish(train_run *t, void *ctx)
+{
+	gpt_task *k = ctx;
+	if (k->c->sample > 0 && k->c->vocab == 256)
+		return sample(t, k->c, k->m, k->val, k->bt);
+	return 0;
+}
+
+/* --export-format hf: config.json beside the exported file, GPT2Config's
+ * fields for this model (Hugging Face's from_pretrained reads both from
+ * one folder, the weights as model.safetensors). 0 or -1 after saying why. */
+static int write_hf_config(const train_run *t, const gpt_cfg *c)
+{
+	const char *path = t->a.export_path, *slash = strrchr(path, '/');
+	char cfg[4200];
+	if (slash)
+		snprintf(cfg, sizeof(cfg), "%.*s/config.json", (int)(slash - path), path);
+	else
+		snprintf(cfg, sizeof(cfg), "config.json");
+	FILE *f = fopen(cfg, "w");
+	if (!f) {
+		fprintf(stderr, "gpt_ddp: --export-format hf: %s: %s\n", cfg, strerror(errno));
+		return -1;
+	}
+	fprintf(f,
+		"{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+		"  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n  \"n_embd\": %d,\n"
+		"  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+		"  \"activation_function\": \"%s\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+		"  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+		"  \"initializer_range\": 0.02,\n  \"scale_attn_weights\": true,\n"
+		"  \"tie_word_embeddings\": true,\n  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n"
+		"  \"torch_dtype\": \"%s\"\n}\n",
+		c->vocab, c->context, c->context, c->embd, c->layers, c->heads,
+		c->gelu_tanh ? "gelu_new" : "gelu", c->dtype == LOOM_F64 ? "float64" : "float32");
+	if (fclose(f) != 0) {
+		fprintf(stderr, "gpt_ddp: --export-format hf: %s: %s\n", cfg, strerror(errno));
+		return -1;
+	}
+	printf("wrote %s (GPT2Config: GPT2LMHeadModel.from_pretrained loads the folder%s)\n", cfg,
+	       strcmp(slash ? slash + 1 : path, "model.safetensors") ?
+		       "; it looks for model.safetensors" : "");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
@@ -657,6 +926,11 @@ int main(int argc, char **argv)
 	if ((rc = train_start(&t, &train_gpt_ddp, argc, argv)) >= 0)
 		return rc;
 	const train_args *a = &t.a;
+	if (c.export_hf && !a->export_path) {
+		fprintf(stderr, "gpt_ddp: --export-format hf applies to --export FILE\n");
+		train_end(&t);
+		return 2;
+	}
 	gpt_tokens train = { 0 }, val = { 0 };
 	gpt_model m = { 0 };
 	gpt_batch bt = { 0 };
@@ -699,13 +973,36 @@ int main(int argc, char **argv)
 		 c.layers, c.heads, c.embd, T, c.vocab,
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
 		 (long long)train.n, (long long)val.n, a->clip_grad);
+	/* Hugging Face's GPT-2 files in (recognised) and out (--export-format hf). */
+	t.names = gpt_hf_names;
+	t.n_names = 2;
+	t.conv1d = gpt_hf_conv1d;
+	t.n_conv1d = 4;
+	t.conv1d_export = c.export_hf;
+	t.ignore = gpt_hf_ignore;
+	t.n_ignore = 3;
+	t.first_rows = gpt_hf_rows;
+	t.n_first_rows = 1;
+	/* GPT-2's initial values (or --init), then --init-from over them. */
+	gpt_init_ctx ic = { &c, g, &m };
+	char sched[96], size[96];
+	t.init = gpt_init_hook;
+	t.init_ctx = &ic;
+	if (c.constant_lr)
+		snprintf(sched, sizeof(sched), "constant");
+	else
+		snprintf(sched, sizeof(sched), "%d warm-up steps, cosine to a tenth", c.warmup_steps);
+	t.schedule_text = sched;
+	snprintf(size, sizeof(size), "--context %d at --batch-size %d", T, B);
+	t.size_text = size;
 	switch (train_compile(&t, g, m.loss, LOOM_NONE, c.vocab, what)) {
 	case 0: break;
 	case 1: rc = 0; goto out; /* --dry-run */
 	default: goto out;
 	}
-	if (gpt_init(&t, &c, g, &m))
-		goto out;
+	if (t.init_report.transposed && !c.gelu_tanh)
+		printf("note: %s is in Hugging Face's GPT-2 layout; GPT-2's GELU is the tanh form "
+		       "(--gelu tanh), this model's the exact one\n", a->init_from);
 	if (c.llmc_out) {
 		rc = t.rank == 0 && write_llmc(&t, &c, g, &m) ? 1 : 0;
 		goto out;
@@ -718,98 +1015,48 @@ int main(int argc, char **argv)
 		fprintf(stderr, "gpt_ddp: %s\n", bt.ids ? err : "out of memory");
 		goto out;
 	}
-	int64_t per_epoch = loom_sampler_len(sampler) / B / (a->accumulate);
-	int64_t total = per_epoch * a->epochs;
-	if (a->max_steps && a->max_steps < total)
-		total = a->max_steps;
-	int64_t step = 0;
-	if (a->resume) {
-		if (loom_load(t.p, a->checkpoint) != LOOM_OK) {
-			fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
-			goto out;
-		}
-		step = loom_step_count(t.p);
-		printf("resumed from %s at step %lld\n", a->checkpoint, (long long)step);
+	if (c.logits_out) {
+		rc = write_logits(&t, &c, &m, &train, &bt) ? 1 : 0;
+		goto out;
 	}
 	/* MFU as nanoGPT estimates it: 6 N + 12 L C T FLOPs per token. */
 	loom_program_info info;
 	loom_program_info_get(t.p, &info);
-	double flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
-	double peak = c.peak_flops > 0 ? c.peak_flops : measure_peak(a);
+	gpt_task k = { .c = &c, .m = &m, .train = &train, .val = &val, .bt = &bt,
+		       .sampler = sampler, .windows = windows,
+		       .per_epoch = loom_sampler_len(sampler) / B / a->accumulate };
+	k.flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
+	k.peak = c.peak_flops > 0 ? c.peak_flops : measure_peak(a);
 	char how[64];
 	snprintf(how, sizeof(how), "a %.0f^3 loom matmul%s, measured", peak_side(a),
 		 a->level == LOOM_O0 ? "" : a->half == LOOM_BF16 ? " in bf16" : " in fp16");
-	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", peak / 1e9,
-	       c.peak_flops > 0 ? "--peak-flops" : how, flops_tok / 1e6);
+	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", k.peak / 1e9,
+	       c.peak_flops > 0 ? "--peak-flops" : how, k.flops_tok / 1e6);
 
 	if (c.loss_file && t.rank == 0 && !(lossf = fopen(c.loss_file, "w"))) {
 		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
 		goto out;
 	}
-	double t_log = train_now(), loss_sum = 0, vloss;
-	int64_t since = 0, epoch = -1;
-	const int64_t first = step; /* --trace counts this run's steps */
-	for (; step < total; step++) {
-		if (step / per_epoch != epoch) {
-			epoch = step / per_epoch;
-			loom_sampler_set_epoch(sampler, epoch);
-		}
-		const int64_t *idx = loom_sampler_indices(sampler);
-		loom_set_lr(t.p, lr_at(a, &c, step, total));
-		for (int micro = 0; micro < a->accumulate; micro++) {
-			int64_t starts[4096];
-			for (int r = 0; r < B; r++) {
-				int64_t k = ((step % per_epoch) * a->accumulate + micro) * B + r;
-				starts[r] = (c.sequential ? (k * t.world + t.rank) % windows : idx[k]) * T;
-			}
-			fill_batch(&train, starts, B, T, &bt);
-			if (run_batch(t.p, &bt, (size_t)B * T,
-				      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE :
-								  LOOM_RUN_TRAIN) != LOOM_OK) {
-				fprintf(stderr, "gpt_ddp: step %lld: %s\n", (long long)step + 1,
-					loom_program_error(t.p));
-				goto out;
-			}
-			loss_sum += loom_loss(t.p);
-			since++;
-			if (lossf)
-				fprintf(lossf, "%lld %.17g\n", (long long)step + 1, loom_loss(t.p));
-		}
-		int last = step + 1 == total;
-		if (train_trace_tick(&t, step + 1 - first, last))
-			goto out;
-		if ((step + 1) % a->log_interval == 0 || last) {
-			double now = train_now(), dt = now - t_log;
-			int64_t steps = since / a->accumulate;
-			double tok = (double)since * B * T * t.world;
-			loom_program_info_get(t.p, &info);
-			printf("step %5lld/%lld  loss %.4f  %.0f tok/s  %.1f ms/step  MFU %.1f%%  lr %.3g"
-			       "  grad norm %.3g%s\n",
-			       (long long)step + 1, (long long)total, loss_sum / since, tok / dt,
-			       1e3 * dt / (steps ? steps : 1), peak > 0 ? 100 * tok / dt * flops_tok /
-			       t.world / peak : 0, loom_get_lr(t.p), info.grad_norm,
-			       info.skipped_steps ? "  (skipped steps)" : "");
-			fflush(stdout);
-			loss_sum = 0;
-			since = 0;
-			t_log = train_now();
-		}
-		if ((c.val_interval && (step + 1) % c.val_interval == 0) || last) {
-			if (validate(&t, &c, &val, &bt, &vloss))
-				goto out;
-			printf("step %5lld: validation loss %.7f\n", (long long)step + 1, vloss);
-			t_log = train_now();
-		}
-		if (a->checkpoint && ((a->save_every && (step + 1) % a->save_every == 0) || last) &&
-		    t.rank == 0) {
-			if (loom_save(t.p, a->checkpoint) != LOOM_OK) {
-				fprintf(stderr, "gpt_ddp: %s\n", loom_program_error(t.p));
-				goto out;
-			}
-			printf("saved %s (step %lld)\n", a->checkpoint, (long long)step + 1);
-		}
-	}
-	if (c.sample > 0 && c.vocab == 256 && sample(&t, &c, &m, &val, &bt))
+	k.lossf = lossf;
+	/* A step runs --accumulate windows of B per rank. */
+	train_task task = {
+		.ctx = &k,
+		.per_epoch = k.per_epoch,
+		.samples_per_step = (int64_t)B * t.world * a->accumulate,
+		.accumulates_itself = 1,
+		.unit = "seq",
+		.log_last = 1,
+		.epoch_begin = gpt_epoch_begin,
+		.step = gpt_step,
+		.evaluate = gpt_evaluate,
+		.after_step = gpt_after_step,
+		.lr = gpt_lr,
+		.progress = gpt_progress,
+		.finish = gpt_finish,
+	};
+	if (train_drive(&t, &task))
+		goto out;
+	if (c.export_hf && a->export_path && t.rank == 0 && write_hf_config(&t, &c))
 		goto out;
 	rc = 0;
 out:

@@ -14,6 +14,42 @@
 #include "examples/train.h"
 #include "loom.h"
 
+/* The fixed batch, and when the timed steps began and ended. */
+typedef struct bench_task {
+	const float *img;
+	const int32_t *lab;
+	size_t ni;
+	double t0, t_end;
+} bench_task;
+
+static int bench_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, int update,
+		      train_tally *ty)
+{
+	bench_task *k = ctx;
+	(void)epoch;
+	(void)update;
+	if (!run)
+		return 0;
+	if (b == t->a.warmup)
+		k->t0 = train_now();
+	if (train_step(t, k->img, k->ni, k->lab, t->a.batch, 1)) {
+		fprintf(stderr, "resnet50_synthetic: step %lld: %s\n", (long long)b + 1,
+			loom_program_error(t->p));
+		return -1;
+	}
+	k->t_end = train_now();
+	ty->loss += loom_loss(t->p);
+	return 0;
+}
+
+static void bench_progress(train_run *t, void *ctx, const train_progress *pr)
+{
+	(void)ctx;
+	printf("step %3lld/%lld%s  loss %.4f  %.2f s  %.1f img/s on rank 0\n", (long long)pr->done,
+	       (long long)pr->last, pr->done <= t->a.warmup ? " (warm-up)" : "",
+	       pr->tally->loss / pr->tally->steps, pr->secs, t->a.batch / pr->secs);
+}
+
 int main(int argc, char **argv)
 {
 	train_run t;
@@ -53,27 +89,22 @@ int main(int argc, char **argv)
 	default: goto out;
 	}
 
-	double t0 = train_now(), tstep = t0;
-	for (int i = 0; i < a->warmup + a->steps; i++) {
-		if (i == a->warmup)
-			t0 = train_now();
-		if (train_step(&t, img, ni, lab, a->batch, 1) ||
-		    train_trace_tick(&t, i + 1, i + 1 == a->warmup + a->steps)) {
-			fprintf(stderr, "resnet50_synthetic: step %d: %s\n", i + 1,
-				loom_program_error(t.p));
-			goto out;
-		}
-		double now = train_now();
-		printf("step %3d/%d%s  loss %.4f  %.2f s  %.1f img/s on rank 0\n", i + 1,
-		       a->warmup + a->steps, i < a->warmup ? " (warm-up)" : "", loom_loss(t.p),
-		       now - tstep, a->batch / (now - tstep));
-		fflush(stdout);
-		if (train_log_step(&t, i + 1, 1, loom_loss(t.p), NAN, a->lr,
-				   a->batch * t.world / (now - tstep)))
-			goto out;
-		tstep = now;
-	}
-	double dt = train_now() - t0, mine = a->steps * (double)a->batch / dt;
+	/* One epoch of --warmup + --steps steps on the common driver, a
+	 * progress line (and --metrics row) per step. */
+	bench_task k = { .img = img, .lab = lab, .ni = ni };
+	train_task task = {
+		.ctx = &k,
+		.per_epoch = a->warmup + a->steps,
+		.samples_per_step = (int64_t)a->batch * t.world,
+		.unit = "img",
+		.step = bench_step,
+		.progress = bench_progress,
+	};
+	t.a.epochs = 1;
+	t.a.log_interval = 1;
+	if (train_drive(&t, &task))
+		goto out;
+	double dt = k.t_end - k.t0, mine = a->steps * (double)a->batch / dt;
 	/* Every rank's speed, for rank 0 to print; the slowest sets the pace. */
 	if (t.gworld > 1 && loom_comm_allgather(t.host, &mine, sizeof(mine), rates) != LOOM_OK) {
 		fprintf(stderr, "resnet50_synthetic: %s\n", loom_pg_error(t.pg));
@@ -93,8 +124,6 @@ int main(int argc, char **argv)
 	}
 	printf("total: %.2f img/s over %d rank%s (global batch %d; the slowest rank's pace: %.2f)\n",
 	       sum, t.world, t.world > 1 ? "s" : "", a->batch * t.world, slowest * t.world);
-	if (train_export(&t))
-		goto out;
 	rc = 0;
 out:
 	train_end(&t);

@@ -329,15 +329,33 @@ static int init_from(train_run *t)
 	loom_weights_opts_default(&o);
 	o.names = t->names;
 	o.n_names = t->n_names;
+	o.conv1d = t->conv1d;
+	o.n_conv1d = t->n_conv1d;
+	o.ignore = t->ignore;
+	o.n_ignore = t->n_ignore;
+	o.first_rows = t->first_rows;
+	o.n_first_rows = t->n_first_rows;
 	o.strict = a->init_strict;
 	snprintf(buf, sizeof(buf), "%s", a->reinit ? a->reinit : "");
 	o.skip = skip;
 	o.n_skip = split_names(buf, skip);
-	if (loom_import_safetensors(t->p, a->init_from, &o, &r) != LOOM_OK) {
-		fprintf(stderr, "%s: --init-from: %s\n", t->prog->name, loom_program_error(t->p));
+	loom_status st = loom_import_safetensors(t->p, a->init_from, &o, &r);
+	if (st != LOOM_OK) {
+		/* A name on one side only: the flag that accepts it. */
+		int names = a->init_strict && (st == LOOM_ERR_NOT_FOUND || st == LOOM_ERR_MISMATCH) &&
+			    (r.missing || r.unexpected);
+		fprintf(stderr, "%s: --init-from: %s%s\n", t->prog->name, loom_program_error(t->p),
+			names ? " (--init-strict false loads the tensors both sides have)" : "");
 		return -1;
 	}
+	t->init_report = r;
 	printf("initialised from %s: %d tensors", a->init_from, r.loaded);
+	if (r.transposed)
+		printf(" (%d Conv1D weights transposed)", r.transposed);
+	if (r.ignored)
+		printf(", %d of the file's ignored (buffers, tied)", r.ignored);
+	if (r.first_rows)
+		printf(", %d read in part (the file's first rows)", r.first_rows);
 	if (r.skipped)
 		printf(", %d left as initialised (--reinit %s)", r.skipped, a->reinit);
 	if (r.missing)
@@ -358,6 +376,9 @@ static int export_to(train_run *t, const char *path, int collective, char *err, 
 	loom_weights_opts_default(&o);
 	o.names = t->names;
 	o.n_names = t->n_names;
+	o.conv1d = t->conv1d;
+	o.n_conv1d = t->n_conv1d;
+	o.conv1d_export = t->conv1d_export;
 	double bad = loom_export_safetensors(t->p, path, &o) != LOOM_OK;
 	if (bad)
 		snprintf(err, errlen, "%s", loom_program_error(t->p));
@@ -378,7 +399,8 @@ int train_export(train_run *t)
 		return 0;
 	if (export_to(t, path, collective, err, sizeof(err)) == 0) {
 		if (t->rank == 0)
-			printf("exported the weights to %s (safetensors, PyTorch's names)\n", path);
+			printf("exported the weights to %s (safetensors, %s)\n", path,
+			       t->conv1d_export ? "Hugging Face's names and layout" : "PyTorch's names");
 		return 0;
 	}
 	if (t->rank == 0)
@@ -505,9 +527,11 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
-		fprintf(stderr, "%s: --batch-size %d needs more memory than %s: %s\n", name,
-			a->batch, a->memory_limit > 0 ? "--memory-limit allows" : "there is",
-			loom_last_error());
+		char size[64];
+		snprintf(size, sizeof(size), "--batch-size %d", a->batch);
+		fprintf(stderr, "%s: %s needs more memory than %s: %s\n", name,
+			t->size_text ? t->size_text : size,
+			a->memory_limit > 0 ? "--memory-limit allows" : "there is", loom_last_error());
 		return -1;
 	} else if (cst != LOOM_OK) {
 		fprintf(stderr, "%s: %s\n", name, loom_last_error());
@@ -515,6 +539,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	}
 	t->logits = logits;
 	t->classes = classes;
+	if (t->init && !a->dry_run && t->init(t, t->init_ctx))
+		return -1;
 	if (a->init_from && init_from(t))
 		return -1;
 	if (a->dump_graph)
@@ -525,7 +551,10 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	loom_program_info info;
 	char sched[96], tail[64];
 	loom_program_info_get(t->p, &info);
-	schedule_text(a, sched, sizeof(sched));
+	if (t->schedule_text)
+		snprintf(sched, sizeof(sched), "%s", t->schedule_text);
+	else
+		schedule_text(a, sched, sizeof(sched));
 	if (t->prog->groups & TRAIN_FLAGS_FIT)
 		snprintf(tail, sizeof(tail), "%d epochs", a->epochs);
 	else
@@ -800,8 +829,10 @@ static int save(train_run *t, int64_t epoch, int64_t samples, int64_t step)
 	return 0;
 }
 
-/* --resume: the step to start at and its epoch. 0 or -1 after saying why. */
-static int resume(train_run *t, int64_t per_epoch, int64_t *step, int64_t *first_epoch)
+/* --resume: the step to start at and its epoch, with per_epoch steps of
+ * unit global samples each. 0 or -1 after saying why. */
+static int resume(train_run *t, int64_t per_epoch, int64_t unit, int64_t *step,
+		  int64_t *first_epoch)
 {
 	const train_args *a = &t->a;
 	loom_program_info info;
@@ -823,7 +854,7 @@ static int resume(train_run *t, int64_t per_epoch, int64_t *step, int64_t *first
 	int64_t ce, cs;
 	if (cursor_load(a->checkpoint, &ce, &cs) == 0) {
 		*first_epoch = ce;
-		*step = ce * per_epoch + cs / ((int64_t)a->batch * t->world);
+		*step = ce * per_epoch + cs / unit;
 	} else {
 		*first_epoch = *step / per_epoch;
 	}
@@ -845,74 +876,89 @@ static void eta_text(double s, char *buf, size_t len)
 		snprintf(buf, len, "%lds", v);
 }
 
-/* The running figures of an epoch between two progress lines. */
-typedef struct progress {
-	double tlog, lsum;
-	int64_t correct, seen, since;
-} progress;
-
 /*
- * One line a person reads at a glance: where in the run (epoch, step of the
- * epoch), how it learns (rank 0's mean loss and accuracy since the last
- * line), how fast (global images/s: every rank steps together) and how long
- * is left (all the run's remaining steps at the current speed; evaluation
- * is not counted), then the global batch, lr and loss scale.
+ * The image programs' line, read at a glance: where in the run (epoch,
+ * step of the epoch), how it learns (rank 0's mean loss and accuracy since
+ * the last line), how fast (global images/s: every rank steps together)
+ * and how long is left (all the run's remaining steps at the current
+ * speed; evaluation is not counted), then the global batch, lr and loss
+ * scale.
  */
-static int progress_line(train_run *t, progress *pr, int epoch, int64_t b, int64_t per_epoch,
-			 int64_t left, double lr, int64_t done)
+static void progress_line(train_run *t, const train_progress *pr)
 {
+	const train_tally *ty = pr->tally;
 	loom_program_info info;
-	double now = train_now(), dt = now - pr->tlog;
-	double ips = dt > 0 ? pr->since * (double)t->a.batch * t->world / dt : 0;
+	double ips = pr->secs > 0 ? ty->steps * (double)t->a.batch * t->world / pr->secs : 0;
 	char eta[32];
 
-	eta_text(pr->since ? left * dt / pr->since : 0, eta, sizeof(eta));
+	eta_text(ty->steps ? (pr->last - pr->done) * pr->secs / ty->steps : 0, eta, sizeof(eta));
 	loom_program_info_get(t->p, &info);
 	printf("epoch %d step %5lld/%lld  loss %.4f  acc %5.2f%%  %6.1f img/s  ETA %s  batch %d  "
 	       "lr %.4g  loss scale %g",
-	       epoch + 1, (long long)(b + 1), (long long)per_epoch, pr->lsum / pr->since,
-	       100.0 * pr->correct / (pr->seen ? pr->seen : 1), ips, eta, t->a.batch * t->world,
-	       lr, info.loss_scale);
+	       (int)pr->epoch + 1, (long long)(pr->b + 1), (long long)pr->per_epoch,
+	       ty->loss / ty->steps, 100.0 * ty->correct / (ty->seen ? ty->seen : 1), ips, eta,
+	       t->a.batch * t->world, pr->lr, info.loss_scale);
 	if (info.skipped_steps)
 		printf(" (%lld steps skipped)", (long long)info.skipped_steps);
 	printf("\n");
 	if (info.amp_report && info.amp_report[0])
 		printf("amp: first non-finite value from %s\n", info.amp_report);
+}
+
+/* Every --log-interval steps: the task's line (or the images'), then the
+ * --metrics row; the tally starts again. */
+static int progress(train_run *t, const train_task *task, train_tally *ty, double *tlog,
+		    int64_t epoch, int64_t b, int64_t done, int64_t last, double lr)
+{
+	double now = train_now(), secs = now - *tlog;
+	train_progress pr = { .epoch = epoch, .b = b, .per_epoch = task->per_epoch, .done = done,
+			      .last = last, .secs = secs, .lr = lr, .tally = ty };
+	if (task->progress)
+		task->progress(t, task->ctx, &pr);
+	else
+		progress_line(t, &pr);
 	fflush(stdout);
-	int rc = train_log_step(t, done, epoch + 1, pr->lsum / pr->since,
-				(double)pr->correct / (pr->seen ? pr->seen : 1), lr, ips);
-	*pr = (progress){ .tlog = now };
+	double sps = secs > 0 ? ty->steps * (double)task->samples_per_step / secs : 0;
+	int rc = train_log_step(t, done, (int)epoch + 1, ty->loss / ty->steps,
+				ty->seen ? (double)ty->correct / ty->seen : NAN, lr, sps);
+	*ty = (train_tally){ 0 };
+	*tlog = train_now();
 	return rc;
 }
 
-/* After an epoch: test loss and accuracy, the epoch's speed, a checkpoint. */
-static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoch, double secs,
-		     int64_t seen, int64_t stopped_at)
+/* After an epoch: the task's evaluation, the epoch's speed, the --metrics
+ * record, a checkpoint (at the step after this epoch, or at stopped_at
+ * when --max-steps ended the run inside it). */
+static int epoch_end(train_run *t, const train_task *task, int64_t epoch, double secs,
+		     int64_t steps, int64_t done, int64_t stopped_at)
 {
-	char test_part[96] = "no test images to evaluate";
+	char test_part[96] = "";
 	loom_program_info info;
-	double acc, tloss;
+	double acc = NAN, tloss = NAN;
 
-	if (test_n > 0) {
-		if (train_evaluate(t, test_l, test_n, &acc, &tloss)) {
-			fprintf(stderr, "%s: evaluation: %s%s\n", t->prog->name,
-				loom_program_error(t->p), loom_pg_error(t->pg));
+	if (task->evaluate) {
+		int rc = task->evaluate(t, task->ctx, done, &tloss, &acc);
+		if (rc < 0)
 			return -1;
-		}
-		snprintf(test_part, sizeof(test_part), "test loss %.6f, test accuracy %.2f%%", tloss,
-			 100 * acc);
+		if (rc == 1)
+			snprintf(test_part, sizeof(test_part), "no test images to evaluate, ");
+		else if (isnan(acc))
+			snprintf(test_part, sizeof(test_part), "test loss %.6f, ", tloss);
+		else
+			snprintf(test_part, sizeof(test_part), "test loss %.6f, test accuracy %.2f%%, ",
+				 tloss, 100 * acc);
 	}
 	loom_program_info_get(t->p, &info);
-	double ips = seen * (double)t->world / (secs > 0 ? secs : 1);
-	printf("epoch %d done: %s, train %.1f s (%.1f img/s), loss scale %g, skipped steps %lld\n",
-	       epoch + 1, test_part, secs, ips, info.loss_scale, (long long)info.skipped_steps);
+	double ips = steps * (double)task->samples_per_step / (secs > 0 ? secs : 1);
+	printf("epoch %d done: %strain %.1f s (%.1f %s/s), loss scale %g, skipped steps %lld\n",
+	       (int)epoch + 1, test_part, secs, ips, task->unit ? task->unit : "img",
+	       info.loss_scale, (long long)info.skipped_steps);
 	char err[256];
 	if (t->metrics &&
 	    train_metrics_log(t->metrics, "epoch", err, sizeof(err),
-			      "{s:i, s:I, s:o, s:o, s:f, s:f, s:f, s:I, s:i}", "epoch", epoch + 1,
+			      "{s:i, s:I, s:o, s:o, s:f, s:f, s:f, s:I, s:i}", "epoch", (int)epoch + 1,
 			      "step", (json_int_t)loom_step_count(t->p), "test_loss",
-			      train_metrics_number(test_n > 0 ? tloss : NAN), "test_accuracy",
-			      train_metrics_number(test_n > 0 ? acc : NAN),
+			      train_metrics_number(tloss), "test_accuracy", train_metrics_number(acc),
 			      "train_s", secs, "images_per_s", ips, "loss_scale", info.loss_scale,
 			      "skipped_steps", (json_int_t)info.skipped_steps, "ranks", t->world)) {
 		fprintf(stderr, "%s: %s\n", t->prog->name, err);
@@ -921,12 +967,112 @@ static int epoch_end(train_run *t, loom_loader *test_l, int64_t test_n, int epoc
 	/* A run stopped mid-epoch (--max-steps) resumes at its next batch. */
 	if (t->a.checkpoint &&
 	    save(t, stopped_at ? epoch : epoch + 1,
-		 stopped_at ? stopped_at * (int64_t)t->a.batch * t->world : 0,
-		 loom_step_count(t->p)))
+		 stopped_at ? stopped_at * task->samples_per_step : 0, loom_step_count(t->p)))
 		return -1;
 	fflush(stdout);
 	return 0;
 }
+
+int train_drive(train_run *t, const train_task *task)
+{
+	const train_args *a = &t->a;
+	const char *name = t->prog->name;
+	const int64_t per_epoch = task->per_epoch;
+	int64_t step = 0, first_epoch = 0;
+
+	if (per_epoch < 1) {
+		fprintf(stderr, "%s: an epoch of %lld steps: nothing to train on\n", name,
+			(long long)per_epoch);
+		return -1;
+	}
+	if (a->resume && resume(t, per_epoch, task->samples_per_step, &step, &first_epoch))
+		return -1;
+	int64_t last = (int64_t)a->epochs * per_epoch;
+	if (a->max_steps && a->max_steps < last)
+		last = a->max_steps;
+	int64_t done = step, timed = 0;
+	/* Test hook (tests/ddp/test_ddp.sh): rank 1 of a launcher's first
+	 * attempt dies by SIGKILL before step LOOM_TEST_KILL_AT_STEP. */
+	const char *ka = getenv("LOOM_TEST_KILL_AT_STEP"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+	int64_t kill_at = ka && t->rank == 1 && att && !strcmp(att, "0") ? atoll(ka) : -1;
+	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
+	for (int64_t epoch = first_epoch; epoch < a->epochs && done < last; epoch++) {
+		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
+		int64_t steps = 0, stopped_at = 0;
+		double lr = -1, t0 = train_now(), t_prev, tlog = t0;
+		train_tally ty = { 0 };
+
+		if (task->epoch_begin && task->epoch_begin(t, task->ctx, epoch))
+			return -1;
+		t_prev = train_now();
+		for (int64_t b = 0; b < per_epoch && done < last; b++) {
+			if (b < b0) { /* resumed mid-epoch: these were trained on */
+				if (task->step(t, task->ctx, epoch, b, 0, 0, &ty))
+					goto out_stop;
+				t_prev = tlog = train_now();
+				continue;
+			}
+			double want = task->lr ? task->lr(t, task->ctx, epoch, b, done, last) :
+						 train_lr(a, epoch, b, per_epoch);
+			if (want != lr && loom_set_lr(t->p, lr = want) != LOOM_OK) {
+				fprintf(stderr, "%s: %s\n", name, loom_program_error(t->p));
+				goto out_stop;
+			}
+			/* --accumulate: the optimizer steps on every N-th batch, on an
+			 * epoch's last and on the run's last, so that no micro-batch's
+			 * gradient is left behind or carried into a checkpoint. */
+			int update = task->accumulates_itself || (b + 1) % a->accumulate == 0 ||
+				     b + 1 == per_epoch || done + 1 >= last;
+			loom_pg_set_step(t->pg, done + 1); /* for a hang report: "step 39's all-reduce" */
+			if (kill_at >= 0 && done == kill_at)
+				raise(SIGKILL);
+			if (task->step(t, task->ctx, epoch, b, 1, update, &ty))
+				goto out_stop;
+			ty.steps++;
+			steps++;
+			done++;
+			double now = train_now();
+			if (done - step > 1) {
+				timed++;
+				timed_s += now - t_prev;
+			}
+			t_prev = now;
+			int ends = b + 1 == per_epoch || done >= last;
+			if ((done % a->log_interval == 0 || (done >= last && task->log_last)) &&
+			    progress(t, task, &ty, &tlog, epoch, b, done, last, lr))
+				goto out_stop;
+			if (train_trace_tick(t, done - step, done >= last))
+				goto out_stop;
+			if (task->after_step && task->after_step(t, task->ctx, done, ends))
+				goto out_stop;
+			/* The run's last step saves in epoch_end (once). */
+			if (update && a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
+			    done < last && save(t, epoch, (b + 1) * task->samples_per_step, done))
+				goto out_stop;
+			if (done >= last && b + 1 < per_epoch)
+				stopped_at = b + 1;
+		}
+		if (task->epoch_stop)
+			task->epoch_stop(t, task->ctx, epoch);
+		if (epoch_end(t, task, epoch, train_now() - t0, steps, done, stopped_at))
+			return -1;
+	}
+	if (timed > 0)
+		printf("trained %lld steps: %.1f %s/s (global batch %lld, steps 2..%lld of this run: "
+		       "%.1f s, loading included, evaluation not)\n",
+		       (long long)(done - step), timed * (double)task->samples_per_step / timed_s,
+		       task->unit ? task->unit : "img", (long long)task->samples_per_step,
+		       (long long)(done - step), timed_s);
+	if (task->finish && task->finish(t, task->ctx))
+		return -1;
+	return train_export(t);
+out_stop:
+	if (task->epoch_stop)
+		task->epoch_stop(t, task->ctx, -1);
+	return -1;
+}
+
+/* ------------------------------------------------- the image programs' task */
 
 /* Test hook (LOOM_TEST_EPOCH_ORDER, tests/e2e/test_epoch_order.sh): what an
  * epoch fed, as a hash of the order of its samples and a sum of their
@@ -947,135 +1093,128 @@ static void epoch_order_add(epoch_order *eo, const float *img, const int32_t *la
 	}
 }
 
+/* A loader's batches, prefetched while the step runs. */
+typedef struct image_task {
+	loom_sampler *train_s;
+	loom_loader *test_l;
+	int64_t test_n;
+	loom_prefetch *pf;
+	int64_t per_epoch;
+	size_t elems;
+	float *out; /* the batch's logits */
+	int order_hook, running;
+	epoch_order eo;
+} image_task;
+
+static int image_epoch_begin(train_run *t, void *ctx, int64_t epoch)
+{
+	image_task *k = ctx;
+	loom_sampler_set_epoch(k->train_s, epoch);
+	k->eo = (epoch_order){ 1469598103934665603ull, 0 };
+	if (loom_prefetch_start(k->pf)) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, loom_prefetch_error(k->pf));
+		return -1;
+	}
+	k->running = 1;
+	return 0;
+}
+
+static int image_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, int update,
+		      train_tally *ty)
+{
+	image_task *k = ctx;
+	const char *name = t->prog->name;
+	const float *img;
+	const int32_t *lab;
+	int count;
+	if (loom_prefetch_next(k->pf, &img, &lab, &count) != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(k->pf));
+		return -1;
+	}
+	if (count != t->a.batch) {
+		fprintf(stderr, "%s: batch %lld of epoch %d holds %d images, not %d\n", name,
+			(long long)b, (int)epoch + 1, count, t->a.batch);
+		return -1;
+	}
+	if (k->order_hook)
+		epoch_order_add(&k->eo, img, lab, count, k->elems);
+	if (!run)
+		return 0;
+	if (train_step(t, img, (size_t)t->a.batch * k->elems, lab, t->a.batch, update) ||
+	    loom_read(t->p, t->logits, k->out, (size_t)t->a.batch * t->classes)) {
+		fprintf(stderr, "%s: step %lld: %s\n", name, (long long)(epoch * k->per_epoch + b),
+			loom_program_error(t->p));
+		return -1;
+	}
+	for (int i = 0; i < count; i++)
+		ty->correct += argmax(k->out + (size_t)i * t->classes, t->classes) == lab[i];
+	ty->seen += count;
+	ty->loss += loom_loss(t->p);
+	return 0;
+}
+
+/* The sampler's epoch changes next: the worker must be idle. */
+static void image_epoch_stop(train_run *t, void *ctx, int64_t epoch)
+{
+	image_task *k = ctx;
+	(void)t;
+	if (!k->running)
+		return;
+	loom_prefetch_stop(k->pf);
+	k->running = 0;
+	if (k->order_hook && epoch >= 0)
+		printf("epoch %d order %016llx set %016llx\n", (int)epoch + 1,
+		       (unsigned long long)k->eo.order, (unsigned long long)k->eo.set);
+}
+
+static int image_evaluate(train_run *t, void *ctx, int64_t done, double *loss, double *acc)
+{
+	image_task *k = ctx;
+	(void)done;
+	if (k->test_n <= 0)
+		return 1;
+	if (train_evaluate(t, k->test_l, k->test_n, acc, loss)) {
+		fprintf(stderr, "%s: evaluation: %s%s\n", t->prog->name, loom_program_error(t->p),
+			loom_pg_error(t->pg));
+		return -1;
+	}
+	return 0;
+}
+
 int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
 	      int64_t test_n)
 {
-	const train_args *a = &t->a;
-	const char *name = t->prog->name;
-	int64_t per_epoch = loom_loader_num_batches(train_l);
-	size_t elems = loom_loader_image_elems(train_l);
-	int64_t step = 0, first_epoch = 0;
-	loom_prefetch *pf = NULL;
 	char err[512];
+	image_task k = { .train_s = train_s, .test_l = test_l, .test_n = test_n,
+			 .elems = loom_loader_image_elems(train_l),
+			 .per_epoch = loom_loader_num_batches(train_l),
+			 .order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL };
+	train_task task = {
+		.ctx = &k,
+		.per_epoch = loom_loader_num_batches(train_l),
+		.samples_per_step = (int64_t)t->a.batch * t->world,
+		.unit = "img",
+		.epoch_begin = image_epoch_begin,
+		.step = image_step,
+		.epoch_stop = image_epoch_stop,
+		.evaluate = image_evaluate,
+	};
 	int rc = -1;
-
-	if (a->resume && resume(t, per_epoch, &step, &first_epoch))
-		return -1;
-	float *out = malloc(sizeof(float) * (size_t)a->batch * t->classes);
-	if (!out) {
-		fprintf(stderr, "%s: out of memory\n", name);
+	k.out = malloc(sizeof(float) * (size_t)t->a.batch * t->classes);
+	if (!k.out) {
+		fprintf(stderr, "%s: out of memory\n", t->prog->name);
 		return -1;
 	}
 	/* Batches are read, augmented and normalised on the prefetcher's
 	 * thread while the step runs. */
-	if (loom_prefetch_new(train_l, &pf, err, sizeof(err))) {
-		fprintf(stderr, "%s: %s\n", name, err);
+	if (loom_prefetch_new(train_l, &k.pf, err, sizeof(err))) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, err);
 		goto out_free;
 	}
-	int64_t last = (int64_t)a->epochs * per_epoch;
-	if (a->max_steps && a->max_steps < last)
-		last = a->max_steps;
-	int64_t done = step, timed = 0;
-	/* Test hook (tests/ddp/test_ddp.sh): rank 1 of a launcher's first
-	 * attempt dies by SIGKILL before step LOOM_TEST_KILL_AT_STEP. */
-	const char *ka = getenv("LOOM_TEST_KILL_AT_STEP"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
-	int64_t kill_at = ka && t->rank == 1 && att && !strcmp(att, "0") ? atoll(ka) : -1;
-	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
-	int order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL;
-	for (int epoch = (int)first_epoch; epoch < a->epochs && done < last; epoch++) {
-		int64_t b0 = epoch == first_epoch ? done - first_epoch * per_epoch : 0;
-		int64_t seen = 0, stopped_at = 0;
-		double lr = -1, t0 = train_now(), t_prev;
-		progress pr = { .tlog = t0 };
-
-		loom_sampler_set_epoch(train_s, epoch);
-		epoch_order eo = { 1469598103934665603ull, 0 };
-		if (loom_prefetch_start(pf)) {
-			fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
-			goto out_free;
-		}
-		t_prev = train_now();
-		for (int64_t b = 0; b < per_epoch && done < last; b++) {
-			const float *img;
-			const int32_t *lab;
-			int count;
-			if (loom_prefetch_next(pf, &img, &lab, &count) != LOOM_OK) {
-				fprintf(stderr, "%s: %s\n", name, loom_prefetch_error(pf));
-				goto out_free;
-			}
-			if (count != a->batch) {
-				fprintf(stderr, "%s: batch %lld of epoch %d holds %d images, not %d\n",
-					name, (long long)b, epoch + 1, count, a->batch);
-				goto out_free;
-			}
-			if (order_hook)
-				epoch_order_add(&eo, img, lab, count, elems);
-			if (b < b0) {
-				t_prev = train_now();
-				continue; /* resumed mid-epoch: these were trained on */
-			}
-			double want = train_lr(a, epoch, b, per_epoch);
-			if (want != lr && loom_set_lr(t->p, lr = want) != LOOM_OK) {
-				fprintf(stderr, "%s: %s\n", name, loom_program_error(t->p));
-				goto out_free;
-			}
-			/* --accumulate: the optimizer steps on every N-th batch, on an
-			 * epoch's last and on the run's last, so that no micro-batch's
-			 * gradient is left behind or carried into a checkpoint. */
-			int update = (b + 1) % a->accumulate == 0 || b + 1 == per_epoch ||
-				     done + 1 >= last;
-			loom_pg_set_step(t->pg, done + 1); /* for a hang report: "step 39's all-reduce" */
-			if (kill_at >= 0 && done == kill_at)
-				raise(SIGKILL);
-			if (train_step(t, img, (size_t)a->batch * elems, lab, a->batch, update) ||
-			    loom_read(t->p, t->logits, out, (size_t)a->batch * t->classes)) {
-				fprintf(stderr, "%s: step %lld: %s\n", name, (long long)done,
-					loom_program_error(t->p));
-				goto out_free;
-			}
-			for (int i = 0; i < count; i++)
-				pr.correct += argmax(out + (size_t)i * t->classes, t->classes) == lab[i];
-			pr.seen += count;
-			pr.lsum += loom_loss(t->p);
-			pr.since++;
-			seen += count;
-			done++;
-			double now = train_now();
-			if (done - step > 1) {
-				timed++;
-				timed_s += now - t_prev;
-			}
-			t_prev = now;
-			if (done % a->log_interval == 0 &&
-			    progress_line(t, &pr, epoch, b, per_epoch, last - done, lr, done))
-				goto out_free;
-			if (train_trace_tick(t, done - step, done >= last))
-				goto out_free;
-			if (update && a->save_every && done % a->save_every == 0 && b + 1 < per_epoch &&
-			    save(t, epoch, (b + 1) * (int64_t)a->batch * t->world, done))
-				goto out_free;
-			if (done >= last && b + 1 < per_epoch)
-				stopped_at = b + 1;
-		}
-		/* The sampler's epoch changes next: the worker must be idle. */
-		loom_prefetch_stop(pf);
-		if (order_hook)
-			printf("epoch %d order %016llx set %016llx\n", epoch + 1,
-			       (unsigned long long)eo.order, (unsigned long long)eo.set);
-		if (epoch_end(t, test_l, test_n, epoch, train_now() - t0, seen, stopped_at))
-			goto out_free;
-	}
-	if (timed > 0)
-		printf("trained %lld steps: %.1f img/s (global batch %d, steps 2..%lld of this run: "
-		       "%.1f s, loading included, evaluation not)\n",
-		       (long long)(done - step), timed * (double)a->batch * t->world / timed_s,
-		       a->batch * t->world, (long long)(done - step), timed_s);
-	if (train_export(t))
-		goto out_free;
-	rc = 0;
+	rc = train_drive(t, &task);
 out_free:
-	loom_prefetch_free(pf);
-	free(out);
+	loom_prefetch_free(k.pf);
+	free(k.out);
 	return rc;
 }
 

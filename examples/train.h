@@ -4,7 +4,9 @@
  * plan and memory reports, the start-up lines, checkpoints with a data
  * cursor, the epoch loop with its progress line and learning-rate schedule,
  * and evaluation summed across ranks. A program builds its graph and its
- * loaders; train.c runs them.
+ * data, hands train_drive a train_task (its batches, evaluation and lines;
+ * train_fit is the image programs'), and train.c runs them: every example,
+ * gpt_ddp included, on the one driver.
  */
 #ifndef LOOM_EXAMPLES_TRAIN_H
 #define LOOM_EXAMPLES_TRAIN_H
@@ -36,7 +38,29 @@ typedef struct train_run {
 	 * --export (set by the program before compiling); NULL: loom's own. */
 	const loom_name_map *names;
 	int n_names;
+	/* Hugging Face layouts (loom_weights_opts): weights a file may hold
+	 * as Conv1D ([in, out]; conv1d_export: --export writes them so) and
+	 * the file's tensors to ignore (gpt_ddp: GPT-2's). NULL: none. */
+	const char *const *conv1d;
+	int n_conv1d, conv1d_export;
+	const char *const *ignore;
+	int n_ignore;
+	const char *const *first_rows; /* --init-from may hold more rows (loom_weights_opts) */
+	int n_first_rows;
+	loom_weights_report init_report; /* what --init-from read */
 	train_metrics *metrics; /* --metrics, on rank 0; else NULL */
+	/* The program's own initial values, written after compiling and
+	 * before --init-from replaces them (so that the file's weights are
+	 * the ones trained); NULL: the graph's initialisers. 0 or -1 after
+	 * saying why. */
+	int (*init)(struct train_run *t, void *ctx);
+	void *init_ctx;
+	/* The learning-rate schedule as the start-up line says it; NULL:
+	 * the flags' (train_lr's). */
+	const char *schedule_text;
+	/* The flags that size the model, blamed when it does not fit in
+	 * memory; NULL: "--batch-size N". */
+	const char *size_text;
 } train_run;
 
 /* The settings every rank must share, as train_start compares them across
@@ -124,12 +148,81 @@ double train_lr(const train_args *a, int64_t epoch, int64_t step, int64_t per_ep
 loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *acc,
 			   double *loss);
 
+/* What the steps since the last progress line added up to. */
+typedef struct train_tally {
+	double loss;           /* the steps' mean losses, summed */
+	int64_t correct, seen; /* classified right, of seen (seen 0: not measured) */
+	int64_t steps;         /* steps since the last line */
+} train_tally;
+
+/* Where the run stands when the progress line is printed. */
+typedef struct train_progress {
+	int64_t epoch;     /* 0-based */
+	int64_t b;         /* the step just run, 0-based within the epoch */
+	int64_t per_epoch; /* steps in an epoch */
+	int64_t done;      /* steps of the whole run done (a resumed run's included) */
+	int64_t last;      /* the step the run ends at */
+	double secs;       /* since the last line */
+	double lr;
+	const train_tally *tally;
+} train_progress;
+
 /*
- * The epochs: resume (--resume, from the checkpoint and its cursor), the
- * prefetched training batches of train_l (over train_s, whose epoch it
- * sets), the schedule, the progress line every --log-interval steps,
- * checkpoints, and evaluation on test_l (test_n images; 0: none) after
- * every epoch. 0 or -1 after saying why.
+ * A program's model and data as the driver (train_drive) sees them. The
+ * driver owns what every program shares: --resume and the checkpoint with
+ * its cursor (--checkpoint, --save-every, a restart's resume), the epochs
+ * and --max-steps, the schedule, the progress line every --log-interval
+ * steps with its --metrics row, the epoch's --metrics record, --trace,
+ * --export. The task feeds its batches and measures.
+ */
+typedef struct train_task {
+	void *ctx;
+	int64_t per_epoch;        /* steps in an epoch, per rank */
+	int64_t samples_per_step; /* global samples a step consumes (the cursor's unit) */
+	/* 1: the task's step runs its own --accumulate micro-batches and
+	 * always updates; 0: every --accumulate-th step (and an epoch's last)
+	 * updates, the others accumulate. */
+	int accumulates_itself;
+	const char *unit;         /* what a sample is called in the summary: "img" */
+	int log_last;             /* a progress line on the run's last step too */
+	/* An epoch begins: the sampler's epoch, start a feeder (optional). */
+	int (*epoch_begin)(train_run *t, void *ctx, int64_t epoch);
+	/* Step b of epoch. run 1: train on it (update 0: accumulate only),
+	 * adding to *tally its mean loss and, when the task classifies, its
+	 * correct and seen counts; run 0: a resumed run is past it, consume
+	 * it without training. 0 or -1 after saying why. */
+	int (*step)(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, int update,
+		    train_tally *tally);
+	/* The epoch's steps are over (optional): stop a feeder. */
+	void (*epoch_stop)(train_run *t, void *ctx, int64_t epoch);
+	/* An epoch's end: the held-out mean loss and accuracy (NaN: not
+	 * measured); 1 when there is nothing to evaluate (optional: none). */
+	int (*evaluate)(train_run *t, void *ctx, int64_t done, double *loss, double *acc);
+	/* After each step (optional), with epoch_end set on an epoch's last
+	 * or the run's last step (the driver evaluates there). */
+	int (*after_step)(train_run *t, void *ctx, int64_t done, int epoch_end);
+	/* The lr of step b of epoch (global step `step`) in a run of `last`
+	 * steps (optional: train_lr, the flags' schedule). */
+	double (*lr)(train_run *t, void *ctx, int64_t epoch, int64_t b, int64_t step,
+		     int64_t last);
+	/* The progress line (optional: epoch, step, loss, accuracy, img/s,
+	 * ETA, batch, lr, loss scale). The driver writes the --metrics row. */
+	void (*progress)(train_run *t, void *ctx, const train_progress *pr);
+	/* After the last step, before --export (optional): a sample, a report. */
+	int (*finish)(train_run *t, void *ctx);
+} train_task;
+
+/*
+ * Runs the epochs of task on the compiled program (train_compile first),
+ * then --export. 0 or -1 after saying why.
+ */
+int train_drive(train_run *t, const train_task *task);
+
+/*
+ * The image programs' task on train_drive: the prefetched training
+ * batches of train_l (over train_s, whose epoch it sets), accuracy from
+ * the logits, evaluation on test_l (test_n images; 0: none) after every
+ * epoch. 0 or -1 after saying why.
  */
 int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_loader *test_l,
 	      int64_t test_n);

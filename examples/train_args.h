@@ -1,6 +1,6 @@
 /*
  * examples/train_args.h — the command line the training examples share
- * (mnist_ddp, cifar_ddp, resnet50_synthetic): one parser over one table of
+ * (mnist_ddp, cifar_ddp, resnet50_synthetic, gpt_ddp): one parser over one table of
  * flags, each program taking the groups it needs with its own defaults. It
  * returns a status and a message instead of printing or exiting, so that a
  * test or a fuzzer (tests/fuzz/fuzz_args.c) can call it as often as it likes.

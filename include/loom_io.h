@@ -32,7 +32,11 @@ typedef struct loom_weights_opts {
 	 * report and left alone (the program's keeps its initial value). A
 	 * tensor of another shape is an error either way, as in PyTorch. */
 	int strict;
-	/* Prefix renames, the first that matches applies; may be NULL. */
+	/* Prefix renames. Export: the first that matches applies. Import: of
+	 * those that match, the first whose result the file holds (so that
+	 * two spellings can be offered: GPT-2's "transformer." kept, as
+	 * GPT2LMHeadModel's files have it, or dropped, as GPT2Model's); none
+	 * held: the first. May be NULL. */
 	const loom_name_map *names;
 	int n_names;
 	/* Import only: tensors (file names) left as the program initialised
@@ -41,6 +45,28 @@ typedef struct loom_weights_opts {
 	 * fc.bias, for a classifier of another size). May be NULL. */
 	const char *const *skip;
 	int n_skip;
+	/* Hugging Face's Conv1D (GPT-2's c_attn, c_proj, c_fc): the 2-D
+	 * weights named here (file names; an entry matches a name equal to it
+	 * or ending in '.' and it) are [out, in] in the program, [in, out] in
+	 * such a file. Import: a file holding any of them with its two
+	 * dimensions swapped (and unequal) holds all of them so, and each is
+	 * transposed as it is read; otherwise they are read as they are.
+	 * Export: conv1d_export 1 writes them transposed. May be NULL. */
+	const char *const *conv1d;
+	int n_conv1d;
+	int conv1d_export;
+	/* Import only: the file's tensors that are neither read nor
+	 * unexpected (matched as conv1d): GPT-2's attn.bias and
+	 * attn.masked_bias buffers (the causal mask), an lm_head.weight tied
+	 * to the embedding. May be NULL. */
+	const char *const *ignore;
+	int n_ignore;
+	/* Import only: tensors (matched as conv1d) of which the program holds
+	 * the file's first rows when the file has more, the other dimensions
+	 * equal: GPT-2's wpe (n_positions rows) for a shorter context. May be
+	 * NULL. */
+	const char *const *first_rows;
+	int n_first_rows;
 } loom_weights_opts;
 
 /* strict 1, no renames, nothing skipped. */
@@ -55,6 +81,9 @@ typedef struct loom_weights_report {
 	int skipped;     /* the program's, left by opts.skip */
 	char first_missing[96];
 	char first_unexpected[96];
+	int transposed;  /* of loaded: read from [in, out] (opts.conv1d) */
+	int ignored;     /* the file's, left by opts.ignore */
+	int first_rows;  /* of loaded: their first rows only (opts.first_rows) */
 } loom_weights_report;
 
 /*

@@ -449,3 +449,87 @@ Test(weights, o2_masters_take_the_import)
 	loom_program_free(b.p);
 	free(path), free(out);
 }
+
+/* Hugging Face's Conv1D layout (GPT-2): fc.weight standing in for a listed
+ * projection, [in, out] in the file: written transposed by conv1d_export,
+ * read back through the transpose bit for bit, refused without the list;
+ * ignored names (a whole '.'-separated suffix only); of two renames that
+ * match, the one the file holds. */
+static int add_mask(loom_st_tensor *t, int n, void *user)
+{
+	t[n] = t[0];
+	t[n].name = user;
+	return n + 1;
+}
+
+Test(weights, conv1d_layout_ignored_names_and_alternative_renames)
+{
+	char *path, *conv = in_dir("conv1d.safetensors"), *mask = in_dir("mask.safetensors");
+	char *xmask = in_dir("xmask.safetensors");
+	net a = reference(&path), b = build(2, LOOM_O0), c = build(3, LOOM_O0);
+	float za[BATCH * 10], zb[BATCH * 10];
+	loom_weights_opts o = torch_names();
+	loom_weights_report r;
+	static const char *const conv1d[] = { "fc.weight" };
+
+	o.conv1d = conv1d;
+	o.n_conv1d = 1;
+	o.conv1d_export = 1;
+	cr_assert_eq(loom_export_safetensors(a.p, conv, &o), LOOM_OK, "%s", loom_program_error(a.p));
+	loom_st_file *fc = read_st(conv), *fp = read_st(path);
+	const loom_st_tensor *tw = loom_st_find(fc, "fc.weight"), *pw = loom_st_find(fp, "fc.weight");
+	cr_assert(tw && pw);
+	cr_expect(tw->ndim == 2 && tw->dims[0] == 1568 && tw->dims[1] == 10, "[%lld, %lld]",
+		  (long long)tw->dims[0], (long long)tw->dims[1]);
+	const float *x = tw->data, *y = pw->data;
+	int transposed = 1;
+	for (int i = 0; i < 10; i++)
+		for (int j = 0; j < 1568; j++)
+			transposed &= x[j * 10 + i] == y[i * 1568 + j];
+	cr_expect(transposed, "fc.weight is not the transpose of the program's");
+	cr_expect_eq(memcmp(loom_st_find(fc, "fc.bias")->data, loom_st_find(fp, "fc.bias")->data,
+			    40), 0, "a 1-D tensor of a listed name's layer changed");
+	loom_st_free(fc);
+	loom_st_free(fp);
+
+	cr_expect_eq(loom_import_safetensors(b.p, conv, &o, &r), LOOM_OK, "%s",
+		     loom_program_error(b.p));
+	cr_expect_eq(r.transposed, 1);
+	cr_expect_eq(r.loaded, 14);
+	eval_logits(&a, za);
+	eval_logits(&b, zb);
+	cr_expect_eq(memcmp(za, zb, sizeof(za)), 0, "eval logits differ after a Conv1D import");
+	/* The program's own layout is read as it is, the list given or not. */
+	cr_expect_eq(loom_import_safetensors(c.p, path, &o, &r), LOOM_OK, "%s",
+		     loom_program_error(c.p));
+	cr_expect_eq(r.transposed, 0);
+	o.n_conv1d = 0;
+	cr_expect_eq(loom_import_safetensors(c.p, conv, &o, &r), LOOM_ERR_SHAPE);
+	cr_expect(strstr(loom_program_error(c.p), "'fc.weight' is [1568, 10] in the file"), "%s",
+		  loom_program_error(c.p));
+
+	static const char *const ignore[] = { "mask" };
+	rewrite(path, mask, add_mask, "fc.mask");
+	rewrite(path, xmask, add_mask, "fc.xmask");
+	cr_expect_eq(loom_import_safetensors(c.p, mask, &o, &r), LOOM_ERR_MISMATCH);
+	o.ignore = ignore;
+	o.n_ignore = 1;
+	cr_expect_eq(loom_import_safetensors(c.p, mask, &o, &r), LOOM_OK, "%s",
+		     loom_program_error(c.p));
+	cr_expect_eq(r.ignored, 1);
+	cr_expect_eq(loom_import_safetensors(c.p, xmask, &o, &r), LOOM_ERR_MISMATCH,
+		     "'fc.xmask' ignored by the entry 'mask'");
+
+	/* Two renames of conv1.: the first names a tensor the file lacks. */
+	loom_name_map names[LOOM_CONVNET_TORCH_NAMES + 1] = { { .loom = "conv1.", .file = "nope." } };
+	memcpy(names + 1, o.names, sizeof(loom_name_map) * LOOM_CONVNET_TORCH_NAMES);
+	o.names = names;
+	o.n_names = LOOM_CONVNET_TORCH_NAMES + 1;
+	cr_expect_eq(loom_import_safetensors(c.p, path, &o, &r), LOOM_OK, "%s",
+		     loom_program_error(c.p));
+	cr_expect_eq(r.loaded, 14);
+	loom_program_free(a.p);
+	loom_program_free(b.p);
+	loom_program_free(c.p);
+	free(path), free(conv), free(mask), free(xmask);
+}

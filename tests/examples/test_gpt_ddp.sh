@@ -47,6 +47,19 @@ done <<EOF2
 --data $tmp/fifo is a FIFO, not a regular file
 --tokens /dev/zero is a character device, not a regular file
 EOF2
+expect "--context's upper limit named" 2 "--context expects an integer from 1 to 16777216" -- --context 100000000
+# (ASan refuses an allocation beyond 1 TiB unless told to return NULL, and
+# then warns: that warning goes to a log of its own, which must hold nothing
+# else.)
+# (UBSan's and LSan's options are read after ASan's: log_path in each.)
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:allocator_may_return_null=1:log_path=$tmp/asan-oom" \
+	UBSAN_OPTIONS="${UBSAN_OPTIONS:-}:log_path=$tmp/asan-oom" LSAN_OPTIONS="${LSAN_OPTIONS:-}:log_path=$tmp/asan-oom" \
+	expect "a context too large for memory blames --context" 1 \
+	"--context 1048576 at --batch-size 8 needs more memory" -- --data "$tmp/text.txt" --context 1048576 \
+	--dry-run --device cpu
+if cat "$tmp"/asan-oom* 2>/dev/null | grep -v "AddressSanitizer failed to allocate" | grep -q .; then
+	bad "no sanitizer report beside the refused allocation" "$(cat "$tmp"/asan-oom*)"
+fi
 
 # GPT-2 124M compiles (context 64 keeps the dry run's arena small): its
 # parameters less the 960 position rows it does not have.
@@ -66,6 +79,33 @@ check "validation loss every 20 steps" "$out" "validation loss [0-9.]*$" 2
 check "progress line: tok/s, ms/step, MFU" "$out" "tok/s .* ms/step  MFU [0-9.]*%" 8
 check "a sample comes out" "$out" "^sample (temperature" 1
 
+# Weights in and out: --export after 2 steps at lr 0 holds the initial
+# weights; --init-from them under other seeds (other draws) trains from the
+# file, so the first loss equals the exporting run's (gpt_init used to redraw
+# every matrix after the import); --metrics has a row per progress line.
+io=(--data "$tmp/text.txt" --layers 2 --heads 2 --embd 32 --context 32 --batch-size 4 --device cpu
+    --threads 1 --sample 0 --val-interval 0 --sequential --peak-flops 1e9 --log-interval 1)
+out=$("$EX" "${io[@]}" --max-steps 2 --lr 0 --export "$tmp/w.safetensors" --metrics "$tmp/m.jsonl" \
+	--loss-file "$tmp/l1.txt" 2>&1)
+check "--export says where" "$out" "^exported the weights to $tmp/w.safetensors" 1
+check "the header names the warm-up in steps" "$out" "(20 warm-up steps, cosine to a tenth)" 1
+rows=$(grep -c '"type":"step"' "$tmp/m.jsonl" 2>/dev/null)
+[ "$rows" = 2 ] && ok "--metrics: a step row per progress line (2)" || bad "--metrics rows" "got '$rows', want 2" "$(cat "$tmp/m.jsonl" 2>&1)"
+for s in 2 3; do
+	"$EX" "${io[@]}" --max-steps 1 --seed $s --init-from "$tmp/w.safetensors" --loss-file "$tmp/l$s.txt" >"$tmp/o$s.txt" 2>&1
+done
+first=$(head -1 "$tmp/l1.txt" 2>/dev/null)
+if [ -n "$first" ] && [ "$first" = "$(cat "$tmp/l2.txt")" ] && [ "$first" = "$(cat "$tmp/l3.txt")" ]; then
+	ok "--init-from: the first loss is the file's under seeds 2 and 3 ($first)"
+else
+	bad "--init-from uses the file" "exporting run: '$first', seed 2: '$(cat "$tmp/l2.txt")', seed 3: '$(cat "$tmp/l3.txt")'" "$(cat "$tmp/o2.txt")"
+fi
+"$EX" "${io[@]}" --layers 1 --max-steps 1 --export "$tmp/w1.safetensors" >/dev/null 2>&1
+expect "a file lacking tensors names --init-strict false" 1 "in the file (strict.*--init-strict false" -- \
+	"${io[@]}" --max-steps 1 --init-from "$tmp/w1.safetensors"
+expect "--init-strict false loads the rest" 0 "16 tensors, 12 not in the file" -- \
+	"${io[@]}" --max-steps 1 --init-from "$tmp/w1.safetensors" --init-strict false
+
 # Resume: 5 steps, a checkpoint, 5 more equal 10 straight (a constant
 # schedule: the cosine's length is the run's --max-steps).
 rs=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-size 4 --device cpu
@@ -73,7 +113,7 @@ rs=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-s
 "$EX" "${rs[@]}" --max-steps 10 --loss-file "$tmp/straight.txt" >/dev/null 2>&1
 "$EX" "${rs[@]}" --max-steps 5 --checkpoint "$tmp/r.ckpt" >/dev/null 2>&1
 out=$("$EX" "${rs[@]}" --max-steps 10 --checkpoint "$tmp/r.ckpt" --resume --loss-file "$tmp/resumed.txt" 2>&1)
-check "resume says where it starts" "$out" "^resumed from .* at step 5" 1
+check "resume says where it starts" "$out" "^resumed .* at step 5 (epoch 1, batch 5)" 1
 if [ -s "$tmp/resumed.txt" ] && [ "$(tail -5 "$tmp/straight.txt")" = "$(cat "$tmp/resumed.txt")" ]; then
 	ok "resumed steps 6-10 equal the straight run's, bit for bit"
 else
