@@ -931,6 +931,13 @@ int main(int argc, char **argv)
 		train_end(&t);
 		return 2;
 	}
+	/* This program's own outputs, before any data is read or step taken. */
+	const char *const out_flags[] = { "--loss-file", "--write-llmc", "--write-logits" };
+	const char *const out_paths[] = { c.loss_file, c.llmc_out, c.logits_out };
+	if (train_check_program_outputs(&t, out_flags, out_paths, 3)) {
+		train_end(&t);
+		return 1;
+	}
 	gpt_tokens train = { 0 }, val = { 0 };
 	gpt_model m = { 0 };
 	gpt_batch bt = { 0 };

@@ -85,6 +85,28 @@ static int check_outputs(train_run *t)
 	return bad ? -1 : 0;
 }
 
+int train_check_program_outputs(train_run *t, const char *const *flags, const char *const *paths,
+				 int n)
+{
+	char msg[1024];
+	double bad = 0;
+	if (t->grank == 0)
+		for (int i = 0; i < n && !bad; i++)
+			if (paths[i] && train_output_check(flags[i], paths[i], TRAIN_OUT_DIRECT, msg,
+							   sizeof(msg))) {
+				fprintf(stderr, "%s: %s\n", t->prog->name, msg);
+				bad = 1;
+			}
+	if (t->gworld > 1 && loom_comm_allreduce(t->host, &bad, 1, LOOM_F64) != LOOM_OK) {
+		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->grank, loom_pg_error(t->pg));
+		return -1;
+	}
+	if (bad && t->grank != 0)
+		fprintf(stderr, "%s: rank %d: stopping: rank 0 refused an output path (its message "
+			"says which)\n", t->prog->name, t->grank);
+	return bad ? -1 : 0;
+}
+
 /* A setting's value as text; a number in the fewest digits that read back
  * the same, so that equal text is an equal value. */
 static void setting(loom_comm_setting *s, size_t *n, const char *name, const char *fmt, ...)

@@ -90,6 +90,13 @@ int train_graph_batch(const train_run *t);
  */
 int train_start(train_run *t, const train_program *prog, int argc, char **argv);
 
+/* A program's own output files (gpt_ddp's --loss-file), written in place by
+ * rank 0: checked there as train_start checks the common ones (outputs.h),
+ * every rank learning the outcome. paths[i] NULL: flags[i] not given. 0, or
+ * -1 after saying which path and why (every rank must call it). */
+int train_check_program_outputs(train_run *t, const char *const *flags, const char *const *paths,
+				 int n);
+
 /*
  * Compiles loss with the flags' optimizer, precision and device on the
  * group, then writes what the flags ask for before step 1 (--dump-graph,

@@ -47,6 +47,9 @@ done <<EOF2
 --data $tmp/fifo is a FIFO, not a regular file
 --tokens /dev/zero is a character device, not a regular file
 EOF2
+# This program's own output files, refused before any data is read.
+expect "--loss-file into a directory refused" 1 "--loss-file /: is a directory" -- "${tiny[@]}" --loss-file /
+expect "--write-logits into a missing directory refused" 1 "--write-logits $tmp/none/l.bin: directory $tmp/none: does not exist" -- "${tiny[@]}" --write-logits "$tmp/none/l.bin"
 expect "--context's upper limit named" 2 "--context expects an integer from 1 to 16777216" -- --context 100000000
 # (ASan refuses an allocation beyond 1 TiB unless told to return NULL, and
 # then warns: that warning goes to a log of its own, which must hold nothing
