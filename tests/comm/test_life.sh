@@ -65,6 +65,7 @@ kill -KILL $lp
 { wait $lp; } 2>/dev/null
 left=$(gone_within5 $pids) && ok "launcher SIGKILLed: its 2 workers are gone within 5 s" ||
 	bad "launcher SIGKILLed: its 2 workers are gone within 5 s" "still running: $left" "$(cat "$tmp/a")"
+kill -KILL $left 2>/dev/null
 no_files "launcher SIGKILLed: the workers removed their progress files" $pids
 
 # ... even a worker that is stopped (SIGSTOP, a debugger) at that moment:
