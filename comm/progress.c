@@ -50,10 +50,12 @@ static void progress_path(char *buf, size_t len, const char *host, unsigned pid)
  * watcher (launch.c), which act without the group at hand. */
 static char self_path[160];
 static struct loom_progress *self_map;
+static pid_t self_pid;
 
+/* (Not in a forked child that exits: the file is its parent's.) */
 static void remove_self_at_exit(void)
 {
-	if (self_path[0])
+	if (self_path[0] && getpid() == self_pid)
 		unlink(self_path);
 }
 
@@ -453,6 +455,7 @@ void loom_progress_open(loom_pg *pg)
 			registered = 1;
 		snprintf(self_path, sizeof(self_path), "%s", path);
 		self_map = m;
+		self_pid = getpid();
 	}
 }
 
