@@ -136,6 +136,20 @@ if ip netns add ${ns}a 2>/dev/null && ip netns add ${ns}b &&
 	out=$(cat "$fz/0"; sed 's/^/(rank 1) /' "$fz/1")
 	check "two hosts: a stopped rank on the other host is named with the step it has not reached" "$out" \
 		"rank 0: ERROR .*timed out after 2.0 s: rank 1 is alive (on hostb) but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's all-reduce of 1000 f32)" 1
+	# Rank 1 on hostb SIGKILLed: its progress link closes, and rank 0 on
+	# hosta (no pid to look at there) names it within 5 s of a 60 s timeout.
+	port=$((port + 1))
+	export WORLD_SIZE=2 MASTER_ADDR=10.199.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1
+	RANK=0 timeout -s KILL 60 ip netns exec ${ns}a "${onhost[@]}" hosta "$W" die >"$fz/0" 2>&1 &
+	p0=$!
+	RANK=1 timeout -s KILL 60 ip netns exec ${ns}b "${onhost[@]}" hostb "$W" die >"$fz/1" 2>&1 &
+	p1=$!
+	unset WORLD_SIZE MASTER_ADDR MASTER_PORT LOOM_TEST_VICTIM
+	wait $p0 $p1
+	out=$(cat "$fz/0")
+	check "two hosts: a rank SIGKILLed on the other host is named (its progress link closed)" "$out" \
+		"rank 0: ERROR .*failed after [0-9.]* s: rank 1 died (its process is gone)" 1
+	within "two hosts: ... within 5 s (timeout 60 s)" "$out"
 	rm -rf "$fz"
 	ip netns del ${ns}a
 	ip netns del ${ns}b
