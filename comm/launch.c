@@ -366,6 +366,7 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 
 static int live_fd = -1;
 static pid_t live_launcher;
+static char live_rank[16]; /* RANK, read before the thread starts (getenv races setenv) */
 
 /* The worker's watcher: blocks on the liveness pipe until EOF (the
  * launcher is gone), then says so on stderr and in the progress file and
@@ -374,7 +375,7 @@ static pid_t live_launcher;
 static void *watch_launcher(void *arg)
 {
 	struct pollfd p = { live_fd, POLLIN, 0 };
-	const char *rank = getenv("RANK");
+	const char *rank = live_rank[0] ? live_rank : NULL;
 	char why[160], c;
 
 	(void)arg;
@@ -411,6 +412,7 @@ static void worker_watch(void)
 		return;
 	live_fd = atoi(fd);
 	live_launcher = (pid_t)atoi(lp);
+	snprintf(live_rank, sizeof(live_rank), "%s", getenv("RANK") ? getenv("RANK") : "");
 	/* Not for what this worker starts in turn: its fd is closed there. */
 	unsetenv("LOOM_LAUNCH_LIVE_FD");
 	unsetenv("LOOM_LAUNCH_PID");
