@@ -179,6 +179,22 @@ int loom_pg_name_culprit(loom_pg *pg, uint64_t seq, char *buf, size_t len);
  * a rank. Returns buf. */
 const char *loom_pg_rank_name(const loom_pg *pg, int rank, char *buf, size_t len);
 
+/* ------------------------------------------------------------ the watchdog */
+
+/* How often a waiting collective checks that its peers still live. */
+#define LOOM_COMM_WATCH_S 1.0
+/* For the wait path of every collective (comm/mpi.c's poll, comm/nccl.cu's):
+ * from t0 + 1 s on, once a second (*next holds when; 0 at first), checks
+ * each peer without a word on the wire: on this host, that its process
+ * still runs (its pid, with the start time seen when the group formed); on
+ * another host, that its progress link is still open. When one looks gone,
+ * the liveness probe (loom_pg_name_dead) confirms it and writes the
+ * sentence into buf ("rank 1 died (its process is gone)"); returns the
+ * number of dead ranks, 0 while everyone lives. A silent peer (stopped,
+ * or stuck) is alive here: only the timeout ends that wait. A dead peer's
+ * progress file is removed. */
+int loom_pg_watch(loom_pg *pg, double t0, double *next, char *buf, size_t len);
+
 /* ------------------------------------------------------------ progress */
 
 /* comm/progress.c: the last collective each rank entered, in a file that
@@ -199,6 +215,15 @@ void loom_progress_close(loom_pg *pg);
 void loom_progress_enter(loom_pg *pg, const char *what);
 /* This rank's description of its collective number seq (recent ones). */
 const char *loom_progress_label(const loom_pg *pg, uint64_t seq);
+/* The host name the progress files carry (gethostname, as the peer table). */
+void loom_progress_host(char *host, size_t len);
+/* Removes the file of process pid on this host (the launcher, for a worker
+ * it reaped: one killed by a signal leaves its file behind). */
+void loom_progress_remove(unsigned pid);
+/* This process is stopping for why (its launcher is gone): the reason goes
+ * into its progress file as its last record, and the file is removed. Only
+ * what a thread may do while another one runs. */
+void loom_progress_abandon(const char *why);
 /* A peer's last collective (same host only); -1 when it cannot be read. */
 int loom_progress_read(const loom_comm_peer *peer, uint64_t *seq, char *label, size_t len);
 /* The peers that have not entered collective seq, named with what they
@@ -224,6 +249,7 @@ struct loom_pg {
 	struct loom_pg_mpi *mpi;
 	struct loom_progress *progress; /* mapped; NULL without /dev/shm */
 	struct loom_progress_links *links; /* to and from other hosts; or NULL */
+	uint64_t *peer_start;           /* same-host peers' start times (watchdog); or NULL */
 	uint64_t seq;                   /* collectives entered */
 	int64_t step;                   /* loom_pg_set_step, -1 before */
 	char labels[LOOM_PROGRESS_RING][LOOM_PROGRESS_LABEL];

@@ -3,6 +3,14 @@
  * workers in their own process groups (so that stopping one also stops what
  * it started: rank 0's ompi-server, Open MPI's helpers), one pipe per worker
  * read line by line, and a failure policy like torchrun's.
+ *
+ * Workers die with their launcher, however it ends (SIGKILL, the OOM
+ * killer): each is forked with a parent-death signal and checks that its
+ * parent is still the launcher (it may have died before the prctl), and
+ * every worker watches the read end of a pipe whose write end only the
+ * launcher holds. When the launcher is gone the pipe reads EOF, and the
+ * worker's watcher thread says why and ends the process at once, before
+ * another step or checkpoint.
  */
 #define _GNU_SOURCE /* pipe2 */
 #include "comm/launch.h"
@@ -10,10 +18,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,6 +61,8 @@ static void note_blame(int rank, const char *s, size_t n)
 		return;
 	snprintf(line, sizeof(line), "%.*s", (int)n, s);
 	t = strstr(line, " timed out after ");
+	if (!t)
+		t = strstr(line, " failed after "); /* the watchdog found it dead */
 	why = t ? strstr(t, " s: ") : NULL;
 	if (!why || strncmp(why + 4, "rank", 4) || (!strstr(why, " is alive") && !strstr(why, " died")))
 		return;
@@ -119,10 +132,10 @@ static int free_port(void)
 }
 
 static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, int port,
-		   int attempt, int *fd)
+		   int attempt, int live, int *fd)
 {
+	pid_t launcher = getpid(), pid;
 	int p[2];
-	pid_t pid;
 
 	if (pipe2(p, O_CLOEXEC))
 		return -1;
@@ -135,6 +148,11 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 	if (pid == 0) {
 		char v[32];
 
+		/* Dies with the launcher; and if the launcher died before the
+		 * prctl, the parent is already another process. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != launcher)
+			_exit(1);
 		setpgid(0, 0);
 		dup2(p[1], 1);
 		dup2(p[1], 2);
@@ -150,6 +168,14 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 		snprintf(v, sizeof(v), "%d", attempt);
 		setenv("TORCHELASTIC_RESTART_COUNT", v, 1);
 		setenv("LOOM_LAUNCH_WORKER", "1", 1);
+		/* The liveness pipe's read end stays open across exec (its
+		 * write end, close-on-exec, stays with the launcher only). */
+		if (live >= 0 && !fcntl(live, F_SETFD, 0)) {
+			snprintf(v, sizeof(v), "%d", live);
+			setenv("LOOM_LAUNCH_LIVE_FD", v, 1);
+			snprintf(v, sizeof(v), "%d", (int)launcher);
+			setenv("LOOM_LAUNCH_PID", v, 1);
+		}
 		/* N ranks each running as many OpenMP threads as there are
 		 * cores spin against each other (measured: 2 ranks x 2 threads
 		 * on 2 cores ran at a third of 2 x 1). As torchrun does, give
@@ -183,7 +209,7 @@ static void signal_all(worker *w, int n, int sig)
 
 /* One attempt: 0 when every worker exited 0; else 1 and why in buf. */
 static int run_once(const loom_launch_options *o, char *const argv[], int port, int attempt,
-		    char *why, size_t whylen)
+		    int live, char *why, size_t whylen)
 {
 	worker *w = calloc((size_t)o->nproc, sizeof(*w));
 	struct pollfd *pf = calloc((size_t)o->nproc, sizeof(*pf));
@@ -200,7 +226,7 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 	blame[0] = 0;
 	for (k = 0; k < o->nproc; k++) {
 		w[k].fd = -1;
-		w[k].pid = spawn(o, argv, k, port, attempt, &w[k].fd);
+		w[k].pid = spawn(o, argv, k, port, attempt, live, &w[k].fd);
 		if (w[k].pid < 0) {
 			snprintf(why, whylen, "cannot start rank %d: %s", k, strerror(errno));
 			failed = k;
@@ -235,6 +261,8 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 			w[k].running = 0;
 			w[k].status = st;
 			running--;
+			/* Killed by a signal, it left its progress file behind. */
+			loom_progress_remove((unsigned)w[k].pid);
 			if (failed < 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
 				char how[96];
 
@@ -295,7 +323,7 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 int loom_launch(const loom_launch_options *o, char *const argv[])
 {
 	struct sigaction sa, old_int, old_term;
-	int attempt, port, rc = 1;
+	int attempt, port, rc = 1, live[2] = { -1, -1 };
 	char why[1024] = "";
 
 	if (!o || o->nproc < 1 || o->max_restarts < 0 || !argv || !argv[0]) {
@@ -307,10 +335,15 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 	interrupted = 0;
+	/* The workers' liveness pipe: nothing is ever written; they see EOF
+	 * when the launcher is gone. Without it they still have the
+	 * parent-death signal. */
+	if (pipe2(live, O_CLOEXEC))
+		live[0] = live[1] = -1;
 	for (attempt = 0; attempt <= o->max_restarts; attempt++) {
 		/* A fresh port each attempt: the old one may linger in TIME_WAIT. */
 		port = o->master_port ? o->master_port : free_port();
-		rc = run_once(o, argv, port, attempt, why, sizeof(why));
+		rc = run_once(o, argv, port, attempt, live[0], why, sizeof(why));
 		if (!rc || interrupted)
 			break;
 		if (attempt < o->max_restarts)
@@ -322,7 +355,78 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 			o->max_restarts && !interrupted ? " (no restarts left)" : "");
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
+	if (live[0] >= 0) {
+		close(live[0]);
+		close(live[1]);
+	}
 	return rc ? 1 : 0;
+}
+
+/* ------------------------------------------------------------ the worker */
+
+static int live_fd = -1;
+static pid_t live_launcher;
+static char live_rank[16]; /* RANK, read before the thread starts (getenv races setenv) */
+
+/* The worker's watcher: blocks on the liveness pipe until EOF (the
+ * launcher is gone), then says so on stderr and in the progress file and
+ * ends the process at once, from this thread: the main thread gets no
+ * chance to take another step or save a checkpoint. */
+static void *watch_launcher(void *arg)
+{
+	struct pollfd p = { live_fd, POLLIN, 0 };
+	const char *rank = live_rank[0] ? live_rank : NULL;
+	char why[160], c;
+
+	(void)arg;
+	for (;;) {
+		ssize_t n;
+
+		if (poll(&p, 1, -1) < 0 && errno != EINTR)
+			break;
+		n = read(live_fd, &c, 1);
+		if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+			break;
+	}
+	snprintf(why, sizeof(why), "stopped: its launcher (pid %d) is gone", (int)live_launcher);
+	loom_progress_abandon(why);
+	fprintf(stderr, "%s%s%s%s; stopping now, without saving\n", rank ? "rank " : "",
+		rank ? rank : "", rank ? ": " : "", why);
+	_exit(1);
+	return NULL;
+}
+
+/* A worker of loom's launcher: starts the watcher. The parent-death
+ * signal becomes SIGCONT: the watcher names why and cleans up (SIGKILL
+ * would end the process first), and a stopped worker is woken to do so. */
+static void worker_watch(void)
+{
+	const char *fd = getenv("LOOM_LAUNCH_LIVE_FD"), *lp = getenv("LOOM_LAUNCH_PID");
+	pthread_attr_t a;
+	pthread_t t;
+	int ok;
+
+	struct stat sb;
+
+	if (!fd || !lp || live_fd >= 0)
+		return;
+	live_fd = atoi(fd);
+	live_launcher = (pid_t)atoi(lp);
+	snprintf(live_rank, sizeof(live_rank), "%s", getenv("RANK") ? getenv("RANK") : "");
+	/* Not for what this worker starts in turn: its fd is closed there. */
+	unsetenv("LOOM_LAUNCH_LIVE_FD");
+	unsetenv("LOOM_LAUNCH_PID");
+	if (live_fd < 0 || fstat(live_fd, &sb) || !S_ISFIFO(sb.st_mode) ||
+	    fcntl(live_fd, F_SETFD, FD_CLOEXEC)) {
+		live_fd = -1;
+		return;
+	}
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	ok = !pthread_create(&t, &a, watch_launcher, NULL);
+	pthread_attr_destroy(&a);
+	if (ok)
+		prctl(PR_SET_PDEATHSIG, SIGCONT);
 }
 
 /* Takes "--name V" or "--name=V" out of argv; 1 if found, -1 if malformed. */
@@ -374,7 +478,11 @@ int loom_launch_maybe(int *argc, char **argv)
 		fprintf(stderr, "--max-restarts needs --nproc\n");
 		return 2;
 	}
-	if (have_n <= 0 || getenv("LOOM_LAUNCH_WORKER"))
+	if (getenv("LOOM_LAUNCH_WORKER")) {
+		worker_watch();
+		return -1;
+	}
+	if (have_n <= 0)
 		return -1;
 	/* Already one rank of a group: N more each would form groups of their
 	 * own on the same ports and die of it without a reason. */

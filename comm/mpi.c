@@ -106,11 +106,14 @@ static loom_status mpi_start(loom_pg *pg)
 	return LOOM_OK;
 }
 
-/* Polls req until done or deadline; on timeout names the dead ranks. */
+/* Polls req until done or deadline; on timeout names the dead ranks. The
+ * watchdog (loom_pg_watch, once a second) ends the wait early when a peer
+ * is found dead: only a silent peer costs the whole timeout. */
 static loom_status mpi_poll(loom_pg *pg, MPI_Request *req, double t0, uint64_t seq,
 			   const char *what)
 {
-	double deadline = t0 + pg->timeout_s;
+	double deadline = t0 + pg->timeout_s, next = 0, grace = 0;
+	char who[512];
 	loom_status st;
 	int done = 0;
 
@@ -120,16 +123,22 @@ static loom_status mpi_poll(loom_pg *pg, MPI_Request *req, double t0, uint64_t s
 			return st;
 		if (loom_comm_now() > deadline)
 			break;
+		/* A peer that finished its part and exited may still have
+		 * bytes on the way: a dead peer ends the wait half a second
+		 * after it was found, if the collective has not completed. */
+		if (grace > 0 && loom_comm_now() > grace) {
+			pg->mpi->broken = 1;
+			return loom_pg_fail(pg, LOOM_ERR_IO, "rank %d: %s failed after %.1f s: %s",
+					    pg->info.rank, what, loom_comm_now() - t0, who);
+		}
+		if (grace <= 0 && loom_pg_watch(pg, t0, &next, who, sizeof(who)))
+			grace = loom_comm_now() + 0.5;
 		loom_comm_backoff(loom_comm_now() - t0);
 	}
-	{
-		char who[512];
-
-		pg->mpi->broken = 1;
-		loom_pg_name_culprit(pg, seq, who, sizeof(who));
-		return loom_pg_fail(pg, LOOM_ERR_IO, "rank %d: %s timed out after %.1f s: %s",
-				    pg->info.rank, what, pg->timeout_s, who);
-	}
+	pg->mpi->broken = 1;
+	loom_pg_name_culprit(pg, seq, who, sizeof(who));
+	return loom_pg_fail(pg, LOOM_ERR_IO, "rank %d: %s timed out after %.1f s: %s",
+			    pg->info.rank, what, pg->timeout_s, who);
 }
 
 static loom_status exchange_peers(loom_pg *pg)

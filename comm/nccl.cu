@@ -89,6 +89,10 @@ static loom_status async_state(loom_comm *c, int *in_progress)
 /* Polls until ev has completed (ev NULL: until the communicator is ready). */
 static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const char *what)
 {
+	nccl_ctx *x = ctx_of(c);
+	double next = 0;
+	char who[512];
+
 	for (;;) {
 		int busy;
 		loom_status st = async_state(c, &busy);
@@ -107,6 +111,15 @@ static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const cha
 		}
 		if (loom_comm_now() - t0 > c->pg->timeout_s)
 			return timed_out(c, what);
+		/* A peer found dead ends the wait at once: its kernels would
+		 * spin until the timeout otherwise. */
+		if (loom_pg_watch(c->pg, t0, &next, who, sizeof(who))) {
+			if (x->comm)
+				ncclCommAbort(x->comm);
+			x->comm = NULL;
+			return loom_comm_fail(c, LOOM_ERR_IO, "rank %d: NCCL %s failed after %.1f s: %s",
+					      c->pg->info.rank, what, loom_comm_now() - t0, who);
+		}
 		loom_comm_backoff(loom_comm_now() - t0);
 	}
 }

@@ -17,9 +17,11 @@
 #define _GNU_SOURCE /* accept4 */
 #include "comm/comm_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +38,88 @@ struct loom_progress {
 	char label[LOOM_PROGRESS_LABEL];
 };
 
+#define PROGRESS_DIR "/dev/shm"
+#define PROGRESS_PREFIX "loom-progress-"
+
 static void progress_path(char *buf, size_t len, const char *host, unsigned pid)
 {
-	snprintf(buf, len, "/dev/shm/loom-progress-%s-%u", host, pid);
+	snprintf(buf, len, PROGRESS_DIR "/" PROGRESS_PREFIX "%s-%u", host, pid);
+}
+
+/* This process's own file, for the exit handler and the launcher's
+ * watcher (launch.c), which act without the group at hand. */
+static char self_path[160];
+static struct loom_progress *self_map;
+static pid_t self_pid;
+
+/* (Not in a forked child that exits: the file is its parent's.) */
+static void remove_self_at_exit(void)
+{
+	if (self_path[0] && getpid() == self_pid)
+		unlink(self_path);
+}
+
+void loom_progress_host(char *host, size_t len)
+{
+	if (gethostname(host, len - 1))
+		snprintf(host, len, "localhost");
+	host[len - 1] = 0;
+}
+
+void loom_progress_remove(unsigned pid)
+{
+	char host[LOOM_COMM_HOSTLEN] = "", path[160];
+
+	loom_progress_host(host, sizeof(host));
+	progress_path(path, sizeof(path), host, pid);
+	unlink(path);
+}
+
+void loom_progress_abandon(const char *why)
+{
+	struct loom_progress *p = self_map;
+
+	if (p) {
+		/* Seen by a reader as a newer collective with this label. */
+		uint64_t seq = __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE) + 1;
+
+		__atomic_store_n(&p->begun, seq, __ATOMIC_RELEASE);
+		snprintf(p->label, sizeof(p->label), "%s", why);
+		__atomic_store_n(&p->seq, seq, __ATOMIC_RELEASE);
+	}
+	if (self_path[0])
+		unlink(self_path);
+}
+
+/* Start-up: files this host's ranks left behind when they were killed
+ * (SIGKILL leaves no chance to remove them) go, once their process is gone. */
+static void sweep_stale(const char *host)
+{
+	char prefix[LOOM_COMM_HOSTLEN + 32], path[160];
+	size_t pl;
+	struct dirent *e;
+	DIR *d = opendir(PROGRESS_DIR);
+
+	if (!d)
+		return;
+	pl = (size_t)snprintf(prefix, sizeof(prefix), PROGRESS_PREFIX "%s-", host);
+	while ((e = readdir(d))) {
+		const char *t = e->d_name + pl, *q;
+		long pid;
+
+		if (strncmp(e->d_name, prefix, pl) || !*t || strlen(t) > 9)
+			continue;
+		for (q = t; *q >= '0' && *q <= '9'; q++)
+			;
+		if (*q)
+			continue; /* another host whose name starts like ours */
+		pid = strtol(t, NULL, 10);
+		if (pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		snprintf(path, sizeof(path), PROGRESS_DIR "/%s", e->d_name);
+		unlink(path);
+	}
+	closedir(d);
 }
 
 /* ------------------------------------------------------ links to other hosts */
@@ -51,6 +132,7 @@ typedef struct progress_link {
 	uint8_t buf[LOOM_PROG_RECORD_BYTES];  /* a record partly read */
 	size_t got;
 	int have;                             /* a record came: seq, label */
+	int lost;                             /* it ended: the peer closed it or died */
 	uint64_t seq;
 	char label[LOOM_PROGRESS_LABEL];
 } progress_link;
@@ -191,6 +273,7 @@ static void link_accept(loom_pg *pg, int fd)
 		close(L->l[rank].in);
 	L->l[rank].in = fd;
 	L->l[rank].got = 0;
+	L->l[rank].lost = 0;
 }
 
 /* Reads every link without blocking and keeps each peer's latest record;
@@ -219,6 +302,7 @@ static void links_drain(loom_pg *pg, int force)
 				if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
 					close(l->in);
 					l->in = -1;
+					l->lost = 1;
 				}
 				break;
 			}
@@ -236,6 +320,103 @@ static void links_drain(loom_pg *pg, int force)
 	}
 }
 
+/* ------------------------------------------------------------ the watchdog */
+
+/* A process's start time (field 22 of /proc/PID/stat, in clock ticks since
+ * boot), 0 when it cannot be read; *zombie says whether it has ended and
+ * waits to be reaped. */
+static uint64_t start_time(unsigned pid, int *zombie)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long t = 0;
+	size_t n;
+	int field;
+	FILE *f;
+
+	*zombie = 0;
+	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	if (!p || p[1] != ' ')
+		return 0;
+	*zombie = p[2] == 'Z' || p[2] == 'X';
+	/* p + 2 is field 3 (the state); the start time is field 22. */
+	for (p += 2, field = 3; *p && field < 22; p++)
+		if (*p == ' ')
+			field++;
+	if (sscanf(p, "%llu", &t) != 1)
+		return 0;
+	return t;
+}
+
+/* After the group formed: the start time of each peer on this host, so
+ * that the watchdog can tell its pid still names it. A peer whose process
+ * cannot be seen here (another pid namespace under the same host name)
+ * gets 0 and is left to the timeout. */
+static void peers_seen(loom_pg *pg)
+{
+	const loom_comm_peer *me = &pg->peers[pg->info.rank];
+	int k, z;
+
+	pg->peer_start = calloc((size_t)pg->info.world, sizeof(*pg->peer_start));
+	for (k = 0; pg->peer_start && k < pg->info.world; k++)
+		if (k != pg->info.rank && !strcmp(pg->peers[k].host, me->host))
+			pg->peer_start[k] = start_time(pg->peers[k].pid, &z);
+}
+
+/* Whether peer k looks gone: on this host its process ended (or its pid
+ * now names another process); on another host its progress link closed. */
+static int looks_gone(loom_pg *pg, int k)
+{
+	const progress_link *l = pg->links ? &pg->links->l[k] : NULL;
+	uint64_t t;
+	int zombie;
+
+	if (pg->peer_start && pg->peer_start[k]) {
+		t = start_time(pg->peers[k].pid, &zombie);
+		return zombie || t != pg->peer_start[k];
+	}
+	return l && l->lost;
+}
+
+int loom_pg_watch(loom_pg *pg, double t0, double *next, char *buf, size_t len)
+{
+	double now = loom_comm_now();
+	int k, suspect = 0, dead;
+
+	if (pg->info.world < 2)
+		return 0;
+	if (*next <= 0)
+		*next = t0 + LOOM_COMM_WATCH_S;
+	if (now < *next)
+		return 0;
+	*next = now + LOOM_COMM_WATCH_S;
+	links_drain(pg, 1);
+	for (k = 0; k < pg->info.world; k++)
+		suspect |= k != pg->info.rank && looks_gone(pg, k);
+	if (!suspect)
+		return 0;
+	/* The liveness probe decides (its listener refuses once the process
+	 * is gone) and writes the sentence a timeout would. */
+	dead = loom_pg_name_dead(pg, buf, len);
+	if (dead)
+		for (k = 0; k < pg->info.world; k++)
+			if (k != pg->info.rank && pg->peer_start && pg->peer_start[k] &&
+			    looks_gone(pg, k)) {
+				char path[160];
+
+				/* Killed, it could not remove its own file. */
+				progress_path(path, sizeof(path), pg->peers[k].host, pg->peers[k].pid);
+				unlink(path);
+			}
+	return dead;
+}
+
 /* ------------------------------------------------------------ the file */
 
 void loom_progress_open(loom_pg *pg)
@@ -246,6 +427,8 @@ void loom_progress_open(loom_pg *pg)
 	int fd;
 
 	links_open(pg);
+	peers_seen(pg);
+	sweep_stale(me->host);
 	progress_path(path, sizeof(path), me->host, me->pid);
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
@@ -263,6 +446,17 @@ void loom_progress_open(loom_pg *pg)
 	}
 	pg->progress = m;
 	memcpy(pg->progress->magic, PROGRESS_MAGIC, 8);
+	/* Removed at exit too when the program returns or exits on an error
+	 * without freeing the group. */
+	if (!self_map) {
+		static int registered;
+
+		if (!registered && !atexit(remove_self_at_exit))
+			registered = 1;
+		snprintf(self_path, sizeof(self_path), "%s", path);
+		self_map = m;
+		self_pid = getpid();
+	}
 }
 
 void loom_progress_close(loom_pg *pg)
@@ -271,9 +465,15 @@ void loom_progress_close(loom_pg *pg)
 	char path[160];
 
 	links_close(pg);
+	free(pg->peer_start);
+	pg->peer_start = NULL;
 	if (!pg->progress)
 		return;
 	me = &pg->peers[pg->info.rank];
+	if (self_map == pg->progress) {
+		self_map = NULL;
+		self_path[0] = 0;
+	}
 	munmap(pg->progress, sizeof(struct loom_progress));
 	pg->progress = NULL;
 	progress_path(path, sizeof(path), me->host, me->pid);

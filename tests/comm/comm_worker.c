@@ -58,8 +58,8 @@ static int allreduce(loom_pg *pg, loom_comm *c)
 		}
 	}
 	free(x);
-	printf("rank %d: OK allreduce world %d local %d/%d via %s\n", in->rank, in->world,
-	       in->local_rank, in->local_world, loom_comm_bootstrap_name(in->how));
+	printf("rank %d: OK allreduce world %d local %d/%d via %s pid %d\n", in->rank, in->world,
+	       in->local_rank, in->local_world, loom_comm_bootstrap_name(in->how), (int)getpid());
 	return 0;
 }
 
@@ -128,6 +128,8 @@ static int die(loom_pg *pg, loom_comm *c)
 	double t0;
 	loom_status st;
 
+	printf("rank %d: pid %d\n", in->rank, (int)getpid());
+	fflush(stdout);
 	if ((st = loom_comm_allreduce(c, x, 1000, LOOM_F32)))
 		return fail(pg, st);
 	if (in->rank == victim)

@@ -144,19 +144,21 @@ check "a stage built from another graph: every rank fails naming the stage and n
 	"OK mismatch: .*rank 1: stage 0's node 1 param has f32 \[33, 20\], rank 0 has \[32, 20\]" 2
 
 # A killed stage: every survivor's error names the dead rank and its stage,
-# and comes within the timeout (T, plus the 1 s liveness probe and room for
-# a loaded machine).
-out=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 2 "$W" kill 2>&1)
+# found by the wait's watchdog long before the 60 s timeout (within 5 s:
+# the process seen gone about a second into the wait, the liveness probe,
+# room for a loaded machine). A survivor waiting on another survivor that
+# has already failed may name both.
+out=$(LOOM_COMM_TIMEOUT_S=60 "${MPIRUN[@]}" --enable-recovery -np 2 "$W" kill 2>&1)
 check "a killed stage: the other stage's error names rank 1 and its stage" "$out" \
-	"OK kill: .* timed out after $T.0 s: rank 1 (pipeline stage 1) died" 1
-out3=$(LOOM_COMM_TIMEOUT_S=$T "${MPIRUN[@]}" --enable-recovery -np 3 "$W" kill 2>&1)
+	"OK kill: .* failed after [0-9.]* s: rank 1 (pipeline stage 1) died" 1
+out3=$(LOOM_COMM_TIMEOUT_S=60 "${MPIRUN[@]}" --enable-recovery -np 3 "$W" kill 2>&1)
 check "3 stages, the last killed: both survivors' errors name rank 2 and its stage" "$out3" \
-	"OK kill: .* timed out after $T.0 s: .*2 (pipeline stage 2)[, ].*died" 2
+	"OK kill: .* failed after [0-9.]* s: .*2 (pipeline stage 2)[, ].*died" 2
 late=$(sed -n 's/.*OK kill: after \([0-9.]*\) s:.*/\1/p' <<<"$out"$'\n'"$out3" |
-	awk -v lim=$((2 * T + 2)) '$1 > lim')
+	awk '$1 > 5')
 n=$(grep -c "OK kill: after" <<<"$out"$'\n'"$out3")
-if [ "$n" -eq 3 ] && [ -z "$late" ]; then ok "a killed stage: each survivor failed within $((2 * T + 2)) s"; else
-	bad "a killed stage: each survivor failed within $((2 * T + 2)) s" "$out" "$out3"; fi
+if [ "$n" -eq 3 ] && [ -z "$late" ]; then ok "a killed stage: each survivor failed within 5 s (timeout 60 s)"; else
+	bad "a killed stage: each survivor failed within 5 s (timeout 60 s)" "$out" "$out3"; fi
 
 # The examples: --pipeline under the launcher, mpirun and env://; the same
 # model as one process accumulating over the same micro-batches (batch norm
