@@ -334,9 +334,10 @@ void loom_store_close(loom_store *s)
 
 void loom_store_key(const loom_comm_env *e, char *key, size_t len)
 {
-	/* torch's env:// under the agent store wraps it in
-	 * PrefixStore("/worker/attempt_<restart>"), which joins with '/':
-	 * the same place, a fresh key per restart. */
+	/* A fresh key per restart: torch's own env:// workers used the
+	 * prefix "/worker/attempt_<restart>" on the agent's store (PyTorch
+	 * 2.15's agent makes a new store per attempt instead); a restarted
+	 * rank must never read the address of an attempt that is gone. */
 	snprintf(key, len, "/worker/attempt_%d/loom_rank0_addr", e->restart);
 }
 
