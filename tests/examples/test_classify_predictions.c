@@ -180,7 +180,7 @@ Test(classify, predictions_csv_and_jsonl, .timeout = 300)
 	cr_expect_eq(n, TEST_N);
 }
 
-Test(classify, predictions_path_checked_first, .timeout = 60)
+Test(classify, predictions_path_checked_first)
 {
 	static char out[1 << 16];
 	char args[4096];
