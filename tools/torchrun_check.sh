@@ -9,6 +9,9 @@
 #                first attempt; the restart resumes from the checkpoint
 #   failure      a run that fails: torchrun's report carries loom's message
 #                (TORCHELASTIC_ERROR_FILE), not "error_file: <N/A>"
+#   two_nodes    torchrun --nnodes 2 --rdzv-backend c10d on two "hosts": two
+#                network namespaces joined by a veth, each its own host name
+#                and /etc/hosts (needs root for ip netns; skipped otherwise)
 # Each training mode must end as loom's own `--nproc 2` does (the same test
 # loss, to the printed digit). Not part of the test suite (it needs torch);
 # tests/comm:test_launchers checks the same protocol against a stand-in.
@@ -21,15 +24,19 @@ VENV=${TORCH_VENV:-/work/venv-torch}
 TR=$VENV/bin/torchrun
 [ -x "$TR" ] || { echo "torchrun_check: no $TR (run bench/setup_torch.sh)"; exit 2; }
 [ -x "$BIN" ] || { echo "torchrun_check: no $BIN (bazel build //examples:mnist_ddp)"; exit 2; }
+# bazel-bin follows the last build's configuration: an ASan build ends every
+# rank with Open MPI's exit-time leaks (exit 1) and other rounding.
+ldd "$BIN" 2>/dev/null | grep -q libasan &&
+	{ echo "torchrun_check: $BIN is an ASan build: bazel build //examples:mnist_ddp (no --config) first"; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 FLAGS=(--epochs 1 --max-steps 20 --threads 1 --batch-size 100)
 free_port() { "$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
 loss_of() { sed -n 's/.*epoch 1 done: test loss \([0-9.]*\),.*/\1/p' <<<"$1" | head -n 1; }
-pass=0 fail=0
+pass=0 fail=0 failed=()
 verdict() { # MODE OK? TEXT
 	if [ "$2" = 1 ]; then pass=$((pass + 1)); echo "torchrun_check: $1: PASS ($3)"; else
-		fail=$((fail + 1)); echo "torchrun_check: $1: FAIL ($3)"; fi
+		fail=$((fail + 1)); failed+=("$1"); echo "torchrun_check: $1: FAIL ($3)"; fi
 }
 
 echo "torchrun_check: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $BIN ${FLAGS[*]}"
@@ -80,6 +87,50 @@ elif [ $rc -ne 0 ] && grep -q "traceback *: .*no-such-dir" <<<"$out"; then
 else
 	verdict failure 0 "torchrun exited $rc; no report line naming the missing --data"
 fi
-[ "$fail" -eq 0 ] || { echo "torchrun_check: logs of the failing modes:"; for f in "$tmp"/*.log; do echo "== $f"; tail -15 "$f"; done; }
+# Two nodes of one rank each, as two hosts: network namespaces joined by a
+# veth (10.198.0.1 and .2), each with its own host name and /etc/hosts
+# (torch resolves the machine's name), the c10d rendezvous on node a.
+ns=trc$$
+if ip netns add ${ns}a 2>/dev/null && ip netns add ${ns}b && ip link add ${ns}x type veth peer name ${ns}y &&
+	ip link set ${ns}x netns ${ns}a && ip link set ${ns}y netns ${ns}b &&
+	ip -n ${ns}a addr add 10.198.0.1/24 dev ${ns}x && ip -n ${ns}b addr add 10.198.0.2/24 dev ${ns}y &&
+	ip -n ${ns}a link set ${ns}x up && ip -n ${ns}b link set ${ns}y up &&
+	ip -n ${ns}a link set lo up && ip -n ${ns}b link set lo up; then
+	printf '127.0.0.1 localhost\n10.198.0.1 hosta\n10.198.0.2 hostb\n' >"$tmp/hosts"
+	pids=()
+	for n in a b; do
+		ip netns exec ${ns}$n unshare --uts --mount sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && cd /tmp && exec "$@"' \
+			"$tmp/hosts" host$n timeout 300 "$TR" --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
+			--rdzv-endpoint 10.198.0.1:29455 --rdzv-id loomcheck --no-python "$BIN" "${FLAGS[@]}" \
+			>"$tmp/two_nodes_$n.log" 2>&1 &
+		pids+=($!)
+	done
+	rcs=""
+	for p in "${pids[@]}"; do
+		wait "$p"
+		rcs="$rcs $?"
+	done
+	ip netns del ${ns}a
+	ip netns del ${ns}b
+	out=$(cat "$tmp/two_nodes_a.log" "$tmp/two_nodes_b.log")
+	cp "$tmp/two_nodes_a.log" "$tmp/two_nodes.log"
+	got=$(loss_of "$out")
+	if [ "$rcs" != " 0 0" ]; then
+		verdict two_nodes 0 "the two torchruns exited$rcs"
+	elif [ "$got" = "$want" ] && grep -q "data parallel: 2 ranks" <<<"$out"; then
+		verdict two_nodes 1 "both torchruns exit 0, hosta and hostb, 2 ranks (env://), test loss $got = --nproc 2's"
+	else
+		verdict two_nodes 0 "test loss '$got', --nproc 2 had $want"
+	fi
+else
+	ip netns del ${ns}a 2>/dev/null
+	ip netns del ${ns}b 2>/dev/null
+	echo "torchrun_check: two_nodes: skipped (ip netns needs root)"
+fi
+
+for m in "${failed[@]}"; do
+	echo "torchrun_check: the end of $m's log:"
+	tail -n 15 "$tmp/$m.log"
+done
 echo "torchrun_check: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
