@@ -20,6 +20,10 @@ PACKAGES=(
 	iproute2             # ip netns (tests/comm's two-host case; it skips without root)
 	python3              # tests/comm's stand-in for torchrun's TCP store
 	python3-matplotlib   # tools/plot_metrics and its test
+	slurmctld            # tests/comm:test_slurm starts a private Slurm: the controller,
+	slurmd               # the node daemon,
+	slurm-client         # srun, salloc, sinfo
+	munge                # and Slurm's authentication
 	dataset-fashion-mnist # data for the examples and the end-to-end tests
 	fortunes             # gpt_ddp's default text (English prose)
 	pkg-config
