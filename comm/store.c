@@ -341,6 +341,28 @@ void loom_store_key(const loom_comm_env *e, char *key, size_t len)
 	snprintf(key, len, "/worker/attempt_%d/loom_rank0_addr", e->restart);
 }
 
+/* Rank 0's address as the others should dial it. Its listener is IPv4
+ * (loom_sock_listen), so an IPv6 side of the store connection becomes its
+ * IPv4 form (mapped, or loopback), else the host name, which the others
+ * resolve as they resolve MASTER_ADDR. */
+static void own_address(const struct sockaddr_storage *ss, char *addr, size_t len)
+{
+	if (ss->ss_family == AF_INET) {
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr, addr, (socklen_t)len);
+	} else if (ss->ss_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+
+		if (IN6_IS_ADDR_V4MAPPED(a))
+			inet_ntop(AF_INET, &a->s6_addr[12], addr, (socklen_t)len);
+		else if (IN6_IS_ADDR_LOOPBACK(a))
+			snprintf(addr, len, "127.0.0.1");
+		else if (gethostname(addr, len - 1) == 0)
+			addr[len - 1] = 0;
+		else
+			addr[0] = 0;
+	}
+}
+
 loom_status loom_store_rendezvous(const loom_comm_env *e, loom_rdv *r, char *addr,
 				  size_t addrlen, double timeout_s, char *err, size_t errlen)
 {
@@ -362,14 +384,8 @@ loom_status loom_store_rendezvous(const loom_comm_env *e, loom_rdv *r, char *add
 		/* Where the others reach rank 0: the address this host used
 		 * to reach the store, which they reach too. */
 		addr[0] = 0;
-		if (getsockname(s.fd, (struct sockaddr *)&ss, &sl) == 0) {
-			if (ss.ss_family == AF_INET)
-				inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr,
-					  (socklen_t)addrlen);
-			else if (ss.ss_family == AF_INET6)
-				inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr,
-					  (socklen_t)addrlen);
-		}
+		if (getsockname(s.fd, (struct sockaddr *)&ss, &sl) == 0)
+			own_address(&ss, addr, addrlen);
 		if (!addr[0])
 			snprintf(addr, addrlen, "%s", e->master_addr);
 		st = loom_sock_listen(0, &r->listen_fd, &port, err, errlen);

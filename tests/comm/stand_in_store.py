@@ -5,8 +5,8 @@ agent keeps on MASTER_PORT, written from PyTorch's TCPStore wire protocol
 length and their bytes; numbers little-endian), so that tests/comm can run
 loom's ranks as torchrun starts them without PyTorch installed.
 
-usage: stand_in_store.py PORT_FILE LOG_FILE
-Listens on a free port of 127.0.0.1, writes it to PORT_FILE, and serves
+usage: stand_in_store.py PORT_FILE LOG_FILE [::1]
+Listens on a free port of 127.0.0.1 (or of IPv6's ::1), writes it to PORT_FILE, and serves
 until killed. Each command is logged to LOG_FILE, one line each
 ("VALIDATE ok", "SET /worker/attempt_0/x", ...). Like PyTorch's server it
 drops a connection that sends an unknown command or a wrong validation
@@ -145,12 +145,13 @@ class Store:
 
 
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         return 2
-    lsock = socket.socket()
+    v6 = len(argv) == 4
+    lsock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET)
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lsock.bind(("127.0.0.1", 0))
+    lsock.bind(("::1" if v6 else "127.0.0.1", 0))
     lsock.listen(64)
     log = open(argv[2], "a")
     store = Store(log)

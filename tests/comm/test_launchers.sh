@@ -54,6 +54,25 @@ check "torchrun agent store, restart 1, 3 ranks: exact sums" "$out" "OK allreduc
 check "... the restart's own key (no stale address from attempt 0)" "$(cat "$tmp/store.log")" \
 	"^SET /worker/attempt_1/loom_rank0_addr " 1
 
+# A store on IPv6's loopback (MASTER_ADDR=::1): rank 0's listener is IPv4,
+# so it publishes 127.0.0.1, not ::1. Skipped where the host has no ::1.
+python3 "$STORE" "$tmp/port6" "$tmp/store6.log" ::1 2>"$tmp/store6.err" &
+store6_pid=$!
+for _ in $(seq 100); do [ -s "$tmp/port6" ] && break; kill -0 $store6_pid 2>/dev/null || break; sleep 0.1; done
+if [ -s "$tmp/port6" ]; then
+	out=$(SPORT=$(cat "$tmp/port6") && for r in 0 1; do
+		RANK=$r WORLD_SIZE=2 MASTER_ADDR=::1 MASTER_PORT=$SPORT TORCHELASTIC_USE_AGENT_STORE=True \
+			timeout 60 "$W" allreduce &
+	done 2>&1; wait)
+	check "agent store on ::1: the ranks meet (rank 0 publishes its IPv4 loopback)" "$out" \
+		"OK allreduce world 2 .* via env://" 2
+	check "... published as 127.0.0.1" "$(cat "$tmp/store6.log")" \
+		"^SET /worker/attempt_0/loom_rank0_addr loom1 127.0.0.1 " 1
+else
+	echo "skip agent store on ::1: no IPv6 loopback here ($(head -c 200 "$tmp/store6.err"))"
+fi
+kill $store6_pid 2>/dev/null
+
 # Without TORCHELASTIC_USE_AGENT_STORE rank 0 listens on MASTER_PORT itself
 # (plain env://): there it finds the store, as issue 33 found torchrun's.
 out=$(RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$SPORT timeout 30 "$W" allreduce 2>&1)
