@@ -16,6 +16,14 @@ PACKAGES=(
 	libjansson-dev       # JSON: safetensors headers, the --metrics log
 	clang                # tests/fuzz: libFuzzer targets (gcc has no libFuzzer)
 	graphviz             # tests/engine/test_report renders --dump-plan output with dot
+	procps               # pkill (tests/comm stops and resumes a frozen rank's children)
+	iproute2             # ip netns (tests/comm's two-host case; it skips without root)
+	python3              # tests/comm's stand-in for torchrun's TCP store
+	python3-matplotlib   # tools/plot_metrics and its test
+	slurmctld            # tests/comm:test_slurm starts a private Slurm: the controller,
+	slurmd               # the node daemon,
+	slurm-client         # srun, salloc, sinfo
+	munge                # and Slurm's authentication
 	dataset-fashion-mnist # data for the examples and the end-to-end tests
 	fortunes             # gpt_ddp's default text (English prose)
 	pkg-config

@@ -30,7 +30,10 @@ typedef enum loom_comm_bootstrap {
 	LOOM_COMM_BOOT_AUTO = 0, /* mpirun's variables, else torchrun's, else single */
 	LOOM_COMM_BOOT_SINGLE,   /* one process, world 1, no MPI */
 	LOOM_COMM_BOOT_MPI,      /* started by Open MPI's mpirun: MPI_COMM_WORLD */
-	LOOM_COMM_BOOT_ENV,      /* torchrun's env://: rendezvous on MASTER_ADDR:PORT */
+	LOOM_COMM_BOOT_ENV,      /* torchrun's env://: rendezvous on MASTER_ADDR:PORT, or
+				    through torchrun's agent store there */
+	LOOM_COMM_BOOT_SLURM,    /* srun's SLURM_PROCID/NTASKS/LOCALID: the same rendezvous
+				    on the step's first node (or MASTER_ADDR) */
 	LOOM_COMM_BOOT_COUNT
 } loom_comm_bootstrap;
 
@@ -64,6 +67,12 @@ const loom_pg_info *loom_pg_get_info(const loom_pg *pg);
 const char *loom_pg_error(const loom_pg *pg);
 double loom_pg_timeout(const loom_pg *pg);
 const char *loom_comm_bootstrap_name(loom_comm_bootstrap b); /* "mpirun", ... */
+/* Under torchrun (TORCHELASTIC_ERROR_FILE set; otherwise nothing): from now
+ * on stderr is kept as well as written, and an exit with a non-zero status
+ * leaves the last line written there as the message of torchrun's error
+ * file, so that its failure report names loom's cause. Idempotent;
+ * loom_launch_maybe and loom_pg_init call it. */
+void loom_comm_error_file_arm(void);
 void loom_pg_set_timeout(loom_pg *pg, double seconds);
 /* The training step this rank is at: each collective it enters is recorded
  * as "step S's all-reduce of ..." so that, when a collective times out, the

@@ -47,14 +47,42 @@ void loom_comm_backoff(double waited_s);
 typedef struct loom_comm_env {
 	int rank, world;
 	int local_rank, local_world; /* -1 when unset: the rendezvous derives them */
+	int group_rank, group_world; /* torchrun's node index and count; -1 when unset */
 	char master_addr[256];
 	int master_port;
+	int agent_store; /* TORCHELASTIC_USE_AGENT_STORE=True: MASTER_PORT is torchrun's store */
+	int restart;     /* TORCHELASTIC_RESTART_COUNT, 0 when unset */
+	int slurm;       /* read from srun's SLURM_* variables */
 } loom_comm_env;
 
 /* Parses RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
- * MASTER_PORT through getenv. A missing required or malformed value is
- * LOOM_ERR_INVALID naming the variable and its text. */
+ * MASTER_PORT through getenv, and torchrun's GROUP_RANK, GROUP_WORLD_SIZE,
+ * TORCHELASTIC_USE_AGENT_STORE and TORCHELASTIC_RESTART_COUNT when set. A
+ * missing required or malformed value is LOOM_ERR_INVALID naming the
+ * variable and its text. */
 loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen);
+/* Whether srun started this process: SLURM_PROCID and SLURM_STEP_NODELIST
+ * set (a batch script has no step node list; it is not a rank). */
+int loom_comm_env_is_slurm(void);
+/* srun's variables: RANK from SLURM_PROCID, WORLD from SLURM_NTASKS, the
+ * local rank from SLURM_LOCALID (the local world is counted by host name
+ * at the rendezvous), the node from SLURM_NODEID and SLURM_NNODES; the
+ * rendezvous on MASTER_ADDR when set, else the first host of
+ * SLURM_STEP_NODELIST; on MASTER_PORT when set, else a port made from
+ * SLURM_JOB_ID and SLURM_STEP_ID (loom_comm_slurm_port), so that two
+ * jobs, or two steps, sharing a node do not meet. */
+loom_status loom_comm_env_parse_slurm(loom_comm_env *e, char *err, size_t errlen);
+int loom_comm_slurm_port(unsigned long job, unsigned long step);
+/*
+ * Slurm's compressed host lists ("node[01-04,07],gpu3,rack[1-2]-n[1-2]"):
+ * names separated by commas outside brackets, each bracket a list of
+ * numbers and ranges whose lower bound's digits give the width (01-04 is
+ * 01 02 03 04); several brackets in one name multiply. The count of hosts
+ * (-1 when malformed, with why in err), and host number `index` into out.
+ */
+long loom_slurm_hostlist_count(const char *list, char *err, size_t errlen);
+loom_status loom_slurm_hostlist_nth(const char *list, long index, char *out, size_t len,
+				    char *err, size_t errlen);
 /* Open MPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; *present = 0
  * when the process was not started by mpirun. */
 loom_status loom_comm_env_parse_ompi(loom_comm_env *e, int *present, char *err,
@@ -126,6 +154,7 @@ typedef struct loom_rdv {
 	/* rank 0: a socket per rank (kept for the ordered MPI join); others: [0] */
 	int *fds;
 	int listen_fd;
+	int listen_given; /* rank 0: listen_fd already listens (a port the store announced) */
 	loom_rdv_srv srv; /* rank 0 */
 } loom_rdv;
 
@@ -164,6 +193,79 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
 /* One non-blocking TCP connect to host:port by deadline: the socket
  * (non-blocking, TCP_NODELAY) or -1 with errno. */
 int loom_sock_connect(const char *host, int port, double deadline);
+
+/* ------------------------------------------------------------ torchrun's store */
+
+/* comm/store.c: a client of PyTorch's TCPStore protocol (see there), for
+ * the store torchrun's agent keeps on MASTER_PORT. */
+enum {
+	LOOM_STORE_VALIDATE = 0,
+	LOOM_STORE_SET = 1,
+	LOOM_STORE_GET = 3,
+	LOOM_STORE_WAIT = 6,
+	LOOM_STORE_CANCEL_WAIT = 12,
+	LOOM_STORE_PING = 13,
+};
+#define LOOM_STORE_VALIDATION_MAGIC 0x3C85F7CEu
+#define LOOM_STORE_STOP_WAITING 0
+#define LOOM_STORE_MAX_VALUE 256 /* rank 0's address: "loom1 HOST PORT" */
+#define LOOM_STORE_ADDR_TAG "loom1 "
+
+typedef struct loom_store {
+	int fd;
+	char host[256];
+	int port;
+	double deadline; /* every read and write by then */
+} loom_store;
+
+/* Encoders into out (room for 1 + 16 + the strings): the bytes written,
+ * 0 when they do not fit in cap. */
+size_t loom_store_encode_u32(int cmd, uint32_t v, uint8_t *out); /* VALIDATE, PING */
+size_t loom_store_encode_set(const char *key, const void *val, size_t len, uint8_t *out,
+			     size_t cap);
+size_t loom_store_encode_key(int cmd, const char *key, uint8_t *out, size_t cap); /* GET, WAIT */
+uint64_t loom_store_get_u64(const uint8_t *p);
+uint32_t loom_store_get_u32(const uint8_t *p);
+/* A GET's length prefix: more than cap is LOOM_ERR_FORMAT naming key. */
+loom_status loom_store_decode_len(const uint8_t m[8], size_t cap, const char *key,
+				  size_t *len, char *err, size_t errlen);
+/* Rank 0's address as published ("loom1 HOST PORT"); the length, 0 when
+ * it does not fit. The parser is strict: the tag, a host of letters,
+ * digits and . - _ : %, one space, a port in 1..65535, nothing more. */
+size_t loom_store_format_addr(const char *host, int port, char *out, size_t cap);
+loom_status loom_store_parse_addr(const uint8_t *v, size_t n, char *host, size_t hostcap,
+				  int *port, char *err, size_t errlen);
+/* Connects (retrying until deadline), validates and pings. */
+loom_status loom_store_open(loom_store *s, const char *host, int port, double deadline,
+			    char *err, size_t errlen);
+/* SET, confirmed by a ping's round trip. */
+loom_status loom_store_set(loom_store *s, const char *key, const void *val, size_t len,
+			   char *err, size_t errlen);
+/* WAIT for key until the deadline, then GET it (at most cap bytes). */
+loom_status loom_store_wait_get(loom_store *s, const char *key, void *val, size_t cap,
+				size_t *len, char *err, size_t errlen);
+void loom_store_close(loom_store *s);
+/* The key rank 0's address goes under: "/worker/attempt_<restart>/loom_rank0_addr". */
+void loom_store_key(const loom_comm_env *e, char *key, size_t len);
+/* The rendezvous's meeting point through the store at MASTER_ADDR:PORT:
+ * rank 0 opens its listener on a free port (r->listen_fd, listen_given)
+ * and publishes "loom1 ADDR PORT" (ADDR: its side of the connection to
+ * the store); the others wait up to timeout_s for it. On success
+ * r->master_addr points at addr (addrlen bytes, the caller's) and
+ * r->master_port is rank 0's port. */
+loom_status loom_store_rendezvous(const loom_comm_env *e, loom_rdv *r, char *addr,
+				  size_t addrlen, double timeout_s, char *err, size_t errlen);
+
+/* ------------------------------------------------------------ torchrun's error file */
+
+/* comm/errfile.c: the JSON torchrun's agent reads from
+ * TORCHELASTIC_ERROR_FILE ({"message": {"message": ..., "extraInfo":
+ * {"py_callstack": ..., "timestamp": "..."}}}) into out; its length, 0
+ * when it does not fit. Strings are escaped so that any bytes make valid
+ * JSON (bytes above 0x7f as \u00XX). */
+size_t loom_errfile_json(const char *message, const char *callstack, long timestamp,
+			 char *out, size_t cap);
+size_t loom_errfile_json_escape(const char *s, char *out, size_t cap);
 
 /* ------------------------------------------------------------ liveness */
 

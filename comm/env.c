@@ -1,6 +1,7 @@
 /*
  * comm/env.c — the environment a rank starts from (torchrun's env://
- * variables, Open MPI's OMPI_COMM_WORLD_*), parsed strictly, plus the small
+ * variables, Slurm's srun, Open MPI's OMPI_COMM_WORLD_*), parsed strictly,
+ * Slurm's compressed host lists, plus the small
  * helpers every file of comm/ uses: error formatting, clocks, polite polling.
  */
 #include "comm/comm_internal.h"
@@ -91,6 +92,40 @@ static loom_status required(const char *name, const char **out, char *err, size_
 	return LOOM_OK;
 }
 
+/* What torchrun's agent adds to env://: the node (GROUP_RANK of
+ * GROUP_WORLD_SIZE), whether MASTER_PORT is its own store, the attempt. */
+static loom_status torchrun_extras(loom_comm_env *e, char *err, size_t errlen)
+{
+	const char *gr = getenv("GROUP_RANK"), *gw = getenv("GROUP_WORLD_SIZE");
+	const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
+	const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+	loom_status st;
+
+	e->group_rank = e->group_world = -1;
+	if (gw && (st = loom_comm_parse_int("GROUP_WORLD_SIZE", gw, 1, e->world, &e->group_world,
+					    err, errlen)))
+		return st;
+	if (gr && (st = loom_comm_parse_int("GROUP_RANK", gr, 0, e->world - 1, &e->group_rank,
+					    err, errlen)))
+		return st;
+	if (gr && gw && e->group_rank >= e->group_world)
+		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+				      "GROUP_RANK=%d is not below GROUP_WORLD_SIZE=%d",
+				      e->group_rank, e->group_world);
+	if (restart && (st = loom_comm_parse_int("TORCHELASTIC_RESTART_COUNT", restart, 0,
+						 INT_MAX, &e->restart, err, errlen)))
+		return st;
+	if (!store || !strcmp(store, "False") || !strcmp(store, "false") || !strcmp(store, "0"))
+		e->agent_store = 0;
+	else if (!strcmp(store, "True") || !strcmp(store, "true") || !strcmp(store, "1"))
+		e->agent_store = 1;
+	else
+		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+				      "TORCHELASTIC_USE_AGENT_STORE='%.32s' is neither True nor False",
+				      store);
+	return LOOM_OK;
+}
+
 loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen)
 {
 	const char *rank, *world, *addr, *port, *lr, *lw;
@@ -132,7 +167,275 @@ loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen)
 		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
 				      "LOCAL_RANK=%d is not below WORLD_SIZE=%d", e->local_rank,
 				      e->world);
+	return torchrun_extras(e, err, errlen);
+}
+
+/* ------------------------------------------------------------ Slurm */
+
+int loom_comm_env_is_slurm(void)
+{
+	return getenv("SLURM_PROCID") && getenv("SLURM_STEP_NODELIST");
+}
+
+int loom_comm_slurm_port(unsigned long job, unsigned long step)
+{
+	/* 20000..29999 (below Linux's ephemeral ports, 32768 up), a step of
+	 * a job its own port: jobs and steps sharing a node rarely meet. */
+	return 20000 + (int)((job * 7 + step) % 10000);
+}
+
+static loom_status slurm_number(const char *name, unsigned long *out, char *err, size_t errlen)
+{
+	const char *t = getenv(name);
+	int v;
+	loom_status st;
+
+	*out = 0;
+	if (!t)
+		return LOOM_OK;
+	/* A step id may be a word (batch, extern): those ranks have no port. */
+	if ((st = loom_comm_parse_int(name, t, 0, INT_MAX, &v, err, errlen)))
+		return st;
+	*out = (unsigned long)v;
 	return LOOM_OK;
+}
+
+loom_status loom_comm_env_parse_slurm(loom_comm_env *e, char *err, size_t errlen)
+{
+	const char *procid = getenv("SLURM_PROCID"), *ntasks = getenv("SLURM_NTASKS");
+	const char *localid = getenv("SLURM_LOCALID"), *nodes = getenv("SLURM_STEP_NODELIST");
+	const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+	const char *nodeid = getenv("SLURM_NODEID"), *nnodes = getenv("SLURM_NNODES");
+	unsigned long job, step;
+	loom_status st;
+	char why[LOOM_COMM_ERRLEN];
+
+	memset(e, 0, sizeof(*e));
+	e->slurm = 1;
+	e->local_rank = e->local_world = e->group_rank = e->group_world = -1;
+	if (!procid || !ntasks || !nodes)
+		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+				      "srun: %s is not set (SLURM_PROCID, SLURM_NTASKS and "
+				      "SLURM_STEP_NODELIST are required)",
+				      !procid ? "SLURM_PROCID" : !ntasks ? "SLURM_NTASKS"
+								 : "SLURM_STEP_NODELIST");
+	if ((st = loom_comm_parse_int("SLURM_NTASKS", ntasks, 1, 1 << 20, &e->world, err,
+				      errlen)) ||
+	    (st = loom_comm_parse_int("SLURM_PROCID", procid, 0, e->world - 1, &e->rank, err,
+				      errlen)) ||
+	    (localid && (st = loom_comm_parse_int("SLURM_LOCALID", localid, 0, e->world - 1,
+						  &e->local_rank, err, errlen))) ||
+	    (nnodes && (st = loom_comm_parse_int("SLURM_NNODES", nnodes, 1, e->world,
+						 &e->group_world, err, errlen))) ||
+	    (nodeid && (st = loom_comm_parse_int("SLURM_NODEID", nodeid, 0, e->world - 1,
+						 &e->group_rank, err, errlen))))
+		return st;
+	if (addr && *addr) {
+		if (strlen(addr) >= sizeof(e->master_addr))
+			return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+					      "MASTER_ADDR='%.64s' is too long", addr);
+		strcpy(e->master_addr, addr);
+	} else if ((st = loom_slurm_hostlist_nth(nodes, 0, e->master_addr,
+						  sizeof(e->master_addr), why, sizeof(why)))) {
+		return loom_comm_errf(err, errlen, st, "srun: SLURM_STEP_NODELIST='%.200s': %s",
+				      nodes, why);
+	}
+	if (port)
+		return loom_comm_parse_int("MASTER_PORT", port, 1, 65535, &e->master_port, err,
+					   errlen);
+	if ((st = slurm_number("SLURM_JOB_ID", &job, err, errlen)) ||
+	    (st = slurm_number("SLURM_STEP_ID", &step, err, errlen)))
+		return st;
+	e->master_port = loom_comm_slurm_port(job, step);
+	return LOOM_OK;
+}
+
+/*
+ * Host lists. One name is literal text and bracket groups; a group is a
+ * comma list of N or LO-HI. Walked twice: once to count, once to pick.
+ */
+#define HOSTLIST_MAX_HOSTS (1L << 24)
+
+/* The bracket group at s (just past '['): its count, and its member k
+ * (k >= 0) printed into out. -1 when malformed. *end: past the ']'. */
+static long group_walk(const char *s, const char **end, long k, char *out, size_t len,
+		       char *err, size_t errlen)
+{
+	long count = 0;
+
+	for (;;) {
+		const char *p = s;
+		unsigned long lo = 0, hi;
+		int width = 0;
+
+		while (*p >= '0' && *p <= '9') {
+			lo = lo * 10 + (unsigned long)(*p++ - '0');
+			if (++width > 9)
+				goto bad;
+		}
+		if (!width)
+			goto bad;
+		hi = lo;
+		if (*p == '-') {
+			int w2 = 0;
+
+			hi = 0;
+			p++;
+			while (*p >= '0' && *p <= '9') {
+				hi = hi * 10 + (unsigned long)(*p++ - '0');
+				if (++w2 > 9)
+					goto bad;
+			}
+			if (!w2 || hi < lo)
+				goto bad;
+		}
+		if (k >= count && k <= count + (long)(hi - lo))
+			snprintf(out, len, "%0*lu", width, lo + (unsigned long)(k - count));
+		count += (long)(hi - lo) + 1;
+		if (count > HOSTLIST_MAX_HOSTS) {
+			loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
+				       HOSTLIST_MAX_HOSTS);
+			return -1;
+		}
+		if (*p == ',') {
+			s = p + 1;
+			continue;
+		}
+		if (*p != ']')
+			goto bad;
+		*end = p + 1;
+		return count;
+	}
+bad:
+	loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		       "bad range in brackets at '%.16s' (expected N or LO-HI, LO <= HI, "
+		       "comma-separated)",
+		       s);
+	return -1;
+}
+
+static int name_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       c == '-' || c == '_' || c == '.';
+}
+
+/* One name from s (up to a ',' outside brackets or the end): its count,
+ * and its host k (0 <= k < count) into out when k >= 0 (-1 when it does
+ * not fit in len). */
+static long name_walk(const char *s, const char **end, long k, char *out, size_t len,
+		      char *err, size_t errlen)
+{
+	const char *p;
+	long count = 1, below;
+	size_t o = 0;
+	char piece[16];
+
+	/* Count first: k's digits come from the product's mixed radix. */
+	for (p = s; *p && *p != ','; ) {
+		if (*p == '[') {
+			long n = group_walk(p + 1, &p, -1, NULL, 0, err, errlen);
+
+			if (n < 0)
+				return -1;
+			if (count > HOSTLIST_MAX_HOSTS / n) {
+				loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
+					       HOSTLIST_MAX_HOSTS);
+				return -1;
+			}
+			count *= n;
+		} else if (name_char(*p)) {
+			p++;
+		} else {
+			loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+				       "unexpected character '%c' (0x%02x)",
+				       *p >= 32 && *p < 127 ? *p : '?', (unsigned char)*p);
+			return -1;
+		}
+	}
+	if (p == s) {
+		loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "empty host name");
+		return -1;
+	}
+	*end = p;
+	if (k < 0)
+		return count;
+	/* Then print host k: the first group varies slowest, as Slurm lists. */
+	below = count;
+	for (p = s; *p && *p != ',';) {
+		if (*p == '[') {
+			const char *q = p + 1;
+			long n = group_walk(q, &p, -1, NULL, 0, err, errlen);
+			size_t m;
+
+			below /= n;
+			group_walk(q, &p, (k / below) % n, piece, sizeof(piece), err, errlen);
+			m = strlen(piece);
+			if (o + m >= len)
+				return -1;
+			memcpy(out + o, piece, m);
+			o += m;
+		} else {
+			if (o + 1 >= len)
+				return -1;
+			out[o++] = *p++;
+		}
+	}
+	out[o] = 0;
+	return count;
+}
+long loom_slurm_hostlist_count(const char *list, char *err, size_t errlen)
+{
+	const char *p = list;
+	long total = 0;
+
+	if (!list || !*list) {
+		loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "empty host list");
+		return -1;
+	}
+	for (;;) {
+		long n = name_walk(p, &p, -1, NULL, 0, err, errlen);
+
+		if (n < 0)
+			return -1;
+		if (total > HOSTLIST_MAX_HOSTS - n) {
+			loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
+				       HOSTLIST_MAX_HOSTS);
+			return -1;
+		}
+		total += n;
+		if (!*p)
+			return total;
+		p++; /* the ',' between names */
+	}
+}
+
+loom_status loom_slurm_hostlist_nth(const char *list, long index, char *out, size_t len,
+				    char *err, size_t errlen)
+{
+	const char *p = list;
+	long total = loom_slurm_hostlist_count(list, err, errlen);
+
+	if (total < 0)
+		return LOOM_ERR_INVALID;
+	if (index < 0 || index >= total)
+		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+				      "host %ld of a list of %ld", index, total);
+	if (!len)
+		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "no room for a host name");
+	for (;;) {
+		const char *start = p;
+		long n = name_walk(start, &p, -1, NULL, 0, err, errlen);
+
+		if (index < n) {
+			if (name_walk(start, &p, index, out, len, err, errlen) < 0)
+				return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+						      "host name longer than %zu bytes", len - 1);
+			return LOOM_OK;
+		}
+		index -= n;
+		p++;
+	}
 }
 
 loom_status loom_comm_env_parse_ompi(loom_comm_env *e, int *present, char *err, size_t errlen)

@@ -18,8 +18,8 @@
 
 #define BLOB_MAGIC "LMBLOB01"
 
-static const char *const boot_names[LOOM_COMM_BOOT_COUNT] = { "auto", "single", "mpirun",
-							      "env://" };
+static const char *const boot_names[LOOM_COMM_BOOT_COUNT] = { "auto",   "single", "mpirun",
+							      "env://", "srun" };
 
 static void self_peer(loom_pg *pg, int rank)
 {
@@ -109,6 +109,60 @@ static loom_status start_ompi_server(loom_pg *pg, char *uri, size_t len)
 
 /* ------------------------------------------------------------ env:// */
 
+/* Open MPI reads SLURM_* at MPI_Init and, finding them, takes the process
+ * for one direct-launched by srun and aborts ("OMPI was not built with
+ * SLURM support") where loom means to join singletons. So they are hidden
+ * from MPI_Init and from ompi-server, and put back afterwards. */
+typedef struct slurm_env {
+	char **saved; /* "NAME=VALUE" copies */
+	int n;
+} slurm_env;
+
+static void slurm_hide(slurm_env *h)
+{
+	extern char **environ;
+	int k, n = 0;
+
+	h->saved = NULL;
+	h->n = 0;
+	for (k = 0; environ[k]; k++)
+		n += !strncmp(environ[k], "SLURM_", 6);
+	if (!n || !(h->saved = calloc((size_t)n, sizeof(char *))))
+		return;
+	while (h->n < n) {
+		char *e = NULL, *eq;
+
+		for (k = 0; environ[k] && !e; k++)
+			if (!strncmp(environ[k], "SLURM_", 6))
+				e = environ[k];
+		if (!e || !(h->saved[h->n] = strdup(e)))
+			break;
+		eq = strchr(h->saved[h->n], '=');
+		if (!eq)
+			break;
+		*eq = 0;
+		unsetenv(h->saved[h->n]);
+		*eq = '=';
+		h->n++;
+	}
+}
+
+static void slurm_restore(slurm_env *h)
+{
+	int k;
+
+	for (k = 0; k < h->n; k++) {
+		char *eq = strchr(h->saved[k], '=');
+
+		*eq = 0;
+		setenv(h->saved[k], eq + 1, 0);
+		free(h->saved[k]);
+	}
+	free(h->saved);
+	h->saved = NULL;
+	h->n = 0;
+}
+
 static void put_str(uint8_t **p, const char *s)
 {
 	uint32_t n = (uint32_t)strlen(s);
@@ -137,13 +191,16 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 {
 	loom_comm_env e;
 	loom_rdv r;
-	char uri[1024] = "", port[1024] = "";
+	char uri[1024] = "", port[1024] = "", rank0_addr[256];
+	slurm_env hidden;
 	uint8_t blob[8 + 4 + sizeof(uri) + 4 + sizeof(port) + LOOM_COMM_NCCL_ID_BYTES], *w;
 	const uint8_t *rp, *end;
 	loom_status st;
 	int k;
 
-	st = loom_comm_env_parse(&e, pg->err, sizeof(pg->err));
+	st = pg->info.how == LOOM_COMM_BOOT_SLURM
+		     ? loom_comm_env_parse_slurm(&e, pg->err, sizeof(pg->err))
+		     : loom_comm_env_parse(&e, pg->err, sizeof(pg->err));
 	if (st)
 		return st;
 	pg->info.rank = e.rank;
@@ -161,10 +218,14 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 		if (o->want_device &&
 		    (st = loom_comm_nccl_use_device(pg, e.local_rank >= 0 ? e.local_rank : 0)))
 			return st;
-		if ((st = start_ompi_server(pg, uri, sizeof(uri))))
-			return st;
-		setenv("OMPI_MCA_pmix_server_uri", uri, 1);
-		if ((st = loom_mpi_open(pg, port, sizeof(port))))
+		slurm_hide(&hidden);
+		st = start_ompi_server(pg, uri, sizeof(uri));
+		if (!st) {
+			setenv("OMPI_MCA_pmix_server_uri", uri, 1);
+			st = loom_mpi_open(pg, port, sizeof(port));
+		}
+		slurm_restore(&hidden);
+		if (st)
 			return st;
 	}
 	if (e.rank == 0 && o->want_device &&
@@ -180,6 +241,7 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	w += LOOM_COMM_NCCL_ID_BYTES;
 
 	memset(&r, 0, sizeof(r));
+	r.listen_fd = -1;
 	r.rank = e.rank;
 	r.world = e.world;
 	r.master_addr = e.master_addr;
@@ -188,7 +250,15 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	r.self = pg->peers[e.rank];
 	r.blob = blob;
 	r.blob_len = (size_t)(w - blob);
-	st = loom_rdv_run(&r, pg->err, sizeof(pg->err));
+	/* Under torchrun's agent, MASTER_PORT is its TCP store: rank 0 listens
+	 * on a port of its own and says where through the store. The others
+	 * wait for it as long as they would wait for rank 0 itself. */
+	st = e.agent_store ? loom_store_rendezvous(&e, &r, rank0_addr, sizeof(rank0_addr),
+						   e.rank ? 2 * r.timeout_s + 1.5 : r.timeout_s,
+						   pg->err, sizeof(pg->err))
+			   : LOOM_OK;
+	if (!st)
+		st = loom_rdv_run(&r, pg->err, sizeof(pg->err));
 	if (st)
 		goto out_close;
 
@@ -227,9 +297,13 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	if (e.world > 1) {
 		if (e.rank != 0) {
 			setenv("OMPI_MCA_pmix_server_uri", uri, 1);
-			if ((o->want_device &&
-			     (st = loom_comm_nccl_use_device(pg, pg->info.local_rank))) ||
-			    (st = loom_mpi_open(pg, NULL, 0)))
+			if (o->want_device &&
+			    (st = loom_comm_nccl_use_device(pg, pg->info.local_rank)))
+				goto out_close;
+			slurm_hide(&hidden);
+			st = loom_mpi_open(pg, NULL, 0);
+			slurm_restore(&hidden);
+			if (st)
 				goto out_close;
 		}
 		st = loom_mpi_join(pg, &r, port);
@@ -281,7 +355,12 @@ static loom_comm_bootstrap detect(void)
 {
 	if (getenv("OMPI_COMM_WORLD_SIZE"))
 		return LOOM_COMM_BOOT_MPI;
-	if (getenv("RANK") || getenv("WORLD_SIZE") || getenv("MASTER_ADDR"))
+	/* torchrun's RANK wins over srun's (torchrun started by srun). */
+	if (getenv("RANK") || getenv("WORLD_SIZE"))
+		return LOOM_COMM_BOOT_ENV;
+	if (loom_comm_env_is_slurm())
+		return LOOM_COMM_BOOT_SLURM;
+	if (getenv("MASTER_ADDR"))
 		return LOOM_COMM_BOOT_ENV;
 	return LOOM_COMM_BOOT_SINGLE;
 }
@@ -296,6 +375,7 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 
 	if (!out)
 		return LOOM_ERR_INVALID;
+	loom_comm_error_file_arm();
 	*out = pg = calloc(1, sizeof(*pg));
 	if (!pg)
 		return LOOM_ERR_NOMEM;
@@ -333,6 +413,7 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 		st = boot_mpi(pg, &o);
 		break;
 	case LOOM_COMM_BOOT_ENV:
+	case LOOM_COMM_BOOT_SLURM:
 		st = boot_env(pg, &o);
 		break;
 	default:
@@ -371,7 +452,7 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 
 loom_nccl_id_source loom_pg_nccl_id_source(const loom_pg *pg)
 {
-	if (pg->info.how == LOOM_COMM_BOOT_ENV)
+	if (pg->info.how == LOOM_COMM_BOOT_ENV || pg->info.how == LOOM_COMM_BOOT_SLURM)
 		return LOOM_NCCL_ID_RENDEZVOUS;
 	if (pg->info.how == LOOM_COMM_BOOT_MPI && pg->info.rank > 0)
 		return LOOM_NCCL_ID_MPI_BROADCAST;

@@ -469,7 +469,8 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 	loom_status st;
 	int k;
 
-	st = loom_sock_listen(r->master_port, &r->listen_fd, NULL, err, errlen);
+	st = r->listen_given ? LOOM_OK
+			     : loom_sock_listen(r->master_port, &r->listen_fd, NULL, err, errlen);
 	if (st) {
 		char why[256];
 
@@ -583,7 +584,8 @@ loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen)
 {
 	int k;
 
-	r->listen_fd = -1;
+	if (!r->listen_given)
+		r->listen_fd = -1;
 	r->blob_out = NULL;
 	memset(&r->srv, 0, sizeof(r->srv));
 	r->fds = malloc(sizeof(int) * (size_t)r->world);

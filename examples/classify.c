@@ -4,7 +4,10 @@
  * PyTorch saved) run on a test split through a forward-only plan
  * (loom_compile_opts.inference), or a loom checkpoint through the training
  * program it was saved from (in eval mode: the same outputs bit for bit).
- * Prints accuracy, top-k accuracy, the confusion matrix and images/s.
+ * Prints accuracy, top-k accuracy, the confusion matrix and images/s;
+ * --predictions FILE writes every image's index, label, prediction and
+ * logits (CSV for a .csv name, else JSON Lines), so that another engine's
+ * outputs can be compared image by image.
  *
  *   classify --weights convnet.safetensors                 (Fashion-MNIST t10k)
  *   classify --model resnet18 --data cifar-10-batches-bin --weights r.safetensors
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "examples/models.h"
 #include "examples/train_args.h"
@@ -32,6 +36,7 @@ typedef struct classify_args {
 	const char *split;      /* t10k/train (MNIST), test/train (CIFAR) */
 	const char *weights;    /* safetensors */
 	const char *checkpoint; /* loom_save's file */
+	const char *predictions; /* per-image rows, or NULL */
 	int width, batch, top_k, threads, strict;
 	int64_t limit;          /* first N images, 0: all */
 	loom_opt_level level;
@@ -57,6 +62,8 @@ static void usage(FILE *f)
 		"  --limit N            only the first N images\n"
 		"  --batch-size N       images per run (default 100)\n"
 		"  --top-k K            also count a hit when the label is among the K best (default 5)\n"
+		"  --predictions FILE   every image's index, label, prediction and logits: CSV when\n"
+		"                       FILE ends in .csv, else JSON Lines (one object per image)\n"
 		"  --opt-level O0..O3   precision of the plan (default O0)\n"
 		"  --precision P        fp16 or bf16 (default fp16)\n"
 		"  --optimizer O        sgd or adamw: --checkpoint's (default sgd)\n"
@@ -93,6 +100,7 @@ static int parse(int argc, char **argv, classify_args *a)
 		{ "precision", required_argument, 0, 'p' }, { "optimizer", required_argument, 0, 'o' },
 		{ "init-strict", required_argument, 0, 'S' }, { "device", required_argument, 0, 'D' },
 		{ "threads", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
+		{ "predictions", required_argument, 0, 'P' },
 		{ 0, 0, 0, 0 },
 	};
 	*a = (classify_args){ .model = "convnet", .width = 64, .batch = 100, .top_k = 5,
@@ -104,6 +112,7 @@ static int parse(int argc, char **argv, classify_args *a)
 		switch (c) {
 		case 'w': a->weights = optarg; break;
 		case 'c': a->checkpoint = optarg; break;
+		case 'P': a->predictions = optarg; break;
 		case 'm': a->model = optarg; break;
 		case 'd': a->data = optarg; break;
 		case 's': a->split = optarg; break;
@@ -282,6 +291,40 @@ static void report(const classify_args *a, const int64_t conf[CLASSES][CLASSES],
 	}
 }
 
+/* --predictions: CSV for a name ending in .csv, JSON Lines otherwise. */
+static int predictions_csv(const char *path)
+{
+	size_t n = strlen(path);
+	return n >= 4 && !strcmp(path + n - 4, ".csv");
+}
+
+static void predictions_head(FILE *f, const char *path)
+{
+	if (!predictions_csv(path))
+		return;
+	fprintf(f, "index,label,prediction");
+	for (int c = 0; c < CLASSES; c++)
+		fprintf(f, ",logit%d", c);
+	fputc('\n', f);
+}
+
+/* One image's row; %.9g gives every f32 logit back exactly. */
+static void predictions_row(FILE *f, const char *path, int64_t index, int label, int pred,
+			    const float *z)
+{
+	int csv = predictions_csv(path);
+	fprintf(f, csv ? "%lld,%d,%d" : "{\"index\": %lld, \"label\": %d, \"prediction\": %d, \"logits\": [",
+		(long long)index, label, pred);
+	for (int c = 0; c < CLASSES; c++) {
+		if (isfinite(z[c]))
+			fprintf(f, csv ? ",%.9g" : c ? ", %.9g" : "%.9g", z[c]);
+		else /* JSON has no NaN or inf: null, as --metrics writes it */
+			fprintf(f, csv ? ",%s" : c ? ", %s" : "%s",
+				csv ? (isnan(z[c]) ? "nan" : z[c] > 0 ? "inf" : "-inf") : "null");
+	}
+	fputs(csv ? "\n" : "]}\n", f);
+}
+
 static double now_s(void)
 {
 	struct timespec t;
@@ -297,6 +340,14 @@ int main(int argc, char **argv)
 		return rc == 1 ? 0 : 2;
 	if (a.threads)
 		loom_cpu_set_threads(a.threads);
+	/* The output path is checked before anything is loaded or compiled. */
+	FILE *pf = NULL;
+	if (a.predictions && !(pf = fopen(a.predictions, "w"))) {
+		fprintf(stderr, "classify: --predictions %s: %s\n", a.predictions, strerror(errno));
+		return 2;
+	}
+	if (pf)
+		predictions_head(pf, a.predictions);
 
 	loom_dataset ds = { 0 };
 	loom_sampler *s = NULL;
@@ -374,12 +425,31 @@ int main(int argc, char **argv)
 			loss_sum += z[pred] + log(se) - z[lab[r]]; /* cross-entropy of the row */
 			conf[lab[r]][pred]++;
 			topk += rank_of(z, lab[r]) < a.top_k;
+			if (pf) /* the sampler keeps the split's order */
+				predictions_row(pf, a.predictions, n, lab[r], pred, z);
 			n++;
 		}
 	}
 	report(&a, conf, n, topk, now_s() - t0, loss_sum);
+	if (pf) {
+		int bad = ferror(pf);
+		bad |= fclose(pf) != 0;
+		pf = NULL;
+		if (bad) {
+			fprintf(stderr, "classify: --predictions %s: %s\n", a.predictions,
+				strerror(errno));
+			unlink(a.predictions);
+			goto out;
+		}
+		printf("predictions: %lld rows in %s (%s)\n", (long long)n, a.predictions,
+		       predictions_csv(a.predictions) ? "CSV" : "JSON Lines");
+	}
 	rc = 0;
 out:
+	if (pf) { /* a failed run leaves no half file behind */
+		fclose(pf);
+		unlink(a.predictions);
+	}
 	free(img);
 	free(out);
 	free(lab);

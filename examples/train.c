@@ -253,6 +253,13 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 		fprintf(stderr, "%s: warning: --max-restarts without --checkpoint: a restart "
 				"begins again from step 0\n",
 			prog->name);
+	/* The same for torchrun's --max-restarts (said once, by rank 0). */
+	const char *tmr = getenv("TORCHELASTIC_MAX_RESTARTS"), *trk = getenv("RANK");
+	if (tmr && strcmp(tmr, "0") && trk && !strcmp(trk, "0") &&
+	    !flag_value(argc, argv, "--checkpoint"))
+		fprintf(stderr, "%s: warning: torchrun --max-restarts %s without --checkpoint: a "
+				"restart begins again from step 0\n",
+			prog->name, tmr);
 	int lrc = loom_launch_maybe(&argc, argv);
 	if (lrc >= 0)
 		return lrc;

@@ -21,9 +21,13 @@ static int rank_of(loom_pg *pg)
 
 static int fail(loom_pg *pg, loom_status st)
 {
-	printf("rank %d: ERROR %s: %s\n", pg ? rank_of(pg) : -1, loom_status_string(st),
-	       loom_pg_error(pg));
-	fflush(stdout);
+	/* Under torchrun (its error file asked for) on stderr, as a program
+	 * reports its error, so that the file's message can be checked. */
+	FILE *to = getenv("TORCHELASTIC_ERROR_FILE") ? stderr : stdout;
+
+	fprintf(to, "rank %d: ERROR %s: %s\n", pg ? rank_of(pg) : -1, loom_status_string(st),
+		loom_pg_error(pg));
+	fflush(to);
 	return 1;
 }
 

@@ -9,7 +9,11 @@
  * Input: byte 0 picks the message (low 3 bits: 0 hello, 1 reply head, 2 OK
  * payload, 3 error payload, 4 turn signal, 5 a script of connections to rank
  * 0's server, which comm/rendezvous.c judges: see server() below; 6 a
- * progress link's first bytes and record, comm/progress.c); with bit 7 set the harness
+ * progress link's first bytes and record, comm/progress.c; 7 what the
+ * launchers hand a rank: with byte 1 even, the bytes torchrun's TCP store
+ * answers a WAIT and a GET with (comm/store.c: the answer byte, the length,
+ * rank 0's published address), with byte 1 odd, a Slurm host list
+ * (comm/env.c)); with bit 7 set the harness
  * makes an OK payload's world and blob length agree with its size first,
  * so that mutations reach the peer table. Byte 1 gives the world (1..16),
  * byte 2 this rank; the rest is the message.
@@ -290,6 +294,75 @@ static void progress(const uint8_t *data, size_t size, int rank, int world)
 	FUZZ_CHECK(seq2 == seq && strcmp(back, label) == 0);
 }
 
+/* What loom_store_wait_get reads: WAIT's answer byte, GET's length, the
+ * value; then the address parser on the value. */
+static void store_reply(const uint8_t *m, size_t n)
+{
+	char host[LOOM_COMM_HOSTLEN], again[LOOM_STORE_MAX_VALUE + 1], err[LOOM_COMM_ERRLEN];
+	char host2[LOOM_COMM_HOSTLEN];
+	size_t len = 0, k;
+	int port = 0, port2 = 0;
+
+	if (n < 9 || m[0] != LOOM_STORE_STOP_WAITING)
+		return;
+	if (loom_store_decode_len(m + 1, LOOM_STORE_MAX_VALUE, "k", &len, err, sizeof(err))) {
+		FUZZ_CHECK(err[0] && terminated(err, sizeof(err)));
+		return;
+	}
+	FUZZ_CHECK(len <= LOOM_STORE_MAX_VALUE);
+	if (n - 9 < len)
+		return; /* the socket read would time out */
+	if (loom_store_parse_addr(m + 9, len, host, sizeof(host), &port, err, sizeof(err))) {
+		FUZZ_CHECK(err[0] && terminated(err, sizeof(err)));
+		return;
+	}
+	FUZZ_CHECK(host[0] && terminated(host, sizeof(host)));
+	FUZZ_CHECK(port >= 1 && port <= 65535);
+	for (k = 0; host[k]; k++)
+		FUZZ_CHECK(host[k] > ' ' && host[k] < 127);
+	/* What rank 0 would publish for what was read reads back the same. */
+	k = loom_store_format_addr(host, port, again, sizeof(again));
+	FUZZ_CHECK(k > 0);
+	FUZZ_CHECK(loom_store_parse_addr((const uint8_t *)again, k, host2, sizeof(host2), &port2,
+					 err, sizeof(err)) == LOOM_OK);
+	FUZZ_CHECK(!strcmp(host, host2) && port == port2);
+}
+
+/* A Slurm host list: the count, the first, a chosen and the last host. */
+static void hostlist(const uint8_t *m, size_t n, int pick)
+{
+	char *list = malloc(n + 1), out[LOOM_COMM_HOSTLEN], first[LOOM_COMM_HOSTLEN];
+	char err[LOOM_COMM_ERRLEN] = "";
+	long count, i;
+
+	FUZZ_CHECK(list != NULL);
+	memcpy(list, m, n);
+	list[n] = 0;
+	count = loom_slurm_hostlist_count(list, err, sizeof(err));
+	if (count < 0) {
+		FUZZ_CHECK(err[0] && terminated(err, sizeof(err)));
+		FUZZ_CHECK(loom_slurm_hostlist_nth(list, 0, out, sizeof(out), err, sizeof(err)) !=
+			   LOOM_OK);
+		free(list);
+		return;
+	}
+	FUZZ_CHECK(count >= 1);
+	if (loom_slurm_hostlist_nth(list, 0, first, sizeof(first), err, sizeof(err)) == LOOM_OK)
+		FUZZ_CHECK(first[0] && terminated(first, sizeof(first)));
+	for (i = pick % count; i < count; i += count - 1 > i ? count - 1 - i : 1) {
+		if (loom_slurm_hostlist_nth(list, i, out, sizeof(out), err, sizeof(err)) == LOOM_OK)
+			FUZZ_CHECK(out[0] && strlen(out) < sizeof(out) && !strchr(out, ',') &&
+				   !strchr(out, '['));
+		else
+			FUZZ_CHECK(strstr(err, "longer than"));
+		if (i == count - 1)
+			break;
+	}
+	FUZZ_CHECK(loom_slurm_hostlist_nth(list, count, out, sizeof(out), err, sizeof(err)) !=
+		   LOOM_OK);
+	free(list);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t *copy;
@@ -316,6 +389,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case 4: go(copy, size, rank); break;
 	case 5: server(copy, size, world); break;
 	case 6: progress(copy, size, rank, world); break;
+	case 7:
+		if (world & 1)
+			store_reply(copy, size);
+		else
+			hostlist(copy, size, rank * 7919);
+		break;
 	default: break;
 	}
 	free(copy);

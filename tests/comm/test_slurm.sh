@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# tests/comm/test_slurm.sh — loom's ranks started by a real srun: Debian's
+# Slurm (slurmctld, slurmd, munge; bazel/install_deps.sh installs them) is
+# started here on this machine with a private configuration, ports, state
+# and munge socket (about 3 s), used, and stopped by its process ids. Needs
+# root (slurmd runs the tasks); skips, saying why, without it or without
+# the programs. Prints "N passed, N failed".
+#   test_slurm.sh COMM_WORKER
+set -u
+W=$(realpath "$1")
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
+skip() { echo "skip real srun: $1"; echo "$pass passed, $fail failed"; exit 0; }
+for p in /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged; do
+	[ -x "$p" ] || skip "$p missing (slurmctld, slurmd, munge: bazel/install_deps.sh)"
+done
+command -v srun >/dev/null || skip "srun missing (slurm-client)"
+[ "$(id -u)" -eq 0 ] || skip "slurmd must run as root"
+[ -r /etc/munge/munge.key ] || skip "no /etc/munge/munge.key (the munge package makes it)"
+
+d=$(mktemp -d /tmp/loom-slurm.XXXXXX)
+pids=()
+cleanup() {
+	local p
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+	rm -rf "$d"
+}
+trap cleanup EXIT
+mkdir -p "$d/state" "$d/spool"
+# munged insists on a key readable by its user only and a private socket dir.
+cp /etc/munge/munge.key "$d/munge.key"
+chmod 600 "$d/munge.key"
+/usr/sbin/munged --foreground --force --socket="$d/munge.sock" --key-file="$d/munge.key" \
+	--pid-file="$d/munged.pid" --log-file="$d/munged.log" --seed-file="$d/munged.seed" 2>"$d/munged.err" &
+pids+=($!)
+host=$(hostname -s)
+base=$((30000 + ($$ % 1000) * 2))
+export SLURM_CONF=$d/slurm.conf
+cat >"$SLURM_CONF" <<EOF
+ClusterName=loomtest
+SlurmctldHost=$host
+SlurmctldPort=$base
+SlurmdPort=$((base + 1))
+AuthType=auth/munge
+AuthInfo=socket=$d/munge.sock
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd.pid
+SlurmctldLogFile=$d/slurmctld.log
+SlurmdLogFile=$d/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+NodeName=$host CPUs=$(nproc) State=UNKNOWN
+PartitionName=loom Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+EOF
+for _ in $(seq 50); do [ -S "$d/munge.sock" ] && break; sleep 0.1; done
+/usr/sbin/slurmctld -D -c -f "$SLURM_CONF" >"$d/slurmctld.out" 2>&1 &
+pids+=($!)
+/usr/sbin/slurmd -D -f "$SLURM_CONF" >"$d/slurmd.out" 2>&1 &
+pids+=($!)
+up=0
+for _ in $(seq 100); do
+	sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)' && { up=1; break; }
+	sleep 0.2
+done
+if [ $up = 0 ]; then
+	bad "Slurm came up (slurmctld, slurmd, munged on $host)" "$(sinfo 2>&1)" \
+		"$(tail -5 "$d/slurmctld.log" "$d/slurmd.log" "$d/munged.err" 2>&1)"
+	echo "$pass passed, $fail failed"
+	exit 1
+fi
+ok "Slurm up on $host (private slurmctld, slurmd and munged)"
+
+out=$(timeout 60 srun -n 2 --overcommit "$W" allreduce 2>&1)
+check "srun -n 2: exact sums, the group formed from srun's variables" "$out" \
+	"OK allreduce world 2 local [01]/2 via srun" 2
+out=$(timeout 60 srun -n 3 --overcommit "$W" allreduce 2>&1)
+check "srun -n 3: exact sums" "$out" "OK allreduce world 3 local [0-2]/3 via srun" 3
+port=$((port + 1))
+out=$(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 srun -n 2 --overcommit "$W" broadcast 2>&1)
+check "srun -n 2 with MASTER_ADDR/MASTER_PORT exported: broadcast" "$out" "OK broadcast" 2
+# Two steps of one allocation, one after the other: each its own port.
+out=$(timeout 60 salloc -n 2 --overcommit sh -c 'srun "$0" allreduce && srun "$0" allreduce' "$W" 2>&1)
+check "salloc, two srun steps in a row: each step forms its group" "$out" \
+	"OK allreduce world 2 .* via srun" 4
+# A rank that dies: the other names it, as under every launcher.
+out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 timeout 60 srun -n 2 --overcommit -K0 "$W" die 2>&1)
+check "srun: SIGKILL of rank 1, rank 0 names it" "$out" "ERROR .* timed out after 2.0 s: rank 1 died" 1
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
