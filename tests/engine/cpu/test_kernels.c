@@ -893,6 +893,34 @@ Test(elementwise, channel_sum)
 	buf_free(&x);
 }
 
+/* hw == 1, a bias gradient over [rows, C]: the row-wise path (channels
+ * side by side, in blocks of 512) adds in bn_chan_sum's order in double, so
+ * each channel's sum is the double sum of its column in row order, rounded
+ * once: equal bit for bit. c = 1100 spans three blocks and a tail, and the
+ * size is over the team's threshold (both threads' ranges). */
+Test(elementwise, channel_sum_rows_same_bits_as_the_ordered_double_sum)
+{
+	const int n = 61, c = 1100;
+	buf x = buf_rand((size_t)n * c, -1, 1);
+	double *ref = calloc(c, sizeof(double));
+	cr_assert(ref);
+	for (int i = 0; i < n; i++)
+		for (int ch = 0; ch < c; ch++)
+			ref[ch] += x.d[(size_t)i * c + ch];
+	buf out = buf_nan(c);
+	loom_cpu_channel_sum_f32(n, c, 1, x.f, out.f);
+	loom_cpu_channel_sum_f64(n, c, 1, x.d, out.d);
+	for (int ch = 0; ch < c; ch++) {
+		cr_assert(out.f[ch] == (float)ref[ch], "f32 channel %d: %.9g, want %.9g", ch,
+			  out.f[ch], (float)ref[ch]);
+		cr_assert(out.d[ch] == ref[ch], "f64 channel %d: %.17g, want %.17g", ch, out.d[ch],
+			  ref[ch]);
+	}
+	free(ref);
+	buf_free(&out);
+	buf_free(&x);
+}
+
 /* ---- global average pooling --------------------------------------------- */
 
 Test(global_avgpool, mean_of_each_plane_and_its_adjoint)
