@@ -849,6 +849,54 @@ Test(elementwise, gelu_f32_matches_the_formula_in_double)
 	free(y);
 }
 
+/* The spacing of floats around x, subnormals included. */
+static double float_ulp(double x)
+{
+	double u = x == 0 ? 0 : ldexp(1, ilogb(x) - 23);
+	return u > 0x1p-149 ? u : 0x1p-149;
+}
+
+/* The softmax rows' exponentials (libmvec's exp in double, elementwise.c)
+ * against exp in double here: each rounded value within half an ulp of
+ * float plus libmvec's few double ulps, the sums to 1e-13 (only their
+ * order differs); an odd count for the SIMD tails, exponents down to
+ * underflow (-800), a NaN passed through. */
+Test(elementwise, exp_rows_match_the_formula_in_double)
+{
+	const int64_t n = 1001;
+	const double m = 3.7, g = -0.37;
+	float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n),
+	      *z = malloc(sizeof(float) * n);
+	cr_assert(x && y && z);
+	double sum = 0;
+	for (int64_t i = 0; i < n; i++) {
+		x[i] = (float)(i == 5 ? -800.0 : -90.0 + 95.0 * urand());
+		sum += exp((double)x[i] - m);
+	}
+	double got = loom_cpu_exp_sum_f32(n, x, m);
+	cr_expect(fabs(got - sum) <= 1e-13 * sum, "exp_sum %.17g, double %.17g", got, sum);
+	loom_cpu_exp_scale_f32(n, x, m, g, y);
+	memcpy(z, x, sizeof(float) * n);
+	got = loom_cpu_exp_inplace_f32(n, z, m);
+	cr_expect(fabs(got - sum) <= 1e-13 * sum, "exp_inplace's sum %.17g, double %.17g", got,
+		  sum);
+	for (int64_t i = 0; i < n; i++) {
+		double e = exp((double)x[i] - m);
+		cr_assert(fabs(z[i] - e) <= 0.50001 * float_ulp(e), "exp(%g - %g): %.9g, double %.17g",
+			  x[i], m, z[i], e);
+		cr_assert(fabs(y[i] - e * g) <= 0.50001 * float_ulp(e * g),
+			  "exp(%g - %g) * %g: %.9g, double %.17g", x[i], m, g, y[i], e * g);
+	}
+	cr_expect(z[5] == 0 && y[5] == 0, "exp(-800) underflows to 0");
+	x[9] = NAN;
+	cr_expect(isnan(loom_cpu_exp_sum_f32(n, x, m)), "a NaN reaches the sum");
+	loom_cpu_exp_scale_f32(n, x, m, g, y);
+	cr_expect(isnan(y[9]) && !isnan(y[8]), "NaN in, NaN out, and only there");
+	free(x);
+	free(y);
+	free(z);
+}
+
 Test(elementwise, sum_million_f32_accurate)
 {
 	const int64_t n = 1000000;
