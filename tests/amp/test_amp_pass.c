@@ -686,13 +686,22 @@ static loom_dtype dtype_of_op(const loom_program *p, loom_op op)
 	return node(p, v[0])->dtype;
 }
 
-/* O1: layer norm and the attention's softmax fp32 (apex's FP32 list), the
- * products half, the embedding following its fp32 table, the loss fp32. */
+/* O1: layer norm fp32 inside (apex's FP32 list; on the CPU it writes half
+ * for the product that reads it, a cast folded in), the attention as
+ * autocast runs it (half q, k, v, the softmax fp32 inside its kernel: no
+ * cast between the qkv product and the probabilities), the products half,
+ * the embedding following its fp32 table, the loss fp32. */
 static void check_block_o1(loom_dtype half)
 {
 	loom_program *p = compile_block(LOOM_O1, half);
-	cr_assert_eq(dtype_of_op(p, LOOM_OP_LAYERNORM), LOOM_F32);
-	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTN_PROBS), LOOM_F32);
+	loom_value ln[1] = { LOOM_NONE }, ap[1] = { LOOM_NONE };
+	cr_assert_eq(ops_of(p, LOOM_OP_LAYERNORM, ln, 1), 1);
+	cr_assert(node(p, ln[0])->dtype == LOOM_F32 ||
+		  (node(p, ln[0])->dtype == half && (node(p, ln[0])->flags & LOOM_NODE_CAST_FOLDED)));
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTN_PROBS), half);
+	cr_assert_eq(ops_of(p, LOOM_OP_ATTN_PROBS, ap, 1), 1);
+	cr_assert_eq(node(p, node(p, ap[0])->src[0])->op, LOOM_OP_LINEAR,
+		     "attn_probs reads the qkv product itself, no cast");
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTENTION), half);
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_EMBEDDING), LOOM_F32);
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_SOFTMAX_CE), LOOM_F32);
@@ -704,7 +713,7 @@ static void check_block_o1(loom_dtype half)
 	loom_program_free(p);
 }
 
-Test(amp_pass, o1_transformer_layernorm_softmax_fp32)
+Test(amp_pass, o1_transformer_layernorm_fp32_attention_half)
 {
 	check_block_o1(LOOM_F16);
 	check_block_o1(LOOM_BF16);
