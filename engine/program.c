@@ -401,10 +401,10 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		loom_fuse_bn_relu(p->plan.g);
 	if (caps & LOOM_BE_FUSES_ADD_RELU)
 		loom_fuse_add_relu(p->plan.g);
-	if (caps & LOOM_BE_FUSES_CASTS)
-		loom_fuse_casts(p->plan.g);
 	if (caps & LOOM_BE_FUSES_SIBLINGS)
 		loom_fuse_siblings(p->plan.g);
+	if (caps & LOOM_BE_FUSES_CASTS)
+		loom_fuse_casts(p->plan.g);
 	if ((st = make_slots(p)) != LOOM_OK)
 		goto out_fail;
 	/* Data parallelism: gradient buckets and their all-reduces, then the

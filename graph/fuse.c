@@ -290,6 +290,11 @@ static int foldable_producer(const loom_graph *g, loom_value x, loom_dtype to)
 		return 0;
 	if (n->dtype != LOOM_F32 || (to != LOOM_BF16 && to != LOOM_F16))
 		return 0;
+	/* A node that makes siblings keeps its dtype: the one-pass kernels
+	 * (batch norm's dx with dgamma and dbeta) want all of theirs alike. */
+	for (loom_value u = x + 1; u < g->n; u++)
+		if (g->nodes[u].made_by == x)
+			return 0;
 	loom_value rd[2];
 	return readers(g, x, rd, 1) == 1;
 }
@@ -312,6 +317,9 @@ static loom_value sole_kernel_reader(const loom_graph *g, loom_value c)
 	if (def->kind == LOOM_OPK_LEAF || (def->flags & LOOM_OPF_VIEW) || r->op == LOOM_OP_CAST ||
 	    r->made_by != LOOM_NONE)
 		return LOOM_NONE;
+	for (loom_value u = rd[0] + 1; u < g->n; u++) /* as in foldable_producer */
+		if (g->nodes[u].made_by == rd[0])
+			return LOOM_NONE;
 	int uses = 0;
 	for (int i = 0; i < r->nsrc; i++)
 		uses += r->src[i] == c;

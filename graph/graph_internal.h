@@ -216,8 +216,8 @@ int loom_fuse_add_relu(loom_graph *g);
  * read by one kernel into that reader (it reads the half value and widens
  * it, exactly). The cast becomes a view: the same bits, one pass and one
  * buffer fewer. For backends whose kernels read and write any float dtype
- * (LOOM_BE_FUSES_CASTS). Returns how many. Run after the relu fusions,
- * before loom_fuse_siblings. */
+ * (LOOM_BE_FUSES_CASTS). Returns how many. Run after the relu fusions and
+ * loom_fuse_siblings (a node that makes siblings keeps its dtype). */
 int loom_fuse_casts(loom_graph *g);
 
 /* Marks values one library call makes together with an earlier node's

@@ -5,7 +5,8 @@
 # that compute in half (the cast's producer and one of its kernel readers;
 # views looked through; a node marked "(f32 inside)" computes in fp32), K
 # the narrowing casts loom_fuse_casts should have folded (their producer a
-# kernel that the cast alone reads, not a value kept after the step). With
+# kernel that the cast alone reads, not a value kept after the step, making
+# no siblings: "(made by P)"). With
 # -v list=1 it also prints each counted cast.
 function is_dtype(s) { return s == "f32" || s == "bf16" || s == "f16" || s == "f64" || s == "i32" }
 function is_half(d) { return d == "bf16" || d == "f16" }
@@ -17,6 +18,7 @@ function producer(v) { while (op[v] == "reshape") v = s1[v]; return v }
 	v = $1 + 0; op[v] = $2; n = 0; dt[v] = ""
 	f32in[v] = index($0, "(f32 inside)") > 0
 	grad[v] = index($0, "(grad)") > 0
+	if (match($0, /\(made by [0-9]+\)/)) makes[substr($0, RSTART + 9, RLENGTH - 10) + 0] = 1
 	kept[v] = 0
 	for (i = 3; i <= NF; i++) {
 		if (dt[v] == "" && is_dtype($i)) dt[v] = $i
@@ -46,7 +48,7 @@ END {
 		p = producer(s1[v])
 		b = half_op(p) && half_reader(v)
 		between += b
-		u = is_half(dt[v]) && !is_half(dt[s1[v]]) && !is_leaf(op[p]) && op[p] != "cast" && !kept[p] &&
+		u = is_half(dt[v]) && !is_half(dt[s1[v]]) && !is_leaf(op[p]) && op[p] != "cast" && !kept[p] && !makes[p] &&
 		    nread[s1[v]] == 1 && (p == s1[v] || nread[p] == 1)
 		unfolded += u
 		if (list) printf("cast %d %s <- %d %s %s%s%s\n", v, dt[v], p, op[p], dt[p], b ? " BETWEEN-HALF" : "", u ? " UNFOLDED" : "")
