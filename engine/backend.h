@@ -41,6 +41,10 @@ enum {
 	 * reduced over the shards; with LOOM_BE_SHARDED_OPTIM, answers
 	 * grad_sumsq). */
 	LOOM_BE_CLIPS_GRAD = 1u << 8,
+	/* Every kernel reads and writes any float dtype, computing in fp32
+	 * (the CPU's emulation): graph/fuse.c's loom_fuse_casts may give a
+	 * producer its cast's dtype. */
+	LOOM_BE_FUSES_CASTS = 1u << 9,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \

@@ -403,6 +403,8 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		loom_fuse_add_relu(p->plan.g);
 	if (caps & LOOM_BE_FUSES_SIBLINGS)
 		loom_fuse_siblings(p->plan.g);
+	if (caps & LOOM_BE_FUSES_CASTS)
+		loom_fuse_casts(p->plan.g);
 	if ((st = make_slots(p)) != LOOM_OK)
 		goto out_fail;
 	/* Data parallelism: gradient buckets and their all-reduces, then the
@@ -951,6 +953,8 @@ void loom_program_dump(const loom_program *p, FILE *out)
 		if ((n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
 		     n->op == LOOM_OP_BN_BWD_GAMMA) && n->a.bn.sync)
 			fprintf(out, " (sync)");
+		if (n->flags & LOOM_NODE_CAST_FOLDED)
+			fprintf(out, " (f32 inside)");
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		fprintf(out, "\n");

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "graph/graph_internal.h"
+#include "graph/ops/ops.h"
 
 /* The nodes reading v (at most max of them), or -1 if there are more. */
 static int readers(const loom_graph *g, loom_value v, loom_value *out, int max)
@@ -265,4 +266,102 @@ int loom_fuse_siblings(loom_graph *g)
 		}
 	}
 	return marked;
+}
+
+/*
+ * Casts into producers. The AMP pass casts an op's fp32 result to half
+ * where a half op reads it (layer norm -> the qkv product, the loss's
+ * gradient -> the products' backward): a pass over the activation and a
+ * buffer of its own. When the cast is the producer's only reader, the
+ * producer writes half itself: its kernel still computes in fp32 and the
+ * result is rounded once on the way out, the same rounding the cast made,
+ * so the values are the same bits. The cast becomes a view of the producer.
+ * Only narrowing casts: folding a widening one would skip a rounding the
+ * unfused plan makes.
+ */
+static int foldable_producer(const loom_graph *g, loom_value x, loom_dtype to)
+{
+	const loom_node *n = &g->nodes[x];
+	const loom_op_def *def = loom_op_defs[n->op];
+	if (def->kind == LOOM_OPK_LEAF || (def->flags & LOOM_OPF_VIEW) || n->op == LOOM_OP_CAST ||
+	    n->made_by != LOOM_NONE)
+		return 0;
+	if (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD | LOOM_NODE_STAGE_CUT | LOOM_NODE_SHARDED))
+		return 0;
+	if (n->dtype != LOOM_F32 || (to != LOOM_BF16 && to != LOOM_F16))
+		return 0;
+	/* A node that makes siblings keeps its dtype: the one-pass kernels
+	 * (batch norm's dx with dgamma and dbeta) want all of theirs alike. */
+	for (loom_value u = x + 1; u < g->n; u++)
+		if (g->nodes[u].made_by == x)
+			return 0;
+	loom_value rd[2];
+	return readers(g, x, rd, 1) == 1;
+}
+
+/*
+ * A widening cast (half -> fp32) read by one kernel instead goes into that
+ * kernel: the reader takes the half value itself and widens it as it
+ * reads, exactly (a widening is exact), with no pass and no buffer of its
+ * own. The cast, read by nobody now, becomes a view of its source in the
+ * source's dtype. Not when the reader is a view or a cast (no kernel to
+ * widen in) or reads the cast twice.
+ */
+static loom_value sole_kernel_reader(const loom_graph *g, loom_value c)
+{
+	loom_value rd[2];
+	if (readers(g, c, rd, 1) != 1)
+		return LOOM_NONE;
+	const loom_node *r = &g->nodes[rd[0]];
+	const loom_op_def *def = loom_op_defs[r->op];
+	if (def->kind == LOOM_OPK_LEAF || (def->flags & LOOM_OPF_VIEW) || r->op == LOOM_OP_CAST ||
+	    r->made_by != LOOM_NONE)
+		return LOOM_NONE;
+	for (loom_value u = rd[0] + 1; u < g->n; u++) /* as in foldable_producer */
+		if (g->nodes[u].made_by == rd[0])
+			return LOOM_NONE;
+	int uses = 0;
+	for (int i = 0; i < r->nsrc; i++)
+		uses += r->src[i] == c;
+	return uses == 1 ? rd[0] : LOOM_NONE;
+}
+
+int loom_fuse_casts(loom_graph *g)
+{
+	int fused = 0;
+	for (int c = 0; c < g->n; c++) {
+		loom_node *cn = &g->nodes[c];
+		if (cn->op != LOOM_OP_CAST || (cn->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD)))
+			continue;
+		loom_value x = cn->src[0];
+		loom_dtype from = g->nodes[x].dtype;
+		/* Through views (a reshape between the pool and the product)
+		 * that the cast alone reads: they take the new dtype too. */
+		loom_value p = x, rd[2];
+		while ((loom_op_defs[g->nodes[p].op]->flags & LOOM_OPF_VIEW) &&
+		       g->nodes[p].op == LOOM_OP_RESHAPE && readers(g, p, rd, 1) == 1 &&
+		       !(g->nodes[p].flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD)))
+			p = g->nodes[p].src[0];
+		if (foldable_producer(g, p, cn->dtype)) {
+			for (loom_value q = x; q != p; q = g->nodes[q].src[0])
+				g->nodes[q].dtype = cn->dtype;
+			g->nodes[p].dtype = cn->dtype;
+			g->nodes[p].flags |= LOOM_NODE_CAST_FOLDED;
+			make_view(g, c, x);
+			fused++;
+			continue;
+		}
+		loom_value r;
+		if (cn->dtype != LOOM_F32 || (from != LOOM_BF16 && from != LOOM_F16) ||
+		    (r = sole_kernel_reader(g, c)) == LOOM_NONE)
+			continue;
+		loom_node *rn = &g->nodes[r];
+		for (int i = 0; i < rn->nsrc; i++)
+			if (rn->src[i] == c)
+				rn->src[i] = x;
+		cn->dtype = from;
+		make_view(g, c, x);
+		fused++;
+	}
+	return fused;
 }

@@ -70,6 +70,9 @@ enum {
 	/* Stored outside the memory plan, in shards (ZeRO-1's O2 masters, in
 	 * the optimizer-state region: dist/zero.c): no place in any region. */
 	LOOM_NODE_SHARDED = 1u << 5,
+	/* A cast folded in (graph/fuse.c, loom_fuse_casts): the node computes
+	 * in fp32 and writes its half dtype, rounding once. */
+	LOOM_NODE_CAST_FOLDED = 1u << 6,
 };
 
 typedef union loom_attrs {
@@ -206,6 +209,16 @@ int loom_fuse_linear_relu(loom_graph *g);
  * (which takes the relus that feed pools). Returns how many. */
 int loom_fuse_bn_relu(loom_graph *g);
 int loom_fuse_add_relu(loom_graph *g);
+
+/* Folds casts into kernels: a narrowing cast (fp32 -> half) whose source
+ * has no other reader into that source (the producer writes half, computing
+ * in fp32 and rounding once, as the cast did); a widening one (half -> fp32)
+ * read by one kernel into that reader (it reads the half value and widens
+ * it, exactly). The cast becomes a view: the same bits, one pass and one
+ * buffer fewer. For backends whose kernels read and write any float dtype
+ * (LOOM_BE_FUSES_CASTS). Returns how many. Run after the relu fusions and
+ * loom_fuse_siblings (a node that makes siblings keeps its dtype). */
+int loom_fuse_casts(loom_graph *g);
 
 /* Marks values one library call makes together with an earlier node's
  * (node->made_by): batch norm's dgamma and dbeta with its dx (one

@@ -433,7 +433,8 @@ static loom_status cpu_timer_read(void *ctx, int slot, double *seconds)
 
 const loom_backend loom_cpu_backend = {
 	.name = "cpu",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_HOST_MEMORY | LOOM_BE_SHARDED_OPTIM | LOOM_BE_CLIPS_GRAD,
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_FUSES_CASTS | LOOM_BE_HOST_MEMORY | LOOM_BE_SHARDED_OPTIM |
+		LOOM_BE_CLIPS_GRAD,
 	.init = cpu_init,
 	.free = cpu_free,
 	.error = cpu_error,

@@ -128,10 +128,38 @@ static void LOOM_CPU_FN(channel_sum_part)(void *arg, int64_t lo, int64_t hi)
 		a->out[ch] = (T)LOOM_CPU_FN(bn_chan_sum)(a->n, a->c, a->hw, a->x, ch);
 }
 
+/* hw == 1 (a linear's or layer norm's bias gradient over [rows, C]): one
+ * value per row and channel, so bn_chan_sum would walk each channel with
+ * stride c, one double add at a time. Row by row instead, the channels of
+ * the range side by side in double accumulators (SIMD across channels):
+ * the same additions in the same order as bn_chan_sum, so the same bits
+ * (its blocks hold one value each). */
+#define LOOM_CPU_ROWSUM_BLOCK 512
+
+static void LOOM_CPU_FN(channel_sum_rows_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bn_args) *a = arg;
+	double acc[LOOM_CPU_ROWSUM_BLOCK];
+	for (int64_t c0 = lo; c0 < hi; c0 += LOOM_CPU_ROWSUM_BLOCK) {
+		int64_t w = hi - c0 < LOOM_CPU_ROWSUM_BLOCK ? hi - c0 : LOOM_CPU_ROWSUM_BLOCK;
+		for (int64_t j = 0; j < w; j++)
+			acc[j] = 0;
+		for (int i = 0; i < a->n; i++) {
+			const T *xp = a->x + (int64_t)i * a->c + c0;
+#pragma omp simd
+			for (int64_t j = 0; j < w; j++)
+				acc[j] += (double)xp[j];
+		}
+		for (int64_t j = 0; j < w; j++)
+			a->out[c0 + j] = (T)acc[j];
+	}
+}
+
 void LOOM_CPU_FN(loom_cpu_channel_sum)(int n, int c, int64_t hw, const T *x, T *out)
 {
 	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .out = out };
-	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(channel_sum_part));
+	LOOM_CPU_FN(bn_run)(&a, hw == 1 ? LOOM_CPU_FN(channel_sum_rows_part) :
+					  LOOM_CPU_FN(channel_sum_part));
 }
 
 /* Training forward of channel ch from its batch mean and biased variance:

@@ -6,6 +6,7 @@
 #ifndef LOOM_ENGINE_CPU_INTERNAL_H
 #define LOOM_ENGINE_CPU_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include <cblas.h>
@@ -32,6 +33,33 @@
 #else
 #define LOOM_CPU_F32 f32
 #endif
+
+/* The f64 twins of kernels.h's loom_cpu_exp_* (f32 through libmvec), for
+ * the softmax rows of dense_impl.h and gpt_impl.h: plain scalar loops. */
+static inline double loom_cpu_exp_sum_f64(int64_t n, const double *x, double m)
+{
+	double s = 0;
+	for (int64_t i = 0; i < n; i++)
+		s += exp(x[i] - m);
+	return s;
+}
+
+static inline double loom_cpu_exp_inplace_f64(int64_t n, double *x, double m)
+{
+	double s = 0;
+	for (int64_t i = 0; i < n; i++) {
+		x[i] = exp(x[i] - m);
+		s += x[i];
+	}
+	return s;
+}
+
+static inline void loom_cpu_exp_scale_f64(int64_t n, const double *x, double m, double g,
+					  double *y)
+{
+	for (int64_t i = 0; i < n; i++)
+		y[i] = exp(x[i] - m) * g;
+}
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define LOOM_CPU_PAR_MIN 32768

@@ -64,8 +64,7 @@ static double LOOM_CPU_FN(ce_logsumexp)(int classes, const T *row)
 	double mx = row[0], s = 0;
 	for (int j = 1; j < classes; j++)
 		mx = row[j] > mx ? row[j] : mx;
-	for (int j = 0; j < classes; j++)
-		s += exp(row[j] - mx);
+	s = LOOM_CPU_FN(loom_cpu_exp_sum)(classes, row, mx);
 	return mx + log(s);
 }
 
@@ -102,8 +101,7 @@ void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd)(int n, int classes, const T *logits,
 		int lab = labels[i];
 		T at_label = lab >= 0 && lab < classes ? row[lab] : 0;
 		double lse = LOOM_CPU_FN(ce_logsumexp)(classes, row);
-		for (int j = 0; j < classes; j++)
-			out[j] = (T)(exp(row[j] - lse) * g);
+		LOOM_CPU_FN(loom_cpu_exp_scale)(classes, row, lse, g, out);
 		/* The forward rejected bad labels; a bad one here only loses its
 		 * one-hot term instead of writing out of bounds. */
 		if (lab >= 0 && lab < classes)

@@ -13,6 +13,13 @@ LOOM_CPU_KERNELS(float, f32_base)
 LOOM_CPU_KERNELS(float, f32_avx2)
 void loom_cpu_gelu_f32_base(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
 void loom_cpu_gelu_f32_avx2(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
+#define EXP_KERNELS(SFX)                                                              \
+	double loom_cpu_exp_sum_##SFX(int64_t n, const float *x, double m);            \
+	double loom_cpu_exp_inplace_##SFX(int64_t n, float *x, double m);              \
+	void loom_cpu_exp_scale_##SFX(int64_t n, const float *x, double m, double g, float *y);
+EXP_KERNELS(f32_base)
+EXP_KERNELS(f32_avx2)
+#undef EXP_KERNELS
 
 int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x,
 				    const uint16_t *w, const float *b, float *y, void *ws);
@@ -128,6 +135,21 @@ void loom_cpu_relu_bwd_f32(int64_t n, const float *x, const float *dy, float *dx
 void loom_cpu_gelu_f32(int64_t n, const float *x, const float *dy, int tanh_form, float *y)
 {
 	PICK(loom_cpu_gelu)(n, x, dy, tanh_form, y);
+}
+
+double loom_cpu_exp_sum_f32(int64_t n, const float *x, double m)
+{
+	return PICK(loom_cpu_exp_sum)(n, x, m);
+}
+
+double loom_cpu_exp_inplace_f32(int64_t n, float *x, double m)
+{
+	return PICK(loom_cpu_exp_inplace)(n, x, m);
+}
+
+void loom_cpu_exp_scale_f32(int64_t n, const float *x, double m, double g, float *y)
+{
+	PICK(loom_cpu_exp_scale)(n, x, m, g, y);
 }
 
 void loom_cpu_add_f32(int64_t n, const float *a, const float *b, float *y)

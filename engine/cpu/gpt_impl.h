@@ -145,14 +145,10 @@ void LOOM_CPU_FN(loom_cpu_attn_probs_fwd)(const loom_attn_shape *s, const T *qkv
 			   (T)0, pb, t);
 		for (int i = 0; i < t; i++) {
 			T *row = pb + (int64_t)i * t;
-			double mx = row[0], sum = 0;
+			double mx = row[0], sum;
 			for (int j = 1; j <= i; j++)
 				mx = row[j] > mx ? row[j] : mx;
-			for (int j = 0; j <= i; j++) {
-				double e = exp(row[j] - mx);
-				row[j] = (T)e;
-				sum += e;
-			}
+			sum = LOOM_CPU_FN(loom_cpu_exp_inplace)(i + 1, row, mx);
 			/* Divide in double and round once (the exp was rounded to T
 			 * already; for f64 graphs both are exact to the ulp). */
 			for (int j = 0; j <= i; j++)

@@ -113,6 +113,14 @@ LOOM_CPU_KERNELS(double, f64)
  * (elementwise.c); f64 stays on the scalar row loop (ops_elementwise.c). */
 void loom_cpu_gelu_f32(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
 
+/* Softmax rows' exponentials in double through libmvec (elementwise.c):
+ * exp_sum returns the sum over i < n of exp(x[i] - m); exp_inplace writes
+ * x[i] = exp(x[i] - m) rounded to float and returns the sum of the unrounded
+ * values; exp_scale writes y[i] = exp(x[i] - m) * g rounded (y may be x). */
+double loom_cpu_exp_sum_f32(int64_t n, const float *x, double m);
+double loom_cpu_exp_inplace_f32(int64_t n, float *x, double m);
+void loom_cpu_exp_scale_f32(int64_t n, const float *x, double m, double g, float *y);
+
 /*
  * Native bf16 products (conv_bf16.c): bf16 sources as uint16 bit patterns,
  * fp32 accumulation, fp32 results; the conv kernels take the workspace of

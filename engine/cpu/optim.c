@@ -93,28 +93,43 @@ double loom_optim_grad_sumsq_host(const loom_plan *pl, const loom_arena *a, doub
 	return total;
 }
 
-/* One chunk of torch.optim.SGD / AdamW on w (fp32 or fp64 values). */
-static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double *w,
-			 const double *g, double *s0, double *s1, int64_t n, double wd)
+/* One chunk of torch.optim.SGD / AdamW on w (fp32 or fp64 values). The
+ * options are read into locals first: through o, every store to w or the
+ * state might change them (both are doubles), which kept these loops scalar;
+ * whether SGD has momentum is decided outside the loop. Elementwise only, so SIMD gives the same bits (BUILD compiles this
+ * file with -fno-math-errno: sqrt's errno would keep the AdamW loop scalar). */
+static void update_chunk(const loom_optim_opts *o, double lr, int64_t t, double *restrict w,
+			 const double *restrict g, double *restrict s0, double *restrict s1,
+			 int64_t n, double wd)
 {
 	if (o->kind == LOOM_OPTIM_SGD) {
+		const double mom = o->momentum, damp = 1 - o->dampening;
+		if (!(mom > 0)) {
+#pragma omp simd
+			for (int64_t i = 0; i < n; i++)
+				w[i] -= lr * (g[i] + wd * w[i]);
+			return;
+		}
+		const int first = t == 1, nesterov = o->nesterov;
+#pragma omp simd
 		for (int64_t i = 0; i < n; i++) {
 			double d = g[i] + wd * w[i];
-			if (o->momentum > 0) {
-				s0[i] = t == 1 ? d : o->momentum * s0[i] + (1 - o->dampening) * d;
-				d = o->nesterov ? d + o->momentum * s0[i] : s0[i];
-			}
+			s0[i] = first ? d : mom * s0[i] + damp * d;
+			d = nesterov ? d + mom * s0[i] : s0[i];
 			w[i] -= lr * d;
 		}
 		return;
 	}
-	double bc1 = 1 - pow(o->beta1, (double)t), bc2 = 1 - pow(o->beta2, (double)t);
+	const double b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+	const double bc1 = 1 - pow(b1, (double)t), sbc2 = sqrt(1 - pow(b2, (double)t));
+	const double decay = 1 - lr * wd, step = lr / bc1;
+#pragma omp simd
 	for (int64_t i = 0; i < n; i++) {
-		w[i] *= 1 - lr * wd;
-		s0[i] = o->beta1 * s0[i] + (1 - o->beta1) * g[i];
-		s1[i] = o->beta2 * s1[i] + (1 - o->beta2) * g[i] * g[i];
-		double denom = sqrt(s1[i]) / sqrt(bc2) + o->eps;
-		w[i] -= lr / bc1 * s0[i] / denom;
+		w[i] *= decay;
+		s0[i] = b1 * s0[i] + (1 - b1) * g[i];
+		s1[i] = b2 * s1[i] + (1 - b2) * g[i] * g[i];
+		double denom = sqrt(s1[i]) / sbc2 + eps;
+		w[i] -= step * s0[i] / denom;
 	}
 }
 

@@ -125,7 +125,10 @@ static void grad_attention(loom_graph *g, loom_value v, loom_value dy, void *ctx
 	}
 }
 
-/* The softmax in fp32 under O1 (apex's deny list), the products in half. */
+/* Under O1 as autocast runs attention: half q, k, v into the products
+ * (fp32 accumulation), the softmax in fp32 inside the kernel (the scores
+ * never rounded to half), the probabilities written in half for the
+ * attention product that reads them. */
 const loom_op_def loom_op_attn_probs = {
 	.name = "attn_probs",
 	.kind = LOOM_OPK_FORWARD,
@@ -133,7 +136,7 @@ const loom_op_def loom_op_attn_probs = {
 	.src_names = { "qkv" },
 	.shape = shape_attn_probs,
 	.grad = grad_attn_probs,
-	.amp = { .cls = LOOM_AMP_DENY },
+	.amp = { .cls = LOOM_AMP_ALLOW },
 };
 
 const loom_op_def loom_op_attn_probs_bwd = {

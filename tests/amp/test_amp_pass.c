@@ -686,13 +686,22 @@ static loom_dtype dtype_of_op(const loom_program *p, loom_op op)
 	return node(p, v[0])->dtype;
 }
 
-/* O1: layer norm and the attention's softmax fp32 (apex's FP32 list), the
- * products half, the embedding following its fp32 table, the loss fp32. */
+/* O1: layer norm fp32 inside (apex's FP32 list; on the CPU it writes half
+ * for the product that reads it, a cast folded in), the attention as
+ * autocast runs it (half q, k, v, the softmax fp32 inside its kernel: no
+ * cast between the qkv product and the probabilities), the products half,
+ * the embedding following its fp32 table, the loss fp32. */
 static void check_block_o1(loom_dtype half)
 {
 	loom_program *p = compile_block(LOOM_O1, half);
-	cr_assert_eq(dtype_of_op(p, LOOM_OP_LAYERNORM), LOOM_F32);
-	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTN_PROBS), LOOM_F32);
+	loom_value ln[1] = { LOOM_NONE }, ap[1] = { LOOM_NONE };
+	cr_assert_eq(ops_of(p, LOOM_OP_LAYERNORM, ln, 1), 1);
+	cr_assert(node(p, ln[0])->dtype == LOOM_F32 ||
+		  (node(p, ln[0])->dtype == half && (node(p, ln[0])->flags & LOOM_NODE_CAST_FOLDED)));
+	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTN_PROBS), half);
+	cr_assert_eq(ops_of(p, LOOM_OP_ATTN_PROBS, ap, 1), 1);
+	cr_assert_eq(node(p, node(p, ap[0])->src[0])->op, LOOM_OP_LINEAR,
+		     "attn_probs reads the qkv product itself, no cast");
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_ATTENTION), half);
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_EMBEDDING), LOOM_F32);
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_SOFTMAX_CE), LOOM_F32);
@@ -704,10 +713,66 @@ static void check_block_o1(loom_dtype half)
 	loom_program_free(p);
 }
 
-Test(amp_pass, o1_transformer_layernorm_softmax_fp32)
+Test(amp_pass, o1_transformer_layernorm_fp32_attention_half)
 {
 	check_block_o1(LOOM_F16);
 	check_block_o1(LOOM_BF16);
+}
+
+/* The block's attention through the planner (casts folded, O1's attention
+ * in half with the softmax fp32 inside) against the fp32 plan on the same
+ * parameters: the loss and the gradients reaching the qkv product's weight
+ * within bf16's tolerance, at O1 and O2. T = 16 so that the probabilities'
+ * rows are long enough to round. */
+static double block_run(loom_opt_level level, double *g_qkv, size_t n_qkv)
+{
+	loom_graph *g;
+	loom_program *p;
+	int64_t bt[2] = { 2, 16 }, flat[1] = { 32 }, td[2] = { 10, 8 }, lg[2] = { 32, 10 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_graph_set_seed(g, 7);
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, flat);
+	loom_value wte = loom_param(g, "wte", LOOM_F32, 2, td, LOOM_INIT_KAIMING_UNIFORM, 8);
+	loom_value x = loom_layer_layernorm(g, "ln", loom_embedding(g, ids, wte));
+	int64_t wd[2] = { 24, 8 };
+	loom_value wq = loom_param(g, "qkv.w", LOOM_F32, 2, wd, LOOM_INIT_KAIMING_UNIFORM, 8);
+	x = loom_causal_self_attention(g, loom_linear(g, x, wq, LOOM_NONE), 2);
+	x = loom_layer_linear(g, "proj", x, 8, 1);
+	loom_value logits = loom_reshape(g, loom_linear(g, x, wte, LOOM_NONE), 2, lg);
+	loom_value loss = loom_softmax_cross_entropy(g, logits, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts o = amp_opts(level, LOOM_BF16);
+	o.no_fusion = 0;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	int32_t idv[32], yv[32];
+	for (int i = 0; i < 32; i++)
+		idv[i] = (i * 7) % 10, yv[i] = (i * 3 + 1) % 10;
+	cr_assert_eq(loom_set_input(p, "ids", idv, LOOM_I32, 32), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 32), LOOM_OK);
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_read_grad_f64(p, wq, g_qkv, n_qkv), LOOM_OK, "%s", loom_program_error(p));
+	double l = loom_loss(p);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return l;
+}
+
+Test(amp_pass, attention_in_bf16_matches_fp32)
+{
+	enum { N = 24 * 8 };
+	double g0[N], gh[N];
+	double l0 = block_run(LOOM_O0, g0, N);
+	for (int level = LOOM_O1; level <= LOOM_O2; level++) {
+		double lh = block_run((loom_opt_level)level, gh, N);
+		cr_expect(fabs(lh - l0) <= 2e-3 * fabs(l0), "O%d loss %.6g, fp32 %.6g", level, lh, l0);
+		double num = 0, den = 0;
+		for (int i = 0; i < N; i++)
+			num += (gh[i] - g0[i]) * (gh[i] - g0[i]), den += g0[i] * g0[i];
+		cr_expect(den > 0 && sqrt(num / den) <= 2e-2,
+			  "O%d: the qkv weight's gradient %.3g off fp32's (relative RMS)", level,
+			  sqrt(num / den));
+	}
 }
 
 /* O2: the half model throughout (layer norm's statistics stay fp32 inside

@@ -849,6 +849,54 @@ Test(elementwise, gelu_f32_matches_the_formula_in_double)
 	free(y);
 }
 
+/* The spacing of floats around x, subnormals included. */
+static double float_ulp(double x)
+{
+	double u = x == 0 ? 0 : ldexp(1, ilogb(x) - 23);
+	return u > 0x1p-149 ? u : 0x1p-149;
+}
+
+/* The softmax rows' exponentials (libmvec's exp in double, elementwise.c)
+ * against exp in double here: each rounded value within half an ulp of
+ * float plus libmvec's few double ulps, the sums to 1e-13 (only their
+ * order differs); an odd count for the SIMD tails, exponents down to
+ * underflow (-800), a NaN passed through. */
+Test(elementwise, exp_rows_match_the_formula_in_double)
+{
+	const int64_t n = 1001;
+	const double m = 3.7, g = -0.37;
+	float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n),
+	      *z = malloc(sizeof(float) * n);
+	cr_assert(x && y && z);
+	double sum = 0;
+	for (int64_t i = 0; i < n; i++) {
+		x[i] = (float)(i == 5 ? -800.0 : -90.0 + 95.0 * urand());
+		sum += exp((double)x[i] - m);
+	}
+	double got = loom_cpu_exp_sum_f32(n, x, m);
+	cr_expect(fabs(got - sum) <= 1e-13 * sum, "exp_sum %.17g, double %.17g", got, sum);
+	loom_cpu_exp_scale_f32(n, x, m, g, y);
+	memcpy(z, x, sizeof(float) * n);
+	got = loom_cpu_exp_inplace_f32(n, z, m);
+	cr_expect(fabs(got - sum) <= 1e-13 * sum, "exp_inplace's sum %.17g, double %.17g", got,
+		  sum);
+	for (int64_t i = 0; i < n; i++) {
+		double e = exp((double)x[i] - m);
+		cr_assert(fabs(z[i] - e) <= 0.50001 * float_ulp(e), "exp(%g - %g): %.9g, double %.17g",
+			  x[i], m, z[i], e);
+		cr_assert(fabs(y[i] - e * g) <= 0.50001 * float_ulp(e * g),
+			  "exp(%g - %g) * %g: %.9g, double %.17g", x[i], m, g, y[i], e * g);
+	}
+	cr_expect(z[5] == 0 && y[5] == 0, "exp(-800) underflows to 0");
+	x[9] = NAN;
+	cr_expect(isnan(loom_cpu_exp_sum_f32(n, x, m)), "a NaN reaches the sum");
+	loom_cpu_exp_scale_f32(n, x, m, g, y);
+	cr_expect(isnan(y[9]) && !isnan(y[8]), "NaN in, NaN out, and only there");
+	free(x);
+	free(y);
+	free(z);
+}
+
 Test(elementwise, sum_million_f32_accurate)
 {
 	const int64_t n = 1000000;
@@ -890,6 +938,34 @@ Test(elementwise, channel_sum)
 		expect_close("channel sum", dbl, &out, ref, c);
 		buf_free(&out);
 	}
+	buf_free(&x);
+}
+
+/* hw == 1, a bias gradient over [rows, C]: the row-wise path (channels
+ * side by side, in blocks of 512) adds in bn_chan_sum's order in double, so
+ * each channel's sum is the double sum of its column in row order, rounded
+ * once: equal bit for bit. c = 1100 spans three blocks and a tail, and the
+ * size is over the team's threshold (both threads' ranges). */
+Test(elementwise, channel_sum_rows_same_bits_as_the_ordered_double_sum)
+{
+	const int n = 61, c = 1100;
+	buf x = buf_rand((size_t)n * c, -1, 1);
+	double *ref = calloc(c, sizeof(double));
+	cr_assert(ref);
+	for (int i = 0; i < n; i++)
+		for (int ch = 0; ch < c; ch++)
+			ref[ch] += x.d[(size_t)i * c + ch];
+	buf out = buf_nan(c);
+	loom_cpu_channel_sum_f32(n, c, 1, x.f, out.f);
+	loom_cpu_channel_sum_f64(n, c, 1, x.d, out.d);
+	for (int ch = 0; ch < c; ch++) {
+		cr_assert(out.f[ch] == (float)ref[ch], "f32 channel %d: %.9g, want %.9g", ch,
+			  out.f[ch], (float)ref[ch]);
+		cr_assert(out.d[ch] == ref[ch], "f64 channel %d: %.17g, want %.17g", ch, out.d[ch],
+			  ref[ch]);
+	}
+	free(ref);
+	buf_free(&out);
 	buf_free(&x);
 }
 
