@@ -3,8 +3,8 @@
  * by measurement when the plan is made. The candidates (a conv: loom's
  * im2col + GEMM, oneDNN on NCHW, oneDNN blocked; a product: loom's split
  * sgemm, oneDNN's matmul primitive) run on the node's real shape on
- * scratch buffers: one warm-up, then the best of up to three runs (one when
- * a run is slower than CAND_MS), within a budget per plan. The winner is
+ * scratch buffers: one warm-up, then the best of three runs (of two when
+ * both took more than CAND_MS), within a budget per plan. The winner is
  * kept per shape and thread count for the process, so a second plan of the
  * same model (evaluation, another rank's thread) measures nothing. Off
  * (loom_compile_opts.kernel_search, or LOOM_KERNEL_SEARCH=off), every node
@@ -25,7 +25,7 @@
 #include "graph/ops/ops.h"
 
 #define SEARCH_MS_DEFAULT 5000.0 /* the budget of one plan's search */
-#define CAND_MS 5.0              /* a run slower than this is timed once */
+#define CAND_MS 20.0             /* a kernel slower than this is timed twice, not three times */
 #define CACHE_MAX 1024
 
 static const char *const kern_names[LOOM_CPU_KERN_COUNT] = {
@@ -338,14 +338,14 @@ static double time_one(const kprob *q, const loom_cpu_node_kern *nk, bench_bufs 
 	double best = 0, t0 = loom_trace_now();
 	if (bufs_ws(b, ws_of(q, nk)) || run(q, nk, b->src, b->out, b->ws)) /* warm-up */
 		return -1;
-	double warm = (loom_trace_now() - t0) * 1e3;
-	int reps = warm > CAND_MS ? 1 : 3;
-	for (int r = 0; r < reps; r++) {
+	for (int r = 0; r < 3; r++) {
 		double t = loom_trace_now();
 		if (run(q, nk, b->src, b->out, b->ws))
 			return -1;
 		t = (loom_trace_now() - t) * 1e3;
 		best = r == 0 || t < best ? t : best;
+		if (r == 1 && best > CAND_MS)
+			break; /* two runs of a slow kernel are enough */
 	}
 	*spent += (loom_trace_now() - t0) * 1e3;
 	return best;
