@@ -297,3 +297,66 @@ Test(ksearch, the_search_chooses_caches_and_can_be_fixed_or_forced, .timeout = 3
 	loom_program_free(p);
 	loom_graph_free(g);
 }
+
+/* Three training steps of the ConvNet (O0 and O1 bf16) on the kernels the
+ * environment forces (or the fixed default): the losses. */
+static void convnet_losses(const char *conv, const char *prod, int level, double *loss)
+{
+	loom_graph *g;
+	loom_value logits;
+	loom_program *p = NULL;
+	loom_compile_opts o;
+	static float img[8 * 784];
+	int32_t lab[8];
+	uint32_t s = 7;
+	env_clean();
+	if (conv)
+		setenv("LOOM_CPU_CONV", conv, 1);
+	if (prod)
+		setenv("LOOM_CPU_PRODUCT", prod, 1);
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value l = loom_model_convnet(g, 8, &logits);
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.momentum = 0.9;
+	o.amp.level = level;
+	o.amp.half = LOOM_BF16;
+	o.kernel_search = conv || prod ? LOOM_KERNEL_SEARCH_ON : LOOM_KERNEL_SEARCH_OFF;
+	cr_assert_eq(loom_compile(g, l, &o, &p), LOOM_OK, "%s", loom_last_error());
+	for (int step = 0; step < 3; step++) {
+		for (int i = 0; i < 8 * 784; i++) {
+			s = s * 1664525u + 1013904223u;
+			img[i] = (float)((s >> 8) & 0xffff) / 32768.0f - 1.0f;
+		}
+		for (int i = 0; i < 8; i++)
+			lab[i] = (i * 3 + step) % 10;
+		cr_assert_eq(loom_set_input(p, "image", img, LOOM_F32, 8 * 784), LOOM_OK);
+		cr_assert_eq(loom_set_input(p, "label", lab, LOOM_I32, 8), LOOM_OK);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		loss[step] = loom_loss(p);
+	}
+	loom_program_free(p);
+	loom_graph_free(g);
+	env_clean();
+}
+
+/* The backend's own dispatch of each kernel (ops_conv.c, ops_dense.c: the
+ * primitives made at plan time, a linear's bias, the half emulation around
+ * them) trains as the fixed default does. */
+Test(ksearch, every_forced_kernel_trains_as_the_fixed_default, .timeout = 300)
+{
+	static const char *const forced[][2] = {
+		{ "im2col", "sgemm" }, { "dnnl_nchw", "matmul" }, { "dnnl_blocked", "matmul" },
+	};
+	for (int level = LOOM_O0; level <= LOOM_O1; level++) {
+		double ref[3], got[3];
+		convnet_losses(NULL, NULL, level, ref);
+		for (int f = 0; f < 3; f++) {
+			convnet_losses(forced[f][0], forced[f][1], level, got);
+			for (int s = 0; s < 3; s++)
+				cr_assert(fabs(got[s] - ref[s]) <= 2e-3 * fabs(ref[s]),
+					  "O%d, %s + %s: step %d loss %.9g, fixed default %.9g", level,
+					  forced[f][0], forced[f][1], s, got[s], ref[s]);
+		}
+	}
+}
