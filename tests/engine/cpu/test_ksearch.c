@@ -177,7 +177,7 @@ static loom_value gpt_products(loom_graph *g)
 	return loom_mean(g, h);
 }
 
-Test(ksearch, every_candidate_agrees_with_the_reference, .timeout = 600)
+Test(ksearch, every_candidate_agrees_with_the_reference)
 {
 	env_clean();
 	for (int m = 0; m < 3; m++) {
@@ -243,7 +243,7 @@ static char *convnet_dump(int search)
 	return d;
 }
 
-Test(ksearch, the_search_chooses_caches_and_can_be_fixed_or_forced, .timeout = 300)
+Test(ksearch, the_search_chooses_caches_and_can_be_fixed_or_forced)
 {
 	env_clean();
 	char *d = convnet_dump(1);
@@ -343,7 +343,7 @@ static void convnet_losses(const char *conv, const char *prod, int level, double
 /* The backend's own dispatch of each kernel (ops_conv.c, ops_dense.c: the
  * primitives made at plan time, a linear's bias, the half emulation around
  * them) trains as the fixed default does. */
-Test(ksearch, every_forced_kernel_trains_as_the_fixed_default, .timeout = 300)
+Test(ksearch, every_forced_kernel_trains_as_the_fixed_default)
 {
 	static const char *const forced[][2] = {
 		{ "im2col", "sgemm" }, { "dnnl_nchw", "matmul" }, { "dnnl_blocked", "matmul" },
