@@ -5,7 +5,8 @@
  * sgemm, oneDNN's matmul primitive) run on the node's real shape on
  * scratch buffers: one warm-up, then the best of three runs (of two when
  * both took more than CAND_MS), within a budget per plan. The winner is
- * kept per shape and thread count for the process, so a second plan of the
+ * kept (if it beats the fixed default by 5% or more: no flipping on noise)
+ * per shape and thread count for the process, so a second plan of the
  * same model (evaluation, another rank's thread) measures nothing. Off
  * (loom_compile_opts.kernel_search, or LOOM_KERNEL_SEARCH=off), every node
  * takes a fixed default, the kernels nodes ran before the search, so that
@@ -26,6 +27,7 @@
 
 #define SEARCH_MS_DEFAULT 5000.0 /* the budget of one plan's search */
 #define CAND_MS 20.0             /* a kernel slower than this is timed twice, not three times */
+#define MARGIN 0.05              /* how much faster than the default a kernel must be */
 #define CACHE_MAX 1024
 
 static const char *const kern_names[LOOM_CPU_KERN_COUNT] = {
@@ -450,8 +452,13 @@ static loom_status measure(const kprob *q, loom_cpu_node_kern *nk, cache_entry *
 		}
 	}
 	bufs_free(&b);
-	if (e->kern == LOOM_CPU_KERN_NONE) /* none ran: loom's own kernel */
-		e->kern = fixed_default(q);
+	/* None ran: loom's own kernel. Within MARGIN of the fixed default's
+	 * time: the default, so that noise does not flip a near tie between
+	 * runs or processes. */
+	loom_cpu_kern def = fixed_default(q);
+	if (e->kern == LOOM_CPU_KERN_NONE ||
+	    (e->ms[def] > 0 && best > (1.0 - MARGIN) * e->ms[def]))
+		e->kern = def;
 	return LOOM_OK;
 }
 
