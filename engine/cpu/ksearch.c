@@ -3,8 +3,9 @@
  * by measurement when the plan is made. The candidates (a conv: loom's
  * im2col + GEMM, oneDNN on NCHW, oneDNN blocked; a product: loom's split
  * sgemm, oneDNN's matmul primitive) run on the node's real shape on
- * scratch buffers: one warm-up, then the best of three runs (of two when
- * both took more than CAND_MS), within a budget per plan. The winner is
+ * scratch buffers: a warm-up of each, then up to five rounds that run each
+ * once in turn (the load of a shared machine falls on all alike), each
+ * keeping its best run, within a budget per plan. The winner is
  * kept (if it beats the fixed default by 5% or more: no flipping on noise)
  * per shape and thread count for the process, so a second plan of the
  * same model (evaluation, another rank's thread) measures nothing. Off
@@ -26,7 +27,8 @@
 #include "graph/ops/ops.h"
 
 #define SEARCH_MS_DEFAULT 5000.0 /* the budget of one plan's search */
-#define CAND_MS 20.0             /* a kernel slower than this is timed twice, not three times */
+#define CAND_MS 20.0             /* a round of candidates over 2x this: 2 rounds */
+#define ROUNDS_MAX 5             /* timed rounds of quicker candidates */
 #define MARGIN 0.05              /* how much faster than the default a kernel must be */
 #define CACHE_MAX 1024
 
@@ -332,27 +334,6 @@ static int bufs_ws(bench_bufs *b, size_t bytes)
 	return b->ws ? 0 : -1;
 }
 
-/* Candidate nk's best time in ms, or a negative number if it failed;
- * *spent grows by the time all its runs took. */
-static double time_one(const kprob *q, const loom_cpu_node_kern *nk, bench_bufs *b,
-		       double *spent)
-{
-	double best = 0, t0 = loom_trace_now();
-	if (bufs_ws(b, ws_of(q, nk)) || run(q, nk, b->src, b->out, b->ws)) /* warm-up */
-		return -1;
-	for (int r = 0; r < 3; r++) {
-		double t = loom_trace_now();
-		if (run(q, nk, b->src, b->out, b->ws))
-			return -1;
-		t = (loom_trace_now() - t) * 1e3;
-		best = r == 0 || t < best ? t : best;
-		if (r == 1 && best > CAND_MS)
-			break; /* two runs of a slow kernel are enough */
-	}
-	*spent += (loom_trace_now() - t0) * 1e3;
-	return best;
-}
-
 /* ------------------------------------------------------------ the process's cache */
 
 typedef struct cache_entry {
@@ -435,19 +416,43 @@ static loom_status measure(const kprob *q, loom_cpu_node_kern *nk, cache_entry *
 		return loom_errf(err, LOOM_ERR_NOMEM, "out of memory timing the kernels of %s",
 				 e->key);
 	}
+	/* Each candidate made and run once (the warm-up: JIT code, pages,
+	 * caches); then rounds that run each once in turn, so that the
+	 * machine's load, which drifts, falls on all of them alike; each
+	 * keeps its best run. */
+	loom_cpu_node_kern c[LOOM_CPU_KERN_COUNT];
+	double t0 = loom_trace_now(), round_ms = 0;
+	int ok[LOOM_CPU_KERN_COUNT] = { 0 };
+	memset(c, 0, sizeof(c));
+	for (int i = 0; i < nc; i++) {
+		ok[i] = !make(q, cand[i], &c[i]) && !bufs_ws(&b, ws_of(q, &c[i]));
+		double t = loom_trace_now();
+		ok[i] = ok[i] && !run(q, &c[i], b.src, b.out, b.ws);
+		round_ms += (loom_trace_now() - t) * 1e3;
+	}
+	int rounds = round_ms < 2 * CAND_MS ? ROUNDS_MAX : 2;
+	for (int r = 0; r < rounds; r++) {
+		for (int i = 0; i < nc; i++) {
+			if (!ok[i])
+				continue;
+			double t = loom_trace_now();
+			ok[i] = !run(q, &c[i], b.src, b.out, b.ws);
+			t = (loom_trace_now() - t) * 1e3;
+			if (ok[i] && (e->ms[cand[i]] == 0 || t < e->ms[cand[i]]))
+				e->ms[cand[i]] = t > 0 ? t : 1e-6;
+		}
+	}
+	*spent += (loom_trace_now() - t0) * 1e3;
 	e->kern = LOOM_CPU_KERN_NONE;
 	double best = 0;
 	for (int i = 0; i < nc; i++) {
-		loom_cpu_node_kern c = { 0 };
-		if (make(q, cand[i], &c))
+		loom_cpu_kern_release(&c[i]);
+		if (!ok[i]) {
+			e->ms[cand[i]] = 0;
 			continue;
-		double t = time_one(q, &c, &b, spent);
-		loom_cpu_kern_release(&c);
-		if (t < 0)
-			continue;
-		e->ms[cand[i]] = t > 0 ? t : 1e-6;
-		if (e->kern == LOOM_CPU_KERN_NONE || t < best) {
-			best = t;
+		}
+		if (e->kern == LOOM_CPU_KERN_NONE || e->ms[cand[i]] < best) {
+			best = e->ms[cand[i]];
 			e->kern = cand[i];
 		}
 	}

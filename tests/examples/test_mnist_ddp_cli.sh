@@ -35,6 +35,7 @@ expect bad_device 2 "device must be auto, cpu or cuda" -- --device tpu
 expect bad_optimizer 2 "optimizer must be sgd or adamw" -- --optimizer lbfgs
 expect bad_balance 2 "--pipeline-balance expects time or memory, got 'bogus'" -- --pipeline 2 --pipeline-balance bogus
 expect balance_alone 2 "--pipeline-balance apply to --pipeline N" -- --pipeline-balance memory
+expect bad_ksearch 2 "--kernel-search expects on or off, got 'fast'" -- --kernel-search fast
 expect unknown_flag 2 "unknown or incomplete option '--frobnicate'" -- --frobnicate
 expect missing_arg 2 "unknown or incomplete option" -- --lr
 expect stray_arg 2 "unexpected argument 'extra'" -- extra
