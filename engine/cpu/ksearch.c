@@ -9,7 +9,7 @@
  * kept (if it beats the fixed default by 10% or more: no flipping on noise)
  * per shape and thread count for the process, so a second plan of the
  * same model (evaluation, another rank's thread) measures nothing. Off
- * (loom_compile_opts.kernel_search, or LOOM_KERNEL_SEARCH=off), every node
+ * (loom_compile_opts.kernel_search's default, or LOOM_KERNEL_SEARCH=off), every node
  * takes a fixed default, the kernels nodes ran before the search, so that
  * tests and committed goldens keep their bits.
  */
