@@ -400,8 +400,8 @@ typedef struct loom_compile_opts {
 	 * times. LOOM_KERNEL_SEARCH_OFF (default, until the search is measured
 	 * no slower on a quiet machine: bench/RESULTS.md): a fixed default per
 	 * shape, the kernels measured best before, bit for bit repeatable (the
-	 * environment variable
-	 * LOOM_KERNEL_SEARCH=off does the same for every compile;
+	 * environment variable LOOM_KERNEL_SEARCH=off or =on decides instead,
+	 * for every compile of the process;
 	 * LOOM_CPU_CONV=im2col|dnnl_nchw|dnnl_blocked and
 	 * LOOM_CPU_PRODUCT=sgemm|matmul force one kernel). kernel_search_ms:
 	 * the most time one compile spends measuring, default 0 (5000 ms);

@@ -394,7 +394,9 @@ static loom_status forced(const kprob *q, loom_cpu_kern *k, char *err)
 static int search_off(const loom_plan *p)
 {
 	const char *e = getenv("LOOM_KERNEL_SEARCH");
-	return p->opts.kernel_search == LOOM_KERNEL_SEARCH_OFF || (e && !strcmp(e, "off"));
+	if (e && (!strcmp(e, "off") || !strcmp(e, "on")))
+		return !strcmp(e, "off");
+	return p->opts.kernel_search == LOOM_KERNEL_SEARCH_OFF;
 }
 
 /*

@@ -66,7 +66,7 @@ int loom_cpu_kern_run(const loom_plan *p, loom_value v, const loom_cpu_node_kern
 /*
  * Chooses the kernel of every node of plan's steps into kern[] (g->n
  * entries, zeroed by the caller): measured under plan->opts.kernel_search
- * (LOOM_KERNEL_SEARCH=off in the environment turns it off for the process),
+ * (LOOM_KERNEL_SEARCH=off or =on in the environment decides instead),
  * within the budget plan->opts.kernel_search_ms. err gets a message on
  * failure (a bad LOOM_CPU_CONV / LOOM_CPU_PRODUCT, no memory).
  */
