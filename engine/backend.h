@@ -79,6 +79,9 @@ typedef struct loom_backend {
 	 * once; *ws_bytes gets the scratch the largest node needs. A failure
 	 * is returned here, not at the first run. */
 	loom_status (*plan_create)(void *ctx, const loom_plan *plan, size_t *ws_bytes);
+	/* One line on how node v runs (the kernel plan_create chose for it),
+	 * for --dump-graph; buf[0] = 0 where there is nothing to say. // (optional) */
+	void (*node_note)(void *ctx, const loom_plan *plan, loom_value v, char *buf, size_t len);
 	/* Allocates the arena regions with plan's sizes (zeroed) and takes
 	 * ts's scaler and step as the state to start from. The backend owns
 	 * the memory; *arena is the one copy of its addresses (the program's). */

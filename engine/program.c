@@ -329,6 +329,12 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		return st;
 	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
 		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
+	if ((unsigned)o->kernel_search >= LOOM_KERNEL_SEARCH_COUNT)
+		return compile_fail(LOOM_ERR_INVALID, "kernel_search: unknown value %d",
+				    o->kernel_search);
+	if (!(o->kernel_search_ms >= 0))
+		return compile_fail(LOOM_ERR_INVALID, "kernel_search_ms %g must be >= 0",
+				    o->kernel_search_ms);
 
 	if (o->inference && loom_ddp_world(o) > 1)
 		return compile_fail(LOOM_ERR_UNSUPPORTED,
@@ -957,6 +963,12 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " (f32 inside)");
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
+		if (p->be->node_note) {
+			char note[320];
+			p->be->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
+			if (note[0])
+				fprintf(out, " %s", note);
+		}
 		fprintf(out, "\n");
 	}
 	loom_program_dump_steps(p, out);

@@ -160,6 +160,10 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --memory-report      print where the plan's memory goes, before step 1\n"
 		"  --dump-graph         print the compiled plan: each node's dtype (AMP casts included)\n"
 		"                       and its place in the arena\n"
+		"  --kernel-search M    on: time each conv's and product's candidate kernels on\n"
+		"                       its shape when the plan is made and keep the fastest\n"
+		"                       (--dump-graph shows them); off (default): a fixed kernel\n"
+		"                       per shape, runs repeat bit for bit\n"
 		"  --dry-run            compile, print the above, and stop before step 1\n"
 		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
 		"                       (all ranks), as torch's SyncBatchNorm\n"
@@ -231,7 +235,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL,
+	O_PBAL, O_KSEARCH,
 };
 
 /* Every flag and the group that brings it. */
@@ -261,6 +265,7 @@ static const struct {
 	{ TRAIN_FLAGS_FIT, { "log-interval", required_argument, 0, O_LOG } },
 	{ TRAIN_FLAGS_FIT, { "max-steps", required_argument, 0, O_MAX } },
 	{ TRAIN_FLAGS_COMMON, { "dump-graph", no_argument, 0, O_DUMP } },
+	{ TRAIN_FLAGS_COMMON, { "kernel-search", required_argument, 0, O_KSEARCH } },
 	{ TRAIN_FLAGS_COMMON, { "dump-plan", required_argument, 0, O_DUMP_PLAN } },
 	{ TRAIN_FLAGS_COMMON, { "memory-report", no_argument, 0, O_MEMREP } },
 	{ TRAIN_FLAGS_COMMON, { "dry-run", no_argument, 0, O_DRY } },
@@ -470,6 +475,14 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		if (parse_double("--memory-limit", arg, &a->memory_limit, msg, msglen)) return -1;
 		if (a->memory_limit < 0) {
 			say(msg, msglen, "--memory-limit %g must be >= 0 (MiB)", a->memory_limit);
+			return -1;
+		}
+		break;
+	case O_KSEARCH:
+		if (!strcmp(arg, "on")) a->kernel_search = LOOM_KERNEL_SEARCH_ON;
+		else if (!strcmp(arg, "off")) a->kernel_search = LOOM_KERNEL_SEARCH_OFF;
+		else {
+			say(msg, msglen, "--kernel-search expects on or off, got '%s'", arg);
 			return -1;
 		}
 		break;

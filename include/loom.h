@@ -398,7 +398,31 @@ typedef struct loom_compile_opts {
 	 * stages every rank checks every stage's plan (so all refuse alike)
 	 * and may change the cut first: see pipeline_balance. */
 	double memory_limit_mb;
+	/* How the CPU backend picks each convolution's and matrix product's
+	 * kernel. LOOM_KERNEL_SEARCH_ON: it times the candidates
+	 * (loom's im2col + GEMM, oneDNN's convolution on NCHW or in its blocked
+	 * layouts; loom's split sgemm or oneDNN's matmul) on the node's shape
+	 * when the plan is made and keeps the fastest, remembered per shape and
+	 * thread count for the process; --dump-graph names each choice and its
+	 * times. LOOM_KERNEL_SEARCH_OFF (default, until the search is measured
+	 * no slower on a quiet machine: bench/RESULTS.md): a fixed default per
+	 * shape, the kernels measured best before, bit for bit repeatable (the
+	 * environment variable LOOM_KERNEL_SEARCH=off or =on decides instead,
+	 * for every compile of the process;
+	 * LOOM_CPU_CONV=im2col|dnnl_nchw|dnnl_blocked and
+	 * LOOM_CPU_PRODUCT=sgemm|matmul force one kernel). kernel_search_ms:
+	 * the most time one compile spends measuring, default 0 (5000 ms);
+	 * nodes left when it is spent take the fixed default. */
+	int kernel_search;
+	double kernel_search_ms;
 } loom_compile_opts;
+
+/* loom_compile_opts.kernel_search. */
+typedef enum loom_kernel_search {
+	LOOM_KERNEL_SEARCH_OFF = 0,
+	LOOM_KERNEL_SEARCH_ON,
+	LOOM_KERNEL_SEARCH_COUNT
+} loom_kernel_search;
 
 /* Pipeline schedules (loom_compile_opts.schedule). */
 typedef enum loom_schedule {

@@ -158,12 +158,21 @@ static loom_status cpu_init(void **out, char *err, size_t errlen)
 	return LOOM_OK;
 }
 
+static void kern_unplan(loom_cpu_ctx *c)
+{
+	for (int v = 0; c->kern && v < c->n_kern; v++)
+		loom_cpu_kern_release(&c->kern[v]);
+	free(c->kern);
+	c->kern = NULL;
+	c->n_kern = 0;
+}
+
 static void cpu_free(void *ctx)
 {
 	loom_cpu_ctx *c = ctx;
 	if (!c)
 		return;
-	loom_cpu_conv_unplan(c);
+	kern_unplan(c);
 	free(c->base);
 	free(c->accum_base);
 	free(c->timer);
@@ -194,11 +203,18 @@ static int cpu_supports_node(void *ctx, const loom_plan *plan, loom_value v)
 	return cpu_supports_op(ctx, plan->g->nodes[v].op);
 }
 
-/* The CPU plans each node's scratch and its conv nodes' oneDNN primitives. */
+/* The CPU plans each conv and product node's kernel (measured, ksearch.c)
+ * and each node's scratch. */
 static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_bytes)
 {
 	loom_cpu_ctx *c = ctx;
-	loom_status st = loom_cpu_conv_plan(c, plan);
+	kern_unplan(c);
+	c->kern = calloc((size_t)plan->g->n, sizeof(*c->kern));
+	if (!c->kern)
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "out of memory for %d nodes' kernels",
+				 plan->g->n);
+	c->n_kern = plan->g->n;
+	loom_status st = loom_cpu_kern_plan(plan, c->kern, c->err);
 	if (st != LOOM_OK)
 		return st;
 	*ws_bytes = 0;
@@ -208,6 +224,14 @@ static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_
 			*ws_bytes = ws;
 	}
 	return LOOM_OK;
+}
+
+static void cpu_node_note(void *ctx, const loom_plan *plan, loom_value v, char *buf, size_t len)
+{
+	loom_cpu_ctx *c = ctx;
+	buf[0] = 0;
+	if (c->kern && v < c->n_kern)
+		loom_cpu_kern_note(plan, v, &c->kern[v], buf, len);
 }
 
 static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_state *ts,
@@ -442,6 +466,7 @@ const loom_backend loom_cpu_backend = {
 	.supports_op = cpu_supports_op,
 	.supports_node = cpu_supports_node,
 	.plan_create = cpu_plan_create,
+	.node_note = cpu_node_note,
 	.alloc = cpu_alloc,
 	.alloc_accum = cpu_alloc_accum,
 	.run_begin = cpu_run_begin,

@@ -23,8 +23,8 @@ typedef struct loom_cpu_dnnl_conv loom_cpu_dnnl_conv;
  * path is the portable one). bf16: the two tensor sources are bf16 bit
  * patterns, the result stays f32 (fp32 accumulation). bias: a forward with
  * an f32 bias. blocked: let oneDNN choose its own layouts and reorder from
- * and to NCHW inside each run (what the backend uses); else oneDNN works on
- * NCHW itself (its own im2col + GEMM there; kept for bench_conv and tests).
+ * and to NCHW inside each run; else oneDNN works on NCHW itself (its own
+ * im2col + GEMM there). Both are candidates of the kernel search (ksearch.c).
  * The batch is split into one slice per thread (conv_dnnl.c).
  */
 loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_conv_shape *s,

@@ -21,18 +21,9 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/cpu_path.h"
+#include "engine/cpu/matmul_dnnl.h"
 #include "engine/cpu/peak.h"
 #include "loom.h"
-
-/*
- * Exported by libdnnl (DNNL_API in src/cpu/gemm/gemm.cpp) and used by
- * oneDNN's own tests, but declared in no installed header; row-major like
- * dnnl_sgemm. A and B are bfloat16 bit patterns.
- */
-dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t m, dnnl_dim_t n,
-				    dnnl_dim_t k, float alpha, const uint16_t *a,
-				    dnnl_dim_t lda, const uint16_t *b, dnnl_dim_t ldb,
-				    float beta, float *c, dnnl_dim_t ldc);
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static loom_cpu_isa isa_chosen;
@@ -227,6 +218,48 @@ void loom_cpu_sgemm(char ta, char tb, int m, int n, int k, float alpha, const fl
 		    c, ldc);
 }
 
+/*
+ * The bf16 products' primitives (oneDNN's documented matmul), one per shape
+ * and made once: the conv kernels ask for the same few shapes at every
+ * step, from every thread. Past MATMUL_CACHE_MAX shapes a product gets a
+ * primitive of its own, freed after it ran.
+ */
+#define MATMUL_CACHE_MAX 256
+
+typedef struct matmul_key {
+	int ta, tb, m, n, k, lda, ldb, ldc, accumulate, one_thread;
+	float alpha;
+} matmul_key;
+
+static struct {
+	pthread_mutex_t lock;
+	int n;
+	matmul_key key[MATMUL_CACHE_MAX];
+	loom_cpu_dnnl_matmul *mm[MATMUL_CACHE_MAX];
+} matmul_cache = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static loom_cpu_dnnl_matmul *matmul_bf16_get(const matmul_key *k, int *owned)
+{
+	loom_cpu_dnnl_matmul *mm = NULL;
+	*owned = 0;
+	pthread_mutex_lock(&matmul_cache.lock);
+	for (int i = 0; i < matmul_cache.n && !mm; i++)
+		if (!memcmp(&matmul_cache.key[i], k, sizeof(*k)))
+			mm = matmul_cache.mm[i];
+	if (!mm) {
+		mm = loom_cpu_dnnl_matmul_new(k->ta, k->tb, k->m, k->n, k->k, k->lda, k->ldb, k->ldc,
+					      k->alpha, 1, 0, k->accumulate, k->one_thread);
+		if (mm && matmul_cache.n < MATMUL_CACHE_MAX) {
+			matmul_cache.key[matmul_cache.n] = *k;
+			matmul_cache.mm[matmul_cache.n++] = mm;
+		} else {
+			*owned = mm != NULL;
+		}
+	}
+	pthread_mutex_unlock(&matmul_cache.lock);
+	return mm;
+}
+
 int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
 		       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,
 		       float *c, int ldc)
@@ -235,11 +268,19 @@ int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
 		return -1;
 	if (m <= 0 || n <= 0)
 		return 0;
-	int prev = dnnl_serial_begin();
-	dnnl_status_t st =
-		dnnl_gemm_bf16bf16f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+	if (beta != 0.0f && beta != 1.0f)
+		return -1; /* the kernels ask for a new C or a sum into it */
+	matmul_key key;
+	memset(&key, 0, sizeof(key)); /* compared bytewise */
+	key = (matmul_key){ is_t(ta), is_t(tb), m, n, k, lda, ldb, ldc, beta == 1.0f,
+			    omp_in_parallel(), alpha };
+	int owned, prev = dnnl_serial_begin();
+	loom_cpu_dnnl_matmul *mm = matmul_bf16_get(&key, &owned);
+	int rc = mm ? loom_cpu_dnnl_matmul_run(mm, a, b, NULL, c) : -1;
 	dnnl_serial_end(prev);
-	return st == dnnl_success ? 0 : -1;
+	if (owned)
+		loom_cpu_dnnl_matmul_free(mm);
+	return rc;
 }
 
 int loom_cpu_bf16_use_native(void)

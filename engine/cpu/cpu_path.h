@@ -49,8 +49,9 @@ void loom_cpu_sgemm(char ta, char tb, int m, int n, int k, float alpha, const fl
 
 /*
  * The same with bf16 A and B (raw uint16 bit patterns) and fp32 accumulation
- * and C. Only on LOOM_CPU_ISA_AVX512_BF16; returns -1 (and does nothing)
- * on any other path.
+ * and C, beta 0 or 1, on oneDNN's matmul primitive (one per shape, made at
+ * its first call and kept). Only on LOOM_CPU_ISA_AVX512_BF16; returns -1
+ * (and does nothing) on any other path or beta.
  */
 int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
 		       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,

@@ -7,7 +7,7 @@
 #ifndef LOOM_ENGINE_CPU_OPS_H
 #define LOOM_ENGINE_CPU_OPS_H
 
-#include "engine/cpu/conv_dnnl.h"
+#include "engine/cpu/ksearch.h"
 #include "engine/cpu/kernels.h"
 #include "engine/backend.h"
 
@@ -18,10 +18,10 @@ typedef struct loom_cpu_ctx {
 	const loom_arena *arena;
 	int train;           /* this run is in training mode */
 	float seed_scale;    /* this run's loss scale, for GRAD_SEED */
-	/* Per node: its oneDNN convolution primitive, made when the plan is,
-	 * or NULL where the node runs loom's im2col kernels (ops_conv.c). */
-	loom_cpu_dnnl_conv **conv;
-	int n_conv;
+	/* Per node: the kernel of each conv and product node, chosen when
+	 * the plan is made (ksearch.c), with its oneDNN primitive if any. */
+	loom_cpu_node_kern *kern;
+	int n_kern;
 	unsigned flags;              /* this run's LOOM_EXEC_* */
 	unsigned char *accum_base;   /* the allocation behind arena->accum */
 	double *timer;               /* trace timers (loom_trace_now() seconds) */
@@ -72,12 +72,8 @@ loom_status loom_cpu_op_conv2d_bwd_filter(loom_cpu_ctx *ctx, const loom_plan *pl
 			const loom_cpu_io *io);
 /* Bytes of kernel workspace a conv node needs in elements of elem bytes. */
 size_t loom_cpu_conv_workspace(const loom_plan *plan, loom_value v, size_t elem);
-/* Makes the oneDNN primitives of the plan's conv nodes where they are the
- * faster path (ops_conv.c); frees them. */
-loom_status loom_cpu_conv_plan(loom_cpu_ctx *ctx, const loom_plan *plan);
-void loom_cpu_conv_unplan(loom_cpu_ctx *ctx);
-/* Node v's kernel workspace: loom_cpu_conv_workspace, or its primitive's if
- * larger. */
+/* Node v's kernel workspace: loom_cpu_conv_workspace, or its chosen
+ * kernel's (ksearch.c) if larger. */
 size_t loom_cpu_conv_node_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			     size_t elem);
 
