@@ -213,7 +213,7 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
-		pl->zero, clip, pl->opts.optim.decay_matrices_only,
+		pl->zero, clip, pl->opts.optim.decay_matrices_only, pl->opts.no_tf32,
 	};
 	return loom_ddp_check_items(p, host, head, sizeof(head), items, n, describe, "");
 }

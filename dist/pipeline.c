@@ -1236,7 +1236,7 @@ static loom_status check_plans(loom_program *p)
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
 		pl->opts.no_fusion, pp->stages, pp->micro, pp->schedule,
-		pp->xfer == LOOM_PIPE_XFER_DEVICE,
+		pp->xfer == LOOM_PIPE_XFER_DEVICE, pl->opts.no_tf32,
 	};
 	return loom_ddp_check_items(p, pp->world, head, sizeof(head), items, n, describe,
 				    "pipeline start-up: ");

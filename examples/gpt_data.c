@@ -1,6 +1,7 @@
 /*
  * examples/gpt_data.c — text and llm.c token files into token ids
- * (gpt_data.h).
+ * (gpt_data.h). A corpus is read straight into its ids, a chunk at a time:
+ * the text is never held beside them.
  */
 #include "examples/gpt_data.h"
 
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void gpt_tokens_free(gpt_tokens *t)
 {
@@ -17,31 +19,81 @@ void gpt_tokens_free(gpt_tokens *t)
 	memset(t, 0, sizeof(*t));
 }
 
-/* Appends the bytes of file path to *buf (*len used, *cap allocated). */
-static int append_file(const char *path, unsigned char **buf, size_t *len, size_t *cap,
-		       char *err, size_t errlen)
+/* What a file that is not regular is, for the message. */
+static const char *kind_of(mode_t m)
 {
+	return S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device" :
+	       S_ISBLK(m) ? "a block device" : S_ISFIFO(m) ? "a FIFO" :
+	       S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+/* Half the machine's memory, the most a corpus's ids may take; 0: unknown. */
+static uint64_t memory_bound(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
+}
+
+/* n tokens (of the named file or folder, `bytes` long) fit the bounds, or
+ * err says which and by how much. */
+static int check_bound(const char *name, uint64_t bytes, uint64_t n, char *err, size_t errlen)
+{
+	uint64_t mem = memory_bound();
+	if (n > GPT_DATA_MAX_TOKENS) {
+		snprintf(err, errlen, "%s: %llu bytes, %llu tokens: more than the %llu tokens the "
+			 "reader takes (each held as a 4-byte id)", name, (unsigned long long)bytes,
+			 (unsigned long long)n, (unsigned long long)GPT_DATA_MAX_TOKENS);
+		return -1;
+	}
+	if (mem && n * 4 > mem) {
+		snprintf(err, errlen, "%s: %llu bytes, %llu tokens: their ids would take %.1f GiB, "
+			 "more than half of this machine's memory (%.1f GiB)", name,
+			 (unsigned long long)bytes, (unsigned long long)n, n * 4 / 1073741824.0,
+			 mem * 2 / 1073741824.0);
+		return -1;
+	}
+	return 0;
+}
+
+/* path must be a regular file (a device, a FIFO or a socket is refused
+ * before it is opened: /dev/zero never ends, a FIFO blocks). */
+static int regular_file(const char *path, struct stat *sb, const char *takes, char *err,
+			size_t errlen)
+{
+	if (stat(path, sb) != 0) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (!S_ISREG(sb->st_mode)) {
+		snprintf(err, errlen, "%s is %s, not a regular file (the reader takes %s)", path,
+			 kind_of(sb->st_mode), takes);
+		return -1;
+	}
+	return 0;
+}
+
+/* The bytes of regular file path as ids[*n ...], at most cap - *n of them:
+ * a file longer than when it was measured is refused. */
+static int read_text(const char *path, int32_t *ids, int64_t *n, int64_t cap, char *err,
+		     size_t errlen)
+{
+	unsigned char chunk[65536];
 	FILE *f = fopen(path, "rb");
 	if (!f) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return -1;
 	}
-	for (;;) {
-		if (*cap - *len < 65536) {
-			size_t nc = *cap ? *cap * 2 : 1 << 20;
-			unsigned char *nb = realloc(*buf, nc);
-			if (!nb) {
-				fclose(f);
-				snprintf(err, errlen, "%s: out of memory", path);
-				return -1;
-			}
-			*buf = nb;
-			*cap = nc;
+	size_t got;
+	while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+		if ((int64_t)got > cap - *n) {
+			fclose(f);
+			snprintf(err, errlen, "%s grew while it was read (more than %lld bytes)",
+				 path, (long long)cap);
+			return -1;
 		}
-		size_t got = fread(*buf + *len, 1, *cap - *len, f);
-		*len += got;
-		if (got == 0)
-			break;
+		for (size_t i = 0; i < got; i++)
+			ids[*n + (int64_t)i] = chunk[i];
+		*n += (int64_t)got;
 	}
 	int bad = ferror(f);
 	fclose(f);
@@ -64,83 +116,100 @@ static int skipped(const char *name)
 	       (n > 3 && !strcmp(name + n - 3, ".u8"));
 }
 
-/* Every regular file of folder dir, in name order. */
-static int append_dir(const char *dir, unsigned char **buf, size_t *len, size_t *cap, char *err,
-		      size_t errlen)
+/* The regular files of folder dir in name order (*names, *n of them) and
+ * their bytes together. */
+static int list_dir(const char *dir, char ***names, size_t *n, uint64_t *bytes, char *err,
+		    size_t errlen)
 {
 	DIR *d = opendir(dir);
-	char **names = NULL;
-	size_t n = 0, cap_n = 0;
-	int rc = -1;
+	size_t cap_n = 0;
+	*names = NULL;
+	*n = 0;
+	*bytes = 0;
 	if (!d) {
 		snprintf(err, errlen, "%s: %s", dir, strerror(errno));
 		return -1;
 	}
 	for (struct dirent *e; (e = readdir(d));) {
-		if (skipped(e->d_name))
-			continue;
-		if (n == cap_n) {
-			cap_n = cap_n ? 2 * cap_n : 64;
-			char **nn = realloc(names, cap_n * sizeof(*names));
-			if (!nn)
-				goto out;
-			names = nn;
-		}
-		if (!(names[n] = strdup(e->d_name)))
-			goto out;
-		n++;
-	}
-	qsort(names, n, sizeof(*names), cmp_str);
-	rc = 0;
-	for (size_t i = 0; i < n && rc == 0; i++) {
 		char path[4096];
 		struct stat sb;
-		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-		if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
-			rc = append_file(path, buf, len, cap, err, errlen);
+		if (skipped(e->d_name))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+			continue;
+		if (*n == cap_n) {
+			cap_n = cap_n ? 2 * cap_n : 64;
+			char **nn = realloc(*names, cap_n * sizeof(**names));
+			if (!nn)
+				goto nomem;
+			*names = nn;
+		}
+		if (!((*names)[*n] = strdup(e->d_name)))
+			goto nomem;
+		++*n;
+		*bytes += (uint64_t)sb.st_size;
 	}
-	if (rc == 0 && *len == 0) {
-		snprintf(err, errlen, "%s: no text files in this folder", dir);
-		rc = -1;
-	}
-out:
-	if (rc && !err[0])
-		snprintf(err, errlen, "%s: out of memory", dir);
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
 	closedir(d);
-	return rc;
+	qsort(*names, *n, sizeof(**names), cmp_str);
+	return 0;
+nomem:
+	closedir(d);
+	snprintf(err, errlen, "%s: out of memory", dir);
+	return -1;
 }
 
 int gpt_text_load(const char *path, gpt_tokens *out, char *err, size_t errlen)
 {
 	struct stat sb;
-	unsigned char *buf = NULL;
-	size_t len = 0, cap = 0;
+	char **names = NULL;
+	size_t n_names = 0;
+	uint64_t bytes;
+	int rc = -1;
 	memset(out, 0, sizeof(*out));
 	err[0] = 0;
 	if (stat(path, &sb) != 0) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return -1;
 	}
-	if ((S_ISDIR(sb.st_mode) ? append_dir(path, &buf, &len, &cap, err, errlen) :
-				   append_file(path, &buf, &len, &cap, err, errlen))) {
-		free(buf);
-		return -1;
+	int dir = S_ISDIR(sb.st_mode);
+	if (dir ? list_dir(path, &names, &n_names, &bytes, err, errlen) :
+		  regular_file(path, &sb, "a text file or a folder of them", err, errlen))
+		goto out;
+	if (!dir)
+		bytes = (uint64_t)sb.st_size;
+	if (dir && n_names == 0) {
+		snprintf(err, errlen, "%s: no text files in this folder", path);
+		goto out;
 	}
-	out->ids = malloc(sizeof(int32_t) * (len ? len : 1));
+	if (check_bound(path, bytes, bytes, err, errlen))
+		goto out;
+	out->ids = malloc(sizeof(int32_t) * (size_t)(bytes ? bytes : 1));
 	if (!out->ids) {
-		free(buf);
-		snprintf(err, errlen, "%s: out of memory", path);
-		return -1;
+		snprintf(err, errlen, "%s: out of memory for %llu tokens", path,
+			 (unsigned long long)bytes);
+		goto out;
 	}
-	for (size_t i = 0; i < len; i++)
-		out->ids[i] = buf[i];
-	out->n = (int64_t)len;
+	rc = 0;
+	if (!dir)
+		rc = read_text(path, out->ids, &out->n, (int64_t)bytes, err, errlen);
+	for (size_t i = 0; i < n_names && rc == 0; i++) {
+		char file[4096];
+		snprintf(file, sizeof(file), "%s/%s", path, names[i]);
+		rc = read_text(file, out->ids, &out->n, (int64_t)bytes, err, errlen);
+	}
+	if (rc == 0 && dir && out->n == 0) {
+		snprintf(err, errlen, "%s: no text files in this folder", path);
+		rc = -1;
+	}
 	out->vocab = 256;
-	free(buf);
-	return 0;
+out:
+	for (size_t i = 0; i < n_names; i++)
+		free(names[i]);
+	free(names);
+	if (rc)
+		gpt_tokens_free(out);
+	return rc;
 }
 
 static int32_t le32(const unsigned char *p)
@@ -149,67 +218,116 @@ static int32_t le32(const unsigned char *p)
 			 (uint32_t)p[3] << 24);
 }
 
-int gpt_tokens_parse(const unsigned char *buf, size_t len, const char *name, gpt_tokens *out,
-		     char *err, size_t errlen)
+/* The header of a token file of len bytes: *n tokens, or -1 with err. */
+static int parse_header(const unsigned char *head, uint64_t len, const char *name, int64_t *n,
+			char *err, size_t errlen)
 {
-	const size_t head = 4 * GPT_LLMC_HEADER_INTS;
-	memset(out, 0, sizeof(*out));
-	if (len < head) {
-		snprintf(err, errlen, "%s: %zu bytes, shorter than the %zu-byte llm.c header", name,
-			 len, head);
+	const uint64_t hb = 4 * GPT_LLMC_HEADER_INTS;
+	if (len < hb) {
+		snprintf(err, errlen, "%s: %llu bytes, shorter than the %llu-byte llm.c header", name,
+			 (unsigned long long)len, (unsigned long long)hb);
 		return -1;
 	}
-	if (le32(buf) != GPT_LLMC_MAGIC) {
+	if (le32(head) != GPT_LLMC_MAGIC) {
 		snprintf(err, errlen, "%s: magic %d, expected %d (an llm.c token file)", name,
-			 le32(buf), GPT_LLMC_MAGIC);
+			 le32(head), GPT_LLMC_MAGIC);
 		return -1;
 	}
-	if (le32(buf + 4) != GPT_LLMC_VERSION) {
-		snprintf(err, errlen, "%s: version %d, expected %d", name, le32(buf + 4),
+	if (le32(head + 4) != GPT_LLMC_VERSION) {
+		snprintf(err, errlen, "%s: version %d, expected %d", name, le32(head + 4),
 			 GPT_LLMC_VERSION);
 		return -1;
 	}
-	int64_t n = (uint32_t)le32(buf + 8);
-	if ((len - head) / 2 != (size_t)n || (len - head) % 2) {
-		snprintf(err, errlen, "%s: header says %lld tokens, the file holds %zu bytes of them "
-			 "(truncated or padded)", name, (long long)n, len - head);
+	*n = (uint32_t)le32(head + 8);
+	if ((len - hb) / 2 != (uint64_t)*n || (len - hb) % 2) {
+		snprintf(err, errlen, "%s: header says %lld tokens, the file holds %llu bytes of them "
+			 "(truncated or padded)", name, (long long)*n, (unsigned long long)(len - hb));
 		return -1;
 	}
-	if (n < 2) {
-		snprintf(err, errlen, "%s: %lld tokens, at least 2 needed", name, (long long)n);
+	if (*n < 2) {
+		snprintf(err, errlen, "%s: %lld tokens, at least 2 needed", name, (long long)*n);
 		return -1;
 	}
+	return 0;
+}
+
+/* n uint16 tokens (little-endian) into ids, returning the largest. */
+static int decode(const unsigned char *p, int64_t n, int32_t *ids)
+{
+	int vmax = 0;
+	for (int64_t i = 0; i < n; i++) {
+		ids[i] = p[2 * i] | p[2 * i + 1] << 8;
+		vmax = ids[i] > vmax ? ids[i] : vmax;
+	}
+	return vmax;
+}
+
+int gpt_tokens_parse(const unsigned char *buf, size_t len, const char *name, gpt_tokens *out,
+		     char *err, size_t errlen)
+{
+	int64_t n;
+	memset(out, 0, sizeof(*out));
+	if (parse_header(buf, len, name, &n, err, errlen) ||
+	    check_bound(name, len, (uint64_t)n, err, errlen))
+		return -1;
 	out->ids = malloc(sizeof(int32_t) * (size_t)n);
 	if (!out->ids) {
 		snprintf(err, errlen, "%s: out of memory for %lld tokens", name, (long long)n);
 		return -1;
 	}
-	int vmax = 0;
-	for (int64_t i = 0; i < n; i++) {
-		const unsigned char *p = buf + head + 2 * i;
-		out->ids[i] = p[0] | p[1] << 8;
-		vmax = out->ids[i] > vmax ? out->ids[i] : vmax;
-	}
+	out->vocab = decode(buf + 4 * GPT_LLMC_HEADER_INTS, n, out->ids) + 1;
 	out->n = n;
-	out->vocab = vmax + 1;
 	return 0;
 }
 
 int gpt_tokens_load(const char *path, gpt_tokens *out, char *err, size_t errlen)
 {
-	unsigned char *buf = NULL;
-	size_t len = 0, cap = 0;
+	unsigned char head[4 * GPT_LLMC_HEADER_INTS], chunk[65536];
+	struct stat sb;
+	int64_t n, at = 0;
+	int vmax = 0;
+	FILE *f = NULL;
 	err[0] = 0;
 	memset(out, 0, sizeof(*out));
-	if (append_file(path, &buf, &len, &cap, err, errlen)) {
-		free(buf);
+	if (regular_file(path, &sb, "an llm.c token file", err, errlen))
+		return -1;
+	if (!(f = fopen(path, "rb"))) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return -1;
 	}
-	int rc = gpt_tokens_parse(buf, len, path, out, err, errlen);
-	free(buf);
-	return rc;
+	uint64_t len = (uint64_t)sb.st_size;
+	size_t got = fread(head, 1, sizeof(head), f);
+	if (parse_header(head, got < sizeof(head) ? got : len, path, &n, err, errlen) ||
+	    check_bound(path, len, (uint64_t)n, err, errlen))
+		goto fail;
+	if (!(out->ids = malloc(sizeof(int32_t) * (size_t)n))) {
+		snprintf(err, errlen, "%s: out of memory for %lld tokens", path, (long long)n);
+		goto fail;
+	}
+	while (at < n && (got = fread(chunk, 1, (size_t)(n - at) * 2 < sizeof(chunk) ?
+						      (size_t)(n - at) * 2 : sizeof(chunk), f)) > 0) {
+		int64_t k = (int64_t)got / 2;
+		int v = decode(chunk, k, out->ids + at);
+		vmax = v > vmax ? v : vmax;
+		at += k;
+		if (got % 2)
+			break;
+	}
+	if (at != n || fgetc(f) != EOF) {
+		snprintf(err, errlen, "%s: %s while it was read (the header says %lld tokens)", path,
+			 at != n ? "shrank" : "grew", (long long)n);
+		goto fail;
+	}
+	fclose(f);
+	out->n = n;
+	out->vocab = vmax + 1;
+	return 0;
+fail:
+	if (f)
+		fclose(f);
+	gpt_tokens_free(out);
+	return -1;
 }
-
 int gpt_tokens_save(const char *path, const int32_t *ids, int64_t n, char *err, size_t errlen)
 {
 	int32_t head[GPT_LLMC_HEADER_INTS] = { GPT_LLMC_MAGIC, GPT_LLMC_VERSION, (int32_t)n };

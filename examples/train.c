@@ -22,6 +22,7 @@
 
 #include "comm/launch.h"
 #include "engine/cuda/device.h"
+#include "examples/outputs.h"
 
 double train_now(void)
 {
@@ -30,43 +31,58 @@ double train_now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* --checkpoint's lock, held by the rank that writes the checkpoint for the
+ * process's life (outputs.h); one run per process. */
+static train_lock ckpt_lock = { .fd = -1 };
+
 /*
- * A checkpoint that cannot be written should stop the run before the first
- * epoch's work, not after it: the path must not be a directory, and the
- * directory it names must exist and be writable.
+ * Before step 1, on the rank that writes them (rank 0 of the group): every
+ * output path the flags name, tried for real, and the checkpoint's lock,
+ * so that a run is never lost to a path at its end nor written beside
+ * another job. Every rank learns the outcome (a collective), so they stop
+ * together. 0, or -1 after saying why.
  */
-static int check_checkpoint_path(const char *name, const char *path)
+static int check_outputs(train_run *t)
 {
-	struct stat sb;
-	if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-		fprintf(stderr, "%s: --checkpoint %s is a directory, expected a file path\n", name,
-			path);
+	const train_args *a = &t->a;
+	const struct {
+		const char *flag, *path;
+		train_out_kind kind;
+	} out[] = {
+		{ "--checkpoint", a->checkpoint, TRAIN_OUT_REPLACE },
+		{ "--export", a->export_path, TRAIN_OUT_REPLACE },
+		{ "--metrics", a->metrics, TRAIN_OUT_DIRECT },
+		{ "--trace", a->trace, TRAIN_OUT_DIRECT },
+		{ "--dump-plan", a->dump_plan, TRAIN_OUT_DIRECT },
+	};
+	char msg[1024], note[1024];
+	double bad = 0;
+	if (t->grank == 0) {
+		for (size_t i = 0; i < sizeof(out) / sizeof(out[0]) && !bad; i++)
+			if (out[i].path &&
+			    train_output_check(out[i].flag, out[i].path, out[i].kind, msg, sizeof(msg))) {
+				fprintf(stderr, "%s: %s\n", t->prog->name, msg);
+				bad = 1;
+			}
+		/* A dry run writes no checkpoint. */
+		if (!bad && a->checkpoint && !a->dry_run) {
+			if (train_lock_take(&ckpt_lock, a->checkpoint, t->prog->name, msg, sizeof(msg),
+					    note, sizeof(note))) {
+				fprintf(stderr, "%s: %s\n", t->prog->name, msg);
+				bad = 1;
+			} else if (note[0]) {
+				fprintf(stderr, "%s: %s\n", t->prog->name, note);
+			}
+		}
+	}
+	if (t->gworld > 1 && loom_comm_allreduce(t->host, &bad, 1, LOOM_F64) != LOOM_OK) {
+		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->grank, loom_pg_error(t->pg));
 		return -1;
 	}
-	const char *slash = strrchr(path, '/');
-	char dir[4096];
-	if (!slash)
-		snprintf(dir, sizeof(dir), ".");
-	else if ((size_t)(slash - path) >= sizeof(dir)) {
-		fprintf(stderr, "%s: --checkpoint %s: path too long\n", name, path);
-		return -1;
-	} else
-		snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
-	if (stat(dir, &sb) != 0) {
-		fprintf(stderr, "%s: --checkpoint %s: directory %s: %s\n", name, path, dir,
-			errno == ENOENT ? "does not exist" : strerror(errno));
-		return -1;
-	}
-	if (!S_ISDIR(sb.st_mode)) {
-		fprintf(stderr, "%s: --checkpoint %s: %s is not a directory\n", name, path, dir);
-		return -1;
-	}
-	if (access(dir, W_OK | X_OK) != 0) {
-		fprintf(stderr, "%s: --checkpoint %s: cannot write in directory %s: %s\n", name,
-			path, dir, strerror(errno));
-		return -1;
-	}
-	return 0;
+	if (bad && t->grank != 0)
+		fprintf(stderr, "%s: rank %d: stopping: rank 0 refused an output path (its message "
+			"says which)\n", t->prog->name, t->grank);
+	return bad ? -1 : 0;
 }
 
 /* A setting's value as text; a number in the fewest digits that read back
@@ -95,21 +111,23 @@ static void setting_num(loom_comm_setting *s, size_t *n, const char *name, doubl
 }
 
 /*
- * Every setting that must agree across ranks, checked right after the group
- * forms (before any data is read), so that a typo on one rank is named
- * ("rank 1 has --lr 0.2, rank 0 has 0.1") instead of diverging silently or
- * timing out at a later collective. May differ between ranks: --data (a
- * host's own copy), --log-interval, --dump-graph, --dump-plan,
- * --memory-report, --threads, and the --checkpoint and --trace paths (only
- * whether there is one must agree).
+ * May differ between ranks: --data (a host's own copy), --log-interval,
+ * --dump-graph, --dump-plan, --memory-report, --threads, --export and
+ * --metrics (rank 0's are used), and the --checkpoint and --trace paths
+ * (only whether there is one must agree). Every other flag of train_args.c
+ * is compared (tests/examples/test_settings.c holds the two lists to the
+ * parser's table).
  */
-static int check_settings(train_run *t)
+const char *const train_settings_free[] = {
+	"data", "log-interval", "dump-graph", "dump-plan", "memory-report", "threads",
+	"export", "metrics", "help", NULL,
+};
+
+size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s)
 {
-	const train_args *a = &t->a;
-	loom_comm_setting s[48];
 	size_t n = 0;
 
-	setting(s, &n, "program", "%s", t->prog->name);
+	setting(s, &n, "program", "%s", prog->name);
 	setting(s, &n, "--epochs", "%d", a->epochs);
 	setting(s, &n, "--batch-size", "%d", a->batch);
 	setting(s, &n, "--optimizer", "%s", a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw");
@@ -160,6 +178,24 @@ static int check_settings(train_run *t)
 	setting(s, &n, "decay on matrices only", "%s", a->decay_matrices_only ? "on" : "off");
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
+	setting(s, &n, "--tf32", "%s", a->no_tf32 ? "off" : "on");
+	/* Each rank reads --init-from after rank 0's parameters are broadcast. */
+	setting(s, &n, "--init-from", "%s", a->init_from ? "given" : "none");
+	setting(s, &n, "--reinit", "%s", a->reinit ? a->reinit : "");
+	setting(s, &n, "--init-strict", "%s", a->init_strict ? "true" : "false");
+	return n;
+}
+
+/*
+ * Every setting that must agree across ranks (train_settings), checked
+ * right after the group forms (before any data is read), so that a typo on
+ * one rank is named ("rank 1 has --lr 0.2, rank 0 has 0.1") instead of
+ * diverging silently or timing out at a later collective.
+ */
+static int check_settings(train_run *t)
+{
+	loom_comm_setting s[TRAIN_SETTINGS_MAX];
+	size_t n = train_settings(t->prog, &t->a, s);
 	if (loom_comm_check_settings(t->host, s, n) != LOOM_OK) {
 		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->rank, loom_pg_error(t->pg));
 		return -1;
@@ -203,8 +239,6 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	case TRAIN_HELP: train_usage(prog, stdout); return 0;
 	default: fprintf(stderr, "%s: %s\n", prog->name, msg); return 2;
 	}
-	if (t->a.checkpoint && check_checkpoint_path(prog->name, t->a.checkpoint))
-		return 1;
 	/* A restarted worker (the launcher's or torchrun's) always continues
 	 * from the checkpoint when there is one, --resume or not: starting
 	 * over would lose the run and then overwrite its checkpoint with an
@@ -254,6 +288,10 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	}
 	if (t->grank > 0 && !freopen("/dev/null", "w", stdout)) {
 		fprintf(stderr, "%s: rank %d: cannot quiet stdout\n", prog->name, t->rank);
+		train_end(t);
+		return 1;
+	}
+	if (check_outputs(t)) {
 		train_end(t);
 		return 1;
 	}
@@ -311,23 +349,72 @@ static int init_from(train_run *t)
 	return 0;
 }
 
-int train_export(train_run *t)
+/* One try at writing the weights to path; under ZeRO every rank takes
+ * part, and learns whether rank 0's write went through. 0, or -1 with err
+ * set on rank 0. */
+static int export_to(train_run *t, const char *path, int collective, char *err, size_t errlen)
 {
 	loom_weights_opts o;
-	/* Under ZeRO every rank takes part (O2 masters are gathered). */
-	if (!t->a.export_path || (t->rank != 0 && !(t->a.zero && t->world > 1)))
-		return 0;
 	loom_weights_opts_default(&o);
 	o.names = t->names;
 	o.n_names = t->n_names;
-	if (loom_export_safetensors(t->p, t->a.export_path, &o) != LOOM_OK) {
-		fprintf(stderr, "%s: --export: %s\n", t->prog->name, loom_program_error(t->p));
+	double bad = loom_export_safetensors(t->p, path, &o) != LOOM_OK;
+	if (bad)
+		snprintf(err, errlen, "%s", loom_program_error(t->p));
+	if (collective && loom_comm_allreduce(t->host, &bad, 1, LOOM_F64) != LOOM_OK) {
+		snprintf(err, errlen, "%s", loom_pg_error(t->pg));
 		return -1;
 	}
-	if (t->rank != 0)
+	return bad ? -1 : 0;
+}
+
+int train_export(train_run *t)
+{
+	const char *name = t->prog->name, *path = t->a.export_path;
+	char err[1024], fb[3][4300];
+	int collective = t->a.zero && t->world > 1 && t->a.pipeline <= 1;
+	/* Under ZeRO every rank takes part (O2 masters are gathered). */
+	if (!path || (t->rank != 0 && !collective))
 		return 0;
-	printf("exported the weights to %s (safetensors, PyTorch's names)\n", t->a.export_path);
-	return 0;
+	if (export_to(t, path, collective, err, sizeof(err)) == 0) {
+		if (t->rank == 0)
+			printf("exported the weights to %s (safetensors, PyTorch's names)\n", path);
+		return 0;
+	}
+	if (t->rank == 0)
+		fprintf(stderr, "%s: --export: %s\n", name, err);
+	/* The path was writable at start-up; the run is not lost to it now.
+	 * The checkpoint holds the end of the run (train_fit saved it). */
+	if (t->a.checkpoint) {
+		if (t->rank == 0)
+			fprintf(stderr, "%s: the trained weights are in the checkpoint %s (saved at "
+				"step %lld): the same command with --resume and a writable --export "
+				"writes them without training again\n",
+				name, t->a.checkpoint, (long long)loom_step_count(t->p));
+		return -1;
+	}
+	/* No checkpoint: a file named for the export beside it, else in the
+	 * working directory, else in TMPDIR or /tmp (the same names on every
+	 * rank: under ZeRO they all take part). */
+	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	const char *tmpdir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
+	snprintf(fb[0], sizeof(fb[0]), "%s.fallback.safetensors", path);
+	snprintf(fb[1], sizeof(fb[1]), "%s.fallback.safetensors", base);
+	snprintf(fb[2], sizeof(fb[2]), "%s/%s.fallback.safetensors", tmpdir, base);
+	for (int i = 0; i < 3; i++) {
+		char why[1024];
+		if (export_to(t, fb[i], collective, why, sizeof(why)) == 0) {
+			if (t->rank == 0)
+				fprintf(stderr, "%s: the trained weights went to %s instead (safetensors, "
+					"PyTorch's names)\n", name, fb[i]);
+			return -1;
+		}
+		if (t->rank == 0)
+			fprintf(stderr, "%s: fallback: %s\n", name, why);
+	}
+	if (t->rank == 0)
+		fprintf(stderr, "%s: the trained weights could not be written anywhere\n", name);
+	return -1;
 }
 
 int train_log_step(train_run *t, int64_t step, int epoch, double loss, double acc, double lr,
@@ -415,6 +502,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pipeline_balance = a->pipe_balance;
 	o.memory_limit_mb = a->memory_limit;
 	o.kernel_search = a->kernel_search;
+	o.no_tf32 = a->no_tf32;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
@@ -1002,4 +1090,5 @@ void train_end(train_run *t)
 	t->p = NULL;
 	loom_pg_free(t->pg);
 	t->pg = NULL;
+	train_lock_release(&ckpt_lock);
 }

@@ -140,6 +140,8 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
 		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
+		"  --tf32 B             on (default) or off: fp32 convolutions and products on a\n"
+		"                       GPU through TF32 tensor cores, as PyTorch's cuDNN does\n"
 		"  --seed N             initialisation%s seed (default 0)\n"
 		"  --threads N          CPU kernel threads (default: one per core)\n",
 		g & TRAIN_FLAGS_CIFAR ? ", shuffling and augmentation" :
@@ -228,7 +230,7 @@ static int parse_int(const char *flag, const char *s, long lo, long hi, long *ou
 
 enum {
 	O_DATA = 256, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOM, O_WD, O_LRSTEP, O_LRGAMMA,
-	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
+	O_LEVEL, O_PREC, O_SCALE, O_DEVICE, O_TF32, O_SEED, O_CKPT, O_RESUME, O_LOG, O_MAX, O_DUMP,
 	O_KEEPBN, O_SAVE_EVERY, O_THREADS, O_DUMP_PLAN, O_MEMREP, O_DRY, O_HELP, O_DEPTH,
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
@@ -255,6 +257,7 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "precision", required_argument, 0, O_PREC } },
 	{ TRAIN_FLAGS_COMMON, { "loss-scale", required_argument, 0, O_SCALE } },
 	{ TRAIN_FLAGS_COMMON, { "device", required_argument, 0, O_DEVICE } },
+	{ TRAIN_FLAGS_COMMON, { "tf32", required_argument, 0, O_TF32 } },
 	{ TRAIN_FLAGS_COMMON, { "seed", required_argument, 0, O_SEED } },
 	{ TRAIN_FLAGS_FIT, { "checkpoint", required_argument, 0, O_CKPT } },
 	{ TRAIN_FLAGS_FIT, { "resume", no_argument, 0, O_RESUME } },
@@ -370,6 +373,14 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		else if (!strcmp(arg, "cuda")) a->device = LOOM_DEVICE_CUDA;
 		else {
 			say(msg, msglen, "--device must be auto, cpu or cuda, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_TF32:
+		if (!strcmp(arg, "on")) a->no_tf32 = 0;
+		else if (!strcmp(arg, "off")) a->no_tf32 = 1;
+		else {
+			say(msg, msglen, "--tf32 must be on or off, got '%s'", arg);
 			return -1;
 		}
 		break;
@@ -529,6 +540,11 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		return -1;
 	}
 	return 0;
+}
+
+const char *train_flag_name(size_t i)
+{
+	return i < N_FLAGS ? table[i].o.name : NULL;
 }
 
 int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,

@@ -35,6 +35,7 @@ typedef struct train_args {
 	const char *checkpoint;
 	int resume;
 	loom_device device;
+	int no_tf32;           /* --tf32 off: exact fp32 products on a GPU */
 	loom_opt_level level;
 	loom_dtype half;
 	double loss_scale; /* 0: the level's default (dynamic) */
@@ -126,6 +127,10 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
  */
 int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
 		    char *msg, size_t msglen);
+
+/* The name (without dashes) of the i-th flag of the table, every group's;
+ * NULL past the last. */
+const char *train_flag_name(size_t i);
 
 /* The --help text of prog. */
 void train_usage(const train_program *prog, FILE *f);

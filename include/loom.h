@@ -284,6 +284,13 @@ typedef struct loom_compile_opts {
 	int verbose;   /* print the plan summary at compile time */
 	int no_fusion; /* skip the planner's fusion passes (debugging: the
 			* unfused plan computes the same values, slower) */
+	/* fp32 convolutions and matrix products on a GPU use TF32 tensor
+	 * cores by default (10-bit mantissa inputs, fp32 accumulation), as
+	 * PyTorch does for cuDNN convolutions; no_tf32 = 1 keeps them exact
+	 * fp32 (the CPU-parity tests; `--tf32 off`). Half products are not
+	 * affected; the CPU backend has no TF32 and ignores it. Ranks must
+	 * agree (the start-up check). */
+	int no_tf32;
 	/* Data-parallel training: the group this program is one rank of.
 	 * NULL, or a group of world 1: one process, nothing changes. With
 	 * world > 1, loom_compile is collective (every rank calls it with the

@@ -285,6 +285,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	if (!c->plans)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	c->n_plans = p->g->n;
+	c->tf32 = loom_cuda_tf32_on(p);
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;

@@ -6,13 +6,24 @@
  * added after by an own kernel (elementwise.cu). A half convolution cuDNN
  * has no algorithm for runs in f32 on copies in the workspace, cast back.
  * CPU twin: engine/cpu/conv.c.
- * fp32 runs with CUDNN_FMA_MATH (no TF32), so that fp32 results stay close
- * to the CPU's.
+ * fp32 runs on TF32 tensor cores (CUDNN_TENSOR_OP_MATH or the heuristic's
+ * DEFAULT, which is TF32 on sm_80+), as PyTorch allows for cuDNN, unless the
+ * plan is exact (no_tf32, `--tf32 off`): then CUDNN_FMA_MATH, so that fp32
+ * results stay close to the CPU's. Conversion to half
+ * (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) is never taken for fp32.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/cuda/cuda_internal.h"
+
+/* The math type a convolution in dt asks the heuristic with. */
+static cudnnMathType_t conv_math(const loom_plan *p, cudnnDataType_t dt)
+{
+	if (dt != CUDNN_DATA_FLOAT)
+		return CUDNN_TENSOR_OP_MATH;
+	return loom_cuda_tf32_on(p) ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
 
 static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_conv_plan *cp, const loom_node *n,
 			     cudnnDataType_t dt)
@@ -45,9 +56,7 @@ static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_con
 					   CUDNN_DATA_FLOAT),
 				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(
-					   cp->conv, dt == CUDNN_DATA_FLOAT ? CUDNN_FMA_MATH :
-									       CUDNN_TENSOR_OP_MATH),
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(cp->conv, conv_math(p, dt)),
 				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = LOOM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(cp->conv, cp->x, cp->w,
@@ -64,14 +73,16 @@ static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_con
 }
 
 /* The first algorithm (fastest by cuDNN's heuristic) that works, fits the
- * workspace cap and, for fp32, does not convert to TF32 or half. -1 if none. */
+ * workspace cap and, for fp32, never converts to half, nor to TF32 unless
+ * tf32 allows it. -1 if none. */
 template <typename Perf>
-static int first_usable(const Perf *perf, int count, int f32, cudnnMathType_t *math)
+static int first_usable(const Perf *perf, int count, int f32, int tf32, cudnnMathType_t *math)
 {
 	for (int i = 0; i < count; i++) {
 		if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > LOOM_CUDA_CONV_WS_MAX)
 			continue;
-		if (f32 && perf[i].mathType != CUDNN_FMA_MATH && perf[i].mathType != CUDNN_DEFAULT_MATH)
+		if (f32 && perf[i].mathType != CUDNN_FMA_MATH && perf[i].mathType != CUDNN_DEFAULT_MATH &&
+		    !(tf32 && perf[i].mathType == CUDNN_TENSOR_OP_MATH))
 			continue;
 		*math = perf[i].mathType;
 		return (int)perf[i].algo;
@@ -85,6 +96,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	loom_status st;
 	int count = 0, algo = -1;
 	cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+	const int tf32 = f32 && loom_cuda_tf32_on(p);
 
 	switch (n->op) {
 	case LOOM_OP_CONV2D: {
@@ -95,7 +107,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
-		algo = first_usable(perf, count, f32, &math);
+		algo = first_usable(perf, count, f32, tf32, &math);
 		break;
 	}
 	case LOOM_OP_CONV2D_BWD_DATA: {
@@ -106,7 +118,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
-		algo = first_usable(perf, count, f32, &math);
+		algo = first_usable(perf, count, f32, tf32, &math);
 		break;
 	}
 	default: {
@@ -117,7 +129,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
-		algo = first_usable(perf, count, f32, &math);
+		algo = first_usable(perf, count, f32, tf32, &math);
 		break;
 	}
 	}
@@ -130,9 +142,9 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				 count);
 	}
 	cp->algo = algo;
-	/* fp32 keeps FMA math even where the heuristic said DEFAULT, which
-	 * may mean TF32 on sm_80+. */
-	if (f32)
+	/* Exact fp32 keeps FMA math even where the heuristic said DEFAULT,
+	 * which may mean TF32 on sm_80+. */
+	if (f32 && !tf32)
 		math = CUDNN_FMA_MATH;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(cp->conv, math), c->err, sizeof(c->err))) !=
 	    LOOM_OK)

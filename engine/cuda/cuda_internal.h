@@ -21,12 +21,22 @@ extern "C" {
 
 /* Arena sub-allocations are aligned to this (cuBLASLt and cuDNN like 256). */
 #define LOOM_CUDA_ALIGN 256
-/* cuBLASLt workspace per matrix-product node. */
-#define LOOM_CUDA_LT_WS ((size_t)4 << 20)
+/* The most cuBLASLt workspace a matrix-product node's algorithm may ask
+ * for: 32 MiB as llm.c gives it on Hopper (4 MiB before;
+ * LOOM_CUDA_LT_WS_MB=4 measures the old cap against the new). */
+#define LOOM_CUDA_LT_WS_DEFAULT_MB 32
+size_t loom_cuda_lt_ws(void);
 /* The most workspace a cuDNN algorithm may ask for to be chosen. */
 #define LOOM_CUDA_CONV_WS_MAX ((size_t)512 << 20)
 /* Elements per optimizer chunk (one block each). */
 #define LOOM_CUDA_OPT_CHUNK 4096
+
+/* Whether plan p's fp32 convolutions and products run on TF32 tensor
+ * cores (loom_compile_opts.no_tf32, `--tf32 off`). */
+static inline int loom_cuda_tf32_on(const loom_plan *p)
+{
+	return !p->opts.no_tf32;
+}
 
 static inline size_t loom_cuda_align(size_t x)
 {
@@ -159,6 +169,7 @@ typedef struct loom_cuda_ctx {
 	loom_cuda_ctl *ctl_stage;
 	cudaEvent_t ctl_stage_ev;
 
+	int tf32;   /* fp32 products and convolutions on TF32 tensor cores (!opts.no_tf32) */
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */

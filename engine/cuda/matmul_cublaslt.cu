@@ -1,7 +1,8 @@
 /*
  * engine/cuda/matmul_cublaslt.cu — LINEAR and MATMUL (all transposed forms)
  * through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F) and half
- * inputs for f16 / bf16 nodes; a linear's bias rides the BIAS epilogue (a
+ * inputs for f16 / bf16 nodes; f32 nodes on TF32 tensor cores
+ * (CUBLAS_COMPUTE_32F_FAST_TF32) unless the plan is exact (no_tf32); a linear's bias rides the BIAS epilogue (a
  * fused relu, graph/fuse.c, RELU_BIAS or RELU), and
  * the bias gradient the BGRADB epilogue of the weight gradient's product
  * (its sibling, graph/fuse.c) where cuBLASLt has an algorithm for it; where
@@ -19,9 +20,21 @@
  * "A" operand is loom's B and its "B" is loom's A.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/cuda/cuda_internal.h"
+
+size_t loom_cuda_lt_ws(void)
+{
+	static size_t ws;
+	if (!ws) {
+		const char *e = getenv("LOOM_CUDA_LT_WS_MB");
+		long mb = e && *e ? strtol(e, NULL, 10) : LOOM_CUDA_LT_WS_DEFAULT_MB;
+		ws = (size_t)(mb >= 1 && mb <= 1024 ? mb : LOOM_CUDA_LT_WS_DEFAULT_MB) << 20;
+	}
+	return ws;
+}
 
 typedef struct mm_shape {
 	int m, n, k; /* loom's row-major C[m,n] = op(A)[m,k] op(B)[k,n] */
@@ -87,8 +100,10 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	cublasOperation_t opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's A */
 
 	*found = 0;
-	if ((st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mp->desc, CUBLAS_COMPUTE_32F,
-							     CUDA_R_32F),
+	/* fp32 operands on TF32 tensor cores unless the plan says exact. */
+	const cublasComputeType_t ct = nd->dtype == LOOM_F32 && loom_cuda_tf32_on(p) ?
+					       CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+	if ((st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&mp->desc, ct, CUDA_R_32F),
 				    c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))) != LOOM_OK)
@@ -120,7 +135,7 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 		return st;
 	/* Arena values are 64-byte aligned (graph/memplan.c), staged copies
 	 * 256; 16 is what every algorithm may rely on. */
-	st = set_prefs(c, pref, LOOM_CUDA_LT_WS, 16);
+	st = set_prefs(c, pref, loom_cuda_lt_ws(), 16);
 	if (st == LOOM_OK)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
 								      mp->c, mp->c, pref, 1, &res,
@@ -347,8 +362,9 @@ loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, in
 	*done = 0;
 	if (g->batch <= 0 || g->m <= 0 || g->n <= 0)
 		return LOOM_OK;
-	st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-			       c->err, sizeof(c->err));
+	const cublasComputeType_t ct = g->abt == CUDA_R_32F && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 :
+									 CUBLAS_COMPUTE_32F;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F), c->err, sizeof(c->err));
 	if (st == LOOM_OK)
 		st = set_attr(c, desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
 	if (st == LOOM_OK)

@@ -212,3 +212,52 @@ Test(buckets, odd_sizes_f16)
 {
 	check_odd(LOOM_F16);
 }
+
+/* The 64-wide net's gradients in bucket order (reverse parameter order):
+ * l2.bias 256 B, l2.weight 16 KiB, l1.bias, l1.weight, l0.bias, l0.weight.
+ * A cap the bias and its weight exactly reach holds both, in the first
+ * (small) bucket and in the later ones; a cap one element (4 bytes) short
+ * of that sends the weight to a bucket of its own. */
+Test(buckets, a_bucket_holds_exactly_its_cap)
+{
+	net n;
+	loom_buckets b;
+	const size_t pair = 256 + (64 * 64) * 4;
+	build(&n, LOOM_F32);
+	cr_assert_eq(loom_bucket_pass(n.g, n.grads, n.np, pair, pair, &b), LOOM_OK);
+	cr_assert_eq(b.n, 3, "%d buckets: each bias with its weight, the cap reached exactly", b.n);
+	for (int k = 0; k < 3; k++) {
+		cr_assert_eq(b.b[k].n, 2, "bucket %d: %d gradients", k, b.b[k].n);
+		cr_assert_eq(b.b[k].bytes, pair, "bucket %d: %zu bytes", k, b.b[k].bytes);
+	}
+	loom_buckets_free(&b);
+	loom_graph_free(n.g);
+}
+
+Test(buckets, one_element_over_the_cap_starts_a_bucket)
+{
+	net n;
+	loom_buckets b;
+	const size_t pair = 256 + (64 * 64) * 4;
+	/* The first bucket's cap one element short, the others exact: the
+	 * first holds l2.bias alone, then each weight is followed by the
+	 * next bias (exactly the cap), l0.weight alone last. */
+	build(&n, LOOM_F32);
+	cr_assert_eq(loom_bucket_pass(n.g, n.grads, n.np, pair, pair - 4, &b), LOOM_OK);
+	cr_assert_eq(b.n, 4, "%d buckets", b.n);
+	static const int members[4] = { 1, 2, 2, 1 };
+	for (int k = 0; k < 4; k++)
+		cr_assert_eq(b.b[k].n, members[k], "bucket %d: %d gradients", k, b.b[k].n);
+	cr_assert_eq(b.grad[0], n.grads[5], "the first bucket: l2.bias");
+	loom_buckets_free(&b);
+	loom_graph_free(n.g);
+	/* The later buckets' cap one element short: every gradient alone. */
+	build(&n, LOOM_F32);
+	cr_assert_eq(loom_bucket_pass(n.g, n.grads, n.np, pair - 4, pair, &b), LOOM_OK);
+	cr_assert_eq(b.n, 5, "%d buckets: l2.b l2.w | l1.b | l1.w | l0.b | l0.w", b.n);
+	cr_assert_eq(b.b[0].n, 2);
+	for (int k = 1; k < 5; k++)
+		cr_assert_eq(b.b[k].n, 1, "bucket %d: %d gradients", k, b.b[k].n);
+	loom_buckets_free(&b);
+	loom_graph_free(n.g);
+}

@@ -152,8 +152,37 @@ static void drop(snap *s)
 	free(s->state);
 }
 
+/* The first field of the loss scaler that differs between a and b, with
+ * both values ("growth_tracker 3 vs 4"), into buf; 0 if none does (every
+ * field, so that a difference is never reported as "scale 65536 vs
+ * 65536"). */
+static int scaler_diff(const loom_scaler *a, const loom_scaler *b, char *buf, size_t len)
+{
+#define F(field, fmt, cast)                                                               \
+	if (memcmp(&a->field, &b->field, sizeof(a->field)))                               \
+		return snprintf(buf, len, #field " " fmt " vs " fmt, (cast)a->field,      \
+				(cast)b->field), 1;
+	F(scale, "%g", double)
+	F(growth_factor, "%g", double)
+	F(backoff_factor, "%g", double)
+	F(max_scale, "%g", double)
+	F(growth_tracker, "%d", int)
+	F(growth_interval, "%d", int)
+	F(dynamic, "%d", int)
+	F(pad_, "%d", int)
+	F(skipped_steps, "%lld", long long)
+	F(below_one_steps, "%lld", long long)
+#undef F
+	/* A field added to loom_scaler and not above: still a difference. */
+	if (memcmp(a, b, sizeof(*a)))
+		return snprintf(buf, len, "a field this test does not name yet"), 1;
+	buf[0] = 0;
+	return 0;
+}
+
 static void assert_same(const snap *a, const snap *b, const char *what)
 {
+	char sd[128];
 	cr_assert_eq(a->values_bytes, b->values_bytes, "%s", what);
 	cr_assert_eq(a->state_bytes, b->state_bytes, "%s", what);
 	for (size_t i = 0; i < a->values_bytes; i++)
@@ -162,8 +191,8 @@ static void assert_same(const snap *a, const snap *b, const char *what)
 		cr_assert_eq(a->state[i], b->state[i], "%s: optimizer state byte %zu differs", what, i);
 	cr_assert_eq(a->step, b->step, "%s: step", what);
 	cr_assert_eq(a->lr, b->lr, "%s: lr", what);
-	cr_assert_eq(memcmp(&a->scaler, &b->scaler, sizeof(a->scaler)), 0,
-		     "%s: loss scaler (scale %g vs %g)", what, a->scaler.scale, b->scaler.scale);
+	cr_assert(!scaler_diff(&a->scaler, &b->scaler, sd, sizeof(sd)), "%s: loss scaler %s", what,
+		  sd);
 }
 
 static int snaps_equal(const snap *a, const snap *b)
@@ -745,4 +774,27 @@ Test(checkpoint, resume_continues_loss_curve_sgd_momentum_o2)
 {
 	net_cfg c = { LOOM_O2, 4, LOOM_OPTIM_SGD, 0.9, 2 };
 	resume(&c);
+}
+
+/* Two checkpoints' scalers that differ in one field are reported by that
+ * field's name and values, whichever it is. */
+Test(checkpoint, a_scaler_difference_names_its_field)
+{
+	loom_scaler a, b;
+	char buf[128];
+	memset(&a, 0, sizeof(a));
+	cr_assert_eq(loom_scaler_init(&a, 65536, 2000, 1), 0);
+	b = a;
+	cr_assert_eq(scaler_diff(&a, &b, buf, sizeof(buf)), 0);
+	b.growth_tracker = a.growth_tracker + 1;
+	cr_assert_eq(scaler_diff(&a, &b, buf, sizeof(buf)), 1);
+	cr_assert_str_eq(buf, "growth_tracker 0 vs 1");
+	b = a;
+	b.skipped_steps = 3;
+	cr_assert_eq(scaler_diff(&a, &b, buf, sizeof(buf)), 1);
+	cr_assert_str_eq(buf, "skipped_steps 0 vs 3");
+	b = a;
+	b.scale = 32768;
+	cr_assert_eq(scaler_diff(&a, &b, buf, sizeof(buf)), 1);
+	cr_assert_str_eq(buf, "scale 65536 vs 32768");
 }

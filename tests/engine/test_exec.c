@@ -961,6 +961,57 @@ Test(exec, send_steps_pass_each_micro_batchs_boundary_value_forward)
 	free_ranked(p, g, pg);
 }
 
+/* The TRAIN run's micro-batch passes of the two-stage test model compiled
+ * under schedule with M micro-batches, as this rank of the fake two runs
+ * them: "F0 F1 B0 ..." (a forward's end marker left out). */
+static void train_order(int rank, loom_schedule schedule, int M, char *buf, size_t len)
+{
+	loom_pg *pg = fake_group(2, rank);
+	loom_graph *g;
+	int64_t d[2] = { 2, 3 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value w = loom_param(g, "w", LOOM_F32, 2, d, LOOM_INIT_ZEROS, 3);
+	loom_value h = loom_relu(g, loom_add(g, x, w));
+	cr_assert_eq(loom_stage_boundary(g, h), LOOM_OK);
+	loom_compile_opts o;
+	mlp_opts(&o, LOOM_OPTIM_SGD);
+	o.pg = pg;
+	o.pipeline_stages = 2;
+	o.micro_batches = M;
+	o.schedule = schedule;
+	loom_program *p;
+	cr_assert_eq(loom_compile(g, loom_sum(g, h), &o, &p), LOOM_OK, "%s", loom_last_error());
+	const loom_plan *pl = &p->plan;
+	cr_assert_eq(pl->pipe->stage, rank);
+	size_t at = 0;
+	buf[0] = 0;
+	for (int i = pl->pipe->eval_steps; i < pl->n_steps; i++) {
+		const loom_step *st = &pl->steps[i];
+		if (st->kind != LOOM_STEP_MICRO || (st->phase == LOOM_PHASE_FORWARD && st->index != 0))
+			continue;
+		at += (size_t)snprintf(buf + at, len - at, "%s%c%d", at ? " " : "",
+				       st->phase == LOOM_PHASE_BACKWARD ? 'B' : 'F', st->micro);
+	}
+	free_ranked(p, g, pg);
+}
+
+/* The schedules' orders, 4 micro-batches over 2 stages: GPipe every
+ * forward then every backward; 1F1B as many forwards as stages follow
+ * (stage 0: one ahead), then one forward, one backward. */
+Test(exec, each_schedule_runs_its_order_of_micro_batches)
+{
+	char got[256];
+	train_order(0, LOOM_SCHEDULE_GPIPE, 4, got, sizeof(got));
+	cr_assert_str_eq(got, "F0 F1 F2 F3 B0 B1 B2 B3", "GPipe, stage 0");
+	train_order(1, LOOM_SCHEDULE_GPIPE, 4, got, sizeof(got));
+	cr_assert_str_eq(got, "F0 F1 F2 F3 B0 B1 B2 B3", "GPipe, stage 1");
+	train_order(0, LOOM_SCHEDULE_1F1B, 4, got, sizeof(got));
+	cr_assert_str_eq(got, "F0 F1 B0 F2 B1 F3 B2 B3", "1F1B, stage 0");
+	train_order(1, LOOM_SCHEDULE_1F1B, 4, got, sizeof(got));
+	cr_assert_str_eq(got, "F0 B0 F1 B1 F2 B2 F3 B3", "1F1B, stage 1");
+}
+
 /* The update of w after one step of the two-stage test model, whatever
  * the transport or the post points: the same as in place. */
 static void expect_pipe_update(loom_program *p, loom_value w)

@@ -2,12 +2,15 @@
  * tests/examples/test_gpt_data.c — examples/gpt_data.c: llm.c token files
  * round-trip through the writer and the reader; a truncated, padded,
  * wrong-magic or wrong-version file is refused naming the fault; text
- * files and folders read byte by byte (fortune's .dat indexes skipped).
+ * files and folders read byte by byte (fortune's .dat indexes skipped);
+ * a device, a FIFO or a socket refused before it is opened, a corpus over
+ * the size bound refused naming the file and its size.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,4 +112,82 @@ Test(gpt_data, text_file_and_folder_bytes)
 	gpt_tokens_free(&t);
 	cr_assert_eq(gpt_text_load(path("missing"), &t, err, sizeof(err)), -1);
 	cr_assert(strstr(err, "missing: No such file"), "%s", err);
+}
+
+/* /dev/zero never ends and a FIFO blocks its reader: both refused at once,
+ * as text and as token files, naming what they are (the suite's timeout
+ * catches a reader that opens the FIFO). */
+Test(gpt_data, devices_and_fifos_refused, .timeout = 20)
+{
+	char err[256];
+	gpt_tokens t;
+	cr_assert_eq(gpt_text_load("/dev/zero", &t, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "/dev/zero is a character device, not a regular file"), "%s", err);
+	cr_assert_null(t.ids);
+	cr_assert_eq(gpt_tokens_load("/dev/zero", &t, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "/dev/zero is a character device"), "%s", err);
+	cr_assert_eq(mkfifo(path("fifo"), 0600), 0);
+	cr_assert_eq(gpt_text_load(path("fifo"), &t, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "fifo is a FIFO, not a regular file (the reader takes a text file"),
+		  "%s", err);
+	cr_assert_eq(gpt_tokens_load(path("fifo"), &t, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "fifo is a FIFO"), "%s", err);
+	/* In a folder, what is not a regular file is passed over. */
+	mkdir(path("g"), 0700);
+	write_bytes("g/a", "ok", 2);
+	cr_assert_eq(mkfifo(path("g/b"), 0600), 0);
+	cr_assert_eq(gpt_text_load(path("g"), &t, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(t.n, 2);
+	gpt_tokens_free(&t);
+}
+
+/* A sparse file one byte over the bound: refused from its size, before a
+ * byte is read, naming the file and the size. */
+Test(gpt_data, a_corpus_over_the_bound_refused_naming_its_size)
+{
+	char err[256], want[64];
+	gpt_tokens t;
+	int fd = open(path("big.txt"), O_CREAT | O_WRONLY, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(ftruncate(fd, (off_t)GPT_DATA_MAX_TOKENS + 1), 0);
+	close(fd);
+	cr_assert_eq(gpt_text_load(path("big.txt"), &t, err, sizeof(err)), -1);
+	snprintf(want, sizeof(want), "big.txt: %llu bytes", GPT_DATA_MAX_TOKENS + 1);
+	cr_assert(strstr(err, want) && strstr(err, "more than"), "%s", err);
+	cr_assert_null(t.ids);
+	/* The same bytes in a folder: the folder named with their total. */
+	mkdir(path("h"), 0700);
+	char from[512];
+	snprintf(from, sizeof(from), "%s", path("big.txt"));
+	cr_assert_eq(rename(from, path("h/big.txt")), 0);
+	cr_assert_eq(gpt_text_load(path("h"), &t, err, sizeof(err)), -1);
+	snprintf(want, sizeof(want), "h: %llu bytes", GPT_DATA_MAX_TOKENS + 1);
+	cr_assert(strstr(err, want), "%s", err);
+	/* A token file whose header claims 2^32 - 1 tokens and whose size
+	 * agrees (sparse): over the bound too. */
+	int32_t head[256] = { GPT_LLMC_MAGIC, GPT_LLMC_VERSION, -1 };
+	write_bytes("big.bin", head, sizeof(head));
+	cr_assert_eq(truncate(path("big.bin"), 1024 + 2 * (off_t)0xffffffffu), 0);
+	cr_assert_eq(gpt_tokens_load(path("big.bin"), &t, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "big.bin: 8589935614 bytes, 4294967295 tokens"), "%s", err);
+	cr_assert_null(t.ids);
+}
+
+/* Token files read a chunk at a time: more tokens than one chunk holds
+ * come back whole. */
+Test(gpt_data, tokens_longer_than_a_chunk)
+{
+	enum { N = 100003 };
+	int32_t *ids = malloc(sizeof(int32_t) * N);
+	char err[256];
+	gpt_tokens t;
+	for (int i = 0; i < N; i++)
+		ids[i] = (i * 7919) % 65536;
+	cr_assert_eq(gpt_tokens_save(path("c.bin"), ids, N, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(gpt_tokens_load(path("c.bin"), &t, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(t.n, N);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(t.ids[i], ids[i], "token %d", i);
+	gpt_tokens_free(&t);
+	free(ids);
 }

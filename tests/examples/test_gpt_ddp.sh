@@ -33,6 +33,20 @@ head -c 100 /dev/zero >"$tmp/short.bin"
 expect "short token file" 1 "shorter than the 1024-byte llm.c header" -- --tokens "$tmp/short.bin"
 head -c 2048 /dev/zero >"$tmp/magic.bin"
 expect "wrong magic" 1 "magic 0, expected 20240520" -- --tokens "$tmp/magic.bin"
+# A device that never ends and a FIFO that blocks: refused at once, naming
+# what they are (under timeout: a reader that opens them hangs or fills
+# memory).
+mkfifo "$tmp/fifo"
+while read -r flag file want; do
+	out=$(timeout 60 "$EX" "$flag" "$file" --device cpu 2>&1 </dev/null)
+	rc=$?
+	if [ $rc -eq 1 ] && grep -q -- "$file $want" <<<"$out"; then ok "$flag $file refused"; else
+		bad "$flag $file refused" "exit $rc (want 1), no line with '$file $want':" "$out"; fi
+done <<EOF2
+--data /dev/zero is a character device, not a regular file
+--data $tmp/fifo is a FIFO, not a regular file
+--tokens /dev/zero is a character device, not a regular file
+EOF2
 
 # GPT-2 124M compiles (context 64 keeps the dry run's arena small): its
 # parameters less the 960 position rows it does not have.

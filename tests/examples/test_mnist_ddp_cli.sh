@@ -3,7 +3,10 @@
 # every kind of bad flag, a missing, malformed, too small or unreadable data
 # directory, an unusable checkpoint path, corrupted and out-of-range
 # checkpoints on --resume. Each must exit non-zero (2 for flags) with a message
-# naming the fault, and never crash. Prints "N passed, N failed".
+# naming the fault, and never crash. Also: every output path refused before
+# step 1, an export failing at the end falling back, one job per checkpoint
+# (its lock), and a resume in epoch 2 ending byte for byte where a run never
+# stopped ends. Prints "N passed, N failed".
 set -u
 bin=$1
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")
@@ -32,6 +35,7 @@ expect bad_lr 2 "--lr expects a number, got 'fast'" -- --lr fast
 expect bad_epochs 2 "--epochs expects an integer" -- --epochs 0
 expect bad_precision 2 "precision must be fp16 or bf16" -- --precision fp8
 expect bad_device 2 "device must be auto, cpu or cuda" -- --device tpu
+expect bad_tf32 2 "--tf32 must be on or off, got 'maybe'" -- --tf32 maybe
 expect bad_optimizer 2 "optimizer must be sgd or adamw" -- --optimizer lbfgs
 expect bad_balance 2 "--pipeline-balance expects time or memory, got 'bogus'" -- --pipeline 2 --pipeline-balance bogus
 expect balance_alone 2 "--pipeline-balance apply to --pipeline N" -- --pipeline-balance memory
@@ -94,6 +98,95 @@ expect test_size 1 "$tmp/test32/t10k-images-idx3-ubyte: the test images are 32x3
 expect ckpt_missing_dir 1 "directory $tmp/nodir: does not exist" -- --data "$tmp/small" \
 	--checkpoint "$tmp/nodir/ck.bin"
 expect ckpt_is_dir 1 "is a directory" -- --data "$tmp/small" --checkpoint "$tmp"
+
+# Every output path is tried before step 1, with the real reason: nothing
+# trains (no progress line) when one cannot be written.
+# refused NAME PATTERN -- ARGS...: exit 1, PATTERN said, no step taken.
+refused() {
+	local name=$1 pat=$2 out rc
+	shift 3
+	out=$("$bin" --data "$tmp/small" --device cpu --log-interval 1 "$@" 2>&1)
+	rc=$?
+	if [ "$rc" -eq 1 ] && grep -q -- "$pat" <<<"$out" && ! grep -q "^epoch 1 step" <<<"$out"; then
+		pass=$((pass + 1))
+	else
+		fail=$((fail + 1))
+		echo "FAIL $name: exit $rc (want 1, '$pat' and no step), output:"
+		echo "$out" | head -5
+	fi
+}
+refused export_root "--export /: is a directory, expected a file path" -- --export /
+refused export_missing_dir "--export /nonexistent_dir/x.safetensors: directory /nonexistent_dir: does not exist" -- \
+	--export /nonexistent_dir/x.safetensors
+refused metrics_missing_dir "--metrics $tmp/nodir/m.jsonl: directory $tmp/nodir: does not exist" -- \
+	--metrics "$tmp/nodir/m.jsonl"
+refused trace_is_dir "--trace $tmp: is a directory" -- --trace "$tmp"
+refused dump_plan_missing_dir "--dump-plan $tmp/nodir/p.dot: directory $tmp/nodir: does not exist" -- \
+	--dump-plan "$tmp/nodir/p.dot"
+
+# An export that fails at the end all the same (its temporary file's name
+# taken by a folder): the weights go to a file beside it, or stay in the
+# checkpoint, and the message says where.
+mkdir -p "$tmp/out/w.safetensors.tmp"
+out=$("$bin" --data "$tmp/small" --device cpu --max-steps 1 --export "$tmp/out/w.safetensors" 2>&1)
+if grep -q "the trained weights went to $tmp/out/w.safetensors.fallback.safetensors instead" <<<"$out" &&
+	[ -s "$tmp/out/w.safetensors.fallback.safetensors" ]; then
+	pass=$((pass + 1))
+else
+	fail=$((fail + 1))
+	echo "FAIL export_fallback: no weights in $tmp/out/w.safetensors.fallback.safetensors, output:"
+	echo "$out" | tail -5
+fi
+expect export_fallback_ckpt 1 "the trained weights are in the checkpoint $tmp/fb.ckpt (saved at step 1)" -- \
+	--data "$tmp/small" --device cpu --max-steps 1 --export "$tmp/out/w.safetensors" --checkpoint "$tmp/fb.ckpt"
+
+# One job per checkpoint: a second job on the path of a running one is
+# refused naming its host and pid; once that job is killed, its lock is
+# taken over, and said.
+"$bin" --data "$tmp/small" --device cpu --epochs 1000 --checkpoint "$tmp/held.ckpt" >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 1 300); do
+	grep -q "pid $holder" "$tmp/held.ckpt.lock" 2>/dev/null && break
+	sleep 0.1
+done
+grep -q "pid $holder" "$tmp/held.ckpt.lock" 2>/dev/null ||
+	echo "(the first job wrote no lock $tmp/held.ckpt.lock within 30 s)"
+expect ckpt_locked 1 "--checkpoint $tmp/held.ckpt is in use by another job (host $(hostname) pid $holder program mnist_ddp)" -- \
+	--data "$tmp/small" --device cpu --max-steps 1 --checkpoint "$tmp/held.ckpt"
+{ kill -9 "$holder"; wait "$holder"; } 2>/dev/null
+expect ckpt_stale_lock 0 "took over the lock $tmp/held.ckpt.lock of a job that is gone (host $(hostname) pid $holder" -- \
+	--data "$tmp/small" --device cpu --max-steps 1 --checkpoint "$tmp/held.ckpt" --resume
+if [ -e "$tmp/held.ckpt.lock" ]; then
+	fail=$((fail + 1))
+	echo "FAIL ckpt_lock_removed: $tmp/held.ckpt.lock left after a clean exit"
+else
+	pass=$((pass + 1))
+fi
+
+# Resume in a later epoch: stopped at epoch 2, batch 3 (step 13 of 10 per
+# epoch), resumed, it ends with the checkpoint of a run never stopped, byte
+# for byte (random images and labels, so that the order matters, and an lr
+# halved every epoch).
+mkdir -p "$tmp/rand"
+for s in train:200 t10k:40; do
+	n=${s#*:}
+	{ printf '\x00\x00\x08\x03'; be32 "$n"; be32 28; be32 28; head -c $((n * 784)) /dev/urandom; } \
+		>"$tmp/rand/${s%:*}-images-idx3-ubyte"
+	{ printf '\x00\x00\x08\x01'; be32 "$n"; for i in $(seq 1 "$n"); do printf "\\x0$((RANDOM % 10))"; done; } \
+		>"$tmp/rand/${s%:*}-labels-idx1-ubyte"
+done
+rf=(--data "$tmp/rand" --device cpu --threads 1 --epochs 3 --batch-size 20 --lr 0.02 --lr-step 1
+    --lr-gamma 0.5 --log-interval 100)
+"$bin" "${rf[@]}" --checkpoint "$tmp/whole.ckpt" >/dev/null 2>&1
+"$bin" "${rf[@]}" --checkpoint "$tmp/cut.ckpt" --max-steps 13 >/dev/null 2>&1
+expect resume_epoch2 0 "resumed $tmp/cut.ckpt at step 13 (epoch 2, batch 3)" -- "${rf[@]}" \
+	--checkpoint "$tmp/cut.ckpt" --resume
+if [ -s "$tmp/whole.ckpt" ] && cmp -s "$tmp/whole.ckpt" "$tmp/cut.ckpt"; then
+	pass=$((pass + 1))
+else
+	fail=$((fail + 1))
+	echo "FAIL resume_epoch2_same: resumed at epoch 2, batch 3, the run ends elsewhere than one never stopped"
+fi
 
 # A checkpoint whose step is -5, sealed with a valid CRC: refused at load
 # naming the field, and left as it was. The run-time scalars are the last

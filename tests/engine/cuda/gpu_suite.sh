@@ -142,6 +142,10 @@ fi
 
 # loom and PyTorch side by side, one after the other on the same GPU.
 row bench_convnet bench 180 "" -- "$bin/bench_convnet" --device cuda --steps 50 --warmup 5
+# fp32 exact (--tf32 off, the first GPU run's setting) against the default
+# TF32 tensor cores, side by side.
+row resnet50_synthetic_tf32_off bench 180 "" -- "$bin/resnet50_synthetic" --device cuda \
+	--batch-size 64 --steps 20 --warmup 3 --tf32 off
 row resnet50_synthetic bench 180 "" -- "$bin/resnet50_synthetic" --device cuda --batch-size 64 \
 	--steps 20 --warmup 3
 # Mixed precision, the twins of PyTorch's amp-fp16 and amp-bf16 rows.
@@ -167,6 +171,11 @@ for lvl in O1 O2; do
 		--preset gpt2 --opt-level $lvl --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0 --memory-report
 done
+# cuBLASLt's workspace cap: the 4 MiB of the first GPU run against today's
+# 32 MiB (the row above), O1 bf16.
+row gpt2_124m_O1_bf16_ws4 bench 150 "" -- env LOOM_CUDA_LT_WS_MB=4 "$bin/gpt_ddp" --device cuda \
+	"${text[@]}" --preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+	--log-interval 5 --val-interval 0 --sample 0
 py=$(command -v python3 || true)
 # LOOM_GPU_TORCH=0 leaves the PyTorch twins out (a rerun on a machine
 # where they were measured already).

@@ -44,8 +44,13 @@ static const char *no_gpu(void)
 
 #define NEED_GPU() LOOM_NEED_GPU()
 
+static int tf32;
+
+/* TF32 keeps 10 mantissa bits of each product input, as fp16 does. */
 static double bound(loom_dtype dt)
 {
+	if (dt == LOOM_F32 && tf32)
+		return 1e-4;
 	return dt == LOOM_F32 ? 1e-8 : dt == LOOM_F16 ? 1e-4 : 1e-3;
 }
 
@@ -171,6 +176,8 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 /* Compile with sync_bn (under engine/ddp.c's world-1 hook: the batch norms
  * are marked, nothing is all-reduced). */
 static int sync_bn;
+/* tf32 (above): compile fp32 products and convolutions on TF32 tensor
+ * cores, the default of a plan; every other case asks for exact fp32. */
 
 static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 			       loom_opt_level level)
@@ -178,6 +185,7 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 	loom_compile_opts o;
 	loom_program *p = NULL;
 	loom_compile_opts_default(&o);
+	o.no_tf32 = !tf32; /* exact fp32 unless a TF32 case asks */
 	o.device = dev;
 	o.sync_bn = sync_bn;
 	o.amp.level = level;
@@ -674,6 +682,23 @@ Test(cuda_ops, sync_batchnorm_one_rank)
 	sync_bn_on(0);
 }
 
+/* The default fp32 plan: convolutions and products on TF32 tensor cores,
+ * within TF32's bound of the CPU's exact fp32; the rest of the suite
+ * compiles with no_tf32 and keeps the 1e-8 bound. */
+Test(cuda_ops, tf32_products)
+{
+	NEED_GPU();
+	tf32 = 1;
+	for (uint64_t seed = 1; seed <= 2; seed++) {
+		run_case("tf32 conv2d+bias", b_conv_bias, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("tf32 conv2d/2", b_conv_stride, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("tf32 linear+bias", b_linear_bias, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("tf32 matmul", b_matmul, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("tf32 causal self-attention", b_attention, LOOM_F32, LOOM_RUN_GRAD, seed);
+	}
+	tf32 = 0;
+}
+
 /* Exact values where the rules matter: ties (first max wins), windows whose
  * max is negative or zero (relu gives 0 and no gradient), and NaN (wins the
  * pool, survives the relu, gets no gradient). f32, so both backends must
@@ -701,6 +726,7 @@ static void relu_pool_special(int k, int stride, int pad)
 	x[49 + 8] = -0.0;
 	for (int d = 0; d < 2; d++) {
 		loom_compile_opts_default(&o);
+		o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
 		o.optim.kind = LOOM_OPTIM_NONE;
 		cr_assert_eq(loom_compile(g, loss, &o, &p[d]), LOOM_OK, "%s", loom_last_error());
@@ -751,6 +777,7 @@ Test(cuda_ops, f64_graph_is_refused)
 	loom_value x = loom_param(g, "x", LOOM_F64, 1, d, LOOM_INIT_ONES, 1);
 	loom_value l = loom_sum(g, loom_relu(g, x));
 	loom_compile_opts_default(&o);
+	o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 	o.device = LOOM_DEVICE_CUDA;
 	cr_assert_eq(loom_compile(g, l, &o, &p), LOOM_ERR_UNSUPPORTED);
 	cr_assert(strstr(loom_last_error(), "f64") != NULL, "%s", loom_last_error());
@@ -772,6 +799,7 @@ Test(cuda_ops, cuda_compile_follows_the_device)
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value x = loom_param(g, "x", LOOM_F32, 1, d, LOOM_INIT_ONES, 1);
 	loom_compile_opts_default(&o);
+	o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 	o.device = LOOM_DEVICE_CUDA;
 	loom_status st = loom_compile(g, loom_sum(g, x), &o, &p);
 	if (no_gpu()) {
@@ -928,6 +956,7 @@ static void convnet_steps(loom_opt_level level, loom_dtype half, loom_optim_kind
 	const char *name = level == LOOM_O0 ? "O0" : level == LOOM_O1 ? "O1" : "O2";
 
 	loom_compile_opts_default(&o);
+	o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 	o.amp.level = level;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
@@ -1114,6 +1143,7 @@ static void resnet_steps(loom_opt_level level, double tol)
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
 
 	loom_compile_opts_default(&o);
+	o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 	o.amp.level = level;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
@@ -1281,6 +1311,7 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 		loom_value loss = head(g, &t, cuda_op_cases[i].build(g, &t));
 		loom_compile_opts_default(&o);
+		o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 		o.device = LOOM_DEVICE_CPU;
 		o.amp.level = t.level;
 		o.optim.kind = LOOM_OPTIM_NONE;
