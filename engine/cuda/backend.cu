@@ -286,6 +286,10 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	c->n_plans = p->g->n;
 	c->tf32 = loom_cuda_tf32_on(p);
+	{
+		const char *e = getenv("LOOM_CUDA_VEC");
+		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
+	}
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;

@@ -216,6 +216,9 @@ typedef struct loom_cuda_ctx {
 /* Test hook state (cuda_backend.h). */
 extern int loom_cuda_poison_on;
 extern int loom_cuda_own_kernels_on;
+/* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
+ * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
+extern int loom_cuda_vec_on;
 
 /* ------------------------------------------------------------ op entries */
 

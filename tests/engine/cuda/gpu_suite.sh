@@ -137,13 +137,13 @@ srow() {
 	fi
 	printf '%s\t%s\t%s\n' "$name" "$skind" "$logs/$name.log" >>"$speed"
 }
-r50=(--device cuda --batch-size 64 --steps 8 --warmup 2)
+r50=(--device cuda --batch-size 64 --steps 20 --warmup 3)
 torch_r50() { # name layout modes...
 	local name=$1 layout=$2
 	shift 2
 	if [ $torch_ok = 1 ]; then
 		srow "$name" torch_img optional 120 -- "$py" "$here/bench/torch_gpu.py" resnet50 \
-			--batch 64 --steps 8 --warmup 3 --layout "$layout" --modes "$@"
+			--batch 64 --steps 20 --warmup 5 --layout "$layout" --modes "$@"
 	else
 		echo "no python3 with CUDA PyTorch on this host (or LOOM_GPU_TORCH=0)" >"$logs/$name.log"
 		printf '%s\toptional\tabsent\t0\t%s\t\n' "$name" "$logs/$name.log" >>"$rows"
@@ -171,12 +171,12 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		fi
 	done
 	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- "$bin/gpt_ddp" --device cuda "${text[@]}" \
-		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 12 \
-		--log-interval 4 --val-interval 0 --sample 0
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
 	if [ $torch_ok = 1 ] && [ ${#text[@]} -gt 0 ]; then
 		srow speed_torch_gpt2_124m_bf16 torch_tok optional 90 -- "$py" "$here/bench/torch_gpt.py" \
 			--device cuda "${text[@]}" --layers 12 --heads 12 --embd 768 --context 1024 \
-			--vocab 50257 --batch-size 8 --steps 12 --autocast bf16
+			--vocab 50257 --batch-size 8 --steps 20 --autocast bf16
 	else
 		echo "no python3 with CUDA PyTorch or no text on this host" >"$logs/speed_torch_gpt2_124m_bf16.log"
 		printf 'speed_torch_gpt2_124m_bf16\toptional\tabsent\t0\t%s\t\n' \

@@ -774,6 +774,64 @@ Test(cuda_ops, conv_algorithm_search)
 	tf32 = 0;
 }
 
+/* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
+static loom_value b_relu_vec(loom_graph *g, tcase *t)
+{
+	return loom_relu(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+static loom_value b_add_relu_vec(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	loom_value a = param(g, t, "a", 2, 33, 129, 0, 0), b = param(g, t, "b", 2, 33, 129, 0, 0);
+	return loom_relu(g, loom_add(g, a, b));
+}
+
+static loom_value b_gelu_vec(loom_graph *g, tcase *t)
+{
+	return loom_gelu(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+static loom_value b_gelu_tanh_vec(loom_graph *g, tcase *t)
+{
+	return loom_gelu_tanh(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+static loom_value b_silu_vec(loom_graph *g, tcase *t)
+{
+	return loom_silu(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+/* The 128-bit f16/bf16 elementwise kernels (relu and its backward, add with
+ * and without the fused relu, the unary ops forward and backward; 4257
+ * elements: 532 groups of 8 and a tail of 1) against the CPU, and the
+ * scalar kernels they replace (LOOM_CUDA_VEC=0, read when the plan is
+ * made) on the same cases. */
+Test(cuda_ops, vectorised_half_elementwise)
+{
+	NEED_GPU();
+	const loom_dtype dts[2] = { LOOM_F16, LOOM_BF16 };
+	for (int vec = 0; vec <= 1; vec++) {
+		setenv("LOOM_CUDA_VEC", vec ? "1" : "0", 1);
+		for (int i = 0; i < 2; i++)
+			for (uint64_t seed = 1; seed <= 2; seed++) {
+				run_case(vec ? "vec relu" : "scalar relu", b_relu_vec, dts[i],
+					 LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec add" : "scalar add", b_add, dts[i], LOOM_RUN_GRAD,
+					 seed);
+				run_case(vec ? "vec add+relu" : "scalar add+relu", b_add_relu_vec,
+					 dts[i], LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec gelu" : "scalar gelu", b_gelu_vec, dts[i],
+					 LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec gelu tanh" : "scalar gelu tanh", b_gelu_tanh_vec,
+					 dts[i], LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec silu" : "scalar silu", b_silu_vec, dts[i],
+					 LOOM_RUN_GRAD, seed);
+			}
+	}
+	unsetenv("LOOM_CUDA_VEC");
+}
+
 /* Exact values where the rules matter: ties (first max wins), windows whose
  * max is negative or zero (relu gives 0 and no gradient), and NaN (wins the
  * pool, survives the relu, gets no gradient). f32, so both backends must
