@@ -14,8 +14,9 @@
  * The algorithm: the heuristic's (cudnnGet*Algorithm_v7) first usable one,
  * then, unless the kernel search is off (loom_compile_opts.kernel_search,
  * LOOM_KERNEL_SEARCH=off), cuDNN's measurement (cudnnFind*AlgorithmEx) on
- * scratch buffers of the node's shape, under the same rules; the measured
- * fastest replaces the heuristic's only when 5% faster, and the choice is
+ * scratch buffers of the node's shape, under the same rules and among
+ * deterministic algorithms only; the measured fastest replaces the
+ * heuristic's only when 5% faster, and the choice is
  * cached per shape, dtype and math for the process. A search that cannot
  * run (no scratch memory, Find failing, its budget spent) keeps the
  * heuristic's; it never fails the compile.
@@ -234,13 +235,20 @@ static int scratch_ready(loom_cuda_ctx *c)
 	return 1;
 }
 
-/* From Find's results (fastest first): the fastest usable under the
- * rules of first_usable, and the best time of the heuristic's algorithm. */
+/* From Find's results (fastest first): the fastest deterministic one
+ * usable under the rules of first_usable (so that the search never makes
+ * a run that repeated bit for bit on the heuristic's choice stop doing
+ * so), and the best time of the heuristic's algorithm. */
 template <typename Perf>
 static int best_measured(const Perf *perf, int count, int f32, int tf32, int heur_algo,
 			 cudnnMathType_t *math, float *ms, float *heur_ms)
 {
-	int algo = first_usable(perf, count, f32, tf32, math);
+	Perf det[16];
+	int nd = 0;
+	for (int i = 0; i < count && nd < 16; i++)
+		if (perf[i].determinism == CUDNN_DETERMINISTIC)
+			det[nd++] = perf[i];
+	int algo = first_usable(det, nd, f32, tf32, math);
 	*heur_ms = 0;
 	*ms = 0;
 	for (int i = 0; i < count; i++) {

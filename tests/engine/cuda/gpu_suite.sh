@@ -37,6 +37,11 @@ rows=$res/rows.tsv
 budget=${LOOM_GPU_BUDGET_S:-1200}
 t_start=$(date +%s)
 export LOOM_REQUIRE_GPU=1
+# Kernels fixed (the CPU's shape rule, cuDNN's heuristic), as .bazelrc runs
+# the tests: rows that compare processes bit for bit (pipe_worker equiv)
+# must not see two measurements choose differently. The speed section's
+# search-on rows and test_cuda_ops's conv_algorithm_search turn it back on.
+export LOOM_KERNEL_SEARCH=off
 # Where cuBLASLt and cuDNN say what went wrong (their logs go with ours):
 # cuBLASLt's errors and hints (mask 1 | 4; level 1 for older versions);
 # cuDNN's errors (CUDNN_LOGERR_DBG; cuDNN 9 reads CUDNN_LOGLEVEL_DBG).
@@ -152,7 +157,7 @@ torch_r50() { # name layout modes...
 }
 if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	for search in on off; do
-		env_s=()
+		env_s=(-u LOOM_KERNEL_SEARCH)
 		[ $search = off ] && env_s=(LOOM_KERNEL_SEARCH=off)
 		srow "speed_r50_fp32_tf32_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
 			"$bin/resnet50_synthetic" "${r50[@]}"
@@ -170,7 +175,8 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 			torch_r50 speed_torch_r50_nchw nchw eager-fp32 amp-fp16 amp-bf16
 		fi
 	done
-	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- "$bin/gpt_ddp" --device cuda "${text[@]}" \
+	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- env -u LOOM_KERNEL_SEARCH \
+		"$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
 	if [ $torch_ok = 1 ] && [ ${#text[@]} -gt 0 ]; then
