@@ -76,7 +76,7 @@ if command -v ompi-server >/dev/null 2>&1 && [ -d "$ompi/lib/openmpi3" ]; then
 else
 	echo "gpu_bundle: no Open MPI here (ompi-server, $ompi): the two-rank rows will need the host's" >&2
 fi
-cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh "$out/"
+cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh tests/engine/cuda/gpu_speed.sh "$out/"
 mkdir -p "$out/bench"
 cp bench/torch_gpu.py bench/torch_convnet.py bench/torch_modes.py bench/torch_gpt.py "$out/bench/"
 # Fashion-MNIST (about 30 MB) travels too, so that the suite can train the
@@ -162,6 +162,17 @@ export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ "${LOOM_BUNDLE_ENV_ONLY:-0}" = 1 ] && exec "${@:-bash}"
 exec bash "$here/gpu_suite.sh" "$@"
 RUN
-chmod +x "$out/run.sh" "$out/gpu_suite.sh" "$out/gpu_summary.sh"
+chmod +x "$out/run.sh" "$out/gpu_suite.sh" "$out/gpu_summary.sh" "$out/gpu_speed.sh"
+# The device tool carries at most 64 MiB: above 60 MiB (LOOM_BUNDLE_MAX_MIB)
+# the bundle is refused here, loudly, rather than cut short on the GPU
+# host's lease. (56 MiB on 2026-11-27: little room left.)
+limit_kib=$((${LOOM_BUNDLE_MAX_MIB:-60} * 1024))
+size_kib=$(du -sk "$out" | cut -f1)
+if [ "$size_kib" -gt "$limit_kib" ]; then
+	echo "gpu_bundle: FAIL: $out is $((size_kib / 1024)) MiB, over the limit of $((limit_kib / 1024)) MiB (the device tool carries 64 MiB):" >&2
+	du -sk "$out"/* | sort -rn | head -n 5 >&2
+	rm -f "$out/run.sh" # not to be carried and run by mistake
+	exit 1
+fi
 echo "bundle: $out ($(du -sh "$out" | cut -f1)): ${targets[*]}"
 echo "on a GPU host: $out/run.sh (OUT=dir for the logs and the table)"

@@ -5,14 +5,17 @@ can print one table with loom beside it from the same call on the same GPU.
 
 Modes (each prints one JSON object per line on stdout, a readable line on
 stderr):
-  eager-fp32    plain fp32
+  eager-fp32    plain fp32 (cuDNN convolutions on TF32, PyTorch's default)
+  exact-fp32    plain fp32 with TF32 off (cudnn.allow_tf32 and
+                cuda.matmul.allow_tf32 False): the twin of loom's --tf32 off
   amp-fp16      torch.autocast(float16) + GradScaler (apex O1's successor)
   amp-bf16      torch.autocast(bfloat16), no scaler
   compile-fp16  torch.compile of the amp-fp16 step, when torch has it
-ResNet-50 runs channels_last, as NVIDIA's recipes do.
+ResNet-50 runs channels_last, as NVIDIA's recipes do (--layout nchw: in
+NCHW, as loom's tensors are).
 
 usage: torch_gpu.py convnet [--batch 100] [--modes ...] [--data DIR]
-       torch_gpu.py resnet50 [--batch 128] [--modes ...]
+       torch_gpu.py resnet50 [--batch 128] [--modes ...] [--layout channels-last|nchw]
        add --device cpu --steps 3 for a smoke run on a machine without a GPU.
 Reference only: loom's tests never import torch.
 """
@@ -128,6 +131,8 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layout", choices=["channels-last", "nchw"], default="channels-last",
+                    help="resnet50: the memory format of the model and the batch")
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--time-to-accuracy", action="store_true",
                     help="convnet: also train to 90%% test accuracy per mode")
@@ -135,8 +140,13 @@ def main():
     dev = a.device
     gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     torch.backends.cudnn.benchmark = True
+    fmt = torch.channels_last if a.layout == "channels-last" else torch.contiguous_format
+    tf32_default = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     for mode in a.modes:
         torch.manual_seed(0)
+        exact = mode == "exact-fp32"
+        torch.backends.cudnn.allow_tf32 = False if exact else tf32_default[0]
+        torch.backends.cuda.matmul.allow_tf32 = False if exact else tf32_default[1]
         if a.model == "convnet":
             b = a.batch or 100
             model = ConvNet().to(dev)
@@ -145,15 +155,17 @@ def main():
                        for i in range(8)]
         else:
             b = a.batch or 128
-            model = resnet50().to(dev).to(memory_format=torch.channels_last)
+            model = resnet50().to(dev).to(memory_format=fmt)
             # The mock loader of the classic DataParallel notebook: one fixed
             # random batch that lives on the device.
-            xb = torch.randn(b, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
+            xb = torch.randn(b, 3, 224, 224, device=dev).to(memory_format=fmt)
             batches = [(xb, torch.randint(0, 1000, (b,), device=dev))]
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         r = measure(model, opt, mode, dev, batches, a.steps, a.warmup)
         row = {"side": "torch " + torch.__version__, "model": a.model, "batch": b, "mode": mode,
                "device": gpu}
+        if a.model == "resnet50":
+            row["layout"] = a.layout
         if r is None:
             row["skipped"] = "torch.compile is not in this torch"
         else:

@@ -135,14 +135,16 @@ static void setting_num(loom_comm_setting *s, size_t *n, const char *name, doubl
 /*
  * May differ between ranks: --data (a host's own copy), --log-interval,
  * --dump-graph, --dump-plan, --memory-report, --threads, --export and
- * --metrics (rank 0's are used), and the --checkpoint and --trace paths
- * (only whether there is one must agree). Every other flag of train_args.c
+ * --metrics (rank 0's are used), the --checkpoint and --trace paths
+ * (only whether there is one must agree), and --kernel-search (which
+ * kernels run, not what they compute; measured choices may differ between
+ * ranks anyway). Every other flag of train_args.c
  * is compared (tests/examples/test_settings.c holds the two lists to the
  * parser's table).
  */
 const char *const train_settings_free[] = {
 	"data", "log-interval", "dump-graph", "dump-plan", "memory-report", "threads",
-	"export", "metrics", "help", NULL,
+	"export", "metrics", "kernel-search", "help", NULL,
 };
 
 size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s)

@@ -412,7 +412,10 @@ typedef struct loom_compile_opts {
 	 * LOOM_CPU_CONV=im2col|dnnl_nchw|dnnl_blocked and
 	 * LOOM_CPU_PRODUCT=sgemm|matmul force one kernel). kernel_search_ms:
 	 * the most time one compile spends measuring, default 0 (5000 ms);
-	 * nodes left when it is spent take the fixed default. */
+	 * nodes left when it is spent take the fixed default. On the CUDA
+	 * backend the same switch and budget (default 10000 ms there) drive
+	 * cuDNN's measured choice of each convolution's algorithm
+	 * (cudnnFind*AlgorithmEx; off: the heuristic's first choice). */
 	int kernel_search;
 	double kernel_search_ms;
 } loom_compile_opts;

@@ -286,19 +286,28 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	c->n_plans = p->g->n;
 	c->tf32 = loom_cuda_tf32_on(p);
+	{
+		const char *e = getenv("LOOM_CUDA_VEC");
+		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
+	}
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
 		c->plans[v].mm.bgrad = LOOM_NONE;
 		c->plans[v].bn.dgamma = c->plans[v].bn.dbeta = LOOM_NONE;
 	}
-	for (int v = 0; v < p->g->n; v++) {
+	/* The convolutions' algorithm search measures on scratch memory of
+	 * its own, freed before the arena is allocated (alloc, later). */
+	loom_cuda_conv_search_begin(p, c);
+	st = LOOM_OK;
+	for (int v = 0; v < p->g->n && st == LOOM_OK; v++) {
 		if ((st = plan_node(c, p, v)) != LOOM_OK)
-			return st;
+			break;
 		if (c->plans[v].ws > *ws_bytes)
 			*ws_bytes = c->plans[v].ws;
 	}
-	return LOOM_OK;
+	loom_cuda_conv_search_end(c);
+	return st;
 }
 
 /* The optimizer's slot and chunk tables, uploaded once into the arena. */
@@ -928,6 +937,16 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 	return st;
 }
 
+/* --dump-graph: a convolution's cuDNN algorithm and how it was chosen. */
+static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *buf, size_t len)
+{
+	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
+	buf[0] = 0;
+	if (!c || !c->plans || v < 0 || v >= c->n_plans || c->plans[v].kind != LOOM_CUDA_PLAN_CONV)
+		return;
+	loom_cuda_conv_note(&p->g->nodes[v], &c->plans[v].conv, buf, len);
+}
+
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM,
@@ -938,6 +957,7 @@ static const loom_backend loom_cuda_backend = {
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
 	.plan_create = cuda_plan_create,
+	.node_note = cuda_node_note,
 	.alloc = cuda_alloc,
 	.alloc_accum = cuda_alloc_accum,
 	.run_begin = cuda_run_begin,

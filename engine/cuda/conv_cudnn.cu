@@ -11,9 +11,21 @@
  * plan is exact (no_tf32, `--tf32 off`): then CUDNN_FMA_MATH, so that fp32
  * results stay close to the CPU's. Conversion to half
  * (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) is never taken for fp32.
+ * The algorithm: the heuristic's (cudnnGet*Algorithm_v7) first usable one,
+ * then, unless the kernel search is off (loom_compile_opts.kernel_search,
+ * LOOM_KERNEL_SEARCH=off), cuDNN's measurement (cudnnFind*AlgorithmEx) on
+ * scratch buffers of the node's shape, under the same rules and among
+ * deterministic algorithms only; the measured fastest replaces the
+ * heuristic's only when 5% faster, and the choice is
+ * cached per shape, dtype and math for the process. A search that cannot
+ * run (no scratch memory, Find failing, its budget spent) keeps the
+ * heuristic's; it never fails the compile.
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/cuda/cuda_internal.h"
 
@@ -90,6 +102,278 @@ static int first_usable(const Perf *perf, int count, int f32, int tf32, cudnnMat
 	return -1;
 }
 
+static loom_status set_algo(loom_cuda_ctx *c, const loom_node *n, loom_cuda_conv_plan *cp, int algo,
+			    cudnnMathType_t math, int exact);
+
+/* ------------------------------------------------------------ the search */
+
+#define SEARCH_MS_DEFAULT 10000.0 /* one plan's measuring, at most */
+#define SEARCH_MARGIN 0.05        /* the measured best replaces the heuristic's only when 5% faster */
+#define SEARCH_HEADROOM ((size_t)256 << 20) /* device memory the scratch leaves free */
+#define CACHE_MAX 1024
+
+/* What a measurement depends on: the node's op, shape and dtype, the math
+ * allowed (tf32) and the device. */
+typedef struct conv_key {
+	int op, dt, tf32, device;
+	int64_t n, c_in, h_in, w_in, c_out, kh, kw, pad, stride;
+} conv_key;
+
+typedef struct conv_choice {
+	conv_key key;
+	int algo, math, heur_algo;
+	float ms, heur_ms;
+} conv_choice;
+
+static struct {
+	pthread_mutex_t lock;
+	int n;
+	conv_choice e[CACHE_MAX];
+} cache = { PTHREAD_MUTEX_INITIALIZER, 0, {} };
+
+static int cache_get(const conv_key *k, conv_choice *out)
+{
+	int hit = 0;
+	pthread_mutex_lock(&cache.lock);
+	for (int i = 0; i < cache.n && !hit; i++)
+		if (!memcmp(&cache.e[i].key, k, sizeof(*k))) {
+			*out = cache.e[i];
+			hit = 1;
+		}
+	pthread_mutex_unlock(&cache.lock);
+	return hit;
+}
+
+static void cache_put(const conv_choice *ch)
+{
+	pthread_mutex_lock(&cache.lock);
+	if (cache.n < CACHE_MAX)
+		cache.e[cache.n++] = *ch;
+	pthread_mutex_unlock(&cache.lock);
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+void loom_cuda_conv_search_begin(const loom_plan *p, loom_cuda_ctx *c)
+{
+	loom_cuda_conv_search *s = &c->search;
+	const char *e = getenv("LOOM_KERNEL_SEARCH");
+	memset(s, 0, sizeof(*s));
+	/* As the CPU's search decides (engine/cpu/ksearch.c): the environment
+	 * (on or off) over the option, whose default is off. */
+	if (e && (!strcmp(e, "off") || !strcmp(e, "on")))
+		s->off = !strcmp(e, "off");
+	else
+		s->off = p->opts.kernel_search == LOOM_KERNEL_SEARCH_OFF;
+	s->budget_ms = p->opts.kernel_search_ms > 0 ? p->opts.kernel_search_ms : SEARCH_MS_DEFAULT;
+	if (s->off)
+		return;
+	for (int v = 0; v < p->g->n; v++) {
+		const loom_node *n = &p->g->nodes[v];
+		loom_conv_shape cs;
+		if (n->op != LOOM_OP_CONV2D && n->op != LOOM_OP_CONV2D_BWD_DATA &&
+		    n->op != LOOM_OP_CONV2D_BWD_FILTER)
+			continue;
+		loom_conv_shape_of(p->g, v, &cs);
+		/* f32 bytes: enough for every dtype and for the f32 fallback */
+		size_t xb = loom_cuda_align((size_t)(cs.n * cs.c_in * cs.h_in * cs.w_in) * 4);
+		size_t wb = loom_cuda_align((size_t)(cs.c_out * cs.c_in * cs.kh * cs.kw) * 4);
+		size_t yb = loom_cuda_align((size_t)(cs.n * cs.c_out * cs.h_out * cs.w_out) * 4);
+		if (xb > s->x_bytes)
+			s->x_bytes = xb;
+		if (wb > s->w_bytes)
+			s->w_bytes = wb;
+		if (yb > s->y_bytes)
+			s->y_bytes = yb;
+	}
+}
+
+void loom_cuda_conv_search_end(loom_cuda_ctx *c)
+{
+	loom_cuda_conv_search *s = &c->search;
+	if (s->base) {
+		(void)cudaStreamSynchronize(c->stream);
+		(void)cudaFree(s->base);
+		(void)cudaGetLastError();
+	}
+	s->base = NULL;
+	s->state = 0;
+}
+
+/* The scratch, made at the first measured node: 1 when ready. Any failure
+ * leaves the search to the heuristic and clears CUDA's last error. */
+static int scratch_ready(loom_cuda_ctx *c)
+{
+	loom_cuda_conv_search *s = &c->search;
+	size_t fr = 0, total = 0, ops = s->x_bytes + s->w_bytes + s->y_bytes;
+	void *base = NULL;
+	if (s->state)
+		return s->state > 0;
+	s->state = -1;
+	if (cudaMemGetInfo(&fr, &total) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	if (ops == 0 || fr < ops + SEARCH_HEADROOM)
+		return 0;
+	size_t ws = LOOM_CUDA_CONV_WS_MAX;
+	if (ws > fr - ops - SEARCH_HEADROOM)
+		ws = (fr - ops - SEARCH_HEADROOM) & ~(size_t)(LOOM_CUDA_ALIGN - 1);
+	if (cudaMalloc(&base, ops + ws) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	/* zeros: no NaN or denormal in what the algorithms are timed on */
+	if (cudaMemsetAsync(base, 0, ops, c->stream) != cudaSuccess) {
+		(void)cudaGetLastError();
+		(void)cudaFree(base);
+		return 0;
+	}
+	s->base = (unsigned char *)base;
+	s->ws_bytes = ws;
+	s->state = 1;
+	return 1;
+}
+
+/* From Find's results (fastest first): the fastest deterministic one
+ * usable under the rules of first_usable (so that the search never makes
+ * a run that repeated bit for bit on the heuristic's choice stop doing
+ * so), and the best time of the heuristic's algorithm. */
+template <typename Perf>
+static int best_measured(const Perf *perf, int count, int f32, int tf32, int heur_algo,
+			 cudnnMathType_t *math, float *ms, float *heur_ms)
+{
+	Perf det[16];
+	int nd = 0;
+	for (int i = 0; i < count && nd < 16; i++)
+		if (perf[i].determinism == CUDNN_DETERMINISTIC)
+			det[nd++] = perf[i];
+	int algo = first_usable(det, nd, f32, tf32, math);
+	*heur_ms = 0;
+	*ms = 0;
+	for (int i = 0; i < count; i++) {
+		if (perf[i].status != CUDNN_STATUS_SUCCESS)
+			continue;
+		if (algo >= 0 && (int)perf[i].algo == algo && perf[i].mathType == *math && *ms == 0)
+			*ms = perf[i].time;
+		cudnnMathType_t m;
+		if ((int)perf[i].algo == heur_algo && *heur_ms == 0 &&
+		    first_usable(&perf[i], 1, f32, tf32, &m) >= 0)
+			*heur_ms = perf[i].time;
+	}
+	return algo;
+}
+
+/* Replaces *algo, *math (the heuristic's) by the measured choice where
+ * the search is on and can run; records how in cp. */
+static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
+			loom_cuda_conv_plan *cp, int f32, int tf32, int *algo, cudnnMathType_t *math)
+{
+	loom_cuda_conv_search *s = &c->search;
+	loom_conv_shape cs;
+	conv_key k;
+	conv_choice ch;
+	if (s->off)
+		return;
+	loom_conv_shape_of(p->g, (loom_value)(n - p->g->nodes), &cs);
+	memset(&k, 0, sizeof(k));
+	k.op = (int)n->op;
+	k.dt = f32 ? (int)CUDNN_DATA_FLOAT : (int)loom_cudnn_data_type(n->dtype);
+	k.tf32 = tf32;
+	k.device = c->device;
+	k.n = cs.n;
+	k.c_in = cs.c_in;
+	k.h_in = cs.h_in;
+	k.w_in = cs.w_in;
+	k.c_out = cs.c_out;
+	k.kh = cs.kh;
+	k.kw = cs.kw;
+	k.pad = cs.pad;
+	k.stride = cs.stride;
+	if (cache_get(&k, &ch)) {
+		*algo = ch.algo;
+		*math = (cudnnMathType_t)ch.math;
+		cp->ms = ch.ms;
+		cp->heur_ms = ch.heur_ms;
+		cp->how = LOOM_CUDA_CONV_HOW_CACHED;
+		return;
+	}
+	if (s->spent_ms >= s->budget_ms) {
+		cp->how = LOOM_CUDA_CONV_HOW_BUDGET;
+		return;
+	}
+	if (!scratch_ready(c)) {
+		cp->how = LOOM_CUDA_CONV_HOW_NO_SCRATCH;
+		return;
+	}
+	void *x = s->base, *w = s->base + s->x_bytes, *y = s->base + s->x_bytes + s->w_bytes;
+	void *ws = s->base + s->x_bytes + s->w_bytes + s->y_bytes;
+	cudnnStatus_t ds;
+	int count = 0, best = -1;
+	cudnnMathType_t bm = *math;
+	float ms = 0, hms = 0;
+	double t0 = now_ms();
+	switch (n->op) {
+	case LOOM_OP_CONV2D: {
+		cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+		ds = cudnnFindConvolutionForwardAlgorithmEx(c->dnn, cp->x, x, cp->w, w, cp->conv, cp->y, y,
+							    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf,
+							    ws, s->ws_bytes);
+		if (ds == CUDNN_STATUS_SUCCESS)
+			best = best_measured(perf, count, f32, tf32, *algo, &bm, &ms, &hms);
+		break;
+	}
+	case LOOM_OP_CONV2D_BWD_DATA: {
+		cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+		ds = cudnnFindConvolutionBackwardDataAlgorithmEx(
+			c->dnn, cp->w, w, cp->y, y, cp->conv, cp->x, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+			&count, perf, ws, s->ws_bytes);
+		if (ds == CUDNN_STATUS_SUCCESS)
+			best = best_measured(perf, count, f32, tf32, *algo, &bm, &ms, &hms);
+		break;
+	}
+	default: {
+		cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+		ds = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+			c->dnn, cp->x, x, cp->y, y, cp->conv, cp->w, w,
+			CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, s->ws_bytes);
+		if (ds == CUDNN_STATUS_SUCCESS)
+			best = best_measured(perf, count, f32, tf32, *algo, &bm, &ms, &hms);
+		break;
+	}
+	}
+	s->spent_ms += now_ms() - t0;
+	(void)cudaGetLastError(); /* Find's own failures are not the run's */
+	if (ds != CUDNN_STATUS_SUCCESS || best < 0) {
+		cp->how = LOOM_CUDA_CONV_HOW_FIND_FAILED;
+		return;
+	}
+	/* Within the margin of the heuristic's own time: the heuristic's, so
+	 * that noise does not flip a near tie between runs or ranks. */
+	if (!(hms > 0 && ms > (1.0 - SEARCH_MARGIN) * hms)) {
+		*algo = best;
+		*math = bm;
+	} else {
+		ms = hms;
+	}
+	cp->ms = ms;
+	cp->heur_ms = hms;
+	cp->how = LOOM_CUDA_CONV_HOW_MEASURED;
+	memset(&ch, 0, sizeof(ch));
+	ch.key = k;
+	ch.algo = *algo;
+	ch.math = (int)*math;
+	ch.heur_algo = cp->heur_algo;
+	ch.ms = ms;
+	ch.heur_ms = hms;
+	cache_put(&ch);
+}
+
 static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
 			     loom_cuda_conv_plan *cp, int f32)
 {
@@ -141,11 +425,34 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 								   lb, sizeof(lb)),
 				 count);
 	}
+	cp->how = LOOM_CUDA_CONV_HOW_HEURISTIC;
+	cp->heur_algo = algo;
+	cp->ms = cp->heur_ms = 0;
+	int h_algo = algo;
+	cudnnMathType_t h_math = math;
+	search_algo(p, c, n, cp, f32, tf32, &algo, &math);
+	st = set_algo(c, n, cp, algo, math, f32 && !tf32);
+	/* The measured choice's workspace over the cap (Find should not
+	 * offer one): the heuristic's. */
+	if (st == LOOM_OK && algo != h_algo && cp->ws > LOOM_CUDA_CONV_WS_MAX) {
+		cp->how = LOOM_CUDA_CONV_HOW_FIND_FAILED;
+		cp->ms = 0;
+		st = set_algo(c, n, cp, h_algo, h_math, f32 && !tf32);
+	}
+	return st;
+}
+
+/* Sets algo and math on cp and asks its workspace size. exact: fp32
+ * without TF32, which keeps FMA math even where cuDNN said DEFAULT (TF32
+ * on sm_80+). */
+static loom_status set_algo(loom_cuda_ctx *c, const loom_node *n, loom_cuda_conv_plan *cp, int algo,
+			    cudnnMathType_t math, int exact)
+{
+	loom_status st;
 	cp->algo = algo;
-	/* Exact fp32 keeps FMA math even where the heuristic said DEFAULT,
-	 * which may mean TF32 on sm_80+. */
-	if (f32 && !tf32)
+	if (exact)
 		math = CUDNN_FMA_MATH;
+	cp->math = (int)math;
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetConvolutionMathType(cp->conv, math), c->err, sizeof(c->err))) !=
 	    LOOM_OK)
 		return st;
@@ -230,6 +537,53 @@ size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_pl
 		off += loom_cuda_align((size_t)numel[i] * sizeof(float));
 	}
 	return off;
+}
+
+void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char *buf, size_t len)
+{
+	static const char *const fwd[] = { "implicit_gemm", "implicit_precomp_gemm", "gemm", "direct",
+					   "fft", "fft_tiling", "winograd", "winograd_nonfused" };
+	static const char *const bwd_data[] = { "algo_0", "algo_1", "fft", "fft_tiling", "winograd",
+						"winograd_nonfused" };
+	static const char *const bwd_filter[] = { "algo_0", "algo_1", "fft", "algo_3", "winograd",
+						  "winograd_nonfused", "fft_tiling" };
+	static const char *const maths[] = { "default", "tensor_op", "tensor_op_allow_conversion",
+					     "fma" };
+	static const char *const how[] = {
+		/* in the order of LOOM_CUDA_CONV_HOW_* */
+		"heuristic: kernel search off",
+		"measured",
+		"measured earlier",
+		"heuristic: search budget spent",
+		"heuristic: no device memory for the search",
+		"heuristic: cuDNN's Find gave nothing usable",
+	};
+	const char *const *names = n->op == LOOM_OP_CONV2D ? fwd : n->op == LOOM_OP_CONV2D_BWD_DATA ?
+							       bwd_data : bwd_filter;
+	int nn = n->op == LOOM_OP_CONV2D ? 8 : n->op == LOOM_OP_CONV2D_BWD_DATA ? 6 : 7;
+	char name[32], hname[32];
+	if (cp->algo >= 0 && cp->algo < nn)
+		snprintf(name, sizeof(name), "%s", names[cp->algo]);
+	else
+		snprintf(name, sizeof(name), "%d", cp->algo);
+	if (cp->heur_algo >= 0 && cp->heur_algo < nn)
+		snprintf(hname, sizeof(hname), "%s", names[cp->heur_algo]);
+	else
+		snprintf(hname, sizeof(hname), "%d", cp->heur_algo);
+	int at = snprintf(buf, len, "cudnn algo %d %s%s, %s math, ws %.1f MiB (%s", cp->algo, name,
+			  cp->f32 ? " in f32" : "",
+			  cp->math >= 0 && cp->math < 4 ? maths[cp->math] : "?",
+			  (double)cp->ws / (1 << 20),
+			  cp->how >= 0 && cp->how <= LOOM_CUDA_CONV_HOW_FIND_FAILED ? how[cp->how] : "?");
+	if (at < 0 || (size_t)at >= len)
+		return;
+	if (cp->ms > 0)
+		at += snprintf(buf + at, len - at, ": %.3f ms", (double)cp->ms);
+	if ((size_t)at < len && cp->heur_ms > 0)
+		at += snprintf(buf + at, len - at, "; heuristic's algo %d %s %.3f ms", cp->heur_algo,
+			       hname, (double)cp->heur_ms);
+	if ((size_t)at < len)
+		snprintf(buf + at, len - at, ")");
 }
 
 /* Safe on a half-made plan: cuDNN destroy calls take NULL. */

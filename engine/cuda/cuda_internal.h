@@ -98,7 +98,37 @@ typedef struct loom_cuda_conv_plan {
 	size_t ws;
 	int f32;           /* a half node run in f32: no half algorithm (or test hook) */
 	size_t f32_off[3]; /* ws offsets of the f32 copies: sources 0, 1, the output */
+	/* How algo was chosen (--dump-graph): LOOM_CUDA_CONV_HOW_*, the math
+	 * type set, the measured time of algo (0: not measured) and the
+	 * heuristic's own first choice with its measured time. */
+	int how;
+	int math;
+	float ms;
+	int heur_algo;
+	float heur_ms;
 } loom_cuda_conv_plan;
+
+/* loom_cuda_conv_plan.how. */
+enum {
+	LOOM_CUDA_CONV_HOW_HEURISTIC = 0, /* the _v7 heuristic's first usable: search off */
+	LOOM_CUDA_CONV_HOW_MEASURED,      /* cudnnFind*AlgorithmEx now */
+	LOOM_CUDA_CONV_HOW_CACHED,        /* measured earlier in this process, same key */
+	LOOM_CUDA_CONV_HOW_BUDGET,        /* heuristic: the search's time budget was spent */
+	LOOM_CUDA_CONV_HOW_NO_SCRATCH,    /* heuristic: no device memory for the search */
+	LOOM_CUDA_CONV_HOW_FIND_FAILED,   /* heuristic: Find failed or found nothing usable */
+};
+
+/* The scratch of the convolution search, alive during one plan_create
+ * (the arena does not exist yet): the largest x, w and y of the plan's
+ * convolutions (f32 bytes) and a workspace up to LOOM_CUDA_CONV_WS_MAX,
+ * one cudaMalloc made at the first node that is measured. */
+typedef struct loom_cuda_conv_search {
+	int off;          /* kernel search off: heuristic everywhere */
+	int state;        /* 0 not tried, 1 allocated, -1 unavailable */
+	unsigned char *base;
+	size_t x_bytes, w_bytes, y_bytes, ws_bytes;
+	double budget_ms, spent_ms;
+} loom_cuda_conv_search;
 
 typedef struct loom_cuda_mm_plan {
 	cublasLtMatmulDesc_t desc;
@@ -146,6 +176,7 @@ typedef struct loom_cuda_ctx {
 	cudnnHandle_t dnn;
 	loom_cuda_node_plan *plans; /* one per node */
 	int n_plans;
+	loom_cuda_conv_search search; /* during plan_create only */
 
 	unsigned char *base;    /* the one cudaMalloc */
 	size_t base_bytes;
@@ -185,6 +216,9 @@ typedef struct loom_cuda_ctx {
 /* Test hook state (cuda_backend.h). */
 extern int loom_cuda_poison_on;
 extern int loom_cuda_own_kernels_on;
+/* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
+ * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
+extern int loom_cuda_vec_on;
 
 /* ------------------------------------------------------------ op entries */
 
@@ -396,6 +430,13 @@ loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, in
 loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np);
 void loom_cuda_conv_plan_free(loom_cuda_node_plan *np);
+/* The convolution search around plan_create's nodes: begin reads the
+ * switch (opts.kernel_search, LOOM_KERNEL_SEARCH=off) and sizes the
+ * scratch; end frees it. */
+void loom_cuda_conv_search_begin(const loom_plan *p, loom_cuda_ctx *c);
+void loom_cuda_conv_search_end(loom_cuda_ctx *c);
+/* One line on a conv node's algorithm for --dump-graph. */
+void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char *buf, size_t len);
 /* Places the f32 copies of a conv plan's fallback in ws from offset at;
  * returns the end (at when the plan has no fallback). */
 size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np,

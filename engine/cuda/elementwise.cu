@@ -62,6 +62,115 @@ __global__ void loom_add_kernel(const void *a, int adt, const void *b, int bdt, 
 	}
 }
 
+// ----------------------------------------------------------------------------
+// 128-bit paths (issue 30 item 5): where every operand is the same half
+// dtype (f16 or bf16) and 16-byte aligned, each thread loads and stores 8
+// elements at once (uint4), the conversions and the arithmetic the same as
+// the scalar kernels' per element (fp32, one rounding to nearest even), so
+// both paths give the same bits; the n % 8 tail runs scalar in the same
+// launch. loom_cuda_vec_on (LOOM_CUDA_VEC=0 at plan time: the scalar
+// kernels alone) chooses. Compiled, not yet run.
+
+int loom_cuda_vec_on = 1;
+static const int threads = 256;
+
+template <typename H> static __device__ __forceinline__ float vec_ld(H h);
+template <> __device__ __forceinline__ float vec_ld<__half>(__half h)
+{
+	return __half2float(h);
+}
+template <> __device__ __forceinline__ float vec_ld<__nv_bfloat16>(__nv_bfloat16 h)
+{
+	return __bfloat162float(h);
+}
+template <typename H> static __device__ __forceinline__ H vec_st(float x);
+template <> __device__ __forceinline__ __half vec_st<__half>(float x)
+{
+	return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 vec_st<__nv_bfloat16>(float x)
+{
+	return __float2bfloat16_rn(x);
+}
+
+/* y[i] = op(a[i], b[i]) (b NULL: op(a[i], 0)), 8 at a time. */
+template <typename H, typename Op>
+__global__ void loom_vec8_kernel(const H *a, const H *b, H *y, int64_t n, Op op)
+{
+	const int64_t nv = n / 8, stride = (int64_t)gridDim.x * blockDim.x;
+	const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+	for (int64_t i = first; i < nv; i += stride) {
+		uint4 ra = ((const uint4 *)a)[i], rb = make_uint4(0, 0, 0, 0), ry;
+		if (b)
+			rb = ((const uint4 *)b)[i];
+		const H *ha = (const H *)&ra, *hb = (const H *)&rb;
+		H *hy = (H *)&ry;
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			hy[k] = vec_st<H>(op(vec_ld<H>(ha[k]), b ? vec_ld<H>(hb[k]) : 0.0f));
+		((uint4 *)y)[i] = ry;
+	}
+	for (int64_t i = nv * 8 + first; i < n; i += stride)
+		y[i] = vec_st<H>(op(vec_ld<H>(a[i]), b ? vec_ld<H>(b[i]) : 0.0f));
+}
+
+struct vec_relu_fwd {
+	__device__ float operator()(float v, float) const
+	{
+		return v < 0.0f ? 0.0f : v; /* NaN passes through */
+	}
+};
+struct vec_relu_bwd { /* (x, dy) */
+	__device__ float operator()(float x, float dy) const
+	{
+		return x > 0.0f ? dy : 0.0f;
+	}
+};
+struct vec_add {
+	int relu;
+	__device__ float operator()(float a, float b) const
+	{
+		float v = a + b;
+		return relu && v < 0.0f ? 0.0f : v;
+	}
+};
+#define UNARY_VEC_OP(NAME, low)                                                   \
+	struct vec_unary_##low {                                                   \
+		int bwd, attr;                                                     \
+		__device__ float operator()(float v, float g) const                \
+		{                                                                  \
+			return loom_unary_##low##_f32(v, g, bwd, attr);            \
+		}                                                                  \
+	};
+LOOM_UNARY_OPS(UNARY_VEC_OP)
+#undef UNARY_VEC_OP
+
+/* Whether the 128-bit path takes these operands: switch on, one half
+ * dtype throughout, 16-byte aligned, at least 8 elements. */
+static int vec_takes(int64_t n, int dt, const void *a, int adt, const void *b, int bdt,
+		     const void *y, int ydt)
+{
+	if (!loom_cuda_vec_on || n < 8 || (dt != LOOM_F16 && dt != LOOM_BF16))
+		return 0;
+	if (adt != dt || ydt != dt || (b && bdt != dt))
+		return 0;
+	return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)y) & 15) == 0;
+}
+
+template <typename Op>
+static loom_status vec_launch(char *err, cudaStream_t s, int dt, const void *a, const void *b,
+			      void *y, int64_t n, Op op)
+{
+	const unsigned blocks = loom_cuda_blocks((n + 7) / 8, threads);
+	if (dt == LOOM_F16)
+		loom_vec8_kernel<__half><<<blocks, threads, 0, s>>>(
+			(const __half *)a, (const __half *)b, (__half *)y, n, op);
+	else
+		loom_vec8_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(
+			(const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, (__nv_bfloat16 *)y, n, op);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
 /* The sum in two launches: each of `blocks` blocks sums a fixed grid-stride
  * share of x in double into part[block], then one block folds the parts in
  * order. The partition depends on n alone, so the result is the same bits
@@ -147,7 +256,6 @@ __global__ void loom_mark_nonfinite_kernel(const void *x, int xdt, int64_t n, in
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-static const int threads = 256;
 
 extern "C" loom_status loom_cuda_cast(char *err, cudaStream_t s, const void *x, int xdt,
 				      void *y, int ydt, int64_t n)
@@ -163,6 +271,8 @@ extern "C" loom_status loom_cuda_relu_fwd(char *err, cudaStream_t s, const void 
 {
 	if (n <= 0)
 		return LOOM_OK;
+	if (vec_takes(n, ydt, x, xdt, NULL, 0, y, ydt))
+		return vec_launch(err, s, ydt, x, NULL, y, n, vec_relu_fwd());
 	loom_relu_fwd_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n);
 	return LOOM_CUDA_LAUNCHED(err);
 }
@@ -173,6 +283,8 @@ extern "C" loom_status loom_cuda_relu_bwd(char *err, cudaStream_t s, const void 
 {
 	if (n <= 0)
 		return LOOM_OK;
+	if (vec_takes(n, dxdt, x, xdt, dy, dydt, dx, dxdt))
+		return vec_launch(err, s, dxdt, x, dy, dx, n, vec_relu_bwd());
 	loom_relu_bwd_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, dy, dydt,
 									       dx, dxdt, n);
 	return LOOM_CUDA_LAUNCHED(err);
@@ -183,6 +295,11 @@ extern "C" loom_status loom_cuda_add(char *err, cudaStream_t s, const void *a, i
 {
 	if (n <= 0)
 		return LOOM_OK;
+	if (vec_takes(n, ydt, a, adt, b, bdt, y, ydt)) {
+		vec_add op;
+		op.relu = relu;
+		return vec_launch(err, s, ydt, a, b, y, n, op);
+	}
 	loom_add_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(a, adt, b, bdt, y, ydt,
 									  n, relu);
 	return LOOM_CUDA_LAUNCHED(err);
@@ -288,6 +405,24 @@ loom_status loom_cuda_op_unary(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 	int bwd = nd->nsrc > 1;
 	if (n <= 0)
 		return LOOM_OK;
+	if (vec_takes(n, io->odt, io->src[0], io->dt[0], bwd ? io->src[1] : NULL,
+		      bwd ? io->dt[1] : 0, io->out, io->odt)) {
+		switch (nd->op) {
+#define UNARY_VEC_LAUNCH(NAME, low)                                                        \
+	case LOOM_OP_##NAME:                                                                \
+	case LOOM_OP_##NAME##_BWD: {                                                        \
+		vec_unary_##low op;                                                         \
+		op.bwd = bwd;                                                               \
+		op.attr = nd->a.ew.tanh;                                                    \
+		return vec_launch(c->err, c->stream, io->odt, io->src[0],                   \
+				  bwd ? io->src[1] : NULL, io->out, n, op);                 \
+	}
+			LOOM_UNARY_OPS(UNARY_VEC_LAUNCH)
+#undef UNARY_VEC_LAUNCH
+		default:
+			break;
+		}
+	}
 	switch (nd->op) {
 #define UNARY_LAUNCH(NAME, low)                                                              \
 	case LOOM_OP_##NAME:                                                                  \

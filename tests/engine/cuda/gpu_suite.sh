@@ -6,6 +6,8 @@
 #   1. the device, driver and library versions;
 #   2. test_device and 3. test_cuda_ops, with LOOM_REQUIRE_GPU=1 (a missing
 #      device fails, never skips; any skipped case fails the row);
+#   3b. the speed section: ResNet-50 and GPT-2 124M, loom (kernel search on
+#      and off) alternating with PyTorch, one table (speed.txt), in 330 s;
 #   4. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
 #      with the test accuracy;
 #   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
@@ -35,6 +37,11 @@ rows=$res/rows.tsv
 budget=${LOOM_GPU_BUDGET_S:-1200}
 t_start=$(date +%s)
 export LOOM_REQUIRE_GPU=1
+# Kernels fixed (the CPU's shape rule, cuDNN's heuristic), as .bazelrc runs
+# the tests: rows that compare processes bit for bit (pipe_worker equiv)
+# must not see two measurements choose differently. The speed section's
+# search-on rows and test_cuda_ops's conv_algorithm_search turn it back on.
+export LOOM_KERNEL_SEARCH=off
 # Where cuBLASLt and cuDNN say what went wrong (their logs go with ours):
 # cuBLASLt's errors and hints (mask 1 | 4; level 1 for older versions);
 # cuDNN's errors (CUDNN_LOGERR_DBG; cuDNN 9 reads CUDNN_LOGLEVEL_DBG).
@@ -98,6 +105,94 @@ cat "$logs/versions.log"
 row test_device criterion 120 "" -- "$bin/test_device" --verbose
 row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 
+# The speed section (issue 30), early so that a short lease gets it, within
+# its own LOOM_GPU_SPEED_S (330 s): ResNet-50 b64 at fp32 (TF32, the
+# default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
+# convolutions' algorithm search on and off (LOOM_KERNEL_SEARCH=on|off;
+# off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16, alternating with
+# their PyTorch twins (bench/torch_gpu.py in channels-last and NCHW,
+# bench/torch_gpt.py). Few steps: figures to compare side by side, not to
+# quote to the last percent. One table, speed.txt (gpu_speed.sh); each run
+# is also a row of the summary (no figure: FAIL; a row the section's time
+# left out: N/A). LOOM_GPU_SPEED=0 leaves the section out.
+text=()
+[ -f "$here/data/fortunes.txt" ] && text=(--data "$here/data/fortunes.txt")
+py=$(command -v python3 || true)
+torch_ok=0
+[ "${LOOM_GPU_TORCH:-1}" != 0 ] && [ -n "$py" ] &&
+	"$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
+	torch_ok=1
+speed=$res/speed.tsv
+: >"$speed"
+speed_budget=${LOOM_GPU_SPEED_S:-330}
+speed_t0=$(date +%s)
+# srow name speed_kind row_kind limit -- command...: a row of the summary
+# and a line of the speed table, within the section's time.
+srow() {
+	local name=$1 skind=$2 rkind=$3 limit=$4 rem
+	shift 5
+	rem=$((speed_budget - ($(date +%s) - speed_t0)))
+	if [ "$rem" -le 15 ]; then
+		echo "not run: the speed section's ${speed_budget} s (LOOM_GPU_SPEED_S) were spent" \
+			>"$logs/$name.log"
+		printf '%s\toptional\tabsent\t0\t%s\t\n' "$name" "$logs/$name.log" >>"$rows"
+	else
+		[ "$limit" -gt "$rem" ] && limit=$rem
+		row "$name" "$rkind" "$limit" "" -- "$@"
+	fi
+	printf '%s\t%s\t%s\n' "$name" "$skind" "$logs/$name.log" >>"$speed"
+}
+r50=(--device cuda --batch-size 64 --steps 20 --warmup 3)
+torch_r50() { # name layout modes...
+	local name=$1 layout=$2
+	shift 2
+	if [ $torch_ok = 1 ]; then
+		srow "$name" torch_img optional 120 -- "$py" "$here/bench/torch_gpu.py" resnet50 \
+			--batch 64 --steps 20 --warmup 5 --layout "$layout" --modes "$@"
+	else
+		echo "no python3 with CUDA PyTorch on this host (or LOOM_GPU_TORCH=0)" >"$logs/$name.log"
+		printf '%s\toptional\tabsent\t0\t%s\t\n' "$name" "$logs/$name.log" >>"$rows"
+		printf '%s\ttorch_img\t%s\n' "$name" "$logs/$name.log" >>"$speed"
+	fi
+}
+if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
+	for search in on off; do
+		env_s=(LOOM_KERNEL_SEARCH=$search)
+		srow "speed_r50_fp32_tf32_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
+			"$bin/resnet50_synthetic" "${r50[@]}"
+		srow "speed_r50_fp32_exact_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
+			"$bin/resnet50_synthetic" "${r50[@]}" --tf32 off
+		srow "speed_r50_O2_fp16_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
+			"$bin/resnet50_synthetic" "${r50[@]}" --opt-level O2
+		srow "speed_r50_O1_bf16_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
+			"$bin/resnet50_synthetic" "${r50[@]}" --opt-level O1 --precision bf16
+		# PyTorch between loom's two halves, then after them.
+		if [ $search = on ]; then
+			torch_r50 speed_torch_r50_channels_last channels-last eager-fp32 exact-fp32 \
+				amp-fp16 amp-bf16
+		else
+			torch_r50 speed_torch_r50_nchw nchw eager-fp32 amp-fp16 amp-bf16
+		fi
+	done
+	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- env LOOM_KERNEL_SEARCH=on \
+		"$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
+	if [ $torch_ok = 1 ] && [ ${#text[@]} -gt 0 ]; then
+		srow speed_torch_gpt2_124m_bf16 torch_tok optional 90 -- "$py" "$here/bench/torch_gpt.py" \
+			--device cuda "${text[@]}" --layers 12 --heads 12 --embd 768 --context 1024 \
+			--vocab 50257 --batch-size 8 --steps 20 --autocast bf16
+	else
+		echo "no python3 with CUDA PyTorch or no text on this host" >"$logs/speed_torch_gpt2_124m_bf16.log"
+		printf 'speed_torch_gpt2_124m_bf16\toptional\tabsent\t0\t%s\t\n' \
+			"$logs/speed_torch_gpt2_124m_bf16.log" >>"$rows"
+		printf 'speed_torch_gpt2_124m_bf16\ttorch_tok\t%s\n' \
+			"$logs/speed_torch_gpt2_124m_bf16.log" >>"$speed"
+	fi
+	echo "=== speed ($(($(date +%s) - speed_t0)) s of ${speed_budget} s)"
+	bash "$here/gpu_speed.sh" "$speed" | tee "$res/speed.txt"
+fi
+
 data=()
 [ -d "$here/data" ] && data=(--data "$here/data")
 for lvl in O0 O1 O2 O2_bf16; do
@@ -157,8 +252,6 @@ row resnet50_synthetic_O1_bf16 bench 180 "" -- "$bin/resnet50_synthetic" --devic
 # 300 steps (the loss must fall; a sample of text at the end), then GPT-2
 # 124M (vocabulary 50257, context 1024) at batch 8 for speed, loom and
 # PyTorch (bench/torch_gpt.py, the same model) one after the other.
-text=()
-[ -f "$here/data/fortunes.txt" ] && text=(--data "$here/data/fortunes.txt")
 for lvl in O0 O1_bf16 O2_bf16; do
 	prec=()
 	[ $lvl != O0 ] && prec=(--precision bf16)
@@ -176,7 +269,6 @@ done
 row gpt2_124m_O1_bf16_ws4 bench 150 "" -- env LOOM_CUDA_LT_WS_MB=4 "$bin/gpt_ddp" --device cuda \
 	"${text[@]}" --preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 	--log-interval 5 --val-interval 0 --sample 0
-py=$(command -v python3 || true)
 # LOOM_GPU_TORCH=0 leaves the PyTorch twins out (a rerun on a machine
 # where they were measured already).
 if [ "${LOOM_GPU_TORCH:-1}" = 0 ]; then
@@ -230,5 +322,6 @@ echo
 echo "=== summary ($(($(date +%s) - t_start)) s of ${budget} s)"
 bash "$here/gpu_summary.sh" "$rows" | tee "$res/summary.txt"
 rc=${PIPESTATUS[0]}
+[ -f "$res/speed.txt" ] && { echo; cat "$res/speed.txt"; } | tee -a "$res/summary.txt"
 echo "logs and table: $res"
 exit "$rc"

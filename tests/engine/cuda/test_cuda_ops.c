@@ -699,6 +699,139 @@ Test(cuda_ops, tf32_products)
 	tf32 = 0;
 }
 
+/* Lines of text holding both a and b (b NULL: a alone). */
+static int lines_with(const char *text, const char *a, const char *b)
+{
+	int n = 0;
+	for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		const char *e = strchr(l, '\n');
+		char line[1024];
+		snprintf(line, sizeof(line), "%.*s", (int)(e ? e - l : (long)strlen(l)), l);
+		if (strstr(line, a) && (!b || strstr(line, b)))
+			n++;
+	}
+	return n;
+}
+
+/* The --dump-graph of the conv+bias case compiled on the GPU with the
+ * kernel search on or off. */
+static char *conv_dump(int search)
+{
+	tcase t;
+	loom_graph *g;
+	loom_program *p;
+	loom_compile_opts o;
+	char *buf = NULL;
+	size_t len = 0;
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F32;
+	t.want_bn_cudnn = -1;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = head(g, &t, b_conv_bias(g, &t));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	o.kernel_search = search ? LOOM_KERNEL_SEARCH_ON : LOOM_KERNEL_SEARCH_OFF;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	loom_program_dump(p, f);
+	fclose(f);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return buf;
+}
+
+/* The convolutions' algorithm search (conv_cudnn.cu, cudnnFind*AlgorithmEx
+ * at compile time): on (the tests' environment holds LOOM_KERNEL_SEARCH=off,
+ * cleared in this case's process), the conv cases against the CPU in every
+ * dtype, on TF32 and on the f32 fallback of half convolutions; the measured
+ * algorithm of each of the three conv nodes (forward, backward data and
+ * filter) in --dump-graph, "measured earlier" on a second compile of the
+ * same shapes, and the heuristic's under kernel_search off. */
+Test(cuda_ops, conv_algorithm_search)
+{
+	NEED_GPU();
+	unsetenv("LOOM_KERNEL_SEARCH");
+	char *first = conv_dump(1), *again = conv_dump(1), *off = conv_dump(0);
+	int n = lines_with(first, "cudnn algo", NULL);
+	cr_expect_eq(n, 3, "%d conv nodes with a cuDNN algorithm, want 3:\n%s", n, first);
+	cr_expect_eq(lines_with(first, "cudnn algo", "(measured"), n, "not all measured:\n%s", first);
+	cr_expect_eq(lines_with(again, "cudnn algo", "(measured earlier"), n,
+		     "second compile not from the cache:\n%s", again);
+	cr_expect_eq(lines_with(off, "cudnn algo", "(heuristic: kernel search off"), n,
+		     "search off not heuristic:\n%s", off);
+	free(first);
+	free(again);
+	free(off);
+	both_paths("searched conv2d+bias", b_conv_bias, LOOM_RUN_GRAD);
+	both_paths("searched conv2d/2", b_conv_stride, LOOM_RUN_GRAD);
+	tf32 = 1;
+	for (uint64_t seed = 1; seed <= 2; seed++) {
+		run_case("searched tf32 conv2d+bias", b_conv_bias, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("searched tf32 conv2d/2", b_conv_stride, LOOM_F32, LOOM_RUN_GRAD, seed);
+	}
+	tf32 = 0;
+}
+
+/* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
+static loom_value b_relu_vec(loom_graph *g, tcase *t)
+{
+	return loom_relu(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+static loom_value b_add_relu_vec(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	loom_value a = param(g, t, "a", 2, 33, 129, 0, 0), b = param(g, t, "b", 2, 33, 129, 0, 0);
+	return loom_relu(g, loom_add(g, a, b));
+}
+
+static loom_value b_gelu_vec(loom_graph *g, tcase *t)
+{
+	return loom_gelu(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+static loom_value b_gelu_tanh_vec(loom_graph *g, tcase *t)
+{
+	return loom_gelu_tanh(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+static loom_value b_silu_vec(loom_graph *g, tcase *t)
+{
+	return loom_silu(g, param(g, t, "x", 2, 33, 129, 0, 0));
+}
+
+/* The 128-bit f16/bf16 elementwise kernels (relu and its backward, add with
+ * and without the fused relu, the unary ops forward and backward; 4257
+ * elements: 532 groups of 8 and a tail of 1) against the CPU, and the
+ * scalar kernels they replace (LOOM_CUDA_VEC=0, read when the plan is
+ * made) on the same cases. */
+Test(cuda_ops, vectorised_half_elementwise)
+{
+	NEED_GPU();
+	const loom_dtype dts[2] = { LOOM_F16, LOOM_BF16 };
+	for (int vec = 0; vec <= 1; vec++) {
+		setenv("LOOM_CUDA_VEC", vec ? "1" : "0", 1);
+		for (int i = 0; i < 2; i++)
+			for (uint64_t seed = 1; seed <= 2; seed++) {
+				run_case(vec ? "vec relu" : "scalar relu", b_relu_vec, dts[i],
+					 LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec add" : "scalar add", b_add, dts[i], LOOM_RUN_GRAD,
+					 seed);
+				run_case(vec ? "vec add+relu" : "scalar add+relu", b_add_relu_vec,
+					 dts[i], LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec gelu" : "scalar gelu", b_gelu_vec, dts[i],
+					 LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec gelu tanh" : "scalar gelu tanh", b_gelu_tanh_vec,
+					 dts[i], LOOM_RUN_GRAD, seed);
+				run_case(vec ? "vec silu" : "scalar silu", b_silu_vec, dts[i],
+					 LOOM_RUN_GRAD, seed);
+			}
+	}
+	unsetenv("LOOM_CUDA_VEC");
+}
+
 /* Exact values where the rules matter: ties (first max wins), windows whose
  * max is negative or zero (relu gives 0 and no gradient), and NaN (wins the
  * pool, survives the relu, gets no gradient). f32, so both backends must

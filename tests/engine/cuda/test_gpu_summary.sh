@@ -4,9 +4,13 @@
 # FAILs though it exited 0, as do a failing case, a missing synthesis, a
 # sanitizer error, a low or missing accuracy, a timeout and a step the
 # budget left out; clean logs PASS; a missing PyTorch is N/A.
-# arg: gpu_summary.sh
+# Then the speed table (gpu_speed.sh) on made-up logs of each kind: loom's
+# and PyTorch's images/s (one line per PyTorch mode), tokens/s with MFU, and
+# "-" with the log's last line where a run gave no figure.
+# args: gpu_summary.sh gpu_speed.sh
 set -u
 summary=$1
+speed_sh=${2:?usage: test_gpu_summary.sh gpu_summary.sh gpu_speed.sh}
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 failed=0
@@ -129,6 +133,55 @@ grep -q 'failing .*first failure: needs a CUDA device (LOOM_REQUIRE_GPU=1): none
 	fail "a failed case's message is not in the table"
 grep -q 'train_none .*last line: mnist_ddp: device cuda: no CUDA device' "$d/out" ||
 	fail "a failed run's reason is not in the table"
+
+# ---- the speed table
+cat >"$d/r50.log" <<'L'
+step   1/10 (warm-up)  loss 6.9100  3.10 s  20.6 img/s on rank 0
+step  10/10  loss 6.8000  0.08 s  800.0 img/s on rank 0
+rank 0: 812.34 img/s (batch 64, 8 steps)
+total: 812.34 img/s over 1 rank (global batch 64; the slowest rank's pace: 812.34)
+L
+cat >"$d/r50_crash.log" <<'L'
+step   1/10 (warm-up)  loss 6.9100  3.10 s  20.6 img/s on rank 0
+resnet50_synthetic: step 2: cuda conv: an illegal memory access
+L
+cat >"$d/torch_r50.log" <<'L'
+{"side": "torch 2.11.0", "model": "resnet50", "batch": 64, "mode": "eager-fp32", "device": "NVIDIA H100", "layout": "nchw", "img_per_s": 1500.25, "peak_bytes": 1000}
+torch resnet50 b64 eager-fp32: 1500 img/s, peak 1 MiB
+{"side": "torch 2.11.0", "model": "resnet50", "batch": 64, "mode": "amp-bf16", "device": "NVIDIA H100", "layout": "nchw", "img_per_s": 2999.5, "peak_bytes": 1000}
+{"side": "torch 2.11.0", "model": "resnet50", "batch": 64, "mode": "compile-fp16", "device": "NVIDIA H100", "layout": "nchw", "skipped": "torch.compile is not in this torch"}
+L
+cat >"$d/gpt.log" <<'L'
+step     4/12  loss 10.9000  20000 tok/s  400.0 ms/step  MFU 8.0%  lr 0.0003  grad norm 1.2
+step     8/12  loss 10.1000  50001 tok/s  163.8 ms/step  MFU 20.1%  lr 0.0003  grad norm 1.1
+step    12/12  loss 9.5000  50123 tok/s  163.4 ms/step  MFU 21.5%  lr 0.0003  grad norm 1.0
+L
+cat >"$d/torch_gpt.log" <<'L'
+torch 2.11.0 eager bf16 autocast on cuda: 124439808 parameters, 12 steps, 74.1 ms/step, 110534 tok/s
+torch cpu: 99 tok/s per CPU-second, peak RSS 2000 MiB
+L
+cat >"$d/speed" <<R
+speed_r50_fp32${T}loom_img${T}$d/r50.log
+speed_r50_crash${T}loom_img${T}$d/r50_crash.log
+speed_torch_r50_nchw${T}torch_img${T}$d/torch_r50.log
+speed_gpt2${T}loom_tok${T}$d/gpt.log
+speed_torch_gpt2${T}torch_tok${T}$d/torch_gpt.log
+speed_gone${T}loom_img${T}$d/never_written.log
+R
+bash "$speed_sh" "$d/speed" >"$d/speed_out" 2>&1 || fail "gpu_speed.sh exited $?"
+cat "$d/speed_out"
+sp() { # label regex: the table's line for label matches regex
+	grep -qE "^$1 +$2" "$d/speed_out" || fail "speed table: $1 does not match '$2'"
+}
+sp speed_r50_fp32 '812\.34 img/s +- *$'
+sp speed_r50_crash '- img/s +- +resnet50_synthetic: step 2: cuda conv'
+sp 'speed_torch_r50_nchw eager-fp32' '1500\.2 img/s'
+sp 'speed_torch_r50_nchw amp-bf16' '2999\.5 img/s'
+sp 'speed_torch_r50_nchw compile-fp16' '- img/s +- +torch.compile is not in this torch'
+sp speed_gpt2 '50123 tok/s +21\.5% +last logged step'
+sp speed_torch_gpt2 '110534 tok/s'
+sp speed_gone '- +- +- +no log'
+[ "$(grep -c . "$d/speed_out")" -eq 10 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 10"
 
 echo "$failed failed"
 [ $failed -eq 0 ]
