@@ -322,31 +322,42 @@ static void links_drain(loom_pg *pg, int force)
 
 /* ------------------------------------------------------------ the watchdog */
 
+/* /proc/PID/stat into buf (len bytes); the fields after the command's
+ * name, from field 3 (the state) on, or NULL when it cannot be read (the
+ * name may hold spaces and parentheses: the last ')' ends it). */
+static char *proc_stat(unsigned pid, char *buf, size_t len)
+{
+	char path[64], *p;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return NULL;
+	n = fread(buf, 1, len - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
 /* A process's start time (field 22 of /proc/PID/stat, in clock ticks since
  * boot), 0 when it cannot be read; *zombie says whether it has ended and
  * waits to be reaped. */
 static uint64_t start_time(unsigned pid, int *zombie)
 {
-	char path[64], buf[1024], *p;
+	char buf[1024], *p;
 	unsigned long long t = 0;
-	size_t n;
 	int field;
-	FILE *f;
 
 	*zombie = 0;
-	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-	f = fopen(path, "r");
-	if (!f)
+	p = proc_stat(pid, buf, sizeof(buf));
+	if (!p)
 		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	p = strrchr(buf, ')');
-	if (!p || p[1] != ' ')
-		return 0;
-	*zombie = p[2] == 'Z' || p[2] == 'X';
-	/* p + 2 is field 3 (the state); the start time is field 22. */
-	for (p += 2, field = 3; *p && field < 22; p++)
+	*zombie = p[0] == 'Z' || p[0] == 'X';
+	/* p is field 3 (the state); the start time is field 22. */
+	for (field = 3; *p && field < 22; p++)
 		if (*p == ' ')
 			field++;
 	if (sscanf(p, "%llu", &t) != 1)
@@ -539,19 +550,8 @@ int loom_progress_read(const loom_comm_peer *peer, uint64_t *seq, char *label, s
  * debugger). */
 static int stopped(unsigned pid)
 {
-	char path[64], buf[512], *p;
-	FILE *f;
-	size_t n;
-
-	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-	f = fopen(path, "r");
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	p = strrchr(buf, ')');
-	return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+	char buf[512], *p = proc_stat(pid, buf, sizeof(buf));
+	return p && (p[0] == 'T' || p[0] == 't');
 }
 
 size_t loom_progress_laggards(loom_pg *pg, uint64_t seq, char *buf, size_t len)
