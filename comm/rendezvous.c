@@ -563,6 +563,16 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	 * long and more, so that its verdict arrives rather than a timeout of
 	 * ours. */
 	deadline = loom_comm_now() + window;
+	/* Not a byte in all that time: whatever accepted the connection is not
+	 * a loom rank 0 deciding (it answers within its own deadline), most
+	 * likely another program on MASTER_PORT. Say so, rather than blame
+	 * rank 0. */
+	if (wait_fd(fd, POLLIN, deadline) <= 0)
+		return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+				      "rendezvous: rank %d: whatever listens at MASTER_ADDR=%s "
+				      "MASTER_PORT=%d accepted the connection but sent nothing in "
+				      "%.1f s: another program holds that port, or rank 0 is stuck",
+				      r->rank, r->master_addr, r->master_port, window);
 	st = loom_sock_read(fd, head, sizeof(head), deadline, who, err, errlen);
 	if (st)
 		return st;

@@ -170,6 +170,22 @@ out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=1 LOOM_CO
 check "env://: a MASTER_ADDR that does not resolve is said so" "$out" \
 	"could not reach rank 0 .* (cannot resolve 'no-such-host.invalid': " 1
 
+# Another program on MASTER_PORT that accepts and never answers: rank 1
+# says so, rather than blaming rank 0 ("reply from rank 0 ... timed out
+# after 0 of 16 bytes").
+port=$((port + 1))
+silent_out=$(mktemp)
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4); print("up", flush=True)
+c = [s.accept() for _ in range(1)]; time.sleep(30)' "$port" >"$silent_out" 2>&1 &
+silent=$!
+for _ in $(seq 50); do grep -q up "$silent_out" 2>/dev/null && break; sleep 0.1; done
+out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
+kill "$silent" 2>/dev/null; wait "$silent" 2>/dev/null; rm -f "$silent_out"
+check "env://: a silent program on MASTER_PORT is named as such, not rank 0" "$out" \
+	"whatever listens at MASTER_ADDR=127.0.0.1 MASTER_PORT=$port accepted the connection but sent nothing in 3.5 s: another program holds that port" 1
+
 out=$("$W" --nproc 2 --max-restarts 1 flaky 2>&1)
 rc=$?
 check "launcher: restart after rank 1 exits with code 3" "$out" "restarting all 2 workers (restart 1 of 1)" 1
