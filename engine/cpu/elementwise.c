@@ -4,6 +4,7 @@
  */
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
+#include "amp/half.h"
 #include "graph/unary.h"
 
 /* Elements per block of loom_cpu_sum: big enough for SIMD, small enough that
@@ -60,6 +61,84 @@ void LOOM_CPU_FN(loom_cpu_gelu)(int64_t n, const float *x, const float *dy, int 
 {
 	LOOM_CPU_FN(ew_args) g = { .a = x, .b = dy, .y = y, .tanh_form = tanh_form };
 	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(gelu_part), &g);
+}
+
+/*
+ * bf16 in, bf16 out (LOOM_CPU_EW_*): the half emulation of backend.c fused
+ * into one pass. Each thread's range goes through blocks of
+ * LOOM_CPU_BF16_BLOCK elements: widen the bf16 sources into f32 on the
+ * stack (half.h's exact widening), run the same f32 loop as the f32 kernel,
+ * round with half.h's loom_f32_to_bf16 (nearest even, NaN kept). The team
+ * splits n as the f32 kernel's does and every block but a range's last is a
+ * whole number of vectors, so each element meets the same code (vector or
+ * tail) as on the widen / f32 kernel / round path: the same bits, in one
+ * memory pass and one parallel region instead of four.
+ */
+#define LOOM_CPU_BF16_BLOCK 512
+
+typedef struct LOOM_CPU_FN(bf16_args) {
+	const uint16_t *a, *b;
+	uint16_t *y;
+	int op, flag;
+} LOOM_CPU_FN(bf16_args);
+
+static void LOOM_CPU_FN(bf16_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(bf16_args) *g = arg;
+	float xa[LOOM_CPU_BF16_BLOCK] __attribute__((aligned(64)));
+	float xb[LOOM_CPU_BF16_BLOCK] __attribute__((aligned(64)));
+	float yy[LOOM_CPU_BF16_BLOCK] __attribute__((aligned(64)));
+	for (int64_t b0 = lo; b0 < hi; b0 += LOOM_CPU_BF16_BLOCK) {
+		int64_t len = hi - b0 < LOOM_CPU_BF16_BLOCK ? hi - b0 : LOOM_CPU_BF16_BLOCK;
+		const uint16_t *a = g->a + b0;
+#pragma omp simd
+		for (int64_t i = 0; i < len; i++)
+			xa[i] = loom_bf16_to_f32(a[i]);
+		if (g->b) {
+			const uint16_t *bb = g->b + b0;
+#pragma omp simd
+			for (int64_t i = 0; i < len; i++)
+				xb[i] = loom_bf16_to_f32(bb[i]);
+		}
+		switch (g->op) {
+		case LOOM_CPU_EW_ADD:
+#pragma omp simd
+			for (int64_t i = 0; i < len; i++)
+				yy[i] = xa[i] + xb[i];
+			if (g->flag) /* add's fused relu, before the rounding */
+#pragma omp simd
+				for (int64_t i = 0; i < len; i++)
+					yy[i] = yy[i] < 0 ? 0 : yy[i];
+			break;
+		case LOOM_CPU_EW_RELU:
+#pragma omp simd
+			for (int64_t i = 0; i < len; i++)
+				yy[i] = xa[i] < 0 ? 0 : xa[i];
+			break;
+		case LOOM_CPU_EW_RELU_BWD:
+#pragma omp simd
+			for (int64_t i = 0; i < len; i++)
+				yy[i] = xa[i] > 0 ? xb[i] : 0;
+			break;
+		default: { /* GELU: the f32 kernel's own loops on the block */
+			LOOM_CPU_FN(ew_args) e = { .a = xa, .b = g->b ? xb : NULL, .y = yy,
+						   .tanh_form = g->flag };
+			LOOM_CPU_FN(gelu_part)(&e, 0, len);
+			break;
+		}
+		}
+		uint16_t *y = g->y + b0;
+#pragma omp simd
+		for (int64_t i = 0; i < len; i++)
+			y[i] = loom_f32_to_bf16(yy[i]);
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_ew_bf16)(int op, int flag, int64_t n, const uint16_t *a,
+				   const uint16_t *b, uint16_t *y)
+{
+	LOOM_CPU_FN(bf16_args) g = { .a = a, .b = b, .y = y, .op = op, .flag = flag };
+	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(bf16_part), &g);
 }
 
 /*
