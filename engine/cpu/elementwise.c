@@ -88,6 +88,13 @@ static void LOOM_CPU_FN(bf16_part)(void *arg, int64_t lo, int64_t hi)
 	float xa[LOOM_CPU_BF16_BLOCK] __attribute__((aligned(64)));
 	float xb[LOOM_CPU_BF16_BLOCK] __attribute__((aligned(64)));
 	float yy[LOOM_CPU_BF16_BLOCK] __attribute__((aligned(64)));
+	/* gelu_part's arguments, set once (the struct is large: no per-block
+	 * initialisation) */
+	LOOM_CPU_FN(ew_args) e;
+	e.a = xa;
+	e.b = g->b ? xb : NULL;
+	e.y = yy;
+	e.tanh_form = g->flag;
 	for (int64_t b0 = lo; b0 < hi; b0 += LOOM_CPU_BF16_BLOCK) {
 		int64_t len = hi - b0 < LOOM_CPU_BF16_BLOCK ? hi - b0 : LOOM_CPU_BF16_BLOCK;
 		const uint16_t *a = g->a + b0;
@@ -120,12 +127,9 @@ static void LOOM_CPU_FN(bf16_part)(void *arg, int64_t lo, int64_t hi)
 			for (int64_t i = 0; i < len; i++)
 				yy[i] = xa[i] > 0 ? xb[i] : 0;
 			break;
-		default: { /* GELU: the f32 kernel's own loops on the block */
-			LOOM_CPU_FN(ew_args) e = { .a = xa, .b = g->b ? xb : NULL, .y = yy,
-						   .tanh_form = g->flag };
+		default: /* GELU: the f32 kernel's own loops on the block */
 			LOOM_CPU_FN(gelu_part)(&e, 0, len);
 			break;
-		}
 		}
 		uint16_t *y = g->y + b0;
 #pragma omp simd
