@@ -121,6 +121,13 @@ enum { LOOM_CPU_EW_ADD, LOOM_CPU_EW_RELU, LOOM_CPU_EW_RELU_BWD, LOOM_CPU_EW_GELU
 void loom_cpu_ew_bf16(int op, int flag, int64_t n, const uint16_t *a, const uint16_t *b,
 		      uint16_t *y);
 
+/* Max pooling (and its fused relu) on bf16, f32 inside: out = y when dy is
+ * NULL, else dx; whole planes widened on the stack, the f32 kernel, rounded:
+ * the same bits as widen / f32 kernel / round. Returns 0 (nothing done)
+ * when one plane's f32 copies do not fit its stack buffer. */
+int loom_cpu_maxpool2d_bf16(const loom_pool_shape *s, const uint16_t *x, const uint16_t *dy,
+			    uint16_t *out);
+
 /* Softmax rows' exponentials in double through libmvec (elementwise.c):
  * exp_sum returns the sum over i < n of exp(x[i] - m); exp_inplace writes
  * x[i] = exp(x[i] - m) rounded to float and returns the sum of the unrounded

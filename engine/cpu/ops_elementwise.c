@@ -140,6 +140,18 @@ int loom_cpu_ew_bf16_native(const loom_plan *plan, loom_value v, const loom_cpu_
 	const loom_node *n = &plan->g->nodes[v];
 	int op, flag = 0;
 	switch (n->op) {
+	case LOOM_OP_MAXPOOL2D:
+	case LOOM_OP_MAXPOOL2D_BWD: {
+		loom_pool_shape ps;
+		if (n->dtype != LOOM_BF16 || !bf16_native_on())
+			return 0;
+		for (int i = 0; i < n->nsrc; i++)
+			if (plan->g->nodes[n->src[i]].dtype != LOOM_BF16)
+				return 0;
+		loom_pool_shape_of(plan->g, v, &ps);
+		return loom_cpu_maxpool2d_bf16(&ps, io->src[0], n->nsrc > 1 ? io->src[1] : NULL,
+					       io->out);
+	}
 	case LOOM_OP_ADD:
 		op = LOOM_CPU_EW_ADD;
 		flag = n->a.ew.relu;

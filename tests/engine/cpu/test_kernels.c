@@ -1072,3 +1072,52 @@ Test(ew_bf16, add_relu_gelu_and_backward_bit_for_bit)
 		}
 	}
 }
+
+static void check_pool_bf16(loom_pool_shape s)
+{
+	int64_t nin = (int64_t)s.n * s.c * s.h_in * s.w_in, nout = (int64_t)s.n * s.c * s.h_out * s.w_out;
+	uint16_t *x = malloc(2 * nin), *dy = malloc(2 * nout), *y = malloc(2 * nout),
+		 *dx = malloc(2 * nin), *ry = malloc(2 * nout), *rdx = malloc(2 * nin);
+	float *fx = malloc(4 * nin), *fdy = malloc(4 * nout), *fy = malloc(4 * nout),
+	      *fdx = malloc(4 * nin);
+	bf16_fill(x, nin);
+	bf16_fill(dy, nout);
+	loom_bf16_to_f32_array(x, fx, nin);
+	loom_bf16_to_f32_array(dy, fdy, nout);
+	loom_cpu_maxpool2d_fwd_f32(&s, fx, fy);
+	loom_cpu_maxpool2d_bwd_f32(&s, fx, fdy, fdx);
+	loom_f32_to_bf16_array(fy, ry, nout);
+	loom_f32_to_bf16_array(fdx, rdx, nin);
+	cr_assert_eq(loom_cpu_maxpool2d_bf16(&s, x, NULL, y), 1);
+	cr_assert_eq(loom_cpu_maxpool2d_bf16(&s, x, dy, dx), 1);
+	for (int64_t i = 0; i < nout; i++)
+		cr_assert_eq(y[i], ry[i], "maxpool bf16 %dx%d relu %d: y[%lld] 0x%04x, emulated 0x%04x",
+			     s.h_in, s.w_in, s.relu, (long long)i, y[i], ry[i]);
+	for (int64_t i = 0; i < nin; i++)
+		cr_assert_eq(dx[i], rdx[i],
+			     "maxpool bf16 %dx%d relu %d: dx[%lld] 0x%04x, emulated 0x%04x", s.h_in,
+			     s.w_in, s.relu, (long long)i, dx[i], rdx[i]);
+	free(x), free(dy), free(y), free(dx), free(ry), free(rdx), free(fx), free(fdy), free(fy),
+		free(fdx);
+}
+
+Test(ew_bf16, maxpool_and_backward_bit_for_bit)
+{
+	for (int relu = 0; relu < 2; relu++) {
+		loom_pool_shape s[] = {
+			pool_shape(2, 3, 8, 8, 2, 2, 0),
+			pool_shape(1, 2, 7, 9, 2, 2, 0),    /* odd: last row/col unread */
+			pool_shape(3, 5, 9, 11, 3, 2, 1),   /* padding, overlapping windows */
+			pool_shape(100, 16, 28, 28, 2, 2, 0), /* the ConvNet's: chunks, threads */
+		};
+		for (size_t k = 0; k < sizeof(s) / sizeof(s[0]); k++) {
+			s[k].relu = relu;
+			check_pool_bf16(s[k]);
+		}
+	}
+	/* A plane too big for the stack buffer: declined, nothing written. */
+	loom_pool_shape big = pool_shape(1, 1, 80, 80, 2, 2, 0);
+	uint16_t x[1], y[1] = { 0x1234 };
+	cr_assert_eq(loom_cpu_maxpool2d_bf16(&big, x, NULL, y), 0);
+	cr_assert_eq(y[0], 0x1234);
+}
