@@ -6,10 +6,8 @@
  * baseline is plain x86-64, so the binary runs on any x86-64 CPU and still
  * gets the wide vectors where they exist.
  */
-#include "amp/half.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
-#include "engine/cpu/team.h"
 
 LOOM_CPU_KERNELS(float, f32_base)
 LOOM_CPU_KERNELS(float, f32_avx2)
@@ -22,6 +20,10 @@ void loom_cpu_gelu_f32_avx2(int64_t n, const float *x, const float *dy, int tanh
 EXP_KERNELS(f32_base)
 EXP_KERNELS(f32_avx2)
 #undef EXP_KERNELS
+int loom_cpu_maxpool2d_bf16_f32_base(const loom_pool_shape *s, const uint16_t *x,
+				     const uint16_t *dy, uint16_t *out);
+int loom_cpu_maxpool2d_bf16_f32_avx2(const loom_pool_shape *s, const uint16_t *x,
+				     const uint16_t *dy, uint16_t *out);
 void loom_cpu_ew_bf16_f32_base(int op, int flag, int64_t n, const uint16_t *a,
 			       const uint16_t *b, uint16_t *y);
 void loom_cpu_ew_bf16_f32_avx2(int op, int flag, int64_t n, const uint16_t *a,
@@ -128,61 +130,10 @@ void loom_cpu_maxpool2d_bwd_f32(const loom_pool_shape *s, const float *x, const 
 	PICK(loom_cpu_maxpool2d_bwd)(s, x, dy, dx);
 }
 
-/* Floats of stack per call of pool_bf16_part: whole planes only. */
-#define POOL_BF16_FLOATS 6144
-
-typedef struct pool_bf16_args {
-	loom_pool_shape s;
-	const uint16_t *x, *dy;
-	uint16_t *out;
-	int64_t in_plane, out_plane, chunk;
-} pool_bf16_args;
-
-/* Planes lo..hi, chunk planes at a time: widen, the f32 kernel, round. */
-static void pool_bf16_part(void *arg, int64_t lo, int64_t hi)
-{
-	const pool_bf16_args *g = arg;
-	float buf[POOL_BF16_FLOATS] __attribute__((aligned(64)));
-	for (int64_t p0 = lo; p0 < hi; p0 += g->chunk) {
-		int64_t np = hi - p0 < g->chunk ? hi - p0 : g->chunk;
-		int64_t nin = np * g->in_plane, nout = np * g->out_plane;
-		float *x = buf, *dy = buf + nin, *out = dy + (g->dy ? nout : 0);
-		loom_pool_shape s = g->s;
-		s.n = 1;
-		s.c = (int)np;
-		const uint16_t *xs = g->x + p0 * g->in_plane;
-		for (int64_t i = 0; i < nin; i++)
-			x[i] = loom_bf16_to_f32(xs[i]);
-		if (g->dy) {
-			const uint16_t *ds = g->dy + p0 * g->out_plane;
-			for (int64_t i = 0; i < nout; i++)
-				dy[i] = loom_bf16_to_f32(ds[i]);
-			loom_cpu_maxpool2d_bwd_f32(&s, x, dy, out);
-			uint16_t *o = g->out + p0 * g->in_plane;
-			for (int64_t i = 0; i < nin; i++)
-				o[i] = loom_f32_to_bf16(out[i]);
-		} else {
-			loom_cpu_maxpool2d_fwd_f32(&s, x, out);
-			uint16_t *o = g->out + p0 * g->out_plane;
-			for (int64_t i = 0; i < nout; i++)
-				o[i] = loom_f32_to_bf16(out[i]);
-		}
-	}
-}
-
 int loom_cpu_maxpool2d_bf16(const loom_pool_shape *s, const uint16_t *x, const uint16_t *dy,
 			    uint16_t *out)
 {
-	int64_t in_plane = (int64_t)s->h_in * s->w_in, out_plane = (int64_t)s->h_out * s->w_out;
-	int64_t per = dy ? 2 * in_plane + out_plane : in_plane + out_plane;
-	int64_t planes = (int64_t)s->n * s->c;
-	if (per <= 0 || per > POOL_BF16_FLOATS)
-		return 0;
-	pool_bf16_args g = { .s = *s, .x = x, .dy = dy, .out = out, .in_plane = in_plane,
-			     .out_plane = out_plane, .chunk = POOL_BF16_FLOATS / per };
-	loom_cpu_team_for(planes, planes * in_plane >= 32768 ? loom_cpu_team_threads() : 1,
-			  pool_bf16_part, &g);
-	return 1;
+	return PICK(loom_cpu_maxpool2d_bf16)(s, x, dy, out);
 }
 
 void loom_cpu_relu_fwd_f32(int64_t n, const float *x, float *y)

@@ -145,6 +145,76 @@ void LOOM_CPU_FN(loom_cpu_ew_bf16)(int op, int flag, int64_t n, const uint16_t *
 	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(bf16_part), &g);
 }
 
+/* Max pooling on bf16 (kernels.h's loom_cpu_maxpool2d_bf16): whole planes
+ * widened on the stack, pool.c's f32 kernel of this copy (one thread: it
+ * runs inside a team job), rounded. Max pooling only compares, so how the
+ * planes are grouped changes no bit. */
+void LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(const loom_pool_shape *s, const float *x, float *y);
+void LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(const loom_pool_shape *s, const float *x,
+					 const float *dy, float *dx);
+
+/* Floats of stack per call of pool_bf16_part: whole planes only. */
+#define LOOM_CPU_POOL_BF16_FLOATS 6144
+
+typedef struct LOOM_CPU_FN(pool_bf16_args) {
+	loom_pool_shape s;
+	const uint16_t *x, *dy;
+	uint16_t *out;
+	int64_t in_plane, out_plane, chunk;
+} LOOM_CPU_FN(pool_bf16_args);
+
+/* Planes lo..hi, chunk planes at a time: widen, the f32 kernel, round. */
+static void LOOM_CPU_FN(pool_bf16_part)(void *arg, int64_t lo, int64_t hi)
+{
+	const LOOM_CPU_FN(pool_bf16_args) *g = arg;
+	float buf[LOOM_CPU_POOL_BF16_FLOATS] __attribute__((aligned(64)));
+	for (int64_t p0 = lo; p0 < hi; p0 += g->chunk) {
+		int64_t np = hi - p0 < g->chunk ? hi - p0 : g->chunk;
+		int64_t nin = np * g->in_plane, nout = np * g->out_plane;
+		float *x = buf, *dy = buf + nin, *out = dy + (g->dy ? nout : 0);
+		loom_pool_shape s = g->s;
+		s.n = 1;
+		s.c = (int)np;
+		const uint16_t *xs = g->x + p0 * g->in_plane;
+#pragma omp simd
+		for (int64_t i = 0; i < nin; i++)
+			x[i] = loom_bf16_to_f32(xs[i]);
+		if (g->dy) {
+			const uint16_t *ds = g->dy + p0 * g->out_plane;
+#pragma omp simd
+			for (int64_t i = 0; i < nout; i++)
+				dy[i] = loom_bf16_to_f32(ds[i]);
+			LOOM_CPU_FN(loom_cpu_maxpool2d_bwd)(&s, x, dy, out);
+			uint16_t *o = g->out + p0 * g->in_plane;
+#pragma omp simd
+			for (int64_t i = 0; i < nin; i++)
+				o[i] = loom_f32_to_bf16(out[i]);
+		} else {
+			LOOM_CPU_FN(loom_cpu_maxpool2d_fwd)(&s, x, out);
+			uint16_t *o = g->out + p0 * g->out_plane;
+#pragma omp simd
+			for (int64_t i = 0; i < nout; i++)
+				o[i] = loom_f32_to_bf16(out[i]);
+		}
+	}
+}
+
+int LOOM_CPU_FN(loom_cpu_maxpool2d_bf16)(const loom_pool_shape *s, const uint16_t *x,
+					 const uint16_t *dy, uint16_t *out)
+{
+	int64_t in_plane = (int64_t)s->h_in * s->w_in, out_plane = (int64_t)s->h_out * s->w_out;
+	int64_t per = dy ? 2 * in_plane + out_plane : in_plane + out_plane;
+	int64_t planes = (int64_t)s->n * s->c;
+	if (per <= 0 || per > LOOM_CPU_POOL_BF16_FLOATS)
+		return 0;
+	LOOM_CPU_FN(pool_bf16_args) g = { .s = *s, .x = x, .dy = dy, .out = out,
+					  .in_plane = in_plane, .out_plane = out_plane,
+					  .chunk = LOOM_CPU_POOL_BF16_FLOATS / per };
+	int nt = planes * in_plane >= LOOM_CPU_PAR_MIN ? loom_cpu_team_threads() : 1;
+	loom_cpu_team_for(planes, nt, LOOM_CPU_FN(pool_bf16_part), &g);
+	return 1;
+}
+
 /*
  * The exponentials of softmax rows (attention, cross-entropy) in double,
  * 4 (2) at a time through libmvec's exp: the scalar exp was 5-6% of a GPT
