@@ -1075,7 +1075,8 @@ Test(ew_bf16, add_relu_gelu_and_backward_bit_for_bit)
 
 static void check_pool_bf16(loom_pool_shape s)
 {
-	int64_t nin = (int64_t)s.n * s.c * s.h_in * s.w_in, nout = (int64_t)s.n * s.c * s.h_out * s.w_out;
+	int64_t nin = (int64_t)s.n * s.c * s.h_in * s.w_in;
+	int64_t nout = (int64_t)s.n * s.c * s.h_out * s.w_out;
 	uint16_t *x = malloc(2 * nin), *dy = malloc(2 * nout), *y = malloc(2 * nout),
 		 *dx = malloc(2 * nin), *ry = malloc(2 * nout), *rdx = malloc(2 * nin);
 	float *fx = malloc(4 * nin), *fdy = malloc(4 * nout), *fy = malloc(4 * nout),
@@ -1091,8 +1092,9 @@ static void check_pool_bf16(loom_pool_shape s)
 	cr_assert_eq(loom_cpu_maxpool2d_bf16(&s, x, NULL, y), 1);
 	cr_assert_eq(loom_cpu_maxpool2d_bf16(&s, x, dy, dx), 1);
 	for (int64_t i = 0; i < nout; i++)
-		cr_assert_eq(y[i], ry[i], "maxpool bf16 %dx%d relu %d: y[%lld] 0x%04x, emulated 0x%04x",
-			     s.h_in, s.w_in, s.relu, (long long)i, y[i], ry[i]);
+		cr_assert_eq(y[i], ry[i],
+			     "maxpool bf16 %dx%d relu %d: y[%lld] 0x%04x, emulated 0x%04x", s.h_in,
+			     s.w_in, s.relu, (long long)i, y[i], ry[i]);
 	for (int64_t i = 0; i < nin; i++)
 		cr_assert_eq(dx[i], rdx[i],
 			     "maxpool bf16 %dx%d relu %d: dx[%lld] 0x%04x, emulated 0x%04x", s.h_in,
