@@ -290,6 +290,10 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	/* bf16 products on CPUs that multiply bf16 natively (bf16_node.c). */
 	if (loom_cpu_bf16_node(pl, v, io.src, io.out, a->ws))
 		return LOOM_OK;
+	/* bf16 add, relu, GELU and their backward: widen and round fused into
+	 * the kernel (ops_elementwise.c), the same bits as below. */
+	if (loom_cpu_ew_bf16_native(pl, v, &io))
+		return LOOM_OK;
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */

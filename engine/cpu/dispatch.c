@@ -20,6 +20,14 @@ void loom_cpu_gelu_f32_avx2(int64_t n, const float *x, const float *dy, int tanh
 EXP_KERNELS(f32_base)
 EXP_KERNELS(f32_avx2)
 #undef EXP_KERNELS
+int loom_cpu_maxpool2d_bf16_f32_base(const loom_pool_shape *s, const uint16_t *x,
+				     const uint16_t *dy, uint16_t *out);
+int loom_cpu_maxpool2d_bf16_f32_avx2(const loom_pool_shape *s, const uint16_t *x,
+				     const uint16_t *dy, uint16_t *out);
+void loom_cpu_ew_bf16_f32_base(int op, int flag, int64_t n, const uint16_t *a,
+			       const uint16_t *b, uint16_t *y);
+void loom_cpu_ew_bf16_f32_avx2(int op, int flag, int64_t n, const uint16_t *a,
+			       const uint16_t *b, uint16_t *y);
 
 int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x,
 				    const uint16_t *w, const float *b, float *y, void *ws);
@@ -122,6 +130,12 @@ void loom_cpu_maxpool2d_bwd_f32(const loom_pool_shape *s, const float *x, const 
 	PICK(loom_cpu_maxpool2d_bwd)(s, x, dy, dx);
 }
 
+int loom_cpu_maxpool2d_bf16(const loom_pool_shape *s, const uint16_t *x, const uint16_t *dy,
+			    uint16_t *out)
+{
+	return PICK(loom_cpu_maxpool2d_bf16)(s, x, dy, out);
+}
+
 void loom_cpu_relu_fwd_f32(int64_t n, const float *x, float *y)
 {
 	PICK(loom_cpu_relu_fwd)(n, x, y);
@@ -150,6 +164,12 @@ double loom_cpu_exp_inplace_f32(int64_t n, float *x, double m)
 void loom_cpu_exp_scale_f32(int64_t n, const float *x, double m, double g, float *y)
 {
 	PICK(loom_cpu_exp_scale)(n, x, m, g, y);
+}
+
+void loom_cpu_ew_bf16(int op, int flag, int64_t n, const uint16_t *a, const uint16_t *b,
+		      uint16_t *y)
+{
+	PICK(loom_cpu_ew_bf16)(op, flag, n, a, b, y);
 }
 
 void loom_cpu_add_f32(int64_t n, const float *a, const float *b, float *y)

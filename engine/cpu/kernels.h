@@ -113,6 +113,21 @@ LOOM_CPU_KERNELS(double, f64)
  * (elementwise.c); f64 stays on the scalar row loop (ops_elementwise.c). */
 void loom_cpu_gelu_f32(int64_t n, const float *x, const float *dy, int tanh_form, float *y);
 
+/* bf16 in, bf16 out, f32 inside (elementwise.c), bit for bit the widen /
+ * f32 kernel / round path of backend.c. op: LOOM_CPU_EW_ADD (y = a + b,
+ * then relu if flag), _RELU (y = relu a), _RELU_BWD (y = a > 0 ? b : 0),
+ * _GELU (y = gelu a if b is NULL, else b gelu'(a); flag: the tanh form). */
+enum { LOOM_CPU_EW_ADD, LOOM_CPU_EW_RELU, LOOM_CPU_EW_RELU_BWD, LOOM_CPU_EW_GELU };
+void loom_cpu_ew_bf16(int op, int flag, int64_t n, const uint16_t *a, const uint16_t *b,
+		      uint16_t *y);
+
+/* Max pooling (and its fused relu) on bf16, f32 inside: out = y when dy is
+ * NULL, else dx; whole planes widened on the stack, the f32 kernel, rounded:
+ * the same bits as widen / f32 kernel / round. Returns 0 (nothing done)
+ * when one plane's f32 copies do not fit its stack buffer. */
+int loom_cpu_maxpool2d_bf16(const loom_pool_shape *s, const uint16_t *x, const uint16_t *dy,
+			    uint16_t *out);
+
 /* Softmax rows' exponentials in double through libmvec (elementwise.c):
  * exp_sum returns the sum over i < n of exp(x[i] - m); exp_inplace writes
  * x[i] = exp(x[i] - m) rounded to float and returns the sum of the unrounded

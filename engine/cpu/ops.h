@@ -132,6 +132,13 @@ loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 /* A cast of n elements between any two float dtypes. */
 void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n);
 
+/* Runs node v if it is a bf16 add, relu, GELU, max pooling or their
+ * backward whose sources are all bf16, with the fused bf16 kernels of
+ * kernels.h (the same bits as backend.c's widen / f32 / round path), and
+ * returns 1; else 0.
+ * LOOM_CPU_BF16_NATIVE_EW=0 in the environment: always 0 (the old path). */
+int loom_cpu_ew_bf16_native(const loom_plan *plan, loom_value v, const loom_cpu_io *io);
+
 /* ops_gpt.c: the transformer ops */
 loom_status loom_cpu_op_embedding(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);

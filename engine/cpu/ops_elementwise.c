@@ -6,6 +6,8 @@
  * AMP pass inserts.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "amp/half.h"
 #include "engine/cpu/ops.h"
@@ -119,6 +121,64 @@ loom_status loom_cpu_op_grad_seed(loom_cpu_ctx *ctx, const loom_plan *plan, loom
 	else
 		*(float *)io->out = ctx->seed_scale;
 	return LOOM_OK;
+}
+
+static int bf16_native_on(void)
+{
+	static int on = -1;
+	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
+	if (o < 0) {
+		const char *e = getenv("LOOM_CPU_BF16_NATIVE_EW");
+		o = !(e && strcmp(e, "0") == 0);
+		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
+	}
+	return o;
+}
+
+int loom_cpu_ew_bf16_native(const loom_plan *plan, loom_value v, const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	int op, flag = 0;
+	switch (n->op) {
+	case LOOM_OP_MAXPOOL2D:
+	case LOOM_OP_MAXPOOL2D_BWD: {
+		loom_pool_shape ps;
+		if (n->dtype != LOOM_BF16 || !bf16_native_on())
+			return 0;
+		for (int i = 0; i < n->nsrc; i++)
+			if (plan->g->nodes[n->src[i]].dtype != LOOM_BF16)
+				return 0;
+		loom_pool_shape_of(plan->g, v, &ps);
+		return loom_cpu_maxpool2d_bf16(&ps, io->src[0], n->nsrc > 1 ? io->src[1] : NULL,
+					       io->out);
+	}
+	case LOOM_OP_ADD:
+		op = LOOM_CPU_EW_ADD;
+		flag = n->a.ew.relu;
+		break;
+	case LOOM_OP_RELU:
+		op = LOOM_CPU_EW_RELU;
+		break;
+	case LOOM_OP_RELU_BWD:
+		op = LOOM_CPU_EW_RELU_BWD;
+		break;
+	case LOOM_OP_GELU:
+	case LOOM_OP_GELU_BWD:
+		op = LOOM_CPU_EW_GELU;
+		flag = n->a.ew.tanh;
+		break;
+	default:
+		return 0;
+	}
+	if (n->dtype != LOOM_BF16 || !bf16_native_on())
+		return 0;
+	for (int i = 0; i < n->nsrc; i++)
+		if (plan->g->nodes[n->src[i]].dtype != LOOM_BF16 ||
+		    loom_shape_numel(&plan->g->nodes[n->src[i]].shape) != numel_of(plan, v))
+			return 0;
+	loom_cpu_ew_bf16(op, flag, numel_of(plan, v), io->src[0], n->nsrc > 1 ? io->src[1] : NULL,
+			 io->out);
+	return 1;
 }
 
 void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n)

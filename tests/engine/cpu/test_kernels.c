@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amp/half.h"
 #include "engine/cpu/kernels.h"
 #include "graph/unary.h"
 
@@ -998,4 +999,127 @@ Test(global_avgpool, mean_of_each_plane_and_its_adjoint)
 		buf_free(&y), buf_free(&dx);
 	}
 	buf_free(&x), buf_free(&dy);
+}
+
+/* ---- bf16 in, bf16 out: the same bits as widen / f32 kernel / round ------ */
+
+/* Raw bf16 patterns: most random over every class (so NaN payloads of both
+ * signs, infinities, subnormals, zeros and huge values all occur), the rest
+ * ordinary values in [-4, 4] and explicit specials. */
+static void bf16_fill(uint16_t *p, int64_t n)
+{
+	static const uint16_t special[] = { 0x7fc0, 0xffc1, 0x7f81, 0x7f80, 0xff80, 0x0000,
+					    0x8000, 0x0001, 0x807f, 0x0040, 0x7f7f, 0xff7f };
+	for (int64_t i = 0; i < n; i++) {
+		double u = urand();
+		if (u < 0.1)
+			p[i] = special[(int64_t)(urand() * 12) % 12];
+		else if (u < 0.5)
+			p[i] = (uint16_t)(urand() * 65536);
+		else
+			p[i] = loom_f32_to_bf16((float)(urand() * 8 - 4));
+	}
+}
+
+static void check_ew_bf16(int op, int flag, int two, int64_t n)
+{
+	uint16_t *a = malloc(2 * (size_t)n), *b = malloc(2 * (size_t)n);
+	uint16_t *y = malloc(2 * (size_t)n), *ref = malloc(2 * (size_t)n);
+	float *fa = malloc(4 * (size_t)n), *fb = malloc(4 * (size_t)n), *fy = malloc(4 * (size_t)n);
+	bf16_fill(a, n);
+	bf16_fill(b, n);
+	/* backend.c's emulation: widen, the f32 kernel, round */
+	loom_bf16_to_f32_array(a, fa, n);
+	loom_bf16_to_f32_array(b, fb, n);
+	switch (op) {
+	case LOOM_CPU_EW_ADD:
+		loom_cpu_add_f32(n, fa, fb, fy);
+		if (flag)
+			loom_cpu_relu_fwd_f32(n, fy, fy);
+		break;
+	case LOOM_CPU_EW_RELU:
+		loom_cpu_relu_fwd_f32(n, fa, fy);
+		break;
+	case LOOM_CPU_EW_RELU_BWD:
+		loom_cpu_relu_bwd_f32(n, fa, fb, fy);
+		break;
+	default:
+		loom_cpu_gelu_f32(n, fa, two ? fb : NULL, flag, fy);
+	}
+	loom_f32_to_bf16_array(fy, ref, n);
+	memset(y, 0xab, 2 * (size_t)n);
+	loom_cpu_ew_bf16(op, flag, n, a, two ? b : NULL, y);
+	for (int64_t i = 0; i < n; i++)
+		cr_assert_eq(y[i], ref[i],
+			     "op %d flag %d n %lld: [%lld] = 0x%04x, the emulation gives 0x%04x "
+			     "(a 0x%04x b 0x%04x)",
+			     op, flag, (long long)n, (long long)i, y[i], ref[i], a[i], b[i]);
+	free(a), free(b), free(y), free(ref), free(fa), free(fb), free(fy);
+}
+
+Test(ew_bf16, add_relu_gelu_and_backward_bit_for_bit)
+{
+	/* odd lengths, block edges (512), and sizes the team splits */
+	const int64_t ns[] = { 1, 7, 31, 511, 513, 1000, 40003, 100001 };
+	for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+		check_ew_bf16(LOOM_CPU_EW_ADD, 0, 1, ns[k]);
+		check_ew_bf16(LOOM_CPU_EW_ADD, 1, 1, ns[k]);
+		check_ew_bf16(LOOM_CPU_EW_RELU, 0, 0, ns[k]);
+		check_ew_bf16(LOOM_CPU_EW_RELU_BWD, 0, 1, ns[k]);
+		for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+			check_ew_bf16(LOOM_CPU_EW_GELU, tanh_form, 0, ns[k]);
+			check_ew_bf16(LOOM_CPU_EW_GELU, tanh_form, 1, ns[k]);
+		}
+	}
+}
+
+static void check_pool_bf16(loom_pool_shape s)
+{
+	int64_t nin = (int64_t)s.n * s.c * s.h_in * s.w_in;
+	int64_t nout = (int64_t)s.n * s.c * s.h_out * s.w_out;
+	uint16_t *x = malloc(2 * nin), *dy = malloc(2 * nout), *y = malloc(2 * nout),
+		 *dx = malloc(2 * nin), *ry = malloc(2 * nout), *rdx = malloc(2 * nin);
+	float *fx = malloc(4 * nin), *fdy = malloc(4 * nout), *fy = malloc(4 * nout),
+	      *fdx = malloc(4 * nin);
+	bf16_fill(x, nin);
+	bf16_fill(dy, nout);
+	loom_bf16_to_f32_array(x, fx, nin);
+	loom_bf16_to_f32_array(dy, fdy, nout);
+	loom_cpu_maxpool2d_fwd_f32(&s, fx, fy);
+	loom_cpu_maxpool2d_bwd_f32(&s, fx, fdy, fdx);
+	loom_f32_to_bf16_array(fy, ry, nout);
+	loom_f32_to_bf16_array(fdx, rdx, nin);
+	cr_assert_eq(loom_cpu_maxpool2d_bf16(&s, x, NULL, y), 1);
+	cr_assert_eq(loom_cpu_maxpool2d_bf16(&s, x, dy, dx), 1);
+	for (int64_t i = 0; i < nout; i++)
+		cr_assert_eq(y[i], ry[i],
+			     "maxpool bf16 %dx%d relu %d: y[%lld] 0x%04x, emulated 0x%04x", s.h_in,
+			     s.w_in, s.relu, (long long)i, y[i], ry[i]);
+	for (int64_t i = 0; i < nin; i++)
+		cr_assert_eq(dx[i], rdx[i],
+			     "maxpool bf16 %dx%d relu %d: dx[%lld] 0x%04x, emulated 0x%04x", s.h_in,
+			     s.w_in, s.relu, (long long)i, dx[i], rdx[i]);
+	free(x), free(dy), free(y), free(dx), free(ry), free(rdx), free(fx), free(fdy), free(fy),
+		free(fdx);
+}
+
+Test(ew_bf16, maxpool_and_backward_bit_for_bit)
+{
+	for (int relu = 0; relu < 2; relu++) {
+		loom_pool_shape s[] = {
+			pool_shape(2, 3, 8, 8, 2, 2, 0),
+			pool_shape(1, 2, 7, 9, 2, 2, 0),    /* odd: last row/col unread */
+			pool_shape(3, 5, 9, 11, 3, 2, 1),   /* padding, overlapping windows */
+			pool_shape(100, 16, 28, 28, 2, 2, 0), /* the ConvNet's: chunks, threads */
+		};
+		for (size_t k = 0; k < sizeof(s) / sizeof(s[0]); k++) {
+			s[k].relu = relu;
+			check_pool_bf16(s[k]);
+		}
+	}
+	/* A plane too big for the stack buffer: declined, nothing written. */
+	loom_pool_shape big = pool_shape(1, 1, 80, 80, 2, 2, 0);
+	uint16_t x[1], y[1] = { 0x1234 };
+	cr_assert_eq(loom_cpu_maxpool2d_bf16(&big, x, NULL, y), 0);
+	cr_assert_eq(y[0], 0x1234);
 }
