@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/examples/mnist_fixture.h"
+
 #define MNIST_BIN "examples/mnist_ddp"
 #define CLASSIFY_BIN "examples/classify"
 #define CLASSES 10
@@ -39,39 +41,9 @@ static const char *in_dir(const char *name)
 	return b;
 }
 
-/* An MNIST-format split of n images; image i has label i % 10. */
-static void write_split(const char *split, int n)
-{
-	char path[4300];
-	unsigned char head[16] = { 0, 0, 8, 3, 0, 0, (unsigned char)(n >> 8), (unsigned char)n,
-				   0, 0, 0, 28, 0, 0, 0, 28 };
-	snprintf(path, sizeof(path), "%s/%s-images-idx3-ubyte", dir, split);
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f);
-	fwrite(head, 1, 16, f);
-	for (int i = 0; i < n; i++)
-		for (int p = 0; p < 28 * 28; p++)
-			fputc((p * (i % 10 + 1) + p / 28 * (i % 10)) & 255, f);
-	fclose(f);
-	unsigned char lh[8] = { 0, 0, 8, 1, 0, 0, (unsigned char)(n >> 8), (unsigned char)n };
-	snprintf(path, sizeof(path), "%s/%s-labels-idx1-ubyte", dir, split);
-	f = fopen(path, "wb");
-	fwrite(lh, 1, 8, f);
-	for (int i = 0; i < n; i++)
-		fputc(i % 10, f);
-	fclose(f);
-}
-
 static int run(const char *bin, const char *args, char *out, size_t len)
 {
-	char cmd[8192];
-	snprintf(cmd, sizeof(cmd), "%s --data %s --device cpu --threads 1 %s 2>&1", bin, dir, args);
-	FILE *p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	size_t got = fread(out, 1, len - 1, p);
-	out[got] = 0;
-	int st = pclose(p);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return mnist_fixture_run(bin, dir, args, out, len);
 }
 
 typedef struct row {
@@ -139,8 +111,8 @@ Test(classify, predictions_csv_and_jsonl, .timeout = 300)
 	if (access(MNIST_BIN, X_OK) != 0 || access(CLASSIFY_BIN, X_OK) != 0)
 		cr_skip_test("needs %s and %s (run through bazel test)", MNIST_BIN, CLASSIFY_BIN);
 	in_dir("x");
-	write_split("train", 100);
-	write_split("t10k", TEST_N);
+	cr_assert_eq(mnist_fixture_split(dir, "train", 100), 0);
+	cr_assert_eq(mnist_fixture_split(dir, "t10k", TEST_N), 0);
 	snprintf(args, sizeof(args), "--batch-size 20 --epochs 1 --export %s",
 		 in_dir("w.safetensors"));
 	cr_assert_eq(run(MNIST_BIN, args, out, sizeof(out)), 0, "%s", out);

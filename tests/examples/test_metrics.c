@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "examples/metrics.h"
+#include "tests/examples/mnist_fixture.h"
 
 #define MNIST_BIN "examples/mnist_ddp"
 #define CLASSIFY_BIN "examples/classify"
@@ -116,40 +117,10 @@ Test(metrics, lines_parse_back)
 	cr_expect(strstr(err, "/nonexistent/dir/m.jsonl"), "%s", err);
 }
 
-/* An MNIST-format split: n images of 28x28 (pixels from i), labels i % 10. */
-static void write_split(const char *split, int n)
-{
-	char path[4300];
-	unsigned char head[16] = { 0, 0, 8, 3, 0, 0, (unsigned char)(n >> 8), (unsigned char)n,
-				   0, 0, 0, 28, 0, 0, 0, 28 };
-	snprintf(path, sizeof(path), "%s/%s-images-idx3-ubyte", dir, split);
-	FILE *f = fopen(path, "wb");
-	cr_assert_not_null(f);
-	fwrite(head, 1, 16, f);
-	for (int i = 0; i < n; i++)
-		for (int p = 0; p < 28 * 28; p++)
-			fputc((p * (i % 10 + 1) + p / 28 * (i % 10)) & 255, f);
-	fclose(f);
-	unsigned char lh[8] = { 0, 0, 8, 1, 0, 0, (unsigned char)(n >> 8), (unsigned char)n };
-	snprintf(path, sizeof(path), "%s/%s-labels-idx1-ubyte", dir, split);
-	f = fopen(path, "wb");
-	fwrite(lh, 1, 8, f);
-	for (int i = 0; i < n; i++)
-		fputc(i % 10, f);
-	fclose(f);
-}
-
 /* Runs bin with args on the fixture; its output into out. */
 static int run_bin(const char *bin, const char *args, char *out, size_t len)
 {
-	char cmd[8192];
-	snprintf(cmd, sizeof(cmd), "%s --data %s --device cpu --threads 1 %s 2>&1", bin, dir, args);
-	FILE *p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	size_t got = fread(out, 1, len - 1, p);
-	out[got] = 0;
-	int st = pclose(p);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return mnist_fixture_run(bin, dir, args, out, len);
 }
 
 static int run(const char *args, char *out, size_t len)
@@ -176,8 +147,8 @@ Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
 	if (access(MNIST_BIN, X_OK) != 0)
 		cr_skip_test("needs %s (run through bazel test)", MNIST_BIN);
 	in_dir("x");
-	write_split("train", 120);
-	write_split("t10k", 40);
+	cr_assert_eq(mnist_fixture_split(dir, "train", 120), 0);
+	cr_assert_eq(mnist_fixture_split(dir, "t10k", 40), 0);
 	const char *metrics = in_dir("run.jsonl"), *exp = in_dir("run.safetensors");
 	snprintf(args, sizeof(args),
 		 "--batch-size 20 --epochs 2 --log-interval 2 --metrics %s --export %s "
