@@ -497,5 +497,16 @@ int loom_launch_maybe(int *argc, char **argv)
 			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "torchrun");
 		return 2;
 	}
+	/* One task of an srun step of several: each task would start N of its
+	 * own. (A step of one task, or a batch script, may start N.) */
+	const char *ntasks = getenv("SLURM_NTASKS");
+	if (getenv("SLURM_STEP_NODELIST") && getenv("SLURM_PROCID") && ntasks && atoi(ntasks) > 1) {
+		fprintf(stderr,
+			"--nproc %d: this process is already one of the %s tasks of an srun step "
+			"(SLURM_PROCID %s): start it either with --nproc (srun -n 1) or with srun -n "
+			"N, not both\n",
+			o.nproc, ntasks, getenv("SLURM_PROCID"));
+		return 2;
+	}
 	return loom_launch(&o, argv);
 }

@@ -210,6 +210,11 @@ check "launcher: --nproc under mpirun is refused, naming why" "$out" \
 out=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$W" --nproc 2 allreduce 2>&1)
 check "launcher: --nproc under torchrun's variables is refused" "$out" \
 	"^--nproc 2: this process is already one rank of a group (started by torchrun" 1
+out=$(env SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_STEP_NODELIST=localhost "$W" --nproc 2 allreduce 2>&1)
+rc=$?
+[ $rc -eq 2 ] && check "launcher: --nproc in one task of a 2-task srun step is refused" "$out" \
+	"^--nproc 2: this process is already one of the 2 tasks of an srun step (SLURM_PROCID 1)" 1 ||
+	bad "launcher: --nproc in an srun step of 2 tasks: exit code" "rc $rc" "$out"
 for sig in TERM INT; do
 	lo=$(mktemp)
 	"$W" --nproc 2 sleep >"$lo" 2>&1 &
