@@ -5,7 +5,34 @@
 #include "tests/examples/mnist_fixture.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
+
+const char *mnist_fixture_dir(void)
+{
+	static char dir[4096];
+	if (!dir[0]) {
+		const char *base = getenv("TEST_TMPDIR");
+		snprintf(dir, sizeof(dir), "%s/loomexXXXXXX", base && base[0] ? base : "/tmp");
+		if (!mkdtemp(dir)) {
+			dir[0] = 0;
+			return NULL;
+		}
+	}
+	return dir;
+}
+
+const char *mnist_fixture_in_dir(const char *name)
+{
+	static char buf[8][4200];
+	static int k;
+	const char *dir = mnist_fixture_dir();
+	if (!dir)
+		return NULL;
+	char *b = buf[k++ % 8];
+	snprintf(b, sizeof(buf[0]), "%s/%s", dir, name);
+	return b;
+}
 
 int mnist_fixture_split(const char *dir, const char *split, int n)
 {
@@ -15,6 +42,8 @@ int mnist_fixture_split(const char *dir, const char *split, int n)
 	unsigned char lh[8] = { 0, 0, 8, 1, 0, 0, (unsigned char)(n >> 8), (unsigned char)n };
 	FILE *f;
 
+	if (!dir)
+		return -1;
 	snprintf(path, sizeof(path), "%s/%s-images-idx3-ubyte", dir, split);
 	if (!(f = fopen(path, "wb")))
 		return -1;
@@ -36,6 +65,10 @@ int mnist_fixture_split(const char *dir, const char *split, int n)
 int mnist_fixture_run(const char *bin, const char *dir, const char *args, char *out, size_t len)
 {
 	char cmd[8192];
+	if (!dir) {
+		snprintf(out, len, "no fixture directory");
+		return -1;
+	}
 	snprintf(cmd, sizeof(cmd), "%s --data %s --device cpu --threads 1 %s 2>&1", bin, dir, args);
 	FILE *p = popen(cmd, "r");
 	if (!p) {

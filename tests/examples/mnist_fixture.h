@@ -8,6 +8,14 @@
 
 #include <stddef.h>
 
+/* The fixture's private directory under $TEST_TMPDIR (or /tmp), made on
+ * the first call; NULL if it cannot be made. */
+const char *mnist_fixture_dir(void);
+
+/* dir/name in one of 8 buffers that take turns (several in one call's
+ * arguments); NULL if the directory cannot be made. */
+const char *mnist_fixture_in_dir(const char *name);
+
 /* dir/SPLIT-images-idx3-ubyte and dir/SPLIT-labels-idx1-ubyte: n images of
  * 28x28 (pixels from the label), image i labelled i % 10. 0, or -1 when a
  * file cannot be written. */

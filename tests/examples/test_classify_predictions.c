@@ -25,25 +25,16 @@
 #define CLASSES 10
 #define TEST_N 40
 
-static char dir[4096];
-
 static const char *in_dir(const char *name)
 {
-	static char buf[8][4200];
-	static int k;
-	if (!dir[0]) {
-		const char *base = getenv("TEST_TMPDIR");
-		snprintf(dir, sizeof(dir), "%s/loompredXXXXXX", base && base[0] ? base : "/tmp");
-		cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-	}
-	char *b = buf[k++ % 8];
-	snprintf(b, sizeof(buf[0]), "%s/%s", dir, name);
-	return b;
+	const char *p = mnist_fixture_in_dir(name);
+	cr_assert_not_null(p, "mkdtemp: %s", strerror(errno));
+	return p;
 }
 
 static int run(const char *bin, const char *args, char *out, size_t len)
 {
-	return mnist_fixture_run(bin, dir, args, out, len);
+	return mnist_fixture_run(bin, mnist_fixture_dir(), args, out, len);
 }
 
 typedef struct row {
@@ -111,8 +102,8 @@ Test(classify, predictions_csv_and_jsonl, .timeout = 300)
 	if (access(MNIST_BIN, X_OK) != 0 || access(CLASSIFY_BIN, X_OK) != 0)
 		cr_skip_test("needs %s and %s (run through bazel test)", MNIST_BIN, CLASSIFY_BIN);
 	in_dir("x");
-	cr_assert_eq(mnist_fixture_split(dir, "train", 100), 0);
-	cr_assert_eq(mnist_fixture_split(dir, "t10k", TEST_N), 0);
+	cr_assert_eq(mnist_fixture_split(mnist_fixture_dir(), "train", 100), 0);
+	cr_assert_eq(mnist_fixture_split(mnist_fixture_dir(), "t10k", TEST_N), 0);
 	snprintf(args, sizeof(args), "--batch-size 20 --epochs 1 --export %s",
 		 in_dir("w.safetensors"));
 	cr_assert_eq(run(MNIST_BIN, args, out, sizeof(out)), 0, "%s", out);
@@ -167,7 +158,7 @@ Test(classify, predictions_path_checked_first)
 									   "file or directory"),
 		  "%s", out);
 	cr_expect(!strstr(out, "loom classify:"), "nothing was loaded: %s", out);
-	snprintf(args, sizeof(args), "--weights %s --predictions %s", in_dir("none.safetensors"), dir);
+	snprintf(args, sizeof(args), "--weights %s --predictions %s", in_dir("none.safetensors"), mnist_fixture_dir());
 	cr_expect_eq(run(CLASSIFY_BIN, args, out, sizeof(out)), 2, "%s", out);
 	cr_expect(strstr(out, "Is a directory"), "%s", out);
 }

@@ -24,20 +24,11 @@
 #define MNIST_BIN "examples/mnist_ddp"
 #define CLASSIFY_BIN "examples/classify"
 
-static char dir[4096];
-
 static const char *in_dir(const char *name)
 {
-	static char buf[8][4200];
-	static int k;
-	if (!dir[0]) {
-		const char *base = getenv("TEST_TMPDIR");
-		snprintf(dir, sizeof(dir), "%s/loommetricsXXXXXX", base && base[0] ? base : "/tmp");
-		cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-	}
-	char *b = buf[k++ % 8];
-	snprintf(b, sizeof(buf[0]), "%s/%s", dir, name);
-	return b;
+	const char *p = mnist_fixture_in_dir(name);
+	cr_assert_not_null(p, "mkdtemp: %s", strerror(errno));
+	return p;
 }
 
 /* Every line of path as a JSON object; *n gets the count. */
@@ -120,7 +111,7 @@ Test(metrics, lines_parse_back)
 /* Runs bin with args on the fixture; its output into out. */
 static int run_bin(const char *bin, const char *args, char *out, size_t len)
 {
-	return mnist_fixture_run(bin, dir, args, out, len);
+	return mnist_fixture_run(bin, mnist_fixture_dir(), args, out, len);
 }
 
 static int run(const char *args, char *out, size_t len)
@@ -147,8 +138,8 @@ Test(metrics, mnist_ddp_run_logs_every_step_and_epoch, .timeout = 300)
 	if (access(MNIST_BIN, X_OK) != 0)
 		cr_skip_test("needs %s (run through bazel test)", MNIST_BIN);
 	in_dir("x");
-	cr_assert_eq(mnist_fixture_split(dir, "train", 120), 0);
-	cr_assert_eq(mnist_fixture_split(dir, "t10k", 40), 0);
+	cr_assert_eq(mnist_fixture_split(mnist_fixture_dir(), "train", 120), 0);
+	cr_assert_eq(mnist_fixture_split(mnist_fixture_dir(), "t10k", 40), 0);
 	const char *metrics = in_dir("run.jsonl"), *exp = in_dir("run.safetensors");
 	snprintf(args, sizeof(args),
 		 "--batch-size 20 --epochs 2 --log-interval 2 --metrics %s --export %s "
