@@ -153,7 +153,20 @@ static int fused_relus(const loom_program *p)
 }
 
 /* The CPU and CUDA programs run the same plan: node for node the same op,
- * dtype and fused relu, so a comparison of values compares kernels. */
+ * dtype and fused relu, so a comparison of values compares kernels. One
+ * difference is the CPU's own: it folds casts into their producers or
+ * readers (LOOM_BE_FUSES_CASTS, graph/fuse.c's loom_fuse_casts), where
+ * the CUDA plan keeps them. A folded cast is a view (reshape) on the CPU
+ * and a cast on CUDA; the producer it went into (LOOM_NODE_CAST_FOLDED),
+ * and the views between, compute in the cast's dtype there. */
+static int cast_folded_on_cpu(const loom_node *cuda, const loom_node *cpu)
+{
+	if (cuda->op == LOOM_OP_CAST && cpu->op == LOOM_OP_RESHAPE)
+		return 1;
+	return cuda->op == cpu->op &&
+	       ((cpu->flags & LOOM_NODE_CAST_FOLDED) || cpu->op == LOOM_OP_RESHAPE);
+}
+
 static void expect_same_plan(const char *what, const loom_program *cpu, const loom_program *cuda)
 {
 	cr_assert_eq(cuda->plan.g->n, cpu->plan.g->n, "%s: cuda plans %d nodes, cpu %d", what, cuda->plan.g->n,
@@ -163,6 +176,8 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 		int pool = b->op == LOOM_OP_MAXPOOL2D || b->op == LOOM_OP_MAXPOOL2D_BWD;
 		int lin = b->op == LOOM_OP_LINEAR;
 		int bn = b->op == LOOM_OP_BATCHNORM2D, add = b->op == LOOM_OP_ADD;
+		if ((a->op != b->op || a->dtype != b->dtype) && cast_folded_on_cpu(a, b))
+			continue;
 		cr_expect(a->op == b->op && a->dtype == b->dtype &&
 				  (!pool || a->a.pool.relu == b->a.pool.relu) &&
 				  (!lin || a->a.mm.relu == b->a.mm.relu) &&
@@ -352,8 +367,13 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 
 	compare(op, "output", dt, cuda, cpu, y, 0, numel_of(g, y));
 	double lc = loom_loss(cpu), lg = loom_loss(cuda);
+	/* The loss is a sum of products of random signs, which cancel: under
+	 * TF32 (inputs rounded to 10 bits, 2^-11 each) its relative error
+	 * reaches a few 1e-3 where the output's NMSE is 1e-6 (the first GPU
+	 * run with TF32 on, an H100: 0.268242 against 0.269064). */
+	double loss_tol = dt == LOOM_F32 && tf32 ? 1e-2 : 1e-3;
 	if (loom_value_dtype(g, loss) == LOOM_F32)
-		cr_expect(fabs(lg - lc) <= 1e-3 * (fabs(lc) + 1e-3), "%s %s loss: cuda %g cpu %g",
+		cr_expect(fabs(lg - lc) <= loss_tol * (fabs(lc) + 1e-3), "%s %s loss: cuda %g cpu %g",
 			  op, loom_dtype_name(dt), lg, lc);
 	if (mode == LOOM_RUN_GRAD)
 		for (int i = 0; i < t.n_param; i++)
