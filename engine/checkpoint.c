@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
-#include "dist/pipeline.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "engine/ckpt_file.h"
 #include "engine/program_internal.h"
 

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "dist/pipeline.h"
+#include "parallel/pipeline.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
@@ -369,7 +369,7 @@ static loom_status exec_copy(loom_program *p, const loom_step *s)
 
 /* ------------------------------------------------------------ pipeline */
 
-/* Sends in flight (dist/pipeline.c's stage boundaries): each reads the
+/* Sends in flight (parallel/pipeline.c's stage boundaries): each reads the
  * activation slot it was sent from (or a copy), so a slot is reused only
  * once its sends ended. slot < 0: every send. */
 static loom_status sends_wait(loom_program *p, int slot)

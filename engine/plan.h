@@ -41,7 +41,7 @@ typedef struct loom_param_slot {
  * The unit of an optimizer update: elements [off, off + n) of slot's
  * parameter, with its optimizer state at state_off[k] in the state region
  * (element off's). A plain plan has one piece per slot; ZeRO-1
- * (dist/zero.c) has the pieces of this rank's shards only, and each piece
+ * (parallel/zero.c) has the pieces of this rank's shards only, and each piece
  * also writes its updated parameter into its gradient's place in the
  * bucket (pack_off, bytes into the bucket region), for the all-gather.
  * Under O2 a ZeRO piece's fp32 master is its own too (shard_master: at
@@ -97,7 +97,7 @@ typedef enum loom_step_kind {
 	LOOM_STEP_SEND,       /* pipeline: value v of micro-batch `micro` to rank `peer` */
 	LOOM_STEP_RECV,       /* pipeline: value v of micro-batch `micro` from rank `peer` */
 	LOOM_STEP_MICRO,      /* pipeline: micro-batch `micro`'s forward (phase) or backward
-			       * starts: its activation slot, its inputs (dist/pipeline.c) */
+			       * starts: its activation slot, its inputs (parallel/pipeline.c) */
 	LOOM_STEP_KIND_COUNT
 } loom_step_kind;
 
@@ -119,12 +119,12 @@ typedef struct loom_step {
 	int index;         /* COLLECTIVE, COPY: the bucket; ACCUM: the segment */
 	int first, last;   /* OPTIM: pieces */
 	int noop;          /* NODE: a leaf or view, nothing to compute */
-	/* Pipeline stages (dist/pipeline.c): SEND, RECV, MICRO: the
+	/* Pipeline stages (parallel/pipeline.c): SEND, RECV, MICRO: the
 	 * micro-batch; SEND, RECV: the peer's rank in the group. ACCUM:
 	 * LOOM_ACCUM_BY_RUN (the run's flags decide), _ADD or _FOLD. */
 	int micro, peer;
 	int accum;
-	/* RECV: the step from which its receive may be posted (dist/pipeline.c
+	/* RECV: the step from which its receive may be posted (parallel/pipeline.c
 	 * decides: its activation slot free of the micro-batch before and no
 	 * value of its own micro-batch's plan that died before it shares its
 	 * bytes); its own index where it must be posted at its step. */
@@ -175,7 +175,7 @@ typedef struct loom_plan {
 	loom_accum_seg *accum;
 	int n_accum;
 	size_t accum_bytes;
-	/* Pipeline stages (dist/pipeline.h), else NULL. */
+	/* Pipeline stages (parallel/pipeline.h), else NULL. */
 	struct loom_pipe *pipe;
 } loom_plan;
 

@@ -11,8 +11,8 @@
 
 #include "amp/amp_pass.h"
 #include "comm/comm.h"
-#include "dist/dist.h"
-#include "dist/pipeline.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "engine/elem.h"
 #include "base/cuda_plugin.h"
 #include "engine/program_internal.h"

@@ -94,7 +94,7 @@ loom_status loom_accum_plan(loom_plan *pl);
 
 /* engine/steps.c: the plan's step list from its schedule (nodes,
  * accumulation, the buckets' all-reduces, the optimizer's pieces), for a
- * plain or data-parallel plan; dist/zero.c makes a ZeRO plan's. */
+ * plain or data-parallel plan; parallel/zero.c makes a ZeRO plan's. */
 loom_status loom_steps_build(loom_plan *pl);
 /* One piece per slot, the slots' own state offsets. */
 loom_status loom_pieces_plain(loom_plan *pl);

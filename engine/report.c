@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dist/pipeline.h"
+#include "parallel/pipeline.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 

@@ -5,7 +5,7 @@
  * ALLREDUCE node turned into its accumulation step and its collective on
  * the communication stream, per-gradient accumulation steps after backward
  * when there are no buckets, then the wait for the collectives and the
- * optimizer over its pieces. A strategy pass (dist/zero.c) rewrites the
+ * optimizer over its pieces. A strategy pass (parallel/zero.c) rewrites the
  * list; the executor (engine/exec.c) walks it.
  */
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "dist/pipeline.h"
+#include "parallel/pipeline.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 #include "graph/ops/ops.h"

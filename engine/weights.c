@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "parallel/parallel.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
 #include "engine/safetensors.h"

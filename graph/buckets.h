@@ -2,7 +2,7 @@
  * graph/buckets.h — the layout of data parallelism's gradient buckets, as
  * the memory planner places them: which gradient lies where in which flat
  * bucket, each bucket's ALLREDUCE node, and the schedule with the buckets'
- * collectives in it. dist/bucket_pass.c decides it.
+ * collectives in it. parallel/bucket_pass.c decides it.
  */
 #ifndef LOOM_GRAPH_BUCKETS_H
 #define LOOM_GRAPH_BUCKETS_H

@@ -68,7 +68,7 @@ enum {
 	LOOM_NODE_AMP = 1u << 3,      /* inserted by the AMP pass */
 	LOOM_NODE_STAGE_CUT = 1u << 4, /* pipeline: the last value of its stage (loom_stage_boundary) */
 	/* Stored outside the memory plan, in shards (ZeRO-1's O2 masters, in
-	 * the optimizer-state region: dist/zero.c): no place in any region. */
+	 * the optimizer-state region: parallel/zero.c): no place in any region. */
 	LOOM_NODE_SHARDED = 1u << 5,
 	/* A cast folded in (graph/fuse.c, loom_fuse_casts): the node computes
 	 * in fp32 and writes its half dtype, rounding once. */

@@ -371,7 +371,7 @@ typedef struct loom_compile_opts {
 	 * overflow verdict under loss scaling is every stage's. schedule:
 	 * LOOM_SCHEDULE_1F1B (default) or LOOM_SCHEDULE_GPIPE. Batch norm
 	 * normalises each micro-batch with its own statistics. CPU only for
-	 * now; see dist/README.md for what is not done. */
+	 * now; see parallel/README.md for what is not done. */
 	int pipeline_stages;
 	int micro_batches;
 	int schedule;

@@ -552,7 +552,7 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 	/* The nodes this rank does not run (another pipeline stage's) get
 	 * the fixed default, unmeasured: the workspace is the largest node's
 	 * of the whole graph, the same on every stage, as the pipeline's
-	 * memory balance counts it (dist/pipeline.c, stage_peak); sized from
+	 * memory balance counts it (parallel/pipeline.c, stage_peak); sized from
 	 * this rank's nodes only, it would change with the cut. */
 	for (loom_value v = 0; v < p->g->n; v++) {
 		kprob q;

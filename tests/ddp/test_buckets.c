@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/bucket_pass.h"
+#include "parallel/bucket_pass.h"
 #include "graph/graph_internal.h"
 #include "graph/memplan.h"
 

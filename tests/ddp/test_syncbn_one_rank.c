@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "parallel/parallel.h"
 #include "engine/program_internal.h"
 #include "loom.h"
 

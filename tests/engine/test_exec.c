@@ -19,7 +19,7 @@
 #include <criterion/criterion.h>
 
 #include "comm/comm_internal.h"
-#include "dist/pipeline.h"
+#include "parallel/pipeline.h"
 #include "engine/program_internal.h"
 #include "loom.h"
 

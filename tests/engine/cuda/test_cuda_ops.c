@@ -28,7 +28,7 @@
 #include "base/cuda_plugin.h"
 #include "comm/comm.h"
 #include "engine/cuda/device.h"
-#include "dist/dist.h"
+#include "parallel/parallel.h"
 #include "tests/engine/cuda/need_gpu.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"

@@ -1,5 +1,5 @@
 /*
- * dist/ddp.c — data parallelism as a compile pass (a process group of
+ * parallel/ddp.c — data parallelism as a compile pass (a process group of
  * world > 1 in the options): the gradient buckets (sharded ones under
  * ZeRO) and the memory plan that holds them, synchronised batch norm
  * (sync_bn); then, once the arena holds the initial values, the start-up
@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "dist/bucket_pass.h"
-#include "dist/dist.h"
-#include "dist/pipeline.h"
+#include "parallel/bucket_pass.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 
@@ -70,7 +70,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	p->plan.comm = loom_pg_comm(o->pg, (p->be->caps & LOOM_BE_HOST_MEMORY) ? LOOM_COMM_HOST :
 										  LOOM_COMM_DEVICE);
 	/* Pipeline stages: data parallelism among this stage's replicas, over
-	 * this stage's parameters (dist/pipeline.c). */
+	 * this stage's parameters (parallel/pipeline.c). */
 	if (p->plan.pipe) {
 		p->plan.world = p->plan.pipe->replicas;
 		p->plan.rank = p->plan.pipe->replica;

@@ -1,5 +1,5 @@
 /*
- * dist/zero.c — ZeRO stage 1 (DeepSpeed's, llm.c's zero.cuh) as a pass over
+ * parallel/zero.c — ZeRO stage 1 (DeepSpeed's, llm.c's zero.cuh) as a pass over
  * the step list: every bucket (padded by the bucket pass to a multiple of
  * the world size) is split into world equal contiguous shards; rank r
  * reduce-scatters each bucket so that its shard holds the sum, updates the
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "dist/dist.h"
+#include "parallel/parallel.h"
 
 static size_t align64(size_t x)
 {

@@ -1,13 +1,13 @@
 /*
- * dist/dist.h — parallel strategies as compile passes over the plan, what
+ * parallel/parallel.h — parallel strategies as compile passes over the plan, what
  * engine/program.c calls while it compiles: data parallelism (buckets,
  * synchronised batch norm, the start-up fingerprint and broadcast;
- * dist/ddp.c) and ZeRO-1 (sharded optimizer state; dist/zero.c). Each pass
+ * parallel/ddp.c) and ZeRO-1 (sharded optimizer state; parallel/zero.c). Each pass
  * turns its strategy into steps of the plan (engine/plan.h); none touches
  * a backend.
  */
-#ifndef LOOM_DIST_DIST_H
-#define LOOM_DIST_DIST_H
+#ifndef LOOM_PARALLEL_PARALLEL_H
+#define LOOM_PARALLEL_PARALLEL_H
 
 #include "engine/program_internal.h"
 
@@ -28,7 +28,7 @@ extern int loom_ddp_test_sync_one_rank;
  * (queued on a device: the caller synchronises). */
 loom_status loom_ddp_start(loom_program *p);
 /* The start-up fingerprint's hash of node v (op, dtype, shape, sources,
- * flags): dist/pipeline.c's per-stage check uses it too. */
+ * flags): parallel/pipeline.c's per-stage check uses it too. */
 uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v);
 /* Collective, on host: every rank's head (the settings that must agree)
  * and items (one hash per node, described by describe(plan, i, ...))
@@ -42,7 +42,7 @@ loom_status loom_ddp_check_items(loom_program *p, struct loom_comm *host, const 
 loom_status loom_ddp_broadcast_buffers(loom_program *p);
 
 /*
- * ZeRO-1 (dist/zero.c), after loom_steps_build: every bucket's all-reduce
+ * ZeRO-1 (parallel/zero.c), after loom_steps_build: every bucket's all-reduce
  * becomes a reduce-scatter, the optimizer's pieces become this rank's
  * shard of every bucket with shard-local optimizer state (state_bytes
  * shrinks to the shard's) and, under O2, shard-local fp32 masters
@@ -77,4 +77,4 @@ int loom_zero_master_slot(const loom_program *p, loom_value v);
 loom_status loom_master_write(loom_program *p, loom_value v, const float *src);
 loom_status loom_master_read(loom_program *p, loom_value v, float *dst);
 
-#endif /* LOOM_DIST_DIST_H */
+#endif /* LOOM_PARALLEL_PARALLEL_H */

@@ -1,12 +1,12 @@
 /*
- * dist/pipeline.h — pipeline parallelism (model parallel) as a compile pass
+ * parallel/pipeline.h — pipeline parallelism (model parallel) as a compile pass
  * over the plan: the graph cut into stages, this rank's stage kept, the
  * micro-batches scheduled (GPipe or 1F1B) as one fixed step list with send
  * and receive steps for the values that cross a cut. What engine/program.c
  * and engine/exec.c call.
  */
-#ifndef LOOM_DIST_PIPELINE_H
-#define LOOM_DIST_PIPELINE_H
+#ifndef LOOM_PARALLEL_PIPELINE_H
+#define LOOM_PARALLEL_PIPELINE_H
 
 #include "engine/program_internal.h"
 
@@ -186,4 +186,4 @@ loom_status loom_pipeline_fetch(loom_program *p, int stage, const void *addr, vo
 
 void loom_pipeline_free(loom_pipe *pp);
 
-#endif /* LOOM_DIST_PIPELINE_H */
+#endif /* LOOM_PARALLEL_PIPELINE_H */

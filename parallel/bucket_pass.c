@@ -1,5 +1,5 @@
 /*
- * dist/bucket_pass.c — the gradient buckets of data-parallel training:
+ * parallel/bucket_pass.c — the gradient buckets of data-parallel training:
  * which gradient goes in which bucket and where, the all-reduce node of
  * each bucket, and the schedule that starts each all-reduce as soon as the
  * last of its gradients is made, so communication overlaps the rest of
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/bucket_pass.h"
+#include "parallel/bucket_pass.h"
 #include "graph/ops/ops.h"
 
 static size_t align_up(size_t x)

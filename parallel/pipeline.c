@@ -1,5 +1,5 @@
 /*
- * dist/pipeline.c — pipeline parallelism as a pass over the step list.
+ * parallel/pipeline.c — pipeline parallelism as a pass over the step list.
  * Every rank builds and plans the whole graph; the pass gives every node a
  * stage (forward nodes in build order, balancing estimated time or each
  * stage's planned peak memory, or at the user's loom_stage_boundary marks;
@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "dist/dist.h"
-#include "dist/pipeline.h"
+#include "parallel/parallel.h"
+#include "parallel/pipeline.h"
 #include "engine/elem.h"
 #include "graph/ops/ops.h"
 

@@ -1,12 +1,12 @@
 /*
- * dist/bucket_pass.h — data parallelism's compile pass: parameter
+ * parallel/bucket_pass.h — data parallelism's compile pass: parameter
  * gradients grouped into flat buckets (PyTorch DDP's bucket_cap_mb and
  * gradient_as_bucket_view), one all-reduce node per bucket, and the
  * schedule that runs each all-reduce right after its last gradient.
  * Knows nothing of processes or collectives.
  */
-#ifndef LOOM_DIST_BUCKET_PASS_H
-#define LOOM_DIST_BUCKET_PASS_H
+#ifndef LOOM_PARALLEL_BUCKET_PASS_H
+#define LOOM_PARALLEL_BUCKET_PASS_H
 
 #include <stddef.h>
 
@@ -31,4 +31,4 @@ loom_status loom_bucket_pass(loom_graph *g, const loom_value *grads, int n, size
 loom_status loom_bucket_pass_sharded(loom_graph *g, const loom_value *grads, int n, size_t cap,
 				     size_t first_cap, int shards, loom_buckets *out);
 
-#endif /* LOOM_DIST_BUCKET_PASS_H */
+#endif /* LOOM_PARALLEL_BUCKET_PASS_H */
