@@ -9,12 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/amp_pass.h"
 #include "comm/comm.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "engine/elem.h"
-#include "base/cuda_plugin.h"
+#include "engine/pass.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 #include "graph/ops/ops.h"
@@ -91,184 +90,6 @@ static loom_status check_optim(const loom_optim_opts *o)
 	return LOOM_OK;
 }
 
-const loom_backend *loom_test_backend;
-
-/* Chooses the backend: CUDA when asked or found, else the CPU with one
- * notice when the user left it to us. The CUDA plugin is mapped here, and
- * only when the driver reports a device. */
-static loom_status pick_backend(loom_program *p)
-{
-	char why[2048];
-	const loom_cuda_plugin *pl;
-	int have_cuda;
-
-	if (loom_test_backend) {
-		p->be = loom_test_backend;
-		return LOOM_OK;
-	}
-	if (p->plan.opts.device == LOOM_DEVICE_CPU) {
-		p->be = &loom_cpu_backend;
-		return LOOM_OK;
-	}
-	if (p->plan.opts.device != LOOM_DEVICE_AUTO && p->plan.opts.device != LOOM_DEVICE_CUDA)
-		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d",
-				    (int)p->plan.opts.device);
-	have_cuda = loom_cuda_probe(why, sizeof why) > 0;
-	pl = have_cuda ? loom_cuda_plugin_load(why, sizeof why) : NULL;
-	if (pl) {
-		p->be = pl->backend();
-		return LOOM_OK;
-	}
-	if (p->plan.opts.device == LOOM_DEVICE_CUDA)
-		return compile_fail(LOOM_ERR_UNSUPPORTED, "device cuda: %s%s",
-				    have_cuda ? "" : "no CUDA device is available: ", why);
-	static int told;
-	if (!told++)
-		loom_log(have_cuda ? "loom: a CUDA device was found but %s; running on the CPU\n"
-				   : "loom: no CUDA device found, running on the CPU (%s)\n",
-			 why);
-	p->be = &loom_cpu_backend;
-	return LOOM_OK;
-}
-
-/* Whether an embedding reads v (or a cast of it) as its table. */
-static int is_embedding_table(const loom_graph *g, int n_fwd, loom_value v)
-{
-	for (int u = 0; u < n_fwd; u++) {
-		const loom_node *nd = &g->nodes[u];
-		if (nd->op != LOOM_OP_EMBEDDING)
-			continue;
-		loom_value t = nd->src[1];
-		while (g->nodes[t].op == LOOM_OP_CAST)
-			t = g->nodes[t].src[0];
-		if (t == v)
-			return 1;
-	}
-	return 0;
-}
-
-/* Parameter slots and their optimizer state (momentum buffers, Adam m/v),
- * in f32 for half models (the master's dtype) and the param's dtype else. */
-static loom_status make_slots(loom_program *p)
-{
-	loom_graph *g = p->plan.g;
-	int n = 0;
-	for (int v = 0; v < p->plan.n_fwd; v++)
-		if (g->nodes[v].op == LOOM_OP_PARAM && g->nodes[v].grad != LOOM_NONE)
-			n++;
-	p->plan.params = calloc(n ? n : 1, sizeof(*p->plan.params));
-	if (!p->plan.params)
-		return compile_fail(LOOM_ERR_NOMEM, "out of memory for %d parameter slots", n);
-	int nstate = p->plan.n_state = loom_optim_state_count(&p->plan.opts.optim);
-	size_t off = 0;
-	for (int v = 0; v < p->plan.n_fwd; v++) {
-		loom_node *nd = &g->nodes[v];
-		if (nd->op != LOOM_OP_PARAM || nd->grad == LOOM_NONE)
-			continue;
-		loom_param_slot *s = &p->plan.params[p->plan.n_params++];
-		s->param = v;
-		s->grad = nd->grad;
-		s->master = nd->master;
-		s->numel = loom_shape_numel(&nd->shape);
-		s->matrix = nd->shape.ndim >= 2 && !is_embedding_table(g, p->plan.n_fwd, v);
-		s->state_dtype = nd->master != LOOM_NONE ? g->nodes[nd->master].dtype :
-			       (nd->dtype == LOOM_F64 ? LOOM_F64 : LOOM_F32);
-		size_t sz = ((size_t)s->numel * loom_dtype_size(s->state_dtype) + 63) & ~(size_t)63;
-		for (int k = 0; k < nstate; k++) {
-			s->state_off[k] = off;
-			off += sz;
-		}
-		if (nd->master != LOOM_NONE)
-			p->plan.master_bytes += loom_value_bytes(p, nd->master);
-	}
-	p->plan.state_bytes = off;
-	return LOOM_OK;
-}
-
-/* Writes the initial parameters and buffers (and masters) into the arena. */
-static loom_status init_values(loom_program *p)
-{
-	loom_graph *g = p->plan.g;
-	for (int v = 0; v < p->plan.n_fwd; v++) {
-		loom_node *nd = &g->nodes[v];
-		/* ZeRO's sharded masters: loom_zero_start; another stage's: none */
-		if ((nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER) ||
-		    (nd->flags & LOOM_NODE_SHARDED) || !loom_plan_holds(&p->plan, v))
-			continue;
-		size_t bytes = loom_value_bytes(p, v);
-		void *tmp = malloc(bytes ? bytes : 1);
-		if (!tmp)
-			return compile_fail(LOOM_ERR_NOMEM, "out of memory initialising '%s'", nd->name);
-		loom_init_value(g, v, tmp);
-		loom_status st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
-		free(tmp);
-		if (st != LOOM_OK)
-			return compile_fail(st, "initialising '%s': %s", nd->name, p->err);
-	}
-	if (p->plan.state_bytes) {
-		void *zero = calloc(1, p->plan.state_bytes);
-		if (!zero)
-			return compile_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
-		loom_status st = loom_program_upload(p, p->arena.state, zero, p->plan.state_bytes);
-		free(zero);
-		if (st != LOOM_OK)
-			return compile_fail(st, "optimizer state: %s", p->err);
-	}
-	return LOOM_OK;
-}
-
-/* This rank's planned peak: the arena, and the accumulation sums a
- * pipeline of several micro-batches allocates at its first step. */
-static size_t planned_peak(const loom_plan *pl)
-{
-	size_t accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
-	return pl->mp.persist_bytes + pl->mp.bucket_bytes + pl->mp.act_bytes + pl->ws_bytes +
-	       pl->state_bytes + accum;
-}
-
-/* loom_compile_opts.memory_limit_mb: refused before anything is allocated.
- * Pipeline stages first: every rank checks every stage, so that all refuse
- * together (and may try another cut together, loom_compile). */
-static loom_status check_memory_limit(loom_program *p)
-{
-	double limit = p->plan.opts.memory_limit_mb;
-	double peak = planned_peak(&p->plan) / 1048576.0;
-	if (p->plan.pipe) {
-		char msg[400];
-		loom_status st = loom_pipeline_limit(p, msg, sizeof(msg));
-		if (st != LOOM_OK)
-			return loom_program_fail(p, st, "%s", msg);
-	}
-	if (limit > 0 && peak > limit)
-		return loom_program_fail(p, LOOM_ERR_NOMEM,
-					 "the planned peak of %.2f MiB (activations %.2f, persistent "
-					 "%.2f, optimizer state %.2f, workspace %.2f) exceeds the memory "
-					 "limit of %.2f MiB", peak, p->plan.mp.act_bytes / 1048576.0,
-					 p->plan.mp.persist_bytes / 1048576.0,
-					 p->plan.state_bytes / 1048576.0, p->plan.ws_bytes / 1048576.0, limit);
-	return LOOM_OK;
-}
-
-/* The backend's context, what it runs (every node a step runs, asked with
- * its dtypes and shapes), its per-node plans, then its arena. */
-static loom_status backend_prepare(loom_program *p)
-{
-	const loom_backend *be = p->be;
-	loom_status st;
-
-	if ((st = be->init(&p->be_ctx, p->err, sizeof(p->err))) != LOOM_OK)
-		return st;
-	if ((st = loom_exec_check_support(p)) != LOOM_OK)
-		return st;
-	if ((st = be->plan_create(p->be_ctx, &p->plan, &p->plan.ws_bytes)) != LOOM_OK)
-		return loom_program_backend_fail(p, st);
-	if ((st = check_memory_limit(p)) != LOOM_OK)
-		return st;
-	if ((st = be->alloc(p->be_ctx, &p->plan, &p->ts, &p->arena)) != LOOM_OK)
-		return loom_program_backend_fail(p, st);
-	return LOOM_OK;
-}
-
 static uint64_t mix(uint64_t h, uint64_t x)
 {
 	h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -282,11 +103,11 @@ static void memory_report(const loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_pg_info *in = pl->opts.pg ? loom_pg_get_info(pl->opts.pg) : NULL;
-	size_t grads = 0, accum = pl->pipe && pl->pipe->micro > 1 ? pl->accum_bytes : 0;
+	size_t grads = 0, accum = p->peak_extra;
 	for (int i = 0; i < pl->n_params; i++)
 		if (loom_plan_holds(pl, pl->params[i].grad))
 			grads += loom_plan_value_bytes(pl, pl->params[i].grad);
-	size_t total = planned_peak(pl);
+	size_t total = loom_plan_peak(pl, p->peak_extra);
 	char where[64] = "";
 	if (pl->pipe)
 		snprintf(where, sizeof(where), " (stage %d, %d activation slots of %.2f MiB)",
@@ -299,17 +120,19 @@ static void memory_report(const loom_program *p)
 		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0, accum / 1048576.0);
 }
 
-/* One compile of g; `rebalanced`: pipeline stages cut by memory because
- * the time-balanced cut was over the memory limit (loom_compile). */
-static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compile_opts *o,
-			       int rebalanced, loom_program **out)
+/* The group's world size (1 without a group). */
+static int group_world(const loom_pg *pg)
+{
+	const loom_pg_info *in = pg ? loom_pg_get_info(pg) : NULL;
+	return in && in->world > 1 ? in->world : 1;
+}
+
+/* What loom_compile refuses before it makes a program: the graph, the
+ * loss and the options' values. */
+static loom_status check_args(const loom_graph *g, loom_value loss, const loom_compile_opts *o)
 {
 	loom_status st;
 	char lb[96];
-	last_error[0] = 0;
-	if (!out)
-		return compile_fail(LOOM_ERR_INVALID, "loom_compile: out is NULL");
-	*out = NULL;
 	if (!g)
 		return compile_fail(LOOM_ERR_INVALID, "loom_compile: graph is NULL");
 	if (g->err != LOOM_OK)
@@ -320,11 +143,6 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 	if (g->nodes[loss].shape.ndim != 0)
 		return compile_fail(LOOM_ERR_SHAPE, "loom_compile: the loss %s is not a scalar",
 				    loom_node_label(g, loss, lb, sizeof(lb)));
-	loom_compile_opts def;
-	if (!o) {
-		loom_compile_opts_default(&def);
-		o = &def;
-	}
 	if ((st = check_optim(&o->optim)) != LOOM_OK)
 		return st;
 	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
@@ -335,14 +153,21 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 	if (!(o->kernel_search_ms >= 0))
 		return compile_fail(LOOM_ERR_INVALID, "kernel_search_ms %g must be >= 0",
 				    o->kernel_search_ms);
-
-	if (o->inference && loom_ddp_world(o) > 1)
+	if (o->inference && group_world(o->pg) > 1)
 		return compile_fail(LOOM_ERR_UNSUPPORTED,
 				    "loom_compile: a forward-only (inference) plan is for one process");
+	return LOOM_OK;
+}
 
+/* The program the passes fill: the options, the training state's start,
+ * the plan's fingerprint and world, its own copy of the graph. */
+static loom_status program_new(loom_graph *g, loom_value loss, const loom_compile_opts *o,
+			       loom_program **out)
+{
 	loom_program *p = calloc(1, sizeof(*p));
 	if (!p)
 		return compile_fail(LOOM_ERR_NOMEM, "out of memory");
+	*out = p;
 	p->plan.opts = *o;
 	if (o->inference) /* no gradients: nothing to optimize */
 		p->plan.opts.optim.kind = LOOM_OPTIM_NONE;
@@ -351,184 +176,108 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 	p->plan.fingerprint = mix(loom_graph_fingerprint(g),
 			     (uint64_t)p->plan.opts.optim.kind * 131 + (uint64_t)o->amp.level * 7 +
 				     (uint64_t)o->amp.half + (o->inference ? 0x1f00dull : 0));
-	if ((st = loom_graph_clone(g, &p->plan.g)) != LOOM_OK) {
-		compile_fail(st, "out of memory copying the graph");
-		goto out_fail;
-	}
-	p->plan.g->nodes[loss].flags |= LOOM_NODE_OUTPUT;
-
-	/* AMP: casts, half parameters with f32 masters, the loss scale. */
-	char amsg[256] = "";
-	if ((st = loom_amp_pass(p->plan.g, &loss, &o->amp, !o->inference, amsg, sizeof(amsg))) !=
-	    LOOM_OK) {
-		compile_fail(st, "%s", amsg);
-		goto out_fail;
-	}
+	p->plan.world = group_world(o->pg);
 	p->plan.loss = loss;
-	p->plan.scaling = loom_amp_uses_scaling(&o->amp);
-	float init = o->amp.static_scale > 0 ? (float)o->amp.static_scale :
-		     p->plan.scaling ? (float)o->amp.init_scale : 1.0f;
-	if (loom_scaler_init(&p->ts.scaler, init, o->amp.growth_interval > 0 ? o->amp.growth_interval : 2000,
-			     p->plan.scaling && !(o->amp.static_scale > 0)) != 0) {
-		compile_fail(LOOM_ERR_INVALID, "amp: loss scale %g / growth interval %d invalid",
-			     o->amp.init_scale, o->amp.growth_interval);
-		st = LOOM_ERR_INVALID;
-		goto out_fail;
-	}
+	loom_status st = loom_graph_clone(g, &p->plan.g);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "out of memory copying the graph");
+	p->plan.g->nodes[loss].flags |= LOOM_NODE_OUTPUT;
+	return LOOM_OK;
+}
 
-	p->plan.n_fwd = p->plan.g->n;
-	if (!o->inference && (st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK) {
-		compile_fail(st, "%s", p->plan.g->errmsg);
-		goto out_fail;
+const char *loom_test_skip_pass;
+
+static int pass_skipped(const loom_pass *ps)
+{
+	return loom_test_skip_pass && strcmp(loom_test_skip_pass, ps->name) == 0;
+}
+
+/* The compile pipeline: every wanted pass in order, then the start-up of
+ * those that ran (the arena holds the initial values by then). */
+static loom_status run_passes(loom_program *p, loom_pass_ctx *c)
+{
+	unsigned char ran[64] = { 0 };
+	loom_status st;
+	for (int i = 0; i < loom_n_compile_passes; i++) {
+		const loom_pass *ps = loom_compile_passes[i];
+		if (pass_skipped(ps) || (ps->wanted && !ps->wanted(p)))
+			continue;
+		if ((st = ps->run(p, c)) != LOOM_OK)
+			return st;
+		ran[i] = 1;
 	}
-	if ((st = pick_backend(p)) != LOOM_OK)
-		goto out_fail;
-	if ((o->optim.clip_grad > 0 || o->optim.decay_matrices_only) &&
-	    p->plan.opts.optim.kind != LOOM_OPTIM_NONE && !(p->be->caps & LOOM_BE_CLIPS_GRAD)) {
-		st = compile_fail(LOOM_ERR_UNSUPPORTED,
-				  "optimizer: the %s backend's optimizer has no %s yet",
-				  p->be->name, o->optim.clip_grad > 0 ? "clip_grad" : "decay_matrices_only");
-		goto out_fail;
+	for (int i = 0; i < loom_n_compile_passes; i++)
+		if (ran[i] && loom_compile_passes[i]->start &&
+		    (st = loom_compile_passes[i]->start(p)) != LOOM_OK)
+			return st;
+	return LOOM_OK;
+}
+
+/* --verbose: what was compiled, and how the arena divides. */
+static void compile_log(const loom_program *p)
+{
+	loom_program_info info;
+	loom_program_info_get(p, &info);
+	loom_log("loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
+		"(params %.2f, grads %.2f, optimizer %.2f, activations %.2f of %.2f naive)\n",
+		info.n_nodes, p->plan.n_fwd, info.backend, info.arena_bytes / 1048576.0,
+		info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
+		info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
+		info.activation_naive_bytes / 1048576.0);
+}
+
+/* One compile of g; `rebalanced`: pipeline stages cut by memory because
+ * the time-balanced cut was over the memory limit (loom_compile). */
+static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compile_opts *o,
+			       int rebalanced, loom_program **out)
+{
+	loom_status st;
+	loom_compile_opts def;
+	last_error[0] = 0;
+	if (!out)
+		return compile_fail(LOOM_ERR_INVALID, "loom_compile: out is NULL");
+	*out = NULL;
+	if (!o) {
+		loom_compile_opts_default(&def);
+		o = &def;
 	}
-	if (o->optim.clip_grad > 0 && o->pipeline_stages > 1) {
-		st = compile_fail(LOOM_ERR_UNSUPPORTED,
-				  "optimizer: clip_grad is not supported with pipeline stages yet (each "
-				  "stage holds its own gradients; the norm needs their sum)");
-		goto out_fail;
-	}
-	/* Planner passes, then the memory plan of what remains. */
-	unsigned caps = o->no_fusion ? 0 : p->be->caps;
-	if (caps & LOOM_BE_FUSES_RELU_POOL)
-		loom_fuse_relu_pool(p->plan.g);
-	if (caps & LOOM_BE_FUSES_LINEAR_RELU)
-		loom_fuse_linear_relu(p->plan.g);
-	/* After the pool fusion: a relu that feeds a pool stays the pool's. */
-	if (caps & LOOM_BE_FUSES_BN_RELU)
-		loom_fuse_bn_relu(p->plan.g);
-	if (caps & LOOM_BE_FUSES_ADD_RELU)
-		loom_fuse_add_relu(p->plan.g);
-	if (caps & LOOM_BE_FUSES_SIBLINGS)
-		loom_fuse_siblings(p->plan.g);
-	if (caps & LOOM_BE_FUSES_CASTS)
-		loom_fuse_casts(p->plan.g);
-	if ((st = make_slots(p)) != LOOM_OK)
-		goto out_fail;
-	/* Data parallelism: gradient buckets and their all-reduces, then the
-	 * memory plan that lays the buckets out; else the plain plan. */
-	p->plan.world = loom_ddp_world(o);
-	if (o->pipeline_stages > 1) {
-		/* Pipeline stages: the world is stages x replicas; the data
-		 * parallelism is among a stage's replicas. */
-		char pmsg[256];
-		if ((st = loom_pipeline_check(o, p->plan.world, pmsg, sizeof(pmsg))) != LOOM_OK) {
-			compile_fail(st, "%s", pmsg);
-			goto out_fail;
-		}
-		p->plan.world /= o->pipeline_stages;
-		if ((st = loom_pipeline_assign(p, pmsg, sizeof(pmsg))) != LOOM_OK) {
-			compile_fail(st, "%s", pmsg);
-			goto out_fail;
-		}
-		p->plan.pipe->rebalanced = rebalanced;
-	}
-	if (p->plan.world > 1) {
-		char dmsg[256];
-		if ((st = loom_ddp_plan(p, dmsg, sizeof(dmsg))) != LOOM_OK) {
-			compile_fail(st, "%s", dmsg);
-			goto out_fail;
-		}
-	} else {
-		if (o->sync_bn && loom_ddp_test_sync_one_rank)
-			loom_ddp_mark_sync_bn(p->plan.g);
-		/* Pipeline stages: the values this rank's stage touches only. */
-		unsigned char *held = NULL;
-		if ((st = loom_pipeline_held(&p->plan, &held)) == LOOM_OK)
-			st = loom_memplan_build_held(p->plan.g, NULL, NULL, held, &p->plan.mp);
-		free(held);
-		if (st != LOOM_OK) {
-			compile_fail(st, "memory planning: out of memory");
-			goto out_fail;
-		}
-	}
-	if ((st = loom_accum_plan(&p->plan)) != LOOM_OK) {
-		compile_fail(st, "gradient accumulation: out of memory");
-		goto out_fail;
-	}
-	/* The step list, then the strategy passes that rewrite it. */
-	if ((st = loom_pieces_plain(&p->plan)) != LOOM_OK ||
-	    (st = loom_steps_build(&p->plan)) != LOOM_OK) {
-		compile_fail(st, "steps: out of memory");
-		goto out_fail;
-	}
-	if (p->plan.zero) {
-		char zmsg[256];
-		if ((st = loom_zero_plan(&p->plan, p->be, zmsg, sizeof(zmsg))) != LOOM_OK) {
-			compile_fail(st, "%s", zmsg);
-			goto out_fail;
-		}
-	}
-	if (o->pipeline_stages > 1) {
-		char pmsg[256];
-		if ((st = loom_pipeline_plan(p, pmsg, sizeof(pmsg))) != LOOM_OK) {
-			compile_fail(st, "%s", pmsg);
-			goto out_fail;
-		}
-	}
-	if ((st = backend_prepare(p)) != LOOM_OK) {
-		compile_fail(st, "backend %s: %s", p->be->name, p->err);
-		goto out_fail;
-	}
-	if ((st = init_values(p)) != LOOM_OK)
-		goto out_fail;
-	if (p->plan.world > 1 && !p->plan.pipe &&
-	    ((st = loom_ddp_start(p)) != LOOM_OK || (st = loom_exec_synchronize(p)) != LOOM_OK)) {
-		compile_fail(st, "%s", p->err);
-		goto out_fail;
-	}
-	if (p->plan.pipe) {
-		p->plan.pipe->act_base = p->arena.act;
-		if ((st = loom_pipeline_start(p)) != LOOM_OK) {
-			compile_fail(st, "%s", p->err);
-			goto out_fail;
-		}
+	if ((st = check_args(g, loss, o)) != LOOM_OK)
+		return st;
+	loom_pass_ctx c = { .loss = loss, .rebalanced = rebalanced };
+	if ((st = program_new(g, loss, o, out)) == LOOM_OK)
+		st = run_passes(*out, &c);
+	free(c.held);
+	loom_program *p = *out;
+	if (st != LOOM_OK) {
+		/* As sqlite3_open: the handle comes back so that its error can
+		 * be read; only loom_program_error and loom_program_free take it. */
+		if (p)
+			snprintf(last_error, sizeof(last_error), "%s", p->err);
+		return st;
 	}
 	if (o->memory_report)
 		memory_report(p);
-	if (o->verbose) {
-		loom_program_info info;
-		loom_program_info_get(p, &info);
-		loom_log("loom: compiled %d nodes (%d forward) on %s: arena %.2f MiB "
-			"(params %.2f, grads %.2f, optimizer %.2f, activations %.2f of %.2f naive)\n",
-			info.n_nodes, p->plan.n_fwd, info.backend, info.arena_bytes / 1048576.0,
-			info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
-			info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
-			info.activation_naive_bytes / 1048576.0);
-	}
+	if (o->verbose)
+		compile_log(p);
 	p->ready = 1;
-	*out = p;
 	return LOOM_OK;
-
-out_fail:
-	/* As sqlite3_open: the handle comes back so that its error can be
-	 * read; only loom_program_error and loom_program_free take it. */
-	snprintf(p->err, sizeof(p->err), "%s", last_error);
-	*out = p;
-	return st;
 }
 
 loom_status loom_compile(loom_graph *g, loom_value loss, const loom_compile_opts *o,
 			 loom_program **out)
 {
 	loom_status st = compile_one(g, loss, o, 0, out);
-	/* Pipeline stages over the memory limit on a time-balanced cut: the
-	 * memory-balanced cut before refusing. Every rank refused the same
-	 * stage (loom_pipeline_limit), so every rank compiles again. */
-	if (st == LOOM_ERR_NOMEM && o && *out && loom_pipeline_may_rebalance(&(*out)->plan)) {
+	/* Refused for memory: a pass may know a plan that fits (the pipeline's
+	 * memory-balanced cut); every rank refused alike, so every rank
+	 * compiles again. */
+	for (int i = 0; st == LOOM_ERR_NOMEM && o && *out && i < loom_n_compile_passes; i++) {
 		loom_compile_opts mo = *o;
-		mo.pipeline_balance = LOOM_BALANCE_MEMORY;
+		const loom_pass *ps = loom_compile_passes[i];
+		if (!ps->retry || !ps->retry(*out, &mo))
+			continue;
 		loom_program_free(*out);
 		*out = NULL;
-		st = compile_one(g, loss, &mo, 1, out);
+		return compile_one(g, loss, &mo, 1, out);
 	}
 	return st;
 }
@@ -544,7 +293,9 @@ void loom_program_free(loom_program *p)
 	}
 	loom_trace_free(p->ts.trace);
 	loom_exec_free(&p->exec);
-	loom_pipeline_free(p->plan.pipe);
+	for (int i = 0; i < loom_n_compile_passes; i++)
+		if (loom_compile_passes[i]->release)
+			loom_compile_passes[i]->release(p);
 	free(p->plan.steps);
 	free(p->plan.pieces);
 	loom_memplan_free(&p->plan.mp);

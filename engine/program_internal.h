@@ -45,6 +45,9 @@ struct loom_program {
 			   * addresses (the backend reads this one) */
 	loom_exec exec;
 	int ready;        /* compiled; a failed compile's handle only explains */
+	/* Bytes a strategy allocates beyond the arena, in the planned peak (a
+	 * pipeline's accumulation sums of several micro-batches). */
+	size_t peak_extra;
 	char err[LOOM_ERR_MAX];
 };
 

@@ -9,17 +9,20 @@
  * rank is stage 0 of two). Also: the list is what --dump-graph shows, a
  * backend that refuses a node is refused at compile naming the node with its
  * dtypes and shapes, and a trace records spans on a backend that is not the
- * CPU's table. The real multi-process runs are tests/ddp's.
+ * CPU's table; and the pass list is the compile pipeline: each pass left out
+ * changes what a compile gives. The real multi-process runs are tests/ddp's.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
 
 #include "comm/comm_internal.h"
 #include "parallel/pipeline.h"
+#include "engine/pass.h"
 #include "engine/program_internal.h"
 #include "loom.h"
 
@@ -1281,4 +1284,177 @@ Test(exec, a_staged_receive_is_posted_early_even_where_its_bytes_are_shared)
 	cr_assert_eq(pp->n_early, 2);
 	expect_pipe_update(p, w);
 	free_ranked(p, g, pg);
+}
+
+/* ------------------------------------------------------------ the pass list */
+
+/*
+ * The pass list is the compile pipeline: every pass of loom_compile_passes
+ * has a case here, a compile that the pass changes. Compiled whole and with
+ * the pass left out (loom_test_skip_pass), the case must differ: the
+ * compile's status or message, the plan and step list (--dump-graph's
+ * text), the planned peak, or a parameter's initial values. Each compile
+ * runs in a child process, so that a pass whose absence crashes a later
+ * one counts as a difference too.
+ */
+typedef struct pass_case {
+	const char *pass;
+	loom_opt_level level;
+	int world, zero, stages, accumulate;
+} pass_case;
+
+static const pass_case pass_cases[] = {
+	{ "amp", .level = LOOM_O2 },
+	{ "autodiff" },
+	{ "device" },
+	{ "fuse" },
+	{ "slots" },
+	{ "pipeline cut", .world = 2, .stages = 2 },
+	{ "data parallel", .world = 2 },
+	{ "memory plan" },
+	{ "accumulation", .accumulate = 1 },
+	{ "steps" },
+	{ "zero", .world = 2, .zero = 1 },
+	{ "pipeline", .world = 2, .stages = 2 },
+	{ "backend plan" },
+	{ "pipeline limit", .world = 2, .stages = 2 },
+	{ "backend arena" },
+	{ "initial values" },
+};
+
+/* The case compiled (one TRAIN run, or an ACCUMULATE, where it asks),
+ * described into f. */
+static void describe_compile(const pass_case *k, FILE *f)
+{
+	loom_graph *g;
+	loom_value loss, h, w;
+	loom_pg *pg = k->world > 1 ? fake_group(k->world, 0) : NULL;
+	loom_program *p = NULL;
+	loom_status st;
+	if (k->stages) {
+		int64_t d[2] = { 2, 3 };
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+		w = loom_param(g, "w", LOOM_F32, 2, d, LOOM_INIT_ZEROS, 3);
+		h = loom_relu(g, loom_add(g, x, w));
+		loom_stage_boundary(g, h);
+		loss = loom_sum(g, h);
+	} else {
+		loss = build_mlp(&g);
+	}
+	loom_compile_opts o;
+	mlp_opts(&o, LOOM_OPTIM_SGD);
+	o.optim.momentum = 0.9;
+	o.amp.level = k->level;
+	o.amp.half = LOOM_BF16;
+	o.pg = pg;
+	o.zero_stage = k->zero;
+	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
+	o.pipeline_stages = k->stages;
+	o.micro_batches = k->stages ? 2 : 0;
+	st = loom_compile(g, loss, &o, &p);
+	fprintf(f, "status %d: %s\n", (int)st, st != LOOM_OK ? loom_last_error() : "");
+	if (st == LOOM_OK) {
+		loom_program_dump(p, f);
+		fprintf(f, "peak %zu\n", loom_plan_peak(&p->plan, p->peak_extra));
+		for (int v = 0; !k->stages && v < g->n; v++) {
+			if (g->nodes[v].op != LOOM_OP_PARAM)
+				continue;
+			double val[32];
+			size_t n = (size_t)loom_shape_numel(&g->nodes[v].shape);
+			n = n < 32 ? n : 32;
+			if (n == (size_t)loom_shape_numel(&g->nodes[v].shape) &&
+			    loom_read_f64(p, v, val, n) == LOOM_OK)
+				for (size_t i = 0; i < n; i++)
+					fprintf(f, "%s[%zu] %.17g\n", g->nodes[v].name, i, val[i]);
+		}
+	}
+	free_ranked(p, g, pg);
+}
+
+/* describe_compile's text from a child process (with the pass named
+ * left out), or the way the child ended. */
+static char *compiled_in_child(const pass_case *k, const char *skip)
+{
+	int fd[2];
+	cr_assert_eq(pipe(fd), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(fd[0]);
+		if (!freopen("/dev/null", "w", stderr))
+			_exit(3);
+		loom_test_skip_pass = skip;
+		FILE *f = fdopen(fd[1], "w");
+		describe_compile(k, f);
+		fclose(f);
+		_exit(0);
+	}
+	close(fd[1]);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *out = open_memstream(&buf, &len);
+	char chunk[4096];
+	ssize_t n;
+	while ((n = read(fd[0], chunk, sizeof(chunk))) > 0)
+		fwrite(chunk, 1, (size_t)n, out);
+	close(fd[0]);
+	int ws;
+	cr_assert_eq(waitpid(pid, &ws, 0), pid);
+	if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+		fprintf(out, "\nchild ended: status %d\n", ws);
+	fclose(out);
+	return buf;
+}
+
+static void pass_setup(void)
+{
+	memset(&rec, 0, sizeof(rec));
+	fk_reset();
+	loom_test_backend = NULL;
+	loom_test_skip_pass = NULL;
+}
+
+TestSuite(passes, .init = pass_setup, .fini = teardown);
+
+Test(passes, every_pass_of_the_list_has_a_case_and_every_case_a_pass)
+{
+	size_t nc = sizeof(pass_cases) / sizeof(pass_cases[0]);
+	for (int i = 0; i < loom_n_compile_passes; i++) {
+		size_t c = 0;
+		while (c < nc && strcmp(pass_cases[c].pass, loom_compile_passes[i]->name) != 0)
+			c++;
+		cr_expect_lt(c, nc, "pass '%s' has no case in tests/engine/test_exec.c",
+			     loom_compile_passes[i]->name);
+	}
+	for (size_t c = 0; c < nc; c++) {
+		int i = 0;
+		while (i < loom_n_compile_passes &&
+		       strcmp(pass_cases[c].pass, loom_compile_passes[i]->name) != 0)
+			i++;
+		cr_expect_lt(i, loom_n_compile_passes, "case '%s' names no pass of the list",
+			     pass_cases[c].pass);
+	}
+}
+
+Test(passes, each_pass_left_out_changes_what_compiles, .timeout = 120)
+{
+	for (size_t c = 0; c < sizeof(pass_cases) / sizeof(pass_cases[0]); c++) {
+		const pass_case *k = &pass_cases[c];
+		char *whole = compiled_in_child(k, NULL);
+		char *again = compiled_in_child(k, NULL);
+		char *without = compiled_in_child(k, k->pass);
+		cr_expect(strncmp(whole, "status 0:", 9) == 0, "case '%s' does not compile: %s",
+			  k->pass, whole);
+		/* else a difference could be noise */
+		cr_expect(strcmp(whole, again) == 0, "case '%s' compiles differently twice", k->pass);
+		if (getenv("LOOM_TEST_SHOW_PASSES"))
+			fprintf(stderr, "--- %s left out:\n%.600s\n", k->pass, without);
+		cr_expect(strcmp(whole, without) != 0,
+			  "pass '%s' left out, its case compiles the same plan:\n%s", k->pass, whole);
+		free(whole);
+		free(again);
+		free(without);
+	}
 }

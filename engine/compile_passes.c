@@ -1,0 +1,355 @@
+/*
+ * engine/compile_passes.c — the engine's own compile passes (engine/pass.h):
+ * AMP, autodiff, the device, fusions, parameter slots, the memory plan,
+ * accumulation, the step list, the backend's plans and arena, and the
+ * initial values. The strategies' passes are parallel/'s; the order is
+ * engine/passes.c's list.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amp/amp_pass.h"
+#include "base/cuda_plugin.h"
+#include "engine/pass.h"
+
+/* ------------------------------------------------------------ amp */
+
+/* Casts, half parameters with f32 masters, the loss scale. */
+static loom_status amp_run(loom_program *p, loom_pass_ctx *c)
+{
+	const loom_compile_opts *o = &p->plan.opts;
+	char amsg[256] = "";
+	loom_status st =
+		loom_amp_pass(p->plan.g, &c->loss, &o->amp, !o->inference, amsg, sizeof(amsg));
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s", amsg);
+	p->plan.loss = c->loss;
+	p->plan.scaling = loom_amp_uses_scaling(&o->amp);
+	float init = o->amp.static_scale > 0 ? (float)o->amp.static_scale :
+		     p->plan.scaling ? (float)o->amp.init_scale : 1.0f;
+	if (loom_scaler_init(&p->ts.scaler, init,
+			     o->amp.growth_interval > 0 ? o->amp.growth_interval : 2000,
+			     p->plan.scaling && !(o->amp.static_scale > 0)) != 0)
+		return loom_program_fail(p, LOOM_ERR_INVALID,
+					 "amp: loss scale %g / growth interval %d invalid",
+					 o->amp.init_scale, o->amp.growth_interval);
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_amp = { .name = "amp", .run = amp_run };
+
+/* ------------------------------------------------------------ autodiff */
+
+/* The forward graph ends here; its backward (none for inference) after. */
+static loom_status autodiff_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	p->plan.n_fwd = p->plan.g->n;
+	loom_status st;
+	if (!p->plan.opts.inference && (st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK)
+		return loom_program_fail(p, st, "%s", p->plan.g->errmsg);
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_autodiff = { .name = "autodiff", .run = autodiff_run };
+
+/* ------------------------------------------------------------ device */
+
+const loom_backend *loom_test_backend;
+
+/* Chooses the backend: CUDA when asked or found, else the CPU with one
+ * notice when the user left it to us. The CUDA plugin is mapped here, and
+ * only when the driver reports a device. */
+static loom_status pick_backend(loom_program *p)
+{
+	char why[2048];
+	const loom_cuda_plugin *pl;
+	int have_cuda;
+
+	if (loom_test_backend) {
+		p->be = loom_test_backend;
+		return LOOM_OK;
+	}
+	if (p->plan.opts.device == LOOM_DEVICE_CPU) {
+		p->be = &loom_cpu_backend;
+		return LOOM_OK;
+	}
+	if (p->plan.opts.device != LOOM_DEVICE_AUTO && p->plan.opts.device != LOOM_DEVICE_CUDA)
+		return loom_program_fail(p, LOOM_ERR_INVALID, "device: unknown value %d",
+					 (int)p->plan.opts.device);
+	have_cuda = loom_cuda_probe(why, sizeof why) > 0;
+	pl = have_cuda ? loom_cuda_plugin_load(why, sizeof why) : NULL;
+	if (pl) {
+		p->be = pl->backend();
+		return LOOM_OK;
+	}
+	if (p->plan.opts.device == LOOM_DEVICE_CUDA)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "device cuda: %s%s",
+					 have_cuda ? "" : "no CUDA device is available: ", why);
+	static int told;
+	if (!told++)
+		loom_log(have_cuda ? "loom: a CUDA device was found but %s; running on the CPU\n"
+				   : "loom: no CUDA device found, running on the CPU (%s)\n",
+			 why);
+	p->be = &loom_cpu_backend;
+	return LOOM_OK;
+}
+
+/* The backend, and what its optimizer cannot do refused. */
+static loom_status device_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	const loom_optim_opts *o = &p->plan.opts.optim;
+	loom_status st;
+	if ((st = pick_backend(p)) != LOOM_OK)
+		return st;
+	if ((o->clip_grad > 0 || o->decay_matrices_only) && o->kind != LOOM_OPTIM_NONE &&
+	    !(p->be->caps & LOOM_BE_CLIPS_GRAD))
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "optimizer: the %s backend's optimizer has no %s yet",
+					 p->be->name,
+					 o->clip_grad > 0 ? "clip_grad" : "decay_matrices_only");
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_device = { .name = "device", .run = device_run };
+
+/* ------------------------------------------------------------ fuse */
+
+/* The planner's fusions the backend has kernels for (none: no_fusion). */
+static loom_status fuse_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	unsigned caps = p->plan.opts.no_fusion ? 0 : p->be->caps;
+	if (caps & LOOM_BE_FUSES_RELU_POOL)
+		loom_fuse_relu_pool(p->plan.g);
+	if (caps & LOOM_BE_FUSES_LINEAR_RELU)
+		loom_fuse_linear_relu(p->plan.g);
+	/* After the pool fusion: a relu that feeds a pool stays the pool's. */
+	if (caps & LOOM_BE_FUSES_BN_RELU)
+		loom_fuse_bn_relu(p->plan.g);
+	if (caps & LOOM_BE_FUSES_ADD_RELU)
+		loom_fuse_add_relu(p->plan.g);
+	if (caps & LOOM_BE_FUSES_SIBLINGS)
+		loom_fuse_siblings(p->plan.g);
+	if (caps & LOOM_BE_FUSES_CASTS)
+		loom_fuse_casts(p->plan.g);
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_fuse = { .name = "fuse", .run = fuse_run };
+
+/* ------------------------------------------------------------ slots */
+
+/* Whether an embedding reads v (or a cast of it) as its table. */
+static int is_embedding_table(const loom_graph *g, int n_fwd, loom_value v)
+{
+	for (int u = 0; u < n_fwd; u++) {
+		const loom_node *nd = &g->nodes[u];
+		if (nd->op != LOOM_OP_EMBEDDING)
+			continue;
+		loom_value t = nd->src[1];
+		while (g->nodes[t].op == LOOM_OP_CAST)
+			t = g->nodes[t].src[0];
+		if (t == v)
+			return 1;
+	}
+	return 0;
+}
+
+/* Parameter slots and their optimizer state (momentum buffers, Adam m/v),
+ * in f32 for half models (the master's dtype) and the param's dtype else. */
+static loom_status slots_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	loom_graph *g = p->plan.g;
+	int n = 0;
+	for (int v = 0; v < p->plan.n_fwd; v++)
+		if (g->nodes[v].op == LOOM_OP_PARAM && g->nodes[v].grad != LOOM_NONE)
+			n++;
+	p->plan.params = calloc(n ? n : 1, sizeof(*p->plan.params));
+	if (!p->plan.params)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory for %d parameter slots", n);
+	int nstate = p->plan.n_state = loom_optim_state_count(&p->plan.opts.optim);
+	size_t off = 0;
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		loom_node *nd = &g->nodes[v];
+		if (nd->op != LOOM_OP_PARAM || nd->grad == LOOM_NONE)
+			continue;
+		loom_param_slot *s = &p->plan.params[p->plan.n_params++];
+		s->param = v;
+		s->grad = nd->grad;
+		s->master = nd->master;
+		s->numel = loom_shape_numel(&nd->shape);
+		s->matrix = nd->shape.ndim >= 2 && !is_embedding_table(g, p->plan.n_fwd, v);
+		s->state_dtype = nd->master != LOOM_NONE ? g->nodes[nd->master].dtype :
+			       (nd->dtype == LOOM_F64 ? LOOM_F64 : LOOM_F32);
+		size_t sz = ((size_t)s->numel * loom_dtype_size(s->state_dtype) + 63) & ~(size_t)63;
+		for (int k = 0; k < nstate; k++) {
+			s->state_off[k] = off;
+			off += sz;
+		}
+		if (nd->master != LOOM_NONE)
+			p->plan.master_bytes += loom_value_bytes(p, nd->master);
+	}
+	p->plan.state_bytes = off;
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_slots = { .name = "slots", .run = slots_run };
+
+/* ------------------------------------------------------------ memory plan */
+
+/* Unless a strategy laid its buckets out with the memory plan already. */
+static int memory_plan_wanted(const loom_program *p)
+{
+	return !p->plan.mp.region;
+}
+
+/* The plain memory plan: of the values this rank holds (c->held). */
+static loom_status memory_plan_run(loom_program *p, loom_pass_ctx *c)
+{
+	loom_status st = loom_memplan_build_held(p->plan.g, NULL, NULL, c->held, &p->plan.mp);
+	return st != LOOM_OK ? loom_program_fail(p, st, "memory planning: out of memory") : LOOM_OK;
+}
+
+const loom_pass loom_pass_memory_plan = {
+	.name = "memory plan", .wanted = memory_plan_wanted, .run = memory_plan_run
+};
+
+/* ------------------------------------------------------------ accumulation */
+
+static loom_status accumulation_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	loom_status st = loom_accum_plan(&p->plan);
+	return st != LOOM_OK ? loom_program_fail(p, st, "gradient accumulation: out of memory")
+			     : LOOM_OK;
+}
+
+const loom_pass loom_pass_accumulation = { .name = "accumulation", .run = accumulation_run };
+
+/* ------------------------------------------------------------ steps */
+
+/* The step list of a plain (or data-parallel) plan; strategies after
+ * this pass rewrite it. */
+static loom_status steps_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	loom_status st;
+	if ((st = loom_pieces_plain(&p->plan)) != LOOM_OK ||
+	    (st = loom_steps_build(&p->plan)) != LOOM_OK)
+		return loom_program_fail(p, st, "steps: out of memory");
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_steps = { .name = "steps", .run = steps_run };
+
+/* ------------------------------------------------------------ backend prepare */
+
+size_t loom_plan_peak(const loom_plan *pl, size_t extra)
+{
+	return pl->mp.persist_bytes + pl->mp.bucket_bytes + pl->mp.act_bytes + pl->ws_bytes +
+	       pl->state_bytes + extra;
+}
+
+/* loom_compile_opts.memory_limit_mb: refused before anything is allocated. */
+static loom_status check_memory_limit(loom_program *p)
+{
+	double limit = p->plan.opts.memory_limit_mb;
+	double peak = loom_plan_peak(&p->plan, p->peak_extra) / 1048576.0;
+	if (limit > 0 && peak > limit)
+		return loom_program_fail(p, LOOM_ERR_NOMEM,
+					 "the planned peak of %.2f MiB (activations %.2f, persistent "
+					 "%.2f, optimizer state %.2f, workspace %.2f) exceeds the memory "
+					 "limit of %.2f MiB", peak, p->plan.mp.act_bytes / 1048576.0,
+					 p->plan.mp.persist_bytes / 1048576.0,
+					 p->plan.state_bytes / 1048576.0, p->plan.ws_bytes / 1048576.0, limit);
+	return LOOM_OK;
+}
+
+loom_status loom_pass_backend_failed(loom_program *p, loom_status st)
+{
+	char msg[LOOM_ERR_MAX];
+	snprintf(msg, sizeof(msg), "%s", p->err);
+	return loom_program_fail(p, st, "backend %s: %s", p->be->name, msg);
+}
+
+/* The backend's context, what it runs (every node a step runs, asked with
+ * its dtypes and shapes), its per-node plans and workspace. */
+static loom_status backend_plan_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	const loom_backend *be = p->be;
+	loom_status st;
+
+	if ((st = be->init(&p->be_ctx, p->err, sizeof(p->err))) != LOOM_OK)
+		return loom_pass_backend_failed(p, st);
+	if ((st = loom_exec_check_support(p)) != LOOM_OK)
+		return loom_pass_backend_failed(p, st);
+	if ((st = be->plan_create(p->be_ctx, &p->plan, &p->plan.ws_bytes)) != LOOM_OK)
+		return loom_pass_backend_failed(p, loom_program_backend_fail(p, st));
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_backend_plan = { .name = "backend plan", .run = backend_plan_run };
+
+/* The memory limit (every strategy's limit checked before it), then the
+ * backend's arena. */
+static loom_status backend_alloc_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	loom_status st;
+	if ((st = check_memory_limit(p)) != LOOM_OK)
+		return loom_pass_backend_failed(p, st);
+	if ((st = p->be->alloc(p->be_ctx, &p->plan, &p->ts, &p->arena)) != LOOM_OK)
+		return loom_pass_backend_failed(p, loom_program_backend_fail(p, st));
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_backend_alloc = { .name = "backend arena", .run = backend_alloc_run };
+
+/* ------------------------------------------------------------ initial values */
+
+/* Writes the initial parameters and buffers (and masters) into the arena. */
+static loom_status initial_values_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	loom_graph *g = p->plan.g;
+	for (int v = 0; v < p->plan.n_fwd; v++) {
+		loom_node *nd = &g->nodes[v];
+		/* ZeRO's sharded masters: loom_zero_start; another stage's: none */
+		if ((nd->op != LOOM_OP_PARAM && nd->op != LOOM_OP_BUFFER) ||
+		    (nd->flags & LOOM_NODE_SHARDED) || !loom_plan_holds(&p->plan, v))
+			continue;
+		size_t bytes = loom_value_bytes(p, v);
+		void *tmp = malloc(bytes ? bytes : 1);
+		if (!tmp)
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory initialising '%s'",
+						 nd->name);
+		loom_init_value(g, v, tmp);
+		loom_status st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+		free(tmp);
+		if (st != LOOM_OK) {
+			char msg[LOOM_ERR_MAX];
+			snprintf(msg, sizeof(msg), "%s", p->err);
+			return loom_program_fail(p, st, "initialising '%s': %s", nd->name, msg);
+		}
+	}
+	if (p->plan.state_bytes) {
+		void *zero = calloc(1, p->plan.state_bytes);
+		if (!zero)
+			return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory for optimizer state");
+		loom_status st = loom_program_upload(p, p->arena.state, zero, p->plan.state_bytes);
+		free(zero);
+		if (st != LOOM_OK) {
+			char msg[LOOM_ERR_MAX];
+			snprintf(msg, sizeof(msg), "%s", p->err);
+			return loom_program_fail(p, st, "optimizer state: %s", msg);
+		}
+	}
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_initial_values = { .name = "initial values", .run = initial_values_run };

@@ -1,0 +1,171 @@
+/*
+ * parallel/passes.c — the strategies' compile passes (parallel/passes.h):
+ * each says when a compile wants it, what it does to the plan, and the
+ * start-up it needs once the arena holds the initial values.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "parallel/parallel.h"
+#include "parallel/passes.h"
+#include "parallel/pipeline.h"
+
+static int staged(const loom_program *p)
+{
+	return p->plan.opts.pipeline_stages > 1;
+}
+
+/* ------------------------------------------------------------ pipeline cut */
+
+/* The world is stages x replicas; every node's stage, each leaf's owner,
+ * the sub-communicators; this rank's values (c->held). */
+static loom_status pipeline_cut_run(loom_program *p, loom_pass_ctx *c)
+{
+	const loom_compile_opts *o = &p->plan.opts;
+	char msg[256];
+	loom_status st;
+	if (o->optim.clip_grad > 0)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "optimizer: clip_grad is not supported with pipeline stages "
+					 "yet (each stage holds its own gradients; the norm needs their sum)");
+	if ((st = loom_pipeline_check(o, p->plan.world, msg, sizeof(msg))) != LOOM_OK)
+		return loom_program_fail(p, st, "%s", msg);
+	p->plan.world /= o->pipeline_stages;
+	if ((st = loom_pipeline_assign(p, msg, sizeof(msg))) != LOOM_OK)
+		return loom_program_fail(p, st, "%s", msg);
+	p->plan.pipe->rebalanced = c->rebalanced;
+	if ((st = loom_pipeline_held(&p->plan, &c->held)) != LOOM_OK)
+		return loom_program_fail(p, st, "memory planning: out of memory");
+	return LOOM_OK;
+}
+
+/* Over the memory limit on a time-balanced cut: the memory-balanced cut. */
+static int pipeline_retry(const loom_program *p, loom_compile_opts *o)
+{
+	if (!loom_pipeline_may_rebalance(&p->plan))
+		return 0;
+	o->pipeline_balance = LOOM_BALANCE_MEMORY;
+	return 1;
+}
+
+static void pipeline_release(loom_program *p)
+{
+	loom_pipeline_free(p->plan.pipe);
+	p->plan.pipe = NULL;
+}
+
+const loom_pass loom_pass_pipeline_cut = {
+	.name = "pipeline cut",
+	.wanted = staged,
+	.run = pipeline_cut_run,
+	.retry = pipeline_retry,
+	.release = pipeline_release,
+};
+
+/* ------------------------------------------------------------ data parallel */
+
+static int data_parallel_wanted(const loom_program *p)
+{
+	return p->plan.world > 1 || (p->plan.opts.sync_bn && loom_ddp_test_sync_one_rank);
+}
+
+/* Gradient buckets and their all-reduces, and the memory plan that lays
+ * the buckets out; at world 1 (a test hook) sync_bn's marks only. */
+static loom_status data_parallel_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	char msg[256];
+	loom_status st;
+	if (p->plan.world <= 1) {
+		loom_ddp_mark_sync_bn(p->plan.g);
+		return LOOM_OK;
+	}
+	if ((st = loom_ddp_plan(p, msg, sizeof(msg))) != LOOM_OK)
+		return loom_program_fail(p, st, "%s", msg);
+	return LOOM_OK;
+}
+
+/* Every rank's plan against rank 0's, then rank 0's values (a pipeline's
+ * replicas: its own start-up). */
+static loom_status data_parallel_start(loom_program *p)
+{
+	loom_status st;
+	if (p->plan.world <= 1 || p->plan.pipe)
+		return LOOM_OK;
+	if ((st = loom_ddp_start(p)) != LOOM_OK || (st = loom_exec_synchronize(p)) != LOOM_OK)
+		return st;
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_data_parallel = {
+	.name = "data parallel",
+	.wanted = data_parallel_wanted,
+	.run = data_parallel_run,
+	.start = data_parallel_start,
+};
+
+/* ------------------------------------------------------------ zero */
+
+static int zero_wanted(const loom_program *p)
+{
+	return p->plan.zero != 0;
+}
+
+static loom_status zero_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	char msg[256];
+	loom_status st = loom_zero_plan(&p->plan, p->be, msg, sizeof(msg));
+	return st != LOOM_OK ? loom_program_fail(p, st, "%s", msg) : LOOM_OK;
+}
+
+const loom_pass loom_pass_zero = { .name = "zero", .wanted = zero_wanted, .run = zero_run };
+
+/* ------------------------------------------------------------ pipeline */
+
+/* The step list rewritten into the schedule of micro-batches. */
+static loom_status pipeline_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	char msg[256];
+	loom_status st = loom_pipeline_plan(p, msg, sizeof(msg));
+	return st != LOOM_OK ? loom_program_fail(p, st, "%s", msg) : LOOM_OK;
+}
+
+/* The stages' check and each stage's values from its first replica. */
+static loom_status pipeline_start(loom_program *p)
+{
+	p->plan.pipe->act_base = p->arena.act;
+	return loom_pipeline_start(p);
+}
+
+const loom_pass loom_pass_pipeline = {
+	.name = "pipeline",
+	.wanted = staged,
+	.run = pipeline_run,
+	.start = pipeline_start,
+};
+
+/* ------------------------------------------------------------ pipeline limit */
+
+/* Every stage's planned peak against the limit, on every rank, once the
+ * backend knows its workspace; the accumulation sums of several
+ * micro-batches (allocated at the first step) count in this rank's peak. */
+static loom_status pipeline_limit_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	char msg[400];
+	p->peak_extra = p->plan.pipe->micro > 1 ? p->plan.accum_bytes : 0;
+	loom_status st = loom_pipeline_limit(p, msg, sizeof(msg));
+	if (st != LOOM_OK) {
+		loom_program_fail(p, st, "%s", msg);
+		return loom_pass_backend_failed(p, st);
+	}
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_pipeline_limit = {
+	.name = "pipeline limit",
+	.wanted = staged,
+	.run = pipeline_limit_run,
+};
