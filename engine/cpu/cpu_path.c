@@ -11,6 +11,7 @@
  * and for f64 (oneDNN has no double GEMM).
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,42 @@ static void *spin_throttle_main(void *arg)
 	return NULL;
 }
 
-static void spin_throttle_start(void)
+/*
+ * LOOM_CPU_SPIN=step (not the default): the parked team is let go while a
+ * plan runs (loom_cpu_spin_step_begin, from the backend's run_begin) and
+ * parked again when it ends. Inside a step libgomp's threads then wait with
+ * its long spin between one region and the next, as one team that stays
+ * awake across the step's ops (each region's end barrier is the barrier
+ * between dependent ops), instead of going to sleep after each region and
+ * being woken by the next (a futex wake, a context switch: the GPT opened
+ * some 300 regions a step); outside a step (data loading, logging) they
+ * keep the short spin. It changes when threads sleep, never how work is
+ * split: the same bits. libgomp counts a team's threads until the thread
+ * that opened it ends, so a released parked thread leaves its region and
+ * ends, and each park starts a new one (two thread starts per step).
+ */
+static int spin_step_mode;       /* LOOM_CPU_SPIN=step */
+static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;
+static unsigned park_gen;        /* a parked thread of this generation holds */
+static int park_runs;            /* runs in progress that let it go */
+
+static void *spin_park_step_main(void *arg)
+{
+	unsigned gen = (unsigned)(uintptr_t)arg;
+#pragma omp parallel num_threads(2)
+	{
+		if (omp_get_thread_num() == 0) {
+			pthread_mutex_lock(&park_lock);
+			while (park_gen == gen)
+				pthread_cond_wait(&park_cv, &park_lock);
+			pthread_mutex_unlock(&park_lock);
+		}
+	}
+	return NULL; /* the thread's end frees its OpenMP pool */
+}
+
+static void spin_park(void *(*fn)(void *), void *arg)
 {
 	pthread_attr_t at;
 	pthread_t t;
@@ -97,8 +133,59 @@ static void spin_throttle_start(void)
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 	pthread_attr_setstacksize(&at, 1 << 18);
 	/* Without it loom is only slower on a busy machine: no error. */
-	pthread_create(&t, &at, spin_throttle_main, NULL);
+	pthread_create(&t, &at, fn, arg);
 	pthread_attr_destroy(&at);
+}
+
+static void spin_throttle_start(void)
+{
+	const char *e = getenv("LOOM_CPU_SPIN");
+	spin_step_mode = e && !strcmp(e, "step");
+	if (!spin_step_mode) {
+		spin_park(spin_throttle_main, NULL);
+		return;
+	}
+	pthread_mutex_lock(&park_lock);
+	spin_park(spin_park_step_main, (void *)(uintptr_t)park_gen);
+	pthread_mutex_unlock(&park_lock);
+}
+
+void loom_cpu_spin_step_begin(void)
+{
+	loom_cpu_isa_get();
+	if (!spin_step_mode)
+		return;
+	pthread_mutex_lock(&park_lock);
+	if (park_runs++ == 0) {
+		park_gen++;
+		pthread_cond_broadcast(&park_cv);
+	}
+	pthread_mutex_unlock(&park_lock);
+}
+
+void loom_cpu_spin_step_end(void)
+{
+	if (!spin_step_mode)
+		return;
+	pthread_mutex_lock(&park_lock);
+	if (park_runs > 0 && --park_runs == 0)
+		spin_park(spin_park_step_main, (void *)(uintptr_t)park_gen);
+	pthread_mutex_unlock(&park_lock);
+}
+
+const char *loom_cpu_spin_mode(void)
+{
+	loom_cpu_isa_get();
+	return spin_step_mode ? "step" : "throttled";
+}
+
+int loom_cpu_spin_parked(void)
+{
+	loom_cpu_isa_get();
+	pthread_mutex_lock(&park_lock);
+	int parked = !spin_step_mode || park_runs == 0;
+	pthread_mutex_unlock(&park_lock);
+	return parked;
 }
 
 /*
