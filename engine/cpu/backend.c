@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/cpu/bf16_node.h"
+#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"

@@ -92,18 +92,66 @@ static void *spin_throttle_main(void *arg)
 /*
  * LOOM_CPU_SPIN=step (not the default): the parked team is let go while a
  * plan runs (loom_cpu_spin_step_begin, from the backend's run_begin) and
- * parked again when it ends. Inside a step libgomp's threads then wait with
- * its long spin between one region and the next, as one team that stays
+ * parked again when it ends. Inside a step libgomp's threads then spin
+ * (bounded, below) from one region to the next, as one team that stays
  * awake across the step's ops (each region's end barrier is the barrier
  * between dependent ops), instead of going to sleep after each region and
- * being woken by the next (a futex wake, a context switch: the GPT opened
- * some 300 regions a step); outside a step (data loading, logging) they
+ * being woken by the next (a futex wake, a context switch: the GPT at
+ * gpt_ddp's defaults opens about 195 regions of 2 threads a step, the
+ * ConvNet 17); outside a step (data loading, logging) they
  * keep the short spin. It changes when threads sleep, never how work is
  * split: the same bits. libgomp counts a team's threads until the thread
  * that opened it ends, so a released parked thread leaves its region and
  * ends, and each park starts a new one (two thread starts per step).
  */
 static int spin_step_mode;       /* LOOM_CPU_SPIN=step */
+
+/*
+ * libgomp's long spin is about 3 ms (300,000 rounds); at load 17-19 on the
+ * shared 2-core machine a step spent 83% of its samples in it and ran 7x
+ * slower (bench/RESULTS.md). So under LOOM_CPU_SPIN=step the spin is cut to
+ * SPIN_STEP_ROUNDS, about 50 us by libgomp's own estimate of 100,000 rounds
+ * a millisecond: a gap between two regions of a step is spun through, a
+ * longer wait sleeps. libgomp reads GOMP_SPINCOUNT once, in its constructor,
+ * which runs before any of loom's. A function in an executable's
+ * .preinit_array runs before every shared library's constructor, but also
+ * before the C library has its environment (setenv there is lost): it gets
+ * the process's environment array itself, and turns the entry
+ * LOOM_CPU_SPIN=step into GOMP_SPINCOUNT=SPIN_STEP_ROUNDS in place (unless
+ * the user set GOMP_SPINCOUNT: theirs wins); a constructor, which runs after
+ * libgomp's, puts LOOM_CPU_SPIN=step back (for getenv and child processes).
+ * In a shared library the array is not run: there the step mode spins
+ * libgomp's full 3 ms.
+ */
+#define SPIN_STEP_ROUNDS "5000"
+static int spin_step_env; /* the preinit function took LOOM_CPU_SPIN=step's entry */
+
+static void spin_preinit(int argc, char **argv, char **envp)
+{
+	int step = -1, user = 0;
+	(void)argc;
+	(void)argv;
+	for (int i = 0; envp && envp[i]; i++) {
+		if (!strncmp(envp[i], "GOMP_SPINCOUNT=", 15))
+			user = 1;
+		else if (!strcmp(envp[i], "LOOM_CPU_SPIN=step"))
+			step = i;
+	}
+	if (step < 0 || user)
+		return;
+	envp[step] = (char *)"GOMP_SPINCOUNT=" SPIN_STEP_ROUNDS;
+	spin_step_env = 1;
+}
+
+__attribute__((section(".preinit_array"), used)) static void (*const spin_preinit_fn)(int, char **,
+										     char **) =
+	spin_preinit;
+
+__attribute__((constructor)) static void spin_env_restore(void)
+{
+	if (spin_step_env)
+		setenv("LOOM_CPU_SPIN", "step", 1);
+}
 static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;
 static unsigned park_gen;        /* a parked thread of this generation holds */

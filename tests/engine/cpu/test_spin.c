@@ -4,7 +4,8 @@
  * is in progress and parked again when the last run ends (overlapping runs,
  * an end without a begin), and OpenMP regions run through those changes
  * with every thread. BUILD runs it with the variable set and unset (there
- * nothing moves). Whether the bits of a step stay the same:
+ * nothing moves), and the step mode bounds libgomp's spin (GOMP_SPINCOUNT set
+ * before libgomp read it). Whether the bits of a step stay the same:
  * test_spin_same_bits.sh and tests/e2e:test_golden_steps_spin_step.
  */
 #include <criterion/criterion.h>
@@ -57,6 +58,17 @@ static int region_threads(void)
 Test(spin, mode_named_by_the_variable)
 {
 	cr_assert_str_eq(loom_cpu_spin_mode(), step_mode() ? "step" : "throttled");
+}
+
+/* The step mode's bounded spin reached libgomp: GOMP_SPINCOUNT was set
+ * before libgomp's constructor read it (BUILD sets none of its own). */
+Test(spin, step_mode_bounds_libgomps_spin)
+{
+	const char *e = getenv("GOMP_SPINCOUNT");
+	if (step_mode())
+		cr_assert(e && !strcmp(e, "5000"), "GOMP_SPINCOUNT is %s", e ? e : "unset");
+	else
+		cr_assert_null(e);
 }
 
 Test(spin, a_run_lets_the_parked_team_go_and_its_end_parks_it)
