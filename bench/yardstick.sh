@@ -45,10 +45,12 @@
 # Variables: TORCH_VENV (default /work/venv-torch), THREADS (2), LOOM_BIN (a
 # bazel-bin holding the binaries; default: build them with $BAZEL, default
 # `bazel`), LOOM_BIN_B (a second such folder, the "before" build of a
-# change: adds a "loom O0 (B)" column after loom O0), WORKLOADS, LOOM_VARIANTS
+# change: adds a "loom O0 (B)" column after loom O0; LOOM_VARIANTS_B, e.g.
+# "O0 O1", names the variants that get one), WORKLOADS, LOOM_VARIANTS
 # ("O0 O1 O2"), TORCH_MODES_CONVNET ("eager compile bf16"), TORCH_MODES_RESNET
-# ("eager cl compile"), TORCH_MODES_RESNET_BIG and LOOM_VARIANTS_BIG (ResNet-50
-# at batch 32: "eager cl", "O0"), CONV_CAP (50), PEAK_FP32 and PEAK_FP32_1
+# ("eager cl compile"; "none": no PyTorch column), TORCH_MODES_RESNET_BIG and LOOM_VARIANTS_BIG (ResNet-50
+# at batch 32: "eager cl", "O0"), CONV_CAP (50), CONV_STEPS (the ConvNet's
+# O0 steps, 600: the whole epoch), PEAK_FP32 and PEAK_FP32_1
 # (GFLOP/s on all threads and on one core, in place of what bf16_peak measures
 # at the start: on a busy machine the loop gets a fraction of a core).
 set -uo pipefail
@@ -73,6 +75,7 @@ gpt_steps=${GPT_STEPS:-30}
 gpt_cap=${GPT_CAP:-10}
 lv_big=${LOOM_VARIANTS_BIG:-O0}
 conv_cap=${CONV_CAP:-50}
+conv_steps=${CONV_STEPS:-600}
 if [ $quick = 1 ]; then
 	tm_resnet=${TORCH_MODES_RESNET:-eager cl}
 	conv_cap=30
@@ -84,6 +87,7 @@ if ! [ -x "$py" ] || ! "$py" -c 'import torch' 2>/dev/null; then
 fi
 bin=${LOOM_BIN:-}
 bin_b=${LOOM_BIN_B:-}
+lv_b=${LOOM_VARIANTS_B:-}
 if [ -z "$bin" ]; then
 	${BAZEL:-bazel} build //bench:bench_resnet //bench:bench_convnet //bench:bf16_peak \
 		//examples:mnist_ddp //examples:gpt_ddp >/dev/null 2>&1 || {
@@ -137,7 +141,7 @@ keep() { # workload variant img/s per-CPU-s
 }
 
 loom_convnet() { # level -> cell
-	local out r n=600
+	local out r n=$conv_steps
 	[ -n "$conv_max" ] && n=30
 	[ "$1" != O0 ] && n=$conv_cap
 	out=$(/usr/bin/time -f "%U %S %M" -o "$tf" "$bin/examples/mnist_ddp" --epochs 1 --device cpu \
@@ -222,8 +226,9 @@ variants() { # workload -> the column names, in running order (loom, torch alter
 	n=$((${#lv[@]} > ${#tm[@]} ? ${#lv[@]} : ${#tm[@]}))
 	for ((i = 0; i < n; i++)); do
 		[ $i -lt ${#lv[@]} ] && echo "loom ${lv[$i]}"
-		[ $i = 0 ] && [ -n "$bin_b" ] && echo "loomB ${lv[0]}"
-		[ $i -lt ${#tm[@]} ] && echo "torch ${tm[$i]}"
+		[ -n "$bin_b" ] && [ $i -lt ${#lv[@]} ] && [[ " ${lv_b:-${lv[0]}} " == *" ${lv[$i]} "* ]] &&
+			echo "loomB ${lv[$i]}"
+		[ $i -lt ${#tm[@]} ] && [ "${tm[$i]}" != none ] && echo "torch ${tm[$i]}"
 	done
 }
 
@@ -246,6 +251,7 @@ label() { # variant -> column title
 	case $1 in
 	"loom O0") echo "loom O0 fp32" ;;
 	"loomB O0") echo "loom O0 fp32 (B: before)" ;;
+	"loomB O1" | "loomB O2") echo "loom ${1#loomB } bf16 (B: before)" ;;
 	"loom O1" | "loom O2") echo "$1 bf16" ;;
 	"torch eager") echo "PyTorch eager fp32" ;;
 	"torch bf16") echo "PyTorch eager bf16 autocast" ;;

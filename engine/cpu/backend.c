@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/cpu/bf16_node.h"
+#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
 #include "engine/elem.h"
@@ -172,6 +173,8 @@ static void cpu_free(void *ctx)
 	loom_cpu_ctx *c = ctx;
 	if (!c)
 		return;
+	if (c->spin_held)
+		loom_cpu_spin_step_end(); /* a run that failed before its end */
 	kern_unplan(c);
 	free(c->base);
 	free(c->accum_base);
@@ -345,6 +348,10 @@ static loom_status cpu_run_begin(void *ctx, const loom_plan *plan, const loom_ar
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
 	c->seed_scale = ts->scaler.scale;
+	if (!c->spin_held) {
+		loom_cpu_spin_step_begin();
+		c->spin_held = 1;
+	}
 	return LOOM_OK;
 }
 
@@ -352,10 +359,14 @@ static loom_status cpu_run_begin(void *ctx, const loom_plan *plan, const loom_ar
 static loom_status cpu_run_end(void *ctx, const loom_plan *plan, const loom_arena *arena,
 			       loom_train_state *ts)
 {
-	(void)ctx;
+	loom_cpu_ctx *c = ctx;
 	(void)plan;
 	(void)arena;
 	(void)ts;
+	if (c->spin_held) {
+		loom_cpu_spin_step_end();
+		c->spin_held = 0;
+	}
 	return LOOM_OK;
 }
 

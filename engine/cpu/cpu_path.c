@@ -11,6 +11,7 @@
  * and for f64 (oneDNN has no double GEMM).
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,90 @@ static void *spin_throttle_main(void *arg)
 	return NULL;
 }
 
-static void spin_throttle_start(void)
+/*
+ * LOOM_CPU_SPIN=step (not the default): the parked team is let go while a
+ * plan runs (loom_cpu_spin_step_begin, from the backend's run_begin) and
+ * parked again when it ends. Inside a step libgomp's threads then spin
+ * (bounded, below) from one region to the next, as one team that stays
+ * awake across the step's ops (each region's end barrier is the barrier
+ * between dependent ops), instead of going to sleep after each region and
+ * being woken by the next (a futex wake, a context switch: the GPT at
+ * gpt_ddp's defaults opens about 195 regions of 2 threads a step, the
+ * ConvNet 17); outside a step (data loading, logging) they
+ * keep the short spin. It changes when threads sleep, never how work is
+ * split: the same bits. libgomp counts a team's threads until the thread
+ * that opened it ends, so a released parked thread leaves its region and
+ * ends, and each park starts a new one (two thread starts per step).
+ */
+static int spin_step_mode;       /* LOOM_CPU_SPIN=step */
+
+/*
+ * libgomp's long spin is about 3 ms (300,000 rounds); at load 17-19 on the
+ * shared 2-core machine a step spent 83% of its samples in it and ran 7x
+ * slower (bench/RESULTS.md). So under LOOM_CPU_SPIN=step the spin is cut to
+ * SPIN_STEP_ROUNDS, about 50 us by libgomp's own estimate of 100,000 rounds
+ * a millisecond: a gap between two regions of a step is spun through, a
+ * longer wait sleeps. libgomp reads GOMP_SPINCOUNT once, in its constructor,
+ * which runs before any of loom's. A function in an executable's
+ * .preinit_array runs before every shared library's constructor, but also
+ * before the C library has its environment (setenv there is lost): it gets
+ * the process's environment array itself, and turns the entry
+ * LOOM_CPU_SPIN=step into GOMP_SPINCOUNT=SPIN_STEP_ROUNDS in place (unless
+ * the user set GOMP_SPINCOUNT: theirs wins); a constructor, which runs after
+ * libgomp's, puts LOOM_CPU_SPIN=step back (for getenv and child processes).
+ * In a shared library the array is not run: there the step mode spins
+ * libgomp's full 3 ms.
+ */
+#define SPIN_STEP_ROUNDS "5000"
+static int spin_step_env; /* the preinit function took LOOM_CPU_SPIN=step's entry */
+
+static void spin_preinit(int argc, char **argv, char **envp)
+{
+	int step = -1, user = 0;
+	(void)argc;
+	(void)argv;
+	for (int i = 0; envp && envp[i]; i++) {
+		if (!strncmp(envp[i], "GOMP_SPINCOUNT=", 15))
+			user = 1;
+		else if (!strcmp(envp[i], "LOOM_CPU_SPIN=step"))
+			step = i;
+	}
+	if (step < 0 || user)
+		return;
+	envp[step] = (char *)"GOMP_SPINCOUNT=" SPIN_STEP_ROUNDS;
+	spin_step_env = 1;
+}
+
+__attribute__((section(".preinit_array"), used)) static void (*const spin_preinit_fn)(int, char **,
+										     char **) =
+	spin_preinit;
+
+__attribute__((constructor)) static void spin_env_restore(void)
+{
+	if (spin_step_env)
+		setenv("LOOM_CPU_SPIN", "step", 1);
+}
+static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;
+static unsigned park_gen;        /* a parked thread of this generation holds */
+static int park_runs;            /* runs in progress that let it go */
+
+static void *spin_park_step_main(void *arg)
+{
+	unsigned gen = (unsigned)(uintptr_t)arg;
+#pragma omp parallel num_threads(2)
+	{
+		if (omp_get_thread_num() == 0) {
+			pthread_mutex_lock(&park_lock);
+			while (park_gen == gen)
+				pthread_cond_wait(&park_cv, &park_lock);
+			pthread_mutex_unlock(&park_lock);
+		}
+	}
+	return NULL; /* the thread's end frees its OpenMP pool */
+}
+
+static void spin_park(void *(*fn)(void *), void *arg)
 {
 	pthread_attr_t at;
 	pthread_t t;
@@ -97,8 +181,59 @@ static void spin_throttle_start(void)
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 	pthread_attr_setstacksize(&at, 1 << 18);
 	/* Without it loom is only slower on a busy machine: no error. */
-	pthread_create(&t, &at, spin_throttle_main, NULL);
+	pthread_create(&t, &at, fn, arg);
 	pthread_attr_destroy(&at);
+}
+
+static void spin_throttle_start(void)
+{
+	const char *e = getenv("LOOM_CPU_SPIN");
+	spin_step_mode = e && !strcmp(e, "step");
+	if (!spin_step_mode) {
+		spin_park(spin_throttle_main, NULL);
+		return;
+	}
+	pthread_mutex_lock(&park_lock);
+	spin_park(spin_park_step_main, (void *)(uintptr_t)park_gen);
+	pthread_mutex_unlock(&park_lock);
+}
+
+void loom_cpu_spin_step_begin(void)
+{
+	loom_cpu_isa_get();
+	if (!spin_step_mode)
+		return;
+	pthread_mutex_lock(&park_lock);
+	if (park_runs++ == 0) {
+		park_gen++;
+		pthread_cond_broadcast(&park_cv);
+	}
+	pthread_mutex_unlock(&park_lock);
+}
+
+void loom_cpu_spin_step_end(void)
+{
+	if (!spin_step_mode)
+		return;
+	pthread_mutex_lock(&park_lock);
+	if (park_runs > 0 && --park_runs == 0)
+		spin_park(spin_park_step_main, (void *)(uintptr_t)park_gen);
+	pthread_mutex_unlock(&park_lock);
+}
+
+const char *loom_cpu_spin_mode(void)
+{
+	loom_cpu_isa_get();
+	return spin_step_mode ? "step" : "throttled";
+}
+
+int loom_cpu_spin_parked(void)
+{
+	loom_cpu_isa_get();
+	pthread_mutex_lock(&park_lock);
+	int parked = !spin_step_mode || park_runs == 0;
+	pthread_mutex_unlock(&park_lock);
+	return parked;
 }
 
 /*

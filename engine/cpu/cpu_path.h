@@ -57,4 +57,22 @@ int loom_cpu_gemm_bf16(char ta, char tb, int m, int n, int k, float alpha,
 		       const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,
 		       float *c, int ldc);
 
+/*
+ * How libgomp's threads wait between regions. By default a parked team keeps
+ * them on libgomp's short spin all the time (cpu_path.c says why);
+ * LOOM_CPU_SPIN=step lets that team go while a plan runs, so that the
+ * threads spin from one region to the next across a step instead of
+ * sleeping after each, and parks it again at the end. The backend calls
+ * begin at each run's start and end at its end (runs of several programs
+ * may overlap: the team is parked again when the last ends). Neither
+ * changes how work is split (the same bits); both do nothing by default.
+ */
+void loom_cpu_spin_step_begin(void);
+void loom_cpu_spin_step_end(void);
+/* "step" (LOOM_CPU_SPIN=step) or "throttled" (the default). */
+const char *loom_cpu_spin_mode(void);
+/* Whether the threads are on the short spin now (always, by default; with
+ * LOOM_CPU_SPIN=step, when no run is in progress). */
+int loom_cpu_spin_parked(void);
+
 #endif /* LOOM_ENGINE_CPU_PATH_H */

@@ -26,6 +26,7 @@ typedef struct loom_cpu_ctx {
 	unsigned char *accum_base;   /* the allocation behind arena->accum */
 	double *timer;               /* trace timers (loom_trace_now() seconds) */
 	int n_timer;
+	int spin_held;               /* loom_cpu_spin_step_begin called by this run */
 	char err[LOOM_ERR_MAX];
 } loom_cpu_ctx;
 
