@@ -15,6 +15,10 @@
 
 #define ROWS LOOM_CPU_BF16_ROWS
 
+/* Multiply-adds of attention below which its batches are not worth
+ * splitting over threads (gpt.c's LOOM_CPU_GEMM_PAR_MIN). */
+#define LOOM_CPU_ATTN_PAR_MIN (1 << 21)
+
 #define BF16_ROWS_DECL(V)                                                              \
 	void loom_cpu_bf16_widen_f32_##V(int64_t n, const uint16_t *src, float *dst);   \
 	void loom_cpu_bf16_round_f32_##V(int64_t n, const float *src, uint16_t *dst);   \
@@ -179,15 +183,16 @@ static size_t align64(size_t x)
 	return (x + 63) & ~(size_t)63;
 }
 
-static size_t attn_kernel_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s)
+/* The f32 kernel's own ws for thread slots (attn_probs_bwd's dS). */
+static size_t attn_kernel_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s, int slots)
 {
-	return k == LOOM_CPU_ATTN_PROBS_BWD ? align64(loom_cpu_attn_probs_bwd_ws(s->t, 4)) : 0;
+	return k == LOOM_CPU_ATTN_PROBS_BWD ? align64(4 * (size_t)slots * s->t * s->t) : 0;
 }
 
-/* Only the bf16 arrays take a batch's f32 copy. */
-static size_t attn_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s, unsigned half)
+/* One batch of each bf16 array in f32. */
+static size_t attn_slices(loom_cpu_attn_kernel k, const loom_attn_shape *s, unsigned half)
 {
-	size_t ws = attn_kernel_ws(k, s);
+	size_t ws = 0;
 	for (int i = 0; i < attn_io[k].nsrc; i++)
 		if (half & LOOM_CPU_BF16_SRC(i))
 			ws += align64(4 * (size_t)attn_batch_elems(attn_io[k].src[i], s));
@@ -196,55 +201,97 @@ static size_t attn_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s, unsigned
 	return ws;
 }
 
-size_t loom_cpu_attn_bf16_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s)
+/* Threads over the batches worth their regions. */
+static int attn_threads(const loom_attn_shape *s)
 {
-	return attn_ws(k, s, ~0u);
+	double flops = (double)s->b * s->nh * s->t * s->t * (s->c / s->nh);
+	return flops >= LOOM_CPU_ATTN_PAR_MIN ? loom_cpu_slot_threads(s->b) : 1;
 }
 
-int loom_cpu_attn_bf16(loom_cpu_attn_kernel k, const loom_attn_shape *s, const void *const *src,
-		       void *out, void *ws, unsigned half)
+/* Bytes of ws for nt threads over the batches (see loom_cpu_attn_bf16). */
+static size_t attn_layout(loom_cpu_attn_kernel k, const loom_attn_shape *s, unsigned half, int nt)
 {
-	const int nsrc = attn_io[k].nsrc;
-	unsigned char *at = (unsigned char *)ws + attn_kernel_ws(k, s);
-	float *buf[3] = { NULL }, *obuf = NULL;
-	int64_t per[3], oper = attn_batch_elems(attn_io[k].out, s);
-	for (int i = 0; i < nsrc; i++) {
-		per[i] = attn_batch_elems(attn_io[k].src[i], s);
-		if (half & LOOM_CPU_BF16_SRC(i)) {
-			buf[i] = (float *)at;
-			at += align64(4 * (size_t)per[i]);
-		}
+	if (nt <= 1)
+		return attn_kernel_ws(k, s, loom_cpu_slots()) + attn_slices(k, s, half);
+	return (size_t)nt * (attn_kernel_ws(k, s, 1) + attn_slices(k, s, half));
+}
+
+size_t loom_cpu_attn_bf16_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s)
+{
+	size_t one = attn_layout(k, s, ~0u, 1), many = attn_layout(k, s, ~0u, attn_threads(s));
+	return one > many ? one : many;
+}
+
+/* Batch b through the f32 kernel: its bf16 arrays widened into the slices
+ * at `at`, its result rounded from there; kws the kernel's ws. */
+static void attn_batch(loom_cpu_attn_kernel k, const loom_attn_shape *one, int b,
+		       const void *const *src, void *out, unsigned char *at, void *kws,
+		       unsigned half)
+{
+	const float *in[3];
+	for (int i = 0; i < attn_io[k].nsrc; i++) {
+		int64_t per = attn_batch_elems(attn_io[k].src[i], one);
+		in[i] = in_f32(src[i], half & LOOM_CPU_BF16_SRC(i), b * per, per, (float *)at);
+		if (half & LOOM_CPU_BF16_SRC(i))
+			at += align64(4 * (size_t)per);
 	}
-	if (half & LOOM_CPU_BF16_OUT)
-		obuf = (float *)at;
+	int64_t oper = attn_batch_elems(attn_io[k].out, one);
+	float *o = out_f32(out, half & LOOM_CPU_BF16_OUT, b * oper, (float *)at);
+	switch (k) {
+	case LOOM_CPU_ATTN_PROBS_FWD:
+		loom_cpu_attn_probs_fwd_f32(one, in[0], o);
+		break;
+	case LOOM_CPU_ATTN_PROBS_BWD:
+		loom_cpu_attn_probs_bwd_f32(one, in[0], in[1], in[2], o, kws);
+		break;
+	case LOOM_CPU_ATTENTION_FWD:
+		loom_cpu_attention_fwd_f32(one, in[0], in[1], o);
+		break;
+	case LOOM_CPU_ATTENTION_BWD_PROBS:
+		loom_cpu_attention_bwd_probs_f32(one, in[0], in[1], o);
+		break;
+	case LOOM_CPU_ATTENTION_BWD_QKV:
+		loom_cpu_attention_bwd_qkv_f32(one, in[0], in[1], o);
+		break;
+	}
+	out_done(out, half & LOOM_CPU_BF16_OUT, b * oper, oper, o);
+}
+
+/*
+ * Threads over the batches, one parallel region, each thread with its own
+ * kernel ws and slices (nt of them: within the emulation's slots' ws and
+ * whole copies, nt <= slots and nt <= b) and the f32 kernel on one batch
+ * serial inside it (OpenMP nests no active region). With one thread (one
+ * batch, or little work) the batches go in turn and the kernel takes the
+ * threads over its heads. A batch's copies stay in cache between the
+ * widening, the kernel and the rounding.
+ */
+int loom_cpu_attn_bf16(loom_cpu_attn_kernel k, const loom_attn_shape *s, const void *const *src,
+		       void *out, void *ws, size_t ws_bytes, unsigned half)
+{
+	int nt = attn_threads(s);
+	while (nt > 1 && attn_layout(k, s, half, nt) > ws_bytes)
+		nt--;
+	if (nt <= 1 && attn_layout(k, s, half, 1) > ws_bytes)
+		return 0;
 	loom_attn_shape one = *s;
 	one.b = 1;
-	/* One batch at a time: its copies stay in cache between the widening,
-	 * the kernel (threads over its heads) and the rounding. */
-	for (int b = 0; b < s->b; b++) {
-		const float *in[3];
-		for (int i = 0; i < nsrc; i++)
-			in[i] = in_f32(src[i], half & LOOM_CPU_BF16_SRC(i), b * per[i], per[i], buf[i]);
-		float *o = out_f32(out, half & LOOM_CPU_BF16_OUT, b * oper, obuf);
-		switch (k) {
-		case LOOM_CPU_ATTN_PROBS_FWD:
-			loom_cpu_attn_probs_fwd_f32(&one, in[0], o);
-			break;
-		case LOOM_CPU_ATTN_PROBS_BWD:
-			loom_cpu_attn_probs_bwd_f32(&one, in[0], in[1], in[2], o, ws);
-			break;
-		case LOOM_CPU_ATTENTION_FWD:
-			loom_cpu_attention_fwd_f32(&one, in[0], in[1], o);
-			break;
-		case LOOM_CPU_ATTENTION_BWD_PROBS:
-			loom_cpu_attention_bwd_probs_f32(&one, in[0], in[1], o);
-			break;
-		case LOOM_CPU_ATTENTION_BWD_QKV:
-			loom_cpu_attention_bwd_qkv_f32(&one, in[0], in[1], o);
-			break;
-		}
-		out_done(out, half & LOOM_CPU_BF16_OUT, b * oper, oper, o);
+	if (nt <= 1) {
+		unsigned char *at = (unsigned char *)ws + attn_kernel_ws(k, s, loom_cpu_slots());
+		for (int b = 0; b < s->b; b++)
+			attn_batch(k, &one, b, src, out, at, ws, half);
+		return 1;
 	}
+	const size_t per_thread = attn_kernel_ws(k, s, 1) + attn_slices(k, s, half);
+	int blas_prev = loom_cpu_blas_serial_begin();
+#pragma omp parallel num_threads(nt)
+	{
+		unsigned char *mine = (unsigned char *)ws + per_thread * (size_t)omp_get_thread_num();
+#pragma omp for schedule(static)
+		for (int b = 0; b < s->b; b++)
+			attn_batch(k, &one, b, src, out, mine + attn_kernel_ws(k, s, 1), mine, half);
+	}
+	loom_cpu_blas_serial_end(blas_prev);
 	return 1;
 }
 

@@ -106,11 +106,13 @@ typedef enum loom_cpu_attn_kernel {
 	LOOM_CPU_ATTENTION_BWD_PROBS, /* (qkv, dy) -> dp */
 	LOOM_CPU_ATTENTION_BWD_QKV,   /* (p, dy) -> dqkv */
 } loom_cpu_attn_kernel;
-/* Bytes of ws: the f32 kernel's own, then one batch of every source and
- * the result in f32 (never more than the emulation's whole copies). */
+/* Threads over the batches, each with the f32 kernel's ws and one batch of
+ * every bf16 array in f32, as many as ws_bytes holds (one: the batches in
+ * turn, the kernel's threads over the heads); 0 when not even that fits.
+ * loom_cpu_attn_bf16_ws: enough bytes for any mask. */
 size_t loom_cpu_attn_bf16_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s);
 int loom_cpu_attn_bf16(loom_cpu_attn_kernel k, const loom_attn_shape *s, const void *const *src,
-		       void *out, void *ws, unsigned half);
+		       void *out, void *ws, size_t ws_bytes, unsigned half);
 
 /* The loss (f32) from f32 or bf16 logits; ws: `classes` floats. -1 and
  * *bad on a label outside [0, classes), as the f32 kernel. */

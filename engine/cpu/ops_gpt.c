@@ -167,6 +167,11 @@ size_t loom_cpu_gpt_workspace(const loom_plan *plan, loom_value v, size_t elem)
 
 /* ---------------------------------------------------- native bf16 path */
 
+static size_t align64(size_t x)
+{
+	return (x + 63) & ~(size_t)63;
+}
+
 static int gpt_bf16_on(void)
 {
 	static int on = -1;
@@ -281,8 +286,15 @@ int loom_cpu_gpt_bf16_native(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 	case LOOM_OP_SOFTMAX_CE_BWD:
 		return ce_bf16(ctx, plan, v, io, half, st);
 	default: {
-		/* Attention: the f32 kernel's ws, then a batch of each bf16
-		 * array, within the emulation's whole copies. */
+		/* Attention: within the ws backend.c sized for the emulation
+		 * (node_workspace): the kernel's, then whole f32 copies of the
+		 * bf16 arrays. */
+		size_t avail = loom_cpu_gpt_workspace(plan, v, 4);
+		for (int i = 0; i < n->nsrc; i++)
+			if (half & LOOM_CPU_BF16_SRC(i))
+				avail += align64(4 * (size_t)loom_shape_numel(&src(plan, v, i)->shape));
+		if (half & LOOM_CPU_BF16_OUT)
+			avail += align64(4 * (size_t)loom_shape_numel(&n->shape));
 		loom_attn_shape s;
 		if (n->op == LOOM_OP_ATTENTION_BWD_QKV)
 			s = (loom_attn_shape){ (int)n->shape.dims[0], (int)n->shape.dims[1],
@@ -290,7 +302,7 @@ int loom_cpu_gpt_bf16_native(loom_cpu_ctx *ctx, const loom_plan *plan, loom_valu
 		else
 			s = attn_shape(plan, v, n->op == LOOM_OP_ATTENTION ? 1 : 0);
 		return loom_cpu_attn_bf16(attn_kernel_of[n->op], &s, (const void *const *)io->src,
-					  io->out, io->ws, half);
+					  io->out, io->ws, avail, half);
 	}
 	}
 }
