@@ -297,6 +297,10 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	 * the kernel (ops_elementwise.c), the same bits as below. */
 	if (loom_cpu_ew_bf16_native(pl, v, &io))
 		return LOOM_OK;
+	/* Layer norm, attention, the loss and embedding likewise (ops_gpt.c). */
+	loom_status nst;
+	if (loom_cpu_gpt_bf16_native(c, pl, v, &io, &nst))
+		return nst;
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */

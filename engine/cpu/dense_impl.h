@@ -58,6 +58,9 @@ void LOOM_CPU_FN(loom_cpu_linear_fwd)(int n, int in, int out, const T *x, const 
 	LOOM_CPU_FN(loom_cpu_gemm)(0, 1, n, out, in, 1, x, w, b ? 1 : 0, y);
 }
 
+void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(int n, int classes, const T *logits,
+					       const int32_t *labels, double g, T *dlogits);
+
 /* log(sum(exp(row))) with the max taken out so that exp never overflows. */
 static double LOOM_CPU_FN(ce_logsumexp)(int classes, const T *row)
 {
@@ -66,6 +69,17 @@ static double LOOM_CPU_FN(ce_logsumexp)(int classes, const T *row)
 		mx = row[j] > mx ? row[j] : mx;
 	s = LOOM_CPU_FN(loom_cpu_exp_sum)(classes, row, mx);
 	return mx + log(s);
+}
+
+/* *total += logsumexp(row) - row[label] over n rows in order (labels
+ * checked by the caller); gpt_bf16.c calls it per widened row too. */
+void LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(int n, int classes, const T *logits,
+					   const int32_t *labels, double *total)
+{
+	for (int i = 0; i < n; i++) {
+		const T *row = logits + (int64_t)i * classes;
+		*total += LOOM_CPU_FN(ce_logsumexp)(classes, row) - row[labels[i]];
+	}
 }
 
 int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd)(int n, int classes, const T *logits,
@@ -80,10 +94,7 @@ int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd)(int n, int classes, const T *logits,
 		}
 	}
 	double total = 0;
-	for (int i = 0; i < n; i++) {
-		const T *row = logits + (int64_t)i * classes;
-		total += LOOM_CPU_FN(ce_logsumexp)(classes, row) - row[labels[i]];
-	}
+	LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(n, classes, logits, labels, &total);
 	*loss = (T)(n > 0 ? total / n : 0);
 	return 0;
 }
@@ -92,7 +103,14 @@ void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd)(int n, int classes, const T *logits,
 					  const int32_t *labels, const T *dloss,
 					  T *dlogits)
 {
-	const double g = n > 0 ? (double)*dloss / n : 0;
+	LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(n, classes, logits, labels,
+						  n > 0 ? (double)*dloss / n : 0, dlogits);
+}
+
+/* dlogits of n rows for the gradient scale g = dloss / (all rows). */
+void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(int n, int classes, const T *logits,
+					       const int32_t *labels, double g, T *dlogits)
+{
 	for (int i = 0; i < n; i++) {
 		const T *row = logits + (int64_t)i * classes;
 		T *out = dlogits + (int64_t)i * classes;

@@ -95,6 +95,20 @@ void LOOM_CPU_FN(loom_cpu_layernorm_bwd_data)(int64_t rows, int c, const T *x, c
 	}
 }
 
+/* acc[j] += dy * xhat over rows (one thread's share; gpt_bf16.c calls it
+ * per block of widened rows). */
+void LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(int64_t rows, int c, const T *x, const T *dy,
+						double eps, double *acc)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * c, *dr = dy + r * c;
+		double m, rs;
+		LOOM_CPU_FN(ln_stats)(c, xr, eps, &m, &rs);
+		for (int j = 0; j < c; j++)
+			acc[j] += dr[j] * (xr[j] - m) * rs;
+	}
+}
+
 void LOOM_CPU_FN(loom_cpu_layernorm_bwd_gamma)(int64_t rows, int c, const T *x, const T *dy,
 					       double eps, T *dgamma, double *ws)
 {
@@ -103,15 +117,9 @@ void LOOM_CPU_FN(loom_cpu_layernorm_bwd_gamma)(int64_t rows, int c, const T *x, 
 #pragma omp parallel num_threads(nt)
 	{
 		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
-		double *acc = ws + (size_t)t * c;
 		int64_t r0 = rows * t / cnt, r1 = rows * (t + 1) / cnt;
-		for (int64_t r = r0; r < r1; r++) {
-			const T *xr = x + r * c, *dr = dy + r * c;
-			double m, rs;
-			LOOM_CPU_FN(ln_stats)(c, xr, eps, &m, &rs);
-			for (int j = 0; j < c; j++)
-				acc[j] += dr[j] * (xr[j] - m) * rs;
-		}
+		LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(r1 - r0, c, x + r0 * c, dy + r0 * c, eps,
+							   ws + (size_t)t * c);
 	}
 	/* The slots in a fixed order: the same sums for the same thread count. */
 	for (int j = 0; j < c; j++) {

@@ -48,7 +48,17 @@ typedef struct loom_attn_shape {
 						const T *dy, T *dp);                      \
 	/* dqkv: v part p^T dy, q and k parts 0 */                                       \
 	void loom_cpu_attention_bwd_qkv_##SFX(const loom_attn_shape *s, const T *p,       \
-					      const T *dy, T *dqkv);
+					      const T *dy, T *dqkv);                      \
+	/* Row pieces of the kernels above, for gpt_bf16.c's blocks of widened rows: */  \
+	/* acc[j] += dy xhat (layer norm's dgamma, in double), */                        \
+	void loom_cpu_layernorm_gamma_rows_##SFX(int64_t rows, int c, const T *x,        \
+						 const T *dy, double eps, double *acc);  \
+	/* *total += logsumexp(row) - row[label] in row order (dense_impl.h), */         \
+	void loom_cpu_softmax_ce_rows_##SFX(int n, int classes, const T *logits,          \
+					    const int32_t *labels, double *total);        \
+	/* dlogits of n rows for g = dloss / (all rows) (dense_impl.h) */                \
+	void loom_cpu_softmax_ce_bwd_rows_##SFX(int n, int classes, const T *logits,      \
+						const int32_t *labels, double g, T *dlogits);
 
 /* Bytes of workspace of the kernels that take one (elem: 4 or 8). */
 size_t loom_cpu_layernorm_bwd_gamma_ws(int c);
@@ -56,5 +66,67 @@ size_t loom_cpu_attn_probs_bwd_ws(int t, size_t elem);
 
 LOOM_CPU_GPT_KERNELS(float, f32)
 LOOM_CPU_GPT_KERNELS(double, f64)
+
+/*
+ * The same kernels on bf16 storage (gpt_bf16.c): each float argument is f32
+ * or bf16 as bit i of `half` says (LOOM_CPU_BF16_SRC(i) for the i-th float
+ * source, LOOM_CPU_BF16_OUT for the result). They widen a block of rows (a
+ * batch for attention) at a time, run the f32 kernel on it and round its
+ * result once per element: fp32 inside and the same bits as widening whole
+ * tensors, the f32 kernel and a rounding pass (backend.c's emulation), in
+ * one pass over memory. Conversions: bf16_rows.c, AVX2 where the CPU has
+ * it. They return 0 and touch nothing when they decline (a row wider than
+ * their blocks); the caller then takes the emulation.
+ */
+#define LOOM_CPU_BF16_SRC(i) (1u << (i))
+#define LOOM_CPU_BF16_OUT (1u << 7)
+
+/* Floats per widened block of rows (on the stack, per thread and array). */
+#define LOOM_CPU_BF16_ROWS 4096
+
+/* bf16 <-> f32 over n elements, serial (bf16_rows.c's copy for the CPU). */
+void loom_cpu_bf16_widen(int64_t n, const uint16_t *src, float *dst);
+void loom_cpu_bf16_round(int64_t n, const float *src, uint16_t *dst);
+/* acc[i] += widened src[i] */
+void loom_cpu_bf16_acc(int64_t n, const uint16_t *src, float *acc);
+
+int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma,
+				const void *beta, double eps, void *y, unsigned half);
+int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
+				     const void *dy, double eps, void *dx, unsigned half);
+/* ws: loom_cpu_layernorm_bwd_gamma_ws(c) bytes */
+int loom_cpu_layernorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
+				      double eps, void *dgamma, double *ws, unsigned half);
+
+/* The attention kernels, one batch at a time. */
+typedef enum loom_cpu_attn_kernel {
+	LOOM_CPU_ATTN_PROBS_FWD,      /* (qkv) -> p */
+	LOOM_CPU_ATTN_PROBS_BWD,      /* (qkv, p, dp) -> dqkv */
+	LOOM_CPU_ATTENTION_FWD,       /* (p, qkv) -> y */
+	LOOM_CPU_ATTENTION_BWD_PROBS, /* (qkv, dy) -> dp */
+	LOOM_CPU_ATTENTION_BWD_QKV,   /* (p, dy) -> dqkv */
+} loom_cpu_attn_kernel;
+/* Threads over the batches, each with the f32 kernel's ws and one batch of
+ * every bf16 array in f32, as many as ws_bytes holds (one: the batches in
+ * turn, the kernel's threads over the heads); 0 when not even that fits.
+ * loom_cpu_attn_bf16_ws: enough bytes for any mask. */
+size_t loom_cpu_attn_bf16_ws(loom_cpu_attn_kernel k, const loom_attn_shape *s);
+int loom_cpu_attn_bf16(loom_cpu_attn_kernel k, const loom_attn_shape *s, const void *const *src,
+		       void *out, void *ws, size_t ws_bytes, unsigned half);
+
+/* The loss (f32) from f32 or bf16 logits; ws: `classes` floats. -1 and
+ * *bad on a label outside [0, classes), as the f32 kernel. */
+int loom_cpu_softmax_ce_fwd_bf16(int n, int classes, const void *logits, const int32_t *labels,
+				 float *loss, int *bad, float *ws, unsigned half);
+/* dlogits from logits and dloss (sources 0 and 2, as the node's); ws: 2 * classes floats. */
+int loom_cpu_softmax_ce_bwd_bf16(int n, int classes, const void *logits, const int32_t *labels,
+				 const void *dloss, void *dlogits, float *ws, unsigned half);
+/* A bf16 table gathered into bf16 rows: a copy, no conversion. */
+int loom_cpu_embedding_fwd_bf16(int64_t n, int v, int c, const int32_t *ids,
+				const uint16_t *table, uint16_t *y, int64_t *bad);
+/* The scatter-add of bf16 or f32 dy in f32 (ws: v * c floats), rounded
+ * once into a bf16 or f32 dtable. */
+int loom_cpu_embedding_bwd_bf16(int64_t n, int v, int c, const int32_t *ids, const void *dy,
+				void *dtable, float *ws, unsigned half);
 
 #endif /* LOOM_ENGINE_CPU_GPT_KERNELS_H */

@@ -164,6 +164,14 @@ loom_status loom_cpu_op_attention_bwd_qkv(loom_cpu_ctx *ctx, const loom_plan *pl
 /* Bytes of workspace a transformer node needs in elements of elem bytes:
  * layer norm's dgamma per-thread sums, attention's per-thread dS. */
 size_t loom_cpu_gpt_workspace(const loom_plan *plan, loom_value v, size_t elem);
+/* Runs node v if it is a layer norm, attention, softmax cross-entropy or
+ * embedding node (forward or backward) reading or writing bf16 (the rest
+ * f32), with gpt_kernels.h's *_bf16 kernels (fp32 inside, the same bits as
+ * backend.c's widen / f32 / round path), its status in *st, and returns 1;
+ * else 0. LOOM_CPU_BF16_NATIVE_GPT=0 in the environment: always 0 (the old
+ * path). */
+int loom_cpu_gpt_bf16_native(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			     const loom_cpu_io *io, loom_status *st);
 
 /* accum.c: gradient accumulation on segment s of plan->accum: add it into
  * its sum, or (fold) add the sum into it and clear the sum. */
