@@ -290,6 +290,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		const char *e = getenv("LOOM_CUDA_VEC");
 		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
 	}
+	loom_cuda_gpt_switches();
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;

@@ -219,6 +219,14 @@ extern int loom_cuda_own_kernels_on;
 /* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
  * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
 extern int loom_cuda_vec_on;
+/* gpt.cu's and matmul_cublaslt.cu's switches, each 1 unless its variable
+ * is 0 when the latest plan was made (loom_cuda_gpt_switches, called by
+ * plan_create, reads them): LOOM_CUDA_EMB_BUCKET (the embedding backward
+ * bucketed by token), LOOM_CUDA_LT_CACHE (strided products' heuristic
+ * answers cached per shape). */
+extern int loom_cuda_emb_bucket_on;
+extern int loom_cuda_lt_cache_on;
+void loom_cuda_gpt_switches(void);
 
 /* ------------------------------------------------------------ op entries */
 

@@ -18,6 +18,10 @@
  * written after that run.
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "engine/cuda/dtype.cuh"
 
@@ -49,6 +53,47 @@ __global__ void loom_embedding_bwd_kernel(int64_t n, int v, int c, const int32_t
 			if (id >= 0 && id < v)
 				acc[(int64_t)id * c + j] += loom_ld(dy, dydt, i * c + j);
 		}
+}
+
+/* The bucketed embedding backward (loom_cuda_emb_bucket_on): key[i] = the
+ * id of position i (v for an id outside [0, v): no row), val[i] = i; a
+ * stable radix sort by key then puts each token's positions together, in
+ * position order. */
+__global__ void loom_embedding_keys_kernel(int64_t n, int v, const int32_t *ids, int32_t *key,
+					   int32_t *val)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		int id = ids[i];
+		key[i] = id >= 0 && id < v ? id : v;
+		val[i] = (int32_t)i;
+	}
+}
+
+/* One block per sorted position s; the block whose s starts a run of equal
+ * ids adds that run's rows of dy, in position order, into row id of dw
+ * (zeroed first for the ids that never occur), one thread per column: the
+ * additions of the CPU's row-order scatter-add, in fp32, rounded once to
+ * dw's dtype. Each row of dw is written by one block only, so no atomics
+ * and the same bits every run. */
+__global__ void loom_embedding_bwd_bucket_kernel(int64_t n, int v, int c, const int32_t *key,
+						 const int32_t *val, const void *dy, int dydt,
+						 void *dw, int dwdt)
+{
+	for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+		const int id = key[s];
+		if (id >= v || (s > 0 && key[s - 1] == id))
+			continue;
+		int64_t end = s + 1;
+		while (end < n && key[end] == id)
+			end++;
+		for (int j = threadIdx.x; j < c; j += blockDim.x) {
+			float acc = 0;
+			for (int64_t r = s; r < end; r++)
+				acc += loom_ld(dy, dydt, (int64_t)val[r] * c + j);
+			loom_st(dw, dwdt, (int64_t)id * c + j, acc);
+		}
+	}
 }
 
 /* Mean and 1 / sqrt(var + eps) of row r (every thread of the block). */
@@ -342,12 +387,105 @@ static const loom_node *src_of(const loom_plan *p, loom_value v, int i)
 	return &p->g->nodes[p->g->nodes[v].src[i]];
 }
 
-/* An embedding backward whose gradient is half sums in fp32 workspace. */
+/* The switches of this file's new kernels, each against the old one it
+ * replaces, read when a plan is made (plan_create): LOOM_CUDA_EMB_BUCKET=0
+ * the embedding backward's one thread per column over every token,
+ * LOOM_CUDA_LT_CACHE=0 a heuristic query per strided product
+ * (matmul_cublaslt.cu). */
+int loom_cuda_emb_bucket_on = 1;
+
+static int switch_on(const char *name)
+{
+	const char *e = getenv(name);
+	return !(e && !strcmp(e, "0"));
+}
+
+void loom_cuda_gpt_switches(void)
+{
+	loom_cuda_emb_bucket_on = switch_on("LOOM_CUDA_EMB_BUCKET");
+	loom_cuda_lt_cache_on = switch_on("LOOM_CUDA_LT_CACHE");
+}
+
+/* The bucketed backward's workspace for n ids: keys and values, sorted and
+ * not, then cub's own; 0 when cub cannot size it (the old kernel runs). */
+static size_t emb_bucket_ws(int64_t n, int v, size_t *cub_bytes)
+{
+	size_t tmp = 0;
+	*cub_bytes = 0;
+	if (n <= 0 || n > INT32_MAX || v <= 0 || v == INT32_MAX)
+		return 0;
+	if (cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int32_t *)NULL, (int32_t *)NULL,
+					    (const int32_t *)NULL, (int32_t *)NULL, (int)n, 0,
+					    32) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	*cub_bytes = tmp;
+	return 4 * loom_cuda_align(sizeof(int32_t) * (size_t)n) + loom_cuda_align(tmp);
+}
+
+/* The bits a key in [0, v] needs. */
+static int key_bits(int v)
+{
+	int b = 1;
+	while (b < 31 && ((int64_t)1 << b) <= v)
+		b++;
+	return b;
+}
+
+/* An embedding backward whose gradient is half sums in fp32 workspace;
+ * the bucketed one writes any dtype itself and needs its sort's (the
+ * larger of the two). */
 static size_t embedding_bwd_ws(const loom_plan *p, loom_value v)
 {
 	const loom_node *n = nd(p, v);
-	return n->dtype == LOOM_F32 ? 0 :
-				      loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
+	size_t cub_bytes, b = 0;
+	size_t old = n->dtype == LOOM_F32 ?
+			     0 : loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
+	if (loom_cuda_emb_bucket_on)
+		b = emb_bucket_ws(loom_shape_numel(&src_of(p, v, 0)->shape), (int)n->shape.dims[0],
+				  &cub_bytes);
+	/* Both: the switch is global, and another plan may turn it off. */
+	return b > old ? b : old;
+}
+
+/* The bucketed embedding backward: sort, zero dw, add the runs. done is 0
+ * when it did not run (no workspace of its own was planned). */
+static loom_status embedding_bwd_bucket(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io, int *done)
+{
+	const loom_node *n = nd(plan, v);
+	int64_t cnt = loom_shape_numel(&src_of(plan, v, 0)->shape), total = loom_shape_numel(&n->shape);
+	int vocab = (int)n->shape.dims[0], cc = (int)n->shape.dims[1];
+	size_t cub_bytes, ws = emb_bucket_ws(cnt, vocab, &cub_bytes);
+	*done = 0;
+	if (!ws || ws > c->plans[v].ws)
+		return LOOM_OK;
+	const size_t part = loom_cuda_align(sizeof(int32_t) * (size_t)cnt);
+	char *base = (char *)c->arena->ws;
+	int32_t *key = (int32_t *)base, *val = (int32_t *)(base + part);
+	int32_t *skey = (int32_t *)(base + 2 * part), *sval = (int32_t *)(base + 3 * part);
+	loom_status st = LOOM_CUDA_CHECK(
+		cudaMemsetAsync(io->out, 0, loom_dtype_size(n->dtype) * (size_t)total, c->stream),
+		c->err, sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	loom_embedding_keys_kernel<<<loom_cuda_blocks(cnt, threads), threads, 0, c->stream>>>(
+		cnt, vocab, (const int32_t *)io->src[0], key, val);
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+		return st;
+	st = LOOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + 4 * part, cub_bytes, key, skey,
+							     val, sval, (int)cnt, 0,
+							     key_bits(vocab), c->stream),
+			     c->err, sizeof(c->err));
+	if (st != LOOM_OK || cc <= 0)
+		return st;
+	unsigned blocks = cnt < 65535 * 16 ? (unsigned)cnt : 65535u * 16;
+	loom_embedding_bwd_bucket_kernel<<<blocks, threads, 0, c->stream>>>(
+		cnt, vocab, cc, skey, sval, io->src[1], io->dt[1], io->out, io->odt);
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) == LOOM_OK)
+		*done = 1;
+	return st;
 }
 
 size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v)
@@ -393,9 +531,13 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 {
 	const loom_node *n = nd(plan, v);
 	int64_t cnt = loom_shape_numel(&src_of(plan, v, 0)->shape), total = loom_shape_numel(&n->shape);
-	int cc = (int)n->shape.dims[1];
+	int cc = (int)n->shape.dims[1], done = 0;
+	loom_status st;
+	if (loom_cuda_emb_bucket_on &&
+	    ((st = embedding_bwd_bucket(c, plan, v, io, &done)) != LOOM_OK || done))
+		return st;
 	float *acc = n->dtype == LOOM_F32 ? (float *)io->out : (float *)c->arena->ws;
-	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
+	st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
 					 c->err, sizeof(c->err));
 	if (st != LOOM_OK || cc <= 0)
 		return st;

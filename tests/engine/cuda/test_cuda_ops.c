@@ -12,6 +12,7 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -850,6 +851,57 @@ Test(cuda_ops, vectorised_half_elementwise)
 			}
 	}
 	unsetenv("LOOM_CUDA_VEC");
+}
+
+/* The GPT kernels' switches (engine/cuda/gpt.cu, matmul_cublaslt.cu): each
+ * case in every dtype with the new kernel (1) and the old one it replaces
+ * (0), both against the CPU; the variable is read when the plan is made. */
+static void both_switch_values(const char *var, const char *op, build_fn build)
+{
+	char name[128];
+	for (int on = 0; on <= 1; on++) {
+		setenv(var, on ? "1" : "0", 1);
+		snprintf(name, sizeof(name), "%s %s=%d", op, var, on);
+		each_dtype(name, build, LOOM_RUN_GRAD);
+	}
+	unsetenv(var);
+}
+
+/* 300 ids over 60 rows (runs of equal ids of every length) and over 700
+ * rows (most rows absent: their gradient is zero), 40 columns. */
+static loom_value b_embedding_runs(loom_graph *g, tcase *t)
+{
+	loom_value ids = labels(g, t, 300, 60);
+	return loom_embedding(g, ids, param(g, t, "wte", 2, 60, 40, 0, 0));
+}
+
+static loom_value b_embedding_sparse(loom_graph *g, tcase *t)
+{
+	loom_value ids = labels(g, t, 300, 700);
+	return loom_embedding(g, ids, param(g, t, "wte", 2, 700, 40, 0, 0));
+}
+
+/* The embedding backward bucketed by token (a stable sort of the ids, one
+ * block per run: the CPU's additions in its order) against the CPU and
+ * against the one-thread-per-column kernel it replaces. */
+Test(cuda_ops, embedding_backward_bucketed)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding", b_embedding);
+	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding 300 ids / 60", b_embedding_runs);
+	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding 300 ids / 700", b_embedding_sparse);
+}
+
+/* The strided products' cached heuristic answers (the attention's): the
+ * same cases twice in one process with the cache (the second run takes
+ * every plan from it), and without. */
+Test(cuda_ops, strided_products_cached)
+{
+	NEED_GPU();
+	for (int twice = 0; twice < 2; twice++) {
+		both_switch_values("LOOM_CUDA_LT_CACHE", "attention 4 heads of 32", b_attention_hs32);
+		both_switch_values("LOOM_CUDA_LT_CACHE", "attention 4 heads of 64", b_attention_hs64);
+	}
 }
 
 /* Exact values where the rules matter: ties (first max wins), windows whose
