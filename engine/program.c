@@ -411,6 +411,8 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		loom_fuse_siblings(p->plan.g);
 	if (caps & LOOM_BE_FUSES_CASTS)
 		loom_fuse_casts(p->plan.g);
+	else if ((caps & LOOM_BE_FUSES_SOME_CASTS) && p->be->takes_any_dtype)
+		loom_fuse_casts_for(p->plan.g, p->be->takes_any_dtype);
 	if ((st = make_slots(p)) != LOOM_OK)
 		goto out_fail;
 	/* Data parallelism: gradient buckets and their all-reduces, then the

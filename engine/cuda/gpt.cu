@@ -24,6 +24,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "engine/cuda/dtype.cuh"
+#include "graph/unary.h"
 
 static const int threads = 256;
 
@@ -216,6 +217,198 @@ static void ln_chunks(int64_t rows, int64_t *per, int *chunks)
 	*chunks = (int)((rows + p - 1) / p);
 }
 
+/*
+ * Layer norm, one pass per row each way (loom_cuda_ln_fused_on,
+ * LOOM_CUDA_LN_FUSED=0: the kernels above). Rows are read W elements at a
+ * time: W = 8 (128-bit loads of f16/bf16, two float4 of f32) where the
+ * last dim is a multiple of 8 and every pointer 16-byte aligned, else 1.
+ * Statistics and sums in double, as above and on the CPU.
+ */
+template <int W>
+static __device__ __forceinline__ void ln_ldv(const void *p, int dt, int64_t i, float v[W])
+{
+	if constexpr (W == 8) {
+		if (dt == LOOM_F32) {
+			const float4 a = *(const float4 *)((const float *)p + i);
+			const float4 b = *(const float4 *)((const float *)p + i + 4);
+			v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+			v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+		} else if (dt == LOOM_F16) {
+			const uint4 u = *(const uint4 *)((const __half *)p + i);
+			const __half *h = (const __half *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __half2float(h[k]);
+		} else {
+			const uint4 u = *(const uint4 *)((const __nv_bfloat16 *)p + i);
+			const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __bfloat162float(h[k]);
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] = loom_ld(p, dt, i + k);
+	}
+}
+
+template <int W>
+static __device__ __forceinline__ void ln_stv(void *p, int dt, int64_t i, const float v[W])
+{
+	if constexpr (W == 8) {
+		if (dt == LOOM_F32) {
+			*(float4 *)((float *)p + i) = make_float4(v[0], v[1], v[2], v[3]);
+			*(float4 *)((float *)p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+		} else if (dt == LOOM_F16) {
+			uint4 u;
+			__half *h = (__half *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				h[k] = __float2half_rn(v[k]);
+			*(uint4 *)((__half *)p + i) = u;
+		} else {
+			uint4 u;
+			__nv_bfloat16 *h = (__nv_bfloat16 *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				h[k] = __float2bfloat16_rn(v[k]);
+			*(uint4 *)((__nv_bfloat16 *)p + i) = u;
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			loom_st(p, dt, i + k, v[k]);
+	}
+}
+
+static __device__ __forceinline__ double warp_sum(double v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+/* One warp per row: mean and rstd of the row (two passes, the second from
+ * L1), then y = (x - mean) rstd gamma + beta. */
+template <int W>
+__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
+					       const void *g, int gdt, const void *b, int bdt,
+					       double eps, void *y, int ydt)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	const int64_t o = r * c;
+	float v[W], gv[W], bv[W];
+	double s = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	}
+	const double m = warp_sum(s) / c;
+	double ss = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			ss += (v[k] - m) * (v[k] - m);
+	}
+	const double rs = 1.0 / sqrt(warp_sum(ss) / c + eps);
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+		ln_ldv<W>(g, gdt, j, gv);
+		ln_ldv<W>(b, bdt, j, bv);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] = (float)((v[k] - m) * rs * gv[k] + bv[k]);
+		ln_stv<W>(y, ydt, o + j, v);
+	}
+}
+
+/*
+ * dx, dgamma and dbeta in one pass over x and dy: block k takes the rows
+ * of chunk k (ln_chunks) one after the other, all its threads on a row;
+ * each thread owns the same columns in every row, so it adds the chunk's
+ * dy xhat and dy into its own columns of shared memory (acc: 2c doubles)
+ * with no atomics, in row order; the chunks' parts go to part_g, part_b
+ * ([chunks, c]) and loom_layernorm_bwd_gamma_fold_kernel adds them in
+ * chunk order. Every sum's order depends only on the shape: the same bits
+ * every run. The row's statistics are recomputed from the row the block
+ * reads anyway (no saved mean/rstd to keep alive between the passes).
+ */
+static const int ln_bwd_threads = 128;
+#define LOOM_LN_FUSED_MAX_C 3072 /* 2c doubles of shared memory: 48 KiB */
+
+template <int W>
+__global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c, const void *x,
+						int xdt, const void *g, int gdt, const void *dy,
+						int dydt, double eps, void *dx, int dxdt,
+						double *part_g, double *part_b)
+{
+	extern __shared__ double acc[];
+	const int64_t k = blockIdx.x, r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
+	const int step = blockDim.x * W;
+	float xv[W], dv[W], gv[W];
+	for (int j = threadIdx.x * W; j < c; j += step)
+#pragma unroll
+		for (int q = 0; q < W; q++)
+			acc[j + q] = acc[c + j + q] = 0;
+	for (int64_t r = r0; r < r1; r++) {
+		const int64_t o = r * c;
+		double s = 0, ss = 0, a = 0, b = 0;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+#pragma unroll
+			for (int q = 0; q < W; q++)
+				s += xv[q];
+		}
+		const double m = loom_block_sum(s) / c;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+#pragma unroll
+			for (int q = 0; q < W; q++)
+				ss += (xv[q] - m) * (xv[q] - m);
+		}
+		const double rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int q = 0; q < W; q++) {
+				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
+				a += gd;
+				b += gd * xh;
+				acc[j + q] += (double)dv[q] * xh;
+				acc[c + j + q] += dv[q];
+			}
+		}
+		a = loom_block_sum(a) / c;
+		b = loom_block_sum(b) / c;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int q = 0; q < W; q++) {
+				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
+				xv[q] = (float)(rs * (gd - a - xh * b));
+			}
+			ln_stv<W>(dx, dxdt, o + j, xv);
+		}
+	}
+	for (int j = threadIdx.x * W; j < c; j += step)
+#pragma unroll
+		for (int q = 0; q < W; q++) {
+			part_g[k * c + j + q] = acc[j + q];
+			part_b[k * c + j + q] = acc[c + j + q];
+		}
+}
+
 /* Row `row` (position i) of p from its fp32 scores, the block's max mx of
  * them given: the causal softmax, 0 above the diagonal. Every thread reads
  * sc[j] for its own j before writing p[j], so p may be sc (fp32). */
@@ -388,11 +581,14 @@ static const loom_node *src_of(const loom_plan *p, loom_value v, int i)
 }
 
 /* The switches of this file's new kernels, each against the old one it
- * replaces, read when a plan is made (plan_create): LOOM_CUDA_EMB_BUCKET=0
+ * replaces, read when a plan is made (plan_create): LOOM_CUDA_LN_FUSED=0
+ * layer norm's block-per-row forward and separate backward kernels (dx;
+ * dgamma; dbeta as a channel sum), LOOM_CUDA_EMB_BUCKET=0
  * the embedding backward's one thread per column over every token,
  * LOOM_CUDA_LT_CACHE=0 a heuristic query per strided product
  * (matmul_cublaslt.cu). */
 int loom_cuda_emb_bucket_on = 1;
+int loom_cuda_ln_fused_on = 1;
 
 static int switch_on(const char *name)
 {
@@ -403,7 +599,44 @@ static int switch_on(const char *name)
 void loom_cuda_gpt_switches(void)
 {
 	loom_cuda_emb_bucket_on = switch_on("LOOM_CUDA_EMB_BUCKET");
+	loom_cuda_ln_fused_on = switch_on("LOOM_CUDA_LN_FUSED");
 	loom_cuda_lt_cache_on = switch_on("LOOM_CUDA_LT_CACHE");
+}
+
+/*
+ * The ops whose CUDA entries are own kernels that read each source in its
+ * dtype and write theirs in its own (loom_ld / loom_st, fp32 inside, one
+ * rounding on the way out): a narrowing cast after one of them folds into
+ * it, a widening cast before them goes into its readers (graph/fuse.c).
+ * Not the library calls (products, convolutions, cuDNN's batch norm: one
+ * dtype for all operands), nor the attention (its cuBLASLt products want
+ * their sources alike), nor pooling and batch norm's own kernels (not
+ * checked for it).
+ */
+int loom_cuda_takes_any_dtype(loom_op op)
+{
+	const char *e = getenv("LOOM_CUDA_FOLD_CASTS");
+	if (e && !strcmp(e, "0"))
+		return 0;
+	switch (op) {
+	case LOOM_OP_ADD:
+	case LOOM_OP_RELU:
+	case LOOM_OP_RELU_BWD:
+	case LOOM_OP_CHANNEL_SUM:
+	case LOOM_OP_SOFTMAX_CE:
+	case LOOM_OP_SOFTMAX_CE_BWD:
+	case LOOM_OP_EMBEDDING:
+	case LOOM_OP_EMBEDDING_BWD:
+	case LOOM_OP_LAYERNORM:
+	case LOOM_OP_LAYERNORM_BWD_DATA:
+	case LOOM_OP_LAYERNORM_BWD_GAMMA:
+#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
+	LOOM_UNARY_OPS(UNARY_CASE)
+#undef UNARY_CASE
+		return 1;
+	default:
+		return 0;
+	}
 }
 
 /* The bucketed backward's workspace for n ids: keys and values, sorted and
@@ -549,6 +782,34 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	return loom_cuda_cast(c->err, c->stream, acc, LOOM_F32, io->out, io->odt, total);
 }
 
+/* 128-bit loads fit: the last dim a multiple of 8, every pointer aligned. */
+static int ln_vec8(int cc, const void *const *p, int np)
+{
+	if (cc % 8)
+		return 0;
+	for (int i = 0; i < np; i++)
+		if ((uintptr_t)p[i] % 16)
+			return 0;
+	return 1;
+}
+
+static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, double eps,
+				      const loom_cuda_io *io)
+{
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const int per_block = threads / 32;
+	const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_fwd_warp_kernel<8><<<blocks, threads, 0, c->stream>>>(
+			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], eps, io->out, io->odt);
+	else
+		loom_layernorm_fwd_warp_kernel<1><<<blocks, threads, 0, c->stream>>>(
+			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], eps, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io)
 {
@@ -556,10 +817,84 @@ loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom
 	int64_t rows = loom_shape_rows(&n->shape);
 	if (rows <= 0)
 		return LOOM_OK;
+	/* A grid of rows / 8 blocks: within the launch limit up to 2^34 rows. */
+	if (loom_cuda_ln_fused_on && rows / (threads / 32) < 2147483647LL)
+		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io);
 	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
 		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* The fused backward's chunk parts: dgamma's, then dbeta's. */
+static size_t ln_fused_ws(int64_t rows, int cc)
+{
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	return 2 * loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc);
+}
+
+loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np)
+{
+	const loom_node *n = nd(p, v);
+	const int64_t rows = loom_shape_rows(&n->shape), cc = loom_shape_last(&n->shape);
+	(void)c;
+	np->ln.dgamma = np->ln.dbeta = LOOM_NONE;
+	np->ws = 0;
+	if (!loom_cuda_ln_fused_on || rows <= 0 || cc <= 0 || cc > LOOM_LN_FUSED_MAX_C)
+		return LOOM_OK; /* the separate kernels */
+	/* dgamma and dbeta, where graph/fuse.c made them this node's siblings. */
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
+		const loom_node *s = nd(p, w);
+		if (s->op == LOOM_OP_LAYERNORM_BWD_GAMMA)
+			np->ln.dgamma = w;
+		else if (s->op == LOOM_OP_CHANNEL_SUM)
+			np->ln.dbeta = w;
+	}
+	np->kind = LOOM_CUDA_PLAN_LN;
+	np->ws = ln_fused_ws(rows, (int)cc);
+	return LOOM_OK;
+}
+
+/* dx with its siblings dgamma and dbeta (those the plan found), in one
+ * pass; then each sibling's chunk parts folded in order. */
+static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v);
+	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int cc = (int)loom_shape_last(&n->shape);
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	double *part_g = (double *)c->arena->ws;
+	double *part_b = (double *)((char *)c->arena->ws +
+				    loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc));
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const size_t shm = 2 * sizeof(double) * (size_t)cc;
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_bwd_fused_kernel<8><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b);
+	else
+		loom_layernorm_bwd_fused_kernel<1><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	const loom_value sib[2] = { lp->dgamma, lp->dbeta };
+	const double *part[2] = { part_g, part_b };
+	for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+		if (sib[i] == LOOM_NONE)
+			continue;
+		loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0,
+						       c->stream>>>(
+			chunks, cc, part[i], loom_arena_ptr(c->arena, plan, sib[i]), nd(plan, sib[i])->dtype);
+		st = LOOM_CUDA_LAUNCHED(c->err);
+	}
+	return st;
 }
 
 loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *plan,
@@ -569,6 +904,8 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 	int64_t rows = loom_shape_rows(&n->shape);
 	if (rows <= 0)
 		return LOOM_OK;
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
+		return layernorm_bwd_fused(c, plan, v, io);
 	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
 		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
