@@ -338,10 +338,13 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
  * ([chunks, c]) and loom_layernorm_bwd_gamma_fold_kernel adds them in
  * chunk order. Every sum's order depends only on the shape: the same bits
  * every run. The row's statistics are recomputed from the row the block
- * reads anyway (no saved mean/rstd to keep alive between the passes).
+ * reads anyway (no saved mean/rstd to keep alive between the passes); the
+ * passes after the first over a row are meant to hit the cache.
  */
 static const int ln_bwd_threads = 128;
-#define LOOM_LN_FUSED_MAX_C 3072 /* 2c doubles of shared memory: 48 KiB */
+/* 2c doubles of shared memory (32 KiB), with the block sums' own under the
+ * 48 KiB a launch gets without opting in. */
+#define LOOM_LN_FUSED_MAX_C 2048
 
 template <int W>
 __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c, const void *x,
@@ -639,6 +642,15 @@ int loom_cuda_takes_any_dtype(loom_op op)
 	}
 }
 
+/* The bits a key in [0, v] needs. */
+static int key_bits(int v)
+{
+	int b = 1;
+	while (b < 31 && ((int64_t)1 << b) <= v)
+		b++;
+	return b;
+}
+
 /* The bucketed backward's workspace for n ids: keys and values, sorted and
  * not, then cub's own; 0 when cub cannot size it (the old kernel runs). */
 static size_t emb_bucket_ws(int64_t n, int v, size_t *cub_bytes)
@@ -649,21 +661,12 @@ static size_t emb_bucket_ws(int64_t n, int v, size_t *cub_bytes)
 		return 0;
 	if (cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int32_t *)NULL, (int32_t *)NULL,
 					    (const int32_t *)NULL, (int32_t *)NULL, (int)n, 0,
-					    32) != cudaSuccess) {
+					    key_bits(v)) != cudaSuccess) {
 		cudaGetLastError();
 		return 0;
 	}
 	*cub_bytes = tmp;
 	return 4 * loom_cuda_align(sizeof(int32_t) * (size_t)n) + loom_cuda_align(tmp);
-}
-
-/* The bits a key in [0, v] needs. */
-static int key_bits(int v)
-{
-	int b = 1;
-	while (b < 31 && ((int64_t)1 << b) <= v)
-		b++;
-	return b;
 }
 
 /* An embedding backward whose gradient is half sums in fp32 workspace;
