@@ -45,6 +45,9 @@ enum {
 	 * (the CPU's emulation): graph/fuse.c's loom_fuse_casts may give a
 	 * producer its cast's dtype. */
 	LOOM_BE_FUSES_CASTS = 1u << 9,
+	/* Some kernels do (takes_any_dtype names their ops): graph/fuse.c's
+	 * loom_fuse_casts_for folds casts at those ops only. */
+	LOOM_BE_FUSES_SOME_CASTS = 1u << 10,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \
@@ -75,6 +78,10 @@ typedef struct loom_backend {
 	 * sources' dtypes and shapes (as ggml's supports_op sees the tensor).
 	 * Asked for every node a step runs, before plan_create. */
 	int (*supports_node)(void *ctx, const loom_plan *plan, loom_value v);
+	/* Whether op's kernel reads each source and writes its value in any
+	 * float dtype, computing in fp32 (LOOM_BE_FUSES_SOME_CASTS); asked
+	 * at compile time, before the backend has a context. // (optional) */
+	int (*takes_any_dtype)(loom_op op);
 	/* The per-node plans (algorithms, library descriptors) for plan, made
 	 * once; *ws_bytes gets the scratch the largest node needs. A failure
 	 * is returned here, not at the first run. */

@@ -194,7 +194,8 @@ int loom_fuse_add_relu(loom_graph *g)
  * Sibling outputs. Some libraries make several of the graph's values in one
  * call: cudnnBatchNormalizationBackward gives dx, dgamma and dbeta, and
  * cuBLASLt's BGRADB epilogue gives a linear's bias gradient (the column sums
- * of dy) with its weight gradient dy^T x. Autodiff emits those as separate
+ * of dy) with its weight gradient dy^T x, and the CUDA layer-norm backward
+ * makes dgamma and dbeta in the pass that makes dx. Autodiff emits those as separate
  * nodes, producer first. This pass marks each sibling with made_by = the
  * producer: backends run the sibling when the producer runs (one library
  * call where they can, the sibling's own kernel right after otherwise), and
@@ -234,6 +235,22 @@ static loom_value channel_sum_of(const loom_graph *g, loom_value dy, loom_value 
 	return LOOM_NONE;
 }
 
+/* The column sums of dy seen as rows [N, C] (dy itself when 2-D, else a
+ * reshape of it), after v: a layer norm's beta gradient. */
+static loom_value rows_sum_of(const loom_graph *g, loom_value dy, loom_value after)
+{
+	for (int u = after + 1; u < g->n; u++) {
+		const loom_node *n = &g->nodes[u];
+		if (n->op != LOOM_OP_CHANNEL_SUM || n->made_by != LOOM_NONE)
+			continue;
+		loom_value s = n->src[0];
+		const loom_node *r = &g->nodes[s];
+		if (s == dy || (r->op == LOOM_OP_RESHAPE && r->src[0] == dy && r->shape.ndim == 2))
+			return u;
+	}
+	return LOOM_NONE;
+}
+
 int loom_fuse_siblings(loom_graph *g)
 {
 	int marked = 0;
@@ -254,6 +271,23 @@ int loom_fuse_siblings(loom_graph *g)
 				}
 			}
 			loom_value s = channel_sum_of(g, dy, v, pdt);
+			if (s != LOOM_NONE)
+				marked += mark(g, s, v);
+		} else if (n->op == LOOM_OP_LAYERNORM_BWD_DATA) {
+			/* (x, gamma, dy) -> dx; dgamma = layernorm_bwd_gamma(x,
+			 * dy), dbeta = channel_sum of dy's rows (any dtypes: one
+			 * own kernel writes all three, engine/cuda/gpt.cu). */
+			loom_value x = n->src[0], dy = n->src[2];
+			for (int u = v + 1; u < g->n; u++) {
+				const loom_node *m = &g->nodes[u];
+				if (m->op == LOOM_OP_LAYERNORM_BWD_GAMMA && m->src[0] == x &&
+				    m->src[1] == dy && m->a.ln.eps == n->a.ln.eps &&
+				    m->made_by == LOOM_NONE) {
+					marked += mark(g, u, v);
+					break;
+				}
+			}
+			loom_value s = rows_sum_of(g, dy, v);
 			if (s != LOOM_NONE)
 				marked += mark(g, s, v);
 		} else if (n->op == LOOM_OP_MATMUL && n->a.mm.ta && !n->a.mm.tb &&
@@ -279,6 +313,20 @@ int loom_fuse_siblings(loom_graph *g)
  * Only narrowing casts: folding a widening one would skip a rounding the
  * unfused plan makes.
  */
+/* A node that makes siblings keeps its dtype: the one-pass library calls
+ * (batch norm's dx with dgamma and dbeta, a product with its bias
+ * gradient) want all of theirs alike. The layer-norm backward's kernel
+ * reads and writes each in its own dtype. */
+static int keeps_dtype(const loom_graph *g, loom_value x)
+{
+	if (g->nodes[x].op == LOOM_OP_LAYERNORM_BWD_DATA)
+		return 0;
+	for (loom_value u = x + 1; u < g->n; u++)
+		if (g->nodes[u].made_by == x)
+			return 1;
+	return 0;
+}
+
 static int foldable_producer(const loom_graph *g, loom_value x, loom_dtype to)
 {
 	const loom_node *n = &g->nodes[x];
@@ -290,11 +338,8 @@ static int foldable_producer(const loom_graph *g, loom_value x, loom_dtype to)
 		return 0;
 	if (n->dtype != LOOM_F32 || (to != LOOM_BF16 && to != LOOM_F16))
 		return 0;
-	/* A node that makes siblings keeps its dtype: the one-pass kernels
-	 * (batch norm's dx with dgamma and dbeta) want all of theirs alike. */
-	for (loom_value u = x + 1; u < g->n; u++)
-		if (g->nodes[u].made_by == x)
-			return 0;
+	if (keeps_dtype(g, x))
+		return 0;
 	loom_value rd[2];
 	return readers(g, x, rd, 1) == 1;
 }
@@ -317,16 +362,49 @@ static loom_value sole_kernel_reader(const loom_graph *g, loom_value c)
 	if (def->kind == LOOM_OPK_LEAF || (def->flags & LOOM_OPF_VIEW) || r->op == LOOM_OP_CAST ||
 	    r->made_by != LOOM_NONE)
 		return LOOM_NONE;
-	for (loom_value u = rd[0] + 1; u < g->n; u++) /* as in foldable_producer */
-		if (g->nodes[u].made_by == rd[0])
-			return LOOM_NONE;
+	if (keeps_dtype(g, rd[0]))
+		return LOOM_NONE;
 	int uses = 0;
 	for (int i = 0; i < r->nsrc; i++)
 		uses += r->src[i] == c;
 	return uses == 1 ? rd[0] : LOOM_NONE;
 }
 
+/*
+ * The readers of widening cast c when every one of them takes any dtype
+ * (takes): kernels (no view, cast, sibling, node that keeps its dtype),
+ * each reading c once. How many, up to max; 0 if any is not such a reader.
+ */
+static int taking_readers(const loom_graph *g, loom_value c, int (*takes)(loom_op),
+			  loom_value *rd, int max)
+{
+	int n = readers(g, c, rd, max);
+	if (n <= 0)
+		return 0;
+	for (int k = 0; k < n; k++) {
+		const loom_node *r = &g->nodes[rd[k]];
+		const loom_op_def *def = loom_op_defs[r->op];
+		if (def->kind == LOOM_OPK_LEAF || (def->flags & LOOM_OPF_VIEW) ||
+		    r->op == LOOM_OP_CAST || r->made_by != LOOM_NONE || !takes((loom_op)r->op) ||
+		    keeps_dtype(g, rd[k]))
+			return 0;
+		int uses = 0;
+		for (int i = 0; i < r->nsrc; i++)
+			uses += r->src[i] == c;
+		if (uses != 1)
+			return 0;
+	}
+	return n;
+}
+
 int loom_fuse_casts(loom_graph *g)
+{
+	return loom_fuse_casts_for(g, NULL);
+}
+
+#define LOOM_FUSE_MAX_READERS 8
+
+int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op))
 {
 	int fused = 0;
 	for (int c = 0; c < g->n; c++) {
@@ -342,7 +420,7 @@ int loom_fuse_casts(loom_graph *g)
 		       g->nodes[p].op == LOOM_OP_RESHAPE && readers(g, p, rd, 1) == 1 &&
 		       !(g->nodes[p].flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD)))
 			p = g->nodes[p].src[0];
-		if (foldable_producer(g, p, cn->dtype)) {
+		if ((!takes || takes((loom_op)g->nodes[p].op)) && foldable_producer(g, p, cn->dtype)) {
 			for (loom_value q = x; q != p; q = g->nodes[q].src[0])
 				g->nodes[q].dtype = cn->dtype;
 			g->nodes[p].dtype = cn->dtype;
@@ -351,14 +429,24 @@ int loom_fuse_casts(loom_graph *g)
 			fused++;
 			continue;
 		}
-		loom_value r;
-		if (cn->dtype != LOOM_F32 || (from != LOOM_BF16 && from != LOOM_F16) ||
-		    (r = sole_kernel_reader(g, c)) == LOOM_NONE)
+		if (cn->dtype != LOOM_F32 || (from != LOOM_BF16 && from != LOOM_F16))
 			continue;
-		loom_node *rn = &g->nodes[r];
-		for (int i = 0; i < rn->nsrc; i++)
-			if (rn->src[i] == c)
-				rn->src[i] = x;
+		/* The CPU's: one reader. A backend that names its ops: every
+		 * reader of the cast, each taking the half value. */
+		loom_value rds[LOOM_FUSE_MAX_READERS];
+		int nr;
+		if (takes)
+			nr = taking_readers(g, c, takes, rds, LOOM_FUSE_MAX_READERS);
+		else
+			nr = (rds[0] = sole_kernel_reader(g, c)) == LOOM_NONE ? 0 : 1;
+		if (nr == 0)
+			continue;
+		for (int k = 0; k < nr; k++) {
+			loom_node *rn = &g->nodes[rds[k]];
+			for (int i = 0; i < rn->nsrc; i++)
+				if (rn->src[i] == c)
+					rn->src[i] = x;
+		}
 		cn->dtype = from;
 		make_view(g, c, x);
 		fused++;

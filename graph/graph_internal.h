@@ -217,13 +217,21 @@ int loom_fuse_add_relu(loom_graph *g);
  * it, exactly). The cast becomes a view: the same bits, one pass and one
  * buffer fewer. For backends whose kernels read and write any float dtype
  * (LOOM_BE_FUSES_CASTS). Returns how many. Run after the relu fusions and
- * loom_fuse_siblings (a node that makes siblings keeps its dtype). */
+ * loom_fuse_siblings (a node that makes siblings keeps its dtype, but for
+ * the layer-norm backward, whose kernel takes any). */
 int loom_fuse_casts(loom_graph *g);
+/* loom_fuse_casts for a backend whose kernels take any float dtype only
+ * at some ops (LOOM_BE_FUSES_SOME_CASTS: CUDA's own kernels, not its
+ * library calls): takes(op) says which. A producer folds its narrowing
+ * cast only if it takes; a widening cast goes into its readers only if
+ * every reader (up to 8) takes, each then reading the half value. */
+int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op));
 
 /* Marks values one library call makes together with an earlier node's
  * (node->made_by): batch norm's dgamma and dbeta with its dx (one
- * cudnnBatchNormalizationBackward), and a linear's bias gradient with its
- * weight gradient (cuBLASLt's BGRADB epilogue). Returns how many. Run after
+ * cudnnBatchNormalizationBackward), a linear's bias gradient with its
+ * weight gradient (cuBLASLt's BGRADB epilogue), layer norm's dgamma and
+ * dbeta with its dx (one CUDA kernel). Returns how many. Run after
  * autodiff, before memory planning. */
 int loom_fuse_siblings(loom_graph *g);
 

@@ -260,6 +260,9 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_BN_BWD_GAMMA:
 		np->ws = loom_cuda_bn_sync_ws(p, v);
 		break;
+	case LOOM_OP_LAYERNORM_BWD_DATA: /* one pass with its siblings (gpt.cu) */
+		st = loom_cuda_ln_plan_make(p, c, v, np);
+		break;
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
@@ -290,6 +293,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		const char *e = getenv("LOOM_CUDA_VEC");
 		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
 	}
+	loom_cuda_gpt_switches();
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
@@ -949,13 +953,15 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM,
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM |
+		LOOM_BE_FUSES_SOME_CASTS,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,
 	.describe = cuda_describe,
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
+	.takes_any_dtype = loom_cuda_takes_any_dtype,
 	.plan_create = cuda_plan_create,
 	.node_note = cuda_node_note,
 	.alloc = cuda_alloc,

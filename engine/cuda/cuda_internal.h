@@ -147,6 +147,11 @@ typedef struct loom_cuda_bn_plan {
 } loom_cuda_bn_plan;
 
 /* What prepare decided for one node. */
+/* Layer norm's one-pass backward (gpt.cu): the siblings it writes. */
+typedef struct loom_cuda_ln_plan {
+	loom_value dgamma, dbeta; /* LOOM_NONE: not this node's sibling */
+} loom_cuda_ln_plan;
+
 typedef struct loom_cuda_node_plan {
 	int kind; /* LOOM_CUDA_PLAN_* */
 	loom_cuda_stage stage[LOOM_MAX_SRC];
@@ -155,6 +160,7 @@ typedef struct loom_cuda_node_plan {
 	loom_cuda_conv_plan conv;
 	loom_cuda_mm_plan mm;
 	loom_cuda_bn_plan bn;
+	loom_cuda_ln_plan ln;
 } loom_cuda_node_plan;
 
 enum {
@@ -162,6 +168,7 @@ enum {
 	LOOM_CUDA_PLAN_CONV,
 	LOOM_CUDA_PLAN_MM,
 	LOOM_CUDA_PLAN_BN,
+	LOOM_CUDA_PLAN_LN, /* layer norm's one-pass backward */
 };
 
 typedef struct loom_cuda_ctx {
@@ -219,6 +226,21 @@ extern int loom_cuda_own_kernels_on;
 /* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
  * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
 extern int loom_cuda_vec_on;
+/* gpt.cu's and matmul_cublaslt.cu's switches, each 1 unless its variable
+ * is 0 when the latest plan was made (loom_cuda_gpt_switches, called by
+ * plan_create, reads them): LOOM_CUDA_LN_FUSED (layer norm's warp-per-row
+ * forward and one-pass backward), LOOM_CUDA_EMB_BUCKET (the embedding backward
+ * bucketed by token), LOOM_CUDA_LT_CACHE (strided products' heuristic
+ * answers cached per shape). */
+extern int loom_cuda_emb_bucket_on;
+extern int loom_cuda_ln_fused_on; /* LOOM_CUDA_LN_FUSED */
+extern int loom_cuda_lt_cache_on;
+void loom_cuda_gpt_switches(void);
+/* The backend's takes_any_dtype (gpt.cu): the ops whose own kernels read
+ * and write every value in its own dtype, so that a cast beside them folds
+ * (graph/fuse.c's loom_fuse_casts_for); none under LOOM_CUDA_FOLD_CASTS=0,
+ * read at compile time. */
+int loom_cuda_takes_any_dtype(loom_op op);
 
 /* ------------------------------------------------------------ op entries */
 
@@ -321,6 +343,10 @@ loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *ctx, const loom_plan *
 					   loom_value v, const loom_cuda_io *io);
 /* Workspace bytes of a transformer node (its fp32 sums or row statistics). */
 size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v);
+/* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
+ * it makes (LOOM_CUDA_PLAN_LN) under loom_cuda_ln_fused_on, else none. */
+loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np);
 
 /* ------------------------------------------------------------ launchers */
 /* Plain arguments, an explicit stream, a status; a failure's message goes
@@ -463,6 +489,8 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 		return w == np->bn.dgamma || w == np->bn.dbeta;
 	if (np->kind == LOOM_CUDA_PLAN_MM)
 		return w == np->mm.bgrad;
+	if (np->kind == LOOM_CUDA_PLAN_LN)
+		return w == np->ln.dgamma || w == np->ln.dbeta;
 	return 0;
 }
 

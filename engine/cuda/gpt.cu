@@ -18,8 +18,13 @@
  * written after that run.
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "engine/cuda/dtype.cuh"
+#include "graph/unary.h"
 
 static const int threads = 256;
 
@@ -49,6 +54,47 @@ __global__ void loom_embedding_bwd_kernel(int64_t n, int v, int c, const int32_t
 			if (id >= 0 && id < v)
 				acc[(int64_t)id * c + j] += loom_ld(dy, dydt, i * c + j);
 		}
+}
+
+/* The bucketed embedding backward (loom_cuda_emb_bucket_on): key[i] = the
+ * id of position i (v for an id outside [0, v): no row), val[i] = i; a
+ * stable radix sort by key then puts each token's positions together, in
+ * position order. */
+__global__ void loom_embedding_keys_kernel(int64_t n, int v, const int32_t *ids, int32_t *key,
+					   int32_t *val)
+{
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		int id = ids[i];
+		key[i] = id >= 0 && id < v ? id : v;
+		val[i] = (int32_t)i;
+	}
+}
+
+/* One block per sorted position s; the block whose s starts a run of equal
+ * ids adds that run's rows of dy, in position order, into row id of dw
+ * (zeroed first for the ids that never occur), one thread per column: the
+ * additions of the CPU's row-order scatter-add, in fp32, rounded once to
+ * dw's dtype. Each row of dw is written by one block only, so no atomics
+ * and the same bits every run. */
+__global__ void loom_embedding_bwd_bucket_kernel(int64_t n, int v, int c, const int32_t *key,
+						 const int32_t *val, const void *dy, int dydt,
+						 void *dw, int dwdt)
+{
+	for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+		const int id = key[s];
+		if (id >= v || (s > 0 && key[s - 1] == id))
+			continue;
+		int64_t end = s + 1;
+		while (end < n && key[end] == id)
+			end++;
+		for (int j = threadIdx.x; j < c; j += blockDim.x) {
+			float acc = 0;
+			for (int64_t r = s; r < end; r++)
+				acc += loom_ld(dy, dydt, (int64_t)val[r] * c + j);
+			loom_st(dw, dwdt, (int64_t)id * c + j, acc);
+		}
+	}
 }
 
 /* Mean and 1 / sqrt(var + eps) of row r (every thread of the block). */
@@ -169,6 +215,201 @@ static void ln_chunks(int64_t rows, int64_t *per, int *chunks)
 		p = 32;
 	*per = p;
 	*chunks = (int)((rows + p - 1) / p);
+}
+
+/*
+ * Layer norm, one pass per row each way (loom_cuda_ln_fused_on,
+ * LOOM_CUDA_LN_FUSED=0: the kernels above). Rows are read W elements at a
+ * time: W = 8 (128-bit loads of f16/bf16, two float4 of f32) where the
+ * last dim is a multiple of 8 and every pointer 16-byte aligned, else 1.
+ * Statistics and sums in double, as above and on the CPU.
+ */
+template <int W>
+static __device__ __forceinline__ void ln_ldv(const void *p, int dt, int64_t i, float v[W])
+{
+	if constexpr (W == 8) {
+		if (dt == LOOM_F32) {
+			const float4 a = *(const float4 *)((const float *)p + i);
+			const float4 b = *(const float4 *)((const float *)p + i + 4);
+			v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+			v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+		} else if (dt == LOOM_F16) {
+			const uint4 u = *(const uint4 *)((const __half *)p + i);
+			const __half *h = (const __half *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __half2float(h[k]);
+		} else {
+			const uint4 u = *(const uint4 *)((const __nv_bfloat16 *)p + i);
+			const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __bfloat162float(h[k]);
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] = loom_ld(p, dt, i + k);
+	}
+}
+
+template <int W>
+static __device__ __forceinline__ void ln_stv(void *p, int dt, int64_t i, const float v[W])
+{
+	if constexpr (W == 8) {
+		if (dt == LOOM_F32) {
+			*(float4 *)((float *)p + i) = make_float4(v[0], v[1], v[2], v[3]);
+			*(float4 *)((float *)p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+		} else if (dt == LOOM_F16) {
+			uint4 u;
+			__half *h = (__half *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				h[k] = __float2half_rn(v[k]);
+			*(uint4 *)((__half *)p + i) = u;
+		} else {
+			uint4 u;
+			__nv_bfloat16 *h = (__nv_bfloat16 *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				h[k] = __float2bfloat16_rn(v[k]);
+			*(uint4 *)((__nv_bfloat16 *)p + i) = u;
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			loom_st(p, dt, i + k, v[k]);
+	}
+}
+
+static __device__ __forceinline__ double warp_sum(double v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+/* One warp per row: mean and rstd of the row (two passes, the second from
+ * L1), then y = (x - mean) rstd gamma + beta. */
+template <int W>
+__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
+					       const void *g, int gdt, const void *b, int bdt,
+					       double eps, void *y, int ydt)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	const int64_t o = r * c;
+	float v[W], gv[W], bv[W];
+	double s = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	}
+	const double m = warp_sum(s) / c;
+	double ss = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			ss += (v[k] - m) * (v[k] - m);
+	}
+	const double rs = 1.0 / sqrt(warp_sum(ss) / c + eps);
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+		ln_ldv<W>(g, gdt, j, gv);
+		ln_ldv<W>(b, bdt, j, bv);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] = (float)((v[k] - m) * rs * gv[k] + bv[k]);
+		ln_stv<W>(y, ydt, o + j, v);
+	}
+}
+
+/*
+ * dx, dgamma and dbeta in one pass over x and dy: block k takes the rows
+ * of chunk k (ln_chunks) one after the other, all its threads on a row;
+ * each thread owns the same columns in every row, so it adds the chunk's
+ * dy xhat and dy into its own columns of shared memory (acc: 2c doubles)
+ * with no atomics, in row order; the chunks' parts go to part_g, part_b
+ * ([chunks, c]) and loom_layernorm_bwd_gamma_fold_kernel adds them in
+ * chunk order. Every sum's order depends only on the shape: the same bits
+ * every run. The row's statistics are recomputed from the row the block
+ * reads anyway (no saved mean/rstd to keep alive between the passes); the
+ * passes after the first over a row are meant to hit the cache.
+ */
+static const int ln_bwd_threads = 128;
+/* 2c doubles of shared memory (32 KiB), with the block sums' own under the
+ * 48 KiB a launch gets without opting in. */
+#define LOOM_LN_FUSED_MAX_C 2048
+
+template <int W>
+__global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c, const void *x,
+						int xdt, const void *g, int gdt, const void *dy,
+						int dydt, double eps, void *dx, int dxdt,
+						double *part_g, double *part_b)
+{
+	extern __shared__ double acc[];
+	const int64_t k = blockIdx.x, r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
+	const int step = blockDim.x * W;
+	float xv[W], dv[W], gv[W];
+	for (int j = threadIdx.x * W; j < c; j += step)
+#pragma unroll
+		for (int q = 0; q < W; q++)
+			acc[j + q] = acc[c + j + q] = 0;
+	for (int64_t r = r0; r < r1; r++) {
+		const int64_t o = r * c;
+		double s = 0, ss = 0, a = 0, b = 0;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+#pragma unroll
+			for (int q = 0; q < W; q++)
+				s += xv[q];
+		}
+		const double m = loom_block_sum(s) / c;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+#pragma unroll
+			for (int q = 0; q < W; q++)
+				ss += (xv[q] - m) * (xv[q] - m);
+		}
+		const double rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int q = 0; q < W; q++) {
+				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
+				a += gd;
+				b += gd * xh;
+				acc[j + q] += (double)dv[q] * xh;
+				acc[c + j + q] += dv[q];
+			}
+		}
+		a = loom_block_sum(a) / c;
+		b = loom_block_sum(b) / c;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int q = 0; q < W; q++) {
+				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
+				xv[q] = (float)(rs * (gd - a - xh * b));
+			}
+			ln_stv<W>(dx, dxdt, o + j, xv);
+		}
+	}
+	for (int j = threadIdx.x * W; j < c; j += step)
+#pragma unroll
+		for (int q = 0; q < W; q++) {
+			part_g[k * c + j + q] = acc[j + q];
+			part_b[k * c + j + q] = acc[c + j + q];
+		}
 }
 
 /* Row `row` (position i) of p from its fp32 scores, the block's max mx of
@@ -342,12 +583,145 @@ static const loom_node *src_of(const loom_plan *p, loom_value v, int i)
 	return &p->g->nodes[p->g->nodes[v].src[i]];
 }
 
-/* An embedding backward whose gradient is half sums in fp32 workspace. */
+/* The switches of this file's new kernels, each against the old one it
+ * replaces, read when a plan is made (plan_create): LOOM_CUDA_LN_FUSED=0
+ * layer norm's block-per-row forward and separate backward kernels (dx;
+ * dgamma; dbeta as a channel sum), LOOM_CUDA_EMB_BUCKET=0
+ * the embedding backward's one thread per column over every token,
+ * LOOM_CUDA_LT_CACHE=0 a heuristic query per strided product
+ * (matmul_cublaslt.cu). */
+int loom_cuda_emb_bucket_on = 1;
+int loom_cuda_ln_fused_on = 1;
+
+static int switch_on(const char *name)
+{
+	const char *e = getenv(name);
+	return !(e && !strcmp(e, "0"));
+}
+
+void loom_cuda_gpt_switches(void)
+{
+	loom_cuda_emb_bucket_on = switch_on("LOOM_CUDA_EMB_BUCKET");
+	loom_cuda_ln_fused_on = switch_on("LOOM_CUDA_LN_FUSED");
+	loom_cuda_lt_cache_on = switch_on("LOOM_CUDA_LT_CACHE");
+}
+
+/*
+ * The ops whose CUDA entries are own kernels that read each source in its
+ * dtype and write theirs in its own (loom_ld / loom_st, fp32 inside, one
+ * rounding on the way out): a narrowing cast after one of them folds into
+ * it, a widening cast before them goes into its readers (graph/fuse.c).
+ * Not the library calls (products, convolutions, cuDNN's batch norm: one
+ * dtype for all operands), nor the attention (its cuBLASLt products want
+ * their sources alike), nor pooling and batch norm's own kernels (not
+ * checked for it).
+ */
+int loom_cuda_takes_any_dtype(loom_op op)
+{
+	const char *e = getenv("LOOM_CUDA_FOLD_CASTS");
+	if (e && !strcmp(e, "0"))
+		return 0;
+	switch (op) {
+	case LOOM_OP_ADD:
+	case LOOM_OP_RELU:
+	case LOOM_OP_RELU_BWD:
+	case LOOM_OP_CHANNEL_SUM:
+	case LOOM_OP_SOFTMAX_CE:
+	case LOOM_OP_SOFTMAX_CE_BWD:
+	case LOOM_OP_EMBEDDING:
+	case LOOM_OP_EMBEDDING_BWD:
+	case LOOM_OP_LAYERNORM:
+	case LOOM_OP_LAYERNORM_BWD_DATA:
+	case LOOM_OP_LAYERNORM_BWD_GAMMA:
+#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
+	LOOM_UNARY_OPS(UNARY_CASE)
+#undef UNARY_CASE
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* The bits a key in [0, v] needs. */
+static int key_bits(int v)
+{
+	int b = 1;
+	while (b < 31 && ((int64_t)1 << b) <= v)
+		b++;
+	return b;
+}
+
+/* The bucketed backward's workspace for n ids: keys and values, sorted and
+ * not, then cub's own; 0 when cub cannot size it (the old kernel runs). */
+static size_t emb_bucket_ws(int64_t n, int v, size_t *cub_bytes)
+{
+	size_t tmp = 0;
+	*cub_bytes = 0;
+	if (n <= 0 || n > INT32_MAX || v <= 0 || v == INT32_MAX)
+		return 0;
+	if (cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int32_t *)NULL, (int32_t *)NULL,
+					    (const int32_t *)NULL, (int32_t *)NULL, (int)n, 0,
+					    key_bits(v)) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	*cub_bytes = tmp;
+	return 4 * loom_cuda_align(sizeof(int32_t) * (size_t)n) + loom_cuda_align(tmp);
+}
+
+/* An embedding backward whose gradient is half sums in fp32 workspace;
+ * the bucketed one writes any dtype itself and needs its sort's (the
+ * larger of the two). */
 static size_t embedding_bwd_ws(const loom_plan *p, loom_value v)
 {
 	const loom_node *n = nd(p, v);
-	return n->dtype == LOOM_F32 ? 0 :
-				      loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
+	size_t cub_bytes, b = 0;
+	size_t old = n->dtype == LOOM_F32 ?
+			     0 : loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
+	if (loom_cuda_emb_bucket_on)
+		b = emb_bucket_ws(loom_shape_numel(&src_of(p, v, 0)->shape), (int)n->shape.dims[0],
+				  &cub_bytes);
+	/* Both: the switch is global, and another plan may turn it off. */
+	return b > old ? b : old;
+}
+
+/* The bucketed embedding backward: sort, zero dw, add the runs. done is 0
+ * when it did not run (no workspace of its own was planned). */
+static loom_status embedding_bwd_bucket(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+					const loom_cuda_io *io, int *done)
+{
+	const loom_node *n = nd(plan, v);
+	int64_t cnt = loom_shape_numel(&src_of(plan, v, 0)->shape), total = loom_shape_numel(&n->shape);
+	int vocab = (int)n->shape.dims[0], cc = (int)n->shape.dims[1];
+	size_t cub_bytes, ws = emb_bucket_ws(cnt, vocab, &cub_bytes);
+	*done = 0;
+	if (!ws || ws > c->plans[v].ws)
+		return LOOM_OK;
+	const size_t part = loom_cuda_align(sizeof(int32_t) * (size_t)cnt);
+	char *base = (char *)c->arena->ws;
+	int32_t *key = (int32_t *)base, *val = (int32_t *)(base + part);
+	int32_t *skey = (int32_t *)(base + 2 * part), *sval = (int32_t *)(base + 3 * part);
+	loom_status st = LOOM_CUDA_CHECK(
+		cudaMemsetAsync(io->out, 0, loom_dtype_size(n->dtype) * (size_t)total, c->stream),
+		c->err, sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	loom_embedding_keys_kernel<<<loom_cuda_blocks(cnt, threads), threads, 0, c->stream>>>(
+		cnt, vocab, (const int32_t *)io->src[0], key, val);
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+		return st;
+	st = LOOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + 4 * part, cub_bytes, key, skey,
+							     val, sval, (int)cnt, 0,
+							     key_bits(vocab), c->stream),
+			     c->err, sizeof(c->err));
+	if (st != LOOM_OK || cc <= 0)
+		return st;
+	unsigned blocks = cnt < 65535 * 16 ? (unsigned)cnt : 65535u * 16;
+	loom_embedding_bwd_bucket_kernel<<<blocks, threads, 0, c->stream>>>(
+		cnt, vocab, cc, skey, sval, io->src[1], io->dt[1], io->out, io->odt);
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) == LOOM_OK)
+		*done = 1;
+	return st;
 }
 
 size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v)
@@ -393,9 +767,13 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 {
 	const loom_node *n = nd(plan, v);
 	int64_t cnt = loom_shape_numel(&src_of(plan, v, 0)->shape), total = loom_shape_numel(&n->shape);
-	int cc = (int)n->shape.dims[1];
+	int cc = (int)n->shape.dims[1], done = 0;
+	loom_status st;
+	if (loom_cuda_emb_bucket_on &&
+	    ((st = embedding_bwd_bucket(c, plan, v, io, &done)) != LOOM_OK || done))
+		return st;
 	float *acc = n->dtype == LOOM_F32 ? (float *)io->out : (float *)c->arena->ws;
-	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
+	st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
 					 c->err, sizeof(c->err));
 	if (st != LOOM_OK || cc <= 0)
 		return st;
@@ -407,6 +785,34 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	return loom_cuda_cast(c->err, c->stream, acc, LOOM_F32, io->out, io->odt, total);
 }
 
+/* 128-bit loads fit: the last dim a multiple of 8, every pointer aligned. */
+static int ln_vec8(int cc, const void *const *p, int np)
+{
+	if (cc % 8)
+		return 0;
+	for (int i = 0; i < np; i++)
+		if ((uintptr_t)p[i] % 16)
+			return 0;
+	return 1;
+}
+
+static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, double eps,
+				      const loom_cuda_io *io)
+{
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const int per_block = threads / 32;
+	const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_fwd_warp_kernel<8><<<blocks, threads, 0, c->stream>>>(
+			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], eps, io->out, io->odt);
+	else
+		loom_layernorm_fwd_warp_kernel<1><<<blocks, threads, 0, c->stream>>>(
+			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], eps, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io)
 {
@@ -414,10 +820,84 @@ loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom
 	int64_t rows = loom_shape_rows(&n->shape);
 	if (rows <= 0)
 		return LOOM_OK;
+	/* A grid of rows / 8 blocks: within the launch limit up to 2^34 rows. */
+	if (loom_cuda_ln_fused_on && rows / (threads / 32) < 2147483647LL)
+		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io);
 	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
 		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* The fused backward's chunk parts: dgamma's, then dbeta's. */
+static size_t ln_fused_ws(int64_t rows, int cc)
+{
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	return 2 * loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc);
+}
+
+loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np)
+{
+	const loom_node *n = nd(p, v);
+	const int64_t rows = loom_shape_rows(&n->shape), cc = loom_shape_last(&n->shape);
+	(void)c;
+	np->ln.dgamma = np->ln.dbeta = LOOM_NONE;
+	np->ws = 0;
+	if (!loom_cuda_ln_fused_on || rows <= 0 || cc <= 0 || cc > LOOM_LN_FUSED_MAX_C)
+		return LOOM_OK; /* the separate kernels */
+	/* dgamma and dbeta, where graph/fuse.c made them this node's siblings. */
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
+		const loom_node *s = nd(p, w);
+		if (s->op == LOOM_OP_LAYERNORM_BWD_GAMMA)
+			np->ln.dgamma = w;
+		else if (s->op == LOOM_OP_CHANNEL_SUM)
+			np->ln.dbeta = w;
+	}
+	np->kind = LOOM_CUDA_PLAN_LN;
+	np->ws = ln_fused_ws(rows, (int)cc);
+	return LOOM_OK;
+}
+
+/* dx with its siblings dgamma and dbeta (those the plan found), in one
+ * pass; then each sibling's chunk parts folded in order. */
+static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io)
+{
+	const loom_node *n = nd(plan, v);
+	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int cc = (int)loom_shape_last(&n->shape);
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	double *part_g = (double *)c->arena->ws;
+	double *part_b = (double *)((char *)c->arena->ws +
+				    loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc));
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const size_t shm = 2 * sizeof(double) * (size_t)cc;
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_bwd_fused_kernel<8><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b);
+	else
+		loom_layernorm_bwd_fused_kernel<1><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	const loom_value sib[2] = { lp->dgamma, lp->dbeta };
+	const double *part[2] = { part_g, part_b };
+	for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+		if (sib[i] == LOOM_NONE)
+			continue;
+		loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0,
+						       c->stream>>>(
+			chunks, cc, part[i], loom_arena_ptr(c->arena, plan, sib[i]), nd(plan, sib[i])->dtype);
+		st = LOOM_CUDA_LAUNCHED(c->err);
+	}
+	return st;
 }
 
 loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *plan,
@@ -427,6 +907,8 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 	int64_t rows = loom_shape_rows(&n->shape);
 	if (rows <= 0)
 		return LOOM_OK;
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
+		return layernorm_bwd_fused(c, plan, v, io);
 	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
 		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);

@@ -19,6 +19,7 @@
  * column-major C^T[N,M], so we compute C^T = op(B)^T op(A)^T, i.e. cuBLAS's
  * "A" operand is loom's B and its "B" is loom's A.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,10 +342,39 @@ static size_t cuda_type_size(cudaDataType_t t)
 	return t == CUDA_R_32F ? 4 : 2;
 }
 
-loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, int *done)
+/* A strided-batched product's descriptors and the heuristic's answer. */
+typedef struct strided_plan {
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, lc;
+	cublasLtMatmulAlgo_t algo;
+	int found; /* the heuristic gave an algorithm */
+} strided_plan;
+
+/* What a strided plan depends on (compared bytewise: zeroed first). */
+typedef struct strided_key {
+	int device, ta, tb, m, n, k, batch, lda, ldb, ldc;
+	int64_t sa, sb, sc;
+	int abt, ct, compute;
+	uint32_t align;
+} strided_key;
+
+static void strided_free(strided_plan *sp)
 {
-	cublasLtMatmulDesc_t desc = NULL;
-	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+	if (sp->lc)
+		cublasLtMatrixLayoutDestroy(sp->lc);
+	if (sp->lb)
+		cublasLtMatrixLayoutDestroy(sp->lb);
+	if (sp->la)
+		cublasLtMatrixLayoutDestroy(sp->la);
+	if (sp->desc)
+		cublasLtMatmulDescDestroy(sp->desc);
+	memset(sp, 0, sizeof(*sp));
+}
+
+/* Descriptors and the heuristic's first algorithm for g (found 0: none). */
+static loom_status strided_make(loom_cuda_ctx *c, const loom_cuda_gemm *g, uint32_t align,
+				cublasComputeType_t ct, strided_plan *sp)
+{
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasLtMatmulHeuristicResult_t res;
 	int returned = 0;
@@ -352,57 +382,126 @@ loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, in
 	/* Row-major to column-major as in plan_with: cuBLAS's A is loom's B. */
 	cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasOperation_t opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-	const size_t ab = cuda_type_size(g->abt), cb = cuda_type_size(g->ct);
-	const uint64_t addrs[6] = {
-		(uint64_t)(uintptr_t)g->a, (uint64_t)(uintptr_t)g->b, (uint64_t)(uintptr_t)g->c,
-		(uint64_t)g->sa * ab,      (uint64_t)g->sb * ab,      (uint64_t)g->sc * cb,
-	};
-	uint32_t align = common_align(addrs, g->batch > 1 ? 6 : 3);
 
-	*done = 0;
-	if (g->batch <= 0 || g->m <= 0 || g->n <= 0)
-		return LOOM_OK;
-	const cublasComputeType_t ct = g->abt == CUDA_R_32F && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 :
-									 CUBLAS_COMPUTE_32F;
-	st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F), c->err, sizeof(c->err));
+	memset(sp, 0, sizeof(*sp));
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&sp->desc, ct, CUDA_R_32F), c->err,
+			       sizeof(c->err));
 	if (st == LOOM_OK)
-		st = set_attr(c, desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+		st = set_attr(c, sp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
 	if (st == LOOM_OK)
-		st = set_attr(c, desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+		st = set_attr(c, sp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
 	if (st == LOOM_OK)
-		st = batched_layout(c, &la, g->abt, g->tb ? g->k : g->n, g->tb ? g->n : g->k, g->ldb,
-				    g->batch, g->sb);
+		st = batched_layout(c, &sp->la, g->abt, g->tb ? g->k : g->n, g->tb ? g->n : g->k,
+				    g->ldb, g->batch, g->sb);
 	if (st == LOOM_OK)
-		st = batched_layout(c, &lb, g->abt, g->ta ? g->m : g->k, g->ta ? g->k : g->m, g->lda,
-				    g->batch, g->sa);
+		st = batched_layout(c, &sp->lb, g->abt, g->ta ? g->m : g->k, g->ta ? g->k : g->m,
+				    g->lda, g->batch, g->sa);
 	if (st == LOOM_OK)
-		st = batched_layout(c, &lc, g->ct, g->n, g->m, g->ldc, g->batch, g->sc);
+		st = batched_layout(c, &sp->lc, g->ct, g->n, g->m, g->ldc, g->batch, g->sc);
 	if (st == LOOM_OK)
 		st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
 	/* No library workspace: the node's ws holds its own scores. */
 	if (st == LOOM_OK)
 		st = set_prefs(c, pref, 0, align);
 	if (st == LOOM_OK)
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref,
-								      1, &res, &returned),
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, sp->desc, sp->la, sp->lb,
+								      sp->lc, sp->lc, pref, 1, &res,
+								      &returned),
 				       c->err, sizeof(c->err));
-	if (st == LOOM_OK && returned > 0) {
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, desc, &g->alpha, g->b, la, g->a, lb,
-						      &g->beta, g->c, lc, g->c, lc, &res.algo, NULL, 0,
-						      c->stream),
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	if (st != LOOM_OK) {
+		strided_free(sp);
+		return st;
+	}
+	sp->found = returned > 0;
+	if (sp->found)
+		sp->algo = res.algo;
+	return LOOM_OK;
+}
+
+/*
+ * The heuristic's answers, cached for the process per shape, dtypes,
+ * layout, alignment and device (LOOM_CUDA_LT_CACHE=0, read when a plan is
+ * made: a query per call, as before). GPT-2's attention made 576 queries a
+ * step, each with its descriptors; every call of a step has a shape seen
+ * before. Entries live until the process ends (descriptors are host
+ * objects; an algorithm is valid on its device for any handle); when the
+ * table is full, a new shape is queried per call.
+ */
+#define LOOM_LT_CACHE_MAX 256
+int loom_cuda_lt_cache_on = 1;
+static struct {
+	pthread_mutex_t mu;
+	int n;
+	strided_key key[LOOM_LT_CACHE_MAX];
+	strided_plan plan[LOOM_LT_CACHE_MAX];
+} lt_cache = { PTHREAD_MUTEX_INITIALIZER, 0, {}, {} };
+
+/* The cached plan of key (made on a miss); NULL with st OK when the table
+ * is full. */
+static const strided_plan *strided_cached(loom_cuda_ctx *c, const loom_cuda_gemm *g,
+					  const strided_key *key, cublasComputeType_t ct,
+					  loom_status *st)
+{
+	const strided_plan *found = NULL;
+	*st = LOOM_OK;
+	pthread_mutex_lock(&lt_cache.mu);
+	for (int i = 0; i < lt_cache.n && !found; i++)
+		if (!memcmp(&lt_cache.key[i], key, sizeof(*key)))
+			found = &lt_cache.plan[i];
+	if (!found && lt_cache.n < LOOM_LT_CACHE_MAX) {
+		*st = strided_make(c, g, key->align, ct, &lt_cache.plan[lt_cache.n]);
+		if (*st == LOOM_OK) {
+			lt_cache.key[lt_cache.n] = *key;
+			found = &lt_cache.plan[lt_cache.n++];
+		}
+	}
+	pthread_mutex_unlock(&lt_cache.mu);
+	return found;
+}
+
+loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, int *done)
+{
+	const size_t ab = cuda_type_size(g->abt), cb = cuda_type_size(g->ct);
+	const uint64_t addrs[6] = {
+		(uint64_t)(uintptr_t)g->a, (uint64_t)(uintptr_t)g->b, (uint64_t)(uintptr_t)g->c,
+		(uint64_t)g->sa * ab,      (uint64_t)g->sb * ab,      (uint64_t)g->sc * cb,
+	};
+	uint32_t align = common_align(addrs, g->batch > 1 ? 6 : 3);
+	loom_status st = LOOM_OK;
+
+	*done = 0;
+	if (g->batch <= 0 || g->m <= 0 || g->n <= 0)
+		return LOOM_OK;
+	const cublasComputeType_t ct = g->abt == CUDA_R_32F && c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 :
+									 CUBLAS_COMPUTE_32F;
+	const strided_plan *sp = NULL;
+	strided_plan own;
+	memset(&own, 0, sizeof(own));
+	if (loom_cuda_lt_cache_on) {
+		strided_key key;
+		memset(&key, 0, sizeof(key));
+		key.device = c->device, key.ta = g->ta, key.tb = g->tb, key.m = g->m, key.n = g->n;
+		key.k = g->k, key.batch = g->batch, key.lda = g->lda, key.ldb = g->ldb;
+		key.ldc = g->ldc, key.sa = g->sa, key.sb = g->sb, key.sc = g->sc;
+		key.abt = (int)g->abt, key.ct = (int)g->ct, key.compute = (int)ct, key.align = align;
+		sp = strided_cached(c, g, &key, ct, &st);
+		if (st != LOOM_OK)
+			return st;
+	}
+	if (!sp) { /* the switch is off, or the table is full */
+		if ((st = strided_make(c, g, align, ct, &own)) != LOOM_OK)
+			return st;
+		sp = &own;
+	}
+	if (sp->found) {
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, sp->desc, &g->alpha, g->b, sp->la, g->a,
+						      sp->lb, &g->beta, g->c, sp->lc, g->c, sp->lc,
+						      &sp->algo, NULL, 0, c->stream),
 				       c->err, sizeof(c->err));
 		*done = st == LOOM_OK;
 	}
-	/* Destroyed whatever happened; an earlier failure keeps its message. */
-	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
-	if (lc)
-		cublasLtMatrixLayoutDestroy(lc);
-	if (lb)
-		cublasLtMatrixLayoutDestroy(lb);
-	if (la)
-		cublasLtMatrixLayoutDestroy(la);
-	if (desc)
-		cublasLtMatmulDescDestroy(desc);
+	strided_free(&own);
 	return st;
 }

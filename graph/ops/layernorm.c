@@ -49,6 +49,10 @@ static int shape_layernorm(loom_graph *g, loom_node *n)
 static void grad_layernorm(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
+	/* dy's rows view (beta's gradient sums them) first, so that all three
+	 * gradients read only values older than dx: graph/fuse.c may then
+	 * have one kernel make them together (siblings). */
+	loom_value rows = loom_grad_needed(ctx, n.src[2]) ? loom_grad_rows(g, dy) : LOOM_NONE;
 	if (loom_grad_needed(ctx, n.src[0])) {
 		loom_value s[3] = { n.src[0], n.src[1], dy };
 		loom_value dx = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_DATA, n.src[0], 3, s);
@@ -64,7 +68,7 @@ static void grad_layernorm(loom_graph *g, loom_value v, loom_value dy, void *ctx
 		loom_grad_accum(ctx, n.src[1], dg);
 	}
 	if (loom_grad_needed(ctx, n.src[2]))
-		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, loom_grad_rows(g, dy), n.src[2]));
+		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, rows, n.src[2]));
 }
 
 /* fp32 under O1 (apex's FP32 list), half storage under O2 with fp32

@@ -255,6 +255,42 @@ Test(fuse, convnet_siblings_are_marked)
 	loom_graph_free(g);
 }
 
+/* Two layer norms over [2, 3, 8] into a linear: each dx makes its dgamma
+ * and its dbeta (the column sums of dy's rows view, made before dx by the
+ * gradient rule); everything they read exists when dx runs. */
+Test(fuse, layernorm_gradients_are_dx_siblings)
+{
+	loom_graph *g;
+	loom_graph_new(&g);
+	int64_t xd[3] = { 2, 3, 8 }, yd[1] = { 6 }, fd[2] = { 6, 8 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 3, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_layer_layernorm(g, "ln1", loom_layer_linear(g, "fc0", x, 8, 1));
+	int64_t cd[1] = { 8 };
+	loom_value g2 = loom_param(g, "ln2.weight", LOOM_F32, 1, cd, LOOM_INIT_ONES, 1);
+	loom_value b2 = loom_param(g, "ln2.bias", LOOM_F32, 1, cd, LOOM_INIT_ZEROS, 1);
+	h = loom_layernorm(g, h, g2, b2, 1e-5);
+	loom_value logits = loom_layer_linear(g, "fc", loom_reshape(g, h, 2, fd), 5, 1);
+	loom_value loss = loom_softmax_cross_entropy(g, logits, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_program *p = compile(g, loss, 0);
+	cr_assert_eq(siblings_of(p, LOOM_OP_LAYERNORM_BWD_DATA, LOOM_OP_LAYERNORM_BWD_GAMMA), 2);
+	cr_assert_eq(siblings_of(p, LOOM_OP_LAYERNORM_BWD_DATA, LOOM_OP_CHANNEL_SUM), 2);
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
+		if (nd->made_by == LOOM_NONE || p->plan.g->nodes[nd->made_by].op != LOOM_OP_LAYERNORM_BWD_DATA)
+			continue;
+		for (int i = 0; i < nd->nsrc; i++)
+			cr_assert_lt(nd->src[i], nd->made_by, "node %d reads %d, made at %d", v,
+				     (int)nd->src[i], (int)nd->made_by);
+	}
+	loom_program *u = compile(g, loss, 1);
+	cr_assert_eq(siblings_of(u, LOOM_OP_LAYERNORM_BWD_DATA, LOOM_OP_LAYERNORM_BWD_GAMMA), 0);
+	loom_program_free(u);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
 Test(fuse, conv_bias_sum_is_not_a_matmul_sibling)
 {
 	/* A conv bias's gradient is a channel sum of a 4-D dy: no matrix
@@ -458,4 +494,94 @@ Test(fuse, resnet_blocks_o1_train_like_unfused)
 Test(fuse, resnet_blocks_o2_train_within_half_rounding)
 {
 	resnet_blocks_at(LOOM_O2, 1.0 / 2048);
+}
+
+/* ------------------------------------------------- casts at named ops */
+
+/* loom_fuse_casts_for, as the CUDA backend calls it (its takes_any_dtype;
+ * here fakes): x (bf16) widened to f32 and read by a relu and an add;
+ * p = relu(w) (f32) narrowed to bf16 for a relu. */
+typedef struct cast_case {
+	loom_graph *g;
+	loom_value x, c, r, a, p, d;
+} cast_case;
+
+static void cast_case_build(cast_case *k)
+{
+	int64_t dims[2] = { 4, 8 };
+	loom_graph_new(&k->g);
+	loom_graph *g = k->g;
+	k->x = loom_input(g, "x", LOOM_BF16, 2, dims);
+	loom_value z = loom_input(g, "z", LOOM_F32, 2, dims);
+	loom_value w = loom_input(g, "w", LOOM_F32, 2, dims);
+	k->c = loom_node_add(g, LOOM_OP_CAST, LOOM_F32, loom_shape_make(2, dims), 1, &k->x);
+	k->r = loom_relu(g, k->c);
+	k->a = loom_add(g, k->c, z);
+	k->p = loom_relu(g, w);
+	k->d = loom_node_add(g, LOOM_OP_CAST, LOOM_BF16, loom_shape_make(2, dims), 1, &k->p);
+	loom_relu(g, k->d);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+}
+
+static int takes_relu_add(loom_op op)
+{
+	return op == LOOM_OP_RELU || op == LOOM_OP_ADD;
+}
+
+static int takes_relu(loom_op op)
+{
+	return op == LOOM_OP_RELU;
+}
+
+static int takes_none(loom_op op)
+{
+	(void)op;
+	return 0;
+}
+
+Test(fuse, casts_fold_only_at_ops_that_take_any_dtype)
+{
+	cast_case k;
+	const loom_node *n;
+
+	/* Both readers take: the widening cast goes into both, which read
+	 * x itself; the narrowing one folds into its producer. */
+	cast_case_build(&k);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_relu_add), 2);
+	n = k.g->nodes;
+	cr_assert_eq(n[k.c].op, LOOM_OP_RESHAPE);
+	cr_assert_eq(n[k.r].src[0], k.x);
+	cr_assert_eq(n[k.a].src[0], k.x);
+	cr_assert_eq(n[k.d].op, LOOM_OP_RESHAPE);
+	cr_assert_eq(n[k.p].dtype, LOOM_BF16);
+	cr_assert(n[k.p].flags & LOOM_NODE_CAST_FOLDED);
+	loom_graph_free(k.g);
+
+	/* The add does not take: the widening cast stays for both readers. */
+	cast_case_build(&k);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_relu), 1);
+	n = k.g->nodes;
+	cr_assert_eq(n[k.c].op, LOOM_OP_CAST);
+	cr_assert_eq(n[k.r].src[0], k.c);
+	cr_assert_eq(n[k.a].src[0], k.c);
+	cr_assert_eq(n[k.d].op, LOOM_OP_RESHAPE);
+	loom_graph_free(k.g);
+
+	/* No op takes (LOOM_CUDA_FOLD_CASTS=0's answer): nothing changes. */
+	cast_case_build(&k);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_none), 0);
+	n = k.g->nodes;
+	cr_assert_eq(n[k.c].op, LOOM_OP_CAST);
+	cr_assert_eq(n[k.d].op, LOOM_OP_CAST);
+	cr_assert_eq(n[k.p].dtype, LOOM_F32);
+	loom_graph_free(k.g);
+
+	/* The CPU's rule (every op takes, one reader): the widening cast
+	 * read twice stays; the narrowing one folds. */
+	cast_case_build(&k);
+	cr_assert_eq(loom_fuse_casts(k.g), 1);
+	n = k.g->nodes;
+	cr_assert_eq(n[k.c].op, LOOM_OP_CAST);
+	cr_assert_eq(n[k.d].op, LOOM_OP_RESHAPE);
+	loom_graph_free(k.g);
 }

@@ -109,7 +109,8 @@ row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 # its own LOOM_GPU_SPEED_S (330 s): ResNet-50 b64 at fp32 (TF32, the
 # default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
 # convolutions' algorithm search on and off (LOOM_KERNEL_SEARCH=on|off;
-# off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16, alternating with
+# off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16
+# (with the GPT kernels' switches off, then on: the default), alternating with
 # their PyTorch twins (bench/torch_gpu.py in channels-last and NCHW,
 # bench/torch_gpt.py). Few steps: figures to compare side by side, not to
 # quote to the last percent. One table, speed.txt (gpu_speed.sh); each run
@@ -174,6 +175,13 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 			torch_r50 speed_torch_r50_nchw nchw eager-fp32 amp-fp16 amp-bf16
 		fi
 	done
+	# The GPT kernels' switches (engine/cuda/README.md) all off: the
+	# kernels they replace, the same run otherwise (20 steps, ~20 s).
+	srow speed_gpt2_124m_O1_bf16_gptk_off loom_tok bench 60 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_CUDA_LN_FUSED=0 LOOM_CUDA_EMB_BUCKET=0 LOOM_CUDA_LT_CACHE=0 \
+		LOOM_CUDA_FOLD_CASTS=0 "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
 	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- env LOOM_KERNEL_SEARCH=on \
 		"$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \

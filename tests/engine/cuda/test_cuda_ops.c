@@ -12,6 +12,7 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -154,17 +155,38 @@ static int fused_relus(const loom_program *p)
 
 /* The CPU and CUDA programs run the same plan: node for node the same op,
  * dtype and fused relu, so a comparison of values compares kernels. One
- * difference is the CPU's own: it folds casts into their producers or
- * readers (LOOM_BE_FUSES_CASTS, graph/fuse.c's loom_fuse_casts), where
- * the CUDA plan keeps them. A folded cast is a view (reshape) on the CPU
- * and a cast on CUDA; the producer it went into (LOOM_NODE_CAST_FOLDED),
- * and the views between, compute in the cast's dtype there. */
-static int cast_folded_on_cpu(const loom_node *cuda, const loom_node *cpu)
+ * difference is the casts each folds: the CPU into any producer or its
+ * one reader (LOOM_BE_FUSES_CASTS, graph/fuse.c's loom_fuse_casts), CUDA
+ * only at the ops its own kernels take any dtype for, but into every
+ * reader of a widening cast (LOOM_BE_FUSES_SOME_CASTS, loom_fuse_casts_for
+ * with the backend's takes_any_dtype). A cast folded on one side only is a
+ * view (reshape) there and a cast on the other; the producer it went into
+ * (LOOM_NODE_CAST_FOLDED), and the views between, compute in the cast's
+ * dtype there. */
+static int cast_folded_on_one_side(const loom_node *cuda, const loom_node *cpu)
 {
-	if (cuda->op == LOOM_OP_CAST && cpu->op == LOOM_OP_RESHAPE)
+	if ((cuda->op == LOOM_OP_CAST && cpu->op == LOOM_OP_RESHAPE) ||
+	    (cuda->op == LOOM_OP_RESHAPE && cpu->op == LOOM_OP_CAST))
 		return 1;
 	return cuda->op == cpu->op &&
-	       ((cpu->flags & LOOM_NODE_CAST_FOLDED) || cpu->op == LOOM_OP_RESHAPE);
+	       ((cpu->flags & LOOM_NODE_CAST_FOLDED) || (cuda->flags & LOOM_NODE_CAST_FOLDED) ||
+		cpu->op == LOOM_OP_RESHAPE);
+}
+
+/* Every producer the CUDA plan folded a cast into (LOOM_NODE_CAST_FOLDED)
+ * is an op whose CUDA kernel takes any dtype (a library call would write
+ * its own dtype whatever the plan says). */
+static void expect_cuda_folds_where_taken(const char *what, const loom_program *cuda)
+{
+	const loom_backend *be = cuda->be;
+	const loom_graph *g = cuda->plan.g;
+	for (int v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		if (n->flags & LOOM_NODE_CAST_FOLDED)
+			cr_expect(be->takes_any_dtype && be->takes_any_dtype((loom_op)n->op),
+				  "%s: a cast folded into node %d (op %d), whose CUDA kernel "
+				  "does not take any dtype", what, v, (int)n->op);
+	}
 }
 
 static void expect_same_plan(const char *what, const loom_program *cpu, const loom_program *cuda)
@@ -176,7 +198,7 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 		int pool = b->op == LOOM_OP_MAXPOOL2D || b->op == LOOM_OP_MAXPOOL2D_BWD;
 		int lin = b->op == LOOM_OP_LINEAR;
 		int bn = b->op == LOOM_OP_BATCHNORM2D, add = b->op == LOOM_OP_ADD;
-		if ((a->op != b->op || a->dtype != b->dtype) && cast_folded_on_cpu(a, b))
+		if ((a->op != b->op || a->dtype != b->dtype) && cast_folded_on_one_side(a, b))
 			continue;
 		cr_expect(a->op == b->op && a->dtype == b->dtype &&
 				  (!pool || a->a.pool.relu == b->a.pool.relu) &&
@@ -270,6 +292,7 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	loom_program_info_get(cuda, &info);
 	cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
 	expect_same_plan(op, cpu, cuda);
+	expect_cuda_folds_where_taken(op, cuda);
 	cr_expect_eq(fused_pools(cuda), t.fused_pools, "%s: %d fused pools in the cuda plan, want %d",
 		     op, fused_pools(cuda), t.fused_pools);
 	cr_expect_eq(fused_relus(cuda), t.fused_relus,
@@ -850,6 +873,178 @@ Test(cuda_ops, vectorised_half_elementwise)
 			}
 	}
 	unsetenv("LOOM_CUDA_VEC");
+}
+
+/* The GPT kernels' switches (engine/cuda/gpt.cu, matmul_cublaslt.cu): each
+ * case in every dtype with the new kernel (1) and the old one it replaces
+ * (0), both against the CPU; the variable is read when the plan is made. */
+static void both_switch_values(const char *var, const char *op, build_fn build)
+{
+	char name[128];
+	for (int on = 0; on <= 1; on++) {
+		setenv(var, on ? "1" : "0", 1);
+		snprintf(name, sizeof(name), "%s %s=%d", op, var, on);
+		each_dtype(name, build, LOOM_RUN_GRAD);
+	}
+	unsetenv(var);
+}
+
+/* 300 ids over 60 rows (runs of equal ids of every length) and over 700
+ * rows (most rows absent: their gradient is zero), 40 columns. */
+static loom_value b_embedding_runs(loom_graph *g, tcase *t)
+{
+	loom_value ids = labels(g, t, 300, 60);
+	return loom_embedding(g, ids, param(g, t, "wte", 2, 60, 40, 0, 0));
+}
+
+static loom_value b_embedding_sparse(loom_graph *g, tcase *t)
+{
+	loom_value ids = labels(g, t, 300, 700);
+	return loom_embedding(g, ids, param(g, t, "wte", 2, 700, 40, 0, 0));
+}
+
+/* The embedding backward bucketed by token (a stable sort of the ids, one
+ * block per run: the CPU's additions in its order) against the CPU and
+ * against the one-thread-per-column kernel it replaces. */
+Test(cuda_ops, embedding_backward_bucketed)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding", b_embedding);
+	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding 300 ids / 60", b_embedding_runs);
+	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding 300 ids / 700", b_embedding_sparse);
+}
+
+/* 37 columns: no 128-bit loads (the one-element path of the same kernels);
+ * 2 x 300 rows: 19 chunks of 32 rows, the last of 24. */
+static loom_value b_layernorm_odd(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 300, 37, 0);
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 37, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 37, 0, 0, 0), 1e-5);
+}
+
+/* 768 columns (GPT-2's), 64 rows: 8-wide groups over 128 threads. */
+static loom_value b_layernorm_768(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 32, 768, 0);
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 768, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 768, 0, 0, 0), 1e-5);
+}
+
+/* Layer norm's warp-per-row forward and one-pass backward (dx with its
+ * siblings dgamma and dbeta, graph/fuse.c) against the CPU and against the
+ * kernels they replace (LOOM_CUDA_LN_FUSED=0). */
+Test(cuda_ops, layernorm_one_pass)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x3x40", b_layernorm);
+	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 3x150x40", b_layernorm_rows);
+	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x300x37", b_layernorm_odd);
+	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x32x768", b_layernorm_768);
+}
+
+/* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
+ * (bf16) into softmax cross-entropy (fp32), forward and backward. */
+static loom_value b_classifier_o1(loom_graph *g, tcase *t)
+{
+	t->level = LOOM_O1;
+	loom_value x = param(g, t, "x", 3, 2, 8, 32, 0);
+	loom_value h = loom_layernorm(g, x, param(g, t, "ln.weight", 1, 32, 0, 0, 0),
+				      param(g, t, "ln.bias", 1, 32, 0, 0, 0), 1e-5);
+	int64_t rows[2] = { 16, 32 };
+	loom_value logits = loom_linear(g, loom_reshape(g, h, 2, rows),
+					param(g, t, "lm_head.weight", 2, 64, 32, 0, 0), LOOM_NONE);
+	return loom_softmax_cross_entropy(g, logits, labels(g, t, 16, 64));
+}
+
+static int casts_in(const loom_graph *g)
+{
+	int n = 0;
+	for (int v = 0; v < g->n; v++)
+		n += g->nodes[v].op == LOOM_OP_CAST;
+	return n;
+}
+
+/* The CUDA plan's cast folding (no GPU needed: the CUDA backend's
+ * takes_any_dtype applied to the classifier's O1 bf16 graph as the CPU
+ * compiled it unfused): the cast of layer norm's output into the product
+ * folds into layer norm, the widened logits go to both cross-entropy
+ * nodes as bf16, the gradient's narrowing folds into the cross-entropy
+ * backward; LOOM_CUDA_FOLD_CASTS=0 folds none. */
+Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
+{
+	const loom_backend *be = plugin() ? plugin()->backend() : NULL;
+	if (!be)
+		cr_skip_test("needs a build with the CUDA toolkit (the plugin's backend table)");
+	cr_assert(be->caps & LOOM_BE_FUSES_SOME_CASTS);
+	cr_assert(be->takes_any_dtype);
+	for (int off = 0; off <= 1; off++) {
+		tcase t;
+		loom_graph *g;
+		loom_program *p;
+		loom_compile_opts o;
+		memset(&t, 0, sizeof(t));
+		t.dt = LOOM_F32;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value loss = b_classifier_o1(g, &t);
+		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.no_fusion = 1; /* the plan before any fold */
+		o.amp.level = LOOM_O1;
+		o.amp.half = LOOM_BF16;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+		int before = casts_in(p->plan.g);
+		if (off)
+			setenv("LOOM_CUDA_FOLD_CASTS", "0", 1);
+		int folded = loom_fuse_casts_for(p->plan.g, be->takes_any_dtype);
+		unsetenv("LOOM_CUDA_FOLD_CASTS");
+		int ce_half = 0;
+		for (int v = 0; v < p->plan.g->n; v++) {
+			const loom_node *n = &p->plan.g->nodes[v];
+			if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD)
+				ce_half += p->plan.g->nodes[n->src[0]].dtype == LOOM_BF16;
+			if (n->flags & LOOM_NODE_CAST_FOLDED)
+				cr_expect(be->takes_any_dtype((loom_op)n->op), "node %d op %d", v, (int)n->op);
+		}
+		if (off) {
+			cr_expect_eq(folded, 0);
+			cr_expect_eq(casts_in(p->plan.g), before);
+		} else {
+			cr_expect_geq(folded, 3, "%d of %d casts folded", folded, before);
+			cr_expect_eq(casts_in(p->plan.g), before - folded);
+			cr_expect_eq(ce_half, 2, "%d cross-entropy nodes read bf16 logits", ce_half);
+		}
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}
+
+/* The same classifier on the GPU with and without the folding, against
+ * the CPU (O1 runs in fp16 here: run_case's AMP levels). */
+Test(cuda_ops, folded_casts_run_like_the_cpu)
+{
+	NEED_GPU();
+	for (int on = 0; on <= 1; on++) {
+		setenv("LOOM_CUDA_FOLD_CASTS", on ? "1" : "0", 1);
+		for (uint64_t seed = 1; seed <= 2; seed++)
+			run_case(on ? "classifier O1 folded" : "classifier O1 unfolded", b_classifier_o1,
+				 LOOM_F32, LOOM_RUN_GRAD, seed);
+	}
+	unsetenv("LOOM_CUDA_FOLD_CASTS");
+}
+
+/* The strided products' cached heuristic answers (the attention's): the
+ * same cases twice in one process with the cache (the second run takes
+ * every plan from it), and without. */
+Test(cuda_ops, strided_products_cached)
+{
+	NEED_GPU();
+	for (int twice = 0; twice < 2; twice++) {
+		both_switch_values("LOOM_CUDA_LT_CACHE", "attention 4 heads of 32", b_attention_hs32);
+		both_switch_values("LOOM_CUDA_LT_CACHE", "attention 4 heads of 64", b_attention_hs64);
+	}
 }
 
 /* Exact values where the rules matter: ties (first max wins), windows whose
