@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "bench/bench_util.h"
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "bench/bench_util.h"
 #include "engine/cpu/kernels.h"
 

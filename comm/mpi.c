@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "base/check.h"
 
 struct loom_pg_mpi {

@@ -1,7 +1,7 @@
 /*
  * engine/elem.h — one element of any loom dtype read as or written from a
  * double: the single place that knows how each storage format converts
- * (half formats through amp/half.h, rounding to nearest even). Used off the
+ * (half formats through base/half.h, rounding to nearest even). Used off the
  * hot paths: initialisers, reads and writes by handle, the host optimizer.
  */
 #ifndef LOOM_ENGINE_ELEM_H
@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "loom.h"
 
 static inline double loom_elem_get(loom_dtype dt, const void *p, int64_t i)

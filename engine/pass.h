@@ -15,6 +15,8 @@
 #ifndef LOOM_ENGINE_PASS_H
 #define LOOM_ENGINE_PASS_H
 
+#include <stddef.h>
+
 #include "engine/program_internal.h"
 
 /* What the compile hands every pass beside the program. */
@@ -42,7 +44,26 @@ typedef struct loom_pass {
 	int (*retry)(const loom_program *p, loom_compile_opts *o);
 	/* What the pass hung on p, freed with it (NULL: nothing). */
 	void (*release)(loom_program *p);
+
+	/* At run time, on a program whose compile ran the pass (NULL: the
+	 * engine's way). execute: a strategy that runs the plan its own way
+	 * (the pipeline's micro-batches) runs loom_run's mode; set_input and
+	 * read: loom_set_input and loom_read(_f64) of a value the strategy
+	 * holds its own way; eval_sync: before an EVAL run that follows
+	 * training runs (each rank's buffers from its own batches: rank 0's
+	 * to every rank); note: this rank's place in the strategy, for the
+	 * memory report (buf empty: none). */
+	loom_status (*execute)(loom_program *p, loom_run_mode mode);
+	loom_status (*set_input)(loom_program *p, loom_value v, const void *data, size_t count);
+	loom_status (*read)(loom_program *p, loom_value v, double *dst, size_t count);
+	loom_status (*eval_sync)(loom_program *p);
+	void (*note)(const loom_program *p, char *buf, size_t len);
 } loom_pass;
+
+/* The pass of the list that ran in p's compile and has member m, else NULL
+ * (the first, in the list's order). */
+#define LOOM_PASS_WITH(p, m) loom_pass_with((p), offsetof(loom_pass, m))
+const loom_pass *loom_pass_with(const loom_program *p, size_t member);
 
 /* The compile pipeline, in order (engine/passes.c). */
 extern const loom_pass *const loom_compile_passes[];

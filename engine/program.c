@@ -1,7 +1,8 @@
 /*
  * engine/program.c — loom_compile and the run-time API of a program: the
- * compile pipeline (clone, AMP pass, autodiff, memory plan, backend), the
- * per-step executor entry points, and access to values by handle.
+ * compile (its arguments checked, the program made, the list of passes of
+ * engine/passes.c walked), the per-step executor entry points, and access
+ * to values by handle.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -10,8 +11,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "parallel/parallel.h"
-#include "parallel/pipeline.h"
+#include "parallel/parallel.h" /* loom_master_write: O2 masters, ZeRO's shards */
 #include "engine/elem.h"
 #include "engine/pass.h"
 #include "engine/program_internal.h"
@@ -108,10 +108,10 @@ static void memory_report(const loom_program *p)
 		if (loom_plan_holds(pl, pl->params[i].grad))
 			grads += loom_plan_value_bytes(pl, pl->params[i].grad);
 	size_t total = loom_plan_peak(pl, p->peak_extra);
-	char where[64] = "";
-	if (pl->pipe)
-		snprintf(where, sizeof(where), " (stage %d, %d activation slots of %.2f MiB)",
-			 pl->pipe->stage, pl->pipe->slots, pl->pipe->slot_bytes / 1048576.0);
+	char where[96] = "";
+	const loom_pass *ps = LOOM_PASS_WITH(p, note);
+	if (ps)
+		ps->note(p, where, sizeof(where));
 	loom_log("loom: rank %d%s: planned peak %.2f MiB = persistent %.2f (gradients %.2f) + "
 		 "buckets %.2f + activations %.2f + workspace %.2f + optimizer state %.2f + "
 		 "accumulation %.2f\n",
@@ -196,21 +196,35 @@ static int pass_skipped(const loom_pass *ps)
  * those that ran (the arena holds the initial values by then). */
 static loom_status run_passes(loom_program *p, loom_pass_ctx *c)
 {
-	unsigned char ran[64] = { 0 };
 	loom_status st;
+	if (loom_n_compile_passes > 64)
+		return loom_program_fail(p, LOOM_ERR_STATE, "loom_compile: %d passes, at most 64",
+					 loom_n_compile_passes);
 	for (int i = 0; i < loom_n_compile_passes; i++) {
 		const loom_pass *ps = loom_compile_passes[i];
 		if (pass_skipped(ps) || (ps->wanted && !ps->wanted(p)))
 			continue;
 		if ((st = ps->run(p, c)) != LOOM_OK)
 			return st;
-		ran[i] = 1;
+		p->passes_ran |= 1ull << i;
 	}
 	for (int i = 0; i < loom_n_compile_passes; i++)
-		if (ran[i] && loom_compile_passes[i]->start &&
+		if ((p->passes_ran >> i & 1) && loom_compile_passes[i]->start &&
 		    (st = loom_compile_passes[i]->start(p)) != LOOM_OK)
 			return st;
 	return LOOM_OK;
+}
+
+const loom_pass *loom_pass_with(const loom_program *p, size_t member)
+{
+	for (int i = 0; i < loom_n_compile_passes; i++) {
+		const loom_pass *ps = loom_compile_passes[i];
+		void *fn;
+		memcpy(&fn, (const char *)ps + member, sizeof(fn));
+		if ((p->passes_ran >> i & 1) && fn)
+			return ps;
+	}
+	return NULL;
 }
 
 /* --verbose: what was compiled, and how the arena divides. */
@@ -329,8 +343,9 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data, 
 	if (dt != nd->dtype)
 		return loom_program_fail(p, LOOM_ERR_DTYPE, "set_input '%s': data is %s, the input is %s",
 					 name, loom_dtype_name(dt), loom_dtype_name(nd->dtype));
-	if (p->plan.pipe)
-		return loom_pipeline_set_input(p, v, data, count);
+	const loom_pass *ps = LOOM_PASS_WITH(p, set_input);
+	if (ps)
+		return ps->set_input(p, v, data, count);
 	if ((int64_t)count != loom_shape_numel(&nd->shape))
 		return loom_program_fail(p, LOOM_ERR_SHAPE,
 					 "set_input '%s': %zu elements given, shape %s holds %lld", name,
@@ -378,13 +393,15 @@ loom_status loom_program_accum_ready(loom_program *p)
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
 
-/* Rank 0's buffers to every rank: the last run's kernels wrote them (on a
- * device they must be done before the broadcast reads them), and the
- * broadcast must be done before the next run reads them. */
+/* Rank 0's buffers to every rank (the strategy's eval_sync): the last
+ * run's kernels wrote them (on a device they must be done before the
+ * broadcast reads them), and the broadcast must be done before the next run
+ * reads them. */
 static loom_status sync_buffers(loom_program *p)
 {
 	loom_status st;
-	if ((st = loom_exec_synchronize(p)) != LOOM_OK || (st = loom_ddp_broadcast_buffers(p)) != LOOM_OK ||
+	const loom_pass *ps = LOOM_PASS_WITH(p, eval_sync);
+	if ((st = loom_exec_synchronize(p)) != LOOM_OK || (ps && (st = ps->eval_sync(p)) != LOOM_OK) ||
 	    (st = loom_exec_synchronize(p)) != LOOM_OK)
 		return st;
 	p->ts.buffers_own = 0;
@@ -452,12 +469,9 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 
 static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 {
-	if (p->plan.pipe) {
-		loom_status pst = loom_pipeline_run(p, mode);
-		/* the activation region as compiled, for whatever reads it next */
-		p->arena.act = p->plan.pipe->act_base;
-		return pst;
-	}
+	const loom_pass *ps = LOOM_PASS_WITH(p, execute);
+	if (ps)
+		return ps->execute(p, mode);
 	loom_status st = run_mode(p, mode);
 	report_nonfinite(p);
 	if (st != LOOM_OK)
@@ -542,8 +556,9 @@ loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t cou
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
-	if (p->plan.pipe)
-		return loom_pipeline_read(p, v, dst, count);
+	const loom_pass *ps = LOOM_PASS_WITH(p, read);
+	if (ps)
+		return ps->read(p, v, dst, count);
 	loom_status st = readable(p, v, count, "read");
 	return st != LOOM_OK ? st : read_as_f64(p, v, dst, count);
 }
@@ -554,13 +569,14 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
-	loom_status st = p->plan.pipe ? LOOM_OK : readable(p, v, count, "read");
+	const loom_pass *ps = LOOM_PASS_WITH(p, read);
+	loom_status st = ps ? LOOM_OK : readable(p, v, count, "read");
 	if (st != LOOM_OK)
 		return st;
 	double *tmp = malloc(sizeof(double) * (count ? count : 1));
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
-	st = p->plan.pipe ? loom_pipeline_read(p, v, tmp, count) : read_as_f64(p, v, tmp, count);
+	st = ps ? ps->read(p, v, tmp, count) : read_as_f64(p, v, tmp, count);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
 		dst[i] = (float)tmp[i];
 	free(tmp);

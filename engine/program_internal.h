@@ -48,6 +48,8 @@ struct loom_program {
 	/* Bytes a strategy allocates beyond the arena, in the planned peak (a
 	 * pipeline's accumulation sums of several micro-batches). */
 	size_t peak_extra;
+	/* Bit i: pass i of loom_compile_passes ran in this compile. */
+	uint64_t passes_ran;
 	char err[LOOM_ERR_MAX];
 };
 

@@ -1,5 +1,5 @@
 /*
- * engine/trace.h — the spans loom_trace_start records (engine/trace.c writes
+ * engine/trace.h — the spans loom_trace_start records (io/trace.c writes
  * them as a Chrome trace): what the program and the backends add while a
  * trace is on. Off, ts->trace is NULL and recording is one pointer test.
  */
@@ -60,7 +60,7 @@ static inline void loom_trace_add(loom_trace *t, int kind, int id, int aux, doub
 	t->span[t->n++] = (loom_span){ t0, t1, kind, id, t->run, aux };
 }
 
-/* engine/trace.c: closes the file unwritten and frees t (NULL: nothing). */
+/* io/trace.c: closes the file unwritten and frees t (NULL: nothing). */
 void loom_trace_free(loom_trace *t);
 
 #endif /* LOOM_ENGINE_TRACE_H */

@@ -33,29 +33,6 @@ const char *loom_status_string(loom_status s)
 	return status_names[s];
 }
 
-static const struct {
-	const char *name;
-	size_t size;
-} dtype_info[LOOM_DTYPE_COUNT] = {
-	[LOOM_F32] = { "f32", 4 }, [LOOM_F64] = { "f64", 8 },
-	[LOOM_F16] = { "f16", 2 }, [LOOM_BF16] = { "bf16", 2 },
-	[LOOM_I32] = { "i32", 4 },
-};
-
-const char *loom_dtype_name(loom_dtype dt)
-{
-	if ((unsigned)dt >= LOOM_DTYPE_COUNT)
-		return "?";
-	return dtype_info[dt].name;
-}
-
-size_t loom_dtype_size(loom_dtype dt)
-{
-	if ((unsigned)dt >= LOOM_DTYPE_COUNT)
-		return 0;
-	return dtype_info[dt].size;
-}
-
 int64_t loom_shape_numel(const loom_shape *s)
 {
 	int64_t n = 1;

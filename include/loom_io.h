@@ -103,7 +103,7 @@ loom_status loom_export_safetensors(loom_program *p, const char *path,
  * Reads path and writes its tensors into p's parameters and buffers of the
  * same (renamed) name, converting F32, F16, BF16 and F64 to the program's
  * dtype (round to nearest even when narrowing). Everything is checked
- * before anything is written: a malformed file (engine/safetensors.h lists
+ * before anything is written: a malformed file (io/safetensors.h lists
  * the faults), a tensor of another shape or a dtype that is not a float,
  * and under strict a missing or unexpected name, are refused naming the
  * tensor, and p is left unchanged. "<bn>.num_batches_tracked" is accepted

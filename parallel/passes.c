@@ -97,11 +97,19 @@ static loom_status data_parallel_start(loom_program *p)
 	return LOOM_OK;
 }
 
+/* Each rank updated its buffers from its own batches: an evaluation reads
+ * rank 0's (DDP's broadcast_buffers), the model rank 0 saves. */
+static loom_status data_parallel_eval_sync(loom_program *p)
+{
+	return p->plan.world > 1 ? loom_ddp_broadcast_buffers(p) : LOOM_OK;
+}
+
 const loom_pass loom_pass_data_parallel = {
 	.name = "data parallel",
 	.wanted = data_parallel_wanted,
 	.run = data_parallel_run,
 	.start = data_parallel_start,
+	.eval_sync = data_parallel_eval_sync,
 };
 
 /* ------------------------------------------------------------ zero */
@@ -139,11 +147,31 @@ static loom_status pipeline_start(loom_program *p)
 	return loom_pipeline_start(p);
 }
 
+/* A TRAIN (the whole batch, one update) or an EVAL over the micro-batches. */
+static loom_status pipeline_execute(loom_program *p, loom_run_mode mode)
+{
+	loom_status st = loom_pipeline_run(p, mode);
+	/* the activation region as compiled, for whatever reads it next */
+	p->arena.act = p->plan.pipe->act_base;
+	return st;
+}
+
+static void pipeline_note(const loom_program *p, char *buf, size_t len)
+{
+	const loom_pipe *pp = p->plan.pipe;
+	snprintf(buf, len, " (stage %d, %d activation slots of %.2f MiB)", pp->stage, pp->slots,
+		 pp->slot_bytes / 1048576.0);
+}
+
 const loom_pass loom_pass_pipeline = {
 	.name = "pipeline",
 	.wanted = staged,
 	.run = pipeline_run,
 	.start = pipeline_start,
+	.execute = pipeline_execute,
+	.set_input = loom_pipeline_set_input,
+	.read = loom_pipeline_read,
+	.note = pipeline_note,
 };
 
 /* ------------------------------------------------------------ pipeline limit */

@@ -14,7 +14,7 @@
  * emulation, which is faster.
  */
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/bf16_node.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"

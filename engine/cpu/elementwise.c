@@ -4,7 +4,7 @@
  */
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/kernels.h"
-#include "amp/half.h"
+#include "base/half.h"
 #include "graph/unary.h"
 
 /* Elements per block of loom_cpu_sum: big enough for SIMD, small enough that

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/ops.h"
 #include "engine/elem.h"
 #include "graph/ops/ops.h"

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 
 #ifndef LOOM_EXPECT_F16C
 #define LOOM_EXPECT_F16C 1

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/program_internal.h"
 #include "loom.h"
 

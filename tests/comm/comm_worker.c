@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "comm/comm_internal.h"
 #include "comm/launch.h"
 

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "io/safetensors.h"
 #include "examples/models.h"
 #include "loom.h"
 #include "loom_io.h"

@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "engine/ckpt_file.h"
+#include "io/ckpt_file.h"
 #include "engine/program_internal.h"
 #include "loom.h"
 

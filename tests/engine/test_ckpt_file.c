@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "engine/ckpt_file.h"
+#include "io/ckpt_file.h"
 
 static char dir[4096];
 static char err[512];

@@ -1,6 +1,6 @@
 /*
  * tests/engine/test_safetensors.c — the safetensors container
- * (engine/safetensors.c): a round trip, and every fault the reader refuses,
+ * (io/safetensors.c): a round trip, and every fault the reader refuses,
  * each with a message that names it.
  */
 #include <criterion/criterion.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "io/safetensors.h"
 
 /* A file image: the length, the header as given (no padding), data. */
 static unsigned char *image(const char *header, const void *data, size_t dlen, size_t *size)

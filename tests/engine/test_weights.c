@@ -14,8 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "amp/half.h"
-#include "engine/safetensors.h"
+#include "base/half.h"
+#include "io/safetensors.h"
 #include "examples/models.h"
 #include "loom.h"
 #include "loom_io.h"

@@ -1,7 +1,7 @@
 /*
  * tests/fuzz/fuzz_ckpt.c — libFuzzer target for the checkpoint reader
- * (engine/ckpt_file.c) and the range checks loom_load applies on top to the
- * run-time scalars (engine/ckpt_meta.c). A CRC stops almost every mutation
+ * (io/ckpt_file.c) and the range checks loom_load applies on top to the
+ * run-time scalars (io/ckpt_meta.c). A CRC stops almost every mutation
  * at the first check, so when bit 0 of the first byte is set the harness
  * reseals the rest with a valid CRC first, as a faulty writer would: the
  * parser behind it then sees every lie a file can tell.
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "engine/ckpt_file.h"
+#include "io/ckpt_file.h"
 
 static void reseal(unsigned char *b, size_t n)
 {

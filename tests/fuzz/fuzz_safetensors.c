@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_safetensors.c — libFuzzer target for the safetensors
- * reader (engine/safetensors.c). The input is parsed from a buffer of
+ * reader (io/safetensors.c). The input is parsed from a buffer of
  * exactly its size (ASan sees any read past it). When bit 0 of the first
  * byte is set, the harness rewrites the 8-byte header length to the length
  * of the JSON text that follows (up to the first byte after its closing
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/safetensors.h"
+#include "io/safetensors.h"
 
 static void fix_length(unsigned char *b, size_t n)
 {

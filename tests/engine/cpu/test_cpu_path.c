@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"

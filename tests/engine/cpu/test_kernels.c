@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/kernels.h"
 #include "graph/unary.h"
 

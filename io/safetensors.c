@@ -1,11 +1,11 @@
 /*
- * engine/safetensors.c — reads and writes the safetensors container
+ * io/safetensors.c — reads and writes the safetensors container
  * (safetensors.h). The header is JSON and goes through jansson; every
  * number in it is checked against the file's size before anything is
  * indexed with it, and the tensors must tile the data exactly, as the
  * reference reader demands, so a file loom accepts is one PyTorch accepts.
  */
-#include "engine/safetensors.h"
+#include "io/safetensors.h"
 
 #include "base/errf.h"
 

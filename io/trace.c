@@ -1,5 +1,5 @@
 /*
- * engine/trace.c — loom_trace_start / loom_trace_stop: the spans a program
+ * io/trace.c — loom_trace_start / loom_trace_stop: the spans a program
  * recorded (engine/trace.h), gathered from every rank to rank 0 through the
  * process group's host collectives and written as one Chrome trace (the
  * "traceEvents" JSON that chrome://tracing and ui.perfetto.dev read), a

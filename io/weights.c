@@ -1,8 +1,8 @@
 /*
- * engine/weights.c — loom_export_safetensors / loom_import_safetensors: a
+ * io/weights.c — loom_export_safetensors / loom_import_safetensors: a
  * program's parameters and buffers as a safetensors file under PyTorch's
  * state_dict names (include/loom_io.h). The container is
- * engine/safetensors.c; here, which tensors, their names, their dtypes.
+ * io/safetensors.c; here, which tensors, their names, their dtypes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 #include "parallel/parallel.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
-#include "engine/safetensors.h"
+#include "io/safetensors.h"
 #include "loom_io.h"
 
 #define NAME_BUF (LOOM_NAME_MAX + 64)

@@ -1,5 +1,5 @@
 /*
- * amp/half.h — fp16 (IEEE binary16) and bf16 storage as uint16_t, converted
+ * base/half.h — fp16 (IEEE binary16) and bf16 storage as uint16_t, converted
  * exactly as the hardware does, so the CPU emulation of AMP matches a GPU bit
  * for bit: round to nearest even, overflow to inf, subnormals kept, NaN stays
  * a quiet NaN with its sign, ±0 kept.
@@ -8,8 +8,8 @@
  * are plain integer code and are also the portable path of the array
  * converters, which use F16C when the compiler has it.
  */
-#ifndef LOOM_AMP_HALF_H
-#define LOOM_AMP_HALF_H
+#ifndef LOOM_BASE_HALF_H
+#define LOOM_BASE_HALF_H
 
 #include <stdint.h>
 #include <string.h>
@@ -133,4 +133,4 @@ int loom_half_uses_f16c(void);
 }
 #endif
 
-#endif /* LOOM_AMP_HALF_H */
+#endif /* LOOM_BASE_HALF_H */

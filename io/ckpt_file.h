@@ -1,5 +1,5 @@
 /*
- * ckpt_file.h — the checkpoint container: named tensors plus a graph
+ * io/ckpt_file.h — the checkpoint container: named tensors plus a graph
  * fingerprint, written atomically and checked end to end with a CRC32.
  * It knows nothing of programs; loom_save/loom_load decide what goes in.
  *
@@ -11,8 +11,8 @@
  *   trailer  u32 CRC32 (zlib) of every byte before it
  * Payloads start 64-byte aligned so that a reader can use them in place.
  */
-#ifndef LOOM_ENGINE_CKPT_FILE_H
-#define LOOM_ENGINE_CKPT_FILE_H
+#ifndef LOOM_IO_CKPT_FILE_H
+#define LOOM_IO_CKPT_FILE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -106,4 +106,4 @@ loom_status loom_ckpt_check_meta(const double *meta, char *err, size_t errlen);
 }
 #endif
 
-#endif /* LOOM_ENGINE_CKPT_FILE_H */
+#endif /* LOOM_IO_CKPT_FILE_H */

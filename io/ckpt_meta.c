@@ -1,5 +1,5 @@
 /*
- * ckpt_meta.c — the ranges of the run-time scalars a checkpoint carries
+ * io/ckpt_meta.c — the ranges of the run-time scalars a checkpoint carries
  * (ckpt_file.h, "meta"), checked apart from any program so that a fuzzer can
  * reach them without building one.
  */
@@ -9,7 +9,7 @@
 #include <stdio.h>
 
 #include "base/errf.h"
-#include "engine/ckpt_file.h"
+#include "io/ckpt_file.h"
 
 /* Counters travel as doubles: every integer up to 2^53 is exact there. */
 #define META_INT_MAX 9007199254740992.0

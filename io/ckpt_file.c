@@ -1,12 +1,12 @@
 /*
- * ckpt_file.c — writes and reads the checkpoint container described in
+ * io/ckpt_file.c — writes and reads the checkpoint container described in
  * ckpt_file.h. Writing goes through a temporary file and a rename so a crash
  * never leaves a half-written checkpoint under the real name; reading checks
  * the CRC before it parses anything the CRC covers, then checks every length
  * against the file size all the same.
  */
 #define _GNU_SOURCE /* O_DIRECTORY, fdopen, fileno */
-#include "engine/ckpt_file.h"
+#include "io/ckpt_file.h"
 
 #include "base/errf.h"
 

@@ -1,5 +1,5 @@
 /*
- * engine/safetensors.h — the safetensors container (Hugging Face's format,
+ * io/safetensors.h — the safetensors container (Hugging Face's format,
  * what safetensors.torch.save_file writes and load_file reads): an 8-byte
  * little-endian header length N, N bytes of JSON
  *   { "name": { "dtype": "F32", "shape": [16, 1, 5, 5],
@@ -7,10 +7,10 @@
  *     "__metadata__": { "key": "value", ... } }
  * (padded with spaces), then the tensors' bytes, offsets relative to the
  * first byte after the header. The JSON goes through jansson. This file
- * knows nothing of programs: engine/weights.c maps tensors to parameters.
+ * knows nothing of programs: io/weights.c maps tensors to parameters.
  */
-#ifndef LOOM_ENGINE_SAFETENSORS_H
-#define LOOM_ENGINE_SAFETENSORS_H
+#ifndef LOOM_IO_SAFETENSORS_H
+#define LOOM_IO_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -112,4 +112,4 @@ loom_status loom_st_write(const char *path, const loom_st_tensor *t, int n,
 }
 #endif
 
-#endif /* LOOM_ENGINE_SAFETENSORS_H */
+#endif /* LOOM_IO_SAFETENSORS_H */

@@ -1,14 +1,14 @@
 /*
- * amp/half.c — array converters between fp32 and fp16/bf16 storage. They run
+ * base/half.c — array converters between fp32 and fp16/bf16 storage. They run
  * on every activation in the CPU emulation of AMP, so they are split across
  * OpenMP threads in fixed chunks and kept vectorizable within a chunk.
  */
-#include "amp/half.h"
+#include "base/half.h"
 
 /*
  * The F16C loops are compiled for F16C whatever the build's baseline (plain
  * x86-64 since the CPU path is picked at run time, see .bazelrc) and taken
- * when the CPU has it. LOOM_HALF_NO_F16C (//amp:half_portable) leaves them
+ * when the CPU has it. LOOM_HALF_NO_F16C (//base:half_portable) leaves them
  * out, so that the tests can hold the portable loops to them bit for bit.
  */
 #if defined(__x86_64__) && !defined(LOOM_HALF_NO_F16C)

@@ -1,5 +1,5 @@
 /*
- * engine/checkpoint.c — loom_save / loom_load: a program's parameters,
+ * io/checkpoint.c — loom_save / loom_load: a program's parameters,
  * buffers (batch-norm statistics, O2 masters), optimizer state, step,
  * learning rate and loss scaler in one ckpt_file container. Loading checks
  * everything before it changes anything, so a refused file leaves the
@@ -11,7 +11,7 @@
 
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
-#include "engine/ckpt_file.h"
+#include "io/ckpt_file.h"
 #include "engine/program_internal.h"
 
 #define META LOOM_CKPT_META
