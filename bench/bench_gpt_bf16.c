@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "bench/bench_util.h"
 #include "engine/cpu/gpt_kernels.h"
 #include "engine/cpu/kernels.h"

@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/cpu_internal.h"
 
 #define BF16_FN(name) LOOM_CPU_PASTE(name, LOOM_CPU_F32)

@@ -9,7 +9,7 @@
  */
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/gpt_kernels.h"
 

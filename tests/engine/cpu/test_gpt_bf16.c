@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amp/half.h"
+#include "base/half.h"
 #include "engine/cpu/gpt_kernels.h"
 #include "engine/cpu/kernels.h"
 
