@@ -75,6 +75,11 @@ typedef struct loom_backend {
 	 * sources' dtypes and shapes (as ggml's supports_op sees the tensor).
 	 * Asked for every node a step runs, before plan_create. */
 	int (*supports_node)(void *ctx, const loom_plan *plan, loom_value v);
+	/* The memory formats node v of plan can run in (the format pass,
+	 * graph/formats.c, asks before the memory plan; ctx may be NULL).
+	 * NULL: NCHW only. // (optional) */
+	void (*node_formats)(void *ctx, const loom_plan *plan, loom_value v,
+			     loom_format_caps *caps);
 	/* The per-node plans (algorithms, library descriptors) for plan, made
 	 * once; *ws_bytes gets the scratch the largest node needs. A failure
 	 * is returned here, not at the first run. */

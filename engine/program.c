@@ -411,6 +411,10 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		loom_fuse_siblings(p->plan.g);
 	if (caps & LOOM_BE_FUSES_CASTS)
 		loom_fuse_casts(p->plan.g);
+	if ((st = loom_plan_formats(p)) != LOOM_OK) {
+		compile_fail(st, "%s", p->plan.g->errmsg);
+		goto out_fail;
+	}
 	if ((st = make_slots(p)) != LOOM_OK)
 		goto out_fail;
 	/* Data parallelism: gradient buckets and their all-reduces, then the
@@ -745,7 +749,7 @@ static loom_value compiled_value(const loom_program *p, loom_value v)
 	if (v < 0)
 		return LOOM_NONE;
 	for (int u = 0, k = 0; u < p->plan.n_fwd; u++) {
-		if (p->plan.g->nodes[u].flags & LOOM_NODE_AMP)
+		if (p->plan.g->nodes[u].flags & (LOOM_NODE_AMP | LOOM_NODE_REORDER))
 			continue;
 		if (k++ == v)
 			return u;
@@ -961,6 +965,12 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " (sync)");
 		if (n->flags & LOOM_NODE_CAST_FOLDED)
 			fprintf(out, " (f32 inside)");
+		if (n->op == LOOM_OP_REORDER)
+			fprintf(out, " [%s -> %s]",
+				loom_format_name(p->plan.g->nodes[n->src[0]].format),
+				loom_format_name(n->format));
+		else if (n->format != LOOM_FORMAT_NCHW)
+			fprintf(out, " [%s]", loom_format_name(n->format));
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		if (p->be->node_note) {
