@@ -48,7 +48,8 @@ static loom_format mixed_result(const loom_graph *g, const loom_format *fmt, loo
 				const loom_format_caps *c)
 {
 	const loom_node *n = &g->nodes[v];
-	if (!movable(g, v))
+	/* a filter gradient is laid out as its weight [O, I, kh, kw] */
+	if (!movable(g, v) || n->op == LOOM_OP_CONV2D_BWD_FILTER)
 		return LOOM_FORMAT_NCHW;
 	if (n->op == LOOM_OP_CONV2D_BWD_DATA && n->bwd_of != LOOM_NONE &&
 	    g->nodes[n->bwd_of].op == LOOM_OP_CONV2D) {
@@ -60,11 +61,14 @@ static loom_format mixed_result(const loom_graph *g, const loom_format *fmt, loo
 }
 
 /* The one format of a node whose 4-D operands share it: the format most
- * of its 4-D sources already have (a tie to the non-NCHW one), if the
- * node takes it, every source can be reordered to it and the result may
- * hold it. */
+ * of its 4-D sources already have, if the node takes it, every source can
+ * be reordered to it and the result may hold it. A forward value's vote
+ * counts twice: a backward node (relu's, batch norm's, pooling's) then
+ * follows the format its forward ran in, and the gradient coming in is
+ * reordered once rather than the forward values it reads; a tie goes to
+ * the non-NCHW format. */
 static loom_format same_format(const loom_graph *g, const loom_format *fmt, loom_value v,
-			       const loom_format_caps *c)
+			       const loom_format_caps *c, int n_fwd)
 {
 	const loom_node *n = &g->nodes[v];
 	int count[LOOM_FORMAT_COUNT] = { 0 };
@@ -72,7 +76,7 @@ static loom_format same_format(const loom_graph *g, const loom_format *fmt, loom
 		return LOOM_FORMAT_NCHW;
 	for (int i = 0; i < n->nsrc; i++)
 		if (is_act(g, n->src[i]))
-			count[fmt[n->src[i]]]++;
+			count[fmt[n->src[i]]] += n->src[i] < n_fwd ? 2 : 1;
 	loom_format best = LOOM_FORMAT_NCHW;
 	for (int f = 1; f < LOOM_FORMAT_COUNT; f++)
 		if (count[f] > 0 && count[f] >= count[best] && (c->accept & (1u << f)))
@@ -241,7 +245,7 @@ loom_status loom_formats_pass(loom_graph *g, int *n_fwd, loom_value *loss,
 			fmt[v] = mixed_result(g, fmt, v, &c);
 			continue;
 		}
-		f = same_format(g, fmt, v, &c);
+		f = same_format(g, fmt, v, &c, *n_fwd);
 		/* A view keeps its source's storage, so its format too. */
 		if (loom_op_is_view(n->op) && n->nsrc > 0 && is_act(g, n->src[0]) &&
 		    loom_shape_eq(&n->shape, &g->nodes[n->src[0]].shape) && n->shape.ndim == 4 &&

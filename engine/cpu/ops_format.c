@@ -50,12 +50,22 @@ void loom_cpu_node_formats(void *ctx, const loom_plan *plan, loom_value v, loom_
 		/* native bf16 convolutions (conv_bf16.c) read NCHW */
 		if (loom_cpu_isa_get() == LOOM_CPU_ISA_AVX512_BF16 && has_half(plan, n))
 			return;
+		/* oneDNN's convolution takes each operand NCHW or blocked. On
+		 * NCHW alone the kernel is the one it would have been (the
+		 * search's or the fixed default); the result is blocked where
+		 * that kernel is oneDNN's blocked one, or where the input can be
+		 * blocked (C a multiple of 8): a 1x1 convolution that ran im2col
+		 * on NCHW between blocked neighbours then runs oneDNN's blocked
+		 * kernel with no reorder on either side. */
 		loom_cpu_kern k = loom_cpu_kern_choice(plan, v);
-		if (k != LOOM_CPU_KERN_DNNL_NCHW && k != LOOM_CPU_KERN_DNNL_BLOCKED)
+		const loom_node *x = &plan->g->nodes[n->src[n->op == LOOM_OP_CONV2D_BWD_FILTER]];
+		int c_in = (int)(n->op == LOOM_OP_CONV2D_BWD_DATA ? n->shape.dims[1] : x->shape.dims[1]);
+		if (k != LOOM_CPU_KERN_DNNL_NCHW && k != LOOM_CPU_KERN_DNNL_BLOCKED &&
+		    (k != LOOM_CPU_KERN_IM2COL || c_in % 8))
 			return;
 		caps->accept = both;
 		caps->mixed = 1;
-		caps->prefer = k == LOOM_CPU_KERN_DNNL_BLOCKED ? LOOM_FORMAT_NCHW8C : LOOM_FORMAT_NCHW;
+		caps->prefer = k == LOOM_CPU_KERN_DNNL_NCHW ? LOOM_FORMAT_NCHW : LOOM_FORMAT_NCHW8C;
 		return;
 	}
 	case LOOM_OP_BATCHNORM2D:
