@@ -17,7 +17,7 @@ run() { # name, then the command
 	while [ "$r" -le "$ROUNDS" ]; do
 		for mode in nchw auto; do
 			LOOM_FORMATS=$mode "$@" 2>/dev/null | grep -E '^\| (O[0-3]|ResNet)' |
-				sed "s/^/$name round $r $mode /"
+				sed "s/^/$name round $r $mode /" || true
 		done
 		r=$((r + 1))
 	done

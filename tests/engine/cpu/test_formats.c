@@ -3,7 +3,7 @@
  * (graph/formats.c) on the CPU backend: reorders round-trip exactly; every
  * op that runs in nChw8c gives what it gives in NCHW (forward: logits, loss
  * and batch norm's running statistics; backward: every parameter's
- * gradient), fused and unfused, f32 and O1 bf16; ConvNet, ResNet-18 and
+ * gradient; then an eval-mode forward), fused and unfused, f32 and O1 bf16; ConvNet, ResNet-18 and
  * ResNet-50 plans hold no reorder between two blocked ops; --dump-graph
  * shows the formats; LOOM_FORMATS=nchw keeps every value NCHW.
  */
@@ -173,6 +173,10 @@ static run_result run_model(model_fn model, int batch, int chans, int size, int 
 				     loom_program_error(p));
 		append(&res, buf, cnt);
 	}
+	/* eval mode: batch norm on its running statistics */
+	cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_read_f64(p, logits, buf, nl), LOOM_OK);
+	append(&res, buf, nl);
 	const loom_graph *cg = p->plan.g;
 	for (loom_value v = 0; v < cg->n; v++) {
 		if (cg->nodes[v].op == LOOM_OP_REORDER)
