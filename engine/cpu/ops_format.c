@@ -71,7 +71,9 @@ void loom_cpu_node_formats(void *ctx, const loom_plan *plan, loom_value v, loom_
 	case LOOM_OP_BATCHNORM2D:
 	case LOOM_OP_BN_BWD_DATA:
 	case LOOM_OP_BN_BWD_GAMMA:
-		if (!n->a.bn.sync) /* synchronised sums run on NCHW (ops_bn.c) */
+		/* synchronised sums run on NCHW (ops_bn.c); parallel/ddp.c marks
+		 * the nodes sync after this pass, so the option decides */
+		if (!n->a.bn.sync && !plan->opts.sync_bn)
 			caps->accept = both;
 		return;
 	case LOOM_OP_CHANNEL_SUM:
