@@ -82,6 +82,11 @@ typedef struct loom_backend {
 	 * float dtype, computing in fp32 (LOOM_BE_FUSES_SOME_CASTS); asked
 	 * at compile time, before the backend has a context. // (optional) */
 	int (*takes_any_dtype)(loom_op op);
+	/* The memory formats node v of plan can run in (the format pass,
+	 * graph/formats.c, asks before the memory plan; ctx may be NULL).
+	 * NULL: NCHW only. // (optional) */
+	void (*node_formats)(void *ctx, const loom_plan *plan, loom_value v,
+			     loom_format_caps *caps);
 	/* The per-node plans (algorithms, library descriptors) for plan, made
 	 * once; *ws_bytes gets the scratch the largest node needs. A failure
 	 * is returned here, not at the first run. */

@@ -74,7 +74,7 @@ extern const int loom_n_compile_passes;
 extern const char *loom_test_skip_pass;
 
 /* The engine's own passes (engine/compile_passes.c). */
-extern const loom_pass loom_pass_amp, loom_pass_autodiff, loom_pass_device, loom_pass_fuse,
+extern const loom_pass loom_pass_amp, loom_pass_autodiff, loom_pass_device, loom_pass_fuse, loom_pass_formats,
 	loom_pass_slots, loom_pass_memory_plan, loom_pass_accumulation, loom_pass_steps,
 	loom_pass_backend_plan, loom_pass_backend_alloc, loom_pass_initial_values;
 

@@ -145,6 +145,7 @@ typedef struct loom_plan {
 	loom_graph *g; /* owned: the user's graph + AMP casts + backward */
 	loom_value loss;
 	int n_fwd;            /* nodes [0, n_fwd) are the forward pass */
+	int n_reorders;       /* reorder nodes the format pass inserted (graph/formats.c) */
 	uint64_t fingerprint; /* of the user's graph and the options */
 	loom_compile_opts opts;
 	loom_memplan mp;

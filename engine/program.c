@@ -510,7 +510,7 @@ static loom_value compiled_value(const loom_program *p, loom_value v)
 	if (v < 0)
 		return LOOM_NONE;
 	for (int u = 0, k = 0; u < p->plan.n_fwd; u++) {
-		if (p->plan.g->nodes[u].flags & LOOM_NODE_AMP)
+		if (p->plan.g->nodes[u].flags & (LOOM_NODE_AMP | LOOM_NODE_REORDER))
 			continue;
 		if (k++ == v)
 			return u;
@@ -728,6 +728,12 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " (sync)");
 		if (n->flags & LOOM_NODE_CAST_FOLDED)
 			fprintf(out, " (f32 inside)");
+		if (n->op == LOOM_OP_REORDER)
+			fprintf(out, " [%s -> %s]",
+				loom_format_name(p->plan.g->nodes[n->src[0]].format),
+				loom_format_name(n->format));
+		else if (n->format != LOOM_FORMAT_NCHW)
+			fprintf(out, " [%s]", loom_format_name(n->format));
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
 		if (p->be->node_note) {

@@ -125,6 +125,13 @@ extern const loom_backend *loom_test_backend;
 /* The step list, one line per step (loom_program_dump ends with it). */
 void loom_program_dump_steps(const loom_program *p, FILE *out);
 
+/* The format pass for p (engine/formats.c): each value's memory format
+ * from what p's backend takes, reorder nodes where they disagree. Run
+ * after the fusion passes, before the memory plan. */
+loom_status loom_plan_formats(loom_program *p);
+/* Whether o (or LOOM_FORMATS, which decides instead) asks for the pass. */
+int loom_formats_on(const loom_compile_opts *o);
+
 /* Host-side initialisation of parameters and buffers (PyTorch's defaults),
  * into a host buffer of the value's dtype. */
 void loom_init_value(const loom_graph *g, loom_value v, void *dst);

@@ -54,6 +54,7 @@ typedef enum loom_op {
 	LOOM_OP_ATTENTION,         /* (P, qkv) -> y [B, T, C]: per head P v */
 	LOOM_OP_ATTENTION_BWD_PROBS, /* (qkv, dy) -> dP */
 	LOOM_OP_ATTENTION_BWD_QKV, /* (P, dy) -> dqkv (v part; q and k parts 0) */
+	LOOM_OP_REORDER,           /* x -> the same values in node->format (graph/formats.c) */
 	LOOM_OP_COUNT
 } loom_op;
 
@@ -73,7 +74,29 @@ enum {
 	/* A cast folded in (graph/fuse.c, loom_fuse_casts): the node computes
 	 * in fp32 and writes its half dtype, rounding once. */
 	LOOM_NODE_CAST_FOLDED = 1u << 6,
+	/* A reorder the format pass inserted (graph/formats.c): not a value
+	 * of the user's graph. */
+	LOOM_NODE_REORDER = 1u << 7,
 };
+
+/*
+ * A value's memory format, decided once by the format pass
+ * (graph/formats.c) from what each backend's kernels take. NCHW is the
+ * user's layout (and that of every value that is not a 4-D activation);
+ * the others hold the same [N, C, H, W] values in another order: NHWC
+ * (channels last), NCHW8C (oneDNN's nChw8c: [N][C/8][H][W][8], only for C
+ * a multiple of 8, so that the size is the same).
+ */
+typedef enum loom_format {
+	LOOM_FORMAT_NCHW = 0,
+	LOOM_FORMAT_NHWC,
+	LOOM_FORMAT_NCHW8C,
+	LOOM_FORMAT_COUNT
+} loom_format;
+
+/* "nchw", "nhwc", "nChw8c". */
+const char *loom_format_name(loom_format f);
+
 
 typedef union loom_attrs {
 	struct {
@@ -134,6 +157,9 @@ typedef struct loom_node {
 	 * (graph/autodiff.c; the seed's is the loss), so that a pipeline
 	 * stage runs the backward of its own forward nodes. Else LOOM_NONE. */
 	loom_value bwd_of;
+	/* The memory format of this value (graph/formats.c); NCHW unless the
+	 * format pass chose another. */
+	loom_format format;
 	char name[LOOM_NAME_MAX];
 } loom_node;
 
@@ -234,6 +260,33 @@ int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op));
  * dbeta with its dx (one CUDA kernel). Returns how many. Run after
  * autodiff, before memory planning. */
 int loom_fuse_siblings(loom_graph *g);
+
+/* What a backend's kernel for one node takes (the format pass asks). */
+typedef struct loom_format_caps {
+	unsigned accept;    /* bit f: the node runs with its 4-D operands in format f */
+	/* Each operand in its own format of `accept` (the kernel converts
+	 * inside, a oneDNN convolution); the result then takes `prefer`.
+	 * Else all 4-D operands and the result share one format. */
+	int mixed;
+	loom_format prefer;
+} loom_format_caps;
+
+/* Fills *caps for node v of g (it arrives as NCHW only). */
+typedef void (*loom_format_query_fn)(void *ctx, const loom_graph *g, loom_value v,
+				     loom_format_caps *caps);
+
+/*
+ * The format pass: gives every value its format (node->format) from what
+ * query says each node takes, keeps user-visible values (leaves, outputs,
+ * gradients of parameters) NCHW, and inserts a reorder node
+ * (LOOM_OP_REORDER, flagged LOOM_NODE_REORDER) before the first reader of a
+ * value in a format that reader cannot take: one per value and format.
+ * Renumbers the graph (n_fwd and loss follow); *n_reorders gets how many.
+ * query NULL: everything stays NCHW. Run after the fusion passes, before
+ * memory planning.
+ */
+loom_status loom_formats_pass(loom_graph *g, int *n_fwd, loom_value *loss,
+			      loom_format_query_fn query, void *ctx, int *n_reorders);
 
 /* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
  * check checkpoints and, later, that all ranks compiled the same graph). */

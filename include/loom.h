@@ -418,7 +418,24 @@ typedef struct loom_compile_opts {
 	 * (cudnnFind*AlgorithmEx; off: the heuristic's first choice). */
 	int kernel_search;
 	double kernel_search_ms;
+	/* Memory formats of the activations (loom_formats_mode).
+	 * LOOM_FORMATS_AUTO (default): the planner gives each 4-D activation
+	 * the format its kernels take (on the CPU, oneDNN's blocked nChw8c
+	 * through runs of blocked convolutions, batch norm, relu, add and max
+	 * pooling), with a reorder node only where a producer and a consumer
+	 * disagree; inputs, outputs, parameters and their gradients stay NCHW
+	 * (--dump-graph shows each value's format). LOOM_FORMATS_NCHW: every
+	 * value NCHW (each oneDNN convolution reorders inside). The environment
+	 * variable LOOM_FORMATS=nchw or =auto decides instead. */
+	int formats;
 } loom_compile_opts;
+
+/* loom_compile_opts.formats. */
+typedef enum loom_formats_mode {
+	LOOM_FORMATS_AUTO = 0,
+	LOOM_FORMATS_NCHW,
+	LOOM_FORMATS_COUNT
+} loom_formats_mode;
 
 /* loom_compile_opts.kernel_search. */
 typedef enum loom_kernel_search {

@@ -59,6 +59,7 @@ static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_ATTENTION] = loom_cpu_op_attention,
 	[LOOM_OP_ATTENTION_BWD_PROBS] = loom_cpu_op_attention_bwd_probs,
 	[LOOM_OP_ATTENTION_BWD_QKV] = loom_cpu_op_attention_bwd_qkv,
+	[LOOM_OP_REORDER] = loom_cpu_op_reorder,
 };
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
@@ -91,7 +92,7 @@ static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_cpu_ctx *, const loom
 /* Ops whose entry reads and writes their own dtypes: no half emulation. */
 static const unsigned char cpu_op_raw[LOOM_OP_COUNT] = {
 	[LOOM_OP_INPUT] = 1, [LOOM_OP_PARAM] = 1, [LOOM_OP_BUFFER] = 1,
-	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1,
+	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1, [LOOM_OP_REORDER] = 1,
 };
 
 loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -484,6 +485,7 @@ const loom_backend loom_cpu_backend = {
 	.describe = cpu_describe,
 	.supports_op = cpu_supports_op,
 	.supports_node = cpu_supports_node,
+	.node_formats = loom_cpu_node_formats,
 	.plan_create = cpu_plan_create,
 	.node_note = cpu_node_note,
 	.alloc = cpu_alloc,

@@ -113,7 +113,7 @@ static void one_free(conv_one *c)
 }
 
 static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int bf16, int bias,
-			 int blocked)
+			 int blocked, unsigned fmt)
 {
 	const dnnl_dims_t xd = { s->n, s->c_in, s->h_in, s->w_in };
 	const dnnl_dims_t wd = { s->c_out, s->c_in, s->kh, s->kw };
@@ -135,8 +135,9 @@ static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int 
 	dnnl_memory_desc_t x_md, w_md, y_md, b_md, xu, wu, yu;
 	if (md_init(&x_md, 4, xd, xt, act) || md_init(&w_md, 4, wd, wt, wgt) ||
 	    md_init(&y_md, 4, yd, yt, act) || md_init(&b_md, 1, bd, dnnl_f32, dnnl_x) ||
-	    md_init(&xu, 4, xd, xt, dnnl_nchw) || md_init(&wu, 4, wd, wt, dnnl_oihw) ||
-	    md_init(&yu, 4, yd, yt, dnnl_nchw))
+	    md_init(&xu, 4, xd, xt, fmt & LOOM_CPU_CONV_X_BLOCKED ? dnnl_nChw8c : dnnl_nchw) ||
+	    md_init(&wu, 4, wd, wt, dnnl_oihw) ||
+	    md_init(&yu, 4, yd, yt, fmt & LOOM_CPU_CONV_Y_BLOCKED ? dnnl_nChw8c : dnnl_nchw))
 		return NULL;
 
 	conv_one *c = calloc(1, sizeof(*c));
@@ -316,6 +317,12 @@ void loom_cpu_dnnl_conv_free(loom_cpu_dnnl_conv *c)
 loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_conv_shape *s,
 					   int bf16, int bias, int blocked)
 {
+	return loom_cpu_dnnl_conv_new_fmt(kind, s, bf16, bias, blocked, 0);
+}
+
+loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new_fmt(loom_cpu_conv_kind kind, const loom_conv_shape *s,
+					       int bf16, int bias, int blocked, unsigned fmt)
+{
 	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE)
 		return NULL;
 	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
@@ -343,7 +350,7 @@ loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_c
 		si.n = i + 1 < c->nslice ? c->per : s->n - i * c->per;
 		/* one per slice, even of equal shapes: slices run at once and
 		 * each sets its memory objects' handles */
-		c->one[i] = one_new(kind, &si, bf16, bias, blocked);
+		c->one[i] = one_new(kind, &si, bf16, bias, blocked, fmt);
 		if (!c->one[i]) {
 			omp_set_num_threads(prev);
 			c->nslice = i;

@@ -29,6 +29,16 @@ typedef struct loom_cpu_dnnl_conv loom_cpu_dnnl_conv;
  */
 loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_conv_shape *s,
 					   int bf16, int bias, int blocked);
+/* The same with the node's activations in their plan formats
+ * (graph/formats.c): x (the forward's input and the data gradient) and y
+ * (the forward's result and its gradient) each NCHW or, with its bit,
+ * nChw8c (channels a multiple of 8: a slice of images stays contiguous). */
+enum {
+	LOOM_CPU_CONV_X_BLOCKED = 1u << 0,
+	LOOM_CPU_CONV_Y_BLOCKED = 1u << 1,
+};
+loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new_fmt(loom_cpu_conv_kind kind, const loom_conv_shape *s,
+					       int bf16, int bias, int blocked, unsigned fmt);
 void loom_cpu_dnnl_conv_free(loom_cpu_dnnl_conv *c);
 
 /* Bytes of workspace a run needs (the blocked copies, oneDNN's scratchpad). */

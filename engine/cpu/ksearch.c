@@ -60,6 +60,7 @@ typedef struct kprob {
 	loom_cpu_conv_kind kind; /* conv */
 	loom_conv_shape s;
 	int bias;                /* a conv forward's or a linear's bias */
+	unsigned fmt;            /* conv: LOOM_CPU_CONV_*_BLOCKED, its activations' formats */
 	int ta, tb, m, n, k;     /* product: C[m, n] = op(A) op(B) */
 } kprob;
 
@@ -105,6 +106,21 @@ static int prob_of(const loom_plan *p, loom_value v, kprob *q)
 	}
 	q->conv = 1;
 	loom_conv_shape_of(g, v, &q->s);
+	/* Which of its activations the plan holds blocked (graph/formats.c):
+	 * x and y by role (dy is y's gradient, dx x's). */
+	loom_format x = LOOM_FORMAT_NCHW, y = LOOM_FORMAT_NCHW;
+	if (q->kind == LOOM_CPU_CONV_FWD) {
+		x = g->nodes[nd->src[0]].format;
+		y = nd->format;
+	} else if (q->kind == LOOM_CPU_CONV_BWD_DATA) {
+		y = g->nodes[nd->src[0]].format;
+		x = nd->format;
+	} else {
+		y = g->nodes[nd->src[0]].format;
+		x = g->nodes[nd->src[1]].format;
+	}
+	q->fmt = (x == LOOM_FORMAT_NCHW8C ? LOOM_CPU_CONV_X_BLOCKED : 0) |
+		 (y == LOOM_FORMAT_NCHW8C ? LOOM_CPU_CONV_Y_BLOCKED : 0);
 	return 0;
 }
 
@@ -113,9 +129,9 @@ static void prob_key(const kprob *q, char *buf, size_t len)
 	const loom_conv_shape *s = &q->s;
 	int t = omp_get_max_threads();
 	if (q->conv)
-		snprintf(buf, len, "conv%d n%d c%d %dx%d o%d k%dx%d s%d p%d b%d t%d", (int)q->kind,
+		snprintf(buf, len, "conv%d n%d c%d %dx%d o%d k%dx%d s%d p%d b%d f%u t%d", (int)q->kind,
 			 s->n, s->c_in, s->h_in, s->w_in, s->c_out, s->kh, s->kw, s->stride, s->pad,
-			 q->bias, t);
+			 q->bias, q->fmt, t);
 	else
 		snprintf(buf, len, "mm %c%c %dx%dx%d b%d t%d", q->ta ? 't' : 'n', q->tb ? 't' : 'n',
 			 q->m, q->n, q->k, q->bias, t);
@@ -154,15 +170,16 @@ static int make(const kprob *q, loom_cpu_kern k, loom_cpu_node_kern *nk)
 	switch (k) {
 	case LOOM_CPU_KERN_IM2COL:
 	case LOOM_CPU_KERN_SGEMM:
-		if (q->conv != (k == LOOM_CPU_KERN_IM2COL))
+		/* loom's im2col reads and writes NCHW only */
+		if (q->conv != (k == LOOM_CPU_KERN_IM2COL) || q->fmt)
 			return -1;
 		break;
 	case LOOM_CPU_KERN_DNNL_NCHW:
 	case LOOM_CPU_KERN_DNNL_BLOCKED:
 		if (!q->conv)
 			return -1;
-		nk->conv = loom_cpu_dnnl_conv_new(q->kind, &q->s, 0, q->bias,
-						  k == LOOM_CPU_KERN_DNNL_BLOCKED);
+		nk->conv = loom_cpu_dnnl_conv_new_fmt(q->kind, &q->s, 0, q->bias,
+						      k == LOOM_CPU_KERN_DNNL_BLOCKED, q->fmt);
 		if (!nk->conv)
 			return -1;
 		break;
@@ -257,6 +274,8 @@ static loom_cpu_kern fixed_default(const kprob *q)
 	const loom_conv_shape *s = &q->s;
 	if (!q->conv)
 		return LOOM_CPU_KERN_SGEMM;
+	if (q->fmt) /* the plan holds its activations blocked */
+		return LOOM_CPU_KERN_DNNL_BLOCKED;
 	int avx2 = loom_cpu_isa_get() == LOOM_CPU_ISA_AVX2, dnnl;
 	if (s->kh == 1 && s->kw == 1)
 		dnnl = avx2 && q->kind == LOOM_CPU_CONV_BWD_DATA && s->c_in >= 1024;
@@ -545,8 +564,10 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 		}
 		memcpy(nk->ms, e.ms, sizeof(nk->ms));
 		/* Where the chosen kernel cannot be made here (a forced
-		 * oneDNN one on the portable path): loom's own. */
-		if (make(&q, k, nk) && make(&q, q.conv ? LOOM_CPU_KERN_IM2COL : LOOM_CPU_KERN_SGEMM, nk))
+		 * oneDNN one on the portable path): loom's own; blocked
+		 * activations need a oneDNN one. */
+		if (make(&q, k, nk) && make(&q, q.conv ? LOOM_CPU_KERN_IM2COL : LOOM_CPU_KERN_SGEMM, nk) &&
+		    (!q.fmt || make(&q, LOOM_CPU_KERN_DNNL_BLOCKED, nk)))
 			return loom_errf(err, LOOM_ERR_NOMEM, "cannot make a kernel for %s", e.key);
 	}
 	/* The nodes this rank does not run (another pipeline stage's) get
@@ -559,11 +580,34 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 		if (kern[v].kern != LOOM_CPU_KERN_NONE || in_steps(p, v) || prob_of(p, v, &q))
 			continue;
 		kern[v].how = LOOM_CPU_KERN_FIXED;
-		if (make(&q, fixed_default(&q), &kern[v]) &&
+		if (make(&q, fixed_default(&q), &kern[v]) && !q.fmt &&
 		    make(&q, q.conv ? LOOM_CPU_KERN_IM2COL : LOOM_CPU_KERN_SGEMM, &kern[v]))
 			return loom_errf(err, LOOM_ERR_NOMEM, "cannot make a kernel for node %d", (int)v);
 	}
 	return LOOM_OK;
+}
+
+loom_cpu_kern loom_cpu_kern_choice(const loom_plan *p, loom_value v)
+{
+	kprob q;
+	loom_cpu_kern k;
+	char err[LOOM_ERR_MAX];
+	if (prob_of(p, v, &q))
+		return LOOM_CPU_KERN_NONE;
+	if (forced(&q, &k, err) != LOOM_OK || k != LOOM_CPU_KERN_NONE)
+		return k;
+	if (search_off(p))
+		return fixed_default(&q);
+	cache_entry e = { .kern = LOOM_CPU_KERN_NONE };
+	prob_key(&q, e.key, sizeof(e.key));
+	if (cache_get(e.key, &e))
+		return e.kern;
+	loom_cpu_node_kern nk = { 0 };
+	double spent = 0;
+	if (measure(&q, &nk, &e, &spent, err) != LOOM_OK)
+		return fixed_default(&q);
+	cache_put(&e);
+	return e.kern;
 }
 
 void loom_cpu_kern_note(const loom_plan *p, loom_value v, const loom_cpu_node_kern *nk,

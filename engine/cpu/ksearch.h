@@ -72,6 +72,11 @@ int loom_cpu_kern_run(const loom_plan *p, loom_value v, const loom_cpu_node_kern
  */
 loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, char *err);
 
+/* The kernel node v would get with its activations NCHW (forced, the
+ * fixed default, or measured and cached as loom_cpu_kern_plan does): what
+ * the format pass asks before the plan is made. NONE: not a searched node. */
+loom_cpu_kern loom_cpu_kern_choice(const loom_plan *p, loom_value v);
+
 /* One line on node v's kernel for --dump-graph ("" for other nodes). */
 void loom_cpu_kern_note(const loom_plan *p, loom_value v, const loom_cpu_node_kern *nk,
 			char *buf, size_t len);

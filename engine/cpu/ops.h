@@ -128,6 +128,11 @@ loom_status loom_cpu_op_broadcast(loom_cpu_ctx *ctx, const loom_plan *plan, loom
 loom_status loom_cpu_op_grad_seed(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
 /* Reads and writes any float dtypes itself (no half emulation around it). */
+/* The same values in the node's format (graph/formats.c), any dtype. */
+loom_status loom_cpu_op_reorder(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cpu_io *io);
+/* Which formats node v runs in (the backend's node_formats). */
+void loom_cpu_node_formats(void *ctx, const loom_plan *plan, loom_value v, loom_format_caps *caps);
 loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
 /* A cast of n elements between any two float dtypes. */

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "comm/comm.h"
+#include "engine/cpu/blocked.h"
 #include "engine/cpu/ops.h"
 #include "graph/ops/ops.h"
 
@@ -17,6 +18,13 @@ static void nchw(const loom_plan *plan, const loom_node *n, int *nb, int *c, int
 	*nb = (int)x->shape.dims[0];
 	*c = (int)x->shape.dims[1];
 	*hw = x->shape.dims[2] * x->shape.dims[3];
+}
+
+/* Whether node n's activations are nChw8c (graph/formats.c): f32 kernels
+ * (blocked.c); never synchronised, never f64 (ops_format.c). */
+static int blocked(const loom_plan *plan, const loom_node *n)
+{
+	return plan->g->nodes[n->src[0]].format == LOOM_FORMAT_NCHW8C;
 }
 
 /*
@@ -77,7 +85,13 @@ loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 	int nb, c;
 	int64_t hw;
 	nchw(plan, n, &nb, &c, &hw);
-	if (ctx->train && n->a.bn.sync) {
+	if (blocked(plan, n) && ctx->train)
+		loom_cpu_bn8_fwd_train(nb, c, hw, io->src[0], io->src[1], io->src[2], io->src[3],
+				       io->src[4], n->a.bn.momentum, n->a.bn.eps, io->out);
+	else if (blocked(plan, n))
+		loom_cpu_bn8_fwd_eval(nb, c, hw, io->src[0], io->src[1], io->src[2], io->src[3],
+				      io->src[4], n->a.bn.eps, io->out);
+	else if (ctx->train && n->a.bn.sync) {
 		bn_sums s;
 		loom_status st = bn_sync_sums(ctx, plan, v, io, NULL, 2, &s);
 		if (st != LOOM_OK)
@@ -157,8 +171,12 @@ static void bn_bwd_fused(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 		else
 			db = loom_arena_ptr(ctx->arena, plan, w);
 	}
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_bwd, nb, c, hw, io->src[0],
-			  io->src[1], io->src[2], n->a.bn.eps, io->out, dg, db);
+	if (blocked(plan, n))
+		loom_cpu_bn8_bwd(nb, c, hw, io->src[0], io->src[1], io->src[2], n->a.bn.eps, io->out,
+				 dg, db);
+	else
+		LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_bn_bwd, nb, c, hw, io->src[0],
+				  io->src[1], io->src[2], n->a.bn.eps, io->out, dg, db);
 }
 
 /* Both backward entries: dx from (x, gamma, dy), or dgamma from (x, dy). With
@@ -178,6 +196,8 @@ static loom_status bn_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v
 	if (!n->a.bn.sync) {
 		if (want_dx)
 			bn_bwd_fused(ctx, plan, v, io);
+		else if (!bn_made_with_dx(plan, v) && blocked(plan, n))
+			loom_cpu_bn8_bwd(nb, c, hw, x, NULL, dy, n->a.bn.eps, NULL, io->out, NULL);
 		else if (!bn_made_with_dx(plan, v))
 			LOOM_CPU_DISPATCH(dt, loom_cpu_bn_bwd_gamma, nb, c, hw, x, dy, n->a.bn.eps,
 					  io->out);
@@ -228,6 +248,11 @@ loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 		return LOOM_OK;
 	for (int i = 2; i < x->shape.ndim; i++)
 		hw *= x->shape.dims[i];
+	if (blocked(plan, n)) {
+		loom_cpu_channel_sum8((int)x->shape.dims[0], (int)x->shape.dims[1], hw, io->src[0],
+				      io->out);
+		return LOOM_OK;
+	}
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_channel_sum, (int)x->shape.dims[0],
 			  (int)x->shape.dims[1], hw, io->src[0], io->out);
 	return LOOM_OK;

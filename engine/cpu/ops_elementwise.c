@@ -143,7 +143,8 @@ int loom_cpu_ew_bf16_native(const loom_plan *plan, loom_value v, const loom_cpu_
 	case LOOM_OP_MAXPOOL2D:
 	case LOOM_OP_MAXPOOL2D_BWD: {
 		loom_pool_shape ps;
-		if (n->dtype != LOOM_BF16 || !bf16_native_on())
+		/* per NCHW plane: a blocked pool takes the widened path */
+		if (n->dtype != LOOM_BF16 || !bf16_native_on() || n->format != LOOM_FORMAT_NCHW)
 			return 0;
 		for (int i = 0; i < n->nsrc; i++)
 			if (plan->g->nodes[n->src[i]].dtype != LOOM_BF16)

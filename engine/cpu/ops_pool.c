@@ -3,6 +3,7 @@
  * (with the relu graph/fuse.c may fold into it) and global average pooling,
  * forward and backward.
  */
+#include "engine/cpu/blocked.h"
 #include "engine/cpu/ops.h"
 
 loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -11,6 +12,10 @@ loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom
 	loom_pool_shape ps;
 	(void)ctx;
 	loom_pool_shape_of(plan->g, v, &ps);
+	if (plan->g->nodes[v].format == LOOM_FORMAT_NCHW8C) { /* graph/formats.c */
+		loom_cpu_maxpool8_fwd(&ps, io->src[0], io->out);
+		return LOOM_OK;
+	}
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_maxpool2d_fwd, &ps,
 			  io->src[0], io->out);
 	return LOOM_OK;
@@ -22,6 +27,10 @@ loom_status loom_cpu_op_maxpool2d_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, 
 	loom_pool_shape ps;
 	(void)ctx;
 	loom_pool_shape_of(plan->g, v, &ps);
+	if (plan->g->nodes[v].format == LOOM_FORMAT_NCHW8C) {
+		loom_cpu_maxpool8_bwd(&ps, io->src[0], io->src[1], io->out);
+		return LOOM_OK;
+	}
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(&plan->g->nodes[v]), loom_cpu_maxpool2d_bwd, &ps,
 			  io->src[0], io->src[1], io->out);
 	return LOOM_OK;

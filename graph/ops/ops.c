@@ -29,6 +29,7 @@ extern const loom_op_def loom_op_layernorm, loom_op_layernorm_bwd_data,
 	loom_op_layernorm_bwd_gamma;                                            /* layernorm.c */
 extern const loom_op_def loom_op_attn_probs, loom_op_attn_probs_bwd, loom_op_attention,
 	loom_op_attention_bwd_probs, loom_op_attention_bwd_qkv;                 /* attention.c */
+extern const loom_op_def loom_op_reorder;                                      /* reorder.c */
 
 const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_INPUT] = &loom_op_input,
@@ -71,6 +72,7 @@ const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_ATTENTION] = &loom_op_attention,
 	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_op_attention_bwd_probs,
 	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_op_attention_bwd_qkv,
+	[LOOM_OP_REORDER] = &loom_op_reorder,
 };
 
 /* A new op last in the enum with no row here fails to compile; a hole in

@@ -1301,6 +1301,7 @@ typedef struct pass_case {
 	const char *pass;
 	loom_opt_level level;
 	int world, zero, stages, accumulate;
+	int conv; /* a conv -> batch norm -> relu -> pool graph, the planner's formats on */
 } pass_case;
 
 static const pass_case pass_cases[] = {
@@ -1308,6 +1309,7 @@ static const pass_case pass_cases[] = {
 	{ "autodiff" },
 	{ "device" },
 	{ "fuse" },
+	{ "formats", .conv = 1 },
 	{ "slots" },
 	{ "pipeline cut", .world = 2, .stages = 2 },
 	{ "data parallel", .world = 2 },
@@ -1339,6 +1341,13 @@ static void describe_compile(const pass_case *k, FILE *f)
 		h = loom_relu(g, loom_add(g, x, w));
 		loom_stage_boundary(g, h);
 		loss = loom_sum(g, h);
+	} else if (k->conv) {
+		int64_t d[4] = { 2, 8, 6, 6 };
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value x = loom_input(g, "x", LOOM_F32, 4, d);
+		h = loom_layer_conv2d(g, "c", x, 8, 3, 1, 1, 0);
+		h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "b", h)), 2, 2, 0);
+		loss = loom_sum(g, h);
 	} else {
 		loss = build_mlp(&g);
 	}
@@ -1352,6 +1361,10 @@ static void describe_compile(const pass_case *k, FILE *f)
 	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
 	o.pipeline_stages = k->stages;
 	o.micro_batches = k->stages ? 2 : 0;
+	if (k->conv) { /* .bazelrc pins LOOM_FORMATS=nchw for the other tests */
+		unsetenv("LOOM_FORMATS");
+		o.formats = LOOM_FORMATS_AUTO;
+	}
 	st = loom_compile(g, loss, &o, &p);
 	fprintf(f, "status %d: %s\n", (int)st, st != LOOM_OK ? loom_last_error() : "");
 	if (st == LOOM_OK) {
