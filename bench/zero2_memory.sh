@@ -21,8 +21,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 export LOOM_COMM_TIMEOUT_S=600
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat /usr/share/games/fortunes/* 2>/dev/null | head -c 2000000 >"$tmp/text.txt" ||
-	{ echo "no text: apt-get install fortunes"; exit 1; }
+{ cat /usr/share/games/fortunes/* 2>/dev/null || true; } | head -c 2000000 >"$tmp/text.txt"
+[ -s "$tmp/text.txt" ] || { echo "no text: apt-get install fortunes"; exit 1; }
 
 run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/rss.N
 	local np=$1 zero=$2 model=$3 cmd
@@ -40,7 +40,7 @@ run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/r
 		"${cmd[@]}" --zero "$zero" --bucket-cap-mb "$bucket" --memory-report >"$tmp/out" 2>&1
 }
 
-mib() { awk -v k="$1" '$0 ~ k { for (i = 1; i <= NF; i++) if ($i == "MiB") { print $(i-1); exit } }' "$tmp/out"; }
+mib() { awk -v k="^(\\[rank 0\\] )?  $1" '$0 ~ k { for (i = 1; i <= NF; i++) if ($i == "MiB") { print $(i-1); exit } }' "$tmp/out"; }
 maxrss() { cat "$tmp"/rss.* | sort -n | tail -1; }
 speed() { # img/s (cifar) or the median ms/step of the GPT's step lines after the first
 	if [ "$1" = gpt ]; then
@@ -62,7 +62,7 @@ for model in resnet18 gpt; do
 		for zero in 0 1 2; do
 			[ "$np" = 1 ] && [ "$zero" != 0 ] && continue
 			run "$np" "$zero" "$model" || { echo "| $model | $np | $zero | run failed: $(tail -1 "$tmp/out") |"; continue; }
-			echo "| $model | $np | $zero | $(mib '  gradients') | $(mib 'optimizer state') |" \
+			echo "| $model | $np | $zero | $(mib 'gradients') | $(mib 'optimizer state') |" \
 				"$(mib 'master weights') | $(mib 'peak .the arena.') |" \
 				"$(awk "BEGIN { printf \"%.1f\", $(maxrss) / 1024 }") |"
 		done

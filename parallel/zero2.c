@@ -129,13 +129,14 @@ loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, 
 	for (int i = 0; i < n; i++) {
 		const loom_bucket *b = &bk->b[ord[i]];
 		/* What the bucket must not cover: the whole of every earlier
-		 * bucket still reducing when its first gradient is made, and
-		 * every earlier bucket's shard (kept to the step's end). */
+		 * bucket not yet released when its first gradient is made (a
+		 * release at that very place waits before it), and every
+		 * earlier bucket's shard (kept to the step's end). */
 		int nb = 0;
 		for (int q = 0; q < i; q++) {
 			int e = ord[q];
 			const loom_bucket *c = &bk->b[e];
-			if (start[ord[i]] <= rel[e])
+			if (start[ord[i]] < rel[e])
 				busy[nb++] = (range){ base[e], base[e] + c->bytes };
 			else
 				busy[nb++] = (range){ base[e] + shard_lo(c, world, rank),
@@ -159,6 +160,7 @@ loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, 
 	}
 	for (int k = 0; k < n; k++)
 		bk->b[k].base = base[k];
+
 
 	bk->bytes = top;
 	st = LOOM_OK;
