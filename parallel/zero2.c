@@ -108,25 +108,29 @@ static int *by_start(const int *start, int n)
 	return o;
 }
 
-loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, int rank)
+/* A bucket's bytes as placed: a multiple of ALIGN, so that a mirrored
+ * place stays aligned. */
+static size_t span_of(const loom_bucket *b)
 {
-	int n = bk->n;
-	if (n == 0 || world <= 1)
-		return LOOM_OK;
-	int *start = malloc(sizeof(int) * (size_t)n), *at = malloc(sizeof(int) * (size_t)n);
-	int *rel = malloc(sizeof(int) * (size_t)n), *ord = NULL;
-	range *busy = malloc(sizeof(range) * (size_t)n);
-	size_t *base = malloc(sizeof(size_t) * (size_t)n);
-	loom_status st = LOOM_ERR_NOMEM;
-	if (!start || !at || !rel || !busy || !base)
-		goto out;
-	if ((st = bucket_times(bk, g, bk->order, start, at, rel)) != LOOM_OK)
-		goto out;
-	st = LOOM_ERR_NOMEM;
-	if (!(ord = by_start(start, n)))
-		goto out;
+	return align_up(b->bytes);
+}
+
+/*
+ * Places the buckets in order ord (by start) in an address space where
+ * this rank's shard of bucket c lies at shard_at(c) from the bucket's
+ * start; base[] gets the places, the result is the space's size. The real
+ * layout is this one (mirror 0: the shard at rank * shard) or its mirror
+ * image (mirror 1: a place p is top - p - span, so the shard lies at
+ * span - (rank + 1) * shard from the mirrored start): the last rank's
+ * shard ends its bucket, and mirrored it starts it, as rank 0's does, so
+ * a bucket's free part lies toward the space's top, where the next bucket
+ * can grow over it.
+ */
+static size_t place(const loom_buckets *bk, const int *ord, const int *start, const int *rel,
+		    int world, int rank, int mirror, range *busy, size_t *base)
+{
 	size_t top = 0;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < bk->n; i++) {
 		const loom_bucket *b = &bk->b[ord[i]];
 		/* What the bucket must not cover: the whole of every earlier
 		 * bucket not yet released when its first gradient is made (a
@@ -136,12 +140,12 @@ loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, 
 		for (int q = 0; q < i; q++) {
 			int e = ord[q];
 			const loom_bucket *c = &bk->b[e];
+			size_t lo = mirror ? span_of(c) - shard_lo(c, world, rank) - shard_len(c, world) :
+					     shard_lo(c, world, rank);
 			if (start[ord[i]] < rel[e])
-				busy[nb++] = (range){ base[e], base[e] + c->bytes };
+				busy[nb++] = (range){ base[e], base[e] + span_of(c) };
 			else
-				busy[nb++] = (range){ base[e] + shard_lo(c, world, rank),
-						      base[e] + shard_lo(c, world, rank) +
-							      shard_len(c, world) };
+				busy[nb++] = (range){ base[e] + lo, base[e] + lo + shard_len(c, world) };
 		}
 		/* The lowest place that fits: 0 or right after a busy range. */
 		size_t best = (size_t)-1;
@@ -149,21 +153,62 @@ loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, 
 			size_t o = c < 0 ? 0 : align_up(busy[c].hi);
 			int ok = o < best;
 			for (int q = 0; q < nb && ok; q++)
-				ok = o + b->bytes <= busy[q].lo || o >= busy[q].hi ||
+				ok = o + span_of(b) <= busy[q].lo || o >= busy[q].hi ||
 				     busy[q].lo == busy[q].hi;
 			if (ok)
 				best = o;
 		}
 		base[ord[i]] = best;
-		if (best + b->bytes > top)
-			top = best + b->bytes;
+		if (best + span_of(b) > top)
+			top = best + span_of(b);
 	}
+	return top;
+}
+
+/* The layout as placed, checked in real places: no bucket covers one
+ * still whole when it starts, nor an earlier one's shard. 0: sound. */
+static int unsound(const loom_buckets *bk, const int *start, const int *rel, int world, int rank)
+{
+	for (int i = 0; i < bk->n; i++)
+		for (int j = 0; j < bk->n; j++) {
+			const loom_bucket *a = &bk->b[i], *b = &bk->b[j];
+			if (i == j || start[j] < start[i] || (start[j] == start[i] && j < i))
+				continue;
+			size_t lo = a->base, hi = a->base + a->bytes;
+			if (start[j] >= rel[i]) {
+				lo = a->base + shard_lo(a, world, rank);
+				hi = lo + shard_len(a, world);
+			}
+			if (lo < hi && b->base < hi && lo < b->base + b->bytes)
+				return 1;
+		}
+	return 0;
+}
+
+loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, int rank)
+{
+	int n = bk->n;
+	if (n == 0 || world <= 1)
+		return LOOM_OK;
+	int *start = malloc(sizeof(int) * (size_t)n), *at = malloc(sizeof(int) * (size_t)n);
+	int *rel = malloc(sizeof(int) * (size_t)n), *ord = NULL;
+	range *busy = malloc(sizeof(range) * (size_t)n);
+	size_t *base = malloc(sizeof(size_t) * (size_t)n), *mbase = malloc(sizeof(size_t) * (size_t)n);
+	loom_status st = LOOM_ERR_NOMEM;
+	if (!start || !at || !rel || !busy || !base || !mbase)
+		goto out;
+	if ((st = bucket_times(bk, g, bk->order, start, at, rel)) != LOOM_OK)
+		goto out;
+	st = LOOM_ERR_NOMEM;
+	if (!(ord = by_start(start, n)))
+		goto out;
+	/* Both ways; the smaller wins (the straight one on a tie). */
+	size_t top = place(bk, ord, start, rel, world, rank, 0, busy, base);
+	size_t mtop = place(bk, ord, start, rel, world, rank, 1, busy, mbase);
 	for (int k = 0; k < n; k++)
-		bk->b[k].base = base[k];
-
-
-	bk->bytes = top;
-	st = LOOM_OK;
+		bk->b[k].base = mtop < top ? mtop - mbase[k] - span_of(&bk->b[k]) : base[k];
+	bk->bytes = mtop < top ? mtop : top;
+	st = unsound(bk, start, rel, world, rank) ? LOOM_ERR_INVALID : LOOM_OK;
 out:
 	free(start);
 	free(at);
@@ -171,6 +216,7 @@ out:
 	free(ord);
 	free(busy);
 	free(base);
+	free(mbase);
 	return st;
 }
 
