@@ -42,6 +42,13 @@ run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/r
 
 mib() { awk -v k="^(\\[rank 0\\] )?  $1" '$0 ~ k { for (i = 1; i <= NF; i++) if ($i == "MiB") { print $(i-1); exit } }' "$tmp/out"; }
 maxrss() { cat "$tmp"/rss.* | sort -n | tail -1; }
+# Every rank's own figures: "loom: rank R: planned peak P MiB = ... + buckets B + ..."
+perrank() { # FIELD (peak | buckets): rank 0 / rank 1 / ...
+	sed -n 's/.*loom: rank \([0-9]*\): planned peak \([0-9.]*\) MiB = .* + buckets \([0-9.]*\) + .*/\1 \2 \3/p' "$tmp/out" |
+		sort -n | awk -v f="$1" '{ printf "%s%s", (NR > 1 ? " / " : ""), (f == "peak" ? $2 : $3) }'
+}
+rssall() { for f in "$tmp"/rss.*; do echo "${f##*.} $(cat "$f")"; done | sort -n |
+	awk '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $2 / 1024 }'; }
 speed() { # img/s (cifar) or the median ms/step of the GPT's step lines after the first
 	if [ "$1" = gpt ]; then
 		sed -n 's/.* \([0-9.]*\) ms\/step.*/\1/p' "$tmp/out" | tail -n +2 | sort -n |
@@ -55,16 +62,16 @@ echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) cores; $(
 	"load average before: $(cut -d' ' -f1-3 /proc/loadavg); OMP_NUM_THREADS=1 per rank, $steps steps," \
 	"--bucket-cap-mb $bucket"
 echo
-echo "| model | ranks | --zero | gradients MiB (planned, per rank) | optimizer state MiB | master weights MiB | arena MiB (planned) | peak RSS MiB (largest rank) |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| model | ranks | --zero | gradients MiB (rank 0's report) | bucket region MiB (planned, rank 0 / 1 / 2) | optimizer state MiB | master weights MiB | planned peak MiB (rank 0 / 1 / 2) | peak RSS MiB (rank 0 / 1 / 2) |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for model in resnet18 gpt; do
 	for np in 1 2 3; do
 		for zero in 0 1 2; do
 			[ "$np" = 1 ] && [ "$zero" != 0 ] && continue
 			run "$np" "$zero" "$model" || { echo "| $model | $np | $zero | run failed: $(tail -1 "$tmp/out") |"; continue; }
-			echo "| $model | $np | $zero | $(mib 'gradients') | $(mib 'optimizer state') |" \
-				"$(mib 'master weights') | $(mib 'peak .the arena.') |" \
-				"$(awk "BEGIN { printf \"%.1f\", $(maxrss) / 1024 }") |"
+			echo "| $model | $np | $zero | $(mib 'gradients') | $(perrank buckets) |" \
+				"$(mib 'optimizer state') | $(mib 'master weights') | $(perrank peak) |" \
+				"$(rssall) |"
 		done
 	done
 done

@@ -57,24 +57,6 @@ static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
 	return LOOM_OK;
 }
 
-/* Where v is written: a value made by an earlier node is written there. */
-static loom_value made_at(const loom_graph *g, loom_value v)
-{
-	loom_value u = g->nodes[v].made_by;
-	return u != LOOM_NONE && u < v ? u : v;
-}
-
-/* grads[] by the node that writes each, latest first (ties: as given). */
-static void order_by_making(const loom_graph *g, loom_value *grads, int n)
-{
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && made_at(g, grads[j - 1]) < made_at(g, grads[j]); j--) {
-			loom_value t = grads[j];
-			grads[j] = grads[j - 1];
-			grads[j - 1] = t;
-		}
-}
-
 loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 {
 	const loom_compile_opts *o = &p->plan.opts;
@@ -112,13 +94,6 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	for (int i = 0; i < p->plan.n_params; i++)
 		if (loom_pipeline_owns(&p->plan, i))
 			grads[ng++] = p->plan.params[i].grad;
-	/* ZeRO-2: buckets filled in the order backward makes the gradients
-	 * (the pass fills from the array's end), not in reverse parameter
-	 * order, so that one bucket's gradients are not made between
-	 * another's: each bucket is whole for a shorter time and its bytes
-	 * are free for the next sooner (parallel/zero2.c). */
-	if (p->plan.zero == 2)
-		order_by_making(g, grads, ng);
 	/* ZeRO: each bucket splits into world equal shards. */
 	st = loom_bucket_pass_sharded(g, grads, ng, (size_t)(cap_mb * 1048576.0),
 				      (size_t)(first_mb * 1048576.0), p->plan.zero ? p->plan.world : 1,
