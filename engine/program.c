@@ -686,6 +686,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->n_param_elems += loom_shape_numel(&nd->shape);
 		info->param_bytes += loom_value_bytes(p, v);
 	}
+	/* ZeRO-2: the gradients are the bucket region (shards + buckets in flight). */
+	if (p->plan.zero == 2)
+		info->grad_bytes = p->plan.mp.bucket_bytes;
 	info->master_bytes = p->plan.master_bytes;
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
@@ -753,7 +756,7 @@ void loom_program_dump_steps(const loom_program *p, FILE *out)
 	const loom_plan *pl = &p->plan;
 	fprintf(out, "steps: %d (forward [0, %d), backward [%d, %d), optimizer [%d, %d))%s\n",
 		pl->n_steps, pl->n_fwd_steps, pl->n_fwd_steps, pl->n_grad_steps, pl->n_grad_steps,
-		pl->n_steps, pl->zero ? ", zero 1" : "");
+		pl->n_steps, pl->zero == 2 ? ", zero 2" : pl->zero ? ", zero 1" : "");
 	for (int i = 0; i < pl->n_steps; i++) {
 		const loom_step *s = &pl->steps[i];
 		fprintf(out, "%4d %-10s %-9s %-7s", i, loom_step_kind_name(s->kind), phase[s->phase],

@@ -218,10 +218,18 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	fprintf(out, "memory of the compiled plan (%s, %d nodes, %d parameters, %lld elements):\n",
 		info.backend, info.n_nodes, info.n_params, (long long)info.n_param_elems);
 	mib_line(out, "parameters", info.param_bytes, NULL);
-	snprintf(note, sizeof(note), "(ZeRO-1: this rank's shard, 1/%d)", p->plan.world);
+	snprintf(note, sizeof(note), "(ZeRO-%d: this rank's shard, 1/%d)", p->plan.zero,
+		 p->plan.world);
 	mib_line(out, "master weights (fp32)", info.master_bytes,
 		 p->plan.master_shard_bytes ? note : NULL);
-	mib_line(out, "gradients", info.grad_bytes, NULL);
+	char gnote[128];
+	size_t shards = 0; /* ZeRO-2: this rank's gradient shards, kept to the step's end */
+	for (int k = 0; k < p->plan.buckets.n; k++)
+		shards += (size_t)(p->plan.buckets.b[k].count / p->plan.world) *
+			  loom_dtype_size(p->plan.buckets.b[k].dtype);
+	snprintf(gnote, sizeof(gnote), "(ZeRO-2: this rank's shards %.3f MiB, the rest buckets "
+		 "in flight)", shards / 1048576.0);
+	mib_line(out, "gradients", info.grad_bytes, p->plan.zero == 2 ? gnote : NULL);
 	mib_line(out, "optimizer state", info.optim_state_bytes, p->plan.zero ? note : NULL);
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",

@@ -190,6 +190,7 @@ size_t train_settings(const train_program *prog, const train_args *a, loom_comm_
 	setting(s, &n, "--sync-bn", "%s", a->sync_bn ? "given" : "not given");
 	setting(s, &n, "--accumulate", "%d", a->accumulate);
 	setting(s, &n, "--zero", "%d", a->zero);
+	setting(s, &n, "--bucket-cap-mb", "%g", a->bucket_cap_mb);
 	setting(s, &n, "--pipeline", "%d", a->pipeline);
 	setting(s, &n, "--micro-batches", "%d", a->micro_batches);
 	setting(s, &n, "--schedule", "%s", a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
@@ -549,6 +550,9 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pg = t->pg;
 	o.sync_bn = a->sync_bn;
 	o.zero_stage = a->zero;
+	o.bucket_cap_mb = a->bucket_cap_mb;
+	if (a->bucket_cap_mb > 0 && a->bucket_cap_mb < 1.0)
+		o.first_bucket_mb = a->bucket_cap_mb; /* the first no larger than the others */
 	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
 	o.micro_batches = a->micro_batches;
 	o.schedule = a->pipe_schedule;
@@ -599,7 +603,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	if (t->world > 1)
 		printf("data parallel: %d ranks (%s), global batch %d%s\n", t->world,
 		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world,
-		       a->sync_bn ? ", synchronised batch norm" : a->zero ? ", ZeRO-1" : "");
+		       a->sync_bn ? ", synchronised batch norm" : a->zero == 1 ? ", ZeRO-1" :
+		       a->zero == 2 ? ", ZeRO-2" : a->zero ? ", ZeRO-3" : "");
 	if (a->pipeline > 1)
 		printf("pipeline: %d stages x %d replicas, %d micro-batches of %d, %s schedule\n",
 		       a->pipeline, t->world, a->micro_batches ? a->micro_batches : a->pipeline,

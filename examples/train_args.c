@@ -167,8 +167,12 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --dry-run            compile, print the above, and stop before step 1\n"
 		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
 		"                       (all ranks), as torch's SyncBatchNorm\n"
-		"  --zero N             ZeRO stage 0 or 1: with 1, each rank keeps the optimizer\n"
-		"                       state of its shard only (data parallel; default 0)\n"
+		"  --zero N             ZeRO stage 0, 1 or 2 (data parallel; default 0): with 1,\n"
+		"                       each rank keeps the optimizer state (and O2 masters) of\n"
+		"                       its shard only; 2 also its shard of the gradients; 3\n"
+		"                       (sharded parameters) is refused: not built yet\n"
+		"  --bucket-cap-mb MB   data parallel: gradient buckets of about MB MiB each (the\n"
+		"                       first one at most 1 MiB; default 25, as torch's DDP)\n"
 		"  --trace FILE.json    Chrome/Perfetto trace of --trace-steps steps after the first\n"
 		"                       (one track per rank; open in ui.perfetto.dev)\n"
 		"  --trace-steps N      steps the trace records (default %d)\n"
@@ -235,7 +239,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH,
+	O_PBAL, O_KSEARCH, O_BUCKET,
 };
 
 /* Every flag and the group that brings it. */
@@ -284,6 +288,7 @@ static const struct {
 	{ TRAIN_FLAGS_CIFAR, { "warmup-epochs", required_argument, 0, O_WARMUP_EP } },
 	{ TRAIN_FLAGS_COMMON, { "sync-bn", no_argument, 0, O_SYNCBN } },
 	{ TRAIN_FLAGS_COMMON, { "zero", required_argument, 0, O_ZERO } },
+	{ TRAIN_FLAGS_COMMON, { "bucket-cap-mb", required_argument, 0, O_BUCKET } },
 	{ TRAIN_FLAGS_COMMON, { "pipeline", required_argument, 0, O_PIPE } },
 	{ TRAIN_FLAGS_COMMON, { "micro-batches", required_argument, 0, O_MICRO } },
 	{ TRAIN_FLAGS_COMMON, { "schedule", required_argument, 0, O_PSCHED } },
@@ -456,7 +461,7 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	case O_NOAUG: a->augment = 0; break;
 	case O_SYNCBN: a->sync_bn = 1; break;
 	case O_ZERO:
-		if (parse_int("--zero", arg, 0, 1, &l, msg, msglen)) return -1;
+		if (parse_int("--zero", arg, 0, 3, &l, msg, msglen)) return -1;
 		a->zero = (int)l;
 		break;
 	case O_ACCUM:
@@ -470,6 +475,13 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	case O_MICRO:
 		if (parse_int("--micro-batches", arg, 1, 1 << 16, &l, msg, msglen)) return -1;
 		a->micro_batches = (int)l;
+		break;
+	case O_BUCKET:
+		if (parse_double("--bucket-cap-mb", arg, &a->bucket_cap_mb, msg, msglen)) return -1;
+		if (!(a->bucket_cap_mb > 0)) {
+			say(msg, msglen, "--bucket-cap-mb %g must be > 0 (MiB)", a->bucket_cap_mb);
+			return -1;
+		}
 		break;
 	case O_MEMLIM:
 		if (parse_double("--memory-limit", arg, &a->memory_limit, msg, msglen)) return -1;

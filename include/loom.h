@@ -324,7 +324,7 @@ typedef struct loom_compile_opts {
 	 * without a device communicator is refused at compile.
 	 * World 1: nothing changes. */
 	int sync_bn;
-	/* ZeRO stage (DeepSpeed's), 0 or 1, default 0. With a group of world
+	/* ZeRO stage (DeepSpeed's), 0, 1 or 2, default 0. With a group of world
 	 * > 1, stage 1 shards the optimizer: each gradient bucket is
 	 * reduce-scattered instead of all-reduced, each rank keeps optimizer
 	 * state (SGD momentum, AdamW moments) and, under O2, the fp32 master
@@ -336,7 +336,15 @@ typedef struct loom_compile_opts {
 	 * rank 0 writes the same file as without ZeRO), and a checkpoint resumes with or without ZeRO at any world
 	 * size. CUDA: the fused optimizer updates the shard's pieces and NCCL
 	 * reduce-scatters and all-gathers (compiled, never yet run on a GPU).
-	 * World 1: nothing changes. */
+	 * World 1: nothing changes.
+	 * Stage 2 also shards the gradients: each bucket is whole only from
+	 * its first gradient to the end of its reduce-scatter (one in flight
+	 * at a time), then this rank keeps its shard and later buckets reuse
+	 * the rest of its bytes (the bucket region, planned per rank before
+	 * step 1, holds the shards and the buckets in flight); the updated
+	 * parameters are gathered one bucket at a time. Same update, same
+	 * bits as plain data parallelism; checkpoints as stage 1. Stage 3
+	 * (sharded parameters) is refused (LOOM_ERR_UNSUPPORTED): not built. */
 	int zero_stage;
 	/* A forward-only plan (default 0), for inference: no autodiff, no
 	 * gradients, no optimizer state (optim is ignored), so its own,

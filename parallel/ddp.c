@@ -104,6 +104,14 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 		return st;
 	}
 	loom_zero_mark_masters(&p->plan);
+	/* ZeRO-2: the buckets share the region once reduced (parallel/zero2.c). */
+	if (p->plan.zero == 2 && !p->plan.pipe &&
+	    (st = loom_zero2_layout(&p->plan.buckets, g, p->plan.world, p->plan.rank)) != LOOM_OK) {
+		snprintf(err, errlen, st == LOOM_ERR_INVALID ?
+			 "zero 2: the bucket layout covers a bucket in use (a bug in parallel/zero2.c)" :
+			 "zero 2: out of memory laying out the buckets");
+		return st;
+	}
 	/* Pipeline stages: the values this rank's stage touches only. */
 	unsigned char *held = NULL;
 	if ((st = loom_pipeline_held(&p->plan, &held)) == LOOM_OK)
@@ -146,12 +154,14 @@ uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v)
 	return node_hash(pl, v);
 }
 
-static uint64_t bucket_hash(const loom_buckets *b, int k)
+/* ZeRO-2's bucket places are each rank's own (its shard's), not compared. */
+static uint64_t bucket_hash(const loom_buckets *b, int k, int zero)
 {
 	const loom_bucket *bk = &b->b[k];
 	uint64_t h = loom_comm_hash(&bk->dtype, sizeof(bk->dtype), 0);
 	h = loom_comm_hash(&bk->bytes, sizeof(bk->bytes), h);
-	h = loom_comm_hash(&bk->base, sizeof(bk->base), h);
+	if (zero < 2)
+		h = loom_comm_hash(&bk->base, sizeof(bk->base), h);
 	h = loom_comm_hash(&b->grad[bk->first], sizeof(loom_value) * bk->n, h);
 	return loom_comm_hash(&b->offset[bk->first], sizeof(size_t) * bk->n, h);
 }
@@ -206,7 +216,7 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	for (int i = 0; i < pl->mp.nschedule; i++)
 		items[i] = node_hash(pl, pl->mp.schedule[i]);
 	for (int k = 0; k < pl->buckets.n; k++)
-		items[pl->mp.nschedule + k] = bucket_hash(&pl->buckets, k);
+		items[pl->mp.nschedule + k] = bucket_hash(&pl->buckets, k, pl->zero);
 	/* The options every rank must share; the world is the group's. */
 	int64_t clip;
 	memcpy(&clip, &pl->opts.optim.clip_grad, sizeof(clip));

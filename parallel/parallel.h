@@ -53,7 +53,21 @@ loom_status loom_ddp_broadcast_buffers(loom_program *p);
  */
 loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, size_t errlen);
 
-/* Before the memory plan (loom_ddp_plan): under ZeRO-1 with an optimizer,
+/*
+ * ZeRO-2 (parallel/zero2.c): before the memory plan, each bucket's place in
+ * the bucket region (bk->b[k].base, bk->bytes) for this rank: a bucket
+ * whole from its first gradient to its reduce-scatter's end, this rank's
+ * shard of it to the step's end, so later buckets reuse the rest. After
+ * loom_steps_build and the pieces (loom_zero_plan calls it): stage 1's
+ * reduce-scatters each after a wait for the one before, and the gathers
+ * one bucket at a time (all-gather, wait, copy), the last made first.
+ */
+loom_status loom_zero2_layout(loom_buckets *bk, const loom_graph *g, int world, int rank);
+loom_status loom_zero2_steps(loom_plan *pl);
+/* ZeRO-2: the bytes of this rank's gradient shards (kept to the step's end). */
+size_t loom_zero2_shard_bytes(const loom_plan *pl);
+
+/* Before the memory plan (loom_ddp_plan): under ZeRO-1 or 2 with an optimizer,
  * the slots' O2 masters are marked LOOM_NODE_SHARDED (no persistent
  * storage); loom_zero_plan gives every piece its shard of them. */
 void loom_zero_mark_masters(loom_plan *pl);

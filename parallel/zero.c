@@ -96,7 +96,7 @@ static loom_status make_pieces(loom_plan *pl)
 
 void loom_zero_mark_masters(loom_plan *pl)
 {
-	if (pl->zero != 1 || pl->world <= 1 || pl->opts.optim.kind == LOOM_OPTIM_NONE)
+	if (pl->zero < 1 || pl->world <= 1 || pl->opts.optim.kind == LOOM_OPTIM_NONE)
 		return;
 	for (int s = 0; s < pl->n_params; s++)
 		if (pl->params[s].master != LOOM_NONE)
@@ -135,8 +135,15 @@ static loom_status rewrite_steps(loom_plan *pl)
 loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, size_t errlen)
 {
 	loom_status st;
-	if (pl->zero != 1) {
-		snprintf(err, errlen, "zero: stage %d is not one loom has (0 or 1)", pl->zero);
+	if (pl->zero == 3) {
+		snprintf(err, errlen,
+			 "zero 3: sharded parameters (gathered per layer before its forward and "
+			 "backward) are not built yet; compile with zero_stage 2 (sharded "
+			 "gradients, optimizer state and masters) or 1");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	if (pl->zero != 1 && pl->zero != 2) {
+		snprintf(err, errlen, "zero: stage %d is not one loom has (0, 1 or 2)", pl->zero);
 		return LOOM_ERR_INVALID;
 	}
 	/* Nothing to shard: one rank, or no optimizer. */
@@ -146,18 +153,20 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 	}
 	if (!(be->caps & LOOM_BE_SHARDED_OPTIM) || !be->grads_finite) {
 		snprintf(err, errlen,
-			 "zero 1: the %s backend's optimizer cannot update a shard of a parameter; "
-			 "compile without zero_stage", be->name);
+			 "zero %d: the %s backend's optimizer cannot update a shard of a parameter; "
+			 "compile without zero_stage", pl->zero, be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	if (pl->opts.optim.clip_grad > 0 && !be->grad_sumsq) {
 		snprintf(err, errlen,
-			 "zero 1: the %s backend cannot take a shard's gradient norm, which "
-			 "clip_grad needs; compile without zero_stage or clip_grad", be->name);
+			 "zero %d: the %s backend cannot take a shard's gradient norm, which "
+			 "clip_grad needs; compile without zero_stage or clip_grad", pl->zero,
+			 be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	if ((st = make_pieces(pl)) != LOOM_OK || (st = rewrite_steps(pl)) != LOOM_OK) {
-		snprintf(err, errlen, "zero 1: out of memory");
+	if ((st = make_pieces(pl)) != LOOM_OK ||
+	    (st = pl->zero == 2 ? loom_zero2_steps(pl) : rewrite_steps(pl)) != LOOM_OK) {
+		snprintf(err, errlen, "zero %d: out of memory", pl->zero);
 		return st;
 	}
 	return LOOM_OK;

@@ -221,6 +221,8 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 
 /* The conv model compiled for plain data parallelism or ZeRO-1 (zero), with
  * SGD (momentum 0.9) or AdamW. */
+static int zero_bucket_small;
+
 static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level level, int adamw,
 				int zero, double clip)
 {
@@ -233,6 +235,12 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
 	}
 	o.bucket_cap_mb = 0.002;
 	o.first_bucket_mb = 0.0005;
+	/* ZeRO-2's scenarios (zero_bucket_small): buckets of some 64 floats, so
+	 * that the few shards and buckets in flight weigh less than them all. */
+	if (zero_bucket_small) {
+		o.bucket_cap_mb = 0.00025;
+		o.first_bucket_mb = 0.00025;
+	}
 	o.zero_stage = zero;
 	return loom_compile(m->g, m->loss, &o, &m->p);
 }
@@ -245,7 +253,7 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
  * over the ranks, plain's the pieces' in slot order, so the norms may
  * differ in the last bits: they must agree to 1e-12 and the parameters
  * to 1e-6 relative (the line says whether they are bit-identical too). */
-static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
+static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip, int stage, int accum)
 {
 	worker_model d = { 0 }, z = { 0 };
 	loom_status st;
@@ -253,15 +261,20 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
 	build(&z, 4, 1);
 	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0, clip)))
 		return worker_free(worker_fail("compile (plain)", st, loom_last_error()), &d, &z);
-	if ((st = compile_zero(&z, pg, level_of(lv), adamw, 1, clip)))
+	if ((st = compile_zero(&z, pg, level_of(lv), adamw, stage, clip)))
 		return worker_free(worker_fail("compile (zero)", st, loom_last_error()), &d, &z);
 	double worst = 0, norm_diff = 0;
 	int clipped = 0;
 	for (int s = 0; s < 20; s++) {
-		if ((st = feed(&d, s, rank, world, 0)) || (st = loom_run(d.p, LOOM_RUN_TRAIN)))
-			return worker_free(worker_fail("step (plain)", st, loom_program_error(d.p)), &d, &z);
-		if ((st = feed(&z, s, rank, world, 0)) || (st = loom_run(z.p, LOOM_RUN_TRAIN)))
-			return worker_free(worker_fail("step (zero)", st, loom_program_error(z.p)), &d, &z);
+		/* accum > 1: accum - 1 ACCUMULATE micro-steps before each update. */
+		for (int m = 0; m < accum; m++) {
+			loom_run_mode mode = m < accum - 1 ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN;
+			int batch = s * accum + m;
+			if ((st = feed(&d, batch, rank, world, 0)) || (st = loom_run(d.p, mode)))
+				return worker_free(worker_fail("step (plain)", st, loom_program_error(d.p)), &d, &z);
+			if ((st = feed(&z, batch, rank, world, 0)) || (st = loom_run(z.p, mode)))
+				return worker_free(worker_fail("step (zero)", st, loom_program_error(z.p)), &d, &z);
+		}
 		double r = worker_param_rel_diff(&z, &d);
 		if (r > worst)
 			worst = r;
@@ -284,9 +297,9 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
 	if (clip > 0) {
 		int ok = worst <= 1e-6 && norm_diff <= 1e-12 && clipped >= 5 &&
 			 loom_step_count(z.p) == loom_step_count(d.p);
-		printf("rank %d: %s zero clip %s %s world %d steps %lld: %s to plain (max relative "
+		printf("rank %d: %s zero%s clip %s %s world %d steps %lld: %s to plain (max relative "
 		       "difference %.3g), norms within %.3g, %d of 20 steps clipped\n",
-		       rank, ok ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
+		       rank, ok ? "OK" : "WRONG", stage == 2 ? " 2" : "", lv, adamw ? "adamw" : "sgd", world,
 		       (long long)loom_step_count(z.p), exact ? "bit-identical" : "within 1e-6",
 		       worst, norm_diff, clipped);
 		loom_program_free(d.p);
@@ -304,11 +317,33 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip)
 				  b.master_bytes < a.master_bytes && a.master_bytes > 0 :
 			  a.master_bytes == 0 && b.master_bytes == 0;
 	shard &= mshard;
-	printf("rank %d: %s zero %s %s world %d steps %lld: %s to plain (max relative difference "
-	       "%.3g), optimizer state %zu of %zu bytes, masters %zu of %zu bytes\n",
-	       rank, exact && moved && shard ? "OK" : "WRONG", lv, adamw ? "adamw" : "sgd", world,
-	       (long long)loom_step_count(z.p), exact ? "bit-identical" : "DIFFERENT", worst,
-	       b.optim_state_bytes, a.optim_state_bytes, b.master_bytes, a.master_bytes);
+	/* Stage 2: the gradients this rank holds (its bucket region) below
+	 * plain's whole ones, and at least its shard of them. */
+	long saved = 0;
+	if (stage == 2) {
+		/* Stage 2's plan is stage 1's but for the bucket region: the
+		 * arena smaller by what the reused buckets save. */
+		worker_model one = { 0 };
+		loom_program_info c;
+		build(&one, 4, 1);
+		if ((st = compile_zero(&one, pg, level_of(lv), adamw, 1, clip)))
+			return worker_free(worker_fail("compile (zero 1)", st, loom_last_error()), &d, &z);
+		loom_program_info_get(one.p, &c);
+		worker_free(0, &one, NULL);
+		saved = (long)c.arena_bytes - (long)b.arena_bytes;
+		shard &= saved > 0 && b.grad_bytes * world >= a.grad_bytes;
+	} else {
+		shard &= b.grad_bytes == a.grad_bytes;
+	}
+	printf("rank %d: %s zero%s%s %s %s world %d steps %lld: %s to plain (max relative difference "
+	       "%.3g), optimizer state %zu of %zu bytes, masters %zu of %zu bytes, gradients %zu "
+	       "of %zu bytes (%ld fewer than ZeRO-1's buckets)\n",
+	       rank, exact && moved && shard ? "OK" : "WRONG", stage == 2 ? " 2" : "",
+	       accum > 1 ? " accum" : "", lv,
+	       adamw ? "adamw" : "sgd", world, (long long)loom_step_count(z.p),
+	       exact ? "bit-identical" : "DIFFERENT", worst, b.optim_state_bytes,
+	       a.optim_state_bytes, b.master_bytes, a.master_bytes, b.grad_bytes, a.grad_bytes,
+	       saved);
 	return worker_free(exact && moved && shard ? 0 : 1, &d, &z);
 }
 
@@ -718,7 +753,9 @@ int main(int argc, char **argv)
 		rc = overflow(pg);
 	else if (strcmp(s, "zero") == 0 && argc > 3)
 		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0,
-				argc > 4 ? atof(argv[4]) : 0);
+				argc > 4 ? atof(argv[4]) : 0,
+				(zero_bucket_small = argc > 5 && atoi(argv[5]) == 2) ? 2 : 1,
+				argc > 6 ? atoi(argv[6]) : 1);
 	else if (strcmp(s, "zsave") == 0 && argc > 4)
 		rc = zckpt(pg, s, argv[2], atoi(argv[3]), atoi(argv[4]));
 	else if (strcmp(s, "zload") == 0 && argc > 3)

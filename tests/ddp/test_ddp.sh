@@ -121,6 +121,32 @@ out=$("${MPIRUN[@]}" -np 2 "$W" zero O2 sgd 0.1 2>&1)
 check "zero 1 + clip_grad, 2 ranks O2 sgd: as plain DDP with clipping" "$out" \
 	"OK zero clip O2 sgd world 2 steps [0-9]*: .* 20 of 20 steps clipped" 2
 
+# ZeRO-2 (zero_stage 2: the gradients' shards kept, the buckets reused once
+# reduced): 20 steps side by side with plain data parallelism on the same
+# (small) buckets, bit for bit, at 2 and 3 ranks, O0 and O2, SGD and AdamW;
+# the arena smaller than ZeRO-1's by what the bucket region saves.
+for n in $(pick "2 3" 3); do
+	for lv in $(pick "O0 O2" O2); do
+		for op in $(pick "sgd adamw" adamw); do
+			out=$("${MPIRUN[@]}" -np $n "$W" zero $lv $op 0 2 2>&1)
+			check "zero 2, $n ranks $lv $op: 20 steps bit-identical to plain DDP, gradients sharded" \
+				"$out" "OK zero 2 $lv $op world $n steps [0-9]*: bit-identical .* ([1-9][0-9]* fewer than ZeRO-1's buckets)" $n
+		done
+	done
+done
+# Gradient accumulation (3 micro-steps per update: the sums are folded
+# into each bucket before its reduce-scatter): as plain, bit for bit.
+for n in $(pick "2 3" 3); do
+	out=$("${MPIRUN[@]}" -np $n "$W" zero O2 adamw 0 2 3 2>&1)
+	check "zero 2 + accumulation (3 micro-steps), $n ranks O2 adamw: bit-identical to plain DDP" \
+		"$out" "OK zero 2 accum O2 adamw world $n steps [0-9]*: bit-identical" $n
+done
+for n in 2 3; do
+	out=$("${MPIRUN[@]}" -np $n "$W" zero O2 adamw 0.1 2 2>&1)
+	check "zero 2 + clip_grad, $n ranks O2 adamw: 20 steps as plain DDP with clipping, every rank" \
+		"$out" "OK zero 2 clip O2 adamw world $n steps [0-9]*: .* 20 of 20 steps clipped" $n
+done
+
 # ZeRO checkpoints are plain DDP's: the same file at the same step; a ZeRO
 # file resumes without ZeRO at world 1, a plain file with ZeRO at world 3
 # exactly as without, and a ZeRO file at another world size with ZeRO.
@@ -151,6 +177,25 @@ b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z2.ckpt" 0 2>&1)
 h=$(zhash "$b" 0 3)
 check "resume zero 1 (2 ranks) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
 	"OK zload zero 1 world 3 step [0-9]* hash ${h:-none}" 3
+
+# ZeRO-2's checkpoints: the same file as plain DDP's at 2 ranks; it resumes
+# as plain data parallelism at 3 ranks exactly as a plain file would, and a
+# plain file at 1 rank resumes under ZeRO-2 at 3 ranks as plain at 3.
+"${MPIRUN[@]}" -np 2 "$W" zsave "$tmp/zz2.ckpt" 5 2 >/dev/null 2>&1
+out=$(cmp "$tmp/zz2.ckpt" "$tmp/p2.ckpt" 2>&1 && echo SAME)
+check "zero 2 save at 2 ranks (O2 masters, AdamW moments): the same bytes as plain DDP's" "$out" "^SAME" 1
+out=$(cmp "$tmp/zz2.ckpt.safetensors" "$tmp/p2.ckpt.safetensors" 2>&1 && echo SAME)
+check "zero 2 export at 2 ranks (the gathered masters): the same bytes as plain DDP's" "$out" "^SAME" 1
+a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/zz2.ckpt" 0 2>&1)
+b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p2.ckpt" 0 2>&1)
+h=$(zhash "$b" 0 3)
+check "resume zero 2 (2 ranks) -> plain DDP (3 ranks): as the plain file, bit for bit" "$a" \
+	"OK zload zero 0 world 3 step [0-9]* hash ${h:-none}" 3
+a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 2 2>&1)
+b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 0 2>&1)
+h=$(zhash "$b" 0 3)
+check "resume plain (1 rank) -> zero 2 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
+	"OK zload zero 2 world 3 step [0-9]* hash ${h:-none}" 3
 
 # The example at 2 ranks on Fashion-MNIST: the launcher, mpirun and
 # torchrun's variables; a resume at world 1 continues at the same sample.
@@ -187,6 +232,18 @@ if [ -n "$EX" ]; then
 	done
 	check "mnist_ddp --zero 1: the report names the shard" "$b" \
 		"^\[rank 0\]   master weights (fp32) .*(ZeRO-1: this rank's shard, 1/2)" 1
+	# ZeRO-2 on buckets of 0.005 MiB: the gradients this rank holds (its
+	# shards and the buckets in flight) below plain's; ZeRO-3 refused by name.
+	c=$("$EX" --nproc 2 "${mflags[@]}" --bucket-cap-mb 0.005 --zero 2 2>&1)
+	pa=$(mib "$a" gradients)
+	pc=$(mib "$c" gradients)
+	out=$(awk -v a="${pa:-0}" -v b="${pc:-0}" 'BEGIN { if (a > 0 && b > 0 && b < 0.8 * a) print "LESS" }')
+	check "mnist_ddp --zero 2, 2 ranks: gradients ${pc:-?} MiB per rank, plain ${pa:-?}" "$out" "^LESS" 1
+	check "mnist_ddp --zero 2: the report names the gradients' shards" "$c" \
+		"^\[rank 0\]   gradients .*(ZeRO-2: this rank's shards" 1
+	c=$("$EX" --nproc 2 "${mflags[@]}" --zero 3 2>&1)
+	check "mnist_ddp --zero 3: refused, saying what is missing" "$c" \
+		"^\[rank 0\] .*zero 3: sharded parameters .* are not built yet" 1
 
 	# A restart resumes from the checkpoint (no --resume given) and never
 	# overwrites it with an earlier step: rank 1 killed before step 6 of
