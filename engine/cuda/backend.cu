@@ -256,9 +256,13 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		np->ws = np->lib_ws; /* cuDNN's path needs its dtypes as they are */
 		if (np->ws < loom_cuda_bn_sync_ws(p, v)) /* sync: its sums, own kernels */
 			np->ws = loom_cuda_bn_sync_ws(p, v);
+		if (np->kind == LOOM_CUDA_PLAN_NONE && c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
+			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
 	case LOOM_OP_BN_BWD_GAMMA:
 		np->ws = loom_cuda_bn_sync_ws(p, v);
+		if (c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
+			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
@@ -271,6 +275,97 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		break;
 	}
 	return st;
+}
+
+/* A switch of the environment: 0 when it is "0", 1 when set otherwise,
+ * dflt when unset. */
+static int env_switch(const char *name, int dflt)
+{
+	const char *e = getenv(name);
+	return e && *e ? strcmp(e, "0") != 0 : dflt;
+}
+
+/* Which statistics batch-norm node v writes or reads in a saved slot: 1
+ * cuDNN's (f32 mean and inverse std), 2 the split kernels' (f64 mean and
+ * biased variance), 0 none. A forward and its backward share a slot only
+ * when they agree. */
+static int bn_family(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
+{
+	const loom_node *n = &p->g->nodes[v];
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+		return 1;
+	return !n->a.bn.sync && c->bn_split ? 2 : 0;
+}
+
+/* Whether backward node w is the backward of forward node f: same x, the
+ * same attributes where they matter. */
+static int bn_pair(const loom_plan *p, loom_value f, loom_value w)
+{
+	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
+	return (b->op == LOOM_OP_BN_BWD_DATA || b->op == LOOM_OP_BN_BWD_GAMMA) &&
+	       b->src[0] == a->src[0] && b->a.bn.eps == a->a.bn.eps && b->a.bn.sync == a->a.bn.sync;
+}
+
+static int pool_pair(const loom_plan *p, loom_value f, loom_value w)
+{
+	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
+	if (b->op != LOOM_OP_MAXPOOL2D_BWD || b->src[0] != a->src[0])
+		return 0;
+	loom_pool_shape sa, sb;
+	loom_pool_shape_of(p->g, f, &sa);
+	loom_pool_shape_of(p->g, w, &sb);
+	return sa.k == sb.k && sa.stride == sb.stride && sa.pad == sb.pad && sa.relu == sb.relu &&
+	       sa.h_out == sb.h_out && sa.w_out == sb.w_out;
+}
+
+/*
+ * The saved region: a slot per batch-norm forward (its statistics) and per
+ * max-pool forward (its argmax, one byte per output) whose backward the
+ * graph has, shared by that backward. Outside the graph's memory plan: the
+ * graph has no value for them (a node has one output), and they are small
+ * (ResNet-50 b64: 12.8 MB of pool indices, 0.4 MB of statistics). Left
+ * empty under pipeline stages, where a micro-batch's forward would
+ * overwrite the slot before the previous one's backward read it, and
+ * where a forward's x has more than one forward reading it.
+ */
+static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
+{
+	const loom_graph *g = p->g;
+	c->saved_bytes = 0;
+	if (p->pipe)
+		return;
+	for (loom_value f = 0; f < g->n; f++) {
+		const loom_node *n = &g->nodes[f];
+		int bn = n->op == LOOM_OP_BATCHNORM2D && c->bn_save && bn_family(c, p, f);
+		int pool = n->op == LOOM_OP_MAXPOOL2D && c->pool_idx;
+		if (!bn && !pool)
+			continue;
+		loom_pool_shape ps;
+		if (pool) {
+			loom_pool_shape_of(g, f, &ps);
+			if (ps.k * ps.k >= 255) /* the index must fit a byte (255: none) */
+				continue;
+		}
+		int readers = 0, twins = 0;
+		for (loom_value w = 0; w < g->n; w++) {
+			if (w != f && g->nodes[w].op == n->op && g->nodes[w].src[0] == n->src[0])
+				twins++;
+			if (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
+				 pool_pair(p, f, w))
+				readers++;
+		}
+		if (!readers || twins)
+			continue;
+		size_t bytes = bn ? 2 * sizeof(double) * (size_t)g->nodes[n->src[0]].shape.dims[1] :
+				    (size_t)loom_shape_numel(&n->shape);
+		for (loom_value w = 0; w < g->n; w++)
+			if (w == f || (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
+					    pool_pair(p, f, w))) {
+				c->plans[w].saved_by = f;
+				c->plans[w].saved_off = c->saved_bytes;
+			}
+		c->saved_bytes += loom_cuda_align(bytes);
+	}
 }
 
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
@@ -290,11 +385,17 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		const char *e = getenv("LOOM_CUDA_VEC");
 		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
 	}
+	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
+	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
+	c->bn_own = env_switch("LOOM_CUDA_BN_OWN", 0);
+	c->pool_idx = env_switch("LOOM_CUDA_POOL_IDX", 1);
+	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
 		c->plans[v].mm.bgrad = LOOM_NONE;
 		c->plans[v].bn.dgamma = c->plans[v].bn.dbeta = LOOM_NONE;
+		c->plans[v].saved_by = LOOM_NONE;
 	}
 	/* The convolutions' algorithm search measures on scratch memory of
 	 * its own, freed before the arena is allocated (alloc, later). */
@@ -307,6 +408,8 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 			*ws_bytes = c->plans[v].ws;
 	}
 	loom_cuda_conv_search_end(c);
+	if (st == LOOM_OK)
+		plan_saved(c, p);
 	return st;
 }
 
@@ -381,7 +484,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		c->n_chunks += (int)((p->pieces[s].n + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
 	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks
-	 * | the chunks' norm parts. */
+	 * | the chunks' norm parts | the saved region (plan_saved). */
 	size_t o_bucket = loom_cuda_align(p->mp.persist_bytes);
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
@@ -390,7 +493,8 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
 	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_pieces);
 	size_t o_norm = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
-	size_t total = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
+	size_t o_saved = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
+	size_t total = o_saved + c->saved_bytes;
 
 	st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
@@ -406,6 +510,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->d_slots = (loom_cuda_opt_slot *)(c->base + o_slots);
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->base + o_chunks);
 	c->d_norm_parts = (double *)(c->base + o_norm);
+	c->saved = c->saved_bytes ? c->base + o_saved : NULL;
 
 	/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32,
 	 * f16 and bf16, so an element no kernel writes cannot pass a test. The

@@ -144,6 +144,14 @@ typedef struct loom_cuda_bn_plan {
 	cudnnTensorDescriptor_t x;     /* x, y, dy, dx: [N, C, H, W] */
 	cudnnTensorDescriptor_t param; /* gamma, beta, statistics: [1, C, 1, 1] f32 */
 	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
+	int own_makes; /* the own split backward (kind NONE) writes dgamma, dbeta too */
+	/* A forward with a fused relu through cudnnBatchNormalizationForwardTrainingEx
+	 * (CUDNN_BATCHNORM_OPS_BN_ACTIVATION), where cuDNN took the NCHW
+	 * descriptors at plan time (LOOM_CUDA_BN_EX); its workspace and reserve
+	 * at the start of ws. 0 after a run-time NOT_SUPPORTED. */
+	int ex;
+	cudnnActivationDescriptor_t act;
+	size_t ex_ws, ex_reserve;
 } loom_cuda_bn_plan;
 
 /* What prepare decided for one node. */
@@ -155,6 +163,14 @@ typedef struct loom_cuda_node_plan {
 	loom_cuda_conv_plan conv;
 	loom_cuda_mm_plan mm;
 	loom_cuda_bn_plan bn;
+	/* A slot of the saved region (between the forward and its backward,
+	 * outside the graph's values): the forward node whose slot this node
+	 * writes (itself) or reads, LOOM_NONE if none; where it starts in
+	 * the region. Batch norm: its statistics (cuDNN's saved mean and
+	 * inverse std, f32, or the own kernels' mean and biased variance,
+	 * f64); max pool: each output's argmax in its window (one byte). */
+	loom_value saved_by;
+	size_t saved_off;
 } loom_cuda_node_plan;
 
 enum {
@@ -201,6 +217,18 @@ typedef struct loom_cuda_ctx {
 	cudaEvent_t ctl_stage_ev;
 
 	int tf32;   /* fp32 products and convolutions on TF32 tensor cores (!opts.no_tf32) */
+	/* Switches read from the environment when the plan is made (each
+	 * keeps the old path when 0; compiled, not yet run on a GPU):
+	 * LOOM_CUDA_BN_SAVE (1): batch norm's forward saves its statistics
+	 * and the backward reads them; LOOM_CUDA_BN_SPLIT (1): the own
+	 * batch-norm kernels with several blocks per channel; LOOM_CUDA_BN_OWN
+	 * (0): the own kernels also where cuDNN takes the dtypes (relu fused
+	 * into the forward's one pass); LOOM_CUDA_POOL_IDX (1): max pool saves
+	 * its argmax and the backward gathers through it; LOOM_CUDA_BN_EX (1):
+	 * cuDNN's forward with the relu fused, where cuDNN takes NCHW. */
+	int bn_save, bn_split, bn_own, pool_idx, bn_ex;
+	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
+	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
@@ -371,6 +399,14 @@ loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s, loom_pool_shape ps,
 loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
 				  int dxdt);
+/* The same saving the argmax of each output into idx (one byte: its place
+ * in the window, 255: no gradient), and the backward through idx. */
+loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
+				      const void *x, int xdt, void *y, int ydt,
+				      unsigned char *idx);
+loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
+				      const unsigned char *idx, const void *dy, int dydt,
+				      void *dx, int dxdt);
 /* Global average pooling: y[nc] = mean of plane nc's hw values; backward
  * dx[nc, i] = dy[nc] / hw. */
 loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *x,
@@ -450,6 +486,9 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 /* Synchronised batch norm's f64 sums in the workspace of node v (bn.cu); 0
  * unless the node is synchronised. */
 size_t loom_cuda_bn_sync_ws(const loom_plan *p, loom_value v);
+/* The split kernels' workspace of batch-norm node v (bn.cu): partial sums
+ * and statistics. */
+size_t loom_cuda_bn_split_ws(const loom_plan *p, loom_value v);
 loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
@@ -459,11 +498,21 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 /* Does node plan np's library call also write sibling w? */
 static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value w)
 {
-	if (np->kind == LOOM_CUDA_PLAN_BN)
+	if (np->kind == LOOM_CUDA_PLAN_BN || np->bn.own_makes)
 		return w == np->bn.dgamma || w == np->bn.dbeta;
 	if (np->kind == LOOM_CUDA_PLAN_MM)
 		return w == np->mm.bgrad;
 	return 0;
+}
+
+/* The saved slot node v writes (want == v: only a slot of its own) or
+ * reads (want == LOOM_NONE: its forward's); NULL if it has none. */
+static inline void *loom_cuda_saved_slot(const loom_cuda_ctx *c, loom_value v, loom_value want)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	if (!c->saved || np->saved_by == LOOM_NONE || (want != LOOM_NONE && np->saved_by != want))
+		return NULL;
+	return c->saved + np->saved_off;
 }
 
 /* The dtype a library call runs a node in: its own (f32, f16, bf16). */
