@@ -1047,9 +1047,27 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 {
 	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
 	buf[0] = 0;
-	if (!c || !c->plans || v < 0 || v >= c->n_plans || c->plans[v].kind != LOOM_CUDA_PLAN_CONV)
+	if (!c || !c->plans || v < 0 || v >= c->n_plans)
 		return;
-	loom_cuda_conv_note(&p->g->nodes[v], &c->plans[v].conv, buf, len);
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const loom_node *n = &p->g->nodes[v];
+	if (np->kind == LOOM_CUDA_PLAN_CONV) {
+		loom_cuda_conv_note(n, &np->conv, buf, len);
+		return;
+	}
+	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
+		 n->op == LOOM_OP_BN_BWD_GAMMA;
+	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
+		return;
+	const char *how = !bn ? "own kernel" :
+			  np->kind == LOOM_CUDA_PLAN_BN ? (np->bn.ex ? "cudnn Ex, relu fused" : "cudnn") :
+			  n->a.bn.sync ? "own kernels, synchronised" :
+			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
+	const char *saved = np->saved_by == LOOM_NONE ? "" :
+			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
+					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
+	snprintf(buf, len, "%s%s%s", how, saved,
+		 np->bn.own_makes ? ", writes dgamma and dbeta" : "");
 }
 
 static const loom_backend loom_cuda_backend = {

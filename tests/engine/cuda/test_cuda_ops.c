@@ -56,6 +56,7 @@ static double bound(loom_dtype dt)
 
 static uint64_t rng_state;
 static int own_kernels; /* the plugin's test_own_kernels is on */
+static int bn_own_env;  /* LOOM_CUDA_BN_OWN=1: no batch norm on cuDNN */
 
 /* The CUDA plugin this binary links (//engine/cuda:plugin_static), NULL in
  * a build without the toolkit: its test hooks are reached through it. */
@@ -298,9 +299,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	if (plugin())
 		plugin()->test_library_use(cuda_ctx, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
-		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
+		cr_expect_eq(bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn,
 			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
-			     bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn);
+			     bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
 	/* Under the hook every fallback is taken: half convolutions in f32,
@@ -792,6 +793,120 @@ Test(cuda_ops, conv_algorithm_search)
 		run_case("searched tf32 conv2d/2", b_conv_stride, LOOM_F32, LOOM_RUN_GRAD, seed);
 	}
 	tf32 = 0;
+}
+
+static void relu_pool_special(int k, int stride, int pad);
+
+/* Batch norm over 4 x 3 x 72 x 72: 20736 values per channel, three chunks
+ * of the split kernels (8192, 8192 and a partial 4352). */
+static loom_value b_bn_chunks(loom_graph *g, tcase *t)
+{
+	t->want_bn_cudnn = t->dt == LOOM_F32 ? 2 : 0;
+	return bn_of(g, t, 4, 3, 72, 72);
+}
+
+static loom_value b_bn_chunks_relu(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	return loom_relu(g, b_bn_chunks(g, t));
+}
+
+/* The --dump-graph of a training graph built by b, on the GPU. */
+static char *dump_of(build_fn b, loom_dtype dt)
+{
+	tcase t;
+	loom_graph *g;
+	loom_program *p;
+	loom_compile_opts o;
+	char *buf = NULL;
+	size_t len = 0;
+	memset(&t, 0, sizeof(t));
+	t.dt = dt;
+	t.want_bn_cudnn = -1;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = head(g, &t, b(g, &t));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	loom_program_dump(p, f);
+	fclose(f);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return buf;
+}
+
+/* The switches of engine/cuda/backend.cu for saved statistics, the split
+ * batch-norm kernels, the own kernels in cuDNN's place, cuDNN's Ex forward
+ * and the max-pool indices (read when a plan is made); NULL unsets. */
+static void bn_switches(const char *save, const char *split, const char *own, const char *ex,
+			const char *idx)
+{
+	const char *names[5] = { "LOOM_CUDA_BN_SAVE", "LOOM_CUDA_BN_SPLIT", "LOOM_CUDA_BN_OWN",
+				 "LOOM_CUDA_BN_EX", "LOOM_CUDA_POOL_IDX" };
+	const char *vals[5] = { save, split, own, ex, idx };
+	for (int i = 0; i < 5; i++)
+		if (vals[i])
+			setenv(names[i], vals[i], 1);
+		else
+			unsetenv(names[i]);
+	bn_own_env = own && strcmp(own, "0") != 0;
+}
+
+/* Batch norm (alone, with its fused relu, over several chunks) and max
+ * pooling (with and without the fused relu) against the CPU in every
+ * dtype and under O2, forward, backward and eval, with each switch of
+ * engine/cuda on and off: the old paths (one block per channel, nothing
+ * saved, the argmax found again), the defaults (split kernels, saved
+ * statistics, saved argmax, cuDNN's Ex forward where it takes NCHW), the
+ * own kernels where cuDNN would run, and the split kernels recomputing
+ * the statistics. The plan's notes (--dump-graph) say which ran. */
+Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
+{
+	NEED_GPU();
+	/* The plan: with the defaults every forward saves and every backward
+	 * reads; with the switches off nothing is saved. */
+	char *on = dump_of(b_bn_chunks_relu, LOOM_BF16);
+	cr_expect_eq(lines_with(on, "own split kernels", "saves its statistics"), 1, "%s", on);
+	cr_expect_eq(lines_with(on, "reads the saved statistics", "writes dgamma and dbeta"), 1,
+		     "%s", on);
+	free(on);
+	on = dump_of(b_relu_pool3, LOOM_F16);
+	cr_expect_eq(lines_with(on, "saves its argmax", NULL), 1, "%s", on);
+	cr_expect_eq(lines_with(on, "reads the saved argmax", NULL), 1, "%s", on);
+	free(on);
+	bn_switches("0", "0", NULL, "0", "0");
+	on = dump_of(b_bn_chunks_relu, LOOM_F32);
+	cr_expect_eq(lines_with(on, "saved", NULL), 0, "%s", on);
+	free(on);
+
+	const char *sets[5][5] = {
+		{ "0", "0", NULL, "0", "0" }, /* every old path */
+		{ NULL, NULL, NULL, NULL, NULL }, /* the defaults */
+		{ NULL, NULL, "1", NULL, NULL }, /* own kernels where cuDNN would run */
+		{ "0", NULL, NULL, NULL, "0" }, /* split kernels, nothing saved */
+		{ NULL, "0", NULL, "0", NULL }, /* cuDNN saving, old own kernels */
+	};
+	for (int k = 0; k < 5; k++) {
+		bn_switches(sets[k][0], sets[k][1], sets[k][2], sets[k][3], sets[k][4]);
+		each_dtype("bn switches: batchnorm2d", b_bn, LOOM_RUN_GRAD);
+		each_dtype("bn switches: batchnorm2d 3 chunks", b_bn_chunks, LOOM_RUN_GRAD);
+		each_dtype("bn switches: batchnorm2d+relu 3 chunks", b_bn_chunks_relu, LOOM_RUN_GRAD);
+		each_dtype("bn switches: batchnorm2d eval", b_bn_chunks_relu, LOOM_RUN_EVAL);
+		each_dtype("bn switches: maxpool 3/2/1", b_pool3, LOOM_RUN_GRAD);
+		each_dtype("bn switches: maxpool 2/2/0", b_pool2, LOOM_RUN_GRAD);
+		each_dtype("bn switches: relu+maxpool 3/2/1", b_relu_pool3, LOOM_RUN_GRAD);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			run_case("bn switches: batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case("bn switches: batchnorm2d+relu O2", b_bn_relu_o2, LOOM_F32,
+				 LOOM_RUN_GRAD, seed);
+		}
+		relu_pool_special(2, 2, 0);
+		relu_pool_special(3, 2, 1);
+	}
+	bn_switches(NULL, NULL, NULL, NULL, NULL);
 }
 
 /* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
