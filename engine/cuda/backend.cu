@@ -521,6 +521,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	if (st != LOOM_OK)
 		return st;
 
+	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
 	c->pinned_half = (size_t)4 << 20;
 	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
 			     c->err, sizeof(c->err));
@@ -573,6 +574,20 @@ static void cuda_free(void *ctx)
 		(void)cudaStreamSynchronize(c->stream);
 	if (c->comm)
 		(void)cudaStreamSynchronize(c->comm);
+	if (c->copy)
+		(void)cudaStreamSynchronize(c->copy);
+	for (int k = 0; k < 2; k++) {
+		if (c->stage_host[k])
+			(void)cudaFreeHost(c->stage_host[k]);
+		if (c->stage_dev[k])
+			(void)cudaFree(c->stage_dev[k]);
+		if (c->stage_copied[k])
+			(void)cudaEventDestroy(c->stage_copied[k]);
+		if (c->stage_done[k])
+			(void)cudaEventDestroy(c->stage_done[k]);
+	}
+	if (c->copy)
+		(void)cudaStreamDestroy(c->copy);
 	for (int v = 0; v < c->n_plans; v++) {
 		if (c->plans[v].kind == LOOM_CUDA_PLAN_CONV)
 			loom_cuda_conv_plan_free(&c->plans[v]);
@@ -616,6 +631,78 @@ static void cuda_free(void *ctx)
 
 /* ------------------------------------------------------------ host <-> device */
 
+/* Buffer k of the staged upload holds at least bytes (it is idle: its
+ * last device copy has passed). */
+static loom_status stage_grow(loom_cuda_ctx *c, int k, size_t bytes)
+{
+	loom_status st;
+	if (c->stage_cap[k] >= bytes)
+		return LOOM_OK;
+	if (c->stage_host[k])
+		(void)cudaFreeHost(c->stage_host[k]);
+	if (c->stage_dev[k])
+		(void)cudaFree(c->stage_dev[k]);
+	c->stage_host[k] = c->stage_dev[k] = NULL;
+	c->stage_cap[k] = 0;
+	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->stage_host[k], bytes), c->err,
+			     sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->stage_dev[k], bytes), c->err,
+				     sizeof(c->err));
+	if (st == LOOM_OK)
+		c->stage_cap[k] = bytes;
+	return st;
+}
+
+/* The staged upload (cuda_internal.h, stage_on): no wait on the compute
+ * stream, only on this buffer's use two uploads back. */
+static loom_status staged_upload(loom_cuda_ctx *c, void *dst, const void *src, size_t bytes)
+{
+	loom_status st = LOOM_OK;
+	int k = c->stage_next;
+	if (!c->copy) {
+		st = LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking),
+				     c->err, sizeof(c->err));
+		for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_copied[i],
+								      cudaEventDisableTiming),
+					     c->err, sizeof(c->err));
+			if (st == LOOM_OK)
+				st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_done[i],
+									      cudaEventDisableTiming),
+						     c->err, sizeof(c->err));
+		}
+		if (st != LOOM_OK)
+			return st;
+	}
+	/* Buffer k's device copy into place (on the compute stream, after its
+	 * copy from the host) has run: both halves are free. An event never
+	 * recorded counts as passed. */
+	if ((st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->stage_done[k]), c->err,
+				  sizeof(c->err))) != LOOM_OK ||
+	    (st = stage_grow(c, k, bytes)) != LOOM_OK)
+		return st;
+	memcpy(c->stage_host[k], src, bytes);
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->stage_dev[k], c->stage_host[k], bytes,
+					     cudaMemcpyHostToDevice, c->copy),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaEventRecord(c->stage_copied[k], c->copy), c->err,
+				     sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->stage_copied[k], 0), c->err,
+				     sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, c->stage_dev[k], bytes,
+						     cudaMemcpyDeviceToDevice, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaEventRecord(c->stage_done[k], c->stream), c->err,
+				     sizeof(c->err));
+	c->stage_next = k ^ 1;
+	return st;
+}
+
 /* Copies through the two pinned halves: the host copies into one half while
  * the DMA of the other may still run; it waits only when it comes back to a
  * half whose copy has not finished. No stream sync. */
@@ -628,6 +715,8 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
+	if (c->stage_on && bytes > 0 && bytes <= LOOM_CUDA_STAGE_MAX)
+		return staged_upload(c, dst, src, bytes);
 
 	while (bytes > 0 && st == LOOM_OK) {
 		size_t n = bytes < c->pinned_half ? bytes : c->pinned_half;

@@ -28,6 +28,9 @@ extern "C" {
 size_t loom_cuda_lt_ws(void);
 /* The most workspace a cuDNN algorithm may ask for to be chosen. */
 #define LOOM_CUDA_CONV_WS_MAX ((size_t)512 << 20)
+/* The largest upload the staged path takes (larger ones, such as weights
+ * at load, go through the pinned halves). */
+#define LOOM_CUDA_STAGE_MAX ((size_t)256 << 20)
 /* Elements per optimizer chunk (one block each). */
 #define LOOM_CUDA_OPT_CHUNK 4096
 
@@ -207,6 +210,21 @@ typedef struct loom_cuda_ctx {
 	size_t pinned_half;
 	cudaEvent_t pinned_ev[2];
 	int pinned_next;
+
+	/* The staged upload (LOOM_CUDA_UPLOAD=stream, read at alloc; off by
+	 * default; compiled, not yet run): a copy stream and two fixed
+	 * buffers, each a pinned host half and a device half of the largest
+	 * staged upload so far (up to LOOM_CUDA_STAGE_MAX). The host copies
+	 * into buffer k, the copy stream moves it to the device half while
+	 * the compute stream runs, the compute stream waits for that copy and
+	 * moves the device half into place (a device copy); the host waits
+	 * only for buffer k's previous device copy, two uploads back. */
+	int stage_on;
+	cudaStream_t copy;
+	unsigned char *stage_host[2], *stage_dev[2];
+	size_t stage_cap[2];
+	cudaEvent_t stage_copied[2], stage_done[2];
+	int stage_next;
 
 	loom_scaler host_scaler; /* the scaler as last synced with the device */
 	int64_t host_step;

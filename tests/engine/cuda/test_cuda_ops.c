@@ -909,6 +909,75 @@ Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
 	bn_switches(NULL, NULL, NULL, NULL, NULL);
 }
 
+/* Several uploads of an input between runs and back to back (the second
+ * wins), of two sizes (the staged buffers grow), each run's loss the sum
+ * of the last upload: the staged upload (LOOM_CUDA_UPLOAD=stream) against
+ * the values that were sent. dev: CPU or CUDA. */
+static void uploads_in_order(loom_device dev)
+{
+	const int64_t sizes[2] = { 1000, 300000 };
+	for (int si = 0; si < 2; si++) {
+		int64_t n = sizes[si];
+		loom_graph *g;
+		loom_program *p;
+		loom_compile_opts o;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value x = loom_input(g, "x", LOOM_F32, 1, &n);
+		loom_value loss = loom_sum(g, x);
+		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_compile_opts_default(&o);
+		o.device = dev;
+		o.inference = 1;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+		float *buf = malloc(sizeof(float) * (size_t)n);
+		cr_assert(buf);
+		for (int k = 1; k <= 5; k++) {
+			for (int rep = 0; rep < (k % 2 ? 1 : 3); rep++) {
+				/* back to back: k - 1, then k (the one that counts) */
+				float val = (float)(rep == (k % 2 ? 0 : 2) ? k : k - 1);
+				for (int64_t i = 0; i < n; i++)
+					buf[i] = val;
+				cr_assert_eq(loom_set_input(p, "x", buf, LOOM_F32, (size_t)n), LOOM_OK,
+					     "%s", loom_program_error(p));
+			}
+			/* The host buffer is reused at once: the upload must have
+			 * taken its own copy. */
+			for (int64_t i = 0; i < n; i++)
+				buf[i] = -1.0f;
+			cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+			cr_expect_eq(loom_loss(p), (double)n * k, "size %lld upload %d: loss %g, want %g",
+				     (long long)n, k, loom_loss(p), (double)n * k);
+		}
+		free(buf);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}
+
+/* The check itself, on the CPU (runs everywhere). */
+Test(cuda_ops, uploads_in_order_cpu)
+{
+	uploads_in_order(LOOM_DEVICE_CPU);
+}
+
+/* The staged upload (a copy stream, two fixed pinned and device buffers)
+ * and the pinned halves it replaces, on the GPU; the batch-norm and
+ * cross-entropy cases (labels are an input) under the staged upload. */
+Test(cuda_ops, staged_upload)
+{
+	NEED_GPU();
+	for (int staged = 0; staged <= 1; staged++) {
+		if (staged)
+			setenv("LOOM_CUDA_UPLOAD", "stream", 1);
+		else
+			unsetenv("LOOM_CUDA_UPLOAD");
+		uploads_in_order(LOOM_DEVICE_CUDA);
+	}
+	each_dtype("staged upload: softmax-CE", b_ce, LOOM_RUN_GRAD);
+	unsetenv("LOOM_CUDA_UPLOAD");
+}
+
 /* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
 static loom_value b_relu_vec(loom_graph *g, tcase *t)
 {
