@@ -368,6 +368,92 @@ static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
 	}
 }
 
+/* Whether values a and b share bytes; *same: exactly the same bytes. */
+static int bytes_meet(const loom_plan *p, loom_value a, loom_value b, int *same)
+{
+	*same = 0;
+	if (p->mp.region[a] != p->mp.region[b])
+		return 0;
+	size_t a0 = p->mp.offset[a], a1 = a0 + loom_plan_value_bytes(p, a);
+	size_t b0 = p->mp.offset[b], b1 = b0 + loom_plan_value_bytes(p, b);
+	*same = a0 == b0 && a1 == b1;
+	return a0 < b1 && b0 < a1;
+}
+
+/* Can the split backward b read relu backward r's sources (y, dy) in
+ * r's place: r read by b and the siblings b writes alone, the same dtype
+ * through (dr = dy or 0 exactly), no node computed between the two (so
+ * y and dy still hold their values: their bytes may only have been given
+ * to r's own output, which is never written, or to what b writes), and
+ * every value b writes either apart from everything it reads or exactly
+ * on it (each element read before it is written, by one thread). */
+static int relu_bwd_fusable(const loom_cuda_ctx *c, const loom_plan *p, loom_value b,
+			    loom_value r, const int *step_of)
+{
+	const loom_graph *g = p->g;
+	const loom_node *bn = &g->nodes[b], *rn = &g->nodes[r];
+	const loom_cuda_bn_plan *bp = &c->plans[b].bn;
+	if (rn->op != LOOM_OP_RELU_BWD || (rn->flags & LOOM_NODE_OUTPUT) || step_of[r] < 0 ||
+	    step_of[b] <= step_of[r])
+		return 0;
+	loom_value y = rn->src[0], dy = rn->src[1];
+	if (rn->dtype != g->nodes[dy].dtype ||
+	    loom_shape_numel(&g->nodes[y].shape) != loom_shape_numel(&rn->shape))
+		return 0;
+	for (loom_value w = 0; w < g->n; w++)
+		for (int i = 0; i < g->nodes[w].nsrc; i++)
+			if (g->nodes[w].src[i] == r && w != b &&
+			    !(bp->own_makes && (w == bp->dgamma || w == bp->dbeta)))
+				return 0;
+	for (int i = step_of[r] + 1; i < step_of[b]; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && !p->steps[i].noop)
+			return 0;
+	const loom_value reads[4] = { bn->src[0], bn->src[1], y, dy };
+	const loom_value writes[3] = { b, bp->own_makes ? bp->dgamma : LOOM_NONE,
+				       bp->own_makes ? bp->dbeta : LOOM_NONE };
+	for (int wi = 0; wi < 3; wi++)
+		for (int ri = 0; writes[wi] != LOOM_NONE && ri < 4; ri++) {
+			int same;
+			if (bytes_meet(p, writes[wi], reads[ri], &same) && !(wi == 0 && same))
+				return 0;
+		}
+	return 1;
+}
+
+/* The relu backwards the split batch-norm backward takes over
+ * (LOOM_CUDA_BN_RELU_BWD): ResNet's bn -> relu pairs, whose forward
+ * graph/fuse.c already fused. */
+static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
+{
+	const loom_graph *g = p->g;
+	if (!c->bn_relu_bwd || !c->bn_split || p->pipe)
+		return LOOM_OK;
+	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	if (!step_of)
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	for (loom_value v = 0; v < g->n; v++)
+		step_of[v] = -1;
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
+		    step_of[p->steps[i].v] < 0)
+			step_of[p->steps[i].v] = i;
+	for (loom_value b = 0; b < g->n; b++) {
+		const loom_node *bn = &g->nodes[b];
+		if (bn->op != LOOM_OP_BN_BWD_DATA || bn->a.bn.sync ||
+		    c->plans[b].kind != LOOM_CUDA_PLAN_NONE)
+			continue;
+		loom_value r = bn->src[2];
+		if (!relu_bwd_fusable(c, p, b, r, step_of))
+			continue;
+		c->plans[b].bn.relu_bwd = r;
+		c->plans[b].bn.relu_y = g->nodes[r].src[0];
+		c->plans[b].bn.relu_dy = g->nodes[r].src[1];
+		c->plans[r].fused_into = b;
+	}
+	free(step_of);
+	return LOOM_OK;
+}
+
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
@@ -390,12 +476,15 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->bn_own = env_switch("LOOM_CUDA_BN_OWN", 0);
 	c->pool_idx = env_switch("LOOM_CUDA_POOL_IDX", 1);
 	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
+	c->bn_relu_bwd = env_switch("LOOM_CUDA_BN_RELU_BWD", 1);
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
 		c->plans[v].mm.bgrad = LOOM_NONE;
 		c->plans[v].bn.dgamma = c->plans[v].bn.dbeta = LOOM_NONE;
 		c->plans[v].saved_by = LOOM_NONE;
+		c->plans[v].fused_into = LOOM_NONE;
+		c->plans[v].bn.relu_bwd = c->plans[v].bn.relu_y = c->plans[v].bn.relu_dy = LOOM_NONE;
 	}
 	/* The convolutions' algorithm search measures on scratch memory of
 	 * its own, freed before the arena is allocated (alloc, later). */
@@ -408,8 +497,10 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 			*ws_bytes = c->plans[v].ws;
 	}
 	loom_cuda_conv_search_end(c);
-	if (st == LOOM_OK)
+	if (st == LOOM_OK) {
 		plan_saved(c, p);
+		st = plan_relu_bwd(c, p);
+	}
 	return st;
 }
 
@@ -896,6 +987,9 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	const loom_node *n = &p->g->nodes[v];
 	loom_cuda_io io;
 
+	/* A relu backward the split batch-norm backward does (plan_relu_bwd). */
+	if (c->plans[v].fused_into != LOOM_NONE && loom_cuda_relu_fusion_on(c))
+		return LOOM_OK;
 	memset(&io, 0, sizeof(io));
 	for (int i = 0; i < n->nsrc; i++) {
 		io.src[i] = loom_arena_ptr(c->arena, p, n->src[i]);
@@ -1146,6 +1240,10 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	}
 	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
 		 n->op == LOOM_OP_BN_BWD_GAMMA;
+	if (np->fused_into != LOOM_NONE) {
+		snprintf(buf, len, "done by %d (the split batch-norm backward)", (int)np->fused_into);
+		return;
+	}
 	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
 		return;
 	const char *how = !bn ? "own kernel" :
@@ -1155,8 +1253,9 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	const char *saved = np->saved_by == LOOM_NONE ? "" :
 			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
 					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
-	snprintf(buf, len, "%s%s%s", how, saved,
-		 np->bn.own_makes ? ", writes dgamma and dbeta" : "");
+	snprintf(buf, len, "%s%s%s%s", how, saved,
+		 np->bn.own_makes ? ", writes dgamma and dbeta" : "",
+		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "");
 }
 
 static const loom_backend loom_cuda_backend = {

@@ -276,9 +276,11 @@ static __device__ __forceinline__ void bn_chunk(int64_t m, int P, int p, int64_t
 
 /* Partial sums of chunk (ch = blockIdx.x, p = blockIdx.y): sum x and sum
  * x^2 (dy NULL), or sum dy and sum dy (x - mean) with mean from stat
- * (stat[ch]: mean, stat[c + ch]: biased variance). part[(ch P + p) 2 + 0/1]. */
+ * (stat[ch]: mean, stat[c + ch]: biased variance), dy masked by ry > 0
+ * where ry is given (the relu's backward fused). part[(ch P + p) 2 + 0/1]. */
 __global__ void loom_bn_part_kernel(int n, int c, int64_t hw, const void *x, int xdt,
-				    const void *dy, int dydt, const double *stat, double *part)
+				    const void *dy, int dydt, const void *ry, int rydt,
+				    const double *stat, double *part)
 {
 	const int ch = blockIdx.x, p = blockIdx.y, P = gridDim.y;
 	const int64_t m = (int64_t)n * hw;
@@ -295,7 +297,8 @@ __global__ void loom_bn_part_kernel(int n, int c, int64_t hw, const void *x, int
 		const double mu = stat[ch];
 		for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
 			int64_t o = bn_index(c, hw, ch, k);
-			double g = loom_ld(dy, dydt, o);
+			/* A fused relu backward: dy where y > 0, as relu_bwd */
+			double g = !ry || loom_ld(ry, rydt, o) > 0.0f ? loom_ld(dy, dydt, o) : 0.0f;
 			a += g;
 			b += g * (loom_ld(x, xdt, o) - mu);
 		}
@@ -393,8 +396,9 @@ __global__ void loom_bn_fwd_split_kernel(int n, int c, int64_t hw, const void *x
  * (ch, 0) writes dgamma and dbeta where asked. */
 __global__ void loom_bn_bwd_split_kernel(int n, int c, int64_t hw, const void *x, int xdt,
 					 const void *gamma, int gdt, const void *dy, int dydt,
-					 double eps, const double *stat, const double *part, void *dx,
-					 int dxdt, void *dg, int dgdt, void *db, int dbdt)
+					 const void *ry, int rydt, double eps, const double *stat,
+					 const double *part, void *dx, int dxdt, void *dg, int dgdt,
+					 void *db, int dbdt)
 {
 	const int ch = blockIdx.x, p = blockIdx.y, P = gridDim.y;
 	const int64_t m = (int64_t)n * hw;
@@ -418,7 +422,10 @@ __global__ void loom_bn_bwd_split_kernel(int n, int c, int64_t hw, const void *x
 	bn_chunk(m, P, p, &k0, &k1);
 	for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
 		int64_t o = bn_index(c, hw, ch, k);
-		float v = loom_ld(dy, dydt, o) * a + loom_ld(x, xdt, o) * b + dd;
+		/* dx may be y's or dy's bytes (the fused relu backward): each
+		 * element is read before it is written, by the same thread. */
+		float g = !ry || loom_ld(ry, rydt, o) > 0.0f ? loom_ld(dy, dydt, o) : 0.0f;
+		float v = g * a + loom_ld(x, xdt, o) * b + dd;
 		loom_st(dx, dxdt, o, v);
 	}
 }
@@ -462,7 +469,7 @@ static loom_status bn_split_fwd(char *err, cudaStream_t s, int n, int c, int64_t
 	const int P = bn_nchunks((int64_t)n * hw);
 	dim3 grid((unsigned)c, (unsigned)P);
 	loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, io->src[0], io->dt[0], NULL,
-							 0, NULL, ws);
+							 0, NULL, 0, NULL, ws);
 	loom_bn_fwd_split_kernel<<<grid, split_threads, 0, s>>>(
 		n, c, hw, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
 		io->src[3], io->dt[3], io->src[4], io->dt[4], nd->a.bn.momentum, nd->a.bn.eps,
@@ -473,6 +480,8 @@ static loom_status bn_split_fwd(char *err, cudaStream_t s, int n, int c, int64_t
 typedef struct bn_split_out {
 	void *dx, *dg, *db;
 	int dxdt, dgdt, dbdt;
+	const void *ry; /* the fused relu backward's y, or NULL */
+	int rydt;
 } bn_split_out;
 
 static loom_status bn_split_bwd(char *err, cudaStream_t s, int n, int c, int64_t hw,
@@ -485,14 +494,15 @@ static loom_status bn_split_bwd(char *err, cudaStream_t s, int n, int c, int64_t
 	if (!stat) {
 		double *st = ws + 2 * (size_t)c * P;
 		loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, x, xdt, NULL, 0, NULL,
-								 ws);
+								 0, NULL, ws);
 		loom_bn_stat_kernel<<<c, 32, 0, s>>>(c, (double)n * hw, P, ws, st);
 		stat = st;
 	}
-	loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, x, xdt, dy, dydt, stat, ws);
-	loom_bn_bwd_split_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, x, xdt, gamma, gdt, dy,
-							      dydt, eps, stat, ws, o->dx, o->dxdt,
-							      o->dg, o->dgdt, o->db, o->dbdt);
+	loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, x, xdt, dy, dydt, o->ry,
+							 o->rydt, stat, ws);
+	loom_bn_bwd_split_kernel<<<grid, split_threads, 0, s>>>(
+		n, c, hw, x, xdt, gamma, gdt, dy, dydt, o->ry, o->rydt, eps, stat, ws, o->dx, o->dxdt,
+		o->dg, o->dgdt, o->db, o->dbdt);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -635,7 +645,16 @@ loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, lo
 		return bn_bwd_sync(c, plan, v, io, 1);
 	if (c->bn_split) {
 		const loom_cuda_bn_plan *bp = &c->plans[v].bn;
-		bn_split_out o = { io->out, NULL, NULL, io->odt, 0, 0 };
+		bn_split_out o = { io->out, NULL, NULL, io->odt, 0, 0, NULL, 0 };
+		const void *dy = io->src[2];
+		int dydt = io->dt[2];
+		if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
+			/* The relu backward did nothing: its sources instead. */
+			dy = loom_arena_ptr(c->arena, plan, bp->relu_dy);
+			dydt = plan->g->nodes[bp->relu_dy].dtype;
+			o.ry = loom_arena_ptr(c->arena, plan, bp->relu_y);
+			o.rydt = plan->g->nodes[bp->relu_y].dtype;
+		}
 		if (bp->own_makes && bp->dgamma != LOOM_NONE) {
 			o.dg = loom_arena_ptr(c->arena, plan, bp->dgamma);
 			o.dgdt = plan->g->nodes[bp->dgamma].dtype;
@@ -648,7 +667,7 @@ loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, lo
 			return LOOM_OK;
 		return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
 				    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0],
-				    io->src[1], io->dt[1], io->src[2], io->dt[2], n->a.bn.eps,
+				    io->src[1], io->dt[1], dy, dydt, n->a.bn.eps,
 				    (double *)c->arena->ws,
 				    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
 				    &o);
@@ -667,7 +686,7 @@ loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, l
 	if (n->a.bn.sync)
 		return bn_bwd_sync(c, plan, v, io, 0);
 	if (c->bn_split) {
-		bn_split_out o = { NULL, io->out, NULL, 0, io->odt, 0 };
+		bn_split_out o = { NULL, io->out, NULL, 0, io->odt, 0, NULL, 0 };
 		if (loom_shape_numel(&x->shape) <= 0)
 			return LOOM_OK;
 		return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],

@@ -148,6 +148,12 @@ typedef struct loom_cuda_bn_plan {
 	cudnnTensorDescriptor_t param; /* gamma, beta, statistics: [1, C, 1, 1] f32 */
 	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
 	int own_makes; /* the own split backward (kind NONE) writes dgamma, dbeta too */
+	/* The relu's backward fused into this split backward (LOOM_CUDA_BN_RELU_BWD,
+	 * plan_relu_bwd in backend.cu): it reads the relu backward's sources
+	 * (relu_y, the batch norm's relu'd output, and relu_dy) and masks dy
+	 * by y > 0 itself; relu_bwd is the node it stands for, which does
+	 * nothing. LOOM_NONE: not fused. */
+	loom_value relu_bwd, relu_y, relu_dy;
 	/* A forward with a fused relu through cudnnBatchNormalizationForwardTrainingEx
 	 * (CUDNN_BATCHNORM_OPS_BN_ACTIVATION), where cuDNN took the NCHW
 	 * descriptors at plan time (LOOM_CUDA_BN_EX); its workspace and reserve
@@ -174,6 +180,9 @@ typedef struct loom_cuda_node_plan {
 	 * f64); max pool: each output's argmax in its window (one byte). */
 	loom_value saved_by;
 	size_t saved_off;
+	/* A relu backward whose work the split batch-norm backward fused_into
+	 * does (LOOM_NONE: none). */
+	loom_value fused_into;
 } loom_cuda_node_plan;
 
 enum {
@@ -243,8 +252,10 @@ typedef struct loom_cuda_ctx {
 	 * (0): the own kernels also where cuDNN takes the dtypes (relu fused
 	 * into the forward's one pass); LOOM_CUDA_POOL_IDX (1): max pool saves
 	 * its argmax and the backward gathers through it; LOOM_CUDA_BN_EX (1):
-	 * cuDNN's forward with the relu fused, where cuDNN takes NCHW. */
-	int bn_save, bn_split, bn_own, pool_idx, bn_ex;
+	 * cuDNN's forward with the relu fused, where cuDNN takes NCHW;
+	 * LOOM_CUDA_BN_RELU_BWD (1): the relu's backward fused into the split
+	 * batch-norm backward where the memory plan allows it. */
+	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
 	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
@@ -521,6 +532,14 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 	if (np->kind == LOOM_CUDA_PLAN_MM)
 		return w == np->mm.bgrad;
 	return 0;
+}
+
+/* Whether the plan's relu-backward fusions hold in this run: not under
+ * the per-node diagnosis (it reads each node's output) or the poison hook
+ * (it writes outputs the fusion leaves alone). */
+static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
+{
+	return !c->diagnose && !c->poison;
 }
 
 /* The saved slot node v writes (want == v: only a slot of its own) or

@@ -842,12 +842,12 @@ static char *dump_of(build_fn b, loom_dtype dt)
  * batch-norm kernels, the own kernels in cuDNN's place, cuDNN's Ex forward
  * and the max-pool indices (read when a plan is made); NULL unsets. */
 static void bn_switches(const char *save, const char *split, const char *own, const char *ex,
-			const char *idx)
+			const char *idx, const char *relu_bwd)
 {
-	const char *names[5] = { "LOOM_CUDA_BN_SAVE", "LOOM_CUDA_BN_SPLIT", "LOOM_CUDA_BN_OWN",
-				 "LOOM_CUDA_BN_EX", "LOOM_CUDA_POOL_IDX" };
-	const char *vals[5] = { save, split, own, ex, idx };
-	for (int i = 0; i < 5; i++)
+	const char *names[6] = { "LOOM_CUDA_BN_SAVE", "LOOM_CUDA_BN_SPLIT", "LOOM_CUDA_BN_OWN",
+				 "LOOM_CUDA_BN_EX", "LOOM_CUDA_POOL_IDX", "LOOM_CUDA_BN_RELU_BWD" };
+	const char *vals[6] = { save, split, own, ex, idx, relu_bwd };
+	for (int i = 0; i < 6; i++)
 		if (vals[i])
 			setenv(names[i], vals[i], 1);
 		else
@@ -860,9 +860,11 @@ static void bn_switches(const char *save, const char *split, const char *own, co
  * dtype and under O2, forward, backward and eval, with each switch of
  * engine/cuda on and off: the old paths (one block per channel, nothing
  * saved, the argmax found again), the defaults (split kernels, saved
- * statistics, saved argmax, cuDNN's Ex forward where it takes NCHW), the
- * own kernels where cuDNN would run, and the split kernels recomputing
- * the statistics. The plan's notes (--dump-graph) say which ran. */
+ * statistics, saved argmax, cuDNN's Ex forward where it takes NCHW, the
+ * relu backward fused into the split batch-norm backward), the own
+ * kernels where cuDNN would run, the split kernels recomputing the
+ * statistics, and the split kernels with the relu backward apart. The
+ * plan's notes (--dump-graph) say which ran. */
 Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
 {
 	NEED_GPU();
@@ -872,25 +874,31 @@ Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
 	cr_expect_eq(lines_with(on, "own split kernels", "saves its statistics"), 1, "%s", on);
 	cr_expect_eq(lines_with(on, "reads the saved statistics", "writes dgamma and dbeta"), 1,
 		     "%s", on);
+	/* relu_bwd is followed by bn_bwd_data, dx is a parameter's gradient:
+	 * the relu backward is fused. */
+	cr_expect_eq(lines_with(on, "bn_bwd_data", "the relu backward fused"), 1, "%s", on);
+	cr_expect_eq(lines_with(on, "relu_bwd", "done by"), 1, "%s", on);
 	free(on);
 	on = dump_of(b_relu_pool3, LOOM_F16);
 	cr_expect_eq(lines_with(on, "saves its argmax", NULL), 1, "%s", on);
 	cr_expect_eq(lines_with(on, "reads the saved argmax", NULL), 1, "%s", on);
 	free(on);
-	bn_switches("0", "0", NULL, "0", "0");
-	on = dump_of(b_bn_chunks_relu, LOOM_F32);
+	bn_switches("0", "0", NULL, "0", "0", "0");
+	on = dump_of(b_bn_chunks_relu, LOOM_BF16);
 	cr_expect_eq(lines_with(on, "saved", NULL), 0, "%s", on);
+	cr_expect_eq(lines_with(on, "done by", NULL), 0, "%s", on);
 	free(on);
 
-	const char *sets[5][5] = {
-		{ "0", "0", NULL, "0", "0" }, /* every old path */
-		{ NULL, NULL, NULL, NULL, NULL }, /* the defaults */
-		{ NULL, NULL, "1", NULL, NULL }, /* own kernels where cuDNN would run */
-		{ "0", NULL, NULL, NULL, "0" }, /* split kernels, nothing saved */
-		{ NULL, "0", NULL, "0", NULL }, /* cuDNN saving, old own kernels */
+	const char *sets[6][6] = {
+		{ "0", "0", NULL, "0", "0", "0" },      /* every old path */
+		{ NULL, NULL, NULL, NULL, NULL, NULL }, /* the defaults */
+		{ NULL, NULL, "1", NULL, NULL, NULL },  /* own kernels where cuDNN would run */
+		{ "0", NULL, NULL, NULL, "0", NULL },   /* split kernels, nothing saved */
+		{ NULL, "0", NULL, "0", NULL, NULL },   /* cuDNN saving, old own kernels */
+		{ NULL, NULL, NULL, NULL, NULL, "0" },  /* split, the relu backward apart */
 	};
-	for (int k = 0; k < 5; k++) {
-		bn_switches(sets[k][0], sets[k][1], sets[k][2], sets[k][3], sets[k][4]);
+	for (int k = 0; k < 6; k++) {
+		bn_switches(sets[k][0], sets[k][1], sets[k][2], sets[k][3], sets[k][4], sets[k][5]);
 		each_dtype("bn switches: batchnorm2d", b_bn, LOOM_RUN_GRAD);
 		each_dtype("bn switches: batchnorm2d 3 chunks", b_bn_chunks, LOOM_RUN_GRAD);
 		each_dtype("bn switches: batchnorm2d+relu 3 chunks", b_bn_chunks_relu, LOOM_RUN_GRAD);
@@ -906,7 +914,7 @@ Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
 		relu_pool_special(2, 2, 0);
 		relu_pool_special(3, 2, 1);
 	}
-	bn_switches(NULL, NULL, NULL, NULL, NULL);
+	bn_switches(NULL, NULL, NULL, NULL, NULL, NULL);
 }
 
 /* Several uploads of an input between runs and back to back (the second
