@@ -609,6 +609,12 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->poison = loom_cuda_poison_on;
 	st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->base, c->poison ? 0xff : 0, o_ctl, c->stream),
 			     c->err, sizeof(c->err));
+	/* The saved slots too under the hook: a backward that reads a slot
+	 * its forward did not fill gets NaN statistics or argmax 255 (no
+	 * gradient), and fails the comparison with the CPU. */
+	if (st == LOOM_OK && c->poison && c->saved_bytes)
+		st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->saved, 0xff, c->saved_bytes, c->stream),
+				     c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 
@@ -1005,10 +1011,20 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 {
 	loom_status st = LOOM_OK;
+	/* A relu backward the batch-norm backward does writes nothing (its
+	 * output may share bytes with the sources that backward reads). */
+	if (c->plans[v].fused_into != LOOM_NONE && loom_cuda_relu_fusion_on(c))
+		return LOOM_OK;
+	const loom_cuda_bn_plan *bp = &c->plans[v].bn;
+	int keep_out = 0; /* v's bytes hold the relu's y or dy it reads */
+	if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
+		int same;
+		keep_out = bytes_meet(p, v, bp->relu_y, &same) || bytes_meet(p, v, bp->relu_dy, &same);
+	}
 	for (loom_value w = v; w != LOOM_NONE && st == LOOM_OK;
 	     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
 		const loom_node *n = &p->g->nodes[w];
-		if (w != v && !loom_cuda_plan_makes(&c->plans[v], w))
+		if ((w != v && !loom_cuda_plan_makes(&c->plans[v], w)) || (w == v && keep_out))
 			continue;
 		/* A value written in place over its source would poison the source. */
 		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w ||

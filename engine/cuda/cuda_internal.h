@@ -535,11 +535,10 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 }
 
 /* Whether the plan's relu-backward fusions hold in this run: not under
- * the per-node diagnosis (it reads each node's output) or the poison hook
- * (it writes outputs the fusion leaves alone). */
+ * the per-node diagnosis (it reads each node's output). */
 static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
 {
-	return !c->diagnose && !c->poison;
+	return !c->diagnose;
 }
 
 /* The saved slot node v writes (want == v: only a slot of its own) or
