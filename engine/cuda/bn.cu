@@ -8,8 +8,11 @@
  * The fallback of bn_cudnn.cu: cuDNN runs batch norm where it takes the
  * dtypes (f32 or f16 data with f32 parameters: O0, O1, O2); these kernels
  * run the rest (O3's half parameters, bf16) and everything under the
- * loom_cuda_test_own_kernels hook. One block per channel, double
- * accumulators, two passes for the variance.
+ * loom_cuda_test_own_kernels hook (and, under LOOM_CUDA_BN_OWN=1, what
+ * cuDNN would run). The split kernels below (LOOM_CUDA_BN_SPLIT, on)
+ * run training nodes over several blocks per channel; the one-block
+ * kernels (double accumulators, two passes for the variance) run eval and
+ * the switch's old path.
  *
  * Synchronised batch norm (attrs.bn.sync, engine/ddp.c) always runs here,
  * split as on the CPU (engine/cpu/ops_bn.c): a kernel writes this rank's

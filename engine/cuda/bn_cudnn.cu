@@ -8,7 +8,11 @@
  * nodes (BN_BWD_DATA, BN_BWD_GAMMA, a CHANNEL_SUM for dbeta); graph/fuse.c
  * marks the last two as siblings of the first (made_by), so the one call
  * writes all three where the memory plan put them. An unmarked gradient
- * goes to scratch in ws and its own node computes it later.
+ * goes to scratch in ws and its own node computes it later. The forward
+ * saves its mean and inverse std into the slot backend.cu's plan_saved
+ * gave it, and the backward passes them back (LOOM_CUDA_BN_SAVE); a
+ * forward with a fused relu asks for the Ex call with the activation
+ * (LOOM_CUDA_BN_EX) where cuDNN takes NCHW. Compiled, not yet run.
  *
  * cuDNN takes x, y, dy and dx in one dtype (f32 or f16 here) with gamma,
  * beta and the statistics in f32: the O0, O1 and O2 (keep_batchnorm_fp32)
