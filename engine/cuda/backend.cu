@@ -685,6 +685,11 @@ static void cuda_free(void *ctx)
 	}
 	if (c->copy)
 		(void)cudaStreamDestroy(c->copy);
+	if (c->async)
+		(void)cudaFreeHost(c->async);
+	for (int i = 0; i < 2; i++)
+		if (c->async_ev[i])
+			(void)cudaEventDestroy(c->async_ev[i]);
 	for (int v = 0; v < c->n_plans; v++) {
 		if (c->plans[v].kind == LOOM_CUDA_PLAN_CONV)
 			loom_cuda_conv_plan_free(&c->plans[v]);
@@ -928,12 +933,80 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->comm), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
+	/* A loss read late (loss_async) still pending: its copy has landed. */
+	if (c->async && c->async_pending >= 0) {
+		const loom_cuda_async_slot *a = &c->async[c->async_pending];
+		ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
+		c->async_pending = -1;
+	}
 	ts->scaler = c->host_scaler = h.scaler;
 	ts->step = c->host_step = h.step;
 	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
 		return report_bad_label(c, p, &h);
 	return LOOM_OK;
+}
+
+/* Slot k's copy has landed: its step's loss, scaler and step into ts. */
+static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_state *ts, int k)
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->async_ev[k]), c->err,
+					 sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	const loom_cuda_async_slot *a = &c->async[k];
+	loom_cuda_ctl h = a->ctl;
+	ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
+	ts->scaler = c->host_scaler = h.scaler;
+	ts->step = c->host_step = h.step;
+	ts->grad_norm = h.grad_norm;
+	if (h.ce_node >= 0 && h.ce_node < p->g->n)
+		return report_bad_label(c, p, &h);
+	return LOOM_OK;
+}
+
+static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *loss, int f64,
+				   loom_train_state *ts)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (!c->async) {
+		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->async, 2 * sizeof(*c->async)),
+				     c->err, sizeof(c->err));
+		for (int i = 0; i < 2 && st == LOOM_OK; i++)
+			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->async_ev[i],
+								      cudaEventDisableTiming),
+					     c->err, sizeof(c->err));
+		if (st != LOOM_OK)
+			return st;
+		c->async_next = 0;
+		c->async_pending = -1;
+	}
+	int k = c->async_next;
+	if (c->async_pending == k && (st = async_take(c, p, ts, k)) != LOOM_OK)
+		return st;
+	loom_cuda_async_slot *a = &c->async[k];
+	a->f64 = f64;
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(f64 ? (void *)&a->loss64 : (void *)&a->loss32, loss,
+					     f64 ? sizeof(double) : sizeof(float),
+					     cudaMemcpyDeviceToHost, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&a->ctl, c->ctl, sizeof(a->ctl),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaEventRecord(c->async_ev[k], c->stream), c->err,
+				     sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	int prev = c->async_pending;
+	c->async_pending = k;
+	c->async_next = k ^ 1;
+	return prev >= 0 ? async_take(c, p, ts, prev) : LOOM_OK;
 }
 
 static cudaStream_t stream_of(loom_cuda_ctx *c, loom_stream s)
@@ -1304,6 +1377,7 @@ static const loom_backend loom_cuda_backend = {
 	.event_wait = cuda_event_wait,
 	.timer_record = cuda_timer_record,
 	.timer_read = cuda_timer_read,
+	.loss_async = cuda_loss_async,
 	.capture = NULL, /* the GPU-step issue */
 	.replay = NULL,
 };

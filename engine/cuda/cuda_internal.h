@@ -87,6 +87,14 @@ typedef struct loom_cuda_opt_slot {
 	int32_t matrix; /* loom_param_slot.matrix: decayed under decay_matrices_only */
 } loom_cuda_opt_slot;
 
+/* One slot of the loss read one step late (backend.cu, loss_async). */
+typedef struct loom_cuda_async_slot {
+	double loss64;
+	float loss32;
+	int32_t f64;
+	loom_cuda_ctl ctl;
+} loom_cuda_async_slot;
+
 /* A source cast into workspace before a library call (dtype mismatch). */
 typedef struct loom_cuda_stage {
 	int src;        /* source index, -1 when unused */
@@ -228,6 +236,13 @@ typedef struct loom_cuda_ctx {
 	 * the compute stream runs, the compute stream waits for that copy and
 	 * moves the device half into place (a device copy); the host waits
 	 * only for buffer k's previous device copy, two uploads back. */
+	/* The loss read one step late (loss_async): two pinned slots, each
+	 * the loss and the control block as a step left them, an event each;
+	 * the slot whose copy is queued and not yet taken (-1: none). */
+	struct loom_cuda_async_slot *async;
+	cudaEvent_t async_ev[2];
+	int async_next, async_pending;
+
 	int stage_on;
 	cudaStream_t copy;
 	unsigned char *stage_host[2], *stage_dev[2];

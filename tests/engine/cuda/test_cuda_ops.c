@@ -986,6 +986,61 @@ Test(cuda_ops, staged_upload)
 	unsetenv("LOOM_CUDA_UPLOAD");
 }
 
+/* The loss read one step late (LOOM_ASYNC_LOSS=1, read by each loom_run):
+ * two programs of one graph with the same values train side by side, one
+ * synchronous, one not; after run k the second reports the first's loss
+ * of run k - 1, and its scaler and step lag by one as well. */
+Test(cuda_ops, async_loss_one_step_late)
+{
+	NEED_GPU();
+	tcase t;
+	loom_graph *g;
+	loom_program *p[2];
+	loom_compile_opts o;
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F32;
+	t.want_bn_cudnn = -1;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = head(g, &t, b_bn_relu(g, &t));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	o.no_tf32 = 1;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.01;
+	for (int d = 0; d < 2; d++) {
+		cr_assert_eq(loom_compile(g, loss, &o, &p[d]), LOOM_OK, "%s", loom_last_error());
+		rng_state = 7;
+		for (int i = 0; i < t.n_param; i++) {
+			size_t n = numel_of(g, t.param[i]);
+			double *v = malloc(n * sizeof(double));
+			cr_assert(v);
+			for (size_t k = 0; k < n; k++)
+				v[k] = urand();
+			cr_assert_eq(loom_write_f64(p[d], t.param[i], v, n), LOOM_OK);
+			free(v);
+		}
+	}
+	double want[5];
+	for (int k = 0; k < 5; k++) {
+		unsetenv("LOOM_ASYNC_LOSS");
+		cr_assert_eq(loom_run(p[0], LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p[0]));
+		want[k] = loom_loss(p[0]);
+		setenv("LOOM_ASYNC_LOSS", "1", 1);
+		cr_assert_eq(loom_run(p[1], LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p[1]));
+		if (k == 0)
+			continue;
+		cr_expect(fabs(loom_loss(p[1]) - want[k - 1]) <= 1e-6 * (fabs(want[k - 1]) + 1e-6),
+			  "run %d: async loss %g, the synchronous run %d's %g", k, loom_loss(p[1]),
+			  k - 1, want[k - 1]);
+	}
+	unsetenv("LOOM_ASYNC_LOSS");
+	cr_expect(want[4] != want[0], "the synchronous losses did not change: %g", want[0]);
+	loom_program_free(p[1]);
+	loom_program_free(p[0]);
+	loom_graph_free(g);
+}
+
 /* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
 static loom_value b_relu_vec(loom_graph *g, tcase *t)
 {
