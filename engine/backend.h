@@ -162,6 +162,14 @@ typedef struct loom_backend {
 	 * moment in loom_trace_now()'s seconds. */
 	loom_status (*timer_record)(void *ctx, int slot, loom_stream stream);
 	loom_status (*timer_read)(void *ctx, int slot, double *seconds);
+	/* Queues a copy of the loss (f64 or f32 at loss) and of the device's
+	 * training state into host memory after the work queued so far, and
+	 * returns without waiting for it; then waits for the previous call's
+	 * copy only and puts that step's loss, scaler and step into ts (the
+	 * loss read one step late: LOOM_ASYNC_LOSS=1). synchronize takes a
+	 * pending copy's loss. // (optional) */
+	loom_status (*loss_async)(void *ctx, const loom_plan *plan, const void *loss, int f64,
+				  loom_train_state *ts);
 	/* Records one training step once, then replays it. // (optional) */
 	loom_status (*capture)(void *ctx, const loom_plan *plan, loom_train_state *ts);
 	loom_status (*replay)(void *ctx, const loom_plan *plan, loom_train_state *ts);

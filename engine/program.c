@@ -467,6 +467,16 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 	return st;
 }
 
+/* LOOM_ASYNC_LOSS=1: the loss and the device's state come back one step
+ * late, so that loom_run returns without waiting for its step (a backend
+ * with loss_async; one process, no pipeline, no trace, no diagnosis). */
+static int async_loss(const loom_program *p)
+{
+	const char *e = getenv("LOOM_ASYNC_LOSS");
+	return e && !strcmp(e, "1") && p->be->loss_async && !p->plan.pipe && p->plan.world <= 1 &&
+	       !p->ts.trace && !p->ts.diagnose;
+}
+
 static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 {
 	const loom_pass *ps = LOOM_PASS_WITH(p, execute);
@@ -476,6 +486,11 @@ static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 	report_nonfinite(p);
 	if (st != LOOM_OK)
 		return st;
+	if (async_loss(p)) {
+		st = p->be->loss_async(p->be_ctx, &p->plan, loom_value_ptr(p, p->plan.loss),
+				       p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64, &p->ts);
+		return st == LOOM_OK ? st : loom_program_backend_fail(p, st);
+	}
 	float l32;
 	double l64;
 	if (p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64) {

@@ -578,7 +578,9 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src,
 loom_status loom_trace_start(loom_program *p, const char *path);
 loom_status loom_trace_stop(loom_program *p);
 
-/* The loss of the last run, as f64. */
+/* The loss of the last run, as f64. Under LOOM_ASYNC_LOSS=1 in the
+ * environment (CUDA, one process; engine/cuda/README.md) loom_run does not
+ * wait for its step, and this is the loss of the run before the last. */
 double loom_loss(loom_program *p);
 
 loom_status loom_set_lr(loom_program *p, double lr);

@@ -256,9 +256,13 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		np->ws = np->lib_ws; /* cuDNN's path needs its dtypes as they are */
 		if (np->ws < loom_cuda_bn_sync_ws(p, v)) /* sync: its sums, own kernels */
 			np->ws = loom_cuda_bn_sync_ws(p, v);
+		if (np->kind == LOOM_CUDA_PLAN_NONE && c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
+			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
 	case LOOM_OP_BN_BWD_GAMMA:
 		np->ws = loom_cuda_bn_sync_ws(p, v);
+		if (c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
+			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
 	case LOOM_OP_LAYERNORM_BWD_DATA: /* one pass with its siblings (gpt.cu) */
 		st = loom_cuda_ln_plan_make(p, c, v, np);
@@ -274,6 +278,183 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		break;
 	}
 	return st;
+}
+
+/* A switch of the environment: 0 when it is "0", 1 when set otherwise,
+ * dflt when unset. */
+static int env_switch(const char *name, int dflt)
+{
+	const char *e = getenv(name);
+	return e && *e ? strcmp(e, "0") != 0 : dflt;
+}
+
+/* Which statistics batch-norm node v writes or reads in a saved slot: 1
+ * cuDNN's (f32 mean and inverse std), 2 the split kernels' (f64 mean and
+ * biased variance), 0 none. A forward and its backward share a slot only
+ * when they agree. */
+static int bn_family(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
+{
+	const loom_node *n = &p->g->nodes[v];
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
+		return 1;
+	return !n->a.bn.sync && c->bn_split ? 2 : 0;
+}
+
+/* Whether backward node w is the backward of forward node f: same x, the
+ * same attributes where they matter. */
+static int bn_pair(const loom_plan *p, loom_value f, loom_value w)
+{
+	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
+	return (b->op == LOOM_OP_BN_BWD_DATA || b->op == LOOM_OP_BN_BWD_GAMMA) &&
+	       b->src[0] == a->src[0] && b->a.bn.eps == a->a.bn.eps && b->a.bn.sync == a->a.bn.sync;
+}
+
+static int pool_pair(const loom_plan *p, loom_value f, loom_value w)
+{
+	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
+	if (b->op != LOOM_OP_MAXPOOL2D_BWD || b->src[0] != a->src[0])
+		return 0;
+	loom_pool_shape sa, sb;
+	loom_pool_shape_of(p->g, f, &sa);
+	loom_pool_shape_of(p->g, w, &sb);
+	return sa.k == sb.k && sa.stride == sb.stride && sa.pad == sb.pad && sa.relu == sb.relu &&
+	       sa.h_out == sb.h_out && sa.w_out == sb.w_out;
+}
+
+/*
+ * The saved region: a slot per batch-norm forward (its statistics) and per
+ * max-pool forward (its argmax, one byte per output) whose backward the
+ * graph has, shared by that backward. Outside the graph's memory plan: the
+ * graph has no value for them (a node has one output), and they are small
+ * (ResNet-50 b64: 12.8 MB of pool indices, 0.4 MB of statistics). Left
+ * empty under pipeline stages, where a micro-batch's forward would
+ * overwrite the slot before the previous one's backward read it, and
+ * where a forward's x has more than one forward reading it.
+ */
+static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
+{
+	const loom_graph *g = p->g;
+	c->saved_bytes = 0;
+	if (p->pipe)
+		return;
+	for (loom_value f = 0; f < g->n; f++) {
+		const loom_node *n = &g->nodes[f];
+		int bn = n->op == LOOM_OP_BATCHNORM2D && c->bn_save && bn_family(c, p, f);
+		int pool = n->op == LOOM_OP_MAXPOOL2D && c->pool_idx;
+		if (!bn && !pool)
+			continue;
+		loom_pool_shape ps;
+		if (pool) {
+			loom_pool_shape_of(g, f, &ps);
+			if (ps.k * ps.k >= 255) /* the index must fit a byte (255: none) */
+				continue;
+		}
+		int readers = 0, twins = 0;
+		for (loom_value w = 0; w < g->n; w++) {
+			if (w != f && g->nodes[w].op == n->op && g->nodes[w].src[0] == n->src[0])
+				twins++;
+			if (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
+				 pool_pair(p, f, w))
+				readers++;
+		}
+		if (!readers || twins)
+			continue;
+		size_t bytes = bn ? 2 * sizeof(double) * (size_t)g->nodes[n->src[0]].shape.dims[1] :
+				    (size_t)loom_shape_numel(&n->shape);
+		for (loom_value w = 0; w < g->n; w++)
+			if (w == f || (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
+					    pool_pair(p, f, w))) {
+				c->plans[w].saved_by = f;
+				c->plans[w].saved_off = c->saved_bytes;
+			}
+		c->saved_bytes += loom_cuda_align(bytes);
+	}
+}
+
+/* Whether values a and b share bytes; *same: exactly the same bytes. */
+static int bytes_meet(const loom_plan *p, loom_value a, loom_value b, int *same)
+{
+	*same = 0;
+	if (p->mp.region[a] != p->mp.region[b])
+		return 0;
+	size_t a0 = p->mp.offset[a], a1 = a0 + loom_plan_value_bytes(p, a);
+	size_t b0 = p->mp.offset[b], b1 = b0 + loom_plan_value_bytes(p, b);
+	*same = a0 == b0 && a1 == b1;
+	return a0 < b1 && b0 < a1;
+}
+
+/* Can the split backward b read relu backward r's sources (y, dy) in
+ * r's place: r read by b and the siblings b writes alone, the same dtype
+ * through (dr = dy or 0 exactly), no node computed between the two (so
+ * y and dy still hold their values: their bytes may only have been given
+ * to r's own output, which is never written, or to what b writes), and
+ * every value b writes either apart from everything it reads or exactly
+ * on it (each element read before it is written, by one thread). */
+static int relu_bwd_fusable(const loom_cuda_ctx *c, const loom_plan *p, loom_value b,
+			    loom_value r, const int *step_of)
+{
+	const loom_graph *g = p->g;
+	const loom_node *bn = &g->nodes[b], *rn = &g->nodes[r];
+	const loom_cuda_bn_plan *bp = &c->plans[b].bn;
+	if (rn->op != LOOM_OP_RELU_BWD || (rn->flags & LOOM_NODE_OUTPUT) || step_of[r] < 0 ||
+	    step_of[b] <= step_of[r])
+		return 0;
+	loom_value y = rn->src[0], dy = rn->src[1];
+	if (rn->dtype != g->nodes[dy].dtype ||
+	    loom_shape_numel(&g->nodes[y].shape) != loom_shape_numel(&rn->shape))
+		return 0;
+	for (loom_value w = 0; w < g->n; w++)
+		for (int i = 0; i < g->nodes[w].nsrc; i++)
+			if (g->nodes[w].src[i] == r && w != b &&
+			    !(bp->own_makes && (w == bp->dgamma || w == bp->dbeta)))
+				return 0;
+	for (int i = step_of[r] + 1; i < step_of[b]; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && !p->steps[i].noop)
+			return 0;
+	const loom_value reads[4] = { bn->src[0], bn->src[1], y, dy };
+	const loom_value writes[3] = { b, bp->own_makes ? bp->dgamma : LOOM_NONE,
+				       bp->own_makes ? bp->dbeta : LOOM_NONE };
+	for (int wi = 0; wi < 3; wi++)
+		for (int ri = 0; writes[wi] != LOOM_NONE && ri < 4; ri++) {
+			int same;
+			if (bytes_meet(p, writes[wi], reads[ri], &same) && !(wi == 0 && same))
+				return 0;
+		}
+	return 1;
+}
+
+/* The relu backwards the split batch-norm backward takes over
+ * (LOOM_CUDA_BN_RELU_BWD): ResNet's bn -> relu pairs, whose forward
+ * graph/fuse.c already fused. */
+static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
+{
+	const loom_graph *g = p->g;
+	if (!c->bn_relu_bwd || !c->bn_split || p->pipe)
+		return LOOM_OK;
+	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	if (!step_of)
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	for (loom_value v = 0; v < g->n; v++)
+		step_of[v] = -1;
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
+		    step_of[p->steps[i].v] < 0)
+			step_of[p->steps[i].v] = i;
+	for (loom_value b = 0; b < g->n; b++) {
+		const loom_node *bn = &g->nodes[b];
+		if (bn->op != LOOM_OP_BN_BWD_DATA || bn->a.bn.sync ||
+		    c->plans[b].kind != LOOM_CUDA_PLAN_NONE)
+			continue;
+		loom_value r = bn->src[2];
+		if (!relu_bwd_fusable(c, p, b, r, step_of))
+			continue;
+		c->plans[b].bn.relu_bwd = r;
+		c->plans[b].bn.relu_y = g->nodes[r].src[0];
+		c->plans[b].bn.relu_dy = g->nodes[r].src[1];
+		c->plans[r].fused_into = b;
+	}
+	free(step_of);
+	return LOOM_OK;
 }
 
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
@@ -294,11 +475,20 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
 	}
 	loom_cuda_gpt_switches();
+	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
+	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
+	c->bn_own = env_switch("LOOM_CUDA_BN_OWN", 0);
+	c->pool_idx = env_switch("LOOM_CUDA_POOL_IDX", 1);
+	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
+	c->bn_relu_bwd = env_switch("LOOM_CUDA_BN_RELU_BWD", 1);
 	for (int v = 0; v < p->g->n; v++) {
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
 		c->plans[v].mm.bgrad = LOOM_NONE;
 		c->plans[v].bn.dgamma = c->plans[v].bn.dbeta = LOOM_NONE;
+		c->plans[v].saved_by = LOOM_NONE;
+		c->plans[v].fused_into = LOOM_NONE;
+		c->plans[v].bn.relu_bwd = c->plans[v].bn.relu_y = c->plans[v].bn.relu_dy = LOOM_NONE;
 	}
 	/* The convolutions' algorithm search measures on scratch memory of
 	 * its own, freed before the arena is allocated (alloc, later). */
@@ -311,6 +501,10 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 			*ws_bytes = c->plans[v].ws;
 	}
 	loom_cuda_conv_search_end(c);
+	if (st == LOOM_OK) {
+		plan_saved(c, p);
+		st = plan_relu_bwd(c, p);
+	}
 	return st;
 }
 
@@ -385,7 +579,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		c->n_chunks += (int)((p->pieces[s].n + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
 	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks
-	 * | the chunks' norm parts. */
+	 * | the chunks' norm parts | the saved region (plan_saved). */
 	size_t o_bucket = loom_cuda_align(p->mp.persist_bytes);
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
@@ -394,7 +588,8 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
 	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_pieces);
 	size_t o_norm = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
-	size_t total = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
+	size_t o_saved = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
+	size_t total = o_saved + c->saved_bytes;
 
 	st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
@@ -410,6 +605,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->d_slots = (loom_cuda_opt_slot *)(c->base + o_slots);
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->base + o_chunks);
 	c->d_norm_parts = (double *)(c->base + o_norm);
+	c->saved = c->saved_bytes ? c->base + o_saved : NULL;
 
 	/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32,
 	 * f16 and bf16, so an element no kernel writes cannot pass a test. The
@@ -417,9 +613,16 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->poison = loom_cuda_poison_on;
 	st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->base, c->poison ? 0xff : 0, o_ctl, c->stream),
 			     c->err, sizeof(c->err));
+	/* The saved slots too under the hook: a backward that reads a slot
+	 * its forward did not fill gets NaN statistics or argmax 255 (no
+	 * gradient), and fails the comparison with the CPU. */
+	if (st == LOOM_OK && c->poison && c->saved_bytes)
+		st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->saved, 0xff, c->saved_bytes, c->stream),
+				     c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 
+	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
 	c->pinned_half = (size_t)4 << 20;
 	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
 			     c->err, sizeof(c->err));
@@ -472,6 +675,25 @@ static void cuda_free(void *ctx)
 		(void)cudaStreamSynchronize(c->stream);
 	if (c->comm)
 		(void)cudaStreamSynchronize(c->comm);
+	if (c->copy)
+		(void)cudaStreamSynchronize(c->copy);
+	for (int k = 0; k < 2; k++) {
+		if (c->stage_host[k])
+			(void)cudaFreeHost(c->stage_host[k]);
+		if (c->stage_dev[k])
+			(void)cudaFree(c->stage_dev[k]);
+		if (c->stage_copied[k])
+			(void)cudaEventDestroy(c->stage_copied[k]);
+		if (c->stage_done[k])
+			(void)cudaEventDestroy(c->stage_done[k]);
+	}
+	if (c->copy)
+		(void)cudaStreamDestroy(c->copy);
+	if (c->async)
+		(void)cudaFreeHost(c->async);
+	for (int i = 0; i < 2; i++)
+		if (c->async_ev[i])
+			(void)cudaEventDestroy(c->async_ev[i]);
 	for (int v = 0; v < c->n_plans; v++) {
 		if (c->plans[v].kind == LOOM_CUDA_PLAN_CONV)
 			loom_cuda_conv_plan_free(&c->plans[v]);
@@ -515,6 +737,78 @@ static void cuda_free(void *ctx)
 
 /* ------------------------------------------------------------ host <-> device */
 
+/* Buffer k of the staged upload holds at least bytes (it is idle: its
+ * last device copy has passed). */
+static loom_status stage_grow(loom_cuda_ctx *c, int k, size_t bytes)
+{
+	loom_status st;
+	if (c->stage_cap[k] >= bytes)
+		return LOOM_OK;
+	if (c->stage_host[k])
+		(void)cudaFreeHost(c->stage_host[k]);
+	if (c->stage_dev[k])
+		(void)cudaFree(c->stage_dev[k]);
+	c->stage_host[k] = c->stage_dev[k] = NULL;
+	c->stage_cap[k] = 0;
+	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->stage_host[k], bytes), c->err,
+			     sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->stage_dev[k], bytes), c->err,
+				     sizeof(c->err));
+	if (st == LOOM_OK)
+		c->stage_cap[k] = bytes;
+	return st;
+}
+
+/* The staged upload (cuda_internal.h, stage_on): no wait on the compute
+ * stream, only on this buffer's use two uploads back. */
+static loom_status staged_upload(loom_cuda_ctx *c, void *dst, const void *src, size_t bytes)
+{
+	loom_status st = LOOM_OK;
+	int k = c->stage_next;
+	if (!c->copy) {
+		st = LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking),
+				     c->err, sizeof(c->err));
+		for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_copied[i],
+								      cudaEventDisableTiming),
+					     c->err, sizeof(c->err));
+			if (st == LOOM_OK)
+				st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_done[i],
+									      cudaEventDisableTiming),
+						     c->err, sizeof(c->err));
+		}
+		if (st != LOOM_OK)
+			return st;
+	}
+	/* Buffer k's device copy into place (on the compute stream, after its
+	 * copy from the host) has run: both halves are free. An event never
+	 * recorded counts as passed. */
+	if ((st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->stage_done[k]), c->err,
+				  sizeof(c->err))) != LOOM_OK ||
+	    (st = stage_grow(c, k, bytes)) != LOOM_OK)
+		return st;
+	memcpy(c->stage_host[k], src, bytes);
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->stage_dev[k], c->stage_host[k], bytes,
+					     cudaMemcpyHostToDevice, c->copy),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaEventRecord(c->stage_copied[k], c->copy), c->err,
+				     sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->stage_copied[k], 0), c->err,
+				     sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, c->stage_dev[k], bytes,
+						     cudaMemcpyDeviceToDevice, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaEventRecord(c->stage_done[k], c->stream), c->err,
+				     sizeof(c->err));
+	c->stage_next = k ^ 1;
+	return st;
+}
+
 /* Copies through the two pinned halves: the host copies into one half while
  * the DMA of the other may still run; it waits only when it comes back to a
  * half whose copy has not finished. No stream sync. */
@@ -527,6 +821,8 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
+	if (c->stage_on && bytes > 0 && bytes <= LOOM_CUDA_STAGE_MAX)
+		return staged_upload(c, dst, src, bytes);
 
 	while (bytes > 0 && st == LOOM_OK) {
 		size_t n = bytes < c->pinned_half ? bytes : c->pinned_half;
@@ -641,12 +937,80 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->comm), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
+	/* A loss read late (loss_async) still pending: its copy has landed. */
+	if (c->async && c->async_pending >= 0) {
+		const loom_cuda_async_slot *a = &c->async[c->async_pending];
+		ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
+		c->async_pending = -1;
+	}
 	ts->scaler = c->host_scaler = h.scaler;
 	ts->step = c->host_step = h.step;
 	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
 		return report_bad_label(c, p, &h);
 	return LOOM_OK;
+}
+
+/* Slot k's copy has landed: its step's loss, scaler and step into ts. */
+static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_state *ts, int k)
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->async_ev[k]), c->err,
+					 sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	const loom_cuda_async_slot *a = &c->async[k];
+	loom_cuda_ctl h = a->ctl;
+	ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
+	ts->scaler = c->host_scaler = h.scaler;
+	ts->step = c->host_step = h.step;
+	ts->grad_norm = h.grad_norm;
+	if (h.ce_node >= 0 && h.ce_node < p->g->n)
+		return report_bad_label(c, p, &h);
+	return LOOM_OK;
+}
+
+static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *loss, int f64,
+				   loom_train_state *ts)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (!c->async) {
+		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->async, 2 * sizeof(*c->async)),
+				     c->err, sizeof(c->err));
+		for (int i = 0; i < 2 && st == LOOM_OK; i++)
+			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->async_ev[i],
+								      cudaEventDisableTiming),
+					     c->err, sizeof(c->err));
+		if (st != LOOM_OK)
+			return st;
+		c->async_next = 0;
+		c->async_pending = -1;
+	}
+	int k = c->async_next;
+	if (c->async_pending == k && (st = async_take(c, p, ts, k)) != LOOM_OK)
+		return st;
+	loom_cuda_async_slot *a = &c->async[k];
+	a->f64 = f64;
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(f64 ? (void *)&a->loss64 : (void *)&a->loss32, loss,
+					     f64 ? sizeof(double) : sizeof(float),
+					     cudaMemcpyDeviceToHost, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&a->ctl, c->ctl, sizeof(a->ctl),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaEventRecord(c->async_ev[k], c->stream), c->err,
+				     sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	int prev = c->async_pending;
+	c->async_pending = k;
+	c->async_next = k ^ 1;
+	return prev >= 0 ? async_take(c, p, ts, prev) : LOOM_OK;
 }
 
 static cudaStream_t stream_of(loom_cuda_ctx *c, loom_stream s)
@@ -706,6 +1070,9 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	const loom_node *n = &p->g->nodes[v];
 	loom_cuda_io io;
 
+	/* A relu backward the split batch-norm backward does (plan_relu_bwd). */
+	if (c->plans[v].fused_into != LOOM_NONE && loom_cuda_relu_fusion_on(c))
+		return LOOM_OK;
 	memset(&io, 0, sizeof(io));
 	for (int i = 0; i < n->nsrc; i++) {
 		io.src[i] = loom_arena_ptr(c->arena, p, n->src[i]);
@@ -721,10 +1088,20 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 {
 	loom_status st = LOOM_OK;
+	/* A relu backward the batch-norm backward does writes nothing (its
+	 * output may share bytes with the sources that backward reads). */
+	if (c->plans[v].fused_into != LOOM_NONE && loom_cuda_relu_fusion_on(c))
+		return LOOM_OK;
+	const loom_cuda_bn_plan *bp = &c->plans[v].bn;
+	int keep_out = 0; /* v's bytes hold the relu's y or dy it reads */
+	if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
+		int same;
+		keep_out = bytes_meet(p, v, bp->relu_y, &same) || bytes_meet(p, v, bp->relu_dy, &same);
+	}
 	for (loom_value w = v; w != LOOM_NONE && st == LOOM_OK;
 	     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
 		const loom_node *n = &p->g->nodes[w];
-		if (w != v && !loom_cuda_plan_makes(&c->plans[v], w))
+		if ((w != v && !loom_cuda_plan_makes(&c->plans[v], w)) || (w == v && keep_out))
 			continue;
 		/* A value written in place over its source would poison the source. */
 		if (loom_op_is_leaf((loom_op)n->op) || n->op == LOOM_OP_RESHAPE || p->mp.root[w] != w ||
@@ -946,9 +1323,32 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 {
 	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
 	buf[0] = 0;
-	if (!c || !c->plans || v < 0 || v >= c->n_plans || c->plans[v].kind != LOOM_CUDA_PLAN_CONV)
+	if (!c || !c->plans || v < 0 || v >= c->n_plans)
 		return;
-	loom_cuda_conv_note(&p->g->nodes[v], &c->plans[v].conv, buf, len);
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const loom_node *n = &p->g->nodes[v];
+	if (np->kind == LOOM_CUDA_PLAN_CONV) {
+		loom_cuda_conv_note(n, &np->conv, buf, len);
+		return;
+	}
+	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
+		 n->op == LOOM_OP_BN_BWD_GAMMA;
+	if (np->fused_into != LOOM_NONE) {
+		snprintf(buf, len, "done by %d (the split batch-norm backward)", (int)np->fused_into);
+		return;
+	}
+	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
+		return;
+	const char *how = !bn ? "own kernel" :
+			  np->kind == LOOM_CUDA_PLAN_BN ? (np->bn.ex ? "cudnn Ex, relu fused" : "cudnn") :
+			  n->a.bn.sync ? "own kernels, synchronised" :
+			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
+	const char *saved = np->saved_by == LOOM_NONE ? "" :
+			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
+					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
+	snprintf(buf, len, "%s%s%s%s", how, saved,
+		 np->bn.own_makes ? ", writes dgamma and dbeta" : "",
+		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "");
 }
 
 static const loom_backend loom_cuda_backend = {
@@ -983,6 +1383,7 @@ static const loom_backend loom_cuda_backend = {
 	.event_wait = cuda_event_wait,
 	.timer_record = cuda_timer_record,
 	.timer_read = cuda_timer_read,
+	.loss_async = cuda_loss_async,
 	.capture = NULL, /* the GPU-step issue */
 	.replay = NULL,
 };

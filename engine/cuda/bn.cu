@@ -8,8 +8,11 @@
  * The fallback of bn_cudnn.cu: cuDNN runs batch norm where it takes the
  * dtypes (f32 or f16 data with f32 parameters: O0, O1, O2); these kernels
  * run the rest (O3's half parameters, bf16) and everything under the
- * loom_cuda_test_own_kernels hook. One block per channel, double
- * accumulators, two passes for the variance.
+ * loom_cuda_test_own_kernels hook (and, under LOOM_CUDA_BN_OWN=1, what
+ * cuDNN would run). The split kernels below (LOOM_CUDA_BN_SPLIT, on)
+ * run training nodes over several blocks per channel; the one-block
+ * kernels (double accumulators, two passes for the variance) run eval and
+ * the switch's old path.
  *
  * Synchronised batch norm (attrs.bn.sync, engine/ddp.c) always runs here,
  * split as on the CPU (engine/cpu/ops_bn.c): a kernel writes this rank's
@@ -251,10 +254,260 @@ __global__ void loom_bn_bwd_gamma_kernel(int n, int c, int64_t hw, const void *x
 		loom_st(dg, dgdt, ch, (float)(sdyx / sqrt(var + eps)));
 }
 
+/*
+ * The split kernels (LOOM_CUDA_BN_SPLIT, on by default): each channel's
+ * n * hw values cut into P chunks of about LOOM_CUDA_BN_CHUNK values, one
+ * block per (channel, chunk), so that a large batch fills the device (one
+ * block per channel left 64 blocks for ResNet's first layers). A chunk's
+ * partial sums (f64) go to the workspace; the next kernel folds a
+ * channel's P partials in chunk order in every block that needs them, so
+ * the result does not depend on scheduling (deterministic). The variance
+ * is E[x^2] - mean^2 in f64, as synchronised batch norm's sums. The
+ * forward saves the channel's mean and biased variance (f64) where the
+ * plan gave it a slot, and the backward reads them instead of a pass over
+ * x; the backward writes dgamma and dbeta with dx when they are its
+ * siblings (graph/fuse.c). Compiled, not yet run on a GPU.
+ */
+
+/* Chunk p's range [*k0, *k1) of a channel's m values cut into P chunks. */
+static __device__ __forceinline__ void bn_chunk(int64_t m, int P, int p, int64_t *k0, int64_t *k1)
+{
+	const int64_t len = (m + P - 1) / P;
+	*k0 = (int64_t)p * len;
+	*k1 = *k0 + len < m ? *k0 + len : m;
+}
+
+/* Partial sums of chunk (ch = blockIdx.x, p = blockIdx.y): sum x and sum
+ * x^2 (dy NULL), or sum dy and sum dy (x - mean) with mean from stat
+ * (stat[ch]: mean, stat[c + ch]: biased variance), dy masked by ry > 0
+ * where ry is given (the relu's backward fused). part[(ch P + p) 2 + 0/1]. */
+__global__ void loom_bn_part_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+				    const void *dy, int dydt, const void *ry, int rydt,
+				    const double *stat, double *part)
+{
+	const int ch = blockIdx.x, p = blockIdx.y, P = gridDim.y;
+	const int64_t m = (int64_t)n * hw;
+	int64_t k0, k1;
+	bn_chunk(m, P, p, &k0, &k1);
+	double a = 0, b = 0;
+	if (!dy) {
+		for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+			double v = loom_ld(x, xdt, bn_index(c, hw, ch, k));
+			a += v;
+			b += v * v;
+		}
+	} else {
+		const double mu = stat[ch];
+		for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+			int64_t o = bn_index(c, hw, ch, k);
+			/* A fused relu backward: dy where y > 0, as relu_bwd */
+			double g = !ry || loom_ld(ry, rydt, o) > 0.0f ? loom_ld(dy, dydt, o) : 0.0f;
+			a += g;
+			b += g * (loom_ld(x, xdt, o) - mu);
+		}
+	}
+	a = loom_block_sum(a);
+	b = loom_block_sum(b);
+	if (threadIdx.x == 0) {
+		part[((int64_t)ch * P + p) * 2] = a;
+		part[((int64_t)ch * P + p) * 2 + 1] = b;
+	}
+}
+
+/* Channel ch's P partials summed in chunk order (thread 0 sums, the block
+ * gets the result). */
+static __device__ void bn_fold(const double *part, int ch, int P, double *a, double *b)
+{
+	__shared__ double ab[2];
+	if (threadIdx.x == 0) {
+		double s = 0, q = 0;
+		for (int p = 0; p < P; p++) {
+			s += part[((int64_t)ch * P + p) * 2];
+			q += part[((int64_t)ch * P + p) * 2 + 1];
+		}
+		ab[0] = s;
+		ab[1] = q;
+	}
+	__syncthreads();
+	*a = ab[0];
+	*b = ab[1];
+}
+
+/* Mean and biased variance of channel ch from its sum x and sum x^2. */
+static __device__ void bn_moments(double s, double q, double m, double *mean, double *var)
+{
+	const double mu = s / m, v = q / m - mu * mu;
+	*mean = mu;
+	*var = v > 0 ? v : 0;
+}
+
+/* The backward's statistics when no forward saved them: stat[ch] and
+ * stat[c + ch] from the partials (one block of 32 per channel). */
+__global__ void loom_bn_stat_kernel(int c, double m, int P, const double *part, double *stat)
+{
+	const int ch = blockIdx.x;
+	double s, q, mean, var;
+	bn_fold(part, ch, P, &s, &q);
+	bn_moments(s, q, m, &mean, &var);
+	if (threadIdx.x == 0) {
+		stat[ch] = mean;
+		stat[c + ch] = var;
+	}
+}
+
+/* Training forward of chunk (ch, p): the fold, then y over the chunk (the
+ * one-block kernel's affine and fused relu); block (ch, 0) updates the
+ * running statistics and saves mean and variance into save (if any). */
+__global__ void loom_bn_fwd_split_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					 const void *gamma, int gdt, const void *beta, int bdt,
+					 void *rmean, int rmdt, void *rvar, int rvdt,
+					 double momentum, double eps, int relu, const double *part,
+					 double *save, void *y, int ydt)
+{
+	const int ch = blockIdx.x, p = blockIdx.y, P = gridDim.y;
+	const int64_t m = (int64_t)n * hw;
+	const double unbias = m > 1 ? (double)m / (double)(m - 1) : 1;
+	double s, q, mean, var;
+	bn_fold(part, ch, P, &s, &q);
+	bn_moments(s, q, (double)m, &mean, &var);
+	double g = gamma ? loom_ld(gamma, gdt, ch) : 1, bt = beta ? loom_ld(beta, bdt, ch) : 0;
+	double scale = g / sqrt(var + eps);
+	const float sc = (float)scale, sh = (float)(bt - mean * scale);
+	int64_t k0, k1;
+	bn_chunk(m, P, p, &k0, &k1);
+	for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+		int64_t o = bn_index(c, hw, ch, k);
+		float v = fmaf(loom_ld(x, xdt, o), sc, sh);
+		loom_st(y, ydt, o, relu && v < 0.0f ? 0.0f : v);
+	}
+	if (p != 0 || threadIdx.x != 0)
+		return;
+	if (rmean)
+		loom_st(rmean, rmdt, ch,
+			(float)((1 - momentum) * loom_ld(rmean, rmdt, ch) + momentum * mean));
+	if (rvar)
+		loom_st(rvar, rvdt, ch,
+			(float)((1 - momentum) * loom_ld(rvar, rvdt, ch) + momentum * var * unbias));
+	if (save) {
+		save[ch] = mean;
+		save[c + ch] = var;
+	}
+}
+
+/* Backward of chunk (ch, p) from the statistics and the dy partials: dx
+ * over the chunk (dx non-NULL, the one-block kernel's formula); block
+ * (ch, 0) writes dgamma and dbeta where asked. */
+__global__ void loom_bn_bwd_split_kernel(int n, int c, int64_t hw, const void *x, int xdt,
+					 const void *gamma, int gdt, const void *dy, int dydt,
+					 const void *ry, int rydt, double eps, const double *stat,
+					 const double *part, void *dx, int dxdt, void *dg, int dgdt,
+					 void *db, int dbdt)
+{
+	const int ch = blockIdx.x, p = blockIdx.y, P = gridDim.y;
+	const int64_t m = (int64_t)n * hw;
+	const double mean = stat[ch], var = stat[c + ch];
+	double sdy, sdyx;
+	bn_fold(part, ch, P, &sdy, &sdyx);
+	const double istd = 1 / sqrt(var + eps);
+	if (p == 0 && threadIdx.x == 0) {
+		if (dg)
+			loom_st(dg, dgdt, ch, (float)(sdyx * istd));
+		if (db)
+			loom_st(db, dbdt, ch, (float)sdy);
+	}
+	if (!dx)
+		return;
+	double kk = (gamma ? loom_ld(gamma, gdt, ch) : 1) * istd;
+	double bb = -kk * (sdyx / (double)m) * istd * istd;
+	double d = -kk * (sdy / (double)m) - bb * mean;
+	const float a = (float)kk, b = (float)bb, dd = (float)d;
+	int64_t k0, k1;
+	bn_chunk(m, P, p, &k0, &k1);
+	for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+		int64_t o = bn_index(c, hw, ch, k);
+		/* dx may be y's or dy's bytes (the fused relu backward): each
+		 * element is read before it is written, by the same thread. */
+		float g = !ry || loom_ld(ry, rydt, o) > 0.0f ? loom_ld(dy, dydt, o) : 0.0f;
+		float v = g * a + loom_ld(x, xdt, o) * b + dd;
+		loom_st(dx, dxdt, o, v);
+	}
+}
+
 // ----------------------------------------------------------------------------
 // kernel launchers
 
 static const int threads = 512;
+
+/* The split kernels' chunk: about this many values of a channel per block,
+ * at most LOOM_CUDA_BN_MAX_CHUNKS blocks per channel. */
+#define LOOM_CUDA_BN_CHUNK 8192
+#define LOOM_CUDA_BN_MAX_CHUNKS 64
+static const int split_threads = 256;
+
+static int bn_nchunks(int64_t m)
+{
+	int64_t p = (m + LOOM_CUDA_BN_CHUNK - 1) / LOOM_CUDA_BN_CHUNK;
+	return p < 1 ? 1 : p > LOOM_CUDA_BN_MAX_CHUNKS ? LOOM_CUDA_BN_MAX_CHUNKS : (int)p;
+}
+
+size_t loom_cuda_bn_split_ws(const loom_plan *plan, loom_value v)
+{
+	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
+	if (x->shape.ndim != 4)
+		return 0;
+	const size_t c = (size_t)x->shape.dims[1];
+	const int P = bn_nchunks(x->shape.dims[0] * x->shape.dims[2] * x->shape.dims[3]);
+	/* [partials: c P pairs | statistics: mean, variance per channel] */
+	return loom_cuda_align(sizeof(double) * (2 * c * (size_t)P + 2 * c));
+}
+
+/* The split kernels' launches. fwd: the statistics' partials, then the
+ * forward (save: its slot, or NULL). bwd: the statistics (stat: the
+ * forward's saved slot, or NULL: computed here into ws), the dy
+ * partials, then dx (NULL: none), dgamma, dbeta (NULL: not asked). */
+static loom_status bn_split_fwd(char *err, cudaStream_t s, int n, int c, int64_t hw,
+				const loom_cuda_io *io, const loom_node *nd, double *ws,
+				double *save)
+{
+	const int P = bn_nchunks((int64_t)n * hw);
+	dim3 grid((unsigned)c, (unsigned)P);
+	loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, io->src[0], io->dt[0], NULL,
+							 0, NULL, 0, NULL, ws);
+	loom_bn_fwd_split_kernel<<<grid, split_threads, 0, s>>>(
+		n, c, hw, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
+		io->src[3], io->dt[3], io->src[4], io->dt[4], nd->a.bn.momentum, nd->a.bn.eps,
+		nd->a.bn.relu, ws, save, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+typedef struct bn_split_out {
+	void *dx, *dg, *db;
+	int dxdt, dgdt, dbdt;
+	const void *ry; /* the fused relu backward's y, or NULL */
+	int rydt;
+} bn_split_out;
+
+static loom_status bn_split_bwd(char *err, cudaStream_t s, int n, int c, int64_t hw,
+				const void *x, int xdt, const void *gamma, int gdt, const void *dy,
+				int dydt, double eps, double *ws, const double *stat,
+				const bn_split_out *o)
+{
+	const int P = bn_nchunks((int64_t)n * hw);
+	dim3 grid((unsigned)c, (unsigned)P);
+	if (!stat) {
+		double *st = ws + 2 * (size_t)c * P;
+		loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, x, xdt, NULL, 0, NULL,
+								 0, NULL, ws);
+		loom_bn_stat_kernel<<<c, 32, 0, s>>>(c, (double)n * hw, P, ws, st);
+		stat = st;
+	}
+	loom_bn_part_kernel<<<grid, split_threads, 0, s>>>(n, c, hw, x, xdt, dy, dydt, o->ry,
+							 o->rydt, stat, ws);
+	loom_bn_bwd_split_kernel<<<grid, split_threads, 0, s>>>(
+		n, c, hw, x, xdt, gamma, gdt, dy, dydt, o->ry, o->rydt, eps, stat, ws, o->dx, o->dxdt,
+		o->dg, o->dgdt, o->db, o->dbdt);
+	return LOOM_CUDA_LAUNCHED(err);
+}
 
 extern "C" loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n,
 					int c, int64_t hw, const void *x, int xdt, const void *gamma,
@@ -341,6 +594,9 @@ loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *c, const loom_plan *plan, lo
 		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
 	const int nb = (int)x->shape.dims[0], ch = (int)x->shape.dims[1];
 	const int64_t hw = x->shape.dims[2] * x->shape.dims[3];
+	if (c->train && !n->a.bn.sync && c->bn_split && ch > 0 && nb * hw > 0)
+		return bn_split_fwd(c->err, c->stream, nb, ch, hw, io, n, (double *)c->arena->ws,
+				    (double *)loom_cuda_saved_slot(c, v, v));
 	if (!c->train || !n->a.bn.sync || ch <= 0)
 		return loom_cuda_bn_fwd(c->err, c->stream, c->train, nb, ch, hw, io->src[0],
 					io->dt[0], io->src[1], io->dt[1], io->src[2], io->dt[2],
@@ -390,6 +646,35 @@ loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, lo
 		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
 	if (n->a.bn.sync)
 		return bn_bwd_sync(c, plan, v, io, 1);
+	if (c->bn_split) {
+		const loom_cuda_bn_plan *bp = &c->plans[v].bn;
+		bn_split_out o = { io->out, NULL, NULL, io->odt, 0, 0, NULL, 0 };
+		const void *dy = io->src[2];
+		int dydt = io->dt[2];
+		if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
+			/* The relu backward did nothing: its sources instead. */
+			dy = loom_arena_ptr(c->arena, plan, bp->relu_dy);
+			dydt = plan->g->nodes[bp->relu_dy].dtype;
+			o.ry = loom_arena_ptr(c->arena, plan, bp->relu_y);
+			o.rydt = plan->g->nodes[bp->relu_y].dtype;
+		}
+		if (bp->own_makes && bp->dgamma != LOOM_NONE) {
+			o.dg = loom_arena_ptr(c->arena, plan, bp->dgamma);
+			o.dgdt = plan->g->nodes[bp->dgamma].dtype;
+		}
+		if (bp->own_makes && bp->dbeta != LOOM_NONE) {
+			o.db = loom_arena_ptr(c->arena, plan, bp->dbeta);
+			o.dbdt = plan->g->nodes[bp->dbeta].dtype;
+		}
+		if (loom_shape_numel(&x->shape) <= 0)
+			return LOOM_OK;
+		return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
+				    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0],
+				    io->src[1], io->dt[1], dy, dydt, n->a.bn.eps,
+				    (double *)c->arena->ws,
+				    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
+				    &o);
+	}
 	return loom_cuda_bn_bwd_data(c->err, c->stream, (int)x->shape.dims[0],
 				     (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
 				     io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
@@ -403,6 +688,16 @@ loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, l
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	if (n->a.bn.sync)
 		return bn_bwd_sync(c, plan, v, io, 0);
+	if (c->bn_split) {
+		bn_split_out o = { NULL, io->out, NULL, 0, io->odt, 0, NULL, 0 };
+		if (loom_shape_numel(&x->shape) <= 0)
+			return LOOM_OK;
+		return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
+				    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0], NULL,
+				    0, io->src[1], io->dt[1], n->a.bn.eps, (double *)c->arena->ws,
+				    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
+				    &o);
+	}
 	return loom_cuda_bn_bwd_gamma(c->err, c->stream, (int)x->shape.dims[0],
 				      (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
 				      io->src[0], io->dt[0], io->src[1], io->dt[1], n->a.bn.eps,

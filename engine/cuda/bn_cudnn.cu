@@ -8,7 +8,11 @@
  * nodes (BN_BWD_DATA, BN_BWD_GAMMA, a CHANNEL_SUM for dbeta); graph/fuse.c
  * marks the last two as siblings of the first (made_by), so the one call
  * writes all three where the memory plan put them. An unmarked gradient
- * goes to scratch in ws and its own node computes it later.
+ * goes to scratch in ws and its own node computes it later. The forward
+ * saves its mean and inverse std into the slot backend.cu's plan_saved
+ * gave it, and the backward passes them back (LOOM_CUDA_BN_SAVE); a
+ * forward with a fused relu asks for the Ex call with the activation
+ * (LOOM_CUDA_BN_EX) where cuDNN takes NCHW. Compiled, not yet run.
  *
  * cuDNN takes x, y, dy and dx in one dtype (f32 or f16 here) with gamma,
  * beta and the statistics in f32: the O0, O1 and O2 (keep_batchnorm_fp32)
@@ -43,6 +47,53 @@ static int cudnn_takes(const loom_plan *p, const loom_node *n)
 	       n->a.bn.eps >= CUDNN_BN_MIN_EPSILON;
 }
 
+/* The dgamma (BN_BWD_GAMMA) and dbeta (CHANNEL_SUM) siblings graph/fuse.c
+ * marked on backward node v, f32 only for cuDNN; whether it found one. */
+static int find_siblings(const loom_plan *p, loom_value v, loom_cuda_bn_plan *bp, int f32_only)
+{
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
+		const loom_node *s = &p->g->nodes[w];
+		if (f32_only && s->dtype != LOOM_F32)
+			continue;
+		if (s->op == LOOM_OP_BN_BWD_GAMMA)
+			bp->dgamma = w;
+		else if (s->op == LOOM_OP_CHANNEL_SUM)
+			bp->dbeta = w;
+	}
+	return bp->dgamma != LOOM_NONE || bp->dbeta != LOOM_NONE;
+}
+
+/* The fused relu through the Ex call, if cuDNN takes these (NCHW)
+ * descriptors: it documents BN_ACTIVATION for NHWC half tensors, so the
+ * sizes are asked here and a refusal keeps the legacy call and the relu
+ * kernel after it (not an error). */
+static loom_status plan_ex(loom_cuda_ctx *c, loom_cuda_node_plan *np)
+{
+	loom_cuda_bn_plan *bp = &np->bn;
+	loom_status st = LOOM_CUDNN_CHECK(cudnnCreateActivationDescriptor(&bp->act), c->err,
+					  sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	st = LOOM_CUDNN_CHECK(cudnnSetActivationDescriptor(bp->act, CUDNN_ACTIVATION_RELU,
+							   CUDNN_PROPAGATE_NAN, 0.0),
+			      c->err, sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	size_t ws = 0, reserve = 0;
+	if (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+		    c->dnn, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, bp->x, NULL,
+		    bp->x, bp->param, bp->act, &ws) != CUDNN_STATUS_SUCCESS ||
+	    cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+		    c->dnn, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, bp->act,
+		    bp->x, &reserve) != CUDNN_STATUS_SUCCESS)
+		return LOOM_OK; /* ex stays 0 */
+	bp->ex = 1;
+	bp->ex_ws = ws;
+	bp->ex_reserve = reserve;
+	np->lib_ws = loom_cuda_align(ws) + loom_cuda_align(reserve);
+	return LOOM_OK;
+}
+
 loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np)
 {
@@ -53,10 +104,17 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	(void)c;
 
 	bp->dgamma = bp->dbeta = LOOM_NONE;
+	bp->own_makes = 0;
 	/* Synchronised batch norm needs its statistics between two kernels;
-	 * cuDNN computes and applies them in one call. */
-	if (loom_cuda_own_kernels_on || n->a.bn.sync || !cudnn_takes(p, n))
-		return LOOM_OK; /* kind stays NONE: the own kernels run it */
+	 * cuDNN computes and applies them in one call. LOOM_CUDA_BN_OWN
+	 * takes the own kernels where cuDNN would run. */
+	if (loom_cuda_own_kernels_on || c->bn_own || n->a.bn.sync || !cudnn_takes(p, n)) {
+		/* kind stays NONE: the own kernels run it; the split backward
+		 * writes dgamma and dbeta with dx, in their dtypes. */
+		if (n->op == LOOM_OP_BN_BWD_DATA && !n->a.bn.sync && c->bn_split)
+			bp->own_makes = find_siblings(p, v, bp, 0);
+		return LOOM_OK;
+	}
 	np->kind = LOOM_CUDA_PLAN_BN;
 	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bp->x), c->err, sizeof(c->err))) !=
 	    LOOM_OK)
@@ -76,18 +134,14 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			      c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
+	if (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu && c->bn_ex)
+		return plan_ex(c, np);
 	if (n->op != LOOM_OP_BN_BWD_DATA)
 		return LOOM_OK;
 
 	/* The backward call writes dgamma and dbeta too: into the siblings
 	 * graph/fuse.c marked, else into scratch at the start of ws. */
-	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
-		const loom_node *s = &p->g->nodes[w];
-		if (s->op == LOOM_OP_BN_BWD_GAMMA && s->dtype == LOOM_F32)
-			bp->dgamma = w;
-		else if (s->op == LOOM_OP_CHANNEL_SUM && s->dtype == LOOM_F32)
-			bp->dbeta = w;
-	}
+	find_siblings(p, v, bp, 1);
 	np->lib_ws = loom_cuda_align(2 * sizeof(float) * (size_t)d[1]);
 	return LOOM_OK;
 }
@@ -99,7 +153,10 @@ void loom_cuda_bn_plan_free(loom_cuda_node_plan *np)
 		cudnnDestroyTensorDescriptor(bp->x);
 	if (bp->param)
 		cudnnDestroyTensorDescriptor(bp->param);
+	if (bp->act)
+		cudnnDestroyActivationDescriptor(bp->act);
 	bp->x = bp->param = NULL;
+	bp->act = NULL;
 }
 
 loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
@@ -110,8 +167,29 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	const float one = 1.0f, zero = 0.0f;
 
 	if (n->op == LOOM_OP_BATCHNORM2D) {
-		/* (x, gamma, beta, running mean, running var) */
+		/* (x, gamma, beta, running mean, running var); the mean and
+		 * inverse std saved for the backward where the plan gave the
+		 * node a slot (LOOM_CUDA_BN_SAVE). */
 		loom_status st;
+		float *save_mean = (float *)loom_cuda_saved_slot(c, v, v);
+		float *save_istd = save_mean ? save_mean + p->g->nodes[n->src[0]].shape.dims[1] : NULL;
+		if (train && bp->ex) {
+			/* The relu inside cuDNN's one pass (the reserve is
+			 * scratch: the backward is the legacy call). */
+			unsigned char *ws = (unsigned char *)c->arena->ws;
+			cudnnStatus_t cs = cudnnBatchNormalizationForwardTrainingEx(
+				c->dnn, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
+				&one, &zero, bp->x, src[0], NULL, NULL, bp->x, out, bp->param, src[1],
+				src[2], n->a.bn.momentum, src[3], src[4], n->a.bn.eps, save_mean,
+				save_istd, bp->act, ws, bp->ex_ws,
+				ws + loom_cuda_align(bp->ex_ws), bp->ex_reserve);
+			if (cs == CUDNN_STATUS_SUCCESS)
+				return LOOM_OK;
+			if (cs != CUDNN_STATUS_NOT_SUPPORTED)
+				return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
+			/* Refused at run time: the legacy call from now on. */
+			((loom_cuda_bn_plan *)bp)->ex = 0;
+		}
 		if (!train)
 			st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
 						      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
@@ -123,7 +201,7 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 						      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
 						      bp->x, src[0], bp->x, out, bp->param, src[1],
 						      src[2], n->a.bn.momentum, src[3], src[4],
-						      n->a.bn.eps, NULL, NULL),
+						      n->a.bn.eps, save_mean, save_istd),
 					      c->err, sizeof(c->err));
 		/* A fused relu (graph/fuse.c): the legacy API has no relu
 		 * epilogue, so the relu kernel runs in place after it, on the
@@ -138,9 +216,12 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	float *scratch = (float *)c->arena->ws;
 	void *dg = bp->dgamma != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dgamma) : (void *)scratch;
 	void *db = bp->dbeta != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dbeta) : (void *)(scratch + ch);
+	/* The forward's saved mean and inverse std, when it ran in this
+	 * (training) run; else cuDNN recomputes them from x. */
+	const float *sm = train ? (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
 	return LOOM_CUDNN_CHECK(cudnnBatchNormalizationBackward(
 					c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
 					bp->x, src[0], bp->x, src[2], bp->x, out, bp->param, src[1],
-					dg, db, n->a.bn.eps, NULL, NULL),
+					dg, db, n->a.bn.eps, sm, sm ? sm + ch : NULL),
 				c->err, sizeof(c->err));
 }

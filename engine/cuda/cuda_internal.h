@@ -28,6 +28,9 @@ extern "C" {
 size_t loom_cuda_lt_ws(void);
 /* The most workspace a cuDNN algorithm may ask for to be chosen. */
 #define LOOM_CUDA_CONV_WS_MAX ((size_t)512 << 20)
+/* The largest upload the staged path takes (larger ones, such as weights
+ * at load, go through the pinned halves). */
+#define LOOM_CUDA_STAGE_MAX ((size_t)256 << 20)
 /* Elements per optimizer chunk (one block each). */
 #define LOOM_CUDA_OPT_CHUNK 4096
 
@@ -83,6 +86,14 @@ typedef struct loom_cuda_opt_slot {
 	int32_t param_dt, grad_dt, state_dt;
 	int32_t matrix; /* loom_param_slot.matrix: decayed under decay_matrices_only */
 } loom_cuda_opt_slot;
+
+/* One slot of the loss read one step late (backend.cu, loss_async). */
+typedef struct loom_cuda_async_slot {
+	double loss64;
+	float loss32;
+	int32_t f64;
+	loom_cuda_ctl ctl;
+} loom_cuda_async_slot;
 
 /* A source cast into workspace before a library call (dtype mismatch). */
 typedef struct loom_cuda_stage {
@@ -144,6 +155,20 @@ typedef struct loom_cuda_bn_plan {
 	cudnnTensorDescriptor_t x;     /* x, y, dy, dx: [N, C, H, W] */
 	cudnnTensorDescriptor_t param; /* gamma, beta, statistics: [1, C, 1, 1] f32 */
 	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
+	int own_makes; /* the own split backward (kind NONE) writes dgamma, dbeta too */
+	/* The relu's backward fused into this split backward (LOOM_CUDA_BN_RELU_BWD,
+	 * plan_relu_bwd in backend.cu): it reads the relu backward's sources
+	 * (relu_y, the batch norm's relu'd output, and relu_dy) and masks dy
+	 * by y > 0 itself; relu_bwd is the node it stands for, which does
+	 * nothing. LOOM_NONE: not fused. */
+	loom_value relu_bwd, relu_y, relu_dy;
+	/* A forward with a fused relu through cudnnBatchNormalizationForwardTrainingEx
+	 * (CUDNN_BATCHNORM_OPS_BN_ACTIVATION), where cuDNN took the NCHW
+	 * descriptors at plan time (LOOM_CUDA_BN_EX); its workspace and reserve
+	 * at the start of ws. 0 after a run-time NOT_SUPPORTED. */
+	int ex;
+	cudnnActivationDescriptor_t act;
+	size_t ex_ws, ex_reserve;
 } loom_cuda_bn_plan;
 
 /* What prepare decided for one node. */
@@ -161,6 +186,17 @@ typedef struct loom_cuda_node_plan {
 	loom_cuda_mm_plan mm;
 	loom_cuda_bn_plan bn;
 	loom_cuda_ln_plan ln;
+	/* A slot of the saved region (between the forward and its backward,
+	 * outside the graph's values): the forward node whose slot this node
+	 * writes (itself) or reads, LOOM_NONE if none; where it starts in
+	 * the region. Batch norm: its statistics (cuDNN's saved mean and
+	 * inverse std, f32, or the own kernels' mean and biased variance,
+	 * f64); max pool: each output's argmax in its window (one byte). */
+	loom_value saved_by;
+	size_t saved_off;
+	/* A relu backward whose work the split batch-norm backward fused_into
+	 * does (LOOM_NONE: none). */
+	loom_value fused_into;
 } loom_cuda_node_plan;
 
 enum {
@@ -199,6 +235,28 @@ typedef struct loom_cuda_ctx {
 	cudaEvent_t pinned_ev[2];
 	int pinned_next;
 
+	/* The staged upload (LOOM_CUDA_UPLOAD=stream, read at alloc; off by
+	 * default; compiled, not yet run): a copy stream and two fixed
+	 * buffers, each a pinned host half and a device half of the largest
+	 * staged upload so far (up to LOOM_CUDA_STAGE_MAX). The host copies
+	 * into buffer k, the copy stream moves it to the device half while
+	 * the compute stream runs, the compute stream waits for that copy and
+	 * moves the device half into place (a device copy); the host waits
+	 * only for buffer k's previous device copy, two uploads back. */
+	/* The loss read one step late (loss_async): two pinned slots, each
+	 * the loss and the control block as a step left them, an event each;
+	 * the slot whose copy is queued and not yet taken (-1: none). */
+	struct loom_cuda_async_slot *async;
+	cudaEvent_t async_ev[2];
+	int async_next, async_pending;
+
+	int stage_on;
+	cudaStream_t copy;
+	unsigned char *stage_host[2], *stage_dev[2];
+	size_t stage_cap[2];
+	cudaEvent_t stage_copied[2], stage_done[2];
+	int stage_next;
+
 	loom_scaler host_scaler; /* the scaler as last synced with the device */
 	int64_t host_step;
 	/* Pinned staging of a host-side change of scaler and step, read by the
@@ -208,6 +266,20 @@ typedef struct loom_cuda_ctx {
 	cudaEvent_t ctl_stage_ev;
 
 	int tf32;   /* fp32 products and convolutions on TF32 tensor cores (!opts.no_tf32) */
+	/* Switches read from the environment when the plan is made (each
+	 * keeps the old path when 0; compiled, not yet run on a GPU):
+	 * LOOM_CUDA_BN_SAVE (1): batch norm's forward saves its statistics
+	 * and the backward reads them; LOOM_CUDA_BN_SPLIT (1): the own
+	 * batch-norm kernels with several blocks per channel; LOOM_CUDA_BN_OWN
+	 * (0): the own kernels also where cuDNN takes the dtypes (relu fused
+	 * into the forward's one pass); LOOM_CUDA_POOL_IDX (1): max pool saves
+	 * its argmax and the backward gathers through it; LOOM_CUDA_BN_EX (1):
+	 * cuDNN's forward with the relu fused, where cuDNN takes NCHW;
+	 * LOOM_CUDA_BN_RELU_BWD (1): the relu's backward fused into the split
+	 * batch-norm backward where the memory plan allows it. */
+	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
+	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
+	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
@@ -397,6 +469,14 @@ loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s, loom_pool_shape ps,
 loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
 				  int dxdt);
+/* The same saving the argmax of each output into idx (one byte: its place
+ * in the window, 255: no gradient), and the backward through idx. */
+loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
+				      const void *x, int xdt, void *y, int ydt,
+				      unsigned char *idx);
+loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
+				      const unsigned char *idx, const void *dy, int dydt,
+				      void *dx, int dxdt);
 /* Global average pooling: y[nc] = mean of plane nc's hw values; backward
  * dx[nc, i] = dy[nc] / hw. */
 loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *x,
@@ -476,6 +556,9 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 /* Synchronised batch norm's f64 sums in the workspace of node v (bn.cu); 0
  * unless the node is synchronised. */
 size_t loom_cuda_bn_sync_ws(const loom_plan *p, loom_value v);
+/* The split kernels' workspace of batch-norm node v (bn.cu): partial sums
+ * and statistics. */
+size_t loom_cuda_bn_split_ws(const loom_plan *p, loom_value v);
 loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
@@ -485,13 +568,30 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 /* Does node plan np's library call also write sibling w? */
 static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value w)
 {
-	if (np->kind == LOOM_CUDA_PLAN_BN)
+	if (np->kind == LOOM_CUDA_PLAN_BN || np->bn.own_makes)
 		return w == np->bn.dgamma || w == np->bn.dbeta;
 	if (np->kind == LOOM_CUDA_PLAN_MM)
 		return w == np->mm.bgrad;
 	if (np->kind == LOOM_CUDA_PLAN_LN)
 		return w == np->ln.dgamma || w == np->ln.dbeta;
 	return 0;
+}
+
+/* Whether the plan's relu-backward fusions hold in this run: not under
+ * the per-node diagnosis (it reads each node's output). */
+static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
+{
+	return !c->diagnose;
+}
+
+/* The saved slot node v writes (want == v: only a slot of its own) or
+ * reads (want == LOOM_NONE: its forward's); NULL if it has none. */
+static inline void *loom_cuda_saved_slot(const loom_cuda_ctx *c, loom_value v, loom_value want)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	if (!c->saved || np->saved_by == LOOM_NONE || (want != LOOM_NONE && np->saved_by != want))
+		return NULL;
+	return c->saved + np->saved_off;
 }
 
 /* The dtype a library call runs a node in: its own (f32, f16, bf16). */

@@ -8,6 +8,11 @@
  * > 0; loom_cpu_global_avgpool_fwd/bwd in engine/cpu/elementwise_impl.h for
  * the average (a double sum per plane, as there).
  *
+ * The forward saves each output's argmax (a byte: its place in the window)
+ * in the slot the backend's plan gives it (backend.cu, plan_saved), and the
+ * backward gathers dy through it without reading x (LOOM_CUDA_POOL_IDX=0:
+ * the backward finds the argmax again from x, as before).
+ *
  * Own kernels rather than cudnnPoolingForward/Backward: cuDNN's backward
  * needs the forward output y, which the graph's MAXPOOL2D_BWD (x, dy) does
  * not have, and its choice among tied maxima is unspecified, so half inputs
@@ -58,6 +63,65 @@ __global__ void loom_maxpool_fwd_kernel(loom_pool_shape s, const void *x, int xd
 		if (s.relu && !(v > 0.0f || v != v))
 			v = 0.0f;
 		loom_st(y, ydt, o, v);
+	}
+}
+
+/* The forward saving each output's argmax (LOOM_CUDA_POOL_IDX, on by
+ * default; compiled, not yet run on a GPU): idx[o] is the max's place in
+ * its window, (ih - h0) k + (iw - w0), or 255 where no gradient goes (an
+ * empty window, or under the fused relu a max that is not > 0). */
+__global__ void loom_maxpool_fwd_idx_kernel(loom_pool_shape s, const void *x, int xdt,
+					    void *y, int ydt, unsigned char *idx, int64_t total)
+{
+	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
+	     o += (int64_t)gridDim.x * blockDim.x) {
+		int ow = (int)(o % s.w_out);
+		int oh = (int)((o / s.w_out) % s.h_out);
+		int64_t pl = o / ((int64_t)s.w_out * s.h_out);
+		int64_t off = pl * s.h_in * s.w_in;
+		int64_t i = pool_argmax(s, x, xdt, off, oh, ow);
+		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, off + i);
+		int route = i >= 0 && (!s.relu || v > 0.0f);
+		if (s.relu && !(v > 0.0f || v != v))
+			v = 0.0f;
+		loom_st(y, ydt, o, v);
+		int h0 = oh * s.stride - s.pad, w0 = ow * s.stride - s.pad;
+		idx[o] = route ? (unsigned char)(((int)(i / s.w_in) - h0) * s.k +
+						 ((int)(i % s.w_in) - w0)) :
+				 (unsigned char)255;
+	}
+}
+
+/* The backward through the saved argmax: one thread per input element, it
+ * gathers dy from the windows whose saved max is this element, in the same
+ * (oh, ow) order as below; x is not read. */
+__global__ void loom_maxpool_bwd_idx_kernel(loom_pool_shape s, const unsigned char *idx,
+					    const void *dy, int dydt, void *dx, int dxdt,
+					    int64_t total)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		int iw = (int)(e % s.w_in);
+		int ih = (int)((e / s.w_in) % s.h_in);
+		int64_t pl = e / ((int64_t)s.w_in * s.h_in);
+		int64_t doff = pl * s.h_out * s.w_out;
+		int th = ih + s.pad - s.k, tw = iw + s.pad - s.k;
+		int oh_lo = th < 0 ? 0 : th / s.stride + 1;
+		int ow_lo = tw < 0 ? 0 : tw / s.stride + 1;
+		int oh_hi = (ih + s.pad) / s.stride, ow_hi = (iw + s.pad) / s.stride;
+		if (oh_hi > s.h_out - 1)
+			oh_hi = s.h_out - 1;
+		if (ow_hi > s.w_out - 1)
+			ow_hi = s.w_out - 1;
+		float g = 0.0f;
+		for (int oh = oh_lo; oh <= oh_hi; oh++)
+			for (int ow = ow_lo; ow <= ow_hi; ow++) {
+				int64_t o = doff + (int64_t)oh * s.w_out + ow;
+				int me = (ih - (oh * s.stride - s.pad)) * s.k + (iw - (ow * s.stride - s.pad));
+				if (idx[o] == me)
+					g += loom_ld(dy, dydt, o);
+			}
+		loom_st(dx, dxdt, e, g);
 	}
 }
 
@@ -156,6 +220,30 @@ extern "C" loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s,
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
+extern "C" loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s,
+						 loom_pool_shape ps, const void *x, int xdt,
+						 void *y, int ydt, unsigned char *idx)
+{
+	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_maxpool_fwd_idx_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
+		ps, x, xdt, y, ydt, idx, total);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+extern "C" loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s,
+						 loom_pool_shape ps, const unsigned char *idx,
+						 const void *dy, int dydt, void *dx, int dxdt)
+{
+	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_maxpool_bwd_idx_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
+		ps, idx, dy, dydt, dx, dxdt, total);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
 extern "C" loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s,
 						    const void *x, int xdt, void *y, int ydt,
 						    int64_t nc, int64_t hw)
@@ -187,6 +275,10 @@ loom_status loom_cuda_op_maxpool2d(loom_cuda_ctx *c, const loom_plan *plan, loom
 {
 	loom_pool_shape ps;
 	loom_pool_shape_of(plan->g, v, &ps);
+	unsigned char *idx = (unsigned char *)loom_cuda_saved_slot(c, v, v);
+	if (idx)
+		return loom_cuda_maxpool_fwd_idx(c->err, c->stream, ps, io->src[0], io->dt[0],
+						 io->out, io->odt, idx);
 	return loom_cuda_maxpool_fwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->out,
 				     io->odt);
 }
@@ -196,6 +288,12 @@ loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 {
 	loom_pool_shape ps;
 	loom_pool_shape_of(plan->g, v, &ps);
+	/* The forward's argmax, saved in this (training) run. */
+	const unsigned char *idx =
+		c->train ? (const unsigned char *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
+	if (idx)
+		return loom_cuda_maxpool_bwd_idx(c->err, c->stream, ps, idx, io->src[1], io->dt[1],
+						 io->out, io->odt);
 	return loom_cuda_maxpool_bwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->src[1],
 				     io->dt[1], io->out, io->odt);
 }

@@ -197,6 +197,26 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		printf 'speed_torch_gpt2_124m_bf16\ttorch_tok\t%s\n' \
 			"$logs/speed_torch_gpt2_124m_bf16.log" >>"$speed"
 	fi
+	# Batch norm, max pool and the upload (engine/cuda, issue 30 items 3
+	# and 6): the rows above run the defaults (statistics saved, split
+	# own kernels, cuDNN's Ex forward where it takes NCHW, saved pool
+	# argmax); these run the old paths (=0) against them at search off,
+	# the own kernels in cuDNN's place (LOOM_CUDA_BN_OWN=1) and the input
+	# path (LOOM_CUDA_UPLOAD=stream, LOOM_ASYNC_LOSS=1: the loss one step
+	# late). 10 steps each, about 25 s in all,
+	# last, so that a short budget cuts these first.
+	bn_old=(LOOM_KERNEL_SEARCH=off LOOM_CUDA_BN_SAVE=0 LOOM_CUDA_BN_SPLIT=0 LOOM_CUDA_BN_EX=0
+		LOOM_CUDA_POOL_IDX=0)
+	r50s=(--device cuda --batch-size 64 --steps 10 --warmup 2)
+	srow speed_r50_O2_fp16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
+		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	srow speed_r50_O1_bf16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
+		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O1 --precision bf16
+	srow speed_r50_O2_fp16_bn_own loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_BN_OWN=1 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	srow speed_r50_O2_fp16_input_path loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_UPLOAD=stream LOOM_ASYNC_LOSS=1 "$bin/resnet50_synthetic" "${r50s[@]}" \
+		--opt-level O2
 	echo "=== speed ($(($(date +%s) - speed_t0)) s of ${speed_budget} s)"
 	bash "$here/gpu_speed.sh" "$speed" | tee "$res/speed.txt"
 fi

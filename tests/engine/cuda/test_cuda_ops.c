@@ -57,6 +57,7 @@ static double bound(loom_dtype dt)
 
 static uint64_t rng_state;
 static int own_kernels; /* the plugin's test_own_kernels is on */
+static int bn_own_env;  /* LOOM_CUDA_BN_OWN=1: no batch norm on cuDNN */
 
 /* The CUDA plugin this binary links (//engine/cuda:plugin_static), NULL in
  * a build without the toolkit: its test hooks are reached through it. */
@@ -321,9 +322,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	if (plugin())
 		plugin()->test_library_use(cuda_ctx, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
-		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
+		cr_expect_eq(bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn,
 			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
-			     bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn);
+			     bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
 	/* Under the hook every fallback is taken: half convolutions in f32,
@@ -815,6 +816,252 @@ Test(cuda_ops, conv_algorithm_search)
 		run_case("searched tf32 conv2d/2", b_conv_stride, LOOM_F32, LOOM_RUN_GRAD, seed);
 	}
 	tf32 = 0;
+}
+
+static void relu_pool_special(int k, int stride, int pad);
+
+/* Batch norm over 4 x 3 x 72 x 72: 20736 values per channel, three chunks
+ * of the split kernels (8192, 8192 and a partial 4352). */
+static loom_value b_bn_chunks(loom_graph *g, tcase *t)
+{
+	t->want_bn_cudnn = t->dt == LOOM_F32 ? 2 : 0;
+	return bn_of(g, t, 4, 3, 72, 72);
+}
+
+static loom_value b_bn_chunks_relu(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	return loom_relu(g, b_bn_chunks(g, t));
+}
+
+/* The --dump-graph of a training graph built by b, on the GPU. */
+static char *dump_of(build_fn b, loom_dtype dt)
+{
+	tcase t;
+	loom_graph *g;
+	loom_program *p;
+	loom_compile_opts o;
+	char *buf = NULL;
+	size_t len = 0;
+	memset(&t, 0, sizeof(t));
+	t.dt = dt;
+	t.want_bn_cudnn = -1;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = head(g, &t, b(g, &t));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	loom_program_dump(p, f);
+	fclose(f);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return buf;
+}
+
+/* The switches of engine/cuda/backend.cu for saved statistics, the split
+ * batch-norm kernels, the own kernels in cuDNN's place, cuDNN's Ex forward
+ * and the max-pool indices (read when a plan is made); NULL unsets. */
+static void bn_switches(const char *save, const char *split, const char *own, const char *ex,
+			const char *idx, const char *relu_bwd)
+{
+	const char *names[6] = { "LOOM_CUDA_BN_SAVE", "LOOM_CUDA_BN_SPLIT", "LOOM_CUDA_BN_OWN",
+				 "LOOM_CUDA_BN_EX", "LOOM_CUDA_POOL_IDX", "LOOM_CUDA_BN_RELU_BWD" };
+	const char *vals[6] = { save, split, own, ex, idx, relu_bwd };
+	for (int i = 0; i < 6; i++)
+		if (vals[i])
+			setenv(names[i], vals[i], 1);
+		else
+			unsetenv(names[i]);
+	bn_own_env = own && strcmp(own, "0") != 0;
+}
+
+/* Batch norm (alone, with its fused relu, over several chunks) and max
+ * pooling (with and without the fused relu) against the CPU in every
+ * dtype and under O2, forward, backward and eval, with each switch of
+ * engine/cuda on and off: the old paths (one block per channel, nothing
+ * saved, the argmax found again), the defaults (split kernels, saved
+ * statistics, saved argmax, cuDNN's Ex forward where it takes NCHW, the
+ * relu backward fused into the split batch-norm backward), the own
+ * kernels where cuDNN would run, the split kernels recomputing the
+ * statistics, and the split kernels with the relu backward apart. The
+ * plan's notes (--dump-graph) say which ran. */
+Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
+{
+	NEED_GPU();
+	/* The plan: with the defaults every forward saves and every backward
+	 * reads; with the switches off nothing is saved. */
+	char *on = dump_of(b_bn_chunks_relu, LOOM_BF16);
+	cr_expect_eq(lines_with(on, "own split kernels", "saves its statistics"), 1, "%s", on);
+	cr_expect_eq(lines_with(on, "reads the saved statistics", "writes dgamma and dbeta"), 1,
+		     "%s", on);
+	/* relu_bwd is followed by bn_bwd_data, dx is a parameter's gradient:
+	 * the relu backward is fused. */
+	cr_expect_eq(lines_with(on, "bn_bwd_data", "the relu backward fused"), 1, "%s", on);
+	cr_expect_eq(lines_with(on, "relu_bwd", "done by"), 1, "%s", on);
+	free(on);
+	on = dump_of(b_relu_pool3, LOOM_F16);
+	cr_expect_eq(lines_with(on, "saves its argmax", NULL), 1, "%s", on);
+	cr_expect_eq(lines_with(on, "reads the saved argmax", NULL), 1, "%s", on);
+	free(on);
+	bn_switches("0", "0", NULL, "0", "0", "0");
+	on = dump_of(b_bn_chunks_relu, LOOM_BF16);
+	cr_expect_eq(lines_with(on, "saved", NULL), 0, "%s", on);
+	cr_expect_eq(lines_with(on, "done by", NULL), 0, "%s", on);
+	free(on);
+
+	const char *sets[6][6] = {
+		{ "0", "0", NULL, "0", "0", "0" },      /* every old path */
+		{ NULL, NULL, NULL, NULL, NULL, NULL }, /* the defaults */
+		{ NULL, NULL, "1", NULL, NULL, NULL },  /* own kernels where cuDNN would run */
+		{ "0", NULL, NULL, NULL, "0", NULL },   /* split kernels, nothing saved */
+		{ NULL, "0", NULL, "0", NULL, NULL },   /* cuDNN saving, old own kernels */
+		{ NULL, NULL, NULL, NULL, NULL, "0" },  /* split, the relu backward apart */
+	};
+	for (int k = 0; k < 6; k++) {
+		bn_switches(sets[k][0], sets[k][1], sets[k][2], sets[k][3], sets[k][4], sets[k][5]);
+		each_dtype("bn switches: batchnorm2d", b_bn, LOOM_RUN_GRAD);
+		each_dtype("bn switches: batchnorm2d 3 chunks", b_bn_chunks, LOOM_RUN_GRAD);
+		each_dtype("bn switches: batchnorm2d+relu 3 chunks", b_bn_chunks_relu, LOOM_RUN_GRAD);
+		each_dtype("bn switches: batchnorm2d eval", b_bn_chunks_relu, LOOM_RUN_EVAL);
+		each_dtype("bn switches: maxpool 3/2/1", b_pool3, LOOM_RUN_GRAD);
+		each_dtype("bn switches: maxpool 2/2/0", b_pool2, LOOM_RUN_GRAD);
+		each_dtype("bn switches: relu+maxpool 3/2/1", b_relu_pool3, LOOM_RUN_GRAD);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			run_case("bn switches: batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case("bn switches: batchnorm2d+relu O2", b_bn_relu_o2, LOOM_F32,
+				 LOOM_RUN_GRAD, seed);
+		}
+		relu_pool_special(2, 2, 0);
+		relu_pool_special(3, 2, 1);
+	}
+	bn_switches(NULL, NULL, NULL, NULL, NULL, NULL);
+}
+
+/* Several uploads of an input between runs and back to back (the second
+ * wins), of two sizes (the staged buffers grow), each run's loss the sum
+ * of the last upload: the staged upload (LOOM_CUDA_UPLOAD=stream) against
+ * the values that were sent. dev: CPU or CUDA. */
+static void uploads_in_order(loom_device dev)
+{
+	const int64_t sizes[2] = { 1000, 300000 };
+	for (int si = 0; si < 2; si++) {
+		int64_t n = sizes[si];
+		loom_graph *g;
+		loom_program *p;
+		loom_compile_opts o;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value x = loom_input(g, "x", LOOM_F32, 1, &n);
+		loom_value loss = loom_sum(g, x);
+		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_compile_opts_default(&o);
+		o.device = dev;
+		o.inference = 1;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+		float *buf = malloc(sizeof(float) * (size_t)n);
+		cr_assert(buf);
+		for (int k = 1; k <= 5; k++) {
+			for (int rep = 0; rep < (k % 2 ? 1 : 3); rep++) {
+				/* back to back: k - 1, then k (the one that counts) */
+				float val = (float)(rep == (k % 2 ? 0 : 2) ? k : k - 1);
+				for (int64_t i = 0; i < n; i++)
+					buf[i] = val;
+				cr_assert_eq(loom_set_input(p, "x", buf, LOOM_F32, (size_t)n), LOOM_OK,
+					     "%s", loom_program_error(p));
+			}
+			/* The host buffer is reused at once: the upload must have
+			 * taken its own copy. */
+			for (int64_t i = 0; i < n; i++)
+				buf[i] = -1.0f;
+			cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+			cr_expect_eq(loom_loss(p), (double)n * k, "size %lld upload %d: loss %g, want %g",
+				     (long long)n, k, loom_loss(p), (double)n * k);
+		}
+		free(buf);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}
+
+/* The check itself, on the CPU (runs everywhere). */
+Test(cuda_ops, uploads_in_order_cpu)
+{
+	uploads_in_order(LOOM_DEVICE_CPU);
+}
+
+/* The staged upload (a copy stream, two fixed pinned and device buffers)
+ * and the pinned halves it replaces, on the GPU; the batch-norm and
+ * cross-entropy cases (labels are an input) under the staged upload. */
+Test(cuda_ops, staged_upload)
+{
+	NEED_GPU();
+	for (int staged = 0; staged <= 1; staged++) {
+		if (staged)
+			setenv("LOOM_CUDA_UPLOAD", "stream", 1);
+		else
+			unsetenv("LOOM_CUDA_UPLOAD");
+		uploads_in_order(LOOM_DEVICE_CUDA);
+	}
+	each_dtype("staged upload: softmax-CE", b_ce, LOOM_RUN_GRAD);
+	unsetenv("LOOM_CUDA_UPLOAD");
+}
+
+/* The loss read one step late (LOOM_ASYNC_LOSS=1, read by each loom_run):
+ * two programs of one graph with the same values train side by side, one
+ * synchronous, one not; after run k the second reports the first's loss
+ * of run k - 1, and its scaler and step lag by one as well. */
+Test(cuda_ops, async_loss_one_step_late)
+{
+	NEED_GPU();
+	tcase t;
+	loom_graph *g;
+	loom_program *p[2];
+	loom_compile_opts o;
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F32;
+	t.want_bn_cudnn = -1;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = head(g, &t, b_bn_relu(g, &t));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	o.no_tf32 = 1;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.01;
+	for (int d = 0; d < 2; d++) {
+		cr_assert_eq(loom_compile(g, loss, &o, &p[d]), LOOM_OK, "%s", loom_last_error());
+		rng_state = 7;
+		for (int i = 0; i < t.n_param; i++) {
+			size_t n = numel_of(g, t.param[i]);
+			double *v = malloc(n * sizeof(double));
+			cr_assert(v);
+			for (size_t k = 0; k < n; k++)
+				v[k] = urand();
+			cr_assert_eq(loom_write_f64(p[d], t.param[i], v, n), LOOM_OK);
+			free(v);
+		}
+	}
+	double want[5];
+	for (int k = 0; k < 5; k++) {
+		unsetenv("LOOM_ASYNC_LOSS");
+		cr_assert_eq(loom_run(p[0], LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p[0]));
+		want[k] = loom_loss(p[0]);
+		setenv("LOOM_ASYNC_LOSS", "1", 1);
+		cr_assert_eq(loom_run(p[1], LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p[1]));
+		if (k == 0)
+			continue;
+		cr_expect(fabs(loom_loss(p[1]) - want[k - 1]) <= 1e-6 * (fabs(want[k - 1]) + 1e-6),
+			  "run %d: async loss %g, the synchronous run %d's %g", k, loom_loss(p[1]),
+			  k - 1, want[k - 1]);
+	}
+	unsetenv("LOOM_ASYNC_LOSS");
+	cr_expect(want[4] != want[0], "the synchronous losses did not change: %g", want[0]);
+	loom_program_free(p[1]);
+	loom_program_free(p[0]);
+	loom_graph_free(g);
 }
 
 /* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
