@@ -24,7 +24,7 @@ extern "C" {
 
 /* Bumped whenever the struct below changes; a plugin of another version
  * is refused with both numbers. */
-#define LOOM_CUDA_PLUGIN_ABI 4 /* 4: test hooks take the backend context, grad_sumsq */
+#define LOOM_CUDA_PLUGIN_ABI 5 /* 5: the backend table's attn_fusable */
 /* The file the loader looks for (see loom_cuda_plugin_load). */
 #define LOOM_CUDA_PLUGIN_FILE "libloom_cuda.so"
 /* The one symbol the shared object exports. */

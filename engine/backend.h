@@ -45,6 +45,9 @@ enum {
 	 * (the CPU's emulation): graph/fuse.c's loom_fuse_casts may give a
 	 * producer its cast's dtype. */
 	LOOM_BE_FUSES_CASTS = 1u << 9,
+	/* Runs causal attention as one fused kernel where attn_fusable says
+	 * so (graph/fuse_attention.c). */
+	LOOM_BE_FUSES_ATTENTION = 1u << 10,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \
@@ -75,6 +78,11 @@ typedef struct loom_backend {
 	 * sources' dtypes and shapes (as ggml's supports_op sees the tensor).
 	 * Asked for every node a step runs, before plan_create. */
 	int (*supports_node)(void *ctx, const loom_plan *plan, loom_value v);
+	/* Whether the attention whose ATTN_PROBS node is probs runs fused
+	 * (train: its backward too), asked by graph/fuse_attention.c before
+	 * the context exists; may build and check the library's plan for the
+	 * shape. LOOM_BE_FUSES_ATTENTION only. // (optional) */
+	int (*attn_fusable)(const loom_graph *g, loom_value probs, int train);
 	/* The per-node plans (algorithms, library descriptors) for plan, made
 	 * once; *ws_bytes gets the scratch the largest node needs. A failure
 	 * is returned here, not at the first run. */

@@ -409,6 +409,8 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		loom_fuse_add_relu(p->plan.g);
 	if (caps & LOOM_BE_FUSES_SIBLINGS)
 		loom_fuse_siblings(p->plan.g);
+	if (caps & LOOM_BE_FUSES_ATTENTION)
+		loom_fuse_attention(p->plan.g, p->be->attn_fusable);
 	if (caps & LOOM_BE_FUSES_CASTS)
 		loom_fuse_casts(p->plan.g);
 	if ((st = make_slots(p)) != LOOM_OK)

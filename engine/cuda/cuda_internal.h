@@ -146,6 +146,13 @@ typedef struct loom_cuda_bn_plan {
 	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
 } loom_cuda_bn_plan;
 
+/* A fused attention node's cuDNN SDPA plan (sdpa_cudnn.cu). */
+struct loom_sdpa_graph;
+typedef struct loom_cuda_sdpa_plan {
+	struct loom_sdpa_graph *g; /* the graph, its execution plan and workspace size */
+	loom_value y;              /* forward: the ATTENTION node whose y it writes */
+} loom_cuda_sdpa_plan;
+
 /* What prepare decided for one node. */
 typedef struct loom_cuda_node_plan {
 	int kind; /* LOOM_CUDA_PLAN_* */
@@ -155,6 +162,7 @@ typedef struct loom_cuda_node_plan {
 	loom_cuda_conv_plan conv;
 	loom_cuda_mm_plan mm;
 	loom_cuda_bn_plan bn;
+	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
 
 enum {
@@ -162,6 +170,7 @@ enum {
 	LOOM_CUDA_PLAN_CONV,
 	LOOM_CUDA_PLAN_MM,
 	LOOM_CUDA_PLAN_BN,
+	LOOM_CUDA_PLAN_SDPA,
 };
 
 typedef struct loom_cuda_ctx {
@@ -202,6 +211,7 @@ typedef struct loom_cuda_ctx {
 
 	int tf32;   /* fp32 products and convolutions on TF32 tensor cores (!opts.no_tf32) */
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
+	int attn_off; /* loom_cuda_sdpa_off() when the plan was made */
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
 	int diagnose;              /* the current run marks non-finite values */
@@ -456,6 +466,26 @@ void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, int train, void *const *src, void *out);
 
+/* sdpa_cudnn.cu: the fused attention nodes (graph/fuse_attention.c)
+ * through cuDNN's SDPA. fusable: the backend's answer to the pass
+ * (LOOM_CUDA_ATTN=unfused says no; else cuDNN builds the graphs once per
+ * shape on a handle of its own). */
+extern "C" int loom_cuda_attn_fusable(const loom_graph *g, loom_value probs, int train);
+loom_status loom_cuda_sdpa_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				     loom_cuda_node_plan *np);
+void loom_cuda_sdpa_plan_free(loom_cuda_node_plan *np);
+loom_status loom_cuda_sdpa_fwd(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+			       const loom_cuda_node_plan *np, const loom_cuda_io *io);
+loom_status loom_cuda_sdpa_bwd(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+			       const loom_cuda_node_plan *np, const loom_cuda_io *io);
+/* Why attention is not fused whatever the shape, read when a plan is
+ * made: 0 it may be, 1 LOOM_CUDA_ATTN=unfused, 2 the own-kernels hook. */
+int loom_cuda_sdpa_off(void);
+/* --dump-graph: how an attention node runs (fused, or why not; off: the
+ * plan's loom_cuda_sdpa_off). */
+void loom_cuda_sdpa_note(const loom_plan *p, loom_value v, const loom_cuda_node_plan *np, int off,
+			 char *buf, size_t len);
+
 /* Does node plan np's library call also write sibling w? */
 static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value w)
 {
@@ -463,6 +493,8 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 		return w == np->bn.dgamma || w == np->bn.dbeta;
 	if (np->kind == LOOM_CUDA_PLAN_MM)
 		return w == np->mm.bgrad;
+	if (np->kind == LOOM_CUDA_PLAN_SDPA)
+		return w == np->sdpa.y;
 	return 0;
 }
 
