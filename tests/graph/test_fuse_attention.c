@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "amp/amp_pass.h"
 #include "graph/graph_internal.h"
 #include "graph/memplan.h"
 #include "loom.h"
@@ -173,5 +174,42 @@ Test(fuse_attention, f32_and_shared_probabilities_stay_unfused)
 	g = attention_graph(LOOM_BF16, 1, 1, &y);
 	cr_expect_eq(loom_fuse_attention(g, say_yes), 0, "P has a reader of its own");
 	cr_expect_eq(asked, 0);
+	loom_graph_free(g);
+}
+
+/* A GPT block (embedding, layer norm, qkv, attention, projection, a
+ * residual, tied logits) under O1 bf16 as loom_compile prepares it (the
+ * AMP pass, then autodiff): the attention takes bf16 q, k, v, so the pass
+ * finds its pattern there and fuses it. */
+Test(fuse_attention, gpt_block_under_o1_bf16)
+{
+	loom_graph *g;
+	enum { V = 64, BT = B * T };
+	int64_t bt[2] = { B, T }, flat[1] = { BT }, td[2] = { V, C }, lg[2] = { BT, V };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, flat);
+	loom_value wte = loom_param(g, "wte", LOOM_F32, 2, td, LOOM_INIT_KAIMING_UNIFORM, 8);
+	loom_value x = loom_layer_layernorm(g, "ln", loom_embedding(g, ids, wte));
+	loom_value a = loom_causal_self_attention(g, loom_layer_linear(g, "qkv", x, 3 * C, 1), NH);
+	x = loom_add(g, x, loom_layer_linear(g, "proj", a, C, 1));
+	loom_value logits = loom_reshape(g, loom_linear(g, x, wte, LOOM_NONE), 2, lg);
+	loom_value loss = loom_softmax_cross_entropy(g, logits, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_amp_opts o;
+	memset(&o, 0, sizeof(o));
+	o.level = LOOM_O1;
+	o.half = LOOM_BF16;
+	o.keep_batchnorm_fp32 = -1;
+	char err[256] = "";
+	cr_assert_eq(loom_amp_pass(g, &loss, &o, 1, err, sizeof(err)), LOOM_OK, "%s", err);
+	cr_assert_eq(loom_autodiff(g, loss), LOOM_OK, "%s", g->errmsg);
+	asked = 0;
+	cr_expect_eq(loom_fuse_attention(g, say_yes), 1, "O1 bf16 attention fused");
+	cr_expect_eq(asked_train, 1);
+	loom_memplan mp;
+	cr_assert_eq(loom_memplan_build(g, &mp), LOOM_OK);
+	cr_expect_eq(tt_values(g, &mp), 0, "no T x T value");
+	loom_memplan_free(&mp);
 	loom_graph_free(g);
 }
