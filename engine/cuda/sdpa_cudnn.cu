@@ -23,6 +23,7 @@
 
 #include <cfloat>
 
+#include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_internal.h"
 
 /* Unique ids of the graphs' tensors (variant pack). */
@@ -417,9 +418,11 @@ static void build_bwd(loom_sdpa_graph *b, const sdpa_shape *s)
 	reshape(b, ds, dst);
 	mm(b, dst, q, dk);
 
-	/* dq = dS k into an fp32 accumulator (workspace, zeroed), then dq. */
+	/* dq = dS k into an fp32 accumulator (workspace, zeroed), then dq. k
+	 * is k^T seen back (a view); the frontend leaves its virtual dtype
+	 * the graph's intermediate one, fp32, and so does this. */
 	strides_qkv(s, dim, str, 0);
-	cudnnBackendDescriptor_t k = tensor(b, 0, s->dt, dim, str, 1, 0);
+	cudnnBackendDescriptor_t k = tensor(b, 0, CUDNN_DATA_FLOAT, dim, str, 1, 0);
 	reshape(b, kt, k);
 	int64_t adim[4] = { s->b, s->nh, s->t, s->hs };
 	int64_t astr[4] = { s->nh * s->t * s->hs, s->t * s->hs, s->hs, 1 };
@@ -464,6 +467,31 @@ static loom_sdpa_graph *graph_make(cudnnHandle_t h, const sdpa_shape *s, int bwd
 		return NULL;
 	}
 	return b;
+}
+
+extern "C" int loom_cuda_test_sdpa_descriptors(int64_t b, int64_t t, int64_t nh, int64_t hs,
+					       int bf16, int bwd, char *why, size_t len)
+{
+	sdpa_shape s = { b, t, nh, hs, nh * hs, bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF };
+	loom_sdpa_graph *g = (loom_sdpa_graph *)calloc(1, sizeof(*g));
+	if (!g) {
+		snprintf(why, len, "out of host memory");
+		return 0;
+	}
+	g->next_uid = UID_VIRTUAL;
+	if (bwd)
+		build_bwd(g, &s);
+	else
+		build_fwd(g, &s);
+	int ok = !bad(g);
+	if (!ok) {
+		char last[256] = "";
+		cudnnGetLastErrorString(last, sizeof(last));
+		snprintf(why, len, "%s: %s%s%s", g->what, cudnnGetErrorString(g->st), last[0] ? ": " : "",
+			 last);
+	}
+	graph_free(g);
+	return ok;
 }
 
 /* ------------------------------------------------------------ the switch and the check */

@@ -770,6 +770,28 @@ static void sdpa_vs_unfused(loom_dtype dt, uint64_t seed)
 	loom_graph_free(g);
 }
 
+/* The SDPA graphs' tensor and operation descriptors (sdpa_cudnn.cu) each
+ * finalize in cuDNN, which checks their attributes, dtypes and shapes with
+ * no device: this case runs wherever the plugin is built, GPU or not. The
+ * operation graph and its execution plan need a device (the case below). */
+Test(cuda_ops, sdpa_graph_descriptors)
+{
+	if (!plugin() || !plugin()->test_sdpa_descriptors)
+		cr_skip_test("built without the CUDA toolkit: no plugin");
+	for (size_t i = 0; i < sizeof(sdpa_shapes) / sizeof(sdpa_shapes[0]); i++)
+		for (int bf16 = 0; bf16 <= 1; bf16++)
+			for (int bwd = 0; bwd <= 1; bwd++) {
+				char why[512] = "";
+				cr_expect(plugin()->test_sdpa_descriptors(
+						  sdpa_shapes[i].b, sdpa_shapes[i].t, sdpa_shapes[i].nh,
+						  sdpa_shapes[i].hs, bf16, bwd, why, sizeof(why)),
+					  "sdpa %s %s %lldx%lld, %lld heads of %lld: %s",
+					  bwd ? "backward" : "forward", bf16 ? "bf16" : "f16",
+					  (long long)sdpa_shapes[i].b, (long long)sdpa_shapes[i].t,
+					  (long long)sdpa_shapes[i].nh, (long long)sdpa_shapes[i].hs, why);
+			}
+}
+
 /* cuDNN's SDPA (engine/cuda/sdpa_cudnn.cu) in f16 and bf16, causal, forward
  * and backward, against the CPU's two-node attention and against the CUDA
  * backend's unfused attention, on shapes with T a multiple of 64 and not;
