@@ -301,15 +301,16 @@ static void strides_row(const sdpa_shape *s, int64_t dim[4], int64_t str[4])
 	str[0] = s->nh * s->t, str[1] = s->t, str[2] = 1, str[3] = 1;
 }
 
-/* S = scale q k^T with j > i set to -inf: the causal scores, fp32. */
+/* S = scale q k^T with j > i set to -inf: the causal scores, fp32. scale:
+ * the graph's one tensor of that uid (the backward reads it again). */
 static cudnnBackendDescriptor_t causal_scores(loom_sdpa_graph *b, const sdpa_shape *s,
-					      cudnnBackendDescriptor_t q, cudnnBackendDescriptor_t kt)
+					      cudnnBackendDescriptor_t q, cudnnBackendDescriptor_t kt,
+					      cudnnBackendDescriptor_t scale)
 {
 	int64_t dim[4], str[4];
 	strides_tt(s, dim, str, 0);
 	cudnnBackendDescriptor_t sc = tensor(b, 0, CUDNN_DATA_FLOAT, dim, str, 1, 0);
 	mm(b, q, kt, sc);
-	cudnnBackendDescriptor_t scale = scalar(b, UID_SCALE);
 	cudnnBackendDescriptor_t s1 = tensor(b, 0, CUDNN_DATA_FLOAT, dim, str, 1, 0);
 	pw(b, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, sc, scale, NULL, s1, -1);
 	cudnnBackendDescriptor_t row = tensor(b, 0, CUDNN_DATA_INT32, dim, str, 1, 0);
@@ -338,7 +339,7 @@ static void build_fwd(loom_sdpa_graph *b, const sdpa_shape *s)
 	strides_row(s, rdim, rstr);
 	cudnnBackendDescriptor_t stats = tensor(b, UID_STATS, CUDNN_DATA_FLOAT, rdim, rstr, 0, 0);
 
-	cudnnBackendDescriptor_t sc = causal_scores(b, s, q, kt);
+	cudnnBackendDescriptor_t sc = causal_scores(b, s, q, kt, scalar(b, UID_SCALE));
 	strides_tt(s, dim, str, 0);
 	cudnnBackendDescriptor_t mx = tensor(b, 0, CUDNN_DATA_FLOAT, rdim, rstr, 1, 0);
 	red(b, CUDNN_REDUCE_TENSOR_MAX, sc, mx);
@@ -390,7 +391,8 @@ static void build_bwd(loom_sdpa_graph *b, const sdpa_shape *s)
 	pw(b, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, rs, one, NULL, ssum, -1);
 
 	/* P = exp(S - LSE), dv = P^T dy. */
-	cudnnBackendDescriptor_t sc = causal_scores(b, s, q, kt);
+	cudnnBackendDescriptor_t scale = scalar(b, UID_SCALE);
+	cudnnBackendDescriptor_t sc = causal_scores(b, s, q, kt, scale);
 	strides_tt(s, dim, str, 0);
 	cudnnBackendDescriptor_t sub = tensor(b, 0, CUDNN_DATA_FLOAT, dim, str, 1, 0);
 	pw(b, CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, sc, stats, NULL, sub, -1);
@@ -409,7 +411,6 @@ static void build_bwd(loom_sdpa_graph *b, const sdpa_shape *s)
 	pw(b, CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dp, ssum, NULL, dp1, -1);
 	cudnnBackendDescriptor_t dp2 = tensor(b, 0, CUDNN_DATA_FLOAT, dim, str, 1, 0);
 	pw(b, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dp1, p, NULL, dp2, -1);
-	cudnnBackendDescriptor_t scale = scalar(b, UID_SCALE);
 	cudnnBackendDescriptor_t ds = tensor(b, 0, CUDNN_DATA_FLOAT, dim, str, 1, 0);
 	pw(b, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dp2, scale, NULL, ds, -1);
 
