@@ -24,7 +24,7 @@ extern "C" {
 
 /* Bumped whenever the struct below changes; a plugin of another version
  * is refused with both numbers. */
-#define LOOM_CUDA_PLUGIN_ABI 5 /* 4: test hooks take the backend context, grad_sumsq; 5: loss_async */
+#define LOOM_CUDA_PLUGIN_ABI 6 /* 4: test hooks take the backend context, grad_sumsq; 5: loss_async; 6: attn_fusable, test_sdpa_descriptors */
 /* The file the loader looks for (see loom_cuda_plugin_load). */
 #define LOOM_CUDA_PLUGIN_FILE "libloom_cuda.so"
 /* The one symbol the shared object exports. */
@@ -54,6 +54,8 @@ typedef struct loom_cuda_plugin {
 	void (*test_own_kernels)(int on);
 	void (*test_library_use)(const void *be_ctx, int *bn_cudnn, int *bgrad_epilogue);
 	void (*test_fallbacks)(const void *be_ctx, int *conv_f32, int *mm_unfused);
+	int (*test_sdpa_descriptors)(int64_t b, int64_t t, int64_t nh, int64_t hs, int bf16, int bwd,
+				     char *why, size_t len);
 } loom_cuda_plugin;
 
 /*

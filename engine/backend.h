@@ -48,6 +48,9 @@ enum {
 	/* Some kernels do (takes_any_dtype names their ops): graph/fuse.c's
 	 * loom_fuse_casts_for folds casts at those ops only. */
 	LOOM_BE_FUSES_SOME_CASTS = 1u << 10,
+	/* Runs causal attention as one fused kernel where attn_fusable says
+	 * so (graph/fuse_attention.c). */
+	LOOM_BE_FUSES_ATTENTION = 1u << 11,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \
@@ -87,6 +90,11 @@ typedef struct loom_backend {
 	 * NULL: NCHW only. // (optional) */
 	void (*node_formats)(void *ctx, const loom_plan *plan, loom_value v,
 			     loom_format_caps *caps);
+	/* Whether the attention whose ATTN_PROBS node is probs runs fused
+	 * (train: its backward too), asked by graph/fuse_attention.c before
+	 * the context exists; may build and check the library's plan for the
+	 * shape. LOOM_BE_FUSES_ATTENTION only. // (optional) */
+	int (*attn_fusable)(const loom_graph *g, loom_value probs, int train);
 	/* The per-node plans (algorithms, library descriptors) for plan, made
 	 * once; *ws_bytes gets the scratch the largest node needs. A failure
 	 * is returned here, not at the first run. */

@@ -136,6 +136,11 @@ typedef union loom_attrs {
 	} ln;
 	struct {
 		int n_head; /* ATTN_PROBS, ATTENTION and their backward */
+		/* One fused flash attention (graph/fuse_attention.c): ATTN_PROBS
+		 * writes the softmax's log-sum-exp [B, NH, T] f32 and makes the
+		 * ATTENTION node's y (which then reads qkv alone); ATTN_PROBS_BWD reads (qkv, LSE, dy, y) and
+		 * writes the whole dqkv. */
+		int fused;
 	} attn;
 } loom_attrs;
 
@@ -252,6 +257,20 @@ int loom_fuse_casts(loom_graph *g);
  * cast only if it takes; a widening cast goes into its readers only if
  * every reader (up to 8) takes, each then reading the half value. */
 int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op));
+
+/* Asks a backend whether it runs the causal attention whose ATTN_PROBS
+ * node is probs as one fused kernel (train: its backward too). */
+typedef int (*loom_attn_fusable_fn)(const loom_graph *g, loom_value probs, int train);
+
+/* Fuses each causal attention (ATTN_PROBS -> ATTENTION and, in training,
+ * their three backward nodes and the sum of the two dqkv shares) into one
+ * forward and one backward kernel that keep no T x T matrix: ATTN_PROBS
+ * becomes the softmax statistics (LSE, [B, NH, T] f32) and makes the
+ * ATTENTION node's y (made_by); the sum becomes ATTN_PROBS_BWD over (qkv,
+ * LSE, dy, y); the other backward nodes turn into views. Only where
+ * fusable says yes (half qkv, dy and dqkv of one dtype). Returns how many.
+ * Run after loom_fuse_siblings, before memory planning. */
+int loom_fuse_attention(loom_graph *g, loom_attn_fusable_fn fusable);
 
 /* Marks values one library call makes together with an earlier node's
  * (node->made_by): batch norm's dgamma and dbeta with its dx (one

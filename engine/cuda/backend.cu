@@ -267,6 +267,13 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_LAYERNORM_BWD_DATA: /* one pass with its siblings (gpt.cu) */
 		st = loom_cuda_ln_plan_make(p, c, v, np);
 		break;
+	case LOOM_OP_ATTN_PROBS:
+	case LOOM_OP_ATTN_PROBS_BWD:
+		if (n->a.attn.fused) /* cuDNN's SDPA (sdpa_cudnn.cu) */
+			st = loom_cuda_sdpa_plan_make(p, c, v, np);
+		else
+			np->ws = loom_cuda_gpt_ws(p, v);
+		break;
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
@@ -470,6 +477,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	c->n_plans = p->g->n;
 	c->tf32 = loom_cuda_tf32_on(p);
+	c->attn_off = loom_cuda_sdpa_off();
 	{
 		const char *e = getenv("LOOM_CUDA_VEC");
 		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
@@ -701,6 +709,8 @@ static void cuda_free(void *ctx)
 			loom_cuda_mm_plan_free(&c->plans[v]);
 		else if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
 			loom_cuda_bn_plan_free(&c->plans[v]);
+		else if (c->plans[v].kind == LOOM_CUDA_PLAN_SDPA)
+			loom_cuda_sdpa_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
 	for (int i = 0; i < c->n_timers; i++)
@@ -1318,7 +1328,8 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 	return st;
 }
 
-/* --dump-graph: a convolution's cuDNN algorithm and how it was chosen. */
+/* --dump-graph: a convolution's cuDNN algorithm and how it was chosen; an
+ * attention's fused plan, or why it stayed unfused. */
 static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *buf, size_t len)
 {
 	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
@@ -1333,6 +1344,10 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	}
 	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
 		 n->op == LOOM_OP_BN_BWD_GAMMA;
+	if (n->op == LOOM_OP_ATTN_PROBS || n->op == LOOM_OP_ATTN_PROBS_BWD) {
+		loom_cuda_sdpa_note(p, v, np, c->attn_off, buf, len);
+		return;
+	}
 	if (np->fused_into != LOOM_NONE) {
 		snprintf(buf, len, "done by %d (the split batch-norm backward)", (int)np->fused_into);
 		return;
@@ -1355,6 +1370,7 @@ static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM |
 		LOOM_BE_FUSES_SOME_CASTS,
+		LOOM_BE_FUSES_ATTENTION,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,
@@ -1362,6 +1378,7 @@ static const loom_backend loom_cuda_backend = {
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
 	.takes_any_dtype = loom_cuda_takes_any_dtype,
+	.attn_fusable = loom_cuda_attn_fusable,
 	.plan_create = cuda_plan_create,
 	.node_note = cuda_node_note,
 	.alloc = cuda_alloc,

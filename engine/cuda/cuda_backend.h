@@ -6,6 +6,9 @@
 #ifndef LOOM_ENGINE_CUDA_BACKEND_H
 #define LOOM_ENGINE_CUDA_BACKEND_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,6 +48,16 @@ void loom_cuda_test_library_use(const void *be_ctx, int *bn_cudnn, int *bgrad_ep
  * kernels after a plain product. Zeros for be_ctx NULL.
  */
 void loom_cuda_test_fallbacks(const void *be_ctx, int *conv_f32, int *mm_unfused);
+
+/*
+ * Tests only: builds the tensor and operation descriptors of cuDNN's SDPA
+ * forward (bwd 0) or backward (bwd 1) graph for qkv [b, t, 3 nh hs] in
+ * bf16 (else f16) and finalizes each, which needs no device (the operation
+ * graph and its plan do: they are not built here). 1 when all finalize,
+ * else 0 with the first failure in why.
+ */
+int loom_cuda_test_sdpa_descriptors(int64_t b, int64_t t, int64_t nh, int64_t hs, int bf16,
+				    int bwd, char *why, size_t len);
 
 #ifdef __cplusplus
 }

@@ -171,6 +171,13 @@ typedef struct loom_cuda_bn_plan {
 	size_t ex_ws, ex_reserve;
 } loom_cuda_bn_plan;
 
+/* A fused attention node's cuDNN SDPA plan (sdpa_cudnn.cu). */
+struct loom_sdpa_graph;
+typedef struct loom_cuda_sdpa_plan {
+	struct loom_sdpa_graph *g; /* the graph, its execution plan and workspace size */
+	loom_value y;              /* forward: the ATTENTION node whose y it writes */
+} loom_cuda_sdpa_plan;
+
 /* What prepare decided for one node. */
 /* Layer norm's one-pass backward (gpt.cu): the siblings it writes. */
 typedef struct loom_cuda_ln_plan {
@@ -197,6 +204,7 @@ typedef struct loom_cuda_node_plan {
 	/* A relu backward whose work the split batch-norm backward fused_into
 	 * does (LOOM_NONE: none). */
 	loom_value fused_into;
+	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
 
 enum {
@@ -205,6 +213,7 @@ enum {
 	LOOM_CUDA_PLAN_MM,
 	LOOM_CUDA_PLAN_BN,
 	LOOM_CUDA_PLAN_LN, /* layer norm's one-pass backward */
+	LOOM_CUDA_PLAN_SDPA,
 };
 
 typedef struct loom_cuda_ctx {
@@ -281,6 +290,7 @@ typedef struct loom_cuda_ctx {
 	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
+	int attn_off; /* loom_cuda_sdpa_off() when the plan was made */
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
 	int diagnose;              /* the current run marks non-finite values */
@@ -565,6 +575,26 @@ void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, int train, void *const *src, void *out);
 
+/* sdpa_cudnn.cu: the fused attention nodes (graph/fuse_attention.c)
+ * through cuDNN's SDPA. fusable: the backend's answer to the pass
+ * (LOOM_CUDA_ATTN=unfused says no; else cuDNN builds the graphs once per
+ * shape on a handle of its own). */
+extern "C" int loom_cuda_attn_fusable(const loom_graph *g, loom_value probs, int train);
+loom_status loom_cuda_sdpa_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				     loom_cuda_node_plan *np);
+void loom_cuda_sdpa_plan_free(loom_cuda_node_plan *np);
+loom_status loom_cuda_sdpa_fwd(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+			       const loom_cuda_node_plan *np, const loom_cuda_io *io);
+loom_status loom_cuda_sdpa_bwd(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+			       const loom_cuda_node_plan *np, const loom_cuda_io *io);
+/* Why attention is not fused whatever the shape, read when a plan is
+ * made: 0 it may be, 1 LOOM_CUDA_ATTN=unfused, 2 the own-kernels hook. */
+int loom_cuda_sdpa_off(void);
+/* --dump-graph: how an attention node runs (fused, or why not; off: the
+ * plan's loom_cuda_sdpa_off). */
+void loom_cuda_sdpa_note(const loom_plan *p, loom_value v, const loom_cuda_node_plan *np, int off,
+			 char *buf, size_t len);
+
 /* Does node plan np's library call also write sibling w? */
 static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value w)
 {
@@ -574,6 +604,8 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 		return w == np->mm.bgrad;
 	if (np->kind == LOOM_CUDA_PLAN_LN)
 		return w == np->ln.dgamma || w == np->ln.dbeta;
+	if (np->kind == LOOM_CUDA_PLAN_SDPA)
+		return w == np->sdpa.y;
 	return 0;
 }
 

@@ -994,6 +994,8 @@ static loom_status zero_columns(loom_cuda_ctx *c, void *x, loom_dtype dt, int64_
 loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io)
 {
+	if (nd(plan, v)->a.attn.fused) /* y and the LSE in one cuDNN SDPA call */
+		return loom_cuda_sdpa_fwd(c, plan, v, &c->plans[v], io);
 	int b, t, cc, nh, done = 0;
 	attn_dims(plan, v, 0, &b, &t, &cc, &nh);
 	unsigned rows = (unsigned)((int64_t)b * nh * t);
@@ -1032,6 +1034,8 @@ loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *c, const loom_plan *plan, loo
 loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 					const loom_cuda_io *io)
 {
+	if (nd(plan, v)->a.attn.fused) /* the whole dqkv in one cuDNN SDPA call */
+		return loom_cuda_sdpa_bwd(c, plan, v, &c->plans[v], io);
 	int b, t, cc, nh, done = 0;
 	attn_dims(plan, v, 0, &b, &t, &cc, &nh);
 	unsigned rows = (unsigned)((int64_t)b * nh * t);
@@ -1081,6 +1085,8 @@ loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 loom_status loom_cuda_op_attention(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io)
 {
+	if (nd(plan, v)->a.attn.fused) /* made by its ATTN_PROBS node's SDPA call */
+		return LOOM_OK;
 	int b, t, cc, nh, done = 0;
 	attn_dims(plan, v, 1, &b, &t, &cc, &nh);
 	int64_t total = (int64_t)b * t * cc;

@@ -46,6 +46,7 @@ static const loom_cuda_plugin plugin = {
 	.test_own_kernels = loom_cuda_test_own_kernels,
 	.test_library_use = loom_cuda_test_library_use,
 	.test_fallbacks = loom_cuda_test_fallbacks,
+	.test_sdpa_descriptors = loom_cuda_test_sdpa_descriptors,
 };
 
 const loom_cuda_plugin *loom_cuda_plugin_entry(void)

@@ -143,7 +143,8 @@ const loom_op_def loom_op_attn_probs_bwd = {
 	.name = "attn_probs_bwd",
 	.kind = LOOM_OPK_BACKWARD,
 	.attrs = LOOM_ATTRS_ATTN,
-	.src_names = { "qkv", "probs", "dprobs" },
+	/* fused (graph/fuse_attention.c): qkv, the LSE, dy, y */
+	.src_names = { "qkv", "probs", "dprobs", "y" },
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 

@@ -110,7 +110,8 @@ row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 # default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
 # convolutions' algorithm search on and off (LOOM_KERNEL_SEARCH=on|off;
 # off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16
-# (with the GPT kernels' switches off, then on: the default), alternating with
+# (the GPT kernels' switches off, then on: the default, with attention through cuDNN's SDPA;
+# then LOOM_CUDA_ATTN=unfused), alternating with
 # their PyTorch twins (bench/torch_gpu.py in channels-last and NCHW,
 # bench/torch_gpt.py). Few steps: figures to compare side by side, not to
 # quote to the last percent. One table, speed.txt (gpu_speed.sh); each run
@@ -184,6 +185,12 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		--log-interval 5 --val-interval 0 --sample 0
 	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- env LOOM_KERNEL_SEARCH=on \
 		"$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
+	# The same with attention unfused (LOOM_CUDA_ATTN=unfused: batched
+	# products, P stored), beside the default's cuDNN SDPA.
+	srow speed_gpt2_124m_O1_bf16_attn_unfused loom_tok bench 30 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_CUDA_ATTN=unfused "$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
 	if [ $torch_ok = 1 ] && [ ${#text[@]} -gt 0 ]; then

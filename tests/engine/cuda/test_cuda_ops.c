@@ -99,6 +99,7 @@ typedef struct tcase {
 	int fused_relus; /* batch norms and adds that must carry a fused relu */
 	loom_opt_level level; /* AMP level both programs compile with (fp16) */
 	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
+	int want_attn_fused;  /* attentions the CUDA plan must fuse (cuDNN SDPA), -1: any */
 } tcase;
 
 typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
@@ -190,6 +191,38 @@ static void expect_cuda_folds_where_taken(const char *what, const loom_program *
 	}
 }
 
+/* The CUDA plan runs half causal attention as cuDNN's SDPA
+ * (graph/fuse_attention.c), the CPU's never: the fused nodes, and the
+ * backward nodes the fusion left as dead views, differ by design. */
+static int attn_fused_on_cuda(const loom_node *cuda, const loom_node *cpu)
+{
+	if ((cuda->op == LOOM_OP_ATTN_PROBS || cuda->op == LOOM_OP_ATTENTION ||
+	     cuda->op == LOOM_OP_ATTN_PROBS_BWD) &&
+	    cuda->a.attn.fused)
+		return 1;
+	return cuda->op == LOOM_OP_RESHAPE &&
+	       (cpu->op == LOOM_OP_ATTENTION_BWD_PROBS || cpu->op == LOOM_OP_ATTENTION_BWD_QKV ||
+		cpu->op == LOOM_OP_ATTN_PROBS_BWD);
+}
+
+/* Fused attentions in p's plan (ATTN_PROBS carrying attrs.attn.fused);
+ * why: the backend's --dump-graph note on the first one left unfused. */
+static int fused_attentions(const loom_program *p, char *why, size_t len)
+{
+	int n = 0;
+	why[0] = 0;
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
+		if (nd->op != LOOM_OP_ATTN_PROBS)
+			continue;
+		if (nd->a.attn.fused)
+			n++;
+		else if (!why[0] && p->be->node_note)
+			p->be->node_note(p->be_ctx, &p->plan, v, why, len);
+	}
+	return n;
+}
+
 static void expect_same_plan(const char *what, const loom_program *cpu, const loom_program *cuda)
 {
 	cr_assert_eq(cuda->plan.g->n, cpu->plan.g->n, "%s: cuda plans %d nodes, cpu %d", what, cuda->plan.g->n,
@@ -200,6 +233,8 @@ static void expect_same_plan(const char *what, const loom_program *cpu, const lo
 		int lin = b->op == LOOM_OP_LINEAR;
 		int bn = b->op == LOOM_OP_BATCHNORM2D, add = b->op == LOOM_OP_ADD;
 		if ((a->op != b->op || a->dtype != b->dtype) && cast_folded_on_one_side(a, b))
+			continue;
+		if (attn_fused_on_cuda(a, b))
 			continue;
 		cr_expect(a->op == b->op && a->dtype == b->dtype &&
 				  (!pool || a->a.pool.relu == b->a.pool.relu) &&
@@ -278,6 +313,7 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	memset(&t, 0, sizeof(t));
 	t.dt = dt;
 	t.want_bn_cudnn = -1;
+	t.want_attn_fused = -1;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value y = build(g, &t);
 	loom_value loss = head(g, &t, y);
@@ -314,6 +350,12 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		cr_expect(bns > 0 && marked == bns, "%s: %d of %d batch-norm nodes synchronised",
 			  op, marked, bns);
 		t.want_bn_cudnn = 0;
+	}
+	if (t.want_attn_fused >= 0) {
+		char why[512];
+		int nf = fused_attentions(cuda, why, sizeof(why));
+		cr_expect_eq(nf, t.want_attn_fused, "%s %s: %d attentions fused (cuDNN SDPA), want %d: %s",
+			     op, loom_dtype_name(dt), nf, t.want_attn_fused, why);
 	}
 	int bn_cudnn, bgrad;
 	bn_cudnn = bgrad = 0;
@@ -682,6 +724,117 @@ static loom_value b_attention_hs32(loom_graph *g, tcase *t)
 static loom_value b_attention_hs64(loom_graph *g, tcase *t)
 {
 	return loom_causal_self_attention(g, param(g, t, "qkv", 3, 1, 96, 3 * 256, 0), 4);
+}
+
+/* ------------------------------------------------------------ fused attention */
+
+/* The shape the sdpa cases build: qkv [sd_b, sd_t, 3 sd_nh sd_hs]. */
+static int64_t sd_b, sd_t, sd_nh, sd_hs;
+
+static loom_value b_attention_sdpa(loom_graph *g, tcase *t)
+{
+	/* Half q, k, v with heads of a multiple of 8: cuDNN's SDPA, unless
+	 * the own-kernels hook (or LOOM_CUDA_ATTN=unfused) keeps it unfused. */
+	t->want_attn_fused = t->dt != LOOM_F32 && !own_kernels && !getenv("LOOM_CUDA_ATTN");
+	return loom_causal_self_attention(g, param(g, t, "qkv", 3, sd_b, sd_t, 3 * sd_nh * sd_hs, 0),
+					  (int)sd_nh);
+}
+
+static const struct {
+	int64_t b, t, nh, hs;
+} sdpa_shapes[] = {
+	{ 2, 64, 4, 32 },  /* T a multiple of 64 */
+	{ 1, 100, 2, 64 }, /* GPT-2's heads; T not a multiple of 64 */
+	{ 2, 37, 3, 64 },  /* T below one tile */
+	{ 1, 130, 2, 128 },
+};
+
+/* The fused attention against the unfused one on the same GPU, forward
+ * and backward: y and qkv's gradient, the same random inputs. */
+static void sdpa_vs_unfused(loom_dtype dt, uint64_t seed)
+{
+	tcase t;
+	loom_graph *g;
+	char why[512], label[96];
+	memset(&t, 0, sizeof(t));
+	t.dt = dt;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value y = b_attention_sdpa(g, &t);
+	loom_value loss = head(g, &t, y);
+	loom_mark_output(g, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	snprintf(label, sizeof(label), "sdpa vs unfused %lldx%lld, %lld heads of %lld", (long long)sd_b,
+		 (long long)sd_t, (long long)sd_nh, (long long)sd_hs);
+	loom_program *fused = compile_at(g, loss, LOOM_DEVICE_CUDA, LOOM_O0);
+	setenv("LOOM_CUDA_ATTN", "unfused", 1);
+	loom_program *unf = compile_at(g, loss, LOOM_DEVICE_CUDA, LOOM_O0);
+	unsetenv("LOOM_CUDA_ATTN");
+	int nf = fused_attentions(fused, why, sizeof(why));
+	cr_expect_eq(nf, 1, "%s %s: not fused: %s", label, loom_dtype_name(dt), why);
+	cr_expect_eq(fused_attentions(unf, why, sizeof(why)), 0, "%s: LOOM_CUDA_ATTN=unfused fused", label);
+	cr_expect(strstr(why, "LOOM_CUDA_ATTN=unfused") != NULL, "%s: the note says why: %s", label, why);
+	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+	for (int i = 0; i < t.n_param; i++) {
+		size_t n = numel_of(g, t.param[i]);
+		double *v = malloc(n * sizeof(double));
+		cr_assert(v);
+		for (size_t k = 0; k < n; k++)
+			v[k] = urand();
+		cr_assert_eq(loom_write_f64(fused, t.param[i], v, n), LOOM_OK, "%s", loom_program_error(fused));
+		cr_assert_eq(loom_write_f64(unf, t.param[i], v, n), LOOM_OK, "%s", loom_program_error(unf));
+		free(v);
+	}
+	cr_assert_eq(loom_run(fused, LOOM_RUN_GRAD), LOOM_OK, "fused: %s", loom_program_error(fused));
+	cr_assert_eq(loom_run(unf, LOOM_RUN_GRAD), LOOM_OK, "unfused: %s", loom_program_error(unf));
+	compare(label, "output", dt, fused, unf, y, 0, numel_of(g, y));
+	compare(label, "qkv gradient", dt, fused, unf, t.param[0], 1, numel_of(g, t.param[0]));
+	loom_program_free(unf);
+	loom_program_free(fused);
+	loom_graph_free(g);
+}
+
+/* The SDPA graphs' tensor and operation descriptors (sdpa_cudnn.cu) each
+ * finalize in cuDNN, which checks their attributes, dtypes and shapes with
+ * no device: this case runs wherever the plugin is built, GPU or not. The
+ * operation graph and its execution plan need a device (the case below). */
+Test(cuda_ops, sdpa_graph_descriptors)
+{
+	if (!plugin() || !plugin()->test_sdpa_descriptors)
+		cr_skip_test("built without the CUDA toolkit: no plugin");
+	for (size_t i = 0; i < sizeof(sdpa_shapes) / sizeof(sdpa_shapes[0]); i++)
+		for (int bf16 = 0; bf16 <= 1; bf16++)
+			for (int bwd = 0; bwd <= 1; bwd++) {
+				char why[512] = "";
+				cr_expect(plugin()->test_sdpa_descriptors(
+						  sdpa_shapes[i].b, sdpa_shapes[i].t, sdpa_shapes[i].nh,
+						  sdpa_shapes[i].hs, bf16, bwd, why, sizeof(why)),
+					  "sdpa %s %s %lldx%lld, %lld heads of %lld: %s",
+					  bwd ? "backward" : "forward", bf16 ? "bf16" : "f16",
+					  (long long)sdpa_shapes[i].b, (long long)sdpa_shapes[i].t,
+					  (long long)sdpa_shapes[i].nh, (long long)sdpa_shapes[i].hs, why);
+			}
+}
+
+/* cuDNN's SDPA (engine/cuda/sdpa_cudnn.cu) in f16 and bf16, causal, forward
+ * and backward, against the CPU's two-node attention and against the CUDA
+ * backend's unfused attention, on shapes with T a multiple of 64 and not;
+ * the plan must have fused (a refusal fails here, with cuDNN's reason). */
+Test(cuda_ops, sdpa_fused_attention)
+{
+	NEED_GPU();
+	const loom_dtype dts[2] = { LOOM_F16, LOOM_BF16 };
+	unsetenv("LOOM_CUDA_ATTN");
+	for (size_t i = 0; i < sizeof(sdpa_shapes) / sizeof(sdpa_shapes[0]); i++) {
+		char name[96];
+		sd_b = sdpa_shapes[i].b, sd_t = sdpa_shapes[i].t;
+		sd_nh = sdpa_shapes[i].nh, sd_hs = sdpa_shapes[i].hs;
+		snprintf(name, sizeof(name), "sdpa attention %lldx%lld, %lld heads of %lld",
+			 (long long)sd_b, (long long)sd_t, (long long)sd_nh, (long long)sd_hs);
+		for (int d = 0; d < 2; d++) {
+			run_case(name, b_attention_sdpa, dts[d], LOOM_RUN_GRAD, 1);
+			sdpa_vs_unfused(dts[d], 2);
+		}
+	}
 }
 
 Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
