@@ -1369,8 +1369,7 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM |
-		LOOM_BE_FUSES_SOME_CASTS,
-		LOOM_BE_FUSES_ATTENTION,
+		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,
