@@ -13,7 +13,12 @@ T=2
 # Open MPI refuses root unless told; containers have no CMA for vader.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
-port=$((20000 + ($$ % 20000)))
+# The first MASTER_PORT of this script, each case taking the next: below
+# Linux's ephemeral range (32768 up: the ports other programs' outgoing
+# connections get, where a test's listen once found one taken, "Address
+# already in use"), and 128 apart for scripts whose pids are near (tests
+# that start together), each using a few dozen.
+port=$((20000 + ($$ * 128) % 12672))
 # Under ASan (bazel test --config=asan): Open MPI's and PMIx's allocations
 # kept until exit are suppressed by library (lsan_mpi.supp), never loom's
 # own; for their frames to be attributed at all, Open MPI keeps its plugins
