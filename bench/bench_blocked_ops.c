@@ -17,7 +17,9 @@
  *   pool fwd: oneDNN forward_training also writes the workspace (the argmax)
  *     its backward reads; loom writes y only.
  *   pool bwd: loom recomputes each window's argmax from x; oneDNN reads the
- *     workspace. Neither fuses relu here.
+ *     workspace.
+ *   pool+relu fwd: loom's fused relu against oneDNN's eltwise relu post-op
+ *     (forward only: oneDNN's pooling backward has no relu).
  */
 #include <math.h>
 #include <stdio.h>
@@ -269,10 +271,13 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 
 /* ---------------------------------------------------------------- max pooling */
 
-static void bench_pool(int n, int c, int side, int k, int stride, int pad, int threads, int reps)
+/* relu: the fused relu forward (loom's s.relu, oneDNN's eltwise relu post-op)
+ * alone; oneDNN's pooling backward has no relu, so no backward then. */
+static void bench_pool(int n, int c, int side, int k, int stride, int pad, int relu, int threads,
+		       int reps)
 {
 	loom_pool_shape s = { .n = n, .c = c, .h_in = side, .w_in = side, .k = k, .stride = stride,
-			      .pad = pad, .relu = 0 };
+			      .pad = pad, .relu = relu };
 	s.h_out = s.w_out = (int)loom_window_out(side, k, stride, pad);
 	const size_t in = (size_t)n * c * side * side, out = (size_t)n * c * s.h_out * s.w_out;
 	unsigned seed = 99u + (unsigned)c;
@@ -292,7 +297,18 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int t
 	dnnl_primitive_desc_t fpd, bpd;
 	CHECK(dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_pooling_max, &xmd,
 						&ymd, st, ker, dil, pl, pr));
-	CHECK(dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL));
+	dnnl_primitive_attr_t attr = NULL;
+	if (relu) {
+		dnnl_post_ops_t po;
+		CHECK(dnnl_post_ops_create(&po));
+		CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0, 0));
+		CHECK(dnnl_primitive_attr_create(&attr));
+		CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+		dnnl_post_ops_destroy(po);
+	}
+	CHECK(dnnl_primitive_desc_create(&fpd, &fd, attr, eng, NULL));
+	if (attr)
+		dnnl_primitive_attr_destroy(attr);
 	CHECK(dnnl_pooling_v2_backward_desc_init(&bd, dnnl_pooling_max, &xmd, &ymd, st, ker, dil, pl,
 						 pr));
 	CHECK(dnnl_primitive_desc_create(&bpd, &bd, NULL, eng, fpd));
@@ -310,9 +326,12 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int t
 
 	loom_cpu_maxpool8_fwd(&s, x, yl);
 	exec(fp, 3, fargs);
-	loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
-	exec(bp, 3, bargs);
-	double dfwd = rel_diff(yl, yd, out), dbwd = rel_diff(dxl, dxd, in);
+	double dfwd = rel_diff(yl, yd, out), dbwd = 0;
+	if (!relu) {
+		loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
+		exec(bp, 3, bargs);
+		dbwd = rel_diff(dxl, dxd, in);
+	}
 
 	series lf = mk_series(reps), df = mk_series(reps), lb = mk_series(reps),
 	       db = mk_series(reps);
@@ -320,19 +339,25 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int t
 		if (r % 2 == 0) {
 			TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
 			TIME(df, r, exec(fp, 3, fargs));
-			TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
-			TIME(db, r, exec(bp, 3, bargs));
+			if (!relu) {
+				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+				TIME(db, r, exec(bp, 3, bargs));
+			}
 		} else {
 			TIME(df, r, exec(fp, 3, fargs));
 			TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
-			TIME(db, r, exec(bp, 3, bargs));
-			TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+			if (!relu) {
+				TIME(db, r, exec(bp, 3, bargs));
+				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+			}
 		}
 	}
 	char shape[64];
 	snprintf(shape, sizeof(shape), "%dx%dx%dx%d k%d s%d p%d", n, c, side, side, k, stride, pad);
-	print_row("maxpool fwd", shape, threads, &lf, &df, reps, dfwd, impl_of(fpd));
-	print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
+	print_row(relu ? "maxpool+relu fwd" : "maxpool fwd", shape, threads, &lf, &df, reps, dfwd,
+		  impl_of(fpd));
+	if (!relu)
+		print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
 
 	free_series(&lf);
 	free_series(&df);
@@ -361,7 +386,7 @@ typedef struct bn_shape {
 /* The batch norms' (channels, side) of ResNet-50 and ResNet-18 at 224x224
  * (each distinct shape once). */
 static const bn_shape bn_shapes[] = {
-	{ 64, 56, "both" },  { 256, 56, "50" },	 { 128, 28, "both" }, { 512, 28, "50" },
+	{ 64, 112, "both" }, { 64, 56, "both" },  { 256, 56, "50" },	 { 128, 28, "both" }, { 512, 28, "50" },
 	{ 256, 14, "both" }, { 1024, 14, "50" }, { 512, 7, "both" },  { 2048, 7, "50" },
 };
 
@@ -409,8 +434,9 @@ int main(int argc, char **argv)
 		loom_cpu_set_threads(threads[t]); /* OpenMP's count: loom's team and oneDNN */
 		/* The ResNet stem's max pool (3x3, stride 2, pad 1, 112 -> 56), then
 		 * the same window on a 56 input. */
-		bench_pool(batch, 64, 112, 3, 2, 1, threads[t], reps);
-		bench_pool(batch, 64, 56, 3, 2, 1, threads[t], reps);
+		bench_pool(batch, 64, 112, 3, 2, 1, 0, threads[t], reps);
+		bench_pool(batch, 64, 112, 3, 2, 1, 1, threads[t], reps);
+		bench_pool(batch, 64, 56, 3, 2, 1, 0, threads[t], reps);
 		for (size_t i = 0; i < sizeof(bn_shapes) / sizeof(bn_shapes[0]); i++)
 			if (in_set(bn_shapes[i].set, set))
 				bench_bn(batch, bn_shapes[i].c, bn_shapes[i].side, threads[t], reps);
