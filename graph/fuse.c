@@ -16,8 +16,7 @@
 #include "graph/graph_internal.h"
 #include "graph/ops/ops.h"
 
-/* The nodes reading v (at most max of them), or -1 if there are more. */
-static int readers(const loom_graph *g, loom_value v, loom_value *out, int max)
+int loom_graph_readers(const loom_graph *g, loom_value v, loom_value *out, int max)
 {
 	int n = 0;
 	for (int u = v + 1; u < g->n; u++) {
@@ -55,7 +54,7 @@ int loom_fuse_relu_pool(loom_graph *g)
 		loom_value x = rn->src[0];
 		/* The relu must feed exactly one pool and that pool's backward. */
 		loom_value rd[3];
-		int nr = readers(g, r, rd, 2);
+		int nr = loom_graph_readers(g, r, rd, 2);
 		loom_value pool = LOOM_NONE, pool_bwd = LOOM_NONE;
 		for (int i = 0; i < nr; i++) {
 			const loom_node *u = &g->nodes[rd[i]];
@@ -72,7 +71,7 @@ int loom_fuse_relu_pool(loom_graph *g)
 		loom_value relu_bwd = LOOM_NONE;
 		if (pool_bwd != LOOM_NONE) {
 			loom_value pr[2];
-			if (readers(g, pool_bwd, pr, 1) != 1)
+			if (loom_graph_readers(g, pool_bwd, pr, 1) != 1)
 				continue;
 			const loom_node *u = &g->nodes[pr[0]];
 			if (u->op != LOOM_OP_RELU_BWD || u->src[0] != x || u->src[1] != pool_bwd ||
@@ -112,7 +111,7 @@ static loom_value sole_relu(const loom_graph *g, loom_value v)
 		return LOOM_NONE;
 	/* Read by one relu, and in training by that relu's backward. */
 	loom_value rd[2];
-	int nr = readers(g, v, rd, 2);
+	int nr = loom_graph_readers(g, v, rd, 2);
 	loom_value relu = LOOM_NONE;
 	if (nr < 1)
 		return LOOM_NONE;
@@ -341,7 +340,7 @@ static int foldable_producer(const loom_graph *g, loom_value x, loom_dtype to)
 	if (keeps_dtype(g, x))
 		return 0;
 	loom_value rd[2];
-	return readers(g, x, rd, 1) == 1;
+	return loom_graph_readers(g, x, rd, 1) == 1;
 }
 
 /*
@@ -355,7 +354,7 @@ static int foldable_producer(const loom_graph *g, loom_value x, loom_dtype to)
 static loom_value sole_kernel_reader(const loom_graph *g, loom_value c)
 {
 	loom_value rd[2];
-	if (readers(g, c, rd, 1) != 1)
+	if (loom_graph_readers(g, c, rd, 1) != 1)
 		return LOOM_NONE;
 	const loom_node *r = &g->nodes[rd[0]];
 	const loom_op_def *def = loom_op_defs[r->op];
@@ -378,7 +377,7 @@ static loom_value sole_kernel_reader(const loom_graph *g, loom_value c)
 static int taking_readers(const loom_graph *g, loom_value c, int (*takes)(loom_op),
 			  loom_value *rd, int max)
 {
-	int n = readers(g, c, rd, max);
+	int n = loom_graph_readers(g, c, rd, max);
 	if (n <= 0)
 		return 0;
 	for (int k = 0; k < n; k++) {
@@ -417,7 +416,7 @@ int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op))
 		 * that the cast alone reads: they take the new dtype too. */
 		loom_value p = x, rd[2];
 		while ((loom_op_defs[g->nodes[p].op]->flags & LOOM_OPF_VIEW) &&
-		       g->nodes[p].op == LOOM_OP_RESHAPE && readers(g, p, rd, 1) == 1 &&
+		       g->nodes[p].op == LOOM_OP_RESHAPE && loom_graph_readers(g, p, rd, 1) == 1 &&
 		       !(g->nodes[p].flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD)))
 			p = g->nodes[p].src[0];
 		if ((!takes || takes((loom_op)g->nodes[p].op)) && foldable_producer(g, p, cn->dtype)) {

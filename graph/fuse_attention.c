@@ -20,24 +20,6 @@
 #include "graph/graph_internal.h"
 #include "graph/ops/ops.h"
 
-/* The nodes reading v (at most max of them), or -1 if there are more. */
-static int readers(const loom_graph *g, loom_value v, loom_value *out, int max)
-{
-	int n = 0;
-	for (int u = v + 1; u < g->n; u++) {
-		const loom_node *nd = &g->nodes[u];
-		for (int i = 0; i < nd->nsrc; i++) {
-			if (nd->src[i] != v)
-				continue;
-			if (n == max)
-				return -1;
-			out[n++] = u;
-			break;
-		}
-	}
-	return n;
-}
-
 static int is_half(loom_dtype dt)
 {
 	return dt == LOOM_F16 || dt == LOOM_BF16;
@@ -68,10 +50,10 @@ static int find_backward(const loom_graph *g, attn_nodes *a, loom_value qkv)
 	if (bv->src[1] != a->dy)
 		return 0;
 	loom_value r[2];
-	if (readers(g, a->bwd_probs, r, 1) != 1 || r[0] != a->bwd_qk)
+	if (loom_graph_readers(g, a->bwd_probs, r, 1) != 1 || r[0] != a->bwd_qk)
 		return 0;
 	/* The two shares of dqkv meet in one sum, and only there. */
-	if (readers(g, a->bwd_qk, r, 1) != 1)
+	if (loom_graph_readers(g, a->bwd_qk, r, 1) != 1)
 		return 0;
 	a->sum = r[0];
 	const loom_node *s = &g->nodes[a->sum];
@@ -79,7 +61,7 @@ static int find_backward(const loom_graph *g, attn_nodes *a, loom_value qkv)
 	    !((s->src[0] == a->bwd_v && s->src[1] == a->bwd_qk) ||
 	      (s->src[0] == a->bwd_qk && s->src[1] == a->bwd_v)))
 		return 0;
-	if (readers(g, a->bwd_v, r, 1) != 1 || r[0] != a->sum)
+	if (loom_graph_readers(g, a->bwd_v, r, 1) != 1 || r[0] != a->sum)
 		return 0;
 	loom_dtype dt = g->nodes[qkv].dtype;
 	return g->nodes[a->dy].dtype == dt && s->dtype == dt && !kept(g, a->bwd_probs) &&
@@ -90,7 +72,7 @@ static int find_pattern(const loom_graph *g, loom_value p, attn_nodes *a)
 {
 	const loom_node *pn = &g->nodes[p];
 	loom_value r[4];
-	int nr = readers(g, p, r, 3);
+	int nr = loom_graph_readers(g, p, r, 3);
 	memset(a, 0xff, sizeof(*a)); /* LOOM_NONE everywhere */
 	a->probs = p;
 	if (pn->op != LOOM_OP_ATTN_PROBS || pn->a.attn.fused || nr < 1 || kept(g, p))

@@ -272,6 +272,10 @@ typedef int (*loom_attn_fusable_fn)(const loom_graph *g, loom_value probs, int t
  * Run after loom_fuse_siblings, before memory planning. */
 int loom_fuse_attention(loom_graph *g, loom_attn_fusable_fn fusable);
 
+/* The nodes reading v (at most max of them, in graph order), or -1 if
+ * there are more (graph/fuse.c; the fusion passes' question). */
+int loom_graph_readers(const loom_graph *g, loom_value v, loom_value *out, int max);
+
 /* Marks values one library call makes together with an earlier node's
  * (node->made_by): batch norm's dgamma and dbeta with its dx (one
  * cudnnBatchNormalizationBackward), a linear's bias gradient with its
