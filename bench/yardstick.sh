@@ -46,7 +46,10 @@
 # bazel-bin holding the binaries; default: build them with $BAZEL, default
 # `bazel`), LOOM_BIN_B (a second such folder, the "before" build of a
 # change: adds a "loom O0 (B)" column after loom O0; LOOM_VARIANTS_B, e.g.
-# "O0 O1", names the variants that get one), WORKLOADS, LOOM_VARIANTS
+# "O0 O1", names the variants that get one), LOOM_ENV_B (environment settings
+# for the B runs only, e.g. "LOOM_FORMATS=nchw"; alone, without LOOM_BIN_B,
+# it makes B the same build run with them), LOOM_B_NAME (the B columns' label,
+# default "before"), WORKLOADS, LOOM_VARIANTS
 # ("O0 O1 O2"), TORCH_MODES_CONVNET ("eager compile bf16"), TORCH_MODES_RESNET
 # ("eager cl compile"; "none": no PyTorch column), TORCH_MODES_RESNET_BIG and LOOM_VARIANTS_BIG (ResNet-50
 # at batch 32: "eager cl", "O0"), CONV_CAP (50), CONV_STEPS (the ConvNet's
@@ -88,6 +91,8 @@ fi
 bin=${LOOM_BIN:-}
 bin_b=${LOOM_BIN_B:-}
 lv_b=${LOOM_VARIANTS_B:-}
+env_b=${LOOM_ENV_B:-}
+b_name=${LOOM_B_NAME:-before}
 if [ -z "$bin" ]; then
 	${BAZEL:-bazel} build //bench:bench_resnet //bench:bench_convnet //bench:bf16_peak \
 		//examples:mnist_ddp //examples:gpt_ddp >/dev/null 2>&1 || {
@@ -96,6 +101,7 @@ if [ -z "$bin" ]; then
 	}
 	bin=$(${BAZEL:-bazel} info bazel-bin 2>/dev/null)
 fi
+[ -n "$env_b" ] && [ -z "$bin_b" ] && bin_b=$bin
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
 # The GPT's text: one file both engines read (the last tenth held out).
@@ -236,13 +242,22 @@ cell() { # workload variant -> cell
 	local w=$1 kind=${2%% *} v=${2#* }
 	case $w.$kind in
 	convnet.loom) loom_convnet "$v" ;;
-	convnet.loomB) bin=$bin_b tag=loomB loom_convnet "$v" ;;
+	convnet.loomB) (
+		[ -n "$env_b" ] && export $env_b
+		bin=$bin_b tag=loomB loom_convnet "$v"
+	) ;;
 	convnet.torch) torch_convnet "$v" ;;
 	gpt.loom) loom_gpt "$v" ;;
-	gpt.loomB) bin=$bin_b tag=loomB loom_gpt "$v" ;;
+	gpt.loomB) (
+		[ -n "$env_b" ] && export $env_b
+		bin=$bin_b tag=loomB loom_gpt "$v"
+	) ;;
 	gpt.torch) torch_gpt "$v" ;;
 	*.loom) loom_resnet "$w" "$v" ;;
-	*.loomB) bin=$bin_b tag=loomB loom_resnet "$w" "$v" ;;
+	*.loomB) (
+		[ -n "$env_b" ] && export $env_b
+		bin=$bin_b tag=loomB loom_resnet "$w" "$v"
+	) ;;
 	*) torch_resnet "$w" "$v" ;;
 	esac
 }
@@ -250,8 +265,8 @@ cell() { # workload variant -> cell
 label() { # variant -> column title
 	case $1 in
 	"loom O0") echo "loom O0 fp32" ;;
-	"loomB O0") echo "loom O0 fp32 (B: before)" ;;
-	"loomB O1" | "loomB O2") echo "loom ${1#loomB } bf16 (B: before)" ;;
+	"loomB O0") echo "loom O0 fp32 (B: $b_name)" ;;
+	"loomB O1" | "loomB O2") echo "loom ${1#loomB } bf16 (B: $b_name)" ;;
 	"loom O1" | "loom O2") echo "$1 bf16" ;;
 	"torch eager") echo "PyTorch eager fp32" ;;
 	"torch bf16") echo "PyTorch eager bf16 autocast" ;;
