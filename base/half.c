@@ -136,65 +136,26 @@ static void bf16_to_f32_range(const uint16_t *src, float *dst, int64_t n)
 		dst[i] = loom_bf16_to_f32(src[i]);
 }
 
-void loom_f32_to_f16_array(const float *src, uint16_t *dst, int64_t n)
-{
-	int64_t chunks = (n + LOOM_HALF_CHUNK - 1) / LOOM_HALF_CHUNK;
-
-	if (n <= 0)
-		return;
-#pragma omp parallel for schedule(static) if (n >= LOOM_HALF_PAR_MIN)
-	for (int64_t c = 0; c < chunks; c++) {
-		int64_t lo = c * LOOM_HALF_CHUNK;
-		int64_t len = n - lo < LOOM_HALF_CHUNK ? n - lo : LOOM_HALF_CHUNK;
-
-		f32_to_f16_range(src + lo, dst + lo, len);
+/* The array conversions: chunks of LOOM_HALF_CHUNK over the threads, each
+ * converted by its range function. */
+#define HALF_ARRAY(name, S, D, range)                                              \
+	void name(const S *src, D *dst, int64_t n)                                  \
+	{                                                                           \
+		int64_t chunks = (n + LOOM_HALF_CHUNK - 1) / LOOM_HALF_CHUNK;       \
+		if (n <= 0)                                                         \
+			return;                                                     \
+		_Pragma("omp parallel for schedule(static) if (n >= LOOM_HALF_PAR_MIN)") \
+		for (int64_t c = 0; c < chunks; c++) {                              \
+			int64_t lo = c * LOOM_HALF_CHUNK;                           \
+			int64_t len = n - lo < LOOM_HALF_CHUNK ? n - lo : LOOM_HALF_CHUNK; \
+			range(src + lo, dst + lo, len);                             \
+		}                                                                   \
 	}
-}
 
-void loom_f16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
-{
-	int64_t chunks = (n + LOOM_HALF_CHUNK - 1) / LOOM_HALF_CHUNK;
-
-	if (n <= 0)
-		return;
-#pragma omp parallel for schedule(static) if (n >= LOOM_HALF_PAR_MIN)
-	for (int64_t c = 0; c < chunks; c++) {
-		int64_t lo = c * LOOM_HALF_CHUNK;
-		int64_t len = n - lo < LOOM_HALF_CHUNK ? n - lo : LOOM_HALF_CHUNK;
-
-		f16_to_f32_range(src + lo, dst + lo, len);
-	}
-}
-
-void loom_f32_to_bf16_array(const float *src, uint16_t *dst, int64_t n)
-{
-	int64_t chunks = (n + LOOM_HALF_CHUNK - 1) / LOOM_HALF_CHUNK;
-
-	if (n <= 0)
-		return;
-#pragma omp parallel for schedule(static) if (n >= LOOM_HALF_PAR_MIN)
-	for (int64_t c = 0; c < chunks; c++) {
-		int64_t lo = c * LOOM_HALF_CHUNK;
-		int64_t len = n - lo < LOOM_HALF_CHUNK ? n - lo : LOOM_HALF_CHUNK;
-
-		f32_to_bf16_range(src + lo, dst + lo, len);
-	}
-}
-
-void loom_bf16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
-{
-	int64_t chunks = (n + LOOM_HALF_CHUNK - 1) / LOOM_HALF_CHUNK;
-
-	if (n <= 0)
-		return;
-#pragma omp parallel for schedule(static) if (n >= LOOM_HALF_PAR_MIN)
-	for (int64_t c = 0; c < chunks; c++) {
-		int64_t lo = c * LOOM_HALF_CHUNK;
-		int64_t len = n - lo < LOOM_HALF_CHUNK ? n - lo : LOOM_HALF_CHUNK;
-
-		bf16_to_f32_range(src + lo, dst + lo, len);
-	}
-}
+HALF_ARRAY(loom_f32_to_f16_array, float, uint16_t, f32_to_f16_range)
+HALF_ARRAY(loom_f16_to_f32_array, uint16_t, float, f16_to_f32_range)
+HALF_ARRAY(loom_f32_to_bf16_array, float, uint16_t, f32_to_bf16_range)
+HALF_ARRAY(loom_bf16_to_f32_array, uint16_t, float, bf16_to_f32_range)
 
 int loom_half_uses_f16c(void)
 {

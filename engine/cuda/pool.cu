@@ -92,6 +92,18 @@ __global__ void loom_maxpool_fwd_idx_kernel(loom_pool_shape s, const void *x, in
 	}
 }
 
+/* The windows (oh, ow) that hold input element (ih, iw): oh*stride - pad
+ * <= ih < oh*stride - pad + k, within the output (likewise ow). */
+__device__ static void pool_windows(loom_pool_shape s, int ih, int iw, int *oh_lo, int *oh_hi,
+				    int *ow_lo, int *ow_hi)
+{
+	int th = ih + s.pad - s.k, tw = iw + s.pad - s.k;
+	*oh_lo = th < 0 ? 0 : th / s.stride + 1;
+	*ow_lo = tw < 0 ? 0 : tw / s.stride + 1;
+	*oh_hi = min((ih + s.pad) / s.stride, s.h_out - 1);
+	*ow_hi = min((iw + s.pad) / s.stride, s.w_out - 1);
+}
+
 /* The backward through the saved argmax: one thread per input element, it
  * gathers dy from the windows whose saved max is this element, in the same
  * (oh, ow) order as below; x is not read. */
@@ -105,14 +117,8 @@ __global__ void loom_maxpool_bwd_idx_kernel(loom_pool_shape s, const unsigned ch
 		int ih = (int)((e / s.w_in) % s.h_in);
 		int64_t pl = e / ((int64_t)s.w_in * s.h_in);
 		int64_t doff = pl * s.h_out * s.w_out;
-		int th = ih + s.pad - s.k, tw = iw + s.pad - s.k;
-		int oh_lo = th < 0 ? 0 : th / s.stride + 1;
-		int ow_lo = tw < 0 ? 0 : tw / s.stride + 1;
-		int oh_hi = (ih + s.pad) / s.stride, ow_hi = (iw + s.pad) / s.stride;
-		if (oh_hi > s.h_out - 1)
-			oh_hi = s.h_out - 1;
-		if (ow_hi > s.w_out - 1)
-			ow_hi = s.w_out - 1;
+		int oh_lo, oh_hi, ow_lo, ow_hi;
+		pool_windows(s, ih, iw, &oh_lo, &oh_hi, &ow_lo, &ow_hi);
 		float g = 0.0f;
 		for (int oh = oh_lo; oh <= oh_hi; oh++)
 			for (int ow = ow_lo; ow <= ow_hi; ow++) {
@@ -144,15 +150,8 @@ __global__ void loom_maxpool_bwd_kernel(loom_pool_shape s, const void *x, int xd
 			loom_st(dx, dxdt, e, 0.0f);
 			continue;
 		}
-		/* Windows oh with oh*stride - pad <= ih < oh*stride - pad + k. */
-		int th = ih + s.pad - s.k, tw = iw + s.pad - s.k;
-		int oh_lo = th < 0 ? 0 : th / s.stride + 1;
-		int ow_lo = tw < 0 ? 0 : tw / s.stride + 1;
-		int oh_hi = (ih + s.pad) / s.stride, ow_hi = (iw + s.pad) / s.stride;
-		if (oh_hi > s.h_out - 1)
-			oh_hi = s.h_out - 1;
-		if (ow_hi > s.w_out - 1)
-			ow_hi = s.w_out - 1;
+		int oh_lo, oh_hi, ow_lo, ow_hi;
+		pool_windows(s, ih, iw, &oh_lo, &oh_hi, &ow_lo, &ow_hi);
 		float g = 0.0f;
 		for (int oh = oh_lo; oh <= oh_hi; oh++)
 			for (int ow = ow_lo; ow <= ow_hi; ow++)
