@@ -158,7 +158,10 @@ torch_r50() { # name layout modes...
 	fi
 }
 if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
-	for search in on off; do
+	# LOOM_GPU_SEARCHES="off" (a rerun where the search was measured
+	# already) leaves the search-on half out; LOOM_GPU_TORCH_R50=0 the
+	# PyTorch ResNet-50 twins (~150 s).
+	for search in ${LOOM_GPU_SEARCHES:-on off}; do
 		env_s=(LOOM_KERNEL_SEARCH=$search)
 		srow "speed_r50_fp32_tf32_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
 			"$bin/resnet50_synthetic" "${r50[@]}"
@@ -169,7 +172,9 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		srow "speed_r50_O1_bf16_search_$search" loom_img bench 60 -- env "${env_s[@]}" \
 			"$bin/resnet50_synthetic" "${r50[@]}" --opt-level O1 --precision bf16
 		# PyTorch between loom's two halves, then after them.
-		if [ $search = on ]; then
+		if [ "${LOOM_GPU_TORCH_R50:-1}" = 0 ]; then
+			:
+		elif [ $search = on ] || [ "${LOOM_GPU_SEARCHES:-on off}" = off ]; then
 			torch_r50 speed_torch_r50_channels_last channels-last eager-fp32 exact-fp32 \
 				amp-fp16 amp-bf16
 		else
@@ -215,6 +220,8 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	bn_old=(LOOM_KERNEL_SEARCH=off LOOM_CUDA_BN_SAVE=0 LOOM_CUDA_BN_SPLIT=0 LOOM_CUDA_BN_EX=0
 		LOOM_CUDA_POOL_IDX=0)
 	r50s=(--device cuda --batch-size 64 --steps 10 --warmup 2)
+	srow speed_r50_O2_fp16_default10 loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O2_fp16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O1_bf16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
@@ -306,8 +313,8 @@ row gpt2_124m_O1_bf16_ws4 bench 150 "" -- env LOOM_CUDA_LT_WS_MB=4 "$bin/gpt_ddp
 	--log-interval 5 --val-interval 0 --sample 0
 # LOOM_GPU_TORCH=0 leaves the PyTorch twins out (a rerun on a machine
 # where they were measured already).
-if [ "${LOOM_GPU_TORCH:-1}" = 0 ]; then
-	echo "PyTorch twins: left out (LOOM_GPU_TORCH=0)" >"$logs/torch.log"
+if [ "${LOOM_GPU_TORCH:-1}" = 0 ] || [ "${LOOM_GPU_TORCH_END:-1}" = 0 ]; then
+	echo "PyTorch twins: left out (LOOM_GPU_TORCH=0 or LOOM_GPU_TORCH_END=0)" >"$logs/torch.log"
 	printf 'torch\toptional\tabsent\t0\t%s\t\n' "$logs/torch.log" >>"$rows"
 elif [ -n "$py" ] && "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
 	row torch_convnet optional 180 "" -- "$py" "$here/bench/torch_gpu.py" convnet --batch 100 "${data[@]}"

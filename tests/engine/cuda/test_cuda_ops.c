@@ -34,6 +34,18 @@
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 #include "examples/models.h"
+
+/* Every case here compares a CUDA plan with its CPU twin node for node.
+ * CUDA plans every value NCHW (no node_formats); the CPU's planner would
+ * give a ResNet's activations oneDNN's blocked format, with reorder nodes
+ * (5 in ResNet-18's training plan), so the twins are compiled NCHW too,
+ * whatever the environment says (under bazel, .bazelrc pins the same; the
+ * GPU bundle runs the binary bare). The CPU's formats are
+ * tests/engine/cpu:test_formats's subject. */
+__attribute__((constructor)) static void cpu_twins_plan_nchw(void)
+{
+	setenv("LOOM_FORMATS", "nchw", 1);
+}
 #include "loom.h"
 
 /* NULL when this machine can run the CUDA backend, else why not. */
