@@ -95,6 +95,16 @@ if [ -d "$text" ]; then
 		xargs -0 cat >"$out/data/fortunes.txt"
 fi
 
+# llm.c's train_gpt2cu, the GPT's reference on the GPU (issue 30's goal),
+# only where LOOM_LLMC_BIN names one built beside the repo (never fetched
+# or built here) and LOOM_LLMC_DATA holds its train.bin and val.bin.
+if [ -n "${LOOM_LLMC_BIN:-}" ] && [ -x "$LOOM_LLMC_BIN" ]; then
+	cp -L "$LOOM_LLMC_BIN" "$out/bin/train_gpt2cu"
+	mkdir -p "$out/llmc"
+	cp -L "${LOOM_LLMC_DATA:?LOOM_LLMC_DATA: the folder of the llm.c train.bin and val.bin}"/train.bin \
+		"$LOOM_LLMC_DATA"/val.bin "$out/llmc/"
+fi
+
 # bin/ and lib/ travel as one archive (oneDNN and OpenBLAS alone are 76 MB):
 # xz makes it 18 MB where gzip makes 32, so that with the dataset (30 MB) and
 # the CUDA plugin the bundle stays under the device tool's 64 MiB. run.sh

@@ -9,6 +9,7 @@
 #              ("mode", "layout", "img_per_s"), the label followed by the mode
 #   loom_tok   gpt_ddp: the last "step ... X tok/s ... MFU Y%" line
 #   torch_tok  bench/torch_gpt.py: its "... X tok/s" line
+#   llmc_tok   llm.c's train_gpt2cu: the last "step ... | Y% bf16 MFU | X tok/s" line
 # A log without its figure gives "-" and the log's last line, never a
 # made-up number. Always exits 0: the verdicts are gpu_summary.sh's.
 set -u
@@ -69,6 +70,16 @@ while IFS=$'\t' read -r label kind log; do
 		r=$(grep -a '^torch ' "$log" | grep -ao '[0-9][0-9.]* tok/s' | head -n 1 | sed 's/ tok\/s//')
 		if [ -n "$r" ]; then
 			line "$label" "$r" tok/s - ""
+		else
+			line "$label" - tok/s - "$(last_line "$log")"
+		fi
+		;;
+	llmc_tok)
+		l=$(grep -a '^step.*tok/s' "$log" | tail -n 1)
+		r=$(sed -n 's/.* \([0-9][0-9.]*\) tok\/s.*/\1/p' <<<"$l")
+		m=$(sed -n 's/.* \([0-9.]*\)% bf16 MFU.*/\1/p' <<<"$l")
+		if [ -n "$r" ]; then
+			line "$label" "$r" tok/s "${m:+$m%}" "llm.c's own MFU and smoothed tok/s"
 		else
 			line "$label" - tok/s - "$(last_line "$log")"
 		fi

@@ -209,6 +209,20 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		printf 'speed_torch_gpt2_124m_bf16\ttorch_tok\t%s\n' \
 			"$logs/speed_torch_gpt2_124m_bf16.log" >>"$speed"
 	fi
+	# llm.c's train_gpt2cu (karpathy/llm.c, built beside the repo with cuDNN
+	# attention and bundled only when LOOM_LLMC_BIN names it: never part of
+	# the build), GPT-2 124M from random weights (-e d12), batch 8, T 1024,
+	# no recompute, on random tokens in its own file format: the twin of
+	# loom's O2 bf16 (bf16 weights, fp32 masters).
+	if [ -x "$bin/train_gpt2cu" ] && [ -f "$here/llmc/train.bin" ]; then
+		srow speed_llmc_gpt2_124m_bf16 llmc_tok optional 60 -- "$bin/train_gpt2cu" -e d12 \
+			-b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -o /tmp/llmc_out_unused \
+			-i "$here/llmc/train.bin" -j "$here/llmc/val.bin"
+		srow speed_gpt2_124m_O2_bf16 loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
+			"$bin/gpt_ddp" --device cuda "${text[@]}" \
+			--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
+			--log-interval 5 --val-interval 0 --sample 0
+	fi
 	# Batch norm, max pool and the upload (engine/cuda, issue 30 items 3
 	# and 6): the rows above run the defaults (statistics saved, split
 	# own kernels, cuDNN's Ex forward where it takes NCHW, saved pool
