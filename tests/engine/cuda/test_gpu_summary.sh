@@ -160,6 +160,11 @@ cat >"$d/torch_gpt.log" <<'L'
 torch 2.11.0 eager bf16 autocast on cuda: 124439808 parameters, 12 steps, 74.1 ms/step, 110534 tok/s
 torch cpu: 99 tok/s per CPU-second, peak RSS 2000 MiB
 L
+cat >"$d/llmc.log" <<'L'
+step   19/20 | loss 7.213210 (+nanz)| norm 1.2345 (+nanz)| lr 3.00e-04 | 45.10 ms | 40.1% bf16 MFU | 181000 tok/s
+step   20/20 | loss 7.113210 (+nanz)| norm 1.1345 (+nanz)| lr 3.00e-04 | 45.00 ms | 40.3% bf16 MFU | 181234 tok/s
+val loss 7.1
+L
 cat >"$d/speed" <<R
 speed_r50_fp32${T}loom_img${T}$d/r50.log
 speed_r50_crash${T}loom_img${T}$d/r50_crash.log
@@ -167,6 +172,7 @@ speed_torch_r50_nchw${T}torch_img${T}$d/torch_r50.log
 speed_gpt2${T}loom_tok${T}$d/gpt.log
 speed_torch_gpt2${T}torch_tok${T}$d/torch_gpt.log
 speed_gone${T}loom_img${T}$d/never_written.log
+speed_llmc${T}llmc_tok${T}$d/llmc.log
 R
 bash "$speed_sh" "$d/speed" >"$d/speed_out" 2>&1 || fail "gpu_speed.sh exited $?"
 cat "$d/speed_out"
@@ -181,7 +187,8 @@ sp 'speed_torch_r50_nchw compile-fp16' '- img/s +- +torch.compile is not in this
 sp speed_gpt2 '50123 tok/s +21\.5% +last logged step'
 sp speed_torch_gpt2 '110534 tok/s'
 sp speed_gone '- +- +- +no log'
-[ "$(grep -c . "$d/speed_out")" -eq 10 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 10"
+sp speed_llmc '181234 tok/s +40\.3% +llm.c'
+[ "$(grep -c . "$d/speed_out")" -eq 11 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 11"
 
 echo "$failed failed"
 [ $failed -eq 0 ]
