@@ -76,6 +76,7 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_SOFTMAX_CE_BWD] = loom_cuda_op_softmax_ce_bwd;
 	t.fn[LOOM_OP_GRAD_SEED] = loom_cuda_op_grad_seed;
 	t.fn[LOOM_OP_CAST] = loom_cuda_op_cast;
+	t.fn[LOOM_OP_REORDER] = loom_cuda_op_reorder;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL] = loom_cuda_op_global_avgpool;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
 #define UNARY_ENTRY(NAME, low) \
@@ -244,6 +245,7 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		st = loom_cuda_conv_plan_make(p, c, v, np);
 		np->ws = plan_stages(p, n, np, 2); /* a conv bias is read as it is */
 		np->ws = loom_cuda_conv_f32_ws(p, v, np, np->ws);
+		np->ws = loom_cuda_conv_ro_ws(p, v, np, np->ws);
 		break;
 	case LOOM_OP_LINEAR:
 	case LOOM_OP_MATMUL:
@@ -1377,6 +1379,7 @@ static const loom_backend loom_cuda_backend = {
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
 	.takes_any_dtype = loom_cuda_takes_any_dtype,
+	.node_formats = loom_cuda_node_formats,
 	.attn_fusable = loom_cuda_attn_fusable,
 	.plan_create = cuda_plan_create,
 	.node_note = cuda_node_note,

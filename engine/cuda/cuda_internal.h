@@ -15,6 +15,7 @@
 extern "C" {
 #include "engine/backend.h"
 #include "graph/ops/geometry.h"
+#include "engine/cuda/formats.h"
 }
 
 #include "base/check.h"
@@ -109,6 +110,13 @@ typedef struct loom_cuda_conv_plan {
 	size_t ws;
 	int f32;           /* a half node run in f32: no half algorithm (or test hook) */
 	size_t f32_off[3]; /* ws offsets of the f32 copies: sources 0, 1, the output */
+	/* The layout cuDNN runs this convolution in (LOOM_FORMAT_NCHW or
+	 * NHWC: x, y and the filter, KRSC, alike), and the operands (sources
+	 * 0, 1, the output) held in another format: reordered into ws at
+	 * ro_off (the filter always, in NHWC). */
+	int fmt;
+	int ro[3];
+	size_t ro_off[3];
 	/* How algo was chosen (--dump-graph): LOOM_CUDA_CONV_HOW_*, the math
 	 * type set, the measured time of algo (0: not measured) and the
 	 * heuristic's own first choice with its measured time. */
@@ -167,8 +175,12 @@ typedef struct loom_cuda_bn_plan {
 	 * descriptors at plan time (LOOM_CUDA_BN_EX); its workspace and reserve
 	 * at the start of ws. 0 after a run-time NOT_SUPPORTED. */
 	int ex;
+	int ex_ops; /* cudnnBatchNormOps_t: BN_ACTIVATION, or BN (NHWC without a relu) */
 	cudnnActivationDescriptor_t act;
 	size_t ex_ws, ex_reserve;
+	/* NHWC descriptors (the format pass's choice), and the cudnnBatchNormMode_t
+	 * of the training calls: SPATIAL_PERSISTENT in NHWC, else SPATIAL. */
+	int nhwc, mode;
 } loom_cuda_bn_plan;
 
 /* A fused attention node's cuDNN SDPA plan (sdpa_cudnn.cu). */
@@ -345,6 +357,11 @@ loom_status loom_cuda_op_nothing(loom_cuda_ctx *ctx, const loom_plan *plan, loom
 loom_status loom_cuda_stage_sources(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    void **src);
 
+/* formats.cu: the REORDER node, the backend's node_formats */
+loom_status loom_cuda_op_reorder(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cuda_io *io);
+extern "C" void loom_cuda_node_formats(void *ctx, const loom_plan *plan, loom_value v,
+				       loom_format_caps *caps);
 /* conv_cudnn.cu */
 loom_status loom_cuda_op_conv2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io);
@@ -435,6 +452,10 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
  * into err (LOOM_ERR_MAX bytes). */
 /* elementwise.cu */
 extern "C" {
+/* formats.cu: n images of [c, hw] from format `from` into `to` (NCHW or
+ * NHWC), any element size of 2, 4 or 8 bytes; a copy where they agree. */
+loom_status loom_cuda_reorder(char *err, cudaStream_t s, int from, int to, size_t esz, int64_t n,
+			      int64_t c, int64_t hw, const void *x, void *y);
 loom_status loom_cuda_cast(char *err, cudaStream_t s, const void *x, int xdt, void *y,
 			   int ydt, int64_t n);
 loom_status loom_cuda_relu_fwd(char *err, cudaStream_t s, const void *x, int xdt,
@@ -557,6 +578,9 @@ void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char
  * returns the end (at when the plan has no fallback). */
 size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np,
 			     size_t at);
+/* Places the copies of the operands not in the plan's layout (fmt) in ws
+ * from offset at, in the node's dtype; returns the end. */
+size_t loom_cuda_conv_ro_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np, size_t at);
 loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out);
 
