@@ -229,3 +229,47 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 					dg, db, n->a.bn.eps, sm, sm ? sm + ch : NULL),
 				c->err, sizeof(c->err));
 }
+
+/* ------------------------------------------------------------ bn + add + relu */
+
+loom_status loom_cuda_bn_add_sizes(loom_cuda_ctx *c, const loom_cuda_node_plan *bnp, size_t *ws,
+				   size_t *reserve)
+{
+	const loom_cuda_bn_plan *bp = &bnp->bn;
+	*ws = *reserve = 0;
+	if (bnp->kind != LOOM_CUDA_PLAN_BN || !bp->nhwc || !bp->act)
+		return LOOM_ERR_UNSUPPORTED;
+	if (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+		    c->dnn, (cudnnBatchNormMode_t)bp->mode, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION,
+		    bp->x, bp->x, bp->x, bp->param, bp->act, ws) != CUDNN_STATUS_SUCCESS ||
+	    cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+		    c->dnn, (cudnnBatchNormMode_t)bp->mode, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION,
+		    bp->act, bp->x, reserve) != CUDNN_STATUS_SUCCESS)
+		return LOOM_ERR_UNSUPPORTED;
+	return LOOM_OK;
+}
+
+loom_status loom_cuda_bn_add_run(const loom_plan *p, loom_cuda_ctx *c, loom_value a)
+{
+	const loom_cuda_node_plan *ap = &c->plans[a];
+	loom_value b = ap->bn_add;
+	const loom_node *n = &p->g->nodes[b];
+	const loom_cuda_bn_plan *bp = &c->plans[b].bn;
+	const float one = 1.0f, zero = 0.0f;
+	void *src[5];
+	for (int i = 0; i < 5; i++)
+		src[i] = loom_arena_ptr(c->arena, p, n->src[i]);
+	void *z = loom_arena_ptr(c->arena, p, ap->bn_add_z);
+	void *out = loom_arena_ptr(c->arena, p, a);
+	float *save_mean = (float *)loom_cuda_saved_slot(c, b, b);
+	float *save_istd = save_mean ? save_mean + p->g->nodes[n->src[0]].shape.dims[1] : NULL;
+	unsigned char *ws = (unsigned char *)c->arena->ws;
+	cudnnStatus_t cs = cudnnBatchNormalizationForwardTrainingEx(
+		c->dnn, (cudnnBatchNormMode_t)bp->mode, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, &one,
+		&zero, bp->x, src[0], bp->x, z, bp->x, out, bp->param, src[1], src[2],
+		n->a.bn.momentum, src[3], src[4], n->a.bn.eps, save_mean, save_istd, bp->act, ws,
+		ap->bn_add_ws, ws + loom_cuda_align(ap->bn_add_ws), ap->bn_add_reserve);
+	if (cs == CUDNN_STATUS_NOT_SUPPORTED)
+		return LOOM_ERR_UNSUPPORTED;
+	return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
+}

@@ -216,6 +216,14 @@ typedef struct loom_cuda_node_plan {
 	/* A relu backward whose work the split batch-norm backward fused_into
 	 * does (LOOM_NONE: none). */
 	loom_value fused_into;
+	/* Batch norm + residual add + relu as one cuDNN call
+	 * (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, NHWC, training runs;
+	 * plan_bn_add in backend.cu): on the ADD node, the batch norm it runs
+	 * (bn_add), the add's other source (bn_add_z) and the call's workspace
+	 * and reserve; on that batch norm, the add that runs it (bn_add_by).
+	 * LOOM_NONE: not fused. */
+	loom_value bn_add, bn_add_z, bn_add_by;
+	size_t bn_add_ws, bn_add_reserve;
 	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
 
@@ -299,6 +307,7 @@ typedef struct loom_cuda_ctx {
 	 * LOOM_CUDA_BN_RELU_BWD (1): the relu's backward fused into the split
 	 * batch-norm backward where the memory plan allows it. */
 	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
+	int bn_add; /* LOOM_CUDA_BN_ADD: batch norm + add + relu in one cuDNN call (NHWC) */
 	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
@@ -598,6 +607,14 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, int train, void *const *src, void *out);
+/* The workspace and reserve of batch norm b's forward with the add and
+ * relu (BN_ADD_ACTIVATION); LOOM_ERR_UNSUPPORTED where cuDNN refuses. */
+loom_status loom_cuda_bn_add_sizes(loom_cuda_ctx *c, const loom_cuda_node_plan *bnp, size_t *ws,
+				   size_t *reserve);
+/* ADD node a's fused call: relu(bn(x) + z) into a's output, batch norm b's
+ * statistics saved and its running ones updated; LOOM_ERR_UNSUPPORTED
+ * (nothing run, message cleared) where cuDNN refuses it at run time. */
+loom_status loom_cuda_bn_add_run(const loom_plan *p, loom_cuda_ctx *c, loom_value a);
 
 /* sdpa_cudnn.cu: the fused attention nodes (graph/fuse_attention.c)
  * through cuDNN's SDPA. fusable: the backend's answer to the pass
@@ -638,6 +655,13 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
 {
 	return !c->diagnose;
+}
+
+/* Whether the batch norm + add + relu fusions hold in this run: training
+ * (eval runs both nodes as they are), not under the diagnosis. */
+static inline int loom_cuda_bn_add_on(const loom_cuda_ctx *c)
+{
+	return c->train && !c->diagnose;
 }
 
 /* The saved slot node v writes (want == v: only a slot of its own) or

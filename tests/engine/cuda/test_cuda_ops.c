@@ -1984,8 +1984,33 @@ static loom_value b_nhwc_block_o1(loom_graph *g, tcase *t)
 	return nhwc_block(g, t, LOOM_O1);
 }
 
+/* --dump-graph of build's CUDA program compiled in NHWC (cuda_nhwc). */
+static char *nhwc_dump(build_fn build)
+{
+	tcase t;
+	loom_graph *g;
+	char *buf = NULL;
+	size_t len = 0;
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F16;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value y = build(g, &t);
+	loom_value loss = head(g, &t, y);
+	loom_mark_output(g, y);
+	loom_program *p = compile_at(g, loss, LOOM_DEVICE_CUDA, t.level);
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	loom_program_dump(p, f);
+	fclose(f);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return buf;
+}
+
 /* Every NHWC case in f16 and bf16 (the convolutions; the blocks run at
- * their AMP level in fp16), training and, for the blocks, eval. */
+ * their AMP level in fp16), training and, for the blocks, eval; the blocks
+ * with batch norm + add + relu as one cuDNN call (LOOM_CUDA_BN_ADD, the
+ * default: --dump-graph names it on the add) and as three nodes (=0). */
 Test(cuda_ops, nhwc_against_cpu)
 {
 	NEED_GPU();
@@ -1994,11 +2019,22 @@ Test(cuda_ops, nhwc_against_cpu)
 	for (int i = 0; i < 2; i++)
 		for (uint64_t seed = 1; seed <= 2; seed++)
 			run_case("nhwc conv -> conv", b_nhwc_convs, dts[i], LOOM_RUN_GRAD, seed);
-	for (uint64_t seed = 1; seed <= 2; seed++) {
-		run_case("nhwc block O2", b_nhwc_block_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
-		run_case("nhwc block O1", b_nhwc_block_o1, LOOM_F32, LOOM_RUN_GRAD, seed);
+	for (int fused = 1; fused >= 0; fused--) {
+		setenv("LOOM_CUDA_BN_ADD", fused ? "1" : "0", 1);
+		char *text = nhwc_dump(b_nhwc_block_o2);
+		cr_expect(!!strstr(text, "BN_ADD_ACTIVATION") == fused,
+			  "LOOM_CUDA_BN_ADD=%d: the dump %s BN_ADD_ACTIVATION:\n%s", fused,
+			  fused ? "lacks" : "has", text);
+		free(text);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			run_case(fused ? "nhwc block O2, bn+add+relu fused" : "nhwc block O2",
+				 b_nhwc_block_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case(fused ? "nhwc block O1, bn+add+relu fused" : "nhwc block O1",
+				 b_nhwc_block_o1, LOOM_F32, LOOM_RUN_GRAD, seed);
+		}
+		run_case("nhwc block O2 eval", b_nhwc_block_o2, LOOM_F32, LOOM_RUN_EVAL, 3);
 	}
-	run_case("nhwc block O2 eval", b_nhwc_block_o2, LOOM_F32, LOOM_RUN_EVAL, 3);
+	unsetenv("LOOM_CUDA_BN_ADD");
 	/* fp32 under "all" (exact fp32 math: the CPU's bound) */
 	cuda_nhwc = "all";
 	run_case("nhwc conv -> conv f32", b_nhwc_convs, LOOM_F32, LOOM_RUN_GRAD, 4);
