@@ -529,6 +529,29 @@ static loom_status reorder_operand(loom_cuda_ctx *c, const loom_node *n, const l
 				 s->dims[1], s->dims[2] * s->dims[3], x, y);
 }
 
+/* Descriptors and algorithm for node n in cp->fmt's layout. */
+static loom_status plan_in_layout(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
+				  loom_cuda_conv_plan *cp)
+{
+	loom_status st;
+	if ((st = set_descs(p, c, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
+		return st;
+	st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32);
+	/* A half convolution cuDNN's heuristic has no algorithm for (bf16 NCHW
+	 * through the _v7 API may get none), or any half one under the test
+	 * hook: the same convolution in f32 on copies (conv_f32_ws), cast
+	 * back; only if f32 has none either is the node refused, by name. */
+	if (n->dtype != LOOM_F32 &&
+	    ((st == LOOM_ERR_UNSUPPORTED) || (st == LOOM_OK && loom_cuda_own_kernels_on))) {
+		c->err[0] = 0;
+		cp->f32 = 1;
+		if ((st = set_descs(p, c, cp, n, CUDNN_DATA_FLOAT)) != LOOM_OK)
+			return st;
+		st = pick_algo(p, c, n, cp, 1);
+	}
+	return st;
+}
+
 loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				     loom_cuda_node_plan *np)
 {
@@ -547,20 +570,17 @@ loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_
 	if ((st = LOOM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cp->conv), c->err, sizeof(c->err))) !=
 	    LOOM_OK)
 		return st;
-	if ((st = set_descs(p, c, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
-		return st;
-	st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32);
-	/* A half convolution cuDNN's heuristic has no algorithm for (bf16 NCHW
-	 * through the _v7 API may get none), or any half one under the test
-	 * hook: the same convolution in f32 on copies (conv_f32_ws), cast
-	 * back; only if f32 has none either is the node refused, by name. */
-	if (n->dtype != LOOM_F32 &&
-	    ((st == LOOM_ERR_UNSUPPORTED) || (st == LOOM_OK && loom_cuda_own_kernels_on))) {
+	st = plan_in_layout(p, c, n, cp);
+	/* No algorithm in NHWC (the stem's 3 input channels, say): the same
+	 * node in NCHW, its NHWC operands reordered in the workspace. */
+	if (st == LOOM_ERR_UNSUPPORTED && cp->fmt == LOOM_FORMAT_NHWC) {
 		c->err[0] = 0;
-		cp->f32 = 1;
-		if ((st = set_descs(p, c, cp, n, CUDNN_DATA_FLOAT)) != LOOM_OK ||
-		    (st = pick_algo(p, c, n, cp, 1)) != LOOM_OK)
-			return st;
+		cp->f32 = 0;
+		cp->fmt = LOOM_FORMAT_NCHW;
+		for (int i = 0; i < 3; i++)
+			cp->ro[i] = (is_filter(n, i) ? LOOM_FORMAT_NCHW : held_in(p, n, i)) !=
+				    LOOM_FORMAT_NCHW;
+		st = plan_in_layout(p, c, n, cp);
 	}
 	if (st != LOOM_OK)
 		return st;
@@ -625,8 +645,13 @@ void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char
 		snprintf(hname, sizeof(hname), "%s", names[cp->heur_algo]);
 	else
 		snprintf(hname, sizeof(hname), "%d", cp->heur_algo);
-	int at = snprintf(buf, len, "cudnn algo %d %s%s, %s math, ws %.1f MiB (%s", cp->algo, name,
-			  cp->f32 ? " in f32" : "",
+	int nro = cp->ro[0] + cp->ro[1] + cp->ro[2];
+	char lay[48] = "";
+	if (cp->fmt == LOOM_FORMAT_NHWC || nro)
+		snprintf(lay, sizeof(lay), " %s, %d operand%s reordered", cp->fmt == LOOM_FORMAT_NHWC ?
+			 "nhwc" : "nchw", nro, nro == 1 ? "" : "s");
+	int at = snprintf(buf, len, "cudnn algo %d %s%s%s, %s math, ws %.1f MiB (%s", cp->algo, name,
+			  cp->f32 ? " in f32" : "", lay,
 			  cp->math >= 0 && cp->math < 4 ? maths[cp->math] : "?",
 			  (double)cp->ws / (1 << 20),
 			  cp->how >= 0 && cp->how <= LOOM_CUDA_CONV_HOW_FIND_FAILED ? how[cp->how] : "?");
