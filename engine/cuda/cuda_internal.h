@@ -504,19 +504,21 @@ loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, int c, int6
 
 /* pool.cu — the geometry struct of graph/ops/geometry.h, passed by value;
  * relu: the pool carries a fused relu (graph/fuse.c). */
+/* nhwc: x, y (dy, dx) in NHWC, else NCHW. */
 loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s, loom_pool_shape ps,
-				  const void *x, int xdt, void *y, int ydt);
+				  const void *x, int xdt, void *y, int ydt, int nhwc);
 loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
-				  int dxdt);
+				  int dxdt, int nhwc);
 /* The same saving the argmax of each output into idx (one byte: its place
- * in the window, 255: no gradient), and the backward through idx. */
+ * in the window, 255: no gradient; in y's memory order), and the backward
+ * through idx. */
 loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
 				      const void *x, int xdt, void *y, int ydt,
-				      unsigned char *idx);
+				      unsigned char *idx, int nhwc);
 loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
 				      const unsigned char *idx, const void *dy, int dydt,
-				      void *dx, int dxdt);
+				      void *dx, int dxdt, int nhwc);
 /* Global average pooling: y[nc] = mean of plane nc's hw values; backward
  * dx[nc, i] = dy[nc] / hw. */
 loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *x,

@@ -116,6 +116,12 @@ void loom_cuda_formats_query(const loom_plan *p, loom_value v, loom_format_caps 
 		caps->accept = both;
 		return;
 	}
+	case LOOM_OP_MAXPOOL2D:
+	case LOOM_OP_MAXPOOL2D_BWD:
+		/* pool.cu's kernels take either; x, y, dy and dx share it */
+		if (n->shape.ndim == 4)
+			caps->accept = both;
+		return;
 	case LOOM_OP_RELU:
 	case LOOM_OP_RELU_BWD:
 	case LOOM_OP_ADD:

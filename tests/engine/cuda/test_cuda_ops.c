@@ -1935,6 +1935,20 @@ static loom_value b_nhwc_convs(loom_graph *g, tcase *t)
 	return loom_conv2d(g, h, w2, LOOM_NONE, 2, 1);
 }
 
+/* conv -> relu + 3x3/2 pad-1 max pool (fused) -> conv: the pool and its
+ * backward NHWC (pool.cu's NHWC kernels, saved argmax). */
+static loom_value b_nhwc_pool(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 4, 2, 8, 9, 9);
+	loom_value w1 = param(g, t, "w1", 4, 16, 8, 3, 3);
+	loom_value w2 = param(g, t, "w2", 4, 8, 16, 1, 1);
+	t->want_nhwc = 4;
+	t->fused_pools = 2;
+	loom_value h = loom_conv2d(g, x, w1, LOOM_NONE, 1, 1);
+	h = loom_maxpool2d(g, loom_relu(g, h), 3, 2, 1);
+	return loom_conv2d(g, h, w2, LOOM_NONE, 1, 0);
+}
+
 /* A residual block at O2 or O1 (the graph f32, run in fp16): conv -> bn +
  * relu -> conv -> bn -> add + relu -> 1x1 conv. Batch norm on cuDNN in
  * NHWC (persistent mode, the Ex forward with its relu), relu and add
@@ -2019,6 +2033,14 @@ Test(cuda_ops, nhwc_against_cpu)
 	for (int i = 0; i < 2; i++)
 		for (uint64_t seed = 1; seed <= 2; seed++)
 			run_case("nhwc conv -> conv", b_nhwc_convs, dts[i], LOOM_RUN_GRAD, seed);
+	for (int i = 0; i < 2; i++)
+		for (int idx = 1; idx >= 0; idx--) {
+			/* the saved argmax and the search from x */
+			setenv("LOOM_CUDA_POOL_IDX", idx ? "1" : "0", 1);
+			run_case(idx ? "nhwc relu + max pool" : "nhwc relu + max pool, no saved argmax",
+				 b_nhwc_pool, dts[i], LOOM_RUN_GRAD, 5 + i);
+		}
+	unsetenv("LOOM_CUDA_POOL_IDX");
 	for (int fused = 1; fused >= 0; fused--) {
 		setenv("LOOM_CUDA_BN_ADD", fused ? "1" : "0", 1);
 		char *text = nhwc_dump(b_nhwc_block_o2);
