@@ -466,6 +466,45 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 	return LOOM_OK;
 }
 
+/* Whether node v's kernel takes its operands in the formats the planner
+ * gave them (formats.c decides; this checks that the plans made agree, so
+ * that a mismatch is a compile error naming the node, never NHWC bytes
+ * read as NCHW). */
+static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
+{
+	const loom_node *n = &p->g->nodes[v];
+	int nhwc = n->format == LOOM_FORMAT_NHWC;
+	for (int i = 0; i < n->nsrc; i++)
+		nhwc |= p->g->nodes[n->src[i]].format == LOOM_FORMAT_NHWC;
+	if (!nhwc || loom_op_is_leaf(n->op))
+		return 1;
+	switch (n->op) {
+	case LOOM_OP_CONV2D:
+	case LOOM_OP_CONV2D_BWD_DATA:
+	case LOOM_OP_CONV2D_BWD_FILTER:
+	case LOOM_OP_REORDER:
+	case LOOM_OP_RESHAPE:
+	case LOOM_OP_RELU:
+	case LOOM_OP_RELU_BWD:
+	case LOOM_OP_ADD:
+	case LOOM_OP_CAST:
+	case LOOM_OP_MAXPOOL2D:
+	case LOOM_OP_MAXPOOL2D_BWD:
+#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
+		LOOM_UNARY_OPS(UNARY_CASE)
+#undef UNARY_CASE
+		return 1;
+	case LOOM_OP_BATCHNORM2D:
+	case LOOM_OP_BN_BWD_DATA:
+		return c->plans[v].kind == LOOM_CUDA_PLAN_BN;
+	case LOOM_OP_BN_BWD_GAMMA:
+	case LOOM_OP_CHANNEL_SUM:
+		return n->made_by != LOOM_NONE && loom_cuda_plan_makes(&c->plans[n->made_by], v);
+	default:
+		return 0;
+	}
+}
+
 /* Whether value v is read by a node run after step `after`. */
 static int read_after(const loom_plan *p, loom_value v, const int *step_of, int after)
 {
@@ -611,6 +650,14 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	}
 	if (st == LOOM_OK)
 		st = plan_bn_add(c, p, ws_bytes);
+	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
+		if (!formats_ok(c, p, v)) {
+			char lb[96];
+			st = loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				       "cuda: %s holds NHWC but its kernel here is NCHW only "
+				       "(LOOM_CUDA_NHWC=0 plans NCHW)",
+				       loom_node_label(p->g, v, lb, sizeof(lb)));
+		}
 	return st;
 }
 
