@@ -123,7 +123,8 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	 * persistent NHWC kernels, the statistics the same as SPATIAL's. */
 	bp->nhwc = n->format == LOOM_FORMAT_NHWC;
 	bp->mode = bp->nhwc ? (int)CUDNN_BATCHNORM_SPATIAL_PERSISTENT : (int)CUDNN_BATCHNORM_SPATIAL;
-	st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bp->x, bp->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+	const cudnnTensorFormat_t tf = bp->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+	st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bp->x, tf,
 							 loom_cudnn_data_type(x->dtype), (int)d[0],
 							 (int)d[1], (int)d[2], (int)d[3]),
 			      c->err, sizeof(c->err));

@@ -48,7 +48,8 @@ static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_con
 	const int64_t yd[4] = { cs.n, cs.c_out, cs.h_out, cs.w_out };
 	int on, oc, oh, ow;
 	/* NHWC: x and y NHWC, the filter KRSC (the tensor-core kernels' own) */
-	const cudnnTensorFormat_t tf = cp->fmt == LOOM_FORMAT_NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+	const cudnnTensorFormat_t tf =
+		cp->fmt == LOOM_FORMAT_NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
 
 	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->x, tf, dt,
 							      (int)xd[0], (int)xd[1], (int)xd[2],
