@@ -76,6 +76,7 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_SOFTMAX_CE_BWD] = loom_cuda_op_softmax_ce_bwd;
 	t.fn[LOOM_OP_GRAD_SEED] = loom_cuda_op_grad_seed;
 	t.fn[LOOM_OP_CAST] = loom_cuda_op_cast;
+	t.fn[LOOM_OP_REORDER] = loom_cuda_op_reorder;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL] = loom_cuda_op_global_avgpool;
 	t.fn[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cuda_op_global_avgpool_bwd;
 #define UNARY_ENTRY(NAME, low) \
@@ -244,6 +245,7 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		st = loom_cuda_conv_plan_make(p, c, v, np);
 		np->ws = plan_stages(p, n, np, 2); /* a conv bias is read as it is */
 		np->ws = loom_cuda_conv_f32_ws(p, v, np, np->ws);
+		np->ws = loom_cuda_conv_ro_ws(p, v, np, np->ws);
 		break;
 	case LOOM_OP_LINEAR:
 	case LOOM_OP_MATMUL:
@@ -464,6 +466,137 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 	return LOOM_OK;
 }
 
+/* Whether node v's kernel takes its operands in the formats the planner
+ * gave them (formats.c decides; this checks that the plans made agree, so
+ * that a mismatch is a compile error naming the node, never NHWC bytes
+ * read as NCHW). */
+static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
+{
+	const loom_node *n = &p->g->nodes[v];
+	int nhwc = n->format == LOOM_FORMAT_NHWC;
+	for (int i = 0; i < n->nsrc; i++)
+		nhwc |= p->g->nodes[n->src[i]].format == LOOM_FORMAT_NHWC;
+	if (!nhwc || loom_op_is_leaf(n->op))
+		return 1;
+	switch (n->op) {
+	case LOOM_OP_CONV2D:
+	case LOOM_OP_CONV2D_BWD_DATA:
+	case LOOM_OP_CONV2D_BWD_FILTER:
+	case LOOM_OP_REORDER:
+	case LOOM_OP_RESHAPE:
+	case LOOM_OP_RELU:
+	case LOOM_OP_RELU_BWD:
+	case LOOM_OP_ADD:
+	case LOOM_OP_CAST:
+	case LOOM_OP_MAXPOOL2D:
+	case LOOM_OP_MAXPOOL2D_BWD:
+#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
+		LOOM_UNARY_OPS(UNARY_CASE)
+#undef UNARY_CASE
+		return 1;
+	case LOOM_OP_BATCHNORM2D:
+	case LOOM_OP_BN_BWD_DATA:
+		return c->plans[v].kind == LOOM_CUDA_PLAN_BN;
+	case LOOM_OP_BN_BWD_GAMMA:
+	case LOOM_OP_CHANNEL_SUM:
+		return n->made_by != LOOM_NONE && loom_cuda_plan_makes(&c->plans[n->made_by], v);
+	default:
+		return 0;
+	}
+}
+
+/* Whether value v is read by a node run after step `after`. */
+static int read_after(const loom_plan *p, loom_value v, const int *step_of, int after)
+{
+	const loom_graph *g = p->g;
+	for (loom_value w = 0; w < g->n; w++)
+		for (int i = 0; i < g->nodes[w].nsrc; i++)
+			if (g->nodes[w].src[i] == v && step_of[w] > after)
+				return 1;
+	return 0;
+}
+
+/*
+ * Batch norm + residual add + relu as one cuDNN call (LOOM_CUDA_BN_ADD,
+ * on by default; NHWC only, where cuDNN has it): ResNet's bn3 -> add ->
+ * relu. The ADD node a (relu fused, NHWC) runs cudnnBatchNormalization-
+ * ForwardTrainingEx with BN_ADD_ACTIVATION in place of batch norm b, its
+ * one reader, writing relu(bn(x) + z) into a's output; b's own output is
+ * never written (nothing else reads it) and b's step does nothing. At a's
+ * step b's input x must still hold (something after a reads it: the
+ * backward does), z is made, and a's output meets neither x nor z. The
+ * backward is unchanged (the relu's backward reads a's output; batch
+ * norm's reads x and the statistics saved here). Eval runs, and the
+ * diagnosis, run the two nodes as they are.
+ */
+static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_bytes)
+{
+	const loom_graph *g = p->g;
+	if (!c->bn_add || p->pipe)
+		return LOOM_OK;
+	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	if (!step_of)
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	for (loom_value v = 0; v < g->n; v++)
+		step_of[v] = -1;
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
+		    step_of[p->steps[i].v] < 0)
+			step_of[p->steps[i].v] = i;
+	for (loom_value a = 0; a < g->n; a++) {
+		const loom_node *an = &g->nodes[a];
+		if (an->op != LOOM_OP_ADD || !an->a.ew.relu || an->nsrc != 2 ||
+		    an->format != LOOM_FORMAT_NHWC || step_of[a] < 0)
+			continue;
+		for (int k = 0; k < 2; k++) {
+			loom_value b = an->src[k], z = an->src[1 - k];
+			const loom_node *bn = &g->nodes[b];
+			if (bn->op != LOOM_OP_BATCHNORM2D || bn->a.bn.relu || bn->a.bn.sync ||
+			    (bn->flags & LOOM_NODE_OUTPUT) || c->plans[b].kind != LOOM_CUDA_PLAN_BN ||
+			    !c->plans[b].bn.nhwc || c->plans[b].bn_add_by != LOOM_NONE || b == z)
+				continue;
+			if (bn->dtype != an->dtype || g->nodes[z].dtype != an->dtype ||
+			    g->nodes[bn->src[0]].dtype != an->dtype ||
+			    !loom_shape_eq(&bn->shape, &an->shape) ||
+			    !loom_shape_eq(&g->nodes[z].shape, &an->shape))
+				continue;
+			if (step_of[b] < 0 || step_of[z] < 0 || step_of[b] > step_of[a] ||
+			    step_of[z] > step_of[a])
+				continue;
+			/* b read by a alone */
+			int others = 0;
+			for (loom_value w = 0; w < g->n && !others; w++)
+				for (int i = 0; i < g->nodes[w].nsrc; i++)
+					others |= g->nodes[w].src[i] == b && w != a;
+			if (others)
+				continue;
+			loom_value x = bn->src[0];
+			int same;
+			if (!read_after(p, x, step_of, step_of[a]) || bytes_meet(p, a, x, &same) ||
+			    bytes_meet(p, a, z, &same))
+				continue;
+			size_t ws = 0, reserve = 0;
+			if (loom_cuda_bn_add_sizes(c, &c->plans[b], &ws, &reserve) != LOOM_OK)
+				continue;
+			loom_cuda_node_plan *ap = &c->plans[a];
+			ap->bn_add = b;
+			ap->bn_add_z = z;
+			ap->bn_add_ws = ws;
+			ap->bn_add_reserve = reserve;
+			size_t need = loom_cuda_align(ws) + loom_cuda_align(reserve);
+			if (ap->ws < need)
+				ap->ws = need;
+			if (*ws_bytes < need)
+				*ws_bytes = need;
+			c->plans[b].bn_add_by = a;
+			break;
+		}
+	}
+	free(step_of);
+	c->err[0] = 0;
+	return LOOM_OK;
+}
+
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
@@ -489,7 +622,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->pool_idx = env_switch("LOOM_CUDA_POOL_IDX", 1);
 	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
 	c->bn_relu_bwd = env_switch("LOOM_CUDA_BN_RELU_BWD", 1);
+	c->bn_add = env_switch("LOOM_CUDA_BN_ADD", 1);
 	for (int v = 0; v < p->g->n; v++) {
+		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
 		c->plans[v].mm.bgrad = LOOM_NONE;
@@ -513,6 +648,16 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		plan_saved(c, p);
 		st = plan_relu_bwd(c, p);
 	}
+	if (st == LOOM_OK)
+		st = plan_bn_add(c, p, ws_bytes);
+	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
+		if (!formats_ok(c, p, v)) {
+			char lb[96];
+			st = loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				       "cuda: %s holds NHWC but its kernel here is NCHW only "
+				       "(LOOM_CUDA_NHWC=0 plans NCHW)",
+				       loom_node_label(p->g, v, lb, sizeof(lb)));
+		}
 	return st;
 }
 
@@ -1083,6 +1228,21 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	/* A relu backward the split batch-norm backward does (plan_relu_bwd). */
 	if (c->plans[v].fused_into != LOOM_NONE && loom_cuda_relu_fusion_on(c))
 		return LOOM_OK;
+	/* Batch norm + add + relu (plan_bn_add): the add runs both. */
+	if (c->plans[v].bn_add_by != LOOM_NONE && loom_cuda_bn_add_on(c))
+		return LOOM_OK;
+	if (c->plans[v].bn_add != LOOM_NONE && loom_cuda_bn_add_on(c)) {
+		loom_status st = loom_cuda_bn_add_run(p, c, v);
+		if (st != LOOM_ERR_UNSUPPORTED)
+			return st;
+		/* Refused at run time: both nodes as they are from now on. */
+		loom_value b = c->plans[v].bn_add;
+		c->plans[v].bn_add = LOOM_NONE;
+		c->plans[b].bn_add_by = LOOM_NONE;
+		c->err[0] = 0;
+		if ((st = run_node(c, p, b)) != LOOM_OK)
+			return st;
+	}
 	memset(&io, 0, sizeof(io));
 	for (int i = 0; i < n->nsrc; i++) {
 		io.src[i] = loom_arena_ptr(c->arena, p, n->src[i]);
@@ -1194,6 +1354,9 @@ static loom_status cuda_check_finite(void *ctx, const loom_plan *p, const loom_a
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	const loom_node *n = &p->g->nodes[w];
 	(void)ts;
+	/* a batch norm the add ran (its own output never written) */
+	if (c->plans[w].bn_add_by != LOOM_NONE && loom_cuda_bn_add_on(c))
+		return LOOM_OK;
 	return loom_cuda_mark_nonfinite(c->err, c->stream, loom_arena_ptr(arena, p, w), n->dtype,
 					loom_shape_numel(&n->shape), w, c->ctl);
 }
@@ -1352,10 +1515,24 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		snprintf(buf, len, "done by %d (the split batch-norm backward)", (int)np->fused_into);
 		return;
 	}
+	if (np->bn_add_by != LOOM_NONE) {
+		snprintf(buf, len, "cudnn Ex nhwc, done by %d (batch norm + add + relu) in training",
+			 (int)np->bn_add_by);
+		return;
+	}
+	if (np->bn_add != LOOM_NONE) {
+		snprintf(buf, len, "cudnn Ex BN_ADD_ACTIVATION in training: batch norm %d + add + relu",
+			 (int)np->bn_add);
+		return;
+	}
 	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
 		return;
 	const char *how = !bn ? "own kernel" :
-			  np->kind == LOOM_CUDA_PLAN_BN ? (np->bn.ex ? "cudnn Ex, relu fused" : "cudnn") :
+			  np->kind == LOOM_CUDA_PLAN_BN ?
+				  (np->bn.nhwc ? (np->bn.ex ? (np->bn.ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION ?
+								       "cudnn Ex nhwc, relu fused" : "cudnn Ex nhwc") :
+						     "cudnn nhwc") :
+						(np->bn.ex ? "cudnn Ex, relu fused" : "cudnn")) :
 			  n->a.bn.sync ? "own kernels, synchronised" :
 			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
 	const char *saved = np->saved_by == LOOM_NONE ? "" :
@@ -1377,6 +1554,7 @@ static const loom_backend loom_cuda_backend = {
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
 	.takes_any_dtype = loom_cuda_takes_any_dtype,
+	.node_formats = loom_cuda_node_formats,
 	.attn_fusable = loom_cuda_attn_fusable,
 	.plan_create = cuda_plan_create,
 	.node_note = cuda_node_note,

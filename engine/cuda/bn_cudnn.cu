@@ -12,7 +12,12 @@
  * saves its mean and inverse std into the slot backend.cu's plan_saved
  * gave it, and the backward passes them back (LOOM_CUDA_BN_SAVE); a
  * forward with a fused relu asks for the Ex call with the activation
- * (LOOM_CUDA_BN_EX) where cuDNN takes NCHW. Compiled, not yet run.
+ * (LOOM_CUDA_BN_EX) where cuDNN takes NCHW. A node the format pass put in
+ * NHWC (formats.c, LOOM_CUDA_NHWC) runs with NHWC descriptors in
+ * CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode, its training forward through
+ * the Ex call (with or without the relu), its backward the legacy call in
+ * the same mode with the saved statistics; eval in SPATIAL mode.
+ * Compiled, not yet run.
  *
  * cuDNN takes x, y, dy and dx in one dtype (f32 or f16 here) with gamma,
  * beta and the statistics in f32: the O0, O1 and O2 (keep_batchnorm_fp32)
@@ -27,24 +32,11 @@
 #include "engine/cuda/cuda_internal.h"
 
 /* Can cuDNN run node v? (x and the data tensors f32 or f16, the parameter
- * tensors f32.) */
+ * tensors f32: formats.c's loom_cuda_bn_cudnn_takes, which the format
+ * pass asks too.) */
 static int cudnn_takes(const loom_plan *p, const loom_node *n)
 {
-	const loom_graph *g = p->g;
-	const loom_node *x = &g->nodes[n->src[0]];
-	if (x->shape.ndim != 4 || (x->dtype != LOOM_F32 && x->dtype != LOOM_F16))
-		return 0;
-	if (n->dtype != x->dtype)
-		return 0;
-	if (n->op == LOOM_OP_BATCHNORM2D) {
-		for (int i = 1; i < 5; i++)
-			if (g->nodes[n->src[i]].dtype != LOOM_F32)
-				return 0;
-		return n->a.bn.eps >= CUDNN_BN_MIN_EPSILON;
-	}
-	/* BN_BWD_DATA (x, gamma, dy) -> dx */
-	return g->nodes[n->src[1]].dtype == LOOM_F32 && g->nodes[n->src[2]].dtype == x->dtype &&
-	       n->a.bn.eps >= CUDNN_BN_MIN_EPSILON;
+	return loom_cuda_bn_cudnn_takes(p, n);
 }
 
 /* The dgamma (BN_BWD_GAMMA) and dbeta (CHANNEL_SUM) siblings graph/fuse.c
@@ -63,13 +55,15 @@ static int find_siblings(const loom_plan *p, loom_value v, loom_cuda_bn_plan *bp
 	return bp->dgamma != LOOM_NONE || bp->dbeta != LOOM_NONE;
 }
 
-/* The fused relu through the Ex call, if cuDNN takes these (NCHW)
- * descriptors: it documents BN_ACTIVATION for NHWC half tensors, so the
- * sizes are asked here and a refusal keeps the legacy call and the relu
- * kernel after it (not an error). */
-static loom_status plan_ex(loom_cuda_ctx *c, loom_cuda_node_plan *np)
+/* The forward through the Ex call: with the relu inside (BN_ACTIVATION)
+ * for a fused relu, where cuDNN takes the descriptors; in NHWC
+ * (CUDNN_BATCHNORM_SPATIAL_PERSISTENT) the plain one too (OPS_BN), cuDNN's
+ * fast NHWC kernels. Its workspace sizes are asked here and a refusal keeps
+ * the legacy call (and the relu kernel after it), not an error. */
+static loom_status plan_ex(loom_cuda_ctx *c, loom_cuda_node_plan *np, int relu)
 {
 	loom_cuda_bn_plan *bp = &np->bn;
+	cudnnBatchNormOps_t ops = relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
 	loom_status st = LOOM_CUDNN_CHECK(cudnnCreateActivationDescriptor(&bp->act), c->err,
 					  sizeof(c->err));
 	if (st != LOOM_OK)
@@ -80,14 +74,16 @@ static loom_status plan_ex(loom_cuda_ctx *c, loom_cuda_node_plan *np)
 	if (st != LOOM_OK)
 		return st;
 	size_t ws = 0, reserve = 0;
+	cudnnActivationDescriptor_t act = relu ? bp->act : NULL;
 	if (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-		    c->dnn, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, bp->x, NULL,
-		    bp->x, bp->param, bp->act, &ws) != CUDNN_STATUS_SUCCESS ||
+		    c->dnn, (cudnnBatchNormMode_t)bp->mode, ops, bp->x, NULL, bp->x, bp->param, act,
+		    &ws) != CUDNN_STATUS_SUCCESS ||
 	    cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-		    c->dnn, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, bp->act,
-		    bp->x, &reserve) != CUDNN_STATUS_SUCCESS)
+		    c->dnn, (cudnnBatchNormMode_t)bp->mode, ops, act, bp->x, &reserve) !=
+		    CUDNN_STATUS_SUCCESS)
 		return LOOM_OK; /* ex stays 0 */
 	bp->ex = 1;
+	bp->ex_ops = (int)ops;
 	bp->ex_ws = ws;
 	bp->ex_reserve = reserve;
 	np->lib_ws = loom_cuda_align(ws) + loom_cuda_align(reserve);
@@ -123,7 +119,12 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 				   sizeof(c->err))) != LOOM_OK)
 		return st;
 	const int64_t *d = x->shape.dims;
-	st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bp->x, CUDNN_TENSOR_NCHW,
+	/* NHWC where the format pass put the node there (formats.c): cuDNN's
+	 * persistent NHWC kernels, the statistics the same as SPATIAL's. */
+	bp->nhwc = n->format == LOOM_FORMAT_NHWC;
+	bp->mode = bp->nhwc ? (int)CUDNN_BATCHNORM_SPATIAL_PERSISTENT : (int)CUDNN_BATCHNORM_SPATIAL;
+	const cudnnTensorFormat_t tf = bp->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+	st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bp->x, tf,
 							 loom_cudnn_data_type(x->dtype), (int)d[0],
 							 (int)d[1], (int)d[2], (int)d[3]),
 			      c->err, sizeof(c->err));
@@ -134,8 +135,8 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			      c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	if (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu && c->bn_ex)
-		return plan_ex(c, np);
+	if (n->op == LOOM_OP_BATCHNORM2D && ((n->a.bn.relu && c->bn_ex) || bp->nhwc))
+		return plan_ex(c, np, n->a.bn.relu && c->bn_ex);
 	if (n->op != LOOM_OP_BN_BWD_DATA)
 		return LOOM_OK;
 
@@ -177,14 +178,18 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			/* The relu inside cuDNN's one pass (the reserve is
 			 * scratch: the backward is the legacy call). */
 			unsigned char *ws = (unsigned char *)c->arena->ws;
+			const int with_relu = bp->ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
 			cudnnStatus_t cs = cudnnBatchNormalizationForwardTrainingEx(
-				c->dnn, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN_ACTIVATION,
+				c->dnn, (cudnnBatchNormMode_t)bp->mode, (cudnnBatchNormOps_t)bp->ex_ops,
 				&one, &zero, bp->x, src[0], NULL, NULL, bp->x, out, bp->param, src[1],
 				src[2], n->a.bn.momentum, src[3], src[4], n->a.bn.eps, save_mean,
-				save_istd, bp->act, ws, bp->ex_ws,
+				save_istd, with_relu ? bp->act : NULL, ws, bp->ex_ws,
 				ws + loom_cuda_align(bp->ex_ws), bp->ex_reserve);
 			if (cs == CUDNN_STATUS_SUCCESS)
-				return LOOM_OK;
+				return with_relu || !n->a.bn.relu ?
+					       LOOM_OK :
+					       loom_cuda_relu_fwd(c->err, c->stream, out, n->dtype, out,
+								  n->dtype, loom_shape_numel(&n->shape));
 			if (cs != CUDNN_STATUS_NOT_SUPPORTED)
 				return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
 			/* Refused at run time: the legacy call from now on. */
@@ -198,7 +203,7 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 					      c->err, sizeof(c->err));
 		else
 			st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-						      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+						      c->dnn, (cudnnBatchNormMode_t)bp->mode, &one, &zero,
 						      bp->x, src[0], bp->x, out, bp->param, src[1],
 						      src[2], n->a.bn.momentum, src[3], src[4],
 						      n->a.bn.eps, save_mean, save_istd),
@@ -220,8 +225,52 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	 * (training) run; else cuDNN recomputes them from x. */
 	const float *sm = train ? (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
 	return LOOM_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-					c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
+					c->dnn, (cudnnBatchNormMode_t)bp->mode, &one, &zero, &one, &zero,
 					bp->x, src[0], bp->x, src[2], bp->x, out, bp->param, src[1],
 					dg, db, n->a.bn.eps, sm, sm ? sm + ch : NULL),
 				c->err, sizeof(c->err));
+}
+
+/* ------------------------------------------------------------ bn + add + relu */
+
+loom_status loom_cuda_bn_add_sizes(loom_cuda_ctx *c, const loom_cuda_node_plan *bnp, size_t *ws,
+				   size_t *reserve)
+{
+	const loom_cuda_bn_plan *bp = &bnp->bn;
+	*ws = *reserve = 0;
+	if (bnp->kind != LOOM_CUDA_PLAN_BN || !bp->nhwc || !bp->act)
+		return LOOM_ERR_UNSUPPORTED;
+	if (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+		    c->dnn, (cudnnBatchNormMode_t)bp->mode, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION,
+		    bp->x, bp->x, bp->x, bp->param, bp->act, ws) != CUDNN_STATUS_SUCCESS ||
+	    cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+		    c->dnn, (cudnnBatchNormMode_t)bp->mode, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION,
+		    bp->act, bp->x, reserve) != CUDNN_STATUS_SUCCESS)
+		return LOOM_ERR_UNSUPPORTED;
+	return LOOM_OK;
+}
+
+loom_status loom_cuda_bn_add_run(const loom_plan *p, loom_cuda_ctx *c, loom_value a)
+{
+	const loom_cuda_node_plan *ap = &c->plans[a];
+	loom_value b = ap->bn_add;
+	const loom_node *n = &p->g->nodes[b];
+	const loom_cuda_bn_plan *bp = &c->plans[b].bn;
+	const float one = 1.0f, zero = 0.0f;
+	void *src[5];
+	for (int i = 0; i < 5; i++)
+		src[i] = loom_arena_ptr(c->arena, p, n->src[i]);
+	void *z = loom_arena_ptr(c->arena, p, ap->bn_add_z);
+	void *out = loom_arena_ptr(c->arena, p, a);
+	float *save_mean = (float *)loom_cuda_saved_slot(c, b, b);
+	float *save_istd = save_mean ? save_mean + p->g->nodes[n->src[0]].shape.dims[1] : NULL;
+	unsigned char *ws = (unsigned char *)c->arena->ws;
+	cudnnStatus_t cs = cudnnBatchNormalizationForwardTrainingEx(
+		c->dnn, (cudnnBatchNormMode_t)bp->mode, CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, &one,
+		&zero, bp->x, src[0], bp->x, z, bp->x, out, bp->param, src[1], src[2],
+		n->a.bn.momentum, src[3], src[4], n->a.bn.eps, save_mean, save_istd, bp->act, ws,
+		ap->bn_add_ws, ws + loom_cuda_align(ap->bn_add_ws), ap->bn_add_reserve);
+	if (cs == CUDNN_STATUS_NOT_SUPPORTED)
+		return LOOM_ERR_UNSUPPORTED;
+	return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
 }

@@ -47,18 +47,21 @@ static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_con
 	const int64_t wd[4] = { cs.c_out, cs.c_in, cs.kh, cs.kw };
 	const int64_t yd[4] = { cs.n, cs.c_out, cs.h_out, cs.w_out };
 	int on, oc, oh, ow;
+	/* NHWC: x and y NHWC, the filter KRSC (the tensor-core kernels' own) */
+	const cudnnTensorFormat_t tf =
+		cp->fmt == LOOM_FORMAT_NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
 
-	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->x, CUDNN_TENSOR_NCHW, dt,
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->x, tf, dt,
 							      (int)xd[0], (int)xd[1], (int)xd[2],
 							      (int)xd[3]),
 				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->y, CUDNN_TENSOR_NCHW, dt,
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(cp->y, tf, dt,
 							      (int)yd[0], (int)yd[1], (int)yd[2],
 							      (int)yd[3]),
 				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(cp->w, dt, CUDNN_TENSOR_NCHW,
+	if ((st = LOOM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(cp->w, dt, tf,
 							      (int)wd[0], (int)wd[1], (int)wd[2],
 							      (int)wd[3]),
 				   c->err, sizeof(c->err))) != LOOM_OK)
@@ -115,7 +118,7 @@ static loom_status set_algo(loom_cuda_ctx *c, const loom_node *n, loom_cuda_conv
 /* What a measurement depends on: the node's op, shape and dtype, the math
  * allowed (tf32) and the device. */
 typedef struct conv_key {
-	int op, dt, tf32, device;
+	int op, dt, tf32, device, fmt;
 	int64_t n, c_in, h_in, w_in, c_out, kh, kw, pad, stride;
 } conv_key;
 
@@ -286,6 +289,7 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 	k.dt = f32 ? (int)CUDNN_DATA_FLOAT : (int)loom_cudnn_data_type(n->dtype);
 	k.tf32 = tf32;
 	k.device = c->device;
+	k.fmt = cp->fmt;
 	k.n = cs.n;
 	k.c_in = cs.c_in;
 	k.h_in = cs.h_in;
@@ -475,23 +479,62 @@ static loom_status set_algo(loom_cuda_ctx *c, const loom_node *n, loom_cuda_conv
 	}
 }
 
-loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
-				     loom_cuda_node_plan *np)
+static void conv_operands(const loom_plan *p, loom_value v, int64_t numel[3]);
+
+/* Whether operand i (sources 0, 1, 2 the output) of node n is its filter. */
+static int is_filter(const loom_node *n, int i)
+{
+	return n->op == LOOM_OP_CONV2D_BWD_FILTER ? i == 2 : i == 1;
+}
+
+/* The format operand i of node n is held in. */
+static loom_format held_in(const loom_plan *p, const loom_node *n, int i)
+{
+	return i == 2 ? n->format : p->g->nodes[n->src[i]].format;
+}
+
+/* The layout cuDNN runs node n in (the format planner's choice for its
+ * result; a filter gradient, NCHW itself, follows dy), and the operands
+ * that need a reorder into it or out of it: a filter always in NHWC
+ * (loom keeps weights KCRS, cuDNN's NHWC kernels read KRSC). */
+static void plan_layout(const loom_plan *p, const loom_node *n, loom_cuda_conv_plan *cp)
+{
+	loom_format f = n->op == LOOM_OP_CONV2D_BWD_FILTER ? held_in(p, n, 0) : n->format;
+	cp->fmt = f == LOOM_FORMAT_NHWC ? LOOM_FORMAT_NHWC : LOOM_FORMAT_NCHW;
+	for (int i = 0; i < 3; i++) {
+		loom_format h = is_filter(n, i) ? LOOM_FORMAT_NCHW : held_in(p, n, i);
+		cp->ro[i] = h != (loom_format)cp->fmt;
+	}
+}
+
+size_t loom_cuda_conv_ro_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np, size_t at)
 {
 	const loom_node *n = &p->g->nodes[v];
-	loom_cuda_conv_plan *cp = &np->conv;
-	loom_status st;
+	int64_t numel[3];
+	if (np->kind != LOOM_CUDA_PLAN_CONV)
+		return at;
+	conv_operands(p, v, numel);
+	for (int i = 0; i < 3; i++) {
+		np->conv.ro_off[i] = at;
+		if (np->conv.ro[i])
+			at += loom_cuda_align((size_t)numel[i] * loom_dtype_size(n->dtype));
+	}
+	return at;
+}
 
-	np->kind = LOOM_CUDA_PLAN_CONV;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->x), c->err, sizeof(c->err))) != LOOM_OK)
-		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->y), c->err, sizeof(c->err))) != LOOM_OK)
-		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&cp->w), c->err, sizeof(c->err))) != LOOM_OK)
-		return st;
-	if ((st = LOOM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cp->conv), c->err, sizeof(c->err))) !=
-	    LOOM_OK)
-		return st;
+/* Operand i (held as value w, shape s) from format `from` into `to`. */
+static loom_status reorder_operand(loom_cuda_ctx *c, const loom_node *n, const loom_shape *s,
+				   loom_format from, loom_format to, const void *x, void *y)
+{
+	return loom_cuda_reorder(c->err, c->stream, from, to, loom_dtype_size(n->dtype), s->dims[0],
+				 s->dims[1], s->dims[2] * s->dims[3], x, y);
+}
+
+/* Descriptors and algorithm for node n in cp->fmt's layout. */
+static loom_status plan_in_layout(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
+				  loom_cuda_conv_plan *cp)
+{
+	loom_status st;
 	if ((st = set_descs(p, c, cp, n, loom_cudnn_data_type(n->dtype))) != LOOM_OK)
 		return st;
 	st = pick_algo(p, c, n, cp, n->dtype == LOOM_F32);
@@ -503,9 +546,42 @@ loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_
 	    ((st == LOOM_ERR_UNSUPPORTED) || (st == LOOM_OK && loom_cuda_own_kernels_on))) {
 		c->err[0] = 0;
 		cp->f32 = 1;
-		if ((st = set_descs(p, c, cp, n, CUDNN_DATA_FLOAT)) != LOOM_OK ||
-		    (st = pick_algo(p, c, n, cp, 1)) != LOOM_OK)
+		if ((st = set_descs(p, c, cp, n, CUDNN_DATA_FLOAT)) != LOOM_OK)
 			return st;
+		st = pick_algo(p, c, n, cp, 1);
+	}
+	return st;
+}
+
+loom_status loom_cuda_conv_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				     loom_cuda_node_plan *np)
+{
+	const loom_node *n = &p->g->nodes[v];
+	loom_cuda_conv_plan *cp = &np->conv;
+	loom_status st;
+
+	np->kind = LOOM_CUDA_PLAN_CONV;
+	plan_layout(p, n, cp);
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->x), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&cp->y), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&cp->w), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	if ((st = LOOM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&cp->conv), c->err, sizeof(c->err))) !=
+	    LOOM_OK)
+		return st;
+	st = plan_in_layout(p, c, n, cp);
+	/* No algorithm in NHWC (the stem's 3 input channels, say): the same
+	 * node in NCHW, its NHWC operands reordered in the workspace. */
+	if (st == LOOM_ERR_UNSUPPORTED && cp->fmt == LOOM_FORMAT_NHWC) {
+		c->err[0] = 0;
+		cp->f32 = 0;
+		cp->fmt = LOOM_FORMAT_NCHW;
+		for (int i = 0; i < 3; i++)
+			cp->ro[i] = (is_filter(n, i) ? LOOM_FORMAT_NCHW : held_in(p, n, i)) !=
+				    LOOM_FORMAT_NCHW;
+		st = plan_in_layout(p, c, n, cp);
 	}
 	if (st != LOOM_OK)
 		return st;
@@ -570,8 +646,13 @@ void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char
 		snprintf(hname, sizeof(hname), "%s", names[cp->heur_algo]);
 	else
 		snprintf(hname, sizeof(hname), "%d", cp->heur_algo);
-	int at = snprintf(buf, len, "cudnn algo %d %s%s, %s math, ws %.1f MiB (%s", cp->algo, name,
-			  cp->f32 ? " in f32" : "",
+	int nro = cp->ro[0] + cp->ro[1] + cp->ro[2];
+	char lay[48] = "";
+	if (cp->fmt == LOOM_FORMAT_NHWC || nro)
+		snprintf(lay, sizeof(lay), " %s, %d operand%s reordered", cp->fmt == LOOM_FORMAT_NHWC ?
+			 "nhwc" : "nchw", nro, nro == 1 ? "" : "s");
+	int at = snprintf(buf, len, "cudnn algo %d %s%s%s, %s math, ws %.1f MiB (%s", cp->algo, name,
+			  cp->f32 ? " in f32" : "", lay,
 			  cp->math >= 0 && cp->math < 4 ? maths[cp->math] : "?",
 			  (double)cp->ws / (1 << 20),
 			  cp->how >= 0 && cp->how <= LOOM_CUDA_CONV_HOW_FIND_FAILED ? how[cp->how] : "?");
@@ -638,25 +719,47 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 	const loom_cuda_conv_plan *cp = &np->conv;
 	void *ws = cp->ws ? c->arena->ws : NULL;
 	void *lib_src[2] = { src[0], src[1] }, *lib_out = out;
+	const loom_format lay = (loom_format)cp->fmt;
 	loom_status st;
 
+	/* Operands not in the layout cuDNN runs in: reordered copies (the
+	 * filter KCRS -> KRSC in NHWC), in the node's dtype. */
+	for (int i = 0; i < 2; i++) {
+		if (!cp->ro[i])
+			continue;
+		const loom_node *s = &p->g->nodes[n->src[i]];
+		void *dst = c->arena->ws + cp->ro_off[i];
+		if ((st = reorder_operand(c, n, &s->shape, is_filter(n, i) ? LOOM_FORMAT_NCHW : s->format,
+					  lay, lib_src[i], dst)) != LOOM_OK)
+			return st;
+		lib_src[i] = dst;
+	}
+	/* Where the library's result goes in the node's dtype: out, or the
+	 * copy reordered into out after. */
+	void *res = cp->ro[2] ? (void *)(c->arena->ws + cp->ro_off[2]) : out;
+	lib_out = res;
 	if (cp->f32) { /* the f32 fallback: copies in, the result cast back after */
 		int64_t numel[3];
 		conv_operands(p, v, numel);
 		for (int i = 0; i < 2; i++) {
-			lib_src[i] = c->arena->ws + cp->f32_off[i];
-			if ((st = loom_cuda_cast(c->err, c->stream, src[i], n->dtype, lib_src[i],
-						 LOOM_F32, numel[i])) != LOOM_OK)
+			void *dst = c->arena->ws + cp->f32_off[i];
+			if ((st = loom_cuda_cast(c->err, c->stream, lib_src[i], n->dtype, dst, LOOM_F32,
+						 numel[i])) != LOOM_OK)
 				return st;
+			lib_src[i] = dst;
 		}
 		lib_out = c->arena->ws + cp->f32_off[2];
 	}
 	st = conv_call(c, n->op, cp, lib_src, lib_out, ws);
 	if (st == LOOM_OK && cp->f32)
-		st = loom_cuda_cast(c->err, c->stream, lib_out, LOOM_F32, out, n->dtype,
+		st = loom_cuda_cast(c->err, c->stream, lib_out, LOOM_F32, res, n->dtype,
 				    loom_shape_numel(&n->shape));
+	if (st == LOOM_OK && cp->ro[2])
+		st = reorder_operand(c, n, &n->shape, lay,
+				     is_filter(n, 2) ? LOOM_FORMAT_NCHW : n->format, res, out);
 	if (st != LOOM_OK || n->op != LOOM_OP_CONV2D || n->nsrc < 3)
 		return st;
+	/* a bias: NCHW only (formats.c keeps such a convolution NCHW) */
 	return loom_cuda_bias_add(c->err, c->stream, (int)n->shape.dims[0], (int)n->shape.dims[1],
 				  n->shape.dims[2] * n->shape.dims[3], out, n->dtype, src[2],
 				  p->g->nodes[n->src[2]].dtype);

@@ -15,6 +15,7 @@
 extern "C" {
 #include "engine/backend.h"
 #include "graph/ops/geometry.h"
+#include "engine/cuda/formats.h"
 }
 
 #include "base/check.h"
@@ -109,6 +110,13 @@ typedef struct loom_cuda_conv_plan {
 	size_t ws;
 	int f32;           /* a half node run in f32: no half algorithm (or test hook) */
 	size_t f32_off[3]; /* ws offsets of the f32 copies: sources 0, 1, the output */
+	/* The layout cuDNN runs this convolution in (LOOM_FORMAT_NCHW or
+	 * NHWC: x, y and the filter, KRSC, alike), and the operands (sources
+	 * 0, 1, the output) held in another format: reordered into ws at
+	 * ro_off (the filter always, in NHWC). */
+	int fmt;
+	int ro[3];
+	size_t ro_off[3];
 	/* How algo was chosen (--dump-graph): LOOM_CUDA_CONV_HOW_*, the math
 	 * type set, the measured time of algo (0: not measured) and the
 	 * heuristic's own first choice with its measured time. */
@@ -167,8 +175,12 @@ typedef struct loom_cuda_bn_plan {
 	 * descriptors at plan time (LOOM_CUDA_BN_EX); its workspace and reserve
 	 * at the start of ws. 0 after a run-time NOT_SUPPORTED. */
 	int ex;
+	int ex_ops; /* cudnnBatchNormOps_t: BN_ACTIVATION, or BN (NHWC without a relu) */
 	cudnnActivationDescriptor_t act;
 	size_t ex_ws, ex_reserve;
+	/* NHWC descriptors (the format pass's choice), and the cudnnBatchNormMode_t
+	 * of the training calls: SPATIAL_PERSISTENT in NHWC, else SPATIAL. */
+	int nhwc, mode;
 } loom_cuda_bn_plan;
 
 /* A fused attention node's cuDNN SDPA plan (sdpa_cudnn.cu). */
@@ -204,6 +216,14 @@ typedef struct loom_cuda_node_plan {
 	/* A relu backward whose work the split batch-norm backward fused_into
 	 * does (LOOM_NONE: none). */
 	loom_value fused_into;
+	/* Batch norm + residual add + relu as one cuDNN call
+	 * (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, NHWC, training runs;
+	 * plan_bn_add in backend.cu): on the ADD node, the batch norm it runs
+	 * (bn_add), the add's other source (bn_add_z) and the call's workspace
+	 * and reserve; on that batch norm, the add that runs it (bn_add_by).
+	 * LOOM_NONE: not fused. */
+	loom_value bn_add, bn_add_z, bn_add_by;
+	size_t bn_add_ws, bn_add_reserve;
 	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
 
@@ -287,6 +307,7 @@ typedef struct loom_cuda_ctx {
 	 * LOOM_CUDA_BN_RELU_BWD (1): the relu's backward fused into the split
 	 * batch-norm backward where the memory plan allows it. */
 	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
+	int bn_add; /* LOOM_CUDA_BN_ADD: batch norm + add + relu in one cuDNN call (NHWC) */
 	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
@@ -345,6 +366,11 @@ loom_status loom_cuda_op_nothing(loom_cuda_ctx *ctx, const loom_plan *plan, loom
 loom_status loom_cuda_stage_sources(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    void **src);
 
+/* formats.cu: the REORDER node, the backend's node_formats */
+loom_status loom_cuda_op_reorder(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cuda_io *io);
+extern "C" void loom_cuda_node_formats(void *ctx, const loom_plan *plan, loom_value v,
+				       loom_format_caps *caps);
 /* conv_cudnn.cu */
 loom_status loom_cuda_op_conv2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io);
@@ -435,6 +461,10 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
  * into err (LOOM_ERR_MAX bytes). */
 /* elementwise.cu */
 extern "C" {
+/* formats.cu: n images of [c, hw] from format `from` into `to` (NCHW or
+ * NHWC), any element size of 2, 4 or 8 bytes; a copy where they agree. */
+loom_status loom_cuda_reorder(char *err, cudaStream_t s, int from, int to, size_t esz, int64_t n,
+			      int64_t c, int64_t hw, const void *x, void *y);
 loom_status loom_cuda_cast(char *err, cudaStream_t s, const void *x, int xdt, void *y,
 			   int ydt, int64_t n);
 loom_status loom_cuda_relu_fwd(char *err, cudaStream_t s, const void *x, int xdt,
@@ -474,19 +504,21 @@ loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, int c, int6
 
 /* pool.cu — the geometry struct of graph/ops/geometry.h, passed by value;
  * relu: the pool carries a fused relu (graph/fuse.c). */
+/* nhwc: x, y (dy, dx) in NHWC, else NCHW. */
 loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s, loom_pool_shape ps,
-				  const void *x, int xdt, void *y, int ydt);
+				  const void *x, int xdt, void *y, int ydt, int nhwc);
 loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s, loom_pool_shape ps,
 				  const void *x, int xdt, const void *dy, int dydt, void *dx,
-				  int dxdt);
+				  int dxdt, int nhwc);
 /* The same saving the argmax of each output into idx (one byte: its place
- * in the window, 255: no gradient), and the backward through idx. */
+ * in the window, 255: no gradient; in y's memory order), and the backward
+ * through idx. */
 loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
 				      const void *x, int xdt, void *y, int ydt,
-				      unsigned char *idx);
+				      unsigned char *idx, int nhwc);
 loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
 				      const unsigned char *idx, const void *dy, int dydt,
-				      void *dx, int dxdt);
+				      void *dx, int dxdt, int nhwc);
 /* Global average pooling: y[nc] = mean of plane nc's hw values; backward
  * dx[nc, i] = dy[nc] / hw. */
 loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *x,
@@ -557,6 +589,9 @@ void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char
  * returns the end (at when the plan has no fallback). */
 size_t loom_cuda_conv_f32_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np,
 			     size_t at);
+/* Places the copies of the operands not in the plan's layout (fmt) in ws
+ * from offset at, in the node's dtype; returns the end. */
+size_t loom_cuda_conv_ro_ws(const loom_plan *p, loom_value v, loom_cuda_node_plan *np, size_t at);
 loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			       const loom_cuda_node_plan *np, void *const *src, void *out);
 
@@ -574,6 +609,14 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 void loom_cuda_bn_plan_free(loom_cuda_node_plan *np);
 loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, int train, void *const *src, void *out);
+/* The workspace and reserve of batch norm b's forward with the add and
+ * relu (BN_ADD_ACTIVATION); LOOM_ERR_UNSUPPORTED where cuDNN refuses. */
+loom_status loom_cuda_bn_add_sizes(loom_cuda_ctx *c, const loom_cuda_node_plan *bnp, size_t *ws,
+				   size_t *reserve);
+/* ADD node a's fused call: relu(bn(x) + z) into a's output, batch norm b's
+ * statistics saved and its running ones updated; LOOM_ERR_UNSUPPORTED
+ * (nothing run, message cleared) where cuDNN refuses it at run time. */
+loom_status loom_cuda_bn_add_run(const loom_plan *p, loom_cuda_ctx *c, loom_value a);
 
 /* sdpa_cudnn.cu: the fused attention nodes (graph/fuse_attention.c)
  * through cuDNN's SDPA. fusable: the backend's answer to the pass
@@ -614,6 +657,13 @@ static inline int loom_cuda_plan_makes(const loom_cuda_node_plan *np, loom_value
 static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
 {
 	return !c->diagnose;
+}
+
+/* Whether the batch norm + add + relu fusions hold in this run: training
+ * (eval runs both nodes as they are), not under the diagnosis. */
+static inline int loom_cuda_bn_add_on(const loom_cuda_ctx *c)
+{
+	return c->train && !c->diagnose;
 }
 
 /* The saved slot node v writes (want == v: only a slot of its own) or

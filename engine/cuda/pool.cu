@@ -8,6 +8,9 @@
  * > 0; loom_cpu_global_avgpool_fwd/bwd in engine/cpu/elementwise_impl.h for
  * the average (a double sum per plane, as there).
  *
+ * Both formats the planner gives a CUDA value, NCHW and NHWC (the node's
+ * format: x, y, dy and dx alike), one thread per element in memory order.
+ *
  * The forward saves each output's argmax (a byte: its place in the window)
  * in the slot the backend's plan gives it (backend.cu, plan_saved), and the
  * backward gathers dy through it without reading x (LOOM_CUDA_POOL_IDX=0:
@@ -23,21 +26,53 @@
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-/* Flat index in the plane of the max of window (oh, ow), or -1. */
-static __device__ int64_t pool_argmax(const loom_pool_shape &s, const void *x, int xdt,
-				      int64_t plane_off, int oh, int ow)
+/* Where element i (h * w + w) of plane pl (n * c + ch) of a [n, c, hw]
+ * value lies: NCHW, or NHWC (the planner's format, engine/cuda/formats.c). */
+template <bool NHWC>
+static __device__ __forceinline__ int64_t plane_at(int c, int64_t hw, int64_t pl, int64_t i)
 {
+	if (NHWC)
+		return ((pl / c) * hw + i) * c + pl % c;
+	return pl * hw + i;
+}
+
+/* Element e of a [n, c, h, w] value in its memory order -> its plane and
+ * place (h, w) in the plane; threads next to each other take elements
+ * next to each other in memory (coalesced) in either format. */
+template <bool NHWC>
+static __device__ __forceinline__ void elem_of(int c, int h, int w, int64_t e, int64_t *pl, int *ih,
+					       int *iw)
+{
+	if (NHWC) {
+		int ch = (int)(e % c);
+		int64_t r = e / c;
+		*iw = (int)(r % w);
+		*ih = (int)((r / w) % h);
+		*pl = (r / ((int64_t)w * h)) * c + ch;
+	} else {
+		*iw = (int)(e % w);
+		*ih = (int)((e / w) % h);
+		*pl = e / ((int64_t)w * h);
+	}
+}
+
+/* Flat index in the plane of the max of window (oh, ow), or -1. */
+template <bool NHWC>
+static __device__ int64_t pool_argmax(const loom_pool_shape &s, const void *x, int xdt,
+				      int64_t pl, int oh, int ow)
+{
+	const int64_t hw = (int64_t)s.h_in * s.w_in;
 	int h0 = oh * s.stride - s.pad, w0 = ow * s.stride - s.pad;
 	int hlo = h0 < 0 ? 0 : h0, hhi = h0 + s.k < s.h_in ? h0 + s.k : s.h_in;
 	int wlo = w0 < 0 ? 0 : w0, whi = w0 + s.k < s.w_in ? w0 + s.k : s.w_in;
 	if (hlo >= hhi || wlo >= whi)
 		return -1;
 	int64_t best = (int64_t)hlo * s.w_in + wlo;
-	float bv = loom_ld(x, xdt, plane_off + best);
+	float bv = loom_ld(x, xdt, plane_at<NHWC>(s.c, hw, pl, best));
 	for (int ih = hlo; ih < hhi; ih++) {
 		for (int iw = wlo; iw < whi; iw++) {
 			int64_t i = (int64_t)ih * s.w_in + iw;
-			float v = loom_ld(x, xdt, plane_off + i);
+			float v = loom_ld(x, xdt, plane_at<NHWC>(s.c, hw, pl, i));
 			if (v > bv || (v != v && bv == bv)) {
 				bv = v;
 				best = i;
@@ -47,18 +82,19 @@ static __device__ int64_t pool_argmax(const loom_pool_shape &s, const void *x, i
 	return best;
 }
 
-/* One thread per output element. */
+/* One thread per output element (o: its place in y's memory). */
+template <bool NHWC>
 __global__ void loom_maxpool_fwd_kernel(loom_pool_shape s, const void *x, int xdt,
 					void *y, int ydt, int64_t total)
 {
+	const int64_t hw = (int64_t)s.h_in * s.w_in;
 	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
 	     o += (int64_t)gridDim.x * blockDim.x) {
-		int ow = (int)(o % s.w_out);
-		int oh = (int)((o / s.w_out) % s.h_out);
-		int64_t pl = o / ((int64_t)s.w_out * s.h_out);
-		int64_t off = pl * s.h_in * s.w_in;
-		int64_t i = pool_argmax(s, x, xdt, off, oh, ow);
-		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, off + i);
+		int64_t pl;
+		int oh, ow;
+		elem_of<NHWC>(s.c, s.h_out, s.w_out, o, &pl, &oh, &ow);
+		int64_t i = pool_argmax<NHWC>(s, x, xdt, pl, oh, ow);
+		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, plane_at<NHWC>(s.c, hw, pl, i));
 		/* relu(max) = max(relu), on the smaller output; NaN stays. */
 		if (s.relu && !(v > 0.0f || v != v))
 			v = 0.0f;
@@ -69,18 +105,20 @@ __global__ void loom_maxpool_fwd_kernel(loom_pool_shape s, const void *x, int xd
 /* The forward saving each output's argmax (LOOM_CUDA_POOL_IDX, on by
  * default; compiled, not yet run on a GPU): idx[o] is the max's place in
  * its window, (ih - h0) k + (iw - w0), or 255 where no gradient goes (an
- * empty window, or under the fused relu a max that is not > 0). */
+ * empty window, or under the fused relu a max that is not > 0); o is the
+ * output's place in y's memory. */
+template <bool NHWC>
 __global__ void loom_maxpool_fwd_idx_kernel(loom_pool_shape s, const void *x, int xdt,
 					    void *y, int ydt, unsigned char *idx, int64_t total)
 {
+	const int64_t hw = (int64_t)s.h_in * s.w_in;
 	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
 	     o += (int64_t)gridDim.x * blockDim.x) {
-		int ow = (int)(o % s.w_out);
-		int oh = (int)((o / s.w_out) % s.h_out);
-		int64_t pl = o / ((int64_t)s.w_out * s.h_out);
-		int64_t off = pl * s.h_in * s.w_in;
-		int64_t i = pool_argmax(s, x, xdt, off, oh, ow);
-		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, off + i);
+		int64_t pl;
+		int oh, ow;
+		elem_of<NHWC>(s.c, s.h_out, s.w_out, o, &pl, &oh, &ow);
+		int64_t i = pool_argmax<NHWC>(s, x, xdt, pl, oh, ow);
+		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, plane_at<NHWC>(s.c, hw, pl, i));
 		int route = i >= 0 && (!s.relu || v > 0.0f);
 		if (s.relu && !(v > 0.0f || v != v))
 			v = 0.0f;
@@ -104,25 +142,26 @@ __device__ static void pool_windows(loom_pool_shape s, int ih, int iw, int *oh_l
 	*ow_hi = min((iw + s.pad) / s.stride, s.w_out - 1);
 }
 
-/* The backward through the saved argmax: one thread per input element, it
- * gathers dy from the windows whose saved max is this element, in the same
- * (oh, ow) order as below; x is not read. */
+/* The backward through the saved argmax: one thread per input element (e:
+ * its place in dx's memory), it gathers dy from the windows whose saved
+ * max is this element, in the same (oh, ow) order as below; x is not read. */
+template <bool NHWC>
 __global__ void loom_maxpool_bwd_idx_kernel(loom_pool_shape s, const unsigned char *idx,
 					    const void *dy, int dydt, void *dx, int dxdt,
 					    int64_t total)
 {
+	const int64_t ohw = (int64_t)s.h_out * s.w_out;
 	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
 	     e += (int64_t)gridDim.x * blockDim.x) {
-		int iw = (int)(e % s.w_in);
-		int ih = (int)((e / s.w_in) % s.h_in);
-		int64_t pl = e / ((int64_t)s.w_in * s.h_in);
-		int64_t doff = pl * s.h_out * s.w_out;
+		int64_t pl;
+		int ih, iw;
+		elem_of<NHWC>(s.c, s.h_in, s.w_in, e, &pl, &ih, &iw);
 		int oh_lo, oh_hi, ow_lo, ow_hi;
 		pool_windows(s, ih, iw, &oh_lo, &oh_hi, &ow_lo, &ow_hi);
 		float g = 0.0f;
 		for (int oh = oh_lo; oh <= oh_hi; oh++)
 			for (int ow = ow_lo; ow <= ow_hi; ow++) {
-				int64_t o = doff + (int64_t)oh * s.w_out + ow;
+				int64_t o = plane_at<NHWC>(s.c, ohw, pl, (int64_t)oh * s.w_out + ow);
 				int me = (ih - (oh * s.stride - s.pad)) * s.k + (iw - (ow * s.stride - s.pad));
 				if (idx[o] == me)
 					g += loom_ld(dy, dydt, o);
@@ -133,20 +172,21 @@ __global__ void loom_maxpool_bwd_idx_kernel(loom_pool_shape s, const unsigned ch
 
 /* One thread per input element: it gathers dy from every window whose max
  * it is, in the CPU's (oh, ow) order so that fp32 sums match exactly. */
+template <bool NHWC>
 __global__ void loom_maxpool_bwd_kernel(loom_pool_shape s, const void *x, int xdt,
 					const void *dy, int dydt, void *dx, int dxdt,
 					int64_t total)
 {
+	const int64_t ohw = (int64_t)s.h_out * s.w_out;
 	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
 	     e += (int64_t)gridDim.x * blockDim.x) {
-		int iw = (int)(e % s.w_in);
-		int ih = (int)((e / s.w_in) % s.h_in);
-		int64_t pl = e / ((int64_t)s.w_in * s.h_in);
-		int64_t off = pl * s.h_in * s.w_in, doff = pl * s.h_out * s.w_out;
+		int64_t pl;
+		int ih, iw;
+		elem_of<NHWC>(s.c, s.h_in, s.w_in, e, &pl, &ih, &iw);
 		int64_t me = (int64_t)ih * s.w_in + iw;
 		/* Fused relu: dy reaches a window's max only if it is > 0, and
 		 * this element is the max of every window it gathers from. */
-		if (s.relu && !(loom_ld(x, xdt, off + me) > 0.0f)) {
+		if (s.relu && !(loom_ld(x, xdt, e) > 0.0f)) {
 			loom_st(dx, dxdt, e, 0.0f);
 			continue;
 		}
@@ -155,8 +195,9 @@ __global__ void loom_maxpool_bwd_kernel(loom_pool_shape s, const void *x, int xd
 		float g = 0.0f;
 		for (int oh = oh_lo; oh <= oh_hi; oh++)
 			for (int ow = ow_lo; ow <= ow_hi; ow++)
-				if (pool_argmax(s, x, xdt, off, oh, ow) == me)
-					g += loom_ld(dy, dydt, doff + (int64_t)oh * s.w_out + ow);
+				if (pool_argmax<NHWC>(s, x, xdt, pl, oh, ow) == me)
+					g += loom_ld(dy, dydt,
+						     plane_at<NHWC>(s.c, ohw, pl, (int64_t)oh * s.w_out + ow));
 		loom_st(dx, dxdt, e, g);
 	}
 }
@@ -195,51 +236,55 @@ __global__ void loom_global_avgpool_bwd_kernel(const void *dy, int dydt, void *d
 
 static const int threads = 256;
 
+#define POOL_LAUNCH(KERNEL, TOTAL, ...)                                                        \
+	do {                                                                                   \
+		if (nhwc)                                                                      \
+			KERNEL<true><<<loom_cuda_blocks(TOTAL, threads), threads, 0, s>>>(__VA_ARGS__); \
+		else                                                                           \
+			KERNEL<false><<<loom_cuda_blocks(TOTAL, threads), threads, 0, s>>>(__VA_ARGS__); \
+	} while (0)
+
 extern "C" loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s,
 					     loom_pool_shape ps, const void *x, int xdt,
-					     void *y, int ydt)
+					     void *y, int ydt, int nhwc)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
 	if (total <= 0)
 		return LOOM_OK;
-	loom_maxpool_fwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(ps, x, xdt, y,
-										      ydt, total);
+	POOL_LAUNCH(loom_maxpool_fwd_kernel, total, ps, x, xdt, y, ydt, total);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
 extern "C" loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s,
 					     loom_pool_shape ps, const void *x, int xdt,
-					     const void *dy, int dydt, void *dx, int dxdt)
+					     const void *dy, int dydt, void *dx, int dxdt, int nhwc)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;
 	if (total <= 0)
 		return LOOM_OK;
-	loom_maxpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
-		ps, x, xdt, dy, dydt, dx, dxdt, total);
+	POOL_LAUNCH(loom_maxpool_bwd_kernel, total, ps, x, xdt, dy, dydt, dx, dxdt, total);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
 extern "C" loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s,
 						 loom_pool_shape ps, const void *x, int xdt,
-						 void *y, int ydt, unsigned char *idx)
+						 void *y, int ydt, unsigned char *idx, int nhwc)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
 	if (total <= 0)
 		return LOOM_OK;
-	loom_maxpool_fwd_idx_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
-		ps, x, xdt, y, ydt, idx, total);
+	POOL_LAUNCH(loom_maxpool_fwd_idx_kernel, total, ps, x, xdt, y, ydt, idx, total);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
 extern "C" loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s,
 						 loom_pool_shape ps, const unsigned char *idx,
-						 const void *dy, int dydt, void *dx, int dxdt)
+						 const void *dy, int dydt, void *dx, int dxdt, int nhwc)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;
 	if (total <= 0)
 		return LOOM_OK;
-	loom_maxpool_bwd_idx_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
-		ps, idx, dy, dydt, dx, dxdt, total);
+	POOL_LAUNCH(loom_maxpool_bwd_idx_kernel, total, ps, idx, dy, dydt, dx, dxdt, total);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -274,12 +319,13 @@ loom_status loom_cuda_op_maxpool2d(loom_cuda_ctx *c, const loom_plan *plan, loom
 {
 	loom_pool_shape ps;
 	loom_pool_shape_of(plan->g, v, &ps);
+	int nhwc = plan->g->nodes[v].format == LOOM_FORMAT_NHWC;
 	unsigned char *idx = (unsigned char *)loom_cuda_saved_slot(c, v, v);
 	if (idx)
 		return loom_cuda_maxpool_fwd_idx(c->err, c->stream, ps, io->src[0], io->dt[0],
-						 io->out, io->odt, idx);
+						 io->out, io->odt, idx, nhwc);
 	return loom_cuda_maxpool_fwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->out,
-				     io->odt);
+				     io->odt, nhwc);
 }
 
 loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
@@ -290,11 +336,13 @@ loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	/* The forward's argmax, saved in this (training) run. */
 	const unsigned char *idx =
 		c->train ? (const unsigned char *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
+	/* x, dy and dx share the node's format (formats.c) */
+	int nhwc = plan->g->nodes[v].format == LOOM_FORMAT_NHWC;
 	if (idx)
 		return loom_cuda_maxpool_bwd_idx(c->err, c->stream, ps, idx, io->src[1], io->dt[1],
-						 io->out, io->odt);
+						 io->out, io->odt, nhwc);
 	return loom_cuda_maxpool_bwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->src[1],
-				     io->dt[1], io->out, io->odt);
+				     io->dt[1], io->out, io->odt, nhwc);
 }
 
 /* x [N, C, H, W] -> [N, C] */

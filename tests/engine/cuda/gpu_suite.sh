@@ -236,6 +236,18 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	r50s=(--device cuda --batch-size 64 --steps 10 --warmup 2)
 	srow speed_r50_O2_fp16_default10 loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	# NHWC through the planner's formats (engine/cuda/formats.c): on by
+	# default for mixed-precision plans, so every row above runs it (the
+	# search-off rows and speed_r50_O2_fp16_default10 are the defaults at
+	# search off); LOOM_CUDA_NHWC=0 keeps the all-NCHW plans, and
+	# LOOM_CUDA_BN_ADD=0 NHWC without the fused batch norm + add + relu,
+	# side by side at 10 steps (~30 s for the three rows).
+	srow speed_r50_O2_fp16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	srow speed_r50_O2_fp16_bn_add_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_BN_ADD=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	srow speed_r50_O1_bf16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O1 --precision bf16
 	srow speed_r50_O2_fp16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O1_bf16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \

@@ -35,8 +35,9 @@
 #include "graph/ops/ops.h"
 #include "examples/models.h"
 
-/* Every case here compares a CUDA plan with its CPU twin node for node.
- * CUDA plans every value NCHW (no node_formats); the CPU's planner would
+/* Every case here compares a CUDA plan with its CPU twin node for node,
+ * both NCHW (the NHWC cases, which set cuda_nhwc, compile the CUDA side
+ * with formats on and compare values only); the CPU's planner would
  * give a ResNet's activations oneDNN's blocked format, with reorder nodes
  * (5 in ResNet-18's training plan), so the twins are compiled NCHW too,
  * whatever the environment says (under bazel, .bazelrc pins the same; the
@@ -112,6 +113,7 @@ typedef struct tcase {
 	loom_opt_level level; /* AMP level both programs compile with (fp16) */
 	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
 	int want_attn_fused;  /* attentions the CUDA plan must fuse (cuDNN SDPA), -1: any */
+	int want_nhwc;        /* under cuda_nhwc: values the CUDA plan must hold in NHWC, at least */
 } tcase;
 
 typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
@@ -264,11 +266,17 @@ static int sync_bn;
 /* tf32 (above): compile fp32 products and convolutions on TF32 tensor
  * cores, the default of a plan; every other case asks for exact fp32. */
 
+/* Compile the CUDA program with the planner's formats and LOOM_CUDA_NHWC
+ * set to this ("half", "all"; NULL: NCHW like its CPU twin, which is always
+ * NCHW). */
+static const char *cuda_nhwc;
+
 static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 			       loom_opt_level level)
 {
 	loom_compile_opts o;
 	loom_program *p = NULL;
+	int nhwc = cuda_nhwc && dev == LOOM_DEVICE_CUDA;
 	loom_compile_opts_default(&o);
 	o.no_tf32 = !tf32; /* exact fp32 unless a TF32 case asks */
 	o.device = dev;
@@ -281,7 +289,15 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 	o.optim.kind = LOOM_OPTIM_NONE;
 	if (plugin())
 		plugin()->test_poison(dev == LOOM_DEVICE_CUDA);
+	if (nhwc) {
+		setenv("LOOM_FORMATS", "auto", 1);
+		setenv("LOOM_CUDA_NHWC", cuda_nhwc, 1);
+	}
 	loom_status st = loom_compile(g, loss, &o, &p);
+	if (nhwc) {
+		setenv("LOOM_FORMATS", "nchw", 1);
+		unsetenv("LOOM_CUDA_NHWC");
+	}
 	if (plugin())
 		plugin()->test_poison(0);
 	cr_assert_eq(st, LOOM_OK, "compile on %s: %s", dev == LOOM_DEVICE_CUDA ? "cuda" : "cpu",
@@ -340,7 +356,20 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	loom_program_info info;
 	loom_program_info_get(cuda, &info);
 	cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
-	expect_same_plan(op, cpu, cuda);
+	if (cuda_nhwc) {
+		/* NHWC values and the reorders at their edges: the plans differ
+		 * by those; the values are compared below as always. */
+		int nhwc = 0, reorders = 0;
+		for (int v = 0; v < cuda->plan.g->n; v++) {
+			nhwc += cuda->plan.g->nodes[v].format == LOOM_FORMAT_NHWC;
+			reorders += cuda->plan.g->nodes[v].op == LOOM_OP_REORDER;
+		}
+		cr_expect(nhwc >= t.want_nhwc, "%s %s: %d values NHWC in the cuda plan, want >= %d",
+			  op, loom_dtype_name(dt), nhwc, t.want_nhwc);
+		cr_expect_eq(reorders, cuda->plan.n_reorders);
+	} else {
+		expect_same_plan(op, cpu, cuda);
+	}
 	expect_cuda_folds_where_taken(op, cuda);
 	cr_expect_eq(fused_pools(cuda), t.fused_pools, "%s: %d fused pools in the cuda plan, want %d",
 		     op, fused_pools(cuda), t.fused_pools);
@@ -1883,6 +1912,212 @@ Test(cuda_convnet, o2_bf16_adamw_clip_decay_matrices_only)
 
 /* ------------------------------------------------------------ ResNet steps */
 
+/* ------------------------------------------------------------ NHWC */
+
+/*
+ * The planner's NHWC on CUDA (engine/cuda/formats.c, LOOM_CUDA_NHWC): each
+ * case's CUDA program compiled with formats on, against its CPU twin in
+ * NCHW. The op's own output is the user's (NCHW), so every builder chains
+ * ops: the values between them are the NHWC ones.
+ */
+
+/* conv -> conv: the first's output NHWC; the second reads it NHWC and
+ * writes NCHW (the output), so its layout is NCHW with x reordered in its
+ * workspace; backward: every mix of layouts (dx of the second NHWC, dy of
+ * the first NCHW, the filters KRSC <-> KCRS). */
+static loom_value b_nhwc_convs(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 4, 2, 8, 9, 9);
+	loom_value w1 = param(g, t, "w1", 4, 16, 8, 3, 3);
+	loom_value w2 = param(g, t, "w2", 4, 8, 16, 3, 3);
+	t->want_nhwc = 3; /* h, its data gradient, and the reorder between */
+	loom_value h = loom_conv2d(g, x, w1, LOOM_NONE, 1, 1);
+	return loom_conv2d(g, h, w2, LOOM_NONE, 2, 1);
+}
+
+/* conv -> relu + 3x3/2 pad-1 max pool (fused) -> conv: the pool and its
+ * backward NHWC (pool.cu's NHWC kernels, saved argmax). */
+static loom_value b_nhwc_pool(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 4, 2, 8, 9, 9);
+	loom_value w1 = param(g, t, "w1", 4, 16, 8, 3, 3);
+	loom_value w2 = param(g, t, "w2", 4, 8, 16, 1, 1);
+	t->want_nhwc = 4;
+	t->fused_pools = 2;
+	loom_value h = loom_conv2d(g, x, w1, LOOM_NONE, 1, 1);
+	h = loom_maxpool2d(g, loom_relu(g, h), 3, 2, 1);
+	return loom_conv2d(g, h, w2, LOOM_NONE, 1, 0);
+}
+
+/* A residual block at O2 or O1 (the graph f32, run in fp16): conv -> bn +
+ * relu -> conv -> bn -> add + relu -> 1x1 conv. Batch norm on cuDNN in
+ * NHWC (persistent mode, the Ex forward with its relu), relu and add
+ * NHWC, their backward too. */
+static loom_value nhwc_block(loom_graph *g, tcase *t, loom_opt_level level)
+{
+	t->dt = LOOM_F32;
+	t->level = level;
+	int64_t c = 16;
+	loom_value x = param(g, t, "x", 4, 2, 8, 8, 8);
+	loom_value w1 = param(g, t, "w1", 4, c, 8, 3, 3);
+	loom_value w2 = param(g, t, "w2", 4, c, c, 3, 3);
+	loom_value w3 = param(g, t, "w3", 4, 8, c, 1, 1);
+	loom_value bn[2];
+	loom_value h = loom_conv2d(g, x, w1, LOOM_NONE, 1, 1);
+	for (int i = 0; i < 2; i++) {
+		char nm[4][16];
+		snprintf(nm[0], 16, "g%d", i);
+		snprintf(nm[1], 16, "b%d", i);
+		snprintf(nm[2], 16, "rm%d", i);
+		snprintf(nm[3], 16, "rv%d", i);
+		loom_value ga = param(g, t, nm[0], 1, c, 0, 0, 0);
+		loom_value be = param(g, t, nm[1], 1, c, 0, 0, 0);
+		loom_value rm = loom_buffer(g, nm[2], LOOM_F32, 1, &c, LOOM_INIT_ZEROS);
+		loom_value rv = loom_buffer(g, nm[3], LOOM_F32, 1, &c, LOOM_INIT_ONES);
+		t->buf[t->n_buf++] = rm;
+		t->buf[t->n_buf++] = rv;
+		loom_value in = i == 0 ? h : loom_conv2d(g, bn[0], w2, LOOM_NONE, 1, 1);
+		bn[i] = loom_batchnorm2d(g, in, ga, be, rm, rv, 0.1, 1e-5);
+		if (i == 0)
+			bn[0] = loom_relu(g, bn[0]);
+	}
+	t->fused_relus = 2;   /* the first batch norm's, the add's */
+	t->want_bn_cudnn = 4; /* two forwards, two backwards */
+	t->want_nhwc = 8;
+	loom_value r = loom_relu(g, loom_add(g, bn[1], bn[0]));
+	return loom_conv2d(g, r, w3, LOOM_NONE, 1, 0);
+}
+
+static loom_value b_nhwc_block_o2(loom_graph *g, tcase *t)
+{
+	return nhwc_block(g, t, LOOM_O2);
+}
+
+static loom_value b_nhwc_block_o1(loom_graph *g, tcase *t)
+{
+	return nhwc_block(g, t, LOOM_O1);
+}
+
+/* --dump-graph of build's CUDA program compiled in NHWC (cuda_nhwc). */
+static char *nhwc_dump(build_fn build)
+{
+	tcase t;
+	loom_graph *g;
+	char *buf = NULL;
+	size_t len = 0;
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F16;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value y = build(g, &t);
+	loom_value loss = head(g, &t, y);
+	loom_mark_output(g, y);
+	loom_program *p = compile_at(g, loss, LOOM_DEVICE_CUDA, t.level);
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	loom_program_dump(p, f);
+	fclose(f);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return buf;
+}
+
+/* Every NHWC case in f16 and bf16 (the convolutions; the blocks run at
+ * their AMP level in fp16), training and, for the blocks, eval; the blocks
+ * with batch norm + add + relu as one cuDNN call (LOOM_CUDA_BN_ADD, the
+ * default: --dump-graph names it on the add) and as three nodes (=0). */
+Test(cuda_ops, nhwc_against_cpu)
+{
+	NEED_GPU();
+	const loom_dtype dts[2] = { LOOM_F16, LOOM_BF16 };
+	cuda_nhwc = "half";
+	for (int i = 0; i < 2; i++)
+		for (uint64_t seed = 1; seed <= 2; seed++)
+			run_case("nhwc conv -> conv", b_nhwc_convs, dts[i], LOOM_RUN_GRAD, seed);
+	for (int i = 0; i < 2; i++)
+		for (int idx = 1; idx >= 0; idx--) {
+			/* the saved argmax and the search from x */
+			setenv("LOOM_CUDA_POOL_IDX", idx ? "1" : "0", 1);
+			run_case(idx ? "nhwc relu + max pool" : "nhwc relu + max pool, no saved argmax",
+				 b_nhwc_pool, dts[i], LOOM_RUN_GRAD, 5 + i);
+		}
+	unsetenv("LOOM_CUDA_POOL_IDX");
+	for (int fused = 1; fused >= 0; fused--) {
+		setenv("LOOM_CUDA_BN_ADD", fused ? "1" : "0", 1);
+		char *text = nhwc_dump(b_nhwc_block_o2);
+		cr_expect(!!strstr(text, "BN_ADD_ACTIVATION") == fused,
+			  "LOOM_CUDA_BN_ADD=%d: the dump %s BN_ADD_ACTIVATION:\n%s", fused,
+			  fused ? "lacks" : "has", text);
+		free(text);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			run_case(fused ? "nhwc block O2, bn+add+relu fused" : "nhwc block O2",
+				 b_nhwc_block_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case(fused ? "nhwc block O1, bn+add+relu fused" : "nhwc block O1",
+				 b_nhwc_block_o1, LOOM_F32, LOOM_RUN_GRAD, seed);
+		}
+		run_case("nhwc block O2 eval", b_nhwc_block_o2, LOOM_F32, LOOM_RUN_EVAL, 3);
+	}
+	unsetenv("LOOM_CUDA_BN_ADD");
+	/* fp32 under "all" (exact fp32 math: the CPU's bound) */
+	cuda_nhwc = "all";
+	run_case("nhwc conv -> conv f32", b_nhwc_convs, LOOM_F32, LOOM_RUN_GRAD, 4);
+	cuda_nhwc = NULL;
+}
+
+/*
+ * The reorders round-trip exactly: y = relu(conv1x1(x, I)) with x random
+ * and the identity filter, in every dtype (f32 under "all", exact math):
+ * x goes NCHW -> NHWC in the convolution's workspace, its filter KCRS ->
+ * KRSC, and the NHWC result back to NCHW through a REORDER node before the
+ * relu (the user's output); y must equal relu(x) bit for bit.
+ */
+Test(cuda_ops, nhwc_reorders_round_trip)
+{
+	NEED_GPU();
+	const loom_dtype dts[3] = { LOOM_F32, LOOM_F16, LOOM_BF16 };
+	enum { N = 3, C = 16, H = 5, W = 7 };
+	for (int d = 0; d < 3; d++) {
+		tcase t;
+		loom_graph *g;
+		memset(&t, 0, sizeof(t));
+		t.dt = dts[d];
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value x = param(g, &t, "x", 4, N, C, H, W);
+		loom_value w = param(g, &t, "w", 4, C, C, 1, 1);
+		loom_value a = loom_conv2d(g, x, w, LOOM_NONE, 1, 0);
+		loom_value y = loom_relu(g, loom_relu(g, a));
+		loom_mark_output(g, y);
+		loom_value loss = loom_sum(g, y);
+		cuda_nhwc = "all";
+		loom_program *p = compile_at(g, loss, LOOM_DEVICE_CUDA, LOOM_O0);
+		cuda_nhwc = NULL;
+		int reorders = 0, nhwc = 0;
+		for (int v = 0; v < p->plan.g->n; v++) {
+			reorders += p->plan.g->nodes[v].op == LOOM_OP_REORDER;
+			nhwc += p->plan.g->nodes[v].format == LOOM_FORMAT_NHWC;
+		}
+		cr_expect(reorders >= 1 && nhwc >= 2, "%s: %d reorders, %d NHWC values",
+			  loom_dtype_name(dts[d]), reorders, nhwc);
+		static double xv[N * C * H * W], wv[C * C], yv[N * C * H * W], xr[N * C * H * W];
+		rng_state = 77 + d;
+		for (int i = 0; i < N * C * H * W; i++)
+			xv[i] = urand() * 4;
+		for (int i = 0; i < C * C; i++)
+			wv[i] = i / C == i % C;
+		cr_assert_eq(loom_write_f64(p, x, xv, N * C * H * W), LOOM_OK);
+		cr_assert_eq(loom_write_f64(p, w, wv, C * C), LOOM_OK);
+		cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+		read_value(p, x, 0, xr, N * C * H * W);
+		read_value(p, y, 0, yv, N * C * H * W);
+		int bad = 0;
+		for (int i = 0; i < N * C * H * W; i++)
+			bad += yv[i] != (xr[i] > 0 ? xr[i] : 0.0);
+		cr_expect_eq(bad, 0, "%s: %d of %d elements differ (y[0] %g, x[0] %g)",
+			     loom_dtype_name(dts[d]), bad, N * C * H * W, yv[0], xr[0]);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}
+
 /*
  * ResNet-18 with the ImageNet stem on 65x65 images (small enough for the CPU
  * reference): the stem's relu + 3x3/2 pad-1 max-pool runs fused, the head is
@@ -1914,9 +2149,24 @@ static void resnet_steps(loom_opt_level level, double tol)
 	o.optim.momentum = 0.9;
 	for (int d = 0; d < 2; d++) {
 		o.device = d ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
-		cr_assert_eq(loom_compile(g, loss, &o, &p[d]), LOOM_OK, "resnet: %s", loom_last_error());
+		if (d && cuda_nhwc) {
+			setenv("LOOM_FORMATS", "auto", 1);
+			setenv("LOOM_CUDA_NHWC", cuda_nhwc, 1);
+		}
+		loom_status cs = loom_compile(g, loss, &o, &p[d]);
+		setenv("LOOM_FORMATS", "nchw", 1);
+		unsetenv("LOOM_CUDA_NHWC");
+		cr_assert_eq(cs, LOOM_OK, "resnet: %s", loom_last_error());
 	}
-	expect_same_plan("resnet-18", p[0], p[1]);
+	if (cuda_nhwc) {
+		int nhwc = 0;
+		for (int v = 0; v < p[1]->plan.g->n; v++)
+			nhwc += p[1]->plan.g->nodes[v].format == LOOM_FORMAT_NHWC;
+		cr_expect(nhwc > 100 && p[1]->plan.n_reorders > 0 && p[1]->plan.n_reorders <= 8,
+			  "resnet-18 NHWC: %d values NHWC, %d reorders", nhwc, p[1]->plan.n_reorders);
+	} else {
+		expect_same_plan("resnet-18", p[0], p[1]);
+	}
 	cr_expect_eq(fused_pools(p[1]), 2, "resnet-18: %d fused pools", fused_pools(p[1]));
 	rng_state = 5;
 	for (int step = 0; step < 2; step++) {
@@ -1971,6 +2221,16 @@ Test(cuda_resnet, o1_fp16)
 {
 	NEED_GPU();
 	resnet_steps(LOOM_O1, 2e-2);
+}
+
+/* The same steps with the CUDA plan in NHWC (LOOM_CUDA_NHWC's default for
+ * a mixed-precision plan), against the same NCHW CPU twin and bound. */
+Test(cuda_resnet, o1_fp16_nhwc)
+{
+	NEED_GPU();
+	cuda_nhwc = "half";
+	resnet_steps(LOOM_O1, 2e-2);
+	cuda_nhwc = NULL;
 }
 
 /* ------------------------------------------------------------ the case table */
@@ -2092,14 +2352,15 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 			continue;
 		}
 		/* A reorder between memory formats: the format pass adds one only
-		 * for a backend with node_formats, which CUDA has not (its plans
-		 * are NCHW throughout); the CPU's are tested against NCHW in
-		 * tests/engine/cpu:test_formats. */
+		 * where formats are on (the one-op rows compile NCHW); CUDA's
+		 * (NCHW <-> NHWC) are covered by nhwc_reorders_round_trip and
+		 * nhwc_against_cpu, the CPU's by tests/engine/cpu:test_formats. */
 		if (op == LOOM_OP_REORDER) {
 			cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "reorder: no CPU entry");
-			if (cuda)
-				cr_expect(cuda->node_formats == NULL,
-					  "CUDA plans formats now: give reorder a CUDA entry and a case");
+			if (cuda) {
+				cr_expect(cuda->node_formats != NULL, "CUDA: no node_formats");
+				cr_expect(cuda->supports_op(NULL, (loom_op)op), "reorder: no CUDA entry");
+			}
 			continue;
 		}
 		cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "%s: no CPU entry", name);

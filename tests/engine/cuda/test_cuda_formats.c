@@ -1,0 +1,254 @@
+/*
+ * test_cuda_formats.c — the CUDA backend's memory formats (engine/cuda/
+ * formats.c, its node_formats) through the planner's format pass, on the
+ * CPU, no GPU needed: a plan compiled NCHW on the CPU is handed to
+ * graph/formats.c with the CUDA rules as its backend's answers. Under
+ * LOOM_CUDA_NHWC's default (half), a mixed-precision ResNet's convolutions,
+ * batch norms, relus, adds and max pool hold NHWC, with reorders only at
+ * the global pooling; fp32 plans stay NCHW unless "all";
+ * "0" keeps every value NCHW; the own batch-norm kernels keep theirs NCHW;
+ * a convolution with a bias stays NCHW.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/formats.h"
+#include "engine/program_internal.h"
+#include "examples/models.h"
+#include "graph/ops/ops.h"
+#include "loom.h"
+
+typedef struct query_ctx {
+	const loom_plan *plan;
+	loom_cuda_nhwc_mode mode;
+	int own_bn;
+} query_ctx;
+
+static void cuda_rules(void *ctx, const loom_graph *g, loom_value v, loom_format_caps *caps)
+{
+	const query_ctx *q = ctx;
+	(void)g;
+	loom_cuda_formats_query(q->plan, v, caps, q->mode, q->own_bn);
+}
+
+typedef struct fmt_count {
+	int nodes[LOOM_OP_COUNT], nhwc[LOOM_OP_COUNT];
+	int reorders, to_nhwc, to_nchw;
+} fmt_count;
+
+static loom_program *compile_nchw(loom_graph *g, loom_value loss, loom_opt_level level,
+				  loom_dtype half)
+{
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.formats = LOOM_FORMATS_NCHW;
+	o.amp.level = level;
+	o.amp.half = half;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.01;
+	setenv("LOOM_FORMATS", "nchw", 1);
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+/* Runs the format pass over p's (NCHW) plan with the CUDA rules. */
+static fmt_count cuda_formats(loom_program *p, loom_cuda_nhwc_mode mode, int own_bn)
+{
+	fmt_count fc;
+	memset(&fc, 0, sizeof(fc));
+	loom_plan *pl = &p->plan;
+	query_ctx q = { pl, mode, own_bn };
+	int n_fwd = pl->n_fwd, n_re = 0;
+	cr_assert_eq(loom_formats_pass(pl->g, &n_fwd, &pl->loss, cuda_rules, &q, &n_re), LOOM_OK);
+	pl->n_fwd = n_fwd;
+	const loom_graph *g = pl->g;
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		fc.nodes[n->op]++;
+		fc.nhwc[n->op] += n->format == LOOM_FORMAT_NHWC;
+		if (n->op == LOOM_OP_REORDER) {
+			fc.reorders++;
+			fc.to_nhwc += n->format == LOOM_FORMAT_NHWC;
+			fc.to_nchw += n->format == LOOM_FORMAT_NCHW;
+		}
+		/* CUDA has no kernel for the blocked format */
+		cr_assert_neq(n->format, LOOM_FORMAT_NCHW8C, "node %d nChw8c on CUDA", (int)v);
+		/* the user's values stay NCHW */
+		if (n->flags & (LOOM_NODE_OUTPUT | LOOM_NODE_GRAD) || loom_op_is_leaf(n->op))
+			cr_assert_eq(n->format, LOOM_FORMAT_NCHW, "node %d '%s' is the user's", (int)v,
+				     n->name);
+	}
+	cr_assert_eq(n_re, fc.reorders);
+	return fc;
+}
+
+static loom_program *resnet(loom_graph **gout, int depth, loom_opt_level level, loom_dtype half)
+{
+	loom_graph *g;
+	loom_value logits;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = loom_model_resnet_width(g, depth, 4, 32, 10, 8, &logits);
+	cr_assert_neq(loss, LOOM_NONE);
+	*gout = g;
+	return compile_nchw(g, loss, level, half);
+}
+
+/* Every node of op ops[i] in NHWC. */
+static void all_nhwc(const fmt_count *fc, const char *what)
+{
+	static const loom_op ops[] = { LOOM_OP_CONV2D, LOOM_OP_CONV2D_BWD_DATA, LOOM_OP_BATCHNORM2D,
+				       LOOM_OP_BN_BWD_DATA, LOOM_OP_ADD };
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		cr_expect(fc->nodes[ops[i]] > 0 && fc->nhwc[ops[i]] == fc->nodes[ops[i]],
+			  "%s: %d of %d %s nodes NHWC", what, fc->nhwc[ops[i]], fc->nodes[ops[i]],
+			  loom_op_defs[ops[i]]->name);
+}
+
+/*
+ * ResNet-50 at O2 fp16 and O1 bf16: every convolution, data gradient,
+ * batch norm and add NHWC; the filter gradients NCHW (the weight's
+ * layout); the global pool NCHW with a reorder into it and one out of its
+ * backward, and nowhere else.
+ */
+static void half_case(loom_opt_level level, loom_dtype half, const char *what)
+{
+	loom_graph *g;
+	loom_program *p = resnet(&g, 50, level, half);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 0);
+	all_nhwc(&fc, what);
+	cr_expect_eq(fc.nhwc[LOOM_OP_CONV2D_BWD_FILTER], 0, "%s: filter gradients NCHW", what);
+	cr_expect_eq(fc.nhwc[LOOM_OP_MAXPOOL2D], fc.nodes[LOOM_OP_MAXPOOL2D], "%s", what);
+	cr_expect_eq(fc.nhwc[LOOM_OP_GLOBAL_AVGPOOL], 0, "%s", what);
+	cr_expect(fc.nhwc[LOOM_OP_RELU] + fc.nhwc[LOOM_OP_RELU_BWD] > 0, "%s: no relu in NHWC", what);
+	cr_expect(fc.reorders > 0 && fc.reorders <= 2, "%s: %d reorders (%d to NHWC, %d to NCHW)",
+		  what, fc.reorders, fc.to_nhwc, fc.to_nchw);
+	if (getenv("FORMATS_DUMP"))
+		loom_program_dump(p, stderr);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(cuda_formats, resnet50_o2_fp16_nhwc)
+{
+	half_case(LOOM_O2, LOOM_F16, "ResNet-50 O2 fp16");
+}
+
+Test(cuda_formats, resnet50_o1_bf16_nhwc)
+{
+	half_case(LOOM_O1, LOOM_BF16, "ResNet-50 O1 bf16");
+}
+
+/* The ImageNet stem (7x7/2 conv of 3 channels, relu + 3x3/2 max pool):
+ * the pool and its backward NHWC, the reorders still only at the global
+ * pool (the stem's 3-channel image is the convolution's to reorder). */
+Test(cuda_formats, resnet18_imagenet_stem_o2_fp16)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = loom_model_resnet(g, 18, 2, 65, 10, NULL);
+	cr_assert_neq(loss, LOOM_NONE);
+	loom_program *p = compile_nchw(g, loss, LOOM_O2, LOOM_F16);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 0);
+	all_nhwc(&fc, "ResNet-18 O2 fp16");
+	cr_expect(fc.nodes[LOOM_OP_MAXPOOL2D] == 1 && fc.nhwc[LOOM_OP_MAXPOOL2D] == 1,
+		  "%d max pools, %d NHWC", fc.nodes[LOOM_OP_MAXPOOL2D], fc.nhwc[LOOM_OP_MAXPOOL2D]);
+	cr_expect_eq(fc.nhwc[LOOM_OP_MAXPOOL2D_BWD], fc.nodes[LOOM_OP_MAXPOOL2D_BWD]);
+	cr_expect(fc.reorders > 0 && fc.reorders <= 2, "%d reorders", fc.reorders);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(cuda_formats, fp32_stays_nchw_unless_all)
+{
+	loom_graph *g;
+	loom_program *p = resnet(&g, 18, LOOM_O0, LOOM_F16);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 0);
+	cr_expect_eq(fc.reorders, 0);
+	cr_expect_eq(fc.nhwc[LOOM_OP_CONV2D], 0);
+	loom_program_free(p);
+	loom_graph_free(g);
+
+	p = resnet(&g, 18, LOOM_O0, LOOM_F16);
+	fc = cuda_formats(p, LOOM_CUDA_NHWC_ALL, 0);
+	all_nhwc(&fc, "ResNet-18 fp32, all");
+	cr_expect(fc.reorders > 0 && fc.reorders <= 2, "%d reorders", fc.reorders);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(cuda_formats, off_keeps_every_value_nchw)
+{
+	setenv("LOOM_CUDA_NHWC", "0", 1);
+	cr_expect_eq(loom_cuda_nhwc_mode_get(), LOOM_CUDA_NHWC_OFF);
+	setenv("LOOM_CUDA_NHWC", "all", 1);
+	cr_expect_eq(loom_cuda_nhwc_mode_get(), LOOM_CUDA_NHWC_ALL);
+	unsetenv("LOOM_CUDA_NHWC");
+	cr_expect_eq(loom_cuda_nhwc_mode_get(), LOOM_CUDA_NHWC_HALF);
+	loom_graph *g;
+	loom_program *p = resnet(&g, 18, LOOM_O2, LOOM_F16);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_OFF, 0);
+	cr_expect_eq(fc.reorders, 0);
+	for (int op = 0; op < LOOM_OP_COUNT; op++)
+		cr_expect_eq(fc.nhwc[op], 0, "%s", loom_op_defs[op]->name);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+/* The own batch-norm kernels (LOOM_CUDA_BN_OWN, the test hook) are NCHW:
+ * their nodes stay NCHW, reordered to and from their NHWC neighbours. */
+Test(cuda_formats, own_batchnorm_stays_nchw)
+{
+	loom_graph *g;
+	loom_program *p = resnet(&g, 18, LOOM_O2, LOOM_F16);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 1);
+	cr_expect(fc.nodes[LOOM_OP_BATCHNORM2D] > 0);
+	cr_expect_eq(fc.nhwc[LOOM_OP_BATCHNORM2D], 0);
+	cr_expect_eq(fc.nhwc[LOOM_OP_BN_BWD_DATA], 0);
+	cr_expect_eq(fc.nhwc[LOOM_OP_BN_BWD_GAMMA], 0);
+	cr_expect_gt(fc.nhwc[LOOM_OP_CONV2D], 0);
+	cr_expect_gt(fc.reorders, 6);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+/* A convolution with a bias (whose kernel adds it in NCHW) and a
+ * broadcasting add stay NCHW; one without a bias takes NHWC. */
+Test(cuda_formats, conv_bias_and_broadcast_stay_nchw)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t xd[4] = { 2, 8, 6, 6 }, ld[1] = { 2 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value label = loom_input(g, "label", LOOM_I32, 1, ld);
+	loom_value a = loom_layer_conv2d(g, "a", x, 16, 3, 1, 1, 1);   /* bias */
+	loom_value b = loom_layer_conv2d(g, "b", a, 16, 3, 1, 1, 0);   /* none */
+	loom_value h = loom_relu(g, loom_add(g, a, b));
+	loom_value z = loom_layer_linear(g, "fc", loom_flatten(g, h), 10, 1);
+	loom_value loss = loom_softmax_cross_entropy(g, z, label);
+	loom_program *p = compile_nchw(g, loss, LOOM_O2, LOOM_F16);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 0);
+	const loom_graph *pg = p->plan.g;
+	int with_bias = 0, without = 0;
+	for (loom_value v = 0; v < pg->n; v++) {
+		const loom_node *n = &pg->nodes[v];
+		if (n->op != LOOM_OP_CONV2D)
+			continue;
+		if (n->nsrc > 2) {
+			with_bias++;
+			cr_expect_eq(n->format, LOOM_FORMAT_NCHW, "conv with a bias in %s",
+				     loom_format_name(n->format));
+		} else {
+			without++;
+			cr_expect_eq(n->format, LOOM_FORMAT_NHWC, "conv without a bias in %s",
+				     loom_format_name(n->format));
+		}
+	}
+	cr_expect(with_bias == 1 && without == 1, "%d with a bias, %d without", with_bias, without);
+	(void)fc;
+	loom_program_free(p);
+	loom_graph_free(g);
+}
