@@ -216,6 +216,40 @@ static int bytes_overlap(const loom_plan *p, loom_value a, loom_value b)
 	return a0 < b1 && b0 < a1;
 }
 
+/* Whether the steps strictly between sa and sb leave value x's bytes
+ * alone: the nodes computed there (and the siblings they make) neither
+ * read nor write them, accumulation and collectives touch other values;
+ * any other step kind (optimizer, ZeRO copies, pipeline transfers) says
+ * no. */
+static int quiet_between(const loom_plan *p, int sa, int sb, loom_value x)
+{
+	const loom_graph *g = p->g;
+	for (int i = sa + 1; i < sb; i++) {
+		const loom_step *st = &p->steps[i];
+		if (st->kind == LOOM_STEP_ACCUM || st->kind == LOOM_STEP_COLLECTIVE) {
+			if (st->v != LOOM_NONE && bytes_overlap(p, x, st->v))
+				return 0;
+			continue;
+		}
+		if (st->kind == LOOM_STEP_WAIT)
+			continue;
+		if (st->kind != LOOM_STEP_NODE)
+			return 0;
+		if (st->noop || st->v == LOOM_NONE)
+			continue;
+		for (loom_value u = 0; u < g->n; u++) {
+			if (u != st->v && g->nodes[u].made_by != st->v)
+				continue;
+			if (bytes_overlap(p, x, u))
+				return 0;
+			for (int k = 0; k < g->nodes[u].nsrc; k++)
+				if (bytes_overlap(p, x, g->nodes[u].src[k]))
+					return 0;
+		}
+	}
+	return 1;
+}
+
 /*
  * GELU in the product's epilogue (LOOM_CUDA_GELU_EPILOGUE; compiled, not
  * run). cuBLASLt's GELU epilogues are the tanh form (GPT-2's,
@@ -226,8 +260,8 @@ static int bytes_overlap(const loom_plan *p, loom_value a, loom_value b)
  * as the aux matrix. Backward: a product v (no bias) read only by a GELU
  * backward g as its dy computes g's output with DGELU, the
  * pre-activation g reads (aux) as the aux matrix; v's own output is never
- * written. Both where g runs right after v (only views between) in v's
- * dtype, the aux row (n) a multiple of 8, and what the epilogue writes
+ * written. Both where nothing run between v and g touches g's bytes, in
+ * v's dtype, the aux row (n) a multiple of 8, and what the epilogue writes
  * apart from what the product reads (DGELU: or exactly on v's own output).
  * g's bias gradient stays where it is (the weight gradient's BGRADB).
  */
@@ -238,7 +272,11 @@ static loom_value gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loo
 	loom_value gn = LOOM_NONE;
 	*dgelu = 0;
 	*aux = LOOM_NONE;
-	if ((nd->op == LOOM_OP_LINEAR && nd->a.mm.relu) || loom_shape_last(&nd->shape) % 8 ||
+	/* Half products only: fp32 keeps the own kernel, whose GELU is the
+	 * CPU's to fp32's rounding (cuBLASLt does not document the accuracy of
+	 * its epilogue's tanh). */
+	if ((nd->dtype != LOOM_F16 && nd->dtype != LOOM_BF16) ||
+	    (nd->op == LOOM_OP_LINEAR && nd->a.mm.relu) || loom_shape_last(&nd->shape) % 8 ||
 	    (nd->flags & LOOM_NODE_OUTPUT))
 		return LOOM_NONE;
 	int fwd = 0, bwd = 0, other = 0, xreaders = 0;
@@ -272,14 +310,10 @@ static loom_value gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loo
 		    loom_shape_numel(&x->shape) != loom_shape_numel(&nd->shape))
 			return LOOM_NONE;
 	}
-	/* g right after v: nothing computed between, so g's bytes hold no
-	 * one's value then. */
+	/* Nothing between v and g touches g's bytes (written early). */
 	const int sv = step_of(p, v), sg = step_of(p, gn);
-	if (sv < 0 || sg <= sv)
+	if (sv < 0 || sg <= sv || p->pipe || !quiet_between(p, sv, sg, gn))
 		return LOOM_NONE;
-	for (int i = sv + 1; i < sg; i++)
-		if (p->steps[i].kind != LOOM_STEP_NODE || !p->steps[i].noop)
-			return LOOM_NONE;
 	/* What the epilogue writes (g's output) apart from what it reads: the
 	 * product's sources and the aux; in place over v only for DGELU (v's
 	 * own output is never written then). */

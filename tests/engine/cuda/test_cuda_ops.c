@@ -112,6 +112,12 @@ typedef struct tcase {
 	loom_opt_level level; /* AMP level both programs compile with (fp16) */
 	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
 	int want_attn_fused;  /* attentions the CUDA plan must fuse (cuDNN SDPA), -1: any */
+	/* Up to 3 notes the CUDA plan's --dump-graph must show (the path a
+	 * switch took): for each, a node of op note_op[i] whose backend note
+	 * holds note[i] (NULL: none). */
+	const char *note[3];
+	loom_op note_op[3];
+	const char *no_note; /* no node's note may hold it (NULL: no check) */
 } tcase;
 
 typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
@@ -368,6 +374,26 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		int nf = fused_attentions(cuda, why, sizeof(why));
 		cr_expect_eq(nf, t.want_attn_fused, "%s %s: %d attentions fused (cuDNN SDPA), want %d: %s",
 			     op, loom_dtype_name(dt), nf, t.want_attn_fused, why);
+	}
+	for (int i = 0; i < 3 && t.note[i]; i++) {
+		char got[512] = "", note[512];
+		int found = 0;
+		for (int v = 0; v < cuda->plan.g->n && !found; v++) {
+			if (cuda->plan.g->nodes[v].op != t.note_op[i] || !cuda->be->node_note)
+				continue;
+			cuda->be->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+			found = strstr(note, t.note[i]) != NULL;
+			if (!got[0])
+				snprintf(got, sizeof(got), "%s", note);
+		}
+		cr_expect(found, "%s %s: no node of op %d notes \"%s\" (first: \"%s\")", op,
+			  loom_dtype_name(dt), (int)t.note_op[i], t.note[i], got);
+	}
+	for (int v = 0; t.no_note && cuda->be->node_note && v < cuda->plan.g->n; v++) {
+		char note[512];
+		cuda->be->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+		cr_expect(!strstr(note, t.no_note), "%s %s: node %d notes \"%s\"", op,
+			  loom_dtype_name(dt), v, note);
 	}
 	int bn_cudnn, bgrad;
 	bn_cudnn = bgrad = 0;
@@ -1353,6 +1379,134 @@ Test(cuda_ops, layernorm_one_pass)
 	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 3x150x40", b_layernorm_rows);
 	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x300x37", b_layernorm_odd);
 	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x32x768", b_layernorm_768);
+}
+
+/* 1 unless the switch var is "0" (how the backend reads it). */
+static int switch_set(const char *var)
+{
+	const char *e = getenv(var);
+	return !(e && !strcmp(e, "0"));
+}
+
+/* The fused classifier (LOOM_CUDA_CLASSIFIER): logits made by a product,
+ * 37 rows of 1000 classes (rows off 16-byte alignment in every dtype: the
+ * kernel's scalar head and tail), so that the memory plan puts dlogits
+ * on the logits and the forward writes them; the backward does nothing. */
+static loom_value b_classifier(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 2, 37, 24, 0, 0);
+	loom_value logits = loom_linear(g, x, param(g, t, "w", 2, 1000, 24, 0, 0), LOOM_NONE);
+	t->note[0] = switch_set("LOOM_CUDA_CLASSIFIER") ? "fused classifier" : "two passes";
+	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
+	t->note[1] = switch_set("LOOM_CUDA_CLASSIFIER") ? "done by" : "recomputes";
+	t->note_op[1] = LOOM_OP_SOFTMAX_CE_BWD;
+	return loom_softmax_cross_entropy(g, logits, labels(g, t, 37, 1000));
+}
+
+/* Logits that are a parameter: the gradient has a slot of its own, so the
+ * forward saves each row's log-sum-exp and the backward reads it. */
+static loom_value b_classifier_saved(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "logits", 2, 19, 333, 0, 0);
+	t->note[0] = switch_set("LOOM_CUDA_CLASSIFIER") ? "saves its log-sum-exp" : "two passes";
+	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
+	t->note[1] = switch_set("LOOM_CUDA_CLASSIFIER") ? "from the saved" : "recomputes";
+	t->note_op[1] = LOOM_OP_SOFTMAX_CE_BWD;
+	return loom_softmax_cross_entropy(g, x, labels(g, t, 19, 333));
+}
+
+static loom_value b_classifier_bad(loom_graph *g, tcase *t)
+{
+	loom_value y = b_classifier(g, t);
+	t->bad_label = 1;
+	return y;
+}
+
+/* Softmax-CE in one pass, the dlogits written by its forward or from its
+ * saved log-sum-exp, in every dtype, against the CPU and the two-pass
+ * kernels it replaces (LOOM_CUDA_CLASSIFIER=0); a bad label still
+ * reported (the forward's flag) with the backward done by the forward. */
+Test(cuda_ops, fused_classifier)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier 37x1000", b_classifier);
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier saved 19x333", b_classifier_saved);
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "softmax_ce 16x10", b_ce);
+	run_case("classifier bad label", b_classifier_bad, LOOM_F32, LOOM_RUN_GRAD, 3);
+	run_case("classifier bad label", b_classifier_bad, LOOM_BF16, LOOM_RUN_GRAD, 4);
+}
+
+/* Layer norm's forward saving mean and rstd for its one-pass backward
+ * (LOOM_CUDA_LN_SAVE) against the CPU and against the backward that
+ * recomputes them, on 768 columns (128-bit loads) and 37 (scalar). */
+static loom_value b_layernorm_saved(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 50, 768, 0);
+	t->note[0] = switch_set("LOOM_CUDA_LN_SAVE") ? "saves mean and rstd" : "warp per row";
+	t->note_op[0] = LOOM_OP_LAYERNORM;
+	t->note[1] = switch_set("LOOM_CUDA_LN_SAVE") ? "reads the saved" : "recomputes";
+	t->note_op[1] = LOOM_OP_LAYERNORM_BWD_DATA;
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 768, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 768, 0, 0, 0), 1e-5);
+}
+
+static loom_value b_layernorm_saved_odd(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 3, 70, 37, 0);
+	t->note[0] = switch_set("LOOM_CUDA_LN_SAVE") ? "saves mean and rstd" : "warp per row";
+	t->note_op[0] = LOOM_OP_LAYERNORM;
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 37, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 37, 0, 0, 0), 1e-5);
+}
+
+Test(cuda_ops, layernorm_saved_statistics)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 2x50x768", b_layernorm_saved);
+	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 3x70x37", b_layernorm_saved_odd);
+}
+
+/* The GPT's MLP: linear (bias) -> GELU -> linear. With the tanh GELU the
+ * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue and the
+ * product making the GELU backward's dy its DGELU
+ * (LOOM_CUDA_GELU_EPILOGUE); the exact GELU never fuses. */
+static loom_value mlp(loom_graph *g, tcase *t, int tanh_form)
+{
+	loom_value x = param(g, t, "x", 3, 2, 33, 64, 0);
+	loom_value h = loom_linear(g, x, param(g, t, "fc.weight", 2, 128, 64, 0, 0),
+				   param(g, t, "fc.bias", 1, 128, 0, 0, 0));
+	h = tanh_form ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
+	return loom_linear(g, h, param(g, t, "proj.weight", 2, 64, 128, 0, 0),
+			   param(g, t, "proj.bias", 1, 64, 0, 0, 0));
+}
+
+static loom_value b_mlp_tanh(loom_graph *g, tcase *t)
+{
+	if (switch_set("LOOM_CUDA_GELU_EPILOGUE") && !own_kernels && t->dt != LOOM_F32) {
+		t->note[0] = "GELU_AUX";
+		t->note_op[0] = LOOM_OP_LINEAR;
+		t->note[1] = "DGELU";
+		t->note_op[1] = LOOM_OP_MATMUL;
+		t->note[2] = "the product's GELU epilogue";
+		t->note_op[2] = LOOM_OP_GELU;
+	}
+	return mlp(g, t, 1);
+}
+
+static loom_value b_mlp_erf(loom_graph *g, tcase *t)
+{
+	t->no_note = "GELU";
+	return mlp(g, t, 0);
+}
+
+/* In every dtype against the CPU and the own GELU kernels
+ * (LOOM_CUDA_GELU_EPILOGUE=0); the epilogues are expected on f16 and bf16
+ * (f32 keeps the own kernel); no node of the exact-GELU MLP carries one. */
+Test(cuda_ops, gelu_epilogue)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_GELU_EPILOGUE", "mlp gelu tanh", b_mlp_tanh);
+	both_switch_values("LOOM_CUDA_GELU_EPILOGUE", "mlp gelu erf", b_mlp_erf);
 }
 
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
