@@ -2,7 +2,9 @@
  * engine/cuda/loss.cu — softmax cross-entropy forward (mean over rows of
  * logsumexp - logit[label]) and backward ((softmax - onehot) * dloss / n).
  * CPU twin: loom_cpu_softmax_ce_fwd/bwd in engine/cpu/dense_impl.h, double
- * accumulation as there.
+ * accumulation as there (LOOM_CUDA_CLASSIFIER=0); by default the fused
+ * classifier below (fp32 online softmax, the backward done by the forward
+ * or from its saved log-sum-exp).
  *
  * A label outside [0, classes) cannot fail the launch: the kernel records
  * the node and the first bad row in the control block, writes no loss, the
