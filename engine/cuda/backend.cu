@@ -452,6 +452,32 @@ static int read_only_by(const loom_graph *g, loom_value x, const loom_value *ok,
 	return 1;
 }
 
+/* Whether the bytes of x (its storage and every view of it: GPT's
+ * logits are a reshape of the product's output) are read by ok[0] and
+ * ok[1] alone, through x, and none of them is an output. */
+static int logits_private(const loom_plan *p, loom_value x, const loom_value *ok)
+{
+	const loom_graph *g = p->g;
+	const loom_value root = p->mp.root[x];
+	for (loom_value a = 0; a < g->n; a++) {
+		if (p->mp.root[a] != root)
+			continue;
+		if (g->nodes[a].flags & LOOM_NODE_OUTPUT)
+			return 0;
+		if (a == x) {
+			if (!read_only_by(g, a, ok, 2))
+				return 0;
+			continue;
+		}
+		/* Another alias: read only by views on the way to x. */
+		for (loom_value w = 0; w < g->n; w++)
+			for (int i = 0; i < g->nodes[w].nsrc; i++)
+				if (g->nodes[w].src[i] == a && p->mp.root[w] != root)
+					return 0;
+	}
+	return 1;
+}
+
 /*
  * The fused classifier (LOOM_CUDA_CLASSIFIER): a softmax-CE forward f
  * writes its backward w's dlogits itself, in the same launch, where
@@ -481,12 +507,11 @@ static void plan_classifier(loom_cuda_ctx *c, const loom_plan *p)
 				pairs++;
 			}
 		loom_value x = n->src[0];
-		if (pairs != 1 || (g->nodes[x].flags & LOOM_NODE_OUTPUT) ||
-		    g->nodes[g->nodes[bwd].src[2]].op != LOOM_OP_GRAD_SEED)
+		if (pairs != 1 || g->nodes[g->nodes[bwd].src[2]].op != LOOM_OP_GRAD_SEED)
 			continue;
 		const loom_value ok[2] = { f, bwd };
 		int same;
-		if (!read_only_by(g, x, ok, 2) || !bytes_meet(p, bwd, x, &same) || !same)
+		if (!logits_private(p, x, ok) || !bytes_meet(p, bwd, x, &same) || !same)
 			continue;
 		c->plans[f].ce_bwd = bwd;
 		c->plans[bwd].fused_into = f;
