@@ -490,31 +490,60 @@ static int logits_private(const loom_plan *p, loom_value x, const loom_value *ok
  * Without pipeline stages (a later micro-batch's forward would overwrite
  * the gradient of the one before). w is then skipped in a training run.
  */
-static void plan_classifier(loom_cuda_ctx *c, const loom_plan *p)
+static loom_value classifier_bwd(const loom_plan *p, loom_value f)
 {
 	const loom_graph *g = p->g;
-	if (!c->classifier || p->pipe)
+	const loom_node *n = &g->nodes[f];
+	if (n->op != LOOM_OP_SOFTMAX_CE || p->pipe)
+		return LOOM_NONE;
+	loom_value bwd = LOOM_NONE;
+	int pairs = 0;
+	for (loom_value w = 0; w < g->n; w++) {
+		const loom_node *b = &g->nodes[w];
+		if (b->op == LOOM_OP_SOFTMAX_CE_BWD && b->src[0] == n->src[0] && b->src[1] == n->src[1]) {
+			bwd = w;
+			pairs++;
+		}
+	}
+	loom_value x = n->src[0];
+	if (pairs != 1 || g->nodes[g->nodes[bwd].src[2]].op != LOOM_OP_GRAD_SEED)
+		return LOOM_NONE;
+	const loom_value ok[2] = { f, bwd };
+	int same;
+	if (!logits_private(p, x, ok) || !bytes_meet(p, bwd, x, &same) || !same)
+		return LOOM_NONE;
+	return bwd;
+}
+
+static void plan_classifier(loom_cuda_ctx *c, const loom_plan *p)
+{
+	if (!c->classifier)
 		return;
-	for (loom_value f = 0; f < g->n; f++) {
-		const loom_node *n = &g->nodes[f];
-		if (n->op != LOOM_OP_SOFTMAX_CE)
-			continue;
-		loom_value bwd = LOOM_NONE;
-		int pairs = 0;
-		for (loom_value w = 0; w < g->n; w++)
-			if (w != f && gpt_pair(c, p, f, w)) {
-				bwd = w;
-				pairs++;
-			}
-		loom_value x = n->src[0];
-		if (pairs != 1 || g->nodes[g->nodes[bwd].src[2]].op != LOOM_OP_GRAD_SEED)
-			continue;
-		const loom_value ok[2] = { f, bwd };
-		int same;
-		if (!logits_private(p, x, ok) || !bytes_meet(p, bwd, x, &same) || !same)
+	for (loom_value f = 0; f < p->g->n; f++) {
+		loom_value bwd = classifier_bwd(p, f);
+		if (bwd == LOOM_NONE)
 			continue;
 		c->plans[f].ce_bwd = bwd;
 		c->plans[bwd].fused_into = f;
+	}
+}
+
+/* Test hook: the plan-level choices above and matmul_cublaslt.cu's
+ * loom_cuda_gelu_partner on any compiled plan, with no device. */
+extern "C" void loom_cuda_test_gpt_fusions(const void *plan, int *ce_fused, int *gelu_aux,
+					   int *dgelu)
+{
+	const loom_plan *p = (const loom_plan *)plan;
+	*ce_fused = *gelu_aux = *dgelu = 0;
+	for (loom_value v = 0; v < p->g->n; v++) {
+		*ce_fused += classifier_bwd(p, v) != LOOM_NONE;
+		const loom_op op = (loom_op)p->g->nodes[v].op;
+		if (op != LOOM_OP_LINEAR && op != LOOM_OP_MATMUL)
+			continue;
+		int dg;
+		loom_value aux;
+		if (loom_cuda_gelu_partner(p, v, &dg, &aux) != LOOM_NONE)
+			(dg ? *dgelu : *gelu_aux) += 1;
 	}
 }
 

@@ -549,6 +549,11 @@ loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStre
 loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
+/* The GELU (forward: *dgelu 0; backward: 1, *aux the pre-activation it
+ * reads) whose output product v's epilogue may write, LOOM_NONE if none
+ * (LOOM_CUDA_GELU_EPILOGUE; plan-level only: cuBLASLt may still have no
+ * algorithm). */
+loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux);
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
 

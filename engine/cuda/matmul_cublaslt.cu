@@ -265,7 +265,7 @@ static int quiet_between(const loom_plan *p, int sa, int sb, loom_value x)
  * apart from what the product reads (DGELU: or exactly on v's own output).
  * g's bias gradient stays where it is (the weight gradient's BGRADB).
  */
-static loom_value gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux)
+loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux)
 {
 	const loom_graph *g = p->g;
 	const loom_node *nd = &g->nodes[v];
@@ -335,14 +335,14 @@ static loom_value gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loo
 	return gn;
 }
 
-/* The GELU epilogue's plan for v, where gelu_partner finds one and cuBLASLt
+/* The GELU epilogue's plan for v, where loom_cuda_gelu_partner finds one and cuBLASLt
  * has an algorithm; *done says whether it took. */
 static loom_status plan_gelu(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     loom_cuda_node_plan *np, const mm_shape *s, int bias, int *done)
 {
 	loom_cuda_mm_plan *mp = &np->mm;
 	int dg, found = 0;
-	loom_value aux, gn = gelu_partner(p, v, &dg, &aux);
+	loom_value aux, gn = loom_cuda_gelu_partner(p, v, &dg, &aux);
 	*done = 0;
 	if (gn == LOOM_NONE)
 		return LOOM_OK;

@@ -1467,17 +1467,17 @@ Test(cuda_ops, layernorm_saved_statistics)
 }
 
 /* The GPT's MLP: linear (bias) -> GELU -> linear. With the tanh GELU the
- * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue and the
- * product making the GELU backward's dy its DGELU
- * (LOOM_CUDA_GELU_EPILOGUE); the exact GELU never fuses. */
+ * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue
+ * (LOOM_CUDA_GELU_EPILOGUE); the exact GELU never fuses. No DGELU: the
+ * memory plan does not allow it here (gpt_fusions_chosen_on_the_plan). */
 static loom_value mlp(loom_graph *g, tcase *t, int tanh_form)
 {
 	loom_value x = param(g, t, "x", 3, 2, 33, 64, 0);
 	loom_value h = loom_linear(g, x, param(g, t, "fc.weight", 2, 128, 64, 0, 0),
 				   param(g, t, "fc.bias", 1, 128, 0, 0, 0));
 	h = tanh_form ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
-	return loom_linear(g, h, param(g, t, "proj.weight", 2, 64, 128, 0, 0),
-			   param(g, t, "proj.bias", 1, 64, 0, 0, 0));
+	loom_value w2 = param(g, t, "proj.weight", 2, 64, 128, 0, 0);
+	return loom_linear(g, h, w2, param(g, t, "proj.bias", 1, 64, 0, 0, 0));
 }
 
 static loom_value b_mlp_tanh(loom_graph *g, tcase *t)
@@ -1485,10 +1485,8 @@ static loom_value b_mlp_tanh(loom_graph *g, tcase *t)
 	if (switch_set("LOOM_CUDA_GELU_EPILOGUE") && !own_kernels && t->dt != LOOM_F32) {
 		t->note[0] = "GELU_AUX";
 		t->note_op[0] = LOOM_OP_LINEAR;
-		t->note[1] = "DGELU";
-		t->note_op[1] = LOOM_OP_MATMUL;
-		t->note[2] = "the product's GELU epilogue";
-		t->note_op[2] = LOOM_OP_GELU;
+		t->note[1] = "the product's GELU epilogue";
+		t->note_op[1] = LOOM_OP_GELU;
 	}
 	return mlp(g, t, 1);
 }
@@ -1507,6 +1505,80 @@ Test(cuda_ops, gelu_epilogue)
 	NEED_GPU();
 	both_switch_values("LOOM_CUDA_GELU_EPILOGUE", "mlp gelu tanh", b_mlp_tanh);
 	both_switch_values("LOOM_CUDA_GELU_EPILOGUE", "mlp gelu erf", b_mlp_erf);
+}
+
+/* A GPT block's MLP and classifier in one graph, of dtype dt: linear
+ * (bias) -> GELU (tanh_form or exact) -> linear -> a product to 96
+ * classes -> softmax-CE; the logits marked an output when logits_out; the
+ * second linear's weight a buffer (no weight gradient) when frozen_proj. */
+static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logits_out,
+			   int frozen_proj)
+{
+	int64_t dx[3] = { 2, 16, 64 }, dw1[2] = { 128, 64 }, db1[1] = { 128 };
+	int64_t dw2[2] = { 64, 128 }, db2[1] = { 64 }, dwo[2] = { 96, 64 }, rows[2] = { 32, 64 };
+	int64_t nl = 32;
+	loom_value x = loom_param(g, "x", dt, 3, dx, LOOM_INIT_ZEROS, 1);
+	loom_value h = loom_linear(g, x, loom_param(g, "fc.w", dt, 2, dw1, LOOM_INIT_ZEROS, 1),
+				   loom_param(g, "fc.b", dt, 1, db1, LOOM_INIT_ZEROS, 1));
+	h = tanh_form ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
+	loom_value w2 = frozen_proj ? loom_buffer(g, "proj.w", dt, 2, dw2, LOOM_INIT_ONES) :
+				      loom_param(g, "proj.w", dt, 2, dw2, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, h, w2, loom_param(g, "proj.b", dt, 1, db2, LOOM_INIT_ZEROS, 1));
+	loom_value logits = loom_linear(g, loom_reshape(g, y, 2, rows),
+					loom_param(g, "head.w", dt, 2, dwo, LOOM_INIT_ZEROS, 1), LOOM_NONE);
+	if (logits_out)
+		loom_mark_output(g, logits);
+	return loom_softmax_cross_entropy(g, logits, loom_input(g, "labels", LOOM_I32, 1, &nl));
+}
+
+/* The plan-level choices of the GPT fusions (no GPU needed: the plugin's
+ * test_gpt_fusions on the plan the CPU compiled, whose memory plan and
+ * steps are the same passes'): the classifier's backward done by its
+ * forward where dlogits lie on the logits and nothing else reads them;
+ * GELU_AUX on c_fc for the tanh GELU in half, never for the exact GELU or
+ * in f32. DGELU on c_proj's data gradient never, in these plans: c_proj's
+ * weight gradient, which runs between that product and the GELU backward,
+ * reads the GELU's output, whose bytes the memory plan then gives the GELU
+ * backward's output; with c_proj frozen the GELU backward's output takes
+ * the bytes of the product's own dying dy. Either way the epilogue may not
+ * write them early (GPT-2's plan is of the first kind). */
+Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
+{
+	const loom_cuda_plugin *pl = plugin();
+	if (!pl)
+		cr_skip_test("needs a build with the CUDA toolkit (the plugin's test hooks)");
+	const struct {
+		loom_dtype dt;
+		int tanh_form, logits_out, frozen, ce, aux, dgelu;
+	} rows[] = {
+		{ LOOM_BF16, 1, 0, 0, 1, 1, 0 }, { LOOM_F16, 1, 0, 0, 1, 1, 0 },
+		{ LOOM_BF16, 1, 0, 1, 1, 1, 0 },
+		{ LOOM_BF16, 0, 0, 0, 1, 0, 0 }, { LOOM_F32, 1, 0, 0, 1, 0, 0 },
+		{ LOOM_BF16, 1, 1, 0, 0, 1, 0 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		loom_graph *g;
+		loom_program *p;
+		loom_compile_opts o;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value loss = gpt_tail(g, rows[i].dt, rows[i].tanh_form, rows[i].logits_out,
+					   rows[i].frozen);
+		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+		int ce = -1, aux = -1, dgelu = -1;
+		pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
+		cr_expect(ce == rows[i].ce && aux == rows[i].aux && dgelu == rows[i].dgelu,
+			  "row %zu (%s, %s GELU%s%s): classifier %d, GELU_AUX %d, DGELU %d; want %d %d %d",
+			  i, loom_dtype_name(rows[i].dt), rows[i].tanh_form ? "tanh" : "exact",
+			  rows[i].logits_out ? ", logits an output" : "",
+			  rows[i].frozen ? ", c_proj frozen" : "", ce, aux, dgelu, rows[i].ce,
+			  rows[i].aux, rows[i].dgelu);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
 }
 
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
