@@ -1509,7 +1509,8 @@ Test(cuda_ops, gelu_epilogue)
 
 /* A GPT block's MLP and classifier in one graph, of dtype dt: linear
  * (bias) -> GELU (tanh_form or exact) -> linear -> a product to 96
- * classes -> softmax-CE; the logits marked an output when logits_out; the
+ * classes, whose rows (a reshape) go to softmax-CE; the product's output
+ * marked an output when logits_out; the
  * second linear's weight a buffer (no weight gradient) when frozen_proj. */
 static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logits_out,
 			   int frozen_proj)
@@ -1524,11 +1525,14 @@ static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logi
 	loom_value w2 = frozen_proj ? loom_buffer(g, "proj.w", dt, 2, dw2, LOOM_INIT_ONES) :
 				      loom_param(g, "proj.w", dt, 2, dw2, LOOM_INIT_ZEROS, 1);
 	loom_value y = loom_linear(g, h, w2, loom_param(g, "proj.b", dt, 1, db2, LOOM_INIT_ZEROS, 1));
-	loom_value logits = loom_linear(g, loom_reshape(g, y, 2, rows),
-					loom_param(g, "head.w", dt, 2, dwo, LOOM_INIT_ZEROS, 1), LOOM_NONE);
+	/* As gpt_ddp: the product over [B, T, C], its rows the logits (a view). */
+	loom_value logits = loom_linear(g, y, loom_param(g, "head.w", dt, 2, dwo, LOOM_INIT_ZEROS, 1),
+					LOOM_NONE);
 	if (logits_out)
 		loom_mark_output(g, logits);
-	return loom_softmax_cross_entropy(g, logits, loom_input(g, "labels", LOOM_I32, 1, &nl));
+	rows[1] = 96;
+	return loom_softmax_cross_entropy(g, loom_reshape(g, logits, 2, rows),
+					  loom_input(g, "labels", LOOM_I32, 1, &nl));
 }
 
 /* The plan-level choices of the GPT fusions (no GPU needed: the plugin's
