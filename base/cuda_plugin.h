@@ -24,7 +24,7 @@ extern "C" {
 
 /* Bumped whenever the struct below changes; a plugin of another version
  * is refused with both numbers. */
-#define LOOM_CUDA_PLUGIN_ABI 6 /* 4: test hooks take the backend context, grad_sumsq; 5: loss_async; 6: attn_fusable, test_sdpa_descriptors */
+#define LOOM_CUDA_PLUGIN_ABI 7 /* 4: test hooks take the backend context, grad_sumsq; 5: loss_async; 6: attn_fusable, test_sdpa_descriptors; 7: test_gpt_fusions */
 /* The file the loader looks for (see loom_cuda_plugin_load). */
 #define LOOM_CUDA_PLUGIN_FILE "libloom_cuda.so"
 /* The one symbol the shared object exports. */
@@ -56,6 +56,11 @@ typedef struct loom_cuda_plugin {
 	void (*test_fallbacks)(const void *be_ctx, int *conv_f32, int *mm_unfused);
 	int (*test_sdpa_descriptors)(int64_t b, int64_t t, int64_t nh, int64_t hs, int bf16, int bwd,
 				     char *why, size_t len);
+	/* The plan-level choices of the GPT fusions on a compiled plan (a
+	 * const loom_plan *, any backend's: no device needed): softmax-CE
+	 * forwards that would write their backward's dlogits, products that
+	 * would take a GELU_AUX and a DGELU epilogue. */
+	void (*test_gpt_fusions)(const void *plan, int *ce_fused, int *gelu_aux, int *dgelu);
 } loom_cuda_plugin;
 
 /*

@@ -330,6 +330,44 @@ static int pool_pair(const loom_plan *p, loom_value f, loom_value w)
 	       sa.h_out == sb.h_out && sa.w_out == sb.w_out;
 }
 
+/* Whether w is the backward that reads GPT forward f's saved slot: layer
+ * norm's one-pass backward of the same x and eps; the softmax-CE backward
+ * of the same logits and labels. */
+static int gpt_pair(const loom_cuda_ctx *c, const loom_plan *p, loom_value f, loom_value w)
+{
+	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
+	if (a->op == LOOM_OP_LAYERNORM)
+		return b->op == LOOM_OP_LAYERNORM_BWD_DATA && b->src[0] == a->src[0] &&
+		       b->a.ln.eps == a->a.ln.eps && c->plans[w].kind == LOOM_CUDA_PLAN_LN;
+	return b->op == LOOM_OP_SOFTMAX_CE_BWD && b->src[0] == a->src[0] && b->src[1] == a->src[1];
+}
+
+/* A saved slot for layer norm (ln) or softmax-CE forward f, shared with
+ * its backward: only where one forward reads that source and a backward
+ * reads the slot. */
+static void plan_saved_gpt(loom_cuda_ctx *c, const loom_plan *p, loom_value f, int ln)
+{
+	const loom_graph *g = p->g;
+	const loom_node *n = &g->nodes[f];
+	int readers = 0, twins = 0;
+	for (loom_value w = 0; w < g->n; w++) {
+		if (w != f && g->nodes[w].op == n->op && g->nodes[w].src[0] == n->src[0])
+			twins++;
+		readers += gpt_pair(c, p, f, w);
+	}
+	if (!readers || twins)
+		return;
+	const loom_node *x = &g->nodes[n->src[0]];
+	size_t bytes = ln ? 2 * sizeof(double) * (size_t)loom_shape_rows(&x->shape) :
+			    sizeof(float) * (size_t)x->shape.dims[0];
+	for (loom_value w = 0; w < g->n; w++)
+		if (w == f || gpt_pair(c, p, f, w)) {
+			c->plans[w].saved_by = f;
+			c->plans[w].saved_off = c->saved_bytes;
+		}
+	c->saved_bytes += loom_cuda_align(bytes);
+}
+
 /*
  * The saved region: a slot per batch-norm forward (its statistics) and per
  * max-pool forward (its argmax, one byte per output) whose backward the
@@ -350,6 +388,14 @@ static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
 		const loom_node *n = &g->nodes[f];
 		int bn = n->op == LOOM_OP_BATCHNORM2D && c->bn_save && bn_family(c, p, f);
 		int pool = n->op == LOOM_OP_MAXPOOL2D && c->pool_idx;
+		/* Layer norm's rows' mean and rstd (f64), the softmax-CE's rows'
+		 * log-sum-exp (f32) when its forward does not do the backward. */
+		int ln = n->op == LOOM_OP_LAYERNORM && c->ln_save && loom_cuda_ln_fused_on;
+		int ce = n->op == LOOM_OP_SOFTMAX_CE && c->classifier && c->plans[f].ce_bwd == LOOM_NONE;
+		if (ln || ce) {
+			plan_saved_gpt(c, p, f, ln);
+			continue;
+		}
 		if (!bn && !pool)
 			continue;
 		loom_pool_shape ps;
@@ -390,6 +436,117 @@ static int bytes_meet(const loom_plan *p, loom_value a, loom_value b, int *same)
 	size_t b0 = p->mp.offset[b], b1 = b0 + loom_plan_value_bytes(p, b);
 	*same = a0 == b0 && a1 == b1;
 	return a0 < b1 && b0 < a1;
+}
+
+/* Every reader of value x is one of the n nodes in ok. */
+static int read_only_by(const loom_graph *g, loom_value x, const loom_value *ok, int n)
+{
+	for (loom_value w = 0; w < g->n; w++)
+		for (int i = 0; i < g->nodes[w].nsrc; i++) {
+			if (g->nodes[w].src[i] != x)
+				continue;
+			int fine = 0;
+			for (int k = 0; k < n; k++)
+				fine |= w == ok[k];
+			if (!fine)
+				return 0;
+		}
+	return 1;
+}
+
+/* Whether the bytes of x (its storage and every view of it: GPT's
+ * logits are a reshape of the product's output) are read by ok[0] and
+ * ok[1] alone, through x, and none of them is an output. */
+static int logits_private(const loom_plan *p, loom_value x, const loom_value *ok)
+{
+	const loom_graph *g = p->g;
+	const loom_value root = p->mp.root[x];
+	for (loom_value a = 0; a < g->n; a++) {
+		if (p->mp.root[a] != root)
+			continue;
+		if (g->nodes[a].flags & LOOM_NODE_OUTPUT)
+			return 0;
+		if (a == x) {
+			if (!read_only_by(g, a, ok, 2))
+				return 0;
+			continue;
+		}
+		/* Another alias: read only by views on the way to x. */
+		for (loom_value w = 0; w < g->n; w++)
+			for (int i = 0; i < g->nodes[w].nsrc; i++)
+				if (g->nodes[w].src[i] == a && p->mp.root[w] != root)
+					return 0;
+	}
+	return 1;
+}
+
+/*
+ * The fused classifier (LOOM_CUDA_CLASSIFIER): a softmax-CE forward f
+ * writes its backward w's dlogits itself, in the same launch, where
+ * - w is the one backward of f's logits and labels, and its dloss is the
+ *   graph's seed (the loss scale, which the control block holds when the
+ *   forward runs);
+ * - the memory plan put dlogits exactly on the logits (the backward's
+ *   in-place slot), and nothing else reads the logits (no output, no view):
+ *   from f on, the logits' bytes are then nobody's but w's.
+ * Without pipeline stages (a later micro-batch's forward would overwrite
+ * the gradient of the one before). w is then skipped in a training run.
+ */
+static loom_value classifier_bwd(const loom_plan *p, loom_value f)
+{
+	const loom_graph *g = p->g;
+	const loom_node *n = &g->nodes[f];
+	if (n->op != LOOM_OP_SOFTMAX_CE || p->pipe)
+		return LOOM_NONE;
+	loom_value bwd = LOOM_NONE;
+	int pairs = 0;
+	for (loom_value w = 0; w < g->n; w++) {
+		const loom_node *b = &g->nodes[w];
+		if (b->op == LOOM_OP_SOFTMAX_CE_BWD && b->src[0] == n->src[0] && b->src[1] == n->src[1]) {
+			bwd = w;
+			pairs++;
+		}
+	}
+	loom_value x = n->src[0];
+	if (pairs != 1 || g->nodes[g->nodes[bwd].src[2]].op != LOOM_OP_GRAD_SEED)
+		return LOOM_NONE;
+	const loom_value ok[2] = { f, bwd };
+	int same;
+	if (!logits_private(p, x, ok) || !bytes_meet(p, bwd, x, &same) || !same)
+		return LOOM_NONE;
+	return bwd;
+}
+
+static void plan_classifier(loom_cuda_ctx *c, const loom_plan *p)
+{
+	if (!c->classifier)
+		return;
+	for (loom_value f = 0; f < p->g->n; f++) {
+		loom_value bwd = classifier_bwd(p, f);
+		if (bwd == LOOM_NONE)
+			continue;
+		c->plans[f].ce_bwd = bwd;
+		c->plans[bwd].fused_into = f;
+	}
+}
+
+/* Test hook: the plan-level choices above and matmul_cublaslt.cu's
+ * loom_cuda_gelu_partner on any compiled plan, with no device. */
+extern "C" void loom_cuda_test_gpt_fusions(const void *plan, int *ce_fused, int *gelu_aux,
+					   int *dgelu)
+{
+	const loom_plan *p = (const loom_plan *)plan;
+	*ce_fused = *gelu_aux = *dgelu = 0;
+	for (loom_value v = 0; v < p->g->n; v++) {
+		*ce_fused += classifier_bwd(p, v) != LOOM_NONE;
+		const loom_op op = (loom_op)p->g->nodes[v].op;
+		if (op != LOOM_OP_LINEAR && op != LOOM_OP_MATMUL)
+			continue;
+		int dg;
+		loom_value aux;
+		if (loom_cuda_gelu_partner(p, v, &dg, &aux) != LOOM_NONE)
+			(dg ? *dgelu : *gelu_aux) += 1;
+	}
 }
 
 /* Can the split backward b read relu backward r's sources (y, dy) in
@@ -623,14 +780,19 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
 	c->bn_relu_bwd = env_switch("LOOM_CUDA_BN_RELU_BWD", 1);
 	c->bn_add = env_switch("LOOM_CUDA_BN_ADD", 1);
+	c->classifier = env_switch("LOOM_CUDA_CLASSIFIER", 1);
+	c->ln_save = env_switch("LOOM_CUDA_LN_SAVE", 1);
+	c->gelu_epi = env_switch("LOOM_CUDA_GELU_EPILOGUE", 1);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
 			c->plans[v].stage[i].src = -1;
 		c->plans[v].mm.bgrad = LOOM_NONE;
+		c->plans[v].mm.gelu = c->plans[v].mm.aux = LOOM_NONE;
 		c->plans[v].bn.dgamma = c->plans[v].bn.dbeta = LOOM_NONE;
 		c->plans[v].saved_by = LOOM_NONE;
 		c->plans[v].fused_into = LOOM_NONE;
+		c->plans[v].ce_bwd = LOOM_NONE;
 		c->plans[v].bn.relu_bwd = c->plans[v].bn.relu_y = c->plans[v].bn.relu_dy = LOOM_NONE;
 	}
 	/* The convolutions' algorithm search measures on scratch memory of
@@ -645,6 +807,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	}
 	loom_cuda_conv_search_end(c);
 	if (st == LOOM_OK) {
+		plan_classifier(c, p);
 		plan_saved(c, p);
 		st = plan_relu_bwd(c, p);
 	}
@@ -1512,7 +1675,21 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		return;
 	}
 	if (np->fused_into != LOOM_NONE) {
-		snprintf(buf, len, "done by %d (the split batch-norm backward)", (int)np->fused_into);
+		const loom_op by = (loom_op)p->g->nodes[np->fused_into].op;
+		snprintf(buf, len, "done by %d (%s)", (int)np->fused_into,
+			 by == LOOM_OP_SOFTMAX_CE ? "the fused classifier's forward" :
+			 by == LOOM_OP_LINEAR || by == LOOM_OP_MATMUL ? "the product's GELU epilogue" :
+								      "the split batch-norm backward");
+		return;
+	}
+	if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD ||
+	    n->op == LOOM_OP_LAYERNORM || n->op == LOOM_OP_LAYERNORM_BWD_DATA) {
+		loom_cuda_gpt_note(c, p, v, buf, len);
+		return;
+	}
+	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->mm.gelu != LOOM_NONE) {
+		snprintf(buf, len, "cuBLASLt %s epilogue, writes %d", np->mm.dgelu ? "DGELU" : "GELU_AUX",
+			 (int)np->mm.gelu);
 		return;
 	}
 	if (np->bn_add_by != LOOM_NONE) {

@@ -157,6 +157,14 @@ typedef struct loom_cuda_mm_plan {
 	int bias_after;   /* a bias no epilogue took: own kernel, in place */
 	int relu_after;   /* a fused relu no epilogue took: own kernel, in place */
 	loom_value bgrad; /* the sibling the BGRADB epilogue writes, or LOOM_NONE */
+	/* LOOM_CUDA_GELU_EPILOGUE: the GELU (or GELU backward, dgelu) node
+	 * whose output this product's epilogue writes (its own output is the
+	 * epilogue's aux, the pre-activation: GELU_AUX(_BIAS); or, dgelu, aux is
+	 * the pre-activation it reads: DGELU), LOOM_NONE if none; aux_same:
+	 * the GELU's output is the product's own (in place, eval: no aux). */
+	loom_value gelu;
+	int dgelu, aux_same;
+	loom_value aux; /* dgelu: the pre-activation value */
 } loom_cuda_mm_plan;
 
 typedef struct loom_cuda_bn_plan {
@@ -213,8 +221,12 @@ typedef struct loom_cuda_node_plan {
 	 * f64); max pool: each output's argmax in its window (one byte). */
 	loom_value saved_by;
 	size_t saved_off;
-	/* A relu backward whose work the split batch-norm backward fused_into
-	 * does (LOOM_NONE: none). */
+	/* A node whose work another's call does (LOOM_NONE: none): a relu
+	 * backward the split batch-norm backward fused_into does, a
+	 * softmax-CE backward its forward does (the fused classifier), a GELU
+	 * or GELU backward its product's epilogue does. Skipped, except under
+	 * the diagnosis run mode (loom_cuda_relu_fusion_on), where the node
+	 * that does its work leaves it to it. */
 	loom_value fused_into;
 	/* Batch norm + residual add + relu as one cuDNN call
 	 * (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, NHWC, training runs;
@@ -224,6 +236,10 @@ typedef struct loom_cuda_node_plan {
 	 * LOOM_NONE: not fused. */
 	loom_value bn_add, bn_add_z, bn_add_by;
 	size_t bn_add_ws, bn_add_reserve;
+	/* softmax-CE forward: the backward whose dlogits it writes over the
+	 * logits in a training run (LOOM_CUDA_CLASSIFIER, plan_classifier in
+	 * backend.cu), LOOM_NONE if none. */
+	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
 
@@ -308,6 +324,17 @@ typedef struct loom_cuda_ctx {
 	 * batch-norm backward where the memory plan allows it. */
 	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
 	int bn_add; /* LOOM_CUDA_BN_ADD: batch norm + add + relu in one cuDNN call (NHWC) */
+	/* The GPT's fusions (issue 30 item 5; compiled, not run), each 1
+	 * unless its variable is 0 when the plan is made:
+	 * LOOM_CUDA_CLASSIFIER: softmax-CE in one online pass over the half
+	 * logits, the backward's dlogits written by the forward over the
+	 * logits where the plan allows, else from its saved log-sum-exp
+	 * (loss.cu); LOOM_CUDA_LN_SAVE: layer norm's forward saves each
+	 * row's mean and rstd for the one-pass backward (gpt.cu);
+	 * LOOM_CUDA_GELU_EPILOGUE: a linear read by a tanh GELU computes it in
+	 * cuBLASLt's GELU_AUX(_BIAS) epilogue, and the product making the
+	 * GELU backward's dy its DGELU (matmul_cublaslt.cu). */
+	int classifier, ln_save, gelu_epi;
 	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
@@ -339,6 +366,9 @@ extern int loom_cuda_emb_bucket_on;
 extern int loom_cuda_ln_fused_on; /* LOOM_CUDA_LN_FUSED */
 extern int loom_cuda_lt_cache_on;
 void loom_cuda_gpt_switches(void);
+/* --dump-graph's note on a softmax-CE or layer-norm node (gpt.cu). */
+void loom_cuda_gpt_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+			size_t len);
 /* The backend's takes_any_dtype (gpt.cu): the ops whose own kernels read
  * and write every value in its own dtype, so that a cast beside them folds
  * (graph/fuse.c's loom_fuse_casts_for); none under LOOM_CUDA_FOLD_CASTS=0,
@@ -551,6 +581,11 @@ loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStre
 loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
+/* The GELU (forward: *dgelu 0; backward: 1, *aux the pre-activation it
+ * reads) whose output product v's epilogue may write, LOOM_NONE if none
+ * (LOOM_CUDA_GELU_EPILOGUE; plan-level only: cuBLASLt may still have no
+ * algorithm). */
+loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux);
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
 

@@ -294,7 +294,7 @@ static __device__ __forceinline__ double warp_sum(double v)
 template <int W>
 __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
 					       const void *g, int gdt, const void *b, int bdt,
-					       double eps, void *y, int ydt)
+					       double eps, void *y, int ydt, double *stats)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -318,6 +318,10 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
 			ss += (v[k] - m) * (v[k] - m);
 	}
 	const double rs = 1.0 / sqrt(warp_sum(ss) / c + eps);
+	if (stats && lane == 0) { /* LOOM_CUDA_LN_SAVE: for the backward */
+		stats[2 * r] = m;
+		stats[2 * r + 1] = rs;
+	}
 	for (int j = lane * W; j < c; j += 32 * W) {
 		ln_ldv<W>(x, xdt, o + j, v);
 		ln_ldv<W>(g, gdt, j, gv);
@@ -350,7 +354,7 @@ template <int W>
 __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c, const void *x,
 						int xdt, const void *g, int gdt, const void *dy,
 						int dydt, double eps, void *dx, int dxdt,
-						double *part_g, double *part_b)
+						double *part_g, double *part_b, const double *stats)
 {
 	extern __shared__ double acc[];
 	const int64_t k = blockIdx.x, r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
@@ -362,21 +366,26 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 			acc[j + q] = acc[c + j + q] = 0;
 	for (int64_t r = r0; r < r1; r++) {
 		const int64_t o = r * c;
-		double s = 0, ss = 0, a = 0, b = 0;
-		for (int j = threadIdx.x * W; j < c; j += step) {
-			ln_ldv<W>(x, xdt, o + j, xv);
+		double s = 0, ss = 0, a = 0, b = 0, m, rs;
+		if (stats) { /* saved by the forward (LOOM_CUDA_LN_SAVE) */
+			m = stats[2 * r];
+			rs = stats[2 * r + 1];
+		} else {
+			for (int j = threadIdx.x * W; j < c; j += step) {
+				ln_ldv<W>(x, xdt, o + j, xv);
 #pragma unroll
-			for (int q = 0; q < W; q++)
-				s += xv[q];
-		}
-		const double m = loom_block_sum(s) / c;
-		for (int j = threadIdx.x * W; j < c; j += step) {
-			ln_ldv<W>(x, xdt, o + j, xv);
+				for (int q = 0; q < W; q++)
+					s += xv[q];
+			}
+			m = loom_block_sum(s) / c;
+			for (int j = threadIdx.x * W; j < c; j += step) {
+				ln_ldv<W>(x, xdt, o + j, xv);
 #pragma unroll
-			for (int q = 0; q < W; q++)
-				ss += (xv[q] - m) * (xv[q] - m);
+				for (int q = 0; q < W; q++)
+					ss += (xv[q] - m) * (xv[q] - m);
+			}
+			rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
 		}
-		const double rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
 		for (int j = threadIdx.x * W; j < c; j += step) {
 			ln_ldv<W>(x, xdt, o + j, xv);
 			ln_ldv<W>(dy, dydt, o + j, dv);
@@ -797,7 +806,7 @@ static int ln_vec8(int cc, const void *const *p, int np)
 }
 
 static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, double eps,
-				      const loom_cuda_io *io)
+				      const loom_cuda_io *io, double *stats)
 {
 	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
 	const int per_block = threads / 32;
@@ -805,11 +814,11 @@ static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, do
 	if (ln_vec8(cc, ptrs, 4))
 		loom_layernorm_fwd_warp_kernel<8><<<blocks, threads, 0, c->stream>>>(
 			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], eps, io->out, io->odt);
+			io->dt[2], eps, io->out, io->odt, stats);
 	else
 		loom_layernorm_fwd_warp_kernel<1><<<blocks, threads, 0, c->stream>>>(
 			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], eps, io->out, io->odt);
+			io->dt[2], eps, io->out, io->odt, stats);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
@@ -822,7 +831,8 @@ loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom
 		return LOOM_OK;
 	/* A grid of rows / 8 blocks: within the launch limit up to 2^34 rows. */
 	if (loom_cuda_ln_fused_on && rows / (threads / 32) < 2147483647LL)
-		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io);
+		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io,
+					  (double *)loom_cuda_saved_slot(c, v, v));
 	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
 		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
@@ -878,14 +888,15 @@ static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, 
 				    loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc));
 	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
 	const size_t shm = 2 * sizeof(double) * (size_t)cc;
+	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
 	if (ln_vec8(cc, ptrs, 4))
 		loom_layernorm_bwd_fused_kernel<8><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b);
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats);
 	else
 		loom_layernorm_bwd_fused_kernel<1><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b);
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats);
 	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
 	const loom_value sib[2] = { lp->dgamma, lp->dbeta };
 	const double *part[2] = { part_g, part_b };
@@ -1172,4 +1183,36 @@ loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *c, const loom_plan *pl
 	loom_attention_bwd_qkv_kernel<<<loom_cuda_blocks(total, threads), threads, 0, c->stream>>>(
 		b, t, cc, nh, io->src[0], io->dt[0], io->src[1], io->dt[1], io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* --dump-graph: which path softmax-CE and layer norm took. */
+void loom_cuda_gpt_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+			size_t len)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const int saves = np->saved_by == v, reads = np->saved_by != LOOM_NONE && np->saved_by != v;
+	switch (nd(p, v)->op) {
+	case LOOM_OP_SOFTMAX_CE:
+		if (!c->classifier)
+			snprintf(buf, len, "two passes per row in double (LOOM_CUDA_CLASSIFIER=0)");
+		else if (np->ce_bwd != LOOM_NONE)
+			snprintf(buf, len, "fused classifier: one online pass, writes %d's dlogits over "
+				 "the logits in training", (int)np->ce_bwd);
+		else
+			snprintf(buf, len, "one online pass%s", saves ? ", saves its log-sum-exp" : "");
+		break;
+	case LOOM_OP_SOFTMAX_CE_BWD:
+		snprintf(buf, len, "%s", reads ? "one pass from the saved log-sum-exp" :
+					       "recomputes the log-sum-exp");
+		break;
+	case LOOM_OP_LAYERNORM:
+		snprintf(buf, len, "%s%s", loom_cuda_ln_fused_on ? "warp per row" : "block per row",
+			 saves ? ", saves mean and rstd" : "");
+		break;
+	default: /* LAYERNORM_BWD_DATA */
+		snprintf(buf, len, "%s%s", np->kind == LOOM_CUDA_PLAN_LN ? "one pass with dgamma, dbeta" :
+									   "separate kernels",
+			 reads ? ", reads the saved mean and rstd" : ", recomputes mean and rstd");
+		break;
+	}
 }

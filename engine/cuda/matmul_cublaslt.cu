@@ -114,6 +114,12 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
 	    (st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) != LOOM_OK)
 		return st;
+	if (mp->gelu != LOOM_NONE) { /* the aux matrix: D's layout, n a row */
+		const int64_t ld = s.n;
+		if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+				   sizeof(ld))) != LOOM_OK)
+			return st;
+	}
 	/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
 	 * row-major, i.e. n x k (k x n) column-major; likewise A. */
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->a, dt, s.tb ? s.k : s.n,
@@ -191,6 +197,180 @@ static int mm_tries(int bias, int relu, int bgrad, cublasLtEpilogue_t tries[3])
 	return n;
 }
 
+/* The step node v runs at, -1 if none. */
+static int step_of(const loom_plan *p, loom_value v)
+{
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == v)
+			return i;
+	return -1;
+}
+
+/* Whether values a and b share a byte. */
+static int bytes_overlap(const loom_plan *p, loom_value a, loom_value b)
+{
+	if (p->mp.region[a] != p->mp.region[b])
+		return 0;
+	size_t a0 = p->mp.offset[a], a1 = a0 + loom_plan_value_bytes(p, a);
+	size_t b0 = p->mp.offset[b], b1 = b0 + loom_plan_value_bytes(p, b);
+	return a0 < b1 && b0 < a1;
+}
+
+/* Whether the steps strictly between sa and sb leave value x's bytes
+ * alone: the nodes computed there (and the siblings they make) neither
+ * read nor write them, accumulation and collectives touch other values;
+ * any other step kind (optimizer, ZeRO copies, pipeline transfers) says
+ * no. */
+static int quiet_between(const loom_plan *p, int sa, int sb, loom_value x)
+{
+	const loom_graph *g = p->g;
+	for (int i = sa + 1; i < sb; i++) {
+		const loom_step *st = &p->steps[i];
+		if (st->kind == LOOM_STEP_ACCUM || st->kind == LOOM_STEP_COLLECTIVE) {
+			if (st->v != LOOM_NONE && bytes_overlap(p, x, st->v))
+				return 0;
+			continue;
+		}
+		if (st->kind == LOOM_STEP_WAIT)
+			continue;
+		if (st->kind != LOOM_STEP_NODE)
+			return 0;
+		if (st->noop || st->v == LOOM_NONE)
+			continue;
+		for (loom_value u = 0; u < g->n; u++) {
+			if (u != st->v && g->nodes[u].made_by != st->v)
+				continue;
+			if (bytes_overlap(p, x, u))
+				return 0;
+			for (int k = 0; k < g->nodes[u].nsrc; k++)
+				if (bytes_overlap(p, x, g->nodes[u].src[k]))
+					return 0;
+		}
+	}
+	return 1;
+}
+
+/*
+ * GELU in the product's epilogue (LOOM_CUDA_GELU_EPILOGUE; compiled, not
+ * run). cuBLASLt's GELU epilogues are the tanh form (GPT-2's,
+ * loom_gelu_tanh: attrs.ew.tanh), so only that form fuses; the exact (erf)
+ * GELU keeps its own kernel. Forward: a linear v read by one GELU g (and
+ * in training by g's backward, as its x) computes g's output with
+ * GELU_AUX(_BIAS), its own output (the pre-activation the backward reads)
+ * as the aux matrix. Backward: a product v (no bias) read only by a GELU
+ * backward g as its dy computes g's output with DGELU, the
+ * pre-activation g reads (aux) as the aux matrix; v's own output is never
+ * written. Both where nothing run between v and g touches g's bytes, in
+ * v's dtype, the aux row (n) a multiple of 8, and what the epilogue writes
+ * apart from what the product reads (DGELU: or exactly on v's own output).
+ * g's bias gradient stays where it is (the weight gradient's BGRADB).
+ */
+loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux)
+{
+	const loom_graph *g = p->g;
+	const loom_node *nd = &g->nodes[v];
+	loom_value gn = LOOM_NONE;
+	*dgelu = 0;
+	*aux = LOOM_NONE;
+	/* Half products only: fp32 keeps the own kernel, whose GELU is the
+	 * CPU's to fp32's rounding (cuBLASLt does not document the accuracy of
+	 * its epilogue's tanh). */
+	if ((nd->dtype != LOOM_F16 && nd->dtype != LOOM_BF16) ||
+	    (nd->op == LOOM_OP_LINEAR && nd->a.mm.relu) || loom_shape_last(&nd->shape) % 8 ||
+	    (nd->flags & LOOM_NODE_OUTPUT))
+		return LOOM_NONE;
+	int fwd = 0, bwd = 0, other = 0, xreaders = 0;
+	for (loom_value w = 0; w < g->n; w++)
+		for (int i = 0; i < g->nodes[w].nsrc; i++) {
+			const loom_node *u = &g->nodes[w];
+			if (u->src[i] != v)
+				continue;
+			if (u->op == LOOM_OP_GELU && u->a.ew.tanh && i == 0 && !fwd) {
+				fwd = 1;
+				gn = w;
+			} else if (u->op == LOOM_OP_GELU_BWD && u->a.ew.tanh && i == 0 && u->src[1] != v) {
+				xreaders++; /* the forward's backward reads the pre-activation */
+			} else if (u->op == LOOM_OP_GELU_BWD && u->a.ew.tanh && i == 1 && u->src[0] != v &&
+				   !bwd) {
+				bwd = 1;
+				gn = w;
+			} else {
+				other = 1;
+			}
+		}
+	if (other || fwd + bwd != 1 || (bwd && xreaders))
+		return LOOM_NONE;
+	const loom_node *gd = &g->nodes[gn];
+	if (gd->dtype != nd->dtype || loom_shape_numel(&gd->shape) != loom_shape_numel(&nd->shape))
+		return LOOM_NONE;
+	if (bwd) {
+		const loom_node *x = &g->nodes[gd->src[0]];
+		if ((nd->op == LOOM_OP_LINEAR && nd->nsrc > 2) || x->dtype != nd->dtype ||
+		    loom_shape_last(&x->shape) != loom_shape_last(&nd->shape) ||
+		    loom_shape_numel(&x->shape) != loom_shape_numel(&nd->shape))
+			return LOOM_NONE;
+	}
+	/* Nothing between v and g touches g's bytes (written early). */
+	const int sv = step_of(p, v), sg = step_of(p, gn);
+	if (sv < 0 || sg <= sv || p->pipe || !quiet_between(p, sv, sg, gn))
+		return LOOM_NONE;
+	/* What the epilogue writes (g's output) apart from what it reads: the
+	 * product's sources and the aux; in place over v only for DGELU (v's
+	 * own output is never written then). */
+	for (int i = 0; i < nd->nsrc; i++)
+		if (bytes_overlap(p, gn, nd->src[i]))
+			return LOOM_NONE;
+	if (bwd) {
+		if (bytes_overlap(p, gn, gd->src[0]))
+			return LOOM_NONE;
+		if (bytes_overlap(p, gn, v) &&
+		    !(p->mp.offset[gn] == p->mp.offset[v] &&
+		      loom_plan_value_bytes(p, gn) == loom_plan_value_bytes(p, v)))
+			return LOOM_NONE;
+		*aux = gd->src[0];
+	} else if (bytes_overlap(p, gn, v)) {
+		return LOOM_NONE;
+	}
+	*dgelu = bwd;
+	return gn;
+}
+
+/* The GELU epilogue's plan for v, where loom_cuda_gelu_partner finds one and cuBLASLt
+ * has an algorithm; *done says whether it took. */
+static loom_status plan_gelu(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+			     loom_cuda_node_plan *np, const mm_shape *s, int bias, int *done)
+{
+	loom_cuda_mm_plan *mp = &np->mm;
+	int dg, found = 0;
+	loom_value aux, gn = loom_cuda_gelu_partner(p, v, &dg, &aux);
+	*done = 0;
+	if (gn == LOOM_NONE)
+		return LOOM_OK;
+	np->kind = LOOM_CUDA_PLAN_MM;
+	mp->bias = bias && !dg;
+	mp->bias_after = 0;
+	mp->bgrad = LOOM_NONE;
+	mp->relu_after = 0;
+	mp->gelu = gn;
+	mp->dgelu = dg;
+	mp->aux_same = 0;
+	mp->aux = aux;
+	cublasLtEpilogue_t e = dg ? CUBLASLT_EPILOGUE_DGELU :
+			       bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+	loom_status st = plan_with(p, c, &p->g->nodes[v], s, e, np, &found);
+	if (st == LOOM_OK && found) {
+		c->plans[gn].fused_into = v;
+		*done = 1;
+		return LOOM_OK;
+	}
+	/* No algorithm (or an error building the descriptors): the plain
+	 * paths below, with the GELU's own kernel. */
+	loom_cuda_mm_plan_free(np);
+	mp->gelu = mp->aux = LOOM_NONE;
+	c->err[0] = 0;
+	return LOOM_OK;
+}
+
 loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np)
 {
@@ -208,9 +388,16 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	cublasLtEpilogue_t tries[3];
 	int ntries = mm_tries(bias, relu, sib != LOOM_NONE, tries);
 
+	mp->gelu = mp->aux = LOOM_NONE;
+	if (c->gelu_epi && !loom_cuda_own_kernels_on && sib == LOOM_NONE) {
+		int done;
+		if ((st = plan_gelu(p, c, v, np, &s, bias, &done)) != LOOM_OK || done)
+			return st;
+	}
 	for (int i = 0; i < ntries; i++) {
 		if (i > 0) { /* no algorithm for the last try */
 			loom_cuda_mm_plan_free(np);
+			mp->gelu = mp->aux = LOOM_NONE;
 			c->err[0] = 0;
 		}
 		cublasLtEpilogue_t e = tries[i];
@@ -246,6 +433,50 @@ void loom_cuda_mm_plan_free(loom_cuda_node_plan *np)
 	memset(mp, 0, sizeof(*mp));
 }
 
+/* The product with its GELU epilogue (plan_gelu): D is the GELU (or GELU
+ * backward) node's output. Under the diagnosis run mode, where that node
+ * runs its own kernel: the forward still writes its aux (the product's
+ * own output) and the GELU early, which the GELU then rewrites; the
+ * backward's product runs plain (a strided call of one) into its own
+ * output, which the GELU backward reads. */
+static loom_status mm_run_gelu(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+			       const loom_cuda_node_plan *np, void *const *src, void *out)
+{
+	const loom_cuda_mm_plan *mp = &np->mm;
+	const loom_node *nd = &p->g->nodes[v];
+	const float one = 1.0f, zero = 0.0f;
+	loom_status st;
+	mm_shape s;
+	mm_shape_of(p, nd, &s);
+	if (mp->dgelu && !loom_cuda_relu_fusion_on(c)) {
+		loom_cuda_gemm gm;
+		int done = 0;
+		memset(&gm, 0, sizeof(gm));
+		gm.ta = s.ta, gm.tb = s.tb, gm.m = s.m, gm.n = s.n, gm.k = s.k, gm.batch = 1;
+		gm.alpha = 1.0f, gm.beta = 0.0f;
+		gm.a = src[0], gm.b = src[1], gm.c = out;
+		gm.lda = s.ta ? s.m : s.k, gm.ldb = s.tb ? s.k : s.n, gm.ldc = s.n;
+		gm.abt = gm.ct = loom_cuda_data_type(nd->dtype);
+		if ((st = loom_cuda_gemm_strided(c, &gm, &done)) != LOOM_OK)
+			return st;
+		return done ? LOOM_OK :
+			      loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+					"cuda matmul: no plain algorithm for node %d (diagnosis run)", (int)v);
+	}
+	void *d = loom_arena_ptr(c->arena, p, mp->gelu);
+	const void *aux = mp->dgelu ? loom_arena_ptr(c->arena, p, mp->aux) : out;
+	if ((st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+			   sizeof(aux))) != LOOM_OK)
+		return st;
+	if (mp->bias && (st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &src[2],
+				       sizeof(src[2]))) != LOOM_OK)
+		return st;
+	return LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
+						&zero, d, mp->c, d, mp->c, &mp->algo,
+						np->lib_ws ? c->arena->ws : NULL, np->lib_ws, c->stream),
+				 c->err, sizeof(c->err));
+}
+
 /* src: loom's A, B (and bias), all in the node's dtype after staging. */
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out)
@@ -254,6 +485,8 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	const float one = 1.0f, zero = 0.0f;
 	loom_status st;
 
+	if (mp->gelu != LOOM_NONE)
+		return mm_run_gelu(p, c, v, np, src, out);
 	if (mp->bias || mp->bgrad != LOOM_NONE) {
 		/* The bias to add, or where the bias gradient goes. */
 		const void *bias = mp->bias ? src[2] : loom_arena_ptr(c->arena, p, mp->bgrad);

@@ -47,6 +47,7 @@ static const loom_cuda_plugin plugin = {
 	.test_library_use = loom_cuda_test_library_use,
 	.test_fallbacks = loom_cuda_test_fallbacks,
 	.test_sdpa_descriptors = loom_cuda_test_sdpa_descriptors,
+	.test_gpt_fusions = loom_cuda_test_gpt_fusions,
 };
 
 const loom_cuda_plugin *loom_cuda_plugin_entry(void)

@@ -185,7 +185,15 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	# kernels they replace, the same run otherwise (20 steps, ~20 s).
 	srow speed_gpt2_124m_O1_bf16_gptk_off loom_tok bench 60 -- env LOOM_KERNEL_SEARCH=on \
 		LOOM_CUDA_LN_FUSED=0 LOOM_CUDA_EMB_BUCKET=0 LOOM_CUDA_LT_CACHE=0 \
-		LOOM_CUDA_FOLD_CASTS=0 "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		LOOM_CUDA_FOLD_CASTS=0 LOOM_CUDA_CLASSIFIER=0 LOOM_CUDA_GELU_EPILOGUE=0 \
+		LOOM_CUDA_LN_SAVE=0 "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
+	# The fused classifier, GELU in cuBLASLt's epilogue and layer norm's
+	# saved statistics off, everything else at its default (~20 s).
+	srow speed_gpt2_124m_O1_bf16_fusions_off loom_tok bench 60 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_CUDA_CLASSIFIER=0 LOOM_CUDA_GELU_EPILOGUE=0 LOOM_CUDA_LN_SAVE=0 \
+		"$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
 	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- env LOOM_KERNEL_SEARCH=on \

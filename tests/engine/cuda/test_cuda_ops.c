@@ -114,6 +114,12 @@ typedef struct tcase {
 	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
 	int want_attn_fused;  /* attentions the CUDA plan must fuse (cuDNN SDPA), -1: any */
 	int want_nhwc;        /* under cuda_nhwc: values the CUDA plan must hold in NHWC, at least */
+	/* Up to 3 notes the CUDA plan's --dump-graph must show (the path a
+	 * switch took): for each, a node of op note_op[i] whose backend note
+	 * holds note[i] (NULL: none). */
+	const char *note[3];
+	loom_op note_op[3];
+	const char *no_note; /* no node's note may hold it (NULL: no check) */
 } tcase;
 
 typedef loom_value (*build_fn)(loom_graph *g, tcase *t);
@@ -397,6 +403,26 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		int nf = fused_attentions(cuda, why, sizeof(why));
 		cr_expect_eq(nf, t.want_attn_fused, "%s %s: %d attentions fused (cuDNN SDPA), want %d: %s",
 			     op, loom_dtype_name(dt), nf, t.want_attn_fused, why);
+	}
+	for (int i = 0; i < 3 && t.note[i]; i++) {
+		char got[512] = "", note[512];
+		int found = 0;
+		for (int v = 0; v < cuda->plan.g->n && !found; v++) {
+			if (cuda->plan.g->nodes[v].op != t.note_op[i] || !cuda->be->node_note)
+				continue;
+			cuda->be->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+			found = strstr(note, t.note[i]) != NULL;
+			if (!got[0])
+				snprintf(got, sizeof(got), "%s", note);
+		}
+		cr_expect(found, "%s %s: no node of op %d notes \"%s\" (first: \"%s\")", op,
+			  loom_dtype_name(dt), (int)t.note_op[i], t.note[i], got);
+	}
+	for (int v = 0; t.no_note && cuda->be->node_note && v < cuda->plan.g->n; v++) {
+		char note[512];
+		cuda->be->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+		cr_expect(!strstr(note, t.no_note), "%s %s: node %d notes \"%s\"", op,
+			  loom_dtype_name(dt), v, note);
 	}
 	int bn_cudnn, bgrad;
 	bn_cudnn = bgrad = 0;
@@ -1382,6 +1408,210 @@ Test(cuda_ops, layernorm_one_pass)
 	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 3x150x40", b_layernorm_rows);
 	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x300x37", b_layernorm_odd);
 	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x32x768", b_layernorm_768);
+}
+
+/* 1 unless the switch var is "0" (how the backend reads it). */
+static int switch_set(const char *var)
+{
+	const char *e = getenv(var);
+	return !(e && !strcmp(e, "0"));
+}
+
+/* The fused classifier (LOOM_CUDA_CLASSIFIER): logits made by a product,
+ * 37 rows of 1000 classes (rows off 16-byte alignment in every dtype: the
+ * kernel's scalar head and tail), so that the memory plan puts dlogits
+ * on the logits and the forward writes them; the backward does nothing. */
+static loom_value b_classifier(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 2, 37, 24, 0, 0);
+	loom_value logits = loom_linear(g, x, param(g, t, "w", 2, 1000, 24, 0, 0), LOOM_NONE);
+	t->note[0] = switch_set("LOOM_CUDA_CLASSIFIER") ? "fused classifier" : "two passes";
+	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
+	t->note[1] = switch_set("LOOM_CUDA_CLASSIFIER") ? "done by" : "recomputes";
+	t->note_op[1] = LOOM_OP_SOFTMAX_CE_BWD;
+	return loom_softmax_cross_entropy(g, logits, labels(g, t, 37, 1000));
+}
+
+/* Logits that are a parameter: the gradient has a slot of its own, so the
+ * forward saves each row's log-sum-exp and the backward reads it. */
+static loom_value b_classifier_saved(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "logits", 2, 19, 333, 0, 0);
+	t->note[0] = switch_set("LOOM_CUDA_CLASSIFIER") ? "saves its log-sum-exp" : "two passes";
+	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
+	t->note[1] = switch_set("LOOM_CUDA_CLASSIFIER") ? "from the saved" : "recomputes";
+	t->note_op[1] = LOOM_OP_SOFTMAX_CE_BWD;
+	return loom_softmax_cross_entropy(g, x, labels(g, t, 19, 333));
+}
+
+static loom_value b_classifier_bad(loom_graph *g, tcase *t)
+{
+	loom_value y = b_classifier(g, t);
+	t->bad_label = 1;
+	return y;
+}
+
+/* Softmax-CE in one pass, the dlogits written by its forward or from its
+ * saved log-sum-exp, in every dtype, against the CPU and the two-pass
+ * kernels it replaces (LOOM_CUDA_CLASSIFIER=0); a bad label still
+ * reported (the forward's flag) with the backward done by the forward. */
+Test(cuda_ops, fused_classifier)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier 37x1000", b_classifier);
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier saved 19x333", b_classifier_saved);
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "softmax_ce 16x10", b_ce);
+	run_case("classifier bad label", b_classifier_bad, LOOM_F32, LOOM_RUN_GRAD, 3);
+	run_case("classifier bad label", b_classifier_bad, LOOM_BF16, LOOM_RUN_GRAD, 4);
+}
+
+/* Layer norm's forward saving mean and rstd for its one-pass backward
+ * (LOOM_CUDA_LN_SAVE) against the CPU and against the backward that
+ * recomputes them, on 768 columns (128-bit loads) and 37 (scalar). */
+static loom_value b_layernorm_saved(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 50, 768, 0);
+	t->note[0] = switch_set("LOOM_CUDA_LN_SAVE") ? "saves mean and rstd" : "warp per row";
+	t->note_op[0] = LOOM_OP_LAYERNORM;
+	t->note[1] = switch_set("LOOM_CUDA_LN_SAVE") ? "reads the saved" : "recomputes";
+	t->note_op[1] = LOOM_OP_LAYERNORM_BWD_DATA;
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 768, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 768, 0, 0, 0), 1e-5);
+}
+
+static loom_value b_layernorm_saved_odd(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 3, 70, 37, 0);
+	t->note[0] = switch_set("LOOM_CUDA_LN_SAVE") ? "saves mean and rstd" : "warp per row";
+	t->note_op[0] = LOOM_OP_LAYERNORM;
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 37, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, 37, 0, 0, 0), 1e-5);
+}
+
+Test(cuda_ops, layernorm_saved_statistics)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 2x50x768", b_layernorm_saved);
+	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 3x70x37", b_layernorm_saved_odd);
+}
+
+/* The GPT's MLP: linear (bias) -> GELU -> linear. With the tanh GELU the
+ * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue
+ * (LOOM_CUDA_GELU_EPILOGUE); the exact GELU never fuses. No DGELU: the
+ * memory plan does not allow it here (gpt_fusions_chosen_on_the_plan). */
+static loom_value mlp(loom_graph *g, tcase *t, int tanh_form)
+{
+	loom_value x = param(g, t, "x", 3, 2, 33, 64, 0);
+	loom_value h = loom_linear(g, x, param(g, t, "fc.weight", 2, 128, 64, 0, 0),
+				   param(g, t, "fc.bias", 1, 128, 0, 0, 0));
+	h = tanh_form ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
+	loom_value w2 = param(g, t, "proj.weight", 2, 64, 128, 0, 0);
+	return loom_linear(g, h, w2, param(g, t, "proj.bias", 1, 64, 0, 0, 0));
+}
+
+static loom_value b_mlp_tanh(loom_graph *g, tcase *t)
+{
+	if (switch_set("LOOM_CUDA_GELU_EPILOGUE") && !own_kernels && t->dt != LOOM_F32) {
+		t->note[0] = "GELU_AUX";
+		t->note_op[0] = LOOM_OP_LINEAR;
+		t->note[1] = "the product's GELU epilogue";
+		t->note_op[1] = LOOM_OP_GELU;
+	}
+	return mlp(g, t, 1);
+}
+
+static loom_value b_mlp_erf(loom_graph *g, tcase *t)
+{
+	t->no_note = "GELU";
+	return mlp(g, t, 0);
+}
+
+/* In every dtype against the CPU and the own GELU kernels
+ * (LOOM_CUDA_GELU_EPILOGUE=0); the epilogues are expected on f16 and bf16
+ * (f32 keeps the own kernel); no node of the exact-GELU MLP carries one. */
+Test(cuda_ops, gelu_epilogue)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_GELU_EPILOGUE", "mlp gelu tanh", b_mlp_tanh);
+	both_switch_values("LOOM_CUDA_GELU_EPILOGUE", "mlp gelu erf", b_mlp_erf);
+}
+
+/* A GPT block's MLP and classifier in one graph, of dtype dt: linear
+ * (bias) -> GELU (tanh_form or exact) -> linear -> a product to 96
+ * classes, whose rows (a reshape) go to softmax-CE; the product's output
+ * marked an output when logits_out; the
+ * second linear's weight a buffer (no weight gradient) when frozen_proj. */
+static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logits_out,
+			   int frozen_proj)
+{
+	int64_t dx[3] = { 2, 16, 64 }, dw1[2] = { 128, 64 }, db1[1] = { 128 };
+	int64_t dw2[2] = { 64, 128 }, db2[1] = { 64 }, dwo[2] = { 96, 64 }, rows[2] = { 32, 64 };
+	int64_t nl = 32;
+	loom_value x = loom_param(g, "x", dt, 3, dx, LOOM_INIT_ZEROS, 1);
+	loom_value h = loom_linear(g, x, loom_param(g, "fc.w", dt, 2, dw1, LOOM_INIT_ZEROS, 1),
+				   loom_param(g, "fc.b", dt, 1, db1, LOOM_INIT_ZEROS, 1));
+	h = tanh_form ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
+	loom_value w2 = frozen_proj ? loom_buffer(g, "proj.w", dt, 2, dw2, LOOM_INIT_ONES) :
+				      loom_param(g, "proj.w", dt, 2, dw2, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, h, w2, loom_param(g, "proj.b", dt, 1, db2, LOOM_INIT_ZEROS, 1));
+	/* As gpt_ddp: the product over [B, T, C], its rows the logits (a view). */
+	loom_value logits = loom_linear(g, y, loom_param(g, "head.w", dt, 2, dwo, LOOM_INIT_ZEROS, 1),
+					LOOM_NONE);
+	if (logits_out)
+		loom_mark_output(g, logits);
+	rows[1] = 96;
+	return loom_softmax_cross_entropy(g, loom_reshape(g, logits, 2, rows),
+					  loom_input(g, "labels", LOOM_I32, 1, &nl));
+}
+
+/* The plan-level choices of the GPT fusions (no GPU needed: the plugin's
+ * test_gpt_fusions on the plan the CPU compiled, whose memory plan and
+ * steps are the same passes'): the classifier's backward done by its
+ * forward where dlogits lie on the logits and nothing else reads them;
+ * GELU_AUX on c_fc for the tanh GELU in half, never for the exact GELU or
+ * in f32. DGELU on c_proj's data gradient never, in these plans: c_proj's
+ * weight gradient, which runs between that product and the GELU backward,
+ * reads the GELU's output, whose bytes the memory plan then gives the GELU
+ * backward's output; with c_proj frozen the GELU backward's output takes
+ * the bytes of the product's own dying dy. Either way the epilogue may not
+ * write them early (GPT-2's plan is of the first kind). */
+Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
+{
+	const loom_cuda_plugin *pl = plugin();
+	if (!pl)
+		cr_skip_test("needs a build with the CUDA toolkit (the plugin's test hooks)");
+	const struct {
+		loom_dtype dt;
+		int tanh_form, logits_out, frozen, ce, aux, dgelu;
+	} rows[] = {
+		{ LOOM_BF16, 1, 0, 0, 1, 1, 0 }, { LOOM_F16, 1, 0, 0, 1, 1, 0 },
+		{ LOOM_BF16, 1, 0, 1, 1, 1, 0 },
+		{ LOOM_BF16, 0, 0, 0, 1, 0, 0 }, { LOOM_F32, 1, 0, 0, 1, 0, 0 },
+		{ LOOM_BF16, 1, 1, 0, 0, 1, 0 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		loom_graph *g;
+		loom_program *p;
+		loom_compile_opts o;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value loss = gpt_tail(g, rows[i].dt, rows[i].tanh_form, rows[i].logits_out,
+					   rows[i].frozen);
+		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+		int ce = -1, aux = -1, dgelu = -1;
+		pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
+		cr_expect(ce == rows[i].ce && aux == rows[i].aux && dgelu == rows[i].dgelu,
+			  "row %zu (%s, %s GELU%s%s): classifier %d, GELU_AUX %d, DGELU %d; want %d %d %d",
+			  i, loom_dtype_name(rows[i].dt), rows[i].tanh_form ? "tanh" : "exact",
+			  rows[i].logits_out ? ", logits an output" : "",
+			  rows[i].frozen ? ", c_proj frozen" : "", ce, aux, dgelu, rows[i].ce,
+			  rows[i].aux, rows[i].dgelu);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
 }
 
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
