@@ -29,6 +29,7 @@
 
 #include "bench/bench_util.h"
 #include "engine/cpu/blocked.h"
+#include "engine/cpu/pool_dnnl.h"
 #include "loom.h"
 #include "oneapi/dnnl/dnnl.h"
 
@@ -254,6 +255,33 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 	print_row("bn fwd train", shape, threads, &lf, &df, reps, dfwd, impl_of(fpd));
 	print_row("bn bwd", shape, threads, &lb, &db_, reps, dbwd, impl_of(bpd));
 
+	/* loom's backward on the statistics its forward kept (engine/cpu/side.c's
+	 * LOOM_CPU_DNNL_BN=saved) against making them again from x. */
+	double *sm = malloc(sizeof(double) * 2 * c);
+	float *dxs = falloc(total), *dgs = falloc(c), *dbs = falloc(c);
+	loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv, momentum, eps, yl, sm, sm + c);
+	loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs);
+	double dsv = rel_diff(dxl, dxs, total);
+	series kb = mk_series(reps);
+	for (int r = 0; r < reps; r++) {
+		if (r % 2 == 0) {
+			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
+			TIME(kb, r,
+			     loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
+		} else {
+			TIME(kb, r,
+			     loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
+			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
+		}
+	}
+	print_row("bn bwd, loom's statistics kept", shape, threads, &lb, &kb, reps, dsv,
+		  "loom (kept)");
+	free_series(&kb);
+	free(sm);
+	free(dxs);
+	free(dgs);
+	free(dbs);
+
 	free_series(&lf);
 	free_series(&df);
 	free_series(&lb);
@@ -360,6 +388,37 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 		  impl_of(fpd));
 	if (!relu)
 		print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
+
+	/* engine/cpu/pool_dnnl.c as a step runs it: the batch in one slice per
+	 * thread, each slice's primitives made for one thread. */
+	loom_cpu_dnnl_pool *sp = loom_cpu_dnnl_pool_new(&s);
+	if (sp) {
+		void *sws = aligned_alloc(64, loom_cpu_dnnl_pool_side(sp) + 64);
+		loom_cpu_dnnl_pool_fwd(sp, x, yd, sws);
+		double sf = rel_diff(yl, yd, out), sb = 0;
+		loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws);
+		loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
+		sb = rel_diff(dxl, dxd, in);
+		for (int r = 0; r < reps; r++) {
+			if (r % 2 == 0) {
+				TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
+				TIME(df, r, loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
+				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+				TIME(db, r, loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
+			} else {
+				TIME(df, r, loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
+				TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
+				TIME(db, r, loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
+				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+			}
+		}
+		print_row(relu ? "maxpool+relu fwd, sliced" : "maxpool fwd, sliced", shape, threads,
+			  &lf, &df, reps, sf, "pool_dnnl.c");
+		print_row(relu ? "maxpool+relu bwd, sliced" : "maxpool bwd, sliced", shape, threads,
+			  &lb, &db, reps, sb, "pool_dnnl.c");
+		free(sws);
+		loom_cpu_dnnl_pool_free(sp);
+	}
 
 	free_series(&lf);
 	free_series(&df);
