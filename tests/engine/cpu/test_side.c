@@ -19,6 +19,7 @@
 #include "engine/cpu/pool_dnnl.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
+#include "examples/models.h"
 #include "loom.h"
 
 static void env_clean(void)
@@ -329,4 +330,59 @@ Test(side, training_steps_agree_with_loom_loops_f32)
 Test(side, training_steps_agree_with_loom_loops_bf16_o1)
 {
 	switches_case(1);
+}
+
+/* ------------------------------------------------------------ plans */
+
+static int count(const char *text, const char *what)
+{
+	int n = 0;
+	for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
+		n++;
+	return n;
+}
+
+/* The reference models' blocked pools and batch norms get side buffers:
+ * the ConvNet's second batch norm and relu + max pool (its first stage
+ * follows an im2col conv of one channel: NCHW), ResNet-50's batch norms
+ * after the stem (the stem's conv of 3 channels runs im2col, so its batch
+ * norm and max pool run NCHW, with no side buffer). */
+static void plan_sides(int resnet, int pools, int min_bn)
+{
+	env_clean();
+	setenv("LOOM_KERNEL_SEARCH", "off", 1);
+	loom_graph *g;
+	loom_program *p;
+	loom_value logits;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = resnet ? loom_model_resnet_width(g, 50, 2, 96, 10, 8, &logits) :
+				   loom_model_convnet(g, 8, &logits);
+	cr_assert_neq(loss, LOOM_NONE);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_program_error(p));
+	env_clean();
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	cr_assert(f);
+	loom_program_dump(p, f);
+	fclose(f);
+	if (has_dnnl())
+		cr_assert_eq(count(text, "oneDNN max pooling (jit"), 2 * pools, "%s", text);
+	cr_assert(count(text, "statistics kept") >= 2 * min_bn, "%s", text);
+	free(text);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(side, convnet_plan_has_side_buffers)
+{
+	plan_sides(0, 1, 1);
+}
+
+Test(side, resnet50_plan_has_side_buffers)
+{
+	plan_sides(1, 0, 52);
 }
