@@ -263,7 +263,23 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 	loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv, momentum, eps, yl, sm, sm + c);
 	loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs);
 	double dsv = rel_diff(dxl, dxs, total);
-	series kb = mk_series(reps);
+	series kb = mk_series(reps), kf = mk_series(reps);
+	for (int r = 0; r < reps; r++) {
+		if (r % 2 == 0) {
+			TIME(lf, r, loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum,
+							   eps, yl));
+			TIME(kf, r, loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv,
+								momentum, eps, yd, sm, sm + c));
+		} else {
+			TIME(kf, r, loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv,
+								momentum, eps, yd, sm, sm + c));
+			TIME(lf, r, loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum,
+							   eps, yl));
+		}
+	}
+	print_row("bn fwd train, loom's statistics kept", shape, threads, &lf, &kf, reps,
+		  rel_diff(yl, yd, total), "loom (kept)");
+	free_series(&kf);
 	for (int r = 0; r < reps; r++) {
 		if (r % 2 == 0) {
 			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
