@@ -5,7 +5,7 @@
  * primitives on the same memory, run by run alternately; per op the median
  * CPU milliseconds (the process's CPU clock) and wall milliseconds, and the
  * largest difference between the two results.
- *   bench_blocked_ops [--reps N] [--threads T] [--batch B] [--set resnet50|resnet18|all]
+ *   bench_blocked_ops [--reps N] [--threads T] [--batch B] [--set resnet50|resnet18|pool|all] (pool: the pooling rows only)
  *
  * What each side computes (so that the comparison is of the same work):
  *   bn fwd: loom computes the batch mean and variance, normalizes, and
@@ -29,6 +29,8 @@
 
 #include "bench/bench_util.h"
 #include "engine/cpu/blocked.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/pool_dnnl.h"
 #include "loom.h"
 #include "oneapi/dnnl/dnnl.h"
 
@@ -254,6 +256,49 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 	print_row("bn fwd train", shape, threads, &lf, &df, reps, dfwd, impl_of(fpd));
 	print_row("bn bwd", shape, threads, &lb, &db_, reps, dbwd, impl_of(bpd));
 
+	/* loom's backward on the statistics its forward kept (engine/cpu/side.c's
+	 * LOOM_CPU_DNNL_BN=saved) against making them again from x. */
+	double *sm = malloc(sizeof(double) * 2 * c);
+	float *dxs = falloc(total), *dgs = falloc(c), *dbs = falloc(c);
+	loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv, momentum, eps, yl, sm, sm + c);
+	loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs);
+	double dsv = rel_diff(dxl, dxs, total);
+	series kb = mk_series(reps), kf = mk_series(reps);
+	for (int r = 0; r < reps; r++) {
+		if (r % 2 == 0) {
+			TIME(lf, r, loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum,
+							   eps, yl));
+			TIME(kf, r, loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv,
+								momentum, eps, yd, sm, sm + c));
+		} else {
+			TIME(kf, r, loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv,
+								momentum, eps, yd, sm, sm + c));
+			TIME(lf, r, loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum,
+							   eps, yl));
+		}
+	}
+	print_row("bn fwd train, loom's statistics kept", shape, threads, &lf, &kf, reps,
+		  rel_diff(yl, yd, total), "loom (kept)");
+	free_series(&kf);
+	for (int r = 0; r < reps; r++) {
+		if (r % 2 == 0) {
+			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
+			TIME(kb, r,
+			     loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
+		} else {
+			TIME(kb, r,
+			     loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
+			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
+		}
+	}
+	print_row("bn bwd, loom's statistics kept", shape, threads, &lb, &kb, reps, dsv,
+		  "loom (kept)");
+	free_series(&kb);
+	free(sm);
+	free(dxs);
+	free(dgs);
+	free(dbs);
+
 	free_series(&lf);
 	free_series(&df);
 	free_series(&lb);
@@ -361,6 +406,117 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 	if (!relu)
 		print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
 
+	/* engine/cpu/pool_dnnl.c as a step runs it: the batch in one slice per
+	 * thread, each slice's primitives made for one thread. */
+	loom_cpu_dnnl_pool *sp = loom_cpu_dnnl_pool_new(&s);
+	if (sp) {
+		void *sws = aligned_alloc(64, loom_cpu_dnnl_pool_side(sp) + 64);
+		loom_cpu_dnnl_pool_fwd(sp, x, yd, sws);
+		double sf = rel_diff(yl, yd, out), sb = 0;
+		loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws);
+		loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
+		sb = rel_diff(dxl, dxd, in);
+		for (int r = 0; r < reps; r++) {
+			if (r % 2 == 0) {
+				TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
+				TIME(df, r, loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
+				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+				TIME(db, r, loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
+			} else {
+				TIME(df, r, loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
+				TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
+				TIME(db, r, loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
+				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
+			}
+		}
+		print_row(relu ? "maxpool+relu fwd, sliced" : "maxpool fwd, sliced", shape, threads,
+			  &lf, &df, reps, sf, "pool_dnnl.c");
+		print_row(relu ? "maxpool+relu bwd, sliced" : "maxpool bwd, sliced", shape, threads,
+			  &lb, &db, reps, sb, "pool_dnnl.c");
+		free(sws);
+		loom_cpu_dnnl_pool_free(sp);
+	}
+
+	free_series(&lf);
+	free_series(&df);
+	free_series(&lb);
+	free_series(&db);
+	dnnl_memory_t ms[] = { mx, my, mdy, mdx, mws };
+	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+		dnnl_memory_destroy(ms[i]);
+	dnnl_primitive_destroy(fp);
+	dnnl_primitive_destroy(bp);
+	dnnl_primitive_desc_destroy(fpd);
+	dnnl_primitive_desc_destroy(bpd);
+	free(ws);
+	float *fs[] = { x, dy, yl, yd, dxl, dxd };
+	for (size_t i = 0; i < sizeof(fs) / sizeof(fs[0]); i++)
+		free(fs[i]);
+}
+
+/* Max pooling on NCHW: loom's loops (pool_impl.h) against oneDNN's
+ * primitive in NCHW (a ResNet stem after its im2col convolution of 3
+ * channels stays NCHW). */
+static void bench_pool_nchw(int n, int c, int side, int k, int stride, int pad, int threads,
+			    int reps)
+{
+	loom_pool_shape s = { .n = n, .c = c, .h_in = side, .w_in = side, .k = k, .stride = stride,
+			      .pad = pad };
+	s.h_out = s.w_out = (int)loom_window_out(side, k, stride, pad);
+	const size_t in = (size_t)n * c * side * side, out = (size_t)n * c * s.h_out * s.w_out;
+	unsigned seed = 77u + (unsigned)c;
+	float *x = falloc(in), *dy = falloc(out), *yl = falloc(out), *yd = falloc(out);
+	float *dxl = falloc(in), *dxd = falloc(in);
+	fill(x, in, &seed, -1, 1);
+	fill(dy, out, &seed, -1, 1);
+	dnnl_memory_desc_t xmd, ymd, wsmd;
+	dnnl_dims_t xd = { n, c, side, side }, yd4 = { n, c, s.h_out, s.w_out };
+	CHECK(dnnl_memory_desc_init_by_tag(&xmd, 4, xd, dnnl_f32, dnnl_nchw));
+	CHECK(dnnl_memory_desc_init_by_tag(&ymd, 4, yd4, dnnl_f32, dnnl_nchw));
+	dnnl_dims_t st = { stride, stride }, ker = { k, k }, dil = { 0, 0 }, pl = { pad, pad };
+	int pr_ = (s.h_out - 1) * stride + k - side - pad;
+	dnnl_dims_t pr = { pr_, pr_ };
+	dnnl_pooling_v2_desc_t fd, bd;
+	dnnl_primitive_desc_t fpd, bpd;
+	CHECK(dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_pooling_max, &xmd,
+						&ymd, st, ker, dil, pl, pr));
+	CHECK(dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL));
+	CHECK(dnnl_pooling_v2_backward_desc_init(&bd, dnnl_pooling_max, &xmd, &ymd, st, ker, dil,
+						 pl, pr));
+	CHECK(dnnl_primitive_desc_create(&bpd, &bd, NULL, eng, fpd));
+	wsmd = *dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
+	void *ws = aligned_alloc(64, (dnnl_memory_desc_get_size(&wsmd) + 63) & ~(size_t)63);
+	dnnl_primitive_t fp = prim(fpd), bp = prim(bpd);
+	dnnl_memory_t mx = mem(&xmd, x), my = mem(&ymd, yd), mdy = mem(&ymd, dy),
+		      mdx = mem(&xmd, dxd), mws = mem(&wsmd, ws);
+	dnnl_exec_arg_t fargs[] = { { DNNL_ARG_SRC, mx }, { DNNL_ARG_DST, my },
+				    { DNNL_ARG_WORKSPACE, mws } };
+	dnnl_exec_arg_t bargs[] = { { DNNL_ARG_DIFF_DST, mdy }, { DNNL_ARG_WORKSPACE, mws },
+				    { DNNL_ARG_DIFF_SRC, mdx } };
+	loom_cpu_maxpool2d_fwd_f32(&s, x, yl);
+	exec(fp, 3, fargs);
+	loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl);
+	exec(bp, 3, bargs);
+	double dfwd = rel_diff(yl, yd, out), dbwd = rel_diff(dxl, dxd, in);
+	series lf = mk_series(reps), df = mk_series(reps), lb = mk_series(reps),
+	       db = mk_series(reps);
+	for (int r = 0; r < reps; r++) {
+		if (r % 2 == 0) {
+			TIME(lf, r, loom_cpu_maxpool2d_fwd_f32(&s, x, yl));
+			TIME(df, r, exec(fp, 3, fargs));
+			TIME(lb, r, loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl));
+			TIME(db, r, exec(bp, 3, bargs));
+		} else {
+			TIME(df, r, exec(fp, 3, fargs));
+			TIME(lf, r, loom_cpu_maxpool2d_fwd_f32(&s, x, yl));
+			TIME(db, r, exec(bp, 3, bargs));
+			TIME(lb, r, loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl));
+		}
+	}
+	char shape[64];
+	snprintf(shape, sizeof(shape), "%dx%dx%dx%d k%d s%d p%d", n, c, side, side, k, stride, pad);
+	print_row("maxpool fwd NCHW", shape, threads, &lf, &df, reps, dfwd, impl_of(fpd));
+	print_row("maxpool bwd NCHW", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
 	free_series(&lf);
 	free_series(&df);
 	free_series(&lb);
@@ -417,7 +573,7 @@ int main(int argc, char **argv)
 			set = argv[++i];
 		else {
 			fprintf(stderr, "usage: bench_blocked_ops [--reps N] [--threads T] "
-					"[--batch B] [--set resnet50|resnet18|all]\n");
+					"[--batch B] [--set resnet50|resnet18|pool|all]\n");
 			return 2;
 		}
 	}
@@ -441,6 +597,9 @@ int main(int argc, char **argv)
 		bench_pool(batch, 64, 112, 3, 2, 1, 0, threads[t], reps);
 		bench_pool(batch, 64, 112, 3, 2, 1, 1, threads[t], reps);
 		bench_pool(batch, 64, 56, 3, 2, 1, 0, threads[t], reps);
+		bench_pool_nchw(batch, 64, 112, 3, 2, 1, threads[t], reps);
+		if (!strcmp(set, "pool"))
+			continue;
 		for (size_t i = 0; i < sizeof(bn_shapes) / sizeof(bn_shapes[0]); i++)
 			if (in_set(bn_shapes[i].set, set))
 				bench_bn(batch, bn_shapes[i].c, bn_shapes[i].side, threads[t],

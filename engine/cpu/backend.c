@@ -177,6 +177,7 @@ static void cpu_free(void *ctx)
 	if (c->spin_held)
 		loom_cpu_spin_step_end(); /* a run that failed before its end */
 	kern_unplan(c);
+	loom_cpu_side_release(c);
 	free(c->base);
 	free(c->accum_base);
 	free(c->timer);
@@ -227,6 +228,14 @@ static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_
 		if (ws > *ws_bytes)
 			*ws_bytes = ws;
 	}
+	/* The side buffers (side.c) after the scratch every node shares. */
+	size_t side = 0;
+	st = loom_cpu_side_plan(c, plan, &side);
+	if (st != LOOM_OK)
+		return st;
+	c->side_base = align64(*ws_bytes);
+	if (side)
+		*ws_bytes = c->side_base + side;
 	return LOOM_OK;
 }
 
@@ -236,6 +245,8 @@ static void cpu_node_note(void *ctx, const loom_plan *plan, loom_value v, char *
 	buf[0] = 0;
 	if (c->kern && v < c->n_kern)
 		loom_cpu_kern_note(plan, v, &c->kern[v], buf, len);
+	if (!buf[0])
+		loom_cpu_side_note(c, v, buf, len);
 }
 
 static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_state *ts,
@@ -353,6 +364,8 @@ static loom_status cpu_run_begin(void *ctx, const loom_plan *plan, const loom_ar
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
 	c->seed_scale = ts->scaler.scale;
+	if (++c->run == 0) /* 0 marks a side buffer never written */
+		c->run = 1;
 	if (!c->spin_held) {
 		loom_cpu_spin_step_begin();
 		c->spin_held = 1;

@@ -110,6 +110,8 @@ typedef struct bn8_args {
 	const float *x, *gamma, *beta, *dy, *rmean_in, *rvar_in;
 	float *running_mean, *running_var, *y, *dx, *dgamma, *dbeta, *out;
 	double momentum, eps;
+	double *save_mean, *save_var;            /* the forward keeps its statistics */
+	const double *saved_mean, *saved_var;    /* the backward reads them */
 } bn8_args;
 
 /* Block b's 8 channel sums of x over the batch and the plane. */
@@ -189,6 +191,10 @@ CLONES static void bn8_train_part(void *arg, int64_t lo, int64_t hi)
 			int ch = (int)b * BLK + j;
 			double g = a->gamma ? a->gamma[ch] : 1, bt = a->beta ? a->beta[ch] : 0;
 			double sc = g / sqrt(var[j] + a->eps);
+			if (a->save_mean) {
+				a->save_mean[ch] = mean[j];
+				a->save_var[ch] = var[j];
+			}
 			scale[j] = (float)sc;
 			shift[j] = (float)(bt - mean[j] * sc);
 			if (a->running_mean)
@@ -226,7 +232,13 @@ CLONES static void bn8_bwd_part(void *arg, int64_t lo, int64_t hi)
 	for (int64_t b = lo; b < hi; b++) {
 		double mean[BLK], var[BLK], sdy[BLK] = { 0 }, sdyx[BLK] = { 0 };
 		float mt[BLK];
-		stats8(a, b, mean, var);
+		if (a->saved_mean)
+			for (int j = 0; j < BLK; j++) {
+				mean[j] = a->saved_mean[b * BLK + j];
+				var[j] = a->saved_var[b * BLK + j];
+			}
+		else
+			stats8(a, b, mean, var);
 		for (int j = 0; j < BLK; j++)
 			mt[j] = (float)mean[j];
 		for (int i = 0; i < a->n; i++) {
@@ -301,6 +313,17 @@ void loom_cpu_bn8_fwd_train(int n, int c, int64_t hw, const float *x, const floa
 	bn8_run(&a, bn8_train_part);
 }
 
+void loom_cpu_bn8_fwd_train_save(int n, int c, int64_t hw, const float *x, const float *gamma,
+				 const float *beta, float *running_mean, float *running_var,
+				 double momentum, double eps, float *y, double *mean, double *var)
+{
+	bn8_args a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma, .beta = beta,
+		       .running_mean = running_mean, .running_var = running_var,
+		       .momentum = momentum, .eps = eps, .y = y, .save_mean = mean,
+		       .save_var = var };
+	bn8_run(&a, bn8_train_part);
+}
+
 void loom_cpu_bn8_fwd_eval(int n, int c, int64_t hw, const float *x, const float *gamma,
 			   const float *beta, const float *running_mean,
 			   const float *running_var, double eps, float *y)
@@ -315,6 +338,16 @@ void loom_cpu_bn8_bwd(int n, int c, int64_t hw, const float *x, const float *gam
 {
 	bn8_args a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma, .dy = dy, .eps = eps,
 		       .dx = dx, .dgamma = dgamma, .dbeta = dbeta };
+	bn8_run(&a, bn8_bwd_part);
+}
+
+void loom_cpu_bn8_bwd_saved(int n, int c, int64_t hw, const float *x, const float *gamma,
+			    const float *dy, double eps, const double *mean, const double *var,
+			    float *dx, float *dgamma, float *dbeta)
+{
+	bn8_args a = { .n = n, .c = c, .hw = hw, .x = x, .gamma = gamma, .dy = dy, .eps = eps,
+		       .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .saved_mean = mean,
+		       .saved_var = var };
 	bn8_run(&a, bn8_bwd_part);
 }
 

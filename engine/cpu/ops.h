@@ -7,9 +7,33 @@
 #ifndef LOOM_ENGINE_CPU_OPS_H
 #define LOOM_ENGINE_CPU_OPS_H
 
+#include "engine/cpu/bn_dnnl.h"
 #include "engine/cpu/ksearch.h"
+#include "engine/cpu/pool_dnnl.h"
 #include "engine/cpu/kernels.h"
 #include "engine/backend.h"
+
+/*
+ * A node's side buffer: what its forward leaves for its backward (max
+ * pooling's argmax, batch norm's statistics) in the plan's workspace
+ * region, after the scratch every node shares (side.c). The forward node
+ * owns it and its primitives; each backward node names its forward.
+ */
+typedef enum loom_cpu_side_kind {
+	LOOM_CPU_SIDE_NONE = 0,
+	LOOM_CPU_SIDE_POOL_DNNL, /* oneDNN's max pooling, its workspace kept */
+	LOOM_CPU_SIDE_BN_DNNL,   /* oneDNN's batch norm, mean and variance kept (f32) */
+	LOOM_CPU_SIDE_BN_SAVED,  /* loom's batch norm loops, mean and variance kept (f64) */
+} loom_cpu_side_kind;
+
+typedef struct loom_cpu_node_side {
+	loom_cpu_side_kind kind;
+	loom_value owner;        /* the forward node whose buffer this is (itself on it) */
+	size_t off, bytes;       /* the owner's: from the side region's start */
+	loom_cpu_dnnl_pool *pool; /* the owner's */
+	loom_cpu_dnnl_bn *bn;
+	unsigned run;            /* the owner's: the run that last wrote it */
+} loom_cpu_node_side;
 
 /* The CPU backend's context: the program's arena (the one copy of its
  * addresses, which the program owns), the current run's mode, errors. */
@@ -27,6 +51,10 @@ typedef struct loom_cpu_ctx {
 	double *timer;               /* trace timers (loom_trace_now() seconds) */
 	int n_timer;
 	int spin_held;               /* loom_cpu_spin_step_begin called by this run */
+	loom_cpu_node_side *side;    /* per node (side.c); NULL: none planned */
+	int n_side;
+	size_t side_base;            /* where the side buffers start in the workspace */
+	unsigned run;                /* counts runs: a side buffer written in this one */
 	char err[LOOM_ERR_MAX];
 } loom_cpu_ctx;
 
@@ -90,6 +118,24 @@ loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 /* Bytes of workspace a batch-norm node needs: its per-channel sums when it
  * is synchronised over the ranks, else none. */
 size_t loom_cpu_bn_workspace(const loom_plan *plan, loom_value v, size_t elem);
+
+/* side.c: plans the side buffers of plan's nodes into ctx->side (the
+ * switches LOOM_CPU_DNNL_POOL and LOOM_CPU_DNNL_BN decide which nodes get
+ * one); *bytes gets their total. Releases the previous plan's first. */
+loom_status loom_cpu_side_plan(loom_cpu_ctx *ctx, const loom_plan *plan, size_t *bytes);
+void loom_cpu_side_release(loom_cpu_ctx *ctx);
+/* Node v's side entry, or NULL if it has none. */
+static inline loom_cpu_node_side *loom_cpu_side_of(loom_cpu_ctx *ctx, loom_value v)
+{
+	return ctx->side && v < ctx->n_side && ctx->side[v].kind ? &ctx->side[v] : NULL;
+}
+/* The owner's buffer of entry e in this run's workspace. */
+static inline void *loom_cpu_side_ptr(const loom_cpu_ctx *ctx, const loom_cpu_node_side *e)
+{
+	return ctx->arena->ws + ctx->side_base + ctx->side[e->owner].off;
+}
+/* One line on node v's side buffer for --dump-graph ("" if none). */
+void loom_cpu_side_note(loom_cpu_ctx *ctx, loom_value v, char *buf, size_t len);
 
 /* ops_pool.c */
 loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,

@@ -77,6 +77,72 @@ static loom_status bn_sync_sums(loom_cpu_ctx *ctx, const loom_plan *plan, loom_v
 	return LOOM_OK;
 }
 
+/*
+ * Batch norm with a side buffer (side.c): the forward keeps the batch mean
+ * and variance there for the backward, f64 from loom's loops, f32 from
+ * oneDNN's primitive (which leaves the running statistics to us). 0 where
+ * node v has none or oneDNN failed (loom's loops then run, the buffer
+ * marked unwritten).
+ */
+static int bn_fwd_side(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+		       const loom_cpu_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	loom_cpu_node_side *e = loom_cpu_side_of(ctx, v);
+	int nb, c;
+	int64_t hw;
+	if (!e || e->owner != v)
+		return 0;
+	nchw(plan, n, &nb, &c, &hw);
+	e->run = 0;
+	if (e->kind == LOOM_CPU_SIDE_BN_SAVED) {
+		double *mean = loom_cpu_side_ptr(ctx, e);
+		loom_cpu_bn8_fwd_train_save(nb, c, hw, io->src[0], io->src[1], io->src[2],
+					    io->src[3], io->src[4], n->a.bn.momentum, n->a.bn.eps,
+					    io->out, mean, mean + c);
+		e->run = ctx->run;
+		return 1;
+	}
+	float *mean = loom_cpu_side_ptr(ctx, e), *var = mean + c;
+	float *rm = io->src[3], *rv = io->src[4];
+	if (loom_cpu_dnnl_bn_fwd(e->bn, io->src[0], io->src[1], io->src[2], io->out, mean, var))
+		return 0;
+	const double m = (double)nb * hw, unbias = m > 1 ? m / (m - 1) : 1, mo = n->a.bn.momentum;
+	for (int ch = 0; ch < c; ch++) {
+		rm[ch] = (float)((1 - mo) * rm[ch] + mo * mean[ch]);
+		rv[ch] = (float)((1 - mo) * rv[ch] + mo * var[ch] * unbias);
+	}
+	e->run = ctx->run;
+	return 1;
+}
+
+/* The backward on the statistics node v's forward kept in this run; 0
+ * where there are none (loom's loops then make them again). dx may be
+ * NULL (dgamma alone: loom's loops only). */
+static int bn_bwd_side(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const void *x,
+		       const void *gamma, const void *dy, void *dx, void *dg, void *db)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	loom_cpu_node_side *e = loom_cpu_side_of(ctx, v);
+	int nb, c;
+	int64_t hw;
+	if (!e || e->owner == v || ctx->side[e->owner].run != ctx->run)
+		return 0;
+	nchw(plan, n, &nb, &c, &hw);
+	if (e->kind == LOOM_CPU_SIDE_BN_SAVED) {
+		const double *mean = loom_cpu_side_ptr(ctx, e);
+		loom_cpu_bn8_bwd_saved(nb, c, hw, x, gamma, dy, n->a.bn.eps, mean, mean + c, dx, dg,
+				       db);
+		return 1;
+	}
+	if (!dx)
+		return 0;
+	float *mean = loom_cpu_side_ptr(ctx, e), *var = mean + c;
+	/* dgamma and dbeta no sibling takes: into the buffer's second half */
+	return !loom_cpu_dnnl_bn_bwd(ctx->side[e->owner].bn, x, gamma, dy, mean, var, dx,
+				     dg ? dg : var + c, db ? db : var + 2 * c);
+}
+
 loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cpu_io *io)
 {
@@ -85,7 +151,9 @@ loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 	int nb, c;
 	int64_t hw;
 	nchw(plan, n, &nb, &c, &hw);
-	if (blocked(plan, n) && ctx->train)
+	if (blocked(plan, n) && ctx->train && bn_fwd_side(ctx, plan, v, io))
+		; /* oneDNN's, or loom's keeping its statistics (side.c) */
+	else if (blocked(plan, n) && ctx->train)
 		loom_cpu_bn8_fwd_train(nb, c, hw, io->src[0], io->src[1], io->src[2], io->src[3],
 				       io->src[4], n->a.bn.momentum, n->a.bn.eps, io->out);
 	else if (blocked(plan, n))
@@ -171,6 +239,9 @@ static void bn_bwd_fused(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 		else
 			db = loom_arena_ptr(ctx->arena, plan, w);
 	}
+	if (blocked(plan, n) &&
+	    bn_bwd_side(ctx, plan, v, io->src[0], io->src[1], io->src[2], io->out, dg, db))
+		return;
 	if (blocked(plan, n))
 		loom_cpu_bn8_bwd(nb, c, hw, io->src[0], io->src[1], io->src[2], n->a.bn.eps, io->out,
 				 dg, db);
@@ -196,6 +267,9 @@ static loom_status bn_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v
 	if (!n->a.bn.sync) {
 		if (want_dx)
 			bn_bwd_fused(ctx, plan, v, io);
+		else if (!bn_made_with_dx(plan, v) && blocked(plan, n) &&
+			 bn_bwd_side(ctx, plan, v, x, NULL, dy, NULL, io->out, NULL))
+			;
 		else if (!bn_made_with_dx(plan, v) && blocked(plan, n))
 			loom_cpu_bn8_bwd(nb, c, hw, x, NULL, dy, n->a.bn.eps, NULL, io->out, NULL);
 		else if (!bn_made_with_dx(plan, v))

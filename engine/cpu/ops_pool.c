@@ -10,7 +10,16 @@ loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom
 				  const loom_cpu_io *io)
 {
 	loom_pool_shape ps;
-	(void)ctx;
+	loom_cpu_node_side *e = loom_cpu_side_of(ctx, v);
+	/* oneDNN's pooling, its argmax kept for the backward (side.c); loom's
+	 * loops where oneDNN fails */
+	if (e && e->kind == LOOM_CPU_SIDE_POOL_DNNL &&
+	    !loom_cpu_dnnl_pool_fwd(e->pool, io->src[0], io->out, loom_cpu_side_ptr(ctx, e))) {
+		e->run = ctx->run;
+		return LOOM_OK;
+	}
+	if (e)
+		e->run = 0;
 	loom_pool_shape_of(plan->g, v, &ps);
 	if (plan->g->nodes[v].format == LOOM_FORMAT_NCHW8C) { /* graph/formats.c */
 		loom_cpu_maxpool8_fwd(&ps, io->src[0], io->out);
@@ -25,7 +34,12 @@ loom_status loom_cpu_op_maxpool2d_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, 
 				      const loom_cpu_io *io)
 {
 	loom_pool_shape ps;
-	(void)ctx;
+	loom_cpu_node_side *e = loom_cpu_side_of(ctx, v);
+	/* oneDNN's backward on the argmax its forward kept in this run */
+	if (e && e->kind == LOOM_CPU_SIDE_POOL_DNNL && ctx->side[e->owner].run == ctx->run &&
+	    !loom_cpu_dnnl_pool_bwd(ctx->side[e->owner].pool, io->src[0], io->src[1], io->out,
+				    loom_cpu_side_ptr(ctx, e)))
+		return LOOM_OK;
 	loom_pool_shape_of(plan->g, v, &ps);
 	if (plan->g->nodes[v].format == LOOM_FORMAT_NCHW8C) {
 		loom_cpu_maxpool8_bwd(&ps, io->src[0], io->src[1], io->out);
