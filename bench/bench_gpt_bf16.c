@@ -18,7 +18,7 @@
 
 #include "base/half.h"
 #include "bench/bench_util.h"
-#include "engine/cpu/gpt_kernels.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels.h"
 
 enum { LN_FWD, LN_FWD_O1, LN_DX, LN_DGAMMA, ATT0, CE_BWD = ATT0 + 5, EMB_BWD, N_OPS };

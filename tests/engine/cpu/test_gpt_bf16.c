@@ -1,7 +1,7 @@
 /*
- * tests/engine/cpu/test_gpt_bf16.c — the native bf16 transformer kernels
- * (engine/cpu/gpt_bf16.c) against the f32 ones: layer norm (forward, dx,
- * dgamma), the five attention kernels, softmax cross-entropy and embedding,
+ * tests/engine/cpu/test_gpt_bf16.c — the native bf16 kernels of the op
+ * families (engine/cpu/layernorm.c, attention.c, ...) against the f32
+ * ones: layer norm (forward, dx, dgamma), the five attention kernels, softmax cross-entropy and embedding,
  * forward and backward, on bf16 inputs in each mix of f32 and bf16 the AMP
  * plans make. Each result must be the f32 kernel's rounded once (the bits
  * backend.c's emulation gives) and so within half a bf16 ulp of the f32
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "base/half.h"
-#include "engine/cpu/gpt_kernels.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
