@@ -25,6 +25,8 @@ extern const loom_cpu_op loom_cpu_layernorm, loom_cpu_layernorm_bwd_data,
 extern const loom_cpu_op loom_cpu_attn_probs, loom_cpu_attn_probs_bwd, loom_cpu_attention,
 	loom_cpu_attention_bwd_probs, loom_cpu_attention_bwd_qkv;             /* attention.c */
 extern const loom_cpu_op loom_cpu_softmax_ce, loom_cpu_softmax_ce_bwd;        /* softmax_xent.c */
+extern const loom_cpu_op loom_cpu_rmsnorm, loom_cpu_rmsnorm_bwd_data,
+	loom_cpu_rmsnorm_bwd_gamma;                                            /* rmsnorm.c */
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
 static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
@@ -79,6 +81,9 @@ static const loom_cpu_op *const cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_cpu_attention_bwd_probs,
 	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_cpu_attention_bwd_qkv,
 	[LOOM_OP_REORDER] = ROW(loom_cpu_op_reorder, .raw = 1),
+	[LOOM_OP_RMSNORM] = &loom_cpu_rmsnorm,
+	[LOOM_OP_RMSNORM_BWD_DATA] = &loom_cpu_rmsnorm_bwd_data,
+	[LOOM_OP_RMSNORM_BWD_GAMMA] = &loom_cpu_rmsnorm_bwd_gamma,
 };
 #undef ROW
 

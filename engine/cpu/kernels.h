@@ -135,6 +135,18 @@ typedef struct loom_attn_shape {
 	/* acc[j] += dy xhat over rows (one thread's share of dgamma, in double) */     \
 	void loom_cpu_layernorm_gamma_rows_##SFX(int64_t rows, int c, const T *x,        \
 						 const T *dy, double eps, double *acc);  \
+	/* rmsnorm.c: y = x / sqrt(mean(x^2) + eps) * gamma per row of c; dx;      */ \
+	/* dgamma (ws: loom_cpu_rmsnorm_bwd_gamma_ws(c) bytes); its rows' share */       \
+	void loom_cpu_rmsnorm_fwd_##SFX(int64_t rows, int c, const T *x, const T *gamma,  \
+					double eps, T *y);                                \
+	void loom_cpu_rmsnorm_bwd_data_##SFX(int64_t rows, int c, const T *x,            \
+					     const T *gamma, const T *dy, double eps,     \
+					     T *dx);                                      \
+	void loom_cpu_rmsnorm_bwd_gamma_##SFX(int64_t rows, int c, const T *x,           \
+					      const T *dy, double eps, T *dgamma,         \
+					      double *ws);                                \
+	void loom_cpu_rmsnorm_gamma_rows_##SFX(int64_t rows, int c, const T *x,          \
+					       const T *dy, double eps, double *acc);    \
 	/* attention.c: p[b, h] = causal softmax(q k^T / sqrt(hs)), 0 above the      */ \
 	/* diagonal */                                                                   \
 	void loom_cpu_attn_probs_fwd_##SFX(const loom_attn_shape *s, const T *qkv, T *p); \
@@ -172,6 +184,7 @@ LOOM_CPU_FAMILY_KERNELS(double, f64)
 /* Bytes of workspace of the family kernels that take one (elem: 4 or 8). */
 size_t loom_cpu_layernorm_bwd_gamma_ws(int c);
 size_t loom_cpu_attn_probs_bwd_ws(int t, size_t elem);
+size_t loom_cpu_rmsnorm_bwd_gamma_ws(int c);
 
 /*
  * The family kernels on bf16 storage: each float argument is f32 or bf16 as
@@ -204,6 +217,14 @@ int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const v
 /* ws: loom_cpu_layernorm_bwd_gamma_ws(c) bytes */
 int loom_cpu_layernorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
 				      double eps, void *dgamma, double *ws, unsigned half);
+
+/* rmsnorm.c, as layer norm's: sources (x, gamma), (x, gamma, dy), (x, dy). */
+int loom_cpu_rmsnorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma, double eps,
+			      void *y, unsigned half);
+int loom_cpu_rmsnorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
+				   const void *dy, double eps, void *dx, unsigned half);
+int loom_cpu_rmsnorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
+				    double eps, void *dgamma, double *ws, unsigned half);
 
 /* attention.c: the attention kernels, one batch at a time. */
 typedef enum loom_cpu_attn_kernel {
