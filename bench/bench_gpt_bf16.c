@@ -2,7 +2,8 @@
  * bench/bench_gpt_bf16.c — the transformer ops on bf16 storage two ways on
  * the same data: backend.c's emulation (every bf16 source widened whole into
  * f32, the f32 kernel, the result rounded whole) and the *_bf16 kernels of
- * engine/cpu's family files (layernorm.c, attention.c, ...), the native path (a block of rows or a batch at a time), in turn, median of the
+ * engine/cpu's family files (layernorm.c, attention.c, ...), the native
+ * path (a block of rows or a batch at a time), in turn, median of the
  * repetitions; the two results are checked to be the same bits. Shapes:
  * gpt_ddp's defaults (batch 8, context 128, width 128, 4 heads, vocabulary
  * 256) and a wider one (4, 256, 768, 12, 4096). Each path's wall time and
