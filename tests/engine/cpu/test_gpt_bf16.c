@@ -2,8 +2,9 @@
  * tests/engine/cpu/test_gpt_bf16.c — the native bf16 kernels of the op
  * families (engine/cpu/layernorm.c, attention.c, ...) against the f32
  * ones: layer norm and RMS norm (forward, dx, dgamma), the five attention
- * kernels, softmax cross-entropy and embedding, forward and backward, on bf16 inputs in each mix of f32 and bf16 the AMP
- * plans make. Each result must be the f32 kernel's rounded once (the bits
+ * kernels, softmax cross-entropy and embedding, forward and backward, on
+ * bf16 inputs in each mix of f32 and bf16 the AMP plans make (and RMS
+ * norm's f32 forward against its formula). Each result must be the f32 kernel's rounded once (the bits
  * backend.c's emulation gives) and so within half a bf16 ulp of the f32
  * op; the converters (bf16_rows.c) against half.h's scalar ones, NaN and
  * subnormals included. Run once per instruction-set path (BUILD).
