@@ -4,9 +4,9 @@
  * ones: layer norm and RMS norm (forward, dx, dgamma), the five attention
  * kernels, softmax cross-entropy and embedding, forward and backward, on
  * bf16 inputs in each mix of f32 and bf16 the AMP plans make (and RMS
- * norm's f32 forward against its formula). Each result must be the f32 kernel's rounded once (the bits
- * backend.c's emulation gives) and so within half a bf16 ulp of the f32
- * op; the converters (bf16_rows.c) against half.h's scalar ones, NaN and
+ * norm's f32 forward against its formula). Each result must be the f32
+ * kernel's rounded once (the bits backend.c's emulation gives) and so
+ * within half a bf16 ulp of the f32 op; the converters (bf16_rows.c) against half.h's scalar ones, NaN and
  * subnormals included. Run once per instruction-set path (BUILD).
  */
 #include <criterion/criterion.h>
