@@ -7,7 +7,8 @@
  * norm's f32 forward against its formula). Each result must be the f32
  * kernel's rounded once (the bits backend.c's emulation gives) and so
  * within half a bf16 ulp of the f32 op; the converters (bf16_rows.c)
- * against half.h's scalar ones, NaN and subnormals included. Run once per instruction-set path (BUILD).
+ * against half.h's scalar ones, NaN and subnormals included. Run once per
+ * instruction-set path (BUILD).
  */
 #include <criterion/criterion.h>
 #include <math.h>
