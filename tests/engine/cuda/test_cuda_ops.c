@@ -686,7 +686,8 @@ static loom_value b_ce_bad(loom_graph *g, tcase *t)
 	return y;
 }
 
-/* The transformer ops (engine/cuda/gpt.cu against engine/cpu/gpt_impl.h). */
+/* The transformer ops (engine/cuda/gpt.cu against engine/cpu/layernorm.c,
+ * attention.c and embedding.c). */
 static loom_value b_embedding(loom_graph *g, tcase *t)
 {
 	loom_value ids = labels(g, t, 12, 7); /* 12 ids over 7 rows: repeats */
