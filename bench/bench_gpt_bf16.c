@@ -1,8 +1,9 @@
 /*
  * bench/bench_gpt_bf16.c — the transformer ops on bf16 storage two ways on
  * the same data: backend.c's emulation (every bf16 source widened whole into
- * f32, the f32 kernel, the result rounded whole) and engine/cpu/gpt_bf16.c's
- * native path (a block of rows or a batch at a time), in turn, median of the
+ * f32, the f32 kernel, the result rounded whole) and the *_bf16 kernels of
+ * engine/cpu's family files (layernorm.c, attention.c, ...), the native
+ * path (a block of rows or a batch at a time), in turn, median of the
  * repetitions; the two results are checked to be the same bits. Shapes:
  * gpt_ddp's defaults (batch 8, context 128, width 128, 4 heads, vocabulary
  * 256) and a wider one (4, 256, 768, 12, 4096). Each path's wall time and
@@ -18,7 +19,7 @@
 
 #include "base/half.h"
 #include "bench/bench_util.h"
-#include "engine/cpu/gpt_kernels.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels.h"
 
 enum { LN_FWD, LN_FWD_O1, LN_DX, LN_DGAMMA, ATT0, CE_BWD = ATT0 + 5, EMB_BWD, N_OPS };

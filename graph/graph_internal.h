@@ -12,49 +12,65 @@
 #include "graph/unary.h"
 #include "loom.h"
 
+/*
+ * Every op, one row each, in the order of their numbers (a new op goes
+ * last): X(NAME, low) is the op LOOM_OP_<NAME>, whose op table entry
+ * (graph/ops/ops.h) is loom_op_<low>, defined in its family's file under
+ * graph/ops/ and found by graph/ops/ops.c through this list; U(NAME, low)
+ * is the pair of a unary op of graph/unary.h, LOOM_OP_<NAME> (x -> y) and
+ * LOOM_OP_<NAME>_BWD ((x, dy) -> dx). Adding a non-unary op: its row here,
+ * its family file in graph/ops/, its builder in include/loom.h.
+ */
+#define LOOM_OPS(X, U)                                                                    \
+	X(INPUT, input)                                                                   \
+	X(PARAM, param)                                                                   \
+	X(BUFFER, buffer)                                                                 \
+	X(CONV2D, conv2d)                                                                 \
+	X(CONV2D_BWD_DATA, conv2d_bwd_data)       /* (dy, w) -> dx */                     \
+	X(CONV2D_BWD_FILTER, conv2d_bwd_filter)   /* (dy, x) -> dw */                     \
+	X(CHANNEL_SUM, channel_sum)               /* [N, C, ...] -> [C] */                \
+	X(BATCHNORM2D, batchnorm2d)               /* (x, gamma, beta, rmean, rvar) */     \
+	X(BN_BWD_DATA, bn_bwd_data)               /* (x, gamma, dy) -> dx */              \
+	X(BN_BWD_GAMMA, bn_bwd_gamma)             /* (x, dy) -> dgamma */                 \
+	X(RELU, relu)                                                                     \
+	X(RELU_BWD, relu_bwd)                     /* (x, dy) -> dx */                     \
+	X(MAXPOOL2D, maxpool2d)                                                           \
+	X(MAXPOOL2D_BWD, maxpool2d_bwd)           /* (x, dy) -> dx */                     \
+	X(LINEAR, linear)                         /* (x, w[, b]) */                       \
+	X(MATMUL, matmul)                         /* (a, b), attrs: which is transposed */ \
+	X(ADD, add)                                                                       \
+	X(RESHAPE, reshape)                                                               \
+	X(SUM, sum)                               /* all elements -> [] */                \
+	X(BROADCAST, broadcast)                   /* [] -> shape, times attrs.scale */    \
+	X(SOFTMAX_CE, softmax_ce)                 /* (logits, labels) -> [] */            \
+	X(SOFTMAX_CE_BWD, softmax_ce_bwd)         /* (logits, labels, dloss) -> dlogits */ \
+	X(GRAD_SEED, grad_seed)                   /* [] holding the loss scale */         \
+	X(CAST, cast)                             /* x -> dtype */                        \
+	X(GLOBAL_AVGPOOL, global_avgpool)         /* [N, C, H, W] -> [N, C] */            \
+	X(GLOBAL_AVGPOOL_BWD, global_avgpool_bwd) /* dy [N, C] -> dx [N, C, H, W] */      \
+	LOOM_UNARY_OPS(U)                         /* graph/unary.h */                     \
+	X(ALLREDUCE, allreduce)                   /* a gradient bucket summed over ranks */ \
+	X(EMBEDDING, embedding)                   /* (ids i32 [...], table [V, C]) -> [..., C] */ \
+	X(EMBEDDING_BWD, embedding_bwd)           /* (ids, dy) -> dtable, a scatter-add */ \
+	X(LAYERNORM, layernorm)                   /* (x [..., C], gamma [C], beta [C]) */ \
+	X(LAYERNORM_BWD_DATA, layernorm_bwd_data) /* (x, gamma, dy) -> dx */              \
+	X(LAYERNORM_BWD_GAMMA, layernorm_bwd_gamma) /* (x, dy) -> dgamma */               \
+	X(ATTN_PROBS, attn_probs)       /* qkv [B, T, 3C] -> P [B, NH, T, T], causal softmax */ \
+	X(ATTN_PROBS_BWD, attn_probs_bwd)         /* (qkv, P, dP) -> dqkv (q, k parts) */ \
+	X(ATTENTION, attention)                   /* (P, qkv) -> y [B, T, C]: P v */      \
+	X(ATTENTION_BWD_PROBS, attention_bwd_probs) /* (qkv, dy) -> dP */                 \
+	X(ATTENTION_BWD_QKV, attention_bwd_qkv)   /* (P, dy) -> dqkv (v part) */          \
+	X(REORDER, reorder)                       /* x in node->format (graph/formats.c) */ \
+	X(RMSNORM, rmsnorm)                       /* (x [..., C], gamma [C]) */           \
+	X(RMSNORM_BWD_DATA, rmsnorm_bwd_data)     /* (x, gamma, dy) -> dx */              \
+	X(RMSNORM_BWD_GAMMA, rmsnorm_bwd_gamma)   /* (x, dy) -> dgamma */
+
 typedef enum loom_op {
-	LOOM_OP_INPUT = 0,
-	LOOM_OP_PARAM,
-	LOOM_OP_BUFFER,
-	LOOM_OP_CONV2D,
-	LOOM_OP_CONV2D_BWD_DATA,   /* (dy, w) -> dx */
-	LOOM_OP_CONV2D_BWD_FILTER, /* (dy, x) -> dw */
-	LOOM_OP_CHANNEL_SUM,       /* [N, C, ...] -> [C] */
-	LOOM_OP_BATCHNORM2D,       /* (x, gamma, beta, rmean, rvar) */
-	LOOM_OP_BN_BWD_DATA,       /* (x, gamma, dy) -> dx */
-	LOOM_OP_BN_BWD_GAMMA,      /* (x, dy) -> dgamma */
-	LOOM_OP_RELU,
-	LOOM_OP_RELU_BWD,          /* (x, dy) -> dx */
-	LOOM_OP_MAXPOOL2D,
-	LOOM_OP_MAXPOOL2D_BWD,     /* (x, dy) -> dx */
-	LOOM_OP_LINEAR,            /* (x, w[, b]) */
-	LOOM_OP_MATMUL,            /* (a, b), attrs say which side is transposed */
-	LOOM_OP_ADD,
-	LOOM_OP_RESHAPE,
-	LOOM_OP_SUM,               /* all elements -> [] */
-	LOOM_OP_BROADCAST,         /* [] -> shape, times attrs.scale */
-	LOOM_OP_SOFTMAX_CE,        /* (logits, labels) -> [] */
-	LOOM_OP_SOFTMAX_CE_BWD,    /* (logits, labels, dloss) -> dlogits */
-	LOOM_OP_GRAD_SEED,         /* [] holding the loss scale: d loss / d loss */
-	LOOM_OP_CAST,              /* x -> dtype */
-	LOOM_OP_GLOBAL_AVGPOOL,    /* [N, C, H, W] -> [N, C] */
-	LOOM_OP_GLOBAL_AVGPOOL_BWD, /* dy [N, C] -> dx [N, C, H, W] */
-	/* The unary elementwise ops (graph/unary.h): x -> y, (x, dy) -> dx. */
-#define LOOM_UNARY_ENUM(NAME, low) LOOM_OP_##NAME, LOOM_OP_##NAME##_BWD,
-	LOOM_UNARY_OPS(LOOM_UNARY_ENUM)
-#undef LOOM_UNARY_ENUM
-	LOOM_OP_ALLREDUCE,         /* a gradient bucket summed over ranks (graph/bucket_pass.c) */
-	LOOM_OP_EMBEDDING,         /* (ids i32 [...], table [V, C]) -> [..., C]: a gather */
-	LOOM_OP_EMBEDDING_BWD,     /* (ids, dy) -> dtable, a scatter-add */
-	LOOM_OP_LAYERNORM,         /* (x [..., C], gamma [C], beta [C]) over the last dim */
-	LOOM_OP_LAYERNORM_BWD_DATA, /* (x, gamma, dy) -> dx */
-	LOOM_OP_LAYERNORM_BWD_GAMMA, /* (x, dy) -> dgamma */
-	LOOM_OP_ATTN_PROBS,        /* qkv [B, T, 3C] -> P [B, NH, T, T], causal softmax(q k^T / sqrt(hs)) */
-	LOOM_OP_ATTN_PROBS_BWD,    /* (qkv, P, dP) -> dqkv (q and k parts; v part 0) */
-	LOOM_OP_ATTENTION,         /* (P, qkv) -> y [B, T, C]: per head P v */
-	LOOM_OP_ATTENTION_BWD_PROBS, /* (qkv, dy) -> dP */
-	LOOM_OP_ATTENTION_BWD_QKV, /* (P, dy) -> dqkv (v part; q and k parts 0) */
-	LOOM_OP_REORDER,           /* x -> the same values in node->format (graph/formats.c) */
+#define LOOM_OP_ENUM(NAME, low) LOOM_OP_##NAME,
+#define LOOM_OP_ENUM_PAIR(NAME, low) LOOM_OP_##NAME, LOOM_OP_##NAME##_BWD,
+	LOOM_OPS(LOOM_OP_ENUM, LOOM_OP_ENUM_PAIR)
+#undef LOOM_OP_ENUM
+#undef LOOM_OP_ENUM_PAIR
 	LOOM_OP_COUNT
 } loom_op;
 
@@ -132,7 +148,7 @@ typedef union loom_attrs {
 		int bucket; /* ALLREDUCE: its index in the plan's bucket table */
 	} ar;
 	struct {
-		double eps; /* LAYERNORM and its backward */
+		double eps; /* LAYERNORM, RMSNORM and their backward */
 	} ln;
 	struct {
 		int n_head; /* ATTN_PROBS, ATTENTION and their backward */

@@ -178,6 +178,11 @@ loom_value loom_embedding(loom_graph *g, loom_value ids, loom_value table);
  * graphs) at every opt level. */
 loom_value loom_layernorm(loom_graph *g, loom_value x, loom_value gamma,
 			  loom_value beta, double eps);
+/* RMS norm over the last dim of x [..., C] (torch.nn.RMSNorm(C)):
+ * y = x / sqrt(mean(x^2) + eps) * gamma, gamma [C], no bias; statistics in
+ * fp32 (f64 for f64 graphs) at every opt level. CPU only for now (a CUDA
+ * program refuses it when compiled). */
+loom_value loom_rms_norm(loom_graph *g, loom_value x, loom_value gamma, double eps);
 /* Causal multi-head self-attention over a fused qkv [B, T, 3C] (q, k, v
  * side by side, each C = n_head * hs wide, head h at columns h*hs):
  * y [B, T, C] = softmax(q k^T / sqrt(hs), masked to j <= i) v per head,

@@ -18,49 +18,15 @@
 #include "engine/elem.h"
 #include "graph/ops/ops.h"
 
-/* Every op's entry; NULL: the CPU cannot run it (supports_op). */
-static const loom_cpu_op_fn cpu_ops[LOOM_OP_COUNT] = {
-	[LOOM_OP_INPUT] = loom_cpu_op_nothing,
-	[LOOM_OP_PARAM] = loom_cpu_op_nothing,
-	[LOOM_OP_BUFFER] = loom_cpu_op_nothing,
-	[LOOM_OP_CONV2D] = loom_cpu_op_conv2d,
-	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_op_conv2d_bwd_data,
-	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_op_conv2d_bwd_filter,
-	[LOOM_OP_CHANNEL_SUM] = loom_cpu_op_channel_sum,
-	[LOOM_OP_BATCHNORM2D] = loom_cpu_op_batchnorm2d,
-	[LOOM_OP_BN_BWD_DATA] = loom_cpu_op_bn_bwd_data,
-	[LOOM_OP_BN_BWD_GAMMA] = loom_cpu_op_bn_bwd_gamma,
-	[LOOM_OP_RELU] = loom_cpu_op_relu,
-	[LOOM_OP_RELU_BWD] = loom_cpu_op_relu_bwd,
-	[LOOM_OP_MAXPOOL2D] = loom_cpu_op_maxpool2d,
-	[LOOM_OP_MAXPOOL2D_BWD] = loom_cpu_op_maxpool2d_bwd,
-	[LOOM_OP_LINEAR] = loom_cpu_op_linear,
-	[LOOM_OP_MATMUL] = loom_cpu_op_matmul,
-	[LOOM_OP_ADD] = loom_cpu_op_add,
-	[LOOM_OP_RESHAPE] = loom_cpu_op_nothing,
-	[LOOM_OP_SUM] = loom_cpu_op_sum,
-	[LOOM_OP_BROADCAST] = loom_cpu_op_broadcast,
-	[LOOM_OP_SOFTMAX_CE] = loom_cpu_op_softmax_ce,
-	[LOOM_OP_SOFTMAX_CE_BWD] = loom_cpu_op_softmax_ce_bwd,
-	[LOOM_OP_GRAD_SEED] = loom_cpu_op_grad_seed,
-	[LOOM_OP_CAST] = loom_cpu_op_cast,
-	[LOOM_OP_GLOBAL_AVGPOOL] = loom_cpu_op_global_avgpool,
-	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = loom_cpu_op_global_avgpool_bwd,
-#define UNARY_ENTRY(NAME, low) [LOOM_OP_##NAME] = loom_cpu_op_unary, [LOOM_OP_##NAME##_BWD] = loom_cpu_op_unary,
-	LOOM_UNARY_OPS(UNARY_ENTRY)
-#undef UNARY_ENTRY
-	[LOOM_OP_EMBEDDING] = loom_cpu_op_embedding,
-	[LOOM_OP_EMBEDDING_BWD] = loom_cpu_op_embedding_bwd,
-	[LOOM_OP_LAYERNORM] = loom_cpu_op_layernorm,
-	[LOOM_OP_LAYERNORM_BWD_DATA] = loom_cpu_op_layernorm_bwd_data,
-	[LOOM_OP_LAYERNORM_BWD_GAMMA] = loom_cpu_op_layernorm_bwd_gamma,
-	[LOOM_OP_ATTN_PROBS] = loom_cpu_op_attn_probs,
-	[LOOM_OP_ATTN_PROBS_BWD] = loom_cpu_op_attn_probs_bwd,
-	[LOOM_OP_ATTENTION] = loom_cpu_op_attention,
-	[LOOM_OP_ATTENTION_BWD_PROBS] = loom_cpu_op_attention_bwd_probs,
-	[LOOM_OP_ATTENTION_BWD_QKV] = loom_cpu_op_attention_bwd_qkv,
-	[LOOM_OP_REORDER] = loom_cpu_op_reorder,
-};
+/* The rows the family files define (one file per op family). */
+extern const loom_cpu_op loom_cpu_embedding, loom_cpu_embedding_bwd;          /* embedding.c */
+extern const loom_cpu_op loom_cpu_layernorm, loom_cpu_layernorm_bwd_data,
+	loom_cpu_layernorm_bwd_gamma;                                          /* layernorm.c */
+extern const loom_cpu_op loom_cpu_attn_probs, loom_cpu_attn_probs_bwd, loom_cpu_attention,
+	loom_cpu_attention_bwd_probs, loom_cpu_attention_bwd_qkv;             /* attention.c */
+extern const loom_cpu_op loom_cpu_softmax_ce, loom_cpu_softmax_ce_bwd;        /* softmax_xent.c */
+extern const loom_cpu_op loom_cpu_rmsnorm, loom_cpu_rmsnorm_bwd_data,
+	loom_cpu_rmsnorm_bwd_gamma;                                            /* rmsnorm.c */
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
 static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
@@ -69,31 +35,66 @@ static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, si
 	return loom_cpu_bn_workspace(pl, v, elem);
 }
 
-/* The transformer ops' workspace needs no context either. */
-static size_t gpt_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
+/* A row for an older family's run function (ops_<family>.c). */
+#define ROW(...) (&(const loom_cpu_op){ __VA_ARGS__ })
+
+/* Every op's row, one per op (ops.h); NULL: the CPU cannot run it
+ * (supports_op). */
+static const loom_cpu_op *const cpu_ops[LOOM_OP_COUNT] = {
+	[LOOM_OP_INPUT] = ROW(loom_cpu_op_nothing, .raw = 1),
+	[LOOM_OP_PARAM] = ROW(loom_cpu_op_nothing, .raw = 1),
+	[LOOM_OP_BUFFER] = ROW(loom_cpu_op_nothing, .raw = 1),
+	[LOOM_OP_CONV2D] = ROW(loom_cpu_op_conv2d, .ws = loom_cpu_conv_node_ws),
+	[LOOM_OP_CONV2D_BWD_DATA] = ROW(loom_cpu_op_conv2d_bwd_data, .ws = loom_cpu_conv_node_ws),
+	[LOOM_OP_CONV2D_BWD_FILTER] = ROW(loom_cpu_op_conv2d_bwd_filter, .ws = loom_cpu_conv_node_ws),
+	[LOOM_OP_CHANNEL_SUM] = ROW(loom_cpu_op_channel_sum),
+	[LOOM_OP_BATCHNORM2D] = ROW(loom_cpu_op_batchnorm2d, .ws = bn_ws),
+	[LOOM_OP_BN_BWD_DATA] = ROW(loom_cpu_op_bn_bwd_data, .ws = bn_ws),
+	[LOOM_OP_BN_BWD_GAMMA] = ROW(loom_cpu_op_bn_bwd_gamma, .ws = bn_ws),
+	[LOOM_OP_RELU] = ROW(loom_cpu_op_relu),
+	[LOOM_OP_RELU_BWD] = ROW(loom_cpu_op_relu_bwd),
+	[LOOM_OP_MAXPOOL2D] = ROW(loom_cpu_op_maxpool2d),
+	[LOOM_OP_MAXPOOL2D_BWD] = ROW(loom_cpu_op_maxpool2d_bwd),
+	[LOOM_OP_LINEAR] = ROW(loom_cpu_op_linear),
+	[LOOM_OP_MATMUL] = ROW(loom_cpu_op_matmul),
+	[LOOM_OP_ADD] = ROW(loom_cpu_op_add),
+	[LOOM_OP_RESHAPE] = ROW(loom_cpu_op_nothing, .raw = 1),
+	[LOOM_OP_SUM] = ROW(loom_cpu_op_sum),
+	[LOOM_OP_BROADCAST] = ROW(loom_cpu_op_broadcast),
+	[LOOM_OP_SOFTMAX_CE] = &loom_cpu_softmax_ce,
+	[LOOM_OP_SOFTMAX_CE_BWD] = &loom_cpu_softmax_ce_bwd,
+	[LOOM_OP_GRAD_SEED] = ROW(loom_cpu_op_grad_seed),
+	[LOOM_OP_CAST] = ROW(loom_cpu_op_cast, .raw = 1),
+	[LOOM_OP_GLOBAL_AVGPOOL] = ROW(loom_cpu_op_global_avgpool),
+	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = ROW(loom_cpu_op_global_avgpool_bwd),
+#define UNARY_ENTRY(NAME, low) [LOOM_OP_##NAME] = ROW(loom_cpu_op_unary), [LOOM_OP_##NAME##_BWD] = ROW(loom_cpu_op_unary),
+	LOOM_UNARY_OPS(UNARY_ENTRY)
+#undef UNARY_ENTRY
+	[LOOM_OP_EMBEDDING] = &loom_cpu_embedding,
+	[LOOM_OP_EMBEDDING_BWD] = &loom_cpu_embedding_bwd,
+	[LOOM_OP_LAYERNORM] = &loom_cpu_layernorm,
+	[LOOM_OP_LAYERNORM_BWD_DATA] = &loom_cpu_layernorm_bwd_data,
+	[LOOM_OP_LAYERNORM_BWD_GAMMA] = &loom_cpu_layernorm_bwd_gamma,
+	[LOOM_OP_ATTN_PROBS] = &loom_cpu_attn_probs,
+	[LOOM_OP_ATTN_PROBS_BWD] = &loom_cpu_attn_probs_bwd,
+	[LOOM_OP_ATTENTION] = &loom_cpu_attention,
+	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_cpu_attention_bwd_probs,
+	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_cpu_attention_bwd_qkv,
+	[LOOM_OP_REORDER] = ROW(loom_cpu_op_reorder, .raw = 1),
+	[LOOM_OP_RMSNORM] = &loom_cpu_rmsnorm,
+	[LOOM_OP_RMSNORM_BWD_DATA] = &loom_cpu_rmsnorm_bwd_data,
+	[LOOM_OP_RMSNORM_BWD_GAMMA] = &loom_cpu_rmsnorm_bwd_gamma,
+};
+#undef ROW
+
+/* Op op's row; an empty one (no run, no workspace) for an op the CPU
+ * cannot run, which the plan may still hold (an all-reduce the executor
+ * hands to the communicator). */
+static const loom_cpu_op *cpu_op(loom_op op)
 {
-	(void)c;
-	return loom_cpu_gpt_workspace(pl, v, elem);
+	static const loom_cpu_op none;
+	return cpu_ops[op] ? cpu_ops[op] : &none;
 }
-
-/* Kernel workspace of the ops that need one, for element size elem. */
-static size_t (*const cpu_op_ws[LOOM_OP_COUNT])(const loom_cpu_ctx *, const loom_plan *,
-						loom_value, size_t) = {
-	[LOOM_OP_CONV2D] = loom_cpu_conv_node_ws,
-	[LOOM_OP_CONV2D_BWD_DATA] = loom_cpu_conv_node_ws,
-	[LOOM_OP_CONV2D_BWD_FILTER] = loom_cpu_conv_node_ws,
-	[LOOM_OP_BATCHNORM2D] = bn_ws,
-	[LOOM_OP_BN_BWD_DATA] = bn_ws,
-	[LOOM_OP_BN_BWD_GAMMA] = bn_ws,
-	[LOOM_OP_LAYERNORM_BWD_GAMMA] = gpt_ws,
-	[LOOM_OP_ATTN_PROBS_BWD] = gpt_ws,
-};
-
-/* Ops whose entry reads and writes their own dtypes: no half emulation. */
-static const unsigned char cpu_op_raw[LOOM_OP_COUNT] = {
-	[LOOM_OP_INPUT] = 1, [LOOM_OP_PARAM] = 1, [LOOM_OP_BUFFER] = 1,
-	[LOOM_OP_RESHAPE] = 1, [LOOM_OP_CAST] = 1, [LOOM_OP_REORDER] = 1,
-};
 
 loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				const loom_cpu_io *io)
@@ -122,7 +123,7 @@ static const loom_node *src_node(const loom_plan *pl, const loom_node *n, int i)
 
 static int emulated(const loom_plan *pl, const loom_node *n)
 {
-	if (cpu_op_raw[n->op])
+	if (cpu_op(n->op)->raw)
 		return 0;
 	if (is_half(n->dtype))
 		return 1;
@@ -132,14 +133,48 @@ static int emulated(const loom_plan *pl, const loom_node *n)
 	return 0;
 }
 
+/* LOOM_CPU_BF16_NATIVE_GPT=0 in the environment: no row's bf16 entry runs
+ * (the widen / f32 / round path for every op, as before they existed). */
+static int family_bf16_on(void)
+{
+	static int on = -1;
+	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
+	if (o < 0) {
+		const char *e = getenv("LOOM_CPU_BF16_NATIVE_GPT");
+		o = !(e && strcmp(e, "0") == 0);
+		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
+	}
+	return o;
+}
+
+/* The bf16 mask of node n for its row's bf16 entry (ops.h: bit i source i,
+ * OUT the result), or ~0u when some float is neither f32 nor bf16 (f16,
+ * f64: the emulation's). */
+static unsigned bf16_mask(const loom_plan *pl, const loom_node *n)
+{
+	unsigned half = 0;
+	for (int i = 0; i < n->nsrc; i++) {
+		loom_dtype dt = src_node(pl, n, i)->dtype;
+		if (dt == LOOM_BF16)
+			half |= LOOM_CPU_BF16_SRC(i);
+		else if (dt != LOOM_F32 && dt != LOOM_I32)
+			return ~0u;
+	}
+	if (n->dtype == LOOM_BF16)
+		half |= LOOM_CPU_BF16_OUT;
+	else if (n->dtype != LOOM_F32)
+		return ~0u;
+	return half;
+}
+
 /* Bytes of scratch node v needs: its kernel's workspace, then the f32
  * copies of its half sources and result. */
 static size_t node_workspace(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
 	const loom_node *n = &pl->g->nodes[v];
 	size_t ws = 0;
-	if (cpu_op_ws[n->op])
-		ws = cpu_op_ws[n->op](c, pl, v, loom_dtype_size(loom_cpu_kernel_dtype(n)));
+	if (cpu_op(n->op)->ws)
+		ws = cpu_op(n->op)->ws(c, pl, v, loom_dtype_size(loom_cpu_kernel_dtype(n)));
 	if (emulated(pl, n)) {
 		for (int i = 0; i < n->nsrc; i++)
 			if (is_half(src_node(pl, n, i)->dtype))
@@ -198,7 +233,7 @@ static const char *cpu_describe(void *ctx)
 static int cpu_supports_op(void *ctx, loom_op op)
 {
 	(void)ctx;
-	return (unsigned)op < LOOM_OP_COUNT && cpu_ops[op] != NULL;
+	return (unsigned)op < LOOM_OP_COUNT && cpu_op(op)->run != NULL;
 }
 
 /* Every op in every dtype the graph allows: f32 and f64 natively, halves
@@ -296,7 +331,8 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
 	const loom_arena *a = c->arena;
 	const loom_node *n = &pl->g->nodes[v];
-	loom_cpu_op_fn fn = cpu_ops[n->op];
+	const loom_cpu_op *op = cpu_op(n->op);
+	loom_cpu_op_fn fn = op->run;
 	loom_cpu_io io = { .out = loom_arena_ptr(a, pl, v), .ws = a->ws };
 	for (int i = 0; i < n->nsrc; i++)
 		io.src[i] = loom_arena_ptr(a, pl, n->src[i]);
@@ -309,16 +345,19 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	 * the kernel (ops_elementwise.c), the same bits as below. */
 	if (loom_cpu_ew_bf16_native(pl, v, &io))
 		return LOOM_OK;
-	/* Layer norm, attention, the loss and embedding likewise (ops_gpt.c). */
-	loom_status nst;
-	if (loom_cpu_gpt_bf16_native(c, pl, v, &io, &nst))
+	/* Layer norm, attention, the loss and embedding likewise (their rows'
+	 * bf16 entries, in their family files). */
+	unsigned half;
+	loom_status nst = LOOM_OK;
+	if (op->bf16 && family_bf16_on() && (half = bf16_mask(pl, n)) != ~0u && half != 0 &&
+	    op->bf16(c, pl, v, &io, half, &nst))
 		return nst;
 
 	/* Half storage: widen the half sources into f32 scratch after the
 	 * kernel's own workspace, run in f32, round the result. */
 	unsigned char *scratch = a->ws;
-	if (cpu_op_ws[n->op])
-		scratch += cpu_op_ws[n->op](c, pl, v, 4);
+	if (op->ws)
+		scratch += op->ws(c, pl, v, 4);
 	for (int i = 0; i < n->nsrc; i++) {
 		const loom_node *sn = src_node(pl, n, i);
 		if (!is_half(sn->dtype))

@@ -1,6 +1,6 @@
 /*
  * engine/cpu/bf16_rows.c — bf16 <-> f32 over one thread's run of elements,
- * for the native bf16 transformer kernels (gpt_bf16.c): widen (exact, a
+ * for the op families' native bf16 kernels (kernels.h's *_bf16): widen (exact, a
  * shift), round (nearest even, NaN quieted as half.h's loom_f32_to_bf16
  * does: the same bits) and widen-and-add. Compiled per instruction set
  * (BUILD's VARIANT_SRCS); the avx2 copy does eight elements per step with

@@ -35,7 +35,7 @@
 #endif
 
 /* The f64 twins of kernels.h's loom_cpu_exp_* (f32 through libmvec), for
- * the softmax rows of dense_impl.h and gpt_impl.h: plain scalar loops. */
+ * the softmax rows of attention.c and softmax_xent.c: plain scalar loops. */
 static inline double loom_cpu_exp_sum_f64(int64_t n, const double *x, double m)
 {
 	double s = 0;
@@ -59,6 +59,37 @@ static inline void loom_cpu_exp_scale_f64(int64_t n, const double *x, double m, 
 {
 	for (int64_t i = 0; i < n; i++)
 		y[i] = exp(x[i] - m) * g;
+}
+
+/*
+ * The family files' bf16 kernels (kernels.h's *_bf16): elements [off,
+ * off + n) of a source as f32, widened into buf when bf16; where the f32
+ * kernel writes elements [off, ...) of a result (buf when the result is
+ * bf16); and the rounding of that buf into place.
+ */
+static inline const float *loom_cpu_bf16_in(const void *p, int bf16, int64_t off, int64_t n,
+					     float *buf)
+{
+	if (!bf16)
+		return (const float *)p + off;
+	loom_cpu_bf16_widen(n, (const uint16_t *)p + off, buf);
+	return buf;
+}
+
+static inline float *loom_cpu_bf16_out(void *p, int bf16, int64_t off, float *buf)
+{
+	return bf16 ? buf : (float *)p + off;
+}
+
+static inline void loom_cpu_bf16_done(void *p, int bf16, int64_t off, int64_t n, const float *buf)
+{
+	if (bf16)
+		loom_cpu_bf16_round(n, buf, (uint16_t *)p + off);
+}
+
+static inline size_t loom_cpu_align64(size_t x)
+{
+	return (x + 63) & ~(size_t)63;
 }
 
 /* Below this many elements a parallel region costs more than it saves. */

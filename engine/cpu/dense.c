@@ -1,6 +1,6 @@
 /*
- * engine/cpu/dense.c — CPU GEMM, linear forward and softmax cross-entropy for
- * f32 and f64 from dense_impl.h. Matrix products go to OpenBLAS.
+ * engine/cpu/dense.c — CPU GEMM and linear forward for f32 and f64 from
+ * dense_impl.h. Matrix products go to OpenBLAS.
  */
 #include <math.h>
 #include <string.h>

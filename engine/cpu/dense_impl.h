@@ -1,7 +1,7 @@
 /*
- * engine/cpu/dense_impl.h — matrix products (GEMM, linear) and softmax
- * cross-entropy, written once for T/SFX/CBLAS_GEMM and included by dense.c
- * for f32 and f64 (no include guard on purpose).
+ * engine/cpu/dense_impl.h — matrix products (GEMM, linear), written once
+ * for T/SFX/CBLAS_GEMM and included by dense.c for f32 and f64 (no include
+ * guard on purpose).
  */
 
 /* One GEMM's arguments, for its split on loom's team. */
@@ -56,73 +56,4 @@ void LOOM_CPU_FN(loom_cpu_linear_fwd)(int n, int in, int out, const T *x, const 
 			memcpy(y + (int64_t)i * out, b, sizeof(T) * out);
 	}
 	LOOM_CPU_FN(loom_cpu_gemm)(0, 1, n, out, in, 1, x, w, b ? 1 : 0, y);
-}
-
-void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(int n, int classes, const T *logits,
-					       const int32_t *labels, double g, T *dlogits);
-
-/* log(sum(exp(row))) with the max taken out so that exp never overflows. */
-static double LOOM_CPU_FN(ce_logsumexp)(int classes, const T *row)
-{
-	double mx = row[0], s = 0;
-	for (int j = 1; j < classes; j++)
-		mx = row[j] > mx ? row[j] : mx;
-	s = LOOM_CPU_FN(loom_cpu_exp_sum)(classes, row, mx);
-	return mx + log(s);
-}
-
-/* *total += logsumexp(row) - row[label] over n rows in order (labels
- * checked by the caller); gpt_bf16.c calls it per widened row too. */
-void LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(int n, int classes, const T *logits,
-					   const int32_t *labels, double *total)
-{
-	for (int i = 0; i < n; i++) {
-		const T *row = logits + (int64_t)i * classes;
-		*total += LOOM_CPU_FN(ce_logsumexp)(classes, row) - row[labels[i]];
-	}
-}
-
-int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd)(int n, int classes, const T *logits,
-					 const int32_t *labels, T *loss, int *bad)
-{
-	/* Validate everything first so that a bad label writes nothing. */
-	for (int i = 0; i < n; i++) {
-		if (labels[i] < 0 || labels[i] >= classes) {
-			if (bad)
-				*bad = i;
-			return -1;
-		}
-	}
-	double total = 0;
-	LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(n, classes, logits, labels, &total);
-	*loss = (T)(n > 0 ? total / n : 0);
-	return 0;
-}
-
-void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd)(int n, int classes, const T *logits,
-					  const int32_t *labels, const T *dloss,
-					  T *dlogits)
-{
-	LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(n, classes, logits, labels,
-						  n > 0 ? (double)*dloss / n : 0, dlogits);
-}
-
-/* dlogits of n rows for the gradient scale g = dloss / (all rows). */
-void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(int n, int classes, const T *logits,
-					       const int32_t *labels, double g, T *dlogits)
-{
-	for (int i = 0; i < n; i++) {
-		const T *row = logits + (int64_t)i * classes;
-		T *out = dlogits + (int64_t)i * classes;
-		/* dlogits may be logits (LOOM_OPF_INPLACE): the label's logit is
-		 * read before its place is written. */
-		int lab = labels[i];
-		T at_label = lab >= 0 && lab < classes ? row[lab] : 0;
-		double lse = LOOM_CPU_FN(ce_logsumexp)(classes, row);
-		LOOM_CPU_FN(loom_cpu_exp_scale)(classes, row, lse, g, out);
-		/* The forward rejected bad labels; a bad one here only loses its
-		 * one-hot term instead of writing out of bounds. */
-		if (lab >= 0 && lab < classes)
-			out[lab] = (T)((exp(at_label - lse) - 1) * g);
-	}
 }

@@ -197,6 +197,29 @@ void loom_cpu_global_avgpool_bwd_f32(int64_t nc, int64_t hw, const float *dy, fl
 	PICK(loom_cpu_global_avgpool_bwd)(nc, hw, dy, dx);
 }
 
+#define BF16_ROWS_DECL(V)                                                              \
+	void loom_cpu_bf16_widen_f32_##V(int64_t n, const uint16_t *src, float *dst);   \
+	void loom_cpu_bf16_round_f32_##V(int64_t n, const float *src, uint16_t *dst);   \
+	void loom_cpu_bf16_acc_f32_##V(int64_t n, const uint16_t *src, float *acc);
+BF16_ROWS_DECL(base)
+BF16_ROWS_DECL(avx2)
+#undef BF16_ROWS_DECL
+
+void loom_cpu_bf16_widen(int64_t n, const uint16_t *src, float *dst)
+{
+	PICK(loom_cpu_bf16_widen)(n, src, dst);
+}
+
+void loom_cpu_bf16_round(int64_t n, const float *src, uint16_t *dst)
+{
+	PICK(loom_cpu_bf16_round)(n, src, dst);
+}
+
+void loom_cpu_bf16_acc(int64_t n, const uint16_t *src, float *acc)
+{
+	PICK(loom_cpu_bf16_acc)(n, src, acc);
+}
+
 int loom_cpu_bf16_native(void)
 {
 	return loom_cpu_isa_get() == LOOM_CPU_ISA_AVX512_BF16;

@@ -1,8 +1,8 @@
 /*
- * engine/cpu/ops.h — the CPU backend's entry points, one per op, named
- * loom_cpu_op_<op> and defined in the ops_<family>.c file of its family;
- * backend.c indexes them by op. An entry unpacks the node's shapes and
- * attributes and calls its kernel (kernels.h) in the node's kernel dtype.
+ * engine/cpu/ops.h — the CPU backend's entry points, one per op (a
+ * loom_cpu_op row of backend.c's table), defined in the file of its
+ * family. An entry unpacks the node's shapes and attributes and calls its
+ * kernel (kernels.h) in the node's kernel dtype.
  */
 #ifndef LOOM_ENGINE_CPU_OPS_H
 #define LOOM_ENGINE_CPU_OPS_H
@@ -69,6 +69,43 @@ typedef struct loom_cpu_io {
 
 typedef loom_status (*loom_cpu_op_fn)(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				      const loom_cpu_io *io);
+
+/*
+ * One op on the CPU: backend.c's table holds one per op (NULL: the CPU
+ * cannot run it). A family file (layernorm.c, attention.c, ...) defines
+ * the rows of its ops as `const loom_cpu_op loom_cpu_<op>`, declared only
+ * next to backend.c's table; the older families (ops_<family>.c) export
+ * their run functions, declared below, and backend.c makes their rows.
+ */
+typedef struct loom_cpu_op {
+	loom_cpu_op_fn run;
+	/* (optional) bytes of kernel workspace node v needs in elements of
+	 * elem bytes; backend.c sizes the plan's workspace from it and puts
+	 * the half emulation's f32 copies after it. */
+	size_t (*ws)(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, size_t elem);
+	/* (optional) runs node v straight on its bf16 arrays (half: bit i
+	 * LOOM_CPU_BF16_SRC(i) for a bf16 source i, LOOM_CPU_BF16_OUT for a
+	 * bf16 result; never 0; the other floats f32), fp32 inside and the
+	 * same bits as backend.c's widen / f32 / round emulation; returns 1
+	 * with its status in *st, or 0 to decline (the emulation runs). The
+	 * workspace holds what ws asked for plus the emulation's f32 copies.
+	 * LOOM_CPU_BF16_NATIVE_GPT=0 in the environment: never called. */
+	int (*bf16)(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const loom_cpu_io *io,
+		    unsigned half, loom_status *st);
+	/* The entry reads and writes its own dtypes: no half emulation. */
+	int raw;
+} loom_cpu_op;
+
+/* Node v's node and its source i, for the entries. */
+static inline const loom_node *loom_cpu_node(const loom_plan *plan, loom_value v)
+{
+	return &plan->g->nodes[v];
+}
+
+static inline const loom_node *loom_cpu_src(const loom_plan *plan, loom_value v, int i)
+{
+	return &plan->g->nodes[plan->g->nodes[v].src[i]];
+}
 
 /* The dtype node n's kernel runs in: f64 for f64 nodes, f32 for the rest. */
 static inline loom_dtype loom_cpu_kernel_dtype(const loom_node *n)
@@ -152,10 +189,6 @@ loom_status loom_cpu_op_linear(loom_cpu_ctx *ctx, const loom_plan *plan, loom_va
 			const loom_cpu_io *io);
 loom_status loom_cpu_op_matmul(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			const loom_cpu_io *io);
-loom_status loom_cpu_op_softmax_ce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_softmax_ce_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
 
 /* ops_elementwise.c */
 loom_status loom_cpu_op_relu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -190,39 +223,6 @@ void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, i
  * returns 1; else 0.
  * LOOM_CPU_BF16_NATIVE_EW=0 in the environment: always 0 (the old path). */
 int loom_cpu_ew_bf16_native(const loom_plan *plan, loom_value v, const loom_cpu_io *io);
-
-/* ops_gpt.c: the transformer ops */
-loom_status loom_cpu_op_embedding(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_embedding_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_layernorm(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_layernorm_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_layernorm_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_attn_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_attn_probs_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_attention(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_attention_bwd_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_attention_bwd_qkv(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-/* Bytes of workspace a transformer node needs in elements of elem bytes:
- * layer norm's dgamma per-thread sums, attention's per-thread dS. */
-size_t loom_cpu_gpt_workspace(const loom_plan *plan, loom_value v, size_t elem);
-/* Runs node v if it is a layer norm, attention, softmax cross-entropy or
- * embedding node (forward or backward) reading or writing bf16 (the rest
- * f32), with gpt_kernels.h's *_bf16 kernels (fp32 inside, the same bits as
- * backend.c's widen / f32 / round path), its status in *st, and returns 1;
- * else 0. LOOM_CPU_BF16_NATIVE_GPT=0 in the environment: always 0 (the old
- * path). */
-int loom_cpu_gpt_bf16_native(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			     const loom_cpu_io *io, loom_status *st);
 
 /* accum.c: gradient accumulation on segment s of plan->accum: add it into
  * its sum, or (fold) add the sum into it and clear the sum. */

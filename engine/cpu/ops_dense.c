@@ -1,8 +1,7 @@
 /*
  * engine/cpu/ops_dense.c — the CPU entries of the dense ops: linear (with a
  * relu graph/fuse.c may fold into it), matrix product (each on the kernel
- * ksearch.c chose: loom's split GEMM or oneDNN's matmul primitive), and
- * softmax cross entropy with its gradient.
+ * ksearch.c chose: loom's split GEMM or oneDNN's matmul primitive).
  */
 #include "engine/cpu/ops.h"
 
@@ -52,34 +51,5 @@ loom_status loom_cpu_op_matmul(loom_cpu_ctx *ctx, const loom_plan *plan, loom_va
 	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_gemm, ta, tb,
 			  (int)loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), k, 1.0,
 			  io->src[0], io->src[1], 0.0, io->out);
-	return LOOM_OK;
-}
-
-loom_status loom_cpu_op_softmax_ce(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cpu_io *io)
-{
-	const loom_node *n = &plan->g->nodes[v];
-	const loom_node *x = &plan->g->nodes[n->src[0]];
-	int bad = -1, r;
-	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
-		r = loom_cpu_softmax_ce_fwd_f64((int)x->shape.dims[0], (int)x->shape.dims[1],
-						io->src[0], io->src[1], io->out, &bad);
-	else
-		r = loom_cpu_softmax_ce_fwd_f32((int)x->shape.dims[0], (int)x->shape.dims[1],
-						io->src[0], io->src[1], io->out, &bad);
-	if (r < 0)
-		return loom_bad_label(ctx->err, plan, v,
-				      bad >= 0 ? ((const int32_t *)io->src[1])[bad] : -1, bad);
-	return LOOM_OK;
-}
-
-loom_status loom_cpu_op_softmax_ce_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				       const loom_cpu_io *io)
-{
-	const loom_node *n = &plan->g->nodes[v];
-	const loom_node *x = &plan->g->nodes[n->src[0]];
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_softmax_ce_bwd, (int)x->shape.dims[0],
-			  (int)x->shape.dims[1], io->src[0], io->src[1], io->src[2], io->out);
 	return LOOM_OK;
 }

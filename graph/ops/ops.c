@@ -1,82 +1,28 @@
 /*
- * graph/ops/ops.c — the op table, one row per op (the entries live in the
- * family files and are declared only here), and the helpers gradient rules
- * share.
+ * graph/ops/ops.c — the op table, one row per op of graph_internal.h's
+ * LOOM_OPS (the entries live in the family files and are declared only
+ * here), and the helpers gradient rules share.
  */
 #include "graph/ops/ops.h"
 
-/* The entries, one per op, defined in the family files. */
-extern const loom_op_def loom_op_input, loom_op_param, loom_op_buffer;         /* leaf.c */
-extern const loom_op_def loom_op_conv2d, loom_op_conv2d_bwd_data,
-	loom_op_conv2d_bwd_filter;                                              /* conv.c */
-extern const loom_op_def loom_op_batchnorm2d, loom_op_bn_bwd_data,
-	loom_op_bn_bwd_gamma;                                                   /* batchnorm.c */
-extern const loom_op_def loom_op_maxpool2d, loom_op_maxpool2d_bwd, loom_op_global_avgpool,
-	loom_op_global_avgpool_bwd;                                             /* pool.c */
-extern const loom_op_def loom_op_linear, loom_op_matmul;                       /* dense.c */
-extern const loom_op_def loom_op_relu, loom_op_relu_bwd, loom_op_add,
-	loom_op_cast;                                                           /* elementwise.c */
-#define UNARY_EXTERN(NAME, low) extern const loom_op_def loom_op_##low, loom_op_##low##_bwd;
-LOOM_UNARY_OPS(UNARY_EXTERN)                                                   /* unary.c */
-#undef UNARY_EXTERN
-extern const loom_op_def loom_op_reshape;                                      /* view.c */
-extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
-extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
-	loom_op_grad_seed;                                                      /* loss.c */
-extern const loom_op_def loom_op_allreduce;                                    /* comm.c */
-extern const loom_op_def loom_op_embedding, loom_op_embedding_bwd;             /* embedding.c */
-extern const loom_op_def loom_op_layernorm, loom_op_layernorm_bwd_data,
-	loom_op_layernorm_bwd_gamma;                                            /* layernorm.c */
-extern const loom_op_def loom_op_attn_probs, loom_op_attn_probs_bwd, loom_op_attention,
-	loom_op_attention_bwd_probs, loom_op_attention_bwd_qkv;                 /* attention.c */
-extern const loom_op_def loom_op_reorder;                                      /* reorder.c */
+/* The entries, one per op (graph_internal.h's LOOM_OPS), each defined in
+ * its family's file. */
+#define OP_EXTERN(NAME, low) extern const loom_op_def loom_op_##low;
+#define OP_EXTERN_PAIR(NAME, low) OP_EXTERN(NAME, low) OP_EXTERN(NAME##_BWD, low##_bwd)
+LOOM_OPS(OP_EXTERN, OP_EXTERN_PAIR)
+#undef OP_EXTERN
+#undef OP_EXTERN_PAIR
 
 const loom_op_def *const loom_op_defs[] = {
-	[LOOM_OP_INPUT] = &loom_op_input,
-	[LOOM_OP_PARAM] = &loom_op_param,
-	[LOOM_OP_BUFFER] = &loom_op_buffer,
-	[LOOM_OP_CONV2D] = &loom_op_conv2d,
-	[LOOM_OP_CONV2D_BWD_DATA] = &loom_op_conv2d_bwd_data,
-	[LOOM_OP_CONV2D_BWD_FILTER] = &loom_op_conv2d_bwd_filter,
-	[LOOM_OP_CHANNEL_SUM] = &loom_op_channel_sum,
-	[LOOM_OP_BATCHNORM2D] = &loom_op_batchnorm2d,
-	[LOOM_OP_BN_BWD_DATA] = &loom_op_bn_bwd_data,
-	[LOOM_OP_BN_BWD_GAMMA] = &loom_op_bn_bwd_gamma,
-	[LOOM_OP_RELU] = &loom_op_relu,
-	[LOOM_OP_RELU_BWD] = &loom_op_relu_bwd,
-	[LOOM_OP_MAXPOOL2D] = &loom_op_maxpool2d,
-	[LOOM_OP_MAXPOOL2D_BWD] = &loom_op_maxpool2d_bwd,
-	[LOOM_OP_LINEAR] = &loom_op_linear,
-	[LOOM_OP_MATMUL] = &loom_op_matmul,
-	[LOOM_OP_ADD] = &loom_op_add,
-	[LOOM_OP_RESHAPE] = &loom_op_reshape,
-	[LOOM_OP_SUM] = &loom_op_sum,
-	[LOOM_OP_BROADCAST] = &loom_op_broadcast,
-	[LOOM_OP_SOFTMAX_CE] = &loom_op_softmax_ce,
-	[LOOM_OP_SOFTMAX_CE_BWD] = &loom_op_softmax_ce_bwd,
-	[LOOM_OP_GRAD_SEED] = &loom_op_grad_seed,
-	[LOOM_OP_CAST] = &loom_op_cast,
-	[LOOM_OP_GLOBAL_AVGPOOL] = &loom_op_global_avgpool,
-	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = &loom_op_global_avgpool_bwd,
-#define UNARY_ROW(NAME, low) [LOOM_OP_##NAME] = &loom_op_##low, [LOOM_OP_##NAME##_BWD] = &loom_op_##low##_bwd,
-	LOOM_UNARY_OPS(UNARY_ROW)
-#undef UNARY_ROW
-	[LOOM_OP_ALLREDUCE] = &loom_op_allreduce,
-	[LOOM_OP_EMBEDDING] = &loom_op_embedding,
-	[LOOM_OP_EMBEDDING_BWD] = &loom_op_embedding_bwd,
-	[LOOM_OP_LAYERNORM] = &loom_op_layernorm,
-	[LOOM_OP_LAYERNORM_BWD_DATA] = &loom_op_layernorm_bwd_data,
-	[LOOM_OP_LAYERNORM_BWD_GAMMA] = &loom_op_layernorm_bwd_gamma,
-	[LOOM_OP_ATTN_PROBS] = &loom_op_attn_probs,
-	[LOOM_OP_ATTN_PROBS_BWD] = &loom_op_attn_probs_bwd,
-	[LOOM_OP_ATTENTION] = &loom_op_attention,
-	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_op_attention_bwd_probs,
-	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_op_attention_bwd_qkv,
-	[LOOM_OP_REORDER] = &loom_op_reorder,
+#define OP_ROW(NAME, low) [LOOM_OP_##NAME] = &loom_op_##low,
+#define OP_ROW_PAIR(NAME, low) OP_ROW(NAME, low) OP_ROW(NAME##_BWD, low##_bwd)
+	LOOM_OPS(OP_ROW, OP_ROW_PAIR)
+#undef OP_ROW
+#undef OP_ROW_PAIR
 };
 
-/* A new op last in the enum with no row here fails to compile; a hole in
- * the middle is a NULL row, which tests/graph/test_op_table.c catches. */
+/* Every row of LOOM_OPS has its entry here by construction: an op whose
+ * family file defines no loom_op_<low> fails to link. */
 _Static_assert(sizeof(loom_op_defs) / sizeof(loom_op_defs[0]) == LOOM_OP_COUNT,
 	       "graph/ops/ops.c: the op table must have one row per loom_op");
 

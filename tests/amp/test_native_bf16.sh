@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/amp/test_native_bf16.sh — the GPT (examples/gpt_ddp) trained a few
 # steps at O1 and O2 bf16 on the CPU with the native bf16 transformer kernels
-# (engine/cpu/gpt_bf16.c, the default) and with LOOM_CPU_BF16_NATIVE_GPT=0
+# (the *_bf16 kernels of engine/cpu's family files, the default) and with
+# LOOM_CPU_BF16_NATIVE_GPT=0
 # (backend.c's widen / f32 / round path): the same losses, bit for bit, as
 # both paths round the same f32 results once. Odd sizes (context 24, 3
 # heads of 8, vocabulary 256) so that no block or batch divides evenly.

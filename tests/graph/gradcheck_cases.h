@@ -60,6 +60,8 @@
 	X(LOOM_OP_ATTENTION, attention_t4_h1)                            \
 	X(LOOM_OP_ATTENTION, attention_t5_h3)                            \
 	X(LOOM_OP_ATTENTION, attention_free_probs)                       \
-	X(LOOM_OP_ATTN_PROBS, attn_probs_t4_h2)
+	X(LOOM_OP_ATTN_PROBS, attn_probs_t4_h2)                          \
+	X(LOOM_OP_RMSNORM, rms_norm_3d)                                  \
+	X(LOOM_OP_RMSNORM, rms_norm_2d_narrow)
 
 #endif /* LOOM_TESTS_GRAPH_GRADCHECK_CASES_H */

@@ -889,6 +889,29 @@ static void case_layernorm_2d_narrow(void)
 	gc_fini(&c);
 }
 
+static void case_rms_norm_3d(void)
+{
+	gc c;
+	gc_init(&c, 113);
+	int64_t xd[3] = { 2, 3, 5 }, pd[1] = { 5 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 3, xd);
+	loom_value gm = gc_param_new(&c, "gamma", FILL_NEAR1, 1, pd);
+	gc_check(&c, gc_project(&c, loom_rms_norm(c.g, x, gm, 1e-5)), 1e-6);
+	gc_fini(&c);
+}
+
+/* A row of 2 and a large eps (its share of the denominator shows). */
+static void case_rms_norm_2d_narrow(void)
+{
+	gc c;
+	gc_init(&c, 114);
+	int64_t xd[2] = { 4, 2 }, pd[1] = { 2 };
+	loom_value x = gc_param_new(&c, "x", FILL_AWAY0, 2, xd);
+	loom_value gm = gc_param_new(&c, "gamma", FILL_NEAR1, 1, pd);
+	gc_check(&c, gc_project(&c, loom_rms_norm(c.g, x, gm, 0.5)), 1e-6);
+	gc_fini(&c);
+}
+
 /* linear over the last dim of [B, T, C]: no reshape around it. */
 static void case_linear_3d_bias(void)
 {

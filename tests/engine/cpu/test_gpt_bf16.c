@@ -1,12 +1,14 @@
 /*
- * tests/engine/cpu/test_gpt_bf16.c — the native bf16 transformer kernels
- * (engine/cpu/gpt_bf16.c) against the f32 ones: layer norm (forward, dx,
- * dgamma), the five attention kernels, softmax cross-entropy and embedding,
- * forward and backward, on bf16 inputs in each mix of f32 and bf16 the AMP
- * plans make. Each result must be the f32 kernel's rounded once (the bits
- * backend.c's emulation gives) and so within half a bf16 ulp of the f32
- * op; the converters (bf16_rows.c) against half.h's scalar ones, NaN and
- * subnormals included. Run once per instruction-set path (BUILD).
+ * tests/engine/cpu/test_gpt_bf16.c — the native bf16 kernels of the op
+ * families (engine/cpu/layernorm.c, attention.c, ...) against the f32
+ * ones: layer norm and RMS norm (forward, dx, dgamma), the five attention
+ * kernels, softmax cross-entropy and embedding, forward and backward, on
+ * bf16 inputs in each mix of f32 and bf16 the AMP plans make (and RMS
+ * norm's f32 forward against its formula). Each result must be the f32
+ * kernel's rounded once (the bits backend.c's emulation gives) and so
+ * within half a bf16 ulp of the f32 op; the converters (bf16_rows.c)
+ * against half.h's scalar ones, NaN and subnormals included. Run once per
+ * instruction-set path (BUILD).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -15,7 +17,7 @@
 #include <string.h>
 
 #include "base/half.h"
-#include "engine/cpu/gpt_kernels.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/kernels.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -209,6 +211,62 @@ Test(gpt_bf16, layernorm_declines_rows_wider_than_its_blocks)
 		cr_assert_eq(y[i], 0xffff, "a declining kernel wrote [%d]", i);
 	free(y);
 	arr_free(&x), arr_free(&g);
+}
+
+/* -------------------------------------------------------------- RMS norm */
+
+static void check_rmsnorm(int64_t rows, int c)
+{
+	arr x = arr_rand(rows * c, -3, 3), g = arr_rand(c, 0.5, 1.5), dy = arr_rand(rows * c, -1, 1);
+	float *ref = malloc(4 * (size_t)rows * c), *rg = malloc(4 * (size_t)c);
+	double *ws = malloc(loom_cpu_rmsnorm_bwd_gamma_ws(c));
+	char what[64];
+	/* The f32 forward against the formula, x / sqrt(mean(x^2) + eps) * gamma. */
+	loom_cpu_rmsnorm_fwd_f32(rows, c, x.f, g.f, 1e-5, ref);
+	for (int64_t r = 0; r < rows; r++) {
+		double ss = 0;
+		for (int j = 0; j < c; j++)
+			ss += (double)x.f[r * c + j] * x.f[r * c + j];
+		for (int j = 0; j < c; j++) {
+			double want = x.f[r * c + j] / sqrt(ss / c + 1e-5) * g.f[j];
+			cr_assert(fabs(ref[r * c + j] - want) <= 1e-6 * fabs(want) + 1e-7,
+				  "rms_norm [%lld, %d] = %.9g, the formula gives %.9g", (long long)r,
+				  j, ref[r * c + j], want);
+		}
+	}
+	for (unsigned k = 0; k < sizeof(ln_masks) / sizeof(ln_masks[0]); k++) {
+		unsigned half = ln_masks[k];
+		void *y = out_new(rows * c, half), *dg = out_new(c, half);
+		snprintf(what, sizeof(what), "rms_norm %lldx%d", (long long)rows, c);
+		loom_cpu_rmsnorm_fwd_f32(rows, c, x.f, g.f, 1e-5, ref);
+		cr_assert(loom_cpu_rmsnorm_fwd_bf16(rows, c, as(&x, half, 0), as(&g, half, 1), 1e-5,
+						    y, half));
+		check_out(what, half, rows * c, y, ref);
+		snprintf(what, sizeof(what), "rms_norm dx %lldx%d", (long long)rows, c);
+		loom_cpu_rmsnorm_bwd_data_f32(rows, c, x.f, g.f, dy.f, 1e-5, ref);
+		cr_assert(loom_cpu_rmsnorm_bwd_data_bf16(rows, c, as(&x, half, 0), as(&g, half, 1),
+							 as(&dy, half, 2), 1e-5, y, half));
+		check_out(what, half, rows * c, y, ref);
+		/* dgamma's sources are (x, dy): bits 0 and 1. */
+		unsigned hg = (half & LOOM_CPU_BF16_OUT) | (half & LOOM_CPU_BF16_SRC(0)) |
+			      (half & LOOM_CPU_BF16_SRC(2) ? LOOM_CPU_BF16_SRC(1) : 0);
+		snprintf(what, sizeof(what), "rms_norm dgamma %lldx%d", (long long)rows, c);
+		loom_cpu_rmsnorm_bwd_gamma_f32(rows, c, x.f, dy.f, 1e-5, rg, ws);
+		cr_assert(loom_cpu_rmsnorm_bwd_gamma_bf16(rows, c, as(&x, hg, 0), as(&dy, hg, 1),
+							  1e-5, dg, ws, hg));
+		check_out(what, hg, c, dg, rg);
+		free(y), free(dg);
+	}
+	arr_free(&x), arr_free(&g), arr_free(&dy);
+	free(ref), free(rg), free(ws);
+}
+
+Test(gpt_bf16, rms_norm_forward_and_backward)
+{
+	check_rmsnorm(1, 1);
+	check_rmsnorm(123, 100); /* blocks of 40 rows, a short last one */
+	check_rmsnorm(300, 128); /* threads */
+	check_rmsnorm(3, 4096);  /* one row per block */
 }
 
 /* ------------------------------------------------------------- attention */

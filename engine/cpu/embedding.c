@@ -1,0 +1,189 @@
+/*
+ * engine/cpu/embedding.c — embedding on the CPU: the gather of table rows
+ * by id and its backward scatter-add (f32 and f64; bf16 tables and
+ * gradients in f32 inside), and the entries of EMBEDDING and
+ * EMBEDDING_BWD. The f32/f64 kernels are written once at the end of this
+ * file, which includes itself once per type (LOOM_CPU_TEMPLATE set).
+ */
+#ifndef LOOM_CPU_TEMPLATE
+#include <string.h>
+
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/ops.h"
+
+#define LOOM_CPU_TEMPLATE
+#define T float
+#define SFX f32
+#include "engine/cpu/embedding.c"
+#undef T
+#undef SFX
+#define T double
+#define SFX f64
+#include "engine/cpu/embedding.c"
+#undef T
+#undef SFX
+#undef LOOM_CPU_TEMPLATE
+
+/* ------------------------------------------------------------ bf16 */
+
+int loom_cpu_embedding_fwd_bf16(int64_t n, int v, int c, const int32_t *ids,
+				const uint16_t *table, uint16_t *y, int64_t *bad)
+{
+	for (int64_t i = 0; i < n; i++) {
+		if (ids[i] < 0 || ids[i] >= v) {
+			if (bad)
+				*bad = i;
+			return -1;
+		}
+	}
+#pragma omp parallel for if (n * c >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		memcpy(y + i * c, table + (int64_t)ids[i] * c, sizeof(uint16_t) * c);
+	return 0;
+}
+
+/* The f32 kernel's column ranges and row order: the same sums. */
+int loom_cpu_embedding_bwd_bf16(int64_t n, int v, int c, const int32_t *ids, const void *dy,
+				void *dtable, float *ws, unsigned half)
+{
+	const int in16 = half & LOOM_CPU_BF16_SRC(1), out16 = half & LOOM_CPU_BF16_OUT;
+	float *acc = out16 ? ws : dtable;
+	int nt = n * c >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+	if (nt > c)
+		nt = c;
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int j0 = (int)((int64_t)c * t / cnt), j1 = (int)((int64_t)c * (t + 1) / cnt);
+		for (int64_t r = 0; r < v; r++)
+			memset(acc + r * c + j0, 0, sizeof(float) * (size_t)(j1 - j0));
+		for (int64_t i = 0; i < n; i++) {
+			if (ids[i] < 0 || ids[i] >= v)
+				continue;
+			float *row = acc + (int64_t)ids[i] * c;
+			if (in16) {
+				loom_cpu_bf16_acc(j1 - j0, (const uint16_t *)dy + i * c + j0, row + j0);
+			} else {
+				const float *d = (const float *)dy + i * c;
+				for (int j = j0; j < j1; j++)
+					row[j] += d[j];
+			}
+		}
+		if (out16)
+			for (int64_t r = 0; r < v; r++)
+				loom_cpu_bf16_round(j1 - j0, acc + r * c + j0,
+						    (uint16_t *)dtable + r * c + j0);
+	}
+	return 1;
+}
+
+/* ---------------------------------------------------------- entries */
+
+static loom_status bad_id(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			  const loom_cpu_io *io, int64_t bad, int vocab)
+{
+	char lb[96];
+	return loom_errf(ctx->err, LOOM_ERR_INVALID,
+			 "%s: id %d at position %lld is outside the table's [0, %d)",
+			 loom_node_label(plan->g, v, lb, sizeof(lb)),
+			 (int)((const int32_t *)io->src[0])[bad], (long long)bad, vocab);
+}
+
+static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			   const loom_cpu_io *io)
+{
+	const loom_node *w = loom_cpu_src(plan, v, 1);
+	int64_t n = loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape), bad = -1;
+	int vocab = (int)w->shape.dims[0], c = (int)w->shape.dims[1], r;
+	if (loom_cpu_kernel_dtype(loom_cpu_node(plan, v)) == LOOM_F64)
+		r = loom_cpu_embedding_fwd_f64(n, vocab, c, io->src[0], io->src[1], io->out, &bad);
+	else
+		r = loom_cpu_embedding_fwd_f32(n, vocab, c, io->src[0], io->src[1], io->out, &bad);
+	return r < 0 ? bad_id(ctx, plan, v, io, bad, vocab) : LOOM_OK;
+}
+
+/* Only a bf16 table into bf16 rows: a copy. */
+static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const loom_cpu_io *io,
+		    unsigned half, loom_status *st)
+{
+	const loom_node *w = loom_cpu_src(plan, v, 1);
+	int64_t bad = -1;
+	if (half != (LOOM_CPU_BF16_SRC(1) | LOOM_CPU_BF16_OUT))
+		return 0;
+	if (loom_cpu_embedding_fwd_bf16(loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape),
+					(int)w->shape.dims[0], (int)w->shape.dims[1], io->src[0],
+					io->src[1], io->out, &bad) < 0)
+		*st = bad_id(ctx, plan, v, io, bad, (int)w->shape.dims[0]);
+	return 1;
+}
+
+static loom_status run_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			   const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	int64_t cnt = loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape);
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_embedding_bwd, cnt,
+			  (int)n->shape.dims[0], (int)n->shape.dims[1], io->src[0], io->src[1],
+			  io->out);
+	return LOOM_OK;
+}
+
+/* Its f32 sums in ws: within the emulation's f32 copy of the table. */
+static int bf16_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const loom_cpu_io *io,
+		    unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	(void)st;
+	return loom_cpu_embedding_bwd_bf16(loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape),
+					   (int)n->shape.dims[0], (int)n->shape.dims[1], io->src[0],
+					   io->src[1], io->out, io->ws, half);
+}
+
+const loom_cpu_op loom_cpu_embedding = { .run = run_fwd, .bf16 = bf16_fwd };
+const loom_cpu_op loom_cpu_embedding_bwd = { .run = run_bwd, .bf16 = bf16_bwd };
+
+#else /* LOOM_CPU_TEMPLATE: the f32 and f64 kernels, T and SFX set */
+
+int LOOM_CPU_FN(loom_cpu_embedding_fwd)(int64_t n, int v, int c, const int32_t *ids,
+					const T *table, T *y, int64_t *bad)
+{
+	for (int64_t i = 0; i < n; i++) {
+		if (ids[i] < 0 || ids[i] >= v) {
+			if (bad)
+				*bad = i;
+			return -1;
+		}
+	}
+#pragma omp parallel for if (n * c >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		memcpy(y + i * c, table + (int64_t)ids[i] * c, sizeof(T) * c);
+	return 0;
+}
+
+void LOOM_CPU_FN(loom_cpu_embedding_bwd)(int64_t n, int v, int c, const int32_t *ids,
+					 const T *dy, T *dtable)
+{
+	memset(dtable, 0, sizeof(T) * (size_t)v * c);
+	/* Threads own column ranges, so repeated ids never race; rows are
+	 * added in order, the same sums whatever the thread count. */
+	int nt = n * c >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+	if (nt > c)
+		nt = c;
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int j0 = (int)((int64_t)c * t / cnt), j1 = (int)((int64_t)c * (t + 1) / cnt);
+		for (int64_t i = 0; i < n; i++) {
+			if (ids[i] < 0 || ids[i] >= v)
+				continue;
+			T *row = dtable + (int64_t)ids[i] * c;
+			const T *d = dy + i * c;
+			for (int j = j0; j < j1; j++)
+				row[j] += d[j];
+		}
+	}
+}
+
+#endif /* LOOM_CPU_TEMPLATE */

@@ -1,0 +1,297 @@
+/*
+ * engine/cpu/layernorm.c — layer norm over the last dim on the CPU: the
+ * kernels (f32 and f64, statistics in double; bf16 storage through blocks
+ * of widened rows) and the entries of LAYERNORM and its two backward ops.
+ * The f32/f64 kernels are written once at the end of this file, which
+ * includes itself once per type (LOOM_CPU_TEMPLATE set), as dense.c
+ * instantiates dense_impl.h.
+ */
+#ifndef LOOM_CPU_TEMPLATE
+#include <math.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/ops.h"
+
+#define LOOM_CPU_TEMPLATE
+#define T float
+#define SFX f32
+#include "engine/cpu/layernorm.c"
+#undef T
+#undef SFX
+#define T double
+#define SFX f64
+#include "engine/cpu/layernorm.c"
+#undef T
+#undef SFX
+#undef LOOM_CPU_TEMPLATE
+
+size_t loom_cpu_layernorm_bwd_gamma_ws(int c)
+{
+	return sizeof(double) * (size_t)loom_cpu_slots() * (size_t)c;
+}
+
+/* ------------------------------------------------------------ bf16 */
+
+#define ROWS LOOM_CPU_BF16_ROWS
+
+int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma,
+				const void *beta, double eps, void *y, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
+		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
+		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
+		const float *b = loom_cpu_bf16_in(beta, half & LOOM_CPU_BF16_SRC(2), 0, c, bb);
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
+							   nr * c, xb);
+			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
+			loom_cpu_layernorm_fwd_f32(nr, c, xs, g, b, eps, ys);
+			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
+		}
+	}
+	return 1;
+}
+
+int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
+				     const void *dy, double eps, void *dx, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), gb[ROWS] __attribute__((aligned(64)));
+		float db[ROWS] __attribute__((aligned(64))), ob[ROWS] __attribute__((aligned(64)));
+		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
+							   nr * c, xb);
+			const float *ds = loom_cpu_bf16_in(dy, half & LOOM_CPU_BF16_SRC(2), r0 * c,
+							   nr * c, db);
+			float *os = loom_cpu_bf16_out(dx, half & LOOM_CPU_BF16_OUT, r0 * c, ob);
+			loom_cpu_layernorm_bwd_data_f32(nr, c, xs, g, ds, eps, os);
+			loom_cpu_bf16_done(dx, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, os);
+		}
+	}
+	return 1;
+}
+
+/* The f32 kernel's threads, row ranges and ordered sum of the slots, with
+ * each thread's rows widened a block at a time. */
+int loom_cpu_layernorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
+				      double eps, void *dgamma, double *ws, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	int nt = rows * c >= LOOM_CPU_PAR_MIN ?
+			 loom_cpu_slot_threads(rows < 65536 ? (int)rows : 65536) : 1;
+	const int64_t per = ROWS / c;
+	memset(ws, 0, sizeof(double) * (size_t)nt * c);
+#pragma omp parallel num_threads(nt)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), db[ROWS] __attribute__((aligned(64)));
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int64_t r0 = rows * t / cnt, r1 = rows * (t + 1) / cnt;
+		for (int64_t r = r0; r < r1; r += per) {
+			int64_t nr = r1 - r < per ? r1 - r : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r * c,
+							   nr * c, xb);
+			const float *ds = loom_cpu_bf16_in(dy, half & LOOM_CPU_BF16_SRC(1), r * c,
+							   nr * c, db);
+			loom_cpu_layernorm_gamma_rows_f32(nr, c, xs, ds, eps, ws + (size_t)t * c);
+		}
+	}
+	for (int j = 0; j < c; j++) {
+		double s = 0;
+		for (int t = 0; t < nt; t++)
+			s += ws[(size_t)t * c + j];
+		if (half & LOOM_CPU_BF16_OUT)
+			((uint16_t *)dgamma)[j] = loom_f32_to_bf16((float)s);
+		else
+			((float *)dgamma)[j] = (float)s;
+	}
+	return 1;
+}
+
+/* ---------------------------------------------------------- entries */
+
+static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			   const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_fwd,
+			  loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), io->src[0],
+			  io->src[1], io->src[2], n->a.ln.eps, io->out);
+	return LOOM_OK;
+}
+
+static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const loom_cpu_io *io,
+		    unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	(void)st;
+	return loom_cpu_layernorm_fwd_bf16(loom_shape_rows(&n->shape),
+					   (int)loom_shape_last(&n->shape), io->src[0], io->src[1],
+					   io->src[2], n->a.ln.eps, io->out, half);
+}
+
+static loom_status run_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_bwd_data,
+			  loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), io->src[0],
+			  io->src[1], io->src[2], n->a.ln.eps, io->out);
+	return LOOM_OK;
+}
+
+static int bf16_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			 const loom_cpu_io *io, unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	(void)st;
+	return loom_cpu_layernorm_bwd_data_bf16(loom_shape_rows(&n->shape),
+						(int)loom_shape_last(&n->shape), io->src[0],
+						io->src[1], io->src[2], n->a.ln.eps, io->out, half);
+}
+
+static loom_status run_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
+	(void)ctx;
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_bwd_gamma,
+			  loom_shape_rows(&x->shape), (int)loom_shape_last(&x->shape), io->src[0],
+			  io->src[1], n->a.ln.eps, io->out, io->ws);
+	return LOOM_OK;
+}
+
+static int bf16_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			  const loom_cpu_io *io, unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
+	(void)ctx;
+	(void)st;
+	return loom_cpu_layernorm_bwd_gamma_bf16(loom_shape_rows(&x->shape),
+						 (int)loom_shape_last(&x->shape), io->src[0],
+						 io->src[1], n->a.ln.eps, io->out, io->ws, half);
+}
+
+/* dgamma's per-thread sums. */
+static size_t ws_bwd_gamma(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			   size_t elem)
+{
+	(void)ctx;
+	(void)elem;
+	return loom_cpu_layernorm_bwd_gamma_ws((int)loom_shape_last(&loom_cpu_node(plan, v)->shape));
+}
+
+const loom_cpu_op loom_cpu_layernorm = { .run = run_fwd, .bf16 = bf16_fwd };
+const loom_cpu_op loom_cpu_layernorm_bwd_data = { .run = run_bwd_data, .bf16 = bf16_bwd_data };
+const loom_cpu_op loom_cpu_layernorm_bwd_gamma = { .run = run_bwd_gamma, .ws = ws_bwd_gamma,
+						   .bf16 = bf16_bwd_gamma };
+
+#else /* LOOM_CPU_TEMPLATE: the f32 and f64 kernels, T and SFX set */
+
+/* Mean and 1 / sqrt(biased variance + eps) of one row, in double. */
+static void LOOM_CPU_FN(ln_stats)(int c, const T *x, double eps, double *mean, double *rstd)
+{
+	double s = 0, ss = 0;
+	for (int j = 0; j < c; j++)
+		s += x[j];
+	double m = s / c;
+	for (int j = 0; j < c; j++)
+		ss += (x[j] - m) * (x[j] - m);
+	*mean = m;
+	*rstd = 1.0 / sqrt(ss / c + eps);
+}
+
+void LOOM_CPU_FN(loom_cpu_layernorm_fwd)(int64_t rows, int c, const T *x, const T *gamma,
+					 const T *beta, double eps, T *y)
+{
+#pragma omp parallel for if (rows * c >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * c;
+		T *yr = y + r * c;
+		double m, rs;
+		LOOM_CPU_FN(ln_stats)(c, xr, eps, &m, &rs);
+		for (int j = 0; j < c; j++)
+			yr[j] = (T)((xr[j] - m) * rs * gamma[j] + beta[j]);
+	}
+}
+
+/* dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). */
+void LOOM_CPU_FN(loom_cpu_layernorm_bwd_data)(int64_t rows, int c, const T *x, const T *gamma,
+					      const T *dy, double eps, T *dx)
+{
+#pragma omp parallel for if (rows * c >= LOOM_CPU_PAR_MIN) schedule(static)
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * c, *dr = dy + r * c;
+		T *out = dx + r * c;
+		double m, rs, a = 0, b = 0;
+		LOOM_CPU_FN(ln_stats)(c, xr, eps, &m, &rs);
+		for (int j = 0; j < c; j++) {
+			double g = (double)gamma[j] * dr[j];
+			a += g;
+			b += g * (xr[j] - m) * rs;
+		}
+		a /= c;
+		b /= c;
+		for (int j = 0; j < c; j++) {
+			double xh = (xr[j] - m) * rs;
+			out[j] = (T)(rs * ((double)gamma[j] * dr[j] - a - xh * b));
+		}
+	}
+}
+
+/* acc[j] += dy * xhat over rows (one thread's share; the bf16 kernel calls
+ * it per block of widened rows). */
+void LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(int64_t rows, int c, const T *x, const T *dy,
+						double eps, double *acc)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * c, *dr = dy + r * c;
+		double m, rs;
+		LOOM_CPU_FN(ln_stats)(c, xr, eps, &m, &rs);
+		for (int j = 0; j < c; j++)
+			acc[j] += dr[j] * (xr[j] - m) * rs;
+	}
+}
+
+void LOOM_CPU_FN(loom_cpu_layernorm_bwd_gamma)(int64_t rows, int c, const T *x, const T *dy,
+					       double eps, T *dgamma, double *ws)
+{
+	int nt = rows * c >= LOOM_CPU_PAR_MIN ? loom_cpu_slot_threads(rows < 65536 ? (int)rows : 65536) : 1;
+	memset(ws, 0, sizeof(double) * (size_t)nt * c);
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int64_t r0 = rows * t / cnt, r1 = rows * (t + 1) / cnt;
+		LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(r1 - r0, c, x + r0 * c, dy + r0 * c, eps,
+							   ws + (size_t)t * c);
+	}
+	/* The slots in a fixed order: the same sums for the same thread count. */
+	for (int j = 0; j < c; j++) {
+		double s = 0;
+		for (int t = 0; t < nt; t++)
+			s += ws[(size_t)t * c + j];
+		dgamma[j] = (T)s;
+	}
+}
+
+#endif /* LOOM_CPU_TEMPLATE */
