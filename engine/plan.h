@@ -12,15 +12,13 @@
 
 #include "amp/scaler.h"
 #include "graph/graph_internal.h"
+#include "base/errf.h" /* LOOM_ERR_MAX, loom_errnf */
 #include "graph/memplan.h"
 #include "loom.h"
 
 struct loom_comm;      /* comm/comm.h: the collectives of data parallelism */
 struct loom_comm_work; /* one outstanding collective */
 struct loom_trace;     /* engine/trace.h: the spans loom_trace_start records */
-
-/* Size of every error buffer a backend or launcher writes into. */
-#define LOOM_ERR_MAX 512
 
 /* One trainable parameter as the optimizer sees it. */
 typedef struct loom_param_slot {
@@ -287,10 +285,9 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	return u != LOOM_NONE && u < v;
 }
 
-/* Formats into err (LOOM_ERR_MAX bytes) and returns st: how backends and
- * their op entries report (base/errf.h's loom_errnf with the plan's length). */
-loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+/* base/errf.h's loom_errnf into a backend's LOOM_ERR_MAX-byte buffer: the
+ * one formatter, spelled short in the backends' op entries. */
+#define loom_errf(err, st, ...) loom_errnf((err), LOOM_ERR_MAX, (st), __VA_ARGS__)
 
 /* The one wording of a label outside [0, classes) at softmax-CE node v,
  * for both backends. */

@@ -50,7 +50,7 @@ struct loom_program {
 	size_t peak_extra;
 	/* Bit i: pass i of loom_compile_passes ran in this compile. */
 	uint64_t passes_ran;
-	char err[LOOM_ERR_MAX];
+	loom_error err; /* the last failure (base/errf.h) */
 };
 
 /* A program that compiled (a failed compile's handle is not). */
@@ -75,9 +75,6 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd);
 /* One node's share of those (0 for a node that is no product). */
 double loom_node_flops(const loom_graph *g, loom_value v);
-
-/* Prints one message through the user's log callback (loom_set_log). */
-void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Records a message on p and returns st. */
 loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)

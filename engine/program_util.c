@@ -1,7 +1,7 @@
 /*
  * engine/program_util.c — the engine's small helpers: a program's errors
  * (its own, a backend's copied in), uploads and downloads that record a
- * failure, and the library's log.
+ * failure.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,15 +12,14 @@ loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, 
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(p->err, sizeof(p->err), fmt, ap);
+	loom_error_vset(&p->err, st, fmt, ap);
 	va_end(ap);
 	return st;
 }
 
 loom_status loom_program_backend_fail(loom_program *p, loom_status st)
 {
-	snprintf(p->err, sizeof(p->err), "%s", p->be->error(p->be_ctx));
-	return st;
+	return loom_error_set(&p->err, st, "%s", p->be->error(p->be_ctx));
 }
 
 loom_status loom_program_upload(loom_program *p, void *dst, const void *src, size_t bytes)
@@ -33,27 +32,4 @@ loom_status loom_program_download(loom_program *p, void *dst, const void *src, s
 {
 	loom_status st = p->be->download(p->be_ctx, dst, src, bytes);
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
-}
-
-/* The library's one way to print: the user's callback, else stderr. */
-static loom_log_fn log_fn;
-static void *log_user;
-
-void loom_set_log(loom_log_fn fn, void *user)
-{
-	log_fn = fn;
-	log_user = user;
-}
-
-void loom_log(const char *fmt, ...)
-{
-	char msg[1024];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (log_fn)
-		log_fn(log_user, msg);
-	else
-		fputs(msg, stderr);
 }

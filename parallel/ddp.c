@@ -100,7 +100,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 				      &p->plan.buckets);
 	free(grads);
 	if (st != LOOM_OK) {
-		snprintf(err, errlen, "data parallel: %s", g->err ? g->errmsg : "out of memory");
+		snprintf(err, errlen, "data parallel: %s", g->err.st ? g->err.msg : "out of memory");
 		return st;
 	}
 	loom_zero_mark_masters(&p->plan);
