@@ -95,7 +95,7 @@ typedef enum loom_step_kind {
 	LOOM_STEP_SEND,       /* pipeline: value v of micro-batch `micro` to rank `peer` */
 	LOOM_STEP_RECV,       /* pipeline: value v of micro-batch `micro` from rank `peer` */
 	LOOM_STEP_MICRO,      /* pipeline: micro-batch `micro`'s forward (phase) or backward
-			       * starts: its activation slot, its inputs (parallel/pipeline.c) */
+			       * starts: its activation slot, its inputs (parallel/pipeline_transport.c) */
 	LOOM_STEP_KIND_COUNT
 } loom_step_kind;
 
@@ -117,12 +117,12 @@ typedef struct loom_step {
 	int index;         /* COLLECTIVE, COPY: the bucket; ACCUM: the segment */
 	int first, last;   /* OPTIM: pieces */
 	int noop;          /* NODE: a leaf or view, nothing to compute */
-	/* Pipeline stages (parallel/pipeline.c): SEND, RECV, MICRO: the
+	/* Pipeline stages (parallel/pipeline_schedule.c): SEND, RECV, MICRO: the
 	 * micro-batch; SEND, RECV: the peer's rank in the group. ACCUM:
 	 * LOOM_ACCUM_BY_RUN (the run's flags decide), _ADD or _FOLD. */
 	int micro, peer;
 	int accum;
-	/* RECV: the step from which its receive may be posted (parallel/pipeline.c
+	/* RECV: the step from which its receive may be posted (parallel/pipeline_schedule.c
 	 * decides: its activation slot free of the micro-batch before and no
 	 * value of its own micro-batch's plan that died before it shares its
 	 * bytes); its own index where it must be posted at its step. */

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "parallel/pipeline.h"
+#include "engine/pass.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 
@@ -234,10 +234,14 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
 		 info.activation_naive_bytes / 1048576.0);
-	if (p->plan.pipe)
-		snprintf(note, sizeof(note), "(pipeline stage %d: %d micro-batches in flight x "
-			 "%.3f MiB)", p->plan.pipe->stage, p->plan.pipe->slots,
-			 p->plan.pipe->slot_bytes / 1048576.0);
+	/* A strategy's place for this rank (a pipeline stage's activation
+	 * slots), as its pass words it: " (...)". */
+	const loom_pass *ps = LOOM_PASS_WITH(p, note);
+	char where[96] = "";
+	if (ps)
+		ps->note(p, where, sizeof(where));
+	if (where[0])
+		snprintf(note, sizeof(note), "%s", where + (where[0] == ' '));
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
 	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */
