@@ -93,6 +93,7 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 	struct stat sb;
 	loom_status st;
 
+	loom_data_clear(err, errlen);
 	if (!ds) {
 		loom_data_fail(err, errlen, "cifar10: no dataset to fill");
 		return LOOM_ERR_INVALID;
@@ -153,6 +154,7 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes, uint64_t seed,
 				loom_dataset *ds, char *err, size_t errlen)
 {
+	loom_data_clear(err, errlen);
 	if (!ds) {
 		loom_data_fail(err, errlen, "synthetic: no dataset to fill");
 		return LOOM_ERR_INVALID;

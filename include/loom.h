@@ -18,8 +18,9 @@
  *
  * Returned strings belong to loom; never free them. loom_status_string and
  * loom_dtype_name return constants. loom_graph_error lives as long as the
- * graph; loom_last_error until the next failing call without a handle (or
- * loom_compile) in the same thread;
+ * graph; loom_last_error until the next call without a handle in the same
+ * thread (loom_compile and the data constructors and loads clear it as they
+ * start);
  * loom_program_error until the next call on that program; the strings of
  * loom_program_info (backend, amp_report) until loom_program_free.
  *
