@@ -181,7 +181,7 @@ static loom_dtype op_dtype(pass *ps, const loom_node *n, const loom_value *srcs)
 static loom_status run_pass(pass *ps, loom_value *loss)
 {
 	loom_graph *s = ps->src, *g = ps->dst;
-	for (int v = 0; v < s->n && g->err == LOOM_OK; v++) {
+	for (int v = 0; v < s->n && g->err.st == LOOM_OK; v++) {
 		const loom_node *n = &s->nodes[v];
 		loom_value srcs[LOOM_MAX_SRC];
 		for (int i = 0; i < n->nsrc; i++)
@@ -224,14 +224,14 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 		memcpy(g->nodes[nv].name, n->name, LOOM_NAME_MAX);
 		ps->map[v] = nv;
 	}
-	if (g->err != LOOM_OK)
-		return g->err;
+	if (g->err.st != LOOM_OK)
+		return g->err.st;
 	*loss = ps->map[*loss];
 	/* The loss is read in fp32. */
 	if (g->nodes[*loss].dtype != LOOM_F32 && g->nodes[*loss].dtype != LOOM_F64) {
 		loom_value l = as_dtype(ps, *loss, LOOM_F32);
 		if (l == LOOM_NONE)
-			return g->err;
+			return g->err.st;
 		g->nodes[l].flags |= LOOM_NODE_OUTPUT;
 		*loss = l;
 	}
@@ -267,7 +267,7 @@ loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *
 	g->n = 0; /* rewrite in place: g is refilled from the copy */
 	st = run_pass(&ps, loss);
 	if (st != LOOM_OK)
-		snprintf(err, errlen, "%s", g->errmsg);
+		snprintf(err, errlen, "%s", g->err.msg);
 	free(ps.map);
 	free(ps.cast);
 	loom_graph_free(src);

@@ -80,7 +80,7 @@ void loom_pg_set_timeout(loom_pg *pg, double seconds);
 void loom_pg_set_step(loom_pg *pg, int64_t step);
 /* A few words on the part rank plays (at most LOOM_PG_NOTE_BYTES - 1), which
  * the messages that name it add: "rank 1 (pipeline stage 1) died ...". NULL
- * or "" clears it; the last note set stands (parallel/pipeline.c sets one per
+ * or "" clears it; the last note set stands (parallel/pipeline_transport.c sets one per
  * rank at compile and clears them when the program is freed). */
 #define LOOM_PG_NOTE_BYTES 48
 void loom_pg_set_rank_note(loom_pg *pg, int rank, const char *note);
@@ -156,7 +156,7 @@ typedef struct loom_comm_i {
 	 * loom_comm_free.   // (optional) */
 	loom_status (*split)(loom_comm *c, int color, int key, loom_comm **out);
 	/* The group's timeout for w counts from now, not from its start: a
-	 * receive posted ahead of the step that waits for it (parallel/pipeline.c)
+	 * receive posted ahead of the step that waits for it (parallel/pipeline_transport.c)
 	 * has the whole timeout from that step, however long the compute in
 	 * between took.   // (optional) */
 	void (*restart)(loom_comm *c, loom_comm_work *w);

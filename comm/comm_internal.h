@@ -25,10 +25,7 @@ extern "C" {
 
 /* ----------------------------------------------------------------- errors */
 
-/* printf into err (errlen bytes); returns st, so `return loom_comm_errf(...)`:
- * base/errf.h's loom_errnf under comm/'s older name. */
-#define loom_comm_errf loom_errnf
-/* The same into the group's message. */
+/* Records a failure in the group's error object (loom_pg_error); returns st. */
 loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Marks c broken and records the message; returns st. */
@@ -342,7 +339,7 @@ struct loom_pg {
 	loom_pg_info info;
 	double timeout_s;
 	double join_timeout_s;
-	char err[LOOM_COMM_ERRLEN];
+	loom_error err; /* the last failure (base/errf.h) */
 	loom_comm_peer *peers; /* world entries */
 	int probe_fd;
 	struct loom_rdv_late *late; /* rank 0 under env://: MASTER_PORT, kept */
@@ -358,6 +355,9 @@ struct loom_pg {
 	char (*notes)[LOOM_PG_NOTE_BYTES]; /* loom_pg_set_rank_note, world entries; or NULL */
 	loom_comm *host;
 	loom_comm *device;
+	/* What loom_nccl_use_device (inside the plugin) has to say about the
+	 * device it picked; the host side prints it through the log sink. */
+	char device_note[192];
 };
 
 /* comm/mpi.c: bootstrap and the host backend. */

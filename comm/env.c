@@ -22,7 +22,7 @@ loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 	if (!pg)
 		return st;
 	va_start(ap, fmt);
-	loom_verrnf(pg->err, sizeof(pg->err), st, fmt, ap);
+	loom_error_vset(&pg->err, st, fmt, ap);
 	va_end(ap);
 	return st;
 }
@@ -35,7 +35,7 @@ loom_status loom_comm_fail(loom_comm *c, loom_status st, const char *fmt, ...)
 	if (!c->pg)
 		return st;
 	va_start(ap, fmt);
-	loom_verrnf(c->pg->err, sizeof(c->pg->err), st, fmt, ap);
+	loom_error_vset(&c->pg->err, st, fmt, ap);
 	va_end(ap);
 	return st;
 }
@@ -65,17 +65,17 @@ loom_status loom_comm_parse_int(const char *name, const char *text, int lo, int 
 	long v = 0;
 
 	if (!text || !*text)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "%s is empty", name);
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s is empty", name);
 	for (p = text; *p; p++) {
 		if (*p < '0' || *p > '9')
-			return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 					      "%s='%s' is not a non-negative integer", name, text);
 		v = v * 10 + (*p - '0');
 		if (v > INT_MAX)
 			break;
 	}
 	if (v < lo || v > hi)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "%s='%s' is out of range [%d, %d]", name, text, lo, hi);
 	*out = (int)v;
 	return LOOM_OK;
@@ -85,7 +85,7 @@ static loom_status required(const char *name, const char **out, char *err, size_
 {
 	*out = getenv(name);
 	if (!*out)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "env://: %s is not set (RANK, WORLD_SIZE, MASTER_ADDR "
 				      "and MASTER_PORT are required)",
 				      name);
@@ -109,7 +109,7 @@ static loom_status torchrun_extras(loom_comm_env *e, char *err, size_t errlen)
 					    err, errlen)))
 		return st;
 	if (gr && gw && e->group_rank >= e->group_world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "GROUP_RANK=%d is not below GROUP_WORLD_SIZE=%d",
 				      e->group_rank, e->group_world);
 	if (restart && (st = loom_comm_parse_int("TORCHELASTIC_RESTART_COUNT", restart, 0,
@@ -120,7 +120,7 @@ static loom_status torchrun_extras(loom_comm_env *e, char *err, size_t errlen)
 	else if (!strcmp(store, "True") || !strcmp(store, "true") || !strcmp(store, "1"))
 		e->agent_store = 1;
 	else
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "TORCHELASTIC_USE_AGENT_STORE='%.32s' is neither True nor False",
 				      store);
 	return LOOM_OK;
@@ -143,10 +143,10 @@ loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen)
 				      errlen)))
 		return st;
 	if (e->rank >= e->world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "RANK=%d is not below WORLD_SIZE=%d", e->rank, e->world);
 	if (!*addr || strlen(addr) >= sizeof(e->master_addr))
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "MASTER_ADDR='%.64s' is empty or too long", addr);
 	strcpy(e->master_addr, addr);
 
@@ -160,11 +160,11 @@ loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen)
 					    &e->local_world, err, errlen)))
 		return st;
 	if (lw && lr && e->local_rank >= e->local_world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
 				      e->local_rank, e->local_world);
 	if (lr && !lw && e->local_rank >= e->world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "LOCAL_RANK=%d is not below WORLD_SIZE=%d", e->local_rank,
 				      e->world);
 	return torchrun_extras(e, err, errlen);
@@ -214,7 +214,7 @@ loom_status loom_comm_env_parse_slurm(loom_comm_env *e, char *err, size_t errlen
 	e->slurm = 1;
 	e->local_rank = e->local_world = e->group_rank = e->group_world = -1;
 	if (!procid || !ntasks || !nodes)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "srun: %s is not set (SLURM_PROCID, SLURM_NTASKS and "
 				      "SLURM_STEP_NODELIST are required)",
 				      !procid ? "SLURM_PROCID" : !ntasks ? "SLURM_NTASKS"
@@ -232,12 +232,12 @@ loom_status loom_comm_env_parse_slurm(loom_comm_env *e, char *err, size_t errlen
 		return st;
 	if (addr && *addr) {
 		if (strlen(addr) >= sizeof(e->master_addr))
-			return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 					      "MASTER_ADDR='%.64s' is too long", addr);
 		strcpy(e->master_addr, addr);
 	} else if ((st = loom_slurm_hostlist_nth(nodes, 0, e->master_addr,
 						  sizeof(e->master_addr), why, sizeof(why)))) {
-		return loom_comm_errf(err, errlen, st, "srun: SLURM_STEP_NODELIST='%.200s': %s",
+		return loom_errnf(err, errlen, st, "srun: SLURM_STEP_NODELIST='%.200s': %s",
 				      nodes, why);
 	}
 	if (port)
@@ -293,7 +293,7 @@ static long group_walk(const char *s, const char **end, long k, char *out, size_
 			snprintf(out, len, "%0*lu", width, lo + (unsigned long)(k - count));
 		count += (long)(hi - lo) + 1;
 		if (count > HOSTLIST_MAX_HOSTS) {
-			loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
+			loom_errnf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
 				       HOSTLIST_MAX_HOSTS);
 			return -1;
 		}
@@ -307,7 +307,7 @@ static long group_walk(const char *s, const char **end, long k, char *out, size_
 		return count;
 	}
 bad:
-	loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+	loom_errnf(err, errlen, LOOM_ERR_INVALID,
 		       "bad range in brackets at '%.16s' (expected N or LO-HI, LO <= HI, "
 		       "comma-separated)",
 		       s);
@@ -339,7 +339,7 @@ static long name_walk(const char *s, const char **end, long k, char *out, size_t
 			if (n < 0)
 				return -1;
 			if (count > HOSTLIST_MAX_HOSTS / n) {
-				loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
+				loom_errnf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
 					       HOSTLIST_MAX_HOSTS);
 				return -1;
 			}
@@ -347,14 +347,14 @@ static long name_walk(const char *s, const char **end, long k, char *out, size_t
 		} else if (name_char(*p)) {
 			p++;
 		} else {
-			loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+			loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				       "unexpected character '%c' (0x%02x)",
 				       *p >= 32 && *p < 127 ? *p : '?', (unsigned char)*p);
 			return -1;
 		}
 	}
 	if (p == s) {
-		loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "empty host name");
+		loom_errnf(err, errlen, LOOM_ERR_INVALID, "empty host name");
 		return -1;
 	}
 	*end = p;
@@ -390,7 +390,7 @@ long loom_slurm_hostlist_count(const char *list, char *err, size_t errlen)
 	long total = 0;
 
 	if (!list || !*list) {
-		loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "empty host list");
+		loom_errnf(err, errlen, LOOM_ERR_INVALID, "empty host list");
 		return -1;
 	}
 	for (;;) {
@@ -399,7 +399,7 @@ long loom_slurm_hostlist_count(const char *list, char *err, size_t errlen)
 		if (n < 0)
 			return -1;
 		if (total > HOSTLIST_MAX_HOSTS - n) {
-			loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
+			loom_errnf(err, errlen, LOOM_ERR_INVALID, "more than %ld hosts",
 				       HOSTLIST_MAX_HOSTS);
 			return -1;
 		}
@@ -419,17 +419,17 @@ loom_status loom_slurm_hostlist_nth(const char *list, long index, char *out, siz
 	if (total < 0)
 		return LOOM_ERR_INVALID;
 	if (index < 0 || index >= total)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "host %ld of a list of %ld", index, total);
 	if (!len)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID, "no room for a host name");
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID, "no room for a host name");
 	for (;;) {
 		const char *start = p;
 		long n = name_walk(start, &p, -1, NULL, 0, err, errlen);
 
 		if (index < n) {
 			if (name_walk(start, &p, index, out, len, err, errlen) < 0)
-				return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+				return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 						      "host name longer than %zu bytes", len - 1);
 			return LOOM_OK;
 		}
@@ -451,7 +451,7 @@ loom_status loom_comm_env_parse_ompi(loom_comm_env *e, int *present, char *err, 
 	if (!*present)
 		return LOOM_OK;
 	if (!rank || !lr || !lw)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_%s is not",
 				      !rank ? "RANK" : !lr ? "LOCAL_RANK" : "LOCAL_SIZE");
 	if ((st = loom_comm_parse_int("OMPI_COMM_WORLD_SIZE", size, 1, 1 << 20, &e->world, err,
@@ -478,7 +478,7 @@ loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t e
 	errno = 0;
 	v = strtod(t, &end);
 	if (!*t || *end || errno || !(v > 0) || v > 1e7)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "LOOM_COMM_TIMEOUT_S='%s' is not a positive number of seconds",
 				      t);
 	*out = v;

@@ -187,7 +187,7 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 			setenv("OMP_NUM_THREADS", v, 1);
 		}
 		execv(o->program ? o->program : "/proc/self/exe", argv);
-		fprintf(stderr, "cannot run %s: %s\n", o->program ? o->program : argv[0],
+		loom_log("cannot run %s: %s\n", o->program ? o->program : argv[0],
 			strerror(errno));
 		_exit(127);
 	}
@@ -271,8 +271,7 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 				failed_at = loom_comm_now();
 				snprintf(why, whylen, "rank %d %s", k, how);
 				if (running)
-					fprintf(stderr,
-						"launch: rank %d %s; stopping the other %d worker%s\n",
+					loom_log("launch: rank %d %s; stopping the other %d worker%s\n",
 						k, how, running, running > 1 ? "s" : "");
 			}
 		}
@@ -327,7 +326,7 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 	char why[1024] = "";
 
 	if (!o || o->nproc < 1 || o->max_restarts < 0 || !argv || !argv[0]) {
-		fprintf(stderr, "launch: bad options\n");
+		loom_log("launch: bad options\n");
 		return 2;
 	}
 	memset(&sa, 0, sizeof(sa));
@@ -347,11 +346,11 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 		if (!rc || interrupted)
 			break;
 		if (attempt < o->max_restarts)
-			fprintf(stderr, "launch: %s; restarting all %d workers (restart %d of %d)\n",
+			loom_log("launch: %s; restarting all %d workers (restart %d of %d)\n",
 				why, o->nproc, attempt + 1, o->max_restarts);
 	}
 	if (rc)
-		fprintf(stderr, "launch: failed: %s%s\n", why,
+		loom_log("launch: failed: %s%s\n", why,
 			o->max_restarts && !interrupted ? " (no restarts left)" : "");
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
@@ -390,7 +389,7 @@ static void *watch_launcher(void *arg)
 	}
 	snprintf(why, sizeof(why), "stopped: its launcher (pid %d) is gone", (int)live_launcher);
 	loom_progress_abandon(why);
-	fprintf(stderr, "%s%s%s%s; stopping now, without saving\n", rank ? "rank " : "",
+	loom_log("%s%s%s%s; stopping now, without saving\n", rank ? "rank " : "",
 		rank ? rank : "", rank ? ": " : "", why);
 	_exit(1);
 	return NULL;
@@ -442,7 +441,7 @@ static int take_flag(int *argc, char **argv, const char *name, int lo, int *out)
 
 		if (!strcmp(argv[k], name)) {
 			if (k + 1 >= *argc) {
-				fprintf(stderr, "%s expects a number\n", name);
+				loom_log("%s expects a number\n", name);
 				return -1;
 			}
 			v = argv[k + 1];
@@ -453,7 +452,7 @@ static int take_flag(int *argc, char **argv, const char *name, int lo, int *out)
 			continue;
 		}
 		if (loom_comm_parse_int(name, v, lo, 4096, out, err, sizeof(err))) {
-			fprintf(stderr, "%s\n", err);
+			loom_log("%s\n", err);
 			return -1;
 		}
 		for (j = k; j + used <= *argc; j++)
@@ -476,7 +475,7 @@ int loom_launch_maybe(int *argc, char **argv)
 	if (have_n < 0 || have_k < 0)
 		return 2;
 	if (have_k > 0 && have_n <= 0) {
-		fprintf(stderr, "--max-restarts needs --nproc\n");
+		loom_log("--max-restarts needs --nproc\n");
 		return 2;
 	}
 	if (getenv("LOOM_LAUNCH_WORKER")) {
@@ -488,8 +487,7 @@ int loom_launch_maybe(int *argc, char **argv)
 	/* Already one rank of a group: N more each would form groups of their
 	 * own on the same ports and die of it without a reason. */
 	if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("RANK") || getenv("WORLD_SIZE")) {
-		fprintf(stderr,
-			"--nproc %d: this process is already one rank of a group (started by "
+		loom_log("--nproc %d: this process is already one rank of a group (started by "
 			"%s): start it either with --nproc or with %s, not both\n",
 			o.nproc,
 			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun: OMPI_COMM_WORLD_SIZE is set"
@@ -501,8 +499,7 @@ int loom_launch_maybe(int *argc, char **argv)
 	 * own. (A step of one task, or a batch script, may start N.) */
 	const char *ntasks = getenv("SLURM_NTASKS");
 	if (getenv("SLURM_STEP_NODELIST") && getenv("SLURM_PROCID") && ntasks && atoi(ntasks) > 1) {
-		fprintf(stderr,
-			"--nproc %d: this process is already one of the %s tasks of an srun step "
+		loom_log("--nproc %d: this process is already one of the %s tasks of an srun step "
 			"(SLURM_PROCID %s): start it either with --nproc (srun -n 1) or with srun -n "
 			"N, not both\n",
 			o.nproc, ntasks, getenv("SLURM_PROCID"));

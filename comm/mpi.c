@@ -51,7 +51,7 @@ const char *loom_mpi_error_string(int code)
 	return buf;
 }
 
-#define MPI_CHECK(pg, call) LOOM_MPI_CHECK(call, (pg)->err, sizeof((pg)->err))
+#define MPI_CHECK(pg, call) LOOM_MPI_CHECK(call, (pg)->err.msg, sizeof((pg)->err.msg))
 
 /* ------------------------------------------------------------ sums */
 

@@ -15,8 +15,8 @@
 #include "comm/comm_internal.h"
 #include "base/check.h"
 
-#define CUDA_OK(pg, call) LOOM_CUDA_CHECK(call, (pg)->err, sizeof((pg)->err))
-#define NCCL_OK(pg, call) LOOM_NCCL_CHECK(call, (pg)->err, sizeof((pg)->err))
+#define CUDA_OK(pg, call) LOOM_CUDA_CHECK(call, (pg)->err.msg, sizeof((pg)->err.msg))
+#define NCCL_OK(pg, call) LOOM_NCCL_CHECK(call, (pg)->err.msg, sizeof((pg)->err.msg))
 
 struct nccl_ctx {
 	ncclComm_t comm;
@@ -76,7 +76,7 @@ static loom_status async_state(loom_comm *c, int *in_progress)
 
 	*in_progress = state == ncclInProgress;
 	if (st)
-		return loom_comm_fail(c, st, "%s", c->pg->err);
+		return loom_comm_fail(c, st, "%s", c->pg->err.msg);
 	if (state != ncclSuccess && state != ncclInProgress) {
 		ncclCommAbort(x->comm);
 		x->comm = NULL;
@@ -107,7 +107,7 @@ static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const cha
 			if (q == cudaSuccess)
 				return LOOM_OK;
 			if (q != cudaErrorNotReady)
-				return loom_comm_fail(c, CUDA_OK(c->pg, q), "%s", c->pg->err);
+				return loom_comm_fail(c, CUDA_OK(c->pg, q), "%s", c->pg->err.msg);
 		}
 		if (loom_comm_now() - t0 > c->pg->timeout_s)
 			return timed_out(c, what);
@@ -143,7 +143,7 @@ static loom_status enqueued(loom_comm *c, ncclResult_t rc)
 {
 	if (rc == ncclSuccess || rc == ncclInProgress)
 		return LOOM_OK;
-	return loom_comm_fail(c, NCCL_OK(c->pg, rc), "%s", c->pg->err);
+	return loom_comm_fail(c, NCCL_OK(c->pg, rc), "%s", c->pg->err.msg);
 }
 
 /*
@@ -328,7 +328,7 @@ static loom_status nccl_test(loom_comm *c, loom_comm_work *w, int *done)
 	q = cudaEventQuery(w->done);
 	*done = q == cudaSuccess;
 	if (q != cudaSuccess && q != cudaErrorNotReady)
-		return loom_comm_fail(c, CUDA_OK(c->pg, q), "%s", c->pg->err);
+		return loom_comm_fail(c, CUDA_OK(c->pg, q), "%s", c->pg->err.msg);
 	return LOOM_OK;
 }
 
@@ -563,9 +563,7 @@ extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)
 	if (dev < 0)
 		return loom_pg_fail(pg, LOOM_ERR_INVALID, "NCCL: rank %d has LOCAL_RANK %d",
 				    pg->info.rank, local_rank);
-	static int told; /* once per process (this runs before MPI_Init and again at init) */
-	if (note[0] && !told++)
-		fprintf(stderr, "loom: rank %d: %s\n", pg->info.rank, note);
+	snprintf(pg->device_note, sizeof(pg->device_note), "%s", note);
 	pg->info.device = dev;
 	return CUDA_OK(pg, cudaSetDevice(dev));
 }

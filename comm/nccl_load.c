@@ -13,13 +13,13 @@ static const loom_cuda_plugin *nccl_plugin(char *err, size_t errlen)
 	char why[2048];
 
 	if (loom_cuda_probe(why, sizeof why) == 0) {
-		loom_comm_errf(err, errlen, LOOM_ERR_UNSUPPORTED,
+		loom_errnf(err, errlen, LOOM_ERR_UNSUPPORTED,
 			       "NCCL: no CUDA device for a device communicator: %s", why);
 		return NULL;
 	}
 	pl = loom_cuda_plugin_load(why, sizeof why);
 	if (!pl)
-		loom_comm_errf(err, errlen, LOOM_ERR_UNSUPPORTED, "NCCL: %s", why);
+		loom_errnf(err, errlen, LOOM_ERR_UNSUPPORTED, "NCCL: %s", why);
 	return pl;
 }
 
@@ -36,13 +36,21 @@ loom_status loom_comm_nccl_backend_new(loom_pg *pg, loom_comm **out)
 	const loom_cuda_plugin *pl;
 
 	*out = NULL;
-	pl = nccl_plugin(pg->err, sizeof pg->err);
+	pl = nccl_plugin(pg->err.msg, sizeof pg->err.msg);
 	return pl ? pl->nccl_backend_new(pg, out) : LOOM_ERR_UNSUPPORTED;
 }
 
 loom_status loom_comm_nccl_use_device(loom_pg *pg, int local_rank)
 {
-	const loom_cuda_plugin *pl = nccl_plugin(pg->err, sizeof pg->err);
+	const loom_cuda_plugin *pl = nccl_plugin(pg->err.msg, sizeof pg->err.msg);
+	static int told; /* once per process (this runs before MPI_Init and again at init) */
+	loom_status st;
 
-	return pl ? pl->nccl_use_device(pg, local_rank) : LOOM_ERR_UNSUPPORTED;
+	if (!pl)
+		return LOOM_ERR_UNSUPPORTED;
+	pg->device_note[0] = '\0';
+	st = pl->nccl_use_device(pg, local_rank);
+	if (pg->device_note[0] && !told++)
+		loom_log("loom: rank %d: %s\n", pg->info.rank, pg->device_note);
+	return st;
 }

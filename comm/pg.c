@@ -37,7 +37,7 @@ static void self_peer(loom_pg *pg, int rank)
 static loom_status open_probe(loom_pg *pg)
 {
 	int port = 0;
-	loom_status st = loom_sock_listen(0, &pg->probe_fd, &port, pg->err, sizeof(pg->err));
+	loom_status st = loom_sock_listen(0, &pg->probe_fd, &port, pg->err.msg, sizeof(pg->err.msg));
 
 	if (!st)
 		pg->peers[pg->info.rank].probe_port = (uint32_t)port;
@@ -199,8 +199,8 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	int k;
 
 	st = pg->info.how == LOOM_COMM_BOOT_SLURM
-		     ? loom_comm_env_parse_slurm(&e, pg->err, sizeof(pg->err))
-		     : loom_comm_env_parse(&e, pg->err, sizeof(pg->err));
+		     ? loom_comm_env_parse_slurm(&e, pg->err.msg, sizeof(pg->err.msg))
+		     : loom_comm_env_parse(&e, pg->err.msg, sizeof(pg->err.msg));
 	if (st)
 		return st;
 	pg->info.rank = e.rank;
@@ -229,7 +229,7 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 			return st;
 	}
 	if (e.rank == 0 && o->want_device &&
-	    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
+	    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg))))
 		return st;
 
 	w = blob;
@@ -255,10 +255,10 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	 * wait for it as long as they would wait for rank 0 itself. */
 	st = e.agent_store ? loom_store_rendezvous(&e, &r, rank0_addr, sizeof(rank0_addr),
 						   e.rank ? 2 * r.timeout_s + 1.5 : r.timeout_s,
-						   pg->err, sizeof(pg->err))
+						   pg->err.msg, sizeof(pg->err.msg))
 			   : LOOM_OK;
 	if (!st)
-		st = loom_rdv_run(&r, pg->err, sizeof(pg->err));
+		st = loom_rdv_run(&r, pg->err.msg, sizeof(pg->err.msg));
 	if (st)
 		goto out_close;
 
@@ -325,7 +325,7 @@ static loom_status boot_mpi(loom_pg *pg, const loom_comm_options *o)
 	loom_status st;
 	int present;
 
-	st = loom_comm_env_parse_ompi(&e, &present, pg->err, sizeof(pg->err));
+	st = loom_comm_env_parse_ompi(&e, &present, pg->err.msg, sizeof(pg->err.msg));
 	if (st)
 		return st;
 	if (!present)
@@ -399,7 +399,7 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 		return loom_pg_fail(pg, LOOM_ERR_INVALID,
 				    "loom_pg_init: bad options (bootstrap %d, timeouts %g/%g)",
 				    (int)o.bootstrap, o.timeout_s, o.join_timeout_s);
-	st = loom_comm_env_timeout(&t, &present, pg->err, sizeof(pg->err));
+	st = loom_comm_env_timeout(&t, &present, pg->err.msg, sizeof(pg->err.msg));
 	if (st)
 		return st;
 	pg->timeout_s = o.timeout_s > 0 ? o.timeout_s : present ? t : LOOM_COMM_DEFAULT_TIMEOUT_S;
@@ -439,7 +439,7 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 		/* A single process has no rendezvous to hand it an id: it makes
 		 * its own (an all-zero id is refused by NCCL's bootstrap). */
 		if (src == LOOM_NCCL_ID_LOCAL &&
-		    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err, sizeof(pg->err))))
+		    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg))))
 			return st;
 		if (pg->info.how == LOOM_COMM_BOOT_MPI &&
 		    (st = loom_comm_broadcast(pg->host, pg->nccl_id, sizeof(pg->nccl_id), 0)))
@@ -492,7 +492,7 @@ const loom_pg_info *loom_pg_get_info(const loom_pg *pg)
 
 const char *loom_pg_error(const loom_pg *pg)
 {
-	return pg ? pg->err : "out of memory (no process group)";
+	return pg ? pg->err.msg : "out of memory (no process group)";
 }
 
 double loom_pg_timeout(const loom_pg *pg)

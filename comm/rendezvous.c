@@ -48,18 +48,18 @@ loom_status loom_sock_read(int fd, void *buf, size_t n, double deadline, const c
 		ssize_t k;
 
 		if (wait_fd(fd, POLLIN, deadline) <= 0)
-			return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+			return loom_errnf(err, errlen, LOOM_ERR_IO,
 					      "%s: timed out after %zu of %zu bytes", who, got, n);
 		k = recv(fd, (char *)buf + got, n - got, 0);
 		if (k == 0)
-			return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 					      "%s: connection closed after %zu of %zu bytes "
 					      "(truncated message)",
 					      who, got, n);
 		if (k < 0) {
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
-			return loom_comm_errf(err, errlen, LOOM_ERR_IO, "%s: %s after %zu of %zu bytes",
+			return loom_errnf(err, errlen, LOOM_ERR_IO, "%s: %s after %zu of %zu bytes",
 					      who, strerror(errno), got, n);
 		}
 		got += (size_t)k;
@@ -76,12 +76,12 @@ loom_status loom_sock_write(int fd, const void *buf, size_t n, double deadline,
 		ssize_t k;
 
 		if (wait_fd(fd, POLLOUT, deadline) <= 0)
-			return loom_comm_errf(err, errlen, LOOM_ERR_IO, "%s: write timed out", who);
+			return loom_errnf(err, errlen, LOOM_ERR_IO, "%s: write timed out", who);
 		k = send(fd, (const char *)buf + put, n - put, MSG_NOSIGNAL);
 		if (k < 0) {
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
-			return loom_comm_errf(err, errlen, LOOM_ERR_IO, "%s: %s", who,
+			return loom_errnf(err, errlen, LOOM_ERR_IO, "%s: %s", who,
 					      strerror(errno));
 		}
 		put += (size_t)k;
@@ -97,7 +97,7 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
 	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	if (s < 0)
-		return loom_comm_errf(err, errlen, LOOM_ERR_IO, "socket: %s", strerror(errno));
+		return loom_errnf(err, errlen, LOOM_ERR_IO, "socket: %s", strerror(errno));
 	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	memset(&a, 0, sizeof(a));
 	a.sin_family = AF_INET;
@@ -107,7 +107,7 @@ loom_status loom_sock_listen(int port, int *fd, int *port_out, char *err, size_t
 		int e = errno;
 
 		close(s);
-		return loom_comm_errf(err, errlen, LOOM_ERR_IO, "listen on port %d: %s", port,
+		return loom_errnf(err, errlen, LOOM_ERR_IO, "listen on port %d: %s", port,
 				      strerror(e));
 	}
 	getsockname(s, (struct sockaddr *)&a, &alen);
@@ -319,7 +319,7 @@ static void log_turned(const loom_rdv_srv *s, const char *why)
 	int n = s->dropped + s->refused;
 
 	if (n <= RDV_MAX_LOG_LINES)
-		fprintf(stderr, "%s%s\n", why, n == RDV_MAX_LOG_LINES ? " (no more such lines)" : "");
+		loom_log("%s%s\n", why, n == RDV_MAX_LOG_LINES ? " (no more such lines)" : "");
 }
 
 /* Reads what connection c has sent, judges it and acts on the verdict:
@@ -403,7 +403,7 @@ static loom_status missing_ranks(loom_rdv *r, char *err, size_t errlen)
 	if (r->srv.dropped)
 		snprintf(dropped, sizeof(dropped), "; %d other connection%s dropped", r->srv.dropped,
 			 r->srv.dropped > 1 ? "s" : "");
-	return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+	return loom_errnf(err, errlen, LOOM_ERR_IO,
 			      "rendezvous: rank%s %s did not arrive within %.1f s (%d of %d ranks "
 			      "came%s%s%s)",
 			      r->world - r->srv.arrived > 1 ? "s" : "", missing, r->timeout_s,
@@ -421,7 +421,7 @@ static loom_status wait_for_ranks(loom_rdv *r, double deadline, char *err, size_
 	int n = 0, k;
 
 	if (!conns || !pf) {
-		st = loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		st = loom_errnf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 		goto out;
 	}
 	while (r->srv.arrived < r->world) {
@@ -441,7 +441,7 @@ static loom_status wait_for_ranks(loom_rdv *r, double deadline, char *err, size_
 				wake = conns[k].deadline;
 		}
 		if (poll(pf, (nfds_t)n + 1, (int)((wake - now) * 1000) + 1) < 0 && errno != EINTR) {
-			st = loom_comm_errf(err, errlen, LOOM_ERR_IO, "rendezvous: poll: %s",
+			st = loom_errnf(err, errlen, LOOM_ERR_IO, "rendezvous: poll: %s",
 					    strerror(errno));
 			goto out;
 		}
@@ -475,7 +475,7 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 		char why[256];
 
 		snprintf(why, sizeof(why), "%s", err);
-		return loom_comm_errf(err, errlen, st, "rendezvous: rank 0 (MASTER_PORT): %s", why);
+		return loom_errnf(err, errlen, st, "rendezvous: rank 0 (MASTER_PORT): %s", why);
 	}
 	/* A client gone between poll and accept must not block rank 0. */
 	fcntl(r->listen_fd, F_SETFL, fcntl(r->listen_fd, F_GETFL) | O_NONBLOCK);
@@ -494,7 +494,7 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 	plen = loom_rdv_welcome_bytes(r->world, r->blob_len);
 	payload = malloc(plen);
 	if (!payload) {
-		st = loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		st = loom_errnf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 		goto out_tell;
 	}
 	loom_rdv_encode_welcome(r->world, r->blob, r->blob_len, r->peers, payload);
@@ -507,7 +507,7 @@ static loom_status serve(loom_rdv *r, char *err, size_t errlen)
 	free(payload);
 	r->blob_out = malloc(r->blob_len ? r->blob_len : 1);
 	if (!r->blob_out)
-		return loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 	memcpy(r->blob_out, r->blob, r->blob_len);
 	r->blob_out_len = r->blob_len;
 	return LOOM_OK;
@@ -546,7 +546,7 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 		if (fd >= 0)
 			break;
 		if (loom_comm_now() >= deadline)
-			return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+			return loom_errnf(err, errlen, LOOM_ERR_IO,
 					      "rendezvous: rank %d could not reach rank 0 at "
 					      "MASTER_ADDR=%s MASTER_PORT=%d within %.1f s (%s)",
 					      r->rank, r->master_addr, r->master_port, window, why);
@@ -568,7 +568,7 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 	 * likely another program on MASTER_PORT. Say so, rather than blame
 	 * rank 0. */
 	if (wait_fd(fd, POLLIN, deadline) <= 0)
-		return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+		return loom_errnf(err, errlen, LOOM_ERR_IO,
 				      "rendezvous: rank %d: whatever listens at MASTER_ADDR=%s "
 				      "MASTER_PORT=%d accepted the connection but sent nothing in "
 				      "%.1f s: another program holds that port, or rank 0 is stuck",
@@ -581,7 +581,7 @@ static loom_status join(loom_rdv *r, char *err, size_t errlen)
 		return st;
 	payload = malloc(plen ? plen : 1);
 	if (!payload)
-		return loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 	st = loom_sock_read(fd, payload, plen, deadline, who, err, errlen);
 	if (!st)
 		st = loom_rdv_decode_reply(payload, plen, kind, r->rank, r->world, who, r->peers,
@@ -601,11 +601,11 @@ loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen)
 	r->fds = malloc(sizeof(int) * (size_t)r->world);
 	r->peers = calloc((size_t)r->world, sizeof(loom_comm_peer));
 	if (!r->fds || !r->peers)
-		return loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 	for (k = 0; k < r->world; k++)
 		r->fds[k] = -1;
 	if (r->blob_len > LOOM_RDV_MAX_BLOB)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "rendezvous: blob of %zu bytes is too large", r->blob_len);
 	if (r->rank == 0)
 		return serve(r, err, errlen);

@@ -115,7 +115,7 @@ loom_status loom_store_decode_len(const uint8_t m[8], size_t cap, const char *ke
 	uint64_t n = loom_store_get_u64(m);
 
 	if (n > cap)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "torchrun's store: the value of '%s' is %llu bytes, more than "
 				      "the %zu a loom address takes (not loom's key?)",
 				      key, (unsigned long long)n, cap);
@@ -145,7 +145,7 @@ loom_status loom_store_parse_addr(const uint8_t *v, size_t n, char *host, size_t
 	long p = 0;
 
 	if (n < tag || memcmp(v, LOOM_STORE_ADDR_TAG, tag))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "torchrun's store: rank 0's address (%zu bytes) does not "
 				      "begin with '%s'",
 				      n, LOOM_STORE_ADDR_TAG);
@@ -153,18 +153,18 @@ loom_status loom_store_parse_addr(const uint8_t *v, size_t n, char *host, size_t
 		;
 	h = i - tag;
 	if (!h || h >= hostcap || i >= n || v[i] != ' ' || i + 1 == n)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "torchrun's store: rank 0's address is not '%shost port' "
 				      "(%zu bytes)",
 				      LOOM_STORE_ADDR_TAG, n);
 	for (i++; i < n; i++) {
 		if (v[i] < '0' || v[i] > '9' || p > 65535)
-			return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 					      "torchrun's store: rank 0's port is not a number");
 		p = p * 10 + (v[i] - '0');
 	}
 	if (p < 1 || p > 65535)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "torchrun's store: rank 0's port %ld is outside 1..65535", p);
 	memcpy(host, v + tag, h);
 	host[h] = 0;
@@ -219,7 +219,7 @@ static loom_status ping(loom_store *s, char *err, size_t errlen)
 	    (st = recv_all(s, r, sizeof(r), "ping's answer", err, errlen)))
 		return st;
 	if (loom_store_get_u32(r) != nonce)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "torchrun's store at %s:%d answered the ping with %u, not %u: "
 				      "is MASTER_PORT torchrun's store?",
 				      s->host, s->port, loom_store_get_u32(r), nonce);
@@ -248,7 +248,7 @@ loom_status loom_store_open(loom_store *s, const char *host, int port, double de
 		if (s->fd >= 0)
 			break;
 		if (loom_comm_now() >= deadline)
-			return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+			return loom_errnf(err, errlen, LOOM_ERR_IO,
 					      "torchrun's store at MASTER_ADDR=%s MASTER_PORT=%d: %s "
 					      "(TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent "
 					      "should be listening there)",
@@ -280,7 +280,7 @@ loom_status loom_store_set(loom_store *s, const char *key, const void *val, size
 	loom_status st;
 
 	if (!n)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "torchrun's store: key '%s' and its value are too long", key);
 	if ((st = send_all(s, m, n, "set", err, errlen)))
 		return st;
@@ -295,7 +295,7 @@ loom_status loom_store_wait_get(loom_store *s, const char *key, void *val, size_
 	loom_status st;
 
 	if (!n)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "torchrun's store: key '%s' is too long", key);
 	if ((st = send_all(s, m, n, "wait", err, errlen)))
 		return st;
@@ -304,14 +304,14 @@ loom_status loom_store_wait_get(loom_store *s, const char *key, void *val, size_
 		 * waiter; what it answers no longer matters. */
 		m[0] = LOOM_STORE_CANCEL_WAIT;
 		send(s->fd, m, 1, MSG_NOSIGNAL);
-		return loom_comm_errf(err, errlen, LOOM_ERR_IO,
+		return loom_errnf(err, errlen, LOOM_ERR_IO,
 				      "torchrun's store at %s:%d: key '%s' did not appear",
 				      s->host, s->port, key);
 	}
 	if ((st = recv_all(s, b, 1, "wait's answer", err, errlen)))
 		return st;
 	if (b[0] != LOOM_STORE_STOP_WAITING)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "torchrun's store at %s:%d answered a wait with %u, not "
 				      "STOP_WAITING",
 				      s->host, s->port, b[0]);
@@ -393,7 +393,7 @@ loom_status loom_store_rendezvous(const loom_comm_env *e, loom_rdv *r, char *add
 			r->listen_given = 1;
 			n = loom_store_format_addr(addr, port, val, sizeof(val));
 			st = n ? loom_store_set(&s, key, val, n, err, errlen)
-			       : loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+			       : loom_errnf(err, errlen, LOOM_ERR_INVALID,
 						"torchrun's store: address '%s' is too long", addr);
 		}
 		r->master_port = port;
@@ -408,7 +408,7 @@ loom_status loom_store_rendezvous(const loom_comm_env *e, loom_rdv *r, char *add
 		char why[LOOM_COMM_ERRLEN];
 
 		snprintf(why, sizeof(why), "%s", err);
-		loom_comm_errf(err, errlen, LOOM_ERR_IO,
+		loom_errnf(err, errlen, LOOM_ERR_IO,
 			       "rendezvous: rank %d waited %.1f s for rank 0's address in "
 			       "torchrun's store (%s)",
 			       e->rank, timeout_s, why);

@@ -100,22 +100,22 @@ loom_status loom_rdv_decode_hello(const uint8_t *m, int world, const char *from,
 	uint32_t rank, claimed;
 
 	if (memcmp(m, HELLO_MAGIC, 8))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "rendezvous: %s sent a message with a wrong magic "
 				      "(not a loom rank?)",
 				      from);
 	if (get32(m + 8) != LOOM_RDV_VERSION)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "rendezvous: %s speaks version %u, rank 0 speaks %d", from,
 				      get32(m + 8), LOOM_RDV_VERSION);
 	rank = get32(m + 12);
 	claimed = get32(m + 16);
 	if (claimed != (uint32_t)world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_MISMATCH,
+		return loom_errnf(err, errlen, LOOM_ERR_MISMATCH,
 				      "rendezvous: rank %u (%s) has WORLD_SIZE=%u, rank 0 has %d",
 				      rank, from, claimed, world);
 	if (rank == 0 || rank >= (uint32_t)world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_INVALID,
+		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "rendezvous: %s claims rank %u, expected 1..%d", from, rank,
 				      world - 1);
 	memset(p, 0, sizeof(*p));
@@ -125,7 +125,7 @@ loom_status loom_rdv_decode_hello(const uint8_t *m, int world, const char *from,
 	memcpy(p->host, m + 28, LOOM_COMM_HOSTLEN);
 	p->host[LOOM_COMM_HOSTLEN - 1] = 0;
 	if (p->probe_port > 65535)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "rendezvous: rank %u (%s) sent probe port %u", rank, from,
 				      p->probe_port);
 	return LOOM_OK;
@@ -138,11 +138,11 @@ loom_status loom_rdv_decode_head(const uint8_t *head, int world, const char *who
 	*payload_len = get32(head + 12);
 	if (memcmp(head, REPLY_MAGIC, 8) ||
 	    (*kind != LOOM_RDV_REPLY_OK && *kind != LOOM_RDV_REPLY_ERR))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "%s: wrong magic or kind (is MASTER_PORT another service?)",
 				      who);
 	if (*payload_len > loom_rdv_welcome_bytes(world, LOOM_RDV_MAX_BLOB))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT, "%s: claims %u bytes, too many",
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT, "%s: claims %u bytes, too many",
 				      who, *payload_len);
 	return LOOM_OK;
 }
@@ -156,31 +156,31 @@ loom_status loom_rdv_decode_reply(const uint8_t *payload, size_t len, uint32_t k
 	*blob = NULL;
 	*blob_len = 0;
 	if (kind == LOOM_RDV_REPLY_ERR)
-		return loom_comm_errf(err, errlen, LOOM_ERR_MISMATCH, "rank 0 refused the group: %.*s",
+		return loom_errnf(err, errlen, LOOM_ERR_MISMATCH, "rank 0 refused the group: %.*s",
 				      (int)(len < 65536 ? len : 65536), (const char *)payload);
 	if (len < 8)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "%s: %zu bytes, shorter than its header", who, len);
 	claimed = get32(payload);
 	bl = get32(payload + 4);
 	if (claimed != (uint32_t)world)
-		return loom_comm_errf(err, errlen, LOOM_ERR_MISMATCH,
+		return loom_errnf(err, errlen, LOOM_ERR_MISMATCH,
 				      "%s: rank 0 has WORLD_SIZE=%u, rank %d has %d", who, claimed,
 				      rank, world);
 	if (bl > LOOM_RDV_MAX_BLOB || len != loom_rdv_welcome_bytes(world, bl))
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "%s: length %zu does not match its blob of %u bytes and %u peers",
 				      who, len, bl, claimed);
 	for (int k = 0; k < world; k++) {
 		decode_peer(payload + 8 + bl + (size_t)k * LOOM_RDV_PEER_BYTES, &peers[k]);
 		if (peers[k].rank != (uint32_t)k)
-			return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+			return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 					      "%s: peer table entry %d names rank %u", who, k,
 					      peers[k].rank);
 	}
 	*blob = malloc(bl ? bl : 1);
 	if (!*blob)
-		return loom_comm_errf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
+		return loom_errnf(err, errlen, LOOM_ERR_NOMEM, "rendezvous: out of memory");
 	memcpy(*blob, payload + 8, bl);
 	*blob_len = bl;
 	return LOOM_OK;
@@ -189,7 +189,7 @@ loom_status loom_rdv_decode_reply(const uint8_t *payload, size_t len, uint32_t k
 loom_status loom_rdv_decode_go(const uint8_t *m, int rank, char *err, size_t errlen)
 {
 	if (memcmp(m, GO_MAGIC, 8) || get32(m + 8) != (uint32_t)rank)
-		return loom_comm_errf(err, errlen, LOOM_ERR_FORMAT,
+		return loom_errnf(err, errlen, LOOM_ERR_FORMAT,
 				      "rendezvous: malformed turn signal from rank 0");
 	return LOOM_OK;
 }

@@ -30,19 +30,19 @@ static loom_status cifar_records(const char *path, int64_t *records, char *err, 
 	if (stat(path, &st) != 0) {
 		int e = errno;
 		if (e == ENOENT) {
-			loom_data_errf(err, errlen, "cifar10: missing batch file %s (expected %s)",
+			loom_data_fail(err, errlen, "cifar10: missing batch file %s (expected %s)",
 				       path, cifar_where);
 			return LOOM_ERR_NOT_FOUND;
 		}
-		loom_data_errf(err, errlen, "cifar10: cannot read %s: %s", path, strerror(e));
+		loom_data_fail(err, errlen, "cifar10: cannot read %s: %s", path, strerror(e));
 		return LOOM_ERR_IO;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		loom_data_errf(err, errlen, "cifar10: %s is not a regular file", path);
+		loom_data_fail(err, errlen, "cifar10: %s is not a regular file", path);
 		return LOOM_ERR_FORMAT;
 	}
 	if (st.st_size <= 0 || st.st_size % CIFAR_RECORD != 0) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "cifar10: %s has %lld bytes, not a whole number of %d-byte records "
 			       "(1 label byte + 3072 pixel bytes)",
 			       path, (long long)st.st_size, CIFAR_RECORD);
@@ -60,18 +60,18 @@ static loom_status cifar_read(const char *path, int64_t records, loom_dataset *d
 	loom_status st = LOOM_OK;
 	FILE *f = fopen(path, "rb");
 	if (!f) {
-		loom_data_errf(err, errlen, "cifar10: cannot open %s: %s", path, strerror(errno));
+		loom_data_fail(err, errlen, "cifar10: cannot open %s: %s", path, strerror(errno));
 		return errno == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_IO;
 	}
 	for (int64_t r = 0; r < records; r++) {
 		if (fread(rec, 1, sizeof(rec), f) != sizeof(rec)) {
-			loom_data_errf(err, errlen, "cifar10: %s: short read at record %lld (the file changed?)",
+			loom_data_fail(err, errlen, "cifar10: %s: short read at record %lld (the file changed?)",
 				       path, (long long)r);
 			st = LOOM_ERR_IO;
 			break;
 		}
 		if (rec[0] >= CIFAR_CLASSES) {
-			loom_data_errf(err, errlen,
+			loom_data_fail(err, errlen,
 				       "cifar10: %s: record %lld has label %d, expected 0..%d",
 				       path, (long long)r, rec[0], CIFAR_CLASSES - 1);
 			st = LOOM_ERR_FORMAT;
@@ -93,29 +93,30 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 	struct stat sb;
 	loom_status st;
 
+	loom_data_clear(err, errlen);
 	if (!ds) {
-		loom_data_errf(err, errlen, "cifar10: no dataset to fill");
+		loom_data_fail(err, errlen, "cifar10: no dataset to fill");
 		return LOOM_ERR_INVALID;
 	}
 	memset(ds, 0, sizeof(*ds));
 	if (!dir || !split) {
-		loom_data_errf(err, errlen, "cifar10: a directory and a split are required");
+		loom_data_fail(err, errlen, "cifar10: a directory and a split are required");
 		return LOOM_ERR_INVALID;
 	}
 	if (strcmp(split, "train") != 0 && strcmp(split, "test") != 0) {
-		loom_data_errf(err, errlen, "cifar10: unknown split '%s' (train or test)", split);
+		loom_data_fail(err, errlen, "cifar10: unknown split '%s' (train or test)", split);
 		return LOOM_ERR_INVALID;
 	}
 	if (stat(dir, &sb) != 0) {
 		int e = errno;
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "cifar10: directory '%s' %s; it must hold data_batch_1.bin .. "
 			       "data_batch_5.bin and test_batch.bin from %s (or train on --synthetic data)",
 			       dir, e == ENOENT ? "does not exist" : strerror(e), cifar_where);
 		return e == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_IO;
 	}
 	if (!S_ISDIR(sb.st_mode)) {
-		loom_data_errf(err, errlen, "cifar10: '%s' is not a directory", dir);
+		loom_data_fail(err, errlen, "cifar10: '%s' is not a directory", dir);
 		return LOOM_ERR_INVALID;
 	}
 	nfiles = strcmp(split, "train") == 0 ? CIFAR_TRAIN_FILES : 1;
@@ -123,7 +124,7 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 		int len = nfiles == 1 ? snprintf(paths[i], sizeof(paths[i]), "%s/test_batch.bin", dir) :
 					snprintf(paths[i], sizeof(paths[i]), "%s/data_batch_%d.bin", dir, i + 1);
 		if (len < 0 || (size_t)len >= sizeof(paths[i])) {
-			loom_data_errf(err, errlen, "cifar10: directory path too long: '%s'", dir);
+			loom_data_fail(err, errlen, "cifar10: directory path too long: '%s'", dir);
 			return LOOM_ERR_INVALID;
 		}
 		if ((st = cifar_records(paths[i], &records[i], err, errlen)) != LOOM_OK)
@@ -134,7 +135,7 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 	ds->labels = malloc((size_t)total * sizeof(int32_t));
 	if (!ds->images || !ds->labels) {
 		loom_dataset_free(ds);
-		loom_data_errf(err, errlen, "cifar10: out of memory for %lld images", (long long)total);
+		loom_data_fail(err, errlen, "cifar10: out of memory for %lld images", (long long)total);
 		return LOOM_ERR_NOMEM;
 	}
 	for (int i = 0, at = 0; i < nfiles; at += (int)records[i], i++) {
@@ -153,14 +154,15 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes, uint64_t seed,
 				loom_dataset *ds, char *err, size_t errlen)
 {
+	loom_data_clear(err, errlen);
 	if (!ds) {
-		loom_data_errf(err, errlen, "synthetic: no dataset to fill");
+		loom_data_fail(err, errlen, "synthetic: no dataset to fill");
 		return LOOM_ERR_INVALID;
 	}
 	memset(ds, 0, sizeof(*ds));
 	if (n < 1 || c < 1 || h < 1 || w < 1 || classes < 1 || classes > 1 << 20 ||
 	    (int64_t)c * h * w > (int64_t)1 << 30 || n > ((int64_t)1 << 40) / ((int64_t)c * h * w)) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "synthetic: %lld images of %dx%dx%d in %d classes is not a usable size",
 			       (long long)n, c, h, w, classes);
 		return LOOM_ERR_INVALID;
@@ -170,7 +172,7 @@ loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes, uin
 	ds->labels = malloc((size_t)n * sizeof(int32_t));
 	if (!ds->images || !ds->labels) {
 		loom_dataset_free(ds);
-		loom_data_errf(err, errlen, "synthetic: out of memory for %lld images", (long long)n);
+		loom_data_fail(err, errlen, "synthetic: out of memory for %lld images", (long long)n);
 		return LOOM_ERR_NOMEM;
 	}
 	/* splitmix64: the same bytes for the same seed on every machine. */

@@ -7,12 +7,14 @@
 
 #include <stddef.h>
 
-/* Formats into err (which may be NULL or errlen 0, then nothing is written).
- * Always NUL-terminates; a long message is cut, never overflows. */
-void loom_data_errf(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+#include "base/errf.h" /* loom_error: each handle's last failure */
 
-/* Room for one message kept inside an object. */
-#define LOOM_DATA_ERRLEN 512
+/* A failure of a call without a handle: the message goes to the thread's
+ * error object (loom_last_error) and, unless err is NULL or errlen 0, into
+ * err (always NUL-terminated; a long message is cut, never overflows). */
+void loom_data_fail(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Empties both at the start of such a call. */
+void loom_data_clear(char *err, size_t errlen);
 
 #endif /* LOOM_DATA_INTERNAL_H */

@@ -1,19 +1,27 @@
 /*
- * errors.c — the one formatter every datasets/ message goes through, so that
- * a NULL or short buffer is handled in a single place.
+ * errors.c — how a datasets/ call without a handle (a load, a constructor)
+ * reports: the message goes to the thread's error object (loom_last_error,
+ * base/errf.h) and, where the caller gave one, into its buffer.
  */
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "base/errf.h"
 #include "data_internal.h"
 
-void loom_data_errf(char *err, size_t errlen, const char *fmt, ...)
+void loom_data_fail(char *err, size_t errlen, const char *fmt, ...)
 {
+	loom_error *e = loom_thread_error();
 	va_list ap;
 
-	if (!err || errlen == 0)
-		return;
 	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
+	loom_error_vset(e, LOOM_ERR_INVALID, fmt, ap);
 	va_end(ap);
+	loom_errnf(err, errlen, LOOM_OK, "%s", e->msg);
+}
+
+void loom_data_clear(char *err, size_t errlen)
+{
+	loom_error_clear(loom_thread_error());
+	loom_errnf(err, errlen, LOOM_OK, "%s", "");
 }

@@ -94,7 +94,7 @@ static loom_status idx_open(const char *path, gzFile *out, int64_t *fsize,
 	if (fd < 0) {
 		int e = errno;
 
-		loom_data_errf(err, errlen, "idx '%s': cannot open: %s", path,
+		loom_data_fail(err, errlen, "idx '%s': cannot open: %s", path,
 			       strerror(e));
 		return e == ENOENT || e == ENOTDIR ? LOOM_ERR_NOT_FOUND
 						   : LOOM_ERR_IO;
@@ -103,7 +103,7 @@ static loom_status idx_open(const char *path, gzFile *out, int64_t *fsize,
 	f = gzdopen(fd, "rb");
 	if (!f) {
 		close(fd);
-		loom_data_errf(err, errlen, "idx '%s': zlib cannot open it",
+		loom_data_fail(err, errlen, "idx '%s': zlib cannot open it",
 			       path);
 		return LOOM_ERR_NOMEM;
 	}
@@ -124,37 +124,37 @@ static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
 
 	n = idx_read(f, magic, sizeof(magic));
 	if (n < 0) {
-		loom_data_errf(err, errlen, "idx '%s': read failed: %s", path,
+		loom_data_fail(err, errlen, "idx '%s': read failed: %s", path,
 			       idx_zerror(f));
 		return LOOM_ERR_IO;
 	}
 	if (n < 4) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': file too short for the 4-byte magic number (%lld bytes)",
 			       path, (long long)n);
 		return LOOM_ERR_FORMAT;
 	}
 	if (magic[0] != 0 || magic[1] != 0) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': bad magic number %02x %02x %02x %02x: an IDX file starts with 00 00 <type> <ndim>",
 			       path, magic[0], magic[1], magic[2], magic[3]);
 		return LOOM_ERR_FORMAT;
 	}
 	tname = idx_type_name(magic[2]);
 	if (!tname) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': unknown element type 0x%02x in the magic number",
 			       path, magic[2]);
 		return LOOM_ERR_FORMAT;
 	}
 	if (magic[2] != LOOM_IDX_UBYTE) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': element type 0x%02x (%s) is not supported, only 0x08 (unsigned byte)",
 			       path, magic[2], tname);
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	if (magic[3] < 1 || magic[3] > LOOM_IDX_MAX_DIMS) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': %d dims in the magic number, expected 1 to %d",
 			       path, magic[3], LOOM_IDX_MAX_DIMS);
 		return LOOM_ERR_FORMAT;
@@ -164,12 +164,12 @@ static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
 
 	n = idx_read(f, raw, 4 * (size_t)idx->ndim);
 	if (n < 0) {
-		loom_data_errf(err, errlen, "idx '%s': read failed: %s", path,
+		loom_data_fail(err, errlen, "idx '%s': read failed: %s", path,
 			       idx_zerror(f));
 		return LOOM_ERR_IO;
 	}
 	if (n < 4 * idx->ndim) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': header truncated: expected %d dims (%d bytes), got %lld bytes",
 			       path, idx->ndim, 4 * idx->ndim, (long long)n);
 		return LOOM_ERR_FORMAT;
@@ -183,7 +183,7 @@ static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
 		/* A size that does not fit memory is a broken header, not a
 		 * reason to try a huge allocation. */
 		if (v != 0 && count > SIZE_MAX / v) {
-			loom_data_errf(err, errlen,
+			loom_data_fail(err, errlen,
 				       "idx '%s': dims overflow the address space",
 				       path);
 			return LOOM_ERR_FORMAT;
@@ -200,7 +200,7 @@ static loom_status idx_truncated(gzFile f, const char *path, size_t count,
 	const char *z = idx_zerror(f);
 
 	/* A cut gzip stream also ends short; zlib then says why. */
-	loom_data_errf(err, errlen,
+	loom_data_fail(err, errlen,
 		       "idx '%s': truncated: expected %zu bytes of data, got %lld%s%s",
 		       path, count, (long long)got, *z ? "; zlib: " : "", z);
 	return LOOM_ERR_FORMAT;
@@ -224,7 +224,7 @@ static int64_t idx_read_growing(gzFile f, const char *path, loom_idx *idx,
 		int64_t n;
 
 		if (!p) {
-			loom_data_errf(err, errlen,
+			loom_data_fail(err, errlen,
 				       "idx '%s': cannot allocate %zu bytes for the data",
 				       path, cap);
 			*st = LOOM_ERR_NOMEM;
@@ -233,7 +233,7 @@ static int64_t idx_read_growing(gzFile f, const char *path, loom_idx *idx,
 		idx->data = p;
 		n = idx_read(f, idx->data + got, cap - got);
 		if (n < 0) {
-			loom_data_errf(err, errlen, "idx '%s': read failed: %s",
+			loom_data_fail(err, errlen, "idx '%s': read failed: %s",
 				       path, idx_zerror(f));
 			*st = LOOM_ERR_IO;
 			return -1;
@@ -269,13 +269,13 @@ static loom_status idx_read_payload(gzFile f, const char *path, loom_idx *idx,
 	n = idx_read(f, &extra, 1);
 	if (n != 0) {
 		if (n < 0) {
-			loom_data_errf(err, errlen,
+			loom_data_fail(err, errlen,
 				       "idx '%s': read failed after the data: %s",
 				       path, idx_zerror(f));
 			return LOOM_ERR_IO;
 		}
 		n = 1 + idx_count_rest(f);
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "idx '%s': %lld trailing bytes after the expected %zu bytes of data",
 			       path, (long long)n, idx->count);
 		return LOOM_ERR_FORMAT;
@@ -290,14 +290,14 @@ loom_status loom_idx_load(const char *path, loom_idx *idx, char *err,
 	int64_t fsize;
 	loom_status st;
 
-	loom_data_errf(err, errlen, "%s", "");
+	loom_data_clear(err, errlen);
 	if (!idx) {
-		loom_data_errf(err, errlen, "loom_idx_load: idx is NULL");
+		loom_data_fail(err, errlen, "loom_idx_load: idx is NULL");
 		return LOOM_ERR_INVALID;
 	}
 	memset(idx, 0, sizeof(*idx));
 	if (!path) {
-		loom_data_errf(err, errlen, "loom_idx_load: path is NULL");
+		loom_data_fail(err, errlen, "loom_idx_load: path is NULL");
 		return LOOM_ERR_INVALID;
 	}
 	st = idx_open(path, &f, &fsize, err, errlen);

@@ -27,7 +27,7 @@ struct loom_loader {
 	 * pad 0 and flip 0 leave images as stored. */
 	int pad, flip;
 	uint64_t aug_seed;
-	char error[LOOM_DATA_ERRLEN];
+	loom_error err; /* the last failure (base/errf.h) */
 };
 
 static loom_status loader_check(const loom_dataset *ds, const loom_sampler *s,
@@ -35,31 +35,31 @@ static loom_status loader_check(const loom_dataset *ds, const loom_sampler *s,
 				size_t errlen)
 {
 	if (!ds || !s) {
-		loom_data_errf(err, errlen, "loader: %s is NULL",
+		loom_data_fail(err, errlen, "loader: %s is NULL",
 			       !ds ? "dataset" : "sampler");
 		return LOOM_ERR_INVALID;
 	}
 	if (ds->n < 0 || ds->c < 1 || ds->h < 1 || ds->w < 1 ||
 	    (ds->n > 0 && (!ds->images || !ds->labels))) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "loader: dataset is malformed (n %lld, c %d, h %d, w %d)",
 			       (long long)ds->n, ds->c, ds->h, ds->w);
 		return LOOM_ERR_INVALID;
 	}
 	if (loom_sampler_size(s) != ds->n) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "loader: sampler was built for %lld items but the dataset has %lld",
 			       (long long)loom_sampler_size(s), (long long)ds->n);
 		return LOOM_ERR_MISMATCH;
 	}
 	if (batch_size < 1) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "loader: batch size %d, expected >= 1",
 			       batch_size);
 		return LOOM_ERR_INVALID;
 	}
 	if (!(std > 0.0f)) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "loader: std %g, expected > 0", (double)std);
 		return LOOM_ERR_INVALID;
 	}
@@ -75,9 +75,9 @@ loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
 	loom_status st;
 	int v;
 
-	loom_data_errf(err, errlen, "%s", "");
+	loom_data_clear(err, errlen);
 	if (!out) {
-		loom_data_errf(err, errlen, "loom_loader_new: out is NULL");
+		loom_data_fail(err, errlen, "loom_loader_new: out is NULL");
 		return LOOM_ERR_INVALID;
 	}
 	*out = NULL;
@@ -86,7 +86,7 @@ loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
 		return st;
 	l = calloc(1, sizeof(*l));
 	if (!l) {
-		loom_data_errf(err, errlen, "loader: out of memory");
+		loom_data_fail(err, errlen, "loader: out of memory");
 		return LOOM_ERR_NOMEM;
 	}
 	l->ds = ds;
@@ -97,7 +97,7 @@ loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
 	l->lut = malloc(sizeof(*l->lut) * (size_t)ds->c);
 	if (!l->lut) {
 		free(l);
-		loom_data_errf(err, errlen, "loader: out of memory");
+		loom_data_fail(err, errlen, "loader: out of memory");
 		return LOOM_ERR_NOMEM;
 	}
 	for (int c = 0; c < ds->c; c++)
@@ -119,13 +119,13 @@ loom_status loom_loader_set_normalize(loom_loader *l, const float *mean, const f
 	if (!l)
 		return LOOM_ERR_INVALID;
 	if (!mean || !std) {
-		loom_data_errf(l->error, sizeof(l->error), "loader: per-channel %s is NULL",
+		loom_error_set(&l->err, LOOM_ERR_INVALID, "loader: per-channel %s is NULL",
 			       !mean ? "mean" : "std");
 		return LOOM_ERR_INVALID;
 	}
 	for (int c = 0; c < l->ds->c; c++)
 		if (!(std[c] > 0.0f)) {
-			loom_data_errf(l->error, sizeof(l->error),
+			loom_error_set(&l->err, LOOM_ERR_INVALID,
 				       "loader: std of channel %d is %g, expected > 0", c, (double)std[c]);
 			return LOOM_ERR_INVALID;
 		}
@@ -140,7 +140,7 @@ loom_status loom_loader_set_augment(loom_loader *l, int pad, int flip, uint64_t 
 	if (!l)
 		return LOOM_ERR_INVALID;
 	if (pad < 0 || pad > l->ds->h || pad > l->ds->w) {
-		loom_data_errf(l->error, sizeof(l->error),
+		loom_error_set(&l->err, LOOM_ERR_INVALID,
 			       "loader: crop padding %d, expected 0..%d for %dx%d images", pad,
 			       l->ds->h < l->ds->w ? l->ds->h : l->ds->w, l->ds->h, l->ds->w);
 		return LOOM_ERR_INVALID;
@@ -220,14 +220,14 @@ loom_status loom_loader_get(loom_loader *l, int64_t batch, float *images,
 	if (count)
 		*count = 0;
 	if (!images || !labels || !count) {
-		loom_data_errf(l->error, sizeof(l->error),
+		loom_error_set(&l->err, LOOM_ERR_INVALID,
 			       "loader: %s buffer is NULL",
 			       !images ? "images" : !labels ? "labels" : "count");
 		return LOOM_ERR_INVALID;
 	}
 	nb = loom_loader_num_batches(l);
 	if (batch < 0 || batch >= nb) {
-		loom_data_errf(l->error, sizeof(l->error),
+		loom_error_set(&l->err, LOOM_ERR_INVALID,
 			       "loader: batch %lld out of range [0, %lld)",
 			       (long long)batch, (long long)nb);
 		return LOOM_ERR_INVALID;
@@ -262,11 +262,11 @@ loom_status loom_loader_get(loom_loader *l, int64_t batch, float *images,
 	for (i = 0; i < n; i++)
 		labels[i] = l->ds->labels[idx[i]];
 	*count = n;
-	l->error[0] = '\0';
+	loom_error_clear(&l->err);
 	return LOOM_OK;
 }
 
 const char *loom_loader_error(const loom_loader *l)
 {
-	return l ? l->error : "loader is NULL";
+	return l ? l->err.msg : "loader is NULL";
 }

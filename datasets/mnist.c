@@ -26,7 +26,7 @@ static int mnist_exists(const char *dir, const char *path, char *err,
 	e = errno;
 	if (e == ENOENT)
 		return 0;
-	loom_data_errf(err, errlen, "mnist '%s': cannot look for '%s': %s", dir,
+	loom_data_fail(err, errlen, "mnist '%s': cannot look for '%s': %s", dir,
 		       path, strerror(e));
 	return -1;
 }
@@ -46,12 +46,12 @@ static loom_status mnist_find(const char *dir, const char *stem, char *path,
 		goto too_long;
 	if ((r = mnist_exists(dir, path, err, errlen)) != 0)
 		return r > 0 ? LOOM_OK : LOOM_ERR_IO;
-	loom_data_errf(err, errlen,
+	loom_data_fail(err, errlen,
 		       "mnist '%s': neither %s nor %s.gz is in the directory",
 		       dir, stem, stem);
 	return LOOM_ERR_NOT_FOUND;
 too_long:
-	loom_data_errf(err, errlen, "mnist '%s': path too long", dir);
+	loom_data_fail(err, errlen, "mnist '%s': path too long", dir);
 	return LOOM_ERR_INVALID;
 }
 
@@ -63,17 +63,17 @@ static loom_status mnist_check_dir(const char *dir, char *err, size_t errlen)
 		int e = errno;
 
 		if (e == ENOENT || e == ENOTDIR) {
-			loom_data_errf(err, errlen,
+			loom_data_fail(err, errlen,
 				       "mnist: directory '%s' does not exist; install the Debian package dataset-fashion-mnist (it provides %s) or pass the directory that holds the IDX files",
 				       dir, LOOM_FASHION_MNIST_DIR);
 			return LOOM_ERR_NOT_FOUND;
 		}
-		loom_data_errf(err, errlen, "mnist: cannot stat '%s': %s", dir,
+		loom_data_fail(err, errlen, "mnist: cannot stat '%s': %s", dir,
 			       strerror(e));
 		return LOOM_ERR_IO;
 	}
 	if (!S_ISDIR(st.st_mode)) {
-		loom_data_errf(err, errlen, "mnist: '%s' is not a directory",
+		loom_data_fail(err, errlen, "mnist: '%s' is not a directory",
 			       dir);
 		return LOOM_ERR_INVALID;
 	}
@@ -89,26 +89,26 @@ static loom_status mnist_assemble(const char *ipath, loom_idx *img,
 	size_t i;
 
 	if (img->ndim != 3) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "mnist images '%s': %d dims, expected 3 (N x H x W)",
 			       ipath, img->ndim);
 		return LOOM_ERR_FORMAT;
 	}
 	if (lab->ndim != 1) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "mnist labels '%s': %d dims, expected 1 (N)",
 			       lpath, lab->ndim);
 		return LOOM_ERR_FORMAT;
 	}
 	if (img->dims[0] != lab->dims[0]) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "mnist: images '%s' hold %lld images but labels '%s' hold %lld labels",
 			       ipath, (long long)img->dims[0], lpath,
 			       (long long)lab->dims[0]);
 		return LOOM_ERR_FORMAT;
 	}
 	if (img->dims[1] > INT32_MAX || img->dims[2] > INT32_MAX) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "mnist images '%s': image size %lld x %lld too large",
 			       ipath, (long long)img->dims[1],
 			       (long long)img->dims[2]);
@@ -116,7 +116,7 @@ static loom_status mnist_assemble(const char *ipath, loom_idx *img,
 	}
 	for (i = 0; i < lab->count; i++) {
 		if (lab->data[i] >= MNIST_CLASSES) {
-			loom_data_errf(err, errlen,
+			loom_data_fail(err, errlen,
 				       "mnist labels '%s': label %u at index %zu is out of range [0, %d)",
 				       lpath, lab->data[i], i, MNIST_CLASSES);
 			return LOOM_ERR_FORMAT;
@@ -124,7 +124,7 @@ static loom_status mnist_assemble(const char *ipath, loom_idx *img,
 	}
 	labels = malloc((lab->count ? lab->count : 1) * sizeof(*labels));
 	if (!labels) {
-		loom_data_errf(err, errlen, "mnist labels '%s': out of memory",
+		loom_data_fail(err, errlen, "mnist labels '%s': out of memory",
 			       lpath);
 		return LOOM_ERR_NOMEM;
 	}
@@ -151,16 +151,16 @@ loom_status loom_mnist_load(const char *dir, const char *split,
 	loom_idx img = {0}, lab = {0};
 	loom_status st;
 
-	loom_data_errf(err, errlen, "%s", "");
+	loom_data_clear(err, errlen);
 	if (!ds) {
-		loom_data_errf(err, errlen, "loom_mnist_load: ds is NULL");
+		loom_data_fail(err, errlen, "loom_mnist_load: ds is NULL");
 		return LOOM_ERR_INVALID;
 	}
 	memset(ds, 0, sizeof(*ds));
 	if (!dir)
 		dir = LOOM_FASHION_MNIST_DIR;
 	if (!split || (strcmp(split, "train") && strcmp(split, "t10k"))) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "mnist: split '%s' is unknown, expected \"train\" or \"t10k\"",
 			       split ? split : "(null)");
 		return LOOM_ERR_INVALID;

@@ -33,7 +33,7 @@ struct loom_prefetch {
 	int64_t next_fill;
 	int64_t next_take;
 	loom_status status; /* a loader failure, reported by next */
-	char error[LOOM_DATA_ERRLEN];
+	loom_error err; /* the last failure (base/errf.h) */
 };
 
 /* The worker may fill next_fill when its slot holds neither the caller's
@@ -78,7 +78,7 @@ static void *prefetch_worker(void *arg)
 				p->next_fill++;
 			} else {
 				p->status = st;
-				snprintf(p->error, sizeof(p->error),
+				loom_error_set(&p->err, st,
 					 "prefetch: batch %lld: %s",
 					 (long long)b, loom_loader_error(p->l));
 			}
@@ -96,9 +96,9 @@ loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
 	size_t floats;
 	int i;
 
-	loom_data_errf(err, errlen, "%s", "");
+	loom_data_clear(err, errlen);
 	if (!out || !l) {
-		loom_data_errf(err, errlen, "loom_prefetch_new: %s is NULL",
+		loom_data_fail(err, errlen, "loom_prefetch_new: %s is NULL",
 			       !out ? "out" : "loader");
 		return LOOM_ERR_INVALID;
 	}
@@ -118,7 +118,7 @@ loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
 	if (pthread_create(&p->thread, NULL, prefetch_worker, p) != 0) {
-		loom_data_errf(err, errlen, "prefetch: cannot start the worker thread");
+		loom_data_fail(err, errlen, "prefetch: cannot start the worker thread");
 		pthread_cond_destroy(&p->cv);
 		pthread_mutex_destroy(&p->mu);
 		for (i = 0; i < 2; i++) {
@@ -138,7 +138,7 @@ out_free_buffers:
 	}
 	free(p);
 out_nomem:
-	loom_data_errf(err, errlen, "prefetch: out of memory for two batches");
+	loom_data_fail(err, errlen, "prefetch: out of memory for two batches");
 	return LOOM_ERR_NOMEM;
 }
 
@@ -193,7 +193,7 @@ loom_status loom_prefetch_start(loom_prefetch *p)
 	p->next_fill = 0;
 	p->next_take = 0;
 	p->status = LOOM_OK;
-	p->error[0] = '\0';
+	loom_error_clear(&p->err);
 	p->active = 1;
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
@@ -210,7 +210,7 @@ loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
 		return LOOM_ERR_INVALID;
 	pthread_mutex_lock(&p->mu);
 	if (!images || !labels || !count) {
-		snprintf(p->error, sizeof(p->error),
+		loom_error_set(&p->err, LOOM_ERR_INVALID,
 			 "prefetch: %s pointer is NULL",
 			 !images ? "images" : !labels ? "labels" : "count");
 		st = LOOM_ERR_INVALID;
@@ -220,7 +220,7 @@ loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
 	*labels = NULL;
 	*count = 0;
 	if (!p->active) {
-		snprintf(p->error, sizeof(p->error),
+		loom_error_set(&p->err, LOOM_ERR_STATE,
 			 "prefetch: no epoch in progress; call loom_prefetch_start first");
 		st = LOOM_ERR_STATE;
 		goto out_unlock;
@@ -249,5 +249,5 @@ out_unlock:
 
 const char *loom_prefetch_error(const loom_prefetch *p)
 {
-	return p ? p->error : "prefetch is NULL";
+	return p ? p->err.msg : "prefetch is NULL";
 }

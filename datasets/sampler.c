@@ -20,7 +20,7 @@ struct loom_sampler {
 	int64_t num_samples; /* per rank */
 	int64_t *perm;       /* n, scratch for the shared permutation */
 	int64_t *indices;    /* num_samples, this rank's share */
-	char error[LOOM_DATA_ERRLEN];
+	loom_error err; /* the last failure (base/errf.h) */
 };
 
 
@@ -80,25 +80,25 @@ loom_status loom_sampler_new(int64_t n, int rank, int world, int shuffle,
 {
 	loom_sampler *s;
 
-	loom_data_errf(err, errlen, "%s", "");
+	loom_data_clear(err, errlen);
 	if (!out) {
-		loom_data_errf(err, errlen, "loom_sampler_new: out is NULL");
+		loom_data_fail(err, errlen, "loom_sampler_new: out is NULL");
 		return LOOM_ERR_INVALID;
 	}
 	*out = NULL;
 	if (n < 0) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "sampler: dataset size %lld is negative",
 			       (long long)n);
 		return LOOM_ERR_INVALID;
 	}
 	if (world < 1) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "sampler: world size %d, expected >= 1", world);
 		return LOOM_ERR_INVALID;
 	}
 	if (rank < 0 || rank >= world) {
-		loom_data_errf(err, errlen,
+		loom_data_fail(err, errlen,
 			       "sampler: rank %d out of range [0, %d) for world size %d",
 			       rank, world, world);
 		return LOOM_ERR_INVALID;
@@ -127,7 +127,7 @@ loom_status loom_sampler_new(int64_t n, int rank, int world, int shuffle,
 out_free_s:
 	loom_sampler_free(s);
 out_nomem:
-	loom_data_errf(err, errlen,
+	loom_data_fail(err, errlen,
 		       "sampler: cannot allocate indices for %lld items",
 		       (long long)n);
 	return LOOM_ERR_NOMEM;
@@ -147,7 +147,7 @@ loom_status loom_sampler_set_epoch(loom_sampler *s, int64_t epoch)
 	if (!s)
 		return LOOM_ERR_INVALID;
 	if (epoch < 0) {
-		loom_data_errf(s->error, sizeof(s->error),
+		loom_error_set(&s->err, LOOM_ERR_INVALID,
 			       "sampler: epoch %lld is negative",
 			       (long long)epoch);
 		return LOOM_ERR_INVALID;
@@ -155,7 +155,7 @@ loom_status loom_sampler_set_epoch(loom_sampler *s, int64_t epoch)
 	s->epoch = epoch;
 	sampler_permute(s);
 	sampler_deal(s);
-	s->error[0] = '\0';
+	loom_error_clear(&s->err);
 	return LOOM_OK;
 }
 
@@ -193,5 +193,5 @@ const int64_t *loom_sampler_indices(const loom_sampler *s)
 
 const char *loom_sampler_error(const loom_sampler *s)
 {
-	return s ? s->error : "sampler is NULL";
+	return s ? s->err.msg : "sampler is NULL";
 }

@@ -1,21 +1,11 @@
 /*
  * engine/backend_util.c — small helpers every backend shares (declared in
- * engine/plan.h): error formatting, and the messages both backends word
- * the same way.
+ * engine/plan.h): the messages both backends word the same way.
  */
 #include <stdio.h>
 
 #include "base/errf.h"
 #include "engine/plan.h"
-
-loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	loom_verrnf(err, LOOM_ERR_MAX, st, fmt, ap);
-	va_end(ap);
-	return st;
-}
 
 loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row)
 {

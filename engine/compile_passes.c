@@ -48,7 +48,7 @@ static loom_status autodiff_run(loom_program *p, loom_pass_ctx *c)
 	p->plan.n_fwd = p->plan.g->n;
 	loom_status st;
 	if (!p->plan.opts.inference && (st = loom_autodiff(p->plan.g, p->plan.loss)) != LOOM_OK)
-		return loom_program_fail(p, st, "%s", p->plan.g->errmsg);
+		return loom_program_fail(p, st, "%s", p->plan.g->err.msg);
 	return LOOM_OK;
 }
 
@@ -276,7 +276,7 @@ static loom_status check_memory_limit(loom_program *p)
 loom_status loom_pass_backend_failed(loom_program *p, loom_status st)
 {
 	char msg[LOOM_ERR_MAX];
-	snprintf(msg, sizeof(msg), "%s", p->err);
+	snprintf(msg, sizeof(msg), "%s", p->err.msg);
 	return loom_program_fail(p, st, "backend %s: %s", p->be->name, msg);
 }
 
@@ -288,7 +288,7 @@ static loom_status backend_plan_run(loom_program *p, loom_pass_ctx *c)
 	const loom_backend *be = p->be;
 	loom_status st;
 
-	if ((st = be->init(&p->be_ctx, p->err, sizeof(p->err))) != LOOM_OK)
+	if ((st = be->init(&p->be_ctx, p->err.msg, sizeof(p->err.msg))) != LOOM_OK)
 		return loom_pass_backend_failed(p, st);
 	if ((st = loom_exec_check_support(p)) != LOOM_OK)
 		return loom_pass_backend_failed(p, st);
@@ -337,7 +337,7 @@ static loom_status initial_values_run(loom_program *p, loom_pass_ctx *c)
 		free(tmp);
 		if (st != LOOM_OK) {
 			char msg[LOOM_ERR_MAX];
-			snprintf(msg, sizeof(msg), "%s", p->err);
+			snprintf(msg, sizeof(msg), "%s", p->err.msg);
 			return loom_program_fail(p, st, "initialising '%s': %s", nd->name, msg);
 		}
 	}
@@ -349,7 +349,7 @@ static loom_status initial_values_run(loom_program *p, loom_pass_ctx *c)
 		free(zero);
 		if (st != LOOM_OK) {
 			char msg[LOOM_ERR_MAX];
-			snprintf(msg, sizeof(msg), "%s", p->err);
+			snprintf(msg, sizeof(msg), "%s", p->err.msg);
 			return loom_program_fail(p, st, "optimizer state: %s", msg);
 		}
 	}

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "parallel/pipeline.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
@@ -68,6 +67,16 @@ static int span(loom_program *p, int kind, int id, int aux, int t0, int t1)
 	}
 	x->spans[x->n_spans] = (loom_exec_span){ kind, id, aux, t0, t1 };
 	return x->n_spans++;
+}
+
+int loom_exec_timer(loom_program *p, loom_stream stream)
+{
+	return timer(p, stream);
+}
+
+int loom_exec_add_span(loom_program *p, int kind, int id, int aux, int t0, int t1)
+{
+	return span(p, kind, id, aux, t0, t1);
 }
 
 loom_status loom_exec_trace_flush(loom_program *p)
@@ -215,24 +224,19 @@ static loom_status coll_wait_all(loom_program *p)
 	return first;
 }
 
-static loom_status sends_wait(loom_program *p, int slot);
-static void recvs_drop(loom_program *p);
-
 void loom_exec_drain(loom_program *p)
 {
 	if (p->exec.n_pending)
 		(void)coll_wait_all(p);
-	if (p->plan.pipe && p->plan.pipe->n_sends)
-		(void)sends_wait(p, -1);
-	if (p->plan.pipe)
-		recvs_drop(p);
+	if (p->transport)
+		p->transport->drop(p);
 }
 
 loom_status loom_exec_synchronize(loom_program *p)
 {
 	loom_status st = coll_wait_all(p);
-	if (st == LOOM_OK && p->plan.pipe && p->plan.pipe->n_sends)
-		st = sends_wait(p, -1);
+	if (st == LOOM_OK && p->transport)
+		st = p->transport->finish(p);
 	if (st != LOOM_OK)
 		return st;
 	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
@@ -268,7 +272,7 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 {
 	int fold = (flags & LOOM_EXEC_FOLD) != 0;
 	if (s->accum == LOOM_ACCUM_ADD || s->accum == LOOM_ACCUM_FOLD)
-		fold = s->accum == LOOM_ACCUM_FOLD; /* a pipeline's micro-batch */
+		fold = s->accum == LOOM_ACCUM_FOLD; /* a micro-batch of a MICRO-step plan */
 	else if (!(flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)))
 		return LOOM_OK;
 	int t0 = timer(p, LOOM_STREAM_COMPUTE);
@@ -332,8 +336,9 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 {
 	int finite = -1;
 	loom_status st;
-	/* ZeRO's shards and a pipeline's stages each hold some gradients. */
-	if ((p->plan.zero || p->plan.pipe) && p->plan.scaling &&
+	/* ZeRO's shards, and the ranks of a strategy that moves values
+	 * between them as steps (a transport: stages), each hold some gradients. */
+	if ((p->plan.zero || p->transport) && p->plan.scaling &&
 	    (st = shard_verdict(p, s, &finite)) != LOOM_OK)
 		return st;
 	/* A skipped step (an overflow on any shard) takes no norm. */
@@ -367,322 +372,6 @@ static loom_status exec_copy(loom_program *p, const loom_step *s)
 	return LOOM_OK;
 }
 
-/* ------------------------------------------------------------ pipeline */
-
-/* Sends in flight (parallel/pipeline.c's stage boundaries): each reads the
- * activation slot it was sent from (or a copy), so a slot is reused only
- * once its sends ended. slot < 0: every send. */
-static loom_status sends_wait(loom_program *p, int slot)
-{
-	loom_pipe *pp = p->plan.pipe;
-	loom_status first = LOOM_OK;
-	int k = 0;
-	for (int i = 0; i < pp->n_sends; i++) {
-		if (slot >= 0 && pp->send_slot[i] != slot) {
-			pp->sends[k] = pp->sends[i];
-			pp->send_slot[k] = pp->send_slot[i];
-			pp->send_micro[k] = pp->send_micro[i];
-			pp->send_copy[k++] = pp->send_copy[i];
-			continue;
-		}
-		loom_status st = loom_comm_wait(pp->comm, pp->sends[i]);
-		free(pp->send_copy[i]);
-		if (st != LOOM_OK && first == LOOM_OK)
-			first = comm_fail(p, st);
-	}
-	pp->n_sends = k;
-	return first;
-}
-
-/* MPI moves a send only inside its calls: a turn between nodes. */
-static loom_status sends_progress(loom_program *p)
-{
-	loom_pipe *pp = p->plan.pipe;
-	for (int i = 0; i < pp->n_sends; i++) {
-		int done = 0;
-		loom_status st = loom_comm_test(pp->comm, pp->sends[i], &done);
-		if (st != LOOM_OK)
-			return comm_fail(p, st);
-	}
-	return LOOM_OK;
-}
-
-/* Whether the sends in flight from activation slot `slot` of micro-batches
- * other than `micro` (the slot's earlier holders) have ended: tested, never
- * waited for, so that posting a receive early never blocks the stage. */
-static loom_status slot_sends_done(loom_program *p, int slot, int micro, int *done)
-{
-	loom_pipe *pp = p->plan.pipe;
-	*done = 1;
-	for (int i = 0; i < pp->n_sends && *done; i++) {
-		if (pp->send_slot[i] != slot || pp->send_micro[i] == micro)
-			continue;
-		loom_status st = loom_comm_test(pp->comm, pp->sends[i], done);
-		if (st != LOOM_OK)
-			return comm_fail(p, st);
-	}
-	return LOOM_OK;
-}
-
-static loom_status sends_grow(loom_program *p)
-{
-	loom_pipe *pp = p->plan.pipe;
-	if (pp->n_sends < pp->cap_sends)
-		return LOOM_OK;
-	int cap = pp->cap_sends ? 2 * pp->cap_sends : 16;
-	loom_comm_work **w = realloc(pp->sends, sizeof(*w) * (size_t)cap);
-	if (w)
-		pp->sends = w;
-	int *sl = w ? realloc(pp->send_slot, sizeof(int) * (size_t)cap) : NULL;
-	if (sl)
-		pp->send_slot = sl;
-	int *mi = sl ? realloc(pp->send_micro, sizeof(int) * (size_t)cap) : NULL;
-	if (mi)
-		pp->send_micro = mi;
-	void **cp = mi ? realloc(pp->send_copy, sizeof(void *) * (size_t)cap) : NULL;
-	if (!cp)
-		return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
-	pp->send_copy = cp;
-	pp->cap_sends = cap;
-	return LOOM_OK;
-}
-
-static loom_status exec_send(loom_program *p, const loom_step *s)
-{
-	const loom_plan *pl = &p->plan;
-	loom_pipe *pp = pl->pipe;
-	size_t bytes = loom_plan_value_bytes(pl, s->v);
-	void *buf = loom_arena_ptr(&p->arena, pl, s->v), *copy = NULL;
-	int outside = pl->mp.region[pl->mp.root[s->v]] != LOOM_REGION_ACT;
-	loom_status st;
-	if ((st = sends_grow(p)) != LOOM_OK)
-		return st;
-	/* A value outside the slots (a marked output) is overwritten by the
-	 * next micro-batch: the send reads a copy; so does every staged send
-	 * (device memory over the host communicator). A device communicator
-	 * sends from the device in stream order. */
-	if (pp->xfer == LOOM_PIPE_XFER_STAGED || (outside && pp->xfer == LOOM_PIPE_XFER_HOST)) {
-		if (!(copy = malloc(bytes ? bytes : 1)))
-			return loom_program_fail(p, LOOM_ERR_NOMEM, "send: out of memory");
-		if ((st = loom_program_download(p, copy, buf, bytes)) != LOOM_OK) {
-			free(copy);
-			return st;
-		}
-		buf = copy;
-	}
-	loom_comm_work *w = NULL;
-	st = loom_comm_send_start(pp->comm, buf, bytes, s->peer, s->v,
-				  p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE), &w);
-	if (st != LOOM_OK) {
-		free(copy);
-		return comm_fail(p, st);
-	}
-	/* NCCL reads the device bytes on its own stream, which the compute
-	 * stream does not wait for: a value outside the slots is waited for
-	 * here, before the next micro-batch can write it. */
-	if (outside && pp->xfer == LOOM_PIPE_XFER_DEVICE)
-		return (st = loom_comm_wait(pp->comm, w)) != LOOM_OK ? comm_fail(p, st) : LOOM_OK;
-	pp->sends[pp->n_sends] = w;
-	pp->send_slot[pp->n_sends] = s->first;
-	pp->send_micro[pp->n_sends] = s->micro;
-	pp->send_copy[pp->n_sends++] = copy;
-	return LOOM_OK;
-}
-
-/* The one wording of a failed receive: the stage, the micro-batch, the
- * value and the stage it comes from, then the group's own message (which
- * names a dead or late rank with its stage). */
-static loom_status recv_fail(loom_program *p, const loom_step *s, loom_status st)
-{
-	const loom_plan *pl = &p->plan;
-	const loom_pipe *pp = pl->pipe;
-	char lb[96];
-	return loom_program_fail(p, st, "stage %d, micro-batch %d: receiving %s from stage %d: %s",
-				 pp->stage, s->micro, loom_node_label(pl->g, s->v, lb, sizeof(lb)),
-				 s->peer % pp->stages, loom_pg_error(pl->opts.pg));
-}
-
-/* Where the received value goes: its place in its micro-batch's slot,
- * whichever slot the arena points at now (a receive may be posted while
- * another micro-batch runs), or its own place outside the slots. */
-static void *recv_dst(const loom_program *p, const loom_step *s)
-{
-	const loom_plan *pl = &p->plan;
-	const loom_pipe *pp = pl->pipe;
-	if (pl->mp.region[s->v] == LOOM_REGION_ACT)
-		return pp->act_base + (size_t)s->first * pp->slot_bytes + pl->mp.offset[s->v];
-	return loom_arena_ptr(&p->arena, pl, s->v);
-}
-
-/* Posts receive k (pp->recv_at): into the arena, or (staged) into a host
- * buffer that its step uploads. */
-static loom_status recv_post(loom_program *p, int k)
-{
-	const loom_plan *pl = &p->plan;
-	loom_pipe *pp = pl->pipe;
-	const loom_step *s = &pl->steps[pp->recv_at[k]];
-	size_t bytes = loom_plan_value_bytes(pl, s->v);
-	void *dst = recv_dst(p, s);
-	if (pp->xfer == LOOM_PIPE_XFER_STAGED) {
-		if (!(pp->recv_host[k] = malloc(bytes ? bytes : 1)))
-			return recv_fail(p, s, LOOM_ERR_NOMEM);
-		dst = pp->recv_host[k];
-	}
-	loom_status st = loom_comm_recv_start(pp->comm, dst, bytes, s->peer, s->v,
-					      p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE),
-					      &pp->recv_work[k]);
-	if (st != LOOM_OK) {
-		pp->recv_work[k] = NULL;
-		free(pp->recv_host[k]);
-		pp->recv_host[k] = NULL;
-		return recv_fail(p, s, st);
-	}
-	pp->recv_next = k + 1;
-	return LOOM_OK;
-}
-
-/*
- * Before step i: posts, in step order, the run's receives whose post
- * point (loom_step.post) is at or before i, each early one into the slot
- * only once the sends from its slot of the micro-batch before it ended;
- * the first that
- * cannot go holds the later ones back (a value's receives in successive
- * micro-batches share a tag and must match its sends in order). A receive
- * whose own step this is goes now whatever: its MICRO step waited for the
- * slot's sends.
- */
-static loom_status recvs_post(loom_program *p, int i)
-{
-	const loom_plan *pl = &p->plan;
-	loom_pipe *pp = pl->pipe;
-	loom_status st;
-	while (pp->recv_next < pp->recv_end) {
-		int k = pp->recv_next, at = pp->recv_at[k];
-		const loom_step *s = &pl->steps[at];
-		if (s->post > i)
-			break;
-		if (at > i) {
-			/* staged, it lands in a host buffer, not in the slot */
-			int done = 1;
-			if (pp->xfer != LOOM_PIPE_XFER_STAGED &&
-			    (st = slot_sends_done(p, s->first, s->micro, &done)) != LOOM_OK)
-				return st;
-			if (!done)
-				break;
-			pp->n_early++;
-		}
-		if ((st = recv_post(p, k)) != LOOM_OK)
-			return st;
-	}
-	return LOOM_OK;
-}
-
-/* A turn for the receives posted ahead of their steps, between nodes. */
-static loom_status recvs_progress(loom_program *p)
-{
-	const loom_plan *pl = &p->plan;
-	loom_pipe *pp = pl->pipe;
-	for (int k = pp->recv_wait; k < pp->recv_next; k++) {
-		int done = 0;
-		loom_status st = loom_comm_test(pp->comm, pp->recv_work[k], &done);
-		if (st != LOOM_OK)
-			return recv_fail(p, &pl->steps[pp->recv_at[k]], st);
-	}
-	return LOOM_OK;
-}
-
-/* Receives a failed run left posted: waited for (the group's timeout
- * applies, counted from each one's post) and their data dropped. */
-static void recvs_drop(loom_program *p)
-{
-	loom_pipe *pp = p->plan.pipe;
-	for (int k = pp->recv_wait; k < pp->recv_next; k++) {
-		if (pp->recv_work[k])
-			(void)loom_comm_wait(pp->comm, pp->recv_work[k]);
-		pp->recv_work[k] = NULL;
-		free(pp->recv_host[k]);
-		pp->recv_host[k] = NULL;
-	}
-	pp->recv_wait = pp->recv_next = pp->recv_end = 0;
-}
-
-/* A run of steps [first, last): its receives are recv_at's from the first
- * at or after `first` to the last before `last`. */
-static void recvs_begin(loom_program *p, int first, int last)
-{
-	loom_pipe *pp = p->plan.pipe;
-	recvs_drop(p);
-	int k = 0;
-	while (k < pp->n_recv && pp->recv_at[k] < first)
-		k++;
-	pp->recv_wait = pp->recv_next = k;
-	while (k < pp->n_recv && pp->recv_at[k] < last)
-		k++;
-	pp->recv_end = k;
-}
-
-/* The receive, posted at or before this step, ends here (the group's
- * timeout applies, counted from this step) while the sends in flight move
- * on; staged, its host buffer goes up into the slot. */
-static loom_status exec_recv(loom_program *p, const loom_step *s, int i)
-{
-	const loom_plan *pl = &p->plan;
-	loom_pipe *pp = pl->pipe;
-	int k = pp->recv_wait;
-	loom_status st;
-	if (k >= pp->recv_next || pp->recv_at[k] != i)
-		return loom_program_fail(p, LOOM_ERR_STATE,
-					 "stage %d, step %d: a receive that was never posted", pp->stage, i);
-	int t0 = timer(p, LOOM_STREAM_COMPUTE);
-	/* the timeout counts from here, not from an early post */
-	loom_comm_restart(pp->comm, pp->recv_work[k]);
-	st = loom_comm_wait(pp->comm, pp->recv_work[k]);
-	pp->recv_work[k] = NULL;
-	pp->recv_wait = k + 1;
-	if (st == LOOM_OK && pp->xfer == LOOM_PIPE_XFER_STAGED)
-		st = loom_program_upload(p, recv_dst(p, s), pp->recv_host[k],
-					 loom_plan_value_bytes(pl, s->v));
-	free(pp->recv_host[k]);
-	pp->recv_host[k] = NULL;
-	if (st != LOOM_OK)
-		return recv_fail(p, s, st);
-	span(p, LOOM_SPAN_RECV, s->v, s->micro, t0, timer(p, LOOM_STREAM_COMPUTE));
-	return LOOM_OK;
-}
-
-/* Micro-batch s->micro begins its forward (index 0) or backward (2) in
- * activation slot s->first, with its inputs (and, for the backward, the
- * outputs its forward made) put back; or its forward ended (1): the
- * outputs are kept for its backward and the reader. */
-static loom_status exec_micro(loom_program *p, const loom_step *s)
-{
-	const loom_plan *pl = &p->plan;
-	loom_pipe *pp = pl->pipe;
-	loom_status st;
-	int end = s->index == 1, bwd = s->index == 2;
-	if (!end) {
-		if ((st = sends_wait(p, s->first)) != LOOM_OK)
-			return st;
-		p->arena.act = pp->act_base + (size_t)s->first * pp->slot_bytes;
-	}
-	for (int i = 0; i < pp->n_vals; i++) {
-		loom_value v = pp->vals[i];
-		unsigned char *host = pp->host[i] + (size_t)s->micro * pp->bytes[i];
-		if (!loom_plan_holds(pl, v))
-			continue; /* an input only other stages read */
-		if (end && !pp->is_input[i]) {
-			if ((st = loom_program_download(p, host, loom_value_ptr(p, v), pp->bytes[i])) != LOOM_OK)
-				return st;
-			if (v == pl->loss)
-				pp->loss[s->micro] = loom_elem_get(pl->g->nodes[v].dtype, host, 0);
-		} else if (!end && (pp->is_input[i] || bwd)) {
-			if ((st = loom_program_upload(p, loom_value_ptr(p, v), host, pp->bytes[i])) != LOOM_OK)
-				return st;
-		}
-	}
-	return LOOM_OK;
-}
-
 static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigned flags, int diagnose)
 {
 	switch (s->kind) {
@@ -700,11 +389,11 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 	case LOOM_STEP_COPY:
 		return exec_copy(p, s);
 	case LOOM_STEP_SEND:
-		return exec_send(p, s);
 	case LOOM_STEP_RECV:
-		return exec_recv(p, s, i);
 	case LOOM_STEP_MICRO:
-		return exec_micro(p, s);
+		if (p->transport)
+			return p->transport->step(p, s, i);
+		/* fall through */
 	default:
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s steps yet",
 					 loom_step_kind_name(s->kind));
@@ -718,8 +407,8 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 	loom_status st;
 	if ((st = exec_alloc(p)) != LOOM_OK)
 		return st;
-	if (pl->pipe)
-		recvs_begin(p, first, last);
+	if (p->transport)
+		p->transport->run_begin(p, first, last);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
 		return be_fail(p, st);
 	int diagnose = (flags & LOOM_EXEC_DIAGNOSE) && p->ts.first_nonfinite == LOOM_NONE;
@@ -734,19 +423,15 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 			phase = s->phase;
 			phase_t0 = t;
 		}
-		if (pl->pipe && pl->pipe->recv_next < pl->pipe->recv_end &&
-		    (st = recvs_post(p, i)) != LOOM_OK)
+		if (p->transport && (st = p->transport->before_step(p, i)) != LOOM_OK)
 			return st;
 		if ((st = exec_step(p, s, i, flags, diagnose)) != LOOM_OK)
 			return st;
 		if (s->kind == LOOM_STEP_NODE && host_progress && p->exec.n_pending &&
 		    (st = coll_progress(p)) != LOOM_OK)
 			return st;
-		if (s->kind == LOOM_STEP_NODE && pl->pipe && pl->pipe->n_sends &&
-		    (st = sends_progress(p)) != LOOM_OK)
-			return st;
-		if (s->kind == LOOM_STEP_NODE && pl->pipe && pl->pipe->recv_wait < pl->pipe->recv_next &&
-		    (st = recvs_progress(p)) != LOOM_OK)
+		if (s->kind == LOOM_STEP_NODE && p->transport &&
+		    (st = p->transport->progress(p)) != LOOM_OK)
 			return st;
 	}
 	if (phase >= 0)

@@ -59,7 +59,7 @@ static loom_status formats_run(loom_program *p, loom_pass_ctx *c)
 	(void)c;
 	loom_status st = loom_plan_formats(p);
 	if (st != LOOM_OK)
-		return loom_program_fail(p, st, "%s", p->plan.g->errmsg);
+		return loom_program_fail(p, st, "%s", p->plan.g->err.msg);
 	return LOOM_OK;
 }
 

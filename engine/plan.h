@@ -12,15 +12,13 @@
 
 #include "amp/scaler.h"
 #include "graph/graph_internal.h"
+#include "base/errf.h" /* LOOM_ERR_MAX, loom_errnf */
 #include "graph/memplan.h"
 #include "loom.h"
 
 struct loom_comm;      /* comm/comm.h: the collectives of data parallelism */
 struct loom_comm_work; /* one outstanding collective */
 struct loom_trace;     /* engine/trace.h: the spans loom_trace_start records */
-
-/* Size of every error buffer a backend or launcher writes into. */
-#define LOOM_ERR_MAX 512
 
 /* One trainable parameter as the optimizer sees it. */
 typedef struct loom_param_slot {
@@ -97,7 +95,7 @@ typedef enum loom_step_kind {
 	LOOM_STEP_SEND,       /* pipeline: value v of micro-batch `micro` to rank `peer` */
 	LOOM_STEP_RECV,       /* pipeline: value v of micro-batch `micro` from rank `peer` */
 	LOOM_STEP_MICRO,      /* pipeline: micro-batch `micro`'s forward (phase) or backward
-			       * starts: its activation slot, its inputs (parallel/pipeline.c) */
+			       * starts: its activation slot, its inputs (parallel/pipeline_transport.c) */
 	LOOM_STEP_KIND_COUNT
 } loom_step_kind;
 
@@ -119,12 +117,12 @@ typedef struct loom_step {
 	int index;         /* COLLECTIVE, COPY: the bucket; ACCUM: the segment */
 	int first, last;   /* OPTIM: pieces */
 	int noop;          /* NODE: a leaf or view, nothing to compute */
-	/* Pipeline stages (parallel/pipeline.c): SEND, RECV, MICRO: the
+	/* Pipeline stages (parallel/pipeline_schedule.c): SEND, RECV, MICRO: the
 	 * micro-batch; SEND, RECV: the peer's rank in the group. ACCUM:
 	 * LOOM_ACCUM_BY_RUN (the run's flags decide), _ADD or _FOLD. */
 	int micro, peer;
 	int accum;
-	/* RECV: the step from which its receive may be posted (parallel/pipeline.c
+	/* RECV: the step from which its receive may be posted (parallel/pipeline_schedule.c
 	 * decides: its activation slot free of the micro-batch before and no
 	 * value of its own micro-batch's plan that died before it shares its
 	 * bytes); its own index where it must be posted at its step. */
@@ -287,10 +285,9 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	return u != LOOM_NONE && u < v;
 }
 
-/* Formats into err (LOOM_ERR_MAX bytes) and returns st: how backends and
- * their op entries report (base/errf.h's loom_errnf with the plan's length). */
-loom_status loom_errf(char *err, loom_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+/* base/errf.h's loom_errnf into a backend's LOOM_ERR_MAX-byte buffer: the
+ * one formatter, spelled short in the backends' op entries. */
+#define loom_errf(err, st, ...) loom_errnf((err), LOOM_ERR_MAX, (st), __VA_ARGS__)
 
 /* The one wording of a label outside [0, classes) at softmax-CE node v,
  * for both backends. */

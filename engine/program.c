@@ -18,28 +18,9 @@
 #include "engine/trace.h"
 #include "graph/ops/ops.h"
 
-static __thread char last_error[512];
-
-const char *loom_last_error(void)
-{
-	return last_error;
-}
-
-static loom_status compile_fail(loom_status st, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static loom_status compile_fail(loom_status st, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof(last_error), fmt, ap);
-	va_end(ap);
-	return st;
-}
-
 const char *loom_program_error(const loom_program *p)
 {
-	return p ? p->err : "null program";
+	return p ? p->err.msg : "null program";
 }
 
 void loom_compile_opts_default(loom_compile_opts *o)
@@ -63,29 +44,29 @@ void loom_compile_opts_default(loom_compile_opts *o)
 static loom_status check_optim(const loom_optim_opts *o)
 {
 	if ((unsigned)o->kind >= LOOM_OPTIM_COUNT)
-		return compile_fail(LOOM_ERR_INVALID, "optimizer: unknown kind %d", (int)o->kind);
+		return loom_fail(LOOM_ERR_INVALID, "optimizer: unknown kind %d", (int)o->kind);
 	if (o->kind == LOOM_OPTIM_NONE)
 		return LOOM_OK;
 	if (!(o->lr >= 0) || !isfinite(o->lr))
-		return compile_fail(LOOM_ERR_INVALID, "optimizer: learning rate %g must be >= 0", o->lr);
+		return loom_fail(LOOM_ERR_INVALID, "optimizer: learning rate %g must be >= 0", o->lr);
 	if (!(o->weight_decay >= 0))
-		return compile_fail(LOOM_ERR_INVALID, "optimizer: weight decay %g must be >= 0",
+		return loom_fail(LOOM_ERR_INVALID, "optimizer: weight decay %g must be >= 0",
 				    o->weight_decay);
 	if (!(o->clip_grad >= 0) || !isfinite(o->clip_grad))
-		return compile_fail(LOOM_ERR_INVALID, "optimizer: clip_grad %g must be >= 0",
+		return loom_fail(LOOM_ERR_INVALID, "optimizer: clip_grad %g must be >= 0",
 				    o->clip_grad);
 	if (o->kind == LOOM_OPTIM_SGD) {
 		if (!(o->momentum >= 0))
-			return compile_fail(LOOM_ERR_INVALID, "sgd: momentum %g must be >= 0", o->momentum);
+			return loom_fail(LOOM_ERR_INVALID, "sgd: momentum %g must be >= 0", o->momentum);
 		if (o->nesterov && (o->momentum <= 0 || o->dampening != 0))
-			return compile_fail(LOOM_ERR_INVALID,
+			return loom_fail(LOOM_ERR_INVALID,
 					    "sgd: nesterov needs a momentum and zero dampening");
 	} else {
 		if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
-			return compile_fail(LOOM_ERR_INVALID, "adamw: betas (%g, %g) must be in [0, 1)",
+			return loom_fail(LOOM_ERR_INVALID, "adamw: betas (%g, %g) must be in [0, 1)",
 					    o->beta1, o->beta2);
 		if (!(o->eps > 0))
-			return compile_fail(LOOM_ERR_INVALID, "adamw: eps %g must be > 0", o->eps);
+			return loom_fail(LOOM_ERR_INVALID, "adamw: eps %g must be > 0", o->eps);
 	}
 	return LOOM_OK;
 }
@@ -134,27 +115,27 @@ static loom_status check_args(const loom_graph *g, loom_value loss, const loom_c
 	loom_status st;
 	char lb[96];
 	if (!g)
-		return compile_fail(LOOM_ERR_INVALID, "loom_compile: graph is NULL");
-	if (g->err != LOOM_OK)
-		return compile_fail(g->err, "%s", g->errmsg);
+		return loom_fail(LOOM_ERR_INVALID, "loom_compile: graph is NULL");
+	if (g->err.st != LOOM_OK)
+		return loom_fail(g->err.st, "%s", g->err.msg);
 	if (loss < 0 || loss >= g->n)
-		return compile_fail(LOOM_ERR_INVALID, "loom_compile: the loss (%d) is not a value",
+		return loom_fail(LOOM_ERR_INVALID, "loom_compile: the loss (%d) is not a value",
 				    (int)loss);
 	if (g->nodes[loss].shape.ndim != 0)
-		return compile_fail(LOOM_ERR_SHAPE, "loom_compile: the loss %s is not a scalar",
+		return loom_fail(LOOM_ERR_SHAPE, "loom_compile: the loss %s is not a scalar",
 				    loom_node_label(g, loss, lb, sizeof(lb)));
 	if ((st = check_optim(&o->optim)) != LOOM_OK)
 		return st;
 	if ((unsigned)o->device >= LOOM_DEVICE_COUNT)
-		return compile_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
+		return loom_fail(LOOM_ERR_INVALID, "device: unknown value %d", (int)o->device);
 	if ((unsigned)o->kernel_search >= LOOM_KERNEL_SEARCH_COUNT)
-		return compile_fail(LOOM_ERR_INVALID, "kernel_search: unknown value %d",
+		return loom_fail(LOOM_ERR_INVALID, "kernel_search: unknown value %d",
 				    o->kernel_search);
 	if (!(o->kernel_search_ms >= 0))
-		return compile_fail(LOOM_ERR_INVALID, "kernel_search_ms %g must be >= 0",
+		return loom_fail(LOOM_ERR_INVALID, "kernel_search_ms %g must be >= 0",
 				    o->kernel_search_ms);
 	if (o->inference && group_world(o->pg) > 1)
-		return compile_fail(LOOM_ERR_UNSUPPORTED,
+		return loom_fail(LOOM_ERR_UNSUPPORTED,
 				    "loom_compile: a forward-only (inference) plan is for one process");
 	return LOOM_OK;
 }
@@ -166,7 +147,7 @@ static loom_status program_new(loom_graph *g, loom_value loss, const loom_compil
 {
 	loom_program *p = calloc(1, sizeof(*p));
 	if (!p)
-		return compile_fail(LOOM_ERR_NOMEM, "out of memory");
+		return loom_fail(LOOM_ERR_NOMEM, "out of memory");
 	*out = p;
 	p->plan.opts = *o;
 	if (o->inference) /* no gradients: nothing to optimize */
@@ -247,9 +228,11 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 {
 	loom_status st;
 	loom_compile_opts def;
-	last_error[0] = 0;
+	/* Failures before a program exists go to the thread's error object
+	 * (loom_fail, read by loom_last_error: base/errf.h). */
+	loom_error_clear(loom_thread_error());
 	if (!out)
-		return compile_fail(LOOM_ERR_INVALID, "loom_compile: out is NULL");
+		return loom_fail(LOOM_ERR_INVALID, "loom_compile: out is NULL");
 	*out = NULL;
 	if (!o) {
 		loom_compile_opts_default(&def);
@@ -266,7 +249,7 @@ static loom_status compile_one(loom_graph *g, loom_value loss, const loom_compil
 		/* As sqlite3_open: the handle comes back so that its error can
 		 * be read; only loom_program_error and loom_program_free take it. */
 		if (p)
-			snprintf(last_error, sizeof(last_error), "%s", p->err);
+			loom_fail(st, "%s", p->err.msg);
 		return st;
 	}
 	if (o->memory_report)
@@ -453,7 +436,7 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
 {
 	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
-	p->err[0] = 0;
+	loom_error_clear(&p->err);
 	loom_trace *tr = p->ts.trace;
 	double t0 = tr ? loom_trace_now() : 0;
 	int aux = mode == LOOM_RUN_ACCUMULATE ? p->ts.micro + 1 : (int)p->ts.step + 1;

@@ -36,6 +36,27 @@ typedef struct loom_exec {
 	int n_timers;        /* timer slots used by this run */
 } loom_exec;
 
+/*
+ * A strategy that moves values between ranks as steps of its own (SEND,
+ * RECV, MICRO: a pipeline's stages, parallel/pipeline_transport.c). The
+ * executor hands those steps over and gives the transport a turn around
+ * them; it names no strategy. NULL in a program without such steps.
+ */
+typedef struct loom_transport {
+	/* A run of steps [first, last) begins. */
+	void (*run_begin)(loom_program *p, int first, int last);
+	/* Before step i: what may start early (receives posted ahead). */
+	loom_status (*before_step)(loom_program *p, int i);
+	/* A SEND, RECV or MICRO step, the i-th of the plan. */
+	loom_status (*step)(loom_program *p, const loom_step *s, int i);
+	/* A turn between nodes, where the host moves transfers along. */
+	loom_status (*progress)(loom_program *p);
+	/* Waits for everything in flight (loom_exec_synchronize). */
+	loom_status (*finish)(loom_program *p);
+	/* After a failure: waits for what is posted and drops its data. */
+	void (*drop)(loom_program *p);
+} loom_transport;
+
 struct loom_program {
 	loom_plan plan;
 	loom_train_state ts;
@@ -44,13 +65,14 @@ struct loom_program {
 	loom_arena arena; /* the regions be_ctx allocated: the one copy of their
 			   * addresses (the backend reads this one) */
 	loom_exec exec;
+	const loom_transport *transport; /* or NULL */
 	int ready;        /* compiled; a failed compile's handle only explains */
 	/* Bytes a strategy allocates beyond the arena, in the planned peak (a
 	 * pipeline's accumulation sums of several micro-batches). */
 	size_t peak_extra;
 	/* Bit i: pass i of loom_compile_passes ran in this compile. */
 	uint64_t passes_ran;
-	char err[LOOM_ERR_MAX];
+	loom_error err; /* the last failure (base/errf.h) */
 };
 
 /* A program that compiled (a failed compile's handle is not). */
@@ -75,9 +97,6 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd);
 /* One node's share of those (0 for a node that is no product). */
 double loom_node_flops(const loom_graph *g, loom_value v);
-
-/* Prints one message through the user's log callback (loom_set_log). */
-void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Records a message on p and returns st. */
 loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)
@@ -112,6 +131,10 @@ loom_status loom_exec_synchronize(loom_program *p);
 /* After synchronize: the traced runs' spans, read from the backend's
  * timers, into the trace. */
 loom_status loom_exec_trace_flush(loom_program *p);
+/* For a transport's steps: a timer slot marking the work queued so far on
+ * stream (-1: none), and a span of kind between two slots (its index). */
+int loom_exec_timer(loom_program *p, loom_stream stream);
+int loom_exec_add_span(loom_program *p, int kind, int id, int aux, int t0, int t1);
 void loom_exec_free(loom_exec *x);
 /* Before the backend is freed: no collective still writes into its arena. */
 void loom_exec_drain(loom_program *p);

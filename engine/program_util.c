@@ -1,7 +1,8 @@
 /*
  * engine/program_util.c — the engine's small helpers: a program's errors
  * (its own, a backend's copied in), uploads and downloads that record a
- * failure, and the library's log.
+ * failure, and the plan's product counts (the compile summary, the memory
+ * report and the pipeline's cut read them).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,15 +13,14 @@ loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, 
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(p->err, sizeof(p->err), fmt, ap);
+	loom_error_vset(&p->err, st, fmt, ap);
 	va_end(ap);
 	return st;
 }
 
 loom_status loom_program_backend_fail(loom_program *p, loom_status st)
 {
-	snprintf(p->err, sizeof(p->err), "%s", p->be->error(p->be_ctx));
-	return st;
+	return loom_error_set(&p->err, st, "%s", p->be->error(p->be_ctx));
 }
 
 loom_status loom_program_upload(loom_program *p, void *dst, const void *src, size_t bytes)
@@ -35,25 +35,44 @@ loom_status loom_program_download(loom_program *p, void *dst, const void *src, s
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
 
-/* The library's one way to print: the user's callback, else stderr. */
-static loom_log_fn log_fn;
-static void *log_user;
-
-void loom_set_log(loom_log_fn fn, void *user)
+/* Multiply-adds x 2 of node v, or 0 for a node that is no product. */
+static double node_flops(const loom_graph *g, loom_value v)
 {
-	log_fn = fn;
-	log_user = user;
+	const loom_node *n = &g->nodes[v];
+	double out = (double)loom_shape_numel(&n->shape);
+	const loom_shape *w, *a;
+	switch (n->op) {
+	case LOOM_OP_CONV2D: /* (x, w[Co, Ci, kh, kw]): each output sums Ci kh kw products */
+		w = &g->nodes[n->src[1]].shape;
+		return w->ndim == 4 ? 2.0 * out * w->dims[1] * w->dims[2] * w->dims[3] : 0;
+	case LOOM_OP_CONV2D_BWD_DATA: /* (dy, w): as many products as the forward */
+		w = &g->nodes[n->src[1]].shape;
+		return w->ndim == 4 ? 2.0 * (double)loom_shape_numel(&g->nodes[n->src[0]].shape) *
+					      w->dims[1] * w->dims[2] * w->dims[3] :
+				      0;
+	case LOOM_OP_CONV2D_BWD_FILTER: { /* (dy, x) -> dw: each weight sums N Ho Wo products */
+		const loom_shape *dy = &g->nodes[n->src[0]].shape;
+		return dy->ndim == 4 && dy->dims[1] ? 2.0 * out * (double)loom_shape_numel(dy) / dy->dims[1] : 0;
+	}
+	case LOOM_OP_LINEAR: /* (x, w[out, in]) */
+		w = &g->nodes[n->src[1]].shape;
+		return w->ndim == 2 ? 2.0 * out * w->dims[1] : 0;
+	case LOOM_OP_MATMUL: /* (a, b): the inner dimension is a's last, or its first if transposed */
+		a = &g->nodes[n->src[0]].shape;
+		return a->ndim >= 2 ? 2.0 * out * a->dims[n->a.mm.ta ? a->ndim - 2 : a->ndim - 1] : 0;
+	default:
+		return 0;
+	}
 }
 
-void loom_log(const char *fmt, ...)
+double loom_node_flops(const loom_graph *g, loom_value v)
 {
-	char msg[1024];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (log_fn)
-		log_fn(log_user, msg);
-	else
-		fputs(msg, stderr);
+	return node_flops(g, v);
+}
+
+void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd)
+{
+	*fwd = *bwd = 0;
+	for (int v = 0; v < pl->g->n; v++)
+		*(v < pl->n_fwd ? fwd : bwd) += node_flops(pl->g, v);
 }

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "parallel/pipeline.h"
+#include "engine/pass.h"
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 
@@ -150,48 +150,6 @@ void loom_program_dump_dot(const loom_program *p, FILE *out)
 	fprintf(out, "}\n");
 }
 
-/* Multiply-adds x 2 of node v, or 0 for a node that is no product. */
-static double node_flops(const loom_graph *g, loom_value v)
-{
-	const loom_node *n = &g->nodes[v];
-	double out = (double)loom_shape_numel(&n->shape);
-	const loom_shape *w, *a;
-	switch (n->op) {
-	case LOOM_OP_CONV2D: /* (x, w[Co, Ci, kh, kw]): each output sums Ci kh kw products */
-		w = &g->nodes[n->src[1]].shape;
-		return w->ndim == 4 ? 2.0 * out * w->dims[1] * w->dims[2] * w->dims[3] : 0;
-	case LOOM_OP_CONV2D_BWD_DATA: /* (dy, w): as many products as the forward */
-		w = &g->nodes[n->src[1]].shape;
-		return w->ndim == 4 ? 2.0 * (double)loom_shape_numel(&g->nodes[n->src[0]].shape) *
-					      w->dims[1] * w->dims[2] * w->dims[3] :
-				      0;
-	case LOOM_OP_CONV2D_BWD_FILTER: { /* (dy, x) -> dw: each weight sums N Ho Wo products */
-		const loom_shape *dy = &g->nodes[n->src[0]].shape;
-		return dy->ndim == 4 && dy->dims[1] ? 2.0 * out * (double)loom_shape_numel(dy) / dy->dims[1] : 0;
-	}
-	case LOOM_OP_LINEAR: /* (x, w[out, in]) */
-		w = &g->nodes[n->src[1]].shape;
-		return w->ndim == 2 ? 2.0 * out * w->dims[1] : 0;
-	case LOOM_OP_MATMUL: /* (a, b): the inner dimension is a's last, or its first if transposed */
-		a = &g->nodes[n->src[0]].shape;
-		return a->ndim >= 2 ? 2.0 * out * a->dims[n->a.mm.ta ? a->ndim - 2 : a->ndim - 1] : 0;
-	default:
-		return 0;
-	}
-}
-
-double loom_node_flops(const loom_graph *g, loom_value v)
-{
-	return node_flops(g, v);
-}
-
-void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd)
-{
-	*fwd = *bwd = 0;
-	for (int v = 0; v < pl->g->n; v++)
-		*(v < pl->n_fwd ? fwd : bwd) += node_flops(pl->g, v);
-}
-
 static void mib_line(FILE *out, const char *what, size_t bytes, const char *note)
 {
 	fprintf(out, "  %-24s %12.3f MiB%s%s\n", what, bytes / 1048576.0, note ? "  " : "",
@@ -234,10 +192,14 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
 		 info.activation_naive_bytes / 1048576.0);
-	if (p->plan.pipe)
-		snprintf(note, sizeof(note), "(pipeline stage %d: %d micro-batches in flight x "
-			 "%.3f MiB)", p->plan.pipe->stage, p->plan.pipe->slots,
-			 p->plan.pipe->slot_bytes / 1048576.0);
+	/* A strategy's place for this rank (a pipeline stage's activation
+	 * slots), as its pass words it: " (...)". */
+	const loom_pass *ps = LOOM_PASS_WITH(p, note);
+	char where[96] = "";
+	if (ps)
+		ps->note(p, where, sizeof(where));
+	if (where[0])
+		snprintf(note, sizeof(note), "%s", where + (where[0] == ' '));
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
 	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */

@@ -25,7 +25,7 @@ void loom_grad_accum(void *vctx, loom_value src, loom_value grad)
 {
 	grad_ctx *ctx = vctx;
 	loom_graph *g = ctx->g;
-	if (grad == LOOM_NONE || g->err != LOOM_OK)
+	if (grad == LOOM_NONE || g->err.st != LOOM_OK)
 		return;
 	if (ctx->grads[src] == LOOM_NONE) {
 		ctx->grads[src] = grad;
@@ -45,12 +45,12 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	if (loss < 0 || loss >= g->n)
 		return loom_graph_fail(g, LOOM_ERR_INVALID, "autodiff: the loss is not a value (%d)",
 				       (int)loss),
-		       g->err;
+		       g->err.st;
 	if (g->nodes[loss].shape.ndim != 0)
 		return loom_graph_fail(g, LOOM_ERR_SHAPE, "autodiff: the loss %s must be a scalar, got %s",
 				       loom_node_label(g, loss, lb, sizeof(lb)),
 				       loom_shape_str(&g->nodes[loss].shape, sb, sizeof(sb))),
-		       g->err;
+		       g->err.st;
 	int n_fwd = g->n;
 	grad_ctx ctx = { g, NULL, NULL };
 	/* Gradients append nodes; size the tables for the worst case lazily by
@@ -60,7 +60,7 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	if (!ctx.grads || !ctx.need) {
 		free(ctx.grads);
 		free(ctx.need);
-		return loom_graph_fail(g, LOOM_ERR_NOMEM, "autodiff: out of memory"), g->err;
+		return loom_graph_fail(g, LOOM_ERR_NOMEM, "autodiff: out of memory"), g->err.st;
 	}
 	for (int v = 0; v < n_fwd; v++) {
 		ctx.grads[v] = LOOM_NONE;
@@ -80,7 +80,7 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 		g->nodes[seed].bwd_of = loss;
 	}
 	ctx.grads[loss] = seed;
-	for (int v = loss; v >= 0 && g->err == LOOM_OK; v--) {
+	for (int v = loss; v >= 0 && g->err.st == LOOM_OK; v--) {
 		if (ctx.grads[v] == LOOM_NONE || !ctx.need[v])
 			continue;
 		const loom_op_def *def = loom_op_defs[g->nodes[v].op];
@@ -92,7 +92,7 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	}
 	/* Parameters the loss does not reach get a zero gradient so that the
 	 * optimizer still sees one (weight decay and momentum go on). */
-	for (int v = 0; v < n_fwd && g->err == LOOM_OK; v++) {
+	for (int v = 0; v < n_fwd && g->err.st == LOOM_OK; v++) {
 		if (!(loom_op_defs[g->nodes[v].op]->flags & LOOM_OPF_TRAINABLE))
 			continue;
 		loom_value gr = ctx.grads[v];
@@ -110,5 +110,5 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss)
 	}
 	free(ctx.grads);
 	free(ctx.need);
-	return g->err;
+	return g->err.st;
 }

@@ -15,7 +15,7 @@
 /* A usable value of graph g: in range, and the graph not already failed. */
 int loom_check_value(loom_graph *g, loom_value v, const char *op, const char *what)
 {
-	if (g->err != LOOM_OK)
+	if (g->err.st != LOOM_OK)
 		return 0;
 	if (v < 0 || v >= g->n) {
 		loom_graph_fail(g, LOOM_ERR_INVALID, "%s: %s is not a value of this graph (%d)",
@@ -122,7 +122,7 @@ void loom_op_init(loom_node *n, loom_op op, int nsrc, const loom_value *src)
 loom_value loom_op_build(loom_graph *g, loom_node *n)
 {
 	const loom_op_def *def = loom_op_defs[n->op];
-	if (!g || g->err != LOOM_OK)
+	if (!g || g->err.st != LOOM_OK)
 		return LOOM_NONE;
 	for (int i = 0; i < n->nsrc; i++)
 		if (!loom_check_value(g, n->src[i], def->name, def->src_names[i]))

@@ -89,12 +89,12 @@ void loom_graph_free(loom_graph *g)
 
 loom_status loom_graph_status(const loom_graph *g)
 {
-	return g ? g->err : LOOM_ERR_INVALID;
+	return g ? g->err.st : LOOM_ERR_INVALID;
 }
 
 const char *loom_graph_error(const loom_graph *g)
 {
-	return g ? g->errmsg : "null graph";
+	return g ? g->err.msg : "null graph";
 }
 
 void loom_graph_set_seed(loom_graph *g, uint64_t seed)
@@ -105,13 +105,12 @@ void loom_graph_set_seed(loom_graph *g, uint64_t seed)
 
 loom_value loom_graph_fail(loom_graph *g, loom_status st, const char *fmt, ...)
 {
-	if (g->err != LOOM_OK)
+	if (g->err.st != LOOM_OK)
 		return LOOM_NONE;
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(g->errmsg, sizeof(g->errmsg), fmt, ap);
+	loom_error_vset(&g->err, st, fmt, ap);
 	va_end(ap);
-	g->err = st;
 	return LOOM_NONE;
 }
 

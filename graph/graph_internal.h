@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 
+#include "base/errf.h"
 #include "graph/unary.h"
 #include "loom.h"
 
@@ -187,8 +188,7 @@ typedef struct loom_node {
 struct loom_graph {
 	loom_node *nodes;
 	int n, cap;
-	loom_status err;
-	char errmsg[512];
+	loom_error err; /* the sticky first failure (base/errf.h) */
 	uint64_t seed;
 };
 

@@ -6,19 +6,27 @@
  * then run step after step on the CPU or CUDA backend. This header is the
  * contract: each function says what it promises.
  *
- * Errors: everything that can fail returns a loom_status. Graph-building
- * calls return LOOM_NONE on bad input and leave a sticky error on the graph;
- * loom_compile refuses a graph in error and reports its first message.
- * The library never aborts or exits on a user's mistake.
+ * Errors: everything that can fail returns a loom_status, and the message
+ * goes to one place: the error object of the handle the call was made on
+ * (loom_graph_error, loom_program_error, loom_pg_error, loom_loader_error,
+ * loom_sampler_error, loom_prefetch_error: the message of its last
+ * failure), or for a call without a handle (loom_compile refusing its
+ * arguments, a data set's load, a constructor) the thread's, loom_last_error.
+ * Graph-building calls return LOOM_NONE on bad input and leave a sticky
+ * error on the graph; loom_compile refuses a graph in error and reports its
+ * first message. The library never aborts or exits on a user's mistake.
  *
  * Returned strings belong to loom; never free them. loom_status_string and
  * loom_dtype_name return constants. loom_graph_error lives as long as the
- * graph; loom_last_error until the next loom_compile in the same thread;
+ * graph; loom_last_error until the next call without a handle in the same
+ * thread (loom_compile and the data constructors and loads clear it as they
+ * start);
  * loom_program_error until the next call on that program; the strings of
  * loom_program_info (backend, amp_report) until loom_program_free.
  *
- * The library prints (a notice, a verbose compile summary) only through
- * the log callback set with loom_set_log; by default, to stderr.
+ * The library prints (a notice, a verbose compile summary, the launcher's
+ * messages) only through the log callback set with loom_set_log; by
+ * default, to stderr.
  */
 #ifndef LOOM_H
 #define LOOM_H
@@ -494,7 +502,10 @@ loom_status loom_compile(loom_graph *g, loom_value loss,
 			 const loom_compile_opts *o, loom_program **out);
 void loom_program_free(loom_program *p);
 
-/* The message of the last failed loom_compile in this thread. */
+/* The message of the last failure in this thread of a call without a
+ * handle: loom_compile (also a failed compile's, which loom_program_error
+ * of the returned handle repeats), a data set's load, a constructor of
+ * include/loom_data.h. */
 const char *loom_last_error(void);
 
 /* Where the library's messages go: fn(user, message) with message one

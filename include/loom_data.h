@@ -4,10 +4,12 @@
  * semantics, a batch loader that normalises into NCHW floats, and a
  * prefetching wrapper that fills the next batch on a thread of its own.
  *
- * Errors: every call that can fail returns a loom_status. Constructors take
- * an (err, errlen) buffer that receives a message naming the file or the
- * argument at fault; err may be NULL. Objects keep the message of their last
- * failure (loom_*_error). Nothing here aborts or exits on a user's mistake.
+ * Errors: every call that can fail returns a loom_status. Objects keep the
+ * message of their last failure (loom_*_error). Calls without an object
+ * (loads, constructors) leave theirs, naming the file or the argument at
+ * fault, in loom_last_error() (include/loom.h), and also in the (err,
+ * errlen) buffer they take where err is not NULL. Nothing here aborts or
+ * exits on a user's mistake.
  */
 #ifndef LOOM_DATA_H
 #define LOOM_DATA_H

@@ -49,7 +49,7 @@ loom_status loom_trace_start(loom_program *p, const char *path)
 {
 	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
-	p->err[0] = 0;
+	loom_error_clear(&p->err);
 	if (p->ts.trace)
 		return loom_program_fail(p, LOOM_ERR_STATE, "trace_start: a trace is already on");
 	loom_trace *t = calloc(1, sizeof(*t));
@@ -344,7 +344,7 @@ loom_status loom_trace_stop(loom_program *p)
 {
 	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
-	p->err[0] = 0;
+	loom_error_clear(&p->err);
 	loom_trace *t = p->ts.trace;
 	if (!t)
 		return loom_program_fail(p, LOOM_ERR_STATE, "trace_stop: no trace was started");

@@ -70,7 +70,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	p->plan.comm = loom_pg_comm(o->pg, (p->be->caps & LOOM_BE_HOST_MEMORY) ? LOOM_COMM_HOST :
 										  LOOM_COMM_DEVICE);
 	/* Pipeline stages: data parallelism among this stage's replicas, over
-	 * this stage's parameters (parallel/pipeline.c). */
+	 * this stage's parameters (parallel/pipeline_cut.c). */
 	if (p->plan.pipe) {
 		p->plan.world = p->plan.pipe->replicas;
 		p->plan.rank = p->plan.pipe->replica;
@@ -100,7 +100,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 				      &p->plan.buckets);
 	free(grads);
 	if (st != LOOM_OK) {
-		snprintf(err, errlen, "data parallel: %s", g->err ? g->errmsg : "out of memory");
+		snprintf(err, errlen, "data parallel: %s", g->err.st ? g->err.msg : "out of memory");
 		return st;
 	}
 	loom_zero_mark_masters(&p->plan);

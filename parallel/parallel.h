@@ -28,7 +28,7 @@ extern int loom_ddp_test_sync_one_rank;
  * (queued on a device: the caller synchronises). */
 loom_status loom_ddp_start(loom_program *p);
 /* The start-up fingerprint's hash of node v (op, dtype, shape, sources,
- * flags): parallel/pipeline.c's per-stage check uses it too. */
+ * flags): parallel/pipeline_transport.c's start-up check uses it too. */
 uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v);
 /* Collective, on host: every rank's head (the settings that must agree)
  * and items (one hash per node, described by describe(plan, i, ...))

@@ -52,6 +52,7 @@ static void pipeline_release(loom_program *p)
 {
 	loom_pipeline_free(p->plan.pipe);
 	p->plan.pipe = NULL;
+	p->transport = NULL;
 }
 
 const loom_pass loom_pass_pipeline_cut = {

@@ -53,7 +53,7 @@ static loom_value leaf(loom_graph *g, loom_op op, const char *name, loom_dtype d
 		       int ndim, const int64_t *dims, loom_init init, int64_t fan_in)
 {
 	const char *kind = loom_op_defs[op]->name;
-	if (!g || g->err != LOOM_OK)
+	if (!g || g->err.st != LOOM_OK)
 		return LOOM_NONE;
 	if (!name || !name[0])
 		return loom_graph_fail(g, LOOM_ERR_INVALID, "%s: a name is required", kind);
@@ -83,7 +83,7 @@ loom_value loom_input(loom_graph *g, const char *name, loom_dtype dt, int ndim,
 loom_value loom_param(loom_graph *g, const char *name, loom_dtype dt, int ndim,
 		      const int64_t *dims, loom_init init, int64_t fan_in)
 {
-	if (g && g->err == LOOM_OK && fan_in <= 0 &&
+	if (g && g->err.st == LOOM_OK && fan_in <= 0 &&
 	    (init == LOOM_INIT_KAIMING_UNIFORM || init == LOOM_INIT_UNIFORM_FAN_IN))
 		return loom_graph_fail(g, LOOM_ERR_INVALID,
 				       "param '%s': fan_in %lld must be positive for a uniform initialiser",

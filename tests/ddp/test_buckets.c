@@ -41,7 +41,7 @@ static void build_widths(net *n, loom_dtype dt, const int64_t width[4])
 	}
 	loom_value y = loom_input(n->g, "y", LOOM_I32, 1, yd);
 	n->loss = loom_softmax_cross_entropy(n->g, h, y);
-	cr_assert_eq(loom_autodiff(n->g, n->loss), LOOM_OK, "%s", n->g->errmsg);
+	cr_assert_eq(loom_autodiff(n->g, n->loss), LOOM_OK, "%s", n->g->err.msg);
 	for (int i = 0; i < n->np; i++)
 		n->grads[i] = n->g->nodes[n->params[i]].grad;
 }

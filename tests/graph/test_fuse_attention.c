@@ -59,7 +59,7 @@ static loom_graph *attention_graph(loom_dtype dt, int train, int reuse_probs, lo
 		loss = loom_add(g, loss, loom_sum(g, probs));
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
 	if (train)
-		cr_assert_eq(loom_autodiff(g, loss), LOOM_OK, "%s", g->errmsg);
+		cr_assert_eq(loom_autodiff(g, loss), LOOM_OK, "%s", g->err.msg);
 	return g;
 }
 
@@ -203,7 +203,7 @@ Test(fuse_attention, gpt_block_under_o1_bf16)
 	o.keep_batchnorm_fp32 = -1;
 	char err[256] = "";
 	cr_assert_eq(loom_amp_pass(g, &loss, &o, 1, err, sizeof(err)), LOOM_OK, "%s", err);
-	cr_assert_eq(loom_autodiff(g, loss), LOOM_OK, "%s", g->errmsg);
+	cr_assert_eq(loom_autodiff(g, loss), LOOM_OK, "%s", g->err.msg);
 	asked = 0;
 	cr_expect_eq(loom_fuse_attention(g, say_yes), 1, "O1 bf16 attention fused");
 	cr_expect_eq(asked_train, 1);

@@ -131,7 +131,7 @@ static run_result run_model(model_fn model, int batch, int chans, int size, int 
 	loom_value logits;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value loss = model(g, batch, &logits);
-	cr_assert_neq(loss, LOOM_NONE, "%s", g->errmsg);
+	cr_assert_neq(loss, LOOM_NONE, "%s", g->err.msg);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;

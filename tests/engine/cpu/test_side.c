@@ -222,7 +222,7 @@ static step_result run_steps(const char *pool, const char *bn, int bf16)
 	loom_value logits;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	loom_value loss = model(g, batch, &logits);
-	cr_assert_neq(loss, LOOM_NONE, "%s", g->errmsg);
+	cr_assert_neq(loss, LOOM_NONE, "%s", loom_graph_error(g));
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;
