@@ -21,7 +21,7 @@
 #include "engine/trace.h"
 
 /* The events the executor records; a backend has LOOM_BACKEND_EVENTS. */
-enum { EV_COLL_START = 0 };
+enum { EV_COLL_START = 0, EV_COLL_END = 1 };
 
 static loom_status be_fail(loom_program *p, loom_status st)
 {
@@ -103,11 +103,27 @@ static loom_status exec_alloc(loom_program *p)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "executor: out of memory for %d buckets", n);
 	for (int k = 0; k < n; k++)
 		x->pending_span[k] = -1;
+	/* On an asynchronous backend whose communicator orders its
+	 * collectives on the stream it is given, the collectives are waited
+	 * for on the device and by the watchdog; their works (and events)
+	 * are made here, once. */
+	const loom_plan *pl = &p->plan;
+	if (!(p->be->caps & LOOM_BE_ASYNC_STREAMS) || !loom_comm_stream_ordered(pl->comm))
+		return LOOM_OK;
+	if (!(x->kept = calloc((size_t)n, sizeof(*x->kept))))
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "executor: out of memory for %d buckets", n);
+	for (int k = 0; k < n; k++) {
+		loom_status st = loom_comm_work_make(pl->comm, &x->kept[k]);
+		if (st != LOOM_OK)
+			return comm_fail(p, st);
+	}
+	x->device_wait = 1;
 	return LOOM_OK;
 }
 
 void loom_exec_free(loom_exec *x)
 {
+	free(x->kept);
 	free(x->pending);
 	free(x->pending_span);
 	free(x->spans);
@@ -136,6 +152,9 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s of bucket %d started before the last one ended",
 					 loom_coll_name(s->coll), k);
+	/* A collective the watchdog saw fail ends the run at the next one. */
+	if (x->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+		return comm_fail(p, st);
 	const loom_bucket *b = &pl->buckets.b[k];
 	void *buf = p->arena.bucket + b->base;
 	/* The communication stream starts after the compute stream's work so
@@ -146,6 +165,8 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	int t0 = timer(p, LOOM_STREAM_COMM);
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
 	size_t shard = (size_t)b->count / (size_t)pl->world;
+	if (x->kept)
+		x->pending[k] = x->kept[k]; /* reused; NULL: the start makes one */
 	switch (s->coll) {
 	case LOOM_COLL_ALLREDUCE:
 		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
@@ -192,11 +213,42 @@ static loom_status coll_progress(loom_program *p)
 	return LOOM_OK;
 }
 
+/*
+ * On the device: the compute stream waits for the communication stream
+ * (whose later work each collective's end precedes), an event record and
+ * an event wait, and the watchdog takes each work to wait for on the host,
+ * within the group's timeout, while the step goes on. Nothing here waits.
+ */
+static loom_status coll_wait_device(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	loom_status st, first = LOOM_OK;
+	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
+	if ((st = p->be->event_record(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMM)) != LOOM_OK ||
+	    (st = p->be->event_wait(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMPUTE)) != LOOM_OK)
+		return be_fail(p, st);
+	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
+		if (!x->pending[k])
+			continue;
+		st = loom_comm_watch(p->plan.comm, x->pending[k]);
+		x->pending[k] = NULL;
+		x->pending_span[k] = -1; /* its end is the timer after it */
+		x->n_pending--;
+		if (st != LOOM_OK && first == LOOM_OK)
+			first = comm_fail(p, st);
+	}
+	if (t0 >= 0)
+		span(p, LOOM_SPAN_WAIT, 0, 0, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return first;
+}
+
 /* Every collective in flight ends (the group's timeout applies). */
 static loom_status coll_wait_all(loom_program *p)
 {
 	loom_exec *x = &p->exec;
 	loom_status first = LOOM_OK;
+	if (x->device_wait)
+		return coll_wait_device(p);
 	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
 	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
 		if (!x->pending[k])
@@ -222,6 +274,13 @@ void loom_exec_drain(loom_program *p)
 {
 	if (p->exec.n_pending)
 		(void)coll_wait_all(p);
+	if (p->exec.device_wait) {
+		/* The watchdog lets go of the works before they are freed. */
+		(void)loom_comm_watch_drain(p->plan.comm);
+		for (int k = 0; k < p->plan.buckets.n; k++)
+			loom_comm_work_free(p->plan.comm, p->exec.kept[k]);
+		p->exec.device_wait = 0;
+	}
 	if (p->plan.pipe && p->plan.pipe->n_sends)
 		(void)sends_wait(p, -1);
 	if (p->plan.pipe)
@@ -237,6 +296,10 @@ loom_status loom_exec_synchronize(loom_program *p)
 		return st;
 	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
 		return be_fail(p, st);
+	/* The device is idle: the watchdog's works have ended, or failed (a
+	 * timeout aborted the communicator, which let the device go on). */
+	if (p->exec.device_wait && (st = loom_comm_watch_drain(p->plan.comm)) != LOOM_OK)
+		return comm_fail(p, st);
 	return LOOM_OK;
 }
 

@@ -30,6 +30,12 @@ typedef struct loom_exec_span {
 typedef struct loom_exec {
 	struct loom_comm_work **pending; /* per bucket: its collective, else NULL */
 	int n_pending;
+	/* An asynchronous backend over a stream-ordered communicator: the
+	 * WAIT step is an event on the device and the watchdog waits on the
+	 * host (engine/exec.c); kept: per bucket, its work made once (NULL
+	 * where the communicator keeps none). */
+	int device_wait;
+	struct loom_comm_work **kept;
 	int *pending_span;   /* per bucket: its span's index in spans, -1: none */
 	loom_exec_span *spans;
 	int n_spans, cap_spans;
