@@ -50,11 +50,11 @@ static void *watch_main(void *arg)
 		if (st != LOOM_OK && wd->st == LOOM_OK) {
 			wd->st = st;
 			strncpy(wd->err, loom_pg_error(c->pg), sizeof(wd->err) - 1);
-			/* No rank hangs on a communicator whose collective failed. */
-			if (!c->broken) {
-				c->broken = 1;
-				c->i->abort(c);
-			}
+			/* No rank hangs on a communicator whose collective
+			 * failed (the backend's wait may have aborted it
+			 * already: abort is idempotent). */
+			c->broken = 1;
+			c->i->abort(c);
 		}
 		if (!wd->n)
 			pthread_cond_broadcast(&wd->idle);
