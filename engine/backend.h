@@ -57,6 +57,15 @@ enum {
 	(LOOM_BE_FUSES_RELU_POOL | LOOM_BE_FUSES_SIBLINGS | LOOM_BE_FUSES_LINEAR_RELU | \
 	 LOOM_BE_FUSES_BN_RELU | LOOM_BE_FUSES_ADD_RELU)
 
+/* What a backend counts (loom_backend.counters). host_syncs: the host's
+ * waits for the device (stream and event synchronisations, event
+ * queries), all of them; syncs_in_step: those between run_begin and
+ * run_end, where a step should have none; captures and replays: steps
+ * recorded as a graph, and graph launches after the capture's own. */
+typedef struct loom_backend_counters {
+	long host_syncs, syncs_in_step, captures, replays;
+} loom_backend_counters;
+
 /*
  * Every method receives the backend's context; those that run work receive
  * the plan, const. A failing method returns a status and leaves its message
@@ -178,9 +187,21 @@ typedef struct loom_backend {
 	 * pending copy's loss. // (optional) */
 	loom_status (*loss_async)(void *ctx, const loom_plan *plan, const void *loss, int f64,
 				  loom_train_state *ts);
-	/* Records one training step once, then replays it. // (optional) */
-	loom_status (*capture)(void *ctx, const loom_plan *plan, loom_train_state *ts);
-	loom_status (*replay)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+	/* The step as one graph (loom_compile_opts.cuda_graph; engine/exec.c
+	 * drives it: the first training step eager, the second captured,
+	 * the later ones replayed). capture_begin: the work queued next on
+	 * the backend's streams is recorded, not run. capture_end: keep,
+	 * the recording becomes the step's graph and runs once; !keep, it is
+	 * dropped (a step failed or could not be captured) and the streams
+	 * run eagerly again. replay: the recorded step runs again. The
+	 * arena's addresses stay put between them; run_begin, outside the
+	 * graph, pushes what the host changed (lr, scaler, step) and the
+	 * inputs are uploaded before it, in stream order. // (optional) */
+	loom_status (*capture_begin)(void *ctx, const loom_plan *plan);
+	loom_status (*capture_end)(void *ctx, const loom_plan *plan, int keep);
+	loom_status (*replay)(void *ctx, const loom_plan *plan);
+	/* The backend's counters (tests, reports). // (optional) */
+	void (*counters)(void *ctx, loom_backend_counters *out);
 } loom_backend;
 
 /* Events a backend creates at init, named by index. */

@@ -230,7 +230,9 @@ static loom_status coll_wait_device(loom_program *p)
 	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
 		if (!x->pending[k])
 			continue;
-		st = loom_comm_watch(p->plan.comm, x->pending[k]);
+		/* While the step is recorded nothing runs: there is nothing to
+		 * watch (and its events are the capture's). */
+		st = x->capturing ? LOOM_OK : loom_comm_watch(p->plan.comm, x->pending[k]);
 		x->pending[k] = NULL;
 		x->pending_span[k] = -1; /* its end is the timer after it */
 		x->n_pending--;
@@ -774,7 +776,104 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 	}
 }
 
+/* ------------------------------------------------------------ the step as a graph */
+
+/* Whether p's training steps may run as one graph; else why not, in why.
+ * Decided once, at the first run. */
+static int graph_allowed(const loom_program *p, char *why, size_t len)
+{
+	const loom_plan *pl = &p->plan;
+	const char *e = getenv("LOOM_CUDA_GRAPH");
+	*why = 0;
+	if (!p->be->capture_begin || !p->be->capture_end || !p->be->replay)
+		return snprintf(why, len, "the %s backend records no graphs", p->be->name), 0;
+	if (!pl->opts.cuda_graph)
+		return snprintf(why, len, "off (--no-cuda-graph)"), 0;
+	if (e && !strcmp(e, "0"))
+		return snprintf(why, len, "off (LOOM_CUDA_GRAPH=0)"), 0;
+	if (pl->pipe)
+		return snprintf(why, len, "pipeline stages move micro-batches through the host"), 0;
+	if (p->ts.trace)
+		return snprintf(why, len, "the trace reads a timer around every node"), 0;
+	if (pl->world > 1)
+		return snprintf(why, len,
+				"data parallel over %d ranks: the watchdog does not see inside a "
+				"replayed step yet", pl->world), 0;
+	if (pl->zero && (pl->scaling || pl->opts.optim.clip_grad > 0))
+		return snprintf(why, len, "ZeRO's overflow verdict and norm cross the host"), 0;
+	return 1;
+}
+
+/* A run that is one whole training step, as the graph holds it. */
+static int graph_step(const loom_program *p, int first, int last, unsigned flags)
+{
+	return p->exec.graph > 0 && first == 0 && last == p->plan.n_steps &&
+	       flags == LOOM_EXEC_TRAIN && !p->ts.trace;
+}
+
+static void graph_off(loom_program *p, const char *fmt, const char *what)
+{
+	p->exec.graph = -1;
+	snprintf(p->exec.graph_note, sizeof(p->exec.graph_note), fmt, what);
+	loom_log("loom: cuda graph: %s; steps run eagerly", p->exec.graph_note);
+}
+
+/* A replayed step: the host's changes pushed (run_begin), one launch. The
+ * watchdog's verdict on earlier collectives still ends the run. */
+static loom_status graph_replay(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_backend *be = p->be;
+	loom_status st;
+	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+		return comm_fail(p, st);
+	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, LOOM_EXEC_TRAIN)) != LOOM_OK ||
+	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK ||
+	    (st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
+		return be_fail(p, st);
+	p->exec.graph_runs++;
+	return LOOM_OK;
+}
+
+static loom_status exec_walk(loom_program *p, int first, int last, unsigned flags, int capture);
+static loom_status walk_steps(loom_program *p, int first, int last, unsigned flags);
+
 loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
+{
+	loom_exec *x = &p->exec;
+	loom_status st;
+	if (x->graph == 0) {
+		char why[128];
+		x->graph = graph_allowed(p, why, sizeof(why)) ? 1 : -1;
+		snprintf(x->graph_note, sizeof(x->graph_note), "%s", why);
+		/* Said once, where a backend could have captured. */
+		if (x->graph < 0 && p->be->capture_begin && p->plan.opts.cuda_graph)
+			loom_log("loom: cuda graph: %s; steps run eagerly", why);
+	}
+	if (!graph_step(p, first, last, flags))
+		return exec_walk(p, first, last, flags, 0);
+	if (x->graph_runs >= 2)
+		return graph_replay(p);
+	if (x->graph_runs == 0) {
+		/* The first step eager: lazy allocations and searches happen
+		 * outside the capture. */
+		if ((st = exec_walk(p, first, last, flags, 0)) == LOOM_OK)
+			x->graph_runs++;
+		return st;
+	}
+	st = exec_walk(p, first, last, flags, 1);
+	if (st == LOOM_OK) {
+		x->graph_runs++;
+		return st;
+	}
+	/* The capture failed: nothing of it ran. Say why once, and run the
+	 * step eagerly from now on. */
+	graph_off(p, "capture failed: %s", loom_program_error(p));
+	p->err[0] = 0;
+	return exec_walk(p, first, last, flags, 0);
+}
+
+static loom_status exec_walk(loom_program *p, int first, int last, unsigned flags, int capture)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_backend *be = p->be;
@@ -785,6 +884,35 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 		recvs_begin(p, first, last);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
 		return be_fail(p, st);
+	/* Recorded from here to run_end, outside of run_begin's pushes. */
+	if (capture) {
+		if ((st = be->capture_begin(p->be_ctx, pl)) != LOOM_OK)
+			return be_fail(p, st);
+		p->exec.capturing = 1;
+		st = walk_steps(p, first, last, flags);
+		p->exec.capturing = 0;
+		loom_status end = be->run_end(p->be_ctx, pl, &p->arena, &p->ts);
+		if (st != LOOM_OK || end != LOOM_OK) {
+			(void)be->capture_end(p->be_ctx, pl, 0);
+			return st != LOOM_OK ? st : be_fail(p, end);
+		}
+		if ((st = be->capture_end(p->be_ctx, pl, 1)) != LOOM_OK)
+			return be_fail(p, st);
+		return LOOM_OK;
+	}
+	if ((st = walk_steps(p, first, last, flags)) != LOOM_OK)
+		return st;
+	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
+		return be_fail(p, st);
+	return LOOM_OK;
+}
+
+/* Steps [first, last), between run_begin and run_end. */
+static loom_status walk_steps(loom_program *p, int first, int last, unsigned flags)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_backend *be = p->be;
+	loom_status st;
 	int diagnose = (flags & LOOM_EXEC_DIAGNOSE) && p->ts.first_nonfinite == LOOM_NONE;
 	int host_progress = !(be->caps & LOOM_BE_ASYNC_STREAMS);
 	int phase = -1, phase_t0 = -1;
@@ -814,8 +942,6 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 	}
 	if (phase >= 0)
 		span(p, LOOM_SPAN_PHASE, phase, 0, phase_t0, timer(p, LOOM_STREAM_COMPUTE));
-	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
-		return be_fail(p, st);
 	return LOOM_OK;
 }
 

@@ -559,6 +559,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.pipeline_balance = a->pipe_balance;
 	o.memory_limit_mb = a->memory_limit;
 	o.no_tf32 = a->no_tf32;
+	o.cuda_graph = !a->no_cuda_graph;
 	o.kernel_search = a->kernel_search;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
