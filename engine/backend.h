@@ -144,13 +144,23 @@ typedef struct loom_backend {
 	/* The fused overflow check, unscale, loss-scale decision and
 	 * SGD/AdamW update over pieces [first, last); skips the update on
 	 * overflow (dynamic scaling). finite: -1, check the pieces' gradients
-	 * here; 0 or 1, the verdict the executor reduced over the ranks. */
+	 * here; 0 or 1, the verdict the executor reduced over the ranks;
+	 * LOOM_FINITE_ON_DEVICE, the flag grads_finite_device gave, summed
+	 * over the ranks on the device (non-zero: an overflow). */
 	loom_status (*optim)(void *ctx, const loom_plan *plan, const loom_arena *arena,
 			     loom_train_state *ts, int first, int last, int finite);
 	/* Host verdict: the gradients of pieces [first, last) hold no inf/NaN
 	 * (*finite = 1). May wait. LOOM_BE_SHARDED_OPTIM only. // (optional) */
 	loom_status (*grads_finite)(void *ctx, const loom_plan *plan, const loom_arena *arena,
 				    int first, int last, int *finite);
+	/* Device verdict: checks the gradients of pieces [first, last) and
+	 * leaves, in the compute stream's order, an i32 at *flag that is 0
+	 * when they hold no inf/NaN; no wait. The executor sums it over the
+	 * ranks on the device and passes LOOM_FINITE_ON_DEVICE to optim.
+	 * LOOM_BE_SHARDED_OPTIM only. // (optional) */
+	loom_status (*grads_finite_device)(void *ctx, const loom_plan *plan,
+					   const loom_arena *arena, int first, int last,
+					   void **flag);
 	/* Host value: the sum of squares of pieces [first, last)'s gradients
 	 * as the optimizer applies them (times loom_grad_unscale(plan, ts)),
 	 * in f64, in a fixed order. May wait. Clipping under ZeRO
@@ -203,6 +213,10 @@ typedef struct loom_backend {
 	/* The backend's counters (tests, reports). // (optional) */
 	void (*counters)(void *ctx, loom_backend_counters *out);
 } loom_backend;
+
+/* optim's finite: the verdict is grads_finite_device's flag, summed over
+ * the ranks on the device. */
+#define LOOM_FINITE_ON_DEVICE (-2)
 
 /* Events a backend creates at init, named by index. */
 #define LOOM_BACKEND_EVENTS 16

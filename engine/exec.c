@@ -351,6 +351,20 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 	const loom_plan *pl = &p->plan;
 	int mine = 1;
 	loom_status st;
+	/* On the device: the flag summed over the ranks in the compute
+	 * stream's order (an NCCL all-reduce of one value), no host wait. */
+	if (p->exec.device_wait && p->be->grads_finite_device && pl->zero && !pl->pipe) {
+		void *flag = NULL;
+		if ((st = p->be->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
+						     &flag)) != LOOM_OK)
+			return be_fail(p, st);
+		if ((st = loom_comm_allreduce_ordered(pl->comm, flag, 1, LOOM_I32,
+						      p->be->stream_handle(p->be_ctx,
+									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
+			return comm_fail(p, st);
+		*finite = LOOM_FINITE_ON_DEVICE;
+		return LOOM_OK;
+	}
 	if (!p->be->grads_finite)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "zero: the %s backend cannot check a shard", p->be->name);
@@ -401,7 +415,9 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 	if ((p->plan.zero || p->plan.pipe) && p->plan.scaling &&
 	    (st = shard_verdict(p, s, &finite)) != LOOM_OK)
 		return st;
-	/* A skipped step (an overflow on any shard) takes no norm. */
+	/* A skipped step (an overflow on any shard) takes no norm; with the
+	 * verdict on the device, the norm is taken whatever it says (the
+	 * update then ignores it on a skipped step). */
 	if (p->plan.zero && p->plan.opts.optim.clip_grad > 0 && finite != 0 && (st = shard_norm(p, s)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
@@ -799,8 +815,10 @@ static int graph_allowed(const loom_program *p, char *why, size_t len)
 		return snprintf(why, len,
 				"data parallel over %d ranks: the watchdog does not see inside a "
 				"replayed step yet", pl->world), 0;
-	if (pl->zero && (pl->scaling || pl->opts.optim.clip_grad > 0))
-		return snprintf(why, len, "ZeRO's overflow verdict and norm cross the host"), 0;
+	if (pl->zero && pl->opts.optim.clip_grad > 0)
+		return snprintf(why, len, "ZeRO's gradient norm crosses the host"), 0;
+	if (pl->zero && pl->scaling && !p->be->grads_finite_device)
+		return snprintf(why, len, "ZeRO's overflow verdict crosses the host"), 0;
 	return 1;
 }
 

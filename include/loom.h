@@ -298,8 +298,8 @@ typedef struct loom_compile_opts {
 	 * run, the learning rate (loom_set_lr), the loss scaler and the step
 	 * reach the replayed step. Refused, with one line through the log at
 	 * the first run, where the step cannot be one graph (pipeline stages,
-	 * a trace, data parallel over several ranks, ZeRO with loss scaling
-	 * or clipping); diagnosis runs, accumulation runs and other modes run
+	 * a trace, data parallel over several ranks, ZeRO with clipping);
+	 * diagnosis runs, accumulation runs and other modes run
 	 * eagerly. 0 (`--no-cuda-graph`, or LOOM_CUDA_GRAPH=0 in the
 	 * environment): every step eager. The CPU backend ignores it. */
 	int cuda_graph;

@@ -1356,6 +1356,30 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 /* ZeRO: this rank's pieces checked on the device, the verdict read back
  * (waits). ctl->found_inf is left clear for the decision, which takes the
  * executor's verdict. */
+/* ZeRO, on the device: this rank's pieces checked into ctl->found_inf,
+ * which the executor sums over the ranks (NCCL, in the stream's order)
+ * and the decision then reads; no wait. */
+static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
+					    const loom_arena *arena, int first, int last,
+					    void **flag)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)arena;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
+				 first, last, p->n_pieces);
+	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
+				  c->err, sizeof(c->err))) != LOOM_OK ||
+	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK)
+		return st;
+	*flag = &c->ctl->found_inf;
+	return LOOM_OK;
+}
+
 static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
 				     int first, int last, int *finite)
 {
@@ -1498,6 +1522,7 @@ static const loom_backend loom_cuda_backend = {
 	.accum = cuda_accum,
 	.optim = cuda_optim,
 	.grads_finite = cuda_grads_finite,
+	.grads_finite_device = cuda_grads_finite_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,

@@ -221,7 +221,9 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 	loom_status st;
 	unsigned blocks = opt_blocks(c);
 
-	if (p->scaling && verdict < 0 && (st = loom_cuda_optim_check(c, p, s)) != LOOM_OK)
+	/* -1: check here; LOOM_FINITE_ON_DEVICE (-2): ctl->found_inf holds
+	 * the ranks' summed check already; 0 or 1: the host's verdict. */
+	if (p->scaling && verdict == -1 && (st = loom_cuda_optim_check(c, p, s)) != LOOM_OK)
 		return st;
 	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro, verdict);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)

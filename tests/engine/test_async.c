@@ -214,6 +214,21 @@ static loom_status fh_wait(loom_comm *c, loom_comm_work *w)
 	return LOOM_OK;
 }
 
+/* In the stream's order: the device runs it when it gets there, which in
+ * this model (the compute stream runs eagerly) is now. */
+static int ordered_calls;
+
+static loom_status fd_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream)
+{
+	cr_assert_eq(stream, &fd_streams[LOOM_STREAM_COMPUTE]);
+	cr_assert_eq(dt, LOOM_I32);
+	for (size_t e = 0; e < count; e++)
+		((int32_t *)buf)[e] *= c->world;
+	ordered_calls++;
+	return LOOM_OK;
+}
+
 static loom_status fd_barrier(loom_comm *c)
 {
 	(void)c;
@@ -242,6 +257,7 @@ static const loom_comm_i fd_iface = {
 	.barrier = fd_barrier,
 	.abort = fd_abort,
 	.free = fd_free,
+	.allreduce_ordered = fd_allreduce_ordered,
 	.reduce_scatter_start = fd_reduce_scatter_start,
 	.allgather_start = fd_allgather_start,
 	.work_make = fd_work_make,
@@ -302,11 +318,29 @@ static loom_status fd_run_end(void *ctx, const loom_plan *pl, const loom_arena *
 	return fd.cpu->run_end(ctx, pl, a, ts);
 }
 
+/* ZeRO's overflow flag "on the device": this rank's check, left for the
+ * ordered all-reduce to sum. */
+static int32_t fd_flag;
+static int device_verdicts;
+
+static loom_status fd_grads_finite_device(void *ctx, const loom_plan *pl, const loom_arena *a,
+					  int first, int last, void **flag)
+{
+	int finite = 0;
+	loom_status st = fd.cpu->grads_finite(ctx, pl, a, first, last, &finite);
+	fd_flag = !finite;
+	*flag = &fd_flag;
+	device_verdicts++;
+	return st;
+}
+
 /* The update reads the buckets: every collective queued before it must
  * have landed (a device wait came first). */
 static loom_status fd_optim(void *ctx, const loom_plan *pl, const loom_arena *a,
 			    loom_train_state *ts, int first, int last, int finite)
 {
+	if (finite == LOOM_FINITE_ON_DEVICE)
+		finite = fd_flag == 0;
 	fd.optims++;
 	int all = 1;
 	for (int k = 0; k < fd.n; k++)
@@ -333,11 +367,12 @@ static loom_status fd_download(void *ctx, void *dst, const void *src, size_t byt
 }
 
 static loom_backend fd_backend;
+static loom_opt_level mlp_level = LOOM_O0; /* the MLP's opt level */
 
 static void setup(void)
 {
 	memset(&fd, 0, sizeof(fd));
-	host_in_step = 0;
+	host_in_step = ordered_calls = device_verdicts = 0;
 	fd.hung_call = -1;
 	fd.step_thread = pthread_self();
 	fd.cpu = &loom_cpu_backend;
@@ -353,12 +388,14 @@ static void setup(void)
 	fd_backend.optim = fd_optim;
 	fd_backend.synchronize = fd_synchronize;
 	fd_backend.download = fd_download;
+	fd_backend.grads_finite_device = fd_grads_finite_device;
 	loom_test_backend = &fd_backend;
 }
 
 static void teardown(void)
 {
 	loom_test_backend = NULL;
+	mlp_level = LOOM_O0;
 }
 
 /* A single process's group made into rank 0 of 2, with the fake host and
@@ -403,6 +440,7 @@ static loom_program *compile_mlp(loom_graph **gp, loom_pg *pg, int zero)
 	o.device = LOOM_DEVICE_CPU;
 	o.optim.kind = LOOM_OPTIM_SGD;
 	o.optim.lr = 0.1;
+	o.amp.level = mlp_level;
 	o.pg = pg;
 	o.zero_stage = zero;
 	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
@@ -562,6 +600,29 @@ Test(async, every_step_kind_of_a_zero_plan_runs_on_the_async_backend)
 	cr_assert_eq(host_in_step, 0);
 	/* This rank's shard updated as one process's (the other half holds
 	 * the fake's sentinels). */
+	expect_params_equal(p, one, 1);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+Test(async, zeros_overflow_verdict_is_summed_on_the_device)
+{
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g, *g1;
+	mlp_level = LOOM_O1; /* fp16, dynamic loss scaling: a verdict per update */
+	loom_program *p = compile_mlp(&g, pg, 1);
+	loom_program *one = compile_one(&g1);
+	cr_assert(p->plan.scaling);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	/* This rank's check summed over the ranks in the compute stream's
+	 * order; nothing through the host communicator, no host wait. */
+	cr_assert_eq(device_verdicts, 1);
+	cr_assert_eq(ordered_calls, 1);
+	cr_assert_eq(host_in_step, 0, "the verdict crossed the host %d times", host_in_step);
+	cr_assert_eq(fd.host_waits, 0);
+	cr_assert_eq(fd.landed_before_optim, 1);
 	expect_params_equal(p, one, 1);
 	free_all(one, g1);
 	free_all(p, g);
