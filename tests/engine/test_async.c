@@ -11,7 +11,10 @@
  * run_end), that the watchdog thread ends the works and names a collective
  * that never completes with the backend's own message (then aborts the
  * communicator), and that every step kind a data-parallel plan has runs
- * under it with one process's numbers.
+ * under it with one process's numbers; ZeRO's overflow verdict summed on
+ * the device; and the executor's graph driver (suite graph): the first
+ * training step eager, the second walked under capture, the later ones
+ * replayed, a failed capture said once and run eagerly, the refusals.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -354,7 +357,7 @@ static loom_status fd_synchronize(void *ctx, const loom_plan *pl, loom_train_sta
 {
 	if (fd.in_step)
 		fd.syncs_in_step++;
-	for (int k = 0; k < fd.n; k++)
+	for (int k = 0; the_pg && k < fd.n; k++)
 		land(the_pg->device, k);
 	return fd.cpu->synchronize(ctx, pl, ts);
 }
@@ -373,6 +376,7 @@ static void setup(void)
 {
 	memset(&fd, 0, sizeof(fd));
 	host_in_step = ordered_calls = device_verdicts = 0;
+	the_pg = NULL;
 	fd.hung_call = -1;
 	fd.step_thread = pthread_self();
 	fd.cpu = &loom_cpu_backend;
@@ -627,4 +631,143 @@ Test(async, zeros_overflow_verdict_is_summed_on_the_device)
 	free_all(one, g1);
 	free_all(p, g);
 	loom_pg_free(pg);
+}
+
+/* ------------------------------------------------------------ the step as one graph */
+
+static struct {
+	int begins, keeps, drops, replays, nodes, nodes_captured, fail_end;
+} gr;
+
+static loom_status gr_capture_begin(void *ctx, const loom_plan *pl)
+{
+	(void)ctx, (void)pl;
+	gr.begins++;
+	return LOOM_OK;
+}
+
+static loom_status gr_capture_end(void *ctx, const loom_plan *pl, int keep)
+{
+	(void)ctx, (void)pl;
+	if (!keep) {
+		gr.drops++;
+		return LOOM_OK;
+	}
+	if (gr.fail_end)
+		return LOOM_ERR_BACKEND;
+	gr.keeps++;
+	return LOOM_OK;
+}
+
+static loom_status gr_replay(void *ctx, const loom_plan *pl)
+{
+	(void)ctx, (void)pl;
+	gr.replays++;
+	return LOOM_OK;
+}
+
+static loom_status gr_run_node(void *ctx, const loom_plan *pl, const loom_arena *a, loom_value v)
+{
+	gr.nodes++;
+	gr.nodes_captured += gr.begins > gr.keeps + gr.drops;
+	return fd.cpu->run_node(ctx, pl, a, v);
+}
+
+static void graph_setup(void)
+{
+	setup();
+	memset(&gr, 0, sizeof(gr));
+	fd_backend.capture_begin = gr_capture_begin;
+	fd_backend.capture_end = gr_capture_end;
+	fd_backend.replay = gr_replay;
+	fd_backend.run_node = gr_run_node;
+}
+
+TestSuite(graph, .init = graph_setup, .fini = teardown);
+
+Test(graph, the_first_step_runs_eagerly_the_second_is_captured_the_rest_replayed)
+{
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	int per_step = gr.nodes;
+	cr_assert_gt(per_step, 0);
+	cr_assert_eq(gr.begins, 0, "the first step was captured");
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(gr.keeps, 1);
+	cr_assert_eq(gr.nodes_captured, per_step, "the capture walked %d nodes of %d",
+		     gr.nodes_captured, per_step);
+	for (int s = 0; s < 3; s++) {
+		cr_assert_eq(loom_set_lr(p, 0.01 * (s + 1)), LOOM_OK);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	}
+	cr_assert_eq(gr.replays, 3);
+	cr_assert_eq(gr.nodes, 2 * per_step, "a replayed step walked its nodes");
+	/* Other modes run eagerly beside the graph, which stays. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_gt(gr.nodes, 2 * per_step);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.replays, 4);
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(p->exec.graph, 1);
+	free_all(p, g);
+}
+
+static char logged[4096]; /* every line logged since the test cleared it */
+
+static void keep_log(void *user, const char *line)
+{
+	size_t n = strlen(logged);
+	(void)user;
+	snprintf(logged + n, sizeof(logged) - n, "%s", line);
+}
+
+Test(graph, a_failed_capture_is_said_once_and_the_steps_run_eagerly)
+{
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	logged[0] = 0;
+	loom_set_log(keep_log, NULL);
+	gr.fail_end = 1;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	int per_step = gr.nodes;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	/* walked under capture, then again eagerly */
+	cr_assert_eq(gr.nodes, 3 * per_step);
+	cr_assert_eq(p->exec.graph, -1);
+	cr_assert(strstr(logged, "cuda graph: capture failed"), "log: %s", logged);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.nodes, 4 * per_step);
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(gr.replays, 0);
+	loom_set_log(NULL, NULL);
+	free_all(p, g);
+}
+
+Test(graph, refused_where_it_cannot_hold_and_off_on_request)
+{
+	loom_graph *g;
+	/* Over two ranks: refused at the first run, with its reason. */
+	loom_pg *pg = fake_group(10.0);
+	logged[0] = 0;
+	loom_set_log(keep_log, NULL);
+	loom_program *p = compile_mlp(&g, pg, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.begins + gr.replays, 0);
+	cr_assert(strstr(logged, "cuda graph: data parallel over 2 ranks"), "log: %s", logged);
+	free_all(p, g);
+	loom_pg_free(pg);
+	the_pg = NULL;
+	/* LOOM_CUDA_GRAPH=0: off. */
+	setenv("LOOM_CUDA_GRAPH", "0", 1);
+	p = compile_mlp(&g, NULL, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	unsetenv("LOOM_CUDA_GRAPH");
+	cr_assert_eq(gr.begins + gr.replays, 0);
+	cr_assert_str_eq(p->exec.graph_note, "off (LOOM_CUDA_GRAPH=0)");
+	free_all(p, g);
+	loom_set_log(NULL, NULL);
 }
