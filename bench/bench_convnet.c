@@ -15,6 +15,7 @@
 #include "loom.h"
 
 static int no_fusion;
+static int no_cuda_graph;
 
 static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, int warmup,
 		 int steps)
@@ -31,6 +32,7 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	o.amp.level = level;
 	o.amp.half = half;
 	o.no_fusion = no_fusion;
+	o.cuda_graph = !no_cuda_graph;
 	if (loom_compile(g, loss, &o, &p) != LOOM_OK) {
 		fprintf(stderr, "bench_convnet: %s\n", loom_last_error());
 		loom_graph_free(g);
@@ -99,6 +101,8 @@ int main(int argc, char **argv)
 			levels = argv[++i];
 		else if (!strcmp(argv[i], "--no-fusion"))
 			no_fusion = 1;
+		else if (!strcmp(argv[i], "--no-cuda-graph"))
+			no_cuda_graph = 1;
 		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
 			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--bf16"))
@@ -109,7 +113,8 @@ int main(int argc, char **argv)
 			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
 		} else {
 			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
-					"[--levels 0123] [--bf16] [--no-fusion] [--device auto|cpu|cuda] "
+					"[--levels 0123] [--bf16] [--no-fusion] [--no-cuda-graph] "
+					"[--device auto|cpu|cuda] "
 					"[--threads N]\n");
 			return 2;
 		}

@@ -46,7 +46,8 @@ loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 		return st;
 	if (!out || (count && !buf) || !loom_dtype_size(dt))
 		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-reduce: bad arguments");
-	*out = NULL;
+	if (!c->i->work_make)
+		*out = NULL; /* else NULL or a made work, reused */
 	entering(c, "all-reduce of %zu %s", count, loom_dtype_name(dt));
 	return c->i->allreduce_start(c, buf, count, dt, stream, out);
 }
@@ -64,7 +65,8 @@ static loom_status shard_args(loom_comm *c, void *buf, size_t count, loom_dtype 
 	if (!have)
 		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED, "%s: the %s backend has none",
 				    what, c->i->name);
-	*out = NULL;
+	if (!c->i->work_make)
+		*out = NULL; /* else NULL or a made work, reused */
 	return LOOM_OK;
 }
 
@@ -175,8 +177,10 @@ loom_status loom_comm_split(loom_comm *c, int color, int key, loom_comm **out)
 
 void loom_comm_free(loom_comm *c)
 {
-	if (c && c->owned)
+	if (c && c->owned) {
+		loom_comm_watch_stop(c);
 		c->i->free(c);
+	}
 }
 
 loom_status loom_comm_test(loom_comm *c, loom_comm_work *w, int *done)
@@ -201,7 +205,7 @@ loom_status loom_comm_wait(loom_comm *c, loom_comm_work *w)
 
 loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt)
 {
-	loom_comm_work *w;
+	loom_comm_work *w = NULL;
 	loom_status st = loom_comm_allreduce_start(c, buf, count, dt, NULL, &w);
 
 	return st ? st : loom_comm_wait(c, w);

@@ -106,6 +106,10 @@ typedef struct loom_comm_work loom_comm_work; /* one outstanding collective */
  */
 typedef struct loom_comm_i {
 	const char *name;
+	/* 1: a bucket start's result is in the order of the stream given it
+	 * (its later work sees the result; a device backend), so the host
+	 * may hand the work to the watchdog instead of waiting for it. */
+	int stream_ordered;
 	/* Starts a sum of buf over all ranks; *out waits for it. stream: the CUDA
 	 * stream that produced buf (NULL: the default stream; MPI ignores it). */
 	loom_status (*allreduce_start)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
@@ -160,6 +164,11 @@ typedef struct loom_comm_i {
 	 * has the whole timeout from that step, however long the compute in
 	 * between took.   // (optional) */
 	void (*restart)(loom_comm *c, loom_comm_work *w);
+	/* A work made once, that every start given it in *out reuses (with
+	 * its event): no allocation per step. wait() and the watchdog end it
+	 * without freeing it; work_free does.   // (optional) */
+	loom_status (*work_make)(loom_comm *c, loom_comm_work **out);
+	void (*work_free)(loom_comm *c, loom_comm_work *w);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -172,6 +181,7 @@ struct loom_comm {
 	 * own, the split's for a sub-communicator (loom_comm_split). */
 	int rank, world;
 	int owned; /* made by loom_comm_split: loom_comm_free frees it */
+	struct loom_comm_watch *watch; /* the watchdog (comm/watchdog.c), once started */
 };
 
 /* The backend of the group for this memory (owned by the group; NULL and an
@@ -213,6 +223,42 @@ loom_status loom_comm_split(loom_comm *c, int color, int key, loom_comm **out);
 /* Frees a communicator loom_comm_split made (the group's own are the
  * group's: ignored). */
 void loom_comm_free(loom_comm *c);
+
+/* ------------------------------------------- device-side waits, the watchdog */
+
+/*
+ * On a device backend (NCCL) a collective started on `stream` is in that
+ * stream's order: the stream's later work sees its result, with no host
+ * wait. The host still owes it a wait (its timeout, its asynchronous
+ * error, its abort): loom_comm_watch hands w to the communicator's
+ * watchdog thread, which waits for it in the backend's own wait() (the
+ * same timeout, the same message naming the rank and the collective, the
+ * same abort of the communicator) while the step goes on.
+ *
+ * loom_comm_work_make: a work made once that the three bucket starts
+ * reuse when given it in *out (the starts otherwise want *out NULL);
+ * *out is NULL where the backend keeps none (MPI, world 1), and the
+ * starts then make their own as before. loom_comm_work_free frees it
+ * (after the watchdog is done with it: loom_comm_watch_drain).
+ */
+loom_status loom_comm_work_make(loom_comm *c, loom_comm_work **out);
+void loom_comm_work_free(loom_comm *c, loom_comm_work *w);
+/* Whether c's bucket starts order their result on the stream given them
+ * (a device backend), so that loom_comm_watch may stand for wait(). */
+int loom_comm_stream_ordered(const loom_comm *c);
+/* Hands w to the watchdog (started at the first call); never blocks on w.
+ * A made work (loom_comm_work_make) handed again before the watchdog got
+ * to it is watched once. The watchdog's first failure is kept: this and
+ * every later call here return it, its message in loom_pg_error. */
+loom_status loom_comm_watch(loom_comm *c, loom_comm_work *w);
+/* The watchdog's verdict so far, without waiting: LOOM_OK, or its first
+ * failure (the message put back into loom_pg_error). */
+loom_status loom_comm_watch_status(loom_comm *c);
+/* Waits until the watchdog has ended every work handed to it (each within
+ * the group's timeout), then its verdict. Outside a step only. */
+loom_status loom_comm_watch_drain(loom_comm *c);
+/* How many works the watchdog has been handed and has ended (tests). */
+void loom_comm_watch_counts(const loom_comm *c, uint64_t *handed, uint64_t *ended);
 
 /* Broadcasts n buffers from root (initial parameters and buffers). */
 loom_status loom_comm_broadcast_many(loom_comm *c, void *const *bufs, const size_t *bytes,

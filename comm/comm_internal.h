@@ -294,6 +294,10 @@ const char *loom_pg_rank_name(const loom_pg *pg, int rank, char *buf, size_t len
  * progress file is removed. */
 int loom_pg_watch(loom_pg *pg, double t0, double *next, char *buf, size_t len);
 
+/* comm/watchdog.c: stops c's watchdog thread (what it holds is waited
+ * for first, within the timeout); before c is freed. */
+void loom_comm_watch_stop(loom_comm *c);
+
 /* ------------------------------------------------------------ progress */
 
 /* comm/progress.c: the last collective each rank entered, in a file that

@@ -33,6 +33,8 @@ struct loom_comm_work {
 	size_t count;
 	loom_dtype dt;
 	const char *p2p; /* "send" or "receive" (count is bytes); NULL: a collective */
+	int kept;        /* made once (nccl_work_make): wait ends it, never frees it */
+	const char *what; /* "all-reduce", "reduce-scatter", "all-gather" */
 };
 
 extern "C" loom_status loom_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *err,
@@ -190,28 +192,62 @@ static loom_status nccl_start(loom_comm *c, void *buf, size_t count, loom_dtype 
 	loom_status st;
 	char *mine = (char *)buf + (size_t)c->pg->info.rank * count * loom_dtype_size(dt);
 
+	static const char *const names[] = { "all-reduce", "reduce-scatter", "all-gather" };
 	if ((st = nccl_type(c, dt, &t)))
 		return st;
-	w = (loom_comm_work *)calloc(1, sizeof(*w));
+	/* A made work (its event made once) is reused; else one per call. */
+	w = *out ? *out : (loom_comm_work *)calloc(1, sizeof(*w));
 	if (!w)
 		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
 	w->t0 = loom_comm_now();
 	w->count = count;
 	w->dt = dt;
-	/* The collective waits for whatever produced buf, on the device. */
+	w->what = names[kind];
+	/* The collective waits for whatever produced buf, on the device, and
+	 * stream's later work waits for the collective (stream order: the
+	 * executor's wait step is then an event on the device, not the host). */
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
 	    (st = issued(c, enqueue(x, kind, buf, mine, count, t), what[kind])) ||
-	    (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming))) ||
-	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream)))) {
-		if (w->done)
-			cudaEventDestroy(w->done);
-		free(w);
+	    (!w->done &&
+	     (st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming)))) ||
+	    (st = CUDA_OK(c->pg, cudaEventRecord(w->done, x->stream))) ||
+	    (stream && (st = CUDA_OK(c->pg, cudaStreamWaitEvent((cudaStream_t)stream, w->done, 0))))) {
+		if (!w->kept) {
+			if (w->done)
+				cudaEventDestroy(w->done);
+			free(w);
+		}
 		c->broken = 1;
 		return st;
 	}
 	*out = w;
 	return LOOM_OK;
+}
+
+/* A bucket's work, made once when the executor first runs the plan. */
+static loom_status nccl_work_make(loom_comm *c, loom_comm_work **out)
+{
+	loom_comm_work *w = (loom_comm_work *)calloc(1, sizeof(*w));
+	loom_status st;
+
+	if (!w)
+		return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "out of memory");
+	w->kept = 1;
+	if ((st = CUDA_OK(c->pg, cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming)))) {
+		free(w);
+		return st;
+	}
+	*out = w;
+	return LOOM_OK;
+}
+
+static void nccl_work_free(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	if (w->done)
+		cudaEventDestroy(w->done);
+	free(w);
 }
 
 static loom_status nccl_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
@@ -340,10 +376,16 @@ static loom_status nccl_wait(loom_comm *c, loom_comm_work *w)
 	if (w->p2p)
 		snprintf(what, sizeof(what), "%s of %zu bytes", w->p2p, w->count);
 	else
-		snprintf(what, sizeof(what), "all-reduce of %zu %s", w->count, loom_dtype_name(w->dt));
+		snprintf(what, sizeof(what), "%s of %zu %s", w->what ? w->what : "all-reduce",
+			 w->count, loom_dtype_name(w->dt));
+	/* The watchdog thread waits here too: the device is per thread. */
+	if (c->pg->info.device >= 0)
+		(void)cudaSetDevice(c->pg->info.device);
 	st = c->broken ? LOOM_ERR_STATE : poll_until(c, w->done, w->t0, what);
-	cudaEventDestroy(w->done);
-	free(w);
+	if (!w->kept) {
+		cudaEventDestroy(w->done);
+		free(w);
+	}
 	return st;
 }
 
@@ -528,6 +570,7 @@ static void nccl_free(loom_comm *c)
 
 static const loom_comm_i nccl_iface = {
 	.name = "nccl",
+	.stream_ordered = 1,
 	.allreduce_start = nccl_allreduce_start,
 	.test = nccl_test,
 	.wait = nccl_wait,
@@ -543,6 +586,8 @@ static const loom_comm_i nccl_iface = {
 	.recv_start = nccl_recv_start,
 	.split = NULL,
 	.restart = nccl_restart,
+	.work_make = nccl_work_make,
+	.work_free = nccl_work_free,
 };
 
 extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)

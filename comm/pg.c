@@ -463,6 +463,8 @@ void loom_pg_free(loom_pg *pg)
 {
 	if (!pg)
 		return;
+	loom_comm_watch_stop(pg->device);
+	loom_comm_watch_stop(pg->host);
 	/* A rank that failed a collective keeps its probe open a moment, so
 	 * that peers which time out a little later do not count it as dead. */
 	if ((pg->host && pg->host->broken) || (pg->device && pg->device->broken))

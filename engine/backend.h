@@ -57,6 +57,15 @@ enum {
 	(LOOM_BE_FUSES_RELU_POOL | LOOM_BE_FUSES_SIBLINGS | LOOM_BE_FUSES_LINEAR_RELU | \
 	 LOOM_BE_FUSES_BN_RELU | LOOM_BE_FUSES_ADD_RELU)
 
+/* What a backend counts (loom_backend.counters). host_syncs: the host's
+ * waits for the device (stream and event synchronisations, event
+ * queries), all of them; syncs_in_step: those between run_begin and
+ * run_end, where a step should have none; captures and replays: steps
+ * recorded as a graph, and graph launches after the capture's own. */
+typedef struct loom_backend_counters {
+	long host_syncs, syncs_in_step, captures, replays;
+} loom_backend_counters;
+
 /*
  * Every method receives the backend's context; those that run work receive
  * the plan, const. A failing method returns a status and leaves its message
@@ -135,13 +144,23 @@ typedef struct loom_backend {
 	/* The fused overflow check, unscale, loss-scale decision and
 	 * SGD/AdamW update over pieces [first, last); skips the update on
 	 * overflow (dynamic scaling). finite: -1, check the pieces' gradients
-	 * here; 0 or 1, the verdict the executor reduced over the ranks. */
+	 * here; 0 or 1, the verdict the executor reduced over the ranks;
+	 * LOOM_FINITE_ON_DEVICE, the flag grads_finite_device gave, summed
+	 * over the ranks on the device (non-zero: an overflow). */
 	loom_status (*optim)(void *ctx, const loom_plan *plan, const loom_arena *arena,
 			     loom_train_state *ts, int first, int last, int finite);
 	/* Host verdict: the gradients of pieces [first, last) hold no inf/NaN
 	 * (*finite = 1). May wait. LOOM_BE_SHARDED_OPTIM only. // (optional) */
 	loom_status (*grads_finite)(void *ctx, const loom_plan *plan, const loom_arena *arena,
 				    int first, int last, int *finite);
+	/* Device verdict: checks the gradients of pieces [first, last) and
+	 * leaves, in the compute stream's order, an i32 at *flag that is 0
+	 * when they hold no inf/NaN; no wait. The executor sums it over the
+	 * ranks on the device and passes LOOM_FINITE_ON_DEVICE to optim.
+	 * LOOM_BE_SHARDED_OPTIM only. // (optional) */
+	loom_status (*grads_finite_device)(void *ctx, const loom_plan *plan,
+					   const loom_arena *arena, int first, int last,
+					   void **flag);
 	/* Host value: the sum of squares of pieces [first, last)'s gradients
 	 * as the optimizer applies them (times loom_grad_unscale(plan, ts)),
 	 * in f64, in a fixed order. May wait. Clipping under ZeRO
@@ -178,10 +197,26 @@ typedef struct loom_backend {
 	 * pending copy's loss. // (optional) */
 	loom_status (*loss_async)(void *ctx, const loom_plan *plan, const void *loss, int f64,
 				  loom_train_state *ts);
-	/* Records one training step once, then replays it. // (optional) */
-	loom_status (*capture)(void *ctx, const loom_plan *plan, loom_train_state *ts);
-	loom_status (*replay)(void *ctx, const loom_plan *plan, loom_train_state *ts);
+	/* The step as one graph (loom_compile_opts.cuda_graph; engine/exec.c
+	 * drives it: the first training step eager, the second captured,
+	 * the later ones replayed). capture_begin: the work queued next on
+	 * the backend's streams is recorded, not run. capture_end: keep,
+	 * the recording becomes the step's graph and runs once; !keep, it is
+	 * dropped (a step failed or could not be captured) and the streams
+	 * run eagerly again. replay: the recorded step runs again. The
+	 * arena's addresses stay put between them; run_begin, outside the
+	 * graph, pushes what the host changed (lr, scaler, step) and the
+	 * inputs are uploaded before it, in stream order. // (optional) */
+	loom_status (*capture_begin)(void *ctx, const loom_plan *plan);
+	loom_status (*capture_end)(void *ctx, const loom_plan *plan, int keep);
+	loom_status (*replay)(void *ctx, const loom_plan *plan);
+	/* The backend's counters (tests, reports). // (optional) */
+	void (*counters)(void *ctx, loom_backend_counters *out);
 } loom_backend;
+
+/* optim's finite: the verdict is grads_finite_device's flag, summed over
+ * the ranks on the device. */
+#define LOOM_FINITE_ON_DEVICE (-2)
 
 /* Events a backend creates at init, named by index. */
 #define LOOM_BACKEND_EVENTS 16

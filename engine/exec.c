@@ -20,7 +20,7 @@
 #include "engine/trace.h"
 
 /* The events the executor records; a backend has LOOM_BACKEND_EVENTS. */
-enum { EV_COLL_START = 0 };
+enum { EV_COLL_START = 0, EV_COLL_END = 1 };
 
 static loom_status be_fail(loom_program *p, loom_status st)
 {
@@ -112,11 +112,27 @@ static loom_status exec_alloc(loom_program *p)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "executor: out of memory for %d buckets", n);
 	for (int k = 0; k < n; k++)
 		x->pending_span[k] = -1;
+	/* On an asynchronous backend whose communicator orders its
+	 * collectives on the stream it is given, the collectives are waited
+	 * for on the device and by the watchdog; their works (and events)
+	 * are made here, once. */
+	const loom_plan *pl = &p->plan;
+	if (!(p->be->caps & LOOM_BE_ASYNC_STREAMS) || !loom_comm_stream_ordered(pl->comm))
+		return LOOM_OK;
+	if (!(x->kept = calloc((size_t)n, sizeof(*x->kept))))
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "executor: out of memory for %d buckets", n);
+	for (int k = 0; k < n; k++) {
+		loom_status st = loom_comm_work_make(pl->comm, &x->kept[k]);
+		if (st != LOOM_OK)
+			return comm_fail(p, st);
+	}
+	x->device_wait = 1;
 	return LOOM_OK;
 }
 
 void loom_exec_free(loom_exec *x)
 {
+	free(x->kept);
 	free(x->pending);
 	free(x->pending_span);
 	free(x->spans);
@@ -145,6 +161,9 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s of bucket %d started before the last one ended",
 					 loom_coll_name(s->coll), k);
+	/* A collective the watchdog saw fail ends the run at the next one. */
+	if (x->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+		return comm_fail(p, st);
 	const loom_bucket *b = &pl->buckets.b[k];
 	void *buf = p->arena.bucket + b->base;
 	/* The communication stream starts after the compute stream's work so
@@ -155,6 +174,8 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	int t0 = timer(p, LOOM_STREAM_COMM);
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
 	size_t shard = (size_t)b->count / (size_t)pl->world;
+	if (x->kept)
+		x->pending[k] = x->kept[k]; /* reused; NULL: the start makes one */
 	switch (s->coll) {
 	case LOOM_COLL_ALLREDUCE:
 		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
@@ -201,11 +222,44 @@ static loom_status coll_progress(loom_program *p)
 	return LOOM_OK;
 }
 
+/*
+ * On the device: the compute stream waits for the communication stream
+ * (whose later work each collective's end precedes), an event record and
+ * an event wait, and the watchdog takes each work to wait for on the host,
+ * within the group's timeout, while the step goes on. Nothing here waits.
+ */
+static loom_status coll_wait_device(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	loom_status st, first = LOOM_OK;
+	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
+	if ((st = p->be->event_record(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMM)) != LOOM_OK ||
+	    (st = p->be->event_wait(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMPUTE)) != LOOM_OK)
+		return be_fail(p, st);
+	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
+		if (!x->pending[k])
+			continue;
+		/* While the step is recorded nothing runs: there is nothing to
+		 * watch (and its events are the capture's). */
+		st = x->capturing ? LOOM_OK : loom_comm_watch(p->plan.comm, x->pending[k]);
+		x->pending[k] = NULL;
+		x->pending_span[k] = -1; /* its end is the timer after it */
+		x->n_pending--;
+		if (st != LOOM_OK && first == LOOM_OK)
+			first = comm_fail(p, st);
+	}
+	if (t0 >= 0)
+		span(p, LOOM_SPAN_WAIT, 0, 0, t0, timer(p, LOOM_STREAM_COMPUTE));
+	return first;
+}
+
 /* Every collective in flight ends (the group's timeout applies). */
 static loom_status coll_wait_all(loom_program *p)
 {
 	loom_exec *x = &p->exec;
 	loom_status first = LOOM_OK;
+	if (x->device_wait)
+		return coll_wait_device(p);
 	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
 	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
 		if (!x->pending[k])
@@ -228,6 +282,13 @@ void loom_exec_drain(loom_program *p)
 {
 	if (p->exec.n_pending)
 		(void)coll_wait_all(p);
+	if (p->exec.device_wait) {
+		/* The watchdog lets go of the works before they are freed. */
+		(void)loom_comm_watch_drain(p->plan.comm);
+		for (int k = 0; k < p->plan.buckets.n; k++)
+			loom_comm_work_free(p->plan.comm, p->exec.kept[k]);
+		p->exec.device_wait = 0;
+	}
 	if (p->transport)
 		p->transport->drop(p);
 }
@@ -241,6 +302,10 @@ loom_status loom_exec_synchronize(loom_program *p)
 		return st;
 	if ((st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts)) != LOOM_OK)
 		return be_fail(p, st);
+	/* The device is idle: the watchdog's works have ended, or failed (a
+	 * timeout aborted the communicator, which let the device go on). */
+	if (p->exec.device_wait && (st = loom_comm_watch_drain(p->plan.comm)) != LOOM_OK)
+		return comm_fail(p, st);
 	return LOOM_OK;
 }
 
@@ -290,6 +355,20 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 	const loom_plan *pl = &p->plan;
 	int mine = 1;
 	loom_status st;
+	/* On the device: the flag summed over the ranks in the compute
+	 * stream's order (an NCCL all-reduce of one value), no host wait. */
+	if (p->exec.device_wait && p->be->grads_finite_device && pl->zero && !pl->pipe) {
+		void *flag = NULL;
+		if ((st = p->be->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
+						     &flag)) != LOOM_OK)
+			return be_fail(p, st);
+		if ((st = loom_comm_allreduce_ordered(pl->comm, flag, 1, LOOM_I32,
+						      p->be->stream_handle(p->be_ctx,
+									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
+			return comm_fail(p, st);
+		*finite = LOOM_FINITE_ON_DEVICE;
+		return LOOM_OK;
+	}
 	if (!p->be->grads_finite)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "zero: the %s backend cannot check a shard", p->be->name);
@@ -341,7 +420,9 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 	if ((p->plan.zero || p->transport) && p->plan.scaling &&
 	    (st = shard_verdict(p, s, &finite)) != LOOM_OK)
 		return st;
-	/* A skipped step (an overflow on any shard) takes no norm. */
+	/* A skipped step (an overflow on any shard) takes no norm; with the
+	 * verdict on the device, the norm is taken whatever it says (the
+	 * update then ignores it on a skipped step). */
 	if (p->plan.zero && p->plan.opts.optim.clip_grad > 0 && finite != 0 && (st = shard_norm(p, s)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
@@ -400,7 +481,106 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 	}
 }
 
+/* ------------------------------------------------------------ the step as a graph */
+
+/* Whether p's training steps may run as one graph; else why not, in why.
+ * Decided once, at the first run. */
+static int graph_allowed(const loom_program *p, char *why, size_t len)
+{
+	const loom_plan *pl = &p->plan;
+	const char *e = getenv("LOOM_CUDA_GRAPH");
+	*why = 0;
+	if (!p->be->capture_begin || !p->be->capture_end || !p->be->replay)
+		return snprintf(why, len, "the %s backend records no graphs", p->be->name), 0;
+	if (!pl->opts.cuda_graph)
+		return snprintf(why, len, "off (--no-cuda-graph)"), 0;
+	if (e && !strcmp(e, "0"))
+		return snprintf(why, len, "off (LOOM_CUDA_GRAPH=0)"), 0;
+	if (pl->pipe)
+		return snprintf(why, len, "pipeline stages move micro-batches through the host"), 0;
+	if (p->ts.trace)
+		return snprintf(why, len, "the trace reads a timer around every node"), 0;
+	if (pl->world > 1)
+		return snprintf(why, len,
+				"data parallel over %d ranks: the watchdog does not see inside a "
+				"replayed step yet", pl->world), 0;
+	if (pl->zero && pl->opts.optim.clip_grad > 0)
+		return snprintf(why, len, "ZeRO's gradient norm crosses the host"), 0;
+	if (pl->zero && pl->scaling && !p->be->grads_finite_device)
+		return snprintf(why, len, "ZeRO's overflow verdict crosses the host"), 0;
+	return 1;
+}
+
+/* A run that is one whole training step, as the graph holds it. */
+static int graph_step(const loom_program *p, int first, int last, unsigned flags)
+{
+	return p->exec.graph > 0 && first == 0 && last == p->plan.n_steps &&
+	       flags == LOOM_EXEC_TRAIN && !p->ts.trace;
+}
+
+static void graph_off(loom_program *p, const char *fmt, const char *what)
+{
+	p->exec.graph = -1;
+	snprintf(p->exec.graph_note, sizeof(p->exec.graph_note), fmt, what);
+	loom_log("loom: cuda graph: %s; steps run eagerly", p->exec.graph_note);
+}
+
+/* A replayed step: the host's changes pushed (run_begin), one launch. The
+ * watchdog's verdict on earlier collectives still ends the run. */
+static loom_status graph_replay(loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_backend *be = p->be;
+	loom_status st;
+	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+		return comm_fail(p, st);
+	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, LOOM_EXEC_TRAIN)) != LOOM_OK ||
+	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK ||
+	    (st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
+		return be_fail(p, st);
+	p->exec.graph_runs++;
+	return LOOM_OK;
+}
+
+static loom_status exec_walk(loom_program *p, int first, int last, unsigned flags, int capture);
+static loom_status walk_steps(loom_program *p, int first, int last, unsigned flags);
+
 loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
+{
+	loom_exec *x = &p->exec;
+	loom_status st;
+	if (x->graph == 0) {
+		char why[128];
+		x->graph = graph_allowed(p, why, sizeof(why)) ? 1 : -1;
+		snprintf(x->graph_note, sizeof(x->graph_note), "%s", why);
+		/* Said once, where a backend could have captured. */
+		if (x->graph < 0 && p->be->capture_begin && p->plan.opts.cuda_graph)
+			loom_log("loom: cuda graph: %s; steps run eagerly", why);
+	}
+	if (!graph_step(p, first, last, flags))
+		return exec_walk(p, first, last, flags, 0);
+	if (x->graph_runs >= 2)
+		return graph_replay(p);
+	if (x->graph_runs == 0) {
+		/* The first step eager: lazy allocations and searches happen
+		 * outside the capture. */
+		if ((st = exec_walk(p, first, last, flags, 0)) == LOOM_OK)
+			x->graph_runs++;
+		return st;
+	}
+	st = exec_walk(p, first, last, flags, 1);
+	if (st == LOOM_OK) {
+		x->graph_runs++;
+		return st;
+	}
+	/* The capture failed: nothing of it ran. Say why once, and run the
+	 * step eagerly from now on. */
+	graph_off(p, "capture failed: %s", loom_program_error(p));
+	loom_error_clear(&p->err);
+	return exec_walk(p, first, last, flags, 0);
+}
+
+static loom_status exec_walk(loom_program *p, int first, int last, unsigned flags, int capture)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_backend *be = p->be;
@@ -411,6 +591,35 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 		p->transport->run_begin(p, first, last);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
 		return be_fail(p, st);
+	/* Recorded from here to run_end, outside of run_begin's pushes. */
+	if (capture) {
+		if ((st = be->capture_begin(p->be_ctx, pl)) != LOOM_OK)
+			return be_fail(p, st);
+		p->exec.capturing = 1;
+		st = walk_steps(p, first, last, flags);
+		p->exec.capturing = 0;
+		loom_status end = be->run_end(p->be_ctx, pl, &p->arena, &p->ts);
+		if (st != LOOM_OK || end != LOOM_OK) {
+			(void)be->capture_end(p->be_ctx, pl, 0);
+			return st != LOOM_OK ? st : be_fail(p, end);
+		}
+		if ((st = be->capture_end(p->be_ctx, pl, 1)) != LOOM_OK)
+			return be_fail(p, st);
+		return LOOM_OK;
+	}
+	if ((st = walk_steps(p, first, last, flags)) != LOOM_OK)
+		return st;
+	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
+		return be_fail(p, st);
+	return LOOM_OK;
+}
+
+/* Steps [first, last), between run_begin and run_end. */
+static loom_status walk_steps(loom_program *p, int first, int last, unsigned flags)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_backend *be = p->be;
+	loom_status st;
 	int diagnose = (flags & LOOM_EXEC_DIAGNOSE) && p->ts.first_nonfinite == LOOM_NONE;
 	int host_progress = !(be->caps & LOOM_BE_ASYNC_STREAMS);
 	int phase = -1, phase_t0 = -1;
@@ -436,8 +645,6 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 	}
 	if (phase >= 0)
 		span(p, LOOM_SPAN_PHASE, phase, 0, phase_t0, timer(p, LOOM_STREAM_COMPUTE));
-	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
-		return be_fail(p, st);
 	return LOOM_OK;
 }
 

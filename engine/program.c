@@ -39,6 +39,7 @@ void loom_compile_opts_default(loom_compile_opts *o)
 	o->amp.keep_batchnorm_fp32 = -1;
 	o->bucket_cap_mb = 25.0;
 	o->first_bucket_mb = 1.0;
+	o->cuda_graph = 1;
 }
 
 static loom_status check_optim(const loom_optim_opts *o)

@@ -30,6 +30,18 @@ typedef struct loom_exec_span {
 typedef struct loom_exec {
 	struct loom_comm_work **pending; /* per bucket: its collective, else NULL */
 	int n_pending;
+	/* An asynchronous backend over a stream-ordered communicator: the
+	 * WAIT step is an event on the device and the watchdog waits on the
+	 * host (engine/exec.c); kept: per bucket, its work made once (NULL
+	 * where the communicator keeps none). */
+	int device_wait;
+	struct loom_comm_work **kept;
+	/* The training step as one graph (engine/exec.c): graph -1 off, 0
+	 * not decided yet, 1 on; graph_runs: training steps run so far on it
+	 * (the first eager, the second captured, later replayed); capturing:
+	 * the walk is being recorded; graph_note: why it is off. */
+	int graph, graph_runs, capturing;
+	char graph_note[160];
 	int *pending_span;   /* per bucket: its span's index in spans, -1: none */
 	loom_exec_span *spans;
 	int n_spans, cap_spans;

@@ -142,6 +142,8 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
 		"  --tf32 B             on (default) or off: fp32 convolutions and products on a\n"
 		"                       GPU through TF32 tensor cores, as PyTorch's cuDNN does\n"
+		"  --no-cuda-graph      run every training step eagerly on a GPU (default: the\n"
+		"                       second step captured as one CUDA graph, later ones replayed)\n"
 		"  --seed N             initialisation%s seed (default 0)\n"
 		"  --threads N          CPU kernel threads (default: one per core)\n",
 		g & TRAIN_FLAGS_CIFAR ? ", shuffling and augmentation" :
@@ -239,7 +241,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH, O_BUCKET,
+	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH,
 };
 
 /* Every flag and the group that brings it. */
@@ -262,6 +264,7 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "loss-scale", required_argument, 0, O_SCALE } },
 	{ TRAIN_FLAGS_COMMON, { "device", required_argument, 0, O_DEVICE } },
 	{ TRAIN_FLAGS_COMMON, { "tf32", required_argument, 0, O_TF32 } },
+	{ TRAIN_FLAGS_COMMON, { "no-cuda-graph", no_argument, 0, O_NOGRAPH } },
 	{ TRAIN_FLAGS_COMMON, { "seed", required_argument, 0, O_SEED } },
 	{ TRAIN_FLAGS_FIT, { "checkpoint", required_argument, 0, O_CKPT } },
 	{ TRAIN_FLAGS_FIT, { "resume", no_argument, 0, O_RESUME } },
@@ -380,6 +383,9 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 			say(msg, msglen, "--device must be auto, cpu or cuda, got '%s'", arg);
 			return -1;
 		}
+		break;
+	case O_NOGRAPH:
+		a->no_cuda_graph = 1;
 		break;
 	case O_TF32:
 		if (!strcmp(arg, "on")) a->no_tf32 = 0;

@@ -36,6 +36,7 @@ typedef struct train_args {
 	int resume;
 	loom_device device;
 	int no_tf32;           /* --tf32 off: exact fp32 products on a GPU */
+	int no_cuda_graph;     /* --no-cuda-graph: every training step eager on a GPU */
 	loom_opt_level level;
 	loom_dtype half;
 	double loss_scale; /* 0: the level's default (dynamic) */

@@ -304,6 +304,18 @@ typedef struct loom_compile_opts {
 	 * affected; the CPU backend has no TF32 and ignores it. Ranks must
 	 * agree (the start-up check). */
 	int no_tf32;
+	/* The training step as one CUDA graph, default 1 (on where it can
+	 * be; loom_compile_opts_default): on a backend that records graphs,
+	 * the first LOOM_RUN_TRAIN runs eagerly, the second is captured and
+	 * every later one is replayed with one launch; inputs set before a
+	 * run, the learning rate (loom_set_lr), the loss scaler and the step
+	 * reach the replayed step. Refused, with one line through the log at
+	 * the first run, where the step cannot be one graph (pipeline stages,
+	 * a trace, data parallel over several ranks, ZeRO with clipping);
+	 * diagnosis runs, accumulation runs and other modes run
+	 * eagerly. 0 (`--no-cuda-graph`, or LOOM_CUDA_GRAPH=0 in the
+	 * environment): every step eager. The CPU backend ignores it. */
+	int cuda_graph;
 	/* Data-parallel training: the group this program is one rank of.
 	 * NULL, or a group of world 1: one process, nothing changes. With
 	 * world > 1, loom_compile is collective (every rank calls it with the

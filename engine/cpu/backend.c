@@ -560,6 +560,4 @@ const loom_backend loom_cpu_backend = {
 	.event_wait = cpu_event,
 	.timer_record = cpu_timer_record,
 	.timer_read = cpu_timer_read,
-	.capture = NULL,
-	.replay = NULL,
 };

@@ -15,6 +15,7 @@
  * captured step can be replayed.
  */
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +148,23 @@ static loom_status use_device(loom_cuda_ctx *c)
 	return LOOM_CUDA_CHECK(cudaSetDevice(c->device), c->err, sizeof(c->err));
 }
 
+/* Every host wait of the backend passes through these two, counted
+ * (cuda_counters): a replayed step should have none between run_begin
+ * and run_end. */
+static cudaError_t sync_stream(loom_cuda_ctx *c, cudaStream_t s)
+{
+	c->host_syncs++;
+	c->syncs_in_step += c->in_step;
+	return cudaStreamSynchronize(s);
+}
+
+static cudaError_t sync_event(loom_cuda_ctx *c, cudaEvent_t e)
+{
+	c->host_syncs++;
+	c->syncs_in_step += c->in_step;
+	return cudaEventSynchronize(e);
+}
+
 /* Handles, both streams and the events; no plan, no memory yet. */
 static loom_status cuda_init(void **out, char *err, size_t errlen)
 {
@@ -159,6 +177,7 @@ static loom_status cuda_init(void **out, char *err, size_t errlen)
 		snprintf(err, errlen, "cuda: out of host memory");
 		return LOOM_ERR_NOMEM;
 	}
+	c->host_lr = NAN; /* the first run_begin sets the control block's */
 	if ((st = LOOM_CUDA_CHECK(cudaGetDevice(&c->device), err, errlen)) != LOOM_OK)
 		return st;
 	st = LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err,
@@ -874,7 +893,7 @@ static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 				     c->err, sizeof(c->err));
 	/* The host tables are freed below: wait for the copies. */
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
 out_free:
 	free(chunks);
 	free(slots);
@@ -975,7 +994,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->host_step = ts->step;
 	if ((st = upload_opt_tables(c, p)) != LOOM_OK)
 		return st;
-	return LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
+	return LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
 }
 
 static void cuda_free(void *ctx)
@@ -988,11 +1007,15 @@ static void cuda_free(void *ctx)
 	 * executor waited for its collectives (loom_program_free). */
 	/* Teardown: errors here have nowhere to go and nothing to undo. */
 	if (c->stream)
-		(void)cudaStreamSynchronize(c->stream);
+		(void)sync_stream(c, c->stream);
 	if (c->comm)
-		(void)cudaStreamSynchronize(c->comm);
+		(void)sync_stream(c, c->comm);
 	if (c->copy)
-		(void)cudaStreamSynchronize(c->copy);
+		(void)sync_stream(c, c->copy);
+	if (c->graph_exec)
+		(void)cudaGraphExecDestroy(c->graph_exec);
+	if (c->graph)
+		(void)cudaGraphDestroy(c->graph);
 	for (int k = 0; k < 2; k++) {
 		if (c->stage_host[k])
 			(void)cudaFreeHost(c->stage_host[k]);
@@ -1102,7 +1125,7 @@ static loom_status staged_upload(loom_cuda_ctx *c, void *dst, const void *src, s
 	/* Buffer k's device copy into place (on the compute stream, after its
 	 * copy from the host) has run: both halves are free. An event never
 	 * recorded counts as passed. */
-	if ((st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->stage_done[k]), c->err,
+	if ((st = LOOM_CUDA_CHECK(sync_event(c, c->stage_done[k]), c->err,
 				  sizeof(c->err))) != LOOM_OK ||
 	    (st = stage_grow(c, k, bytes)) != LOOM_OK)
 		return st;
@@ -1146,7 +1169,7 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 		size_t n = bytes < c->pinned_half ? bytes : c->pinned_half;
 		int k = c->pinned_next;
 		unsigned char *stage = c->pinned + (size_t)k * c->pinned_half;
-		st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->pinned_ev[k]), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_event(c, c->pinned_ev[k]), c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			break;
 		memcpy(stage, s, n);
@@ -1172,7 +1195,7 @@ static loom_status push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
 	    ts->step == c->host_step)
 		return LOOM_OK;
 	/* The staging may still feed the previous push's copy. */
-	loom_status st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->ctl_stage_ev), c->err,
+	loom_status st = LOOM_CUDA_CHECK(sync_event(c, c->ctl_stage_ev), c->err,
 					 sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
@@ -1211,7 +1234,7 @@ static loom_status report_bad_label(loom_cuda_ctx *c, const loom_plan *p, const 
 						     cudaMemcpyHostToDevice, c->stream),
 				     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	return loom_bad_label(c->err, p, h->ce_node, lab, h->ce_row);
@@ -1230,7 +1253,7 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 						     c->stream),
 				     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
 	return st;
 }
 
@@ -1250,9 +1273,9 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 					     c->stream),
 			     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->comm), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->comm), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	/* A loss read late (loss_async) still pending: its copy has landed. */
@@ -1272,7 +1295,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 /* Slot k's copy has landed: its step's loss, scaler and step into ts. */
 static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_state *ts, int k)
 {
-	loom_status st = LOOM_CUDA_CHECK(cudaEventSynchronize(c->async_ev[k]), c->err,
+	loom_status st = LOOM_CUDA_CHECK(sync_event(c, c->async_ev[k]), c->err,
 					 sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
@@ -1457,7 +1480,7 @@ static loom_status diagnose_verdict(loom_cuda_ctx *c, loom_train_state *ts)
 							 c->stream),
 					 c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK && first >= 0)
 		ts->first_nonfinite = first;
 	return st;
@@ -1475,6 +1498,14 @@ static loom_status cuda_run_begin(void *ctx, const loom_plan *p, const loom_aren
 	c->diagnose = (flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE;
 	if ((st = use_device(c)) != LOOM_OK || (st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
+	/* The schedule's rate into the control block (a kernel launch, no
+	 * wait), where a captured update reads it. */
+	if (!(ts->lr == c->host_lr)) {
+		if ((st = loom_cuda_set_lr(c, ts->lr, c->stream)) != LOOM_OK)
+			return st;
+		c->host_lr = ts->lr;
+	}
+	c->in_step = 1;
 	if (c->poison)
 		return LOOM_CUDA_CHECK(cudaMemsetAsync(arena->ws, 0xff, p->ws_bytes, c->stream),
 				       c->err, sizeof(c->err));
@@ -1487,7 +1518,82 @@ static loom_status cuda_run_end(void *ctx, const loom_plan *p, const loom_arena 
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	(void)p;
 	(void)arena;
+	c->in_step = 0;
 	return c->diagnose ? diagnose_verdict(c, ts) : LOOM_OK;
+}
+
+/* ------------------------------------------------------------ the step as a graph */
+
+/* Records what the executor queues next (ThreadLocal: another thread, the
+ * communicator's watchdog, may still query its events meanwhile). From
+ * here on the update reads its rate from the control block. */
+static loom_status cuda_capture_begin(void *ctx, const loom_plan *p)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)p;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (c->graph_exec)
+		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: the step was captured already");
+	c->lr_device = 1;
+	st = LOOM_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+			     c->err, sizeof(c->err));
+	c->capturing = st == LOOM_OK;
+	return st;
+}
+
+static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	cudaGraph_t g = NULL;
+	loom_status st;
+	(void)p;
+	if (!c->capturing)
+		return keep ? loom_errf(c->err, LOOM_ERR_STATE, "cuda: no capture to end") : LOOM_OK;
+	c->capturing = 0;
+	cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+	if (!keep || e != cudaSuccess) {
+		if (g)
+			(void)cudaGraphDestroy(g);
+		(void)cudaGetLastError(); /* an invalidated capture is not sticky */
+		if (!keep)
+			return LOOM_OK;
+		return loom_errf(c->err, LOOM_ERR_BACKEND, "cuda: capturing the step: %s",
+				 cudaGetErrorString(e));
+	}
+	st = LOOM_CUDA_CHECK(cudaGraphInstantiate(&c->graph_exec, g, 0), c->err, sizeof(c->err));
+	if (st != LOOM_OK) {
+		(void)cudaGraphDestroy(g);
+		c->graph_exec = NULL;
+		return st;
+	}
+	c->graph = g;
+	c->captures++;
+	/* Recorded, not run: the captured step runs now. */
+	return LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
+}
+
+static loom_status cuda_replay(void *ctx, const loom_plan *p)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)p;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (!c->graph_exec)
+		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: replay before a capture");
+	c->graph_launches++;
+	return LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
+}
+
+static void cuda_counters(void *ctx, loom_backend_counters *out)
+{
+	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
+	out->host_syncs = c->host_syncs;
+	out->syncs_in_step = c->syncs_in_step;
+	out->captures = c->captures;
+	out->replays = c->graph_launches;
 }
 
 static loom_status cuda_run_node(void *ctx, const loom_plan *p, const loom_arena *arena,
@@ -1567,13 +1673,39 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 				 "[%d, %d) of %d", first, last, p->n_pieces);
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
-	return loom_cuda_optim_launch(c, p, ts->lr, ts->micro, finite, p->opts.optim.clip_grad,
+	/* NaN: the control block's rate (captured steps); else by value. */
+	return loom_cuda_optim_launch(c, p, c->lr_device ? NAN : ts->lr, ts->micro, finite,
+				      p->opts.optim.clip_grad,
 				      p->opts.optim.decay_matrices_only, c->stream);
 }
 
 /* ZeRO: this rank's pieces checked on the device, the verdict read back
  * (waits). ctl->found_inf is left clear for the decision, which takes the
  * executor's verdict. */
+/* ZeRO, on the device: this rank's pieces checked into ctl->found_inf,
+ * which the executor sums over the ranks (NCCL, in the stream's order)
+ * and the decision then reads; no wait. */
+static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
+					    const loom_arena *arena, int first, int last,
+					    void **flag)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)arena;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
+				 first, last, p->n_pieces);
+	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
+				  c->err, sizeof(c->err))) != LOOM_OK ||
+	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK)
+		return st;
+	*flag = &c->ctl->found_inf;
+	return LOOM_OK;
+}
+
 static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
 				     int first, int last, int *finite)
 {
@@ -1593,7 +1725,7 @@ static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_a
 	    (st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, &c->ctl->found_inf, sizeof(bad),
 						  cudaMemcpyDeviceToHost, c->stream),
 				  c->err, sizeof(c->err))) != LOOM_OK ||
-	    (st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err))) != LOOM_OK)
+	    (st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	*finite = !bad;
 	return LOOM_OK;
@@ -1634,7 +1766,7 @@ static loom_status cuda_timer_record(void *ctx, int slot, loom_stream s)
 		return st;
 	if (slot == 0) {
 		/* The origin: the compute stream's work so far is done first. */
-		if ((st = LOOM_CUDA_CHECK(cudaStreamSynchronize(c->stream), c->err, sizeof(c->err))) != LOOM_OK)
+		if ((st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err))) != LOOM_OK)
 			return st;
 		c->timer0_host = loom_trace_now();
 	}
@@ -1745,6 +1877,7 @@ static const loom_backend loom_cuda_backend = {
 	.accum = cuda_accum,
 	.optim = cuda_optim,
 	.grads_finite = cuda_grads_finite,
+	.grads_finite_device = cuda_grads_finite_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,
@@ -1755,8 +1888,10 @@ static const loom_backend loom_cuda_backend = {
 	.timer_record = cuda_timer_record,
 	.timer_read = cuda_timer_read,
 	.loss_async = cuda_loss_async,
-	.capture = NULL, /* the GPU-step issue */
-	.replay = NULL,
+	.capture_begin = cuda_capture_begin,
+	.capture_end = cuda_capture_end,
+	.replay = cuda_replay,
+	.counters = cuda_counters,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

@@ -65,6 +65,10 @@ typedef struct loom_cuda_ctl {
 	int32_t first_nonfinite; /* diagnose: first node with inf/NaN, or -1 */
 	int32_t pad_;
 	double grad_norm;    /* clipping: the last update's global norm */
+	/* The learning rate the update applies, set by a one-thread kernel
+	 * launched (eagerly, outside any captured graph) when the host's
+	 * schedule changes it: a replayed step reads it here. */
+	double lr;
 } loom_cuda_ctl;
 
 /* One chunk of one parameter for the fused optimizer kernels. */
@@ -254,6 +258,16 @@ enum {
 
 typedef struct loom_cuda_ctx {
 	char err[LOOM_ERR_MAX]; /* the last failure's message */
+	/* The step as one CUDA graph (capture_begin / capture_end / replay):
+	 * the graph, its executable, and what the counters report. lr_device:
+	 * the update reads ctl->lr (from the first capture on; before, the
+	 * rate by value, the old path); host_lr: the rate last set there. */
+	cudaGraph_t graph;
+	cudaGraphExec_t graph_exec;
+	int capturing, lr_device;
+	double host_lr;
+	long host_syncs, syncs_in_step, graph_launches, captures;
+	int in_step; /* between run_begin and run_end */
 	char describe[128];     /* "cuda: <device name>" */
 	int device;             /* made current by every entry (loom_cuda_use_device) */
 	cudaStream_t stream;    /* compute: every node and the optimizer */
@@ -574,6 +588,9 @@ loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double 
 /* optim.cu: the pieces' overflow check alone, into ctl->found_inf (ZeRO's
  * grads_finite reads it back). */
 loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStream_t s);
+/* optim.cu: ctl->lr = lr on stream s (a one-thread kernel); the update
+ * reads it when given a NaN rate. */
+loom_status loom_cuda_set_lr(loom_cuda_ctx *c, double lr, cudaStream_t s);
 }
 
 /* ------------------------------------------------------------ libraries */

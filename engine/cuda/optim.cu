@@ -134,6 +134,9 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 	}
 	const double inv = ctl->inv_scale;
 	const int64_t t = ctl->t;
+	/* NaN: the rate is the control block's (a captured step's). */
+	if (isnan(lr))
+		lr = ctl->lr;
 	double bc1 = 1, bc2 = 1;
 	if (o.kind == LOOM_OPTIM_ADAMW) {
 		bc1 = 1 - pow(o.beta1, (double)t);
@@ -179,8 +182,20 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 	}
 }
 
+/* The schedule's rate for the updates that follow, in the control block. */
+__global__ void loom_opt_set_lr_kernel(loom_cuda_ctl *ctl, double lr)
+{
+	ctl->lr = lr;
+}
+
 // ----------------------------------------------------------------------------
 // kernel launchers
+
+extern "C" loom_status loom_cuda_set_lr(loom_cuda_ctx *c, double lr, cudaStream_t s)
+{
+	loom_opt_set_lr_kernel<<<1, 1, 0, s>>>(c->ctl, lr);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
 
 static const int threads = 256;
 
@@ -206,7 +221,9 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 	loom_status st;
 	unsigned blocks = opt_blocks(c);
 
-	if (p->scaling && verdict < 0 && (st = loom_cuda_optim_check(c, p, s)) != LOOM_OK)
+	/* -1: check here; LOOM_FINITE_ON_DEVICE (-2): ctl->found_inf holds
+	 * the ranks' summed check already; 0 or 1: the host's verdict. */
+	if (p->scaling && verdict == -1 && (st = loom_cuda_optim_check(c, p, s)) != LOOM_OK)
 		return st;
 	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro, verdict);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)

@@ -10,6 +10,8 @@
 #   loom_tok   gpt_ddp: the last "step ... X tok/s ... MFU Y%" line
 #   torch_tok  bench/torch_gpt.py: its "... X tok/s" line
 #   llmc_tok   llm.c's train_gpt2cu: the last "step ... | Y% bf16 MFU | X tok/s" line
+#   loom_table bench_convnet: each level's row of its table, the median
+#              step's img/s (the third column), the label followed by the level
 # A log without its figure gives "-" and the log's last line, never a
 # made-up number. Always exits 0: the verdicts are gpu_summary.sh's.
 set -u
@@ -83,6 +85,17 @@ while IFS=$'\t' read -r label kind log; do
 		else
 			line "$label" - tok/s - "$(last_line "$log")"
 		fi
+		;;
+	loom_table)
+		n=0
+		while IFS='|' read -r _ lvl _ med _; do
+			lvl=$(echo $lvl)
+			med=$(echo $med)
+			[[ $lvl == O[0-3]* ]] || continue
+			n=$((n + 1))
+			line "$label $lvl" "$med" img/s - "median step"
+		done < <(grep -a '^| O[0-3]' "$log")
+		[ $n -eq 0 ] && line "$label" - img/s - "$(last_line "$log")"
 		;;
 	*)
 		line "$label" - - - "unknown kind $kind"

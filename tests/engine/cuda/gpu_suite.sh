@@ -265,6 +265,22 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	srow speed_r50_O2_fp16_input_path loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_UPLOAD=stream LOOM_ASYNC_LOSS=1 "$bin/resnet50_synthetic" "${r50s[@]}" \
 		--opt-level O2
+	# The step as one CUDA graph (loom_compile_opts.cuda_graph, on by
+	# default) against every step eager (--no-cuda-graph): the ConvNet
+	# at batch 100, launch-bound (O0 and O2, 100 steps, ~5 s each), and
+	# GPT-2 124M O1 bf16 (10 steps, ~12 s each); the loss one step late
+	# (LOOM_ASYNC_LOSS=1) so that the host does not wait for each step.
+	cg=(--device cuda --levels 02 --steps 100 --warmup 5)
+	srow speed_convnet_graph loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
+		"$bin/bench_convnet" "${cg[@]}"
+	srow speed_convnet_no_graph loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
+		"$bin/bench_convnet" "${cg[@]}" --no-cuda-graph
+	gg=(--device cuda "${text[@]}" --preset gpt2 --opt-level O1 --precision bf16
+		--batch-size 8 --max-steps 10 --log-interval 5 --val-interval 0 --sample 0)
+	srow speed_gpt2_124m_O1_bf16_graph loom_tok bench 40 -- env LOOM_ASYNC_LOSS=1 \
+		"$bin/gpt_ddp" "${gg[@]}"
+	srow speed_gpt2_124m_O1_bf16_no_graph loom_tok bench 40 -- env LOOM_ASYNC_LOSS=1 \
+		"$bin/gpt_ddp" "${gg[@]}" --no-cuda-graph
 	echo "=== speed ($(($(date +%s) - speed_t0)) s of ${speed_budget} s)"
 	bash "$here/gpu_speed.sh" "$speed" | tee "$res/speed.txt"
 fi

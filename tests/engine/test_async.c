@@ -1,0 +1,773 @@
+/*
+ * tests/engine/test_async.c — the executor on an asynchronous backend, with
+ * no GPU: a fake device (the CPU backend's kernels behind two streams and
+ * events, LOOM_BE_ASYNC_STREAMS) and a fake stream-ordered communicator
+ * (as NCCL: a collective's end is in the order of the stream it was given,
+ * its works made once). A collective lands only when the device reaches it
+ * (a wait of the compute stream on an event after it on the communication
+ * stream): an update that read a bucket before its sum would show. The
+ * suites prove that a step never waits on the host (no wait or test of a
+ * collective, no synchronise, from the step's thread between run_begin and
+ * run_end), that the watchdog thread ends the works and names a collective
+ * that never completes with the backend's own message (then aborts the
+ * communicator), and that every step kind a data-parallel plan has runs
+ * under it with one process's numbers; ZeRO's overflow verdict summed on
+ * the device; and the executor's graph driver (suite graph): the first
+ * training step eager, the second walked under capture, the later ones
+ * replayed, a failed capture said once and run eagerly, the refusals.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "comm/comm_internal.h"
+#include "engine/program_internal.h"
+#include "loom.h"
+
+/* ------------------------------------------------------------ the fake device */
+
+enum { FD_MAX_CALLS = 256 };
+
+typedef struct fd_call {
+	int op; /* 0 all-reduce, 1 reduce-scatter, 2 all-gather */
+	void *buf;
+	size_t count;
+	loom_dtype dt;
+	atomic_int landed; /* the device ran it (the watchdog thread reads this) */
+} fd_call;
+
+struct loom_comm_work {
+	int call; /* the last start given this work */
+	int kept;
+};
+
+static struct {
+	pthread_t step_thread;
+	int in_step;
+	/* The step's thread waited on the host inside a step. */
+	int host_waits, syncs_in_step;
+	int works_made, starts, starts_reused, aborts, hung_call;
+	int event_of[16]; /* event -> calls started on the comm stream before its record */
+	int comm_started; /* calls queued on the comm stream so far */
+	int landed_before_optim, optims;
+	fd_call calls[FD_MAX_CALLS];
+	int n;
+	const loom_backend *cpu;
+} fd;
+
+static char fd_streams[2]; /* the stream handles: their addresses */
+
+static int on_step_thread(void)
+{
+	return pthread_equal(pthread_self(), fd.step_thread);
+}
+
+/* The device runs call k: its effect, as test_exec's fake group of two
+ * predicts it (the other rank has the same data). */
+static void land(loom_comm *c, int k)
+{
+	fd_call *x = &fd.calls[k];
+	if (atomic_load(&x->landed) || k == fd.hung_call)
+		return;
+	float *f = x->buf;
+	size_t n = x->count;
+	cr_assert_eq(x->dt, LOOM_F32, "the fake sums f32 only");
+	if (x->op == 0)
+		for (size_t e = 0; e < n; e++)
+			f[e] *= (float)c->world;
+	else if (x->op == 1)
+		for (size_t e = n * (size_t)c->rank; e < n * (size_t)(c->rank + 1); e++)
+			f[e] *= (float)c->world;
+	else
+		for (int r = 0; r < c->world; r++)
+			for (size_t e = n * (size_t)r; r != c->rank && e < n * (size_t)(r + 1); e++)
+				f[e] = 1000.0f + (float)e;
+	atomic_store(&x->landed, 1);
+}
+
+static loom_status fd_start(loom_comm *c, int op, void *buf, size_t count, loom_dtype dt,
+			    void *stream, loom_comm_work **out)
+{
+	cr_assert_eq(stream, &fd_streams[LOOM_STREAM_COMM], "a collective on another stream");
+	cr_assert_lt(fd.n, FD_MAX_CALLS);
+	loom_comm_work *w = *out;
+	fd.starts++;
+	if (w)
+		fd.starts_reused++;
+	else if (!(w = calloc(1, sizeof(*w))))
+		return loom_comm_fail(c, LOOM_ERR_NOMEM, "fake: out of memory");
+	fd.calls[fd.n] = (fd_call){ .op = op, .buf = buf, .count = count, .dt = dt };
+	w->call = fd.n++;
+	fd.comm_started = fd.n;
+	*out = w;
+	return LOOM_OK;
+}
+
+static loom_status fd_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	return fd_start(c, 0, buf, count, dt, stream, out);
+}
+
+static loom_status fd_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					   void *stream, loom_comm_work **out)
+{
+	return fd_start(c, 1, buf, count, dt, stream, out);
+}
+
+static loom_status fd_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	return fd_start(c, 2, buf, count, dt, stream, out);
+}
+
+static loom_status fd_test(loom_comm *c, loom_comm_work *w, int *done)
+{
+	(void)c;
+	if (on_step_thread() && fd.in_step)
+		fd.host_waits++;
+	*done = atomic_load(&fd.calls[w->call].landed);
+	return LOOM_OK;
+}
+
+/* Polls until the device ran the call, within the group's timeout; past it,
+ * NCCL's wording (comm/nccl.cu's timed_out) with this backend's name. */
+static loom_status fd_wait(loom_comm *c, loom_comm_work *w)
+{
+	fd_call *x = &fd.calls[w->call];
+	double t0 = loom_comm_now();
+	loom_status st = LOOM_OK;
+	if (on_step_thread() && fd.in_step)
+		fd.host_waits++;
+	while (!c->broken && !atomic_load(&x->landed)) {
+		if (loom_comm_now() - t0 > c->pg->timeout_s) {
+			char who[256];
+			loom_pg_name_dead(c->pg, who, sizeof(who));
+			st = loom_comm_fail(c, LOOM_ERR_IO,
+					    "rank %d: fake all-reduce of %zu %s timed out after %.1f s: %s",
+					    c->pg->info.rank, x->count, loom_dtype_name(x->dt),
+					    c->pg->timeout_s, who);
+			break;
+		}
+		usleep(1000);
+	}
+	if (c->broken && st == LOOM_OK && !atomic_load(&x->landed))
+		st = LOOM_ERR_STATE;
+	if (!w->kept)
+		free(w);
+	return st;
+}
+
+static loom_status fd_work_make(loom_comm *c, loom_comm_work **out)
+{
+	(void)c;
+	loom_comm_work *w = calloc(1, sizeof(*w));
+	cr_assert_not_null(w);
+	w->kept = 1;
+	fd.works_made++;
+	*out = w;
+	return LOOM_OK;
+}
+
+static void fd_work_free(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	free(w);
+}
+
+static loom_status fd_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
+{
+	(void)buf, (void)bytes;
+	cr_assert_eq(root, c->rank);
+	return LOOM_OK;
+}
+
+static loom_status fd_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
+{
+	for (int r = 0; r < c->world; r++)
+		memmove((unsigned char *)recv + (size_t)r * bytes, send, bytes);
+	return LOOM_OK;
+}
+
+/* The host communicator: blocking, world 2 of identical ranks (the
+ * start-up checks, ZeRO's verdict). A sum doubles. */
+static int host_in_step;
+
+static loom_status fh_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				      void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	if (on_step_thread() && fd.in_step)
+		host_in_step++;
+	for (size_t e = 0; dt == LOOM_F32 && e < count; e++)
+		((float *)buf)[e] *= (float)c->world;
+	*out = calloc(1, sizeof(**out));
+	return LOOM_OK;
+}
+
+static loom_status fh_wait(loom_comm *c, loom_comm_work *w)
+{
+	(void)c;
+	free(w);
+	return LOOM_OK;
+}
+
+/* In the stream's order: the device runs it when it gets there, which in
+ * this model (the compute stream runs eagerly) is now. */
+static int ordered_calls;
+
+static loom_status fd_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream)
+{
+	cr_assert_eq(stream, &fd_streams[LOOM_STREAM_COMPUTE]);
+	cr_assert_eq(dt, LOOM_I32);
+	for (size_t e = 0; e < count; e++)
+		((int32_t *)buf)[e] *= c->world;
+	ordered_calls++;
+	return LOOM_OK;
+}
+
+static loom_status fd_barrier(loom_comm *c)
+{
+	(void)c;
+	return LOOM_OK;
+}
+
+static void fd_abort(loom_comm *c)
+{
+	(void)c;
+	fd.aborts++;
+}
+
+static void fd_free(loom_comm *c)
+{
+	free(c);
+}
+
+static const loom_comm_i fd_iface = {
+	.name = "fake-device",
+	.stream_ordered = 1,
+	.allreduce_start = fd_allreduce_start,
+	.test = fd_test,
+	.wait = fd_wait,
+	.broadcast = fd_broadcast,
+	.allgather = fd_allgather,
+	.barrier = fd_barrier,
+	.abort = fd_abort,
+	.free = fd_free,
+	.allreduce_ordered = fd_allreduce_ordered,
+	.reduce_scatter_start = fd_reduce_scatter_start,
+	.allgather_start = fd_allgather_start,
+	.work_make = fd_work_make,
+	.work_free = fd_work_free,
+};
+
+static const loom_comm_i fh_iface = {
+	.name = "fake-host",
+	.allreduce_start = fh_allreduce_start,
+	.wait = fh_wait,
+	.broadcast = fd_broadcast,
+	.allgather = fd_allgather,
+	.barrier = fd_barrier,
+	.abort = fd_abort,
+	.free = fd_free,
+};
+
+/* ------------------------------------------------------------ the async backend */
+
+static void *fd_stream_handle(void *ctx, loom_stream stream)
+{
+	(void)ctx;
+	return &fd_streams[stream];
+}
+
+/* Event `ev` on the comm stream marks the collectives queued there so far;
+ * a wait of the compute stream for it makes the device run them first. */
+static loom_status fd_event_record(void *ctx, int ev, loom_stream stream)
+{
+	(void)ctx;
+	cr_assert(ev >= 0 && ev < 16);
+	fd.event_of[ev] = stream == LOOM_STREAM_COMM ? fd.comm_started : -1;
+	return LOOM_OK;
+}
+
+static loom_pg *the_pg;
+
+static loom_status fd_event_wait(void *ctx, int ev, loom_stream stream)
+{
+	(void)ctx;
+	if (stream == LOOM_STREAM_COMPUTE)
+		for (int k = 0; k < fd.event_of[ev]; k++)
+			land(the_pg->device, k);
+	return LOOM_OK;
+}
+
+static loom_status fd_run_begin(void *ctx, const loom_plan *pl, const loom_arena *a,
+				loom_train_state *ts, unsigned flags)
+{
+	fd.in_step = 1;
+	return fd.cpu->run_begin(ctx, pl, a, ts, flags);
+}
+
+static loom_status fd_run_end(void *ctx, const loom_plan *pl, const loom_arena *a,
+			      loom_train_state *ts)
+{
+	fd.in_step = 0;
+	return fd.cpu->run_end(ctx, pl, a, ts);
+}
+
+/* ZeRO's overflow flag "on the device": this rank's check, left for the
+ * ordered all-reduce to sum. */
+static int32_t fd_flag;
+static int device_verdicts;
+
+static loom_status fd_grads_finite_device(void *ctx, const loom_plan *pl, const loom_arena *a,
+					  int first, int last, void **flag)
+{
+	int finite = 0;
+	loom_status st = fd.cpu->grads_finite(ctx, pl, a, first, last, &finite);
+	fd_flag = !finite;
+	*flag = &fd_flag;
+	device_verdicts++;
+	return st;
+}
+
+/* The update reads the buckets: every collective queued before it must
+ * have landed (a device wait came first). */
+static loom_status fd_optim(void *ctx, const loom_plan *pl, const loom_arena *a,
+			    loom_train_state *ts, int first, int last, int finite)
+{
+	if (finite == LOOM_FINITE_ON_DEVICE)
+		finite = fd_flag == 0;
+	fd.optims++;
+	int all = 1;
+	for (int k = 0; k < fd.n; k++)
+		all &= atomic_load(&fd.calls[k].landed) || k == fd.hung_call;
+	fd.landed_before_optim += all;
+	return fd.cpu->optim(ctx, pl, a, ts, first, last, finite);
+}
+
+/* The host waits for the device: everything queued lands. */
+static loom_status fd_synchronize(void *ctx, const loom_plan *pl, loom_train_state *ts)
+{
+	if (fd.in_step)
+		fd.syncs_in_step++;
+	for (int k = 0; the_pg && k < fd.n; k++)
+		land(the_pg->device, k);
+	return fd.cpu->synchronize(ctx, pl, ts);
+}
+
+static loom_status fd_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	if (fd.in_step)
+		fd.syncs_in_step++;
+	return fd.cpu->download(ctx, dst, src, bytes);
+}
+
+static loom_backend fd_backend;
+static loom_opt_level mlp_level = LOOM_O0; /* the MLP's opt level */
+
+static void setup(void)
+{
+	memset(&fd, 0, sizeof(fd));
+	host_in_step = ordered_calls = device_verdicts = 0;
+	the_pg = NULL;
+	fd.hung_call = -1;
+	fd.step_thread = pthread_self();
+	fd.cpu = &loom_cpu_backend;
+	fd_backend = loom_cpu_backend;
+	fd_backend.name = "fake-async";
+	fd_backend.caps = (loom_cpu_backend.caps & ~(unsigned)LOOM_BE_HOST_MEMORY) |
+			  LOOM_BE_ASYNC_STREAMS;
+	fd_backend.stream_handle = fd_stream_handle;
+	fd_backend.event_record = fd_event_record;
+	fd_backend.event_wait = fd_event_wait;
+	fd_backend.run_begin = fd_run_begin;
+	fd_backend.run_end = fd_run_end;
+	fd_backend.optim = fd_optim;
+	fd_backend.synchronize = fd_synchronize;
+	fd_backend.download = fd_download;
+	fd_backend.grads_finite_device = fd_grads_finite_device;
+	loom_test_backend = &fd_backend;
+}
+
+static void teardown(void)
+{
+	loom_test_backend = NULL;
+	mlp_level = LOOM_O0;
+}
+
+/* A single process's group made into rank 0 of 2, with the fake host and
+ * the fake device communicators. */
+static loom_pg *fake_group(double timeout_s)
+{
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE, .timeout_s = timeout_s };
+	loom_pg *pg;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	loom_comm_peer *peers = calloc(2, sizeof(*peers));
+	loom_comm *h = calloc(1, sizeof(*h)), *d = calloc(1, sizeof(*d));
+	cr_assert(peers && h && d);
+	peers[0] = pg->peers[0];
+	free(pg->peers);
+	pg->peers = peers;
+	pg->host->i->free(pg->host);
+	if (pg->device)
+		pg->device->i->free(pg->device);
+	*h = (loom_comm){ .i = &fh_iface, .pg = pg, .rank = 0, .world = 2 };
+	*d = (loom_comm){ .i = &fd_iface, .pg = pg, .rank = 0, .world = 2 };
+	pg->host = h;
+	pg->device = d;
+	pg->info.rank = pg->info.local_rank = 0;
+	pg->info.world = pg->info.local_world = 2;
+	the_pg = pg;
+	return pg;
+}
+
+/* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y (test_exec's). */
+static loom_program *compile_mlp(loom_graph **gp, loom_pg *pg, int zero)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t xd[2] = { 6, 4 }, yd[1] = { 6 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 8, 1));
+	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc2", h, 3, 1), y);
+	*gp = g;
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.1;
+	o.amp.level = mlp_level;
+	o.pg = pg;
+	o.zero_stage = zero;
+	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
+	loom_program *p;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	float xv[24];
+	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
+	for (int i = 0; i < 24; i++)
+		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
+	return p;
+}
+
+/* The same MLP in one process on the CPU backend: the reference. */
+static loom_program *compile_one(loom_graph **gp)
+{
+	const loom_backend *keep = loom_test_backend;
+	loom_test_backend = NULL;
+	loom_program *p = compile_mlp(gp, NULL, 0);
+	loom_test_backend = keep;
+	return p;
+}
+
+static void expect_equal(const loom_plan *pl, loom_value v, const float *a, const float *b,
+			 int64_t e)
+{
+	cr_assert_eq(a[e], b[e], "%s[%lld]: %g, one process's %g", pl->g->nodes[v].name,
+		     (long long)e, a[e], b[e]);
+}
+
+/* Every parameter; or (ZeRO) the elements in this rank's shard of their
+ * bucket, the rest being the fake's sentinels gathered from rank 1. */
+static void expect_params_equal(loom_program *p, loom_program *one, int only_shard)
+{
+	const loom_plan *pl = &p->plan;
+	const loom_buckets *bk = &pl->buckets;
+	int seen = 0;
+	for (int s = 0; s < pl->n_params; s++) {
+		loom_value v = pl->params[s].param;
+		const float *a = loom_arena_ptr(&p->arena, pl, v);
+		const float *b = loom_arena_ptr(&one->arena, &one->plan, v);
+		if (!only_shard) {
+			for (int64_t e = 0; e < pl->params[s].numel; e++, seen++)
+				expect_equal(pl, v, a, b, e);
+			continue;
+		}
+		for (int k = 0; k < bk->n; k++)
+			for (int j = bk->b[k].first; j < bk->b[k].first + bk->b[k].n; j++) {
+				if (bk->grad[j] != pl->params[s].grad)
+					continue;
+				int64_t e0 = (int64_t)(bk->offset[j] / sizeof(float));
+				for (int64_t e = 0; e < pl->params[s].numel && e0 + e < bk->b[k].count / 2;
+				     e++, seen++)
+					expect_equal(pl, v, a, b, e);
+			}
+	}
+	cr_assert_gt(seen, 0);
+}
+
+static void free_all(loom_program *p, loom_graph *g)
+{
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+TestSuite(async, .init = setup, .fini = teardown);
+
+Test(async, a_step_never_waits_on_the_host_and_the_watchdog_ends_each_collective)
+{
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp(&g, pg, 0);
+	loom_program *one = compile_one(&g1);
+	int nb = p->plan.buckets.n;
+	cr_assert_geq(nb, 2, "buckets: %d", nb);
+	for (int step = 0; step < 3; step++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	}
+	/* Inside the steps: no wait, test or synchronise from this thread. */
+	cr_assert_eq(fd.host_waits, 0, "the step waited %d times on the host", fd.host_waits);
+	cr_assert_eq(fd.syncs_in_step, 0, "the step synchronised %d times", fd.syncs_in_step);
+	/* The update read every sum: the device wait came before it. */
+	cr_assert_eq(fd.optims, 3);
+	cr_assert_eq(fd.landed_before_optim, 3, "an update ran before its bucket's sum landed");
+	/* One work per bucket, made once, reused by every start. */
+	cr_assert_eq(fd.works_made, nb);
+	cr_assert_eq(fd.starts, 3 * nb);
+	cr_assert_eq(fd.starts_reused, 3 * nb);
+	/* The watchdog was handed each collective and ended it. */
+	uint64_t handed, ended;
+	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
+	loom_comm_watch_counts(pg->device, &handed, &ended);
+	cr_assert_geq(handed, (uint64_t)nb);
+	cr_assert_eq(handed, ended);
+	/* Two ranks' sums averaged: one process's parameters, bit for bit. */
+	expect_params_equal(p, one, 0);
+	cr_assert_eq(fd.aborts, 0);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+Test(async, the_watchdog_names_a_collective_that_never_completes_and_aborts, .timeout = 60)
+{
+	loom_pg *pg = fake_group(0.3);
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, pg, 0);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	/* The next step's second collective never completes. */
+	fd.hung_call = fd.n + 1;
+	loom_status st = loom_run(p, LOOM_RUN_TRAIN);
+	cr_assert_neq(st, LOOM_OK, "a collective that never ended went unnoticed");
+	const char *msg = loom_program_error(p);
+	char want[96];
+	snprintf(want, sizeof(want), "all-reduce of %zu f32 timed out after 0.3 s",
+		 fd.calls[fd.hung_call].count);
+	cr_assert(strstr(msg, "rank 0: fake") && strstr(msg, want), "message: %s", msg);
+	cr_assert_eq(fd.host_waits, 0, "the step waited on the host");
+	cr_assert_eq(fd.aborts, 1, "the communicator was aborted %d times", fd.aborts);
+	cr_assert(pg->device->broken);
+	/* Every later step refuses, with the same cause. */
+	cr_assert_neq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+Test(async, every_step_kind_of_a_zero_plan_runs_on_the_async_backend)
+{
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp(&g, pg, 1);
+	loom_program *one = compile_one(&g1);
+	const loom_plan *pl = &p->plan;
+	int kinds = 0;
+	for (int i = 0; i < pl->n_steps; i++)
+		kinds |= 1 << pl->steps[i].kind;
+	int want = 1 << LOOM_STEP_NODE | 1 << LOOM_STEP_ACCUM | 1 << LOOM_STEP_COLLECTIVE |
+		   1 << LOOM_STEP_WAIT | 1 << LOOM_STEP_OPTIM | 1 << LOOM_STEP_COPY;
+	cr_assert_eq(kinds & want, want, "step kinds %#x", kinds);
+	/* Gradient accumulation (no collective), then the folding step. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_ACCUMULATE), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(fd.n, 0, "an accumulating run started %d collectives", fd.n);
+	cr_assert_eq(loom_run(one, LOOM_RUN_ACCUMULATE), LOOM_OK, "%s", loom_program_error(one));
+	/* One update: the next would read the sentinels gathered into the
+	 * other half of each parameter. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	cr_assert_eq(fd.host_waits, 0, "the step waited %d times on the host", fd.host_waits);
+	cr_assert_eq(fd.landed_before_optim, 1);
+	cr_assert_eq(fd.n, 2 * pl->buckets.n, "a reduce-scatter and an all-gather per bucket");
+	cr_assert_eq(fd.starts, fd.starts_reused);
+	/* Nor through the host communicator (fp32, no clipping: ZeRO takes
+	 * no shard-wide verdict or norm, which under loss scaling or
+	 * clipping still cross the host). */
+	cr_assert_eq(host_in_step, 0);
+	/* This rank's shard updated as one process's (the other half holds
+	 * the fake's sentinels). */
+	expect_params_equal(p, one, 1);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+Test(async, zeros_overflow_verdict_is_summed_on_the_device)
+{
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g, *g1;
+	mlp_level = LOOM_O1; /* fp16, dynamic loss scaling: a verdict per update */
+	loom_program *p = compile_mlp(&g, pg, 1);
+	loom_program *one = compile_one(&g1);
+	cr_assert(p->plan.scaling);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	/* This rank's check summed over the ranks in the compute stream's
+	 * order; nothing through the host communicator, no host wait. */
+	cr_assert_eq(device_verdicts, 1);
+	cr_assert_eq(ordered_calls, 1);
+	cr_assert_eq(host_in_step, 0, "the verdict crossed the host %d times", host_in_step);
+	cr_assert_eq(fd.host_waits, 0);
+	cr_assert_eq(fd.landed_before_optim, 1);
+	expect_params_equal(p, one, 1);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+/* ------------------------------------------------------------ the step as one graph */
+
+static struct {
+	int begins, keeps, drops, replays, nodes, nodes_captured, fail_end;
+} gr;
+
+static loom_status gr_capture_begin(void *ctx, const loom_plan *pl)
+{
+	(void)ctx, (void)pl;
+	gr.begins++;
+	return LOOM_OK;
+}
+
+static loom_status gr_capture_end(void *ctx, const loom_plan *pl, int keep)
+{
+	(void)ctx, (void)pl;
+	if (!keep) {
+		gr.drops++;
+		return LOOM_OK;
+	}
+	if (gr.fail_end)
+		return LOOM_ERR_BACKEND;
+	gr.keeps++;
+	return LOOM_OK;
+}
+
+static loom_status gr_replay(void *ctx, const loom_plan *pl)
+{
+	(void)ctx, (void)pl;
+	gr.replays++;
+	return LOOM_OK;
+}
+
+static loom_status gr_run_node(void *ctx, const loom_plan *pl, const loom_arena *a, loom_value v)
+{
+	gr.nodes++;
+	gr.nodes_captured += gr.begins > gr.keeps + gr.drops;
+	return fd.cpu->run_node(ctx, pl, a, v);
+}
+
+static void graph_setup(void)
+{
+	setup();
+	memset(&gr, 0, sizeof(gr));
+	fd_backend.capture_begin = gr_capture_begin;
+	fd_backend.capture_end = gr_capture_end;
+	fd_backend.replay = gr_replay;
+	fd_backend.run_node = gr_run_node;
+}
+
+TestSuite(graph, .init = graph_setup, .fini = teardown);
+
+Test(graph, the_first_step_runs_eagerly_the_second_is_captured_the_rest_replayed)
+{
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	int per_step = gr.nodes;
+	cr_assert_gt(per_step, 0);
+	cr_assert_eq(gr.begins, 0, "the first step was captured");
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(gr.keeps, 1);
+	cr_assert_eq(gr.nodes_captured, per_step, "the capture walked %d nodes of %d",
+		     gr.nodes_captured, per_step);
+	for (int s = 0; s < 3; s++) {
+		cr_assert_eq(loom_set_lr(p, 0.01 * (s + 1)), LOOM_OK);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	}
+	cr_assert_eq(gr.replays, 3);
+	cr_assert_eq(gr.nodes, 2 * per_step, "a replayed step walked its nodes");
+	/* Other modes run eagerly beside the graph, which stays. */
+	cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_gt(gr.nodes, 2 * per_step);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.replays, 4);
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(p->exec.graph, 1);
+	free_all(p, g);
+}
+
+static char logged[4096]; /* every line logged since the test cleared it */
+
+static void keep_log(void *user, const char *line)
+{
+	size_t n = strlen(logged);
+	(void)user;
+	snprintf(logged + n, sizeof(logged) - n, "%s", line);
+}
+
+Test(graph, a_failed_capture_is_said_once_and_the_steps_run_eagerly)
+{
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	logged[0] = 0;
+	loom_set_log(keep_log, NULL);
+	gr.fail_end = 1;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	int per_step = gr.nodes;
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	/* walked under capture, then again eagerly */
+	cr_assert_eq(gr.nodes, 3 * per_step);
+	cr_assert_eq(p->exec.graph, -1);
+	cr_assert(strstr(logged, "cuda graph: capture failed"), "log: %s", logged);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.nodes, 4 * per_step);
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(gr.replays, 0);
+	loom_set_log(NULL, NULL);
+	free_all(p, g);
+}
+
+Test(graph, refused_where_it_cannot_hold_and_off_on_request)
+{
+	loom_graph *g;
+	/* Over two ranks: refused at the first run, with its reason. */
+	loom_pg *pg = fake_group(10.0);
+	logged[0] = 0;
+	loom_set_log(keep_log, NULL);
+	loom_program *p = compile_mlp(&g, pg, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.begins + gr.replays, 0);
+	cr_assert(strstr(logged, "cuda graph: data parallel over 2 ranks"), "log: %s", logged);
+	free_all(p, g);
+	loom_pg_free(pg);
+	the_pg = NULL;
+	/* LOOM_CUDA_GRAPH=0: off. */
+	setenv("LOOM_CUDA_GRAPH", "0", 1);
+	p = compile_mlp(&g, NULL, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	unsetenv("LOOM_CUDA_GRAPH");
+	cr_assert_eq(gr.begins + gr.replays, 0);
+	cr_assert_str_eq(p->exec.graph_note, "off (LOOM_CUDA_GRAPH=0)");
+	free_all(p, g);
+	loom_set_log(NULL, NULL);
+}
