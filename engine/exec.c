@@ -91,10 +91,16 @@ loom_status loom_exec_trace_flush(loom_program *p)
 
 /* ------------------------------------------------------------ collectives */
 
+/* Collectives the executor tracks: one per bucket, then ZeRO-3's gathers. */
+static int n_colls(const loom_plan *pl)
+{
+	return pl->buckets.n + pl->n_gathers;
+}
+
 static loom_status exec_alloc(loom_program *p)
 {
 	loom_exec *x = &p->exec;
-	int n = p->plan.buckets.n;
+	int n = n_colls(&p->plan);
 	if (x->pending || n == 0)
 		return LOOM_OK;
 	x->pending = calloc((size_t)n, sizeof(*x->pending));
@@ -129,15 +135,27 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	loom_exec *x = &p->exec;
 	int k = s->index;
 	loom_status st;
-	if (!pl->comm || k < 0 || k >= pl->buckets.n)
+	if (!pl->comm || k < 0 || k >= n_colls(pl))
 		return loom_program_fail(p, LOOM_ERR_STATE, "%s of bucket %d: no process group",
 					 loom_coll_name(s->coll), k);
 	if (x->pending[k])
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s of bucket %d started before the last one ended",
 					 loom_coll_name(s->coll), k);
-	const loom_bucket *b = &pl->buckets.b[k];
+	const loom_gather *gt = k >= pl->buckets.n ? &pl->gathers[k - pl->buckets.n] : NULL;
+	const loom_bucket *b = &pl->buckets.b[gt ? gt->bucket : k];
 	void *buf = p->arena.bucket + b->base;
+	size_t shard = (size_t)b->count / (size_t)pl->world;
+	/* ZeRO-3: this rank's shard into its place in the gathered value. */
+	if (gt) {
+		buf = loom_arena_ptr(&p->arena, pl, gt->v);
+		st = p->be->copy(p->be_ctx, (unsigned char *)buf + shard * (size_t)pl->rank *
+					    loom_dtype_size(b->dtype),
+				 (gt->src_bucket ? p->arena.bucket : p->arena.state) + gt->src_off,
+				 shard * loom_dtype_size(b->dtype));
+		if (st != LOOM_OK)
+			return be_fail(p, st);
+	}
 	/* The communication stream starts after the compute stream's work so
 	 * far (the bucket's last gradient, or the optimizer's update). */
 	if ((st = p->be->event_record(p->be_ctx, EV_COLL_START, LOOM_STREAM_COMPUTE)) != LOOM_OK ||
@@ -145,7 +163,6 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 		return be_fail(p, st);
 	int t0 = timer(p, LOOM_STREAM_COMM);
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
-	size_t shard = (size_t)b->count / (size_t)pl->world;
 	switch (s->coll) {
 	case LOOM_COLL_ALLREDUCE:
 		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
@@ -170,7 +187,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	/* Its end: an event after it on an asynchronous stream; else the
 	 * moment the host first sees it complete. */
 	int t1 = (p->be->caps & LOOM_BE_ASYNC_STREAMS) ? timer(p, LOOM_STREAM_COMM) : -1;
-	x->pending_span[k] = span(p, LOOM_SPAN_ALLREDUCE, k, s->coll, t0, t1);
+	x->pending_span[k] = span(p, LOOM_SPAN_ALLREDUCE, gt ? gt->bucket : k, s->coll, t0, t1);
 	return LOOM_OK;
 }
 
@@ -179,7 +196,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 static loom_status coll_progress(loom_program *p)
 {
 	loom_exec *x = &p->exec;
-	for (int k = 0; k < p->plan.buckets.n; k++) {
+	for (int k = 0; k < n_colls(&p->plan); k++) {
 		int done = 0;
 		if (!x->pending[k])
 			continue;
@@ -192,14 +209,15 @@ static loom_status coll_progress(loom_program *p)
 	return LOOM_OK;
 }
 
-/* Every collective in flight ends (the group's timeout applies). */
-static loom_status coll_wait_all(loom_program *p)
+/* Every collective in flight ends (the group's timeout applies); only >= 0:
+ * that one. */
+static loom_status coll_wait(loom_program *p, int only)
 {
 	loom_exec *x = &p->exec;
 	loom_status first = LOOM_OK;
 	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
-	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
-		if (!x->pending[k])
+	for (int k = 0; k < n_colls(&p->plan) && x->n_pending; k++) {
+		if (!x->pending[k] || (only >= 0 && k != only))
 			continue;
 		/* wait frees the work whatever it returns */
 		loom_status st = loom_comm_wait(p->plan.comm, x->pending[k]);
@@ -221,7 +239,7 @@ static void recvs_drop(loom_program *p);
 void loom_exec_drain(loom_program *p)
 {
 	if (p->exec.n_pending)
-		(void)coll_wait_all(p);
+		(void)coll_wait(p, -1);
 	if (p->plan.pipe && p->plan.pipe->n_sends)
 		(void)sends_wait(p, -1);
 	if (p->plan.pipe)
@@ -230,7 +248,7 @@ void loom_exec_drain(loom_program *p)
 
 loom_status loom_exec_synchronize(loom_program *p)
 {
-	loom_status st = coll_wait_all(p);
+	loom_status st = coll_wait(p, -1);
 	if (st == LOOM_OK && p->plan.pipe && p->plan.pipe->n_sends)
 		st = sends_wait(p, -1);
 	if (st != LOOM_OK)
@@ -691,10 +709,12 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 	case LOOM_STEP_ACCUM:
 		return exec_accum(p, s, flags);
 	case LOOM_STEP_COLLECTIVE:
-		/* Gradient accumulation (DDP's no_sync): nothing is sent. */
-		return (flags & LOOM_EXEC_ACCUMULATE) ? LOOM_OK : coll_start(p, s);
+		/* Gradient accumulation (DDP's no_sync): nothing is sent; ZeRO-3's
+		 * gathers still bring the parameters. */
+		return (flags & LOOM_EXEC_ACCUMULATE) && s->index < p->plan.buckets.n ? LOOM_OK :
+										       coll_start(p, s);
 	case LOOM_STEP_WAIT:
-		return coll_wait_all(p);
+		return coll_wait(p, s->index);
 	case LOOM_STEP_OPTIM:
 		return exec_optim(p, s);
 	case LOOM_STEP_COPY:

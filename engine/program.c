@@ -312,6 +312,7 @@ void loom_program_free(loom_program *p)
 			loom_compile_passes[i]->release(p);
 	free(p->plan.steps);
 	free(p->plan.pieces);
+	free(p->plan.gathers);
 	loom_memplan_free(&p->plan.mp);
 	loom_buckets_free(&p->plan.buckets);
 	free(p->plan.accum);
@@ -638,7 +639,9 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 	for (size_t i = 0; i < count; i++)
 		loom_elem_set(nd->dtype, tmp, i, src[i]);
-	st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+	int k; /* ZeRO-3: this rank's shards of a parameter */
+	st = loom_zero_shard_of(p, v, &k) >= 0 ? loom_zero_value_write(p, v, tmp) :
+						 loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
 	free(tmp);
 	/* O2: the optimizer updates the fp32 master and copies it over the half
 	 * parameter, so the master must hold the written values too. */
@@ -701,9 +704,15 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->n_param_elems += loom_shape_numel(&nd->shape);
 		info->param_bytes += loom_value_bytes(p, v);
 	}
-	/* ZeRO-2: the gradients are the bucket region (shards + buckets in flight). */
-	if (p->plan.zero == 2)
+	/* ZeRO-2: the gradients are the bucket region (shards + buckets in
+	 * flight); ZeRO-3: but the half parameter shards after the buckets,
+	 * and the parameters are this rank's shards. */
+	if (p->plan.zero >= 2)
 		info->grad_bytes = p->plan.mp.bucket_bytes;
+	if (p->plan.zero == 3) {
+		info->grad_bytes = loom_zero3_half_at(&p->plan, 0);
+		info->param_bytes = p->plan.param_shard_bytes;
+	}
 	info->master_bytes = p->plan.master_bytes;
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;

@@ -55,6 +55,8 @@ typedef enum loom_op {
 	LOOM_OP_ATTENTION_BWD_PROBS, /* (qkv, dy) -> dP */
 	LOOM_OP_ATTENTION_BWD_QKV, /* (P, dy) -> dqkv (v part; q and k parts 0) */
 	LOOM_OP_REORDER,           /* x -> the same values in node->format (graph/formats.c) */
+	LOOM_OP_ALLGATHER,         /* ZeRO-3: a bucket of parameters gathered from every rank's
+				    * shards (parallel/zero3.c); its parameters are views into it */
 	LOOM_OP_COUNT
 } loom_op;
 
@@ -165,6 +167,9 @@ typedef struct loom_node {
 	/* The memory format of this value (graph/formats.c); NCHW unless the
 	 * format pass chose another. */
 	loom_format format;
+	/* A view (LOOM_OPF_VIEW): where it starts inside src[0]'s storage, in
+	 * bytes (a parameter inside ZeRO-3's gathered bucket); 0 for the others. */
+	size_t view_off;
 	char name[LOOM_NAME_MAX];
 } loom_node;
 

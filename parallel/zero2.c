@@ -295,7 +295,8 @@ loom_status loom_zero2_steps(loom_plan *pl)
 		grad_end = n;
 	if (pl->n_fwd_steps >= pl->n_steps)
 		fwd_end = n;
-	for (int q = nb - 1; q >= 0; q--) {
+	/* ZeRO-3: no gathers here; the next forward gathers each bucket */
+	for (int q = pl->zero == 3 ? -1 : nb - 1; q >= 0; q--) {
 		int k = ord[q];
 		st[n++] = (loom_step){ .kind = LOOM_STEP_COLLECTIVE, .stream = LOOM_STREAM_COMM,
 				       .phase = LOOM_PHASE_OPTIMIZER, .v = pl->buckets.b[k].node,

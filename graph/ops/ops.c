@@ -23,7 +23,7 @@ extern const loom_op_def loom_op_reshape;                                      /
 extern const loom_op_def loom_op_sum, loom_op_broadcast, loom_op_channel_sum;  /* reduce.c */
 extern const loom_op_def loom_op_softmax_ce, loom_op_softmax_ce_bwd,
 	loom_op_grad_seed;                                                      /* loss.c */
-extern const loom_op_def loom_op_allreduce;                                    /* comm.c */
+extern const loom_op_def loom_op_allreduce, loom_op_allgather;                 /* comm.c */
 extern const loom_op_def loom_op_embedding, loom_op_embedding_bwd;             /* embedding.c */
 extern const loom_op_def loom_op_layernorm, loom_op_layernorm_bwd_data,
 	loom_op_layernorm_bwd_gamma;                                            /* layernorm.c */
@@ -73,6 +73,7 @@ const loom_op_def *const loom_op_defs[] = {
 	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_op_attention_bwd_probs,
 	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_op_attention_bwd_qkv,
 	[LOOM_OP_REORDER] = &loom_op_reorder,
+	[LOOM_OP_ALLGATHER] = &loom_op_allgather,
 };
 
 /* A new op last in the enum with no row here fails to compile; a hole in
