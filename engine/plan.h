@@ -195,6 +195,7 @@ typedef struct loom_plan {
 	loom_gather *gathers;
 	int n_gathers, n_fwd_sched;
 	size_t param_shard_bytes;
+	size_t gathered_peak; /* the most gathered bytes alive at once (in the activations) */
 	struct loom_comm *comm;
 	/* Gradient accumulation: bucket k is accum[k] when there are buckets.
 	 * accum_bytes of sums, allocated at the first ACCUMULATE run. */

@@ -114,10 +114,11 @@ static void memory_report(const loom_program *p)
 		ps->note(p, where, sizeof(where));
 	loom_log("loom: rank %d%s: planned peak %.2f MiB = persistent %.2f (gradients %.2f) + "
 		 "buckets %.2f + activations %.2f + workspace %.2f + optimizer state %.2f + "
-		 "accumulation %.2f\n",
+		 "ZeRO's shards %.2f + accumulation %.2f\n",
 		 in ? in->rank : 0, where, total / 1048576.0, pl->mp.persist_bytes / 1048576.0,
 		 grads / 1048576.0, pl->mp.bucket_bytes / 1048576.0, pl->mp.act_bytes / 1048576.0,
-		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0, accum / 1048576.0);
+		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0,
+		 pl->master_shard_bytes / 1048576.0, accum / 1048576.0);
 }
 
 /* The group's world size (1 without a group). */
@@ -790,10 +791,18 @@ void loom_program_dump_steps(const loom_program *p, FILE *out)
 			fprintf(out, " node %d %s%s", (int)s->v, loom_op_defs[pl->g->nodes[s->v].op]->name,
 				s->noop ? " (nothing to run)" : "");
 			break;
-		case LOOM_STEP_COLLECTIVE:
-			fprintf(out, " %s bucket %d (%lld %s)", loom_coll_name(s->coll), s->index,
-				(long long)pl->buckets.b[s->index].count,
-				loom_dtype_name(pl->buckets.b[s->index].dtype));
+		case LOOM_STEP_COLLECTIVE: {
+			/* ZeRO-3's gathers are numbered after the buckets */
+			int g = s->index - pl->buckets.n, b = g >= 0 ? pl->gathers[g].bucket : s->index;
+			fprintf(out, " %s bucket %d (%lld %s)", loom_coll_name(s->coll), b,
+				(long long)pl->buckets.b[b].count, loom_dtype_name(pl->buckets.b[b].dtype));
+			if (g >= 0)
+				fprintf(out, " of parameters into node %d (gather %d)", (int)s->v, g);
+			break;
+		}
+		case LOOM_STEP_WAIT:
+			if (s->index >= pl->buckets.n)
+				fprintf(out, " for gather %d", s->index - pl->buckets.n);
 			break;
 		case LOOM_STEP_ACCUM:
 			fprintf(out, " segment %d (%lld elements)", s->index,

@@ -81,6 +81,9 @@ loom_status loom_zero3_gathers(loom_plan *pl, char *err, size_t errlen);
  * (index buckets.n + gather) and a wait for it alone goes before its first
  * reader. LOOM_ERR_INVALID if a gather has no reader. */
 loom_status loom_zero3_steps(loom_plan *pl);
+/* The most bytes of gathered parameter buckets alive at once (planned, in
+ * the activations). */
+size_t loom_zero3_gathered_peak(const loom_plan *pl);
 /* O2: where bucket k's half shard lies in the bucket region. */
 size_t loom_zero3_half_at(const loom_plan *pl, int k);
 /* After the pieces (make_pieces): each f32 bucket's gather source, its

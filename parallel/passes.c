@@ -166,9 +166,9 @@ static loom_status zero3_read(loom_program *p, loom_value v, double *dst, size_t
 
 static void zero3_note(const loom_program *p, char *buf, size_t len)
 {
-	snprintf(buf, len, " (ZeRO-3: %d gathers, prefetch %d)", p->plan.n_gathers,
-		 p->plan.opts.zero_prefetch < 0 ? 0 : p->plan.opts.zero_prefetch ?
-						      p->plan.opts.zero_prefetch : 1);
+	snprintf(buf, len, " (ZeRO-3: %d gathers, prefetch %d, at most %.2f MiB gathered at once)",
+		 p->plan.n_gathers, p->plan.opts.zero_prefetch < 0 ? 0 : p->plan.opts.zero_prefetch ?
+		 p->plan.opts.zero_prefetch : 1, p->plan.gathered_peak / 1048576.0);
 }
 
 const loom_pass loom_pass_zero3_gathers = {

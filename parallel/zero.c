@@ -187,6 +187,8 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 			 "zero %d: a gather no step reads (a bug in parallel/zero3.c)", pl->zero);
 		return st;
 	}
+	if (pl->zero == 3)
+		pl->gathered_peak = loom_zero3_gathered_peak(pl);
 	return LOOM_OK;
 }
 

@@ -456,3 +456,44 @@ void loom_zero3_sources(loom_plan *pl, const size_t *master_at, size_t end)
 		if (!pl->gathers[i].src_bucket) /* O2's: the half store, placed already */
 			pl->gathers[i].src_off = master_at[pl->gathers[i].bucket];
 }
+
+size_t loom_zero3_gathered_peak(const loom_plan *pl)
+{
+	const loom_memplan *mp = &pl->mp;
+	int n = mp->nschedule, ng = pl->n_gathers;
+	int *pos = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	int *end = calloc((size_t)(ng ? ng : 1), sizeof(int));
+	int *gi = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	size_t peak = 0;
+	if (!pos || !end || !gi)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		pos[mp->schedule[i]] = i;
+		gi[i] = -1;
+	}
+	for (int k = 0; k < ng; k++)
+		gi[pl->gathers[k].v] = k;
+	/* each gathered bucket lives from its gather to its last reader */
+	for (loom_value u = 0; u < n; u++) {
+		const loom_node *nd = &pl->g->nodes[u];
+		for (int i = 0; i < nd->nsrc; i++) {
+			int k = gi[mp->root[nd->src[i]]];
+			if (k >= 0 && pos[u] > end[k])
+				end[k] = pos[u];
+		}
+	}
+	for (int a = 0; a < ng; a++) {
+		size_t live = 0;
+		int at = pos[pl->gathers[a].v];
+		for (int k = 0; k < ng; k++)
+			if (pos[pl->gathers[k].v] <= at && at <= end[k])
+				live += align64(loom_plan_value_bytes(pl, pl->gathers[k].v));
+		if (live > peak)
+			peak = live;
+	}
+out:
+	free(pos);
+	free(end);
+	free(gi);
+	return peak;
+}
