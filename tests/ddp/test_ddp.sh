@@ -294,7 +294,7 @@ if [ -n "$EX" ]; then
 	check "mnist_ddp --zero 3, 2 ranks: parameters ${pc:-?} MiB per rank, plain ${pa:-?}" "$out" "^HALF" 1
 	check "mnist_ddp --zero 3: the report names the gathers" "$c" \
 		"^\[rank 0\]   gathered at once (peak) .*(ZeRO-3: [0-9]* gathers" 1
-	check "mnist_ddp --zero 3: trains" "$c" "^\[rank 0\] epoch 1 step" 1
+	check "mnist_ddp --zero 3: trains and evaluates" "$c" "^\[rank 0\] epoch 1 done: test loss [0-9]" 1
 
 	# A restart resumes from the checkpoint (no --resume given) and never
 	# overwrites it with an earlier step: rank 1 killed before step 6 of
