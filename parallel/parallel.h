@@ -2,7 +2,8 @@
  * parallel/parallel.h — parallel strategies as compile passes over the plan, what
  * engine/program.c calls while it compiles: data parallelism (buckets,
  * synchronised batch norm, the start-up fingerprint and broadcast;
- * parallel/ddp.c) and ZeRO-1 (sharded optimizer state; parallel/zero.c). Each pass
+ * parallel/ddp.c) and ZeRO-1/2/3 (sharded optimizer state and masters,
+ * gradients, parameters; parallel/zero.c, zero2.c, zero3.c). Each pass
  * turns its strategy into steps of the plan (engine/plan.h); none touches
  * a backend.
  */

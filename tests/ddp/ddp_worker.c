@@ -222,6 +222,7 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 /* The conv model compiled for plain data parallelism or ZeRO-1 (zero), with
  * SGD (momentum 0.9) or AdamW. */
 static int zero_bucket_small;
+static int zero_prefetch; /* loom_compile_opts.zero_prefetch (ZeRO-3) */
 
 static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level level, int adamw,
 				int zero, double clip)
@@ -242,6 +243,7 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
 		o.first_bucket_mb = 0.00025;
 	}
 	o.zero_stage = zero;
+	o.zero_prefetch = zero_prefetch;
 	return loom_compile(m->g, m->loss, &o, &m->p);
 }
 
@@ -765,6 +767,8 @@ int main(int argc, char **argv)
 				argc > 4 ? atof(argv[4]) : 0,
 				argc > 5 && atoi(argv[5]) > 1 ? atoi(argv[5]) : 1,
 				argc > 6 ? atoi(argv[6]) : 1);
+	else if (strcmp(s, "zero3pf") == 0 && argc > 2) /* zero3pf N: O2 adamw, prefetch N */
+		rc = (zero_prefetch = atoi(argv[2]), zero_equal(pg, "O2", 1, 0, 3, 1));
 	else if (strcmp(s, "zsave") == 0 && argc > 4)
 		rc = zckpt(pg, s, argv[2], atoi(argv[3]), atoi(argv[4]));
 	else if (strcmp(s, "zload") == 0 && argc > 3)

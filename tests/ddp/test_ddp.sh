@@ -219,6 +219,12 @@ for n in $(pick "2 3" 3); do
 	check "zero 3 + clip_grad, $n ranks O2 adamw: 20 steps as plain DDP with clipping, every rank" \
 		"$out" "OK zero 3 clip O2 adamw world $n steps [0-9]*: .* 20 of 20 steps clipped" $n
 done
+# The prefetch depth moves the gathers (none ahead, 2 ahead), not the bits.
+for pf in -1 2; do
+	out=$("${MPIRUN[@]}" -np 3 "$W" zero3pf $pf 2>&1)
+	check "zero 3, prefetch $pf, 3 ranks O2 adamw: bit-identical to plain DDP" \
+		"$out" "OK zero 3 O2 adamw world 3 steps [0-9]*: bit-identical" 3
+done
 # Its checkpoints and exports: plain DDP's bytes at 2 ranks (the parameters
 # and masters gathered from the shards); the file resumes as plain DDP at 3
 # ranks exactly as the plain file does, and a plain file at 1 rank resumes
