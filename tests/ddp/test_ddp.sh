@@ -245,6 +245,11 @@ b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 0 2>&1)
 h=$(zhash "$b" 0 3)
 check "resume plain (1 rank) -> zero 3 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
 	"OK zload zero 3 world 3 step [0-9]* hash ${h:-none}" 3
+b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p2.ckpt" 0 2>&1)
+a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z32.ckpt" 3 2>&1)
+h=$(zhash "$b" 0 3)
+check "resume zero 3 (2 ranks) -> zero 3 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
+	"OK zload zero 3 world 3 step [0-9]* hash ${h:-none}" 3
 
 # The example at 2 ranks on Fashion-MNIST: the launcher, mpirun and
 # torchrun's variables; a resume at world 1 continues at the same sample.
