@@ -255,7 +255,7 @@ const loom_pass loom_pass_steps = { .name = "steps", .run = steps_run };
 size_t loom_plan_peak(const loom_plan *pl, size_t extra)
 {
 	return pl->mp.persist_bytes + pl->mp.bucket_bytes + pl->mp.act_bytes + pl->ws_bytes +
-	       pl->state_bytes + extra;
+	       loom_plan_state_region_bytes(pl) + extra;
 }
 
 /* loom_compile_opts.memory_limit_mb: refused before anything is allocated. */

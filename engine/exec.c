@@ -100,10 +100,16 @@ loom_status loom_exec_trace_flush(loom_program *p)
 
 /* ------------------------------------------------------------ collectives */
 
+/* Collectives the executor tracks: one per bucket, then ZeRO-3's gathers. */
+static int n_colls(const loom_plan *pl)
+{
+	return pl->buckets.n + pl->n_gathers;
+}
+
 static loom_status exec_alloc(loom_program *p)
 {
 	loom_exec *x = &p->exec;
-	int n = p->plan.buckets.n;
+	int n = n_colls(&p->plan);
 	if (x->pending || n == 0)
 		return LOOM_OK;
 	x->pending = calloc((size_t)n, sizeof(*x->pending));
@@ -154,7 +160,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	loom_exec *x = &p->exec;
 	int k = s->index;
 	loom_status st;
-	if (!pl->comm || k < 0 || k >= pl->buckets.n)
+	if (!pl->comm || k < 0 || k >= n_colls(pl))
 		return loom_program_fail(p, LOOM_ERR_STATE, "%s of bucket %d: no process group",
 					 loom_coll_name(s->coll), k);
 	if (x->pending[k])
@@ -164,8 +170,20 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	/* A collective the watchdog saw fail ends the run at the next one. */
 	if (x->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
-	const loom_bucket *b = &pl->buckets.b[k];
+	const loom_gather *gt = k >= pl->buckets.n ? &pl->gathers[k - pl->buckets.n] : NULL;
+	const loom_bucket *b = &pl->buckets.b[gt ? gt->bucket : k];
 	void *buf = p->arena.bucket + b->base;
+	size_t shard = (size_t)b->count / (size_t)pl->world;
+	/* ZeRO-3: this rank's shard into its place in the gathered value. */
+	if (gt) {
+		buf = loom_arena_ptr(&p->arena, pl, gt->v);
+		st = p->be->copy(p->be_ctx, (unsigned char *)buf + shard * (size_t)pl->rank *
+					    loom_dtype_size(b->dtype),
+				 (gt->src_bucket ? p->arena.bucket : p->arena.state) + gt->src_off,
+				 shard * loom_dtype_size(b->dtype));
+		if (st != LOOM_OK)
+			return be_fail(p, st);
+	}
 	/* The communication stream starts after the compute stream's work so
 	 * far (the bucket's last gradient, or the optimizer's update). */
 	if ((st = p->be->event_record(p->be_ctx, EV_COLL_START, LOOM_STREAM_COMPUTE)) != LOOM_OK ||
@@ -173,7 +191,6 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 		return be_fail(p, st);
 	int t0 = timer(p, LOOM_STREAM_COMM);
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
-	size_t shard = (size_t)b->count / (size_t)pl->world;
 	if (x->kept)
 		x->pending[k] = x->kept[k]; /* reused; NULL: the start makes one */
 	switch (s->coll) {
@@ -200,7 +217,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	/* Its end: an event after it on an asynchronous stream; else the
 	 * moment the host first sees it complete. */
 	int t1 = (p->be->caps & LOOM_BE_ASYNC_STREAMS) ? timer(p, LOOM_STREAM_COMM) : -1;
-	x->pending_span[k] = span(p, LOOM_SPAN_ALLREDUCE, k, s->coll, t0, t1);
+	x->pending_span[k] = span(p, LOOM_SPAN_ALLREDUCE, gt ? gt->bucket : k, s->coll, t0, t1);
 	return LOOM_OK;
 }
 
@@ -209,7 +226,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 static loom_status coll_progress(loom_program *p)
 {
 	loom_exec *x = &p->exec;
-	for (int k = 0; k < p->plan.buckets.n; k++) {
+	for (int k = 0; k < n_colls(&p->plan); k++) {
 		int done = 0;
 		if (!x->pending[k])
 			continue;
@@ -236,7 +253,7 @@ static loom_status coll_wait_device(loom_program *p)
 	if ((st = p->be->event_record(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMM)) != LOOM_OK ||
 	    (st = p->be->event_wait(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMPUTE)) != LOOM_OK)
 		return be_fail(p, st);
-	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
+	for (int k = 0; k < n_colls(&p->plan) && x->n_pending; k++) {
 		if (!x->pending[k])
 			continue;
 		/* While the step is recorded nothing runs: there is nothing to
@@ -253,16 +270,17 @@ static loom_status coll_wait_device(loom_program *p)
 	return first;
 }
 
-/* Every collective in flight ends (the group's timeout applies). */
-static loom_status coll_wait_all(loom_program *p)
+/* Every collective in flight ends (the group's timeout applies); only >= 0:
+ * that one. */
+static loom_status coll_wait(loom_program *p, int only)
 {
 	loom_exec *x = &p->exec;
 	loom_status first = LOOM_OK;
 	if (x->device_wait)
 		return coll_wait_device(p);
 	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
-	for (int k = 0; k < p->plan.buckets.n && x->n_pending; k++) {
-		if (!x->pending[k])
+	for (int k = 0; k < n_colls(&p->plan) && x->n_pending; k++) {
+		if (!x->pending[k] || (only >= 0 && k != only))
 			continue;
 		/* wait frees the work whatever it returns */
 		loom_status st = loom_comm_wait(p->plan.comm, x->pending[k]);
@@ -281,11 +299,11 @@ static loom_status coll_wait_all(loom_program *p)
 void loom_exec_drain(loom_program *p)
 {
 	if (p->exec.n_pending)
-		(void)coll_wait_all(p);
+		(void)coll_wait(p, -1);
 	if (p->exec.device_wait) {
 		/* The watchdog lets go of the works before they are freed. */
 		(void)loom_comm_watch_drain(p->plan.comm);
-		for (int k = 0; k < p->plan.buckets.n; k++)
+		for (int k = 0; k < n_colls(&p->plan); k++)
 			loom_comm_work_free(p->plan.comm, p->exec.kept[k]);
 		p->exec.device_wait = 0;
 	}
@@ -295,7 +313,7 @@ void loom_exec_drain(loom_program *p)
 
 loom_status loom_exec_synchronize(loom_program *p)
 {
-	loom_status st = coll_wait_all(p);
+	loom_status st = coll_wait(p, -1);
 	if (st == LOOM_OK && p->transport)
 		st = p->transport->finish(p);
 	if (st != LOOM_OK)
@@ -461,10 +479,12 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 	case LOOM_STEP_ACCUM:
 		return exec_accum(p, s, flags);
 	case LOOM_STEP_COLLECTIVE:
-		/* Gradient accumulation (DDP's no_sync): nothing is sent. */
-		return (flags & LOOM_EXEC_ACCUMULATE) ? LOOM_OK : coll_start(p, s);
+		/* Gradient accumulation (DDP's no_sync): nothing is sent; ZeRO-3's
+		 * gathers still bring the parameters. */
+		return (flags & LOOM_EXEC_ACCUMULATE) && s->index < p->plan.buckets.n ? LOOM_OK :
+										       coll_start(p, s);
 	case LOOM_STEP_WAIT:
-		return coll_wait_all(p);
+		return coll_wait(p, s->index);
 	case LOOM_STEP_OPTIM:
 		return exec_optim(p, s);
 	case LOOM_STEP_COPY:

@@ -81,8 +81,8 @@ extern const loom_pass loom_pass_amp, loom_pass_autodiff, loom_pass_device, loom
 /* p->err (a backend's or a limit's message) as "backend NAME: ..."; st. */
 loom_status loom_pass_backend_failed(loom_program *p, loom_status st);
 
-/* A plan's peak: the arena's regions, its workspace and optimizer state,
- * and `extra` (what a strategy allocates beyond them, p->peak_extra). */
+/* A plan's peak: the arena's regions, its workspace, optimizer state and
+ * ZeRO's master (ZeRO-3: parameter) shards, and `extra` (what a strategy allocates beyond them, p->peak_extra). */
 size_t loom_plan_peak(const loom_plan *pl, size_t extra);
 
 #endif /* LOOM_ENGINE_PASS_H */

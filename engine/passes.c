@@ -16,10 +16,11 @@ const loom_pass *const loom_compile_passes[] = {
 	&loom_pass_slots,          /* parameter slots and optimizer state */
 	&loom_pass_pipeline_cut,   /* stages: every node's, this rank's values */
 	&loom_pass_data_parallel,  /* buckets and the memory plan with them */
+	&loom_pass_zero3_gathers,  /* ZeRO-3: parameter gathers, the memory plan again */
 	&loom_pass_memory_plan,    /* else the plain memory plan */
 	&loom_pass_accumulation,   /* accumulation segments */
 	&loom_pass_steps,          /* the step list */
-	&loom_pass_zero,           /* ZeRO: sharded optimizer steps */
+	&loom_pass_zero,           /* ZeRO: sharded optimizer steps, ZeRO-3's gather steps */
 	&loom_pass_pipeline,       /* stages: the micro-batch schedule */
 	&loom_pass_backend_plan,   /* the backend's plans and workspace */
 	&loom_pass_pipeline_limit, /* stages: every stage's peak */

@@ -68,6 +68,21 @@ typedef struct loom_accum_seg {
 	size_t off;
 } loom_accum_seg;
 
+/*
+ * ZeRO-3 (parallel/zero3.c): one all-gather of a bucket's parameters into
+ * value v (a LOOM_OP_ALLGATHER node the memory plan placed; the bucket's
+ * parameters are views into it), before their forward or their backward
+ * readers. This rank's shard of the bucket (count / world elements of the
+ * bucket's dtype) lies at src_off in the state region, or in the bucket
+ * region (src_bucket: O2's half shards, which the optimizer packs there).
+ */
+typedef struct loom_gather {
+	loom_value v;
+	int bucket;
+	int src_bucket;
+	size_t src_off;
+} loom_gather;
+
 /* Streams a backend orders work on; a CPU backend has one in-order stream. */
 typedef enum loom_stream {
 	LOOM_STREAM_COMPUTE = 0,
@@ -88,8 +103,11 @@ typedef enum loom_step_kind {
 	LOOM_STEP_NODE = 0,   /* node v and the values it makes besides (fused siblings) */
 	LOOM_STEP_ACCUM,      /* accumulation segment `index`: adds (ACCUMULATE runs)
 			       * or folds (FOLD runs); nothing in other runs */
-	LOOM_STEP_COLLECTIVE, /* `coll` on bucket `index`; skipped by ACCUMULATE runs */
-	LOOM_STEP_WAIT,       /* the collectives started so far end; later compute sees them */
+	LOOM_STEP_COLLECTIVE, /* `coll` on bucket `index`; skipped by ACCUMULATE runs. An index
+			       * from buckets.n on: ZeRO-3's gather index - buckets.n (an
+			       * all-gather from this rank's shard, never skipped) */
+	LOOM_STEP_WAIT,       /* the collectives started so far end (index >= 0: that one
+			       * only); later compute sees them */
 	LOOM_STEP_OPTIM,      /* the fused check + unscale + update over pieces [first, last) */
 	LOOM_STEP_COPY,       /* ZeRO: bucket `index`'s gathered parameters into the parameters */
 	LOOM_STEP_SEND,       /* pipeline: value v of micro-batch `micro` to rank `peer` */
@@ -168,6 +186,14 @@ typedef struct loom_plan {
 	 * summed gradients by world. zero: the ZeRO stage (0 or 1). */
 	int world, rank, zero;
 	loom_buckets buckets;
+	/* ZeRO-3: the gathers of parameter buckets (parallel/zero3.c), and
+	 * the forward's length in the schedule (its gathers inserted; 0:
+	 * n_fwd). param_shard_bytes: this rank's shards of the parameters
+	 * (in the state region under O0/O1, beside the optimizer state). */
+	loom_gather *gathers;
+	int n_gathers, n_fwd_sched;
+	size_t param_shard_bytes;
+	size_t gathered_peak; /* the most gathered bytes alive at once (in the activations) */
 	struct loom_comm *comm;
 	/* Gradient accumulation: bucket k is accum[k] when there are buckets.
 	 * accum_bytes of sums, allocated at the first ACCUMULATE run. */

@@ -96,10 +96,11 @@ static void memory_report(const loom_program *p)
 		ps->note(p, where, sizeof(where));
 	loom_log("loom: rank %d%s: planned peak %.2f MiB = persistent %.2f (gradients %.2f) + "
 		 "buckets %.2f + activations %.2f + workspace %.2f + optimizer state %.2f + "
-		 "accumulation %.2f\n",
+		 "ZeRO's shards %.2f + accumulation %.2f\n",
 		 in ? in->rank : 0, where, total / 1048576.0, pl->mp.persist_bytes / 1048576.0,
 		 grads / 1048576.0, pl->mp.bucket_bytes / 1048576.0, pl->mp.act_bytes / 1048576.0,
-		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0, accum / 1048576.0);
+		 pl->ws_bytes / 1048576.0, pl->state_bytes / 1048576.0,
+		 pl->master_shard_bytes / 1048576.0, accum / 1048576.0);
 }
 
 /* The group's world size (1 without a group). */
@@ -296,6 +297,7 @@ void loom_program_free(loom_program *p)
 			loom_compile_passes[i]->release(p);
 	free(p->plan.steps);
 	free(p->plan.pieces);
+	free(p->plan.gathers);
 	loom_memplan_free(&p->plan.mp);
 	loom_buckets_free(&p->plan.buckets);
 	free(p->plan.accum);
@@ -622,7 +624,9 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 	for (size_t i = 0; i < count; i++)
 		loom_elem_set(nd->dtype, tmp, i, src[i]);
-	st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+	int k; /* ZeRO-3: this rank's shards of a parameter */
+	st = loom_zero_shard_of(p, v, &k) >= 0 ? loom_zero_value_write(p, v, tmp) :
+						 loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
 	free(tmp);
 	/* O2: the optimizer updates the fp32 master and copies it over the half
 	 * parameter, so the master must hold the written values too. */
@@ -685,9 +689,15 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->n_param_elems += loom_shape_numel(&nd->shape);
 		info->param_bytes += loom_value_bytes(p, v);
 	}
-	/* ZeRO-2: the gradients are the bucket region (shards + buckets in flight). */
-	if (p->plan.zero == 2)
+	/* ZeRO-2: the gradients are the bucket region (shards + buckets in
+	 * flight); ZeRO-3: but the half parameter shards after the buckets,
+	 * and the parameters are this rank's shards. */
+	if (p->plan.zero >= 2)
 		info->grad_bytes = p->plan.mp.bucket_bytes;
+	if (p->plan.zero == 3) {
+		info->grad_bytes = loom_zero3_half_at(&p->plan, 0);
+		info->param_bytes = p->plan.param_shard_bytes;
+	}
 	info->master_bytes = p->plan.master_bytes;
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
@@ -765,10 +775,18 @@ void loom_program_dump_steps(const loom_program *p, FILE *out)
 			fprintf(out, " node %d %s%s", (int)s->v, loom_op_defs[pl->g->nodes[s->v].op]->name,
 				s->noop ? " (nothing to run)" : "");
 			break;
-		case LOOM_STEP_COLLECTIVE:
-			fprintf(out, " %s bucket %d (%lld %s)", loom_coll_name(s->coll), s->index,
-				(long long)pl->buckets.b[s->index].count,
-				loom_dtype_name(pl->buckets.b[s->index].dtype));
+		case LOOM_STEP_COLLECTIVE: {
+			/* ZeRO-3's gathers are numbered after the buckets */
+			int g = s->index - pl->buckets.n, b = g >= 0 ? pl->gathers[g].bucket : s->index;
+			fprintf(out, " %s bucket %d (%lld %s)", loom_coll_name(s->coll), b,
+				(long long)pl->buckets.b[b].count, loom_dtype_name(pl->buckets.b[b].dtype));
+			if (g >= 0)
+				fprintf(out, " of parameters into node %d (gather %d)", (int)s->v, g);
+			break;
+		}
+		case LOOM_STEP_WAIT:
+			if (s->index >= pl->buckets.n)
+				fprintf(out, " for gather %d", s->index - pl->buckets.n);
 			break;
 		case LOOM_STEP_ACCUM:
 			fprintf(out, " segment %d (%lld elements)", s->index,

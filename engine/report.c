@@ -169,15 +169,20 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	size_t naive = kept + p->plan.mp.act_naive_bytes + p->plan.ws_bytes +
 		       loom_plan_state_region_bytes(&p->plan);
 	/* Whole masters are persistent values; sharded ones (ZeRO) are not. */
-	size_t whole_masters = info.master_bytes - p->plan.master_shard_bytes;
+	size_t whole_masters = info.master_bytes > p->plan.master_shard_bytes ?
+				       info.master_bytes - p->plan.master_shard_bytes : 0;
 	size_t other = kept - info.param_bytes - info.grad_bytes - whole_masters;
 	if (kept < info.param_bytes + info.grad_bytes + whole_masters)
 		other = 0;
+	/* ZeRO-3: no parameter is persistent (its shards are the state
+	 * region's or after the buckets) */
+	if (p->plan.zero == 3)
+		other = p->plan.mp.persist_bytes;
 	fprintf(out, "memory of the compiled plan (%s, %d nodes, %d parameters, %lld elements):\n",
 		info.backend, info.n_nodes, info.n_params, (long long)info.n_param_elems);
-	mib_line(out, "parameters", info.param_bytes, NULL);
 	snprintf(note, sizeof(note), "(ZeRO-%d: this rank's shard, 1/%d)", p->plan.zero,
 		 p->plan.world);
+	mib_line(out, "parameters", info.param_bytes, p->plan.zero == 3 ? note : NULL);
 	mib_line(out, "master weights (fp32)", info.master_bytes,
 		 p->plan.master_shard_bytes ? note : NULL);
 	char gnote[128];
@@ -185,9 +190,9 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	for (int k = 0; k < p->plan.buckets.n; k++)
 		shards += (size_t)(p->plan.buckets.b[k].count / p->plan.world) *
 			  loom_dtype_size(p->plan.buckets.b[k].dtype);
-	snprintf(gnote, sizeof(gnote), "(ZeRO-2: this rank's shards %.3f MiB, the rest buckets "
-		 "in flight)", shards / 1048576.0);
-	mib_line(out, "gradients", info.grad_bytes, p->plan.zero == 2 ? gnote : NULL);
+	snprintf(gnote, sizeof(gnote), "(ZeRO-%d: this rank's shards %.3f MiB, the rest buckets "
+		 "in flight)", p->plan.zero, shards / 1048576.0);
+	mib_line(out, "gradients", info.grad_bytes, p->plan.zero >= 2 ? gnote : NULL);
 	mib_line(out, "optimizer state", info.optim_state_bytes, p->plan.zero ? note : NULL);
 	mib_line(out, "inputs, buffers, outputs", other, NULL);
 	snprintf(note, sizeof(note), "(%.3f MiB with one buffer each)",
@@ -201,6 +206,13 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 	if (where[0])
 		snprintf(note, sizeof(note), "%s", where + (where[0] == ' '));
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
+	if (p->plan.zero == 3) {
+		/* the gathered buckets, placed among the activations */
+		char gn[160];
+		snprintf(gn, sizeof(gn), "(ZeRO-3: %d gathers of parameter buckets, in the "
+			 "activations)", p->plan.n_gathers);
+		mib_line(out, "gathered at once (peak)", p->plan.gathered_peak, gn);
+	}
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
 	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */
 	mib_line(out, "accumulation sums", p->plan.accum_bytes,

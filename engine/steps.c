@@ -76,14 +76,16 @@ loom_status loom_steps_build(loom_plan *pl)
 		return LOOM_ERR_NOMEM;
 	pl->n_steps = 0;
 	pl->n_fwd_steps = -1;
+	/* the forward's positions in the schedule (ZeRO-3 inserted gathers) */
+	int nf = pl->n_fwd_sched ? pl->n_fwd_sched : pl->n_fwd;
 	for (int i = 0; i < mp->nschedule; i++) {
 		loom_value v = mp->schedule[i];
 		const loom_node *n = &pl->g->nodes[v];
-		if (i == pl->n_fwd)
+		if (i == nf)
 			pl->n_fwd_steps = pl->n_steps;
 		if (loom_made_earlier(pl, v))
 			continue; /* runs with its maker */
-		loom_phase ph = i < pl->n_fwd ? LOOM_PHASE_FORWARD : LOOM_PHASE_BACKWARD;
+		loom_phase ph = i < nf ? LOOM_PHASE_FORWARD : LOOM_PHASE_BACKWARD;
 		if (n->op == LOOM_OP_ALLREDUCE) {
 			/* The bucket's sum is folded in (or added to) right
 			 * before its collective, which starts as soon as
@@ -105,7 +107,7 @@ loom_status loom_steps_build(loom_plan *pl)
 		pl->n_fwd_steps = pl->n_steps;
 	/* Without buckets: every gradient's accumulation once backward has
 	 * made them all. */
-	if (pl->buckets.n == 0 && mp->nschedule > pl->n_fwd)
+	if (pl->buckets.n == 0 && mp->nschedule > nf)
 		for (int k = 0; k < pl->n_accum; k++) {
 			loom_step *s = push(pl, LOOM_STEP_ACCUM, LOOM_PHASE_BACKWARD, LOOM_STREAM_COMPUTE);
 			s->v = pl->accum[k].v;

@@ -192,6 +192,7 @@ size_t train_settings(const train_program *prog, const train_args *a, loom_comm_
 	setting(s, &n, "--accumulate", "%d", a->accumulate);
 	setting(s, &n, "--zero", "%d", a->zero);
 	setting(s, &n, "--bucket-cap-mb", "%g", a->bucket_cap_mb);
+	setting(s, &n, "--zero-prefetch", "%d", a->zero_prefetch);
 	setting(s, &n, "--pipeline", "%d", a->pipeline);
 	setting(s, &n, "--micro-batches", "%d", a->micro_batches);
 	setting(s, &n, "--schedule", "%s", a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
@@ -552,6 +553,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.sync_bn = a->sync_bn;
 	o.zero_stage = a->zero;
 	o.bucket_cap_mb = a->bucket_cap_mb;
+	o.zero_prefetch = a->zero_prefetch;
 	if (a->bucket_cap_mb > 0 && a->bucket_cap_mb < 1.0)
 		o.first_bucket_mb = a->bucket_cap_mb; /* the first no larger than the others */
 	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;

@@ -169,10 +169,13 @@ void train_usage(const train_program *prog, FILE *f)
 		"  --dry-run            compile, print the above, and stop before step 1\n"
 		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
 		"                       (all ranks), as torch's SyncBatchNorm\n"
-		"  --zero N             ZeRO stage 0, 1 or 2 (data parallel; default 0): with 1,\n"
+		"  --zero N             ZeRO stage 0 to 3 (data parallel; default 0): with 1,\n"
 		"                       each rank keeps the optimizer state (and O2 masters) of\n"
-		"                       its shard only; 2 also its shard of the gradients; 3\n"
-		"                       (sharded parameters) is refused: not built yet\n"
+		"                       its shard only; 2 also its shard of the gradients; 3 also\n"
+		"                       its shard of the parameters, each bucket's gathered before\n"
+		"                       its forward and its backward (--bucket-cap-mb: how much)\n"
+		"  --zero-prefetch N    ZeRO-3: gathers issued N ahead of their use (default 1;\n"
+		"                       0: each right before its use)\n"
 		"  --bucket-cap-mb MB   data parallel: gradient buckets of about MB MiB each (the\n"
 		"                       first one at most 1 MiB; default 25, as torch's DDP)\n"
 		"  --trace FILE.json    Chrome/Perfetto trace of --trace-steps steps after the first\n"
@@ -241,7 +244,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH,
+	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF,
 };
 
 /* Every flag and the group that brings it. */
@@ -292,6 +295,7 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "sync-bn", no_argument, 0, O_SYNCBN } },
 	{ TRAIN_FLAGS_COMMON, { "zero", required_argument, 0, O_ZERO } },
 	{ TRAIN_FLAGS_COMMON, { "bucket-cap-mb", required_argument, 0, O_BUCKET } },
+	{ TRAIN_FLAGS_COMMON, { "zero-prefetch", required_argument, 0, O_ZPREF } },
 	{ TRAIN_FLAGS_COMMON, { "pipeline", required_argument, 0, O_PIPE } },
 	{ TRAIN_FLAGS_COMMON, { "micro-batches", required_argument, 0, O_MICRO } },
 	{ TRAIN_FLAGS_COMMON, { "schedule", required_argument, 0, O_PSCHED } },
@@ -469,6 +473,10 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	case O_ZERO:
 		if (parse_int("--zero", arg, 0, 3, &l, msg, msglen)) return -1;
 		a->zero = (int)l;
+		break;
+	case O_ZPREF:
+		if (parse_int("--zero-prefetch", arg, 0, 64, &l, msg, msglen)) return -1;
+		a->zero_prefetch = l ? (int)l : -1; /* loom's 0 is the default, 1 */
 		break;
 	case O_ACCUM:
 		if (parse_int("--accumulate", arg, 1, 1 << 16, &l, msg, msglen)) return -1;

@@ -66,6 +66,7 @@ typedef struct train_args {
 	int sync_bn;           /* batch-norm statistics over the global batch */
 	int zero;              /* ZeRO stage (loom_compile_opts.zero_stage) */
 	double bucket_cap_mb;  /* loom_compile_opts.bucket_cap_mb, 0: the default */
+	int zero_prefetch;     /* loom_compile_opts.zero_prefetch (-1: none, 0: the default) */
 	int accumulate;        /* micro-batches per optimizer step (DDP's no_sync), 1: none */
 	int pipeline;          /* pipeline stages (loom_compile_opts.pipeline_stages), 1: none */
 	int micro_batches;     /* a pipeline batch's micro-batches, 0: the stages */

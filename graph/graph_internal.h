@@ -64,7 +64,8 @@
 	X(REORDER, reorder)                       /* x in node->format (graph/formats.c) */ \
 	X(RMSNORM, rmsnorm)                       /* (x [..., C], gamma [C]) */           \
 	X(RMSNORM_BWD_DATA, rmsnorm_bwd_data)     /* (x, gamma, dy) -> dx */              \
-	X(RMSNORM_BWD_GAMMA, rmsnorm_bwd_gamma)   /* (x, dy) -> dgamma */
+	X(RMSNORM_BWD_GAMMA, rmsnorm_bwd_gamma)   /* (x, dy) -> dgamma */             \
+	X(ALLGATHER, allgather)   /* ZeRO-3: a bucket of parameters gathered (parallel/zero3.c) */
 
 typedef enum loom_op {
 #define LOOM_OP_ENUM(NAME, low) LOOM_OP_##NAME,
@@ -182,6 +183,9 @@ typedef struct loom_node {
 	/* The memory format of this value (graph/formats.c); NCHW unless the
 	 * format pass chose another. */
 	loom_format format;
+	/* A view (LOOM_OPF_VIEW): where it starts inside src[0]'s storage, in
+	 * bytes (a parameter inside ZeRO-3's gathered bucket); 0 for the others. */
+	size_t view_off;
 	char name[LOOM_NAME_MAX];
 } loom_node;
 

@@ -417,12 +417,16 @@ static loom_status place_activations_best(planner *pl, allocator *a)
 	return place_activations(pl, a);
 }
 
-/* Aliases take their owner's place. */
-static void resolve_aliases(loom_memplan *mp, int n)
+/* Aliases take their owner's place, a view view_off bytes into its
+ * source's (node order: the source's place is final). */
+static void resolve_aliases(const loom_graph *g, loom_memplan *mp, int n)
 {
 	for (int v = 0; v < n; v++) {
+		const loom_node *nd = &g->nodes[v];
 		mp->region[v] = mp->region[mp->root[v]];
-		mp->offset[v] = mp->offset[mp->root[v]];
+		mp->offset[v] = mp->root[v] == v ? mp->offset[v] :
+				loom_op_is_view(nd->op) ? mp->offset[nd->src[0]] + nd->view_off :
+							  mp->offset[mp->root[v]];
 	}
 }
 
@@ -481,7 +485,7 @@ loom_status loom_memplan_build_held(const loom_graph *g, const loom_value *order
 	mp->persist_bytes = place_persistent(&pl);
 	if ((st = place_activations_best(&pl, &a)) != LOOM_OK)
 		goto out_free;
-	resolve_aliases(mp, g->n);
+	resolve_aliases(g, mp, g->n);
 	mp->act_bytes = a.top;
 	mp->regions[LOOM_REGION_ACT] = (loom_region){ "activations", mp->act_bytes, 1 };
 	mp->regions[LOOM_REGION_PERSIST] = (loom_region){ "persistent", mp->persist_bytes, 0 };

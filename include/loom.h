@@ -369,8 +369,23 @@ typedef struct loom_compile_opts {
 	 * step 1, holds the shards and the buckets in flight); the updated
 	 * parameters are gathered one bucket at a time. Same update, same
 	 * bits as plain data parallelism; checkpoints as stage 1. Stage 3
-	 * (sharded parameters) is refused (LOOM_ERR_UNSUPPORTED): not built. */
+	 * also shards the parameters: a rank stores its shard of every
+	 * bucket of parameters (the f32 shard, under O2 also the half one),
+	 * and each bucket's parameters are all-gathered just before their
+	 * first forward reader and again before their first backward reader,
+	 * into buffers the memory plan places as activations (freed after
+	 * their last reader, so the peak is known before step 1); the
+	 * gradients are stage 2's. Buckets are the gathering unit: a smaller
+	 * bucket_cap_mb gathers less at a time. The same bits as plain data
+	 * parallelism; loom_read, loom_write_f64, checkpoints and safetensors
+	 * of a parameter gather or scatter its shards (collective). O3 (half
+	 * parameters without masters) is refused under stage 3. */
 	int zero_stage;
+	/* ZeRO-3: how many gathers ahead of its first reader each bucket's
+	 * all-gather is issued, so that it overlaps the layers before (0: the
+	 * default, 1; -1: none, each gathered right before its use). A
+	 * deeper prefetch holds more gathered buckets at once (planned). */
+	int zero_prefetch;
 	/* A forward-only plan (default 0), for inference: no autodiff, no
 	 * gradients, no optimizer state (optim is ignored), so its own,
 	 * smaller memory plan; batch norm uses its running statistics. Only

@@ -98,7 +98,7 @@ static loom_value record_value(const loom_program *p, int i)
 }
 
 /* The arena address of record i (NULL for the meta record; a sharded
- * master's is not one: see sharded_master). */
+ * master.s is not one: see sharded_value). */
 static void *record_addr(loom_program *p, int i)
 {
 	int k = 0;
@@ -129,13 +129,14 @@ static int state_record(const loom_program *p, int i, int *s, int *k)
 	return 1;
 }
 
-/* Record i is ZeRO's sharded O2 master of slot *s? */
-static int sharded_master(const loom_program *p, int i, int *s)
+/* Record i is a sharded value (ZeRO's O2 master, ZeRO-3's parameter) of
+ * slot *s, in loom_zero_gather's buffer *k? */
+static int sharded_value(const loom_program *p, int i, int *s, int *k)
 {
 	loom_value v = record_value(p, i);
-	if (v == LOOM_NONE || !(p->plan.g->nodes[v].flags & LOOM_NODE_SHARDED))
+	if (v == LOOM_NONE)
 		return 0;
-	return (*s = loom_zero_master_slot(p, v)) >= 0;
+	return (*s = loom_zero_shard_of(p, v, k)) >= 0;
 }
 
 /* Pipeline stages: the stage that holds record i (a value's owner, a
@@ -160,8 +161,8 @@ static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, s
 		return loom_pipeline_fetch(p, record_stage(p, i), addr, dst, bytes);
 	if (p->plan.zero && state_record(p, i, &s, &k))
 		return loom_zero_gather(p, s, k, dst);
-	if (p->plan.zero && sharded_master(p, i, &s))
-		return loom_zero_gather(p, s, -1, dst);
+	if (p->plan.zero && sharded_value(p, i, &s, &k))
+		return loom_zero_gather(p, s, k, dst);
 	return loom_program_download(p, dst, addr, bytes);
 }
 
@@ -175,8 +176,8 @@ static loom_status place_record(loom_program *p, int i, void *addr, const void *
 		return LOOM_OK;
 	if (p->plan.zero && state_record(p, i, &s, &k))
 		return loom_zero_scatter(p, s, k, src);
-	if (p->plan.zero && sharded_master(p, i, &s))
-		return loom_zero_scatter(p, s, -1, src);
+	if (p->plan.zero && sharded_value(p, i, &s, &k))
+		return loom_zero_scatter(p, s, k, src);
 	return loom_program_upload(p, addr, src, bytes);
 }
 

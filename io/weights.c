@@ -152,8 +152,11 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
 	t->data = l->host[l->n];
 	l->n++;
+	int k;
 	loom_status st = src != v ? /* ZeRO: gathered from the shards */
 				 loom_master_read(p, v, l->host[l->n - 1]) :
+			 loom_zero_shard_of(p, v, &k) >= 0 ? /* ZeRO-3's parameter */
+				 loom_zero_value_read(p, v, l->host[l->n - 1]) :
 				 loom_program_download(p, l->host[l->n - 1], loom_value_ptr(p, src), bytes);
 	if (st != LOOM_OK || !o->conv1d_export || t->ndim != 2 ||
 	    !listed(o->conv1d, o->n_conv1d, t->name))
@@ -393,7 +396,9 @@ static loom_status import_value(loom_program *p, loom_value v, const loom_st_ten
 		if (m)
 			m[i] = (float)x;
 	}
-	st = loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+	int k;
+	st = loom_zero_shard_of(p, v, &k) >= 0 ? loom_zero_value_write(p, v, tmp) :
+						 loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
 	if (st == LOOM_OK && m)
 		st = loom_master_write(p, v, m);
 out:

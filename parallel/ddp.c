@@ -105,11 +105,11 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	}
 	loom_zero_mark_masters(&p->plan);
 	/* ZeRO-2: the buckets share the region once reduced (parallel/zero2.c). */
-	if (p->plan.zero == 2 && !p->plan.pipe &&
+	if (p->plan.zero >= 2 && !p->plan.pipe &&
 	    (st = loom_zero2_layout(&p->plan.buckets, g, p->plan.world, p->plan.rank)) != LOOM_OK) {
 		snprintf(err, errlen, st == LOOM_ERR_INVALID ?
-			 "zero 2: the bucket layout covers a bucket in use (a bug in parallel/zero2.c)" :
-			 "zero 2: out of memory laying out the buckets");
+			 "zero %d: the bucket layout covers a bucket in use (a bug in parallel/zero2.c)" :
+			 "zero %d: out of memory laying out the buckets", p->plan.zero);
 		return st;
 	}
 	/* Pipeline stages: the values this rank's stage touches only. */

@@ -2,7 +2,8 @@
  * parallel/parallel.h — parallel strategies as compile passes over the plan, what
  * engine/program.c calls while it compiles: data parallelism (buckets,
  * synchronised batch norm, the start-up fingerprint and broadcast;
- * parallel/ddp.c) and ZeRO-1 (sharded optimizer state; parallel/zero.c). Each pass
+ * parallel/ddp.c) and ZeRO-1/2/3 (sharded optimizer state and masters,
+ * gradients, parameters; parallel/zero.c, zero2.c, zero3.c). Each pass
  * turns its strategy into steps of the plan (engine/plan.h); none touches
  * a backend.
  */
@@ -67,6 +68,31 @@ loom_status loom_zero2_steps(loom_plan *pl);
 /* ZeRO-2: the bytes of this rank's gradient shards (kept to the step's end). */
 size_t loom_zero2_shard_bytes(const loom_plan *pl);
 
+/*
+ * ZeRO-3 (parallel/zero3.c), after the buckets, before the memory plan:
+ * the bucket parameters marked LOOM_NODE_SHARDED, an ALLGATHER node per
+ * bucket and phase (forward readers, backward readers) with a view per
+ * parameter that its readers now read, the buckets' schedule with each
+ * gather placed zero_prefetch gathers ahead of its first reader
+ * (pl->n_fwd_sched the forward's length), pl->gathers, and under O2 the
+ * half shards' store after the buckets (param_shard_bytes).
+ */
+loom_status loom_zero3_gathers(loom_plan *pl, char *err, size_t errlen);
+/* After loom_zero2_steps: each gather node's step becomes its collective
+ * (index buckets.n + gather) and a wait for it alone goes before its first
+ * reader. LOOM_ERR_INVALID if a gather has no reader. */
+loom_status loom_zero3_steps(loom_plan *pl);
+/* The most bytes of gathered parameter buckets alive at once (planned, in
+ * the activations). */
+size_t loom_zero3_gathered_peak(const loom_plan *pl);
+/* O2: where bucket k's half shard lies in the bucket region. */
+size_t loom_zero3_half_at(const loom_plan *pl, int k);
+/* After the pieces (make_pieces): each f32 bucket's gather source, its
+ * master shard at master_at[k] in the state region (the shards end at
+ * end); param_shard_bytes and master_bytes as this rank holds them (an
+ * f32 bucket's master shards are its parameters). */
+void loom_zero3_sources(loom_plan *pl, const size_t *master_at, size_t end);
+
 /* Before the memory plan (loom_ddp_plan): under ZeRO-1 or 2 with an optimizer,
  * the slots' O2 masters are marked LOOM_NODE_SHARDED (no persistent
  * storage); loom_zero_plan gives every piece its shard of them. */
@@ -75,9 +101,10 @@ void loom_zero_mark_masters(loom_plan *pl);
  * keeping its pieces. */
 loom_status loom_zero_start(loom_program *p);
 
-/* ZeRO: slot s's state buffer k (k < 0: its O2 master), whole (every
- * rank's shards), into dst (numel elements of the state dtype, f32 for a
- * master). Collective. */
+/* ZeRO: slot s's state buffer k (-1: its f32 master shards, ZeRO-3 O0/O1
+ * the parameter's; -2: ZeRO-3's half parameter shards), whole (every
+ * rank's shards), into dst (numel elements of the buffer's dtype).
+ * Collective. */
 loom_status loom_zero_gather(loom_program *p, int s, int k, void *dst);
 /* ZeRO: this rank's pieces of slot s's state buffer k (k < 0: its O2
  * master) from the whole src. */
@@ -85,6 +112,14 @@ loom_status loom_zero_scatter(loom_program *p, int s, int k, const void *src);
 /* ZeRO with sharded masters: the slot whose parameter or master is v, if
  * that slot's master is sharded; else -1 (v's master, if any, is whole). */
 int loom_zero_master_slot(const loom_program *p, loom_value v);
+/* A sharded value v (ZeRO's O2 master, ZeRO-3's parameter): its slot, and
+ * in *k the buffer of loom_zero_gather that holds it (-1: the f32 master
+ * shards; -2: ZeRO-3's half parameter shards); -1 if v is not sharded. */
+int loom_zero_shard_of(const loom_program *p, loom_value v, int *k);
+/* A sharded value v, whole in its dtype, gathered from every rank's
+ * shards into dst (collective), or this rank's pieces of it from src. */
+loom_status loom_zero_value_read(loom_program *p, loom_value v, void *dst);
+loom_status loom_zero_value_write(loom_program *p, loom_value v, const void *src);
 /* Parameter v's O2 master (v has one), whole, from src / into dst (f32):
  * an upload or download, or under ZeRO this rank's pieces / a gather
  * (collective: every rank calls it). */

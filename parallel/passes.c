@@ -9,6 +9,7 @@
 #include "parallel/parallel.h"
 #include "parallel/passes.h"
 #include "parallel/pipeline.h"
+#include "engine/elem.h"
 
 static int staged(const loom_program *p)
 {
@@ -111,6 +112,72 @@ const loom_pass loom_pass_data_parallel = {
 	.run = data_parallel_run,
 	.start = data_parallel_start,
 	.eval_sync = data_parallel_eval_sync,
+};
+
+/* ------------------------------------------------------------ zero3 gathers */
+
+static int zero3_wanted(const loom_program *p)
+{
+	return p->plan.zero == 3 && p->plan.world > 1 && p->plan.buckets.n > 0 &&
+	       p->plan.opts.optim.kind != LOOM_OPTIM_NONE;
+}
+
+/* The parameters sharded, a gather per bucket and phase with views its
+ * readers read, scheduled ahead of them; the memory plan again, now
+ * placing the gathered buckets as activations. */
+static loom_status zero3_run(loom_program *p, loom_pass_ctx *c)
+{
+	char msg[256];
+	loom_status st = loom_zero3_gathers(&p->plan, msg, sizeof(msg));
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s", msg);
+	loom_memplan_free(&p->plan.mp);
+	st = loom_memplan_build_held(p->plan.g, p->plan.buckets.order, &p->plan.buckets, c->held,
+				     &p->plan.mp);
+	return st != LOOM_OK ? loom_program_fail(p, st, "zero 3: memory planning with the gathers "
+						 "failed (%s)", loom_status_string(st)) : LOOM_OK;
+}
+
+/* loom_read of a parameter: gathered from the shards (collective: every
+ * rank reads it); of anything else, as without ZeRO-3. */
+static loom_status zero3_read(loom_program *p, loom_value v, double *dst, size_t count)
+{
+	const loom_node *nd = &p->plan.g->nodes[v];
+	int k;
+	char sb[96];
+	if (loom_zero_shard_of(p, v, &k) < 0 && p->plan.mp.region[v] != LOOM_REGION_PERSIST &&
+	    p->plan.mp.region[v] != LOOM_REGION_BUCKET)
+		return loom_program_fail(p, LOOM_ERR_STATE, "read: value %d is not kept after a step "
+					 "(mark it with loom_mark_output)", (int)v);
+	if ((int64_t)count != loom_shape_numel(&nd->shape))
+		return loom_program_fail(p, LOOM_ERR_SHAPE, "read: %zu elements asked, value %d is %s",
+					 count, (int)v, loom_shape_str(&nd->shape, sb, sizeof(sb)));
+	size_t bytes = loom_value_bytes(p, v);
+	void *tmp = malloc(bytes ? bytes : 1);
+	if (!tmp)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
+	loom_status st = loom_zero_shard_of(p, v, &k) >= 0 ?
+				 loom_zero_value_read(p, v, tmp) :
+				 loom_program_download(p, tmp, loom_value_ptr(p, v), bytes);
+	for (size_t i = 0; st == LOOM_OK && i < count; i++)
+		dst[i] = loom_elem_get(nd->dtype, tmp, i);
+	free(tmp);
+	return st;
+}
+
+static void zero3_note(const loom_program *p, char *buf, size_t len)
+{
+	snprintf(buf, len, " (ZeRO-3: %d gathers, prefetch %d, at most %.2f MiB gathered at once)",
+		 p->plan.n_gathers, p->plan.opts.zero_prefetch < 0 ? 0 : p->plan.opts.zero_prefetch ?
+		 p->plan.opts.zero_prefetch : 1, p->plan.gathered_peak / 1048576.0);
+}
+
+const loom_pass loom_pass_zero3_gathers = {
+	.name = "zero3 gathers",
+	.wanted = zero3_wanted,
+	.run = zero3_run,
+	.read = zero3_read,
+	.note = zero3_note,
 };
 
 /* ------------------------------------------------------------ zero */

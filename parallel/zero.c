@@ -37,9 +37,17 @@ static loom_status make_pieces(loom_plan *pl)
 {
 	const loom_buckets *bk = &pl->buckets;
 	int cap = bk->ngrad ? bk->ngrad : 1;
+	/* ZeRO-3: every piece's parameter lives in its shard only, the f32
+	 * master shard (O0/O1: the parameter's values) and, under O2, the
+	 * half copy the optimizer packs into the store after the buckets. */
+	int z3 = pl->zero == 3;
 	loom_optim_piece *pc = calloc((size_t)cap, sizeof(*pc));
-	if (!pc)
+	size_t *master_at = calloc((size_t)(bk->n ? bk->n : 1), sizeof(size_t));
+	if (!pc || !master_at) {
+		free(pc);
+		free(master_at);
 		return LOOM_ERR_NOMEM;
+	}
 	int n = 0;
 	size_t state = 0, masters = 0;
 	for (int k = 0; k < bk->n; k++) {
@@ -53,7 +61,7 @@ static loom_status make_pieces(loom_plan *pl)
 			if (s < 0)
 				continue;
 			ssz = loom_dtype_size(pl->params[s].state_dtype);
-			has_master |= pl->params[s].master != LOOM_NONE;
+			has_master |= pl->params[s].master != LOOM_NONE || z3;
 		}
 		for (int i = 0; i < pl->n_state; i++) {
 			base[i] = state;
@@ -61,6 +69,7 @@ static loom_status make_pieces(loom_plan *pl)
 		}
 		/* O2: the bucket's shard of fp32 masters (laid after all the
 		 * state below). */
+		master_at[k] = mbase;
 		if (has_master)
 			masters += align64((size_t)shard * sizeof(float));
 		for (int j = b->first; j < b->first + b->n; j++) {
@@ -71,26 +80,33 @@ static loom_status make_pieces(loom_plan *pl)
 			int64_t a = e0 > lo ? e0 : lo, z = e1 < hi ? e1 : hi;
 			if (a >= z)
 				continue;
+			int half = pl->params[s].master != LOOM_NONE;
 			pc[n++] = (loom_optim_piece){
 				.slot = s,
 				.off = a - e0,
 				.n = z - a,
 				.state_off = { base[0] + (size_t)(a - lo) * ssz,
 					       base[1] + (size_t)(a - lo) * ssz },
-				.pack = 1,
-				.pack_off = b->base + (size_t)a * dsz,
-				.shard_master = pl->params[s].master != LOOM_NONE,
+				.pack = !z3 || half,
+				.pack_off = (z3 ? loom_zero3_half_at(pl, k) + (size_t)(a - lo) * dsz :
+						  b->base + (size_t)a * dsz),
+				.shard_master = half || z3,
 				.master_off = mbase + (size_t)(a - lo) * sizeof(float),
 			};
 		}
 	}
 	for (int i = 0; i < n; i++)
 		pc[i].master_off += state;
+	for (int k = 0; k < bk->n; k++)
+		master_at[k] += state;
 	free(pl->pieces);
 	pl->pieces = pc;
 	pl->n_pieces = n;
 	pl->state_bytes = state;
 	pl->master_shard_bytes = pl->master_bytes = masters;
+	if (z3)
+		loom_zero3_sources(pl, master_at, state + masters);
+	free(master_at);
 	return LOOM_OK;
 }
 
@@ -135,15 +151,8 @@ static loom_status rewrite_steps(loom_plan *pl)
 loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, size_t errlen)
 {
 	loom_status st;
-	if (pl->zero == 3) {
-		snprintf(err, errlen,
-			 "zero 3: sharded parameters (gathered per layer before its forward and "
-			 "backward) are not built yet; compile with zero_stage 2 (sharded "
-			 "gradients, optimizer state and masters) or 1");
-		return LOOM_ERR_UNSUPPORTED;
-	}
-	if (pl->zero != 1 && pl->zero != 2) {
-		snprintf(err, errlen, "zero: stage %d is not one loom has (0, 1 or 2)", pl->zero);
+	if (pl->zero < 1 || pl->zero > 3) {
+		snprintf(err, errlen, "zero: stage %d is not one loom has (0, 1, 2 or 3)", pl->zero);
 		return LOOM_ERR_INVALID;
 	}
 	/* Nothing to shard: one rank, or no optimizer. */
@@ -164,11 +173,22 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 			 be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	/* ZeRO-3's parameters are gathered by the steps of its own pass, which
+	 * must have run (engine/passes.c: 'zero3 gathers'). */
+	if (pl->zero == 3 && pl->n_gathers == 0) {
+		snprintf(err, errlen, "zero 3: no parameter gathers were planned (the compile "
+			 "pass 'zero3 gathers' did not run)");
+		return LOOM_ERR_STATE;
+	}
 	if ((st = make_pieces(pl)) != LOOM_OK ||
-	    (st = pl->zero == 2 ? loom_zero2_steps(pl) : rewrite_steps(pl)) != LOOM_OK) {
-		snprintf(err, errlen, "zero %d: out of memory", pl->zero);
+	    (st = pl->zero >= 2 ? loom_zero2_steps(pl) : rewrite_steps(pl)) != LOOM_OK ||
+	    (pl->zero == 3 && (st = loom_zero3_steps(pl)) != LOOM_OK)) {
+		snprintf(err, errlen, st == LOOM_ERR_NOMEM ? "zero %d: out of memory" :
+			 "zero %d: a gather no step reads (a bug in parallel/zero3.c)", pl->zero);
 		return st;
 	}
+	if (pl->zero == 3)
+		pl->gathered_peak = loom_zero3_gathered_peak(pl);
 	return LOOM_OK;
 }
 
@@ -187,10 +207,25 @@ static int64_t member_at(const loom_plan *pl, int s, int *bucket)
 	return -1;
 }
 
-/* Where piece pc's buffer k (k < 0: its O2 master) lies: element pc->off's. */
+/* Where piece pc's buffer k lies (k -1: its f32 master shard; -2: ZeRO-3's
+ * packed half parameter shard): element pc->off's. */
 static unsigned char *piece_buf(loom_program *p, const loom_optim_piece *pc, int k)
 {
+	if (k == -2)
+		return p->arena.bucket + pc->pack_off;
 	return p->arena.state + (k >= 0 ? pc->state_off[k] : pc->master_off);
+}
+
+/* The element size of slot s's buffer k (as piece_buf). */
+static size_t buf_esz(const loom_plan *pl, int s, int k)
+{
+	const loom_param_slot *sl = &pl->params[s];
+	if (k == -2)
+		return loom_dtype_size(pl->g->nodes[sl->param].dtype);
+	if (k == -1)
+		return sl->master != LOOM_NONE ? loom_dtype_size(pl->g->nodes[sl->master].dtype) :
+						 sizeof(float);
+	return loom_dtype_size(sl->state_dtype);
 }
 
 /*
@@ -203,8 +238,7 @@ loom_status loom_zero_gather(loom_program *p, int s, int k, void *dst)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_param_slot *sl = &pl->params[s];
-	size_t esz = k < 0 ? loom_dtype_size(pl->g->nodes[sl->master].dtype) :
-			     loom_dtype_size(sl->state_dtype);
+	size_t esz = buf_esz(pl, s, k);
 	int b = -1;
 	int64_t e0 = member_at(pl, s, &b);
 	if (e0 < 0)
@@ -247,12 +281,11 @@ out:
 loom_status loom_zero_scatter(loom_program *p, int s, int k, const void *src)
 {
 	const loom_plan *pl = &p->plan;
-	const loom_param_slot *sl = &pl->params[s];
-	size_t esz = k < 0 ? sizeof(float) : loom_dtype_size(sl->state_dtype);
+	size_t esz = buf_esz(pl, s, k);
 	const unsigned char *from = src;
 	for (int i = 0; i < pl->n_pieces; i++) {
 		const loom_optim_piece *pc = &pl->pieces[i];
-		if (pc->slot != s || (k < 0 && !pc->shard_master))
+		if (pc->slot != s || (k == -1 && !pc->shard_master) || (k == -2 && !pc->pack))
 			continue;
 		loom_status st = loom_program_upload(p, piece_buf(p, pc, k),
 						     from + (size_t)pc->off * esz, (size_t)pc->n * esz);
@@ -273,9 +306,32 @@ int loom_zero_master_slot(const loom_program *p, loom_value v)
 	return -1;
 }
 
+/* Rank 0's initial value of v (drawn as loom_init_value draws it) to every
+ * rank, each keeping its pieces of slot s's buffer k. */
+static loom_status start_one(loom_program *p, loom_comm *host, loom_value v, int s, int k)
+{
+	const loom_plan *pl = &p->plan;
+	size_t bytes = (size_t)pl->params[s].numel * loom_dtype_size(pl->g->nodes[v].dtype);
+	loom_status st;
+	void *m = malloc(bytes ? bytes : 1);
+	if (!m)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory for '%s'",
+					 pl->g->nodes[v].name);
+	loom_init_value(pl->g, v, m);
+	if (!host || (st = loom_comm_broadcast(host, m, bytes, 0)) != LOOM_OK)
+		st = loom_program_fail(p, host ? st : LOOM_ERR_UNSUPPORTED,
+				       "zero: broadcast of rank 0's '%s': %s", pl->g->nodes[v].name,
+				       loom_pg_error(pl->opts.pg));
+	else
+		st = loom_zero_scatter(p, s, k, m);
+	free(m);
+	return st;
+}
+
 /* Rank 0's initial masters (drawn as loom_init_value draws them, in f32)
  * to every rank, each keeping its pieces: what the broadcast of whole
- * masters does for plain data parallelism. */
+ * masters does for plain data parallelism. ZeRO-3: the parameters too
+ * (O0/O1 into the f32 shards, O2 into the half ones). */
 loom_status loom_zero_start(loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
@@ -283,22 +339,49 @@ loom_status loom_zero_start(loom_program *p)
 	loom_status st = LOOM_OK;
 	for (int s = 0; s < pl->n_params && st == LOOM_OK; s++) {
 		const loom_param_slot *sl = &pl->params[s];
-		if (sl->master == LOOM_NONE || !pl->master_shard_bytes)
-			continue;
-		size_t bytes = (size_t)sl->numel * sizeof(float);
-		float *m = malloc(bytes ? bytes : 1);
-		if (!m)
-			return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory for masters");
-		loom_init_value(pl->g, sl->master, m);
-		if (!host || (st = loom_comm_broadcast(host, m, bytes, 0)) != LOOM_OK)
-			st = loom_program_fail(p, host ? st : LOOM_ERR_UNSUPPORTED,
-					       "zero: broadcast of rank 0's masters: %s",
-					       loom_pg_error(pl->opts.pg));
-		else
-			st = loom_zero_scatter(p, s, -1, m);
-		free(m);
+		if (sl->master != LOOM_NONE && pl->master_shard_bytes)
+			st = start_one(p, host, sl->master, s, -1);
+		if (st == LOOM_OK && pl->zero == 3)
+			st = start_one(p, host, sl->param, s, sl->master != LOOM_NONE ? -2 : -1);
 	}
 	return st;
+}
+
+int loom_zero_shard_of(const loom_program *p, loom_value v, int *k)
+{
+	const loom_plan *pl = &p->plan;
+	if (!pl->zero || v < 0 || v >= pl->g->n || !(pl->g->nodes[v].flags & LOOM_NODE_SHARDED))
+		return -1;
+	for (int s = 0; s < pl->n_params; s++) {
+		const loom_param_slot *sl = &pl->params[s];
+		if (sl->master == v && pl->master_shard_bytes) {
+			*k = -1;
+			return s;
+		}
+		if (sl->param == v && pl->zero == 3) {
+			*k = sl->master != LOOM_NONE ? -2 : -1;
+			return s;
+		}
+	}
+	return -1;
+}
+
+loom_status loom_zero_value_read(loom_program *p, loom_value v, void *dst)
+{
+	int k, s = loom_zero_shard_of(p, v, &k);
+	if (s < 0)
+		return loom_program_fail(p, LOOM_ERR_STATE, "zero: '%s' is not sharded",
+					 p->plan.g->nodes[v].name);
+	return loom_zero_gather(p, s, k, dst);
+}
+
+loom_status loom_zero_value_write(loom_program *p, loom_value v, const void *src)
+{
+	int k, s = loom_zero_shard_of(p, v, &k);
+	if (s < 0)
+		return loom_program_fail(p, LOOM_ERR_STATE, "zero: '%s' is not sharded",
+					 p->plan.g->nodes[v].name);
+	return loom_zero_scatter(p, s, k, src);
 }
 
 loom_status loom_master_write(loom_program *p, loom_value v, const float *src)

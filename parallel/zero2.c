@@ -238,7 +238,7 @@ loom_status loom_zero2_steps(loom_plan *pl)
 	int *at = malloc(sizeof(int) * (size_t)(nb ? nb : 1));
 	int *rel = malloc(sizeof(int) * (size_t)(nb ? nb : 1));
 	int *ord = NULL;
-	loom_step *st = malloc(sizeof(*st) * (size_t)(pl->n_steps + 5 * nb + 1));
+	loom_step *st = malloc(sizeof(*st) * (size_t)(pl->n_steps + 6 * nb + 1));
 	loom_status rc = LOOM_ERR_NOMEM;
 	if (!start || !at || !rel || !st)
 		goto out;
@@ -271,8 +271,16 @@ loom_status loom_zero2_steps(loom_plan *pl)
 				     pos[s.v] : -1;
 		if (at_pos >= 0 && at_pos < gn && wait_at[at_pos]) {
 			wait_at[at_pos] = 0;
-			st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
-					       .phase = s.phase, .v = LOOM_NONE, .index = -1 };
+			/* ZeRO-3: for the released buckets' reduce-scatters alone, so
+			 * that the parameter gathers in flight go on */
+			for (int k = 0; k < nb && pl->zero == 3; k++)
+				if (rel[k] == at_pos)
+					st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT,
+							       .stream = LOOM_STREAM_COMPUTE,
+							       .phase = s.phase, .v = LOOM_NONE, .index = k };
+			if (pl->zero != 3)
+				st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
+						       .phase = s.phase, .v = LOOM_NONE, .index = -1 };
 		}
 		if (s.kind == LOOM_STEP_COLLECTIVE && s.coll == LOOM_COLL_ALLREDUCE)
 			s.coll = LOOM_COLL_REDUCE_SCATTER;
@@ -295,7 +303,8 @@ loom_status loom_zero2_steps(loom_plan *pl)
 		grad_end = n;
 	if (pl->n_fwd_steps >= pl->n_steps)
 		fwd_end = n;
-	for (int q = nb - 1; q >= 0; q--) {
+	/* ZeRO-3: no gathers here; the next forward gathers each bucket */
+	for (int q = pl->zero == 3 ? -1 : nb - 1; q >= 0; q--) {
 		int k = ord[q];
 		st[n++] = (loom_step){ .kind = LOOM_STEP_COLLECTIVE, .stream = LOOM_STREAM_COMM,
 				       .phase = LOOM_PHASE_OPTIMIZER, .v = pl->buckets.b[k].node,

@@ -166,7 +166,7 @@ static void piece_chunks(void *arg, int64_t lo, int64_t hi)
 			load(sl->state_dtype, j->st1, k, n, s1);
 		update_chunk(j->o, j->lr, j->t, w, g, s0, s1, n, j->wd);
 		store(j->wdt, j->w_src, off + j->w_base, n, w);
-		if (j->master)
+		if (j->master && j->param)
 			store(j->pn->dtype, j->param, off, n, w);
 		if (j->pack)
 			store(j->pn->dtype, j->pack, k, n, w);
@@ -189,7 +189,9 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 	const loom_param_slot *sl = j.sl;
 	j.pn = &pl->g->nodes[sl->param];
 	j.gn = &pl->g->nodes[sl->grad];
-	j.param = loom_arena_ptr(a, pl, sl->param);
+	/* ZeRO-3: the parameter is its shards (the master's, or the packed
+	 * half copy), whole only while gathered. */
+	j.param = (j.pn->flags & LOOM_NODE_SHARDED) ? NULL : loom_arena_ptr(a, pl, sl->param);
 	j.grad = loom_arena_ptr(a, pl, sl->grad);
 	j.master = pc->shard_master ? a->state + pc->master_off :
 		   sl->master != LOOM_NONE ? loom_arena_ptr(a, pl, sl->master) : NULL;
@@ -208,9 +210,10 @@ static void update_piece(const loom_plan *pl, const loom_arena *a, const loom_tr
 
 static void pack_unchanged(const loom_plan *pl, const loom_arena *a, const loom_optim_piece *pc)
 {
-	if (!pc->pack)
-		return;
 	const loom_param_slot *sl = &pl->params[pc->slot];
+	/* ZeRO-3: the pack is the parameter's own shard, unchanged already */
+	if (!pc->pack || (pl->g->nodes[sl->param].flags & LOOM_NODE_SHARDED))
+		return;
 	size_t esz = loom_dtype_size(pl->g->nodes[sl->param].dtype);
 	memcpy(a->bucket + pc->pack_off,
 	       (const unsigned char *)loom_arena_ptr(a, pl, sl->param) + (size_t)pc->off * esz,

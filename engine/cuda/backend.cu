@@ -863,7 +863,9 @@ static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 		const loom_param_slot *sl = &p->params[pc->slot];
 		size_t psz = loom_dtype_size(p->g->nodes[sl->param].dtype);
 		size_t gsz = loom_dtype_size(p->g->nodes[sl->grad].dtype);
-		slots[s].param = (unsigned char *)loom_arena_ptr(c->arena, p, sl->param) + pc->off * psz;
+		/* ZeRO-3: the parameter is its shards (whole only while gathered) */
+		slots[s].param = (p->g->nodes[sl->param].flags & LOOM_NODE_SHARDED) ? NULL :
+				 (unsigned char *)loom_arena_ptr(c->arena, p, sl->param) + pc->off * psz;
 		slots[s].grad = (unsigned char *)loom_arena_ptr(c->arena, p, sl->grad) + pc->off * gsz;
 		slots[s].master = pc->shard_master ? (void *)(c->arena->state + pc->master_off) :
 				  sl->master != LOOM_NONE ?

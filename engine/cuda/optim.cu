@@ -126,7 +126,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 			int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
 			if (end > sl.numel)
 				end = sl.numel;
-			for (int64_t i = chunks[ci].off + threadIdx.x; sl.pack && i < end;
+			for (int64_t i = chunks[ci].off + threadIdx.x; sl.pack && sl.param && i < end;
 			     i += blockDim.x)
 				loom_st(sl.pack, sl.param_dt, i, loom_ld(sl.param, sl.param_dt, i));
 		}
@@ -174,7 +174,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				loom_st(sl.st1, sl.state_dt, i, (float)s1);
 			}
 			loom_st(wp, wdt, i, (float)w);
-			if (sl.master)
+			if (sl.master && sl.param) /* ZeRO-3: no whole parameter */
 				loom_st(sl.param, sl.param_dt, i, (float)w);
 			if (sl.pack)
 				loom_st(sl.pack, sl.param_dt, i, (float)w);

@@ -222,6 +222,7 @@ static int ckpt(loom_pg *pg, const char *what, const char *path, int k)
 /* The conv model compiled for plain data parallelism or ZeRO-1 (zero), with
  * SGD (momentum 0.9) or AdamW. */
 static int zero_bucket_small;
+static int zero_prefetch; /* loom_compile_opts.zero_prefetch (ZeRO-3) */
 
 static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level level, int adamw,
 				int zero, double clip)
@@ -242,6 +243,7 @@ static loom_status compile_zero(worker_model *m, loom_pg *pg, loom_opt_level lev
 		o.first_bucket_mb = 0.00025;
 	}
 	o.zero_stage = zero;
+	o.zero_prefetch = zero_prefetch;
 	return loom_compile(m->g, m->loss, &o, &m->p);
 }
 
@@ -257,6 +259,10 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip, int s
 {
 	worker_model d = { 0 }, z = { 0 };
 	loom_status st;
+	char sname[8] = "";
+	zero_bucket_small = stage >= 2;
+	if (stage >= 2)
+		snprintf(sname, sizeof(sname), " %d", stage);
 	build(&d, 4, 1);
 	build(&z, 4, 1);
 	if ((st = compile_zero(&d, pg, level_of(lv), adamw, 0, clip)))
@@ -299,7 +305,7 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip, int s
 			 loom_step_count(z.p) == loom_step_count(d.p);
 		printf("rank %d: %s zero%s clip %s %s world %d steps %lld: %s to plain (max relative "
 		       "difference %.3g), norms within %.3g, %d of 20 steps clipped\n",
-		       rank, ok ? "OK" : "WRONG", stage == 2 ? " 2" : "", lv, adamw ? "adamw" : "sgd", world,
+		       rank, ok ? "OK" : "WRONG", sname, lv, adamw ? "adamw" : "sgd", world,
 		       (long long)loom_step_count(z.p), exact ? "bit-identical" : "within 1e-6",
 		       worst, norm_diff, clipped);
 		loom_program_free(d.p);
@@ -320,7 +326,12 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip, int s
 	/* Stage 2: the gradients this rank holds (its bucket region) below
 	 * plain's whole ones, and at least its shard of them. */
 	long saved = 0;
-	if (stage == 2) {
+	if (stage == 3) {
+		/* Stage 3: the parameters this rank stores are its shards (the
+		 * gathered buckets are activations, planned). */
+		shard &= b.param_bytes * world <= a.param_bytes + 64 * 16 * world &&
+			 b.param_bytes < a.param_bytes && b.grad_bytes * world >= a.grad_bytes;
+	} else if (stage == 2) {
 		/* Stage 2's plan is stage 1's but for the bucket region: the
 		 * arena smaller by what the reused buckets save. */
 		worker_model one = { 0 };
@@ -337,13 +348,13 @@ static int zero_equal(loom_pg *pg, const char *lv, int adamw, double clip, int s
 	}
 	printf("rank %d: %s zero%s%s %s %s world %d steps %lld: %s to plain (max relative difference "
 	       "%.3g), optimizer state %zu of %zu bytes, masters %zu of %zu bytes, gradients %zu "
-	       "of %zu bytes (%ld fewer than ZeRO-1's buckets)\n",
-	       rank, exact && moved && shard ? "OK" : "WRONG", stage == 2 ? " 2" : "",
+	       "of %zu bytes (%ld fewer than ZeRO-1's buckets), parameters %zu of %zu bytes\n",
+	       rank, exact && moved && shard ? "OK" : "WRONG", sname,
 	       accum > 1 ? " accum" : "", lv,
 	       adamw ? "adamw" : "sgd", world, (long long)loom_step_count(z.p),
 	       exact ? "bit-identical" : "DIFFERENT", worst, b.optim_state_bytes,
 	       a.optim_state_bytes, b.master_bytes, a.master_bytes, b.grad_bytes, a.grad_bytes,
-	       saved);
+	       saved, b.param_bytes, a.param_bytes);
 	return worker_free(exact && moved && shard ? 0 : 1, &d, &z);
 }
 
@@ -754,8 +765,10 @@ int main(int argc, char **argv)
 	else if (strcmp(s, "zero") == 0 && argc > 3)
 		rc = zero_equal(pg, argv[2], strcmp(argv[3], "adamw") == 0,
 				argc > 4 ? atof(argv[4]) : 0,
-				(zero_bucket_small = argc > 5 && atoi(argv[5]) == 2) ? 2 : 1,
+				argc > 5 && atoi(argv[5]) > 1 ? atoi(argv[5]) : 1,
 				argc > 6 ? atoi(argv[6]) : 1);
+	else if (strcmp(s, "zero3pf") == 0 && argc > 2) /* zero3pf N: O2 adamw, prefetch N */
+		rc = (zero_prefetch = atoi(argv[2]), zero_equal(pg, "O2", 1, 0, 3, 1));
 	else if (strcmp(s, "zsave") == 0 && argc > 4)
 		rc = zckpt(pg, s, argv[2], atoi(argv[3]), atoi(argv[4]));
 	else if (strcmp(s, "zload") == 0 && argc > 3)
