@@ -2576,9 +2576,10 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 	const loom_backend *cuda = plugin() ? plugin()->backend() : NULL;
 	for (int op = 0; op < LOOM_OP_COUNT; op++) {
 		const char *name = loom_op_defs[op]->name;
-		/* A bucket's all-reduce is a collective step of the executor
-		 * (engine/exec.c), never a backend's node entry. */
-		if (op == LOOM_OP_ALLREDUCE) {
+		/* A bucket's all-reduce, and ZeRO-3's gather, are collective
+		 * steps of the executor (engine/exec.c), never a backend's node
+		 * entry. */
+		if (op == LOOM_OP_ALLREDUCE || op == LOOM_OP_ALLGATHER) {
 			cr_expect(!loom_cpu_backend.supports_op(NULL, (loom_op)op));
 			continue;
 		}
