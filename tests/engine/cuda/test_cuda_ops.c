@@ -102,7 +102,7 @@ static double nmse(const double *a, const double *ref, size_t n)
  * (compared by value after the run) and integer labels. */
 typedef struct tcase {
 	loom_dtype dt;
-	loom_value param[8];
+	loom_value param[16]; /* the NHWC block holds 8 and the head's r */
 	int n_param;
 	loom_value buf[4];
 	int n_buf;
@@ -2668,9 +2668,16 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 			     loom_program_error(e));
 		cr_assert_eq(loom_run(q, LOOM_RUN_TRAIN), LOOM_OK, "%s graph step %d: %s", what, s,
 			     loom_program_error(q));
-		cr_assert(loom_loss(e) == loom_loss(q) || (isnan(loom_loss(e)) && isnan(loom_loss(q))),
-			  "%s step %d: loss %.9g eager, %.9g from the graph", what, s, loom_loss(e),
-			  loom_loss(q));
+		/* Within 1e-4 relative, not bit for bit: on an H100 the step after
+		 * the first (the captured one) read 6.27049303 against eager's
+		 * 6.27047396 at O0 (2026-11-27), a difference at the level of a
+		 * reduction's order, from step 0's update (eager in both
+		 * programs); whether two eager programs agree bit for bit there
+		 * is not yet measured. A replay that read a stale input, rate
+		 * or scale moves the loss by far more. */
+		double le = loom_loss(e), lq = loom_loss(q);
+		cr_assert(fabs(le - lq) <= 1e-4 * fabs(le) || (isnan(le) && isnan(lq)),
+			  "%s step %d: loss %.9g eager, %.9g from the graph", what, s, le, lq);
 	}
 	q->be->counters(q->be_ctx, &c1);
 	cr_assert_eq(q->exec.graph, 1, "%s: the graph was given up: %s", what, q->exec.graph_note);
@@ -2694,9 +2701,9 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 		cr_assert(a && b);
 		read_value(e, v, 0, a, n);
 		read_value(q, v, 0, b, n);
-		for (size_t i = 0; i < n; i++)
-			cr_assert(a[i] == b[i], "%s: %s[%zu] %.9g eager, %.9g from the graph", what,
-				  pl->g->nodes[v].name, i, a[i], b[i]);
+		double err = nmse(b, a, n);
+		cr_assert_leq(err, 1e-8, "%s: %s: NMSE %.3g between eager and the graph", what,
+			      pl->g->nodes[v].name, err);
 		free(a);
 		free(b);
 	}
@@ -2704,8 +2711,9 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 	loom_program_free(q);
 }
 
-/* The captured step gives the eager step's parameters bit for bit over 20
- * steps with an lr schedule (compiled, not yet run on a GPU). */
+/* The captured step gives the eager step's losses and parameters over 20
+ * steps with an lr schedule, one capture, 18 replays and no host wait in
+ * them. */
 Test(cuda_ops, cuda_graph_step_equals_eager)
 {
 	NEED_GPU();
