@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+b=.gpu-bundle/bin; o=$1; mkdir -p $o; d=.gpu-bundle/data
+r() { local n=$1; shift; local t0=$(date +%s); timeout -k 3 ${LIM:-60} "$@" > $o/$n.log 2>&1; local rc=$?; echo "== $n rc=$rc $(( $(date +%s) - t0 ))s: $(grep -aE 'total: .*img/s|^step +20/20|^step +12/12|Synthesis|SUMMARY|accuracy|tok/s' $o/$n.log | tail -1 | cut -c1-150)"; }
+LIM=120 r test_cuda_ops env LOOM_REQUIRE_GPU=1 $b/test_cuda_ops --verbose
+grep -a "FAIL\|Assertion\|^\[----\]   [a-z]" $o/test_cuda_ops.log | grep -v "^\[----\]   $" | head -30
+R="--device cuda --batch-size 64 --steps 10 --warmup 2"
+r r50_O2 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nograph $b/resnet50_synthetic $R --opt-level O2 --no-cuda-graph
+r r50_O1bf16 $b/resnet50_synthetic $R --opt-level O1 --precision bf16
+r r50_fp32 $b/resnet50_synthetic $R
+G="--device cuda --data $d/fortunes.txt --preset gpt2 --precision bf16 --batch-size 8 --max-steps 20 --log-interval 5 --val-interval 0 --sample 0"
+r gpt_O1 $b/gpt_ddp $G --opt-level O1
+r gpt_O1_nograph $b/gpt_ddp $G --opt-level O1 --no-cuda-graph
+r gpt_O2 $b/gpt_ddp $G --opt-level O2
+r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .gpu-bundle/llmc/train.bin -j .gpu-bundle/llmc/val.bin
+r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
+r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
+grep -a "^| O" $o/convnet.log $o/convnet_nograph.log | cut -c1-140
+r mnist_O0 $b/mnist_ddp --device cuda --data $d --epochs 1 --log-interval 200
+r mnist_O2 $b/mnist_ddp --device cuda --data $d --epochs 1 --opt-level O2 --log-interval 200
+r gpt_small_O1 $b/gpt_ddp --device cuda --data $d/fortunes.txt --opt-level O1 --precision bf16 --max-steps 300 --log-interval 100 --val-interval 100 --sample 100
+r trace_r50_nhwc env LOOM_CUDA_NHWC=half $b/resnet50_synthetic --device cuda --batch-size 64 --steps 3 --warmup 1 --opt-level O2 --trace $o/r50_nhwc.json --trace-steps 1
+r trace_gpt_O2 $b/gpt_ddp $G --opt-level O2 --max-steps 4 --trace $o/gpt_O2.json --trace-steps 1
+LIM=110 r memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 $b/test_cuda_ops --verbose
+grep -a "ERROR SUMMARY\|Synthesis" $o/memcheck.log
+LIM=40 r racecheck_cls compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/fused_classifier'
+LIM=40 r racecheck_ln compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_saved_statistics'
