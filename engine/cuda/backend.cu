@@ -608,6 +608,23 @@ static int relu_bwd_fusable(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 	return 1;
 }
 
+/* Each node's first step in p (-1: none), malloc'ed for the caller to
+ * free; NULL: out of memory. */
+static int *first_steps(const loom_plan *p)
+{
+	const loom_graph *g = p->g;
+	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	if (!step_of)
+		return NULL;
+	for (loom_value v = 0; v < g->n; v++)
+		step_of[v] = -1;
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
+		    step_of[p->steps[i].v] < 0)
+			step_of[p->steps[i].v] = i;
+	return step_of;
+}
+
 /* The relu backwards the split batch-norm backward takes over
  * (LOOM_CUDA_BN_RELU_BWD): ResNet's bn -> relu pairs, whose forward
  * graph/fuse.c already fused. */
@@ -616,15 +633,9 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 	const loom_graph *g = p->g;
 	if (!c->bn_relu_bwd || !c->bn_split || p->pipe)
 		return LOOM_OK;
-	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	int *step_of = first_steps(p);
 	if (!step_of)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	for (loom_value v = 0; v < g->n; v++)
-		step_of[v] = -1;
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
-		    step_of[p->steps[i].v] < 0)
-			step_of[p->steps[i].v] = i;
 	for (loom_value b = 0; b < g->n; b++) {
 		const loom_node *bn = &g->nodes[b];
 		if (bn->op != LOOM_OP_BN_BWD_DATA || bn->a.bn.sync ||
@@ -710,15 +721,9 @@ static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_
 	const loom_graph *g = p->g;
 	if (!c->bn_add || p->pipe)
 		return LOOM_OK;
-	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	int *step_of = first_steps(p);
 	if (!step_of)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	for (loom_value v = 0; v < g->n; v++)
-		step_of[v] = -1;
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
-		    step_of[p->steps[i].v] < 0)
-			step_of[p->steps[i].v] = i;
 	for (loom_value a = 0; a < g->n; a++) {
 		const loom_node *an = &g->nodes[a];
 		if (an->op != LOOM_OP_ADD || !an->a.ew.relu || an->nsrc != 2 ||
