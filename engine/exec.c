@@ -5,8 +5,8 @@
  * per-node overflow diagnosis, the collectives in flight per bucket (started
  * on the communication stream after the compute stream's work so far, moved
  * along between nodes where the host drives them, waited for by the WAIT
- * step), ZeRO's shard-wide overflow verdict and gradient norm, and the
- * trace's spans, read from the backend's timers once the run has been
+ * step), the verdict and norm across ranks that each hold some gradients
+ * (through p->shards, which a strategy's pass sets), and the trace's spans, read from the backend's timers once the run has been
  * synchronised.
  */
 #include <math.h>
@@ -100,7 +100,7 @@ loom_status loom_exec_trace_flush(loom_program *p)
 
 /* ------------------------------------------------------------ collectives */
 
-/* Collectives the executor tracks: one per bucket, then ZeRO-3's gathers. */
+/* Collectives the executor tracks: one per bucket, then the plan's gathers. */
 static int n_colls(const loom_plan *pl)
 {
 	return pl->buckets.n + pl->n_gathers;
@@ -174,7 +174,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	const loom_bucket *b = &pl->buckets.b[gt ? gt->bucket : k];
 	void *buf = p->arena.bucket + b->base;
 	size_t shard = (size_t)b->count / (size_t)pl->world;
-	/* ZeRO-3: this rank's shard into its place in the gathered value. */
+	/* A gather: this rank's shard into its place in the gathered value. */
 	if (gt) {
 		buf = loom_arena_ptr(&p->arena, pl, gt->v);
 		st = p->be->copy(p->be_ctx, (unsigned char *)buf + shard * (size_t)pl->rank *
@@ -366,88 +366,26 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 	return LOOM_OK;
 }
 
-/* ZeRO: every rank checked its shard; a step is skipped everywhere when
- * any shard overflowed. */
-static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finite)
-{
-	const loom_plan *pl = &p->plan;
-	int mine = 1;
-	loom_status st;
-	/* On the device: the flag summed over the ranks in the compute
-	 * stream's order (an NCCL all-reduce of one value), no host wait. */
-	if (p->exec.device_wait && p->be->grads_finite_device && pl->zero && !pl->pipe) {
-		void *flag = NULL;
-		if ((st = p->be->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
-						     &flag)) != LOOM_OK)
-			return be_fail(p, st);
-		if ((st = loom_comm_allreduce_ordered(pl->comm, flag, 1, LOOM_I32,
-						      p->be->stream_handle(p->be_ctx,
-									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
-			return comm_fail(p, st);
-		*finite = LOOM_FINITE_ON_DEVICE;
-		return LOOM_OK;
-	}
-	if (!p->be->grads_finite)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "zero: the %s backend cannot check a shard", p->be->name);
-	if ((st = p->be->grads_finite(p->be_ctx, pl, &p->arena, s->first, s->last, &mine)) != LOOM_OK)
-		return be_fail(p, st);
-	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
-	float bad = mine ? 0.0f : 1.0f;
-	if (!host || (st = loom_comm_allreduce(host, &bad, 1, LOOM_F32)) != LOOM_OK)
-		return comm_fail(p, host ? st : LOOM_ERR_UNSUPPORTED);
-	*finite = bad == 0.0f;
-	return LOOM_OK;
-}
-
-/* ZeRO with clipping: every rank's sum of squares over its shard, gathered
- * and added in rank order, so that every rank clips by the same global
- * norm (ts->grad_norm, which the optimizer then reads). */
-static loom_status shard_norm(loom_program *p, const loom_step *s)
-{
-	const loom_plan *pl = &p->plan;
-	double mine = 0, *all = NULL, sum = 0;
-	loom_status st;
-	if (!p->be->grad_sumsq)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "zero: the %s backend cannot take a shard's gradient norm",
-					 p->be->name);
-	if ((st = p->be->grad_sumsq(p->be_ctx, pl, &p->arena, &p->ts, s->first, s->last, &mine)) !=
-	    LOOM_OK)
-		return be_fail(p, st);
-	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
-	if (!(all = malloc(sizeof(double) * (size_t)pl->world)))
-		return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory");
-	if (!host || (st = loom_comm_allgather(host, &mine, sizeof(mine), all)) != LOOM_OK) {
-		free(all);
-		return comm_fail(p, host ? st : LOOM_ERR_UNSUPPORTED);
-	}
-	for (int r = 0; r < pl->world; r++)
-		sum += all[r];
-	free(all);
-	p->ts.grad_norm = sqrt(sum);
-	return LOOM_OK;
-}
-
 static loom_status exec_optim(loom_program *p, const loom_step *s)
 {
 	int finite = -1;
 	loom_status st;
-	/* ZeRO's shards, and the ranks of a strategy that moves values
-	 * between them as steps (a transport: stages), each hold some gradients. */
-	if ((p->plan.zero || p->transport) && p->plan.scaling &&
-	    (st = shard_verdict(p, s, &finite)) != LOOM_OK)
+	/* Ranks that each hold some of the gradients (p->shards, set by the
+	 * strategy's pass): the verdict and the norm across them. */
+	const loom_shards *sh = p->shards;
+	if (sh && p->plan.scaling && (st = sh->verdict(p, s, &finite)) != LOOM_OK)
 		return st;
-	/* A skipped step (an overflow on any shard) takes no norm; with the
+	/* A skipped step (an overflow on any rank) takes no norm; with the
 	 * verdict on the device, the norm is taken whatever it says (the
 	 * update then ignores it on a skipped step). */
-	if (p->plan.zero && p->plan.opts.optim.clip_grad > 0 && finite != 0 && (st = shard_norm(p, s)) != LOOM_OK)
+	if (sh && sh->norm && p->plan.opts.optim.clip_grad > 0 && finite != 0 &&
+	    (st = sh->norm(p, s)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
 	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
 }
 
-/* ZeRO: bucket k holds every rank's updated parameters, gathered: each
+/* A COPY step: bucket k holds every rank's updated parameters, gathered: each
  * into its parameter. */
 static loom_status exec_copy(loom_program *p, const loom_step *s)
 {
@@ -479,7 +417,7 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 	case LOOM_STEP_ACCUM:
 		return exec_accum(p, s, flags);
 	case LOOM_STEP_COLLECTIVE:
-		/* Gradient accumulation (DDP's no_sync): nothing is sent; ZeRO-3's
+		/* Gradient accumulation (no_sync): nothing is sent; the plan's
 		 * gathers still bring the parameters. */
 		return (flags & LOOM_EXEC_ACCUMULATE) && s->index < p->plan.buckets.n ? LOOM_OK :
 										       coll_start(p, s);
@@ -516,18 +454,17 @@ static int graph_allowed(const loom_program *p, char *why, size_t len)
 		return snprintf(why, len, "off (--no-cuda-graph)"), 0;
 	if (e && !strcmp(e, "0"))
 		return snprintf(why, len, "off (LOOM_CUDA_GRAPH=0)"), 0;
-	if (pl->pipe)
-		return snprintf(why, len, "pipeline stages move micro-batches through the host"), 0;
+	if (p->transport)
+		return snprintf(why, len, "%s", p->transport->no_graph), 0;
 	if (p->ts.trace)
 		return snprintf(why, len, "the trace reads a timer around every node"), 0;
 	if (pl->world > 1)
 		return snprintf(why, len,
 				"data parallel over %d ranks: the watchdog does not see inside a "
 				"replayed step yet", pl->world), 0;
-	if (pl->zero && pl->opts.optim.clip_grad > 0)
-		return snprintf(why, len, "ZeRO's gradient norm crosses the host"), 0;
-	if (pl->zero && pl->scaling && !p->be->grads_finite_device)
-		return snprintf(why, len, "ZeRO's overflow verdict crosses the host"), 0;
+	const char *w = p->shards && p->shards->no_graph ? p->shards->no_graph(p) : NULL;
+	if (w)
+		return snprintf(why, len, "%s", w), 0;
 	return 1;
 }
 

@@ -67,7 +67,28 @@ typedef struct loom_transport {
 	loom_status (*finish)(loom_program *p);
 	/* After a failure: waits for what is posted and drops its data. */
 	void (*drop)(loom_program *p);
+	/* Why a step that moves values this way cannot run as one captured
+	 * graph (said once at the first run). */
+	const char *no_graph;
 } loom_transport;
+
+/*
+ * A strategy whose ranks each hold part of the gradients (ZeRO's shards,
+ * a pipeline's stages): what the optimizer step needs from all of them,
+ * set by its pass (parallel/passes.c). The executor calls it and names no
+ * strategy.
+ */
+typedef struct loom_shards {
+	/* Before the optimizer, under loss scaling: the overflow verdict over
+	 * every rank's gradients (*finite 1 or 0, or LOOM_FINITE_ON_DEVICE). */
+	loom_status (*verdict)(loom_program *p, const loom_step *s, int *finite);
+	/* With clipping: the global gradient norm into p->ts.grad_norm; NULL:
+	 * the backend's own norm is global already. */
+	loom_status (*norm)(loom_program *p, const loom_step *s);
+	/* Why the step cannot run as one captured graph (const loom_program *),
+	 * or NULL. */
+	const char *(*no_graph)(const loom_program *p);
+} loom_shards;
 
 struct loom_program {
 	loom_plan plan;
@@ -78,6 +99,7 @@ struct loom_program {
 			   * addresses (the backend reads this one) */
 	loom_exec exec;
 	const loom_transport *transport; /* or NULL */
+	const loom_shards *shards;       /* or NULL */
 	int ready;        /* compiled; a failed compile's handle only explains */
 	/* Bytes a strategy allocates beyond the arena, in the planned peak (a
 	 * pipeline's accumulation sums of several micro-batches). */

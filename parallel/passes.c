@@ -9,6 +9,7 @@
 #include "parallel/parallel.h"
 #include "parallel/passes.h"
 #include "parallel/pipeline.h"
+#include "parallel/shards.h"
 #include "engine/elem.h"
 
 static int staged(const loom_program *p)
@@ -54,6 +55,7 @@ static void pipeline_release(loom_program *p)
 	loom_pipeline_free(p->plan.pipe);
 	p->plan.pipe = NULL;
 	p->transport = NULL;
+	p->shards = NULL;
 }
 
 const loom_pass loom_pass_pipeline_cut = {
@@ -192,7 +194,10 @@ static loom_status zero_run(loom_program *p, loom_pass_ctx *c)
 	(void)c;
 	char msg[256];
 	loom_status st = loom_zero_plan(&p->plan, p->be, msg, sizeof(msg));
-	return st != LOOM_OK ? loom_program_fail(p, st, "%s", msg) : LOOM_OK;
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s", msg);
+	p->shards = &loom_zero_shards; /* the verdict and norm across the shards */
+	return LOOM_OK;
 }
 
 const loom_pass loom_pass_zero = { .name = "zero", .wanted = zero_wanted, .run = zero_run };

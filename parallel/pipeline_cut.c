@@ -16,6 +16,7 @@
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_internal.h"
+#include "parallel/shards.h"
 #include "engine/elem.h"
 #include "graph/ops/ops.h"
 
@@ -628,6 +629,7 @@ loom_status loom_pipeline_assign(loom_program *p, char *err, size_t errlen)
 		goto nomem;
 	pl->pipe = pp;
 	p->transport = &loom_pipe_transport;
+	p->shards = &loom_stage_shards; /* each stage holds its layers' gradients */
 	pp->stages = pl->opts.pipeline_stages;
 	pp->stage = in->rank % pp->stages;
 	pp->replicas = in->world / pp->stages;

@@ -738,4 +738,5 @@ const loom_transport loom_pipe_transport = {
 	.progress = pipe_progress,
 	.finish = pipe_finish,
 	.drop = pipe_drop,
+	.no_graph = "pipeline stages move micro-batches through the host",
 };

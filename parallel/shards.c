@@ -1,0 +1,107 @@
+/*
+ * parallel/shards.c — what the optimizer step needs from ranks that each
+ * hold some of the gradients: ZeRO's shards (stages 1-3) and a pipeline's
+ * stages. The overflow verdict over all of them (on the device through one
+ * all-reduce where the backend can, else on the host), the global gradient
+ * norm under ZeRO with clipping, and why such a step is not captured as
+ * one graph. The executor reaches these through program->shards
+ * (engine/program_internal.h), which the passes set (passes.c).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "comm/comm.h"
+#include "parallel/shards.h"
+
+static loom_status comm_fail(loom_program *p, loom_status st)
+{
+	return loom_program_fail(p, st, "%s", loom_pg_error(p->plan.opts.pg));
+}
+
+/* ZeRO: every rank checked its shard; a step is skipped everywhere when
+ * any shard overflowed. */
+static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finite)
+{
+	const loom_plan *pl = &p->plan;
+	int mine = 1;
+	loom_status st;
+	/* On the device: the flag summed over the ranks in the compute
+	 * stream's order (an NCCL all-reduce of one value), no host wait. */
+	if (p->exec.device_wait && p->be->grads_finite_device && pl->zero && !pl->pipe) {
+		void *flag = NULL;
+		if ((st = p->be->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
+						     &flag)) != LOOM_OK)
+			return loom_program_backend_fail(p, st);
+		if ((st = loom_comm_allreduce_ordered(pl->comm, flag, 1, LOOM_I32,
+						      p->be->stream_handle(p->be_ctx,
+									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
+			return comm_fail(p, st);
+		*finite = LOOM_FINITE_ON_DEVICE;
+		return LOOM_OK;
+	}
+	if (!p->be->grads_finite)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "zero: the %s backend cannot check a shard", p->be->name);
+	if ((st = p->be->grads_finite(p->be_ctx, pl, &p->arena, s->first, s->last, &mine)) != LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	float bad = mine ? 0.0f : 1.0f;
+	if (!host || (st = loom_comm_allreduce(host, &bad, 1, LOOM_F32)) != LOOM_OK)
+		return comm_fail(p, host ? st : LOOM_ERR_UNSUPPORTED);
+	*finite = bad == 0.0f;
+	return LOOM_OK;
+}
+
+/* ZeRO with clipping: every rank's sum of squares over its shard, gathered
+ * and added in rank order, so that every rank clips by the same global
+ * norm (ts->grad_norm, which the optimizer then reads). */
+static loom_status shard_norm(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	double mine = 0, *all = NULL, sum = 0;
+	loom_status st;
+	if (!p->be->grad_sumsq)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "zero: the %s backend cannot take a shard's gradient norm",
+					 p->be->name);
+	if ((st = p->be->grad_sumsq(p->be_ctx, pl, &p->arena, &p->ts, s->first, s->last, &mine)) !=
+	    LOOM_OK)
+		return loom_program_backend_fail(p, st);
+	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
+	if (!(all = malloc(sizeof(double) * (size_t)pl->world)))
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory");
+	if (!host || (st = loom_comm_allgather(host, &mine, sizeof(mine), all)) != LOOM_OK) {
+		free(all);
+		return comm_fail(p, host ? st : LOOM_ERR_UNSUPPORTED);
+	}
+	for (int r = 0; r < pl->world; r++)
+		sum += all[r];
+	free(all);
+	p->ts.grad_norm = sqrt(sum);
+	return LOOM_OK;
+}
+
+/* ZeRO's norm and verdict cross the host unless the backend checks on the
+ * device; a captured graph cannot wait on the host. */
+static const char *zero_no_graph(const loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	if (pl->opts.optim.clip_grad > 0)
+		return "ZeRO's gradient norm crosses the host";
+	if (pl->scaling && !p->be->grads_finite_device)
+		return "ZeRO's overflow verdict crosses the host";
+	return NULL;
+}
+
+const loom_shards loom_zero_shards = {
+	.verdict = shard_verdict,
+	.norm = shard_norm,
+	.no_graph = zero_no_graph,
+};
+
+/* A pipeline's stages: each holds its layers' gradients whole, so the norm
+ * is the backend's; the verdict crosses them. */
+const loom_shards loom_stage_shards = {
+	.verdict = shard_verdict,
+};
