@@ -201,4 +201,18 @@ static inline int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
 /* Bytes of one thread's conv scratch slot for element size elem (conv.c). */
 size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem);
 
+/* A row norm's f32 backward row kernels (layer norm, RMS norm) and their
+ * bf16 storage around them (norm_bf16.c); 0: c past LOOM_CPU_BF16_ROWS. */
+typedef void (*loom_cpu_norm_bwd_data_f32)(int64_t rows, int c, const float *x,
+					   const float *gamma, const float *dy, double eps,
+					   float *dx);
+typedef void (*loom_cpu_norm_gamma_rows_f32)(int64_t rows, int c, const float *x,
+					     const float *dy, double eps, double *acc);
+int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
+				const void *x, const void *gamma, const void *dy, double eps,
+				void *dx, unsigned half);
+int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t rows, int c,
+				 const void *x, const void *dy, double eps, void *dgamma,
+				 double *ws, unsigned half);
+
 #endif /* LOOM_ENGINE_CPU_INTERNAL_H */

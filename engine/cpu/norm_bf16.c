@@ -1,0 +1,77 @@
+/*
+ * engine/cpu/norm_bf16.c — the bf16 storage of a row norm's two backward
+ * ops (layer norm, RMS norm), around the family's f32 row kernel: blocks of
+ * LOOM_CPU_BF16_ROWS widened elements per thread for the data gradient;
+ * for gamma's, the f32 kernel's threads, row ranges and ordered sum of the
+ * per-thread slots (so bf16 and f32 give the same sums), each thread's
+ * rows widened a block at a time.
+ */
+#include <string.h>
+
+#include "base/half.h"
+#include "engine/cpu/cpu_internal.h"
+
+#define ROWS LOOM_CPU_BF16_ROWS
+
+int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
+				const void *x, const void *gamma, const void *dy, double eps,
+				void *dx, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), gb[ROWS] __attribute__((aligned(64)));
+		float db[ROWS] __attribute__((aligned(64))), ob[ROWS] __attribute__((aligned(64)));
+		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
+							   nr * c, xb);
+			const float *ds = loom_cpu_bf16_in(dy, half & LOOM_CPU_BF16_SRC(2), r0 * c,
+							   nr * c, db);
+			float *os = loom_cpu_bf16_out(dx, half & LOOM_CPU_BF16_OUT, r0 * c, ob);
+			kernel(nr, c, xs, g, ds, eps, os);
+			loom_cpu_bf16_done(dx, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, os);
+		}
+	}
+	return 1;
+}
+
+int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t rows, int c,
+				 const void *x, const void *dy, double eps, void *dgamma,
+				 double *ws, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	int nt = rows * c >= LOOM_CPU_PAR_MIN ?
+			 loom_cpu_slot_threads(rows < 65536 ? (int)rows : 65536) : 1;
+	const int64_t per = ROWS / c;
+	memset(ws, 0, sizeof(double) * (size_t)nt * c);
+#pragma omp parallel num_threads(nt)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), db[ROWS] __attribute__((aligned(64)));
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int64_t r0 = rows * t / cnt, r1 = rows * (t + 1) / cnt;
+		for (int64_t r = r0; r < r1; r += per) {
+			int64_t nr = r1 - r < per ? r1 - r : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r * c,
+							   nr * c, xb);
+			const float *ds = loom_cpu_bf16_in(dy, half & LOOM_CPU_BF16_SRC(1), r * c,
+							   nr * c, db);
+			kernel(nr, c, xs, ds, eps, ws + (size_t)t * c);
+		}
+	}
+	for (int j = 0; j < c; j++) {
+		double s = 0;
+		for (int t = 0; t < nt; t++)
+			s += ws[(size_t)t * c + j];
+		if (half & LOOM_CPU_BF16_OUT)
+			((uint16_t *)dgamma)[j] = loom_f32_to_bf16((float)s);
+		else
+			((float *)dgamma)[j] = (float)s;
+	}
+	return 1;
+}
