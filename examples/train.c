@@ -138,14 +138,15 @@ static void setting_num(loom_comm_setting *s, size_t *n, const char *name, doubl
  * --metrics (rank 0's are used), the --checkpoint and --trace paths
  * (only whether there is one must agree), and --kernel-search (which
  * kernels run, not what they compute; measured choices may differ between
- * ranks anyway), and --no-cuda-graph (whether a step is one launch, not
- * what it computes). Every other flag of train_args.c
+ * ranks anyway), --no-cuda-graph (whether a step is one launch, not
+ * what it computes) and --deterministic (which algorithms, as
+ * --kernel-search). Every other flag of train_args.c
  * is compared (tests/examples/test_settings.c holds the two lists to the
  * parser's table).
  */
 const char *const train_settings_free[] = {
 	"data", "log-interval", "dump-graph", "dump-plan", "memory-report", "threads",
-	"export", "metrics", "kernel-search", "no-cuda-graph", "help", NULL,
+	"export", "metrics", "kernel-search", "no-cuda-graph", "deterministic", "help", NULL,
 };
 
 size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s)
@@ -563,6 +564,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.memory_limit_mb = a->memory_limit;
 	o.no_tf32 = a->no_tf32;
 	o.cuda_graph = !a->no_cuda_graph;
+	o.deterministic = a->deterministic;
 	o.kernel_search = a->kernel_search;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);

@@ -144,6 +144,8 @@ void train_usage(const train_program *prog, FILE *f)
 		"                       GPU through TF32 tensor cores, as PyTorch's cuDNN does\n"
 		"  --no-cuda-graph      run every training step eagerly on a GPU (default: the\n"
 		"                       second step captured as one CUDA graph, later ones replayed)\n"
+		"  --deterministic      repeatable bits on a GPU: only cuDNN's deterministic\n"
+		"                       convolution algorithms (default: the fastest usable)\n"
 		"  --seed N             initialisation%s seed (default 0)\n"
 		"  --threads N          CPU kernel threads (default: one per core)\n",
 		g & TRAIN_FLAGS_CIFAR ? ", shuffling and augmentation" :
@@ -244,7 +246,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF,
+	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM,
 };
 
 /* Every flag and the group that brings it. */
@@ -268,6 +270,7 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "device", required_argument, 0, O_DEVICE } },
 	{ TRAIN_FLAGS_COMMON, { "tf32", required_argument, 0, O_TF32 } },
 	{ TRAIN_FLAGS_COMMON, { "no-cuda-graph", no_argument, 0, O_NOGRAPH } },
+	{ TRAIN_FLAGS_COMMON, { "deterministic", no_argument, 0, O_DETERM } },
 	{ TRAIN_FLAGS_COMMON, { "seed", required_argument, 0, O_SEED } },
 	{ TRAIN_FLAGS_FIT, { "checkpoint", required_argument, 0, O_CKPT } },
 	{ TRAIN_FLAGS_FIT, { "resume", no_argument, 0, O_RESUME } },
@@ -390,6 +393,9 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		break;
 	case O_NOGRAPH:
 		a->no_cuda_graph = 1;
+		break;
+	case O_DETERM:
+		a->deterministic = 1;
 		break;
 	case O_TF32:
 		if (!strcmp(arg, "on")) a->no_tf32 = 0;

@@ -37,6 +37,7 @@ typedef struct train_args {
 	loom_device device;
 	int no_tf32;           /* --tf32 off: exact fp32 products on a GPU */
 	int no_cuda_graph;     /* --no-cuda-graph: every training step eager on a GPU */
+	int deterministic;     /* --deterministic: only cuDNN's deterministic algorithms */
 	loom_opt_level level;
 	loom_dtype half;
 	double loss_scale; /* 0: the level's default (dynamic) */

@@ -316,6 +316,16 @@ typedef struct loom_compile_opts {
 	 * eagerly. 0 (`--no-cuda-graph`, or LOOM_CUDA_GRAPH=0 in the
 	 * environment): every step eager. The CPU backend ignores it. */
 	int cuda_graph;
+	/* Run-to-run repeatable results on a GPU, default 0: cuDNN's
+	 * convolution algorithms come only from its deterministic ones (no
+	 * atomically accumulated filter or data gradients), whether picked
+	 * by its heuristic or by the search, so that two programs of one
+	 * plan, or a captured and an eager step, give the same bits; the
+	 * cost is whatever the faster non-deterministic algorithms would
+	 * have saved (as torch.backends.cudnn.deterministic).
+	 * `--deterministic`, or LOOM_DETERMINISTIC=1 in the environment. The
+	 * CPU backend is deterministic already and ignores it. */
+	int deterministic;
 	/* Data-parallel training: the group this program is one rank of.
 	 * NULL, or a group of world 1: one process, nothing changes. With
 	 * world > 1, loom_compile is collective (every rank calls it with the

@@ -247,15 +247,23 @@ static int scratch_ready(loom_cuda_ctx *c)
  * usable under the rules of first_usable (so that the search never makes
  * a run that repeated bit for bit on the heuristic's choice stop doing
  * so), and the best time of the heuristic's algorithm. */
+/* perf's deterministic answers, in their order, into det (at most 16). */
+template <typename Perf>
+static int deterministic_only(const Perf *perf, int count, Perf *det)
+{
+	int nd = 0;
+	for (int i = 0; i < count && nd < 16; i++)
+		if (perf[i].determinism == CUDNN_DETERMINISTIC)
+			det[nd++] = perf[i];
+	return nd;
+}
+
 template <typename Perf>
 static int best_measured(const Perf *perf, int count, int f32, int tf32, int heur_algo,
 			 cudnnMathType_t *math, float *ms, float *heur_ms)
 {
 	Perf det[16];
-	int nd = 0;
-	for (int i = 0; i < count && nd < 16; i++)
-		if (perf[i].determinism == CUDNN_DETERMINISTIC)
-			det[nd++] = perf[i];
+	int nd = deterministic_only(perf, count, det);
 	int algo = first_usable(det, nd, f32, tf32, math);
 	*heur_ms = 0;
 	*ms = 0;
@@ -378,6 +386,29 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 	cache_put(&ch);
 }
 
+/* loom_compile_opts.deterministic, or LOOM_DETERMINISTIC=1: the
+ * heuristic's answers narrowed to cuDNN's deterministic algorithms (the
+ * search keeps to them always), so that two programs of one plan repeat
+ * each other bit for bit. */
+static int deterministic_on(const loom_plan *p)
+{
+	const char *e = getenv("LOOM_DETERMINISTIC");
+	return p->opts.deterministic || (e && !strcmp(e, "1"));
+}
+
+/* The heuristic's first usable algorithm; under deterministic_on, the
+ * first usable deterministic one (-1 where it offers none). */
+template <typename Perf>
+static int heuristic_usable(const loom_plan *p, const Perf *perf, int count, int f32, int tf32,
+			    cudnnMathType_t *math)
+{
+	Perf det[16];
+	if (!deterministic_on(p))
+		return first_usable(perf, count, f32, tf32, math);
+	int nd = deterministic_only(perf, count, det);
+	return first_usable(det, nd, f32, tf32, math);
+}
+
 static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
 			     loom_cuda_conv_plan *cp, int f32)
 {
@@ -395,7 +426,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
-		algo = first_usable(perf, count, f32, tf32, &math);
+		algo = heuristic_usable(p, perf, count, f32, tf32, &math);
 		break;
 	}
 	case LOOM_OP_CONV2D_BWD_DATA: {
@@ -406,7 +437,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
-		algo = first_usable(perf, count, f32, tf32, &math);
+		algo = heuristic_usable(p, perf, count, f32, tf32, &math);
 		break;
 	}
 	default: {
@@ -417,7 +448,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				      c->err, sizeof(c->err));
 		if (st != LOOM_OK)
 			return st;
-		algo = first_usable(perf, count, f32, tf32, &math);
+		algo = heuristic_usable(p, perf, count, f32, tf32, &math);
 		break;
 	}
 	}
