@@ -1071,3 +1071,48 @@ Test(graph_ranks, refused_where_marks_cannot_hold)
 	expect_refused(pg, "cuda graph: data parallel over 2 ranks: its collectives end on the host");
 	loom_pg_free(pg);
 }
+
+/* LOOM_DDP_WORLD1_BUCKETS=1: a group of one rank keeps its buckets and
+ * their all-reduces (the identity), captured and watched by mark as over
+ * several ranks: the row one GPU runs with NCCL (test_cuda_ops). */
+Test(graph_ranks, world1_buckets_hook_captures_the_all_reduces)
+{
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE, .timeout_s = 10.0 };
+	loom_pg *pg;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	loom_comm *d = calloc(1, sizeof(*d));
+	cr_assert_not_null(d);
+	if (pg->device)
+		pg->device->i->free(pg->device);
+	*d = (loom_comm){ .i = &fd_iface, .pg = pg, .rank = 0, .world = 1 };
+	pg->device = d;
+	the_pg = pg;
+	loom_graph *g, *g1;
+	/* Without the hook: no buckets at world 1. */
+	loom_program *p = compile_mlp(&g, pg, 0);
+	cr_assert_eq(p->plan.buckets.n, 0);
+	free_all(p, g);
+	setenv("LOOM_DDP_WORLD1_BUCKETS", "1", 1);
+	p = compile_mlp(&g, pg, 0);
+	unsetenv("LOOM_DDP_WORLD1_BUCKETS");
+	loom_program *one = compile_one(&g1);
+	int nb = p->plan.buckets.n;
+	cr_assert_geq(nb, 2, "buckets at world 1 with the hook: %d", nb);
+	for (int s = 0; s < 5; s++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		if (s < 2)
+			cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s",
+				     loom_program_error(one));
+		if (s == 1) /* eager, then captured: one process's numbers */
+			expect_params_equal(p, one, 0);
+	}
+	cr_assert_eq(p->exec.graph, 1, "refused: %s", p->exec.graph_note);
+	cr_assert_eq(gr.replays, 3);
+	cr_assert_eq(mk.n_records, nb);
+	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
+	cr_assert_eq(atomic_load(&fd.mark_waits), 4 * nb);
+	cr_assert_eq(fd.host_waits, 0);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
