@@ -169,6 +169,16 @@ typedef struct loom_comm_i {
 	 * without freeing it; work_free does.   // (optional) */
 	loom_status (*work_make)(loom_comm *c, loom_comm_work **out);
 	void (*work_free)(loom_comm *c, loom_comm_work *w);
+	/* A made work's collective as a replayed graph ran it: no start, no
+	 * event of its own, but a progress mark, a word of host-visible
+	 * memory the device writes after the collective with the launch's
+	 * serial (engine/backend.h's mark_record). Blocks until *mark >=
+	 * serial or the group's timeout, counted from t0 (the launch), has
+	 * passed; on a timeout the same message naming the rank and the
+	 * collective (w's, as its capture started it) and the same abort as
+	 * wait(). Never frees w.   // (optional) */
+	loom_status (*wait_mark)(loom_comm *c, loom_comm_work *w, const volatile uint64_t *mark,
+				 uint64_t serial, double t0);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -251,6 +261,17 @@ int loom_comm_stream_ordered(const loom_comm *c);
  * to it is watched once. The watchdog's first failure is kept: this and
  * every later call here return it, its message in loom_pg_error. */
 loom_status loom_comm_watch(loom_comm *c, loom_comm_work *w);
+/* A replayed graph's collective (a made work whose capture started it):
+ * hands the watchdog "wait until *mark reaches serial" (the backend's
+ * wait_mark: its timeout counted from now, its message, its abort). The
+ * same work handed again before the watchdog took it is watched once, for
+ * the later serial from the later hand-off (as a start's work restarts
+ * its clock). Without a watchdog thread the host waits here.
+ * LOOM_ERR_UNSUPPORTED where c has no wait_mark. */
+loom_status loom_comm_watch_mark(loom_comm *c, loom_comm_work *w, const volatile uint64_t *mark,
+				 uint64_t serial);
+/* Whether c can wait for a replayed collective's mark (wait_mark). */
+int loom_comm_has_marks(const loom_comm *c);
 /* The watchdog's verdict so far, without waiting: LOOM_OK, or its first
  * failure (the message put back into loom_pg_error). */
 loom_status loom_comm_watch_status(loom_comm *c);

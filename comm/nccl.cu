@@ -88,8 +88,10 @@ static loom_status async_state(loom_comm *c, int *in_progress)
 	return LOOM_OK;
 }
 
-/* Polls until ev has completed (ev NULL: until the communicator is ready). */
-static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const char *what)
+/* Polls until ev has completed, or (mark) until the device wrote serial or
+ * a later one at *mark (neither: until the communicator is ready). */
+static loom_status poll_mark(loom_comm *c, cudaEvent_t ev, const volatile uint64_t *mark,
+			     uint64_t serial, double t0, const char *what)
 {
 	nccl_ctx *x = ctx_of(c);
 	double next = 0;
@@ -101,7 +103,11 @@ static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const cha
 
 		if (st)
 			return st;
-		if (!ev && !busy)
+		if (!ev && !mark && !busy)
+			return LOOM_OK;
+		/* A replayed graph's collective: its mark, written by the
+		 * device after it (host-mapped memory, read without a call). */
+		if (mark && *mark >= serial)
 			return LOOM_OK;
 		if (ev) {
 			cudaError_t q = cudaEventQuery(ev);
@@ -124,6 +130,11 @@ static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const cha
 		}
 		loom_comm_backoff(loom_comm_now() - t0);
 	}
+}
+
+static loom_status poll_until(loom_comm *c, cudaEvent_t ev, double t0, const char *what)
+{
+	return poll_mark(c, ev, NULL, 0, t0, what);
 }
 
 static loom_status nccl_type(loom_comm *c, loom_dtype dt, ncclDataType_t *t)
@@ -353,6 +364,16 @@ static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count,
 	return LOOM_OK;
 }
 
+/* What a timeout names: "all-reduce of 4096 f32", "send of 512 bytes". */
+static void work_what(const loom_comm_work *w, char *what, size_t len)
+{
+	if (w->p2p)
+		snprintf(what, len, "%s of %zu bytes", w->p2p, w->count);
+	else
+		snprintf(what, len, "%s of %zu %s", w->what ? w->what : "all-reduce", w->count,
+			 loom_dtype_name(w->dt));
+}
+
 static loom_status nccl_test(loom_comm *c, loom_comm_work *w, int *done)
 {
 	int busy;
@@ -373,11 +394,7 @@ static loom_status nccl_wait(loom_comm *c, loom_comm_work *w)
 	char what[96];
 	loom_status st;
 
-	if (w->p2p)
-		snprintf(what, sizeof(what), "%s of %zu bytes", w->p2p, w->count);
-	else
-		snprintf(what, sizeof(what), "%s of %zu %s", w->what ? w->what : "all-reduce",
-			 w->count, loom_dtype_name(w->dt));
+	work_what(w, what, sizeof(what));
 	/* The watchdog thread waits here too: the device is per thread. */
 	if (c->pg->info.device >= 0)
 		(void)cudaSetDevice(c->pg->info.device);
@@ -387,6 +404,21 @@ static loom_status nccl_wait(loom_comm *c, loom_comm_work *w)
 		free(w);
 	}
 	return st;
+}
+
+/* A replayed graph's collective: the one its capture started on w (whose
+ * count and dtype name it), ended when its mark reaches serial; the
+ * timeout counts from the launch (t0). The event is not queried: its
+ * record was the capture's. */
+static loom_status nccl_wait_mark(loom_comm *c, loom_comm_work *w, const volatile uint64_t *mark,
+				  uint64_t serial, double t0)
+{
+	char what[96];
+
+	work_what(w, what, sizeof(what));
+	if (c->pg->info.device >= 0)
+		(void)cudaSetDevice(c->pg->info.device);
+	return c->broken ? LOOM_ERR_STATE : poll_mark(c, NULL, mark, serial, t0, what);
 }
 
 /* Enqueues nothing more; waits for the stream's work so far. */
@@ -588,6 +620,7 @@ static const loom_comm_i nccl_iface = {
 	.restart = nccl_restart,
 	.work_make = nccl_work_make,
 	.work_free = nccl_work_free,
+	.wait_mark = nccl_wait_mark,
 };
 
 extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)

@@ -2,7 +2,9 @@
  * comm/watchdog.c — the thread that waits for a communicator's collectives
  * when the step does not: the executor makes the compute stream wait for a
  * collective on the device and hands its work here, and this thread calls
- * the backend's own wait() on it, oldest first. The timeout, the message
+ * the backend's own wait() on it, oldest first (for a replayed graph's
+ * collective, which has no event of its own, wait_mark() on its progress
+ * mark: a word the device writes with the launch's serial). The timeout, the message
  * naming the rank and the collective, and the abort of the communicator are
  * therefore exactly the backend's; the first failure is kept and handed to
  * the next caller on the step's thread (loom_comm_watch_status).
@@ -13,11 +15,19 @@
 
 #include "comm/comm_internal.h"
 
+/* One hand-off: a work, and for a replayed collective the mark it waits on. */
+typedef struct watch_item {
+	loom_comm_work *w;
+	const volatile uint64_t *mark; /* NULL: the backend's wait() */
+	uint64_t serial;
+	double t0;
+} watch_item;
+
 struct loom_comm_watch {
 	pthread_t thread;
 	pthread_mutex_t mu;
 	pthread_cond_t more, idle; /* a work was handed; the queue ran dry */
-	loom_comm_work **q;        /* handed, not yet taken, oldest first */
+	watch_item *q;             /* handed, not yet taken, oldest first */
 	int n, cap;
 	int busy; /* the thread is in wait() */
 	int stop;
@@ -37,13 +47,14 @@ static void *watch_main(void *arg)
 			pthread_cond_wait(&wd->more, &wd->mu);
 		if (!wd->n)
 			break; /* stopping, nothing left */
-		loom_comm_work *w = wd->q[0];
+		watch_item it = wd->q[0];
 		memmove(wd->q, wd->q + 1, sizeof(*wd->q) * (size_t)--wd->n);
 		wd->busy = 1;
 		pthread_mutex_unlock(&wd->mu);
 		/* The backend's wait: its timeout, its message, its abort. A
 		 * broken communicator answers at once (and frees what it must). */
-		loom_status st = c->i->wait(c, w);
+		loom_status st = it.mark ? c->i->wait_mark(c, it.w, it.mark, it.serial, it.t0) :
+					   c->i->wait(c, it.w);
 		pthread_mutex_lock(&wd->mu);
 		wd->busy = 0;
 		wd->ended++;
@@ -95,24 +106,20 @@ static loom_status verdict(loom_comm *c)
 	return loom_pg_fail(c->pg, wd->st, "%s", wd->err);
 }
 
-loom_status loom_comm_watch(loom_comm *c, loom_comm_work *w)
+/* Queues it (a work queued already and not yet taken: watched once, the
+ * later hand-off's serial and clock kept). */
+static loom_status hand(loom_comm *c, const watch_item *it)
 {
-	loom_status st;
-
-	if (!c || !w)
-		return LOOM_ERR_INVALID;
-	if (!c->watch && (st = watch_start(c)) != LOOM_OK) {
-		/* No thread: the host waits, as before. */
-		return loom_comm_wait(c, w);
-	}
 	struct loom_comm_watch *wd = c->watch;
+	loom_status st;
 	pthread_mutex_lock(&wd->mu);
-	int queued = 0;
+	watch_item *queued = NULL;
 	for (int i = 0; i < wd->n && !queued; i++)
-		queued = wd->q[i] == w;
+		if (wd->q[i].w == it->w && wd->q[i].mark == it->mark)
+			queued = &wd->q[i];
 	if (!queued && wd->n == wd->cap) {
 		int cap = wd->cap ? 2 * wd->cap : 16;
-		loom_comm_work **q = realloc(wd->q, sizeof(*q) * (size_t)cap);
+		watch_item *q = realloc(wd->q, sizeof(*q) * (size_t)cap);
 		if (!q) {
 			pthread_mutex_unlock(&wd->mu);
 			return loom_pg_fail(c->pg, LOOM_ERR_NOMEM, "watchdog: out of memory");
@@ -120,14 +127,50 @@ loom_status loom_comm_watch(loom_comm *c, loom_comm_work *w)
 		wd->q = q;
 		wd->cap = cap;
 	}
-	if (!queued) {
-		wd->q[wd->n++] = w;
+	if (queued) {
+		*queued = *it;
+	} else {
+		wd->q[wd->n++] = *it;
 		wd->handed++;
 		pthread_cond_signal(&wd->more);
 	}
 	st = verdict(c);
 	pthread_mutex_unlock(&wd->mu);
 	return st;
+}
+
+loom_status loom_comm_watch(loom_comm *c, loom_comm_work *w)
+{
+	if (!c || !w)
+		return LOOM_ERR_INVALID;
+	if (!c->watch && watch_start(c) != LOOM_OK) {
+		/* No thread: the host waits, as before. */
+		return loom_comm_wait(c, w);
+	}
+	watch_item it = { .w = w };
+	return hand(c, &it);
+}
+
+int loom_comm_has_marks(const loom_comm *c)
+{
+	return c && c->i->wait_mark;
+}
+
+loom_status loom_comm_watch_mark(loom_comm *c, loom_comm_work *w, const volatile uint64_t *mark,
+				 uint64_t serial)
+{
+	if (!c || !w || !mark)
+		return LOOM_ERR_INVALID;
+	if (!c->i->wait_mark)
+		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED,
+				    "the %s communicator cannot wait for a progress mark", c->i->name);
+	watch_item it = { .w = w, .mark = mark, .serial = serial, .t0 = loom_comm_now() };
+	if (!c->watch && watch_start(c) != LOOM_OK) {
+		if (c->broken)
+			return LOOM_ERR_STATE;
+		return c->i->wait_mark(c, w, mark, serial, it.t0);
+	}
+	return hand(c, &it);
 }
 
 loom_status loom_comm_watch_status(loom_comm *c)

@@ -8,6 +8,7 @@
 #ifndef LOOM_ENGINE_BACKEND_H
 #define LOOM_ENGINE_BACKEND_H
 
+#include <stdint.h>
 #include <time.h>
 
 #include "engine/plan.h"
@@ -210,6 +211,18 @@ typedef struct loom_backend {
 	loom_status (*capture_begin)(void *ctx, const loom_plan *plan);
 	loom_status (*capture_end)(void *ctx, const loom_plan *plan, int keep);
 	loom_status (*replay)(void *ctx, const loom_plan *plan);
+	/* Progress marks: how the host sees a replayed step's collectives end
+	 * (a captured event cannot be queried for a replay). mark_words: n
+	 * words of host-visible memory, zeroed, made once (outside a capture);
+	 * *words is their host address, read without a call. mark_record,
+	 * under capture: after the work queued so far on `stream`, the device
+	 * writes word `slot` with the serial of the launch running it (the
+	 * graph's head bumps the serial; a launch's own writes are its
+	 * serial). mark_serial: the serial of the latest launch (capture_end's
+	 * run or a replay); 0 before any. All three or none. // (optional) */
+	loom_status (*mark_words)(void *ctx, int n, const volatile uint64_t **words);
+	loom_status (*mark_record)(void *ctx, int slot, loom_stream stream);
+	uint64_t (*mark_serial)(void *ctx);
 	/* The backend's counters (tests, reports). // (optional) */
 	void (*counters)(void *ctx, loom_backend_counters *out);
 } loom_backend;

@@ -19,8 +19,14 @@
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 
-/* The events the executor records; a backend has LOOM_BACKEND_EVENTS. */
-enum { EV_COLL_START = 0, EV_COLL_END = 1 };
+/* The events the executor records; a backend has LOOM_BACKEND_EVENTS.
+ * EV_COLL_ONE + k % EV_COLL_ONES: recorded on the communication stream
+ * right after collective k's start (device wait), so that a WAIT for k
+ * alone waits for k and what the stream ran before it, not for the
+ * collectives started after it. Two collectives sharing a slot make such
+ * a WAIT wait for the later one too: longer, never too short. */
+enum { EV_COLL_START = 0, EV_COLL_END = 1, EV_COLL_ONE = 2 };
+#define EV_COLL_ONES (LOOM_BACKEND_EVENTS - EV_COLL_ONE)
 
 static loom_status be_fail(loom_program *p, loom_status st)
 {
@@ -133,12 +139,34 @@ static loom_status exec_alloc(loom_program *p)
 			return comm_fail(p, st);
 	}
 	x->device_wait = 1;
+	/* Progress marks, where the backend writes them and the communicator
+	 * waits on them: how the watchdog sees a replayed step's collectives. */
+	const loom_backend *be = p->be;
+	int starts = 0;
+	for (int i = 0; i < pl->n_steps; i++)
+		starts += pl->steps[i].kind == LOOM_STEP_COLLECTIVE;
+	if (starts && be->mark_words && be->mark_record && be->mark_serial &&
+	    loom_comm_has_marks(pl->comm)) {
+		if (!(x->mark_work = calloc((size_t)starts, sizeof(*x->mark_work))))
+			return loom_program_fail(p, LOOM_ERR_NOMEM,
+						 "executor: out of memory for %d collectives", starts);
+		x->n_marks = starts;
+		for (int m = 0; m < starts; m++) {
+			loom_status st = loom_comm_work_make(pl->comm, &x->mark_work[m]);
+			if (st != LOOM_OK)
+				return comm_fail(p, st);
+		}
+		loom_status st = be->mark_words(p->be_ctx, starts, &x->marks);
+		if (st != LOOM_OK)
+			return be_fail(p, st);
+	}
 	return LOOM_OK;
 }
 
 void loom_exec_free(loom_exec *x)
 {
 	free(x->kept);
+	free(x->mark_work);
 	free(x->pending);
 	free(x->pending_span);
 	free(x->spans);
@@ -193,6 +221,17 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
 	if (x->kept)
 		x->pending[k] = x->kept[k]; /* reused; NULL: the start makes one */
+	/* Under capture: the work of this start's mark, which names it to the
+	 * watchdog after each launch (eager runs keep kept[k]). */
+	int mark = -1;
+	if (x->capturing) {
+		if (!x->marks || x->n_marked >= x->n_marks || !x->mark_work[x->n_marked])
+			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+						 "%s of bucket %d under capture: no progress mark "
+						 "for the watchdog to read", loom_coll_name(s->coll), k);
+		mark = x->n_marked++;
+		x->pending[k] = x->mark_work[mark];
+	}
 	switch (s->coll) {
 	case LOOM_COLL_ALLREDUCE:
 		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
@@ -214,6 +253,15 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 		return comm_fail(p, st);
 	}
 	x->n_pending++;
+	/* Under capture, its progress mark after it, which the watchdog
+	 * reads after each launch; then its end on the device, for a WAIT of
+	 * it alone (which so waits for the mark too: the capture joins it). */
+	if (mark >= 0 && (st = p->be->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
+		return be_fail(p, st);
+	if (x->device_wait &&
+	    (st = p->be->event_record(p->be_ctx, EV_COLL_ONE + k % EV_COLL_ONES, LOOM_STREAM_COMM)) !=
+		    LOOM_OK)
+		return be_fail(p, st);
 	/* Its end: an event after it on an asynchronous stream; else the
 	 * moment the host first sees it complete. */
 	int t1 = (p->be->caps & LOOM_BE_ASYNC_STREAMS) ? timer(p, LOOM_STREAM_COMM) : -1;
@@ -244,20 +292,29 @@ static loom_status coll_progress(loom_program *p)
  * (whose later work each collective's end precedes), an event record and
  * an event wait, and the watchdog takes each work to wait for on the host,
  * within the group's timeout, while the step goes on. Nothing here waits.
+ * only >= 0: that collective alone (the event recorded after its start),
+ * the others stay in flight.
  */
-static loom_status coll_wait_device(loom_program *p)
+static loom_status coll_wait_device(loom_program *p, int only)
 {
 	loom_exec *x = &p->exec;
 	loom_status st, first = LOOM_OK;
+	if (only >= 0 && (only >= n_colls(&p->plan) || !x->pending[only]))
+		return LOOM_OK; /* not in flight: nothing to wait for */
 	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
-	if ((st = p->be->event_record(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMM)) != LOOM_OK ||
-	    (st = p->be->event_wait(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMPUTE)) != LOOM_OK)
+	if (only >= 0)
+		st = p->be->event_wait(p->be_ctx, EV_COLL_ONE + only % EV_COLL_ONES,
+				       LOOM_STREAM_COMPUTE);
+	else if ((st = p->be->event_record(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMM)) == LOOM_OK)
+		st = p->be->event_wait(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMPUTE);
+	if (st != LOOM_OK)
 		return be_fail(p, st);
 	for (int k = 0; k < n_colls(&p->plan) && x->n_pending; k++) {
-		if (!x->pending[k])
+		if (!x->pending[k] || (only >= 0 && k != only))
 			continue;
 		/* While the step is recorded nothing runs: there is nothing to
-		 * watch (and its events are the capture's). */
+		 * watch (and its events are the capture's; its mark is watched
+		 * after each launch). */
 		st = x->capturing ? LOOM_OK : loom_comm_watch(p->plan.comm, x->pending[k]);
 		x->pending[k] = NULL;
 		x->pending_span[k] = -1; /* its end is the timer after it */
@@ -277,7 +334,7 @@ static loom_status coll_wait(loom_program *p, int only)
 	loom_exec *x = &p->exec;
 	loom_status first = LOOM_OK;
 	if (x->device_wait)
-		return coll_wait_device(p);
+		return coll_wait_device(p, only);
 	int t0 = x->n_pending ? timer(p, LOOM_STREAM_COMPUTE) : -1;
 	for (int k = 0; k < n_colls(&p->plan) && x->n_pending; k++) {
 		if (!x->pending[k] || (only >= 0 && k != only))
@@ -305,6 +362,9 @@ void loom_exec_drain(loom_program *p)
 		(void)loom_comm_watch_drain(p->plan.comm);
 		for (int k = 0; k < n_colls(&p->plan); k++)
 			loom_comm_work_free(p->plan.comm, p->exec.kept[k]);
+		for (int m = 0; p->exec.mark_work && m < p->exec.n_marks; m++)
+			loom_comm_work_free(p->plan.comm, p->exec.mark_work[m]);
+		p->exec.n_marked = 0;
 		p->exec.device_wait = 0;
 	}
 	if (p->transport)
@@ -441,6 +501,27 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 
 /* ------------------------------------------------------------ the step as a graph */
 
+/* Why a step with collectives cannot be captured, or NULL: the host must
+ * see each one end after every launch, through a progress mark the device
+ * writes after it (which needs a stream-ordered communicator that waits on
+ * marks and a backend that writes them). */
+static const char *colls_no_graph(const loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const char *e = getenv("LOOM_CUDA_GRAPH_RANKS");
+	if (e && !strcmp(e, "0"))
+		return "off (LOOM_CUDA_GRAPH_RANKS=0)";
+	if (!pl->comm)
+		return "no communicator";
+	if (!(p->be->caps & LOOM_BE_ASYNC_STREAMS) || !loom_comm_stream_ordered(pl->comm))
+		return "its collectives end on the host (a replayed step gives the host no turn)";
+	if (!p->be->mark_words || !p->be->mark_record || !p->be->mark_serial)
+		return "the backend writes no progress marks for the watchdog";
+	if (!loom_comm_has_marks(pl->comm))
+		return "the communicator cannot wait for a progress mark";
+	return NULL;
+}
+
 /* Whether p's training steps may run as one graph; else why not, in why.
  * Decided once, at the first run. */
 static int graph_allowed(const loom_program *p, char *why, size_t len)
@@ -458,11 +539,11 @@ static int graph_allowed(const loom_program *p, char *why, size_t len)
 		return snprintf(why, len, "%s", p->transport->no_graph), 0;
 	if (p->ts.trace)
 		return snprintf(why, len, "the trace reads a timer around every node"), 0;
-	if (pl->world > 1)
-		return snprintf(why, len,
-				"data parallel over %d ranks: the watchdog does not see inside a "
-				"replayed step yet", pl->world), 0;
-	const char *w = p->shards && p->shards->no_graph ? p->shards->no_graph(p) : NULL;
+	const char *w = (pl->world > 1 || n_colls(pl) > 0) ? colls_no_graph(p) : NULL;
+	if (w)
+		return snprintf(why, len, "data parallel over %d rank%s: %s", pl->world,
+				pl->world == 1 ? "" : "s", w), 0;
+	w = p->shards && p->shards->no_graph ? p->shards->no_graph(p) : NULL;
 	if (w)
 		return snprintf(why, len, "%s", w), 0;
 	return 1;
@@ -482,8 +563,29 @@ static void graph_off(loom_program *p, const char *fmt, const char *what)
 	loom_log("loom: cuda graph: %s; steps run eagerly", p->exec.graph_note);
 }
 
-/* A replayed step: the host's changes pushed (run_begin), one launch. The
- * watchdog's verdict on earlier collectives still ends the run. */
+/* The launch just queued (capture_end's run or a replay): each collective
+ * of the captured step to the watchdog, as "its mark reaches this
+ * launch's serial", with the group's timeout from now. */
+static loom_status watch_marks(loom_program *p)
+{
+	loom_exec *x = &p->exec;
+	loom_status first = LOOM_OK;
+	if (!x->n_marked)
+		return LOOM_OK;
+	uint64_t serial = p->be->mark_serial(p->be_ctx);
+	for (int m = 0; m < x->n_marked; m++) {
+		loom_status st =
+			loom_comm_watch_mark(p->plan.comm, x->mark_work[m], &x->marks[m], serial);
+		x->mark_handed++;
+		if (st != LOOM_OK && first == LOOM_OK)
+			first = comm_fail(p, st);
+	}
+	return first;
+}
+
+/* A replayed step: the host's changes pushed (run_begin), one launch, its
+ * collectives handed to the watchdog by mark. The watchdog's verdict on
+ * earlier collectives still ends the run. */
 static loom_status graph_replay(loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
@@ -492,11 +594,13 @@ static loom_status graph_replay(loom_program *p)
 	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, LOOM_EXEC_TRAIN)) != LOOM_OK ||
-	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK ||
-	    (st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
+	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK)
+		return be_fail(p, st);
+	loom_status watched = watch_marks(p);
+	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
 		return be_fail(p, st);
 	p->exec.graph_runs++;
-	return LOOM_OK;
+	return watched;
 }
 
 static loom_status exec_walk(loom_program *p, int first, int last, unsigned flags, int capture);
@@ -525,8 +629,9 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 			x->graph_runs++;
 		return st;
 	}
+	x->captured = 0;
 	st = exec_walk(p, first, last, flags, 1);
-	if (st == LOOM_OK) {
+	if (st == LOOM_OK || x->captured) {
 		x->graph_runs++;
 		return st;
 	}
@@ -552,17 +657,37 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 	if (capture) {
 		if ((st = be->capture_begin(p->be_ctx, pl)) != LOOM_OK)
 			return be_fail(p, st);
-		p->exec.capturing = 1;
+		loom_exec *x = &p->exec;
+		x->n_marked = 0;
+		x->capturing = 1;
 		st = walk_steps(p, first, last, flags);
-		p->exec.capturing = 0;
+		/* The communication stream's tail (a mark no WAIT covered)
+		 * joins the compute stream: a capture ends with every stream
+		 * it forked joined. */
+		if (st == LOOM_OK && x->device_wait &&
+		    ((st = be->event_record(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMM)) != LOOM_OK ||
+		     (st = be->event_wait(p->be_ctx, EV_COLL_END, LOOM_STREAM_COMPUTE)) != LOOM_OK))
+			st = be_fail(p, st);
+		x->capturing = 0;
+		/* Collectives the step left in flight are the graph's: their
+		 * marks are watched after each launch, never their events. */
+		for (int k = 0; x->pending && k < n_colls(pl); k++)
+			x->pending[k] = NULL, x->pending_span[k] = -1;
+		x->n_pending = 0;
 		loom_status end = be->run_end(p->be_ctx, pl, &p->arena, &p->ts);
 		if (st != LOOM_OK || end != LOOM_OK) {
 			(void)be->capture_end(p->be_ctx, pl, 0);
+			x->n_marked = 0;
 			return st != LOOM_OK ? st : be_fail(p, end);
 		}
-		if ((st = be->capture_end(p->be_ctx, pl, 1)) != LOOM_OK)
+		if ((st = be->capture_end(p->be_ctx, pl, 1)) != LOOM_OK) {
+			x->n_marked = 0;
 			return be_fail(p, st);
-		return LOOM_OK;
+		}
+		/* capture_end ran the step once: its collectives, watched (a
+		 * failure here is the communicator's, not the capture's). */
+		x->captured = 1;
+		return watch_marks(p);
 	}
 	if ((st = walk_steps(p, first, last, flags)) != LOOM_OK)
 		return st;

@@ -39,9 +39,21 @@ typedef struct loom_exec {
 	/* The training step as one graph (engine/exec.c): graph -1 off, 0
 	 * not decided yet, 1 on; graph_runs: training steps run so far on it
 	 * (the first eager, the second captured, later replayed); capturing:
-	 * the walk is being recorded; graph_note: why it is off. */
-	int graph, graph_runs, capturing;
+	 * the walk is being recorded; captured: the capture was kept and
+	 * launched; graph_note: why it is off. */
+	int graph, graph_runs, capturing, captured;
 	char graph_note[160];
+	/* A captured step's collectives, seen by the host through progress
+	 * marks (engine/backend.h's mark_*), one per collective start of the
+	 * step (a bucket's reduce-scatter and all-gather are two): marks, the
+	 * backend's n_marks words; mark_work, per mark, the work made once
+	 * that the captured start was given (it names the collective to the
+	 * watchdog); n_marked: marks the capture recorded; mark_handed:
+	 * hand-offs to the watchdog by mark so far (tests). */
+	const volatile uint64_t *marks;
+	struct loom_comm_work **mark_work;
+	int n_marks, n_marked;
+	uint64_t mark_handed;
 	int *pending_span;   /* per bucket: its span's index in spans, -1: none */
 	loom_exec_span *spans;
 	int n_spans, cap_spans;

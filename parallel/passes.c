@@ -5,6 +5,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "parallel/parallel.h"
 #include "parallel/passes.h"
@@ -68,19 +69,33 @@ const loom_pass loom_pass_pipeline_cut = {
 
 /* ------------------------------------------------------------ data parallel */
 
+/* Test and bench hook, LOOM_DDP_WORLD1_BUCKETS=1: a group of one rank
+ * (env:// at WORLD_SIZE=1) still gets the gradient buckets and their
+ * all-reduces (the identity over one rank), so that one GPU runs NCCL's
+ * bucket all-reduces, waited on the device and captured in the step's
+ * graph, as several ranks would. Plain data parallelism only. */
+static int world1_buckets(const loom_program *p)
+{
+	const char *e = getenv("LOOM_DDP_WORLD1_BUCKETS");
+	return e && !strcmp(e, "1") && p->plan.world <= 1 && p->plan.opts.pg &&
+	       !p->plan.opts.inference && p->plan.opts.zero_stage == 0 && !p->plan.pipe;
+}
+
 static int data_parallel_wanted(const loom_program *p)
 {
-	return p->plan.world > 1 || (p->plan.opts.sync_bn && loom_ddp_test_sync_one_rank);
+	return p->plan.world > 1 || (p->plan.opts.sync_bn && loom_ddp_test_sync_one_rank) ||
+	       world1_buckets(p);
 }
 
 /* Gradient buckets and their all-reduces, and the memory plan that lays
- * the buckets out; at world 1 (a test hook) sync_bn's marks only. */
+ * the buckets out; at world 1, sync_bn's marks only (a test hook), or the
+ * buckets too (LOOM_DDP_WORLD1_BUCKETS=1). */
 static loom_status data_parallel_run(loom_program *p, loom_pass_ctx *c)
 {
 	(void)c;
 	char msg[256];
 	loom_status st;
-	if (p->plan.world <= 1) {
+	if (p->plan.world <= 1 && !world1_buckets(p)) {
 		loom_ddp_mark_sync_bn(p->plan.g);
 		return LOOM_OK;
 	}

@@ -1023,6 +1023,10 @@ static void cuda_free(void *ctx)
 		(void)cudaGraphExecDestroy(c->graph_exec);
 	if (c->graph)
 		(void)cudaGraphDestroy(c->graph);
+	if (c->mark_host)
+		(void)cudaFreeHost(c->mark_host);
+	if (c->serial_dev)
+		(void)cudaFree(c->serial_dev);
 	for (int k = 0; k < 2; k++) {
 		if (c->stage_host[k])
 			(void)cudaFreeHost(c->stage_host[k]);
@@ -1531,6 +1535,91 @@ static loom_status cuda_run_end(void *ctx, const loom_plan *p, const loom_arena 
 
 /* ------------------------------------------------------------ the step as a graph */
 
+/*
+ * Progress marks: how the host (the communicator's watchdog) sees each
+ * collective of a replayed step end, a captured event being unqueryable for
+ * a replay. The graph's head bumps a serial in device memory; after each
+ * collective the communication stream runs a one-thread kernel that copies
+ * that serial into the collective's word of mapped pinned memory, which
+ * the host reads without a call. Why a kernel and not cuStreamWriteValue64
+ * (also capturable): a write-value node writes the value fixed at capture,
+ * the same in every replay, so the host could not tell this launch's write
+ * from the last one's without resetting the word between launches (racing
+ * the previous launch still running) or patching the node before each
+ * replay (a host call per launch and per collective); the kernel reads the
+ * serial the launch itself bumped, so nothing changes on the host between
+ * replays. It costs one tiny launch per collective, inside the graph.
+ */
+__global__ void mark_bump_kernel(unsigned long long *serial)
+{
+	*serial += 1;
+}
+
+__global__ void mark_write_kernel(const unsigned long long *serial, volatile unsigned long long *word)
+{
+	*word = *serial;
+	__threadfence_system();
+}
+
+static loom_status cuda_mark_words(void *ctx, int n, const volatile uint64_t **words)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	*words = NULL;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (n <= 0)
+		return LOOM_OK;
+	if (c->mark_host && c->n_marks >= n) {
+		*words = c->mark_host;
+		return LOOM_OK;
+	}
+	if (c->mark_host)
+		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: progress marks made for %d, not %d",
+				 c->n_marks, n);
+	size_t bytes = sizeof(uint64_t) * (size_t)n;
+	void *dev = NULL;
+	if ((st = LOOM_CUDA_CHECK(cudaHostAlloc((void **)&c->mark_host, bytes, cudaHostAllocMapped),
+				  c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	memset(c->mark_host, 0, bytes);
+	if ((st = LOOM_CUDA_CHECK(cudaHostGetDevicePointer(&dev, c->mark_host, 0), c->err,
+				  sizeof(c->err))) != LOOM_OK ||
+	    (!c->serial_dev &&
+	     (st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->serial_dev, sizeof(uint64_t)), c->err,
+				   sizeof(c->err))) != LOOM_OK) ||
+	    (st = LOOM_CUDA_CHECK(cudaMemset(c->serial_dev, 0, sizeof(uint64_t)), c->err,
+				  sizeof(c->err))) != LOOM_OK) {
+		(void)cudaFreeHost(c->mark_host);
+		c->mark_host = NULL;
+		return st;
+	}
+	c->mark_dev = (uint64_t *)dev;
+	c->n_marks = n;
+	c->mark_serial = 0;
+	*words = c->mark_host;
+	return LOOM_OK;
+}
+
+static loom_status cuda_mark_record(void *ctx, int slot, loom_stream stream)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	if (!c->capturing)
+		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: a progress mark outside a capture");
+	if (slot < 0 || slot >= c->n_marks)
+		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no progress mark %d (of %d)", slot,
+				 c->n_marks);
+	mark_write_kernel<<<1, 1, 0, stream_of(c, stream)>>>(
+		(const unsigned long long *)c->serial_dev,
+		(volatile unsigned long long *)(c->mark_dev + slot));
+	return LOOM_CUDA_CHECK(cudaGetLastError(), c->err, sizeof(c->err));
+}
+
+static uint64_t cuda_mark_serial(void *ctx)
+{
+	return ((loom_cuda_ctx *)ctx)->mark_serial;
+}
+
 /* Records what the executor queues next (ThreadLocal: another thread, the
  * communicator's watchdog, may still query its events meanwhile). From
  * here on the update reads its rate from the control block. */
@@ -1547,6 +1636,11 @@ static loom_status cuda_capture_begin(void *ctx, const loom_plan *p)
 	st = LOOM_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
 			     c->err, sizeof(c->err));
 	c->capturing = st == LOOM_OK;
+	/* The graph's head: the launch's serial, which its marks write. */
+	if (st == LOOM_OK && c->serial_dev) {
+		mark_bump_kernel<<<1, 1, 0, c->stream>>>((unsigned long long *)c->serial_dev);
+		st = LOOM_CUDA_CHECK(cudaGetLastError(), c->err, sizeof(c->err));
+	}
 	return st;
 }
 
@@ -1577,7 +1671,9 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 	}
 	c->graph = g;
 	c->captures++;
-	/* Recorded, not run: the captured step runs now. */
+	/* Recorded, not run: the captured step runs now (its marks' serial
+	 * is the launch's count, as the head's bump on the device). */
+	c->mark_serial++;
 	return LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
 }
 
@@ -1591,6 +1687,7 @@ static loom_status cuda_replay(void *ctx, const loom_plan *p)
 	if (!c->graph_exec)
 		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: replay before a capture");
 	c->graph_launches++;
+	c->mark_serial++;
 	return LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
 }
 
@@ -1898,6 +1995,9 @@ static const loom_backend loom_cuda_backend = {
 	.capture_begin = cuda_capture_begin,
 	.capture_end = cuda_capture_end,
 	.replay = cuda_replay,
+	.mark_words = cuda_mark_words,
+	.mark_record = cuda_mark_record,
+	.mark_serial = cuda_mark_serial,
 	.counters = cuda_counters,
 };
 

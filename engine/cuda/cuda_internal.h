@@ -267,6 +267,13 @@ typedef struct loom_cuda_ctx {
 	int capturing, lr_device;
 	double host_lr;
 	long host_syncs, syncs_in_step, graph_launches, captures;
+	/* Progress marks (mark_words / mark_record / mark_serial): n_marks
+	 * words of mapped pinned memory (mark_host for the host, mark_dev
+	 * for the kernels), the launch serial the graph's head bumps on the
+	 * device (serial_dev), and the host's count of launches (mark_serial). */
+	uint64_t *mark_host, *mark_dev, *serial_dev;
+	int n_marks;
+	uint64_t mark_serial;
 	int in_step; /* between run_begin and run_end */
 	char describe[128];     /* "cuda: <device name>" */
 	int device;             /* made current by every entry (loom_cuda_use_device) */

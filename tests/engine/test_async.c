@@ -14,7 +14,13 @@
  * under it with one process's numbers; ZeRO's overflow verdict summed on
  * the device; and the executor's graph driver (suite graph): the first
  * training step eager, the second walked under capture, the later ones
- * replayed, a failed capture said once and run eagerly, the refusals.
+ * replayed, a failed capture said once and run eagerly, the refusals;
+ * over two ranks (suite graph_ranks), the captured step's collectives
+ * seen by the watchdog through progress marks the fake device writes late
+ * (at the host's next synchronise), a collective that never completes in
+ * a replay named within the timeout with the same message, and the
+ * capture refused, with its reason, where marks cannot hold. A WAIT for
+ * one collective (ZeRO-3's gathers) waits for that one only.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -55,6 +61,10 @@ static struct {
 	int event_of[16]; /* event -> calls started on the comm stream before its record */
 	int comm_started; /* calls queued on the comm stream so far */
 	int landed_before_optim, optims;
+	/* Compute-stream waits that left later collectives in flight (a
+	 * WAIT for one collective). */
+	int partial_waits;
+	atomic_int mark_waits; /* wait_mark calls (the watchdog's thread) */
 	fd_call calls[FD_MAX_CALLS];
 	int n;
 	const loom_backend *cpu;
@@ -135,8 +145,19 @@ static loom_status fd_test(loom_comm *c, loom_comm_work *w, int *done)
 	return LOOM_OK;
 }
 
-/* Polls until the device ran the call, within the group's timeout; past it,
- * NCCL's wording (comm/nccl.cu's timed_out) with this backend's name. */
+/* Past the group's timeout: NCCL's wording (comm/nccl.cu's timed_out) with
+ * this backend's name. */
+static loom_status fd_timed_out(loom_comm *c, const fd_call *x)
+{
+	char who[256];
+	loom_pg_name_dead(c->pg, who, sizeof(who));
+	return loom_comm_fail(c, LOOM_ERR_IO,
+			      "rank %d: fake all-reduce of %zu %s timed out after %.1f s: %s",
+			      c->pg->info.rank, x->count, loom_dtype_name(x->dt), c->pg->timeout_s,
+			      who);
+}
+
+/* Polls until the device ran the call, within the group's timeout. */
 static loom_status fd_wait(loom_comm *c, loom_comm_work *w)
 {
 	fd_call *x = &fd.calls[w->call];
@@ -146,12 +167,7 @@ static loom_status fd_wait(loom_comm *c, loom_comm_work *w)
 		fd.host_waits++;
 	while (!c->broken && !atomic_load(&x->landed)) {
 		if (loom_comm_now() - t0 > c->pg->timeout_s) {
-			char who[256];
-			loom_pg_name_dead(c->pg, who, sizeof(who));
-			st = loom_comm_fail(c, LOOM_ERR_IO,
-					    "rank %d: fake all-reduce of %zu %s timed out after %.1f s: %s",
-					    c->pg->info.rank, x->count, loom_dtype_name(x->dt),
-					    c->pg->timeout_s, who);
+			st = fd_timed_out(c, x);
 			break;
 		}
 		usleep(1000);
@@ -160,6 +176,28 @@ static loom_status fd_wait(loom_comm *c, loom_comm_work *w)
 		st = LOOM_ERR_STATE;
 	if (!w->kept)
 		free(w);
+	return st;
+}
+
+/* A replayed collective: polls its mark (no event, no start), within the
+ * timeout from the launch, with the same message; never frees w. */
+static loom_status fd_wait_mark(loom_comm *c, loom_comm_work *w, const volatile uint64_t *mark,
+				uint64_t serial, double t0)
+{
+	fd_call *x = &fd.calls[w->call];
+	loom_status st = LOOM_OK;
+	atomic_fetch_add(&fd.mark_waits, 1);
+	if (on_step_thread() && fd.in_step)
+		fd.host_waits++;
+	while (!c->broken && __atomic_load_n(mark, __ATOMIC_ACQUIRE) < serial) {
+		if (loom_comm_now() - t0 > c->pg->timeout_s) {
+			st = fd_timed_out(c, x);
+			break;
+		}
+		usleep(1000);
+	}
+	if (c->broken && st == LOOM_OK && __atomic_load_n(mark, __ATOMIC_ACQUIRE) < serial)
+		st = LOOM_ERR_STATE;
 	return st;
 }
 
@@ -265,6 +303,7 @@ static const loom_comm_i fd_iface = {
 	.allgather_start = fd_allgather_start,
 	.work_make = fd_work_make,
 	.work_free = fd_work_free,
+	.wait_mark = fd_wait_mark,
 };
 
 static const loom_comm_i fh_iface = {
@@ -301,10 +340,34 @@ static loom_pg *the_pg;
 static loom_status fd_event_wait(void *ctx, int ev, loom_stream stream)
 {
 	(void)ctx;
-	if (stream == LOOM_STREAM_COMPUTE)
+	if (stream == LOOM_STREAM_COMPUTE) {
 		for (int k = 0; k < fd.event_of[ev]; k++)
 			land(the_pg->device, k);
+		fd.partial_waits += fd.event_of[ev] >= 0 && fd.event_of[ev] < fd.comm_started;
+	}
 	return LOOM_OK;
+}
+
+/* The fake device's progress marks (a graph's collectives, as the CUDA
+ * backend's mark_*): the words the host reads, the launch serial, the
+ * slots the capture recorded. The device writes them late: at the host's
+ * next synchronise (a slot hung is never written). */
+enum { MK_MAX = 64 };
+static struct {
+	uint64_t words[MK_MAX];
+	uint64_t serial;
+	int recorded[MK_MAX];
+	int n_records, hung_slot;
+	int launched;     /* a launch in this run (capture_end's or a replay) */
+	int late_at_end;  /* runs whose marks were not yet written at run_end */
+	uint64_t handed_by_end; /* watchdog hand-offs seen at those run_ends */
+} mk;
+
+static void mk_device_catches_up(void)
+{
+	for (int k = 0; k < MK_MAX; k++)
+		if (mk.recorded[k] && k != mk.hung_slot)
+			__atomic_store_n(&mk.words[k], mk.serial, __ATOMIC_RELEASE);
 }
 
 static loom_status fd_run_begin(void *ctx, const loom_plan *pl, const loom_arena *a,
@@ -318,6 +381,16 @@ static loom_status fd_run_end(void *ctx, const loom_plan *pl, const loom_arena *
 			      loom_train_state *ts)
 {
 	fd.in_step = 0;
+	if (mk.launched) {
+		int late = 0;
+		for (int k = 0; k < MK_MAX; k++)
+			late |= mk.recorded[k] && mk.words[k] < mk.serial;
+		mk.late_at_end += late;
+		uint64_t handed, ended;
+		loom_comm_watch_counts(the_pg ? the_pg->device : NULL, &handed, &ended);
+		mk.handed_by_end = handed;
+		mk.launched = 0;
+	}
 	return fd.cpu->run_end(ctx, pl, a, ts);
 }
 
@@ -359,6 +432,7 @@ static loom_status fd_synchronize(void *ctx, const loom_plan *pl, loom_train_sta
 		fd.syncs_in_step++;
 	for (int k = 0; the_pg && k < fd.n; k++)
 		land(the_pg->device, k);
+	mk_device_catches_up();
 	return fd.cpu->synchronize(ctx, pl, ts);
 }
 
@@ -375,6 +449,8 @@ static loom_opt_level mlp_level = LOOM_O0; /* the MLP's opt level */
 static void setup(void)
 {
 	memset(&fd, 0, sizeof(fd));
+	memset(&mk, 0, sizeof(mk));
+	mk.hung_slot = -1;
 	host_in_step = ordered_calls = device_verdicts = 0;
 	the_pg = NULL;
 	fd.hung_call = -1;
@@ -656,6 +732,8 @@ static loom_status gr_capture_end(void *ctx, const loom_plan *pl, int keep)
 	if (gr.fail_end)
 		return LOOM_ERR_BACKEND;
 	gr.keeps++;
+	mk.serial++; /* the captured step runs once */
+	mk.launched = 1;
 	return LOOM_OK;
 }
 
@@ -663,6 +741,8 @@ static loom_status gr_replay(void *ctx, const loom_plan *pl)
 {
 	(void)ctx, (void)pl;
 	gr.replays++;
+	mk.serial++;
+	mk.launched = 1;
 	return LOOM_OK;
 }
 
@@ -671,6 +751,32 @@ static loom_status gr_run_node(void *ctx, const loom_plan *pl, const loom_arena 
 	gr.nodes++;
 	gr.nodes_captured += gr.begins > gr.keeps + gr.drops;
 	return fd.cpu->run_node(ctx, pl, a, v);
+}
+
+static loom_status mk_words(void *ctx, int n, const volatile uint64_t **words)
+{
+	(void)ctx;
+	cr_assert_leq(n, MK_MAX);
+	*words = mk.words;
+	return LOOM_OK;
+}
+
+/* After the collectives queued so far on the comm stream, under capture. */
+static loom_status mk_record(void *ctx, int slot, loom_stream stream)
+{
+	(void)ctx;
+	cr_assert_eq(stream, LOOM_STREAM_COMM, "a mark on the compute stream");
+	cr_assert(gr.begins > gr.keeps + gr.drops, "a mark outside a capture");
+	cr_assert(slot >= 0 && slot < MK_MAX);
+	mk.recorded[slot] = 1;
+	mk.n_records++;
+	return LOOM_OK;
+}
+
+static uint64_t mk_serial(void *ctx)
+{
+	(void)ctx;
+	return mk.serial;
 }
 
 static void graph_setup(void)
@@ -770,4 +876,243 @@ Test(graph, refused_where_it_cannot_hold_and_off_on_request)
 	cr_assert_str_eq(p->exec.graph_note, "off (LOOM_CUDA_GRAPH=0)");
 	free_all(p, g);
 	loom_set_log(NULL, NULL);
+}
+
+/* ------------------------------------------------------------ a WAIT for one collective */
+
+Test(async, a_wait_for_one_collective_waits_for_that_one_alone)
+{
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, pg, 3);
+	const loom_plan *pl = &p->plan;
+	int ones = 0;
+	for (int i = 0; i < pl->n_steps; i++)
+		ones += pl->steps[i].kind == LOOM_STEP_WAIT && pl->steps[i].index >= 0;
+	cr_assert_gt(ones, 0, "ZeRO-3's plan waits for no collective alone");
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	/* Some WAIT left the collectives started after its own in flight
+	 * (a WAIT for all would have landed every one). */
+	cr_assert_gt(fd.partial_waits, 0, "every WAIT waited for every collective in flight");
+	cr_assert_eq(fd.host_waits, 0);
+	cr_assert_eq(fd.landed_before_optim, 1, "an update ran before its bucket's sum landed");
+	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+/* ------------------------------------------------------------ the graph over two ranks */
+
+static void graph_ranks_setup(void)
+{
+	graph_setup();
+	fd_backend.mark_words = mk_words;
+	fd_backend.mark_record = mk_record;
+	fd_backend.mark_serial = mk_serial;
+}
+
+TestSuite(graph_ranks, .init = graph_ranks_setup, .fini = teardown);
+
+Test(graph_ranks, a_captured_step_hands_its_collectives_to_the_watchdog_by_mark)
+{
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp(&g, pg, 0);
+	loom_program *one = compile_one(&g1);
+	int nb = p->plan.buckets.n;
+	cr_assert_geq(nb, 2, "buckets: %d", nb);
+	for (int step = 0; step < 2; step++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	}
+	cr_assert_eq(p->exec.graph, 1, "refused: %s", p->exec.graph_note);
+	cr_assert_eq(gr.begins, 1);
+	cr_assert_eq(gr.keeps, 1);
+	/* A mark after each bucket's collective, recorded in the capture. */
+	cr_assert_eq(mk.n_records, nb);
+	/* The captured walk ran the step: two ranks' sums averaged. */
+	expect_params_equal(p, one, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.replays, 3);
+	/* Each launch (the capture's and 3 replays) handed every collective
+	 * by its mark, each replay's before the device wrote them (the fake
+	 * writes at the host's synchronise, after run_end); the watchdog
+	 * waited on the marks, never the step's thread. */
+	cr_assert_eq(p->exec.mark_handed, (uint64_t)(4 * nb));
+	cr_assert_eq(mk.late_at_end, 3, "a replay's marks were written before its run ended");
+	cr_assert_geq(mk.handed_by_end, (uint64_t)(4 * nb));
+	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
+	cr_assert_eq(atomic_load(&fd.mark_waits), 4 * nb);
+	uint64_t handed, ended;
+	loom_comm_watch_counts(pg->device, &handed, &ended);
+	cr_assert_eq(handed, ended);
+	for (int k = 0; k < nb; k++)
+		cr_assert_eq(mk.words[k], 4, "mark %d: %llu", k, (unsigned long long)mk.words[k]);
+	cr_assert_eq(fd.host_waits, 0, "the step waited %d times on the host", fd.host_waits);
+	cr_assert_eq(fd.syncs_in_step, 0);
+	cr_assert_eq(fd.aborts, 0);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+Test(graph_ranks, a_collective_that_never_completes_in_a_replay_is_named_and_aborted,
+     .timeout = 60)
+{
+	loom_pg *pg = fake_group(0.3);
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, pg, 0);
+	cr_assert_geq(p->plan.buckets.n, 2);
+	for (int s = 0; s < 3; s++) /* eager, captured, replayed */
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(gr.replays, 1);
+	/* The next replay's second collective never completes: mark 1, the
+	 * step's second start. */
+	mk.hung_slot = 1;
+	int second = -1;
+	for (int i = 0, seen = 0; i < p->plan.n_steps && second < 0; i++)
+		if (p->plan.steps[i].kind == LOOM_STEP_COLLECTIVE && seen++ == 1)
+			second = p->plan.steps[i].index;
+	cr_assert_geq(second, 0);
+	loom_status st = loom_run(p, LOOM_RUN_TRAIN);
+	cr_assert_neq(st, LOOM_OK, "a collective that never ended went unnoticed");
+	const char *msg = loom_program_error(p);
+	char want[96];
+	snprintf(want, sizeof(want), "all-reduce of %lld f32 timed out after 0.3 s",
+		 (long long)p->plan.buckets.b[second].count);
+	cr_assert(strstr(msg, "rank 0: fake") && strstr(msg, want), "message: %s", msg);
+	cr_assert_eq(fd.host_waits, 0, "the step waited on the host");
+	cr_assert_eq(fd.aborts, 1, "the communicator was aborted %d times", fd.aborts);
+	cr_assert(pg->device->broken);
+	cr_assert_neq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+Test(graph_ranks, every_step_kind_of_zero_runs_captured_and_replayed)
+{
+	for (int zero = 1; zero <= 3; zero++) {
+		graph_ranks_setup();
+		loom_pg *pg = fake_group(10.0);
+		loom_graph *g;
+		loom_program *p = compile_mlp(&g, pg, zero);
+		const loom_plan *pl = &p->plan;
+		int kinds = 0, colls = 0;
+		for (int i = 0; i < pl->n_steps; i++) {
+			kinds |= 1 << pl->steps[i].kind;
+			colls += pl->steps[i].kind == LOOM_STEP_COLLECTIVE;
+		}
+		int want = 1 << LOOM_STEP_NODE | 1 << LOOM_STEP_COLLECTIVE | 1 << LOOM_STEP_WAIT |
+			   1 << LOOM_STEP_OPTIM;
+		cr_assert_eq(kinds & want, want, "zero %d: step kinds %#x", zero, kinds);
+		for (int s = 0; s < 4; s++)
+			cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "zero %d: %s", zero,
+				     loom_program_error(p));
+		cr_assert_eq(p->exec.graph, 1, "zero %d refused: %s", zero, p->exec.graph_note);
+		cr_assert_eq(gr.replays, 2, "zero %d", zero);
+		/* A mark per collective the step starts (a bucket's
+		 * reduce-scatter and all-gather: two). */
+		cr_assert_eq(mk.n_records, colls, "zero %d", zero);
+		cr_assert_eq(p->exec.n_marked, colls);
+		cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
+		cr_assert_eq(atomic_load(&fd.mark_waits), 3 * mk.n_records, "zero %d", zero);
+		cr_assert_eq(fd.host_waits, 0, "zero %d", zero);
+		cr_assert_eq(host_in_step, 0, "zero %d", zero);
+		free_all(p, g);
+		loom_pg_free(pg);
+	}
+}
+
+static const loom_comm_i *fd_iface_without_marks(void)
+{
+	static loom_comm_i i;
+	i = fd_iface;
+	i.name = "fake-device-no-marks";
+	i.wait_mark = NULL;
+	return &i;
+}
+
+/* The first run's reason, logged once; the steps run eagerly. */
+static void expect_refused(loom_pg *pg, const char *why)
+{
+	loom_graph *g;
+	logged[0] = 0;
+	loom_set_log(keep_log, NULL);
+	loom_program *p = compile_mlp(&g, pg, 0);
+	for (int s = 0; s < 3; s++)
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	loom_set_log(NULL, NULL);
+	cr_assert_eq(gr.begins + gr.replays, 0, "captured despite: %s", why);
+	cr_assert(strstr(logged, why), "log: %s", logged);
+	free_all(p, g);
+	memset(&gr, 0, sizeof(gr));
+}
+
+Test(graph_ranks, refused_where_marks_cannot_hold)
+{
+	loom_pg *pg = fake_group(10.0);
+	/* The switch: over several ranks, off. */
+	setenv("LOOM_CUDA_GRAPH_RANKS", "0", 1);
+	expect_refused(pg, "cuda graph: data parallel over 2 ranks: off (LOOM_CUDA_GRAPH_RANKS=0)");
+	unsetenv("LOOM_CUDA_GRAPH_RANKS");
+	/* A communicator that cannot wait on a mark. */
+	pg->device->i = fd_iface_without_marks();
+	expect_refused(pg, "cuda graph: data parallel over 2 ranks: the communicator cannot wait "
+			   "for a progress mark");
+	pg->device->i = &fd_iface;
+	/* A backend that writes no marks. */
+	fd_backend.mark_words = NULL;
+	expect_refused(pg, "cuda graph: data parallel over 2 ranks: the backend writes no progress "
+			   "marks for the watchdog");
+	fd_backend.mark_words = mk_words;
+	/* Collectives through the host communicator (MPI on host buffers). */
+	fd_backend.caps = loom_cpu_backend.caps;
+	expect_refused(pg, "cuda graph: data parallel over 2 ranks: its collectives end on the host");
+	loom_pg_free(pg);
+}
+
+/* LOOM_DDP_WORLD1_BUCKETS=1: a group of one rank keeps its buckets and
+ * their all-reduces (the identity), captured and watched by mark as over
+ * several ranks: the row one GPU runs with NCCL (test_cuda_ops). */
+Test(graph_ranks, world1_buckets_hook_captures_the_all_reduces)
+{
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE, .timeout_s = 10.0 };
+	loom_pg *pg;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	loom_comm *d = calloc(1, sizeof(*d));
+	cr_assert_not_null(d);
+	if (pg->device)
+		pg->device->i->free(pg->device);
+	*d = (loom_comm){ .i = &fd_iface, .pg = pg, .rank = 0, .world = 1 };
+	pg->device = d;
+	the_pg = pg;
+	loom_graph *g, *g1;
+	/* Without the hook: no buckets at world 1. */
+	loom_program *p = compile_mlp(&g, pg, 0);
+	cr_assert_eq(p->plan.buckets.n, 0);
+	free_all(p, g);
+	setenv("LOOM_DDP_WORLD1_BUCKETS", "1", 1);
+	p = compile_mlp(&g, pg, 0);
+	unsetenv("LOOM_DDP_WORLD1_BUCKETS");
+	loom_program *one = compile_one(&g1);
+	int nb = p->plan.buckets.n;
+	cr_assert_geq(nb, 2, "buckets at world 1 with the hook: %d", nb);
+	for (int s = 0; s < 5; s++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		if (s < 2)
+			cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s",
+				     loom_program_error(one));
+		if (s == 1) /* eager, then captured: one process's numbers */
+			expect_params_equal(p, one, 0);
+	}
+	cr_assert_eq(p->exec.graph, 1, "refused: %s", p->exec.graph_note);
+	cr_assert_eq(gr.replays, 3);
+	cr_assert_eq(mk.n_records, nb);
+	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
+	cr_assert_eq(atomic_load(&fd.mark_waits), 4 * nb);
+	cr_assert_eq(fd.host_waits, 0);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
 }

@@ -12,7 +12,9 @@
 #      with the test accuracy;
 #   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
 #      the NCCL test (init, broadcast, all-reduce, all-gather, teardown) and
-#      mnist_ddp started that way; 2 pipeline stages on one GPU through host
+#      mnist_ddp started that way, also with its bucket all-reduces
+#      (LOOM_DDP_WORLD1_BUCKETS=1) captured in the step's graph and with
+#      LOOM_CUDA_GRAPH_RANKS=0; 2 pipeline stages on one GPU through host
 #      buffers (tests/ddp's pipe_worker, equiv), and over NCCL where there
 #      are 2 GPUs;
 #   6. gpt_ddp (small GPT at O0, O1/O2 bf16; GPT-2 124M for speed),
@@ -303,6 +305,17 @@ row nccl_env_world1 criterion 120 "" -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MAS
 row mnist_ddp_env_world1 train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
 	MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) "$bin/mnist_ddp" --device cuda "${data[@]}" \
 	--epochs 1 --max-steps 100 --log-interval 50
+# The same with its bucket all-reduces (LOOM_DDP_WORLD1_BUCKETS=1), NCCL
+# inside the step's CUDA graph and the watchdog reading progress marks;
+# then with LOOM_CUDA_GRAPH_RANKS=0 (the collectives' steps eager, the old
+# path) for before/after.
+row mnist_ddp_env_world1_graph train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+	LOOM_DDP_WORLD1_BUCKETS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 2)) \
+	"$bin/mnist_ddp" --device cuda "${data[@]}" --epochs 1 --max-steps 100 --log-interval 50
+row mnist_ddp_env_world1_graph_off train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+	LOOM_DDP_WORLD1_BUCKETS=1 LOOM_CUDA_GRAPH_RANKS=0 MASTER_ADDR=127.0.0.1 \
+	MASTER_PORT=$((port + 3)) "$bin/mnist_ddp" --device cuda "${data[@]}" --epochs 1 \
+	--max-steps 100 --log-interval 50
 
 # Pipeline stages on the CUDA backend (compiled, never run before this
 # row): two ranks of the launcher on one GPU, where NCCL refuses two ranks

@@ -2617,6 +2617,10 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 
 /* ------------------------------------------------------------ the step as one graph */
 
+/* The group graph_convnet compiles over (NULL: none): env:// at world 1
+ * with LOOM_DDP_WORLD1_BUCKETS=1 gives the step NCCL bucket all-reduces. */
+static loom_pg *graph_pg;
+
 /* ConvNet at batch 16, compiled for CUDA with the step as one graph or
  * every step eager (loom_compile_opts.cuda_graph), on cuDNN's
  * deterministic algorithms only (loom_compile_opts.deterministic): with
@@ -2638,6 +2642,10 @@ static loom_program *graph_convnet(loom_opt_level level, loom_dtype half, int gr
 	o.amp.half = half;
 	o.cuda_graph = graph;
 	o.deterministic = 1;
+	if (graph_pg) {
+		o.pg = graph_pg;
+		o.bucket_cap_mb = o.first_bucket_mb = 0.05; /* several buckets */
+	}
 	loom_status st = loom_compile(g, loss, &o, &p);
 	loom_graph_free(g);
 	cr_assert_eq(st, LOOM_OK, "compile: %s", loom_last_error());
@@ -2684,6 +2692,15 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 	cr_assert_eq(q->exec.graph, 1, "%s: the graph was given up: %s", what, q->exec.graph_note);
 	cr_assert_eq(c1.captures, 1, "%s: %ld captures", what, c1.captures);
 	cr_assert_eq(c1.replays, 18, "%s: %ld replays", what, c1.replays);
+	/* With buckets (graph_pg): every collective of the capture's run and
+	 * of the 18 replays handed to the watchdog by its progress mark. */
+	if (graph_pg) {
+		cr_assert_geq(q->plan.buckets.n, 2, "%s: %d buckets", what, q->plan.buckets.n);
+		cr_assert_eq(q->exec.n_marked, q->plan.buckets.n, "%s: %d marks", what,
+			     q->exec.n_marked);
+		cr_assert_eq(q->exec.mark_handed, (uint64_t)(19 * q->exec.n_marked), "%s: %llu by mark",
+			     what, (unsigned long long)q->exec.mark_handed);
+	}
 	/* The replayed steps (2..19): no host synchronisation inside one. */
 	cr_assert_eq(c1.syncs_in_step - c0.syncs_in_step, 0, "%s: %ld host syncs inside replayed steps",
 		     what, c1.syncs_in_step - c0.syncs_in_step);
@@ -2723,4 +2740,36 @@ Test(cuda_ops, cuda_graph_step_equals_eager)
 	graph_vs_eager("O0", LOOM_O0, LOOM_F16, -1);
 	graph_vs_eager("O1 bf16", LOOM_O1, LOOM_BF16, -1);
 	graph_vs_eager("O2 fp16, step 7 overflows", LOOM_O2, LOOM_F16, 7);
+}
+
+/* NCCL at world 1 (env://) with its bucket all-reduces captured in the
+ * step's graph (LOOM_DDP_WORLD1_BUCKETS=1): the captured step against
+ * every step eager, as cuda_graph_step_equals_eager, and each replay's
+ * all-reduces waited by the watchdog through their progress marks. The
+ * GPU suite's nccl_env_world1 row runs it (cuda_nccl/\*). */
+Test(cuda_nccl, env_world1_buckets_graph_equals_eager)
+{
+	NEED_GPU();
+	char port[16];
+	if (!getenv("RANK")) {
+		snprintf(port, sizeof(port), "%d", free_port());
+		setenv("RANK", "0", 1);
+		setenv("WORLD_SIZE", "1", 1);
+		setenv("MASTER_ADDR", "127.0.0.1", 1);
+		setenv("MASTER_PORT", port, 1);
+	}
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_ENV, .timeout_s = 60, .want_device = 1 };
+	loom_pg *pg = NULL;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(loom_pg_get_info(pg)->world, 1);
+	setenv("LOOM_DDP_WORLD1_BUCKETS", "1", 1);
+	graph_pg = pg;
+	graph_vs_eager("NCCL world 1, O0", LOOM_O0, LOOM_F16, -1);
+	graph_vs_eager("NCCL world 1, O2 fp16, step 7 overflows", LOOM_O2, LOOM_F16, 7);
+	graph_pg = NULL;
+	unsetenv("LOOM_DDP_WORLD1_BUCKETS");
+	uint64_t handed, ended;
+	loom_comm_watch_counts(loom_pg_comm(pg, LOOM_COMM_DEVICE), &handed, &ended);
+	cr_assert_eq(handed, ended);
+	loom_pg_free(pg);
 }
