@@ -12,6 +12,7 @@
  * CPU's table; and the pass list is the compile pipeline: each pass left out
  * changes what a compile gives. The real multi-process runs are tests/ddp's.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,11 +202,15 @@ static void fk_restart(loom_comm *c, loom_comm_work *w)
 	fk.calls[((fk_work *)w)->call].restart_at = rec.nodes;
 }
 
-/* The root is this rank in every broadcast these tests make. */
+/* The root is this rank in every broadcast these tests make. An error,
+ * not an assertion: it runs inside loom_compile, also in the pass cases'
+ * forked children, which must not talk to Criterion (below). */
 static loom_status fk_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 {
 	(void)buf, (void)bytes;
-	cr_assert_eq(root, c->rank, "the fake broadcasts from this rank only");
+	if (root != c->rank)
+		return loom_comm_fail(c, LOOM_ERR_INVALID, "fake: broadcast from rank %d; the fake "
+				      "broadcasts from this rank (%d) only", root, c->rank);
 	return LOOM_OK;
 }
 
@@ -260,15 +265,26 @@ static void free_ranked(loom_program *p, loom_graph *g, loom_pg *pg)
 }
 
 /* A single process's group made into rank `rank` of `world`, with the fake
- * as its host communicator (no MPI, no sockets). */
-static loom_pg *fake_group(int world, int rank)
+ * as its host communicator (no MPI, no sockets); NULL, with why in err,
+ * if it could not be made. */
+static loom_pg *fake_group_or_null(int world, int rank, char *err, size_t errlen)
 {
 	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE };
 	loom_pg *pg;
-	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	if (loom_pg_init(&o, &pg) != LOOM_OK) {
+		snprintf(err, errlen, "loom_pg_init: %s", loom_pg_error(pg));
+		loom_pg_free(pg);
+		return NULL;
+	}
 	loom_comm_peer *peers = calloc((size_t)world, sizeof(*peers));
 	loom_comm *c = calloc(1, sizeof(*c));
-	cr_assert(peers && c);
+	if (!peers || !c) {
+		snprintf(err, errlen, "out of memory");
+		free(peers);
+		free(c);
+		loom_pg_free(pg);
+		return NULL;
+	}
 	peers[rank] = pg->peers[0];
 	free(pg->peers);
 	pg->peers = peers;
@@ -277,6 +293,14 @@ static loom_pg *fake_group(int world, int rank)
 	pg->host = c;
 	pg->info.rank = pg->info.local_rank = rank;
 	pg->info.world = pg->info.local_world = world;
+	return pg;
+}
+
+static loom_pg *fake_group(int world, int rank)
+{
+	char err[300];
+	loom_pg *pg = fake_group_or_null(world, rank, err, sizeof(err));
+	cr_assert_not_null(pg, "%s", err);
 	return pg;
 }
 
@@ -353,16 +377,20 @@ static void teardown(void)
 }
 
 /* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y; the loss. */
-static loom_value build_mlp(loom_graph **gp)
+/* The MLP built on g; its loss. */
+static loom_value mlp_on(loom_graph *g)
 {
-	loom_graph *g;
-	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 	int64_t xd[2] = { 6, 4 }, yd[1] = { 6 };
 	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
 	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
 	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 8, 1));
-	*gp = g;
 	return loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc2", h, 3, 1), y);
+}
+
+static loom_value build_mlp(loom_graph **gp)
+{
+	cr_assert_eq(loom_graph_new(gp), LOOM_OK);
+	return mlp_on(*gp);
 }
 
 static void mlp_opts(loom_compile_opts *o, loom_optim_kind kind)
@@ -1333,18 +1361,29 @@ static const pass_case pass_cases[] = {
 	{ "initial values" },
 };
 
-/* The case compiled (one TRAIN run, or an ACCUMULATE, where it asks),
- * described into f. */
+/* The case compiled, described into f. It runs in a forked child: no
+ * Criterion call here (an assertion's report would go down the parent's
+ * socket to the runner from a process that is not the test's), what fails
+ * is written into the description instead. */
 static void describe_compile(const pass_case *k, FILE *f)
 {
 	loom_graph *g;
 	loom_value loss, h, w;
-	loom_pg *pg = k->world > 1 ? fake_group(k->world, 0) : NULL;
+	char err[300];
+	loom_pg *pg = k->world > 1 ? fake_group_or_null(k->world, 0, err, sizeof(err)) : NULL;
 	loom_program *p = NULL;
 	loom_status st;
+	if (k->world > 1 && !pg) {
+		fprintf(f, "no group: %s\n", err);
+		return;
+	}
+	if (loom_graph_new(&g) != LOOM_OK) {
+		fprintf(f, "loom_graph_new failed\n");
+		loom_pg_free(pg);
+		return;
+	}
 	if (k->stages) {
 		int64_t d[2] = { 2, 3 };
-		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 		loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
 		w = loom_param(g, "w", LOOM_F32, 2, d, LOOM_INIT_ZEROS, 3);
 		h = loom_relu(g, loom_add(g, x, w));
@@ -1352,13 +1391,12 @@ static void describe_compile(const pass_case *k, FILE *f)
 		loss = loom_sum(g, h);
 	} else if (k->conv) {
 		int64_t d[4] = { 2, 8, 6, 6 };
-		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
 		loom_value x = loom_input(g, "x", LOOM_F32, 4, d);
 		h = loom_layer_conv2d(g, "c", x, 8, 3, 1, 1, 0);
 		h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "b", h)), 2, 2, 0);
 		loss = loom_sum(g, h);
 	} else {
-		loss = build_mlp(&g);
+		loss = mlp_on(g);
 	}
 	loom_compile_opts o;
 	mlp_opts(&o, LOOM_OPTIM_SGD);
@@ -1391,6 +1429,9 @@ static void describe_compile(const pass_case *k, FILE *f)
 					fprintf(f, "%s[%zu] %.17g\n", g->nodes[v].name, i, val[i]);
 		}
 	}
+	/* Sent before the teardown, so that a crash there (a pass left out)
+	 * shows after the description instead of replacing it. */
+	fflush(f);
 	free_ranked(p, g, pg);
 }
 
@@ -1429,11 +1470,18 @@ static char *compiled_in_child(const pass_case *k, const char *skip)
 	FILE *out = open_memstream(&buf, &len);
 	char chunk[4096];
 	ssize_t n;
-	while ((n = read(fd[0], chunk, sizeof(chunk))) > 0)
+	while ((n = read(fd[0], chunk, sizeof(chunk))) != 0) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		cr_assert_gt(n, 0, "reading the child's description: %s", strerror(errno));
 		fwrite(chunk, 1, (size_t)n, out);
+	}
 	close(fd[0]);
 	int ws;
-	cr_assert_eq(waitpid(pid, &ws, 0), pid);
+	pid_t w;
+	while ((w = waitpid(pid, &ws, 0)) < 0 && errno == EINTR)
+		;
+	cr_assert_eq(w, pid, "waitpid: %s", strerror(errno));
 	if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
 		fprintf(out, "\nchild ended: %d\n", WIFEXITED(ws) ? WEXITSTATUS(ws) : -WTERMSIG(ws));
 	fclose(out);
@@ -1478,6 +1526,8 @@ Test(passes, each_pass_left_out_changes_what_compiles, .timeout = 120)
 		char *again = compiled_in_child(k, NULL);
 		char *without = compiled_in_child(k, k->pass);
 		cr_expect(strncmp(whole, "status 0:", 9) == 0, "case '%s' does not compile: %s",
+			  k->pass, whole);
+		cr_expect(!strstr(whole, "\nchild ended"), "case '%s', every pass run, ends badly: %s",
 			  k->pass, whole);
 		/* else a difference could be noise */
 		cr_expect(strcmp(whole, again) == 0, "case '%s' compiles differently twice", k->pass);
