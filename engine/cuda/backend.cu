@@ -1490,6 +1490,11 @@ static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value 
 		keep_out = loom_cuda_bytes_meet(p, v, bp->relu_y, &same) ||
 			   loom_cuda_bytes_meet(p, v, bp->relu_dy, &same);
 	}
+	if (bp->fuse.ops != LOOM_CUDA_BN_EX_NONE && loom_cuda_relu_fusion_on(c)) {
+		int same; /* cuDNN's Ex backward: dx may lie exactly on y or dy */
+		keep_out |= loom_cuda_bytes_meet(p, v, bp->fuse.y, &same) ||
+			    loom_cuda_bytes_meet(p, v, bp->fuse.dy, &same);
+	}
 	/* The Ex backward with BN_ADD_ACTIVATION writes the relu backward's
 	 * output (dz), apart from all it reads (bn_fuse.c). */
 	if (bp->fuse.ops == LOOM_CUDA_BN_EX_ADD_ACT && loom_cuda_relu_fusion_on(c) &&

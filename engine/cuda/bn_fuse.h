@@ -69,7 +69,9 @@ typedef struct loom_cuda_bn_bwd_fusion {
  * r's readers b, its siblings and (ADD_ACT) nodes after b; no node run
  * between r and b reads r or writes over y or dy; what b writes (dx, the
  * siblings, dz) apart from what it reads (x, gamma, y, dy, beta) and from
- * each other; y, dy, dx one dtype. *out gets the fusion; returns its ops
+ * each other, except dx exactly on y or dy (cuDNN reading each element
+ * before writing it: assumed, checked by the GPU rows); y, dy, dx one
+ * dtype. *out gets the fusion; returns its ops
  * (NONE: b runs with ops BN, reading its own dy).
  */
 int loom_cuda_bn_bwd_match(const loom_plan *p, const int *step_of, loom_value b, loom_value f,
