@@ -654,6 +654,8 @@ static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_CAST:
 	case LOOM_OP_MAXPOOL2D:
 	case LOOM_OP_MAXPOOL2D_BWD:
+	case LOOM_OP_GLOBAL_AVGPOOL:
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
 #define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
 		LOOM_UNARY_OPS(UNARY_CASE)
 #undef UNARY_CASE

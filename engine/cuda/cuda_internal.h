@@ -591,6 +591,12 @@ loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *
 					 int xdt, void *y, int ydt, int64_t nc, int64_t hw);
 loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s, const void *dy,
 					 int dydt, void *dx, int dxdt, int64_t nc, int64_t hw);
+/* The same with x (dx) NHWC [n, hw, c]; y (dy) [n, c] as before. */
+loom_status loom_cuda_global_avgpool_nhwc_fwd(char *err, cudaStream_t s, const void *x, int xdt,
+					      void *y, int ydt, int64_t n, int64_t c, int64_t hw);
+loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s, const void *dy,
+					      int dydt, void *dx, int dxdt, int64_t n, int64_t c,
+					      int64_t hw);
 
 /* loss.cu */
 loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n, int classes,
