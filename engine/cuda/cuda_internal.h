@@ -122,6 +122,13 @@ typedef struct loom_cuda_conv_plan {
 	int fmt;
 	int ro[3];
 	size_t ro_off[3];
+	/* The filter kept KRSC for the step (LOOM_CUDA_CONV_KRSC; compiled,
+	 * not run): the node that reorders it into the saved region at
+	 * krsc_off (the first of the NHWC convolutions reading that filter;
+	 * itself, or an earlier one whose copy this one reads), LOOM_NONE: the
+	 * reorder into ws at each call. */
+	loom_value krsc_by;
+	size_t krsc_off;
 	/* How algo was chosen (--dump-graph): LOOM_CUDA_CONV_HOW_*, the math
 	 * type set, the measured time of algo (0: not measured) and the
 	 * heuristic's own first choice with its measured time. */
@@ -360,6 +367,7 @@ typedef struct loom_cuda_ctx {
 	 * LOOM_CUDA_BN_BWD_FUSE (1): the relu's and the add + relu's backward
 	 * inside it (BN_ACTIVATION, BN_ADD_ACTIVATION). Compiled, not run. */
 	int bn_bwd_ex, bn_bwd_fuse;
+	int conv_krsc; /* LOOM_CUDA_CONV_KRSC (1): NHWC filters reordered once a step (plan_conv_krsc) */
 	/* The GPT's fusions (issue 30 item 5; compiled, not run), each 1
 	 * unless its variable is 0 when the plan is made:
 	 * LOOM_CUDA_CLASSIFIER: softmax-CE in one online pass over the half

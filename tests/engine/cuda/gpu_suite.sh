@@ -7,7 +7,7 @@
 #   2. test_device and 3. test_cuda_ops, with LOOM_REQUIRE_GPU=1 (a missing
 #      device fails, never skips; any skipped case fails the row);
 #   3b. the speed section: ResNet-50 and GPT-2 124M, loom (kernel search on
-#      and off) alternating with PyTorch, one table (speed.txt), in 330 s;
+#      and off) alternating with PyTorch, one table (speed.txt), in 360 s;
 #   4. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
 #      with the test accuracy;
 #   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
@@ -106,7 +106,7 @@ row test_device criterion 120 "" -- "$bin/test_device" --verbose
 row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 
 # The speed section (issue 30), early so that a short lease gets it, within
-# its own LOOM_GPU_SPEED_S (330 s): ResNet-50 b64 at fp32 (TF32, the
+# its own LOOM_GPU_SPEED_S (360 s): ResNet-50 b64 at fp32 (TF32, the
 # default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
 # convolutions' algorithm search on and off (LOOM_KERNEL_SEARCH=on|off;
 # off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16
@@ -126,7 +126,7 @@ torch_ok=0
 	torch_ok=1
 speed=$res/speed.tsv
 : >"$speed"
-speed_budget=${LOOM_GPU_SPEED_S:-330}
+speed_budget=${LOOM_GPU_SPEED_S:-360}
 speed_t0=$(date +%s)
 # srow name speed_kind row_kind limit -- command...: a row of the summary
 # and a line of the speed table, within the section's time.
@@ -256,6 +256,16 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		LOOM_CUDA_BN_ADD=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O1_bf16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O1 --precision bf16
+	# NHWC (LOOM_CUDA_NHWC=half) with NHWC batch norm's backward through
+	# cuDNN's Ex call with the forward's reserve, the relu's and the add +
+	# relu's backward inside it (LOOM_CUDA_BN_BWD_EX, _FUSE: on), and with
+	# the legacy backward (LOOM_CUDA_BN_BWD_EX=0: 93 of 113 ms of a step
+	# on an H100), side by side at 10 steps (~30 s for the two rows).
+	srow speed_r50_O2_fp16_nhwc_bn_bwd_ex loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_NHWC=half "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	srow speed_r50_O2_fp16_nhwc_bn_bwd_legacy loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 "$bin/resnet50_synthetic" "${r50s[@]}" \
+		--opt-level O2
 	srow speed_r50_O2_fp16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O1_bf16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \

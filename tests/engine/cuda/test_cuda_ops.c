@@ -2358,6 +2358,39 @@ Test(cuda_ops, nhwc_bn_backward_ex)
 	cuda_nhwc = NULL;
 }
 
+/* The residual block with each filter that two NHWC convolutions read
+ * (the second's forward and data gradient) reordered KRSC once a step into
+ * the saved region (LOOM_CUDA_CONV_KRSC), or at each call (=0). */
+static int krsc_on;
+
+static loom_value b_nhwc_block_krsc(loom_graph *g, tcase *t)
+{
+	loom_value y = nhwc_block(g, t, LOOM_O2);
+	if (krsc_on) {
+		t->note[0] = "filter KRSC kept";
+		t->note_op[0] = LOOM_OP_CONV2D_BWD_DATA;
+	} else {
+		t->no_note = "filter KRSC kept";
+	}
+	return y;
+}
+
+Test(cuda_ops, nhwc_filters_krsc)
+{
+	NEED_GPU();
+	cuda_nhwc = "half";
+	for (krsc_on = 1; krsc_on >= 0; krsc_on--) {
+		setenv("LOOM_CUDA_CONV_KRSC", krsc_on ? "1" : "0", 1);
+		for (uint64_t seed = 1; seed <= 2; seed++)
+			run_case(krsc_on ? "nhwc block O2, filters KRSC kept" : "nhwc block O2, KRSC per call",
+				 b_nhwc_block_krsc, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("nhwc block O2 eval, filters KRSC", b_nhwc_block_krsc, LOOM_F32, LOOM_RUN_EVAL, 3);
+	}
+	krsc_on = 0;
+	unsetenv("LOOM_CUDA_CONV_KRSC");
+	cuda_nhwc = NULL;
+}
+
 /* conv -> relu -> global average pool (the [N, C] output the user's): the
  * pool reads NHWC and its backward writes NHWC (pool.cu's NHWC kernels,
  * LOOM_CUDA_POOL_NHWC), or (=0) NCHW with a reorder each way. */
