@@ -244,16 +244,18 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	r50s=(--device cuda --batch-size 64 --steps 10 --warmup 2)
 	srow speed_r50_O2_fp16_default10 loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
-	# NHWC through the planner's formats (engine/cuda/formats.c): on by
-	# default for mixed-precision plans, so every row above runs it (the
-	# search-off rows and speed_r50_O2_fp16_default10 are the defaults at
-	# search off); LOOM_CUDA_NHWC=0 keeps the all-NCHW plans, and
-	# LOOM_CUDA_BN_ADD=0 NHWC without the fused batch norm + add + relu,
-	# side by side at 10 steps (~30 s for the three rows).
+	# NHWC through the planner's formats (engine/cuda/formats.c): off by
+	# default since the fourth GPU run (3-4x slower on an H100 with the
+	# legacy batch-norm backward), so the rows above and
+	# speed_r50_O2_fp16_default10 run NCHW, as these =0 rows do;
+	# speed_r50_O2_fp16_bn_add_off runs NHWC without the fused batch norm
+	# + add + relu, against speed_r50_O2_fp16_nhwc_bn_bwd_ex below (NHWC,
+	# the defaults). 10 steps each.
 	srow speed_r50_O2_fp16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O2_fp16_bn_add_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
-		LOOM_CUDA_BN_ADD=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+		LOOM_CUDA_NHWC=half LOOM_CUDA_BN_ADD=0 "$bin/resnet50_synthetic" "${r50s[@]}" \
+		--opt-level O2
 	srow speed_r50_O1_bf16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O1 --precision bf16
 	# NHWC (LOOM_CUDA_NHWC=half) with NHWC batch norm's backward through
