@@ -8,6 +8,8 @@ r r50_O2 $b/resnet50_synthetic $R --opt-level O2
 r r50_O2_nograph $b/resnet50_synthetic $R --opt-level O2 --no-cuda-graph
 r r50_O1bf16 $b/resnet50_synthetic $R --opt-level O1 --precision bf16
 r r50_fp32 $b/resnet50_synthetic $R
+r r50_O2_nhwc_bn_bwd_ex env LOOM_CUDA_NHWC=half $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nhwc_bn_bwd_legacy env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 $b/resnet50_synthetic $R --opt-level O2
 G="--device cuda --data $d/fortunes.txt --preset gpt2 --precision bf16 --batch-size 8 --max-steps 20 --log-interval 5 --val-interval 0 --sample 0"
 r gpt_O1 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_nograph $b/gpt_ddp $G --opt-level O1 --no-cuda-graph

@@ -433,7 +433,13 @@ static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
 		}
 		if (!readers || twins)
 			continue;
-		size_t bytes = bn ? 2 * sizeof(double) * (size_t)g->nodes[n->src[0]].shape.dims[1] :
+		const int64_t ch = g->nodes[n->src[0]].shape.dims[1];
+		/* An NHWC forward through the Ex call keeps its reserve here for
+		 * the Ex backward (LOOM_CUDA_BN_BWD_EX), after the statistics. */
+		loom_cuda_bn_plan *fb = &c->plans[f].bn;
+		fb->reserve_slot = bn && c->bn_bwd_ex && bn_family(c, p, f) == 1 && fb->nhwc &&
+				   fb->ex && fb->reserve_max > 0;
+		size_t bytes = bn ? loom_cuda_bn_slot_bytes(ch, fb->reserve_slot ? fb->reserve_max : 0) :
 				    (size_t)loom_shape_numel(&n->shape);
 		for (loom_value w = 0; w < g->n; w++)
 			if (w == f || (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
@@ -443,18 +449,6 @@ static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
 			}
 		c->saved_bytes += loom_cuda_align(bytes);
 	}
-}
-
-/* Whether values a and b share bytes; *same: exactly the same bytes. */
-static int bytes_meet(const loom_plan *p, loom_value a, loom_value b, int *same)
-{
-	*same = 0;
-	if (p->mp.region[a] != p->mp.region[b])
-		return 0;
-	size_t a0 = p->mp.offset[a], a1 = a0 + loom_plan_value_bytes(p, a);
-	size_t b0 = p->mp.offset[b], b1 = b0 + loom_plan_value_bytes(p, b);
-	*same = a0 == b0 && a1 == b1;
-	return a0 < b1 && b0 < a1;
 }
 
 /* Every reader of value x is one of the n nodes in ok. */
@@ -531,7 +525,7 @@ static loom_value classifier_bwd(const loom_plan *p, loom_value f)
 		return LOOM_NONE;
 	const loom_value ok[2] = { f, bwd };
 	int same;
-	if (!logits_private(p, x, ok) || !bytes_meet(p, bwd, x, &same) || !same)
+	if (!logits_private(p, x, ok) || !loom_cuda_bytes_meet(p, bwd, x, &same) || !same)
 		return LOOM_NONE;
 	return bwd;
 }
@@ -602,27 +596,67 @@ static int relu_bwd_fusable(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 	for (int wi = 0; wi < 3; wi++)
 		for (int ri = 0; writes[wi] != LOOM_NONE && ri < 4; ri++) {
 			int same;
-			if (bytes_meet(p, writes[wi], reads[ri], &same) && !(wi == 0 && same))
+			if (loom_cuda_bytes_meet(p, writes[wi], reads[ri], &same) && !(wi == 0 && same))
 				return 0;
 		}
 	return 1;
 }
 
-/* Each node's first step in p (-1: none), malloc'ed for the caller to
- * free; NULL: out of memory. */
-static int *first_steps(const loom_plan *p)
+/*
+ * Filters kept KRSC for the step (LOOM_CUDA_CONV_KRSC, on by default;
+ * compiled, not run): loom holds weights KCRS, cuDNN's NHWC kernels read
+ * KRSC, and each NHWC convolution reordered its filter into ws at every
+ * call. A filter that two or more NHWC convolutions read (the forward and
+ * the data gradient) gets a slot of the saved region, written by the first
+ * of them in the steps (a step's value never changes within a run, and
+ * every run that runs a later reader runs the first) and read by the rest.
+ * ResNet-50 fp16: about 50 MB of copies.
+ */
+static loom_status plan_conv_krsc(loom_cuda_ctx *c, const loom_plan *p)
 {
 	const loom_graph *g = p->g;
-	int *step_of = (int *)malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+	if (!c->conv_krsc || p->pipe)
+		return LOOM_OK;
+	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)
-		return NULL;
-	for (loom_value v = 0; v < g->n; v++)
-		step_of[v] = -1;
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v != LOOM_NONE &&
-		    step_of[p->steps[i].v] < 0)
-			step_of[p->steps[i].v] = i;
-	return step_of;
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	for (loom_value w = 0; w < g->n; w++) {
+		loom_value first = LOOM_NONE;
+		int readers = 0;
+		for (int pass = 0; pass < 2; pass++)
+			for (loom_value v = 0; v < g->n; v++) {
+				const loom_node *n = &g->nodes[v];
+				const loom_cuda_conv_plan *cp = &c->plans[v].conv;
+				if (c->plans[v].kind != LOOM_CUDA_PLAN_CONV ||
+				    n->op == LOOM_OP_CONV2D_BWD_FILTER || n->src[1] != w || !cp->ro[1] ||
+				    cp->fmt != LOOM_FORMAT_NHWC || cp->f32 || step_of[v] < 0)
+					continue;
+				if (pass == 0) {
+					if (first == LOOM_NONE || step_of[v] < step_of[first])
+						first = v;
+					continue;
+				}
+				if (n->dtype == g->nodes[first].dtype)
+					readers++;
+			}
+		if (readers < 2)
+			continue;
+		const size_t off = c->saved_bytes;
+		for (loom_value v = 0; v < g->n; v++) {
+			const loom_node *n = &g->nodes[v];
+			loom_cuda_conv_plan *cp = &c->plans[v].conv;
+			if (c->plans[v].kind != LOOM_CUDA_PLAN_CONV || n->op == LOOM_OP_CONV2D_BWD_FILTER ||
+			    n->src[1] != w || !cp->ro[1] || cp->fmt != LOOM_FORMAT_NHWC || cp->f32 ||
+			    step_of[v] < 0 || n->dtype != g->nodes[first].dtype)
+				continue;
+			cp->krsc_by = first;
+			cp->krsc_off = off;
+		}
+		c->saved_bytes += loom_cuda_align((size_t)loom_shape_numel(&g->nodes[w].shape) *
+						  loom_dtype_size(g->nodes[first].dtype));
+	}
+	free(step_of);
+	return LOOM_OK;
 }
 
 /* The relu backwards the split batch-norm backward takes over
@@ -633,7 +667,7 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 	const loom_graph *g = p->g;
 	if (!c->bn_relu_bwd || !c->bn_split || p->pipe)
 		return LOOM_OK;
-	int *step_of = first_steps(p);
+	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	for (loom_value b = 0; b < g->n; b++) {
@@ -677,6 +711,8 @@ static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_CAST:
 	case LOOM_OP_MAXPOOL2D:
 	case LOOM_OP_MAXPOOL2D_BWD:
+	case LOOM_OP_GLOBAL_AVGPOOL:
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
 #define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
 		LOOM_UNARY_OPS(UNARY_CASE)
 #undef UNARY_CASE
@@ -692,17 +728,6 @@ static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	}
 }
 
-/* Whether value v is read by a node run after step `after`. */
-static int read_after(const loom_plan *p, loom_value v, const int *step_of, int after)
-{
-	const loom_graph *g = p->g;
-	for (loom_value w = 0; w < g->n; w++)
-		for (int i = 0; i < g->nodes[w].nsrc; i++)
-			if (g->nodes[w].src[i] == v && step_of[w] > after)
-				return 1;
-	return 0;
-}
-
 /*
  * Batch norm + residual add + relu as one cuDNN call (LOOM_CUDA_BN_ADD,
  * on by default; NHWC only, where cuDNN has it): ResNet's bn3 -> add ->
@@ -711,69 +736,125 @@ static int read_after(const loom_plan *p, loom_value v, const int *step_of, int 
  * one reader, writing relu(bn(x) + z) into a's output; b's own output is
  * never written (nothing else reads it) and b's step does nothing. At a's
  * step b's input x must still hold (something after a reads it: the
- * backward does), z is made, and a's output meets neither x nor z. The
- * backward is unchanged (the relu's backward reads a's output; batch
- * norm's reads x and the statistics saved here). Eval runs, and the
- * diagnosis, run the two nodes as they are.
+ * backward does), z is made, and a's output meets neither x nor z
+ * (bn_fuse.c's loom_cuda_bn_add_match). The backward reads a's output in
+ * the relu's backward, or in cuDNN's Ex backward with BN_ADD_ACTIVATION
+ * (plan_bn_bwd_ex). Eval runs, and the diagnosis, run the two nodes as
+ * they are.
  */
 static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_bytes)
 {
 	const loom_graph *g = p->g;
 	if (!c->bn_add || p->pipe)
 		return LOOM_OK;
-	int *step_of = first_steps(p);
+	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)
 		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	unsigned char *nhwc = (unsigned char *)calloc(g->n ? g->n : 1, 1);
+	loom_value *taken = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
+	if (!nhwc || !taken) {
+		free(nhwc);
+		free(taken);
+		free(step_of);
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	}
+	for (loom_value v = 0; v < g->n; v++) {
+		nhwc[v] = c->plans[v].kind == LOOM_CUDA_PLAN_BN && c->plans[v].bn.nhwc;
+		taken[v] = LOOM_NONE;
+	}
 	for (loom_value a = 0; a < g->n; a++) {
-		const loom_node *an = &g->nodes[a];
-		if (an->op != LOOM_OP_ADD || !an->a.ew.relu || an->nsrc != 2 ||
-		    an->format != LOOM_FORMAT_NHWC || step_of[a] < 0)
+		loom_value z, b = loom_cuda_bn_add_match(p, step_of, a, nhwc, taken, &z);
+		if (b == LOOM_NONE)
 			continue;
-		for (int k = 0; k < 2; k++) {
-			loom_value b = an->src[k], z = an->src[1 - k];
-			const loom_node *bn = &g->nodes[b];
-			if (bn->op != LOOM_OP_BATCHNORM2D || bn->a.bn.relu || bn->a.bn.sync ||
-			    (bn->flags & LOOM_NODE_OUTPUT) || c->plans[b].kind != LOOM_CUDA_PLAN_BN ||
-			    !c->plans[b].bn.nhwc || c->plans[b].bn_add_by != LOOM_NONE || b == z)
-				continue;
-			if (bn->dtype != an->dtype || g->nodes[z].dtype != an->dtype ||
-			    g->nodes[bn->src[0]].dtype != an->dtype ||
-			    !loom_shape_eq(&bn->shape, &an->shape) ||
-			    !loom_shape_eq(&g->nodes[z].shape, &an->shape))
-				continue;
-			if (step_of[b] < 0 || step_of[z] < 0 || step_of[b] > step_of[a] ||
-			    step_of[z] > step_of[a])
-				continue;
-			/* b read by a alone */
-			int others = 0;
-			for (loom_value w = 0; w < g->n && !others; w++)
-				for (int i = 0; i < g->nodes[w].nsrc; i++)
-					others |= g->nodes[w].src[i] == b && w != a;
-			if (others)
-				continue;
-			loom_value x = bn->src[0];
-			int same;
-			if (!read_after(p, x, step_of, step_of[a]) || bytes_meet(p, a, x, &same) ||
-			    bytes_meet(p, a, z, &same))
-				continue;
-			size_t ws = 0, reserve = 0;
-			if (loom_cuda_bn_add_sizes(c, &c->plans[b], &ws, &reserve) != LOOM_OK)
-				continue;
-			loom_cuda_node_plan *ap = &c->plans[a];
-			ap->bn_add = b;
-			ap->bn_add_z = z;
-			ap->bn_add_ws = ws;
-			ap->bn_add_reserve = reserve;
-			size_t need = loom_cuda_align(ws) + loom_cuda_align(reserve);
-			if (ap->ws < need)
-				ap->ws = need;
-			if (*ws_bytes < need)
-				*ws_bytes = need;
-			c->plans[b].bn_add_by = a;
-			break;
-		}
+		size_t ws = 0, reserve = 0;
+		if (loom_cuda_bn_add_sizes(c, &c->plans[b], &ws, &reserve) != LOOM_OK)
+			continue;
+		loom_cuda_node_plan *ap = &c->plans[a];
+		ap->bn_add = b;
+		ap->bn_add_z = z;
+		ap->bn_add_ws = ws;
+		ap->bn_add_reserve = reserve;
+		/* the reserve in ws unless the saved slot holds it (plan_saved) */
+		size_t need = loom_cuda_align(ws) +
+			      (c->plans[b].bn.reserve_slot ? 0 : loom_cuda_align(reserve));
+		if (ap->ws < need)
+			ap->ws = need;
+		if (*ws_bytes < need)
+			*ws_bytes = need;
+		c->plans[b].bn_add_by = a;
+		taken[b] = a;
+	}
+	free(nhwc);
+	free(taken);
+	free(step_of);
+	c->err[0] = 0;
+	return LOOM_OK;
+}
+
+/*
+ * cuDNN's Ex backward for NHWC batch norm (LOOM_CUDA_BN_BWD_EX, on by
+ * default; compiled, not run): backward b reads the statistics and the
+ * reserve its forward's Ex call left in their saved slot (plan_saved), in
+ * cudnnBatchNormalizationBackwardEx (CUDNN_BATCHNORM_SPATIAL_PERSISTENT),
+ * its workspace after the dgamma/dbeta scratch. Where bn_fuse.c's rules
+ * hold (LOOM_CUDA_BN_BWD_FUSE), the same call does the relu's backward
+ * (the forward's fused relu: BN_ACTIVATION) or the add + relu's
+ * (plan_bn_add's: BN_ADD_ACTIVATION, writing the relu backward's output as
+ * dz, the residual branch's gradient); that relu backward then does
+ * nothing. At run time the backward matches what its forward ran
+ * (bn.ran_ex), else it runs the relu backward itself and the call that
+ * fits (bn_cudnn.cu).
+ */
+static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_bytes)
+{
+	const loom_graph *g = p->g;
+	if (!c->bn_bwd_ex || p->pipe)
+		return LOOM_OK;
+	int *step_of = loom_cuda_first_steps(p);
+	unsigned char *makes = (unsigned char *)calloc(g->n ? g->n : 1, 1);
+	loom_value *add_by = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
+	if (!step_of || !makes || !add_by) {
+		free(step_of);
+		free(makes);
+		free(add_by);
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	}
+	for (loom_value v = 0; v < g->n; v++)
+		add_by[v] = c->plans[v].bn_add_by;
+	for (loom_value b = 0; b < g->n; b++) {
+		loom_cuda_node_plan *np = &c->plans[b];
+		loom_value f = np->saved_by;
+		if (g->nodes[b].op != LOOM_OP_BN_BWD_DATA || np->kind != LOOM_CUDA_PLAN_BN ||
+		    !np->bn.nhwc || f == LOOM_NONE || f == b || !c->plans[f].bn.reserve_slot)
+			continue;
+		size_t ws = 0;
+		if (loom_cuda_bn_bwd_ex_ws(c, np, &ws) != LOOM_OK)
+			continue;
+		np->bn.bwd_ex = 1;
+		np->bn.bwd_ws = ws;
+		size_t need = loom_cuda_align(2 * sizeof(float) *
+					      (size_t)g->nodes[g->nodes[b].src[0]].shape.dims[1]) +
+			      loom_cuda_align(ws);
+		if (np->lib_ws < need)
+			np->lib_ws = need;
+		if (np->ws < need)
+			np->ws = need;
+		if (*ws_bytes < need)
+			*ws_bytes = need;
+		if (!c->bn_bwd_fuse)
+			continue;
+		for (loom_value w = 0; w < g->n; w++)
+			makes[w] = w != b && loom_cuda_plan_makes(np, w);
+		loom_cuda_bn_bwd_fusion fu;
+		if (!loom_cuda_bn_bwd_match(p, step_of, b, f, add_by, makes, &fu) ||
+		    c->plans[fu.relu_bwd].fused_into != LOOM_NONE)
+			continue;
+		np->bn.fuse = fu;
+		c->plans[fu.relu_bwd].fused_into = b;
 	}
 	free(step_of);
+	free(makes);
+	free(add_by);
 	c->err[0] = 0;
 	return LOOM_OK;
 }
@@ -804,6 +885,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
 	c->bn_relu_bwd = env_switch("LOOM_CUDA_BN_RELU_BWD", 1);
 	c->bn_add = env_switch("LOOM_CUDA_BN_ADD", 1);
+	c->bn_bwd_ex = env_switch("LOOM_CUDA_BN_BWD_EX", 1);
+	c->bn_bwd_fuse = env_switch("LOOM_CUDA_BN_BWD_FUSE", 1);
+	c->conv_krsc = env_switch("LOOM_CUDA_CONV_KRSC", 1);
 	c->classifier = env_switch("LOOM_CUDA_CLASSIFIER", 1);
 	c->ln_save = env_switch("LOOM_CUDA_LN_SAVE", 1);
 	c->gelu_epi = env_switch("LOOM_CUDA_GELU_EPILOGUE", 1);
@@ -818,6 +902,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		c->plans[v].fused_into = LOOM_NONE;
 		c->plans[v].ce_bwd = LOOM_NONE;
 		c->plans[v].bn.relu_bwd = c->plans[v].bn.relu_y = c->plans[v].bn.relu_dy = LOOM_NONE;
+		c->plans[v].bn.fuse.relu_bwd = c->plans[v].bn.fuse.y = LOOM_NONE;
+		c->plans[v].bn.fuse.dy = c->plans[v].bn.fuse.beta = LOOM_NONE;
+		c->plans[v].conv.krsc_by = LOOM_NONE;
 	}
 	/* The convolutions' algorithm search measures on scratch memory of
 	 * its own, freed before the arena is allocated (alloc, later). */
@@ -833,10 +920,14 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	if (st == LOOM_OK) {
 		plan_classifier(c, p);
 		plan_saved(c, p);
-		st = plan_relu_bwd(c, p);
+		st = plan_conv_krsc(c, p);
 	}
 	if (st == LOOM_OK)
+		st = plan_relu_bwd(c, p);
+	if (st == LOOM_OK)
 		st = plan_bn_add(c, p, ws_bytes);
+	if (st == LOOM_OK)
+		st = plan_bn_bwd_ex(c, p, ws_bytes);
 	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
 		if (!formats_ok(c, p, v)) {
 			char lb[96];
@@ -1463,8 +1554,23 @@ static loom_status poison_node(loom_cuda_ctx *c, const loom_plan *p, loom_value 
 	int keep_out = 0; /* v's bytes hold the relu's y or dy it reads */
 	if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
 		int same;
-		keep_out = bytes_meet(p, v, bp->relu_y, &same) || bytes_meet(p, v, bp->relu_dy, &same);
+		keep_out = loom_cuda_bytes_meet(p, v, bp->relu_y, &same) ||
+			   loom_cuda_bytes_meet(p, v, bp->relu_dy, &same);
 	}
+	if (bp->fuse.ops != LOOM_CUDA_BN_EX_NONE && loom_cuda_relu_fusion_on(c)) {
+		int same; /* cuDNN's Ex backward: dx may lie exactly on y or dy */
+		keep_out |= loom_cuda_bytes_meet(p, v, bp->fuse.y, &same) ||
+			    loom_cuda_bytes_meet(p, v, bp->fuse.dy, &same);
+	}
+	/* The Ex backward with BN_ADD_ACTIVATION writes the relu backward's
+	 * output (dz), apart from all it reads (bn_fuse.c). */
+	if (bp->fuse.ops == LOOM_CUDA_BN_EX_ADD_ACT && loom_cuda_relu_fusion_on(c) &&
+	    p->mp.root[bp->fuse.relu_bwd] == bp->fuse.relu_bwd &&
+	    p->mp.inplace[bp->fuse.relu_bwd] == LOOM_NONE)
+		st = LOOM_CUDA_CHECK(cudaMemsetAsync(loom_arena_ptr(c->arena, p, bp->fuse.relu_bwd),
+						     0xff, loom_plan_value_bytes(p, bp->fuse.relu_bwd),
+						     c->stream),
+				     c->err, sizeof(c->err));
 	for (loom_value w = v; w != LOOM_NONE && st == LOOM_OK;
 	     w = w == v ? loom_sibling_first(p, v) : loom_sibling_next(p, w)) {
 		const loom_node *n = &p->g->nodes[w];
@@ -1915,6 +2021,8 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		snprintf(buf, len, "done by %d (%s)", (int)np->fused_into,
 			 by == LOOM_OP_SOFTMAX_CE ? "the fused classifier's forward" :
 			 by == LOOM_OP_LINEAR || by == LOOM_OP_MATMUL ? "the product's GELU epilogue" :
+			 c->plans[np->fused_into].kind == LOOM_CUDA_PLAN_BN ?
+								      "cudnn's Ex batch-norm backward" :
 								      "the split batch-norm backward");
 		return;
 	}
@@ -1951,9 +2059,16 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	const char *saved = np->saved_by == LOOM_NONE ? "" :
 			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
 					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
-	snprintf(buf, len, "%s%s%s%s", how, saved,
+	const char *ex = !np->bn.bwd_ex ? "" :
+			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ACT ?
+				 ", backward Ex BN_ACTIVATION with the forward's reserve, the relu backward fused" :
+			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ADD_ACT ?
+				 ", backward Ex BN_ADD_ACTIVATION with the forward's reserve, writes dz" :
+				 ", backward Ex with the forward's reserve";
+	snprintf(buf, len, "%s%s%s%s%s%s", how, saved,
+		 np->bn.reserve_slot ? " and the Ex reserve" : "",
 		 np->bn.own_makes ? ", writes dgamma and dbeta" : "",
-		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "");
+		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "", ex);
 }
 
 static const loom_backend loom_cuda_backend = {

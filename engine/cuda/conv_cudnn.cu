@@ -695,7 +695,10 @@ void loom_cuda_conv_note(const loom_node *n, const loom_cuda_conv_plan *cp, char
 		at += snprintf(buf + at, len - at, "; heuristic's algo %d %s %.3f ms", cp->heur_algo,
 			       hname, (double)cp->heur_ms);
 	if ((size_t)at < len)
-		snprintf(buf + at, len - at, ")");
+		at += snprintf(buf + at, len - at, ")");
+	if ((size_t)at < len && cp->krsc_by != LOOM_NONE)
+		snprintf(buf + at, len - at, ", filter KRSC kept for the step (made by %d)",
+			 (int)cp->krsc_by);
 }
 
 /* Safe on a half-made plan: cuDNN destroy calls take NULL. */
@@ -760,6 +763,15 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 			continue;
 		const loom_node *s = &p->g->nodes[n->src[i]];
 		void *dst = c->arena->ws + cp->ro_off[i];
+		/* The filter's KRSC copy of this step (plan_conv_krsc): made
+		 * by the first convolution that reads it, read by the rest. */
+		if (is_filter(n, i) && cp->krsc_by != LOOM_NONE && c->saved) {
+			dst = c->saved + cp->krsc_off;
+			if (cp->krsc_by != v) {
+				lib_src[i] = dst;
+				continue;
+			}
+		}
 		if ((st = reorder_operand(c, n, &s->shape, is_filter(n, i) ? LOOM_FORMAT_NCHW : s->format,
 					  lay, lib_src[i], dst)) != LOOM_OK)
 			return st;

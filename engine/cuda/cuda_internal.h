@@ -16,6 +16,7 @@ extern "C" {
 #include "engine/backend.h"
 #include "graph/ops/geometry.h"
 #include "engine/cuda/formats.h"
+#include "engine/cuda/bn_fuse.h"
 }
 
 #include "base/check.h"
@@ -121,6 +122,13 @@ typedef struct loom_cuda_conv_plan {
 	int fmt;
 	int ro[3];
 	size_t ro_off[3];
+	/* The filter kept KRSC for the step (LOOM_CUDA_CONV_KRSC; compiled,
+	 * not run): the node that reorders it into the saved region at
+	 * krsc_off (the first of the NHWC convolutions reading that filter;
+	 * itself, or an earlier one whose copy this one reads), LOOM_NONE: the
+	 * reorder into ws at each call. */
+	loom_value krsc_by;
+	size_t krsc_off;
 	/* How algo was chosen (--dump-graph): LOOM_CUDA_CONV_HOW_*, the math
 	 * type set, the measured time of algo (0: not measured) and the
 	 * heuristic's own first choice with its measured time. */
@@ -193,6 +201,21 @@ typedef struct loom_cuda_bn_plan {
 	/* NHWC descriptors (the format pass's choice), and the cudnnBatchNormMode_t
 	 * of the training calls: SPATIAL_PERSISTENT in NHWC, else SPATIAL. */
 	int nhwc, mode;
+	/* cuDNN's Ex backward (LOOM_CUDA_BN_BWD_EX; compiled, not run). On a
+	 * forward: reserve_max, the largest reserve its Ex calls may ask
+	 * (OPS_BN, BN_ACTIVATION, BN_ADD_ACTIVATION); reserve_slot, its saved
+	 * slot holds the reserve (plan_saved, from loom_cuda_bn_reserve_off);
+	 * ran_ex, what its last training run called (LOOM_CUDA_BN_EX_*, NONE:
+	 * the legacy call), which its backward must match. On a backward:
+	 * bwd_ex, the Ex call with the forward's reserve (plan_bn_bwd_ex in
+	 * backend.cu), its workspace bwd_ws after the dgamma/dbeta scratch, and
+	 * the relu's (or add + relu's) backward it does (fuse.ops NONE: none;
+	 * LOOM_CUDA_BN_BWD_FUSE). */
+	size_t reserve_max;
+	int reserve_slot, ran_ex;
+	int bwd_ex;
+	size_t bwd_ws;
+	loom_cuda_bn_bwd_fusion fuse;
 } loom_cuda_bn_plan;
 
 /* A fused attention node's cuDNN SDPA plan (sdpa_cudnn.cu). */
@@ -345,6 +368,13 @@ typedef struct loom_cuda_ctx {
 	 * batch-norm backward where the memory plan allows it. */
 	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
 	int bn_add; /* LOOM_CUDA_BN_ADD: batch norm + add + relu in one cuDNN call (NHWC) */
+	/* LOOM_CUDA_BN_BWD_EX (1): NHWC batch norm's backward through
+	 * cudnnBatchNormalizationBackwardEx with the forward's reserve (0: the
+	 * legacy backward, 93 of 113 ms of an H100 ResNet-50 O2 step);
+	 * LOOM_CUDA_BN_BWD_FUSE (1): the relu's and the add + relu's backward
+	 * inside it (BN_ACTIVATION, BN_ADD_ACTIVATION). Compiled, not run. */
+	int bn_bwd_ex, bn_bwd_fuse;
+	int conv_krsc; /* LOOM_CUDA_CONV_KRSC (1): NHWC filters reordered once a step (plan_conv_krsc) */
 	/* The GPT's fusions (issue 30 item 5; compiled, not run), each 1
 	 * unless its variable is 0 when the plan is made:
 	 * LOOM_CUDA_CLASSIFIER: softmax-CE in one online pass over the half
@@ -576,6 +606,12 @@ loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *
 					 int xdt, void *y, int ydt, int64_t nc, int64_t hw);
 loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s, const void *dy,
 					 int dydt, void *dx, int dxdt, int64_t nc, int64_t hw);
+/* The same with x (dx) NHWC [n, hw, c]; y (dy) [n, c] as before. */
+loom_status loom_cuda_global_avgpool_nhwc_fwd(char *err, cudaStream_t s, const void *x, int xdt,
+					      void *y, int ydt, int64_t n, int64_t c, int64_t hw);
+loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s, const void *dy,
+					      int dydt, void *dx, int dxdt, int64_t n, int64_t c,
+					      int64_t hw);
 
 /* loss.cu */
 loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n, int classes,
@@ -672,6 +708,10 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
  * relu (BN_ADD_ACTIVATION); LOOM_ERR_UNSUPPORTED where cuDNN refuses. */
 loom_status loom_cuda_bn_add_sizes(loom_cuda_ctx *c, const loom_cuda_node_plan *bnp, size_t *ws,
 				   size_t *reserve);
+/* Backward node np's Ex workspace (the largest of OPS_BN,
+ * BN_ACTIVATION and BN_ADD_ACTIVATION that cuDNN takes; makes the
+ * activation descriptor); LOOM_ERR_UNSUPPORTED where cuDNN takes none. */
+loom_status loom_cuda_bn_bwd_ex_ws(loom_cuda_ctx *c, loom_cuda_node_plan *np, size_t *ws);
 /* ADD node a's fused call: relu(bn(x) + z) into a's output, batch norm b's
  * statistics saved and its running ones updated; LOOM_ERR_UNSUPPORTED
  * (nothing run, message cleared) where cuDNN refuses it at run time. */

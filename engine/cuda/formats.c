@@ -74,6 +74,13 @@ static int same_shapes(const loom_graph *g, const loom_node *n)
 	return 1;
 }
 
+/* LOOM_CUDA_POOL_NHWC (1): global average pooling takes NHWC. */
+static int pool_nhwc_on(void)
+{
+	const char *e = getenv("LOOM_CUDA_POOL_NHWC");
+	return !(e && !strcmp(e, "0"));
+}
+
 /* Batch norm on cuDNN (forward or dx): the own kernels are NCHW. */
 static int bn_on_cudnn(const loom_plan *p, const loom_node *n, int own_bn)
 {
@@ -121,6 +128,17 @@ void loom_cuda_formats_query(const loom_plan *p, loom_value v, loom_format_caps 
 		/* pool.cu's kernels take either; x, y, dy and dx share it */
 		if (n->shape.ndim == 4)
 			caps->accept = both;
+		return;
+	case LOOM_OP_GLOBAL_AVGPOOL:
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
+		/* pool.cu reads x (writes dx) in either; y and dy are [N, C].
+		 * LOOM_CUDA_POOL_NHWC=0: NCHW, a reorder before it (the old
+		 * path). */
+		if (pool_nhwc_on()) {
+			caps->accept = both;
+			caps->mixed = 1;
+			caps->prefer = LOOM_FORMAT_NHWC;
+		}
 		return;
 	case LOOM_OP_RELU:
 	case LOOM_OP_RELU_BWD:

@@ -35,9 +35,9 @@ int loom_cuda_bn_cudnn_takes(const loom_plan *p, const loom_node *n);
  * kernel reorders what cuDNN's one layout needs into its workspace), batch
  * norm on cuDNN with its dgamma/dbeta siblings, relu, add, casts and the
  * unary ops where every 4-D operand has the result's shape, views that keep
- * the shape, max pooling. Everything else NCHW (global pooling,
- * convolutions with a bias, the own batch-norm kernels), with reorders at
- * the edges.
+ * the shape, max pooling, global average pooling (its x and dx; off with
+ * LOOM_CUDA_POOL_NHWC=0). Everything else NCHW (convolutions with a bias,
+ * the own batch-norm kernels), with reorders at the edges.
  */
 void loom_cuda_formats_query(const loom_plan *p, loom_value v, loom_format_caps *caps,
 			     loom_cuda_nhwc_mode mode, int own_bn);

@@ -222,6 +222,33 @@ __global__ void loom_global_avgpool_fwd_kernel(const void *x, int xdt, void *y, 
 	}
 }
 
+/* NHWC (LOOM_CUDA_POOL_NHWC): one thread per (n, c), adjacent threads on
+ * adjacent channels (coalesced), each summing its hw values c apart in a
+ * double, as the NCHW kernel does. */
+__global__ void loom_global_avgpool_nhwc_fwd_kernel(const void *x, int xdt, void *y, int ydt,
+						    int64_t nc, int64_t c, int64_t hw)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nc;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		const int64_t img = e / c, ch = e % c, base = img * hw * c + ch;
+		double s = 0;
+		for (int64_t i = 0; i < hw; i++)
+			s += loom_ld(x, xdt, base + i * c);
+		loom_st(y, ydt, e, (float)(s / (double)hw));
+	}
+}
+
+/* NHWC backward: dx[n, i, c] = dy[n, c] / hw, one thread per element. */
+__global__ void loom_global_avgpool_nhwc_bwd_kernel(const void *dy, int dydt, void *dx, int dxdt,
+						    int64_t total, int64_t c, int64_t hw)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x) {
+		const int64_t nc = e / (hw * c) * c + e % c;
+		loom_st(dx, dxdt, e, (float)((double)loom_ld(dy, dydt, nc) / (double)hw));
+	}
+}
+
 /* One thread per input element: dx = dy of its plane / hw. */
 __global__ void loom_global_avgpool_bwd_kernel(const void *dy, int dydt, void *dx, int dxdt,
 					       int64_t total, int64_t hw)
@@ -311,6 +338,30 @@ extern "C" loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s,
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
+extern "C" loom_status loom_cuda_global_avgpool_nhwc_fwd(char *err, cudaStream_t s,
+							 const void *x, int xdt, void *y, int ydt,
+							 int64_t n, int64_t c, int64_t hw)
+{
+	const int64_t nc = n * c;
+	if (nc <= 0)
+		return LOOM_OK;
+	loom_global_avgpool_nhwc_fwd_kernel<<<loom_cuda_blocks(nc, threads), threads, 0, s>>>(
+		x, xdt, y, ydt, nc, c, hw);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+extern "C" loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s,
+							 const void *dy, int dydt, void *dx,
+							 int dxdt, int64_t n, int64_t c, int64_t hw)
+{
+	const int64_t total = n * c * hw;
+	if (total <= 0)
+		return LOOM_OK;
+	loom_global_avgpool_nhwc_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
+		dy, dydt, dx, dxdt, total, c, hw);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
 // ----------------------------------------------------------------------------
 // op entries
 
@@ -345,23 +396,33 @@ loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 				     io->dt[1], io->out, io->odt, nhwc);
 }
 
-/* x [N, C, H, W] -> [N, C] */
+/* x [N, C, H, W] -> [N, C]; x NCHW or NHWC (formats.c, LOOM_CUDA_POOL_NHWC) */
 loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 					const loom_cuda_io *io)
 {
 	const loom_node *n = &plan->g->nodes[v];
 	const loom_node *x = &plan->g->nodes[n->src[0]];
+	if (x->format == LOOM_FORMAT_NHWC)
+		return loom_cuda_global_avgpool_nhwc_fwd(c->err, c->stream, io->src[0], io->dt[0],
+							 io->out, io->odt, x->shape.dims[0],
+							 x->shape.dims[1],
+							 x->shape.dims[2] * x->shape.dims[3]);
 	return loom_cuda_global_avgpool_fwd(c->err, c->stream, io->src[0], io->dt[0], io->out,
 					    io->odt, loom_shape_numel(&n->shape),
 					    x->shape.dims[2] * x->shape.dims[3]);
 }
 
-/* dy [N, C] -> dx [N, C, H, W] */
+/* dy [N, C] -> dx [N, C, H, W], dx NCHW or NHWC */
 loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 					    loom_value v, const loom_cuda_io *io)
 {
 	const loom_node *n = &plan->g->nodes[v];
 	const loom_node *x = &plan->g->nodes[n->src[0]];
+	if (n->format == LOOM_FORMAT_NHWC)
+		return loom_cuda_global_avgpool_nhwc_bwd(c->err, c->stream, io->src[0], io->dt[0],
+							 io->out, io->odt, n->shape.dims[0],
+							 n->shape.dims[1],
+							 n->shape.dims[2] * n->shape.dims[3]);
 	return loom_cuda_global_avgpool_bwd(c->err, c->stream, io->src[0], io->dt[0], io->out,
 					    io->odt, loom_shape_numel(&x->shape),
 					    n->shape.dims[2] * n->shape.dims[3]);

@@ -7,7 +7,7 @@
 #   2. test_device and 3. test_cuda_ops, with LOOM_REQUIRE_GPU=1 (a missing
 #      device fails, never skips; any skipped case fails the row);
 #   3b. the speed section: ResNet-50 and GPT-2 124M, loom (kernel search on
-#      and off) alternating with PyTorch, one table (speed.txt), in 330 s;
+#      and off) alternating with PyTorch, one table (speed.txt), in 360 s;
 #   4. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
 #      with the test accuracy;
 #   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
@@ -108,7 +108,7 @@ row test_device criterion 120 "" -- "$bin/test_device" --verbose
 row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 
 # The speed section (issue 30), early so that a short lease gets it, within
-# its own LOOM_GPU_SPEED_S (330 s): ResNet-50 b64 at fp32 (TF32, the
+# its own LOOM_GPU_SPEED_S (360 s): ResNet-50 b64 at fp32 (TF32, the
 # default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
 # convolutions' algorithm search on and off (LOOM_KERNEL_SEARCH=on|off;
 # off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16
@@ -128,7 +128,7 @@ torch_ok=0
 	torch_ok=1
 speed=$res/speed.tsv
 : >"$speed"
-speed_budget=${LOOM_GPU_SPEED_S:-330}
+speed_budget=${LOOM_GPU_SPEED_S:-360}
 speed_t0=$(date +%s)
 # srow name speed_kind row_kind limit -- command...: a row of the summary
 # and a line of the speed table, within the section's time.
@@ -246,18 +246,30 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	r50s=(--device cuda --batch-size 64 --steps 10 --warmup 2)
 	srow speed_r50_O2_fp16_default10 loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
-	# NHWC through the planner's formats (engine/cuda/formats.c): on by
-	# default for mixed-precision plans, so every row above runs it (the
-	# search-off rows and speed_r50_O2_fp16_default10 are the defaults at
-	# search off); LOOM_CUDA_NHWC=0 keeps the all-NCHW plans, and
-	# LOOM_CUDA_BN_ADD=0 NHWC without the fused batch norm + add + relu,
-	# side by side at 10 steps (~30 s for the three rows).
+	# NHWC through the planner's formats (engine/cuda/formats.c): off by
+	# default since the fourth GPU run (3-4x slower on an H100 with the
+	# legacy batch-norm backward), so the rows above and
+	# speed_r50_O2_fp16_default10 run NCHW, as these =0 rows do;
+	# speed_r50_O2_fp16_bn_add_off runs NHWC without the fused batch norm
+	# + add + relu, against speed_r50_O2_fp16_nhwc_bn_bwd_ex below (NHWC,
+	# the defaults). 10 steps each.
 	srow speed_r50_O2_fp16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O2_fp16_bn_add_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
-		LOOM_CUDA_BN_ADD=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+		LOOM_CUDA_NHWC=half LOOM_CUDA_BN_ADD=0 "$bin/resnet50_synthetic" "${r50s[@]}" \
+		--opt-level O2
 	srow speed_r50_O1_bf16_nhwc_off loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_NHWC=0 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O1 --precision bf16
+	# NHWC (LOOM_CUDA_NHWC=half) with NHWC batch norm's backward through
+	# cuDNN's Ex call with the forward's reserve, the relu's and the add +
+	# relu's backward inside it (LOOM_CUDA_BN_BWD_EX, _FUSE: on), and with
+	# the legacy backward (LOOM_CUDA_BN_BWD_EX=0: 93 of 113 ms of a step
+	# on an H100), side by side at 10 steps (~30 s for the two rows).
+	srow speed_r50_O2_fp16_nhwc_bn_bwd_ex loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_NHWC=half "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
+	srow speed_r50_O2_fp16_nhwc_bn_bwd_legacy loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
+		LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 "$bin/resnet50_synthetic" "${r50s[@]}" \
+		--opt-level O2
 	srow speed_r50_O2_fp16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O1_bf16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \

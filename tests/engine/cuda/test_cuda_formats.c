@@ -3,17 +3,24 @@
  * formats.c, its node_formats) through the planner's format pass, on the
  * CPU, no GPU needed: a plan compiled NCHW on the CPU is handed to
  * graph/formats.c with the CUDA rules as its backend's answers. Under
- * LOOM_CUDA_NHWC's default (half), a mixed-precision ResNet's convolutions,
- * batch norms, relus, adds and max pool hold NHWC, with reorders only at
- * the global pooling; fp32 plans stay NCHW unless "all";
+ * LOOM_CUDA_NHWC=half, a mixed-precision ResNet's convolutions, batch
+ * norms, relus, adds, max pool and the global pool's input and gradient
+ * hold NHWC, with no reorder (LOOM_CUDA_POOL_NHWC=0: reorders only at the
+ * global pooling); fp32 plans stay NCHW unless "all";
  * "0" keeps every value NCHW; the own batch-norm kernels keep theirs NCHW;
- * a convolution with a bias stays NCHW.
+ * a convolution with a bias stays NCHW. Then cuDNN's fused batch-norm
+ * calls (engine/cuda/bn_fuse.c) on a plan compiled through the format pass
+ * with the CUDA rules: the adds that run their batch norm, the backwards
+ * that do the relu's and the add + relu's backward with the forward's
+ * reserve, and where that reserve sits in the saved slot.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend.h"
+#include "engine/cuda/bn_fuse.h"
 #include "engine/cuda/formats.h"
 #include "engine/program_internal.h"
 #include "examples/models.h"
@@ -111,8 +118,10 @@ static void all_nhwc(const fmt_count *fc, const char *what)
 /*
  * ResNet-50 at O2 fp16 and O1 bf16: every convolution, data gradient,
  * batch norm and add NHWC; the filter gradients NCHW (the weight's
- * layout); the global pool NCHW with a reorder into it and one out of its
- * backward, and nowhere else.
+ * layout); the global pool reading NHWC and its backward writing it, so
+ * no reorder anywhere (the first convolution reorders the image in its
+ * workspace). LOOM_CUDA_POOL_NHWC=0: the global pool NCHW with a reorder
+ * into it and one out of its backward, and nowhere else.
  */
 static void half_case(loom_opt_level level, loom_dtype half, const char *what)
 {
@@ -122,12 +131,28 @@ static void half_case(loom_opt_level level, loom_dtype half, const char *what)
 	all_nhwc(&fc, what);
 	cr_expect_eq(fc.nhwc[LOOM_OP_CONV2D_BWD_FILTER], 0, "%s: filter gradients NCHW", what);
 	cr_expect_eq(fc.nhwc[LOOM_OP_MAXPOOL2D], fc.nodes[LOOM_OP_MAXPOOL2D], "%s", what);
-	cr_expect_eq(fc.nhwc[LOOM_OP_GLOBAL_AVGPOOL], 0, "%s", what);
+	cr_expect_eq(fc.nhwc[LOOM_OP_GLOBAL_AVGPOOL], 0, "%s: [N, C] is NCHW", what);
 	cr_expect(fc.nhwc[LOOM_OP_RELU] + fc.nhwc[LOOM_OP_RELU_BWD] > 0, "%s: no relu in NHWC", what);
-	cr_expect(fc.reorders > 0 && fc.reorders <= 2, "%s: %d reorders (%d to NHWC, %d to NCHW)",
-		  what, fc.reorders, fc.to_nhwc, fc.to_nchw);
+	cr_expect(fc.nodes[LOOM_OP_GLOBAL_AVGPOOL_BWD] == 1 &&
+			  fc.nhwc[LOOM_OP_GLOBAL_AVGPOOL_BWD] == 1,
+		  "%s: the global pool's backward in NHWC", what);
+	cr_expect_eq(fc.reorders, 0, "%s: %d reorders (%d to NHWC, %d to NCHW)", what, fc.reorders,
+		     fc.to_nhwc, fc.to_nchw);
 	if (getenv("FORMATS_DUMP"))
 		loom_program_dump(p, stderr);
+	loom_program_free(p);
+	loom_graph_free(g);
+
+	/* the old path: the global pool NCHW, reordered into and out of */
+	setenv("LOOM_CUDA_POOL_NHWC", "0", 1);
+	p = resnet(&g, 50, level, half);
+	fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 0);
+	unsetenv("LOOM_CUDA_POOL_NHWC");
+	all_nhwc(&fc, what);
+	cr_expect_eq(fc.nhwc[LOOM_OP_GLOBAL_AVGPOOL_BWD], 0, "%s, LOOM_CUDA_POOL_NHWC=0", what);
+	cr_expect(fc.reorders > 0 && fc.reorders <= 2,
+		  "%s, LOOM_CUDA_POOL_NHWC=0: %d reorders (%d to NHWC, %d to NCHW)", what,
+		  fc.reorders, fc.to_nhwc, fc.to_nchw);
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -143,8 +168,8 @@ Test(cuda_formats, resnet50_o1_bf16_nhwc)
 }
 
 /* The ImageNet stem (7x7/2 conv of 3 channels, relu + 3x3/2 max pool):
- * the pool and its backward NHWC, the reorders still only at the global
- * pool (the stem's 3-channel image is the convolution's to reorder). */
+ * the pool and its backward NHWC, no reorder (the stem's 3-channel image
+ * is the convolution's to reorder). */
 Test(cuda_formats, resnet18_imagenet_stem_o2_fp16)
 {
 	loom_graph *g;
@@ -157,7 +182,7 @@ Test(cuda_formats, resnet18_imagenet_stem_o2_fp16)
 	cr_expect(fc.nodes[LOOM_OP_MAXPOOL2D] == 1 && fc.nhwc[LOOM_OP_MAXPOOL2D] == 1,
 		  "%d max pools, %d NHWC", fc.nodes[LOOM_OP_MAXPOOL2D], fc.nhwc[LOOM_OP_MAXPOOL2D]);
 	cr_expect_eq(fc.nhwc[LOOM_OP_MAXPOOL2D_BWD], fc.nodes[LOOM_OP_MAXPOOL2D_BWD]);
-	cr_expect(fc.reorders > 0 && fc.reorders <= 2, "%d reorders", fc.reorders);
+	cr_expect_eq(fc.reorders, 0, "%d reorders", fc.reorders);
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -175,7 +200,7 @@ Test(cuda_formats, fp32_stays_nchw_unless_all)
 	p = resnet(&g, 18, LOOM_O0, LOOM_F16);
 	fc = cuda_formats(p, LOOM_CUDA_NHWC_ALL, 0);
 	all_nhwc(&fc, "ResNet-18 fp32, all");
-	cr_expect(fc.reorders > 0 && fc.reorders <= 2, "%d reorders", fc.reorders);
+	cr_expect_eq(fc.reorders, 0, "%d reorders", fc.reorders);
 	loom_program_free(p);
 	loom_graph_free(g);
 }
@@ -254,4 +279,194 @@ Test(cuda_formats, conv_bias_and_broadcast_stay_nchw)
 	(void)fc;
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/* ------------------------------------------------------------ fused batch norm */
+
+/* The CPU backend answering the format pass with the CUDA rules and
+ * fusing as CUDA does; no node plans (nothing runs): a plan with CUDA's
+ * formats, steps and memory plan, no GPU needed. */
+static loom_backend cuda_like;
+
+static void cuda_like_formats(void *ctx, const loom_plan *plan, loom_value v,
+			      loom_format_caps *caps)
+{
+	(void)ctx;
+	loom_cuda_formats_query(plan, v, caps, LOOM_CUDA_NHWC_HALF, 0);
+}
+
+static loom_status no_node_plans(void *ctx, const loom_plan *plan, size_t *ws_bytes)
+{
+	(void)ctx;
+	(void)plan;
+	*ws_bytes = 0;
+	return LOOM_OK;
+}
+
+static int every_node(void *ctx, const loom_plan *plan, loom_value v)
+{
+	(void)ctx;
+	(void)plan;
+	(void)v;
+	return 1;
+}
+
+static loom_program *compile_cuda_like(loom_graph *g, loom_value loss, loom_opt_level level)
+{
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	cuda_like = loom_cpu_backend;
+	cuda_like.name = "cuda-like";
+	cuda_like.caps |= LOOM_BE_FUSES_ALL;
+	cuda_like.node_formats = cuda_like_formats;
+	cuda_like.plan_create = no_node_plans;
+	cuda_like.supports_node = every_node;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.formats = LOOM_FORMATS_AUTO;
+	o.amp.level = level;
+	o.amp.half = LOOM_F16;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.01;
+	setenv("LOOM_FORMATS", "auto", 1);
+	loom_test_backend = &cuda_like;
+	loom_status st = loom_compile(g, loss, &o, &p);
+	loom_test_backend = NULL;
+	unsetenv("LOOM_FORMATS");
+	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+typedef struct bn_fusions {
+	int bn_fwd, bn_bwd, adds_fused, act, add_act, relu_bwds, paired;
+} bn_fusions;
+
+/* backend.cu's plan_bn_add and plan_bn_bwd_ex as a CPU sees them: batch
+ * norm on cuDNN wherever formats.c put it in NHWC, each backward paired
+ * with the forward of the same x, its f32 dgamma/dbeta siblings made by
+ * its call. */
+static bn_fusions bn_fusions_of(const loom_plan *pl)
+{
+	const loom_graph *g = pl->g;
+	bn_fusions r;
+	memset(&r, 0, sizeof(r));
+	int *step_of = loom_cuda_first_steps(pl);
+	unsigned char *nhwc = calloc(g->n, 1), *makes = calloc(g->n, 1);
+	loom_value *add_by = malloc(sizeof(loom_value) * g->n);
+	cr_assert(step_of && nhwc && makes && add_by);
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		add_by[v] = LOOM_NONE;
+		nhwc[v] = (n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA) &&
+			  n->format == LOOM_FORMAT_NHWC && !n->a.bn.sync &&
+			  loom_cuda_bn_cudnn_takes(pl, n);
+		r.bn_fwd += n->op == LOOM_OP_BATCHNORM2D && nhwc[v];
+		r.bn_bwd += n->op == LOOM_OP_BN_BWD_DATA && nhwc[v];
+		r.relu_bwds += n->op == LOOM_OP_RELU_BWD;
+	}
+	for (loom_value a = 0; a < g->n; a++) {
+		loom_value z, b = loom_cuda_bn_add_match(pl, step_of, a, nhwc, add_by, &z);
+		if (b == LOOM_NONE)
+			continue;
+		cr_expect_neq(z, LOOM_NONE);
+		add_by[b] = a;
+		r.adds_fused++;
+	}
+	for (loom_value b = 0; b < g->n; b++) {
+		const loom_node *bn = &g->nodes[b];
+		if (bn->op != LOOM_OP_BN_BWD_DATA || !nhwc[b])
+			continue;
+		loom_value f = LOOM_NONE;
+		for (loom_value w = 0; w < g->n; w++)
+			if (g->nodes[w].op == LOOM_OP_BATCHNORM2D && g->nodes[w].src[0] == bn->src[0] &&
+			    nhwc[w])
+				f = w;
+		if (f == LOOM_NONE)
+			continue;
+		r.paired++;
+		memset(makes, 0, g->n);
+		for (loom_value w = loom_sibling_first(pl, b); w != LOOM_NONE; w = loom_sibling_next(pl, w))
+			makes[w] = g->nodes[w].dtype == LOOM_F32 &&
+				   (g->nodes[w].op == LOOM_OP_BN_BWD_GAMMA ||
+				    g->nodes[w].op == LOOM_OP_CHANNEL_SUM);
+		loom_cuda_bn_bwd_fusion fu;
+		int ops = loom_cuda_bn_bwd_match(pl, step_of, b, f, add_by, makes, &fu);
+		if (ops == LOOM_CUDA_BN_EX_NONE)
+			continue;
+		cr_expect_eq(fu.relu_bwd, bn->src[2]);
+		cr_expect_eq(g->nodes[fu.relu_bwd].op, LOOM_OP_RELU_BWD);
+		cr_expect_eq(fu.beta, g->nodes[f].src[2]);
+		if (ops == LOOM_CUDA_BN_EX_ACT) {
+			cr_expect_eq(fu.y, f, "BN_ACTIVATION reads the forward's relu'd output");
+			r.act++;
+		} else {
+			cr_expect_eq(fu.y, add_by[f], "BN_ADD_ACTIVATION reads the add's output");
+			r.add_act++;
+		}
+	}
+	free(step_of);
+	free(nhwc);
+	free(makes);
+	free(add_by);
+	return r;
+}
+
+/*
+ * ResNet-50 at O2 fp16 in NHWC: every batch norm on cuDNN with its
+ * backward paired; each bottleneck's bn3 run by its add (batch norm + add
+ * + relu) and its backward doing the add + relu's (BN_ADD_ACTIVATION);
+ * the backwards of the batch norms with a fused relu doing the relu's
+ * (BN_ACTIVATION): all 33, and the add + relu's in the 12 identity blocks
+ * (a projection block's relu backward is read by the shortcut's batch-norm
+ * backward first, so it runs by itself there).
+ */
+Test(cuda_formats, resnet50_o2_bn_ex_backward_fusions)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value logits;
+	loom_value loss = loom_model_resnet_width(g, 50, 4, 32, 10, 8, &logits);
+	cr_assert_neq(loss, LOOM_NONE);
+	loom_program *p = compile_cuda_like(g, loss, LOOM_O2);
+	const loom_graph *pg = p->plan.g;
+	int nhwc_bn = 0, bns = 0, relu_bns = 0;
+	for (loom_value v = 0; v < pg->n; v++)
+		if (pg->nodes[v].op == LOOM_OP_BATCHNORM2D) {
+			bns++;
+			nhwc_bn += pg->nodes[v].format == LOOM_FORMAT_NHWC;
+			relu_bns += pg->nodes[v].a.bn.relu;
+		}
+	bn_fusions r = bn_fusions_of(&p->plan);
+	cr_log_info("ResNet-50 O2: %d batch norms (%d NHWC, %d with a relu), %d backwards paired, "
+		    "%d adds fused, %d BN_ACTIVATION and %d BN_ADD_ACTIVATION backwards",
+		    bns, nhwc_bn, relu_bns, r.paired, r.adds_fused, r.act, r.add_act);
+	cr_expect_eq(bns, 53, "ResNet-50 has 53 batch norms, the plan %d", bns);
+	cr_expect_eq(r.bn_fwd, bns, "%d of %d batch norms NHWC on cuDNN", r.bn_fwd, bns);
+	cr_expect_eq(r.paired, r.bn_bwd, "%d of %d backwards paired", r.paired, r.bn_bwd);
+	cr_expect_eq(r.adds_fused, 16, "one add + relu per bottleneck runs its bn3: %d",
+		     r.adds_fused);
+	cr_expect(r.add_act >= 12 && r.add_act <= r.adds_fused,
+		  "%d BN_ADD_ACTIVATION backwards of %d fused adds, want the 12 identity blocks'",
+		  r.add_act, r.adds_fused);
+	cr_expect_eq(r.act, relu_bns, "%d BN_ACTIVATION backwards of %d batch norms with a relu",
+		     r.act, relu_bns);
+	if (getenv("FORMATS_DUMP"))
+		loom_program_dump(p, stderr);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+/* The saved slot: the statistics (room for either family's pair), then
+ * the reserve from an aligned offset; without one, the statistics alone. */
+Test(cuda_formats, bn_saved_slot_holds_the_reserve)
+{
+	const int64_t chans[3] = { 1, 64, 2048 };
+	for (int i = 0; i < 3; i++) {
+		int64_t c = chans[i];
+		size_t off = loom_cuda_bn_reserve_off(c);
+		cr_expect_geq(off, 2 * sizeof(double) * (size_t)c, "c %lld", (long long)c);
+		cr_expect_eq(off % 256, 0, "c %lld: offset %zu unaligned", (long long)c, off);
+		cr_expect_eq(loom_cuda_bn_slot_bytes(c, 0), 2 * sizeof(double) * (size_t)c);
+		cr_expect_eq(loom_cuda_bn_slot_bytes(c, 1000), off + 1000);
+	}
 }

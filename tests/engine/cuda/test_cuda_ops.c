@@ -2295,6 +2295,130 @@ Test(cuda_ops, nhwc_against_cpu)
 }
 
 /*
+ * NHWC batch norm's backward through cuDNN's Ex call with the forward's
+ * reserve (LOOM_CUDA_BN_BWD_EX) and the relu's / add + relu's backward
+ * inside it (LOOM_CUDA_BN_BWD_FUSE), on the residual block at O2 and O1
+ * against the CPU: mode 0 the legacy backward, 1 the Ex call alone, 2 the
+ * Ex call with the fusions; the dump names the path.
+ */
+static int bn_bwd_mode;
+
+static loom_value bn_bwd_notes(tcase *t, loom_value y)
+{
+	if (bn_bwd_mode == 0) {
+		t->no_note = "backward Ex";
+	} else if (bn_bwd_mode == 1) {
+		t->note[0] = "backward Ex with the forward's reserve";
+		t->note_op[0] = LOOM_OP_BN_BWD_DATA;
+		t->no_note = "backward Ex BN_";
+	} else {
+		t->note[0] = "backward Ex BN_";
+		t->note_op[0] = LOOM_OP_BN_BWD_DATA;
+		t->note[1] = "cudnn's Ex batch-norm backward";
+		t->note_op[1] = LOOM_OP_RELU_BWD;
+	}
+	return y;
+}
+
+static loom_value b_nhwc_block_ex_o2(loom_graph *g, tcase *t)
+{
+	return bn_bwd_notes(t, nhwc_block(g, t, LOOM_O2));
+}
+
+static loom_value b_nhwc_block_ex_o1(loom_graph *g, tcase *t)
+{
+	return bn_bwd_notes(t, nhwc_block(g, t, LOOM_O1));
+}
+
+Test(cuda_ops, nhwc_bn_backward_ex)
+{
+	NEED_GPU();
+	static const char *const ex[3] = { "0", "1", "1" }, *const fuse[3] = { "0", "0", "1" };
+	cuda_nhwc = "half";
+	for (int m = 0; m < 3; m++) {
+		bn_bwd_mode = m;
+		setenv("LOOM_CUDA_BN_BWD_EX", ex[m], 1);
+		setenv("LOOM_CUDA_BN_BWD_FUSE", fuse[m], 1);
+		for (int add = 1; add >= 0; add--) {
+			setenv("LOOM_CUDA_BN_ADD", add ? "1" : "0", 1);
+			for (uint64_t seed = 1; seed <= 2; seed++) {
+				run_case("nhwc block O2, bn backward ex", b_nhwc_block_ex_o2, LOOM_F32,
+					 LOOM_RUN_GRAD, seed + 10 * m);
+				run_case("nhwc block O1, bn backward ex", b_nhwc_block_ex_o1, LOOM_F32,
+					 LOOM_RUN_GRAD, seed + 10 * m);
+			}
+		}
+		run_case("nhwc block O2 eval, bn backward ex", b_nhwc_block_ex_o2, LOOM_F32,
+			 LOOM_RUN_EVAL, 3);
+	}
+	bn_bwd_mode = 0;
+	unsetenv("LOOM_CUDA_BN_ADD");
+	unsetenv("LOOM_CUDA_BN_BWD_EX");
+	unsetenv("LOOM_CUDA_BN_BWD_FUSE");
+	cuda_nhwc = NULL;
+}
+
+/* The residual block with each filter that two NHWC convolutions read
+ * (the second's forward and data gradient) reordered KRSC once a step into
+ * the saved region (LOOM_CUDA_CONV_KRSC), or at each call (=0). */
+static int krsc_on;
+
+static loom_value b_nhwc_block_krsc(loom_graph *g, tcase *t)
+{
+	loom_value y = nhwc_block(g, t, LOOM_O2);
+	if (krsc_on) {
+		t->note[0] = "filter KRSC kept";
+		t->note_op[0] = LOOM_OP_CONV2D_BWD_DATA;
+	} else {
+		t->no_note = "filter KRSC kept";
+	}
+	return y;
+}
+
+Test(cuda_ops, nhwc_filters_krsc)
+{
+	NEED_GPU();
+	cuda_nhwc = "half";
+	for (krsc_on = 1; krsc_on >= 0; krsc_on--) {
+		setenv("LOOM_CUDA_CONV_KRSC", krsc_on ? "1" : "0", 1);
+		for (uint64_t seed = 1; seed <= 2; seed++)
+			run_case(krsc_on ? "nhwc block O2, filters KRSC kept" : "nhwc block O2, KRSC per call",
+				 b_nhwc_block_krsc, LOOM_F32, LOOM_RUN_GRAD, seed);
+		run_case("nhwc block O2 eval, filters KRSC", b_nhwc_block_krsc, LOOM_F32, LOOM_RUN_EVAL, 3);
+	}
+	krsc_on = 0;
+	unsetenv("LOOM_CUDA_CONV_KRSC");
+	cuda_nhwc = NULL;
+}
+
+/* conv -> relu -> global average pool (the [N, C] output the user's): the
+ * pool reads NHWC and its backward writes NHWC (pool.cu's NHWC kernels,
+ * LOOM_CUDA_POOL_NHWC), or (=0) NCHW with a reorder each way. */
+static loom_value b_nhwc_gap(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 4, 2, 8, 7, 7);
+	loom_value w = param(g, t, "w", 4, 16, 8, 3, 3);
+	t->want_nhwc = 3;
+	return loom_global_avgpool(g, loom_relu(g, loom_conv2d(g, x, w, LOOM_NONE, 1, 1)));
+}
+
+Test(cuda_ops, nhwc_global_avgpool)
+{
+	NEED_GPU();
+	const loom_dtype dts[2] = { LOOM_F16, LOOM_BF16 };
+	cuda_nhwc = "half";
+	for (int on = 1; on >= 0; on--) {
+		setenv("LOOM_CUDA_POOL_NHWC", on ? "1" : "0", 1);
+		for (int i = 0; i < 2; i++)
+			for (uint64_t seed = 1; seed <= 2; seed++)
+				run_case(on ? "nhwc global avgpool" : "global avgpool NCHW, reordered",
+					 b_nhwc_gap, dts[i], LOOM_RUN_GRAD, seed);
+	}
+	unsetenv("LOOM_CUDA_POOL_NHWC");
+	cuda_nhwc = NULL;
+}
+
+/*
  * The reorders round-trip exactly: y = relu(conv1x1(x, I)) with x random
  * and the identity filter, in every dtype (f32 under "all", exact math):
  * x goes NCHW -> NHWC in the convolution's workspace, its filter KCRS ->
