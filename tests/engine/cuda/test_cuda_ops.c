@@ -1570,12 +1570,15 @@ static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logi
  * steps are the same passes'): the classifier's backward done by its
  * forward where dlogits lie on the logits and nothing else reads them;
  * GELU_AUX on c_fc for the tanh GELU in half, never for the exact GELU or
- * in f32. DGELU on c_proj's data gradient never, in these plans: c_proj's
- * weight gradient, which runs between that product and the GELU backward,
- * reads the GELU's output, whose bytes the memory plan then gives the GELU
- * backward's output; with c_proj frozen the GELU backward's output takes
- * the bytes of the product's own dying dy. Either way the epilogue may not
- * write them early (GPT-2's plan is of the first kind). */
+ * in f32. DGELU on c_proj's data gradient for the tanh GELU in half: the
+ * memory plan puts the GELU backward's output in place over its dy, that
+ * product's output (LOOM_OPF_INPLACE_DY), so the epilogue writes bytes
+ * nothing else reads. With LOOM_INPLACE_DY=0 (the plan before) never:
+ * c_proj's weight gradient, which runs between that product and the GELU
+ * backward, reads the GELU's output, whose bytes the memory plan then
+ * gives the GELU backward's output; with c_proj frozen the GELU backward's
+ * output takes the bytes of the product's own dying dy only by chance of
+ * the best fit. Either way the epilogue may not write them early. */
 Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
 {
 	const loom_cuda_plugin *pl = plugin();
@@ -1585,34 +1588,42 @@ Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
 		loom_dtype dt;
 		int tanh_form, logits_out, frozen, ce, aux, dgelu;
 	} rows[] = {
-		{ LOOM_BF16, 1, 0, 0, 1, 1, 0 }, { LOOM_F16, 1, 0, 0, 1, 1, 0 },
-		{ LOOM_BF16, 1, 0, 1, 1, 1, 0 },
+		{ LOOM_BF16, 1, 0, 0, 1, 1, 1 }, { LOOM_F16, 1, 0, 0, 1, 1, 1 },
+		{ LOOM_BF16, 1, 0, 1, 1, 1, 1 },
 		{ LOOM_BF16, 0, 0, 0, 1, 0, 0 }, { LOOM_F32, 1, 0, 0, 1, 0, 0 },
-		{ LOOM_BF16, 1, 1, 0, 0, 1, 0 },
+		{ LOOM_BF16, 1, 1, 0, 0, 1, 1 },
 	};
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		loom_graph *g;
-		loom_program *p;
-		loom_compile_opts o;
-		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-		loom_value loss = gpt_tail(g, rows[i].dt, rows[i].tanh_form, rows[i].logits_out,
-					   rows[i].frozen);
-		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-		loom_compile_opts_default(&o);
-		o.device = LOOM_DEVICE_CPU;
-		o.optim.kind = LOOM_OPTIM_NONE;
-		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-		int ce = -1, aux = -1, dgelu = -1;
-		pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
-		cr_expect(ce == rows[i].ce && aux == rows[i].aux && dgelu == rows[i].dgelu,
-			  "row %zu (%s, %s GELU%s%s): classifier %d, GELU_AUX %d, DGELU %d; want %d %d %d",
-			  i, loom_dtype_name(rows[i].dt), rows[i].tanh_form ? "tanh" : "exact",
-			  rows[i].logits_out ? ", logits an output" : "",
-			  rows[i].frozen ? ", c_proj frozen" : "", ce, aux, dgelu, rows[i].ce,
-			  rows[i].aux, rows[i].dgelu);
-		loom_program_free(p);
-		loom_graph_free(g);
-	}
+	for (int dy_off = 0; dy_off <= 1; dy_off++)
+		for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+			loom_graph *g;
+			loom_program *p;
+			loom_compile_opts o;
+			cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+			loom_value loss = gpt_tail(g, rows[i].dt, rows[i].tanh_form,
+						   rows[i].logits_out, rows[i].frozen);
+			cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+			loom_compile_opts_default(&o);
+			o.device = LOOM_DEVICE_CPU;
+			o.optim.kind = LOOM_OPTIM_NONE;
+			if (dy_off)
+				setenv("LOOM_INPLACE_DY", "0", 1);
+			loom_status cst = loom_compile(g, loss, &o, &p);
+			unsetenv("LOOM_INPLACE_DY");
+			cr_assert_eq(cst, LOOM_OK, "%s", loom_last_error());
+			int ce = -1, aux = -1, dgelu = -1;
+			const int want_dgelu = dy_off ? 0 : rows[i].dgelu;
+			pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
+			cr_expect(ce == rows[i].ce && aux == rows[i].aux && dgelu == want_dgelu,
+				  "row %zu (%s, %s GELU%s%s%s): classifier %d, GELU_AUX %d, DGELU %d; "
+				  "want %d %d %d",
+				  i, loom_dtype_name(rows[i].dt), rows[i].tanh_form ? "tanh" : "exact",
+				  rows[i].logits_out ? ", logits an output" : "",
+				  rows[i].frozen ? ", c_proj frozen" : "",
+				  dy_off ? ", LOOM_INPLACE_DY=0" : "", ce, aux, dgelu, rows[i].ce,
+				  rows[i].aux, want_dgelu);
+			loom_program_free(p);
+			loom_graph_free(g);
+		}
 }
 
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
