@@ -807,6 +807,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->classifier = env_switch("LOOM_CUDA_CLASSIFIER", 1);
 	c->ln_save = env_switch("LOOM_CUDA_LN_SAVE", 1);
 	c->gelu_epi = env_switch("LOOM_CUDA_GELU_EPILOGUE", 1);
+	c->bgrad_epi = env_switch("LOOM_CUDA_BGRAD_EPILOGUE", 1);
+	c->lt_align = env_switch("LOOM_CUDA_LT_ALIGN", 1);
+	c->lt_pad = env_switch("LOOM_CUDA_LT_PAD", 0);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)

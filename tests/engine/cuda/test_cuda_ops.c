@@ -436,6 +436,10 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 			     bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
+	const char *bgrad_env = getenv("LOOM_CUDA_BGRAD_EPILOGUE");
+	if (bgrad_env && !strcmp(bgrad_env, "0"))
+		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under LOOM_CUDA_BGRAD_EPILOGUE=0",
+			     op);
 	/* Under the hook every fallback is taken: half convolutions in f32,
 	 * a linear's bias and relu by own kernels after the plain product. */
 	int conv_f32, mm_unfused, n_conv = 0, n_fused_linear = 0;
@@ -1498,8 +1502,9 @@ Test(cuda_ops, layernorm_saved_statistics)
 
 /* The GPT's MLP: linear (bias) -> GELU -> linear. With the tanh GELU the
  * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue
- * (LOOM_CUDA_GELU_EPILOGUE); the exact GELU never fuses. No DGELU: the
- * memory plan does not allow it here (gpt_fusions_chosen_on_the_plan). */
+ * (LOOM_CUDA_GELU_EPILOGUE) and the second's data gradient the GELU
+ * backward in DGELU (the memory plan puts that backward over its dy:
+ * gpt_fusions_chosen_on_the_plan); the exact GELU never fuses. */
 static loom_value mlp(loom_graph *g, tcase *t, int tanh_form)
 {
 	loom_value x = param(g, t, "x", 3, 2, 33, 64, 0);
@@ -1517,6 +1522,8 @@ static loom_value b_mlp_tanh(loom_graph *g, tcase *t)
 		t->note_op[0] = LOOM_OP_LINEAR;
 		t->note[1] = "the product's GELU epilogue";
 		t->note_op[1] = LOOM_OP_GELU;
+		t->note[2] = "DGELU";
+		t->note_op[2] = LOOM_OP_MATMUL;
 	}
 	return mlp(g, t, 1);
 }
@@ -1563,6 +1570,50 @@ static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logi
 	rows[1] = 96;
 	return loom_softmax_cross_entropy(g, loom_reshape(g, logits, 2, rows),
 					  loom_input(g, "labels", LOOM_I32, 1, &nl));
+}
+
+/* A GPT-sized linear with a bias over [B, T, C] rows, aligned shapes
+ * (every row 16-byte aligned in half): the weight gradient's bias
+ * gradient rides BGRADB unless LOOM_CUDA_BGRAD_EPILOGUE=0. */
+static loom_value b_linear_gpt(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 64, 128, 0);
+	return loom_linear(g, x, param(g, t, "fc.weight", 2, 256, 128, 0, 0),
+			   param(g, t, "fc.bias", 1, 256, 0, 0, 0));
+}
+
+/* A classifier over 67 classes (rows of the logits not 16-byte aligned
+ * in any dtype, as GPT-2's 50257): x [2, 8, 32] through a linear to the
+ * logits, their rows to softmax-CE; forward, dx and dw all see the odd
+ * leading dimension. */
+static loom_value b_classifier_odd(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 8, 32, 0);
+	loom_value lg = loom_linear(g, x, param(g, t, "head.weight", 2, 67, 32, 0, 0), LOOM_NONE);
+	int64_t rows[2] = { 16, 67 };
+	return loom_softmax_cross_entropy(g, loom_reshape(g, lg, 2, rows), labels(g, t, 16, 67));
+}
+
+/* The products' switches against llm.c's use of cuBLASLt
+ * (LOOM_CUDA_BGRAD_EPILOGUE: the bias gradient by BGRADB or the sibling's
+ * own channel sum; LOOM_CUDA_LT_ALIGN: the heuristic told the plan's
+ * alignment, the pointers checked per call, or 16; LOOM_CUDA_LT_PAD:
+ * operands with unaligned rows through padded copies), each value against
+ * the CPU in every dtype, forward and backward. */
+Test(cuda_ops, products_llmc_switches)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_BGRAD_EPILOGUE", "linear gpt 2x64x128 -> 256", b_linear_gpt);
+	both_switch_values("LOOM_CUDA_BGRAD_EPILOGUE", "linear bias 6x20 -> 12", b_linear_bias);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "linear gpt 2x64x128 -> 256", b_linear_gpt);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "linear bias relu", b_linear_bias_relu);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "matmul", b_matmul);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "mlp gelu tanh", b_mlp_tanh);
+	both_switch_values("LOOM_CUDA_LT_PAD", "linear bias 6x20 -> 12", b_linear_bias);
+	both_switch_values("LOOM_CUDA_LT_PAD", "linear bias relu", b_linear_bias_relu);
+	both_switch_values("LOOM_CUDA_LT_PAD", "matmul 7x9x5", b_matmul);
+	both_switch_values("LOOM_CUDA_LT_PAD", "classifier 67 classes", b_classifier_odd);
+	both_switch_values("LOOM_CUDA_LT_PAD", "linear gpt 2x64x128 -> 256", b_linear_gpt);
 }
 
 /* The plan-level choices of the GPT fusions (no GPU needed: the plugin's
