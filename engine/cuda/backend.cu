@@ -1834,6 +1834,24 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 			 (int)np->mm.gelu);
 		return;
 	}
+	/* The products' llm.c switches (matmul_cublaslt.cu), where they took. */
+	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->kind == LOOM_CUDA_PLAN_MM) {
+		const loom_cuda_mm_plan *mp = &np->mm;
+		char pads[96] = "";
+		static const char *const what[3] = { "A", "B", "out" };
+		for (int i = 0, o = 0; i < 3; i++)
+			if (mp->pad[i].ld_pad && o < (int)sizeof(pads))
+				o += snprintf(pads + o, sizeof(pads) - (size_t)o, "%s%s rows %d -> %d",
+					      o ? ", " : "", what[i], mp->pad[i].ld, mp->pad[i].ld_pad);
+		if (pads[0] || mp->wide_align || mp->bgrad != LOOM_NONE)
+			snprintf(buf, len, "cuBLASLt%s%s%s%s%s", mp->bgrad != LOOM_NONE ? ", BGRADB" : "",
+				 mp->wide_align ? ", aligned " : "",
+				 mp->wide_align ? (mp->wide_align >= 256 ? "256" :
+						   mp->wide_align >= 128 ? "128" :
+						   mp->wide_align >= 64 ? "64" : "32") : "",
+				 pads[0] ? ", padded: " : "", pads);
+		return;
+	}
 	if (np->bn_add_by != LOOM_NONE) {
 		snprintf(buf, len, "cudnn Ex nhwc, done by %d (batch norm + add + relu) in training",
 			 (int)np->bn_add_by);
