@@ -13,7 +13,9 @@
  *   activations  every other owner lives from the step that writes it to
  *                its last reader; a best-fit allocator reuses dead space;
  *                an in-place op's value takes over its dying source's bytes
- *                (kept when that plans no larger than without).
+ *                (src[0], or a unary backward's dy: LOOM_OPF_INPLACE_DY,
+ *                LOOM_INPLACE_DY=0 never) (kept when that plans no larger
+ *                than without).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,7 @@ typedef struct planner {
 	int *dead_at;
 	loom_value *dead;
 	int inplace_on; /* place_activations may write in place (LOOM_OPF_INPLACE) */
+	int inplace_dy; /* ... and over a dy (LOOM_OPF_INPLACE_DY; LOOM_INPLACE_DY) */
 } planner;
 
 /* ---------------------------------------------------------------- schedule */
@@ -316,24 +319,37 @@ static size_t place_persistent(planner *pl)
 	return top;
 }
 
+/* Whether owner s (read by v's node for the last time at i) may give v
+ * its bytes: an activation, not yet taken over, of v's dtype and size. */
+static int can_take(const planner *pl, loom_value v, loom_value s, int i)
+{
+	const loom_graph *g = pl->g;
+	return is_act_owner(pl, s) && pl->last[s] == i && pl->mp->inplace[s] != s &&
+	       g->nodes[s].dtype == g->nodes[v].dtype && value_bytes(g, s) == value_bytes(g, v);
+}
+
 /*
  * The source whose bytes node v (at position i) may write its own value
- * over: an op flagged LOOM_OPF_INPLACE, its src[0]'s owner an activation
- * read for the last time at i, not yet taken over, of v's dtype and size.
- * LOOM_NONE otherwise.
+ * over: its src[0]'s owner for an op flagged LOOM_OPF_INPLACE, else its
+ * src[1]'s for one flagged LOOM_OPF_INPLACE_DY (a unary backward over its
+ * dy, where pl->inplace_dy), when can_take says so. LOOM_NONE otherwise.
  */
 static loom_value inplace_source(const planner *pl, loom_value v, int i)
 {
 	const loom_graph *g = pl->g;
 	const loom_node *nd = &g->nodes[v];
-	if (!pl->inplace_on || !(loom_op_defs[nd->op]->flags & LOOM_OPF_INPLACE) || nd->nsrc < 1 ||
-	    nd->made_by != LOOM_NONE)
+	const unsigned fl = loom_op_defs[nd->op]->flags;
+	if (!pl->inplace_on || nd->made_by != LOOM_NONE)
 		return LOOM_NONE;
-	loom_value s = pl->mp->root[nd->src[0]];
-	if (!is_act_owner(pl, s) || pl->last[s] != i || pl->mp->inplace[s] == s ||
-	    g->nodes[s].dtype != nd->dtype || value_bytes(g, s) != value_bytes(g, v))
-		return LOOM_NONE;
-	return s;
+	if ((fl & LOOM_OPF_INPLACE) && nd->nsrc >= 1 && can_take(pl, v, pl->mp->root[nd->src[0]], i))
+		return pl->mp->root[nd->src[0]];
+	if ((fl & LOOM_OPF_INPLACE_DY) && pl->inplace_dy && nd->nsrc >= 2) {
+		loom_value s = pl->mp->root[nd->src[1]];
+		/* Never over the other source's bytes too (x and dy one value). */
+		if (s != pl->mp->root[nd->src[0]] && can_take(pl, v, s, i))
+			return s;
+	}
+	return LOOM_NONE;
 }
 
 /*
@@ -467,6 +483,8 @@ loom_status loom_memplan_build_held(const loom_graph *g, const loom_value *order
 				    loom_memplan *mp)
 {
 	planner pl = { .g = g, .mp = mp, .n = g->n };
+	const char *dy_env = getenv("LOOM_INPLACE_DY");
+	pl.inplace_dy = !(dy_env && !strcmp(dy_env, "0"));
 	allocator a = { 0 };
 	loom_status st;
 	memset(mp, 0, sizeof(*mp));

@@ -44,7 +44,8 @@ typedef struct loom_memplan {
 	unsigned char *region; /* per value: its loom_region_id */
 	loom_value *root;      /* per value: the value owning its storage (views alias) */
 	/* per value: the activation owner whose bytes it took over, written in
-	 * place (LOOM_OPF_INPLACE: that owner dies where this value is made);
+	 * place (LOOM_OPF_INPLACE, over src[0]'s owner; LOOM_OPF_INPLACE_DY,
+	 * over src[1]'s: that owner dies where this value is made);
 	 * LOOM_NONE for the others */
 	loom_value *inplace;
 	/* per value: whether it has storage in this plan (1) or belongs to

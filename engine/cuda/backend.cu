@@ -891,6 +891,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->classifier = env_switch("LOOM_CUDA_CLASSIFIER", 1);
 	c->ln_save = env_switch("LOOM_CUDA_LN_SAVE", 1);
 	c->gelu_epi = env_switch("LOOM_CUDA_GELU_EPILOGUE", 1);
+	c->bgrad_epi = env_switch("LOOM_CUDA_BGRAD_EPILOGUE", 1);
+	c->lt_align = env_switch("LOOM_CUDA_LT_ALIGN", 1);
+	c->lt_pad = env_switch("LOOM_CUDA_LT_PAD", 0);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -2034,6 +2037,24 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->mm.gelu != LOOM_NONE) {
 		snprintf(buf, len, "cuBLASLt %s epilogue, writes %d", np->mm.dgelu ? "DGELU" : "GELU_AUX",
 			 (int)np->mm.gelu);
+		return;
+	}
+	/* The products' llm.c switches (matmul_cublaslt.cu), where they took. */
+	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->kind == LOOM_CUDA_PLAN_MM) {
+		const loom_cuda_mm_plan *mp = &np->mm;
+		char pads[96] = "";
+		static const char *const what[3] = { "A", "B", "out" };
+		for (int i = 0, o = 0; i < 3; i++)
+			if (mp->pad[i].ld_pad && o < (int)sizeof(pads))
+				o += snprintf(pads + o, sizeof(pads) - (size_t)o, "%s%s rows %d -> %d",
+					      o ? ", " : "", what[i], mp->pad[i].ld, mp->pad[i].ld_pad);
+		if (pads[0] || mp->wide_align || mp->bgrad != LOOM_NONE)
+			snprintf(buf, len, "cuBLASLt%s%s%s%s%s", mp->bgrad != LOOM_NONE ? ", BGRADB" : "",
+				 mp->wide_align ? ", aligned " : "",
+				 mp->wide_align ? (mp->wide_align >= 256 ? "256" :
+						   mp->wide_align >= 128 ? "128" :
+						   mp->wide_align >= 64 ? "64" : "32") : "",
+				 pads[0] ? ", padded: " : "", pads);
 		return;
 	}
 	if (np->bn_add_by != LOOM_NONE) {

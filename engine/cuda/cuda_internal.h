@@ -177,6 +177,23 @@ typedef struct loom_cuda_mm_plan {
 	loom_value gelu;
 	int dgelu, aux_same;
 	loom_value aux; /* dgelu: the pre-activation value */
+	/* LOOM_CUDA_LT_ALIGN: the heuristic's answer for operands aligned to
+	 * wide_align bytes (> 16: what the plan's offsets promise), taken at
+	 * run time when the pointers are that aligned; algo is the answer for
+	 * 16, the fallback. wide_align 0: none. */
+	cublasLtMatmulAlgo_t wide_algo;
+	uint32_t wide_align;
+	/* LOOM_CUDA_LT_PAD: operands whose rows are not 16-byte aligned (the
+	 * GPT's logits and dlogits, rows of 50257) copied into ws with rows of
+	 * ld_pad elements (a multiple of 64) around the call, as llm.c's
+	 * vocabulary padded to 50304 would hold them: [0] loom's A, [1] its B
+	 * (both copied in before), [2] the output (copied out after). ld_pad 0:
+	 * as it is. lt_ws: cuBLASLt's own part of lib_ws (the copies follow). */
+	struct {
+		int ld, ld_pad, rows;
+		size_t off;
+	} pad[3];
+	size_t lt_ws;
 } loom_cuda_mm_plan;
 
 typedef struct loom_cuda_bn_plan {
@@ -386,6 +403,17 @@ typedef struct loom_cuda_ctx {
 	 * cuBLASLt's GELU_AUX(_BIAS) epilogue, and the product making the
 	 * GELU backward's dy its DGELU (matmul_cublaslt.cu). */
 	int classifier, ln_save, gelu_epi;
+	/* The products' cuBLASLt use against llm.c's (matmul_cublaslt.cu),
+	 * each 1 unless its variable is 0 when the plan is made:
+	 * LOOM_CUDA_BGRAD_EPILOGUE: a weight gradient's bias-gradient sibling
+	 * in the BGRADB epilogue (0: the sibling's own channel-sum kernel, as
+	 * llm.c, whose bias gradient is a kernel of its own);
+	 * LOOM_CUDA_LT_ALIGN: the heuristic told the operands' real alignment
+	 * (up to 256, from the plan's offsets, checked per call) instead of
+	 * 16; LOOM_CUDA_LT_PAD (0 unless 1): a product's operands with rows
+	 * not 16-byte aligned copied into padded rows around the call
+	 * (loom_cuda_mm_plan.pad). Compiled, not run. */
+	int bgrad_epi, lt_align, lt_pad;
 	unsigned char *saved;   /* the saved region (in base), saved_bytes long */
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */

@@ -37,6 +37,40 @@ size_t loom_cuda_lt_ws(void)
 	return ws;
 }
 
+static uint32_t common_align(const uint64_t *x, int n);
+
+/* The operands' alignment a product's plan may promise (LOOM_CUDA_LT_ALIGN):
+ * the largest power of two, at most 256, dividing the offsets of its
+ * sources, its output and, with a GELU epilogue, what that writes and
+ * reads; the regions' bases are allocated 256-aligned, and the run checks
+ * the pointers all the same (mm_algo). */
+static uint32_t plan_align(const loom_plan *p, const loom_node *nd, loom_value v,
+			   const loom_cuda_mm_plan *mp)
+{
+	uint64_t off[LOOM_MAX_SRC + 3];
+	int n = 0;
+	for (int i = 0; i < nd->nsrc && i < LOOM_MAX_SRC; i++)
+		off[n++] = p->mp.offset[nd->src[i]];
+	off[n++] = p->mp.offset[v];
+	if (mp->gelu != LOOM_NONE)
+		off[n++] = p->mp.offset[mp->gelu];
+	if (mp->aux != LOOM_NONE)
+		off[n++] = p->mp.offset[mp->aux];
+	return common_align(off, n);
+}
+
+/* The algorithm for this call: the wide one where every pointer is as
+ * aligned as the plan promised, else the one for 16 bytes. */
+static const cublasLtMatmulAlgo_t *mm_algo(const loom_cuda_mm_plan *mp, const void *a,
+					   const void *b, const void *c, const void *d)
+{
+	if (!mp->wide_align)
+		return &mp->algo;
+	const uint64_t x[4] = { (uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b,
+				(uint64_t)(uintptr_t)c, (uint64_t)(uintptr_t)(d ? d : c) };
+	return common_align(x, 4) >= mp->wide_align ? &mp->wide_algo : &mp->algo;
+}
+
 typedef struct mm_shape {
 	int m, n, k; /* loom's row-major C[m,n] = op(A)[m,k] op(B)[k,n] */
 	int ta, tb;
@@ -122,17 +156,22 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	}
 	/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
 	 * row-major, i.e. n x k (k x n) column-major; likewise A. */
+	/* A padded operand (LOOM_CUDA_LT_PAD) is read (written) in ws with
+	 * rows of ld_pad elements. */
+	const int ldb_l = mp->pad[1].ld_pad ? mp->pad[1].ld_pad : s.tb ? s.k : s.n;
+	const int lda_l = mp->pad[0].ld_pad ? mp->pad[0].ld_pad : s.ta ? s.m : s.k;
+	const int ldc_l = mp->pad[2].ld_pad ? mp->pad[2].ld_pad : s.n;
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->a, dt, s.tb ? s.k : s.n,
-							  s.tb ? s.n : s.k, s.tb ? s.k : s.n),
+							  s.tb ? s.n : s.k, ldb_l),
 			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->b, dt, s.ta ? s.m : s.k,
-							  s.ta ? s.k : s.m, s.ta ? s.m : s.k),
+							  s.ta ? s.k : s.m, lda_l),
 			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->c, dt, s.n, s.m, s.n),
+	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->c, dt, s.n, s.m, ldc_l),
 			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
@@ -148,6 +187,30 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 								      mp->c, mp->c, pref, 1, &res,
 								      &returned),
 				       c->err, sizeof(c->err));
+	/* LOOM_CUDA_LT_ALIGN: also the answer for the alignment the plan's
+	 * offsets promise (PyTorch tells the heuristic each pointer's; 16
+	 * rules out algorithms that want more), kept where it differs. */
+	mp->wide_align = 0;
+	const uint32_t wide = c->lt_align ? plan_align(p, nd, (loom_value)(nd - p->g->nodes), mp) : 16;
+	if (st == LOOM_OK && returned > 0 && wide > 16) {
+		cublasLtMatmulHeuristicResult_t wres;
+		int wret = 0;
+		/* A failure here only loses the wide answer: the 16-byte one stands. */
+		loom_status wst = set_prefs(c, pref, loom_cuda_lt_ws(), wide);
+		if (wst == LOOM_OK)
+			wst = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a,
+									       mp->b, mp->c, mp->c, pref,
+									       1, &wres, &wret),
+						c->err, sizeof(c->err));
+		if (wst == LOOM_OK && wret > 0 && memcmp(&wres.algo, &res.algo, sizeof(res.algo))) {
+			mp->wide_algo = wres.algo;
+			mp->wide_align = wide;
+			if (wres.workspaceSize > res.workspaceSize)
+				res.workspaceSize = wres.workspaceSize;
+		}
+		if (wst != LOOM_OK)
+			c->err[0] = 0;
+	}
 	/* Checked too, but an earlier failure keeps its message. */
 	loom_status dst = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref),
 					    st == LOOM_OK ? c->err : NULL, sizeof(c->err));
@@ -157,7 +220,54 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 		return st;
 	*found = 1;
 	mp->algo = res.algo;
-	np->lib_ws = loom_cuda_align(res.workspaceSize);
+	mp->lt_ws = loom_cuda_align(res.workspaceSize);
+	np->lib_ws = mp->lt_ws;
+	/* The padded copies after cuBLASLt's part. */
+	for (int i = 0; i < 3; i++)
+		if (mp->pad[i].ld_pad) {
+			mp->pad[i].off = np->lib_ws;
+			np->lib_ws += loom_cuda_align((size_t)mp->pad[i].rows * mp->pad[i].ld_pad *
+						      loom_dtype_size(nd->dtype));
+		}
+	return LOOM_OK;
+}
+
+/* LOOM_CUDA_LT_PAD: which of the product's operands have rows that are not
+ * 16-byte aligned, each given rows of a multiple of 64 elements in ws
+ * (llm.c pads the vocabulary to 50304, so that the classifier's three
+ * products see aligned rows; loom's logits are rows of 50257). */
+static void plan_pad(const loom_node *nd, const mm_shape *s, loom_cuda_mm_plan *mp)
+{
+	const size_t es = loom_dtype_size(nd->dtype);
+	const int ld[3] = { s->ta ? s->m : s->k, s->tb ? s->k : s->n, s->n };
+	const int rows[3] = { s->ta ? s->k : s->m, s->tb ? s->n : s->k, s->m };
+	for (int i = 0; i < 3; i++) {
+		mp->pad[i].ld = ld[i];
+		mp->pad[i].rows = rows[i];
+		mp->pad[i].ld_pad = ((size_t)ld[i] * es) % 16 ? (ld[i] + 63) / 64 * 64 : 0;
+		mp->pad[i].off = 0;
+	}
+}
+
+/* The padded copies of a product's sources into ws (LOOM_CUDA_LT_PAD):
+ * a[0], a[1] become their copies' addresses. */
+static loom_status pad_in(loom_cuda_ctx *c, const loom_node *nd, const loom_cuda_mm_plan *mp,
+			  const void **a)
+{
+	const size_t es = loom_dtype_size(nd->dtype);
+	for (int i = 0; i < 2; i++) {
+		if (!mp->pad[i].ld_pad)
+			continue;
+		void *dst = c->arena->ws + mp->pad[i].off;
+		loom_status st = LOOM_CUDA_CHECK(
+			cudaMemcpy2DAsync(dst, (size_t)mp->pad[i].ld_pad * es, a[i],
+					  (size_t)mp->pad[i].ld * es, (size_t)mp->pad[i].ld * es,
+					  (size_t)mp->pad[i].rows, cudaMemcpyDeviceToDevice, c->stream),
+			c->err, sizeof(c->err));
+		if (st != LOOM_OK)
+			return st;
+		a[i] = dst;
+	}
 	return LOOM_OK;
 }
 
@@ -384,11 +494,15 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	mm_shape_of(p, nd, &s);
 	int bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
 	int relu = nd->op == LOOM_OP_LINEAR && nd->a.mm.relu; /* fused, graph/fuse.c */
-	loom_value sib = loom_cuda_own_kernels_on ? LOOM_NONE : bgrad_sibling(p, v);
+	/* LOOM_CUDA_BGRAD_EPILOGUE=0: the sibling's own channel sum (llm.c's
+	 * way: its bias gradient is a kernel of its own, the weight gradient a
+	 * plain product). */
+	loom_value sib = loom_cuda_own_kernels_on || !c->bgrad_epi ? LOOM_NONE : bgrad_sibling(p, v);
 	cublasLtEpilogue_t tries[3];
 	int ntries = mm_tries(bias, relu, sib != LOOM_NONE, tries);
 
 	mp->gelu = mp->aux = LOOM_NONE;
+	memset(mp->pad, 0, sizeof(mp->pad));
 	if (c->gelu_epi && !loom_cuda_own_kernels_on && sib == LOOM_NONE) {
 		int done;
 		if ((st = plan_gelu(p, c, v, np, &s, bias, &done)) != LOOM_OK || done)
@@ -400,6 +514,9 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			mp->gelu = mp->aux = LOOM_NONE;
 			c->err[0] = 0;
 		}
+		/* The GELU epilogues keep their rows as they are (the aux's ld). */
+		if (c->lt_pad)
+			plan_pad(nd, &s, mp);
 		cublasLtEpilogue_t e = tries[i];
 		np->kind = LOOM_CUDA_PLAN_MM;
 		mp->bias = e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS;
@@ -472,8 +589,9 @@ static loom_status mm_run_gelu(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 				       sizeof(src[2]))) != LOOM_OK)
 		return st;
 	return LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
-						&zero, d, mp->c, d, mp->c, &mp->algo,
-						np->lib_ws ? c->arena->ws : NULL, np->lib_ws, c->stream),
+						&zero, d, mp->c, d, mp->c,
+						mm_algo(mp, src[0], src[1], d, aux),
+						mp->lt_ws ? c->arena->ws : NULL, mp->lt_ws, c->stream),
 				 c->err, sizeof(c->err));
 }
 
@@ -494,11 +612,25 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   sizeof(bias))) != LOOM_OK)
 			return st;
 	}
-	st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, src[1], mp->a, src[0], mp->b,
-					      &zero, out, mp->c, out, mp->c, &mp->algo,
-					      np->lib_ws ? c->arena->ws : NULL, np->lib_ws, c->stream),
-			       c->err, sizeof(c->err));
 	const loom_node *nd = &p->g->nodes[v];
+	/* LOOM_CUDA_LT_PAD: the unaligned operands through padded copies. */
+	const void *ab[2] = { src[0], src[1] };
+	void *d = mp->pad[2].ld_pad ? (void *)(c->arena->ws + mp->pad[2].off) : out;
+	if ((st = pad_in(c, nd, mp, ab)) != LOOM_OK)
+		return st;
+	st = LOOM_CUBLAS_CHECK(cublasLtMatmul(c->lt, mp->desc, &one, ab[1], mp->a, ab[0], mp->b,
+					      &zero, d, mp->c, d, mp->c, mm_algo(mp, ab[0], ab[1], d, NULL),
+					      mp->lt_ws ? c->arena->ws : NULL, mp->lt_ws, c->stream),
+			       c->err, sizeof(c->err));
+	if (st == LOOM_OK && d != out) {
+		const size_t es = loom_dtype_size(nd->dtype);
+		st = LOOM_CUDA_CHECK(cudaMemcpy2DAsync(out, (size_t)mp->pad[2].ld * es, d,
+						       (size_t)mp->pad[2].ld_pad * es,
+						       (size_t)mp->pad[2].ld * es,
+						       (size_t)mp->pad[2].rows, cudaMemcpyDeviceToDevice,
+						       c->stream),
+				     c->err, sizeof(c->err));
+	}
 	/* What the epilogue left out: the bias over the rows [m, n], then the
 	 * relu, both in place. */
 	if (st == LOOM_OK && mp->bias_after) {

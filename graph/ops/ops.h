@@ -79,6 +79,14 @@ enum {
 	 * last time here and has the output's dtype and size (graph/memplan.c
 	 * decides): its kernels on every backend must be safe for it. */
 	LOOM_OPF_INPLACE = 1u << 3,
+	/* May write its output over src[1]'s storage (a backward's dy) under
+	 * the same conditions, where src[0] is not taken (graph/memplan.c;
+	 * LOOM_INPLACE_DY=0 at plan time: never): so a product that makes
+	 * the dy can write this op's output in its epilogue (cuBLASLt's DGELU,
+	 * engine/cuda/matmul_cublaslt.cu). Its kernels on every backend must be
+	 * safe for it (elementwise: each element's dy read before its output is
+	 * written). */
+	LOOM_OPF_INPLACE_DY = 1u << 4,
 };
 
 /*

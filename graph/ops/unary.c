@@ -57,6 +57,7 @@ static void grad_unary(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		.kind = LOOM_OPK_BACKWARD,                                \
 		.attrs = LOOM_ATTRS_EW,                                   \
 		.src_names = { "input", "dy" },                           \
+		.flags = LOOM_OPF_INPLACE_DY,                             \
 		.amp = { .cls = LOOM_AMP_FOLLOW },                        \
 	};
 LOOM_UNARY_OPS(UNARY_ROWS)

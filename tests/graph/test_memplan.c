@@ -617,6 +617,57 @@ Test(memplan, a_source_read_later_is_not_taken_over)
 	ce_by_hand(0);
 }
 
+/* h = gelu(x); d = relu(x2) standing in for the product that makes the
+ * GELU backward's dy; dh = gelu_bwd(x, d), appended by hand as autodiff
+ * would. The backward writes over its dying dy (LOOM_OPF_INPLACE_DY),
+ * never over x (read later here, by h's reader); with LOOM_INPLACE_DY=0,
+ * or with dy read later, on bytes of its own. */
+static void gelu_bwd_by_hand(int dy_off, int read_dy_later)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[2] = { 4, 64 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value x2 = loom_input(g, "x2", LOOM_F32, 2, d);
+	loom_value pre = loom_relu(g, x);
+	loom_value dy = loom_relu(g, x2);
+	loom_value src[2] = { pre, dy };
+	loom_value dh = loom_grad_node(g, LOOM_OP_GELU_BWD, pre, 2, src);
+	g->nodes[dh].a.ew.tanh = 1;
+	loom_value after = loom_add(g, dh, pre);
+	if (read_dy_later)
+		after = loom_add(g, after, dy);
+	(void)after;
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_memplan mp;
+	if (dy_off)
+		setenv("LOOM_INPLACE_DY", "0", 1);
+	loom_status st = loom_memplan_build(g, &mp);
+	unsetenv("LOOM_INPLACE_DY");
+	cr_assert_eq(st, LOOM_OK);
+	cr_assert(!overlap(mp.offset[dh], 1024, mp.offset[pre], 1024), "never over x");
+	if (dy_off || read_dy_later) {
+		cr_assert_eq(mp.inplace[dh], LOOM_NONE, "dy_off %d, dy read later %d", dy_off,
+			     read_dy_later);
+		cr_assert(!overlap(mp.offset[dh], 1024, mp.offset[dy], 1024));
+	} else {
+		cr_assert_eq(mp.inplace[dh], dy, "the GELU backward took %d, not its dy %d",
+			     (int)mp.inplace[dh], (int)dy);
+		cr_assert_eq(mp.offset[dh], mp.offset[dy]);
+	}
+	loom_memplan_free(&mp);
+	loom_graph_free(g);
+}
+
+/* A unary backward takes over its dying dy (src[1]), never its x; not
+ * when dy is read later or under LOOM_INPLACE_DY=0. */
+Test(memplan, unary_backward_takes_over_its_dy)
+{
+	gelu_bwd_by_hand(0, 0);
+	gelu_bwd_by_hand(0, 1);
+	gelu_bwd_by_hand(1, 0);
+}
+
 /* The tail of a GPT (embedding, layer norm, attention, a linear, the tied
  * output projection over [B, T, C], softmax-CE over [B*T, V]) at B*T = 16. */
 static loom_program *gpt_tail(int64_t V, loom_opt_level level, int keep_logits)

@@ -233,6 +233,22 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 			--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
 			--log-interval 5 --val-interval 0 --sample 0
 	fi
+	# The GPT's products against llm.c's (engine/cuda/README.md): GPT-2
+	# 124M O2 bf16 with the product switches at the old paths (BGRADB,
+	# the heuristic told 16-byte alignment, the logits' rows as they are,
+	# DGELU not chosen: LOOM_INPLACE_DY=0), then with llm.c's choices (the
+	# bias gradient by its own kernel, the plan's alignment, the unaligned
+	# rows through padded copies, DGELU). 20 steps each, ~25 s in all.
+	srow speed_gpt2_124m_O2_bf16_lt_off loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_CUDA_BGRAD_EPILOGUE=1 LOOM_CUDA_LT_ALIGN=0 LOOM_CUDA_LT_PAD=0 LOOM_INPLACE_DY=0 \
+		"$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
+	srow speed_gpt2_124m_O2_bf16_lt_on loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_CUDA_BGRAD_EPILOGUE=0 LOOM_CUDA_LT_ALIGN=1 LOOM_CUDA_LT_PAD=1 LOOM_INPLACE_DY=1 \
+		"$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
 	# Batch norm, max pool and the upload (engine/cuda, issue 30 items 3
 	# and 6): the rows above run the defaults (statistics saved, split
 	# own kernels, cuDNN's Ex forward where it takes NCHW, saved pool

@@ -436,6 +436,10 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 			     bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
+	const char *bgrad_env = getenv("LOOM_CUDA_BGRAD_EPILOGUE");
+	if (bgrad_env && !strcmp(bgrad_env, "0"))
+		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under LOOM_CUDA_BGRAD_EPILOGUE=0",
+			     op);
 	/* Under the hook every fallback is taken: half convolutions in f32,
 	 * a linear's bias and relu by own kernels after the plain product. */
 	int conv_f32, mm_unfused, n_conv = 0, n_fused_linear = 0;
@@ -1498,8 +1502,9 @@ Test(cuda_ops, layernorm_saved_statistics)
 
 /* The GPT's MLP: linear (bias) -> GELU -> linear. With the tanh GELU the
  * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue
- * (LOOM_CUDA_GELU_EPILOGUE); the exact GELU never fuses. No DGELU: the
- * memory plan does not allow it here (gpt_fusions_chosen_on_the_plan). */
+ * (LOOM_CUDA_GELU_EPILOGUE) and the second's data gradient the GELU
+ * backward in DGELU (the memory plan puts that backward over its dy:
+ * gpt_fusions_chosen_on_the_plan); the exact GELU never fuses. */
 static loom_value mlp(loom_graph *g, tcase *t, int tanh_form)
 {
 	loom_value x = param(g, t, "x", 3, 2, 33, 64, 0);
@@ -1517,6 +1522,8 @@ static loom_value b_mlp_tanh(loom_graph *g, tcase *t)
 		t->note_op[0] = LOOM_OP_LINEAR;
 		t->note[1] = "the product's GELU epilogue";
 		t->note_op[1] = LOOM_OP_GELU;
+		t->note[2] = "DGELU";
+		t->note_op[2] = LOOM_OP_MATMUL;
 	}
 	return mlp(g, t, 1);
 }
@@ -1565,17 +1572,71 @@ static loom_value gpt_tail(loom_graph *g, loom_dtype dt, int tanh_form, int logi
 					  loom_input(g, "labels", LOOM_I32, 1, &nl));
 }
 
+/* A GPT-sized linear with a bias over [B, T, C] rows, aligned shapes
+ * (every row 16-byte aligned in half): the weight gradient's bias
+ * gradient rides BGRADB unless LOOM_CUDA_BGRAD_EPILOGUE=0. */
+static loom_value b_linear_gpt(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 64, 128, 0);
+	return loom_linear(g, x, param(g, t, "fc.weight", 2, 256, 128, 0, 0),
+			   param(g, t, "fc.bias", 1, 256, 0, 0, 0));
+}
+
+/* A classifier over 67 classes (rows of the logits not 16-byte aligned
+ * in any dtype, as GPT-2's 50257): x [2, 8, 32] through a linear to the
+ * logits, their rows to softmax-CE; forward, dx and dw all see the odd
+ * leading dimension. */
+static loom_value b_classifier_odd(loom_graph *g, tcase *t)
+{
+	const char *pad = getenv("LOOM_CUDA_LT_PAD");
+	if (pad && !strcmp(pad, "1")) { /* the logits' rows padded (--dump-graph's note) */
+		t->note[0] = "out rows 67 -> 128";
+		t->note_op[0] = LOOM_OP_LINEAR;
+		t->note[1] = "rows 67 -> 128";
+		t->note_op[1] = LOOM_OP_MATMUL;
+	}
+	loom_value x = param(g, t, "x", 3, 2, 8, 32, 0);
+	loom_value lg = loom_linear(g, x, param(g, t, "head.weight", 2, 67, 32, 0, 0), LOOM_NONE);
+	int64_t rows[2] = { 16, 67 };
+	return loom_softmax_cross_entropy(g, loom_reshape(g, lg, 2, rows), labels(g, t, 16, 67));
+}
+
+/* The products' switches against llm.c's use of cuBLASLt
+ * (LOOM_CUDA_BGRAD_EPILOGUE: the bias gradient by BGRADB or the sibling's
+ * own channel sum; LOOM_CUDA_LT_ALIGN: the heuristic told the plan's
+ * alignment, the pointers checked per call, or 16; LOOM_CUDA_LT_PAD:
+ * operands with unaligned rows through padded copies), each value against
+ * the CPU in every dtype, forward and backward. */
+Test(cuda_ops, products_llmc_switches)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_CUDA_BGRAD_EPILOGUE", "linear gpt 2x64x128 -> 256", b_linear_gpt);
+	both_switch_values("LOOM_CUDA_BGRAD_EPILOGUE", "linear bias 6x20 -> 12", b_linear_bias);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "linear gpt 2x64x128 -> 256", b_linear_gpt);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "linear bias relu", b_linear_bias_relu);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "matmul", b_matmul);
+	both_switch_values("LOOM_CUDA_LT_ALIGN", "mlp gelu tanh", b_mlp_tanh);
+	both_switch_values("LOOM_CUDA_LT_PAD", "linear bias 6x20 -> 12", b_linear_bias);
+	both_switch_values("LOOM_CUDA_LT_PAD", "linear bias relu", b_linear_bias_relu);
+	both_switch_values("LOOM_CUDA_LT_PAD", "matmul 7x9x5", b_matmul);
+	both_switch_values("LOOM_CUDA_LT_PAD", "classifier 67 classes", b_classifier_odd);
+	both_switch_values("LOOM_CUDA_LT_PAD", "linear gpt 2x64x128 -> 256", b_linear_gpt);
+}
+
 /* The plan-level choices of the GPT fusions (no GPU needed: the plugin's
  * test_gpt_fusions on the plan the CPU compiled, whose memory plan and
  * steps are the same passes'): the classifier's backward done by its
  * forward where dlogits lie on the logits and nothing else reads them;
  * GELU_AUX on c_fc for the tanh GELU in half, never for the exact GELU or
- * in f32. DGELU on c_proj's data gradient never, in these plans: c_proj's
- * weight gradient, which runs between that product and the GELU backward,
- * reads the GELU's output, whose bytes the memory plan then gives the GELU
- * backward's output; with c_proj frozen the GELU backward's output takes
- * the bytes of the product's own dying dy. Either way the epilogue may not
- * write them early (GPT-2's plan is of the first kind). */
+ * in f32. DGELU on c_proj's data gradient for the tanh GELU in half: the
+ * memory plan puts the GELU backward's output in place over its dy, that
+ * product's output (LOOM_OPF_INPLACE_DY), so the epilogue writes bytes
+ * nothing else reads. With LOOM_INPLACE_DY=0 (the plan before) never:
+ * c_proj's weight gradient, which runs between that product and the GELU
+ * backward, reads the GELU's output, whose bytes the memory plan then
+ * gives the GELU backward's output; with c_proj frozen the GELU backward's
+ * output takes the bytes of the product's own dying dy only by chance of
+ * the best fit. Either way the epilogue may not write them early. */
 Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
 {
 	const loom_cuda_plugin *pl = plugin();
@@ -1585,34 +1646,42 @@ Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
 		loom_dtype dt;
 		int tanh_form, logits_out, frozen, ce, aux, dgelu;
 	} rows[] = {
-		{ LOOM_BF16, 1, 0, 0, 1, 1, 0 }, { LOOM_F16, 1, 0, 0, 1, 1, 0 },
-		{ LOOM_BF16, 1, 0, 1, 1, 1, 0 },
+		{ LOOM_BF16, 1, 0, 0, 1, 1, 1 }, { LOOM_F16, 1, 0, 0, 1, 1, 1 },
+		{ LOOM_BF16, 1, 0, 1, 1, 1, 1 },
 		{ LOOM_BF16, 0, 0, 0, 1, 0, 0 }, { LOOM_F32, 1, 0, 0, 1, 0, 0 },
-		{ LOOM_BF16, 1, 1, 0, 0, 1, 0 },
+		{ LOOM_BF16, 1, 1, 0, 0, 1, 1 },
 	};
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		loom_graph *g;
-		loom_program *p;
-		loom_compile_opts o;
-		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-		loom_value loss = gpt_tail(g, rows[i].dt, rows[i].tanh_form, rows[i].logits_out,
-					   rows[i].frozen);
-		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-		loom_compile_opts_default(&o);
-		o.device = LOOM_DEVICE_CPU;
-		o.optim.kind = LOOM_OPTIM_NONE;
-		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-		int ce = -1, aux = -1, dgelu = -1;
-		pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
-		cr_expect(ce == rows[i].ce && aux == rows[i].aux && dgelu == rows[i].dgelu,
-			  "row %zu (%s, %s GELU%s%s): classifier %d, GELU_AUX %d, DGELU %d; want %d %d %d",
-			  i, loom_dtype_name(rows[i].dt), rows[i].tanh_form ? "tanh" : "exact",
-			  rows[i].logits_out ? ", logits an output" : "",
-			  rows[i].frozen ? ", c_proj frozen" : "", ce, aux, dgelu, rows[i].ce,
-			  rows[i].aux, rows[i].dgelu);
-		loom_program_free(p);
-		loom_graph_free(g);
-	}
+	for (int dy_off = 0; dy_off <= 1; dy_off++)
+		for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+			loom_graph *g;
+			loom_program *p;
+			loom_compile_opts o;
+			cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+			loom_value loss = gpt_tail(g, rows[i].dt, rows[i].tanh_form,
+						   rows[i].logits_out, rows[i].frozen);
+			cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+			loom_compile_opts_default(&o);
+			o.device = LOOM_DEVICE_CPU;
+			o.optim.kind = LOOM_OPTIM_NONE;
+			if (dy_off)
+				setenv("LOOM_INPLACE_DY", "0", 1);
+			loom_status cst = loom_compile(g, loss, &o, &p);
+			unsetenv("LOOM_INPLACE_DY");
+			cr_assert_eq(cst, LOOM_OK, "%s", loom_last_error());
+			int ce = -1, aux = -1, dgelu = -1;
+			const int want_dgelu = dy_off ? 0 : rows[i].dgelu;
+			pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
+			cr_expect(ce == rows[i].ce && aux == rows[i].aux && dgelu == want_dgelu,
+				  "row %zu (%s, %s GELU%s%s%s): classifier %d, GELU_AUX %d, DGELU %d; "
+				  "want %d %d %d",
+				  i, loom_dtype_name(rows[i].dt), rows[i].tanh_form ? "tanh" : "exact",
+				  rows[i].logits_out ? ", logits an output" : "",
+				  rows[i].frozen ? ", c_proj frozen" : "",
+				  dy_off ? ", LOOM_INPLACE_DY=0" : "", ce, aux, dgelu, rows[i].ce,
+				  rows[i].aux, want_dgelu);
+			loom_program_free(p);
+			loom_graph_free(g);
+		}
 }
 
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
