@@ -657,6 +657,15 @@ typedef struct loom_program_info {
 	/* When the loss scale collapsed (below 1): which op first produced a
 	 * non-finite value, e.g. "conv2d 'conv1' (node 7)"; else "". */
 	const char *amp_report;
+	/* How training steps are launched (loom_compile_opts.cuda_graph):
+	 * graph_note, why they run eagerly ("" while captured, or before the
+	 * first training step decides); graph_captures and graph_replays,
+	 * steps recorded as one CUDA graph and launches of it after its
+	 * capture; host_syncs, every wait of the host for the device, and
+	 * syncs_in_step, those inside a step (0 for a replayed one). All 0 on
+	 * a backend that counts nothing (the CPU). */
+	const char *graph_note;
+	long graph_captures, graph_replays, host_syncs, syncs_in_step;
 } loom_program_info;
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info);
