@@ -261,7 +261,7 @@ typedef struct loom_optim_opts {
 	 * inf/NaN (loss scaling) is skipped before the norm is taken. 0: off
 	 * (the default). loom_program_info.grad_norm reports the last norm.
 	 * CPU and CUDA backends (loom_compile refuses it on one without
-	 * LOOM_BE_CLIPS_GRAD, with ZeRO on CUDA, and with pipeline stages). */
+	 * LOOM_BE_CLIPS_GRAD, and with pipeline stages). */
 	double clip_grad;
 	/* Weight decay only on matrices: parameters of 2 or more dims that no
 	 * embedding reads as its table (not embeddings, even one tied to an
@@ -311,7 +311,8 @@ typedef struct loom_compile_opts {
 	 * run, the learning rate (loom_set_lr), the loss scaler and the step
 	 * reach the replayed step. Refused, with one line through the log at
 	 * the first run, where the step cannot be one graph (pipeline stages,
-	 * a trace, data parallel over several ranks, ZeRO with clipping);
+	 * a trace, data parallel over several ranks, ZeRO with clipping whose
+	 * norm crosses the host);
 	 * diagnosis runs, accumulation runs and other modes run
 	 * eagerly. 0 (`--no-cuda-graph`, or LOOM_CUDA_GRAPH=0 in the
 	 * environment): every step eager. The CPU backend ignores it. */

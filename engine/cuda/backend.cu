@@ -990,6 +990,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
 	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
 		return st;
+	c->loss_node_on = getenv("LOOM_CUDA_LOSS_NODE") && !strcmp(getenv("LOOM_CUDA_LOSS_NODE"), "1");
 	c->pinned_half = (size_t)4 << 20;
 	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
 			     c->err, sizeof(c->err));
@@ -1290,6 +1291,98 @@ static loom_status inputs_into_graph(loom_cuda_ctx *c, cudaGraph_t g)
 	return st;
 }
 
+/* The copy of the loss and of the control block into async slot k, as
+ * the arguments of a memcpy node. */
+static void loss_copy_args(loom_cuda_ctx *c, int k, int which, void **dst, const void **src,
+			   size_t *bytes)
+{
+	loom_cuda_async_slot *a = &c->async[k];
+	if (which == 0) {
+		*dst = c->loss_f64 ? (void *)&a->loss64 : (void *)&a->loss32;
+		*src = c->loss_src;
+		*bytes = c->loss_f64 ? sizeof(double) : sizeof(float);
+	} else {
+		*dst = &a->ctl;
+		*src = c->ctl;
+		*bytes = sizeof(a->ctl);
+	}
+}
+
+/* LOOM_CUDA_LOSS_NODE=1, the loss read one step late (a loss_async before
+ * the capture): the captured graph g ends with the copies of the loss and
+ * of the control block into the slot loss_async takes next, after every
+ * node it recorded (its leaves). */
+static loom_status loss_into_graph(loom_cuda_ctx *c, cudaGraph_t g)
+{
+	size_t n = 0, n_leaves = 0;
+	cudaGraphNode_t *nodes = NULL;
+	loom_status st;
+	c->loss_node[0] = c->loss_node[1] = NULL;
+	if (!c->loss_node_on || !c->async || !c->loss_src)
+		return LOOM_OK;
+	if ((st = LOOM_CUDA_CHECK(cudaGraphGetNodes(g, NULL, &n), c->err, sizeof(c->err))) !=
+	    LOOM_OK)
+		return st;
+	if (n && !(nodes = (cudaGraphNode_t *)malloc(n * sizeof(*nodes))))
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's nodes");
+	if (n)
+		st = LOOM_CUDA_CHECK(cudaGraphGetNodes(g, nodes, &n), c->err, sizeof(c->err));
+	/* The leaves: nodes nothing depends on, gathered at the front. */
+	for (size_t i = 0; i < n && st == LOOM_OK; i++) {
+		size_t deps = 0;
+#if CUDART_VERSION >= 13000
+		st = LOOM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(nodes[i], NULL, NULL, &deps),
+				     c->err, sizeof(c->err));
+#else
+		st = LOOM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(nodes[i], NULL, &deps), c->err,
+				     sizeof(c->err));
+#endif
+		if (st == LOOM_OK && deps == 0)
+			nodes[n_leaves++] = nodes[i];
+	}
+	int k = c->async_next;
+	for (int w = 0; w < 2 && st == LOOM_OK; w++) {
+		void *dst;
+		const void *src;
+		size_t bytes;
+		loss_copy_args(c, k, w, &dst, &src, &bytes);
+		st = LOOM_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&c->loss_node[w], g, nodes, n_leaves, dst,
+							      src, bytes, cudaMemcpyDeviceToHost),
+				     c->err, sizeof(c->err));
+	}
+	free(nodes);
+	if (st != LOOM_OK) {
+		c->loss_node[0] = c->loss_node[1] = NULL;
+		return st;
+	}
+	c->loss_node_slot = k;
+	return LOOM_OK;
+}
+
+/* Before a launch: the loss nodes write the slot loss_async takes next. */
+static loom_status loss_before_launch(loom_cuda_ctx *c)
+{
+	loom_status st = LOOM_OK;
+	if (!c->loss_node[0])
+		return LOOM_OK;
+	int k = c->async_next;
+	for (int w = 0; w < 2 && st == LOOM_OK && k != c->loss_node_slot; w++) {
+		void *dst;
+		const void *src;
+		size_t bytes;
+		loss_copy_args(c, k, w, &dst, &src, &bytes);
+		st = LOOM_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(c->graph_exec, c->loss_node[w],
+									dst, src, bytes,
+									cudaMemcpyDeviceToHost),
+				     c->err, sizeof(c->err));
+	}
+	if (st == LOOM_OK) {
+		c->loss_node_slot = k;
+		c->loss_nodes_ran = 1;
+	}
+	return st;
+}
+
 /* Before a launch of the graph: each copy node reads the slot filled
  * last (an update of the executable's node, no new graph; an eager run
  * since may have copied it already, the graph copies it again); inputs
@@ -1513,14 +1606,19 @@ static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *lo
 		return st;
 	loom_cuda_async_slot *a = &c->async[k];
 	a->f64 = f64;
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(f64 ? (void *)&a->loss64 : (void *)&a->loss32, loss,
-					     f64 ? sizeof(double) : sizeof(float),
-					     cudaMemcpyDeviceToHost, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
+	c->loss_src = loss;
+	c->loss_f64 = f64;
+	/* The graph just launched copied both into slot k itself. */
+	if (!c->loss_nodes_ran)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(f64 ? (void *)&a->loss64 : (void *)&a->loss32,
+						     loss, f64 ? sizeof(double) : sizeof(float),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK && !c->loss_nodes_ran)
 		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&a->ctl, c->ctl, sizeof(a->ctl),
 						     cudaMemcpyDeviceToHost, c->stream),
 				     c->err, sizeof(c->err));
+	c->loss_nodes_ran = 0;
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaEventRecord(c->async_ev[k], c->stream), c->err,
 				     sizeof(c->err));
@@ -1680,6 +1778,8 @@ static loom_status cuda_run_begin(void *ctx, const loom_plan *p, const loom_aren
 	 * to the graph's copy nodes. */
 	if (!(flags & LOOM_EXEC_REPLAY) && (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
+	if (!(flags & LOOM_EXEC_REPLAY))
+		c->loss_nodes_ran = 0;
 	/* The schedule's rate into the control block (a kernel launch, no
 	 * wait), where a captured update reads it. */
 	if (!(ts->lr == c->host_lr)) {
@@ -1744,7 +1844,7 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 		return loom_errf(c->err, LOOM_ERR_BACKEND, "cuda: capturing the step: %s",
 				 cudaGetErrorString(e));
 	}
-	if ((st = inputs_into_graph(c, g)) == LOOM_OK)
+	if ((st = inputs_into_graph(c, g)) == LOOM_OK && (st = loss_into_graph(c, g)) == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaGraphInstantiate(&c->graph_exec, g, 0), c->err,
 				     sizeof(c->err));
 	if (st != LOOM_OK) {
@@ -1755,6 +1855,7 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 	c->graph = g;
 	c->captures++;
 	/* Recorded, not run: the captured step runs now. */
+	c->loss_nodes_ran = c->loss_node[0] != NULL;
 	st = LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
 	return st == LOOM_OK ? inputs_after_launch(c) : st;
 }
@@ -1768,7 +1869,7 @@ static loom_status cuda_replay(void *ctx, const loom_plan *p)
 		return st;
 	if (!c->graph_exec)
 		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: replay before a capture");
-	if ((st = inputs_before_launch(c)) != LOOM_OK)
+	if ((st = inputs_before_launch(c)) != LOOM_OK || (st = loss_before_launch(c)) != LOOM_OK)
 		return st;
 	c->graph_launches++;
 	st = LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));

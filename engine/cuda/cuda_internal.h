@@ -344,6 +344,15 @@ typedef struct loom_cuda_ctx {
 	struct loom_cuda_async_slot *async;
 	cudaEvent_t async_ev[2];
 	int async_next, async_pending;
+	/* LOOM_CUDA_LOSS_NODE=1 (read at alloc; off; compiled, not yet run):
+	 * those two copies as the captured graph's last nodes (loss_node:
+	 * the loss's and the control block's), pointed before each replay at
+	 * the slot loss_async takes next; loss_src/loss_f64: the loss as the
+	 * last loss_async saw it; loss_nodes_ran: the run just launched made
+	 * the copies, so loss_async only marks them. */
+	int loss_node_on, loss_f64, loss_node_slot, loss_nodes_ran;
+	const void *loss_src;
+	cudaGraphNode_t loss_node[2];
 
 	/* LOOM_CUDA_UPLOAD=graph (read at alloc; off by default; compiled,
 	 * not yet run): the plan's inputs staged for the graph. */

@@ -281,10 +281,11 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		"$bin/gpt_ddp" "${gg[@]}"
 	srow speed_gpt2_124m_O1_bf16_no_graph loom_tok bench 40 -- env LOOM_ASYNC_LOSS=1 \
 		"$bin/gpt_ddp" "${gg[@]}" --no-cuda-graph
-	# The inputs as the graph's own copy nodes (LOOM_CUDA_UPLOAD=graph)
-	# against the rows above (inputs uploaded before each launch).
+	# The inputs and the loss as the graph's own copy nodes
+	# (LOOM_CUDA_UPLOAD=graph, LOOM_CUDA_LOSS_NODE=1) against the rows
+	# above (copies queued around each launch).
 	srow speed_convnet_graph_inputs_staged loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
-		LOOM_CUDA_UPLOAD=graph "$bin/bench_convnet" "${cg[@]}"
+		LOOM_CUDA_UPLOAD=graph LOOM_CUDA_LOSS_NODE=1 "$bin/bench_convnet" "${cg[@]}"
 	# Host waits inside a step (loom_program_info.syncs_in_step; 0 for a
 	# replayed step) and the captures and replays, as each graph row said.
 	for n in speed_convnet_graph speed_convnet_no_graph speed_convnet_graph_inputs_staged \

@@ -1234,9 +1234,8 @@ Test(cuda_ops, staged_upload)
  * two programs of one graph with the same values train side by side, one
  * synchronous, one not; after run k the second reports the first's loss
  * of run k - 1, and its scaler and step lag by one as well. */
-Test(cuda_ops, async_loss_one_step_late)
+static void async_loss_late(void)
 {
-	NEED_GPU();
 	tcase t;
 	loom_graph *g;
 	loom_program *p[2];
@@ -1283,6 +1282,22 @@ Test(cuda_ops, async_loss_one_step_late)
 	loom_program_free(p[1]);
 	loom_program_free(p[0]);
 	loom_graph_free(g);
+}
+
+Test(cuda_ops, async_loss_one_step_late)
+{
+	NEED_GPU();
+	async_loss_late();
+}
+
+/* The same with the loss's and the control block's copies as the captured
+ * graph's last nodes (LOOM_CUDA_LOSS_NODE=1; runs 2-4 are replays). */
+Test(cuda_ops, async_loss_copied_inside_the_graph)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_LOSS_NODE", "1", 1);
+	async_loss_late();
+	unsetenv("LOOM_CUDA_LOSS_NODE");
 }
 
 /* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
