@@ -16,6 +16,8 @@
 
 static int no_fusion;
 static int no_cuda_graph;
+/* Each level's launch counters, printed under the table. */
+static char launch_note[4][256];
 
 static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, int warmup,
 		 int steps)
@@ -75,6 +77,12 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 		       loom_loss(p), steps * (double)b / cpu,
 		       (info.flops_fwd + info.flops_bwd) / b * 1e-6,
 		       (info.flops_fwd + info.flops_bwd) / dt_step[steps / 2] * 1e-9);
+		if (info.graph_captures || info.host_syncs) /* a backend that counts (CUDA) */
+			snprintf(launch_note[level], sizeof(launch_note[level]),
+				 "O%d: cuda graph %ld captures, %ld replays%s%s; host syncs %ld, %ld "
+				 "inside a step", level, info.graph_captures, info.graph_replays,
+				 info.graph_note[0] ? ", off: " : "", info.graph_note, info.host_syncs,
+				 info.syncs_in_step);
 	}
 	free(dt_step);
 	free(img);
@@ -132,5 +140,8 @@ int main(int argc, char **argv)
 	for (const char *l = levels; *l; l++)
 		if (*l >= '0' && *l <= '3')
 			rc |= bench((loom_opt_level)(*l - '0'), half, dev, b, warmup, steps);
+	for (int l = 0, said = 0; l < 4; l++)
+		if (launch_note[l][0])
+			printf("%slaunches %s\n", said++ ? "" : "\n", launch_note[l]);
 	return rc;
 }

@@ -168,6 +168,14 @@ typedef struct loom_backend {
 	 * (LOOM_BE_SHARDED_OPTIM and LOOM_BE_CLIPS_GRAD). // (optional) */
 	loom_status (*grad_sumsq)(void *ctx, const loom_plan *plan, const loom_arena *arena,
 				  const loom_train_state *ts, int first, int last, double *sumsq);
+	/* Device value: grad_sumsq's sum left as an f64 at *sumsq in the
+	 * compute stream's order, no wait. The executor sums it over the
+	 * ranks on the device (one all-reduce); the optim that follows in
+	 * this run clips by the square root of what *sumsq then holds (ZeRO's
+	 * clipping inside a captured step). // (optional) */
+	loom_status (*grad_sumsq_device)(void *ctx, const loom_plan *plan, const loom_arena *arena,
+					 const loom_train_state *ts, int first, int last,
+					 void **sumsq);
 	/* What the communicator needs to order a collective on `stream` (a
 	 * CUDA stream), NULL for host memory. */
 	void *(*stream_handle)(void *ctx, loom_stream stream);

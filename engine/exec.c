@@ -593,7 +593,8 @@ static loom_status graph_replay(loom_program *p)
 	loom_status st;
 	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
-	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, LOOM_EXEC_TRAIN)) != LOOM_OK ||
+	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts,
+				LOOM_EXEC_TRAIN | LOOM_EXEC_REPLAY)) != LOOM_OK ||
 	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK)
 		return be_fail(p, st);
 	loom_status watched = watch_marks(p);

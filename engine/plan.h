@@ -242,6 +242,10 @@ enum {
 	 * skips the collectives) or fold and clear (FOLD) their sums. */
 	LOOM_EXEC_ACCUMULATE = 1 << 2,
 	LOOM_EXEC_FOLD = 1 << 3,
+	/* run_begin only: the run replays the captured step (no step is
+	 * walked); a backend that stages inputs for the graph's own copies
+	 * leaves them to it. */
+	LOOM_EXEC_REPLAY = 1 << 4,
 };
 
 /* Optimizer state buffers per parameter: SGD's momentum buffer, AdamW's m

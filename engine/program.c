@@ -708,6 +708,15 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->skipped_steps = p->ts.scaler.skipped_steps;
 	info->grad_norm = p->ts.grad_norm;
 	info->amp_report = p->ts.amp_report;
+	info->graph_note = p->exec.graph < 0 ? p->exec.graph_note : "";
+	if (p->be->counters) {
+		loom_backend_counters k = { 0 };
+		p->be->counters(p->be_ctx, &k);
+		info->graph_captures = k.captures;
+		info->graph_replays = k.replays;
+		info->host_syncs = k.host_syncs;
+		info->syncs_in_step = k.syncs_in_step;
+	}
 }
 
 void loom_program_dump(const loom_program *p, FILE *out)

@@ -996,6 +996,12 @@ static int epoch_end(train_run *t, const train_task *task, int64_t epoch, double
 	printf("epoch %d done: %strain %.1f s (%.1f %s/s), loss scale %g, skipped steps %lld\n",
 	       (int)epoch + 1, test_part, secs, ips, task->unit ? task->unit : "img",
 	       info.loss_scale, (long long)info.skipped_steps);
+	/* How the steps were launched, where the backend counts it (CUDA). */
+	if (info.graph_captures || info.host_syncs)
+		printf("launches: cuda graph %ld captures, %ld replays%s%s; host syncs %ld, %ld "
+		       "inside a step\n", info.graph_captures, info.graph_replays,
+		       info.graph_note[0] ? ", off: " : "", info.graph_note, info.host_syncs,
+		       info.syncs_in_step);
 	char err[256];
 	if (t->metrics &&
 	    train_metrics_log(t->metrics, "epoch", err, sizeof(err),

@@ -261,7 +261,7 @@ typedef struct loom_optim_opts {
 	 * inf/NaN (loss scaling) is skipped before the norm is taken. 0: off
 	 * (the default). loom_program_info.grad_norm reports the last norm.
 	 * CPU and CUDA backends (loom_compile refuses it on one without
-	 * LOOM_BE_CLIPS_GRAD, with ZeRO on CUDA, and with pipeline stages). */
+	 * LOOM_BE_CLIPS_GRAD, and with pipeline stages). */
 	double clip_grad;
 	/* Weight decay only on matrices: parameters of 2 or more dims that no
 	 * embedding reads as its table (not embeddings, even one tied to an
@@ -311,7 +311,8 @@ typedef struct loom_compile_opts {
 	 * run, the learning rate (loom_set_lr), the loss scaler and the step
 	 * reach the replayed step. Refused, with one line through the log at
 	 * the first run, where the step cannot be one graph (pipeline stages,
-	 * a trace, data parallel over several ranks, ZeRO with clipping);
+	 * a trace, data parallel over several ranks, ZeRO with clipping whose
+	 * norm crosses the host);
 	 * diagnosis runs, accumulation runs and other modes run
 	 * eagerly. 0 (`--no-cuda-graph`, or LOOM_CUDA_GRAPH=0 in the
 	 * environment): every step eager. The CPU backend ignores it. */
@@ -667,6 +668,15 @@ typedef struct loom_program_info {
 	/* When the loss scale collapsed (below 1): which op first produced a
 	 * non-finite value, e.g. "conv2d 'conv1' (node 7)"; else "". */
 	const char *amp_report;
+	/* How training steps are launched (loom_compile_opts.cuda_graph):
+	 * graph_note, why they run eagerly ("" while captured, or before the
+	 * first training step decides); graph_captures and graph_replays,
+	 * steps recorded as one CUDA graph and launches of it after its
+	 * capture; host_syncs, every wait of the host for the device, and
+	 * syncs_in_step, those inside a step (0 for a replayed one). All 0 on
+	 * a backend that counts nothing (the CPU). */
+	const char *graph_note;
+	long graph_captures, graph_replays, host_syncs, syncs_in_step;
 } loom_program_info;
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info);

@@ -1,15 +1,16 @@
 /*
  * parallel/shards.c — what the optimizer step needs from ranks that each
  * hold some of the gradients: ZeRO's shards (stages 1-3) and a pipeline's
- * stages. The overflow verdict over all of them (on the device through one
- * all-reduce where the backend can, else on the host), the global gradient
- * norm under ZeRO with clipping, and why such a step is not captured as
- * one graph. The executor reaches these through program->shards
+ * stages. The overflow verdict over all of them and the global gradient
+ * norm under ZeRO with clipping (each on the device through one all-reduce
+ * where the backend and the transport can, else on the host), and why such
+ * a step is not captured as one graph. The executor reaches these through program->shards
  * (engine/program_internal.h), which the passes set (passes.c).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm/comm.h"
 #include "parallel/shards.h"
@@ -53,14 +54,40 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 	return LOOM_OK;
 }
 
-/* ZeRO with clipping: every rank's sum of squares over its shard, gathered
- * and added in rank order, so that every rank clips by the same global
- * norm (ts->grad_norm, which the optimizer then reads). */
+/* Whether ZeRO's gradient norm is summed over the ranks on the device: a
+ * backend that leaves a shard's sum of squares there, a communicator that
+ * reduces in a stream's order (NCCL), no pipeline; LOOM_ZERO_DEVICE_NORM=0
+ * keeps the host's gather. */
+static int norm_on_device(const loom_program *p)
+{
+	const loom_plan *pl = &p->plan;
+	const char *e = getenv("LOOM_ZERO_DEVICE_NORM");
+	return p->be->grad_sumsq_device && pl->zero && !pl->pipe &&
+	       loom_comm_stream_ordered(pl->comm) && !(e && !strcmp(e, "0"));
+}
+
+/* ZeRO with clipping: every rank's sum of squares over its shard, added
+ * over the ranks, so that every rank clips by the same global norm. On the
+ * device: one all-reduce of one f64 in the compute stream's order, which
+ * the optimizer then reads there (no host wait, so a captured step holds
+ * it). On the host: gathered and added in rank order into ts->grad_norm,
+ * which the optimizer reads. */
 static loom_status shard_norm(loom_program *p, const loom_step *s)
 {
 	const loom_plan *pl = &p->plan;
 	double mine = 0, *all = NULL, sum = 0;
 	loom_status st;
+	if (p->exec.device_wait && norm_on_device(p)) {
+		void *sumsq = NULL;
+		if ((st = p->be->grad_sumsq_device(p->be_ctx, pl, &p->arena, &p->ts, s->first,
+						   s->last, &sumsq)) != LOOM_OK)
+			return loom_program_backend_fail(p, st);
+		if ((st = loom_comm_allreduce_ordered(pl->comm, sumsq, 1, LOOM_F64,
+						      p->be->stream_handle(p->be_ctx,
+									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
+			return comm_fail(p, st);
+		return LOOM_OK;
+	}
 	if (!p->be->grad_sumsq)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "zero: the %s backend cannot take a shard's gradient norm",
@@ -82,12 +109,12 @@ static loom_status shard_norm(loom_program *p, const loom_step *s)
 	return LOOM_OK;
 }
 
-/* ZeRO's norm and verdict cross the host unless the backend checks on the
- * device; a captured graph cannot wait on the host. */
+/* ZeRO's norm and verdict cross the host unless the backend takes them on
+ * the device; a captured graph cannot wait on the host. */
 static const char *zero_no_graph(const loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
-	if (pl->opts.optim.clip_grad > 0)
+	if (pl->opts.optim.clip_grad > 0 && !norm_on_device(p))
 		return "ZeRO's gradient norm crosses the host";
 	if (pl->scaling && !p->be->grads_finite_device)
 		return "ZeRO's overflow verdict crosses the host";

@@ -166,7 +166,7 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 			 "compile without zero_stage", pl->zero, be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	if (pl->opts.optim.clip_grad > 0 && !be->grad_sumsq) {
+	if (pl->opts.optim.clip_grad > 0 && !be->grad_sumsq && !be->grad_sumsq_device) {
 		snprintf(err, errlen,
 			 "zero %d: the %s backend cannot take a shard's gradient norm, which "
 			 "clip_grad needs; compile without zero_stage or clip_grad", pl->zero,

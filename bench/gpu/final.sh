@@ -19,7 +19,10 @@ r gpt_O2_lt_on env LOOM_CUDA_BGRAD_EPILOGUE=0 LOOM_CUDA_LT_ALIGN=1 LOOM_CUDA_LT_
 r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .gpu-bundle/llmc/train.bin -j .gpu-bundle/llmc/val.bin
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
-grep -a "^| O" $o/convnet.log $o/convnet_nograph.log | cut -c1-140
+r convnet_staged env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5
+grep -a "^| O" $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log | cut -c1-140
+# Captures, replays and host waits inside a step (0 for a replayed one).
+grep -a "^launches" $o/r50_O2.log $o/r50_O2_nograph.log $o/gpt_O1.log $o/gpt_O1_nograph.log $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log | cut -c1-200
 r mnist_O0 $b/mnist_ddp --device cuda --data $d --epochs 1 --log-interval 200
 r mnist_O2 $b/mnist_ddp --device cuda --data $d --epochs 1 --opt-level O2 --log-interval 200
 r gpt_small_O1 $b/gpt_ddp --device cuda --data $d/fortunes.txt --opt-level O1 --precision bf16 --max-steps 300 --log-interval 100 --val-interval 100 --sample 100

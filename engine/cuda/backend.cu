@@ -1001,6 +1001,29 @@ out_free:
 	return st;
 }
 
+/* LOOM_CUDA_UPLOAD=graph: every input this rank holds, by arena address,
+ * for the staged upload (loom_cuda_input). */
+static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_arena *arena)
+{
+	const char *e = getenv("LOOM_CUDA_UPLOAD");
+	c->in_graph = e && !strcmp(e, "graph");
+	if (!c->in_graph)
+		return LOOM_OK;
+	free(c->inputs);
+	c->n_inputs = 0;
+	if (!(c->inputs = (loom_cuda_input *)calloc((size_t)p->g->n, sizeof(*c->inputs))))
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the staged inputs");
+	for (int v = 0; v < p->g->n; v++) {
+		if (p->g->nodes[v].op != LOOM_OP_INPUT || !loom_plan_holds(p, v))
+			continue;
+		loom_cuda_input *in = &c->inputs[c->n_inputs++];
+		in->dst = loom_arena_ptr(arena, p, v);
+		in->bytes = loom_plan_value_bytes(p, v);
+		in->slot = -1;
+	}
+	return LOOM_OK;
+}
+
 static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_state *ts,
 			      loom_arena *arena)
 {
@@ -1059,6 +1082,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 
 	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
+	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
+		return st;
+	c->loss_node_on = getenv("LOOM_CUDA_LOSS_NODE") && !strcmp(getenv("LOOM_CUDA_LOSS_NODE"), "1");
 	c->pinned_half = (size_t)4 << 20;
 	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
 			     c->err, sizeof(c->err));
@@ -1133,6 +1159,14 @@ static void cuda_free(void *ctx)
 	}
 	if (c->copy)
 		(void)cudaStreamDestroy(c->copy);
+	for (int i = 0; i < c->n_inputs; i++) {
+		if (c->inputs[i].host[0])
+			(void)cudaFreeHost(c->inputs[i].host[0]);
+		for (int k = 0; k < 2; k++)
+			if (c->inputs[i].read[k])
+				(void)cudaEventDestroy(c->inputs[i].read[k]);
+	}
+	free(c->inputs);
 	if (c->async)
 		(void)cudaFreeHost(c->async);
 	for (int i = 0; i < 2; i++)
@@ -1255,6 +1289,233 @@ static loom_status staged_upload(loom_cuda_ctx *c, void *dst, const void *src, s
 	return st;
 }
 
+/* The staged input whose arena address and size are dst and bytes, or
+ * NULL (LOOM_CUDA_UPLOAD=graph only). */
+static loom_cuda_input *staged_input(loom_cuda_ctx *c, const void *dst, size_t bytes)
+{
+	for (int i = 0; c->in_graph && i < c->n_inputs; i++)
+		if (c->inputs[i].dst == dst && c->inputs[i].bytes == bytes)
+			return &c->inputs[i];
+	return NULL;
+}
+
+/* The host fills a slot of input in: the one it filled last while that
+ * is not queued yet, else the other one, once the last copy that read it
+ * has run (the only wait, outside any step). */
+static loom_status input_fill(loom_cuda_ctx *c, loom_cuda_input *in, const void *src)
+{
+	loom_status st = LOOM_OK;
+	if (!in->host[0]) {
+		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&in->host[0], 2 * in->bytes), c->err,
+				     sizeof(c->err));
+		for (int k = 0; k < 2 && st == LOOM_OK; k++)
+			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&in->read[k],
+								      cudaEventDisableTiming),
+					     c->err, sizeof(c->err));
+		if (st != LOOM_OK)
+			return st;
+		in->host[1] = in->host[0] + in->bytes;
+	}
+	int k = in->pending ? in->slot : in->slot < 0 ? 0 : in->slot ^ 1;
+	/* An event never recorded counts as passed. */
+	if ((st = LOOM_CUDA_CHECK(sync_event(c, in->read[k]), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	memcpy(in->host[k], src, in->bytes);
+	in->slot = k;
+	in->pending = 1;
+	return LOOM_OK;
+}
+
+/* The inputs filled since their last copy, copied now in the compute
+ * stream's order (an eager run; a graph's own copy nodes otherwise);
+ * with_node: also those the captured graph copies itself. */
+static loom_status inputs_queue(loom_cuda_ctx *c, int with_node)
+{
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < c->n_inputs && st == LOOM_OK; i++) {
+		loom_cuda_input *in = &c->inputs[i];
+		if (!in->pending || (in->node && !with_node))
+			continue;
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(in->dst, in->host[in->slot], in->bytes,
+						     cudaMemcpyHostToDevice, c->stream),
+				     c->err, sizeof(c->err));
+		if (st == LOOM_OK)
+			st = LOOM_CUDA_CHECK(cudaEventRecord(in->read[in->slot], c->stream), c->err,
+					     sizeof(c->err));
+		in->pending = 0;
+	}
+	return st;
+}
+
+/* The captured graph g gains a copy node per input uploaded so far, from
+ * the slot filled last, ahead of every node it recorded. */
+static loom_status inputs_into_graph(loom_cuda_ctx *c, cudaGraph_t g)
+{
+	size_t n = 0;
+	cudaGraphNode_t *roots = NULL;
+	if (!c->in_graph)
+		return LOOM_OK;
+	loom_status st = LOOM_CUDA_CHECK(cudaGraphGetRootNodes(g, NULL, &n), c->err,
+					 sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	if (n && !(roots = (cudaGraphNode_t *)malloc(n * sizeof(*roots))))
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's roots");
+	if (n)
+		st = LOOM_CUDA_CHECK(cudaGraphGetRootNodes(g, roots, &n), c->err, sizeof(c->err));
+	for (int i = 0; i < c->n_inputs && st == LOOM_OK; i++) {
+		loom_cuda_input *in = &c->inputs[i];
+		in->node = NULL;
+		if (in->slot < 0)
+			continue;
+		st = LOOM_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&in->node, g, NULL, 0, in->dst,
+							      in->host[in->slot], in->bytes,
+							      cudaMemcpyHostToDevice),
+				     c->err, sizeof(c->err));
+		for (size_t r = 0; r < n && st == LOOM_OK; r++)
+#if CUDART_VERSION >= 13000
+			st = LOOM_CUDA_CHECK(cudaGraphAddDependencies(g, &in->node, &roots[r], NULL, 1),
+					     c->err, sizeof(c->err));
+#else
+			st = LOOM_CUDA_CHECK(cudaGraphAddDependencies(g, &in->node, &roots[r], 1),
+					     c->err, sizeof(c->err));
+#endif
+		in->node_slot = in->slot;
+	}
+	free(roots);
+	if (st != LOOM_OK)
+		for (int i = 0; i < c->n_inputs; i++)
+			c->inputs[i].node = NULL;
+	return st;
+}
+
+/* The copy of the loss and of the control block into async slot k, as
+ * the arguments of a memcpy node. */
+static void loss_copy_args(loom_cuda_ctx *c, int k, int which, void **dst, const void **src,
+			   size_t *bytes)
+{
+	loom_cuda_async_slot *a = &c->async[k];
+	if (which == 0) {
+		*dst = c->loss_f64 ? (void *)&a->loss64 : (void *)&a->loss32;
+		*src = c->loss_src;
+		*bytes = c->loss_f64 ? sizeof(double) : sizeof(float);
+	} else {
+		*dst = &a->ctl;
+		*src = c->ctl;
+		*bytes = sizeof(a->ctl);
+	}
+}
+
+/* LOOM_CUDA_LOSS_NODE=1, the loss read one step late (a loss_async before
+ * the capture): the captured graph g ends with the copies of the loss and
+ * of the control block into the slot loss_async takes next, after every
+ * node it recorded (its leaves). */
+static loom_status loss_into_graph(loom_cuda_ctx *c, cudaGraph_t g)
+{
+	size_t n = 0, n_leaves = 0;
+	cudaGraphNode_t *nodes = NULL;
+	loom_status st;
+	c->loss_node[0] = c->loss_node[1] = NULL;
+	if (!c->loss_node_on || !c->async || !c->loss_src)
+		return LOOM_OK;
+	if ((st = LOOM_CUDA_CHECK(cudaGraphGetNodes(g, NULL, &n), c->err, sizeof(c->err))) !=
+	    LOOM_OK)
+		return st;
+	if (n && !(nodes = (cudaGraphNode_t *)malloc(n * sizeof(*nodes))))
+		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's nodes");
+	if (n)
+		st = LOOM_CUDA_CHECK(cudaGraphGetNodes(g, nodes, &n), c->err, sizeof(c->err));
+	/* The leaves: nodes nothing depends on, gathered at the front. */
+	for (size_t i = 0; i < n && st == LOOM_OK; i++) {
+		size_t deps = 0;
+#if CUDART_VERSION >= 13000
+		st = LOOM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(nodes[i], NULL, NULL, &deps),
+				     c->err, sizeof(c->err));
+#else
+		st = LOOM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(nodes[i], NULL, &deps), c->err,
+				     sizeof(c->err));
+#endif
+		if (st == LOOM_OK && deps == 0)
+			nodes[n_leaves++] = nodes[i];
+	}
+	int k = c->async_next;
+	for (int w = 0; w < 2 && st == LOOM_OK; w++) {
+		void *dst;
+		const void *src;
+		size_t bytes;
+		loss_copy_args(c, k, w, &dst, &src, &bytes);
+		st = LOOM_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&c->loss_node[w], g, nodes, n_leaves, dst,
+							      src, bytes, cudaMemcpyDeviceToHost),
+				     c->err, sizeof(c->err));
+	}
+	free(nodes);
+	if (st != LOOM_OK) {
+		c->loss_node[0] = c->loss_node[1] = NULL;
+		return st;
+	}
+	c->loss_node_slot = k;
+	return LOOM_OK;
+}
+
+/* Before a launch: the loss nodes write the slot loss_async takes next. */
+static loom_status loss_before_launch(loom_cuda_ctx *c)
+{
+	loom_status st = LOOM_OK;
+	if (!c->loss_node[0])
+		return LOOM_OK;
+	int k = c->async_next;
+	for (int w = 0; w < 2 && st == LOOM_OK && k != c->loss_node_slot; w++) {
+		void *dst;
+		const void *src;
+		size_t bytes;
+		loss_copy_args(c, k, w, &dst, &src, &bytes);
+		st = LOOM_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(c->graph_exec, c->loss_node[w],
+									dst, src, bytes,
+									cudaMemcpyDeviceToHost),
+				     c->err, sizeof(c->err));
+	}
+	if (st == LOOM_OK) {
+		c->loss_node_slot = k;
+		c->loss_nodes_ran = 1;
+	}
+	return st;
+}
+
+/* Before a launch of the graph: each copy node reads the slot filled
+ * last (an update of the executable's node, no new graph; an eager run
+ * since may have copied it already, the graph copies it again); inputs
+ * the graph has no node for are copied ahead of it. */
+static loom_status inputs_before_launch(loom_cuda_ctx *c)
+{
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < c->n_inputs && st == LOOM_OK; i++) {
+		loom_cuda_input *in = &c->inputs[i];
+		if (!in->node)
+			continue;
+		if (in->slot != in->node_slot)
+			st = LOOM_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(
+						     c->graph_exec, in->node, in->dst,
+						     in->host[in->slot], in->bytes,
+						     cudaMemcpyHostToDevice),
+					     c->err, sizeof(c->err));
+		in->node_slot = in->slot;
+		in->pending = 0;
+	}
+	return st == LOOM_OK ? inputs_queue(c, 0) : st;
+}
+
+/* After a launch: the slot each copy node read is busy until it ran. */
+static loom_status inputs_after_launch(loom_cuda_ctx *c)
+{
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < c->n_inputs && st == LOOM_OK; i++)
+		if (c->inputs[i].node)
+			st = LOOM_CUDA_CHECK(cudaEventRecord(c->inputs[i].read[c->inputs[i].node_slot],
+							     c->stream),
+					     c->err, sizeof(c->err));
+	return st;
+}
+
 /* Copies through the two pinned halves: the host copies into one half while
  * the DMA of the other may still run; it waits only when it comes back to a
  * half whose copy has not finished. No stream sync. */
@@ -1267,6 +1528,9 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
+	loom_cuda_input *in = staged_input(c, dst, bytes);
+	if (in)
+		return input_fill(c, in, src);
 	if (c->stage_on && bytes > 0 && bytes <= LOOM_CUDA_STAGE_MAX)
 		return staged_upload(c, dst, src, bytes);
 
@@ -1350,7 +1614,7 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st = LOOM_OK;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
 
 	if (bytes > 0)
@@ -1370,7 +1634,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	loom_cuda_ctl h;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
@@ -1440,14 +1704,19 @@ static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *lo
 		return st;
 	loom_cuda_async_slot *a = &c->async[k];
 	a->f64 = f64;
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(f64 ? (void *)&a->loss64 : (void *)&a->loss32, loss,
-					     f64 ? sizeof(double) : sizeof(float),
-					     cudaMemcpyDeviceToHost, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
+	c->loss_src = loss;
+	c->loss_f64 = f64;
+	/* The graph just launched copied both into slot k itself. */
+	if (!c->loss_nodes_ran)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(f64 ? (void *)&a->loss64 : (void *)&a->loss32,
+						     loss, f64 ? sizeof(double) : sizeof(float),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK && !c->loss_nodes_ran)
 		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&a->ctl, c->ctl, sizeof(a->ctl),
 						     cudaMemcpyDeviceToHost, c->stream),
 				     c->err, sizeof(c->err));
+	c->loss_nodes_ran = 0;
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaEventRecord(c->async_ev[k], c->stream), c->err,
 				     sizeof(c->err));
@@ -1618,6 +1887,12 @@ static loom_status cuda_run_begin(void *ctx, const loom_plan *p, const loom_aren
 	c->diagnose = (flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE;
 	if ((st = use_device(c)) != LOOM_OK || (st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
+	/* Staged inputs: an eager run copies them now; a replay leaves them
+	 * to the graph's copy nodes. */
+	if (!(flags & LOOM_EXEC_REPLAY) && (st = inputs_queue(c, 1)) != LOOM_OK)
+		return st;
+	if (!(flags & LOOM_EXEC_REPLAY))
+		c->loss_nodes_ran = 0;
 	/* The schedule's rate into the control block (a kernel launch, no
 	 * wait), where a captured update reads it. */
 	if (!(ts->lr == c->host_lr)) {
@@ -1772,7 +2047,9 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 		return loom_errf(c->err, LOOM_ERR_BACKEND, "cuda: capturing the step: %s",
 				 cudaGetErrorString(e));
 	}
-	st = LOOM_CUDA_CHECK(cudaGraphInstantiate(&c->graph_exec, g, 0), c->err, sizeof(c->err));
+	if ((st = inputs_into_graph(c, g)) == LOOM_OK && (st = loss_into_graph(c, g)) == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaGraphInstantiate(&c->graph_exec, g, 0), c->err,
+				     sizeof(c->err));
 	if (st != LOOM_OK) {
 		(void)cudaGraphDestroy(g);
 		c->graph_exec = NULL;
@@ -1783,7 +2060,9 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 	/* Recorded, not run: the captured step runs now (its marks' serial
 	 * is the launch's count, as the head's bump on the device). */
 	c->mark_serial++;
-	return LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
+	c->loss_nodes_ran = c->loss_node[0] != NULL;
+	st = LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
+	return st == LOOM_OK ? inputs_after_launch(c) : st;
 }
 
 static loom_status cuda_replay(void *ctx, const loom_plan *p)
@@ -1795,9 +2074,12 @@ static loom_status cuda_replay(void *ctx, const loom_plan *p)
 		return st;
 	if (!c->graph_exec)
 		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: replay before a capture");
+	if ((st = inputs_before_launch(c)) != LOOM_OK || (st = loss_before_launch(c)) != LOOM_OK)
+		return st;
 	c->graph_launches++;
 	c->mark_serial++;
-	return LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
+	st = LOOM_CUDA_CHECK(cudaGraphLaunch(c->graph_exec, c->stream), c->err, sizeof(c->err));
+	return st == LOOM_OK ? inputs_after_launch(c) : st;
 }
 
 static void cuda_counters(void *ctx, loom_backend_counters *out)
@@ -1886,10 +2168,65 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 				 "[%d, %d) of %d", first, last, p->n_pieces);
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
 		return st;
+	/* ZeRO's clipping: the norm over the ranks, which the executor took
+	 * before (none on a step it knows is skipped). */
+	int norm_from = LOOM_CUDA_NORM_PARTS;
+	if (p->zero && p->opts.optim.clip_grad > 0) {
+		if (!c->zero_norm && finite != 0)
+			return loom_errf(c->err, LOOM_ERR_STATE,
+					 "cuda: ZeRO's clipping needs the gradient norm over the "
+					 "ranks before the update (grad_sumsq or grad_sumsq_device)");
+		norm_from = c->zero_norm ? c->zero_norm : LOOM_CUDA_NORM_HOST;
+		c->zero_norm = 0;
+	}
 	/* NaN: the control block's rate (captured steps); else by value. */
 	return loom_cuda_optim_launch(c, p, c->lr_device ? NAN : ts->lr, ts->micro, finite,
 				      p->opts.optim.clip_grad,
-				      p->opts.optim.decay_matrices_only, c->stream);
+				      p->opts.optim.decay_matrices_only, norm_from, ts->grad_norm,
+				      c->stream);
+}
+
+/* ZeRO's clipping on the device: this rank's sum of squares into
+ * ctl->sumsq, in the compute stream's order, for the executor's
+ * all-reduce; the next optim clips by it. No wait. */
+static loom_status cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
+					  const loom_train_state *ts, int first, int last,
+					  void **sumsq)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)arena;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the gradient norm covers all pieces at once, not [%d, %d) of %d",
+				 first, last, p->n_pieces);
+	if ((st = push_host_state(c, ts)) != LOOM_OK ||
+	    (st = loom_cuda_shard_sumsq(c, p, ts->micro, c->stream)) != LOOM_OK)
+		return st;
+	c->zero_norm = LOOM_CUDA_NORM_DEVICE;
+	*sumsq = &c->ctl->sumsq;
+	return LOOM_OK;
+}
+
+/* ZeRO's clipping through the host (LOOM_ZERO_DEVICE_NORM=0, or a
+ * transport that is not stream-ordered): the same sum, read back (waits);
+ * the next optim clips by the executor's ts->grad_norm. */
+static loom_status cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
+				   const loom_train_state *ts, int first, int last, double *sumsq)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	void *d = NULL;
+	loom_status st = cuda_grad_sumsq_device(ctx, p, arena, ts, first, last, &d);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(sumsq, d, sizeof(double),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+	c->zero_norm = LOOM_CUDA_NORM_HOST;
+	return st;
 }
 
 /* ZeRO: this rank's pieces checked on the device, the verdict read back
@@ -2118,6 +2455,8 @@ static const loom_backend loom_cuda_backend = {
 	.optim = cuda_optim,
 	.grads_finite = cuda_grads_finite,
 	.grads_finite_device = cuda_grads_finite_device,
+	.grad_sumsq = cuda_grad_sumsq,
+	.grad_sumsq_device = cuda_grad_sumsq_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,

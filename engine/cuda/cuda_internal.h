@@ -70,7 +70,18 @@ typedef struct loom_cuda_ctl {
 	 * launched (eagerly, outside any captured graph) when the host's
 	 * schedule changes it: a replayed step reads it here. */
 	double lr;
+	/* ZeRO's clipping on the device: this rank's sum of squares, then
+	 * (after the executor's all-reduce) every rank's, which the clip
+	 * reads (LOOM_CUDA_NORM_DEVICE). */
+	double sumsq;
 } loom_cuda_ctl;
+
+/* Where the fused optimizer's clipping takes the global norm from. */
+enum {
+	LOOM_CUDA_NORM_PARTS = 0, /* its own pieces' sums of squares: all of them (no ZeRO) */
+	LOOM_CUDA_NORM_DEVICE,    /* sqrt(ctl->sumsq), summed over the ranks on the device */
+	LOOM_CUDA_NORM_HOST,      /* the host's value, by launch argument */
+};
 
 /* One chunk of one parameter for the fused optimizer kernels. */
 typedef struct loom_cuda_opt_chunk {
@@ -296,6 +307,27 @@ enum {
 	LOOM_CUDA_PLAN_SDPA,
 };
 
+/*
+ * An input staged for the captured step (LOOM_CUDA_UPLOAD=graph): two
+ * fixed pinned slots the host fills in turn (loom_set_input's copy); the
+ * host-to-device copy is queued at the start of an eager run, and in the
+ * captured graph it is a memcpy node ahead of every other node, pointed at
+ * the slot filled last before each replay. read[k] marks the last queued
+ * copy (eager, or a launch of the graph) that reads slot k: the host waits
+ * for it before it fills slot k again, so a replay still to run never
+ * reads a slot the host is writing.
+ */
+typedef struct loom_cuda_input {
+	void *dst;              /* the input's arena address */
+	size_t bytes;
+	unsigned char *host[2]; /* pinned, made at its first upload */
+	cudaEvent_t read[2];
+	int slot;               /* the slot filled last; -1 before the first upload */
+	int pending;            /* filled, its copy not queued yet */
+	cudaGraphNode_t node;   /* its copy in the captured graph; NULL: none */
+	int node_slot;          /* the slot that node reads */
+} loom_cuda_input;
+
 typedef struct loom_cuda_ctx {
 	char err[LOOM_ERR_MAX]; /* the last failure's message */
 	/* The step as one CUDA graph (capture_begin / capture_end / replay):
@@ -335,6 +367,10 @@ typedef struct loom_cuda_ctx {
 	loom_cuda_opt_chunk *d_chunks;
 	int n_chunks;
 	double *d_norm_parts; /* clipping: each chunk's sum of squares, in the arena */
+	/* ZeRO's clipping: where this run's norm over the ranks is
+	 * (LOOM_CUDA_NORM_DEVICE or _HOST, set by grad_sumsq_device or
+	 * grad_sumsq; 0: not taken), read and cleared by optim. */
+	int zero_norm;
 
 	unsigned char *pinned; /* upload staging, two halves */
 	size_t pinned_half;
@@ -355,6 +391,21 @@ typedef struct loom_cuda_ctx {
 	struct loom_cuda_async_slot *async;
 	cudaEvent_t async_ev[2];
 	int async_next, async_pending;
+	/* LOOM_CUDA_LOSS_NODE=1 (read at alloc; off; compiled, not yet run):
+	 * those two copies as the captured graph's last nodes (loss_node:
+	 * the loss's and the control block's), pointed before each replay at
+	 * the slot loss_async takes next; loss_src/loss_f64: the loss as the
+	 * last loss_async saw it; loss_nodes_ran: the run just launched made
+	 * the copies, so loss_async only marks them. */
+	int loss_node_on, loss_f64, loss_node_slot, loss_nodes_ran;
+	const void *loss_src;
+	cudaGraphNode_t loss_node[2];
+
+	/* LOOM_CUDA_UPLOAD=graph (read at alloc; off by default; compiled,
+	 * not yet run): the plan's inputs staged for the graph. */
+	int in_graph;
+	loom_cuda_input *inputs;
+	int n_inputs;
 
 	int stage_on;
 	cudaStream_t copy;
@@ -652,10 +703,16 @@ loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int class
 
 /* optim.cu: the fused check, decision and update over every piece
  * (errors into c->err). verdict: -1, check the pieces here; 0 or 1, the
- * executor's verdict over the ranks (ZeRO). */
+ * executor's verdict over the ranks (ZeRO). norm_from (LOOM_CUDA_NORM_*)
+ * and host_norm: where clipping takes the global norm. */
 loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
 				   int micro, int verdict, double clip, int matrices_only,
-				   cudaStream_t s);
+				   int norm_from, double host_norm, cudaStream_t s);
+/* optim.cu: ZeRO's clipping, this rank's pieces' sum of squares as the
+ * update will apply them (unscaled by the scale before the decision) into
+ * ctl->sumsq, in chunk order; no wait. */
+loom_status loom_cuda_shard_sumsq(loom_cuda_ctx *c, const loom_plan *p, int micro,
+				  cudaStream_t s);
 /* optim.cu: the pieces' overflow check alone, into ctl->found_inf (ZeRO's
  * grads_finite reads it back). */
 loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStream_t s);

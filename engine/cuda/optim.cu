@@ -8,7 +8,9 @@
  * parameter) with SGD or AdamW and rounds half copies; clipping by global
  * norm adds two launches before the update (each chunk's sum of squares,
  * then one block sums them in chunk order and folds the coefficient into
- * the unscale); decay on matrices only reads each slot's matrix flag. The
+ * the unscale; under ZeRO, each rank's shard summed before the decision
+ * into the control block, which the executor all-reduces on the device,
+ * or the host's norm); decay on matrices only reads each slot's matrix flag. The
  * host never waits: the decision stays on the device. CPU twins: engine/cpu/optim.c (the
  * update, in double as there) and amp/scaler.h (loom_scaler_update_inline,
  * the same function on both sides).
@@ -92,20 +94,61 @@ __global__ void loom_opt_sumsq_kernel(const loom_cuda_opt_slot *slots,
 	}
 }
 
-/* Clipping, one block: the global norm from the parts (summed in a fixed
- * order, the same every step), torch's clip_grad_norm_ coefficient folded
- * into the unscale as engine/cpu/optim.c does. */
-__global__ void loom_opt_clip_kernel(int n_chunks, const double *parts, double max_norm,
-				     loom_cuda_ctl *ctl)
+/* ZeRO's clipping, before the decision, one block per chunk (grid-stride):
+ * the chunk's sum of squares of its gradients unscaled as the decision
+ * will unscale them (the scale before its update) into parts[ci]. Taken
+ * on every step: a skipped one ignores it. */
+__global__ void loom_opt_shard_sumsq_kernel(const loom_cuda_opt_slot *slots,
+					    const loom_cuda_opt_chunk *chunks, int n_chunks,
+					    double *parts, const loom_cuda_ctl *ctl, int world,
+					    int micro)
 {
-	if (!ctl->apply)
-		return;
+	const double inv = 1.0 / ((double)ctl->scaler.scale * world * (micro + 1));
+	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
+		if (end > sl.numel)
+			end = sl.numel;
+		double s = 0;
+		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x) {
+			double g = (double)loom_ld(sl.grad, sl.grad_dt, i) * inv;
+			s += g * g;
+		}
+		s = loom_block_sum(s);
+		if (threadIdx.x == 0)
+			parts[ci] = s;
+	}
+}
+
+/* One block: the parts summed in the clip kernel's order into ctl->sumsq
+ * (0 for a rank with no chunk). */
+__global__ void loom_opt_parts_sum_kernel(int n_chunks, const double *parts, loom_cuda_ctl *ctl)
+{
 	double s = 0;
 	for (int i = threadIdx.x; i < n_chunks; i += blockDim.x)
 		s += parts[i];
 	s = loom_block_sum(s);
+	if (threadIdx.x == 0)
+		ctl->sumsq = s;
+}
+
+/* Clipping, one block: the global norm (from the parts, summed in a fixed
+ * order, the same every step; or ZeRO's, from ctl->sumsq or the host),
+ * torch's clip_grad_norm_ coefficient folded into the unscale as
+ * engine/cpu/optim.c does. */
+__global__ void loom_opt_clip_kernel(int n_chunks, const double *parts, double max_norm,
+				     loom_cuda_ctl *ctl, int from, double host_norm)
+{
+	if (!ctl->apply)
+		return;
+	double s = 0;
+	for (int i = threadIdx.x; from == LOOM_CUDA_NORM_PARTS && i < n_chunks; i += blockDim.x)
+		s += parts[i];
+	s = loom_block_sum(s);
 	if (threadIdx.x == 0) {
-		double norm = sqrt(s), coef = max_norm / (norm + 1e-6);
+		double norm = from == LOOM_CUDA_NORM_PARTS ? sqrt(s) :
+			      from == LOOM_CUDA_NORM_DEVICE ? sqrt(ctl->sumsq) : host_norm;
+		double coef = max_norm / (norm + 1e-6);
 		ctl->grad_norm = norm;
 		if (coef < 1)
 			ctl->inv_scale *= coef;
@@ -214,9 +257,24 @@ extern "C" loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
+extern "C" loom_status loom_cuda_shard_sumsq(loom_cuda_ctx *c, const loom_plan *p, int micro,
+					       cudaStream_t s)
+{
+	loom_status st;
+	if (c->n_chunks > 0) {
+		loom_opt_shard_sumsq_kernel<<<opt_blocks(c), threads, 0, s>>>(
+			c->d_slots, c->d_chunks, c->n_chunks, c->d_norm_parts, c->ctl, p->world,
+			micro);
+		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+			return st;
+	}
+	loom_opt_parts_sum_kernel<<<1, 1024, 0, s>>>(c->n_chunks, c->d_norm_parts, c->ctl);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
 extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan *p, double lr,
 						 int micro, int verdict, double clip, int matrices_only,
-						 cudaStream_t s)
+						 int norm_from, double host_norm, cudaStream_t s)
 {
 	loom_status st;
 	unsigned blocks = opt_blocks(c);
@@ -231,12 +289,15 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 	if (c->n_chunks == 0)
 		return LOOM_OK;
 	if (clip > 0) {
-		loom_opt_sumsq_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
-								  c->n_chunks, c->d_norm_parts,
-								  c->ctl);
-		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
-			return st;
-		loom_opt_clip_kernel<<<1, 1024, 0, s>>>(c->n_chunks, c->d_norm_parts, clip, c->ctl);
+		if (norm_from == LOOM_CUDA_NORM_PARTS) {
+			loom_opt_sumsq_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
+									  c->n_chunks,
+									  c->d_norm_parts, c->ctl);
+			if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+				return st;
+		}
+		loom_opt_clip_kernel<<<1, 1024, 0, s>>>(c->n_chunks, c->d_norm_parts, clip, c->ctl,
+							norm_from, host_norm);
 		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 			return st;
 	}

@@ -458,3 +458,44 @@ Test(program, log_goes_through_the_callback)
 	cr_assert(has(s.last, "compiled"), "%s", s.last);
 	loom_program_free(p);
 }
+
+/* loom_program_info's launch fields: the backend's counters as it counts
+ * them, and why steps run eagerly, once the first training step decided. */
+static void counted(void *ctx, loom_backend_counters *out)
+{
+	(void)ctx;
+	*out = (loom_backend_counters){ .host_syncs = 9, .syncs_in_step = 2, .captures = 1,
+					.replays = 7 };
+}
+
+Test(program, info_launch_counters)
+{
+	loom_compile_opts o = cpu_opts();
+	loom_program *p = compile_linear(&o);
+	float x[20] = { 0 };
+	int32_t y[5] = { 0, 1, 2, 0, 1 };
+	loom_program_info i;
+	/* The CPU counts nothing and records no graph. */
+	cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, 20), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", y, LOOM_I32, 5), LOOM_OK);
+	loom_program_info_get(p, &i);
+	cr_assert_str_eq(i.graph_note, "", "before the first step: %s", i.graph_note);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	loom_program_info_get(p, &i);
+	cr_assert(i.graph_captures == 0 && i.graph_replays == 0 && i.host_syncs == 0 &&
+		  i.syncs_in_step == 0);
+	cr_assert(has(i.graph_note, "records no graphs"), "note: %s", i.graph_note);
+	loom_program_free(p);
+	/* A backend that counts: its figures, unchanged. */
+	loom_backend be = loom_cpu_backend;
+	be.counters = counted;
+	loom_test_backend = &be;
+	p = compile_linear(&o);
+	loom_test_backend = NULL;
+	loom_program_info_get(p, &i);
+	cr_assert_eq(i.host_syncs, 9);
+	cr_assert_eq(i.syncs_in_step, 2);
+	cr_assert_eq(i.graph_captures, 1);
+	cr_assert_eq(i.graph_replays, 7);
+	loom_program_free(p);
+}

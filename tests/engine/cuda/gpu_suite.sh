@@ -311,6 +311,17 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		"$bin/gpt_ddp" "${gg[@]}"
 	srow speed_gpt2_124m_O1_bf16_no_graph loom_tok bench 40 -- env LOOM_ASYNC_LOSS=1 \
 		"$bin/gpt_ddp" "${gg[@]}" --no-cuda-graph
+	# The inputs and the loss as the graph's own copy nodes
+	# (LOOM_CUDA_UPLOAD=graph, LOOM_CUDA_LOSS_NODE=1) against the rows
+	# above (copies queued around each launch).
+	srow speed_convnet_graph_inputs_staged loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
+		LOOM_CUDA_UPLOAD=graph LOOM_CUDA_LOSS_NODE=1 "$bin/bench_convnet" "${cg[@]}"
+	# Host waits inside a step (loom_program_info.syncs_in_step; 0 for a
+	# replayed step) and the captures and replays, as each graph row said.
+	for n in speed_convnet_graph speed_convnet_no_graph speed_convnet_graph_inputs_staged \
+		speed_gpt2_124m_O1_bf16_graph speed_gpt2_124m_O1_bf16_no_graph; do
+		grep -a "^launches" "$logs/$n.log" 2>/dev/null | sed "s/^/$n: /"
+	done
 	echo "=== speed ($(($(date +%s) - speed_t0)) s of ${speed_budget} s)"
 	bash "$here/gpu_speed.sh" "$speed" | tee "$res/speed.txt"
 fi
@@ -344,6 +355,14 @@ row mnist_ddp_env_world1_graph_off train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_
 	LOOM_DDP_WORLD1_BUCKETS=1 LOOM_CUDA_GRAPH_RANKS=0 MASTER_ADDR=127.0.0.1 \
 	MASTER_PORT=$((port + 3)) "$bin/mnist_ddp" --device cuda "${data[@]}" --epochs 1 \
 	--max-steps 100 --log-interval 50
+# ZeRO-2 with clipping asked at world 1 through env://: ZeRO is off at one
+# rank (nothing to shard), so this is clipping under the graph over a
+# process group; its "launches:" line gives the captures and the host
+# waits inside a step. ZeRO's norm summed on the device needs two GPUs.
+row mnist_ddp_env_world1_zero2_clip train 180 0 -- env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+	MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 4)) "$bin/mnist_ddp" --device cuda "${data[@]}" \
+	--epochs 1 --max-steps 100 --log-interval 50 --zero 2 --clip-grad 1.0
+grep -a "^launches" "$logs/mnist_ddp_env_world1_zero2_clip.log" 2>/dev/null
 
 # Pipeline stages on the CUDA backend (compiled, never run before this
 # row): two ranks of the launcher on one GPU, where NCCL refuses two ranks

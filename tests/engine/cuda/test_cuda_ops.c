@@ -1238,9 +1238,8 @@ Test(cuda_ops, staged_upload)
  * two programs of one graph with the same values train side by side, one
  * synchronous, one not; after run k the second reports the first's loss
  * of run k - 1, and its scaler and step lag by one as well. */
-Test(cuda_ops, async_loss_one_step_late)
+static void async_loss_late(void)
 {
-	NEED_GPU();
 	tcase t;
 	loom_graph *g;
 	loom_program *p[2];
@@ -1287,6 +1286,22 @@ Test(cuda_ops, async_loss_one_step_late)
 	loom_program_free(p[1]);
 	loom_program_free(p[0]);
 	loom_graph_free(g);
+}
+
+Test(cuda_ops, async_loss_one_step_late)
+{
+	NEED_GPU();
+	async_loss_late();
+}
+
+/* The same with the loss's and the control block's copies as the captured
+ * graph's last nodes (LOOM_CUDA_LOSS_NODE=1; runs 2-4 are replays). */
+Test(cuda_ops, async_loss_copied_inside_the_graph)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_LOSS_NODE", "1", 1);
+	async_loss_late();
+	unsetenv("LOOM_CUDA_LOSS_NODE");
 }
 
 /* Sizes for the 128-bit half kernels: many groups of 8 and a tail of 3. */
@@ -2965,4 +2980,60 @@ Test(cuda_nccl, env_world1_buckets_graph_equals_eager)
 	loom_comm_watch_counts(loom_pg_comm(pg, LOOM_COMM_DEVICE), &handed, &ended);
 	cr_assert_eq(handed, ended);
 	loom_pg_free(pg);
+}
+
+/* ------------------------------------------------------------ staged inputs, ZeRO's norm kernels */
+
+/* The inputs staged for the graph (LOOM_CUDA_UPLOAD=graph): each step's
+ * batch differs, so a replay whose copy node read a stale slot, or a host
+ * that overwrote a slot a queued replay still reads, moves the loss; the
+ * captured step still equals eager with no host wait inside a replay. */
+Test(cuda_ops, cuda_graph_inputs_staged_as_graph_nodes)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_UPLOAD", "graph", 1);
+	graph_vs_eager("O0, staged inputs", LOOM_O0, LOOM_F16, -1);
+	graph_vs_eager("O2 fp16, staged inputs, step 7 overflows", LOOM_O2, LOOM_F16, 7);
+	unsetenv("LOOM_CUDA_UPLOAD");
+}
+
+/* ZeRO's clipping on the device (grad_sumsq_device, grad_sumsq): on one
+ * rank the shard is every piece, so the sum of squares its kernels leave
+ * is the one the update clipped by (loom_program_info.grad_norm), at O0
+ * and under O2's loss scale (unchanged by one clean step). ZeRO itself is
+ * off at one rank; the executor's all-reduce of that value runs at two. */
+static void zero_norm_matches(const char *what, loom_opt_level level)
+{
+	loom_graph *g;
+	loom_program *q = NULL;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = loom_model_convnet(g, 16, NULL);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CUDA;
+	o.amp.level = level;
+	o.optim.clip_grad = 1e-3; /* binds */
+	cr_assert_eq(loom_compile(g, loss, &o, &q), LOOM_OK, "compile: %s", loom_last_error());
+	loom_graph_free(g);
+	graph_batch(q, 0, -1);
+	cr_assert_eq(loom_run(q, LOOM_RUN_TRAIN), LOOM_OK, "%s: %s", what, loom_program_error(q));
+	loom_program_info info;
+	loom_program_info_get(q, &info);
+	cr_assert_gt(info.grad_norm, 1e-3, "%s: the clip does not bind", what);
+	cr_assert_not_null(q->be->grad_sumsq);
+	cr_assert_not_null(q->be->grad_sumsq_device);
+	double s = -1;
+	cr_assert_eq(q->be->grad_sumsq(q->be_ctx, &q->plan, &q->arena, &q->ts, 0, q->plan.n_pieces,
+				       &s), LOOM_OK, "%s: %s", what, q->be->error(q->be_ctx));
+	cr_assert(fabs(sqrt(s) - info.grad_norm) <= 1e-12 * info.grad_norm,
+		  "%s: the shard kernels' norm %.17g, the update's %.17g", what, sqrt(s),
+		  info.grad_norm);
+	loom_program_free(q);
+}
+
+Test(cuda_ops, zero_norm_kernels_match_the_update)
+{
+	NEED_GPU();
+	zero_norm_matches("O0", LOOM_O0);
+	zero_norm_matches("O2 fp16", LOOM_O2);
 }
