@@ -11,7 +11,8 @@ loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t
 {
 	const loom_node *n = &pl->g->nodes[v];
 	char lb[96];
-	return loom_errf(err, LOOM_ERR_INVALID, "%s: label %d of row %d is outside [0, %lld)",
-			 loom_node_label(pl->g, v, lb, sizeof(lb)), (int)label, row,
-			 (long long)pl->g->nodes[n->src[0]].shape.dims[1]);
+	return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_INVALID,
+			  "%s: label %d of row %d is outside [0, %lld)",
+			  loom_node_label(pl->g, v, lb, sizeof(lb)), (int)label, row,
+			  (long long)pl->g->nodes[n->src[0]].shape.dims[1]);
 }

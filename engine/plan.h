@@ -315,8 +315,9 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	return u != LOOM_NONE && u < v;
 }
 
-/* base/errf.h's loom_errnf into a backend's LOOM_ERR_MAX-byte buffer: the
- * one formatter, spelled short in the backends' op entries. */
+/* Deprecated alias of base/errf.h's loom_errnf into a LOOM_ERR_MAX-byte
+ * buffer: write loom_errnf(err, LOOM_ERR_MAX, st, ...). Kept only while
+ * engine/cuda's callers still use it; the CPU side no longer does. */
 #define loom_errf(err, st, ...) loom_errnf((err), LOOM_ERR_MAX, (st), __VA_ARGS__)
 
 /* The one wording of a label outside [0, classes) at softmax-CE node v,

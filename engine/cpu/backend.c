@@ -251,8 +251,9 @@ static loom_status cpu_plan_create(void *ctx, const loom_plan *plan, size_t *ws_
 	kern_unplan(c);
 	c->kern = calloc((size_t)plan->g->n, sizeof(*c->kern));
 	if (!c->kern)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "out of memory for %d nodes' kernels",
-				 plan->g->n);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+				  "out of memory for %d nodes' kernels",
+				  plan->g->n);
 	c->n_kern = plan->g->n;
 	loom_status st = loom_cpu_kern_plan(plan, c->kern, c->err);
 	if (st != LOOM_OK)
@@ -293,8 +294,9 @@ static loom_status cpu_alloc(void *ctx, const loom_plan *plan, const loom_train_
 	(void)ts;
 	c->base = aligned_alloc(64, align64(total ? total : 64));
 	if (!c->base)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cannot allocate the %.1f MiB arena",
-				 total / 1048576.0);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+				  "cannot allocate the %.1f MiB arena",
+				  total / 1048576.0);
 	memset(c->base, 0, total);
 	arena->persist = c->base;
 	arena->bucket = c->base + plan->mp.persist_bytes;
@@ -311,8 +313,8 @@ static loom_status cpu_alloc_accum(void *ctx, const loom_plan *plan, loom_arena 
 	size_t bytes = align64(plan->accum_bytes ? plan->accum_bytes : 64);
 	c->accum_base = aligned_alloc(64, bytes);
 	if (!c->accum_base)
-		return loom_errf(c->err, LOOM_ERR_NOMEM,
-				 "cannot allocate %.1f MiB for gradient accumulation", bytes / 1048576.0);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+				  "cannot allocate %.1f MiB for gradient accumulation", bytes / 1048576.0);
 	memset(c->accum_base, 0, bytes);
 	arena->accum = c->accum_base;
 	return LOOM_OK;
@@ -510,7 +512,8 @@ static loom_status cpu_timer_record(void *ctx, int slot, loom_stream stream)
 		int n = slot < 256 ? 512 : 2 * slot;
 		double *t = realloc(c->timer, sizeof(*t) * (size_t)n);
 		if (!t)
-			return loom_errf(c->err, LOOM_ERR_NOMEM, "cpu: out of memory for trace timers");
+			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+					  "cpu: out of memory for trace timers");
 		c->timer = t;
 		c->n_timer = n;
 	}
@@ -522,7 +525,8 @@ static loom_status cpu_timer_read(void *ctx, int slot, double *seconds)
 {
 	loom_cpu_ctx *c = ctx;
 	if (slot < 0 || slot >= c->n_timer)
-		return loom_errf(c->err, LOOM_ERR_INVALID, "cpu: no trace timer %d", slot);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID,
+				  "cpu: no trace timer %d", slot);
 	*seconds = c->timer[slot];
 	return LOOM_OK;
 }

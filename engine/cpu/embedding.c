@@ -83,10 +83,10 @@ static loom_status bad_id(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v
 			  const loom_cpu_io *io, int64_t bad, int vocab)
 {
 	char lb[96];
-	return loom_errf(ctx->err, LOOM_ERR_INVALID,
-			 "%s: id %d at position %lld is outside the table's [0, %d)",
-			 loom_node_label(plan->g, v, lb, sizeof(lb)),
-			 (int)((const int32_t *)io->src[0])[bad], (long long)bad, vocab);
+	return loom_errnf(ctx->err, LOOM_ERR_MAX, LOOM_ERR_INVALID,
+			  "%s: id %d at position %lld is outside the table's [0, %d)",
+			  loom_node_label(plan->g, v, lb, sizeof(lb)),
+			  (int)((const int32_t *)io->src[0])[bad], (long long)bad, vocab);
 }
 
 static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,

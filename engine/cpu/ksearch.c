@@ -406,8 +406,8 @@ static loom_status forced(const kprob *q, loom_cpu_kern *k, char *err)
 			return LOOM_OK;
 		}
 	}
-	return loom_errf(err, LOOM_ERR_INVALID, "%s=%s: not a kernel (%s)", var, e,
-			 q->conv ? "im2col, dnnl_nchw or dnnl_blocked" : "sgemm or matmul");
+	return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "%s=%s: not a kernel (%s)", var, e,
+			  q->conv ? "im2col, dnnl_nchw or dnnl_blocked" : "sgemm or matmul");
 }
 
 static int search_off(const loom_plan *p)
@@ -461,8 +461,8 @@ static loom_status measure(const kprob *q, loom_cpu_node_kern *nk, cache_entry *
 	}
 	if (bufs_make(q, &b)) {
 		bufs_free(&b);
-		return loom_errf(err, LOOM_ERR_NOMEM, "out of memory timing the kernels of %s",
-				 e->key);
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+				  "out of memory timing the kernels of %s", e->key);
 	}
 	/* Each candidate made and run once (the warm-up: JIT code, pages,
 	 * caches); then rounds that run each once in turn, so that the
@@ -568,7 +568,8 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 		 * activations need a oneDNN one. */
 		if (make(&q, k, nk) && make(&q, q.conv ? LOOM_CPU_KERN_IM2COL : LOOM_CPU_KERN_SGEMM, nk) &&
 		    (!q.fmt || make(&q, LOOM_CPU_KERN_DNNL_BLOCKED, nk)))
-			return loom_errf(err, LOOM_ERR_NOMEM, "cannot make a kernel for %s", e.key);
+			return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+					  "cannot make a kernel for %s", e.key);
 	}
 	/* The nodes this rank does not run (another pipeline stage's) get
 	 * the fixed default, unmeasured: the workspace is the largest node's
@@ -582,7 +583,8 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 		kern[v].how = LOOM_CPU_KERN_FIXED;
 		if (make(&q, fixed_default(&q), &kern[v]) && !q.fmt &&
 		    make(&q, q.conv ? LOOM_CPU_KERN_IM2COL : LOOM_CPU_KERN_SGEMM, &kern[v]))
-			return loom_errf(err, LOOM_ERR_NOMEM, "cannot make a kernel for node %d", (int)v);
+			return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+					  "cannot make a kernel for node %d", (int)v);
 	}
 	return LOOM_OK;
 }

@@ -64,8 +64,9 @@ static loom_status bn_sync_sums(loom_cpu_ctx *ctx, const loom_plan *plan, loom_v
 							  LOOM_F64) :
 				      LOOM_OK;
 	if (st != LOOM_OK)
-		return loom_errf(ctx->err, st, "%s node %d: all-reduce of its statistics: %s",
-				 loom_op_defs[n->op]->name, (int)v, loom_pg_error(plan->comm->pg));
+		return loom_errnf(ctx->err, LOOM_ERR_MAX, st,
+				  "%s node %d: all-reduce of its statistics: %s",
+				  loom_op_defs[n->op]->name, (int)v, loom_pg_error(plan->comm->pg));
 	for (int ch = 0; ch < c; ch++) {
 		double mean = s->mean[ch] / *s->count;
 		/* sum x^2 came from centred sums: the difference keeps the

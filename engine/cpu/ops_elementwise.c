@@ -75,8 +75,9 @@ loom_status loom_cpu_op_unary(loom_cpu_ctx *ctx, const loom_plan *plan, loom_val
 	switch (nd->op) {
 		LOOM_UNARY_OPS(UNARY_CASE)
 	default:
-		return loom_errf(ctx->err, LOOM_ERR_UNSUPPORTED, "cpu: %s is not a unary op",
-				 loom_op_defs[nd->op]->name);
+		return loom_errnf(ctx->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
+				  "cpu: %s is not a unary op",
+				  loom_op_defs[nd->op]->name);
 	}
 }
 #undef UNARY_CASE

@@ -129,8 +129,9 @@ loom_status loom_cpu_side_plan(loom_cpu_ctx *c, const loom_plan *plan, size_t *b
 		return LOOM_OK;
 	c->side = calloc((size_t)(n ? n : 1), sizeof(*c->side));
 	if (!c->side)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "out of memory for %d nodes' side buffers",
-				 n);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM,
+				  "out of memory for %d nodes' side buffers",
+				  n);
 	c->n_side = n;
 	for (int v = 0; v < n; v++)
 		c->side[v].owner = LOOM_NONE;

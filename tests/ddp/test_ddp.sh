@@ -151,6 +151,16 @@ done
 # file resumes without ZeRO at world 1, a plain file with ZeRO at world 3
 # exactly as without, and a ZeRO file at another world size with ZeRO.
 zhash() { sed -n "s/.*rank 0: OK zload zero $2 world $3 step [0-9]* hash \([0-9a-f]*\).*/\1/p" <<<"$1"; }
+# LABEL FILE ZERO REF: FILE resumed at 3 ranks under --zero ZERO ends its
+# steps as REF resumed at 3 ranks without ZeRO, bit for bit (the hash of
+# rank 0's parameters).
+resumes_as_plain() {
+	local a b h
+	a=$("${MPIRUN[@]}" -np 3 "$W" zload "$2" "$3" 2>&1)
+	b=$("${MPIRUN[@]}" -np 3 "$W" zload "$4" 0 2>&1)
+	h=$(zhash "$b" 0 3)
+	check "$1" "$a" "OK zload zero $3 world 3 step [0-9]* hash ${h:-none}" 3
+}
 a=$("${MPIRUN[@]}" -np 2 "$W" zsave "$tmp/z2.ckpt" 5 1 2>&1)
 b=$("${MPIRUN[@]}" -np 2 "$W" zsave "$tmp/p2.ckpt" 5 0 2>&1)
 check "zero 1 save: every rank took part" "$a" "OK zsave zero 1 world 2 step 5" 2
@@ -167,16 +177,10 @@ fi
 out=$("$W" zload "$tmp/z2.ckpt" 0 2>&1)
 check "resume zero (2 ranks) -> plain (1 rank): step 8" "$out" "OK zload zero 0 world 1 step 8" 1
 "$W" zsave "$tmp/p1.ckpt" 5 0 >/dev/null 2>&1
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 1 2>&1)
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 0 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume plain (1 rank) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
-	"OK zload zero 1 world 3 step [0-9]* hash ${h:-none}" 3
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z2.ckpt" 1 2>&1)
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z2.ckpt" 0 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume zero 1 (2 ranks) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
-	"OK zload zero 1 world 3 step [0-9]* hash ${h:-none}" 3
+resumes_as_plain "resume plain (1 rank) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" \
+	"$tmp/p1.ckpt" 1 "$tmp/p1.ckpt"
+resumes_as_plain "resume zero 1 (2 ranks) -> zero 1 (3 ranks): as plain at 3 ranks, bit for bit" \
+	"$tmp/z2.ckpt" 1 "$tmp/z2.ckpt"
 
 # ZeRO-2's checkpoints: the same file as plain DDP's at 2 ranks; it resumes
 # as plain data parallelism at 3 ranks exactly as a plain file would, and a
@@ -186,16 +190,10 @@ out=$(cmp "$tmp/zz2.ckpt" "$tmp/p2.ckpt" 2>&1 && echo SAME)
 check "zero 2 save at 2 ranks (O2 masters, AdamW moments): the same bytes as plain DDP's" "$out" "^SAME" 1
 out=$(cmp "$tmp/zz2.ckpt.safetensors" "$tmp/p2.ckpt.safetensors" 2>&1 && echo SAME)
 check "zero 2 export at 2 ranks (the gathered masters): the same bytes as plain DDP's" "$out" "^SAME" 1
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/zz2.ckpt" 0 2>&1)
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p2.ckpt" 0 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume zero 2 (2 ranks) -> plain DDP (3 ranks): as the plain file, bit for bit" "$a" \
-	"OK zload zero 0 world 3 step [0-9]* hash ${h:-none}" 3
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 2 2>&1)
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 0 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume plain (1 rank) -> zero 2 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
-	"OK zload zero 2 world 3 step [0-9]* hash ${h:-none}" 3
+resumes_as_plain "resume zero 2 (2 ranks) -> plain DDP (3 ranks): as the plain file, bit for bit" \
+	"$tmp/zz2.ckpt" 0 "$tmp/p2.ckpt"
+resumes_as_plain "resume plain (1 rank) -> zero 2 (3 ranks): as plain at 3 ranks, bit for bit" \
+	"$tmp/p1.ckpt" 2 "$tmp/p1.ckpt"
 
 # ZeRO-3 (zero_stage 3: the parameters sharded too, each bucket's gathered
 # before its forward and its backward readers into buffers the memory plan
@@ -235,21 +233,12 @@ check "zero 3 save at 2 ranks (O2 parameters and masters, AdamW moments): the sa
 	"$out" "^SAME" 1
 out=$(cmp "$tmp/z32.ckpt.safetensors" "$tmp/p2.ckpt.safetensors" 2>&1 && echo SAME)
 check "zero 3 export at 2 ranks (the gathered weights): the same bytes as plain DDP's" "$out" "^SAME" 1
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z32.ckpt" 0 2>&1)
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p2.ckpt" 0 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume zero 3 (2 ranks) -> plain DDP (3 ranks): as the plain file, bit for bit" "$a" \
-	"OK zload zero 0 world 3 step [0-9]* hash ${h:-none}" 3
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 3 2>&1)
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p1.ckpt" 0 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume plain (1 rank) -> zero 3 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
-	"OK zload zero 3 world 3 step [0-9]* hash ${h:-none}" 3
-b=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/p2.ckpt" 0 2>&1)
-a=$("${MPIRUN[@]}" -np 3 "$W" zload "$tmp/z32.ckpt" 3 2>&1)
-h=$(zhash "$b" 0 3)
-check "resume zero 3 (2 ranks) -> zero 3 (3 ranks): as plain at 3 ranks, bit for bit" "$a" \
-	"OK zload zero 3 world 3 step [0-9]* hash ${h:-none}" 3
+resumes_as_plain "resume zero 3 (2 ranks) -> plain DDP (3 ranks): as the plain file, bit for bit" \
+	"$tmp/z32.ckpt" 0 "$tmp/p2.ckpt"
+resumes_as_plain "resume plain (1 rank) -> zero 3 (3 ranks): as plain at 3 ranks, bit for bit" \
+	"$tmp/p1.ckpt" 3 "$tmp/p1.ckpt"
+resumes_as_plain "resume zero 3 (2 ranks) -> zero 3 (3 ranks): as plain at 3 ranks, bit for bit" \
+	"$tmp/z32.ckpt" 3 "$tmp/p2.ckpt"
 
 # The example at 2 ranks on Fashion-MNIST: the launcher, mpirun and
 # torchrun's variables; a resume at world 1 continues at the same sample.

@@ -52,6 +52,20 @@ static loom_value par(loom_graph *g, const char *name, loom_dtype dt, int ndim,
 	return loom_param(g, name, dt, ndim, d, LOOM_INIT_ZEROS, 0);
 }
 
+/* A fresh graph on which conv2d of an f32 input [xd] and a weight [wd] of
+ * dtype wdt (with a bias [bd[0]] where bd) is refused; the graph, for
+ * expect_fail. */
+static loom_graph *conv_refused(const int64_t xd[4], loom_dtype wdt, const int64_t wd[4],
+				const int64_t *bd, int stride, int pad)
+{
+	loom_graph *g = graph();
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value w = par(g, "w", wdt, 4, wd);
+	loom_value b = bd ? par(g, "b", LOOM_F32, 1, bd) : LOOM_NONE;
+	cr_assert_eq(loom_conv2d(g, x, w, b, stride, pad), LOOM_NONE);
+	return g;
+}
+
 static void compile_opts_cpu(loom_compile_opts *o)
 {
 	loom_compile_opts_default(o);
@@ -70,11 +84,8 @@ Test(build_errors, fresh_graph_is_sound)
 
 Test(build_errors, conv_channel_mismatch_names_op_and_shapes)
 {
-	loom_graph *g = graph();
-	loom_value x = in4(g, "x", LOOM_F32, 2, 3, 8, 8);
-	int64_t wd[4] = { 4, 5, 3, 3 };
-	loom_value w = par(g, "w", LOOM_F32, 4, wd);
-	cr_assert_eq(loom_conv2d(g, x, w, LOOM_NONE, 1, 1), LOOM_NONE);
+	int64_t xd[4] = { 2, 3, 8, 8 }, wd[4] = { 4, 5, 3, 3 };
+	loom_graph *g = conv_refused(xd, LOOM_F32, wd, NULL, 1, 1);
 	expect_fail(g, LOOM_ERR_SHAPE, "conv2d", "[2, 3, 8, 8]", "[4, 5, 3, 3]", "3 channels");
 	loom_graph_free(g);
 }
@@ -107,45 +118,32 @@ Test(build_errors, conv_wrong_ndim)
 
 Test(build_errors, conv_bias_shape)
 {
-	loom_graph *g = graph();
-	loom_value x = in4(g, "x", LOOM_F32, 1, 3, 8, 8);
-	int64_t wd[4] = { 4, 3, 3, 3 }, bd[1] = { 5 };
-	loom_value w = par(g, "w", LOOM_F32, 4, wd);
-	loom_value b = par(g, "b", LOOM_F32, 1, bd);
-	cr_assert_eq(loom_conv2d(g, x, w, b, 1, 0), LOOM_NONE);
+	int64_t xd[4] = { 1, 3, 8, 8 }, wd[4] = { 4, 3, 3, 3 }, bd[1] = { 5 };
+	loom_graph *g = conv_refused(xd, LOOM_F32, wd, bd, 1, 0);
 	expect_fail(g, LOOM_ERR_SHAPE, "conv2d", "bias", "[5]", "[4]");
 	loom_graph_free(g);
 }
 
 Test(build_errors, conv_kernel_larger_than_input)
 {
-	loom_graph *g = graph();
-	loom_value x = in4(g, "x", LOOM_F32, 1, 1, 2, 2);
-	int64_t wd[4] = { 1, 1, 5, 5 };
-	loom_value w = par(g, "w", LOOM_F32, 4, wd);
-	cr_assert_eq(loom_conv2d(g, x, w, LOOM_NONE, 1, 0), LOOM_NONE);
+	int64_t xd[4] = { 1, 1, 2, 2 }, wd[4] = { 1, 1, 5, 5 };
+	loom_graph *g = conv_refused(xd, LOOM_F32, wd, NULL, 1, 0);
 	expect_fail(g, LOOM_ERR_SHAPE, "conv2d", "[1, 1, 5, 5]", "[1, 1, 2, 2]");
 	loom_graph_free(g);
 }
 
 Test(build_errors, conv_bad_stride)
 {
-	loom_graph *g = graph();
-	loom_value x = in4(g, "x", LOOM_F32, 1, 1, 8, 8);
-	int64_t wd[4] = { 1, 1, 3, 3 };
-	loom_value w = par(g, "w", LOOM_F32, 4, wd);
-	cr_assert_eq(loom_conv2d(g, x, w, LOOM_NONE, 0, 0), LOOM_NONE);
+	int64_t xd[4] = { 1, 1, 8, 8 }, wd[4] = { 1, 1, 3, 3 };
+	loom_graph *g = conv_refused(xd, LOOM_F32, wd, NULL, 0, 0);
 	expect_fail(g, LOOM_ERR_INVALID, "conv2d", "stride 0");
 	loom_graph_free(g);
 }
 
 Test(build_errors, conv_f64_weight_with_f32_input)
 {
-	loom_graph *g = graph();
-	loom_value x = in4(g, "x", LOOM_F32, 1, 3, 8, 8);
-	int64_t wd[4] = { 4, 3, 3, 3 };
-	loom_value w = par(g, "w", LOOM_F64, 4, wd);
-	cr_assert_eq(loom_conv2d(g, x, w, LOOM_NONE, 1, 0), LOOM_NONE);
+	int64_t xd[4] = { 1, 3, 8, 8 }, wd[4] = { 4, 3, 3, 3 };
+	loom_graph *g = conv_refused(xd, LOOM_F64, wd, NULL, 1, 0);
 	expect_fail(g, LOOM_ERR_DTYPE, "conv2d", "f32", "f64");
 	loom_graph_free(g);
 }
