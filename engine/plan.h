@@ -315,11 +315,6 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	return u != LOOM_NONE && u < v;
 }
 
-/* Deprecated alias of base/errf.h's loom_errnf into a LOOM_ERR_MAX-byte
- * buffer: write loom_errnf(err, LOOM_ERR_MAX, st, ...). Kept only while
- * engine/cuda's callers still use it; the CPU side no longer does. */
-#define loom_errf(err, st, ...) loom_errnf((err), LOOM_ERR_MAX, (st), __VA_ARGS__)
-
 /* The one wording of a label outside [0, classes) at softmax-CE node v,
  * for both backends. */
 loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row);

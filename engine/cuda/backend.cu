@@ -619,7 +619,7 @@ static loom_status plan_conv_krsc(loom_cuda_ctx *c, const loom_plan *p)
 		return LOOM_OK;
 	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	for (loom_value w = 0; w < g->n; w++) {
 		loom_value first = LOOM_NONE;
 		int readers = 0;
@@ -669,7 +669,7 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 		return LOOM_OK;
 	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	for (loom_value b = 0; b < g->n; b++) {
 		const loom_node *bn = &g->nodes[b];
 		if (bn->op != LOOM_OP_BN_BWD_DATA || bn->a.bn.sync ||
@@ -749,14 +749,14 @@ static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_
 		return LOOM_OK;
 	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	unsigned char *nhwc = (unsigned char *)calloc(g->n ? g->n : 1, 1);
 	loom_value *taken = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
 	if (!nhwc || !taken) {
 		free(nhwc);
 		free(taken);
 		free(step_of);
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	}
 	for (loom_value v = 0; v < g->n; v++) {
 		nhwc[v] = c->plans[v].kind == LOOM_CUDA_PLAN_BN && c->plans[v].bn.nhwc;
@@ -817,7 +817,7 @@ static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p, size_t *
 		free(step_of);
 		free(makes);
 		free(add_by);
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	}
 	for (loom_value v = 0; v < g->n; v++)
 		add_by[v] = c->plans[v].bn_add_by;
@@ -869,7 +869,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		return st;
 	c->plans = (loom_cuda_node_plan *)calloc(p->g->n ? p->g->n : 1, sizeof(*c->plans));
 	if (!c->plans)
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	c->n_plans = p->g->n;
 	c->tf32 = loom_cuda_tf32_on(p);
 	c->attn_off = loom_cuda_sdpa_off();
@@ -934,7 +934,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
 		if (!formats_ok(c, p, v)) {
 			char lb[96];
-			st = loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+			st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				       "cuda: %s holds NHWC but its kernel here is NCHW only "
 				       "(LOOM_CUDA_NHWC=0 plans NCHW)",
 				       loom_node_label(p->g, v, lb, sizeof(lb)));
@@ -953,7 +953,7 @@ static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
 	int k = 0;
 
 	if (!slots || !chunks) {
-		st = loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 		goto out_free;
 	}
 	/* One table row per optimizer piece, its addresses at its element 0. */
@@ -1012,7 +1012,7 @@ static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_
 	free(c->inputs);
 	c->n_inputs = 0;
 	if (!(c->inputs = (loom_cuda_input *)calloc((size_t)p->g->n, sizeof(*c->inputs))))
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the staged inputs");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of memory for the staged inputs");
 	for (int v = 0; v < p->g->n; v++) {
 		if (p->g->nodes[v].op != LOOM_OP_INPUT || !loom_plan_holds(p, v))
 			continue;
@@ -1360,7 +1360,7 @@ static loom_status inputs_into_graph(loom_cuda_ctx *c, cudaGraph_t g)
 	if (st != LOOM_OK)
 		return st;
 	if (n && !(roots = (cudaGraphNode_t *)malloc(n * sizeof(*roots))))
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's roots");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's roots");
 	if (n)
 		st = LOOM_CUDA_CHECK(cudaGraphGetRootNodes(g, roots, &n), c->err, sizeof(c->err));
 	for (int i = 0; i < c->n_inputs && st == LOOM_OK; i++) {
@@ -1422,7 +1422,7 @@ static loom_status loss_into_graph(loom_cuda_ctx *c, cudaGraph_t g)
 	    LOOM_OK)
 		return st;
 	if (n && !(nodes = (cudaGraphNode_t *)malloc(n * sizeof(*nodes))))
-		return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's nodes");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of memory for the graph's nodes");
 	if (n)
 		st = LOOM_CUDA_CHECK(cudaGraphGetNodes(g, nodes, &n), c->err, sizeof(c->err));
 	/* The leaves: nodes nothing depends on, gathered at the front. */
@@ -1737,7 +1737,7 @@ static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
-		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no event %d", event);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
 	loom_status st = use_device(c);
 	if (st != LOOM_OK)
 		return st;
@@ -1749,7 +1749,7 @@ static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
-		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no event %d", event);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
 	loom_status st = use_device(c);
 	if (st != LOOM_OK)
 		return st;
@@ -1959,7 +1959,7 @@ static loom_status cuda_mark_words(void *ctx, int n, const volatile uint64_t **w
 		return LOOM_OK;
 	}
 	if (c->mark_host)
-		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: progress marks made for %d, not %d",
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: progress marks made for %d, not %d",
 				 c->n_marks, n);
 	size_t bytes = sizeof(uint64_t) * (size_t)n;
 	void *dev = NULL;
@@ -1989,9 +1989,9 @@ static loom_status cuda_mark_record(void *ctx, int slot, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (!c->capturing)
-		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: a progress mark outside a capture");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: a progress mark outside a capture");
 	if (slot < 0 || slot >= c->n_marks)
-		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no progress mark %d (of %d)", slot,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no progress mark %d (of %d)", slot,
 				 c->n_marks);
 	mark_write_kernel<<<1, 1, 0, stream_of(c, stream)>>>(
 		(const unsigned long long *)c->serial_dev,
@@ -2015,7 +2015,7 @@ static loom_status cuda_capture_begin(void *ctx, const loom_plan *p)
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
 	if (c->graph_exec)
-		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: the step was captured already");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: the step was captured already");
 	c->lr_device = 1;
 	st = LOOM_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
 			     c->err, sizeof(c->err));
@@ -2035,7 +2035,7 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 	loom_status st;
 	(void)p;
 	if (!c->capturing)
-		return keep ? loom_errf(c->err, LOOM_ERR_STATE, "cuda: no capture to end") : LOOM_OK;
+		return keep ? loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: no capture to end") : LOOM_OK;
 	c->capturing = 0;
 	cudaError_t e = cudaStreamEndCapture(c->stream, &g);
 	if (!keep || e != cudaSuccess) {
@@ -2044,7 +2044,7 @@ static loom_status cuda_capture_end(void *ctx, const loom_plan *p, int keep)
 		(void)cudaGetLastError(); /* an invalidated capture is not sticky */
 		if (!keep)
 			return LOOM_OK;
-		return loom_errf(c->err, LOOM_ERR_BACKEND, "cuda: capturing the step: %s",
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_BACKEND, "cuda: capturing the step: %s",
 				 cudaGetErrorString(e));
 	}
 	if ((st = inputs_into_graph(c, g)) == LOOM_OK && (st = loss_into_graph(c, g)) == LOOM_OK)
@@ -2073,7 +2073,7 @@ static loom_status cuda_replay(void *ctx, const loom_plan *p)
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->graph_exec)
-		return loom_errf(c->err, LOOM_ERR_STATE, "cuda: replay before a capture");
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: replay before a capture");
 	if ((st = inputs_before_launch(c)) != LOOM_OK || (st = loss_before_launch(c)) != LOOM_OK)
 		return st;
 	c->graph_launches++;
@@ -2163,7 +2163,7 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
 	if (first != 0 || last != p->n_pieces)
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda: the optimizer updates all its pieces at once, not pieces "
 				 "[%d, %d) of %d", first, last, p->n_pieces);
 	if ((st = push_host_state(c, ts)) != LOOM_OK)
@@ -2173,7 +2173,7 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 	int norm_from = LOOM_CUDA_NORM_PARTS;
 	if (p->zero && p->opts.optim.clip_grad > 0) {
 		if (!c->zero_norm && finite != 0)
-			return loom_errf(c->err, LOOM_ERR_STATE,
+			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
 					 "cuda: ZeRO's clipping needs the gradient norm over the "
 					 "ranks before the update (grad_sumsq or grad_sumsq_device)");
 		norm_from = c->zero_norm ? c->zero_norm : LOOM_CUDA_NORM_HOST;
@@ -2199,7 +2199,7 @@ static loom_status cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const l
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
 	if (first != 0 || last != p->n_pieces)
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda: the gradient norm covers all pieces at once, not [%d, %d) of %d",
 				 first, last, p->n_pieces);
 	if ((st = push_host_state(c, ts)) != LOOM_OK ||
@@ -2245,7 +2245,7 @@ static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
 	if (first != 0 || last != p->n_pieces)
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
 				 first, last, p->n_pieces);
 	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
@@ -2266,7 +2266,7 @@ static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_a
 	if ((st = use_device(c)) != LOOM_OK)
 		return st;
 	if (first != 0 || last != p->n_pieces)
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
 				 first, last, p->n_pieces);
 	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
@@ -2301,12 +2301,12 @@ static loom_status cuda_timer_record(void *ctx, int slot, loom_stream s)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	if (slot < 0)
-		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no trace timer %d", slot);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no trace timer %d", slot);
 	if (slot >= c->n_timers) {
 		int n = slot < 256 ? 512 : 2 * slot;
 		cudaEvent_t *t = (cudaEvent_t *)realloc(c->timers, sizeof(*t) * (size_t)n);
 		if (!t)
-			return loom_errf(c->err, LOOM_ERR_NOMEM, "cuda: out of memory for trace timers");
+			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of memory for trace timers");
 		memset(t + c->n_timers, 0, sizeof(*t) * (size_t)(n - c->n_timers));
 		c->timers = t;
 		c->n_timers = n;
@@ -2329,7 +2329,7 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	float ms = 0;
 	if (slot < 0 || slot >= c->n_timers || !c->timers[slot] || !c->timers[0])
-		return loom_errf(c->err, LOOM_ERR_INVALID, "cuda: no trace timer %d", slot);
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no trace timer %d", slot);
 	loom_status st = LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, c->timers[0], c->timers[slot]),
 					 c->err, sizeof(c->err));
 	*seconds = c->timer0_host + ms * 1e-3;

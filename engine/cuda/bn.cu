@@ -568,7 +568,7 @@ static loom_status bn_sync_sums(loom_cuda_ctx *cx, const loom_plan *plan, loom_v
 	st = loom_comm_allreduce_ordered(plan->comm, w, 1 + (size_t)reduce * c, LOOM_F64,
 					 (void *)cx->stream);
 	if (st != LOOM_OK)
-		return loom_errf(cx->err, st, "batch-norm node %d: all-reduce of its statistics: %s",
+		return loom_errnf(cx->err, LOOM_ERR_MAX, st, "batch-norm node %d: all-reduce of its statistics: %s",
 				 (int)v, loom_pg_error(plan->comm->pg));
 	return LOOM_OK;
 }

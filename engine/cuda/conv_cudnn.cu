@@ -79,7 +79,7 @@ static loom_status set_descs(const loom_plan *p, loom_cuda_ctx *c, loom_cuda_con
 				   c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	if (on != yd[0] || oc != yd[1] || oh != yd[2] || ow != yd[3])
-		return loom_errf(c->err, LOOM_ERR_SHAPE,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_SHAPE,
 					 "cuda conv: cuDNN computes output %dx%dx%dx%d, the graph has "
 					 "%lldx%lldx%lldx%lld",
 					 on, oc, oh, ow, (long long)yd[0], (long long)yd[1],
@@ -454,7 +454,7 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	}
 	if (algo < 0) {
 		char lb[96];
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda conv: cuDNN offers no %s algorithm for %s (%d tried)",
 				 f32 ? "f32" : "half", loom_node_label(p->g, (loom_value)(n - p->g->nodes),
 								   lb, sizeof(lb)),

@@ -434,7 +434,7 @@ loom_status loom_cuda_op_unary(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 		LOOM_UNARY_OPS(UNARY_LAUNCH)
 #undef UNARY_LAUNCH
 	default:
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED, "cuda: op %d is not a unary op",
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED, "cuda: op %d is not a unary op",
 				 (int)nd->op);
 	}
 	return LOOM_CUDA_LAUNCHED(c->err);

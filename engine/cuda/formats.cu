@@ -66,11 +66,11 @@ extern "C" loom_status loom_cuda_reorder(char *err, cudaStream_t s, int from, in
 		rows = hw;
 		cols = c;
 	} else {
-		return loom_errf(err, LOOM_ERR_UNSUPPORTED, "cuda reorder: %s -> %s is not supported",
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED, "cuda reorder: %s -> %s is not supported",
 				 loom_format_name((loom_format)from), loom_format_name((loom_format)to));
 	}
 	if (n > 65535 || (rows + TILE - 1) / TILE > 65535)
-		return loom_errf(err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda reorder: %lld images of %lld x %lld is past the grid",
 				 (long long)n, (long long)rows, (long long)cols);
 	switch (esz) {
@@ -78,7 +78,7 @@ extern "C" loom_status loom_cuda_reorder(char *err, cudaStream_t s, int from, in
 	case 4: return transpose<unsigned int>(err, s, x, y, n, rows, cols);
 	case 8: return transpose<unsigned long long>(err, s, x, y, n, rows, cols);
 	default:
-		return loom_errf(err, LOOM_ERR_UNSUPPORTED, "cuda reorder: %zu-byte elements", esz);
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED, "cuda reorder: %zu-byte elements", esz);
 	}
 }
 
@@ -90,7 +90,7 @@ loom_status loom_cuda_op_reorder(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	if (x->dtype != n->dtype || n->shape.ndim != 4) {
 		char lb[96];
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "cuda reorder %s: wants a 4-D value of its own dtype",
 				 loom_node_label(plan->g, v, lb, sizeof(lb)));
 	}

@@ -529,7 +529,7 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	}
 	if (st != LOOM_OK)
 		return st;
-	return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+	return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 			 "cuda matmul: cuBLASLt has no algorithm for %s (%d x %d x %d, %s), "
 			 "even without an epilogue",
 			 loom_node_label(p->g, v, lb, sizeof(lb)), s.m, s.n, s.k,
@@ -577,7 +577,7 @@ static loom_status mm_run_gelu(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 		if ((st = loom_cuda_gemm_strided(c, &gm, &done)) != LOOM_OK)
 			return st;
 		return done ? LOOM_OK :
-			      loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+			      loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 					"cuda matmul: no plain algorithm for node %d (diagnosis run)", (int)v);
 	}
 	void *d = loom_arena_ptr(c->arena, p, mp->gelu);

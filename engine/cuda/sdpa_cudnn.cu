@@ -655,11 +655,11 @@ loom_status loom_cuda_sdpa_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_
 	sdpa_shape s;
 	memset(&s, 0, sizeof(s));
 	if (!sdpa_shape_of(g, probs, &s))
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED, "%s: fused attention needs f16 or bf16 qkv",
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED, "%s: fused attention needs f16 or bf16 qkv",
 				 loom_node_label(g, v, lb, sizeof(lb)));
 	loom_sdpa_graph *gr = graph_make(c->dnn, &s, bwd, why, sizeof(why));
 	if (!gr)
-		return loom_errf(c->err, LOOM_ERR_UNSUPPORTED,
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				 "%s: %s (it was accepted when the graph was fused; "
 				 "LOOM_CUDA_ATTN=unfused keeps the unfused attention)",
 				 loom_node_label(g, v, lb, sizeof(lb)), why);
@@ -675,7 +675,7 @@ loom_status loom_cuda_sdpa_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_
 			if (g->nodes[u].op == LOOM_OP_ATTENTION && g->nodes[u].made_by == v)
 				np->sdpa.y = u;
 		if (np->sdpa.y == LOOM_NONE)
-			return loom_errf(c->err, LOOM_ERR_INVALID, "%s: fused, but no attention node made by it",
+			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "%s: fused, but no attention node made by it",
 					 loom_node_label(g, v, lb, sizeof(lb)));
 	}
 	return LOOM_OK;

@@ -81,7 +81,7 @@ Test(cuda_plugin, shared_object_maps_and_exports_its_entry_alone)
 	cr_assert_not_null(pl->nccl_unique_id);
 	cr_assert_not_null(pl->nccl_backend_new);
 	/* The loom code it carries stays private to it. */
-	cr_assert_null(dlsym(h, "loom_errf"), "the plugin exports loom_errf");
+	cr_assert_null(dlsym(h, "loom_errnf"), "the plugin exports loom_errnf");
 	cr_assert_null(dlsym(h, "loom_cuda_backend_get"));
 	cr_assert(mapped("libcublasLt"), "the plugin should bring cuBLASLt with it");
 }
