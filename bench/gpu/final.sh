@@ -23,6 +23,10 @@ r convnet_staged env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --ste
 grep -a "^| O" $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log | cut -c1-140
 # Captures, replays and host waits inside a step (0 for a replayed one).
 grep -a "^launches" $o/r50_O2.log $o/r50_O2_nograph.log $o/gpt_O1.log $o/gpt_O1_nograph.log $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log | cut -c1-200
+W1="env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOOM_DDP_WORLD1_BUCKETS=1 MASTER_ADDR=127.0.0.1"
+r mnist_w1_graph $W1 MASTER_PORT=29611 $b/mnist_ddp --device cuda --data $d --epochs 1 --max-steps 100 --log-interval 50
+r mnist_w1_graph_off $W1 MASTER_PORT=29613 LOOM_CUDA_GRAPH_RANKS=0 $b/mnist_ddp --device cuda --data $d --epochs 1 --max-steps 100 --log-interval 50
+grep -a "cuda graph\|^launches" $o/mnist_w1_graph.log $o/mnist_w1_graph_off.log | cut -c1-200
 r mnist_O0 $b/mnist_ddp --device cuda --data $d --epochs 1 --log-interval 200
 r mnist_O2 $b/mnist_ddp --device cuda --data $d --epochs 1 --opt-level O2 --log-interval 200
 r gpt_small_O1 $b/gpt_ddp --device cuda --data $d/fortunes.txt --opt-level O1 --precision bf16 --max-steps 300 --log-interval 100 --val-interval 100 --sample 100
