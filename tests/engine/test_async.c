@@ -31,9 +31,7 @@
 
 #include <criterion/criterion.h>
 
-#include "comm/comm_internal.h"
-#include "engine/program_internal.h"
-#include "loom.h"
+#include "tests/engine/fake_async.h"
 
 /* ------------------------------------------------------------ the fake device */
 
@@ -70,8 +68,6 @@ static struct {
 	const loom_backend *cpu;
 } fd;
 
-static char fd_streams[2]; /* the stream handles: their addresses */
-
 static int on_step_thread(void)
 {
 	return pthread_equal(pthread_self(), fd.step_thread);
@@ -88,11 +84,9 @@ static void land(loom_comm *c, int k)
 	size_t n = x->count;
 	cr_assert_eq(x->dt, LOOM_F32, "the fake sums f32 only");
 	if (x->op == 0)
-		for (size_t e = 0; e < n; e++)
-			f[e] *= (float)c->world;
+		fake_twice(f, n, x->dt, c->world);
 	else if (x->op == 1)
-		for (size_t e = n * (size_t)c->rank; e < n * (size_t)(c->rank + 1); e++)
-			f[e] *= (float)c->world;
+		fake_twice(f + n * (size_t)c->rank, n, x->dt, c->world);
 	else
 		for (int r = 0; r < c->world; r++)
 			for (size_t e = n * (size_t)r; r != c->rank && e < n * (size_t)(r + 1); e++)
@@ -103,7 +97,7 @@ static void land(loom_comm *c, int k)
 static loom_status fd_start(loom_comm *c, int op, void *buf, size_t count, loom_dtype dt,
 			    void *stream, loom_comm_work **out)
 {
-	cr_assert_eq(stream, &fd_streams[LOOM_STREAM_COMM], "a collective on another stream");
+	cr_assert_eq(stream, &fake_streams[LOOM_STREAM_COMM], "a collective on another stream");
 	cr_assert_lt(fd.n, FD_MAX_CALLS);
 	loom_comm_work *w = *out;
 	fd.starts++;
@@ -225,13 +219,6 @@ static loom_status fd_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 	return LOOM_OK;
 }
 
-static loom_status fd_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
-{
-	for (int r = 0; r < c->world; r++)
-		memmove((unsigned char *)recv + (size_t)r * bytes, send, bytes);
-	return LOOM_OK;
-}
-
 /* The host communicator: blocking, world 2 of identical ranks (the
  * start-up checks, ZeRO's verdict). A sum doubles. */
 static int host_in_step;
@@ -248,13 +235,6 @@ static loom_status fh_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 	return LOOM_OK;
 }
 
-static loom_status fh_wait(loom_comm *c, loom_comm_work *w)
-{
-	(void)c;
-	free(w);
-	return LOOM_OK;
-}
-
 /* In the stream's order: the device runs it when it gets there, which in
  * this model (the compute stream runs eagerly) is now. */
 static int ordered_calls;
@@ -262,17 +242,11 @@ static int ordered_calls;
 static loom_status fd_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream)
 {
-	cr_assert_eq(stream, &fd_streams[LOOM_STREAM_COMPUTE]);
+	cr_assert_eq(stream, &fake_streams[LOOM_STREAM_COMPUTE]);
 	cr_assert_eq(dt, LOOM_I32);
 	for (size_t e = 0; e < count; e++)
 		((int32_t *)buf)[e] *= c->world;
 	ordered_calls++;
-	return LOOM_OK;
-}
-
-static loom_status fd_barrier(loom_comm *c)
-{
-	(void)c;
 	return LOOM_OK;
 }
 
@@ -282,11 +256,6 @@ static void fd_abort(loom_comm *c)
 	fd.aborts++;
 }
 
-static void fd_free(loom_comm *c)
-{
-	free(c);
-}
-
 static const loom_comm_i fd_iface = {
 	.name = "fake-device",
 	.stream_ordered = 1,
@@ -294,10 +263,10 @@ static const loom_comm_i fd_iface = {
 	.test = fd_test,
 	.wait = fd_wait,
 	.broadcast = fd_broadcast,
-	.allgather = fd_allgather,
-	.barrier = fd_barrier,
+	.allgather = fake_comm_allgather,
+	.barrier = fake_comm_barrier,
 	.abort = fd_abort,
-	.free = fd_free,
+	.free = fake_comm_free,
 	.allreduce_ordered = fd_allreduce_ordered,
 	.reduce_scatter_start = fd_reduce_scatter_start,
 	.allgather_start = fd_allgather_start,
@@ -309,21 +278,15 @@ static const loom_comm_i fd_iface = {
 static const loom_comm_i fh_iface = {
 	.name = "fake-host",
 	.allreduce_start = fh_allreduce_start,
-	.wait = fh_wait,
+	.wait = fake_comm_wait_free,
 	.broadcast = fd_broadcast,
-	.allgather = fd_allgather,
-	.barrier = fd_barrier,
+	.allgather = fake_comm_allgather,
+	.barrier = fake_comm_barrier,
 	.abort = fd_abort,
-	.free = fd_free,
+	.free = fake_comm_free,
 };
 
 /* ------------------------------------------------------------ the async backend */
-
-static void *fd_stream_handle(void *ctx, loom_stream stream)
-{
-	(void)ctx;
-	return &fd_streams[stream];
-}
 
 /* Event `ev` on the comm stream marks the collectives queued there so far;
  * a wait of the compute stream for it makes the device run them first. */
@@ -456,11 +419,7 @@ static void setup(void)
 	fd.hung_call = -1;
 	fd.step_thread = pthread_self();
 	fd.cpu = &loom_cpu_backend;
-	fd_backend = loom_cpu_backend;
-	fd_backend.name = "fake-async";
-	fd_backend.caps = (loom_cpu_backend.caps & ~(unsigned)LOOM_BE_HOST_MEMORY) |
-			  LOOM_BE_ASYNC_STREAMS;
-	fd_backend.stream_handle = fd_stream_handle;
+	fake_async_backend(&fd_backend);
 	fd_backend.event_record = fd_event_record;
 	fd_backend.event_wait = fd_event_wait;
 	fd_backend.run_begin = fd_run_begin;
@@ -482,57 +441,16 @@ static void teardown(void)
  * the fake device communicators. */
 static loom_pg *fake_group(double timeout_s)
 {
-	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE, .timeout_s = timeout_s };
-	loom_pg *pg;
-	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
-	loom_comm_peer *peers = calloc(2, sizeof(*peers));
-	loom_comm *h = calloc(1, sizeof(*h)), *d = calloc(1, sizeof(*d));
-	cr_assert(peers && h && d);
-	peers[0] = pg->peers[0];
-	free(pg->peers);
-	pg->peers = peers;
-	pg->host->i->free(pg->host);
-	if (pg->device)
-		pg->device->i->free(pg->device);
-	*h = (loom_comm){ .i = &fh_iface, .pg = pg, .rank = 0, .world = 2 };
-	*d = (loom_comm){ .i = &fd_iface, .pg = pg, .rank = 0, .world = 2 };
-	pg->host = h;
-	pg->device = d;
-	pg->info.rank = pg->info.local_rank = 0;
-	pg->info.world = pg->info.local_world = 2;
-	the_pg = pg;
-	return pg;
+	return the_pg = fake_group_of_two(timeout_s, &fh_iface, &fd_iface);
 }
 
 /* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y (test_exec's). */
 static loom_program *compile_mlp(loom_graph **gp, loom_pg *pg, int zero)
 {
-	loom_graph *g;
-	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	int64_t xd[2] = { 6, 4 }, yd[1] = { 6 };
-	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
-	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
-	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 8, 1));
-	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc2", h, 3, 1), y);
-	*gp = g;
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.kind = LOOM_OPTIM_SGD;
-	o.optim.lr = 0.1;
+	fake_mlp_opts(&o, pg, zero, 0.1);
 	o.amp.level = mlp_level;
-	o.pg = pg;
-	o.zero_stage = zero;
-	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
-	loom_program *p;
-	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	float xv[24];
-	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
-	for (int i = 0; i < 24; i++)
-		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
-	return p;
+	return fake_mlp_compile(gp, &o);
 }
 
 /* The same MLP in one process on the CPU backend: the reference. */

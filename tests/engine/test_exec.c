@@ -27,6 +27,7 @@
 #include "engine/pass.h"
 #include "engine/program_internal.h"
 #include "loom.h"
+#include "tests/engine/fake_async.h"
 
 static struct {
 	int nodes, accum_add, accum_fold, optim, optim_first, optim_last, optim_finite, begins;
@@ -113,7 +114,7 @@ static loom_status fk_reduce_scatter_start(loom_comm *c, void *buf, size_t count
 }
 
 /* Every rank holds what this one does: its shard to every rank's place
- * (as fk_allgather), so that what a gather leaves is known. */
+ * (as fake_comm_allgather), so that what a gather leaves is known. */
 static loom_status fk_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				      void *stream, loom_comm_work **out)
 {
@@ -214,40 +215,16 @@ static loom_status fk_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 	return LOOM_OK;
 }
 
-/* Every rank compiled the same plan: the same metadata from each. */
-static loom_status fk_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
-{
-	for (int r = 0; r < c->world; r++)
-		memmove((unsigned char *)recv + (size_t)r * bytes, send, bytes);
-	return LOOM_OK;
-}
-
-static loom_status fk_barrier(loom_comm *c)
-{
-	(void)c;
-	return LOOM_OK;
-}
-
-static void fk_abort(loom_comm *c)
-{
-	(void)c;
-}
-
-static void fk_free(loom_comm *c)
-{
-	free(c);
-}
-
 static const loom_comm_i fk_iface = {
 	.name = "fake",
 	.allreduce_start = fk_allreduce_start,
 	.test = fk_test,
 	.wait = fk_wait,
 	.broadcast = fk_broadcast,
-	.allgather = fk_allgather,
-	.barrier = fk_barrier,
-	.abort = fk_abort,
-	.free = fk_free,
+	.allgather = fake_comm_allgather,
+	.barrier = fake_comm_barrier,
+	.abort = fake_comm_abort,
+	.free = fake_comm_free,
 	.reduce_scatter_start = fk_reduce_scatter_start,
 	.allgather_start = fk_allgather_start,
 	.send_start = fk_send_start,

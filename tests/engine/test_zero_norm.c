@@ -15,10 +15,8 @@
 
 #include <criterion/criterion.h>
 
-#include "comm/comm_internal.h"
-#include "engine/program_internal.h"
-#include "loom.h"
 #include "parallel/shards.h"
+#include "tests/engine/fake_async.h"
 
 /* What a step did. */
 static struct {
@@ -30,7 +28,6 @@ static struct {
 	double sumsq;        /* "device memory": this rank's sum, then the ranks' */
 } zn;
 
-static char zn_streams[2]; /* the stream handles: their addresses */
 static const loom_backend *cpu = &loom_cpu_backend;
 
 /* ------------------------------------------------------------ the fake communicators */
@@ -39,26 +36,13 @@ struct loom_comm_work {
 	int kept;
 };
 
-/* Two identical ranks: a sum doubles; an all-gather repeats this rank's. */
-static void twice(void *buf, size_t count, loom_dtype dt, int world)
-{
-	for (size_t e = 0; e < count; e++) {
-		if (dt == LOOM_F32)
-			((float *)buf)[e] *= (float)world;
-		else if (dt == LOOM_F64)
-			((double *)buf)[e] *= world;
-		else if (dt == LOOM_I32)
-			((int32_t *)buf)[e] *= world;
-	}
-}
-
 /* Device collectives land at once (the compute stream runs eagerly in
  * this model): a reduce-scatter doubles this rank's shard, an all-gather
  * leaves the other shard as it was (the test reads this rank's only). */
 static loom_status zd_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 			    loom_comm_work **out, size_t first)
 {
-	twice((char *)buf + first * loom_dtype_size(dt), count, dt, c->world);
+	fake_twice((char *)buf + first * loom_dtype_size(dt), count, dt, c->world);
 	if (!*out && !(*out = calloc(1, sizeof(**out))))
 		return loom_comm_fail(c, LOOM_ERR_NOMEM, "fake: out of memory");
 	return LOOM_OK;
@@ -120,10 +104,10 @@ static void zd_work_free(loom_comm *c, loom_comm_work *w)
 static loom_status zd_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream)
 {
-	cr_assert_eq(stream, &zn_streams[LOOM_STREAM_COMPUTE]);
+	cr_assert_eq(stream, &fake_streams[LOOM_STREAM_COMPUTE]);
 	if (dt == LOOM_F64 && count == 1)
 		zn.ordered_f64++;
-	twice(buf, count, dt, c->world);
+	fake_twice(buf, count, dt, c->world);
 	return LOOM_OK;
 }
 
@@ -132,45 +116,15 @@ static loom_status zh_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 {
 	(void)stream;
 	zn.host_in_step += zn.in_step;
-	twice(buf, count, dt, c->world);
+	fake_twice(buf, count, dt, c->world);
 	return (*out = calloc(1, sizeof(**out))) ? LOOM_OK : LOOM_ERR_NOMEM;
 }
 
-static loom_status zh_wait(loom_comm *c, loom_comm_work *w)
-{
-	(void)c;
-	free(w);
-	return LOOM_OK;
-}
-
-static loom_status z_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
-{
-	(void)c, (void)buf, (void)bytes, (void)root;
-	return LOOM_OK;
-}
-
+/* The host's all-gather (the old norm's path), counted inside a step. */
 static loom_status z_allgather(loom_comm *c, const void *send, size_t bytes, void *recv)
 {
 	zn.host_in_step += zn.in_step;
-	for (int r = 0; r < c->world; r++)
-		memmove((unsigned char *)recv + (size_t)r * bytes, send, bytes);
-	return LOOM_OK;
-}
-
-static loom_status z_barrier(loom_comm *c)
-{
-	(void)c;
-	return LOOM_OK;
-}
-
-static void z_abort(loom_comm *c)
-{
-	(void)c;
-}
-
-static void z_free(loom_comm *c)
-{
-	free(c);
+	return fake_comm_allgather(c, send, bytes, recv);
 }
 
 static const loom_comm_i zd_iface = {
@@ -179,11 +133,11 @@ static const loom_comm_i zd_iface = {
 	.allreduce_start = zd_allreduce_start,
 	.test = zd_test,
 	.wait = zd_wait,
-	.broadcast = z_broadcast,
+	.broadcast = fake_comm_broadcast,
 	.allgather = z_allgather,
-	.barrier = z_barrier,
-	.abort = z_abort,
-	.free = z_free,
+	.barrier = fake_comm_barrier,
+	.abort = fake_comm_abort,
+	.free = fake_comm_free,
 	.allreduce_ordered = zd_allreduce_ordered,
 	.reduce_scatter_start = zd_reduce_scatter_start,
 	.allgather_start = zd_allgather_start,
@@ -194,51 +148,21 @@ static const loom_comm_i zd_iface = {
 static const loom_comm_i zh_iface = {
 	.name = "fake-host",
 	.allreduce_start = zh_allreduce_start,
-	.wait = zh_wait,
-	.broadcast = z_broadcast,
+	.wait = fake_comm_wait_free,
+	.broadcast = fake_comm_broadcast,
 	.allgather = z_allgather,
-	.barrier = z_barrier,
-	.abort = z_abort,
-	.free = z_free,
+	.barrier = fake_comm_barrier,
+	.abort = fake_comm_abort,
+	.free = fake_comm_free,
 };
 
 /* A single process's group made into rank 0 of 2. */
 static loom_pg *fake_group(void)
 {
-	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_SINGLE, .timeout_s = 10 };
-	loom_pg *pg;
-	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
-	loom_comm_peer *peers = calloc(2, sizeof(*peers));
-	loom_comm *h = calloc(1, sizeof(*h)), *d = calloc(1, sizeof(*d));
-	cr_assert(peers && h && d);
-	peers[0] = pg->peers[0];
-	free(pg->peers);
-	pg->peers = peers;
-	pg->host->i->free(pg->host);
-	if (pg->device)
-		pg->device->i->free(pg->device);
-	*h = (loom_comm){ .i = &zh_iface, .pg = pg, .rank = 0, .world = 2 };
-	*d = (loom_comm){ .i = &zd_iface, .pg = pg, .rank = 0, .world = 2 };
-	pg->host = h;
-	pg->device = d;
-	pg->info.rank = pg->info.local_rank = 0;
-	pg->info.world = pg->info.local_world = 2;
-	return pg;
+	return fake_group_of_two(10, &zh_iface, &zd_iface);
 }
 
 /* ------------------------------------------------------------ the fake device */
-
-static void *zb_stream_handle(void *ctx, loom_stream stream)
-{
-	(void)ctx;
-	return &zn_streams[stream];
-}
-
-static loom_status zb_event(void *ctx, int ev, loom_stream stream)
-{
-	(void)ctx, (void)ev, (void)stream;
-	return LOOM_OK;
-}
 
 static loom_status zb_run_begin(void *ctx, const loom_plan *pl, const loom_arena *a,
 				loom_train_state *ts, unsigned flags)
@@ -282,12 +206,7 @@ static loom_backend zb;
 static void setup(void)
 {
 	memset(&zn, 0, sizeof(zn));
-	zb = loom_cpu_backend;
-	zb.name = "fake-async";
-	zb.caps = (loom_cpu_backend.caps & ~(unsigned)LOOM_BE_HOST_MEMORY) | LOOM_BE_ASYNC_STREAMS;
-	zb.stream_handle = zb_stream_handle;
-	zb.event_record = zb_event;
-	zb.event_wait = zb_event;
+	fake_async_backend(&zb);
 	zb.run_begin = zb_run_begin;
 	zb.run_end = zb_run_end;
 	zb.optim = zb_optim;
@@ -306,32 +225,10 @@ static void teardown(void)
  * with SGD and a clip that binds. */
 static loom_program *compile_mlp(loom_graph **gp, loom_pg *pg, int zero, double clip)
 {
-	loom_graph *g;
-	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	int64_t xd[2] = { 6, 4 }, yd[1] = { 6 };
-	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
-	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
-	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 8, 1));
-	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc2", h, 3, 1), y);
-	*gp = g;
 	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.optim.kind = LOOM_OPTIM_SGD;
-	o.optim.lr = 0.5;
+	fake_mlp_opts(&o, pg, zero, 0.5);
 	o.optim.clip_grad = clip;
-	o.pg = pg;
-	o.zero_stage = zero;
-	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
-	loom_program *p;
-	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	float xv[24];
-	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
-	for (int i = 0; i < 24; i++)
-		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
-	return p;
+	return fake_mlp_compile(gp, &o);
 }
 
 /* The elements of this rank's shard of every bucket, equal bit for bit. */
