@@ -116,6 +116,16 @@ void fake_mlp_opts(loom_compile_opts *o, loom_pg *pg, int zero, double lr)
 	o->bucket_cap_mb = o->first_bucket_mb = 100e-6;
 }
 
+void fake_mlp_inputs(loom_program *p)
+{
+	float xv[24];
+	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
+	for (int i = 0; i < 24; i++)
+		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
+}
+
 loom_program *fake_mlp_compile(loom_graph **gp, const loom_compile_opts *o)
 {
 	loom_graph *g;
@@ -128,11 +138,6 @@ loom_program *fake_mlp_compile(loom_graph **gp, const loom_compile_opts *o)
 	*gp = g;
 	loom_program *p;
 	cr_assert_eq(loom_compile(g, loss, o, &p), LOOM_OK, "%s", loom_last_error());
-	float xv[24];
-	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
-	for (int i = 0; i < 24; i++)
-		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
+	fake_mlp_inputs(p);
 	return p;
 }

@@ -49,8 +49,12 @@ loom_pg *fake_group_of_two(double timeout_s, const loom_comm_i *host, const loom
  * of 100 bytes (several of them); the caller may change more. */
 void fake_mlp_opts(loom_compile_opts *o, loom_pg *pg, int zero, double lr);
 
+/* The MLP's inputs: x [6, 4] of fixed values in [-0.5, 0.5), y [6] the
+ * classes 0 1 2 0 1 2. */
+void fake_mlp_inputs(loom_program *p);
+
 /* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y (test_exec's),
- * compiled with `o`, its inputs set. */
+ * compiled with `o`, its inputs set (fake_mlp_inputs). */
 loom_program *fake_mlp_compile(loom_graph **gp, const loom_compile_opts *o);
 
 #endif

@@ -505,20 +505,30 @@ static void free_all(loom_program *p, loom_graph *g)
 	loom_graph_free(g);
 }
 
+/* The MLP on `pg` (no ZeRO, two buckets or more) and the one-process
+ * reference, each trained `steps` steps. */
+static loom_program *train_beside_one(loom_pg *pg, int steps, loom_graph **g,
+				      loom_program **one, loom_graph **g1)
+{
+	loom_program *p = compile_mlp(g, pg, 0);
+	*one = compile_one(g1);
+	cr_assert_geq(p->plan.buckets.n, 2, "buckets: %d", p->plan.buckets.n);
+	for (int step = 0; step < steps; step++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		cr_assert_eq(loom_run(*one, LOOM_RUN_TRAIN), LOOM_OK, "%s",
+			     loom_program_error(*one));
+	}
+	return p;
+}
+
 TestSuite(async, .init = setup, .fini = teardown);
 
 Test(async, a_step_never_waits_on_the_host_and_the_watchdog_ends_each_collective)
 {
 	loom_pg *pg = fake_group(10.0);
 	loom_graph *g, *g1;
-	loom_program *p = compile_mlp(&g, pg, 0);
-	loom_program *one = compile_one(&g1);
+	loom_program *one, *p = train_beside_one(pg, 3, &g, &one, &g1);
 	int nb = p->plan.buckets.n;
-	cr_assert_geq(nb, 2, "buckets: %d", nb);
-	for (int step = 0; step < 3; step++) {
-		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
-		cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
-	}
 	/* Inside the steps: no wait, test or synchronise from this thread. */
 	cr_assert_eq(fd.host_waits, 0, "the step waited %d times on the host", fd.host_waits);
 	cr_assert_eq(fd.syncs_in_step, 0, "the step synchronised %d times", fd.syncs_in_step);
@@ -835,14 +845,8 @@ Test(graph_ranks, a_captured_step_hands_its_collectives_to_the_watchdog_by_mark)
 {
 	loom_pg *pg = fake_group(10.0);
 	loom_graph *g, *g1;
-	loom_program *p = compile_mlp(&g, pg, 0);
-	loom_program *one = compile_one(&g1);
+	loom_program *one, *p = train_beside_one(pg, 2, &g, &one, &g1);
 	int nb = p->plan.buckets.n;
-	cr_assert_geq(nb, 2, "buckets: %d", nb);
-	for (int step = 0; step < 2; step++) {
-		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
-		cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
-	}
 	cr_assert_eq(p->exec.graph, 1, "refused: %s", p->exec.graph_note);
 	cr_assert_eq(gr.begins, 1);
 	cr_assert_eq(gr.keeps, 1);

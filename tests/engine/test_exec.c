@@ -386,12 +386,7 @@ static loom_program *compile_mlp_with(loom_graph *g, loom_value loss, const loom
 		loom_program_free(p);
 		return NULL;
 	}
-	float xv[24];
-	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
-	for (int i = 0; i < 24; i++)
-		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK);
+	fake_mlp_inputs(p);
 	return p;
 }
 
