@@ -521,6 +521,23 @@ static loom_program *train_beside_one(loom_pg *pg, int steps, loom_graph **g,
 	return p;
 }
 
+/* A step (status st) that met an all-reduce of `count` f32 that never
+ * ended: refused with the fake's timeout message (0.3 s), no host wait,
+ * the communicator aborted once and broken; every later step refuses,
+ * with the same cause. */
+static void expect_timed_out(loom_program *p, loom_pg *pg, loom_status st, long long count)
+{
+	cr_assert_neq(st, LOOM_OK, "a collective that never ended went unnoticed");
+	const char *msg = loom_program_error(p);
+	char want[96];
+	snprintf(want, sizeof(want), "all-reduce of %lld f32 timed out after 0.3 s", count);
+	cr_assert(strstr(msg, "rank 0: fake") && strstr(msg, want), "message: %s", msg);
+	cr_assert_eq(fd.host_waits, 0, "the step waited on the host");
+	cr_assert_eq(fd.aborts, 1, "the communicator was aborted %d times", fd.aborts);
+	cr_assert(pg->device->broken);
+	cr_assert_neq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
+}
+
 TestSuite(async, .init = setup, .fini = teardown);
 
 Test(async, a_step_never_waits_on_the_host_and_the_watchdog_ends_each_collective)
@@ -562,17 +579,7 @@ Test(async, the_watchdog_names_a_collective_that_never_completes_and_aborts, .ti
 	/* The next step's second collective never completes. */
 	fd.hung_call = fd.n + 1;
 	loom_status st = loom_run(p, LOOM_RUN_TRAIN);
-	cr_assert_neq(st, LOOM_OK, "a collective that never ended went unnoticed");
-	const char *msg = loom_program_error(p);
-	char want[96];
-	snprintf(want, sizeof(want), "all-reduce of %zu f32 timed out after 0.3 s",
-		 fd.calls[fd.hung_call].count);
-	cr_assert(strstr(msg, "rank 0: fake") && strstr(msg, want), "message: %s", msg);
-	cr_assert_eq(fd.host_waits, 0, "the step waited on the host");
-	cr_assert_eq(fd.aborts, 1, "the communicator was aborted %d times", fd.aborts);
-	cr_assert(pg->device->broken);
-	/* Every later step refuses, with the same cause. */
-	cr_assert_neq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
+	expect_timed_out(p, pg, st, (long long)fd.calls[fd.hung_call].count);
 	free_all(p, g);
 	loom_pg_free(pg);
 }
@@ -898,16 +905,7 @@ Test(graph_ranks, a_collective_that_never_completes_in_a_replay_is_named_and_abo
 			second = p->plan.steps[i].index;
 	cr_assert_geq(second, 0);
 	loom_status st = loom_run(p, LOOM_RUN_TRAIN);
-	cr_assert_neq(st, LOOM_OK, "a collective that never ended went unnoticed");
-	const char *msg = loom_program_error(p);
-	char want[96];
-	snprintf(want, sizeof(want), "all-reduce of %lld f32 timed out after 0.3 s",
-		 (long long)p->plan.buckets.b[second].count);
-	cr_assert(strstr(msg, "rank 0: fake") && strstr(msg, want), "message: %s", msg);
-	cr_assert_eq(fd.host_waits, 0, "the step waited on the host");
-	cr_assert_eq(fd.aborts, 1, "the communicator was aborted %d times", fd.aborts);
-	cr_assert(pg->device->broken);
-	cr_assert_neq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
+	expect_timed_out(p, pg, st, (long long)p->plan.buckets.b[second].count);
 	free_all(p, g);
 	loom_pg_free(pg);
 }
