@@ -69,15 +69,12 @@ __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int worl
 	ctl->apply = apply;
 }
 
-/* Clipping, one block per chunk (grid-stride): the chunk's sum of squares
- * of its unscaled gradients into parts[ci]. Nothing on a skipped step. */
-__global__ void loom_opt_sumsq_kernel(const loom_cuda_opt_slot *slots,
-				      const loom_cuda_opt_chunk *chunks, int n_chunks,
-				      double *parts, const loom_cuda_ctl *ctl)
+/* Each chunk's sum of squares of its gradients times inv into parts[ci],
+ * one block per chunk (grid-stride); the order fixed by the shape. */
+static __device__ void loom_opt_chunks_sumsq(const loom_cuda_opt_slot *slots,
+					     const loom_cuda_opt_chunk *chunks, int n_chunks,
+					     double *parts, double inv)
 {
-	if (!ctl->apply)
-		return;
-	const double inv = ctl->inv_scale;
 	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
 		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
 		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
@@ -94,6 +91,17 @@ __global__ void loom_opt_sumsq_kernel(const loom_cuda_opt_slot *slots,
 	}
 }
 
+/* Clipping, one block per chunk (grid-stride): the chunk's sum of squares
+ * of its unscaled gradients into parts[ci]. Nothing on a skipped step. */
+__global__ void loom_opt_sumsq_kernel(const loom_cuda_opt_slot *slots,
+				      const loom_cuda_opt_chunk *chunks, int n_chunks,
+				      double *parts, const loom_cuda_ctl *ctl)
+{
+	if (!ctl->apply)
+		return;
+	loom_opt_chunks_sumsq(slots, chunks, n_chunks, parts, ctl->inv_scale);
+}
+
 /* ZeRO's clipping, before the decision, one block per chunk (grid-stride):
  * the chunk's sum of squares of its gradients unscaled as the decision
  * will unscale them (the scale before its update) into parts[ci]. Taken
@@ -103,21 +111,8 @@ __global__ void loom_opt_shard_sumsq_kernel(const loom_cuda_opt_slot *slots,
 					    double *parts, const loom_cuda_ctl *ctl, int world,
 					    int micro)
 {
-	const double inv = 1.0 / ((double)ctl->scaler.scale * world * (micro + 1));
-	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
-		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
-		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
-		if (end > sl.numel)
-			end = sl.numel;
-		double s = 0;
-		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x) {
-			double g = (double)loom_ld(sl.grad, sl.grad_dt, i) * inv;
-			s += g * g;
-		}
-		s = loom_block_sum(s);
-		if (threadIdx.x == 0)
-			parts[ci] = s;
-	}
+	loom_opt_chunks_sumsq(slots, chunks, n_chunks, parts,
+			      1.0 / ((double)ctl->scaler.scale * world * (micro + 1)));
 }
 
 /* One block: the parts summed in the clip kernel's order into ctl->sumsq
