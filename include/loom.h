@@ -311,8 +311,12 @@ typedef struct loom_compile_opts {
 	 * run, the learning rate (loom_set_lr), the loss scaler and the step
 	 * reach the replayed step. Refused, with one line through the log at
 	 * the first run, where the step cannot be one graph (pipeline stages,
-	 * a trace, data parallel over several ranks, ZeRO with clipping whose
-	 * norm crosses the host);
+	 * a trace, collectives that end on the host (MPI), a communicator
+	 * without device progress marks, ZeRO with clipping whose norm
+	 * crosses the host). Over several ranks on NCCL the collectives are
+	 * captured with the step and the watchdog follows each replay
+	 * through marks the device writes (compiled, not yet run on GPUs;
+	 * LOOM_CUDA_GRAPH_RANKS=0 keeps steps with collectives eager);
 	 * diagnosis runs, accumulation runs and other modes run
 	 * eagerly. 0 (`--no-cuda-graph`, or LOOM_CUDA_GRAPH=0 in the
 	 * environment): every step eager. The CPU backend ignores it. */
