@@ -742,7 +742,7 @@ static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
  * (plan_bn_bwd_ex). Eval runs, and the diagnosis, run the two nodes as
  * they are.
  */
-static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_bytes)
+static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p)
 {
 	const loom_graph *g = p->g;
 	if (!c->bn_add || p->pipe)
@@ -779,8 +779,6 @@ static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_
 			      (c->plans[b].bn.reserve_slot ? 0 : loom_cuda_align(reserve));
 		if (ap->ws < need)
 			ap->ws = need;
-		if (*ws_bytes < need)
-			*ws_bytes = need;
 		c->plans[b].bn_add_by = a;
 		taken[b] = a;
 	}
@@ -805,7 +803,7 @@ static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_
  * (bn.ran_ex), else it runs the relu backward itself and the call that
  * fits (bn_cudnn.cu).
  */
-static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p, size_t *ws_bytes)
+static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p)
 {
 	const loom_graph *g = p->g;
 	if (!c->bn_bwd_ex || p->pipe)
@@ -839,8 +837,6 @@ static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p, size_t *
 			np->lib_ws = need;
 		if (np->ws < need)
 			np->ws = need;
-		if (*ws_bytes < need)
-			*ws_bytes = need;
 		if (!c->bn_bwd_fuse)
 			continue;
 		for (loom_value w = 0; w < g->n; w++)
@@ -913,12 +909,8 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	 * its own, freed before the arena is allocated (alloc, later). */
 	loom_cuda_conv_search_begin(p, c);
 	st = LOOM_OK;
-	for (int v = 0; v < p->g->n && st == LOOM_OK; v++) {
-		if ((st = plan_node(c, p, v)) != LOOM_OK)
-			break;
-		if (c->plans[v].ws > *ws_bytes)
-			*ws_bytes = c->plans[v].ws;
-	}
+	for (int v = 0; v < p->g->n && st == LOOM_OK; v++)
+		st = plan_node(c, p, v);
 	loom_cuda_conv_search_end(c);
 	if (st == LOOM_OK) {
 		plan_classifier(c, p);
@@ -928,9 +920,14 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	if (st == LOOM_OK)
 		st = plan_relu_bwd(c, p);
 	if (st == LOOM_OK)
-		st = plan_bn_add(c, p, ws_bytes);
+		st = plan_bn_add(c, p);
 	if (st == LOOM_OK)
-		st = plan_bn_bwd_ex(c, p, ws_bytes);
+		st = plan_bn_bwd_ex(c, p);
+	/* The shared workspace: the largest any node asks for, after the
+	 * passes above that widen some. */
+	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
+		if (c->plans[v].ws > *ws_bytes)
+			*ws_bytes = c->plans[v].ws;
 	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
 		if (!formats_ok(c, p, v)) {
 			char lb[96];
