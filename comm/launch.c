@@ -120,19 +120,24 @@ static void describe_end(int status, char *buf, size_t len)
 		snprintf(buf, len, "exited with code %d", WEXITSTATUS(status));
 }
 
-static int free_port(void)
+/* A free port for MASTER_PORT, and its listening socket, kept open until
+ * rank 0 has it (LOOM_LAUNCH_LISTEN_FD): closed and reopened by rank 0, the
+ * port could be taken in between by any process on the host (it once was,
+ * by Open MPI's own listener in rank 0). */
+static int free_port(int *fd)
 {
-	int fd, port = 0;
+	int port = 0;
 	char err[128];
 
-	if (loom_sock_listen(0, &fd, &port, err, sizeof(err)))
+	if (loom_sock_listen(0, fd, &port, err, sizeof(err))) {
+		*fd = -1;
 		return 29500;
-	close(fd);
+	}
 	return port;
 }
 
 static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, int port,
-		   int attempt, int live, int *fd)
+		   int listen_fd, int attempt, int live, int *fd)
 {
 	pid_t launcher = getpid(), pid;
 	int p[2];
@@ -165,6 +170,10 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 		setenv("MASTER_ADDR", "127.0.0.1", 1);
 		snprintf(v, sizeof(v), "%d", port);
 		setenv("MASTER_PORT", v, 1);
+		if (rank == 0 && listen_fd >= 0 && !fcntl(listen_fd, F_SETFD, 0)) {
+			snprintf(v, sizeof(v), "%d", listen_fd);
+			setenv("LOOM_LAUNCH_LISTEN_FD", v, 1);
+		}
 		snprintf(v, sizeof(v), "%d", attempt);
 		setenv("TORCHELASTIC_RESTART_COUNT", v, 1);
 		setenv("LOOM_LAUNCH_WORKER", "1", 1);
@@ -208,8 +217,8 @@ static void signal_all(worker *w, int n, int sig)
 }
 
 /* One attempt: 0 when every worker exited 0; else 1 and why in buf. */
-static int run_once(const loom_launch_options *o, char *const argv[], int port, int attempt,
-		    int live, char *why, size_t whylen)
+static int run_once(const loom_launch_options *o, char *const argv[], int port, int listen_fd,
+		    int attempt, int live, char *why, size_t whylen)
 {
 	worker *w = calloc((size_t)o->nproc, sizeof(*w));
 	struct pollfd *pf = calloc((size_t)o->nproc, sizeof(*pf));
@@ -217,6 +226,8 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 	int k, running = 0, failed = -1;
 
 	if (!w || !pf) {
+		if (listen_fd >= 0)
+			close(listen_fd);
 		snprintf(why, whylen, "out of memory");
 		free(w);
 		free(pf);
@@ -226,7 +237,7 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 	blame[0] = 0;
 	for (k = 0; k < o->nproc; k++) {
 		w[k].fd = -1;
-		w[k].pid = spawn(o, argv, k, port, attempt, live, &w[k].fd);
+		w[k].pid = spawn(o, argv, k, port, listen_fd, attempt, live, &w[k].fd);
 		if (w[k].pid < 0) {
 			snprintf(why, whylen, "cannot start rank %d: %s", k, strerror(errno));
 			failed = k;
@@ -237,6 +248,10 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 		w[k].running = 1;
 		running++;
 	}
+	/* Rank 0 has its own copy now: a connection to the port after rank 0
+	 * is gone is refused, not queued here. */
+	if (listen_fd >= 0)
+		close(listen_fd);
 
 	for (;;) {
 		int open = 0, i;
@@ -341,8 +356,10 @@ int loom_launch(const loom_launch_options *o, char *const argv[])
 		live[0] = live[1] = -1;
 	for (attempt = 0; attempt <= o->max_restarts; attempt++) {
 		/* A fresh port each attempt: the old one may linger in TIME_WAIT. */
-		port = o->master_port ? o->master_port : free_port();
-		rc = run_once(o, argv, port, attempt, live[0], why, sizeof(why));
+		int listen_fd = -1;
+
+		port = o->master_port ? o->master_port : free_port(&listen_fd);
+		rc = run_once(o, argv, port, listen_fd, attempt, live[0], why, sizeof(why));
 		if (!rc || interrupted)
 			break;
 		if (attempt < o->max_restarts)

@@ -12,7 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,12 +190,59 @@ static int get_str(const uint8_t **p, const uint8_t *end, char *out, size_t cap)
 	return 0;
 }
 
+/* Rank 0's listener on MASTER_PORT, opened before anything else of this
+ * process opens a port: Open MPI's own listeners (started below, before
+ * the rendezvous) take ephemeral ports, and one of them once took the very
+ * port loom's launcher had picked for MASTER_PORT (rank 1 then spoke to
+ * Open MPI). Under loom's launcher the socket itself comes from it
+ * (LOOM_LAUNCH_LISTEN_FD), held from the moment the port was picked, so no
+ * other process on the host can take the port in between. -1 when this
+ * rank does not listen on MASTER_PORT. */
+static loom_status rank0_listener(const loom_comm_env *e, int *fd, char *err, size_t errlen)
+{
+	const char *given = getenv("LOOM_LAUNCH_LISTEN_FD");
+	loom_status st;
+	char why[200];
+
+	int listens = e->rank == 0 && e->world > 1 && !e->agent_store;
+
+	*fd = -1;
+	if (given) {
+		struct sockaddr_in a;
+		socklen_t alen = sizeof(a);
+		struct stat sb;
+		char *end;
+		long v = strtol(given, &end, 10);
+
+		/* Once: not for a second group of this process, nor for what
+		 * it starts in turn. */
+		unsetenv("LOOM_LAUNCH_LISTEN_FD");
+		if (!*end && end != given && v > 2 && v < 65536 && !fstat((int)v, &sb) &&
+		    S_ISSOCK(sb.st_mode) && !getsockname((int)v, (struct sockaddr *)&a, &alen) &&
+		    a.sin_family == AF_INET && ntohs(a.sin_port) == e->master_port) {
+			fcntl((int)v, F_SETFD, FD_CLOEXEC);
+			if (listens) {
+				*fd = (int)v;
+				return LOOM_OK;
+			}
+			close((int)v); /* handed to a rank that does not listen */
+		}
+	}
+	if (!listens)
+		return LOOM_OK;
+	st = loom_sock_listen(e->master_port, fd, NULL, why, sizeof(why));
+	if (st)
+		return loom_errnf(err, errlen, st, "rendezvous: rank 0 (MASTER_PORT): %s", why);
+	return LOOM_OK;
+}
+
 static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 {
 	loom_comm_env e;
 	loom_rdv r;
 	char uri[1024] = "", port[1024] = "", rank0_addr[256];
 	slurm_env hidden;
+	int listen_fd = -1;
 	uint8_t blob[8 + 4 + sizeof(uri) + 4 + sizeof(port) + LOOM_COMM_NCCL_ID_BYTES], *w;
 	const uint8_t *rp, *end;
 	loom_status st;
@@ -211,13 +261,15 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	self_peer(pg, e.rank);
 	if ((st = open_probe(pg)))
 		return st;
+	if ((st = rank0_listener(&e, &listen_fd, pg->err.msg, sizeof(pg->err.msg))))
+		return st;
 
 	if (e.rank == 0 && e.world > 1) {
 		/* Rank 0 is its host's first unless LOCAL_RANK says otherwise;
 		 * its GPU is chosen before MPI_Init (see boot_mpi). */
 		if (o->want_device &&
 		    (st = loom_comm_nccl_use_device(pg, e.local_rank >= 0 ? e.local_rank : 0)))
-			return st;
+			goto out_listen;
 		slurm_hide(&hidden);
 		st = start_ompi_server(pg, uri, sizeof(uri));
 		if (!st) {
@@ -226,11 +278,11 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 		}
 		slurm_restore(&hidden);
 		if (st)
-			return st;
+			goto out_listen;
 	}
 	if (e.rank == 0 && o->want_device &&
 	    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg))))
-		return st;
+		goto out_listen;
 
 	w = blob;
 	memcpy(w, BLOB_MAGIC, 8);
@@ -241,7 +293,9 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 	w += LOOM_COMM_NCCL_ID_BYTES;
 
 	memset(&r, 0, sizeof(r));
-	r.listen_fd = -1;
+	r.listen_fd = listen_fd;
+	r.listen_given = listen_fd >= 0;
+	listen_fd = -1; /* r's now: loom_rdv_close closes it */
 	r.rank = e.rank;
 	r.world = e.world;
 	r.master_addr = e.master_addr;
@@ -314,6 +368,10 @@ static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
 		pg->late = loom_rdv_keep(&r);
 out_close:
 	loom_rdv_close(&r);
+	return st;
+out_listen:
+	if (listen_fd >= 0)
+		close(listen_fd);
 	return st;
 }
 

@@ -4,10 +4,13 @@
  * the rank prints "rank R: OK ..." or "rank R: ERROR <status>: <message>" and
  * exits 0 or 1 (with --nproc N it is the launcher), so test_comm.sh can check every rank's verdict and timing.
  */
+#include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/half.h"
@@ -248,6 +251,30 @@ static int fingerprint(loom_pg *pg, loom_comm *c, const char *how)
 	return 0;
 }
 
+/* LOOM_TEST_GRAB_PORT=1: rank 0, before its group forms, plays another
+ * process of the host that takes the launcher's MASTER_PORT in the moment
+ * between the launcher picking it and rank 0 listening on it (Open MPI's
+ * own listener in rank 0 once did). It keeps what it got until exit. */
+static void grab_master_port(void)
+{
+	const char *port = getenv("MASTER_PORT"), *rank = getenv("RANK");
+	struct sockaddr_in a;
+	int one = 1, s;
+
+	if (!getenv("LOOM_TEST_GRAB_PORT") || !port || !rank || strcmp(rank, "0"))
+		return;
+	s = socket(AF_INET, SOCK_STREAM, 0);
+	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)atoi(port));
+	a.sin_addr.s_addr = htonl(INADDR_ANY);
+	if (s >= 0 && !bind(s, (struct sockaddr *)&a, sizeof(a)) && !listen(s, 4))
+		printf("rank 0: grabbed MASTER_PORT %s\n", port);
+	else
+		printf("rank 0: MASTER_PORT %s is held: %s\n", port, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "allreduce";
@@ -262,6 +289,7 @@ int main(int argc, char **argv)
 	if (rc >= 0)
 		return rc;
 	what = argc > 1 ? argv[1] : "allreduce";
+	grab_master_port();
 	st = loom_pg_init(&o, &pg);
 	if (st) {
 		rc = fail(pg, st);

@@ -32,6 +32,10 @@ out=$("$W" allreduce 2>&1)
 check "single process: world 1 without MPI" "$out" "OK allreduce world 1 .* via single" 1
 out=$("$W" --nproc 3 allreduce 2>&1)
 check "launcher 3 ranks: prefixed lines, exact sums" "$out" "^\[rank [0-2]\] rank [0-2]: OK allreduce world 3" 3
+out=$(LOOM_TEST_GRAB_PORT=1 "$W" --nproc 2 allreduce 2>&1)
+check "launcher: MASTER_PORT is held from its pick until rank 0 listens" "$out" \
+	"rank 0: MASTER_PORT [0-9]* is held: Address already in use" 1
+check "... and the group forms" "$out" "^\[rank [01]\] rank [01]: OK allreduce world 2" 2
 out=$("${MPIRUN[@]}" -np 3 "$W" half 2>&1)
 check "mpirun 3 ranks: f16 and bf16 sums" "$out" "OK half sums" 3
 out=$(envrun 2 broadcast 2>&1)
