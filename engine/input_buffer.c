@@ -17,8 +17,12 @@ struct loom_input_buf {
 	int out;       /* a buffer is handed out, not yet committed or released */
 	int slot;      /* it is the backend's slot, not staging */
 	size_t count;  /* elements handed out */
-	void *staging; /* the program's own buffer (the fallback), made once */
-	size_t staging_bytes;
+	/* The program's own buffers (the fallback), made once, handed out in
+	 * turn so that a committed batch stays readable by the caller until
+	 * the hand-out after next, as a backend's two slots do. */
+	void *staging[2];
+	size_t staging_bytes[2];
+	int next;      /* the one handed out next */
 };
 
 /* The input called name, with its state (made at the first call); NULL
@@ -54,7 +58,8 @@ int loom_input_buffer_out(const loom_program *p, loom_value v)
 void loom_input_buffers_free(loom_program *p)
 {
 	for (int v = 0; p->inbuf && v < p->plan.n_fwd; v++)
-		free(p->inbuf[v].staging);
+		for (int k = 0; k < 2; k++)
+			free(p->inbuf[v].staging[k]);
 	free(p->inbuf);
 	p->inbuf = NULL;
 }
@@ -105,27 +110,28 @@ loom_status loom_input_buffer(loom_program *p, const char *name, loom_dtype dt, 
 	if (slots_can(p, v, count)) {
 		loom_status st = p->be->input_slot(p->be_ctx, loom_value_ptr(p, v), bytes, ptr);
 		if (st == LOOM_OK) {
-			*b = (loom_input_buf){ .out = 1, .slot = 1, .count = count,
-					       .staging = b->staging,
-					       .staging_bytes = b->staging_bytes };
+			b->out = 1;
+			b->slot = 1;
+			b->count = count;
 			return LOOM_OK;
 		}
 		if (st != LOOM_ERR_UNSUPPORTED)
 			return loom_program_backend_fail(p, st);
 	}
-	if (b->staging_bytes < bytes) {
-		void *s = realloc(b->staging, bytes);
+	int k = b->next;
+	if (b->staging_bytes[k] < bytes) {
+		void *s = realloc(b->staging[k], bytes);
 		if (!s)
 			return loom_program_fail(p, LOOM_ERR_NOMEM,
 						 "input_buffer '%s': out of memory for %zu bytes", name,
 						 bytes);
-		b->staging = s;
-		b->staging_bytes = bytes;
+		b->staging[k] = s;
+		b->staging_bytes[k] = bytes;
 	}
 	b->out = 1;
 	b->slot = 0;
 	b->count = count;
-	*ptr = b->staging;
+	*ptr = b->staging[k];
 	return LOOM_OK;
 }
 
@@ -148,7 +154,9 @@ loom_status loom_input_commit(loom_program *p, const char *name)
 		loom_status st = p->be->input_commit(p->be_ctx, loom_value_ptr(p, v), bytes);
 		return st == LOOM_OK ? LOOM_OK : loom_program_backend_fail(p, st);
 	}
-	return loom_set_input(p, name, b->staging, p->plan.g->nodes[v].dtype, b->count);
+	int k = b->next;
+	b->next ^= 1;
+	return loom_set_input(p, name, b->staging[k], p->plan.g->nodes[v].dtype, b->count);
 }
 
 loom_status loom_input_release(loom_program *p, const char *name)

@@ -607,8 +607,9 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data,
  * loom_loader_get), on any thread, while the program runs steps on the
  * batch committed before; loom_input_commit makes it the input of the next
  * run, as loom_set_input of it would; loom_input_release gives the buffer
- * back unused (an abandoned epoch). One buffer per input is out at a time.
- * Where it comes from:
+ * back unused (an abandoned epoch). One buffer per input is out at a time;
+ * a committed buffer stays readable (its labels, say) until the hand-out
+ * after next. Where it comes from:
  * - the CUDA backend staging inputs for the captured step
  *   (LOOM_CUDA_UPLOAD=graph): the input's free pinned slot, which the
  *   step's copy node reads itself (no host copy); it waits, here, only
