@@ -609,7 +609,9 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data,
  * run, as loom_set_input of it would; loom_input_release gives the buffer
  * back unused (an abandoned epoch). One buffer per input is out at a time;
  * a committed buffer stays readable (its labels, say) until the hand-out
- * after next. Where it comes from:
+ * after next, and no buffer outlives loom_program_free. The three calls
+ * themselves are the program's, on its thread, like loom_run; only the
+ * writes into the buffer may happen elsewhere. Where it comes from:
  * - the CUDA backend staging inputs for the captured step
  *   (LOOM_CUDA_UPLOAD=graph): the input's free pinned slot, which the
  *   step's copy node reads itself (no host copy); it waits, here, only
