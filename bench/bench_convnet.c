@@ -1,7 +1,9 @@
 /*
  * bench/bench_convnet.c — training throughput and planned memory of the
  * ConvNet (batch 100, 28x28) for each opt level: warm-up steps, then timed
- * steps on fixed random batches (data loading is not what is measured).
+ * steps on fixed random batches (data loading is not what is measured), or
+ * with --loader own|into on a loader's batches, converted into the bench's
+ * buffers and copied by loom_set_input, or straight into the program's.
  * Prints one table row per level with the throughput of the median step (this
  * shared 2-core machine is noisy; the median resists it) and of the mean;
  * bench/run_convnet.sh puts PyTorch beside it.
@@ -13,9 +15,42 @@
 #include "bench/bench_util.h"
 #include "examples/models.h"
 #include "loom.h"
+#include "loom_data.h"
 
 static int no_fusion;
 static int no_cuda_graph;
+/* --loader own|into: each step's batch converted by a loader from bytes
+ * (synthetic Fashion-MNIST-shaped images), into the bench's own buffers and
+ * then loom_set_input (own), or straight into the program's input buffers
+ * (into: loom_input_buffer, the pinned slot under LOOM_CUDA_UPLOAD=graph);
+ * 0: fixed random batches through loom_set_input. */
+enum { FEED_FIXED, FEED_OWN, FEED_INTO };
+static int feed = FEED_FIXED;
+static char input_note[4][160];
+
+/* Batch s of the loader into the program: own buffers + set_input, or
+ * straight into its input buffers. */
+static int feed_loader(loom_program *p, loom_loader *l, int64_t s, float *img, int32_t *lab)
+{
+	int64_t nb = loom_loader_num_batches(l);
+	int count, b = loom_loader_batch_size(l);
+	if (feed == FEED_INTO) {
+		void *pi, *pl;
+		if (loom_input_buffer(p, "image", LOOM_F32, (size_t)b * 784, &pi) ||
+		    loom_input_buffer(p, "label", LOOM_I32, (size_t)b, &pl))
+			return 1;
+		img = pi;
+		lab = pl;
+	}
+	if (loom_loader_get(l, s % nb, img, lab, &count) != LOOM_OK) {
+		fprintf(stderr, "bench_convnet: %s\n", loom_loader_error(l));
+		return 1;
+	}
+	if (feed == FEED_INTO)
+		return loom_input_commit(p, "image") || loom_input_commit(p, "label");
+	return loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
+	       loom_set_input(p, "label", lab, LOOM_I32, b);
+}
 /* Each level's launch counters, printed under the table. */
 static char launch_note[4][256];
 
@@ -42,6 +77,20 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	}
 	float *img = malloc(sizeof(float) * b * 784);
 	int32_t *lab = malloc(sizeof(int32_t) * b);
+	loom_dataset ds = { 0 };
+	loom_sampler *smp = NULL;
+	loom_loader *ld = NULL;
+	char err[256];
+	if (feed != FEED_FIXED &&
+	    (loom_synthetic_load(4 * (int64_t)b, 1, 28, 28, 10, 1, &ds, err, sizeof(err)) ||
+	     loom_sampler_new(ds.n, 0, 1, 1, 1, 1, &smp, err, sizeof(err)) ||
+	     loom_loader_new(&ds, smp, b, 1, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD, &ld,
+			     err, sizeof(err)))) {
+		fprintf(stderr, "bench_convnet: %s\n", err);
+		loom_program_free(p);
+		loom_graph_free(g);
+		return 1;
+	}
 	srand(1);
 	for (int i = 0; i < b * 784; i++)
 		img[i] = (float)rand() / RAND_MAX * 2 - 1;
@@ -55,8 +104,10 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 			t0 = ts;
 			c0 = bench_cpu_seconds();
 		}
-		if (loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
-		    loom_set_input(p, "label", lab, LOOM_I32, b) || loom_run(p, LOOM_RUN_TRAIN)) {
+		if ((feed != FEED_FIXED ? feed_loader(p, ld, s, img, lab) :
+					  loom_set_input(p, "image", img, LOOM_F32, (size_t)b * 784) ||
+						  loom_set_input(p, "label", lab, LOOM_I32, b)) ||
+		    loom_run(p, LOOM_RUN_TRAIN)) {
 			fprintf(stderr, "bench_convnet: %s\n", loom_program_error(p));
 			rc = 1;
 			break;
@@ -77,6 +128,12 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 		       loom_loss(p), steps * (double)b / cpu,
 		       (info.flops_fwd + info.flops_bwd) / b * 1e-6,
 		       (info.flops_fwd + info.flops_bwd) / dt_step[steps / 2] * 1e-9);
+		snprintf(input_note[level], sizeof(input_note[level]),
+			 "O%d: input %s, %.0f bytes a step copied by the host", level,
+			 feed == FEED_INTO ? "from the loader into the program's buffers" :
+			 feed == FEED_OWN ? "from the loader's own buffers, loom_set_input" :
+					    "fixed, loom_set_input",
+			 (double)info.input_upload_bytes / (warmup + steps));
 		if (info.graph_captures || info.host_syncs) /* a backend that counts (CUDA) */
 			snprintf(launch_note[level], sizeof(launch_note[level]),
 				 "O%d: cuda graph %ld captures, %ld replays%s%s; host syncs %ld, %ld "
@@ -87,6 +144,9 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 	free(dt_step);
 	free(img);
 	free(lab);
+	loom_loader_free(ld);
+	loom_sampler_free(smp);
+	loom_dataset_free(&ds);
 	loom_program_free(p);
 	loom_graph_free(g);
 	return rc;
@@ -111,6 +171,10 @@ int main(int argc, char **argv)
 			no_fusion = 1;
 		else if (!strcmp(argv[i], "--no-cuda-graph"))
 			no_cuda_graph = 1;
+		else if (!strcmp(argv[i], "--loader") && i + 1 < argc && !strcmp(argv[i + 1], "own"))
+			feed = FEED_OWN, i++;
+		else if (!strcmp(argv[i], "--loader") && i + 1 < argc && !strcmp(argv[i + 1], "into"))
+			feed = FEED_INTO, i++;
 		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
 			loom_cpu_set_threads(atoi(argv[++i]));
 		else if (!strcmp(argv[i], "--bf16"))
@@ -122,6 +186,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
 					"[--levels 0123] [--bf16] [--no-fusion] [--no-cuda-graph] "
+					"[--loader own|into] "
 					"[--device auto|cpu|cuda] "
 					"[--threads N]\n");
 			return 2;
@@ -140,6 +205,9 @@ int main(int argc, char **argv)
 	for (const char *l = levels; *l; l++)
 		if (*l >= '0' && *l <= '3')
 			rc |= bench((loom_opt_level)(*l - '0'), half, dev, b, warmup, steps);
+	for (int l = 0, said = 0; l < 4; l++)
+		if (input_note[l][0])
+			printf("%s%s\n", said++ ? "" : "\n", input_note[l]);
 	for (int l = 0, said = 0; l < 4; l++)
 		if (launch_note[l][0])
 			printf("%slaunches %s\n", said++ ? "" : "\n", launch_note[l]);

@@ -2,7 +2,9 @@
  * prefetch.c — double buffering over a loom_loader: one worker thread fills
  * batch k+1 into one buffer while the caller trains on batch k in the other.
  * A generation counter lets start() abandon an epoch without the worker
- * writing a stale batch into the new one.
+ * writing a stale batch into the new one. Given buffers: the caller hands
+ * over where each batch goes (a program's input buffer, a pinned slot), and
+ * the worker converts straight into it.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +23,11 @@ struct loom_prefetch {
 	float *images[2]; /* batch b lives in slot b % 2 */
 	int32_t *labels[2];
 	int count[2];
+	/* Caller-given buffers (loom_prefetch_new_given): slots hold what
+	 * loom_prefetch_give handed over, owned by the caller; batches
+	 * [0, n_given) of the epoch have theirs. */
+	int given;
+	int64_t n_given;
 
 	/* Guarded by mu. Batches [next_take, next_fill) are filled and not yet
 	 * handed out; batch next_take - 1 is the caller's while holding. */
@@ -42,8 +49,8 @@ static int prefetch_can_fill(const loom_prefetch *p)
 {
 	int64_t lowest = p->holding ? p->next_take - 1 : p->next_take;
 
-	return p->active && p->status == LOOM_OK &&
-	       p->next_fill < p->nbatches && p->next_fill - lowest < 2;
+	return p->active && p->status == LOOM_OK && p->next_fill < p->nbatches &&
+	       p->next_fill - lowest < 2 && (!p->given || p->next_fill < p->n_given);
 }
 
 static void *prefetch_worker(void *arg)
@@ -55,6 +62,8 @@ static void *prefetch_worker(void *arg)
 		int64_t b;
 		uint64_t gen;
 		int slot, count;
+		float *images;
+		int32_t *labels;
 		loom_status st;
 
 		if (!prefetch_can_fill(p)) {
@@ -64,11 +73,12 @@ static void *prefetch_worker(void *arg)
 		b = p->next_fill;
 		slot = (int)(b % 2);
 		gen = p->gen;
+		images = p->images[slot];
+		labels = p->labels[slot];
 		p->busy = 1;
 		pthread_mutex_unlock(&p->mu);
 
-		st = loom_loader_get(p->l, b, p->images[slot], p->labels[slot],
-				     &count);
+		st = loom_loader_get(p->l, b, images, labels, &count);
 
 		pthread_mutex_lock(&p->mu);
 		p->busy = 0;
@@ -89,8 +99,8 @@ static void *prefetch_worker(void *arg)
 	return NULL;
 }
 
-loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
-			      size_t errlen)
+static loom_status prefetch_make(loom_loader *l, int given, loom_prefetch **out, char *err,
+				 size_t errlen)
 {
 	loom_prefetch *p;
 	size_t floats;
@@ -107,8 +117,9 @@ loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
 	if (!p)
 		goto out_nomem;
 	p->l = l;
+	p->given = given;
 	floats = (size_t)loom_loader_batch_size(l) * loom_loader_image_elems(l);
-	for (i = 0; i < 2; i++) {
+	for (i = 0; i < 2 && !given; i++) {
 		p->images[i] = malloc(floats * sizeof(float));
 		p->labels[i] = malloc((size_t)loom_loader_batch_size(l) *
 				      sizeof(int32_t));
@@ -121,7 +132,7 @@ loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err,
 		loom_data_fail(err, errlen, "prefetch: cannot start the worker thread");
 		pthread_cond_destroy(&p->cv);
 		pthread_mutex_destroy(&p->mu);
-		for (i = 0; i < 2; i++) {
+		for (i = 0; i < 2 && !given; i++) {
 			free(p->images[i]);
 			free(p->labels[i]);
 		}
@@ -140,6 +151,17 @@ out_free_buffers:
 out_nomem:
 	loom_data_fail(err, errlen, "prefetch: out of memory for two batches");
 	return LOOM_ERR_NOMEM;
+}
+
+loom_status loom_prefetch_new(loom_loader *l, loom_prefetch **out, char *err, size_t errlen)
+{
+	return prefetch_make(l, 0, out, err, errlen);
+}
+
+loom_status loom_prefetch_new_given(loom_loader *l, loom_prefetch **out, char *err,
+				    size_t errlen)
+{
+	return prefetch_make(l, 1, out, err, errlen);
 }
 
 /* Ends the epoch and waits until the worker is not writing into a slot.
@@ -166,7 +188,7 @@ void loom_prefetch_free(loom_prefetch *p)
 	pthread_join(p->thread, NULL);
 	pthread_cond_destroy(&p->cv);
 	pthread_mutex_destroy(&p->mu);
-	for (i = 0; i < 2; i++) {
+	for (i = 0; i < 2 && !p->given; i++) {
 		free(p->images[i]);
 		free(p->labels[i]);
 	}
@@ -192,6 +214,7 @@ loom_status loom_prefetch_start(loom_prefetch *p)
 	p->nbatches = loom_loader_num_batches(p->l);
 	p->next_fill = 0;
 	p->next_take = 0;
+	p->n_given = 0;
 	p->status = LOOM_OK;
 	loom_error_clear(&p->err);
 	p->active = 1;
@@ -230,6 +253,13 @@ loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
 	pthread_cond_broadcast(&p->cv);
 	if (p->next_take >= p->nbatches)
 		goto out_unlock;
+	if (p->given && p->n_given <= p->next_take) {
+		loom_error_set(&p->err, LOOM_ERR_STATE,
+			       "prefetch: no buffer given for batch %lld; call loom_prefetch_give first",
+			       (long long)p->next_take);
+		st = LOOM_ERR_STATE;
+		goto out_unlock;
+	}
 	while (p->next_fill <= p->next_take && p->status == LOOM_OK)
 		pthread_cond_wait(&p->cv, &p->mu);
 	if (p->next_fill <= p->next_take) {
@@ -243,6 +273,44 @@ loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
 	p->next_take++;
 	p->holding = 1;
 out_unlock:
+	pthread_mutex_unlock(&p->mu);
+	return st;
+}
+
+loom_status loom_prefetch_give(loom_prefetch *p, float *images, int32_t *labels)
+{
+	loom_status st = LOOM_OK;
+
+	if (!p)
+		return LOOM_ERR_INVALID;
+	pthread_mutex_lock(&p->mu);
+	if (!p->given) {
+		st = loom_error_set(&p->err, LOOM_ERR_STATE,
+				    "prefetch: it fills buffers of its own (made by loom_prefetch_new, "
+				    "not loom_prefetch_new_given)");
+	} else if (!images || !labels) {
+		st = loom_error_set(&p->err, LOOM_ERR_INVALID, "prefetch: given %s buffer is NULL",
+				    !images ? "images" : "labels");
+	} else if (!p->active) {
+		st = loom_error_set(&p->err, LOOM_ERR_STATE,
+				    "prefetch: no epoch in progress; call loom_prefetch_start first");
+	} else if (p->n_given >= p->nbatches) {
+		st = loom_error_set(&p->err, LOOM_ERR_STATE,
+				    "prefetch: every batch of the epoch (%lld) has its buffer",
+				    (long long)p->nbatches);
+	} else if (p->n_given - (p->holding ? p->next_take - 1 : p->next_take) >= 2) {
+		/* Its slot is the batch the caller holds, or one not yet taken. */
+		st = loom_error_set(&p->err, LOOM_ERR_STATE,
+				    "prefetch: two given buffers are in use (batches %lld and %lld); "
+				    "take one with loom_prefetch_next first",
+				    (long long)p->n_given - 2, (long long)p->n_given - 1);
+	} else {
+		int slot = (int)(p->n_given % 2);
+		p->images[slot] = images;
+		p->labels[slot] = labels;
+		p->n_given++;
+		pthread_cond_broadcast(&p->cv);
+	}
 	pthread_mutex_unlock(&p->mu);
 	return st;
 }

@@ -231,6 +231,18 @@ typedef struct loom_backend {
 	loom_status (*mark_words)(void *ctx, int n, const volatile uint64_t **words);
 	loom_status (*mark_record)(void *ctx, int slot, loom_stream stream);
 	uint64_t (*mark_serial)(void *ctx);
+	/* Zero-copy inputs (loom_input_buffer, loom_input_commit): input_slot
+	 * hands out host memory the next batch of the input at arena address
+	 * dst (bytes) goes into, a slot no queued copy still reads (it waits
+	 * for the one that does, outside any step), or returns
+	 * LOOM_ERR_UNSUPPORTED where it stages no such input (the program
+	 * then fills a buffer of its own and uploads it at commit);
+	 * input_commit: what the host wrote there is the input of the next run,
+	 * as an upload of it, with no host copy; input_release: the slot goes
+	 * back unused. All three or none. // (optional) */
+	loom_status (*input_slot)(void *ctx, void *dst, size_t bytes, void **host);
+	loom_status (*input_commit)(void *ctx, void *dst, size_t bytes);
+	loom_status (*input_release)(void *ctx, void *dst, size_t bytes);
 	/* The backend's counters (tests, reports). // (optional) */
 	void (*counters)(void *ctx, loom_backend_counters *out);
 } loom_backend;

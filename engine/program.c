@@ -291,6 +291,7 @@ void loom_program_free(loom_program *p)
 		p->be->free(p->be_ctx);
 	}
 	loom_trace_free(p->ts.trace);
+	loom_input_buffers_free(p);
 	loom_exec_free(&p->exec);
 	for (int i = 0; i < loom_n_compile_passes; i++)
 		if (loom_compile_passes[i]->release)
@@ -329,14 +330,22 @@ loom_status loom_set_input(loom_program *p, const char *name, const void *data, 
 	if (dt != nd->dtype)
 		return loom_program_fail(p, LOOM_ERR_DTYPE, "set_input '%s': data is %s, the input is %s",
 					 name, loom_dtype_name(dt), loom_dtype_name(nd->dtype));
+	if (loom_input_buffer_out(p, v))
+		return loom_program_fail(p, LOOM_ERR_STATE,
+					 "set_input '%s': its buffer is handed out (loom_input_buffer); "
+					 "commit or release it first",
+					 name);
 	const loom_pass *ps = LOOM_PASS_WITH(p, set_input);
-	if (ps)
+	if (ps) {
+		p->input_upload_bytes += count * loom_dtype_size(dt);
 		return ps->set_input(p, v, data, count);
+	}
 	if ((int64_t)count != loom_shape_numel(&nd->shape))
 		return loom_program_fail(p, LOOM_ERR_SHAPE,
 					 "set_input '%s': %zu elements given, shape %s holds %lld", name,
 					 count, loom_shape_str(&nd->shape, sb, sizeof(sb)),
 					 (long long)loom_shape_numel(&nd->shape));
+	p->input_upload_bytes += loom_value_bytes(p, v);
 	return loom_program_upload(p, loom_value_ptr(p, v), data, loom_value_bytes(p, v));
 }
 
@@ -717,6 +726,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->host_syncs = k.host_syncs;
 		info->syncs_in_step = k.syncs_in_step;
 	}
+	info->input_upload_bytes = p->input_upload_bytes;
 }
 
 void loom_program_dump(const loom_program *p, FILE *out)

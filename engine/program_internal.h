@@ -118,6 +118,13 @@ struct loom_program {
 	size_t peak_extra;
 	/* Bit i: pass i of loom_compile_passes ran in this compile. */
 	uint64_t passes_ran;
+	/* Per forward value, the input buffers handed out
+	 * (engine/input_buffer.c); NULL until the first loom_input_buffer. */
+	struct loom_input_buf *inbuf;
+	/* Input bytes the host copied through the backend's upload
+	 * (loom_set_input, and a commit of the program's own buffer); a
+	 * commit of the backend's slot copies none (tests, reports). */
+	uint64_t input_upload_bytes;
 	loom_error err; /* the last failure (base/errf.h) */
 };
 
@@ -153,6 +160,13 @@ loom_status loom_program_backend_fail(loom_program *p, loom_status st);
 
 /* The accumulation sums, allocated by the first run that needs them. */
 loom_status loom_program_accum_ready(loom_program *p);
+
+/* engine/input_buffer.c: whether input v's buffer is handed out (then
+ * loom_set_input waits for its commit or release), and the free of what
+ * the hand-outs made. */
+typedef struct loom_input_buf loom_input_buf;
+int loom_input_buffer_out(const loom_program *p, loom_value v);
+void loom_input_buffers_free(loom_program *p);
 
 /* The backend's upload and download, with a failure's message in p. */
 loom_status loom_program_upload(loom_program *p, void *dst, const void *src, size_t bytes);

@@ -397,17 +397,35 @@ int main(int argc, char **argv)
 	static int64_t conf[CLASSES][CLASSES];
 	int64_t n = 0, topk = 0, batches = loom_loader_num_batches(l);
 	double loss_sum = 0, t0 = now_s();
+	/* The loader converts straight into the program's input buffers
+	 * (loom_input_buffer), unless LOOM_INPUT_BUFFER=0: its own and
+	 * loom_set_input's copy, as examples/train.c. */
+	const char *ib = getenv("LOOM_INPUT_BUFFER");
+	int direct = !(ib && !strcmp(ib, "0"));
 	for (int64_t b = 0; b < batches; b++) {
 		int count;
-		if (loom_loader_get(l, b, img, lab, &count) != LOOM_OK) {
+		float *bi = img;
+		int32_t *bl = lab;
+		void *pi, *pl;
+		if (direct) {
+			if (loom_input_buffer(p, "image", LOOM_F32, elems * a.batch, &pi) ||
+			    loom_input_buffer(p, "label", LOOM_I32, a.batch, &pl)) {
+				fprintf(stderr, "classify: %s\n", loom_program_error(p));
+				goto out;
+			}
+			bi = pi;
+			bl = pl;
+		}
+		if (loom_loader_get(l, b, bi, bl, &count) != LOOM_OK) {
 			fprintf(stderr, "classify: %s\n", loom_loader_error(l));
 			goto out;
 		}
 		/* The plan has one batch size: pad the last batch, count its rows. */
-		memset(img + (size_t)count * elems, 0, sizeof(float) * elems * (a.batch - count));
-		memset(lab + count, 0, sizeof(int32_t) * (a.batch - count));
-		if (loom_set_input(p, "image", img, LOOM_F32, elems * a.batch) ||
-		    loom_set_input(p, "label", lab, LOOM_I32, a.batch) ||
+		memset(bi + (size_t)count * elems, 0, sizeof(float) * elems * (a.batch - count));
+		memset(bl + count, 0, sizeof(int32_t) * (a.batch - count));
+		if ((direct ? loom_input_commit(p, "image") || loom_input_commit(p, "label") :
+			      loom_set_input(p, "image", bi, LOOM_F32, elems * a.batch) ||
+				      loom_set_input(p, "label", bl, LOOM_I32, a.batch)) ||
 		    loom_run(p, LOOM_RUN_EVAL) ||
 		    loom_read(p, logits, out, (size_t)CLASSES * a.batch)) {
 			fprintf(stderr, "classify: batch %lld: %s\n", (long long)b,
@@ -422,11 +440,11 @@ int main(int argc, char **argv)
 				pred = z[c] > z[pred] ? c : pred;
 			for (int c = 0; c < CLASSES; c++)
 				se += exp(z[c] - z[pred]);
-			loss_sum += z[pred] + log(se) - z[lab[r]]; /* cross-entropy of the row */
-			conf[lab[r]][pred]++;
-			topk += rank_of(z, lab[r]) < a.top_k;
+			loss_sum += z[pred] + log(se) - z[bl[r]]; /* cross-entropy of the row */
+			conf[bl[r]][pred]++;
+			topk += rank_of(z, bl[r]) < a.top_k;
 			if (pf) /* the sampler keeps the split's order */
-				predictions_row(pf, a.predictions, n, lab[r], pred, z);
+				predictions_row(pf, a.predictions, n, bl[r], pred, z);
 			n++;
 		}
 	}

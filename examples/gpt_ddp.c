@@ -493,6 +493,39 @@ static loom_status run_batch(loom_program *p, const gpt_batch *bt, size_t n, loo
 	return loom_run(p, mode);
 }
 
+/* Windows `starts` of d as one batch, run in mode: written straight into
+ * the program's input buffers (loom_input_buffer: the pinned slot where the
+ * CUDA backend stages inputs), or, with LOOM_INPUT_BUFFER=0 in the
+ * environment, into bt and copied by loom_set_input (as examples/train.c). */
+static loom_status feed_batch(loom_program *p, const gpt_tokens *d, const int64_t *starts, int b,
+			      int T, gpt_batch *bt, loom_run_mode mode)
+{
+	static const char *const names[3] = { "ids", "pos", "targets" };
+	const char *e = getenv("LOOM_INPUT_BUFFER");
+	size_t n = (size_t)b * T;
+	if (e && !strcmp(e, "0")) {
+		fill_batch(d, starts, b, T, bt);
+		return run_batch(p, bt, n, mode);
+	}
+	void *buf[3];
+	loom_status st = LOOM_OK;
+	int k;
+	for (k = 0; k < 3 && st == LOOM_OK; k++)
+		st = loom_input_buffer(p, names[k], LOOM_I32, n, &buf[k]);
+	if (st != LOOM_OK) {
+		while (--k > 0)
+			(void)loom_input_release(p, names[k - 1]);
+		return st;
+	}
+	gpt_batch direct = { .ids = buf[0], .pos = buf[1], .targets = buf[2] };
+	fill_batch(d, starts, b, T, &direct);
+	for (k = 0; k < 3 && st == LOOM_OK; k++)
+		st = loom_input_commit(p, names[k]);
+	for (; k < 3; k++)
+		(void)loom_input_release(p, names[k]);
+	return st != LOOM_OK ? st : loom_run(p, mode);
+}
+
 /* The mean loss over the first val_batches batches of each rank's share of
  * the held-out windows, averaged over the ranks. */
 static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_batch *bt,
@@ -504,8 +537,7 @@ static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_b
 	for (int k = 0; k < c->val_batches; k++) {
 		for (int r = 0; r < b; r++)
 			starts[r] = ((((int64_t)k * t->world + t->rank) * b + r) % windows) * T;
-		fill_batch(val, starts, b, T, bt);
-		if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK) {
+		if (feed_batch(t->p, val, starts, b, T, bt, LOOM_RUN_EVAL) != LOOM_OK) {
 			fprintf(stderr, "gpt_ddp: validation: %s\n", loom_program_error(t->p));
 			return -1;
 		}
@@ -626,8 +658,7 @@ static int write_logits(train_run *t, const gpt_cfg *c, const gpt_model *m,
 		fprintf(stderr, "gpt_ddp: --write-logits: out of memory\n");
 		goto out;
 	}
-	fill_batch(train, starts, b, T, bt);
-	if (run_batch(t->p, bt, (size_t)b * T, LOOM_RUN_EVAL) != LOOM_OK ||
+	if (feed_batch(t->p, train, starts, b, T, bt, LOOM_RUN_EVAL) != LOOM_OK ||
 	    loom_read_f64(t->p, m->hidden, h, (size_t)b * T * C) != LOOM_OK ||
 	    loom_read_f64(t->p, m->wte, w, (size_t)V * C) != LOOM_OK) {
 		fprintf(stderr, "gpt_ddp: --write-logits: %s\n", loom_program_error(t->p));
@@ -797,9 +828,8 @@ static int gpt_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, 
 			int64_t w = (b * a->accumulate + micro) * B + r;
 			starts[r] = (k->c->sequential ? (w * t->world + t->rank) % k->windows : idx[w]) * T;
 		}
-		fill_batch(k->train, starts, B, T, k->bt);
-		if (run_batch(t->p, k->bt, (size_t)B * T,
-			      micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN) !=
+		if (feed_batch(t->p, k->train, starts, B, T, k->bt,
+			       micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN) !=
 		    LOOM_OK) {
 			fprintf(stderr, "gpt_ddp: step %lld: %s\n",
 				(long long)(epoch * k->per_epoch + b + 1), loom_program_error(t->p));

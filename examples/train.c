@@ -758,26 +758,74 @@ static int argmax(const float *z, int classes)
 	return arg;
 }
 
+/* The image programs' batches go straight into the program's input
+ * buffers (loom_input_buffer: the loader converts into the device's pinned
+ * slot where the backend stages inputs), unless LOOM_INPUT_BUFFER=0 in the
+ * environment: the loader's own buffers and loom_set_input's copy (the
+ * path before, kept to measure against). */
+static int input_buffers_on(void)
+{
+	const char *e = getenv("LOOM_INPUT_BUFFER");
+	return !(e && !strcmp(e, "0"));
+}
+
+/* The program's buffers for the next batch of images and labels. */
+static loom_status input_buffers(train_run *t, size_t img_elems, int batch, float **img,
+				  int32_t **lab)
+{
+	void *pi, *pl;
+	loom_status st;
+	if ((st = loom_input_buffer(t->p, "image", LOOM_F32, img_elems, &pi)) != LOOM_OK)
+		return st;
+	if ((st = loom_input_buffer(t->p, "label", LOOM_I32, (size_t)batch, &pl)) != LOOM_OK) {
+		(void)loom_input_release(t->p, "image");
+		return st;
+	}
+	*img = pi;
+	*lab = pl;
+	return LOOM_OK;
+}
+
+static loom_status input_commit(train_run *t)
+{
+	loom_status st = loom_input_commit(t->p, "image");
+	return st != LOOM_OK ? st : loom_input_commit(t->p, "label");
+}
+
 loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *acc, double *loss)
 {
 	int b = loom_loader_batch_size(test), classes = t->classes;
 	size_t elems = loom_loader_image_elems(test);
 	double sums[3] = { 0, 0, 0 }; /* correct, seen, loss */
 	loom_status st = LOOM_ERR_NOMEM;
-	float *img = malloc(sizeof(float) * (size_t)b * elems);
+	int direct = input_buffers_on();
+	float *own_img = direct ? NULL : malloc(sizeof(float) * (size_t)b * elems);
 	float *out = malloc(sizeof(float) * (size_t)b * classes);
-	int32_t *lab = malloc(sizeof(int32_t) * (size_t)b);
-	if (!img || !out || !lab)
+	int32_t *own_lab = direct ? NULL : malloc(sizeof(int32_t) * (size_t)b);
+	float *img = own_img;
+	int32_t *lab = own_lab;
+	if ((!direct && (!img || !lab)) || !out)
 		goto out_free;
 	for (int64_t i = 0; i < loom_loader_num_batches(test); i++) {
 		int count;
-		if ((st = loom_loader_get(test, i, img, lab, &count)) != LOOM_OK)
+		if (direct && (st = input_buffers(t, (size_t)b * elems, b, &img, &lab)) != LOOM_OK)
 			goto out_free;
+		if ((st = loom_loader_get(test, i, img, lab, &count)) != LOOM_OK) {
+			if (direct) {
+				(void)loom_input_release(t->p, "image");
+				(void)loom_input_release(t->p, "label");
+			}
+			goto out_free;
+		}
 		/* A final partial batch is padded; padded rows are not counted. */
 		memset(img + (size_t)count * elems, 0, (size_t)(b - count) * elems * sizeof(float));
 		memset(lab + count, 0, (size_t)(b - count) * sizeof(int32_t));
-		if ((st = loom_set_input(t->p, "image", img, LOOM_F32, (size_t)b * elems)) ||
-		    (st = loom_set_input(t->p, "label", lab, LOOM_I32, b)) ||
+		if (direct)
+			st = input_commit(t);
+		else if ((st = loom_set_input(t->p, "image", img, LOOM_F32, (size_t)b * elems)) ==
+			 LOOM_OK)
+			st = loom_set_input(t->p, "label", lab, LOOM_I32, b);
+		if (st ||
 		    (st = loom_run(t->p, LOOM_RUN_EVAL)) ||
 		    (st = loom_read(t->p, t->logits, out, (size_t)b * classes)))
 			goto out_free;
@@ -804,9 +852,9 @@ loom_status train_evaluate(train_run *t, loom_loader *test, int64_t n, double *a
 	*loss = sums[1] ? sums[2] / sums[1] : 0;
 	st = LOOM_OK;
 out_free:
-	free(img);
+	free(own_img);
 	free(out);
-	free(lab);
+	free(own_lab);
 	return st;
 }
 
@@ -1152,8 +1200,38 @@ typedef struct image_task {
 	size_t elems;
 	float *out; /* the batch's logits */
 	int order_hook, running;
+	/* The prefetcher converts into the program's input buffers
+	 * (input_buffers_on); out: a pair of them is handed to it. */
+	int direct, out_given;
 	epoch_order eo;
 } image_task;
+
+/* Hands the prefetcher the program's buffers for the epoch's next batch. */
+static int image_give(train_run *t, image_task *k)
+{
+	float *img;
+	int32_t *lab;
+	if (input_buffers(t, (size_t)t->a.batch * k->elems, t->a.batch, &img, &lab) != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, loom_program_error(t->p));
+		return -1;
+	}
+	k->out_given = 1;
+	if (loom_prefetch_give(k->pf, img, lab) != LOOM_OK) {
+		fprintf(stderr, "%s: %s\n", t->prog->name, loom_prefetch_error(k->pf));
+		return -1;
+	}
+	return 0;
+}
+
+/* The buffers handed out and not committed go back unused. */
+static void image_take_back(train_run *t, image_task *k)
+{
+	if (!k->out_given)
+		return;
+	(void)loom_input_release(t->p, "image");
+	(void)loom_input_release(t->p, "label");
+	k->out_given = 0;
+}
 
 static int image_epoch_begin(train_run *t, void *ctx, int64_t epoch)
 {
@@ -1165,7 +1243,7 @@ static int image_epoch_begin(train_run *t, void *ctx, int64_t epoch)
 		return -1;
 	}
 	k->running = 1;
-	return 0;
+	return k->direct && k->per_epoch > 0 ? image_give(t, k) : 0;
 }
 
 static int image_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, int update,
@@ -1187,10 +1265,24 @@ static int image_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run
 	}
 	if (k->order_hook)
 		epoch_order_add(&k->eo, img, lab, count, k->elems);
+	/* The batch is in the program's buffers: committed, and the next
+	 * batch's handed to the prefetcher to fill while this step runs (the
+	 * labels read below stay until the hand-out after next). */
+	if (k->direct) {
+		k->out_given = 0;
+		if (input_commit(t) != LOOM_OK) {
+			fprintf(stderr, "%s: %s\n", name, loom_program_error(t->p));
+			return -1;
+		}
+		if (b + 1 < k->per_epoch && image_give(t, k))
+			return -1;
+	}
 	if (!run)
 		return 0;
-	if (train_step(t, img, (size_t)t->a.batch * k->elems, lab, t->a.batch, update) ||
-	    loom_read(t->p, t->logits, k->out, (size_t)t->a.batch * t->classes)) {
+	loom_status st = k->direct ? loom_run(t->p, update ? LOOM_RUN_TRAIN : LOOM_RUN_ACCUMULATE) :
+				     train_step(t, img, (size_t)t->a.batch * k->elems, lab,
+						t->a.batch, update);
+	if (st != LOOM_OK || loom_read(t->p, t->logits, k->out, (size_t)t->a.batch * t->classes)) {
 		fprintf(stderr, "%s: step %lld: %s\n", name, (long long)(epoch * k->per_epoch + b),
 			loom_program_error(t->p));
 		return -1;
@@ -1206,10 +1298,10 @@ static int image_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run
 static void image_epoch_stop(train_run *t, void *ctx, int64_t epoch)
 {
 	image_task *k = ctx;
-	(void)t;
 	if (!k->running)
 		return;
 	loom_prefetch_stop(k->pf);
+	image_take_back(t, k);
 	k->running = 0;
 	if (k->order_hook && epoch >= 0)
 		printf("epoch %d order %016llx set %016llx\n", (int)epoch + 1,
@@ -1237,7 +1329,8 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 	image_task k = { .train_s = train_s, .test_l = test_l, .test_n = test_n,
 			 .elems = loom_loader_image_elems(train_l),
 			 .per_epoch = loom_loader_num_batches(train_l),
-			 .order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL };
+			 .order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL,
+			 .direct = input_buffers_on() };
 	train_task task = {
 		.ctx = &k,
 		.per_epoch = loom_loader_num_batches(train_l),
@@ -1255,8 +1348,10 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 		return -1;
 	}
 	/* Batches are read, augmented and normalised on the prefetcher's
-	 * thread while the step runs. */
-	if (loom_prefetch_new(train_l, &k.pf, err, sizeof(err))) {
+	 * thread while the step runs, into the program's input buffers
+	 * (k.direct) or its own. */
+	if ((k.direct ? loom_prefetch_new_given : loom_prefetch_new)(train_l, &k.pf, err,
+								     sizeof(err))) {
 		fprintf(stderr, "%s: %s\n", t->prog->name, err);
 		goto out_free;
 	}

@@ -593,9 +593,41 @@ typedef enum loom_run_mode {
  * them answers LOOM_ERR_UNSUPPORTED.
  */
 
-/* Copies count elements of dtype dt into the input called name. */
+/* Copies count elements of dtype dt into the input called name.
+ * LOOM_ERR_STATE while that input's buffer is handed out (below). */
 loom_status loom_set_input(loom_program *p, const char *name, const void *data,
 			   loom_dtype dt, size_t count);
+
+/*
+ * The next batch written where the step reads it, with no copy of the
+ * caller's own: loom_input_buffer hands out *ptr, host memory for count
+ * elements of dt (dt the input's dtype, count its element count, or for a
+ * pipeline program what loom_set_input takes, checked at commit); the
+ * caller writes the batch there (a loader converts straight into it,
+ * loom_loader_get), on any thread, while the program runs steps on the
+ * batch committed before; loom_input_commit makes it the input of the next
+ * run, as loom_set_input of it would; loom_input_release gives the buffer
+ * back unused (an abandoned epoch). One buffer per input is out at a time;
+ * a committed buffer stays readable (its labels, say) until the hand-out
+ * after next, and no buffer outlives loom_program_free. The three calls
+ * themselves are the program's, on its thread, like loom_run; only the
+ * writes into the buffer may happen elsewhere. Where it comes from:
+ * - the CUDA backend staging inputs for the captured step
+ *   (LOOM_CUDA_UPLOAD=graph): the input's free pinned slot, which the
+ *   step's copy node reads itself (no host copy); it waits, here, only
+ *   while a queued step still reads that slot;
+ * - elsewhere (the CPU, CUDA without staging, a pipeline): a buffer the
+ *   program owns, copied at commit as loom_set_input copies
+ *   (loom_program_info.input_upload_bytes counts those copies).
+ * Errors name the input: LOOM_ERR_NOT_FOUND (no such input), LOOM_ERR_DTYPE,
+ * LOOM_ERR_SHAPE (count), LOOM_ERR_STATE (a buffer asked while one is out,
+ * a commit without one); loom_set_input of an input whose buffer is out is
+ * LOOM_ERR_STATE too. Release without a buffer out does nothing.
+ */
+loom_status loom_input_buffer(loom_program *p, const char *name, loom_dtype dt,
+			      size_t count, void **ptr);
+loom_status loom_input_commit(loom_program *p, const char *name);
+loom_status loom_input_release(loom_program *p, const char *name);
 loom_status loom_run(loom_program *p, loom_run_mode mode);
 
 /* Reads a kept value (an output, a parameter, a buffer) as f32 or in its
@@ -681,6 +713,10 @@ typedef struct loom_program_info {
 	 * a backend that counts nothing (the CPU). */
 	const char *graph_note;
 	long graph_captures, graph_replays, host_syncs, syncs_in_step;
+	/* Input bytes the host copied on their way to the step (loom_set_input,
+	 * and a commit of the program's own buffer); a commit of a backend's
+	 * staging slot copies none (loom_input_buffer). */
+	uint64_t input_upload_bytes;
 } loom_program_info;
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info);

@@ -243,6 +243,26 @@ loom_status loom_prefetch_stop(loom_prefetch *p);
 loom_status loom_prefetch_next(loom_prefetch *p, const float **images,
 			       const int32_t **labels, int *count);
 
+/*
+ * Caller-given buffers: the worker converts each batch straight into the
+ * buffers the caller hands over for it (a program's input buffers,
+ * loom_input_buffer, which may be the device's pinned staging slot), not
+ * into two of its own, so the batch meets no copy on its way to the step.
+ * After loom_prefetch_start, loom_prefetch_give hands over the buffers of
+ * the epoch's batches in order, images batch_size * image_elems floats and
+ * labels batch_size labels; batch k is filled once its buffers are given,
+ * and loom_prefetch_next hands back those same pointers. At most two given
+ * batches are in use at a time (the one the caller holds and the next):
+ * give batch k+1's after next returned batch k. next for a batch without
+ * buffers is LOOM_ERR_STATE (it would wait forever); so is give on a
+ * prefetcher made by loom_prefetch_new, with no epoch started, past the
+ * epoch's last batch, or a third in use. start and stop forget the given
+ * buffers not yet handed back by next: they stay the caller's.
+ */
+loom_status loom_prefetch_new_given(loom_loader *l, loom_prefetch **out, char *err,
+				    size_t errlen);
+loom_status loom_prefetch_give(loom_prefetch *p, float *images, int32_t *labels);
+
 const char *loom_prefetch_error(const loom_prefetch *p);
 
 #ifdef __cplusplus

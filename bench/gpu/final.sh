@@ -20,7 +20,13 @@ r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .g
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
 r convnet_staged env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5
-grep -a "^| O" $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log | cut -c1-140
+# Staged inputs fed by a loader: converted into the bench's buffers and copied
+# into the slot by loom_set_input (own), or converted straight into the pinned
+# slot (into: loom_input_buffer); the input line says the bytes the host copied.
+r convnet_staged_loader_own env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5 --loader own
+r convnet_staged_loader_into env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5 --loader into
+grep -a "^| O" $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log $o/convnet_staged_loader_own.log $o/convnet_staged_loader_into.log | cut -c1-140
+grep -a "^O[0-3]: input" $o/convnet_staged_loader_own.log $o/convnet_staged_loader_into.log | cut -c1-160
 # Captures, replays and host waits inside a step (0 for a replayed one).
 grep -a "^launches" $o/r50_O2.log $o/r50_O2_nograph.log $o/gpt_O1.log $o/gpt_O1_nograph.log $o/convnet.log $o/convnet_nograph.log $o/convnet_staged.log | cut -c1-200
 W1="env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOOM_DDP_WORLD1_BUCKETS=1 MASTER_ADDR=127.0.0.1"

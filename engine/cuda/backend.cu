@@ -26,6 +26,7 @@
 
 extern "C" {
 #include "engine/cuda/device.h"
+#include "engine/input_slots.h"
 #include "graph/ops/ops.h"
 }
 
@@ -1017,6 +1018,7 @@ static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_
 		in->dst = loom_arena_ptr(arena, p, v);
 		in->bytes = loom_plan_value_bytes(p, v);
 		in->slot = -1;
+		in->out = -1;
 	}
 	return LOOM_OK;
 }
@@ -1296,10 +1298,8 @@ static loom_cuda_input *staged_input(loom_cuda_ctx *c, const void *dst, size_t b
 	return NULL;
 }
 
-/* The host fills a slot of input in: the one it filled last while that
- * is not queued yet, else the other one, once the last copy that read it
- * has run (the only wait, outside any step). */
-static loom_status input_fill(loom_cuda_ctx *c, loom_cuda_input *in, const void *src)
+/* Input in's two pinned slots and their events, made at its first use. */
+static loom_status input_slots_make(loom_cuda_ctx *c, loom_cuda_input *in)
 {
 	loom_status st = LOOM_OK;
 	if (!in->host[0]) {
@@ -1313,13 +1313,75 @@ static loom_status input_fill(loom_cuda_ctx *c, loom_cuda_input *in, const void 
 			return st;
 		in->host[1] = in->host[0] + in->bytes;
 	}
-	int k = in->pending ? in->slot : in->slot < 0 ? 0 : in->slot ^ 1;
+	return st;
+}
+
+/* The host fills a slot of input in: the one it filled last while that
+ * is not queued yet, else the other one, once the last copy that read it
+ * has run (the only wait, outside any step). */
+static loom_status input_fill(loom_cuda_ctx *c, loom_cuda_input *in, const void *src)
+{
+	loom_status st = input_slots_make(c, in);
+	if (st != LOOM_OK)
+		return st;
+	int k = loom_input_slot_fill(in->slot, in->pending);
 	/* An event never recorded counts as passed. */
 	if ((st = LOOM_CUDA_CHECK(sync_event(c, in->read[k]), c->err, sizeof(c->err))) != LOOM_OK)
 		return st;
 	memcpy(in->host[k], src, in->bytes);
 	in->slot = k;
 	in->pending = 1;
+	return LOOM_OK;
+}
+
+/* loom_input_buffer: the slot other than the one filled last (whose batch
+ * a run still to come may take), once the last copy that read it has run,
+ * handed to the host to write the next batch into; LOOM_ERR_UNSUPPORTED
+ * for an input not staged (the program stages it itself). */
+static loom_status cuda_input_slot(void *ctx, void *dst, size_t bytes, void **host)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	if ((st = use_device(c)) != LOOM_OK)
+		return st;
+	loom_cuda_input *in = staged_input(c, dst, bytes);
+	if (!in)
+		return LOOM_ERR_UNSUPPORTED;
+	if (in->out >= 0)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
+				  "cuda: the staged input at %p has its slot handed out already", dst);
+	if ((st = input_slots_make(c, in)) != LOOM_OK)
+		return st;
+	int k = loom_input_slot_take(in->slot);
+	/* An event never recorded counts as passed. */
+	if ((st = LOOM_CUDA_CHECK(sync_event(c, in->read[k]), c->err, sizeof(c->err))) != LOOM_OK)
+		return st;
+	in->out = k;
+	*host = in->host[k];
+	return LOOM_OK;
+}
+
+/* The slot handed out holds the next batch: the next run copies it (an
+ * eager run's copy, or the graph's node pointed at it), no host copy. */
+static loom_status cuda_input_commit(void *ctx, void *dst, size_t bytes)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_cuda_input *in = staged_input(c, dst, bytes);
+	if (!in || in->out < 0)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
+				  "cuda: no slot of the staged input at %p is handed out", dst);
+	in->slot = in->out;
+	in->pending = 1;
+	in->out = -1;
+	return LOOM_OK;
+}
+
+static loom_status cuda_input_release(void *ctx, void *dst, size_t bytes)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_cuda_input *in = staged_input(c, dst, bytes);
+	if (in)
+		in->out = -1;
 	return LOOM_OK;
 }
 
@@ -2470,6 +2532,9 @@ static const loom_backend loom_cuda_backend = {
 	.mark_words = cuda_mark_words,
 	.mark_record = cuda_mark_record,
 	.mark_serial = cuda_mark_serial,
+	.input_slot = cuda_input_slot,
+	.input_commit = cuda_input_commit,
+	.input_release = cuda_input_release,
 	.counters = cuda_counters,
 };
 

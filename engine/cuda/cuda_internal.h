@@ -309,7 +309,8 @@ enum {
 
 /*
  * An input staged for the captured step (LOOM_CUDA_UPLOAD=graph): two
- * fixed pinned slots the host fills in turn (loom_set_input's copy); the
+ * fixed pinned slots the host fills in turn (loom_set_input's copy, or
+ * the loader's writes into the slot input_slot hands out); the
  * host-to-device copy is queued at the start of an eager run, and in the
  * captured graph it is a memcpy node ahead of every other node, pointed at
  * the slot filled last before each replay. read[k] marks the last queued
@@ -324,6 +325,10 @@ typedef struct loom_cuda_input {
 	cudaEvent_t read[2];
 	int slot;               /* the slot filled last; -1 before the first upload */
 	int pending;            /* filled, its copy not queued yet */
+	/* The slot handed out to the host (loom_input_buffer: the loader
+	 * writes there, no copy of the host's), -1: none. Never the slot
+	 * filled last, whose batch a run still to be queued takes. */
+	int out;
 	cudaGraphNode_t node;   /* its copy in the captured graph; NULL: none */
 	int node_slot;          /* the slot that node reads */
 } loom_cuda_input;

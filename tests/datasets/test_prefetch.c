@@ -169,3 +169,76 @@ Test(prefetch, free_while_running)
 	cr_assert_eq(consume(&r, 3, 0), 3);
 	rig_fini(&r);
 }
+
+/* Caller-given buffers: each batch lands in the buffers given for it (the
+ * pointers next hands back), equal to the loader's own, over an epoch
+ * with a slow consumer; the misuses are refused with a message. */
+Test(prefetch, fills_the_buffers_the_caller_gives)
+{
+	struct rig r;
+	char err[256];
+	rig_init(&r, 37, 4, 0);
+	loom_prefetch_free(r.p);
+	cr_assert_eq(loom_prefetch_new_given(r.l, &r.p, err, sizeof(err)), LOOM_OK, "%s", err);
+	size_t elems = loom_loader_image_elems(r.l);
+	float *img[3];
+	int32_t *lab[3];
+	for (int i = 0; i < 3; i++) {
+		img[i] = malloc(4 * elems * sizeof(float));
+		lab[i] = malloc(4 * sizeof(int32_t));
+	}
+	/* No epoch yet. */
+	cr_assert_eq(loom_prefetch_give(r.p, img[0], lab[0]), LOOM_ERR_STATE);
+	loom_sampler_set_epoch(r.s, 2);
+	cr_assert_eq(loom_prefetch_start(r.p), LOOM_OK);
+	const float *gi;
+	const int32_t *gl;
+	int count, want;
+	/* Nothing given: next would wait forever. */
+	cr_assert_eq(loom_prefetch_next(r.p, &gi, &gl, &count), LOOM_ERR_STATE);
+	cr_assert(strstr(loom_prefetch_error(r.p), "no buffer given for batch 0"), "%s",
+		  loom_prefetch_error(r.p));
+	cr_assert_eq(loom_prefetch_give(r.p, NULL, lab[0]), LOOM_ERR_INVALID);
+	cr_assert_eq(loom_prefetch_give(r.p, img[0], lab[0]), LOOM_OK);
+	int64_t nb = loom_loader_num_batches(r.l);
+	for (int64_t b = 0; b < nb; b++) {
+		cr_assert_eq(loom_prefetch_next(r.p, &gi, &gl, &count), LOOM_OK, "%s",
+			     loom_prefetch_error(r.p));
+		cr_assert_eq(gi, img[b % 3], "batch %lld not in its given buffer", (long long)b);
+		cr_assert_eq(gl, lab[b % 3]);
+		cr_assert_eq(loom_loader_get(r.l, b, r.want_img, r.want_lab, &want), LOOM_OK);
+		cr_assert_eq(count, want);
+		cr_assert_eq(memcmp(gi, r.want_img, (size_t)count * elems * sizeof(float)), 0);
+		cr_assert_eq(memcmp(gl, r.want_lab, (size_t)count * sizeof(int32_t)), 0);
+		if (b + 1 < nb) {
+			cr_assert_eq(loom_prefetch_give(r.p, img[(b + 1) % 3], lab[(b + 1) % 3]),
+				     LOOM_OK, "%s", loom_prefetch_error(r.p));
+			/* A third in use: its slot is the held batch's. */
+			if (b + 2 < nb)
+				cr_assert_eq(loom_prefetch_give(r.p, img[0], lab[0]),
+					     LOOM_ERR_STATE);
+		}
+		if (b % 3 == 1) { /* slow consumer: the worker waits for no one */
+			struct timespec ts = { 0, 2000000 };
+			nanosleep(&ts, NULL);
+		}
+	}
+	cr_assert_eq(loom_prefetch_next(r.p, &gi, &gl, &count), LOOM_OK);
+	cr_assert_eq(count, 0);
+	cr_assert_eq(loom_prefetch_give(r.p, img[0], lab[0]), LOOM_ERR_STATE, "past the last batch");
+	/* A restart forgets what was given. */
+	cr_assert_eq(loom_prefetch_start(r.p), LOOM_OK);
+	cr_assert_eq(loom_prefetch_next(r.p, &gi, &gl, &count), LOOM_ERR_STATE);
+	rig_fini(&r);
+	for (int i = 0; i < 3; i++) {
+		free(img[i]);
+		free(lab[i]);
+	}
+	/* A prefetcher with buffers of its own takes none. */
+	rig_init(&r, 9, 4, 0);
+	cr_assert_eq(loom_prefetch_start(r.p), LOOM_OK);
+	float f[64 * 4];
+	int32_t l4[4];
+	cr_assert_eq(loom_prefetch_give(r.p, f, l4), LOOM_ERR_STATE);
+	rig_fini(&r);
+}

@@ -141,3 +141,212 @@ loom_program *fake_mlp_compile(loom_graph **gp, const loom_compile_opts *o)
 	fake_mlp_inputs(p);
 	return p;
 }
+
+/* ------------------------------------------------------------ staged inputs */
+
+#include "engine/input_slots.h"
+
+fake_slots_counters fake_slots;
+
+enum { FS_MAX_INPUTS = 8 };
+
+typedef struct fs_input {
+	void *dst;
+	size_t bytes;
+	unsigned char *host[2];
+	uint64_t reader[2]; /* the queued step reading slot k, 0: none */
+	uint64_t sum[2];    /* slot k's contents when that step was queued */
+	int slot, pending, out;
+} fs_input;
+
+static struct {
+	loom_backend inner; /* the methods wrapped */
+	fs_input in[FS_MAX_INPUTS];
+	int n;
+	uint64_t serial; /* steps queued */
+	double prev_loss;
+	int have_prev;
+} fs;
+
+static uint64_t fs_sum(const unsigned char *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
+/* The device finishes every step up to `upto`: the slots they read are
+ * free, and must have held still. */
+static void fs_finish(uint64_t upto)
+{
+	for (int i = 0; i < fs.n; i++)
+		for (int k = 0; k < 2; k++) {
+			fs_input *in = &fs.in[i];
+			if (!in->reader[k] || in->reader[k] > upto)
+				continue;
+			if (fs_sum(in->host[k], in->bytes) != in->sum[k])
+				fake_slots.overwrites++;
+			in->reader[k] = 0;
+			fake_slots.steps_done++;
+		}
+}
+
+static fs_input *fs_find(void *dst, size_t bytes)
+{
+	for (int i = 0; i < fs.n; i++)
+		if (fs.in[i].dst == dst && fs.in[i].bytes == bytes)
+			return &fs.in[i];
+	return NULL;
+}
+
+/* Waits (as an event sync) for the step reading slot k of in. */
+static void fs_wait_slot(fs_input *in, int k)
+{
+	if (in->reader[k]) {
+		fake_slots.slot_waits++;
+		fs_finish(in->reader[k]);
+	}
+}
+
+static loom_status fs_alloc(void *ctx, const loom_plan *pl, const loom_train_state *ts,
+			    loom_arena *a)
+{
+	loom_status st = fs.inner.alloc(ctx, pl, ts, a);
+	if (st != LOOM_OK)
+		return st;
+	for (int v = 0; v < pl->g->n; v++) {
+		if (pl->g->nodes[v].op != LOOM_OP_INPUT || !loom_plan_holds(pl, v))
+			continue;
+		cr_assert_lt(fs.n, FS_MAX_INPUTS);
+		fs_input *in = &fs.in[fs.n++];
+		*in = (fs_input){ .dst = loom_arena_ptr(a, pl, v),
+				  .bytes = loom_plan_value_bytes(pl, v), .slot = -1, .out = -1 };
+		for (int k = 0; k < 2; k++)
+			cr_assert_not_null(in->host[k] = calloc(1, in->bytes));
+	}
+	return LOOM_OK;
+}
+
+static void fs_free(void *ctx)
+{
+	for (int i = 0; i < fs.n; i++)
+		for (int k = 0; k < 2; k++)
+			free(fs.in[i].host[k]);
+	fs.n = 0;
+	fs.inner.free(ctx);
+}
+
+/* loom_set_input's copy into a slot (the host copy zero-copy saves). */
+static loom_status fs_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	fs_input *in = fs_find(dst, bytes);
+	if (!in)
+		return fs.inner.upload(ctx, dst, src, bytes);
+	int k = loom_input_slot_fill(in->slot, in->pending);
+	fs_wait_slot(in, k);
+	memcpy(in->host[k], src, bytes);
+	fake_slots.host_copy_bytes += bytes;
+	in->slot = k;
+	in->pending = 1;
+	return LOOM_OK;
+}
+
+static loom_status fs_input_slot(void *ctx, void *dst, size_t bytes, void **host)
+{
+	(void)ctx;
+	fs_input *in = fs_find(dst, bytes);
+	if (!in)
+		return LOOM_ERR_UNSUPPORTED;
+	cr_assert_lt(in->out, 0, "a second hand-out of one input's slot reached the backend");
+	int k = loom_input_slot_take(in->slot);
+	fs_wait_slot(in, k);
+	in->out = k;
+	*host = in->host[k];
+	fake_slots.handouts++;
+	return LOOM_OK;
+}
+
+static loom_status fs_input_commit(void *ctx, void *dst, size_t bytes)
+{
+	(void)ctx;
+	fs_input *in = fs_find(dst, bytes);
+	cr_assert(in && in->out >= 0, "a commit without a hand-out reached the backend");
+	in->slot = in->out;
+	in->pending = 1;
+	in->out = -1;
+	return LOOM_OK;
+}
+
+static loom_status fs_input_release(void *ctx, void *dst, size_t bytes)
+{
+	(void)ctx;
+	fs_input *in = fs_find(dst, bytes);
+	if (in)
+		in->out = -1;
+	return LOOM_OK;
+}
+
+/* A run queues the copies of the inputs filled since (the DMA reads the
+ * slot now; the step holds it until it finishes). */
+static loom_status fs_run_begin(void *ctx, const loom_plan *pl, const loom_arena *a,
+				loom_train_state *ts, unsigned flags)
+{
+	fs.serial++;
+	fake_slots.steps_queued++;
+	for (int i = 0; i < fs.n; i++) {
+		fs_input *in = &fs.in[i];
+		if (!in->pending)
+			continue;
+		memcpy(in->dst, in->host[in->slot], in->bytes);
+		fake_slots.dma_bytes += in->bytes;
+		in->reader[in->slot] = fs.serial;
+		in->sum[in->slot] = fs_sum(in->host[in->slot], in->bytes);
+		in->pending = 0;
+	}
+	return fs.inner.run_begin(ctx, pl, a, ts, flags);
+}
+
+static loom_status fs_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	fs_finish(fs.serial);
+	return fs.inner.download(ctx, dst, src, bytes);
+}
+
+static loom_status fs_synchronize(void *ctx, const loom_plan *pl, loom_train_state *ts)
+{
+	fs_finish(fs.serial);
+	fs.have_prev = 0;
+	return fs.inner.synchronize(ctx, pl, ts);
+}
+
+/* LOOM_ASYNC_LOSS=1: this step's loss kept, the previous step finished
+ * and its loss given. */
+static loom_status fs_loss_async(void *ctx, const loom_plan *pl, const void *loss, int f64,
+				 loom_train_state *ts)
+{
+	(void)ctx, (void)pl;
+	fs_finish(fs.serial - 1);
+	if (fs.have_prev)
+		ts->last_loss = fs.prev_loss;
+	fs.prev_loss = f64 ? *(const double *)loss : *(const float *)loss;
+	fs.have_prev = 1;
+	return LOOM_OK;
+}
+
+void fake_slots_backend(loom_backend *b)
+{
+	memset(&fake_slots, 0, sizeof(fake_slots));
+	memset(&fs, 0, sizeof(fs));
+	fs.inner = *b;
+	b->alloc = fs_alloc;
+	b->free = fs_free;
+	b->upload = fs_upload;
+	b->download = fs_download;
+	b->synchronize = fs_synchronize;
+	b->run_begin = fs_run_begin;
+	b->loss_async = fs_loss_async;
+	b->input_slot = fs_input_slot;
+	b->input_commit = fs_input_commit;
+	b->input_release = fs_input_release;
+}

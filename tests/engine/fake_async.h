@@ -57,4 +57,29 @@ void fake_mlp_inputs(loom_program *p);
  * compiled with `o`, its inputs set (fake_mlp_inputs). */
 loom_program *fake_mlp_compile(loom_graph **gp, const loom_compile_opts *o);
 
+/*
+ * A fake device that stages inputs as the CUDA backend does under
+ * LOOM_CUDA_UPLOAD=graph (engine/cuda/backend.cu): two host slots per
+ * input, chosen by engine/input_slots.h's rule, loom_set_input's copy into
+ * one of them (counted: host_copy_bytes), loom_input_buffer's hand-out of
+ * one (input_slot), and the "DMA" from the slot into the arena when a run
+ * begins (dma_bytes). The device finishes a step late: its slots stay read
+ * until the host waits for it (a download, a synchronise, the next step's
+ * loss_async under LOOM_ASYNC_LOSS=1, or a hand-out's wait for that slot,
+ * counted: slot_waits). When a step finishes, each slot it read must still
+ * hold what it held when the step was queued: a host write into a slot a
+ * queued step still read counts in overwrites.
+ */
+typedef struct fake_slots_counters {
+	uint64_t host_copy_bytes, dma_bytes;
+	int slot_waits, overwrites, handouts, steps_queued, steps_done;
+} fake_slots_counters;
+
+extern fake_slots_counters fake_slots;
+
+/* Makes b stage inputs (alloc, upload, download, synchronize, run_begin,
+ * loss_async and input_slot/commit/release wrapped around the methods b
+ * has; call it last). Zeroes fake_slots. */
+void fake_slots_backend(loom_backend *b);
+
 #endif

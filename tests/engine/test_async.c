@@ -1036,3 +1036,156 @@ Test(graph_ranks, world1_buckets_hook_captures_the_all_reduces)
 	free_all(p, g);
 	loom_pg_free(pg);
 }
+
+/* ------------------------------------------------------------ staged input slots */
+
+/* The fake device that stages inputs in two slots (fake_slots_backend),
+ * the loss read one step late so that a step is still queued when
+ * loom_run returns. */
+static void slots_setup(void)
+{
+	setup();
+	fake_slots_backend(&fd_backend);
+	setenv("LOOM_ASYNC_LOSS", "1", 1);
+}
+
+static void slots_teardown(void)
+{
+	unsetenv("LOOM_ASYNC_LOSS");
+	teardown();
+}
+
+TestSuite(slots, .init = slots_setup, .fini = slots_teardown);
+
+/* Batch s of the MLP: x [6, 4], y [6]. */
+static void mlp_batch(int s, float *x, int32_t *y)
+{
+	for (int i = 0; i < 24; i++)
+		x[i] = (float)((i * 7 + s * 5) % 11) / 11.0f - 0.5f;
+	for (int i = 0; i < 6; i++)
+		y[i] = (i + s) % 3;
+}
+
+/* The loader's pattern: the next batch's buffers asked for, and written at
+ * once, while the step before is still queued. */
+static void buffer_batch(loom_program *p, int s)
+{
+	void *x, *y;
+	cr_assert_eq(loom_input_buffer(p, "x", LOOM_F32, 24, &x), LOOM_OK, "%s",
+		     loom_program_error(p));
+	cr_assert_eq(loom_input_buffer(p, "y", LOOM_I32, 6, &y), LOOM_OK, "%s",
+		     loom_program_error(p));
+	mlp_batch(s, x, y);
+	cr_assert_eq(loom_input_commit(p, "x"), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_input_commit(p, "y"), LOOM_OK, "%s", loom_program_error(p));
+}
+
+static void set_batch(loom_program *p, int s)
+{
+	float x[24];
+	int32_t y[6];
+	mlp_batch(s, x, y);
+	cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, 24), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "y", y, LOOM_I32, 6), LOOM_OK);
+}
+
+Test(slots, the_loader_writes_a_free_slot_with_no_host_copy)
+{
+	enum { S = 6 };
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	loom_program *one = compile_one(&g1);
+	fake_slots_counters at_start = fake_slots;
+	loom_program_info i0;
+	loom_program_info_get(p, &i0);
+	buffer_batch(p, 0);
+	for (int s = 0; s < S; s++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		if (s + 1 < S)
+			buffer_batch(p, s + 1);
+		set_batch(one, s);
+		cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	}
+	/* Every step's batch went from the loader's writes to the "DMA":
+	 * no host copy, no wait (the slot handed out was always free: two
+	 * slots suffice with the copy at the step's head), and no write into
+	 * a slot a queued step still read. */
+	cr_assert_eq(fake_slots.host_copy_bytes, at_start.host_copy_bytes,
+		     "%llu bytes copied by the host",
+		     (unsigned long long)(fake_slots.host_copy_bytes - at_start.host_copy_bytes));
+	cr_assert_eq(fake_slots.dma_bytes - at_start.dma_bytes, (uint64_t)S * (24 * 4 + 6 * 4));
+	cr_assert_eq(fake_slots.handouts, 2 * S);
+	cr_assert_eq(fake_slots.slot_waits, 0, "the host waited %d times for a slot",
+		     fake_slots.slot_waits);
+	loom_program_info i1;
+	loom_program_info_get(p, &i1);
+	cr_assert_eq(i1.input_upload_bytes, i0.input_upload_bytes);
+	/* The steps are still queued here; a read waits for them. */
+	cr_assert_gt(fake_slots.steps_queued, 0);
+	float w[32];
+	cr_assert_eq(loom_read(p, p->plan.params[0].param, w, (size_t)p->plan.params[0].numel),
+		     LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(fake_slots.overwrites, 0, "a slot was written while a queued step read it");
+	expect_params_equal(p, one, 0);
+	free_all(one, g1);
+	free_all(p, g);
+}
+
+Test(slots, a_hand_out_waits_for_the_queued_step_reading_its_slot)
+{
+	loom_graph *g, *g1;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	loom_program *one = compile_one(&g1);
+	buffer_batch(p, 0);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	set_batch(one, 0);
+	cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK);
+	/* Batch 1 committed into the other slot, then replaced before any
+	 * run took it: the second hand-out is the slot step 0 still reads,
+	 * so it waits for that step, and never writes under it. */
+	buffer_batch(p, 1);
+	cr_assert_eq(fake_slots.slot_waits, 0);
+	buffer_batch(p, 2);
+	cr_assert_eq(fake_slots.slot_waits, 1, "x's hand-out waits for step 0 (then y's slot is "
+					       "free too): %d waits", fake_slots.slot_waits);
+	cr_assert_eq(fake_slots.overwrites, 0);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	set_batch(one, 2);
+	cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK);
+	float w[32];
+	cr_assert_eq(loom_read(p, p->plan.params[0].param, w, (size_t)p->plan.params[0].numel),
+		     LOOM_OK);
+	cr_assert_eq(fake_slots.overwrites, 0);
+	expect_params_equal(p, one, 0);
+	free_all(one, g1);
+	free_all(p, g);
+}
+
+Test(slots, set_input_copies_each_batch_on_the_host)
+{
+	enum { S = 4 };
+	loom_graph *g;
+	loom_program *p = compile_mlp(&g, NULL, 0);
+	fake_slots_counters at_start = fake_slots;
+	loom_program_info i0;
+	loom_program_info_get(p, &i0);
+	for (int s = 0; s < S; s++) {
+		set_batch(p, s);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	}
+	uint64_t per_step = 24 * 4 + 6 * 4;
+	cr_assert_eq(fake_slots.host_copy_bytes - at_start.host_copy_bytes, S * per_step);
+	loom_program_info i1;
+	loom_program_info_get(p, &i1);
+	cr_assert_eq(i1.input_upload_bytes - i0.input_upload_bytes, S * per_step);
+	cr_assert_eq(fake_slots.overwrites, 0);
+	/* A hand-out beside it: set_input waits for its commit. */
+	void *x;
+	cr_assert_eq(loom_input_buffer(p, "x", LOOM_F32, 24, &x), LOOM_OK);
+	float xv[24] = { 0 };
+	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_ERR_STATE);
+	cr_assert(strstr(loom_program_error(p), "'x'"), "%s", loom_program_error(p));
+	cr_assert_eq(loom_input_release(p, "x"), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
+	free_all(p, g);
+}

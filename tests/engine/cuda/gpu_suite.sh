@@ -316,6 +316,17 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	# above (copies queued around each launch).
 	srow speed_convnet_graph_inputs_staged loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
 		LOOM_CUDA_UPLOAD=graph LOOM_CUDA_LOSS_NODE=1 "$bin/bench_convnet" "${cg[@]}"
+	# Staged inputs from a loader (bench_convnet --loader): converted into
+	# the bench's buffers and copied into the pinned slot by
+	# loom_set_input (own), or converted straight into the slot
+	# loom_input_buffer hands out (into); each log's "input" lines say
+	# the bytes the host copied a step.
+	srow speed_convnet_staged_loader_own loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
+		LOOM_CUDA_UPLOAD=graph "$bin/bench_convnet" "${cg[@]}" --loader own
+	srow speed_convnet_staged_loader_into loom_table bench 30 -- env LOOM_ASYNC_LOSS=1 \
+		LOOM_CUDA_UPLOAD=graph "$bin/bench_convnet" "${cg[@]}" --loader into
+	grep -a "^O[0-3]: input" "$logs/speed_convnet_staged_loader_own.log" \
+		"$logs/speed_convnet_staged_loader_into.log" 2>/dev/null
 	# Host waits inside a step (loom_program_info.syncs_in_step; 0 for a
 	# replayed step) and the captures and replays, as each graph row said.
 	for n in speed_convnet_graph speed_convnet_no_graph speed_convnet_graph_inputs_staged \

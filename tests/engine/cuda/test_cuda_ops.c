@@ -2862,14 +2862,19 @@ static loom_program *graph_convnet(loom_opt_level level, loom_dtype half, int gr
 
 /* Step s's batch; step `bad` (-1: none) holds values no fp16 holds, so
  * that its gradients overflow and the update is skipped. */
-static void graph_batch(loom_program *p, int s, int bad)
+static void graph_batch_fill(int s, int bad, float *img, int32_t *lab)
 {
-	float img[16 * 784];
-	int32_t lab[16];
 	for (int i = 0; i < 16 * 784; i++)
 		img[i] = s == bad ? 1e30f : (float)(((i * 7 + s * 13) % 97) - 48) / 48.0f;
 	for (int i = 0; i < 16; i++)
 		lab[i] = (i + s) % 10;
+}
+
+static void graph_batch(loom_program *p, int s, int bad)
+{
+	float img[16 * 784];
+	int32_t lab[16];
+	graph_batch_fill(s, bad, img, lab);
 	cr_assert_eq(loom_set_input(p, "image", img, LOOM_F32, 16 * 784), LOOM_OK);
 	cr_assert_eq(loom_set_input(p, "label", lab, LOOM_I32, 16), LOOM_OK);
 }
@@ -2995,6 +3000,82 @@ Test(cuda_ops, cuda_graph_inputs_staged_as_graph_nodes)
 	graph_vs_eager("O0, staged inputs", LOOM_O0, LOOM_F16, -1);
 	graph_vs_eager("O2 fp16, staged inputs, step 7 overflows", LOOM_O2, LOOM_F16, 7);
 	unsetenv("LOOM_CUDA_UPLOAD");
+}
+
+/* The loader's path into the staged slot (loom_input_buffer under
+ * LOOM_CUDA_UPLOAD=graph): each step's batch written straight into the
+ * pinned slot handed out, the next one's while the step before is still
+ * queued (the loss read one step late, LOOM_ASYNC_LOSS=1), trains the
+ * captured step bit for bit as loom_set_input does, with no input byte
+ * copied by the host and no host wait inside a replayed step. */
+Test(cuda_ops, cuda_graph_inputs_written_into_the_pinned_slot)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_UPLOAD", "graph", 1);
+	setenv("LOOM_ASYNC_LOSS", "1", 1);
+	loom_program *e = graph_convnet(LOOM_O0, LOOM_F16, 1), *q = graph_convnet(LOOM_O0, LOOM_F16, 1);
+	loom_backend_counters c0 = { 0 }, c1 = { 0 };
+	loom_program_info i0, i1, ie;
+	void *img, *lab;
+	cr_assert_eq(loom_input_buffer(q, "image", LOOM_F32, 16 * 784, &img), LOOM_OK, "%s",
+		     loom_program_error(q));
+	cr_assert_eq(loom_input_buffer(q, "label", LOOM_I32, 16, &lab), LOOM_OK);
+	struct cudaPointerAttributes at;
+	cr_assert_eq(cudaPointerGetAttributes(&at, img), cudaSuccess);
+	cr_assert_eq(at.type, cudaMemoryTypeHost, "the image buffer is not the pinned slot");
+	graph_batch_fill(0, -1, img, lab);
+	loom_program_info_get(q, &i0);
+	for (int s = 0; s < 20; s++) {
+		double lr = 0.05 * (1.0 - s / 40.0);
+		graph_batch(e, s, -1);
+		cr_assert_eq(loom_input_commit(q, "image"), LOOM_OK, "%s", loom_program_error(q));
+		cr_assert_eq(loom_input_commit(q, "label"), LOOM_OK);
+		cr_assert_eq(loom_set_lr(e, lr), LOOM_OK);
+		cr_assert_eq(loom_set_lr(q, lr), LOOM_OK);
+		if (s == 2)
+			q->be->counters(q->be_ctx, &c0);
+		cr_assert_eq(loom_run(e, LOOM_RUN_TRAIN), LOOM_OK, "step %d: %s", s,
+			     loom_program_error(e));
+		cr_assert_eq(loom_run(q, LOOM_RUN_TRAIN), LOOM_OK, "step %d: %s", s,
+			     loom_program_error(q));
+		if (s + 1 < 20) {
+			cr_assert_eq(loom_input_buffer(q, "image", LOOM_F32, 16 * 784, &img), LOOM_OK,
+				     "%s", loom_program_error(q));
+			cr_assert_eq(loom_input_buffer(q, "label", LOOM_I32, 16, &lab), LOOM_OK);
+			graph_batch_fill(s + 1, -1, img, lab);
+		}
+		double le = loom_loss(e), lq = loom_loss(q);
+		cr_assert(le == lq || (isnan(le) && isnan(lq)),
+			  "step %d: loss %.17g through set_input, %.17g written into the slot", s, le,
+			  lq);
+	}
+	q->be->counters(q->be_ctx, &c1);
+	loom_program_info_get(q, &i1);
+	loom_program_info_get(e, &ie);
+	unsetenv("LOOM_ASYNC_LOSS");
+	unsetenv("LOOM_CUDA_UPLOAD");
+	cr_assert_eq(q->exec.graph, 1, "the graph was given up: %s", q->exec.graph_note);
+	cr_assert_eq(c1.replays, 18, "%ld replays", c1.replays);
+	cr_assert_eq(c1.syncs_in_step - c0.syncs_in_step, 0, "%ld host syncs inside replayed steps",
+		     c1.syncs_in_step - c0.syncs_in_step);
+	cr_assert_eq(i1.input_upload_bytes, i0.input_upload_bytes, "%llu input bytes copied by the host",
+		     (unsigned long long)(i1.input_upload_bytes - i0.input_upload_bytes));
+	cr_assert_geq(ie.input_upload_bytes, 20u * (16 * 784 * 4 + 16 * 4));
+	const loom_plan *pl = &e->plan;
+	for (int sl = 0; sl < pl->n_params; sl++) {
+		size_t n = (size_t)pl->params[sl].numel;
+		double *a = malloc(sizeof(double) * n), *b = malloc(sizeof(double) * n);
+		cr_assert(a && b);
+		read_value(e, pl->params[sl].param, 0, a, n);
+		read_value(q, pl->params[sl].param, 0, b, n);
+		for (size_t k = 0; k < n; k++)
+			cr_assert(a[k] == b[k], "%s[%zu]: %.17g set_input, %.17g via the slot",
+				  pl->g->nodes[pl->params[sl].param].name, k, a[k], b[k]);
+		free(a);
+		free(b);
+	}
+	loom_program_free(e);
+	loom_program_free(q);
 }
 
 /* ZeRO's clipping on the device (grad_sumsq_device, grad_sumsq): on one
