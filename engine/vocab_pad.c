@@ -139,6 +139,10 @@ static loom_status run(loom_program *p, loom_pass_ctx *c)
 			n->shape.dims[n->shape.ndim - 1] = padded;
 		}
 	}
+	if (vocab > 0)
+		loom_log("loom: vocab_pad: the classifier's %lld classes laid out as %lld (a "
+			 "multiple of %lld)\n", (long long)vocab, (long long)padded,
+			 (long long)multiple);
 	p->plan.vocab = vocab > 0 ? vocab : 0;
 	p->plan.vocab_padded = vocab > 0 ? padded : 0;
 	free(mark);
