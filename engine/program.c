@@ -688,7 +688,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		const loom_param_slot *s = &p->plan.params[i];
 		if (!loom_plan_holds(&p->plan, s->param))
 			continue;
-		info->n_param_elems += s->numel;
+		/* a padded vocabulary's table: its real rows (engine/vocab_pad.c) */
+		loom_shape us = loom_node_user_shape(&p->plan.g->nodes[s->param]);
+		info->n_param_elems += loom_shape_numel(&us);
 		info->param_bytes += loom_value_bytes(p, s->param);
 		if (loom_plan_holds(&p->plan, s->grad))
 			info->grad_bytes += loom_value_bytes(p, s->grad);

@@ -223,6 +223,10 @@ static void same_training(loom_opt_level level, loom_optim_kind kind, double tol
 	cr_assert_eq(b->plan.vocab, V);
 	cr_assert_eq(b->plan.vocab_padded, 64);
 	same_params(a, b, &m, 0); /* the same initial values, bit for bit */
+	loom_program_info ia, ib;
+	loom_program_info_get(a, &ia);
+	loom_program_info_get(b, &ib);
+	cr_expect_eq(ia.n_param_elems, ib.n_param_elems, "the parameter count is the real one");
 	padding_zero(b);
 	double la[STEPS], lb[STEPS];
 	train(a, 0, STEPS, la);
@@ -254,8 +258,9 @@ Test(vocab_pad, trains_as_unpadded_in_f32)
 	same_training(LOOM_O0, LOOM_OPTIM_ADAMW, 1e-5);
 }
 
-Test(vocab_pad, trains_as_unpadded_in_bf16_with_masters)
+Test(vocab_pad, trains_as_unpadded_in_bf16_o1_and_o2_with_masters)
 {
+	same_training(LOOM_O1, LOOM_OPTIM_SGD, 1e-2);
 	same_training(LOOM_O2, LOOM_OPTIM_SGD, 1e-2);
 	same_training(LOOM_O2, LOOM_OPTIM_ADAMW, 1e-2);
 }
