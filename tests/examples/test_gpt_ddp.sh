@@ -146,6 +146,22 @@ if close "$tmp/straight5.txt" "$tmp/p_resumed.txt"; then
 else
 	bad "padded checkpoint resumed unpadded" "straight: $(tr '\n' ' ' <"$tmp/straight5.txt")" "resumed: $(tr '\n' ' ' <"$tmp/p_resumed.txt" 2>&1)"
 fi
+# The same under ZeRO-1 at O2 bf16 on 2 ranks (sharded fp32 masters and
+# Adam state of the padded table): padded training as unpadded, and a
+# padded checkpoint resumed unpadded.
+zp=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-size 2 --device cpu
+    --threads 1 --sample 0 --val-interval 0 --log-interval 5 --constant-lr --nproc 2 --zero 1
+    --opt-level O2 --precision bf16)
+LOOM_VOCAB_PAD=0 "$EX" "${zp[@]}" --max-steps 6 --loss-file "$tmp/z_straight.txt" >/dev/null 2>&1
+LOOM_VOCAB_PAD=96 "$EX" "${zp[@]}" --max-steps 6 --loss-file "$tmp/z_padded.txt" >/dev/null 2>&1
+LOOM_VOCAB_PAD=96 "$EX" "${zp[@]}" --max-steps 3 --checkpoint "$tmp/z.ckpt" >/dev/null 2>&1
+LOOM_VOCAB_PAD=0 "$EX" "${zp[@]}" --max-steps 6 --checkpoint "$tmp/z.ckpt" --resume --loss-file "$tmp/z_resumed.txt" >/dev/null 2>&1
+tail -3 "$tmp/z_straight.txt" >"$tmp/z_straight3.txt"
+if close "$tmp/z_straight.txt" "$tmp/z_padded.txt" && close "$tmp/z_straight3.txt" "$tmp/z_resumed.txt"; then
+	ok "ZeRO-1 O2: a padded vocabulary trains as unpadded, its checkpoint resumes unpadded"
+else
+	bad "ZeRO-1 O2 padded vocabulary" "straight: $(tr '\n' ' ' <"$tmp/z_straight.txt" 2>&1)" "padded: $(tr '\n' ' ' <"$tmp/z_padded.txt" 2>&1); resumed: $(tr '\n' ' ' <"$tmp/z_resumed.txt" 2>&1)"
+fi
 
 # Data parallel: 2 ranks of batch 2 see the global batch of 1 rank of batch
 # 4 (the sampler's shards of one permutation) and end at the same
