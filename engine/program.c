@@ -537,15 +537,6 @@ static loom_status readable(loom_program *p, loom_value v, size_t count, const c
 	return LOOM_OK;
 }
 
-/* Element i of v's user shape in its storage: a padded vocabulary's
- * columns (the logits) skip each row's padding; padded rows are the tail. */
-static size_t stored_index(const loom_node *nd, size_t i)
-{
-	if (nd->unpad_cols <= 0)
-		return i;
-	size_t cols = (size_t)nd->unpad_cols, pitch = (size_t)loom_shape_last(&nd->shape);
-	return i / cols * pitch + i % cols;
-}
 
 /* Downloads v and converts it to f64 (dst) elementwise. */
 static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_t count)
@@ -557,7 +548,7 @@ static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
 	loom_status st = loom_program_download(p, tmp, loom_value_ptr(p, v), bytes);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
-		dst[i] = loom_elem_get(nd->dtype, tmp, stored_index(nd, i));
+		dst[i] = loom_elem_get(nd->dtype, tmp, loom_node_stored_index(nd, i));
 	free(tmp);
 	return st;
 }

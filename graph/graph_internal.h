@@ -248,6 +248,17 @@ static inline loom_shape loom_node_user_shape(const loom_node *n)
 	return s;
 }
 
+/* Element i of n's user shape in its storage: a padded vocabulary's
+ * columns (the logits) skip each row's padding; padded rows are the tail,
+ * so their user part is the prefix. */
+static inline size_t loom_node_stored_index(const loom_node *n, size_t i)
+{
+	if (n->unpad_cols <= 0)
+		return i;
+	size_t cols = (size_t)n->unpad_cols, pitch = (size_t)n->shape.dims[n->shape.ndim - 1];
+	return i / cols * pitch + i % cols;
+}
+
 /* The classes of logits node n: its unpadded last dim. */
 static inline int64_t loom_node_classes(const loom_node *n)
 {

@@ -178,7 +178,7 @@ static loom_status zero3_read(loom_program *p, loom_value v, double *dst, size_t
 				 loom_zero_value_read(p, v, tmp) :
 				 loom_program_download(p, tmp, loom_value_ptr(p, v), bytes);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
-		dst[i] = loom_elem_get(nd->dtype, tmp, i);
+		dst[i] = loom_elem_get(nd->dtype, tmp, loom_node_stored_index(nd, i));
 	free(tmp);
 	return st;
 }
