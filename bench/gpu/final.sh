@@ -41,4 +41,5 @@ r trace_gpt_O2 $b/gpt_ddp $G --opt-level O2 --max-steps 4 --trace $o/gpt_O2.json
 LIM=110 r memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 $b/test_cuda_ops --verbose
 grep -a "ERROR SUMMARY\|Synthesis" $o/memcheck.log
 LIM=40 r racecheck_cls compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/fused_classifier'
+LIM=40 r racecheck_vpad compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/padded_vocabulary'
 LIM=40 r racecheck_ln compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_saved_statistics'
