@@ -691,8 +691,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		const loom_node *nd = &p->plan.g->nodes[v];
 		if (nd->op != LOOM_OP_PARAM || (nd->flags & LOOM_NODE_AMP))
 			continue;
+		loom_shape us = loom_node_user_shape(nd); /* a padded table: its real rows */
 		info->n_params++;
-		info->n_param_elems += loom_shape_numel(&nd->shape);
+		info->n_param_elems += loom_shape_numel(&us);
 		info->param_bytes += loom_value_bytes(p, v);
 	}
 	/* ZeRO-2: the gradients are the bucket region (shards + buckets in
