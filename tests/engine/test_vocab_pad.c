@@ -377,3 +377,47 @@ Test(vocab_pad, the_environment_decides_and_unknown_readers_keep_it_unpadded)
 	loom_program_free(p);
 	loom_graph_free(m.g);
 }
+
+/* A forward-only plan pads too: a trained program's parameters written into
+ * it padded and unpadded, their EVAL loss and the logits a user reads (each
+ * row past its padding) agree. */
+Test(vocab_pad, a_forward_only_plan_reads_the_same_logits)
+{
+	gpt m;
+	build(&m, 0);
+	loom_program *t = compile(&m, 0, LOOM_O0), *inf[2];
+	double l[2];
+	train(t, 0, 2, l);
+	for (int k = 0; k < 2; k++) {
+		loom_compile_opts o;
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.inference = 1;
+		o.vocab_pad = k ? 64 : 0;
+		cr_assert_eq(loom_compile(m.g, m.loss, &o, &inf[k]), LOOM_OK, "%s", loom_last_error());
+		cr_assert_eq(inf[k]->plan.vocab_padded, k ? 64 : 0);
+		for (int i = 0; i < m.n; i++) {
+			size_t n;
+			double *x = read_param(t, &m, i, &n);
+			cr_assert_eq(loom_write_f64(inf[k], m.params[i], x, n), LOOM_OK, "%s",
+				     loom_last_error());
+			free(x);
+		}
+		feed(inf[k], 1);
+		cr_assert_eq(loom_run(inf[k], LOOM_RUN_EVAL), LOOM_OK, "%s", loom_last_error());
+	}
+	cr_expect(fabs(loom_loss(inf[0]) - loom_loss(inf[1])) <= 1e-6 * fabs(loom_loss(inf[0])),
+		  "loss %.9g against %.9g", loom_loss(inf[0]), loom_loss(inf[1]));
+	float *xa = malloc(sizeof(float) * B * T * V), *xb = malloc(sizeof(float) * B * T * V);
+	cr_assert_eq(loom_read(inf[0], m.logits, xa, B * T * V), LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(loom_read(inf[1], m.logits, xb, B * T * V), LOOM_OK, "%s", loom_last_error());
+	for (int i = 0; i < B * T * V; i++)
+		cr_assert(fabsf(xa[i] - xb[i]) <= 1e-5f * (1 + fabsf(xa[i])), "logit %d: %g against %g",
+			  i, xa[i], xb[i]);
+	free(xa);
+	free(xb);
+	for (int k = 0; k < 2; k++)
+		loom_program_free(inf[k]);
+	loom_program_free(t);
+	loom_graph_free(m.g);
+}
