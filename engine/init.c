@@ -26,6 +26,10 @@ void loom_init_value(const loom_graph *g, loom_value v, void *dst)
 {
 	const loom_node *n = &g->nodes[v];
 	int64_t cnt = loom_shape_numel(&n->shape);
+	/* A padded vocabulary's table: the user's rows draw as unpadded, the
+	 * padding rows (the storage's tail) are zero. */
+	loom_shape us = loom_node_user_shape(n);
+	int64_t drawn = loom_shape_numel(&us);
 	/* An O2 master ("w.master") draws the stream of its parameter "w", so
 	 * every opt level starts from the same weights. */
 	size_t len = strlen(n->name);
@@ -35,7 +39,7 @@ void loom_init_value(const loom_graph *g, loom_value v, void *dst)
 	double bound = n->a.leaf.fan_in > 0 ? 1.0 / sqrt((double)n->a.leaf.fan_in) : 0;
 	for (int64_t i = 0; i < cnt; i++) {
 		double x;
-		switch (n->a.leaf.init) {
+		switch (i < drawn ? n->a.leaf.init : LOOM_INIT_ZEROS) {
 		case LOOM_INIT_ONES:
 			x = 1;
 			break;

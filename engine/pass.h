@@ -76,7 +76,11 @@ extern const char *loom_test_skip_pass;
 /* The engine's own passes (engine/compile_passes.c). */
 extern const loom_pass loom_pass_amp, loom_pass_autodiff, loom_pass_device, loom_pass_fuse, loom_pass_formats,
 	loom_pass_slots, loom_pass_memory_plan, loom_pass_accumulation, loom_pass_steps,
-	loom_pass_backend_plan, loom_pass_backend_alloc, loom_pass_initial_values;
+	loom_pass_backend_plan, loom_pass_backend_alloc, loom_pass_initial_values, loom_pass_vocab_pad;
+
+/* The vocab-pad pass's multiple: LOOM_VOCAB_PAD when set (0: off), else
+ * loom_compile_opts.vocab_pad (engine/vocab_pad.c). */
+int64_t loom_vocab_pad_multiple(const loom_compile_opts *o);
 
 /* p->err (a backend's or a limit's message) as "backend NAME: ..."; st. */
 loom_status loom_pass_backend_failed(loom_program *p, loom_status st);

@@ -162,6 +162,10 @@ typedef struct loom_plan {
 	loom_value loss;
 	int n_fwd;            /* nodes [0, n_fwd) are the forward pass */
 	int n_reorders;       /* reorder nodes the format pass inserted (graph/formats.c) */
+	/* The vocab-pad pass (engine/vocab_pad.c): the classifier's vocabulary
+	 * and the padded row count its values were laid out with; 0 when the
+	 * plan pads nothing. */
+	int64_t vocab, vocab_padded;
 	uint64_t fingerprint; /* of the user's graph and the options */
 	loom_compile_opts opts;
 	loom_memplan mp;

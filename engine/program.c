@@ -539,11 +539,13 @@ static loom_status readable(loom_program *p, loom_value v, size_t count, const c
 					 "%s: value %d is not kept after a step (mark it with loom_mark_output)",
 					 what, (int)v);
 	const loom_node *nd = &p->plan.g->nodes[v];
-	if ((int64_t)count != loom_shape_numel(&nd->shape))
+	loom_shape us = loom_node_user_shape(nd); /* a padded vocabulary's: unpadded */
+	if ((int64_t)count != loom_shape_numel(&us))
 		return loom_program_fail(p, LOOM_ERR_SHAPE, "%s: %zu elements asked, value %d is %s",
-					 what, count, (int)v, loom_shape_str(&nd->shape, sb, sizeof(sb)));
+					 what, count, (int)v, loom_shape_str(&us, sb, sizeof(sb)));
 	return LOOM_OK;
 }
+
 
 /* Downloads v and converts it to f64 (dst) elementwise. */
 static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_t count)
@@ -555,7 +557,7 @@ static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
 	loom_status st = loom_program_download(p, tmp, loom_value_ptr(p, v), bytes);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
-		dst[i] = loom_elem_get(nd->dtype, tmp, i);
+		dst[i] = loom_elem_get(nd->dtype, tmp, loom_node_stored_index(nd, i));
 	free(tmp);
 	return st;
 }
@@ -628,7 +630,8 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 		return LOOM_OK;
 	const loom_node *nd = &p->plan.g->nodes[v];
 	size_t bytes = loom_value_bytes(p, v);
-	void *tmp = malloc(bytes ? bytes : 1);
+	/* zeroed: a padded vocabulary's padding rows (past count) stay zero */
+	void *tmp = calloc(1, bytes ? bytes : 1);
 	if (!tmp)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 	for (size_t i = 0; i < count; i++)
@@ -640,7 +643,8 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 	/* O2: the optimizer updates the fp32 master and copies it over the half
 	 * parameter, so the master must hold the written values too. */
 	if (st == LOOM_OK && nd->master != LOOM_NONE) {
-		float *m = malloc(sizeof(float) * (count ? count : 1));
+		size_t full = (size_t)loom_shape_numel(&p->plan.g->nodes[nd->master].shape);
+		float *m = calloc(full > count ? full : count ? count : 1, sizeof(float));
 		if (!m)
 			return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 		for (size_t i = 0; i < count; i++)
@@ -684,7 +688,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		const loom_param_slot *s = &p->plan.params[i];
 		if (!loom_plan_holds(&p->plan, s->param))
 			continue;
-		info->n_param_elems += s->numel;
+		/* a padded vocabulary's table: its real rows (engine/vocab_pad.c) */
+		loom_shape us = loom_node_user_shape(&p->plan.g->nodes[s->param]);
+		info->n_param_elems += loom_shape_numel(&us);
 		info->param_bytes += loom_value_bytes(p, s->param);
 		if (loom_plan_holds(&p->plan, s->grad))
 			info->grad_bytes += loom_value_bytes(p, s->grad);
@@ -694,8 +700,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		const loom_node *nd = &p->plan.g->nodes[v];
 		if (nd->op != LOOM_OP_PARAM || (nd->flags & LOOM_NODE_AMP))
 			continue;
+		loom_shape us = loom_node_user_shape(nd); /* a padded table: its real rows */
 		info->n_params++;
-		info->n_param_elems += loom_shape_numel(&nd->shape);
+		info->n_param_elems += loom_shape_numel(&us);
 		info->param_bytes += loom_value_bytes(p, v);
 	}
 	/* ZeRO-2: the gradients are the bucket region (shards + buckets in

@@ -186,6 +186,12 @@ typedef struct loom_node {
 	/* A view (LOOM_OPF_VIEW): where it starts inside src[0]'s storage, in
 	 * bytes (a parameter inside ZeRO-3's gathered bucket); 0 for the others. */
 	size_t view_off;
+	/* A padded vocabulary (graph/rowpad.h; the vocab-pad compile pass):
+	 * the user's dims[0] (a table and its gradients, padded rows) or last
+	 * dim (the logits and dlogits, padded columns) before the pass widened
+	 * the shape; 0 when not padded. What a user reads and writes, and the
+	 * classes a softmax-CE counts, are the unpadded extent. */
+	int64_t unpad_rows, unpad_cols;
 	char name[LOOM_NAME_MAX];
 } loom_node;
 
@@ -227,6 +233,36 @@ int loom_shape_eq(const loom_shape *a, const loom_shape *b);
 static inline int64_t loom_shape_last(const loom_shape *s)
 {
 	return s->ndim > 0 ? s->dims[s->ndim - 1] : 1;
+}
+
+/* n's shape as its user sees it: less a padded vocabulary's rows or
+ * columns (loom_node.unpad_rows / unpad_cols). A padded-rows value's user
+ * part is the row-major prefix of its storage. */
+static inline loom_shape loom_node_user_shape(const loom_node *n)
+{
+	loom_shape s = n->shape;
+	if (n->unpad_rows > 0 && s.ndim > 0)
+		s.dims[0] = n->unpad_rows;
+	if (n->unpad_cols > 0 && s.ndim > 0)
+		s.dims[s.ndim - 1] = n->unpad_cols;
+	return s;
+}
+
+/* Element i of n's user shape in its storage: a padded vocabulary's
+ * columns (the logits) skip each row's padding; padded rows are the tail,
+ * so their user part is the prefix. */
+static inline size_t loom_node_stored_index(const loom_node *n, size_t i)
+{
+	if (n->unpad_cols <= 0)
+		return i;
+	size_t cols = (size_t)n->unpad_cols, pitch = (size_t)n->shape.dims[n->shape.ndim - 1];
+	return i / cols * pitch + i % cols;
+}
+
+/* The classes of logits node n: its unpadded last dim. */
+static inline int64_t loom_node_classes(const loom_node *n)
+{
+	return n->unpad_cols > 0 ? n->unpad_cols : (n->shape.ndim > 0 ? n->shape.dims[n->shape.ndim - 1] : 1);
 }
 
 static inline int64_t loom_shape_rows(const loom_shape *s)

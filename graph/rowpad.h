@@ -1,11 +1,9 @@
 /*
  * graph/rowpad.h — the padded vocabulary's plan part: which values of a
  * compiled graph a vocabulary padded to a multiple (llm.c's 50257 ->
- * 50304) would lay out with padded rows, so that the classifier's three
- * products run at aligned shapes. The decision only: no plan layout,
- * kernel or checkpoint reads it yet (engine/cuda/README.md says what is
- * left); engine/cuda's LOOM_CUDA_LT_PAD copies the same operands into
- * padded rows around each product instead.
+ * 50304) lays out with padded rows or columns, so that the classifier's
+ * three products run at aligned shapes. The decision: engine/vocab_pad.c
+ * (loom_compile_opts.vocab_pad) acts on it (graph/README.md says how).
  */
 #ifndef LOOM_GRAPH_ROWPAD_H
 #define LOOM_GRAPH_ROWPAD_H

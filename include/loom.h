@@ -491,6 +491,18 @@ typedef struct loom_compile_opts {
 	 * value NCHW (each oneDNN convolution reorders inside). The environment
 	 * variable LOOM_FORMATS=nchw or =auto decides instead. */
 	int formats;
+	/* A classifier over a padded vocabulary (llm.c's 50257 -> 50304): N > 0
+	 * lays out a tied classifier's table, its half copies, gradients and
+	 * optimizer state with its row count rounded up to a multiple of N
+	 * (the extra rows zero, and kept zero), and the logits and dlogits with
+	 * as many columns, softmax-CE counting the real classes only, so that
+	 * the classifier's products run at aligned shapes. Everything a user
+	 * sees keeps the real vocabulary: loom_read/loom_write, checkpoints
+	 * (a padded program's loads into an unpadded one and back), safetensors.
+	 * 0 (default, unmeasured on a GPU yet): no padding. The environment
+	 * variable LOOM_VOCAB_PAD=N decides instead (0: off). A graph with no
+	 * such classifier, or an aligned vocabulary, is left as it is. */
+	int vocab_pad;
 } loom_compile_opts;
 
 /* loom_compile_opts.formats. */

@@ -20,6 +20,10 @@ typedef struct rec_list {
 	loom_ckpt_record *r;
 	char (*names)[LOOM_NAME_MAX + 16];
 	void **host; /* downloaded payloads (owned) */
+	/* Each record's bytes in the program: more than the record's own
+	 * (the file's) for a padded vocabulary's table and its optimizer
+	 * state, whose padding rows are the storage's tail (engine/vocab_pad.c) */
+	size_t *full;
 	int n;
 } rec_list;
 
@@ -37,7 +41,8 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	l->r = calloc(cap, sizeof(*l->r));
 	l->names = calloc(cap, sizeof(*l->names));
 	l->host = calloc(cap, sizeof(void *));
-	if (!l->r || !l->names || !l->host)
+	l->full = calloc(cap, sizeof(size_t));
+	if (!l->r || !l->names || !l->host || !l->full)
 		return LOOM_ERR_NOMEM;
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		const loom_node *n = &p->plan.g->nodes[v];
@@ -46,10 +51,12 @@ static loom_status list_records(loom_program *p, rec_list *l)
 		loom_ckpt_record *r = &l->r[l->n];
 		snprintf(l->names[l->n], sizeof(l->names[0]), "%s", n->name);
 		r->name = l->names[l->n];
+		loom_shape us = loom_node_user_shape(n);
 		r->dtype = n->dtype;
-		r->ndim = n->shape.ndim;
-		memcpy(r->dims, n->shape.dims, sizeof(r->dims));
-		r->bytes = loom_value_bytes(p, v);
+		r->ndim = us.ndim;
+		memcpy(r->dims, us.dims, sizeof(r->dims));
+		r->bytes = (size_t)loom_shape_numel(&us) * loom_dtype_size(n->dtype);
+		l->full[l->n] = loom_value_bytes(p, v);
 		l->n++;
 	}
 	int ns = p->plan.n_state;
@@ -60,10 +67,12 @@ static loom_status list_records(loom_program *p, rec_list *l)
 			snprintf(l->names[l->n], sizeof(l->names[0]), "optim.%s.%d",
 				 p->plan.g->nodes[sl->param].name, k);
 			r->name = l->names[l->n];
+			loom_shape us = loom_node_user_shape(&p->plan.g->nodes[sl->param]);
 			r->dtype = sl->state_dtype;
 			r->ndim = 1;
-			r->dims[0] = sl->numel;
-			r->bytes = (size_t)sl->numel * loom_dtype_size(sl->state_dtype);
+			r->dims[0] = loom_shape_numel(&us);
+			r->bytes = (size_t)r->dims[0] * loom_dtype_size(sl->state_dtype);
+			l->full[l->n] = (size_t)sl->numel * loom_dtype_size(sl->state_dtype);
 			l->n++;
 		}
 	}
@@ -74,6 +83,7 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	r->ndim = 1;
 	r->dims[0] = LOOM_CKPT_META_COUNT;
 	r->bytes = LOOM_CKPT_META_COUNT * sizeof(double);
+	l->full[l->n] = r->bytes;
 	l->n++;
 	return LOOM_OK;
 }
@@ -83,6 +93,7 @@ static void free_records(rec_list *l)
 	for (int i = 0; l->host && i < l->n; i++)
 		free(l->host[i]);
 	free(l->host);
+	free(l->full);
 	free(l->r);
 	free(l->names);
 }
@@ -207,12 +218,13 @@ loom_status loom_save(loom_program *p, const char *path)
 			l.r[i].data = meta;
 			continue;
 		}
-		l.host[i] = malloc(l.r[i].bytes ? l.r[i].bytes : 1);
+		l.host[i] = malloc(l.full[i] ? l.full[i] : 1);
 		if (!l.host[i]) {
 			st = loom_program_fail(p, LOOM_ERR_NOMEM, "save %s: out of memory", path);
 			break;
 		}
-		st = fetch_record(p, i, addr, l.host[i], l.r[i].bytes);
+		/* the whole value; the file takes its user's part, the prefix */
+		st = fetch_record(p, i, addr, l.host[i], l.full[i]);
 		l.r[i].data = l.host[i];
 	}
 	char err[512];
@@ -289,8 +301,19 @@ loom_status loom_load(loom_program *p, const char *path)
 	}
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
-		if (addr) {
+		if (addr && l.full[i] == found[i]->bytes) {
 			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
+			continue;
+		}
+		if (addr) { /* a padded value: the file's rows, then zero padding */
+			void *whole = calloc(1, l.full[i]);
+			if (!whole) {
+				st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
+				break;
+			}
+			memcpy(whole, found[i]->data, found[i]->bytes);
+			st = place_record(p, i, addr, whole, l.full[i]);
+			free(whole);
 			continue;
 		}
 		double meta[LOOM_CKPT_META_COUNT];

@@ -142,12 +142,15 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 	const loom_node *s = &p->plan.g->nodes[src];
 	loom_st_tensor *t = &l->t[l->n];
 	size_t bytes = loom_value_bytes(p, src);
+	/* A padded vocabulary's table: the file has the user's rows (the
+	 * storage's prefix; engine/vocab_pad.c). */
+	loom_shape us = loom_node_user_shape(s);
 	file_name(o, n->name, l->names[l->n], NAME_BUF);
 	t->name = l->names[l->n];
 	t->dtype = st_dtype(s->dtype);
-	t->ndim = s->shape.ndim;
-	memcpy(t->dims, s->shape.dims, sizeof(int64_t) * s->shape.ndim);
-	t->bytes = bytes;
+	t->ndim = us.ndim;
+	memcpy(t->dims, us.dims, sizeof(int64_t) * us.ndim);
+	t->bytes = (size_t)loom_shape_numel(&us) * loom_dtype_size(s->dtype);
 	if (!(l->host[l->n] = malloc(bytes ? bytes : 1)))
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
 	t->data = l->host[l->n];
@@ -162,7 +165,7 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 	    !listed(o->conv1d, o->n_conv1d, t->name))
 		return st;
 	/* Hugging Face's Conv1D: [in, out]. */
-	void *tr = malloc(bytes ? bytes : 1);
+	void *tr = malloc(t->bytes ? t->bytes : 1);
 	if (!tr)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
 	transpose_bytes(t->data, tr, t->dims[0], t->dims[1], loom_st_dtype_size(t->dtype));
@@ -292,16 +295,20 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 	int conv1d = 0;
 	for (int v = 0; v < p->plan.n_fwd && o->n_conv1d; v++) {
 		const loom_node *n = &p->plan.g->nodes[v];
-		if (!is_exchanged(n) || n->shape.ndim != 2 || n->shape.dims[0] == n->shape.dims[1])
+		loom_shape us = loom_node_user_shape(n);
+		if (!is_exchanged(n) || us.ndim != 2 || us.dims[0] == us.dims[1])
 			continue;
 		import_name(o, f, n->name, fname, sizeof(fname));
 		const loom_st_tensor *t = loom_st_find(f, fname);
 		if (t && t->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname) &&
-		    t->dims[0] == n->shape.dims[1] && t->dims[1] == n->shape.dims[0])
+		    t->dims[0] == us.dims[1] && t->dims[1] == us.dims[0])
 			conv1d = 1;
 	}
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		const loom_node *n = &p->plan.g->nodes[v];
+		/* a padded vocabulary's table: the user's shape */
+		const loom_shape us = loom_node_user_shape(n);
+		const loom_shape *ns = &us;
 		if (!is_exchanged(n))
 			continue;
 		import_name(o, f, n->name, fname, sizeof(fname));
@@ -329,22 +336,22 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 							 "the program's %s)", path, fname, n->name);
 			continue;
 		}
-		int tr = conv1d && n->shape.ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
-		int64_t want[2] = { n->shape.dims[tr], n->shape.dims[!tr] };
+		int tr = conv1d && ns->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
+		int64_t want[2] = { ns->dims[tr], ns->dims[!tr] };
 		/* The file's first rows: a row-major prefix, read as it is. */
-		int rows = !tr && t->ndim == n->shape.ndim && t->ndim >= 1 &&
-			   t->dims[0] > n->shape.dims[0] &&
-			   memcmp(t->dims + 1, n->shape.dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
+		int rows = !tr && t->ndim == ns->ndim && t->ndim >= 1 &&
+			   t->dims[0] > ns->dims[0] &&
+			   memcmp(t->dims + 1, ns->dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
 			   listed(o->first_rows, o->n_first_rows, fname);
 		r->first_rows += rows;
-		if (t->ndim != n->shape.ndim ||
+		if (t->ndim != ns->ndim ||
 		    (tr ? memcmp(t->dims, want, sizeof(want)) :
-		     rows ? 0 : memcmp(t->dims, n->shape.dims, sizeof(int64_t) * t->ndim)) != 0)
+		     rows ? 0 : memcmp(t->dims, ns->dims, sizeof(int64_t) * t->ndim)) != 0)
 			return loom_program_fail(p, LOOM_ERR_SHAPE,
 						 "import %s: tensor '%s' is %s in the file, the "
 						 "program's is %s%s", path, fname,
 						 dims_str(t->dims, t->ndim, a, sizeof(a)),
-						 dims_str(n->shape.dims, n->shape.ndim, b, sizeof(b)),
+						 dims_str(ns->dims, ns->ndim, b, sizeof(b)),
 						 tr ? " (read transposed: the file's Conv1D layout)" : "");
 		if (!is_float(t->dtype))
 			return loom_program_fail(p, LOOM_ERR_DTYPE,
@@ -378,18 +385,21 @@ static loom_status import_value(loom_program *p, loom_value v, const loom_st_ten
 				int transpose)
 {
 	const loom_node *n = &p->plan.g->nodes[v];
-	int64_t cnt = loom_shape_numel(&n->shape);
+	/* A padded vocabulary's table: the file's rows, then zero padding
+	 * rows (the storage's tail; engine/vocab_pad.c). */
+	loom_shape us = loom_node_user_shape(n);
+	int64_t cnt = loom_shape_numel(&us), whole = loom_shape_numel(&n->shape);
 	size_t bytes = loom_value_bytes(p, v);
-	void *tmp = malloc(bytes ? bytes : 1);
-	float *m = n->master != LOOM_NONE ? malloc(sizeof(float) * (cnt ? cnt : 1)) : NULL;
+	void *tmp = calloc(1, bytes ? bytes : 1);
+	float *m = n->master != LOOM_NONE ? calloc(whole ? whole : 1, sizeof(float)) : NULL;
 	loom_status st = LOOM_OK;
 	if (!tmp || (n->master != LOOM_NONE && !m)) {
 		st = loom_program_fail(p, LOOM_ERR_NOMEM, "import: out of memory");
 		goto out;
 	}
 	/* Conv1D: the program's [out, in] element (i, j) is the file's (j, i). */
-	int64_t rows = n->shape.ndim == 2 ? n->shape.dims[0] : 1;
-	int64_t cols = n->shape.ndim == 2 ? n->shape.dims[1] : cnt;
+	int64_t rows = us.ndim == 2 ? us.dims[0] : 1;
+	int64_t cols = us.ndim == 2 ? us.dims[1] : cnt;
 	for (int64_t i = 0; i < cnt; i++) {
 		double x = st_get(t, transpose ? (i % cols) * rows + i / cols : i);
 		loom_elem_set(n->dtype, tmp, i, x);

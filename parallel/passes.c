@@ -166,9 +166,10 @@ static loom_status zero3_read(loom_program *p, loom_value v, double *dst, size_t
 	    p->plan.mp.region[v] != LOOM_REGION_BUCKET)
 		return loom_program_fail(p, LOOM_ERR_STATE, "read: value %d is not kept after a step "
 					 "(mark it with loom_mark_output)", (int)v);
-	if ((int64_t)count != loom_shape_numel(&nd->shape))
+	loom_shape us = loom_node_user_shape(nd); /* a padded table's rows: the tail */
+	if ((int64_t)count != loom_shape_numel(&us))
 		return loom_program_fail(p, LOOM_ERR_SHAPE, "read: %zu elements asked, value %d is %s",
-					 count, (int)v, loom_shape_str(&nd->shape, sb, sizeof(sb)));
+					 count, (int)v, loom_shape_str(&us, sb, sizeof(sb)));
 	size_t bytes = loom_value_bytes(p, v);
 	void *tmp = malloc(bytes ? bytes : 1);
 	if (!tmp)
@@ -177,7 +178,7 @@ static loom_status zero3_read(loom_program *p, loom_value v, double *dst, size_t
 				 loom_zero_value_read(p, v, tmp) :
 				 loom_program_download(p, tmp, loom_value_ptr(p, v), bytes);
 	for (size_t i = 0; st == LOOM_OK && i < count; i++)
-		dst[i] = loom_elem_get(nd->dtype, tmp, i);
+		dst[i] = loom_elem_get(nd->dtype, tmp, loom_node_stored_index(nd, i));
 	free(tmp);
 	return st;
 }

@@ -16,6 +16,12 @@ r gpt_O1_nograph $b/gpt_ddp $G --opt-level O1 --no-cuda-graph
 r gpt_O2 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_lt_off env LOOM_CUDA_BGRAD_EPILOGUE=1 LOOM_CUDA_LT_ALIGN=0 LOOM_CUDA_LT_PAD=0 LOOM_INPLACE_DY=0 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_lt_on env LOOM_CUDA_BGRAD_EPILOGUE=0 LOOM_CUDA_LT_ALIGN=1 LOOM_CUDA_LT_PAD=1 LOOM_INPLACE_DY=1 $b/gpt_ddp $G --opt-level O2
+# The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304), off and on side by side.
+r gpt_O1_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O1
+r gpt_O1_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O1
+r gpt_O2_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O2
+r gpt_O2_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O2
+grep -a "vocab_pad\|padded" $o/gpt_O1_vpad128.log | head -3
 r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .gpu-bundle/llmc/train.bin -j .gpu-bundle/llmc/val.bin
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
@@ -41,4 +47,5 @@ r trace_gpt_O2 $b/gpt_ddp $G --opt-level O2 --max-steps 4 --trace $o/gpt_O2.json
 LIM=110 r memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 86 $b/test_cuda_ops --verbose
 grep -a "ERROR SUMMARY\|Synthesis" $o/memcheck.log
 LIM=40 r racecheck_cls compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/fused_classifier'
+LIM=40 r racecheck_vpad compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/padded_vocabulary'
 LIM=40 r racecheck_ln compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_saved_statistics'

@@ -94,7 +94,8 @@ static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value 
 {
 	const loom_node *w = loom_cpu_src(plan, v, 1);
 	int64_t n = loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape), bad = -1;
-	int vocab = (int)w->shape.dims[0], c = (int)w->shape.dims[1], r;
+	/* a padded vocabulary's table: ids below the real vocabulary only */
+	int vocab = (int)loom_node_user_shape(w).dims[0], c = (int)w->shape.dims[1], r;
 	if (loom_cpu_kernel_dtype(loom_cpu_node(plan, v)) == LOOM_F64)
 		r = loom_cpu_embedding_fwd_f64(n, vocab, c, io->src[0], io->src[1], io->out, &bad);
 	else
@@ -111,9 +112,9 @@ static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, cons
 	if (half != (LOOM_CPU_BF16_SRC(1) | LOOM_CPU_BF16_OUT))
 		return 0;
 	if (loom_cpu_embedding_fwd_bf16(loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape),
-					(int)w->shape.dims[0], (int)w->shape.dims[1], io->src[0],
-					io->src[1], io->out, &bad) < 0)
-		*st = bad_id(ctx, plan, v, io, bad, (int)w->shape.dims[0]);
+					(int)loom_node_user_shape(w).dims[0], (int)w->shape.dims[1],
+					io->src[0], io->src[1], io->out, &bad) < 0)
+		*st = bad_id(ctx, plan, v, io, bad, (int)loom_node_user_shape(w).dims[0]);
 	return 1;
 }
 

@@ -171,6 +171,13 @@ typedef struct loom_attn_shape {
 	void loom_cpu_softmax_ce_bwd_##SFX(int n, int classes, const T *logits,          \
 					   const int32_t *labels, const T *dloss,        \
 					   T *dlogits);                                  \
+	/* the same over rows of pitch ld >= classes (a padded vocabulary's       */ \
+	/* logits); the backward writes zero in each row's last ld - classes   */ \
+	int loom_cpu_softmax_ce_fwd_ld_##SFX(int n, int classes, int ld, const T *logits, \
+					     const int32_t *labels, T *loss, int *bad);  \
+	void loom_cpu_softmax_ce_bwd_ld_##SFX(int n, int classes, int ld, const T *logits, \
+					      const int32_t *labels, const T *dloss,     \
+					      T *dlogits);                               \
 	/* *total += logsumexp(row) - row[label] in row order */                        \
 	void loom_cpu_softmax_ce_rows_##SFX(int n, int classes, const T *logits,          \
 					    const int32_t *labels, double *total);        \
@@ -249,6 +256,14 @@ int loom_cpu_softmax_ce_fwd_bf16(int n, int classes, const void *logits, const i
 /* dlogits from logits and dloss (sources 0 and 2, as the node's); ws: 2 * classes floats. */
 int loom_cpu_softmax_ce_bwd_bf16(int n, int classes, const void *logits, const int32_t *labels,
 				 const void *dloss, void *dlogits, float *ws, unsigned half);
+/* The same over rows of pitch ld >= classes (a padded vocabulary's logits:
+ * the loss over each row's first `classes`, zero dlogits in the rest). */
+int loom_cpu_softmax_ce_fwd_ld_bf16(int n, int classes, int ld, const void *logits,
+				    const int32_t *labels, float *loss, int *bad, float *ws,
+				    unsigned half);
+int loom_cpu_softmax_ce_bwd_ld_bf16(int n, int classes, int ld, const void *logits,
+				    const int32_t *labels, const void *dloss, void *dlogits,
+				    float *ws, unsigned half);
 
 /* embedding.c: a bf16 table gathered into bf16 rows: a copy, no conversion. */
 int loom_cpu_embedding_fwd_bf16(int64_t n, int v, int c, const int32_t *ids,

@@ -8,6 +8,7 @@
  */
 #ifndef LOOM_CPU_TEMPLATE
 #include <math.h>
+#include <string.h>
 
 #include "base/half.h"
 #include "engine/cpu/cpu_internal.h"
@@ -31,6 +32,14 @@
 int loom_cpu_softmax_ce_fwd_bf16(int n, int classes, const void *logits, const int32_t *labels,
 				 float *loss, int *bad, float *ws, unsigned half)
 {
+	return loom_cpu_softmax_ce_fwd_ld_bf16(n, classes, classes, logits, labels, loss, bad, ws,
+					       half);
+}
+
+int loom_cpu_softmax_ce_fwd_ld_bf16(int n, int classes, int ld, const void *logits,
+				    const int32_t *labels, float *loss, int *bad, float *ws,
+				    unsigned half)
+{
 	for (int i = 0; i < n; i++) {
 		if (labels[i] < 0 || labels[i] >= classes) {
 			if (bad)
@@ -42,7 +51,7 @@ int loom_cpu_softmax_ce_fwd_bf16(int n, int classes, const void *logits, const i
 	double total = 0;
 	for (int i = 0; i < n; i++) {
 		const float *row = loom_cpu_bf16_in(logits, half & LOOM_CPU_BF16_SRC(0),
-						    (int64_t)i * classes, classes, ws);
+						    (int64_t)i * ld, classes, ws);
 		loom_cpu_softmax_ce_rows_f32(1, classes, row, labels + i, &total);
 	}
 	*loss = (float)(n > 0 ? total / n : 0);
@@ -52,17 +61,30 @@ int loom_cpu_softmax_ce_fwd_bf16(int n, int classes, const void *logits, const i
 int loom_cpu_softmax_ce_bwd_bf16(int n, int classes, const void *logits, const int32_t *labels,
 				 const void *dloss, void *dlogits, float *ws, unsigned half)
 {
+	return loom_cpu_softmax_ce_bwd_ld_bf16(n, classes, classes, logits, labels, dloss, dlogits,
+					       ws, half);
+}
+
+int loom_cpu_softmax_ce_bwd_ld_bf16(int n, int classes, int ld, const void *logits,
+				    const int32_t *labels, const void *dloss, void *dlogits,
+				    float *ws, unsigned half)
+{
 	const int in16 = half & LOOM_CPU_BF16_SRC(0), out16 = half & LOOM_CPU_BF16_OUT;
 	float dl = half & LOOM_CPU_BF16_SRC(2) ? loom_bf16_to_f32(*(const uint16_t *)dloss) :
 						 *(const float *)dloss;
 	const double g = n > 0 ? (double)dl / n : 0;
 	float *obuf = ws + (in16 ? classes : 0);
+	const size_t esz = out16 ? 2 : 4;
 	for (int i = 0; i < n; i++) {
-		int64_t off = (int64_t)i * classes;
+		int64_t off = (int64_t)i * ld;
 		const float *row = loom_cpu_bf16_in(logits, in16, off, classes, ws);
 		float *o = loom_cpu_bf16_out(dlogits, out16, off, obuf);
 		loom_cpu_softmax_ce_bwd_rows_f32(1, classes, row, labels + i, g, o);
 		loom_cpu_bf16_done(dlogits, out16, off, classes, o);
+		/* a padded vocabulary's columns: zero gradient */
+		if (ld > classes)
+			memset((char *)dlogits + (size_t)(off + classes) * esz, 0,
+			       (size_t)(ld - classes) * esz);
 	}
 	return 1;
 }
@@ -73,13 +95,15 @@ static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value 
 			   const loom_cpu_io *io)
 {
 	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
-	int bad = -1, r;
+	int bad = -1, r, classes = (int)loom_node_classes(x);
 	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
-		r = loom_cpu_softmax_ce_fwd_f64((int)x->shape.dims[0], (int)x->shape.dims[1],
-						io->src[0], io->src[1], io->out, &bad);
+		r = loom_cpu_softmax_ce_fwd_ld_f64((int)x->shape.dims[0], classes,
+						   (int)x->shape.dims[1], io->src[0], io->src[1],
+						   io->out, &bad);
 	else
-		r = loom_cpu_softmax_ce_fwd_f32((int)x->shape.dims[0], (int)x->shape.dims[1],
-						io->src[0], io->src[1], io->out, &bad);
+		r = loom_cpu_softmax_ce_fwd_ld_f32((int)x->shape.dims[0], classes,
+						   (int)x->shape.dims[1], io->src[0], io->src[1],
+						   io->out, &bad);
 	if (r < 0)
 		return loom_bad_label(ctx->err, plan, v,
 				      bad >= 0 ? ((const int32_t *)io->src[1])[bad] : -1, bad);
@@ -95,8 +119,9 @@ static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, cons
 	int bad = -1;
 	if (half & LOOM_CPU_BF16_OUT)
 		return 0;
-	if (loom_cpu_softmax_ce_fwd_bf16((int)x->shape.dims[0], (int)x->shape.dims[1], io->src[0],
-					 io->src[1], io->out, &bad, io->ws, half) < 0)
+	if (loom_cpu_softmax_ce_fwd_ld_bf16((int)x->shape.dims[0], (int)loom_node_classes(x),
+					    (int)x->shape.dims[1], io->src[0], io->src[1], io->out,
+					    &bad, io->ws, half) < 0)
 		*st = loom_bad_label(ctx->err, plan, v, ((const int32_t *)io->src[1])[bad], bad);
 	return 1;
 }
@@ -106,8 +131,9 @@ static loom_status run_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value 
 {
 	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
 	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_softmax_ce_bwd, (int)x->shape.dims[0],
-			  (int)x->shape.dims[1], io->src[0], io->src[1], io->src[2], io->out);
+	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_softmax_ce_bwd_ld, (int)x->shape.dims[0],
+			  (int)loom_node_classes(x), (int)x->shape.dims[1], io->src[0], io->src[1],
+			  io->src[2], io->out);
 	return LOOM_OK;
 }
 
@@ -117,9 +143,9 @@ static int bf16_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, cons
 	const loom_node *x = loom_cpu_src(plan, v, 0);
 	(void)ctx;
 	(void)st;
-	return loom_cpu_softmax_ce_bwd_bf16((int)x->shape.dims[0], (int)x->shape.dims[1],
-					    io->src[0], io->src[1], io->src[2], io->out, io->ws,
-					    half);
+	return loom_cpu_softmax_ce_bwd_ld_bf16((int)x->shape.dims[0], (int)loom_node_classes(x),
+					       (int)x->shape.dims[1], io->src[0], io->src[1],
+					       io->src[2], io->out, io->ws, half);
 }
 
 const loom_cpu_op loom_cpu_softmax_ce = { .run = run_fwd, .bf16 = bf16_fwd };
@@ -151,6 +177,13 @@ void LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(int n, int classes, const T *logits,
 int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd)(int n, int classes, const T *logits,
 					 const int32_t *labels, T *loss, int *bad)
 {
+	return LOOM_CPU_FN(loom_cpu_softmax_ce_fwd_ld)(n, classes, classes, logits, labels, loss,
+						       bad);
+}
+
+int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd_ld)(int n, int classes, int ld, const T *logits,
+					    const int32_t *labels, T *loss, int *bad)
+{
 	/* Validate everything first so that a bad label writes nothing. */
 	for (int i = 0; i < n; i++) {
 		if (labels[i] < 0 || labels[i] >= classes) {
@@ -160,7 +193,10 @@ int LOOM_CPU_FN(loom_cpu_softmax_ce_fwd)(int n, int classes, const T *logits,
 		}
 	}
 	double total = 0;
-	LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(n, classes, logits, labels, &total);
+	/* row by row (each row's first `classes` of ld), in order */
+	for (int i = 0; i < n; i++)
+		LOOM_CPU_FN(loom_cpu_softmax_ce_rows)(1, classes, logits + (int64_t)i * ld,
+						      labels + i, &total);
 	*loss = (T)(n > 0 ? total / n : 0);
 	return 0;
 }
@@ -188,8 +224,24 @@ void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(int n, int classes, const T *logi
 void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd)(int n, int classes, const T *logits,
 					  const int32_t *labels, const T *dloss, T *dlogits)
 {
-	LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(n, classes, logits, labels,
-						  n > 0 ? (double)*dloss / n : 0, dlogits);
+	LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_ld)(n, classes, classes, logits, labels, dloss, dlogits);
+}
+
+void LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_ld)(int n, int classes, int ld, const T *logits,
+					     const int32_t *labels, const T *dloss, T *dlogits)
+{
+	const double g = n > 0 ? (double)*dloss / n : 0;
+	if (ld == classes) {
+		LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(n, classes, logits, labels, g, dlogits);
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		T *out = dlogits + (int64_t)i * ld;
+		LOOM_CPU_FN(loom_cpu_softmax_ce_bwd_rows)(1, classes, logits + (int64_t)i * ld,
+							  labels + i, g, out);
+		for (int j = classes; j < ld; j++) /* a padded vocabulary's columns */
+			out[j] = 0;
+	}
 }
 
 #endif /* LOOM_CPU_TEMPLATE */

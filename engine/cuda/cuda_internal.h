@@ -697,12 +697,14 @@ loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s, const v
 					      int dydt, void *dx, int dxdt, int64_t n, int64_t c,
 					      int64_t hw);
 
-/* loss.cu */
-loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n, int classes,
+/* loss.cu: n rows of pitch ld (elements), the first `classes` of each the
+ * real classes (ld > classes: a padded vocabulary's logits, whose dlogits
+ * get zero in the padding columns; engine/vocab_pad.c). */
+loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n, int classes, int ld,
 				     const void *logits, int ldt, const int32_t *labels,
 				     void *loss, int lossdt, double *row_ws, int node,
 				     loom_cuda_ctl *ctl);
-loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int classes,
+loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int classes, int ld,
 				     const void *logits, int ldt, const int32_t *labels,
 				     const void *dloss, int dldt, void *dlogits, int dxdt);
 

@@ -766,8 +766,8 @@ loom_status loom_cuda_op_embedding(loom_cuda_ctx *c, const loom_plan *plan, loom
 	if (n * cc <= 0)
 		return LOOM_OK;
 	loom_embedding_fwd_kernel<<<loom_cuda_blocks(n * cc, threads), threads, 0, c->stream>>>(
-		n, (int)w->shape.dims[0], cc, (const int32_t *)io->src[0], io->src[1], io->dt[1],
-		io->out, io->odt);
+		n, (int)loom_node_user_shape(w).dims[0] /* a padded table: the real rows */, cc,
+		(const int32_t *)io->src[0], io->src[1], io->dt[1], io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
@@ -1200,6 +1200,11 @@ void loom_cuda_gpt_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v
 				 "the logits in training", (int)np->ce_bwd);
 		else
 			snprintf(buf, len, "one online pass%s", saves ? ", saves its log-sum-exp" : "");
+		if (p->vocab_padded > 0) { /* engine/vocab_pad.c */
+			size_t at = strlen(buf);
+			snprintf(buf + at, len > at ? len - at : 0, "; %lld of %lld columns (padded)",
+				 (long long)p->vocab, (long long)p->vocab_padded);
+		}
 		break;
 	case LOOM_OP_SOFTMAX_CE_BWD:
 		snprintf(buf, len, "%s", reads ? "one pass from the saved log-sum-exp" :

@@ -33,13 +33,22 @@ static __device__ double ce_logsumexp(int classes, const void *logits, int ldt, 
 	return mx + log(loom_block_sum(s));
 }
 
-/* One block per row: row_ws[i] = logsumexp(row) - row[label]. */
-__global__ void loom_ce_rows_kernel(int classes, const void *logits, int ldt,
+/* A padded vocabulary's columns [classes, ld) of a dlogits row: zero
+ * (engine/vocab_pad.c; none when ld == classes). */
+static __device__ void ce_zero_padding(void *d, int ddt, int classes, int ld)
+{
+	for (int j = classes + threadIdx.x; j < ld; j += blockDim.x)
+		loom_st(d, ddt, j, 0.0f);
+}
+
+/* One block per row (of pitch ld >= classes, a padded vocabulary's):
+ * row_ws[i] = logsumexp(row) - row[label] over its first classes. */
+__global__ void loom_ce_rows_kernel(int classes, int ld, const void *logits, int ldt,
 				    const int32_t *labels, double *row_ws, int node,
 				    loom_cuda_ctl *ctl)
 {
 	const int i = blockIdx.x;
-	const int64_t row = (int64_t)i * classes;
+	const int64_t row = (int64_t)i * ld;
 	double lse = ce_logsumexp(classes, logits, ldt, row);
 	if (threadIdx.x != 0)
 		return;
@@ -69,12 +78,12 @@ __global__ void loom_ce_mean_kernel(int n, const double *row_ws, void *loss, int
 /* One block per row. dlogits may be logits (LOOM_OPF_INPLACE): the block
  * has read its row for the logsumexp before the reduction's last barrier,
  * and each thread then reads element j before it writes it. */
-__global__ void loom_ce_bwd_kernel(int n, int classes, const void *logits, int ldt,
+__global__ void loom_ce_bwd_kernel(int n, int classes, int ld, const void *logits, int ldt,
 				   const int32_t *labels, const void *dloss, int dldt,
 				   void *dlogits, int dxdt)
 {
 	const int i = blockIdx.x;
-	const int64_t row = (int64_t)i * classes;
+	const int64_t row = (int64_t)i * ld;
 	const double g = n > 0 ? (double)loom_ld(dloss, dldt, 0) / n : 0;
 	double lse = ce_logsumexp(classes, logits, ldt, row);
 	int32_t lab = labels[i];
@@ -85,6 +94,8 @@ __global__ void loom_ce_bwd_kernel(int n, int classes, const void *logits, int l
 			e -= 1;
 		loom_st(dlogits, dxdt, row + j, (float)(e * g));
 	}
+	ce_zero_padding((char *)dlogits + (size_t)row * (dxdt == LOOM_F32 ? 4 : 2), dxdt, classes,
+			ld);
 }
 
 /*
@@ -255,14 +266,14 @@ static __device__ __forceinline__ float ce_seed_grad(const loom_cuda_ctl *ctl, i
 /* One block per row: row_ws[i] = lse - logit[label] (a bad label flagged
  * as loom_ce_rows_kernel does); lse_out[i] = lse when lse_out; the row's
  * dlogits into dlogits (seed_dt: the seed's dtype) when dlogits. */
-__global__ void loom_ce_fused_kernel(int n, int classes, const void *logits, int ldt,
+__global__ void loom_ce_fused_kernel(int n, int classes, int ld, const void *logits, int ldt,
 				     const int32_t *labels, double *row_ws, int node,
 				     loom_cuda_ctl *ctl, float *lse_out, void *dlogits, int dxdt,
 				     int seed_dt)
 {
 	const int i = blockIdx.x;
 	const size_t es = ldt == LOOM_F32 ? 4 : 2;
-	const void *row = (const char *)logits + (size_t)i * classes * es;
+	const void *row = (const char *)logits + (size_t)i * ld * es;
 	const int32_t lab = labels[i];
 	const int bad = lab < 0 || lab >= classes;
 	/* The label's logit, read before any thread of the block writes the
@@ -284,23 +295,27 @@ __global__ void loom_ce_fused_kernel(int n, int classes, const void *logits, int
 		if (lse_out)
 			lse_out[i] = lse;
 	}
-	if (dlogits)
-		ce_row_grad(row, ldt, (char *)dlogits + (size_t)i * classes * (dxdt == LOOM_F32 ? 4 : 2),
-			    dxdt, classes, lse, bad ? -1 : lab, ce_seed_grad(ctl, seed_dt, n));
+	if (dlogits) {
+		char *d = (char *)dlogits + (size_t)i * ld * (dxdt == LOOM_F32 ? 4 : 2);
+		ce_row_grad(row, ldt, d, dxdt, classes, lse, bad ? -1 : lab,
+			    ce_seed_grad(ctl, seed_dt, n));
+		ce_zero_padding(d, dxdt, classes, ld);
+	}
 }
 
 /* The backward from the forward's saved log-sum-exp: one pass per row. */
-__global__ void loom_ce_bwd_saved_kernel(int n, int classes, const void *logits, int ldt,
-					 const int32_t *labels, const float *lse, const void *dloss,
-					 int dldt, void *dlogits, int dxdt)
+__global__ void loom_ce_bwd_saved_kernel(int n, int classes, int ld, const void *logits,
+					 int ldt, const int32_t *labels, const float *lse,
+					 const void *dloss, int dldt, void *dlogits, int dxdt)
 {
 	const int i = blockIdx.x;
 	const size_t es = ldt == LOOM_F32 ? 4 : 2, eo = dxdt == LOOM_F32 ? 4 : 2;
 	const float g = n > 0 ? loom_ld(dloss, dldt, 0) / n : 0.0f;
 	const int32_t lab = labels[i];
-	ce_row_grad((const char *)logits + (size_t)i * classes * es, ldt,
-		    (char *)dlogits + (size_t)i * classes * eo, dxdt, classes, lse[i],
+	char *d = (char *)dlogits + (size_t)i * ld * eo;
+	ce_row_grad((const char *)logits + (size_t)i * ld * es, ldt, d, dxdt, classes, lse[i],
 		    lab < 0 || lab >= classes ? -1 : lab, g);
+	ce_zero_padding(d, dxdt, classes, ld);
 }
 
 // ----------------------------------------------------------------------------
@@ -309,13 +324,13 @@ __global__ void loom_ce_bwd_saved_kernel(int n, int classes, const void *logits,
 static const int threads = 128;
 
 extern "C" loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n,
-						int classes, const void *logits, int ldt,
+						int classes, int ld, const void *logits, int ldt,
 						const int32_t *labels, void *loss, int lossdt,
 						double *row_ws, int node, loom_cuda_ctl *ctl)
 {
 	loom_status st;
 	if (n > 0 && classes > 0) {
-		loom_ce_rows_kernel<<<n, threads, 0, s>>>(classes, logits, ldt, labels, row_ws,
+		loom_ce_rows_kernel<<<n, threads, 0, s>>>(classes, ld, logits, ldt, labels, row_ws,
 							   node, ctl);
 		if ((st = LOOM_CUDA_LAUNCHED(err)) != LOOM_OK)
 			return st;
@@ -326,13 +341,13 @@ extern "C" loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n
 }
 
 extern "C" loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n,
-						int classes, const void *logits, int ldt,
+						int classes, int ld, const void *logits, int ldt,
 						const int32_t *labels, const void *dloss, int dldt,
 						void *dlogits, int dxdt)
 {
 	if (n <= 0 || classes <= 0)
 		return LOOM_OK;
-	loom_ce_bwd_kernel<<<n, threads, 0, s>>>(n, classes, logits, ldt, labels, dloss, dldt,
+	loom_ce_bwd_kernel<<<n, threads, 0, s>>>(n, classes, ld, logits, ldt, labels, dloss, dldt,
 						  dlogits, dxdt);
 	return LOOM_CUDA_LAUNCHED(err);
 }
@@ -352,9 +367,11 @@ loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *c, const loom_plan *plan, loo
 				    const loom_cuda_io *io)
 {
 	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
-	const int n = (int)x->shape.dims[0], classes = (int)x->shape.dims[1];
+	/* a padded vocabulary's logits: rows of ld, the first classes real */
+	const int n = (int)x->shape.dims[0], ld = (int)x->shape.dims[1],
+		  classes = (int)loom_node_classes(x);
 	if (!c->classifier)
-		return loom_cuda_softmax_ce_fwd(c->err, c->stream, n, classes, io->src[0], io->dt[0],
+		return loom_cuda_softmax_ce_fwd(c->err, c->stream, n, classes, ld, io->src[0], io->dt[0],
 						(const int32_t *)io->src[1], io->out, io->odt,
 						(double *)c->arena->ws, v, c->ctl);
 	const loom_cuda_node_plan *np = &c->plans[v];
@@ -365,7 +382,7 @@ loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *c, const loom_plan *plan, loo
 	if (n > 0 && classes > 0) {
 		const loom_node *w = grad ? &plan->g->nodes[np->ce_bwd] : NULL;
 		loom_ce_fused_kernel<<<n, ce_threads(classes), 0, c->stream>>>(
-			n, classes, io->src[0], io->dt[0], (const int32_t *)io->src[1],
+			n, classes, ld, io->src[0], io->dt[0], (const int32_t *)io->src[1],
 			(double *)c->arena->ws, v, c->ctl, lse,
 			grad ? loom_arena_ptr(c->arena, plan, np->ce_bwd) : NULL,
 			grad ? (int)w->dtype : 0,
@@ -382,16 +399,17 @@ loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 					const loom_cuda_io *io)
 {
 	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
-	const int n = (int)x->shape.dims[0], classes = (int)x->shape.dims[1];
+	const int n = (int)x->shape.dims[0], ld = (int)x->shape.dims[1],
+		  classes = (int)loom_node_classes(x);
 	const float *lse = c->classifier ? (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
 	if (!lse)
-		return loom_cuda_softmax_ce_bwd(c->err, c->stream, n, classes, io->src[0], io->dt[0],
+		return loom_cuda_softmax_ce_bwd(c->err, c->stream, n, classes, ld, io->src[0], io->dt[0],
 						(const int32_t *)io->src[1], io->src[2], io->dt[2],
 						io->out, io->odt);
 	if (n <= 0 || classes <= 0)
 		return LOOM_OK;
 	loom_ce_bwd_saved_kernel<<<n, ce_threads(classes), 0, c->stream>>>(
-		n, classes, io->src[0], io->dt[0], (const int32_t *)io->src[1], lse, io->src[2],
+		n, classes, ld, io->src[0], io->dt[0], (const int32_t *)io->src[1], lse, io->src[2],
 		io->dt[2], io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }

@@ -1310,6 +1310,7 @@ typedef struct pass_case {
 	loom_opt_level level;
 	int world, zero, stages, accumulate;
 	int conv; /* a conv -> batch norm -> relu -> pool graph, the planner's formats on */
+	int vocab; /* a tied classifier of 50 classes, vocab_pad 64 */
 } pass_case;
 
 static const pass_case pass_cases[] = {
@@ -1318,6 +1319,7 @@ static const pass_case pass_cases[] = {
 	{ "device" },
 	{ "fuse" },
 	{ "formats", .conv = 1 },
+	{ "vocab pad", .vocab = 1 },
 	{ "slots" },
 	{ "pipeline cut", .world = 2, .stages = 2 },
 	{ "data parallel", .world = 2 },
@@ -1367,6 +1369,12 @@ static void describe_compile(const pass_case *k, FILE *f)
 		h = loom_layer_conv2d(g, "c", x, 8, 3, 1, 1, 0);
 		h = loom_maxpool2d(g, loom_relu(g, loom_layer_batchnorm2d(g, "b", h)), 2, 2, 0);
 		loss = loom_sum(g, h);
+	} else if (k->vocab) {
+		int64_t dw[2] = { 50, 16 }, di[1] = { 4 };
+		loom_value ids = loom_input(g, "ids", LOOM_I32, 1, di);
+		w = loom_param(g, "wte", LOOM_F32, 2, dw, LOOM_INIT_KAIMING_UNIFORM, 16);
+		h = loom_linear(g, loom_embedding(g, ids, w), w, LOOM_NONE);
+		loss = loom_softmax_cross_entropy(g, h, loom_input(g, "labels", LOOM_I32, 1, di));
 	} else {
 		loss = mlp_on(g);
 	}
@@ -1379,6 +1387,7 @@ static void describe_compile(const pass_case *k, FILE *f)
 	o.zero_stage = k->zero;
 	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
 	o.pipeline_stages = k->stages;
+	o.vocab_pad = k->vocab ? 64 : 0;
 	o.micro_batches = k->stages ? 2 : 0;
 	if (k->conv) { /* .bazelrc pins LOOM_FORMATS=nchw for the other tests */
 		unsetenv("LOOM_FORMATS");

@@ -249,6 +249,18 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		"$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
+	# The classifier over a padded vocabulary (engine/vocab_pad.c: the tied
+	# table, its gradients and the logits laid out at 50304 rows/columns,
+	# softmax-CE over the real 50257), off and on side by side: GPT-2 124M
+	# O1 bf16, 20 steps each, ~25 s in all.
+	srow speed_gpt2_124m_O1_bf16_vocab_pad0 loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_VOCAB_PAD=0 "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
+	srow speed_gpt2_124m_O1_bf16_vocab_pad128 loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_VOCAB_PAD=128 "$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
 	# Batch norm, max pool and the upload (engine/cuda, issue 30 items 3
 	# and 6): the rows above run the defaults (statistics saved, split
 	# own kernels, cuDNN's Ex forward where it takes NCHW, saved pool

@@ -1616,6 +1616,36 @@ static loom_value b_classifier_odd(loom_graph *g, tcase *t)
 	return loom_softmax_cross_entropy(g, loom_reshape(g, lg, 2, rows), labels(g, t, 16, 67));
 }
 
+/* A tied classifier over 67 classes (the embedding's table is the
+ * classifier's weight; the labels are the ids too). Under LOOM_VOCAB_PAD
+ * its table, gradients and logits are padded to 128 rows (columns). */
+static loom_value b_classifier_tied(loom_graph *g, tcase *t)
+{
+	const char *pad = getenv("LOOM_VOCAB_PAD");
+	if (pad && strcmp(pad, "0")) { /* --dump-graph's note on the padded plan */
+		t->note[0] = "67 of 128 columns (padded)";
+		t->note_op[0] = LOOM_OP_SOFTMAX_CE;
+	}
+	loom_value ids = labels(g, t, 16, 67);
+	loom_value w = param(g, t, "wte", 2, 67, 32, 0, 0);
+	loom_value h = loom_add(g, loom_embedding(g, ids, w), param(g, t, "x", 2, 16, 32, 0, 0));
+	return loom_softmax_cross_entropy(g, loom_linear(g, h, w, LOOM_NONE), ids);
+}
+
+/* The classifier over a padded vocabulary (LOOM_VOCAB_PAD=64: 67 classes
+ * laid out as 128; engine/vocab_pad.c): the loss and every gradient (the
+ * real rows a user reads) against the CPU's padded plan, in every dtype,
+ * with the fused classifier and the two-pass kernels; the tied table and
+ * an untied head. */
+Test(cuda_ops, padded_vocabulary)
+{
+	NEED_GPU();
+	setenv("LOOM_VOCAB_PAD", "64", 1);
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "tied classifier 67 -> 128", b_classifier_tied);
+	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier 67 classes padded", b_classifier_odd);
+	unsetenv("LOOM_VOCAB_PAD");
+}
+
 /* The products' switches against llm.c's use of cuBLASLt
  * (LOOM_CUDA_BGRAD_EPILOGUE: the bias gradient by BGRADB or the sibling's
  * own channel sum; LOOM_CUDA_LT_ALIGN: the heuristic told the plan's
