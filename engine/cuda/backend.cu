@@ -2245,6 +2245,21 @@ static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *a
 				      c->stream);
 }
 
+/* The device, and all of the plan's pieces at once (what ZeRO's checks
+ * on this backend take): else why not, naming the check. */
+static loom_status all_pieces(loom_cuda_ctx *c, const loom_plan *p, int first, int last,
+			      const char *what)
+{
+	loom_status st = use_device(c);
+	if (st != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the %s covers all pieces at once, not [%d, %d) of %d", what,
+				 first, last, p->n_pieces);
+	return LOOM_OK;
+}
+
 /* ZeRO's clipping on the device: this rank's sum of squares into
  * ctl->sumsq, in the compute stream's order, for the executor's
  * all-reduce; the next optim clips by it. No wait. */
@@ -2255,13 +2270,8 @@ static loom_status cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const l
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	(void)arena;
-	if ((st = use_device(c)) != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the gradient norm covers all pieces at once, not [%d, %d) of %d",
-				 first, last, p->n_pieces);
-	if ((st = push_host_state(c, ts)) != LOOM_OK ||
+	if ((st = all_pieces(c, p, first, last, "gradient norm")) != LOOM_OK ||
+	    (st = push_host_state(c, ts)) != LOOM_OK ||
 	    (st = loom_cuda_shard_sumsq(c, p, ts->micro, c->stream)) != LOOM_OK)
 		return st;
 	c->zero_norm = LOOM_CUDA_NORM_DEVICE;
@@ -2288,9 +2298,6 @@ static loom_status cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_are
 	return st;
 }
 
-/* ZeRO: this rank's pieces checked on the device, the verdict read back
- * (waits). ctl->found_inf is left clear for the decision, which takes the
- * executor's verdict. */
 /* ZeRO, on the device: this rank's pieces checked into ctl->found_inf,
  * which the executor sums over the ranks (NCCL, in the stream's order)
  * and the decision then reads; no wait. */
@@ -2301,13 +2308,8 @@ static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	(void)arena;
-	if ((st = use_device(c)) != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
-				 first, last, p->n_pieces);
-	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
+	if ((st = all_pieces(c, p, first, last, "overflow check")) != LOOM_OK ||
+	    (st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
 				  c->err, sizeof(c->err))) != LOOM_OK ||
 	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK)
 		return st;
@@ -2315,29 +2317,24 @@ static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
 	return LOOM_OK;
 }
 
+/* ZeRO through the host: the same check, the verdict read back (waits);
+ * the decision takes the executor's verdict. */
 static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
 				     int first, int last, int *finite)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
 	int32_t bad = 0;
-	(void)arena;
-	if ((st = use_device(c)) != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the overflow check covers all pieces at once, not [%d, %d) of %d",
-				 first, last, p->n_pieces);
-	if ((st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
-				  c->err, sizeof(c->err))) != LOOM_OK ||
-	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK ||
-	    (st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, &c->ctl->found_inf, sizeof(bad),
-						  cudaMemcpyDeviceToHost, c->stream),
-				  c->err, sizeof(c->err))) != LOOM_OK ||
-	    (st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err))) != LOOM_OK)
-		return st;
-	*finite = !bad;
-	return LOOM_OK;
+	void *flag = NULL;
+	loom_status st = cuda_grads_finite_device(ctx, p, arena, first, last, &flag);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, flag, sizeof(bad),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		*finite = !bad;
+	return st;
 }
 
 static void *cuda_stream_handle(void *ctx, loom_stream s)
