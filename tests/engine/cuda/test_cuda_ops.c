@@ -1970,6 +1970,25 @@ static int free_port(void)
 	return port;
 }
 
+/* A group of one through env:// (RANK 0, WORLD_SIZE 1 on a free port,
+ * unless the environment names one) with a device communicator. */
+static loom_pg *env_world1_group(void)
+{
+	char port[16];
+	if (!getenv("RANK")) {
+		snprintf(port, sizeof(port), "%d", free_port());
+		setenv("RANK", "0", 1);
+		setenv("WORLD_SIZE", "1", 1);
+		setenv("MASTER_ADDR", "127.0.0.1", 1);
+		setenv("MASTER_PORT", port, 1);
+	}
+	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_ENV, .timeout_s = 60, .want_device = 1 };
+	loom_pg *pg = NULL;
+	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
+	cr_assert_eq(loom_pg_get_info(pg)->world, 1);
+	return pg;
+}
+
 static double now_s(void)
 {
 	struct timespec t;
@@ -1989,18 +2008,7 @@ Test(cuda_nccl, env_world1_collectives)
 {
 	NEED_GPU();
 #if LOOM_HAVE_CUDA
-	char port[16];
-	if (!getenv("RANK")) {
-		snprintf(port, sizeof(port), "%d", free_port());
-		setenv("RANK", "0", 1);
-		setenv("WORLD_SIZE", "1", 1);
-		setenv("MASTER_ADDR", "127.0.0.1", 1);
-		setenv("MASTER_PORT", port, 1);
-	}
-	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_ENV, .timeout_s = 60, .want_device = 1 };
-	loom_pg *pg = NULL;
-	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
-	cr_assert_eq(loom_pg_get_info(pg)->world, 1);
+	loom_pg *pg = env_world1_group();
 	cr_assert_geq(loom_pg_get_info(pg)->device, 0);
 	loom_comm *c = loom_pg_comm(pg, LOOM_COMM_DEVICE);
 	cr_assert_not_null(c, "%s", loom_pg_error(pg));
@@ -2993,18 +3001,7 @@ Test(cuda_ops, cuda_graph_step_equals_eager)
 Test(cuda_nccl, env_world1_buckets_graph_equals_eager)
 {
 	NEED_GPU();
-	char port[16];
-	if (!getenv("RANK")) {
-		snprintf(port, sizeof(port), "%d", free_port());
-		setenv("RANK", "0", 1);
-		setenv("WORLD_SIZE", "1", 1);
-		setenv("MASTER_ADDR", "127.0.0.1", 1);
-		setenv("MASTER_PORT", port, 1);
-	}
-	loom_comm_options o = { .bootstrap = LOOM_COMM_BOOT_ENV, .timeout_s = 60, .want_device = 1 };
-	loom_pg *pg = NULL;
-	cr_assert_eq(loom_pg_init(&o, &pg), LOOM_OK, "%s", loom_pg_error(pg));
-	cr_assert_eq(loom_pg_get_info(pg)->world, 1);
+	loom_pg *pg = env_world1_group();
 	setenv("LOOM_DDP_WORLD1_BUCKETS", "1", 1);
 	graph_pg = pg;
 	graph_vs_eager("NCCL world 1, O0", LOOM_O0, LOOM_F16, -1);
