@@ -8,16 +8,22 @@
  * shared 2-core machine is noisy; the median resists it) and of the mean;
  * bench/run_convnet.sh puts PyTorch beside it.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench_util.h"
 #include "examples/models.h"
+#include "examples/peak.h"
 #include "loom.h"
 #include "loom_data.h"
 
 static int no_fusion;
+/* --peak-flops: the FLOP/s MFU is measured against; 0: a loom matmul at
+ * each level's precision, measured after its timed steps (examples/peak.h),
+ * the full-precision one and the half one once each. */
+static double peak_flops, peak_measured[2];
 static int no_cuda_graph;
 /* --loader own|into: each step's batch converted by a loader from bytes
  * (synthetic Fashion-MNIST-shaped images), into the bench's own buffers and
@@ -120,14 +126,23 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 		qsort(dt_step, steps, sizeof(double), bench_cmp_double);
 		loom_program_info info;
 		loom_program_info_get(p, &info);
-		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f | %8.0f | %7.2f | %6.2f |\n",
+		int halved = level != LOOM_O0;
+		double peak = peak_flops;
+		if (peak <= 0 && !peak_measured[halved])
+			peak_measured[halved] = train_peak_flops(
+				!strcmp(info.backend, "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU, level,
+				half, 1);
+		if (peak <= 0)
+			peak = peak_measured[halved];
+		printf("| O%d %-4s | %-6s | %8.0f | %8.0f | %9.3f | %9.3f | %9.3f | %9.3f | %11.3f | %8.4f | %8.0f | %7.2f | %6.2f | %5.2f |\n",
 		       level, level == LOOM_O0 ? "" : (half == LOOM_BF16 ? "bf16" : "fp16"),
 		       info.backend, b / dt_step[steps / 2], steps * (double)b / dt, info.param_bytes / 1048576.0,
 		       info.master_bytes / 1048576.0, info.grad_bytes / 1048576.0,
 		       info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0,
 		       loom_loss(p), steps * (double)b / cpu,
 		       (info.flops_fwd + info.flops_bwd) / b * 1e-6,
-		       (info.flops_fwd + info.flops_bwd) / dt_step[steps / 2] * 1e-9);
+		       (info.flops_fwd + info.flops_bwd) / dt_step[steps / 2] * 1e-9,
+		       train_mfu((info.flops_fwd + info.flops_bwd) / dt_step[steps / 2], peak));
 		snprintf(input_note[level], sizeof(input_note[level]),
 			 "O%d: input %s, %.0f bytes a step copied by the host", level,
 			 feed == FEED_INTO ? "from the loader into the program's buffers" :
@@ -177,7 +192,15 @@ int main(int argc, char **argv)
 			feed = FEED_INTO, i++;
 		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
 			loom_cpu_set_threads(atoi(argv[++i]));
-		else if (!strcmp(argv[i], "--bf16"))
+		else if (!strcmp(argv[i], "--peak-flops") && i + 1 < argc) {
+			char *end;
+			peak_flops = strtod(argv[++i], &end);
+			if (*end || !(peak_flops >= 0) || !isfinite(peak_flops)) {
+				fprintf(stderr, "bench_convnet: --peak-flops expects a number >= 0, "
+						"got '%s'\n", argv[i]);
+				return 2;
+			}
+		} else if (!strcmp(argv[i], "--bf16"))
 			half = LOOM_BF16;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
 			i++;
@@ -186,7 +209,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
 					"[--levels 0123] [--bf16] [--no-fusion] [--no-cuda-graph] "
-					"[--loader own|into] "
+					"[--loader own|into] [--peak-flops X] "
 					"[--device auto|cpu|cuda] "
 					"[--threads N]\n");
 			return 2;
@@ -199,8 +222,8 @@ int main(int argc, char **argv)
 	char cpu[128];
 	printf("ConvNet training step, batch %d, %d timed steps after %d warm-up; %s\n\n", b,
 	       steps, warmup, loom_cpu_describe(cpu, sizeof(cpu)));
-	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss | img/s per CPU-s | MFLOP/img | GFLOP/s (median step) |\n");
-	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- | -------- | ------- | ------ |\n");
+	printf("| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss | img/s per CPU-s | MFLOP/img | GFLOP/s (median step) | MFU %% |\n");
+	printf("| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- | -------- | ------- | ------ | ----- |\n");
 	int rc = 0;
 	for (const char *l = levels; *l; l++)
 		if (*l >= '0' && *l <= '3')

@@ -31,7 +31,7 @@ run() { # threads env... -> "median / mean / per CPU-second" img/s of the O0 ste
 	local t=$1
 	shift
 	env "$@" "$bin/bench/bench_convnet" --steps "$steps" --warmup 15 --levels 0 --threads "$t" \
-		2>/dev/null | tail -n 1 |
+		2>/dev/null | grep '^| O0' |
 		awk -F'|' '{ gsub(/ /, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $12); print $4 " / " $5 " / " $12 }'
 }
 

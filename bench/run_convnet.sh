@@ -23,7 +23,7 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	echo "| round | loom O0 img/s (median step / mean) | PyTorch 2 threads img/s (median step / mean) |"
 	echo "| --- | --- | --- |"
 	for r in 1 2 3; do
-		l=$("$bin/bench/bench_convnet" --steps 200 --warmup 20 --levels 0 2>/dev/null | tail -n 1 |
+		l=$("$bin/bench/bench_convnet" --steps 200 --warmup 20 --levels 0 2>/dev/null | grep "^| O0" |
 			awk -F'|' '{ gsub(/ /, "", $4); gsub(/ /, "", $5); print $4 " / " $5 }')
 		t=$(/usr/bin/python3 bench/torch_convnet.py speed --steps 200 --warmup 20 --threads 2 2>/dev/null |
 			sed -n 's/torch speed: \([0-9]*\) img\/s median step, \([0-9]*\) img\/s mean.*/\1 \/ \2/p')

@@ -20,6 +20,7 @@
 #include "base/splitmix.h"
 #include "comm/launch.h"
 #include "examples/gpt_data.h"
+#include "examples/peak.h"
 #include "examples/train.h"
 #include "loom.h"
 
@@ -698,50 +699,6 @@ out:
 	return rc;
 }
 
-/* FLOP/s of a square matrix product in loom on this machine at the run's
- * precision (under O1 and above the product runs in the half type), the
- * best of five (forward only): the peak MFU is measured against, as llm.c
- * does. 1024^3 on the CPU; 8192^3 on a GPU, where a smaller product is
- * mostly launch and synchronisation (1024^3 measured an H200 at 7 TFLOP/s,
- * and MFU read 600%). */
-static double peak_side(const train_args *a)
-{
-	return a->device == LOOM_DEVICE_CUDA ? 8192 : 1024;
-}
-
-static double measure_peak(const train_args *a)
-{
-	loom_graph *g = NULL;
-	loom_program *p = NULL;
-	loom_compile_opts o;
-	const int64_t n = (int64_t)peak_side(a);
-	int64_t d[2] = { n, n };
-	const double flop = 2.0 * (double)n * (double)n * (double)n;
-	double best = 0;
-	if (loom_graph_new(&g) != LOOM_OK)
-		return 0;
-	loom_value x = loom_param(g, "a", LOOM_F32, 2, d, LOOM_INIT_ONES, 0);
-	loom_value w = loom_param(g, "b", LOOM_F32, 2, d, LOOM_INIT_ONES, 0);
-	loom_value y = loom_sum(g, loom_matmul(g, x, w));
-	loom_compile_opts_default(&o);
-	o.device = a->device;
-	o.optim.kind = LOOM_OPTIM_NONE;
-	o.amp.level = a->level == LOOM_O0 ? LOOM_O0 : LOOM_O1;
-	o.amp.half = a->half;
-	if (loom_compile(g, y, &o, &p) == LOOM_OK)
-		for (int i = 0; i < 6; i++) {
-			double t0 = train_now();
-			if (loom_run(p, LOOM_RUN_FORWARD) != LOOM_OK)
-				break;
-			double dt = train_now() - t0;
-			if (i > 0 && flop / dt > best)
-				best = flop / dt;
-		}
-	loom_program_free(p);
-	loom_graph_free(g);
-	return best;
-}
-
 /* A linear warm-up over warmup steps, then cosine to a tenth (nanoGPT). */
 static double lr_at(const train_args *a, const gpt_cfg *c, int64_t step, int64_t total)
 {
@@ -1063,12 +1020,12 @@ int main(int argc, char **argv)
 		       .sampler = sampler, .windows = windows,
 		       .per_epoch = loom_sampler_len(sampler) / B / a->accumulate };
 	k.flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
-	k.peak = c.peak_flops > 0 ? c.peak_flops : measure_peak(a);
+	k.peak = c.peak_flops > 0 ? c.peak_flops :
+				    train_peak_flops(a->device, a->level, a->half, !a->no_tf32);
 	char how[64];
-	snprintf(how, sizeof(how), "a %.0f^3 loom matmul%s, measured", peak_side(a),
-		 a->level == LOOM_O0 ? "" : a->half == LOOM_BF16 ? " in bf16" : " in fp16");
 	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", k.peak / 1e9,
-	       c.peak_flops > 0 ? "--peak-flops" : how, k.flops_tok / 1e6);
+	       train_peak_how(how, sizeof(how), c.peak_flops, a->device, a->level, a->half),
+	       k.flops_tok / 1e6);
 
 	if (c.loss_file && t.rank == 0 && !(lossf = fopen(c.loss_file, "w"))) {
 		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));

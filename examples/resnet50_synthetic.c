@@ -8,9 +8,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/splitmix.h"
 #include "examples/models.h"
+#include "examples/peak.h"
 #include "examples/train.h"
 #include "loom.h"
 
@@ -48,6 +50,28 @@ static void bench_progress(train_run *t, void *ctx, const train_progress *pr)
 	printf("step %3lld/%lld%s  loss %.4f  %.2f s  %.1f img/s on rank 0\n", (long long)pr->done,
 	       (long long)pr->last, pr->done <= t->a.warmup ? " (warm-up)" : "",
 	       pr->tally->loss / pr->tally->steps, pr->secs, t->a.batch / pr->secs);
+}
+
+/* MFU of the mean rank: the plan's products (loom_program_info's FLOPs of a
+ * step, forward and backward) at its pace, against the peak (--peak-flops,
+ * or a loom matmul at the run's precision, measured now that the timed
+ * steps are over: on rank 0 only, the one that prints). */
+static void print_mfu(const train_run *t, double img_per_s)
+{
+	const train_args *a = &t->a;
+	loom_program_info info;
+	char how[64];
+	if (t->rank != 0 || a->pipeline > 1) /* a stage's plan is part of the model's */
+		return;
+	loom_program_info_get(t->p, &info);
+	loom_device dev = !strcmp(info.backend, "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_CPU;
+	double per_img = (info.flops_fwd + info.flops_bwd) / a->batch;
+	double peak = a->peak_flops > 0 ? a->peak_flops :
+					  train_peak_flops(dev, a->level, a->half, !a->no_tf32);
+	printf("MFU %.1f%% (%.2f GFLOP per image from the plan, %.1f GFLOP/s achieved; peak "
+	       "%.1f GFLOP/s, %s)\n",
+	       train_mfu(img_per_s * per_img, peak), per_img * 1e-9, img_per_s * per_img * 1e-9,
+	       peak * 1e-9, train_peak_how(how, sizeof(how), a->peak_flops, dev, a->level, a->half));
 }
 
 int main(int argc, char **argv)
@@ -124,6 +148,7 @@ int main(int argc, char **argv)
 	}
 	printf("total: %.2f img/s over %d rank%s (global batch %d; the slowest rank's pace: %.2f)\n",
 	       sum, t.world, t.world > 1 ? "s" : "", a->batch * t.world, slowest * t.world);
+	print_mfu(&t, sum / t.world);
 	rc = 0;
 out:
 	train_end(&t);

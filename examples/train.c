@@ -140,13 +140,14 @@ static void setting_num(loom_comm_setting *s, size_t *n, const char *name, doubl
  * kernels run, not what they compute; measured choices may differ between
  * ranks anyway), --no-cuda-graph (whether a step is one launch, not
  * what it computes) and --deterministic (which algorithms, as
- * --kernel-search). Every other flag of train_args.c
+ * --kernel-search) and --peak-flops (rank 0 prints MFU). Every other flag of train_args.c
  * is compared (tests/examples/test_settings.c holds the two lists to the
  * parser's table).
  */
 const char *const train_settings_free[] = {
 	"data", "log-interval", "dump-graph", "dump-plan", "memory-report", "threads",
-	"export", "metrics", "kernel-search", "no-cuda-graph", "deterministic", "help", NULL,
+	"export", "metrics", "kernel-search", "no-cuda-graph", "deterministic", "peak-flops", "help",
+	NULL,
 };
 
 size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s)

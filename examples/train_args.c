@@ -107,7 +107,8 @@ void train_usage(const train_program *prog, FILE *f)
 		fprintf(f,
 			"  --size N             image side (default %d; 64 or less: the CIFAR stem)\n"
 			"  --steps N            timed training steps (default %d)\n"
-			"  --warmup N           untimed steps before them (default %d)\n",
+			"  --warmup N           untimed steps before them (default %d)\n"
+			"  --peak-flops X       FLOP/s for MFU (default: measured with a loom matmul)\n",
 			d->size, d->steps, d->warmup);
 	if (g & TRAIN_FLAGS_FIT)
 		fprintf(f, "  --epochs N           epochs to train (default %d)\n", d->epochs);
@@ -246,7 +247,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM,
+	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM, O_PEAK,
 };
 
 /* Every flag and the group that brings it. */
@@ -289,6 +290,7 @@ static const struct {
 	{ TRAIN_FLAGS_BENCH, { "size", required_argument, 0, O_SIZE } },
 	{ TRAIN_FLAGS_BENCH, { "steps", required_argument, 0, O_STEPS } },
 	{ TRAIN_FLAGS_BENCH, { "warmup", required_argument, 0, O_WARMUP } },
+	{ TRAIN_FLAGS_BENCH, { "peak-flops", required_argument, 0, O_PEAK } },
 	{ TRAIN_FLAGS_CIFAR, { "synthetic", no_argument, 0, O_SYNTH } },
 	{ TRAIN_FLAGS_CIFAR, { "train-images", required_argument, 0, O_NTRAIN } },
 	{ TRAIN_FLAGS_CIFAR, { "test-images", required_argument, 0, O_NTEST } },
@@ -464,6 +466,13 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 	case O_WARMUP:
 		if (parse_int("--warmup", arg, 0, 1 << 30, &l, msg, msglen)) return -1;
 		a->warmup = (int)l;
+		break;
+	case O_PEAK:
+		if (parse_double("--peak-flops", arg, &a->peak_flops, msg, msglen) ||
+		    a->peak_flops < 0) { /* gpt_ddp's own --peak-flops says the same */
+			say(msg, msglen, "--peak-flops expects a number >= 0, got '%s'", arg);
+			return -1;
+		}
 		break;
 	case O_SYNTH: a->synthetic = 1; break;
 	case O_NTRAIN:

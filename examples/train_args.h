@@ -62,6 +62,7 @@ typedef struct train_args {
 	int augment;           /* random crop (pad 4) and flip */
 	/* TRAIN_FLAGS_BENCH */
 	int steps, warmup;     /* timed steps and untimed ones before them */
+	double peak_flops;     /* FLOP/s for MFU, 0: measured (examples/peak.h) */
 
 	/* data parallel and the picture */
 	int sync_bn;           /* batch-norm statistics over the global batch */

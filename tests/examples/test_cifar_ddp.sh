@@ -151,10 +151,34 @@ out=$("$R50" --depth 18 --size 32 --width 8 --batch-size 4 --steps 2 --warmup 1 
 check "resnet50_synthetic: 3 steps, one of them warm-up" "$out" "^step .*(warm-up)" 1
 check "resnet50_synthetic: images/s of rank 0" "$out" "^rank 0: [0-9.]* img/s (batch 4, 2 steps)" 1
 check "resnet50_synthetic: the total" "$out" "^total: [0-9.]* img/s over 1 rank" 1
+check "resnet50_synthetic: MFU against a measured loom matmul" "$out" \
+	"^MFU [0-9.]*% ([0-9.]* GFLOP per image from the plan, [0-9.]* GFLOP/s achieved; peak [0-9.]* GFLOP/s, a 1024\^3 loom matmul, measured)" 1
+# Against --peak-flops 1e11 (100 GFLOP/s) the MFU in percent is the
+# achieved GFLOP/s: the line's two numbers agree.
+out=$("$R50" --depth 18 --size 32 --width 8 --batch-size 4 --steps 2 --warmup 1 --device cpu \
+	--peak-flops 1e11 2>&1)
+mfu=$(sed -n 's/^MFU \([0-9.]*\)% (.* \([0-9.]*\) GFLOP\/s achieved; peak 100\.0 GFLOP\/s, --peak-flops)$/\1 \2/p' <<<"$out")
+if [ -n "$mfu" ] && [ "${mfu% *}" = "${mfu#* }" ] && [ "${mfu% *}" != 0.0 ]; then
+	ok "resnet50_synthetic --peak-flops: MFU is the achieved rate over the given peak ($mfu)"
+else
+	bad "resnet50_synthetic --peak-flops: MFU is the achieved rate over the given peak" \
+		"$(grep -a '^MFU' <<<"$out")"
+fi
+expect_r50() { # name pattern args...: resnet50_synthetic exits 2 naming the flag
+	local name=$1 pat=$2
+	shift 2
+	local o rc
+	o=$("$R50" "$@" 2>&1)
+	rc=$?
+	if [ $rc -eq 2 ] && grep -q -- "$pat" <<<"$o"; then ok "$name"; else bad "$name" "rc $rc: $o"; fi
+}
+expect_r50 "resnet50_synthetic --peak-flops -1: refused" "--peak-flops expects a number >= 0, got '-1'" \
+	--peak-flops -1
 out=$("${MPIRUN[@]}" -np 2 "$R50" --depth 18 --size 32 --width 8 --batch-size 4 --steps 2 \
 	--warmup 1 --device cpu 2>&1)
 check "resnet50_synthetic 2 ranks: both ranks' speed" "$out" "^rank [01]: [0-9.]* img/s" 2
 check "resnet50_synthetic 2 ranks: the total" "$out" "^total: [0-9.]* img/s over 2 ranks (global batch 8" 1
+check "resnet50_synthetic 2 ranks: one MFU line, rank 0's" "$out" "^MFU [0-9.]*% " 1
 out=$("$R50" --epochs 3 2>&1)
 check "resnet50_synthetic: training flags are not its own" "$out" "unknown or incomplete option '--epochs'" 1
 

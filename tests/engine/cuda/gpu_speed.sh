@@ -4,14 +4,15 @@
 # usage: gpu_speed.sh SPEED, where each line of SPEED is
 #   label <TAB> kind <TAB> log
 # kinds:
-#   loom_img   resnet50_synthetic: its "total: X img/s" line
+#   loom_img   resnet50_synthetic: its "total: X img/s" line and "MFU Y%" line
 #   torch_img  bench/torch_gpu.py: one line per JSON object of the log
 #              ("mode", "layout", "img_per_s"), the label followed by the mode
 #   loom_tok   gpt_ddp: the last "step ... X tok/s ... MFU Y%" line
 #   torch_tok  bench/torch_gpt.py: its "... X tok/s" line
 #   llmc_tok   llm.c's train_gpt2cu: the last "step ... | Y% bf16 MFU | X tok/s" line
 #   loom_table bench_convnet: each level's row of its table, the median
-#              step's img/s (the third column), the label followed by the level
+#              step's img/s (the third column) and MFU (the last), the label
+#              followed by the level
 # A log without its figure gives "-" and the log's last line, never a
 # made-up number. Always exits 0: the verdicts are gpu_summary.sh's.
 set -u
@@ -36,8 +37,9 @@ while IFS=$'\t' read -r label kind log; do
 	case $kind in
 	loom_img)
 		r=$(grep -ao 'total: [0-9.]* img/s' "$log" | tail -n 1 | sed 's/total: \([0-9.]*\) img\/s/\1/')
+		m=$(grep -a '^MFU [0-9.]*%' "$log" | tail -n 1 | sed 's/^MFU \([0-9.]*\)%.*/\1/')
 		if [ -n "$r" ]; then
-			line "$label" "$r" img/s - ""
+			line "$label" "$r" img/s "${m:+$m%}" ""
 		else
 			line "$label" - img/s - "$(last_line "$log")"
 		fi
@@ -88,12 +90,13 @@ while IFS=$'\t' read -r label kind log; do
 		;;
 	loom_table)
 		n=0
-		while IFS='|' read -r _ lvl _ med _; do
-			lvl=$(echo $lvl)
-			med=$(echo $med)
+		while IFS='|' read -r -a f; do
+			lvl=$(echo ${f[1]:-})
+			med=$(echo ${f[3]:-})
+			m=$(echo ${f[14]:-})
 			[[ $lvl == O[0-3]* ]] || continue
 			n=$((n + 1))
-			line "$label $lvl" "$med" img/s - "median step"
+			line "$label $lvl" "$med" img/s "${m:+$m%}" "median step"
 		done < <(grep -a '^| O[0-3]' "$log")
 		[ $n -eq 0 ] && line "$label" - img/s - "$(last_line "$log")"
 		;;

@@ -140,6 +140,15 @@ step   1/10 (warm-up)  loss 6.9100  3.10 s  20.6 img/s on rank 0
 step  10/10  loss 6.8000  0.08 s  800.0 img/s on rank 0
 rank 0: 812.34 img/s (batch 64, 8 steps)
 total: 812.34 img/s over 1 rank (global batch 64; the slowest rank's pace: 812.34)
+MFU 12.5% (12.30 GFLOP per image from the plan, 9991.8 GFLOP/s achieved; peak 79934.4 GFLOP/s, a 8192^3 loom matmul, measured)
+L
+cat >"$d/convnet.log" <<'L'
+| level   | device | img/s (median step) | img/s (mean) | params MiB | master MiB | grads MiB | optim MiB | activations MiB | last loss | img/s per CPU-s | MFLOP/img | GFLOP/s (median step) | MFU % |
+| ------- | ------ | -------- | -------- | --------- | --------- | --------- | --------- | ----------- | -------- | -------- | ------- | ------ | ----- |
+| O0      | cuda   |   176000 |   170000 |     0.111 |     0.000 |     0.111 |     0.111 |      18.542 |   0.0265 |     2339 |   16.40 | 2886.40 |  4.81 |
+| O2 fp16 | cuda   |   190000 |   185000 |     0.111 |     0.000 |     0.111 |     0.111 |      19.291 |   0.0265 |     1905 |   16.40 | 3116.00 |  0.52 |
+
+O0: input fixed, loom_set_input, 314000 bytes a step copied by the host
 L
 cat >"$d/r50_crash.log" <<'L'
 step   1/10 (warm-up)  loss 6.9100  3.10 s  20.6 img/s on rank 0
@@ -173,13 +182,16 @@ speed_gpt2${T}loom_tok${T}$d/gpt.log
 speed_torch_gpt2${T}torch_tok${T}$d/torch_gpt.log
 speed_gone${T}loom_img${T}$d/never_written.log
 speed_llmc${T}llmc_tok${T}$d/llmc.log
+speed_convnet${T}loom_table${T}$d/convnet.log
 R
 bash "$speed_sh" "$d/speed" >"$d/speed_out" 2>&1 || fail "gpu_speed.sh exited $?"
 cat "$d/speed_out"
 sp() { # label regex: the table's line for label matches regex
 	grep -qE "^$1 +$2" "$d/speed_out" || fail "speed table: $1 does not match '$2'"
 }
-sp speed_r50_fp32 '812\.34 img/s +- *$'
+sp speed_r50_fp32 '812\.34 img/s +12\.5% *$'
+sp 'speed_convnet O0' '176000 img/s +4\.81% +median step'
+sp 'speed_convnet O2 fp16' '190000 img/s +0\.52% +median step'
 sp speed_r50_crash '- img/s +- +resnet50_synthetic: step 2: cuda conv'
 sp 'speed_torch_r50_nchw eager-fp32' '1500\.2 img/s'
 sp 'speed_torch_r50_nchw amp-bf16' '2999\.5 img/s'
@@ -188,7 +200,7 @@ sp speed_gpt2 '50123 tok/s +21\.5% +last logged step'
 sp speed_torch_gpt2 '110534 tok/s'
 sp speed_gone '- +- +- +no log'
 sp speed_llmc '181234 tok/s +40\.3% +llm.c'
-[ "$(grep -c . "$d/speed_out")" -eq 11 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 11"
+[ "$(grep -c . "$d/speed_out")" -eq 13 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 13"
 
 echo "$failed failed"
 [ $failed -eq 0 ]
