@@ -707,7 +707,9 @@ typedef struct loom_program_info {
 	 * from the plan, so a layer whose input needs no gradient counts no
 	 * data-gradient product. Element-wise work (batch norm, relu, pooling,
 	 * the optimizer) is not counted: it is a few percent of the products'
-	 * FLOPs in a CNN. Divided by a step's time: the achieved FLOP/s. */
+	 * FLOPs in a CNN. A padded vocabulary's products (vocab_pad) count
+	 * at their padded extent: the work the step does, as llm.c counts
+	 * its padded table. Divided by a step's time: the achieved FLOP/s. */
 	double flops_fwd, flops_bwd;
 	double loss_scale;          /* 1 without dynamic scaling */
 	int64_t skipped_steps;      /* AMP steps skipped on overflow */
