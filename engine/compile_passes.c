@@ -54,6 +54,53 @@ static loom_status autodiff_run(loom_program *p, loom_pass_ctx *c)
 
 const loom_pass loom_pass_autodiff = { .name = "autodiff", .run = autodiff_run };
 
+/* ------------------------------------------------------------ recompute */
+
+/* loom_compile_opts.recompute, or LOOM_RECOMPUTE=N (0-2) instead. */
+static int recompute_level(const loom_compile_opts *o)
+{
+	const char *e = getenv("LOOM_RECOMPUTE");
+	if (e && *e) {
+		char *end;
+		long v = strtol(e, &end, 10);
+		if (*end == '\0' && v >= 0 && v <= 2)
+			return (int)v;
+	}
+	return o->recompute;
+}
+
+static int recompute_wanted(const loom_program *p)
+{
+	return !p->plan.opts.inference && recompute_level(&p->plan.opts) > 0;
+}
+
+/* Forward values made again in the backward (graph/recompute.c), right
+ * after autodiff: the fusions and formats then see the copies as any
+ * backward node. */
+static loom_status recompute_run(loom_program *p, loom_pass_ctx *c)
+{
+	int level = recompute_level(&p->plan.opts);
+	if (level > 2)
+		return loom_program_fail(p, LOOM_ERR_INVALID,
+					 "recompute: level %d; 0 (none), 1 (activations) or 2 "
+					 "(activations and norms)", level);
+	if (p->plan.opts.pipeline_stages > 1) {
+		loom_log("loom: recompute: not with pipeline stages yet; nothing is made again\n");
+		return LOOM_OK;
+	}
+	int n_fwd = p->plan.n_fwd;
+	loom_status st = loom_recompute_pass(p->plan.g, level, &n_fwd, &p->plan.loss,
+					     &p->plan.n_recomputed);
+	if (st != LOOM_OK)
+		return loom_program_fail(p, st, "%s", p->plan.g->err.msg);
+	p->plan.n_fwd = n_fwd;
+	c->loss = p->plan.loss;
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_recompute = { .name = "recompute", .wanted = recompute_wanted,
+					.run = recompute_run };
+
 /* ------------------------------------------------------------ device */
 
 const loom_backend *loom_test_backend;

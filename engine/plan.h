@@ -162,6 +162,7 @@ typedef struct loom_plan {
 	loom_value loss;
 	int n_fwd;            /* nodes [0, n_fwd) are the forward pass */
 	int n_reorders;       /* reorder nodes the format pass inserted (graph/formats.c) */
+	int n_recomputed;     /* values made again in the backward (graph/recompute.c) */
 	/* The vocab-pad pass (engine/vocab_pad.c): the classifier's vocabulary
 	 * and the padded row count its values were laid out with; 0 when the
 	 * plan pads nothing. */

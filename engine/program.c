@@ -682,6 +682,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		return;
 	info->backend = p->be->describe(p->be_ctx);
 	info->n_nodes = p->plan.g->n;
+	info->n_recomputed = p->plan.n_recomputed;
 	info->n_params = p->plan.n_params;
 	/* Pipeline stages: the figures of what this rank's stage holds. */
 	for (int i = 0; i < p->plan.n_params; i++) {

@@ -367,6 +367,19 @@ typedef void (*loom_format_query_fn)(void *ctx, const loom_graph *g, loom_value 
 loom_status loom_formats_pass(loom_graph *g, int *n_fwd, loom_value *loss,
 			      loom_format_query_fn query, void *ctx, int *n_reorders);
 
+/*
+ * Activation recomputation (graph/recompute.c): at level 1 the activation
+ * functions, at 2 also the norms, each forward value of those the backward
+ * reads is made again by a copy of its node placed before its first
+ * backward reader (with the casts and views between it and that reader),
+ * which every backward reader then reads; only where every source of the
+ * copy is a leaf or alive there anyway. Renumbers the graph (n_fwd and loss
+ * follow); *n_copies gets how many nodes were copied. Run right after
+ * autodiff, before the fusions.
+ */
+loom_status loom_recompute_pass(loom_graph *g, int level, int *n_fwd, loom_value *loss,
+				int *n_copies);
+
 /* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
  * check checkpoints and, later, that all ranks compiled the same graph). */
 uint64_t loom_graph_fingerprint(const loom_graph *g);

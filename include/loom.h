@@ -503,6 +503,20 @@ typedef struct loom_compile_opts {
 	 * variable LOOM_VOCAB_PAD=N decides instead (0: off). A graph with no
 	 * such classifier, or an aligned vocabulary, is left as it is. */
 	int vocab_pad;
+	/* Activation recomputation (llm.c's -r, Megatron's selective
+	 * recompute), for less memory at the cost of a little compute: a
+	 * forward value the backward reads is made again just before its
+	 * first backward reader, and the plan no longer holds it through the
+	 * step's middle. 0 (default): none; 1: the activation functions
+	 * (GELU, SiLU, relu); 2: those and the norms (layer norm, RMS norm),
+	 * with the casts and views that carry them to the backward. Only
+	 * where it saves memory: every source of a value made again is a
+	 * parameter or kept by the plan anyway. The same kernels on the same
+	 * inputs: a step's results are the same bits. Not with pipeline
+	 * stages yet (a line through the log; nothing made again). The
+	 * environment variable LOOM_RECOMPUTE=N decides instead.
+	 * loom_program_info.n_recomputed says how many values it made again. */
+	int recompute;
 } loom_compile_opts;
 
 /* loom_compile_opts.formats. */
@@ -700,6 +714,7 @@ typedef struct loom_program_info {
 	size_t activation_bytes;    /* the planned, reused activation region */
 	size_t activation_naive_bytes; /* the same without reuse */
 	int n_nodes;
+	int n_recomputed; /* values made again in the backward (loom_compile_opts.recompute) */
 	int n_params;
 	int64_t n_param_elems;
 	/* Floating-point operations of one step's products (conv2d and its two
