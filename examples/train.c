@@ -208,6 +208,7 @@ size_t train_settings(const train_program *prog, const train_args *a, loom_comm_
 	setting(s, &n, "--trace", "%s", a->trace ? "given" : "none");
 	setting(s, &n, "--trace-steps", "%d", a->trace_steps);
 	setting(s, &n, "--tf32", "%s", a->no_tf32 ? "off" : "on");
+	setting(s, &n, "--recompute", "%d", a->recompute);
 	/* Each rank reads --init-from after rank 0's parameters are broadcast. */
 	setting(s, &n, "--init-from", "%s", a->init_from ? "given" : "none");
 	setting(s, &n, "--reinit", "%s", a->reinit ? a->reinit : "");
@@ -567,6 +568,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.cuda_graph = !a->no_cuda_graph;
 	o.deterministic = a->deterministic;
 	o.kernel_search = a->kernel_search;
+	o.recompute = a->recompute;
 	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
@@ -630,12 +632,16 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	char stage[48] = "";
 	if (a->pipeline > 1)
 		snprintf(stage, sizeof(stage), " (pipeline stage %d's)", t->rank % a->pipeline);
+	char recomputed[64] = "";
+	if (info.n_recomputed > 0)
+		snprintf(recomputed, sizeof(recomputed), "; %d values made again in the backward",
+			 info.n_recomputed);
 	printf("model: %lld parameters%s; memory planned before step 1: %.2f MiB arena "
-	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
+	       "(params %.2f, master %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB%s)\n",
 	       (long long)info.n_param_elems, stage, info.arena_bytes / 1048576.0,
 	       info.param_bytes / 1048576.0, info.master_bytes / 1048576.0,
 	       info.grad_bytes / 1048576.0, info.optim_state_bytes / 1048576.0,
-	       info.activation_bytes / 1048576.0);
+	       info.activation_bytes / 1048576.0, recomputed);
 	fflush(stdout);
 	char merr[256];
 	if (t->metrics &&

@@ -169,6 +169,10 @@ void train_usage(const train_program *prog, FILE *f)
 		"                       its shape when the plan is made and keep the fastest\n"
 		"                       (--dump-graph shows them); off (default): a fixed kernel\n"
 		"                       per shape, runs repeat bit for bit\n"
+		"  --recompute N        make activations again in the backward instead of keeping\n"
+		"                       them (less memory, a little more compute; the same\n"
+		"                       results): 0 none (default), 1 GELU and SiLU, 2 those\n"
+		"                       and the norms (llm.c's -r)\n"
 		"  --dry-run            compile, print the above, and stop before step 1\n"
 		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
 		"                       (all ranks), as torch's SyncBatchNorm\n"
@@ -247,7 +251,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM, O_PEAK,
+	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM, O_PEAK, O_RECOMP,
 };
 
 /* Every flag and the group that brings it. */
@@ -280,6 +284,7 @@ static const struct {
 	{ TRAIN_FLAGS_FIT, { "max-steps", required_argument, 0, O_MAX } },
 	{ TRAIN_FLAGS_COMMON, { "dump-graph", no_argument, 0, O_DUMP } },
 	{ TRAIN_FLAGS_COMMON, { "kernel-search", required_argument, 0, O_KSEARCH } },
+	{ TRAIN_FLAGS_COMMON, { "recompute", required_argument, 0, O_RECOMP } },
 	{ TRAIN_FLAGS_COMMON, { "dump-plan", required_argument, 0, O_DUMP_PLAN } },
 	{ TRAIN_FLAGS_COMMON, { "memory-report", no_argument, 0, O_MEMREP } },
 	{ TRAIN_FLAGS_COMMON, { "dry-run", no_argument, 0, O_DRY } },
@@ -518,6 +523,10 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 			say(msg, msglen, "--memory-limit %g must be >= 0 (MiB)", a->memory_limit);
 			return -1;
 		}
+		break;
+	case O_RECOMP:
+		if (parse_int("--recompute", arg, 0, 2, &l, msg, msglen)) return -1;
+		a->recompute = (int)l;
 		break;
 	case O_KSEARCH:
 		if (!strcmp(arg, "on")) a->kernel_search = LOOM_KERNEL_SEARCH_ON;

@@ -369,7 +369,7 @@ loom_status loom_formats_pass(loom_graph *g, int *n_fwd, loom_value *loss,
 
 /*
  * Activation recomputation (graph/recompute.c): at level 1 the activation
- * functions, at 2 also the norms, each forward value of those the backward
+ * functions (GELU, SiLU), at 2 also the norms, each forward value of those the backward
  * reads is made again by a copy of its node placed before its first
  * backward reader (with the casts and views between it and that reader),
  * which every backward reader then reads; only where every source of the

@@ -6,13 +6,17 @@
  * then dies at its last forward reader, so the memory plan no longer holds
  * it across the step's middle, where the peak is.
  *
- * Only ops that are cheap and pure are made again: the activation functions
- * (level 1: GELU in both forms, SiLU, relu) and the norms (level 2 adds
- * layer norm and RMS norm), and a cast that reads one of them (O1 runs
- * layer norm in fp32 and casts its output for the next product). A value is
- * made again only when that saves memory: none of its sources may have to
- * be kept for it (each is a leaf, read by the backward at or after the
- * copy's place anyway, or made again itself), and no user reads it.
+ * Only ops that are cheap and pure are made again: the transformers'
+ * activation functions (level 1: GELU in both forms, SiLU) and the norms
+ * (level 2 adds layer norm and RMS norm), and the casts and views between
+ * one of them and its backward reader (O1 runs layer norm in fp32 and
+ * casts its output for the next product). Not relu: a CNN's relus are
+ * fused into the batch norm, add, pool or product before them (graph/
+ * fuse.c), and a copy in the backward only adds a buffer (the ConvNet's
+ * plan grew from 18.5 to 22.1 MiB with them). A value is made again only
+ * when that saves memory: none of its sources may have to be kept for it
+ * (each is a leaf, read by the backward at or after the copy's place
+ * anyway, or made again itself), and no user reads it.
  *
  * The copies are ordinary nodes of the backward (LOOM_NODE_BACKWARD, bwd_of
  * the value they copy, named "<name>.recompute"): the same kernel on the
@@ -30,8 +34,7 @@ static int recomputable_op(const loom_node *n, int level)
 	switch (n->op) {
 	case LOOM_OP_GELU:
 	case LOOM_OP_SILU:
-	case LOOM_OP_RELU:
-		return level >= 1 && !n->a.ew.relu;
+		return level >= 1;
 	case LOOM_OP_LAYERNORM:
 	case LOOM_OP_RMSNORM:
 		return level >= 2;
@@ -155,7 +158,11 @@ static loom_status insert_copies(loom_graph *g, rc_state *s, int *n_fwd, loom_va
 				    LOOM_NODE_BACKWARD;
 			nd->grad = nd->master = nd->made_by = LOOM_NONE;
 			nd->bwd_of = x; /* old numbering: remapped below */
-			snprintf(nd->name, sizeof(nd->name), "%.50s.recompute", g->nodes[x].name);
+			if (g->nodes[x].name[0])
+				snprintf(nd->name, sizeof(nd->name), "%.50s.recompute", g->nodes[x].name);
+			else
+				snprintf(nd->name, sizeof(nd->name), "%.30s#%d.recompute",
+					 loom_op_defs[g->nodes[x].op]->name, x);
 			copy[x] = k++;
 		}
 		nodes[k] = g->nodes[v];

@@ -508,7 +508,8 @@ typedef struct loom_compile_opts {
 	 * forward value the backward reads is made again just before its
 	 * first backward reader, and the plan no longer holds it through the
 	 * step's middle. 0 (default): none; 1: the activation functions
-	 * (GELU, SiLU, relu); 2: those and the norms (layer norm, RMS norm),
+	 * (GELU, SiLU; not relu, which a CNN fuses into the op before it);
+	 * 2: those and the norms (layer norm, RMS norm),
 	 * with the casts and views that carry them to the backward. Only
 	 * where it saves memory: every source of a value made again is a
 	 * parameter or kept by the plan anyway. The same kernels on the same

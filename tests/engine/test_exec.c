@@ -1311,11 +1311,13 @@ typedef struct pass_case {
 	int world, zero, stages, accumulate;
 	int conv; /* a conv -> batch norm -> relu -> pool graph, the planner's formats on */
 	int vocab; /* a tied classifier of 50 classes, vocab_pad 64 */
+	int recompute; /* x -> linear -> gelu -> linear, recompute 1 */
 } pass_case;
 
 static const pass_case pass_cases[] = {
 	{ "amp", .level = LOOM_O2 },
 	{ "autodiff" },
+	{ "recompute", .recompute = 1 },
 	{ "device" },
 	{ "fuse" },
 	{ "formats", .conv = 1 },
@@ -1375,6 +1377,13 @@ static void describe_compile(const pass_case *k, FILE *f)
 		w = loom_param(g, "wte", LOOM_F32, 2, dw, LOOM_INIT_KAIMING_UNIFORM, 16);
 		h = loom_linear(g, loom_embedding(g, ids, w), w, LOOM_NONE);
 		loss = loom_softmax_cross_entropy(g, h, loom_input(g, "labels", LOOM_I32, 1, di));
+	} else if (k->recompute) {
+		int64_t dx[2] = { 4, 8 }, dw1[2] = { 32, 8 }, dw2[2] = { 8, 32 };
+		loom_value x = loom_input(g, "x", LOOM_F32, 2, dx);
+		loom_value w1 = loom_param(g, "w1", LOOM_F32, 2, dw1, LOOM_INIT_KAIMING_UNIFORM, 8);
+		w = loom_param(g, "w2", LOOM_F32, 2, dw2, LOOM_INIT_KAIMING_UNIFORM, 32);
+		h = loom_gelu(g, loom_linear(g, x, w1, LOOM_NONE));
+		loss = loom_sum(g, loom_linear(g, h, w, LOOM_NONE));
 	} else {
 		loss = mlp_on(g);
 	}
@@ -1388,6 +1397,7 @@ static void describe_compile(const pass_case *k, FILE *f)
 	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
 	o.pipeline_stages = k->stages;
 	o.vocab_pad = k->vocab ? 64 : 0;
+	o.recompute = k->recompute;
 	o.micro_batches = k->stages ? 2 : 0;
 	if (k->conv) { /* .bazelrc pins LOOM_FORMATS=nchw for the other tests */
 		unsetenv("LOOM_FORMATS");

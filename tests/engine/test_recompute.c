@@ -1,0 +1,283 @@
+/*
+ * tests/engine/test_recompute.c — activation recomputation
+ * (loom_compile_opts.recompute, LOOM_RECOMPUTE; graph/recompute.c) on the
+ * CPU: a small GPT (two blocks, GELU MLPs, layer norms) trains to the same
+ * bits at every level (the copies run the same kernels on the same inputs),
+ * at O0, O1 and O2 with AdamW; the plan holds fewer activation bytes and
+ * says how many values it makes again; the copies are backward nodes that
+ * only backward nodes read, each before its first reader; a value the user
+ * reads stays as it is; bad levels are refused and the environment decides
+ * over the option.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/program_internal.h"
+#include "loom.h"
+
+#define V 40
+#define C 32
+#define T 16
+#define B 4
+#define STEPS 3
+
+typedef struct gpt {
+	loom_graph *g;
+	loom_value loss, mlp_act;
+	loom_value params[64];
+	int n;
+} gpt;
+
+static loom_value param(gpt *m, const char *name, int ndim, int64_t d0, int64_t d1,
+			loom_init init, int64_t fan_in)
+{
+	int64_t d[2] = { d0, d1 };
+	loom_value v = loom_param(m->g, name, LOOM_F32, ndim, d, init, fan_in);
+	m->params[m->n++] = v;
+	return v;
+}
+
+static loom_value linear(gpt *m, const char *name, loom_value x, int64_t out, int64_t in)
+{
+	char wn[64], bn[64];
+	snprintf(wn, sizeof(wn), "%s.weight", name);
+	snprintf(bn, sizeof(bn), "%s.bias", name);
+	loom_value w = param(m, wn, 2, out, in, LOOM_INIT_KAIMING_UNIFORM, in);
+	loom_value b = param(m, bn, 1, out, 0, LOOM_INIT_UNIFORM_FAN_IN, in);
+	return loom_linear(m->g, x, w, b);
+}
+
+static loom_value layernorm(gpt *m, const char *name, loom_value x)
+{
+	char wn[64], bn[64];
+	snprintf(wn, sizeof(wn), "%s.weight", name);
+	snprintf(bn, sizeof(bn), "%s.bias", name);
+	loom_value w = param(m, wn, 1, C, 0, LOOM_INIT_ONES, 0);
+	loom_value b = param(m, bn, 1, C, 0, LOOM_INIT_ZEROS, 0);
+	return loom_layernorm(m->g, x, w, b, 1e-5);
+}
+
+/* Two GPT-2 blocks and an untied classifier; mark: the first block's
+ * GELU output is an output the user reads. */
+static void build(gpt *m, int mark)
+{
+	memset(m, 0, sizeof(*m));
+	cr_assert_eq(loom_graph_new(&m->g), LOOM_OK);
+	loom_graph *g = m->g;
+	int64_t bt[2] = { B, T }, flat[1] = { B * T }, lg[2] = { B * T, V };
+	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
+	loom_value pos = loom_input(g, "pos", LOOM_I32, 2, bt);
+	loom_value targets = loom_input(g, "targets", LOOM_I32, 1, flat);
+	loom_value wte = param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
+	loom_value wpe = param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
+	loom_value x = loom_add(g, loom_embedding(g, ids, wte), loom_embedding(g, pos, wpe));
+	for (int l = 0; l < 2; l++) {
+		char nm[32];
+		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
+		loom_value h = layernorm(m, nm, x);
+		snprintf(nm, sizeof(nm), "h%d.c_attn", l);
+		h = loom_causal_self_attention(g, linear(m, nm, h, 3 * C, C), 2);
+		snprintf(nm, sizeof(nm), "h%d.attn_proj", l);
+		x = loom_add(g, x, linear(m, nm, h, C, C));
+		snprintf(nm, sizeof(nm), "h%d.ln_2", l);
+		loom_value n2 = layernorm(m, nm, x);
+		snprintf(nm, sizeof(nm), "h%d.c_fc", l);
+		h = loom_gelu(g, linear(m, nm, n2, 4 * C, C));
+		if (l == 0)
+			m->mlp_act = h;
+		snprintf(nm, sizeof(nm), "h%d.mlp_proj", l);
+		x = loom_add(g, x, linear(m, nm, h, C, 4 * C));
+	}
+	x = layernorm(m, "ln_f", x);
+	loom_value logits = loom_reshape(g, linear(m, "head", x, V, C), 2, lg);
+	m->loss = loom_softmax_cross_entropy(g, logits, targets);
+	if (mark)
+		loom_mark_output(g, m->mlp_act);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+}
+
+static loom_status try_compile(gpt *m, int level, loom_opt_level amp, loom_program **p)
+{
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_ADAMW;
+	o.optim.lr = 3e-3;
+	o.optim.weight_decay = 0.1;
+	o.amp.level = amp;
+	if (amp != LOOM_O0)
+		o.amp.half = LOOM_BF16;
+	o.recompute = level;
+	return loom_compile(m->g, m->loss, &o, p);
+}
+
+static loom_program *compile(gpt *m, int level, loom_opt_level amp)
+{
+	loom_program *p = NULL;
+	cr_assert_eq(try_compile(m, level, amp, &p), LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+static void feed(loom_program *p, int k)
+{
+	int32_t ids[B * T], pos[B * T], tg[B * T];
+	for (int i = 0; i < B * T; i++) {
+		ids[i] = (i * 7 + k * 13 + 3) % V;
+		pos[i] = i % T;
+		tg[i] = (i * 11 + k * 5 + 1) % V;
+	}
+	cr_assert_eq(loom_set_input(p, "ids", ids, LOOM_I32, B * T), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "pos", pos, LOOM_I32, B * T), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "targets", tg, LOOM_I32, B * T), LOOM_OK);
+}
+
+static void train(loom_program *p, double *loss)
+{
+	for (int k = 0; k < STEPS; k++) {
+		feed(p, k);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_last_error());
+		loss[k] = loom_loss(p);
+	}
+}
+
+/* Every parameter of a and b: the same bits. */
+static void same_params(loom_program *a, loom_program *b, const gpt *m, int level)
+{
+	for (int i = 0; i < m->n; i++) {
+		size_t n = (size_t)loom_shape_numel(&m->g->nodes[m->params[i]].shape);
+		double *x = malloc(sizeof(double) * n), *y = malloc(sizeof(double) * n);
+		cr_assert_eq(loom_read_f64(a, m->params[i], x, n), LOOM_OK);
+		cr_assert_eq(loom_read_f64(b, m->params[i], y, n), LOOM_OK);
+		cr_assert(memcmp(x, y, sizeof(double) * n) == 0,
+			  "recompute %d: parameter %s differs from the plain run's", level,
+			  m->g->nodes[m->params[i]].name);
+		free(x);
+		free(y);
+	}
+}
+
+/* The copies: backward nodes named ".recompute", read only by backward
+ * nodes, each after it; nothing in the forward reads one. */
+static void copies_well_placed(const loom_program *p)
+{
+	const loom_graph *g = p->plan.g;
+	int copies = 0;
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		int is_copy = strstr(n->name, ".recompute") != NULL;
+		copies += is_copy;
+		if (is_copy) {
+			cr_assert(v >= p->plan.n_fwd, "copy %d '%s' in the forward", v, n->name);
+			cr_assert(n->flags & LOOM_NODE_BACKWARD);
+			cr_assert(n->bwd_of != LOOM_NONE && n->bwd_of < p->plan.n_fwd);
+		}
+		for (int i = 0; i < n->nsrc; i++) {
+			loom_value s = n->src[i];
+			if (s == LOOM_NONE || !strstr(g->nodes[s].name, ".recompute"))
+				continue;
+			cr_assert(v >= p->plan.n_fwd, "forward node %d reads copy %d", v, s);
+			cr_assert(s < v, "node %d reads copy %d made after it", v, s);
+		}
+	}
+	cr_assert_eq(copies, p->plan.n_recomputed, "%d copies named, %d counted", copies,
+		     p->plan.n_recomputed);
+}
+
+static void same_bits_at(loom_opt_level amp)
+{
+	gpt m;
+	build(&m, 0);
+	loom_program *p[3];
+	double loss[3][STEPS];
+	loom_program_info info[3];
+	for (int r = 0; r < 3; r++) {
+		p[r] = compile(&m, r, amp);
+		loom_program_info_get(p[r], &info[r]);
+		copies_well_placed(p[r]);
+		train(p[r], loss[r]);
+	}
+	cr_assert_eq(info[0].n_recomputed, 0);
+	cr_assert(info[1].n_recomputed >= 2, "level 1: %d values made again (the two GELUs)",
+		  info[1].n_recomputed);
+	cr_assert(info[2].n_recomputed > info[1].n_recomputed,
+		  "level 2 makes the norms again too: %d against %d", info[2].n_recomputed,
+		  info[1].n_recomputed);
+	for (int r = 1; r < 3; r++) {
+		for (int k = 0; k < STEPS; k++)
+			cr_assert(memcmp(&loss[r][k], &loss[0][k], sizeof(double)) == 0,
+				  "O%d recompute %d step %d: loss %.17g against %.17g", (int)amp, r,
+				  k, loss[r][k], loss[0][k]);
+		same_params(p[r], p[0], &m, r);
+	}
+	cr_assert(info[1].activation_bytes < info[0].activation_bytes,
+		  "O%d level 1 plans %zu activation bytes, none %zu", (int)amp,
+		  info[1].activation_bytes, info[0].activation_bytes);
+	cr_assert(info[2].activation_bytes < info[1].activation_bytes,
+		  "O%d level 2 plans %zu activation bytes, level 1 %zu", (int)amp,
+		  info[2].activation_bytes, info[1].activation_bytes);
+	for (int r = 0; r < 3; r++)
+		loom_program_free(p[r]);
+	loom_graph_free(m.g);
+}
+
+Test(recompute, o0_same_bits_less_memory) { same_bits_at(LOOM_O0); }
+Test(recompute, o1_bf16_same_bits_less_memory) { same_bits_at(LOOM_O1); }
+Test(recompute, o2_bf16_same_bits_less_memory) { same_bits_at(LOOM_O2); }
+
+/* A value the user reads (loom_mark_output) keeps its place and is not
+ * made again: the other GELU is. */
+Test(recompute, an_output_is_left_alone)
+{
+	gpt m;
+	build(&m, 1);
+	loom_program *p = compile(&m, 1, LOOM_O0);
+	cr_assert_eq(p->plan.n_recomputed, 1, "%d values made again; only the second GELU may be",
+		     p->plan.n_recomputed);
+	double *x = malloc(sizeof(double) * B * T * 4 * C);
+	feed(p, 0);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK);
+	cr_assert_eq(loom_read_f64(p, m.mlp_act, x, B * T * 4 * C), LOOM_OK, "%s",
+		     loom_last_error());
+	free(x);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+}
+
+Test(recompute, bad_level_refused)
+{
+	gpt m;
+	build(&m, 0);
+	loom_program *p = NULL;
+	cr_assert_eq(try_compile(&m, 3, LOOM_O0, &p), LOOM_ERR_INVALID);
+	cr_assert(strstr(loom_last_error(), "recompute: level 3"), "%s", loom_last_error());
+	loom_program_free(p);
+	loom_graph_free(m.g);
+}
+
+/* LOOM_RECOMPUTE decides over the option; an inference plan has no
+ * backward to make anything in. */
+Test(recompute, environment_and_inference)
+{
+	gpt m;
+	build(&m, 0);
+	setenv("LOOM_RECOMPUTE", "2", 1);
+	loom_program *p = compile(&m, 0, LOOM_O0);
+	cr_assert(p->plan.n_recomputed > 0, "LOOM_RECOMPUTE=2 over recompute 0");
+	loom_program_free(p);
+	setenv("LOOM_RECOMPUTE", "0", 1);
+	p = compile(&m, 2, LOOM_O0);
+	cr_assert_eq(p->plan.n_recomputed, 0, "LOOM_RECOMPUTE=0 over recompute 2");
+	loom_program_free(p);
+	unsetenv("LOOM_RECOMPUTE");
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.inference = 1;
+	o.recompute = 2;
+	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(p->plan.n_recomputed, 0);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+}
