@@ -404,9 +404,135 @@ static loom_status place_activations(planner *pl, allocator *a)
 	return LOOM_OK;
 }
 
+/* One storage of the activation region for the offline placement: an
+ * owner and the owners written in place over it after it (one chain of
+ * LOOM_OPF_INPLACE successors, all of one size), alive from the first's
+ * write to the last's last read, both positions included. */
+typedef struct group {
+	int start, end;
+	size_t size, off;
+} group;
+
+/* Largest first; then earliest; then the group's number. */
+typedef struct group_key {
+	size_t size;
+	int start, id;
+} group_key;
+
+static int by_size(const void *a, const void *b)
+{
+	const group_key *x = a, *y = b;
+	if (x->size != y->size)
+		return x->size > y->size ? -1 : 1;
+	if (x->start != y->start)
+		return x->start < y->start ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/*
+ * Offline placement of what place_activations just placed (the same
+ * lifetimes and in-place chains): largest first, each at the lowest offset
+ * that no storage alive at the same time holds ("greedy by size",
+ * Pisarchyk and Lee, 2020). Best fit, on line, cannot see that a value
+ * made late (an activation made again in the backward, graph/recompute.c)
+ * needs a hole the forward's values have since split: GPT-2 124M O2 with
+ * recompute 1 placed 898 MiB over a live peak of 800. Kept when smaller
+ * (LOOM_MEMPLAN_BY_SIZE=0: never; =1: always, for tests).
+ */
+static loom_status place_by_size(planner *pl, allocator *a)
+{
+	loom_memplan *mp = pl->mp;
+	const char *e = getenv("LOOM_MEMPLAN_BY_SIZE");
+	const int mode = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 2 : 1;
+	const int n = pl->n;
+	loom_status st = LOOM_OK;
+	if (mode == 0 || n == 0)
+		return LOOM_OK;
+	int *gid = malloc(sizeof(int) * (size_t)n), *near = NULL, ng = 0;
+	void *order = NULL;
+	group *gr = calloc((size_t)n, sizeof(*gr));
+	if (!gid || !gr) {
+		st = LOOM_ERR_NOMEM;
+		goto out;
+	}
+	/* Groups in schedule order: a successor joins its source's group. */
+	for (int i = 0; i < n; i++) {
+		loom_value v = mp->schedule[i];
+		gid[v] = -1;
+	}
+	for (int i = 0; i < n; i++) {
+		loom_value v = mp->schedule[i];
+		if (pl->made_at[v] != i)
+			continue;
+		for (loom_value w = v; w != LOOM_NONE; w = w == v ? mp->sibling[v] : mp->sibling_next[w]) {
+			if (!is_act_owner(pl, w))
+				continue;
+			loom_value s = mp->inplace[w];
+			int end = pl->last[w] > i ? pl->last[w] : i;
+			if (s != LOOM_NONE && s != w && gid[s] >= 0) {
+				gid[w] = gid[s];
+				if (end > gr[gid[w]].end)
+					gr[gid[w]].end = end;
+				continue;
+			}
+			gid[w] = ng;
+			gr[ng++] = (group){ .start = i, .end = end, .size = value_bytes(pl->g, w) };
+		}
+	}
+	order = malloc(sizeof(group_key) * (size_t)(ng ? ng : 1));
+	near = malloc(sizeof(int) * (size_t)(ng ? ng : 1)); /* the placed, by offset */
+	if (!order || !near) {
+		st = LOOM_ERR_NOMEM;
+		goto out;
+	}
+	group_key *key = (group_key *)order;
+	for (int k = 0; k < ng; k++)
+		key[k] = (group_key){ gr[k].size, gr[k].start, k };
+	qsort(key, (size_t)ng, sizeof(group_key), by_size);
+	size_t top = 0;
+	int np = 0;
+	for (int k = 0; k < ng; k++) {
+		group *x = &gr[key[k].id];
+		size_t off = 0;
+		int at = np; /* where x goes in the offset order */
+		for (int j = 0; j < np; j++) {
+			const group *y = &gr[near[j]];
+			if (!(y->start <= x->end && x->start <= y->end))
+				continue; /* never alive with x */
+			if (y->off >= off + x->size)
+				break; /* the gap before y holds x */
+			if (y->off + y->size > off)
+				off = y->off + y->size;
+		}
+		x->off = off;
+		while (at > 0 && gr[near[at - 1]].off > off)
+			at--;
+		memmove(&near[at + 1], &near[at], sizeof(int) * (size_t)(np - at));
+		near[at] = key[k].id;
+		np++;
+		if (off + x->size > top)
+			top = off + x->size;
+	}
+	if (mode == 2 || top < a->top) {
+		for (int i = 0; i < n; i++) {
+			loom_value v = mp->schedule[i];
+			if (gid[v] >= 0)
+				mp->offset[v] = gr[gid[v]].off;
+		}
+		a->top = top;
+	}
+out:
+	free(gid);
+	free(gr);
+	free(order);
+	free(near);
+	return st;
+}
+
 /*
  * Places the activations with in-place writes and, when any was taken,
- * also without; keeps the smaller region (in place on a tie). Writing in
+ * also without; keeps the smaller region (in place on a tie); then the
+ * offline placement of that one, where smaller. Writing in
  * place never adds live bytes, but the merged value is placed where its
  * source was, early, and best fit can then leave a hole later: a GPT whose
  * peak is elsewhere than its loss can plan smaller without. At a large
@@ -422,15 +548,17 @@ static loom_status place_activations_best(planner *pl, allocator *a)
 	for (int v = 0; v < pl->n && !any; v++)
 		any = pl->mp->inplace[v] != LOOM_NONE;
 	if (!any)
-		return LOOM_OK;
+		return place_by_size(pl, a);
 	size_t with = a->top;
 	pl->inplace_on = 0;
 	if ((st = place_activations(pl, a)) != LOOM_OK)
 		return st;
 	if (a->top < with)
-		return LOOM_OK;
+		return place_by_size(pl, a);
 	pl->inplace_on = 1;
-	return place_activations(pl, a);
+	if ((st = place_activations(pl, a)) != LOOM_OK)
+		return st;
+	return place_by_size(pl, a);
 }
 
 /* Aliases take their owner's place, a view view_off bytes into its

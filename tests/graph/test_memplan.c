@@ -757,3 +757,33 @@ Test(memplan, gpt_loss_holds_one_logits_buffer_v50257, .timeout = 120)
 	expect_one_logits_buffer(50257, LOOM_O0);
 	expect_one_logits_buffer(50257, LOOM_O1);
 }
+
+/* The offline placement (greedy by size, graph/memplan.c), forced on
+ * (LOOM_MEMPLAN_BY_SIZE=1): no two values alive together share bytes, with
+ * siblings (O1) and in-place writes; by default the plan is the smaller of
+ * it and best fit, never larger than best fit alone (=0). */
+Test(memplan, offline_placement_never_shares_live_bytes)
+{
+	setenv("LOOM_MEMPLAN_BY_SIZE", "1", 1);
+	expect_no_live_overlap(convnet(NULL));
+	expect_no_live_overlap(convnet_at(NULL, LOOM_O1));
+	unsetenv("LOOM_MEMPLAN_BY_SIZE");
+}
+
+Test(memplan, offline_placement_is_kept_only_when_smaller)
+{
+	loom_program_info a, b;
+	for (int level = 0; level <= 1; level++) {
+		setenv("LOOM_MEMPLAN_BY_SIZE", "0", 1);
+		loom_program *p = gpt_tail(256, (loom_opt_level)level, 0);
+		loom_program_info_get(p, &a);
+		loom_program_free(p);
+		unsetenv("LOOM_MEMPLAN_BY_SIZE");
+		p = gpt_tail(256, (loom_opt_level)level, 0);
+		loom_program_info_get(p, &b);
+		loom_program_free(p);
+		cr_assert_leq(b.activation_bytes, a.activation_bytes,
+			      "O%d: %zu activation bytes planned, best fit alone %zu", level,
+			      b.activation_bytes, a.activation_bytes);
+	}
+}
