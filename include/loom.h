@@ -512,9 +512,9 @@ typedef struct loom_compile_opts {
 	 * 2: those and the norms (layer norm, RMS norm),
 	 * with the casts and views that carry them to the backward. Only
 	 * where no source is kept longer for it (each is a parameter or kept
-	 * by the plan anyway), so the live bytes never grow; the best-fit
-	 * placement can still come out larger (GPT-2 124M O2 at level 1:
-	 * +2.8%), and --memory-report says before step 1. The same kernels on the same
+	 * by the plan anyway), so the live bytes never grow (and the
+	 * planner's offline placement finds the copies their holes);
+	 * --memory-report says before step 1. The same kernels on the same
 	 * inputs: a step's results are the same bits. Not with pipeline
 	 * stages yet (a line through the log; nothing made again). The
 	 * environment variable LOOM_RECOMPUTE=N decides instead.
