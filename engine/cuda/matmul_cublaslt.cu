@@ -374,6 +374,9 @@ static int quiet_between(const loom_plan *p, int sa, int sb, loom_value x)
  * v's dtype, the aux row (n) a multiple of 8, and what the epilogue writes
  * apart from what the product reads (DGELU: or exactly on v's own output).
  * g's bias gradient stays where it is (the weight gradient's BGRADB).
+ * A GELU made again in the backward (graph/recompute.c) is another reader
+ * of v: the forward's GELU then keeps its own kernel too, so that the copy
+ * computes the same bits as the value it stands for.
  */
 loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux)
 {
