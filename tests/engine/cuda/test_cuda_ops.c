@@ -1729,6 +1729,39 @@ Test(cuda_ops, gpt_fusions_chosen_on_the_plan)
 		}
 }
 
+/* With the GELU made again in the backward (LOOM_RECOMPUTE=1,
+ * graph/recompute.c) the copy reads c_fc's output too: the forward's GELU
+ * keeps its own kernel (no GELU_AUX), so that the copy, an own kernel,
+ * computes the same bits as the value it stands for. Plan-level: runs
+ * wherever the plugin builds. Seen failing with the copy counted as a
+ * reader of the pre-activation like the GELU backward. */
+Test(cuda_ops, gelu_made_again_keeps_its_own_kernel)
+{
+	const loom_cuda_plugin *pl = plugin();
+	if (!pl)
+		cr_skip_test("needs a build with the CUDA toolkit (the plugin's test hooks)");
+	for (int r = 0; r <= 1; r++) {
+		loom_graph *g;
+		loom_program *p;
+		loom_compile_opts o;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value loss = gpt_tail(g, LOOM_BF16, 1, 0, 0);
+		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.optim.kind = LOOM_OPTIM_NONE;
+		o.recompute = r;
+		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+		int ce = -1, aux = -1, dgelu = -1;
+		pl->test_gpt_fusions(&p->plan, &ce, &aux, &dgelu);
+		cr_expect_eq(p->plan.n_recomputed > 0, r, "recompute %d: %d values made again", r,
+			     p->plan.n_recomputed);
+		cr_expect_eq(aux, !r, "recompute %d: GELU_AUX %d", r, aux);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}
+
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
  * (bf16) into softmax cross-entropy (fp32), forward and backward. */
 static loom_value b_classifier_o1(loom_graph *g, tcase *t)
