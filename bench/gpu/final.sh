@@ -22,6 +22,10 @@ r gpt_O1_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O1
 r gpt_O2_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O2
 grep -a "vocab_pad\|padded" $o/gpt_O1_vpad128.log | head -3
+# Activations made again in the backward (graph/recompute.c): level 2 against
+# none, the same losses, the planned activations on the model line.
+r gpt_O1_recompute2 $b/gpt_ddp $G --opt-level O1 --recompute 2
+grep -a "^model:" $o/gpt_O1.log $o/gpt_O1_recompute2.log | cut -c1-240
 r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .gpu-bundle/llmc/train.bin -j .gpu-bundle/llmc/val.bin
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph

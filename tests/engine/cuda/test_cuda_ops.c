@@ -1762,6 +1762,20 @@ Test(cuda_ops, gelu_made_again_keeps_its_own_kernel)
 	}
 }
 
+/* Activations made again in the backward (LOOM_RECOMPUTE, graph/
+ * recompute.c) on the GPU against the CPU, in every dtype: GELU (level 1)
+ * and layer norm with its O1 cast (level 2), forward and gradients. */
+static loom_value b_classifier_o1(loom_graph *g, tcase *t);
+Test(cuda_ops, recompute_against_cpu)
+{
+	NEED_GPU();
+	both_switch_values("LOOM_RECOMPUTE", "mlp gelu tanh", b_mlp_tanh);
+	both_switch_values("LOOM_RECOMPUTE", "mlp gelu erf", b_mlp_erf);
+	setenv("LOOM_RECOMPUTE", "2", 1);
+	each_dtype("classifier O1 LOOM_RECOMPUTE=2", b_classifier_o1, LOOM_RUN_GRAD);
+	unsetenv("LOOM_RECOMPUTE");
+}
+
 /* The GPT's classifier at O1 bf16: layer norm (fp32) into the product
  * (bf16) into softmax cross-entropy (fp32), forward and backward. */
 static loom_value b_classifier_o1(loom_graph *g, tcase *t)
