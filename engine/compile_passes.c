@@ -98,8 +98,33 @@ static loom_status recompute_run(loom_program *p, loom_pass_ctx *c)
 	return LOOM_OK;
 }
 
+/* Refused for memory under a memory limit: compile again with every
+ * activation made again that can be (level 2), where the plan has a
+ * backward, no pipeline stages (their cut has its own retry) and
+ * LOOM_RECOMPUTE does not decide. */
+static int recompute_retry(const loom_program *p, loom_compile_opts *o)
+{
+	const char *e = getenv("LOOM_RECOMPUTE");
+	if (!(o->memory_limit_mb > 0) || o->inference || o->pipeline_stages > 1 ||
+	    o->recompute >= 2 || (e && *e))
+		return 0;
+	/* Only a graph with something to make again (a CNN's relus are not). */
+	int any = 0;
+	for (loom_value v = 0; v < p->plan.n_fwd && !any; v++) {
+		loom_op op = p->plan.g->nodes[v].op;
+		any = op == LOOM_OP_GELU || op == LOOM_OP_SILU || op == LOOM_OP_LAYERNORM ||
+		      op == LOOM_OP_RMSNORM;
+	}
+	if (!any)
+		return 0;
+	loom_log("loom: %s; compiling again with activations made again in the backward "
+		 "(recompute 2)\n", p->err.msg);
+	o->recompute = 2;
+	return 1;
+}
+
 const loom_pass loom_pass_recompute = { .name = "recompute", .wanted = recompute_wanted,
-					.run = recompute_run };
+					.run = recompute_run, .retry = recompute_retry };
 
 /* ------------------------------------------------------------ device */
 
@@ -310,13 +335,18 @@ static loom_status check_memory_limit(loom_program *p)
 {
 	double limit = p->plan.opts.memory_limit_mb;
 	double peak = loom_plan_peak(&p->plan, p->peak_extra) / 1048576.0;
+	char rc[80] = "";
+	if (p->plan.n_recomputed > 0)
+		snprintf(rc, sizeof(rc), ", with %d activations made again (recompute %d)",
+			 p->plan.n_recomputed, p->plan.opts.recompute);
 	if (limit > 0 && peak > limit)
 		return loom_program_fail(p, LOOM_ERR_NOMEM,
 					 "the planned peak of %.2f MiB (activations %.2f, persistent "
-					 "%.2f, optimizer state %.2f, workspace %.2f) exceeds the memory "
+					 "%.2f, optimizer state %.2f, workspace %.2f%s) exceeds the memory "
 					 "limit of %.2f MiB", peak, p->plan.mp.act_bytes / 1048576.0,
 					 p->plan.mp.persist_bytes / 1048576.0,
-					 p->plan.state_bytes / 1048576.0, p->plan.ws_bytes / 1048576.0, limit);
+					 p->plan.state_bytes / 1048576.0, p->plan.ws_bytes / 1048576.0, rc,
+					 limit);
 	return LOOM_OK;
 }
 

@@ -459,7 +459,9 @@ typedef struct loom_compile_opts {
 	 * larger is refused at compile with LOOM_ERR_NOMEM, the message giving
 	 * the planned peak, before anything is allocated. Under pipeline
 	 * stages every rank checks every stage's plan (so all refuse alike)
-	 * and may change the cut first: see pipeline_balance. */
+	 * and may change the cut first: see pipeline_balance; without, a plan
+	 * with a backward is first compiled again with its activations made
+	 * again (recompute 2; see recompute). */
 	double memory_limit_mb;
 	/* How the CPU backend picks each convolution's and matrix product's
 	 * kernel. LOOM_KERNEL_SEARCH_ON: it times the candidates
@@ -517,7 +519,9 @@ typedef struct loom_compile_opts {
 	 * --memory-report says before step 1. The same kernels on the same
 	 * inputs: a step's results are the same bits. Not with pipeline
 	 * stages yet (a line through the log; nothing made again). The
-	 * environment variable LOOM_RECOMPUTE=N decides instead.
+	 * environment variable LOOM_RECOMPUTE=N decides instead. A plan over
+	 * memory_limit_mb is compiled again at level 2 (a line through the
+	 * log) before it is refused (not under LOOM_RECOMPUTE or stages).
 	 * loom_program_info.n_recomputed says how many values it made again. */
 	int recompute;
 } loom_compile_opts;

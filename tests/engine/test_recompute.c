@@ -281,3 +281,45 @@ Test(recompute, environment_and_inference)
 	loom_program_free(p);
 	loom_graph_free(m.g);
 }
+
+/* A plan over memory_limit_mb is compiled again at level 2 before it is
+ * refused: a limit between level 2's peak and the plain one's gives a
+ * program with values made again; one below level 2's is refused, the
+ * message saying what was made again; under LOOM_RECOMPUTE it is refused
+ * at once. */
+Test(recompute, memory_limit_compiles_again_with_recompute)
+{
+	gpt m;
+	build(&m, 0);
+	loom_program *p0 = compile(&m, 0, LOOM_O0), *p2 = compile(&m, 2, LOOM_O0), *p = NULL;
+	loom_program_info i0, i2;
+	loom_program_info_get(p0, &i0);
+	loom_program_info_get(p2, &i2);
+	loom_program_free(p0);
+	loom_program_free(p2);
+	cr_assert_lt(i2.arena_bytes, i0.arena_bytes);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_ADAMW;
+	o.memory_limit_mb = (i0.arena_bytes + i2.arena_bytes) / 2.0 / 1048576.0;
+	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(p->plan.n_recomputed, i2.n_recomputed);
+	double loss[STEPS];
+	train(p, loss);
+	loom_program_free(p);
+	p = NULL;
+	o.memory_limit_mb = (i2.arena_bytes - 4096) / 1048576.0;
+	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_ERR_NOMEM);
+	cr_assert(strstr(loom_last_error(), "activations made again (recompute 2)") &&
+			  strstr(loom_last_error(), "exceeds the memory limit"),
+		  "%s", loom_last_error());
+	loom_program_free(p);
+	p = NULL;
+	setenv("LOOM_RECOMPUTE", "0", 1);
+	o.memory_limit_mb = (i0.arena_bytes + i2.arena_bytes) / 2.0 / 1048576.0;
+	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_ERR_NOMEM);
+	unsetenv("LOOM_RECOMPUTE");
+	loom_program_free(p);
+	loom_graph_free(m.g);
+}
