@@ -16,48 +16,13 @@
 
 #include "engine/program_internal.h"
 #include "loom.h"
+#include "tests/engine/gpt_parts.h"
 
 #define V 40
 #define C 32
 #define T 16
 #define B 4
 #define STEPS 3
-
-typedef struct gpt {
-	loom_graph *g;
-	loom_value loss, mlp_act;
-	loom_value params[64];
-	int n;
-} gpt;
-
-static loom_value param(gpt *m, const char *name, int ndim, int64_t d0, int64_t d1,
-			loom_init init, int64_t fan_in)
-{
-	int64_t d[2] = { d0, d1 };
-	loom_value v = loom_param(m->g, name, LOOM_F32, ndim, d, init, fan_in);
-	m->params[m->n++] = v;
-	return v;
-}
-
-static loom_value linear(gpt *m, const char *name, loom_value x, int64_t out, int64_t in)
-{
-	char wn[64], bn[64];
-	snprintf(wn, sizeof(wn), "%s.weight", name);
-	snprintf(bn, sizeof(bn), "%s.bias", name);
-	loom_value w = param(m, wn, 2, out, in, LOOM_INIT_KAIMING_UNIFORM, in);
-	loom_value b = param(m, bn, 1, out, 0, LOOM_INIT_UNIFORM_FAN_IN, in);
-	return loom_linear(m->g, x, w, b);
-}
-
-static loom_value layernorm(gpt *m, const char *name, loom_value x)
-{
-	char wn[64], bn[64];
-	snprintf(wn, sizeof(wn), "%s.weight", name);
-	snprintf(bn, sizeof(bn), "%s.bias", name);
-	loom_value w = param(m, wn, 1, C, 0, LOOM_INIT_ONES, 0);
-	loom_value b = param(m, bn, 1, C, 0, LOOM_INIT_ZEROS, 0);
-	return loom_layernorm(m->g, x, w, b, 1e-5);
-}
 
 /* Two GPT-2 blocks and an untied classifier; mark: the first block's
  * GELU output is an output the user reads. */
@@ -70,28 +35,28 @@ static void build(gpt *m, int mark)
 	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
 	loom_value pos = loom_input(g, "pos", LOOM_I32, 2, bt);
 	loom_value targets = loom_input(g, "targets", LOOM_I32, 1, flat);
-	loom_value wte = param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
-	loom_value wpe = param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
+	loom_value wte = gpt_param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
+	loom_value wpe = gpt_param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
 	loom_value x = loom_add(g, loom_embedding(g, ids, wte), loom_embedding(g, pos, wpe));
 	for (int l = 0; l < 2; l++) {
 		char nm[32];
 		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
-		loom_value h = layernorm(m, nm, x);
+		loom_value h = gpt_layernorm(m, nm, x, C);
 		snprintf(nm, sizeof(nm), "h%d.c_attn", l);
-		h = loom_causal_self_attention(g, linear(m, nm, h, 3 * C, C), 2);
+		h = loom_causal_self_attention(g, gpt_linear(m, nm, h, 3 * C, C), 2);
 		snprintf(nm, sizeof(nm), "h%d.attn_proj", l);
-		x = loom_add(g, x, linear(m, nm, h, C, C));
+		x = loom_add(g, x, gpt_linear(m, nm, h, C, C));
 		snprintf(nm, sizeof(nm), "h%d.ln_2", l);
-		loom_value n2 = layernorm(m, nm, x);
+		loom_value n2 = gpt_layernorm(m, nm, x, C);
 		snprintf(nm, sizeof(nm), "h%d.c_fc", l);
-		h = loom_gelu(g, linear(m, nm, n2, 4 * C, C));
+		h = loom_gelu(g, gpt_linear(m, nm, n2, 4 * C, C));
 		if (l == 0)
 			m->mlp_act = h;
 		snprintf(nm, sizeof(nm), "h%d.mlp_proj", l);
-		x = loom_add(g, x, linear(m, nm, h, C, 4 * C));
+		x = loom_add(g, x, gpt_linear(m, nm, h, C, 4 * C));
 	}
-	x = layernorm(m, "ln_f", x);
-	loom_value logits = loom_reshape(g, linear(m, "head", x, V, C), 2, lg);
+	x = gpt_layernorm(m, "ln_f", x, C);
+	loom_value logits = loom_reshape(g, gpt_linear(m, "head", x, V, C), 2, lg);
 	m->loss = loom_softmax_cross_entropy(g, logits, targets);
 	if (mark)
 		loom_mark_output(g, m->mlp_act);

@@ -18,48 +18,13 @@
 #include "engine/program_internal.h"
 #include "loom.h"
 #include "loom_io.h"
+#include "tests/engine/gpt_parts.h"
 
 #define V 50
 #define C 32
 #define T 8
 #define B 2
 #define STEPS 4
-
-typedef struct gpt {
-	loom_graph *g;
-	loom_value wte, loss, logits;
-	loom_value params[32];
-	int n;
-} gpt;
-
-static loom_value param(gpt *m, const char *name, int ndim, int64_t d0, int64_t d1,
-			loom_init init, int64_t fan_in)
-{
-	int64_t d[2] = { d0, d1 };
-	loom_value v = loom_param(m->g, name, LOOM_F32, ndim, d, init, fan_in);
-	m->params[m->n++] = v;
-	return v;
-}
-
-static loom_value linear(gpt *m, const char *name, loom_value x, int64_t out, int64_t in)
-{
-	char wn[64], bn[64];
-	snprintf(wn, sizeof(wn), "%s.weight", name);
-	snprintf(bn, sizeof(bn), "%s.bias", name);
-	loom_value w = param(m, wn, 2, out, in, LOOM_INIT_KAIMING_UNIFORM, in);
-	loom_value b = param(m, bn, 1, out, 0, LOOM_INIT_UNIFORM_FAN_IN, in);
-	return loom_linear(m->g, x, w, b);
-}
-
-static loom_value layernorm(gpt *m, const char *name, loom_value x)
-{
-	char wn[64], bn[64];
-	snprintf(wn, sizeof(wn), "%s.weight", name);
-	snprintf(bn, sizeof(bn), "%s.bias", name);
-	loom_value w = param(m, wn, 1, C, 0, LOOM_INIT_ONES, 0);
-	loom_value b = param(m, bn, 1, C, 0, LOOM_INIT_ZEROS, 0);
-	return loom_layernorm(m->g, x, w, b, 1e-5);
-}
 
 /* One GPT-2 block, the tied classifier; extra: the logits also summed into
  * the loss (a reader the pass does not know: it must leave them unpadded). */
@@ -72,15 +37,15 @@ static void build(gpt *m, int extra)
 	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
 	loom_value pos = loom_input(g, "pos", LOOM_I32, 2, bt);
 	loom_value targets = loom_input(g, "targets", LOOM_I32, 1, flat);
-	m->wte = param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
-	loom_value wpe = param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
+	m->wte = gpt_param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
+	loom_value wpe = gpt_param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
 	loom_value x = loom_add(g, loom_embedding(g, ids, m->wte), loom_embedding(g, pos, wpe));
-	loom_value h = layernorm(m, "ln_1", x);
-	h = loom_causal_self_attention(g, linear(m, "c_attn", h, 3 * C, C), 2);
-	x = loom_add(g, x, linear(m, "c_proj", h, C, C));
-	h = loom_gelu(g, linear(m, "c_fc", layernorm(m, "ln_2", x), 4 * C, C));
-	x = loom_add(g, x, linear(m, "mlp_proj", h, C, 4 * C));
-	x = layernorm(m, "ln_f", x);
+	loom_value h = gpt_layernorm(m, "ln_1", x, C);
+	h = loom_causal_self_attention(g, gpt_linear(m, "c_attn", h, 3 * C, C), 2);
+	x = loom_add(g, x, gpt_linear(m, "c_proj", h, C, C));
+	h = loom_gelu(g, gpt_linear(m, "c_fc", gpt_layernorm(m, "ln_2", x, C), 4 * C, C));
+	x = loom_add(g, x, gpt_linear(m, "mlp_proj", h, C, 4 * C));
+	x = gpt_layernorm(m, "ln_f", x, C);
 	m->logits = loom_reshape(g, loom_linear(g, x, m->wte, LOOM_NONE), 2, lg);
 	m->loss = loom_softmax_cross_entropy(g, m->logits, targets);
 	if (extra)
