@@ -14,7 +14,7 @@
 
 typedef struct gpt {
 	loom_graph *g;
-	loom_value loss, logits, wte;
+	loom_value loss, logits, wte, targets;
 	loom_value mlp_act; /* test_recompute: the first block's GELU output */
 	loom_value params[64];
 	int n;
@@ -27,5 +27,13 @@ loom_value gpt_param(gpt *m, const char *name, int ndim, int64_t d0, int64_t d1,
 loom_value gpt_linear(gpt *m, const char *name, loom_value x, int64_t out, int64_t in);
 /* name.weight and name.bias [c], ones and zeros, eps 1e-5. */
 loom_value gpt_layernorm(gpt *m, const char *name, loom_value x, int64_t c);
+
+/* A new graph in *m (zeroed first) with inputs ids and pos [B, T] and
+ * targets [B*T] (m->targets), the token table wte [V, C] (m->wte) and
+ * the positions' wpe [T, C]: the sum of both embeddings, [B, T, C]. */
+loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
+/* Batch k: tokens, positions and next-token targets, the same for the
+ * same k; last_class: the first target is class V - 1. */
+loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class);
 
 #endif /* LOOM_TESTS_ENGINE_GPT_PARTS_H */

@@ -28,16 +28,10 @@
  * GELU output is an output the user reads. */
 static void build(gpt *m, int mark)
 {
-	memset(m, 0, sizeof(*m));
-	cr_assert_eq(loom_graph_new(&m->g), LOOM_OK);
+	loom_value x = gpt_embed(m, B, T, V, C);
+	cr_assert_neq(x, LOOM_NONE);
 	loom_graph *g = m->g;
-	int64_t bt[2] = { B, T }, flat[1] = { B * T }, lg[2] = { B * T, V };
-	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
-	loom_value pos = loom_input(g, "pos", LOOM_I32, 2, bt);
-	loom_value targets = loom_input(g, "targets", LOOM_I32, 1, flat);
-	loom_value wte = gpt_param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
-	loom_value wpe = gpt_param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
-	loom_value x = loom_add(g, loom_embedding(g, ids, wte), loom_embedding(g, pos, wpe));
+	int64_t lg[2] = { B * T, V };
 	for (int l = 0; l < 2; l++) {
 		char nm[32];
 		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
@@ -57,7 +51,7 @@ static void build(gpt *m, int mark)
 	}
 	x = gpt_layernorm(m, "ln_f", x, C);
 	loom_value logits = loom_reshape(g, gpt_linear(m, "head", x, V, C), 2, lg);
-	m->loss = loom_softmax_cross_entropy(g, logits, targets);
+	m->loss = loom_softmax_cross_entropy(g, logits, m->targets);
 	if (mark)
 		loom_mark_output(g, m->mlp_act);
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
@@ -87,15 +81,7 @@ static loom_program *compile(gpt *m, int level, loom_opt_level amp)
 
 static void feed(loom_program *p, int k)
 {
-	int32_t ids[B * T], pos[B * T], tg[B * T];
-	for (int i = 0; i < B * T; i++) {
-		ids[i] = (i * 7 + k * 13 + 3) % V;
-		pos[i] = i % T;
-		tg[i] = (i * 11 + k * 5 + 1) % V;
-	}
-	cr_assert_eq(loom_set_input(p, "ids", ids, LOOM_I32, B * T), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "pos", pos, LOOM_I32, B * T), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "targets", tg, LOOM_I32, B * T), LOOM_OK);
+	cr_assert_eq(gpt_feed(p, k, B, T, V, 0), LOOM_OK, "%s", loom_last_error());
 }
 
 static void train(loom_program *p, double *loss)

@@ -30,16 +30,10 @@
  * the loss (a reader the pass does not know: it must leave them unpadded). */
 static void build(gpt *m, int extra)
 {
-	memset(m, 0, sizeof(*m));
-	cr_assert_eq(loom_graph_new(&m->g), LOOM_OK);
+	loom_value x = gpt_embed(m, B, T, V, C);
+	cr_assert_neq(x, LOOM_NONE);
 	loom_graph *g = m->g;
-	int64_t bt[2] = { B, T }, flat[1] = { B * T }, lg[2] = { B * T, V };
-	loom_value ids = loom_input(g, "ids", LOOM_I32, 2, bt);
-	loom_value pos = loom_input(g, "pos", LOOM_I32, 2, bt);
-	loom_value targets = loom_input(g, "targets", LOOM_I32, 1, flat);
-	m->wte = gpt_param(m, "wte", 2, V, C, LOOM_INIT_KAIMING_UNIFORM, 4);
-	loom_value wpe = gpt_param(m, "wpe", 2, T, C, LOOM_INIT_KAIMING_UNIFORM, 4);
-	loom_value x = loom_add(g, loom_embedding(g, ids, m->wte), loom_embedding(g, pos, wpe));
+	int64_t lg[2] = { B * T, V };
 	loom_value h = gpt_layernorm(m, "ln_1", x, C);
 	h = loom_causal_self_attention(g, gpt_linear(m, "c_attn", h, 3 * C, C), 2);
 	x = loom_add(g, x, gpt_linear(m, "c_proj", h, C, C));
@@ -47,7 +41,7 @@ static void build(gpt *m, int extra)
 	x = loom_add(g, x, gpt_linear(m, "mlp_proj", h, C, 4 * C));
 	x = gpt_layernorm(m, "ln_f", x, C);
 	m->logits = loom_reshape(g, loom_linear(g, x, m->wte, LOOM_NONE), 2, lg);
-	m->loss = loom_softmax_cross_entropy(g, m->logits, targets);
+	m->loss = loom_softmax_cross_entropy(g, m->logits, m->targets);
 	if (extra)
 		m->loss = loom_add(g, m->loss, loom_sum(g, m->logits));
 	loom_mark_output(g, m->logits);
@@ -78,17 +72,7 @@ static loom_program *compile(gpt *m, int pad, loom_opt_level level)
 /* Batch k: fixed tokens, positions, next-token targets (two batches). */
 static void feed(loom_program *p, int k)
 {
-	k %= 2;
-	int32_t ids[B * T], pos[B * T], tg[B * T];
-	for (int i = 0; i < B * T; i++) {
-		ids[i] = (i * 7 + k * 13 + 3) % V;
-		pos[i] = i % T;
-		tg[i] = (i * 11 + k * 5 + 1) % V;
-	}
-	tg[0] = V - 1; /* the last real class, next to the padding */
-	cr_assert_eq(loom_set_input(p, "ids", ids, LOOM_I32, B * T), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "pos", pos, LOOM_I32, B * T), LOOM_OK);
-	cr_assert_eq(loom_set_input(p, "targets", tg, LOOM_I32, B * T), LOOM_OK);
+	cr_assert_eq(gpt_feed(p, k % 2, B, T, V, 1 /* the last real class, next to the padding */), LOOM_OK, "%s", loom_last_error());
 }
 
 static void train(loom_program *p, int from, int steps, double *loss)
