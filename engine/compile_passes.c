@@ -95,6 +95,10 @@ static loom_status recompute_run(loom_program *p, loom_pass_ctx *c)
 		return loom_program_fail(p, st, "%s", p->plan.g->err.msg);
 	p->plan.n_fwd = n_fwd;
 	c->loss = p->plan.loss;
+	if (p->plan.n_recomputed == 0)
+		loom_log("loom: recompute %d: nothing in this graph to make again (GELU, SiLU%s "
+			 "outputs read by the backward whose sources it keeps anyway)\n", level,
+			 level >= 2 ? ", layer and RMS norm" : "");
 	return LOOM_OK;
 }
 

@@ -205,6 +205,10 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 		ps->note(p, where, sizeof(where));
 	if (where[0])
 		snprintf(note, sizeof(note), "%s", where + (where[0] == ' '));
+	if (info.n_recomputed > 0 && !where[0])
+		snprintf(note, sizeof(note), "(%.3f MiB with one buffer each; %d values made again "
+			 "in the backward)", info.activation_naive_bytes / 1048576.0,
+			 info.n_recomputed);
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
 	if (p->plan.zero == 3) {
 		/* the gathered buckets, placed among the activations */
