@@ -152,6 +152,15 @@ if [ -s "$tmp/rz_straight.txt" ] && cmp -s "$tmp/rz_straight.txt" "$tmp/rz_recom
 else
 	bad "ZeRO-1 O2 --recompute 2" "straight: $(tr '\n' ' ' <"$tmp/rz_straight.txt" 2>&1)" "recomputed: $(tr '\n' ' ' <"$tmp/rz_recomputed.txt" 2>&1)"
 fi
+# ZeRO-3: the layer norms' copies read gamma and beta through the
+# backward's parameter gathers.
+"$EX" "${rz[@]}" --zero 3 --loss-file "$tmp/rz3_straight.txt" >/dev/null 2>&1
+"$EX" "${rz[@]}" --zero 3 --recompute 2 --loss-file "$tmp/rz3_recomputed.txt" >/dev/null 2>&1
+if [ -s "$tmp/rz3_straight.txt" ] && cmp -s "$tmp/rz3_straight.txt" "$tmp/rz3_recomputed.txt"; then
+	ok "ZeRO-3 O2 on 2 ranks: --recompute 2 trains as without, bit for bit"
+else
+	bad "ZeRO-3 O2 --recompute 2" "straight: $(tr '\n' ' ' <"$tmp/rz3_straight.txt" 2>&1)" "recomputed: $(tr '\n' ' ' <"$tmp/rz3_recomputed.txt" 2>&1)"
+fi
 
 # The classifier over a padded vocabulary (LOOM_VOCAB_PAD=96: the 256
 # classes laid out as 288): the same losses as the straight run (within
