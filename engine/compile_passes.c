@@ -63,7 +63,7 @@ static int recompute_level(const loom_compile_opts *o)
 	if (e && *e) {
 		char *end;
 		long v = strtol(e, &end, 10);
-		if (*end == '\0' && v >= 0 && v <= 2)
+		if (*end == '\0' && v >= 0 && v <= 3)
 			return (int)v;
 	}
 	return o->recompute;
@@ -74,56 +74,61 @@ static int recompute_wanted(const loom_program *p)
 	return !p->plan.opts.inference && recompute_level(&p->plan.opts) > 0;
 }
 
-/* Forward values made again in the backward (graph/recompute.c), right
- * after autodiff: the fusions and formats then see the copies as any
- * backward node. */
+/* Forward values made again in the backward (graph/recompute.c), after
+ * autodiff and the device (whose fusions it asks about), before the
+ * fusions and formats, which then see the copies as any backward node. */
 static loom_status recompute_run(loom_program *p, loom_pass_ctx *c)
 {
 	int level = recompute_level(&p->plan.opts);
-	if (level > 2)
+	if (level > 3)
 		return loom_program_fail(p, LOOM_ERR_INVALID,
-					 "recompute: level %d; 0 (none), 1 (activations) or 2 "
-					 "(activations and norms)", level);
+					 "recompute: level %d; 0 (none), 1 (activations), 2 (and norms) "
+					 "or 3 (and attention probabilities)", level);
 	if (p->plan.opts.pipeline_stages > 1) {
 		loom_log("loom: recompute: not with pipeline stages yet; nothing is made again\n");
 		return LOOM_OK;
 	}
 	int n_fwd = p->plan.n_fwd;
-	loom_status st = loom_recompute_pass(p->plan.g, level, &n_fwd, &p->plan.loss,
+	/* A backend that runs attention as one fused kernel keeps no T x T
+	 * matrix: its probabilities are not worth a copy (and a copy would
+	 * keep the fusion from matching). */
+	const int keep_probs = !p->plan.opts.no_fusion && (p->be->caps & LOOM_BE_FUSES_ATTENTION);
+	loom_status st = loom_recompute_pass(p->plan.g, level, keep_probs, &n_fwd, &p->plan.loss,
 					     &p->plan.n_recomputed);
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "%s", p->plan.g->err.msg);
 	p->plan.n_fwd = n_fwd;
 	c->loss = p->plan.loss;
 	if (p->plan.n_recomputed == 0)
-		loom_log("loom: recompute %d: nothing in this graph to make again (GELU, SiLU%s "
+		loom_log("loom: recompute %d: nothing in this graph to make again (GELU, SiLU%s%s "
 			 "outputs read by the backward whose sources it keeps anyway)\n", level,
-			 level >= 2 ? ", layer and RMS norm" : "");
+			 level >= 2 ? ", layer and RMS norm" : "",
+			 level >= 3 && !keep_probs ? ", attention probabilities" : "");
 	return LOOM_OK;
 }
 
 /* Refused for memory under a memory limit: compile again with every
- * activation made again that can be (level 2), where the plan has a
+ * activation made again that can be (level 3), where the plan has a
  * backward, no pipeline stages (their cut has its own retry) and
  * LOOM_RECOMPUTE does not decide. */
 static int recompute_retry(const loom_program *p, loom_compile_opts *o)
 {
 	const char *e = getenv("LOOM_RECOMPUTE");
 	if (!(o->memory_limit_mb > 0) || o->inference || o->pipeline_stages > 1 ||
-	    o->recompute >= 2 || (e && *e))
+	    o->recompute >= 3 || (e && *e))
 		return 0;
 	/* Only a graph with something to make again (a CNN's relus are not). */
 	int any = 0;
 	for (loom_value v = 0; v < p->plan.n_fwd && !any; v++) {
 		loom_op op = p->plan.g->nodes[v].op;
 		any = op == LOOM_OP_GELU || op == LOOM_OP_SILU || op == LOOM_OP_LAYERNORM ||
-		      op == LOOM_OP_RMSNORM;
+		      op == LOOM_OP_RMSNORM || op == LOOM_OP_ATTN_PROBS;
 	}
 	if (!any)
 		return 0;
 	loom_log("loom: %s; compiling again with activations made again in the backward "
-		 "(recompute 2)\n", p->err.msg);
-	o->recompute = 2;
+		 "(recompute 3)\n", p->err.msg);
+	o->recompute = 3;
 	return 1;
 }
 

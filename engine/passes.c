@@ -10,8 +10,8 @@
 const loom_pass *const loom_compile_passes[] = {
 	&loom_pass_amp,            /* casts, masters, the loss scale */
 	&loom_pass_autodiff,       /* the backward graph */
-	&loom_pass_recompute,      /* forward values made again in the backward */
 	&loom_pass_device,         /* the backend, and what its optimizer lacks */
+	&loom_pass_recompute,      /* forward values made again in the backward */
 	&loom_pass_fuse,           /* the fusions the backend has kernels for */
 	&loom_pass_formats,        /* each activation's memory format, reorders */
 	&loom_pass_vocab_pad,      /* a classifier over a padded vocabulary */

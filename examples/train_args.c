@@ -171,8 +171,9 @@ void train_usage(const train_program *prog, FILE *f)
 		"                       per shape, runs repeat bit for bit\n"
 		"  --recompute N        make activations again in the backward instead of keeping\n"
 		"                       them (less memory, a little more compute; the same\n"
-		"                       results): 0 none (default), 1 GELU and SiLU, 2 those\n"
-		"                       and the norms (llm.c's -r)\n"
+		"                       results): 0 none (default), 1 GELU and SiLU, 2 also\n"
+		"                       the norms (llm.c's -r), 3 also attention's T x T\n"
+		"                       probabilities where attention is not one fused kernel\n"
 		"  --dry-run            compile, print the above, and stop before step 1\n"
 		"  --sync-bn            synchronised batch norm: statistics over the global batch\n"
 		"                       (all ranks), as torch's SyncBatchNorm\n"
@@ -525,7 +526,7 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		}
 		break;
 	case O_RECOMP:
-		if (parse_int("--recompute", arg, 0, 2, &l, msg, msglen)) return -1;
+		if (parse_int("--recompute", arg, 0, 3, &l, msg, msglen)) return -1;
 		a->recompute = (int)l;
 		break;
 	case O_KSEARCH:

@@ -76,7 +76,7 @@ typedef struct train_args {
 	int pipe_balance;      /* loom_pipeline_balance: how the stages are cut */
 	double memory_limit;   /* MiB per rank the plan may take (0: no limit) */
 	int kernel_search;     /* loom_kernel_search: conv/product kernels measured or fixed */
-	int recompute;         /* loom_compile_opts.recompute: 0-2 */
+	int recompute;         /* loom_compile_opts.recompute: 0-3 */
 	const char *trace;     /* Chrome trace file, NULL: none */
 	int trace_steps;       /* steps the trace records, after the run's first */
 

@@ -369,16 +369,17 @@ loom_status loom_formats_pass(loom_graph *g, int *n_fwd, loom_value *loss,
 
 /*
  * Activation recomputation (graph/recompute.c): at level 1 the activation
- * functions (GELU, SiLU), at 2 also the norms, each forward value of those the backward
+ * functions (GELU, SiLU), at 2 also the norms, at 3 also the attention
+ * probabilities (not with keep_probs: a backend that fuses attention), each forward value of those the backward
  * reads is made again by a copy of its node placed before its first
  * backward reader (with the casts and views between it and that reader),
  * which every backward reader then reads; only where every source of the
  * copy is a leaf or alive there anyway. Renumbers the graph (n_fwd and loss
- * follow); *n_copies gets how many nodes were copied. Run right after
- * autodiff, before the fusions.
+ * follow); *n_copies gets how many nodes were copied. Run after autodiff
+ * and the device, before the fusions.
  */
-loom_status loom_recompute_pass(loom_graph *g, int level, int *n_fwd, loom_value *loss,
-				int *n_copies);
+loom_status loom_recompute_pass(loom_graph *g, int level, int keep_probs, int *n_fwd,
+				loom_value *loss, int *n_copies);
 
 /* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
  * check checkpoints and, later, that all ranks compiled the same graph). */

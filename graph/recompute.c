@@ -6,9 +6,12 @@
  * then dies at its last forward reader, so the memory plan no longer holds
  * it across the step's middle, where the peak is.
  *
- * Only ops that are cheap and pure are made again: the transformers'
- * activation functions (level 1: GELU in both forms, SiLU) and the norms
- * (level 2 adds layer norm and RMS norm), and the casts and views between
+ * Only ops that are pure and cheap beside what they save are made again:
+ * the transformers' activation functions (level 1: GELU in both forms,
+ * SiLU), the norms (level 2 adds layer norm and RMS norm) and the
+ * attention probabilities (level 3 adds softmax(q k^T), [B, NH, T, T]:
+ * Megatron's selective recompute; not where the backend runs attention as
+ * one fused kernel that keeps no T x T matrix), and the casts and views between
  * one of them and its backward reader (O1 runs layer norm in fp32 and
  * casts its output for the next product). Not relu: a CNN's relus are
  * fused into the batch norm, add, pool or product before them (graph/
@@ -28,9 +31,13 @@
 
 #include "graph/ops/ops.h"
 
-/* Whether node v's op may be made again at this level. */
+/* Whether node v's op may be made again at this level (a negative level:
+ * that level, without the attention probabilities). */
 static int recomputable_op(const loom_node *n, int level)
 {
+	const int keep_probs = level < 0;
+	if (keep_probs)
+		level = -level;
 	switch (n->op) {
 	case LOOM_OP_GELU:
 	case LOOM_OP_SILU:
@@ -38,6 +45,8 @@ static int recomputable_op(const loom_node *n, int level)
 	case LOOM_OP_LAYERNORM:
 	case LOOM_OP_RMSNORM:
 		return level >= 2;
+	case LOOM_OP_ATTN_PROBS:
+		return level >= 3 && !keep_probs && !n->a.attn.fused;
 	default:
 		return 0;
 	}
@@ -205,10 +214,10 @@ static loom_status insert_copies(loom_graph *g, rc_state *s, int *n_fwd, loom_va
 	return LOOM_OK;
 }
 
-loom_status loom_recompute_pass(loom_graph *g, int level, int *n_fwd, loom_value *loss,
-				int *n_copies)
+loom_status loom_recompute_pass(loom_graph *g, int level, int keep_probs, int *n_fwd,
+				loom_value *loss, int *n_copies)
 {
-	rc_state s = { .g = g, .n_fwd = *n_fwd, .level = level };
+	rc_state s = { .g = g, .n_fwd = *n_fwd, .level = keep_probs && level >= 3 ? -level : level };
 	loom_status st = LOOM_OK;
 	*n_copies = 0;
 	if (level <= 0 || g->n == 0 || *n_fwd >= g->n)

@@ -461,7 +461,7 @@ typedef struct loom_compile_opts {
 	 * stages every rank checks every stage's plan (so all refuse alike)
 	 * and may change the cut first: see pipeline_balance; without, a plan
 	 * with a backward is first compiled again with its activations made
-	 * again (recompute 2; see recompute). */
+	 * again (recompute 3; see recompute). */
 	double memory_limit_mb;
 	/* How the CPU backend picks each convolution's and matrix product's
 	 * kernel. LOOM_KERNEL_SEARCH_ON: it times the candidates
@@ -511,7 +511,9 @@ typedef struct loom_compile_opts {
 	 * first backward reader, and the plan no longer holds it through the
 	 * step's middle. 0 (default): none; 1: the activation functions
 	 * (GELU, SiLU; not relu, which a CNN fuses into the op before it);
-	 * 2: those and the norms (layer norm, RMS norm),
+	 * 2: those and the norms (layer norm, RMS norm); 3: those and the
+	 * attention probabilities ([B, NH, T, T]; not on a backend that runs
+	 * attention as one fused kernel, which keeps none), each
 	 * with the casts and views that carry them to the backward. Only
 	 * where no source is kept longer for it (each is a parameter or kept
 	 * by the plan anyway), so the live bytes never grow (and the
@@ -520,7 +522,7 @@ typedef struct loom_compile_opts {
 	 * inputs: a step's results are the same bits. Not with pipeline
 	 * stages yet (a line through the log; nothing made again). The
 	 * environment variable LOOM_RECOMPUTE=N decides instead. A plan over
-	 * memory_limit_mb is compiled again at level 2 (a line through the
+	 * memory_limit_mb is compiled again at level 3 (a line through the
 	 * log) before it is refused (not under LOOM_RECOMPUTE or stages).
 	 * loom_program_info.n_recomputed says how many values it made again. */
 	int recompute;

@@ -140,10 +140,10 @@ static void same_bits_at(loom_opt_level amp)
 {
 	gpt m;
 	build(&m, 0);
-	loom_program *p[3];
-	double loss[3][STEPS];
-	loom_program_info info[3];
-	for (int r = 0; r < 3; r++) {
+	loom_program *p[4];
+	double loss[4][STEPS];
+	loom_program_info info[4];
+	for (int r = 0; r < 4; r++) {
 		p[r] = compile(&m, r, amp);
 		loom_program_info_get(p[r], &info[r]);
 		copies_well_placed(p[r]);
@@ -155,7 +155,10 @@ static void same_bits_at(loom_opt_level amp)
 	cr_assert(info[2].n_recomputed > info[1].n_recomputed,
 		  "level 2 makes the norms again too: %d against %d", info[2].n_recomputed,
 		  info[1].n_recomputed);
-	for (int r = 1; r < 3; r++) {
+	cr_assert(info[3].n_recomputed >= info[2].n_recomputed + 2,
+		  "level 3 makes the two attention probabilities again too: %d against %d",
+		  info[3].n_recomputed, info[2].n_recomputed);
+	for (int r = 1; r < 4; r++) {
 		for (int k = 0; k < STEPS; k++)
 			cr_assert(memcmp(&loss[r][k], &loss[0][k], sizeof(double)) == 0,
 				  "O%d recompute %d step %d: loss %.17g against %.17g", (int)amp, r,
@@ -168,7 +171,10 @@ static void same_bits_at(loom_opt_level amp)
 	cr_assert(info[2].activation_bytes < info[1].activation_bytes,
 		  "O%d level 2 plans %zu activation bytes, level 1 %zu", (int)amp,
 		  info[2].activation_bytes, info[1].activation_bytes);
-	for (int r = 0; r < 3; r++)
+	cr_assert(info[3].activation_bytes < info[2].activation_bytes,
+		  "O%d level 3 plans %zu activation bytes, level 2 %zu", (int)amp,
+		  info[3].activation_bytes, info[2].activation_bytes);
+	for (int r = 0; r < 4; r++)
 		loom_program_free(p[r]);
 	loom_graph_free(m.g);
 }
@@ -201,8 +207,8 @@ Test(recompute, bad_level_refused)
 	gpt m;
 	build(&m, 0);
 	loom_program *p = NULL;
-	cr_assert_eq(try_compile(&m, 3, LOOM_O0, &p), LOOM_ERR_INVALID);
-	cr_assert(strstr(loom_last_error(), "recompute: level 3"), "%s", loom_last_error());
+	cr_assert_eq(try_compile(&m, 4, LOOM_O0, &p), LOOM_ERR_INVALID);
+	cr_assert(strstr(loom_last_error(), "recompute: level 4"), "%s", loom_last_error());
 	loom_program_free(p);
 	loom_graph_free(m.g);
 }
@@ -213,9 +219,9 @@ Test(recompute, environment_and_inference)
 {
 	gpt m;
 	build(&m, 0);
-	setenv("LOOM_RECOMPUTE", "2", 1);
+	setenv("LOOM_RECOMPUTE", "3", 1);
 	loom_program *p = compile(&m, 0, LOOM_O0);
-	cr_assert(p->plan.n_recomputed > 0, "LOOM_RECOMPUTE=2 over recompute 0");
+	cr_assert(p->plan.n_recomputed > 0, "LOOM_RECOMPUTE=3 over recompute 0");
 	loom_program_free(p);
 	setenv("LOOM_RECOMPUTE", "0", 1);
 	p = compile(&m, 2, LOOM_O0);
@@ -233,16 +239,16 @@ Test(recompute, environment_and_inference)
 	loom_graph_free(m.g);
 }
 
-/* A plan over memory_limit_mb is compiled again at level 2 before it is
- * refused: a limit between level 2's peak and the plain one's gives a
- * program with values made again; one below level 2's is refused, the
+/* A plan over memory_limit_mb is compiled again at level 3 before it is
+ * refused: a limit between level 3's peak and the plain one's gives a
+ * program with values made again; one below level 3's is refused, the
  * message saying what was made again; under LOOM_RECOMPUTE it is refused
  * at once. */
 Test(recompute, memory_limit_compiles_again_with_recompute)
 {
 	gpt m;
 	build(&m, 0);
-	loom_program *p0 = compile(&m, 0, LOOM_O0), *p2 = compile(&m, 2, LOOM_O0), *p = NULL;
+	loom_program *p0 = compile(&m, 0, LOOM_O0), *p2 = compile(&m, 3, LOOM_O0), *p = NULL;
 	loom_program_info i0, i2;
 	loom_program_info_get(p0, &i0);
 	loom_program_info_get(p2, &i2);
@@ -262,7 +268,7 @@ Test(recompute, memory_limit_compiles_again_with_recompute)
 	p = NULL;
 	o.memory_limit_mb = (i2.arena_bytes - 4096) / 1048576.0;
 	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_ERR_NOMEM);
-	cr_assert(strstr(loom_last_error(), "activations made again (recompute 2)") &&
+	cr_assert(strstr(loom_last_error(), "activations made again (recompute 3)") &&
 			  strstr(loom_last_error(), "exceeds the memory limit"),
 		  "%s", loom_last_error());
 	loom_program_free(p);

@@ -123,22 +123,22 @@ else
 	bad "resume" "straight: $(tail -5 "$tmp/straight.txt" | tr '\n' ' ')" "resumed: $(tr '\n' ' ' <"$tmp/resumed.txt")"
 fi
 
-# Activations made again in the backward (--recompute 2): the same losses
+# Activations made again in the backward (--recompute 3): the same losses
 # bit for bit, the model line says how many; a checkpoint of such a run
 # resumes without (the plan's copies are not the model's), and ZeRO-1 at
 # O2 bf16 on 2 ranks trains as without too.
-out=$("$EX" "${rs[@]}" --max-steps 10 --recompute 2 --loss-file "$tmp/recomputed.txt" 2>&1)
-check "--recompute 2: the model line says what is made again" "$out" \
+out=$("$EX" "${rs[@]}" --max-steps 10 --recompute 3 --loss-file "$tmp/recomputed.txt" 2>&1)
+check "--recompute 3: the model line says what is made again" "$out" \
 	"^model: .*activations [0-9.]* MiB; [0-9]* values made again in the backward)" 1
 if cmp -s "$tmp/straight.txt" "$tmp/recomputed.txt"; then
-	ok "--recompute 2 trains as the straight run, bit for bit"
+	ok "--recompute 3 trains as the straight run, bit for bit"
 else
-	bad "--recompute 2" "straight: $(tr '\n' ' ' <"$tmp/straight.txt")" "recomputed: $(tr '\n' ' ' <"$tmp/recomputed.txt" 2>&1)"
+	bad "--recompute 3" "straight: $(tr '\n' ' ' <"$tmp/straight.txt")" "recomputed: $(tr '\n' ' ' <"$tmp/recomputed.txt" 2>&1)"
 fi
-"$EX" "${rs[@]}" --max-steps 5 --recompute 2 --checkpoint "$tmp/rc.ckpt" >/dev/null 2>&1
+"$EX" "${rs[@]}" --max-steps 5 --recompute 3 --checkpoint "$tmp/rc.ckpt" >/dev/null 2>&1
 "$EX" "${rs[@]}" --max-steps 10 --checkpoint "$tmp/rc.ckpt" --resume --loss-file "$tmp/rc_resumed.txt" >/dev/null 2>&1
 if [ -s "$tmp/rc_resumed.txt" ] && [ "$(tail -5 "$tmp/straight.txt")" = "$(cat "$tmp/rc_resumed.txt")" ]; then
-	ok "a --recompute 2 checkpoint resumes without, bit for bit"
+	ok "a --recompute 3 checkpoint resumes without, bit for bit"
 else
 	bad "--recompute checkpoint resumed" "straight: $(tail -5 "$tmp/straight.txt" | tr '\n' ' ')" "resumed: $(tr '\n' ' ' <"$tmp/rc_resumed.txt" 2>&1)"
 fi
@@ -146,20 +146,20 @@ rz=(--data "$tmp/text.txt" --layers 1 --heads 2 --embd 16 --context 16 --batch-s
     --threads 1 --sample 0 --val-interval 0 --log-interval 5 --constant-lr --nproc 2 --zero 1
     --opt-level O2 --precision bf16 --max-steps 6)
 "$EX" "${rz[@]}" --loss-file "$tmp/rz_straight.txt" >/dev/null 2>&1
-"$EX" "${rz[@]}" --recompute 2 --loss-file "$tmp/rz_recomputed.txt" >/dev/null 2>&1
+"$EX" "${rz[@]}" --recompute 3 --loss-file "$tmp/rz_recomputed.txt" >/dev/null 2>&1
 if [ -s "$tmp/rz_straight.txt" ] && cmp -s "$tmp/rz_straight.txt" "$tmp/rz_recomputed.txt"; then
-	ok "ZeRO-1 O2 on 2 ranks: --recompute 2 trains as without, bit for bit"
+	ok "ZeRO-1 O2 on 2 ranks: --recompute 3 trains as without, bit for bit"
 else
-	bad "ZeRO-1 O2 --recompute 2" "straight: $(tr '\n' ' ' <"$tmp/rz_straight.txt" 2>&1)" "recomputed: $(tr '\n' ' ' <"$tmp/rz_recomputed.txt" 2>&1)"
+	bad "ZeRO-1 O2 --recompute 3" "straight: $(tr '\n' ' ' <"$tmp/rz_straight.txt" 2>&1)" "recomputed: $(tr '\n' ' ' <"$tmp/rz_recomputed.txt" 2>&1)"
 fi
 # ZeRO-3: the layer norms' copies read gamma and beta through the
 # backward's parameter gathers.
 "$EX" "${rz[@]}" --zero 3 --loss-file "$tmp/rz3_straight.txt" >/dev/null 2>&1
-"$EX" "${rz[@]}" --zero 3 --recompute 2 --loss-file "$tmp/rz3_recomputed.txt" >/dev/null 2>&1
+"$EX" "${rz[@]}" --zero 3 --recompute 3 --loss-file "$tmp/rz3_recomputed.txt" >/dev/null 2>&1
 if [ -s "$tmp/rz3_straight.txt" ] && cmp -s "$tmp/rz3_straight.txt" "$tmp/rz3_recomputed.txt"; then
-	ok "ZeRO-3 O2 on 2 ranks: --recompute 2 trains as without, bit for bit"
+	ok "ZeRO-3 O2 on 2 ranks: --recompute 3 trains as without, bit for bit"
 else
-	bad "ZeRO-3 O2 --recompute 2" "straight: $(tr '\n' ' ' <"$tmp/rz3_straight.txt" 2>&1)" "recomputed: $(tr '\n' ' ' <"$tmp/rz3_recomputed.txt" 2>&1)"
+	bad "ZeRO-3 O2 --recompute 3" "straight: $(tr '\n' ' ' <"$tmp/rz3_straight.txt" 2>&1)" "recomputed: $(tr '\n' ' ' <"$tmp/rz3_recomputed.txt" 2>&1)"
 fi
 
 # The classifier over a padded vocabulary (LOOM_VOCAB_PAD=96: the 256
