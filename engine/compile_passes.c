@@ -118,13 +118,7 @@ static int recompute_retry(const loom_program *p, loom_compile_opts *o)
 	    o->recompute >= 3 || (e && *e))
 		return 0;
 	/* Only a graph with something to make again (a CNN's relus are not). */
-	int any = 0;
-	for (loom_value v = 0; v < p->plan.n_fwd && !any; v++) {
-		loom_op op = p->plan.g->nodes[v].op;
-		any = op == LOOM_OP_GELU || op == LOOM_OP_SILU || op == LOOM_OP_LAYERNORM ||
-		      op == LOOM_OP_RMSNORM || op == LOOM_OP_ATTN_PROBS;
-	}
-	if (!any)
+	if (!loom_recompute_has_ops(p->plan.g, p->plan.n_fwd, 3))
 		return 0;
 	loom_log("loom: %s; compiling again with activations made again in the backward "
 		 "(recompute 3)\n", p->err.msg);

@@ -380,6 +380,9 @@ loom_status loom_formats_pass(loom_graph *g, int *n_fwd, loom_value *loss,
  */
 loom_status loom_recompute_pass(loom_graph *g, int level, int keep_probs, int *n_fwd,
 				loom_value *loss, int *n_copies);
+/* Whether the forward [0, n_fwd) of g has any op the pass may make again
+ * at level (the memory-limit retry's question). */
+int loom_recompute_has_ops(const loom_graph *g, int n_fwd, int level);
 
 /* A 64-bit fingerprint of ops, dtypes, shapes, attrs and names (used to
  * check checkpoints and, later, that all ranks compiled the same graph). */

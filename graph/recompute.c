@@ -17,9 +17,9 @@
  * fused into the batch norm, add, pool or product before them (graph/
  * fuse.c), and a copy in the backward only adds a buffer (the ConvNet's
  * plan grew from 18.5 to 22.1 MiB with them). A value is made again only
- * when that saves memory: none of its sources may have to be kept for it
- * (each is a leaf, read by the backward at or after the copy's place
- * anyway, or made again itself), and no user reads it.
+ * where none of its sources has to be kept longer for it (each is a leaf,
+ * read by the backward at or after the copy's place anyway, or made again
+ * itself), so the live bytes never grow, and no user reads it.
  *
  * The copies are ordinary nodes of the backward (LOOM_NODE_BACKWARD, bwd_of
  * the value they copy, named "<name>.recompute"): the same kernel on the
@@ -50,6 +50,14 @@ static int recomputable_op(const loom_node *n, int level)
 	default:
 		return 0;
 	}
+}
+
+int loom_recompute_has_ops(const loom_graph *g, int n_fwd, int level)
+{
+	for (loom_value v = 0; v < n_fwd && v < g->n; v++)
+		if (recomputable_op(&g->nodes[v], level))
+			return 1;
+	return 0;
 }
 
 typedef struct rc_state {
