@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "examples/models.h"
+#include "examples/outputs.h"
 #include "examples/train_args.h"
 #include "loom.h"
 #include "loom_data.h"
@@ -335,6 +336,12 @@ static double now_s(void)
 int main(int argc, char **argv)
 {
 	classify_args a;
+	char wd[512];
+	/* Relative paths are the user's under `bazel run` too. */
+	if (train_enter_user_dir(wd, sizeof(wd))) {
+		fprintf(stderr, "classify: %s\n", wd);
+		return 2;
+	}
 	int rc = parse(argc, argv, &a);
 	if (rc)
 		return rc == 1 ? 0 : 2;

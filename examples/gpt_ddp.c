@@ -20,6 +20,7 @@
 #include "base/splitmix.h"
 #include "comm/launch.h"
 #include "examples/gpt_data.h"
+#include "examples/outputs.h"
 #include "examples/peak.h"
 #include "examples/train.h"
 #include "loom.h"
@@ -903,7 +904,13 @@ int main(int argc, char **argv)
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
 		      .temperature = 0.8, .top_k = 40, .val_interval = 50, .val_batches = 4,
 		      .warmup_steps = 20, .dtype = LOOM_F32 };
-	/* --nproc first: the workers get every flag, this program's too. */
+	/* Relative paths are the user's under `bazel run` too; then --nproc:
+	 * the workers get every flag, this program's too. */
+	char wd[512];
+	if (train_enter_user_dir(wd, sizeof(wd))) {
+		fprintf(stderr, "gpt_ddp: %s\n", wd);
+		return 2;
+	}
 	int rc = loom_launch_maybe(&argc, argv);
 	if (rc >= 0)
 		return rc;

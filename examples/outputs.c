@@ -165,3 +165,16 @@ void train_lock_release(train_lock *l)
 	close(l->fd);
 	l->fd = -1;
 }
+
+int train_enter_user_dir(char *msg, size_t msglen)
+{
+	const char *dir = getenv("BUILD_WORKING_DIRECTORY");
+	if (!dir || !*dir)
+		return 0;
+	if (chdir(dir)) {
+		snprintf(msg, msglen, "cannot enter the directory bazel run was started in "
+			 "(BUILD_WORKING_DIRECTORY=%s): %s", dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}

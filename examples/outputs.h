@@ -52,4 +52,15 @@ int train_lock_take(train_lock *l, const char *ckpt, const char *program, char *
  * lock on the removed file unseen) and lets it go. */
 void train_lock_release(train_lock *l);
 
+/*
+ * Under `bazel run` a program starts in its runfiles tree, and Bazel names
+ * the directory the user typed the command in as BUILD_WORKING_DIRECTORY.
+ * Every relative path on the command line (--data, --tokens, --export,
+ * --checkpoint, --metrics, --init-from, ...) is the user's, so a program
+ * moves there before it reads one. Without the variable (a binary run
+ * directly, a test) nothing changes. 0, or -1 with msg naming the
+ * directory and why it could not be entered.
+ */
+int train_enter_user_dir(char *msg, size_t msglen);
+
 #endif /* LOOM_EXAMPLES_OUTPUTS_H */

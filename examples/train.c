@@ -253,6 +253,10 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 
 	memset(t, 0, sizeof(*t));
 	t->prog = prog;
+	if (train_enter_user_dir(msg, sizeof(msg))) {
+		fprintf(stderr, "%s: %s\n", prog->name, msg);
+		return 2;
+	}
 	/* --nproc N: this process becomes the launcher of N ranks. A restart
 	 * resumes from --checkpoint (below); without one it begins again at
 	 * step 0, which is allowed (a short run) but said. */

@@ -110,6 +110,17 @@ for p in "${progs[@]}"; do
 	[ -s "$d/a.st" ] && grep -q "^exported the weights to $d/a.st" "$d/a.out" &&
 		ok "$p --export writes the file" || bad "$p --export" "$(cat "$d/a.out")"
 
+	# `bazel run` semantics: the program starts elsewhere (its runfiles)
+	# with the user's directory in BUILD_WORKING_DIRECTORY; relative output
+	# paths land where the user is.
+	mkdir -p "$d/user" "$d/runfiles"
+	exe=$(realpath "${bin[$p]}")
+	(cd "$d/runfiles" && export BUILD_WORKING_DIRECTORY="$d/user" && bin[$p]=$exe &&
+		go "$p" "$d/w.out" $s 1 --export w.st --metrics w.jsonl)
+	[ -s "$d/user/w.st" ] && [ -s "$d/user/w.jsonl" ] && [ ! -e "$d/runfiles/w.st" ] &&
+		ok "$p under bazel run: relative --export and --metrics land in BUILD_WORKING_DIRECTORY" ||
+		bad "$p under bazel run" "$(ls "$d/user" "$d/runfiles")" "$(cat "$d/w.out")"
+
 	# --init-from: the file's weights are the ones trained.
 	if [ "${import[$p]}" = seed ]; then
 		go "$p" "$d/b.out" $s 1 --lr 0 --seed 2 --init-from "$d/a.st" --metrics "$d/b.jsonl"
