@@ -668,13 +668,20 @@ static double *bn_cast_case_run(bn_cast_case *k, int no_fusion, size_t *n_out)
 	return out;
 }
 
+static int takes_all(loom_op op)
+{
+	(void)op;
+	return 1;
+}
+
 /*
  * A widening cast goes into its one kernel reader (sole_kernel_reader)
  * unless that reader makes siblings: such a node keeps its dtypes, as the
  * one-pass kernel that makes batch norm's dx with dgamma and dbeta takes
  * equal dtypes only (engine/cpu/ops_bn.c's bn_fuses_sibling; cuDNN's
  * backward on a GPU). Folded, dx would read bf16 gamma and the sibling sums
- * would run again on their own. Without the siblings the same cast folds
+ * would run again on their own. The same for a backend that names the ops
+ * taking any dtype (taking_readers). Without the siblings the same cast folds
  * (so the graph is one where only that rule keeps it); with them it stays,
  * and the compiled plan computes dx, dgamma and dbeta bit for bit as the
  * unfused one.
@@ -703,6 +710,20 @@ Test(fuse, widening_cast_stays_before_a_reader_that_makes_siblings)
 	cr_assert_eq(n[k.c].dtype, LOOM_F32);
 	cr_assert_eq(n[k.dx].src[1], k.c, "dx reads node %d, not the cast %d", (int)n[k.dx].src[1],
 		     (int)k.c);
+	loom_graph_free(k.g);
+
+	/* A backend that names its ops (loom_fuse_casts_for, the CUDA
+	 * backend's rule) keeps the cast too, though every op takes. */
+	bn_cast_case_build(&k, 0);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_all), 1);
+	cr_assert_eq(k.g->nodes[k.dx].src[1], k.gh);
+	loom_graph_free(k.g);
+	bn_cast_case_build(&k, 1);
+	cr_assert_eq(loom_fuse_siblings(k.g), 2);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_all), 0,
+		     "named ops: the cast folded into dx, which makes siblings");
+	cr_assert_eq(k.g->nodes[k.c].op, LOOM_OP_CAST);
+	cr_assert_eq(k.g->nodes[k.dx].src[1], k.c);
 	loom_graph_free(k.g);
 
 	/* Compiled (the CPU's fuse pass), against the unfused plan. */
