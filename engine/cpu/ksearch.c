@@ -287,6 +287,26 @@ static loom_cpu_kern fixed_default(const kprob *q)
 	return dnnl ? LOOM_CPU_KERN_DNNL_BLOCKED : LOOM_CPU_KERN_IM2COL;
 }
 
+/* ------------------------------------------------------------ the choice */
+
+/*
+ * The fastest timed kernel (the first of equal times, in the candidates'
+ * order, which is the enum's); but the fixed default where it was timed
+ * and the fastest is not MARGIN faster than it, so that noise does not flip
+ * a near tie between runs or processes; and the default where none was
+ * timed (loom's own kernel).
+ */
+loom_cpu_kern loom_cpu_kern_choose(const double ms[LOOM_CPU_KERN_COUNT], loom_cpu_kern def)
+{
+	loom_cpu_kern best = LOOM_CPU_KERN_NONE;
+	for (int k = LOOM_CPU_KERN_NONE + 1; k < LOOM_CPU_KERN_COUNT; k++)
+		if (ms[k] > 0 && (best == LOOM_CPU_KERN_NONE || ms[k] < ms[best]))
+			best = (loom_cpu_kern)k;
+	if (best == LOOM_CPU_KERN_NONE || (ms[def] > 0 && ms[best] > (1.0 - MARGIN) * ms[def]))
+		return def;
+	return best;
+}
+
 /* ------------------------------------------------------------ measuring */
 
 /* Scratch sources, result and workspace for one node's candidates. */
@@ -492,27 +512,13 @@ static loom_status measure(const kprob *q, loom_cpu_node_kern *nk, cache_entry *
 		}
 	}
 	*spent += (loom_trace_now() - t0) * 1e3;
-	e->kern = LOOM_CPU_KERN_NONE;
-	double best = 0;
 	for (int i = 0; i < nc; i++) {
 		loom_cpu_kern_release(&c[i]);
-		if (!ok[i]) {
+		if (!ok[i])
 			e->ms[cand[i]] = 0;
-			continue;
-		}
-		if (e->kern == LOOM_CPU_KERN_NONE || e->ms[cand[i]] < best) {
-			best = e->ms[cand[i]];
-			e->kern = cand[i];
-		}
 	}
 	bufs_free(&b);
-	/* None ran: loom's own kernel. Within MARGIN of the fixed default's
-	 * time: the default, so that noise does not flip a near tie between
-	 * runs or processes. */
-	loom_cpu_kern def = fixed_default(q);
-	if (e->kern == LOOM_CPU_KERN_NONE ||
-	    (e->ms[def] > 0 && best > (1.0 - MARGIN) * e->ms[def]))
-		e->kern = def;
+	e->kern = loom_cpu_kern_choose(e->ms, fixed_default(q));
 	return LOOM_OK;
 }
 

@@ -63,6 +63,14 @@ size_t loom_cpu_kern_ws(const loom_plan *p, loom_value v, const loom_cpu_node_ke
 int loom_cpu_kern_run(const loom_plan *p, loom_value v, const loom_cpu_node_kern *nk,
 		      void *const *src, void *out, void *ws);
 
+/* The search's rule, given each kernel's best time (ms, indexed by kernel;
+ * 0: not timed) and the node's fixed default def: the fastest timed kernel
+ * (the first of equal times), unless def was timed and the fastest is not
+ * at least 10% faster than it (ms > 0.9 * ms[def]): then def; def too
+ * where none was timed. Pure: loom_cpu_kern_plan's measured choice is
+ * this of the times it records (loom_cpu_node_kern.ms). */
+loom_cpu_kern loom_cpu_kern_choose(const double ms[LOOM_CPU_KERN_COUNT], loom_cpu_kern def);
+
 /*
  * Chooses the kernel of every node of plan's steps into kern[] (g->n
  * entries, zeroed by the caller): measured under plan->opts.kernel_search

@@ -6,7 +6,8 @@
  * group of two ranks held in this one process (rank 0 is this test, the
  * other rank is a fake communicator whose sums and gathers the tests can
  * predict), as do the pipeline's send, receive and micro-batch steps (this
- * rank is stage 0 of two). Also: the list is what --dump-graph shows, a
+ * rank is stage 0 of two); ZeRO-3's all-gathers sit exactly the prefetch
+ * depth of layers ahead of their first use. Also: the list is what --dump-graph shows, a
  * backend that refuses a node is refused at compile naming the node with its
  * dtypes and shapes, and a trace records spans on a backend that is not the
  * CPU's table; and the pass list is the compile pipeline: each pass left out
@@ -863,6 +864,127 @@ Test(exec, zero_copy_steps_put_the_gathered_parameters_back)
 	cr_assert_gt(theirs, 0);
 	cr_assert_gt(mine, 0);
 	free_ranked(p, g, pg);
+}
+
+/* ------------------------------------------------------------ ZeRO-3: the gathers' places */
+
+enum { Z3_LAYERS = 4 };
+
+/* x [4, 8] -> Z3_LAYERS x (linear 8->8 without bias -> relu) -> mean, as
+ * rank 0 of the fake two under ZeRO-3 with zero_prefetch `prefetch`; each
+ * weight (256 bytes) its own bucket (cap 100 bytes), so that a gather is
+ * one layer's. */
+static loom_program *compile_zero3_layers(loom_graph **gp, loom_pg *pg, int prefetch)
+{
+	int64_t xd[2] = { 4, 8 };
+	cr_assert_eq(loom_graph_new(gp), LOOM_OK);
+	loom_value h = loom_input(*gp, "x", LOOM_F32, 2, xd);
+	for (int i = 0; i < Z3_LAYERS; i++) {
+		char nm[16];
+		snprintf(nm, sizeof(nm), "fc%d", i);
+		h = loom_relu(*gp, loom_layer_linear(*gp, nm, h, 8, 0));
+	}
+	loom_value loss = loom_mean(*gp, h);
+	loom_compile_opts o;
+	mlp_opts(&o, LOOM_OPTIM_SGD);
+	o.pg = pg;
+	o.zero_stage = 3;
+	o.zero_prefetch = prefetch;
+	o.bucket_cap_mb = o.first_bucket_mb = 100e-6;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_compile(*gp, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(p->plan.zero, 3);
+	cr_assert_eq(p->plan.buckets.n, Z3_LAYERS, "buckets: %d", p->plan.buckets.n);
+	return p;
+}
+
+/* The step of gather k's all-gather (wait 0) or of its wait (wait 1). */
+static int gather_step(const loom_plan *pl, int k, int wait)
+{
+	int at = -1;
+	for (int i = 0; i < pl->n_steps; i++) {
+		const loom_step *s = &pl->steps[i];
+		if (s->index != pl->buckets.n + k)
+			continue;
+		if (wait ? s->kind == LOOM_STEP_WAIT :
+			   s->kind == LOOM_STEP_COLLECTIVE && s->coll == LOOM_COLL_ALLGATHER) {
+			cr_assert_eq(at, -1, "gather %d: two %s steps", k, wait ? "wait" : "all-gather");
+			at = i;
+		}
+	}
+	cr_assert_geq(at, 0, "gather %d: no %s step", k, wait ? "wait" : "all-gather");
+	return at;
+}
+
+/*
+ * Each layer's all-gather is issued exactly `depth` layers ahead of its
+ * first use, within its phase (forward, backward): the first `depth` of a
+ * phase at the phase's first use, the rest right before the first use of
+ * the layer `depth` earlier (prefetch -1: none ahead; 0: the default, 1).
+ * A gather's first use is its wait's step (the wait sits right before the
+ * first node that reads the gathered bucket). Checked on the step list:
+ * between layer r's all-gather and its wait lie the waits of exactly
+ * min(r, depth) other layers of its phase, and no node computes between
+ * the all-gather and the wait of layer r - depth (it is issued at that
+ * layer's first use, not before). An off-by-one in zero3.c's prefetch
+ * distance changes no bits (tests/ddp: zero3pf), only these places.
+ */
+Test(exec, zero3_gathers_each_layer_prefetch_layers_ahead_of_its_first_use)
+{
+	static const struct { int prefetch, depth; } cases[] = {
+		{ -1, 0 }, { 0, 1 }, { 1, 1 }, { 2, 2 },
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		int depth = cases[c].depth;
+		loom_pg *pg = fake_group(2, 0);
+		loom_graph *g;
+		loom_program *p = compile_zero3_layers(&g, pg, cases[c].prefetch);
+		const loom_plan *pl = &p->plan;
+		int ng = pl->n_gathers;
+		int gs[2 * Z3_LAYERS], ws[2 * Z3_LAYERS], bwd[2 * Z3_LAYERS];
+		/* A forward gather per layer; a backward one per layer whose
+		 * weight the backward reads (dx: all but the first layer's). */
+		cr_assert_eq(ng, 2 * Z3_LAYERS - 1, "prefetch %d: %d gathers", cases[c].prefetch, ng);
+		for (int k = 0; k < ng; k++) {
+			gs[k] = gather_step(pl, k, 0);
+			ws[k] = gather_step(pl, k, 1);
+			bwd[k] = !!(pl->g->nodes[pl->gathers[k].v].flags & LOOM_NODE_BACKWARD);
+			cr_assert_lt(gs[k], ws[k], "gather %d waited before it started", k);
+		}
+		for (int k = 0; k < ng; k++) {
+			/* r: layer k's place among its phase's first uses;
+			 * its waits between its all-gather and its wait */
+			int r = 0, between = 0, target = -1;
+			for (int j = 0; j < ng; j++) {
+				if (bwd[j] != bwd[k])
+					continue;
+				r += ws[j] < ws[k];
+				between += ws[j] > gs[k] && ws[j] < ws[k];
+			}
+			int want = r < depth ? r : depth;
+			cr_expect_eq(between, want,
+				     "prefetch %d: %s gather %d (layer %d of its phase) issued %d layers "
+				     "ahead of its first use (step %d, its all-gather step %d), not %d",
+				     cases[c].prefetch, bwd[k] ? "backward" : "forward", k, r, between,
+				     ws[k], gs[k], want);
+			for (int j = 0; j < ng; j++) {
+				int rj = 0;
+				for (int i = 0; i < ng; i++)
+					rj += bwd[i] == bwd[k] && ws[i] < ws[j];
+				if (bwd[j] == bwd[k] && rj == r - want)
+					target = j;
+			}
+			cr_assert_geq(target, 0);
+			int early = 0;
+			for (int i = gs[k] + 1; i < ws[target]; i++)
+				early += pl->steps[i].kind == LOOM_STEP_NODE && !pl->steps[i].noop;
+			cr_expect_eq(early, 0,
+				     "prefetch %d: gather %d issued at step %d, %d computing nodes before "
+				     "its place (the first use of gather %d, step %d)",
+				     cases[c].prefetch, k, gs[k], early, target, ws[target]);
+		}
+		free_ranked(p, g, pg);
+	}
 }
 
 /* ------------------------------------------------------------ pipeline: send, recv, micro */

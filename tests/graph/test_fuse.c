@@ -1,6 +1,7 @@
 /*
  * tests/graph/test_fuse.c — the fusion passes (graph/fuse.c): relu into
- * max-pool, linear, batch norm and the residual add, and sibling outputs:
+ * max-pool, linear, batch norm and the residual add, sibling outputs, and
+ * AMP casts into their producers and readers:
  * which nodes they fuse, which they must leave alone, and that the fused
  * plan trains like the unfused one while planning no more memory.
  */
@@ -583,5 +584,161 @@ Test(fuse, casts_fold_only_at_ops_that_take_any_dtype)
 	n = k.g->nodes;
 	cr_assert_eq(n[k.c].op, LOOM_OP_CAST);
 	cr_assert_eq(n[k.d].op, LOOM_OP_RESHAPE);
+	loom_graph_free(k.g);
+}
+
+/* ------------------------------------------- a widening cast and siblings */
+
+/*
+ * Batch norm's backward built by hand with its gamma in bf16, widened to
+ * f32 by a cast that dx alone reads: x, dy [2, 3, 4, 4] f32, gh [3] bf16;
+ * c = cast(gh) f32, dx = bn_bwd_data(x, c, dy), and (siblings 1) dgamma =
+ * bn_bwd_gamma(x, dy) and dbeta = channel_sum(dy), which
+ * loom_fuse_siblings marks as made by dx. No shipped model has it (there
+ * the forward batch norm reads gamma too), so the rule that guards it is
+ * tested here. The outputs are dx, dgamma and dbeta; the loss sum(dx).
+ */
+typedef struct bn_cast_case {
+	loom_graph *g;
+	loom_value x, gh, dy, c, dx, dg, db, loss;
+} bn_cast_case;
+
+static void bn_cast_case_build(bn_cast_case *k, int siblings)
+{
+	int64_t xd[4] = { 2, 3, 4, 4 }, cd[1] = { 3 };
+	loom_shape xs = loom_shape_make(4, xd), cs = loom_shape_make(1, cd);
+	loom_graph_new(&k->g);
+	loom_graph *g = k->g;
+	k->x = loom_input(g, "x", LOOM_F32, 4, xd);
+	k->gh = loom_input(g, "gh", LOOM_BF16, 1, cd);
+	k->dy = loom_input(g, "dy", LOOM_F32, 4, xd);
+	k->c = loom_node_add(g, LOOM_OP_CAST, LOOM_F32, cs, 1, &k->gh);
+	loom_value s3[3] = { k->x, k->c, k->dy }, s2[2] = { k->x, k->dy };
+	k->dx = loom_node_add(g, LOOM_OP_BN_BWD_DATA, LOOM_F32, xs, 3, s3);
+	g->nodes[k->dx].a.bn.eps = 1e-5;
+	k->dg = k->db = LOOM_NONE;
+	if (siblings) {
+		k->dg = loom_node_add(g, LOOM_OP_BN_BWD_GAMMA, LOOM_F32, cs, 2, s2);
+		g->nodes[k->dg].a.bn.eps = 1e-5;
+		k->db = loom_node_add(g, LOOM_OP_CHANNEL_SUM, LOOM_F32, cs, 1, &k->dy);
+		loom_mark_output(g, k->dg);
+		loom_mark_output(g, k->db);
+	}
+	loom_mark_output(g, k->dx);
+	k->loss = loom_sum(g, k->dx);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+}
+
+/* The case's outputs after one forward run of p (compiled for inference,
+ * fused or not) on fixed inputs, as f64: dx, then dgamma and dbeta. */
+static double *bn_cast_case_run(bn_cast_case *k, int no_fusion, size_t *n_out)
+{
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.inference = 1;
+	o.no_fusion = no_fusion;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_compile(k->g, k->loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	if (!no_fusion) { /* the plan's graph (a clone: the same node numbers) */
+		const loom_node *n = p->plan.g->nodes;
+		cr_assert_eq(n[k->dg].made_by, k->dx);
+		cr_assert_eq(n[k->c].op, LOOM_OP_CAST, "the plan folded the cast into dx");
+		cr_assert_eq(n[k->dx].src[1], k->c);
+	}
+	enum { NX = 2 * 3 * 4 * 4 };
+	float x[NX], dy[NX];
+	uint16_t gh[3] = { 0x3f40, 0xbfa0, 0x4020 }; /* bf16: 0.75, -1.25, 2.5 */
+	srand(7);
+	for (int i = 0; i < NX; i++) {
+		x[i] = (float)rand() / RAND_MAX * 2 - 1;
+		dy[i] = (float)rand() / RAND_MAX * 2 - 1;
+	}
+	cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, NX), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_set_input(p, "dy", dy, LOOM_F32, NX), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_set_input(p, "gh", gh, LOOM_BF16, 3), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_run(p, LOOM_RUN_EVAL), LOOM_OK, "%s", loom_program_error(p));
+	double *out = malloc(sizeof(double) * (NX + 6));
+	cr_assert(out);
+	cr_assert_eq(loom_read_f64(p, k->dx, out, NX), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_read_f64(p, k->dg, out + NX, 3), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_read_f64(p, k->db, out + NX + 3, 3), LOOM_OK, "%s", loom_program_error(p));
+	*n_out = NX + 6;
+	loom_program_free(p);
+	return out;
+}
+
+static int takes_all(loom_op op)
+{
+	(void)op;
+	return 1;
+}
+
+/*
+ * A widening cast goes into its one kernel reader (sole_kernel_reader)
+ * unless that reader makes siblings: such a node keeps its dtypes, as the
+ * one-pass kernel that makes batch norm's dx with dgamma and dbeta takes
+ * equal dtypes only (engine/cpu/ops_bn.c's bn_fuses_sibling; cuDNN's
+ * backward on a GPU). Folded, dx would read bf16 gamma and the sibling sums
+ * would run again on their own. The same for a backend that names the ops
+ * taking any dtype (taking_readers). Without the siblings the same cast folds
+ * (so the graph is one where only that rule keeps it); with them it stays,
+ * and the compiled plan computes dx, dgamma and dbeta bit for bit as the
+ * unfused one.
+ */
+Test(fuse, widening_cast_stays_before_a_reader_that_makes_siblings)
+{
+	bn_cast_case k;
+	const loom_node *n;
+
+	bn_cast_case_build(&k, 0);
+	cr_assert_eq(loom_fuse_siblings(k.g), 0);
+	cr_assert_eq(loom_fuse_casts(k.g), 1, "without siblings the cast folds into dx");
+	n = k.g->nodes;
+	cr_assert_eq(n[k.c].op, LOOM_OP_RESHAPE);
+	cr_assert_eq(n[k.dx].src[1], k.gh);
+	loom_graph_free(k.g);
+
+	bn_cast_case_build(&k, 1);
+	cr_assert_eq(loom_fuse_siblings(k.g), 2);
+	n = k.g->nodes;
+	cr_assert_eq(n[k.dg].made_by, k.dx);
+	cr_assert_eq(n[k.db].made_by, k.dx);
+	cr_assert_eq(loom_fuse_casts(k.g), 0, "the cast folded into dx, which makes siblings");
+	n = k.g->nodes;
+	cr_assert_eq(n[k.c].op, LOOM_OP_CAST);
+	cr_assert_eq(n[k.c].dtype, LOOM_F32);
+	cr_assert_eq(n[k.dx].src[1], k.c, "dx reads node %d, not the cast %d", (int)n[k.dx].src[1],
+		     (int)k.c);
+	loom_graph_free(k.g);
+
+	/* A backend that names its ops (loom_fuse_casts_for, the CUDA
+	 * backend's rule) keeps the cast too, though every op takes. */
+	bn_cast_case_build(&k, 0);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_all), 1);
+	cr_assert_eq(k.g->nodes[k.dx].src[1], k.gh);
+	loom_graph_free(k.g);
+	bn_cast_case_build(&k, 1);
+	cr_assert_eq(loom_fuse_siblings(k.g), 2);
+	cr_assert_eq(loom_fuse_casts_for(k.g, takes_all), 0,
+		     "named ops: the cast folded into dx, which makes siblings");
+	cr_assert_eq(k.g->nodes[k.c].op, LOOM_OP_CAST);
+	cr_assert_eq(k.g->nodes[k.dx].src[1], k.c);
+	loom_graph_free(k.g);
+
+	/* Compiled (the CPU's fuse pass), against the unfused plan. */
+	bn_cast_case_build(&k, 1);
+	size_t nf, nu;
+	double *f = bn_cast_case_run(&k, 0, &nf), *u = bn_cast_case_run(&k, 1, &nu);
+	cr_assert_eq(nf, nu);
+	int nonzero = 0;
+	for (size_t i = 0; i < nf; i++)
+		nonzero += f[i] != 0;
+	cr_assert_gt(nonzero, (int)nf / 2);
+	for (size_t i = 0; i < nf; i++)
+		cr_assert(memcmp(&f[i], &u[i], sizeof(double)) == 0,
+			  "output element %zu: %.17g fused, %.17g unfused", i, f[i], u[i]);
+	free(f);
+	free(u);
 	loom_graph_free(k.g);
 }

@@ -4,7 +4,8 @@
  * on every conv and product node of the ConvNet, a CIFAR ResNet-18 and a
  * GPT-shaped stack of linears, against a double-precision reference of the
  * node; and the search itself (a choice per node in --dump-graph, the
- * process's cache, the fixed default, a forced kernel, a bad one refused).
+ * process's cache, the fixed default, a forced kernel, a bad one refused,
+ * the choice rule on crafted times and on a real search's).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -14,6 +15,7 @@
 
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/ksearch.h"
+#include "engine/cpu/ops.h"
 #include "engine/program_internal.h"
 #include "examples/models.h"
 #include "graph/ops/ops.h"
@@ -145,6 +147,10 @@ static int check_candidates(const loom_plan *p, const char *model)
 	return ran;
 }
 
+/* Compiled with the search on or off; on, with a budget that no loaded
+ * machine spends (under ASan, beside the other engineers' builds, the
+ * ConvNet's search once ran past the default 5 s and its last node took
+ * the fixed default), so that every node is measured. */
 static loom_program *compile(loom_graph *g, loom_value loss, int search)
 {
 	loom_compile_opts o;
@@ -152,6 +158,7 @@ static loom_program *compile(loom_graph *g, loom_value loss, int search)
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;
 	o.kernel_search = search ? LOOM_KERNEL_SEARCH_ON : LOOM_KERNEL_SEARCH_OFF;
+	o.kernel_search_ms = 600e3;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
 	return p;
 }
@@ -359,4 +366,126 @@ Test(ksearch, every_forced_kernel_trains_as_the_fixed_default)
 					  forced[f][0], forced[f][1], s, got[s], ref[s]);
 		}
 	}
+}
+
+/* ------------------------------------------------------------ the choice rule */
+
+/* Times (ms) of the kernels named, 0 for the others (not timed). */
+typedef struct timed {
+	loom_cpu_kern k;
+	double ms;
+} timed;
+
+static loom_cpu_kern choose_of(const timed *t, int n, loom_cpu_kern def)
+{
+	double ms[LOOM_CPU_KERN_COUNT] = { 0 };
+	for (int i = 0; i < n; i++)
+		ms[t[i].k] = t[i].ms;
+	return loom_cpu_kern_choose(ms, def);
+}
+
+/* The rule as the README and ksearch.h state it, written out here: the
+ * fastest timed kernel (the first of equal times), unless the default was
+ * timed and the fastest is not at least 10% faster (time <= 0.9 x the
+ * default's); the default where none was timed. */
+static loom_cpu_kern rule(const double *ms, loom_cpu_kern def)
+{
+	int best = LOOM_CPU_KERN_NONE;
+	for (int k = 1; k < LOOM_CPU_KERN_COUNT; k++)
+		if (ms[k] > 0 && (best == LOOM_CPU_KERN_NONE || ms[k] < ms[best]))
+			best = k;
+	if (best == LOOM_CPU_KERN_NONE || (ms[def] > 0 && !(ms[best] <= 0.9 * ms[def])))
+		return def;
+	return (loom_cpu_kern)best;
+}
+
+/* The default unless a candidate is 10% faster, on crafted times. */
+Test(ksearch, the_choice_is_the_default_unless_a_kernel_is_10_percent_faster)
+{
+	enum { IM2COL = LOOM_CPU_KERN_IM2COL, NCHW = LOOM_CPU_KERN_DNNL_NCHW,
+	       BLOCKED = LOOM_CPU_KERN_DNNL_BLOCKED, SGEMM = LOOM_CPU_KERN_SGEMM,
+	       MATMUL = LOOM_CPU_KERN_MATMUL };
+	static const struct {
+		const char *what;
+		timed t[3];
+		int n;
+		loom_cpu_kern def, want;
+	} cases[] = {
+		{ "8% faster: the default", { { IM2COL, 1.0 }, { NCHW, 0.95 }, { BLOCKED, 0.92 } }, 3,
+		  IM2COL, IM2COL },
+		{ "15% faster: that one", { { IM2COL, 1.0 }, { NCHW, 0.85 }, { BLOCKED, 0.95 } }, 3,
+		  IM2COL, NCHW },
+		{ "10.1% faster: that one", { { IM2COL, 1.0 }, { NCHW, 0.899 } }, 2, IM2COL, NCHW },
+		{ "9.9% faster: the default", { { IM2COL, 1.0 }, { NCHW, 0.901 } }, 2, IM2COL, IM2COL },
+		{ "the fastest of two faster", { { IM2COL, 1.0 }, { NCHW, 0.8 }, { BLOCKED, 0.5 } }, 3,
+		  IM2COL, BLOCKED },
+		{ "equal times: the first", { { IM2COL, 1.0 }, { NCHW, 0.5 }, { BLOCKED, 0.5 } }, 3,
+		  IM2COL, NCHW },
+		{ "the default fastest", { { IM2COL, 0.4 }, { NCHW, 0.5 }, { BLOCKED, 0.6 } }, 3,
+		  IM2COL, IM2COL },
+		{ "the default last: 5% slower keeps it", { { IM2COL, 0.95 }, { BLOCKED, 1.0 } }, 2,
+		  BLOCKED, BLOCKED },
+		{ "the default last: 50% slower loses", { { IM2COL, 0.5 }, { BLOCKED, 1.0 } }, 2,
+		  BLOCKED, IM2COL },
+		{ "product, 15% faster", { { SGEMM, 2.0 }, { MATMUL, 1.7 } }, 2, SGEMM, MATMUL },
+		{ "product, 7.5% faster", { { SGEMM, 2.0 }, { MATMUL, 1.85 } }, 2, SGEMM, SGEMM },
+		{ "the default not timed: the fastest", { { MATMUL, 1.0 } }, 1, SGEMM, MATMUL },
+		{ "nothing timed: the default", { { SGEMM, 0 } }, 0, SGEMM, SGEMM },
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		loom_cpu_kern got = choose_of(cases[c].t, cases[c].n, cases[c].def);
+		cr_expect_eq(got, cases[c].want, "%s: chose %s, want %s", cases[c].what,
+			     loom_cpu_kern_name(got), loom_cpu_kern_name(cases[c].want));
+	}
+}
+
+/* A real search's choices are the rule applied to the times it recorded:
+ * x [2, 4, 8, 8] -> conv 3x3 to 8 channels -> flatten -> linear 512->10
+ * -> mean: two conv nodes (3 candidates each), three products (2 each).
+ * The fixed default of each node is what the search off gives it. */
+Test(ksearch, a_real_search_chooses_by_the_rule_from_its_recorded_times)
+{
+	env_clean();
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t xd[4] = { 2, 4, 8, 8 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 4, xd);
+	loom_value h = loom_layer_conv2d(g, "c", x, 8, 3, 1, 1, 1);
+	loom_value loss = loom_mean(g, loom_layer_linear(g, "fc", loom_flatten(g, h), 10, 1));
+	loom_program *p = compile(g, loss, 1);
+	const loom_plan *pl = &p->plan;
+	const loom_cpu_ctx *ctx = p->be_ctx;
+	cr_assert_eq(ctx->n_kern, pl->g->n);
+	int measured = 0, convs = 0;
+	setenv("LOOM_KERNEL_SEARCH", "off", 1);
+	for (loom_value v = 0; v < pl->g->n; v++) {
+		const loom_cpu_node_kern *nk = &ctx->kern[v];
+		if (nk->kern == LOOM_CPU_KERN_NONE)
+			continue;
+		/* measured now, or earlier in this process (the cache keeps
+		 * the times and the choice made from them) */
+		cr_assert(nk->how == LOOM_CPU_KERN_MEASURED || nk->how == LOOM_CPU_KERN_CACHED,
+			  "node %d (%s): not measured (%d)", v, loom_op_defs[pl->g->nodes[v].op]->name,
+			  (int)nk->how);
+		loom_cpu_kern def = loom_cpu_kern_choice(pl, v); /* the search off: the default */
+		loom_cpu_kern want = rule(nk->ms, def);
+		char times[256];
+		int at = 0;
+		for (int k = 1; k < LOOM_CPU_KERN_COUNT; k++)
+			if (nk->ms[k] > 0)
+				at += snprintf(times + at, sizeof(times) - (size_t)at, " %s %.4f",
+					       loom_cpu_kern_name((loom_cpu_kern)k), nk->ms[k]);
+		cr_expect_eq(nk->kern, want, "node %d (%s): chose %s, the rule %s (default %s; ms:%s)",
+			     v, loom_op_defs[pl->g->nodes[v].op]->name, loom_cpu_kern_name(nk->kern),
+			     loom_cpu_kern_name(want), loom_cpu_kern_name(def), times);
+		cr_expect_eq(loom_cpu_kern_choose(nk->ms, def), want);
+		measured++;
+		convs += pl->g->nodes[v].op == LOOM_OP_CONV2D ||
+			 pl->g->nodes[v].op == LOOM_OP_CONV2D_BWD_FILTER;
+	}
+	unsetenv("LOOM_KERNEL_SEARCH");
+	cr_assert_eq(measured, 5, "searched nodes: %d", measured);
+	cr_assert_eq(convs, 2);
+	loom_program_free(p);
+	loom_graph_free(g);
 }
