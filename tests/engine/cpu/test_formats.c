@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/cpu/blocked.h"
+#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/ops.h"
 #include "engine/program_internal.h"
 #include "examples/models.h"
@@ -25,6 +26,20 @@ static void env_clean(void)
 	unsetenv("LOOM_FORMATS");
 	unsetenv("LOOM_KERNEL_SEARCH");
 	unsetenv("LOOM_CPU_CONV");
+}
+
+/*
+ * A CPU with avx512_bf16 runs O1's half convolutions natively, on NCHW
+ * (conv_bf16.c; engine/cpu/ops_format.c), so nothing of a bf16 plan is
+ * blocked there. The cases below test the blocked path, which every other
+ * x86-64 CPU takes: they cap the path at AVX-512 (LOOM_CPU_ISA, read once
+ * per process, and Criterion runs each case in a process of its own), so
+ * they test the same thing whichever CPU the suite lands on.
+ * native_bf16_convolutions_stay_nchw tests the native rule.
+ */
+static void below_native_bf16(void)
+{
+	setenv("LOOM_CPU_ISA", "avx512", 1);
 }
 
 static uint32_t lcg = 7;
@@ -251,12 +266,12 @@ Test(formats, blocked_ops_agree_with_nchw_f32_unfused)
 	both_ways(0, 1);
 }
 
-Test(formats, blocked_ops_agree_with_nchw_bf16_o1)
+Test(formats, blocked_ops_agree_with_nchw_bf16_o1, .init = below_native_bf16)
 {
 	both_ways(1, 0);
 }
 
-Test(formats, blocked_ops_agree_with_nchw_bf16_o1_unfused)
+Test(formats, blocked_ops_agree_with_nchw_bf16_o1_unfused, .init = below_native_bf16)
 {
 	both_ways(1, 1);
 }
@@ -366,22 +381,52 @@ static void plan_case(model_fn model, int bf16, int max_reorders, int min_blocke
 	loom_graph_free(g);
 }
 
-Test(formats, convnet_plan_has_no_reorder_between_blocked_ops)
+Test(formats, convnet_plan_has_no_reorder_between_blocked_ops, .init = below_native_bf16)
 {
 	plan_case(convnet, 0, 2, 8, "ConvNet f32");
 	plan_case(convnet, 1, 2, 8, "ConvNet O1 bf16");
 }
 
-Test(formats, resnet18_plan_has_no_reorder_between_blocked_ops)
+Test(formats, resnet18_plan_has_no_reorder_between_blocked_ops, .init = below_native_bf16)
 {
 	plan_case(resnet18, 0, 5, 100, "ResNet-18 f32");
 	plan_case(resnet18, 1, 5, 100, "ResNet-18 O1 bf16");
 }
 
-Test(formats, resnet50_plan_has_no_reorder_between_blocked_ops)
+Test(formats, resnet50_plan_has_no_reorder_between_blocked_ops, .init = below_native_bf16)
 {
 	plan_case(resnet50, 0, 2, 200, "ResNet-50 f32");
 	plan_case(resnet50, 1, 2, 200, "ResNet-50 O1 bf16");
+}
+
+/* On a CPU with avx512_bf16, O1's half convolutions (forward, data and
+ * filter gradients) read and write NCHW: the native kernels take no other
+ * format, so the planner must not block them. */
+Test(formats, native_bf16_convolutions_stay_nchw)
+{
+	env_clean();
+	if (loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
+		cr_skip_test("needs a CPU with avx512_bf16 (this one runs %s)",
+			     loom_cpu_isa_name(loom_cpu_isa_get()));
+	loom_graph *g;
+	loom_program *p = compile(resnet18, 8, 1, &g);
+	const loom_graph *cg = p->plan.g;
+	int convs = 0;
+	for (loom_value v = 0; v < cg->n; v++) {
+		const loom_node *n = &cg->nodes[v];
+		if (n->op != LOOM_OP_CONV2D && n->op != LOOM_OP_CONV2D_BWD_DATA &&
+		    n->op != LOOM_OP_CONV2D_BWD_FILTER)
+			continue;
+		convs++;
+		cr_assert_eq(n->format, LOOM_FORMAT_NCHW, "%s %d is not NCHW",
+			     loom_op_defs[n->op]->name, (int)v);
+		for (int i = 0; i < n->nsrc; i++)
+			cr_assert_eq(cg->nodes[n->src[i]].format, LOOM_FORMAT_NCHW,
+				     "%s %d reads a blocked value", loom_op_defs[n->op]->name, (int)v);
+	}
+	cr_assert(convs >= 50, "%d convolution nodes", convs);
+	loom_program_free(p);
+	loom_graph_free(g);
 }
 
 /* ------------------------------------------------------------ dump and switch */
