@@ -1108,9 +1108,9 @@ int main(int argc, char **argv)
 	}
 	loom_graph_set_seed(g, a->seed);
 	snprintf(what, sizeof(what),
-		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, on %s (%lld train, "
-		 "%lld held-out tokens), clip %g",
-		 c.layers, c.heads, c.embd, T, c.vocab,
+		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, %s GELU, on %s (%lld "
+		 "train, %lld held-out tokens), clip %g",
+		 c.layers, c.heads, c.embd, T, c.vocab, c.gelu_tanh ? "tanh" : "erf",
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
 		 (long long)train.n, (long long)val.n, a->clip_grad);
 	/* Hugging Face's GPT-2 files in (recognised) and out (--export-format hf). */

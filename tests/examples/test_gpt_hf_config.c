@@ -51,6 +51,30 @@ Test(gpt_hf_config, gpt2_as_save_pretrained_writes_it)
 	cr_assert_eq(c.layer_norm_epsilon, 1e-5);
 }
 
+/* The shape of the Hub's gpt2/config.json: dropouts, token ids, the
+ * summary head's keys and a nested task_specific_params, all ignored. */
+Test(gpt_hf_config, the_hubs_gpt2_124m)
+{
+	gpt_hf_config c;
+	char err[512];
+	cr_assert_eq(parse("{\"activation_function\": \"gelu_new\", \"architectures\": "
+			   "[\"GPT2LMHeadModel\"], \"attn_pdrop\": 0.1, \"bos_token_id\": 50256, "
+			   "\"embd_pdrop\": 0.1, \"eos_token_id\": 50256, \"initializer_range\": 0.02, "
+			   "\"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\", \"n_ctx\": 1024, "
+			   "\"n_embd\": 768, \"n_head\": 12, \"n_layer\": 12, \"n_positions\": 1024, "
+			   "\"resid_pdrop\": 0.1, \"summary_activation\": null, "
+			   "\"summary_first_dropout\": 0.1, \"summary_proj_to_labels\": true, "
+			   "\"summary_type\": \"cls_index\", \"summary_use_proj\": true, "
+			   "\"task_specific_params\": {\"text-generation\": {\"do_sample\": true, "
+			   "\"max_length\": 50}}, \"vocab_size\": 50257}", &c, err), 0, "%s", err);
+	cr_assert_eq(c.n_layer, 12);
+	cr_assert_eq(c.n_head, 12);
+	cr_assert_eq(c.n_embd, 768);
+	cr_assert_eq(c.n_positions, 1024);
+	cr_assert_eq(c.vocab_size, 50257);
+	cr_assert_eq(c.gelu_tanh, 1);
+}
+
 Test(gpt_hf_config, absent_keys_take_gpt2configs_defaults)
 {
 	gpt_hf_config c;
