@@ -20,10 +20,18 @@
 #include "base/splitmix.h"
 #include "comm/launch.h"
 #include "examples/gpt_data.h"
+#include "examples/gpt_hf.h"
 #include "examples/outputs.h"
 #include "examples/peak.h"
 #include "examples/train.h"
 #include "loom.h"
+
+/* The settings a Hugging Face config.json also gives (--init-from), by the
+ * flag that sets each; --preset sets them too, where no flag does. */
+enum { GPT_SET_LAYERS, GPT_SET_HEADS, GPT_SET_EMBD, GPT_SET_CONTEXT, GPT_SET_VOCAB, GPT_SET_GELU,
+       GPT_SET_COUNT };
+static const char *const gpt_set_flags[GPT_SET_COUNT] = { "--layers", "--heads", "--embd",
+							  "--context", "--vocab", "--gelu" };
 
 /* The model's shape and the flags only this program takes. */
 typedef struct gpt_cfg {
@@ -46,6 +54,12 @@ typedef struct gpt_cfg {
 	const char *llmc_out;   /* write the initial model as an llm.c checkpoint, then stop */
 	int export_hf;          /* --export-format hf: Conv1D layout and a config.json */
 	const char *logits_out; /* write the first window's logits, then stop */
+	double ln_eps;          /* the layer norms' epsilon (1e-5; config.json's) */
+	int preset;             /* --preset gpt2 */
+	int hf_config;          /* the shape, GELU and epsilon came from --init-from's config.json */
+	/* What gave each GPT_SET_ setting: its flag (gpt_set_flags), "--preset
+	 * gpt2", or NULL (the default): a config.json must agree with it. */
+	const char *set_by[GPT_SET_COUNT];
 } gpt_cfg;
 
 /* Hugging Face's GPT-2 (GPT2LMHeadModel, modeling_gpt2.py): the names are
@@ -61,6 +75,8 @@ static const char *const gpt_hf_conv1d[] = { "attn.c_attn.weight", "attn.c_proj.
 static const char *const gpt_hf_ignore[] = { "attn.bias", "attn.masked_bias", "lm_head.weight" };
 /* A file's n_positions may exceed --context: its first rows of wpe. */
 static const char *const gpt_hf_rows[] = { "wpe.weight" };
+/* The length of one of these arrays, from the array itself. */
+#define GPT_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static void gpt_usage(FILE *f)
 {
@@ -71,7 +87,8 @@ static void gpt_usage(FILE *f)
 		"  --embd N             width C (default 128)\n"
 		"  --context N          sequence length T (default 128)\n"
 		"  --preset gpt2        GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024,\n"
-		"                       vocabulary 50257 (compile it with --dry-run --memory-report)\n"
+		"                       vocabulary 50257, --gelu tanh (GPT-2's); a size or --gelu flag\n"
+		"                       given too wins (compile it with --dry-run --memory-report)\n"
 		"  --vocab N            vocabulary size (default: 256 for text, the ids' for --tokens)\n"
 		"  --tokens FILE        an llm.c token file (.bin) instead of text\n"
 		"  --val-tokens FILE    its validation file (default: the last tenth of --tokens)\n"
@@ -87,6 +104,7 @@ static void gpt_usage(FILE *f)
 		"  --sequential         batches in corpus order, no shuffling (reference runs)\n"
 		"  --loss-file FILE     write every step's loss (%%.17g) there\n"
 		"  --gelu erf|tanh      the exact GELU (default, nn.GELU()) or GPT-2's tanh form\n"
+		"                       (gelu_new; --preset gpt2's and a GPT-2 config.json's)\n"
 		"  --constant-lr        no warm-up, no decay\n"
 		"  --write-llmc FILE    write the initial model as an llm.c checkpoint (gpt2_124M.bin's\n"
 		"                       layout, f32) and stop (bench/llmc_compare.sh)\n"
@@ -98,12 +116,41 @@ static void gpt_usage(FILE *f)
 		"                       GPT2LMHeadModel.from_pretrained(its folder) (name it\n"
 		"                       model.safetensors). --init-from reads either, and GPT2Model's\n"
 		"                       names (no 'transformer.'), and a file's longer wpe (its first\n"
-		"                       --context rows); GPT-2's GELU is --gelu tanh\n\n");
+		"                       --context rows)\n"
+		"  --init-from DIR      a Hugging Face GPT-2 folder (model.safetensors, config.json);\n"
+		"                       or FILE with a config.json beside it: n_layer, n_head, n_embd,\n"
+		"                       vocab_size, n_positions (the context; a shorter --context\n"
+		"                       reads wpe's first rows), activation_function (gelu_new: tanh,\n"
+		"                       gelu: erf) and layer_norm_epsilon from the config; a flag\n"
+		"                       above that disagrees is refused. No config.json beside FILE:\n"
+		"                       the flags give the model\n\n");
 }
 
 /* The largest value of an integer flag (2^24: a context, width or count
  * beyond it is no model this program can hold). */
 #define GPT_INT_MAX (1 << 24)
+
+/* Records that flag (one of gpt_set_flags, or another) was given. */
+static void gpt_given(gpt_cfg *c, const char *flag)
+{
+	for (int k = 0; k < GPT_SET_COUNT; k++)
+		if (!strcmp(flag, gpt_set_flags[k]))
+			c->set_by[k] = gpt_set_flags[k];
+}
+
+/* --preset gpt2 (GPT-2 124M and its tanh GELU), under the flags given. */
+static void gpt_preset(gpt_cfg *c)
+{
+	static const char by[] = "--preset gpt2";
+	const int v[GPT_SET_COUNT] = { 12, 12, 768, 1024, 50257, 1 };
+	int *field[GPT_SET_COUNT] = { &c->layers, &c->heads, &c->embd, &c->context, &c->vocab,
+				      &c->gelu_tanh };
+	for (int k = 0; k < GPT_SET_COUNT; k++)
+		if (!c->set_by[k]) {
+			*field[k] = v[k];
+			c->set_by[k] = by;
+		}
+}
 
 /* Takes this program's flags out of argv; the rest go to train_start. */
 static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
@@ -121,6 +168,7 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 			return 2;                                                         \
 		}                                                                         \
 		c->field = (int)x;                                                        \
+		gpt_given(c, name);                                                       \
 		i++;                                                                      \
 		continue;                                                                 \
 	}
@@ -174,6 +222,7 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 				return 2;
 			}
 			c->gelu_tanh = !strcmp(v, "tanh");
+			gpt_given(c, f);
 			i++;
 			continue;
 		}
@@ -211,8 +260,7 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 				fprintf(stderr, "gpt_ddp: --preset knows gpt2, got '%s'\n", v ? v : "");
 				return 2;
 			}
-			c->layers = 12, c->heads = 12, c->embd = 768, c->context = 1024;
-			c->vocab = 50257;
+			c->preset = 1;
 			i++;
 			continue;
 		}
@@ -222,11 +270,8 @@ static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
 	}
 	argv[out] = NULL;
 	*argc = out;
-	if (c->embd % c->heads) {
-		fprintf(stderr, "gpt_ddp: --embd %d is not divisible by --heads %d\n", c->embd,
-			c->heads);
-		return 2;
-	}
+	if (c->preset)
+		gpt_preset(c);
 	return -1;
 }
 
@@ -271,14 +316,15 @@ static loom_value linear(loom_graph *g, gpt_model *m, const char *name, loom_val
 	return loom_linear(g, x, w, b);
 }
 
-static loom_value layernorm(loom_graph *g, gpt_model *m, const char *name, loom_value x, int c)
+static loom_value layernorm(loom_graph *g, gpt_model *m, const char *name, loom_value x, int c,
+			    double eps)
 {
 	char wn[64], bn[64];
 	snprintf(wn, sizeof(wn), "%s.weight", name);
 	snprintf(bn, sizeof(bn), "%s.bias", name);
 	loom_value w = param(g, m, wn, 1, c, 0, LOOM_INIT_ONES);
 	loom_value b = param(g, m, bn, 1, c, 0, LOOM_INIT_ZEROS);
-	return loom_layernorm(g, x, w, b, 1e-5);
+	return loom_layernorm(g, x, w, b, eps);
 }
 
 /*
@@ -303,17 +349,17 @@ static int gpt_build(loom_graph *g, const gpt_cfg *c, int b, gpt_model *m)
 	loom_value x = loom_add(g, loom_embedding(g, ids, wte), loom_embedding(g, pos, wpe));
 	for (int l = 0; l < c->layers; l++) {
 #define NAME(what) (snprintf(name, sizeof(name), "transformer.h.%d.%s", l, what), name)
-		loom_value h = layernorm(g, m, NAME("ln_1"), x, (int)C);
+		loom_value h = layernorm(g, m, NAME("ln_1"), x, (int)C, c->ln_eps);
 		h = linear(g, m, NAME("attn.c_attn"), h, (int)(3 * C), (int)C);
 		h = loom_causal_self_attention(g, h, c->heads);
 		x = loom_add(g, x, linear(g, m, NAME("attn.c_proj"), h, (int)C, (int)C));
-		h = layernorm(g, m, NAME("ln_2"), x, (int)C);
+		h = layernorm(g, m, NAME("ln_2"), x, (int)C, c->ln_eps);
 		h = linear(g, m, NAME("mlp.c_fc"), h, (int)(4 * C), (int)C);
 		h = c->gelu_tanh ? loom_gelu_tanh(g, h) : loom_gelu(g, h);
 		x = loom_add(g, x, linear(g, m, NAME("mlp.c_proj"), h, (int)C, (int)(4 * C)));
 #undef NAME
 	}
-	x = layernorm(g, m, "transformer.ln_f", x, (int)C);
+	x = layernorm(g, m, "transformer.ln_f", x, (int)C, c->ln_eps);
 	loom_value logits = loom_linear(g, x, wte, LOOM_NONE); /* tied: lm_head = wte */
 	m->loss = loom_softmax_cross_entropy(g, loom_reshape(g, logits, 2, lg), targets);
 	m->hidden = x;
@@ -862,13 +908,95 @@ static int gpt_finish(train_run *t, void *ctx)
 	return 0;
 }
 
+/* A setting of c a config.json gives too: its value as the flag writes it. */
+static void gpt_setting_text(const gpt_cfg *c, int k, char *buf, size_t len)
+{
+	const int v[GPT_SET_COUNT] = { c->layers, c->heads, c->embd, c->context, c->vocab, 0 };
+	if (k == GPT_SET_GELU)
+		snprintf(buf, len, "%s", c->gelu_tanh ? "tanh" : "erf");
+	else
+		snprintf(buf, len, "%d", v[k]);
+}
+
+/* Setting k against config.json's key (value val): 0 if no flag or preset
+ * gave it or they agree, else 1 after naming both. */
+static int gpt_conflict(const gpt_cfg *c, int k, int agree, const char *key, const char *val,
+			const char *path)
+{
+	char have[32];
+	if (!c->set_by[k] || agree)
+		return 0;
+	gpt_setting_text(c, k, have, sizeof(have));
+	if (c->set_by[k] == gpt_set_flags[k])
+		fprintf(stderr, "gpt_ddp: %s %s conflicts with config.json %s %s (%s)\n",
+			gpt_set_flags[k], have, key, val, path);
+	else
+		fprintf(stderr, "gpt_ddp: %s (%s %s) conflicts with config.json %s %s (%s)\n",
+			c->set_by[k], gpt_set_flags[k], have, key, val, path);
+	return 1;
+}
+
+/*
+ * --init-from DIR (Hugging Face's folder) or FILE with config.json beside
+ * it: the weights' path into weights (what train_compile then reads), the
+ * model's shape, GELU and layer norms' epsilon from the config. A setting
+ * a flag (or --preset) gave must agree: the same value, or a --context no
+ * longer than n_positions (wpe's first rows). No config.json beside FILE:
+ * c is left as the flags made it. -1 to go on, else the exit status after
+ * saying why (2: a flag disagrees; 1: the folder or config is at fault).
+ */
+static int gpt_init_from_hf(const char *arg, gpt_cfg *c, char *weights, size_t wlen, int say)
+{
+	char config[4096], err[1024], val[GPT_SET_COUNT][48];
+	gpt_hf_config h;
+	int rc = gpt_hf_paths(arg, weights, wlen, config, sizeof(config), err, sizeof(err));
+	if (rc == 1)
+		rc = gpt_hf_config_load(config, &h, err, sizeof(err)) ? -1 : 1;
+	if (rc < 0) {
+		fprintf(stderr, "gpt_ddp: --init-from: %s\n", err);
+		return 1;
+	}
+	if (rc == 0)
+		return -1;
+	const int want[GPT_SET_COUNT] = { h.n_layer, h.n_head, h.n_embd, h.n_positions, h.vocab_size };
+	for (int k = 0; k < GPT_SET_GELU; k++)
+		snprintf(val[k], sizeof(val[k]), "%d%s", want[k],
+			 k == GPT_SET_CONTEXT ? " (the longest context)" : "");
+	int bad = gpt_conflict(c, GPT_SET_LAYERS, c->layers == h.n_layer, "n_layer", val[0], config);
+	bad |= gpt_conflict(c, GPT_SET_HEADS, c->heads == h.n_head, "n_head", val[1], config);
+	bad |= gpt_conflict(c, GPT_SET_EMBD, c->embd == h.n_embd, "n_embd", val[2], config);
+	bad |= gpt_conflict(c, GPT_SET_CONTEXT, c->context <= h.n_positions, "n_positions", val[3],
+			    config);
+	bad |= gpt_conflict(c, GPT_SET_VOCAB, c->vocab == h.vocab_size, "vocab_size", val[4], config);
+	bad |= gpt_conflict(c, GPT_SET_GELU, c->gelu_tanh == h.gelu_tanh, "activation_function",
+			    h.activation, config);
+	if (bad)
+		return 2;
+	c->layers = h.n_layer, c->heads = h.n_head, c->embd = h.n_embd, c->vocab = h.vocab_size;
+	if (!c->set_by[GPT_SET_CONTEXT])
+		c->context = h.n_positions;
+	c->gelu_tanh = h.gelu_tanh;
+	c->ln_eps = h.layer_norm_epsilon;
+	c->hf_config = 1;
+	if (say)
+		printf("model from %s: %d layers, %d heads, %d wide, n_positions %d, vocabulary %d, "
+		       "%s (--gelu %s), layer norm epsilon %g\n", config, h.n_layer, h.n_head,
+		       h.n_embd, h.n_positions, h.vocab_size, h.activation,
+		       h.gelu_tanh ? "tanh" : "erf", h.layer_norm_epsilon);
+	return -1;
+}
+
 /* --export-format hf: config.json beside the exported file, GPT2Config's
  * fields for this model (Hugging Face's from_pretrained reads both from
  * one folder, the weights as model.safetensors). 0 or -1 after saying why. */
 static int write_hf_config(const train_run *t, const gpt_cfg *c)
 {
 	const char *path = t->a.export_path, *slash = strrchr(path, '/');
-	char cfg[4200];
+	char cfg[4200], eps[32];
+	/* The shortest of %.15g and %.17g that reads back as the epsilon. */
+	snprintf(eps, sizeof(eps), "%.15g", c->ln_eps);
+	if (strtod(eps, NULL) != c->ln_eps)
+		snprintf(eps, sizeof(eps), "%.17g", c->ln_eps);
 	if (slash)
 		snprintf(cfg, sizeof(cfg), "%.*s/config.json", (int)(slash - path), path);
 	else
@@ -882,13 +1010,13 @@ static int write_hf_config(const train_run *t, const gpt_cfg *c)
 		"{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
 		"  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n  \"n_embd\": %d,\n"
 		"  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
-		"  \"activation_function\": \"%s\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+		"  \"activation_function\": \"%s\",\n  \"layer_norm_epsilon\": %s,\n"
 		"  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
 		"  \"initializer_range\": 0.02,\n  \"scale_attn_weights\": true,\n"
 		"  \"tie_word_embeddings\": true,\n  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n"
 		"  \"torch_dtype\": \"%s\"\n}\n",
 		c->vocab, c->context, c->context, c->embd, c->layers, c->heads,
-		c->gelu_tanh ? "gelu_new" : "gelu", c->dtype == LOOM_F64 ? "float64" : "float32");
+		c->gelu_tanh ? "gelu_new" : "gelu", eps, c->dtype == LOOM_F64 ? "float64" : "float32");
 	if (fclose(f) != 0) {
 		fprintf(stderr, "gpt_ddp: --export-format hf: %s: %s\n", cfg, strerror(errno));
 		return -1;
@@ -903,7 +1031,7 @@ int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
 		      .temperature = 0.8, .top_k = 40, .val_interval = 50, .val_batches = 4,
-		      .warmup_steps = 20, .dtype = LOOM_F32 };
+		      .warmup_steps = 20, .dtype = LOOM_F32, .ln_eps = 1e-5 };
 	/* Relative paths are the user's under `bazel run` too; then --nproc:
 	 * the workers get every flag, this program's too. */
 	char wd[512];
@@ -922,6 +1050,23 @@ int main(int argc, char **argv)
 	const train_args *a = &t.a;
 	if (c.export_hf && !a->export_path) {
 		fprintf(stderr, "gpt_ddp: --export-format hf applies to --export FILE\n");
+		train_end(&t);
+		return 2;
+	}
+	/* A Hugging Face folder, or config.json beside the file: the model's
+	 * shape from it, the weights' file what train_compile reads. */
+	char init_weights[4096];
+	if (a->init_from &&
+	    (rc = gpt_init_from_hf(a->init_from, &c, init_weights, sizeof(init_weights),
+				   t.rank == 0)) >= 0) {
+		train_end(&t);
+		return rc;
+	}
+	if (a->init_from)
+		t.a.init_from = init_weights;
+	if (c.embd % c.heads) {
+		fprintf(stderr, "gpt_ddp: --embd %d is not divisible by --heads %d\n", c.embd,
+			c.heads);
 		train_end(&t);
 		return 2;
 	}
@@ -952,8 +1097,9 @@ int main(int argc, char **argv)
 	if (!c.vocab)
 		c.vocab = train.vocab > val.vocab ? train.vocab : val.vocab;
 	if (!a->dry_run && (train.vocab > c.vocab || val.vocab > c.vocab)) {
-		fprintf(stderr, "gpt_ddp: the data has ids up to %d, --vocab %d is too small\n",
-			(train.vocab > val.vocab ? train.vocab : val.vocab) - 1, c.vocab);
+		fprintf(stderr, "gpt_ddp: the data has ids up to %d, %s %d is too small\n",
+			(train.vocab > val.vocab ? train.vocab : val.vocab) - 1,
+			c.hf_config ? "config.json's vocab_size" : "--vocab", c.vocab);
 		goto out;
 	}
 	int64_t windows = train.n > T ? (train.n - 1) / T : 0;
@@ -969,21 +1115,21 @@ int main(int argc, char **argv)
 	}
 	loom_graph_set_seed(g, a->seed);
 	snprintf(what, sizeof(what),
-		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, on %s (%lld train, "
-		 "%lld held-out tokens), clip %g",
-		 c.layers, c.heads, c.embd, T, c.vocab,
+		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, %s GELU, on %s (%lld "
+		 "train, %lld held-out tokens), clip %g",
+		 c.layers, c.heads, c.embd, T, c.vocab, c.gelu_tanh ? "tanh" : "erf",
 		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
 		 (long long)train.n, (long long)val.n, a->clip_grad);
 	/* Hugging Face's GPT-2 files in (recognised) and out (--export-format hf). */
 	t.names = gpt_hf_names;
-	t.n_names = 2;
+	t.n_names = GPT_COUNT(gpt_hf_names);
 	t.conv1d = gpt_hf_conv1d;
-	t.n_conv1d = 4;
+	t.n_conv1d = GPT_COUNT(gpt_hf_conv1d);
 	t.conv1d_export = c.export_hf;
 	t.ignore = gpt_hf_ignore;
-	t.n_ignore = 3;
+	t.n_ignore = GPT_COUNT(gpt_hf_ignore);
 	t.first_rows = gpt_hf_rows;
-	t.n_first_rows = 1;
+	t.n_first_rows = GPT_COUNT(gpt_hf_rows);
 	/* GPT-2's initial values (or --init), then --init-from over them. */
 	gpt_init_ctx ic = { &c, g, &m };
 	char sched[96], size[96];
@@ -1001,7 +1147,7 @@ int main(int argc, char **argv)
 	case 1: rc = 0; goto out; /* --dry-run */
 	default: goto out;
 	}
-	if (t.init_report.transposed && !c.gelu_tanh)
+	if (t.init_report.transposed && !c.gelu_tanh && !c.hf_config)
 		printf("note: %s is in Hugging Face's GPT-2 layout; GPT-2's GELU is the tanh form "
 		       "(--gelu tanh), this model's the exact one\n", a->init_from);
 	if (c.llmc_out) {

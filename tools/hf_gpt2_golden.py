@@ -8,7 +8,8 @@ the test suite never runs this script, it reads the files it wrote.
   make DIR    a small random GPT2LMHeadModel (2 layers, 2 heads, n_embd 32,
               vocabulary 256 = gpt_ddp's bytes, n_positions 32 = --context,
               GPT-2's gelu_new = gpt_ddp --gelu tanh, no dropout) saved with
-              save_pretrained (model.safetensors, config.json), the text
+              save_pretrained (model.safetensors, config.json: gpt_ddp
+              --init-from DIR takes the sizes and the GELU from it), the text
               whose first 32 bytes are the tokens (text.txt), and the logits
               of those tokens, [32, 256] f64 little-endian, from the model
               in f32 (logits_f32.bin) and in f64 (logits_f64.bin); and the

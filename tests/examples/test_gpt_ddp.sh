@@ -65,9 +65,14 @@ if cat "$tmp"/asan-oom* 2>/dev/null | grep -v "AddressSanitizer failed to alloca
 fi
 
 # GPT-2 124M compiles (context 64 keeps the dry run's arena small): its
-# parameters less the 960 position rows it does not have.
-expect "--preset gpt2 compiles" 0 "model: 123702528 parameters" -- --preset gpt2 --context 64 \
-	--batch-size 1 --dry-run --memory-report --device cpu
+# parameters less the 960 position rows it does not have, and GPT-2's tanh
+# GELU; a size or --gelu flag wins over the preset wherever it stands.
+out=$("$EX" --preset gpt2 --context 64 --batch-size 1 --dry-run --memory-report --device cpu 2>&1)
+check "--preset gpt2 compiles" "$out" "^model: 123702528 parameters" 1
+check "--preset gpt2: GPT-2's tanh GELU" "$out" "GPT 12 layers, 12 heads, 768 wide, context 64, vocabulary 50257, tanh GELU" 1
+expect "--gelu erf --layers 1 before --preset gpt2: the flags win" 0 \
+	"GPT 1 layers, 12 heads, 768 wide, context 8, vocabulary 50257, erf GELU" -- --gelu erf --layers 1 \
+	--preset gpt2 --context 8 --batch-size 1 --dry-run --device cpu
 
 # Learning: the last progress line's loss well below the first.
 out=$("$EX" "${tiny[@]}" --max-steps 40 --log-interval 5 --val-interval 20 --sample 30 2>&1)

@@ -33,11 +33,13 @@ declare -A SRCS=(
 	[fuzz_fingerprint]="comm/wire.c comm/env.c base/errf.c"
 	[fuzz_safetensors]="io/safetensors.c base/errf.c"
 	[fuzz_gpt_tokens]="examples/gpt_data.c"
+	[fuzz_gpt_hf]="examples/gpt_hf.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz"
-	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson" [fuzz_gpt_tokens]="")
+	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson" [fuzz_gpt_tokens]=""
+	[fuzz_gpt_hf]="-ljansson")
 targets=("$@")
-[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors fuzz_gpt_tokens)
+[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors fuzz_gpt_tokens fuzz_gpt_hf)
 
 if ! command -v "$CC" >/dev/null 2>&1; then
 	echo "fuzz: $CC not found (bazel/install_deps.sh installs clang)"

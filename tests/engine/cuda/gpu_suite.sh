@@ -183,6 +183,10 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 			torch_r50 speed_torch_r50_nchw nchw eager-fp32 amp-fp16 amp-bf16
 		fi
 	done
+	# --preset gpt2 is GPT-2's tanh GELU (gelu_new), the form cuBLASLt's
+	# GELU epilogue computes, so the epilogue applies; the PyTorch twins
+	# run torch_gpt.py --gelu tanh to match, and llm.c's is tanh too.
+	# (Rows before 2026-12-06 ran the preset with the exact GELU.)
 	# The GPT kernels' switches (engine/cuda/README.md) all off: the
 	# kernels they replace, the same run otherwise (20 steps, ~20 s).
 	srow speed_gpt2_124m_O1_bf16_gptk_off loom_tok bench 60 -- env LOOM_KERNEL_SEARCH=on \
@@ -211,7 +215,7 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	if [ $torch_ok = 1 ] && [ ${#text[@]} -gt 0 ]; then
 		srow speed_torch_gpt2_124m_bf16 torch_tok optional 90 -- "$py" "$here/bench/torch_gpt.py" \
 			--device cuda "${text[@]}" --layers 12 --heads 12 --embd 768 --context 1024 \
-			--vocab 50257 --batch-size 8 --steps 20 --autocast bf16
+			--vocab 50257 --batch-size 8 --steps 20 --autocast bf16 --gelu tanh
 	else
 		echo "no python3 with CUDA PyTorch or no text on this host" >"$logs/speed_torch_gpt2_124m_bf16.log"
 		printf 'speed_torch_gpt2_124m_bf16\toptional\tabsent\t0\t%s\t\n' \
@@ -456,7 +460,7 @@ elif [ -n "$py" ] && "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_av
 		for ac in none bf16; do
 			row "torch_gpt2_124m_$ac" optional 150 "" -- "$py" "$here/bench/torch_gpt.py" \
 				--device cuda "${text[@]}" --layers 12 --heads 12 --embd 768 --context 1024 \
-				--vocab 50257 --batch-size 8 --steps 20 --autocast $ac
+				--vocab 50257 --batch-size 8 --steps 20 --autocast $ac --gelu tanh
 		done
 	fi
 else
