@@ -451,14 +451,14 @@ static int dir_shards(const char *dir, char ***paths, size_t *n, char *err, size
 static int glob_shards(const char *spec, char ***paths, size_t *n, char *err, size_t errlen)
 {
 	glob_t g;
-	int rc = glob(spec, GLOB_ERR, NULL, &g);
+	int rc = glob(spec, 0, NULL, &g);
 	if (rc == GLOB_NOMATCH) {
 		snprintf(err, errlen, "%s: no file matches this pattern", spec);
 		return -1;
 	}
 	if (rc != 0) {
 		snprintf(err, errlen, "%s: %s", spec, rc == GLOB_NOSPACE ? "out of memory" :
-			 "a folder of the pattern cannot be read");
+			 "the pattern's folders cannot be read");
 		globfree(&g);
 		return -1;
 	}

@@ -994,8 +994,10 @@ static void print_peak_rss(const train_run *t, const gpt_data *d)
 	struct rusage ru;
 	if (getrusage(RUSAGE_SELF, &ru) != 0)
 		return;
-	printf("rank %d: peak RSS %.1f MiB (ru_maxrss; data %s)\n", t->grank, ru.ru_maxrss / 1024.0,
-	       d->shards.count ? "mapped" : d->text.ids ? "held as ids" : "not read");
+	/* The other ranks' stdout is /dev/null (train_start): theirs on stderr. */
+	fprintf(t->grank == 0 ? stdout : stderr, "rank %d: peak RSS %.1f MiB (ru_maxrss; data %s)\n",
+		t->grank, ru.ru_maxrss / 1024.0,
+		d->shards.count ? "mapped" : d->text.ids ? "held as ids" : "not read");
 }
 
 int main(int argc, char **argv)
