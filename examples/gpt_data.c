@@ -161,7 +161,8 @@ static int list_dir(const char *dir, char ***names, size_t *n, uint64_t *bytes, 
 		*bytes += (uint64_t)sb.st_size;
 	}
 	closedir(d);
-	qsort(*names, *n, sizeof(**names), cmp_str);
+	if (*n) /* an empty folder has no list: qsort takes no NULL */
+		qsort(*names, *n, sizeof(**names), cmp_str);
 	return 0;
 nomem:
 	closedir(d);

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# tests/examples/test_gpt_shards.sh — examples/gpt_ddp on llm.c token shards
-# (--tokens a file, a folder or a glob; memory-mapped): a text's tokens cut
-# into 3 shards train, through a folder and a glob, as the one file does and
-# as the text itself does; --val-tokens; a bad shard refused naming it
-# before any step; an id over --vocab named with its shard; and a 256 MB set
-# under 2 ranks (--nproc 2) adds far less than its size to each rank's peak
-# RSS (gpt_ddp's "peak RSS" line, ru_maxrss) over the same run on a 4 MB
-# set. Prints "N passed, N failed".
+# tests/examples/test_gpt_shards.sh EX FIXTURE data|memory — examples/gpt_ddp
+# on llm.c token shards (--tokens a file, a folder or a glob; memory-mapped).
+# data: a text's tokens cut into 3 shards train, through a folder and a
+# glob, as the one file does and as the text itself does; --val-tokens; a
+# bad shard refused naming it before any step; an id over --vocab named
+# with its shard. memory: a 256 MB set under 2 ranks (--nproc 2) adds far
+# less than its size to each rank's peak RSS (gpt_ddp's "peak RSS" line,
+# ru_maxrss) over the same run on a 4 MB set. Prints "N passed, N failed".
 set -u
-EX=$1 FIX=$2
+EX=$1 FIX=$2 PART=${3:-}
+case $PART in data | memory) ;; *) echo "usage: $0 EX FIXTURE data|memory"; exit 2 ;; esac
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
 export LOOM_COMM_TIMEOUT_S=120 OMP_NUM_THREADS=1
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/gptshards.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
+if [ "$PART" = data ]; then
 for i in $(seq 1 300); do
 	echo "the cat sat on the mat. the dog sat on the log. $((i % 7)) cats, $((i % 5)) dogs."
 done >"$tmp/text.txt"
@@ -57,6 +59,9 @@ expect "an id over --vocab named with its shard, at the batch that holds it" 1 \
 	"x_train_00000[123].bin: token [0-9]* is id 1[0-9][0-9], not below the vocabulary 100 (--vocab)" -- \
 	"${tiny[@]}" --tokens "$tmp/s" --vocab 100
 
+fi
+
+if [ "$PART" = memory ]; then
 # Memory: 2 shards of 64 Mi tokens (256 MiB) under 2 ranks, no --vocab (so
 # every rank also scans every token for the largest id). Each rank's peak
 # RSS may exceed that of the same run on 2 shards of 1 Mi tokens by less
@@ -78,6 +83,7 @@ for r in 0 1; do
 		bad "rank $r: peak RSS on a $((bytes >> 20)) MiB set" "small set: '$a' MiB, big set: '$b' MiB (want less than $((bytes >> 23)) MiB more)" "$big"
 	fi
 done
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
