@@ -1,15 +1,19 @@
 /*
  * examples/gpt_data.c — text and llm.c token files into token ids
- * (gpt_data.h). A corpus is read straight into its ids, a chunk at a time:
- * the text is never held beside them.
+ * (gpt_data.h). Text is read straight into its ids, a chunk at a time (the
+ * text never held beside them); llm.c shards are mapped read-only and
+ * converted a window at a time, as a batch needs them.
  */
 #include "examples/gpt_data.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,22 +38,28 @@ static uint64_t memory_bound(void)
 	return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
 }
 
-/* n tokens (of the named file or folder, `bytes` long) fit the bounds, or
- * err says which and by how much. */
-static int check_bound(const char *name, uint64_t bytes, uint64_t n, char *err, size_t errlen)
+/* n tokens (of the named file or folder, `bytes` long), held as ids by
+ * each of host_ranks processes, fit the bounds, or err says which and by
+ * how much. */
+static int check_bound(const char *name, uint64_t bytes, uint64_t n, int host_ranks, char *err,
+		       size_t errlen)
 {
-	uint64_t mem = memory_bound();
+	uint64_t mem = memory_bound(), ranks = host_ranks > 1 ? (uint64_t)host_ranks : 1;
 	if (n > GPT_DATA_MAX_TOKENS) {
 		snprintf(err, errlen, "%s: %llu bytes, %llu tokens: more than the %llu tokens the "
 			 "reader takes (each held as a 4-byte id)", name, (unsigned long long)bytes,
 			 (unsigned long long)n, (unsigned long long)GPT_DATA_MAX_TOKENS);
 		return -1;
 	}
-	if (mem && n * 4 > mem) {
-		snprintf(err, errlen, "%s: %llu bytes, %llu tokens: their ids would take %.1f GiB, "
+	if (mem && n * 4 * ranks > mem) {
+		char each[96] = "";
+		if (ranks > 1)
+			snprintf(each, sizeof(each), " (%.1f GiB for each of the %llu ranks on this host)",
+				 n * 4 / 1073741824.0, (unsigned long long)ranks);
+		snprintf(err, errlen, "%s: %llu bytes, %llu tokens: their ids would take %.1f GiB%s, "
 			 "more than half of this machine's memory (%.1f GiB)", name,
-			 (unsigned long long)bytes, (unsigned long long)n, n * 4 / 1073741824.0,
-			 mem * 2 / 1073741824.0);
+			 (unsigned long long)bytes, (unsigned long long)n,
+			 n * 4 * ranks / 1073741824.0, each, mem * 2 / 1073741824.0);
 		return -1;
 	}
 	return 0;
@@ -151,7 +161,8 @@ static int list_dir(const char *dir, char ***names, size_t *n, uint64_t *bytes, 
 		*bytes += (uint64_t)sb.st_size;
 	}
 	closedir(d);
-	qsort(*names, *n, sizeof(**names), cmp_str);
+	if (*n) /* an empty folder has no list: qsort takes no NULL */
+		qsort(*names, *n, sizeof(**names), cmp_str);
 	return 0;
 nomem:
 	closedir(d);
@@ -160,6 +171,12 @@ nomem:
 }
 
 int gpt_text_load(const char *path, gpt_tokens *out, char *err, size_t errlen)
+{
+	return gpt_text_load_shared(path, 1, out, err, errlen);
+}
+
+int gpt_text_load_shared(const char *path, int host_ranks, gpt_tokens *out, char *err,
+			 size_t errlen)
 {
 	struct stat sb;
 	char **names = NULL;
@@ -182,7 +199,7 @@ int gpt_text_load(const char *path, gpt_tokens *out, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: no text files in this folder", path);
 		goto out;
 	}
-	if (check_bound(path, bytes, bytes, err, errlen))
+	if (check_bound(path, bytes, bytes, host_ranks, err, errlen))
 		goto out;
 	out->ids = malloc(sizeof(int32_t) * (size_t)(bytes ? bytes : 1));
 	if (!out->ids) {
@@ -218,9 +235,8 @@ static int32_t le32(const unsigned char *p)
 			 (uint32_t)p[3] << 24);
 }
 
-/* The header of a token file of len bytes: *n tokens, or -1 with err. */
-static int parse_header(const unsigned char *head, uint64_t len, const char *name, int64_t *n,
-			char *err, size_t errlen)
+int gpt_tokens_header(const unsigned char *head, uint64_t len, const char *name, int64_t *n,
+		      char *err, size_t errlen)
 {
 	const uint64_t hb = 4 * GPT_LLMC_HEADER_INTS;
 	if (len < hb) {
@@ -267,8 +283,8 @@ int gpt_tokens_parse(const unsigned char *buf, size_t len, const char *name, gpt
 {
 	int64_t n;
 	memset(out, 0, sizeof(*out));
-	if (parse_header(buf, len, name, &n, err, errlen) ||
-	    check_bound(name, len, (uint64_t)n, err, errlen))
+	if (gpt_tokens_header(buf, len, name, &n, err, errlen) ||
+	    check_bound(name, len, (uint64_t)n, 1, err, errlen))
 		return -1;
 	out->ids = malloc(sizeof(int32_t) * (size_t)n);
 	if (!out->ids) {
@@ -297,8 +313,8 @@ int gpt_tokens_load(const char *path, gpt_tokens *out, char *err, size_t errlen)
 	}
 	uint64_t len = (uint64_t)sb.st_size;
 	size_t got = fread(head, 1, sizeof(head), f);
-	if (parse_header(head, got < sizeof(head) ? got : len, path, &n, err, errlen) ||
-	    check_bound(path, len, (uint64_t)n, err, errlen))
+	if (gpt_tokens_header(head, got < sizeof(head) ? got : len, path, &n, err, errlen) ||
+	    check_bound(path, len, (uint64_t)n, 1, err, errlen))
 		goto fail;
 	if (!(out->ids = malloc(sizeof(int32_t) * (size_t)n))) {
 		snprintf(err, errlen, "%s: out of memory for %lld tokens", path, (long long)n);
@@ -345,4 +361,247 @@ int gpt_tokens_save(const char *path, const int32_t *ids, int64_t n, char *err, 
 	if (bad)
 		snprintf(err, errlen, "%s: write failed (or a token outside [0, 65535])", path);
 	return bad ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- shards */
+
+void gpt_shards_close(gpt_shards *s)
+{
+	for (int i = 0; i < s->count; i++) {
+		if (s->shard[i].map)
+			munmap((void *)s->shard[i].map, s->shard[i].len);
+		free(s->shard[i].path);
+	}
+	free(s->shard);
+	memset(s, 0, sizeof(*s));
+}
+
+/* path's header checked and the file mapped into sh. 0, or -1 with err. */
+static int map_shard(const char *path, gpt_shard *sh, char *err, size_t errlen)
+{
+	struct stat sb;
+	int64_t n;
+	if (regular_file(path, &sb, "llm.c token files, a folder or a glob of them", err, errlen))
+		return -1;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -1;
+	}
+	/* Measured again on the open file: the one mapped. */
+	if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+		snprintf(err, errlen, "%s: changed while it was opened", path);
+		close(fd);
+		return -1;
+	}
+	uint64_t len = (uint64_t)sb.st_size;
+	void *map = NULL;
+	if (len >= 4 * GPT_LLMC_HEADER_INTS &&
+	    (map = mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
+		snprintf(err, errlen, "%s: cannot map it: %s", path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	close(fd); /* the mapping keeps the file */
+	if (gpt_tokens_header(map, len, path, &n, err, errlen)) {
+		if (map)
+			munmap(map, (size_t)len);
+		return -1;
+	}
+	sh->map = map;
+	sh->len = (size_t)len;
+	sh->n = n;
+	return 0;
+}
+
+static int ends_with_bin(const char *name)
+{
+	size_t n = strlen(name);
+	return n > 4 && !strcmp(name + n - 4, ".bin");
+}
+
+/* A folder's *.bin files (list_dir's regular files), sorted by name. */
+static int dir_shards(const char *dir, char ***paths, size_t *n, char *err, size_t errlen)
+{
+	char **names;
+	size_t k;
+	uint64_t bytes;
+	int rc = 0;
+	if (list_dir(dir, &names, &k, &bytes, err, errlen))
+		return -1;
+	if (!(*paths = calloc(k + 1, sizeof(char *))))
+		rc = -1;
+	for (size_t i = 0; i < k; i++) {
+		char p[4096];
+		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+		if (rc == 0 && ends_with_bin(names[i]) && !((*paths)[(*n)++] = strdup(p)))
+			rc = -1;
+		free(names[i]);
+	}
+	free(names);
+	if (rc)
+		snprintf(err, errlen, "%s: out of memory", dir);
+	else if (*n == 0) {
+		snprintf(err, errlen, "%s: no .bin files in this folder (llm.c token shards)", dir);
+		rc = -1;
+	}
+	return rc;
+}
+
+/* A glob's matches, sorted by name (glob's own order is the locale's). */
+static int glob_shards(const char *spec, char ***paths, size_t *n, char *err, size_t errlen)
+{
+	glob_t g;
+	int rc = glob(spec, 0, NULL, &g);
+	if (rc == GLOB_NOMATCH) {
+		snprintf(err, errlen, "%s: no file matches this pattern", spec);
+		return -1;
+	}
+	if (rc != 0) {
+		snprintf(err, errlen, "%s: %s", spec, rc == GLOB_NOSPACE ? "out of memory" :
+			 "the pattern's folders cannot be read");
+		globfree(&g);
+		return -1;
+	}
+	rc = 0;
+	if (!(*paths = calloc(g.gl_pathc, sizeof(char *))))
+		rc = -1;
+	for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++)
+		if (!((*paths)[(*n)++] = strdup(g.gl_pathv[i])))
+			rc = -1;
+	globfree(&g);
+	if (rc)
+		snprintf(err, errlen, "%s: out of memory", spec);
+	else
+		qsort(*paths, *n, sizeof(char *), cmp_str);
+	return rc;
+}
+
+/* The shard paths spec names (*n of them; on failure what was made is
+ * still in *paths, for the caller to free): a folder's *.bin, a glob's
+ * matches, or spec itself (a file, or anything else that exists or has no
+ * pattern: map_shard says what is wrong with it). */
+static int shard_paths(const char *spec, char ***paths, size_t *n, char *err, size_t errlen)
+{
+	struct stat sb;
+	int exists = stat(spec, &sb) == 0;
+	*paths = NULL;
+	*n = 0;
+	if (exists && S_ISDIR(sb.st_mode))
+		return dir_shards(spec, paths, n, err, errlen);
+	if (!exists && strpbrk(spec, "*?["))
+		return glob_shards(spec, paths, n, err, errlen);
+	if (!(*paths = calloc(1, sizeof(char *))) || !((*paths)[0] = strdup(spec))) {
+		snprintf(err, errlen, "%s: out of memory", spec);
+		return -1;
+	}
+	*n = 1;
+	return 0;
+}
+
+int gpt_shards_open(const char *spec, gpt_shards *out, char *err, size_t errlen)
+{
+	char **paths;
+	size_t n;
+	int rc = -1;
+	memset(out, 0, sizeof(*out));
+	err[0] = 0;
+	if (shard_paths(spec, &paths, &n, err, errlen))
+		goto out;
+	if (n > 1u << 30 || !(out->shard = calloc(n, sizeof(gpt_shard)))) {
+		snprintf(err, errlen, "%s: out of memory for %zu shards", spec, n);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		gpt_shard *sh = &out->shard[out->count];
+		if (map_shard(paths[i], sh, err, errlen))
+			goto out;
+		sh->path = paths[i];
+		paths[i] = NULL;
+		sh->first = out->n;
+		out->n += sh->n;
+		out->count++;
+	}
+	rc = 0;
+out:
+	for (size_t i = 0; paths && i < n; i++)
+		free(paths[i]);
+	free(paths);
+	if (rc)
+		gpt_shards_close(out);
+	return rc;
+}
+
+int gpt_shards_max_id(const gpt_shards *s)
+{
+	/* Chunks start at multiples of 16 MiB (even, and a multiple of any page
+	 * size), so a token's two bytes never straddle two. */
+	const size_t chunk = (size_t)16 << 20, head = 4 * GPT_LLMC_HEADER_INTS;
+	int vmax = 0;
+	for (int i = 0; i < s->count; i++) {
+		const gpt_shard *sh = &s->shard[i];
+		for (size_t at = 0; at < sh->len; at += chunk) {
+			size_t end = sh->len - at < chunk ? sh->len : at + chunk;
+			for (size_t k = at < head ? head : at; k + 1 < end; k += 2) {
+				int v = sh->map[k] | sh->map[k + 1] << 8;
+				vmax = v > vmax ? v : vmax;
+			}
+			/* Back to the page cache: the scan is no part of this
+			 * process's resident set. */
+			(void)madvise((void *)(sh->map + at), end - at, MADV_DONTNEED);
+		}
+	}
+	return vmax;
+}
+
+/* The shard of s holding token t (0 <= t < s->n). */
+static const gpt_shard *shard_of(const gpt_shards *s, int64_t t)
+{
+	int lo = 0, hi = s->count - 1;
+	while (lo < hi) {
+		int mid = lo + (hi - lo + 1) / 2;
+		if (s->shard[mid].first <= t)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return &s->shard[lo];
+}
+
+int gpt_span_read(const gpt_span *s, int64_t at, int64_t len, int vocab, int32_t *out,
+		  char *err, size_t errlen)
+{
+	if (at < 0 || len < 0 || at > s->n || len > s->n - at) {
+		snprintf(err, errlen, "tokens %lld to %lld: outside the %lld of this span",
+			 (long long)at, (long long)(at + len), (long long)s->n);
+		return -1;
+	}
+	int64_t t = s->from + at;
+	if (s->ids) {
+		memcpy(out, s->ids + t, sizeof(int32_t) * (size_t)len);
+		for (int64_t k = 0; vocab > 0 && k < len; k++)
+			if (out[k] >= vocab) {
+				snprintf(err, errlen, "token %lld is id %d, not below the vocabulary %d",
+					 (long long)(t + k), out[k], vocab);
+				return -1;
+			}
+		return 0;
+	}
+	while (len > 0) {
+		const gpt_shard *sh = shard_of(s->shards, t);
+		int64_t in = t - sh->first, k = sh->n - in < len ? sh->n - in : len;
+		const unsigned char *p = sh->map + 4 * GPT_LLMC_HEADER_INTS + 2 * in;
+		for (int64_t j = 0; j < k; j++) {
+			out[j] = p[2 * j] | p[2 * j + 1] << 8;
+			if (vocab > 0 && out[j] >= vocab) {
+				snprintf(err, errlen, "%s: token %lld is id %d, not below the vocabulary "
+					 "%d (--vocab)", sh->path, (long long)(in + j), out[j], vocab);
+				return -1;
+			}
+		}
+		out += k;
+		t += k;
+		len -= k;
+	}
+	return 0;
 }

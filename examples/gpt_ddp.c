@@ -4,8 +4,9 @@
  * residual; layer norm, GELU MLP of 4C, residual), learned positions, a
  * final layer norm and the output projection tied to the token embedding.
  * Text is read byte by byte (vocabulary 256; default: the fortunes of the
- * Debian package `fortunes`), or llm.c token files with --tokens; the last
- * tenth is held out for the validation loss. AdamW with weight decay on
+ * Debian package `fortunes`), or llm.c token shards with --tokens (a file,
+ * a folder or a glob, memory-mapped: no rank holds a copy); the last tenth
+ * (or --val-tokens) is held out for the validation loss. AdamW with weight decay on
  * matrices only, a linear warm-up then cosine decay, gradient clipping by
  * global norm, data parallel, opt levels, checkpoints: the start-up, the
  * launcher, the flags and the loop (train_drive) are examples/train.c's; the
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "base/splitmix.h"
 #include "comm/launch.h"
@@ -37,8 +39,8 @@ static const char *const gpt_set_flags[GPT_SET_COUNT] = { "--layers", "--heads",
 typedef struct gpt_cfg {
 	int layers, heads, embd, context;
 	int vocab;              /* from the data (256 for bytes); --vocab overrides */
-	const char *tokens;     /* llm.c token file, else NULL */
-	const char *val_tokens; /* its held-out file, else the last tenth */
+	const char *tokens;     /* llm.c token shards (file, folder, glob), else NULL */
+	const char *val_tokens; /* their held-out shards, else the last tenth */
 	int sample;             /* characters generated at the end */
 	double temperature;     /* 0: greedy */
 	int top_k;
@@ -90,8 +92,11 @@ static void gpt_usage(FILE *f)
 		"                       vocabulary 50257, --gelu tanh (GPT-2's); a size or --gelu flag\n"
 		"                       given too wins (compile it with --dry-run --memory-report)\n"
 		"  --vocab N            vocabulary size (default: 256 for text, the ids' for --tokens)\n"
-		"  --tokens FILE        an llm.c token file (.bin) instead of text\n"
-		"  --val-tokens FILE    its validation file (default: the last tenth of --tokens)\n"
+		"  --tokens SPEC        llm.c token shards instead of text: a file (.bin), a folder\n"
+		"                       (its *.bin, by name) or a quoted glob ('dir/*_train_*.bin');\n"
+		"                       memory-mapped, shared by the ranks of a host\n"
+		"                       (tools/tokenize writes them from text)\n"
+		"  --val-tokens SPEC    validation shards, the same (default: the last tenth of --tokens)\n"
 		"  --val-interval N     validation loss every N steps (default 50; 0: at the end)\n"
 		"  --val-batches N      batches per validation (default 4)\n"
 		"  --warmup-steps N     linear warm-up before the cosine decay (default 20)\n"
@@ -516,19 +521,45 @@ static int gpt_init_hook(train_run *t, void *ctx)
 
 /* ------------------------------------------------------------------ data */
 
+/* The corpus: text's ids held, or llm.c shards mapped; the training and
+ * held-out spans of them (the held-out tenth is a span, not a copy). */
+typedef struct gpt_data {
+	gpt_tokens text;
+	gpt_shards shards, val_shards;
+	gpt_span train, val;
+	int vocab; /* largest id + 1 (256 for text); 0: shards not scanned (--vocab given) */
+} gpt_data;
+
 /* One batch: rows start at the given offsets of the corpus. */
 typedef struct gpt_batch {
 	int32_t *ids, *pos, *targets;
 } gpt_batch;
 
-static void fill_batch(const gpt_tokens *d, const int64_t *starts, int b, int T, gpt_batch *o)
+/* Why the last batch could not be made ("": it could; feed_error). */
+static char data_err[1200];
+
+/* Each row the T + 1 tokens from its start (ids the first T, targets the
+ * last T), converted from the corpus for this batch only, every id checked
+ * below vocab. 0, or -1 with data_err. */
+static int fill_batch(const gpt_span *d, int vocab, const int64_t *starts, int b, int T,
+		      gpt_batch *o)
 {
-	for (int r = 0; r < b; r++)
-		for (int k = 0; k < T; k++) {
-			o->ids[r * T + k] = d->ids[starts[r] + k];
-			o->targets[r * T + k] = d->ids[starts[r] + k + 1];
+	for (int r = 0; r < b; r++) {
+		int32_t *ids = o->ids + (size_t)r * T, *tg = o->targets + (size_t)r * T;
+		if (gpt_span_read(d, starts[r], T, vocab, ids, data_err, sizeof(data_err)) ||
+		    gpt_span_read(d, starts[r] + T, 1, vocab, tg + T - 1, data_err, sizeof(data_err)))
+			return -1;
+		memcpy(tg, ids + 1, sizeof(int32_t) * (size_t)(T - 1));
+		for (int k = 0; k < T; k++)
 			o->pos[r * T + k] = k;
-		}
+	}
+	return 0;
+}
+
+/* What stopped feed_batch: the data's fault, or the program's. */
+static const char *feed_error(const loom_program *p)
+{
+	return data_err[0] ? data_err : loom_program_error(p);
 }
 
 static loom_status run_batch(loom_program *p, const gpt_batch *bt, size_t n, loom_run_mode mode)
@@ -544,15 +575,18 @@ static loom_status run_batch(loom_program *p, const gpt_batch *bt, size_t n, loo
 /* Windows `starts` of d as one batch, run in mode: written straight into
  * the program's input buffers (loom_input_buffer: the pinned slot where the
  * CUDA backend stages inputs), or, with LOOM_INPUT_BUFFER=0 in the
- * environment, into bt and copied by loom_set_input (as examples/train.c). */
-static loom_status feed_batch(loom_program *p, const gpt_tokens *d, const int64_t *starts, int b,
-			      int T, gpt_batch *bt, loom_run_mode mode)
+ * environment, into bt and copied by loom_set_input (as examples/train.c).
+ * A failure is said by feed_error. */
+static loom_status feed_batch(loom_program *p, const gpt_span *d, int vocab, const int64_t *starts,
+			      int b, int T, gpt_batch *bt, loom_run_mode mode)
 {
 	static const char *const names[3] = { "ids", "pos", "targets" };
 	const char *e = getenv("LOOM_INPUT_BUFFER");
 	size_t n = (size_t)b * T;
+	data_err[0] = 0;
 	if (e && !strcmp(e, "0")) {
-		fill_batch(d, starts, b, T, bt);
+		if (fill_batch(d, vocab, starts, b, T, bt))
+			return LOOM_ERR_FORMAT;
 		return run_batch(p, bt, n, mode);
 	}
 	void *buf[3];
@@ -566,7 +600,8 @@ static loom_status feed_batch(loom_program *p, const gpt_tokens *d, const int64_
 		return st;
 	}
 	gpt_batch direct = { .ids = buf[0], .pos = buf[1], .targets = buf[2] };
-	fill_batch(d, starts, b, T, &direct);
+	if (fill_batch(d, vocab, starts, b, T, &direct))
+		st = LOOM_ERR_FORMAT;
 	for (k = 0; k < 3 && st == LOOM_OK; k++)
 		st = loom_input_commit(p, names[k]);
 	for (; k < 3; k++)
@@ -576,7 +611,7 @@ static loom_status feed_batch(loom_program *p, const gpt_tokens *d, const int64_
 
 /* The mean loss over the first val_batches batches of each rank's share of
  * the held-out windows, averaged over the ranks. */
-static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_batch *bt,
+static int validate(train_run *t, const gpt_cfg *c, const gpt_span *val, gpt_batch *bt,
 		    double *loss)
 {
 	const int b = t->a.batch, T = c->context;
@@ -585,8 +620,8 @@ static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_b
 	for (int k = 0; k < c->val_batches; k++) {
 		for (int r = 0; r < b; r++)
 			starts[r] = ((((int64_t)k * t->world + t->rank) * b + r) % windows) * T;
-		if (feed_batch(t->p, val, starts, b, T, bt, LOOM_RUN_EVAL) != LOOM_OK) {
-			fprintf(stderr, "gpt_ddp: validation: %s\n", loom_program_error(t->p));
+		if (feed_batch(t->p, val, c->vocab, starts, b, T, bt, LOOM_RUN_EVAL) != LOOM_OK) {
+			fprintf(stderr, "gpt_ddp: validation: %s\n", feed_error(t->p));
 			return -1;
 		}
 		sums[0] += loom_loss(t->p);
@@ -604,7 +639,7 @@ static int validate(train_run *t, const gpt_cfg *c, const gpt_tokens *val, gpt_b
  * row 0 of the batch (a causal model: what follows a position does not
  * change its logits). Every rank runs it (EVAL runs are collective after
  * training); rank 0 prints. */
-static int sample(train_run *t, const gpt_cfg *c, const gpt_model *m, const gpt_tokens *val,
+static int sample(train_run *t, const gpt_cfg *c, const gpt_model *m, const gpt_span *val,
 		  gpt_batch *bt)
 {
 	const int b = t->a.batch, T = c->context, V = c->vocab;
@@ -623,7 +658,10 @@ static int sample(train_run *t, const gpt_cfg *c, const gpt_model *m, const gpt_
 		fprintf(stderr, "gpt_ddp: sampling: %s\n", loom_program_error(t->p));
 		goto out;
 	}
-	memcpy(text, val->ids, sizeof(int32_t) * (size_t)len);
+	if (gpt_span_read(val, 0, len, V, text, data_err, sizeof(data_err))) {
+		fprintf(stderr, "gpt_ddp: sampling: %s\n", data_err);
+		goto out;
+	}
 	memset(bt->ids, 0, sizeof(int32_t) * (size_t)b * T);
 	for (int k = 0; k < b * T; k++)
 		bt->pos[k] = k % T;
@@ -693,7 +731,7 @@ out:
  * For comparisons with another engine from the same weights.
  */
 static int write_logits(train_run *t, const gpt_cfg *c, const gpt_model *m,
-			const gpt_tokens *train, gpt_batch *bt)
+			const gpt_span *train, gpt_batch *bt)
 {
 	const int b = t->a.batch, T = c->context, C = c->embd, V = c->vocab;
 	int64_t starts[4096] = { 0 };
@@ -706,10 +744,10 @@ static int write_logits(train_run *t, const gpt_cfg *c, const gpt_model *m,
 		fprintf(stderr, "gpt_ddp: --write-logits: out of memory\n");
 		goto out;
 	}
-	if (feed_batch(t->p, train, starts, b, T, bt, LOOM_RUN_EVAL) != LOOM_OK ||
+	if (feed_batch(t->p, train, V, starts, b, T, bt, LOOM_RUN_EVAL) != LOOM_OK ||
 	    loom_read_f64(t->p, m->hidden, h, (size_t)b * T * C) != LOOM_OK ||
 	    loom_read_f64(t->p, m->wte, w, (size_t)V * C) != LOOM_OK) {
-		fprintf(stderr, "gpt_ddp: --write-logits: %s\n", loom_program_error(t->p));
+		fprintf(stderr, "gpt_ddp: --write-logits: %s\n", feed_error(t->p));
 		goto out;
 	}
 	if (t->rank != 0) {
@@ -760,35 +798,84 @@ static double lr_at(const train_args *a, const gpt_cfg *c, int64_t step, int64_t
 	return lo + 0.5 * (1 + cos(M_PI * (r > 1 ? 1 : r))) * (a->lr - lo);
 }
 
-static int load_data(const gpt_cfg *c, const train_args *a, gpt_tokens *train, gpt_tokens *val)
+/* Shards spec (--tokens or --val-tokens) mapped into *sh, as a span. */
+static int open_shards(const char *spec, gpt_shards *sh, gpt_span *span)
 {
 	char err[1024];
-	int rc = c->tokens ? gpt_tokens_load(c->tokens, train, err, sizeof(err)) :
-			     gpt_text_load(a->data, train, err, sizeof(err));
-	if (rc) {
+	if (gpt_shards_open(spec, sh, err, sizeof(err))) {
 		fprintf(stderr, "gpt_ddp: %s\n", err);
-		if (!c->tokens && !strcmp(a->data, train_gpt_ddp.defaults.data))
+		return -1;
+	}
+	*span = (gpt_span){ .shards = sh, .n = sh->n };
+	return 0;
+}
+
+/* The corpus: --tokens mapped (no copy on any rank), or --data's text read
+ * into ids (one copy per rank: its bound counts the host_ranks ranks of
+ * this host); --val-tokens, or the last tenth as a span of the same. */
+static int load_data(const gpt_cfg *c, const train_args *a, int host_ranks, gpt_data *d)
+{
+	char err[1024];
+	if (c->tokens) {
+		if (open_shards(c->tokens, &d->shards, &d->train))
+			return -1;
+	} else if (gpt_text_load_shared(a->data, host_ranks, &d->text, err, sizeof(err))) {
+		fprintf(stderr, "gpt_ddp: %s\n", err);
+		if (!strcmp(a->data, train_gpt_ddp.defaults.data))
 			fprintf(stderr, "gpt_ddp: the default text is the Debian package fortunes "
 					"(apt-get install fortunes), or pass --data FILE\n");
 		return -1;
+	} else {
+		d->train = (gpt_span){ .ids = d->text.ids, .n = d->text.n };
+		d->vocab = d->text.vocab;
 	}
 	if (c->val_tokens) {
-		if (gpt_tokens_load(c->val_tokens, val, err, sizeof(err))) {
-			fprintf(stderr, "gpt_ddp: %s\n", err);
+		if (open_shards(c->val_tokens, &d->val_shards, &d->val))
 			return -1;
-		}
-		return 0;
+	} else { /* the last tenth held out */
+		int64_t cut = d->train.n - d->train.n / 10;
+		d->val = d->train;
+		d->val.from = d->train.from + cut;
+		d->val.n = d->train.n - cut;
+		d->train.n = cut;
 	}
-	/* The last tenth held out. */
-	int64_t cut = train->n - train->n / 10;
-	val->n = train->n - cut;
-	val->vocab = train->vocab;
-	val->ids = malloc(sizeof(int32_t) * (size_t)(val->n ? val->n : 1));
-	if (!val->ids)
-		return -1;
-	memcpy(val->ids, train->ids + cut, sizeof(int32_t) * (size_t)val->n);
-	train->n = cut;
+	/* Without --vocab, the shards' largest id sets it (one pass over them);
+	 * with it, each batch's ids are checked as they are converted. */
+	if (!c->vocab) {
+		int v = d->shards.count ? gpt_shards_max_id(&d->shards) + 1 : 0;
+		int w = d->val_shards.count ? gpt_shards_max_id(&d->val_shards) + 1 : 0;
+		d->vocab = d->vocab > v ? d->vocab : v;
+		d->vocab = d->vocab > w ? d->vocab : w;
+	}
 	return 0;
+}
+
+static void gpt_data_free(gpt_data *d)
+{
+	gpt_tokens_free(&d->text);
+	gpt_shards_close(&d->shards);
+	gpt_shards_close(&d->val_shards);
+}
+
+/* The data's part of the start-up line: where, how held, how many. */
+static void describe_data(const gpt_cfg *c, const train_args *a, const gpt_data *d, int none,
+			  char *buf, size_t len)
+{
+	if (none) {
+		snprintf(buf, len, "no data (dry run)");
+		return;
+	}
+	char val[1200] = "";
+	if (c->val_tokens)
+		snprintf(val, sizeof(val), ", held out: %s (%d shard%s)", c->val_tokens,
+			 d->val_shards.count, d->val_shards.count == 1 ? "" : "s");
+	if (c->tokens)
+		snprintf(buf, len, "%s (%d shard%s, mapped%s; %lld train, %lld held-out tokens)",
+			 c->tokens, d->shards.count, d->shards.count == 1 ? "" : "s", val,
+			 (long long)d->train.n, (long long)d->val.n);
+	else
+		snprintf(buf, len, "%s (%lld train, %lld held-out tokens%s)", a->data,
+			 (long long)d->train.n, (long long)d->val.n, val);
 }
 
 /* ------------------------------------------------------------------ task */
@@ -797,7 +884,7 @@ static int load_data(const gpt_cfg *c, const train_args *a, gpt_tokens *train, g
 typedef struct gpt_task {
 	const gpt_cfg *c;
 	const gpt_model *m;
-	const gpt_tokens *train, *val;
+	const gpt_span *train, *val;
 	gpt_batch *bt;
 	loom_sampler *sampler;
 	int64_t windows, per_epoch;
@@ -832,11 +919,11 @@ static int gpt_step(train_run *t, void *ctx, int64_t epoch, int64_t b, int run, 
 			int64_t w = (b * a->accumulate + micro) * B + r;
 			starts[r] = (k->c->sequential ? (w * t->world + t->rank) % k->windows : idx[w]) * T;
 		}
-		if (feed_batch(t->p, k->train, starts, B, T, k->bt,
+		if (feed_batch(t->p, k->train, k->c->vocab, starts, B, T, k->bt,
 			       micro + 1 < a->accumulate ? LOOM_RUN_ACCUMULATE : LOOM_RUN_TRAIN) !=
 		    LOOM_OK) {
 			fprintf(stderr, "gpt_ddp: step %lld: %s\n",
-				(long long)(epoch * k->per_epoch + b + 1), loom_program_error(t->p));
+				(long long)(epoch * k->per_epoch + b + 1), feed_error(t->p));
 			return -1;
 		}
 		sum += loom_loss(t->p);
@@ -1027,6 +1114,21 @@ static int write_hf_config(const train_run *t, const gpt_cfg *c)
 	return 0;
 }
 
+/* This rank's peak resident set (getrusage's ru_maxrss: private memory
+ * and the mapped shards' pages it touched, which the page cache shares
+ * with the host's other ranks), said so that a run's memory can be read
+ * back (tests/examples/test_gpt_shards.sh). */
+static void print_peak_rss(const train_run *t, const gpt_data *d)
+{
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return;
+	/* The other ranks' stdout is /dev/null (train_start): theirs on stderr. */
+	fprintf(t->grank == 0 ? stdout : stderr, "rank %d: peak RSS %.1f MiB (ru_maxrss; data %s)\n",
+		t->grank, ru.ru_maxrss / 1024.0,
+		d->shards.count ? "mapped" : d->text.ids ? "held as ids" : "not read");
+}
+
 int main(int argc, char **argv)
 {
 	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
@@ -1077,13 +1179,13 @@ int main(int argc, char **argv)
 		train_end(&t);
 		return 1;
 	}
-	gpt_tokens train = { 0 }, val = { 0 };
+	gpt_data d = { 0 };
 	gpt_model m = { 0 };
 	gpt_batch bt = { 0 };
 	loom_graph *g = NULL;
 	loom_sampler *sampler = NULL;
 	FILE *lossf = NULL;
-	char err[512], what[768];
+	char err[512], what[3000], data[2600];
 	const int B = a->batch, T = c.context;
 	rc = 1;
 
@@ -1092,21 +1194,21 @@ int main(int argc, char **argv)
 		fprintf(stderr, "gpt_ddp: --batch-size %d: at most 4096 sequences per rank\n", B);
 		goto out;
 	}
-	if (!(a->dry_run && preset) && load_data(&c, a, &train, &val))
+	if (!(a->dry_run && preset) &&
+	    load_data(&c, a, loom_pg_get_info(t.pg)->local_world, &d))
 		goto out;
 	if (!c.vocab)
-		c.vocab = train.vocab > val.vocab ? train.vocab : val.vocab;
-	if (!a->dry_run && (train.vocab > c.vocab || val.vocab > c.vocab)) {
+		c.vocab = d.vocab;
+	if (!a->dry_run && d.vocab > c.vocab) {
 		fprintf(stderr, "gpt_ddp: the data has ids up to %d, %s %d is too small\n",
-			(train.vocab > val.vocab ? train.vocab : val.vocab) - 1,
-			c.hf_config ? "config.json's vocab_size" : "--vocab", c.vocab);
+			d.vocab - 1, c.hf_config ? "config.json's vocab_size" : "--vocab", c.vocab);
 		goto out;
 	}
-	int64_t windows = train.n > T ? (train.n - 1) / T : 0;
-	if (!a->dry_run && (windows < (int64_t)B * t.world || (val.n - 1) / T < B)) {
+	int64_t windows = d.train.n > T ? (d.train.n - 1) / T : 0;
+	if (!a->dry_run && (windows < (int64_t)B * t.world || (d.val.n - 1) / T < B)) {
 		fprintf(stderr, "gpt_ddp: %lld training and %lld held-out tokens are too few for "
-			"--batch-size %d x %d rank(s) of --context %d\n", (long long)train.n,
-			(long long)val.n, B, t.world, T);
+			"--batch-size %d x %d rank(s) of --context %d\n", (long long)d.train.n,
+			(long long)d.val.n, B, t.world, T);
 		goto out;
 	}
 	if (loom_graph_new(&g) != LOOM_OK || gpt_build(g, &c, B, &m)) {
@@ -1114,12 +1216,12 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	loom_graph_set_seed(g, a->seed);
+	describe_data(&c, a, &d, a->dry_run && preset, data, sizeof(data));
 	snprintf(what, sizeof(what),
-		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, %s GELU, on %s (%lld "
-		 "train, %lld held-out tokens), clip %g",
-		 c.layers, c.heads, c.embd, T, c.vocab, c.gelu_tanh ? "tanh" : "erf",
-		 a->dry_run && preset ? "no data (dry run)" : c.tokens ? c.tokens : a->data,
-		 (long long)train.n, (long long)val.n, a->clip_grad);
+		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, %s GELU, on %s, "
+		 "clip %g",
+		 c.layers, c.heads, c.embd, T, c.vocab, c.gelu_tanh ? "tanh" : "erf", data,
+		 a->clip_grad);
 	/* Hugging Face's GPT-2 files in (recognised) and out (--export-format hf). */
 	t.names = gpt_hf_names;
 	t.n_names = GPT_COUNT(gpt_hf_names);
@@ -1163,13 +1265,13 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (c.logits_out) {
-		rc = write_logits(&t, &c, &m, &train, &bt) ? 1 : 0;
+		rc = write_logits(&t, &c, &m, &d.train, &bt) ? 1 : 0;
 		goto out;
 	}
 	/* MFU as nanoGPT estimates it: 6 N + 12 L C T FLOPs per token. */
 	loom_program_info info;
 	loom_program_info_get(t.p, &info);
-	gpt_task k = { .c = &c, .m = &m, .train = &train, .val = &val, .bt = &bt,
+	gpt_task k = { .c = &c, .m = &m, .train = &d.train, .val = &d.val, .bt = &bt,
 		       .sampler = sampler, .windows = windows,
 		       .per_epoch = loom_sampler_len(sampler) / B / a->accumulate };
 	k.flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
@@ -1215,10 +1317,11 @@ out:
 	free(bt.pos);
 	free(bt.targets);
 	loom_sampler_free(sampler);
+	if (rc == 0 && (d.train.n || a->dry_run))
+		print_peak_rss(&t, &d);
 	train_end(&t);
 	loom_graph_free(g);
 	gpt_model_free(&m);
-	gpt_tokens_free(&train);
-	gpt_tokens_free(&val);
+	gpt_data_free(&d);
 	return rc;
 }
