@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "base/fp8.h"
+#include "loom.h"
 
 #define DATA "tests/base/data/"
 
@@ -304,4 +305,14 @@ Test(fp8, random_f32_against_oracle)
 		}
 	}
 	cr_assert_eq(bad, 0);
+}
+
+/* The public dtype values: one byte, named as the CLI and messages show them. */
+Test(fp8, dtype_values)
+{
+	cr_expect_str_eq(loom_dtype_name(LOOM_FP8_E4M3), "fp8_e4m3");
+	cr_expect_str_eq(loom_dtype_name(LOOM_FP8_E5M2), "fp8_e5m2");
+	cr_expect_eq(loom_dtype_size(LOOM_FP8_E4M3), 1);
+	cr_expect_eq(loom_dtype_size(LOOM_FP8_E5M2), 1);
+	cr_expect_str_eq(loom_dtype_name(LOOM_DTYPE_COUNT), "?");
 }
