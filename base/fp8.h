@@ -28,6 +28,11 @@ extern "C" {
 #define LOOM_E5M2_NAN 0x7eu    /* the quiet NaN narrowing gives, | 0x80 for -NaN */
 
 /*
+ * Each format has its own converters, written out with its constants,
+ * rather than one function taking the format: GCC 12 jump-threads such a
+ * function's selects into branches before inlining it, and the array loops
+ * of fp8.c stop vectorizing (three times slower).
+ *
  * Rounds off the low `shift` bits of a 24-bit significand (implicit bit set)
  * to nearest, ties to even: adding half an ulp less one plus the kept LSB
  * carries exactly when the rest is above half, or is half and the LSB is odd.

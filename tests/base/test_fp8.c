@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "base/fp8.h"
+#include "base/splitmix.h"
 #include "loom.h"
 
 #define DATA "tests/base/data/"
@@ -263,17 +264,6 @@ Test(fp8, edge_rows)
 	cr_expect_eq(loom_e5m2_to_f32(0x01), 0x1p-16f);
 }
 
-static uint64_t rng_state = 0x243f6a8885a308d3ull;
-
-static uint32_t rng_u32(void)
-{
-	/* xorshift64*: reproducible, no libc rand() state shared with others */
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
-}
-
 /* fp32 values with every mantissa bit random (what bf16 cannot hold), most
  * with exponents around the fp8 ranges (2^-20 .. 2^17), some anywhere. */
 Test(fp8, random_f32_against_oracle)
@@ -281,11 +271,13 @@ Test(fp8, random_f32_against_oracle)
 	enum { N = 1 << 20, CHUNK = 4096 };
 	static float x[CHUNK];
 	static uint8_t a4[CHUNK], a5[CHUNK];
+	uint64_t seed = 42;
 	int bad = 0;
 
 	for (int done = 0; done < N; done += CHUNK) {
 		for (int i = 0; i < CHUNK; i++) {
-			uint32_t r = rng_u32(), e = 107 + rng_u32() % 38;
+			uint64_t r64 = loom_splitmix64(&seed);
+			uint32_t r = (uint32_t)r64, e = 107 + (uint32_t)(r64 >> 32) % 38;
 
 			x[i] = loom_f32_from_bits(i % 8 == 0 ? r : (r & 0x807fffffu) | (e << 23));
 		}
