@@ -11,6 +11,7 @@ static const struct {
 	[LOOM_F32] = { "f32", 4 }, [LOOM_F64] = { "f64", 8 },
 	[LOOM_F16] = { "f16", 2 }, [LOOM_BF16] = { "bf16", 2 },
 	[LOOM_I32] = { "i32", 4 },
+	[LOOM_FP8_E4M3] = { "fp8_e4m3", 1 }, [LOOM_FP8_E5M2] = { "fp8_e5m2", 1 },
 };
 
 const char *loom_dtype_name(loom_dtype dt)

@@ -69,6 +69,10 @@ typedef enum loom_dtype {
 	LOOM_F16,  /* IEEE binary16 storage, fp32 arithmetic */
 	LOOM_BF16, /* bfloat16 storage, fp32 arithmetic */
 	LOOM_I32,  /* class labels */
+	/* FP8 storage (base/fp8.h), 1 byte; no graph op takes them yet, and a
+	 * leaf of either is refused (LOOM_ERR_DTYPE) */
+	LOOM_FP8_E4M3, /* e4m3fn: bias 7, max 448, no inf, NaN 0x7f/0xff */
+	LOOM_FP8_E5M2, /* bias 15, max 57344, inf and NaN */
 	LOOM_DTYPE_COUNT
 } loom_dtype;
 

@@ -111,6 +111,8 @@ static loom_st_dtype st_dtype(loom_dtype dt)
 	case LOOM_F16: return LOOM_ST_F16;
 	case LOOM_BF16: return LOOM_ST_BF16;
 	case LOOM_I32: return LOOM_ST_I32;
+	case LOOM_FP8_E4M3: return LOOM_ST_F8_E4M3;
+	case LOOM_FP8_E5M2: return LOOM_ST_F8_E5M2;
 	default: return LOOM_ST_DTYPE_COUNT;
 	}
 }

@@ -16,6 +16,12 @@ static int leaf_rule(loom_graph *g, loom_node *n, int float_only)
 	if ((unsigned)n->dtype >= LOOM_DTYPE_COUNT)
 		return loom_graph_fail(g, LOOM_ERR_DTYPE, "%s '%s': unknown dtype %d", kind,
 				       name, (int)n->dtype), 0;
+	/* storage types today (base/fp8.h): no op, kernel or collective reads
+	 * them, so none may enter a graph */
+	if (n->dtype == LOOM_FP8_E4M3 || n->dtype == LOOM_FP8_E5M2)
+		return loom_graph_fail(g, LOOM_ERR_DTYPE,
+				       "%s '%s': dtype %s is not supported by graph ops yet", kind,
+				       name, loom_dtype_name(n->dtype)), 0;
 	if (float_only && !loom_is_float(n->dtype))
 		return loom_graph_fail(g, LOOM_ERR_DTYPE, "%s '%s': dtype %s, expected a float type",
 				       kind, name, loom_dtype_name(n->dtype)), 0;

@@ -209,6 +209,30 @@ Test(build_errors, unknown_dtype)
 	loom_graph_free(g);
 }
 
+/* FP8 is storage only for now (base/fp8.h): no leaf of it, so no op,
+ * kernel or collective ever sees one. */
+Test(build_errors, fp8_leaves_refused)
+{
+	const loom_dtype dts[2] = { LOOM_FP8_E4M3, LOOM_FP8_E5M2 };
+	int64_t d[1] = { 4 };
+
+	for (int i = 0; i < 2; i++) {
+		const char *name = loom_dtype_name(dts[i]);
+		loom_graph *g = graph();
+		cr_assert_eq(loom_input(g, "x", dts[i], 1, d), LOOM_NONE);
+		expect_fail(g, LOOM_ERR_DTYPE, "input 'x'", name, "not supported by graph ops");
+		loom_graph_free(g);
+		g = graph();
+		cr_assert_eq(loom_param(g, "w", dts[i], 1, d, LOOM_INIT_ZEROS, 0), LOOM_NONE);
+		expect_fail(g, LOOM_ERR_DTYPE, "param 'w'", name);
+		loom_graph_free(g);
+		g = graph();
+		cr_assert_eq(loom_buffer(g, "b", dts[i], 1, d, LOOM_INIT_ZEROS), LOOM_NONE);
+		expect_fail(g, LOOM_ERR_DTYPE, "buffer 'b'", name);
+		loom_graph_free(g);
+	}
+}
+
 Test(build_errors, none_value)
 {
 	loom_graph *g = graph();

@@ -1,0 +1,165 @@
+/*
+ * base/fp8.h — the two 8-bit float formats of FP8 training, stored as
+ * uint8_t: E4M3 (OCP "e4m3fn": bias 7, largest finite 448, no infinities,
+ * NaN only as 0x7f/0xff) for forward activations and weights, E5M2 (IEEE-like:
+ * bias 15, largest finite 57344, infinities, NaNs) for gradients.
+ *
+ * Narrowing is round to nearest even and saturating, as CUDA's
+ * __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...) and Transformer Engine do:
+ * any magnitude that would round past the largest finite value, infinity
+ * included, becomes that value with its sign; NaN stays NaN. Widening is
+ * exact. The scalar converters are plain integer code with selects instead
+ * of branches, so loops over them vectorize.
+ */
+#ifndef LOOM_BASE_FP8_H
+#define LOOM_BASE_FP8_H
+
+#include <stdint.h>
+
+#include "base/half.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_E4M3_MAX 448.0f   /* 0x7e: 1.75 * 2^8 */
+#define LOOM_E5M2_MAX 57344.0f /* 0x7b: 1.75 * 2^15 */
+#define LOOM_E4M3_NAN 0x7fu    /* the one NaN of each sign; | 0x80 for -NaN */
+#define LOOM_E5M2_NAN 0x7eu    /* the quiet NaN narrowing gives, | 0x80 for -NaN */
+
+/*
+ * Each format has its own converters, written out with its constants,
+ * rather than one function taking the format: GCC 12 jump-threads such a
+ * function's selects into branches before inlining it, and the array loops
+ * of fp8.c stop vectorizing (three times slower).
+ *
+ * Rounds off the low `shift` bits of a 24-bit significand (implicit bit set)
+ * to nearest, ties to even: adding half an ulp less one plus the kept LSB
+ * carries exactly when the rest is above half, or is half and the LSB is odd.
+ * shift is 1..31; past 24 everything rounds to 0, as it should.
+ */
+static inline uint32_t loom_fp8_round_sub(uint32_t mant, uint32_t shift)
+{
+	uint32_t half = 1u << (shift - 1u);
+
+	return (mant + (half - 1u) + ((mant >> shift) & 1u)) >> shift;
+}
+
+/*
+ * fp32 -> E4M3, round to nearest even, saturating: |x| >= 448 (everything
+ * from 448 to 464 rounds to 448 and everything above would overflow) and
+ * ±inf give ±448 (0x7e/0xfe); NaN gives 0x7f with the sign; ±0 and values
+ * that round to zero keep their sign. Below 2^-6 the result is a subnormal
+ * m * 2^-9, m = 0..7 (8 carries into the smallest normal, 0x08).
+ */
+static inline uint8_t loom_f32_to_e4m3(float f)
+{
+	uint32_t x = loom_f32_bits(f);
+	uint32_t sign = (x >> 24) & 0x80u;
+	uint32_t ax = x & 0x7fffffffu;
+	/* normal: rebias (127 -> 7) and round off 20 bits; a carry out of the
+	 * mantissa bumps the exponent, and nothing below 448 carries past it */
+	uint32_t norm = (ax + 0x7ffffu + ((ax >> 20) & 1u) - (120u << 23)) >> 20;
+	/* subnormal: |x| = mant * 2^(e - 150), counted in steps of 2^-9; the
+	 * shift is clamped only so that the unselected lanes stay defined */
+	uint32_t e = ax >> 23;
+	uint32_t shift = 141u - (e < 110u ? 110u : e > 140u ? 140u : e); /* 1..31 */
+	uint32_t sub = loom_fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
+	uint32_t r = ax < 0x3c800000u ? sub : norm; /* 2^-6, the smallest normal */
+
+	r = ax >= 0x43e00000u ? 0x7eu : r; /* 448 and up, inf included */
+	r = ax > 0x7f800000u ? LOOM_E4M3_NAN : r;
+	return (uint8_t)(sign | r);
+}
+
+/*
+ * fp32 -> E5M2, round to nearest even, saturating: |x| >= 57344 (up to the
+ * tie at 61440 it rounds there, beyond it would overflow) and ±inf give
+ * ±57344 (0x7b/0xfb); NaN gives 0x7e with the sign; ±0 keeps its sign.
+ * Below 2^-14 the result is a subnormal m * 2^-16, m = 0..3.
+ */
+static inline uint8_t loom_f32_to_e5m2(float f)
+{
+	uint32_t x = loom_f32_bits(f);
+	uint32_t sign = (x >> 24) & 0x80u;
+	uint32_t ax = x & 0x7fffffffu;
+	uint32_t norm = (ax + 0xfffffu + ((ax >> 21) & 1u) - (112u << 23)) >> 21;
+	uint32_t e = ax >> 23;
+	uint32_t shift = 134u - (e < 103u ? 103u : e > 133u ? 133u : e); /* 1..31 */
+	uint32_t sub = loom_fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
+	uint32_t r = ax < 0x38800000u ? sub : norm; /* 2^-14 */
+
+	r = ax >= 0x47600000u ? 0x7bu : r; /* 57344 and up, inf included */
+	r = ax > 0x7f800000u ? LOOM_E5M2_NAN : r;
+	return (uint8_t)(sign | r);
+}
+
+/* bf16 -> fp8: through fp32, which holds every bf16 exactly, so this is one
+ * rounding, the same as narrowing the bf16's value directly. */
+static inline uint8_t loom_bf16_to_e4m3(uint16_t b)
+{
+	return loom_f32_to_e4m3(loom_bf16_to_f32(b));
+}
+
+static inline uint8_t loom_bf16_to_e5m2(uint16_t b)
+{
+	return loom_f32_to_e5m2(loom_bf16_to_f32(b));
+}
+
+/*
+ * E4M3 -> fp32, exact: every E4M3 value is a normal fp32. 0x7f/0xff give the
+ * quiet NaN 0x7fc00000 with the sign (an fp8 NaN has no payload to keep).
+ */
+static inline float loom_e4m3_to_f32(uint8_t b)
+{
+	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
+	uint32_t ab = (uint32_t)b & 0x7fu;
+	/* normal: the fields widened in place, the exponent rebiased 7 -> 127 */
+	uint32_t norm = (ab << 20) + (120u << 23);
+	/* subnormal: m * 2^-9; the product is exact */
+	uint32_t sub = loom_f32_bits((float)(ab & 7u) * 0x1p-9f);
+	uint32_t r = ab < 0x08u ? sub : norm;
+
+	r = ab == 0x7fu ? 0x7fc00000u : r;
+	return loom_f32_from_bits(sign | r);
+}
+
+/*
+ * E5M2 -> fp32, exact: ±inf stay infinite; a NaN gives the quiet NaN
+ * 0x7fc00000 with the sign.
+ */
+static inline float loom_e5m2_to_f32(uint8_t b)
+{
+	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
+	uint32_t ab = (uint32_t)b & 0x7fu;
+	uint32_t norm = (ab << 21) + (112u << 23);
+	uint32_t sub = loom_f32_bits((float)(ab & 3u) * 0x1p-16f);
+	uint32_t r = ab < 0x04u ? sub : norm;
+
+	r = ab >= 0x7cu ? (ab == 0x7cu ? 0x7f800000u : 0x7fc00000u) : r;
+	return loom_f32_from_bits(sign | r);
+}
+
+/*
+ * The 256 values of each format as fp32, index = the byte: the same bits as
+ * loom_e4m3_to_f32 / loom_e5m2_to_f32 (tests/base:test_fp8 holds them to it),
+ * one load instead of the arithmetic.
+ */
+extern const float loom_e4m3_f32_lut[256];
+extern const float loom_e5m2_f32_lut[256];
+
+/*
+ * Array converters over n elements (n <= 0 does nothing); src and dst must
+ * not overlap. The same bits as the scalar converters; widening reads the
+ * tables above.
+ */
+void loom_f32_to_e4m3_array(const float *src, uint8_t *dst, int64_t n);
+void loom_f32_to_e5m2_array(const float *src, uint8_t *dst, int64_t n);
+void loom_e4m3_to_f32_array(const uint8_t *src, float *dst, int64_t n);
+void loom_e5m2_to_f32_array(const uint8_t *src, float *dst, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_BASE_FP8_H */
