@@ -153,6 +153,11 @@ typedef struct loom_rdv {
 	int listen_fd;
 	int listen_given; /* rank 0: listen_fd already listens (a port the store announced) */
 	loom_rdv_srv srv; /* rank 0 */
+	/* rank 0: connections accepted in the pass that completed the group,
+	 * their hello not yet read (a second RANK=1 among them): judged later,
+	 * by loom_rdv_keep's poll or by loom_rdv_close, never closed unread */
+	struct rdv_conn *pending;
+	int n_pending;
 } loom_rdv;
 
 /* Rank 0 listens on master_port and waits (timeout_s) for every other rank's

@@ -263,6 +263,27 @@ c = [s.accept() for _ in range(1)]; time.sleep(30)' "$port" >"$silent_out" 2>&1 
 		"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
 	check "env://: rank 1 twice: rank 0 keeps waiting, then names both" "$out" \
 		"rank 0: ERROR .*rank 2 did not arrive within 2.0 s (2 of 3 ranks came; refused: rendezvous: rank 1 is already in the group" 1
+	# Two RANK=1 waiting before rank 0 listens: rank 0 accepts the second in
+	# the pass that completes the group with the first. It must still read
+	# its hello and tell it why (once it was closed unread: "Connection
+	# reset by peer", and rank 0 said it "stayed silent without a word").
+	port=$((port + 1))
+	dup=$(mktemp -d)
+	(
+		export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+		RANK=1 timeout 60 "$W" allreduce >"$dup/a" 2>&1 &
+		RANK=1 timeout 60 "$W" allreduce >"$dup/b" 2>&1 &
+		sleep 1
+		RANK=0 timeout 60 "$W" allreduce >"$dup/0" 2>&1
+		wait
+	)
+	out=$(cat "$dup/0" "$dup/a" "$dup/b")
+	rm -rf "$dup"
+	check "env://: two RANK=1 before rank 0: one joins the group" "$out" "rank [01]: OK allreduce world 2" 2
+	check "env://: ... the other is told it is already in the group" "$out" \
+		"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
+	check "env://: ... rank 0 says so, and drops no connection" "$out" "^rendezvous: rank 1 is already in the group" 1
+	check "env://: ... no reset, no silence" "$out" "reset by peer\|without a word" 0
 	# A duplicate rank that comes after the group formed: rank 0 still holds
 	# MASTER_PORT and tells it why (not "Connection refused" until its timeout),
 	# and the group trains on.
