@@ -4,7 +4,8 @@
 # no checkpoint after the kill; a worker whose launcher is gone says why;
 # the progress files in /dev/shm go at exit (clean runs and killed ranks),
 # and stale ones of dead processes are swept at start-up. Prints "N passed,
-# N failed".
+# N failed". Also: under --nproc a worker's stderr reaches the launcher's
+# stderr (its stdout the launcher's stdout).
 set -u
 W=$1 M=$2
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
@@ -98,6 +99,17 @@ rc=$?
 [ $rc -eq 1 ] && [ -z "$left" ] && check "a worker whose launcher is gone says why on stderr" "$(cat "$tmp/c")" \
 	"^stopped: its launcher (pid $holder) is gone; stopping now, without saving$" 1 ||
 	bad "a worker whose launcher is gone: exit code 1 within 5 s" "rc $rc, left '$left'" "$(cat "$tmp/c")"
+
+# Under --nproc a worker's stderr reaches the launcher's stderr and its
+# stdout the launcher's stdout, each line prefixed: with stdout thrown
+# away, why a rank failed is still shown.
+"$M" --nproc 2 --data "$tmp/none" --device cpu >"$tmp/o" 2>"$tmp/e"
+check "launcher: a worker's error reaches the launcher's stderr, prefixed" "$(cat "$tmp/e")" \
+	"^\[rank [01]\] mnist_ddp: mnist: directory '$tmp/none' does not exist" 2
+check "launcher: ... and not its stdout" "$(cat "$tmp/o")" "does not exist" 0
+out=$("$W" --nproc 2 allreduce 2>/dev/null)
+check "launcher: a worker's stdout reaches the launcher's stdout, prefixed" "$out" \
+	"^\[rank [01]\] rank [01]: OK allreduce world 2" 2
 
 # mnist_ddp with a checkpoint saved every 2 steps (about 0.1 s here), its
 # launcher SIGKILLed after the first save: the workers are gone within 5 s
