@@ -513,6 +513,7 @@ int loom_launch_maybe(int *argc, char **argv)
 	int have_n, have_k;
 
 	loom_comm_error_file_arm(); /* under torchrun: errors reach its report */
+	loom_comm_agent_arm();      /* under torchrun: dies with its agent */
 	memset(&o, 0, sizeof(o));
 	have_n = take_flag(argc, argv, "--nproc", 1, &o.nproc);
 	have_k = take_flag(argc, argv, "--max-restarts", 0, &o.max_restarts);
