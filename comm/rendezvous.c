@@ -463,10 +463,16 @@ static loom_status wait_for_ranks(loom_rdv *r, double deadline, char *err, size_
 			accept_conn(r, conns, &n, now, RDV_MAX_CONNS);
 	}
 out:
-	/* The group is complete, but what was accepted with its last rank has
-	 * not been read: a second RANK=1 among them must hear why it cannot
-	 * join (closed unread, it would get a reset instead). Each keeps its own
-	 * deadline in loom_rdv_keep's poll, or loom_rdv_close judges it. */
+	/* The group is complete, but what was accepted with its last rank may
+	 * not have been read: a second RANK=1 among them must hear why it
+	 * cannot join (closed unread, it would get a reset instead). What came
+	 * is judged now (half a hello: a stranger, stalled); a connection that
+	 * sent nothing yet keeps its own deadline in loom_rdv_keep's poll, or
+	 * loom_rdv_close judges it. */
+	for (k = n - 1; !st && k >= 0; k--)
+		if (serve_conn(r, &conns[k], LOOM_RDV_OPEN, loom_comm_now()) ||
+		    (conns[k].got && serve_conn(r, &conns[k], LOOM_RDV_STALLED, loom_comm_now())))
+			conns[k] = conns[--n];
 	if (!st && n) {
 		r->pending = conns;
 		r->n_pending = n;
@@ -767,8 +773,9 @@ void loom_rdv_late_free(loom_rdv_late *l)
 		return;
 	l->polled = 0;
 	loom_rdv_late_poll(l);
+	/* Each still open gets its verdict and its line, as at start-up. */
 	for (k = 0; k < l->n; k++)
-		close(l->conns[k].fd);
+		settle_conn(&l->r, &l->conns[k]);
 	close(l->r.listen_fd);
 	free(l->r.srv.peers);
 	free(l);
