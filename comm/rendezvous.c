@@ -726,15 +726,13 @@ loom_rdv_late *loom_rdv_keep(loom_rdv *r)
 		return NULL;
 	}
 	memcpy(l->r.srv.peers, r->srv.peers, sizeof(loom_comm_peer) * (size_t)r->world);
-	/* What came with the last rank is judged by the polls, each by its own
-	 * deadline (the oldest make room, as at start-up). */
-	for (k = 0; k < r->n_pending; k++) {
-		if (l->n == RDV_LATE_CONNS) {
-			settle_conn(&l->r, &l->conns[0]);
-			l->conns[0] = l->conns[--l->n];
-		}
-		l->conns[l->n++] = r->pending[k];
-	}
+	/* What came with the last rank and sent nothing yet is judged by the
+	 * polls, each by its own deadline (beyond their room, at once). */
+	for (k = 0; k < r->n_pending; k++)
+		if (l->n < RDV_LATE_CONNS)
+			l->conns[l->n++] = r->pending[k];
+		else
+			settle_conn(&l->r, &r->pending[k]);
 	free(r->pending);
 	r->pending = NULL;
 	r->n_pending = 0;
