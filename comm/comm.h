@@ -73,6 +73,14 @@ const char *loom_comm_bootstrap_name(loom_comm_bootstrap b); /* "mpirun", ... */
  * file, so that its failure report names loom's cause. Idempotent;
  * loom_launch_maybe and loom_pg_init call it. */
 void loom_comm_error_file_arm(void);
+/* Under torchrun's agent (TORCHELASTIC_RUN_ID, TORCHELASTIC_MAX_RESTARTS or
+ * TORCHELASTIC_USE_AGENT_STORE set; not a worker of loom's own launcher,
+ * which arms its own): the process dies with the agent that started it,
+ * however the agent ends (SIGKILL, the OOM killer), rather than train on
+ * alone (a parent-death signal, SIGKILL). An agent already gone by then
+ * ends the process (exit 1, said on stderr). Idempotent;
+ * loom_launch_maybe and loom_pg_init call it. */
+void loom_comm_agent_arm(void);
 void loom_pg_set_timeout(loom_pg *pg, double seconds);
 /* The training step this rank is at: each collective it enters is recorded
  * as "step S's all-reduce of ..." so that, when a collective times out, the

@@ -153,6 +153,11 @@ typedef struct loom_rdv {
 	int listen_fd;
 	int listen_given; /* rank 0: listen_fd already listens (a port the store announced) */
 	loom_rdv_srv srv; /* rank 0 */
+	/* rank 0: connections accepted in the pass that completed the group,
+	 * their hello not yet read (a second RANK=1 among them): judged later,
+	 * by loom_rdv_keep's poll or by loom_rdv_close, never closed unread */
+	struct rdv_conn *pending;
+	int n_pending;
 } loom_rdv;
 
 /* Rank 0 listens on master_port and waits (timeout_s) for every other rank's
@@ -293,6 +298,13 @@ const char *loom_pg_rank_name(const loom_pg *pg, int rank, char *buf, size_t len
  * or stuck) is alive here: only the timeout ends that wait. A dead peer's
  * progress file is removed. */
 int loom_pg_watch(loom_pg *pg, double t0, double *next, char *buf, size_t len);
+/* What loom_pg_watch asks of a peer on this host: its process's start time
+ * (clock ticks since boot, from /proc/PID/stat; 0 when it cannot be seen),
+ * and whether the process seen then has ended: gone, a zombie (exited but
+ * not reaped: its parent may never wait for it), or its pid now names
+ * another process. A stopped process has not ended. */
+uint64_t loom_proc_start(unsigned pid);
+int loom_proc_ended(unsigned pid, uint64_t start);
 
 /* comm/watchdog.c: stops c's watchdog thread (what it holds is waited
  * for first, within the timeout); before c is freed. */

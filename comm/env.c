@@ -10,10 +10,13 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 {
@@ -90,6 +93,31 @@ static loom_status required(const char *name, const char **out, char *err, size_
 				      "and MASTER_PORT are required)",
 				      name);
 	return LOOM_OK;
+}
+
+void loom_comm_agent_arm(void)
+{
+	static int armed;
+	pid_t agent;
+
+	/* Only torchrun sets these (loom's --nproc sets RESTART_COUNT alone). */
+	if (armed || getenv("LOOM_LAUNCH_WORKER") ||
+	    !(getenv("TORCHELASTIC_RUN_ID") || getenv("TORCHELASTIC_MAX_RESTARTS") ||
+	      getenv("TORCHELASTIC_USE_AGENT_STORE")))
+		return;
+	armed = 1;
+	agent = getppid();
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL))
+		return;
+	/* An agent that died before the prctl sent nothing: the parent is
+	 * another process by now. (One that died before this process ran at
+	 * all cannot be told from a parent that is pid 1 or a subreaper.) */
+	if (getppid() != agent) {
+		loom_log("%s%s%sstopped: torchrun's agent (pid %d) is gone\n",
+			 getenv("RANK") ? "rank " : "", getenv("RANK") ? getenv("RANK") : "",
+			 getenv("RANK") ? ": " : "", (int)agent);
+		_exit(1);
+	}
 }
 
 /* What torchrun's agent adds to env://: the node (GROUP_RANK of

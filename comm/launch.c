@@ -1,8 +1,9 @@
 /*
  * comm/launch.c — the built-in launcher (see launch.h): fork/exec of N
  * workers in their own process groups (so that stopping one also stops what
- * it started: rank 0's ompi-server, Open MPI's helpers), one pipe per worker
- * read line by line, and a failure policy like torchrun's.
+ * it started: rank 0's ompi-server, Open MPI's helpers), two pipes per
+ * worker read line by line (its stdout to ours, its stderr to ours, each
+ * line prefixed with its rank), and a failure policy like torchrun's.
  *
  * Workers die with their launcher, however it ends (SIGKILL, the OOM
  * killer): each is forked with a parent-death signal and checks that its
@@ -30,13 +31,19 @@
 
 #include "comm/comm_internal.h"
 
-typedef struct worker {
-	pid_t pid;
-	int fd;        /* its stdout and stderr, -1 at EOF */
-	int running;
-	int status;    /* from waitpid, once it ended */
+/* One of a worker's output streams: read from fd, whole lines to `to`. */
+typedef struct stream {
+	int fd; /* -1 at EOF */
+	FILE *to;
 	char line[4096];
 	size_t used;
+} stream;
+
+typedef struct worker {
+	pid_t pid;
+	stream out[2]; /* its stdout (to ours) and its stderr (to ours) */
+	int running;
+	int status;    /* from waitpid, once it ended */
 } worker;
 
 static volatile sig_atomic_t interrupted;
@@ -70,15 +77,15 @@ static void note_blame(int rank, const char *s, size_t n)
 	blame_by = rank;
 }
 
-static void emit(int rank, const char *s, size_t n)
+static void emit(int rank, FILE *to, const char *s, size_t n)
 {
 	note_blame(rank, s, n);
-	fprintf(stdout, "[rank %d] %.*s\n", rank, (int)n, s);
-	fflush(stdout);
+	fprintf(to, "[rank %d] %.*s\n", rank, (int)n, s);
+	fflush(to);
 }
 
-/* Reads what a worker wrote; whole lines go out prefixed. */
-static void drain(worker *w, int rank)
+/* Reads what a worker wrote on one stream; whole lines go out prefixed. */
+static void drain(stream *w, int rank)
 {
 	for (;;) {
 		ssize_t k = read(w->fd, w->line + w->used, sizeof(w->line) - w->used);
@@ -89,7 +96,7 @@ static void drain(worker *w, int rank)
 		if (k <= 0) {
 			if (k == 0 || errno != EAGAIN) {
 				if (w->used)
-					emit(rank, w->line, w->used);
+					emit(rank, w->to, w->line, w->used);
 				w->used = 0;
 				close(w->fd);
 				w->fd = -1;
@@ -99,13 +106,13 @@ static void drain(worker *w, int rank)
 		w->used += (size_t)k;
 		for (i = 0; i < w->used; i++)
 			if (w->line[i] == '\n') {
-				emit(rank, w->line + start, i - start);
+				emit(rank, w->to, w->line + start, i - start);
 				start = i + 1;
 			}
 		memmove(w->line, w->line + start, w->used - start);
 		w->used -= start;
 		if (w->used == sizeof(w->line)) { /* a very long line: cut it */
-			emit(rank, w->line, w->used);
+			emit(rank, w->to, w->line, w->used);
 			w->used = 0;
 		}
 	}
@@ -136,18 +143,26 @@ static int free_port(int *fd)
 	return port;
 }
 
+/* Starts one worker; fd[0] and fd[1] read its stdout and its stderr. */
 static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, int port,
-		   int listen_fd, int attempt, int live, int *fd)
+		   int listen_fd, int attempt, int live, int fd[2])
 {
 	pid_t launcher = getpid(), pid;
-	int p[2];
+	int p[2], e[2];
 
 	if (pipe2(p, O_CLOEXEC))
 		return -1;
+	if (pipe2(e, O_CLOEXEC)) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
 	pid = fork();
 	if (pid < 0) {
 		close(p[0]);
 		close(p[1]);
+		close(e[0]);
+		close(e[1]);
 		return -1;
 	}
 	if (pid == 0) {
@@ -160,7 +175,7 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 			_exit(1);
 		setpgid(0, 0);
 		dup2(p[1], 1);
-		dup2(p[1], 2);
+		dup2(e[1], 2);
 		snprintf(v, sizeof(v), "%d", rank);
 		setenv("RANK", v, 1);
 		setenv("LOCAL_RANK", v, 1);
@@ -202,8 +217,11 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 	}
 	setpgid(pid, pid); /* also here: no race with the kill below */
 	close(p[1]);
+	close(e[1]);
 	fcntl(p[0], F_SETFL, O_NONBLOCK);
-	*fd = p[0];
+	fcntl(e[0], F_SETFL, O_NONBLOCK);
+	fd[0] = p[0];
+	fd[1] = e[0];
 	return pid;
 }
 
@@ -221,7 +239,7 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 		    int attempt, int live, char *why, size_t whylen)
 {
 	worker *w = calloc((size_t)o->nproc, sizeof(*w));
-	struct pollfd *pf = calloc((size_t)o->nproc, sizeof(*pf));
+	struct pollfd *pf = calloc(2 * (size_t)o->nproc, sizeof(*pf));
 	double grace = o->grace_s > 0 ? o->grace_s : 3.0, failed_at = -1, termed_at = -1;
 	int k, running = 0, failed = -1;
 
@@ -236,8 +254,12 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 	blame_by = -1;
 	blame[0] = 0;
 	for (k = 0; k < o->nproc; k++) {
-		w[k].fd = -1;
-		w[k].pid = spawn(o, argv, k, port, listen_fd, attempt, live, &w[k].fd);
+		int fd[2] = { -1, -1 };
+
+		w[k].out[0].fd = w[k].out[1].fd = -1;
+		w[k].out[0].to = stdout;
+		w[k].out[1].to = stderr;
+		w[k].pid = spawn(o, argv, k, port, listen_fd, attempt, live, fd);
 		if (w[k].pid < 0) {
 			snprintf(why, whylen, "cannot start rank %d: %s", k, strerror(errno));
 			failed = k;
@@ -245,6 +267,8 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 			grace = 0;
 			break;
 		}
+		w[k].out[0].fd = fd[0];
+		w[k].out[1].fd = fd[1];
 		w[k].running = 1;
 		running++;
 	}
@@ -256,18 +280,18 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 	for (;;) {
 		int open = 0, i;
 
-		for (k = 0; k < o->nproc; k++) {
-			pf[k].fd = w[k].fd;
-			pf[k].events = POLLIN;
-			pf[k].revents = 0;
-			open += w[k].fd >= 0;
+		for (i = 0; i < 2 * o->nproc; i++) {
+			pf[i].fd = w[i / 2].out[i % 2].fd;
+			pf[i].events = POLLIN;
+			pf[i].revents = 0;
+			open += pf[i].fd >= 0;
 		}
 		if (!running && !open)
 			break;
-		poll(pf, (nfds_t)o->nproc, 50);
-		for (k = 0; k < o->nproc; k++)
-			if (w[k].fd >= 0 && (pf[k].revents & (POLLIN | POLLHUP | POLLERR)))
-				drain(&w[k], k);
+		poll(pf, 2 * (nfds_t)o->nproc, 50);
+		for (i = 0; i < 2 * o->nproc; i++)
+			if (pf[i].fd >= 0 && (pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+				drain(&w[i / 2].out[i % 2], i / 2);
 		for (k = 0; k < o->nproc; k++) {
 			int st;
 
@@ -310,12 +334,15 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 		}
 		/* Workers gone but a grandchild holds the pipe: stop waiting. */
 		if (!running) {
-			for (i = 0; i < o->nproc; i++)
-				if (w[i].fd >= 0 && !(pf[i].revents & POLLIN)) {
-					kill(-w[i].pid, SIGKILL);
-					close(w[i].fd);
-					w[i].fd = -1;
+			for (i = 0; i < 2 * o->nproc; i++) {
+				stream *s = &w[i / 2].out[i % 2];
+
+				if (s->fd >= 0 && !(pf[i].revents & POLLIN)) {
+					kill(-w[i / 2].pid, SIGKILL);
+					close(s->fd);
+					s->fd = -1;
 				}
+			}
 		}
 	}
 	/* The first rank to fail may only be the one that noticed: say whom it
@@ -486,6 +513,7 @@ int loom_launch_maybe(int *argc, char **argv)
 	int have_n, have_k;
 
 	loom_comm_error_file_arm(); /* under torchrun: errors reach its report */
+	loom_comm_agent_arm();      /* under torchrun: dies with its agent */
 	memset(&o, 0, sizeof(o));
 	have_n = take_flag(argc, argv, "--nproc", 1, &o.nproc);
 	have_k = take_flag(argc, argv, "--max-restarts", 0, &o.max_restarts);

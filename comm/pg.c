@@ -434,6 +434,7 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 	if (!out)
 		return LOOM_ERR_INVALID;
 	loom_comm_error_file_arm();
+	loom_comm_agent_arm();
 	*out = pg = calloc(1, sizeof(*pg));
 	if (!pg)
 		return LOOM_ERR_NOMEM;

@@ -365,6 +365,23 @@ static uint64_t start_time(unsigned pid, int *zombie)
 	return t;
 }
 
+uint64_t loom_proc_start(unsigned pid)
+{
+	int zombie;
+
+	return start_time(pid, &zombie);
+}
+
+int loom_proc_ended(unsigned pid, uint64_t start)
+{
+	int zombie;
+	uint64_t t = start_time(pid, &zombie);
+
+	/* A zombie keeps its pid and start time until its parent reaps it,
+	 * which a rank's parent may never do. */
+	return zombie || t != start;
+}
+
 /* After the group formed: the start time of each peer on this host, so
  * that the watchdog can tell its pid still names it. A peer whose process
  * cannot be seen here (another pid namespace under the same host name)
@@ -372,12 +389,12 @@ static uint64_t start_time(unsigned pid, int *zombie)
 static void peers_seen(loom_pg *pg)
 {
 	const loom_comm_peer *me = &pg->peers[pg->info.rank];
-	int k, z;
+	int k;
 
 	pg->peer_start = calloc((size_t)pg->info.world, sizeof(*pg->peer_start));
 	for (k = 0; pg->peer_start && k < pg->info.world; k++)
 		if (k != pg->info.rank && !strcmp(pg->peers[k].host, me->host))
-			pg->peer_start[k] = start_time(pg->peers[k].pid, &z);
+			pg->peer_start[k] = loom_proc_start(pg->peers[k].pid);
 }
 
 /* Whether peer k looks gone: on this host its process ended (or its pid
@@ -385,13 +402,9 @@ static void peers_seen(loom_pg *pg)
 static int looks_gone(loom_pg *pg, int k)
 {
 	const progress_link *l = pg->links ? &pg->links->l[k] : NULL;
-	uint64_t t;
-	int zombie;
 
-	if (pg->peer_start && pg->peer_start[k]) {
-		t = start_time(pg->peers[k].pid, &zombie);
-		return zombie || t != pg->peer_start[k];
-	}
+	if (pg->peer_start && pg->peer_start[k])
+		return loom_proc_ended(pg->peers[k].pid, pg->peer_start[k]);
 	return l && l->lost;
 }
 

@@ -359,6 +359,15 @@ static int serve_conn(loom_rdv *r, rdv_conn *c, int ended, double now)
 	return 1;
 }
 
+/* A verdict on c now: what it sent so far is read first (a hello that
+ * came is judged as such; a connection closed with unread bytes would
+ * reset the peer), then whatever is still missing counts as stalled. */
+static void settle_conn(loom_rdv *r, rdv_conn *c)
+{
+	if (!serve_conn(r, c, LOOM_RDV_OPEN, loom_comm_now()))
+		serve_conn(r, c, LOOM_RDV_STALLED, loom_comm_now());
+}
+
 static void accept_conn(loom_rdv *r, rdv_conn *conns, int *n, double now, int max)
 {
 	int fd = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), k, old = 0;
@@ -454,9 +463,23 @@ static loom_status wait_for_ranks(loom_rdv *r, double deadline, char *err, size_
 			accept_conn(r, conns, &n, now, RDV_MAX_CONNS);
 	}
 out:
-	/* Half hellos still open once the group is complete: strangers. */
+	/* The group is complete, but what was accepted with its last rank may
+	 * not have been read: a second RANK=1 among them must hear why it
+	 * cannot join (closed unread, it would get a reset instead). What came
+	 * is judged now (half a hello: a stranger, stalled); a connection that
+	 * sent nothing yet keeps its own deadline in loom_rdv_keep's poll, or
+	 * loom_rdv_close judges it. */
+	for (k = n - 1; !st && k >= 0; k--)
+		if (serve_conn(r, &conns[k], LOOM_RDV_OPEN, loom_comm_now()) ||
+		    (conns[k].got && serve_conn(r, &conns[k], LOOM_RDV_STALLED, loom_comm_now())))
+			conns[k] = conns[--n];
+	if (!st && n) {
+		r->pending = conns;
+		r->n_pending = n;
+		conns = NULL;
+	}
 	for (k = 0; conns && k < n; k++)
-		serve_conn(r, &conns[k], LOOM_RDV_STALLED, loom_comm_now());
+		settle_conn(r, &conns[k]);
 	free(conns);
 	free(pf);
 	return st;
@@ -597,6 +620,8 @@ loom_status loom_rdv_run(loom_rdv *r, char *err, size_t errlen)
 	if (!r->listen_given)
 		r->listen_fd = -1;
 	r->blob_out = NULL;
+	r->pending = NULL;
+	r->n_pending = 0;
 	memset(&r->srv, 0, sizeof(r->srv));
 	r->fds = malloc(sizeof(int) * (size_t)r->world);
 	r->peers = calloc((size_t)r->world, sizeof(loom_comm_peer));
@@ -633,6 +658,18 @@ loom_status loom_rdv_wait_go(loom_rdv *r, double timeout_s, char *err, size_t er
 	return loom_rdv_decode_go(m, r->rank, err, errlen);
 }
 
+/* Rank 0, closing: waits up to half a second for c's hello, then judges
+ * it (a second RANK=1 is told why it cannot join rather than reset). */
+static void judge_soon(loom_rdv *r, rdv_conn *c)
+{
+	double soon = loom_comm_now() + 0.5;
+
+	if (c->deadline > soon)
+		c->deadline = soon;
+	while (!serve_conn(r, c, LOOM_RDV_OPEN, loom_comm_now()))
+		wait_fd(c->fd, POLLIN, c->deadline);
+}
+
 /* Rank 0, the group formed: a process that connects now (a second RANK=1
  * started a moment late) is told why it cannot join rather than reset. */
 static void refuse_latecomers(loom_rdv *r)
@@ -641,17 +678,15 @@ static void refuse_latecomers(loom_rdv *r)
 	int k;
 
 	for (k = 0; k < 16; k++) {
-		double now = loom_comm_now();
 		int fd = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
 		if (fd < 0)
 			return;
 		memset(&c, 0, sizeof(c));
 		c.fd = fd;
-		c.deadline = now + 0.5;
+		c.deadline = loom_comm_now() + 0.5;
 		peer_name(fd, c.from, sizeof(c.from));
-		while (!serve_conn(r, &c, LOOM_RDV_OPEN, loom_comm_now()))
-			wait_fd(fd, POLLIN, c.deadline);
+		judge_soon(r, &c);
 	}
 }
 
@@ -674,6 +709,7 @@ struct loom_rdv_late {
 loom_rdv_late *loom_rdv_keep(loom_rdv *r)
 {
 	loom_rdv_late *l;
+	int k;
 
 	if (r->rank != 0 || r->listen_fd < 0 || r->srv.arrived != r->world)
 		return NULL;
@@ -690,6 +726,16 @@ loom_rdv_late *loom_rdv_keep(loom_rdv *r)
 		return NULL;
 	}
 	memcpy(l->r.srv.peers, r->srv.peers, sizeof(loom_comm_peer) * (size_t)r->world);
+	/* What came with the last rank and sent nothing yet is judged by the
+	 * polls, each by its own deadline (beyond their room, at once). */
+	for (k = 0; k < r->n_pending; k++)
+		if (l->n < RDV_LATE_CONNS)
+			l->conns[l->n++] = r->pending[k];
+		else
+			settle_conn(&l->r, &r->pending[k]);
+	free(r->pending);
+	r->pending = NULL;
+	r->n_pending = 0;
 	r->listen_fd = -1; /* the group's now: loom_rdv_close leaves it open */
 	return l;
 }
@@ -725,8 +771,9 @@ void loom_rdv_late_free(loom_rdv_late *l)
 		return;
 	l->polled = 0;
 	loom_rdv_late_poll(l);
+	/* Each still open gets its verdict and its line, as at start-up. */
 	for (k = 0; k < l->n; k++)
-		close(l->conns[k].fd);
+		settle_conn(&l->r, &l->conns[k]);
 	close(l->r.listen_fd);
 	free(l->r.srv.peers);
 	free(l);
@@ -736,6 +783,11 @@ void loom_rdv_close(loom_rdv *r)
 {
 	int k;
 
+	for (k = 0; k < r->n_pending; k++)
+		judge_soon(r, &r->pending[k]);
+	free(r->pending);
+	r->pending = NULL;
+	r->n_pending = 0;
 	if (r->rank == 0 && r->listen_fd >= 0 && r->srv.peers && r->srv.arrived == r->world)
 		refuse_latecomers(r);
 

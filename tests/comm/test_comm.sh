@@ -3,8 +3,9 @@
 # mpirun, env:// and the launcher; a rank killed mid-collective; a rank that
 # never comes; malformed rendezvous messages; fingerprint mismatches and
 # garbage. Each case checks every rank's verdict. Prints "N passed, N failed".
-#   test_comm.sh COMM_WORKER [faults|rendezvous|all]   (default all; bazel
-#   runs the two parts as test_comm and test_comm_rendezvous, side by side)
+#   test_comm.sh COMM_WORKER [faults|rendezvous|all|netns]   (default all;
+#   bazel runs the two parts as test_comm and test_comm_rendezvous, side by
+#   side; netns: the two-host cases alone, which faults includes)
 set -u
 W=$1
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
@@ -24,12 +25,97 @@ envrun() {
 
 command -v mpirun >/dev/null || { echo "mpirun missing (openmpi-bin)"; echo "0 passed, 1 failed"; exit 1; }
 
+within() { # NAME OUTPUT: every "after X s" is at most 5 s
+	local t ts
+	ts=$(sed -n 's/.*after \([0-9.]*\) s:.*/\1/p' <<<"$2")
+	[ -n "$ts" ] || { bad "$1" "no rank reported its time" "$2"; return; }
+	for t in $ts; do
+		awk -v t="$t" 'BEGIN { exit !(t <= 5.0) }' || { bad "$1" "took $t s" "$2"; return; }
+	done
+	ok "$1"
+}
+
+# two_hosts: a stopped rank and a killed one across two hosts (the faults
+# part; alone as the part "netns"): rank 1 in a network namespace of its own
+# with host name hostb, rank 0 in another (hosta), joined by a veth. A
+# peer on another host is never looked up in /dev/shm (comm/progress.c goes
+# by host name; and Open MPI's start-up fails with a private /dev/shm), so
+# rank 0 names rank 1 and both steps from what rank 1's progress link
+# brought: "(on hostb)" says which path spoke. Needs root (ip netns);
+# elsewhere the case says it was skipped, and fails only when
+# LOOM_TEST_NETNS=1 demands it.
+# (Not "lo...": Open MPI takes an interface whose name starts with "lo" for
+# loopback and will not use it between hosts.)
+# What two_hosts made goes whichever way the script ends (a step of the
+# set-up failing, `ip -n` missing from an old iproute2, the cases done, an
+# interrupt): both namespaces, the veth if it never left this namespace,
+# and the mount of /run/netns on itself that `ip netns add` makes, when it
+# was not there before and no namespace is left in it (a busy one refuses).
+ns=mpt$$
+netns_mount() { awk '$5 == "/run/netns" { m = 1 } END { exit !m }' /proc/self/mountinfo; }
+netns_cleanup() {
+	ip netns del ${ns}a 2>/dev/null
+	ip netns del ${ns}b 2>/dev/null
+	ip link del ${ns}x 2>/dev/null
+	[ "$netns_mounted" = 0 ] && netns_mount && [ -z "$(ls -A /run/netns 2>/dev/null)" ] &&
+		umount /run/netns 2>/dev/null
+	return 0
+}
+two_hosts() {
+	local why
+	netns_mounted=0
+	netns_mount && netns_mounted=1
+	trap netns_cleanup EXIT
+	if why=$({ ip netns add ${ns}a && ip netns add ${ns}b &&
+		ip link add ${ns}x type veth peer name ${ns}y && ip link set ${ns}x netns ${ns}a &&
+		ip link set ${ns}y netns ${ns}b && ip -n ${ns}a addr add 10.199.0.1/24 dev ${ns}x &&
+		ip -n ${ns}b addr add 10.199.0.2/24 dev ${ns}y && ip -n ${ns}a link set ${ns}x up &&
+		ip -n ${ns}b link set ${ns}y up && ip -n ${ns}a link set lo up &&
+		ip -n ${ns}b link set lo up; } 2>&1); then
+		# ip netns exec NETNS "${onhost[@]}" HOSTNAME CMD...: as if on another machine
+		onhost=(unshare --uts sh -c 'hostname "$0" && exec "$@"')
+		port=$((port + 1))
+		fz=$(mktemp -d)
+		export WORLD_SIZE=2 MASTER_ADDR=10.199.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1
+		RANK=0 LOOM_COMM_TIMEOUT_S=$T timeout -s KILL 60 ip netns exec ${ns}a "${onhost[@]}" hosta "$W" freeze >"$fz/0" 2>&1 &
+		p0=$!
+		RANK=1 LOOM_COMM_TIMEOUT_S=$T timeout -s KILL 60 ip netns exec ${ns}b "${onhost[@]}" hostb "$W" freeze >"$fz/1" 2>&1 &
+		p1=$!
+		unset WORLD_SIZE MASTER_ADDR MASTER_PORT LOOM_TEST_VICTIM
+		wait $p0
+		pkill -CONT -P $p1
+		wait $p1
+		out=$(cat "$fz/0"; sed 's/^/(rank 1) /' "$fz/1")
+		check "two hosts: a stopped rank on the other host is named with the step it has not reached" "$out" \
+			"rank 0: ERROR .*timed out after 2.0 s: rank 1 is alive (on hostb) but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's all-reduce of 1000 f32)" 1
+		# Rank 1 on hostb SIGKILLed: its progress link closes, and rank 0 on
+		# hosta (no pid to look at there) names it within 5 s of a 60 s timeout.
+		port=$((port + 1))
+		export WORLD_SIZE=2 MASTER_ADDR=10.199.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1
+		RANK=0 timeout -s KILL 60 ip netns exec ${ns}a "${onhost[@]}" hosta "$W" die >"$fz/0" 2>&1 &
+		p0=$!
+		RANK=1 timeout -s KILL 60 ip netns exec ${ns}b "${onhost[@]}" hostb "$W" die >"$fz/1" 2>&1 &
+		p1=$!
+		unset WORLD_SIZE MASTER_ADDR MASTER_PORT LOOM_TEST_VICTIM
+		wait $p0 $p1
+		out=$(cat "$fz/0")
+		check "two hosts: a rank SIGKILLed on the other host is named (its progress link closed)" "$out" \
+			"rank 0: ERROR .*failed after [0-9.]* s: rank 1 died (its process is gone)" 1
+		within "two hosts: ... within 5 s (timeout 60 s)" "$out"
+		rm -rf "$fz"
+	else
+		echo "skip two hosts (network namespaces: root and iproute2's ip -n needed): ${why:-ip failed}"
+		[ "${LOOM_TEST_NETNS:-0}" = 1 ] && bad "two hosts: LOOM_TEST_NETNS=1 but ip netns failed" "$why"
+	fi
+	netns_cleanup
+}
+
 part=${2:-all}
-case $part in all | faults | rendezvous) ;; *) echo "test_comm.sh: unknown part $part"; exit 2 ;; esac
+case $part in all | faults | rendezvous | netns) ;; *) echo "test_comm.sh: unknown part $part"; exit 2 ;; esac
 
 # Part "faults": the sums through each start-up, and a rank that dies,
 # freezes or is stopped mid-collective.
-if [ "$part" != rendezvous ]; then
+if [ "$part" = all ] || [ "$part" = faults ]; then
 	for n in 2 3; do
 		out=$("${MPIRUN[@]}" -np $n "$W" allreduce 2>&1)
 		check "mpirun $n ranks: exact f32 sums" "$out" "OK allreduce world $n .* via mpirun" $n
@@ -53,15 +139,6 @@ if [ "$part" != rendezvous ]; then
 	# their 60 s timeout: the wait's watchdog sees the process gone (comm/
 	# progress.c: loom_pg_watch) and the liveness probe confirms it. Only a
 	# silent rank costs the whole timeout (the frozen cases below).
-	within() { # NAME OUTPUT: every "after X s" is at most 5 s
-		local t ts
-		ts=$(sed -n 's/.*after \([0-9.]*\) s:.*/\1/p' <<<"$2")
-		[ -n "$ts" ] || { bad "$1" "no rank reported its time" "$2"; return; }
-		for t in $ts; do
-			awk -v t="$t" 'BEGIN { exit !(t <= 5.0) }' || { bad "$1" "took $t s" "$2"; return; }
-		done
-		ok "$1"
-	}
 	out=$(LOOM_COMM_TIMEOUT_S=60 LOOM_TEST_VICTIM=1 "${MPIRUN[@]}" --enable-recovery -x LOOM_TEST_VICTIM -np 3 "$W" die 2>&1)
 	check "mpirun: SIGKILL of rank 1, the others name it" "$out" "ERROR .* failed after [0-9.]* s: rank 1 died (its process is gone)" 2
 	within "mpirun: ... within 5 s (timeout 60 s)" "$out"
@@ -115,61 +192,7 @@ if [ "$part" != rendezvous ]; then
 	[ $rc -eq 1 ] && check "env://: the stopped rank, continued, names the others gone within 5 s (timeout 60 s)" "$out" \
 		"rank 1: ERROR .*failed after [1-4]\.[0-9] s: ranks 0, 2 died" 1 || bad "env://: the continued rank's exit code" "rc $rc (141: SIGPIPE)" "$out"
 	rm -rf "$fz"
-	# The same across two hosts: rank 1 in a network namespace of its own
-	# with host name hostb, rank 0 in another (hosta), joined by a veth. A
-	# peer on another host is never looked up in /dev/shm (comm/progress.c goes
-	# by host name; and Open MPI's start-up fails with a private /dev/shm), so
-	# rank 0 names rank 1 and both steps from what rank 1's progress link
-	# brought: "(on hostb)" says which path spoke. Needs root (ip netns);
-	# elsewhere the case says it was skipped, and fails only when
-	# LOOM_TEST_NETNS=1 demands it.
-	# (Not "lo...": Open MPI takes an interface whose name starts with "lo" for
-	# loopback and will not use it between hosts.)
-	ns=mpt$$
-	if ip netns add ${ns}a 2>/dev/null && ip netns add ${ns}b &&
-		ip link add ${ns}x type veth peer name ${ns}y && ip link set ${ns}x netns ${ns}a &&
-		ip link set ${ns}y netns ${ns}b && ip -n ${ns}a addr add 10.199.0.1/24 dev ${ns}x &&
-		ip -n ${ns}b addr add 10.199.0.2/24 dev ${ns}y && ip -n ${ns}a link set ${ns}x up &&
-		ip -n ${ns}b link set ${ns}y up && ip -n ${ns}a link set lo up && ip -n ${ns}b link set lo up; then
-		trap 'ip netns del ${ns}a 2>/dev/null; ip netns del ${ns}b 2>/dev/null' EXIT
-		# ip netns exec NETNS "${onhost[@]}" HOSTNAME CMD...: as if on another machine
-		onhost=(unshare --uts sh -c 'hostname "$0" && exec "$@"')
-		port=$((port + 1))
-		fz=$(mktemp -d)
-		export WORLD_SIZE=2 MASTER_ADDR=10.199.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1
-		RANK=0 LOOM_COMM_TIMEOUT_S=$T timeout -s KILL 60 ip netns exec ${ns}a "${onhost[@]}" hosta "$W" freeze >"$fz/0" 2>&1 &
-		p0=$!
-		RANK=1 LOOM_COMM_TIMEOUT_S=$T timeout -s KILL 60 ip netns exec ${ns}b "${onhost[@]}" hostb "$W" freeze >"$fz/1" 2>&1 &
-		p1=$!
-		unset WORLD_SIZE MASTER_ADDR MASTER_PORT LOOM_TEST_VICTIM
-		wait $p0
-		pkill -CONT -P $p1
-		wait $p1
-		out=$(cat "$fz/0"; sed 's/^/(rank 1) /' "$fz/1")
-		check "two hosts: a stopped rank on the other host is named with the step it has not reached" "$out" \
-			"rank 0: ERROR .*timed out after 2.0 s: rank 1 is alive (on hostb) but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's all-reduce of 1000 f32)" 1
-		# Rank 1 on hostb SIGKILLed: its progress link closes, and rank 0 on
-		# hosta (no pid to look at there) names it within 5 s of a 60 s timeout.
-		port=$((port + 1))
-		export WORLD_SIZE=2 MASTER_ADDR=10.199.0.1 MASTER_PORT=$port LOOM_TEST_VICTIM=1
-		RANK=0 timeout -s KILL 60 ip netns exec ${ns}a "${onhost[@]}" hosta "$W" die >"$fz/0" 2>&1 &
-		p0=$!
-		RANK=1 timeout -s KILL 60 ip netns exec ${ns}b "${onhost[@]}" hostb "$W" die >"$fz/1" 2>&1 &
-		p1=$!
-		unset WORLD_SIZE MASTER_ADDR MASTER_PORT LOOM_TEST_VICTIM
-		wait $p0 $p1
-		out=$(cat "$fz/0")
-		check "two hosts: a rank SIGKILLed on the other host is named (its progress link closed)" "$out" \
-			"rank 0: ERROR .*failed after [0-9.]* s: rank 1 died (its process is gone)" 1
-		within "two hosts: ... within 5 s (timeout 60 s)" "$out"
-		rm -rf "$fz"
-		ip netns del ${ns}a
-		ip netns del ${ns}b
-	else
-		ip netns del ${ns}a 2>/dev/null
-		echo "skip two hosts (network namespaces): ip netns needs root"
-		[ "${LOOM_TEST_NETNS:-0}" = 1 ] && bad "two hosts: LOOM_TEST_NETNS=1 but ip netns failed"
-	fi
+	two_hosts
 	out=$(LOOM_COMM_TIMEOUT_S=$T LOOM_TEST_VICTIM=1 timeout -s KILL 60 "$W" --nproc 3 freeze 2>&1)
 	check "launcher: blames the rank the survivors name, not the reporter" "$out" \
 		"^launch: failed: rank 1 is alive .*but has not reached step 3's all-reduce of 1000 f32 (its last: step 2's .*(reported by rank [02]; rank [02] exited with code 1)" 1
@@ -177,7 +200,7 @@ fi
 
 # Part "rendezvous": start-up errors, the launcher's restarts and signals,
 # strangers on MASTER_PORT, fingerprints.
-if [ "$part" != faults ]; then
+if [ "$part" = all ] || [ "$part" = rendezvous ]; then
 	# Connection errors say why: a refused port, a name that does not resolve.
 	out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 LOOM_COMM_TIMEOUT_S=1 "$W" 2>&1)
 	check "env://: rank 0's port refused: the reason is the refusal" "$out" \
@@ -263,6 +286,27 @@ c = [s.accept() for _ in range(1)]; time.sleep(30)' "$port" >"$silent_out" 2>&1 
 		"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
 	check "env://: rank 1 twice: rank 0 keeps waiting, then names both" "$out" \
 		"rank 0: ERROR .*rank 2 did not arrive within 2.0 s (2 of 3 ranks came; refused: rendezvous: rank 1 is already in the group" 1
+	# Two RANK=1 waiting before rank 0 listens: rank 0 accepts the second in
+	# the pass that completes the group with the first. It must still read
+	# its hello and tell it why (once it was closed unread: "Connection
+	# reset by peer", and rank 0 said it "stayed silent without a word").
+	port=$((port + 1))
+	dup=$(mktemp -d)
+	(
+		export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+		RANK=1 timeout 60 "$W" allreduce >"$dup/a" 2>&1 &
+		RANK=1 timeout 60 "$W" allreduce >"$dup/b" 2>&1 &
+		sleep 1
+		RANK=0 timeout 60 "$W" allreduce >"$dup/0" 2>&1
+		wait
+	)
+	out=$(cat "$dup/0" "$dup/a" "$dup/b")
+	rm -rf "$dup"
+	check "env://: two RANK=1 before rank 0: one joins the group" "$out" "rank [01]: OK allreduce world 2" 2
+	check "env://: ... the other is told it is already in the group" "$out" \
+		"rank 1: ERROR .*rank 0 refused the group: rendezvous: rank 1 is already in the group (pid [0-9]* on .*claims it too: check RANK" 1
+	check "env://: ... rank 0 says so, and drops no connection" "$out" "^rendezvous: rank 1 is already in the group" 1
+	check "env://: ... no reset, no silence" "$out" "reset by peer\|without a word" 0
 	# A duplicate rank that comes after the group formed: rank 0 still holds
 	# MASTER_PORT and tells it why (not "Connection refused" until its timeout),
 	# and the group trains on.
@@ -336,6 +380,8 @@ c = [s.accept() for _ in range(1)]; time.sleep(30)' "$port" >"$silent_out" 2>&1 
 	out=$("${MPIRUN[@]}" -np 2 "$W" fp-truncated 2>&1)
 	check "fingerprint: truncated record" "$out" "ERROR .*rank 1 sent a malformed fingerprint .*do not add up" 2
 fi
+
+[ "$part" = netns ] && two_hosts
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

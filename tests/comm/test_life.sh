@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # tests/comm/test_life.sh — what a job leaves behind when it ends: workers
-# of a SIGKILLed --nproc launcher (or mpirun) are gone within 5 s and write
-# no checkpoint after the kill; a worker whose launcher is gone says why;
+# of a SIGKILLed --nproc launcher (or mpirun, or torchrun's agent) are gone
+# within 5 s and write no checkpoint after the kill; a worker whose
+# launcher is gone says why;
 # the progress files in /dev/shm go at exit (clean runs and killed ranks),
 # and stale ones of dead processes are swept at start-up. Prints "N passed,
-# N failed".
+# N failed". Also: under --nproc a worker's stderr reaches the launcher's
+# stderr (its stdout the launcher's stdout).
 set -u
 W=$1 M=$2
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/mp_harness.sh"
@@ -98,6 +100,37 @@ rc=$?
 [ $rc -eq 1 ] && [ -z "$left" ] && check "a worker whose launcher is gone says why on stderr" "$(cat "$tmp/c")" \
 	"^stopped: its launcher (pid $holder) is gone; stopping now, without saving$" 1 ||
 	bad "a worker whose launcher is gone: exit code 1 within 5 s" "rc $rc, left '$left'" "$(cat "$tmp/c")"
+
+# Under torchrun its agent starts the workers: a stand-in agent (a shell
+# with the variables PyTorch 2.x's agent sets, world 1 so that no MPI
+# starts) SIGKILLed, as the OOM killer may: its worker is gone within 5 s
+# (its parent-death signal), not training on alone.
+(
+	export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 GROUP_WORLD_SIZE=1 \
+		MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 1)) TORCHELASTIC_RESTART_COUNT=0 \
+		TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_RUN_ID=none TORCHELASTIC_USE_AGENT_STORE=False
+	exec bash -c '"$0" sleep & wait' "$W"
+) >"$tmp/t" 2>&1 &
+agent=$!
+port=$((port + 1))
+wait_for "$tmp/t" "OK allreduce" 1
+pids=$(pids_of "$tmp/t")
+kill -KILL $agent
+{ wait $agent; } 2>/dev/null
+left=$(gone_within5 $pids) && ok "torchrun's agent SIGKILLed: its worker is gone within 5 s" ||
+	bad "torchrun's agent SIGKILLed: its worker is gone within 5 s" "still running: $left" "$(cat "$tmp/t")"
+kill -KILL $left 2>/dev/null
+
+# Under --nproc a worker's stderr reaches the launcher's stderr and its
+# stdout the launcher's stdout, each line prefixed: with stdout thrown
+# away, why a rank failed is still shown.
+"$M" --nproc 2 --data "$tmp/none" --device cpu >"$tmp/o" 2>"$tmp/e"
+check "launcher: a worker's error reaches the launcher's stderr, prefixed" "$(cat "$tmp/e")" \
+	"^\[rank [01]\] mnist_ddp: mnist: directory '$tmp/none' does not exist" 2
+check "launcher: ... and not its stdout" "$(cat "$tmp/o")" "does not exist" 0
+out=$("$W" --nproc 2 allreduce 2>/dev/null)
+check "launcher: a worker's stdout reaches the launcher's stdout, prefixed" "$out" \
+	"^\[rank [01]\] rank [01]: OK allreduce world 2" 2
 
 # mnist_ddp with a checkpoint saved every 2 steps (about 0.1 s here), its
 # launcher SIGKILLed after the first save: the workers are gone within 5 s

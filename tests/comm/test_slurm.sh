@@ -78,14 +78,24 @@ for _ in $(seq 50); do [ -S "$d/munge.sock" ] && break; sleep 0.1; done
 pids+=($!)
 /usr/sbin/slurmd -D -f "$SLURM_CONF" >"$d/slurmd.out" 2>&1 &
 pids+=($!)
+# Up within a time bound (LOOM_TEST_SLURM_UP_S, 10 s; it takes about 3),
+# each sinfo held to 2 s: one that slurmctld never answers waits out its
+# message timeout (10 s) every call, and 100 such calls once ran into
+# bazel's timeout with an empty log where the diagnosis below belongs.
 up=0
-for _ in $(seq 100); do
-	sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)' && { up=1; break; }
+until_s=$((SECONDS + ${LOOM_TEST_SLURM_UP_S:-10}))
+while [ $SECONDS -lt $until_s ]; do
+	timeout -s KILL 2 sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)' && { up=1; break; }
 	sleep 0.2
 done
 if [ $up = 0 ]; then
-	bad "Slurm came up (slurmctld, slurmd, munged on $host)" "$(sinfo 2>&1)" \
-		"$(tail -5 "$d/slurmctld.log" "$d/slurmd.log" "$d/munged.err" 2>&1)"
+	said=$(timeout -s KILL 2 sinfo 2>&1)
+	[ $? -eq 137 ] && said="sinfo did not answer within 2 s${said:+: $said}"
+	alive=
+	for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=" $(ps -o comm= -p "$p")"; done
+	bad "Slurm came up (slurmctld, slurmd, munged on $host) within ${LOOM_TEST_SLURM_UP_S:-10} s" \
+		"$said" "still running:${alive:- none}" \
+		"$(tail -n 5 "$d/slurmctld.log" "$d/slurmd.log" "$d/munged.err" 2>&1)"
 	echo "$pass passed, $fail failed"
 	exit 1
 fi
