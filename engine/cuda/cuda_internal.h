@@ -213,7 +213,7 @@ typedef struct loom_cuda_bn_plan {
 	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
 	int own_makes; /* the own split backward (kind NONE) writes dgamma, dbeta too */
 	/* The relu's backward fused into this split backward (LOOM_CUDA_BN_RELU_BWD,
-	 * plan_relu_bwd in backend.cu): it reads the relu backward's sources
+	 * plan_relu_bwd in fuse_plan.cu): it reads the relu backward's sources
 	 * (relu_y, the batch norm's relu'd output, and relu_dy) and masks dy
 	 * by y > 0 itself; relu_bwd is the node it stands for, which does
 	 * nothing. LOOM_NONE: not fused. */
@@ -236,7 +236,7 @@ typedef struct loom_cuda_bn_plan {
 	 * ran_ex, what its last training run called (LOOM_CUDA_BN_EX_*, NONE:
 	 * the legacy call), which its backward must match. On a backward:
 	 * bwd_ex, the Ex call with the forward's reserve (plan_bn_bwd_ex in
-	 * backend.cu), its workspace bwd_ws after the dgamma/dbeta scratch, and
+	 * fuse_plan.cu), its workspace bwd_ws after the dgamma/dbeta scratch, and
 	 * the relu's (or add + relu's) backward it does (fuse.ops NONE: none;
 	 * LOOM_CUDA_BN_BWD_FUSE). */
 	size_t reserve_max;
@@ -253,12 +253,12 @@ typedef struct loom_cuda_sdpa_plan {
 	loom_value y;              /* forward: the ATTENTION node whose y it writes */
 } loom_cuda_sdpa_plan;
 
-/* What prepare decided for one node. */
-/* Layer norm's one-pass backward (gpt.cu): the siblings it writes. */
+/* Layer norm's one-pass backward (layernorm.cu): the siblings it writes. */
 typedef struct loom_cuda_ln_plan {
 	loom_value dgamma, dbeta; /* LOOM_NONE: not this node's sibling */
 } loom_cuda_ln_plan;
 
+/* What prepare decided for one node. */
 typedef struct loom_cuda_node_plan {
 	int kind; /* LOOM_CUDA_PLAN_* */
 	loom_cuda_stage stage[LOOM_MAX_SRC];
@@ -285,7 +285,7 @@ typedef struct loom_cuda_node_plan {
 	loom_value fused_into;
 	/* Batch norm + residual add + relu as one cuDNN call
 	 * (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, NHWC, training runs;
-	 * plan_bn_add in backend.cu): on the ADD node, the batch norm it runs
+	 * plan_bn_add in fuse_plan.cu): on the ADD node, the batch norm it runs
 	 * (bn_add), the add's other source (bn_add_z) and the call's workspace
 	 * and reserve; on that batch norm, the add that runs it (bn_add_by).
 	 * LOOM_NONE: not fused. */
@@ -293,7 +293,7 @@ typedef struct loom_cuda_node_plan {
 	size_t bn_add_ws, bn_add_reserve;
 	/* softmax-CE forward: the backward whose dlogits it writes over the
 	 * logits in a training run (LOOM_CUDA_CLASSIFIER, plan_classifier in
-	 * backend.cu), LOOM_NONE if none. */
+	 * fuse_plan.cu), LOOM_NONE if none. */
 	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
@@ -454,7 +454,7 @@ typedef struct loom_cuda_ctx {
 	 * logits, the backward's dlogits written by the forward over the
 	 * logits where the plan allows, else from its saved log-sum-exp
 	 * (loss.cu); LOOM_CUDA_LN_SAVE: layer norm's forward saves each
-	 * row's mean and rstd for the one-pass backward (gpt.cu);
+	 * row's mean and rstd for the one-pass backward (layernorm.cu);
 	 * LOOM_CUDA_GELU_EPILOGUE: a linear read by a tanh GELU computes it in
 	 * cuBLASLt's GELU_AUX(_BIAS) epilogue, and the product making the
 	 * GELU backward's dy its DGELU (matmul_cublaslt.cu). */
@@ -491,24 +491,34 @@ extern int loom_cuda_own_kernels_on;
 /* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
  * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
 extern int loom_cuda_vec_on;
-/* gpt.cu's and matmul_cublaslt.cu's switches, each 1 unless its variable
- * is 0 when the latest plan was made (loom_cuda_gpt_switches, called by
- * plan_create, reads them): LOOM_CUDA_LN_FUSED (layer norm's warp-per-row
- * forward and one-pass backward), LOOM_CUDA_EMB_BUCKET (the embedding backward
- * bucketed by token), LOOM_CUDA_LT_CACHE (strided products' heuristic
+/* The GPT kernels' switches, each 1 unless its variable is 0 when the
+ * latest plan was made (plan_create reads them): LOOM_CUDA_LN_FUSED
+ * (layernorm.cu: the warp-per-row forward and one-pass backward),
+ * LOOM_CUDA_EMB_BUCKET (embedding.cu: the backward bucketed by token),
+ * LOOM_CUDA_LT_CACHE (matmul_cublaslt.cu: strided products' heuristic
  * answers cached per shape). */
 extern int loom_cuda_emb_bucket_on;
 extern int loom_cuda_ln_fused_on; /* LOOM_CUDA_LN_FUSED */
 extern int loom_cuda_lt_cache_on;
-void loom_cuda_gpt_switches(void);
-/* --dump-graph's note on a softmax-CE or layer-norm node (gpt.cu). */
-void loom_cuda_gpt_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
-			size_t len);
-/* The backend's takes_any_dtype (gpt.cu): the ops whose own kernels read
- * and write every value in its own dtype, so that a cast beside them folds
- * (graph/fuse.c's loom_fuse_casts_for); none under LOOM_CUDA_FOLD_CASTS=0,
- * read at compile time. */
-int loom_cuda_takes_any_dtype(loom_op op);
+/* --dump-graph's note on a layer-norm node (layernorm.cu) and on a
+ * softmax-CE node (loss.cu): which path it took. */
+void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len);
+void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len);
+
+/* ------------------------------------------------------------ plan passes */
+/* fuse_plan.cu: the passes over the whole plan after each node's own plan
+ * (the fused classifier, the saved region, NHWC filters kept KRSC, the relu
+ * backward in the split batch-norm backward, batch norm + add + relu,
+ * cuDNN's Ex batch-norm backward), in that order; they widen some nodes'
+ * workspace. */
+loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p);
+/* formats.cu: whether node v's kernel takes its operands in the formats
+ * the planner gave them (formats.c decides; this checks that the plans
+ * made agree, so that a mismatch is a compile error naming the node,
+ * never NHWC bytes read as NCHW). */
+int loom_cuda_formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v);
 
 /* ------------------------------------------------------------ op entries */
 
@@ -593,17 +603,30 @@ loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *ctx, const loom_plan *plan, 
 loom_status loom_cuda_op_grad_seed(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 
-/* gpt.cu: the transformer ops (own kernels) */
+/* embedding.cu */
 loom_status loom_cuda_op_embedding(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				       const loom_cuda_io *io);
+/* Workspace bytes of an EMBEDDING_BWD node (fp32 sums, or the bucketed
+ * backward's sort). */
+size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v);
+/* layernorm.cu */
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan,
 					    loom_value v, const loom_cuda_io *io);
 loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan,
 					     loom_value v, const loom_cuda_io *io);
+/* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
+ * it makes (LOOM_CUDA_PLAN_LN) under loom_cuda_ln_fused_on, else none. */
+loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np);
+/* Workspace bytes of a LAYERNORM_BWD_GAMMA node (row statistics, chunk
+ * parts). */
+size_t loom_cuda_ln_bwd_gamma_ws(const loom_plan *p, loom_value v);
+/* attention.cu: the unfused attention (a fused node's entry calls
+ * sdpa_cudnn.cu) */
 loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io);
 loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -614,12 +637,9 @@ loom_status loom_cuda_op_attention_bwd_probs(loom_cuda_ctx *ctx, const loom_plan
 					     loom_value v, const loom_cuda_io *io);
 loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *ctx, const loom_plan *plan,
 					   loom_value v, const loom_cuda_io *io);
-/* Workspace bytes of a transformer node (its fp32 sums or row statistics). */
-size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v);
-/* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
- * it makes (LOOM_CUDA_PLAN_LN) under loom_cuda_ln_fused_on, else none. */
-loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
-				   loom_cuda_node_plan *np);
+/* Workspace bytes of an unfused ATTN_PROBS or ATTN_PROBS_BWD node (fp32
+ * scores, ds); 0 for the others. */
+size_t loom_cuda_attn_ws(const loom_plan *p, loom_value v);
 
 /* ------------------------------------------------------------ launchers */
 /* Plain arguments, an explicit stream, a status; a failure's message goes
@@ -855,6 +875,17 @@ static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
 static inline int loom_cuda_bn_add_on(const loom_cuda_ctx *c)
 {
 	return c->train && !c->diagnose;
+}
+
+/* Node v of plan p, and its source i. */
+static inline const loom_node *loom_cuda_node(const loom_plan *p, loom_value v)
+{
+	return &p->g->nodes[v];
+}
+
+static inline const loom_node *loom_cuda_src(const loom_plan *p, loom_value v, int i)
+{
+	return &p->g->nodes[p->g->nodes[v].src[i]];
 }
 
 /* The saved slot node v writes (want == v: only a slot of its own) or

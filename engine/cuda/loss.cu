@@ -12,6 +12,8 @@
  * every loom_run ends with) reports it as the CPU backend does.
  */
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "engine/cuda/dtype.cuh"
 
@@ -412,4 +414,32 @@ loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 		n, classes, ld, io->src[0], io->dt[0], (const int32_t *)io->src[1], lse, io->src[2],
 		io->dt[2], io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* --dump-graph: which path softmax-CE took. */
+void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const int saves = np->saved_by == v, reads = np->saved_by != LOOM_NONE && np->saved_by != v;
+	switch (loom_cuda_node(p, v)->op) {
+	case LOOM_OP_SOFTMAX_CE:
+		if (!c->classifier)
+			snprintf(buf, len, "two passes per row in double (LOOM_CUDA_CLASSIFIER=0)");
+		else if (np->ce_bwd != LOOM_NONE)
+			snprintf(buf, len, "fused classifier: one online pass, writes %d's dlogits over "
+				 "the logits in training", (int)np->ce_bwd);
+		else
+			snprintf(buf, len, "one online pass%s", saves ? ", saves its log-sum-exp" : "");
+		if (p->vocab_padded > 0) { /* engine/vocab_pad.c */
+			size_t at = strlen(buf);
+			snprintf(buf + at, len > at ? len - at : 0, "; %lld of %lld columns (padded)",
+				 (long long)p->vocab, (long long)p->vocab_padded);
+		}
+		break;
+	default: /* SOFTMAX_CE_BWD */
+		snprintf(buf, len, "%s", reads ? "one pass from the saved log-sum-exp" :
+					       "recomputes the log-sum-exp");
+		break;
+	}
 }
