@@ -1888,8 +1888,9 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 	return st;
 }
 
-/* --dump-graph: a convolution's cuDNN algorithm and how it was chosen; an
- * attention's fused plan, or why it stayed unfused. */
+/* --dump-graph: each family's note on how node v runs (conv_cudnn.cu,
+ * sdpa_cudnn.cu, loss.cu, layernorm.cu, matmul_cublaslt.cu, bn.cu), and
+ * what does a node's work where another node's call does it. */
 static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *buf, size_t len)
 {
 	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
@@ -1902,8 +1903,6 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		loom_cuda_conv_note(n, &np->conv, buf, len);
 		return;
 	}
-	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
-		 n->op == LOOM_OP_BN_BWD_GAMMA;
 	if (n->op == LOOM_OP_ATTN_PROBS || n->op == LOOM_OP_ATTN_PROBS_BWD) {
 		loom_cuda_sdpa_note(p, v, np, c->attn_off, buf, len);
 		return;
@@ -1926,62 +1925,12 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		loom_cuda_ln_note(c, p, v, buf, len);
 		return;
 	}
-	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->mm.gelu != LOOM_NONE) {
-		snprintf(buf, len, "cuBLASLt %s epilogue, writes %d", np->mm.dgelu ? "DGELU" : "GELU_AUX",
-			 (int)np->mm.gelu);
+	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) &&
+	    (np->mm.gelu != LOOM_NONE || np->kind == LOOM_CUDA_PLAN_MM)) {
+		loom_cuda_mm_note(np, buf, len);
 		return;
 	}
-	/* The products' llm.c switches (matmul_cublaslt.cu), where they took. */
-	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->kind == LOOM_CUDA_PLAN_MM) {
-		const loom_cuda_mm_plan *mp = &np->mm;
-		char pads[96] = "";
-		static const char *const what[3] = { "A", "B", "out" };
-		for (int i = 0, o = 0; i < 3; i++)
-			if (mp->pad[i].ld_pad && o < (int)sizeof(pads))
-				o += snprintf(pads + o, sizeof(pads) - (size_t)o, "%s%s rows %d -> %d",
-					      o ? ", " : "", what[i], mp->pad[i].ld, mp->pad[i].ld_pad);
-		if (pads[0] || mp->wide_align || mp->bgrad != LOOM_NONE)
-			snprintf(buf, len, "cuBLASLt%s%s%s%s%s", mp->bgrad != LOOM_NONE ? ", BGRADB" : "",
-				 mp->wide_align ? ", aligned " : "",
-				 mp->wide_align ? (mp->wide_align >= 256 ? "256" :
-						   mp->wide_align >= 128 ? "128" :
-						   mp->wide_align >= 64 ? "64" : "32") : "",
-				 pads[0] ? ", padded: " : "", pads);
-		return;
-	}
-	if (np->bn_add_by != LOOM_NONE) {
-		snprintf(buf, len, "cudnn Ex nhwc, done by %d (batch norm + add + relu) in training",
-			 (int)np->bn_add_by);
-		return;
-	}
-	if (np->bn_add != LOOM_NONE) {
-		snprintf(buf, len, "cudnn Ex BN_ADD_ACTIVATION in training: batch norm %d + add + relu",
-			 (int)np->bn_add);
-		return;
-	}
-	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
-		return;
-	const char *how = !bn ? "own kernel" :
-			  np->kind == LOOM_CUDA_PLAN_BN ?
-				  (np->bn.nhwc ? (np->bn.ex ? (np->bn.ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION ?
-								       "cudnn Ex nhwc, relu fused" : "cudnn Ex nhwc") :
-						     "cudnn nhwc") :
-						(np->bn.ex ? "cudnn Ex, relu fused" : "cudnn")) :
-			  n->a.bn.sync ? "own kernels, synchronised" :
-			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
-	const char *saved = np->saved_by == LOOM_NONE ? "" :
-			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
-					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
-	const char *ex = !np->bn.bwd_ex ? "" :
-			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ACT ?
-				 ", backward Ex BN_ACTIVATION with the forward's reserve, the relu backward fused" :
-			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ADD_ACT ?
-				 ", backward Ex BN_ADD_ACTIVATION with the forward's reserve, writes dz" :
-				 ", backward Ex with the forward's reserve";
-	snprintf(buf, len, "%s%s%s%s%s%s", how, saved,
-		 np->bn.reserve_slot ? " and the Ex reserve" : "",
-		 np->bn.own_makes ? ", writes dgamma and dbeta" : "",
-		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "", ex);
+	loom_cuda_bn_note(c, p, v, buf, len);
 }
 
 static const loom_backend loom_cuda_backend = {

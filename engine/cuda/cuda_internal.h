@@ -558,7 +558,10 @@ loom_status loom_cuda_op_linear(loom_cuda_ctx *ctx, const loom_plan *plan, loom_
 				const loom_cuda_io *io);
 loom_status loom_cuda_op_matmul(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io);
-/* bn.cu: cuDNN's calls where the node's plan took them, else own kernels */
+/* bn.cu: cuDNN's calls where the node's plan took them, else own kernels;
+ * --dump-graph's note on a batch-norm, max-pool or fused ADD node. */
+void loom_cuda_bn_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len);
 loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				     const loom_cuda_io *io);
 loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -760,6 +763,8 @@ void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
 loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux);
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
+/* --dump-graph's note on a product with a GELU epilogue or a MM plan. */
+void loom_cuda_mm_note(const loom_cuda_node_plan *np, char *buf, size_t len);
 
 /*
  * matmul_cublaslt.cu: C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch,

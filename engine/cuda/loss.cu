@@ -108,7 +108,7 @@ __global__ void loom_ce_bwd_kernel(int n, int classes, int ld, const void *logit
  * combined), and writes the row's loss; then, in the same launch, either
  * the row's log-sum-exp into the saved slot its backward reads (no
  * second reduction there), or the row's dlogits themselves, over the
- * logits (the backward is then done: backend.cu's plan_classifier says
+ * logits (the backward is then done: fuse_plan.cu's plan_classifier says
  * where the memory plan allows it). llm.c's fused classifier is the model;
  * the CPU twin computes in double, so the two agree to fp32's rounding.
  */
