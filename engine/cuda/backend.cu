@@ -144,7 +144,7 @@ static void cuda_free(void *ctx);
  * (a loader's, a user's), whose current device is another (0 unless set).
  * cudaSetDevice on the device already current is a cheap thread-local
  * check. */
-static loom_status use_device(loom_cuda_ctx *c)
+loom_status loom_cuda_use_device(loom_cuda_ctx *c)
 {
 	return LOOM_CUDA_CHECK(cudaSetDevice(c->device), c->err, sizeof(c->err));
 }
@@ -152,7 +152,7 @@ static loom_status use_device(loom_cuda_ctx *c)
 /* Every host wait of the backend passes through these two, counted
  * (cuda_counters): a replayed step should have none between run_begin
  * and run_end. */
-static cudaError_t sync_stream(loom_cuda_ctx *c, cudaStream_t s)
+cudaError_t loom_cuda_sync_stream(loom_cuda_ctx *c, cudaStream_t s)
 {
 	c->host_syncs++;
 	c->syncs_in_step += c->in_step;
@@ -365,7 +365,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	loom_status st;
 
 	*ws_bytes = 0;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	c->plans = (loom_cuda_node_plan *)calloc(p->g->n ? p->g->n : 1, sizeof(*c->plans));
 	if (!c->plans)
@@ -436,65 +436,6 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	return st;
 }
 
-/* The optimizer's slot and chunk tables, uploaded once into the arena. */
-static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
-{
-	loom_cuda_opt_slot *slots =
-		(loom_cuda_opt_slot *)calloc(p->n_pieces ? p->n_pieces : 1, sizeof(*slots));
-	loom_cuda_opt_chunk *chunks =
-		(loom_cuda_opt_chunk *)calloc(c->n_chunks ? c->n_chunks : 1, sizeof(*chunks));
-	loom_status st = LOOM_OK;
-	int k = 0;
-
-	if (!slots || !chunks) {
-		st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-		goto out_free;
-	}
-	/* One table row per optimizer piece, its addresses at its element 0. */
-	for (int s = 0; s < p->n_pieces; s++) {
-		const loom_optim_piece *pc = &p->pieces[s];
-		const loom_param_slot *sl = &p->params[pc->slot];
-		size_t psz = loom_dtype_size(p->g->nodes[sl->param].dtype);
-		size_t gsz = loom_dtype_size(p->g->nodes[sl->grad].dtype);
-		/* ZeRO-3: the parameter is its shards (whole only while gathered) */
-		slots[s].param = (p->g->nodes[sl->param].flags & LOOM_NODE_SHARDED) ? NULL :
-				 (unsigned char *)loom_arena_ptr(c->arena, p, sl->param) + pc->off * psz;
-		slots[s].grad = (unsigned char *)loom_arena_ptr(c->arena, p, sl->grad) + pc->off * gsz;
-		slots[s].master = pc->shard_master ? (void *)(c->arena->state + pc->master_off) :
-				  sl->master != LOOM_NONE ?
-					  (void *)((unsigned char *)loom_arena_ptr(c->arena, p, sl->master) +
-						   pc->off * sizeof(float)) :
-					  NULL;
-		slots[s].st0 = p->n_state > 0 ? c->arena->state + pc->state_off[0] : NULL;
-		slots[s].st1 = p->n_state > 1 ? c->arena->state + pc->state_off[1] : NULL;
-		slots[s].pack = pc->pack ? c->arena->bucket + pc->pack_off : NULL;
-		slots[s].numel = pc->n;
-		slots[s].param_dt = p->g->nodes[sl->param].dtype;
-		slots[s].grad_dt = p->g->nodes[sl->grad].dtype;
-		slots[s].state_dt = sl->state_dtype;
-		slots[s].matrix = sl->matrix;
-		for (int64_t off = 0; off < pc->n; off += LOOM_CUDA_OPT_CHUNK) {
-			chunks[k].slot = s;
-			chunks[k].off = off;
-			k++;
-		}
-	}
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_slots, slots, sizeof(*slots) * p->n_pieces,
-					     cudaMemcpyHostToDevice, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_chunks, chunks, sizeof(*chunks) * c->n_chunks,
-						     cudaMemcpyHostToDevice, c->stream),
-				     c->err, sizeof(c->err));
-	/* The host tables are freed below: wait for the copies. */
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-out_free:
-	free(chunks);
-	free(slots);
-	return st;
-}
-
 /* LOOM_CUDA_UPLOAD=graph: every input this rank holds, by arena address,
  * for the staged upload (loom_cuda_input). */
 static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_arena *arena)
@@ -525,7 +466,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 
 	c->n_chunks = 0;
@@ -614,9 +555,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 	c->host_scaler = ts->scaler;
 	c->host_step = ts->step;
-	if ((st = upload_opt_tables(c, p)) != LOOM_OK)
+	if ((st = loom_cuda_opt_tables_upload(c, p)) != LOOM_OK)
 		return st;
-	return LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+	return LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 }
 
 static void cuda_free(void *ctx)
@@ -624,16 +565,16 @@ static void cuda_free(void *ctx)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (!c)
 		return;
-	(void)use_device(c);
+	(void)loom_cuda_use_device(c);
 	/* No bucket's sum still writes into the arena freed below: the
 	 * executor waited for its collectives (loom_program_free). */
 	/* Teardown: errors here have nowhere to go and nothing to undo. */
 	if (c->stream)
-		(void)sync_stream(c, c->stream);
+		(void)loom_cuda_sync_stream(c, c->stream);
 	if (c->comm)
-		(void)sync_stream(c, c->comm);
+		(void)loom_cuda_sync_stream(c, c->comm);
 	if (c->copy)
-		(void)sync_stream(c, c->copy);
+		(void)loom_cuda_sync_stream(c, c->copy);
 	if (c->graph_exec)
 		(void)cudaGraphExecDestroy(c->graph_exec);
 	if (c->graph)
@@ -838,7 +779,7 @@ static loom_status cuda_input_slot(void *ctx, void *dst, size_t bytes, void **ho
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (!in)
@@ -1081,7 +1022,7 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 	unsigned char *d = (unsigned char *)dst;
 	loom_status st = LOOM_OK;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (in)
@@ -1113,7 +1054,7 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 /* A host-side change of the scaler or step (loom_load) since the last sync
  * goes to the device before anything reads it there. Async, from pinned
  * memory the context owns (never from this stack frame). */
-static loom_status push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
+loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
 {
 	if (memcmp(&ts->scaler, &c->host_scaler, sizeof(ts->scaler)) == 0 &&
 	    ts->step == c->host_step)
@@ -1140,36 +1081,12 @@ static loom_status push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
 	return st;
 }
 
-/* A bad label seen on the device, reported in the CPU backend's words
- * (loom_bad_label); the flags are cleared for the next step. An error
- * path: it may wait. */
-static loom_status report_bad_label(loom_cuda_ctx *c, const loom_plan *p, const loom_cuda_ctl *h)
-{
-	const loom_node *n = &p->g->nodes[h->ce_node];
-	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
-	int32_t lab = -1, clear[2] = { -1, INT32_MAX };
-	loom_status st;
-
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&lab, labels + h->ce_row, sizeof(lab),
-					     cudaMemcpyDeviceToHost, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->ce_node, clear, sizeof(clear),
-						     cudaMemcpyHostToDevice, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
-	return loom_bad_label(c->err, p, h->ce_node, lab, h->ce_row);
-}
-
 static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st = LOOM_OK;
 
-	if ((st = use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
 
 	if (bytes > 0)
@@ -1177,7 +1094,7 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 						     c->stream),
 				     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	return st;
 }
 
@@ -1189,17 +1106,17 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	loom_cuda_ctl h;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
-	if ((st = push_host_state(c, ts)) != LOOM_OK)
+	if ((st = loom_cuda_push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&h, c->ctl, sizeof(h), cudaMemcpyDeviceToHost,
 					     c->stream),
 			     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->comm), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->comm), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	/* A loss read late (loss_async) still pending: its copy has landed. */
@@ -1212,7 +1129,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	ts->step = c->host_step = h.step;
 	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return report_bad_label(c, p, &h);
+		return loom_cuda_report_bad_label(c, p, &h);
 	return LOOM_OK;
 }
 
@@ -1230,7 +1147,7 @@ static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_s
 	ts->step = c->host_step = h.step;
 	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return report_bad_label(c, p, &h);
+		return loom_cuda_report_bad_label(c, p, &h);
 	return LOOM_OK;
 }
 
@@ -1240,7 +1157,7 @@ static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *lo
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->async) {
 		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->async, 2 * sizeof(*c->async)),
@@ -1293,7 +1210,7 @@ static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = use_device(c);
+	loom_status st = loom_cuda_use_device(c);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaEventRecord(c->events[event], stream_of(c, stream)), c->err,
@@ -1305,7 +1222,7 @@ static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = use_device(c);
+	loom_status st = loom_cuda_use_device(c);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_of(c, stream), c->events[event], 0),
@@ -1424,7 +1341,7 @@ static loom_status diagnose_verdict(loom_cuda_ctx *c, loom_train_state *ts)
 							 c->stream),
 					 c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK && first >= 0)
 		ts->first_nonfinite = first;
 	return st;
@@ -1440,7 +1357,8 @@ static loom_status cuda_run_begin(void *ctx, const loom_plan *p, const loom_aren
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
 	c->diagnose = (flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE;
-	if ((st = use_device(c)) != LOOM_OK || (st = push_host_state(c, ts)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK ||
+	    (st = loom_cuda_push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	/* Staged inputs: an eager run copies them now; a replay leaves them
 	 * to the graph's copy nodes. */
@@ -1505,7 +1423,7 @@ static loom_status cuda_mark_words(void *ctx, int n, const volatile uint64_t **w
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	*words = NULL;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (n <= 0)
 		return LOOM_OK;
@@ -1567,7 +1485,7 @@ static loom_status cuda_capture_begin(void *ctx, const loom_plan *p)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	(void)p;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (c->graph_exec)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: the step was captured already");
@@ -1625,7 +1543,7 @@ static loom_status cuda_replay(void *ctx, const loom_plan *p)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	(void)p;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->graph_exec)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: replay before a capture");
@@ -1692,7 +1610,7 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	size_t bytes = p->accum_bytes ? p->accum_bytes : 64;
-	loom_status st = use_device(c);
+	loom_status st = loom_cuda_use_device(c);
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->accum_base, bytes), c->err,
 				     sizeof(c->err));
@@ -1703,134 +1621,6 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 		return st;
 	arena->accum = c->accum_base;
 	return LOOM_OK;
-}
-
-/* The fused optimizer runs over every piece at once (its chunk table, made
- * at alloc: whole slots, or under ZeRO this rank's shard). The overflow
- * check and the skip stay on the device; under ZeRO the verdict is the
- * executor's (finite), summed over the ranks. */
-static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
-			      loom_train_state *ts, int first, int last, int finite)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-	(void)arena;
-	if ((st = use_device(c)) != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the optimizer updates all its pieces at once, not pieces "
-				 "[%d, %d) of %d", first, last, p->n_pieces);
-	if ((st = push_host_state(c, ts)) != LOOM_OK)
-		return st;
-	/* ZeRO's clipping: the norm over the ranks, which the executor took
-	 * before (none on a step it knows is skipped). */
-	int norm_from = LOOM_CUDA_NORM_PARTS;
-	if (p->zero && p->opts.optim.clip_grad > 0) {
-		if (!c->zero_norm && finite != 0)
-			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
-					 "cuda: ZeRO's clipping needs the gradient norm over the "
-					 "ranks before the update (grad_sumsq or grad_sumsq_device)");
-		norm_from = c->zero_norm ? c->zero_norm : LOOM_CUDA_NORM_HOST;
-		c->zero_norm = 0;
-	}
-	/* NaN: the control block's rate (captured steps); else by value. */
-	return loom_cuda_optim_launch(c, p, c->lr_device ? NAN : ts->lr, ts->micro, finite,
-				      p->opts.optim.clip_grad,
-				      p->opts.optim.decay_matrices_only, norm_from, ts->grad_norm,
-				      c->stream);
-}
-
-/* The device, and all of the plan's pieces at once (what ZeRO's checks
- * on this backend take): else why not, naming the check. */
-static loom_status all_pieces(loom_cuda_ctx *c, const loom_plan *p, int first, int last,
-			      const char *what)
-{
-	loom_status st = use_device(c);
-	if (st != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the %s covers all pieces at once, not [%d, %d) of %d", what,
-				 first, last, p->n_pieces);
-	return LOOM_OK;
-}
-
-/* ZeRO's clipping on the device: this rank's sum of squares into
- * ctl->sumsq, in the compute stream's order, for the executor's
- * all-reduce; the next optim clips by it. No wait. */
-static loom_status cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
-					  const loom_train_state *ts, int first, int last,
-					  void **sumsq)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-	(void)arena;
-	if ((st = all_pieces(c, p, first, last, "gradient norm")) != LOOM_OK ||
-	    (st = push_host_state(c, ts)) != LOOM_OK ||
-	    (st = loom_cuda_shard_sumsq(c, p, ts->micro, c->stream)) != LOOM_OK)
-		return st;
-	c->zero_norm = LOOM_CUDA_NORM_DEVICE;
-	*sumsq = &c->ctl->sumsq;
-	return LOOM_OK;
-}
-
-/* ZeRO's clipping through the host (LOOM_ZERO_DEVICE_NORM=0, or a
- * transport that is not stream-ordered): the same sum, read back (waits);
- * the next optim clips by the executor's ts->grad_norm. */
-static loom_status cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
-				   const loom_train_state *ts, int first, int last, double *sumsq)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	void *d = NULL;
-	loom_status st = cuda_grad_sumsq_device(ctx, p, arena, ts, first, last, &d);
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(sumsq, d, sizeof(double),
-						     cudaMemcpyDeviceToHost, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-	c->zero_norm = LOOM_CUDA_NORM_HOST;
-	return st;
-}
-
-/* ZeRO, on the device: this rank's pieces checked into ctl->found_inf,
- * which the executor sums over the ranks (NCCL, in the stream's order)
- * and the decision then reads; no wait. */
-static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
-					    const loom_arena *arena, int first, int last,
-					    void **flag)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-	(void)arena;
-	if ((st = all_pieces(c, p, first, last, "overflow check")) != LOOM_OK ||
-	    (st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
-				  c->err, sizeof(c->err))) != LOOM_OK ||
-	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK)
-		return st;
-	*flag = &c->ctl->found_inf;
-	return LOOM_OK;
-}
-
-/* ZeRO through the host: the same check, the verdict read back (waits);
- * the decision takes the executor's verdict. */
-static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
-				     int first, int last, int *finite)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	int32_t bad = 0;
-	void *flag = NULL;
-	loom_status st = cuda_grads_finite_device(ctx, p, arena, first, last, &flag);
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, flag, sizeof(bad),
-						     cudaMemcpyDeviceToHost, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		*finite = !bad;
-	return st;
 }
 
 static void *cuda_stream_handle(void *ctx, loom_stream s)
@@ -1868,7 +1658,8 @@ static loom_status cuda_timer_record(void *ctx, int slot, loom_stream s)
 		return st;
 	if (slot == 0) {
 		/* The origin: the compute stream's work so far is done first. */
-		if ((st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err))) != LOOM_OK)
+		if ((st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err,
+					  sizeof(c->err))) != LOOM_OK)
 			return st;
 		c->timer0_host = loom_trace_now();
 	}
@@ -1956,11 +1747,11 @@ static const loom_backend loom_cuda_backend = {
 	.makes_sibling = cuda_makes_sibling,
 	.check_finite = cuda_check_finite,
 	.accum = cuda_accum,
-	.optim = cuda_optim,
-	.grads_finite = cuda_grads_finite,
-	.grads_finite_device = cuda_grads_finite_device,
-	.grad_sumsq = cuda_grad_sumsq,
-	.grad_sumsq_device = cuda_grad_sumsq_device,
+	.optim = loom_cuda_optim,
+	.grads_finite = loom_cuda_grads_finite,
+	.grads_finite_device = loom_cuda_grads_finite_device,
+	.grad_sumsq = loom_cuda_grad_sumsq,
+	.grad_sumsq_device = loom_cuda_grad_sumsq_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,

@@ -533,6 +533,13 @@ typedef struct loom_cuda_io {
 typedef loom_status (*loom_cuda_op_fn)(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				       const loom_cuda_io *io);
 
+/* backend.cu: the context's device made current (every entry does it
+ * first); a host wait on stream s, counted (cuda_counters); a host-side
+ * change of scaler or step (loom_load) queued for the device before
+ * anything there reads it (async, from pinned memory). */
+loom_status loom_cuda_use_device(loom_cuda_ctx *c);
+cudaError_t loom_cuda_sync_stream(loom_cuda_ctx *c, cudaStream_t s);
+loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *ts);
 /* backend.cu: leaves and views have nothing to compute. */
 loom_status loom_cuda_op_nothing(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				 const loom_cuda_io *io);
@@ -750,6 +757,27 @@ loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStre
  * reads it when given a NaN rate. */
 loom_status loom_cuda_set_lr(loom_cuda_ctx *c, double lr, cudaStream_t s);
 }
+
+/* optim.cu: the backend's optimizer entries (engine/backend.h's optim,
+ * grad_sumsq(_device), grads_finite(_device)), and the slot and chunk
+ * tables uploaded once at alloc (waits: the host tables are freed). */
+loom_status loom_cuda_opt_tables_upload(loom_cuda_ctx *c, const loom_plan *p);
+loom_status loom_cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
+			    loom_train_state *ts, int first, int last, int finite);
+loom_status loom_cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
+					const loom_train_state *ts, int first, int last,
+					void **sumsq);
+loom_status loom_cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
+				 const loom_train_state *ts, int first, int last, double *sumsq);
+loom_status loom_cuda_grads_finite_device(void *ctx, const loom_plan *p,
+					  const loom_arena *arena, int first, int last,
+					  void **flag);
+loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
+				   int first, int last, int *finite);
+/* loss.cu: a bad label the softmax-CE kernel flagged in the control block
+ * (h, read back), reported as the CPU does; the flags cleared. Waits. */
+loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
+				       const loom_cuda_ctl *h);
 
 /* ------------------------------------------------------------ libraries */
 /* matmul_cublaslt.cu: LINEAR and MATMUL. */

@@ -443,3 +443,28 @@ void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 		break;
 	}
 }
+
+/* A bad label seen on the device, reported in the CPU backend's words
+ * (loom_bad_label); the flags are cleared for the next step. An error
+ * path: it may wait. */
+loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
+				       const loom_cuda_ctl *h)
+{
+	const loom_node *n = &p->g->nodes[h->ce_node];
+	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
+	int32_t lab = -1, clear[2] = { -1, INT32_MAX };
+	loom_status st;
+
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&lab, labels + h->ce_row, sizeof(lab),
+					     cudaMemcpyDeviceToHost, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->ce_node, clear, sizeof(clear),
+						     cudaMemcpyHostToDevice, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	return loom_bad_label(c->err, p, h->ce_node, lab, h->ce_row);
+}
