@@ -1,9 +1,10 @@
 /*
  * engine/cuda/cuda_internal.h — what the CUDA backend's files share: the
  * backend context (handles, streams, events, per-node plans, the device
- * control block), the op entries (loom_cuda_op_<op>, each in its family's
- * file), the launchers of the own kernels, and the cuBLASLt / cuDNN plan
- * calls. CUDA C++ only (nvcc); the public side is cuda_backend.h.
+ * control block), the plan passes (fuse_plan.cu), the op entries
+ * (loom_cuda_op_<op>, each in its family's file, with the backend entries
+ * a family holds), the launchers of the own kernels, and the cuBLASLt /
+ * cuDNN plan calls. CUDA C++ only (nvcc); the public side is cuda_backend.h.
  */
 #ifndef LOOM_ENGINE_CUDA_INTERNAL_H
 #define LOOM_ENGINE_CUDA_INTERNAL_H
@@ -587,11 +588,31 @@ loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan 
 /* comm.cu: gradient accumulation on segment s of plan->accum, on the compute stream:
  * add it into its sum, or (fold) add the sum into it and clear the sum. */
 loom_status loom_cuda_accum(loom_cuda_ctx *ctx, const loom_plan *plan, int s, int fold);
+/* optim.cu: the backend's optimizer entries (engine/backend.h's optim,
+ * grad_sumsq(_device), grads_finite(_device)), and the slot and chunk
+ * tables uploaded once at alloc (waits: the host tables are freed). */
+loom_status loom_cuda_opt_tables_upload(loom_cuda_ctx *c, const loom_plan *p);
+loom_status loom_cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
+			    loom_train_state *ts, int first, int last, int finite);
+loom_status loom_cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
+					const loom_train_state *ts, int first, int last,
+					void **sumsq);
+loom_status loom_cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
+				 const loom_train_state *ts, int first, int last, double *sumsq);
+loom_status loom_cuda_grads_finite_device(void *ctx, const loom_plan *p,
+					  const loom_arena *arena, int first, int last,
+					  void **flag);
+loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
+				   int first, int last, int *finite);
 /* loss.cu */
 loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io);
 loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 					const loom_cuda_io *io);
+/* A bad label the softmax-CE kernel flagged in the control block
+ * (h, read back), reported as the CPU does; the flags cleared. Waits. */
+loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
+				       const loom_cuda_ctl *h);
 /* elementwise.cu */
 loom_status loom_cuda_op_cast(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 			      const loom_cuda_io *io);
@@ -757,27 +778,6 @@ loom_status loom_cuda_optim_check(loom_cuda_ctx *c, const loom_plan *p, cudaStre
  * reads it when given a NaN rate. */
 loom_status loom_cuda_set_lr(loom_cuda_ctx *c, double lr, cudaStream_t s);
 }
-
-/* optim.cu: the backend's optimizer entries (engine/backend.h's optim,
- * grad_sumsq(_device), grads_finite(_device)), and the slot and chunk
- * tables uploaded once at alloc (waits: the host tables are freed). */
-loom_status loom_cuda_opt_tables_upload(loom_cuda_ctx *c, const loom_plan *p);
-loom_status loom_cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
-			    loom_train_state *ts, int first, int last, int finite);
-loom_status loom_cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
-					const loom_train_state *ts, int first, int last,
-					void **sumsq);
-loom_status loom_cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
-				 const loom_train_state *ts, int first, int last, double *sumsq);
-loom_status loom_cuda_grads_finite_device(void *ctx, const loom_plan *p,
-					  const loom_arena *arena, int first, int last,
-					  void **flag);
-loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
-				   int first, int last, int *finite);
-/* loss.cu: a bad label the softmax-CE kernel flagged in the control block
- * (h, read back), reported as the CPU does; the flags cleared. Waits. */
-loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
-				       const loom_cuda_ctl *h);
 
 /* ------------------------------------------------------------ libraries */
 /* matmul_cublaslt.cu: LINEAR and MATMUL. */
