@@ -275,7 +275,7 @@ int loom_fuse_siblings(loom_graph *g)
 		} else if (n->op == LOOM_OP_LAYERNORM_BWD_DATA) {
 			/* (x, gamma, dy) -> dx; dgamma = layernorm_bwd_gamma(x,
 			 * dy), dbeta = channel_sum of dy's rows (any dtypes: one
-			 * own kernel writes all three, engine/cuda/gpt.cu). */
+			 * own kernel writes all three, engine/cuda/layernorm.cu). */
 			loom_value x = n->src[0], dy = n->src[2];
 			for (int u = v + 1; u < g->n; u++) {
 				const loom_node *m = &g->nodes[u];

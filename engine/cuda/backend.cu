@@ -144,7 +144,7 @@ static void cuda_free(void *ctx);
  * (a loader's, a user's), whose current device is another (0 unless set).
  * cudaSetDevice on the device already current is a cheap thread-local
  * check. */
-static loom_status use_device(loom_cuda_ctx *c)
+loom_status loom_cuda_use_device(loom_cuda_ctx *c)
 {
 	return LOOM_CUDA_CHECK(cudaSetDevice(c->device), c->err, sizeof(c->err));
 }
@@ -152,7 +152,7 @@ static loom_status use_device(loom_cuda_ctx *c)
 /* Every host wait of the backend passes through these two, counted
  * (cuda_counters): a replayed step should have none between run_begin
  * and run_end. */
-static cudaError_t sync_stream(loom_cuda_ctx *c, cudaStream_t s)
+cudaError_t loom_cuda_sync_stream(loom_cuda_ctx *c, cudaStream_t s)
 {
 	c->host_syncs++;
 	c->syncs_in_step += c->in_step;
@@ -232,6 +232,42 @@ static int cuda_supports_node(void *ctx, const loom_plan *p, loom_value v)
 	return 1;
 }
 
+/*
+ * The ops whose CUDA entries are own kernels that read each source in its
+ * dtype and write theirs in its own (loom_ld / loom_st, fp32 inside, one
+ * rounding on the way out): a narrowing cast after one of them folds into
+ * it, a widening cast before them goes into its readers (graph/fuse.c).
+ * Not the library calls (products, convolutions, cuDNN's batch norm: one
+ * dtype for all operands), nor the attention (its cuBLASLt products want
+ * their sources alike), nor pooling and batch norm's own kernels (not
+ * checked for it). None under LOOM_CUDA_FOLD_CASTS=0, read at compile time.
+ */
+static int loom_cuda_takes_any_dtype(loom_op op)
+{
+	const char *e = getenv("LOOM_CUDA_FOLD_CASTS");
+	if (e && !strcmp(e, "0"))
+		return 0;
+	switch (op) {
+	case LOOM_OP_ADD:
+	case LOOM_OP_RELU:
+	case LOOM_OP_RELU_BWD:
+	case LOOM_OP_CHANNEL_SUM:
+	case LOOM_OP_SOFTMAX_CE:
+	case LOOM_OP_SOFTMAX_CE_BWD:
+	case LOOM_OP_EMBEDDING:
+	case LOOM_OP_EMBEDDING_BWD:
+	case LOOM_OP_LAYERNORM:
+	case LOOM_OP_LAYERNORM_BWD_DATA:
+	case LOOM_OP_LAYERNORM_BWD_GAMMA:
+#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
+	LOOM_UNARY_OPS(UNARY_CASE)
+#undef UNARY_CASE
+		return 1;
+	default:
+		return 0;
+	}
+}
+
 /* ------------------------------------------------------------ planning */
 
 /* Library calls take every operand in the node's dtype: a source of another
@@ -286,15 +322,21 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		if (c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
 			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
-	case LOOM_OP_LAYERNORM_BWD_DATA: /* one pass with its siblings (gpt.cu) */
+	case LOOM_OP_LAYERNORM_BWD_DATA: /* one pass with its siblings (layernorm.cu) */
 		st = loom_cuda_ln_plan_make(p, c, v, np);
+		break;
+	case LOOM_OP_LAYERNORM_BWD_GAMMA:
+		np->ws = loom_cuda_ln_bwd_gamma_ws(p, v);
+		break;
+	case LOOM_OP_EMBEDDING_BWD:
+		np->ws = loom_cuda_embedding_bwd_ws(p, v);
 		break;
 	case LOOM_OP_ATTN_PROBS:
 	case LOOM_OP_ATTN_PROBS_BWD:
 		if (n->a.attn.fused) /* cuDNN's SDPA (sdpa_cudnn.cu) */
 			st = loom_cuda_sdpa_plan_make(p, c, v, np);
 		else
-			np->ws = loom_cuda_gpt_ws(p, v);
+			np->ws = loom_cuda_attn_ws(p, v);
 		break;
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
@@ -303,7 +345,7 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		np->ws = loom_cuda_align(sizeof(double) * LOOM_CUDA_SUM_PARTS);
 		break;
 	default:
-		np->ws = loom_cuda_gpt_ws(p, v); /* 0 for the others */
+		np->ws = 0;
 		break;
 	}
 	return st;
@@ -317,552 +359,13 @@ static int env_switch(const char *name, int dflt)
 	return e && *e ? strcmp(e, "0") != 0 : dflt;
 }
 
-/* Which statistics batch-norm node v writes or reads in a saved slot: 1
- * cuDNN's (f32 mean and inverse std), 2 the split kernels' (f64 mean and
- * biased variance), 0 none. A forward and its backward share a slot only
- * when they agree. */
-static int bn_family(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
-{
-	const loom_node *n = &p->g->nodes[v];
-	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
-		return 1;
-	return !n->a.bn.sync && c->bn_split ? 2 : 0;
-}
-
-/* Whether backward node w is the backward of forward node f: same x, the
- * same attributes where they matter. */
-static int bn_pair(const loom_plan *p, loom_value f, loom_value w)
-{
-	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
-	return (b->op == LOOM_OP_BN_BWD_DATA || b->op == LOOM_OP_BN_BWD_GAMMA) &&
-	       b->src[0] == a->src[0] && b->a.bn.eps == a->a.bn.eps && b->a.bn.sync == a->a.bn.sync;
-}
-
-static int pool_pair(const loom_plan *p, loom_value f, loom_value w)
-{
-	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
-	if (b->op != LOOM_OP_MAXPOOL2D_BWD || b->src[0] != a->src[0])
-		return 0;
-	loom_pool_shape sa, sb;
-	loom_pool_shape_of(p->g, f, &sa);
-	loom_pool_shape_of(p->g, w, &sb);
-	return sa.k == sb.k && sa.stride == sb.stride && sa.pad == sb.pad && sa.relu == sb.relu &&
-	       sa.h_out == sb.h_out && sa.w_out == sb.w_out;
-}
-
-/* Whether w is the backward that reads GPT forward f's saved slot: layer
- * norm's one-pass backward of the same x and eps; the softmax-CE backward
- * of the same logits and labels. */
-static int gpt_pair(const loom_cuda_ctx *c, const loom_plan *p, loom_value f, loom_value w)
-{
-	const loom_node *a = &p->g->nodes[f], *b = &p->g->nodes[w];
-	if (a->op == LOOM_OP_LAYERNORM)
-		return b->op == LOOM_OP_LAYERNORM_BWD_DATA && b->src[0] == a->src[0] &&
-		       b->a.ln.eps == a->a.ln.eps && c->plans[w].kind == LOOM_CUDA_PLAN_LN;
-	return b->op == LOOM_OP_SOFTMAX_CE_BWD && b->src[0] == a->src[0] && b->src[1] == a->src[1];
-}
-
-/* A saved slot for layer norm (ln) or softmax-CE forward f, shared with
- * its backward: only where one forward reads that source and a backward
- * reads the slot. */
-static void plan_saved_gpt(loom_cuda_ctx *c, const loom_plan *p, loom_value f, int ln)
-{
-	const loom_graph *g = p->g;
-	const loom_node *n = &g->nodes[f];
-	int readers = 0, twins = 0;
-	for (loom_value w = 0; w < g->n; w++) {
-		if (w != f && g->nodes[w].op == n->op && g->nodes[w].src[0] == n->src[0])
-			twins++;
-		readers += gpt_pair(c, p, f, w);
-	}
-	if (!readers || twins)
-		return;
-	const loom_node *x = &g->nodes[n->src[0]];
-	size_t bytes = ln ? 2 * sizeof(double) * (size_t)loom_shape_rows(&x->shape) :
-			    sizeof(float) * (size_t)x->shape.dims[0];
-	for (loom_value w = 0; w < g->n; w++)
-		if (w == f || gpt_pair(c, p, f, w)) {
-			c->plans[w].saved_by = f;
-			c->plans[w].saved_off = c->saved_bytes;
-		}
-	c->saved_bytes += loom_cuda_align(bytes);
-}
-
-/*
- * The saved region: a slot per batch-norm forward (its statistics) and per
- * max-pool forward (its argmax, one byte per output) whose backward the
- * graph has, shared by that backward. Outside the graph's memory plan: the
- * graph has no value for them (a node has one output), and they are small
- * (ResNet-50 b64: 12.8 MB of pool indices, 0.4 MB of statistics). Left
- * empty under pipeline stages, where a micro-batch's forward would
- * overwrite the slot before the previous one's backward read it, and
- * where a forward's x has more than one forward reading it.
- */
-static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
-{
-	const loom_graph *g = p->g;
-	c->saved_bytes = 0;
-	if (p->pipe)
-		return;
-	for (loom_value f = 0; f < g->n; f++) {
-		const loom_node *n = &g->nodes[f];
-		int bn = n->op == LOOM_OP_BATCHNORM2D && c->bn_save && bn_family(c, p, f);
-		int pool = n->op == LOOM_OP_MAXPOOL2D && c->pool_idx;
-		/* Layer norm's rows' mean and rstd (f64), the softmax-CE's rows'
-		 * log-sum-exp (f32) when its forward does not do the backward. */
-		int ln = n->op == LOOM_OP_LAYERNORM && c->ln_save && loom_cuda_ln_fused_on;
-		int ce = n->op == LOOM_OP_SOFTMAX_CE && c->classifier && c->plans[f].ce_bwd == LOOM_NONE;
-		if (ln || ce) {
-			plan_saved_gpt(c, p, f, ln);
-			continue;
-		}
-		if (!bn && !pool)
-			continue;
-		loom_pool_shape ps;
-		if (pool) {
-			loom_pool_shape_of(g, f, &ps);
-			if (ps.k * ps.k >= 255) /* the index must fit a byte (255: none) */
-				continue;
-		}
-		int readers = 0, twins = 0;
-		for (loom_value w = 0; w < g->n; w++) {
-			if (w != f && g->nodes[w].op == n->op && g->nodes[w].src[0] == n->src[0])
-				twins++;
-			if (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
-				 pool_pair(p, f, w))
-				readers++;
-		}
-		if (!readers || twins)
-			continue;
-		const int64_t ch = g->nodes[n->src[0]].shape.dims[1];
-		/* An NHWC forward through the Ex call keeps its reserve here for
-		 * the Ex backward (LOOM_CUDA_BN_BWD_EX), after the statistics. */
-		loom_cuda_bn_plan *fb = &c->plans[f].bn;
-		fb->reserve_slot = bn && c->bn_bwd_ex && bn_family(c, p, f) == 1 && fb->nhwc &&
-				   fb->ex && fb->reserve_max > 0;
-		size_t bytes = bn ? loom_cuda_bn_slot_bytes(ch, fb->reserve_slot ? fb->reserve_max : 0) :
-				    (size_t)loom_shape_numel(&n->shape);
-		for (loom_value w = 0; w < g->n; w++)
-			if (w == f || (bn ? bn_pair(p, f, w) && bn_family(c, p, w) == bn_family(c, p, f) :
-					    pool_pair(p, f, w))) {
-				c->plans[w].saved_by = f;
-				c->plans[w].saved_off = c->saved_bytes;
-			}
-		c->saved_bytes += loom_cuda_align(bytes);
-	}
-}
-
-/* Every reader of value x is one of the n nodes in ok. */
-static int read_only_by(const loom_graph *g, loom_value x, const loom_value *ok, int n)
-{
-	for (loom_value w = 0; w < g->n; w++)
-		for (int i = 0; i < g->nodes[w].nsrc; i++) {
-			if (g->nodes[w].src[i] != x)
-				continue;
-			int fine = 0;
-			for (int k = 0; k < n; k++)
-				fine |= w == ok[k];
-			if (!fine)
-				return 0;
-		}
-	return 1;
-}
-
-/* Whether the bytes of x (its storage and every view of it: GPT's
- * logits are a reshape of the product's output) are read by ok[0] and
- * ok[1] alone, through x, and none of them is an output. */
-static int logits_private(const loom_plan *p, loom_value x, const loom_value *ok)
-{
-	const loom_graph *g = p->g;
-	const loom_value root = p->mp.root[x];
-	for (loom_value a = 0; a < g->n; a++) {
-		if (p->mp.root[a] != root)
-			continue;
-		if (g->nodes[a].flags & LOOM_NODE_OUTPUT)
-			return 0;
-		if (a == x) {
-			if (!read_only_by(g, a, ok, 2))
-				return 0;
-			continue;
-		}
-		/* Another alias: read only by views on the way to x. */
-		for (loom_value w = 0; w < g->n; w++)
-			for (int i = 0; i < g->nodes[w].nsrc; i++)
-				if (g->nodes[w].src[i] == a && p->mp.root[w] != root)
-					return 0;
-	}
-	return 1;
-}
-
-/*
- * The fused classifier (LOOM_CUDA_CLASSIFIER): a softmax-CE forward f
- * writes its backward w's dlogits itself, in the same launch, where
- * - w is the one backward of f's logits and labels, and its dloss is the
- *   graph's seed (the loss scale, which the control block holds when the
- *   forward runs);
- * - the memory plan put dlogits exactly on the logits (the backward's
- *   in-place slot), and nothing else reads the logits (no output, no view):
- *   from f on, the logits' bytes are then nobody's but w's.
- * Without pipeline stages (a later micro-batch's forward would overwrite
- * the gradient of the one before). w is then skipped in a training run.
- */
-static loom_value classifier_bwd(const loom_plan *p, loom_value f)
-{
-	const loom_graph *g = p->g;
-	const loom_node *n = &g->nodes[f];
-	if (n->op != LOOM_OP_SOFTMAX_CE || p->pipe)
-		return LOOM_NONE;
-	loom_value bwd = LOOM_NONE;
-	int pairs = 0;
-	for (loom_value w = 0; w < g->n; w++) {
-		const loom_node *b = &g->nodes[w];
-		if (b->op == LOOM_OP_SOFTMAX_CE_BWD && b->src[0] == n->src[0] && b->src[1] == n->src[1]) {
-			bwd = w;
-			pairs++;
-		}
-	}
-	loom_value x = n->src[0];
-	if (pairs != 1 || g->nodes[g->nodes[bwd].src[2]].op != LOOM_OP_GRAD_SEED)
-		return LOOM_NONE;
-	const loom_value ok[2] = { f, bwd };
-	int same;
-	if (!logits_private(p, x, ok) || !loom_cuda_bytes_meet(p, bwd, x, &same) || !same)
-		return LOOM_NONE;
-	return bwd;
-}
-
-static void plan_classifier(loom_cuda_ctx *c, const loom_plan *p)
-{
-	if (!c->classifier)
-		return;
-	for (loom_value f = 0; f < p->g->n; f++) {
-		loom_value bwd = classifier_bwd(p, f);
-		if (bwd == LOOM_NONE)
-			continue;
-		c->plans[f].ce_bwd = bwd;
-		c->plans[bwd].fused_into = f;
-	}
-}
-
-/* Test hook: the plan-level choices above and matmul_cublaslt.cu's
- * loom_cuda_gelu_partner on any compiled plan, with no device. */
-extern "C" void loom_cuda_test_gpt_fusions(const void *plan, int *ce_fused, int *gelu_aux,
-					   int *dgelu)
-{
-	const loom_plan *p = (const loom_plan *)plan;
-	*ce_fused = *gelu_aux = *dgelu = 0;
-	for (loom_value v = 0; v < p->g->n; v++) {
-		*ce_fused += classifier_bwd(p, v) != LOOM_NONE;
-		const loom_op op = (loom_op)p->g->nodes[v].op;
-		if (op != LOOM_OP_LINEAR && op != LOOM_OP_MATMUL)
-			continue;
-		int dg;
-		loom_value aux;
-		if (loom_cuda_gelu_partner(p, v, &dg, &aux) != LOOM_NONE)
-			(dg ? *dgelu : *gelu_aux) += 1;
-	}
-}
-
-/* Can the split backward b read relu backward r's sources (y, dy) in
- * r's place: r read by b and the siblings b writes alone, the same dtype
- * through (dr = dy or 0 exactly), no node computed between the two (so
- * y and dy still hold their values: their bytes may only have been given
- * to r's own output, which is never written, or to what b writes), and
- * every value b writes either apart from everything it reads or exactly
- * on it (each element read before it is written, by one thread). */
-static int relu_bwd_fusable(const loom_cuda_ctx *c, const loom_plan *p, loom_value b,
-			    loom_value r, const int *step_of)
-{
-	const loom_graph *g = p->g;
-	const loom_node *bn = &g->nodes[b], *rn = &g->nodes[r];
-	const loom_cuda_bn_plan *bp = &c->plans[b].bn;
-	if (rn->op != LOOM_OP_RELU_BWD || (rn->flags & LOOM_NODE_OUTPUT) || step_of[r] < 0 ||
-	    step_of[b] <= step_of[r])
-		return 0;
-	loom_value y = rn->src[0], dy = rn->src[1];
-	if (rn->dtype != g->nodes[dy].dtype ||
-	    loom_shape_numel(&g->nodes[y].shape) != loom_shape_numel(&rn->shape))
-		return 0;
-	for (loom_value w = 0; w < g->n; w++)
-		for (int i = 0; i < g->nodes[w].nsrc; i++)
-			if (g->nodes[w].src[i] == r && w != b &&
-			    !(bp->own_makes && (w == bp->dgamma || w == bp->dbeta)))
-				return 0;
-	for (int i = step_of[r] + 1; i < step_of[b]; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && !p->steps[i].noop)
-			return 0;
-	const loom_value reads[4] = { bn->src[0], bn->src[1], y, dy };
-	const loom_value writes[3] = { b, bp->own_makes ? bp->dgamma : LOOM_NONE,
-				       bp->own_makes ? bp->dbeta : LOOM_NONE };
-	for (int wi = 0; wi < 3; wi++)
-		for (int ri = 0; writes[wi] != LOOM_NONE && ri < 4; ri++) {
-			int same;
-			if (loom_cuda_bytes_meet(p, writes[wi], reads[ri], &same) && !(wi == 0 && same))
-				return 0;
-		}
-	return 1;
-}
-
-/*
- * Filters kept KRSC for the step (LOOM_CUDA_CONV_KRSC, on by default;
- * compiled, not run): loom holds weights KCRS, cuDNN's NHWC kernels read
- * KRSC, and each NHWC convolution reordered its filter into ws at every
- * call. A filter that two or more NHWC convolutions read (the forward and
- * the data gradient) gets a slot of the saved region, written by the first
- * of them in the steps (a step's value never changes within a run, and
- * every run that runs a later reader runs the first) and read by the rest.
- * ResNet-50 fp16: about 50 MB of copies.
- */
-static loom_status plan_conv_krsc(loom_cuda_ctx *c, const loom_plan *p)
-{
-	const loom_graph *g = p->g;
-	if (!c->conv_krsc || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	if (!step_of)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	for (loom_value w = 0; w < g->n; w++) {
-		loom_value first = LOOM_NONE;
-		int readers = 0;
-		for (int pass = 0; pass < 2; pass++)
-			for (loom_value v = 0; v < g->n; v++) {
-				const loom_node *n = &g->nodes[v];
-				const loom_cuda_conv_plan *cp = &c->plans[v].conv;
-				if (c->plans[v].kind != LOOM_CUDA_PLAN_CONV ||
-				    n->op == LOOM_OP_CONV2D_BWD_FILTER || n->src[1] != w || !cp->ro[1] ||
-				    cp->fmt != LOOM_FORMAT_NHWC || cp->f32 || step_of[v] < 0)
-					continue;
-				if (pass == 0) {
-					if (first == LOOM_NONE || step_of[v] < step_of[first])
-						first = v;
-					continue;
-				}
-				if (n->dtype == g->nodes[first].dtype)
-					readers++;
-			}
-		if (readers < 2)
-			continue;
-		const size_t off = c->saved_bytes;
-		for (loom_value v = 0; v < g->n; v++) {
-			const loom_node *n = &g->nodes[v];
-			loom_cuda_conv_plan *cp = &c->plans[v].conv;
-			if (c->plans[v].kind != LOOM_CUDA_PLAN_CONV || n->op == LOOM_OP_CONV2D_BWD_FILTER ||
-			    n->src[1] != w || !cp->ro[1] || cp->fmt != LOOM_FORMAT_NHWC || cp->f32 ||
-			    step_of[v] < 0 || n->dtype != g->nodes[first].dtype)
-				continue;
-			cp->krsc_by = first;
-			cp->krsc_off = off;
-		}
-		c->saved_bytes += loom_cuda_align((size_t)loom_shape_numel(&g->nodes[w].shape) *
-						  loom_dtype_size(g->nodes[first].dtype));
-	}
-	free(step_of);
-	return LOOM_OK;
-}
-
-/* The relu backwards the split batch-norm backward takes over
- * (LOOM_CUDA_BN_RELU_BWD): ResNet's bn -> relu pairs, whose forward
- * graph/fuse.c already fused. */
-static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
-{
-	const loom_graph *g = p->g;
-	if (!c->bn_relu_bwd || !c->bn_split || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	if (!step_of)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	for (loom_value b = 0; b < g->n; b++) {
-		const loom_node *bn = &g->nodes[b];
-		if (bn->op != LOOM_OP_BN_BWD_DATA || bn->a.bn.sync ||
-		    c->plans[b].kind != LOOM_CUDA_PLAN_NONE)
-			continue;
-		loom_value r = bn->src[2];
-		if (!relu_bwd_fusable(c, p, b, r, step_of))
-			continue;
-		c->plans[b].bn.relu_bwd = r;
-		c->plans[b].bn.relu_y = g->nodes[r].src[0];
-		c->plans[b].bn.relu_dy = g->nodes[r].src[1];
-		c->plans[r].fused_into = b;
-	}
-	free(step_of);
-	return LOOM_OK;
-}
-
-/* Whether node v's kernel takes its operands in the formats the planner
- * gave them (formats.c decides; this checks that the plans made agree, so
- * that a mismatch is a compile error naming the node, never NHWC bytes
- * read as NCHW). */
-static int formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
-{
-	const loom_node *n = &p->g->nodes[v];
-	int nhwc = n->format == LOOM_FORMAT_NHWC;
-	for (int i = 0; i < n->nsrc; i++)
-		nhwc |= p->g->nodes[n->src[i]].format == LOOM_FORMAT_NHWC;
-	if (!nhwc || loom_op_is_leaf(n->op))
-		return 1;
-	switch (n->op) {
-	case LOOM_OP_CONV2D:
-	case LOOM_OP_CONV2D_BWD_DATA:
-	case LOOM_OP_CONV2D_BWD_FILTER:
-	case LOOM_OP_REORDER:
-	case LOOM_OP_RESHAPE:
-	case LOOM_OP_RELU:
-	case LOOM_OP_RELU_BWD:
-	case LOOM_OP_ADD:
-	case LOOM_OP_CAST:
-	case LOOM_OP_MAXPOOL2D:
-	case LOOM_OP_MAXPOOL2D_BWD:
-	case LOOM_OP_GLOBAL_AVGPOOL:
-	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
-#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
-		LOOM_UNARY_OPS(UNARY_CASE)
-#undef UNARY_CASE
-		return 1;
-	case LOOM_OP_BATCHNORM2D:
-	case LOOM_OP_BN_BWD_DATA:
-		return c->plans[v].kind == LOOM_CUDA_PLAN_BN;
-	case LOOM_OP_BN_BWD_GAMMA:
-	case LOOM_OP_CHANNEL_SUM:
-		return n->made_by != LOOM_NONE && loom_cuda_plan_makes(&c->plans[n->made_by], v);
-	default:
-		return 0;
-	}
-}
-
-/*
- * Batch norm + residual add + relu as one cuDNN call (LOOM_CUDA_BN_ADD,
- * on by default; NHWC only, where cuDNN has it): ResNet's bn3 -> add ->
- * relu. The ADD node a (relu fused, NHWC) runs cudnnBatchNormalization-
- * ForwardTrainingEx with BN_ADD_ACTIVATION in place of batch norm b, its
- * one reader, writing relu(bn(x) + z) into a's output; b's own output is
- * never written (nothing else reads it) and b's step does nothing. At a's
- * step b's input x must still hold (something after a reads it: the
- * backward does), z is made, and a's output meets neither x nor z
- * (bn_fuse.c's loom_cuda_bn_add_match). The backward reads a's output in
- * the relu's backward, or in cuDNN's Ex backward with BN_ADD_ACTIVATION
- * (plan_bn_bwd_ex). Eval runs, and the diagnosis, run the two nodes as
- * they are.
- */
-static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p)
-{
-	const loom_graph *g = p->g;
-	if (!c->bn_add || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	if (!step_of)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	unsigned char *nhwc = (unsigned char *)calloc(g->n ? g->n : 1, 1);
-	loom_value *taken = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
-	if (!nhwc || !taken) {
-		free(nhwc);
-		free(taken);
-		free(step_of);
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	}
-	for (loom_value v = 0; v < g->n; v++) {
-		nhwc[v] = c->plans[v].kind == LOOM_CUDA_PLAN_BN && c->plans[v].bn.nhwc;
-		taken[v] = LOOM_NONE;
-	}
-	for (loom_value a = 0; a < g->n; a++) {
-		loom_value z, b = loom_cuda_bn_add_match(p, step_of, a, nhwc, taken, &z);
-		if (b == LOOM_NONE)
-			continue;
-		size_t ws = 0, reserve = 0;
-		if (loom_cuda_bn_add_sizes(c, &c->plans[b], &ws, &reserve) != LOOM_OK)
-			continue;
-		loom_cuda_node_plan *ap = &c->plans[a];
-		ap->bn_add = b;
-		ap->bn_add_z = z;
-		ap->bn_add_ws = ws;
-		ap->bn_add_reserve = reserve;
-		/* the reserve in ws unless the saved slot holds it (plan_saved) */
-		size_t need = loom_cuda_align(ws) +
-			      (c->plans[b].bn.reserve_slot ? 0 : loom_cuda_align(reserve));
-		if (ap->ws < need)
-			ap->ws = need;
-		c->plans[b].bn_add_by = a;
-		taken[b] = a;
-	}
-	free(nhwc);
-	free(taken);
-	free(step_of);
-	c->err[0] = 0;
-	return LOOM_OK;
-}
-
-/*
- * cuDNN's Ex backward for NHWC batch norm (LOOM_CUDA_BN_BWD_EX, on by
- * default; compiled, not run): backward b reads the statistics and the
- * reserve its forward's Ex call left in their saved slot (plan_saved), in
- * cudnnBatchNormalizationBackwardEx (CUDNN_BATCHNORM_SPATIAL_PERSISTENT),
- * its workspace after the dgamma/dbeta scratch. Where bn_fuse.c's rules
- * hold (LOOM_CUDA_BN_BWD_FUSE), the same call does the relu's backward
- * (the forward's fused relu: BN_ACTIVATION) or the add + relu's
- * (plan_bn_add's: BN_ADD_ACTIVATION, writing the relu backward's output as
- * dz, the residual branch's gradient); that relu backward then does
- * nothing. At run time the backward matches what its forward ran
- * (bn.ran_ex), else it runs the relu backward itself and the call that
- * fits (bn_cudnn.cu).
- */
-static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p)
-{
-	const loom_graph *g = p->g;
-	if (!c->bn_bwd_ex || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	unsigned char *makes = (unsigned char *)calloc(g->n ? g->n : 1, 1);
-	loom_value *add_by = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
-	if (!step_of || !makes || !add_by) {
-		free(step_of);
-		free(makes);
-		free(add_by);
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	}
-	for (loom_value v = 0; v < g->n; v++)
-		add_by[v] = c->plans[v].bn_add_by;
-	for (loom_value b = 0; b < g->n; b++) {
-		loom_cuda_node_plan *np = &c->plans[b];
-		loom_value f = np->saved_by;
-		if (g->nodes[b].op != LOOM_OP_BN_BWD_DATA || np->kind != LOOM_CUDA_PLAN_BN ||
-		    !np->bn.nhwc || f == LOOM_NONE || f == b || !c->plans[f].bn.reserve_slot)
-			continue;
-		size_t ws = 0;
-		if (loom_cuda_bn_bwd_ex_ws(c, np, &ws) != LOOM_OK)
-			continue;
-		np->bn.bwd_ex = 1;
-		np->bn.bwd_ws = ws;
-		size_t need = loom_cuda_align(2 * sizeof(float) *
-					      (size_t)g->nodes[g->nodes[b].src[0]].shape.dims[1]) +
-			      loom_cuda_align(ws);
-		if (np->lib_ws < need)
-			np->lib_ws = need;
-		if (np->ws < need)
-			np->ws = need;
-		if (!c->bn_bwd_fuse)
-			continue;
-		for (loom_value w = 0; w < g->n; w++)
-			makes[w] = w != b && loom_cuda_plan_makes(np, w);
-		loom_cuda_bn_bwd_fusion fu;
-		if (!loom_cuda_bn_bwd_match(p, step_of, b, f, add_by, makes, &fu) ||
-		    c->plans[fu.relu_bwd].fused_into != LOOM_NONE)
-			continue;
-		np->bn.fuse = fu;
-		c->plans[fu.relu_bwd].fused_into = b;
-	}
-	free(step_of);
-	free(makes);
-	free(add_by);
-	c->err[0] = 0;
-	return LOOM_OK;
-}
-
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 
 	*ws_bytes = 0;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	c->plans = (loom_cuda_node_plan *)calloc(p->g->n ? p->g->n : 1, sizeof(*c->plans));
 	if (!c->plans)
@@ -874,7 +377,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		const char *e = getenv("LOOM_CUDA_VEC");
 		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
 	}
-	loom_cuda_gpt_switches();
+	loom_cuda_emb_bucket_on = env_switch("LOOM_CUDA_EMB_BUCKET", 1);
+	loom_cuda_ln_fused_on = env_switch("LOOM_CUDA_LN_FUSED", 1);
+	loom_cuda_lt_cache_on = env_switch("LOOM_CUDA_LT_CACHE", 1);
 	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
 	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
 	c->bn_own = env_switch("LOOM_CUDA_BN_OWN", 0);
@@ -913,89 +418,21 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	for (int v = 0; v < p->g->n && st == LOOM_OK; v++)
 		st = plan_node(c, p, v);
 	loom_cuda_conv_search_end(c);
-	if (st == LOOM_OK) {
-		plan_classifier(c, p);
-		plan_saved(c, p);
-		st = plan_conv_krsc(c, p);
-	}
 	if (st == LOOM_OK)
-		st = plan_relu_bwd(c, p);
-	if (st == LOOM_OK)
-		st = plan_bn_add(c, p);
-	if (st == LOOM_OK)
-		st = plan_bn_bwd_ex(c, p);
+		st = loom_cuda_fuse_plan(c, p);
 	/* The shared workspace: the largest any node asks for, after the
-	 * passes above that widen some. */
+	 * passes over the plan (fuse_plan.cu) that widen some. */
 	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
 		if (c->plans[v].ws > *ws_bytes)
 			*ws_bytes = c->plans[v].ws;
 	for (loom_value v = 0; v < p->g->n && st == LOOM_OK; v++)
-		if (!formats_ok(c, p, v)) {
+		if (!loom_cuda_formats_ok(c, p, v)) {
 			char lb[96];
 			st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
 				       "cuda: %s holds NHWC but its kernel here is NCHW only "
 				       "(LOOM_CUDA_NHWC=0 plans NCHW)",
 				       loom_node_label(p->g, v, lb, sizeof(lb)));
 		}
-	return st;
-}
-
-/* The optimizer's slot and chunk tables, uploaded once into the arena. */
-static loom_status upload_opt_tables(loom_cuda_ctx *c, const loom_plan *p)
-{
-	loom_cuda_opt_slot *slots =
-		(loom_cuda_opt_slot *)calloc(p->n_pieces ? p->n_pieces : 1, sizeof(*slots));
-	loom_cuda_opt_chunk *chunks =
-		(loom_cuda_opt_chunk *)calloc(c->n_chunks ? c->n_chunks : 1, sizeof(*chunks));
-	loom_status st = LOOM_OK;
-	int k = 0;
-
-	if (!slots || !chunks) {
-		st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-		goto out_free;
-	}
-	/* One table row per optimizer piece, its addresses at its element 0. */
-	for (int s = 0; s < p->n_pieces; s++) {
-		const loom_optim_piece *pc = &p->pieces[s];
-		const loom_param_slot *sl = &p->params[pc->slot];
-		size_t psz = loom_dtype_size(p->g->nodes[sl->param].dtype);
-		size_t gsz = loom_dtype_size(p->g->nodes[sl->grad].dtype);
-		/* ZeRO-3: the parameter is its shards (whole only while gathered) */
-		slots[s].param = (p->g->nodes[sl->param].flags & LOOM_NODE_SHARDED) ? NULL :
-				 (unsigned char *)loom_arena_ptr(c->arena, p, sl->param) + pc->off * psz;
-		slots[s].grad = (unsigned char *)loom_arena_ptr(c->arena, p, sl->grad) + pc->off * gsz;
-		slots[s].master = pc->shard_master ? (void *)(c->arena->state + pc->master_off) :
-				  sl->master != LOOM_NONE ?
-					  (void *)((unsigned char *)loom_arena_ptr(c->arena, p, sl->master) +
-						   pc->off * sizeof(float)) :
-					  NULL;
-		slots[s].st0 = p->n_state > 0 ? c->arena->state + pc->state_off[0] : NULL;
-		slots[s].st1 = p->n_state > 1 ? c->arena->state + pc->state_off[1] : NULL;
-		slots[s].pack = pc->pack ? c->arena->bucket + pc->pack_off : NULL;
-		slots[s].numel = pc->n;
-		slots[s].param_dt = p->g->nodes[sl->param].dtype;
-		slots[s].grad_dt = p->g->nodes[sl->grad].dtype;
-		slots[s].state_dt = sl->state_dtype;
-		slots[s].matrix = sl->matrix;
-		for (int64_t off = 0; off < pc->n; off += LOOM_CUDA_OPT_CHUNK) {
-			chunks[k].slot = s;
-			chunks[k].off = off;
-			k++;
-		}
-	}
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_slots, slots, sizeof(*slots) * p->n_pieces,
-					     cudaMemcpyHostToDevice, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_chunks, chunks, sizeof(*chunks) * c->n_chunks,
-						     cudaMemcpyHostToDevice, c->stream),
-				     c->err, sizeof(c->err));
-	/* The host tables are freed below: wait for the copies. */
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-out_free:
-	free(chunks);
-	free(slots);
 	return st;
 }
 
@@ -1029,7 +466,7 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 
 	c->n_chunks = 0;
@@ -1118,9 +555,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 	c->host_scaler = ts->scaler;
 	c->host_step = ts->step;
-	if ((st = upload_opt_tables(c, p)) != LOOM_OK)
+	if ((st = loom_cuda_opt_tables_upload(c, p)) != LOOM_OK)
 		return st;
-	return LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+	return LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 }
 
 static void cuda_free(void *ctx)
@@ -1128,16 +565,16 @@ static void cuda_free(void *ctx)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (!c)
 		return;
-	(void)use_device(c);
+	(void)loom_cuda_use_device(c);
 	/* No bucket's sum still writes into the arena freed below: the
 	 * executor waited for its collectives (loom_program_free). */
 	/* Teardown: errors here have nowhere to go and nothing to undo. */
 	if (c->stream)
-		(void)sync_stream(c, c->stream);
+		(void)loom_cuda_sync_stream(c, c->stream);
 	if (c->comm)
-		(void)sync_stream(c, c->comm);
+		(void)loom_cuda_sync_stream(c, c->comm);
 	if (c->copy)
-		(void)sync_stream(c, c->copy);
+		(void)loom_cuda_sync_stream(c, c->copy);
 	if (c->graph_exec)
 		(void)cudaGraphExecDestroy(c->graph_exec);
 	if (c->graph)
@@ -1342,7 +779,7 @@ static loom_status cuda_input_slot(void *ctx, void *dst, size_t bytes, void **ho
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (!in)
@@ -1585,7 +1022,7 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 	unsigned char *d = (unsigned char *)dst;
 	loom_status st = LOOM_OK;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (in)
@@ -1617,7 +1054,7 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 /* A host-side change of the scaler or step (loom_load) since the last sync
  * goes to the device before anything reads it there. Async, from pinned
  * memory the context owns (never from this stack frame). */
-static loom_status push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
+loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
 {
 	if (memcmp(&ts->scaler, &c->host_scaler, sizeof(ts->scaler)) == 0 &&
 	    ts->step == c->host_step)
@@ -1644,36 +1081,12 @@ static loom_status push_host_state(loom_cuda_ctx *c, const loom_train_state *ts)
 	return st;
 }
 
-/* A bad label seen on the device, reported in the CPU backend's words
- * (loom_bad_label); the flags are cleared for the next step. An error
- * path: it may wait. */
-static loom_status report_bad_label(loom_cuda_ctx *c, const loom_plan *p, const loom_cuda_ctl *h)
-{
-	const loom_node *n = &p->g->nodes[h->ce_node];
-	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
-	int32_t lab = -1, clear[2] = { -1, INT32_MAX };
-	loom_status st;
-
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&lab, labels + h->ce_row, sizeof(lab),
-					     cudaMemcpyDeviceToHost, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->ce_node, clear, sizeof(clear),
-						     cudaMemcpyHostToDevice, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
-	return loom_bad_label(c->err, p, h->ce_node, lab, h->ce_row);
-}
-
 static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st = LOOM_OK;
 
-	if ((st = use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
 
 	if (bytes > 0)
@@ -1681,7 +1094,7 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 						     c->stream),
 				     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	return st;
 }
 
@@ -1693,17 +1106,17 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	loom_cuda_ctl h;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK || (st = inputs_queue(c, 1)) != LOOM_OK)
 		return st;
-	if ((st = push_host_state(c, ts)) != LOOM_OK)
+	if ((st = loom_cuda_push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&h, c->ctl, sizeof(h), cudaMemcpyDeviceToHost,
 					     c->stream),
 			     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->comm), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->comm), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	/* A loss read late (loss_async) still pending: its copy has landed. */
@@ -1716,7 +1129,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 	ts->step = c->host_step = h.step;
 	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return report_bad_label(c, p, &h);
+		return loom_cuda_report_bad_label(c, p, &h);
 	return LOOM_OK;
 }
 
@@ -1734,7 +1147,7 @@ static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_s
 	ts->step = c->host_step = h.step;
 	ts->grad_norm = h.grad_norm;
 	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return report_bad_label(c, p, &h);
+		return loom_cuda_report_bad_label(c, p, &h);
 	return LOOM_OK;
 }
 
@@ -1744,7 +1157,7 @@ static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *lo
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->async) {
 		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->async, 2 * sizeof(*c->async)),
@@ -1797,7 +1210,7 @@ static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = use_device(c);
+	loom_status st = loom_cuda_use_device(c);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaEventRecord(c->events[event], stream_of(c, stream)), c->err,
@@ -1809,7 +1222,7 @@ static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = use_device(c);
+	loom_status st = loom_cuda_use_device(c);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_of(c, stream), c->events[event], 0),
@@ -1928,7 +1341,7 @@ static loom_status diagnose_verdict(loom_cuda_ctx *c, loom_train_state *ts)
 							 c->stream),
 					 c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK && first >= 0)
 		ts->first_nonfinite = first;
 	return st;
@@ -1944,7 +1357,8 @@ static loom_status cuda_run_begin(void *ctx, const loom_plan *p, const loom_aren
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
 	c->diagnose = (flags & LOOM_EXEC_DIAGNOSE) && ts->first_nonfinite == LOOM_NONE;
-	if ((st = use_device(c)) != LOOM_OK || (st = push_host_state(c, ts)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK ||
+	    (st = loom_cuda_push_host_state(c, ts)) != LOOM_OK)
 		return st;
 	/* Staged inputs: an eager run copies them now; a replay leaves them
 	 * to the graph's copy nodes. */
@@ -2009,7 +1423,7 @@ static loom_status cuda_mark_words(void *ctx, int n, const volatile uint64_t **w
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	*words = NULL;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (n <= 0)
 		return LOOM_OK;
@@ -2071,7 +1485,7 @@ static loom_status cuda_capture_begin(void *ctx, const loom_plan *p)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	(void)p;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (c->graph_exec)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: the step was captured already");
@@ -2129,7 +1543,7 @@ static loom_status cuda_replay(void *ctx, const loom_plan *p)
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
 	(void)p;
-	if ((st = use_device(c)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->graph_exec)
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE, "cuda: replay before a capture");
@@ -2196,7 +1610,7 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	size_t bytes = p->accum_bytes ? p->accum_bytes : 64;
-	loom_status st = use_device(c);
+	loom_status st = loom_cuda_use_device(c);
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->accum_base, bytes), c->err,
 				     sizeof(c->err));
@@ -2207,134 +1621,6 @@ static loom_status cuda_alloc_accum(void *ctx, const loom_plan *p, loom_arena *a
 		return st;
 	arena->accum = c->accum_base;
 	return LOOM_OK;
-}
-
-/* The fused optimizer runs over every piece at once (its chunk table, made
- * at alloc: whole slots, or under ZeRO this rank's shard). The overflow
- * check and the skip stay on the device; under ZeRO the verdict is the
- * executor's (finite), summed over the ranks. */
-static loom_status cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
-			      loom_train_state *ts, int first, int last, int finite)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-	(void)arena;
-	if ((st = use_device(c)) != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the optimizer updates all its pieces at once, not pieces "
-				 "[%d, %d) of %d", first, last, p->n_pieces);
-	if ((st = push_host_state(c, ts)) != LOOM_OK)
-		return st;
-	/* ZeRO's clipping: the norm over the ranks, which the executor took
-	 * before (none on a step it knows is skipped). */
-	int norm_from = LOOM_CUDA_NORM_PARTS;
-	if (p->zero && p->opts.optim.clip_grad > 0) {
-		if (!c->zero_norm && finite != 0)
-			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
-					 "cuda: ZeRO's clipping needs the gradient norm over the "
-					 "ranks before the update (grad_sumsq or grad_sumsq_device)");
-		norm_from = c->zero_norm ? c->zero_norm : LOOM_CUDA_NORM_HOST;
-		c->zero_norm = 0;
-	}
-	/* NaN: the control block's rate (captured steps); else by value. */
-	return loom_cuda_optim_launch(c, p, c->lr_device ? NAN : ts->lr, ts->micro, finite,
-				      p->opts.optim.clip_grad,
-				      p->opts.optim.decay_matrices_only, norm_from, ts->grad_norm,
-				      c->stream);
-}
-
-/* The device, and all of the plan's pieces at once (what ZeRO's checks
- * on this backend take): else why not, naming the check. */
-static loom_status all_pieces(loom_cuda_ctx *c, const loom_plan *p, int first, int last,
-			      const char *what)
-{
-	loom_status st = use_device(c);
-	if (st != LOOM_OK)
-		return st;
-	if (first != 0 || last != p->n_pieces)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
-				 "cuda: the %s covers all pieces at once, not [%d, %d) of %d", what,
-				 first, last, p->n_pieces);
-	return LOOM_OK;
-}
-
-/* ZeRO's clipping on the device: this rank's sum of squares into
- * ctl->sumsq, in the compute stream's order, for the executor's
- * all-reduce; the next optim clips by it. No wait. */
-static loom_status cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
-					  const loom_train_state *ts, int first, int last,
-					  void **sumsq)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-	(void)arena;
-	if ((st = all_pieces(c, p, first, last, "gradient norm")) != LOOM_OK ||
-	    (st = push_host_state(c, ts)) != LOOM_OK ||
-	    (st = loom_cuda_shard_sumsq(c, p, ts->micro, c->stream)) != LOOM_OK)
-		return st;
-	c->zero_norm = LOOM_CUDA_NORM_DEVICE;
-	*sumsq = &c->ctl->sumsq;
-	return LOOM_OK;
-}
-
-/* ZeRO's clipping through the host (LOOM_ZERO_DEVICE_NORM=0, or a
- * transport that is not stream-ordered): the same sum, read back (waits);
- * the next optim clips by the executor's ts->grad_norm. */
-static loom_status cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
-				   const loom_train_state *ts, int first, int last, double *sumsq)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	void *d = NULL;
-	loom_status st = cuda_grad_sumsq_device(ctx, p, arena, ts, first, last, &d);
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(sumsq, d, sizeof(double),
-						     cudaMemcpyDeviceToHost, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-	c->zero_norm = LOOM_CUDA_NORM_HOST;
-	return st;
-}
-
-/* ZeRO, on the device: this rank's pieces checked into ctl->found_inf,
- * which the executor sums over the ranks (NCCL, in the stream's order)
- * and the decision then reads; no wait. */
-static loom_status cuda_grads_finite_device(void *ctx, const loom_plan *p,
-					    const loom_arena *arena, int first, int last,
-					    void **flag)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-	(void)arena;
-	if ((st = all_pieces(c, p, first, last, "overflow check")) != LOOM_OK ||
-	    (st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
-				  c->err, sizeof(c->err))) != LOOM_OK ||
-	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK)
-		return st;
-	*flag = &c->ctl->found_inf;
-	return LOOM_OK;
-}
-
-/* ZeRO through the host: the same check, the verdict read back (waits);
- * the decision takes the executor's verdict. */
-static loom_status cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
-				     int first, int last, int *finite)
-{
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	int32_t bad = 0;
-	void *flag = NULL;
-	loom_status st = cuda_grads_finite_device(ctx, p, arena, first, last, &flag);
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, flag, sizeof(bad),
-						     cudaMemcpyDeviceToHost, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		*finite = !bad;
-	return st;
 }
 
 static void *cuda_stream_handle(void *ctx, loom_stream s)
@@ -2372,7 +1658,8 @@ static loom_status cuda_timer_record(void *ctx, int slot, loom_stream s)
 		return st;
 	if (slot == 0) {
 		/* The origin: the compute stream's work so far is done first. */
-		if ((st = LOOM_CUDA_CHECK(sync_stream(c, c->stream), c->err, sizeof(c->err))) != LOOM_OK)
+		if ((st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err,
+					  sizeof(c->err))) != LOOM_OK)
 			return st;
 		c->timer0_host = loom_trace_now();
 	}
@@ -2392,8 +1679,9 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 	return st;
 }
 
-/* --dump-graph: a convolution's cuDNN algorithm and how it was chosen; an
- * attention's fused plan, or why it stayed unfused. */
+/* --dump-graph: each family's note on how node v runs (conv_cudnn.cu,
+ * sdpa_cudnn.cu, loss.cu, layernorm.cu, matmul_cublaslt.cu, bn.cu), and
+ * what does a node's work where another node's call does it. */
 static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *buf, size_t len)
 {
 	const loom_cuda_ctx *c = (const loom_cuda_ctx *)ctx;
@@ -2406,8 +1694,6 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		loom_cuda_conv_note(n, &np->conv, buf, len);
 		return;
 	}
-	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
-		 n->op == LOOM_OP_BN_BWD_GAMMA;
 	if (n->op == LOOM_OP_ATTN_PROBS || n->op == LOOM_OP_ATTN_PROBS_BWD) {
 		loom_cuda_sdpa_note(p, v, np, c->attn_off, buf, len);
 		return;
@@ -2422,67 +1708,20 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 								      "the split batch-norm backward");
 		return;
 	}
-	if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD ||
-	    n->op == LOOM_OP_LAYERNORM || n->op == LOOM_OP_LAYERNORM_BWD_DATA) {
-		loom_cuda_gpt_note(c, p, v, buf, len);
+	if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD) {
+		loom_cuda_ce_note(c, p, v, buf, len);
 		return;
 	}
-	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->mm.gelu != LOOM_NONE) {
-		snprintf(buf, len, "cuBLASLt %s epilogue, writes %d", np->mm.dgelu ? "DGELU" : "GELU_AUX",
-			 (int)np->mm.gelu);
+	if (n->op == LOOM_OP_LAYERNORM || n->op == LOOM_OP_LAYERNORM_BWD_DATA) {
+		loom_cuda_ln_note(c, p, v, buf, len);
 		return;
 	}
-	/* The products' llm.c switches (matmul_cublaslt.cu), where they took. */
-	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) && np->kind == LOOM_CUDA_PLAN_MM) {
-		const loom_cuda_mm_plan *mp = &np->mm;
-		char pads[96] = "";
-		static const char *const what[3] = { "A", "B", "out" };
-		for (int i = 0, o = 0; i < 3; i++)
-			if (mp->pad[i].ld_pad && o < (int)sizeof(pads))
-				o += snprintf(pads + o, sizeof(pads) - (size_t)o, "%s%s rows %d -> %d",
-					      o ? ", " : "", what[i], mp->pad[i].ld, mp->pad[i].ld_pad);
-		if (pads[0] || mp->wide_align || mp->bgrad != LOOM_NONE)
-			snprintf(buf, len, "cuBLASLt%s%s%s%s%s", mp->bgrad != LOOM_NONE ? ", BGRADB" : "",
-				 mp->wide_align ? ", aligned " : "",
-				 mp->wide_align ? (mp->wide_align >= 256 ? "256" :
-						   mp->wide_align >= 128 ? "128" :
-						   mp->wide_align >= 64 ? "64" : "32") : "",
-				 pads[0] ? ", padded: " : "", pads);
+	if ((n->op == LOOM_OP_LINEAR || n->op == LOOM_OP_MATMUL) &&
+	    (np->mm.gelu != LOOM_NONE || np->kind == LOOM_CUDA_PLAN_MM)) {
+		loom_cuda_mm_note(np, buf, len);
 		return;
 	}
-	if (np->bn_add_by != LOOM_NONE) {
-		snprintf(buf, len, "cudnn Ex nhwc, done by %d (batch norm + add + relu) in training",
-			 (int)np->bn_add_by);
-		return;
-	}
-	if (np->bn_add != LOOM_NONE) {
-		snprintf(buf, len, "cudnn Ex BN_ADD_ACTIVATION in training: batch norm %d + add + relu",
-			 (int)np->bn_add);
-		return;
-	}
-	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
-		return;
-	const char *how = !bn ? "own kernel" :
-			  np->kind == LOOM_CUDA_PLAN_BN ?
-				  (np->bn.nhwc ? (np->bn.ex ? (np->bn.ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION ?
-								       "cudnn Ex nhwc, relu fused" : "cudnn Ex nhwc") :
-						     "cudnn nhwc") :
-						(np->bn.ex ? "cudnn Ex, relu fused" : "cudnn")) :
-			  n->a.bn.sync ? "own kernels, synchronised" :
-			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
-	const char *saved = np->saved_by == LOOM_NONE ? "" :
-			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
-					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
-	const char *ex = !np->bn.bwd_ex ? "" :
-			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ACT ?
-				 ", backward Ex BN_ACTIVATION with the forward's reserve, the relu backward fused" :
-			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ADD_ACT ?
-				 ", backward Ex BN_ADD_ACTIVATION with the forward's reserve, writes dz" :
-				 ", backward Ex with the forward's reserve";
-	snprintf(buf, len, "%s%s%s%s%s%s", how, saved,
-		 np->bn.reserve_slot ? " and the Ex reserve" : "",
-		 np->bn.own_makes ? ", writes dgamma and dbeta" : "",
-		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "", ex);
+	loom_cuda_bn_note(c, p, v, buf, len);
 }
 
 static const loom_backend loom_cuda_backend = {
@@ -2508,11 +1747,11 @@ static const loom_backend loom_cuda_backend = {
 	.makes_sibling = cuda_makes_sibling,
 	.check_finite = cuda_check_finite,
 	.accum = cuda_accum,
-	.optim = cuda_optim,
-	.grads_finite = cuda_grads_finite,
-	.grads_finite_device = cuda_grads_finite_device,
-	.grad_sumsq = cuda_grad_sumsq,
-	.grad_sumsq_device = cuda_grad_sumsq_device,
+	.optim = loom_cuda_optim,
+	.grads_finite = loom_cuda_grads_finite,
+	.grads_finite_device = loom_cuda_grads_finite_device,
+	.grad_sumsq = loom_cuda_grad_sumsq,
+	.grad_sumsq_device = loom_cuda_grad_sumsq_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,

@@ -20,7 +20,13 @@
  * the ranks in the compute stream's order (no host wait, so the step can
  * still become one CUDA graph), and the apply kernels take the global
  * statistics from there. Compiled, never yet run on a GPU.
+ *
+ * Last, loom_cuda_bn_note: the --dump-graph line on which of these paths
+ * (or cuDNN's, bn_cudnn.cu) a batch-norm node takes, with its saved slot;
+ * max pool's saved argmax (pool.cu) shares its wording.
  */
+#include <stdio.h>
+
 #include "comm/comm.h"
 #include "engine/cuda/dtype.cuh"
 
@@ -702,4 +708,50 @@ loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, l
 				      (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
 				      io->src[0], io->dt[0], io->src[1], io->dt[1], n->a.bn.eps,
 				      io->out, io->odt);
+}
+
+/* --dump-graph: how a batch-norm node runs (cuDNN or which own kernels,
+ * its saved slot, the Ex reserve and fusions), a batch norm or an add that
+ * batch norm + add + relu runs, and a max-pool node's saved argmax (the
+ * saved region's wording, shared); nothing for the other nodes. */
+void loom_cuda_bn_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const loom_node *n = &p->g->nodes[v];
+	int bn = n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA ||
+		 n->op == LOOM_OP_BN_BWD_GAMMA;
+	if (np->bn_add_by != LOOM_NONE) {
+		snprintf(buf, len, "cudnn Ex nhwc, done by %d (batch norm + add + relu) in training",
+			 (int)np->bn_add_by);
+		return;
+	}
+	if (np->bn_add != LOOM_NONE) {
+		snprintf(buf, len, "cudnn Ex BN_ADD_ACTIVATION in training: batch norm %d + add + relu",
+			 (int)np->bn_add);
+		return;
+	}
+	if (!bn && n->op != LOOM_OP_MAXPOOL2D && n->op != LOOM_OP_MAXPOOL2D_BWD)
+		return;
+	const char *how = !bn ? "own kernel" :
+			  np->kind == LOOM_CUDA_PLAN_BN ?
+				  (np->bn.nhwc ? (np->bn.ex ? (np->bn.ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION ?
+								       "cudnn Ex nhwc, relu fused" : "cudnn Ex nhwc") :
+						     "cudnn nhwc") :
+						(np->bn.ex ? "cudnn Ex, relu fused" : "cudnn")) :
+			  n->a.bn.sync ? "own kernels, synchronised" :
+			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
+	const char *saved = np->saved_by == LOOM_NONE ? "" :
+			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
+					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");
+	const char *ex = !np->bn.bwd_ex ? "" :
+			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ACT ?
+				 ", backward Ex BN_ACTIVATION with the forward's reserve, the relu backward fused" :
+			 np->bn.fuse.ops == LOOM_CUDA_BN_EX_ADD_ACT ?
+				 ", backward Ex BN_ADD_ACTIVATION with the forward's reserve, writes dz" :
+				 ", backward Ex with the forward's reserve";
+	snprintf(buf, len, "%s%s%s%s%s%s", how, saved,
+		 np->bn.reserve_slot ? " and the Ex reserve" : "",
+		 np->bn.own_makes ? ", writes dgamma and dbeta" : "",
+		 np->bn.relu_bwd != LOOM_NONE ? ", the relu backward fused" : "", ex);
 }

@@ -9,7 +9,7 @@
  * marks the last two as siblings of the first (made_by), so the one call
  * writes all three where the memory plan put them. An unmarked gradient
  * goes to scratch in ws and its own node computes it later. The forward
- * saves its mean and inverse std into the slot backend.cu's plan_saved
+ * saves its mean and inverse std into the slot fuse_plan.cu's plan_saved
  * gave it, and the backward passes them back (LOOM_CUDA_BN_SAVE); a
  * forward with a fused relu asks for the Ex call with the activation
  * (LOOM_CUDA_BN_EX) where cuDNN takes NCHW. A node the format pass put in
@@ -21,7 +21,7 @@
  * the saved slot after the statistics and the backward is
  * cudnnBatchNormalizationBackwardEx with it, doing the relu's backward
  * (BN_ACTIVATION) or the add + relu's (BN_ADD_ACTIVATION, dz) where
- * backend.cu's plan_bn_bwd_ex fused them (LOOM_CUDA_BN_BWD_FUSE): the
+ * fuse_plan.cu's plan_bn_bwd_ex fused them (LOOM_CUDA_BN_BWD_FUSE): the
  * legacy NHWC backward took 93 of 113 ms of an H100 ResNet-50 O2 step.
  * Compiled, not yet run.
  *

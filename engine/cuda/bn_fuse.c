@@ -2,7 +2,7 @@
  * engine/cuda/bn_fuse.c — the plan-level rules of cuDNN's fused batch-norm
  * calls on CUDA (bn_fuse.h): which add runs its batch norm, which
  * backward does its relu's (or its add + relu's) backward, and where the
- * forward's reserve lives. Plain C, no CUDA: backend.cu asks it, and so
+ * forward's reserve lives. Plain C, no CUDA: fuse_plan.cu asks it, and so
  * does a CPU test.
  */
 #include <stdlib.h>

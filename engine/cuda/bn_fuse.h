@@ -4,7 +4,7 @@
  * Ex backward with the forward's reserve, the relu's or the add + relu's
  * backward inside it), decided from the plan alone, in plain C, so that a
  * CPU test asks the same rules without a GPU (tests/engine/cuda:
- * test_cuda_formats). backend.cu asks these and adds what only cuDNN can
+ * test_cuda_formats). fuse_plan.cu asks these and adds what only cuDNN can
  * say (workspace and reserve sizes, a refusal).
  */
 #ifndef LOOM_ENGINE_CUDA_BN_FUSE_H

@@ -49,7 +49,7 @@ void loom_cuda_test_library_use(const void *be_ctx, int *bn_cudnn, int *bgrad_ep
  */
 void loom_cuda_test_fallbacks(const void *be_ctx, int *conv_f32, int *mm_unfused);
 /* The GPT fusions' plan-level choices on plan (a const loom_plan *, of any
- * backend; backend.cu): see loom_cuda_plugin.test_gpt_fusions. */
+ * backend; fuse_plan.cu): see loom_cuda_plugin.test_gpt_fusions. */
 void loom_cuda_test_gpt_fusions(const void *plan, int *ce_fused, int *gelu_aux, int *dgelu);
 
 /*

@@ -1,9 +1,10 @@
 /*
  * engine/cuda/cuda_internal.h — what the CUDA backend's files share: the
  * backend context (handles, streams, events, per-node plans, the device
- * control block), the op entries (loom_cuda_op_<op>, each in its family's
- * file), the launchers of the own kernels, and the cuBLASLt / cuDNN plan
- * calls. CUDA C++ only (nvcc); the public side is cuda_backend.h.
+ * control block), the plan passes (fuse_plan.cu), the op entries
+ * (loom_cuda_op_<op>, each in its family's file, with the backend entries
+ * a family holds), the launchers of the own kernels, and the cuBLASLt /
+ * cuDNN plan calls. CUDA C++ only (nvcc); the public side is cuda_backend.h.
  */
 #ifndef LOOM_ENGINE_CUDA_INTERNAL_H
 #define LOOM_ENGINE_CUDA_INTERNAL_H
@@ -213,7 +214,7 @@ typedef struct loom_cuda_bn_plan {
 	loom_value dgamma, dbeta;      /* siblings the backward call writes, or LOOM_NONE */
 	int own_makes; /* the own split backward (kind NONE) writes dgamma, dbeta too */
 	/* The relu's backward fused into this split backward (LOOM_CUDA_BN_RELU_BWD,
-	 * plan_relu_bwd in backend.cu): it reads the relu backward's sources
+	 * plan_relu_bwd in fuse_plan.cu): it reads the relu backward's sources
 	 * (relu_y, the batch norm's relu'd output, and relu_dy) and masks dy
 	 * by y > 0 itself; relu_bwd is the node it stands for, which does
 	 * nothing. LOOM_NONE: not fused. */
@@ -236,7 +237,7 @@ typedef struct loom_cuda_bn_plan {
 	 * ran_ex, what its last training run called (LOOM_CUDA_BN_EX_*, NONE:
 	 * the legacy call), which its backward must match. On a backward:
 	 * bwd_ex, the Ex call with the forward's reserve (plan_bn_bwd_ex in
-	 * backend.cu), its workspace bwd_ws after the dgamma/dbeta scratch, and
+	 * fuse_plan.cu), its workspace bwd_ws after the dgamma/dbeta scratch, and
 	 * the relu's (or add + relu's) backward it does (fuse.ops NONE: none;
 	 * LOOM_CUDA_BN_BWD_FUSE). */
 	size_t reserve_max;
@@ -253,12 +254,12 @@ typedef struct loom_cuda_sdpa_plan {
 	loom_value y;              /* forward: the ATTENTION node whose y it writes */
 } loom_cuda_sdpa_plan;
 
-/* What prepare decided for one node. */
-/* Layer norm's one-pass backward (gpt.cu): the siblings it writes. */
+/* Layer norm's one-pass backward (layernorm.cu): the siblings it writes. */
 typedef struct loom_cuda_ln_plan {
 	loom_value dgamma, dbeta; /* LOOM_NONE: not this node's sibling */
 } loom_cuda_ln_plan;
 
+/* What prepare decided for one node. */
 typedef struct loom_cuda_node_plan {
 	int kind; /* LOOM_CUDA_PLAN_* */
 	loom_cuda_stage stage[LOOM_MAX_SRC];
@@ -285,7 +286,7 @@ typedef struct loom_cuda_node_plan {
 	loom_value fused_into;
 	/* Batch norm + residual add + relu as one cuDNN call
 	 * (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, NHWC, training runs;
-	 * plan_bn_add in backend.cu): on the ADD node, the batch norm it runs
+	 * plan_bn_add in fuse_plan.cu): on the ADD node, the batch norm it runs
 	 * (bn_add), the add's other source (bn_add_z) and the call's workspace
 	 * and reserve; on that batch norm, the add that runs it (bn_add_by).
 	 * LOOM_NONE: not fused. */
@@ -293,7 +294,7 @@ typedef struct loom_cuda_node_plan {
 	size_t bn_add_ws, bn_add_reserve;
 	/* softmax-CE forward: the backward whose dlogits it writes over the
 	 * logits in a training run (LOOM_CUDA_CLASSIFIER, plan_classifier in
-	 * backend.cu), LOOM_NONE if none. */
+	 * fuse_plan.cu), LOOM_NONE if none. */
 	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
 } loom_cuda_node_plan;
@@ -454,7 +455,7 @@ typedef struct loom_cuda_ctx {
 	 * logits, the backward's dlogits written by the forward over the
 	 * logits where the plan allows, else from its saved log-sum-exp
 	 * (loss.cu); LOOM_CUDA_LN_SAVE: layer norm's forward saves each
-	 * row's mean and rstd for the one-pass backward (gpt.cu);
+	 * row's mean and rstd for the one-pass backward (layernorm.cu);
 	 * LOOM_CUDA_GELU_EPILOGUE: a linear read by a tanh GELU computes it in
 	 * cuBLASLt's GELU_AUX(_BIAS) epilogue, and the product making the
 	 * GELU backward's dy its DGELU (matmul_cublaslt.cu). */
@@ -491,24 +492,34 @@ extern int loom_cuda_own_kernels_on;
 /* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
  * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
 extern int loom_cuda_vec_on;
-/* gpt.cu's and matmul_cublaslt.cu's switches, each 1 unless its variable
- * is 0 when the latest plan was made (loom_cuda_gpt_switches, called by
- * plan_create, reads them): LOOM_CUDA_LN_FUSED (layer norm's warp-per-row
- * forward and one-pass backward), LOOM_CUDA_EMB_BUCKET (the embedding backward
- * bucketed by token), LOOM_CUDA_LT_CACHE (strided products' heuristic
+/* The GPT kernels' switches, each 1 unless its variable is 0 when the
+ * latest plan was made (plan_create reads them): LOOM_CUDA_LN_FUSED
+ * (layernorm.cu: the warp-per-row forward and one-pass backward),
+ * LOOM_CUDA_EMB_BUCKET (embedding.cu: the backward bucketed by token),
+ * LOOM_CUDA_LT_CACHE (matmul_cublaslt.cu: strided products' heuristic
  * answers cached per shape). */
 extern int loom_cuda_emb_bucket_on;
 extern int loom_cuda_ln_fused_on; /* LOOM_CUDA_LN_FUSED */
 extern int loom_cuda_lt_cache_on;
-void loom_cuda_gpt_switches(void);
-/* --dump-graph's note on a softmax-CE or layer-norm node (gpt.cu). */
-void loom_cuda_gpt_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
-			size_t len);
-/* The backend's takes_any_dtype (gpt.cu): the ops whose own kernels read
- * and write every value in its own dtype, so that a cast beside them folds
- * (graph/fuse.c's loom_fuse_casts_for); none under LOOM_CUDA_FOLD_CASTS=0,
- * read at compile time. */
-int loom_cuda_takes_any_dtype(loom_op op);
+/* --dump-graph's note on a layer-norm node (layernorm.cu) and on a
+ * softmax-CE node (loss.cu): which path it took. */
+void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len);
+void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len);
+
+/* ------------------------------------------------------------ plan passes */
+/* fuse_plan.cu: the passes over the whole plan after each node's own plan
+ * (the fused classifier, the saved region, NHWC filters kept KRSC, the relu
+ * backward in the split batch-norm backward, batch norm + add + relu,
+ * cuDNN's Ex batch-norm backward), in that order; they widen some nodes'
+ * workspace. */
+loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p);
+/* formats.cu: whether node v's kernel takes its operands in the formats
+ * the planner gave them (formats.c decides; this checks that the plans
+ * made agree, so that a mismatch is a compile error naming the node,
+ * never NHWC bytes read as NCHW). */
+int loom_cuda_formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v);
 
 /* ------------------------------------------------------------ op entries */
 
@@ -523,6 +534,13 @@ typedef struct loom_cuda_io {
 typedef loom_status (*loom_cuda_op_fn)(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				       const loom_cuda_io *io);
 
+/* backend.cu: the context's device made current (every entry does it
+ * first); a host wait on stream s, counted (cuda_counters); a host-side
+ * change of scaler or step (loom_load) queued for the device before
+ * anything there reads it (async, from pinned memory). */
+loom_status loom_cuda_use_device(loom_cuda_ctx *c);
+cudaError_t loom_cuda_sync_stream(loom_cuda_ctx *c, cudaStream_t s);
+loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *ts);
 /* backend.cu: leaves and views have nothing to compute. */
 loom_status loom_cuda_op_nothing(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				 const loom_cuda_io *io);
@@ -548,7 +566,10 @@ loom_status loom_cuda_op_linear(loom_cuda_ctx *ctx, const loom_plan *plan, loom_
 				const loom_cuda_io *io);
 loom_status loom_cuda_op_matmul(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io);
-/* bn.cu: cuDNN's calls where the node's plan took them, else own kernels */
+/* bn.cu: cuDNN's calls where the node's plan took them, else own kernels;
+ * --dump-graph's note on a batch-norm, max-pool or fused ADD node. */
+void loom_cuda_bn_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len);
 loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				     const loom_cuda_io *io);
 loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -567,11 +588,31 @@ loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan 
 /* comm.cu: gradient accumulation on segment s of plan->accum, on the compute stream:
  * add it into its sum, or (fold) add the sum into it and clear the sum. */
 loom_status loom_cuda_accum(loom_cuda_ctx *ctx, const loom_plan *plan, int s, int fold);
+/* optim.cu: the backend's optimizer entries (engine/backend.h's optim,
+ * grad_sumsq(_device), grads_finite(_device)), and the slot and chunk
+ * tables uploaded once at alloc (waits: the host tables are freed). */
+loom_status loom_cuda_opt_tables_upload(loom_cuda_ctx *c, const loom_plan *p);
+loom_status loom_cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
+			    loom_train_state *ts, int first, int last, int finite);
+loom_status loom_cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
+					const loom_train_state *ts, int first, int last,
+					void **sumsq);
+loom_status loom_cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
+				 const loom_train_state *ts, int first, int last, double *sumsq);
+loom_status loom_cuda_grads_finite_device(void *ctx, const loom_plan *p,
+					  const loom_arena *arena, int first, int last,
+					  void **flag);
+loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
+				   int first, int last, int *finite);
 /* loss.cu */
 loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io);
 loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 					const loom_cuda_io *io);
+/* A bad label the softmax-CE kernel flagged in the control block
+ * (h, read back), reported as the CPU does; the flags cleared. Waits. */
+loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
+				       const loom_cuda_ctl *h);
 /* elementwise.cu */
 loom_status loom_cuda_op_cast(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 			      const loom_cuda_io *io);
@@ -593,17 +634,30 @@ loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *ctx, const loom_plan *plan, 
 loom_status loom_cuda_op_grad_seed(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 
-/* gpt.cu: the transformer ops (own kernels) */
+/* embedding.cu */
 loom_status loom_cuda_op_embedding(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				       const loom_cuda_io *io);
+/* Workspace bytes of an EMBEDDING_BWD node (fp32 sums, or the bucketed
+ * backward's sort). */
+size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v);
+/* layernorm.cu */
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io);
 loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan,
 					    loom_value v, const loom_cuda_io *io);
 loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan,
 					     loom_value v, const loom_cuda_io *io);
+/* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
+ * it makes (LOOM_CUDA_PLAN_LN) under loom_cuda_ln_fused_on, else none. */
+loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np);
+/* Workspace bytes of a LAYERNORM_BWD_GAMMA node (row statistics, chunk
+ * parts). */
+size_t loom_cuda_ln_bwd_gamma_ws(const loom_plan *p, loom_value v);
+/* attention.cu: the unfused attention (a fused node's entry calls
+ * sdpa_cudnn.cu) */
 loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				    const loom_cuda_io *io);
 loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -614,12 +668,9 @@ loom_status loom_cuda_op_attention_bwd_probs(loom_cuda_ctx *ctx, const loom_plan
 					     loom_value v, const loom_cuda_io *io);
 loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *ctx, const loom_plan *plan,
 					   loom_value v, const loom_cuda_io *io);
-/* Workspace bytes of a transformer node (its fp32 sums or row statistics). */
-size_t loom_cuda_gpt_ws(const loom_plan *p, loom_value v);
-/* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
- * it makes (LOOM_CUDA_PLAN_LN) under loom_cuda_ln_fused_on, else none. */
-loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
-				   loom_cuda_node_plan *np);
+/* Workspace bytes of an unfused ATTN_PROBS or ATTN_PROBS_BWD node (fp32
+ * scores, ds); 0 for the others. */
+size_t loom_cuda_attn_ws(const loom_plan *p, loom_value v);
 
 /* ------------------------------------------------------------ launchers */
 /* Plain arguments, an explicit stream, a status; a failure's message goes
@@ -740,6 +791,8 @@ void loom_cuda_mm_plan_free(loom_cuda_node_plan *np);
 loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, loom_value *aux);
 loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			     const loom_cuda_node_plan *np, void *const *src, void *out);
+/* --dump-graph's note on a product with a GELU epilogue or a MM plan. */
+void loom_cuda_mm_note(const loom_cuda_node_plan *np, char *buf, size_t len);
 
 /*
  * matmul_cublaslt.cu: C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch,
@@ -855,6 +908,17 @@ static inline int loom_cuda_relu_fusion_on(const loom_cuda_ctx *c)
 static inline int loom_cuda_bn_add_on(const loom_cuda_ctx *c)
 {
 	return c->train && !c->diagnose;
+}
+
+/* Node v of plan p, and its source i. */
+static inline const loom_node *loom_cuda_node(const loom_plan *p, loom_value v)
+{
+	return &p->g->nodes[v];
+}
+
+static inline const loom_node *loom_cuda_src(const loom_plan *p, loom_value v, int i)
+{
+	return &p->g->nodes[p->g->nodes[v].src[i]];
 }
 
 /* The saved slot node v writes (want == v: only a slot of its own) or

@@ -2,13 +2,19 @@
  * engine/cuda/formats.cu — memory formats on the CUDA backend: the
  * REORDER node's entry and the NCHW <-> NHWC kernel it and the
  * convolutions (their filters, and operands not in the layout cuDNN runs
- * in) use; which formats each node takes is formats.c (plain C). CPU twin:
+ * in) use; which formats each node takes is formats.c (plain C), and
+ * loom_cuda_formats_ok checks the node plans made against it. CPU twin:
  * engine/cpu/ops_format.c, loom_cpu_reorder in engine/cpu/blocked.c.
  * Compiled, not yet run.
  */
 #include <string.h>
 
 #include "engine/cuda/dtype.cuh"
+#include "graph/unary.h"
+
+extern "C" {
+#include "graph/ops/ops.h"
+}
 
 #define TILE 32
 #define ROWS 8
@@ -109,4 +115,45 @@ extern "C" void loom_cuda_node_formats(void *ctx, const loom_plan *plan, loom_va
 	int own_bn = loom_cuda_own_kernels_on || (e && *e && strcmp(e, "0") != 0);
 	(void)ctx;
 	loom_cuda_formats_query(plan, v, caps, loom_cuda_nhwc_mode_get(), own_bn);
+}
+
+/* Whether node v's kernel takes its operands in the formats the planner
+ * gave them (formats.c decides; this checks that the plans made agree, so
+ * that a mismatch is a compile error naming the node, never NHWC bytes
+ * read as NCHW). */
+int loom_cuda_formats_ok(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
+{
+	const loom_node *n = &p->g->nodes[v];
+	int nhwc = n->format == LOOM_FORMAT_NHWC;
+	for (int i = 0; i < n->nsrc; i++)
+		nhwc |= p->g->nodes[n->src[i]].format == LOOM_FORMAT_NHWC;
+	if (!nhwc || loom_op_is_leaf(n->op))
+		return 1;
+	switch (n->op) {
+	case LOOM_OP_CONV2D:
+	case LOOM_OP_CONV2D_BWD_DATA:
+	case LOOM_OP_CONV2D_BWD_FILTER:
+	case LOOM_OP_REORDER:
+	case LOOM_OP_RESHAPE:
+	case LOOM_OP_RELU:
+	case LOOM_OP_RELU_BWD:
+	case LOOM_OP_ADD:
+	case LOOM_OP_CAST:
+	case LOOM_OP_MAXPOOL2D:
+	case LOOM_OP_MAXPOOL2D_BWD:
+	case LOOM_OP_GLOBAL_AVGPOOL:
+	case LOOM_OP_GLOBAL_AVGPOOL_BWD:
+#define UNARY_CASE(NAME, low) case LOOM_OP_##NAME: case LOOM_OP_##NAME##_BWD:
+		LOOM_UNARY_OPS(UNARY_CASE)
+#undef UNARY_CASE
+		return 1;
+	case LOOM_OP_BATCHNORM2D:
+	case LOOM_OP_BN_BWD_DATA:
+		return c->plans[v].kind == LOOM_CUDA_PLAN_BN;
+	case LOOM_OP_BN_BWD_GAMMA:
+	case LOOM_OP_CHANNEL_SUM:
+		return n->made_by != LOOM_NONE && loom_cuda_plan_makes(&c->plans[n->made_by], v);
+	default:
+		return 0;
+	}
 }

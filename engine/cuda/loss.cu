@@ -12,6 +12,8 @@
  * every loom_run ends with) reports it as the CPU backend does.
  */
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "engine/cuda/dtype.cuh"
 
@@ -106,7 +108,7 @@ __global__ void loom_ce_bwd_kernel(int n, int classes, int ld, const void *logit
  * combined), and writes the row's loss; then, in the same launch, either
  * the row's log-sum-exp into the saved slot its backward reads (no
  * second reduction there), or the row's dlogits themselves, over the
- * logits (the backward is then done: backend.cu's plan_classifier says
+ * logits (the backward is then done: fuse_plan.cu's plan_classifier says
  * where the memory plan allows it). llm.c's fused classifier is the model;
  * the CPU twin computes in double, so the two agree to fp32's rounding.
  */
@@ -412,4 +414,57 @@ loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 		n, classes, ld, io->src[0], io->dt[0], (const int32_t *)io->src[1], lse, io->src[2],
 		io->dt[2], io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* --dump-graph: which path softmax-CE took. */
+void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const int saves = np->saved_by == v, reads = np->saved_by != LOOM_NONE && np->saved_by != v;
+	switch (loom_cuda_node(p, v)->op) {
+	case LOOM_OP_SOFTMAX_CE:
+		if (!c->classifier)
+			snprintf(buf, len, "two passes per row in double (LOOM_CUDA_CLASSIFIER=0)");
+		else if (np->ce_bwd != LOOM_NONE)
+			snprintf(buf, len, "fused classifier: one online pass, writes %d's dlogits over "
+				 "the logits in training", (int)np->ce_bwd);
+		else
+			snprintf(buf, len, "one online pass%s", saves ? ", saves its log-sum-exp" : "");
+		if (p->vocab_padded > 0) { /* engine/vocab_pad.c */
+			size_t at = strlen(buf);
+			snprintf(buf + at, len > at ? len - at : 0, "; %lld of %lld columns (padded)",
+				 (long long)p->vocab, (long long)p->vocab_padded);
+		}
+		break;
+	default: /* SOFTMAX_CE_BWD */
+		snprintf(buf, len, "%s", reads ? "one pass from the saved log-sum-exp" :
+					       "recomputes the log-sum-exp");
+		break;
+	}
+}
+
+/* A bad label seen on the device, reported in the CPU backend's words
+ * (loom_bad_label); the flags are cleared for the next step. An error
+ * path: it may wait. */
+loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
+				       const loom_cuda_ctl *h)
+{
+	const loom_node *n = &p->g->nodes[h->ce_node];
+	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
+	int32_t lab = -1, clear[2] = { -1, INT32_MAX };
+	loom_status st;
+
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&lab, labels + h->ce_row, sizeof(lab),
+					     cudaMemcpyDeviceToHost, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->ce_node, clear, sizeof(clear),
+						     cudaMemcpyHostToDevice, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	return loom_bad_label(c->err, p, h->ce_node, lab, h->ce_row);
 }

@@ -673,6 +673,35 @@ loom_status loom_cuda_op_matmul(loom_cuda_ctx *c, const loom_plan *plan, loom_va
 	return mm_entry(c, plan, v, io);
 }
 
+/* --dump-graph: a product's GELU epilogue, or the llm.c switches that took
+ * on it (BGRADB, the wide alignment, padded rows); nothing otherwise. */
+void loom_cuda_mm_note(const loom_cuda_node_plan *np, char *buf, size_t len)
+{
+	if (np->mm.gelu != LOOM_NONE) {
+		snprintf(buf, len, "cuBLASLt %s epilogue, writes %d", np->mm.dgelu ? "DGELU" : "GELU_AUX",
+			 (int)np->mm.gelu);
+		return;
+	}
+	/* The products' llm.c switches, where they took. */
+	if (np->kind == LOOM_CUDA_PLAN_MM) {
+		const loom_cuda_mm_plan *mp = &np->mm;
+		char pads[96] = "";
+		static const char *const what[3] = { "A", "B", "out" };
+		for (int i = 0, o = 0; i < 3; i++)
+			if (mp->pad[i].ld_pad && o < (int)sizeof(pads))
+				o += snprintf(pads + o, sizeof(pads) - (size_t)o, "%s%s rows %d -> %d",
+					      o ? ", " : "", what[i], mp->pad[i].ld, mp->pad[i].ld_pad);
+		if (pads[0] || mp->wide_align || mp->bgrad != LOOM_NONE)
+			snprintf(buf, len, "cuBLASLt%s%s%s%s%s", mp->bgrad != LOOM_NONE ? ", BGRADB" : "",
+				 mp->wide_align ? ", aligned " : "",
+				 mp->wide_align ? (mp->wide_align >= 256 ? "256" :
+						   mp->wide_align >= 128 ? "128" :
+						   mp->wide_align >= 64 ? "64" : "32") : "",
+				 pads[0] ? ", padded: " : "", pads);
+		return;
+	}
+}
+
 // ----------------------------------------------------------------------------
 // strided-batched products (attention)
 

@@ -14,7 +14,13 @@
  * host never waits: the decision stays on the device. CPU twins: engine/cpu/optim.c (the
  * update, in double as there) and amp/scaler.h (loom_scaler_update_inline,
  * the same function on both sides).
+ *
+ * Last, the backend's optimizer entries (backend.cu's table): the slot and
+ * chunk tables uploaded at alloc, the update over every piece, and ZeRO's
+ * gradient norm and overflow check, on the device or read back.
  */
+#include <stdlib.h>
+
 #include "engine/cuda/dtype.cuh"
 
 // ----------------------------------------------------------------------------
@@ -300,4 +306,194 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 							   p->opts.optim, lr, matrices_only,
 							   c->ctl);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+// ----------------------------------------------------------------------------
+// backend entries: the tables at alloc, the update and ZeRO's checks
+
+/* The optimizer's slot and chunk tables, uploaded once into the arena. */
+loom_status loom_cuda_opt_tables_upload(loom_cuda_ctx *c, const loom_plan *p)
+{
+	loom_cuda_opt_slot *slots =
+		(loom_cuda_opt_slot *)calloc(p->n_pieces ? p->n_pieces : 1, sizeof(*slots));
+	loom_cuda_opt_chunk *chunks =
+		(loom_cuda_opt_chunk *)calloc(c->n_chunks ? c->n_chunks : 1, sizeof(*chunks));
+	loom_status st = LOOM_OK;
+	int k = 0;
+
+	if (!slots || !chunks) {
+		st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		goto out_free;
+	}
+	/* One table row per optimizer piece, its addresses at its element 0. */
+	for (int s = 0; s < p->n_pieces; s++) {
+		const loom_optim_piece *pc = &p->pieces[s];
+		const loom_param_slot *sl = &p->params[pc->slot];
+		size_t psz = loom_dtype_size(p->g->nodes[sl->param].dtype);
+		size_t gsz = loom_dtype_size(p->g->nodes[sl->grad].dtype);
+		/* ZeRO-3: the parameter is its shards (whole only while gathered) */
+		slots[s].param = (p->g->nodes[sl->param].flags & LOOM_NODE_SHARDED) ? NULL :
+				 (unsigned char *)loom_arena_ptr(c->arena, p, sl->param) + pc->off * psz;
+		slots[s].grad = (unsigned char *)loom_arena_ptr(c->arena, p, sl->grad) + pc->off * gsz;
+		slots[s].master = pc->shard_master ? (void *)(c->arena->state + pc->master_off) :
+				  sl->master != LOOM_NONE ?
+					  (void *)((unsigned char *)loom_arena_ptr(c->arena, p, sl->master) +
+						   pc->off * sizeof(float)) :
+					  NULL;
+		slots[s].st0 = p->n_state > 0 ? c->arena->state + pc->state_off[0] : NULL;
+		slots[s].st1 = p->n_state > 1 ? c->arena->state + pc->state_off[1] : NULL;
+		slots[s].pack = pc->pack ? c->arena->bucket + pc->pack_off : NULL;
+		slots[s].numel = pc->n;
+		slots[s].param_dt = p->g->nodes[sl->param].dtype;
+		slots[s].grad_dt = p->g->nodes[sl->grad].dtype;
+		slots[s].state_dt = sl->state_dtype;
+		slots[s].matrix = sl->matrix;
+		for (int64_t off = 0; off < pc->n; off += LOOM_CUDA_OPT_CHUNK) {
+			chunks[k].slot = s;
+			chunks[k].off = off;
+			k++;
+		}
+	}
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_slots, slots, sizeof(*slots) * p->n_pieces,
+					     cudaMemcpyHostToDevice, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_chunks, chunks, sizeof(*chunks) * c->n_chunks,
+						     cudaMemcpyHostToDevice, c->stream),
+				     c->err, sizeof(c->err));
+	/* The host tables are freed below: wait for the copies. */
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+out_free:
+	free(chunks);
+	free(slots);
+	return st;
+}
+
+/* The fused optimizer runs over every piece at once (its chunk table, made
+ * at alloc: whole slots, or under ZeRO this rank's shard). The overflow
+ * check and the skip stay on the device; under ZeRO the verdict is the
+ * executor's (finite), summed over the ranks. */
+loom_status loom_cuda_optim(void *ctx, const loom_plan *p, const loom_arena *arena,
+			    loom_train_state *ts, int first, int last, int finite)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)arena;
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the optimizer updates all its pieces at once, not pieces "
+				 "[%d, %d) of %d", first, last, p->n_pieces);
+	if ((st = loom_cuda_push_host_state(c, ts)) != LOOM_OK)
+		return st;
+	/* ZeRO's clipping: the norm over the ranks, which the executor took
+	 * before (none on a step it knows is skipped). */
+	int norm_from = LOOM_CUDA_NORM_PARTS;
+	if (p->zero && p->opts.optim.clip_grad > 0) {
+		if (!c->zero_norm && finite != 0)
+			return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
+					 "cuda: ZeRO's clipping needs the gradient norm over the "
+					 "ranks before the update (grad_sumsq or grad_sumsq_device)");
+		norm_from = c->zero_norm ? c->zero_norm : LOOM_CUDA_NORM_HOST;
+		c->zero_norm = 0;
+	}
+	/* NaN: the control block's rate (captured steps); else by value. */
+	return loom_cuda_optim_launch(c, p, c->lr_device ? NAN : ts->lr, ts->micro, finite,
+				      p->opts.optim.clip_grad,
+				      p->opts.optim.decay_matrices_only, norm_from, ts->grad_norm,
+				      c->stream);
+}
+
+/* The device, and all of the plan's pieces at once (what ZeRO's checks
+ * on this backend take): else why not, naming the check. */
+static loom_status all_pieces(loom_cuda_ctx *c, const loom_plan *p, int first, int last,
+			      const char *what)
+{
+	loom_status st = loom_cuda_use_device(c);
+	if (st != LOOM_OK)
+		return st;
+	if (first != 0 || last != p->n_pieces)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
+				 "cuda: the %s covers all pieces at once, not [%d, %d) of %d", what,
+				 first, last, p->n_pieces);
+	return LOOM_OK;
+}
+
+/* ZeRO's clipping on the device: this rank's sum of squares into
+ * ctl->sumsq, in the compute stream's order, for the executor's
+ * all-reduce; the next optim clips by it. No wait. */
+loom_status loom_cuda_grad_sumsq_device(void *ctx, const loom_plan *p, const loom_arena *arena,
+					const loom_train_state *ts, int first, int last,
+					void **sumsq)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)arena;
+	if ((st = all_pieces(c, p, first, last, "gradient norm")) != LOOM_OK ||
+	    (st = loom_cuda_push_host_state(c, ts)) != LOOM_OK ||
+	    (st = loom_cuda_shard_sumsq(c, p, ts->micro, c->stream)) != LOOM_OK)
+		return st;
+	c->zero_norm = LOOM_CUDA_NORM_DEVICE;
+	*sumsq = &c->ctl->sumsq;
+	return LOOM_OK;
+}
+
+/* ZeRO's clipping through the host (LOOM_ZERO_DEVICE_NORM=0, or a
+ * transport that is not stream-ordered): the same sum, read back (waits);
+ * the next optim clips by the executor's ts->grad_norm. */
+loom_status loom_cuda_grad_sumsq(void *ctx, const loom_plan *p, const loom_arena *arena,
+				 const loom_train_state *ts, int first, int last, double *sumsq)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	void *d = NULL;
+	loom_status st = loom_cuda_grad_sumsq_device(ctx, p, arena, ts, first, last, &d);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(sumsq, d, sizeof(double),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	c->zero_norm = LOOM_CUDA_NORM_HOST;
+	return st;
+}
+
+/* ZeRO, on the device: this rank's pieces checked into ctl->found_inf,
+ * which the executor sums over the ranks (NCCL, in the stream's order)
+ * and the decision then reads; no wait. */
+loom_status loom_cuda_grads_finite_device(void *ctx, const loom_plan *p,
+					  const loom_arena *arena, int first, int last,
+					  void **flag)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	(void)arena;
+	if ((st = all_pieces(c, p, first, last, "overflow check")) != LOOM_OK ||
+	    (st = LOOM_CUDA_CHECK(cudaMemsetAsync(&c->ctl->found_inf, 0, sizeof(int32_t), c->stream),
+				  c->err, sizeof(c->err))) != LOOM_OK ||
+	    (st = loom_cuda_optim_check(c, p, c->stream)) != LOOM_OK)
+		return st;
+	*flag = &c->ctl->found_inf;
+	return LOOM_OK;
+}
+
+/* ZeRO through the host: the same check, the verdict read back (waits);
+ * the decision takes the executor's verdict. */
+loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
+				   int first, int last, int *finite)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	int32_t bad = 0;
+	void *flag = NULL;
+	loom_status st = loom_cuda_grads_finite_device(ctx, p, arena, first, last, &flag);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, flag, sizeof(bad),
+						     cudaMemcpyDeviceToHost, c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		*finite = !bad;
+	return st;
 }

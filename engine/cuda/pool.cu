@@ -12,7 +12,7 @@
  * format: x, y, dy and dx alike), one thread per element in memory order.
  *
  * The forward saves each output's argmax (a byte: its place in the window)
- * in the slot the backend's plan gives it (backend.cu, plan_saved), and the
+ * in the slot the backend's plan gives it (fuse_plan.cu, plan_saved), and the
  * backward gathers dy through it without reading x (LOOM_CUDA_POOL_IDX=0:
  * the backward finds the argmax again from x, as before).
  *

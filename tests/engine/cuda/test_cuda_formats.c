@@ -341,7 +341,7 @@ typedef struct bn_fusions {
 	int bn_fwd, bn_bwd, adds_fused, act, add_act, relu_bwds, paired;
 } bn_fusions;
 
-/* backend.cu's plan_bn_add and plan_bn_bwd_ex as a CPU sees them: batch
+/* fuse_plan.cu's plan_bn_add and plan_bn_bwd_ex as a CPU sees them: batch
  * norm on cuDNN wherever formats.c put it in NHWC, each backward paired
  * with the forward of the same x, its f32 dgamma/dbeta siblings made by
  * its call. */

@@ -745,8 +745,9 @@ static loom_value b_ce_bad(loom_graph *g, tcase *t)
 	return y;
 }
 
-/* The transformer ops (engine/cuda/gpt.cu against engine/cpu/layernorm.c,
- * attention.c and embedding.c). */
+/* The transformer ops (engine/cuda/layernorm.cu, attention.cu and
+ * embedding.cu against engine/cpu/layernorm.c, attention.c and
+ * embedding.c). */
 static loom_value b_embedding(loom_graph *g, tcase *t)
 {
 	loom_value ids = labels(g, t, 12, 7); /* 12 ids over 7 rows: repeats */
@@ -754,7 +755,7 @@ static loom_value b_embedding(loom_graph *g, tcase *t)
 }
 
 /* 450 rows: the gamma gradient's 15 chunks of 32 rows, the last of 2, and
- * a second block of columns 8 wide (engine/cuda/gpt.cu). */
+ * a second block of columns 8 wide (engine/cuda/layernorm.cu). */
 static loom_value b_layernorm_rows(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 3, 3, 150, 40, 0);
@@ -1362,9 +1363,10 @@ Test(cuda_ops, vectorised_half_elementwise)
 	unsetenv("LOOM_CUDA_VEC");
 }
 
-/* The GPT kernels' switches (engine/cuda/gpt.cu, matmul_cublaslt.cu): each
- * case in every dtype with the new kernel (1) and the old one it replaces
- * (0), both against the CPU; the variable is read when the plan is made. */
+/* The GPT kernels' switches (engine/cuda/layernorm.cu, embedding.cu,
+ * matmul_cublaslt.cu): each case in every dtype with the new kernel (1)
+ * and the old one it replaces (0), both against the CPU; the variable is
+ * read when the plan is made. */
 static void both_switch_values(const char *var, const char *op, build_fn build)
 {
 	char name[128];

@@ -1,0 +1,544 @@
+/*
+ * engine/cuda/layernorm.cu — layer norm over the last dim on the GPU: the
+ * forward (one warp per row with 128-bit loads, LOOM_CUDA_LN_FUSED; else a
+ * block per row), dx with dgamma and dbeta in one pass (its siblings,
+ * graph/fuse.c), the separate dx and chunked dgamma kernels, and the
+ * entries of LAYERNORM and its two backward ops. CPU twin:
+ * engine/cpu/layernorm.c (same formulas, statistics in double). Status as
+ * the rest of engine/cuda (README.md): run on an H200 through the GPU
+ * suite, except the chunked gamma gradient, written after that run.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/cuda/dtype.cuh"
+
+static const int threads = 256;
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+/* Mean and 1 / sqrt(var + eps) of row r (every thread of the block). */
+static __device__ void ln_stats(const void *x, int xdt, int64_t r, int c, double eps,
+				double *mean, double *rstd)
+{
+	double s = 0;
+	for (int j = threadIdx.x; j < c; j += blockDim.x)
+		s += loom_ld(x, xdt, r * c + j);
+	double m = loom_block_sum(s) / c, ss = 0;
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		double d = loom_ld(x, xdt, r * c + j) - m;
+		ss += d * d;
+	}
+	*mean = m;
+	*rstd = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
+}
+
+/* One block per row. */
+__global__ void loom_layernorm_fwd_kernel(int c, const void *x, int xdt, const void *g, int gdt,
+					  const void *b, int bdt, double eps, void *y, int ydt)
+{
+	const int64_t r = blockIdx.x;
+	double m, rs;
+	ln_stats(x, xdt, r, c, eps, &m, &rs);
+	for (int j = threadIdx.x; j < c; j += blockDim.x)
+		loom_st(y, ydt, r * c + j,
+			(float)((loom_ld(x, xdt, r * c + j) - m) * rs * loom_ld(g, gdt, j) +
+				loom_ld(b, bdt, j)));
+}
+
+/* One block per row: dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). */
+__global__ void loom_layernorm_bwd_data_kernel(int c, const void *x, int xdt, const void *g,
+					       int gdt, const void *dy, int dydt, double eps,
+					       void *dx, int dxdt)
+{
+	const int64_t r = blockIdx.x;
+	double m, rs, a = 0, b = 0;
+	ln_stats(x, xdt, r, c, eps, &m, &rs);
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		double gd = (double)loom_ld(g, gdt, j) * loom_ld(dy, dydt, r * c + j);
+		a += gd;
+		b += gd * (loom_ld(x, xdt, r * c + j) - m) * rs;
+	}
+	a = loom_block_sum(a) / c;
+	b = loom_block_sum(b) / c;
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		double xh = (loom_ld(x, xdt, r * c + j) - m) * rs;
+		double gd = (double)loom_ld(g, gdt, j) * loom_ld(dy, dydt, r * c + j);
+		loom_st(dx, dxdt, r * c + j, (float)(rs * (gd - a - xh * b)));
+	}
+}
+
+/* One block per row: its mean and rstd into stats[2r], stats[2r + 1]. */
+__global__ void loom_layernorm_stats_kernel(int c, const void *x, int xdt, double eps,
+					    double *stats)
+{
+	const int64_t r = blockIdx.x;
+	double m, rs;
+	ln_stats(x, xdt, r, c, eps, &m, &rs);
+	if (threadIdx.x == 0) {
+		stats[2 * r] = m;
+		stats[2 * r + 1] = rs;
+	}
+}
+
+/* dgamma[j] = sum over rows of dy xhat, in two launches whose order of
+ * additions depends only on the shape (deterministic, as the CPU's is):
+ * the rows are cut into chunks of `per` rows; block (x, k) of 32 x 8
+ * threads sums chunk k for 32 columns (thread row y takes rows y, y + 8,
+ * ..., the warp's 32 columns side by side, so each load is coalesced), its
+ * 8 partial sums added in y order into part[k * c + j]; then one thread
+ * per column adds the chunks' parts in k order. One thread per column over
+ * all rows (the first version) ran 768 threads for GPT-2: 75 of 166 ms of
+ * its step on an H200. */
+static const int ln_cols = 32, ln_lanes = 8;
+
+__global__ void loom_layernorm_bwd_gamma_part_kernel(int64_t rows, int64_t per, int c,
+						     const void *x, int xdt, const void *dy,
+						     int dydt, const double *stats, double *part)
+{
+	__shared__ double sh[ln_lanes][ln_cols + 1];
+	const int j = blockIdx.x * ln_cols + threadIdx.x;
+	const int64_t k = blockIdx.y, end = (k + 1) * per < rows ? (k + 1) * per : rows;
+	double s = 0;
+	if (j < c)
+		for (int64_t r = k * per + threadIdx.y; r < end; r += ln_lanes)
+			s += (double)loom_ld(dy, dydt, r * c + j) *
+			     (loom_ld(x, xdt, r * c + j) - stats[2 * r]) * stats[2 * r + 1];
+	sh[threadIdx.y][threadIdx.x] = s;
+	__syncthreads();
+	if (threadIdx.y == 0 && j < c) {
+		double t = 0;
+		for (int y = 0; y < ln_lanes; y++)
+			t += sh[y][threadIdx.x];
+		part[k * c + j] = t;
+	}
+}
+
+__global__ void loom_layernorm_bwd_gamma_fold_kernel(int chunks, int c, const double *part,
+						     void *dg, int dgdt)
+{
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
+		double s = 0;
+		for (int k = 0; k < chunks; k++)
+			s += part[(int64_t)k * c + j];
+		loom_st(dg, dgdt, j, (float)s);
+	}
+}
+
+/* The chunking of loom_layernorm_bwd_gamma_part_kernel: at most
+ * LOOM_LN_CHUNKS chunks of at least 32 rows (4 per thread row). */
+#define LOOM_LN_CHUNKS 256
+static void ln_chunks(int64_t rows, int64_t *per, int *chunks)
+{
+	int64_t p = (rows + LOOM_LN_CHUNKS - 1) / LOOM_LN_CHUNKS;
+	if (p < 32)
+		p = 32;
+	*per = p;
+	*chunks = (int)((rows + p - 1) / p);
+}
+
+/*
+ * Layer norm, one pass per row each way (loom_cuda_ln_fused_on,
+ * LOOM_CUDA_LN_FUSED=0: the kernels above). Rows are read W elements at a
+ * time: W = 8 (128-bit loads of f16/bf16, two float4 of f32) where the
+ * last dim is a multiple of 8 and every pointer 16-byte aligned, else 1.
+ * Statistics and sums in double, as above and on the CPU.
+ */
+template <int W>
+static __device__ __forceinline__ void ln_ldv(const void *p, int dt, int64_t i, float v[W])
+{
+	if constexpr (W == 8) {
+		if (dt == LOOM_F32) {
+			const float4 a = *(const float4 *)((const float *)p + i);
+			const float4 b = *(const float4 *)((const float *)p + i + 4);
+			v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+			v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+		} else if (dt == LOOM_F16) {
+			const uint4 u = *(const uint4 *)((const __half *)p + i);
+			const __half *h = (const __half *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __half2float(h[k]);
+		} else {
+			const uint4 u = *(const uint4 *)((const __nv_bfloat16 *)p + i);
+			const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __bfloat162float(h[k]);
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] = loom_ld(p, dt, i + k);
+	}
+}
+
+template <int W>
+static __device__ __forceinline__ void ln_stv(void *p, int dt, int64_t i, const float v[W])
+{
+	if constexpr (W == 8) {
+		if (dt == LOOM_F32) {
+			*(float4 *)((float *)p + i) = make_float4(v[0], v[1], v[2], v[3]);
+			*(float4 *)((float *)p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+		} else if (dt == LOOM_F16) {
+			uint4 u;
+			__half *h = (__half *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				h[k] = __float2half_rn(v[k]);
+			*(uint4 *)((__half *)p + i) = u;
+		} else {
+			uint4 u;
+			__nv_bfloat16 *h = (__nv_bfloat16 *)&u;
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				h[k] = __float2bfloat16_rn(v[k]);
+			*(uint4 *)((__nv_bfloat16 *)p + i) = u;
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			loom_st(p, dt, i + k, v[k]);
+	}
+}
+
+static __device__ __forceinline__ double warp_sum(double v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+/* One warp per row: mean and rstd of the row (two passes, the second from
+ * L1), then y = (x - mean) rstd gamma + beta. */
+template <int W>
+__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
+					       const void *g, int gdt, const void *b, int bdt,
+					       double eps, void *y, int ydt, double *stats)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	const int64_t o = r * c;
+	float v[W], gv[W], bv[W];
+	double s = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	}
+	const double m = warp_sum(s) / c;
+	double ss = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			ss += (v[k] - m) * (v[k] - m);
+	}
+	const double rs = 1.0 / sqrt(warp_sum(ss) / c + eps);
+	if (stats && lane == 0) { /* LOOM_CUDA_LN_SAVE: for the backward */
+		stats[2 * r] = m;
+		stats[2 * r + 1] = rs;
+	}
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, o + j, v);
+		ln_ldv<W>(g, gdt, j, gv);
+		ln_ldv<W>(b, bdt, j, bv);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] = (float)((v[k] - m) * rs * gv[k] + bv[k]);
+		ln_stv<W>(y, ydt, o + j, v);
+	}
+}
+
+/*
+ * dx, dgamma and dbeta in one pass over x and dy: block k takes the rows
+ * of chunk k (ln_chunks) one after the other, all its threads on a row;
+ * each thread owns the same columns in every row, so it adds the chunk's
+ * dy xhat and dy into its own columns of shared memory (acc: 2c doubles)
+ * with no atomics, in row order; the chunks' parts go to part_g, part_b
+ * ([chunks, c]) and loom_layernorm_bwd_gamma_fold_kernel adds them in
+ * chunk order. Every sum's order depends only on the shape: the same bits
+ * every run. The row's statistics are recomputed from the row the block
+ * reads anyway (no saved mean/rstd to keep alive between the passes); the
+ * passes after the first over a row are meant to hit the cache.
+ */
+static const int ln_bwd_threads = 128;
+/* 2c doubles of shared memory (32 KiB), with the block sums' own under the
+ * 48 KiB a launch gets without opting in. */
+#define LOOM_LN_FUSED_MAX_C 2048
+
+template <int W>
+__global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c, const void *x,
+						int xdt, const void *g, int gdt, const void *dy,
+						int dydt, double eps, void *dx, int dxdt,
+						double *part_g, double *part_b, const double *stats)
+{
+	extern __shared__ double acc[];
+	const int64_t k = blockIdx.x, r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
+	const int step = blockDim.x * W;
+	float xv[W], dv[W], gv[W];
+	for (int j = threadIdx.x * W; j < c; j += step)
+#pragma unroll
+		for (int q = 0; q < W; q++)
+			acc[j + q] = acc[c + j + q] = 0;
+	for (int64_t r = r0; r < r1; r++) {
+		const int64_t o = r * c;
+		double s = 0, ss = 0, a = 0, b = 0, m, rs;
+		if (stats) { /* saved by the forward (LOOM_CUDA_LN_SAVE) */
+			m = stats[2 * r];
+			rs = stats[2 * r + 1];
+		} else {
+			for (int j = threadIdx.x * W; j < c; j += step) {
+				ln_ldv<W>(x, xdt, o + j, xv);
+#pragma unroll
+				for (int q = 0; q < W; q++)
+					s += xv[q];
+			}
+			m = loom_block_sum(s) / c;
+			for (int j = threadIdx.x * W; j < c; j += step) {
+				ln_ldv<W>(x, xdt, o + j, xv);
+#pragma unroll
+				for (int q = 0; q < W; q++)
+					ss += (xv[q] - m) * (xv[q] - m);
+			}
+			rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
+		}
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int q = 0; q < W; q++) {
+				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
+				a += gd;
+				b += gd * xh;
+				acc[j + q] += (double)dv[q] * xh;
+				acc[c + j + q] += dv[q];
+			}
+		}
+		a = loom_block_sum(a) / c;
+		b = loom_block_sum(b) / c;
+		for (int j = threadIdx.x * W; j < c; j += step) {
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int q = 0; q < W; q++) {
+				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
+				xv[q] = (float)(rs * (gd - a - xh * b));
+			}
+			ln_stv<W>(dx, dxdt, o + j, xv);
+		}
+	}
+	for (int j = threadIdx.x * W; j < c; j += step)
+#pragma unroll
+		for (int q = 0; q < W; q++) {
+			part_g[k * c + j + q] = acc[j + q];
+			part_b[k * c + j + q] = acc[c + j + q];
+		}
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers and op entries
+
+/* LOOM_CUDA_LN_FUSED=0, read when a plan is made (plan_create): layer
+ * norm's block-per-row forward and separate backward kernels (dx; dgamma;
+ * dbeta as a channel sum), the kernels the one-pass ones replace. */
+int loom_cuda_ln_fused_on = 1;
+
+/* LAYERNORM_BWD_GAMMA's workspace: the rows' statistics, then the chunks'
+ * parts. */
+size_t loom_cuda_ln_bwd_gamma_ws(const loom_plan *p, loom_value v)
+{
+	const loom_shape *xs = &loom_cuda_src(p, v, 0)->shape;
+	int64_t rows = loom_shape_rows(xs), per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	return loom_cuda_align(2 * sizeof(double) * (size_t)rows) +
+	       sizeof(double) * (size_t)chunks * (size_t)loom_shape_last(xs);
+}
+
+/* 128-bit loads fit: the last dim a multiple of 8, every pointer aligned. */
+static int ln_vec8(int cc, const void *const *p, int np)
+{
+	if (cc % 8)
+		return 0;
+	for (int i = 0; i < np; i++)
+		if ((uintptr_t)p[i] % 16)
+			return 0;
+	return 1;
+}
+
+static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, double eps,
+				      const loom_cuda_io *io, double *stats)
+{
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const int per_block = threads / 32;
+	const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_fwd_warp_kernel<8><<<blocks, threads, 0, c->stream>>>(
+			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], eps, io->out, io->odt, stats);
+	else
+		loom_layernorm_fwd_warp_kernel<1><<<blocks, threads, 0, c->stream>>>(
+			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], eps, io->out, io->odt, stats);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				   const loom_cuda_io *io)
+{
+	const loom_node *n = loom_cuda_node(plan, v);
+	int64_t rows = loom_shape_rows(&n->shape);
+	if (rows <= 0)
+		return LOOM_OK;
+	/* A grid of rows / 8 blocks: within the launch limit up to 2^34 rows. */
+	if (loom_cuda_ln_fused_on && rows / (threads / 32) < 2147483647LL)
+		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io,
+					  (double *)loom_cuda_saved_slot(c, v, v));
+	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* The fused backward's chunk parts: dgamma's, then dbeta's. */
+static size_t ln_fused_ws(int64_t rows, int cc)
+{
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	return 2 * loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc);
+}
+
+loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				   loom_cuda_node_plan *np)
+{
+	const loom_node *n = loom_cuda_node(p, v);
+	const int64_t rows = loom_shape_rows(&n->shape), cc = loom_shape_last(&n->shape);
+	(void)c;
+	np->ln.dgamma = np->ln.dbeta = LOOM_NONE;
+	np->ws = 0;
+	if (!loom_cuda_ln_fused_on || rows <= 0 || cc <= 0 || cc > LOOM_LN_FUSED_MAX_C)
+		return LOOM_OK; /* the separate kernels */
+	/* dgamma and dbeta, where graph/fuse.c made them this node's siblings. */
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
+		const loom_node *s = loom_cuda_node(p, w);
+		if (s->op == LOOM_OP_LAYERNORM_BWD_GAMMA)
+			np->ln.dgamma = w;
+		else if (s->op == LOOM_OP_CHANNEL_SUM)
+			np->ln.dbeta = w;
+	}
+	np->kind = LOOM_CUDA_PLAN_LN;
+	np->ws = ln_fused_ws(rows, (int)cc);
+	return LOOM_OK;
+}
+
+/* dx with its siblings dgamma and dbeta (those the plan found), in one
+ * pass; then each sibling's chunk parts folded in order. */
+static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				       const loom_cuda_io *io)
+{
+	const loom_node *n = loom_cuda_node(plan, v);
+	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int cc = (int)loom_shape_last(&n->shape);
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	double *part_g = (double *)c->arena->ws;
+	double *part_b = (double *)((char *)c->arena->ws +
+				    loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc));
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const size_t shm = 2 * sizeof(double) * (size_t)cc;
+	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_bwd_fused_kernel<8><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats);
+	else
+		loom_layernorm_bwd_fused_kernel<1><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	const loom_value sib[2] = { lp->dgamma, lp->dbeta };
+	const double *part[2] = { part_g, part_b };
+	for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+		if (sib[i] == LOOM_NONE)
+			continue;
+		loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0,
+						       c->stream>>>(
+			chunks, cc, part[i], loom_arena_ptr(c->arena, plan, sib[i]), loom_cuda_node(plan, sib[i])->dtype);
+		st = LOOM_CUDA_LAUNCHED(c->err);
+	}
+	return st;
+}
+
+loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *plan,
+					    loom_value v, const loom_cuda_io *io)
+{
+	const loom_node *n = loom_cuda_node(plan, v);
+	int64_t rows = loom_shape_rows(&n->shape);
+	if (rows <= 0)
+		return LOOM_OK;
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
+		return layernorm_bwd_fused(c, plan, v, io);
+	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan,
+					     loom_value v, const loom_cuda_io *io)
+{
+	const loom_node *n = loom_cuda_node(plan, v), *x = loom_cuda_src(plan, v, 0);
+	int64_t rows = loom_shape_rows(&x->shape);
+	int cc = (int)loom_shape_last(&x->shape);
+	double *stats = (double *)c->arena->ws;
+	if (rows <= 0)
+		return LOOM_OK;
+	loom_layernorm_stats_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+		cc, io->src[0], io->dt[0], n->a.ln.eps, stats);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	if (st != LOOM_OK)
+		return st;
+	int64_t per;
+	int chunks;
+	ln_chunks(rows, &per, &chunks);
+	double *part = (double *)((char *)c->arena->ws + loom_cuda_align(2 * sizeof(double) * (size_t)rows));
+	if (cc <= 0)
+		return LOOM_OK;
+	dim3 grid((unsigned)((cc + ln_cols - 1) / ln_cols), (unsigned)chunks), block(ln_cols, ln_lanes);
+	loom_layernorm_bwd_gamma_part_kernel<<<grid, block, 0, c->stream>>>(
+		rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], stats, part);
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+		return st;
+	loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
+		chunks, cc, part, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* --dump-graph: which path layer norm took. */
+void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+		       size_t len)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const int saves = np->saved_by == v, reads = np->saved_by != LOOM_NONE && np->saved_by != v;
+	switch (loom_cuda_node(p, v)->op) {
+	case LOOM_OP_LAYERNORM:
+		snprintf(buf, len, "%s%s", loom_cuda_ln_fused_on ? "warp per row" : "block per row",
+			 saves ? ", saves mean and rstd" : "");
+		break;
+	default: /* LAYERNORM_BWD_DATA */
+		snprintf(buf, len, "%s%s", np->kind == LOOM_CUDA_PLAN_LN ? "one pass with dgamma, dbeta" :
+									   "separate kernels",
+			 reads ? ", reads the saved mean and rstd" : ", recomputes mean and rstd");
+		break;
+	}
+}
