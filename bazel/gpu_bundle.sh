@@ -16,7 +16,8 @@ bz() { bazel --output_base="$ob" "$@"; }
 
 targets=(//tests/engine/cuda:test_device //tests/engine/cuda:test_cuda_ops)
 for t in //examples:mnist_ddp //examples:gpt_ddp //examples:resnet50_synthetic \
-	//bench:bench_convnet //tests/ddp:pipe_worker //engine/cuda:libloom_cuda.so; do
+	//bench:bench_convnet //tests/ddp:pipe_worker //engine/cuda:libloom_cuda.so \
+	//tests/engine/cuda:libloom_kprof.so; do
 	if bz query "$t" >/dev/null 2>&1; then
 		targets+=("$t")
 	else

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tests/engine/cuda/gpu_kernels.py — per-kernel GPU time of one training
 step, two programs side by side (loom's GPT-2 step and llm.c's), from
-Nsight Systems' kernel summaries, as one markdown table: each side's top
+kernel summaries (Nsight Systems', or libloom_kprof.so's through CUPTI,
+in the same columns: gpu_kprof.sh), as one markdown table: each side's top
 kernels grouped by family (matmul, layernorm, attention, gelu, adamw,
 embedding, other), each family's total over all its kernels first.
 
@@ -170,7 +171,7 @@ def main():
     sides = [per_step(s) for s in a.side]
     print("### %s" % a.title)
     print()
-    print("Kernel time per step, summed by name over Nsight Systems' kernel summary; "
+    print("Kernel time per step, summed by name over each run's kernel summary; "
           "each side's top %d kernels under their family, the family's total over all its "
           "kernels in bold: %s." % (a.top, "; ".join("%s %s" % (n, h) for n, _, h in sides)))
     print()

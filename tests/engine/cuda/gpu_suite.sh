@@ -256,12 +256,13 @@ if [ "${LOOM_GPU_VERSUS:-1}" != 0 ]; then
 fi
 
 # The per-kernel profile (issue 41 item 4): GPT-2 124M b8 T1024, loom O2
-# bf16 against llm.c's train_gpt2cu, under Nsight Systems (gpu_kprof.sh);
+# bf16 against llm.c's train_gpt2cu, under Nsight Systems, or CUPTI through
+# bin/libloom_kprof.so where the host has no nsys (gpu_kprof.sh);
 # each program twice, 5 and 15 steps, so that the difference over 10 steps
 # is one steady step's kernels (start-up, the kernel search, evaluation
 # cancel); gpu_kernels.py makes kernels.md: each side's top 20 kernels by
-# family. About 80 s with llm.c; LOOM_GPU_PROFILE=0 leaves it out, no nsys
-# on the host gives N/A rows that say so.
+# family. About 80 s with llm.c; LOOM_GPU_PROFILE=0 leaves it out, neither
+# way there gives an N/A row that says so.
 prof=$res/profile
 kprof_sides=()
 if [ "${LOOM_GPU_PROFILE:-1}" != 0 ]; then
@@ -285,7 +286,7 @@ if [ "${LOOM_GPU_PROFILE:-1}" != 0 ]; then
 				kprof_sides+=(--side llm.c "$prof/llmc_15.csv" 15 "$prof/llmc_5.csv" 5)
 		fi
 	else
-		echo "no nsys on this host (looked on PATH, under \$CUDA_HOME, /usr/local/cuda*, /opt/nvidia/nsight-systems*)" \
+		echo "no nsys on this host (looked on PATH, under \$CUDA_HOME, /usr/local/cuda*, /opt/nvidia/nsight-systems*) and no bin/libloom_kprof.so in the bundle" \
 			>"$logs/profile_gpt2.log"
 		printf 'profile_gpt2\toptional\tabsent\t0\t%s\t\n' "$logs/profile_gpt2.log" >>"$rows"
 	fi
