@@ -151,7 +151,7 @@ gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 # bundle has none). ResNet-50 b64: loom O2 fp16, O1 bf16 and fp32 (TF32);
 # PyTorch channels-last (bench/torch_gpu.py) eager amp-fp16, amp-bf16,
 # eager-fp32, then each compiled (torch.compile(model,
-# mode="reduce-overhead"): CUDA graphs) in a process of its own. Every run:
+# mode="reduce-overhead"): CUDA graphs), the three in one process. Every run:
 # 10 or more untimed warm-up steps, then 20 timed. The compiled rows come
 # last, after the kernel profile, so that a short lease cuts them first;
 # LOOM_GPU_VERSUS_S (default 480) bounds the section, LOOM_GPU_VERSUS=0
@@ -305,15 +305,21 @@ if [ "${LOOM_GPU_VERSUS:-1}" != 0 ]; then
 	if [ $torch_ok = 1 ]; then
 		vrow $gpt_w torch torch_tok versus_gpt2_torch_compiled 150 -- "$py" "${torch_vs_gpt[@]}" \
 			--compile
+		# One process for the compiled modes (one import, one pool of
+		# compile workers): each mode's JSON line is written as it ends,
+		# so a row cut by the time keeps the modes done.
+		cm=()
 		for m in ${LOOM_GPU_R50_COMPILE-amp-fp16 amp-bf16 eager-fp32}; do
-			case $m in
-			amp-fp16) w=r50_b64_fp16 ;;
-			amp-bf16) w=r50_b64_bf16 ;;
-			*) w=r50_b64_fp32 ;;
-			esac
-			vrow $w torch torch_img "versus_r50_torch_compile_$m" 150 -- "$py" \
-				"${torch_vs_r50[@]}" --modes "compile-$m"
+			cm+=("compile-$m")
 		done
+		if [ ${#cm[@]} -gt 0 ]; then
+			vrow r50_b64_fp16 torch torch_img versus_r50_torch_compiled 400 -- "$py" \
+				"${torch_vs_r50[@]}" --modes "${cm[@]}"
+			for w in r50_b64_bf16 r50_b64_fp32; do
+				printf '%s\ttorch\tversus_r50_torch_compiled\ttorch_img\t%s\n' "$w" \
+					"$logs/versus_r50_torch_compiled.log" >>"$vs"
+			done
+		fi
 	fi
 	echo "=== versus ($(($(date +%s) - vs_t0)) s of ${vs_budget} s)"
 	if [ -n "$py" ]; then

@@ -183,7 +183,10 @@ def collect(path, peak_half, peak_tf32):
                 w.runs.append((side, name, None, "unknown kind " + kind))
                 continue
             if not got:
-                w.runs.append((side, name, None, last_line(log)))
+                why = last_line(log)
+                if kind == "torch_img" and text and not why.startswith(("not run", "no ")):
+                    why = "no %s mode finished; last line: %s" % (w.prec, why)
+                w.runs.append((side, name, None, why))
             for g in got:
                 label = run_label(name, side, kind, g[0])
                 note = g[2] if len(g) > 2 and g[2] else ""

@@ -75,6 +75,7 @@ r50_b64_fp32${T}torch${T}versus_r50_torch_eager${T}torch_img${T}$d/torch_r50.log
 gpt2_124m_b8_t1024_bf16${T}torch${T}versus_gpt2_torch_compiled${T}torch_tok${T}$d/torch_compiled.log
 r50_b64_fp16${T}torch${T}versus_r50_torch_compile_amp-fp16${T}torch_img${T}$d/torch_r50_c16.log
 r50_b64_bf16${T}torch${T}versus_r50_torch_compile_amp-bf16${T}torch_img${T}$d/torch_r50_cbf16.log
+r50_b64_fp32${T}torch${T}versus_r50_torch_compiled${T}torch_img${T}$d/torch_r50_c16.log
 R
 "$py" "$versus" "$d/versus.tsv" --device "NVIDIA H100 80GB HBM3" >"$d/vs.md" 2>&1 ||
 	fail "gpu_versus.py exited $?"
@@ -96,6 +97,9 @@ has "$d/vs.md" '\| loom \| versus_r50_loom_fp32_TF32 \| - \| - \| resnet50_synth
 has "$d/vs.md" '\| torch \| versus_r50_torch_compile_amp-bf16 \| - \| - \| not run: the versus section' \
 	"a run the time left out"
 has "$d/vs.md" '\| llmc \| train_gpt2cu steps 11-30 \| 512,000 \|' "llm.c's steps"
+# The compiled modes' process cut after fp16: fp32's row says so.
+has "$d/vs.md" '\| torch \| versus_r50_torch_compiled \| - \| - \| no fp32 mode finished; last line: \{' \
+	"a type the compiled process did not reach"
 [ "$(grep -c '^| ResNet-50 b64 bf16 | torch' "$d/vs.md")" -eq 2 ] ||
 	fail "bf16's PyTorch runs: want amp-bf16 and the missing compiled one"
 "$py" "$versus" "$d/nothing.tsv" >"$d/none.md" 2>&1 || fail "a missing TSV is not exit 0"
