@@ -16,7 +16,8 @@ bz() { bazel --output_base="$ob" "$@"; }
 
 targets=(//tests/engine/cuda:test_device //tests/engine/cuda:test_cuda_ops)
 for t in //examples:mnist_ddp //examples:gpt_ddp //examples:resnet50_synthetic \
-	//bench:bench_convnet //tests/ddp:pipe_worker //engine/cuda:libloom_cuda.so; do
+	//bench:bench_convnet //tests/ddp:pipe_worker //engine/cuda:libloom_cuda.so \
+	//tests/engine/cuda:libloom_kprof.so; do
 	if bz query "$t" >/dev/null 2>&1; then
 		targets+=("$t")
 	else
@@ -76,7 +77,8 @@ if command -v ompi-server >/dev/null 2>&1 && [ -d "$ompi/lib/openmpi3" ]; then
 else
 	echo "gpu_bundle: no Open MPI here (ompi-server, $ompi): the two-rank rows will need the host's" >&2
 fi
-cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh tests/engine/cuda/gpu_speed.sh "$out/"
+cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh tests/engine/cuda/gpu_speed.sh \
+	tests/engine/cuda/gpu_versus.py tests/engine/cuda/gpu_kernels.py tests/engine/cuda/gpu_kprof.sh "$out/"
 mkdir -p "$out/bench"
 cp bench/torch_gpu.py bench/torch_convnet.py bench/torch_modes.py bench/torch_gpt.py "$out/bench/"
 # Fashion-MNIST (about 30 MB) travels too, so that the suite can train the
@@ -97,12 +99,14 @@ fi
 
 # llm.c's train_gpt2cu, the GPT's reference on the GPU (issue 30's goal),
 # only where LOOM_LLMC_BIN names one built beside the repo (never fetched
-# or built here) and LOOM_LLMC_DATA holds its train.bin and val.bin.
+# or built here); its train.bin and val.bin from LOOM_LLMC_DATA, or made by
+# the suite from the text when that is not given.
 if [ -n "${LOOM_LLMC_BIN:-}" ] && [ -x "$LOOM_LLMC_BIN" ]; then
 	cp -L "$LOOM_LLMC_BIN" "$out/bin/train_gpt2cu"
-	mkdir -p "$out/llmc"
-	cp -L "${LOOM_LLMC_DATA:?LOOM_LLMC_DATA: the folder of the llm.c train.bin and val.bin}"/train.bin \
-		"$LOOM_LLMC_DATA"/val.bin "$out/llmc/"
+	if [ -n "${LOOM_LLMC_DATA:-}" ]; then
+		mkdir -p "$out/llmc"
+		cp -L "$LOOM_LLMC_DATA"/train.bin "$LOOM_LLMC_DATA"/val.bin "$out/llmc/"
+	fi
 fi
 
 # bin/ and lib/ travel as one archive (oneDNN and OpenBLAS alone are 76 MB):
@@ -172,7 +176,8 @@ export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ "${LOOM_BUNDLE_ENV_ONLY:-0}" = 1 ] && exec "${@:-bash}"
 exec bash "$here/gpu_suite.sh" "$@"
 RUN
-chmod +x "$out/run.sh" "$out/gpu_suite.sh" "$out/gpu_summary.sh" "$out/gpu_speed.sh"
+chmod +x "$out/run.sh" "$out/gpu_suite.sh" "$out/gpu_summary.sh" "$out/gpu_speed.sh" \
+	"$out/gpu_kprof.sh"
 # The device tool carries at most 64 MiB: above 60 MiB (LOOM_BUNDLE_MAX_MIB)
 # the bundle is refused here, loudly, rather than cut short on the GPU
 # host's lease. (56 MiB on 2026-11-27: little room left.)

@@ -11,8 +11,18 @@ stderr):
   amp-fp16      torch.autocast(float16) + GradScaler (apex O1's successor)
   amp-bf16      torch.autocast(bfloat16), no scaler
   compile-fp16  torch.compile of the amp-fp16 step, when torch has it
+  compile-eager-fp32, compile-amp-fp16, compile-amp-bf16
+                the mode after "compile-" with torch.compile(model,
+                mode=--compile-mode): "reduce-overhead" (CUDA graphs, the
+                default), "max-autotune" (also searches Triton templates for
+                the products and convolutions: minutes more) or "default"
 ResNet-50 runs channels_last, as NVIDIA's recipes do (--layout nchw: in
-NCHW, as loom's tensors are).
+NCHW, as loom's tensors are). Every mode runs --warmup untimed steps
+(default 20, at least 10 asked) then --steps timed ones; each JSON line
+also gives "flop_per_img" (the products' FLOPs of one image's forward and
+backward, counted once by torch.utils.flop_counter) and "mfu" against
+--peak-flops, by default on CUDA the H100/H200 SXM dense peak of the
+mode's product type: 989 TFLOP/s fp16/bf16, 494.5 TF32, 66.9 exact fp32.
 
 usage: torch_gpu.py convnet [--batch 100] [--modes ...] [--data DIR]
        torch_gpu.py resnet50 [--batch 128] [--modes ...] [--layout channels-last|nchw]
@@ -41,11 +51,50 @@ def resnet50():
         sys.exit("torch_gpu: resnet50 needs torchvision")
 
 
-def make_step(model, opt, mode, device):
+# The H100/H200 SXM dense peaks (NVIDIA's data sheet) by the type the
+# products run in: what "mfu" is measured against unless --peak-flops.
+PEAK = {"fp16": 989e12, "bf16": 989e12, "tf32": 494.5e12, "fp32": 66.9e12}
+
+
+def product_type(mode):
+    if mode.endswith("fp16"):
+        return "fp16"
+    if mode.endswith("bf16"):
+        return "bf16"
+    return "fp32" if mode == "exact-fp32" else "tf32"
+
+
+def flop_per_img(model_fn, device, fmt):
+    """The products' FLOPs (forward and backward) of one image, counted by
+    torch.utils.flop_counter on a fresh model at batch 2; None where this
+    torch has no counter."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    m = model_fn().to(device).to(memory_format=fmt)
+    x = torch.randn(2, 3, 224, 224, device=device).to(memory_format=fmt)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(m(x), torch.zeros(2, dtype=torch.long, device=device)).backward()
+    return counter.get_total_flops() / 2
+
+
+def make_step(model, opt, mode, device, compile_mode="reduce-overhead"):
     """One training step as its mode runs it; returns step(x, y) -> loss."""
+    if mode.startswith("compile-") and mode != "compile-fp16":
+        # torch.compile(model) in the mode's twin: the way users compile.
+        if not hasattr(torch, "compile"):
+            return None
+        model = torch.compile(model, mode=compile_mode)
+        mode = mode[len("compile-"):]
     half = {"amp-fp16": torch.float16, "compile-fp16": torch.float16,
             "amp-bf16": torch.bfloat16}.get(mode)
-    scaler = torch.cuda.amp.GradScaler(enabled=(half == torch.float16 and device == "cuda"))
+    on = half == torch.float16 and device == "cuda"
+    # torch.amp.GradScaler("cuda") where this torch has it (2.3+; the
+    # older spelling warns there).
+    scaler = (torch.amp.GradScaler("cuda", enabled=on) if hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=on))
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -71,8 +120,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def measure(model, opt, mode, device, batches, steps, warmup):
-    step = make_step(model, opt, mode, device)
+def measure(model, opt, mode, device, batches, steps, warmup, compile_mode="reduce-overhead"):
+    step = make_step(model, opt, mode, device, compile_mode)
     if step is None:
         return None
     if device == "cuda":
@@ -87,7 +136,7 @@ def measure(model, opt, mode, device, batches, steps, warmup):
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
     return {"img_per_s": steps * batches[0][0].shape[0] / dt, "peak_bytes": peak,
-            "loss": float(loss)}
+            "loss": float(loss.detach())}
 
 
 def time_to_accuracy(device, mode, batch, data, target=0.90, max_epochs=20):
@@ -133,6 +182,12 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--layout", choices=["channels-last", "nchw"], default="channels-last",
                     help="resnet50: the memory format of the model and the batch")
+    ap.add_argument("--compile-mode", default="reduce-overhead",
+                    choices=["default", "reduce-overhead", "max-autotune",
+                             "max-autotune-no-cudagraphs"],
+                    help="torch.compile's mode for the compile-eager-fp32/-amp-* modes")
+    ap.add_argument("--peak-flops", type=float,
+                    help="FLOP/s for MFU (default on CUDA: the mode's H100/H200 dense peak)")
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--time-to-accuracy", action="store_true",
                     help="convnet: also train to 90%% test accuracy per mode")
@@ -142,6 +197,9 @@ def main():
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if a.layout == "channels-last" else torch.contiguous_format
     tf32_default = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    flop = None
+    if a.model == "resnet50":
+        flop = flop_per_img(resnet50, dev, fmt)
     for mode in a.modes:
         torch.manual_seed(0)
         exact = mode == "exact-fp32"
@@ -161,11 +219,19 @@ def main():
             xb = torch.randn(b, 3, 224, 224, device=dev).to(memory_format=fmt)
             batches = [(xb, torch.randint(0, 1000, (b,), device=dev))]
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        r = measure(model, opt, mode, dev, batches, a.steps, a.warmup)
+        r = measure(model, opt, mode, dev, batches, a.steps, a.warmup, a.compile_mode)
         row = {"side": "torch " + torch.__version__, "model": a.model, "batch": b, "mode": mode,
-               "device": gpu}
+               "device": gpu, "warmup": a.warmup, "steps": a.steps}
+        if mode.startswith("compile-") and mode != "compile-fp16":
+            row["compile_mode"] = a.compile_mode
         if a.model == "resnet50":
             row["layout"] = a.layout
+        peak = a.peak_flops or (PEAK[product_type(mode)] if dev == "cuda" else None)
+        if r is not None and flop:
+            r["flop_per_img"] = flop
+            if peak:
+                r["mfu"] = round(100.0 * r["img_per_s"] * flop / peak, 2)
+                r["peak_flops"] = peak
         if r is None:
             row["skipped"] = "torch.compile is not in this torch"
         else:
@@ -174,7 +240,8 @@ def main():
                 row["to_90"] = time_to_accuracy(dev, mode, b, a.data)
         print(json.dumps(row), flush=True)
         if r:
-            print(f"torch {a.model} b{b} {mode}: {r['img_per_s']:.0f} img/s, "
+            mfu = f", MFU {r['mfu']:.1f}%" if "mfu" in r else ""
+            print(f"torch {a.model} b{b} {mode}: {r['img_per_s']:.0f} img/s{mfu}, "
                   f"peak {r['peak_bytes'] / 2**20:.0f} MiB", file=sys.stderr)
 
 

@@ -8,7 +8,8 @@
 #   torch_img  bench/torch_gpu.py: one line per JSON object of the log
 #              ("mode", "layout", "img_per_s"), the label followed by the mode
 #   loom_tok   gpt_ddp: the last "step ... X tok/s ... MFU Y%" line
-#   torch_tok  bench/torch_gpt.py: its "... X tok/s" line
+#   torch_tok  bench/torch_gpt.py: its "... X tok/s" line (and the MFU of its
+#              "torch mfu:" line, --nanogpt's)
 #   llmc_tok   llm.c's train_gpt2cu: the last "step ... | Y% bf16 MFU | X tok/s" line
 #   loom_table bench_convnet: each level's row of its table, the median
 #              step's img/s (the third column) and MFU (the last), the label
@@ -72,8 +73,10 @@ while IFS=$'\t' read -r label kind log; do
 		;;
 	torch_tok)
 		r=$(grep -a '^torch ' "$log" | grep -ao '[0-9][0-9.]* tok/s' | head -n 1 | sed 's/ tok\/s//')
+		m=$(grep -a '^torch mfu:' "$log" | sed -n 's/.*MFU \([0-9.]*\)%.*/\1/p' | head -n 1)
+		[ -n "$m" ] && m=$m%
 		if [ -n "$r" ]; then
-			line "$label" "$r" tok/s - ""
+			line "$label" "$r" tok/s "${m:--}" ""
 		else
 			line "$label" - tok/s - "$(last_line "$log")"
 		fi

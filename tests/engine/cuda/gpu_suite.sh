@@ -6,6 +6,14 @@
 #   1. the device, driver and library versions;
 #   2. test_device and 3. test_cuda_ops, with LOOM_REQUIRE_GPU=1 (a missing
 #      device fails, never skips; any skipped case fails the row);
+#   3a. the versus section (versus.md, gpu_versus.py): loom's GPT-2 124M
+#      O2 bf16 against PyTorch the nanoGPT way (eager and compiled) and
+#      llm.c's train_gpt2cu, loom's ResNet-50 O2 fp16 / O1 bf16 / fp32
+#      against PyTorch channels-last eager and compiled, PyTorch's best per
+#      row, one MFU for all; and the per-kernel profile (kernels.md,
+#      gpu_kprof.sh under Nsight Systems, gpu_kernels.py): loom's GPT-2 step
+#      beside llm.c's, by kernel family; in 480 s (LOOM_GPU_VERSUS_S);
+#      LOOM_GPU_REST=0 ends the suite there (a lease for these alone);
 #   3b. the speed section: ResNet-50 and GPT-2 124M, loom (kernel search on
 #      and off) alternating with PyTorch, one table (speed.txt), in 360 s;
 #   4. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
@@ -107,6 +115,223 @@ cat "$logs/versions.log"
 row test_device criterion 120 "" -- "$bin/test_device" --verbose
 row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 
+# finish [note]: the summary table, then the speed, versus and kernel
+# tables under it, into summary.txt; exits with the summary's verdict.
+finish() {
+	local rc f
+	echo
+	echo "=== summary ($(($(date +%s) - t_start)) s of ${budget} s${1:-})"
+	bash "$here/gpu_summary.sh" "$rows" | tee "$res/summary.txt"
+	rc=${PIPESTATUS[0]}
+	for f in speed.txt versus.md kernels.md; do
+		[ -f "$res/$f" ] && { echo; cat "$res/$f"; } | tee -a "$res/summary.txt"
+	done
+	echo "logs and table: $res"
+	exit "$rc"
+}
+
+# What the speed rows below and the versus section share: gpt_ddp's text,
+# the python3 with CUDA PyTorch (LOOM_GPU_TORCH=0: none).
+text=()
+[ -f "$here/data/fortunes.txt" ] && text=(--data "$here/data/fortunes.txt")
+py=$(command -v python3 || true)
+torch_ok=0
+[ "${LOOM_GPU_TORCH:-1}" != 0 ] && [ -n "$py" ] &&
+	"$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
+	torch_ok=1
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+
+# The versus section (issue 41): loom beside what users run, early in the
+# lease, in one table (versus.md, gpu_versus.py: per workload loom's rate,
+# PyTorch's best mode and llm.c's, every MFU against one peak and one FLOP
+# count). GPT-2 124M b8 T1024: loom O2 bf16; PyTorch the nanoGPT way
+# (bench/torch_gpt.py --nanogpt: SDPA causal, fused AdamW, bf16 autocast,
+# table 50304, tanh GELU) eager, then compiled; llm.c's train_gpt2cu where
+# the bundle has it (its token files made here from the text when the
+# bundle has none). ResNet-50 b64: loom O2 fp16, O1 bf16 and fp32 (TF32);
+# PyTorch channels-last (bench/torch_gpu.py) eager amp-fp16, amp-bf16,
+# eager-fp32, then each compiled (torch.compile(model,
+# mode="reduce-overhead"): CUDA graphs), the three in one process. Every run:
+# 10 or more untimed warm-up steps, then 20 timed. The compiled rows come
+# last, after the kernel profile, so that a short lease cuts them first;
+# LOOM_GPU_VERSUS_S (default 480) bounds the section, LOOM_GPU_VERSUS=0
+# leaves it out, LOOM_GPU_R50_COMPILE lists the compiled ResNet-50 modes
+# (default "amp-fp16 amp-bf16 eager-fp32"; "" for none).
+vs=$res/versus.tsv
+: >"$vs"
+vs_budget=${LOOM_GPU_VERSUS_S:-480}
+vs_t0=$(date +%s)
+# vrow workload side kind name limit -- command...: a row of the summary
+# (kind optional: no figure is FAIL, a missing program N/A) and a line of
+# the versus table, within the section's time.
+vrow() {
+	local w=$1 side=$2 kind=$3 name=$4 limit=$5 rem
+	shift 6
+	rem=$((vs_budget - ($(date +%s) - vs_t0)))
+	if [ "$rem" -le 15 ]; then
+		echo "not run: the versus section's ${vs_budget} s (LOOM_GPU_VERSUS_S) were spent" \
+			>"$logs/$name.log"
+		printf '%s\toptional\tabsent\t0\t%s\t\n' "$name" "$logs/$name.log" >>"$rows"
+	else
+		[ "$limit" -gt "$rem" ] && limit=$rem
+		row "$name" optional "$limit" "" -- "$@"
+	fi
+	printf '%s\t%s\t%s\t%s\t%s\n' "$w" "$side" "$name" "$kind" "$logs/$name.log" >>"$vs"
+}
+# vnone workload side kind name why: a run this host cannot make.
+vnone() {
+	echo "$5" >"$logs/$4.log"
+	printf '%s\toptional\tabsent\t0\t%s\t\n' "$4" "$logs/$4.log" >>"$rows"
+	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$4" "$3" "$logs/$4.log" >>"$vs"
+}
+gpt_w=gpt2_124m_b8_t1024_bf16
+# gpt_ddp: 40 steps, the last logged rate over steps 21-40.
+vs_gpt=(--device cuda "${text[@]}" --preset gpt2 --batch-size 8 --max-steps 40
+	--log-interval 20 --val-interval 0 --sample 0 --peak-flops 989e12)
+vs_r50=(--device cuda --batch-size 64 --steps 20 --warmup 10)
+torch_vs_gpt=("$here/bench/torch_gpt.py" --nanogpt --device cuda "${text[@]}" --layers 12 --heads 12
+	--embd 768 --context 1024 --vocab 50257 --batch-size 8 --steps 30 --warmup 10)
+torch_vs_r50=("$here/bench/torch_gpu.py" resnet50 --batch 64 --steps 20 --warmup 10
+	--layout channels-last --compile-mode reduce-overhead)
+llmc_data=$here/llmc
+if [ -x "$bin/train_gpt2cu" ] && [ ! -f "$llmc_data/train.bin" ] && [ -n "$py" ] &&
+	[ ${#text[@]} -gt 0 ]; then
+	# llm.c's token files (magic 20240520, version 1, count, uint16 ids)
+	# from the text's bytes, nine tenths for training (outside $OUT).
+	llmc_data=$(mktemp -d)
+	"$py" - "$here/data/fortunes.txt" "$llmc_data" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+cut = len(data) - len(data) // 10
+for name, part in (("train", data[:cut]), ("val", data[cut:])):
+    with open("%s/%s.bin" % (sys.argv[2], name), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(part), *([0] * 253)))
+        f.write(bytes(b for c in part for b in (c, 0)))
+PY
+fi
+# train_gpt2cu as the versus and profile rows run it, -x (steps) after it:
+# GPT-2 124M from random weights (-e d12), batch 8, T 1024, no recompute,
+# evaluation and samples only at the first and last steps.
+llmc_cmd=("$bin/train_gpt2cu" -e d12 -b 8 -t 1024 -v 1000 -s 1000 -m 2 -r 0
+	-o /tmp/llmc_out_unused -i "$llmc_data/train.bin" -j "$llmc_data/val.bin")
+if [ "${LOOM_GPU_VERSUS:-1}" != 0 ]; then
+	vrow $gpt_w loom loom_tok versus_gpt2_loom_O2_bf16 60 -- env LOOM_KERNEL_SEARCH=on \
+		"$bin/gpt_ddp" "${vs_gpt[@]}" --opt-level O2 --precision bf16
+	if [ $torch_ok = 1 ]; then
+		vrow $gpt_w torch torch_tok versus_gpt2_torch_eager 90 -- "$py" "${torch_vs_gpt[@]}"
+	else
+		vnone $gpt_w torch torch_tok versus_gpt2_torch_eager \
+			"no python3 with CUDA PyTorch on this host (or LOOM_GPU_TORCH=0)"
+	fi
+	if [ -x "$bin/train_gpt2cu" ] && [ -f "$llmc_data/train.bin" ]; then
+		# 30 steps, the table's rate over steps 11-30 (its per-step ms).
+		vrow $gpt_w llmc llmc_tok versus_gpt2_llmc 60 -- "${llmc_cmd[@]}" -x 30
+	else
+		vnone $gpt_w llmc llmc_tok versus_gpt2_llmc \
+			"llm.c's train_gpt2cu is not in this bundle (LOOM_LLMC_BIN at bazel/gpu_bundle.sh)"
+	fi
+	for cfg in "O2 fp16:r50_b64_fp16:--opt-level O2" \
+		"O1 bf16:r50_b64_bf16:--opt-level O1 --precision bf16" \
+		"fp32 TF32:r50_b64_fp32:--peak-flops 494.5e12"; do
+		IFS=: read -r lbl w args <<<"$cfg"
+		[ "$w" != r50_b64_fp32 ] && args="$args --peak-flops 989e12"
+		# shellcheck disable=SC2086 # args is a list of flags
+		vrow "$w" loom loom_img "versus_r50_loom_${lbl// /_}" 60 -- env LOOM_KERNEL_SEARCH=on \
+			"$bin/resnet50_synthetic" "${vs_r50[@]}" $args
+	done
+	# One process for the three eager modes; its log feeds all three rows.
+	if [ $torch_ok = 1 ]; then
+		vrow r50_b64_fp16 torch torch_img versus_r50_torch_eager 120 -- "$py" "${torch_vs_r50[@]}" \
+			--modes amp-fp16 amp-bf16 eager-fp32
+	else
+		vnone r50_b64_fp16 torch torch_img versus_r50_torch_eager \
+			"no python3 with CUDA PyTorch on this host (or LOOM_GPU_TORCH=0)"
+	fi
+	# The same log for the other two types (gpu_versus.py takes each
+	# type's modes from it).
+	for w in r50_b64_bf16 r50_b64_fp32; do
+		printf '%s\ttorch\tversus_r50_torch_eager\ttorch_img\t%s\n' "$w" \
+			"$logs/versus_r50_torch_eager.log" >>"$vs"
+	done
+fi
+
+# The per-kernel profile (issue 41 item 4): GPT-2 124M b8 T1024, loom O2
+# bf16 against llm.c's train_gpt2cu, under Nsight Systems, or CUPTI through
+# bin/libloom_kprof.so where the host has no nsys (gpu_kprof.sh);
+# each program twice, 5 and 15 steps, so that the difference over 10 steps
+# is one steady step's kernels (start-up, the kernel search, evaluation
+# cancel); gpu_kernels.py makes kernels.md: each side's top 20 kernels by
+# family. About 80 s with llm.c; LOOM_GPU_PROFILE=0 leaves it out, neither
+# way there gives an N/A row that says so.
+prof=$res/profile
+kprof_sides=()
+if [ "${LOOM_GPU_PROFILE:-1}" != 0 ]; then
+	mkdir -p "$prof"
+	if nsys_bin=$(bash "$here/gpu_kprof.sh" --which); then
+		echo "=== profile: $nsys_bin"
+		for n in 5 15; do
+			row "profile_gpt2_loom_O2_$n" optional 90 "" -- bash "$here/gpu_kprof.sh" \
+				"$prof/loom_$n" -- env LOOM_KERNEL_SEARCH=on "$bin/gpt_ddp" --device cuda \
+				"${text[@]}" --preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 \
+				--max-steps $n --log-interval 5 --val-interval 0 --sample 0 --peak-flops 989e12
+		done
+		[ -s "$prof/loom_5.csv" ] && [ -s "$prof/loom_15.csv" ] &&
+			kprof_sides+=(--side loom "$prof/loom_15.csv" 15 "$prof/loom_5.csv" 5)
+		if [ -x "$bin/train_gpt2cu" ] && [ -f "$llmc_data/train.bin" ]; then
+			for n in 5 15; do
+				row "profile_gpt2_llmc_$n" optional 90 "" -- bash "$here/gpu_kprof.sh" \
+					"$prof/llmc_$n" -- "${llmc_cmd[@]}" -x $n
+			done
+			[ -s "$prof/llmc_5.csv" ] && [ -s "$prof/llmc_15.csv" ] &&
+				kprof_sides+=(--side llm.c "$prof/llmc_15.csv" 15 "$prof/llmc_5.csv" 5)
+		fi
+	else
+		echo "no nsys on this host (looked on PATH, under \$CUDA_HOME, /usr/local/cuda*, /opt/nvidia/nsight-systems*) and no bin/libloom_kprof.so in the bundle" \
+			>"$logs/profile_gpt2.log"
+		printf 'profile_gpt2\toptional\tabsent\t0\t%s\t\n' "$logs/profile_gpt2.log" >>"$rows"
+	fi
+	if [ ${#kprof_sides[@]} -gt 0 ] && [ -n "$py" ]; then
+		"$py" "$here/gpu_kernels.py" "${kprof_sides[@]}" --top 20 \
+			--title "GPU kernels of one GPT-2 124M b8 T1024 step, ${gpu_name:-GPU}" \
+			>"$res/kernels.md" 2>&1
+	fi
+	# The reports are large and the CSVs hold what the table needs
+	# (LOOM_GPU_KEEP_NSYS=1 keeps them).
+	[ "${LOOM_GPU_KEEP_NSYS:-0}" = 1 ] || rm -f "$prof"/*.nsys-rep
+fi
+
+# The compiled PyTorch rows of the versus table, each in its own process.
+if [ "${LOOM_GPU_VERSUS:-1}" != 0 ]; then
+	if [ $torch_ok = 1 ]; then
+		vrow $gpt_w torch torch_tok versus_gpt2_torch_compiled 150 -- "$py" "${torch_vs_gpt[@]}" \
+			--compile
+		# One process for the compiled modes (one import, one pool of
+		# compile workers): each mode's JSON line is written as it ends,
+		# so a row cut by the time keeps the modes done.
+		cm=()
+		for m in ${LOOM_GPU_R50_COMPILE-amp-fp16 amp-bf16 eager-fp32}; do
+			cm+=("compile-$m")
+		done
+		if [ ${#cm[@]} -gt 0 ]; then
+			vrow r50_b64_fp16 torch torch_img versus_r50_torch_compiled 400 -- "$py" \
+				"${torch_vs_r50[@]}" --modes "${cm[@]}"
+			for w in r50_b64_bf16 r50_b64_fp32; do
+				printf '%s\ttorch\tversus_r50_torch_compiled\ttorch_img\t%s\n' "$w" \
+					"$logs/versus_r50_torch_compiled.log" >>"$vs"
+			done
+		fi
+	fi
+	echo "=== versus ($(($(date +%s) - vs_t0)) s of ${vs_budget} s)"
+	if [ -n "$py" ]; then
+		"$py" "$here/gpu_versus.py" "$vs" --device "${gpu_name:-the GPU}" >"$res/versus.md" 2>&1
+	else
+		echo "no python3 on this host: the versus table is not made (runs in $vs)" >"$res/versus.md"
+	fi
+fi
+# LOOM_GPU_REST=0: the summary now, the rows below left out (a lease for
+# the versus table and the profile alone).
+[ "${LOOM_GPU_REST:-1}" = 0 ] && finish "; LOOM_GPU_REST=0: the rows after the profile left out"
+
 # The speed section (issue 30), early so that a short lease gets it, within
 # its own LOOM_GPU_SPEED_S (360 s): ResNet-50 b64 at fp32 (TF32, the
 # default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
@@ -119,13 +344,6 @@ row test_cuda_ops criterion 300 "" -- "$bin/test_cuda_ops" --verbose
 # quote to the last percent. One table, speed.txt (gpu_speed.sh); each run
 # is also a row of the summary (no figure: FAIL; a row the section's time
 # left out: N/A). LOOM_GPU_SPEED=0 leaves the section out.
-text=()
-[ -f "$here/data/fortunes.txt" ] && text=(--data "$here/data/fortunes.txt")
-py=$(command -v python3 || true)
-torch_ok=0
-[ "${LOOM_GPU_TORCH:-1}" != 0 ] && [ -n "$py" ] &&
-	"$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
-	torch_ok=1
 speed=$res/speed.tsv
 : >"$speed"
 speed_budget=${LOOM_GPU_SPEED_S:-360}
@@ -228,10 +446,10 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	# the build), GPT-2 124M from random weights (-e d12), batch 8, T 1024,
 	# no recompute, on random tokens in its own file format: the twin of
 	# loom's O2 bf16 (bf16 weights, fp32 masters).
-	if [ -x "$bin/train_gpt2cu" ] && [ -f "$here/llmc/train.bin" ]; then
+	if [ -x "$bin/train_gpt2cu" ] && [ -f "$llmc_data/train.bin" ]; then
 		srow speed_llmc_gpt2_124m_bf16 llmc_tok optional 60 -- "$bin/train_gpt2cu" -e d12 \
 			-b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -o /tmp/llmc_out_unused \
-			-i "$here/llmc/train.bin" -j "$here/llmc/val.bin"
+			-i "$llmc_data/train.bin" -j "$llmc_data/val.bin"
 		srow speed_gpt2_124m_O2_bf16 loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
 			"$bin/gpt_ddp" --device cuda "${text[@]}" \
 			--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
@@ -497,10 +715,4 @@ else
 	printf 'memcheck_cuda_ops\toptional\tabsent\t0\t%s\t\n' "$logs/memcheck_cuda_ops.log" >>"$rows"
 fi
 
-echo
-echo "=== summary ($(($(date +%s) - t_start)) s of ${budget} s)"
-bash "$here/gpu_summary.sh" "$rows" | tee "$res/summary.txt"
-rc=${PIPESTATUS[0]}
-[ -f "$res/speed.txt" ] && { echo; cat "$res/speed.txt"; } | tee -a "$res/summary.txt"
-echo "logs and table: $res"
-exit "$rc"
+finish

@@ -169,6 +169,11 @@ cat >"$d/torch_gpt.log" <<'L'
 torch 2.11.0 eager bf16 autocast on cuda: 124439808 parameters, 12 steps, 74.1 ms/step, 110534 tok/s
 torch cpu: 99 tok/s per CPU-second, peak RSS 2000 MiB
 L
+cat >"$d/torch_nanogpt.log" <<'L'
+torch 2.11.0 compiled nanoGPT (SDPA causal, fused AdamW, bf16 autocast, table 50304, tanh GELU) on cuda: 124475904 parameters, 30 steps (10 untimed), 30.0 ms/step, 273066 tok/s
+torch cpu: 99 tok/s per CPU-second, peak RSS 2000 MiB
+torch mfu: 273066 tok/s, MFU 23.6% (855.4 MFLOP per token: 6N + 12LCT, N 123689472 without the position table; peak 989.0 TFLOP/s (H100/H200 SXM bf16 dense))
+L
 cat >"$d/llmc.log" <<'L'
 step   19/20 | loss 7.213210 (+nanz)| norm 1.2345 (+nanz)| lr 3.00e-04 | 45.10 ms | 40.1% bf16 MFU | 181000 tok/s
 step   20/20 | loss 7.113210 (+nanz)| norm 1.1345 (+nanz)| lr 3.00e-04 | 45.00 ms | 40.3% bf16 MFU | 181234 tok/s
@@ -180,6 +185,7 @@ speed_r50_crash${T}loom_img${T}$d/r50_crash.log
 speed_torch_r50_nchw${T}torch_img${T}$d/torch_r50.log
 speed_gpt2${T}loom_tok${T}$d/gpt.log
 speed_torch_gpt2${T}torch_tok${T}$d/torch_gpt.log
+speed_torch_nanogpt${T}torch_tok${T}$d/torch_nanogpt.log
 speed_gone${T}loom_img${T}$d/never_written.log
 speed_llmc${T}llmc_tok${T}$d/llmc.log
 speed_convnet${T}loom_table${T}$d/convnet.log
@@ -197,10 +203,11 @@ sp 'speed_torch_r50_nchw eager-fp32' '1500\.2 img/s'
 sp 'speed_torch_r50_nchw amp-bf16' '2999\.5 img/s'
 sp 'speed_torch_r50_nchw compile-fp16' '- img/s +- +torch.compile is not in this torch'
 sp speed_gpt2 '50123 tok/s +21\.5% +last logged step'
-sp speed_torch_gpt2 '110534 tok/s'
+sp speed_torch_gpt2 '110534 tok/s +- *$'
+sp speed_torch_nanogpt '273066 tok/s +23\.6% *$'
 sp speed_gone '- +- +- +no log'
 sp speed_llmc '181234 tok/s +40\.3% +llm.c'
-[ "$(grep -c . "$d/speed_out")" -eq 13 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 13"
+[ "$(grep -c . "$d/speed_out")" -eq 14 ] || fail "speed table: $(grep -c . "$d/speed_out") lines, want 14"
 
 echo "$failed failed"
 [ $failed -eq 0 ]
