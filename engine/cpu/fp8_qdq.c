@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/fp8.h"
+#include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
 
 #define QDQ_BLOCK 512
@@ -58,16 +59,20 @@ static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int6
 		    loom_dtype fmt)
 {
 	size_t ssz = loom_dtype_size(sdt), osz = loom_dtype_size(odt);
-	float buf[QDQ_BLOCK];
 	float amax = 0;
+	/* the max is exact in any order: the same bits at any thread count */
+#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static) reduction(max : amax)
 	for (int64_t i = 0; i < n; i += QDQ_BLOCK) {
+		float buf[QDQ_BLOCK];
 		int64_t k = n - i < QDQ_BLOCK ? n - i : QDQ_BLOCK;
 		loom_cpu_cast(sdt, (const char *)x + i * ssz, LOOM_F32, buf, k);
 		float m = amax_f32(buf, k);
 		amax = m > amax ? m : amax;
 	}
 	float scale = loom_fp8_scale(amax, fmax_of(fmt));
+#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i += QDQ_BLOCK) {
+		float buf[QDQ_BLOCK];
 		int64_t k = n - i < QDQ_BLOCK ? n - i : QDQ_BLOCK;
 		loom_cpu_cast(sdt, (const char *)x + i * ssz, LOOM_F32, buf, k);
 		qdq_block(buf, buf, k, scale, fmt);

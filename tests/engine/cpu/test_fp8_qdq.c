@@ -169,7 +169,7 @@ Test(fp8_qdq, a_nan_stays_nan_and_leaves_the_scale_to_the_rest)
  * widened input, exactly. */
 Test(fp8_qdq, bf16_node_gives_the_f32_kernels_values)
 {
-	enum { N = 3000 };
+	enum { N = 40000 }; /* past LOOM_CPU_PAR_MIN: the parallel loops */
 	for (int f = 0; f < 2; f++) {
 		loom_dtype fmt = f ? LOOM_FP8_E5M2 : LOOM_FP8_E4M3;
 		loom_graph *g = NULL;
@@ -187,9 +187,9 @@ Test(fp8_qdq, bf16_node_gives_the_f32_kernels_values)
 		o.optim.kind = LOOM_OPTIM_NONE;
 		loom_program *p = NULL;
 		cr_assert_eq(loom_compile(g, l, &o, &p), LOOM_OK, "%s", loom_last_error());
-		float xf[N], want[N];
-		double got[N];
-		uint16_t xb[N];
+		float *xf = malloc(sizeof(float) * N), *want = malloc(sizeof(float) * N);
+		double *got = malloc(sizeof(double) * N);
+		uint16_t *xb = malloc(sizeof(uint16_t) * N);
 		uint64_t rng = 99 + (uint64_t)f;
 		fill_wide(&rng, xf, N, 2, 30);
 		for (int i = 0; i < N; i++) {
@@ -212,6 +212,10 @@ Test(fp8_qdq, bf16_node_gives_the_f32_kernels_values)
 			sub += want[i] != 0 && fabsf(want[i] * scale) < (f ? 0x1p-14f : 0x1p-6f);
 		}
 		cr_assert_gt(sub, 0, "no element fell into the format's subnormals");
+		free(xf);
+		free(want);
+		free(got);
+		free(xb);
 		loom_program_free(p);
 		loom_graph_free(g);
 	}
