@@ -87,7 +87,7 @@ typedef struct pass {
 	int masters; /* O2: give half parameters an fp32 master */
 	loom_dtype half;
 	int fp8;            /* products through fp8 (O1, O2 with amp.fp8) */
-	char *classifier;   /* per src value: a product the loss reads */
+	char *classifier;   /* per src value: the first or last product, kept bf16 */
 	loom_value *qdq;    /* per dst value: its E4M3 rounding, memoised */
 	int qdq_cap;
 } pass;
@@ -149,9 +149,20 @@ static loom_value as_e4m3(pass *ps, loom_value v)
 	return ps->qdq[v];
 }
 
-/* The classifier: each product whose output a loss-class op (FP32: the
- * softmax cross-entropy, the loss's reductions) reads, through views.
- * FP8 keeps it bf16 (its logits' small differences decide the loss). */
+static loom_value through_views(const loom_graph *s, loom_value w)
+{
+	while (loom_op_is_view(s->nodes[w].op))
+		w = s->nodes[w].src[0];
+	return w;
+}
+
+/* The first and last products, which FP8 keeps in bf16 (as Transformer
+ * Engine's recipes do): each product that reads a model input (a fed
+ * leaf, through views: an MLP's first layer; a GPT's first product reads
+ * the embedding, a gather, and is not one), and the classifier, each
+ * product whose output a loss-class op (FP32: the softmax cross-entropy,
+ * the loss's reductions) reads through views (its logits' small
+ * differences decide the loss). */
 static int mark_classifiers(pass *ps)
 {
 	const loom_graph *s = ps->src;
@@ -161,14 +172,17 @@ static int mark_classifiers(pass *ps)
 	for (int u = 0; u < s->n; u++) {
 		const loom_node *n = &s->nodes[u];
 		const loom_op_def *def = loom_op_defs[n->op];
+		if (def->amp.product)
+			for (int i = 0; i < n->nsrc; i++)
+				if (loom_op_defs[s->nodes[through_views(s, n->src[i])].op]->flags &
+				    LOOM_OPF_FED)
+					ps->classifier[u] = 1;
 		if (def->kind == LOOM_OPK_LEAF || def->amp.cls != LOOM_AMP_FP32)
 			continue;
 		for (int i = 0; i < n->nsrc; i++) {
-			loom_value w = n->src[i];
 			if (def->amp.keep & LOOM_SRC(i))
 				continue;
-			while (loom_op_is_view(s->nodes[w].op))
-				w = s->nodes[w].src[0];
+			loom_value w = through_views(s, n->src[i]);
 			if (loom_op_defs[s->nodes[w].op]->amp.product)
 				ps->classifier[w] = 1;
 		}
@@ -177,7 +191,8 @@ static int mark_classifiers(pass *ps)
 }
 
 /* Under fp8, product node v (in src) with its cast sources: E4M3 operands
- * (but the classifier's), or a refusal for a product without an fp8 path. */
+ * (but the first and last products'), or a refusal for a product without
+ * an fp8 path. */
 static int fp8_sources(pass *ps, loom_value v, loom_value *srcs)
 {
 	const loom_node *n = &ps->src->nodes[v];

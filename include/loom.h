@@ -293,7 +293,8 @@ typedef struct loom_amp_opts {
 	 * O2 (bf16 at O3): every linear and matmul takes E4M3 inputs and an
 	 * E5M2 output gradient, per-tensor power-of-two scales from each
 	 * tensor's own amax (current scaling), fp32 accumulation, bf16
-	 * results; but the classifier (the product the loss reads), unless
+	 * results; but the first and last products (one reading a model
+	 * input, and the classifier, the one the loss reads), unless
 	 * fp8_all_products. Emulated exactly on the CPU (the FP8_QDQ op); the
 	 * CUDA backend refuses it. A convolution is refused. 0: off. */
 	int fp8;

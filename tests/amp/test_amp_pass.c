@@ -936,5 +936,44 @@ Test(amp_pass, fp8_refusals)
 	refused(&o, LOOM_ERR_INVALID, "fp8_all_products without fp8", "all products alone");
 	o = amp_opts(LOOM_O1, LOOM_BF16);
 	o.amp.fp8 = 1;
-	refused(&o, LOOM_ERR_UNSUPPORTED, "conv2d 'conv1' has no fp8 path", "fp8 on a conv");
+	/* conv1 reads the image: the first product, kept bf16; conv2 is refused */
+	refused(&o, LOOM_ERR_UNSUPPORTED, "conv2d 'conv2' has no fp8 path", "fp8 on a conv");
+}
+
+/* An MLP (x -> fc1 -> relu -> fc2 -> relu -> fc3 -> cross-entropy): its
+ * first product reads the model's input and stays bf16 as the classifier
+ * does; fc2 alone is rounded; with fp8_all_products all three. */
+static void check_mlp_fp8(int all)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t xd[2] = { 4, 12 }, yd[1] = { 4 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 16, 1));
+	h = loom_relu(g, loom_layer_linear(g, "fc2", h, 16, 1));
+	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc3", h, 5, 1), y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts o = amp_opts(LOOM_O1, LOOM_BF16);
+	o.amp.fp8 = 1;
+	o.amp.fp8_all_products = all;
+	loom_program *p;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	const char *names[3] = { "fc1", "fc2", "fc3" };
+	for (int k = 0; k < 3; k++) {
+		const loom_node *l = node(p, must_find(p, LOOM_OP_LINEAR, names[k]));
+		int want = all || k == 1;
+		for (int i = 0; i < 2; i++)
+			cr_assert_eq(is_qdq(p, l->src[i], LOOM_FP8_E4M3, LOOM_F32), want,
+				     "%s source %d: rounded %d, want %d", names[k], i, !want, want);
+	}
+	cr_assert_eq(count_qdq(p, 0, p->plan.n_fwd, LOOM_F32), all ? 3 : 1);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(amp_pass, fp8_keeps_the_first_and_last_products)
+{
+	check_mlp_fp8(0);
+	check_mlp_fp8(1);
 }
