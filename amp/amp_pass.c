@@ -172,7 +172,7 @@ static int mark_classifiers(pass *ps)
 	for (int u = 0; u < s->n; u++) {
 		const loom_node *n = &s->nodes[u];
 		const loom_op_def *def = loom_op_defs[n->op];
-		if (def->amp.product)
+		if (def->amp.fp8_src)
 			for (int i = 0; i < n->nsrc; i++)
 				if (loom_op_defs[s->nodes[through_views(s, n->src[i])].op]->flags &
 				    LOOM_OPF_FED)
@@ -183,7 +183,7 @@ static int mark_classifiers(pass *ps)
 			if (def->amp.keep & LOOM_SRC(i))
 				continue;
 			loom_value w = through_views(s, n->src[i]);
-			if (loom_op_defs[s->nodes[w].op]->amp.product)
+			if (loom_op_defs[s->nodes[w].op]->amp.fp8_src)
 				ps->classifier[w] = 1;
 		}
 	}
@@ -191,22 +191,13 @@ static int mark_classifiers(pass *ps)
 }
 
 /* Under fp8, product node v (in src) with its cast sources: E4M3 operands
- * (but the first and last products'), or a refusal for a product without
- * an fp8 path. */
+ * (but the first and last products'). Returns whether it rounded them. */
 static int fp8_sources(pass *ps, loom_value v, loom_value *srcs)
 {
 	const loom_node *n = &ps->src->nodes[v];
 	const loom_op_amp *amp = &loom_op_defs[n->op]->amp;
-	char lb[96];
-	if (!ps->fp8 || !amp->product || (ps->classifier[v] && !ps->o->fp8_all_products))
+	if (!ps->fp8 || !amp->fp8_src || (ps->classifier[v] && !ps->o->fp8_all_products))
 		return 0;
-	if (!amp->fp8_src) {
-		loom_graph_fail(ps->dst, LOOM_ERR_UNSUPPORTED,
-				"amp: fp8 covers linear and matmul products only; %s has no fp8 "
-				"path (train it with precision bf16)",
-				loom_node_label(ps->src, v, lb, sizeof(lb)));
-		return 0;
-	}
 	for (int i = 0; i < n->nsrc; i++)
 		if (amp->fp8_src & LOOM_SRC(i))
 			srcs[i] = as_e4m3(ps, srcs[i]);

@@ -69,10 +69,9 @@ typedef struct loom_op_amp {
 	/* The kept sources are batch-norm parameters: O2 and O3 leave such
 	 * leaves fp32 under keep_batchnorm_fp32 (as cuDNN takes them). */
 	int bn_params;
-	/* A tensor-core product (linear, matmul, conv): under amp.fp8 its
-	 * sources in fp8_src take E4M3 (and its output gradient E5M2); a
-	 * product with an empty fp8_src has no fp8 path and is refused. */
-	int product;
+	/* A tensor-core product (linear, matmul, conv) names its operands:
+	 * under amp.fp8 they take E4M3 and its output gradient E5M2
+	 * (amp/amp_pass.c). 0: not a product. */
 	unsigned fp8_src;
 } loom_op_amp;
 

@@ -934,10 +934,43 @@ Test(amp_pass, fp8_refusals)
 	o = amp_opts(LOOM_O1, LOOM_BF16);
 	o.amp.fp8_all_products = 1;
 	refused(&o, LOOM_ERR_INVALID, "fp8_all_products without fp8", "all products alone");
-	o = amp_opts(LOOM_O1, LOOM_BF16);
+}
+
+/* The ConvNet: conv1 reads the image (the first product) and fc is the
+ * classifier, both bf16; conv2 reads E4M3 roundings of its input and
+ * weight (not its bias), 4-D, and the backward's data and filter
+ * gradients read its E5M2 dy. */
+Test(amp_pass, fp8_rounds_the_middle_conv)
+{
+	loom_compile_opts o = amp_opts(LOOM_O1, LOOM_BF16);
 	o.amp.fp8 = 1;
-	/* conv1 reads the image: the first product, kept bf16; conv2 is refused */
-	refused(&o, LOOM_ERR_UNSUPPORTED, "conv2d 'conv2' has no fp8 path", "fp8 on a conv");
+	loom_program *p = compile_convnet(&o);
+	const loom_node *c1 = node(p, must_find(p, LOOM_OP_CONV2D, "conv1"));
+	const loom_node *c2 = node(p, must_find(p, LOOM_OP_CONV2D, "conv2"));
+	const loom_node *fc = node(p, must_find(p, LOOM_OP_LINEAR, "fc"));
+	for (int i = 0; i < 2; i++) {
+		cr_assert(!is_qdq(p, c1->src[i], LOOM_FP8_E4M3, LOOM_F32), "conv1 source %d", i);
+		cr_assert(is_qdq(p, c2->src[i], LOOM_FP8_E4M3, LOOM_F32), "conv2 source %d", i);
+		cr_assert(!is_qdq(p, fc->src[i], LOOM_FP8_E4M3, LOOM_F32), "fc source %d", i);
+	}
+	cr_assert_neq(node(p, c2->src[2])->op, LOOM_OP_FP8_QDQ, "conv2's bias rounded");
+	cr_assert_eq(node(p, c2->src[0])->shape.ndim, 4);
+	int nf = p->plan.n_fwd, n = p->plan.g->n;
+	cr_assert_eq(count_qdq(p, 0, nf, LOOM_FP8_E4M3), 2);
+	cr_assert_eq(count_qdq(p, 0, nf, LOOM_F32), 1);
+	cr_assert_eq(count_qdq(p, nf, n, LOOM_FP8_E5M2), 1);
+	int bwd = 0;
+	for (int v = nf; v < n; v++)
+		if ((node(p, v)->op == LOOM_OP_CONV2D_BWD_DATA ||
+		     node(p, v)->op == LOOM_OP_CONV2D_BWD_FILTER) &&
+		    (node(p, v)->src[1] == c2->src[0] || node(p, v)->src[1] == c2->src[1]) && ++bwd)
+			cr_assert(node(p, node(p, v)->src[0])->op == LOOM_OP_FP8_QDQ &&
+					  node(p, node(p, v)->src[0])->a.fp8.fwd == LOOM_FP8_E5M2,
+				  "%s #%d reads dy #%d, not its E5M2 rounding",
+				  loom_op_defs[node(p, v)->op]->name, v, node(p, v)->src[0]);
+	cr_assert_eq(bwd, 2, "conv2's data and filter gradients");
+	one_step(p);
+	loom_program_free(p);
 }
 
 /* An MLP (x -> fc1 -> relu -> fc2 -> relu -> fc3 -> cross-entropy): its
