@@ -3,8 +3,10 @@
  * Rewrites the forward graph before autodiff: decides each op's compute
  * dtype from the level's policy, inserts explicit CAST nodes where a source
  * has another dtype, turns parameters into half (O2: with an fp32 master
- * kept as a buffer; O3: without). Nothing else in loom knows about precision:
- * autodiff differentiates the casts like any op.
+ * kept as a buffer; O3: without), and under amp.fp8 rounds each product's
+ * operands and output gradient through fp8 (FP8_QDQ nodes). Nothing else in
+ * loom knows about precision: autodiff differentiates the casts and the
+ * roundings like any op.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +55,15 @@ loom_status loom_amp_check(const loom_amp_opts *o, char *err, size_t errlen)
 				      "keep_batchnorm_fp32 applies to O2 and O3 only (as apex)");
 		return LOOM_ERR_INVALID;
 	}
+	if (o->fp8 && o->half != LOOM_BF16) {
+		snprintf(err, errlen, "amp: fp8 runs everything but the products in bf16: "
+				      "half must be bf16, got %s", loom_dtype_name(o->half));
+		return LOOM_ERR_INVALID;
+	}
+	if (o->fp8_all_products && !o->fp8) {
+		snprintf(err, errlen, "amp: fp8_all_products without fp8");
+		return LOOM_ERR_INVALID;
+	}
 	if (o->half == LOOM_BF16 && o->static_scale > 0) {
 		snprintf(err, errlen, "amp: bf16 has fp32's range and needs no loss scale");
 		return LOOM_ERR_INVALID;
@@ -75,6 +86,10 @@ typedef struct pass {
 	const loom_amp_opts *o;
 	int masters; /* O2: give half parameters an fp32 master */
 	loom_dtype half;
+	int fp8;            /* products through fp8 (O1, O2 with amp.fp8) */
+	char *classifier;   /* per src value: the first or last product, kept bf16 */
+	loom_value *qdq;    /* per dst value: its E4M3 rounding, memoised */
+	int qdq_cap;
 } pass;
 
 static loom_value *cast_slot(pass *ps, loom_value v, loom_dtype dt)
@@ -110,6 +125,83 @@ static loom_value as_dtype(pass *ps, loom_value v, loom_dtype dt)
 			g->nodes[*slot].flags |= LOOM_NODE_AMP;
 	}
 	return *slot;
+}
+
+/* v (a dst value) rounded through E4M3: its one FP8_QDQ node, shared by
+ * every product that reads it (a weight read twice is rounded once). */
+static loom_value as_e4m3(pass *ps, loom_value v)
+{
+	loom_graph *g = ps->dst;
+	if (v >= ps->qdq_cap) {
+		int cap = ps->qdq_cap ? ps->qdq_cap : 64;
+		while (cap <= v)
+			cap *= 2;
+		loom_value *q = realloc(ps->qdq, sizeof(loom_value) * cap);
+		if (!q)
+			return loom_graph_fail(g, LOOM_ERR_NOMEM, "amp: out of memory");
+		for (int i = ps->qdq_cap; i < cap; i++)
+			q[i] = LOOM_NONE;
+		ps->qdq = q;
+		ps->qdq_cap = cap;
+	}
+	if (ps->qdq[v] == LOOM_NONE)
+		ps->qdq[v] = loom_fp8_qdq_node(g, v, LOOM_FP8_E4M3, LOOM_F32);
+	return ps->qdq[v];
+}
+
+static loom_value through_views(const loom_graph *s, loom_value w)
+{
+	while (loom_op_is_view(s->nodes[w].op))
+		w = s->nodes[w].src[0];
+	return w;
+}
+
+/* The first and last products, which FP8 keeps in bf16 (as Transformer
+ * Engine's recipes do): each product that reads a model input (a fed
+ * leaf, through views: an MLP's first layer; a GPT's first product reads
+ * the embedding, a gather, and is not one), and the classifier, each
+ * product whose output a loss-class op (FP32: the softmax cross-entropy,
+ * the loss's reductions) reads through views (its logits' small
+ * differences decide the loss). */
+static int mark_classifiers(pass *ps)
+{
+	const loom_graph *s = ps->src;
+	ps->classifier = calloc((size_t)(s->n ? s->n : 1), 1);
+	if (!ps->classifier)
+		return -1;
+	for (int u = 0; u < s->n; u++) {
+		const loom_node *n = &s->nodes[u];
+		const loom_op_def *def = loom_op_defs[n->op];
+		if (def->amp.fp8_src)
+			for (int i = 0; i < n->nsrc; i++)
+				if (loom_op_defs[s->nodes[through_views(s, n->src[i])].op]->flags &
+				    LOOM_OPF_FED)
+					ps->classifier[u] = 1;
+		if (def->kind == LOOM_OPK_LEAF || def->amp.cls != LOOM_AMP_FP32)
+			continue;
+		for (int i = 0; i < n->nsrc; i++) {
+			if (def->amp.keep & LOOM_SRC(i))
+				continue;
+			loom_value w = through_views(s, n->src[i]);
+			if (loom_op_defs[s->nodes[w].op]->amp.fp8_src)
+				ps->classifier[w] = 1;
+		}
+	}
+	return 0;
+}
+
+/* Under fp8, product node v (in src) with its cast sources: E4M3 operands
+ * (but the first and last products'). Returns whether it rounded them. */
+static int fp8_sources(pass *ps, loom_value v, loom_value *srcs)
+{
+	const loom_node *n = &ps->src->nodes[v];
+	const loom_op_amp *amp = &loom_op_defs[n->op]->amp;
+	if (!ps->fp8 || !amp->fp8_src || (ps->classifier[v] && !ps->o->fp8_all_products))
+		return 0;
+	for (int i = 0; i < n->nsrc; i++)
+		if (amp->fp8_src & LOOM_SRC(i))
+			srcs[i] = as_e4m3(ps, srcs[i]);
+	return 1;
 }
 
 /* Is leaf v a batch-norm parameter or statistic of some later node (the
@@ -216,6 +308,9 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 		for (int i = 0; i < n->nsrc; i++)
 			if (!(def->amp.keep & LOOM_SRC(i)))
 				srcs[i] = as_dtype(ps, srcs[i], dt);
+		int fp8 = fp8_sources(ps, v, srcs);
+		if (g->err.st != LOOM_OK)
+			break;
 		loom_value nv = loom_node_add(g, n->op, dt, n->shape, n->nsrc, srcs);
 		if (nv == LOOM_NONE)
 			break;
@@ -223,6 +318,11 @@ static loom_status run_pass(pass *ps, loom_value *loss)
 		g->nodes[nv].flags = n->flags;
 		memcpy(g->nodes[nv].name, n->name, LOOM_NAME_MAX);
 		ps->map[v] = nv;
+		/* Its readers read it through an identity whose backward
+		 * rounds their gradient through E5M2: the product's backward
+		 * takes an E5M2 dy. */
+		if (fp8 && (ps->map[v] = loom_fp8_qdq_node(g, nv, LOOM_F32, LOOM_FP8_E5M2)) == LOOM_NONE)
+			break;
 	}
 	if (g->err.st != LOOM_OK)
 		return g->err.st;
@@ -254,15 +354,20 @@ loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *
 	ps.o = o;
 	ps.masters = masters;
 	ps.half = o->half;
+	ps.fp8 = o->fp8 && (o->level == LOOM_O1 || o->level == LOOM_O2);
 	ps.map = malloc(sizeof(loom_value) * (g->n ? g->n : 1));
 	loom_graph *src;
 	st = loom_graph_clone(g, &src);
-	if (st != LOOM_OK || !ps.map) {
+	if (st == LOOM_OK)
+		ps.src = src;
+	if (st != LOOM_OK || !ps.map || (ps.fp8 && mark_classifiers(&ps) != 0)) {
 		free(ps.map);
+		free(ps.classifier);
+		if (st == LOOM_OK)
+			loom_graph_free(src);
 		snprintf(err, errlen, "amp: out of memory");
 		return LOOM_ERR_NOMEM;
 	}
-	ps.src = src;
 	ps.dst = g;
 	g->n = 0; /* rewrite in place: g is refilled from the copy */
 	st = run_pass(&ps, loss);
@@ -270,6 +375,8 @@ loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *
 		snprintf(err, errlen, "%s", g->err.msg);
 	free(ps.map);
 	free(ps.cast);
+	free(ps.qdq);
+	free(ps.classifier);
 	loom_graph_free(src);
 	return st;
 }

@@ -14,6 +14,7 @@
 #ifndef LOOM_BASE_FP8_H
 #define LOOM_BASE_FP8_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "base/half.h"
@@ -138,6 +139,29 @@ static inline float loom_e5m2_to_f32(uint8_t b)
 
 	r = ab >= 0x7cu ? (ab == 0x7cu ? 0x7f800000u : 0x7fc00000u) : r;
 	return loom_f32_from_bits(sign | r);
+}
+
+/*
+ * The scale of current scaling, a power of two so that x * scale, the fp8
+ * rounding and the division back are exact but for the rounding itself:
+ * the largest 2^k with amax * 2^k <= fmax (fmax: LOOM_E4M3_MAX or
+ * LOOM_E5M2_MAX), i.e. 2^floor(log2(fmax / amax)) without the division's
+ * rounding. 1 when amax is 0, not finite or NaN (an all-zero tensor stays
+ * zero, a NaN stays NaN). k is at most 117, so that the smallest value that
+ * comes back, an E5M2 subnormal 2^-16 / 2^117, is still a bf16 (whose
+ * subnormals end at 2^-133): below amax 2^-100 the rounding is coarser than
+ * the format allows, and the result stays exact in bf16.
+ */
+static inline float loom_fp8_scale(float amax, float fmax)
+{
+	int ea, ef;
+
+	if (!(amax > 0) || !(amax <= 3.4028234663852886e38f))
+		return 1.0f;
+	float ma = frexpf(amax, &ea), mf = frexpf(fmax, &ef);
+	int k = ef - ea - (ma > mf);
+
+	return ldexpf(1.0f, k > 117 ? 117 : k);
 }
 
 /*

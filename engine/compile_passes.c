@@ -179,6 +179,15 @@ static loom_status device_run(loom_program *p, loom_pass_ctx *c)
 	loom_status st;
 	if ((st = pick_backend(p)) != LOOM_OK)
 		return st;
+	/* amp.fp8's roundings (FP8_QDQ, amp/amp_pass.c): one line, not a
+	 * refusal per node from the backend plan. */
+	for (int v = 0; v < p->plan.g->n; v++)
+		if (p->plan.g->nodes[v].op == LOOM_OP_FP8_QDQ &&
+		    !p->be->supports_op(p->be_ctx, LOOM_OP_FP8_QDQ))
+			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+						 "amp: fp8 is emulated on the CPU only for now: the %s "
+						 "backend has no fp8 kernels (use the CPU device, or "
+						 "precision bf16)", p->be->name);
 	if ((o->clip_grad > 0 || o->decay_matrices_only) && o->kind != LOOM_OPTIM_NONE &&
 	    !(p->be->caps & LOOM_BE_CLIPS_GRAD))
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,

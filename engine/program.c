@@ -158,7 +158,8 @@ static loom_status program_new(loom_graph *g, loom_value loss, const loom_compil
 	p->ts.first_nonfinite = LOOM_NONE;
 	p->plan.fingerprint = mix(loom_graph_fingerprint(g),
 			     (uint64_t)p->plan.opts.optim.kind * 131 + (uint64_t)o->amp.level * 7 +
-				     (uint64_t)o->amp.half + (o->inference ? 0x1f00dull : 0));
+				     (uint64_t)o->amp.half + (o->inference ? 0x1f00dull : 0) +
+				     (o->amp.fp8 ? 0xf8f800ull + (uint64_t)o->amp.fp8_all_products : 0));
 	p->plan.world = group_world(o->pg);
 	p->plan.loss = loss;
 	loom_status st = loom_graph_clone(g, &p->plan.g);

@@ -42,6 +42,7 @@ typedef struct classify_args {
 	int64_t limit;          /* first N images, 0: all */
 	loom_opt_level level;
 	loom_dtype half;
+	int fp8;                /* --precision fp8 (train_args.h) */
 	loom_optim_kind optim;  /* --checkpoint: the optimizer it was trained with */
 	loom_device device;
 } classify_args;
@@ -66,7 +67,7 @@ static void usage(FILE *f)
 		"  --predictions FILE   every image's index, label, prediction and logits: CSV when\n"
 		"                       FILE ends in .csv, else JSON Lines (one object per image)\n"
 		"  --opt-level O0..O3   precision of the plan (default O0)\n"
-		"  --precision P        fp16 or bf16 (default fp16)\n"
+		"  --precision P        fp16, bf16 or fp8 (default fp16)\n"
 		"  --optimizer O        sgd or adamw: --checkpoint's (default sgd)\n"
 		"  --init-strict B      true (default) or false: names must match both ways\n"
 		"  --device D           auto, cpu or cuda (default auto)\n"
@@ -135,7 +136,7 @@ static int parse(int argc, char **argv, classify_args *a)
 			switch (c) {
 			case 't': a->threads = t.threads; break;
 			case 'O': a->level = t.level; break;
-			case 'p': a->half = t.half; break;
+			case 'p': a->half = t.half; a->fp8 = t.fp8; break;
 			case 'o': a->optim = t.optim; break;
 			case 'S': a->strict = t.init_strict; break;
 			default: a->device = t.device; break;
@@ -221,6 +222,7 @@ static loom_program *build(const classify_args *a, loom_value *logits)
 	o.device = a->device;
 	o.amp.level = a->level;
 	o.amp.half = a->half;
+	o.amp.fp8 = a->fp8;
 	o.optim.kind = a->optim;
 	o.inference = a->weights != NULL;
 	loom_status st = loom_compile(g, loss, &o, &p);

@@ -166,7 +166,8 @@ size_t train_settings(const train_program *prog, const train_args *a, loom_comm_
 	setting_num(s, &n, "--lr-gamma", a->lr_gamma);
 	setting_num(s, &n, "--warmup-epochs", a->warmup_epochs);
 	setting(s, &n, "--opt-level", "O%d", (int)a->level);
-	setting(s, &n, "--precision", "%s", a->half == LOOM_BF16 ? "bf16" : "fp16");
+	setting(s, &n, "--precision", "%s", a->fp8 ? "fp8" : a->half == LOOM_BF16 ? "bf16" : "fp16");
+	setting(s, &n, "--fp8-all-products", "%s", a->fp8_all_products ? "given" : "not given");
 	if (a->loss_scale > 0)
 		setting_num(s, &n, "--loss-scale", a->loss_scale);
 	else
@@ -554,6 +555,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	o.optim.decay_matrices_only = a->decay_matrices_only;
 	o.amp.level = a->level;
 	o.amp.half = a->half;
+	o.amp.fp8 = a->fp8;
+	o.amp.fp8_all_products = a->fp8_all_products;
 	o.amp.static_scale = a->loss_scale;
 	o.amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
 	o.pg = t->pg;
@@ -610,7 +613,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 		snprintf(tail, sizeof(tail), "%d steps after %d warm-up", a->steps, a->warmup);
 	printf("loom %s: %s, %s, opt level O%d%s, %s lr %g (%s), batch %d%s, %s\n", name,
 	       info.backend, what, a->level,
-	       a->level == LOOM_O0 ? "" : a->half == LOOM_BF16 ? " (bf16)" : " (fp16)",
+	       a->level == LOOM_O0 ? "" : a->fp8 && a->level != LOOM_O3 ? " (fp8)" :
+	       a->half == LOOM_BF16 ? " (bf16)" : " (fp16)",
 	       a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a->lr, sched, a->batch,
 	       t->world > 1 ? " per rank" : "", tail);
 	if (t->world > 1)
@@ -653,7 +657,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 			      "{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:s}", "program", name,
 			      "backend", info.backend, "opt_level",
 			      (const char *[]){ "O0", "O1", "O2", "O3" }[a->level], "precision",
-			      a->level == LOOM_O0 ? "fp32" : a->half == LOOM_BF16 ? "bf16" : "fp16",
+			      a->level == LOOM_O0 ? "fp32" : a->fp8 && a->level != LOOM_O3 ? "fp8" :
+			      a->half == LOOM_BF16 ? "bf16" : "fp16",
 			      "ranks", t->world, "batch_per_rank", a->batch, "lr", a->lr, "optimizer",
 			      a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw")) {
 		fprintf(stderr, "%s: %s\n", name, merr);

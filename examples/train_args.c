@@ -137,7 +137,12 @@ void train_usage(const train_program *prog, FILE *f)
 			"  --warmup-epochs K    cosine: raise the lr linearly over K epochs first (default 0)\n");
 	fprintf(f,
 		"  --opt-level O0..O3   apex mixed-precision level (default O0)\n"
-		"  --precision P        fp16 or bf16, the half type of O1..O3 (default fp16)\n"
+		"  --precision P        fp16, bf16 or fp8, the half type of O1..O3 (default fp16);\n"
+		"                       fp8: bf16, with every product (linear, matmul, conv) but\n"
+		"                       the first and last (the classifier) on E4M3 inputs and\n"
+		"                       E5M2 output gradients at O1 and O2 (per-tensor scales\n"
+		"                       from each tensor's amax; emulated on the CPU)\n"
+		"  --fp8-all-products   --precision fp8: the first and last products in fp8 too\n"
 		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
 		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
@@ -252,7 +257,7 @@ enum {
 	O_WIDTH, O_SIZE, O_SYNTH, O_NTRAIN, O_NTEST, O_NOAUG, O_SCHED, O_WARMUP_EP, O_STEPS,
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
-	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM, O_PEAK, O_RECOMP,
+	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM, O_PEAK, O_RECOMP, O_FP8ALL,
 };
 
 /* Every flag and the group that brings it. */
@@ -272,6 +277,7 @@ static const struct {
 	{ TRAIN_FLAGS_FIT, { "lr-gamma", required_argument, 0, O_LRGAMMA } },
 	{ TRAIN_FLAGS_COMMON, { "opt-level", required_argument, 0, O_LEVEL } },
 	{ TRAIN_FLAGS_COMMON, { "precision", required_argument, 0, O_PREC } },
+	{ TRAIN_FLAGS_COMMON, { "fp8-all-products", no_argument, 0, O_FP8ALL } },
 	{ TRAIN_FLAGS_COMMON, { "loss-scale", required_argument, 0, O_SCALE } },
 	{ TRAIN_FLAGS_COMMON, { "device", required_argument, 0, O_DEVICE } },
 	{ TRAIN_FLAGS_COMMON, { "tf32", required_argument, 0, O_TF32 } },
@@ -373,13 +379,15 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		}
 		break;
 	case O_PREC:
-		if (!strcmp(arg, "fp16")) a->half = LOOM_F16;
-		else if (!strcmp(arg, "bf16")) a->half = LOOM_BF16;
+		if (!strcmp(arg, "fp16")) a->half = LOOM_F16, a->fp8 = 0;
+		else if (!strcmp(arg, "bf16")) a->half = LOOM_BF16, a->fp8 = 0;
+		else if (!strcmp(arg, "fp8")) a->half = LOOM_BF16, a->fp8 = 1;
 		else {
-			say(msg, msglen, "--precision must be fp16 or bf16, got '%s'", arg);
+			say(msg, msglen, "--precision must be fp16, bf16 or fp8, got '%s'", arg);
 			return -1;
 		}
 		break;
+	case O_FP8ALL: a->fp8_all_products = 1; break;
 	case O_SCALE:
 		if (!strcmp(arg, "dynamic"))
 			a->loss_scale = 0;
@@ -664,6 +672,10 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 	} else if (a->micro_batches || a->pipe_schedule || a->pipe_balance) {
 		say(msg, msglen, "--micro-batches, --schedule and --pipeline-balance apply to "
 		    "--pipeline N (N > 1)");
+		return TRAIN_BAD;
+	}
+	if (a->fp8_all_products && !a->fp8) {
+		say(msg, msglen, "--fp8-all-products applies to --precision fp8");
 		return TRAIN_BAD;
 	}
 	if (a->reinit && !a->init_from) {

@@ -40,6 +40,8 @@ typedef struct train_args {
 	int deterministic;     /* --deterministic: only cuDNN's deterministic algorithms */
 	loom_opt_level level;
 	loom_dtype half;
+	int fp8;               /* --precision fp8: half bf16, products in fp8 (O1, O2) */
+	int fp8_all_products;  /* --fp8-all-products: first and last products too */
 	double loss_scale; /* 0: the level's default (dynamic) */
 	int keep_bn_fp32;  /* -1: the level's default */
 	int save_every;    /* steps between mid-epoch checkpoints, 0: epoch ends only */

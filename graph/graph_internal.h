@@ -65,7 +65,8 @@
 	X(RMSNORM, rmsnorm)                       /* (x [..., C], gamma [C]) */           \
 	X(RMSNORM_BWD_DATA, rmsnorm_bwd_data)     /* (x, gamma, dy) -> dx */              \
 	X(RMSNORM_BWD_GAMMA, rmsnorm_bwd_gamma)   /* (x, dy) -> dgamma */             \
-	X(ALLGATHER, allgather)   /* ZeRO-3: a bucket of parameters gathered (parallel/zero3.c) */
+	X(ALLGATHER, allgather)   /* ZeRO-3: a bucket of parameters gathered (parallel/zero3.c) */ \
+	X(FP8_QDQ, fp8_qdq)       /* x -> x through fp8 and back (amp/amp_pass.c, attrs.fp8) */
 
 typedef enum loom_op {
 #define LOOM_OP_ENUM(NAME, low) LOOM_OP_##NAME,
@@ -160,6 +161,13 @@ typedef union loom_attrs {
 		 * writes the whole dqkv. */
 		int fused;
 	} attn;
+	struct {
+		/* FP8_QDQ: the format the forward rounds x through (LOOM_FP8_E4M3
+		 * or LOOM_FP8_E5M2; LOOM_F32: none, a copy) and the one the
+		 * backward rounds dy through (LOOM_F32: none, straight through),
+		 * each with a power-of-two scale from the tensor's own amax. */
+		loom_dtype fwd, bwd;
+	} fp8;
 } loom_attrs;
 
 typedef struct loom_node {

@@ -289,6 +289,16 @@ typedef struct loom_amp_opts {
 	int growth_interval;      /* clean steps before doubling, default 2000 */
 	double static_scale;      /* > 0: fixed scale instead of dynamic */
 	int keep_batchnorm_fp32;  /* -1: the level's default, 0 or 1 override */
+	/* FP8 training (the "hybrid" recipe), with half = LOOM_BF16, at O1 and
+	 * O2 (bf16 at O3): every product (linear, matmul, conv2d) takes E4M3
+	 * inputs and an E5M2 output gradient, per-tensor power-of-two scales
+	 * from each tensor's own amax (current scaling), fp32 accumulation,
+	 * bf16 results; but the first and last products (one reading a model
+	 * input, and the classifier, the one the loss reads), unless
+	 * fp8_all_products. Emulated exactly on the CPU (the FP8_QDQ op); the
+	 * CUDA backend refuses it. 0: off. */
+	int fp8;
+	int fp8_all_products;
 } loom_amp_opts;
 
 /* A process group (comm/comm.h: loom_pg_init); opaque here. */

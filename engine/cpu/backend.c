@@ -27,6 +27,7 @@ extern const loom_cpu_op loom_cpu_attn_probs, loom_cpu_attn_probs_bwd, loom_cpu_
 extern const loom_cpu_op loom_cpu_softmax_ce, loom_cpu_softmax_ce_bwd;        /* softmax_xent.c */
 extern const loom_cpu_op loom_cpu_rmsnorm, loom_cpu_rmsnorm_bwd_data,
 	loom_cpu_rmsnorm_bwd_gamma;                                            /* rmsnorm.c */
+extern const loom_cpu_op loom_cpu_fp8_qdq;                                    /* fp8_qdq.c */
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
 static size_t bn_ws(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v, size_t elem)
@@ -84,6 +85,7 @@ static const loom_cpu_op *const cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_RMSNORM] = &loom_cpu_rmsnorm,
 	[LOOM_OP_RMSNORM_BWD_DATA] = &loom_cpu_rmsnorm_bwd_data,
 	[LOOM_OP_RMSNORM_BWD_GAMMA] = &loom_cpu_rmsnorm_bwd_gamma,
+	[LOOM_OP_FP8_QDQ] = &loom_cpu_fp8_qdq,
 };
 #undef ROW
 

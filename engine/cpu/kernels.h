@@ -319,4 +319,9 @@ int loom_cpu_conv2d_bwd_filter_bf16(const loom_conv_shape *s, const uint16_t *dy
 int loom_cpu_gemm_bf16f32(int ta, int tb, int m, int n, int k, double alpha,
 			  const uint16_t *a, const uint16_t *b, double beta, float *c);
 
+/* FP8_QDQ's f32 kernel (fp8_qdq.c): y = fp8(x * s) / s over n elements
+ * (y may be x), s = loom_fp8_scale(amax of x, the format's largest finite),
+ * fmt LOOM_FP8_E4M3 or LOOM_FP8_E5M2. */
+void loom_cpu_fp8_qdq_f32(const float *x, float *y, int64_t n, loom_dtype fmt);
+
 #endif /* LOOM_ENGINE_CPU_KERNELS_H */

@@ -86,6 +86,7 @@ void loom_cpu_node_formats(void *ctx, const loom_plan *plan, loom_value v, loom_
 	case LOOM_OP_RELU_BWD:
 	case LOOM_OP_ADD:
 	case LOOM_OP_CAST:
+	case LOOM_OP_FP8_QDQ: /* elementwise; its amax is the same in any order */
 		caps->accept = both;
 		return;
 	case LOOM_OP_RESHAPE: /* a view: only where it keeps the shape */

@@ -69,7 +69,7 @@ const loom_op_def loom_op_conv2d = {
 	.src_names = { "input", "weight", "bias" },
 	.shape = shape_conv2d,
 	.grad = grad_conv2d,
-	.amp = { .cls = LOOM_AMP_ALLOW },
+	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
 };
 
 const loom_op_def loom_op_conv2d_bwd_data = {

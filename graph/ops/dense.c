@@ -113,7 +113,7 @@ const loom_op_def loom_op_linear = {
 	.src_names = { "input", "weight", "bias" },
 	.shape = shape_linear,
 	.grad = grad_linear,
-	.amp = { .cls = LOOM_AMP_ALLOW },
+	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
 };
 
 const loom_op_def loom_op_matmul = {
@@ -123,5 +123,5 @@ const loom_op_def loom_op_matmul = {
 	.src_names = { "a", "b" },
 	.shape = shape_matmul,
 	.grad = grad_matmul,
-	.amp = { .cls = LOOM_AMP_ALLOW },
+	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
 };

@@ -35,6 +35,7 @@ typedef enum loom_attrs_kind {
 	LOOM_ATTRS_AR,   /* .ar */
 	LOOM_ATTRS_LN,   /* .ln */
 	LOOM_ATTRS_ATTN, /* .attn */
+	LOOM_ATTRS_FP8,  /* .fp8 */
 } loom_attrs_kind;
 
 /*
@@ -68,6 +69,10 @@ typedef struct loom_op_amp {
 	/* The kept sources are batch-norm parameters: O2 and O3 leave such
 	 * leaves fp32 under keep_batchnorm_fp32 (as cuDNN takes them). */
 	int bn_params;
+	/* A tensor-core product (linear, matmul, conv) names its operands:
+	 * under amp.fp8 they take E4M3 and its output gradient E5M2
+	 * (amp/amp_pass.c). 0: not a product. */
+	unsigned fp8_src;
 } loom_op_amp;
 
 /* Op flags. */
@@ -149,6 +154,11 @@ int loom_check_same_dtype(loom_graph *g, const loom_node *n, int i, int j);
 int loom_check_ndim(loom_graph *g, const loom_node *n, int i, int ndim);
 int loom_check_weight_bias(loom_graph *g, const loom_node *n, int ndim, const char *what);
 int loom_is_float(loom_dtype dt);
+
+/* An FP8_QDQ node (amp/amp_pass.c): x rounded through fp8 format fwd in
+ * the forward, its gradient through bwd (LOOM_F32: none for either), with
+ * x's dtype and shape, flagged LOOM_NODE_AMP. */
+loom_value loom_fp8_qdq_node(loom_graph *g, loom_value x, loom_dtype fwd, loom_dtype bwd);
 
 /* Gradient rules: does source value src need a gradient; add grad to its
  * gradient (autodiff sums the shares of a value used more than once). */

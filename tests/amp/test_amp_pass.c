@@ -653,7 +653,15 @@ Test(amp_pass, f64_model_refused)
 
 /* ids -> embedding -> layer norm -> qkv linear over [B, T, C] -> causal
  * attention -> linear -> tied output projection -> cross-entropy. */
+static loom_program *compile_block_with(const loom_compile_opts *o);
+
 static loom_program *compile_block(loom_opt_level level, loom_dtype half)
+{
+	loom_compile_opts o = amp_opts(level, half);
+	return compile_block_with(&o);
+}
+
+static loom_program *compile_block_with(const loom_compile_opts *o)
 {
 	loom_graph *g;
 	loom_program *p;
@@ -668,8 +676,7 @@ static loom_program *compile_block(loom_opt_level level, loom_dtype half)
 	loom_value logits = loom_reshape(g, loom_linear(g, x, wte, LOOM_NONE), 2, lg);
 	loom_value loss = loom_softmax_cross_entropy(g, logits, y);
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-	loom_compile_opts o = amp_opts(level, half);
-	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(loom_compile(g, loss, o, &p), LOOM_OK, "%s", loom_last_error());
 	loom_graph_free(g);
 	int32_t idv[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, yv[8] = { 2, 3, 4, 5, 6, 7, 8, 9 };
 	cr_assert_eq(loom_set_input(p, "ids", idv, LOOM_I32, 8), LOOM_OK);
@@ -786,4 +793,220 @@ Test(amp_pass, o2_transformer_half_model)
 	cr_assert_eq(dtype_of_op(p, LOOM_OP_SOFTMAX_CE), LOOM_F32);
 	cr_assert_eq(n_masters(p), 7, "%d masters", n_masters(p)); /* wte, ln, qkv, proj (+ biases) */
 	loom_program_free(p);
+}
+
+/* ------------------------------------------------------------------ fp8 */
+
+static int is_qdq(const loom_program *p, loom_value v, loom_dtype fwd, loom_dtype bwd)
+{
+	const loom_node *n = node(p, v);
+	return n->op == LOOM_OP_FP8_QDQ && n->a.fp8.fwd == fwd && n->a.fp8.bwd == bwd &&
+	       n->dtype == LOOM_BF16 && (n->flags & LOOM_NODE_AMP);
+}
+
+/* The nodes of [from, to) reading v, into out (at most max); how many. */
+static int readers_in(const loom_program *p, loom_value v, int from, int to, loom_value *out,
+		      int max)
+{
+	int k = 0;
+	for (int u = from; u < to; u++)
+		for (int i = 0; i < node(p, u)->nsrc; i++)
+			if (node(p, u)->src[i] == v) {
+				if (k < max)
+					out[k] = u;
+				k++;
+				break;
+			}
+	return k;
+}
+
+static int count_qdq(const loom_program *p, int from, int to, loom_dtype fwd)
+{
+	int k = 0;
+	for (int v = from; v < to; v++)
+		k += node(p, v)->op == LOOM_OP_FP8_QDQ && node(p, v)->a.fp8.fwd == fwd;
+	return k;
+}
+
+/*
+ * amp.fp8 on the transformer block (qkv and proj linears, the tied
+ * classifier): each linear but the classifier reads E4M3 roundings of its
+ * input and weight (not of its bias) and is read only through an identity
+ * whose backward rounds through E5M2; the backward's products read that
+ * E5M2 gradient; the classifier keeps bf16 operands unless
+ * fp8_all_products. Off, and at O3, no rounding anywhere.
+ */
+static void check_block_fp8(loom_opt_level level, int all)
+{
+	loom_compile_opts o = amp_opts(level, LOOM_BF16);
+	o.amp.fp8 = 1;
+	o.amp.fp8_all_products = all;
+	loom_program *p = compile_block_with(&o);
+	int nf = p->plan.n_fwd, n = p->plan.g->n;
+	loom_value lin[3];
+	cr_assert_eq(ops_of(p, LOOM_OP_LINEAR, lin, 3), 3);
+	int rounded = 0;
+	for (int k = 0; k < 3; k++) {
+		const loom_node *l = node(p, lin[k]);
+		int classifier = strcmp(l->name, "qkv") != 0 && strcmp(l->name, "proj") != 0;
+		loom_value r[4];
+		int nr = readers_in(p, lin[k], 0, n, r, 4);
+		if (classifier && !all) {
+			/* (its input is proj's output through proj's identity) */
+			for (int i = 0; i < 2; i++)
+				cr_assert(!is_qdq(p, l->src[i], LOOM_FP8_E4M3, LOOM_F32),
+					  "the classifier's source %d is rounded", i);
+			for (int i = 0; i < nr && i < 4; i++)
+				cr_assert_neq(node(p, r[i])->op, LOOM_OP_FP8_QDQ);
+			continue;
+		}
+		rounded++;
+		cr_assert_eq(l->dtype, LOOM_BF16);
+		for (int i = 0; i < 2; i++)
+			cr_assert(is_qdq(p, l->src[i], LOOM_FP8_E4M3, LOOM_F32),
+				  "linear '%s' source %d is %s, not its E4M3 rounding", l->name, i,
+				  loom_op_defs[node(p, l->src[i])->op]->name);
+		if (l->nsrc > 2)
+			cr_assert_neq(node(p, l->src[2])->op, LOOM_OP_FP8_QDQ, "a bias rounded");
+		cr_assert_eq(nr, 1, "linear '%s' has %d readers", l->name, nr);
+		cr_assert(is_qdq(p, r[0], LOOM_F32, LOOM_FP8_E5M2),
+			  "linear '%s' is read by %s, not the E5M2 gradient rounding", l->name,
+			  loom_op_defs[node(p, r[0])->op]->name);
+	}
+	cr_assert_eq(rounded, all ? 3 : 2);
+	/* the forward: two E4M3 roundings and one identity per rounded product */
+	cr_assert_eq(count_qdq(p, 0, nf, LOOM_FP8_E4M3), 2 * rounded);
+	cr_assert_eq(count_qdq(p, 0, nf, LOOM_F32), rounded);
+	/* the backward: one E5M2 rounding per rounded product, read by its two
+	 * backward products (dx and dw) */
+	cr_assert_eq(count_qdq(p, nf, n, LOOM_FP8_E5M2), rounded);
+	cr_assert_eq(count_qdq(p, nf, n, LOOM_FP8_E4M3), 0);
+	for (int v = nf; v < n; v++) {
+		if (node(p, v)->op != LOOM_OP_FP8_QDQ)
+			continue;
+		cr_assert(node(p, v)->flags & LOOM_NODE_BACKWARD);
+		loom_value r[4], rr[4];
+		int nr = readers_in(p, v, nf, n, r, 4), mm = 0;
+		for (int i = 0; i < nr && i < 4; i++) {
+			mm += node(p, r[i])->op == LOOM_OP_MATMUL;
+			if (loom_op_is_view(node(p, r[i])->op)) /* [B, T, C] seen as rows */
+				for (int j = 0, m = readers_in(p, r[i], nf, n, rr, 4); j < m && j < 4; j++)
+					mm += node(p, rr[j])->op == LOOM_OP_MATMUL;
+		}
+		cr_assert_geq(mm, 2, "E5M2 gradient #%d read by %d products", v, mm);
+	}
+	check_loss_f32(p);
+	loom_program_free(p);
+}
+
+Test(amp_pass, fp8_rounds_products_but_the_classifier)
+{
+	check_block_fp8(LOOM_O1, 0);
+	check_block_fp8(LOOM_O2, 0);
+}
+
+Test(amp_pass, fp8_all_products_rounds_the_classifier_too)
+{
+	check_block_fp8(LOOM_O1, 1);
+}
+
+Test(amp_pass, fp8_off_or_at_o3_rounds_nothing)
+{
+	loom_compile_opts o = amp_opts(LOOM_O1, LOOM_BF16);
+	loom_program *p = compile_block_with(&o);
+	cr_assert_eq(count_qdq(p, 0, p->plan.g->n, LOOM_FP8_E4M3) +
+			     count_qdq(p, 0, p->plan.g->n, LOOM_FP8_E5M2) +
+			     count_qdq(p, 0, p->plan.g->n, LOOM_F32), 0);
+	loom_program_free(p);
+	o = amp_opts(LOOM_O3, LOOM_BF16);
+	o.amp.fp8 = 1;
+	p = compile_block_with(&o);
+	cr_assert_eq(count_qdq(p, 0, p->plan.g->n, LOOM_FP8_E4M3) +
+			     count_qdq(p, 0, p->plan.g->n, LOOM_F32), 0);
+	loom_program_free(p);
+}
+
+Test(amp_pass, fp8_refusals)
+{
+	loom_compile_opts o = amp_opts(LOOM_O1, LOOM_F16);
+	o.amp.fp8 = 1;
+	refused(&o, LOOM_ERR_INVALID, "half must be bf16", "fp8 with fp16");
+	o = amp_opts(LOOM_O1, LOOM_BF16);
+	o.amp.fp8_all_products = 1;
+	refused(&o, LOOM_ERR_INVALID, "fp8_all_products without fp8", "all products alone");
+}
+
+/* The ConvNet: conv1 reads the image (the first product) and fc is the
+ * classifier, both bf16; conv2 reads E4M3 roundings of its input and
+ * weight (not its bias), 4-D, and the backward's data and filter
+ * gradients read its E5M2 dy. */
+Test(amp_pass, fp8_rounds_the_middle_conv)
+{
+	loom_compile_opts o = amp_opts(LOOM_O1, LOOM_BF16);
+	o.amp.fp8 = 1;
+	loom_program *p = compile_convnet(&o);
+	const loom_node *c1 = node(p, must_find(p, LOOM_OP_CONV2D, "conv1"));
+	const loom_node *c2 = node(p, must_find(p, LOOM_OP_CONV2D, "conv2"));
+	const loom_node *fc = node(p, must_find(p, LOOM_OP_LINEAR, "fc"));
+	for (int i = 0; i < 2; i++) {
+		cr_assert(!is_qdq(p, c1->src[i], LOOM_FP8_E4M3, LOOM_F32), "conv1 source %d", i);
+		cr_assert(is_qdq(p, c2->src[i], LOOM_FP8_E4M3, LOOM_F32), "conv2 source %d", i);
+		cr_assert(!is_qdq(p, fc->src[i], LOOM_FP8_E4M3, LOOM_F32), "fc source %d", i);
+	}
+	cr_assert_neq(node(p, c2->src[2])->op, LOOM_OP_FP8_QDQ, "conv2's bias rounded");
+	cr_assert_eq(node(p, c2->src[0])->shape.ndim, 4);
+	int nf = p->plan.n_fwd, n = p->plan.g->n;
+	cr_assert_eq(count_qdq(p, 0, nf, LOOM_FP8_E4M3), 2);
+	cr_assert_eq(count_qdq(p, 0, nf, LOOM_F32), 1);
+	cr_assert_eq(count_qdq(p, nf, n, LOOM_FP8_E5M2), 1);
+	int bwd = 0;
+	for (int v = nf; v < n; v++)
+		if ((node(p, v)->op == LOOM_OP_CONV2D_BWD_DATA ||
+		     node(p, v)->op == LOOM_OP_CONV2D_BWD_FILTER) &&
+		    (node(p, v)->src[1] == c2->src[0] || node(p, v)->src[1] == c2->src[1]) && ++bwd)
+			cr_assert(node(p, node(p, v)->src[0])->op == LOOM_OP_FP8_QDQ &&
+					  node(p, node(p, v)->src[0])->a.fp8.fwd == LOOM_FP8_E5M2,
+				  "%s #%d reads dy #%d, not its E5M2 rounding",
+				  loom_op_defs[node(p, v)->op]->name, v, node(p, v)->src[0]);
+	cr_assert_eq(bwd, 2, "conv2's data and filter gradients");
+	one_step(p);
+	loom_program_free(p);
+}
+
+/* An MLP (x -> fc1 -> relu -> fc2 -> relu -> fc3 -> cross-entropy): its
+ * first product reads the model's input and stays bf16 as the classifier
+ * does; fc2 alone is rounded; with fp8_all_products all three. */
+static void check_mlp_fp8(int all)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t xd[2] = { 4, 12 }, yd[1] = { 4 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_relu(g, loom_layer_linear(g, "fc1", x, 16, 1));
+	h = loom_relu(g, loom_layer_linear(g, "fc2", h, 16, 1));
+	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc3", h, 5, 1), y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts o = amp_opts(LOOM_O1, LOOM_BF16);
+	o.amp.fp8 = 1;
+	o.amp.fp8_all_products = all;
+	loom_program *p;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	const char *names[3] = { "fc1", "fc2", "fc3" };
+	for (int k = 0; k < 3; k++) {
+		const loom_node *l = node(p, must_find(p, LOOM_OP_LINEAR, names[k]));
+		int want = all || k == 1;
+		for (int i = 0; i < 2; i++)
+			cr_assert_eq(is_qdq(p, l->src[i], LOOM_FP8_E4M3, LOOM_F32), want,
+				     "%s source %d: rounded %d, want %d", names[k], i, !want, want);
+	}
+	cr_assert_eq(count_qdq(p, 0, p->plan.n_fwd, LOOM_F32), all ? 3 : 1);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+Test(amp_pass, fp8_keeps_the_first_and_last_products)
+{
+	check_mlp_fp8(0);
+	check_mlp_fp8(1);
 }

@@ -87,6 +87,20 @@ check "validation loss every 20 steps" "$out" "validation loss [0-9.]*$" 2
 check "progress line: tok/s, ms/step, MFU" "$out" "tok/s .* ms/step  MFU [0-9.]*%" 8
 check "a sample comes out" "$out" "^sample (temperature" 1
 
+# FP8 emulated on the CPU (--precision fp8, amp.fp8): 20 steps run and
+# learn, the header says so; --fp8-all-products alone is refused.
+f8out=$("$EX" "${tiny[@]}" --max-steps 20 --log-interval 10 --val-interval 0 --sample 0 \
+	--opt-level O1 --precision fp8 --fp8-all-products 2>&1)
+check "--precision fp8: the header says fp8" "$f8out" "opt level O1 (fp8)" 1
+f8a=$(grep -m1 '^step .*loss' <<<"$f8out" | sed 's/.*loss \([0-9.]*\).*/\1/')
+f8b=$(grep '^step .*loss' <<<"$f8out" | tail -1 | sed 's/.*loss \([0-9.]*\).*/\1/')
+if [ -n "$f8a" ] && [ -n "$f8b" ] && awk -v a="$f8a" -v b="$f8b" 'BEGIN { exit !(b < 0.85 * a) }'; then
+	ok "--precision fp8 learns ($f8a -> $f8b)"
+else
+	bad "--precision fp8 learns" "first $f8a, last $f8b" "$f8out"
+fi
+expect "--fp8-all-products without fp8 refused" 2 "applies to --precision fp8" -- "${tiny[@]}" --fp8-all-products
+
 # Weights in and out: --export after 2 steps at lr 0 holds the initial
 # weights; --init-from them under other seeds (other draws) trains from the
 # file, so the first loss equals the exporting run's (gpt_init used to redraw

@@ -33,7 +33,7 @@ expect help 0 "usage: mnist_ddp" -- --help
 expect bad_level 2 "opt-level must be O0, O1, O2 or O3, got 'O7'" -- --opt-level O7
 expect bad_lr 2 "--lr expects a number, got 'fast'" -- --lr fast
 expect bad_epochs 2 "--epochs expects an integer" -- --epochs 0
-expect bad_precision 2 "precision must be fp16 or bf16" -- --precision fp8
+expect bad_precision 2 "precision must be fp16, bf16 or fp8, got .fp4." -- --precision fp4
 expect bad_device 2 "device must be auto, cpu or cuda" -- --device tpu
 expect bad_tf32 2 "--tf32 must be on or off, got 'maybe'" -- --tf32 maybe
 expect bad_optimizer 2 "optimizer must be sgd or adamw" -- --optimizer lbfgs

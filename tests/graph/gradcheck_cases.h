@@ -62,6 +62,8 @@
 	X(LOOM_OP_ATTENTION, attention_free_probs)                       \
 	X(LOOM_OP_ATTN_PROBS, attn_probs_t4_h2)                          \
 	X(LOOM_OP_RMSNORM, rms_norm_3d)                                  \
-	X(LOOM_OP_RMSNORM, rms_norm_2d_narrow)
+	X(LOOM_OP_RMSNORM, rms_norm_2d_narrow)                           \
+	X(LOOM_OP_FP8_QDQ, fp8_qdq_grad_e5m2)                            \
+	X(LOOM_OP_FP8_QDQ, fp8_qdq_e4m3_straight_through)
 
 #endif /* LOOM_TESTS_GRAPH_GRADCHECK_CASES_H */

@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "base/splitmix.h"
+#include "base/fp8.h"
 #include "graph/graph_internal.h"
+#include "graph/ops/ops.h"
 #include "loom.h"
 #include "tests/graph/gradcheck_cases.h"
 #include "tests/graph/nets.h"
@@ -24,6 +26,7 @@ typedef enum fill_kind {
 	FILL_AWAY0,    /* |x| in [0.2, 1], random sign: no ReLU kink within reach */
 	FILL_DISTINCT, /* a shuffled ladder of distinct values: no max-pool ties */
 	FILL_NEAR1,    /* U(0.5, 1.5): batch-norm scales */
+	FILL_FP8,      /* +-(1 + j/4) 2^-e, j, e in 0..3: E5M2 and E4M3 values at any scale */
 } fill_kind;
 
 typedef struct gc_param {
@@ -163,6 +166,11 @@ static void fill(gc *c, gc_param *p)
 	case FILL_NEAR1:
 		for (size_t i = 0; i < p->numel; i++)
 			p->val[i] = 0.5 + rnd_unit(c);
+		break;
+	case FILL_FP8:
+		for (size_t i = 0; i < p->numel; i++)
+			p->val[i] = ldexp(1 + (double)(rnd_u64(c) % 4) / 4, -(int)(rnd_u64(c) % 4)) *
+				    (rnd_u64(c) & 1 ? 1 : -1);
 		break;
 	case FILL_DISTINCT:
 		/* A Fisher-Yates shuffle of a ladder in (-1, 1): neighbours are
@@ -815,6 +823,123 @@ static void case_cast_through_f16(void)
 static void case_cast_through_bf16(void)
 {
 	check_cast(LOOM_BF16, 0.25, 3e-2, 43);
+}
+
+/* ------------------------------------------------------------------- fp8 */
+
+/* The AMP pass's fp8 rounding (graph/ops/fp8.c; no public builder) of x,
+ * unflagged so that later handles keep their numbers. */
+static loom_value fp8_qdq(gc *c, loom_value x, loom_dtype fwd, loom_dtype bwd)
+{
+	loom_value y = loom_fp8_qdq_node(c->g, x, fwd, bwd);
+	cr_assert_neq(y, LOOM_NONE, "%s", loom_graph_error(c->g));
+	c->g->nodes[y].flags &= ~(uint32_t)LOOM_NODE_AMP;
+	return y;
+}
+
+/* v rounded as the CPU kernel does: amax, power-of-two scale, fp8 and back. */
+static void qdq_ref(const double *x, double *y, size_t n, loom_dtype fmt)
+{
+	double amax = 0;
+	for (size_t i = 0; i < n; i++)
+		amax = fmax(amax, fabs(x[i]));
+	float fm = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
+	double s = loom_fp8_scale((float)amax, fm);
+	for (size_t i = 0; i < n; i++) {
+		float q = (float)(x[i] * s);
+		y[i] = (fmt == LOOM_FP8_E4M3 ? loom_e4m3_to_f32(loom_f32_to_e4m3(q)) :
+					       loom_e5m2_to_f32(loom_f32_to_e5m2(q))) / s;
+	}
+}
+
+/*
+ * The backward's E5M2 rounding: forward the identity, so finite
+ * differences see dy itself; the projection's weights, FP8 values (exact
+ * in E5M2 at any power-of-two scale), make dy exactly representable and
+ * the rounding the identity on it: the analytic gradient must match.
+ */
+static void case_fp8_qdq_grad_e5m2(void)
+{
+	gc c;
+	gc_init(&c, 151);
+	int64_t xd[2] = { 4, 6 }, rd[2] = { 1, 24 }, fd[2] = { 1, 24 };
+	loom_value x = gc_param_new(&c, "x", FILL_UNIFORM, 2, xd);
+	loom_value y = fp8_qdq(&c, x, LOOM_F32, LOOM_FP8_E5M2);
+	loom_value r = gc_param_new(&c, "r", FILL_FP8, 2, rd);
+	loom_value l = loom_sum(c.g, loom_linear(c.g, loom_reshape(c.g, y, 2, fd), r, LOOM_NONE));
+	gc_check(&c, l, 1e-6);
+	gc_fini(&c);
+}
+
+/*
+ * The forward's E4M3 rounding is a step function (finite differences see
+ * zero), trained straight through: x's gradient must be the projection's
+ * weights r exactly, as without the rounding, and r's gradient the rounded
+ * x, exactly qdq_ref's; at FP8 values x it is x itself. Then the E5M2
+ * rounding of the gradient on weights that are not E5M2 values rounds.
+ */
+static void fp8_straight_through(int fp8_values, loom_dtype fwd, loom_dtype bwd, uint64_t seed)
+{
+	gc c;
+	gc_init(&c, seed);
+	enum { N = 40 };
+	int64_t xd[2] = { 5, 8 }, rd[2] = { 1, N };
+	loom_value x = loom_param(c.g, "x", LOOM_F64, 2, xd, LOOM_INIT_ZEROS, 0);
+	loom_value y = fp8_qdq(&c, x, fwd, bwd);
+	loom_value r = loom_param(c.g, "r", LOOM_F64, 2, rd, LOOM_INIT_ZEROS, 0);
+	loom_value l = loom_sum(c.g, loom_linear(c.g, loom_reshape(c.g, y, 2, rd), r, LOOM_NONE));
+	cr_assert_eq(loom_graph_status(c.g), LOOM_OK, "%s", loom_graph_error(c.g));
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_compile(c.g, l, &o, &p), LOOM_OK, "%s", loom_last_error());
+	double xv[N], rv[N], gx[N], gr[N], want[N];
+	gc_param px = { .fill = fp8_values ? FILL_FP8 : FILL_UNIFORM, .numel = N };
+	gc_param pr = { .fill = FILL_UNIFORM, .numel = N };
+	fill(&c, &px);
+	fill(&c, &pr);
+	memcpy(xv, px.val, sizeof(xv));
+	memcpy(rv, pr.val, sizeof(rv));
+	free(px.val);
+	free(pr.val);
+	cr_assert_eq(loom_write_f64(p, x, xv, N), LOOM_OK);
+	cr_assert_eq(loom_write_f64(p, r, rv, N), LOOM_OK);
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_read_grad_f64(p, x, gx, N), LOOM_OK);
+	cr_assert_eq(loom_read_grad_f64(p, r, gr, N), LOOM_OK);
+	if (fwd == LOOM_F32)
+		memcpy(want, xv, sizeof(want));
+	else
+		qdq_ref(xv, want, N, fwd);
+	int rounded = 0;
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(gr[i], want[i], "r's gradient %d: %.17g, the rounded x %.17g", i, gr[i],
+			     want[i]);
+		rounded += want[i] != xv[i];
+		if (fp8_values)
+			cr_assert_eq(gr[i], xv[i], "x %d, an FP8 value, moved: %.17g", i, gr[i]);
+	}
+	if (!fp8_values && fwd != LOOM_F32)
+		cr_assert_gt(rounded, N / 2, "the rounding rounded only %d of %d", rounded, N);
+	if (bwd == LOOM_F32)
+		memcpy(want, rv, sizeof(want));
+	else
+		qdq_ref(rv, want, N, bwd);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(gx[i], want[i], "x's gradient %d: %.17g, want %.17g (r %.17g)", i, gx[i],
+			     want[i], rv[i]);
+	loom_program_free(p);
+	gc_fini(&c);
+}
+
+static void case_fp8_qdq_e4m3_straight_through(void)
+{
+	fp8_straight_through(1, LOOM_FP8_E4M3, LOOM_F32, 152);
+	fp8_straight_through(0, LOOM_FP8_E4M3, LOOM_F32, 153);
+	fp8_straight_through(0, LOOM_FP8_E5M2, LOOM_F32, 154);
+	fp8_straight_through(0, LOOM_F32, LOOM_FP8_E5M2, 155);
 }
 
 /* ------------------------------------------------------------ transformer */

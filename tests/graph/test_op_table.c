@@ -84,7 +84,7 @@ static int has_gradcheck(const loom_op_def *d, int op)
 static int has_known_attrs(const loom_op_def *d, int op)
 {
 	(void)op;
-	return d->attrs >= LOOM_ATTRS_NONE && d->attrs <= LOOM_ATTRS_ATTN;
+	return d->attrs >= LOOM_ATTRS_NONE && d->attrs <= LOOM_ATTRS_FP8;
 }
 
 /* Source sets name real sources only. */
