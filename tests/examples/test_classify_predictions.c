@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/examples/mnist_fixture.h"
@@ -141,6 +142,20 @@ Test(classify, predictions_csv_and_jsonl, .timeout = 300)
 	}
 	cr_expect_eq(right, hits, "rows right %lld, classify's line %lld", right, hits);
 	cr_expect_eq(n, TEST_N);
+
+	/* `bazel run` semantics: started in another directory (its runfiles)
+	 * with the user's in BUILD_WORKING_DIRECTORY, classify reads the
+	 * relative --data and --weights and writes the relative --predictions
+	 * where the user is. */
+	char exe[4096], cmd[16384];
+	cr_assert_not_null(realpath(CLASSIFY_BIN, exe), "%s: %s", CLASSIFY_BIN, strerror(errno));
+	cr_assert_eq(mkdir(in_dir("runfiles"), 0700), 0, "%s", strerror(errno));
+	snprintf(cmd, sizeof(cmd), "cd %s && BUILD_WORKING_DIRECTORY=%s %s --data . --weights "
+		 "w.safetensors --predictions r.csv --device cpu --threads 1 >/dev/null 2>&1",
+		 in_dir("runfiles"), mnist_fixture_dir(), exe);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	cr_expect_eq(access(in_dir("r.csv"), R_OK), 0, "r.csv is not in the user's directory");
+	cr_expect_neq(access(in_dir("runfiles/r.csv"), F_OK), 0, "r.csv landed in runfiles/");
 }
 
 Test(classify, predictions_path_checked_first)
