@@ -32,24 +32,20 @@
 #include "graph/ops/ops.h"
 
 /* Whether node v's op may be made again at this level (a negative level:
- * that level, without the attention probabilities). */
+ * that level, without the attention probabilities): the op table's row says
+ * from which level (loom_op_def.recompute). Attention's probabilities are
+ * not made again where the backend keeps none (one fused kernel). */
 static int recomputable_op(const loom_node *n, int level)
 {
 	const int keep_probs = level < 0;
+	const int from = loom_op_defs[n->op]->recompute;
 	if (keep_probs)
 		level = -level;
-	switch (n->op) {
-	case LOOM_OP_GELU:
-	case LOOM_OP_SILU:
-		return level >= 1;
-	case LOOM_OP_LAYERNORM:
-	case LOOM_OP_RMSNORM:
-		return level >= 2;
-	case LOOM_OP_ATTN_PROBS:
-		return level >= 3 && !keep_probs && !n->a.attn.fused;
-	default:
+	if (!from || level < from)
 		return 0;
-	}
+	if (n->op == LOOM_OP_ATTN_PROBS)
+		return !keep_probs && !n->a.attn.fused;
+	return 1;
 }
 
 int loom_recompute_has_ops(const loom_graph *g, int n_fwd, int level)

@@ -137,6 +137,7 @@ const loom_op_def loom_op_attn_probs = {
 	.shape = shape_attn_probs,
 	.grad = grad_attn_probs,
 	.amp = { .cls = LOOM_AMP_ALLOW },
+	.recompute = 3,
 };
 
 const loom_op_def loom_op_attn_probs_bwd = {

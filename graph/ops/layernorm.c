@@ -81,6 +81,7 @@ const loom_op_def loom_op_layernorm = {
 	.shape = shape_layernorm,
 	.grad = grad_layernorm,
 	.amp = { .cls = LOOM_AMP_DENY },
+	.recompute = 2,
 };
 
 const loom_op_def loom_op_layernorm_bwd_data = {

@@ -120,6 +120,10 @@ typedef struct loom_op_def {
 	loom_shape_rule shape;               /* NULL for ops users do not build */
 	loom_grad_rule grad;                 /* NULL for leaves and backward ops */
 	loom_op_amp amp;
+	/* The lowest activation-recomputation level (loom_compile_opts.recompute)
+	 * at which the op's output may be made again just before its first
+	 * backward reader instead of kept (graph/recompute.c); 0: never. */
+	int recompute;
 } loom_op_def;
 
 /* Indexed by loom_op; graph/ops/ops.c asserts it covers every op (the size

@@ -67,6 +67,7 @@ const loom_op_def loom_op_rmsnorm = {
 	.shape = shape_rmsnorm,
 	.grad = grad_rmsnorm,
 	.amp = { .cls = LOOM_AMP_DENY },
+	.recompute = 2,
 };
 
 const loom_op_def loom_op_rmsnorm_bwd_data = {

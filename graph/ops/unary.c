@@ -51,6 +51,7 @@ static void grad_unary(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		.shape = loom_shape_like_input,                           \
 		.grad = grad_unary,                                       \
 		.amp = { .cls = LOOM_AMP_FOLLOW },                        \
+		.recompute = 1,                                           \
 	};                                                                \
 	const loom_op_def loom_op_##low##_bwd = {                        \
 		.name = #low "_bwd",                                     \

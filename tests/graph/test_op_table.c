@@ -109,6 +109,17 @@ static int has_amp_class(const loom_op_def *d, int op)
 	return d->amp.cls != LOOM_AMP_UNSET;
 }
 
+/* A recomputation level (graph/recompute.c makes the output again from the
+ * op's sources) only on a differentiated forward op, and within the
+ * levels loom_compile_opts.recompute takes (1-3). */
+static int has_sane_recompute(const loom_op_def *d, int op)
+{
+	(void)op;
+	if (d->recompute == 0)
+		return 1;
+	return d->kind == LOOM_OPK_FORWARD && d->grad && d->recompute >= 1 && d->recompute <= 3;
+}
+
 static const op_column columns[] = {
 	{ "name", every_op, has_name },
 	{ "shape rule (users build it)", user_built, has_shape_rule },
@@ -120,6 +131,8 @@ static const op_column columns[] = {
 	{ "source sets (nondiff, amp.keep) within LOOM_MAX_SRC", every_op,
 	  has_sane_source_sets },
 	{ "AMP class (.amp.cls: FOLLOW, ALLOW, DENY or FP32)", every_op, has_amp_class },
+	{ "recomputation level 0, or 1-3 on a differentiated forward op", every_op,
+	  has_sane_recompute },
 };
 
 #define NCOLUMNS ((int)(sizeof(columns) / sizeof(columns[0])))
