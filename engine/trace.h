@@ -60,7 +60,17 @@ static inline void loom_trace_add(loom_trace *t, int kind, int id, int aux, doub
 	t->span[t->n++] = (loom_span){ t0, t1, kind, id, t->run, aux };
 }
 
-/* io/trace.c: closes the file unwritten and frees t (NULL: nothing). */
-void loom_trace_free(loom_trace *t);
+/* Closes the file unwritten and frees t (NULL: nothing). Here, not in
+ * io/trace.c (which writes the file), so that the engine, which frees a
+ * program's trace, calls nothing in io/. */
+static inline void loom_trace_free(loom_trace *t)
+{
+	if (!t)
+		return;
+	if (t->out)
+		fclose(t->out);
+	free(t->span);
+	free(t);
+}
 
 #endif /* LOOM_ENGINE_TRACE_H */

@@ -17,16 +17,6 @@
 
 enum { TID_COMPUTE = 0, TID_COMM = 1 };
 
-void loom_trace_free(loom_trace *t)
-{
-	if (!t)
-		return;
-	if (t->out)
-		fclose(t->out);
-	free(t->span);
-	free(t);
-}
-
 /* The ranks a trace covers: the data-parallel world, or with pipeline
  * stages the whole group (plan.world and plan.rank are then a stage's
  * replicas), so that every stage is a track of the one file. */
