@@ -72,3 +72,33 @@ loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, in
 	free(ids);
 	return st;
 }
+
+loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
+{
+	loom_value x = gpt_embed(m, B, T, V, C);
+	loom_graph *g = m->g;
+	if (x == LOOM_NONE)
+		return g ? loom_graph_status(g) : LOOM_ERR_NOMEM;
+	int64_t lg[2] = { B * T, V };
+	for (int l = 0; l < 2; l++) {
+		char nm[32];
+		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
+		loom_value h = gpt_layernorm(m, nm, x, C);
+		snprintf(nm, sizeof(nm), "h%d.c_attn", l);
+		h = loom_causal_self_attention(g, gpt_linear(m, nm, h, 3 * C, C), 2);
+		snprintf(nm, sizeof(nm), "h%d.attn_proj", l);
+		x = loom_add(g, x, gpt_linear(m, nm, h, C, C));
+		snprintf(nm, sizeof(nm), "h%d.ln_2", l);
+		loom_value n2 = gpt_layernorm(m, nm, x, C);
+		snprintf(nm, sizeof(nm), "h%d.c_fc", l);
+		h = loom_gelu(g, gpt_linear(m, nm, n2, 4 * C, C));
+		if (l == 0)
+			m->mlp_act = h;
+		snprintf(nm, sizeof(nm), "h%d.mlp_proj", l);
+		x = loom_add(g, x, gpt_linear(m, nm, h, C, 4 * C));
+	}
+	x = gpt_layernorm(m, "ln_f", x, C);
+	loom_value logits = loom_reshape(g, gpt_linear(m, "head", x, V, C), 2, lg);
+	m->loss = loom_softmax_cross_entropy(g, logits, m->targets);
+	return loom_graph_status(g);
+}

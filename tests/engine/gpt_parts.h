@@ -1,6 +1,6 @@
 /*
  * tests/engine/gpt_parts.h — the parts the engine's GPT tests build their
- * small models from (test_vocab_pad, test_recompute): f32 parameters
+ * small models from (test_vocab_pad, test_recompute, test_fp8_train): f32 parameters
  * listed as they are made, so that a test can read every one of them
  * back, a linear with its bias and a layer norm named as PyTorch names
  * them.
@@ -32,6 +32,11 @@ loom_value gpt_layernorm(gpt *m, const char *name, loom_value x, int64_t c);
  * targets [B*T] (m->targets), the token table wte [V, C] (m->wte) and
  * the positions' wpe [T, C]: the sum of both embeddings, [B, T, C]. */
 loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
+/* A new graph in *m as gpt_embed makes it, then two GPT-2 blocks (pre-norm,
+ * 2 heads, GELU MLP of 4C), a final layer norm and an untied classifier
+ * "head": m->loss the cross-entropy over [B*T, V], m->mlp_act the first
+ * block's GELU output. The graph's status (LOOM_OK, or its first error). */
+loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
 /* Batch k: tokens, positions and next-token targets, the same for the
  * same k; last_class: the first target is class V - 1. */
 loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class);

@@ -38,29 +38,8 @@
 
 static void build(gpt *m)
 {
-	loom_value x = gpt_embed(m, B, T, V, C);
-	cr_assert_neq(x, LOOM_NONE);
-	loom_graph *g = m->g;
-	int64_t lg[2] = { B * T, V };
-	for (int l = 0; l < 2; l++) {
-		char nm[32];
-		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
-		loom_value h = gpt_layernorm(m, nm, x, C);
-		snprintf(nm, sizeof(nm), "h%d.c_attn", l);
-		h = loom_causal_self_attention(g, gpt_linear(m, nm, h, 3 * C, C), 2);
-		snprintf(nm, sizeof(nm), "h%d.attn_proj", l);
-		x = loom_add(g, x, gpt_linear(m, nm, h, C, C));
-		snprintf(nm, sizeof(nm), "h%d.ln_2", l);
-		loom_value n2 = gpt_layernorm(m, nm, x, C);
-		snprintf(nm, sizeof(nm), "h%d.c_fc", l);
-		h = loom_gelu(g, gpt_linear(m, nm, n2, 4 * C, C));
-		snprintf(nm, sizeof(nm), "h%d.mlp_proj", l);
-		x = loom_add(g, x, gpt_linear(m, nm, h, C, 4 * C));
-	}
-	x = gpt_layernorm(m, "ln_f", x, C);
-	loom_value logits = loom_reshape(g, gpt_linear(m, "head", x, V, C), 2, lg);
-	m->loss = loom_softmax_cross_entropy(g, logits, m->targets);
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	cr_assert_eq(gpt_two_blocks(m, B, T, V, C), LOOM_OK, "%s",
+		     m->g ? loom_graph_error(m->g) : "out of memory");
 }
 
 /* 30 AdamW steps over 3 batches in turn; loss[k] the loss of step k. */
@@ -89,11 +68,12 @@ static void train(loom_opt_level level, int fp8, double *loss)
 	loom_graph_free(m.g);
 }
 
-static void follows_bf16(loom_opt_level level)
+/* got (fp8) against ref (bf16), step by step: the worst relative gap within
+ * bound, learning (the last loss below learn times the first), and not the
+ * same bits (something was rounded). what names the run in the messages. */
+static void follows(const char *what, const double *ref, const double *got, double bound,
+		    double learn)
 {
-	double ref[STEPS], got[STEPS];
-	train(level, 0, ref);
-	train(level, 1, got);
 	double worst = 0, diff = 0;
 	int at = 0;
 	for (int k = 0; k < STEPS; k++) {
@@ -102,15 +82,25 @@ static void follows_bf16(loom_opt_level level)
 		if (r > worst)
 			worst = r, at = k;
 	}
-	cr_log_info("fp8 O%d against bf16 O%d over %d steps: worst relative gap %.4f at step %d "
-		    "(%.5f vs %.5f); losses %.4f -> %.4f (bf16 %.4f -> %.4f)",
-		    (int)level, (int)level, STEPS, worst, at, got[at], ref[at], got[0], got[STEPS - 1], ref[0],
+	cr_log_info("%s against bf16 over %d steps: worst relative gap %.4f at step %d (%.5f vs "
+		    "%.5f); losses %.4f -> %.4f (bf16 %.4f -> %.4f)",
+		    what, STEPS, worst, at, got[at], ref[at], got[0], got[STEPS - 1], ref[0],
 		    ref[STEPS - 1]);
-	cr_assert_leq(worst, BOUND, "fp8 O%d: step %d's loss %.5f is %.4f off bf16's %.5f",
-		      (int)level, at, got[at], worst, ref[at]);
-	cr_assert_lt(got[STEPS - 1], 0.8 * got[0], "fp8 O%d does not learn: %.4f -> %.4f", (int)level,
+	cr_assert_leq(worst, bound, "%s: step %d's loss %.5f is %.4f off bf16's %.5f", what, at,
+		      got[at], worst, ref[at]);
+	cr_assert_lt(got[STEPS - 1], learn * got[0], "%s does not learn: %.4f -> %.4f", what,
 		     got[0], got[STEPS - 1]);
-	cr_assert_gt(diff, 0, "fp8 O%d gave bf16's losses to the bit: nothing rounded", (int)level);
+	cr_assert_gt(diff, 0, "%s gave bf16's losses to the bit: nothing rounded", what);
+}
+
+static void follows_bf16(loom_opt_level level)
+{
+	double ref[STEPS], got[STEPS];
+	char what[32];
+	train(level, 0, ref);
+	train(level, 1, got);
+	snprintf(what, sizeof(what), "fp8 O%d", (int)level);
+	follows(what, ref, got, BOUND, 0.8);
 }
 
 Test(fp8_train, o1_follows_bf16)
@@ -166,20 +156,5 @@ Test(fp8_train, convnet_follows_bf16)
 	double ref[STEPS], got[STEPS];
 	train_convnet(0, ref);
 	train_convnet(1, got);
-	double worst = 0, diff = 0;
-	int at = 0;
-	for (int k = 0; k < STEPS; k++) {
-		double r = fabs(got[k] - ref[k]) / ref[k];
-		diff += fabs(got[k] - ref[k]);
-		if (r > worst)
-			worst = r, at = k;
-	}
-	cr_log_info("ConvNet fp8 O1 against bf16 O1 over %d steps: worst relative gap %.4f at "
-		    "step %d (%.5f vs %.5f); losses %.4f -> %.4f (bf16 %.4f -> %.4f)",
-		    STEPS, worst, at, got[at], ref[at], got[0], got[STEPS - 1], ref[0], ref[STEPS - 1]);
-	cr_assert_leq(worst, CONV_BOUND, "ConvNet fp8: step %d's loss %.5f is %.4f off bf16's %.5f",
-		      at, got[at], worst, ref[at]);
-	cr_assert_lt(got[STEPS - 1], 0.5 * got[0], "ConvNet fp8 does not learn: %.4f -> %.4f",
-		     got[0], got[STEPS - 1]);
-	cr_assert_gt(diff, 0, "ConvNet fp8 gave bf16's losses to the bit: nothing rounded");
+	follows("ConvNet fp8 O1", ref, got, CONV_BOUND, 0.5);
 }

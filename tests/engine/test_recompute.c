@@ -28,33 +28,11 @@
  * GELU output is an output the user reads. */
 static void build(gpt *m, int mark)
 {
-	loom_value x = gpt_embed(m, B, T, V, C);
-	cr_assert_neq(x, LOOM_NONE);
-	loom_graph *g = m->g;
-	int64_t lg[2] = { B * T, V };
-	for (int l = 0; l < 2; l++) {
-		char nm[32];
-		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
-		loom_value h = gpt_layernorm(m, nm, x, C);
-		snprintf(nm, sizeof(nm), "h%d.c_attn", l);
-		h = loom_causal_self_attention(g, gpt_linear(m, nm, h, 3 * C, C), 2);
-		snprintf(nm, sizeof(nm), "h%d.attn_proj", l);
-		x = loom_add(g, x, gpt_linear(m, nm, h, C, C));
-		snprintf(nm, sizeof(nm), "h%d.ln_2", l);
-		loom_value n2 = gpt_layernorm(m, nm, x, C);
-		snprintf(nm, sizeof(nm), "h%d.c_fc", l);
-		h = loom_gelu(g, gpt_linear(m, nm, n2, 4 * C, C));
-		if (l == 0)
-			m->mlp_act = h;
-		snprintf(nm, sizeof(nm), "h%d.mlp_proj", l);
-		x = loom_add(g, x, gpt_linear(m, nm, h, C, 4 * C));
-	}
-	x = gpt_layernorm(m, "ln_f", x, C);
-	loom_value logits = loom_reshape(g, gpt_linear(m, "head", x, V, C), 2, lg);
-	m->loss = loom_softmax_cross_entropy(g, logits, m->targets);
+	cr_assert_eq(gpt_two_blocks(m, B, T, V, C), LOOM_OK, "%s",
+		     m->g ? loom_graph_error(m->g) : "out of memory");
 	if (mark)
-		loom_mark_output(g, m->mlp_act);
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+		loom_mark_output(m->g, m->mlp_act);
+	cr_assert_eq(loom_graph_status(m->g), LOOM_OK, "%s", loom_graph_error(m->g));
 }
 
 static loom_status try_compile(gpt *m, int level, loom_opt_level amp, loom_program **p)
