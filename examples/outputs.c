@@ -176,5 +176,8 @@ int train_enter_user_dir(char *msg, size_t msglen)
 			 "(BUILD_WORKING_DIRECTORY=%s): %s", dir, strerror(errno));
 		return -1;
 	}
+	/* Entered once: a later call (gpt_ddp's, then train_start's) and the
+	 * workers --nproc starts, which inherit the directory, do nothing. */
+	unsetenv("BUILD_WORKING_DIRECTORY");
 	return 0;
 }

@@ -57,8 +57,9 @@ void train_lock_release(train_lock *l);
  * the directory the user typed the command in as BUILD_WORKING_DIRECTORY.
  * Every relative path on the command line (--data, --tokens, --export,
  * --checkpoint, --metrics, --init-from, ...) is the user's, so a program
- * moves there before it reads one. Without the variable (a binary run
- * directly, a test) nothing changes. 0, or -1 with msg naming the
+ * moves there before it reads one, and unsets the variable, so a second
+ * call does nothing. Without the variable (a binary run directly, a test)
+ * nothing changes. 0, or -1 with msg naming the
  * directory and why it could not be entered.
  */
 int train_enter_user_dir(char *msg, size_t msglen);
