@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "base/cuda_plugin.h"
+#include "base/options.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -117,7 +118,7 @@ static int probe_locked(void)
 		snprintf(g.why, sizeof g.why,
 			 "the CUDA driver (version %d.%d) sees no device (CUDA_VISIBLE_DEVICES=%s)",
 			 g.driver_version / 1000, g.driver_version % 1000 / 10,
-			 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES")
+			 loom_env("CUDA_VISIBLE_DEVICES") ? loom_env("CUDA_VISIBLE_DEVICES")
 							: "unset");
 	return n;
 }
@@ -219,7 +220,7 @@ static const loom_cuda_plugin *load_locked(void)
 				  "CUDA backend");
 			return NULL;
 		}
-		env = getenv("LOOM_CUDA_PLUGIN");
+		env = loom_opt_env(LOOM_OPT_CUDA_PLUGIN);
 		if (env && *env) {
 			h = try_open(env, 0);
 			if (!h) {
@@ -241,7 +242,7 @@ static const loom_cuda_plugin *load_locked(void)
 				 LOOM_CUDA_PLUGIN_FILE);
 			h = try_open(path, 1);
 		}
-		if (!h && ((rf = getenv("RUNFILES_DIR")) || (rf = getenv("TEST_SRCDIR")))) {
+		if (!h && ((rf = loom_env("RUNFILES_DIR")) || (rf = loom_env("TEST_SRCDIR")))) {
 			snprintf(path, sizeof path, "%s/loom/engine/cuda/%s", rf,
 				 LOOM_CUDA_PLUGIN_FILE);
 			h = try_open(path, 1);

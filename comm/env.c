@@ -4,6 +4,7 @@
  * Slurm's compressed host lists, plus the small
  * helpers every file of comm/ uses: error formatting, clocks, polite polling.
  */
+#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include "base/errf.h"
@@ -86,7 +87,7 @@ loom_status loom_comm_parse_int(const char *name, const char *text, int lo, int 
 
 static loom_status required(const char *name, const char **out, char *err, size_t errlen)
 {
-	*out = getenv(name);
+	*out = loom_env(name);
 	if (!*out)
 		return loom_errnf(err, errlen, LOOM_ERR_INVALID,
 				      "env://: %s is not set (RANK, WORLD_SIZE, MASTER_ADDR "
@@ -101,9 +102,9 @@ void loom_comm_agent_arm(void)
 	pid_t agent;
 
 	/* Only torchrun sets these (loom's --nproc sets RESTART_COUNT alone). */
-	if (armed || getenv("LOOM_LAUNCH_WORKER") ||
-	    !(getenv("TORCHELASTIC_RUN_ID") || getenv("TORCHELASTIC_MAX_RESTARTS") ||
-	      getenv("TORCHELASTIC_USE_AGENT_STORE")))
+	if (armed || loom_env("LOOM_LAUNCH_WORKER") ||
+	    !(loom_env("TORCHELASTIC_RUN_ID") || loom_env("TORCHELASTIC_MAX_RESTARTS") ||
+	      loom_env("TORCHELASTIC_USE_AGENT_STORE")))
 		return;
 	armed = 1;
 	agent = getppid();
@@ -114,8 +115,8 @@ void loom_comm_agent_arm(void)
 	 * all cannot be told from a parent that is pid 1 or a subreaper.) */
 	if (getppid() != agent) {
 		loom_log("%s%s%sstopped: torchrun's agent (pid %d) is gone\n",
-			 getenv("RANK") ? "rank " : "", getenv("RANK") ? getenv("RANK") : "",
-			 getenv("RANK") ? ": " : "", (int)agent);
+			 loom_env("RANK") ? "rank " : "", loom_env("RANK") ? loom_env("RANK") : "",
+			 loom_env("RANK") ? ": " : "", (int)agent);
 		_exit(1);
 	}
 }
@@ -124,9 +125,9 @@ void loom_comm_agent_arm(void)
  * GROUP_WORLD_SIZE), whether MASTER_PORT is its own store, the attempt. */
 static loom_status torchrun_extras(loom_comm_env *e, char *err, size_t errlen)
 {
-	const char *gr = getenv("GROUP_RANK"), *gw = getenv("GROUP_WORLD_SIZE");
-	const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
-	const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+	const char *gr = loom_env("GROUP_RANK"), *gw = loom_env("GROUP_WORLD_SIZE");
+	const char *store = loom_env("TORCHELASTIC_USE_AGENT_STORE");
+	const char *restart = loom_env("TORCHELASTIC_RESTART_COUNT");
 	loom_status st;
 
 	e->group_rank = e->group_world = -1;
@@ -178,8 +179,8 @@ loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen)
 				      "MASTER_ADDR='%.64s' is empty or too long", addr);
 	strcpy(e->master_addr, addr);
 
-	lr = getenv("LOCAL_RANK");
-	lw = getenv("LOCAL_WORLD_SIZE");
+	lr = loom_env("LOCAL_RANK");
+	lw = loom_env("LOCAL_WORLD_SIZE");
 	e->local_rank = e->local_world = -1;
 	if (lr && (st = loom_comm_parse_int("LOCAL_RANK", lr, 0, INT_MAX, &e->local_rank, err,
 					    errlen)))
@@ -202,7 +203,7 @@ loom_status loom_comm_env_parse(loom_comm_env *e, char *err, size_t errlen)
 
 int loom_comm_env_is_slurm(void)
 {
-	return getenv("SLURM_PROCID") && getenv("SLURM_STEP_NODELIST");
+	return loom_env("SLURM_PROCID") && loom_env("SLURM_STEP_NODELIST");
 }
 
 int loom_comm_slurm_port(unsigned long job, unsigned long step)
@@ -214,7 +215,7 @@ int loom_comm_slurm_port(unsigned long job, unsigned long step)
 
 static loom_status slurm_number(const char *name, unsigned long *out, char *err, size_t errlen)
 {
-	const char *t = getenv(name);
+	const char *t = loom_env(name);
 	int v;
 	loom_status st;
 
@@ -230,10 +231,10 @@ static loom_status slurm_number(const char *name, unsigned long *out, char *err,
 
 loom_status loom_comm_env_parse_slurm(loom_comm_env *e, char *err, size_t errlen)
 {
-	const char *procid = getenv("SLURM_PROCID"), *ntasks = getenv("SLURM_NTASKS");
-	const char *localid = getenv("SLURM_LOCALID"), *nodes = getenv("SLURM_STEP_NODELIST");
-	const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
-	const char *nodeid = getenv("SLURM_NODEID"), *nnodes = getenv("SLURM_NNODES");
+	const char *procid = loom_env("SLURM_PROCID"), *ntasks = loom_env("SLURM_NTASKS");
+	const char *localid = loom_env("SLURM_LOCALID"), *nodes = loom_env("SLURM_STEP_NODELIST");
+	const char *addr = loom_env("MASTER_ADDR"), *port = loom_env("MASTER_PORT");
+	const char *nodeid = loom_env("SLURM_NODEID"), *nnodes = loom_env("SLURM_NNODES");
 	unsigned long job, step;
 	loom_status st;
 	char why[LOOM_COMM_ERRLEN];
@@ -468,10 +469,10 @@ loom_status loom_slurm_hostlist_nth(const char *list, long index, char *out, siz
 
 loom_status loom_comm_env_parse_ompi(loom_comm_env *e, int *present, char *err, size_t errlen)
 {
-	const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-	const char *size = getenv("OMPI_COMM_WORLD_SIZE");
-	const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-	const char *lw = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+	const char *rank = loom_env("OMPI_COMM_WORLD_RANK");
+	const char *size = loom_env("OMPI_COMM_WORLD_SIZE");
+	const char *lr = loom_env("OMPI_COMM_WORLD_LOCAL_RANK");
+	const char *lw = loom_env("OMPI_COMM_WORLD_LOCAL_SIZE");
 	loom_status st;
 
 	memset(e, 0, sizeof(*e));
@@ -496,7 +497,7 @@ loom_status loom_comm_env_parse_ompi(loom_comm_env *e, int *present, char *err, 
 
 loom_status loom_comm_env_timeout(double *out, int *present, char *err, size_t errlen)
 {
-	const char *t = getenv("LOOM_COMM_TIMEOUT_S");
+	const char *t = loom_opt_env(LOOM_OPT_COMM_TIMEOUT_S);
 	char *end;
 	double v;
 

@@ -11,6 +11,7 @@
  * last lines are kept. on_exit sees the status that main returned.
  */
 #define _GNU_SOURCE /* fopencookie, on_exit */
+#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include <errno.h>
@@ -157,7 +158,7 @@ out:
 void loom_comm_error_file_arm(void)
 {
 	cookie_io_functions_t io = { .write = tee_write };
-	const char *path = getenv("TORCHELASTIC_ERROR_FILE");
+	const char *path = loom_env("TORCHELASTIC_ERROR_FILE");
 	FILE *f;
 
 	if (ef.armed || !path || !*path || strlen(path) >= sizeof(ef.path))

@@ -14,6 +14,7 @@
  * another step or checkpoint.
  */
 #define _GNU_SOURCE /* pipe2 */
+#include "base/options.h"
 #include "comm/launch.h"
 
 #include <errno.h>
@@ -204,7 +205,7 @@ static pid_t spawn(const loom_launch_options *o, char *const argv[], int rank, i
 		 * cores spin against each other (measured: 2 ranks x 2 threads
 		 * on 2 cores ran at a third of 2 x 1). As torchrun does, give
 		 * each its share unless the user chose. */
-		if (!getenv("OMP_NUM_THREADS")) {
+		if (!loom_env("OMP_NUM_THREADS")) {
 			long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 			long share = ncpu > o->nproc ? ncpu / o->nproc : 1;
 			snprintf(v, sizeof(v), "%ld", share);
@@ -444,7 +445,7 @@ static void *watch_launcher(void *arg)
  * would end the process first), and a stopped worker is woken to do so. */
 static void worker_watch(void)
 {
-	const char *fd = getenv("LOOM_LAUNCH_LIVE_FD"), *lp = getenv("LOOM_LAUNCH_PID");
+	const char *fd = loom_env("LOOM_LAUNCH_LIVE_FD"), *lp = loom_env("LOOM_LAUNCH_PID");
 	pthread_attr_t a;
 	pthread_t t;
 	int ok;
@@ -455,7 +456,7 @@ static void worker_watch(void)
 		return;
 	live_fd = atoi(fd);
 	live_launcher = (pid_t)atoi(lp);
-	snprintf(live_rank, sizeof(live_rank), "%s", getenv("RANK") ? getenv("RANK") : "");
+	snprintf(live_rank, sizeof(live_rank), "%s", loom_env("RANK") ? loom_env("RANK") : "");
 	/* Not for what this worker starts in turn: its fd is closed there. */
 	unsetenv("LOOM_LAUNCH_LIVE_FD");
 	unsetenv("LOOM_LAUNCH_PID");
@@ -523,7 +524,7 @@ int loom_launch_maybe(int *argc, char **argv)
 		loom_log("--max-restarts needs --nproc\n");
 		return 2;
 	}
-	if (getenv("LOOM_LAUNCH_WORKER")) {
+	if (loom_env("LOOM_LAUNCH_WORKER")) {
 		worker_watch();
 		return -1;
 	}
@@ -531,23 +532,23 @@ int loom_launch_maybe(int *argc, char **argv)
 		return -1;
 	/* Already one rank of a group: N more each would form groups of their
 	 * own on the same ports and die of it without a reason. */
-	if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("RANK") || getenv("WORLD_SIZE")) {
+	if (loom_env("OMPI_COMM_WORLD_SIZE") || loom_env("RANK") || loom_env("WORLD_SIZE")) {
 		loom_log("--nproc %d: this process is already one rank of a group (started by "
 			"%s): start it either with --nproc or with %s, not both\n",
 			o.nproc,
-			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun: OMPI_COMM_WORLD_SIZE is set"
+			loom_env("OMPI_COMM_WORLD_SIZE") ? "mpirun: OMPI_COMM_WORLD_SIZE is set"
 						       : "torchrun: RANK or WORLD_SIZE is set",
-			getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "torchrun");
+			loom_env("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "torchrun");
 		return 2;
 	}
 	/* One task of an srun step of several: each task would start N of its
 	 * own. (A step of one task, or a batch script, may start N.) */
-	const char *ntasks = getenv("SLURM_NTASKS");
-	if (getenv("SLURM_STEP_NODELIST") && getenv("SLURM_PROCID") && ntasks && atoi(ntasks) > 1) {
+	const char *ntasks = loom_env("SLURM_NTASKS");
+	if (loom_env("SLURM_STEP_NODELIST") && loom_env("SLURM_PROCID") && ntasks && atoi(ntasks) > 1) {
 		loom_log("--nproc %d: this process is already one of the %s tasks of an srun step "
 			"(SLURM_PROCID %s): start it either with --nproc (srun -n 1) or with srun -n "
 			"N, not both\n",
-			o.nproc, ntasks, getenv("SLURM_PROCID"));
+			o.nproc, ntasks, loom_env("SLURM_PROCID"));
 		return 2;
 	}
 	return loom_launch(&o, argv);

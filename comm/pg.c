@@ -4,6 +4,7 @@
  * name server's address, rank 0's MPI port and the NCCL unique id, then the
  * singletons join into one communicator), or as a single process.
  */
+#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include <errno.h>
@@ -200,7 +201,7 @@ static int get_str(const uint8_t **p, const uint8_t *end, char *out, size_t cap)
  * rank does not listen on MASTER_PORT. */
 static loom_status rank0_listener(const loom_comm_env *e, int *fd, char *err, size_t errlen)
 {
-	const char *given = getenv("LOOM_LAUNCH_LISTEN_FD");
+	const char *given = loom_env("LOOM_LAUNCH_LISTEN_FD");
 	loom_status st;
 	char why[200];
 
@@ -411,14 +412,14 @@ static loom_status boot_mpi(loom_pg *pg, const loom_comm_options *o)
 
 static loom_comm_bootstrap detect(void)
 {
-	if (getenv("OMPI_COMM_WORLD_SIZE"))
+	if (loom_env("OMPI_COMM_WORLD_SIZE"))
 		return LOOM_COMM_BOOT_MPI;
 	/* torchrun's RANK wins over srun's (torchrun started by srun). */
-	if (getenv("RANK") || getenv("WORLD_SIZE"))
+	if (loom_env("RANK") || loom_env("WORLD_SIZE"))
 		return LOOM_COMM_BOOT_ENV;
 	if (loom_comm_env_is_slurm())
 		return LOOM_COMM_BOOT_SLURM;
-	if (getenv("MASTER_ADDR"))
+	if (loom_env("MASTER_ADDR"))
 		return LOOM_COMM_BOOT_ENV;
 	return LOOM_COMM_BOOT_SINGLE;
 }

@@ -11,6 +11,7 @@
 
 #include "amp/amp_pass.h"
 #include "base/cuda_plugin.h"
+#include "base/options.h"
 #include "engine/pass.h"
 
 /* ------------------------------------------------------------ amp */
@@ -59,13 +60,9 @@ const loom_pass loom_pass_autodiff = { .name = "autodiff", .run = autodiff_run }
 /* loom_compile_opts.recompute, or LOOM_RECOMPUTE=N (0-2) instead. */
 static int recompute_level(const loom_compile_opts *o)
 {
-	const char *e = getenv("LOOM_RECOMPUTE");
-	if (e && *e) {
-		char *end;
-		long v = strtol(e, &end, 10);
-		if (*end == '\0' && v >= 0 && v <= 3)
-			return (int)v;
-	}
+	long v;
+	if (loom_opt_int(LOOM_OPT_RECOMPUTE, &v))
+		return (int)v;
 	return o->recompute;
 }
 
@@ -113,7 +110,7 @@ static loom_status recompute_run(loom_program *p, loom_pass_ctx *c)
  * LOOM_RECOMPUTE does not decide. */
 static int recompute_retry(const loom_program *p, loom_compile_opts *o)
 {
-	const char *e = getenv("LOOM_RECOMPUTE");
+	const char *e = loom_opt_env(LOOM_OPT_RECOMPUTE);
 	if (!(o->memory_limit_mb > 0) || o->inference || o->pipeline_stages > 1 ||
 	    o->recompute >= 3 || (e && *e))
 		return 0;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "comm/comm.h"
 #include "engine/elem.h"
 #include "engine/program_internal.h"
@@ -508,8 +509,7 @@ static loom_status exec_step(loom_program *p, const loom_step *s, int i, unsigne
 static const char *colls_no_graph(const loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
-	const char *e = getenv("LOOM_CUDA_GRAPH_RANKS");
-	if (e && !strcmp(e, "0"))
+	if (!loom_opt_bool(LOOM_OPT_CUDA_GRAPH_RANKS))
 		return "off (LOOM_CUDA_GRAPH_RANKS=0)";
 	if (!pl->comm)
 		return "no communicator";
@@ -527,13 +527,12 @@ static const char *colls_no_graph(const loom_program *p)
 static int graph_allowed(const loom_program *p, char *why, size_t len)
 {
 	const loom_plan *pl = &p->plan;
-	const char *e = getenv("LOOM_CUDA_GRAPH");
 	*why = 0;
 	if (!p->be->capture_begin || !p->be->capture_end || !p->be->replay)
 		return snprintf(why, len, "the %s backend records no graphs", p->be->name), 0;
 	if (!pl->opts.cuda_graph)
 		return snprintf(why, len, "off (--no-cuda-graph)"), 0;
-	if (e && !strcmp(e, "0"))
+	if (!loom_opt_bool(LOOM_OPT_CUDA_GRAPH))
 		return snprintf(why, len, "off (LOOM_CUDA_GRAPH=0)"), 0;
 	if (p->transport)
 		return snprintf(why, len, "%s", p->transport->no_graph), 0;

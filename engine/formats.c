@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/pass.h"
 #include "engine/program_internal.h"
 
@@ -25,9 +26,9 @@ static void ask_backend(void *ctx, const loom_graph *g, loom_value v, loom_forma
 
 int loom_formats_on(const loom_compile_opts *o)
 {
-	const char *e = getenv("LOOM_FORMATS");
-	if (e && (!strcmp(e, "nchw") || !strcmp(e, "auto")))
-		return !strcmp(e, "auto");
+	int c = loom_opt_choice(LOOM_OPT_FORMATS); /* nchw|auto */
+	if (c >= 0)
+		return c == 1;
 	return o->formats == LOOM_FORMATS_AUTO;
 }
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "comm/comm.h"
 #include "parallel/parallel.h" /* loom_master_write: O2 masters, ZeRO's shards */
 #include "engine/elem.h"
@@ -468,9 +469,8 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
  * with loss_async; one process, no pipeline, no trace, no diagnosis). */
 static int async_loss(const loom_program *p)
 {
-	const char *e = getenv("LOOM_ASYNC_LOSS");
-	return e && !strcmp(e, "1") && p->be->loss_async && !p->plan.pipe && p->plan.world <= 1 &&
-	       !p->ts.trace && !p->ts.diagnose;
+	return loom_opt_bool(LOOM_OPT_ASYNC_LOSS) && p->be->loss_async && !p->plan.pipe &&
+	       p->plan.world <= 1 && !p->ts.trace && !p->ts.diagnose;
 }
 
 static loom_status run_and_sync(loom_program *p, loom_run_mode mode)

@@ -19,19 +19,16 @@
 #include <string.h>
 
 #include "base/errf.h"
+#include "base/options.h"
 #include "engine/pass.h"
 #include "graph/ops/ops.h"
 #include "graph/rowpad.h"
 
 int64_t loom_vocab_pad_multiple(const loom_compile_opts *o)
 {
-	const char *e = getenv("LOOM_VOCAB_PAD");
-	if (e && *e) {
-		char *end;
-		long v = strtol(e, &end, 10);
-		if (*end == '\0' && v >= 0 && v <= (1L << 20))
-			return v;
-	}
+	long v;
+	if (loom_opt_int(LOOM_OPT_VOCAB_PAD, &v)) /* 0 to 2^20 */
+		return v;
 	return o->vocab_pad > 0 ? o->vocab_pad : 0;
 }
 

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/options.h"
 #include "examples/models.h"
 #include "examples/outputs.h"
 #include "examples/train_args.h"
@@ -409,8 +410,7 @@ int main(int argc, char **argv)
 	/* The loader converts straight into the program's input buffers
 	 * (loom_input_buffer), unless LOOM_INPUT_BUFFER=0: its own and
 	 * loom_set_input's copy, as examples/train.c. */
-	const char *ib = getenv("LOOM_INPUT_BUFFER");
-	int direct = !(ib && !strcmp(ib, "0"));
+	int direct = loom_opt_bool(LOOM_OPT_INPUT_BUFFER);
 	for (int64_t b = 0; b < batches; b++) {
 		int count;
 		float *bi = img;

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "base/options.h"
 #include "base/splitmix.h"
 #include "comm/launch.h"
 #include "examples/gpt_data.h"
@@ -581,10 +582,9 @@ static loom_status feed_batch(loom_program *p, const gpt_span *d, int vocab, con
 			      int b, int T, gpt_batch *bt, loom_run_mode mode)
 {
 	static const char *const names[3] = { "ids", "pos", "targets" };
-	const char *e = getenv("LOOM_INPUT_BUFFER");
 	size_t n = (size_t)b * T;
 	data_err[0] = 0;
-	if (e && !strcmp(e, "0")) {
+	if (!loom_opt_bool(LOOM_OPT_INPUT_BUFFER)) {
 		if (fill_batch(d, vocab, starts, b, T, bt))
 			return LOOM_ERR_FORMAT;
 		return run_batch(p, bt, n, mode);

@@ -2,6 +2,7 @@
  * examples/outputs.c — output paths checked before step 1 and the
  * checkpoint's lock (outputs.h).
  */
+#include "base/options.h"
 #include "examples/outputs.h"
 
 #include <errno.h>
@@ -168,7 +169,7 @@ void train_lock_release(train_lock *l)
 
 int train_enter_user_dir(char *msg, size_t msglen)
 {
-	const char *dir = getenv("BUILD_WORKING_DIRECTORY");
+	const char *dir = loom_env("BUILD_WORKING_DIRECTORY");
 	if (!dir || !*dir)
 		return 0;
 	if (chdir(dir)) {

@@ -5,6 +5,7 @@
  * evaluation summed across ranks, so that each example is its model and
  * its data.
  */
+#include "base/options.h"
 #include "examples/train.h"
 
 #include <errno.h>
@@ -267,7 +268,7 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 				"begins again from step 0\n",
 			prog->name);
 	/* The same for torchrun's --max-restarts (said once, by rank 0). */
-	const char *tmr = getenv("TORCHELASTIC_MAX_RESTARTS"), *trk = getenv("RANK");
+	const char *tmr = loom_env("TORCHELASTIC_MAX_RESTARTS"), *trk = loom_env("RANK");
 	if (tmr && strcmp(tmr, "0") && trk && !strcmp(trk, "0") &&
 	    !flag_value(argc, argv, "--checkpoint"))
 		fprintf(stderr, "%s: warning: torchrun --max-restarts %s without --checkpoint: a "
@@ -285,7 +286,7 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	 * from the checkpoint when there is one, --resume or not: starting
 	 * over would lose the run and then overwrite its checkpoint with an
 	 * earlier step. */
-	const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+	const char *restart = loom_env("TORCHELASTIC_RESTART_COUNT");
 	if (restart && strcmp(restart, "0") && t->a.checkpoint && !t->a.resume) {
 		t->a.resume = 1;
 		fprintf(stderr, "%s: restart %s: resuming from %s\n", prog->name, restart,
@@ -461,7 +462,9 @@ int train_export(train_run *t)
 	 * working directory, else in TMPDIR or /tmp (the same names on every
 	 * rank: under ZeRO they all take part). */
 	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-	const char *tmpdir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
+	const char *tmpdir = loom_env("TMPDIR");
+	if (!tmpdir || !tmpdir[0])
+		tmpdir = "/tmp";
 	snprintf(fb[0], sizeof(fb[0]), "%s.fallback.safetensors", path);
 	snprintf(fb[1], sizeof(fb[1]), "%s.fallback.safetensors", base);
 	snprintf(fb[2], sizeof(fb[2]), "%s/%s.fallback.safetensors", tmpdir, base);
@@ -781,8 +784,7 @@ static int argmax(const float *z, int classes)
  * path before, kept to measure against). */
 static int input_buffers_on(void)
 {
-	const char *e = getenv("LOOM_INPUT_BUFFER");
-	return !(e && !strcmp(e, "0"));
+	return loom_opt_bool(LOOM_OPT_INPUT_BUFFER);
 }
 
 /* The program's buffers for the next batch of images and labels. */
@@ -1106,7 +1108,8 @@ int train_drive(train_run *t, const train_task *task)
 	int64_t done = step, timed = 0;
 	/* Test hook (tests/ddp/test_ddp.sh): rank 1 of a launcher's first
 	 * attempt dies by SIGKILL before step LOOM_TEST_KILL_AT_STEP. */
-	const char *ka = getenv("LOOM_TEST_KILL_AT_STEP"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+	const char *ka = loom_opt_env(LOOM_OPT_TEST_KILL_AT_STEP);
+	const char *att = loom_env("TORCHELASTIC_RESTART_COUNT");
 	int64_t kill_at = ka && t->rank == 1 && att && !strcmp(att, "0") ? atoll(ka) : -1;
 	double timed_s = 0; /* steps after this run's first (start-up) one, evaluation left out */
 	for (int64_t epoch = first_epoch; epoch < a->epochs && done < last; epoch++) {
@@ -1345,7 +1348,7 @@ int train_fit(train_run *t, loom_sampler *train_s, loom_loader *train_l, loom_lo
 	image_task k = { .train_s = train_s, .test_l = test_l, .test_n = test_n,
 			 .elems = loom_loader_image_elems(train_l),
 			 .per_epoch = loom_loader_num_batches(train_l),
-			 .order_hook = getenv("LOOM_TEST_EPOCH_ORDER") != NULL,
+			 .order_hook = loom_opt_env(LOOM_OPT_TEST_EPOCH_ORDER) != NULL,
 			 .direct = input_buffers_on() };
 	train_task task = {
 		.ctx = &k,

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "graph/memplan.h"
 #include "graph/ops/ops.h"
 
@@ -442,7 +443,7 @@ static int by_size(const void *a, const void *b)
 static loom_status place_by_size(planner *pl, allocator *a)
 {
 	loom_memplan *mp = pl->mp;
-	const char *e = getenv("LOOM_MEMPLAN_BY_SIZE");
+	const char *e = loom_opt_env(LOOM_OPT_MEMPLAN_BY_SIZE);
 	const int mode = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 2 : 1;
 	const int n = pl->n;
 	loom_status st = LOOM_OK;
@@ -611,7 +612,7 @@ loom_status loom_memplan_build_held(const loom_graph *g, const loom_value *order
 				    loom_memplan *mp)
 {
 	planner pl = { .g = g, .mp = mp, .n = g->n };
-	const char *dy_env = getenv("LOOM_INPLACE_DY");
+	const char *dy_env = loom_opt_env(LOOM_OPT_INPLACE_DY);
 	pl.inplace_dy = !(dy_env && !strcmp(dy_env, "0"));
 	allocator a = { 0 };
 	loom_status st;

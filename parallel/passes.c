@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "parallel/parallel.h"
 #include "parallel/passes.h"
 #include "parallel/pipeline.h"
@@ -76,9 +77,8 @@ const loom_pass loom_pass_pipeline_cut = {
  * graph, as several ranks would. Plain data parallelism only. */
 static int world1_buckets(const loom_program *p)
 {
-	const char *e = getenv("LOOM_DDP_WORLD1_BUCKETS");
-	return e && !strcmp(e, "1") && p->plan.world <= 1 && p->plan.opts.pg &&
-	       !p->plan.opts.inference && p->plan.opts.zero_stage == 0 && !p->plan.pipe;
+	return loom_opt_bool(LOOM_OPT_DDP_WORLD1_BUCKETS) && p->plan.world <= 1 &&
+	       p->plan.opts.pg && !p->plan.opts.inference && p->plan.opts.zero_stage == 0 && !p->plan.pipe;
 }
 
 static int data_parallel_wanted(const loom_program *p)

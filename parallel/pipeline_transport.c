@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "comm/comm.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
@@ -42,8 +43,7 @@ void loom_pipe_name_stages(loom_pipe *pp, struct loom_pg *pg, int world)
  * without one (tests/ddp/test_pipe.sh). Read at compile. */
 static int stage_host_hook(void)
 {
-	const char *e = getenv("LOOM_PIPE_STAGE_HOST");
-	return e && strcmp(e, "1") == 0;
+	return loom_opt_bool(LOOM_OPT_PIPE_STAGE_HOST);
 }
 
 /* How values cross a cut (loom_pipe_xfer): the arena's bytes over the host

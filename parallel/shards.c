@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "comm/comm.h"
 #include "parallel/shards.h"
 
@@ -61,9 +62,8 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 static int norm_on_device(const loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
-	const char *e = getenv("LOOM_ZERO_DEVICE_NORM");
 	return p->be->grad_sumsq_device && pl->zero && !pl->pipe &&
-	       loom_comm_stream_ordered(pl->comm) && !(e && !strcmp(e, "0"));
+	       loom_comm_stream_ordered(pl->comm) && loom_opt_bool(LOOM_OPT_ZERO_DEVICE_NORM);
 }
 
 /* ZeRO with clipping: every rank's sum of squares over its shard, added

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cpu/bf16_node.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/ops.h"
@@ -142,8 +143,7 @@ static int family_bf16_on(void)
 	static int on = -1;
 	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
 	if (o < 0) {
-		const char *e = getenv("LOOM_CPU_BF16_NATIVE_GPT");
-		o = !(e && strcmp(e, "0") == 0);
+		o = loom_opt_bool(LOOM_OPT_CPU_BF16_NATIVE_GPT);
 		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
 	}
 	return o;

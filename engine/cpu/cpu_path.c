@@ -21,6 +21,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include "base/options.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/matmul_dnnl.h"
 #include "engine/cpu/peak.h"
@@ -187,8 +188,7 @@ static void spin_park(void *(*fn)(void *), void *arg)
 
 static void spin_throttle_start(void)
 {
-	const char *e = getenv("LOOM_CPU_SPIN");
-	spin_step_mode = e && !strcmp(e, "step");
+	spin_step_mode = loom_opt_choice(LOOM_OPT_CPU_SPIN) == 0; /* step */
 	if (!spin_step_mode) {
 		spin_park(spin_throttle_main, NULL);
 		return;
@@ -249,7 +249,7 @@ int loom_cpu_spin_parked(void)
 
 static void bf16_choose(loom_cpu_isa isa)
 {
-	const char *e = getenv("LOOM_CPU_BF16");
+	const int c = loom_opt_choice(LOOM_OPT_CPU_BF16); /* native|emulate */
 	if (isa != LOOM_CPU_ISA_AVX512_BF16)
 		return;
 	float sink = 0;
@@ -261,10 +261,10 @@ static void bf16_choose(loom_cpu_isa isa)
 		b = br > b ? br : b;
 	}
 	bf16_ratio = f > 0 ? b / f : 0;
-	if (e && !strcmp(e, "native")) {
+	if (c == 0) {
 		bf16_native = 1;
 		bf16_why = "LOOM_CPU_BF16=native";
-	} else if (e && !strcmp(e, "emulate")) {
+	} else if (c == 1) {
 		bf16_why = "LOOM_CPU_BF16=emulate";
 	} else {
 		bf16_native = bf16_ratio >= BF16_NATIVE_MIN_RATIO;
@@ -275,7 +275,7 @@ static void bf16_choose(loom_cpu_isa isa)
 static void isa_choose(void)
 {
 	loom_cpu_isa isa = loom_cpu_isa_detect();
-	const char *cap = getenv("LOOM_CPU_ISA");
+	const char *cap = loom_opt_env(LOOM_OPT_CPU_ISA);
 	if (cap && *cap) {
 		for (int i = LOOM_CPU_ISA_PORTABLE; i <= LOOM_CPU_ISA_AVX512_BF16; i++)
 			if (!strcmp(cap, loom_cpu_isa_name((loom_cpu_isa)i)) && i < (int)isa)

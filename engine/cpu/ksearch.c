@@ -21,6 +21,7 @@
 
 #include <omp.h>
 
+#include "base/options.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
 #include "engine/backend.h"
@@ -414,8 +415,8 @@ static void cache_put(const cache_entry *e)
 /* The kernel an environment variable forces on this node's kind, or NONE. */
 static loom_status forced(const kprob *q, loom_cpu_kern *k, char *err)
 {
-	const char *var = q->conv ? "LOOM_CPU_CONV" : "LOOM_CPU_PRODUCT";
-	const char *e = getenv(var);
+	const loom_opt id = q->conv ? LOOM_OPT_CPU_CONV : LOOM_OPT_CPU_PRODUCT;
+	const char *var = loom_opt_row_get(id)->env, *e = loom_opt_env(id);
 	*k = LOOM_CPU_KERN_NONE;
 	if (!e || !*e)
 		return LOOM_OK;
@@ -432,9 +433,9 @@ static loom_status forced(const kprob *q, loom_cpu_kern *k, char *err)
 
 static int search_off(const loom_plan *p)
 {
-	const char *e = getenv("LOOM_KERNEL_SEARCH");
-	if (e && (!strcmp(e, "off") || !strcmp(e, "on")))
-		return !strcmp(e, "off");
+	int c = loom_opt_choice(LOOM_OPT_KERNEL_SEARCH); /* off|on */
+	if (c >= 0)
+		return c == 0;
 	return p->opts.kernel_search == LOOM_KERNEL_SEARCH_OFF;
 }
 

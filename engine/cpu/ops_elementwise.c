@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/half.h"
+#include "base/options.h"
 #include "engine/cpu/ops.h"
 #include "engine/elem.h"
 #include "graph/ops/ops.h"
@@ -129,8 +130,7 @@ static int bf16_native_on(void)
 	static int on = -1;
 	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
 	if (o < 0) {
-		const char *e = getenv("LOOM_CPU_BF16_NATIVE_EW");
-		o = !(e && strcmp(e, "0") == 0);
+		o = loom_opt_bool(LOOM_OPT_CPU_BF16_NATIVE_EW);
 		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
 	}
 	return o;

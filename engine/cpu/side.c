@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cpu/ops.h"
 
 static size_t align64(size_t x)
@@ -25,8 +26,7 @@ static size_t align64(size_t x)
 /* LOOM_CPU_DNNL_POOL: 0 loom's loops, else oneDNN's pooling (default). */
 static int pool_on(void)
 {
-	const char *e = getenv("LOOM_CPU_DNNL_POOL");
-	return !(e && !strcmp(e, "0"));
+	return loom_opt_bool(LOOM_OPT_CPU_DNNL_POOL);
 }
 
 /* LOOM_CPU_DNNL_BN: 0 loom's loops as they were (the backward makes the
@@ -34,7 +34,7 @@ static int pool_on(void)
  * statistics kept (the default). */
 static loom_cpu_side_kind bn_mode(void)
 {
-	const char *e = getenv("LOOM_CPU_DNNL_BN");
+	const char *e = loom_opt_env(LOOM_OPT_CPU_DNNL_BN);
 	if (e && !strcmp(e, "0"))
 		return LOOM_CPU_SIDE_NONE;
 	if (e && !strcmp(e, "1"))

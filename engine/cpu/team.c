@@ -36,6 +36,7 @@
 #include <omp.h>
 #include <sys/syscall.h>
 
+#include "base/options.h"
 #include "engine/cpu/team.h"
 
 /* At most this many threads in a job (the kernels' scratch slots). */
@@ -184,8 +185,7 @@ static void team_atfork_child(void)
 
 static void team_init(void)
 {
-	const char *e = getenv("LOOM_CPU_TEAM");
-	team_omp = !(e && !strcmp(e, "loom"));
+	team_omp = loom_opt_choice(LOOM_OPT_CPU_TEAM) != 1; /* omp|loom */
 	pthread_atfork(NULL, NULL, team_atfork_child);
 }
 

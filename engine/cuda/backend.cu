@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_internal.h"
 
@@ -244,8 +245,7 @@ static int cuda_supports_node(void *ctx, const loom_plan *p, loom_value v)
  */
 static int loom_cuda_takes_any_dtype(loom_op op)
 {
-	const char *e = getenv("LOOM_CUDA_FOLD_CASTS");
-	if (e && !strcmp(e, "0"))
+	if (!loom_opt_bool(LOOM_OPT_CUDA_FOLD_CASTS))
 		return 0;
 	switch (op) {
 	case LOOM_OP_ADD:
@@ -351,12 +351,12 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	return st;
 }
 
-/* A switch of the environment: 0 when it is "0", 1 when set otherwise,
- * dflt when unset. */
-static int env_switch(const char *name, int dflt)
+/* A switch of the environment (its row of base/options.def): 0 when it is
+ * "0", 1 when set otherwise, the row's default when unset or empty. */
+static int env_switch(loom_opt id)
 {
-	const char *e = getenv(name);
-	return e && *e ? strcmp(e, "0") != 0 : dflt;
+	const char *e = loom_opt_env(id);
+	return e && *e ? strcmp(e, "0") != 0 : loom_opt_bool(id);
 }
 
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
@@ -373,29 +373,26 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->n_plans = p->g->n;
 	c->tf32 = loom_cuda_tf32_on(p);
 	c->attn_off = loom_cuda_sdpa_off();
-	{
-		const char *e = getenv("LOOM_CUDA_VEC");
-		loom_cuda_vec_on = !(e && !strcmp(e, "0"));
-	}
-	loom_cuda_emb_bucket_on = env_switch("LOOM_CUDA_EMB_BUCKET", 1);
-	loom_cuda_ln_fused_on = env_switch("LOOM_CUDA_LN_FUSED", 1);
-	loom_cuda_lt_cache_on = env_switch("LOOM_CUDA_LT_CACHE", 1);
-	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
-	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
-	c->bn_own = env_switch("LOOM_CUDA_BN_OWN", 0);
-	c->pool_idx = env_switch("LOOM_CUDA_POOL_IDX", 1);
-	c->bn_ex = env_switch("LOOM_CUDA_BN_EX", 1);
-	c->bn_relu_bwd = env_switch("LOOM_CUDA_BN_RELU_BWD", 1);
-	c->bn_add = env_switch("LOOM_CUDA_BN_ADD", 1);
-	c->bn_bwd_ex = env_switch("LOOM_CUDA_BN_BWD_EX", 1);
-	c->bn_bwd_fuse = env_switch("LOOM_CUDA_BN_BWD_FUSE", 1);
-	c->conv_krsc = env_switch("LOOM_CUDA_CONV_KRSC", 1);
-	c->classifier = env_switch("LOOM_CUDA_CLASSIFIER", 1);
-	c->ln_save = env_switch("LOOM_CUDA_LN_SAVE", 1);
-	c->gelu_epi = env_switch("LOOM_CUDA_GELU_EPILOGUE", 1);
-	c->bgrad_epi = env_switch("LOOM_CUDA_BGRAD_EPILOGUE", 1);
-	c->lt_align = env_switch("LOOM_CUDA_LT_ALIGN", 1);
-	c->lt_pad = env_switch("LOOM_CUDA_LT_PAD", 0);
+	loom_cuda_vec_on = loom_opt_bool(LOOM_OPT_CUDA_VEC);
+	loom_cuda_emb_bucket_on = env_switch(LOOM_OPT_CUDA_EMB_BUCKET);
+	loom_cuda_ln_fused_on = env_switch(LOOM_OPT_CUDA_LN_FUSED);
+	loom_cuda_lt_cache_on = env_switch(LOOM_OPT_CUDA_LT_CACHE);
+	c->bn_save = env_switch(LOOM_OPT_CUDA_BN_SAVE);
+	c->bn_split = env_switch(LOOM_OPT_CUDA_BN_SPLIT);
+	c->bn_own = env_switch(LOOM_OPT_CUDA_BN_OWN);
+	c->pool_idx = env_switch(LOOM_OPT_CUDA_POOL_IDX);
+	c->bn_ex = env_switch(LOOM_OPT_CUDA_BN_EX);
+	c->bn_relu_bwd = env_switch(LOOM_OPT_CUDA_BN_RELU_BWD);
+	c->bn_add = env_switch(LOOM_OPT_CUDA_BN_ADD);
+	c->bn_bwd_ex = env_switch(LOOM_OPT_CUDA_BN_BWD_EX);
+	c->bn_bwd_fuse = env_switch(LOOM_OPT_CUDA_BN_BWD_FUSE);
+	c->conv_krsc = env_switch(LOOM_OPT_CUDA_CONV_KRSC);
+	c->classifier = env_switch(LOOM_OPT_CUDA_CLASSIFIER);
+	c->ln_save = env_switch(LOOM_OPT_CUDA_LN_SAVE);
+	c->gelu_epi = env_switch(LOOM_OPT_CUDA_GELU_EPILOGUE);
+	c->bgrad_epi = env_switch(LOOM_OPT_CUDA_BGRAD_EPILOGUE);
+	c->lt_align = env_switch(LOOM_OPT_CUDA_LT_ALIGN);
+	c->lt_pad = env_switch(LOOM_OPT_CUDA_LT_PAD);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -440,8 +437,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
  * for the staged upload (loom_cuda_input). */
 static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_arena *arena)
 {
-	const char *e = getenv("LOOM_CUDA_UPLOAD");
-	c->in_graph = e && !strcmp(e, "graph");
+	c->in_graph = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 1; /* stream|graph */
 	if (!c->in_graph)
 		return LOOM_OK;
 	free(c->inputs);
@@ -517,10 +513,10 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	if (st != LOOM_OK)
 		return st;
 
-	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
+	c->stage_on = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 0; /* stream|graph */
 	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
 		return st;
-	c->loss_node_on = getenv("LOOM_CUDA_LOSS_NODE") && !strcmp(getenv("LOOM_CUDA_LOSS_NODE"), "1");
+	c->loss_node_on = loom_opt_bool(LOOM_OPT_CUDA_LOSS_NODE);
 	c->pinned_half = (size_t)4 << 20;
 	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
 			     c->err, sizeof(c->err));

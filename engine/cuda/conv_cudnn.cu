@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/options.h"
 #include "engine/cuda/cuda_internal.h"
 
 /* The math type a convolution in dt asks the heuristic with. */
@@ -165,7 +166,7 @@ static double now_ms(void)
 void loom_cuda_conv_search_begin(const loom_plan *p, loom_cuda_ctx *c)
 {
 	loom_cuda_conv_search *s = &c->search;
-	const char *e = getenv("LOOM_KERNEL_SEARCH");
+	const char *e = loom_opt_env(LOOM_OPT_KERNEL_SEARCH);
 	memset(s, 0, sizeof(*s));
 	/* As the CPU's search decides (engine/cpu/ksearch.c): the environment
 	 * (on or off) over the option, whose default is off. */
@@ -392,7 +393,7 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
  * each other bit for bit. */
 static int deterministic_on(const loom_plan *p)
 {
-	const char *e = getenv("LOOM_DETERMINISTIC");
+	const char *e = loom_opt_env(LOOM_OPT_DETERMINISTIC);
 	return p->opts.deterministic || (e && !strcmp(e, "1"));
 }
 

@@ -7,12 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cuda/formats.h"
 #include "graph/ops/ops.h"
 
 loom_cuda_nhwc_mode loom_cuda_nhwc_mode_get(void)
 {
-	const char *e = getenv("LOOM_CUDA_NHWC");
+	const char *e = loom_opt_env(LOOM_OPT_CUDA_NHWC);
 	/* Off unless asked: NHWC measured 3-4x slower than NCHW for
 	 * ResNet-50 on an H100 (bench/RESULTS.md, the fourth GPU run). */
 	if (!e || !*e || !strcmp(e, "0") || !strcmp(e, "off"))
@@ -77,8 +78,7 @@ static int same_shapes(const loom_graph *g, const loom_node *n)
 /* LOOM_CUDA_POOL_NHWC (1): global average pooling takes NHWC. */
 static int pool_nhwc_on(void)
 {
-	const char *e = getenv("LOOM_CUDA_POOL_NHWC");
-	return !(e && !strcmp(e, "0"));
+	return loom_opt_bool(LOOM_OPT_CUDA_POOL_NHWC);
 }
 
 /* Batch norm on cuDNN (forward or dx): the own kernels are NCHW. */

@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cuda/dtype.cuh"
 #include "graph/unary.h"
 
@@ -111,7 +112,7 @@ loom_status loom_cuda_op_reorder(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 extern "C" void loom_cuda_node_formats(void *ctx, const loom_plan *plan, loom_value v,
 				       loom_format_caps *caps)
 {
-	const char *e = getenv("LOOM_CUDA_BN_OWN");
+	const char *e = loom_opt_env(LOOM_OPT_CUDA_BN_OWN);
 	int own_bn = loom_cuda_own_kernels_on || (e && *e && strcmp(e, "0") != 0);
 	(void)ctx;
 	loom_cuda_formats_query(plan, v, caps, loom_cuda_nhwc_mode_get(), own_bn);

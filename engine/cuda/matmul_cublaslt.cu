@@ -24,13 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cuda/cuda_internal.h"
 
 size_t loom_cuda_lt_ws(void)
 {
 	static size_t ws;
 	if (!ws) {
-		const char *e = getenv("LOOM_CUDA_LT_WS_MB");
+		const char *e = loom_opt_env(LOOM_OPT_CUDA_LT_WS_MB);
 		long mb = e && *e ? strtol(e, NULL, 10) : LOOM_CUDA_LT_WS_DEFAULT_MB;
 		ws = (size_t)(mb >= 1 && mb <= 1024 ? mb : LOOM_CUDA_LT_WS_DEFAULT_MB) << 20;
 	}

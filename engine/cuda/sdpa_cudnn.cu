@@ -23,6 +23,7 @@
 
 #include <cfloat>
 
+#include "base/options.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_internal.h"
 
@@ -500,8 +501,7 @@ extern "C" int loom_cuda_test_sdpa_descriptors(int64_t b, int64_t t, int64_t nh,
 /* LOOM_CUDA_ATTN: "sdpa" (default) or "unfused". */
 static int attn_unfused(void)
 {
-	const char *e = getenv("LOOM_CUDA_ATTN");
-	return e && !strcmp(e, "unfused");
+	return loom_opt_choice(LOOM_OPT_CUDA_ATTN) == 1; /* sdpa|unfused */
 }
 
 static int sdpa_shape_of(const loom_graph *g, loom_value probs, sdpa_shape *s)
