@@ -3,25 +3,28 @@
 # alone: a setting through its row of base/options.def, a launcher's
 # variable through loom_env, whose list in base/options.c names every one.
 # So getenv appears in base/options.c and nowhere else, and every name given
-# to loom_env is on that list. The arguments are the sources (every code
-# folder's :sources filegroup).
+# to loom_env is on that list; and a message that names a variable
+# ("off (LOOM_CUDA_GRAPH=0)") names a row of base/options.def. The
+# arguments are the sources (every code folder's :sources filegroup).
 set -u
 bad=0
 n=0
 opts=
+table=
 for f in "$@"; do
 	case "$f" in
 	*base/options.c) opts=$f ;;
+	*base/options.def) table=$f ;;
 	esac
 done
-if [ -z "$opts" ]; then
-	echo "base/options.c is not among the sources given"
+if [ -z "$opts" ] || [ -z "$table" ]; then
+	echo "base/options.c or base/options.def is not among the sources given"
 	exit 1
 fi
 
 for f in "$@"; do
 	n=$((n + 1))
-	[ "$f" = "$opts" ] && continue
+	[ "$f" = "$opts" ] || [ "$f" = "$table" ] && continue
 	# Comments are not code: strip /* ... */ and // before looking.
 	code=$(sed -e 's://.*$::' "$f" | perl -0pe 's:/\*.*?\*/::gs')
 	hits=$(printf '%s\n' "$code" | grep -nE 'getenv[[:space:]]*\(' || true)
@@ -35,6 +38,13 @@ for f in "$@"; do
 		grep -oE '"[A-Za-z0-9_]+"' | tr -d '"' | sort -u); do
 		if ! grep -q "\"$name\"" "$opts"; then
 			echo "$f: loom_env(\"$name\"): not on base/options.c's list of launcher names"
+			bad=1
+		fi
+	done
+	for name in $(printf '%s\n' "$code" | grep -oE '"[^"]*LOOM_[A-Z][A-Z0-9_]*=[^"]*"' |
+		grep -oE 'LOOM_[A-Z][A-Z0-9_]*=' | tr -d '=' | sort -u); do
+		if ! grep -q "\"$name\"" "$table" "$opts"; then
+			echo "$f: a message names $name, which is no row of base/options.def"
 			bad=1
 		fi
 	done
