@@ -4,10 +4,10 @@
  * Slurm's compressed host lists, plus the small
  * helpers every file of comm/ uses: error formatting, clocks, polite polling.
  */
-#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include "base/errf.h"
+#include "base/options.h"
 
 #include <errno.h>
 #include <limits.h>

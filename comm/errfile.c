@@ -11,7 +11,6 @@
  * last lines are kept. on_exit sees the status that main returned.
  */
 #define _GNU_SOURCE /* fopencookie, on_exit */
-#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include <errno.h>
@@ -21,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "base/options.h"
 
 #define ERRFILE_LINES 16
 #define ERRFILE_LINE_BYTES 1024

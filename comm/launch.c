@@ -14,7 +14,6 @@
  * another step or checkpoint.
  */
 #define _GNU_SOURCE /* pipe2 */
-#include "base/options.h"
 #include "comm/launch.h"
 
 #include <errno.h>
@@ -30,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/options.h"
 #include "comm/comm_internal.h"
 
 /* One of a worker's output streams: read from fd, whole lines to `to`. */

@@ -4,7 +4,6 @@
  * name server's address, rank 0's MPI port and the NCCL unique id, then the
  * singletons join into one communicator), or as a single process.
  */
-#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include <errno.h>
@@ -19,6 +18,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "base/options.h"
 
 #define BLOB_MAGIC "LMBLOB01"
 

@@ -2,7 +2,6 @@
  * examples/outputs.c — output paths checked before step 1 and the
  * checkpoint's lock (outputs.h).
  */
-#include "base/options.h"
 #include "examples/outputs.h"
 
 #include <errno.h>
@@ -13,6 +12,8 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "base/options.h"
 
 /* The directory of path into dir: "." for a bare name, "/" for "/x". */
 static int dir_of(const char *path, char *dir, size_t len)

@@ -5,7 +5,6 @@
  * evaluation summed across ranks, so that each example is its model and
  * its data.
  */
-#include "base/options.h"
 #include "examples/train.h"
 
 #include <errno.h>
@@ -21,6 +20,7 @@
 
 #include <jansson.h>
 
+#include "base/options.h"
 #include "comm/launch.h"
 #include "engine/cuda/device.h"
 #include "examples/outputs.h"
