@@ -359,6 +359,13 @@ static int env_switch(const char *name, int dflt)
 	return e && *e ? strcmp(e, "0") != 0 : dflt;
 }
 
+/* A switch that picks a path by name: 1 when the variable is val. */
+static int env_is(const char *name, const char *val)
+{
+	const char *e = getenv(name);
+	return e && !strcmp(e, val);
+}
+
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
@@ -379,6 +386,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	}
 	loom_cuda_emb_bucket_on = env_switch("LOOM_CUDA_EMB_BUCKET", 1);
 	loom_cuda_ln_fused_on = env_switch("LOOM_CUDA_LN_FUSED", 1);
+	loom_cuda_ln_bwd_warp_on = env_is("LOOM_CUDA_LN_BWD", "warp");
 	loom_cuda_lt_cache_on = env_switch("LOOM_CUDA_LT_CACHE", 1);
 	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
 	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
