@@ -387,6 +387,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	loom_cuda_emb_bucket_on = env_switch("LOOM_CUDA_EMB_BUCKET", 1);
 	loom_cuda_ln_fused_on = env_switch("LOOM_CUDA_LN_FUSED", 1);
 	loom_cuda_ln_bwd_warp_on = env_is("LOOM_CUDA_LN_BWD", "warp");
+	loom_cuda_adamw_f32_on = env_is("LOOM_CUDA_ADAMW", "f32");
 	loom_cuda_lt_cache_on = env_switch("LOOM_CUDA_LT_CACHE", 1);
 	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
 	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
