@@ -341,6 +341,9 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
+	case LOOM_OP_CHANNEL_SUM: /* LOOM_CUDA_BGRAD=kernel's column parts (elementwise.cu) */
+		np->ws = loom_cuda_colsum_ws(p, v);
+		break;
 	case LOOM_OP_SUM: /* the per-block sums (elementwise.cu) */
 		np->ws = loom_cuda_align(sizeof(double) * LOOM_CUDA_SUM_PARTS);
 		break;
@@ -388,6 +391,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	loom_cuda_ln_fused_on = env_switch("LOOM_CUDA_LN_FUSED", 1);
 	loom_cuda_ln_bwd_warp_on = env_is("LOOM_CUDA_LN_BWD", "warp");
 	loom_cuda_adamw_f32_on = env_is("LOOM_CUDA_ADAMW", "f32");
+	loom_cuda_bgrad_kernel_on = env_is("LOOM_CUDA_BGRAD", "kernel");
 	loom_cuda_lt_cache_on = env_switch("LOOM_CUDA_LT_CACHE", 1);
 	c->bn_save = env_switch("LOOM_CUDA_BN_SAVE", 1);
 	c->bn_split = env_switch("LOOM_CUDA_BN_SPLIT", 1);
@@ -402,7 +406,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->classifier = env_switch("LOOM_CUDA_CLASSIFIER", 1);
 	c->ln_save = env_switch("LOOM_CUDA_LN_SAVE", 1);
 	c->gelu_epi = env_switch("LOOM_CUDA_GELU_EPILOGUE", 1);
-	c->bgrad_epi = env_switch("LOOM_CUDA_BGRAD_EPILOGUE", 1);
+	c->bgrad_epi = env_switch("LOOM_CUDA_BGRAD_EPILOGUE", 1) && !loom_cuda_bgrad_kernel_on;
 	c->lt_align = env_switch("LOOM_CUDA_LT_ALIGN", 1);
 	c->lt_pad = env_switch("LOOM_CUDA_LT_PAD", 0);
 	for (int v = 0; v < p->g->n; v++) {
