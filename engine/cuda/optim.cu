@@ -234,7 +234,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 
 /*
  * LOOM_CUDA_ADAMW=f32: AdamW in fp32 (llm.c's adamw_kernel3 computes so;
- * this is our own). The bias corrections once per thread in double, then
+ * this is our own). The bias corrections once per block in double, then
  * per element: w *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2)
  * g^2; w -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), the CPU's
  * formula (engine/cpu/optim.c) with each operation rounded to fp32. A
@@ -383,22 +383,26 @@ __global__ void loom_opt_adamw_f32_kernel(const loom_cuda_opt_slot *slots,
 	}
 	if (isnan(lr))
 		lr = ctl->lr;
-	const double t = (double)ctl->t, bc1 = 1 - pow(o.beta1, t), bc2 = 1 - pow(o.beta2, t);
-	adamw_f32_k k;
-	k.b1 = (float)o.beta1;
-	k.nb1 = (float)(1 - o.beta1);
-	k.b2 = (float)o.beta2;
-	k.nb2 = (float)(1 - o.beta2);
-	k.step = (float)(lr / bc1);
-	k.isbc2 = (float)(1 / sqrt(bc2));
-	k.eps = (float)o.eps;
-	k.inv = (float)ctl->inv_scale;
-	const float decay = (float)(1 - lr * o.weight_decay);
+	/* The step's constants once per block (two pow in double). */
+	__shared__ adamw_f32_k k;
+	if (threadIdx.x == 0) {
+		const double t = (double)ctl->t;
+		k.b1 = (float)o.beta1;
+		k.nb1 = (float)(1 - o.beta1);
+		k.b2 = (float)o.beta2;
+		k.nb2 = (float)(1 - o.beta2);
+		k.step = (float)(lr / (1 - pow(o.beta1, t)));
+		k.isbc2 = (float)(1 / sqrt(1 - pow(o.beta2, t)));
+		k.eps = (float)o.eps;
+		k.inv = (float)ctl->inv_scale;
+		k.decay = (float)(1 - lr * o.weight_decay);
+	}
+	__syncthreads();
 	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
 		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
 		const int64_t off = chunks[ci].off;
 		const int64_t end = off + LOOM_CUDA_OPT_CHUNK < sl.numel ? off + LOOM_CUDA_OPT_CHUNK : sl.numel;
-		const float d = matrices_only && !sl.matrix ? 1.0f : decay;
+		const float d = matrices_only && !sl.matrix ? 1.0f : k.decay;
 		switch (sl.grad_dt) {
 		case LOOM_F16: adamw_f32_by_param<__half>(sl, off, end, k, d); break;
 		case LOOM_BF16: adamw_f32_by_param<__nv_bfloat16>(sl, off, end, k, d); break;
