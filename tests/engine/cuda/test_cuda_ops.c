@@ -1553,14 +1553,41 @@ static loom_value ln_warp_case(loom_graph *g, tcase *t, int64_t b, int64_t rows,
 			      param(g, t, "ln.bias", 1, c, 0, 0, 0), 1e-5);
 }
 
-static loom_value b_ln_warp_40(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 2, 3, 40); }
-static loom_value b_ln_warp_rows(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 3, 150, 40); }
-static loom_value b_ln_warp_37(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 2, 300, 37); }
-static loom_value b_ln_warp_768(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 2, 50, 768); }
-static loom_value b_ln_warp_1024(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 1, 40, 1024); }
-static loom_value b_ln_warp_1100(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 1, 9, 1100); }
+static loom_value b_ln_warp_40(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 3, 40);
+}
+
+static loom_value b_ln_warp_rows(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 3, 150, 40);
+}
+
+static loom_value b_ln_warp_37(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 300, 37);
+}
+
+static loom_value b_ln_warp_768(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 50, 768);
+}
+
+static loom_value b_ln_warp_1024(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 1, 40, 1024);
+}
+
+static loom_value b_ln_warp_1100(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 1, 9, 1100);
+}
+
 /* 2 x 2100 rows: 4200 > LOOM_LN_WARP_PARTS warps, so 3 rows a warp. */
-static loom_value b_ln_warp_many(loom_graph *g, tcase *t) { return ln_warp_case(g, t, 2, 2100, 24); }
+static loom_value b_ln_warp_many(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 2100, 24);
+}
 
 /* Layer norm's backward one warp per row in fp32 (LOOM_CUDA_LN_BWD=warp,
  * layernorm.cu) against the CPU (statistics and sums in double) and
@@ -1599,10 +1626,21 @@ static loom_value bgrad_case(loom_graph *g, tcase *t, int64_t rows, int64_t k, i
 			   param(g, t, "fc.bias", 1, c, 0, 0, 0));
 }
 
-static loom_value b_bgrad_768(loom_graph *g, tcase *t) { return bgrad_case(g, t, 96, 64, 768); }
-static loom_value b_bgrad_odd(loom_graph *g, tcase *t) { return bgrad_case(g, t, 301, 24, 37); }
+static loom_value b_bgrad_768(loom_graph *g, tcase *t)
+{
+	return bgrad_case(g, t, 96, 64, 768);
+}
+
+static loom_value b_bgrad_odd(loom_graph *g, tcase *t)
+{
+	return bgrad_case(g, t, 301, 24, 37);
+}
+
 /* 5000 rows: 64 chunks of 79, the last of 23. */
-static loom_value b_bgrad_tall(loom_graph *g, tcase *t) { return bgrad_case(g, t, 5000, 16, 40); }
+static loom_value b_bgrad_tall(loom_graph *g, tcase *t)
+{
+	return bgrad_case(g, t, 5000, 16, 40);
+}
 
 /* A 3-D linear ([2, 40, 24] seen as 80 rows): the bias gradient of the
  * rows view. */
