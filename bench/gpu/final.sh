@@ -16,6 +16,12 @@ r gpt_O1_nograph $b/gpt_ddp $G --opt-level O1 --no-cuda-graph
 r gpt_O2 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_lt_off env LOOM_CUDA_BGRAD_EPILOGUE=1 LOOM_CUDA_LT_ALIGN=0 LOOM_CUDA_LT_PAD=0 LOOM_INPLACE_DY=0 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_lt_on env LOOM_CUDA_BGRAD_EPILOGUE=0 LOOM_CUDA_LT_ALIGN=1 LOOM_CUDA_LT_PAD=1 LOOM_INPLACE_DY=1 $b/gpt_ddp $G --opt-level O2
+# Issue 41 item 3's kernels against gpt_O2 (every switch at its default):
+# each alone, then all three (engine/cuda/README.md's switch table).
+r gpt_O2_ln_bwd_warp env LOOM_CUDA_LN_BWD=warp $b/gpt_ddp $G --opt-level O2
+r gpt_O2_adamw_f32 env LOOM_CUDA_ADAMW=f32 $b/gpt_ddp $G --opt-level O2
+r gpt_O2_bgrad_kernel env LOOM_CUDA_BGRAD=kernel $b/gpt_ddp $G --opt-level O2
+r gpt_O2_gk_all env LOOM_CUDA_LN_BWD=warp LOOM_CUDA_ADAMW=f32 LOOM_CUDA_BGRAD=kernel $b/gpt_ddp $G --opt-level O2
 # The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304), off and on side by side.
 r gpt_O1_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O1

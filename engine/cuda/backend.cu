@@ -341,6 +341,9 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	case LOOM_OP_SOFTMAX_CE:
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
+	case LOOM_OP_CHANNEL_SUM: /* LOOM_CUDA_BGRAD=kernel's column parts (elementwise.cu) */
+		np->ws = loom_cuda_colsum_ws(p, v);
+		break;
 	case LOOM_OP_SUM: /* the per-block sums (elementwise.cu) */
 		np->ws = loom_cuda_align(sizeof(double) * LOOM_CUDA_SUM_PARTS);
 		break;
@@ -357,6 +360,13 @@ static int env_switch(loom_opt id)
 {
 	const char *e = loom_opt_env(id);
 	return e && *e ? strcmp(e, "0") != 0 : loom_opt_bool(id);
+}
+
+/* A switch that picks a path by name (a choice row): 1 when it is val. */
+static int env_is(loom_opt id, const char *val)
+{
+	const char *e = loom_opt_env(id);
+	return e && !strcmp(e, val);
 }
 
 static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_bytes)
@@ -376,6 +386,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	loom_cuda_vec_on = loom_opt_bool(LOOM_OPT_CUDA_VEC);
 	loom_cuda_emb_bucket_on = env_switch(LOOM_OPT_CUDA_EMB_BUCKET);
 	loom_cuda_ln_fused_on = env_switch(LOOM_OPT_CUDA_LN_FUSED);
+	loom_cuda_ln_bwd_warp_on = env_is(LOOM_OPT_CUDA_LN_BWD, "warp");
+	loom_cuda_adamw_f32_on = env_is(LOOM_OPT_CUDA_ADAMW, "f32");
+	loom_cuda_bgrad_kernel_on = env_is(LOOM_OPT_CUDA_BGRAD, "kernel");
 	loom_cuda_lt_cache_on = env_switch(LOOM_OPT_CUDA_LT_CACHE);
 	c->bn_save = env_switch(LOOM_OPT_CUDA_BN_SAVE);
 	c->bn_split = env_switch(LOOM_OPT_CUDA_BN_SPLIT);
@@ -390,7 +403,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->classifier = env_switch(LOOM_OPT_CUDA_CLASSIFIER);
 	c->ln_save = env_switch(LOOM_OPT_CUDA_LN_SAVE);
 	c->gelu_epi = env_switch(LOOM_OPT_CUDA_GELU_EPILOGUE);
-	c->bgrad_epi = env_switch(LOOM_OPT_CUDA_BGRAD_EPILOGUE);
+	c->bgrad_epi = env_switch(LOOM_OPT_CUDA_BGRAD_EPILOGUE) && !loom_cuda_bgrad_kernel_on;
 	c->lt_align = env_switch(LOOM_OPT_CUDA_LT_ALIGN);
 	c->lt_pad = env_switch(LOOM_OPT_CUDA_LT_PAD);
 	for (int v = 0; v < p->g->n; v++) {

@@ -500,6 +500,13 @@ extern int loom_cuda_vec_on;
  * answers cached per shape). */
 extern int loom_cuda_emb_bucket_on;
 extern int loom_cuda_ln_fused_on; /* LOOM_CUDA_LN_FUSED */
+extern int loom_cuda_ln_bwd_warp_on; /* LOOM_CUDA_LN_BWD=warp (layernorm.cu), default 0 */
+extern int loom_cuda_adamw_f32_on; /* LOOM_CUDA_ADAMW=f32 (optim.cu), default 0 */
+/* LOOM_CUDA_BGRAD=kernel (elementwise.cu), default 0: a linear's bias
+ * gradient by the column-sum kernel, the weight gradient's product
+ * without BGRADB; and that kernel's workspace for channel-sum node v. */
+extern int loom_cuda_bgrad_kernel_on;
+size_t loom_cuda_colsum_ws(const loom_plan *p, loom_value v);
 extern int loom_cuda_lt_cache_on;
 /* --dump-graph's note on a layer-norm node (layernorm.cu) and on a
  * softmax-CE node (loss.cu): which path it took. */

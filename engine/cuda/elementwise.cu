@@ -226,6 +226,49 @@ __global__ void loom_channel_sum_kernel(int n, int c, int64_t hw, const void *x,
 		loom_st(y, ydt, ch, (float)s);
 }
 
+/*
+ * LOOM_CUDA_BGRAD=kernel: the column sums of a [rows, c] matrix (a
+ * linear's bias gradient, outside the weight gradient's product, as
+ * llm.c computes it), in fp32 and in two launches whose order of
+ * additions depends only on the shape: the rows cut into chunks of `per`;
+ * block (x, k) of 32 x 8 threads sums chunk k for 32 columns (thread row
+ * y takes rows y, y + 8, ..., each warp reading 32 columns side by side,
+ * coalesced, where the one-block-per-channel kernel above reads one
+ * column down the rows), its 8 sums added in y order into part[k c + j];
+ * then one thread per column adds the chunks in k order.
+ */
+static const int colsum_cols = 32, colsum_lanes = 8;
+
+__global__ void loom_colsum_part_kernel(int64_t rows, int64_t per, int c, const void *x, int xdt,
+					float *part)
+{
+	__shared__ float sh[colsum_lanes][colsum_cols + 1];
+	const int j = blockIdx.x * colsum_cols + threadIdx.x;
+	const int64_t k = blockIdx.y, end = (k + 1) * per < rows ? (k + 1) * per : rows;
+	float s = 0;
+	if (j < c)
+		for (int64_t r = k * per + threadIdx.y; r < end; r += colsum_lanes)
+			s += loom_ld(x, xdt, r * c + j);
+	sh[threadIdx.y][threadIdx.x] = s;
+	__syncthreads();
+	if (threadIdx.y == 0 && j < c) {
+		float t = 0;
+		for (int y = 0; y < colsum_lanes; y++)
+			t += sh[y][threadIdx.x];
+		part[k * c + j] = t;
+	}
+}
+
+__global__ void loom_colsum_fold_kernel(int chunks, int c, const float *part, void *y, int ydt)
+{
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
+		float s = 0;
+		for (int k = 0; k < chunks; k++)
+			s += part[(int64_t)k * c + j];
+		loom_st(y, ydt, j, s);
+	}
+}
+
 __global__ void loom_bias_add_kernel(int c, int64_t hw, int64_t total, void *y, int ydt,
 				     const void *b, int bdt)
 {
@@ -344,6 +387,61 @@ extern "C" loom_status loom_cuda_channel_sum(char *err, cudaStream_t s, int n, i
 		return LOOM_OK;
 	loom_channel_sum_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, y, ydt);
 	return LOOM_CUDA_LAUNCHED(err);
+}
+
+/* LOOM_CUDA_BGRAD=kernel, read when a plan is made (default 0: the
+ * bias gradient in the product's BGRADB epilogue). Compiled, not yet run
+ * on a GPU. */
+int loom_cuda_bgrad_kernel_on;
+
+/* The column sums' chunking: at most LOOM_COLSUM_CHUNKS chunks of at
+ * least 64 rows. */
+#define LOOM_COLSUM_CHUNKS 64
+static void colsum_chunks(int64_t rows, int64_t *per, int *chunks)
+{
+	int64_t p = (rows + LOOM_COLSUM_CHUNKS - 1) / LOOM_COLSUM_CHUNKS;
+	if (p < 64)
+		p = 64;
+	*per = p;
+	*chunks = (int)((rows + p - 1) / p);
+}
+
+/* Whether channel-sum node v takes the column kernel: the switch on, a
+ * 2-D source ([rows, c]: a linear's dy seen as rows). */
+static int colsum_takes(const loom_plan *p, loom_value v)
+{
+	const loom_node *x = &p->g->nodes[p->g->nodes[v].src[0]];
+	return loom_cuda_bgrad_kernel_on && x->shape.ndim == 2 && x->shape.dims[0] > 0 &&
+	       x->shape.dims[1] > 0;
+}
+
+size_t loom_cuda_colsum_ws(const loom_plan *p, loom_value v)
+{
+	if (!colsum_takes(p, v))
+		return 0;
+	const loom_node *x = &p->g->nodes[p->g->nodes[v].src[0]];
+	int64_t per;
+	int chunks;
+	colsum_chunks(x->shape.dims[0], &per, &chunks);
+	return loom_cuda_align(sizeof(float) * (size_t)chunks * (size_t)x->shape.dims[1]);
+}
+
+static loom_status colsum(loom_cuda_ctx *c, int64_t rows, int cc, const loom_cuda_io *io)
+{
+	int64_t per;
+	int chunks;
+	colsum_chunks(rows, &per, &chunks);
+	float *part = (float *)c->arena->ws;
+	dim3 grid((unsigned)((cc + colsum_cols - 1) / colsum_cols), (unsigned)chunks);
+	dim3 block(colsum_cols, colsum_lanes);
+	loom_colsum_part_kernel<<<grid, block, 0, c->stream>>>(rows, per, cc, io->src[0], io->dt[0],
+							       part);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	if (st != LOOM_OK)
+		return st;
+	loom_colsum_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
+		chunks, cc, part, io->out, io->odt);
+	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
 extern "C" loom_status loom_cuda_bias_add(char *err, cudaStream_t s, int n, int c,
@@ -475,6 +573,8 @@ loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *c, const loom_plan *plan, lo
 {
 	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
 	int64_t hw = 1;
+	if (colsum_takes(plan, v))
+		return colsum(c, x->shape.dims[0], (int)x->shape.dims[1], io);
 	for (int i = 2; i < x->shape.ndim; i++)
 		hw *= x->shape.dims[i];
 	return loom_cuda_channel_sum(c->err, c->stream, (int)x->shape.dims[0],

@@ -342,6 +342,166 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 		}
 }
 
+/*
+ * LOOM_CUDA_LN_BWD=warp: dx, dgamma and dbeta in fp32, one warp per row
+ * (llm.c's layout, our own code). Warp k of the grid takes rows
+ * [k per, (k + 1) per) one after the other; lane l owns the same columns
+ * of every row (G groups of W: columns (q 32 + l) W ... + W - 1), so its
+ * share of dgamma and dbeta stays in registers across the rows. The row's
+ * mean and rstd are the forward's (saved, LOOM_CUDA_LN_SAVE) or
+ * recomputed in fp32. At the end the block's warps add their registers
+ * into shared memory in warp order and the block writes one part of 2c
+ * floats (dgamma's c, then dbeta's); loom_layernorm_bwd_warp_fold_kernel
+ * adds the parts in block order: the same bits every run, two launches
+ * per layer norm (the one-pass kernel above takes three, in double).
+ * Columns up to 32 W G (1024 for both instantiations); wider rows keep
+ * the one-pass kernel.
+ */
+static const int ln_warp_threads = 256;
+#define LOOM_LN_WARP_MAX_C 1024
+#define LOOM_LN_WARP_PARTS 2048 /* at most this many warps over the rows */
+
+static __device__ __forceinline__ float warp_sum_f(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+/* The row's mean and rstd in fp32 (two passes, the second from L1). */
+template <int W, int G>
+static __device__ void ln_row_stats_f(const void *x, int xdt, int64_t o, int c, float eps,
+				      int lane, float *mean, float *rstd)
+{
+	float v[W], s = 0, ss = 0;
+#pragma unroll
+	for (int q = 0; q < G; q++) {
+		const int j = (q * 32 + lane) * W;
+		if (j < c) {
+			ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+			for (int k = 0; k < W; k++)
+				s += v[k];
+		}
+	}
+	const float m = warp_sum_f(s) / c;
+#pragma unroll
+	for (int q = 0; q < G; q++) {
+		const int j = (q * 32 + lane) * W;
+		if (j < c) {
+			ln_ldv<W>(x, xdt, o + j, v);
+#pragma unroll
+			for (int k = 0; k < W; k++)
+				ss += (v[k] - m) * (v[k] - m);
+		}
+	}
+	*mean = m;
+	*rstd = rsqrtf(warp_sum_f(ss) / c + eps);
+}
+
+template <int W, int G>
+__global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c, const void *x,
+					       int xdt, const void *g, int gdt, const void *dy,
+					       int dydt, float eps, void *dx, int dxdt,
+					       const double *stats, float *part)
+{
+	extern __shared__ float sacc[]; /* 2c: the block's dgamma, then dbeta */
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+	const int64_t r0 = ((int64_t)blockIdx.x * nwarps + warp) * per;
+	const int64_t r1 = r0 + per < rows ? r0 + per : rows;
+	float dg[G * W], db[G * W], xv[W], dv[W], gv[W];
+#pragma unroll
+	for (int k = 0; k < G * W; k++)
+		dg[k] = db[k] = 0;
+	for (int64_t r = r0; r < r1; r++) {
+		const int64_t o = r * c;
+		float m, rs, a = 0, b = 0;
+		if (stats) {
+			m = (float)stats[2 * r];
+			rs = (float)stats[2 * r + 1];
+		} else {
+			ln_row_stats_f<W, G>(x, xdt, o, c, eps, lane, &m, &rs);
+		}
+#pragma unroll
+		for (int q = 0; q < G; q++) {
+			const int j = (q * 32 + lane) * W;
+			if (j >= c)
+				continue;
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int k = 0; k < W; k++) {
+				const float xh = (xv[k] - m) * rs, gd = gv[k] * dv[k];
+				a += gd;
+				b += gd * xh;
+				dg[q * W + k] += dv[k] * xh;
+				db[q * W + k] += dv[k];
+			}
+		}
+		a = warp_sum_f(a) / c;
+		b = warp_sum_f(b) / c;
+#pragma unroll
+		for (int q = 0; q < G; q++) {
+			const int j = (q * 32 + lane) * W;
+			if (j >= c)
+				continue;
+			ln_ldv<W>(x, xdt, o + j, xv);
+			ln_ldv<W>(dy, dydt, o + j, dv);
+			ln_ldv<W>(g, gdt, j, gv);
+#pragma unroll
+			for (int k = 0; k < W; k++)
+				xv[k] = rs * (gv[k] * dv[k] - a - (xv[k] - m) * rs * b);
+			ln_stv<W>(dx, dxdt, o + j, xv);
+		}
+	}
+	/* The warps' registers into shared memory, warp 0 first. */
+	for (int w = 0; w < nwarps; w++) {
+		if (w == warp)
+#pragma unroll
+			for (int q = 0; q < G; q++) {
+				const int j = (q * 32 + lane) * W;
+				if (j >= c)
+					continue;
+#pragma unroll
+				for (int k = 0; k < W; k++) {
+					sacc[j + k] = w ? sacc[j + k] + dg[q * W + k] : dg[q * W + k];
+					sacc[c + j + k] = w ? sacc[c + j + k] + db[q * W + k] :
+							      db[q * W + k];
+				}
+			}
+		__syncthreads();
+	}
+	for (int j = threadIdx.x; j < 2 * c; j += blockDim.x)
+		part[(int64_t)blockIdx.x * 2 * c + j] = sacc[j];
+}
+
+/* The blocks' parts added in block order: block x of 32 x 8 threads takes
+ * 32 of the 2c columns, thread row y the parts y, y + 8, ...; then row 0
+ * adds the 8 sums in y order. Column j < c is dgamma[j], else dbeta[j - c]
+ * (either may be absent: NULL). */
+__global__ void loom_layernorm_bwd_warp_fold_kernel(int nparts, int c, const float *part,
+						    void *dg, int dgdt, void *db, int dbdt)
+{
+	__shared__ float sh[ln_lanes][ln_cols + 1];
+	const int j = blockIdx.x * ln_cols + threadIdx.x;
+	float s = 0;
+	if (j < 2 * c)
+		for (int k = threadIdx.y; k < nparts; k += ln_lanes)
+			s += part[(int64_t)k * 2 * c + j];
+	sh[threadIdx.y][threadIdx.x] = s;
+	__syncthreads();
+	if (threadIdx.y || j >= 2 * c)
+		return;
+	float t = 0;
+	for (int y = 0; y < ln_lanes; y++)
+		t += sh[y][threadIdx.x];
+	if (j < c && dg)
+		loom_st(dg, dgdt, j, t);
+	else if (j >= c && db)
+		loom_st(db, dbdt, j - c, t);
+}
+
 // ----------------------------------------------------------------------------
 // kernel launchers and op entries
 
@@ -349,6 +509,11 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
  * norm's block-per-row forward and separate backward kernels (dx; dgamma;
  * dbeta as a channel sum), the kernels the one-pass ones replace. */
 int loom_cuda_ln_fused_on = 1;
+/* LOOM_CUDA_LN_BWD=warp (default legacy), read when a plan is made: the
+ * one-pass backward through loom_layernorm_bwd_warp_kernel (fp32, a warp
+ * per row) where the row fits, instead of the block-per-chunk kernel in
+ * double. Compiled, not yet run on a GPU. */
+int loom_cuda_ln_bwd_warp_on;
 
 /* LAYERNORM_BWD_GAMMA's workspace: the rows' statistics, then the chunks'
  * parts. */
@@ -416,6 +581,31 @@ static size_t ln_fused_ws(int64_t rows, int cc)
 	return 2 * loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc);
 }
 
+/* The warp backward's geometry: rows per warp, blocks of
+ * ln_warp_threads / 32 warps (each block writes one part). */
+static int ln_warp_fits(int64_t cc)
+{
+	return loom_cuda_ln_bwd_warp_on && cc > 0 && cc <= LOOM_LN_WARP_MAX_C;
+}
+
+static void ln_warp_grid(int64_t rows, int64_t *per, unsigned *blocks)
+{
+	const int64_t wpb = ln_warp_threads / 32;
+	int64_t p = (rows + LOOM_LN_WARP_PARTS - 1) / LOOM_LN_WARP_PARTS;
+	if (p < 1)
+		p = 1;
+	*per = p;
+	*blocks = (unsigned)(((rows + p - 1) / p + wpb - 1) / wpb);
+}
+
+static size_t ln_warp_ws(int64_t rows, int cc)
+{
+	int64_t per;
+	unsigned blocks;
+	ln_warp_grid(rows, &per, &blocks);
+	return loom_cuda_align(sizeof(float) * 2 * (size_t)cc * blocks);
+}
+
 loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np)
 {
@@ -435,8 +625,47 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			np->ln.dbeta = w;
 	}
 	np->kind = LOOM_CUDA_PLAN_LN;
-	np->ws = ln_fused_ws(rows, (int)cc);
+	np->ws = ln_warp_fits(cc) ? ln_warp_ws(rows, (int)cc) : ln_fused_ws(rows, (int)cc);
 	return LOOM_OK;
+}
+
+/* LOOM_CUDA_LN_BWD=warp: dx with the siblings dgamma and dbeta, a warp
+ * per row in fp32, then one fold of the blocks' parts. dx is written, not
+ * added into the residual's gradient: the plan has no such buffer yet (the
+ * residual's gradients meet in autodiff's ADD node). */
+static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				      const loom_cuda_io *io)
+{
+	const loom_node *n = loom_cuda_node(plan, v);
+	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int cc = (int)loom_shape_last(&n->shape);
+	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	const size_t shm = 2 * sizeof(float) * (size_t)cc;
+	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
+	float *part = (float *)c->arena->ws;
+	int64_t per;
+	unsigned blocks;
+	ln_warp_grid(rows, &per, &blocks);
+	if (ln_vec8(cc, ptrs, 4))
+		loom_layernorm_bwd_warp_kernel<8, 4><<<blocks, ln_warp_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part);
+	else
+		loom_layernorm_bwd_warp_kernel<1, 32><<<blocks, ln_warp_threads, shm, c->stream>>>(
+			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
+			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part);
+	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
+	if (st != LOOM_OK || (lp->dgamma == LOOM_NONE && lp->dbeta == LOOM_NONE))
+		return st;
+	void *dg = lp->dgamma == LOOM_NONE ? NULL : loom_arena_ptr(c->arena, plan, lp->dgamma);
+	void *db = lp->dbeta == LOOM_NONE ? NULL : loom_arena_ptr(c->arena, plan, lp->dbeta);
+	const int dgdt = dg ? loom_cuda_node(plan, lp->dgamma)->dtype : LOOM_F32;
+	const int dbdt = db ? loom_cuda_node(plan, lp->dbeta)->dtype : LOOM_F32;
+	dim3 grid((unsigned)((2 * cc + ln_cols - 1) / ln_cols)), block(ln_cols, ln_lanes);
+	loom_layernorm_bwd_warp_fold_kernel<<<grid, block, 0, c->stream>>>((int)blocks, cc, part, dg,
+									    dgdt, db, dbdt);
+	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
 /* dx with its siblings dgamma and dbeta (those the plan found), in one
@@ -486,6 +715,8 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 	int64_t rows = loom_shape_rows(&n->shape);
 	if (rows <= 0)
 		return LOOM_OK;
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN && ln_warp_fits(loom_shape_last(&n->shape)))
+		return layernorm_bwd_warp(c, plan, v, io);
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
 		return layernorm_bwd_fused(c, plan, v, io);
 	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
@@ -536,8 +767,10 @@ void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 			 saves ? ", saves mean and rstd" : "");
 		break;
 	default: /* LAYERNORM_BWD_DATA */
-		snprintf(buf, len, "%s%s", np->kind == LOOM_CUDA_PLAN_LN ? "one pass with dgamma, dbeta" :
-									   "separate kernels",
+		snprintf(buf, len, "%s%s", np->kind != LOOM_CUDA_PLAN_LN ? "separate kernels" :
+					   ln_warp_fits(loom_shape_last(&loom_cuda_node(p, v)->shape)) ?
+					   "warp per row in fp32 with dgamma, dbeta" :
+					   "one pass with dgamma, dbeta",
 			 reads ? ", reads the saved mean and rstd" : ", recomputes mean and rstd");
 		break;
 	}

@@ -156,6 +156,22 @@ __global__ void loom_opt_clip_kernel(int n_chunks, const double *parts, double m
 	}
 }
 
+/* A skipped step: the all-gather still needs this shard's parameters
+ * where the gradients were (ZeRO). */
+static __device__ void opt_skip_copy(const loom_cuda_opt_slot *slots,
+				     const loom_cuda_opt_chunk *chunks, int n_chunks)
+{
+	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+		int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
+		if (end > sl.numel)
+			end = sl.numel;
+		for (int64_t i = chunks[ci].off + threadIdx.x; sl.pack && sl.param && i < end;
+		     i += blockDim.x)
+			loom_st(sl.pack, sl.param_dt, i, loom_ld(sl.param, sl.param_dt, i));
+	}
+}
+
 /* update_chunk of engine/cpu/optim.c for one element, in double. */
 __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				       const loom_cuda_opt_chunk *chunks, int n_chunks,
@@ -163,17 +179,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				       const loom_cuda_ctl *ctl)
 {
 	if (!ctl->apply) {
-		/* Skipped: the all-gather still needs this shard's parameters
-		 * where the gradients were (ZeRO). */
-		for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
-			const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
-			int64_t end = chunks[ci].off + LOOM_CUDA_OPT_CHUNK;
-			if (end > sl.numel)
-				end = sl.numel;
-			for (int64_t i = chunks[ci].off + threadIdx.x; sl.pack && sl.param && i < end;
-			     i += blockDim.x)
-				loom_st(sl.pack, sl.param_dt, i, loom_ld(sl.param, sl.param_dt, i));
-		}
+		opt_skip_copy(slots, chunks, n_chunks);
 		return;
 	}
 	const double inv = ctl->inv_scale;
@@ -226,6 +232,185 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 	}
 }
 
+/*
+ * LOOM_CUDA_ADAMW=f32: AdamW in fp32 (llm.c's adamw_kernel3 computes so;
+ * this is our own). The bias corrections once per block in double, then
+ * per element: w *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2)
+ * g^2; w -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), the CPU's
+ * formula (engine/cpu/optim.c) with each operation rounded to fp32. A
+ * chunk is updated by a function templated on its gradient's and its
+ * parameter's storage (one switch per chunk, not per element), 8 elements
+ * a thread with 128-bit loads where the chunk's pointers are 16-byte
+ * aligned and the state fp32, the rest one element at a time.
+ */
+typedef struct adamw_f32_k {
+	float decay, b1, nb1, b2, nb2, step, isbc2, eps, inv;
+} adamw_f32_k;
+
+static __device__ __forceinline__ float opt_f(float x) { return x; }
+static __device__ __forceinline__ float opt_f(__half x) { return __half2float(x); }
+static __device__ __forceinline__ float opt_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> static __device__ __forceinline__ T opt_to(float x);
+template <> __device__ __forceinline__ float opt_to<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half opt_to<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 opt_to<__nv_bfloat16>(float x)
+{
+	return __float2bfloat16_rn(x);
+}
+
+/* 8 elements of p + i (16-byte aligned) as fp32, and back. */
+template <typename T>
+static __device__ __forceinline__ void opt_ld8(const T *p, int64_t i, float v[8])
+{
+	if constexpr (sizeof(T) == 4) {
+		const float4 a = *(const float4 *)(p + i), b = *(const float4 *)(p + i + 4);
+		v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+		v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+	} else {
+		const uint4 u = *(const uint4 *)(p + i);
+		const T *h = (const T *)&u;
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			v[k] = opt_f(h[k]);
+	}
+}
+
+template <typename T>
+static __device__ __forceinline__ void opt_st8(T *p, int64_t i, const float v[8])
+{
+	if constexpr (sizeof(T) == 4) {
+		*(float4 *)(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+		*(float4 *)(p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+	} else {
+		uint4 u;
+		T *h = (T *)&u;
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			h[k] = opt_to<T>(v[k]);
+		*(uint4 *)(p + i) = u;
+	}
+}
+
+static __device__ __forceinline__ void adamw_f32_elem(const adamw_f32_k &k, float wd, float g,
+						       float &w, float &m, float &v)
+{
+	w *= wd;
+	m = k.b1 * m + k.nb1 * g;
+	v = k.b2 * v + k.nb2 * (g * g);
+	w -= k.step * m / (sqrtf(v) * k.isbc2 + k.eps);
+}
+
+static __device__ __forceinline__ int opt_al16(const void *p)
+{
+	return !p || (uintptr_t)p % 16 == 0;
+}
+
+/* Elements [off, end) of slot sl; TG the gradient's storage, TP the
+ * parameter's (and the bucket copy's). w is the fp32 master where there
+ * is one, else the parameter itself. */
+template <typename TG, typename TP>
+static __device__ void adamw_f32_chunk(const loom_cuda_opt_slot &sl, int64_t off, int64_t end,
+				       const adamw_f32_k &k, float decay)
+{
+	const TG *gp = (const TG *)sl.grad;
+	float *mp = (float *)sl.master;
+	TP *pp = (TP *)sl.param, *kp = (TP *)sl.pack;
+	int64_t i = off;
+	if (sl.state_dt == LOOM_F32 && opt_al16(gp + off) && opt_al16(mp ? mp + off : NULL) &&
+	    opt_al16(pp ? pp + off : NULL) && opt_al16(kp ? kp + off : NULL) &&
+	    opt_al16((float *)sl.st0 + off) && opt_al16((float *)sl.st1 + off)) {
+		float *s0 = (float *)sl.st0, *s1 = (float *)sl.st1;
+		const int64_t vend = off + (end - off) / 8 * 8;
+		for (int64_t b = off + threadIdx.x * 8; b < vend; b += blockDim.x * 8) {
+			float w[8], g[8], m[8], v[8];
+			if (mp)
+				opt_ld8(mp, b, w);
+			else
+				opt_ld8(pp, b, w);
+			opt_ld8(gp, b, g);
+			opt_ld8(s0, b, m);
+			opt_ld8(s1, b, v);
+#pragma unroll
+			for (int q = 0; q < 8; q++)
+				adamw_f32_elem(k, decay, g[q] * k.inv, w[q], m[q], v[q]);
+			opt_st8(s0, b, m);
+			opt_st8(s1, b, v);
+			if (mp)
+				opt_st8(mp, b, w);
+			if (pp)
+				opt_st8(pp, b, w);
+			if (kp)
+				opt_st8(kp, b, w);
+		}
+		i = vend;
+	}
+	for (int64_t e = i + threadIdx.x; e < end; e += blockDim.x) {
+		float w = mp ? mp[e] : opt_f(pp[e]);
+		float m = loom_ld(sl.st0, sl.state_dt, e), v = loom_ld(sl.st1, sl.state_dt, e);
+		adamw_f32_elem(k, decay, opt_f(gp[e]) * k.inv, w, m, v);
+		loom_st(sl.st0, sl.state_dt, e, m);
+		loom_st(sl.st1, sl.state_dt, e, v);
+		if (mp)
+			mp[e] = w;
+		if (pp)
+			pp[e] = opt_to<TP>(w);
+		if (kp)
+			kp[e] = opt_to<TP>(w);
+	}
+}
+
+template <typename TG>
+static __device__ void adamw_f32_by_param(const loom_cuda_opt_slot &sl, int64_t off, int64_t end,
+					  const adamw_f32_k &k, float decay)
+{
+	switch (sl.param_dt) {
+	case LOOM_F16: adamw_f32_chunk<TG, __half>(sl, off, end, k, decay); break;
+	case LOOM_BF16: adamw_f32_chunk<TG, __nv_bfloat16>(sl, off, end, k, decay); break;
+	default: adamw_f32_chunk<TG, float>(sl, off, end, k, decay); break;
+	}
+}
+
+/* loom_opt_update_kernel's AdamW in fp32, the skipped step as there. */
+__global__ void loom_opt_adamw_f32_kernel(const loom_cuda_opt_slot *slots,
+					  const loom_cuda_opt_chunk *chunks, int n_chunks,
+					  loom_optim_opts o, double lr, int matrices_only,
+					  const loom_cuda_ctl *ctl)
+{
+	if (!ctl->apply) {
+		opt_skip_copy(slots, chunks, n_chunks);
+		return;
+	}
+	if (isnan(lr))
+		lr = ctl->lr;
+	/* The step's constants once per block (two pow in double). */
+	__shared__ adamw_f32_k k;
+	if (threadIdx.x == 0) {
+		const double t = (double)ctl->t;
+		k.b1 = (float)o.beta1;
+		k.nb1 = (float)(1 - o.beta1);
+		k.b2 = (float)o.beta2;
+		k.nb2 = (float)(1 - o.beta2);
+		k.step = (float)(lr / (1 - pow(o.beta1, t)));
+		k.isbc2 = (float)(1 / sqrt(1 - pow(o.beta2, t)));
+		k.eps = (float)o.eps;
+		k.inv = (float)ctl->inv_scale;
+		k.decay = (float)(1 - lr * o.weight_decay);
+	}
+	__syncthreads();
+	for (int ci = blockIdx.x; ci < n_chunks; ci += gridDim.x) {
+		const loom_cuda_opt_slot sl = slots[chunks[ci].slot];
+		const int64_t off = chunks[ci].off;
+		const int64_t end = off + LOOM_CUDA_OPT_CHUNK < sl.numel ? off + LOOM_CUDA_OPT_CHUNK : sl.numel;
+		const float d = matrices_only && !sl.matrix ? 1.0f : k.decay;
+		switch (sl.grad_dt) {
+		case LOOM_F16: adamw_f32_by_param<__half>(sl, off, end, k, d); break;
+		case LOOM_BF16: adamw_f32_by_param<__nv_bfloat16>(sl, off, end, k, d); break;
+		default: adamw_f32_by_param<float>(sl, off, end, k, d); break;
+		}
+	}
+}
+
 /* The schedule's rate for the updates that follow, in the control block. */
 __global__ void loom_opt_set_lr_kernel(loom_cuda_ctl *ctl, double lr)
 {
@@ -242,6 +427,11 @@ extern "C" loom_status loom_cuda_set_lr(loom_cuda_ctx *c, double lr, cudaStream_
 }
 
 static const int threads = 256;
+
+/* LOOM_CUDA_ADAMW=f32 (default the double kernel), read when a plan is
+ * made: AdamW through loom_opt_adamw_f32_kernel. Compiled, not yet run on
+ * a GPU. */
+int loom_cuda_adamw_f32_on;
 
 static unsigned opt_blocks(const loom_cuda_ctx *c)
 {
@@ -302,9 +492,14 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 		if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 			return st;
 	}
-	loom_opt_update_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks, c->n_chunks,
-							   p->opts.optim, lr, matrices_only,
-							   c->ctl);
+	if (loom_cuda_adamw_f32_on && p->opts.optim.kind == LOOM_OPTIM_ADAMW)
+		loom_opt_adamw_f32_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
+								      c->n_chunks, p->opts.optim, lr,
+								      matrices_only, c->ctl);
+	else
+		loom_opt_update_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
+								   c->n_chunks, p->opts.optim, lr,
+								   matrices_only, c->ctl);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 

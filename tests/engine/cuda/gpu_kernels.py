@@ -24,12 +24,14 @@ FAMILIES = ["matmul", "layernorm", "attention", "gelu", "adamw", "embedding", "o
 
 # Tried in this order on the lower-cased name: attention first (cuDNN's and
 # flash kernels say sdpa/flash/fmha, never gemm), then products, then the
-# rest; a product with a fused epilogue is a product.
+# rest; a product with a fused epilogue is a product, and so is a bias
+# gradient taken outside it (loom's colsum kernels, LOOM_CUDA_BGRAD=kernel;
+# llm.c's matmul_backward_bias).
 RULES = [
     ("attention", r"flash|fmha|sdpa|attention|attn|scaled_dot|(?<!log_)softmax(?!.*(cross|classif))"
                   r"|permute_kernel|unpermute_kernel"),
     ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|matmul|splitk|gemv|wgmma|_tensorop_|sm\d\d_.*_tn|"
-               r"dot_kernel|cudnn.*conv"),
+               r"dot_kernel|cudnn.*conv|colsum"),
     ("layernorm", r"layer_?norm|layernorm|gammabeta|rmsnorm|ln_fwd|ln_bwd|fused_residual"),
     ("gelu", r"gelu"),
     ("adamw", r"adam|opt_update|fusedadam"),

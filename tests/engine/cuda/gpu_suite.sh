@@ -277,6 +277,18 @@ if [ "${LOOM_GPU_PROFILE:-1}" != 0 ]; then
 		done
 		[ -s "$prof/loom_5.csv" ] && [ -s "$prof/loom_15.csv" ] &&
 			kprof_sides+=(--side loom "$prof/loom_15.csv" 15 "$prof/loom_5.csv" 5)
+		# The same step with issue 41 item 3's kernels on (LOOM_CUDA_LN_BWD=warp,
+		# LOOM_CUDA_ADAMW=f32, LOOM_CUDA_BGRAD=kernel): their kernels' times
+		# beside the ones they replace.
+		for n in 5 15; do
+			row "profile_gpt2_loom_O2_gk_$n" optional 90 "" -- bash "$here/gpu_kprof.sh" \
+				"$prof/loom_gk_$n" -- env LOOM_KERNEL_SEARCH=on LOOM_CUDA_LN_BWD=warp \
+				LOOM_CUDA_ADAMW=f32 LOOM_CUDA_BGRAD=kernel "$bin/gpt_ddp" --device cuda \
+				"${text[@]}" --preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 \
+				--max-steps $n --log-interval 5 --val-interval 0 --sample 0 --peak-flops 989e12
+		done
+		[ -s "$prof/loom_gk_5.csv" ] && [ -s "$prof/loom_gk_15.csv" ] &&
+			kprof_sides+=(--side loom+gk "$prof/loom_gk_15.csv" 15 "$prof/loom_gk_5.csv" 5)
 		if [ -x "$bin/train_gpt2cu" ] && [ -f "$llmc_data/train.bin" ]; then
 			for n in 5 15; do
 				row "profile_gpt2_llmc_$n" optional 90 "" -- bash "$here/gpu_kprof.sh" \
@@ -468,6 +480,25 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		--log-interval 5 --val-interval 0 --sample 0
 	srow speed_gpt2_124m_O2_bf16_lt_on loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
 		LOOM_CUDA_BGRAD_EPILOGUE=0 LOOM_CUDA_LT_ALIGN=1 LOOM_CUDA_LT_PAD=1 LOOM_INPLACE_DY=1 \
+		"$bin/gpt_ddp" --device cuda "${text[@]}" \
+		--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
+		--log-interval 5 --val-interval 0 --sample 0
+	# Issue 41 item 3's kernels, each A/B on GPT-2 124M O2 bf16 (20 steps,
+	# ~15 s a row): every switch at its default (today's path), then each
+	# new path alone, then all three: layer norm's backward a warp per row
+	# in fp32 (LOOM_CUDA_LN_BWD=warp), AdamW in fp32 with 128-bit loads
+	# (LOOM_CUDA_ADAMW=f32), the bias gradient by a column-sum kernel with
+	# no BGRADB (LOOM_CUDA_BGRAD=kernel). The faster of each pair becomes
+	# the default (engine/cuda/README.md).
+	for gk in base:LOOM_CUDA_LN_BWD=legacy ln_bwd_warp:LOOM_CUDA_LN_BWD=warp \
+		adamw_f32:LOOM_CUDA_ADAMW=f32 bgrad_kernel:LOOM_CUDA_BGRAD=kernel; do
+		srow "speed_gpt2_124m_O2_bf16_gk_${gk%%:*}" loom_tok bench 40 -- env \
+			LOOM_KERNEL_SEARCH=on "${gk#*:}" "$bin/gpt_ddp" --device cuda "${text[@]}" \
+			--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
+			--log-interval 5 --val-interval 0 --sample 0
+	done
+	srow speed_gpt2_124m_O2_bf16_gk_all loom_tok bench 40 -- env LOOM_KERNEL_SEARCH=on \
+		LOOM_CUDA_LN_BWD=warp LOOM_CUDA_ADAMW=f32 LOOM_CUDA_BGRAD=kernel \
 		"$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O2 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0

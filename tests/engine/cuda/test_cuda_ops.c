@@ -1517,6 +1517,155 @@ Test(cuda_ops, layernorm_saved_statistics)
 	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 3x70x37", b_layernorm_saved_odd);
 }
 
+/* A switch that picks a path by name (LOOM_CUDA_LN_BWD=warp, ...): each
+ * case in every dtype with the variable unset (today's path) and set to
+ * val, both against the CPU; read when the plan is made. */
+static void both_choices(const char *var, const char *val, const char *op, build_fn build)
+{
+	char name[128];
+	for (int on = 0; on <= 1; on++) {
+		if (on)
+			setenv(var, val, 1);
+		else
+			unsetenv(var);
+		snprintf(name, sizeof(name), "%s %s=%s", op, var, on ? val : "(unset)");
+		each_dtype(name, build, LOOM_RUN_GRAD);
+	}
+	unsetenv(var);
+}
+
+static int choice_is(const char *var, const char *val)
+{
+	const char *e = getenv(var);
+	return e && !strcmp(e, val);
+}
+
+/* Layer norm over rows x c, its backward's note checked under the warp
+ * switch (c up to 1024: the warp kernel; wider: the one-pass kernel). */
+static loom_value ln_warp_case(loom_graph *g, tcase *t, int64_t b, int64_t rows, int64_t c)
+{
+	loom_value x = param(g, t, "x", 3, b, rows, c, 0);
+	if (choice_is("LOOM_CUDA_LN_BWD", "warp")) {
+		t->note[0] = c <= 1024 ? "warp per row in fp32" : "one pass with dgamma";
+		t->note_op[0] = LOOM_OP_LAYERNORM_BWD_DATA;
+	}
+	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, c, 0, 0, 0),
+			      param(g, t, "ln.bias", 1, c, 0, 0, 0), 1e-5);
+}
+
+static loom_value b_ln_warp_40(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 3, 40);
+}
+
+static loom_value b_ln_warp_rows(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 3, 150, 40);
+}
+
+static loom_value b_ln_warp_37(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 300, 37);
+}
+
+static loom_value b_ln_warp_768(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 50, 768);
+}
+
+static loom_value b_ln_warp_1024(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 1, 40, 1024);
+}
+
+static loom_value b_ln_warp_1100(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 1, 9, 1100);
+}
+
+/* 2 x 2100 rows: 4200 > LOOM_LN_WARP_PARTS warps, so 3 rows a warp. */
+static loom_value b_ln_warp_many(loom_graph *g, tcase *t)
+{
+	return ln_warp_case(g, t, 2, 2100, 24);
+}
+
+/* Layer norm's backward one warp per row in fp32 (LOOM_CUDA_LN_BWD=warp,
+ * layernorm.cu) against the CPU (statistics and sums in double) and
+ * against today's one-pass kernel: 128-bit rows (40, 768, 1024 columns),
+ * scalar rows (37), several rows a warp (4200 rows), and 1100 columns,
+ * which keep the one-pass kernel; with the forward's saved mean and rstd
+ * (LOOM_CUDA_LN_SAVE, the default) and recomputed in fp32 (=0). The
+ * per-dtype NMSE bounds of every row here (1e-8 fp32, 1e-4 f16, 1e-3
+ * bf16) hold: fp32 sums over at most 1024 columns and the parts' fold
+ * are far inside them. */
+Test(cuda_ops, layernorm_backward_warp)
+{
+	NEED_GPU();
+	for (int save = 1; save >= 0; save--) {
+		setenv("LOOM_CUDA_LN_SAVE", save ? "1" : "0", 1);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x3x40", b_ln_warp_40);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 3x150x40", b_ln_warp_rows);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x300x37", b_ln_warp_37);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x50x768", b_ln_warp_768);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 1x40x1024", b_ln_warp_1024);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 1x9x1100", b_ln_warp_1100);
+		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x2100x24", b_ln_warp_many);
+	}
+	unsetenv("LOOM_CUDA_LN_SAVE");
+}
+
+/* A linear with a bias over rows x k -> c: under LOOM_CUDA_BGRAD=kernel
+ * no product's note may name BGRADB, and the bias gradient comes from the
+ * column-sum kernel (elementwise.cu). */
+static loom_value bgrad_case(loom_graph *g, tcase *t, int64_t rows, int64_t k, int64_t c)
+{
+	loom_value x = param(g, t, "x", 2, rows, k, 0, 0);
+	if (choice_is("LOOM_CUDA_BGRAD", "kernel"))
+		t->no_note = "BGRADB";
+	return loom_linear(g, x, param(g, t, "fc.weight", 2, c, k, 0, 0),
+			   param(g, t, "fc.bias", 1, c, 0, 0, 0));
+}
+
+static loom_value b_bgrad_768(loom_graph *g, tcase *t)
+{
+	return bgrad_case(g, t, 96, 64, 768);
+}
+
+static loom_value b_bgrad_odd(loom_graph *g, tcase *t)
+{
+	return bgrad_case(g, t, 301, 24, 37);
+}
+
+/* 5000 rows: 64 chunks of 79, the last of 23. */
+static loom_value b_bgrad_tall(loom_graph *g, tcase *t)
+{
+	return bgrad_case(g, t, 5000, 16, 40);
+}
+
+/* A 3-D linear ([2, 40, 24] seen as 80 rows): the bias gradient of the
+ * rows view. */
+static loom_value b_bgrad_3d(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 40, 24, 0);
+	if (choice_is("LOOM_CUDA_BGRAD", "kernel"))
+		t->no_note = "BGRADB";
+	return loom_linear(g, x, param(g, t, "fc.weight", 2, 33, 24, 0, 0),
+			   param(g, t, "fc.bias", 1, 33, 0, 0, 0));
+}
+
+/* The bias gradient outside the weight gradient's product
+ * (LOOM_CUDA_BGRAD=kernel: the column-sum kernel, no BGRADB) against the
+ * CPU and against today's BGRADB epilogue, at 768 columns, 37 (odd), 5000
+ * rows (chunked) and a 3-D input, every dtype, the usual NMSE bounds. */
+Test(cuda_ops, bias_gradient_kernel)
+{
+	NEED_GPU();
+	both_choices("LOOM_CUDA_BGRAD", "kernel", "linear 96x64->768", b_bgrad_768);
+	both_choices("LOOM_CUDA_BGRAD", "kernel", "linear 301x24->37", b_bgrad_odd);
+	both_choices("LOOM_CUDA_BGRAD", "kernel", "linear 5000x16->40", b_bgrad_tall);
+	both_choices("LOOM_CUDA_BGRAD", "kernel", "linear 2x40x24->33", b_bgrad_3d);
+}
+
 /* The GPT's MLP: linear (bias) -> GELU -> linear. With the tanh GELU the
  * first linear computes it in cuBLASLt's GELU_AUX_BIAS epilogue
  * (LOOM_CUDA_GELU_EPILOGUE) and the second's data gradient the GELU
@@ -2310,6 +2459,135 @@ Test(cuda_convnet, o2_bf16_adamw_clip_decay_matrices_only)
 {
 	NEED_GPU();
 	clip_and_mask(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2);
+}
+
+/* AdamW in fp32 (LOOM_CUDA_ADAMW=f32, optim.cu) against the CPU's update
+ * in double, through convnet_steps with the tolerances of the double
+ * kernel's rows above: O0 (fp32 gradients and weights), O2 bf16 (bf16
+ * gradients into fp32 masters), and with clipping and the decay mask. */
+Test(cuda_convnet, adamw_f32)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_ADAMW", "f32", 1);
+	convnet_steps(LOOM_O0, LOOM_F16, LOOM_OPTIM_ADAMW, 1e-4, 1);
+	convnet_steps(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2, 1);
+	clip_and_mask(LOOM_O0, LOOM_F16, LOOM_OPTIM_ADAMW, 1e-4);
+	clip_and_mask(LOOM_O2, LOOM_BF16, LOOM_OPTIM_ADAMW, 3e-2);
+	unsetenv("LOOM_CUDA_ADAMW");
+}
+
+/*
+ * An MLP whose weights have sizes off the 8-element vectors and across
+ * optimizer chunks (4773 = a chunk of 4096 and a tail of 677, 129, 1290,
+ * 10): the vector loop, the scalar tail and the chunk loop of the fp32
+ * kernel.
+ */
+static loom_graph *adamw_mlp(loom_value *w, loom_value *loss)
+{
+	loom_graph *g;
+	int64_t xd[2] = { 32, 37 }, yd[1] = { 32 }, w1[2] = { 129, 37 }, b1[1] = { 129 };
+	int64_t w2[2] = { 10, 129 }, b2[1] = { 10 };
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_graph_set_seed(g, 11);
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	w[0] = loom_param(g, "fc1.weight", LOOM_F32, 2, w1, LOOM_INIT_KAIMING_UNIFORM, 37);
+	w[1] = loom_param(g, "fc1.bias", LOOM_F32, 1, b1, LOOM_INIT_UNIFORM_FAN_IN, 37);
+	w[2] = loom_param(g, "fc2.weight", LOOM_F32, 2, w2, LOOM_INIT_KAIMING_UNIFORM, 129);
+	w[3] = loom_param(g, "fc2.bias", LOOM_F32, 1, b2, LOOM_INIT_UNIFORM_FAN_IN, 129);
+	loom_value h = loom_relu(g, loom_linear(g, x, w[0], w[1]));
+	*loss = loom_softmax_cross_entropy(g, loom_linear(g, h, w[2], w[3]), y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	return g;
+}
+
+/* Two AdamW steps of adamw_mlp on CUDA with LOOM_CUDA_ADAMW=val (NULL:
+ * unset), the weights after them into out[i] (malloc'd). */
+static void adamw_mlp_run(const char *val, loom_opt_level level, double lr, double *out[4],
+			  size_t cnt[4])
+{
+	loom_value w[4], loss;
+	loom_graph *g = adamw_mlp(w, &loss);
+	loom_compile_opts o;
+	loom_program *p;
+	float x[32 * 37];
+	int32_t y[32];
+	if (val)
+		setenv("LOOM_CUDA_ADAMW", val, 1);
+	else
+		unsetenv("LOOM_CUDA_ADAMW");
+	loom_compile_opts_default(&o);
+	o.no_tf32 = 1;
+	o.device = LOOM_DEVICE_CUDA;
+	o.amp.level = level;
+	o.amp.half = LOOM_BF16;
+	o.optim.kind = LOOM_OPTIM_ADAMW;
+	o.optim.lr = lr;
+	o.optim.weight_decay = 0.1;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	rng_state = 5;
+	for (int step = 0; step < 2; step++) {
+		for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+			x[i] = (float)urand();
+		for (int i = 0; i < 32; i++)
+			y[i] = (int32_t)((urand() + 1) * 5) % 10;
+		cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, 32 * 37), LOOM_OK);
+		cr_assert_eq(loom_set_input(p, "y", y, LOOM_I32, 32), LOOM_OK);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "step %d: %s", step,
+			     loom_program_error(p));
+	}
+	for (int i = 0; i < 4; i++) {
+		cnt[i] = numel_of(g, w[i]);
+		out[i] = malloc(cnt[i] * sizeof(double));
+		cr_assert(out[i]);
+		read_value(p, w[i], 0, out[i], cnt[i]);
+	}
+	loom_program_free(p);
+	loom_graph_free(g);
+	unsetenv("LOOM_CUDA_ADAMW");
+}
+
+/*
+ * The fp32 kernel against the double one on the same device, plan and
+ * inputs, so that only the update's arithmetic differs. O0's bound, per
+ * weight after two steps: |f32 - f64| <= 2^-21 |w| + 1e-5 lr, i.e. a few
+ * fp32 roundings of w (the decay and the step, each stored as fp32 by
+ * both kernels) plus the fp32 error of the step itself (|step| <= ~lr,
+ * its few operations each within 2^-24). Under O2 the weights read are
+ * the bf16 copies, and a master one fp32 bit away may round to the next
+ * bf16 value, which also moves the second step's gradients: there each
+ * weight is held to one bf16 ulp (2^-7 |w|) plus 1e-2 lr.
+ */
+static void adamw_f32_vs_double(loom_opt_level level)
+{
+	const double lr = 1e-3;
+	const int o2 = level == LOOM_O2;
+	double *a[4], *b[4];
+	size_t na[4], nb[4];
+	adamw_mlp_run(NULL, level, lr, b, nb);
+	adamw_mlp_run("f32", level, lr, a, na);
+	for (int i = 0; i < 4; i++) {
+		size_t off = 0, first = 0;
+		cr_assert_eq(na[i], nb[i]);
+		for (size_t j = 0; j < na[i]; j++) {
+			double d = fabs(a[i][j] - b[i][j]), w = fabs(b[i][j]);
+			double tol = o2 ? ldexp(w, -7) + 1e-2 * lr : ldexp(w, -21) + 1e-5 * lr;
+			if (!(d <= tol) && !off++)
+				first = j;
+		}
+		cr_expect_eq(off, 0, "%s weight %d: %zu of %zu off the bound, first [%zu]: f32 "
+			     "kernel %.9g, double %.9g", o2 ? "O2" : "O0", i, off, na[i], first,
+			     a[i][first], b[i][first]);
+		free(a[i]);
+		free(b[i]);
+	}
+}
+
+Test(cuda_convnet, adamw_f32_against_double)
+{
+	NEED_GPU();
+	adamw_f32_vs_double(LOOM_O0);
+	adamw_f32_vs_double(LOOM_O2);
 }
 
 /* ------------------------------------------------------------ ResNet steps */
