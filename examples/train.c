@@ -250,6 +250,12 @@ static const char *flag_value(int argc, char **argv, const char *name)
 
 int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 {
+	return train_start_with(t, prog, NULL, argc, argv);
+}
+
+int train_start_with(train_run *t, const train_program *prog, const flag_target *own, int argc,
+		     char **argv)
+{
 	char msg[512];
 
 	memset(t, 0, sizeof(*t));
@@ -276,9 +282,9 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	int lrc = loom_launch_maybe(&argc, argv);
 	if (lrc >= 0)
 		return lrc;
-	switch (train_parse_args(prog, argc, argv, &t->a, msg, sizeof(msg))) {
+	switch (train_parse_with(prog, own, argc, argv, &t->a, msg, sizeof(msg))) {
 	case TRAIN_RUN: break;
-	case TRAIN_HELP: train_usage(prog, stdout); return 0;
+	case TRAIN_HELP: train_usage(prog, own, stdout); return 0;
 	default: fprintf(stderr, "%s: %s\n", prog->name, msg); return 2;
 	}
 	/* A restarted worker (the launcher's or torchrun's) always continues

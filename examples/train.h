@@ -90,6 +90,11 @@ int train_graph_batch(const train_run *t);
  */
 int train_start(train_run *t, const train_program *prog, int argc, char **argv);
 
+/* The same, the program's own flags (gpt_ddp's) parsed into own, which
+ * holds their defaults (train_args.h's train_parse_with). */
+int train_start_with(train_run *t, const train_program *prog, const flag_target *own, int argc,
+		     char **argv);
+
 /* A program's own output files (gpt_ddp's --loss-file), written in place by
  * rank 0: checked there as train_start checks the common ones (outputs.h),
  * every rank learning the outcome. paths[i] NULL: flags[i] not given. 0, or
