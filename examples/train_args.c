@@ -67,6 +67,13 @@ const train_program train_gpt_ddp = {
 		      .max_steps = 300, .clip_grad = 1.0, .decay_matrices_only = 1 },
 };
 
+const train_program train_classify = {
+	.name = "classify",
+	.about = "Runs a trained model on a test split: accuracy, top-k, confusion matrix, images/s.",
+	.bit = FLAG_PROG_CLASSIFY,
+	.defaults = { TRAIN_BASE_DEFAULTS, .data = NULL, .width = 64 },
+};
+
 static void say(char *msg, size_t msglen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -131,24 +138,25 @@ static int set_zero_prefetch(void *base, const flag_parsed *v, char *msg, size_t
 #define P_ALL (P_MNIST | P_CIFAR | P_R50 | P_GPT) /* TRAIN_FLAGS_COMMON */
 #define P_FIT (P_MNIST | P_CIFAR | P_GPT)         /* TRAIN_FLAGS_FIT, _DATA */
 #define P_RESNET (P_CIFAR | P_R50)
+#define P_CLS FLAG_PROG_CLASSIFY /* the flags classify shares */
 #define AT(field) FLAG_AT(train_args, field)
 #define VALUES(...) .values = (const int[]){ __VA_ARGS__ }
 
 /* Where each training flag goes in train_args, and which programs take it. */
 static const flag_place train_places[] = {
-	{ FLAG_DATA, P_FIT, AT(data) },
+	{ FLAG_DATA, P_FIT | P_CLS, AT(data) },
 	{ FLAG_SYNTHETIC, P_CIFAR, AT(synthetic) },
 	{ FLAG_TRAIN_IMAGES, P_CIFAR, AT(train_images) },
 	{ FLAG_TEST_IMAGES, P_CIFAR, AT(test_images) },
 	{ FLAG_NO_AUGMENT, P_CIFAR, AT(augment), VALUES(0) },
 	{ FLAG_DEPTH, P_RESNET, AT(depth), VALUES(18, 34, 50) },
-	{ FLAG_WIDTH, P_RESNET, AT(width) },
+	{ FLAG_WIDTH, P_RESNET | P_CLS, AT(width) },
 	{ FLAG_SIZE, P_R50, AT(size) },
 	{ FLAG_EPOCHS, P_FIT, AT(epochs) },
-	{ FLAG_BATCH_SIZE, P_ALL, AT(batch) },
+	{ FLAG_BATCH_SIZE, P_ALL | P_CLS, AT(batch) },
 	{ FLAG_STEPS, P_R50, AT(steps) },
 	{ FLAG_WARMUP, P_R50, AT(warmup) },
-	{ FLAG_OPTIMIZER, P_FIT, AT(optim), VALUES(LOOM_OPTIM_SGD, LOOM_OPTIM_ADAMW) },
+	{ FLAG_OPTIMIZER, P_FIT | P_CLS, AT(optim), VALUES(LOOM_OPTIM_SGD, LOOM_OPTIM_ADAMW) },
 	{ FLAG_LR, P_FIT, AT(lr) },
 	{ FLAG_MOMENTUM, P_FIT, AT(momentum) },
 	{ FLAG_WEIGHT_DECAY, P_FIT, AT(weight_decay) },
@@ -158,12 +166,12 @@ static const flag_place train_places[] = {
 	{ FLAG_LR_GAMMA, P_FIT, AT(lr_gamma) },
 	{ FLAG_WARMUP_EPOCHS, P_CIFAR, AT(warmup_epochs) },
 	{ FLAG_ACCUMULATE, P_FIT, AT(accumulate) },
-	{ FLAG_OPT_LEVEL, P_ALL, AT(level), VALUES(LOOM_O0, LOOM_O1, LOOM_O2, LOOM_O3) },
-	{ FLAG_PRECISION, P_ALL, .set = set_precision },
+	{ FLAG_OPT_LEVEL, P_ALL | P_CLS, AT(level), VALUES(LOOM_O0, LOOM_O1, LOOM_O2, LOOM_O3) },
+	{ FLAG_PRECISION, P_ALL | P_CLS, .set = set_precision },
 	{ FLAG_FP8_ALL_PRODUCTS, P_ALL, AT(fp8_all_products) },
 	{ FLAG_LOSS_SCALE, P_ALL, .set = set_loss_scale },
 	{ FLAG_KEEP_BATCHNORM_FP32, P_ALL, AT(keep_bn_fp32), VALUES(1, 0) },
-	{ FLAG_DEVICE, P_ALL, AT(device),
+	{ FLAG_DEVICE, P_ALL | P_CLS, AT(device),
 	  VALUES(LOOM_DEVICE_AUTO, LOOM_DEVICE_CPU, LOOM_DEVICE_CUDA) },
 	{ FLAG_TF32, P_ALL, AT(no_tf32), VALUES(0, 1) },
 	{ FLAG_NO_CUDA_GRAPH, P_ALL, AT(no_cuda_graph) },
@@ -172,8 +180,8 @@ static const flag_place train_places[] = {
 	  VALUES(LOOM_KERNEL_SEARCH_ON, LOOM_KERNEL_SEARCH_OFF) },
 	{ FLAG_RECOMPUTE, P_ALL, AT(recompute) },
 	{ FLAG_SEED, P_ALL, AT(seed) },
-	{ FLAG_THREADS, P_ALL, AT(threads) },
-	{ FLAG_CHECKPOINT, P_FIT, AT(checkpoint) },
+	{ FLAG_THREADS, P_ALL | P_CLS, AT(threads) },
+	{ FLAG_CHECKPOINT, P_FIT | P_CLS, AT(checkpoint) },
 	{ FLAG_SAVE_EVERY, P_FIT, AT(save_every) },
 	{ FLAG_RESUME, P_FIT, AT(resume) },
 	{ FLAG_LOG_INTERVAL, P_FIT, AT(log_interval) },
@@ -197,16 +205,21 @@ static const flag_place train_places[] = {
 	{ FLAG_TRACE_STEPS, P_ALL, AT(trace_steps) },
 	{ FLAG_INIT_FROM, P_ALL, AT(init_from) },
 	{ FLAG_REINIT, P_ALL, AT(reinit) },
-	{ FLAG_INIT_STRICT, P_ALL, AT(init_strict), VALUES(1, 0) },
+	{ FLAG_INIT_STRICT, P_ALL | P_CLS, AT(init_strict), VALUES(1, 0) },
 	{ FLAG_EXPORT, P_ALL, AT(export_path) },
 	{ FLAG_METRICS, P_ALL, AT(metrics) },
 	/* comm/launch.c takes these two out of argv before the parser runs */
 	{ FLAG_NPROC, P_ALL },
 	{ FLAG_MAX_RESTARTS, P_ALL },
-	{ FLAG_HELP, P_ALL },
+	{ FLAG_HELP, P_ALL | P_CLS },
 };
 
 #define N_PLACES (sizeof(train_places) / sizeof(train_places[0]))
+
+flag_target train_target(train_args *a)
+{
+	return (flag_target){ train_places, N_PLACES, a, NULL };
+}
 
 /* train_args and, when the program has one, its own struct (gpt_ddp). */
 static size_t targets(const flag_target *own, train_args *a, flag_target *t)

@@ -116,6 +116,13 @@ typedef struct train_program {
 extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic,
 	train_gpt_ddp;
 
+/* The flags classify shares with training (--opt-level, --device, ...),
+ * into a train_args, with classify's defaults; its own are classify_args.h's. */
+extern const train_program train_classify;
+
+/* a as a target of the flags' parser (examples/flags.h). */
+flag_target train_target(train_args *a);
+
 typedef enum train_parse {
 	TRAIN_RUN = 0,   /* *a holds the run's settings */
 	TRAIN_HELP = 1,  /* --help: print train_usage and exit 0 */
