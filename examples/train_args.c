@@ -251,11 +251,13 @@ int train_set_value(const train_program *prog, const char *name, const char *arg
 	flag_target t[1];
 	size_t nt = targets(NULL, a, t);
 
-	if (flags_row(prog->bit, t, nt, name) < 0) {
+	/* any flag train_args holds, whichever program takes it (as before) */
+	(void)prog;
+	if (flags_row(~0u, t, nt, name) < 0) {
 		say(msg, msglen, "--%s is not a training flag", name);
 		return -1;
 	}
-	return flags_set(prog->bit, t, nt, name, arg, msg, msglen);
+	return flags_set(~0u, t, nt, name, arg, msg, msglen);
 }
 
 /* What no single flag can check: flags that need or exclude others. */

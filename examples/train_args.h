@@ -145,8 +145,9 @@ train_parse train_parse_with(const train_program *prog, const flag_target *own, 
 
 /*
  * One flag's value (name without dashes, e.g. "opt-level") into *a, with the
- * same checks and messages as train_parse_args: 0, or -1 with msg set. For a
- * tool with its own command line (classify) that shares some of the flags.
+ * same checks and messages as train_parse_args: 0, or -1 with msg set. Any
+ * flag train_args holds, whichever program takes it (the settings test
+ * sets each alone).
  */
 int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
 		    char *msg, size_t msglen);
