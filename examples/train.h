@@ -65,14 +65,12 @@ typedef struct train_run {
 
 /* The settings every rank must share, as train_start compares them across
  * ranks: each named by its flag ("--lr", value "0.1"), two by what they
- * are ("program", "decay on matrices only"). Fills s (room for
- * TRAIN_SETTINGS_MAX) and returns how many. */
+ * are ("program", "decay on matrices only"); every flag of train_args
+ * whose row in base/options.def has agree set, and no other
+ * (tests/examples/test_settings.c). Fills s (room for TRAIN_SETTINGS_MAX)
+ * and returns how many. */
 #define TRAIN_SETTINGS_MAX 64
 size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s);
-
-/* The flags (names without dashes) that may differ between ranks; every
- * other flag of train_args.c is in train_settings. NULL-ended. */
-extern const char *const train_settings_free[];
 
 /* Monotonic seconds. */
 double train_now(void);
