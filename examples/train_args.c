@@ -71,7 +71,7 @@ const train_program train_classify = {
 	.name = "classify",
 	.about = "Runs a trained model on a test split: accuracy, top-k, confusion matrix, images/s.",
 	.bit = FLAG_PROG_CLASSIFY,
-	.defaults = { TRAIN_BASE_DEFAULTS, .data = NULL, .width = 64 },
+	.defaults = { TRAIN_BASE_DEFAULTS, .width = 64 },
 };
 
 static void say(char *msg, size_t msglen, const char *fmt, ...)
@@ -224,7 +224,7 @@ flag_target train_target(train_args *a)
 /* train_args and, when the program has one, its own struct (gpt_ddp). */
 static size_t targets(const flag_target *own, train_args *a, flag_target *t)
 {
-	t[0] = (flag_target){ train_places, N_PLACES, a, NULL };
+	t[0] = train_target(a);
 	if (own)
 		t[1] = *own;
 	return own ? 2 : 1;
