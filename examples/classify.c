@@ -14,7 +14,6 @@
  *   classify --checkpoint c.ckpt --opt-level O2            (as trained)
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/options.h"
+#include "examples/classify_args.h"
 #include "examples/models.h"
 #include "examples/outputs.h"
 #include "examples/train_args.h"
@@ -31,141 +31,6 @@
 #include "loom_io.h"
 
 #define CLASSES 10
-
-typedef struct classify_args {
-	const char *model;      /* convnet, resnet18, resnet34 */
-	const char *data;       /* MNIST-format or CIFAR-10 binary directory */
-	const char *split;      /* t10k/train (MNIST), test/train (CIFAR) */
-	const char *weights;    /* safetensors */
-	const char *checkpoint; /* loom_save's file */
-	const char *predictions; /* per-image rows, or NULL */
-	int width, batch, top_k, threads, strict;
-	int64_t limit;          /* first N images, 0: all */
-	loom_opt_level level;
-	loom_dtype half;
-	int fp8;                /* --precision fp8 (train_args.h) */
-	loom_optim_kind optim;  /* --checkpoint: the optimizer it was trained with */
-	loom_device device;
-} classify_args;
-
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: classify [options]\n"
-		"Runs a trained model on a test split: accuracy, top-k, confusion matrix, images/s.\n\n"
-		"  --weights FILE       safetensors weights (PyTorch's state_dict names), run on a\n"
-		"                       forward-only plan\n"
-		"  --checkpoint FILE    or a loom checkpoint (loom_save), run on the training program\n"
-		"                       it came from: give its --opt-level, --precision, --optimizer\n"
-		"  --model M            convnet (default), resnet18 or resnet34 (CIFAR stem)\n"
-		"  --width N            the ResNet's first-stage channels (default 64)\n"
-		"  --data DIR           MNIST-format (convnet; default %s) or CIFAR-10 binary\n"
-		"                       directory (resnet)\n"
-		"  --split S            t10k or train (MNIST), test or train (CIFAR); default the test split\n"
-		"  --limit N            only the first N images\n"
-		"  --batch-size N       images per run (default 100)\n"
-		"  --top-k K            also count a hit when the label is among the K best (default 5)\n"
-		"  --predictions FILE   every image's index, label, prediction and logits: CSV when\n"
-		"                       FILE ends in .csv, else JSON Lines (one object per image)\n"
-		"  --opt-level O0..O3   precision of the plan (default O0)\n"
-		"  --precision P        fp16, bf16 or fp8 (default fp16)\n"
-		"  --optimizer O        sgd or adamw: --checkpoint's (default sgd)\n"
-		"  --init-strict B      true (default) or false: names must match both ways\n"
-		"  --device D           auto, cpu or cuda (default auto)\n"
-		"  --threads N          CPU threads\n"
-		"  --help               this text\n",
-		LOOM_FASHION_MNIST_DIR);
-}
-
-static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "classify: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo,
-			hi, s);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-/* 0 to run, 1 after --help, 2 for a bad flag (said on stderr). */
-static int parse(int argc, char **argv, classify_args *a)
-{
-	static const struct option opts[] = {
-		{ "weights", required_argument, 0, 'w' }, { "checkpoint", required_argument, 0, 'c' },
-		{ "model", required_argument, 0, 'm' },	  { "width", required_argument, 0, 'W' },
-		{ "data", required_argument, 0, 'd' },	  { "split", required_argument, 0, 's' },
-		{ "limit", required_argument, 0, 'n' },	  { "batch-size", required_argument, 0, 'b' },
-		{ "top-k", required_argument, 0, 'k' },	  { "opt-level", required_argument, 0, 'O' },
-		{ "precision", required_argument, 0, 'p' }, { "optimizer", required_argument, 0, 'o' },
-		{ "init-strict", required_argument, 0, 'S' }, { "device", required_argument, 0, 'D' },
-		{ "threads", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
-		{ "predictions", required_argument, 0, 'P' },
-		{ 0, 0, 0, 0 },
-	};
-	*a = (classify_args){ .model = "convnet", .width = 64, .batch = 100, .top_k = 5,
-			      .strict = 1, .half = LOOM_F16, .optim = LOOM_OPTIM_SGD };
-	long l;
-	int c;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'w': a->weights = optarg; break;
-		case 'c': a->checkpoint = optarg; break;
-		case 'P': a->predictions = optarg; break;
-		case 'm': a->model = optarg; break;
-		case 'd': a->data = optarg; break;
-		case 's': a->split = optarg; break;
-		case 'W': if (parse_long("--width", optarg, 1, 4096, &l)) return 2; a->width = (int)l; break;
-		case 'n': if (parse_long("--limit", optarg, 1, 1L << 40, &l)) return 2; a->limit = l; break;
-		case 'b': if (parse_long("--batch-size", optarg, 1, 1 << 16, &l)) return 2; a->batch = (int)l; break;
-		case 'k': if (parse_long("--top-k", optarg, 1, CLASSES, &l)) return 2; a->top_k = (int)l; break;
-		case 't': case 'O': case 'p': case 'o': case 'S': case 'D': {
-			/* the flags classify shares with training: one parser of each */
-			const char *name = c == 't' ? "threads" : c == 'O' ? "opt-level" :
-					   c == 'p' ? "precision" : c == 'o' ? "optimizer" :
-					   c == 'S' ? "init-strict" : "device";
-			char msg[256];
-			train_args t = train_mnist_ddp.defaults;
-			if (train_set_value(&train_mnist_ddp, name, optarg, &t, msg, sizeof(msg))) {
-				fprintf(stderr, "classify: %s\n", msg);
-				return 2;
-			}
-			switch (c) {
-			case 't': a->threads = t.threads; break;
-			case 'O': a->level = t.level; break;
-			case 'p': a->half = t.half; a->fp8 = t.fp8; break;
-			case 'o': a->optim = t.optim; break;
-			case 'S': a->strict = t.init_strict; break;
-			default: a->device = t.device; break;
-			}
-			break;
-		}
-		case 'h': usage(stdout); return 1;
-		default:
-			fprintf(stderr, "classify: unknown or incomplete option '%s' (see --help)\n",
-				argv[optind - 1]);
-			return 2;
-		}
-	}
-	if (optind < argc) {
-		fprintf(stderr, "classify: unexpected argument '%s'\n", argv[optind]);
-		return 2;
-	}
-	if (!!a->weights == !!a->checkpoint) {
-		fprintf(stderr, "classify: give --weights FILE.safetensors or --checkpoint FILE (one)\n");
-		return 2;
-	}
-	if (strcmp(a->model, "convnet") && strcmp(a->model, "resnet18") && strcmp(a->model, "resnet34")) {
-		fprintf(stderr, "classify: --model must be convnet, resnet18 or resnet34, got '%s'\n",
-			a->model);
-		return 2;
-	}
-	return 0;
-}
 
 static int is_convnet(const classify_args *a)
 {
@@ -336,18 +201,153 @@ static double now_s(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The loader over the split, normalised as the model was trained: 0, or
+ * -1 after saying why. */
+static int open_loader(const classify_args *a, loom_dataset *ds, loom_sampler **s,
+		       loom_loader **l)
+{
+	static const float cmean[3] = LOOM_CIFAR10_MEAN, cstd[3] = LOOM_CIFAR10_STD;
+	char err[512];
+
+	if (load_data(a, ds))
+		return -1;
+	if (loom_sampler_new(ds->n, 0, 1, 0, 0, 0, s, err, sizeof(err)) ||
+	    loom_loader_new(ds, *s, a->batch, 0, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD, l,
+			    err, sizeof(err))) {
+		fprintf(stderr, "classify: %s\n", err);
+		return -1;
+	}
+	if (!is_convnet(a) && loom_loader_set_normalize(*l, cmean, cstd)) {
+		fprintf(stderr, "classify: %s\n", loom_loader_error(*l));
+		return -1;
+	}
+	return 0;
+}
+
+/* The first lines: what runs on what, and the plan's memory. */
+static void print_header(const classify_args *a, loom_program *p, const loom_dataset *ds)
+{
+	loom_program_info info;
+	char cpu[128];
+
+	loom_program_info_get(p, &info);
+	printf("loom classify: %s, %s on %s/%s (%lld images), %s, opt level O%d\n", info.backend,
+	       a->model, a->data ? a->data : LOOM_FASHION_MNIST_DIR,
+	       a->split ? a->split : is_convnet(a) ? "t10k" : "test", (long long)ds->n,
+	       a->weights ? a->weights : a->checkpoint, a->level);
+	printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));
+	printf("%s plan: %.2f MiB arena (params %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
+	       a->weights ? "forward-only" : "training", info.arena_bytes / 1048576.0,
+	       info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
+	       info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0);
+}
+
+/* What the run counts, image by image. */
+typedef struct tally {
+	int64_t conf[CLASSES][CLASSES];
+	int64_t n, topk;
+	double loss_sum;
+} tally;
+
+/* One batch's count rows of logits (out) against their labels. */
+static void count_rows(const classify_args *a, const float *out, const int32_t *bl, int count,
+		       tally *ty, FILE *pf)
+{
+	for (int r = 0; r < count; r++) {
+		const float *z = out + (size_t)r * CLASSES;
+		int pred = 0;
+		double se = 0;
+		for (int c = 1; c < CLASSES; c++)
+			pred = z[c] > z[pred] ? c : pred;
+		for (int c = 0; c < CLASSES; c++)
+			se += exp(z[c] - z[pred]);
+		ty->loss_sum += z[pred] + log(se) - z[bl[r]]; /* cross-entropy of the row */
+		ty->conf[bl[r]][pred]++;
+		ty->topk += rank_of(z, bl[r]) < a->top_k;
+		if (pf) /* the sampler keeps the split's order */
+			predictions_row(pf, a->predictions, ty->n, bl[r], pred, z);
+		ty->n++;
+	}
+}
+
+/* The buffers one batch goes through, and whether they are the program's
+ * own input buffers (direct). */
+typedef struct batch_io {
+	float *img, *out;
+	int32_t *lab;
+	size_t elems;
+	int direct;
+} batch_io;
+
+/* Batch b through the program into the tally: 0, or -1 after saying why. */
+static int run_batch(const classify_args *a, loom_program *p, loom_loader *l, loom_value logits,
+		     int64_t b, const batch_io *io, tally *ty, FILE *pf)
+{
+	size_t elems = io->elems;
+	float *bi = io->img;
+	int32_t *bl = io->lab;
+	void *pi, *pl;
+	int count;
+
+	if (io->direct) {
+		if (loom_input_buffer(p, "image", LOOM_F32, elems * a->batch, &pi) ||
+		    loom_input_buffer(p, "label", LOOM_I32, a->batch, &pl)) {
+			fprintf(stderr, "classify: %s\n", loom_program_error(p));
+			return -1;
+		}
+		bi = pi;
+		bl = pl;
+	}
+	if (loom_loader_get(l, b, bi, bl, &count) != LOOM_OK) {
+		fprintf(stderr, "classify: %s\n", loom_loader_error(l));
+		return -1;
+	}
+	/* The plan has one batch size: pad the last batch, count its rows. */
+	memset(bi + (size_t)count * elems, 0, sizeof(float) * elems * (a->batch - count));
+	memset(bl + count, 0, sizeof(int32_t) * (a->batch - count));
+	if ((io->direct ? loom_input_commit(p, "image") || loom_input_commit(p, "label") :
+			  loom_set_input(p, "image", bi, LOOM_F32, elems * a->batch) ||
+				  loom_set_input(p, "label", bl, LOOM_I32, a->batch)) ||
+	    loom_run(p, LOOM_RUN_EVAL) ||
+	    loom_read(p, logits, io->out, (size_t)CLASSES * a->batch)) {
+		fprintf(stderr, "classify: batch %lld: %s\n", (long long)b, loom_program_error(p));
+		return -1;
+	}
+	count_rows(a, io->out, bl, count, ty, pf);
+	return 0;
+}
+
+/* --predictions closed and said: 0, or -1 (the file removed) after saying why. */
+static int close_predictions(const classify_args *a, FILE *pf, int64_t n)
+{
+	int bad = ferror(pf);
+
+	bad |= fclose(pf) != 0;
+	if (bad) {
+		fprintf(stderr, "classify: --predictions %s: %s\n", a->predictions, strerror(errno));
+		unlink(a->predictions);
+		return -1;
+	}
+	printf("predictions: %lld rows in %s (%s)\n", (long long)n, a->predictions,
+	       predictions_csv(a->predictions) ? "CSV" : "JSON Lines");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	classify_args a;
-	char wd[512];
+	char wd[512], msg[512];
 	/* Relative paths are the user's under `bazel run` too. */
 	if (train_enter_user_dir(wd, sizeof(wd))) {
 		fprintf(stderr, "classify: %s\n", wd);
 		return 2;
 	}
-	int rc = parse(argc, argv, &a);
-	if (rc)
+	int rc = classify_parse(argc, argv, &a, stdout, msg, sizeof(msg));
+	if (rc) {
+		if (rc == 2)
+			fprintf(stderr, "classify: %s\n", msg);
 		return rc == 1 ? 0 : 2;
+	}
 	if (a.threads)
 		loom_cpu_set_threads(a.threads);
 	/* The output path is checked before anything is loaded or compiled. */
@@ -363,113 +363,39 @@ int main(int argc, char **argv)
 	loom_sampler *s = NULL;
 	loom_loader *l = NULL;
 	loom_program *p = NULL;
-	float *img = NULL, *out = NULL;
-	int32_t *lab = NULL;
-	char err[512];
+	batch_io io = { 0 };
 	rc = 1;
-	if (load_data(&a, &ds))
+	if (open_loader(&a, &ds, &s, &l))
 		goto out;
-	static const float cmean[3] = LOOM_CIFAR10_MEAN, cstd[3] = LOOM_CIFAR10_STD;
-	if (loom_sampler_new(ds.n, 0, 1, 0, 0, 0, &s, err, sizeof(err)) ||
-	    loom_loader_new(&ds, s, a.batch, 0, LOOM_FASHION_MNIST_MEAN, LOOM_FASHION_MNIST_STD, &l,
-			    err, sizeof(err))) {
-		fprintf(stderr, "classify: %s\n", err);
-		goto out;
-	}
-	if (!is_convnet(&a) && loom_loader_set_normalize(l, cmean, cstd)) {
-		fprintf(stderr, "classify: %s\n", loom_loader_error(l));
-		goto out;
-	}
 	loom_value logits;
 	if (!(p = build(&a, &logits)))
 		goto out;
-	loom_program_info info;
-	char cpu[128];
-	loom_program_info_get(p, &info);
-	printf("loom classify: %s, %s on %s/%s (%lld images), %s, opt level O%d\n", info.backend,
-	       a.model, a.data ? a.data : LOOM_FASHION_MNIST_DIR,
-	       a.split ? a.split : is_convnet(&a) ? "t10k" : "test", (long long)ds.n,
-	       a.weights ? a.weights : a.checkpoint, a.level);
-	printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));
-	printf("%s plan: %.2f MiB arena (params %.2f, grads %.2f, optimizer %.2f, activations %.2f MiB)\n",
-	       a.weights ? "forward-only" : "training", info.arena_bytes / 1048576.0,
-	       info.param_bytes / 1048576.0, info.grad_bytes / 1048576.0,
-	       info.optim_state_bytes / 1048576.0, info.activation_bytes / 1048576.0);
+	print_header(&a, p, &ds);
 
-	size_t elems = loom_loader_image_elems(l);
-	img = malloc(sizeof(float) * elems * a.batch);
-	out = malloc(sizeof(float) * CLASSES * a.batch);
-	lab = malloc(sizeof(int32_t) * a.batch);
-	if (!img || !out || !lab) {
+	io.elems = loom_loader_image_elems(l);
+	io.img = malloc(sizeof(float) * io.elems * a.batch);
+	io.out = malloc(sizeof(float) * CLASSES * a.batch);
+	io.lab = malloc(sizeof(int32_t) * a.batch);
+	if (!io.img || !io.out || !io.lab) {
 		fprintf(stderr, "classify: out of memory\n");
 		goto out;
 	}
-	static int64_t conf[CLASSES][CLASSES];
-	int64_t n = 0, topk = 0, batches = loom_loader_num_batches(l);
-	double loss_sum = 0, t0 = now_s();
+	static tally ty;
+	int64_t batches = loom_loader_num_batches(l);
+	double t0 = now_s();
 	/* The loader converts straight into the program's input buffers
 	 * (loom_input_buffer), unless LOOM_INPUT_BUFFER=0: its own and
 	 * loom_set_input's copy, as examples/train.c. */
-	int direct = loom_opt_bool(LOOM_OPT_INPUT_BUFFER);
-	for (int64_t b = 0; b < batches; b++) {
-		int count;
-		float *bi = img;
-		int32_t *bl = lab;
-		void *pi, *pl;
-		if (direct) {
-			if (loom_input_buffer(p, "image", LOOM_F32, elems * a.batch, &pi) ||
-			    loom_input_buffer(p, "label", LOOM_I32, a.batch, &pl)) {
-				fprintf(stderr, "classify: %s\n", loom_program_error(p));
-				goto out;
-			}
-			bi = pi;
-			bl = pl;
-		}
-		if (loom_loader_get(l, b, bi, bl, &count) != LOOM_OK) {
-			fprintf(stderr, "classify: %s\n", loom_loader_error(l));
+	io.direct = loom_opt_bool(LOOM_OPT_INPUT_BUFFER);
+	for (int64_t b = 0; b < batches; b++)
+		if (run_batch(&a, p, l, logits, b, &io, &ty, pf))
 			goto out;
-		}
-		/* The plan has one batch size: pad the last batch, count its rows. */
-		memset(bi + (size_t)count * elems, 0, sizeof(float) * elems * (a.batch - count));
-		memset(bl + count, 0, sizeof(int32_t) * (a.batch - count));
-		if ((direct ? loom_input_commit(p, "image") || loom_input_commit(p, "label") :
-			      loom_set_input(p, "image", bi, LOOM_F32, elems * a.batch) ||
-				      loom_set_input(p, "label", bl, LOOM_I32, a.batch)) ||
-		    loom_run(p, LOOM_RUN_EVAL) ||
-		    loom_read(p, logits, out, (size_t)CLASSES * a.batch)) {
-			fprintf(stderr, "classify: batch %lld: %s\n", (long long)b,
-				loom_program_error(p));
-			goto out;
-		}
-		for (int r = 0; r < count; r++) {
-			const float *z = out + (size_t)r * CLASSES;
-			int pred = 0;
-			double se = 0;
-			for (int c = 1; c < CLASSES; c++)
-				pred = z[c] > z[pred] ? c : pred;
-			for (int c = 0; c < CLASSES; c++)
-				se += exp(z[c] - z[pred]);
-			loss_sum += z[pred] + log(se) - z[bl[r]]; /* cross-entropy of the row */
-			conf[bl[r]][pred]++;
-			topk += rank_of(z, bl[r]) < a.top_k;
-			if (pf) /* the sampler keeps the split's order */
-				predictions_row(pf, a.predictions, n, bl[r], pred, z);
-			n++;
-		}
-	}
-	report(&a, conf, n, topk, now_s() - t0, loss_sum);
+	report(&a, ty.conf, ty.n, ty.topk, now_s() - t0, ty.loss_sum);
 	if (pf) {
-		int bad = ferror(pf);
-		bad |= fclose(pf) != 0;
+		FILE *f = pf;
 		pf = NULL;
-		if (bad) {
-			fprintf(stderr, "classify: --predictions %s: %s\n", a.predictions,
-				strerror(errno));
-			unlink(a.predictions);
+		if (close_predictions(&a, f, ty.n))
 			goto out;
-		}
-		printf("predictions: %lld rows in %s (%s)\n", (long long)n, a.predictions,
-		       predictions_csv(a.predictions) ? "CSV" : "JSON Lines");
 	}
 	rc = 0;
 out:
@@ -477,9 +403,9 @@ out:
 		fclose(pf);
 		unlink(a.predictions);
 	}
-	free(img);
-	free(out);
-	free(lab);
+	free(io.img);
+	free(io.out);
+	free(io.lab);
 	loom_program_free(p);
 	loom_loader_free(l);
 	loom_sampler_free(s);

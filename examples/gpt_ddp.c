@@ -22,6 +22,7 @@
 #include "base/options.h"
 #include "base/splitmix.h"
 #include "comm/launch.h"
+#include "examples/gpt_args.h"
 #include "examples/gpt_data.h"
 #include "examples/gpt_hf.h"
 #include "examples/outputs.h"
@@ -29,41 +30,9 @@
 #include "examples/train.h"
 #include "loom.h"
 
-/* The settings a Hugging Face config.json also gives (--init-from), by the
- * flag that sets each; --preset sets them too, where no flag does. */
-enum { GPT_SET_LAYERS, GPT_SET_HEADS, GPT_SET_EMBD, GPT_SET_CONTEXT, GPT_SET_VOCAB, GPT_SET_GELU,
-       GPT_SET_COUNT };
+/* The flags that set the GPT_SET_ settings (examples/gpt_args.h). */
 static const char *const gpt_set_flags[GPT_SET_COUNT] = { "--layers", "--heads", "--embd",
 							  "--context", "--vocab", "--gelu" };
-
-/* The model's shape and the flags only this program takes. */
-typedef struct gpt_cfg {
-	int layers, heads, embd, context;
-	int vocab;              /* from the data (256 for bytes); --vocab overrides */
-	const char *tokens;     /* llm.c token shards (file, folder, glob), else NULL */
-	const char *val_tokens; /* their held-out shards, else the last tenth */
-	int sample;             /* characters generated at the end */
-	double temperature;     /* 0: greedy */
-	int top_k;
-	int val_interval, val_batches;
-	int warmup_steps;
-	double peak_flops;      /* 0: measured */
-	const char *init_file;  /* parameters in loom order, f64, from bench/torch_gpt.py */
-	loom_dtype dtype;       /* of the parameters: f32, or f64 (reference runs) */
-	int sequential;         /* batch k = windows k*B .. (no shuffling), as the references */
-	const char *loss_file;  /* every step's loss, %.17g, for the reference comparisons */
-	int gelu_tanh;          /* GPT-2's (and llm.c's) tanh GELU instead of the exact one */
-	int constant_lr;        /* no warm-up, no decay (llm.c's trainer) */
-	const char *llmc_out;   /* write the initial model as an llm.c checkpoint, then stop */
-	int export_hf;          /* --export-format hf: Conv1D layout and a config.json */
-	const char *logits_out; /* write the first window's logits, then stop */
-	double ln_eps;          /* the layer norms' epsilon (1e-5; config.json's) */
-	int preset;             /* --preset gpt2 */
-	int hf_config;          /* the shape, GELU and epsilon came from --init-from's config.json */
-	/* What gave each GPT_SET_ setting: its flag (gpt_set_flags), "--preset
-	 * gpt2", or NULL (the default): a config.json must agree with it. */
-	const char *set_by[GPT_SET_COUNT];
-} gpt_cfg;
 
 /* Hugging Face's GPT-2 (GPT2LMHeadModel, modeling_gpt2.py): the names are
  * loom's; GPT2Model's files drop "transformer."; the four projections are
@@ -81,66 +50,11 @@ static const char *const gpt_hf_rows[] = { "wpe.weight" };
 /* The length of one of these arrays, from the array itself. */
 #define GPT_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static void gpt_usage(FILE *f)
-{
-	fprintf(f,
-		"model and data (gpt_ddp only):\n"
-		"  --layers N           transformer blocks (default 4)\n"
-		"  --heads N            attention heads (default 4)\n"
-		"  --embd N             width C (default 128)\n"
-		"  --context N          sequence length T (default 128)\n"
-		"  --preset gpt2        GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024,\n"
-		"                       vocabulary 50257, --gelu tanh (GPT-2's); a size or --gelu flag\n"
-		"                       given too wins (compile it with --dry-run --memory-report)\n"
-		"  --vocab N            vocabulary size (default: 256 for text, the ids' for --tokens)\n"
-		"  --tokens SPEC        llm.c token shards instead of text: a file (.bin), a folder\n"
-		"                       (its *.bin, by name) or a quoted glob ('dir/*_train_*.bin');\n"
-		"                       memory-mapped, shared by the ranks of a host\n"
-		"                       (tools/tokenize writes them from text)\n"
-		"  --val-tokens SPEC    validation shards, the same (default: the last tenth of --tokens)\n"
-		"  --val-interval N     validation loss every N steps (default 50; 0: at the end)\n"
-		"  --val-batches N      batches per validation (default 4)\n"
-		"  --warmup-steps N     linear warm-up before the cosine decay (default 20)\n"
-		"  --sample N           generate N characters at the end (default 200)\n"
-		"  --temperature X      sampling temperature (default 0.8; 0: greedy)\n"
-		"  --top-k K            sample among the K likeliest (default 40; 0: all)\n"
-		"  --peak-flops X       FLOP/s for MFU (default: measured with a loom matmul)\n"
-		"  --init FILE          initial parameters (f64, loom's order; bench/torch_gpt.py)\n"
-		"  --dtype f32|f64      the model's dtype (default f32; f64 for reference runs, O0)\n"
-		"  --sequential         batches in corpus order, no shuffling (reference runs)\n"
-		"  --loss-file FILE     write every step's loss (%%.17g) there\n"
-		"  --gelu erf|tanh      the exact GELU (default, nn.GELU()) or GPT-2's tanh form\n"
-		"                       (gelu_new; --preset gpt2's and a GPT-2 config.json's)\n"
-		"  --constant-lr        no warm-up, no decay\n"
-		"  --write-llmc FILE    write the initial model as an llm.c checkpoint (gpt2_124M.bin's\n"
-		"                       layout, f32) and stop (bench/llmc_compare.sh)\n"
-		"  --write-logits FILE  write the logits of the data's first window ([context, vocab]\n"
-		"                       f64, little-endian) from the model as initialised or imported,\n"
-		"                       and stop (tools/hf_gpt2_golden.py compares them)\n"
-		"  --export-format F    loom (default: nanoGPT's nn.Linear layout) or hf: Hugging Face's\n"
-		"                       GPT-2 (Conv1D layout) and a config.json beside --export FILE, for\n"
-		"                       GPT2LMHeadModel.from_pretrained(its folder) (name it\n"
-		"                       model.safetensors). --init-from reads either, and GPT2Model's\n"
-		"                       names (no 'transformer.'), and a file's longer wpe (its first\n"
-		"                       --context rows)\n"
-		"  --init-from DIR      a Hugging Face GPT-2 folder (model.safetensors, config.json);\n"
-		"                       or FILE with a config.json beside it: n_layer, n_head, n_embd,\n"
-		"                       vocab_size, n_positions (the context; a shorter --context\n"
-		"                       reads wpe's first rows), activation_function (gelu_new: tanh,\n"
-		"                       gelu: erf) and layer_norm_epsilon from the config; a flag\n"
-		"                       above that disagrees is refused. No config.json beside FILE:\n"
-		"                       the flags give the model\n\n");
-}
-
-/* The largest value of an integer flag (2^24: a context, width or count
- * beyond it is no model this program can hold). */
-#define GPT_INT_MAX (1 << 24)
-
-/* Records that flag (one of gpt_set_flags, or another) was given. */
-static void gpt_given(gpt_cfg *c, const char *flag)
+/* Records which GPT_SET_ settings a flag gave (given: flags_parse's). */
+static void gpt_given(gpt_cfg *c, const unsigned char *given)
 {
 	for (int k = 0; k < GPT_SET_COUNT; k++)
-		if (!strcmp(flag, gpt_set_flags[k]))
+		if (given[gpt_set_rows[k]])
 			c->set_by[k] = gpt_set_flags[k];
 }
 
@@ -156,129 +70,6 @@ static void gpt_preset(gpt_cfg *c)
 			*field[k] = v[k];
 			c->set_by[k] = by;
 		}
-}
-
-/* Takes this program's flags out of argv; the rest go to train_start. */
-static int gpt_parse(int *argc, char **argv, gpt_cfg *c)
-{
-	int out = 1;
-	for (int i = 1; i < *argc; i++) {
-		const char *f = argv[i], *v = i + 1 < *argc ? argv[i + 1] : NULL;
-#define INT_FLAG(name, field, lo)                                                         \
-	if (!strcmp(f, name)) {                                                           \
-		char *end;                                                                \
-		long x = v ? strtol(v, &end, 10) : 0;                                     \
-		if (!v || *end || x < (lo) || x > GPT_INT_MAX) {                          \
-			fprintf(stderr, "gpt_ddp: %s expects an integer from %d to %d, "  \
-				"got '%s'\n", name, (int)(lo), GPT_INT_MAX, v ? v : "");   \
-			return 2;                                                         \
-		}                                                                         \
-		c->field = (int)x;                                                        \
-		gpt_given(c, name);                                                       \
-		i++;                                                                      \
-		continue;                                                                 \
-	}
-#define DBL_FLAG(name, field)                                                             \
-	if (!strcmp(f, name)) {                                                           \
-		char *end;                                                                \
-		double x = v ? strtod(v, &end) : 0;                                       \
-		if (!v || *end || !(x >= 0) || !isfinite(x)) {                            \
-			fprintf(stderr, "gpt_ddp: %s expects a number >= 0, got '%s'\n", \
-				name, v ? v : "");                                        \
-			return 2;                                                         \
-		}                                                                         \
-		c->field = x;                                                             \
-		i++;                                                                      \
-		continue;                                                                 \
-	}
-		INT_FLAG("--layers", layers, 1)
-		INT_FLAG("--heads", heads, 1)
-		INT_FLAG("--embd", embd, 1)
-		INT_FLAG("--context", context, 1)
-		INT_FLAG("--vocab", vocab, 2)
-		INT_FLAG("--sample", sample, 0)
-		INT_FLAG("--top-k", top_k, 0)
-		INT_FLAG("--val-interval", val_interval, 0)
-		INT_FLAG("--val-batches", val_batches, 1)
-		INT_FLAG("--warmup-steps", warmup_steps, 0)
-		DBL_FLAG("--temperature", temperature)
-		DBL_FLAG("--peak-flops", peak_flops)
-#undef INT_FLAG
-#undef DBL_FLAG
-		if (!strcmp(f, "--tokens") || !strcmp(f, "--val-tokens") || !strcmp(f, "--init") ||
-		    !strcmp(f, "--loss-file")) {
-			if (!v) {
-				fprintf(stderr, "gpt_ddp: %s expects a file\n", f);
-				return 2;
-			}
-			*(!strcmp(f, "--tokens") ? &c->tokens :
-			  !strcmp(f, "--init") ? &c->init_file :
-			  !strcmp(f, "--loss-file") ? &c->loss_file : &c->val_tokens) = v;
-			i++;
-			continue;
-		}
-		if (!strcmp(f, "--sequential") || !strcmp(f, "--constant-lr")) {
-			*(!strcmp(f, "--sequential") ? &c->sequential : &c->constant_lr) = 1;
-			continue;
-		}
-		if (!strcmp(f, "--gelu")) {
-			if (!v || (strcmp(v, "erf") && strcmp(v, "tanh"))) {
-				fprintf(stderr, "gpt_ddp: --gelu must be erf or tanh, got '%s'\n",
-					v ? v : "");
-				return 2;
-			}
-			c->gelu_tanh = !strcmp(v, "tanh");
-			gpt_given(c, f);
-			i++;
-			continue;
-		}
-		if (!strcmp(f, "--write-llmc") || !strcmp(f, "--write-logits")) {
-			if (!v) {
-				fprintf(stderr, "gpt_ddp: %s expects a file\n", f);
-				return 2;
-			}
-			*(!strcmp(f, "--write-llmc") ? &c->llmc_out : &c->logits_out) = v;
-			i++;
-			continue;
-		}
-		if (!strcmp(f, "--export-format")) {
-			if (!v || (strcmp(v, "loom") && strcmp(v, "hf"))) {
-				fprintf(stderr, "gpt_ddp: --export-format must be loom or hf, got '%s'\n",
-					v ? v : "");
-				return 2;
-			}
-			c->export_hf = !strcmp(v, "hf");
-			i++;
-			continue;
-		}
-		if (!strcmp(f, "--dtype")) {
-			if (!v || (strcmp(v, "f32") && strcmp(v, "f64"))) {
-				fprintf(stderr, "gpt_ddp: --dtype must be f32 or f64, got '%s'\n",
-					v ? v : "");
-				return 2;
-			}
-			c->dtype = strcmp(v, "f64") ? LOOM_F32 : LOOM_F64;
-			i++;
-			continue;
-		}
-		if (!strcmp(f, "--preset")) {
-			if (!v || strcmp(v, "gpt2")) {
-				fprintf(stderr, "gpt_ddp: --preset knows gpt2, got '%s'\n", v ? v : "");
-				return 2;
-			}
-			c->preset = 1;
-			i++;
-			continue;
-		}
-		if (!strcmp(f, "--help"))
-			gpt_usage(stdout);
-		argv[out++] = argv[i];
-	}
-	argv[out] = NULL;
-	*argc = out;
-	if (c->preset)
-		gpt_preset(c);
-	return -1;
 }
 
 /* ------------------------------------------------------------------ model */
@@ -1129,169 +920,196 @@ static void print_peak_rss(const train_run *t, const gpt_data *d)
 		d->shards.count ? "mapped" : d->text.ids ? "held as ids" : "not read");
 }
 
-int main(int argc, char **argv)
+/*
+ * What start-up checks once the flags are read: --export-format against
+ * --export, the model from --init-from's config.json, the heads against
+ * the width, this program's own outputs (before any data is read or step
+ * taken). -1 to go on, else main's exit status after saying why.
+ */
+static int gpt_check_start(train_run *t, gpt_cfg *c, char *weights, size_t wlen)
 {
-	gpt_cfg c = { .layers = 4, .heads = 4, .embd = 128, .context = 128, .sample = 200,
-		      .temperature = 0.8, .top_k = 40, .val_interval = 50, .val_batches = 4,
-		      .warmup_steps = 20, .dtype = LOOM_F32, .ln_eps = 1e-5 };
-	/* Relative paths are the user's under `bazel run` too; then --nproc:
-	 * the workers get every flag, this program's too. */
-	char wd[512];
-	if (train_enter_user_dir(wd, sizeof(wd))) {
-		fprintf(stderr, "gpt_ddp: %s\n", wd);
-		return 2;
-	}
-	int rc = loom_launch_maybe(&argc, argv);
-	if (rc >= 0)
-		return rc;
-	if ((rc = gpt_parse(&argc, argv, &c)) >= 0)
-		return rc;
-	train_run t;
-	if ((rc = train_start(&t, &train_gpt_ddp, argc, argv)) >= 0)
-		return rc;
-	const train_args *a = &t.a;
-	if (c.export_hf && !a->export_path) {
+	const train_args *a = &t->a;
+	int rc;
+
+	if (c->export_hf && !a->export_path) {
 		fprintf(stderr, "gpt_ddp: --export-format hf applies to --export FILE\n");
-		train_end(&t);
 		return 2;
 	}
 	/* A Hugging Face folder, or config.json beside the file: the model's
 	 * shape from it, the weights' file what train_compile reads. */
-	char init_weights[4096];
 	if (a->init_from &&
-	    (rc = gpt_init_from_hf(a->init_from, &c, init_weights, sizeof(init_weights),
-				   t.rank == 0)) >= 0) {
-		train_end(&t);
+	    (rc = gpt_init_from_hf(a->init_from, c, weights, wlen, t->rank == 0)) >= 0)
 		return rc;
-	}
 	if (a->init_from)
-		t.a.init_from = init_weights;
-	if (c.embd % c.heads) {
-		fprintf(stderr, "gpt_ddp: --embd %d is not divisible by --heads %d\n", c.embd,
-			c.heads);
-		train_end(&t);
+		t->a.init_from = weights;
+	if (c->embd % c->heads) {
+		fprintf(stderr, "gpt_ddp: --embd %d is not divisible by --heads %d\n", c->embd,
+			c->heads);
 		return 2;
 	}
-	/* This program's own outputs, before any data is read or step taken. */
 	const char *const out_flags[] = { "--loss-file", "--write-llmc", "--write-logits" };
-	const char *const out_paths[] = { c.loss_file, c.llmc_out, c.logits_out };
-	if (train_check_program_outputs(&t, out_flags, out_paths, 3)) {
-		train_end(&t);
-		return 1;
-	}
-	gpt_data d = { 0 };
-	gpt_model m = { 0 };
-	gpt_batch bt = { 0 };
-	loom_graph *g = NULL;
-	loom_sampler *sampler = NULL;
-	FILE *lossf = NULL;
-	char err[512], what[3000], data[2600];
-	const int B = a->batch, T = c.context;
-	rc = 1;
+	const char *const out_paths[] = { c->loss_file, c->llmc_out, c->logits_out };
+	return train_check_program_outputs(t, out_flags, out_paths, 3) ? 1 : -1;
+}
 
-	int preset = c.vocab == 50257;
+/* The flags (this program's and the shared ones, one parser), the group,
+ * the model's shape; weights receives --init-from's file. -1 to go on
+ * (t started), else main's exit status. */
+static int gpt_start(train_run *t, gpt_cfg *c, char *weights, size_t wlen, int argc, char **argv)
+{
+	unsigned char given[FLAG_ROW_COUNT] = { 0 };
+	flag_target own;
+	char wd[512];
+	int rc;
+
+	*c = gpt_cfg_defaults;
+	own = gpt_target(c, given);
+	/* Relative paths are the user's under `bazel run` too; then --nproc:
+	 * the workers get every flag, this program's too. */
+	if (train_enter_user_dir(wd, sizeof(wd))) {
+		fprintf(stderr, "gpt_ddp: %s\n", wd);
+		return 2;
+	}
+	if ((rc = loom_launch_maybe(&argc, argv)) >= 0)
+		return rc;
+	if ((rc = train_start_with(t, &train_gpt_ddp, &own, argc, argv)) >= 0)
+		return rc;
+	gpt_given(c, given);
+	if (c->preset)
+		gpt_preset(c);
+	if ((rc = gpt_check_start(t, c, weights, wlen)) >= 0)
+		train_end(t);
+	return rc;
+}
+
+/* The data, against the model and the batch (quick: --dry-run of a preset
+ * reads none). 0, or -1 after saying why. */
+static int gpt_load(train_run *t, gpt_cfg *c, int quick, gpt_data *d, int64_t *windows)
+{
+	const train_args *a = &t->a;
+	const int B = a->batch, T = c->context;
+
 	if (B > 4096) {
 		fprintf(stderr, "gpt_ddp: --batch-size %d: at most 4096 sequences per rank\n", B);
-		goto out;
+		return -1;
 	}
-	if (!(a->dry_run && preset) &&
-	    load_data(&c, a, loom_pg_get_info(t.pg)->local_world, &d))
-		goto out;
-	if (!c.vocab)
-		c.vocab = d.vocab;
-	if (!a->dry_run && d.vocab > c.vocab) {
+	if (!quick && load_data(c, a, loom_pg_get_info(t->pg)->local_world, d))
+		return -1;
+	if (!c->vocab)
+		c->vocab = d->vocab;
+	if (!a->dry_run && d->vocab > c->vocab) {
 		fprintf(stderr, "gpt_ddp: the data has ids up to %d, %s %d is too small\n",
-			d.vocab - 1, c.hf_config ? "config.json's vocab_size" : "--vocab", c.vocab);
-		goto out;
+			d->vocab - 1, c->hf_config ? "config.json's vocab_size" : "--vocab", c->vocab);
+		return -1;
 	}
-	int64_t windows = d.train.n > T ? (d.train.n - 1) / T : 0;
-	if (!a->dry_run && (windows < (int64_t)B * t.world || (d.val.n - 1) / T < B)) {
+	*windows = d->train.n > T ? (d->train.n - 1) / T : 0;
+	if (!a->dry_run && (*windows < (int64_t)B * t->world || (d->val.n - 1) / T < B)) {
 		fprintf(stderr, "gpt_ddp: %lld training and %lld held-out tokens are too few for "
-			"--batch-size %d x %d rank(s) of --context %d\n", (long long)d.train.n,
-			(long long)d.val.n, B, t.world, T);
-		goto out;
+			"--batch-size %d x %d rank(s) of --context %d\n", (long long)d->train.n,
+			(long long)d->val.n, B, t->world, T);
+		return -1;
 	}
-	if (loom_graph_new(&g) != LOOM_OK || gpt_build(g, &c, B, &m)) {
-		fprintf(stderr, "gpt_ddp: %s\n", g ? loom_graph_error(g) : "out of memory");
-		goto out;
+	return 0;
+}
+
+/* The graph, Hugging Face's names, the initial values, compiled: 0, 1
+ * after --dry-run, -1 after saying why. */
+static int gpt_compile(train_run *t, gpt_cfg *c, const gpt_data *d, int quick, loom_graph **g,
+		       gpt_model *m)
+{
+	const train_args *a = &t->a;
+	char what[3000], data[2600], sched[96], size[96];
+
+	if (loom_graph_new(g) != LOOM_OK || gpt_build(*g, c, a->batch, m)) {
+		fprintf(stderr, "gpt_ddp: %s\n", *g ? loom_graph_error(*g) : "out of memory");
+		return -1;
 	}
-	loom_graph_set_seed(g, a->seed);
-	describe_data(&c, a, &d, a->dry_run && preset, data, sizeof(data));
+	loom_graph_set_seed(*g, a->seed);
+	describe_data(c, a, d, quick, data, sizeof(data));
 	snprintf(what, sizeof(what),
 		 "GPT %d layers, %d heads, %d wide, context %d, vocabulary %d, %s GELU, on %s, "
 		 "clip %g",
-		 c.layers, c.heads, c.embd, T, c.vocab, c.gelu_tanh ? "tanh" : "erf", data,
-		 a->clip_grad);
+		 c->layers, c->heads, c->embd, c->context, c->vocab, c->gelu_tanh ? "tanh" : "erf",
+		 data, a->clip_grad);
 	/* Hugging Face's GPT-2 files in (recognised) and out (--export-format hf). */
-	t.names = gpt_hf_names;
-	t.n_names = GPT_COUNT(gpt_hf_names);
-	t.conv1d = gpt_hf_conv1d;
-	t.n_conv1d = GPT_COUNT(gpt_hf_conv1d);
-	t.conv1d_export = c.export_hf;
-	t.ignore = gpt_hf_ignore;
-	t.n_ignore = GPT_COUNT(gpt_hf_ignore);
-	t.first_rows = gpt_hf_rows;
-	t.n_first_rows = GPT_COUNT(gpt_hf_rows);
+	t->names = gpt_hf_names;
+	t->n_names = GPT_COUNT(gpt_hf_names);
+	t->conv1d = gpt_hf_conv1d;
+	t->n_conv1d = GPT_COUNT(gpt_hf_conv1d);
+	t->conv1d_export = c->export_hf;
+	t->ignore = gpt_hf_ignore;
+	t->n_ignore = GPT_COUNT(gpt_hf_ignore);
+	t->first_rows = gpt_hf_rows;
+	t->n_first_rows = GPT_COUNT(gpt_hf_rows);
 	/* GPT-2's initial values (or --init), then --init-from over them. */
-	gpt_init_ctx ic = { &c, g, &m };
-	char sched[96], size[96];
-	t.init = gpt_init_hook;
-	t.init_ctx = &ic;
-	if (c.constant_lr)
+	gpt_init_ctx ic = { c, *g, m };
+	t->init = gpt_init_hook;
+	t->init_ctx = &ic;
+	if (c->constant_lr)
 		snprintf(sched, sizeof(sched), "constant");
 	else
-		snprintf(sched, sizeof(sched), "%d warm-up steps, cosine to a tenth", c.warmup_steps);
-	t.schedule_text = sched;
-	snprintf(size, sizeof(size), "--context %d at --batch-size %d", T, B);
-	t.size_text = size;
-	switch (train_compile(&t, g, m.loss, LOOM_NONE, c.vocab, what)) {
-	case 0: break;
-	case 1: rc = 0; goto out; /* --dry-run */
-	default: goto out;
+		snprintf(sched, sizeof(sched), "%d warm-up steps, cosine to a tenth", c->warmup_steps);
+	t->schedule_text = sched;
+	snprintf(size, sizeof(size), "--context %d at --batch-size %d", c->context, a->batch);
+	t->size_text = size;
+	int rc = train_compile(t, *g, m->loss, LOOM_NONE, c->vocab, what);
+	/* train_compile alone reads these: none outlives this function */
+	t->init = NULL;
+	t->init_ctx = NULL;
+	t->schedule_text = t->size_text = NULL;
+	return rc;
+}
+
+/* The batches' buffers and this rank's sampler: 0, or -1 after saying why. */
+static int gpt_batches(train_run *t, const gpt_cfg *c, int64_t windows, gpt_batch *bt,
+		       loom_sampler **sampler)
+{
+	const train_args *a = &t->a;
+	size_t n = (size_t)a->batch * c->context;
+	char err[512];
+
+	bt->ids = malloc(sizeof(int32_t) * n);
+	bt->pos = malloc(sizeof(int32_t) * n);
+	bt->targets = malloc(sizeof(int32_t) * n);
+	if (!bt->ids || !bt->pos || !bt->targets ||
+	    loom_sampler_new(windows, t->rank, t->world, 1, a->seed, 1, sampler, err,
+			     sizeof(err))) {
+		fprintf(stderr, "gpt_ddp: %s\n", bt->ids ? err : "out of memory");
+		return -1;
 	}
-	if (t.init_report.transposed && !c.gelu_tanh && !c.hf_config)
-		printf("note: %s is in Hugging Face's GPT-2 layout; GPT-2's GELU is the tanh form "
-		       "(--gelu tanh), this model's the exact one\n", a->init_from);
-	if (c.llmc_out) {
-		rc = t.rank == 0 && write_llmc(&t, &c, g, &m) ? 1 : 0;
-		goto out;
-	}
-	bt.ids = malloc(sizeof(int32_t) * (size_t)B * T);
-	bt.pos = malloc(sizeof(int32_t) * (size_t)B * T);
-	bt.targets = malloc(sizeof(int32_t) * (size_t)B * T);
-	if (!bt.ids || !bt.pos || !bt.targets ||
-	    loom_sampler_new(windows, t.rank, t.world, 1, a->seed, 1, &sampler, err, sizeof(err))) {
-		fprintf(stderr, "gpt_ddp: %s\n", bt.ids ? err : "out of memory");
-		goto out;
-	}
-	if (c.logits_out) {
-		rc = write_logits(&t, &c, &m, &d.train, &bt) ? 1 : 0;
-		goto out;
-	}
+	return 0;
+}
+
+/* The training loop over the compiled program: 0, or -1 after saying why. */
+static int gpt_train(train_run *t, gpt_cfg *c, const gpt_model *m, gpt_data *d, gpt_batch *bt,
+		     loom_sampler *sampler, int64_t windows, FILE **lossf)
+{
+	const train_args *a = &t->a;
+	const int B = a->batch;
 	/* MFU as nanoGPT estimates it: 6 N + 12 L C T FLOPs per token. */
 	loom_program_info info;
-	loom_program_info_get(t.p, &info);
-	gpt_task k = { .c = &c, .m = &m, .train = &d.train, .val = &d.val, .bt = &bt,
+	loom_program_info_get(t->p, &info);
+	gpt_task k = { .c = c, .m = m, .train = &d->train, .val = &d->val, .bt = bt,
 		       .sampler = sampler, .windows = windows,
 		       .per_epoch = loom_sampler_len(sampler) / B / a->accumulate };
-	k.flops_tok = 6.0 * info.n_param_elems + 12.0 * c.layers * c.embd * T;
-	k.peak = c.peak_flops > 0 ? c.peak_flops :
-				    train_peak_flops(a->device, a->level, a->half, !a->no_tf32);
+	k.flops_tok = 6.0 * info.n_param_elems + 12.0 * c->layers * c->embd * c->context;
+	k.peak = a->peak_flops > 0 ? a->peak_flops :
+				     train_peak_flops(a->device, a->level, a->half, !a->no_tf32);
 	char how[64];
 	printf("MFU against %.1f GFLOP/s (%s), %.1f MFLOP per token\n", k.peak / 1e9,
-	       train_peak_how(how, sizeof(how), c.peak_flops, a->device, a->level, a->half),
+	       train_peak_how(how, sizeof(how), a->peak_flops, a->device, a->level, a->half),
 	       k.flops_tok / 1e6);
 
-	if (c.loss_file && t.rank == 0 && !(lossf = fopen(c.loss_file, "w"))) {
-		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));
-		goto out;
+	if (c->loss_file && t->rank == 0 && !(*lossf = fopen(c->loss_file, "w"))) {
+		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c->loss_file, strerror(errno));
+		return -1;
 	}
-	k.lossf = lossf;
+	k.lossf = *lossf;
 	/* A step runs --accumulate windows of B per rank. */
 	train_task task = {
 		.ctx = &k,
 		.per_epoch = k.per_epoch,
-		.samples_per_step = (int64_t)B * t.world * a->accumulate,
+		.samples_per_step = (int64_t)B * t->world * a->accumulate,
 		.accumulates_itself = 1,
 		.unit = "seq",
 		.log_last = 1,
@@ -1303,11 +1121,59 @@ int main(int argc, char **argv)
 		.progress = gpt_progress,
 		.finish = gpt_finish,
 	};
-	if (train_drive(&t, &task))
+	if (train_drive(t, &task))
+		return -1;
+	if (c->export_hf && a->export_path && t->rank == 0 && write_hf_config(t, c))
+		return -1;
+	return 0;
+}
+
+/* After compiling: --write-llmc or --write-logits and stop, or train. */
+static int gpt_run(train_run *t, gpt_cfg *c, gpt_model *m, loom_graph *g, gpt_data *d,
+		   gpt_batch *bt, loom_sampler **sampler, int64_t windows, FILE **lossf)
+{
+	const train_args *a = &t->a;
+
+	if (t->init_report.transposed && !c->gelu_tanh && !c->hf_config)
+		printf("note: %s is in Hugging Face's GPT-2 layout; GPT-2's GELU is the tanh form "
+		       "(--gelu tanh), this model's the exact one\n", a->init_from);
+	if (c->llmc_out)
+		return t->rank == 0 && write_llmc(t, c, g, m) ? 1 : 0;
+	if (gpt_batches(t, c, windows, bt, sampler))
+		return 1;
+	if (c->logits_out)
+		return write_logits(t, c, m, &d->train, bt) ? 1 : 0;
+	return gpt_train(t, c, m, d, bt, *sampler, windows, lossf) ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	gpt_cfg c;
+	train_run t;
+	char init_weights[4096];
+	int rc = gpt_start(&t, &c, init_weights, sizeof(init_weights), argc, argv);
+	if (rc >= 0)
+		return rc;
+	const train_args *a = &t.a;
+	gpt_data d = { 0 };
+	gpt_model m = { 0 };
+	gpt_batch bt = { 0 };
+	loom_graph *g = NULL;
+	loom_sampler *sampler = NULL;
+	FILE *lossf = NULL;
+	int64_t windows = 0;
+	/* GPT-2's size compiled with --dry-run needs no data */
+	int quick = a->dry_run && c.vocab == 50257;
+
+	rc = 1;
+	if (gpt_load(&t, &c, quick, &d, &windows))
 		goto out;
-	if (c.export_hf && a->export_path && t.rank == 0 && write_hf_config(&t, &c))
-		goto out;
-	rc = 0;
+	switch (gpt_compile(&t, &c, &d, quick, &g, &m)) {
+	case 0: break;
+	case 1: rc = 0; goto out; /* --dry-run */
+	default: goto out;
+	}
+	rc = gpt_run(&t, &c, &m, g, &d, &bt, &sampler, windows, &lossf);
 out:
 	if (lossf && fclose(lossf) != 0) {
 		fprintf(stderr, "gpt_ddp: --loss-file %s: %s\n", c.loss_file, strerror(errno));

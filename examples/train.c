@@ -134,23 +134,12 @@ static void setting_num(loom_comm_setting *s, size_t *n, const char *name, doubl
 }
 
 /*
- * May differ between ranks: --data (a host's own copy), --log-interval,
- * --dump-graph, --dump-plan, --memory-report, --threads, --export and
- * --metrics (rank 0's are used), the --checkpoint and --trace paths
- * (only whether there is one must agree), and --kernel-search (which
- * kernels run, not what they compute; measured choices may differ between
- * ranks anyway), --no-cuda-graph (whether a step is one launch, not
- * what it computes) and --deterministic (which algorithms, as
- * --kernel-search) and --peak-flops (rank 0 prints MFU). Every other flag of train_args.c
- * is compared (tests/examples/test_settings.c holds the two lists to the
- * parser's table).
+ * Which flags may differ between ranks is each row's agree column in
+ * base/options.def (--data: a host's own copy; --log-interval, the dumps,
+ * --export and --metrics: rank 0's are used; --kernel-search,
+ * --no-cuda-graph, --deterministic: which kernels run, not what they
+ * compute; ...): tests/examples/test_settings.c holds this list to it.
  */
-const char *const train_settings_free[] = {
-	"data", "log-interval", "dump-graph", "dump-plan", "memory-report", "threads",
-	"export", "metrics", "kernel-search", "no-cuda-graph", "deterministic", "peak-flops", "help",
-	NULL,
-};
-
 size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s)
 {
 	size_t n = 0;
@@ -251,6 +240,12 @@ static const char *flag_value(int argc, char **argv, const char *name)
 
 int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 {
+	return train_start_with(t, prog, NULL, argc, argv);
+}
+
+int train_start_with(train_run *t, const train_program *prog, const flag_target *own, int argc,
+		     char **argv)
+{
 	char msg[512];
 
 	memset(t, 0, sizeof(*t));
@@ -277,9 +272,9 @@ int train_start(train_run *t, const train_program *prog, int argc, char **argv)
 	int lrc = loom_launch_maybe(&argc, argv);
 	if (lrc >= 0)
 		return lrc;
-	switch (train_parse_args(prog, argc, argv, &t->a, msg, sizeof(msg))) {
+	switch (train_parse_with(prog, own, argc, argv, &t->a, msg, sizeof(msg))) {
 	case TRAIN_RUN: break;
-	case TRAIN_HELP: train_usage(prog, stdout); return 0;
+	case TRAIN_HELP: train_usage(prog, own, stdout); return 0;
 	default: fprintf(stderr, "%s: %s\n", prog->name, msg); return 2;
 	}
 	/* A restarted worker (the launcher's or torchrun's) always continues
@@ -541,6 +536,80 @@ int train_graph_batch(const train_run *t)
 	return a->batch / (a->micro_batches ? a->micro_batches : a->pipeline);
 }
 
+/* The run's first lines: program, backend, model, precision, optimizer,
+ * batch; the ranks, the pipeline and the accumulation when there are. */
+static void print_run(const train_run *t, const loom_program_info *pi, const char *what)
+{
+	const train_args *a = &t->a;
+	const char *name = t->prog->name;
+	char sched[96], tail[64];
+	if (t->schedule_text)
+		snprintf(sched, sizeof(sched), "%s", t->schedule_text);
+	else
+		schedule_text(a, sched, sizeof(sched));
+	if (t->prog->groups & TRAIN_FLAGS_FIT)
+		snprintf(tail, sizeof(tail), "%d epochs", a->epochs);
+	else
+		snprintf(tail, sizeof(tail), "%d steps after %d warm-up", a->steps, a->warmup);
+	printf("loom %s: %s, %s, opt level O%d%s, %s lr %g (%s), batch %d%s, %s\n", name,
+	       pi->backend, what, a->level,
+	       a->level == LOOM_O0 ? "" : a->fp8 && a->level != LOOM_O3 ? " (fp8)" :
+	       a->half == LOOM_BF16 ? " (bf16)" : " (fp16)",
+	       a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a->lr, sched, a->batch,
+	       t->world > 1 ? " per rank" : "", tail);
+	if (t->world > 1)
+		printf("data parallel: %d ranks (%s), global batch %d%s\n", t->world,
+		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world,
+		       a->sync_bn ? ", synchronised batch norm" : a->zero == 1 ? ", ZeRO-1" :
+		       a->zero == 2 ? ", ZeRO-2" : a->zero ? ", ZeRO-3" : "");
+	if (a->pipeline > 1)
+		printf("pipeline: %d stages x %d replicas, %d micro-batches of %d, %s schedule\n",
+		       a->pipeline, t->world, a->micro_batches ? a->micro_batches : a->pipeline,
+		       train_graph_batch(t), a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+	if (a->accumulate > 1)
+		printf("gradient accumulation: %d micro-batches per step, %d images per update\n",
+		       a->accumulate, a->accumulate * a->batch * t->world);
+}
+
+/* The compile options the flags ask for. */
+static void compile_opts(const train_run *t, loom_compile_opts *o)
+{
+	const train_args *a = &t->a;
+
+	loom_compile_opts_default(o);
+	o->device = a->device;
+	o->optim.kind = a->optim;
+	o->optim.lr = a->lr;
+	o->optim.momentum = a->optim == LOOM_OPTIM_SGD ? a->momentum : 0;
+	o->optim.weight_decay = a->weight_decay;
+	o->optim.clip_grad = a->clip_grad;
+	o->optim.decay_matrices_only = a->decay_matrices_only;
+	o->amp.level = a->level;
+	o->amp.half = a->half;
+	o->amp.fp8 = a->fp8;
+	o->amp.fp8_all_products = a->fp8_all_products;
+	o->amp.static_scale = a->loss_scale;
+	o->amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
+	o->pg = t->pg;
+	o->sync_bn = a->sync_bn;
+	o->zero_stage = a->zero;
+	o->bucket_cap_mb = a->bucket_cap_mb;
+	o->zero_prefetch = a->zero_prefetch;
+	if (a->bucket_cap_mb > 0 && a->bucket_cap_mb < 1.0)
+		o->first_bucket_mb = a->bucket_cap_mb; /* the first no larger than the others */
+	o->pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
+	o->micro_batches = a->micro_batches;
+	o->schedule = a->pipe_schedule;
+	o->pipeline_balance = a->pipe_balance;
+	o->memory_limit_mb = a->memory_limit;
+	o->no_tf32 = a->no_tf32;
+	o->cuda_graph = !a->no_cuda_graph;
+	o->deterministic = a->deterministic;
+	o->kernel_search = a->kernel_search;
+	o->recompute = a->recompute;
+	o->memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
+}
+
 int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logits, int classes,
 		  const char *what)
 {
@@ -548,38 +617,7 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 	const char *name = t->prog->name;
 	loom_compile_opts o;
 
-	loom_compile_opts_default(&o);
-	o.device = a->device;
-	o.optim.kind = a->optim;
-	o.optim.lr = a->lr;
-	o.optim.momentum = a->optim == LOOM_OPTIM_SGD ? a->momentum : 0;
-	o.optim.weight_decay = a->weight_decay;
-	o.optim.clip_grad = a->clip_grad;
-	o.optim.decay_matrices_only = a->decay_matrices_only;
-	o.amp.level = a->level;
-	o.amp.half = a->half;
-	o.amp.fp8 = a->fp8;
-	o.amp.fp8_all_products = a->fp8_all_products;
-	o.amp.static_scale = a->loss_scale;
-	o.amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
-	o.pg = t->pg;
-	o.sync_bn = a->sync_bn;
-	o.zero_stage = a->zero;
-	o.bucket_cap_mb = a->bucket_cap_mb;
-	o.zero_prefetch = a->zero_prefetch;
-	if (a->bucket_cap_mb > 0 && a->bucket_cap_mb < 1.0)
-		o.first_bucket_mb = a->bucket_cap_mb; /* the first no larger than the others */
-	o.pipeline_stages = a->pipeline > 1 ? a->pipeline : 0;
-	o.micro_batches = a->micro_batches;
-	o.schedule = a->pipe_schedule;
-	o.pipeline_balance = a->pipe_balance;
-	o.memory_limit_mb = a->memory_limit;
-	o.no_tf32 = a->no_tf32;
-	o.cuda_graph = !a->no_cuda_graph;
-	o.deterministic = a->deterministic;
-	o.kernel_search = a->kernel_search;
-	o.recompute = a->recompute;
-	o.memory_report = a->memory_report && (t->gworld > 1); /* each rank's peak, on stderr */
+	compile_opts(t, &o);
 	loom_status cst = loom_compile(g, loss, &o, &t->p);
 	if (cst == LOOM_ERR_NOMEM) {
 		char size[64];
@@ -604,34 +642,8 @@ int train_compile(train_run *t, loom_graph *g, loom_value loss, loom_value logit
 		return -1;
 
 	loom_program_info info;
-	char sched[96], tail[64];
 	loom_program_info_get(t->p, &info);
-	if (t->schedule_text)
-		snprintf(sched, sizeof(sched), "%s", t->schedule_text);
-	else
-		schedule_text(a, sched, sizeof(sched));
-	if (t->prog->groups & TRAIN_FLAGS_FIT)
-		snprintf(tail, sizeof(tail), "%d epochs", a->epochs);
-	else
-		snprintf(tail, sizeof(tail), "%d steps after %d warm-up", a->steps, a->warmup);
-	printf("loom %s: %s, %s, opt level O%d%s, %s lr %g (%s), batch %d%s, %s\n", name,
-	       info.backend, what, a->level,
-	       a->level == LOOM_O0 ? "" : a->fp8 && a->level != LOOM_O3 ? " (fp8)" :
-	       a->half == LOOM_BF16 ? " (bf16)" : " (fp16)",
-	       a->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", a->lr, sched, a->batch,
-	       t->world > 1 ? " per rank" : "", tail);
-	if (t->world > 1)
-		printf("data parallel: %d ranks (%s), global batch %d%s\n", t->world,
-		       loom_comm_bootstrap_name(loom_pg_get_info(t->pg)->how), a->batch * t->world,
-		       a->sync_bn ? ", synchronised batch norm" : a->zero == 1 ? ", ZeRO-1" :
-		       a->zero == 2 ? ", ZeRO-2" : a->zero ? ", ZeRO-3" : "");
-	if (a->pipeline > 1)
-		printf("pipeline: %d stages x %d replicas, %d micro-batches of %d, %s schedule\n",
-		       a->pipeline, t->world, a->micro_batches ? a->micro_batches : a->pipeline,
-		       train_graph_batch(t), a->pipe_schedule == LOOM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
-	if (a->accumulate > 1)
-		printf("gradient accumulation: %d micro-batches per step, %d images per update\n",
-		       a->accumulate, a->accumulate * a->batch * t->world);
+	print_run(t, &info, what);
 	if (!strncmp(info.backend, "cpu", 3)) {
 		char cpu[128];
 		printf("%s\n", loom_cpu_describe(cpu, sizeof(cpu)));

@@ -65,14 +65,12 @@ typedef struct train_run {
 
 /* The settings every rank must share, as train_start compares them across
  * ranks: each named by its flag ("--lr", value "0.1"), two by what they
- * are ("program", "decay on matrices only"). Fills s (room for
- * TRAIN_SETTINGS_MAX) and returns how many. */
+ * are ("program", "decay on matrices only"); every flag of train_args
+ * whose row in base/options.def has agree set, and no other
+ * (tests/examples/test_settings.c). Fills s (room for TRAIN_SETTINGS_MAX)
+ * and returns how many. */
 #define TRAIN_SETTINGS_MAX 64
 size_t train_settings(const train_program *prog, const train_args *a, loom_comm_setting *s);
-
-/* The flags (names without dashes) that may differ between ranks; every
- * other flag of train_args.c is in train_settings. NULL-ended. */
-extern const char *const train_settings_free[];
 
 /* Monotonic seconds. */
 double train_now(void);
@@ -89,6 +87,11 @@ int train_graph_batch(const train_run *t);
  * main (0 after --help, 2 for a bad flag, 1 for a failure, said on stderr).
  */
 int train_start(train_run *t, const train_program *prog, int argc, char **argv);
+
+/* The same, the program's own flags (gpt_ddp's) parsed into own, which
+ * holds their defaults (train_args.h's train_parse_with). */
+int train_start_with(train_run *t, const train_program *prog, const flag_target *own, int argc,
+		     char **argv);
 
 /* A program's own output files (gpt_ddp's --loss-file), written in place by
  * rank 0: checked there as train_start checks the common ones (outputs.h),

@@ -1,7 +1,8 @@
 /*
  * examples/train_args.h — the command line the training examples share
- * (mnist_ddp, cifar_ddp, resnet50_synthetic, gpt_ddp): one parser over one table of
- * flags, each program taking the groups it needs with its own defaults. It
+ * (mnist_ddp, cifar_ddp, resnet50_synthetic, gpt_ddp): the rows of
+ * base/options.def through examples/flags.h, each program taking the ones
+ * its bit is on with its own defaults. It
  * returns a status and a message instead of printing or exiting, so that a
  * test or a fuzzer (tests/fuzz/fuzz_args.c) can call it as often as it likes.
  */
@@ -12,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "examples/flags.h"
 #include "loom.h"
 
 typedef enum train_lr_schedule {
@@ -101,17 +103,25 @@ enum {
 };
 
 /* A program's command line: its name, what it trains (the first lines of
- * --help), the flag groups it takes and its defaults. */
+ * --help), its bit in the flags' place tables (FLAG_PROG_*), the flag
+ * groups it takes (what train.c asks of it) and its defaults. */
 typedef struct train_program {
 	const char *name;
 	const char *about;
+	unsigned bit;
 	unsigned groups;
 	train_args defaults;
-	const char *data_help; /* --data's line of --help, NULL: an image folder's */
 } train_program;
 
 extern const train_program train_mnist_ddp, train_cifar_ddp, train_resnet50_synthetic,
 	train_gpt_ddp;
+
+/* The flags classify shares with training (--opt-level, --device, ...),
+ * into a train_args, with classify's defaults; its own are classify_args.h's. */
+extern const train_program train_classify;
+
+/* a as a target of the flags' parser (examples/flags.h). */
+flag_target train_target(train_args *a);
 
 typedef enum train_parse {
 	TRAIN_RUN = 0,   /* *a holds the run's settings */
@@ -128,19 +138,25 @@ typedef enum train_parse {
 train_parse train_parse_args(const train_program *prog, int argc, char **argv, train_args *a,
 			     char *msg, size_t msglen);
 
+/* The same, and the program's own flags into own (gpt_ddp's model), which
+ * holds their defaults; own may be NULL. */
+train_parse train_parse_with(const train_program *prog, const flag_target *own, int argc,
+			     char **argv, train_args *a, char *msg, size_t msglen);
+
 /*
  * One flag's value (name without dashes, e.g. "opt-level") into *a, with the
- * same checks and messages as train_parse_args: 0, or -1 with msg set. For a
- * tool with its own command line (classify) that shares some of the flags.
+ * same checks and messages as train_parse_args: 0, or -1 with msg set. Any
+ * flag train_args holds, whichever program takes it (the settings test
+ * sets each alone).
  */
 int train_set_value(const train_program *prog, const char *name, const char *arg, train_args *a,
 		    char *msg, size_t msglen);
 
-/* The name (without dashes) of the i-th flag of the table, every group's;
- * NULL past the last. */
+/* The name (without dashes) of the i-th flag train_args holds, every
+ * program's; NULL past the last. */
 const char *train_flag_name(size_t i);
 
-/* The --help text of prog. */
-void train_usage(const train_program *prog, FILE *f);
+/* The --help text of prog, with own's flags (may be NULL) and defaults. */
+void train_usage(const train_program *prog, const flag_target *own, FILE *f);
 
 #endif /* LOOM_EXAMPLES_TRAIN_ARGS_H */

@@ -158,8 +158,15 @@ Test(options, the_table_is_well_formed)
 	}
 	for (int i = 0; i < LOOM_OPT_COUNT; i++) {
 		const loom_opt_row *r = loom_opt_row_get((loom_opt)i);
-		if (r->flag)
-			cr_assert_eq(loom_opt_find_flag(r->flag), i, "%s has two rows", r->flag);
+		int first = r->flag ? loom_opt_find_flag(r->flag) : i;
+		/* A flag's name has one row, except where two programs' flags
+		 * share a name for different settings (gpt_ddp's and classify's
+		 * --top-k): examples' rows both, and tests/examples:test_flags
+		 * checks that no program takes both. */
+		if (first != i)
+			cr_assert(!strcmp(r->layer, "examples") &&
+					  !strcmp(loom_opt_row_get((loom_opt)first)->layer, "examples"),
+				  "%s has two rows", r->flag);
 	}
 }
 

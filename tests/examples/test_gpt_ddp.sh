@@ -25,7 +25,7 @@ expect "--help names the model flags" 0 "--layers N" -- --help
 expect "--help keeps the shared flags" 0 "--opt-level" -- --help
 expect "heads must divide the width" 2 "--embd 32 is not divisible by --heads 3" -- "${tiny[@]}" --heads 3
 expect "bad --layers" 2 "--layers expects an integer" -- --layers x
-expect "unknown preset" 2 "--preset knows gpt2" -- --preset gpt3
+expect "unknown preset" 2 "--preset must be gpt2, got 'gpt3'" -- --preset gpt3
 expect "missing text named" 1 "$tmp/none: No such file" -- --data "$tmp/none"
 printf 'abc' >"$tmp/tiny.txt"
 expect "too little text" 1 "too few for --batch-size" -- --data "$tmp/tiny.txt"
@@ -50,7 +50,7 @@ EOF2
 # This program's own output files, refused before any data is read.
 expect "--loss-file into a directory refused" 1 "--loss-file /: is a directory" -- "${tiny[@]}" --loss-file /
 expect "--write-logits into a missing directory refused" 1 "--write-logits $tmp/none/l.bin: directory $tmp/none: does not exist" -- "${tiny[@]}" --write-logits "$tmp/none/l.bin"
-expect "--context's upper limit named" 2 "--context expects an integer from 1 to 16777216" -- --context 100000000
+expect "--context's upper limit named" 2 "--context expects an integer in \[1, 16777216\]" -- --context 100000000
 # (ASan refuses an allocation beyond 1 TiB unless told to return NULL, and
 # then warns: that warning goes to a log of its own, which must hold nothing
 # else.)

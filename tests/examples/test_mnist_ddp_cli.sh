@@ -37,9 +37,9 @@ expect bad_precision 2 "precision must be fp16, bf16 or fp8, got .fp4." -- --pre
 expect bad_device 2 "device must be auto, cpu or cuda" -- --device tpu
 expect bad_tf32 2 "--tf32 must be on or off, got 'maybe'" -- --tf32 maybe
 expect bad_optimizer 2 "optimizer must be sgd or adamw" -- --optimizer lbfgs
-expect bad_balance 2 "--pipeline-balance expects time or memory, got 'bogus'" -- --pipeline 2 --pipeline-balance bogus
+expect bad_balance 2 "--pipeline-balance must be time or memory, got 'bogus'" -- --pipeline 2 --pipeline-balance bogus
 expect balance_alone 2 "--pipeline-balance apply to --pipeline N" -- --pipeline-balance memory
-expect bad_ksearch 2 "--kernel-search expects on or off, got 'fast'" -- --kernel-search fast
+expect bad_ksearch 2 "--kernel-search must be off or on, got 'fast'" -- --kernel-search fast
 expect unknown_flag 2 "unknown or incomplete option '--frobnicate'" -- --frobnicate
 expect missing_arg 2 "unknown or incomplete option" -- --lr
 expect stray_arg 2 "unexpected argument 'extra'" -- extra

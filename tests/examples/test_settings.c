@@ -1,8 +1,8 @@
 /*
  * tests/examples/test_settings.c — the start-up settings check of
- * examples/train.c against the flag table of examples/train_args.c: every
- * flag is either compared across ranks (train_settings) or listed as free
- * to differ (train_settings_free), and each compared flag, changed alone,
+ * examples/train.c against the flags' rows (base/options.def): every flag
+ * train_args holds is either compared across ranks (train_settings) or
+ * free to differ (its row's agree is 0), and each compared flag, changed alone,
  * changes exactly its own setting, named by the flag. The cases come from
  * the two tables, so a flag added to the parser is tested here at once.
  */
@@ -10,14 +10,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "examples/flags.h"
 #include "examples/train.h"
 
+/* A flag whose row in base/options.def lets ranks differ (agree 0). */
 static int is_free(const char *flag)
 {
-	for (int i = 0; train_settings_free[i]; i++)
-		if (!strcmp(train_settings_free[i], flag))
-			return 1;
-	return 0;
+	train_args a;
+	flag_target t = train_target(&a);
+	int row = flags_row(~0u, &t, 1, flag);
+
+	cr_assert_geq(row, 0, "--%s is no row of base/options.def", flag);
+	return !flag_rows[row].agree;
 }
 
 /* The settings list's entry named name, or -1. */
@@ -53,7 +57,7 @@ Test(settings, every_compared_flag_changed_alone_is_named)
 		}
 		int at = find(base, nb, name);
 		cr_assert_geq(at, 0, "%s is neither compared across ranks (train_settings) nor "
-			      "free to differ (train_settings_free)", name);
+			      "free to differ (agree 0 in base/options.def)", name);
 		int named = 0;
 		for (size_t k = 0; k < sizeof(tries) / sizeof(tries[0]) && !named; k++) {
 			train_args a = prog->defaults;

@@ -27,7 +27,7 @@ FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 declare -A SRCS=(
 	[fuzz_idx]="datasets/idx.c datasets/errors.c base/errf.c"
 	[fuzz_ckpt]="io/ckpt_file.c io/ckpt_meta.c base/errf.c"
-	[fuzz_args]="examples/train_args.c"
+	[fuzz_args]="examples/train_args.c examples/flags.c"
 	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c base/errf.c"
 	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c comm/progress.c comm/rank_note.c comm/store.c base/errf.c"
 	[fuzz_fingerprint]="comm/wire.c comm/env.c base/errf.c"
