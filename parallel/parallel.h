@@ -10,7 +10,7 @@
 #ifndef LOOM_PARALLEL_PARALLEL_H
 #define LOOM_PARALLEL_PARALLEL_H
 
-#include "engine/program_internal.h"
+#include "engine/pass.h"
 
 /* The group's world size (1 without a group). */
 int loom_ddp_world(const loom_compile_opts *o);
