@@ -1,7 +1,7 @@
 /*
  * engine/program.c — loom_compile and the run-time API of a program: the
  * compile (its arguments checked, the program made, the list of passes of
- * engine/passes.c walked), the per-step executor entry points, and access
+ * parallel/pass_list.c walked), the per-step executor entry points, and access
  * to values by handle.
  */
 #include <math.h>

@@ -174,7 +174,7 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	/* ZeRO-3's parameters are gathered by the steps of its own pass, which
-	 * must have run (engine/passes.c: 'zero3 gathers'). */
+	 * must have run (parallel/pass_list.c: 'zero3 gathers'). */
 	if (pl->zero == 3 && pl->n_gathers == 0) {
 		snprintf(err, errlen, "zero 3: no parameter gathers were planned (the compile "
 			 "pass 'zero3 gathers' did not run)");
