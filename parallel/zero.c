@@ -374,30 +374,3 @@ loom_status loom_zero_value_read(loom_program *p, loom_value v, void *dst)
 					 p->plan.g->nodes[v].name);
 	return loom_zero_gather(p, s, k, dst);
 }
-
-loom_status loom_zero_value_write(loom_program *p, loom_value v, const void *src)
-{
-	int k, s = loom_zero_shard_of(p, v, &k);
-	if (s < 0)
-		return loom_program_fail(p, LOOM_ERR_STATE, "zero: '%s' is not sharded",
-					 p->plan.g->nodes[v].name);
-	return loom_zero_scatter(p, s, k, src);
-}
-
-loom_status loom_master_write(loom_program *p, loom_value v, const float *src)
-{
-	int s = loom_zero_master_slot(p, v);
-	if (s >= 0)
-		return loom_zero_scatter(p, s, -1, src);
-	loom_value m = p->plan.g->nodes[v].master;
-	return loom_program_upload(p, loom_value_ptr(p, m), src, loom_value_bytes(p, m));
-}
-
-loom_status loom_master_read(loom_program *p, loom_value v, float *dst)
-{
-	int s = loom_zero_master_slot(p, v);
-	if (s >= 0)
-		return loom_zero_gather(p, s, -1, dst);
-	loom_value m = p->plan.g->nodes[v].master;
-	return loom_program_download(p, dst, loom_value_ptr(p, m), loom_value_bytes(p, m));
-}
