@@ -252,16 +252,100 @@ loom_status loom_save(loom_program *p, const char *path)
 	return st;
 }
 
-loom_status loom_load(loom_program *p, const char *path)
+/* Every record of l in the file f with its dtype and shape (found[i]),
+ * the meta record's scalars in range: checked before the program is
+ * touched. */
+static loom_status check_records(loom_program *p, const loom_ckpt_file *f, const char *path,
+				 const rec_list *l, const loom_ckpt_record **found)
+{
+	char err[512];
+	for (int i = 0; i < l->n; i++) {
+		const loom_ckpt_record *r = loom_ckpt_find(f, l->r[i].name);
+		if (!r)
+			return loom_program_fail(p, LOOM_ERR_MISMATCH, "checkpoint %s has no tensor '%s'",
+						 path, l->r[i].name);
+		if (r->dtype != l->r[i].dtype || r->ndim != l->r[i].ndim || r->bytes != l->r[i].bytes ||
+		    memcmp(r->dims, l->r[i].dims, sizeof(int64_t) * r->ndim) != 0)
+			return loom_program_fail(p, LOOM_ERR_MISMATCH,
+						 "checkpoint %s: tensor '%s' has another dtype or shape",
+						 path, l->r[i].name);
+		found[i] = r;
+		if (!record_addr(p, i)) {
+			double meta[LOOM_CKPT_META_COUNT];
+			memcpy(meta, r->data, sizeof(meta));
+			loom_status st = loom_ckpt_check_meta(meta, err, sizeof(err));
+			if (st != LOOM_OK)
+				return loom_program_fail(p, st, "checkpoint %s: %s", path, err);
+		}
+	}
+	return LOOM_OK;
+}
+
+/* The meta record's scalars into the training state. */
+static void load_meta(loom_train_state *ts, const void *data)
+{
+	double meta[LOOM_CKPT_META_COUNT];
+	memcpy(meta, data, sizeof(meta));
+	ts->step = (int64_t)meta[LOOM_CKPT_META_STEP];
+	ts->lr = meta[LOOM_CKPT_META_LR];
+	ts->scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
+	ts->scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
+	ts->scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
+	ts->scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
+}
+
+/* The checked records into the program: each value where the plan keeps
+ * it (a padded value: the file's rows, then zero padding), the meta
+ * record into the training state. */
+static loom_status place_records(loom_program *p, const char *path, const rec_list *l,
+				 const loom_ckpt_record **found)
+{
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < l->n && st == LOOM_OK; i++) {
+		void *addr = record_addr(p, i);
+		if (addr && l->full[i] == found[i]->bytes) {
+			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
+			continue;
+		}
+		if (addr) { /* a padded value: the file's rows, then zero padding */
+			void *whole = calloc(1, l->full[i]);
+			if (!whole)
+				return loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
+			memcpy(whole, found[i]->data, found[i]->bytes);
+			st = place_record(p, i, addr, whole, l->full[i]);
+			free(whole);
+			continue;
+		}
+		load_meta(loom_io_state(p), found[i]->data);
+	}
+	return st;
+}
+
+/* Gradients accumulated before the load belong to the old weights. */
+static loom_status drop_accumulated(loom_program *p)
 {
 	const loom_plan *pl = loom_io_plan(p);
 	loom_train_state *ts = loom_io_state(p);
+	if (ts->micro <= 0)
+		return LOOM_OK;
+	void *zero = calloc(1, pl->accum_bytes ? pl->accum_bytes : 1);
+	loom_status st = zero ? loom_program_upload(p, loom_io_arena(p)->accum, zero, pl->accum_bytes) :
+				loom_program_fail(p, LOOM_ERR_NOMEM, "load: out of memory");
+	free(zero);
+	ts->micro = 0;
+	return st;
+}
+
+loom_status loom_load(loom_program *p, const char *path)
+{
+	const loom_plan *pl = loom_io_plan(p);
 	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "load: no path given");
 	char err[512];
 	loom_ckpt_file *f = NULL;
+	const loom_ckpt_record **found = NULL;
 	loom_status st = loom_ckpt_read(path, &f, err, sizeof(err));
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "%s", err);
@@ -278,73 +362,15 @@ loom_status loom_load(loom_program *p, const char *path)
 		loom_program_fail(p, st, "load %s: out of memory", path);
 		goto out;
 	}
-	/* Check every record before touching the program. */
-	const loom_ckpt_record **found = calloc(l.n, sizeof(*found));
-	if (!found) {
+	if (!(found = calloc(l.n, sizeof(*found)))) {
 		st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
 		goto out;
 	}
-	for (int i = 0; i < l.n; i++) {
-		const loom_ckpt_record *r = loom_ckpt_find(f, l.r[i].name);
-		if (!r) {
-			st = loom_program_fail(p, LOOM_ERR_MISMATCH, "checkpoint %s has no tensor '%s'",
-					       path, l.r[i].name);
-			break;
-		}
-		if (r->dtype != l.r[i].dtype || r->ndim != l.r[i].ndim || r->bytes != l.r[i].bytes ||
-		    memcmp(r->dims, l.r[i].dims, sizeof(int64_t) * r->ndim) != 0) {
-			st = loom_program_fail(p, LOOM_ERR_MISMATCH,
-					       "checkpoint %s: tensor '%s' has another dtype or shape",
-					       path, l.r[i].name);
-			break;
-		}
-		found[i] = r;
-		if (!record_addr(p, i)) {
-			double meta[LOOM_CKPT_META_COUNT];
-			memcpy(meta, r->data, sizeof(meta));
-			st = loom_ckpt_check_meta(meta, err, sizeof(err));
-			if (st != LOOM_OK) {
-				loom_program_fail(p, st, "checkpoint %s: %s", path, err);
-				break;
-			}
-		}
-	}
-	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
-		void *addr = record_addr(p, i);
-		if (addr && l.full[i] == found[i]->bytes) {
-			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
-			continue;
-		}
-		if (addr) { /* a padded value: the file's rows, then zero padding */
-			void *whole = calloc(1, l.full[i]);
-			if (!whole) {
-				st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
-				break;
-			}
-			memcpy(whole, found[i]->data, found[i]->bytes);
-			st = place_record(p, i, addr, whole, l.full[i]);
-			free(whole);
-			continue;
-		}
-		double meta[LOOM_CKPT_META_COUNT];
-		memcpy(meta, found[i]->data, sizeof(meta));
-		ts->step = (int64_t)meta[LOOM_CKPT_META_STEP];
-		ts->lr = meta[LOOM_CKPT_META_LR];
-		ts->scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
-		ts->scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
-		ts->scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
-		ts->scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
-	}
-	/* Gradients accumulated before the load belong to the old weights. */
-	if (st == LOOM_OK && ts->micro > 0) {
-		void *zero = calloc(1, pl->accum_bytes ? pl->accum_bytes : 1);
-		st = zero ? loom_program_upload(p, loom_io_arena(p)->accum, zero, pl->accum_bytes) :
-			    loom_program_fail(p, LOOM_ERR_NOMEM, "load: out of memory");
-		free(zero);
-		ts->micro = 0;
-	}
-	free(found);
+	if ((st = check_records(p, f, path, &l, found)) == LOOM_OK &&
+	    (st = place_records(p, path, &l, found)) == LOOM_OK)
+		st = drop_accumulated(p);
 out:
+	free(found);
 	free_records(&l);
 	loom_ckpt_free(f);
 	return st;
