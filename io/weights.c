@@ -285,15 +285,11 @@ static const char *dims_str(const int64_t *dims, int ndim, char *buf, size_t len
 	return buf;
 }
 
-/* Pairs the program's tensors with the file's, or says which does not fit. */
-static loom_status match(loom_program *p, const loom_weights_opts *o, const loom_st_file *f,
-			 const char *path, import_item *items, int *n_items, char *used,
-			 loom_weights_report *r)
+/* Conv1D layout: one listed weight stored with its two (unequal)
+ * dimensions swapped says the file is so. */
+static int file_is_conv1d(const loom_plan *pl, const loom_weights_opts *o, const loom_st_file *f)
 {
-	const loom_plan *pl = loom_io_plan(p);
-	char fname[NAME_BUF], a[128], b[128];
-	/* Conv1D layout: one listed weight stored with its two (unequal)
-	 * dimensions swapped says the file is so. */
+	char fname[NAME_BUF];
 	int conv1d = 0;
 	for (int v = 0; v < pl->n_fwd && o->n_conv1d; v++) {
 		const loom_node *n = &pl->g->nodes[v];
@@ -306,62 +302,59 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 		    t->dims[0] == us.dims[1] && t->dims[1] == us.dims[0])
 			conv1d = 1;
 	}
-	for (int v = 0; v < pl->n_fwd; v++) {
-		const loom_node *n = &pl->g->nodes[v];
-		/* a padded vocabulary's table: the user's shape */
-		const loom_shape us = loom_node_user_shape(n);
-		const loom_shape *ns = &us;
-		if (!is_exchanged(n))
-			continue;
-		import_name(o, f, n->name, fname, sizeof(fname));
-		/* num_batches_tracked of this batch norm: expected, not used. */
-		char prefix[NAME_BUF], nbt[NAME_BUF + 32];
-		if (bn_prefix(fname, prefix, sizeof(prefix))) {
-			snprintf(nbt, sizeof(nbt), "%s" NBT, prefix);
-			const loom_st_tensor *t = loom_st_find(f, nbt);
-			if (t)
-				used[t - loom_st_at(f, 0)] = 1;
-		}
-		const loom_st_tensor *t = loom_st_find(f, fname);
-		if (t)
-			used[t - loom_st_at(f, 0)] = 1;
-		if (skipped(o, fname)) {
-			r->skipped++;
-			continue;
-		}
-		if (!t) {
-			if (!r->missing++)
-				snprintf(r->first_missing, sizeof(r->first_missing), "%s", fname);
-			if (o->strict)
-				return loom_program_fail(p, LOOM_ERR_NOT_FOUND,
-							 "import %s: no tensor '%s' in the file (strict; "
-							 "the program's %s)", path, fname, n->name);
-			continue;
-		}
-		int tr = conv1d && ns->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
-		int64_t want[2] = { ns->dims[tr], ns->dims[!tr] };
-		/* The file's first rows: a row-major prefix, read as it is. */
-		int rows = !tr && t->ndim == ns->ndim && t->ndim >= 1 &&
-			   t->dims[0] > ns->dims[0] &&
-			   memcmp(t->dims + 1, ns->dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
-			   listed(o->first_rows, o->n_first_rows, fname);
-		r->first_rows += rows;
-		if (t->ndim != ns->ndim ||
-		    (tr ? memcmp(t->dims, want, sizeof(want)) :
-		     rows ? 0 : memcmp(t->dims, ns->dims, sizeof(int64_t) * t->ndim)) != 0)
-			return loom_program_fail(p, LOOM_ERR_SHAPE,
-						 "import %s: tensor '%s' is %s in the file, the "
-						 "program's is %s%s", path, fname,
-						 dims_str(t->dims, t->ndim, a, sizeof(a)),
-						 dims_str(ns->dims, ns->ndim, b, sizeof(b)),
-						 tr ? " (read transposed: the file's Conv1D layout)" : "");
-		if (!is_float(t->dtype))
-			return loom_program_fail(p, LOOM_ERR_DTYPE,
-						 "import %s: tensor '%s' is %s, loom reads F32, F16, "
-						 "BF16 or F64", path, fname, loom_st_dtype_name(t->dtype));
-		items[(*n_items)++] = (import_item){ v, t, tr };
-		r->transposed += tr;
-	}
+	return conv1d;
+}
+
+/* num_batches_tracked of the batch norm of fname: expected, not used. */
+static void mark_nbt_used(const loom_st_file *f, const char *fname, char *used)
+{
+	char prefix[NAME_BUF], nbt[NAME_BUF + 32];
+	if (!bn_prefix(fname, prefix, sizeof(prefix)))
+		return;
+	snprintf(nbt, sizeof(nbt), "%s" NBT, prefix);
+	const loom_st_tensor *t = loom_st_find(f, nbt);
+	if (t)
+		used[t - loom_st_at(f, 0)] = 1;
+}
+
+/* The file's tensor t for the program's fname of shape ns: its shape
+ * (read transposed, *tr, in a Conv1D file; or its first rows where listed)
+ * and its dtype, or the message that says why it does not fit. */
+static loom_status check_tensor(loom_program *p, const loom_weights_opts *o, const char *path,
+				const char *fname, const loom_st_tensor *t, const loom_shape *ns,
+				int conv1d, loom_weights_report *r, int *tr)
+{
+	char a[128], b[128];
+	*tr = conv1d && ns->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
+	int64_t want[2] = { ns->dims[*tr], ns->dims[!*tr] };
+	/* The file's first rows: a row-major prefix, read as it is. */
+	int rows = !*tr && t->ndim == ns->ndim && t->ndim >= 1 &&
+		   t->dims[0] > ns->dims[0] &&
+		   memcmp(t->dims + 1, ns->dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
+		   listed(o->first_rows, o->n_first_rows, fname);
+	r->first_rows += rows;
+	if (t->ndim != ns->ndim ||
+	    (*tr ? memcmp(t->dims, want, sizeof(want)) :
+	     rows ? 0 : memcmp(t->dims, ns->dims, sizeof(int64_t) * t->ndim)) != 0)
+		return loom_program_fail(p, LOOM_ERR_SHAPE,
+					 "import %s: tensor '%s' is %s in the file, the "
+					 "program's is %s%s", path, fname,
+					 dims_str(t->dims, t->ndim, a, sizeof(a)),
+					 dims_str(ns->dims, ns->ndim, b, sizeof(b)),
+					 *tr ? " (read transposed: the file's Conv1D layout)" : "");
+	if (!is_float(t->dtype))
+		return loom_program_fail(p, LOOM_ERR_DTYPE,
+					 "import %s: tensor '%s' is %s, loom reads F32, F16, "
+					 "BF16 or F64", path, fname, loom_st_dtype_name(t->dtype));
+	return LOOM_OK;
+}
+
+/* The file's tensors no program tensor used: ignored where listed, else
+ * counted as unexpected (strict: refused). */
+static loom_status count_unexpected(loom_program *p, const loom_weights_opts *o,
+				    const loom_st_file *f, const char *path, const char *used,
+				    loom_weights_report *r)
+{
 	for (int i = 0; i < loom_st_count(f); i++) {
 		const loom_st_tensor *t = loom_st_at(f, i);
 		if (used[i] || skipped(o, t->name))
@@ -380,6 +373,48 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 						 t->name);
 	}
 	return LOOM_OK;
+}
+
+/* Pairs the program's tensors with the file's, or says which does not fit. */
+static loom_status match(loom_program *p, const loom_weights_opts *o, const loom_st_file *f,
+			 const char *path, import_item *items, int *n_items, char *used,
+			 loom_weights_report *r)
+{
+	const loom_plan *pl = loom_io_plan(p);
+	char fname[NAME_BUF];
+	int conv1d = file_is_conv1d(pl, o, f);
+	for (int v = 0; v < pl->n_fwd; v++) {
+		const loom_node *n = &pl->g->nodes[v];
+		/* a padded vocabulary's table: the user's shape */
+		const loom_shape us = loom_node_user_shape(n);
+		if (!is_exchanged(n))
+			continue;
+		import_name(o, f, n->name, fname, sizeof(fname));
+		mark_nbt_used(f, fname, used);
+		const loom_st_tensor *t = loom_st_find(f, fname);
+		if (t)
+			used[t - loom_st_at(f, 0)] = 1;
+		if (skipped(o, fname)) {
+			r->skipped++;
+			continue;
+		}
+		if (!t) {
+			if (!r->missing++)
+				snprintf(r->first_missing, sizeof(r->first_missing), "%s", fname);
+			if (o->strict)
+				return loom_program_fail(p, LOOM_ERR_NOT_FOUND,
+							 "import %s: no tensor '%s' in the file (strict; "
+							 "the program's %s)", path, fname, n->name);
+			continue;
+		}
+		int tr;
+		loom_status st = check_tensor(p, o, path, fname, t, &us, conv1d, r, &tr);
+		if (st != LOOM_OK)
+			return st;
+		items[(*n_items)++] = (import_item){ v, t, tr };
+		r->transposed += tr;
+	}
+	return count_unexpected(p, o, f, path, used, r);
 }
 
 /* Writes one tensor into node v (and its O2 master), as loom_write_f64. */
