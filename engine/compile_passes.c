@@ -3,7 +3,7 @@
  * AMP, autodiff, the device, fusions, parameter slots, the memory plan,
  * accumulation, the step list, the backend's plans and arena, and the
  * initial values. The strategies' passes are parallel/'s; the order is
- * engine/passes.c's list.
+ * parallel/pass_list.c's list.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * engine/pass.h — a compile pass: one stage of loom_compile's pipeline.
  *
  * loom_compile makes a program (the cloned graph, the options, the world
- * size) and walks loom_compile_passes (engine/passes.c) in order: each
+ * size) and walks loom_compile_passes (parallel/pass_list.c) in order: each
  * pass that is wanted sees the plan and the options and adds to it or
  * rewrites it (casts, gradients, fusions, slots, buckets, the memory plan,
  * steps, shards, stages, the backend's plans). Once every pass has run and
@@ -65,7 +65,8 @@ typedef struct loom_pass {
 #define LOOM_PASS_WITH(p, m) loom_pass_with((p), offsetof(loom_pass, m))
 const loom_pass *loom_pass_with(const loom_program *p, size_t member);
 
-/* The compile pipeline, in order (engine/passes.c). */
+/* The compile pipeline, in order (parallel/pass_list.c, above both
+ * rooms: engine/ names no strategy). */
 extern const loom_pass *const loom_compile_passes[];
 extern const int loom_n_compile_passes;
 

@@ -1,7 +1,7 @@
 /*
  * engine/program.c — loom_compile and the run-time API of a program: the
  * compile (its arguments checked, the program made, the list of passes of
- * engine/passes.c walked), the per-step executor entry points, and access
+ * parallel/pass_list.c walked), the per-step executor entry points, and access
  * to values by handle.
  */
 #include <math.h>
@@ -12,7 +12,6 @@
 
 #include "base/options.h"
 #include "comm/comm.h"
-#include "parallel/parallel.h" /* loom_master_write: O2 masters, ZeRO's shards */
 #include "engine/elem.h"
 #include "engine/pass.h"
 #include "engine/program_internal.h"
@@ -637,9 +636,7 @@ loom_status loom_write_f64(loom_program *p, loom_value v, const double *src, siz
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "write: out of memory");
 	for (size_t i = 0; i < count; i++)
 		loom_elem_set(nd->dtype, tmp, i, src[i]);
-	int k; /* ZeRO-3: this rank's shards of a parameter */
-	st = loom_zero_shard_of(p, v, &k) >= 0 ? loom_zero_value_write(p, v, tmp) :
-						 loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+	st = loom_value_write_whole(p, v, tmp); /* ZeRO-3: this rank's shards of a parameter */
 	free(tmp);
 	/* O2: the optimizer updates the fp32 master and copies it over the half
 	 * parameter, so the master must hold the written values too. */
@@ -707,15 +704,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 		info->n_param_elems += loom_shape_numel(&us);
 		info->param_bytes += loom_value_bytes(p, v);
 	}
-	/* ZeRO-2: the gradients are the bucket region (shards + buckets in
-	 * flight); ZeRO-3: but the half parameter shards after the buckets,
-	 * and the parameters are this rank's shards. */
-	if (p->plan.zero >= 2)
-		info->grad_bytes = p->plan.mp.bucket_bytes;
-	if (p->plan.zero == 3) {
-		info->grad_bytes = loom_zero3_half_at(&p->plan, 0);
-		info->param_bytes = p->plan.param_shard_bytes;
-	}
+	/* ZeRO-2 and 3: the gradients and parameters as the shards hold them. */
+	if (p->shards && p->shards->info)
+		p->shards->info(p, info);
 	info->master_bytes = p->plan.master_bytes;
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "engine/backend.h"
+#include "engine/io_view.h" /* what io/ sees of a program, a part of this */
 #include "engine/plan.h"
 #include "loom.h"
 
@@ -82,6 +83,11 @@ typedef struct loom_transport {
 	/* Why a step that moves values this way cannot run as one captured
 	 * graph (said once at the first run). */
 	const char *no_graph;
+	/* What io/ reads of the stages (engine/io_view.h: loom_io_stages,
+	 * loom_io_leaf_owner, loom_io_stage_fetch); NULL: none. */
+	void (*stages)(const loom_program *p, loom_stage_info *out);
+	int (*leaf_owner)(const loom_program *p, loom_value v);
+	loom_status (*fetch)(loom_program *p, int stage, const void *addr, void *dst, size_t bytes);
 } loom_transport;
 
 /*
@@ -100,6 +106,26 @@ typedef struct loom_shards {
 	/* Why the step cannot run as one captured graph (const loom_program *),
 	 * or NULL. */
 	const char *(*no_graph)(const loom_program *p);
+
+	/* Values whose storage is this rank's shards (ZeRO's O2 masters,
+	 * ZeRO-3's parameters); the engine reads and writes them through
+	 * these (loom_value_shard and below). NULL: no value is sharded.
+	 * shard_of: v's slot, and in *k the buffer of gather and scatter
+	 * that holds it (-1: the f32 master shards; -2: ZeRO-3's half
+	 * parameter shards); -1 if v is whole in the arena. */
+	int (*shard_of)(const loom_program *p, loom_value v, int *k);
+	/* The slot whose parameter or master is v, if that slot's O2 master
+	 * is sharded; else -1 (v's master, if any, is whole). */
+	int (*master_slot)(const loom_program *p, loom_value v);
+	/* Slot s's state buffer k (k >= 0: optimizer state; k < 0 as
+	 * shard_of says), whole (numel elements of the buffer's dtype):
+	 * gathered from every rank's shards (collective), or this rank's
+	 * pieces of it from the whole src. */
+	loom_status (*gather)(loom_program *p, int s, int k, void *dst);
+	loom_status (*scatter)(loom_program *p, int s, int k, const void *src);
+	/* loom_program_info's gradient and parameter bytes as this rank holds
+	 * them (NULL: the engine's count of whole values stands). */
+	void (*info)(const loom_program *p, loom_program_info *info);
 } loom_shards;
 
 struct loom_program {
@@ -151,9 +177,8 @@ void loom_plan_flops(const loom_plan *pl, double *fwd, double *bwd);
 /* One node's share of those (0 for a node that is no product). */
 double loom_node_flops(const loom_graph *g, loom_value v);
 
-/* Records a message on p and returns st. */
-loom_status loom_program_fail(loom_program *p, loom_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+/* loom_program_fail, loom_program_upload and _download, values by handle
+ * wherever this rank keeps them (loom_value_read_whole, ...): engine/io_view.h. */
 
 /* Copies the backend's last message into p's and returns st. */
 loom_status loom_program_backend_fail(loom_program *p, loom_status st);
@@ -167,10 +192,6 @@ loom_status loom_program_accum_ready(loom_program *p);
 typedef struct loom_input_buf loom_input_buf;
 int loom_input_buffer_out(const loom_program *p, loom_value v);
 void loom_input_buffers_free(loom_program *p);
-
-/* The backend's upload and download, with a failure's message in p. */
-loom_status loom_program_upload(loom_program *p, void *dst, const void *src, size_t bytes);
-loom_status loom_program_download(loom_program *p, void *dst, const void *src, size_t bytes);
 
 /* engine/accum.c: the accumulation segments of the plan (buckets, or each
  * parameter's gradient) and accum_bytes; after the memory plan. */

@@ -9,10 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/parallel.h"
-#include "parallel/pipeline.h"
+#include "engine/io_view.h"
 #include "io/ckpt_file.h"
-#include "engine/program_internal.h"
 
 #define META LOOM_CKPT_META
 
@@ -35,17 +33,18 @@ static int is_state(const loom_node *n)
 /* The records this program saves and expects, payloads left NULL. */
 static loom_status list_records(loom_program *p, rec_list *l)
 {
-	int cap = 1 + p->plan.n_params * 2;
-	for (int v = 0; v < p->plan.n_fwd; v++)
-		cap += is_state(&p->plan.g->nodes[v]);
+	const loom_plan *pl = loom_io_plan(p);
+	int cap = 1 + pl->n_params * 2;
+	for (int v = 0; v < pl->n_fwd; v++)
+		cap += is_state(&pl->g->nodes[v]);
 	l->r = calloc(cap, sizeof(*l->r));
 	l->names = calloc(cap, sizeof(*l->names));
 	l->host = calloc(cap, sizeof(void *));
 	l->full = calloc(cap, sizeof(size_t));
 	if (!l->r || !l->names || !l->host || !l->full)
 		return LOOM_ERR_NOMEM;
-	for (int v = 0; v < p->plan.n_fwd; v++) {
-		const loom_node *n = &p->plan.g->nodes[v];
+	for (int v = 0; v < pl->n_fwd; v++) {
+		const loom_node *n = &pl->g->nodes[v];
 		if (!is_state(n))
 			continue;
 		loom_ckpt_record *r = &l->r[l->n];
@@ -56,18 +55,18 @@ static loom_status list_records(loom_program *p, rec_list *l)
 		r->ndim = us.ndim;
 		memcpy(r->dims, us.dims, sizeof(r->dims));
 		r->bytes = (size_t)loom_shape_numel(&us) * loom_dtype_size(n->dtype);
-		l->full[l->n] = loom_value_bytes(p, v);
+		l->full[l->n] = loom_io_value_bytes(p, v);
 		l->n++;
 	}
-	int ns = p->plan.n_state;
-	for (int s = 0; s < p->plan.n_params; s++) {
-		const loom_param_slot *sl = &p->plan.params[s];
+	int ns = pl->n_state;
+	for (int s = 0; s < pl->n_params; s++) {
+		const loom_param_slot *sl = &pl->params[s];
 		for (int k = 0; k < ns; k++) {
 			loom_ckpt_record *r = &l->r[l->n];
 			snprintf(l->names[l->n], sizeof(l->names[0]), "optim.%s.%d",
-				 p->plan.g->nodes[sl->param].name, k);
+				 pl->g->nodes[sl->param].name, k);
 			r->name = l->names[l->n];
-			loom_shape us = loom_node_user_shape(&p->plan.g->nodes[sl->param]);
+			loom_shape us = loom_node_user_shape(&pl->g->nodes[sl->param]);
 			r->dtype = sl->state_dtype;
 			r->ndim = 1;
 			r->dims[0] = loom_shape_numel(&us);
@@ -101,9 +100,10 @@ static void free_records(rec_list *l)
 /* The value of record i, LOOM_NONE if it is not a value's. */
 static loom_value record_value(const loom_program *p, int i)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	int k = 0;
-	for (int v = 0; v < p->plan.n_fwd; v++)
-		if (is_state(&p->plan.g->nodes[v]) && k++ == i)
+	for (int v = 0; v < pl->n_fwd; v++)
+		if (is_state(&pl->g->nodes[v]) && k++ == i)
 			return v;
 	return LOOM_NONE;
 }
@@ -112,28 +112,30 @@ static loom_value record_value(const loom_program *p, int i)
  * master.s is not one: see sharded_value). */
 static void *record_addr(loom_program *p, int i)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	int k = 0;
-	for (int v = 0; v < p->plan.n_fwd; v++) {
-		if (!is_state(&p->plan.g->nodes[v]))
+	for (int v = 0; v < pl->n_fwd; v++) {
+		if (!is_state(&pl->g->nodes[v]))
 			continue;
 		if (k++ == i)
-			return loom_value_ptr(p, v);
+			return loom_io_value_ptr(p, v);
 	}
-	int ns = p->plan.n_state;
-	for (int s = 0; s < p->plan.n_params; s++)
+	int ns = pl->n_state;
+	for (int s = 0; s < pl->n_params; s++)
 		for (int j = 0; j < ns; j++)
 			if (k++ == i)
-				return p->arena.state + p->plan.params[s].state_off[j];
+				return loom_io_arena(p)->state + pl->params[s].state_off[j];
 	return NULL;
 }
 
 /* Record i is optimizer state buffer *k of slot *s? */
 static int state_record(const loom_program *p, int i, int *s, int *k)
 {
-	int n = 0, ns = p->plan.n_state;
-	for (int v = 0; v < p->plan.n_fwd; v++)
-		n += is_state(&p->plan.g->nodes[v]);
-	if (i < n || ns == 0 || i >= n + p->plan.n_params * ns)
+	const loom_plan *pl = loom_io_plan(p);
+	int n = 0, ns = pl->n_state;
+	for (int v = 0; v < pl->n_fwd; v++)
+		n += is_state(&pl->g->nodes[v]);
+	if (i < n || ns == 0 || i >= n + pl->n_params * ns)
 		return 0;
 	*s = (i - n) / ns;
 	*k = (i - n) % ns;
@@ -141,25 +143,26 @@ static int state_record(const loom_program *p, int i, int *s, int *k)
 }
 
 /* Record i is a sharded value (ZeRO's O2 master, ZeRO-3's parameter) of
- * slot *s, in loom_zero_gather's buffer *k? */
+ * slot *s, in loom_shard_gather's buffer *k? */
 static int sharded_value(const loom_program *p, int i, int *s, int *k)
 {
 	loom_value v = record_value(p, i);
 	if (v == LOOM_NONE)
 		return 0;
-	return (*s = loom_zero_shard_of(p, v, k)) >= 0;
+	return (*s = loom_value_shard(p, v, k)) >= 0;
 }
 
 /* Pipeline stages: the stage that holds record i (a value's owner, a
  * state buffer's slot's); -1 without stages. */
 static int record_stage(const loom_program *p, int i)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	int s, k;
-	if (!p->plan.pipe)
+	if (!pl->pipe)
 		return -1;
 	if (state_record(p, i, &s, &k))
-		return loom_pipeline_leaf_owner(&p->plan, p->plan.params[s].param);
-	return loom_pipeline_leaf_owner(&p->plan, record_value(p, i));
+		return loom_io_leaf_owner(p, pl->params[s].param);
+	return loom_io_leaf_owner(p, record_value(p, i));
 }
 
 /* Record i's payload into dst: a download, under ZeRO a state buffer or
@@ -167,34 +170,39 @@ static int record_stage(const loom_program *p, int i)
  * holding stage's copy (both collective). */
 static loom_status fetch_record(loom_program *p, int i, void *addr, void *dst, size_t bytes)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	int s, k;
-	if (p->plan.pipe)
-		return loom_pipeline_fetch(p, record_stage(p, i), addr, dst, bytes);
-	if (p->plan.zero && state_record(p, i, &s, &k))
-		return loom_zero_gather(p, s, k, dst);
-	if (p->plan.zero && sharded_value(p, i, &s, &k))
-		return loom_zero_gather(p, s, k, dst);
+	if (pl->pipe)
+		return loom_io_stage_fetch(p, record_stage(p, i), addr, dst, bytes);
+	if (pl->zero && state_record(p, i, &s, &k))
+		return loom_shard_gather(p, s, k, dst);
+	if (pl->zero && sharded_value(p, i, &s, &k))
+		return loom_shard_gather(p, s, k, dst);
 	return loom_program_download(p, dst, addr, bytes);
 }
 
 static loom_status place_record(loom_program *p, int i, void *addr, const void *src, size_t bytes)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	int s, k;
 	/* every rank read the file; each stage takes what it holds */
-	if (p->plan.pipe && (state_record(p, i, &s, &k) ?
-			     record_stage(p, i) != p->plan.pipe->stage :
-			     !loom_plan_holds(&p->plan, record_value(p, i))))
+	loom_stage_info si;
+	if (loom_io_stages(p, &si) && (state_record(p, i, &s, &k) ?
+				       record_stage(p, i) != si.stage :
+				       !loom_plan_holds(pl, record_value(p, i))))
 		return LOOM_OK;
-	if (p->plan.zero && state_record(p, i, &s, &k))
-		return loom_zero_scatter(p, s, k, src);
-	if (p->plan.zero && sharded_value(p, i, &s, &k))
-		return loom_zero_scatter(p, s, k, src);
+	if (pl->zero && state_record(p, i, &s, &k))
+		return loom_shard_scatter(p, s, k, src);
+	if (pl->zero && sharded_value(p, i, &s, &k))
+		return loom_shard_scatter(p, s, k, src);
 	return loom_program_upload(p, addr, src, bytes);
 }
 
 loom_status loom_save(loom_program *p, const char *path)
 {
-	if (!loom_program_usable(p))
+	const loom_plan *pl = loom_io_plan(p);
+	loom_train_state *ts = loom_io_state(p);
+	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "save: no path given");
@@ -207,10 +215,10 @@ loom_status loom_save(loom_program *p, const char *path)
 		return loom_program_fail(p, st, "save %s: out of memory", path);
 	}
 	double meta[LOOM_CKPT_META_COUNT] = {
-		[LOOM_CKPT_META_STEP] = (double)p->ts.step, [LOOM_CKPT_META_LR] = p->ts.lr,
-		[LOOM_CKPT_META_SCALE] = p->ts.scaler.scale, [LOOM_CKPT_META_TRACKER] = p->ts.scaler.growth_tracker,
-		[LOOM_CKPT_META_SKIPPED] = (double)p->ts.scaler.skipped_steps,
-		[LOOM_CKPT_META_BELOW] = (double)p->ts.scaler.below_one_steps,
+		[LOOM_CKPT_META_STEP] = (double)ts->step, [LOOM_CKPT_META_LR] = ts->lr,
+		[LOOM_CKPT_META_SCALE] = ts->scaler.scale, [LOOM_CKPT_META_TRACKER] = ts->scaler.growth_tracker,
+		[LOOM_CKPT_META_SKIPPED] = (double)ts->scaler.skipped_steps,
+		[LOOM_CKPT_META_BELOW] = (double)ts->scaler.below_one_steps,
 	};
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
@@ -229,14 +237,14 @@ loom_status loom_save(loom_program *p, const char *path)
 	}
 	char err[512];
 	/* ZeRO, pipeline: every rank gathered, rank 0 writes. */
-	int writer = p->plan.pipe ? p->plan.pipe->replica == 0 && p->plan.pipe->stage == 0 :
-				    p->plan.rank == 0;
-	if (st == LOOM_OK && (p->plan.zero || p->plan.pipe) && !writer) {
+	loom_stage_info si;
+	int writer = loom_io_stages(p, &si) ? si.replica == 0 && si.stage == 0 : pl->rank == 0;
+	if (st == LOOM_OK && (pl->zero || pl->pipe) && !writer) {
 		free_records(&l);
 		return LOOM_OK;
 	}
 	if (st == LOOM_OK) {
-		st = loom_ckpt_write(path, p->plan.fingerprint, l.r, l.n, err, sizeof(err));
+		st = loom_ckpt_write(path, pl->fingerprint, l.r, l.n, err, sizeof(err));
 		if (st != LOOM_OK)
 			loom_program_fail(p, st, "%s", err);
 	}
@@ -244,97 +252,125 @@ loom_status loom_save(loom_program *p, const char *path)
 	return st;
 }
 
+/* Every record of l in the file f with its dtype and shape (found[i]),
+ * the meta record's scalars in range: checked before the program is
+ * touched. */
+static loom_status check_records(loom_program *p, const loom_ckpt_file *f, const char *path,
+				 const rec_list *l, const loom_ckpt_record **found)
+{
+	char err[512];
+	for (int i = 0; i < l->n; i++) {
+		const loom_ckpt_record *r = loom_ckpt_find(f, l->r[i].name);
+		if (!r)
+			return loom_program_fail(p, LOOM_ERR_MISMATCH, "checkpoint %s has no tensor '%s'",
+						 path, l->r[i].name);
+		if (r->dtype != l->r[i].dtype || r->ndim != l->r[i].ndim || r->bytes != l->r[i].bytes ||
+		    memcmp(r->dims, l->r[i].dims, sizeof(int64_t) * r->ndim) != 0)
+			return loom_program_fail(p, LOOM_ERR_MISMATCH,
+						 "checkpoint %s: tensor '%s' has another dtype or shape",
+						 path, l->r[i].name);
+		found[i] = r;
+		if (!record_addr(p, i)) {
+			double meta[LOOM_CKPT_META_COUNT];
+			memcpy(meta, r->data, sizeof(meta));
+			loom_status st = loom_ckpt_check_meta(meta, err, sizeof(err));
+			if (st != LOOM_OK)
+				return loom_program_fail(p, st, "checkpoint %s: %s", path, err);
+		}
+	}
+	return LOOM_OK;
+}
+
+/* The meta record's scalars into the training state. */
+static void load_meta(loom_train_state *ts, const void *data)
+{
+	double meta[LOOM_CKPT_META_COUNT];
+	memcpy(meta, data, sizeof(meta));
+	ts->step = (int64_t)meta[LOOM_CKPT_META_STEP];
+	ts->lr = meta[LOOM_CKPT_META_LR];
+	ts->scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
+	ts->scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
+	ts->scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
+	ts->scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
+}
+
+/* The checked records into the program: each value where the plan keeps
+ * it (a padded value: the file's rows, then zero padding), the meta
+ * record into the training state. */
+static loom_status place_records(loom_program *p, const char *path, const rec_list *l,
+				 const loom_ckpt_record **found)
+{
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < l->n && st == LOOM_OK; i++) {
+		void *addr = record_addr(p, i);
+		if (addr && l->full[i] == found[i]->bytes) {
+			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
+			continue;
+		}
+		if (addr) { /* a padded value: the file's rows, then zero padding */
+			void *whole = calloc(1, l->full[i]);
+			if (!whole)
+				return loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
+			memcpy(whole, found[i]->data, found[i]->bytes);
+			st = place_record(p, i, addr, whole, l->full[i]);
+			free(whole);
+			continue;
+		}
+		load_meta(loom_io_state(p), found[i]->data);
+	}
+	return st;
+}
+
+/* Gradients accumulated before the load belong to the old weights. */
+static loom_status drop_accumulated(loom_program *p)
+{
+	const loom_plan *pl = loom_io_plan(p);
+	loom_train_state *ts = loom_io_state(p);
+	if (ts->micro <= 0)
+		return LOOM_OK;
+	void *zero = calloc(1, pl->accum_bytes ? pl->accum_bytes : 1);
+	loom_status st = zero ? loom_program_upload(p, loom_io_arena(p)->accum, zero, pl->accum_bytes) :
+				loom_program_fail(p, LOOM_ERR_NOMEM, "load: out of memory");
+	free(zero);
+	ts->micro = 0;
+	return st;
+}
+
 loom_status loom_load(loom_program *p, const char *path)
 {
-	if (!loom_program_usable(p))
+	const loom_plan *pl = loom_io_plan(p);
+	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "load: no path given");
 	char err[512];
 	loom_ckpt_file *f = NULL;
+	const loom_ckpt_record **found = NULL;
 	loom_status st = loom_ckpt_read(path, &f, err, sizeof(err));
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "%s", err);
 	rec_list l = { 0 };
-	if (loom_ckpt_fingerprint(f) != p->plan.fingerprint) {
+	if (loom_ckpt_fingerprint(f) != pl->fingerprint) {
 		st = loom_program_fail(p, LOOM_ERR_MISMATCH,
 				       "checkpoint %s was saved from another graph or other options "
 				       "(fingerprint %016llx, this program %016llx)",
 				       path, (unsigned long long)loom_ckpt_fingerprint(f),
-				       (unsigned long long)p->plan.fingerprint);
+				       (unsigned long long)pl->fingerprint);
 		goto out;
 	}
 	if ((st = list_records(p, &l)) != LOOM_OK) {
 		loom_program_fail(p, st, "load %s: out of memory", path);
 		goto out;
 	}
-	/* Check every record before touching the program. */
-	const loom_ckpt_record **found = calloc(l.n, sizeof(*found));
-	if (!found) {
+	if (!(found = calloc(l.n, sizeof(*found)))) {
 		st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
 		goto out;
 	}
-	for (int i = 0; i < l.n; i++) {
-		const loom_ckpt_record *r = loom_ckpt_find(f, l.r[i].name);
-		if (!r) {
-			st = loom_program_fail(p, LOOM_ERR_MISMATCH, "checkpoint %s has no tensor '%s'",
-					       path, l.r[i].name);
-			break;
-		}
-		if (r->dtype != l.r[i].dtype || r->ndim != l.r[i].ndim || r->bytes != l.r[i].bytes ||
-		    memcmp(r->dims, l.r[i].dims, sizeof(int64_t) * r->ndim) != 0) {
-			st = loom_program_fail(p, LOOM_ERR_MISMATCH,
-					       "checkpoint %s: tensor '%s' has another dtype or shape",
-					       path, l.r[i].name);
-			break;
-		}
-		found[i] = r;
-		if (!record_addr(p, i)) {
-			double meta[LOOM_CKPT_META_COUNT];
-			memcpy(meta, r->data, sizeof(meta));
-			st = loom_ckpt_check_meta(meta, err, sizeof(err));
-			if (st != LOOM_OK) {
-				loom_program_fail(p, st, "checkpoint %s: %s", path, err);
-				break;
-			}
-		}
-	}
-	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
-		void *addr = record_addr(p, i);
-		if (addr && l.full[i] == found[i]->bytes) {
-			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
-			continue;
-		}
-		if (addr) { /* a padded value: the file's rows, then zero padding */
-			void *whole = calloc(1, l.full[i]);
-			if (!whole) {
-				st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
-				break;
-			}
-			memcpy(whole, found[i]->data, found[i]->bytes);
-			st = place_record(p, i, addr, whole, l.full[i]);
-			free(whole);
-			continue;
-		}
-		double meta[LOOM_CKPT_META_COUNT];
-		memcpy(meta, found[i]->data, sizeof(meta));
-		p->ts.step = (int64_t)meta[LOOM_CKPT_META_STEP];
-		p->ts.lr = meta[LOOM_CKPT_META_LR];
-		p->ts.scaler.scale = (float)meta[LOOM_CKPT_META_SCALE];
-		p->ts.scaler.growth_tracker = (int32_t)meta[LOOM_CKPT_META_TRACKER];
-		p->ts.scaler.skipped_steps = (int64_t)meta[LOOM_CKPT_META_SKIPPED];
-		p->ts.scaler.below_one_steps = (int64_t)meta[LOOM_CKPT_META_BELOW];
-	}
-	/* Gradients accumulated before the load belong to the old weights. */
-	if (st == LOOM_OK && p->ts.micro > 0) {
-		void *zero = calloc(1, p->plan.accum_bytes ? p->plan.accum_bytes : 1);
-		st = zero ? loom_program_upload(p, p->arena.accum, zero, p->plan.accum_bytes) :
-			    loom_program_fail(p, LOOM_ERR_NOMEM, "load: out of memory");
-		free(zero);
-		p->ts.micro = 0;
-	}
-	free(found);
+	if ((st = check_records(p, f, path, &l, found)) == LOOM_OK &&
+	    (st = place_records(p, path, &l, found)) == LOOM_OK)
+		st = drop_accumulated(p);
 out:
+	free(found);
 	free_records(&l);
 	loom_ckpt_free(f);
 	return st;

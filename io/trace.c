@@ -1,7 +1,7 @@
 /*
  * io/trace.c — loom_trace_start / loom_trace_stop: the spans a program
  * recorded (engine/trace.h), gathered from every rank to rank 0 through the
- * process group's host collectives and written as one Chrome trace (the
+ * process group's host collectives (engine/io_view.h) and written as one Chrome trace (the
  * "traceEvents" JSON that chrome://tracing and ui.perfetto.dev read), a
  * track (pid) per rank with a "compute" and a "comm" thread.
  */
@@ -9,10 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
-#include "parallel/pipeline.h"
-#include "engine/program_internal.h"
-#include "engine/trace.h"
+#include "engine/io_view.h"
 #include "graph/ops/ops.h"
 
 enum { TID_COMPUTE = 0, TID_COMM = 1 };
@@ -22,25 +19,31 @@ enum { TID_COMPUTE = 0, TID_COMM = 1 };
  * replicas), so that every stage is a track of the one file. */
 static int trace_world(const loom_program *p)
 {
-	return p->plan.pipe ? p->plan.pipe->stages * p->plan.pipe->replicas : p->plan.world;
+	loom_stage_info si;
+	loom_io_stages(p, &si);
+	return si.stages * si.replicas;
 }
 
 static int trace_rank(const loom_program *p)
 {
-	return p->plan.pipe ? loom_pg_get_info(p->plan.opts.pg)->rank : p->plan.rank;
+	loom_stage_info si;
+	loom_io_stages(p, &si);
+	return si.group_rank;
 }
 
-static loom_comm *host_comm(loom_program *p)
+/* Whether the ranks' spans cross the group's host collectives. */
+static int host_comm(const loom_program *p)
 {
-	return trace_world(p) > 1 ? loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST) : NULL;
+	return trace_world(p) > 1 && loom_io_has_host(p);
 }
 
 loom_status loom_trace_start(loom_program *p, const char *path)
 {
-	if (!loom_program_usable(p))
+	loom_train_state *ts = loom_io_state(p);
+	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
-	loom_error_clear(&p->err);
-	if (p->ts.trace)
+	loom_io_clear_error(p);
+	if (ts->trace)
 		return loom_program_fail(p, LOOM_ERR_STATE, "trace_start: a trace is already on");
 	loom_trace *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -56,12 +59,11 @@ loom_status loom_trace_start(loom_program *p, const char *path)
 		}
 	}
 	t->origin = loom_trace_now();
-	loom_comm *c = host_comm(p);
-	if (c) {
-		loom_status st = loom_comm_broadcast(c, &ok, sizeof(ok), 0);
+	if (host_comm(p)) {
+		loom_status st = loom_io_host_broadcast(p, &ok, sizeof(ok), 0, "trace_start");
 		if (st != LOOM_OK) {
 			loom_trace_free(t);
-			return loom_program_fail(p, st, "trace_start: %s", loom_pg_error(p->plan.opts.pg));
+			return st;
 		}
 	}
 	if (!ok) {
@@ -71,7 +73,7 @@ loom_status loom_trace_start(loom_program *p, const char *path)
 						 path ? path : "(null)", strerror(err));
 		return loom_program_fail(p, LOOM_ERR_IO, "trace_start: rank 0 cannot create its file");
 	}
-	p->ts.trace = t;
+	ts->trace = t;
 	return LOOM_OK;
 }
 
@@ -167,12 +169,14 @@ static void foreign_event(FILE *f, const loom_plan *pl, int pid, const loom_span
 	}
 }
 
-static void span_event(FILE *f, const loom_plan *pl, int pid, const loom_span *s, double origin)
+/* si: the pipeline's stages, else NULL. */
+static void span_event(FILE *f, const loom_plan *pl, const loom_stage_info *si, int pid,
+		       const loom_span *s, double origin)
 {
 	char name[128];
-	if (pl->pipe && pid % pl->pipe->stages != pl->pipe->stage &&
+	if (si && pid % si->stages != si->stage &&
 	    (s->kind == LOOM_SPAN_ACCUM || s->kind == LOOM_SPAN_ALLREDUCE ||
-	     (s->kind == LOOM_SPAN_NODE && s->id >= pl->pipe->n_graph))) {
+	     (s->kind == LOOM_SPAN_NODE && s->id >= si->n_graph))) {
 		foreign_event(f, pl, pid, s, origin);
 		return;
 	}
@@ -251,15 +255,17 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
 			       size_t stride, const int64_t *counts, int64_t lost)
 {
 	FILE *f = t->out;
-	const loom_plan *pl = &p->plan;
+	const loom_plan *pl = loom_io_plan(p);
+	loom_stage_info si;
+	const loom_stage_info *staged = loom_io_stages(p, &si) ? &si : NULL;
 	char name[64];
 	/* Every later event starts with a comma: the first is a label. */
 	fprintf(f, "{\"traceEvents\":[\n{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":0,"
 		   "\"args\":{\"labels\":\"loom\"}}");
 	int world = trace_world(p);
 	for (int r = 0; r < world; r++) {
-		if (pl->pipe)
-			snprintf(name, sizeof(name), "rank %d (stage %d)", r, r % pl->pipe->stages);
+		if (staged)
+			snprintf(name, sizeof(name), "rank %d (stage %d)", r, r % si.stages);
 		else
 			snprintf(name, sizeof(name), "rank %d", r);
 		meta(f, r, 0, "process_name", name);
@@ -268,11 +274,11 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
 		meta(f, r, TID_COMPUTE, "thread_name", "compute");
 		meta(f, r, TID_COMM, "thread_name", "comm");
 		for (int64_t i = 0; i < counts[r]; i++)
-			span_event(f, pl, r, &spans[(size_t)r * stride + (size_t)i], t->origin);
+			span_event(f, pl, staged, r, &spans[(size_t)r * stride + (size_t)i], t->origin);
 	}
 	fprintf(f, "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"world\":%d,\"backend\":",
 		world);
-	json_str(f, p->be->describe(p->be_ctx));
+	json_str(f, loom_io_backend(p));
 	fprintf(f, ",\"lost_spans\":%lld}}\n", (long long)lost);
 	int bad = ferror(f);
 	bad |= fclose(f) != 0;
@@ -284,8 +290,9 @@ static loom_status write_trace(loom_program *p, loom_trace *t, const loom_span *
 
 /* Every rank's spans to every rank (rank 0 writes them): the counts, then
  * the spans padded to the longest list, through the host collectives. */
-static loom_status gather(loom_program *p, loom_trace *t, loom_comm *c)
+static loom_status gather(loom_program *p, loom_trace *t)
 {
+	const char *what = "trace_stop: gathering the ranks' spans";
 	int world = trace_world(p);
 	int64_t mine[2] = { (int64_t)t->n, t->lost }, max = 0, lost = 0;
 	int64_t *meta_all = malloc(sizeof(int64_t) * 2 * (size_t)world);
@@ -294,8 +301,8 @@ static loom_status gather(loom_program *p, loom_trace *t, loom_comm *c)
 	loom_status st = LOOM_ERR_NOMEM;
 	if (!meta_all || !counts)
 		goto out;
-	if ((st = loom_comm_allgather(c, mine, sizeof(mine), meta_all)) != LOOM_OK)
-		goto out_comm;
+	if ((st = loom_io_host_allgather(p, mine, sizeof(mine), meta_all, what)) != LOOM_OK)
+		goto out;
 	for (int r = 0; r < world; r++) {
 		counts[r] = meta_all[2 * r];
 		lost += meta_all[2 * r + 1];
@@ -312,14 +319,11 @@ static loom_status gather(loom_program *p, loom_trace *t, loom_comm *c)
 	}
 	if (t->n)
 		memcpy(pad, t->span, sizeof(*pad) * t->n);
-	if (max > 0 && (st = loom_comm_allgather(c, pad, sizeof(*pad) * (size_t)max, all)) != LOOM_OK)
-		goto out_comm;
+	if (max > 0 &&
+	    (st = loom_io_host_allgather(p, pad, sizeof(*pad) * (size_t)max, all, what)) != LOOM_OK)
+		goto out;
 	if (st == LOOM_OK && trace_rank(p) == 0)
 		st = write_trace(p, t, all, (size_t)max, counts, lost);
-	goto out;
-out_comm:
-	loom_program_fail(p, st, "trace_stop: gathering the ranks' spans: %s",
-			  loom_pg_error(p->plan.opts.pg));
 out:
 	if (st == LOOM_ERR_NOMEM)
 		loom_program_fail(p, st, "trace_stop: out of memory");
@@ -332,17 +336,17 @@ out:
 
 loom_status loom_trace_stop(loom_program *p)
 {
-	if (!loom_program_usable(p))
+	loom_train_state *ts = loom_io_state(p);
+	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
-	loom_error_clear(&p->err);
-	loom_trace *t = p->ts.trace;
+	loom_io_clear_error(p);
+	loom_trace *t = ts->trace;
 	if (!t)
 		return loom_program_fail(p, LOOM_ERR_STATE, "trace_stop: no trace was started");
-	p->ts.trace = NULL;
+	ts->trace = NULL;
 	loom_status st;
-	loom_comm *c = host_comm(p);
-	if (c) {
-		st = gather(p, t, c);
+	if (host_comm(p)) {
+		st = gather(p, t);
 	} else {
 		int64_t count = (int64_t)t->n;
 		st = write_trace(p, t, t->span, t->n, &count, t->lost);

@@ -8,9 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/parallel.h"
-#include "engine/elem.h"
-#include "engine/program_internal.h"
+#include "base/elem.h"
+#include "engine/io_view.h"
 #include "io/safetensors.h"
 #include "loom_io.h"
 
@@ -139,11 +138,12 @@ static void export_free(export_list *l)
 static loom_status export_value(loom_program *p, const loom_weights_opts *o, loom_value v,
 				export_list *l)
 {
-	const loom_node *n = &p->plan.g->nodes[v];
+	const loom_plan *pl = loom_io_plan(p);
+	const loom_node *n = &pl->g->nodes[v];
 	loom_value src = n->master != LOOM_NONE && n->op == LOOM_OP_PARAM ? n->master : v;
-	const loom_node *s = &p->plan.g->nodes[src];
+	const loom_node *s = &pl->g->nodes[src];
 	loom_st_tensor *t = &l->t[l->n];
-	size_t bytes = loom_value_bytes(p, src);
+	size_t bytes = loom_io_value_bytes(p, src);
 	/* A padded vocabulary's table: the file has the user's rows (the
 	 * storage's prefix; engine/vocab_pad.c). */
 	loom_shape us = loom_node_user_shape(s);
@@ -157,12 +157,9 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
 	t->data = l->host[l->n];
 	l->n++;
-	int k;
-	loom_status st = src != v ? /* ZeRO: gathered from the shards */
-				 loom_master_read(p, v, l->host[l->n - 1]) :
-			 loom_zero_shard_of(p, v, &k) >= 0 ? /* ZeRO-3's parameter */
-				 loom_zero_value_read(p, v, l->host[l->n - 1]) :
-				 loom_program_download(p, l->host[l->n - 1], loom_value_ptr(p, src), bytes);
+	/* ZeRO: the master or ZeRO-3's parameter gathered from the shards */
+	loom_status st = src != v ? loom_master_read(p, v, l->host[l->n - 1]) :
+				    loom_value_read_whole(p, v, l->host[l->n - 1]);
 	if (st != LOOM_OK || !o->conv1d_export || t->ndim != 2 ||
 	    !listed(o->conv1d, o->n_conv1d, t->name))
 		return st;
@@ -185,15 +182,16 @@ static loom_status export_value(loom_program *p, const loom_weights_opts *o, loo
 static loom_status export_nbt(loom_program *p, const loom_weights_opts *o, loom_value v,
 			      export_list *l)
 {
+	loom_train_state *ts = loom_io_state(p);
 	char prefix[NAME_BUF], loom_name[NAME_BUF + 32];
-	if (!bn_prefix(p->plan.g->nodes[v].name, prefix, sizeof(prefix)))
+	if (!bn_prefix(loom_io_plan(p)->g->nodes[v].name, prefix, sizeof(prefix)))
 		return LOOM_OK;
 	snprintf(loom_name, sizeof(loom_name), "%s" NBT, prefix);
 	loom_st_tensor *t = &l->t[l->n];
 	int64_t *count = malloc(sizeof(int64_t));
 	if (!count)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "export: out of memory");
-	*count = p->ts.step + p->ts.scaler.skipped_steps;
+	*count = ts->step + ts->scaler.skipped_steps;
 	l->host[l->n] = count;
 	file_name(o, loom_name, l->names[l->n], NAME_BUF);
 	*t = (loom_st_tensor){ .name = l->names[l->n], .dtype = LOOM_ST_I64, .ndim = 0,
@@ -205,13 +203,14 @@ static loom_status export_nbt(loom_program *p, const loom_weights_opts *o, loom_
 loom_status loom_export_safetensors(loom_program *p, const char *path,
 				    const loom_weights_opts *opts)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	loom_weights_opts def;
-	if (!loom_program_usable(p))
+	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "export: no path given");
 	/* Each stage holds its own parameters: loom_save gathers them. */
-	if (p->plan.pipe)
+	if (pl->pipe)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "export: not with pipeline stages yet "
 					 "(loom_save writes the whole model; resume it on one rank)");
 	if (!opts) {
@@ -220,8 +219,8 @@ loom_status loom_export_safetensors(loom_program *p, const char *path,
 	}
 	loom_status st = LOOM_OK;
 	int cap = 0;
-	for (int v = 0; v < p->plan.n_fwd; v++)
-		cap += is_exchanged(&p->plan.g->nodes[v]) ? 2 : 0;
+	for (int v = 0; v < pl->n_fwd; v++)
+		cap += is_exchanged(&pl->g->nodes[v]) ? 2 : 0;
 	export_list l = { .t = calloc(cap + 1, sizeof(*l.t)),
 			  .names = calloc(cap + 1, sizeof(*l.names)),
 			  .host = calloc(cap + 1, sizeof(void *)) };
@@ -229,8 +228,8 @@ loom_status loom_export_safetensors(loom_program *p, const char *path,
 		st = loom_program_fail(p, LOOM_ERR_NOMEM, "export %s: out of memory", path);
 		goto out;
 	}
-	for (int v = 0; v < p->plan.n_fwd && st == LOOM_OK; v++) {
-		if (!is_exchanged(&p->plan.g->nodes[v]))
+	for (int v = 0; v < pl->n_fwd && st == LOOM_OK; v++) {
+		if (!is_exchanged(&pl->g->nodes[v]))
 			continue;
 		st = export_value(p, opts, v, &l);
 		if (st == LOOM_OK)
@@ -239,7 +238,7 @@ loom_status loom_export_safetensors(loom_program *p, const char *path,
 	static const char *const meta[] = { "format", "pt", "producer", "loom" };
 	char err[LOOM_ERR_MAX];
 	/* ZeRO: every rank gathered (sharded masters), rank 0 writes. */
-	if (st == LOOM_OK && p->plan.zero && p->plan.rank != 0)
+	if (st == LOOM_OK && pl->zero && pl->rank != 0)
 		goto out;
 	if (st == LOOM_OK && (st = loom_st_write(path, l.t, l.n, meta, 2, err, sizeof(err))))
 		loom_program_fail(p, st, "export: %s", err);
@@ -286,17 +285,14 @@ static const char *dims_str(const int64_t *dims, int ndim, char *buf, size_t len
 	return buf;
 }
 
-/* Pairs the program's tensors with the file's, or says which does not fit. */
-static loom_status match(loom_program *p, const loom_weights_opts *o, const loom_st_file *f,
-			 const char *path, import_item *items, int *n_items, char *used,
-			 loom_weights_report *r)
+/* Conv1D layout: one listed weight stored with its two (unequal)
+ * dimensions swapped says the file is so. */
+static int file_is_conv1d(const loom_plan *pl, const loom_weights_opts *o, const loom_st_file *f)
 {
-	char fname[NAME_BUF], a[128], b[128];
-	/* Conv1D layout: one listed weight stored with its two (unequal)
-	 * dimensions swapped says the file is so. */
+	char fname[NAME_BUF];
 	int conv1d = 0;
-	for (int v = 0; v < p->plan.n_fwd && o->n_conv1d; v++) {
-		const loom_node *n = &p->plan.g->nodes[v];
+	for (int v = 0; v < pl->n_fwd && o->n_conv1d; v++) {
+		const loom_node *n = &pl->g->nodes[v];
 		loom_shape us = loom_node_user_shape(n);
 		if (!is_exchanged(n) || us.ndim != 2 || us.dims[0] == us.dims[1])
 			continue;
@@ -306,62 +302,59 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 		    t->dims[0] == us.dims[1] && t->dims[1] == us.dims[0])
 			conv1d = 1;
 	}
-	for (int v = 0; v < p->plan.n_fwd; v++) {
-		const loom_node *n = &p->plan.g->nodes[v];
-		/* a padded vocabulary's table: the user's shape */
-		const loom_shape us = loom_node_user_shape(n);
-		const loom_shape *ns = &us;
-		if (!is_exchanged(n))
-			continue;
-		import_name(o, f, n->name, fname, sizeof(fname));
-		/* num_batches_tracked of this batch norm: expected, not used. */
-		char prefix[NAME_BUF], nbt[NAME_BUF + 32];
-		if (bn_prefix(fname, prefix, sizeof(prefix))) {
-			snprintf(nbt, sizeof(nbt), "%s" NBT, prefix);
-			const loom_st_tensor *t = loom_st_find(f, nbt);
-			if (t)
-				used[t - loom_st_at(f, 0)] = 1;
-		}
-		const loom_st_tensor *t = loom_st_find(f, fname);
-		if (t)
-			used[t - loom_st_at(f, 0)] = 1;
-		if (skipped(o, fname)) {
-			r->skipped++;
-			continue;
-		}
-		if (!t) {
-			if (!r->missing++)
-				snprintf(r->first_missing, sizeof(r->first_missing), "%s", fname);
-			if (o->strict)
-				return loom_program_fail(p, LOOM_ERR_NOT_FOUND,
-							 "import %s: no tensor '%s' in the file (strict; "
-							 "the program's %s)", path, fname, n->name);
-			continue;
-		}
-		int tr = conv1d && ns->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
-		int64_t want[2] = { ns->dims[tr], ns->dims[!tr] };
-		/* The file's first rows: a row-major prefix, read as it is. */
-		int rows = !tr && t->ndim == ns->ndim && t->ndim >= 1 &&
-			   t->dims[0] > ns->dims[0] &&
-			   memcmp(t->dims + 1, ns->dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
-			   listed(o->first_rows, o->n_first_rows, fname);
-		r->first_rows += rows;
-		if (t->ndim != ns->ndim ||
-		    (tr ? memcmp(t->dims, want, sizeof(want)) :
-		     rows ? 0 : memcmp(t->dims, ns->dims, sizeof(int64_t) * t->ndim)) != 0)
-			return loom_program_fail(p, LOOM_ERR_SHAPE,
-						 "import %s: tensor '%s' is %s in the file, the "
-						 "program's is %s%s", path, fname,
-						 dims_str(t->dims, t->ndim, a, sizeof(a)),
-						 dims_str(ns->dims, ns->ndim, b, sizeof(b)),
-						 tr ? " (read transposed: the file's Conv1D layout)" : "");
-		if (!is_float(t->dtype))
-			return loom_program_fail(p, LOOM_ERR_DTYPE,
-						 "import %s: tensor '%s' is %s, loom reads F32, F16, "
-						 "BF16 or F64", path, fname, loom_st_dtype_name(t->dtype));
-		items[(*n_items)++] = (import_item){ v, t, tr };
-		r->transposed += tr;
-	}
+	return conv1d;
+}
+
+/* num_batches_tracked of the batch norm of fname: expected, not used. */
+static void mark_nbt_used(const loom_st_file *f, const char *fname, char *used)
+{
+	char prefix[NAME_BUF], nbt[NAME_BUF + 32];
+	if (!bn_prefix(fname, prefix, sizeof(prefix)))
+		return;
+	snprintf(nbt, sizeof(nbt), "%s" NBT, prefix);
+	const loom_st_tensor *t = loom_st_find(f, nbt);
+	if (t)
+		used[t - loom_st_at(f, 0)] = 1;
+}
+
+/* The file's tensor t for the program's fname of shape ns: its shape
+ * (read transposed, *tr, in a Conv1D file; or its first rows where listed)
+ * and its dtype, or the message that says why it does not fit. */
+static loom_status check_tensor(loom_program *p, const loom_weights_opts *o, const char *path,
+				const char *fname, const loom_st_tensor *t, const loom_shape *ns,
+				int conv1d, loom_weights_report *r, int *tr)
+{
+	char a[128], b[128];
+	*tr = conv1d && ns->ndim == 2 && listed(o->conv1d, o->n_conv1d, fname);
+	int64_t want[2] = { ns->dims[*tr], ns->dims[!*tr] };
+	/* The file's first rows: a row-major prefix, read as it is. */
+	int rows = !*tr && t->ndim == ns->ndim && t->ndim >= 1 &&
+		   t->dims[0] > ns->dims[0] &&
+		   memcmp(t->dims + 1, ns->dims + 1, sizeof(int64_t) * (t->ndim - 1)) == 0 &&
+		   listed(o->first_rows, o->n_first_rows, fname);
+	r->first_rows += rows;
+	if (t->ndim != ns->ndim ||
+	    (*tr ? memcmp(t->dims, want, sizeof(want)) :
+	     rows ? 0 : memcmp(t->dims, ns->dims, sizeof(int64_t) * t->ndim)) != 0)
+		return loom_program_fail(p, LOOM_ERR_SHAPE,
+					 "import %s: tensor '%s' is %s in the file, the "
+					 "program's is %s%s", path, fname,
+					 dims_str(t->dims, t->ndim, a, sizeof(a)),
+					 dims_str(ns->dims, ns->ndim, b, sizeof(b)),
+					 *tr ? " (read transposed: the file's Conv1D layout)" : "");
+	if (!is_float(t->dtype))
+		return loom_program_fail(p, LOOM_ERR_DTYPE,
+					 "import %s: tensor '%s' is %s, loom reads F32, F16, "
+					 "BF16 or F64", path, fname, loom_st_dtype_name(t->dtype));
+	return LOOM_OK;
+}
+
+/* The file's tensors no program tensor used: ignored where listed, else
+ * counted as unexpected (strict: refused). */
+static loom_status count_unexpected(loom_program *p, const loom_weights_opts *o,
+				    const loom_st_file *f, const char *path, const char *used,
+				    loom_weights_report *r)
+{
 	for (int i = 0; i < loom_st_count(f); i++) {
 		const loom_st_tensor *t = loom_st_at(f, i);
 		if (used[i] || skipped(o, t->name))
@@ -382,16 +375,58 @@ static loom_status match(loom_program *p, const loom_weights_opts *o, const loom
 	return LOOM_OK;
 }
 
+/* Pairs the program's tensors with the file's, or says which does not fit. */
+static loom_status match(loom_program *p, const loom_weights_opts *o, const loom_st_file *f,
+			 const char *path, import_item *items, int *n_items, char *used,
+			 loom_weights_report *r)
+{
+	const loom_plan *pl = loom_io_plan(p);
+	char fname[NAME_BUF];
+	int conv1d = file_is_conv1d(pl, o, f);
+	for (int v = 0; v < pl->n_fwd; v++) {
+		const loom_node *n = &pl->g->nodes[v];
+		/* a padded vocabulary's table: the user's shape */
+		const loom_shape us = loom_node_user_shape(n);
+		if (!is_exchanged(n))
+			continue;
+		import_name(o, f, n->name, fname, sizeof(fname));
+		mark_nbt_used(f, fname, used);
+		const loom_st_tensor *t = loom_st_find(f, fname);
+		if (t)
+			used[t - loom_st_at(f, 0)] = 1;
+		if (skipped(o, fname)) {
+			r->skipped++;
+			continue;
+		}
+		if (!t) {
+			if (!r->missing++)
+				snprintf(r->first_missing, sizeof(r->first_missing), "%s", fname);
+			if (o->strict)
+				return loom_program_fail(p, LOOM_ERR_NOT_FOUND,
+							 "import %s: no tensor '%s' in the file (strict; "
+							 "the program's %s)", path, fname, n->name);
+			continue;
+		}
+		int tr;
+		loom_status st = check_tensor(p, o, path, fname, t, &us, conv1d, r, &tr);
+		if (st != LOOM_OK)
+			return st;
+		items[(*n_items)++] = (import_item){ v, t, tr };
+		r->transposed += tr;
+	}
+	return count_unexpected(p, o, f, path, used, r);
+}
+
 /* Writes one tensor into node v (and its O2 master), as loom_write_f64. */
 static loom_status import_value(loom_program *p, loom_value v, const loom_st_tensor *t,
 				int transpose)
 {
-	const loom_node *n = &p->plan.g->nodes[v];
+	const loom_node *n = &loom_io_plan(p)->g->nodes[v];
 	/* A padded vocabulary's table: the file's rows, then zero padding
 	 * rows (the storage's tail; engine/vocab_pad.c). */
 	loom_shape us = loom_node_user_shape(n);
 	int64_t cnt = loom_shape_numel(&us), whole = loom_shape_numel(&n->shape);
-	size_t bytes = loom_value_bytes(p, v);
+	size_t bytes = loom_io_value_bytes(p, v);
 	void *tmp = calloc(1, bytes ? bytes : 1);
 	float *m = n->master != LOOM_NONE ? calloc(whole ? whole : 1, sizeof(float)) : NULL;
 	loom_status st = LOOM_OK;
@@ -408,9 +443,7 @@ static loom_status import_value(loom_program *p, loom_value v, const loom_st_ten
 		if (m)
 			m[i] = (float)x;
 	}
-	int k;
-	st = loom_zero_shard_of(p, v, &k) >= 0 ? loom_zero_value_write(p, v, tmp) :
-						 loom_program_upload(p, loom_value_ptr(p, v), tmp, bytes);
+	st = loom_value_write_whole(p, v, tmp); /* ZeRO-3: this rank's shards */
 	if (st == LOOM_OK && m)
 		st = loom_master_write(p, v, m);
 out:
@@ -422,16 +455,17 @@ out:
 loom_status loom_import_safetensors(loom_program *p, const char *path,
 				    const loom_weights_opts *opts, loom_weights_report *report)
 {
+	const loom_plan *pl = loom_io_plan(p);
 	loom_weights_opts def;
 	loom_weights_report r = { 0 };
 	char err[LOOM_ERR_MAX];
 	loom_st_file *f = NULL;
-	if (!loom_program_usable(p))
+	if (!loom_io_usable(p))
 		return LOOM_ERR_INVALID;
 	if (!path || !path[0])
 		return loom_program_fail(p, LOOM_ERR_INVALID, "import: no path given");
 	/* Each stage holds its own parameters: loom_save gathers them. */
-	if (p->plan.pipe)
+	if (pl->pipe)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "import: not with pipeline stages yet "
 					 "(loom_save writes the whole model; resume it on one rank)");
 	if (!opts) {
@@ -441,7 +475,7 @@ loom_status loom_import_safetensors(loom_program *p, const char *path,
 	loom_status st = loom_st_read(path, &f, err, sizeof(err));
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "import: %s", err);
-	import_item *items = calloc(p->plan.n_fwd + 1, sizeof(*items));
+	import_item *items = calloc(pl->n_fwd + 1, sizeof(*items));
 	char *used = calloc(loom_st_count(f) + 1, 1);
 	int n_items = 0;
 	if (!items || !used) {

@@ -14,7 +14,7 @@
 #include "parallel/bucket_pass.h"
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
-#include "engine/program_internal.h"
+#include "engine/pass.h"
 #include "graph/ops/ops.h"
 
 int loom_ddp_world(const loom_compile_opts *o)

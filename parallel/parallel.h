@@ -10,7 +10,7 @@
 #ifndef LOOM_PARALLEL_PARALLEL_H
 #define LOOM_PARALLEL_PARALLEL_H
 
-#include "engine/program_internal.h"
+#include "engine/pass.h"
 
 /* The group's world size (1 without a group). */
 int loom_ddp_world(const loom_compile_opts *o);
@@ -117,13 +117,7 @@ int loom_zero_master_slot(const loom_program *p, loom_value v);
  * shards; -2: ZeRO-3's half parameter shards); -1 if v is not sharded. */
 int loom_zero_shard_of(const loom_program *p, loom_value v, int *k);
 /* A sharded value v, whole in its dtype, gathered from every rank's
- * shards into dst (collective), or this rank's pieces of it from src. */
+ * shards into dst (collective). */
 loom_status loom_zero_value_read(loom_program *p, loom_value v, void *dst);
-loom_status loom_zero_value_write(loom_program *p, loom_value v, const void *src);
-/* Parameter v's O2 master (v has one), whole, from src / into dst (f32):
- * an upload or download, or under ZeRO this rank's pieces / a gather
- * (collective: every rank calls it). */
-loom_status loom_master_write(loom_program *p, loom_value v, const float *src);
-loom_status loom_master_read(loom_program *p, loom_value v, float *dst);
 
 #endif /* LOOM_PARALLEL_PARALLEL_H */

@@ -12,7 +12,7 @@
 #include "parallel/passes.h"
 #include "parallel/pipeline.h"
 #include "parallel/shards.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 
 static int staged(const loom_program *p)
 {

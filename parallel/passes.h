@@ -1,6 +1,6 @@
 /*
  * parallel/passes.h — the parallel strategies as compile passes
- * (engine/pass.h), in the order engine/passes.c walks them: the pipeline's
+ * (engine/pass.h), in the order parallel/pass_list.c walks them: the pipeline's
  * cut (before the memory plan), data parallelism (buckets, sync_bn, the
  * memory plan with buckets; start-up: the plan check and rank 0's values),
  * ZeRO-3's parameter gathers (after the buckets: the memory plan again,

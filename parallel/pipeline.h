@@ -8,7 +8,7 @@
 #ifndef LOOM_PARALLEL_PIPELINE_H
 #define LOOM_PARALLEL_PIPELINE_H
 
-#include "engine/program_internal.h"
+#include "engine/pass.h"
 
 struct loom_comm;
 struct loom_comm_work;

@@ -17,7 +17,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_internal.h"
 #include "parallel/shards.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "graph/ops/ops.h"
 
 loom_status loom_pipeline_check(const loom_compile_opts *o, int world, char *err, size_t errlen)

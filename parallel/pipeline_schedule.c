@@ -18,7 +18,7 @@
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_internal.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "graph/ops/ops.h"
 
 /* ------------------------------------------------------------ steps */

@@ -17,8 +17,7 @@
 #include "parallel/parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_internal.h"
-#include "engine/elem.h"
-#include "engine/trace.h" /* the spans of the steps it runs */
+#include "base/elem.h"
 #include "graph/ops/ops.h"
 
 /* So that a dead or late rank is named with its stage ("rank 1 (pipeline
@@ -731,6 +730,22 @@ static void pipe_drop(loom_program *p)
 	recvs_drop(p);
 }
 
+/* This rank's place among the stages, for io/ (a checkpoint's writer, a
+ * trace's tracks). */
+static void pipe_stages(const loom_program *p, loom_stage_info *out)
+{
+	const loom_pipe *pp = p->plan.pipe;
+	*out = (loom_stage_info){ .stages = pp->stages, .stage = pp->stage,
+				  .replicas = pp->replicas, .replica = pp->replica,
+				  .group_rank = loom_pg_get_info(p->plan.opts.pg)->rank,
+				  .n_graph = pp->n_graph };
+}
+
+static int pipe_leaf_owner(const loom_program *p, loom_value v)
+{
+	return loom_pipeline_leaf_owner(&p->plan, v);
+}
+
 const loom_transport loom_pipe_transport = {
 	.run_begin = pipe_run_begin,
 	.before_step = pipe_before_step,
@@ -739,4 +754,7 @@ const loom_transport loom_pipe_transport = {
 	.finish = pipe_finish,
 	.drop = pipe_drop,
 	.no_graph = "pipeline stages move micro-batches through the host",
+	.stages = pipe_stages,
+	.leaf_owner = pipe_leaf_owner,
+	.fetch = loom_pipeline_fetch,
 };

@@ -3,9 +3,11 @@
  * hold some of the gradients: ZeRO's shards (stages 1-3) and a pipeline's
  * stages. The overflow verdict over all of them and the global gradient
  * norm under ZeRO with clipping (each on the device through one all-reduce
- * where the backend and the transport can, else on the host), and why such
- * a step is not captured as one graph. The executor reaches these through program->shards
- * (engine/program_internal.h), which the passes set (passes.c).
+ * where the backend and the transport can, else on the host), why such
+ * a step is not captured as one graph, and ZeRO's sharded values (read,
+ * written and reported by the engine through these). The executor reaches
+ * these through program->shards (engine/program_internal.h), which the
+ * passes set (passes.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 
 #include "base/options.h"
 #include "comm/comm.h"
+#include "parallel/parallel.h" /* ZeRO's shards */
 #include "parallel/shards.h"
 
 static loom_status comm_fail(loom_program *p, loom_status st)
@@ -121,10 +124,28 @@ static const char *zero_no_graph(const loom_program *p)
 	return NULL;
 }
 
+/* ZeRO-2: the gradients are the bucket region (shards + buckets in
+ * flight); ZeRO-3: but the half parameter shards after the buckets, and
+ * the parameters are this rank's shards. */
+static void zero_info(const loom_program *p, loom_program_info *info)
+{
+	if (p->plan.zero >= 2)
+		info->grad_bytes = p->plan.mp.bucket_bytes;
+	if (p->plan.zero == 3) {
+		info->grad_bytes = loom_zero3_half_at(&p->plan, 0);
+		info->param_bytes = p->plan.param_shard_bytes;
+	}
+}
+
 const loom_shards loom_zero_shards = {
 	.verdict = shard_verdict,
 	.norm = shard_norm,
 	.no_graph = zero_no_graph,
+	.shard_of = loom_zero_shard_of,
+	.master_slot = loom_zero_master_slot,
+	.gather = loom_zero_gather,
+	.scatter = loom_zero_scatter,
+	.info = zero_info,
 };
 
 /* A pipeline's stages: each holds its layers' gradients whole, so the norm

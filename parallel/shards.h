@@ -5,7 +5,7 @@
 #ifndef LOOM_PARALLEL_SHARDS_H
 #define LOOM_PARALLEL_SHARDS_H
 
-#include "engine/program_internal.h"
+#include "engine/pass.h"
 
 extern const loom_shards loom_zero_shards, loom_stage_shards;
 

@@ -174,7 +174,7 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	/* ZeRO-3's parameters are gathered by the steps of its own pass, which
-	 * must have run (engine/passes.c: 'zero3 gathers'). */
+	 * must have run (parallel/pass_list.c: 'zero3 gathers'). */
 	if (pl->zero == 3 && pl->n_gathers == 0) {
 		snprintf(err, errlen, "zero 3: no parameter gathers were planned (the compile "
 			 "pass 'zero3 gathers' did not run)");
@@ -373,31 +373,4 @@ loom_status loom_zero_value_read(loom_program *p, loom_value v, void *dst)
 		return loom_program_fail(p, LOOM_ERR_STATE, "zero: '%s' is not sharded",
 					 p->plan.g->nodes[v].name);
 	return loom_zero_gather(p, s, k, dst);
-}
-
-loom_status loom_zero_value_write(loom_program *p, loom_value v, const void *src)
-{
-	int k, s = loom_zero_shard_of(p, v, &k);
-	if (s < 0)
-		return loom_program_fail(p, LOOM_ERR_STATE, "zero: '%s' is not sharded",
-					 p->plan.g->nodes[v].name);
-	return loom_zero_scatter(p, s, k, src);
-}
-
-loom_status loom_master_write(loom_program *p, loom_value v, const float *src)
-{
-	int s = loom_zero_master_slot(p, v);
-	if (s >= 0)
-		return loom_zero_scatter(p, s, -1, src);
-	loom_value m = p->plan.g->nodes[v].master;
-	return loom_program_upload(p, loom_value_ptr(p, m), src, loom_value_bytes(p, m));
-}
-
-loom_status loom_master_read(loom_program *p, loom_value v, float *dst)
-{
-	int s = loom_zero_master_slot(p, v);
-	if (s >= 0)
-		return loom_zero_gather(p, s, -1, dst);
-	loom_value m = p->plan.g->nodes[v].master;
-	return loom_program_download(p, dst, loom_value_ptr(p, m), loom_value_bytes(p, m));
 }

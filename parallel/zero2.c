@@ -228,6 +228,99 @@ size_t loom_zero2_shard_bytes(const loom_plan *pl)
 	return s;
 }
 
+/* The waits at the place at_pos of the schedule where buckets are
+ * released, into st: ZeRO-3 waits for each released bucket's
+ * reduce-scatter alone, so that the parameter gathers in flight go on;
+ * else one wait for everything started. Returns the steps written. */
+static int release_waits(const loom_plan *pl, const int *rel, int at_pos, loom_phase phase,
+			 loom_step *st)
+{
+	int n = 0;
+	for (int k = 0; k < pl->buckets.n && pl->zero == 3; k++)
+		if (rel[k] == at_pos)
+			st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
+					       .phase = phase, .v = LOOM_NONE, .index = k };
+	if (pl->zero != 3)
+		st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
+				       .phase = phase, .v = LOOM_NONE, .index = -1 };
+	return n;
+}
+
+/* The plan's steps into st with a wait where a bucket is released (before
+ * the first step there), reduce-scatters for the all-reduces and the
+ * optimizer over every piece; *n the steps written, *grad_end and
+ * *fwd_end where the GRAD and FORWARD runs now end. LOOM_ERR_INVALID if a
+ * release has no step to wait at (its bytes would be reused under a
+ * reduce-scatter in flight). */
+static loom_status rewrite_steps(const loom_plan *pl, const int *rel, loom_step *st, int *n,
+				 int *grad_end, int *fwd_end)
+{
+	int gn = pl->g->n;
+	unsigned char *wait_at = calloc((size_t)gn + 1, 1);
+	int *pos = malloc(sizeof(int) * (size_t)(gn ? gn : 1));
+	loom_status rc = LOOM_ERR_NOMEM;
+	if (!wait_at || !pos)
+		goto out;
+	for (int k = 0; k < pl->buckets.n; k++)
+		wait_at[rel[k]] = 1;
+	for (int i = 0; i < gn; i++)
+		pos[pl->mp.schedule[i]] = i;
+	*n = 0;
+	*grad_end = pl->n_grad_steps;
+	*fwd_end = pl->n_fwd_steps;
+	for (int i = 0; i < pl->n_steps; i++) {
+		loom_step s = pl->steps[i];
+		if (i == pl->n_grad_steps)
+			*grad_end = *n;
+		if (i == pl->n_fwd_steps)
+			*fwd_end = *n;
+		int at_pos = s.v != LOOM_NONE && (s.kind == LOOM_STEP_NODE || s.kind == LOOM_STEP_ACCUM) ?
+				     pos[s.v] : -1;
+		if (at_pos >= 0 && at_pos < gn && wait_at[at_pos]) {
+			wait_at[at_pos] = 0;
+			*n += release_waits(pl, rel, at_pos, s.phase, st + *n);
+		}
+		if (s.kind == LOOM_STEP_COLLECTIVE && s.coll == LOOM_COLL_ALLREDUCE)
+			s.coll = LOOM_COLL_REDUCE_SCATTER;
+		if (s.kind == LOOM_STEP_OPTIM) {
+			s.first = 0;
+			s.last = pl->n_pieces;
+		}
+		st[(*n)++] = s;
+	}
+	rc = LOOM_OK;
+	for (int i = 0; i < gn; i++)
+		if (wait_at[i])
+			rc = LOOM_ERR_INVALID;
+	if (pl->n_grad_steps >= pl->n_steps)
+		*grad_end = *n;
+	if (pl->n_fwd_steps >= pl->n_steps)
+		*fwd_end = *n;
+out:
+	free(wait_at);
+	free(pos);
+	return rc;
+}
+
+/* After the optimizer, per bucket, the last made first: its all-gather,
+ * the wait and the copy into the parameters (ZeRO-3: none; the next
+ * forward gathers each bucket). Returns the steps written. */
+static int append_gathers(const loom_plan *pl, const int *ord, loom_step *st)
+{
+	int n = 0;
+	for (int q = pl->zero == 3 ? -1 : pl->buckets.n - 1; q >= 0; q--) {
+		int k = ord[q];
+		st[n++] = (loom_step){ .kind = LOOM_STEP_COLLECTIVE, .stream = LOOM_STREAM_COMM,
+				       .phase = LOOM_PHASE_OPTIMIZER, .v = pl->buckets.b[k].node,
+				       .coll = LOOM_COLL_ALLGATHER, .index = k };
+		st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
+				       .phase = LOOM_PHASE_OPTIMIZER, .v = LOOM_NONE, .index = -1 };
+		st[n++] = (loom_step){ .kind = LOOM_STEP_COPY, .stream = LOOM_STREAM_COMPUTE,
+				       .phase = LOOM_PHASE_OPTIMIZER, .v = LOOM_NONE, .index = k };
+	}
+	return n;
+}
+
 /* Stage 1's reduce-scatters, a wait at each bucket's release; the
  * optimizer over the pieces; then per bucket, the last made first, its
  * all-gather, the wait and the copy into the parameters. */
@@ -240,6 +333,7 @@ loom_status loom_zero2_steps(loom_plan *pl)
 	int *ord = NULL;
 	loom_step *st = malloc(sizeof(*st) * (size_t)(pl->n_steps + 6 * nb + 1));
 	loom_status rc = LOOM_ERR_NOMEM;
+	int n, grad_end, fwd_end;
 	if (!start || !at || !rel || !st)
 		goto out;
 	if ((rc = bucket_times(&pl->buckets, pl->g, pl->mp.schedule, start, at, rel)) != LOOM_OK)
@@ -247,82 +341,15 @@ loom_status loom_zero2_steps(loom_plan *pl)
 	rc = LOOM_ERR_NOMEM;
 	if (!(ord = by_start(start, nb)))
 		goto out;
-	/* A wait where a bucket is released (before the first step there). */
-	int gn = pl->g->n;
-	unsigned char *wait_at = calloc((size_t)gn + 1, 1);
-	int *pos = malloc(sizeof(int) * (size_t)(gn ? gn : 1));
-	if (!wait_at || !pos) {
-		free(wait_at);
-		free(pos);
+	if ((rc = rewrite_steps(pl, rel, st, &n, &grad_end, &fwd_end)) != LOOM_OK)
 		goto out;
-	}
-	for (int k = 0; k < nb; k++)
-		wait_at[rel[k]] = 1;
-	for (int i = 0; i < gn; i++)
-		pos[pl->mp.schedule[i]] = i;
-	int n = 0, grad_end = pl->n_grad_steps, fwd_end = pl->n_fwd_steps;
-	for (int i = 0; i < pl->n_steps; i++) {
-		loom_step s = pl->steps[i];
-		if (i == pl->n_grad_steps)
-			grad_end = n;
-		if (i == pl->n_fwd_steps)
-			fwd_end = n;
-		int at_pos = s.v != LOOM_NONE && (s.kind == LOOM_STEP_NODE || s.kind == LOOM_STEP_ACCUM) ?
-				     pos[s.v] : -1;
-		if (at_pos >= 0 && at_pos < gn && wait_at[at_pos]) {
-			wait_at[at_pos] = 0;
-			/* ZeRO-3: for the released buckets' reduce-scatters alone, so
-			 * that the parameter gathers in flight go on */
-			for (int k = 0; k < nb && pl->zero == 3; k++)
-				if (rel[k] == at_pos)
-					st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT,
-							       .stream = LOOM_STREAM_COMPUTE,
-							       .phase = s.phase, .v = LOOM_NONE, .index = k };
-			if (pl->zero != 3)
-				st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
-						       .phase = s.phase, .v = LOOM_NONE, .index = -1 };
-		}
-		if (s.kind == LOOM_STEP_COLLECTIVE && s.coll == LOOM_COLL_ALLREDUCE)
-			s.coll = LOOM_COLL_REDUCE_SCATTER;
-		if (s.kind == LOOM_STEP_OPTIM) {
-			s.first = 0;
-			s.last = pl->n_pieces;
-		}
-		st[n++] = s;
-	}
-	/* Every release has its wait (a place with no step would leave a
-	 * bucket's bytes reused under a reduce-scatter in flight). */
-	for (int i = 0; i < gn; i++)
-		if (wait_at[i]) {
-			free(wait_at);
-			free(pos);
-			rc = LOOM_ERR_INVALID;
-			goto out;
-		}
-	if (pl->n_grad_steps >= pl->n_steps)
-		grad_end = n;
-	if (pl->n_fwd_steps >= pl->n_steps)
-		fwd_end = n;
-	/* ZeRO-3: no gathers here; the next forward gathers each bucket */
-	for (int q = pl->zero == 3 ? -1 : nb - 1; q >= 0; q--) {
-		int k = ord[q];
-		st[n++] = (loom_step){ .kind = LOOM_STEP_COLLECTIVE, .stream = LOOM_STREAM_COMM,
-				       .phase = LOOM_PHASE_OPTIMIZER, .v = pl->buckets.b[k].node,
-				       .coll = LOOM_COLL_ALLGATHER, .index = k };
-		st[n++] = (loom_step){ .kind = LOOM_STEP_WAIT, .stream = LOOM_STREAM_COMPUTE,
-				       .phase = LOOM_PHASE_OPTIMIZER, .v = LOOM_NONE, .index = -1 };
-		st[n++] = (loom_step){ .kind = LOOM_STEP_COPY, .stream = LOOM_STREAM_COMPUTE,
-				       .phase = LOOM_PHASE_OPTIMIZER, .v = LOOM_NONE, .index = k };
-	}
-	free(wait_at);
-	free(pos);
+	n += append_gathers(pl, ord, st + n);
 	free(pl->steps);
 	pl->steps = st;
 	st = NULL;
 	pl->n_steps = n;
 	pl->n_grad_steps = grad_end;
 	pl->n_fwd_steps = fwd_end;
-	rc = LOOM_OK;
 out:
 	free(start);
 	free(at);

@@ -1,8 +1,10 @@
 /*
- * engine/passes.c — the compile pipeline: the passes loom_compile walks, in
- * order (engine/pass.h). A new pass is one line here, at the point of the
- * pipeline where what it reads exists; the only file of engine/ that names
- * a strategy's passes.
+ * parallel/pass_list.c — the compile pipeline: the passes loom_compile walks,
+ * in order (engine/pass.h). A new pass is one line here, at the point of
+ * the pipeline where what it reads exists. It lives above both rooms: it
+ * names the engine's passes (engine/pass.h) and the strategies'
+ * (parallel/passes.h), so that engine/ names no strategy and no include
+ * points up; the engine reaches it only through loom_compile_passes.
  */
 #include "engine/pass.h"
 #include "parallel/passes.h"
