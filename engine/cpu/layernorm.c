@@ -14,18 +14,8 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
 
-#define LOOM_CPU_TEMPLATE
-#define T float
-#define SFX f32
-#include "engine/cpu/layernorm.c"
-#undef T
-#undef SFX
-#define T double
-#define SFX f64
-#include "engine/cpu/layernorm.c"
-#undef T
-#undef SFX
-#undef LOOM_CPU_TEMPLATE
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/layernorm.c"
+#include "engine/cpu/f32_f64.h"
 
 size_t loom_cpu_layernorm_bwd_gamma_ws(int c)
 {
