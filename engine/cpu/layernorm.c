@@ -91,63 +91,13 @@ static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, cons
 					   io->src[2], n->a.ln.eps, io->out, half);
 }
 
-static loom_status run_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				const loom_cpu_io *io)
-{
-	const loom_node *n = loom_cpu_node(plan, v);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_bwd_data,
-			  loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), io->src[0],
-			  io->src[1], io->src[2], n->a.ln.eps, io->out);
-	return LOOM_OK;
-}
-
-static int bf16_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			 const loom_cpu_io *io, unsigned half, loom_status *st)
-{
-	const loom_node *n = loom_cpu_node(plan, v);
-	(void)ctx;
-	(void)st;
-	return loom_cpu_layernorm_bwd_data_bf16(loom_shape_rows(&n->shape),
-						(int)loom_shape_last(&n->shape), io->src[0],
-						io->src[1], io->src[2], n->a.ln.eps, io->out, half);
-}
-
-static loom_status run_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_bwd_gamma,
-			  loom_shape_rows(&x->shape), (int)loom_shape_last(&x->shape), io->src[0],
-			  io->src[1], n->a.ln.eps, io->out, io->ws);
-	return LOOM_OK;
-}
-
-static int bf16_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			  const loom_cpu_io *io, unsigned half, loom_status *st)
-{
-	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
-	(void)ctx;
-	(void)st;
-	return loom_cpu_layernorm_bwd_gamma_bf16(loom_shape_rows(&x->shape),
-						 (int)loom_shape_last(&x->shape), io->src[0],
-						 io->src[1], n->a.ln.eps, io->out, io->ws, half);
-}
-
-/* dgamma's per-thread sums. */
-static size_t ws_bwd_gamma(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			   size_t elem)
-{
-	(void)ctx;
-	(void)elem;
-	return loom_cpu_layernorm_bwd_gamma_ws((int)loom_shape_last(&loom_cpu_node(plan, v)->shape));
-}
-
 const loom_cpu_op loom_cpu_layernorm = { .run = run_fwd, .bf16 = bf16_fwd };
-const loom_cpu_op loom_cpu_layernorm_bwd_data = { .run = run_bwd_data, .bf16 = bf16_bwd_data };
-const loom_cpu_op loom_cpu_layernorm_bwd_gamma = { .run = run_bwd_gamma, .ws = ws_bwd_gamma,
-						   .bf16 = bf16_bwd_gamma };
+/* The backward ops' entries serve layer norm and RMS norm (norm_bf16.c). */
+const loom_cpu_op loom_cpu_layernorm_bwd_data = { .run = loom_cpu_op_norm_bwd_data,
+						  .bf16 = loom_cpu_op_norm_bwd_data_bf16 };
+const loom_cpu_op loom_cpu_layernorm_bwd_gamma = { .run = loom_cpu_op_norm_bwd_gamma,
+						   .ws = loom_cpu_op_norm_bwd_gamma_ws,
+						   .bf16 = loom_cpu_op_norm_bwd_gamma_bf16 };
 
 #else /* LOOM_CPU_TEMPLATE: the f32 and f64 kernels, T and SFX set */
 
