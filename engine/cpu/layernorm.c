@@ -29,26 +29,8 @@ size_t loom_cpu_layernorm_bwd_gamma_ws(int c)
 int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma,
 				const void *beta, double eps, void *y, unsigned half)
 {
-	if (c <= 0 || c > ROWS)
-		return 0;
-	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
-#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
-	{
-		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
-		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
-		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
-		const float *b = loom_cpu_bf16_in(beta, half & LOOM_CPU_BF16_SRC(2), 0, c, bb);
-#pragma omp for schedule(static)
-		for (int64_t k = 0; k < nb; k++) {
-			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
-			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
-							   nr * c, xb);
-			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
-			loom_cpu_layernorm_fwd_f32(nr, c, xs, g, b, eps, ys);
-			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
-		}
-	}
-	return 1;
+	return loom_cpu_norm_fwd_bf16(loom_cpu_layernorm_fwd_f32, rows, c, x, gamma, beta, eps, y,
+				      half);
 }
 
 int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,

@@ -1,10 +1,11 @@
 /*
- * engine/cpu/norm_bf16.c — a row norm's two backward ops (layer norm, RMS
- * norm): the bf16 storage around the family's f32 row kernel (blocks of
- * LOOM_CPU_BF16_ROWS widened elements per thread for the data gradient;
+ * engine/cpu/norm_bf16.c — the row norms (layer norm, RMS norm): the bf16
+ * storage around the family's f32 row kernels (blocks of LOOM_CPU_BF16_ROWS
+ * widened elements per thread for the forward and the data gradient;
  * for gamma's, the f32 kernel's threads, row ranges and ordered sum of the
  * per-thread slots, so bf16 and f32 give the same sums, each thread's rows
- * widened a block at a time), and the ops' entries, one for both norms.
+ * widened a block at a time), and the backward ops' entries, one for both
+ * norms.
  */
 #include <string.h>
 
@@ -13,6 +14,32 @@
 #include "engine/cpu/ops.h"
 
 #define ROWS LOOM_CPU_BF16_ROWS
+
+int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
+			   const void *gamma, const void *beta, double eps, void *y, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
+		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
+		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
+		const float *b =
+			beta ? loom_cpu_bf16_in(beta, half & LOOM_CPU_BF16_SRC(2), 0, c, bb) : NULL;
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
+							   nr * c, xb);
+			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
+			kernel(nr, c, xs, g, b, eps, ys);
+			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
+		}
+	}
+	return 1;
+}
 
 int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
 				const void *x, const void *gamma, const void *dy, double eps,

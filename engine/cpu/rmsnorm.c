@@ -25,28 +25,18 @@ size_t loom_cpu_rmsnorm_bwd_gamma_ws(int c)
 
 #define ROWS LOOM_CPU_BF16_ROWS
 
+/* The f32 kernel in the shared forward's shape (no beta). */
+static void fwd_rows_f32(int64_t rows, int c, const float *x, const float *gamma,
+			 const float *beta, double eps, float *y)
+{
+	(void)beta;
+	loom_cpu_rmsnorm_fwd_f32(rows, c, x, gamma, eps, y);
+}
+
 int loom_cpu_rmsnorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma, double eps,
 			      void *y, unsigned half)
 {
-	if (c <= 0 || c > ROWS)
-		return 0;
-	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
-#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
-	{
-		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
-		float gb[ROWS] __attribute__((aligned(64)));
-		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
-#pragma omp for schedule(static)
-		for (int64_t k = 0; k < nb; k++) {
-			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
-			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
-							   nr * c, xb);
-			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
-			loom_cpu_rmsnorm_fwd_f32(nr, c, xs, g, eps, ys);
-			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
-		}
-	}
-	return 1;
+	return loom_cpu_norm_fwd_bf16(fwd_rows_f32, rows, c, x, gamma, NULL, eps, y, half);
 }
 
 int loom_cpu_rmsnorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
