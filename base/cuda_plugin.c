@@ -206,72 +206,86 @@ static void *try_open(const char *path, int must_exist)
 
 /* Under g.mu: finds the shared object and takes its entry; NULL with
  * g.load_err on failure. */
-static const loom_cuda_plugin *load_locked(void)
+typedef const loom_cuda_plugin *(*plugin_entry_fn)(void);
+
+/* Opens the plugin: LOOM_CUDA_PLUGIN's file when set (and nothing else),
+ * else the first found next to the executable, in its runfiles or on the
+ * library path. NULL, with a note, when none opens. */
+static void *open_plugin(void)
 {
-	const loom_cuda_plugin *(*entry)(void) = loom_cuda_plugin_entry;
 	char exe[PATH_MAX], path[PATH_MAX + 64];
 	const char *env, *rf;
 	void *h = NULL;
 	ssize_t n;
 
-	if (!entry) {
-		if (!loom_cuda_plugin_built()) {
-			load_note("%s%s", "loom was built without the CUDA toolkit, so it has no ",
-				  "CUDA backend");
-			return NULL;
-		}
-		env = loom_opt_env(LOOM_OPT_CUDA_PLUGIN);
-		if (env && *env) {
-			h = try_open(env, 0);
-			if (!h) {
-				if (!g.load_err[0])
-					load_note("LOOM_CUDA_PLUGIN=%s: %s", env, dlerror());
-				return NULL;
-			}
-		}
-		n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-		exe[n > 0 ? n : 0] = '\0';
-		if (!h && n > 0) {
-			char *slash = strrchr(exe, '/');
-			snprintf(path, sizeof path, "%.*s/%s", slash ? (int)(slash - exe) : 0, exe,
-				 LOOM_CUDA_PLUGIN_FILE);
-			h = try_open(path, 1);
-		}
-		if (!h && n > 0) {
-			snprintf(path, sizeof path, "%s.runfiles/loom/engine/cuda/%s", exe,
-				 LOOM_CUDA_PLUGIN_FILE);
-			h = try_open(path, 1);
-		}
-		if (!h && ((rf = loom_env("RUNFILES_DIR")) || (rf = loom_env("TEST_SRCDIR")))) {
-			snprintf(path, sizeof path, "%s/loom/engine/cuda/%s", rf,
-				 LOOM_CUDA_PLUGIN_FILE);
-			h = try_open(path, 1);
-		}
-		if (!h)
-			h = try_open(LOOM_CUDA_PLUGIN_FILE, 0);
-		if (!h) {
-			if (!g.load_err[0])
-				load_note("%s was not found next to the executable, in its "
-					  "runfiles or on the library path; set LOOM_CUDA_PLUGIN=%s",
-					  LOOM_CUDA_PLUGIN_FILE, "/path/to/" LOOM_CUDA_PLUGIN_FILE);
-			return NULL;
-		}
-		*(void **)&entry = dlsym(h, LOOM_CUDA_PLUGIN_ENTRY);
-		if (!entry) {
-			load_note("%s has no %s: not a loom CUDA plugin", LOOM_CUDA_PLUGIN_FILE,
-				  LOOM_CUDA_PLUGIN_ENTRY);
-			dlclose(h);
-			return NULL;
-		}
+	env = loom_opt_env(LOOM_OPT_CUDA_PLUGIN);
+	if (env && *env) {
+		h = try_open(env, 0);
+		if (!h && !g.load_err[0])
+			load_note("LOOM_CUDA_PLUGIN=%s: %s", env, dlerror());
+		return h;
 	}
-	const loom_cuda_plugin *pl = entry();
+	n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	exe[n > 0 ? n : 0] = '\0';
+	if (n > 0) {
+		char *slash = strrchr(exe, '/');
+		snprintf(path, sizeof path, "%.*s/%s", slash ? (int)(slash - exe) : 0, exe,
+			 LOOM_CUDA_PLUGIN_FILE);
+		h = try_open(path, 1);
+	}
+	if (!h && n > 0) {
+		snprintf(path, sizeof path, "%s.runfiles/loom/engine/cuda/%s", exe,
+			 LOOM_CUDA_PLUGIN_FILE);
+		h = try_open(path, 1);
+	}
+	if (!h && ((rf = loom_env("RUNFILES_DIR")) || (rf = loom_env("TEST_SRCDIR")))) {
+		snprintf(path, sizeof path, "%s/loom/engine/cuda/%s", rf, LOOM_CUDA_PLUGIN_FILE);
+		h = try_open(path, 1);
+	}
+	if (!h)
+		h = try_open(LOOM_CUDA_PLUGIN_FILE, 0);
+	if (!h && !g.load_err[0])
+		load_note("%s was not found next to the executable, in its "
+			  "runfiles or on the library path; set LOOM_CUDA_PLUGIN=%s",
+			  LOOM_CUDA_PLUGIN_FILE, "/path/to/" LOOM_CUDA_PLUGIN_FILE);
+	return h;
+}
+
+/* The plugin's entry point, from the shared object when it is not linked
+ * in. NULL, with a note, when there is none. */
+static plugin_entry_fn find_entry(void)
+{
+	plugin_entry_fn entry;
+	void *h;
+
+	if (!loom_cuda_plugin_built()) {
+		load_note("%s%s", "loom was built without the CUDA toolkit, so it has no ",
+			  "CUDA backend");
+		return NULL;
+	}
+	h = open_plugin();
+	if (!h)
+		return NULL;
+	*(void **)&entry = dlsym(h, LOOM_CUDA_PLUGIN_ENTRY);
+	if (!entry) {
+		load_note("%s has no %s: not a loom CUDA plugin", LOOM_CUDA_PLUGIN_FILE,
+			  LOOM_CUDA_PLUGIN_ENTRY);
+		dlclose(h);
+	}
+	return entry;
+}
+
+/* Whether this loom and the plugin were built together, and the driver
+ * runs the CUDA the plugin was built with; a note says which is not. */
+static int plugin_fits(const loom_cuda_plugin *pl)
+{
 	if (!pl || pl->abi != LOOM_CUDA_PLUGIN_ABI) {
 		char a[32], b[32];
 		snprintf(a, sizeof a, "%d", pl ? pl->abi : -1);
 		snprintf(b, sizeof b, "%d", LOOM_CUDA_PLUGIN_ABI);
 		load_note("the CUDA plugin has interface version %s, this loom expects %s: "
 			  "rebuild them together", a, b);
-		return NULL;
+		return 0;
 	}
 	if (!g.probed) {
 		g.count = probe_locked();
@@ -285,9 +299,20 @@ static const loom_cuda_plugin *load_locked(void)
 			 pl->cuda_version % 1000 / 10);
 		load_note("the NVIDIA driver supports CUDA %s, loom's CUDA backend was built "
 			  "with CUDA %s: update the driver", a, b);
-		return NULL;
+		return 0;
 	}
-	return pl;
+	return 1;
+}
+
+static const loom_cuda_plugin *load_locked(void)
+{
+	plugin_entry_fn entry = loom_cuda_plugin_entry;
+	const loom_cuda_plugin *pl;
+
+	if (!entry && !(entry = find_entry()))
+		return NULL;
+	pl = entry();
+	return plugin_fits(pl) ? pl : NULL;
 }
 
 const loom_cuda_plugin *loom_cuda_plugin_load(char *err, size_t errlen)

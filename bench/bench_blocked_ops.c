@@ -318,6 +318,72 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 
 /* ---------------------------------------------------------------- max pooling */
 
+/* oneDNN's max pooling (pooling_v2) of shape s on x (xmd) -> y (ymd), the
+ * fused relu as an eltwise post-op where s has it, and its backward
+ * dy -> dx through the forward's workspace. */
+typedef struct dnnl_maxpool {
+	dnnl_primitive_desc_t fpd, bpd;
+	dnnl_primitive_t fp, bp;
+	dnnl_memory_t mem[5]; /* x, y, dy, dx, the workspace */
+	void *ws;
+	dnnl_exec_arg_t fargs[3], bargs[3];
+} dnnl_maxpool;
+
+static void maxpool_make(dnnl_maxpool *p, const loom_pool_shape *s, const dnnl_memory_desc_t *xmd,
+			 const dnnl_memory_desc_t *ymd, float *x, float *y, float *dy, float *dx)
+{
+	dnnl_dims_t st = { s->stride, s->stride }, ker = { s->k, s->k }, dil = { 0, 0 },
+		    pl = { s->pad, s->pad };
+	/* oneDNN's right padding: what makes the last window end at the input's end. */
+	int pr_ = (s->h_out - 1) * s->stride + s->k - s->h_in - s->pad;
+	dnnl_dims_t pr = { pr_, pr_ };
+	dnnl_pooling_v2_desc_t fd, bd;
+	dnnl_memory_desc_t wsmd;
+	CHECK(dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_pooling_max, xmd,
+						ymd, st, ker, dil, pl, pr));
+	dnnl_primitive_attr_t attr = NULL;
+	if (s->relu) {
+		dnnl_post_ops_t po;
+		CHECK(dnnl_post_ops_create(&po));
+		CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0, 0));
+		CHECK(dnnl_primitive_attr_create(&attr));
+		CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+		dnnl_post_ops_destroy(po);
+	}
+	CHECK(dnnl_primitive_desc_create(&p->fpd, &fd, attr, eng, NULL));
+	if (attr)
+		dnnl_primitive_attr_destroy(attr);
+	CHECK(dnnl_pooling_v2_backward_desc_init(&bd, dnnl_pooling_max, xmd, ymd, st, ker, dil,
+						 pl, pr));
+	CHECK(dnnl_primitive_desc_create(&p->bpd, &bd, NULL, eng, p->fpd));
+	wsmd = *dnnl_primitive_desc_query_md(p->fpd, dnnl_query_workspace_md, 0);
+	p->ws = aligned_alloc(64, (dnnl_memory_desc_get_size(&wsmd) + 63) & ~(size_t)63);
+	p->fp = prim(p->fpd);
+	p->bp = prim(p->bpd);
+	p->mem[0] = mem(xmd, x);
+	p->mem[1] = mem(ymd, y);
+	p->mem[2] = mem(ymd, dy);
+	p->mem[3] = mem(xmd, dx);
+	p->mem[4] = mem(&wsmd, p->ws);
+	p->fargs[0] = (dnnl_exec_arg_t){ DNNL_ARG_SRC, p->mem[0] };
+	p->fargs[1] = (dnnl_exec_arg_t){ DNNL_ARG_DST, p->mem[1] };
+	p->fargs[2] = (dnnl_exec_arg_t){ DNNL_ARG_WORKSPACE, p->mem[4] };
+	p->bargs[0] = (dnnl_exec_arg_t){ DNNL_ARG_DIFF_DST, p->mem[2] };
+	p->bargs[1] = (dnnl_exec_arg_t){ DNNL_ARG_WORKSPACE, p->mem[4] };
+	p->bargs[2] = (dnnl_exec_arg_t){ DNNL_ARG_DIFF_SRC, p->mem[3] };
+}
+
+static void maxpool_free(dnnl_maxpool *p)
+{
+	for (size_t i = 0; i < sizeof(p->mem) / sizeof(p->mem[0]); i++)
+		dnnl_memory_destroy(p->mem[i]);
+	dnnl_primitive_destroy(p->fp);
+	dnnl_primitive_destroy(p->bp);
+	dnnl_primitive_desc_destroy(p->fpd);
+	dnnl_primitive_desc_destroy(p->bpd);
+	free(p->ws);
+}
+
 /* relu: the fused relu forward (loom's s.relu, oneDNN's eltwise relu post-op)
  * alone; oneDNN's pooling backward has no relu, so no backward then. */
 static void bench_pool(int n, int c, int side, int k, int stride, int pad, int relu, int threads,
@@ -333,50 +399,18 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 	fill(x, in, &seed, -1, 1);
 	fill(dy, out, &seed, -1, 1);
 
-	dnnl_memory_desc_t xmd, ymd, wsmd;
+	dnnl_memory_desc_t xmd, ymd;
 	nchw8c_md(&xmd, n, c, side, side);
 	nchw8c_md(&ymd, n, c, s.h_out, s.w_out);
-	dnnl_dims_t st = { stride, stride }, ker = { k, k }, dil = { 0, 0 }, pl = { pad, pad };
-	/* oneDNN's right padding: what makes the last window end at the input's end. */
-	int pr_ = (s.h_out - 1) * stride + k - side - pad;
-	dnnl_dims_t pr = { pr_, pr_ };
-	dnnl_pooling_v2_desc_t fd, bd;
-	dnnl_primitive_desc_t fpd, bpd;
-	CHECK(dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_pooling_max, &xmd,
-						&ymd, st, ker, dil, pl, pr));
-	dnnl_primitive_attr_t attr = NULL;
-	if (relu) {
-		dnnl_post_ops_t po;
-		CHECK(dnnl_post_ops_create(&po));
-		CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0, 0));
-		CHECK(dnnl_primitive_attr_create(&attr));
-		CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
-		dnnl_post_ops_destroy(po);
-	}
-	CHECK(dnnl_primitive_desc_create(&fpd, &fd, attr, eng, NULL));
-	if (attr)
-		dnnl_primitive_attr_destroy(attr);
-	CHECK(dnnl_pooling_v2_backward_desc_init(&bd, dnnl_pooling_max, &xmd, &ymd, st, ker, dil,
-						 pl, pr));
-	CHECK(dnnl_primitive_desc_create(&bpd, &bd, NULL, eng, fpd));
-	wsmd = *dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
-	void *ws = aligned_alloc(64, (dnnl_memory_desc_get_size(&wsmd) + 63) & ~(size_t)63);
-	dnnl_primitive_t fp = prim(fpd), bp = prim(bpd);
-	dnnl_memory_t mx = mem(&xmd, x), my = mem(&ymd, yd), mdy = mem(&ymd, dy),
-		      mdx = mem(&xmd, dxd), mws = mem(&wsmd, ws);
-	dnnl_exec_arg_t fargs[] = { { DNNL_ARG_SRC, mx },
-				    { DNNL_ARG_DST, my },
-				    { DNNL_ARG_WORKSPACE, mws } };
-	dnnl_exec_arg_t bargs[] = { { DNNL_ARG_DIFF_DST, mdy },
-				    { DNNL_ARG_WORKSPACE, mws },
-				    { DNNL_ARG_DIFF_SRC, mdx } };
+	dnnl_maxpool mp;
+	maxpool_make(&mp, &s, &xmd, &ymd, x, yd, dy, dxd);
 
 	loom_cpu_maxpool8_fwd(&s, x, yl);
-	exec(fp, 3, fargs);
+	exec(mp.fp, 3, mp.fargs);
 	double dfwd = rel_diff(yl, yd, out), dbwd = 0;
 	if (!relu) {
 		loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
-		exec(bp, 3, bargs);
+		exec(mp.bp, 3, mp.bargs);
 		dbwd = rel_diff(dxl, dxd, in);
 	}
 
@@ -385,16 +419,16 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 	for (int r = 0; r < reps; r++) {
 		if (r % 2 == 0) {
 			TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
-			TIME(df, r, exec(fp, 3, fargs));
+			TIME(df, r, exec(mp.fp, 3, mp.fargs));
 			if (!relu) {
 				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
-				TIME(db, r, exec(bp, 3, bargs));
+				TIME(db, r, exec(mp.bp, 3, mp.bargs));
 			}
 		} else {
-			TIME(df, r, exec(fp, 3, fargs));
+			TIME(df, r, exec(mp.fp, 3, mp.fargs));
 			TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
 			if (!relu) {
-				TIME(db, r, exec(bp, 3, bargs));
+				TIME(db, r, exec(mp.bp, 3, mp.bargs));
 				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
 			}
 		}
@@ -402,9 +436,9 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 	char shape[64];
 	snprintf(shape, sizeof(shape), "%dx%dx%dx%d k%d s%d p%d", n, c, side, side, k, stride, pad);
 	print_row(relu ? "maxpool+relu fwd" : "maxpool fwd", shape, threads, &lf, &df, reps, dfwd,
-		  impl_of(fpd));
+		  impl_of(mp.fpd));
 	if (!relu)
-		print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
+		print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(mp.bpd));
 
 	/* engine/cpu/pool_dnnl.c as a step runs it: the batch in one slice per
 	 * thread, each slice's primitives made for one thread. */
@@ -441,14 +475,7 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 	free_series(&df);
 	free_series(&lb);
 	free_series(&db);
-	dnnl_memory_t ms[] = { mx, my, mdy, mdx, mws };
-	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
-		dnnl_memory_destroy(ms[i]);
-	dnnl_primitive_destroy(fp);
-	dnnl_primitive_destroy(bp);
-	dnnl_primitive_desc_destroy(fpd);
-	dnnl_primitive_desc_destroy(bpd);
-	free(ws);
+	maxpool_free(&mp);
 	float *fs[] = { x, dy, yl, yd, dxl, dxd };
 	for (size_t i = 0; i < sizeof(fs) / sizeof(fs[0]); i++)
 		free(fs[i]);
@@ -469,66 +496,41 @@ static void bench_pool_nchw(int n, int c, int side, int k, int stride, int pad, 
 	float *dxl = falloc(in), *dxd = falloc(in);
 	fill(x, in, &seed, -1, 1);
 	fill(dy, out, &seed, -1, 1);
-	dnnl_memory_desc_t xmd, ymd, wsmd;
+	dnnl_memory_desc_t xmd, ymd;
 	dnnl_dims_t xd = { n, c, side, side }, yd4 = { n, c, s.h_out, s.w_out };
 	CHECK(dnnl_memory_desc_init_by_tag(&xmd, 4, xd, dnnl_f32, dnnl_nchw));
 	CHECK(dnnl_memory_desc_init_by_tag(&ymd, 4, yd4, dnnl_f32, dnnl_nchw));
-	dnnl_dims_t st = { stride, stride }, ker = { k, k }, dil = { 0, 0 }, pl = { pad, pad };
-	int pr_ = (s.h_out - 1) * stride + k - side - pad;
-	dnnl_dims_t pr = { pr_, pr_ };
-	dnnl_pooling_v2_desc_t fd, bd;
-	dnnl_primitive_desc_t fpd, bpd;
-	CHECK(dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_pooling_max, &xmd,
-						&ymd, st, ker, dil, pl, pr));
-	CHECK(dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL));
-	CHECK(dnnl_pooling_v2_backward_desc_init(&bd, dnnl_pooling_max, &xmd, &ymd, st, ker, dil,
-						 pl, pr));
-	CHECK(dnnl_primitive_desc_create(&bpd, &bd, NULL, eng, fpd));
-	wsmd = *dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
-	void *ws = aligned_alloc(64, (dnnl_memory_desc_get_size(&wsmd) + 63) & ~(size_t)63);
-	dnnl_primitive_t fp = prim(fpd), bp = prim(bpd);
-	dnnl_memory_t mx = mem(&xmd, x), my = mem(&ymd, yd), mdy = mem(&ymd, dy),
-		      mdx = mem(&xmd, dxd), mws = mem(&wsmd, ws);
-	dnnl_exec_arg_t fargs[] = { { DNNL_ARG_SRC, mx }, { DNNL_ARG_DST, my },
-				    { DNNL_ARG_WORKSPACE, mws } };
-	dnnl_exec_arg_t bargs[] = { { DNNL_ARG_DIFF_DST, mdy }, { DNNL_ARG_WORKSPACE, mws },
-				    { DNNL_ARG_DIFF_SRC, mdx } };
+	dnnl_maxpool mp;
+	maxpool_make(&mp, &s, &xmd, &ymd, x, yd, dy, dxd);
 	loom_cpu_maxpool2d_fwd_f32(&s, x, yl);
-	exec(fp, 3, fargs);
+	exec(mp.fp, 3, mp.fargs);
 	loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl);
-	exec(bp, 3, bargs);
+	exec(mp.bp, 3, mp.bargs);
 	double dfwd = rel_diff(yl, yd, out), dbwd = rel_diff(dxl, dxd, in);
 	series lf = mk_series(reps), df = mk_series(reps), lb = mk_series(reps),
 	       db = mk_series(reps);
 	for (int r = 0; r < reps; r++) {
 		if (r % 2 == 0) {
 			TIME(lf, r, loom_cpu_maxpool2d_fwd_f32(&s, x, yl));
-			TIME(df, r, exec(fp, 3, fargs));
+			TIME(df, r, exec(mp.fp, 3, mp.fargs));
 			TIME(lb, r, loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl));
-			TIME(db, r, exec(bp, 3, bargs));
+			TIME(db, r, exec(mp.bp, 3, mp.bargs));
 		} else {
-			TIME(df, r, exec(fp, 3, fargs));
+			TIME(df, r, exec(mp.fp, 3, mp.fargs));
 			TIME(lf, r, loom_cpu_maxpool2d_fwd_f32(&s, x, yl));
-			TIME(db, r, exec(bp, 3, bargs));
+			TIME(db, r, exec(mp.bp, 3, mp.bargs));
 			TIME(lb, r, loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl));
 		}
 	}
 	char shape[64];
 	snprintf(shape, sizeof(shape), "%dx%dx%dx%d k%d s%d p%d", n, c, side, side, k, stride, pad);
-	print_row("maxpool fwd NCHW", shape, threads, &lf, &df, reps, dfwd, impl_of(fpd));
-	print_row("maxpool bwd NCHW", shape, threads, &lb, &db, reps, dbwd, impl_of(bpd));
+	print_row("maxpool fwd NCHW", shape, threads, &lf, &df, reps, dfwd, impl_of(mp.fpd));
+	print_row("maxpool bwd NCHW", shape, threads, &lb, &db, reps, dbwd, impl_of(mp.bpd));
 	free_series(&lf);
 	free_series(&df);
 	free_series(&lb);
 	free_series(&db);
-	dnnl_memory_t ms[] = { mx, my, mdy, mdx, mws };
-	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
-		dnnl_memory_destroy(ms[i]);
-	dnnl_primitive_destroy(fp);
-	dnnl_primitive_destroy(bp);
-	dnnl_primitive_desc_destroy(fpd);
-	dnnl_primitive_desc_destroy(bpd);
-	free(ws);
+	maxpool_free(&mp);
 	float *fs[] = { x, dy, yl, yd, dxl, dxd };
 	for (size_t i = 0; i < sizeof(fs) / sizeof(fs[0]); i++)
 		free(fs[i]);

@@ -235,25 +235,28 @@ static void signal_all(worker *w, int n, int sig)
 			kill(-w[k].pid, sig);
 }
 
-/* One attempt: 0 when every worker exited 0; else 1 and why in buf. */
-static int run_once(const loom_launch_options *o, char *const argv[], int port, int listen_fd,
-		    int attempt, int live, char *why, size_t whylen)
-{
-	worker *w = calloc((size_t)o->nproc, sizeof(*w));
-	struct pollfd *pf = calloc(2 * (size_t)o->nproc, sizeof(*pf));
-	double grace = o->grace_s > 0 ? o->grace_s : 3.0, failed_at = -1, termed_at = -1;
-	int k, running = 0, failed = -1;
+/* One attempt: its workers, their streams' poll entries and how it goes. */
+typedef struct run_state {
+	const loom_launch_options *o;
+	worker *w;          /* nproc */
+	struct pollfd *pf;  /* 2 * nproc: each worker's stdout and stderr */
+	int running;        /* workers not yet reaped */
+	int failed;         /* the first rank to fail, nproc if interrupted, else -1 */
+	double failed_at;   /* when failed was set */
+	double termed_at;   /* when SIGTERM went out, -1 before */
+	double grace;       /* seconds the others get to report before SIGTERM */
+	char *why;
+	size_t whylen;
+} run_state;
 
-	if (!w || !pf) {
-		if (listen_fd >= 0)
-			close(listen_fd);
-		snprintf(why, whylen, "out of memory");
-		free(w);
-		free(pf);
-		return 1;
-	}
-	blame_by = -1;
-	blame[0] = 0;
+/* Forks the workers; a fork that fails fails the attempt at once. */
+static void start_workers(run_state *rs, char *const argv[], int port, int listen_fd, int attempt,
+			  int live)
+{
+	const loom_launch_options *o = rs->o;
+	worker *w = rs->w;
+	int k;
+
 	for (k = 0; k < o->nproc; k++) {
 		int fd[2] = { -1, -1 };
 
@@ -262,104 +265,179 @@ static int run_once(const loom_launch_options *o, char *const argv[], int port, 
 		w[k].out[1].to = stderr;
 		w[k].pid = spawn(o, argv, k, port, listen_fd, attempt, live, fd);
 		if (w[k].pid < 0) {
-			snprintf(why, whylen, "cannot start rank %d: %s", k, strerror(errno));
-			failed = k;
-			failed_at = loom_comm_now();
-			grace = 0;
+			snprintf(rs->why, rs->whylen, "cannot start rank %d: %s", k,
+				 strerror(errno));
+			rs->failed = k;
+			rs->failed_at = loom_comm_now();
+			rs->grace = 0;
 			break;
 		}
 		w[k].out[0].fd = fd[0];
 		w[k].out[1].fd = fd[1];
 		w[k].running = 1;
-		running++;
+		rs->running++;
 	}
+}
+
+/* Points the poll entries at the streams still open; returns how many. */
+static int arm_polls(run_state *rs)
+{
+	int open = 0, i;
+
+	for (i = 0; i < 2 * rs->o->nproc; i++) {
+		rs->pf[i].fd = rs->w[i / 2].out[i % 2].fd;
+		rs->pf[i].events = POLLIN;
+		rs->pf[i].revents = 0;
+		open += rs->pf[i].fd >= 0;
+	}
+	return open;
+}
+
+/* Waits up to 50 ms for output and passes on what came. */
+static void pump_streams(run_state *rs)
+{
+	int i;
+
+	poll(rs->pf, 2 * (nfds_t)rs->o->nproc, 50);
+	for (i = 0; i < 2 * rs->o->nproc; i++)
+		if (rs->pf[i].fd >= 0 && (rs->pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+			drain(&rs->w[i / 2].out[i % 2], i / 2);
+}
+
+/* Reaps the workers that ended; the first to end badly fails the attempt. */
+static void reap_workers(run_state *rs)
+{
+	worker *w = rs->w;
+	int k;
+
+	for (k = 0; k < rs->o->nproc; k++) {
+		int st;
+
+		if (!w[k].running || waitpid(w[k].pid, &st, WNOHANG) != w[k].pid)
+			continue;
+		w[k].running = 0;
+		w[k].status = st;
+		rs->running--;
+		/* Killed by a signal, it left its progress file behind. */
+		loom_progress_remove((unsigned)w[k].pid);
+		if (rs->failed < 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+			char how[96];
+
+			describe_end(st, how, sizeof(how));
+			rs->failed = k;
+			rs->failed_at = loom_comm_now();
+			snprintf(rs->why, rs->whylen, "rank %d %s", k, how);
+			if (rs->running)
+				loom_log("launch: rank %d %s; stopping the other %d worker%s\n", k,
+					 how, rs->running, rs->running > 1 ? "s" : "");
+		}
+	}
+}
+
+/* After a failure or a signal: SIGTERM once the grace is over, SIGKILL
+ * 3 s later. The others first get a chance to report their own error. */
+static void stop_workers(run_state *rs)
+{
+	double now;
+
+	if (interrupted && rs->failed < 0) {
+		rs->failed = rs->o->nproc;
+		rs->failed_at = loom_comm_now();
+		rs->grace = 0;
+		snprintf(rs->why, rs->whylen, "interrupted by signal %d", (int)interrupted);
+	}
+	if (rs->failed < 0 || !rs->running)
+		return;
+	now = loom_comm_now();
+	if (rs->termed_at < 0 && now - rs->failed_at >= rs->grace) {
+		signal_all(rs->w, rs->o->nproc, SIGTERM);
+		rs->termed_at = now;
+	} else if (rs->termed_at >= 0 && now - rs->termed_at >= 3.0) {
+		signal_all(rs->w, rs->o->nproc, SIGKILL);
+		rs->termed_at = now + 1e9;
+	}
+}
+
+/* Workers gone but a grandchild holds the pipe: stop waiting. */
+static void drop_orphan_streams(run_state *rs)
+{
+	int i;
+
+	if (rs->running)
+		return;
+	for (i = 0; i < 2 * rs->o->nproc; i++) {
+		stream *s = &rs->w[i / 2].out[i % 2];
+
+		if (s->fd >= 0 && !(rs->pf[i].revents & POLLIN)) {
+			kill(-rs->w[i / 2].pid, SIGKILL);
+			close(s->fd);
+			s->fd = -1;
+		}
+	}
+}
+
+/* The first rank to fail may only be the one that noticed: say whom it
+ * named. */
+static void name_blamed(run_state *rs)
+{
+	char own[16], first[1024];
+
+	if (rs->failed < 0 || rs->failed >= rs->o->nproc || blame_by < 0)
+		return;
+	snprintf(own, sizeof(own), "rank %d ", rs->failed);
+	if (strncmp(blame, own, strlen(own))) {
+		snprintf(first, sizeof(first), "%s", rs->why);
+		snprintf(rs->why, rs->whylen, "%s (reported by rank %d; %s)", blame, blame_by,
+			 first);
+	}
+}
+
+/* One attempt: 0 when every worker exited 0; else 1 and why in buf. */
+static int run_once(const loom_launch_options *o, char *const argv[], int port, int listen_fd,
+		    int attempt, int live, char *why, size_t whylen)
+{
+	run_state rs = {
+		.o = o,
+		.w = calloc((size_t)o->nproc, sizeof(worker)),
+		.pf = calloc(2 * (size_t)o->nproc, sizeof(struct pollfd)),
+		.failed = -1,
+		.failed_at = -1,
+		.termed_at = -1,
+		.grace = o->grace_s > 0 ? o->grace_s : 3.0,
+		.why = why,
+		.whylen = whylen,
+	};
+
+	if (!rs.w || !rs.pf) {
+		if (listen_fd >= 0)
+			close(listen_fd);
+		snprintf(why, whylen, "out of memory");
+		free(rs.w);
+		free(rs.pf);
+		return 1;
+	}
+	blame_by = -1;
+	blame[0] = 0;
+	start_workers(&rs, argv, port, listen_fd, attempt, live);
 	/* Rank 0 has its own copy now: a connection to the port after rank 0
 	 * is gone is refused, not queued here. */
 	if (listen_fd >= 0)
 		close(listen_fd);
 
 	for (;;) {
-		int open = 0, i;
+		int open = arm_polls(&rs);
 
-		for (i = 0; i < 2 * o->nproc; i++) {
-			pf[i].fd = w[i / 2].out[i % 2].fd;
-			pf[i].events = POLLIN;
-			pf[i].revents = 0;
-			open += pf[i].fd >= 0;
-		}
-		if (!running && !open)
+		if (!rs.running && !open)
 			break;
-		poll(pf, 2 * (nfds_t)o->nproc, 50);
-		for (i = 0; i < 2 * o->nproc; i++)
-			if (pf[i].fd >= 0 && (pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
-				drain(&w[i / 2].out[i % 2], i / 2);
-		for (k = 0; k < o->nproc; k++) {
-			int st;
-
-			if (!w[k].running || waitpid(w[k].pid, &st, WNOHANG) != w[k].pid)
-				continue;
-			w[k].running = 0;
-			w[k].status = st;
-			running--;
-			/* Killed by a signal, it left its progress file behind. */
-			loom_progress_remove((unsigned)w[k].pid);
-			if (failed < 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-				char how[96];
-
-				describe_end(st, how, sizeof(how));
-				failed = k;
-				failed_at = loom_comm_now();
-				snprintf(why, whylen, "rank %d %s", k, how);
-				if (running)
-					loom_log("launch: rank %d %s; stopping the other %d worker%s\n",
-						k, how, running, running > 1 ? "s" : "");
-			}
-		}
-		if (interrupted && failed < 0) {
-			failed = o->nproc;
-			failed_at = loom_comm_now();
-			grace = 0;
-			snprintf(why, whylen, "interrupted by signal %d", (int)interrupted);
-		}
-		/* The others first get a chance to report their own error. */
-		if (failed >= 0 && running) {
-			double now = loom_comm_now();
-
-			if (termed_at < 0 && now - failed_at >= grace) {
-				signal_all(w, o->nproc, SIGTERM);
-				termed_at = now;
-			} else if (termed_at >= 0 && now - termed_at >= 3.0) {
-				signal_all(w, o->nproc, SIGKILL);
-				termed_at = now + 1e9;
-			}
-		}
-		/* Workers gone but a grandchild holds the pipe: stop waiting. */
-		if (!running) {
-			for (i = 0; i < 2 * o->nproc; i++) {
-				stream *s = &w[i / 2].out[i % 2];
-
-				if (s->fd >= 0 && !(pf[i].revents & POLLIN)) {
-					kill(-w[i / 2].pid, SIGKILL);
-					close(s->fd);
-					s->fd = -1;
-				}
-			}
-		}
+		pump_streams(&rs);
+		reap_workers(&rs);
+		stop_workers(&rs);
+		drop_orphan_streams(&rs);
 	}
-	/* The first rank to fail may only be the one that noticed: say whom it
-	 * named. */
-	if (failed >= 0 && failed < o->nproc && blame_by >= 0) {
-		char own[16], first[1024];
-
-		snprintf(own, sizeof(own), "rank %d ", failed);
-		if (strncmp(blame, own, strlen(own))) {
-			snprintf(first, sizeof(first), "%s", why);
-			snprintf(why, whylen, "%s (reported by rank %d; %s)", blame, blame_by, first);
-		}
-	}
-	free(w);
-	free(pf);
-	return failed >= 0;
+	name_blamed(&rs);
+	free(rs.w);
+	free(rs.pf);
+	return rs.failed >= 0;
 }
 
 int loom_launch(const loom_launch_options *o, char *const argv[])

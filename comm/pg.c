@@ -238,136 +238,192 @@ static loom_status rank0_listener(const loom_comm_env *e, int *fd, char *err, si
 	return LOOM_OK;
 }
 
-static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
+/* The variables of env:// (or of srun), this rank's peer record and its
+ * probe port. */
+static loom_status env_self(loom_pg *pg, loom_comm_env *e)
 {
-	loom_comm_env e;
-	loom_rdv r;
-	char uri[1024] = "", port[1024] = "", rank0_addr[256];
-	slurm_env hidden;
-	int listen_fd = -1;
-	uint8_t blob[8 + 4 + sizeof(uri) + 4 + sizeof(port) + LOOM_COMM_NCCL_ID_BYTES], *w;
-	const uint8_t *rp, *end;
 	loom_status st;
-	int k;
 
 	st = pg->info.how == LOOM_COMM_BOOT_SLURM
-		     ? loom_comm_env_parse_slurm(&e, pg->err.msg, sizeof(pg->err.msg))
-		     : loom_comm_env_parse(&e, pg->err.msg, sizeof(pg->err.msg));
+		     ? loom_comm_env_parse_slurm(e, pg->err.msg, sizeof(pg->err.msg))
+		     : loom_comm_env_parse(e, pg->err.msg, sizeof(pg->err.msg));
 	if (st)
 		return st;
-	pg->info.rank = e.rank;
-	pg->info.world = e.world;
-	pg->peers = calloc((size_t)e.world, sizeof(loom_comm_peer));
+	pg->info.rank = e->rank;
+	pg->info.world = e->world;
+	pg->peers = calloc((size_t)e->world, sizeof(loom_comm_peer));
 	if (!pg->peers)
 		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
-	self_peer(pg, e.rank);
-	if ((st = open_probe(pg)))
-		return st;
-	if ((st = rank0_listener(&e, &listen_fd, pg->err.msg, sizeof(pg->err.msg))))
-		return st;
+	self_peer(pg, e->rank);
+	return open_probe(pg);
+}
 
-	if (e.rank == 0 && e.world > 1) {
+/* Rank 0 opens what the others will join, before the rendezvous: the name
+ * server and its MPI port when there are others, and the NCCL id when the
+ * group has devices. */
+static loom_status env_rank0_open(loom_pg *pg, const loom_comm_env *e, int want_device, char *uri,
+				  size_t urilen, char *port, size_t portlen)
+{
+	slurm_env hidden;
+	loom_status st;
+
+	if (e->world > 1) {
 		/* Rank 0 is its host's first unless LOCAL_RANK says otherwise;
 		 * its GPU is chosen before MPI_Init (see boot_mpi). */
-		if (o->want_device &&
-		    (st = loom_comm_nccl_use_device(pg, e.local_rank >= 0 ? e.local_rank : 0)))
-			goto out_listen;
+		if (want_device &&
+		    (st = loom_comm_nccl_use_device(pg, e->local_rank >= 0 ? e->local_rank : 0)))
+			return st;
 		slurm_hide(&hidden);
-		st = start_ompi_server(pg, uri, sizeof(uri));
+		st = start_ompi_server(pg, uri, urilen);
 		if (!st) {
 			setenv("OMPI_MCA_pmix_server_uri", uri, 1);
-			st = loom_mpi_open(pg, port, sizeof(port));
+			st = loom_mpi_open(pg, port, portlen);
 		}
 		slurm_restore(&hidden);
 		if (st)
-			goto out_listen;
+			return st;
 	}
-	if (e.rank == 0 && o->want_device &&
-	    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg))))
-		goto out_listen;
+	if (want_device)
+		return loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg));
+	return LOOM_OK;
+}
 
-	w = blob;
+/* Rank 0's start-up blob: magic, the name server's uri, the MPI port and
+ * the NCCL id. Returns its length. */
+static size_t blob_put(uint8_t *blob, const char *uri, const char *port, const uint8_t *nccl_id)
+{
+	uint8_t *w = blob;
+
 	memcpy(w, BLOB_MAGIC, 8);
 	w += 8;
 	put_str(&w, uri);
 	put_str(&w, port);
-	memcpy(w, pg->nccl_id, LOOM_COMM_NCCL_ID_BYTES);
+	memcpy(w, nccl_id, LOOM_COMM_NCCL_ID_BYTES);
 	w += LOOM_COMM_NCCL_ID_BYTES;
+	return (size_t)(w - blob);
+}
 
-	memset(&r, 0, sizeof(r));
-	r.listen_fd = listen_fd;
-	r.listen_given = listen_fd >= 0;
-	listen_fd = -1; /* r's now: loom_rdv_close closes it */
-	r.rank = e.rank;
-	r.world = e.world;
-	r.master_addr = e.master_addr;
-	r.master_port = e.master_port;
-	r.timeout_s = pg->join_timeout_s;
-	r.self = pg->peers[e.rank];
-	r.blob = blob;
-	r.blob_len = (size_t)(w - blob);
+/* Every rank meets rank 0 on MASTER_PORT, hands it its peer record and
+ * takes rank 0's blob and the peer table back (in r). listen_fd, when
+ * open, becomes r's. */
+static loom_status env_rendezvous(loom_pg *pg, const loom_comm_env *e, loom_rdv *r, int listen_fd,
+				  const uint8_t *blob, size_t blob_len)
+{
+	char rank0_addr[256];
+	loom_status st;
+
+	memset(r, 0, sizeof(*r));
+	r->listen_fd = listen_fd; /* r's now: loom_rdv_close closes it */
+	r->listen_given = listen_fd >= 0;
+	r->rank = e->rank;
+	r->world = e->world;
+	r->master_addr = e->master_addr;
+	r->master_port = e->master_port;
+	r->timeout_s = pg->join_timeout_s;
+	r->self = pg->peers[e->rank];
+	r->blob = blob;
+	r->blob_len = blob_len;
 	/* Under torchrun's agent, MASTER_PORT is its TCP store: rank 0 listens
 	 * on a port of its own and says where through the store. The others
 	 * wait for it as long as they would wait for rank 0 itself. */
-	st = e.agent_store ? loom_store_rendezvous(&e, &r, rank0_addr, sizeof(rank0_addr),
-						   e.rank ? 2 * r.timeout_s + 1.5 : r.timeout_s,
-						   pg->err.msg, sizeof(pg->err.msg))
-			   : LOOM_OK;
+	st = e->agent_store ? loom_store_rendezvous(e, r, rank0_addr, sizeof(rank0_addr),
+						    e->rank ? 2 * r->timeout_s + 1.5 : r->timeout_s,
+						    pg->err.msg, sizeof(pg->err.msg))
+			    : LOOM_OK;
 	if (!st)
-		st = loom_rdv_run(&r, pg->err.msg, sizeof(pg->err.msg));
-	if (st)
-		goto out_close;
+		st = loom_rdv_run(r, pg->err.msg, sizeof(pg->err.msg));
+	return st;
+}
 
-	rp = r.blob_out;
-	end = rp + r.blob_out_len;
-	st = LOOM_ERR_FORMAT;
-	if (r.blob_out_len < 8 || memcmp(rp, BLOB_MAGIC, 8) ||
-	    (rp += 8, get_str(&rp, end, uri, sizeof(uri))) || get_str(&rp, end, port, sizeof(port)) ||
-	    end - rp != LOOM_COMM_NCCL_ID_BYTES) {
-		loom_pg_fail(pg, st, "env://: rank 0's start-up blob is malformed (%zu bytes)",
-			     r.blob_out_len);
-		goto out_close;
-	}
+/* Reads rank 0's blob back (every rank, rank 0 too) and takes the peer
+ * table the rendezvous filled. */
+static loom_status env_take_blob(loom_pg *pg, const loom_rdv *r, char *uri, size_t urilen,
+				 char *port, size_t portlen)
+{
+	const uint8_t *rp = r->blob_out, *end = rp + r->blob_out_len;
+
+	if (r->blob_out_len < 8 || memcmp(rp, BLOB_MAGIC, 8) ||
+	    (rp += 8, get_str(&rp, end, uri, urilen)) || get_str(&rp, end, port, portlen) ||
+	    end - rp != LOOM_COMM_NCCL_ID_BYTES)
+		return loom_pg_fail(pg, LOOM_ERR_FORMAT,
+				    "env://: rank 0's start-up blob is malformed (%zu bytes)",
+				    r->blob_out_len);
 	memcpy(pg->nccl_id, rp, LOOM_COMM_NCCL_ID_BYTES);
-	memcpy(pg->peers, r.peers, sizeof(loom_comm_peer) * (size_t)e.world);
+	memcpy(pg->peers, r->peers, sizeof(loom_comm_peer) * (size_t)pg->info.world);
+	return LOOM_OK;
+}
 
-	/* LOCAL_RANK / LOCAL_WORLD_SIZE when given, else counted by host name. */
+/* LOCAL_RANK / LOCAL_WORLD_SIZE when given, else counted by host name. */
+static loom_status env_local_ranks(loom_pg *pg, const loom_comm_env *e)
+{
+	int k;
+
 	pg->info.local_rank = pg->info.local_world = 0;
-	for (k = 0; k < e.world; k++)
-		if (!strcmp(pg->peers[k].host, pg->peers[e.rank].host)) {
+	for (k = 0; k < e->world; k++)
+		if (!strcmp(pg->peers[k].host, pg->peers[e->rank].host)) {
 			pg->info.local_world++;
-			if (k < e.rank)
+			if (k < e->rank)
 				pg->info.local_rank++;
 		}
-	if (e.local_rank >= 0)
-		pg->info.local_rank = e.local_rank;
-	if (e.local_world >= 0)
-		pg->info.local_world = e.local_world;
-	if (pg->info.local_rank >= pg->info.local_world) {
-		st = loom_pg_fail(pg, LOOM_ERR_INVALID,
-				  "env://: LOCAL_RANK=%d is not below the local world of %d",
-				  pg->info.local_rank, pg->info.local_world);
-		goto out_close;
-	}
+	if (e->local_rank >= 0)
+		pg->info.local_rank = e->local_rank;
+	if (e->local_world >= 0)
+		pg->info.local_world = e->local_world;
+	if (pg->info.local_rank >= pg->info.local_world)
+		return loom_pg_fail(pg, LOOM_ERR_INVALID,
+				    "env://: LOCAL_RANK=%d is not below the local world of %d",
+				    pg->info.local_rank, pg->info.local_world);
+	return LOOM_OK;
+}
 
-	if (e.world > 1) {
-		if (e.rank != 0) {
-			setenv("OMPI_MCA_pmix_server_uri", uri, 1);
-			if (o->want_device &&
-			    (st = loom_comm_nccl_use_device(pg, pg->info.local_rank)))
-				goto out_close;
-			slurm_hide(&hidden);
-			st = loom_mpi_open(pg, NULL, 0);
-			slurm_restore(&hidden);
-			if (st)
-				goto out_close;
-		}
-		st = loom_mpi_join(pg, &r, port);
-	} else {
-		st = LOOM_OK;
+/* The ranks other than 0 open MPI as singletons through rank 0's name
+ * server (their GPU first), then all join rank 0's port into one
+ * communicator. */
+static loom_status env_join(loom_pg *pg, const loom_comm_env *e, int want_device, loom_rdv *r,
+			    const char *uri, const char *port)
+{
+	slurm_env hidden;
+	loom_status st;
+
+	if (e->world <= 1)
+		return LOOM_OK;
+	if (e->rank != 0) {
+		setenv("OMPI_MCA_pmix_server_uri", uri, 1);
+		if (want_device && (st = loom_comm_nccl_use_device(pg, pg->info.local_rank)))
+			return st;
+		slurm_hide(&hidden);
+		st = loom_mpi_open(pg, NULL, 0);
+		slurm_restore(&hidden);
+		if (st)
+			return st;
 	}
-	if (!st)
-		pg->late = loom_rdv_keep(&r);
+	return loom_mpi_join(pg, r, port);
+}
+
+static loom_status boot_env(loom_pg *pg, const loom_comm_options *o)
+{
+	loom_comm_env e;
+	loom_rdv r;
+	char uri[1024] = "", port[1024] = "";
+	int listen_fd = -1;
+	uint8_t blob[8 + 4 + sizeof(uri) + 4 + sizeof(port) + LOOM_COMM_NCCL_ID_BYTES];
+	loom_status st;
+
+	if ((st = env_self(pg, &e)))
+		return st;
+	if ((st = rank0_listener(&e, &listen_fd, pg->err.msg, sizeof(pg->err.msg))))
+		return st;
+	if (e.rank == 0 &&
+	    (st = env_rank0_open(pg, &e, o->want_device, uri, sizeof(uri), port, sizeof(port))))
+		goto out_listen;
+
+	st = env_rendezvous(pg, &e, &r, listen_fd, blob, blob_put(blob, uri, port, pg->nccl_id));
+	if (st)
+		goto out_close;
+	if ((st = env_take_blob(pg, &r, uri, sizeof(uri), port, sizeof(port))) ||
+	    (st = env_local_ranks(pg, &e)) || (st = env_join(pg, &e, o->want_device, &r, uri, port)))
+		goto out_close;
+	pg->late = loom_rdv_keep(&r);
 out_close:
 	loom_rdv_close(&r);
 	return st;
@@ -425,13 +481,89 @@ static loom_comm_bootstrap detect(void)
 	return LOOM_COMM_BOOT_SINGLE;
 }
 
+/* A peer that vanishes mid-write must be an error naming it, not a
+ * silent death by SIGPIPE (exit 141): ignore it unless the program
+ * chose a handler. */
+static void ignore_sigpipe(void)
+{
+	struct sigaction old;
+
+	if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+		signal(SIGPIPE, SIG_IGN);
+}
+
+/* Checks the options and settles the timeouts (the options', else the
+ * environment's, else the default) and the bootstrap. */
+static loom_status settle_options(loom_pg *pg, loom_comm_options *o)
+{
+	loom_status st;
+	double t;
+	int present;
+
+	if ((unsigned)o->bootstrap >= LOOM_COMM_BOOT_COUNT || o->timeout_s < 0 ||
+	    o->join_timeout_s < 0)
+		return loom_pg_fail(pg, LOOM_ERR_INVALID,
+				    "loom_pg_init: bad options (bootstrap %d, timeouts %g/%g)",
+				    (int)o->bootstrap, o->timeout_s, o->join_timeout_s);
+	st = loom_comm_env_timeout(&t, &present, pg->err.msg, sizeof(pg->err.msg));
+	if (st)
+		return st;
+	pg->timeout_s = o->timeout_s > 0 ? o->timeout_s : present ? t : LOOM_COMM_DEFAULT_TIMEOUT_S;
+	pg->join_timeout_s = o->join_timeout_s > 0 ? o->join_timeout_s : pg->timeout_s;
+	if (o->bootstrap == LOOM_COMM_BOOT_AUTO)
+		o->bootstrap = detect();
+	pg->info.how = o->bootstrap;
+	return LOOM_OK;
+}
+
+/* Forms the group: rank, world and peers, and MPI where there are others. */
+static loom_status boot(loom_pg *pg, const loom_comm_options *o)
+{
+	switch (o->bootstrap) {
+	case LOOM_COMM_BOOT_MPI:
+		return boot_mpi(pg, o);
+	case LOOM_COMM_BOOT_ENV:
+	case LOOM_COMM_BOOT_SLURM:
+		return boot_env(pg, o);
+	default:
+		pg->peers = calloc(1, sizeof(loom_comm_peer));
+		if (!pg->peers)
+			return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
+		self_peer(pg, 0);
+		return LOOM_OK;
+	}
+}
+
+/* The group's communicators: host memory always, device memory (NCCL)
+ * when asked for. */
+static loom_status open_comms(loom_pg *pg, const loom_comm_options *o)
+{
+	loom_nccl_id_source src;
+	loom_status st;
+
+	if (pg->info.world > 1)
+		loom_progress_open(pg);
+	st = pg->mpi ? loom_mpi_backend_new(pg, &pg->host) : loom_self_backend_new(pg, &pg->host);
+	if (st || !o->want_device)
+		return st;
+	src = loom_pg_nccl_id_source(pg);
+	pg->info.device = pg->info.local_rank;
+	/* A single process has no rendezvous to hand it an id: it makes
+	 * its own (an all-zero id is refused by NCCL's bootstrap). */
+	if (src == LOOM_NCCL_ID_LOCAL &&
+	    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg))))
+		return st;
+	if (pg->info.how == LOOM_COMM_BOOT_MPI &&
+	    (st = loom_comm_broadcast(pg->host, pg->nccl_id, sizeof(pg->nccl_id), 0)))
+		return st;
+	return loom_comm_nccl_backend_new(pg, &pg->device);
+}
+
 loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 {
 	loom_comm_options o = { LOOM_COMM_BOOT_AUTO, 0, 0, 0 };
 	loom_pg *pg;
 	loom_status st;
-	double t;
-	int present;
 
 	if (!out)
 		return LOOM_ERR_INVALID;
@@ -442,73 +574,14 @@ loom_status loom_pg_init(const loom_comm_options *opts, loom_pg **out)
 		return LOOM_ERR_NOMEM;
 	if (opts)
 		o = *opts;
-	/* A peer that vanishes mid-write must be an error naming it, not a
-	 * silent death by SIGPIPE (exit 141): ignore it unless the program
-	 * chose a handler. */
-	{
-		struct sigaction old;
-
-		if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
-			signal(SIGPIPE, SIG_IGN);
-	}
+	ignore_sigpipe();
 	pg->probe_fd = -1;
 	pg->step = -1;
 	pg->info.device = -1;
 	pg->info.world = pg->info.local_world = 1;
-	if ((unsigned)o.bootstrap >= LOOM_COMM_BOOT_COUNT || o.timeout_s < 0 ||
-	    o.join_timeout_s < 0)
-		return loom_pg_fail(pg, LOOM_ERR_INVALID,
-				    "loom_pg_init: bad options (bootstrap %d, timeouts %g/%g)",
-				    (int)o.bootstrap, o.timeout_s, o.join_timeout_s);
-	st = loom_comm_env_timeout(&t, &present, pg->err.msg, sizeof(pg->err.msg));
-	if (st)
+	if ((st = settle_options(pg, &o)) || (st = boot(pg, &o)))
 		return st;
-	pg->timeout_s = o.timeout_s > 0 ? o.timeout_s : present ? t : LOOM_COMM_DEFAULT_TIMEOUT_S;
-	pg->join_timeout_s = o.join_timeout_s > 0 ? o.join_timeout_s : pg->timeout_s;
-	if (o.bootstrap == LOOM_COMM_BOOT_AUTO)
-		o.bootstrap = detect();
-	pg->info.how = o.bootstrap;
-
-	switch (o.bootstrap) {
-	case LOOM_COMM_BOOT_MPI:
-		st = boot_mpi(pg, &o);
-		break;
-	case LOOM_COMM_BOOT_ENV:
-	case LOOM_COMM_BOOT_SLURM:
-		st = boot_env(pg, &o);
-		break;
-	default:
-		pg->peers = calloc(1, sizeof(loom_comm_peer));
-		if (!pg->peers)
-			return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
-		self_peer(pg, 0);
-		st = LOOM_OK;
-		break;
-	}
-	if (st)
-		return st;
-
-	if (pg->info.world > 1)
-		loom_progress_open(pg);
-	st = pg->mpi ? loom_mpi_backend_new(pg, &pg->host) : loom_self_backend_new(pg, &pg->host);
-	if (st)
-		return st;
-	if (o.want_device) {
-		loom_nccl_id_source src = loom_pg_nccl_id_source(pg);
-
-		pg->info.device = pg->info.local_rank;
-		/* A single process has no rendezvous to hand it an id: it makes
-		 * its own (an all-zero id is refused by NCCL's bootstrap). */
-		if (src == LOOM_NCCL_ID_LOCAL &&
-		    (st = loom_comm_nccl_unique_id(pg->nccl_id, pg->err.msg, sizeof(pg->err.msg))))
-			return st;
-		if (pg->info.how == LOOM_COMM_BOOT_MPI &&
-		    (st = loom_comm_broadcast(pg->host, pg->nccl_id, sizeof(pg->nccl_id), 0)))
-			return st;
-		if ((st = loom_comm_nccl_backend_new(pg, &pg->device)))
-			return st;
-	}
-	return LOOM_OK;
+	return open_comms(pg, &o);
 }
 
 loom_nccl_id_source loom_pg_nccl_id_source(const loom_pg *pg)

@@ -111,16 +111,13 @@ static loom_status idx_open(const char *path, gzFile *out, int64_t *fsize,
 	return LOOM_OK;
 }
 
-/* Checks the four-byte magic and the dims, filling type, ndim, dims, count. */
-static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
-				   char *err, size_t errlen)
+/* The magic number 00 00 <type> <ndim>: sets idx's type and ndim. */
+static loom_status idx_read_magic(gzFile f, const char *path, loom_idx *idx,
+				  char *err, size_t errlen)
 {
 	unsigned char magic[4];
-	unsigned char raw[4 * LOOM_IDX_MAX_DIMS];
 	const char *tname;
-	size_t count = 1;
 	int64_t n;
-	int d;
 
 	n = idx_read(f, magic, sizeof(magic));
 	if (n < 0) {
@@ -161,6 +158,18 @@ static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
 	}
 	idx->type = magic[2];
 	idx->ndim = magic[3];
+	return LOOM_OK;
+}
+
+/* The ndim big-endian 32-bit sizes after the magic: sets idx's dims and
+ * count. */
+static loom_status idx_read_dims(gzFile f, const char *path, loom_idx *idx,
+				 char *err, size_t errlen)
+{
+	unsigned char raw[4 * LOOM_IDX_MAX_DIMS];
+	size_t count = 1;
+	int64_t n;
+	int d;
 
 	n = idx_read(f, raw, 4 * (size_t)idx->ndim);
 	if (n < 0) {
@@ -192,6 +201,17 @@ static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
 	}
 	idx->count = count;
 	return LOOM_OK;
+}
+
+/* Checks the four-byte magic and the dims, filling type, ndim, dims, count. */
+static loom_status idx_read_header(gzFile f, const char *path, loom_idx *idx,
+				   char *err, size_t errlen)
+{
+	loom_status st = idx_read_magic(f, path, idx, err, errlen);
+
+	if (st)
+		return st;
+	return idx_read_dims(f, path, idx, err, errlen);
 }
 
 static loom_status idx_truncated(gzFile f, const char *path, size_t count,

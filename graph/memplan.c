@@ -430,33 +430,14 @@ static int by_size(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/*
- * Offline placement of what place_activations just placed (the same
- * lifetimes and in-place chains): largest first, each at the lowest offset
- * that no storage alive at the same time holds ("greedy by size",
- * Pisarchyk and Lee, 2020). Best fit, on line, cannot see that a value
- * made late (an activation made again in the backward, graph/recompute.c)
- * needs a hole the forward's values have since split: GPT-2 124M O2 with
- * recompute 1 placed 898 MiB over a live peak of 800. Kept when smaller
- * (LOOM_MEMPLAN_BY_SIZE=0: never; =1: always, for tests).
- */
-static loom_status place_by_size(planner *pl, allocator *a)
+/* Groups in schedule order: a successor joins its source's group. gid[v]
+ * is v's group, -1 where v is no activation owner. Returns how many. */
+static int make_groups(const planner *pl, int *gid, group *gr)
 {
-	loom_memplan *mp = pl->mp;
-	const char *e = loom_opt_env(LOOM_OPT_MEMPLAN_BY_SIZE);
-	const int mode = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 2 : 1;
+	const loom_memplan *mp = pl->mp;
 	const int n = pl->n;
-	loom_status st = LOOM_OK;
-	if (mode == 0 || n == 0)
-		return LOOM_OK;
-	int *gid = malloc(sizeof(int) * (size_t)n), *near = NULL, ng = 0;
-	void *order = NULL;
-	group *gr = calloc((size_t)n, sizeof(*gr));
-	if (!gid || !gr) {
-		st = LOOM_ERR_NOMEM;
-		goto out;
-	}
-	/* Groups in schedule order: a successor joins its source's group. */
+	int ng = 0;
+
 	for (int i = 0; i < n; i++) {
 		loom_value v = mp->schedule[i];
 		gid[v] = -1;
@@ -480,41 +461,88 @@ static loom_status place_by_size(planner *pl, allocator *a)
 			gr[ng++] = (group){ .start = i, .end = end, .size = value_bytes(pl->g, w) };
 		}
 	}
-	order = malloc(sizeof(group_key) * (size_t)(ng ? ng : 1));
-	near = malloc(sizeof(int) * (size_t)(ng ? ng : 1)); /* the placed, by offset */
-	if (!order || !near) {
-		st = LOOM_ERR_NOMEM;
-		goto out;
+	return ng;
+}
+
+/* The lowest offset where x overlaps no placed group alive with it; near
+ * holds the np groups placed so far, by offset. */
+static size_t lowest_fit(const group *gr, const int *near, int np, const group *x)
+{
+	size_t off = 0;
+	for (int j = 0; j < np; j++) {
+		const group *y = &gr[near[j]];
+		if (!(y->start <= x->end && x->start <= y->end))
+			continue; /* never alive with x */
+		if (y->off >= off + x->size)
+			break; /* the gap before y holds x */
+		if (y->off + y->size > off)
+			off = y->off + y->size;
 	}
-	group_key *key = (group_key *)order;
+	return off;
+}
+
+/* Places the ng groups largest first, each at its lowest fit; the region's
+ * size in *top. */
+static loom_status place_groups(group *gr, int ng, size_t *top)
+{
+	group_key *key = malloc(sizeof(group_key) * (size_t)(ng ? ng : 1));
+	int *near = malloc(sizeof(int) * (size_t)(ng ? ng : 1)); /* the placed, by offset */
+	int np = 0;
+	if (!key || !near) {
+		free(key);
+		free(near);
+		return LOOM_ERR_NOMEM;
+	}
 	for (int k = 0; k < ng; k++)
 		key[k] = (group_key){ gr[k].size, gr[k].start, k };
 	qsort(key, (size_t)ng, sizeof(group_key), by_size);
-	size_t top = 0;
-	int np = 0;
+	*top = 0;
 	for (int k = 0; k < ng; k++) {
 		group *x = &gr[key[k].id];
-		size_t off = 0;
+		size_t off = lowest_fit(gr, near, np, x);
 		int at = np; /* where x goes in the offset order */
-		for (int j = 0; j < np; j++) {
-			const group *y = &gr[near[j]];
-			if (!(y->start <= x->end && x->start <= y->end))
-				continue; /* never alive with x */
-			if (y->off >= off + x->size)
-				break; /* the gap before y holds x */
-			if (y->off + y->size > off)
-				off = y->off + y->size;
-		}
 		x->off = off;
 		while (at > 0 && gr[near[at - 1]].off > off)
 			at--;
 		memmove(&near[at + 1], &near[at], sizeof(int) * (size_t)(np - at));
 		near[at] = key[k].id;
 		np++;
-		if (off + x->size > top)
-			top = off + x->size;
+		if (off + x->size > *top)
+			*top = off + x->size;
 	}
-	if (mode == 2 || top < a->top) {
+	free(key);
+	free(near);
+	return LOOM_OK;
+}
+
+/*
+ * Offline placement of what place_activations just placed (the same
+ * lifetimes and in-place chains): largest first, each at the lowest offset
+ * that no storage alive at the same time holds ("greedy by size",
+ * Pisarchyk and Lee, 2020). Best fit, on line, cannot see that a value
+ * made late (an activation made again in the backward, graph/recompute.c)
+ * needs a hole the forward's values have since split: GPT-2 124M O2 with
+ * recompute 1 placed 898 MiB over a live peak of 800. Kept when smaller
+ * (LOOM_MEMPLAN_BY_SIZE=0: never; =1: always, for tests).
+ */
+static loom_status place_by_size(planner *pl, allocator *a)
+{
+	loom_memplan *mp = pl->mp;
+	const char *e = loom_opt_env(LOOM_OPT_MEMPLAN_BY_SIZE);
+	const int mode = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 2 : 1;
+	const int n = pl->n;
+	loom_status st = LOOM_OK;
+	size_t top = 0;
+	if (mode == 0 || n == 0)
+		return LOOM_OK;
+	int *gid = malloc(sizeof(int) * (size_t)n);
+	group *gr = calloc((size_t)n, sizeof(*gr));
+	if (!gid || !gr) {
+		st = LOOM_ERR_NOMEM;
+		goto out;
+	}
+	st = place_groups(gr, make_groups(pl, gid, gr), &top);
+	if (st == LOOM_OK && (mode == 2 || top < a->top)) {
 		for (int i = 0; i < n; i++) {
 			loom_value v = mp->schedule[i];
 			if (gid[v] >= 0)
@@ -525,8 +553,6 @@ static loom_status place_by_size(planner *pl, allocator *a)
 out:
 	free(gid);
 	free(gr);
-	free(order);
-	free(near);
 	return st;
 }
 

@@ -21,22 +21,8 @@
  * worth splitting over threads. */
 #define LOOM_CPU_GEMM_PAR_MIN (1 << 21)
 
-#define LOOM_CPU_TEMPLATE
-#define T float
-#define SFX f32
-#define CBLAS_GEMM loom_cpu_sgemm_cblas
-#include "engine/cpu/attention.c"
-#undef T
-#undef SFX
-#undef CBLAS_GEMM
-#define T double
-#define SFX f64
-#define CBLAS_GEMM cblas_dgemm
-#include "engine/cpu/attention.c"
-#undef T
-#undef SFX
-#undef CBLAS_GEMM
-#undef LOOM_CPU_TEMPLATE
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/attention.c"
+#include "engine/cpu/f32_f64.h"
 
 size_t loom_cpu_attn_probs_bwd_ws(int t, size_t elem)
 {

@@ -17,10 +17,5 @@
 #undef SFX
 
 /* f64 (gradient checks) only in the baseline copy. */
-#ifdef LOOM_CPU_BASE
-#define T double
-#define SFX f64
-#include "engine/cpu/bn_impl.h"
-#undef T
-#undef SFX
-#endif
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/bn_impl.h"
+#include "engine/cpu/f64_base.h"

@@ -37,12 +37,5 @@ size_t loom_cpu_conv2d_workspace(const loom_conv_shape *s, size_t elem)
 #undef CBLAS_GEMM
 
 /* f64 (gradient checks) only in the baseline copy. */
-#ifdef LOOM_CPU_BASE
-#define T double
-#define SFX f64
-#define CBLAS_GEMM cblas_dgemm
-#include "engine/cpu/conv_impl.h"
-#undef T
-#undef SFX
-#undef CBLAS_GEMM
-#endif
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/conv_impl.h"
+#include "engine/cpu/f64_base.h"

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -112,18 +113,22 @@ static void one_free(conv_one *c)
 	free(c);
 }
 
-static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int bf16, int bias,
-			 int blocked, unsigned fmt)
+/* One slice's memory descriptors and geometry: the primitive's (x, w, y, b;
+ * `any` layout when blocked, so oneDNN picks) and loom's buffers' (xu, wu,
+ * yu), each in its role's data type. */
+typedef struct conv_descs {
+	dnnl_memory_desc_t x, w, y, b, xu, wu, yu;
+	dnnl_dims_t strides, pad, pad_r;
+	dnnl_data_type_t in_t; /* the sources' type of a forward in this precision */
+} conv_descs;
+
+static int descs_init(conv_descs *d, loom_cpu_conv_kind kind, const loom_conv_shape *s, int bf16,
+		      int blocked, unsigned fmt)
 {
 	const dnnl_dims_t xd = { s->n, s->c_in, s->h_in, s->w_in };
 	const dnnl_dims_t wd = { s->c_out, s->c_in, s->kh, s->kw };
 	const dnnl_dims_t yd = { s->n, s->c_out, s->h_out, s->w_out };
 	const dnnl_dims_t bd = { s->c_out };
-	const dnnl_dims_t strides = { s->stride, s->stride };
-	const dnnl_dims_t pad = { s->pad, s->pad };
-	/* The right padding that gives loom's (floor) output size exactly. */
-	const dnnl_dims_t pad_r = { (s->h_out - 1) * s->stride + s->kh - s->h_in - s->pad,
-				    (s->w_out - 1) * s->stride + s->kw - s->w_in - s->pad };
 	const dnnl_data_type_t in_t = bf16 ? dnnl_bf16 : dnnl_f32;
 	const dnnl_format_tag_t act = blocked ? dnnl_format_tag_any : dnnl_nchw;
 	const dnnl_format_tag_t wgt = blocked ? dnnl_format_tag_any : dnnl_oihw;
@@ -132,16 +137,140 @@ static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int 
 	dnnl_data_type_t xt = kind == LOOM_CPU_CONV_BWD_DATA ? dnnl_f32 : in_t;
 	dnnl_data_type_t wt = kind == LOOM_CPU_CONV_BWD_FILTER ? dnnl_f32 : in_t;
 	dnnl_data_type_t yt = kind == LOOM_CPU_CONV_FWD ? dnnl_f32 : in_t;
-	dnnl_memory_desc_t x_md, w_md, y_md, b_md, xu, wu, yu;
-	if (md_init(&x_md, 4, xd, xt, act) || md_init(&w_md, 4, wd, wt, wgt) ||
-	    md_init(&y_md, 4, yd, yt, act) || md_init(&b_md, 1, bd, dnnl_f32, dnnl_x) ||
-	    md_init(&xu, 4, xd, xt, fmt & LOOM_CPU_CONV_X_BLOCKED ? dnnl_nChw8c : dnnl_nchw) ||
-	    md_init(&wu, 4, wd, wt, dnnl_oihw) ||
-	    md_init(&yu, 4, yd, yt, fmt & LOOM_CPU_CONV_Y_BLOCKED ? dnnl_nChw8c : dnnl_nchw))
-		return NULL;
 
-	conv_one *c = calloc(1, sizeof(*c));
+	memset(d, 0, sizeof(*d));
+	d->in_t = in_t;
+	d->strides[0] = d->strides[1] = s->stride;
+	d->pad[0] = d->pad[1] = s->pad;
+	/* The right padding that gives loom's (floor) output size exactly. */
+	d->pad_r[0] = (s->h_out - 1) * s->stride + s->kh - s->h_in - s->pad;
+	d->pad_r[1] = (s->w_out - 1) * s->stride + s->kw - s->w_in - s->pad;
+	if (md_init(&d->x, 4, xd, xt, act) || md_init(&d->w, 4, wd, wt, wgt) ||
+	    md_init(&d->y, 4, yd, yt, act) || md_init(&d->b, 1, bd, dnnl_f32, dnnl_x) ||
+	    md_init(&d->xu, 4, xd, xt, fmt & LOOM_CPU_CONV_X_BLOCKED ? dnnl_nChw8c : dnnl_nchw) ||
+	    md_init(&d->wu, 4, wd, wt, dnnl_oihw) ||
+	    md_init(&d->yu, 4, yd, yt, fmt & LOOM_CPU_CONV_Y_BLOCKED ? dnnl_nChw8c : dnnl_nchw))
+		return -1;
+	return 0;
+}
+
+/* The primitive descriptor of kind: the forward one first (also the hint
+ * the backward ones need), with the data types of a forward in this
+ * precision. */
+static int pd_make(conv_one *c, loom_cpu_conv_kind kind, const conv_descs *d, int use_bias,
+		   dnnl_primitive_attr_t attr)
+{
+	dnnl_convolution_desc_t fd, bdesc;
+	dnnl_primitive_desc_t hint = NULL;
+	dnnl_memory_desc_t fx = d->x, fw = d->w, fy = d->y;
+	dnnl_status_t st;
+	int rc;
+
+	fx.data_type = d->in_t;
+	fw.data_type = d->in_t;
+	fy.data_type = dnnl_f32;
+	if (dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
+					       &fx, &fw, use_bias ? &d->b : NULL, &fy, d->strides,
+					       d->pad, d->pad_r) != dnnl_success ||
+	    dnnl_primitive_desc_create(&hint, &fd, attr, engine, NULL) != dnnl_success) {
+		if (hint)
+			dnnl_primitive_desc_destroy(hint);
+		return -1;
+	}
+	if (kind == LOOM_CPU_CONV_FWD) {
+		c->pd = hint;
+		return 0;
+	}
+	st = kind == LOOM_CPU_CONV_BWD_DATA ?
+		     dnnl_convolution_backward_data_desc_init(&bdesc, dnnl_convolution_direct,
+							      &d->x, &d->w, &d->y, d->strides,
+							      d->pad, d->pad_r) :
+		     dnnl_convolution_backward_weights_desc_init(&bdesc, dnnl_convolution_direct,
+								 &d->x, &d->w, NULL, &d->y,
+								 d->strides, d->pad, d->pad_r);
+	rc = st != dnnl_success ||
+	     dnnl_primitive_desc_create(&c->pd, &bdesc, attr, engine, hint) != dnnl_success;
+	dnnl_primitive_desc_destroy(hint);
+	return rc ? -1 : 0;
+}
+
+/* Each argument of kind in its role, with its reorder where the primitive
+ * chose another layout. */
+static int args_make(conv_one *c, loom_cpu_conv_kind kind, const conv_descs *d, int use_bias)
+{
+	int rc = 0;
+
+#define PD_MD(q) dnnl_primitive_desc_query_md(c->pd, q, 0)
+	switch (kind) {
+	case LOOM_CPU_CONV_FWD:
+		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_SRC, &d->xu, PD_MD(dnnl_query_src_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_WEIGHTS, &d->wu,
+			       PD_MD(dnnl_query_weights_md), 0);
+		if (use_bias)
+			rc |= arg_make(c, &c->arg[ARG_BIAS], DNNL_ARG_BIAS, &d->b, &d->b, 0);
+		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DST, &d->yu, PD_MD(dnnl_query_dst_md),
+			       1);
+		break;
+	case LOOM_CPU_CONV_BWD_DATA:
+		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_DIFF_DST, &d->yu,
+			       PD_MD(dnnl_query_diff_dst_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_WEIGHTS, &d->wu,
+			       PD_MD(dnnl_query_weights_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DIFF_SRC, &d->xu,
+			       PD_MD(dnnl_query_diff_src_md), 1);
+		break;
+	case LOOM_CPU_CONV_BWD_FILTER:
+		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_DIFF_DST, &d->yu,
+			       PD_MD(dnnl_query_diff_dst_md), 0);
+		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_SRC, &d->xu, PD_MD(dnnl_query_src_md),
+			       0);
+		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DIFF_WEIGHTS, &d->wu,
+			       PD_MD(dnnl_query_diff_weights_md), 1);
+		break;
+	}
+#undef PD_MD
+	return rc;
+}
+
+/* The execute list: each argument's memory (the primitive's copy where
+ * there is one), then oneDNN's scratchpad, placed in the workspace after
+ * the copies. */
+static int exec_list(conv_one *c)
+{
+	const dnnl_memory_desc_t *sp;
+
+	for (int i = 0; i < NARGS; i++) {
+		conv_arg *a = &c->arg[i];
+		if (!a->used)
+			continue;
+		c->exec[c->nexec].arg = a->dnnl_arg;
+		c->exec[c->nexec].memory = a->inner ? a->inner : a->user;
+		c->nexec++;
+	}
+	sp = dnnl_primitive_desc_query_md(c->pd, dnnl_query_scratchpad_md, 0);
+	if (sp && dnnl_memory_desc_get_size(sp) > 0) {
+		if (dnnl_memory_create(&c->scratch, sp, engine, DNNL_MEMORY_NONE) != dnnl_success)
+			return -1;
+		c->scratch_off = c->ws_bytes;
+		c->ws_bytes += align64(dnnl_memory_desc_get_size(sp));
+		c->exec[c->nexec].arg = DNNL_ARG_SCRATCHPAD;
+		c->exec[c->nexec].memory = c->scratch;
+		c->nexec++;
+	}
+	return 0;
+}
+
+static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int bf16, int bias,
+			 int blocked, unsigned fmt)
+{
+	int use_bias = kind == LOOM_CPU_CONV_FWD && bias;
 	dnnl_primitive_attr_t attr = NULL;
+	conv_descs d;
+	conv_one *c;
+
+	if (descs_init(&d, kind, s, bf16, blocked, fmt))
+		return NULL;
+	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	if (dnnl_stream_create(&c->stream, engine, dnnl_stream_default_flags) != dnnl_success)
@@ -152,96 +281,15 @@ static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int 
 	    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) !=
 		    dnnl_success)
 		goto fail;
-	dnnl_convolution_desc_t fd, bdesc;
-	dnnl_primitive_desc_t hint = NULL;
-	int use_bias = kind == LOOM_CPU_CONV_FWD && bias;
-	/* Forward (also the hint the backward ones need). Its data types are
-	 * those of a forward in this precision. */
-	dnnl_memory_desc_t fx = x_md, fw = w_md, fy = y_md;
-	fx.data_type = in_t;
-	fw.data_type = in_t;
-	fy.data_type = dnnl_f32;
-	if (dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
-					       &fx, &fw, use_bias ? &b_md : NULL, &fy, strides,
-					       pad, pad_r) != dnnl_success ||
-	    dnnl_primitive_desc_create(&hint, &fd, attr, engine, NULL) != dnnl_success)
+	if (pd_make(c, kind, &d, use_bias, attr) ||
+	    dnnl_primitive_create(&c->prim, c->pd) != dnnl_success ||
+	    args_make(c, kind, &d, use_bias) || exec_list(c))
 		goto fail;
-	if (kind == LOOM_CPU_CONV_FWD) {
-		c->pd = hint;
-		hint = NULL;
-	} else {
-		dnnl_status_t st =
-			kind == LOOM_CPU_CONV_BWD_DATA ?
-				dnnl_convolution_backward_data_desc_init(
-					&bdesc, dnnl_convolution_direct, &x_md, &w_md, &y_md,
-					strides, pad, pad_r) :
-				dnnl_convolution_backward_weights_desc_init(
-					&bdesc, dnnl_convolution_direct, &x_md, &w_md, NULL,
-					&y_md, strides, pad, pad_r);
-		if (st != dnnl_success ||
-		    dnnl_primitive_desc_create(&c->pd, &bdesc, attr, engine, hint) != dnnl_success)
-			goto fail;
-		dnnl_primitive_desc_destroy(hint);
-		hint = NULL;
-	}
-	if (dnnl_primitive_create(&c->prim, c->pd) != dnnl_success)
-		goto fail;
-
-#define PD_MD(q) dnnl_primitive_desc_query_md(c->pd, q, 0)
-	int rc = 0;
-	switch (kind) {
-	case LOOM_CPU_CONV_FWD:
-		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_SRC, &xu, PD_MD(dnnl_query_src_md), 0);
-		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_WEIGHTS, &wu,
-			       PD_MD(dnnl_query_weights_md), 0);
-		if (use_bias)
-			rc |= arg_make(c, &c->arg[ARG_BIAS], DNNL_ARG_BIAS, &b_md, &b_md, 0);
-		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DST, &yu, PD_MD(dnnl_query_dst_md), 1);
-		break;
-	case LOOM_CPU_CONV_BWD_DATA:
-		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_DIFF_DST, &yu,
-			       PD_MD(dnnl_query_diff_dst_md), 0);
-		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_WEIGHTS, &wu,
-			       PD_MD(dnnl_query_weights_md), 0);
-		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DIFF_SRC, &xu,
-			       PD_MD(dnnl_query_diff_src_md), 1);
-		break;
-	case LOOM_CPU_CONV_BWD_FILTER:
-		rc |= arg_make(c, &c->arg[ARG_A], DNNL_ARG_DIFF_DST, &yu,
-			       PD_MD(dnnl_query_diff_dst_md), 0);
-		rc |= arg_make(c, &c->arg[ARG_B], DNNL_ARG_SRC, &xu, PD_MD(dnnl_query_src_md), 0);
-		rc |= arg_make(c, &c->arg[ARG_OUT], DNNL_ARG_DIFF_WEIGHTS, &wu,
-			       PD_MD(dnnl_query_diff_weights_md), 1);
-		break;
-	}
-#undef PD_MD
-	if (rc)
-		goto fail;
-	for (int i = 0; i < NARGS; i++) {
-		conv_arg *a = &c->arg[i];
-		if (!a->used)
-			continue;
-		c->exec[c->nexec].arg = a->dnnl_arg;
-		c->exec[c->nexec].memory = a->inner ? a->inner : a->user;
-		c->nexec++;
-	}
-	const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(c->pd, dnnl_query_scratchpad_md, 0);
-	if (sp && dnnl_memory_desc_get_size(sp) > 0) {
-		if (dnnl_memory_create(&c->scratch, sp, engine, DNNL_MEMORY_NONE) != dnnl_success)
-			goto fail;
-		c->scratch_off = c->ws_bytes;
-		c->ws_bytes += align64(dnnl_memory_desc_get_size(sp));
-		c->exec[c->nexec].arg = DNNL_ARG_SCRATCHPAD;
-		c->exec[c->nexec].memory = c->scratch;
-		c->nexec++;
-	}
 	dnnl_primitive_attr_destroy(attr);
 	return c;
 fail:
 	if (attr)
 		dnnl_primitive_attr_destroy(attr);
-	if (hint)
-		dnnl_primitive_desc_destroy(hint);
 	one_free(c);
 	return NULL;
 }

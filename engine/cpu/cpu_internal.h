@@ -201,8 +201,13 @@ static inline int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
 /* Bytes of one thread's conv scratch slot for element size elem (conv.c). */
 size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem);
 
-/* A row norm's f32 backward row kernels (layer norm, RMS norm) and their
- * bf16 storage around them (norm_bf16.c); 0: c past LOOM_CPU_BF16_ROWS. */
+/* A row norm's f32 row kernels (layer norm, RMS norm; beta NULL for RMS
+ * norm's forward) and their bf16 storage around them (norm_bf16.c); 0: c
+ * past LOOM_CPU_BF16_ROWS. */
+typedef void (*loom_cpu_norm_fwd_f32)(int64_t rows, int c, const float *x, const float *gamma,
+				      const float *beta, double eps, float *y);
+int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
+			   const void *gamma, const void *beta, double eps, void *y, unsigned half);
 typedef void (*loom_cpu_norm_bwd_data_f32)(int64_t rows, int c, const float *x,
 					   const float *gamma, const float *dy, double eps,
 					   float *dx);

@@ -13,18 +13,5 @@
 /* Multiply-adds below which a GEMM is not worth splitting over threads. */
 #define LOOM_CPU_GEMM_PAR_MIN (1 << 21)
 
-#define T float
-#define SFX f32
-#define CBLAS_GEMM loom_cpu_sgemm_cblas
-#include "engine/cpu/dense_impl.h"
-#undef T
-#undef SFX
-#undef CBLAS_GEMM
-
-#define T double
-#define SFX f64
-#define CBLAS_GEMM cblas_dgemm
-#include "engine/cpu/dense_impl.h"
-#undef T
-#undef SFX
-#undef CBLAS_GEMM
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/dense_impl.h"
+#include "engine/cpu/f32_f64.h"

@@ -252,10 +252,5 @@ void LOOM_CPU_FN(loom_cpu_exp_scale)(int64_t n, const float *x, double m, double
 #undef SFX
 
 /* f64 (gradient checks) only in the baseline copy. */
-#ifdef LOOM_CPU_BASE
-#define T double
-#define SFX f64
-#include "engine/cpu/elementwise_impl.h"
-#undef T
-#undef SFX
-#endif
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/elementwise_impl.h"
+#include "engine/cpu/f64_base.h"

@@ -11,18 +11,8 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
 
-#define LOOM_CPU_TEMPLATE
-#define T float
-#define SFX f32
-#include "engine/cpu/embedding.c"
-#undef T
-#undef SFX
-#define T double
-#define SFX f64
-#include "engine/cpu/embedding.c"
-#undef T
-#undef SFX
-#undef LOOM_CPU_TEMPLATE
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/embedding.c"
+#include "engine/cpu/f32_f64.h"
 
 /* ------------------------------------------------------------ bf16 */
 

@@ -14,18 +14,8 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
 
-#define LOOM_CPU_TEMPLATE
-#define T float
-#define SFX f32
-#include "engine/cpu/layernorm.c"
-#undef T
-#undef SFX
-#define T double
-#define SFX f64
-#include "engine/cpu/layernorm.c"
-#undef T
-#undef SFX
-#undef LOOM_CPU_TEMPLATE
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/layernorm.c"
+#include "engine/cpu/f32_f64.h"
 
 size_t loom_cpu_layernorm_bwd_gamma_ws(int c)
 {
@@ -39,26 +29,8 @@ size_t loom_cpu_layernorm_bwd_gamma_ws(int c)
 int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma,
 				const void *beta, double eps, void *y, unsigned half)
 {
-	if (c <= 0 || c > ROWS)
-		return 0;
-	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
-#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
-	{
-		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
-		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
-		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
-		const float *b = loom_cpu_bf16_in(beta, half & LOOM_CPU_BF16_SRC(2), 0, c, bb);
-#pragma omp for schedule(static)
-		for (int64_t k = 0; k < nb; k++) {
-			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
-			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
-							   nr * c, xb);
-			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
-			loom_cpu_layernorm_fwd_f32(nr, c, xs, g, b, eps, ys);
-			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
-		}
-	}
-	return 1;
+	return loom_cpu_norm_fwd_bf16(loom_cpu_layernorm_fwd_f32, rows, c, x, gamma, beta, eps, y,
+				      half);
 }
 
 int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
@@ -101,63 +73,13 @@ static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, cons
 					   io->src[2], n->a.ln.eps, io->out, half);
 }
 
-static loom_status run_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				const loom_cpu_io *io)
-{
-	const loom_node *n = loom_cpu_node(plan, v);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_bwd_data,
-			  loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), io->src[0],
-			  io->src[1], io->src[2], n->a.ln.eps, io->out);
-	return LOOM_OK;
-}
-
-static int bf16_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			 const loom_cpu_io *io, unsigned half, loom_status *st)
-{
-	const loom_node *n = loom_cpu_node(plan, v);
-	(void)ctx;
-	(void)st;
-	return loom_cpu_layernorm_bwd_data_bf16(loom_shape_rows(&n->shape),
-						(int)loom_shape_last(&n->shape), io->src[0],
-						io->src[1], io->src[2], n->a.ln.eps, io->out, half);
-}
-
-static loom_status run_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_bwd_gamma,
-			  loom_shape_rows(&x->shape), (int)loom_shape_last(&x->shape), io->src[0],
-			  io->src[1], n->a.ln.eps, io->out, io->ws);
-	return LOOM_OK;
-}
-
-static int bf16_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			  const loom_cpu_io *io, unsigned half, loom_status *st)
-{
-	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
-	(void)ctx;
-	(void)st;
-	return loom_cpu_layernorm_bwd_gamma_bf16(loom_shape_rows(&x->shape),
-						 (int)loom_shape_last(&x->shape), io->src[0],
-						 io->src[1], n->a.ln.eps, io->out, io->ws, half);
-}
-
-/* dgamma's per-thread sums. */
-static size_t ws_bwd_gamma(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			   size_t elem)
-{
-	(void)ctx;
-	(void)elem;
-	return loom_cpu_layernorm_bwd_gamma_ws((int)loom_shape_last(&loom_cpu_node(plan, v)->shape));
-}
-
 const loom_cpu_op loom_cpu_layernorm = { .run = run_fwd, .bf16 = bf16_fwd };
-const loom_cpu_op loom_cpu_layernorm_bwd_data = { .run = run_bwd_data, .bf16 = bf16_bwd_data };
-const loom_cpu_op loom_cpu_layernorm_bwd_gamma = { .run = run_bwd_gamma, .ws = ws_bwd_gamma,
-						   .bf16 = bf16_bwd_gamma };
+/* The backward ops' entries serve layer norm and RMS norm (norm_bf16.c). */
+const loom_cpu_op loom_cpu_layernorm_bwd_data = { .run = loom_cpu_op_norm_bwd_data,
+						  .bf16 = loom_cpu_op_norm_bwd_data_bf16 };
+const loom_cpu_op loom_cpu_layernorm_bwd_gamma = { .run = loom_cpu_op_norm_bwd_gamma,
+						   .ws = loom_cpu_op_norm_bwd_gamma_ws,
+						   .bf16 = loom_cpu_op_norm_bwd_gamma_bf16 };
 
 #else /* LOOM_CPU_TEMPLATE: the f32 and f64 kernels, T and SFX set */
 

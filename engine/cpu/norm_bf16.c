@@ -1,17 +1,45 @@
 /*
- * engine/cpu/norm_bf16.c — the bf16 storage of a row norm's two backward
- * ops (layer norm, RMS norm), around the family's f32 row kernel: blocks of
- * LOOM_CPU_BF16_ROWS widened elements per thread for the data gradient;
+ * engine/cpu/norm_bf16.c — the row norms (layer norm, RMS norm): the bf16
+ * storage around the family's f32 row kernels (blocks of LOOM_CPU_BF16_ROWS
+ * widened elements per thread for the forward and the data gradient;
  * for gamma's, the f32 kernel's threads, row ranges and ordered sum of the
- * per-thread slots (so bf16 and f32 give the same sums), each thread's
- * rows widened a block at a time.
+ * per-thread slots, so bf16 and f32 give the same sums, each thread's rows
+ * widened a block at a time), and the backward ops' entries, one for both
+ * norms.
  */
 #include <string.h>
 
 #include "base/half.h"
 #include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/ops.h"
 
 #define ROWS LOOM_CPU_BF16_ROWS
+
+int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
+			   const void *gamma, const void *beta, double eps, void *y, unsigned half)
+{
+	if (c <= 0 || c > ROWS)
+		return 0;
+	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
+		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
+		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
+		const float *b =
+			beta ? loom_cpu_bf16_in(beta, half & LOOM_CPU_BF16_SRC(2), 0, c, bb) : NULL;
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
+			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
+							   nr * c, xb);
+			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
+			kernel(nr, c, xs, g, b, eps, ys);
+			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
+		}
+	}
+	return 1;
+}
 
 int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
 				const void *x, const void *gamma, const void *dy, double eps,
@@ -74,4 +102,114 @@ int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t ro
 			((float *)dgamma)[j] = (float)s;
 	}
 	return 1;
+}
+
+/* ---------------------------------------------------------- entries */
+
+/* A row norm's backward kernels: layer norm's and RMS norm's take the same
+ * arguments, so one pair of entries serves both ops, the node's op picking
+ * the kernels. */
+typedef struct norm_bwd_kernels {
+	void (*data_f32)(int64_t rows, int c, const float *x, const float *gamma,
+			 const float *dy, double eps, float *dx);
+	void (*data_f64)(int64_t rows, int c, const double *x, const double *gamma,
+			 const double *dy, double eps, double *dx);
+	int (*data_bf16)(int64_t rows, int c, const void *x, const void *gamma, const void *dy,
+			 double eps, void *dx, unsigned half);
+	void (*gamma_f32)(int64_t rows, int c, const float *x, const float *dy, double eps,
+			  float *dgamma, double *ws);
+	void (*gamma_f64)(int64_t rows, int c, const double *x, const double *dy, double eps,
+			  double *dgamma, double *ws);
+	int (*gamma_bf16)(int64_t rows, int c, const void *x, const void *dy, double eps,
+			  void *dgamma, double *ws, unsigned half);
+	size_t (*gamma_ws)(int c);
+} norm_bwd_kernels;
+
+static const norm_bwd_kernels layernorm_bwd = {
+	.data_f32 = loom_cpu_layernorm_bwd_data_f32,
+	.data_f64 = loom_cpu_layernorm_bwd_data_f64,
+	.data_bf16 = loom_cpu_layernorm_bwd_data_bf16,
+	.gamma_f32 = loom_cpu_layernorm_bwd_gamma_f32,
+	.gamma_f64 = loom_cpu_layernorm_bwd_gamma_f64,
+	.gamma_bf16 = loom_cpu_layernorm_bwd_gamma_bf16,
+	.gamma_ws = loom_cpu_layernorm_bwd_gamma_ws,
+};
+
+static const norm_bwd_kernels rmsnorm_bwd = {
+	.data_f32 = loom_cpu_rmsnorm_bwd_data_f32,
+	.data_f64 = loom_cpu_rmsnorm_bwd_data_f64,
+	.data_bf16 = loom_cpu_rmsnorm_bwd_data_bf16,
+	.gamma_f32 = loom_cpu_rmsnorm_bwd_gamma_f32,
+	.gamma_f64 = loom_cpu_rmsnorm_bwd_gamma_f64,
+	.gamma_bf16 = loom_cpu_rmsnorm_bwd_gamma_bf16,
+	.gamma_ws = loom_cpu_rmsnorm_bwd_gamma_ws,
+};
+
+static const norm_bwd_kernels *kernels_of(const loom_node *n)
+{
+	return n->op == LOOM_OP_RMSNORM_BWD_DATA || n->op == LOOM_OP_RMSNORM_BWD_GAMMA ?
+		       &rmsnorm_bwd :
+		       &layernorm_bwd;
+}
+
+loom_status loom_cpu_op_norm_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				      const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	const norm_bwd_kernels *k = kernels_of(n);
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int c = (int)loom_shape_last(&n->shape);
+	(void)ctx;
+	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
+		k->data_f64(rows, c, io->src[0], io->src[1], io->src[2], n->a.ln.eps, io->out);
+	else
+		k->data_f32(rows, c, io->src[0], io->src[1], io->src[2], n->a.ln.eps, io->out);
+	return LOOM_OK;
+}
+
+int loom_cpu_op_norm_bwd_data_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				   const loom_cpu_io *io, unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	(void)st;
+	return kernels_of(n)->data_bf16(loom_shape_rows(&n->shape),
+					(int)loom_shape_last(&n->shape), io->src[0], io->src[1],
+					io->src[2], n->a.ln.eps, io->out, half);
+}
+
+loom_status loom_cpu_op_norm_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				       const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
+	const norm_bwd_kernels *k = kernels_of(n);
+	const int64_t rows = loom_shape_rows(&x->shape);
+	const int c = (int)loom_shape_last(&x->shape);
+	(void)ctx;
+	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
+		k->gamma_f64(rows, c, io->src[0], io->src[1], n->a.ln.eps, io->out, io->ws);
+	else
+		k->gamma_f32(rows, c, io->src[0], io->src[1], n->a.ln.eps, io->out, io->ws);
+	return LOOM_OK;
+}
+
+int loom_cpu_op_norm_bwd_gamma_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				    const loom_cpu_io *io, unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
+	(void)ctx;
+	(void)st;
+	return kernels_of(n)->gamma_bf16(loom_shape_rows(&x->shape),
+					 (int)loom_shape_last(&x->shape), io->src[0], io->src[1],
+					 n->a.ln.eps, io->out, io->ws, half);
+}
+
+/* dgamma's per-thread sums. */
+size_t loom_cpu_op_norm_bwd_gamma_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				     size_t elem)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	(void)ctx;
+	(void)elem;
+	return kernels_of(n)->gamma_ws((int)loom_shape_last(&n->shape));
 }

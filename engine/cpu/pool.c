@@ -109,10 +109,5 @@ static void pool2_row_fwd_avx2(const float *r0, const float *r1, float *y, int w
 #undef LOOM_POOL2_ROW_FWD_F32
 
 /* f64 (gradient checks) only in the baseline copy. */
-#ifdef LOOM_CPU_BASE
-#define T double
-#define SFX f64
-#include "engine/cpu/pool_impl.h"
-#undef T
-#undef SFX
-#endif
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/pool_impl.h"
+#include "engine/cpu/f64_base.h"

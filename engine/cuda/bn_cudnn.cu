@@ -220,86 +220,105 @@ void loom_cuda_bn_plan_free(loom_cuda_node_plan *np)
 	bp->act = NULL;
 }
 
-loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
-			     const loom_cuda_node_plan *np, int train, void *const *src, void *out)
+/* cuDNN's one-pass forward (Ex), the relu inside it; the reserve in the
+ * saved slot where the Ex backward reads it, else scratch (the backward is
+ * the legacy call). *done is 0 when cuDNN refused the call at run time. */
+static loom_status bn_fwd_ex(loom_cuda_ctx *c, const loom_node *n, loom_cuda_bn_plan *bp,
+			     void *const *src, void *out, float *save_mean, float *save_istd,
+			     int64_t ch, int *done)
+{
+	const float one = 1.0f, zero = 0.0f;
+	unsigned char *ws = (unsigned char *)c->arena->ws;
+	const int in_slot = bp->reserve_slot && save_mean;
+	void *reserve = in_slot ? (void *)((unsigned char *)save_mean +
+					   loom_cuda_bn_reserve_off(ch)) :
+				  (void *)(ws + loom_cuda_align(bp->ex_ws));
+	const int with_relu = bp->ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+	cudnnStatus_t cs = cudnnBatchNormalizationForwardTrainingEx(
+		c->dnn, (cudnnBatchNormMode_t)bp->mode, (cudnnBatchNormOps_t)bp->ex_ops,
+		&one, &zero, bp->x, src[0], NULL, NULL, bp->x, out, bp->param, src[1],
+		src[2], n->a.bn.momentum, src[3], src[4], n->a.bn.eps, save_mean,
+		save_istd, with_relu ? bp->act : NULL, ws, bp->ex_ws, reserve,
+		in_slot ? bp->reserve_max : bp->ex_reserve);
+
+	*done = 1;
+	if (cs == CUDNN_STATUS_SUCCESS && in_slot)
+		bp->ran_ex = with_relu ? LOOM_CUDA_BN_EX_ACT : LOOM_CUDA_BN_EX_BN;
+	if (cs == CUDNN_STATUS_SUCCESS)
+		return with_relu || !n->a.bn.relu ?
+			       LOOM_OK :
+			       loom_cuda_relu_fwd(c->err, c->stream, out, n->dtype, out,
+						  n->dtype, loom_shape_numel(&n->shape));
+	if (cs != CUDNN_STATUS_NOT_SUPPORTED)
+		return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
+	*done = 0;
+	return LOOM_OK;
+}
+
+/* The legacy forward calls, inference or training. */
+static loom_status bn_fwd_legacy(loom_cuda_ctx *c, const loom_node *n,
+				 const loom_cuda_bn_plan *bp, int train, void *const *src,
+				 void *out, float *save_mean, float *save_istd)
+{
+	const float one = 1.0f, zero = 0.0f;
+	loom_status st;
+
+	if (!train)
+		st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+					      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+					      bp->x, src[0], bp->x, out, bp->param, src[1],
+					      src[2], src[3], src[4], n->a.bn.eps),
+				      c->err, sizeof(c->err));
+	else
+		st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+					      c->dnn, (cudnnBatchNormMode_t)bp->mode, &one, &zero,
+					      bp->x, src[0], bp->x, out, bp->param, src[1],
+					      src[2], n->a.bn.momentum, src[3], src[4],
+					      n->a.bn.eps, save_mean, save_istd),
+				      c->err, sizeof(c->err));
+	/* A fused relu (graph/fuse.c): the legacy API has no relu
+	 * epilogue, so the relu kernel runs in place after it, on the
+	 * rounded output (a half -0 stays -0: an equal value). */
+	if (st == LOOM_OK && n->a.bn.relu)
+		st = loom_cuda_relu_fwd(c->err, c->stream, out, n->dtype, out, n->dtype,
+					loom_shape_numel(&n->shape));
+	return st;
+}
+
+/* BATCHNORM2D (x, gamma, beta, running mean, running var); the mean and
+ * inverse std saved for the backward where the plan gave the node a slot
+ * (LOOM_CUDA_BN_SAVE). */
+static loom_status bn_fwd(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+			  const loom_cuda_bn_plan *bp, int train, void *const *src, void *out)
 {
 	const loom_node *n = &p->g->nodes[v];
-	const loom_cuda_bn_plan *bp = &np->bn;
-	const float one = 1.0f, zero = 0.0f;
+	const int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
+	float *save_mean = (float *)loom_cuda_saved_slot(c, v, v);
+	float *save_istd = save_mean ? save_mean + ch : NULL;
+	loom_cuda_bn_plan *mp = (loom_cuda_bn_plan *)bp; /* what this run called */
+	loom_status st;
+	int done;
 
-	if (n->op == LOOM_OP_BATCHNORM2D) {
-		/* (x, gamma, beta, running mean, running var); the mean and
-		 * inverse std saved for the backward where the plan gave the
-		 * node a slot (LOOM_CUDA_BN_SAVE). */
-		loom_status st;
-		const int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
-		float *save_mean = (float *)loom_cuda_saved_slot(c, v, v);
-		float *save_istd = save_mean ? save_mean + ch : NULL;
-		loom_cuda_bn_plan *mp = (loom_cuda_bn_plan *)bp; /* what this run called */
-		if (train)
-			mp->ran_ex = LOOM_CUDA_BN_EX_NONE;
-		if (train && bp->ex) {
-			/* The relu inside cuDNN's one pass; the reserve in the
-			 * saved slot where the Ex backward reads it, else
-			 * scratch (the backward is the legacy call). */
-			unsigned char *ws = (unsigned char *)c->arena->ws;
-			const int in_slot = bp->reserve_slot && save_mean;
-			void *reserve = in_slot ? (void *)((unsigned char *)save_mean +
-							   loom_cuda_bn_reserve_off(ch)) :
-						  (void *)(ws + loom_cuda_align(bp->ex_ws));
-			const int with_relu = bp->ex_ops == (int)CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-			cudnnStatus_t cs = cudnnBatchNormalizationForwardTrainingEx(
-				c->dnn, (cudnnBatchNormMode_t)bp->mode, (cudnnBatchNormOps_t)bp->ex_ops,
-				&one, &zero, bp->x, src[0], NULL, NULL, bp->x, out, bp->param, src[1],
-				src[2], n->a.bn.momentum, src[3], src[4], n->a.bn.eps, save_mean,
-				save_istd, with_relu ? bp->act : NULL, ws, bp->ex_ws, reserve,
-				in_slot ? bp->reserve_max : bp->ex_reserve);
-			if (cs == CUDNN_STATUS_SUCCESS && in_slot)
-				mp->ran_ex = with_relu ? LOOM_CUDA_BN_EX_ACT : LOOM_CUDA_BN_EX_BN;
-			if (cs == CUDNN_STATUS_SUCCESS)
-				return with_relu || !n->a.bn.relu ?
-					       LOOM_OK :
-					       loom_cuda_relu_fwd(c->err, c->stream, out, n->dtype, out,
-								  n->dtype, loom_shape_numel(&n->shape));
-			if (cs != CUDNN_STATUS_NOT_SUPPORTED)
-				return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
-			/* Refused at run time: the legacy call from now on. */
-			((loom_cuda_bn_plan *)bp)->ex = 0;
-		}
-		if (!train)
-			st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-						      c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-						      bp->x, src[0], bp->x, out, bp->param, src[1],
-						      src[2], src[3], src[4], n->a.bn.eps),
-					      c->err, sizeof(c->err));
-		else
-			st = LOOM_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-						      c->dnn, (cudnnBatchNormMode_t)bp->mode, &one, &zero,
-						      bp->x, src[0], bp->x, out, bp->param, src[1],
-						      src[2], n->a.bn.momentum, src[3], src[4],
-						      n->a.bn.eps, save_mean, save_istd),
-					      c->err, sizeof(c->err));
-		/* A fused relu (graph/fuse.c): the legacy API has no relu
-		 * epilogue, so the relu kernel runs in place after it, on the
-		 * rounded output (a half -0 stays -0: an equal value). */
-		if (st == LOOM_OK && n->a.bn.relu)
-			st = loom_cuda_relu_fwd(c->err, c->stream, out, n->dtype, out, n->dtype,
-						loom_shape_numel(&n->shape));
-		return st;
+	if (train)
+		mp->ran_ex = LOOM_CUDA_BN_EX_NONE;
+	if (train && bp->ex) {
+		st = bn_fwd_ex(c, n, mp, src, out, save_mean, save_istd, ch, &done);
+		if (done)
+			return st;
+		/* Refused at run time: the legacy call from now on. */
+		mp->ex = 0;
 	}
-	/* BN_BWD_DATA (x, gamma, dy) -> dx, with dgamma and dbeta. */
-	int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
-	float *scratch = (float *)c->arena->ws;
-	void *dg = bp->dgamma != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dgamma) : (void *)scratch;
-	void *db = bp->dbeta != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dbeta) : (void *)(scratch + ch);
-	/* The forward's saved mean and inverse std, when it ran in this
-	 * (training) run; else cuDNN recomputes them from x. */
-	const float *sm = train ? (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
-	const void *dy = src[2];
-	/* A relu backward this call was to do (plan_bn_bwd_ex) and does not:
-	 * run it here, into its own output, and read that. */
+	return bn_fwd_legacy(c, n, bp, train, src, out, save_mean, save_istd);
+}
+
+/* Which Ex call the backward makes: its fusion's ops, or OPS_BN, as far as
+ * the forward ran the matching Ex call in this (training) run; else NONE,
+ * the legacy call. */
+static int bn_bwd_ex_ops(loom_cuda_ctx *c, const loom_cuda_node_plan *np, int train,
+			 const float *sm, int fused)
+{
+	const loom_cuda_bn_plan *bp = &np->bn;
 	const loom_cuda_bn_bwd_fusion *fu = &bp->fuse;
-	const int fused = fu->ops != LOOM_CUDA_BN_EX_NONE && loom_cuda_relu_fusion_on(c);
 	int ops = LOOM_CUDA_BN_EX_NONE;
 	if (train && bp->bwd_ex && sm) {
 		const int ran = c->plans[np->saved_by].bn.ran_ex;
@@ -310,54 +329,105 @@ loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 		if (fused && ops == LOOM_CUDA_BN_EX_NONE && ran == LOOM_CUDA_BN_EX_BN)
 			ops = LOOM_CUDA_BN_EX_BN;
 	}
-	if (fused && ops != fu->ops) {
-		void *r = loom_arena_ptr(c->arena, p, fu->relu_bwd);
-		const int rdt = p->g->nodes[fu->relu_bwd].dtype;
-		loom_status st = loom_cuda_relu_bwd(
-			c->err, c->stream, loom_arena_ptr(c->arena, p, fu->y), p->g->nodes[fu->y].dtype,
-			loom_arena_ptr(c->arena, p, fu->dy), p->g->nodes[fu->dy].dtype, r, rdt,
-			loom_shape_numel(&n->shape));
+	return ops;
+}
+
+/* A relu backward the call was to do (plan_bn_bwd_ex) and does not: run
+ * here, into its own output, which *dy then names. */
+static loom_status bn_relu_bwd(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
+			       const loom_cuda_bn_bwd_fusion *fu, const void **dy)
+{
+	void *r = loom_arena_ptr(c->arena, p, fu->relu_bwd);
+	const int rdt = p->g->nodes[fu->relu_bwd].dtype;
+	loom_status st = loom_cuda_relu_bwd(
+		c->err, c->stream, loom_arena_ptr(c->arena, p, fu->y), p->g->nodes[fu->y].dtype,
+		loom_arena_ptr(c->arena, p, fu->dy), p->g->nodes[fu->dy].dtype, r, rdt,
+		loom_shape_numel(&n->shape));
+	if (st != LOOM_OK)
+		return st;
+	*dy = r;
+	return LOOM_OK;
+}
+
+/* The backward Ex call with ops, the forward's reserve after its
+ * statistics (plan_saved). *done is 0 when cuDNN refused it at run time:
+ * the legacy call from now on, the relu backward (if this call was to do
+ * it) first. */
+static loom_status bn_bwd_ex(const loom_plan *p, loom_cuda_ctx *c, const loom_cuda_node_plan *np,
+			     const loom_node *n, int ops, void *const *src, void *out, void *dg,
+			     void *db, const float *sm, int64_t ch, const void **dy, int *done)
+{
+	const float one = 1.0f, zero = 0.0f;
+	const loom_cuda_bn_plan *bp = &np->bn;
+	const loom_cuda_bn_bwd_fusion *fu = &bp->fuse;
+	const loom_cuda_bn_plan *fp = &c->plans[np->saved_by].bn;
+	unsigned char *ws = (unsigned char *)c->arena->ws + loom_cuda_align(2 * sizeof(float) * (size_t)ch);
+	void *reserve = (unsigned char *)sm + loom_cuda_bn_reserve_off(ch);
+	const int act = ops != LOOM_CUDA_BN_EX_BN, add = ops == LOOM_CUDA_BN_EX_ADD_ACT;
+	if (act)
+		*dy = loom_arena_ptr(c->arena, p, fu->dy);
+	cudnnStatus_t cs = cudnnBatchNormalizationBackwardEx(
+		c->dnn, (cudnnBatchNormMode_t)bp->mode, ex_ops(ops), &one, &zero, &one, &zero,
+		bp->x, src[0], act ? bp->x : NULL, act ? loom_arena_ptr(c->arena, p, fu->y) : NULL,
+		bp->x, *dy, add ? bp->x : NULL,
+		add ? loom_arena_ptr(c->arena, p, fu->relu_bwd) : NULL, bp->x, out, bp->param,
+		src[1], act ? loom_arena_ptr(c->arena, p, fu->beta) : NULL, dg, db, n->a.bn.eps,
+		sm, sm + ch, act ? bp->act : NULL, ws, bp->bwd_ws, reserve, fp->reserve_max);
+	*done = 1;
+	if (cs != CUDNN_STATUS_NOT_SUPPORTED)
+		return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
+	((loom_cuda_bn_plan *)bp)->bwd_ex = 0;
+	if (act) {
+		loom_status st = bn_relu_bwd(p, c, n, fu, dy);
 		if (st != LOOM_OK)
 			return st;
-		dy = r;
 	}
+	*done = 0;
+	return LOOM_OK;
+}
+
+/* BN_BWD_DATA (x, gamma, dy) -> dx, with dgamma and dbeta. */
+static loom_status bn_bwd(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+			  const loom_cuda_node_plan *np, int train, void *const *src, void *out)
+{
+	const loom_node *n = &p->g->nodes[v];
+	const loom_cuda_bn_plan *bp = &np->bn;
+	const float one = 1.0f, zero = 0.0f;
+	int64_t ch = p->g->nodes[n->src[0]].shape.dims[1];
+	float *scratch = (float *)c->arena->ws;
+	void *dg = bp->dgamma != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dgamma) : (void *)scratch;
+	void *db = bp->dbeta != LOOM_NONE ? loom_arena_ptr(c->arena, p, bp->dbeta) : (void *)(scratch + ch);
+	/* The forward's saved mean and inverse std, when it ran in this
+	 * (training) run; else cuDNN recomputes them from x. */
+	const float *sm = train ? (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
+	const void *dy = src[2];
+	const loom_cuda_bn_bwd_fusion *fu = &bp->fuse;
+	const int fused = fu->ops != LOOM_CUDA_BN_EX_NONE && loom_cuda_relu_fusion_on(c);
+	int ops = bn_bwd_ex_ops(c, np, train, sm, fused);
+	loom_status st;
+	int done;
+	/* A relu backward this call was to do and does not: run it here, and
+	 * read its output. */
+	if (fused && ops != fu->ops && (st = bn_relu_bwd(p, c, n, fu, &dy)) != LOOM_OK)
+		return st;
 	if (ops != LOOM_CUDA_BN_EX_NONE) {
-		/* The forward's reserve after its statistics (plan_saved). */
-		const loom_cuda_bn_plan *fp = &c->plans[np->saved_by].bn;
-		unsigned char *ws = (unsigned char *)c->arena->ws + loom_cuda_align(2 * sizeof(float) * (size_t)ch);
-		void *reserve = (unsigned char *)sm + loom_cuda_bn_reserve_off(ch);
-		const int act = ops != LOOM_CUDA_BN_EX_BN, add = ops == LOOM_CUDA_BN_EX_ADD_ACT;
-		if (act)
-			dy = loom_arena_ptr(c->arena, p, fu->dy);
-		cudnnStatus_t cs = cudnnBatchNormalizationBackwardEx(
-			c->dnn, (cudnnBatchNormMode_t)bp->mode, ex_ops(ops), &one, &zero, &one, &zero,
-			bp->x, src[0], act ? bp->x : NULL, act ? loom_arena_ptr(c->arena, p, fu->y) : NULL,
-			bp->x, dy, add ? bp->x : NULL,
-			add ? loom_arena_ptr(c->arena, p, fu->relu_bwd) : NULL, bp->x, out, bp->param,
-			src[1], act ? loom_arena_ptr(c->arena, p, fu->beta) : NULL, dg, db, n->a.bn.eps,
-			sm, sm + ch, act ? bp->act : NULL, ws, bp->bwd_ws, reserve, fp->reserve_max);
-		if (cs != CUDNN_STATUS_NOT_SUPPORTED)
-			return LOOM_CUDNN_CHECK(cs, c->err, sizeof(c->err));
-		/* Refused at run time: the legacy call from now on, the relu
-		 * backward (if this call was to do it) first. */
-		((loom_cuda_bn_plan *)bp)->bwd_ex = 0;
-		if (act) {
-			void *r = loom_arena_ptr(c->arena, p, fu->relu_bwd);
-			const int rdt = p->g->nodes[fu->relu_bwd].dtype;
-			loom_status st = loom_cuda_relu_bwd(
-				c->err, c->stream, loom_arena_ptr(c->arena, p, fu->y),
-				p->g->nodes[fu->y].dtype, dy, p->g->nodes[fu->dy].dtype, r, rdt,
-				loom_shape_numel(&n->shape));
-			if (st != LOOM_OK)
-				return st;
-			dy = r;
-		}
+		st = bn_bwd_ex(p, c, np, n, ops, src, out, dg, db, sm, ch, &dy, &done);
+		if (done)
+			return st;
 	}
 	return LOOM_CUDNN_CHECK(cudnnBatchNormalizationBackward(
 					c->dnn, (cudnnBatchNormMode_t)bp->mode, &one, &zero, &one, &zero,
 					bp->x, src[0], bp->x, dy, bp->x, out, bp->param, src[1],
 					dg, db, n->a.bn.eps, sm, sm ? sm + ch : NULL),
 				c->err, sizeof(c->err));
+}
+
+loom_status loom_cuda_bn_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+			     const loom_cuda_node_plan *np, int train, void *const *src, void *out)
+{
+	if (p->g->nodes[v].op == LOOM_OP_BATCHNORM2D)
+		return bn_fwd(p, c, v, &np->bn, train, src, out);
+	return bn_bwd(p, c, v, np, train, src, out);
 }
 
 /* ------------------------------------------------------------ bn + add + relu */

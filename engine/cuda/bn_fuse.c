@@ -109,46 +109,58 @@ static int planned(const loom_plan *p, loom_value v)
 	return v != LOOM_NONE && loom_plan_value_bytes(p, v) > 0;
 }
 
-int loom_cuda_bn_bwd_match(const loom_plan *p, const int *step_of, loom_value b, loom_value f,
-			   const loom_value *add_by, const unsigned char *makes,
-			   loom_cuda_bn_bwd_fusion *out)
+/* Which call b may make: LOOM_CUDA_BN_EX_ACT when its dy comes from the
+ * relu backward r of its forward f's output, ADD_ACT when r is that of
+ * the add f's output feeds; r runs before b and is no graph output. 0 for
+ * neither. */
+static int bwd_ops(const loom_graph *g, const int *step_of, loom_value b, loom_value f,
+		   const loom_value *add_by)
 {
-	const loom_graph *g = p->g;
 	const loom_node *bn = &g->nodes[b], *fn = &g->nodes[f];
-	out->ops = LOOM_CUDA_BN_EX_NONE;
-	out->relu_bwd = out->y = out->dy = out->beta = LOOM_NONE;
-	if (bn->op != LOOM_OP_BN_BWD_DATA || fn->op != LOOM_OP_BATCHNORM2D || step_of[b] < 0)
-		return 0;
 	loom_value r = bn->src[2];
 	const loom_node *rn = &g->nodes[r];
 	if (rn->op != LOOM_OP_RELU_BWD || (rn->flags & LOOM_NODE_OUTPUT) || step_of[r] < 0 ||
 	    step_of[b] <= step_of[r])
 		return 0;
-	loom_value y = rn->src[0], dy = rn->src[1];
-	int ops;
+	loom_value y = rn->src[0];
 	if (fn->a.bn.relu && y == f)
-		ops = LOOM_CUDA_BN_EX_ACT;
-	else if (!fn->a.bn.relu && add_by[f] != LOOM_NONE && y == add_by[f])
-		ops = LOOM_CUDA_BN_EX_ADD_ACT;
-	else
-		return 0;
-	/* one dtype and shape through: cuDNN's y, dy, dz and dx descriptors
-	 * are the one x descriptor */
-	if (rn->dtype != bn->dtype || g->nodes[y].dtype != bn->dtype ||
-	    g->nodes[dy].dtype != bn->dtype || !loom_shape_eq(&g->nodes[y].shape, &bn->shape) ||
-	    !loom_shape_eq(&g->nodes[dy].shape, &bn->shape) || !loom_shape_eq(&rn->shape, &bn->shape))
-		return 0;
-	/* r's readers: b and what b's call makes; under ADD_ACT, where the
-	 * call writes r's output, also nodes run after b */
+		return LOOM_CUDA_BN_EX_ACT;
+	if (!fn->a.bn.relu && add_by[f] != LOOM_NONE && y == add_by[f])
+		return LOOM_CUDA_BN_EX_ADD_ACT;
+	return 0;
+}
+
+/* One dtype and shape through: cuDNN's y, dy, dz and dx descriptors are
+ * the one x descriptor. */
+static int one_x_desc(const loom_graph *g, const loom_node *bn, const loom_node *rn)
+{
+	loom_value y = rn->src[0], dy = rn->src[1];
+	return rn->dtype == bn->dtype && g->nodes[y].dtype == bn->dtype &&
+	       g->nodes[dy].dtype == bn->dtype && loom_shape_eq(&g->nodes[y].shape, &bn->shape) &&
+	       loom_shape_eq(&g->nodes[dy].shape, &bn->shape) &&
+	       loom_shape_eq(&rn->shape, &bn->shape);
+}
+
+/* r's readers: b and what b's call makes; under ADD_ACT, where the call
+ * writes r's output, also nodes run after b. */
+static int readers_ok(const loom_graph *g, const int *step_of, loom_value b, loom_value r,
+		      const unsigned char *makes, int ops)
+{
 	for (loom_value w = 0; w < g->n; w++) {
 		if (w == b || !reads(g, w, r) || makes[w])
 			continue;
 		if (ops == LOOM_CUDA_BN_EX_ACT || step_of[w] <= step_of[b])
 			return 0;
 	}
-	const loom_value reads_b[5] = { bn->src[0], bn->src[1], y, dy, fn->src[2] };
-	/* Between r and b: nothing reads r (not yet written) or writes over
-	 * what b reads. */
+	return 1;
+}
+
+/* Between r and b: nothing reads r (not yet written) or writes over what
+ * b reads (reads_b, 5 values). */
+static int between_ok(const loom_plan *p, const int *step_of, loom_value b, loom_value r,
+		      const loom_value *reads_b)
+{
+	const loom_graph *g = p->g;
 	for (int i = step_of[r] + 1; i < step_of[b]; i++) {
 		if (p->steps[i].kind != LOOM_STEP_NODE || p->steps[i].noop ||
 		    p->steps[i].v == LOOM_NONE)
@@ -163,7 +175,15 @@ int loom_cuda_bn_bwd_match(const loom_plan *p, const int *step_of, loom_value b,
 				return 0;
 		}
 	}
-	/* What b writes, apart from what it reads and from each other. */
+	return 1;
+}
+
+/* What b writes, apart from what it reads (reads_b, 5 values) and from
+ * each other. */
+static int writes_ok(const loom_plan *p, loom_value b, loom_value r, int ops,
+		     const unsigned char *makes, const loom_value *reads_b)
+{
+	const loom_graph *g = p->g;
 	loom_value writes[8];
 	int nw = 0;
 	writes[nw++] = b;
@@ -190,6 +210,28 @@ int loom_cuda_bn_bwd_match(const loom_plan *p, const int *step_of, loom_value b,
 			if (loom_cuda_bytes_meet(p, writes[i], writes[j], &same))
 				return 0;
 	}
+	return 1;
+}
+
+int loom_cuda_bn_bwd_match(const loom_plan *p, const int *step_of, loom_value b, loom_value f,
+			   const loom_value *add_by, const unsigned char *makes,
+			   loom_cuda_bn_bwd_fusion *out)
+{
+	const loom_graph *g = p->g;
+	const loom_node *bn = &g->nodes[b], *fn = &g->nodes[f];
+	out->ops = LOOM_CUDA_BN_EX_NONE;
+	out->relu_bwd = out->y = out->dy = out->beta = LOOM_NONE;
+	if (bn->op != LOOM_OP_BN_BWD_DATA || fn->op != LOOM_OP_BATCHNORM2D || step_of[b] < 0)
+		return 0;
+	int ops = bwd_ops(g, step_of, b, f, add_by);
+	loom_value r = bn->src[2];
+	const loom_node *rn = &g->nodes[r];
+	if (!ops || !one_x_desc(g, bn, rn) || !readers_ok(g, step_of, b, r, makes, ops))
+		return 0;
+	loom_value y = rn->src[0], dy = rn->src[1];
+	const loom_value reads_b[5] = { bn->src[0], bn->src[1], y, dy, fn->src[2] };
+	if (!between_ok(p, step_of, b, r, reads_b) || !writes_ok(p, b, r, ops, makes, reads_b))
+		return 0;
 	out->ops = ops;
 	out->relu_bwd = r;
 	out->y = y;

@@ -283,31 +283,84 @@ static int best_measured(const Perf *perf, int count, int f32, int tf32, int heu
 
 /* Replaces *algo, *math (the heuristic's) by the measured choice where
  * the search is on and can run; records how in cp. */
+/* The cache key of n's convolution as cp plans it on this device. */
+static void conv_key_of(const loom_plan *p, const loom_cuda_ctx *c, const loom_node *n,
+			const loom_cuda_conv_plan *cp, int f32, int tf32, conv_key *k)
+{
+	loom_conv_shape cs;
+	loom_conv_shape_of(p->g, (loom_value)(n - p->g->nodes), &cs);
+	memset(k, 0, sizeof(*k));
+	k->op = (int)n->op;
+	k->dt = f32 ? (int)CUDNN_DATA_FLOAT : (int)loom_cudnn_data_type(n->dtype);
+	k->tf32 = tf32;
+	k->device = c->device;
+	k->fmt = cp->fmt;
+	k->n = cs.n;
+	k->c_in = cs.c_in;
+	k->h_in = cs.h_in;
+	k->w_in = cs.w_in;
+	k->c_out = cs.c_out;
+	k->kh = cs.kh;
+	k->kw = cs.kw;
+	k->pad = cs.pad;
+	k->stride = cs.stride;
+}
+
+/* cuDNN's Find over the search's scratch, timed into the budget: the best
+ * measured algorithm (its math in *bm, its time in *ms, the heuristic
+ * algo's in *hms), or -1 when Find failed. */
+static int find_best(loom_cuda_ctx *c, const loom_node *n, const loom_cuda_conv_plan *cp, int f32,
+		     int tf32, int algo, cudnnMathType_t *bm, float *ms, float *hms)
+{
+	loom_cuda_conv_search *s = &c->search;
+	void *x = s->base, *w = s->base + s->x_bytes, *y = s->base + s->x_bytes + s->w_bytes;
+	void *ws = s->base + s->x_bytes + s->w_bytes + s->y_bytes;
+	cudnnStatus_t ds;
+	int count = 0, best = -1;
+	double t0 = now_ms();
+	switch (n->op) {
+	case LOOM_OP_CONV2D: {
+		cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+		ds = cudnnFindConvolutionForwardAlgorithmEx(c->dnn, cp->x, x, cp->w, w, cp->conv, cp->y, y,
+							    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf,
+							    ws, s->ws_bytes);
+		if (ds == CUDNN_STATUS_SUCCESS)
+			best = best_measured(perf, count, f32, tf32, algo, bm, ms, hms);
+		break;
+	}
+	case LOOM_OP_CONV2D_BWD_DATA: {
+		cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+		ds = cudnnFindConvolutionBackwardDataAlgorithmEx(
+			c->dnn, cp->w, w, cp->y, y, cp->conv, cp->x, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+			&count, perf, ws, s->ws_bytes);
+		if (ds == CUDNN_STATUS_SUCCESS)
+			best = best_measured(perf, count, f32, tf32, algo, bm, ms, hms);
+		break;
+	}
+	default: {
+		cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+		ds = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+			c->dnn, cp->x, x, cp->y, y, cp->conv, cp->w, w,
+			CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, s->ws_bytes);
+		if (ds == CUDNN_STATUS_SUCCESS)
+			best = best_measured(perf, count, f32, tf32, algo, bm, ms, hms);
+		break;
+	}
+	}
+	s->spent_ms += now_ms() - t0;
+	(void)cudaGetLastError(); /* Find's own failures are not the run's */
+	return ds == CUDNN_STATUS_SUCCESS ? best : -1;
+}
+
 static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
 			loom_cuda_conv_plan *cp, int f32, int tf32, int *algo, cudnnMathType_t *math)
 {
 	loom_cuda_conv_search *s = &c->search;
-	loom_conv_shape cs;
 	conv_key k;
 	conv_choice ch;
 	if (s->off)
 		return;
-	loom_conv_shape_of(p->g, (loom_value)(n - p->g->nodes), &cs);
-	memset(&k, 0, sizeof(k));
-	k.op = (int)n->op;
-	k.dt = f32 ? (int)CUDNN_DATA_FLOAT : (int)loom_cudnn_data_type(n->dtype);
-	k.tf32 = tf32;
-	k.device = c->device;
-	k.fmt = cp->fmt;
-	k.n = cs.n;
-	k.c_in = cs.c_in;
-	k.h_in = cs.h_in;
-	k.w_in = cs.w_in;
-	k.c_out = cs.c_out;
-	k.kh = cs.kh;
-	k.kw = cs.kw;
-	k.pad = cs.pad;
-	k.stride = cs.stride;
+	conv_key_of(p, c, n, cp, f32, tf32, &k);
 	if (cache_get(&k, &ch)) {
 		*algo = ch.algo;
 		*math = (cudnnMathType_t)ch.math;
@@ -324,45 +377,10 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 		cp->how = LOOM_CUDA_CONV_HOW_NO_SCRATCH;
 		return;
 	}
-	void *x = s->base, *w = s->base + s->x_bytes, *y = s->base + s->x_bytes + s->w_bytes;
-	void *ws = s->base + s->x_bytes + s->w_bytes + s->y_bytes;
-	cudnnStatus_t ds;
-	int count = 0, best = -1;
 	cudnnMathType_t bm = *math;
 	float ms = 0, hms = 0;
-	double t0 = now_ms();
-	switch (n->op) {
-	case LOOM_OP_CONV2D: {
-		cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-		ds = cudnnFindConvolutionForwardAlgorithmEx(c->dnn, cp->x, x, cp->w, w, cp->conv, cp->y, y,
-							    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf,
-							    ws, s->ws_bytes);
-		if (ds == CUDNN_STATUS_SUCCESS)
-			best = best_measured(perf, count, f32, tf32, *algo, &bm, &ms, &hms);
-		break;
-	}
-	case LOOM_OP_CONV2D_BWD_DATA: {
-		cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-		ds = cudnnFindConvolutionBackwardDataAlgorithmEx(
-			c->dnn, cp->w, w, cp->y, y, cp->conv, cp->x, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-			&count, perf, ws, s->ws_bytes);
-		if (ds == CUDNN_STATUS_SUCCESS)
-			best = best_measured(perf, count, f32, tf32, *algo, &bm, &ms, &hms);
-		break;
-	}
-	default: {
-		cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-		ds = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-			c->dnn, cp->x, x, cp->y, y, cp->conv, cp->w, w,
-			CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, s->ws_bytes);
-		if (ds == CUDNN_STATUS_SUCCESS)
-			best = best_measured(perf, count, f32, tf32, *algo, &bm, &ms, &hms);
-		break;
-	}
-	}
-	s->spent_ms += now_ms() - t0;
-	(void)cudaGetLastError(); /* Find's own failures are not the run's */
-	if (ds != CUDNN_STATUS_SUCCESS || best < 0) {
+	int best = find_best(c, n, cp, f32, tf32, *algo, &bm, &ms, &hms);
+	if (best < 0) {
 		cp->how = LOOM_CUDA_CONV_HOW_FIND_FAILED;
 		return;
 	}

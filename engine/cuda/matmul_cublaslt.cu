@@ -121,21 +121,16 @@ static loom_status set_prefs(loom_cuda_ctx *c, cublasLtMatmulPreference_t pref, 
 
 /* Descriptors for epilogue epi and the heuristic's first algorithm; found
  * says whether there was one. */
-static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
-			     const mm_shape *sp, cublasLtEpilogue_t epi, loom_cuda_node_plan *np,
-			     int *found)
+/* The matmul descriptor: compute type, transposes, epilogue and its aux
+ * matrix's leading dimension. */
+static loom_status make_desc(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
+			     const mm_shape *sp, cublasLtEpilogue_t epi, loom_cuda_mm_plan *mp)
 {
-	loom_cuda_mm_plan *mp = &np->mm;
 	const mm_shape s = *sp;
-	cudaDataType_t dt = loom_cuda_data_type(nd->dtype);
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t res;
-	int returned = 0;
 	loom_status st;
 	cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's B */
 	cublasOperation_t opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on loom's A */
 
-	*found = 0;
 	/* fp32 operands on TF32 tensor cores unless the plan says exact. */
 	const cublasComputeType_t ct = nd->dtype == LOOM_F32 && loom_cuda_tf32_on(p) ?
 					       CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -155,8 +150,18 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 				   sizeof(ld))) != LOOM_OK)
 			return st;
 	}
-	/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
-	 * row-major, i.e. n x k (k x n) column-major; likewise A. */
+	return LOOM_OK;
+}
+
+/* Column-major shapes as stored: loom's B is [k,n] (or [n,k] if tb)
+ * row-major, i.e. n x k (k x n) column-major; likewise A. */
+static loom_status make_layouts(loom_cuda_ctx *c, const loom_node *nd, const mm_shape *sp,
+				loom_cuda_mm_plan *mp)
+{
+	const mm_shape s = *sp;
+	cudaDataType_t dt = loom_cuda_data_type(nd->dtype);
+	loom_status st;
+
 	/* A padded operand (LOOM_CUDA_LT_PAD) is read (written) in ws with
 	 * rows of ld_pad elements. */
 	const int ldb_l = mp->pad[1].ld_pad ? mp->pad[1].ld_pad : s.tb ? s.k : s.n;
@@ -172,51 +177,85 @@ static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 			       c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	st = LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->c, dt, s.n, s.m, ldc_l),
-			       c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
+	return LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&mp->c, dt, s.n, s.m, ldc_l),
+				 c->err, sizeof(c->err));
+}
+
+/* The heuristic's first answer for operands aligned to align bytes. */
+static loom_status ask_heuristic(loom_cuda_ctx *c, const loom_cuda_mm_plan *mp,
+				 cublasLtMatmulPreference_t pref, uint32_t align,
+				 cublasLtMatmulHeuristicResult_t *res, int *returned)
+{
+	loom_status st = set_prefs(c, pref, loom_cuda_lt_ws(), align);
+	if (st == LOOM_OK)
+		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
+								      mp->c, mp->c, pref, 1, res,
+								      returned),
+				       c->err, sizeof(c->err));
+	return st;
+}
+
+/* LOOM_CUDA_LT_ALIGN: also the answer for the alignment the plan's
+ * offsets promise (PyTorch tells the heuristic each pointer's; 16 rules
+ * out algorithms that want more), kept where it differs from res's. A
+ * failure here only loses the wide answer: the 16-byte one stands. */
+static void ask_wide(loom_cuda_ctx *c, loom_cuda_mm_plan *mp, cublasLtMatmulPreference_t pref,
+		     uint32_t wide, cublasLtMatmulHeuristicResult_t *res)
+{
+	cublasLtMatmulHeuristicResult_t wres;
+	int wret = 0;
+	loom_status wst = ask_heuristic(c, mp, pref, wide, &wres, &wret);
+	if (wst == LOOM_OK && wret > 0 && memcmp(&wres.algo, &res->algo, sizeof(res->algo))) {
+		mp->wide_algo = wres.algo;
+		mp->wide_align = wide;
+		if (wres.workspaceSize > res->workspaceSize)
+			res->workspaceSize = wres.workspaceSize;
+	}
+	if (wst != LOOM_OK)
+		c->err[0] = 0;
+}
+
+/* The heuristic's algorithm for the descriptor and layouts (and the wide
+ * one where it differs); *returned 0 when it has none. */
+static loom_status choose_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
+			       loom_cuda_mm_plan *mp, cublasLtMatmulHeuristicResult_t *res,
+			       int *returned)
+{
+	cublasLtMatmulPreference_t pref = NULL;
+	loom_status st;
 
 	st = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	/* Arena values are 64-byte aligned (graph/memplan.c), staged copies
 	 * 256; 16 is what every algorithm may rely on. */
-	st = set_prefs(c, pref, loom_cuda_lt_ws(), 16);
-	if (st == LOOM_OK)
-		st = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a, mp->b,
-								      mp->c, mp->c, pref, 1, &res,
-								      &returned),
-				       c->err, sizeof(c->err));
-	/* LOOM_CUDA_LT_ALIGN: also the answer for the alignment the plan's
-	 * offsets promise (PyTorch tells the heuristic each pointer's; 16
-	 * rules out algorithms that want more), kept where it differs. */
+	st = ask_heuristic(c, mp, pref, 16, res, returned);
 	mp->wide_align = 0;
 	const uint32_t wide = c->lt_align ? plan_align(p, nd, (loom_value)(nd - p->g->nodes), mp) : 16;
-	if (st == LOOM_OK && returned > 0 && wide > 16) {
-		cublasLtMatmulHeuristicResult_t wres;
-		int wret = 0;
-		/* A failure here only loses the wide answer: the 16-byte one stands. */
-		loom_status wst = set_prefs(c, pref, loom_cuda_lt_ws(), wide);
-		if (wst == LOOM_OK)
-			wst = LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, mp->desc, mp->a,
-									       mp->b, mp->c, mp->c, pref,
-									       1, &wres, &wret),
-						c->err, sizeof(c->err));
-		if (wst == LOOM_OK && wret > 0 && memcmp(&wres.algo, &res.algo, sizeof(res.algo))) {
-			mp->wide_algo = wres.algo;
-			mp->wide_align = wide;
-			if (wres.workspaceSize > res.workspaceSize)
-				res.workspaceSize = wres.workspaceSize;
-		}
-		if (wst != LOOM_OK)
-			c->err[0] = 0;
-	}
+	if (st == LOOM_OK && *returned > 0 && wide > 16)
+		ask_wide(c, mp, pref, wide, res);
 	/* Checked too, but an earlier failure keeps its message. */
 	loom_status dst = LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref),
 					    st == LOOM_OK ? c->err : NULL, sizeof(c->err));
 	if (st == LOOM_OK)
 		st = dst;
+	return st;
+}
+
+static loom_status plan_with(const loom_plan *p, loom_cuda_ctx *c, const loom_node *nd,
+			     const mm_shape *sp, cublasLtEpilogue_t epi, loom_cuda_node_plan *np,
+			     int *found)
+{
+	loom_cuda_mm_plan *mp = &np->mm;
+	cublasLtMatmulHeuristicResult_t res;
+	int returned = 0;
+	loom_status st;
+
+	*found = 0;
+	if ((st = make_desc(p, c, nd, sp, epi, mp)) != LOOM_OK ||
+	    (st = make_layouts(c, nd, sp, mp)) != LOOM_OK)
+		return st;
+	st = choose_algo(p, c, nd, mp, &res, &returned);
 	if (st != LOOM_OK || returned < 1)
 		return st;
 	*found = 1;
