@@ -1,12 +1,13 @@
 /*
  * engine/cuda/matmul_fp8.cu — the FP8 product (LOOM_CUDA_FP8_GEMM=1): a
- * LINEAR or MATMUL whose two operands are FP8_QDQ outputs (E4M3 forward;
- * an E5M2 gradient against an E4M3 operand backward) runs on cuBLASLt's
- * FP8 tensor cores: each operand cast into a 1-byte copy in ws with its
- * QDQ's own scale (exact: the QDQ's values are fp8 values over that
- * scale), cuBLASLt told the inverse scales (A_SCALE_POINTER,
- * B_SCALE_POINTER), fp32 accumulation, bf16 D. The numbers are the
- * emulation's but for the order of the fp32 sums. Anything else — a
+ * LINEAR or MATMUL whose two operands are FP8_QDQ outputs, directly or
+ * through reshapes (E4M3 forward; an E5M2 gradient against an E4M3
+ * operand backward) runs on cuBLASLt's FP8 tensor cores: each operand
+ * cast into a 1-byte copy in ws with its QDQ's own scale (exact: the
+ * QDQ's values are fp8 values over that scale), cuBLASLt told the
+ * inverse scales (A_SCALE_POINTER, B_SCALE_POINTER), fp32 accumulation,
+ * bf16 D. The numbers are the emulation's but for the order of the fp32
+ * sums. Anything else — a
  * source that is not a QDQ, a dimension not a multiple of 16, no
  * algorithm — is left to the plain product (matmul_cublaslt.cu), which
  * computes the emulation on the QDQ'd bf16 values.
@@ -42,24 +43,31 @@ static void shape_of(const loom_plan *p, const loom_node *nd, fp8_shape *s)
 	s->k = s->ta ? loom_shape_rows(&a->shape) : loom_shape_last(&a->shape);
 }
 
-/* The fp8 format QDQ node q rounds through, 0 if it is not one that does. */
-static int qdq_format(const loom_node *q)
+/* The FP8_QDQ node whose bytes value x is, through reshapes (the
+ * backward's products read a QDQ output as [rows, last]: the same bytes,
+ * row-major), LOOM_NONE if none; its fp8 format in *fmt. */
+static loom_value qdq_of(const loom_plan *p, loom_value x, int *fmt)
 {
-	if (q->op != LOOM_OP_FP8_QDQ)
-		return 0;
-	return q->a.fp8.fwd == LOOM_FP8_E4M3 || q->a.fp8.fwd == LOOM_FP8_E5M2 ? q->a.fp8.fwd : 0;
+	while (p->g->nodes[x].op == LOOM_OP_RESHAPE)
+		x = p->g->nodes[x].src[0];
+	const loom_node *q = &p->g->nodes[x];
+	*fmt = q->op == LOOM_OP_FP8_QDQ &&
+			       (q->a.fp8.fwd == LOOM_FP8_E4M3 || q->a.fp8.fwd == LOOM_FP8_E5M2) ?
+		       q->a.fp8.fwd : 0;
+	return *fmt ? x : LOOM_NONE;
 }
 
-/* Whether node v can run in FP8 here: a bf16 product of two QDQ outputs,
- * not both E5M2 (cuBLASLt has no E5M2 x E5M2), every dimension a
- * multiple of 16 (FP8's 16-byte leading dimensions, with room to spare). */
-static int fp8_takes(const loom_plan *p, loom_value v, fp8_shape *s, int fmt[2])
+/* Whether node v can run in FP8 here: a bf16 product of two QDQ outputs
+ * (q[], formats fmt[]), not both E5M2 (cuBLASLt has no E5M2 x E5M2),
+ * every dimension a multiple of 16 (FP8's 16-byte leading dimensions,
+ * with room to spare). */
+static int fp8_takes(const loom_plan *p, loom_value v, fp8_shape *s, int fmt[2], loom_value q[2])
 {
 	const loom_node *nd = &p->g->nodes[v];
 	if ((nd->op != LOOM_OP_LINEAR && nd->op != LOOM_OP_MATMUL) || nd->dtype != LOOM_BF16)
 		return 0;
 	for (int i = 0; i < 2; i++)
-		if (!(fmt[i] = qdq_format(&p->g->nodes[nd->src[i]])))
+		if ((q[i] = qdq_of(p, nd->src[i], &fmt[i])) == LOOM_NONE)
 			return 0;
 	if (fmt[0] == LOOM_FP8_E5M2 && fmt[1] == LOOM_FP8_E5M2)
 		return 0;
@@ -166,15 +174,17 @@ loom_status loom_cuda_mm_fp8_plan(const loom_plan *p, loom_cuda_ctx *c, loom_val
 	const loom_node *nd = &p->g->nodes[v];
 	loom_cuda_mm_plan *mp = &np->mm;
 	int fmt[2], found = 0;
+	loom_value q[2];
 	fp8_shape s;
 
 	*done = 0;
-	if (!c->fp8_gemm || loom_cuda_own_kernels_on || !c->fp8_slots || !fp8_takes(p, v, &s, fmt))
+	if (!c->fp8_gemm || loom_cuda_own_kernels_on || !c->fp8_slots ||
+	    !fp8_takes(p, v, &s, fmt, q))
 		return LOOM_OK;
 	memset(mp, 0, sizeof(*mp));
 	for (int i = 0; i < 2; i++) {
 		mp->fp8.fmt[i] = fmt[i];
-		mp->fp8.q[i] = nd->src[i];
+		mp->fp8.q[i] = q[i];
 	}
 	/* loom's A as [m, k]: stored [k, m] when ta; its B as [n, k]:
 	 * stored [k, n] unless tb. */
@@ -255,4 +265,22 @@ int loom_cuda_mm_fp8_note(const loom_cuda_node_plan *np, char *buf, size_t len)
 		 np->mm.fp8.fmt[1] == LOOM_FP8_E4M3 ? "E4M3" : "E5M2",
 		 np->mm.fp8.trans[0] || np->mm.fp8.trans[1] ? ", cast transposed" : "");
 	return 1;
+}
+
+/* Test hook (no device: the rule alone, on any compiled plan): how many
+ * of the plan's products the FP8 product would take, of how many. */
+extern "C" void loom_cuda_test_fp8_products(const void *plan, int *fp8, int *products)
+{
+	const loom_plan *p = (const loom_plan *)plan;
+	*fp8 = *products = 0;
+	for (loom_value v = 0; v < p->g->n; v++) {
+		const loom_op op = (loom_op)p->g->nodes[v].op;
+		if (op != LOOM_OP_LINEAR && op != LOOM_OP_MATMUL)
+			continue;
+		fp8_shape s;
+		int fmt[2];
+		loom_value q[2];
+		*products += 1;
+		*fp8 += fp8_takes(p, v, &s, fmt, q);
+	}
 }

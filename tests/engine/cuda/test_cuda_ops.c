@@ -3396,6 +3396,43 @@ static void fp8_cases(int gemm)
 		fp8_run_case(&cases[i]);
 }
 
+/* matmul_fp8.cu's rule on a plan (a weak reference: absent in a build
+ * without the toolkit). */
+extern void loom_cuda_test_fp8_products(const void *plan, int *fp8, int *products)
+	__attribute__((weak));
+
+/*
+ * Which products LOOM_CUDA_FP8_GEMM=1 takes (no GPU needed: the rule on
+ * the plan the CPU compiled): y = gelu(x w1^T) w2^T over [4, 16, 32] rows
+ * as a GPT's [B, T, C], so that the backward's products read the QDQ'd
+ * values through reshapes; both linears' forward, data and weight
+ * gradients (6), not the head's products (the classifier, bf16).
+ */
+Test(cuda_ops, fp8_gemm_takes_the_block_products)
+{
+	if (!loom_cuda_test_fp8_products)
+		cr_skip_test("needs a build with the CUDA toolkit (matmul_fp8.cu's rule)");
+	loom_graph *g;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
+	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
+	loom_value x = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
+	loom_value w1 = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
+	loom_value w2 = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
+	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, x, w1, LOOM_NONE)), w2,
+				   LOOM_NONE);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	p = compile_fp8(g, loss, LOOM_DEVICE_CPU, 1);
+	int fp8 = -1, products = -1;
+	loom_cuda_test_fp8_products(&p->plan, &fp8, &products);
+	cr_expect_eq(fp8, 6, "%d of %d products would run on cuBLASLt FP8, want 6", fp8, products);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
 /* FP8_QDQ's kernels: the emulation's numbers, bit for bit where exact. */
 Test(cuda_ops, fp8_qdq_matches_cpu)
 {
