@@ -57,6 +57,17 @@ static loom_value qdq_of(const loom_plan *p, loom_value x, int *fmt)
 	return *fmt ? x : LOOM_NONE;
 }
 
+/* Whether node q is a step of this rank's plan: its kernel writes the
+ * scale the cast and cuBLASLt read (a pipeline stage may receive a
+ * value whose QDQ ran on another). */
+static int runs_here(const loom_plan *p, loom_value q)
+{
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == q)
+			return 1;
+	return 0;
+}
+
 /* Whether node v can run in FP8 here: a bf16 product of two QDQ outputs
  * (q[], formats fmt[]), not both E5M2 (cuBLASLt has no E5M2 x E5M2),
  * every dimension a multiple of 16 (FP8's 16-byte leading dimensions,
@@ -67,7 +78,7 @@ static int fp8_takes(const loom_plan *p, loom_value v, fp8_shape *s, int fmt[2],
 	if ((nd->op != LOOM_OP_LINEAR && nd->op != LOOM_OP_MATMUL) || nd->dtype != LOOM_BF16)
 		return 0;
 	for (int i = 0; i < 2; i++)
-		if ((q[i] = qdq_of(p, nd->src[i], &fmt[i])) == LOOM_NONE)
+		if ((q[i] = qdq_of(p, nd->src[i], &fmt[i])) == LOOM_NONE || !runs_here(p, q[i]))
 			return 0;
 	if (fmt[0] == LOOM_FP8_E5M2 && fmt[1] == LOOM_FP8_E5M2)
 		return 0;
