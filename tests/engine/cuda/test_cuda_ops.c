@@ -3223,6 +3223,7 @@ typedef struct fp8_case {
 	int inf;    /* x[0] = inf: amax inf, scale 1, large values saturate at 448 */
 	int gemm;   /* LOOM_CUDA_FP8_GEMM */
 	int want_fp8_gemm; /* the plan must run a product on cuBLASLt FP8 */
+	int64_t lead; /* > 0: x is [lead, m / lead, k], a GPT's [B, T, C] (reshapes in the backward) */
 } fp8_case;
 
 static loom_program *compile_fp8(loom_graph *g, loom_value loss, loom_device dev, int gemm)
@@ -3328,9 +3329,11 @@ static void fp8_run_case(const fp8_case *fc)
 {
 	loom_graph *g;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	const int64_t xd[2] = { fc->m, fc->k }, wd[2] = { fc->k, fc->k }, bd[1] = { fc->k };
+	const int64_t xd2[2] = { fc->m, fc->k }, wd[2] = { fc->k, fc->k }, bd[1] = { fc->k };
+	const int64_t xd3[3] = { fc->lead, fc->lead ? fc->m / fc->lead : 0, fc->k };
 	const int64_t rd[2] = { fc->m * fc->k, 1 }, row[2] = { 1, fc->m * fc->k };
-	loom_value x = loom_param(g, "x", LOOM_F32, 2, xd, LOOM_INIT_ZEROS, 1);
+	loom_value x = loom_param(g, "x", LOOM_F32, fc->lead ? 3 : 2, fc->lead ? xd3 : xd2,
+				  LOOM_INIT_ZEROS, 1);
 	loom_value w = loom_param(g, "w", LOOM_F32, 2, wd, LOOM_INIT_ZEROS, 1);
 	loom_value b = fc->bias ? loom_param(g, "b", LOOM_F32, 1, bd, LOOM_INIT_ZEROS, 1) : LOOM_NONE;
 	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
@@ -3391,6 +3394,8 @@ static void fp8_cases(int gemm)
 		{ "fp8 identity 8x24 inf", 8, 24, 1, 0, 1, gemm, 0 },
 		{ "fp8 random 48x32", 48, 32, 0, 0, 0, gemm, gemm },
 		{ "fp8 random 32x48 bias", 32, 48, 0, 1, 0, gemm, gemm },
+		{ "fp8 identity 2x16x32", 32, 32, 1, 0, 0, gemm, gemm, 2 },
+		{ "fp8 random 4x16x64", 64, 64, 0, 0, 0, gemm, gemm, 4 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		fp8_run_case(&cases[i]);
