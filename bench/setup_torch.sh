@@ -12,9 +12,13 @@
 # the CPU-only wheels where the plain index is not reachable.
 # The bench scripts define their models themselves (the same layers as
 # examples/models.c), so torchvision is installed for completeness only.
+# torchao brings torch_gpt.py --float8 (issue 42's FP8 baseline,
+# convert_to_float8_training); like torchvision it is added to a reused
+# venv with its torch held fixed.
 set -euo pipefail
 TORCH_VERSION=2.15.0
 TORCHVISION_VERSION=0.29.2 # requires torch >= 2.14.0
+TORCHAO_VERSION=0.18.0
 venv=${1:-${TORCH_VENV:-/work/venv-torch}}
 py=${PYTHON:-python3}
 idx=()
@@ -33,9 +37,13 @@ if [ -n "$t" ]; then
 	if [ -z "$(version torchvision)" ]; then
 		"$venv/bin/pip" install --quiet "${idx[@]}" "torch==$t" "torchvision==$TORCHVISION_VERSION"
 	fi
+	if [ -z "$(version torchao)" ]; then
+		"$venv/bin/pip" install --quiet "${idx[@]}" "torch==$t" "torchao==$TORCHAO_VERSION"
+	fi
 else
 	[ -d "$venv" ] || "$py" -m venv "$venv"
 	"$venv/bin/pip" install --quiet "${idx[@]}" "torch==$TORCH_VERSION" \
-		"torchvision==$TORCHVISION_VERSION" numpy
+		"torchvision==$TORCHVISION_VERSION" "torchao==$TORCHAO_VERSION" numpy
 fi
-echo "setup_torch: $venv: torch $(version torch), torchvision $(version torchvision), numpy $(version numpy)"
+echo "setup_torch: $venv: torch $(version torch), torchvision $(version torchvision)," \
+	"torchao $(version torchao), numpy $(version numpy)"

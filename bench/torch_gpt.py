@@ -28,6 +28,13 @@ default 989 TFLOP/s (H100/H200 SXM bf16 dense). Without --data it trains on
 uniform random tokens, as llm.c's speed runs do. The default mode (the
 golden path of gpt_compare.sh, yardstick.sh and llmc_compare.sh) is
 unchanged, bit for bit.
+
+--float8 (issue 42's baseline for loom's --precision fp8): torchao's float8
+training, convert_to_float8_training with tensorwise (current) scaling, on
+every linear of the blocks (the classifier, a product with the tied table,
+stays bf16 as loom's does); CUDA and --compile only, under the bf16
+autocast. torchao is not part of torch: bench/setup_torch.sh installs it,
+and without it the script stops with one line saying so.
 """
 import argparse
 import math
@@ -112,6 +119,30 @@ def nanogpt_groups(m, wd):
     return [{"params": decay, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}]
 
 
+def to_float8(p, a, m, cuda):
+    """--float8: the blocks' nn.Linear layers swapped for torchao's
+    Float8Linear (tensorwise scaling: each tensor's own amax, as loom's
+    current scaling), before the optimizer takes the parameters."""
+    if not cuda:
+        p.error("--float8 runs on CUDA only (FP8 tensor cores, sm_89 or later)")
+    if not a.compile:
+        p.error("--float8 is measured with --compile (torchao's float8 is made for torch.compile)")
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        sys.exit("torch_gpt.py: --float8 needs torchao, which this Python lacks "
+                 "(bench/setup_torch.sh installs it): %s" % e)
+    if hasattr(Float8LinearConfig, "from_recipe_name"):
+        cfg = Float8LinearConfig.from_recipe_name("tensorwise")
+    else:
+        cfg = Float8LinearConfig()  # tensorwise dynamic scaling, torchao's default
+    # FP8 products want both dimensions a multiple of 16.
+    def takes(mod, fqn):
+        return (isinstance(mod, nn.Linear) and mod.in_features % 16 == 0 and
+                mod.out_features % 16 == 0)
+    convert_to_float8_training(m, config=cfg, module_filter_fn=takes)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="text whose bytes are the tokens (required but with "
@@ -149,6 +180,9 @@ def main():
     p.add_argument("--peak-flops", type=float,
                    help="FLOP/s for MFU (with --nanogpt on CUDA default 989e12, the "
                    "H100/H200 SXM bf16 dense peak)")
+    p.add_argument("--float8", action="store_true",
+                   help="torchao's float8 training (convert_to_float8_training, tensorwise "
+                   "scaling) on the blocks' linears; CUDA, with --compile")
     p.add_argument("--init", help="write the initial parameters here (f64, loom's order)")
     p.add_argument("--losses", help="write every step's loss here")
     a = p.parse_args()
@@ -203,6 +237,8 @@ def main():
         with open(a.init, "wb") as f:
             for w in m.loom_order():
                 f.write(w.detach().to(torch.float64).contiguous().numpy().tobytes())
+    if a.float8:
+        to_float8(p, a, m, cuda)
     fused = ng and cuda
     if ng:
         opt = torch.optim.AdamW(nanogpt_groups(m, a.weight_decay), lr=a.lr, betas=(0.9, 0.95),
@@ -247,9 +283,9 @@ def main():
     tok_s = timed * B * T / dt_s
     n = sum(w.numel() for w in m.parameters())
     if ng:
-        what = "nanoGPT (SDPA causal, %s AdamW, %s, table %d, %s GELU)" % (
+        what = "nanoGPT (SDPA causal, %s AdamW, %s%s, table %d, %s GELU)" % (
             "fused" if fused else "foreach", "bf16 autocast" if a.autocast == "bf16" else "fp32",
-            a.vocab_pad, a.gelu)
+            ", torchao float8 tensorwise" if a.float8 else "", a.vocab_pad, a.gelu)
         print("torch %s %s %s on %s: %d parameters, %d steps (%d untimed), %.1f ms/step, "
               "%.0f tok/s" % (torch.__version__, "compiled" if a.compile else "eager", what,
                               a.device, n, a.steps, a.warmup, 1e3 * dt_s / max(timed, 1), tok_s))

@@ -295,8 +295,8 @@ typedef struct loom_amp_opts {
 	 * from each tensor's own amax (current scaling), fp32 accumulation,
 	 * bf16 results; but the first and last products (one reading a model
 	 * input, and the classifier, the one the loss reads), unless
-	 * fp8_all_products. Emulated exactly on the CPU (the FP8_QDQ op); the
-	 * CUDA backend refuses it. 0: off. */
+	 * fp8_all_products. Emulated exactly on the CPU (the FP8_QDQ op), and
+	 * on CUDA at compute capability 8.9 or later (refused below). 0: off. */
 	int fp8;
 	int fp8_all_products;
 } loom_amp_opts;

@@ -97,6 +97,7 @@ static constexpr cuda_op_table make_cuda_ops()
 	t.fn[LOOM_OP_ATTENTION] = loom_cuda_op_attention;
 	t.fn[LOOM_OP_ATTENTION_BWD_PROBS] = loom_cuda_op_attention_bwd_probs;
 	t.fn[LOOM_OP_ATTENTION_BWD_QKV] = loom_cuda_op_attention_bwd_qkv;
+	t.fn[LOOM_OP_FP8_QDQ] = loom_cuda_op_fp8_qdq;
 	return t;
 }
 
@@ -406,6 +407,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->bgrad_epi = env_switch(LOOM_OPT_CUDA_BGRAD_EPILOGUE) && !loom_cuda_bgrad_kernel_on;
 	c->lt_align = env_switch(LOOM_OPT_CUDA_LT_ALIGN);
 	c->lt_pad = env_switch(LOOM_OPT_CUDA_LT_PAD);
+	c->fp8_gemm = env_switch(LOOM_OPT_CUDA_FP8_GEMM);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -421,6 +423,9 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		c->plans[v].bn.fuse.dy = c->plans[v].bn.fuse.beta = LOOM_NONE;
 		c->plans[v].conv.krsc_by = LOOM_NONE;
 	}
+	/* FP8: the capability check and the scale slots the products read. */
+	if ((st = loom_cuda_fp8_plan(c, p)) != LOOM_OK)
+		return st;
 	/* The convolutions' algorithm search measures on scratch memory of
 	 * its own, freed before the arena is allocated (alloc, later). */
 	loom_cuda_conv_search_begin(p, c);
@@ -628,6 +633,7 @@ static void cuda_free(void *ctx)
 			loom_cuda_sdpa_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
+	loom_cuda_fp8_free(c);
 	for (int i = 0; i < c->n_timers; i++)
 		if (c->timers[i])
 			(void)cudaEventDestroy(c->timers[i]);

@@ -206,6 +206,15 @@ typedef struct loom_cuda_mm_plan {
 		size_t off;
 	} pad[3];
 	size_t lt_ws;
+	/* LOOM_CUDA_FP8_GEMM (matmul_fp8.cu): on, the product runs in FP8 on
+	 * operands cast from its FP8_QDQ sources q[0] (loom's A) and q[1]
+	 * (its B), formats fmt[], into ws at off[] (trans[]: cast transposed,
+	 * for cuBLASLt's "TN" layout). */
+	struct {
+		int on, fmt[2], trans[2];
+		loom_value q[2];
+		size_t off[2];
+	} fp8;
 } loom_cuda_mm_plan;
 
 typedef struct loom_cuda_bn_plan {
@@ -475,6 +484,10 @@ typedef struct loom_cuda_ctx {
 	size_t saved_bytes;
 	int poison; /* test hook: loom_cuda_poison_on when this program was prepared */
 	int attn_off; /* loom_cuda_sdpa_off() when the plan was made */
+	/* FP8 (fp8.h): LOOM_CUDA_FP8_GEMM (0: the products on the QDQ'd bf16
+	 * values, the emulation), and the per-node scale slots. */
+	int fp8_gemm;
+	float *fp8_slots;
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
 	int diagnose;              /* the current run marks non-finite values */
@@ -949,5 +962,7 @@ static inline cudnnDataType_t loom_cudnn_data_type(loom_dtype dt)
 	return dt == LOOM_F16 ? CUDNN_DATA_HALF : dt == LOOM_BF16 ? CUDNN_DATA_BFLOAT16 :
 							  CUDNN_DATA_FLOAT;
 }
+
+#include "engine/cuda/fp8.h"
 
 #endif /* LOOM_ENGINE_CUDA_INTERNAL_H */

@@ -534,6 +534,9 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	mm_shape s;
 	char lb[96];
 
+	/* LOOM_CUDA_FP8_GEMM: FP8 tensor cores on QDQ'd operands (matmul_fp8.cu). */
+	if ((st = loom_cuda_mm_fp8_plan(p, c, v, np, &found)) != LOOM_OK || found)
+		return st;
 	mm_shape_of(p, nd, &s);
 	int bias = nd->op == LOOM_OP_LINEAR && nd->nsrc > 2;
 	int relu = nd->op == LOOM_OP_LINEAR && nd->a.mm.relu; /* fused, graph/fuse.c */
@@ -646,6 +649,8 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 	const float one = 1.0f, zero = 0.0f;
 	loom_status st;
 
+	if (mp->fp8.on)
+		return loom_cuda_mm_fp8_run(p, c, v, np, src, out);
 	if (mp->gelu != LOOM_NONE)
 		return mm_run_gelu(p, c, v, np, src, out);
 	if (mp->bias || mp->bgrad != LOOM_NONE) {
@@ -717,6 +722,8 @@ loom_status loom_cuda_op_matmul(loom_cuda_ctx *c, const loom_plan *plan, loom_va
  * on it (BGRADB, the wide alignment, padded rows); nothing otherwise. */
 void loom_cuda_mm_note(const loom_cuda_node_plan *np, char *buf, size_t len)
 {
+	if (loom_cuda_mm_fp8_note(np, buf, len))
+		return;
 	if (np->mm.gelu != LOOM_NONE) {
 		snprintf(buf, len, "cuBLASLt %s epilogue, writes %d", np->mm.dgelu ? "DGELU" : "GELU_AUX",
 			 (int)np->mm.gelu);

@@ -16,6 +16,10 @@
 #      LOOM_GPU_REST=0 ends the suite there (a lease for these alone);
 #   3b. the speed section: ResNet-50 and GPT-2 124M, loom (kernel search on
 #      and off) alternating with PyTorch, one table (speed.txt), in 360 s;
+#   3c. the fp8 section (issue 42): GPT-2 124M, 350M and 774M, loom O2 bf16
+#      against fp8 (emulated, and on cuBLASLt FP8: LOOM_CUDA_FP8_GEMM=1)
+#      and PyTorch compiled bf16 / torchao float8, one table (fp8.txt), in
+#      600 s (LOOM_GPU_FP8_S; LOOM_GPU_FP8=0 leaves it out);
 #   4. one epoch of mnist_ddp on the GPU at O0, O1, O2 fp16 and O2 bf16,
 #      with the test accuracy;
 #   5. an env:// world-1 run (RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT):
@@ -123,7 +127,7 @@ finish() {
 	echo "=== summary ($(($(date +%s) - t_start)) s of ${budget} s${1:-})"
 	bash "$here/gpu_summary.sh" "$rows" | tee "$res/summary.txt"
 	rc=${PIPESTATUS[0]}
-	for f in speed.txt versus.md kernels.md; do
+	for f in speed.txt fp8.txt versus.md kernels.md; do
 		[ -f "$res/$f" ] && { echo; cat "$res/$f"; } | tee -a "$res/summary.txt"
 	done
 	echo "logs and table: $res"
@@ -600,6 +604,64 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	done
 	echo "=== speed ($(($(date +%s) - speed_t0)) s of ${speed_budget} s)"
 	bash "$here/gpu_speed.sh" "$speed" | tee "$res/speed.txt"
+fi
+
+# The fp8 section (issue 42 item 5): GPT-2 124M (--preset gpt2), 350M and
+# 774M (the preset with --layers/--heads/--embd 24/16/1024 and 36/20/1280),
+# b8 T1024, loom O2 at --precision bf16, then fp8 with the products on the
+# QDQ'd bf16 values (LOOM_CUDA_FP8_GEMM=0, the emulation) and on cuBLASLt's
+# FP8 (=1), and PyTorch compiled, bf16 autocast and torchao's float8
+# (bench/torch_gpt.py --nanogpt --compile [--float8]); the fp8 cases of
+# test_cuda_ops first. One table, fp8.txt (gpu_speed.sh), within
+# LOOM_GPU_FP8_S (600 s); LOOM_GPU_FP8=0 leaves it out. 15 steps each (the
+# rate over the last 5), so the figures are side by side, not final.
+fp8_tsv=$res/fp8.tsv
+: >"$fp8_tsv"
+fp8_budget=${LOOM_GPU_FP8_S:-600}
+fp8_t0=$(date +%s)
+# frow name speed_kind row_kind limit -- command...: srow's twin for this section.
+frow() {
+	local name=$1 skind=$2 rkind=$3 limit=$4 rem
+	shift 5
+	rem=$((fp8_budget - ($(date +%s) - fp8_t0)))
+	if [ "$rem" -le 15 ]; then
+		echo "not run: the fp8 section's ${fp8_budget} s (LOOM_GPU_FP8_S) were spent" \
+			>"$logs/$name.log"
+		printf '%s\toptional\tabsent\t0\t%s\t\n' "$name" "$logs/$name.log" >>"$rows"
+	else
+		[ "$limit" -gt "$rem" ] && limit=$rem
+		row "$name" "$rkind" "$limit" "" -- "$@"
+	fi
+	printf '%s\t%s\t%s\n' "$name" "$skind" "$logs/$name.log" >>"$fp8_tsv"
+}
+if [ "${LOOM_GPU_FP8:-1}" != 0 ]; then
+	row test_cuda_ops_fp8 criterion 120 "" -- "$bin/test_cuda_ops" --verbose --filter 'cuda_ops/fp8_*'
+	for size in 124m 350m 774m; do
+		case $size in
+		124m) shape=() tshape=(--layers 12 --heads 12 --embd 768) ;;
+		350m) shape=(--layers 24 --heads 16 --embd 1024) tshape=("${shape[@]}") ;;
+		774m) shape=(--layers 36 --heads 20 --embd 1280) tshape=("${shape[@]}") ;;
+		esac
+		g=("$bin/gpt_ddp" --device cuda "${text[@]}" --preset gpt2 "${shape[@]}" --opt-level O2
+			--batch-size 8 --max-steps 15 --log-interval 5 --val-interval 0 --sample 0
+			--peak-flops 989e12)
+		frow "fp8_gpt2_${size}_O2_bf16" loom_tok bench 120 -- env LOOM_KERNEL_SEARCH=on \
+			"${g[@]}" --precision bf16
+		frow "fp8_gpt2_${size}_O2_fp8_emulated" loom_tok bench 120 -- env LOOM_KERNEL_SEARCH=on \
+			LOOM_CUDA_FP8_GEMM=0 "${g[@]}" --precision fp8
+		frow "fp8_gpt2_${size}_O2_fp8_gemm" loom_tok bench 120 -- env LOOM_KERNEL_SEARCH=on \
+			LOOM_CUDA_FP8_GEMM=1 "${g[@]}" --precision fp8
+		if [ $torch_ok = 1 ]; then
+			tg=("$py" "$here/bench/torch_gpt.py" --nanogpt --compile --device cuda "${text[@]}"
+				"${tshape[@]}" --context 1024 --vocab 50257 --batch-size 8 --steps 25
+				--warmup 10)
+			frow "fp8_torch_gpt2_${size}_bf16_compiled" torch_tok optional 180 -- "${tg[@]}"
+			frow "fp8_torch_gpt2_${size}_float8_compiled" torch_tok optional 180 -- "${tg[@]}" \
+				--float8
+		fi
+	done
+	echo "=== fp8 ($(($(date +%s) - fp8_t0)) s of ${fp8_budget} s)"
+	bash "$here/gpu_speed.sh" "$fp8_tsv" | tee "$res/fp8.txt"
 fi
 
 data=()

@@ -3111,6 +3111,7 @@ Test(cuda_ops, table)
 static const char *const covered_elsewhere[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = "AMP casts: batchnorm_o2_half_x_fp32_stats and the ConvNet O1/O2 steps",
 	[LOOM_OP_ALLREDUCE] = "needs a process group of world > 1: tests/ddp (CPU, MPI); NCCL not yet run",
+	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu and fp8_gemm_matches_cpu (bit for bit)",
 };
 
 /*
@@ -3173,16 +3174,6 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 		 * tests/graph:test_gradcheck and tests/engine/cpu:test_gpt_bf16. */
 		if (op == LOOM_OP_RMSNORM || op == LOOM_OP_RMSNORM_BWD_DATA ||
 		    op == LOOM_OP_RMSNORM_BWD_GAMMA) {
-			cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "%s: no CPU entry", name);
-			if (cuda)
-				cr_expect(!cuda->supports_op(NULL, (loom_op)op),
-					  "%s: CUDA runs it now: give it a case", name);
-			continue;
-		}
-		/* FP8_QDQ (amp.fp8) is emulated on the CPU only: a CUDA compile
-		 * with amp.fp8 is refused by the device pass in one line; its CPU
-		 * kernel has tests/engine/cpu:test_fp8_qdq. */
-		if (op == LOOM_OP_FP8_QDQ) {
 			cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "%s: no CPU entry", name);
 			if (cuda)
 				cr_expect(!cuda->supports_op(NULL, (loom_op)op),
@@ -3483,4 +3474,259 @@ Test(cuda_ops, zero_norm_kernels_match_the_update)
 	NEED_GPU();
 	zero_norm_matches("O0", LOOM_O0);
 	zero_norm_matches("O2 fp16", LOOM_O2);
+}
+
+/* ------------------------------------------------------------ fp8 (issue 42) */
+
+/*
+ * --precision fp8 on CUDA against the CPU's exact emulation (FP8_QDQ,
+ * engine/cpu/fp8_qdq.c): y = x w^T (+ b) at O1 bf16 with fp8, under
+ * LOOM_CUDA_FP8_GEMM=0 (the QDQ kernels, bf16 products on the rounded
+ * values) and =1 (cuBLASLt's FP8 product where the shape allows).
+ * With w the identity, each output and each dx is one product of fp8
+ * values (QDQ(x), and the E5M2-rounded dy) and a power of two, whatever
+ * the summation order: those are compared bit for bit, so the QDQ kernels'
+ * amax, scale and rounding (saturation, values below the smallest
+ * subnormal) are the CPU's. Otherwise outputs and gradients are held to
+ * NMSE <= 1e-4: both sides round the same fp32-accumulated sums to bf16
+ * (2^-9 relative each, an NMSE near 1e-5 at worst), and only the order of
+ * the fp32 sums differs.
+ */
+#define FP8_NMSE 1e-4
+
+typedef struct fp8_case {
+	const char *what;
+	int64_t m, k;
+	int identity, bias;
+	int inf;    /* x[0] = inf: amax inf, scale 1, large values saturate at 448 */
+	int gemm;   /* LOOM_CUDA_FP8_GEMM */
+	int want_fp8_gemm; /* the plan must run a product on cuBLASLt FP8 */
+	int64_t lead; /* > 0: x is [lead, m / lead, k], a GPT's [B, T, C] (reshapes in the backward) */
+} fp8_case;
+
+static loom_program *compile_fp8(loom_graph *g, loom_value loss, loom_device dev, int gemm)
+{
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	loom_compile_opts_default(&o);
+	o.no_tf32 = 1;
+	o.device = dev;
+	o.amp.level = LOOM_O1;
+	o.amp.half = LOOM_BF16;
+	o.amp.fp8 = 1;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	setenv("LOOM_CUDA_FP8_GEMM", gemm ? "1" : "0", 1);
+	loom_status st = loom_compile(g, loss, &o, &p);
+	unsetenv("LOOM_CUDA_FP8_GEMM");
+	cr_assert_eq(st, LOOM_OK, "fp8 compile on %s: %s", dev == LOOM_DEVICE_CUDA ? "cuda" : "cpu",
+		     loom_last_error());
+	return p;
+}
+
+/* x's values: random in (-4, 4) with the special ones first. E4M3 at
+ * scale 1 (x[0] inf) steps by 2^-9 below 2^-6: 2^-10 is a tie (to 0),
+ * 3 2^-10 a tie (to 2^-8), 9e-4 rounds to 0, 1e-6 to -0; 440 rounds to
+ * 448, 432 is a tie (to 448), 1000 saturates. Without the inf the scale
+ * is 2^6 (amax < 7): 1e-7 and 3e-6 fall below half the smallest
+ * subnormal, 3 2^-16 is a tie (to 2^-14). */
+static void fp8_x_values(const fp8_case *fc, double *x, size_t n)
+{
+	static const double with_inf[] = { INFINITY, -1000, 500, 440, 432, 416, 448, -448,
+					   0x1p-10, 3 * 0x1p-10, 9e-4, 1.5e-3, -1e-6, 0 };
+	static const double finite[] = { 6.5, -1e-7, 3e-6, 3 * 0x1p-16, -0x1p-15, 0 };
+	for (size_t i = 0; i < n; i++)
+		x[i] = urand() * 4;
+	const double *sp = fc->inf ? with_inf : finite;
+	size_t ns = fc->inf ? sizeof(with_inf) / sizeof(with_inf[0]) : sizeof(finite) / sizeof(finite[0]);
+	for (size_t i = 0; i < ns && i < n; i++)
+		x[i] = sp[i];
+}
+
+/* r (the head, so dy = r): random, a few below E5M2's subnormals at
+ * r's scale (2^15 for amax 1: 1e-10 -> 0, 3e-10 -> 2^-16 / 2^15). */
+static void fp8_r_values(double *r, size_t n)
+{
+	static const double sp[] = { 1.0, 1e-6, -1e-10, 2.2e-10, 3e-10, -0.75 };
+	for (size_t i = 0; i < n; i++)
+		r[i] = urand() * 0.5;
+	for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]) && i < n; i++)
+		r[i] = sp[i];
+}
+
+static void fp8_write(loom_program *p, loom_value v, const double *x, size_t n)
+{
+	cr_assert_eq(loom_write_f64(p, v, x, n), LOOM_OK, "%s", loom_program_error(p));
+}
+
+/* a and b equal element for element (NaN with NaN, -0 with +0). */
+static void fp8_expect_same(const fp8_case *fc, const char *what, const double *a,
+			    const double *b, size_t n)
+{
+	size_t bad = 0, first = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!(a[i] == b[i] || (isnan(a[i]) && isnan(b[i]))) && !bad++)
+			first = i;
+	cr_expect_eq(bad, 0, "%s %s: %zu of %zu differ from the CPU's; [%zu] cuda %.9g cpu %.9g",
+		     fc->what, what, bad, n, first, a[first], b[first]);
+}
+
+static void fp8_compare(const fp8_case *fc, const char *what, loom_program *cuda,
+			loom_program *cpu, loom_value v, int grad, size_t n, int exact)
+{
+	double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double));
+	cr_assert(a && b);
+	read_value(cuda, v, grad, a, n);
+	read_value(cpu, v, grad, b, n);
+	if (exact) {
+		fp8_expect_same(fc, what, a, b, n);
+	} else {
+		double e = nmse(a, b, n);
+		cr_expect(e <= FP8_NMSE, "%s %s: NMSE %g > %g (cuda[0] %g, cpu[0] %g)", fc->what,
+			  what, e, FP8_NMSE, a[0], b[0]);
+	}
+	free(a);
+	free(b);
+}
+
+/* Products the CUDA plan runs on cuBLASLt FP8 (their --dump-graph note). */
+static int fp8_gemms(const loom_program *p)
+{
+	int n = 0;
+	for (int v = 0; v < p->plan.g->n && p->be->node_note; v++) {
+		const loom_node *nd = &p->plan.g->nodes[v];
+		char note[512] = "";
+		if (nd->op != LOOM_OP_LINEAR && nd->op != LOOM_OP_MATMUL)
+			continue;
+		p->be->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
+		n += strstr(note, "cuBLASLt FP8") != NULL;
+	}
+	return n;
+}
+
+static void fp8_run_case(const fp8_case *fc)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	const int64_t xd2[2] = { fc->m, fc->k }, wd[2] = { fc->k, fc->k }, bd[1] = { fc->k };
+	const int64_t xd3[3] = { fc->lead, fc->lead ? fc->m / fc->lead : 0, fc->k };
+	const int64_t rd[2] = { fc->m * fc->k, 1 }, row[2] = { 1, fc->m * fc->k };
+	loom_value x = loom_param(g, "x", LOOM_F32, fc->lead ? 3 : 2, fc->lead ? xd3 : xd2,
+				  LOOM_INIT_ZEROS, 1);
+	loom_value w = loom_param(g, "w", LOOM_F32, 2, wd, LOOM_INIT_ZEROS, 1);
+	loom_value b = fc->bias ? loom_param(g, "b", LOOM_F32, 1, bd, LOOM_INIT_ZEROS, 1) : LOOM_NONE;
+	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, x, w, b);
+	/* The head is the classifier: bf16, so dy is r as it is. */
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
+	loom_mark_output(g, y);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s: %s", fc->what, loom_graph_error(g));
+
+	loom_program *cpu = compile_fp8(g, loss, LOOM_DEVICE_CPU, 0);
+	loom_program *cuda = compile_fp8(g, loss, LOOM_DEVICE_CUDA, fc->gemm);
+	int nq = 0;
+	for (int v = 0; v < cuda->plan.g->n; v++)
+		nq += cuda->plan.g->nodes[v].op == LOOM_OP_FP8_QDQ;
+	cr_expect_gt(nq, 0, "%s: no FP8_QDQ node in the cuda plan", fc->what);
+	int ng = fp8_gemms(cuda);
+	if (fc->want_fp8_gemm)
+		cr_expect_gt(ng, 0, "%s: no product on cuBLASLt FP8 under LOOM_CUDA_FP8_GEMM=1", fc->what);
+	else
+		cr_expect_eq(ng, 0, "%s: %d products on cuBLASLt FP8", fc->what, ng);
+
+	const size_t nx = (size_t)(fc->m * fc->k), nw = (size_t)(fc->k * fc->k);
+	double *buf = malloc(sizeof(double) * (nx > nw ? nx : nw));
+	cr_assert(buf);
+	rng_state = (uint64_t)(fc->m * 131 + fc->k) * 0x9e3779b97f4a7c15ull + 1;
+	fp8_x_values(fc, buf, nx);
+	fp8_write(cpu, x, buf, nx), fp8_write(cuda, x, buf, nx);
+	for (size_t i = 0; i < nw; i++)
+		buf[i] = fc->identity ? (i / (size_t)fc->k == i % (size_t)fc->k) : urand();
+	fp8_write(cpu, w, buf, nw), fp8_write(cuda, w, buf, nw);
+	if (fc->bias) {
+		for (int64_t i = 0; i < fc->k; i++)
+			buf[i] = urand();
+		fp8_write(cpu, b, buf, (size_t)fc->k), fp8_write(cuda, b, buf, (size_t)fc->k);
+	}
+	fp8_r_values(buf, nx);
+	fp8_write(cpu, r, buf, nx), fp8_write(cuda, r, buf, nx);
+	free(buf);
+
+	cr_assert_eq(loom_run(cpu, LOOM_RUN_GRAD), LOOM_OK, "cpu: %s", loom_program_error(cpu));
+	cr_assert_eq(loom_run(cuda, LOOM_RUN_GRAD), LOOM_OK, "cuda: %s", loom_program_error(cuda));
+	int exact = fc->identity && !fc->bias;
+	fp8_compare(fc, "y", cuda, cpu, y, 0, nx, exact);
+	fp8_compare(fc, "dx", cuda, cpu, x, 1, nx, exact);
+	fp8_compare(fc, "dw", cuda, cpu, w, 1, nw, 0);
+	loom_program_free(cuda);
+	loom_program_free(cpu);
+	loom_graph_free(g);
+}
+
+static void fp8_cases(int gemm)
+{
+	/* m, k multiples of 16 take the FP8 product under gemm; 8 rows
+	 * (the forward) and 24 columns do not, and stay on the emulation. */
+	const fp8_case cases[] = {
+		{ "fp8 identity 16x16 inf", 16, 16, 1, 0, 1, gemm, gemm },
+		{ "fp8 identity 32x64", 32, 64, 1, 0, 0, gemm, gemm },
+		{ "fp8 identity 8x24 inf", 8, 24, 1, 0, 1, gemm, 0 },
+		{ "fp8 random 48x32", 48, 32, 0, 0, 0, gemm, gemm },
+		{ "fp8 random 32x48 bias", 32, 48, 0, 1, 0, gemm, gemm },
+		{ "fp8 identity 2x16x32", 32, 32, 1, 0, 0, gemm, gemm, 2 },
+		{ "fp8 random 4x16x64", 64, 64, 0, 0, 0, gemm, gemm, 4 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		fp8_run_case(&cases[i]);
+}
+
+/* matmul_fp8.cu's rule on a plan (a weak reference: absent in a build
+ * without the toolkit). */
+extern void loom_cuda_test_fp8_products(const void *plan, int *fp8, int *products)
+	__attribute__((weak));
+
+/*
+ * Which products LOOM_CUDA_FP8_GEMM=1 takes (no GPU needed: the rule on
+ * the plan the CPU compiled): y = gelu(x w1^T) w2^T over [4, 16, 32] rows
+ * as a GPT's [B, T, C], so that the backward's products read the QDQ'd
+ * values through reshapes; both linears' forward, data and weight
+ * gradients (6), not the head's products (the classifier, bf16).
+ */
+Test(cuda_ops, fp8_gemm_takes_the_block_products)
+{
+	if (!loom_cuda_test_fp8_products)
+		cr_skip_test("needs a build with the CUDA toolkit (matmul_fp8.cu's rule)");
+	loom_graph *g;
+	loom_program *p = NULL;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
+	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
+	loom_value x = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
+	loom_value w1 = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
+	loom_value w2 = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
+	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, x, w1, LOOM_NONE)), w2,
+				   LOOM_NONE);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	p = compile_fp8(g, loss, LOOM_DEVICE_CPU, 1);
+	int fp8 = -1, products = -1;
+	loom_cuda_test_fp8_products(&p->plan, &fp8, &products);
+	cr_expect_eq(fp8, 6, "%d of %d products would run on cuBLASLt FP8, want 6", fp8, products);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
+/* FP8_QDQ's kernels: the emulation's numbers, bit for bit where exact. */
+Test(cuda_ops, fp8_qdq_matches_cpu)
+{
+	NEED_GPU();
+	fp8_cases(0);
+}
+
+/* cuBLASLt's FP8 product (LOOM_CUDA_FP8_GEMM=1) against the CPU's QDQ and
+ * fp32-accumulated product. */
+Test(cuda_ops, fp8_gemm_matches_cpu)
+{
+	NEED_GPU();
+	fp8_cases(1);
 }

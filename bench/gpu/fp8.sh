@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# bench/gpu/fp8.sh — issue 42's lease rows, from a bundle (bazel/gpu_bundle.sh,
+# carried as .gpu-bundle), the short twin of gpu_suite.sh's fp8 section:
+#   bench/gpu/fp8.sh OUT [sizes...]      sizes: 124m 350m 774m (default all)
+# First test_cuda_ops' fp8 cases with LOOM_REQUIRE_GPU=1 (FP8_QDQ bit for bit
+# against the CPU, the cuBLASLt FP8 product within its bound), then per size
+# GPT-2 b8 T1024 at O2: --precision bf16, fp8 emulated (LOOM_CUDA_FP8_GEMM=0:
+# the QDQ kernels, bf16 products), fp8 on cuBLASLt FP8 (=1); then PyTorch
+# compiled (bench/torch_gpt.py --nanogpt --compile) bf16 and torchao float8
+# (--float8) unless LOOM_FP8_TORCH=0. 124M is --preset gpt2; 350M and 774M
+# the preset with --layers/--heads/--embd 24/16/1024 and 36/20/1280.
+# Issue 42's goal: fp8 >= 1.3x loom's bf16 O2 at 350M and 774M, and >= 1.2x
+# torchao's float8. One line per run (its rc, seconds, last rate line);
+# logs in OUT. LIM (default 150) bounds each run; python: LOOM_PY or python3.
+b=.gpu-bundle/bin
+d=.gpu-bundle/data
+o=${1:?usage: bench/gpu/fp8.sh OUT [124m|350m|774m ...]}
+shift
+mkdir -p "$o"
+sizes=("$@")
+[ ${#sizes[@]} -eq 0 ] && sizes=(124m 350m 774m)
+py=${LOOM_PY:-python3}
+text=()
+[ -f "$d/fortunes.txt" ] && text=(--data "$d/fortunes.txt")
+
+r() { # name command...: one run, one summary line
+	local n=$1 t0=$(date +%s) rc
+	shift
+	timeout -k 5 "${LIM:-150}" "$@" >"$o/$n.log" 2>&1
+	rc=$?
+	echo "== $n rc=$rc $(($(date +%s) - t0))s: $(grep -aE 'tok/s|Synthesis|needs' \
+		"$o/$n.log" | tail -n 1 | cut -c1-160)"
+}
+
+LIM=180 r test_cuda_ops_fp8 env LOOM_REQUIRE_GPU=1 $b/test_cuda_ops --verbose \
+	--filter 'cuda_ops/fp8_*'
+grep -a "FAIL\|Assertion\|^\[----\]   [a-z]" "$o/test_cuda_ops_fp8.log" | head -20
+for size in "${sizes[@]}"; do
+	case $size in
+	124m) shape=() tshape=(--layers 12 --heads 12 --embd 768) ;;
+	350m) shape=(--layers 24 --heads 16 --embd 1024) tshape=("${shape[@]}") ;;
+	774m) shape=(--layers 36 --heads 20 --embd 1280) tshape=("${shape[@]}") ;;
+	*) echo "fp8.sh: unknown size '$size' (124m, 350m, 774m)" >&2; exit 2 ;;
+	esac
+	g=($b/gpt_ddp --device cuda "${text[@]}" --preset gpt2 "${shape[@]}" --opt-level O2
+		--batch-size 8 --max-steps 15 --log-interval 5 --val-interval 0 --sample 0
+		--peak-flops 989e12)
+	r "gpt2_${size}_O2_bf16" env LOOM_KERNEL_SEARCH=on "${g[@]}" --precision bf16
+	r "gpt2_${size}_O2_fp8_emulated" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=0 "${g[@]}" \
+		--precision fp8
+	r "gpt2_${size}_O2_fp8_gemm" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 "${g[@]}" \
+		--precision fp8 --dump-graph
+	# How many products took cuBLASLt FP8 (their note in --dump-graph).
+	echo "   cuBLASLt FP8 products: $(grep -ac 'cuBLASLt FP8' "$o/gpt2_${size}_O2_fp8_gemm.log")"
+	if [ "${LOOM_FP8_TORCH:-1}" != 0 ]; then
+		tg=("$py" .gpu-bundle/bench/torch_gpt.py --nanogpt --compile --device cuda "${text[@]}"
+			"${tshape[@]}" --context 1024 --vocab 50257 --batch-size 8 --steps 25 --warmup 10)
+		r "torch_gpt2_${size}_bf16_compiled" "${tg[@]}"
+		r "torch_gpt2_${size}_float8_compiled" "${tg[@]}" --float8
+	fi
+done

@@ -1,0 +1,324 @@
+/*
+ * engine/cuda/fp8.cu — FP8 training's casts on CUDA: FP8_QDQ (the tensor's
+ * amax, a reduction, then each element scaled by a power of two, rounded
+ * through E4M3 or E5M2 and divided back: the same numbers as the CPU's
+ * emulation, engine/cpu/fp8_qdq.c), and the cast (+ transpose) into 1-byte
+ * operands for cuBLASLt's FP8 products (matmul_fp8.cu). CPU twins:
+ * engine/cpu/fp8_qdq.c, base/fp8.h.
+ *
+ * The conversions are base/fp8.h's, ported line for line as device
+ * functions rather than cuda_fp8.h's __nv_cvt_float_to_fp8: ours give
+ * E5M2's NaN as 0x7e and saturate infinities to the largest finite value,
+ * and the CPU is the reference the test holds these to bit for bit.
+ */
+#include <stdint.h>
+
+#include "engine/cuda/dtype.cuh"
+
+/* base/fp8.h's LOOM_E4M3_MAX, LOOM_E5M2_MAX. */
+#define FP8_E4M3_MAX 448.0f
+#define FP8_E5M2_MAX 57344.0f
+
+static const int threads = 256;
+
+// ----------------------------------------------------------------------------
+// device conversions (base/fp8.h, same constants, same selects)
+
+static __device__ __forceinline__ uint32_t fp8_round_sub(uint32_t mant, uint32_t shift)
+{
+	uint32_t half = 1u << (shift - 1u);
+
+	return (mant + (half - 1u) + ((mant >> shift) & 1u)) >> shift;
+}
+
+static __device__ __forceinline__ uint32_t fp8_from_f32_e4m3(float f)
+{
+	uint32_t x = __float_as_uint(f);
+	uint32_t sign = (x >> 24) & 0x80u;
+	uint32_t ax = x & 0x7fffffffu;
+	uint32_t norm = (ax + 0x7ffffu + ((ax >> 20) & 1u) - (120u << 23)) >> 20;
+	uint32_t e = ax >> 23;
+	uint32_t shift = 141u - (e < 110u ? 110u : e > 140u ? 140u : e);
+	uint32_t sub = fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
+	uint32_t r = ax < 0x3c800000u ? sub : norm;
+
+	r = ax >= 0x43e00000u ? 0x7eu : r;
+	r = ax > 0x7f800000u ? 0x7fu : r;
+	return sign | r;
+}
+
+static __device__ __forceinline__ uint32_t fp8_from_f32_e5m2(float f)
+{
+	uint32_t x = __float_as_uint(f);
+	uint32_t sign = (x >> 24) & 0x80u;
+	uint32_t ax = x & 0x7fffffffu;
+	uint32_t norm = (ax + 0xfffffu + ((ax >> 21) & 1u) - (112u << 23)) >> 21;
+	uint32_t e = ax >> 23;
+	uint32_t shift = 134u - (e < 103u ? 103u : e > 133u ? 133u : e);
+	uint32_t sub = fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
+	uint32_t r = ax < 0x38800000u ? sub : norm;
+
+	r = ax >= 0x47600000u ? 0x7bu : r;
+	r = ax > 0x7f800000u ? 0x7eu : r;
+	return sign | r;
+}
+
+/* 2^-9 and 2^-16, the formats' subnormal steps, written out exactly. */
+static __device__ __forceinline__ float fp8_to_f32_e4m3(uint32_t b)
+{
+	uint32_t sign = (b & 0x80u) << 24;
+	uint32_t ab = b & 0x7fu;
+	uint32_t norm = (ab << 20) + (120u << 23);
+	uint32_t sub = __float_as_uint((float)(ab & 7u) * 1.953125e-3f);
+	uint32_t r = ab < 0x08u ? sub : norm;
+
+	r = ab == 0x7fu ? 0x7fc00000u : r;
+	return __uint_as_float(sign | r);
+}
+
+static __device__ __forceinline__ float fp8_to_f32_e5m2(uint32_t b)
+{
+	uint32_t sign = (b & 0x80u) << 24;
+	uint32_t ab = b & 0x7fu;
+	uint32_t norm = (ab << 21) + (112u << 23);
+	uint32_t sub = __float_as_uint((float)(ab & 3u) * 1.52587890625e-5f);
+	uint32_t r = ab < 0x04u ? sub : norm;
+
+	r = ab >= 0x7cu ? (ab == 0x7cu ? 0x7f800000u : 0x7fc00000u) : r;
+	return __uint_as_float(sign | r);
+}
+
+/* base/fp8.h's loom_fp8_scale: the largest 2^k, k <= 117, with
+ * amax 2^k <= fmax; 1 for an amax of 0, inf or NaN. */
+static __device__ __forceinline__ float fp8_scale(float amax, float fmax)
+{
+	int ea, ef;
+
+	if (!(amax > 0) || !(amax <= 3.4028234663852886e38f))
+		return 1.0f;
+	float ma = frexpf(amax, &ea), mf = frexpf(fmax, &ef);
+	int k = ef - ea - (ma > mf);
+
+	return ldexpf(1.0f, k > 117 ? 117 : k);
+}
+
+/* fmt is uniform across a launch, so the select does not diverge. */
+static __device__ __forceinline__ uint32_t fp8_from_f32(float f, int fmt)
+{
+	return fmt == LOOM_FP8_E4M3 ? fp8_from_f32_e4m3(f) : fp8_from_f32_e5m2(f);
+}
+
+static __device__ __forceinline__ float fp8_round(float f, int fmt)
+{
+	return fmt == LOOM_FP8_E4M3 ? fp8_to_f32_e4m3(fp8_from_f32_e4m3(f)) :
+				      fp8_to_f32_e5m2(fp8_from_f32_e5m2(f));
+}
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+/* NaN-blind as the CPU's scan: a NaN never wins '>' and stays out of the
+ * scale. The block's max goes into *amax by atomicMax on the bits, which
+ * order as the values do for non-negative floats (inf included). */
+__global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned *amax)
+{
+	float m = 0.0f;
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		float a = fabsf(loom_ld(x, xdt, i));
+		m = a > m ? a : m;
+	}
+	double b = loom_block_max((double)m);
+	if (threadIdx.x == 0 && b > 0)
+		atomicMax(amax, __float_as_uint((float)b));
+}
+
+/* Every thread derives the scale from the amax (a few instructions); block
+ * 0 leaves it and its inverse in the slot for the products that read it. */
+__global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
+				    int fmt, float *slot)
+{
+	const float scale = fp8_scale(slot[0], fmt == LOOM_FP8_E4M3 ? FP8_E4M3_MAX : FP8_E5M2_MAX);
+	const float inv = 1.0f / scale; /* exact: a power of two */
+	if (blockIdx.x == 0 && threadIdx.x == 0) {
+		slot[1] = scale;
+		slot[2] = inv;
+	}
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		loom_st(y, ydt, i, fp8_round(loom_ld(x, xdt, i) * scale, fmt) * inv);
+}
+
+__global__ void loom_fp8_cast_kernel(const void *x, int xdt, int64_t n, int fmt,
+				     const float *scale, unsigned char *q)
+{
+	const float s = scale[0];
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		q[i] = (unsigned char)fp8_from_f32(loom_ld(x, xdt, i) * s, fmt);
+}
+
+/* x [rows, cols] into q [cols, rows], a 32 x 32 tile per block through
+ * shared memory (blockDim 32 x 8), so that both the reads and the writes
+ * run along rows; the rows' tiles grid-stride over gridDim.y. */
+#define FP8_TILE 32
+__global__ void loom_fp8_cast_t_kernel(const void *x, int xdt, int64_t rows, int64_t cols,
+				       int fmt, const float *scale, unsigned char *q)
+{
+	__shared__ unsigned char tile[FP8_TILE][FP8_TILE + 1];
+	const float s = scale[0];
+	const int64_t c0 = (int64_t)blockIdx.x * FP8_TILE;
+
+	for (int64_t r0 = (int64_t)blockIdx.y * FP8_TILE; r0 < rows;
+	     r0 += (int64_t)gridDim.y * FP8_TILE) {
+		for (int j = threadIdx.y; j < FP8_TILE; j += blockDim.y) {
+			int64_t r = r0 + j, c = c0 + threadIdx.x;
+			if (r < rows && c < cols)
+				tile[j][threadIdx.x] =
+					(unsigned char)fp8_from_f32(loom_ld(x, xdt, r * cols + c) * s, fmt);
+		}
+		__syncthreads();
+		for (int j = threadIdx.y; j < FP8_TILE; j += blockDim.y) {
+			int64_t c = c0 + j, r = r0 + threadIdx.x;
+			if (r < rows && c < cols)
+				q[c * rows + r] = tile[threadIdx.x][j];
+		}
+		__syncthreads();
+	}
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+static int is_fp8(int fmt)
+{
+	return fmt == LOOM_FP8_E4M3 || fmt == LOOM_FP8_E5M2;
+}
+
+loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
+			       float *slot)
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(float), s), err, LOOM_ERR_MAX);
+	if (st != LOOM_OK || n <= 0)
+		return st;
+	/* A block's atomic is one of a few thousand at most. */
+	unsigned blocks = loom_cuda_blocks(n, threads);
+	if (blocks > 2048)
+		blocks = 2048;
+	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, (unsigned *)slot);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt, void *y,
+			      int ydt, int64_t n, int fmt, float *slot)
+{
+	if (!is_fp8(fmt))
+		return loom_cuda_cast(err, s, x, xdt, y, ydt, n);
+	if (n <= 0)
+		return LOOM_OK;
+	loom_fp8_qdq_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n,
+									     fmt, slot);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+loom_status loom_cuda_fp8_cast(char *err, cudaStream_t s, const void *x, int xdt, int64_t rows,
+			       int64_t cols, int transpose, int fmt, const float *scale,
+			       unsigned char *q)
+{
+	if (!is_fp8(fmt))
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_DTYPE, "cuda fp8 cast: format %d is not fp8",
+				  fmt);
+	if (rows <= 0 || cols <= 0)
+		return LOOM_OK;
+	if (!transpose) {
+		loom_fp8_cast_kernel<<<loom_cuda_blocks(rows * cols, threads), threads, 0, s>>>(
+			x, xdt, rows * cols, fmt, scale, q);
+		return LOOM_CUDA_LAUNCHED(err);
+	}
+	int64_t gx = (cols + FP8_TILE - 1) / FP8_TILE, gy = (rows + FP8_TILE - 1) / FP8_TILE;
+	if (gx > INT32_MAX)
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_SHAPE,
+				  "cuda fp8 cast_transpose: %lld columns", (long long)cols);
+	dim3 grid((unsigned)gx, (unsigned)(gy > 65535 ? 65535 : gy)), block(FP8_TILE, 8);
+	loom_fp8_cast_t_kernel<<<grid, block, 0, s>>>(x, xdt, rows, cols, fmt, scale, q);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+// ----------------------------------------------------------------------------
+// plan, scale source and op entry
+
+/* The compute capability of the device this context runs on. */
+static loom_status compute_capability(loom_cuda_ctx *c, int *major, int *minor)
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor,
+								c->device),
+					 c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor,
+							    c->device),
+				     c->err, sizeof(c->err));
+	return st;
+}
+
+loom_status loom_cuda_fp8_plan(loom_cuda_ctx *c, const loom_plan *p)
+{
+	int any = 0, major = 0, minor = 0;
+	loom_status st;
+
+	loom_cuda_fp8_free(c);
+	for (int v = 0; v < p->g->n && !any; v++)
+		any = p->g->nodes[v].op == LOOM_OP_FP8_QDQ;
+	if (!any)
+		return LOOM_OK;
+	/* The emulation would run anywhere, but what it stands for (FP8
+	 * tensor cores) starts at Ada and Hopper: an older GPU says so at
+	 * start-up rather than training in a precision it cannot speed up. */
+	if ((st = compute_capability(c, &major, &minor)) != LOOM_OK)
+		return st;
+	if (major * 10 + minor < 89)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
+				  "--precision fp8 needs compute capability 8.9 or later "
+				  "(Hopper/Ada); this GPU is %d.%d", major, minor);
+	const size_t bytes = (size_t)p->g->n * LOOM_CUDA_FP8_SLOT * sizeof(float);
+	if ((st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->fp8_slots, bytes), c->err,
+				  sizeof(c->err))) != LOOM_OK) {
+		c->fp8_slots = NULL;
+		return st;
+	}
+	/* Scales of 0 until a QDQ runs: a product that read one early would
+	 * give zeros, not garbage. */
+	return LOOM_CUDA_CHECK(cudaMemset(c->fp8_slots, 0, bytes), c->err, sizeof(c->err));
+}
+
+void loom_cuda_fp8_free(loom_cuda_ctx *c)
+{
+	if (c->fp8_slots)
+		(void)cudaFree(c->fp8_slots);
+	c->fp8_slots = NULL;
+}
+
+float *loom_cuda_fp8_scale(const loom_cuda_ctx *c, loom_value q)
+{
+	return c->fp8_slots + (size_t)q * LOOM_CUDA_FP8_SLOT + 1;
+}
+
+loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				 const loom_cuda_io *io)
+{
+	const loom_node *n = &plan->g->nodes[v];
+	const int64_t numel = loom_shape_numel(&n->shape);
+	const int fmt = n->a.fp8.fwd;
+	loom_status st;
+
+	if (!is_fp8(fmt)) /* the forward of a gradient's rounding: a copy */
+		return loom_cuda_cast(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt,
+				      numel);
+	if (!c->fp8_slots)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
+				  "cuda fp8_qdq #%d: no scale slots (the plan has none)", (int)v);
+	float *slot = c->fp8_slots + (size_t)v * LOOM_CUDA_FP8_SLOT;
+	if ((st = loom_cuda_fp8_amax(c->err, c->stream, io->src[0], io->dt[0], numel, slot)) != LOOM_OK)
+		return st;
+	return loom_cuda_fp8_qdq(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt, numel,
+				 fmt, slot);
+}
