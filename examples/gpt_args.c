@@ -23,7 +23,7 @@ static const flag_place gpt_places[] = {
 	{ FLAG_HEADS, GPT, AT(heads) },
 	{ FLAG_EMBD, GPT, AT(embd) },
 	{ FLAG_CONTEXT, GPT, AT(context) },
-	{ FLAG_PRESET, GPT, AT(preset), .values = (const int[]){ 1 } },
+	{ FLAG_PRESET, GPT, AT(preset), .values = (const int[]){ 1, 2, 3 } },
 	{ FLAG_VOCAB, GPT, AT(vocab) },
 	{ FLAG_GELU, GPT, AT(gelu_tanh) },
 	{ FLAG_DTYPE, GPT, AT(dtype), .values = (const int[]){ LOOM_F32, LOOM_F64 } },

@@ -39,7 +39,7 @@ typedef struct gpt_cfg {
 	int export_hf;          /* --export-format hf: Conv1D layout and a config.json */
 	const char *logits_out; /* write the first window's logits, then stop */
 	double ln_eps;          /* the layer norms' epsilon (1e-5; config.json's) */
-	int preset;             /* --preset gpt2 */
+	int preset;             /* --preset: 0 none, 1 gpt2, 2 gpt2-medium, 3 gpt2-large */
 	int hf_config;          /* the shape, GELU and epsilon came from --init-from's config.json */
 	/* What gave each GPT_SET_ setting: its flag (gpt_set_flags), "--preset
 	 * gpt2", or NULL (the default): a config.json must agree with it. */

@@ -58,17 +58,26 @@ static void gpt_given(gpt_cfg *c, const unsigned char *given)
 			c->set_by[k] = gpt_set_flags[k];
 }
 
-/* --preset gpt2 (GPT-2 124M and its tanh GELU), under the flags given. */
+/* --preset: GPT-2 124M (gpt2), 350M (gpt2-medium) or 774M (gpt2-large), as
+ * OpenAI's and Hugging Face's configs have them (context 1024, vocabulary
+ * 50257, tanh GELU), under the flags given. c->preset is the choice's index
+ * plus one (gpt_args.c's values). */
 static void gpt_preset(gpt_cfg *c)
 {
-	static const char by[] = "--preset gpt2";
-	const int v[GPT_SET_COUNT] = { 12, 12, 768, 1024, 50257, 1 };
+	static const char *const by[] = { "--preset gpt2", "--preset gpt2-medium",
+					  "--preset gpt2-large" };
+	static const int v[][GPT_SET_COUNT] = {
+		{ 12, 12, 768, 1024, 50257, 1 },
+		{ 24, 16, 1024, 1024, 50257, 1 },
+		{ 36, 20, 1280, 1024, 50257, 1 },
+	};
 	int *field[GPT_SET_COUNT] = { &c->layers, &c->heads, &c->embd, &c->context, &c->vocab,
 				      &c->gelu_tanh };
+	int i = c->preset - 1;
 	for (int k = 0; k < GPT_SET_COUNT; k++)
 		if (!c->set_by[k]) {
-			*field[k] = v[k];
-			c->set_by[k] = by;
+			*field[k] = v[i][k];
+			c->set_by[k] = by[i];
 		}
 }
 

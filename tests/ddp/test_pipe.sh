@@ -190,7 +190,7 @@ if [ -n "$MNIST" ]; then
 	check "--memory-limit 100: 2 stages compile" "$out" "^\[rank 0\] pipeline: 2 stages" 1
 	out=$("$MNIST" --pipeline 2 --pipeline-balance bogus 2>&1)
 	rc=$?
-	if [ $rc -eq 2 ] && grep -q "^mnist_ddp: --pipeline-balance expects time or memory, got 'bogus'" <<<"$out"
+	if [ $rc -eq 2 ] && grep -q "^mnist_ddp: --pipeline-balance must be time or memory, got 'bogus'" <<<"$out"
 	then ok "--pipeline-balance bogus: exit 2, naming the flag"; else
 		bad "--pipeline-balance bogus: exit 2, naming the flag" "exit $rc:" "$out"; fi
 	# The largest planned peak of each cut, from the start-up table; a

@@ -25,7 +25,7 @@ expect "--help names the model flags" 0 "--layers N" -- --help
 expect "--help keeps the shared flags" 0 "--opt-level" -- --help
 expect "heads must divide the width" 2 "--embd 32 is not divisible by --heads 3" -- "${tiny[@]}" --heads 3
 expect "bad --layers" 2 "--layers expects an integer" -- --layers x
-expect "unknown preset" 2 "--preset must be gpt2, got 'gpt3'" -- --preset gpt3
+expect "unknown preset" 2 "--preset must be gpt2, gpt2-medium or gpt2-large, got 'gpt3'" -- --preset gpt3
 expect "missing text named" 1 "$tmp/none: No such file" -- --data "$tmp/none"
 printf 'abc' >"$tmp/tiny.txt"
 expect "too little text" 1 "too few for --batch-size" -- --data "$tmp/tiny.txt"
@@ -70,6 +70,14 @@ fi
 out=$("$EX" --preset gpt2 --context 64 --batch-size 1 --dry-run --memory-report --device cpu 2>&1)
 check "--preset gpt2 compiles" "$out" "^model: 123702528 parameters" 1
 check "--preset gpt2: GPT-2's tanh GELU" "$out" "GPT 12 layers, 12 heads, 768 wide, context 64, vocabulary 50257, tanh GELU" 1
+# GPT-2 medium and large: Hugging Face's parameter counts (354,823,168 and
+# 774,030,080 at context 1024) less the position rows a context of 64 drops.
+out=$("$EX" --preset gpt2-medium --context 64 --batch-size 1 --dry-run --device cpu 2>&1)
+check "--preset gpt2-medium compiles" "$out" "^model: 353840128 parameters" 1
+check "--preset gpt2-medium: its sizes" "$out" "GPT 24 layers, 16 heads, 1024 wide, context 64, vocabulary 50257, tanh GELU" 1
+out=$("$EX" --preset gpt2-large --context 64 --batch-size 1 --dry-run --device cpu 2>&1)
+check "--preset gpt2-large compiles" "$out" "^model: 772801280 parameters" 1
+check "--preset gpt2-large: its sizes" "$out" "GPT 36 layers, 20 heads, 1280 wide, context 64, vocabulary 50257, tanh GELU" 1
 expect "--gelu erf --layers 1 before --preset gpt2: the flags win" 0 \
 	"GPT 1 layers, 12 heads, 768 wide, context 8, vocabulary 50257, erf GELU" -- --gelu erf --layers 1 \
 	--preset gpt2 --context 8 --batch-size 1 --dry-run --device cpu
