@@ -41,13 +41,15 @@ static loom_status comm_fail(loom_program *p, loom_status st)
 /* ------------------------------------------------------------ trace */
 
 /* A timer slot marking the work queued so far on stream; -1 when the trace
- * is off or the timer failed (a span is never worth failing a step). */
+ * is off or the timer failed or the backend has none (a span is never
+ * worth failing a step). */
 static int timer(loom_program *p, loom_stream stream)
 {
 	if (!p->ts.trace)
 		return -1;
 	int slot = p->exec.n_timers;
-	if (p->be->timer_record(p->be_ctx, slot, stream) != LOOM_OK) {
+	const loom_backend_timing *tm = p->be->timing;
+	if (!tm || tm->timer_record(p->be_ctx, slot, stream) != LOOM_OK) {
 		p->ts.trace->lost++;
 		return -1;
 	}
@@ -89,11 +91,12 @@ loom_status loom_exec_trace_flush(loom_program *p)
 {
 	loom_exec *x = &p->exec;
 	loom_trace *tr = p->ts.trace;
-	for (int i = 0; tr && i < x->n_spans; i++) {
+	const loom_backend_timing *tm = p->be->timing; /* none: timer() made no spans */
+	for (int i = 0; tr && tm && i < x->n_spans; i++) {
 		const loom_exec_span *s = &x->spans[i];
 		double t0, t1;
-		if (s->t1 < 0 || p->be->timer_read(p->be_ctx, s->t0, &t0) != LOOM_OK ||
-		    p->be->timer_read(p->be_ctx, s->t1, &t1) != LOOM_OK) {
+		if (s->t1 < 0 || tm->timer_read(p->be_ctx, s->t0, &t0) != LOOM_OK ||
+		    tm->timer_read(p->be_ctx, s->t1, &t1) != LOOM_OK) {
 			tr->lost++;
 			continue;
 		}
@@ -141,12 +144,11 @@ static loom_status exec_alloc(loom_program *p)
 	x->device_wait = 1;
 	/* Progress marks, where the backend writes them and the communicator
 	 * waits on them: how the watchdog sees a replayed step's collectives. */
-	const loom_backend *be = p->be;
+	const loom_backend_marks *mk = p->be->marks;
 	int starts = 0;
 	for (int i = 0; i < pl->n_steps; i++)
 		starts += pl->steps[i].kind == LOOM_STEP_COLLECTIVE;
-	if (starts && be->mark_words && be->mark_record && be->mark_serial &&
-	    loom_comm_has_marks(pl->comm)) {
+	if (starts && mk && loom_comm_has_marks(pl->comm)) {
 		if (!(x->mark_work = calloc((size_t)starts, sizeof(*x->mark_work))))
 			return loom_program_fail(p, LOOM_ERR_NOMEM,
 						 "executor: out of memory for %d collectives", starts);
@@ -156,7 +158,7 @@ static loom_status exec_alloc(loom_program *p)
 			if (st != LOOM_OK)
 				return comm_fail(p, st);
 		}
-		loom_status st = be->mark_words(p->be_ctx, starts, &x->marks);
+		loom_status st = mk->mark_words(p->be_ctx, starts, &x->marks);
 		if (st != LOOM_OK)
 			return be_fail(p, st);
 	}
@@ -256,7 +258,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	/* Under capture, its progress mark after it, which the watchdog
 	 * reads after each launch; then its end on the device, for a WAIT of
 	 * it alone (which so waits for the mark too: the capture joins it). */
-	if (mark >= 0 && (st = p->be->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
+	if (mark >= 0 && (st = p->be->marks->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
 		return be_fail(p, st);
 	if (x->device_wait &&
 	    (st = p->be->event_record(p->be_ctx, EV_COLL_ONE + k % EV_COLL_ONES, LOOM_STREAM_COMM)) !=
@@ -395,12 +397,14 @@ static loom_status exec_node(loom_program *p, const loom_step *s, int diagnose)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_backend *be = p->be;
+	int (*makes_sibling)(void *, const loom_plan *, loom_value, loom_value) =
+		be->planning ? be->planning->makes_sibling : NULL;
 	loom_value v = s->v;
 	loom_status st;
 	int t0 = s->noop ? -1 : timer(p, LOOM_STREAM_COMPUTE);
 	for (loom_value w = v; w != LOOM_NONE;
 	     w = w == v ? loom_sibling_first(pl, v) : loom_sibling_next(pl, w)) {
-		int run = w == v ? !s->noop : !be->makes_sibling || !be->makes_sibling(p->be_ctx, pl, v, w);
+		int run = w == v ? !s->noop : !makes_sibling || !makes_sibling(p->be_ctx, pl, v, w);
 		if (run && (st = be->run_node(p->be_ctx, pl, &p->arena, w)) != LOOM_OK)
 			return be_fail(p, st);
 		if (diagnose && (st = be->check_finite(p->be_ctx, pl, &p->arena, &p->ts, w)) != LOOM_OK)
@@ -418,8 +422,13 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 		fold = s->accum == LOOM_ACCUM_FOLD; /* a micro-batch of a MICRO-step plan */
 	else if (!(flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)))
 		return LOOM_OK;
+	/* loom_program_accum_ready refused a backend without the group. */
+	if (!p->be->accumulate)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "run: gradient accumulation is not implemented on the %s backend",
+					 p->be->name);
 	int t0 = timer(p, LOOM_STREAM_COMPUTE);
-	loom_status st = p->be->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
+	loom_status st = p->be->accumulate->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
 	if (st != LOOM_OK)
 		return be_fail(p, st);
 	span(p, LOOM_SPAN_ACCUM, s->index, fold, t0, timer(p, LOOM_STREAM_COMPUTE));
@@ -515,7 +524,7 @@ static const char *colls_no_graph(const loom_program *p)
 		return "no communicator";
 	if (!(p->be->caps & LOOM_BE_ASYNC_STREAMS) || !loom_comm_stream_ordered(pl->comm))
 		return "its collectives end on the host (a replayed step gives the host no turn)";
-	if (!p->be->mark_words || !p->be->mark_record || !p->be->mark_serial)
+	if (!p->be->marks)
 		return "the backend writes no progress marks for the watchdog";
 	if (!loom_comm_has_marks(pl->comm))
 		return "the communicator cannot wait for a progress mark";
@@ -529,7 +538,7 @@ static int graph_allowed(const loom_program *p, char *why, size_t len)
 	const loom_plan *pl = &p->plan;
 	const char *e = getenv("LOOM_CUDA_GRAPH");
 	*why = 0;
-	if (!p->be->capture_begin || !p->be->capture_end || !p->be->replay)
+	if (!p->be->graph)
 		return snprintf(why, len, "the %s backend records no graphs", p->be->name), 0;
 	if (!pl->opts.cuda_graph)
 		return snprintf(why, len, "off (--no-cuda-graph)"), 0;
@@ -572,7 +581,7 @@ static loom_status watch_marks(loom_program *p)
 	loom_status first = LOOM_OK;
 	if (!x->n_marked)
 		return LOOM_OK;
-	uint64_t serial = p->be->mark_serial(p->be_ctx);
+	uint64_t serial = p->be->marks->mark_serial(p->be_ctx);
 	for (int m = 0; m < x->n_marked; m++) {
 		loom_status st =
 			loom_comm_watch_mark(p->plan.comm, x->mark_work[m], &x->marks[m], serial);
@@ -595,7 +604,7 @@ static loom_status graph_replay(loom_program *p)
 		return comm_fail(p, st);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts,
 				LOOM_EXEC_TRAIN | LOOM_EXEC_REPLAY)) != LOOM_OK ||
-	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK)
+	    (st = be->graph->replay(p->be_ctx, pl)) != LOOM_OK)
 		return be_fail(p, st);
 	loom_status watched = watch_marks(p);
 	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
@@ -616,7 +625,7 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 		x->graph = graph_allowed(p, why, sizeof(why)) ? 1 : -1;
 		snprintf(x->graph_note, sizeof(x->graph_note), "%s", why);
 		/* Said once, where a backend could have captured. */
-		if (x->graph < 0 && p->be->capture_begin && p->plan.opts.cuda_graph)
+		if (x->graph < 0 && p->be->graph && p->plan.opts.cuda_graph)
 			loom_log("loom: cuda graph: %s; steps run eagerly", why);
 	}
 	if (!graph_step(p, first, last, flags))
@@ -656,7 +665,7 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 		return be_fail(p, st);
 	/* Recorded from here to run_end, outside of run_begin's pushes. */
 	if (capture) {
-		if ((st = be->capture_begin(p->be_ctx, pl)) != LOOM_OK)
+		if ((st = be->graph->capture_begin(p->be_ctx, pl)) != LOOM_OK)
 			return be_fail(p, st);
 		loom_exec *x = &p->exec;
 		x->n_marked = 0;
@@ -677,11 +686,11 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 		x->n_pending = 0;
 		loom_status end = be->run_end(p->be_ctx, pl, &p->arena, &p->ts);
 		if (st != LOOM_OK || end != LOOM_OK) {
-			(void)be->capture_end(p->be_ctx, pl, 0);
+			(void)be->graph->capture_end(p->be_ctx, pl, 0);
 			x->n_marked = 0;
 			return st != LOOM_OK ? st : be_fail(p, end);
 		}
-		if ((st = be->capture_end(p->be_ctx, pl, 1)) != LOOM_OK) {
+		if ((st = be->graph->capture_end(p->be_ctx, pl, 1)) != LOOM_OK) {
 			x->n_marked = 0;
 			return be_fail(p, st);
 		}

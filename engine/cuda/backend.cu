@@ -1724,9 +1724,57 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	loom_cuda_bn_note(c, p, v, buf, len);
 }
 
+static const loom_backend_planning cuda_planning = {
+	.takes_any_dtype = loom_cuda_takes_any_dtype,
+	.node_formats = loom_cuda_node_formats,
+	.attn_fusable = loom_cuda_attn_fusable,
+	.node_note = cuda_node_note,
+	.makes_sibling = cuda_makes_sibling,
+};
+
+static const loom_backend_accumulate cuda_accumulate = {
+	.alloc_accum = cuda_alloc_accum,
+	.accum = cuda_accum,
+};
+
+static const loom_backend_sharded cuda_sharded = {
+	.grads_finite = loom_cuda_grads_finite,
+	.grads_finite_device = loom_cuda_grads_finite_device,
+	.grad_sumsq = loom_cuda_grad_sumsq,
+	.grad_sumsq_device = loom_cuda_grad_sumsq_device,
+};
+
+static const loom_backend_timing cuda_timing = {
+	.timer_record = cuda_timer_record,
+	.timer_read = cuda_timer_read,
+	.counters = cuda_counters,
+};
+
+static const loom_backend_async_loss cuda_async_loss = {
+	.loss_async = cuda_loss_async,
+};
+
+static const loom_backend_graph_ops cuda_graph_ops = {
+	.capture_begin = cuda_capture_begin,
+	.capture_end = cuda_capture_end,
+	.replay = cuda_replay,
+};
+
+static const loom_backend_marks cuda_marks = {
+	.mark_words = cuda_mark_words,
+	.mark_record = cuda_mark_record,
+	.mark_serial = cuda_mark_serial,
+};
+
+static const loom_backend_input cuda_input = {
+	.input_slot = cuda_input_slot,
+	.input_commit = cuda_input_commit,
+	.input_release = cuda_input_release,
+};
+
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM |
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD |
 		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION,
 	.init = cuda_init,
 	.free = cuda_free,
@@ -1734,24 +1782,13 @@ static const loom_backend loom_cuda_backend = {
 	.describe = cuda_describe,
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
-	.takes_any_dtype = loom_cuda_takes_any_dtype,
-	.node_formats = loom_cuda_node_formats,
-	.attn_fusable = loom_cuda_attn_fusable,
 	.plan_create = cuda_plan_create,
-	.node_note = cuda_node_note,
 	.alloc = cuda_alloc,
-	.alloc_accum = cuda_alloc_accum,
 	.run_begin = cuda_run_begin,
 	.run_end = cuda_run_end,
 	.run_node = cuda_run_node,
-	.makes_sibling = cuda_makes_sibling,
 	.check_finite = cuda_check_finite,
-	.accum = cuda_accum,
 	.optim = loom_cuda_optim,
-	.grads_finite = loom_cuda_grads_finite,
-	.grads_finite_device = loom_cuda_grads_finite_device,
-	.grad_sumsq = loom_cuda_grad_sumsq,
-	.grad_sumsq_device = loom_cuda_grad_sumsq_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,
@@ -1759,19 +1796,14 @@ static const loom_backend loom_cuda_backend = {
 	.synchronize = cuda_synchronize,
 	.event_record = cuda_event_record,
 	.event_wait = cuda_event_wait,
-	.timer_record = cuda_timer_record,
-	.timer_read = cuda_timer_read,
-	.loss_async = cuda_loss_async,
-	.capture_begin = cuda_capture_begin,
-	.capture_end = cuda_capture_end,
-	.replay = cuda_replay,
-	.mark_words = cuda_mark_words,
-	.mark_record = cuda_mark_record,
-	.mark_serial = cuda_mark_serial,
-	.input_slot = cuda_input_slot,
-	.input_commit = cuda_input_commit,
-	.input_release = cuda_input_release,
-	.counters = cuda_counters,
+	.planning = &cuda_planning,
+	.accumulate = &cuda_accumulate,
+	.sharded = &cuda_sharded,
+	.timing = &cuda_timing,
+	.async_loss = &cuda_async_loss,
+	.graph = &cuda_graph_ops,
+	.marks = &cuda_marks,
+	.input = &cuda_input,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

@@ -295,7 +295,7 @@ static loom_status rec_accum(void *ctx, const loom_plan *pl, const loom_arena *a
 		rec.accum_fold++;
 	else
 		rec.accum_add++;
-	return loom_cpu_backend.accum(ctx, pl, a, s, fold);
+	return loom_cpu_backend.accumulate->accum(ctx, pl, a, s, fold);
 }
 
 static loom_status rec_optim(void *ctx, const loom_plan *pl, const loom_arena *a,
@@ -331,6 +331,7 @@ static int rec_supports_node(void *ctx, const loom_plan *pl, loom_value v)
 }
 
 static loom_backend rec_backend;
+static loom_backend_accumulate rec_accumulate;
 
 static void setup(void)
 {
@@ -340,7 +341,9 @@ static void setup(void)
 	rec_backend = loom_cpu_backend;
 	rec_backend.name = "recording";
 	rec_backend.run_node = rec_run_node;
-	rec_backend.accum = rec_accum;
+	rec_accumulate = *loom_cpu_backend.accumulate;
+	rec_accumulate.accum = rec_accum;
+	rec_backend.accumulate = &rec_accumulate;
 	rec_backend.optim = rec_optim;
 	rec_backend.run_begin = rec_run_begin;
 	rec_backend.supports_node = rec_supports_node;
