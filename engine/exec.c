@@ -258,7 +258,8 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	/* Under capture, its progress mark after it, which the watchdog
 	 * reads after each launch; then its end on the device, for a WAIT of
 	 * it alone (which so waits for the mark too: the capture joins it). */
-	if (mark >= 0 && (st = p->be->marks->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
+	if (mark >= 0 &&
+	    (st = p->be->marks->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
 		return be_fail(p, st);
 	if (x->device_wait &&
 	    (st = p->be->event_record(p->be_ctx, EV_COLL_ONE + k % EV_COLL_ONES, LOOM_STREAM_COMM)) !=
@@ -425,8 +426,8 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 	/* loom_program_accum_ready refused a backend without the group. */
 	if (!p->be->accumulate)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "run: gradient accumulation is not implemented on the %s backend",
-					 p->be->name);
+					 "run: gradient accumulation is not implemented on the %s "
+					 "backend", p->be->name);
 	int t0 = timer(p, LOOM_STREAM_COMPUTE);
 	loom_status st = p->be->accumulate->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
 	if (st != LOOM_OK)

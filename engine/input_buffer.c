@@ -108,7 +108,8 @@ loom_status loom_input_buffer(loom_program *p, const char *name, loom_dtype dt, 
 		return loom_program_fail(p, LOOM_ERR_SHAPE, "input_buffer '%s': 0 elements", name);
 	size_t bytes = count * loom_dtype_size(dt);
 	if (slots_can(p, v, count)) {
-		loom_status st = p->be->input->input_slot(p->be_ctx, loom_value_ptr(p, v), bytes, ptr);
+		loom_status st =
+			p->be->input->input_slot(p->be_ctx, loom_value_ptr(p, v), bytes, ptr);
 		if (st == LOOM_OK) {
 			b->out = 1;
 			b->slot = 1;

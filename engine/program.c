@@ -483,8 +483,10 @@ static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 	if (st != LOOM_OK)
 		return st;
 	if (async_loss(p)) {
-		st = p->be->async_loss->loss_async(p->be_ctx, &p->plan, loom_value_ptr(p, p->plan.loss),
-				       p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64, &p->ts);
+		st = p->be->async_loss->loss_async(p->be_ctx, &p->plan,
+						   loom_value_ptr(p, p->plan.loss),
+						   p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64,
+						   &p->ts);
 		return st == LOOM_OK ? st : loom_program_backend_fail(p, st);
 	}
 	float l32;

@@ -200,12 +200,12 @@ static int cast_folded_on_one_side(const loom_node *cuda, const loom_node *cpu)
  * its own dtype whatever the plan says). */
 static void expect_cuda_folds_where_taken(const char *what, const loom_program *cuda)
 {
-	const loom_backend *be = cuda->be;
+	const loom_backend_planning *pn = cuda->be->planning;
 	const loom_graph *g = cuda->plan.g;
 	for (int v = 0; v < g->n; v++) {
 		const loom_node *n = &g->nodes[v];
 		if (n->flags & LOOM_NODE_CAST_FOLDED)
-			cr_expect(be->planning->takes_any_dtype && be->planning->takes_any_dtype((loom_op)n->op),
+			cr_expect(pn && pn->takes_any_dtype && pn->takes_any_dtype((loom_op)n->op),
 				  "%s: a cast folded into node %d (op %d), whose CUDA kernel "
 				  "does not take any dtype", what, v, (int)n->op);
 	}
@@ -404,13 +404,14 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		cr_expect_eq(nf, t.want_attn_fused, "%s %s: %d attentions fused (cuDNN SDPA), want %d: %s",
 			     op, loom_dtype_name(dt), nf, t.want_attn_fused, why);
 	}
+	const loom_backend_planning *pn = cuda->be->planning;
 	for (int i = 0; i < 3 && t.note[i]; i++) {
 		char got[512] = "", note[512];
 		int found = 0;
 		for (int v = 0; v < cuda->plan.g->n && !found; v++) {
-			if (cuda->plan.g->nodes[v].op != t.note_op[i] || !cuda->be->planning->node_note)
+			if (cuda->plan.g->nodes[v].op != t.note_op[i] || !pn || !pn->node_note)
 				continue;
-			cuda->be->planning->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+			pn->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
 			found = strstr(note, t.note[i]) != NULL;
 			if (!got[0])
 				snprintf(got, sizeof(got), "%s", note);
@@ -418,9 +419,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		cr_expect(found, "%s %s: no node of op %d notes \"%s\" (first: \"%s\")", op,
 			  loom_dtype_name(dt), (int)t.note_op[i], t.note[i], got);
 	}
-	for (int v = 0; t.no_note && cuda->be->planning->node_note && v < cuda->plan.g->n; v++) {
+	for (int v = 0; t.no_note && pn && pn->node_note && v < cuda->plan.g->n; v++) {
 		char note[512];
-		cuda->be->planning->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+		pn->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
 		cr_expect(!strstr(note, t.no_note), "%s %s: node %d notes \"%s\"", op,
 			  loom_dtype_name(dt), v, note);
 	}
@@ -1841,7 +1842,8 @@ Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
 			if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD)
 				ce_half += p->plan.g->nodes[n->src[0]].dtype == LOOM_BF16;
 			if (n->flags & LOOM_NODE_CAST_FOLDED)
-				cr_expect(be->planning->takes_any_dtype((loom_op)n->op), "node %d op %d", v, (int)n->op);
+				cr_expect(be->planning->takes_any_dtype((loom_op)n->op), "node %d op %d", v,
+					  (int)n->op);
 		}
 		if (off) {
 			cr_expect_eq(folded, 0);
@@ -2885,7 +2887,8 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 		if (op == LOOM_OP_REORDER) {
 			cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "reorder: no CPU entry");
 			if (cuda) {
-				cr_expect(cuda->planning->node_formats != NULL, "CUDA: no node_formats");
+				cr_expect(cuda->planning && cuda->planning->node_formats,
+					  "CUDA: no node_formats");
 				cr_expect(cuda->supports_op(NULL, (loom_op)op), "reorder: no CUDA entry");
 			}
 			continue;
@@ -3192,8 +3195,9 @@ static void zero_norm_matches(const char *what, loom_opt_level level)
 	cr_assert_not_null(q->be->sharded->grad_sumsq);
 	cr_assert_not_null(q->be->sharded->grad_sumsq_device);
 	double s = -1;
-	cr_assert_eq(q->be->sharded->grad_sumsq(q->be_ctx, &q->plan, &q->arena, &q->ts, 0, q->plan.n_pieces,
-				       &s), LOOM_OK, "%s: %s", what, q->be->error(q->be_ctx));
+	cr_assert_eq(q->be->sharded->grad_sumsq(q->be_ctx, &q->plan, &q->arena, &q->ts, 0,
+						q->plan.n_pieces, &s),
+		     LOOM_OK, "%s: %s", what, q->be->error(q->be_ctx));
 	cr_assert(fabs(sqrt(s) - info.grad_norm) <= 1e-12 * info.grad_norm,
 		  "%s: the shard kernels' norm %.17g, the update's %.17g", what, sqrt(s),
 		  info.grad_norm);
