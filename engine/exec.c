@@ -184,36 +184,92 @@ static void seen_complete(loom_program *p, int k)
 	p->exec.pending_span[k] = -1;
 }
 
-static loom_status coll_start(loom_program *p, const loom_step *s)
+/* Whether collective k may start now: a group, a known bucket, none of its
+ * own still in flight, and (device wait) no failure the watchdog saw. */
+static loom_status coll_check(loom_program *p, const loom_step *s, int k)
 {
 	const loom_plan *pl = &p->plan;
-	loom_exec *x = &p->exec;
-	int k = s->index;
 	loom_status st;
 	if (!pl->comm || k < 0 || k >= n_colls(pl))
 		return loom_program_fail(p, LOOM_ERR_STATE, "%s of bucket %d: no process group",
 					 loom_coll_name(s->coll), k);
-	if (x->pending[k])
+	if (p->exec.pending[k])
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s of bucket %d started before the last one ended",
 					 loom_coll_name(s->coll), k);
 	/* A collective the watchdog saw fail ends the run at the next one. */
-	if (x->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
+	return LOOM_OK;
+}
+
+/* A gather: this rank's shard copied into its place in the gathered value
+ * gt->v, which *buf becomes. */
+static loom_status coll_gather_in(loom_program *p, const loom_gather *gt, const loom_bucket *b,
+				  size_t shard, void **buf)
+{
+	const loom_plan *pl = &p->plan;
+	*buf = loom_arena_ptr(&p->arena, pl, gt->v);
+	loom_status st = p->be->copy(p->be_ctx, (unsigned char *)*buf + shard * (size_t)pl->rank *
+						 loom_dtype_size(b->dtype),
+				     (gt->src_bucket ? p->arena.bucket : p->arena.state) + gt->src_off,
+				     shard * loom_dtype_size(b->dtype));
+	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
+}
+
+/* Under capture: the progress mark of this start (its index in *mark),
+ * whose work names it to the watchdog after each launch; eager runs keep
+ * kept[k] and no mark (-1). */
+static loom_status coll_mark(loom_program *p, const loom_step *s, int k, int *mark)
+{
+	loom_exec *x = &p->exec;
+	*mark = -1;
+	if (!x->capturing)
+		return LOOM_OK;
+	if (!x->marks || x->n_marked >= x->n_marks || !x->mark_work[x->n_marked])
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "%s of bucket %d under capture: no progress mark "
+					 "for the watchdog to read", loom_coll_name(s->coll), k);
+	*mark = x->n_marked++;
+	x->pending[k] = x->mark_work[*mark];
+	return LOOM_OK;
+}
+
+/* The communicator's start of s's collective over buf on stream. */
+static loom_status coll_launch(loom_program *p, const loom_step *s, const loom_bucket *b,
+			       void *buf, size_t shard, void *stream, loom_comm_work **work)
+{
+	loom_comm *comm = p->plan.comm;
+	switch (s->coll) {
+	case LOOM_COLL_ALLREDUCE:
+		return loom_comm_allreduce_start(comm, buf, (size_t)b->count, b->dtype, stream, work);
+	case LOOM_COLL_REDUCE_SCATTER:
+		return loom_comm_reduce_scatter_start(comm, buf, shard, b->dtype, stream, work);
+	case LOOM_COLL_ALLGATHER:
+		return loom_comm_allgather_start(comm, buf, shard, b->dtype, stream, work);
+	default:
+		return LOOM_ERR_UNSUPPORTED;
+	}
+}
+
+static loom_status coll_start(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	loom_exec *x = &p->exec;
+	int k = s->index, mark;
+	loom_status st;
+	if ((st = coll_check(p, s, k)) != LOOM_OK)
+		return st;
+	if (s->coll != LOOM_COLL_ALLREDUCE && s->coll != LOOM_COLL_REDUCE_SCATTER &&
+	    s->coll != LOOM_COLL_ALLGATHER)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s step on buckets",
+					 loom_coll_name(s->coll));
 	const loom_gather *gt = k >= pl->buckets.n ? &pl->gathers[k - pl->buckets.n] : NULL;
 	const loom_bucket *b = &pl->buckets.b[gt ? gt->bucket : k];
 	void *buf = p->arena.bucket + b->base;
 	size_t shard = (size_t)b->count / (size_t)pl->world;
-	/* A gather: this rank's shard into its place in the gathered value. */
-	if (gt) {
-		buf = loom_arena_ptr(&p->arena, pl, gt->v);
-		st = p->be->copy(p->be_ctx, (unsigned char *)buf + shard * (size_t)pl->rank *
-					    loom_dtype_size(b->dtype),
-				 (gt->src_bucket ? p->arena.bucket : p->arena.state) + gt->src_off,
-				 shard * loom_dtype_size(b->dtype));
-		if (st != LOOM_OK)
-			return be_fail(p, st);
-	}
+	if (gt && (st = coll_gather_in(p, gt, b, shard, &buf)) != LOOM_OK)
+		return st;
 	/* The communication stream starts after the compute stream's work so
 	 * far (the bucket's last gradient, or the optimizer's update). */
 	if ((st = p->be->event_record(p->be_ctx, EV_COLL_START, LOOM_STREAM_COMPUTE)) != LOOM_OK ||
@@ -223,34 +279,9 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
 	if (x->kept)
 		x->pending[k] = x->kept[k]; /* reused; NULL: the start makes one */
-	/* Under capture: the work of this start's mark, which names it to the
-	 * watchdog after each launch (eager runs keep kept[k]). */
-	int mark = -1;
-	if (x->capturing) {
-		if (!x->marks || x->n_marked >= x->n_marks || !x->mark_work[x->n_marked])
-			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-						 "%s of bucket %d under capture: no progress mark "
-						 "for the watchdog to read", loom_coll_name(s->coll), k);
-		mark = x->n_marked++;
-		x->pending[k] = x->mark_work[mark];
-	}
-	switch (s->coll) {
-	case LOOM_COLL_ALLREDUCE:
-		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
-					       &x->pending[k]);
-		break;
-	case LOOM_COLL_REDUCE_SCATTER:
-		st = loom_comm_reduce_scatter_start(pl->comm, buf, shard, b->dtype, stream,
-						    &x->pending[k]);
-		break;
-	case LOOM_COLL_ALLGATHER:
-		st = loom_comm_allgather_start(pl->comm, buf, shard, b->dtype, stream, &x->pending[k]);
-		break;
-	default:
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s step on buckets",
-					 loom_coll_name(s->coll));
-	}
-	if (st != LOOM_OK) {
+	if ((st = coll_mark(p, s, k, &mark)) != LOOM_OK)
+		return st;
+	if ((st = coll_launch(p, s, b, buf, shard, stream, &x->pending[k])) != LOOM_OK) {
 		x->pending[k] = NULL;
 		return comm_fail(p, st);
 	}

@@ -919,6 +919,32 @@ static int gather_step(const loom_plan *pl, int k, int wait)
 	return at;
 }
 
+/* A collective step of a kind the executor does not start on buckets is
+ * refused before anything of it happens: the first gather made a broadcast
+ * copies no shard, calls no communicator, leaves nothing in flight. */
+Test(exec, a_collective_of_another_kind_is_refused_before_it_starts)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_program *p = compile_zero3_layers(&g, pg, 0);
+	loom_plan *pl = &p->plan;
+	int i = 0;
+	while (i < pl->n_steps && pl->steps[i].kind != LOOM_STEP_COLLECTIVE)
+		i++;
+	cr_assert_lt(i, pl->n_steps, "no collective step");
+	cr_assert_geq(pl->steps[i].index, pl->buckets.n, "the first collective is not a gather");
+	pl->steps[i].coll = LOOM_COLL_BROADCAST;
+	rec.copies = 0;
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_ERR_UNSUPPORTED);
+	cr_expect_not_null(strstr(loom_program_error(p), "no broadcast step on buckets"), "%s",
+			   loom_program_error(p));
+	cr_expect_eq(rec.copies, 0, "the shard was copied first");
+	cr_expect_eq(fk.n, 0, "%d communicator calls", fk.n);
+	cr_expect_eq(p->exec.n_pending, 0);
+	cr_expect_null(p->exec.pending[pl->steps[i].index], "left in flight");
+	free_ranked(p, g, pg);
+}
+
 /*
  * Each layer's all-gather is issued exactly `depth` layers ahead of its
  * first use, within its phase (forward, backward): the first `depth` of a
