@@ -460,33 +460,28 @@ static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_
 	return LOOM_OK;
 }
 
-static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_state *ts,
-			      loom_arena *arena)
+/* The one device allocation: persist | bucket | act | ws | state | ctl |
+ * slots | chunks | the chunks' norm parts | the saved region (plan_saved),
+ * carved into arena and c; *o_ctl: where the part a run zeroes ends. */
+static loom_status arena_carve(loom_cuda_ctx *c, const loom_plan *p, loom_arena *arena,
+			       size_t *o_ctl)
 {
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-
-	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
-		return st;
-
 	c->n_chunks = 0;
 	for (int s = 0; s < p->n_pieces; s++)
 		c->n_chunks += (int)((p->pieces[s].n + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
-	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks
-	 * | the chunks' norm parts | the saved region (plan_saved). */
 	size_t o_bucket = loom_cuda_align(p->mp.persist_bytes);
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
 	size_t o_state = o_ws + loom_cuda_align(p->ws_bytes);
-	size_t o_ctl = o_state + loom_cuda_align(loom_plan_state_region_bytes(p));
-	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
+	*o_ctl = o_state + loom_cuda_align(loom_plan_state_region_bytes(p));
+	size_t o_slots = *o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
 	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_pieces);
 	size_t o_norm = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
 	size_t o_saved = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
 	size_t total = o_saved + c->saved_bytes;
 
-	st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
+	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	c->base_bytes = total;
@@ -496,34 +491,39 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	arena->ws = c->base + o_ws;
 	arena->state = c->base + o_state;
 	c->arena = arena;
-	c->ctl = (loom_cuda_ctl *)(c->base + o_ctl);
+	c->ctl = (loom_cuda_ctl *)(c->base + *o_ctl);
 	c->d_slots = (loom_cuda_opt_slot *)(c->base + o_slots);
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->base + o_chunks);
 	c->d_norm_parts = (double *)(c->base + o_norm);
 	c->saved = c->saved_bytes ? c->base + o_saved : NULL;
+	return LOOM_OK;
+}
 
-	/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32,
-	 * f16 and bf16, so an element no kernel writes cannot pass a test. The
-	 * hook is the program's from here on: every run of it poisons too. */
+/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32, f16
+ * and bf16, so an element no kernel writes cannot pass a test. The hook is
+ * the program's from here on: every run of it poisons too. */
+static loom_status arena_clear(loom_cuda_ctx *c, size_t o_ctl)
+{
 	c->poison = loom_cuda_poison_on;
-	st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->base, c->poison ? 0xff : 0, o_ctl, c->stream),
-			     c->err, sizeof(c->err));
+	loom_status st =
+		LOOM_CUDA_CHECK(cudaMemsetAsync(c->base, c->poison ? 0xff : 0, o_ctl, c->stream),
+				c->err, sizeof(c->err));
 	/* The saved slots too under the hook: a backward that reads a slot
 	 * its forward did not fill gets NaN statistics or argmax 255 (no
 	 * gradient), and fails the comparison with the CPU. */
 	if (st == LOOM_OK && c->poison && c->saved_bytes)
 		st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->saved, 0xff, c->saved_bytes, c->stream),
 				     c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
+	return st;
+}
 
-	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
-	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
-		return st;
-	c->loss_node_on = getenv("LOOM_CUDA_LOSS_NODE") && !strcmp(getenv("LOOM_CUDA_LOSS_NODE"), "1");
+/* The pinned host buffers (the double-buffered upload, the control block's
+ * stage) and their events. */
+static loom_status pinned_make(loom_cuda_ctx *c)
+{
 	c->pinned_half = (size_t)4 << 20;
-	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
-			     c->err, sizeof(c->err));
+	loom_status st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
+					 c->err, sizeof(c->err));
 	for (int i = 0; i < 2 && st == LOOM_OK; i++)
 		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->pinned_ev[i],
 							      cudaEventDisableTiming),
@@ -535,9 +535,13 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->ctl_stage_ev,
 							      cudaEventDisableTiming),
 				     c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
+	return st;
+}
 
+/* The control block's first contents (ts's scaler and step, no verdicts)
+ * uploaded through its stage, which the host keeps as its own copy. */
+static loom_status ctl_start(loom_cuda_ctx *c, const loom_train_state *ts)
+{
 	loom_cuda_ctl *ctl = c->ctl_stage;
 	memset(ctl, 0, sizeof(*ctl));
 	ctl->scaler = ts->scaler;
@@ -545,9 +549,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	ctl->ce_node = -1;
 	ctl->ce_row = INT32_MAX;
 	ctl->first_nonfinite = -1;
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->ctl, ctl, sizeof(*ctl), cudaMemcpyHostToDevice,
-					     c->stream),
-			     c->err, sizeof(c->err));
+	loom_status st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->ctl, ctl, sizeof(*ctl),
+							 cudaMemcpyHostToDevice, c->stream),
+					 c->err, sizeof(c->err));
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaEventRecord(c->ctl_stage_ev, c->stream), c->err,
 				     sizeof(c->err));
@@ -555,26 +559,51 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 	c->host_scaler = ts->scaler;
 	c->host_step = ts->step;
-	if ((st = loom_cuda_opt_tables_upload(c, p)) != LOOM_OK)
+	return LOOM_OK;
+}
+
+static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_state *ts,
+			      loom_arena *arena)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	size_t o_ctl;
+
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
+		return st;
+	if ((st = arena_carve(c, p, arena, &o_ctl)) != LOOM_OK ||
+	    (st = arena_clear(c, o_ctl)) != LOOM_OK)
+		return st;
+
+	c->stage_on = getenv("LOOM_CUDA_UPLOAD") && !strcmp(getenv("LOOM_CUDA_UPLOAD"), "stream");
+	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
+		return st;
+	c->loss_node_on = getenv("LOOM_CUDA_LOSS_NODE") && !strcmp(getenv("LOOM_CUDA_LOSS_NODE"), "1");
+
+	if ((st = pinned_make(c)) != LOOM_OK || (st = ctl_start(c, ts)) != LOOM_OK ||
+	    (st = loom_cuda_opt_tables_upload(c, p)) != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 }
 
-static void cuda_free(void *ctx)
+/* Teardown: errors here have nowhere to go and nothing to undo. */
+
+/* The streams idle: no bucket's sum still writes into the arena freed
+ * after (the executor waited for its collectives: loom_program_free). */
+static void free_sync_streams(loom_cuda_ctx *c)
 {
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	if (!c)
-		return;
-	(void)loom_cuda_use_device(c);
-	/* No bucket's sum still writes into the arena freed below: the
-	 * executor waited for its collectives (loom_program_free). */
-	/* Teardown: errors here have nowhere to go and nothing to undo. */
 	if (c->stream)
 		(void)loom_cuda_sync_stream(c, c->stream);
 	if (c->comm)
 		(void)loom_cuda_sync_stream(c, c->comm);
 	if (c->copy)
 		(void)loom_cuda_sync_stream(c, c->copy);
+}
+
+/* The captured graph, its progress marks and the staged upload's buffers,
+ * events and copy stream. */
+static void free_graph_and_stage(loom_cuda_ctx *c)
+{
 	if (c->graph_exec)
 		(void)cudaGraphExecDestroy(c->graph_exec);
 	if (c->graph)
@@ -595,6 +624,11 @@ static void cuda_free(void *ctx)
 	}
 	if (c->copy)
 		(void)cudaStreamDestroy(c->copy);
+}
+
+/* The staged inputs' slots and the asynchronous loss's copies. */
+static void free_inputs(loom_cuda_ctx *c)
+{
 	for (int i = 0; i < c->n_inputs; i++) {
 		if (c->inputs[i].host[0])
 			(void)cudaFreeHost(c->inputs[i].host[0]);
@@ -608,6 +642,11 @@ static void cuda_free(void *ctx)
 	for (int i = 0; i < 2; i++)
 		if (c->async_ev[i])
 			(void)cudaEventDestroy(c->async_ev[i]);
+}
+
+/* The per-node library plans. */
+static void free_plans(loom_cuda_ctx *c)
+{
 	for (int v = 0; v < c->n_plans; v++) {
 		if (c->plans[v].kind == LOOM_CUDA_PLAN_CONV)
 			loom_cuda_conv_plan_free(&c->plans[v]);
@@ -619,6 +658,11 @@ static void cuda_free(void *ctx)
 			loom_cuda_sdpa_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
+}
+
+/* The timers, the arena, the sums, the pinned buffers and their events. */
+static void free_memory(loom_cuda_ctx *c)
+{
 	for (int i = 0; i < c->n_timers; i++)
 		if (c->timers[i])
 			(void)cudaEventDestroy(c->timers[i]);
@@ -636,6 +680,11 @@ static void cuda_free(void *ctx)
 			(void)cudaEventDestroy(c->pinned_ev[i]);
 	if (c->ctl_stage_ev)
 		(void)cudaEventDestroy(c->ctl_stage_ev);
+}
+
+/* What init made: the events, the library handles, the streams. */
+static void free_handles(loom_cuda_ctx *c)
+{
 	for (int i = 0; i < LOOM_BACKEND_EVENTS; i++)
 		if (c->events[i])
 			(void)cudaEventDestroy(c->events[i]);
@@ -647,6 +696,20 @@ static void cuda_free(void *ctx)
 		(void)cudaStreamDestroy(c->comm);
 	if (c->stream)
 		(void)cudaStreamDestroy(c->stream);
+}
+
+static void cuda_free(void *ctx)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	if (!c)
+		return;
+	(void)loom_cuda_use_device(c);
+	free_sync_streams(c);
+	free_graph_and_stage(c);
+	free_inputs(c);
+	free_plans(c);
+	free_memory(c);
+	free_handles(c);
 	(void)cudaGetLastError();
 	free(c);
 }
