@@ -166,6 +166,18 @@ static cudaError_t sync_event(loom_cuda_ctx *c, cudaEvent_t e)
 	return cudaEventSynchronize(e);
 }
 
+/* bytes of pinned host memory at *host and a pair of events (no timing)
+ * that say when each of its two halves or slots was last read: the
+ * double-buffered uploads, the staged inputs and the late loss. */
+static loom_status pinned_pair(loom_cuda_ctx *c, void **host, size_t bytes, cudaEvent_t ev[2])
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaMallocHost(host, bytes), c->err, sizeof(c->err));
+	for (int k = 0; k < 2 && st == LOOM_OK; k++)
+		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&ev[k], cudaEventDisableTiming),
+				     c->err, sizeof(c->err));
+	return st;
+}
+
 /* Handles, both streams and the events; no plan, no memory yet. */
 static loom_status cuda_init(void **out, char *err, size_t errlen)
 {
@@ -522,12 +534,7 @@ static loom_status arena_clear(loom_cuda_ctx *c, size_t o_ctl)
 static loom_status pinned_make(loom_cuda_ctx *c)
 {
 	c->pinned_half = (size_t)4 << 20;
-	loom_status st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
-					 c->err, sizeof(c->err));
-	for (int i = 0; i < 2 && st == LOOM_OK; i++)
-		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->pinned_ev[i],
-							      cudaEventDisableTiming),
-				     c->err, sizeof(c->err));
+	loom_status st = pinned_pair(c, (void **)&c->pinned, 2 * c->pinned_half, c->pinned_ev);
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->ctl_stage, sizeof(loom_cuda_ctl)),
 				     c->err, sizeof(c->err));
@@ -803,12 +810,7 @@ static loom_status input_slots_make(loom_cuda_ctx *c, loom_cuda_input *in)
 {
 	loom_status st = LOOM_OK;
 	if (!in->host[0]) {
-		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&in->host[0], 2 * in->bytes), c->err,
-				     sizeof(c->err));
-		for (int k = 0; k < 2 && st == LOOM_OK; k++)
-			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&in->read[k],
-								      cudaEventDisableTiming),
-					     c->err, sizeof(c->err));
+		st = pinned_pair(c, (void **)&in->host[0], 2 * in->bytes, in->read);
 		if (st != LOOM_OK)
 			return st;
 		in->host[1] = in->host[0] + in->bytes;
@@ -1163,6 +1165,19 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 
 /* Both streams drained, and the control block brings the device's scaler,
  * step and error flags back to the host. */
+/* The training state the device kept (h, a copy of the control block)
+ * into ts and the host's own copy; a bad label it saw, reported. */
+static loom_status ctl_into_ts(loom_cuda_ctx *c, const loom_plan *p, loom_train_state *ts,
+			       const loom_cuda_ctl *h)
+{
+	ts->scaler = c->host_scaler = h->scaler;
+	ts->step = c->host_step = h->step;
+	ts->grad_norm = h->grad_norm;
+	if (h->ce_node >= 0 && h->ce_node < p->g->n)
+		return loom_cuda_report_bad_label(c, p, h);
+	return LOOM_OK;
+}
+
 static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_state *ts)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
@@ -1188,12 +1203,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 		ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
 		c->async_pending = -1;
 	}
-	ts->scaler = c->host_scaler = h.scaler;
-	ts->step = c->host_step = h.step;
-	ts->grad_norm = h.grad_norm;
-	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return loom_cuda_report_bad_label(c, p, &h);
-	return LOOM_OK;
+	return ctl_into_ts(c, p, ts, &h);
 }
 
 /* Slot k's copy has landed: its step's loss, scaler and step into ts. */
@@ -1206,12 +1216,7 @@ static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_s
 	const loom_cuda_async_slot *a = &c->async[k];
 	loom_cuda_ctl h = a->ctl;
 	ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
-	ts->scaler = c->host_scaler = h.scaler;
-	ts->step = c->host_step = h.step;
-	ts->grad_norm = h.grad_norm;
-	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return loom_cuda_report_bad_label(c, p, &h);
-	return LOOM_OK;
+	return ctl_into_ts(c, p, ts, &h);
 }
 
 static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *loss, int f64,
@@ -1223,12 +1228,7 @@ static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *lo
 	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->async) {
-		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->async, 2 * sizeof(*c->async)),
-				     c->err, sizeof(c->err));
-		for (int i = 0; i < 2 && st == LOOM_OK; i++)
-			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->async_ev[i],
-								      cudaEventDisableTiming),
-					     c->err, sizeof(c->err));
+		st = pinned_pair(c, (void **)&c->async, 2 * sizeof(*c->async), c->async_ev);
 		if (st != LOOM_OK)
 			return st;
 		c->async_next = 0;
@@ -1268,12 +1268,18 @@ static cudaStream_t stream_of(loom_cuda_ctx *c, loom_stream s)
 	return s == LOOM_STREAM_COMM ? c->comm : c->stream;
 }
 
+/* Whether event is one of the context's, its device made current. */
+static loom_status event_ready(loom_cuda_ctx *c, int event)
+{
+	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
+	return loom_cuda_use_device(c);
+}
+
 static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = loom_cuda_use_device(c);
+	loom_status st = event_ready(c, event);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaEventRecord(c->events[event], stream_of(c, stream)), c->err,
@@ -1283,9 +1289,7 @@ static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = loom_cuda_use_device(c);
+	loom_status st = event_ready(c, event);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_of(c, stream), c->events[event], 0),
