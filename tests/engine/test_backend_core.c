@@ -17,6 +17,7 @@
 
 #include "engine/program_internal.h"
 #include "loom.h"
+#include "tests/engine/fake_async.h"
 
 typedef void (*any_fn)(void);
 
@@ -61,18 +62,9 @@ static loom_backend core_only(void)
 
 static loom_backend bare;
 
-static void mlp_inputs(loom_program *p)
-{
-	float xv[24];
-	int32_t yv[6] = { 0, 1, 2, 0, 1, 2 };
-	for (int i = 0; i < 24; i++)
-		xv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK, "%s", loom_program_error(p));
-	cr_assert_eq(loom_set_input(p, "y", yv, LOOM_I32, 6), LOOM_OK, "%s", loom_program_error(p));
-}
-
-/* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y, AdamW with
- * clipping, on backend be (NULL: the CPU's own table). */
+/* x [6, 4] -> linear 4->8 -> relu -> linear 8->3 -> CE with y (the fake
+ * device's MLP and inputs), AdamW with clipping, on backend be (NULL: the
+ * CPU's own table). */
 static loom_program *mlp(loom_graph **gp, const loom_backend *be)
 {
 	loom_graph *g;
@@ -93,7 +85,7 @@ static loom_program *mlp(loom_graph **gp, const loom_backend *be)
 	loom_status st = loom_compile(g, loss, &o, &p);
 	loom_test_backend = NULL;
 	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
-	mlp_inputs(p);
+	fake_mlp_inputs(p);
 	*gp = g;
 	return p;
 }
