@@ -214,12 +214,13 @@ static loom_status fuse_run(loom_program *p, loom_pass_ctx *c)
 		loom_fuse_add_relu(p->plan.g);
 	if (caps & LOOM_BE_FUSES_SIBLINGS)
 		loom_fuse_siblings(p->plan.g);
+	const loom_backend_planning *pn = p->be->planning;
 	if (caps & LOOM_BE_FUSES_ATTENTION)
-		loom_fuse_attention(p->plan.g, p->be->attn_fusable);
+		loom_fuse_attention(p->plan.g, pn ? pn->attn_fusable : NULL);
 	if (caps & LOOM_BE_FUSES_CASTS)
 		loom_fuse_casts(p->plan.g);
-	else if ((caps & LOOM_BE_FUSES_SOME_CASTS) && p->be->takes_any_dtype)
-		loom_fuse_casts_for(p->plan.g, p->be->takes_any_dtype);
+	else if ((caps & LOOM_BE_FUSES_SOME_CASTS) && pn && pn->takes_any_dtype)
+		loom_fuse_casts_for(p->plan.g, pn->takes_any_dtype);
 	return LOOM_OK;
 }
 

@@ -42,13 +42,15 @@ static loom_status comm_fail(loom_program *p, loom_status st)
 /* ------------------------------------------------------------ trace */
 
 /* A timer slot marking the work queued so far on stream; -1 when the trace
- * is off or the timer failed (a span is never worth failing a step). */
+ * is off or the timer failed or the backend has none (a span is never
+ * worth failing a step). */
 static int timer(loom_program *p, loom_stream stream)
 {
 	if (!p->ts.trace)
 		return -1;
 	int slot = p->exec.n_timers;
-	if (p->be->timer_record(p->be_ctx, slot, stream) != LOOM_OK) {
+	const loom_backend_timing *tm = p->be->timing;
+	if (!tm || tm->timer_record(p->be_ctx, slot, stream) != LOOM_OK) {
 		p->ts.trace->lost++;
 		return -1;
 	}
@@ -90,11 +92,12 @@ loom_status loom_exec_trace_flush(loom_program *p)
 {
 	loom_exec *x = &p->exec;
 	loom_trace *tr = p->ts.trace;
-	for (int i = 0; tr && i < x->n_spans; i++) {
+	const loom_backend_timing *tm = p->be->timing; /* none: timer() made no spans */
+	for (int i = 0; tr && tm && i < x->n_spans; i++) {
 		const loom_exec_span *s = &x->spans[i];
 		double t0, t1;
-		if (s->t1 < 0 || p->be->timer_read(p->be_ctx, s->t0, &t0) != LOOM_OK ||
-		    p->be->timer_read(p->be_ctx, s->t1, &t1) != LOOM_OK) {
+		if (s->t1 < 0 || tm->timer_read(p->be_ctx, s->t0, &t0) != LOOM_OK ||
+		    tm->timer_read(p->be_ctx, s->t1, &t1) != LOOM_OK) {
 			tr->lost++;
 			continue;
 		}
@@ -142,12 +145,11 @@ static loom_status exec_alloc(loom_program *p)
 	x->device_wait = 1;
 	/* Progress marks, where the backend writes them and the communicator
 	 * waits on them: how the watchdog sees a replayed step's collectives. */
-	const loom_backend *be = p->be;
+	const loom_backend_marks *mk = p->be->marks;
 	int starts = 0;
 	for (int i = 0; i < pl->n_steps; i++)
 		starts += pl->steps[i].kind == LOOM_STEP_COLLECTIVE;
-	if (starts && be->mark_words && be->mark_record && be->mark_serial &&
-	    loom_comm_has_marks(pl->comm)) {
+	if (starts && mk && loom_comm_has_marks(pl->comm)) {
 		if (!(x->mark_work = calloc((size_t)starts, sizeof(*x->mark_work))))
 			return loom_program_fail(p, LOOM_ERR_NOMEM,
 						 "executor: out of memory for %d collectives", starts);
@@ -157,7 +159,7 @@ static loom_status exec_alloc(loom_program *p)
 			if (st != LOOM_OK)
 				return comm_fail(p, st);
 		}
-		loom_status st = be->mark_words(p->be_ctx, starts, &x->marks);
+		loom_status st = mk->mark_words(p->be_ctx, starts, &x->marks);
 		if (st != LOOM_OK)
 			return be_fail(p, st);
 	}
@@ -183,36 +185,92 @@ static void seen_complete(loom_program *p, int k)
 	p->exec.pending_span[k] = -1;
 }
 
-static loom_status coll_start(loom_program *p, const loom_step *s)
+/* Whether collective k may start now: a group, a known bucket, none of its
+ * own still in flight, and (device wait) no failure the watchdog saw. */
+static loom_status coll_check(loom_program *p, const loom_step *s, int k)
 {
 	const loom_plan *pl = &p->plan;
-	loom_exec *x = &p->exec;
-	int k = s->index;
 	loom_status st;
 	if (!pl->comm || k < 0 || k >= n_colls(pl))
 		return loom_program_fail(p, LOOM_ERR_STATE, "%s of bucket %d: no process group",
 					 loom_coll_name(s->coll), k);
-	if (x->pending[k])
+	if (p->exec.pending[k])
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s of bucket %d started before the last one ended",
 					 loom_coll_name(s->coll), k);
 	/* A collective the watchdog saw fail ends the run at the next one. */
-	if (x->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
+	return LOOM_OK;
+}
+
+/* A gather: this rank's shard copied into its place in the gathered value
+ * gt->v, which *buf becomes. */
+static loom_status coll_gather_in(loom_program *p, const loom_gather *gt, const loom_bucket *b,
+				  size_t shard, void **buf)
+{
+	const loom_plan *pl = &p->plan;
+	*buf = loom_arena_ptr(&p->arena, pl, gt->v);
+	loom_status st = p->be->copy(p->be_ctx, (unsigned char *)*buf + shard * (size_t)pl->rank *
+						 loom_dtype_size(b->dtype),
+				     (gt->src_bucket ? p->arena.bucket : p->arena.state) + gt->src_off,
+				     shard * loom_dtype_size(b->dtype));
+	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
+}
+
+/* Under capture: the progress mark of this start (its index in *mark),
+ * whose work names it to the watchdog after each launch; eager runs keep
+ * kept[k] and no mark (-1). */
+static loom_status coll_mark(loom_program *p, const loom_step *s, int k, int *mark)
+{
+	loom_exec *x = &p->exec;
+	*mark = -1;
+	if (!x->capturing)
+		return LOOM_OK;
+	if (!x->marks || x->n_marked >= x->n_marks || !x->mark_work[x->n_marked])
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "%s of bucket %d under capture: no progress mark "
+					 "for the watchdog to read", loom_coll_name(s->coll), k);
+	*mark = x->n_marked++;
+	x->pending[k] = x->mark_work[*mark];
+	return LOOM_OK;
+}
+
+/* The communicator's start of s's collective over buf on stream. */
+static loom_status coll_launch(loom_program *p, const loom_step *s, const loom_bucket *b,
+			       void *buf, size_t shard, void *stream, loom_comm_work **work)
+{
+	loom_comm *comm = p->plan.comm;
+	switch (s->coll) {
+	case LOOM_COLL_ALLREDUCE:
+		return loom_comm_allreduce_start(comm, buf, (size_t)b->count, b->dtype, stream, work);
+	case LOOM_COLL_REDUCE_SCATTER:
+		return loom_comm_reduce_scatter_start(comm, buf, shard, b->dtype, stream, work);
+	case LOOM_COLL_ALLGATHER:
+		return loom_comm_allgather_start(comm, buf, shard, b->dtype, stream, work);
+	default:
+		return LOOM_ERR_UNSUPPORTED;
+	}
+}
+
+static loom_status coll_start(loom_program *p, const loom_step *s)
+{
+	const loom_plan *pl = &p->plan;
+	loom_exec *x = &p->exec;
+	int k = s->index, mark;
+	loom_status st;
+	if ((st = coll_check(p, s, k)) != LOOM_OK)
+		return st;
+	if (s->coll != LOOM_COLL_ALLREDUCE && s->coll != LOOM_COLL_REDUCE_SCATTER &&
+	    s->coll != LOOM_COLL_ALLGATHER)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s step on buckets",
+					 loom_coll_name(s->coll));
 	const loom_gather *gt = k >= pl->buckets.n ? &pl->gathers[k - pl->buckets.n] : NULL;
 	const loom_bucket *b = &pl->buckets.b[gt ? gt->bucket : k];
 	void *buf = p->arena.bucket + b->base;
 	size_t shard = (size_t)b->count / (size_t)pl->world;
-	/* A gather: this rank's shard into its place in the gathered value. */
-	if (gt) {
-		buf = loom_arena_ptr(&p->arena, pl, gt->v);
-		st = p->be->copy(p->be_ctx, (unsigned char *)buf + shard * (size_t)pl->rank *
-					    loom_dtype_size(b->dtype),
-				 (gt->src_bucket ? p->arena.bucket : p->arena.state) + gt->src_off,
-				 shard * loom_dtype_size(b->dtype));
-		if (st != LOOM_OK)
-			return be_fail(p, st);
-	}
+	if (gt && (st = coll_gather_in(p, gt, b, shard, &buf)) != LOOM_OK)
+		return st;
 	/* The communication stream starts after the compute stream's work so
 	 * far (the bucket's last gradient, or the optimizer's update). */
 	if ((st = p->be->event_record(p->be_ctx, EV_COLL_START, LOOM_STREAM_COMPUTE)) != LOOM_OK ||
@@ -222,34 +280,9 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMM);
 	if (x->kept)
 		x->pending[k] = x->kept[k]; /* reused; NULL: the start makes one */
-	/* Under capture: the work of this start's mark, which names it to the
-	 * watchdog after each launch (eager runs keep kept[k]). */
-	int mark = -1;
-	if (x->capturing) {
-		if (!x->marks || x->n_marked >= x->n_marks || !x->mark_work[x->n_marked])
-			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-						 "%s of bucket %d under capture: no progress mark "
-						 "for the watchdog to read", loom_coll_name(s->coll), k);
-		mark = x->n_marked++;
-		x->pending[k] = x->mark_work[mark];
-	}
-	switch (s->coll) {
-	case LOOM_COLL_ALLREDUCE:
-		st = loom_comm_allreduce_start(pl->comm, buf, (size_t)b->count, b->dtype, stream,
-					       &x->pending[k]);
-		break;
-	case LOOM_COLL_REDUCE_SCATTER:
-		st = loom_comm_reduce_scatter_start(pl->comm, buf, shard, b->dtype, stream,
-						    &x->pending[k]);
-		break;
-	case LOOM_COLL_ALLGATHER:
-		st = loom_comm_allgather_start(pl->comm, buf, shard, b->dtype, stream, &x->pending[k]);
-		break;
-	default:
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "executor: no %s step on buckets",
-					 loom_coll_name(s->coll));
-	}
-	if (st != LOOM_OK) {
+	if ((st = coll_mark(p, s, k, &mark)) != LOOM_OK)
+		return st;
+	if ((st = coll_launch(p, s, b, buf, shard, stream, &x->pending[k])) != LOOM_OK) {
 		x->pending[k] = NULL;
 		return comm_fail(p, st);
 	}
@@ -257,7 +290,8 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
 	/* Under capture, its progress mark after it, which the watchdog
 	 * reads after each launch; then its end on the device, for a WAIT of
 	 * it alone (which so waits for the mark too: the capture joins it). */
-	if (mark >= 0 && (st = p->be->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
+	if (mark >= 0 &&
+	    (st = p->be->marks->mark_record(p->be_ctx, mark, LOOM_STREAM_COMM)) != LOOM_OK)
 		return be_fail(p, st);
 	if (x->device_wait &&
 	    (st = p->be->event_record(p->be_ctx, EV_COLL_ONE + k % EV_COLL_ONES, LOOM_STREAM_COMM)) !=
@@ -396,12 +430,14 @@ static loom_status exec_node(loom_program *p, const loom_step *s, int diagnose)
 {
 	const loom_plan *pl = &p->plan;
 	const loom_backend *be = p->be;
+	int (*makes_sibling)(void *, const loom_plan *, loom_value, loom_value) =
+		be->planning ? be->planning->makes_sibling : NULL;
 	loom_value v = s->v;
 	loom_status st;
 	int t0 = s->noop ? -1 : timer(p, LOOM_STREAM_COMPUTE);
 	for (loom_value w = v; w != LOOM_NONE;
 	     w = w == v ? loom_sibling_first(pl, v) : loom_sibling_next(pl, w)) {
-		int run = w == v ? !s->noop : !be->makes_sibling || !be->makes_sibling(p->be_ctx, pl, v, w);
+		int run = w == v ? !s->noop : !makes_sibling || !makes_sibling(p->be_ctx, pl, v, w);
 		if (run && (st = be->run_node(p->be_ctx, pl, &p->arena, w)) != LOOM_OK)
 			return be_fail(p, st);
 		if (diagnose && (st = be->check_finite(p->be_ctx, pl, &p->arena, &p->ts, w)) != LOOM_OK)
@@ -419,8 +455,13 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 		fold = s->accum == LOOM_ACCUM_FOLD; /* a micro-batch of a MICRO-step plan */
 	else if (!(flags & (LOOM_EXEC_ACCUMULATE | LOOM_EXEC_FOLD)))
 		return LOOM_OK;
+	/* loom_program_accum_ready refused a backend without the group. */
+	if (!p->be->accumulate)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "run: gradient accumulation is not implemented on the %s "
+					 "backend", p->be->name);
 	int t0 = timer(p, LOOM_STREAM_COMPUTE);
-	loom_status st = p->be->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
+	loom_status st = p->be->accumulate->accum(p->be_ctx, &p->plan, &p->arena, s->index, fold);
 	if (st != LOOM_OK)
 		return be_fail(p, st);
 	span(p, LOOM_SPAN_ACCUM, s->index, fold, t0, timer(p, LOOM_STREAM_COMPUTE));
@@ -515,7 +556,7 @@ static const char *colls_no_graph(const loom_program *p)
 		return "no communicator";
 	if (!(p->be->caps & LOOM_BE_ASYNC_STREAMS) || !loom_comm_stream_ordered(pl->comm))
 		return "its collectives end on the host (a replayed step gives the host no turn)";
-	if (!p->be->mark_words || !p->be->mark_record || !p->be->mark_serial)
+	if (!p->be->marks)
 		return "the backend writes no progress marks for the watchdog";
 	if (!loom_comm_has_marks(pl->comm))
 		return "the communicator cannot wait for a progress mark";
@@ -528,7 +569,7 @@ static int graph_allowed(const loom_program *p, char *why, size_t len)
 {
 	const loom_plan *pl = &p->plan;
 	*why = 0;
-	if (!p->be->capture_begin || !p->be->capture_end || !p->be->replay)
+	if (!p->be->graph)
 		return snprintf(why, len, "the %s backend records no graphs", p->be->name), 0;
 	if (!pl->opts.cuda_graph)
 		return snprintf(why, len, "off (--no-cuda-graph)"), 0;
@@ -571,7 +612,7 @@ static loom_status watch_marks(loom_program *p)
 	loom_status first = LOOM_OK;
 	if (!x->n_marked)
 		return LOOM_OK;
-	uint64_t serial = p->be->mark_serial(p->be_ctx);
+	uint64_t serial = p->be->marks->mark_serial(p->be_ctx);
 	for (int m = 0; m < x->n_marked; m++) {
 		loom_status st =
 			loom_comm_watch_mark(p->plan.comm, x->mark_work[m], &x->marks[m], serial);
@@ -594,7 +635,7 @@ static loom_status graph_replay(loom_program *p)
 		return comm_fail(p, st);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts,
 				LOOM_EXEC_TRAIN | LOOM_EXEC_REPLAY)) != LOOM_OK ||
-	    (st = be->replay(p->be_ctx, pl)) != LOOM_OK)
+	    (st = be->graph->replay(p->be_ctx, pl)) != LOOM_OK)
 		return be_fail(p, st);
 	loom_status watched = watch_marks(p);
 	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
@@ -615,7 +656,7 @@ loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 		x->graph = graph_allowed(p, why, sizeof(why)) ? 1 : -1;
 		snprintf(x->graph_note, sizeof(x->graph_note), "%s", why);
 		/* Said once, where a backend could have captured. */
-		if (x->graph < 0 && p->be->capture_begin && p->plan.opts.cuda_graph)
+		if (x->graph < 0 && p->be->graph && p->plan.opts.cuda_graph)
 			loom_log("loom: cuda graph: %s; steps run eagerly", why);
 	}
 	if (!graph_step(p, first, last, flags))
@@ -655,7 +696,7 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 		return be_fail(p, st);
 	/* Recorded from here to run_end, outside of run_begin's pushes. */
 	if (capture) {
-		if ((st = be->capture_begin(p->be_ctx, pl)) != LOOM_OK)
+		if ((st = be->graph->capture_begin(p->be_ctx, pl)) != LOOM_OK)
 			return be_fail(p, st);
 		loom_exec *x = &p->exec;
 		x->n_marked = 0;
@@ -676,11 +717,11 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 		x->n_pending = 0;
 		loom_status end = be->run_end(p->be_ctx, pl, &p->arena, &p->ts);
 		if (st != LOOM_OK || end != LOOM_OK) {
-			(void)be->capture_end(p->be_ctx, pl, 0);
+			(void)be->graph->capture_end(p->be_ctx, pl, 0);
 			x->n_marked = 0;
 			return st != LOOM_OK ? st : be_fail(p, end);
 		}
-		if ((st = be->capture_end(p->be_ctx, pl, 1)) != LOOM_OK) {
+		if ((st = be->graph->capture_end(p->be_ctx, pl, 1)) != LOOM_OK) {
 			x->n_marked = 0;
 			return be_fail(p, st);
 		}

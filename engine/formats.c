@@ -17,11 +17,17 @@ typedef struct format_query {
 	const loom_plan *plan;
 } format_query;
 
+/* Whether the backend answers node_formats (else NCHW only). */
+static int has_formats(const loom_backend *be)
+{
+	return be->planning && be->planning->node_formats;
+}
+
 static void ask_backend(void *ctx, const loom_graph *g, loom_value v, loom_format_caps *caps)
 {
 	const format_query *q = ctx;
 	(void)g; /* the plan's graph */
-	q->be->node_formats(q->be_ctx, q->plan, v, caps);
+	q->be->planning->node_formats(q->be_ctx, q->plan, v, caps);
 }
 
 int loom_formats_on(const loom_compile_opts *o)
@@ -36,7 +42,7 @@ loom_status loom_plan_formats(loom_program *p)
 {
 	loom_plan *pl = &p->plan;
 	/* Pipeline stages cut the graph by node; they keep NCHW for now. */
-	if (!p->be->node_formats || !loom_formats_on(&pl->opts) || pl->opts.pipeline_stages > 1)
+	if (!has_formats(p->be) || !loom_formats_on(&pl->opts) || pl->opts.pipeline_stages > 1)
 		return LOOM_OK;
 	format_query q = { p->be, p->be_ctx, pl };
 	int n_fwd = pl->n_fwd;
@@ -51,7 +57,7 @@ loom_status loom_plan_formats(loom_program *p)
  * plan places). */
 static int formats_wanted(const loom_program *p)
 {
-	return p->be->node_formats && loom_formats_on(&p->plan.opts) &&
+	return has_formats(p->be) && loom_formats_on(&p->plan.opts) &&
 	       p->plan.opts.pipeline_stages <= 1;
 }
 

@@ -69,7 +69,7 @@ void loom_input_buffers_free(loom_program *p)
  * this rank holds, a backend with slots, count the whole input. */
 static int slots_can(const loom_program *p, loom_value v, size_t count)
 {
-	return p->be->input_slot && !LOOM_PASS_WITH(p, set_input) && loom_plan_holds(&p->plan, v) &&
+	return p->be->input && !LOOM_PASS_WITH(p, set_input) && loom_plan_holds(&p->plan, v) &&
 	       (int64_t)count == loom_shape_numel(&p->plan.g->nodes[v].shape);
 }
 
@@ -108,7 +108,8 @@ loom_status loom_input_buffer(loom_program *p, const char *name, loom_dtype dt, 
 		return loom_program_fail(p, LOOM_ERR_SHAPE, "input_buffer '%s': 0 elements", name);
 	size_t bytes = count * loom_dtype_size(dt);
 	if (slots_can(p, v, count)) {
-		loom_status st = p->be->input_slot(p->be_ctx, loom_value_ptr(p, v), bytes, ptr);
+		loom_status st =
+			p->be->input->input_slot(p->be_ctx, loom_value_ptr(p, v), bytes, ptr);
 		if (st == LOOM_OK) {
 			b->out = 1;
 			b->slot = 1;
@@ -151,7 +152,7 @@ loom_status loom_input_commit(loom_program *p, const char *name)
 	b->out = 0;
 	size_t bytes = b->count * loom_dtype_size(p->plan.g->nodes[v].dtype);
 	if (b->slot) {
-		loom_status st = p->be->input_commit(p->be_ctx, loom_value_ptr(p, v), bytes);
+		loom_status st = p->be->input->input_commit(p->be_ctx, loom_value_ptr(p, v), bytes);
 		return st == LOOM_OK ? LOOM_OK : loom_program_backend_fail(p, st);
 	}
 	int k = b->next;
@@ -173,6 +174,6 @@ loom_status loom_input_release(loom_program *p, const char *name)
 	if (!b->slot)
 		return LOOM_OK;
 	size_t bytes = b->count * loom_dtype_size(p->plan.g->nodes[v].dtype);
-	loom_status st = p->be->input_release(p->be_ctx, loom_value_ptr(p, v), bytes);
+	loom_status st = p->be->input->input_release(p->be_ctx, loom_value_ptr(p, v), bytes);
 	return st == LOOM_OK ? LOOM_OK : loom_program_backend_fail(p, st);
 }

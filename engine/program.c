@@ -381,11 +381,11 @@ loom_status loom_program_accum_ready(loom_program *p)
 {
 	if (p->arena.accum)
 		return LOOM_OK;
-	if (!p->be->alloc_accum)
+	if (!p->be->accumulate)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "run: gradient accumulation is not implemented on the %s backend",
 					 p->be->name);
-	loom_status st = p->be->alloc_accum(p->be_ctx, &p->plan, &p->arena);
+	loom_status st = p->be->accumulate->alloc_accum(p->be_ctx, &p->plan, &p->arena);
 	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
 
@@ -468,7 +468,7 @@ loom_status loom_run(loom_program *p, loom_run_mode mode)
  * with loss_async; one process, no pipeline, no trace, no diagnosis). */
 static int async_loss(const loom_program *p)
 {
-	return loom_opt_bool(LOOM_OPT_ASYNC_LOSS) && p->be->loss_async && !p->plan.pipe &&
+	return loom_opt_bool(LOOM_OPT_ASYNC_LOSS) && p->be->async_loss && !p->plan.pipe &&
 	       p->plan.world <= 1 && !p->ts.trace && !p->ts.diagnose;
 }
 
@@ -482,8 +482,10 @@ static loom_status run_and_sync(loom_program *p, loom_run_mode mode)
 	if (st != LOOM_OK)
 		return st;
 	if (async_loss(p)) {
-		st = p->be->loss_async(p->be_ctx, &p->plan, loom_value_ptr(p, p->plan.loss),
-				       p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64, &p->ts);
+		st = p->be->async_loss->loss_async(p->be_ctx, &p->plan,
+						   loom_value_ptr(p, p->plan.loss),
+						   p->plan.g->nodes[p->plan.loss].dtype == LOOM_F64,
+						   &p->ts);
 		return st == LOOM_OK ? st : loom_program_backend_fail(p, st);
 	}
 	float l32;
@@ -718,9 +720,9 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->grad_norm = p->ts.grad_norm;
 	info->amp_report = p->ts.amp_report;
 	info->graph_note = p->exec.graph < 0 ? p->exec.graph_note : "";
-	if (p->be->counters) {
+	if (p->be->timing && p->be->timing->counters) {
 		loom_backend_counters k = { 0 };
-		p->be->counters(p->be_ctx, &k);
+		p->be->timing->counters(p->be_ctx, &k);
 		info->graph_captures = k.captures;
 		info->graph_replays = k.replays;
 		info->host_syncs = k.host_syncs;
@@ -767,9 +769,9 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " [%s]", loom_format_name(n->format));
 		if (loom_made_earlier(&p->plan, v))
 			fprintf(out, " (made by %d)", (int)n->made_by);
-		if (p->be->node_note) {
+		if (p->be->planning && p->be->planning->node_note) {
 			char note[320];
-			p->be->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
+			p->be->planning->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
 			if (note[0])
 				fprintf(out, " %s", note);
 		}

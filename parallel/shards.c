@@ -29,13 +29,14 @@ static loom_status comm_fail(loom_program *p, loom_status st)
 static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finite)
 {
 	const loom_plan *pl = &p->plan;
+	const loom_backend_sharded *sd = p->be->sharded;
 	int mine = 1;
 	loom_status st;
 	/* On the device: the flag summed over the ranks in the compute
 	 * stream's order (an NCCL all-reduce of one value), no host wait. */
-	if (p->exec.device_wait && p->be->grads_finite_device && pl->zero && !pl->pipe) {
+	if (p->exec.device_wait && sd && sd->grads_finite_device && pl->zero && !pl->pipe) {
 		void *flag = NULL;
-		if ((st = p->be->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
+		if ((st = sd->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
 						     &flag)) != LOOM_OK)
 			return loom_program_backend_fail(p, st);
 		if ((st = loom_comm_allreduce_ordered(pl->comm, flag, 1, LOOM_I32,
@@ -45,10 +46,10 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 		*finite = LOOM_FINITE_ON_DEVICE;
 		return LOOM_OK;
 	}
-	if (!p->be->grads_finite)
+	if (!sd)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "zero: the %s backend cannot check a shard", p->be->name);
-	if ((st = p->be->grads_finite(p->be_ctx, pl, &p->arena, s->first, s->last, &mine)) != LOOM_OK)
+	if ((st = sd->grads_finite(p->be_ctx, pl, &p->arena, s->first, s->last, &mine)) != LOOM_OK)
 		return loom_program_backend_fail(p, st);
 	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
 	float bad = mine ? 0.0f : 1.0f;
@@ -65,7 +66,7 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 static int norm_on_device(const loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
-	return p->be->grad_sumsq_device && pl->zero && !pl->pipe &&
+	return p->be->sharded && p->be->sharded->grad_sumsq_device && pl->zero && !pl->pipe &&
 	       loom_comm_stream_ordered(pl->comm) && loom_opt_bool(LOOM_OPT_ZERO_DEVICE_NORM);
 }
 
@@ -78,11 +79,12 @@ static int norm_on_device(const loom_program *p)
 static loom_status shard_norm(loom_program *p, const loom_step *s)
 {
 	const loom_plan *pl = &p->plan;
+	const loom_backend_sharded *sd = p->be->sharded;
 	double mine = 0, *all = NULL, sum = 0;
 	loom_status st;
 	if (p->exec.device_wait && norm_on_device(p)) {
 		void *sumsq = NULL;
-		if ((st = p->be->grad_sumsq_device(p->be_ctx, pl, &p->arena, &p->ts, s->first,
+		if ((st = sd->grad_sumsq_device(p->be_ctx, pl, &p->arena, &p->ts, s->first,
 						   s->last, &sumsq)) != LOOM_OK)
 			return loom_program_backend_fail(p, st);
 		if ((st = loom_comm_allreduce_ordered(pl->comm, sumsq, 1, LOOM_F64,
@@ -91,11 +93,11 @@ static loom_status shard_norm(loom_program *p, const loom_step *s)
 			return comm_fail(p, st);
 		return LOOM_OK;
 	}
-	if (!p->be->grad_sumsq)
+	if (!sd || !sd->grad_sumsq)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
 					 "zero: the %s backend cannot take a shard's gradient norm",
 					 p->be->name);
-	if ((st = p->be->grad_sumsq(p->be_ctx, pl, &p->arena, &p->ts, s->first, s->last, &mine)) !=
+	if ((st = sd->grad_sumsq(p->be_ctx, pl, &p->arena, &p->ts, s->first, s->last, &mine)) !=
 	    LOOM_OK)
 		return loom_program_backend_fail(p, st);
 	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
@@ -119,7 +121,7 @@ static const char *zero_no_graph(const loom_program *p)
 	const loom_plan *pl = &p->plan;
 	if (pl->opts.optim.clip_grad > 0 && !norm_on_device(p))
 		return "ZeRO's gradient norm crosses the host";
-	if (pl->scaling && !p->be->grads_finite_device)
+	if (pl->scaling && !(p->be->sharded && p->be->sharded->grads_finite_device))
 		return "ZeRO's overflow verdict crosses the host";
 	return NULL;
 }

@@ -160,13 +160,14 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 		pl->zero = 0;
 		return LOOM_OK;
 	}
-	if (!(be->caps & LOOM_BE_SHARDED_OPTIM) || !be->grads_finite) {
+	if (!be->sharded) {
 		snprintf(err, errlen,
 			 "zero %d: the %s backend's optimizer cannot update a shard of a parameter; "
 			 "compile without zero_stage", pl->zero, be->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	if (pl->opts.optim.clip_grad > 0 && !be->grad_sumsq && !be->grad_sumsq_device) {
+	if (pl->opts.optim.clip_grad > 0 && !be->sharded->grad_sumsq &&
+	    !be->sharded->grad_sumsq_device) {
 		snprintf(err, errlen,
 			 "zero %d: the %s backend cannot take a shard's gradient norm, which "
 			 "clip_grad needs; compile without zero_stage or clip_grad", pl->zero,

@@ -533,30 +533,43 @@ static loom_status cpu_timer_read(void *ctx, int slot, double *seconds)
 	return LOOM_OK;
 }
 
+static const loom_backend_planning cpu_planning = {
+	.node_formats = loom_cpu_node_formats,
+	.node_note = cpu_node_note,
+	.makes_sibling = NULL, /* each sibling by its own kernel, right after its maker */
+};
+
+static const loom_backend_accumulate cpu_accumulate = {
+	.alloc_accum = cpu_alloc_accum,
+	.accum = cpu_accum,
+};
+
+static const loom_backend_sharded cpu_sharded = {
+	.grads_finite = cpu_grads_finite,
+	.grad_sumsq = cpu_grad_sumsq,
+};
+
+static const loom_backend_timing cpu_timing = {
+	.timer_record = cpu_timer_record,
+	.timer_read = cpu_timer_read,
+};
+
 const loom_backend loom_cpu_backend = {
 	.name = "cpu",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_FUSES_CASTS | LOOM_BE_HOST_MEMORY | LOOM_BE_SHARDED_OPTIM |
-		LOOM_BE_CLIPS_GRAD,
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_FUSES_CASTS | LOOM_BE_HOST_MEMORY | LOOM_BE_CLIPS_GRAD,
 	.init = cpu_init,
 	.free = cpu_free,
 	.error = cpu_error,
 	.describe = cpu_describe,
 	.supports_op = cpu_supports_op,
 	.supports_node = cpu_supports_node,
-	.node_formats = loom_cpu_node_formats,
 	.plan_create = cpu_plan_create,
-	.node_note = cpu_node_note,
 	.alloc = cpu_alloc,
-	.alloc_accum = cpu_alloc_accum,
 	.run_begin = cpu_run_begin,
 	.run_end = cpu_run_end,
 	.run_node = cpu_run_node,
-	.makes_sibling = NULL, /* each sibling by its own kernel, right after its maker */
 	.check_finite = cpu_check_finite,
-	.accum = cpu_accum,
 	.optim = cpu_optim,
-	.grads_finite = cpu_grads_finite,
-	.grad_sumsq = cpu_grad_sumsq,
 	.stream_handle = cpu_stream_handle,
 	.upload = cpu_copy,
 	.download = cpu_copy,
@@ -564,6 +577,8 @@ const loom_backend loom_cpu_backend = {
 	.synchronize = cpu_synchronize,
 	.event_record = cpu_event,
 	.event_wait = cpu_event,
-	.timer_record = cpu_timer_record,
-	.timer_read = cpu_timer_read,
+	.planning = &cpu_planning,
+	.accumulate = &cpu_accumulate,
+	.sharded = &cpu_sharded,
+	.timing = &cpu_timing,
 };

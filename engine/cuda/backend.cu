@@ -168,6 +168,18 @@ static cudaError_t sync_event(loom_cuda_ctx *c, cudaEvent_t e)
 	return cudaEventSynchronize(e);
 }
 
+/* bytes of pinned host memory at *host and a pair of events (no timing)
+ * that say when each of its two halves or slots was last read: the
+ * double-buffered uploads, the staged inputs and the late loss. */
+static loom_status pinned_pair(loom_cuda_ctx *c, void **host, size_t bytes, cudaEvent_t ev[2])
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaMallocHost(host, bytes), c->err, sizeof(c->err));
+	for (int k = 0; k < 2 && st == LOOM_OK; k++)
+		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&ev[k], cudaEventDisableTiming),
+				     c->err, sizeof(c->err));
+	return st;
+}
+
 /* Handles, both streams and the events; no plan, no memory yet. */
 static loom_status cuda_init(void **out, char *err, size_t errlen)
 {
@@ -474,33 +486,28 @@ static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_
 	return LOOM_OK;
 }
 
-static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_state *ts,
-			      loom_arena *arena)
+/* The one device allocation: persist | bucket | act | ws | state | ctl |
+ * slots | chunks | the chunks' norm parts | the saved region (plan_saved),
+ * carved into arena and c; *o_ctl: where the part a run zeroes ends. */
+static loom_status arena_carve(loom_cuda_ctx *c, const loom_plan *p, loom_arena *arena,
+			       size_t *o_ctl)
 {
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	loom_status st;
-
-	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
-		return st;
-
 	c->n_chunks = 0;
 	for (int s = 0; s < p->n_pieces; s++)
 		c->n_chunks += (int)((p->pieces[s].n + LOOM_CUDA_OPT_CHUNK - 1) / LOOM_CUDA_OPT_CHUNK);
 
-	/* One allocation: persist | bucket | act | ws | state | ctl | slots | chunks
-	 * | the chunks' norm parts | the saved region (plan_saved). */
 	size_t o_bucket = loom_cuda_align(p->mp.persist_bytes);
 	size_t o_act = o_bucket + loom_cuda_align(p->mp.bucket_bytes);
 	size_t o_ws = o_act + loom_cuda_align(p->mp.act_bytes);
 	size_t o_state = o_ws + loom_cuda_align(p->ws_bytes);
-	size_t o_ctl = o_state + loom_cuda_align(loom_plan_state_region_bytes(p));
-	size_t o_slots = o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
+	*o_ctl = o_state + loom_cuda_align(loom_plan_state_region_bytes(p));
+	size_t o_slots = *o_ctl + loom_cuda_align(sizeof(loom_cuda_ctl));
 	size_t o_chunks = o_slots + loom_cuda_align(sizeof(loom_cuda_opt_slot) * p->n_pieces);
 	size_t o_norm = o_chunks + loom_cuda_align(sizeof(loom_cuda_opt_chunk) * c->n_chunks);
 	size_t o_saved = o_norm + loom_cuda_align(sizeof(double) * c->n_chunks);
 	size_t total = o_saved + c->saved_bytes;
 
-	st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
+	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->base, total), c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	c->base_bytes = total;
@@ -510,38 +517,38 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	arena->ws = c->base + o_ws;
 	arena->state = c->base + o_state;
 	c->arena = arena;
-	c->ctl = (loom_cuda_ctl *)(c->base + o_ctl);
+	c->ctl = (loom_cuda_ctl *)(c->base + *o_ctl);
 	c->d_slots = (loom_cuda_opt_slot *)(c->base + o_slots);
 	c->d_chunks = (loom_cuda_opt_chunk *)(c->base + o_chunks);
 	c->d_norm_parts = (double *)(c->base + o_norm);
 	c->saved = c->saved_bytes ? c->base + o_saved : NULL;
+	return LOOM_OK;
+}
 
-	/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32,
-	 * f16 and bf16, so an element no kernel writes cannot pass a test. The
-	 * hook is the program's from here on: every run of it poisons too. */
+/* Zeros as the CPU arena, or (test hook) all-ones bytes: NaN in f32, f16
+ * and bf16, so an element no kernel writes cannot pass a test. The hook is
+ * the program's from here on: every run of it poisons too. */
+static loom_status arena_clear(loom_cuda_ctx *c, size_t o_ctl)
+{
 	c->poison = loom_cuda_poison_on;
-	st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->base, c->poison ? 0xff : 0, o_ctl, c->stream),
-			     c->err, sizeof(c->err));
+	loom_status st =
+		LOOM_CUDA_CHECK(cudaMemsetAsync(c->base, c->poison ? 0xff : 0, o_ctl, c->stream),
+				c->err, sizeof(c->err));
 	/* The saved slots too under the hook: a backward that reads a slot
 	 * its forward did not fill gets NaN statistics or argmax 255 (no
 	 * gradient), and fails the comparison with the CPU. */
 	if (st == LOOM_OK && c->poison && c->saved_bytes)
 		st = LOOM_CUDA_CHECK(cudaMemsetAsync(c->saved, 0xff, c->saved_bytes, c->stream),
 				     c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
+	return st;
+}
 
-	c->stage_on = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 0; /* stream|graph */
-	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
-		return st;
-	c->loss_node_on = loom_opt_bool(LOOM_OPT_CUDA_LOSS_NODE);
+/* The pinned host buffers (the double-buffered upload, the control block's
+ * stage) and their events. */
+static loom_status pinned_make(loom_cuda_ctx *c)
+{
 	c->pinned_half = (size_t)4 << 20;
-	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->pinned, 2 * c->pinned_half),
-			     c->err, sizeof(c->err));
-	for (int i = 0; i < 2 && st == LOOM_OK; i++)
-		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->pinned_ev[i],
-							      cudaEventDisableTiming),
-				     c->err, sizeof(c->err));
+	loom_status st = pinned_pair(c, (void **)&c->pinned, 2 * c->pinned_half, c->pinned_ev);
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->ctl_stage, sizeof(loom_cuda_ctl)),
 				     c->err, sizeof(c->err));
@@ -549,9 +556,13 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->ctl_stage_ev,
 							      cudaEventDisableTiming),
 				     c->err, sizeof(c->err));
-	if (st != LOOM_OK)
-		return st;
+	return st;
+}
 
+/* The control block's first contents (ts's scaler and step, no verdicts)
+ * uploaded through its stage, which the host keeps as its own copy. */
+static loom_status ctl_start(loom_cuda_ctx *c, const loom_train_state *ts)
+{
 	loom_cuda_ctl *ctl = c->ctl_stage;
 	memset(ctl, 0, sizeof(*ctl));
 	ctl->scaler = ts->scaler;
@@ -559,9 +570,9 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	ctl->ce_node = -1;
 	ctl->ce_row = INT32_MAX;
 	ctl->first_nonfinite = -1;
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->ctl, ctl, sizeof(*ctl), cudaMemcpyHostToDevice,
-					     c->stream),
-			     c->err, sizeof(c->err));
+	loom_status st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->ctl, ctl, sizeof(*ctl),
+							 cudaMemcpyHostToDevice, c->stream),
+					 c->err, sizeof(c->err));
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(cudaEventRecord(c->ctl_stage_ev, c->stream), c->err,
 				     sizeof(c->err));
@@ -569,26 +580,51 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 		return st;
 	c->host_scaler = ts->scaler;
 	c->host_step = ts->step;
-	if ((st = loom_cuda_opt_tables_upload(c, p)) != LOOM_OK)
+	return LOOM_OK;
+}
+
+static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_state *ts,
+			      loom_arena *arena)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st;
+	size_t o_ctl;
+
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
+		return st;
+	if ((st = arena_carve(c, p, arena, &o_ctl)) != LOOM_OK ||
+	    (st = arena_clear(c, o_ctl)) != LOOM_OK)
+		return st;
+
+	c->stage_on = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 0; /* stream|graph */
+	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
+		return st;
+	c->loss_node_on = loom_opt_bool(LOOM_OPT_CUDA_LOSS_NODE);
+
+	if ((st = pinned_make(c)) != LOOM_OK || (st = ctl_start(c, ts)) != LOOM_OK ||
+	    (st = loom_cuda_opt_tables_upload(c, p)) != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 }
 
-static void cuda_free(void *ctx)
+/* Teardown: errors here have nowhere to go and nothing to undo. */
+
+/* The streams idle: no bucket's sum still writes into the arena freed
+ * after (the executor waited for its collectives: loom_program_free). */
+static void free_sync_streams(loom_cuda_ctx *c)
 {
-	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	if (!c)
-		return;
-	(void)loom_cuda_use_device(c);
-	/* No bucket's sum still writes into the arena freed below: the
-	 * executor waited for its collectives (loom_program_free). */
-	/* Teardown: errors here have nowhere to go and nothing to undo. */
 	if (c->stream)
 		(void)loom_cuda_sync_stream(c, c->stream);
 	if (c->comm)
 		(void)loom_cuda_sync_stream(c, c->comm);
 	if (c->copy)
 		(void)loom_cuda_sync_stream(c, c->copy);
+}
+
+/* The captured graph, its progress marks and the staged upload's buffers,
+ * events and copy stream. */
+static void free_graph_and_stage(loom_cuda_ctx *c)
+{
 	if (c->graph_exec)
 		(void)cudaGraphExecDestroy(c->graph_exec);
 	if (c->graph)
@@ -609,6 +645,11 @@ static void cuda_free(void *ctx)
 	}
 	if (c->copy)
 		(void)cudaStreamDestroy(c->copy);
+}
+
+/* The staged inputs' slots and the asynchronous loss's copies. */
+static void free_inputs(loom_cuda_ctx *c)
+{
 	for (int i = 0; i < c->n_inputs; i++) {
 		if (c->inputs[i].host[0])
 			(void)cudaFreeHost(c->inputs[i].host[0]);
@@ -622,6 +663,11 @@ static void cuda_free(void *ctx)
 	for (int i = 0; i < 2; i++)
 		if (c->async_ev[i])
 			(void)cudaEventDestroy(c->async_ev[i]);
+}
+
+/* The per-node library plans. */
+static void free_plans(loom_cuda_ctx *c)
+{
 	for (int v = 0; v < c->n_plans; v++) {
 		if (c->plans[v].kind == LOOM_CUDA_PLAN_CONV)
 			loom_cuda_conv_plan_free(&c->plans[v]);
@@ -634,6 +680,11 @@ static void cuda_free(void *ctx)
 	}
 	free(c->plans);
 	loom_cuda_fp8_free(c);
+}
+
+/* The timers, the arena, the sums, the pinned buffers and their events. */
+static void free_memory(loom_cuda_ctx *c)
+{
 	for (int i = 0; i < c->n_timers; i++)
 		if (c->timers[i])
 			(void)cudaEventDestroy(c->timers[i]);
@@ -651,6 +702,11 @@ static void cuda_free(void *ctx)
 			(void)cudaEventDestroy(c->pinned_ev[i]);
 	if (c->ctl_stage_ev)
 		(void)cudaEventDestroy(c->ctl_stage_ev);
+}
+
+/* What init made: the events, the library handles, the streams. */
+static void free_handles(loom_cuda_ctx *c)
+{
 	for (int i = 0; i < LOOM_BACKEND_EVENTS; i++)
 		if (c->events[i])
 			(void)cudaEventDestroy(c->events[i]);
@@ -662,6 +718,20 @@ static void cuda_free(void *ctx)
 		(void)cudaStreamDestroy(c->comm);
 	if (c->stream)
 		(void)cudaStreamDestroy(c->stream);
+}
+
+static void cuda_free(void *ctx)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	if (!c)
+		return;
+	(void)loom_cuda_use_device(c);
+	free_sync_streams(c);
+	free_graph_and_stage(c);
+	free_inputs(c);
+	free_plans(c);
+	free_memory(c);
+	free_handles(c);
 	(void)cudaGetLastError();
 	free(c);
 }
@@ -755,12 +825,7 @@ static loom_status input_slots_make(loom_cuda_ctx *c, loom_cuda_input *in)
 {
 	loom_status st = LOOM_OK;
 	if (!in->host[0]) {
-		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&in->host[0], 2 * in->bytes), c->err,
-				     sizeof(c->err));
-		for (int k = 0; k < 2 && st == LOOM_OK; k++)
-			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&in->read[k],
-								      cudaEventDisableTiming),
-					     c->err, sizeof(c->err));
+		st = pinned_pair(c, (void **)&in->host[0], 2 * in->bytes, in->read);
 		if (st != LOOM_OK)
 			return st;
 		in->host[1] = in->host[0] + in->bytes;
@@ -1115,6 +1180,19 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 
 /* Both streams drained, and the control block brings the device's scaler,
  * step and error flags back to the host. */
+/* The training state the device kept (h, a copy of the control block)
+ * into ts and the host's own copy; a bad label it saw, reported. */
+static loom_status ctl_into_ts(loom_cuda_ctx *c, const loom_plan *p, loom_train_state *ts,
+			       const loom_cuda_ctl *h)
+{
+	ts->scaler = c->host_scaler = h->scaler;
+	ts->step = c->host_step = h->step;
+	ts->grad_norm = h->grad_norm;
+	if (h->ce_node >= 0 && h->ce_node < p->g->n)
+		return loom_cuda_report_bad_label(c, p, h);
+	return LOOM_OK;
+}
+
 static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_state *ts)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
@@ -1140,12 +1218,7 @@ static loom_status cuda_synchronize(void *ctx, const loom_plan *p, loom_train_st
 		ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
 		c->async_pending = -1;
 	}
-	ts->scaler = c->host_scaler = h.scaler;
-	ts->step = c->host_step = h.step;
-	ts->grad_norm = h.grad_norm;
-	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return loom_cuda_report_bad_label(c, p, &h);
-	return LOOM_OK;
+	return ctl_into_ts(c, p, ts, &h);
 }
 
 /* Slot k's copy has landed: its step's loss, scaler and step into ts. */
@@ -1158,12 +1231,7 @@ static loom_status async_take(loom_cuda_ctx *c, const loom_plan *p, loom_train_s
 	const loom_cuda_async_slot *a = &c->async[k];
 	loom_cuda_ctl h = a->ctl;
 	ts->last_loss = a->f64 ? a->loss64 : (double)a->loss32;
-	ts->scaler = c->host_scaler = h.scaler;
-	ts->step = c->host_step = h.step;
-	ts->grad_norm = h.grad_norm;
-	if (h.ce_node >= 0 && h.ce_node < p->g->n)
-		return loom_cuda_report_bad_label(c, p, &h);
-	return LOOM_OK;
+	return ctl_into_ts(c, p, ts, &h);
 }
 
 static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *loss, int f64,
@@ -1175,12 +1243,7 @@ static loom_status cuda_loss_async(void *ctx, const loom_plan *p, const void *lo
 	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	if (!c->async) {
-		st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->async, 2 * sizeof(*c->async)),
-				     c->err, sizeof(c->err));
-		for (int i = 0; i < 2 && st == LOOM_OK; i++)
-			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->async_ev[i],
-								      cudaEventDisableTiming),
-					     c->err, sizeof(c->err));
+		st = pinned_pair(c, (void **)&c->async, 2 * sizeof(*c->async), c->async_ev);
 		if (st != LOOM_OK)
 			return st;
 		c->async_next = 0;
@@ -1220,12 +1283,18 @@ static cudaStream_t stream_of(loom_cuda_ctx *c, loom_stream s)
 	return s == LOOM_STREAM_COMM ? c->comm : c->stream;
 }
 
+/* Whether event is one of the context's, its device made current. */
+static loom_status event_ready(loom_cuda_ctx *c, int event)
+{
+	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
+		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
+	return loom_cuda_use_device(c);
+}
+
 static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = loom_cuda_use_device(c);
+	loom_status st = event_ready(c, event);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaEventRecord(c->events[event], stream_of(c, stream)), c->err,
@@ -1235,9 +1304,7 @@ static loom_status cuda_event_record(void *ctx, int event, loom_stream stream)
 static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	if (event < 0 || event >= LOOM_BACKEND_EVENTS)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_INVALID, "cuda: no event %d", event);
-	loom_status st = loom_cuda_use_device(c);
+	loom_status st = event_ready(c, event);
 	if (st != LOOM_OK)
 		return st;
 	return LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_of(c, stream), c->events[event], 0),
@@ -1739,9 +1806,57 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	loom_cuda_bn_note(c, p, v, buf, len);
 }
 
+static const loom_backend_planning cuda_planning = {
+	.takes_any_dtype = loom_cuda_takes_any_dtype,
+	.node_formats = loom_cuda_node_formats,
+	.attn_fusable = loom_cuda_attn_fusable,
+	.node_note = cuda_node_note,
+	.makes_sibling = cuda_makes_sibling,
+};
+
+static const loom_backend_accumulate cuda_accumulate = {
+	.alloc_accum = cuda_alloc_accum,
+	.accum = cuda_accum,
+};
+
+static const loom_backend_sharded cuda_sharded = {
+	.grads_finite = loom_cuda_grads_finite,
+	.grads_finite_device = loom_cuda_grads_finite_device,
+	.grad_sumsq = loom_cuda_grad_sumsq,
+	.grad_sumsq_device = loom_cuda_grad_sumsq_device,
+};
+
+static const loom_backend_timing cuda_timing = {
+	.timer_record = cuda_timer_record,
+	.timer_read = cuda_timer_read,
+	.counters = cuda_counters,
+};
+
+static const loom_backend_async_loss cuda_async_loss = {
+	.loss_async = cuda_loss_async,
+};
+
+static const loom_backend_graph_ops cuda_graph_ops = {
+	.capture_begin = cuda_capture_begin,
+	.capture_end = cuda_capture_end,
+	.replay = cuda_replay,
+};
+
+static const loom_backend_marks cuda_marks = {
+	.mark_words = cuda_mark_words,
+	.mark_record = cuda_mark_record,
+	.mark_serial = cuda_mark_serial,
+};
+
+static const loom_backend_input cuda_input = {
+	.input_slot = cuda_input_slot,
+	.input_commit = cuda_input_commit,
+	.input_release = cuda_input_release,
+};
+
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD | LOOM_BE_SHARDED_OPTIM |
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD |
 		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION,
 	.init = cuda_init,
 	.free = cuda_free,
@@ -1749,24 +1864,13 @@ static const loom_backend loom_cuda_backend = {
 	.describe = cuda_describe,
 	.supports_op = cuda_supports_op,
 	.supports_node = cuda_supports_node,
-	.takes_any_dtype = loom_cuda_takes_any_dtype,
-	.node_formats = loom_cuda_node_formats,
-	.attn_fusable = loom_cuda_attn_fusable,
 	.plan_create = cuda_plan_create,
-	.node_note = cuda_node_note,
 	.alloc = cuda_alloc,
-	.alloc_accum = cuda_alloc_accum,
 	.run_begin = cuda_run_begin,
 	.run_end = cuda_run_end,
 	.run_node = cuda_run_node,
-	.makes_sibling = cuda_makes_sibling,
 	.check_finite = cuda_check_finite,
-	.accum = cuda_accum,
 	.optim = loom_cuda_optim,
-	.grads_finite = loom_cuda_grads_finite,
-	.grads_finite_device = loom_cuda_grads_finite_device,
-	.grad_sumsq = loom_cuda_grad_sumsq,
-	.grad_sumsq_device = loom_cuda_grad_sumsq_device,
 	.stream_handle = cuda_stream_handle,
 	.upload = cuda_upload,
 	.download = cuda_download,
@@ -1774,19 +1878,14 @@ static const loom_backend loom_cuda_backend = {
 	.synchronize = cuda_synchronize,
 	.event_record = cuda_event_record,
 	.event_wait = cuda_event_wait,
-	.timer_record = cuda_timer_record,
-	.timer_read = cuda_timer_read,
-	.loss_async = cuda_loss_async,
-	.capture_begin = cuda_capture_begin,
-	.capture_end = cuda_capture_end,
-	.replay = cuda_replay,
-	.mark_words = cuda_mark_words,
-	.mark_record = cuda_mark_record,
-	.mark_serial = cuda_mark_serial,
-	.input_slot = cuda_input_slot,
-	.input_commit = cuda_input_commit,
-	.input_release = cuda_input_release,
-	.counters = cuda_counters,
+	.planning = &cuda_planning,
+	.accumulate = &cuda_accumulate,
+	.sharded = &cuda_sharded,
+	.timing = &cuda_timing,
+	.async_loss = &cuda_async_loss,
+	.graph = &cuda_graph_ops,
+	.marks = &cuda_marks,
+	.input = &cuda_input,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

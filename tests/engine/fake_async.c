@@ -334,6 +334,14 @@ static loom_status fs_loss_async(void *ctx, const loom_plan *pl, const void *los
 	return LOOM_OK;
 }
 
+static const loom_backend_async_loss fs_async_loss = { .loss_async = fs_loss_async };
+
+static const loom_backend_input fs_input_ops = {
+	.input_slot = fs_input_slot,
+	.input_commit = fs_input_commit,
+	.input_release = fs_input_release,
+};
+
 void fake_slots_backend(loom_backend *b)
 {
 	memset(&fake_slots, 0, sizeof(fake_slots));
@@ -345,8 +353,6 @@ void fake_slots_backend(loom_backend *b)
 	b->download = fs_download;
 	b->synchronize = fs_synchronize;
 	b->run_begin = fs_run_begin;
-	b->loss_async = fs_loss_async;
-	b->input_slot = fs_input_slot;
-	b->input_commit = fs_input_commit;
-	b->input_release = fs_input_release;
+	b->async_loss = &fs_async_loss;
+	b->input = &fs_input_ops;
 }

@@ -366,7 +366,7 @@ static loom_status fd_grads_finite_device(void *ctx, const loom_plan *pl, const 
 					  int first, int last, void **flag)
 {
 	int finite = 0;
-	loom_status st = fd.cpu->grads_finite(ctx, pl, a, first, last, &finite);
+	loom_status st = fd.cpu->sharded->grads_finite(ctx, pl, a, first, last, &finite);
 	fd_flag = !finite;
 	*flag = &fd_flag;
 	device_verdicts++;
@@ -407,6 +407,9 @@ static loom_status fd_download(void *ctx, void *dst, const void *src, size_t byt
 }
 
 static loom_backend fd_backend;
+static loom_backend_sharded fd_sharded;
+static loom_backend_graph_ops fd_graph;
+static loom_backend_marks fd_marks;
 static loom_opt_level mlp_level = LOOM_O0; /* the MLP's opt level */
 
 static void setup(void)
@@ -427,7 +430,9 @@ static void setup(void)
 	fd_backend.optim = fd_optim;
 	fd_backend.synchronize = fd_synchronize;
 	fd_backend.download = fd_download;
-	fd_backend.grads_finite_device = fd_grads_finite_device;
+	fd_sharded = *loom_cpu_backend.sharded;
+	fd_sharded.grads_finite_device = fd_grads_finite_device;
+	fd_backend.sharded = &fd_sharded;
 	loom_test_backend = &fd_backend;
 }
 
@@ -718,9 +723,10 @@ static void graph_setup(void)
 {
 	setup();
 	memset(&gr, 0, sizeof(gr));
-	fd_backend.capture_begin = gr_capture_begin;
-	fd_backend.capture_end = gr_capture_end;
-	fd_backend.replay = gr_replay;
+	fd_graph = (loom_backend_graph_ops){ .capture_begin = gr_capture_begin,
+					     .capture_end = gr_capture_end,
+					     .replay = gr_replay };
+	fd_backend.graph = &fd_graph;
 	fd_backend.run_node = gr_run_node;
 }
 
@@ -841,9 +847,10 @@ Test(async, a_wait_for_one_collective_waits_for_that_one_alone)
 static void graph_ranks_setup(void)
 {
 	graph_setup();
-	fd_backend.mark_words = mk_words;
-	fd_backend.mark_record = mk_record;
-	fd_backend.mark_serial = mk_serial;
+	fd_marks = (loom_backend_marks){ .mark_words = mk_words,
+					 .mark_record = mk_record,
+					 .mark_serial = mk_serial };
+	fd_backend.marks = &fd_marks;
 }
 
 TestSuite(graph_ranks, .init = graph_ranks_setup, .fini = teardown);
@@ -982,10 +989,10 @@ Test(graph_ranks, refused_where_marks_cannot_hold)
 			   "for a progress mark");
 	pg->device->i = &fd_iface;
 	/* A backend that writes no marks. */
-	fd_backend.mark_words = NULL;
+	fd_backend.marks = NULL;
 	expect_refused(pg, "cuda graph: data parallel over 2 ranks: the backend writes no progress "
 			   "marks for the watchdog");
-	fd_backend.mark_words = mk_words;
+	fd_backend.marks = &fd_marks;
 	/* Collectives through the host communicator (MPI on host buffers). */
 	fd_backend.caps = loom_cpu_backend.caps;
 	expect_refused(pg, "cuda graph: data parallel over 2 ranks: its collectives end on the host");

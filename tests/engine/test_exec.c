@@ -295,7 +295,7 @@ static loom_status rec_accum(void *ctx, const loom_plan *pl, const loom_arena *a
 		rec.accum_fold++;
 	else
 		rec.accum_add++;
-	return loom_cpu_backend.accum(ctx, pl, a, s, fold);
+	return loom_cpu_backend.accumulate->accum(ctx, pl, a, s, fold);
 }
 
 static loom_status rec_optim(void *ctx, const loom_plan *pl, const loom_arena *a,
@@ -331,6 +331,7 @@ static int rec_supports_node(void *ctx, const loom_plan *pl, loom_value v)
 }
 
 static loom_backend rec_backend;
+static loom_backend_accumulate rec_accumulate;
 
 static void setup(void)
 {
@@ -340,7 +341,9 @@ static void setup(void)
 	rec_backend = loom_cpu_backend;
 	rec_backend.name = "recording";
 	rec_backend.run_node = rec_run_node;
-	rec_backend.accum = rec_accum;
+	rec_accumulate = *loom_cpu_backend.accumulate;
+	rec_accumulate.accum = rec_accum;
+	rec_backend.accumulate = &rec_accumulate;
 	rec_backend.optim = rec_optim;
 	rec_backend.run_begin = rec_run_begin;
 	rec_backend.supports_node = rec_supports_node;
@@ -914,6 +917,32 @@ static int gather_step(const loom_plan *pl, int k, int wait)
 	}
 	cr_assert_geq(at, 0, "gather %d: no %s step", k, wait ? "wait" : "all-gather");
 	return at;
+}
+
+/* A collective step of a kind the executor does not start on buckets is
+ * refused before anything of it happens: the first gather made a broadcast
+ * copies no shard, calls no communicator, leaves nothing in flight. */
+Test(exec, a_collective_of_another_kind_is_refused_before_it_starts)
+{
+	loom_pg *pg = fake_group(2, 0);
+	loom_graph *g;
+	loom_program *p = compile_zero3_layers(&g, pg, 0);
+	loom_plan *pl = &p->plan;
+	int i = 0;
+	while (i < pl->n_steps && pl->steps[i].kind != LOOM_STEP_COLLECTIVE)
+		i++;
+	cr_assert_lt(i, pl->n_steps, "no collective step");
+	cr_assert_geq(pl->steps[i].index, pl->buckets.n, "the first collective is not a gather");
+	pl->steps[i].coll = LOOM_COLL_BROADCAST;
+	rec.copies = 0;
+	cr_assert_eq(loom_run(p, LOOM_RUN_GRAD), LOOM_ERR_UNSUPPORTED);
+	cr_expect_not_null(strstr(loom_program_error(p), "no broadcast step on buckets"), "%s",
+			   loom_program_error(p));
+	cr_expect_eq(rec.copies, 0, "the shard was copied first");
+	cr_expect_eq(fk.n, 0, "%d communicator calls", fk.n);
+	cr_expect_eq(p->exec.n_pending, 0);
+	cr_expect_null(p->exec.pending[pl->steps[i].index], "left in flight");
+	free_ranked(p, g, pg);
 }
 
 /*

@@ -488,7 +488,9 @@ Test(program, info_launch_counters)
 	loom_program_free(p);
 	/* A backend that counts: its figures, unchanged. */
 	loom_backend be = loom_cpu_backend;
-	be.counters = counted;
+	loom_backend_timing tm = *loom_cpu_backend.timing;
+	tm.counters = counted;
+	be.timing = &tm;
 	loom_test_backend = &be;
 	p = compile_linear(&o);
 	loom_test_backend = NULL;

@@ -183,7 +183,7 @@ static loom_status zb_grad_sumsq_device(void *ctx, const loom_plan *pl, const lo
 					const loom_train_state *ts, int first, int last,
 					void **sumsq)
 {
-	loom_status st = cpu->grad_sumsq(ctx, pl, a, ts, first, last, &zn.sumsq);
+	loom_status st = cpu->sharded->grad_sumsq(ctx, pl, a, ts, first, last, &zn.sumsq);
 	*sumsq = &zn.sumsq;
 	zn.device_norms++;
 	zn.norm_pending = 1;
@@ -202,6 +202,7 @@ static loom_status zb_optim(void *ctx, const loom_plan *pl, const loom_arena *a,
 }
 
 static loom_backend zb;
+static loom_backend_sharded zb_sharded;
 
 static void setup(void)
 {
@@ -210,7 +211,9 @@ static void setup(void)
 	zb.run_begin = zb_run_begin;
 	zb.run_end = zb_run_end;
 	zb.optim = zb_optim;
-	zb.grad_sumsq_device = zb_grad_sumsq_device;
+	zb_sharded = *cpu->sharded;
+	zb_sharded.grad_sumsq_device = zb_grad_sumsq_device;
+	zb.sharded = &zb_sharded;
 	loom_test_backend = &zb;
 	unsetenv("LOOM_ZERO_DEVICE_NORM");
 }
@@ -309,7 +312,7 @@ Test(zero_norm, the_graph_refusal_holds_only_where_the_norm_crosses_the_host)
 		  why ? why : "(allowed)");
 	unsetenv("LOOM_ZERO_DEVICE_NORM");
 	/* A backend without the device sum. */
-	zb.grad_sumsq_device = NULL;
+	zb_sharded.grad_sumsq_device = NULL;
 	why = loom_zero_shards.no_graph(p);
 	cr_assert(why && strstr(why, "gradient norm crosses the host"), "no grad_sumsq_device: %s",
 		  why ? why : "(allowed)");

@@ -287,6 +287,7 @@ Test(cuda_formats, conv_bias_and_broadcast_stay_nchw)
  * fusing as CUDA does; no node plans (nothing runs): a plan with CUDA's
  * formats, steps and memory plan, no GPU needed. */
 static loom_backend cuda_like;
+static loom_backend_planning cuda_like_planning;
 
 static void cuda_like_formats(void *ctx, const loom_plan *plan, loom_value v,
 			      loom_format_caps *caps)
@@ -318,7 +319,9 @@ static loom_program *compile_cuda_like(loom_graph *g, loom_value loss, loom_opt_
 	cuda_like = loom_cpu_backend;
 	cuda_like.name = "cuda-like";
 	cuda_like.caps |= LOOM_BE_FUSES_ALL;
-	cuda_like.node_formats = cuda_like_formats;
+	cuda_like_planning = *loom_cpu_backend.planning;
+	cuda_like_planning.node_formats = cuda_like_formats;
+	cuda_like.planning = &cuda_like_planning;
 	cuda_like.plan_create = no_node_plans;
 	cuda_like.supports_node = every_node;
 	loom_compile_opts_default(&o);

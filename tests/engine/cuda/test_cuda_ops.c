@@ -200,12 +200,12 @@ static int cast_folded_on_one_side(const loom_node *cuda, const loom_node *cpu)
  * its own dtype whatever the plan says). */
 static void expect_cuda_folds_where_taken(const char *what, const loom_program *cuda)
 {
-	const loom_backend *be = cuda->be;
+	const loom_backend_planning *pn = cuda->be->planning;
 	const loom_graph *g = cuda->plan.g;
 	for (int v = 0; v < g->n; v++) {
 		const loom_node *n = &g->nodes[v];
 		if (n->flags & LOOM_NODE_CAST_FOLDED)
-			cr_expect(be->takes_any_dtype && be->takes_any_dtype((loom_op)n->op),
+			cr_expect(pn && pn->takes_any_dtype && pn->takes_any_dtype((loom_op)n->op),
 				  "%s: a cast folded into node %d (op %d), whose CUDA kernel "
 				  "does not take any dtype", what, v, (int)n->op);
 	}
@@ -237,8 +237,8 @@ static int fused_attentions(const loom_program *p, char *why, size_t len)
 			continue;
 		if (nd->a.attn.fused)
 			n++;
-		else if (!why[0] && p->be->node_note)
-			p->be->node_note(p->be_ctx, &p->plan, v, why, len);
+		else if (!why[0] && p->be->planning->node_note)
+			p->be->planning->node_note(p->be_ctx, &p->plan, v, why, len);
 	}
 	return n;
 }
@@ -404,13 +404,14 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		cr_expect_eq(nf, t.want_attn_fused, "%s %s: %d attentions fused (cuDNN SDPA), want %d: %s",
 			     op, loom_dtype_name(dt), nf, t.want_attn_fused, why);
 	}
+	const loom_backend_planning *pn = cuda->be->planning;
 	for (int i = 0; i < 3 && t.note[i]; i++) {
 		char got[512] = "", note[512];
 		int found = 0;
 		for (int v = 0; v < cuda->plan.g->n && !found; v++) {
-			if (cuda->plan.g->nodes[v].op != t.note_op[i] || !cuda->be->node_note)
+			if (cuda->plan.g->nodes[v].op != t.note_op[i] || !pn || !pn->node_note)
 				continue;
-			cuda->be->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+			pn->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
 			found = strstr(note, t.note[i]) != NULL;
 			if (!got[0])
 				snprintf(got, sizeof(got), "%s", note);
@@ -418,9 +419,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 		cr_expect(found, "%s %s: no node of op %d notes \"%s\" (first: \"%s\")", op,
 			  loom_dtype_name(dt), (int)t.note_op[i], t.note[i], got);
 	}
-	for (int v = 0; t.no_note && cuda->be->node_note && v < cuda->plan.g->n; v++) {
+	for (int v = 0; t.no_note && pn && pn->node_note && v < cuda->plan.g->n; v++) {
 		char note[512];
-		cuda->be->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
+		pn->node_note(cuda->be_ctx, &cuda->plan, v, note, sizeof(note));
 		cr_expect(!strstr(note, t.no_note), "%s %s: node %d notes \"%s\"", op,
 			  loom_dtype_name(dt), v, note);
 	}
@@ -1961,7 +1962,7 @@ Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
 	if (!be)
 		cr_skip_test("needs a build with the CUDA toolkit (the plugin's backend table)");
 	cr_assert(be->caps & LOOM_BE_FUSES_SOME_CASTS);
-	cr_assert(be->takes_any_dtype);
+	cr_assert(be->planning->takes_any_dtype);
 	for (int off = 0; off <= 1; off++) {
 		tcase t;
 		loom_graph *g;
@@ -1982,7 +1983,7 @@ Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
 		int before = casts_in(p->plan.g);
 		if (off)
 			setenv("LOOM_CUDA_FOLD_CASTS", "0", 1);
-		int folded = loom_fuse_casts_for(p->plan.g, be->takes_any_dtype);
+		int folded = loom_fuse_casts_for(p->plan.g, be->planning->takes_any_dtype);
 		unsetenv("LOOM_CUDA_FOLD_CASTS");
 		int ce_half = 0;
 		for (int v = 0; v < p->plan.g->n; v++) {
@@ -1990,7 +1991,8 @@ Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
 			if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD)
 				ce_half += p->plan.g->nodes[n->src[0]].dtype == LOOM_BF16;
 			if (n->flags & LOOM_NODE_CAST_FOLDED)
-				cr_expect(be->takes_any_dtype((loom_op)n->op), "node %d op %d", v, (int)n->op);
+				cr_expect(be->planning->takes_any_dtype((loom_op)n->op), "node %d op %d", v,
+					  (int)n->op);
 		}
 		if (off) {
 			cr_expect_eq(folded, 0);
@@ -3164,7 +3166,8 @@ Test(cuda_ops, every_op_has_entries_and_a_case)
 		if (op == LOOM_OP_REORDER) {
 			cr_expect(loom_cpu_backend.supports_op(NULL, (loom_op)op), "reorder: no CPU entry");
 			if (cuda) {
-				cr_expect(cuda->node_formats != NULL, "CUDA: no node_formats");
+				cr_expect(cuda->planning && cuda->planning->node_formats,
+					  "CUDA: no node_formats");
 				cr_expect(cuda->supports_op(NULL, (loom_op)op), "reorder: no CUDA entry");
 			}
 			continue;
@@ -3256,7 +3259,7 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 		cr_assert_eq(loom_set_lr(e, lr), LOOM_OK);
 		cr_assert_eq(loom_set_lr(q, lr), LOOM_OK);
 		if (s == 2)
-			q->be->counters(q->be_ctx, &c0);
+			q->be->timing->counters(q->be_ctx, &c0);
 		cr_assert_eq(loom_run(e, LOOM_RUN_TRAIN), LOOM_OK, "%s eager step %d: %s", what, s,
 			     loom_program_error(e));
 		cr_assert_eq(loom_run(q, LOOM_RUN_TRAIN), LOOM_OK, "%s graph step %d: %s", what, s,
@@ -3267,7 +3270,7 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 		cr_assert(le == lq || (isnan(le) && isnan(lq)),
 			  "%s step %d: loss %.17g eager, %.17g from the graph", what, s, le, lq);
 	}
-	q->be->counters(q->be_ctx, &c1);
+	q->be->timing->counters(q->be_ctx, &c1);
 	cr_assert_eq(q->exec.graph, 1, "%s: the graph was given up: %s", what, q->exec.graph_note);
 	cr_assert_eq(c1.captures, 1, "%s: %ld captures", what, c1.captures);
 	cr_assert_eq(c1.replays, 18, "%s: %ld replays", what, c1.replays);
@@ -3390,7 +3393,7 @@ Test(cuda_ops, cuda_graph_inputs_written_into_the_pinned_slot)
 		cr_assert_eq(loom_set_lr(e, lr), LOOM_OK);
 		cr_assert_eq(loom_set_lr(q, lr), LOOM_OK);
 		if (s == 2)
-			q->be->counters(q->be_ctx, &c0);
+			q->be->timing->counters(q->be_ctx, &c0);
 		cr_assert_eq(loom_run(e, LOOM_RUN_TRAIN), LOOM_OK, "step %d: %s", s,
 			     loom_program_error(e));
 		cr_assert_eq(loom_run(q, LOOM_RUN_TRAIN), LOOM_OK, "step %d: %s", s,
@@ -3406,7 +3409,7 @@ Test(cuda_ops, cuda_graph_inputs_written_into_the_pinned_slot)
 			  "step %d: loss %.17g through set_input, %.17g written into the slot", s, le,
 			  lq);
 	}
-	q->be->counters(q->be_ctx, &c1);
+	q->be->timing->counters(q->be_ctx, &c1);
 	loom_program_info_get(q, &i1);
 	loom_program_info_get(e, &ie);
 	unsetenv("LOOM_ASYNC_LOSS");
@@ -3458,11 +3461,12 @@ static void zero_norm_matches(const char *what, loom_opt_level level)
 	loom_program_info info;
 	loom_program_info_get(q, &info);
 	cr_assert_gt(info.grad_norm, 1e-3, "%s: the clip does not bind", what);
-	cr_assert_not_null(q->be->grad_sumsq);
-	cr_assert_not_null(q->be->grad_sumsq_device);
+	cr_assert_not_null(q->be->sharded->grad_sumsq);
+	cr_assert_not_null(q->be->sharded->grad_sumsq_device);
 	double s = -1;
-	cr_assert_eq(q->be->grad_sumsq(q->be_ctx, &q->plan, &q->arena, &q->ts, 0, q->plan.n_pieces,
-				       &s), LOOM_OK, "%s: %s", what, q->be->error(q->be_ctx));
+	cr_assert_eq(q->be->sharded->grad_sumsq(q->be_ctx, &q->plan, &q->arena, &q->ts, 0,
+						q->plan.n_pieces, &s),
+		     LOOM_OK, "%s: %s", what, q->be->error(q->be_ctx));
 	cr_assert(fabs(sqrt(s) - info.grad_norm) <= 1e-12 * info.grad_norm,
 		  "%s: the shard kernels' norm %.17g, the update's %.17g", what, sqrt(s),
 		  info.grad_norm);
@@ -3591,13 +3595,14 @@ static void fp8_compare(const fp8_case *fc, const char *what, loom_program *cuda
 /* Products the CUDA plan runs on cuBLASLt FP8 (their --dump-graph note). */
 static int fp8_gemms(const loom_program *p)
 {
+	const loom_backend_planning *pn = p->be->planning;
 	int n = 0;
-	for (int v = 0; v < p->plan.g->n && p->be->node_note; v++) {
+	for (int v = 0; v < p->plan.g->n && pn && pn->node_note; v++) {
 		const loom_node *nd = &p->plan.g->nodes[v];
 		char note[512] = "";
 		if (nd->op != LOOM_OP_LINEAR && nd->op != LOOM_OP_MATMUL)
 			continue;
-		p->be->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
+		pn->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
 		n += strstr(note, "cuBLASLt FP8") != NULL;
 	}
 	return n;
