@@ -9,11 +9,14 @@
 
 #include "graph/ops/ops.h"
 
-/* "h0.c_fc.e4m3", or "e4m3" for a source without a name: plan dumps say
- * which rounding each node is. */
+/* "h0.c_fc.e4m3", or "e4m3" for a source without a name: plan dumps and
+ * loom_amp_report say which rounding each node is. An AMP cast has no name
+ * of its own: its source's is the tensor's. */
 static void fp8_name(loom_graph *g, loom_value v, loom_value x, const char *what)
 {
 	char src[LOOM_NAME_MAX];
+	while (!g->nodes[x].name[0] && g->nodes[x].op == LOOM_OP_CAST && g->nodes[x].nsrc > 0)
+		x = g->nodes[x].src[0];
 	memcpy(src, g->nodes[x].name, LOOM_NAME_MAX);
 	if (src[0])
 		snprintf(g->nodes[v].name, LOOM_NAME_MAX, "%.48s.%s", src, what);

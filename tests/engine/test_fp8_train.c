@@ -42,6 +42,14 @@ static void build(gpt *m)
 		     m->g ? loom_graph_error(m->g) : "out of memory");
 }
 
+/* fp8: 0 bf16, else the scaling recipe (LOOM_FP8_SCALING_CURRENT or
+ * _DELAYED); the compile options of these runs. */
+static void fp8_opts(loom_compile_opts *o, int fp8)
+{
+	o->amp.fp8 = fp8 != 0;
+	o->amp.fp8_scaling = fp8;
+}
+
 /* 30 AdamW steps over 3 batches in turn; loss[k] the loss of step k. */
 static void train(loom_opt_level level, int fp8, double *loss)
 {
@@ -55,7 +63,7 @@ static void train(loom_opt_level level, int fp8, double *loss)
 	o.optim.weight_decay = 0.1;
 	o.amp.level = level;
 	o.amp.half = LOOM_BF16;
-	o.amp.fp8 = fp8;
+	fp8_opts(&o, fp8);
 	loom_program *p = NULL;
 	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
 	for (int k = 0; k < STEPS; k++) {
@@ -93,24 +101,50 @@ static void follows(const char *what, const double *ref, const double *got, doub
 	cr_assert_gt(diff, 0, "%s gave bf16's losses to the bit: nothing rounded", what);
 }
 
-static void follows_bf16(loom_opt_level level)
+static void follows_bf16(loom_opt_level level, int recipe)
 {
 	double ref[STEPS], got[STEPS];
-	char what[32];
+	char what[48];
 	train(level, 0, ref);
-	train(level, 1, got);
-	snprintf(what, sizeof(what), "fp8 O%d", (int)level);
+	train(level, recipe, got);
+	snprintf(what, sizeof(what), "fp8 O%d %s", (int)level,
+		 recipe == LOOM_FP8_SCALING_DELAYED ? "delayed" : "current");
 	follows(what, ref, got, BOUND, 0.8);
 }
 
 Test(fp8_train, o1_follows_bf16)
 {
-	follows_bf16(LOOM_O1);
+	follows_bf16(LOOM_O1, LOOM_FP8_SCALING_CURRENT);
 }
 
 Test(fp8_train, o2_follows_bf16)
 {
-	follows_bf16(LOOM_O2);
+	follows_bf16(LOOM_O2, LOOM_FP8_SCALING_CURRENT);
+}
+
+Test(fp8_train, o1_delayed_follows_bf16)
+{
+	follows_bf16(LOOM_O1, LOOM_FP8_SCALING_DELAYED);
+}
+
+Test(fp8_train, o2_delayed_follows_bf16)
+{
+	follows_bf16(LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+}
+
+/* Delayed scaling's first step has no history and casts as current
+ * scaling does (the same loss to the bit); later steps cast with the
+ * history's scales, and part from it. */
+Test(fp8_train, delayed_starts_as_current)
+{
+	double cur[STEPS], del[STEPS];
+	train(LOOM_O2, LOOM_FP8_SCALING_CURRENT, cur);
+	train(LOOM_O2, LOOM_FP8_SCALING_DELAYED, del);
+	cr_assert_eq(del[0], cur[0], "step 0: delayed %.9g, current %.9g", del[0], cur[0]);
+	double diff = 0;
+	for (int k = 1; k < STEPS; k++)
+		diff += fabs(del[k] - cur[k]);
+	cr_assert_gt(diff, 0, "delayed scaling gave current scaling's losses at every step");
 }
 
 /* The ConvNet (examples/models.c) on 30 batches of 8 synthetic images
@@ -129,7 +163,7 @@ static void train_convnet(int fp8, double *loss)
 	o.optim.momentum = 0.9;
 	o.amp.level = LOOM_O1;
 	o.amp.half = LOOM_BF16;
-	o.amp.fp8 = fp8;
+	fp8_opts(&o, fp8);
 	loom_program *p = NULL;
 	cr_assert_eq(loom_compile(g, l, &o, &p), LOOM_OK, "%s", loom_last_error());
 	static float x[N * 28 * 28];
@@ -155,6 +189,14 @@ Test(fp8_train, convnet_follows_bf16)
 {
 	double ref[STEPS], got[STEPS];
 	train_convnet(0, ref);
-	train_convnet(1, got);
-	follows("ConvNet fp8 O1", ref, got, CONV_BOUND, 0.5);
+	train_convnet(LOOM_FP8_SCALING_CURRENT, got);
+	follows("ConvNet fp8 O1 current", ref, got, CONV_BOUND, 0.5);
+}
+
+Test(fp8_train, convnet_delayed_follows_bf16)
+{
+	double ref[STEPS], got[STEPS];
+	train_convnet(0, ref);
+	train_convnet(LOOM_FP8_SCALING_DELAYED, got);
+	follows("ConvNet fp8 O1 delayed", ref, got, CONV_BOUND, 0.5);
 }
