@@ -1,7 +1,7 @@
 /*
  * io/checkpoint.c — loom_save / loom_load: a program's parameters,
  * buffers (batch-norm statistics, O2 masters), optimizer state, step,
- * learning rate and loss scaler in one ckpt_file container. Loading checks
+ * learning rate, loss scaler and fp8 scales in one ckpt_file container. Loading checks
  * everything before it changes anything, so a refused file leaves the
  * program as it was.
  */
@@ -25,6 +25,7 @@ typedef struct rec_list {
 	 * state, whose padding rows are the storage's tail (engine/vocab_pad.c) */
 	size_t *full;
 	int n;
+	int fp8; /* the fp8 scales' record (amp.fp8), else -1 */
 } rec_list;
 
 static int is_state(const loom_node *n)
@@ -32,10 +33,75 @@ static int is_state(const loom_node *n)
 	return n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER;
 }
 
+/*
+ * amp.fp8's scales and amax histories (amp/fp8_scaling.h), one f32 record
+ * "amp.fp8" in loom_fp8_state_pack's layout, so that a resumed run casts as
+ * the uninterrupted one. Every rank holds the same state (max-reduced at
+ * each step end): rank 0's is saved, and every rank loads it.
+ */
+static void fp8_record(loom_program *p, rec_list *l)
+{
+	l->fp8 = -1;
+	if (p->ts.fp8.n == 0)
+		return;
+	loom_ckpt_record *r = &l->r[l->n];
+	snprintf(l->names[l->n], sizeof(l->names[0]), "amp.fp8");
+	r->name = l->names[l->n];
+	r->dtype = LOOM_F32;
+	r->ndim = 1;
+	r->dims[0] = (int64_t)loom_fp8_state_floats(&p->ts.fp8);
+	r->bytes = (size_t)r->dims[0] * sizeof(float);
+	l->full[l->n] = r->bytes;
+	l->fp8 = l->n++;
+}
+
+/* The fp8 record's payload for saving (owned by l->host). */
+static loom_status fp8_pack(loom_program *p, rec_list *l)
+{
+	float *buf = malloc(l->r[l->fp8].bytes);
+	if (!buf)
+		return LOOM_ERR_NOMEM;
+	loom_fp8_state_pack(&p->ts.fp8, buf);
+	l->host[l->fp8] = buf;
+	l->r[l->fp8].data = buf;
+	return LOOM_OK;
+}
+
+/* The loaded fp8 record checked (check_only: into scratch copies, before
+ * anything changes) or placed into the training state. */
+static loom_status fp8_unpack(loom_program *p, const loom_ckpt_record *r, const char *path,
+			      int check_only)
+{
+	char err[256];
+	loom_fp8_state probe = p->ts.fp8;
+	float *copy = malloc(r->bytes);
+	loom_fp8_tensor *t = check_only ? malloc(sizeof(*t) * (size_t)probe.n) : NULL;
+	float *h = check_only ? malloc(sizeof(float) * ((size_t)probe.n * probe.history_len + 1)) :
+				NULL;
+	loom_status st = LOOM_OK;
+	if (!copy || (check_only && (!t || !h))) {
+		st = loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
+		goto out;
+	}
+	memcpy(copy, r->data, r->bytes); /* the payload's alignment is the file's */
+	if (check_only) {
+		memcpy(t, probe.t, sizeof(*t) * (size_t)probe.n);
+		probe.t = t;
+		probe.history = h;
+	}
+	if (loom_fp8_state_unpack(check_only ? &probe : &p->ts.fp8, copy, err, sizeof(err)))
+		st = loom_program_fail(p, LOOM_ERR_FORMAT, "checkpoint %s: %s", path, err);
+out:
+	free(t);
+	free(h);
+	free(copy);
+	return st;
+}
+
 /* The records this program saves and expects, payloads left NULL. */
 static loom_status list_records(loom_program *p, rec_list *l)
 {
-	int cap = 1 + p->plan.n_params * 2;
+	int cap = 2 + p->plan.n_params * 2;
 	for (int v = 0; v < p->plan.n_fwd; v++)
 		cap += is_state(&p->plan.g->nodes[v]);
 	l->r = calloc(cap, sizeof(*l->r));
@@ -85,6 +151,7 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	r->bytes = LOOM_CKPT_META_COUNT * sizeof(double);
 	l->full[l->n] = r->bytes;
 	l->n++;
+	fp8_record(p, l);
 	return LOOM_OK;
 }
 
@@ -214,6 +281,11 @@ loom_status loom_save(loom_program *p, const char *path)
 	};
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
+		if (i == l.fp8) {
+			if ((st = fp8_pack(p, &l)) != LOOM_OK)
+				loom_program_fail(p, st, "save %s: out of memory", path);
+			continue;
+		}
 		if (!addr) {
 			l.r[i].data = meta;
 			continue;
@@ -289,6 +361,11 @@ loom_status loom_load(loom_program *p, const char *path)
 			break;
 		}
 		found[i] = r;
+		if (i == l.fp8) {
+			if ((st = fp8_unpack(p, r, path, 1)) != LOOM_OK)
+				break;
+			continue;
+		}
 		if (!record_addr(p, i)) {
 			double meta[LOOM_CKPT_META_COUNT];
 			memcpy(meta, r->data, sizeof(meta));
@@ -301,6 +378,10 @@ loom_status loom_load(loom_program *p, const char *path)
 	}
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
+		if (i == l.fp8) {
+			st = fp8_unpack(p, found[i], path, 0);
+			continue;
+		}
 		if (addr && l.full[i] == found[i]->bytes) {
 			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
 			continue;

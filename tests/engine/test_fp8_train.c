@@ -12,6 +12,9 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "examples/models.h"
 #include "loom.h"
@@ -50,11 +53,10 @@ static void fp8_opts(loom_compile_opts *o, int fp8)
 	o->amp.fp8_scaling = fp8;
 }
 
-/* 30 AdamW steps over 3 batches in turn; loss[k] the loss of step k. */
-static void train(loom_opt_level level, int fp8, double *loss)
+/* The GPT compiled for AdamW at level with fp8 (fp8_opts). */
+static loom_program *compile_gpt(gpt *m, loom_opt_level level, int fp8)
 {
-	gpt m;
-	build(&m);
+	build(m);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;
@@ -65,13 +67,27 @@ static void train(loom_opt_level level, int fp8, double *loss)
 	o.amp.half = LOOM_BF16;
 	fp8_opts(&o, fp8);
 	loom_program *p = NULL;
-	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	for (int k = 0; k < STEPS; k++) {
+	cr_assert_eq(loom_compile(m->g, m->loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+/* Steps [from, to) over 3 batches in turn; loss[k] the loss of step k. */
+static void train_steps(loom_program *p, int from, int to, double *loss)
+{
+	for (int k = from; k < to; k++) {
 		cr_assert_eq(gpt_feed(p, k % 3, B, T, V, 0), LOOM_OK, "%s", loom_last_error());
 		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_last_error());
 		loss[k] = loom_loss(p);
 		cr_assert(isfinite(loss[k]), "step %d: loss %g", k, loss[k]);
 	}
+}
+
+/* 30 AdamW steps; loss[k] the loss of step k. */
+static void train(loom_opt_level level, int fp8, double *loss)
+{
+	gpt m;
+	loom_program *p = compile_gpt(&m, level, fp8);
+	train_steps(p, 0, STEPS, loss);
 	loom_program_free(p);
 	loom_graph_free(m.g);
 }
@@ -145,6 +161,57 @@ Test(fp8_train, delayed_starts_as_current)
 	for (int k = 1; k < STEPS; k++)
 		diff += fabs(del[k] - cur[k]);
 	cr_assert_gt(diff, 0, "delayed scaling gave current scaling's losses at every step");
+}
+
+/* Delayed scaling resumes bit for bit: 12 steps, a checkpoint, a fresh
+ * program that loads it and trains the other 18 give the uninterrupted
+ * run's losses exactly (the scales and histories are in the file; without
+ * them the resumed run would cast its first step by current scaling). */
+Test(fp8_train, delayed_resumes_bit_for_bit)
+{
+	enum { CUT = 12 };
+	double whole[STEPS], parts[STEPS];
+	char path[] = "/tmp/loom_fp8_resume_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	train(LOOM_O2, LOOM_FP8_SCALING_DELAYED, whole);
+	gpt m;
+	loom_program *p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	train_steps(p, 0, CUT, parts);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
+	train_steps(p, CUT, STEPS, parts);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	unlink(path);
+	for (int k = 0; k < STEPS; k++)
+		cr_assert_eq(parts[k], whole[k], "step %d: resumed %.9g, uninterrupted %.9g", k,
+			     parts[k], whole[k]);
+}
+
+/* A checkpoint of one recipe is refused by a program of the other (the
+ * recipe shapes the saved state), naming the fingerprint. */
+Test(fp8_train, recipe_in_fingerprint)
+{
+	char path[] = "/tmp/loom_fp8_recipe_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	gpt m, n;
+	loom_program *p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	loom_program *q = compile_gpt(&n, LOOM_O2, LOOM_FP8_SCALING_CURRENT);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_load(q, path), LOOM_ERR_MISMATCH);
+	cr_assert(strstr(loom_program_error(q), "fingerprint"), "%s", loom_program_error(q));
+	unlink(path);
+	loom_program_free(p);
+	loom_program_free(q);
+	loom_graph_free(m.g);
+	loom_graph_free(n.g);
 }
 
 /* The ConvNet (examples/models.c) on 30 batches of 8 synthetic images
