@@ -424,7 +424,11 @@ static loom_status fp8_tensors(loom_program *p)
 				loom_fp8_history(o), o->fp8_margin))
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory for fp8 scales");
 	for (int v = 0; v < g->n; v++) {
-		const loom_node *nd = &g->nodes[v];
+		loom_node *nd = &g->nodes[v];
+		if (nd->op == LOOM_OP_FP8_QDQ) {
+			nd->a.fp8.history = p->ts.fp8.history_len;
+			nd->a.fp8.margin = p->ts.fp8.margin;
+		}
 		if (nd->op == LOOM_OP_FP8_QDQ && nd->a.fp8.slot >= 0) {
 			p->ts.fp8.node[nd->a.fp8.slot] = v;
 			loom_fp8_tensor *t = &p->ts.fp8.t[nd->a.fp8.slot];

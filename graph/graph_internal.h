@@ -170,6 +170,9 @@ typedef union loom_attrs {
 		/* Its tensor in the training state's fp8 scales (ts.fp8.t[slot],
 		 * amp/fp8_scaling.h), set at compile's end; -1: none (a copy). */
 		int slot;
+		/* The plan's recipe, set with slot: delayed scaling's history
+		 * length (0: current scaling) and margin; ranks compare them. */
+		int history, margin;
 	} fp8;
 } loom_attrs;
 
