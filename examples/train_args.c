@@ -143,6 +143,11 @@ void train_usage(const train_program *prog, FILE *f)
 		"                       E5M2 output gradients at O1 and O2 (per-tensor scales\n"
 		"                       from each tensor's amax; emulated on the CPU)\n"
 		"  --fp8-all-products   --precision fp8: the first and last products in fp8 too\n"
+		"  --fp8-scaling S      --precision fp8: current (each cast from its tensor's own\n"
+		"                       amax) or delayed (from an amax history; the default)\n"
+		"  --fp8-history N      --fp8-scaling delayed: steps of amax history (default 16)\n"
+		"  --amp-report         at each log line: the loss scale and, under fp8, each\n"
+		"                       scaled tensor's scale, amax and saturated values\n"
 		"  --loss-scale S       'dynamic' (default for O1/O2 fp16) or a fixed number\n"
 		"  --keep-batchnorm-fp32 B  true or false: override the level's batch-norm precision (O2, O3)\n"
 		"  --device D           auto, cpu or cuda (default auto: cuda if present)\n"
@@ -258,6 +263,7 @@ enum {
 	O_WARMUP, O_SYNCBN, O_ACCUM, O_TRACE, O_TRACE_STEPS, O_EXPORT, O_INIT_FROM, O_REINIT,
 	O_INIT_STRICT, O_METRICS, O_ZERO, O_PIPE, O_MICRO, O_PSCHED, O_MEMLIM, O_CLIP,
 	O_PBAL, O_KSEARCH, O_BUCKET, O_NOGRAPH, O_ZPREF, O_DETERM, O_PEAK, O_RECOMP, O_FP8ALL,
+	O_FP8SCALE, O_FP8HIST, O_AMPREP,
 };
 
 /* Every flag and the group that brings it. */
@@ -278,6 +284,9 @@ static const struct {
 	{ TRAIN_FLAGS_COMMON, { "opt-level", required_argument, 0, O_LEVEL } },
 	{ TRAIN_FLAGS_COMMON, { "precision", required_argument, 0, O_PREC } },
 	{ TRAIN_FLAGS_COMMON, { "fp8-all-products", no_argument, 0, O_FP8ALL } },
+	{ TRAIN_FLAGS_COMMON, { "fp8-scaling", required_argument, 0, O_FP8SCALE } },
+	{ TRAIN_FLAGS_COMMON, { "fp8-history", required_argument, 0, O_FP8HIST } },
+	{ TRAIN_FLAGS_COMMON, { "amp-report", no_argument, 0, O_AMPREP } },
 	{ TRAIN_FLAGS_COMMON, { "loss-scale", required_argument, 0, O_SCALE } },
 	{ TRAIN_FLAGS_COMMON, { "device", required_argument, 0, O_DEVICE } },
 	{ TRAIN_FLAGS_COMMON, { "tf32", required_argument, 0, O_TF32 } },
@@ -388,6 +397,19 @@ static int set_flag(const train_program *prog, int c, const char *arg, train_arg
 		}
 		break;
 	case O_FP8ALL: a->fp8_all_products = 1; break;
+	case O_FP8SCALE:
+		if (!strcmp(arg, "current")) a->fp8_scaling = LOOM_FP8_SCALING_CURRENT;
+		else if (!strcmp(arg, "delayed")) a->fp8_scaling = LOOM_FP8_SCALING_DELAYED;
+		else {
+			say(msg, msglen, "--fp8-scaling must be current or delayed, got '%s'", arg);
+			return -1;
+		}
+		break;
+	case O_FP8HIST:
+		if (parse_int("--fp8-history", arg, 1, 1024, &l, msg, msglen)) return -1;
+		a->fp8_history = (int)l;
+		break;
+	case O_AMPREP: a->amp_report = 1; break;
 	case O_SCALE:
 		if (!strcmp(arg, "dynamic"))
 			a->loss_scale = 0;
@@ -676,6 +698,14 @@ train_parse train_parse_args(const train_program *prog, int argc, char **argv, t
 	}
 	if (a->fp8_all_products && !a->fp8) {
 		say(msg, msglen, "--fp8-all-products applies to --precision fp8");
+		return TRAIN_BAD;
+	}
+	if ((a->fp8_scaling || a->fp8_history) && !a->fp8) {
+		say(msg, msglen, "--fp8-scaling and --fp8-history apply to --precision fp8");
+		return TRAIN_BAD;
+	}
+	if (a->fp8_history && a->fp8_scaling == LOOM_FP8_SCALING_CURRENT) {
+		say(msg, msglen, "--fp8-history applies to --fp8-scaling delayed");
 		return TRAIN_BAD;
 	}
 	if (a->reinit && !a->init_from) {
