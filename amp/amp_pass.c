@@ -29,8 +29,9 @@ int loom_amp_uses_scaling(const loom_amp_opts *o)
 }
 
 /* The recipe of LOOM_FP8_SCALING_DEFAULT: the faster one that held the
- * loss gaps on the CPU (bench/RESULTS.md, "FP8 scaling recipes"). */
-#define FP8_DEFAULT_RECIPE LOOM_FP8_SCALING_CURRENT
+ * loss gaps on the CPU (bench/RESULTS.md, "FP8 scaling recipes": delayed
+ * casts in one pass, current takes the amax in a pass of its own). */
+#define FP8_DEFAULT_RECIPE LOOM_FP8_SCALING_DELAYED
 
 loom_fp8_scaling loom_fp8_recipe(const loom_amp_opts *o)
 {

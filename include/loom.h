@@ -292,7 +292,7 @@ typedef struct loom_amp_opts {
 	/* FP8 training (the "hybrid" recipe), with half = LOOM_BF16, at O1 and
 	 * O2 (bf16 at O3): every product (linear, matmul, conv2d) takes E4M3
 	 * inputs and an E5M2 output gradient, per-tensor power-of-two scales
-	 * from each tensor's own amax (current scaling), fp32 accumulation,
+	 * (fp8_scaling below), fp32 accumulation,
 	 * bf16 results; but the first and last products (one reading a model
 	 * input, and the classifier, the one the loss reads), unless
 	 * fp8_all_products. Emulated exactly on the CPU (the FP8_QDQ op); the
@@ -300,7 +300,8 @@ typedef struct loom_amp_opts {
 	int fp8;
 	int fp8_all_products;
 	/* fp8's scaling recipe (loom_fp8_scaling): LOOM_FP8_SCALING_DEFAULT
-	 * (0) is the measured default (bench/RESULTS.md). Delayed scaling
+	 * (0) is delayed scaling, measured faster on the CPU with the same
+	 * loss gaps (bench/RESULTS.md). Delayed scaling
 	 * keeps, per scaled tensor, the amaxes of the last fp8_history steps
 	 * (0: 16) and casts with 2^(floor(log2(fmax / max of them)) -
 	 * fp8_margin), updated at each training step's end; a step with an

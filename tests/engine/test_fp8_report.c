@@ -178,6 +178,19 @@ Test(fp8_report, memory_report_counts_scales)
 	done(&m);
 }
 
+/* The default recipe is delayed scaling (amp/amp_pass.c, measured in
+ * bench/RESULTS.md). */
+Test(fp8_report, default_is_delayed)
+{
+	net m;
+	build(&m, LOOM_FP8_SCALING_DEFAULT, 0, 0);
+	step(&m, 0);
+	step(&m, 3);
+	cr_assert_eq(x_tensor(&m).saturated, 3, "the second step cast with the first's scale");
+	cr_assert_eq(x_tensor(&m).next_scale, 64.0);
+	done(&m);
+}
+
 /* The recipe's settings where they mean nothing are refused by name. */
 Test(fp8_report, settings_refused)
 {
