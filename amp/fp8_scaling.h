@@ -9,8 +9,14 @@
  * block (engine/exec.c, beside the loss scaler's update), checkpointed
  * (io/checkpoint.c) and the same on every rank (amaxes max-reduced first).
  *
+ * Every run in training mode (TRAIN, and GRAD, FORWARD and ACCUMULATE,
+ * whose amaxes wait for the next update) records; evaluation runs cast
+ * with the scales and record nothing. A program without an optimizer step
+ * (inference) has no step end and casts by current scaling.
+ *
  * The update of one tensor is a static inline function of plain data, so a
- * device kernel can run the same lines (LOOM_SCALER_HD).
+ * device kernel can run the same lines (LOOM_SCALER_HD; loom_fp8_scale of
+ * base/fp8.h, which it calls, would need the same marking).
  */
 #ifndef LOOM_AMP_FP8_SCALING_H
 #define LOOM_AMP_FP8_SCALING_H
