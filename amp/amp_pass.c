@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "amp/amp_pass.h"
+#include "amp/fp8_scaling.h"
 #include "graph/ops/ops.h"
 
 static int is_half(loom_dtype dt)
@@ -25,6 +26,49 @@ int loom_amp_uses_scaling(const loom_amp_opts *o)
 	if (o->static_scale > 0)
 		return 1;
 	return (o->level == LOOM_O1 || o->level == LOOM_O2) && o->half == LOOM_F16;
+}
+
+/* The recipe of LOOM_FP8_SCALING_DEFAULT: the faster one that held the
+ * loss gaps on the CPU (bench/RESULTS.md, "FP8 scaling recipes": delayed
+ * casts in one pass, current takes the amax in a pass of its own). */
+#define FP8_DEFAULT_RECIPE LOOM_FP8_SCALING_DELAYED
+
+loom_fp8_scaling loom_fp8_recipe(const loom_amp_opts *o)
+{
+	return o->fp8_scaling == LOOM_FP8_SCALING_DEFAULT ? FP8_DEFAULT_RECIPE :
+							   (loom_fp8_scaling)o->fp8_scaling;
+}
+
+int loom_fp8_history(const loom_amp_opts *o)
+{
+	return o->fp8_history > 0 ? o->fp8_history : LOOM_FP8_HISTORY_DEFAULT;
+}
+
+/* The recipe's settings: in range, and only where they mean something. */
+static int check_fp8_scaling(const loom_amp_opts *o, char *err, size_t errlen)
+{
+	if (o->fp8_scaling < 0 || o->fp8_scaling >= LOOM_FP8_SCALING_COUNT) {
+		snprintf(err, errlen, "amp: unknown fp8_scaling %d", o->fp8_scaling);
+		return 1;
+	}
+	if (o->fp8_history < 0 || o->fp8_history > LOOM_FP8_HISTORY_MAX ||
+	    o->fp8_margin < 0 || o->fp8_margin > LOOM_FP8_MARGIN_MAX) {
+		snprintf(err, errlen, "amp: fp8_history %d must be in [0, %d] and fp8_margin %d "
+				      "in [0, %d]", o->fp8_history, LOOM_FP8_HISTORY_MAX,
+			 o->fp8_margin, LOOM_FP8_MARGIN_MAX);
+		return 1;
+	}
+	if (!o->fp8 && (o->fp8_scaling || o->fp8_history || o->fp8_margin)) {
+		snprintf(err, errlen, "amp: fp8_scaling, fp8_history or fp8_margin without fp8");
+		return 1;
+	}
+	if (o->fp8 && loom_fp8_recipe(o) != LOOM_FP8_SCALING_DELAYED &&
+	    (o->fp8_history || o->fp8_margin)) {
+		snprintf(err, errlen, "amp: fp8_history and fp8_margin are delayed scaling's; "
+				      "this plan scales by current scaling");
+		return 1;
+	}
+	return 0;
 }
 
 static int keep_bn_fp32(const loom_amp_opts *o)
@@ -64,6 +108,8 @@ loom_status loom_amp_check(const loom_amp_opts *o, char *err, size_t errlen)
 		snprintf(err, errlen, "amp: fp8_all_products without fp8");
 		return LOOM_ERR_INVALID;
 	}
+	if (check_fp8_scaling(o, err, errlen))
+		return LOOM_ERR_INVALID;
 	if (o->half == LOOM_BF16 && o->static_scale > 0) {
 		snprintf(err, errlen, "amp: bf16 has fp32's range and needs no loss scale");
 		return LOOM_ERR_INVALID;

@@ -22,4 +22,9 @@ loom_status loom_amp_pass(loom_graph *g, loom_value *loss, const loom_amp_opts *
 /* Whether the gradients are scaled (O1/O2 with fp16, or a static scale). */
 int loom_amp_uses_scaling(const loom_amp_opts *o);
 
+/* amp.fp8's recipe with the default resolved (LOOM_FP8_SCALING_CURRENT or
+ * _DELAYED), and delayed scaling's history length (0: the default). */
+loom_fp8_scaling loom_fp8_recipe(const loom_amp_opts *o);
+int loom_fp8_history(const loom_amp_opts *o);
+
 #endif /* LOOM_AMP_PASS_H */

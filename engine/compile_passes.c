@@ -403,11 +403,49 @@ const loom_pass loom_pass_backend_alloc = { .name = "backend arena", .run = back
 
 /* ------------------------------------------------------------ initial values */
 
-/* Writes the initial parameters and buffers (and masters) into the arena. */
+/* amp.fp8's scaled tensors: each FP8_QDQ node that rounds through a
+ * format gets its slot (a.fp8.slot) in the training state's scales, in
+ * node order, the same on every rank; scales 1, histories empty. */
+static loom_status fp8_tensors(loom_program *p)
+{
+	loom_graph *g = p->plan.g;
+	const loom_amp_opts *o = &p->plan.opts.amp;
+	int n = 0;
+	for (int v = 0; v < g->n; v++) {
+		loom_node *nd = &g->nodes[v];
+		if (nd->op == LOOM_OP_FP8_QDQ)
+			nd->a.fp8.slot = nd->a.fp8.fwd == LOOM_FP8_E4M3 || nd->a.fp8.fwd == LOOM_FP8_E5M2 ?
+						 n++ : -1;
+	}
+	loom_fp8_state_free(&p->ts.fp8);
+	if (loom_fp8_state_init(&p->ts.fp8, n, loom_fp8_recipe(o) == LOOM_FP8_SCALING_DELAYED,
+				loom_fp8_history(o), o->fp8_margin))
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory for fp8 scales");
+	for (int v = 0; v < g->n; v++) {
+		loom_node *nd = &g->nodes[v];
+		if (nd->op == LOOM_OP_FP8_QDQ) {
+			nd->a.fp8.history = p->ts.fp8.history_len;
+			nd->a.fp8.margin = p->ts.fp8.margin;
+		}
+		if (nd->op == LOOM_OP_FP8_QDQ && nd->a.fp8.slot >= 0) {
+			p->ts.fp8.node[nd->a.fp8.slot] = v;
+			loom_fp8_tensor *t = &p->ts.fp8.t[nd->a.fp8.slot];
+			t->fmt = nd->a.fp8.fwd;
+			t->fmax = t->fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
+		}
+	}
+	return LOOM_OK;
+}
+
+/* Writes the initial parameters and buffers (and masters) into the arena,
+ * and sets up fp8's scales. */
 static loom_status initial_values_run(loom_program *p, loom_pass_ctx *c)
 {
 	(void)c;
 	loom_graph *g = p->plan.g;
+	loom_status fst = fp8_tensors(p);
+	if (fst != LOOM_OK)
+		return fst;
 	for (int v = 0; v < p->plan.n_fwd; v++) {
 		loom_node *nd = &g->nodes[v];
 		/* ZeRO's sharded masters: loom_zero_start; another stage's: none */

@@ -468,6 +468,55 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 	return LOOM_OK;
 }
 
+/*
+ * amp.fp8's step end, beside the loss scaler's update in the optimizer:
+ * the step's amaxes max-reduced and saturation counts summed over the
+ * ranks of the group (in rank order, on the host communicator, as ZeRO's
+ * verdict and norm; a pipeline's stages each fill their own tensors), so
+ * that every rank casts the next step alike, then each tensor's
+ * history and scale (amp/fp8_scaling.h). On the host: the CPU kernels
+ * record there.
+ */
+static loom_status fp8_step_end(loom_program *p)
+{
+	loom_fp8_state *fs = &p->ts.fp8;
+	const loom_pg_info *pi = p->plan.opts.pg ? loom_pg_get_info(p->plan.opts.pg) : NULL;
+	/* the whole group: pipeline stages hold different tensors */
+	int n = fs->n, world = pi && pi->world > 1 ? pi->world : 1;
+	if (n == 0)
+		return LOOM_OK;
+	if (world > 1) {
+		loom_comm *host = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST);
+		double *mine = malloc(sizeof(double) * 2 * (size_t)n);
+		double *all = malloc(sizeof(double) * 2 * (size_t)n * (size_t)world);
+		loom_status st = !mine || !all ? LOOM_ERR_NOMEM : !host ? LOOM_ERR_UNSUPPORTED : LOOM_OK;
+		for (int i = 0; st == LOOM_OK && i < n; i++) {
+			mine[2 * i] = fs->t[i].amax;
+			mine[2 * i + 1] = (double)fs->t[i].saturated;
+		}
+		if (st == LOOM_OK)
+			st = loom_comm_allgather(host, mine, sizeof(double) * 2 * (size_t)n, all);
+		for (int i = 0; st == LOOM_OK && i < n; i++) {
+			double amax = 0, sat = 0;
+			for (int r = 0; r < world; r++) {
+				const double *x = all + (size_t)r * 2 * (size_t)n + 2 * (size_t)i;
+				amax = x[0] > amax ? x[0] : amax;
+				sat += x[1];
+			}
+			fs->t[i].amax = (float)amax;
+			fs->t[i].saturated = (int64_t)sat;
+		}
+		free(mine);
+		free(all);
+		if (st != LOOM_OK)
+			return loom_program_fail(p, st, "fp8 scales across the ranks: %s",
+						 st == LOOM_ERR_NOMEM ? "out of memory" :
+						 loom_pg_error(p->plan.opts.pg));
+	}
+	loom_fp8_step_end(fs);
+	return LOOM_OK;
+}
+
 static loom_status exec_optim(loom_program *p, const loom_step *s)
 {
 	int finite = -1;
@@ -484,7 +533,7 @@ static loom_status exec_optim(loom_program *p, const loom_step *s)
 	    (st = sh->norm(p, s)) != LOOM_OK)
 		return st;
 	st = p->be->optim(p->be_ctx, &p->plan, &p->arena, &p->ts, s->first, s->last, finite);
-	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
+	return st != LOOM_OK ? be_fail(p, st) : fp8_step_end(p);
 }
 
 /* A COPY step: bucket k holds every rank's updated parameters, gathered: each

@@ -3,6 +3,10 @@
  * program without its struct, a pipeline's stages through the transport
  * its pass installed, and the group's host collectives.
  */
+#include <stdlib.h>
+#include <string.h>
+
+#include "amp/fp8_scaling.h"
 #include "comm/comm.h"
 #include "engine/io_view.h"
 #include "engine/program_internal.h"
@@ -100,4 +104,36 @@ loom_status loom_io_host_allgather(loom_program *p, const void *mine, size_t byt
 	loom_comm *c = p->plan.opts.pg ? loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST) : NULL;
 	loom_status st = c ? loom_comm_allgather(c, mine, bytes, all) : LOOM_ERR_UNSUPPORTED;
 	return st != LOOM_OK ? host_failed(p, st, what) : LOOM_OK;
+}
+
+size_t loom_io_fp8_floats(const loom_program *p)
+{
+	return p->ts.fp8.n ? loom_fp8_state_floats(&p->ts.fp8) : 0;
+}
+
+void loom_io_fp8_pack(const loom_program *p, float *out)
+{
+	loom_fp8_state_pack(&p->ts.fp8, out);
+}
+
+loom_status loom_io_fp8_unpack(loom_program *p, const float *in, int check_only, char *err,
+			       size_t errlen)
+{
+	if (!check_only)
+		return loom_fp8_state_unpack(&p->ts.fp8, in, err, errlen) ? LOOM_ERR_FORMAT : LOOM_OK;
+	/* A probe with copies of the tensors and the history, so a refused
+	 * record leaves the state as it was. */
+	loom_fp8_state probe = p->ts.fp8;
+	loom_fp8_tensor *t = malloc(sizeof(*t) * (size_t)probe.n);
+	float *h = malloc(sizeof(float) * ((size_t)probe.n * probe.history_len + 1));
+	loom_status st = LOOM_ERR_NOMEM;
+	if (t && h) {
+		memcpy(t, probe.t, sizeof(*t) * (size_t)probe.n);
+		probe.t = t;
+		probe.history = h;
+		st = loom_fp8_state_unpack(&probe, in, err, errlen) ? LOOM_ERR_FORMAT : LOOM_OK;
+	}
+	free(t);
+	free(h);
+	return st;
 }

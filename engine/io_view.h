@@ -87,4 +87,14 @@ loom_status loom_io_host_broadcast(loom_program *p, void *buf, size_t bytes, int
 loom_status loom_io_host_allgather(loom_program *p, const void *mine, size_t bytes, void *all,
 				   const char *what);
 
+/* amp.fp8's per-tensor scales and amax histories as the floats of one
+ * checkpoint record (amp/fp8_scaling.h's layout); 0 floats when the plan
+ * casts nothing to fp8. loom_io_fp8_unpack checks in against the plan's
+ * scaled tensors and changes nothing on a refusal (LOOM_ERR_FORMAT, a
+ * message in err; LOOM_ERR_NOMEM); check_only: it only checks. */
+size_t loom_io_fp8_floats(const loom_program *p);
+void loom_io_fp8_pack(const loom_program *p, float *out);
+loom_status loom_io_fp8_unpack(loom_program *p, const float *in, int check_only, char *err,
+			       size_t errlen);
+
 #endif /* LOOM_ENGINE_IO_VIEW_H */

@@ -10,6 +10,7 @@
 
 #include <stdarg.h>
 
+#include "amp/fp8_scaling.h"
 #include "amp/scaler.h"
 #include "graph/graph_internal.h"
 #include "base/errf.h" /* LOOM_ERR_MAX, loom_errnf */
@@ -214,6 +215,10 @@ typedef struct loom_train_state {
 	double lr;
 	int64_t step;
 	loom_scaler scaler;
+	/* amp.fp8: each scaled tensor's scale, amaxes and saturation counts
+	 * (FP8_QDQ node v's is fp8.t[a.fp8.slot]); kernels record a training
+	 * run's amaxes into it, the OPTIM step ends the step (engine/exec.c). */
+	loom_fp8_state fp8;
 	double last_loss;
 	int diagnose;               /* next runs check each node for inf/NaN */
 	loom_value first_nonfinite; /* the first node found non-finite */

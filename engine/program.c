@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/options.h"
+#include "amp/amp_pass.h"
 #include "comm/comm.h"
 #include "engine/elem.h"
 #include "engine/pass.h"
@@ -160,6 +161,13 @@ static loom_status program_new(loom_graph *g, loom_value loss, const loom_compil
 			     (uint64_t)p->plan.opts.optim.kind * 131 + (uint64_t)o->amp.level * 7 +
 				     (uint64_t)o->amp.half + (o->inference ? 0x1f00dull : 0) +
 				     (o->amp.fp8 ? 0xf8f800ull + (uint64_t)o->amp.fp8_all_products : 0));
+	/* fp8's recipe shapes the checkpointed state: a term only under fp8,
+	 * so that other plans keep their fingerprints */
+	if (o->amp.fp8)
+		p->plan.fingerprint = mix(p->plan.fingerprint,
+					  ((uint64_t)loom_fp8_recipe(&o->amp) << 40) |
+						  ((uint64_t)loom_fp8_history(&o->amp) << 8) |
+						  (uint64_t)o->amp.fp8_margin);
 	p->plan.world = group_world(o->pg);
 	p->plan.loss = loss;
 	loom_status st = loom_graph_clone(g, &p->plan.g);
@@ -292,6 +300,7 @@ void loom_program_free(loom_program *p)
 		p->be->free(p->be_ctx);
 	}
 	loom_trace_free(p->ts.trace);
+	loom_fp8_state_free(&p->ts.fp8);
 	loom_input_buffers_free(p);
 	loom_exec_free(&p->exec);
 	for (int i = 0; i < loom_n_compile_passes; i++)

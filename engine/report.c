@@ -1,7 +1,9 @@
 /*
  * engine/report.c — what a person can look at of a compiled program: the plan
  * as a Graphviz graph (loom_program_dump_dot) and where its memory goes
- * (loom_program_memory_report), both decided before step 1.
+ * (loom_program_memory_report), both decided before step 1; and what
+ * mixed precision did in the last step (loom_amp_report: the loss scale,
+ * fp8's per-tensor scales, amaxes and saturation).
  */
 #include <stdio.h>
 #include <string.h>
@@ -218,6 +220,14 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 		mib_line(out, "gathered at once (peak)", p->plan.gathered_peak, gn);
 	}
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
+	if (p->ts.fp8.n > 0) { /* host memory beside the loss scaler's state */
+		if (p->ts.fp8.delayed)
+			snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of "
+				 "%d steps)", p->ts.fp8.n, p->ts.fp8.history_len);
+		else
+			snprintf(note, sizeof(note), "(%d tensors, current scaling)", p->ts.fp8.n);
+		mib_line(out, "fp8 scales", loom_fp8_state_bytes(&p->ts.fp8), note);
+	}
 	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */
 	mib_line(out, "accumulation sums", p->plan.accum_bytes,
 		 p->arena.accum ? "(gradient accumulation; allocated, outside the arena)" :
@@ -229,4 +239,55 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 		     "of conv, linear and matmul nodes)\n",
 		(info.flops_fwd + info.flops_bwd) * 1e-9, info.flops_fwd * 1e-9,
 		info.flops_bwd * 1e-9);
+}
+
+int loom_fp8_tensor_count(const loom_program *p)
+{
+	return loom_program_usable(p) ? p->ts.fp8.n : 0;
+}
+
+loom_status loom_fp8_tensor_get(const loom_program *p, int i, loom_fp8_tensor_info *out)
+{
+	if (!loom_program_usable(p) || !out)
+		return LOOM_ERR_INVALID;
+	const loom_fp8_state *fs = &p->ts.fp8;
+	if (i < 0 || i >= fs->n)
+		return loom_program_fail((loom_program *)p, LOOM_ERR_INVALID,
+					 "fp8 tensor %d: the plan scales %d tensors", i, fs->n);
+	const loom_fp8_tensor *t = &fs->t[i];
+	*out = (loom_fp8_tensor_info){
+		.name = p->plan.g->nodes[fs->node[i]].name,
+		.node = fs->node[i],
+		.format = (loom_dtype)t->fmt,
+		.scale = t->last_scale,
+		.amax = t->last_amax,
+		.next_scale = fs->delayed ? t->scale : 0,
+		.saturated = t->last_saturated,
+	};
+	return LOOM_OK;
+}
+
+void loom_amp_report(const loom_program *p, FILE *out)
+{
+	if (!loom_program_usable(p) || !out)
+		return;
+	const loom_fp8_state *fs = &p->ts.fp8;
+	fprintf(out, "amp: loss scale %g, %lld steps skipped\n", (double)p->ts.scaler.scale,
+		(long long)p->ts.scaler.skipped_steps);
+	if (fs->n == 0)
+		return;
+	fprintf(out, "amp: fp8, %s scaling; per scaled tensor, the last step:\n",
+		fs->delayed ? "delayed" : "current");
+	fprintf(out, "  %-6s %-32s %5s %12s %12s %12s %10s\n", "node", "tensor", "fmt", "scale",
+		"amax", "next scale", "saturated");
+	for (int i = 0; i < fs->n; i++) {
+		loom_fp8_tensor_info ti;
+		char next[24] = "-";
+		loom_fp8_tensor_get(p, i, &ti);
+		if (fs->delayed)
+			snprintf(next, sizeof(next), "%g", ti.next_scale);
+		fprintf(out, "  %-6d %-32s %5s %12g %12g %12s %10lld\n", ti.node, ti.name,
+			ti.format == LOOM_FP8_E4M3 ? "e4m3" : "e5m2", ti.scale, ti.amax, next,
+			(long long)ti.saturated);
+	}
 }

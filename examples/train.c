@@ -158,6 +158,9 @@ size_t train_settings(const train_program *prog, const train_args *a, loom_comm_
 	setting(s, &n, "--opt-level", "O%d", (int)a->level);
 	setting(s, &n, "--precision", "%s", a->fp8 ? "fp8" : a->half == LOOM_BF16 ? "bf16" : "fp16");
 	setting(s, &n, "--fp8-all-products", "%s", a->fp8_all_products ? "given" : "not given");
+	setting(s, &n, "--fp8-scaling", "%s", a->fp8_scaling == LOOM_FP8_SCALING_CURRENT ? "current" :
+		a->fp8_scaling == LOOM_FP8_SCALING_DELAYED ? "delayed" : "default");
+	setting(s, &n, "--fp8-history", "%d", a->fp8_history);
 	if (a->loss_scale > 0)
 		setting_num(s, &n, "--loss-scale", a->loss_scale);
 	else
@@ -588,6 +591,8 @@ static void compile_opts(const train_run *t, loom_compile_opts *o)
 	o->amp.half = a->half;
 	o->amp.fp8 = a->fp8;
 	o->amp.fp8_all_products = a->fp8_all_products;
+	o->amp.fp8_scaling = a->fp8_scaling;
+	o->amp.fp8_history = a->fp8_history;
 	o->amp.static_scale = a->loss_scale;
 	o->amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
 	o->pg = t->pg;
@@ -1038,6 +1043,8 @@ static int progress(train_run *t, const train_task *task, train_tally *ty, doubl
 		task->progress(t, task->ctx, &pr);
 	else
 		progress_line(t, &pr);
+	if (t->a.amp_report)
+		loom_amp_report(t->p, stdout);
 	fflush(stdout);
 	double sps = secs > 0 ? ty->steps * (double)task->samples_per_step / secs : 0;
 	int rc = train_log_step(t, done, (int)epoch + 1, ty->loss / ty->steps,

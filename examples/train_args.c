@@ -169,6 +169,10 @@ static const flag_place train_places[] = {
 	{ FLAG_OPT_LEVEL, P_ALL | P_CLS, AT(level), VALUES(LOOM_O0, LOOM_O1, LOOM_O2, LOOM_O3) },
 	{ FLAG_PRECISION, P_ALL | P_CLS, .set = set_precision },
 	{ FLAG_FP8_ALL_PRODUCTS, P_ALL, AT(fp8_all_products) },
+	{ FLAG_FP8_SCALING, P_ALL, AT(fp8_scaling),
+	  VALUES(LOOM_FP8_SCALING_CURRENT, LOOM_FP8_SCALING_DELAYED) },
+	{ FLAG_FP8_HISTORY, P_ALL, AT(fp8_history) },
+	{ FLAG_AMP_REPORT, P_ALL, AT(amp_report) },
 	{ FLAG_LOSS_SCALE, P_ALL, .set = set_loss_scale },
 	{ FLAG_KEEP_BATCHNORM_FP32, P_ALL, AT(keep_bn_fp32), VALUES(1, 0) },
 	{ FLAG_DEVICE, P_ALL | P_CLS, AT(device),
@@ -298,6 +302,14 @@ static int check_together(const train_program *prog, const train_args *a, char *
 	if (a->fp8_all_products && !a->fp8) {
 		say(msg, msglen, "--fp8-all-products applies to --precision fp8");
 		return -1;
+	}
+	if ((a->fp8_scaling || a->fp8_history) && !a->fp8) {
+		say(msg, msglen, "--fp8-scaling and --fp8-history apply to --precision fp8");
+		return TRAIN_BAD;
+	}
+	if (a->fp8_history && a->fp8_scaling == LOOM_FP8_SCALING_CURRENT) {
+		say(msg, msglen, "--fp8-history applies to --fp8-scaling delayed");
+		return TRAIN_BAD;
 	}
 	if (a->reinit && !a->init_from) {
 		say(msg, msglen, "--reinit applies to --init-from FILE");

@@ -44,6 +44,9 @@ typedef struct train_args {
 	loom_dtype half;
 	int fp8;               /* --precision fp8: half bf16, products in fp8 (O1, O2) */
 	int fp8_all_products;  /* --fp8-all-products: first and last products too */
+	int fp8_scaling;       /* --fp8-scaling current|delayed (loom_fp8_scaling), 0: default */
+	int fp8_history;       /* --fp8-history N: delayed scaling's amax history, 0: 16 */
+	int amp_report;        /* --amp-report: loom_amp_report at every log line */
 	double loss_scale; /* 0: the level's default (dynamic) */
 	int keep_bn_fp32;  /* -1: the level's default */
 	int save_every;    /* steps between mid-epoch checkpoints, 0: epoch ends only */

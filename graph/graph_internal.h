@@ -167,6 +167,12 @@ typedef union loom_attrs {
 		 * backward rounds dy through (LOOM_F32: none, straight through),
 		 * each with a power-of-two scale from the tensor's own amax. */
 		loom_dtype fwd, bwd;
+		/* Its tensor in the training state's fp8 scales (ts.fp8.t[slot],
+		 * amp/fp8_scaling.h), set at compile's end; -1: none (a copy). */
+		int slot;
+		/* The plan's recipe, set with slot: delayed scaling's history
+		 * length (0: current scaling) and margin; ranks compare them. */
+		int history, margin;
 	} fp8;
 } loom_attrs;
 

@@ -292,14 +292,35 @@ typedef struct loom_amp_opts {
 	/* FP8 training (the "hybrid" recipe), with half = LOOM_BF16, at O1 and
 	 * O2 (bf16 at O3): every product (linear, matmul, conv2d) takes E4M3
 	 * inputs and an E5M2 output gradient, per-tensor power-of-two scales
-	 * from each tensor's own amax (current scaling), fp32 accumulation,
+	 * (fp8_scaling below), fp32 accumulation,
 	 * bf16 results; but the first and last products (one reading a model
 	 * input, and the classifier, the one the loss reads), unless
 	 * fp8_all_products. Emulated exactly on the CPU (the FP8_QDQ op), and
 	 * on CUDA at compute capability 8.9 or later (refused below). 0: off. */
 	int fp8;
 	int fp8_all_products;
+	/* fp8's scaling recipe (loom_fp8_scaling): LOOM_FP8_SCALING_DEFAULT
+	 * (0) is delayed scaling, measured faster on the CPU with the same
+	 * loss gaps (bench/RESULTS.md). Delayed scaling
+	 * keeps, per scaled tensor, the amaxes of the last fp8_history steps
+	 * (0: 16) and casts with 2^(floor(log2(fmax / max of them)) -
+	 * fp8_margin), updated at each training step's end; a step with an
+	 * empty history (the first) casts by current scaling. Scales and
+	 * histories are checkpointed and the same on every rank (amaxes
+	 * max-reduced across data-parallel ranks); ranks must agree on all
+	 * three. */
+	int fp8_scaling;
+	int fp8_history;
+	int fp8_margin;
 } loom_amp_opts;
+
+/* amp.fp8_scaling */
+typedef enum loom_fp8_scaling {
+	LOOM_FP8_SCALING_DEFAULT = 0,
+	LOOM_FP8_SCALING_CURRENT, /* each cast from its tensor's own amax (an extra pass) */
+	LOOM_FP8_SCALING_DELAYED, /* from an amax history of past steps */
+	LOOM_FP8_SCALING_COUNT
+} loom_fp8_scaling;
 
 /* A process group (comm/comm.h: loom_pg_init); opaque here. */
 struct loom_pg;
@@ -772,6 +793,30 @@ typedef struct loom_program_info {
 } loom_program_info;
 
 void loom_program_info_get(const loom_program *p, loom_program_info *info);
+
+/* One tensor amp.fp8 scales (an operand of a product, or a product's
+ * output gradient), as the last finished training step left it. */
+typedef struct loom_fp8_tensor_info {
+	const char *name;   /* its rounding's node, e.g. "h0.c_fc.e4m3" (valid
+			     * until loom_program_free) */
+	int node;           /* that node in loom_program_dump */
+	loom_dtype format;  /* LOOM_FP8_E4M3 or LOOM_FP8_E5M2 */
+	double scale;       /* what the step multiplied the tensor by before the cast */
+	double amax;        /* the step's max |x| (max over the ranks and micro-steps) */
+	double next_scale;  /* delayed scaling: what the next step casts with; else
+			     * 0 (it takes the tensor's own amax) */
+	int64_t saturated;  /* values clamped to the format's largest finite value
+			     * in that step (summed over micro-steps and ranks) */
+} loom_fp8_tensor_info;
+
+/* Tensors amp.fp8 scales (0 without fp8). */
+int loom_fp8_tensor_count(const loom_program *p);
+/* Tensor i of them: LOOM_ERR_INVALID (with a message) for an i out of range. */
+loom_status loom_fp8_tensor_get(const loom_program *p, int i, loom_fp8_tensor_info *out);
+/* `--amp-report`: the loss scale and, per scaled tensor, a line with its
+ * name, format, scale, amax and saturated count. Nothing for a program
+ * that did not compile. */
+void loom_amp_report(const loom_program *p, FILE *out);
 
 /* Writes the compiled plan, one line per node in execution order: the op,
  * its dtype after the AMP pass (casts included), shape, sources, and where

@@ -1,7 +1,7 @@
 /*
  * io/checkpoint.c — loom_save / loom_load: a program's parameters,
  * buffers (batch-norm statistics, O2 masters), optimizer state, step,
- * learning rate and loss scaler in one ckpt_file container. Loading checks
+ * learning rate, loss scaler and fp8 scales in one ckpt_file container. Loading checks
  * everything before it changes anything, so a refused file leaves the
  * program as it was.
  */
@@ -23,6 +23,7 @@ typedef struct rec_list {
 	 * state, whose padding rows are the storage's tail (engine/vocab_pad.c) */
 	size_t *full;
 	int n;
+	int fp8; /* the fp8 scales' record (amp.fp8), else -1 */
 } rec_list;
 
 static int is_state(const loom_node *n)
@@ -30,11 +31,66 @@ static int is_state(const loom_node *n)
 	return n->op == LOOM_OP_PARAM || n->op == LOOM_OP_BUFFER;
 }
 
+/*
+ * amp.fp8's scales and amax histories (amp/fp8_scaling.h), one f32 record
+ * "amp.fp8" (engine/io_view.h's loom_io_fp8_*), so that a resumed run casts
+ * as the uninterrupted one. Every rank holds the same state (max-reduced at
+ * each step end): rank 0's is saved, and every rank loads it.
+ */
+static void fp8_record(loom_program *p, rec_list *l)
+{
+	size_t n = loom_io_fp8_floats(p);
+	l->fp8 = -1;
+	if (n == 0)
+		return;
+	loom_ckpt_record *r = &l->r[l->n];
+	snprintf(l->names[l->n], sizeof(l->names[0]), "amp.fp8");
+	r->name = l->names[l->n];
+	r->dtype = LOOM_F32;
+	r->ndim = 1;
+	r->dims[0] = (int64_t)n;
+	r->bytes = n * sizeof(float);
+	l->full[l->n] = r->bytes;
+	l->fp8 = l->n++;
+}
+
+/* The fp8 record's payload for saving (owned by l->host). */
+static loom_status fp8_pack(loom_program *p, rec_list *l)
+{
+	float *buf = malloc(l->r[l->fp8].bytes);
+	if (!buf)
+		return LOOM_ERR_NOMEM;
+	loom_io_fp8_pack(p, buf);
+	l->host[l->fp8] = buf;
+	l->r[l->fp8].data = buf;
+	return LOOM_OK;
+}
+
+/* The loaded fp8 record checked (check_only: nothing changes) or placed
+ * into the training state. */
+static loom_status fp8_unpack(loom_program *p, const loom_ckpt_record *r, const char *path,
+			      int check_only)
+{
+	char err[256];
+	float *copy = malloc(r->bytes);
+	loom_status st;
+	if (!copy)
+		return loom_program_fail(p, LOOM_ERR_NOMEM, "load %s: out of memory", path);
+	memcpy(copy, r->data, r->bytes); /* the payload's alignment is the file's */
+	st = loom_io_fp8_unpack(p, copy, check_only, err, sizeof(err));
+	if (st == LOOM_ERR_NOMEM)
+		st = loom_program_fail(p, st, "load %s: out of memory", path);
+	else if (st != LOOM_OK)
+		st = loom_program_fail(p, st, "checkpoint %s: %s", path, err);
+	free(copy);
+	return st;
+}
+
 /* The records this program saves and expects, payloads left NULL. */
 static loom_status list_records(loom_program *p, rec_list *l)
 {
 	const loom_plan *pl = loom_io_plan(p);
-	int cap = 1 + pl->n_params * 2;
+	int cap = 2 + pl->n_params * 2;
 	for (int v = 0; v < pl->n_fwd; v++)
 		cap += is_state(&pl->g->nodes[v]);
 	l->r = calloc(cap, sizeof(*l->r));
@@ -84,6 +140,7 @@ static loom_status list_records(loom_program *p, rec_list *l)
 	r->bytes = LOOM_CKPT_META_COUNT * sizeof(double);
 	l->full[l->n] = r->bytes;
 	l->n++;
+	fp8_record(p, l);
 	return LOOM_OK;
 }
 
@@ -222,6 +279,11 @@ loom_status loom_save(loom_program *p, const char *path)
 	};
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
+		if (i == l.fp8) {
+			if ((st = fp8_pack(p, &l)) != LOOM_OK)
+				loom_program_fail(p, st, "save %s: out of memory", path);
+			continue;
+		}
 		if (!addr) {
 			l.r[i].data = meta;
 			continue;
@@ -270,6 +332,12 @@ static loom_status check_records(loom_program *p, const loom_ckpt_file *f, const
 						 "checkpoint %s: tensor '%s' has another dtype or shape",
 						 path, l->r[i].name);
 		found[i] = r;
+		if (i == l->fp8) {
+			loom_status st = fp8_unpack(p, r, path, 1);
+			if (st != LOOM_OK)
+				return st;
+			continue;
+		}
 		if (!record_addr(p, i)) {
 			double meta[LOOM_CKPT_META_COUNT];
 			memcpy(meta, r->data, sizeof(meta));
@@ -303,6 +371,10 @@ static loom_status place_records(loom_program *p, const char *path, const rec_li
 	loom_status st = LOOM_OK;
 	for (int i = 0; i < l->n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
+		if (i == l->fp8) {
+			st = fp8_unpack(p, found[i], path, 0);
+			continue;
+		}
 		if (addr && l->full[i] == found[i]->bytes) {
 			st = place_record(p, i, addr, found[i]->data, found[i]->bytes);
 			continue;

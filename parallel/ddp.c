@@ -130,7 +130,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 static uint64_t node_hash(const loom_plan *pl, loom_value v)
 {
 	const loom_node *n = &pl->g->nodes[v];
-	int64_t f[9 + LOOM_MAX_DIMS + LOOM_MAX_SRC];
+	int64_t f[10 + LOOM_MAX_DIMS + LOOM_MAX_SRC];
 	int k = 0;
 	memset(f, 0, sizeof(f));
 	f[k++] = v;
@@ -141,6 +141,8 @@ static uint64_t node_hash(const loom_plan *pl, loom_value v)
 	f[k++] = n->made_by;
 	f[k++] = n->op == LOOM_OP_ALLREDUCE ? n->a.ar.bucket : 0;
 	f[k++] = is_bn(n->op) ? n->a.bn.sync : 0;
+	/* amp.fp8's recipe: ranks that scale differently cast differently */
+	f[k++] = n->op == LOOM_OP_FP8_QDQ ? ((int64_t)n->a.fp8.history << 8) + n->a.fp8.margin : 0;
 	f[k++] = n->shape.ndim;
 	for (int i = 0; i < n->shape.ndim; i++)
 		f[k++] = n->shape.dims[i];
@@ -175,9 +177,15 @@ static void describe(void *user, size_t i, char *buf, size_t len)
 		const loom_node *n = &pl->g->nodes[v];
 		/* A batch norm says whether it is synchronised: the one
 		 * difference sync_bn on some ranks only makes. */
-		snprintf(buf, len, "node %d %s has %s %s%s", (int)v, loom_op_defs[n->op]->name,
+		char fp8[64] = "";
+		if (n->op == LOOM_OP_FP8_QDQ && n->a.fp8.history)
+			snprintf(fp8, sizeof(fp8), " with fp8 delayed scaling (history %d, margin %d)",
+				 n->a.fp8.history, n->a.fp8.margin);
+		else if (n->op == LOOM_OP_FP8_QDQ)
+			snprintf(fp8, sizeof(fp8), " with fp8 current scaling");
+		snprintf(buf, len, "node %d %s has %s %s%s%s", (int)v, loom_op_defs[n->op]->name,
 			 loom_dtype_name(n->dtype), loom_shape_str(&n->shape, sh, sizeof(sh)),
-			 !is_bn(n->op) ? "" : n->a.bn.sync ? " with sync_bn=1" : " with sync_bn=0");
+			 !is_bn(n->op) ? "" : n->a.bn.sync ? " with sync_bn=1" : " with sync_bn=0", fp8);
 		return;
 	}
 	int k = (int)(i - pl->mp.nschedule);

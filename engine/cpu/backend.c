@@ -407,6 +407,7 @@ static loom_status cpu_run_begin(void *ctx, const loom_plan *plan, const loom_ar
 	c->train = (flags & LOOM_EXEC_TRAIN) != 0;
 	c->flags = flags;
 	c->seed_scale = ts->scaler.scale;
+	c->fp8 = &ts->fp8;
 	if (++c->run == 0) /* 0 marks a side buffer never written */
 		c->run = 1;
 	if (!c->spin_held) {

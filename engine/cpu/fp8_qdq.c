@@ -4,6 +4,10 @@
  * scale (base/fp8.h's loom_fp8_scale), each element scaled, rounded through
  * E4M3 or E5M2 (round to nearest even, saturating: base/fp8.h) and divided
  * back. Reads and writes any float dtype (a cast folded in on either side).
+ * Under delayed scaling (amp/fp8_scaling.h) the scale is the node's tensor's
+ * from its amax history and the amax is taken in the same pass as the cast;
+ * a training run records the amax, the scale and the saturated count into
+ * the training state for the step end and the report.
  */
 #include <math.h>
 #include <string.h>
@@ -31,16 +35,26 @@ static float amax_f32(const float *x, int64_t n)
 }
 
 /* y = fp8(x * scale) / scale, in place allowed. The scale is a power of
- * two, so both products are exact: only the fp8 rounding rounds. */
-static void qdq_block(const float *x, float *y, int64_t n, float scale, loom_dtype fmt)
+ * two, so both products are exact: only the fp8 rounding rounds. Returns
+ * how many values saturated (|x * scale| above the format's largest: the
+ * conversion clamps them), counted as they are cast. */
+static int64_t qdq_block(const float *x, float *y, int64_t n, float scale, loom_dtype fmt)
 {
-	float inv = 1.0f / scale;
+	float inv = 1.0f / scale, fmax = fmax_of(fmt);
+	int64_t sat = 0;
 	if (fmt == LOOM_FP8_E4M3)
-		for (int64_t i = 0; i < n; i++)
-			y[i] = loom_e4m3_to_f32(loom_f32_to_e4m3(x[i] * scale)) * inv;
+		for (int64_t i = 0; i < n; i++) {
+			float s = x[i] * scale;
+			sat += fabsf(s) > fmax;
+			y[i] = loom_e4m3_to_f32(loom_f32_to_e4m3(s)) * inv;
+		}
 	else
-		for (int64_t i = 0; i < n; i++)
-			y[i] = loom_e5m2_to_f32(loom_f32_to_e5m2(x[i] * scale)) * inv;
+		for (int64_t i = 0; i < n; i++) {
+			float s = x[i] * scale;
+			sat += fabsf(s) > fmax;
+			y[i] = loom_e5m2_to_f32(loom_f32_to_e5m2(s)) * inv;
+		}
+	return sat;
 }
 
 void loom_cpu_fp8_qdq_f32(const float *x, float *y, int64_t n, loom_dtype fmt)
@@ -49,16 +63,17 @@ void loom_cpu_fp8_qdq_f32(const float *x, float *y, int64_t n, loom_dtype fmt)
 	qdq_block(x, y, n, scale, fmt);
 }
 
-/*
- * Any float dtype in and out (f16, bf16, f32), through blocks widened to
- * f32 on the stack: two passes, the amax then the rounding. f64 (the
- * gradient checks) keeps its own precision, rounded to f32 before the fp8
- * rounding (two roundings, exact for the test values of an f64 graph).
- */
-static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int64_t n,
-		    loom_dtype fmt)
+/* What one cast saw: the tensor's amax, the scale it cast with, the
+ * values that saturated. */
+typedef struct qdq_stats {
+	float amax, scale;
+	int64_t saturated;
+} qdq_stats;
+
+/* Current scaling's first pass: the amax alone. */
+static float amax_any(loom_dtype sdt, const void *x, int64_t n)
 {
-	size_t ssz = loom_dtype_size(sdt), osz = loom_dtype_size(odt);
+	size_t ssz = loom_dtype_size(sdt);
 	float amax = 0;
 	/* the max is exact in any order: the same bits at any thread count */
 #pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static) reduction(max : amax)
@@ -69,15 +84,40 @@ static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int6
 		float m = amax_f32(buf, k);
 		amax = m > amax ? m : amax;
 	}
-	float scale = loom_fp8_scale(amax, fmax_of(fmt));
-#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static)
+	return amax;
+}
+
+/*
+ * Any float dtype in and out (f16, bf16, f32), through blocks widened to
+ * f32 on the stack. st->scale > 0 (delayed scaling): one pass that casts
+ * with it and takes the amax as it goes; else (current scaling) the amax
+ * first, then the cast with its scale. f64 (the gradient checks) keeps its
+ * own precision, rounded to f32 before the fp8 rounding (two roundings,
+ * exact for the test values of an f64 graph).
+ */
+static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int64_t n,
+		    loom_dtype fmt, qdq_stats *st)
+{
+	size_t ssz = loom_dtype_size(sdt), osz = loom_dtype_size(odt);
+	int delayed = st->scale > 0;
+	float amax = delayed ? 0 : amax_any(sdt, x, n);
+	float scale = delayed ? st->scale : loom_fp8_scale(amax, fmax_of(fmt));
+	int64_t sat = 0;
+#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static) reduction(max : amax) reduction(+ : sat)
 	for (int64_t i = 0; i < n; i += QDQ_BLOCK) {
 		float buf[QDQ_BLOCK];
 		int64_t k = n - i < QDQ_BLOCK ? n - i : QDQ_BLOCK;
 		loom_cpu_cast(sdt, (const char *)x + i * ssz, LOOM_F32, buf, k);
-		qdq_block(buf, buf, k, scale, fmt);
+		if (delayed) {
+			float m = amax_f32(buf, k);
+			amax = m > amax ? m : amax;
+		}
+		sat += qdq_block(buf, buf, k, scale, fmt);
 		loom_cpu_cast(LOOM_F32, buf, odt, (char *)y + i * osz, k);
 	}
+	st->amax = amax;
+	st->scale = scale;
+	st->saturated = sat;
 }
 
 static void qdq_f64(const double *x, double *y, int64_t n, loom_dtype fmt)
@@ -99,13 +139,36 @@ static int is_fp8(loom_dtype fmt)
 	return fmt == LOOM_FP8_E4M3 || fmt == LOOM_FP8_E5M2;
 }
 
+/* The node's tensor in the training state's fp8 scales, or NULL (a plan
+ * built by hand in a test, without slots). */
+static loom_fp8_tensor *tensor_of(loom_cpu_ctx *ctx, const loom_node *n)
+{
+	loom_fp8_state *fs = ctx->fp8;
+	int slot = n->a.fp8.slot;
+	return fs && slot >= 0 && slot < fs->n ? &fs->t[slot] : NULL;
+}
+
+/* A training run's amax, scale and saturation into the tensor's step in
+ * progress (micro-steps: the max and the sum); evaluation runs leave the
+ * scales to training. */
+static void record(loom_cpu_ctx *ctx, loom_fp8_tensor *t, const qdq_stats *st)
+{
+	if (!t || !ctx->train)
+		return;
+	t->amax = st->amax > t->amax ? st->amax : t->amax;
+	t->cur_scale = st->scale;
+	t->saturated += st->saturated;
+}
+
 static loom_status run_qdq(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			   const loom_cpu_io *io)
 {
 	const loom_node *n = loom_cpu_node(plan, v);
 	loom_dtype sdt = loom_cpu_src(plan, v, 0)->dtype, fmt = n->a.fp8.fwd;
 	int64_t numel = loom_shape_numel(&n->shape);
-	(void)ctx;
+	loom_fp8_tensor *t = is_fp8(fmt) ? tensor_of(ctx, n) : NULL;
+	/* delayed scaling once the history holds a step; else current */
+	qdq_stats st = { .scale = t && loom_fp8_uses_history(ctx->fp8) ? t->scale : 0 };
 	if (!is_fp8(fmt)) /* the forward of a gradient's rounding: a copy */
 		loom_cpu_cast(sdt, io->src[0], n->dtype, io->out, numel);
 	else if (sdt == LOOM_F64 && n->dtype == LOOM_F64)
@@ -113,8 +176,10 @@ static loom_status run_qdq(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value 
 	else if (sdt == LOOM_F64 || n->dtype == LOOM_F64)
 		return loom_errnf(ctx->err, LOOM_ERR_MAX, LOOM_ERR_DTYPE,
 				  "fp8_qdq #%d: f64 in and out, or neither", (int)v);
-	else
-		qdq_any(sdt, io->src[0], n->dtype, io->out, numel, fmt);
+	else {
+		qdq_any(sdt, io->src[0], n->dtype, io->out, numel, fmt, &st);
+		record(ctx, t, &st);
+	}
 	return LOOM_OK;
 }
 

@@ -42,6 +42,7 @@ typedef struct loom_cpu_ctx {
 	const loom_arena *arena;
 	int train;           /* this run is in training mode */
 	float seed_scale;    /* this run's loss scale, for GRAD_SEED */
+	loom_fp8_state *fp8; /* this run's fp8 scales (the training state's) */
 	/* Per node: the kernel of each conv and product node, chosen when
 	 * the plan is made (ksearch.c), with its oneDNN primitive if any. */
 	loom_cpu_node_kern *kern;

@@ -1,19 +1,23 @@
 /*
  * graph/ops/fp8.c — FP8_QDQ, the emulation of FP8 training's casts: x
- * rounded through E4M3 or E5M2 with a power-of-two scale from its own amax
- * (current scaling) and back, in x's dtype. Inserted by the AMP pass under
- * amp.fp8 (amp/amp_pass.c); users do not build it.
+ * rounded through E4M3 or E5M2 with a power-of-two scale (its own amax's,
+ * or its amax history's: amp/fp8_scaling.h) and back, in x's dtype.
+ * Inserted by the AMP pass under amp.fp8 (amp/amp_pass.c); users do not
+ * build it.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "graph/ops/ops.h"
 
-/* "h0.c_fc.e4m3", or "e4m3" for a source without a name: plan dumps say
- * which rounding each node is. */
+/* "h0.c_fc.e4m3", or "e4m3" for a source without a name: plan dumps and
+ * loom_amp_report say which rounding each node is. An AMP cast has no name
+ * of its own: its source's is the tensor's. */
 static void fp8_name(loom_graph *g, loom_value v, loom_value x, const char *what)
 {
 	char src[LOOM_NAME_MAX];
+	while (!g->nodes[x].name[0] && g->nodes[x].op == LOOM_OP_CAST && g->nodes[x].nsrc > 0)
+		x = g->nodes[x].src[0];
 	memcpy(src, g->nodes[x].name, LOOM_NAME_MAX);
 	if (src[0])
 		snprintf(g->nodes[v].name, LOOM_NAME_MAX, "%.48s.%s", src, what);
@@ -28,6 +32,7 @@ loom_value loom_fp8_qdq_node(loom_graph *g, loom_value x, loom_dtype fwd, loom_d
 		return v;
 	g->nodes[v].a.fp8.fwd = fwd;
 	g->nodes[v].a.fp8.bwd = bwd;
+	g->nodes[v].a.fp8.slot = -1; /* the compile's end gives it one */
 	g->nodes[v].flags |= LOOM_NODE_AMP;
 	fp8_name(g, v, x, fwd == LOOM_FP8_E4M3 ? "e4m3" : fwd == LOOM_FP8_E5M2 ? "e5m2" : "e5m2 grad");
 	return v;
@@ -52,6 +57,7 @@ static void grad_fp8_qdq(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 	if (d != LOOM_NONE) {
 		g->nodes[d].a.fp8.fwd = n.a.fp8.bwd;
 		g->nodes[d].a.fp8.bwd = LOOM_F32;
+		g->nodes[d].a.fp8.slot = -1;
 		fp8_name(g, d, n.src[0], n.a.fp8.bwd == LOOM_FP8_E4M3 ? "e4m3" : "e5m2");
 	}
 	loom_grad_accum(ctx, n.src[0], d);

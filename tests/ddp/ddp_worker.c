@@ -728,6 +728,85 @@ static int syncbn_mismatch(loom_pg *pg)
 	return worker_free(0, &m, NULL);
 }
 
+/* The MLP with both products in fp8 (O1, bf16), scaled by recipe. */
+static loom_status compile_fp8(worker_model *m, loom_pg *pg, int recipe)
+{
+	loom_compile_opts o;
+	worker_mlp(m, 4, 7);
+	worker_opts(&o, pg, LOOM_O1, 0.05, 0.9);
+	o.amp.half = LOOM_BF16;
+	o.amp.fp8 = 1;
+	o.amp.fp8_all_products = 1;
+	o.amp.fp8_scaling = recipe;
+	return loom_compile(m->g, m->loss, &o, &m->p);
+}
+
+/* Every scaled tensor's amax, next scale, saturation and (with_scale) the
+ * scale it was cast with, hashed. */
+static uint64_t fp8_hash(worker_model *m, int with_scale, double *x_amax)
+{
+	uint64_t h = 1469598103934665603ull;
+	loom_fp8_tensor_info ti;
+	for (int i = 0; i < loom_fp8_tensor_count(m->p); i++) {
+		loom_fp8_tensor_get(m->p, i, &ti);
+		double f[4] = { with_scale ? ti.scale : 0, ti.amax, ti.next_scale,
+				(double)ti.saturated };
+		const unsigned char *b = (const unsigned char *)f;
+		for (size_t k = 0; k < sizeof(f); k++)
+			h = (h ^ b[k]) * 1099511628211ull;
+		if (ti.format == LOOM_FP8_E4M3 && strncmp(ti.name, "x.", 2) == 0)
+			*x_amax = ti.amax;
+	}
+	return h;
+}
+
+/* Delayed fp8 scaling across ranks: rank r's first input holds 50 (r + 1),
+ * so the ranks' own amaxes of x differ; after each step every rank holds
+ * the same next scales, x's amax the largest rank's (max-reduced), and the
+ * same parameters; from the second step on every rank also cast with the
+ * same scales (the first, with no history, casts each rank's tensors by
+ * their own amax: current scaling). */
+static int fp8_scales(loom_pg *pg)
+{
+	worker_model m = { 0 };
+	loom_status st = compile_fp8(&m, pg, LOOM_FP8_SCALING_DELAYED);
+	if (st)
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
+	double x_amax = 0;
+	for (int s = 0; s < 4; s++) {
+		if ((st = feed(&m, s, rank, world, 50.0 * (rank + 1))) ||
+		    (st = loom_run(m.p, LOOM_RUN_TRAIN)))
+			return worker_free(worker_fail("step", st, loom_program_error(m.p)), &m, NULL);
+		int same = worker_same_everywhere(pg, fp8_hash(&m, s > 0, &x_amax));
+		if (same != 1 || worker_same_everywhere(pg, worker_param_hash(&m)) != 1) {
+			printf("rank %d: DIFFER after step %d (%s)\n", rank, s + 1,
+			       same != 1 ? "fp8 scales" : "parameters");
+			return worker_free(1, &m, NULL);
+		}
+		if (x_amax != 50.0 * world) {
+			printf("rank %d: WRONG x's amax %g after step %d, the ranks' max is %g\n", rank,
+			       x_amax, s + 1, 50.0 * world);
+			return worker_free(1, &m, NULL);
+		}
+	}
+	printf("rank %d: OK fp8 scales world %d: %d tensors alike, x amax %g\n", rank, world,
+	       loom_fp8_tensor_count(m.p), x_amax);
+	return worker_free(0, &m, NULL);
+}
+
+/* Rank 1 alone scales by current scaling: every rank's compile fails
+ * naming the recipe. */
+static int fp8_mismatch(loom_pg *pg)
+{
+	worker_model m = { 0 };
+	loom_status st = compile_fp8(&m, pg, rank == 1 ? LOOM_FP8_SCALING_CURRENT :
+							 LOOM_FP8_SCALING_DELAYED);
+	if (st)
+		return worker_free(worker_fail("compile", st, loom_last_error()), &m, NULL);
+	printf("rank %d: OK compiled (no mismatch seen)\n", rank);
+	return worker_free(0, &m, NULL);
+}
+
 int main(int argc, char **argv)
 {
 	int rc = loom_launch_maybe(&argc, argv);
@@ -758,6 +837,10 @@ int main(int argc, char **argv)
 		rc = equiv(pg);
 	else if (strcmp(s, "mismatch") == 0)
 		rc = mismatch(pg);
+	else if (strcmp(s, "fp8") == 0)
+		rc = fp8_scales(pg);
+	else if (strcmp(s, "fp8_mismatch") == 0)
+		rc = fp8_mismatch(pg);
 	else if (strcmp(s, "die") == 0)
 		rc = die(pg);
 	else if (strcmp(s, "overflow") == 0)

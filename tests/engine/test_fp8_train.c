@@ -12,6 +12,9 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "examples/models.h"
 #include "loom.h"
@@ -42,11 +45,18 @@ static void build(gpt *m)
 		     m->g ? loom_graph_error(m->g) : "out of memory");
 }
 
-/* 30 AdamW steps over 3 batches in turn; loss[k] the loss of step k. */
-static void train(loom_opt_level level, int fp8, double *loss)
+/* fp8: 0 bf16, else the scaling recipe (LOOM_FP8_SCALING_CURRENT or
+ * _DELAYED); the compile options of these runs. */
+static void fp8_opts(loom_compile_opts *o, int fp8)
 {
-	gpt m;
-	build(&m);
+	o->amp.fp8 = fp8 != 0;
+	o->amp.fp8_scaling = fp8;
+}
+
+/* The GPT compiled for AdamW at level with fp8 (fp8_opts). */
+static loom_program *compile_gpt(gpt *m, loom_opt_level level, int fp8)
+{
+	build(m);
 	loom_compile_opts o;
 	loom_compile_opts_default(&o);
 	o.device = LOOM_DEVICE_CPU;
@@ -55,15 +65,29 @@ static void train(loom_opt_level level, int fp8, double *loss)
 	o.optim.weight_decay = 0.1;
 	o.amp.level = level;
 	o.amp.half = LOOM_BF16;
-	o.amp.fp8 = fp8;
+	fp8_opts(&o, fp8);
 	loom_program *p = NULL;
-	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	for (int k = 0; k < STEPS; k++) {
+	cr_assert_eq(loom_compile(m->g, m->loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+/* Steps [from, to) over 3 batches in turn; loss[k] the loss of step k. */
+static void train_steps(loom_program *p, int from, int to, double *loss)
+{
+	for (int k = from; k < to; k++) {
 		cr_assert_eq(gpt_feed(p, k % 3, B, T, V, 0), LOOM_OK, "%s", loom_last_error());
 		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_last_error());
 		loss[k] = loom_loss(p);
 		cr_assert(isfinite(loss[k]), "step %d: loss %g", k, loss[k]);
 	}
+}
+
+/* 30 AdamW steps; loss[k] the loss of step k. */
+static void train(loom_opt_level level, int fp8, double *loss)
+{
+	gpt m;
+	loom_program *p = compile_gpt(&m, level, fp8);
+	train_steps(p, 0, STEPS, loss);
 	loom_program_free(p);
 	loom_graph_free(m.g);
 }
@@ -93,24 +117,101 @@ static void follows(const char *what, const double *ref, const double *got, doub
 	cr_assert_gt(diff, 0, "%s gave bf16's losses to the bit: nothing rounded", what);
 }
 
-static void follows_bf16(loom_opt_level level)
+static void follows_bf16(loom_opt_level level, int recipe)
 {
 	double ref[STEPS], got[STEPS];
-	char what[32];
+	char what[48];
 	train(level, 0, ref);
-	train(level, 1, got);
-	snprintf(what, sizeof(what), "fp8 O%d", (int)level);
+	train(level, recipe, got);
+	snprintf(what, sizeof(what), "fp8 O%d %s", (int)level,
+		 recipe == LOOM_FP8_SCALING_DELAYED ? "delayed" : "current");
 	follows(what, ref, got, BOUND, 0.8);
 }
 
 Test(fp8_train, o1_follows_bf16)
 {
-	follows_bf16(LOOM_O1);
+	follows_bf16(LOOM_O1, LOOM_FP8_SCALING_CURRENT);
 }
 
 Test(fp8_train, o2_follows_bf16)
 {
-	follows_bf16(LOOM_O2);
+	follows_bf16(LOOM_O2, LOOM_FP8_SCALING_CURRENT);
+}
+
+Test(fp8_train, o1_delayed_follows_bf16)
+{
+	follows_bf16(LOOM_O1, LOOM_FP8_SCALING_DELAYED);
+}
+
+Test(fp8_train, o2_delayed_follows_bf16)
+{
+	follows_bf16(LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+}
+
+/* Delayed scaling's first step has no history and casts as current
+ * scaling does (the same loss to the bit); later steps cast with the
+ * history's scales, and part from it. */
+Test(fp8_train, delayed_starts_as_current)
+{
+	double cur[STEPS], del[STEPS];
+	train(LOOM_O2, LOOM_FP8_SCALING_CURRENT, cur);
+	train(LOOM_O2, LOOM_FP8_SCALING_DELAYED, del);
+	cr_assert_eq(del[0], cur[0], "step 0: delayed %.9g, current %.9g", del[0], cur[0]);
+	double diff = 0;
+	for (int k = 1; k < STEPS; k++)
+		diff += fabs(del[k] - cur[k]);
+	cr_assert_gt(diff, 0, "delayed scaling gave current scaling's losses at every step");
+}
+
+/* Delayed scaling resumes bit for bit: 12 steps, a checkpoint, a fresh
+ * program that loads it and trains the other 18 give the uninterrupted
+ * run's losses exactly (the scales and histories are in the file; without
+ * them the resumed run would cast its first step by current scaling). */
+Test(fp8_train, delayed_resumes_bit_for_bit)
+{
+	enum { CUT = 12 };
+	double whole[STEPS], parts[STEPS];
+	char path[] = "/tmp/loom_fp8_resume_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	train(LOOM_O2, LOOM_FP8_SCALING_DELAYED, whole);
+	gpt m;
+	loom_program *p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	train_steps(p, 0, CUT, parts);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
+	train_steps(p, CUT, STEPS, parts);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	unlink(path);
+	for (int k = 0; k < STEPS; k++)
+		cr_assert_eq(parts[k], whole[k], "step %d: resumed %.9g, uninterrupted %.9g", k,
+			     parts[k], whole[k]);
+}
+
+/* A checkpoint of one recipe is refused by a program of the other (the
+ * recipe shapes the saved state), naming the fingerprint. */
+Test(fp8_train, recipe_in_fingerprint)
+{
+	char path[] = "/tmp/loom_fp8_recipe_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	gpt m, n;
+	loom_program *p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	loom_program *q = compile_gpt(&n, LOOM_O2, LOOM_FP8_SCALING_CURRENT);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	cr_assert_eq(loom_load(q, path), LOOM_ERR_MISMATCH);
+	cr_assert(strstr(loom_program_error(q), "fingerprint"), "%s", loom_program_error(q));
+	unlink(path);
+	loom_program_free(p);
+	loom_program_free(q);
+	loom_graph_free(m.g);
+	loom_graph_free(n.g);
 }
 
 /* The ConvNet (examples/models.c) on 30 batches of 8 synthetic images
@@ -129,7 +230,7 @@ static void train_convnet(int fp8, double *loss)
 	o.optim.momentum = 0.9;
 	o.amp.level = LOOM_O1;
 	o.amp.half = LOOM_BF16;
-	o.amp.fp8 = fp8;
+	fp8_opts(&o, fp8);
 	loom_program *p = NULL;
 	cr_assert_eq(loom_compile(g, l, &o, &p), LOOM_OK, "%s", loom_last_error());
 	static float x[N * 28 * 28];
@@ -155,6 +256,14 @@ Test(fp8_train, convnet_follows_bf16)
 {
 	double ref[STEPS], got[STEPS];
 	train_convnet(0, ref);
-	train_convnet(1, got);
-	follows("ConvNet fp8 O1", ref, got, CONV_BOUND, 0.5);
+	train_convnet(LOOM_FP8_SCALING_CURRENT, got);
+	follows("ConvNet fp8 O1 current", ref, got, CONV_BOUND, 0.5);
+}
+
+Test(fp8_train, convnet_delayed_follows_bf16)
+{
+	double ref[STEPS], got[STEPS];
+	train_convnet(0, ref);
+	train_convnet(LOOM_FP8_SCALING_DELAYED, got);
+	follows("ConvNet fp8 O1 delayed", ref, got, CONV_BOUND, 0.5);
 }

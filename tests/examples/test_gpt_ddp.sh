@@ -96,10 +96,18 @@ check "progress line: tok/s, ms/step, MFU" "$out" "tok/s .* ms/step  MFU [0-9.]*
 check "a sample comes out" "$out" "^sample (temperature" 1
 
 # FP8 emulated on the CPU (--precision fp8, amp.fp8): 20 steps run and
-# learn, the header says so; --fp8-all-products alone is refused.
+# learn, the header says so, --amp-report prints each scaled tensor at each
+# log line; --fp8-all-products or --fp8-scaling alone is refused.
 f8out=$("$EX" "${tiny[@]}" --max-steps 20 --log-interval 10 --val-interval 0 --sample 0 \
-	--opt-level O1 --precision fp8 --fp8-all-products 2>&1)
+	--opt-level O1 --precision fp8 --fp8-all-products --fp8-scaling delayed --amp-report 2>&1)
 check "--precision fp8: the header says fp8" "$f8out" "opt level O1 (fp8)" 1
+check "--amp-report: fp8 delayed scaling at each log line" "$f8out" "^amp: fp8, delayed scaling" 2
+rows=$(grep -c "^  [0-9]* *[a-z0-9_.]*e4m3 *e4m3 *[0-9.e+-]* *[0-9.e+-]* *[0-9.e+-]* *[0-9]*$" <<<"$f8out")
+if [ "$rows" -ge 2 ]; then
+	ok "--amp-report: a row per scaled tensor, its scale, amax, next scale, saturated ($rows)"
+else
+	bad "--amp-report: a row per scaled tensor" "got $rows rows" "$f8out"
+fi
 f8a=$(grep -m1 '^step .*loss' <<<"$f8out" | sed 's/.*loss \([0-9.]*\).*/\1/')
 f8b=$(grep '^step .*loss' <<<"$f8out" | tail -1 | sed 's/.*loss \([0-9.]*\).*/\1/')
 if [ -n "$f8a" ] && [ -n "$f8b" ] && awk -v a="$f8a" -v b="$f8b" 'BEGIN { exit !(b < 0.85 * a) }'; then
@@ -108,6 +116,9 @@ else
 	bad "--precision fp8 learns" "first $f8a, last $f8b" "$f8out"
 fi
 expect "--fp8-all-products without fp8 refused" 2 "applies to --precision fp8" -- "${tiny[@]}" --fp8-all-products
+expect "--fp8-scaling without fp8 refused" 2 "apply to --precision fp8" -- "${tiny[@]}" --fp8-scaling delayed
+expect "--fp8-scaling other than current or delayed refused" 2 "must be current or delayed" -- \
+	"${tiny[@]}" --precision fp8 --fp8-scaling late
 
 # Weights in and out: --export after 2 steps at lr 0 holds the initial
 # weights; --init-from them under other seeds (other draws) trains from the

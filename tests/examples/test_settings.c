@@ -36,7 +36,8 @@ static int find(const loom_comm_setting *s, size_t n, const char *name)
 /* Values tried in turn until one parses and changes the flag's setting;
  * NULL: the flag takes no value. */
 static const char *const tries[] = { "2", "3", "34", "0.5", "O2", "bf16", "cuda", "adamw",
-				     "cosine", "gpipe", "memory", "true", "false", "off", "1", "x,y" };
+				     "cosine", "gpipe", "memory", "true", "false", "off", "1", "x,y",
+				     "delayed" };
 
 /* Each compared flag, set alone on top of cifar_ddp's defaults (every group
  * but the benchmark's), differs from the defaults in its own setting and
