@@ -417,9 +417,23 @@ static loom_status fp8_tensors(loom_program *p)
 			nd->a.fp8.slot = nd->a.fp8.fwd == LOOM_FP8_E4M3 || nd->a.fp8.fwd == LOOM_FP8_E5M2 ?
 						 n++ : -1;
 	}
+	/* Delayed scaling's histories and scales are host state the kernels
+	 * read and write (amp/fp8_scaling.h): a backend whose kernels run on
+	 * a device takes each cast's scale from its own amax (engine/cuda/
+	 * fp8.cu) until it keeps a device copy. The default falls back to
+	 * current scaling there; asking for delayed is refused. */
+	int delayed = loom_fp8_recipe(o) == LOOM_FP8_SCALING_DELAYED;
+	if (n > 0 && delayed && !(p->be->caps & LOOM_BE_HOST_MEMORY)) {
+		if (o->fp8_scaling == LOOM_FP8_SCALING_DELAYED)
+			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+						 "amp: fp8 delayed scaling runs on the CPU only for now: "
+						 "the %s backend's fp8 kernels take each cast's scale from "
+						 "its own amax (use --fp8-scaling current)",
+						 p->be->name);
+		delayed = 0;
+	}
 	loom_fp8_state_free(&p->ts.fp8);
-	if (loom_fp8_state_init(&p->ts.fp8, n, loom_fp8_recipe(o) == LOOM_FP8_SCALING_DELAYED,
-				loom_fp8_history(o), o->fp8_margin))
+	if (loom_fp8_state_init(&p->ts.fp8, n, delayed, loom_fp8_history(o), o->fp8_margin))
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory for fp8 scales");
 	for (int v = 0; v < g->n; v++) {
 		loom_node *nd = &g->nodes[v];

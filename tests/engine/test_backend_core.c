@@ -177,3 +177,57 @@ Test(backend_core, what_needs_a_group_is_off_or_refused_by_name)
 	loom_program_free(p);
 	loom_graph_free(g);
 }
+
+/* fp8 on x [6, 4] -> linear 4->3 -> CE, every product in fp8, recipe r, on
+ * backend be: the status, and the program on success. */
+static loom_status fp8_net(const loom_backend *be, int r, loom_graph **gp, loom_program **pp)
+{
+	cr_assert_eq(loom_graph_new(gp), LOOM_OK);
+	int64_t xd[2] = { 6, 4 }, yd[1] = { 6 };
+	loom_value x = loom_input(*gp, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(*gp, "y", LOOM_I32, 1, yd);
+	loom_value loss = loom_softmax_cross_entropy(*gp, loom_layer_linear(*gp, "fc", x, 3, 1), y);
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.amp.level = LOOM_O1;
+	o.amp.half = LOOM_BF16;
+	o.amp.fp8 = 1;
+	o.amp.fp8_all_products = 1;
+	o.amp.fp8_scaling = r;
+	*pp = NULL;
+	loom_test_backend = be;
+	loom_status st = loom_compile(*gp, loss, &o, pp);
+	loom_test_backend = NULL;
+	return st;
+}
+
+/* Delayed scaling's histories and scales are host state its kernels read
+ * and write: a backend without host memory (a device's) runs the default
+ * recipe as current scaling and refuses delayed by name; the CPU's default
+ * is delayed. */
+Test(backend_core, fp8_delayed_scaling_needs_host_memory)
+{
+	loom_backend dev;
+	loom_graph *g;
+	loom_program *p;
+
+	fake_async_backend(&dev);
+	cr_assert_eq(fp8_net(&dev, LOOM_FP8_SCALING_DEFAULT, &g, &p), LOOM_OK, "%s",
+		     loom_last_error());
+	cr_assert(p->ts.fp8.n > 0 && !p->ts.fp8.delayed, "the device's default is current");
+	loom_program_free(p);
+	loom_graph_free(g);
+
+	cr_assert_neq(fp8_net(&dev, LOOM_FP8_SCALING_DELAYED, &g, &p), LOOM_OK);
+	cr_assert(strstr(loom_last_error(), "delayed scaling runs on the CPU only") &&
+			  strstr(loom_last_error(), "fake-async"),
+		  "%s", loom_last_error());
+	loom_graph_free(g);
+
+	cr_assert_eq(fp8_net(NULL, LOOM_FP8_SCALING_DEFAULT, &g, &p), LOOM_OK, "%s",
+		     loom_last_error());
+	cr_assert(p->ts.fp8.delayed, "the CPU's default is delayed");
+	loom_program_free(p);
+	loom_graph_free(g);
+}
