@@ -158,6 +158,21 @@ static void mib_line(FILE *out, const char *what, size_t bytes, const char *note
 		note ? note : "");
 }
 
+/* amp.fp8's scales and histories: host memory beside the loss scaler's
+ * state, counted before step 1 (none without fp8). */
+static void fp8_scales_line(const loom_program *p, FILE *out)
+{
+	char note[128];
+	if (p->ts.fp8.n == 0)
+		return;
+	if (p->ts.fp8.delayed)
+		snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of %d steps)",
+			 p->ts.fp8.n, p->ts.fp8.history_len);
+	else
+		snprintf(note, sizeof(note), "(%d tensors, current scaling)", p->ts.fp8.n);
+	mib_line(out, "fp8 scales", loom_fp8_state_bytes(&p->ts.fp8), note);
+}
+
 void loom_program_memory_report(const loom_program *p, FILE *out)
 {
 	loom_program_info info;
@@ -220,14 +235,7 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 		mib_line(out, "gathered at once (peak)", p->plan.gathered_peak, gn);
 	}
 	mib_line(out, "workspace", p->plan.ws_bytes, NULL);
-	if (p->ts.fp8.n > 0) { /* host memory beside the loss scaler's state */
-		if (p->ts.fp8.delayed)
-			snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of "
-				 "%d steps)", p->ts.fp8.n, p->ts.fp8.history_len);
-		else
-			snprintf(note, sizeof(note), "(%d tensors, current scaling)", p->ts.fp8.n);
-		mib_line(out, "fp8 scales", loom_fp8_state_bytes(&p->ts.fp8), note);
-	}
+	fp8_scales_line(p, out);
 	/* Not in the arena: made by the first LOOM_RUN_ACCUMULATE only. */
 	mib_line(out, "accumulation sums", p->plan.accum_bytes,
 		 p->arena.accum ? "(gradient accumulation; allocated, outside the arena)" :
