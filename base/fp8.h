@@ -23,6 +23,14 @@
 extern "C" {
 #endif
 
+/* The scalar converters and the scale run in CUDA kernels too
+ * (engine/cuda/fp8.cu), so both sides round with the same code. */
+#ifdef __CUDACC__
+#define LOOM_FP8_HD __host__ __device__
+#else
+#define LOOM_FP8_HD
+#endif
+
 #define LOOM_E4M3_MAX 448.0f   /* 0x7e: 1.75 * 2^8 */
 #define LOOM_E5M2_MAX 57344.0f /* 0x7b: 1.75 * 2^15 */
 #define LOOM_E4M3_NAN 0x7fu    /* the one NaN of each sign; | 0x80 for -NaN */
@@ -39,7 +47,7 @@ extern "C" {
  * carries exactly when the rest is above half, or is half and the LSB is odd.
  * shift is 1..31; past 24 everything rounds to 0, as it should.
  */
-static inline uint32_t loom_fp8_round_sub(uint32_t mant, uint32_t shift)
+static inline LOOM_FP8_HD uint32_t loom_fp8_round_sub(uint32_t mant, uint32_t shift)
 {
 	uint32_t half = 1u << (shift - 1u);
 
@@ -53,7 +61,7 @@ static inline uint32_t loom_fp8_round_sub(uint32_t mant, uint32_t shift)
  * that round to zero keep their sign. Below 2^-6 the result is a subnormal
  * m * 2^-9, m = 0..7 (8 carries into the smallest normal, 0x08).
  */
-static inline uint8_t loom_f32_to_e4m3(float f)
+static inline LOOM_FP8_HD uint8_t loom_f32_to_e4m3(float f)
 {
 	uint32_t x = loom_f32_bits(f);
 	uint32_t sign = (x >> 24) & 0x80u;
@@ -79,7 +87,7 @@ static inline uint8_t loom_f32_to_e4m3(float f)
  * ±57344 (0x7b/0xfb); NaN gives 0x7e with the sign; ±0 keeps its sign.
  * Below 2^-14 the result is a subnormal m * 2^-16, m = 0..3.
  */
-static inline uint8_t loom_f32_to_e5m2(float f)
+static inline LOOM_FP8_HD uint8_t loom_f32_to_e5m2(float f)
 {
 	uint32_t x = loom_f32_bits(f);
 	uint32_t sign = (x >> 24) & 0x80u;
@@ -111,7 +119,7 @@ static inline uint8_t loom_bf16_to_e5m2(uint16_t b)
  * E4M3 -> fp32, exact: every E4M3 value is a normal fp32. 0x7f/0xff give the
  * quiet NaN 0x7fc00000 with the sign (an fp8 NaN has no payload to keep).
  */
-static inline float loom_e4m3_to_f32(uint8_t b)
+static inline LOOM_FP8_HD float loom_e4m3_to_f32(uint8_t b)
 {
 	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
 	uint32_t ab = (uint32_t)b & 0x7fu;
@@ -129,7 +137,7 @@ static inline float loom_e4m3_to_f32(uint8_t b)
  * E5M2 -> fp32, exact: ±inf stay infinite; a NaN gives the quiet NaN
  * 0x7fc00000 with the sign.
  */
-static inline float loom_e5m2_to_f32(uint8_t b)
+static inline LOOM_FP8_HD float loom_e5m2_to_f32(uint8_t b)
 {
 	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
 	uint32_t ab = (uint32_t)b & 0x7fu;
@@ -152,7 +160,7 @@ static inline float loom_e5m2_to_f32(uint8_t b)
  * subnormals end at 2^-133): below amax 2^-100 the rounding is coarser than
  * the format allows, and the result stays exact in bf16.
  */
-static inline float loom_fp8_scale(float amax, float fmax)
+static inline LOOM_FP8_HD float loom_fp8_scale(float amax, float fmax)
 {
 	int ea, ef;
 

@@ -18,7 +18,14 @@
 extern "C" {
 #endif
 
-static inline uint32_t loom_f32_bits(float f)
+/* The bit casts run in CUDA kernels too (base/fp8.h's converters). */
+#ifdef __CUDACC__
+#define LOOM_BITS_HD __host__ __device__
+#else
+#define LOOM_BITS_HD
+#endif
+
+static inline LOOM_BITS_HD uint32_t loom_f32_bits(float f)
 {
 	uint32_t u;
 
@@ -26,7 +33,7 @@ static inline uint32_t loom_f32_bits(float f)
 	return u;
 }
 
-static inline float loom_f32_from_bits(uint32_t u)
+static inline LOOM_BITS_HD float loom_f32_from_bits(uint32_t u)
 {
 	float f;
 

@@ -6,112 +6,32 @@
  * operands for cuBLASLt's FP8 products (matmul_fp8.cu). CPU twins:
  * engine/cpu/fp8_qdq.c, base/fp8.h.
  *
- * The conversions are base/fp8.h's, ported line for line as device
- * functions rather than cuda_fp8.h's __nv_cvt_float_to_fp8: ours give
+ * The conversions are base/fp8.h's own, compiled for the device
+ * (LOOM_FP8_HD), rather than cuda_fp8.h's __nv_cvt_float_to_fp8: ours give
  * E5M2's NaN as 0x7e and saturate infinities to the largest finite value,
  * and the CPU is the reference the test holds these to bit for bit.
  */
 #include <stdint.h>
 
+#include "base/fp8.h"
 #include "engine/cuda/dtype.cuh"
-
-/* base/fp8.h's LOOM_E4M3_MAX, LOOM_E5M2_MAX. */
-#define FP8_E4M3_MAX 448.0f
-#define FP8_E5M2_MAX 57344.0f
 
 static const int threads = 256;
 
 // ----------------------------------------------------------------------------
-// device conversions (base/fp8.h, same constants, same selects)
-
-static __device__ __forceinline__ uint32_t fp8_round_sub(uint32_t mant, uint32_t shift)
-{
-	uint32_t half = 1u << (shift - 1u);
-
-	return (mant + (half - 1u) + ((mant >> shift) & 1u)) >> shift;
-}
-
-static __device__ __forceinline__ uint32_t fp8_from_f32_e4m3(float f)
-{
-	uint32_t x = __float_as_uint(f);
-	uint32_t sign = (x >> 24) & 0x80u;
-	uint32_t ax = x & 0x7fffffffu;
-	uint32_t norm = (ax + 0x7ffffu + ((ax >> 20) & 1u) - (120u << 23)) >> 20;
-	uint32_t e = ax >> 23;
-	uint32_t shift = 141u - (e < 110u ? 110u : e > 140u ? 140u : e);
-	uint32_t sub = fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
-	uint32_t r = ax < 0x3c800000u ? sub : norm;
-
-	r = ax >= 0x43e00000u ? 0x7eu : r;
-	r = ax > 0x7f800000u ? 0x7fu : r;
-	return sign | r;
-}
-
-static __device__ __forceinline__ uint32_t fp8_from_f32_e5m2(float f)
-{
-	uint32_t x = __float_as_uint(f);
-	uint32_t sign = (x >> 24) & 0x80u;
-	uint32_t ax = x & 0x7fffffffu;
-	uint32_t norm = (ax + 0xfffffu + ((ax >> 21) & 1u) - (112u << 23)) >> 21;
-	uint32_t e = ax >> 23;
-	uint32_t shift = 134u - (e < 103u ? 103u : e > 133u ? 133u : e);
-	uint32_t sub = fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
-	uint32_t r = ax < 0x38800000u ? sub : norm;
-
-	r = ax >= 0x47600000u ? 0x7bu : r;
-	r = ax > 0x7f800000u ? 0x7eu : r;
-	return sign | r;
-}
-
-/* 2^-9 and 2^-16, the formats' subnormal steps, written out exactly. */
-static __device__ __forceinline__ float fp8_to_f32_e4m3(uint32_t b)
-{
-	uint32_t sign = (b & 0x80u) << 24;
-	uint32_t ab = b & 0x7fu;
-	uint32_t norm = (ab << 20) + (120u << 23);
-	uint32_t sub = __float_as_uint((float)(ab & 7u) * 1.953125e-3f);
-	uint32_t r = ab < 0x08u ? sub : norm;
-
-	r = ab == 0x7fu ? 0x7fc00000u : r;
-	return __uint_as_float(sign | r);
-}
-
-static __device__ __forceinline__ float fp8_to_f32_e5m2(uint32_t b)
-{
-	uint32_t sign = (b & 0x80u) << 24;
-	uint32_t ab = b & 0x7fu;
-	uint32_t norm = (ab << 21) + (112u << 23);
-	uint32_t sub = __float_as_uint((float)(ab & 3u) * 1.52587890625e-5f);
-	uint32_t r = ab < 0x04u ? sub : norm;
-
-	r = ab >= 0x7cu ? (ab == 0x7cu ? 0x7f800000u : 0x7fc00000u) : r;
-	return __uint_as_float(sign | r);
-}
-
-/* base/fp8.h's loom_fp8_scale: the largest 2^k, k <= 117, with
- * amax 2^k <= fmax; 1 for an amax of 0, inf or NaN. */
-static __device__ __forceinline__ float fp8_scale(float amax, float fmax)
-{
-	int ea, ef;
-
-	if (!(amax > 0) || !(amax <= 3.4028234663852886e38f))
-		return 1.0f;
-	float ma = frexpf(amax, &ea), mf = frexpf(fmax, &ef);
-	int k = ef - ea - (ma > mf);
-
-	return ldexpf(1.0f, k > 117 ? 117 : k);
-}
+// device conversions: base/fp8.h's own (LOOM_FP8_HD), so the GPU rounds with
+// the CPU's code
 
 /* fmt is uniform across a launch, so the select does not diverge. */
 static __device__ __forceinline__ uint32_t fp8_from_f32(float f, int fmt)
 {
-	return fmt == LOOM_FP8_E4M3 ? fp8_from_f32_e4m3(f) : fp8_from_f32_e5m2(f);
+	return fmt == LOOM_FP8_E4M3 ? loom_f32_to_e4m3(f) : loom_f32_to_e5m2(f);
 }
 
 static __device__ __forceinline__ float fp8_round(float f, int fmt)
 {
-	return fmt == LOOM_FP8_E4M3 ? fp8_to_f32_e4m3(fp8_from_f32_e4m3(f)) :
-				      fp8_to_f32_e5m2(fp8_from_f32_e5m2(f));
+	return fmt == LOOM_FP8_E4M3 ? loom_e4m3_to_f32(loom_f32_to_e4m3(f)) :
+				      loom_e5m2_to_f32(loom_f32_to_e5m2(f));
 }
 
 // ----------------------------------------------------------------------------
@@ -138,7 +58,7 @@ __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned
 __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
 				    int fmt, float *slot)
 {
-	const float scale = fp8_scale(slot[0], fmt == LOOM_FP8_E4M3 ? FP8_E4M3_MAX : FP8_E5M2_MAX);
+	const float scale = loom_fp8_scale(slot[0], fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX);
 	const float inv = 1.0f / scale; /* exact: a power of two */
 	if (blockIdx.x == 0 && threadIdx.x == 0) {
 		slot[1] = scale;
