@@ -223,6 +223,7 @@ Test(backend_core, fp8_delayed_scaling_needs_host_memory)
 	cr_assert(strstr(loom_last_error(), "delayed scaling runs on the CPU only") &&
 			  strstr(loom_last_error(), "fake-async"),
 		  "%s", loom_last_error());
+	loom_program_free(p); /* a refused compile hands back its program */
 	loom_graph_free(g);
 
 	cr_assert_eq(fp8_net(NULL, LOOM_FP8_SCALING_DEFAULT, &g, &p), LOOM_OK, "%s",
