@@ -8,14 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-40}
-ob=()
-[ -n "${LOOM_BAZEL_OUTPUT_BASE:-}" ] && ob=(--output_base="$LOOM_BAZEL_OUTPUT_BASE")
-bazel "${ob[@]}" build //bench:bench_ddp --experimental_convenience_symlinks=ignore >/dev/null 2>&1
-bin=$(bazel "${ob[@]}" info bazel-bin 2>/dev/null)/bench/bench_ddp
+. bench/common.sh
+bench_build //bench:bench_ddp --experimental_convenience_symlinks=ignore
+bin=$bazel_bin/bench/bench_ddp
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_tmp
 mpi=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -np 2)
 cores=$(nproc)
 

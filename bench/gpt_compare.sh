@@ -13,17 +13,12 @@
 # ROUNDS (default 2), STEPS (speed runs, default 30).
 set -eu
 cd "$(dirname "$0")/.."
+. bench/common.sh
 LOOM=${LOOM_BIN:-bazel-bin/examples/gpt_ddp}
 PY=${TORCH_PY:-/work/venv-torch/bin/python}
 THREADS=${THREADS:-2} ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-30}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-text=${1:-}
-if [ -z "$text" ]; then
-	cat /usr/share/games/fortunes/* 2>/dev/null | head -c 2000000 >"$tmp/text.txt" ||
-		{ echo "no text: apt-get install fortunes, or pass a file"; exit 1; }
-	text=$tmp/text.txt
-fi
+bench_tmp
+bench_text "${1:-}"
 export OMP_NUM_THREADS=$THREADS
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(date -u '+%Y-%m-%d %H:%M UTC'); $(uptime | sed 's/.*load/load/')"
 echo "torch: $($PY -c 'import torch; print(torch.__version__)')"

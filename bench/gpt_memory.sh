@@ -11,18 +11,13 @@
 #   STEPS (default 20), CTX (default 1024).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 LOOM=${LOOM_BIN:-bazel-bin/examples/gpt_ddp}
 STEPS=${STEPS:-20} CTX=${CTX:-1024}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export LOOM_COMM_TIMEOUT_S=600
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-text=${1:-}
-if [ -z "$text" ]; then
-	cat /usr/share/games/fortunes/* 2>/dev/null | head -c 2000000 >"$tmp/text.txt" ||
-		{ echo "no text: apt-get install fortunes, or pass a file"; exit 1; }
-	text=$tmp/text.txt
-fi
+bench_tmp
+bench_text "${1:-}"
 # llm.c's token-file layout: 256 int32 (magic, version 1, count), uint16 ids;
 # ids spread over the whole GPT-2 vocabulary, the last id included.
 python3 - "$tmp/tok.bin" <<'EOF'

@@ -13,14 +13,12 @@ cd "$(dirname "$0")/.."
 steps=${1:-10}
 reps=${2:-2}
 micro=${3:-4}
-ob=()
-[ -n "${LOOM_BAZEL_OUTPUT_BASE:-}" ] && ob=(--output_base="$LOOM_BAZEL_OUTPUT_BASE")
-bazel "${ob[@]}" build //examples:mnist_ddp //examples:cifar_ddp >/dev/null 2>&1
-bin=$(bazel "${ob[@]}" info bazel-bin 2>/dev/null)/examples
+. bench/common.sh
+bench_build //examples:mnist_ddp //examples:cifar_ddp
+bin=$bazel_bin/examples
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none LOOM_COMM_TIMEOUT_S=300
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_tmp
 
 run() { # MODEL CONFIG: one run, every rank's output in $tmp/out, RSS in $tmp/rss.N
 	local model=$1 cfg=$2 np gb cmd extra=()

@@ -16,10 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-3}
 reps=${2:-2}
-ob=()
-[ -n "${LOOM_BAZEL_OUTPUT_BASE:-}" ] && ob=(--output_base="$LOOM_BAZEL_OUTPUT_BASE")
-bazel "${ob[@]}" build //examples:resnet50_synthetic >/dev/null 2>&1
-bin=$(bazel "${ob[@]}" info bazel-bin 2>/dev/null)/examples/resnet50_synthetic
+. bench/common.sh
+bench_build //examples:resnet50_synthetic
+bin=$bazel_bin/examples/resnet50_synthetic
 export OMP_NUM_THREADS=1
 R=("$bin" --device cpu --size 96 --batch-size 16 --nproc 2 --pipeline 2 --micro-batches 4)
 

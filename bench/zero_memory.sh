@@ -9,14 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-20}
-ob=()
-[ -n "${LOOM_BAZEL_OUTPUT_BASE:-}" ] && ob=(--output_base="$LOOM_BAZEL_OUTPUT_BASE")
-bazel "${ob[@]}" build //examples:mnist_ddp //examples:cifar_ddp >/dev/null 2>&1
-bin=$(bazel "${ob[@]}" info bazel-bin 2>/dev/null)/examples
+. bench/common.sh
+bench_build //examples:mnist_ddp //examples:cifar_ddp
+bin=$bazel_bin/examples
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export LOOM_COMM_TIMEOUT_S=300
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_tmp
 
 run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/rss.N
 	local np=$1 zero=$2 model=$3 cmd

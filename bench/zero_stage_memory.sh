@@ -23,14 +23,12 @@ bucket=${BUCKET_MB:-5}
 models=${MODELS:-resnet18 gpt}
 ranks=${RANKS:-1 2 3}
 stages=$(printf '%s\n' 0 $((stage - 1)) "$stage" | sort -nu | tr '\n' ' ')
-ob=()
-[ -n "${LOOM_BAZEL_OUTPUT_BASE:-}" ] && ob=(--output_base="$LOOM_BAZEL_OUTPUT_BASE")
-bazel "${ob[@]}" build //examples:gpt_ddp //examples:cifar_ddp >/dev/null 2>&1
-bin=$(bazel "${ob[@]}" info bazel-bin 2>/dev/null)/examples
+. bench/common.sh
+bench_build //examples:gpt_ddp //examples:cifar_ddp
+bin=$bazel_bin/examples
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export LOOM_COMM_TIMEOUT_S=600
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_tmp
 { cat /usr/share/games/fortunes/* 2>/dev/null || true; } | head -c 2000000 >"$tmp/text.txt"
 [ -s "$tmp/text.txt" ] || { echo "no text: apt-get install fortunes"; exit 1; }
 

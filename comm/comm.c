@@ -70,28 +70,34 @@ static loom_status shard_args(loom_comm *c, void *buf, size_t count, loom_dtype 
 	return LOOM_OK;
 }
 
-loom_status loom_comm_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-					   void *stream, loom_comm_work **out)
+/* A sharded collective's start through the backend's fn (NULL: it has
+ * none), after the arguments' checks that every shard shares. */
+static loom_status shard_start(loom_comm *c,
+			       loom_status (*fn)(loom_comm *c, void *buf, size_t count,
+						 loom_dtype dt, void *stream, loom_comm_work **out),
+			       const char *what, void *buf, size_t count, loom_dtype dt,
+			       void *stream, loom_comm_work **out)
 {
-	loom_status st = shard_args(c, buf, count, dt, out, "reduce-scatter",
-				    c && c->i->reduce_scatter_start);
+	loom_status st = shard_args(c, buf, count, dt, out, what, fn != NULL);
 
 	if (st)
 		return st;
-	entering(c, "reduce-scatter of %zu %s", count, loom_dtype_name(dt));
-	return c->i->reduce_scatter_start(c, buf, count, dt, stream, out);
+	entering(c, "%s of %zu %s", what, count, loom_dtype_name(dt));
+	return fn(c, buf, count, dt, stream, out);
+}
+
+loom_status loom_comm_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					   void *stream, loom_comm_work **out)
+{
+	return shard_start(c, c ? c->i->reduce_scatter_start : NULL, "reduce-scatter", buf, count,
+			   dt, stream, out);
 }
 
 loom_status loom_comm_allgather_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				      void *stream, loom_comm_work **out)
 {
-	loom_status st = shard_args(c, buf, count, dt, out, "all-gather",
-				    c && c->i->allgather_start);
-
-	if (st)
-		return st;
-	entering(c, "all-gather of %zu %s", count, loom_dtype_name(dt));
-	return c->i->allgather_start(c, buf, count, dt, stream, out);
+	return shard_start(c, c ? c->i->allgather_start : NULL, "all-gather", buf, count, dt,
+			   stream, out);
 }
 
 loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
@@ -355,11 +361,17 @@ static const loom_comm_i self_iface = {
 
 loom_status loom_self_backend_new(loom_pg *pg, loom_comm **out)
 {
+	return loom_comm_new_on(pg, &self_iface, NULL, out);
+}
+
+loom_status loom_comm_new_on(loom_pg *pg, const loom_comm_i *iface, void *ctx, loom_comm **out)
+{
 	loom_comm *c = calloc(1, sizeof(*c));
 
 	if (!c)
 		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
-	c->i = &self_iface;
+	c->i = iface;
+	c->ctx = ctx;
 	c->pg = pg;
 	c->rank = pg->info.rank;
 	c->world = pg->info.world;

@@ -32,6 +32,10 @@ loom_status loom_pg_fail(loom_pg *pg, loom_status st, const char *fmt, ...)
 loom_status loom_comm_fail(loom_comm *c, loom_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* A communicator for pg's rank on a backend's table and context: LOOM_OK,
+ * or LOOM_ERR_NOMEM with pg's message (*out untouched). */
+loom_status loom_comm_new_on(loom_pg *pg, const loom_comm_i *iface, void *ctx, loom_comm **out);
+
 /* Monotonic seconds. */
 double loom_comm_now(void);
 /* Sleeps a little while polling: short at first, longer as waiting drags on

@@ -634,18 +634,7 @@ static const loom_comm_i mpi_iface = {
 	.restart = mpi_restart,
 };
 
-
 loom_status loom_mpi_backend_new(loom_pg *pg, loom_comm **out)
 {
-	loom_comm *c = calloc(1, sizeof(*c));
-
-	if (!c)
-		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
-	c->i = &mpi_iface;
-	c->ctx = pg->mpi;
-	c->pg = pg;
-	c->rank = pg->info.rank;
-	c->world = pg->info.world;
-	*out = c;
-	return LOOM_OK;
+	return loom_comm_new_on(pg, &mpi_iface, pg->mpi, out);
 }

@@ -5,7 +5,6 @@
  */
 #include "examples/classify_args.h"
 
-#include <stdarg.h>
 #include <string.h>
 
 /* The shared flags' defaults are train_classify's. */
@@ -38,20 +37,6 @@ flag_target classify_target(classify_args *a)
 {
 	return (flag_target){ classify_places, sizeof(classify_places) / sizeof(classify_places[0]),
 			      a, NULL };
-}
-
-static void say(char *msg, size_t msglen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void say(char *msg, size_t msglen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!msg || !msglen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, msglen, fmt, ap);
-	va_end(ap);
 }
 
 /* The shared flags' values, read as training reads them, into a. */
@@ -88,7 +73,7 @@ int classify_parse(int argc, char **argv, classify_args *a, FILE *f, char *msg, 
 	}
 	take_shared(a, &shared);
 	if (!!a->weights == !!a->checkpoint) {
-		say(msg, msglen, "give --weights FILE.safetensors or --checkpoint FILE (one)");
+		flags_say(msg, msglen, "give --weights FILE.safetensors or --checkpoint FILE (one)");
 		return 2;
 	}
 	return 0;

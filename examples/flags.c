@@ -24,10 +24,7 @@ const flag_info flag_rows[FLAG_ROW_COUNT] = {
 /* A range's end at or past this is open. */
 #define OPEN_END 1e308
 
-static void say(char *msg, size_t msglen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void say(char *msg, size_t msglen, const char *fmt, ...)
+void flags_say(char *msg, size_t msglen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -73,7 +70,7 @@ static int read_int(const flag_info *r, const char *s, flag_parsed *v, char *msg
 	errno = 0;
 	long long x = strtoll(s, &end, 10);
 	if (errno || end == s || *end || x < r->lo || x > r->hi) {
-		say(msg, msglen, "%s expects an integer in [%.0f, %.0f], got '%s'", r->flag, r->lo,
+		flags_say(msg, msglen, "%s expects an integer in [%.0f, %.0f], got '%s'", r->flag, r->lo,
 		    r->hi, s);
 		return -1;
 	}
@@ -97,7 +94,7 @@ static int read_real(const flag_info *r, const char *s, flag_parsed *v, char *ms
 		snprintf(range, sizeof(range), " >= %g", r->lo);
 	else if (r->hi < OPEN_END)
 		snprintf(range, sizeof(range), " <= %g", r->hi);
-	say(msg, msglen, "%s expects a number%s, got '%s'", r->flag, range, s);
+	flags_say(msg, msglen, "%s expects a number%s, got '%s'", r->flag, range, s);
 	return -1;
 }
 
@@ -113,7 +110,7 @@ static int read_choice(const flag_info *r, const char *s, flag_parsed *v, char *
 			return 0;
 		}
 	choices_text(r->choices, list, sizeof(list));
-	say(msg, msglen, "%s must be %s, got '%s'", r->flag, list, s);
+	flags_say(msg, msglen, "%s must be %s, got '%s'", r->flag, list, s);
 	return -1;
 }
 
@@ -191,7 +188,7 @@ static int set_row(unsigned prog, const flag_target *t, size_t nt, int row, cons
 	flag_parsed v;
 
 	if (!pl) {
-		say(msg, msglen, "unknown option '%s'", flag_rows[row].flag);
+		flags_say(msg, msglen, "unknown option '%s'", flag_rows[row].flag);
 		return -1;
 	}
 	if (read_value(row, arg, &v, msg, msglen))
@@ -211,11 +208,11 @@ int flags_set(unsigned prog, const flag_target *t, size_t nt, const char *name, 
 	int row = flags_row(prog, t, nt, name);
 
 	if (row < 0) {
-		say(msg, msglen, "unknown option '--%s'", name);
+		flags_say(msg, msglen, "unknown option '--%s'", name);
 		return -1;
 	}
 	if (flag_rows[row].type != OPT_BOOL && !arg) {
-		say(msg, msglen, "--%s expects a value", name);
+		flags_say(msg, msglen, "--%s expects a value", name);
 		return -1;
 	}
 	return set_row(prog, t, nt, row, arg, msg, msglen);
@@ -237,7 +234,7 @@ int flags_parse(unsigned prog, const flag_target *t, size_t nt, int argc, char *
 	size_t n = 0;
 	int c;
 
-	say(msg, msglen, "%s", "");
+	flags_say(msg, msglen, "%s", "");
 	if (wants_help(argc, argv))
 		return FLAGS_HELP;
 	for (int row = 0; row < FLAG_ROW_COUNT; row++)
@@ -252,7 +249,7 @@ int flags_parse(unsigned prog, const flag_target *t, size_t nt, int argc, char *
 	optind = 0;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (c < 256) {
-			say(msg, msglen, "unknown or incomplete option '%s' (see --help)",
+			flags_say(msg, msglen, "unknown or incomplete option '%s' (see --help)",
 			    optind > 1 ? argv[optind - 1] : "?");
 			return FLAGS_BAD;
 		}
@@ -260,7 +257,7 @@ int flags_parse(unsigned prog, const flag_target *t, size_t nt, int argc, char *
 			return FLAGS_BAD;
 	}
 	if (optind < argc) {
-		say(msg, msglen, "unexpected argument '%s' (see --help)", argv[optind]);
+		flags_say(msg, msglen, "unexpected argument '%s' (see --help)", argv[optind]);
 		return FLAGS_BAD;
 	}
 	return FLAGS_RUN;

@@ -119,6 +119,11 @@ void flags_usage(unsigned prog, const flag_target *t, size_t nt, FILE *f);
  * flag gives (0 for "none" or "the engine's default"). */
 void flags_default_text(const flag_place *pl, const void *base, char *buf, size_t len);
 
+/* msg (may be NULL or msglen 0: dropped) printed from fmt: the one way
+ * the examples' argument readers word a refusal. */
+void flags_say(char *msg, size_t msglen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* What a row's argument looks like in --help ("N", "X", "FILE", "a|b"). */
 const char *flags_arg_name(int row);
 

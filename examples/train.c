@@ -36,6 +36,20 @@ double train_now(void)
  * process's life (outputs.h); one run per process. */
 static train_lock ckpt_lock = { .fd = -1 };
 
+/* Rank 0's verdict on the output paths (bad: nonzero when it refused one),
+ * shared so that every rank stops together: 0, or -1 on every rank. */
+static int outputs_agree(train_run *t, double bad)
+{
+	if (t->gworld > 1 && loom_comm_allreduce(t->host, &bad, 1, LOOM_F64) != LOOM_OK) {
+		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->grank, loom_pg_error(t->pg));
+		return -1;
+	}
+	if (bad && t->grank != 0)
+		fprintf(stderr, "%s: rank %d: stopping: rank 0 refused an output path (its message "
+			"says which)\n", t->prog->name, t->grank);
+	return bad ? -1 : 0;
+}
+
 /*
  * Before step 1, on the rank that writes them (rank 0 of the group): every
  * output path the flags name, tried for real, and the checkpoint's lock,
@@ -76,14 +90,7 @@ static int check_outputs(train_run *t)
 			}
 		}
 	}
-	if (t->gworld > 1 && loom_comm_allreduce(t->host, &bad, 1, LOOM_F64) != LOOM_OK) {
-		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->grank, loom_pg_error(t->pg));
-		return -1;
-	}
-	if (bad && t->grank != 0)
-		fprintf(stderr, "%s: rank %d: stopping: rank 0 refused an output path (its message "
-			"says which)\n", t->prog->name, t->grank);
-	return bad ? -1 : 0;
+	return outputs_agree(t, bad);
 }
 
 int train_check_program_outputs(train_run *t, const char *const *flags, const char *const *paths,
@@ -98,14 +105,7 @@ int train_check_program_outputs(train_run *t, const char *const *flags, const ch
 				fprintf(stderr, "%s: %s\n", t->prog->name, msg);
 				bad = 1;
 			}
-	if (t->gworld > 1 && loom_comm_allreduce(t->host, &bad, 1, LOOM_F64) != LOOM_OK) {
-		fprintf(stderr, "%s: rank %d: %s\n", t->prog->name, t->grank, loom_pg_error(t->pg));
-		return -1;
-	}
-	if (bad && t->grank != 0)
-		fprintf(stderr, "%s: rank %d: stopping: rank 0 refused an output path (its message "
-			"says which)\n", t->prog->name, t->grank);
-	return bad ? -1 : 0;
+	return outputs_agree(t, bad);
 }
 
 /* A setting's value as text; a number in the fewest digits that read back

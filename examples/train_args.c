@@ -9,7 +9,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -74,20 +73,6 @@ const train_program train_classify = {
 	.defaults = { TRAIN_BASE_DEFAULTS, .width = 64 },
 };
 
-static void say(char *msg, size_t msglen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void say(char *msg, size_t msglen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!msg || !msglen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, msglen, fmt, ap);
-	va_end(ap);
-}
-
 /* --precision: the half type, and fp8 on top of bf16. */
 static int set_precision(void *base, const flag_parsed *v, char *msg, size_t msglen)
 {
@@ -112,7 +97,7 @@ static int set_loss_scale(void *base, const flag_parsed *v, char *msg, size_t ms
 	errno = 0;
 	double x = strtod(v->s, &end);
 	if (errno || end == v->s || *end || !isfinite(x) || x <= 0) {
-		say(msg, msglen, "--loss-scale must be 'dynamic' or a positive number, got '%s'",
+		flags_say(msg, msglen, "--loss-scale must be 'dynamic' or a positive number, got '%s'",
 		    v->s);
 		return -1;
 	}
@@ -258,7 +243,7 @@ int train_set_value(const train_program *prog, const char *name, const char *arg
 	/* any flag train_args holds, whichever program takes it (as before) */
 	(void)prog;
 	if (flags_row(~0u, t, nt, name) < 0) {
-		say(msg, msglen, "--%s is not a training flag", name);
+		flags_say(msg, msglen, "--%s is not a training flag", name);
 		return -1;
 	}
 	return flags_set(~0u, t, nt, name, arg, msg, msglen);
@@ -269,58 +254,58 @@ static int check_together(const train_program *prog, const train_args *a, char *
 			  size_t msglen)
 {
 	if (a->depth == 50 && !(prog->bit & P_R50)) {
-		say(msg, msglen, "--depth must be 18 or 34, got '50'");
+		flags_say(msg, msglen, "--depth must be 18 or 34, got '50'");
 		return -1;
 	}
 	if ((a->resume || a->save_every) && !a->checkpoint) {
-		say(msg, msglen, "--resume and --save-every need --checkpoint PATH");
+		flags_say(msg, msglen, "--resume and --save-every need --checkpoint PATH");
 		return -1;
 	}
 	if (a->save_every % a->accumulate) {
-		say(msg, msglen, "--save-every %d must be a multiple of --accumulate %d (a checkpoint "
+		flags_say(msg, msglen, "--save-every %d must be a multiple of --accumulate %d (a checkpoint "
 		    "holds no half-accumulated step)", a->save_every, a->accumulate);
 		return -1;
 	}
 	if (a->pipeline > 1) {
 		int m = a->micro_batches ? a->micro_batches : a->pipeline;
 		if (a->batch % m) {
-			say(msg, msglen, "--batch-size %d is not a multiple of the %d micro-batches of "
+			flags_say(msg, msglen, "--batch-size %d is not a multiple of the %d micro-batches of "
 			    "--pipeline", a->batch, m);
 			return -1;
 		}
 		if (a->accumulate > 1 || a->zero || a->sync_bn || a->export_path) {
-			say(msg, msglen, "--pipeline: not with %s (it accumulates over "
+			flags_say(msg, msglen, "--pipeline: not with %s (it accumulates over "
 			    "--micro-batches already)", a->accumulate > 1 ? "--accumulate" :
 			    a->zero ? "--zero" : a->sync_bn ? "--sync-bn" : "--export yet");
 			return -1;
 		}
 	} else if (a->micro_batches || a->pipe_schedule || a->pipe_balance) {
-		say(msg, msglen, "--micro-batches, --schedule and --pipeline-balance apply to "
+		flags_say(msg, msglen, "--micro-batches, --schedule and --pipeline-balance apply to "
 		    "--pipeline N (N > 1)");
 		return -1;
 	}
 	if (a->fp8_all_products && !a->fp8) {
-		say(msg, msglen, "--fp8-all-products applies to --precision fp8");
+		flags_say(msg, msglen, "--fp8-all-products applies to --precision fp8");
 		return -1;
 	}
 	if ((a->fp8_scaling || a->fp8_history) && !a->fp8) {
-		say(msg, msglen, "--fp8-scaling and --fp8-history apply to --precision fp8");
+		flags_say(msg, msglen, "--fp8-scaling and --fp8-history apply to --precision fp8");
 		return TRAIN_BAD;
 	}
 	if (a->fp8_history && a->fp8_scaling == LOOM_FP8_SCALING_CURRENT) {
-		say(msg, msglen, "--fp8-history applies to --fp8-scaling delayed");
+		flags_say(msg, msglen, "--fp8-history applies to --fp8-scaling delayed");
 		return TRAIN_BAD;
 	}
 	if (a->reinit && !a->init_from) {
-		say(msg, msglen, "--reinit applies to --init-from FILE");
+		flags_say(msg, msglen, "--reinit applies to --init-from FILE");
 		return -1;
 	}
 	if (a->schedule != TRAIN_LR_COSINE && a->warmup_epochs > 0) {
-		say(msg, msglen, "--warmup-epochs applies to --lr-schedule cosine");
+		flags_say(msg, msglen, "--warmup-epochs applies to --lr-schedule cosine");
 		return -1;
 	}
 	if (a->warmup_epochs >= a->epochs && a->warmup_epochs > 0) {
-		say(msg, msglen, "--warmup-epochs %g leaves no epoch of the %d to decay over",
+		flags_say(msg, msglen, "--warmup-epochs %g leaves no epoch of the %d to decay over",
 		    a->warmup_epochs, a->epochs);
 		return -1;
 	}

@@ -33,8 +33,7 @@ int loom_graph_readers(const loom_graph *g, loom_value v, loom_value *out, int m
 	return n;
 }
 
-/* Turns node v into a view of src: no kernel, no storage of its own. */
-static void make_view(loom_graph *g, loom_value v, loom_value src)
+void loom_fuse_make_view(loom_graph *g, loom_value v, loom_value src)
 {
 	loom_node *n = &g->nodes[v];
 	n->op = LOOM_OP_RESHAPE;
@@ -84,9 +83,9 @@ int loom_fuse_relu_pool(loom_graph *g)
 		if (pool_bwd != LOOM_NONE) {
 			g->nodes[pool_bwd].src[0] = x;
 			g->nodes[pool_bwd].a.pool.relu = 1;
-			make_view(g, relu_bwd, pool_bwd);
+			loom_fuse_make_view(g, relu_bwd, pool_bwd);
 		}
-		make_view(g, r, x);
+		loom_fuse_make_view(g, r, x);
 		fused++;
 	}
 	return fused;
@@ -136,7 +135,7 @@ int loom_fuse_linear_relu(loom_graph *g)
 		if (relu == LOOM_NONE)
 			continue;
 		ln->a.mm.relu = 1;
-		make_view(g, relu, l);
+		loom_fuse_make_view(g, relu, l);
 		fused++;
 	}
 	return fused;
@@ -164,7 +163,7 @@ int loom_fuse_bn_relu(loom_graph *g)
 		if (relu == LOOM_NONE)
 			continue;
 		bn->a.bn.relu = 1;
-		make_view(g, relu, b);
+		loom_fuse_make_view(g, relu, b);
 		fused++;
 	}
 	return fused;
@@ -183,7 +182,7 @@ int loom_fuse_add_relu(loom_graph *g)
 		if (relu == LOOM_NONE)
 			continue;
 		an->a.ew.relu = 1;
-		make_view(g, relu, a);
+		loom_fuse_make_view(g, relu, a);
 		fused++;
 	}
 	return fused;
@@ -424,7 +423,7 @@ int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op))
 				g->nodes[q].dtype = cn->dtype;
 			g->nodes[p].dtype = cn->dtype;
 			g->nodes[p].flags |= LOOM_NODE_CAST_FOLDED;
-			make_view(g, c, x);
+			loom_fuse_make_view(g, c, x);
 			fused++;
 			continue;
 		}
@@ -447,7 +446,7 @@ int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op))
 					rn->src[i] = x;
 		}
 		cn->dtype = from;
-		make_view(g, c, x);
+		loom_fuse_make_view(g, c, x);
 		fused++;
 	}
 	return fused;

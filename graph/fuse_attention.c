@@ -104,11 +104,7 @@ static int find_pattern(const loom_graph *g, loom_value p, attn_nodes *a)
 static void make_dead_view(loom_graph *g, loom_value v, loom_value src)
 {
 	loom_node *n = &g->nodes[v];
-	n->op = LOOM_OP_RESHAPE;
-	n->nsrc = 1;
-	n->src[0] = src;
-	for (int i = 1; i < LOOM_MAX_SRC; i++)
-		n->src[i] = LOOM_NONE;
+	loom_fuse_make_view(g, v, src);
 	n->shape = g->nodes[src].shape;
 	n->dtype = g->nodes[src].dtype;
 	memset(&n->a, 0, sizeof(n->a));

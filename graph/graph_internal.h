@@ -297,6 +297,9 @@ loom_status loom_autodiff(loom_graph *g, loom_value loss);
 /* Fuses relu -> maxpool pairs (and their backward) into relu-pools; returns
  * how many. Run after autodiff, before memory planning. */
 int loom_fuse_relu_pool(loom_graph *g);
+/* Turns node v into a view of src (a fusion's leftover): no kernel, no
+ * storage of its own. */
+void loom_fuse_make_view(loom_graph *g, loom_value v, loom_value src);
 
 /* Fuses linear -> relu pairs: the linear applies the relu (cuBLASLt's
  * RELU_BIAS epilogue), the relu becomes a view and its backward reads the

@@ -97,6 +97,8 @@ void loom_zero3_sources(loom_plan *pl, const size_t *master_at, size_t end);
  * the slots' O2 masters are marked LOOM_NODE_SHARDED (no persistent
  * storage); loom_zero_plan gives every piece its shard of them. */
 void loom_zero_mark_masters(loom_plan *pl);
+/* The parameter slot whose gradient is v, -1 if none (zero.c, zero3.c). */
+int loom_zero_slot_of_grad(const loom_plan *pl, loom_value v);
 /* Collective, in loom_ddp_start: rank 0's initial masters, each rank
  * keeping its pieces. */
 loom_status loom_zero_start(loom_program *p);

@@ -22,8 +22,7 @@ static size_t align64(size_t x)
 	return (x + 63) & ~(size_t)63;
 }
 
-/* The slot whose gradient is v, -1 if none. */
-static int slot_of_grad(const loom_plan *pl, loom_value v)
+int loom_zero_slot_of_grad(const loom_plan *pl, loom_value v)
 {
 	for (int s = 0; s < pl->n_params; s++)
 		if (pl->params[s].grad == v)
@@ -57,7 +56,7 @@ static loom_status make_pieces(loom_plan *pl)
 		size_t ssz = 0, base[2] = { 0, 0 }, mbase = masters;
 		int has_master = 0;
 		for (int j = b->first; j < b->first + b->n; j++) {
-			int s = slot_of_grad(pl, bk->grad[j]);
+			int s = loom_zero_slot_of_grad(pl, bk->grad[j]);
 			if (s < 0)
 				continue;
 			ssz = loom_dtype_size(pl->params[s].state_dtype);
@@ -73,7 +72,7 @@ static loom_status make_pieces(loom_plan *pl)
 		if (has_master)
 			masters += align64((size_t)shard * sizeof(float));
 		for (int j = b->first; j < b->first + b->n; j++) {
-			int s = slot_of_grad(pl, bk->grad[j]);
+			int s = loom_zero_slot_of_grad(pl, bk->grad[j]);
 			if (s < 0)
 				continue;
 			int64_t e0 = (int64_t)(bk->offset[j] / dsz), e1 = e0 + pl->params[s].numel;

@@ -39,15 +39,6 @@ static size_t align64(size_t x)
 	return (x + 63) & ~(size_t)63;
 }
 
-/* The slot whose gradient is v, -1 if none. */
-static int slot_of_grad(const loom_plan *pl, loom_value v)
-{
-	for (int s = 0; s < pl->n_params; s++)
-		if (pl->params[s].grad == v)
-			return s;
-	return -1;
-}
-
 /* One gather: bucket k's parameters for the forward (bwd 0) or backward
  * readers; first: its first reader's place in the schedule; at: where the
  * gather is issued. */
@@ -104,7 +95,7 @@ static loom_status find_params(gpass *q)
 		q->member_of[v] = -1;
 	for (int k = 0; k < bk->n; k++)
 		for (int j = bk->b[k].first; j < bk->b[k].first + bk->b[k].n; j++) {
-			int s = slot_of_grad(pl, bk->grad[j]);
+			int s = loom_zero_slot_of_grad(pl, bk->grad[j]);
 			q->bucket_of[j] = k;
 			if (s < 0)
 				continue;
@@ -213,7 +204,7 @@ static loom_status add_nodes(gpass *q)
 		for (int j = b->first; j < b->first + b->n; j++) {
 			if (!reads[2 * j + un->bwd])
 				continue;
-			int s = slot_of_grad(pl, bk->grad[j]);
+			int s = loom_zero_slot_of_grad(pl, bk->grad[j]);
 			loom_value pv = pl->params[s].param;
 			loom_node pn = g->nodes[pv];
 			loom_value vv = loom_node_add(g, LOOM_OP_RESHAPE, pn.dtype, pn.shape, 1, &gv);
@@ -293,7 +284,7 @@ static int bucket_half(const loom_plan *pl, int k)
 {
 	const loom_bucket *b = &pl->buckets.b[k];
 	for (int j = b->first; j < b->first + b->n; j++) {
-		int s = slot_of_grad(pl, pl->buckets.grad[j]);
+		int s = loom_zero_slot_of_grad(pl, pl->buckets.grad[j]);
 		if (s >= 0 && pl->params[s].master != LOOM_NONE)
 			return 1;
 	}

@@ -3,22 +3,13 @@
  * normalization primitives (bn_dnnl.h), one forward and one backward per
  * node, run on oneDNN's own threads.
  */
-#include <pthread.h>
 #include <stdlib.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/bn_dnnl.h"
 #include "engine/cpu/cpu_path.h"
-
-static dnnl_engine_t engine;
-static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-
-static void engine_make(void)
-{
-	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
-		engine = NULL;
-}
+#include "engine/cpu/dnnl_engine.h"
 
 enum { M_X, M_Y, M_DY, M_DX, M_GAMMA, M_BETA, M_MEAN, M_VAR, M_DGAMMA, M_DBETA, M_COUNT };
 
@@ -53,8 +44,7 @@ loom_cpu_dnnl_bn *loom_cpu_dnnl_bn_new(int n, int c, int h, int w, double eps)
 {
 	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || c % 8)
 		return NULL;
-	pthread_once(&engine_once, engine_make);
-	if (!engine)
+	if (!loom_cpu_dnnl_engine())
 		return NULL;
 	loom_cpu_dnnl_bn *b = calloc(1, sizeof(*b));
 	if (!b)
@@ -65,20 +55,23 @@ loom_cpu_dnnl_bn *loom_cpu_dnnl_bn_new(int n, int c, int h, int w, double eps)
 	dnnl_batch_normalization_desc_t fd, bd;
 	if (dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dnnl_f32, dnnl_nChw8c) != dnnl_success ||
 	    dnnl_memory_desc_init_by_tag(&vmd, 1, vd, dnnl_f32, dnnl_a) != dnnl_success ||
-	    dnnl_stream_create(&b->stream, engine, dnnl_stream_default_flags) != dnnl_success ||
-	    dnnl_batch_normalization_forward_desc_init(&fd, dnnl_forward_training, &dmd,
-						       (float)eps, flags) != dnnl_success ||
-	    dnnl_primitive_desc_create(&b->fpd, &fd, NULL, engine, NULL) != dnnl_success ||
+	    dnnl_stream_create(&b->stream, loom_cpu_dnnl_engine(), dnnl_stream_default_flags) !=
+		    dnnl_success ||
+	    dnnl_batch_normalization_forward_desc_init(&fd, dnnl_forward_training, &dmd, (float)eps,
+						       flags) != dnnl_success ||
+	    dnnl_primitive_desc_create(&b->fpd, &fd, NULL, loom_cpu_dnnl_engine(), NULL) !=
+		    dnnl_success ||
 	    dnnl_batch_normalization_backward_desc_init(&bd, dnnl_backward, &dmd, &dmd, (float)eps,
 							flags) != dnnl_success ||
-	    dnnl_primitive_desc_create(&b->bpd, &bd, NULL, engine, b->fpd) != dnnl_success ||
+	    dnnl_primitive_desc_create(&b->bpd, &bd, NULL, loom_cpu_dnnl_engine(), b->fpd) !=
+		    dnnl_success ||
 	    dnnl_primitive_create(&b->fwd, b->fpd) != dnnl_success ||
 	    dnnl_primitive_create(&b->bwd, b->bpd) != dnnl_success)
 		goto fail;
 	/* Neither needs a workspace: no fused relu (loom's runs after it). */
 	for (int i = 0; i < M_COUNT; i++)
-		if (dnnl_memory_create(&b->m[i], i <= M_DX ? &dmd : &vmd, engine, DNNL_MEMORY_NONE) !=
-		    dnnl_success)
+		if (dnnl_memory_create(&b->m[i], i <= M_DX ? &dmd : &vmd, loom_cpu_dnnl_engine(),
+				       DNNL_MEMORY_NONE) != dnnl_success)
 			goto fail;
 	return b;
 fail:

@@ -5,7 +5,6 @@
  * oneDNN JIT-compiles them for the instruction set it finds (cpu_path.c caps
  * it), so the choice follows cpuid, never the CPU model.
  */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "engine/cpu/conv_dnnl.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/cpu_path.h"
+#include "engine/cpu/dnnl_engine.h"
 #include "engine/cpu/team.h"
 
 enum { ARG_A, ARG_B, ARG_BIAS, ARG_OUT, NARGS };
@@ -48,15 +48,6 @@ static size_t align64(size_t x)
 	return (x + 63) & ~(size_t)63;
 }
 
-static dnnl_engine_t engine;
-static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-
-static void engine_make(void)
-{
-	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
-		engine = NULL;
-}
-
 static int md_init(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
 		   dnnl_data_type_t dt, dnnl_format_tag_t tag)
 {
@@ -72,18 +63,20 @@ static int arg_make(conv_one *c, conv_arg *a, int dnnl_arg,
 {
 	a->used = 1;
 	a->dnnl_arg = dnnl_arg;
-	if (dnnl_memory_create(&a->user, user_md, engine, DNNL_MEMORY_NONE) != dnnl_success)
+	if (dnnl_memory_create(&a->user, user_md, loom_cpu_dnnl_engine(), DNNL_MEMORY_NONE) !=
+	    dnnl_success)
 		return -1;
 	if (dnnl_memory_desc_equal(user_md, prim_md))
 		return 0;
-	if (dnnl_memory_create(&a->inner, prim_md, engine, DNNL_MEMORY_NONE) != dnnl_success)
+	if (dnnl_memory_create(&a->inner, prim_md, loom_cpu_dnnl_engine(), DNNL_MEMORY_NONE) !=
+	    dnnl_success)
 		return -1;
 	a->inner_off = c->ws_bytes;
 	c->ws_bytes += align64(dnnl_memory_desc_get_size(prim_md));
 	dnnl_primitive_desc_t rpd;
 	const dnnl_memory_desc_t *from = is_out ? prim_md : user_md, *to = is_out ? user_md : prim_md;
-	if (dnnl_reorder_primitive_desc_create(&rpd, from, engine, to, engine, NULL) !=
-	    dnnl_success)
+	if (dnnl_reorder_primitive_desc_create(&rpd, from, loom_cpu_dnnl_engine(), to,
+					       loom_cpu_dnnl_engine(), NULL) != dnnl_success)
 		return -1;
 	dnnl_status_t st = dnnl_primitive_create(&a->reorder, rpd);
 	dnnl_primitive_desc_destroy(rpd);
@@ -172,7 +165,8 @@ static int pd_make(conv_one *c, loom_cpu_conv_kind kind, const conv_descs *d, in
 	if (dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
 					       &fx, &fw, use_bias ? &d->b : NULL, &fy, d->strides,
 					       d->pad, d->pad_r) != dnnl_success ||
-	    dnnl_primitive_desc_create(&hint, &fd, attr, engine, NULL) != dnnl_success) {
+	    dnnl_primitive_desc_create(&hint, &fd, attr, loom_cpu_dnnl_engine(), NULL) !=
+		    dnnl_success) {
 		if (hint)
 			dnnl_primitive_desc_destroy(hint);
 		return -1;
@@ -189,7 +183,8 @@ static int pd_make(conv_one *c, loom_cpu_conv_kind kind, const conv_descs *d, in
 								 &d->x, &d->w, NULL, &d->y,
 								 d->strides, d->pad, d->pad_r);
 	rc = st != dnnl_success ||
-	     dnnl_primitive_desc_create(&c->pd, &bdesc, attr, engine, hint) != dnnl_success;
+	     dnnl_primitive_desc_create(&c->pd, &bdesc, attr, loom_cpu_dnnl_engine(), hint) !=
+		     dnnl_success;
 	dnnl_primitive_desc_destroy(hint);
 	return rc ? -1 : 0;
 }
@@ -249,7 +244,8 @@ static int exec_list(conv_one *c)
 	}
 	sp = dnnl_primitive_desc_query_md(c->pd, dnnl_query_scratchpad_md, 0);
 	if (sp && dnnl_memory_desc_get_size(sp) > 0) {
-		if (dnnl_memory_create(&c->scratch, sp, engine, DNNL_MEMORY_NONE) != dnnl_success)
+		if (dnnl_memory_create(&c->scratch, sp, loom_cpu_dnnl_engine(), DNNL_MEMORY_NONE) !=
+		    dnnl_success)
 			return -1;
 		c->scratch_off = c->ws_bytes;
 		c->ws_bytes += align64(dnnl_memory_desc_get_size(sp));
@@ -273,7 +269,8 @@ static conv_one *one_new(loom_cpu_conv_kind kind, const loom_conv_shape *s, int 
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
-	if (dnnl_stream_create(&c->stream, engine, dnnl_stream_default_flags) != dnnl_success)
+	if (dnnl_stream_create(&c->stream, loom_cpu_dnnl_engine(), dnnl_stream_default_flags) !=
+	    dnnl_success)
 		goto fail;
 	/* The scratchpad in loom's workspace: planned memory, no allocation
 	 * in a step. */
@@ -375,8 +372,7 @@ loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new_fmt(loom_cpu_conv_kind kind, const lo
 		return NULL;
 	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
 		return NULL;
-	pthread_once(&engine_once, engine_make);
-	if (!engine)
+	if (!loom_cpu_dnnl_engine())
 		return NULL;
 	loom_cpu_dnnl_conv *c = calloc(1, sizeof(*c));
 	if (!c)

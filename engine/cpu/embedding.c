@@ -11,14 +11,14 @@
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
 
-#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/embedding.c"
-#include "engine/cpu/f32_f64.h"
-
-/* ------------------------------------------------------------ bf16 */
-
-int loom_cpu_embedding_fwd_bf16(int64_t n, int v, int c, const int32_t *ids,
-				const uint16_t *table, uint16_t *y, int64_t *bad)
+/* Rows of table (size bytes an element) by id into y, whatever the
+ * element: every id checked first, so a bad one leaves y untouched.
+ * 0, or -1 with *bad (may be NULL) the first bad id's index. */
+static int gather_rows(int64_t n, int v, int c, const int32_t *ids, const void *table, void *y,
+		       size_t size, int64_t *bad)
 {
+	size_t row = size * (size_t)c;
+
 	for (int64_t i = 0; i < n; i++) {
 		if (ids[i] < 0 || ids[i] >= v) {
 			if (bad)
@@ -28,8 +28,19 @@ int loom_cpu_embedding_fwd_bf16(int64_t n, int v, int c, const int32_t *ids,
 	}
 #pragma omp parallel for if (n * c >= LOOM_CPU_PAR_MIN) schedule(static)
 	for (int64_t i = 0; i < n; i++)
-		memcpy(y + i * c, table + (int64_t)ids[i] * c, sizeof(uint16_t) * c);
+		memcpy((char *)y + i * row, (const char *)table + (int64_t)ids[i] * row, row);
 	return 0;
+}
+
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/embedding.c"
+#include "engine/cpu/f32_f64.h"
+
+/* ------------------------------------------------------------ bf16 */
+
+int loom_cpu_embedding_fwd_bf16(int64_t n, int v, int c, const int32_t *ids,
+				const uint16_t *table, uint16_t *y, int64_t *bad)
+{
+	return gather_rows(n, v, c, ids, table, y, sizeof(uint16_t), bad);
 }
 
 /* The f32 kernel's column ranges and row order: the same sums. */
@@ -140,17 +151,7 @@ const loom_cpu_op loom_cpu_embedding_bwd = { .run = run_bwd, .bf16 = bf16_bwd };
 int LOOM_CPU_FN(loom_cpu_embedding_fwd)(int64_t n, int v, int c, const int32_t *ids,
 					const T *table, T *y, int64_t *bad)
 {
-	for (int64_t i = 0; i < n; i++) {
-		if (ids[i] < 0 || ids[i] >= v) {
-			if (bad)
-				*bad = i;
-			return -1;
-		}
-	}
-#pragma omp parallel for if (n * c >= LOOM_CPU_PAR_MIN) schedule(static)
-	for (int64_t i = 0; i < n; i++)
-		memcpy(y + i * c, table + (int64_t)ids[i] * c, sizeof(T) * c);
-	return 0;
+	return gather_rows(n, v, c, ids, table, y, sizeof(T), bad);
 }
 
 void LOOM_CPU_FN(loom_cpu_embedding_bwd)(int64_t n, int v, int c, const int32_t *ids,

@@ -6,13 +6,13 @@
  * several threads at once (conv_bf16.c runs one product per image and
  * thread).
  */
-#include <pthread.h>
 #include <stdlib.h>
 
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/cpu_path.h"
+#include "engine/cpu/dnnl_engine.h"
 #include "engine/cpu/matmul_dnnl.h"
 
 struct loom_cpu_dnnl_matmul {
@@ -22,15 +22,6 @@ struct loom_cpu_dnnl_matmul {
 	int bias;
 	size_t scratch_bytes;
 };
-
-static dnnl_engine_t engine;
-static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-
-static void engine_make(void)
-{
-	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
-		engine = NULL;
-}
 
 /* A row-major [rows, cols] operand with leading dimension ld, or its
  * transpose stored that way (t): the strides say which. */
@@ -59,8 +50,7 @@ loom_cpu_dnnl_matmul *loom_cpu_dnnl_matmul_new(int ta, int tb, int m, int n, int
 {
 	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || m <= 0 || n <= 0 || k <= 0)
 		return NULL;
-	pthread_once(&engine_once, engine_make);
-	if (!engine)
+	if (!loom_cpu_dnnl_engine())
 		return NULL;
 	loom_cpu_dnnl_matmul *mm = calloc(1, sizeof(*mm));
 	dnnl_primitive_attr_t attr = NULL;
@@ -99,7 +89,8 @@ loom_cpu_dnnl_matmul *loom_cpu_dnnl_matmul_new(int ta, int tb, int m, int n, int
 		prev = omp_get_max_threads();
 		omp_set_num_threads(1);
 	}
-	dnnl_status_t st = dnnl_primitive_desc_create(&mm->pd, &d, attr, engine, NULL);
+	dnnl_status_t st =
+		dnnl_primitive_desc_create(&mm->pd, &d, attr, loom_cpu_dnnl_engine(), NULL);
 	if (st == dnnl_success)
 		st = dnnl_primitive_create(&mm->prim, mm->pd);
 	if (one_thread)
@@ -166,14 +157,15 @@ int loom_cpu_dnnl_matmul_run(const loom_cpu_dnnl_matmul *mm, const void *a, cons
 	for (int i = 0; i < 5; i++) {
 		if (!want[i].ptr)
 			continue;
-		if (dnnl_memory_create(&mem[nargs], want[i].md, engine, (void *)want[i].ptr) !=
-		    dnnl_success)
+		if (dnnl_memory_create(&mem[nargs], want[i].md, loom_cpu_dnnl_engine(),
+				       (void *)want[i].ptr) != dnnl_success)
 			goto out;
 		args[nargs].arg = want[i].arg;
 		args[nargs].memory = mem[nargs];
 		nargs++;
 	}
-	if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success)
+	if (dnnl_stream_create(&stream, loom_cpu_dnnl_engine(), dnnl_stream_default_flags) !=
+	    dnnl_success)
 		goto out;
 	if (dnnl_primitive_execute(mm->prim, stream, nargs, args) == dnnl_success &&
 	    dnnl_stream_wait(stream) == dnnl_success)

@@ -4,27 +4,18 @@
  * of the batch, each made for one thread and run as one job of loom's team,
  * as conv_dnnl.c runs its convolutions.
  */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/dnnl_engine.h"
 #include "engine/cpu/pool_dnnl.h"
 
 static size_t align64(size_t x)
 {
 	return (x + 63) & ~(size_t)63;
-}
-
-static dnnl_engine_t engine;
-static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-
-static void engine_make(void)
-{
-	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
-		engine = NULL;
 }
 
 /* One slice of the batch: its primitives and memory objects (handles set
@@ -75,7 +66,9 @@ void loom_cpu_dnnl_pool_free(loom_cpu_dnnl_pool *p)
 
 static int mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md)
 {
-	return dnnl_memory_create(m, md, engine, DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
+	return dnnl_memory_create(m, md, loom_cpu_dnnl_engine(), DNNL_MEMORY_NONE) == dnnl_success
+		       ? 0
+		       : -1;
 }
 
 /* Slice o's primitives; *side grows by its workspace and scratchpad. */
@@ -95,7 +88,8 @@ static int one_make(const loom_pool_shape *s, pool_one *o, size_t *side)
 	if (pr[0] < 0 || pr[1] < 0 ||
 	    dnnl_memory_desc_init_by_tag(&xmd, 4, xd, dnnl_f32, dnnl_nChw8c) != dnnl_success ||
 	    dnnl_memory_desc_init_by_tag(&ymd, 4, yd, dnnl_f32, dnnl_nChw8c) != dnnl_success ||
-	    dnnl_stream_create(&o->stream, engine, dnnl_stream_default_flags) != dnnl_success ||
+	    dnnl_stream_create(&o->stream, loom_cpu_dnnl_engine(), dnnl_stream_default_flags) !=
+		    dnnl_success ||
 	    dnnl_primitive_attr_create(&attr) != dnnl_success ||
 	    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) !=
 		    dnnl_success)
@@ -112,7 +106,8 @@ static int one_make(const loom_pool_shape *s, pool_one *o, size_t *side)
 	}
 	if (dnnl_pooling_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_pooling_max, &xmd,
 					      &ymd, st, ker, dil, pl, pr) != dnnl_success ||
-	    dnnl_primitive_desc_create(&o->fpd, &fd, attr, engine, NULL) != dnnl_success ||
+	    dnnl_primitive_desc_create(&o->fpd, &fd, attr, loom_cpu_dnnl_engine(), NULL) !=
+		    dnnl_success ||
 	    dnnl_pooling_v2_backward_desc_init(&bd, dnnl_pooling_max, &xmd, &ymd, st, ker, dil, pl,
 					       pr) != dnnl_success)
 		goto out;
@@ -123,7 +118,8 @@ static int one_make(const loom_pool_shape *s, pool_one *o, size_t *side)
 	if (dnnl_primitive_attr_create(&attr) != dnnl_success ||
 	    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) !=
 		    dnnl_success ||
-	    dnnl_primitive_desc_create(&o->bpd, &bd, attr, engine, o->fpd) != dnnl_success ||
+	    dnnl_primitive_desc_create(&o->bpd, &bd, attr, loom_cpu_dnnl_engine(), o->fpd) !=
+		    dnnl_success ||
 	    dnnl_primitive_create(&o->fwd, o->fpd) != dnnl_success ||
 	    dnnl_primitive_create(&o->bwd, o->bpd) != dnnl_success)
 		goto out;
@@ -155,8 +151,7 @@ loom_cpu_dnnl_pool *loom_cpu_dnnl_pool_new(const loom_pool_shape *s)
 {
 	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || s->c % 8 || s->n < 1)
 		return NULL;
-	pthread_once(&engine_once, engine_make);
-	if (!engine)
+	if (!loom_cpu_dnnl_engine())
 		return NULL;
 	loom_cpu_dnnl_pool *p = calloc(1, sizeof(*p));
 	if (!p)

@@ -1,0 +1,22 @@
+/*
+ * engine/cpu/dnnl_engine.c — the oneDNN CPU engine (dnnl_engine.h), made
+ * once: a CPU engine holds no per-op state, so every path shares it.
+ */
+#include "engine/cpu/dnnl_engine.h"
+
+#include <pthread.h>
+
+static dnnl_engine_t engine;
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+
+static void engine_make(void)
+{
+	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
+		engine = NULL;
+}
+
+dnnl_engine_t loom_cpu_dnnl_engine(void)
+{
+	pthread_once(&engine_once, engine_make);
+	return engine;
+}
