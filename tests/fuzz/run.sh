@@ -29,17 +29,18 @@ declare -A SRCS=(
 	[fuzz_ckpt]="io/ckpt_file.c io/ckpt_meta.c base/errf.c"
 	[fuzz_args]="examples/train_args.c examples/flags.c"
 	[fuzz_cifar]="datasets/cifar.c datasets/mnist.c datasets/idx.c datasets/errors.c base/errf.c"
-	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c comm/progress.c comm/rank_note.c comm/store.c base/errf.c"
-	[fuzz_fingerprint]="comm/wire.c comm/env.c base/errf.c"
+	[fuzz_rendezvous]="comm/wire.c comm/env.c comm/rendezvous.c comm/progress.c comm/rank_note.c comm/store.c base/errf.c base/options.c"
+	[fuzz_fingerprint]="comm/wire.c comm/env.c base/errf.c base/options.c"
 	[fuzz_safetensors]="io/safetensors.c base/errf.c"
 	[fuzz_gpt_tokens]="examples/gpt_data.c"
 	[fuzz_gpt_hf]="examples/gpt_hf.c"
+	[fuzz_options]="base/options.c base/errf.c"
 )
 declare -A LIBS=([fuzz_idx]="-lz" [fuzz_ckpt]="-lz -lm" [fuzz_args]="" [fuzz_cifar]="-lz"
 	[fuzz_rendezvous]="" [fuzz_fingerprint]="" [fuzz_safetensors]="-ljansson" [fuzz_gpt_tokens]=""
-	[fuzz_gpt_hf]="-ljansson")
+	[fuzz_gpt_hf]="-ljansson" [fuzz_options]="")
 targets=("$@")
-[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors fuzz_gpt_tokens fuzz_gpt_hf)
+[ "${#targets[@]}" -eq 0 ] && targets=(fuzz_idx fuzz_ckpt fuzz_args fuzz_cifar fuzz_rendezvous fuzz_fingerprint fuzz_safetensors fuzz_gpt_tokens fuzz_gpt_hf fuzz_options)
 
 if ! command -v "$CC" >/dev/null 2>&1; then
 	echo "fuzz: $CC not found (bazel/install_deps.sh installs clang)"
