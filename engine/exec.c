@@ -16,7 +16,7 @@
 
 #include "base/options.h"
 #include "comm/comm.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"
 

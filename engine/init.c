@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "base/splitmix.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "engine/program_internal.h"
 
 

@@ -13,7 +13,7 @@
 #include "base/options.h"
 #include "amp/amp_pass.h"
 #include "comm/comm.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "engine/pass.h"
 #include "engine/program_internal.h"
 #include "engine/trace.h"

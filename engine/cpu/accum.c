@@ -5,7 +5,7 @@
  * collective starts.
  */
 #include "engine/cpu/ops.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 
 /* Below this many elements a parallel loop costs more than it saves. */
 #define ACCUM_PAR_MIN 32768

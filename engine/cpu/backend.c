@@ -16,7 +16,7 @@
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/optim.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "graph/ops/ops.h"
 
 /* The rows the family files define (one file per op family). */

@@ -12,7 +12,7 @@
 #include "base/half.h"
 #include "base/options.h"
 #include "engine/cpu/ops.h"
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "graph/ops/ops.h"
 
 static int64_t numel_of(const loom_plan *plan, loom_value v)

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/elem.h"
+#include "base/elem.h"
 #include "engine/cpu/optim.h"
 #include "engine/cpu/team.h"
 
