@@ -199,6 +199,16 @@ loom_status loom_opt_check(loom_opt id, char *err, size_t errlen)
 	return e && *e ? loom_opt_parse(id, e, err, errlen) : LOOM_OK;
 }
 
+loom_status loom_opt_check_env(char *err, size_t errlen)
+{
+	for (int i = 0; i < LOOM_OPT_COUNT; i++) {
+		loom_status st = loom_opt_check((loom_opt)i, err, errlen);
+		if (st != LOOM_OK)
+			return st;
+	}
+	return LOOM_OK;
+}
+
 const char *loom_env(const char *name)
 {
 	for (size_t i = 0; name && launcher_names[i]; i++)

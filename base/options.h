@@ -82,6 +82,11 @@ loom_status loom_opt_parse(loom_opt id, const char *text, char *err, size_t errl
 /* loom_opt_parse on the environment's value; LOOM_OK when it is unset or
  * empty (which every reader takes as unset). */
 loom_status loom_opt_check(loom_opt id, char *err, size_t errlen);
+/* loom_opt_check on every row with an environment variable: the first
+ * value set that its row does not take ("LOOM_CUDA_GRAPH=yes: 0 or 1").
+ * loom_compile calls it first, so that a mistyped value fails the start
+ * instead of quietly running the default. */
+loom_status loom_opt_check_env(char *err, size_t errlen);
 
 /*
  * A variable a launcher, the build or a parent loom process sets (RANK,

@@ -116,7 +116,9 @@ static int group_world(const loom_pg *pg)
 static loom_status check_args(const loom_graph *g, loom_value loss, const loom_compile_opts *o)
 {
 	loom_status st;
-	char lb[96];
+	char lb[96], env[LOOM_ERR_MAX];
+	if (loom_opt_check_env(env, sizeof(env)) != LOOM_OK)
+		return loom_fail(LOOM_ERR_INVALID, "loom_compile: %s", env);
 	if (!g)
 		return loom_fail(LOOM_ERR_INVALID, "loom_compile: graph is NULL");
 	if (g->err.st != LOOM_OK)

@@ -217,6 +217,38 @@ Test(recompute, environment_and_inference)
 	loom_graph_free(m.g);
 }
 
+/* A setting's variable holding what its row does not take fails the
+ * compile, naming the variable and what it takes, instead of running the
+ * default as if it were unset (base/options.def). */
+Test(recompute, a_bad_setting_in_the_environment_fails_the_compile)
+{
+	static const char *bad[][2] = { { "LOOM_RECOMPUTE", "2x" },
+					{ "LOOM_CUDA_GRAPH", "yes" },
+					{ "LOOM_CUDA_NHWC", "sometimes" },
+					{ "LOOM_COMM_TIMEOUT_S", "-1" } };
+	gpt m;
+	build(&m, 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		loom_compile_opts o;
+		loom_program *p = NULL;
+		char want[64];
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		setenv(bad[i][0], bad[i][1], 1);
+		cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_ERR_INVALID, "%s=%s",
+			     bad[i][0], bad[i][1]);
+		snprintf(want, sizeof(want), "%s=%s: ", bad[i][0], bad[i][1]);
+		cr_assert(strstr(loom_last_error(), want), "%s", loom_last_error());
+		loom_program_free(p);
+		unsetenv(bad[i][0]);
+	}
+	setenv("LOOM_CUDA_NHWC", "half", 1); /* one of its words: compiles */
+	loom_program *p = compile(&m, 0, LOOM_O0);
+	loom_program_free(p);
+	unsetenv("LOOM_CUDA_NHWC");
+	loom_graph_free(m.g);
+}
+
 /* A plan over memory_limit_mb is compiled again at level 3 before it is
  * refused: a limit between level 3's peak and the plain one's gives a
  * program with values made again; one below level 3's is refused, the
