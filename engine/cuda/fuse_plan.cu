@@ -30,7 +30,7 @@ static int bn_family(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	const loom_node *n = &p->g->nodes[v];
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
 		return 1;
-	return !n->a.bn.sync ? 2 : 0;
+	return n->a.bn.sync ? 0 : 2;
 }
 
 /* Whether backward node w is the backward of forward node f: same x, the
