@@ -10,6 +10,16 @@ r r50_O1bf16 $b/resnet50_synthetic $R --opt-level O1 --precision bf16
 r r50_fp32 $b/resnet50_synthetic $R
 r r50_O2_nhwc_bn_bwd_ex env LOOM_CUDA_NHWC=half $b/resnet50_synthetic $R --opt-level O2
 r r50_O2_nhwc_bn_bwd_legacy env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 $b/resnet50_synthetic $R --opt-level O2
+# The undecided switches engine/cuda/README.md's table names these rows for:
+# each off against its reference row (NHWC ones against r50_O2_nhwc_bn_bwd_ex,
+# the relu backward on the own split kernels at O2 bf16, the 128-bit loads
+# against r50_O2).
+r r50_O2_nhwc_bn_bwd_nofuse env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_FUSE=0 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nhwc_krsc_off env LOOM_CUDA_NHWC=half LOOM_CUDA_CONV_KRSC=0 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nhwc_pool_nchw env LOOM_CUDA_NHWC=half LOOM_CUDA_POOL_NHWC=0 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2bf16 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
+r r50_O2bf16_bn_relu_bwd_off env LOOM_CUDA_BN_RELU_BWD=0 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
+r r50_O2_vec_off env LOOM_CUDA_VEC=0 $b/resnet50_synthetic $R --opt-level O2
 G="--device cuda --data $d/fortunes.txt --preset gpt2 --precision bf16 --batch-size 8 --max-steps 20 --log-interval 5 --val-interval 0 --sample 0"
 r gpt_O1 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_nograph $b/gpt_ddp $G --opt-level O1 --no-cuda-graph
@@ -36,6 +46,10 @@ r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .g
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
 r convnet_staged env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5
+# The loss copied inside the graph (LOOM_CUDA_LOSS_NODE=1) against the
+# same loss one step late without it.
+r convnet_staged_async env LOOM_CUDA_UPLOAD=graph LOOM_ASYNC_LOSS=1 $b/bench_convnet --device cuda --steps 50 --warmup 5
+r convnet_staged_loss_node env LOOM_CUDA_UPLOAD=graph LOOM_CUDA_LOSS_NODE=1 LOOM_ASYNC_LOSS=1 $b/bench_convnet --device cuda --steps 50 --warmup 5
 # Staged inputs fed by a loader: converted into the bench's buffers and copied
 # into the slot by loom_set_input (own), or converted straight into the pinned
 # slot (into: loom_input_buffer); the input line says the bytes the host copied.

@@ -254,12 +254,10 @@ static int cuda_supports_node(void *ctx, const loom_plan *p, loom_value v)
  * Not the library calls (products, convolutions, cuDNN's batch norm: one
  * dtype for all operands), nor the attention (its cuBLASLt products want
  * their sources alike), nor pooling and batch norm's own kernels (not
- * checked for it). None under LOOM_CUDA_FOLD_CASTS=0, read at compile time.
+ * checked for it).
  */
 static int loom_cuda_takes_any_dtype(loom_op op)
 {
-	if (!loom_opt_bool(LOOM_OPT_CUDA_FOLD_CASTS))
-		return 0;
 	switch (op) {
 	case LOOM_OP_ADD:
 	case LOOM_OP_RELU:
@@ -327,12 +325,12 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		np->ws = np->lib_ws; /* cuDNN's path needs its dtypes as they are */
 		if (np->ws < loom_cuda_bn_sync_ws(p, v)) /* sync: its sums, own kernels */
 			np->ws = loom_cuda_bn_sync_ws(p, v);
-		if (np->kind == LOOM_CUDA_PLAN_NONE && c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
+		if (np->kind == LOOM_CUDA_PLAN_NONE && np->ws < loom_cuda_bn_split_ws(p, v))
 			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
 	case LOOM_OP_BN_BWD_GAMMA:
 		np->ws = loom_cuda_bn_sync_ws(p, v);
-		if (c->bn_split && np->ws < loom_cuda_bn_split_ws(p, v))
+		if (np->ws < loom_cuda_bn_split_ws(p, v))
 			np->ws = loom_cuda_bn_split_ws(p, v);
 		break;
 	case LOOM_OP_LAYERNORM_BWD_DATA: /* one pass with its siblings (layernorm.cu) */
@@ -397,24 +395,14 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->tf32 = loom_cuda_tf32_on(p);
 	c->attn_off = loom_cuda_sdpa_off();
 	loom_cuda_vec_on = loom_opt_bool(LOOM_OPT_CUDA_VEC);
-	loom_cuda_emb_bucket_on = env_switch(LOOM_OPT_CUDA_EMB_BUCKET);
-	loom_cuda_ln_fused_on = env_switch(LOOM_OPT_CUDA_LN_FUSED);
 	loom_cuda_ln_bwd_warp_on = env_is(LOOM_OPT_CUDA_LN_BWD, "warp");
 	loom_cuda_adamw_f32_on = env_is(LOOM_OPT_CUDA_ADAMW, "f32");
 	loom_cuda_bgrad_kernel_on = env_is(LOOM_OPT_CUDA_BGRAD, "kernel");
-	loom_cuda_lt_cache_on = env_switch(LOOM_OPT_CUDA_LT_CACHE);
-	c->bn_save = env_switch(LOOM_OPT_CUDA_BN_SAVE);
-	c->bn_split = env_switch(LOOM_OPT_CUDA_BN_SPLIT);
-	c->bn_own = env_switch(LOOM_OPT_CUDA_BN_OWN);
-	c->pool_idx = env_switch(LOOM_OPT_CUDA_POOL_IDX);
-	c->bn_ex = env_switch(LOOM_OPT_CUDA_BN_EX);
 	c->bn_relu_bwd = env_switch(LOOM_OPT_CUDA_BN_RELU_BWD);
 	c->bn_add = env_switch(LOOM_OPT_CUDA_BN_ADD);
 	c->bn_bwd_ex = env_switch(LOOM_OPT_CUDA_BN_BWD_EX);
 	c->bn_bwd_fuse = env_switch(LOOM_OPT_CUDA_BN_BWD_FUSE);
 	c->conv_krsc = env_switch(LOOM_OPT_CUDA_CONV_KRSC);
-	c->classifier = env_switch(LOOM_OPT_CUDA_CLASSIFIER);
-	c->ln_save = env_switch(LOOM_OPT_CUDA_LN_SAVE);
 	c->gelu_epi = env_switch(LOOM_OPT_CUDA_GELU_EPILOGUE);
 	c->bgrad_epi = env_switch(LOOM_OPT_CUDA_BGRAD_EPILOGUE) && !loom_cuda_bgrad_kernel_on;
 	c->lt_align = env_switch(LOOM_OPT_CUDA_LT_ALIGN);
@@ -467,7 +455,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
  * for the staged upload (loom_cuda_input). */
 static loom_status list_inputs(loom_cuda_ctx *c, const loom_plan *p, const loom_arena *arena)
 {
-	c->in_graph = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 1; /* stream|graph */
+	c->in_graph = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 0; /* graph */
 	if (!c->in_graph)
 		return LOOM_OK;
 	free(c->inputs);
@@ -596,7 +584,6 @@ static loom_status cuda_alloc(void *ctx, const loom_plan *p, const loom_train_st
 	    (st = arena_clear(c, o_ctl)) != LOOM_OK)
 		return st;
 
-	c->stage_on = loom_opt_choice(LOOM_OPT_CUDA_UPLOAD) == 0; /* stream|graph */
 	if ((st = list_inputs(c, p, arena)) != LOOM_OK)
 		return st;
 	c->loss_node_on = loom_opt_bool(LOOM_OPT_CUDA_LOSS_NODE);
@@ -617,13 +604,10 @@ static void free_sync_streams(loom_cuda_ctx *c)
 		(void)loom_cuda_sync_stream(c, c->stream);
 	if (c->comm)
 		(void)loom_cuda_sync_stream(c, c->comm);
-	if (c->copy)
-		(void)loom_cuda_sync_stream(c, c->copy);
 }
 
-/* The captured graph, its progress marks and the staged upload's buffers,
- * events and copy stream. */
-static void free_graph_and_stage(loom_cuda_ctx *c)
+/* The captured graph and its progress marks. */
+static void free_graph(loom_cuda_ctx *c)
 {
 	if (c->graph_exec)
 		(void)cudaGraphExecDestroy(c->graph_exec);
@@ -633,18 +617,6 @@ static void free_graph_and_stage(loom_cuda_ctx *c)
 		(void)cudaFreeHost(c->mark_host);
 	if (c->serial_dev)
 		(void)cudaFree(c->serial_dev);
-	for (int k = 0; k < 2; k++) {
-		if (c->stage_host[k])
-			(void)cudaFreeHost(c->stage_host[k]);
-		if (c->stage_dev[k])
-			(void)cudaFree(c->stage_dev[k]);
-		if (c->stage_copied[k])
-			(void)cudaEventDestroy(c->stage_copied[k]);
-		if (c->stage_done[k])
-			(void)cudaEventDestroy(c->stage_done[k]);
-	}
-	if (c->copy)
-		(void)cudaStreamDestroy(c->copy);
 }
 
 /* The staged inputs' slots and the asynchronous loss's copies. */
@@ -727,7 +699,7 @@ static void cuda_free(void *ctx)
 		return;
 	(void)loom_cuda_use_device(c);
 	free_sync_streams(c);
-	free_graph_and_stage(c);
+	free_graph(c);
 	free_inputs(c);
 	free_plans(c);
 	free_memory(c);
@@ -737,78 +709,6 @@ static void cuda_free(void *ctx)
 }
 
 /* ------------------------------------------------------------ host <-> device */
-
-/* Buffer k of the staged upload holds at least bytes (it is idle: its
- * last device copy has passed). */
-static loom_status stage_grow(loom_cuda_ctx *c, int k, size_t bytes)
-{
-	loom_status st;
-	if (c->stage_cap[k] >= bytes)
-		return LOOM_OK;
-	if (c->stage_host[k])
-		(void)cudaFreeHost(c->stage_host[k]);
-	if (c->stage_dev[k])
-		(void)cudaFree(c->stage_dev[k]);
-	c->stage_host[k] = c->stage_dev[k] = NULL;
-	c->stage_cap[k] = 0;
-	st = LOOM_CUDA_CHECK(cudaMallocHost((void **)&c->stage_host[k], bytes), c->err,
-			     sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMalloc((void **)&c->stage_dev[k], bytes), c->err,
-				     sizeof(c->err));
-	if (st == LOOM_OK)
-		c->stage_cap[k] = bytes;
-	return st;
-}
-
-/* The staged upload (cuda_internal.h, stage_on): no wait on the compute
- * stream, only on this buffer's use two uploads back. */
-static loom_status staged_upload(loom_cuda_ctx *c, void *dst, const void *src, size_t bytes)
-{
-	loom_status st = LOOM_OK;
-	int k = c->stage_next;
-	if (!c->copy) {
-		st = LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking),
-				     c->err, sizeof(c->err));
-		for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-			st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_copied[i],
-								      cudaEventDisableTiming),
-					     c->err, sizeof(c->err));
-			if (st == LOOM_OK)
-				st = LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_done[i],
-									      cudaEventDisableTiming),
-						     c->err, sizeof(c->err));
-		}
-		if (st != LOOM_OK)
-			return st;
-	}
-	/* Buffer k's device copy into place (on the compute stream, after its
-	 * copy from the host) has run: both halves are free. An event never
-	 * recorded counts as passed. */
-	if ((st = LOOM_CUDA_CHECK(sync_event(c, c->stage_done[k]), c->err,
-				  sizeof(c->err))) != LOOM_OK ||
-	    (st = stage_grow(c, k, bytes)) != LOOM_OK)
-		return st;
-	memcpy(c->stage_host[k], src, bytes);
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->stage_dev[k], c->stage_host[k], bytes,
-					     cudaMemcpyHostToDevice, c->copy),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaEventRecord(c->stage_copied[k], c->copy), c->err,
-				     sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->stage_copied[k], 0), c->err,
-				     sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, c->stage_dev[k], bytes,
-						     cudaMemcpyDeviceToDevice, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaEventRecord(c->stage_done[k], c->stream), c->err,
-				     sizeof(c->err));
-	c->stage_next = k ^ 1;
-	return st;
-}
 
 /* The staged input whose arena address and size are dst and bytes, or
  * NULL (LOOM_CUDA_UPLOAD=graph only). */
@@ -1107,8 +1007,6 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (in)
 		return input_fill(c, in, src);
-	if (c->stage_on && bytes > 0 && bytes <= LOOM_CUDA_STAGE_MAX)
-		return staged_upload(c, dst, src, bytes);
 
 	while (bytes > 0 && st == LOOM_OK) {
 		size_t n = bytes < c->pinned_half ? bytes : c->pinned_half;

@@ -8,11 +8,10 @@
  * The fallback of bn_cudnn.cu: cuDNN runs batch norm where it takes the
  * dtypes (f32 or f16 data with f32 parameters: O0, O1, O2); these kernels
  * run the rest (O3's half parameters, bf16) and everything under the
- * loom_cuda_test_own_kernels hook (and, under LOOM_CUDA_BN_OWN=1, what
- * cuDNN would run). The split kernels below (LOOM_CUDA_BN_SPLIT, on)
- * run training nodes over several blocks per channel; the one-block
- * kernels (double accumulators, two passes for the variance) run eval and
- * the switch's old path.
+ * loom_cuda_test_own_kernels hook. The split kernels below run training
+ * nodes over several blocks per channel; the one-block kernels (double
+ * accumulators, two passes for the variance) run eval and an empty
+ * batch's training forward.
  *
  * Synchronised batch norm (attrs.bn.sync, engine/ddp.c) always runs here,
  * split as on the CPU (engine/cpu/ops_bn.c): a kernel writes this rank's
@@ -219,17 +218,6 @@ static __device__ void bn_dx_chan(int n, int c, int64_t hw, const void *x, int x
 	}
 }
 
-__global__ void loom_bn_bwd_data_kernel(int n, int c, int64_t hw, const void *x, int xdt,
-					const void *gamma, int gdt, const void *dy, int dydt,
-					double eps, void *dx, int dxdt)
-{
-	const int ch = blockIdx.x;
-	double mean, var, sdy, sdyx;
-	bn_bwd_sums(n, c, hw, x, xdt, dy, dydt, ch, &mean, &var, &sdy, &sdyx);
-	bn_dx_chan(n, c, hw, x, xdt, gamma, gdt, dy, dydt, eps, ch, mean, var, sdy, sdyx,
-		   (double)n * hw, dx, dxdt);
-}
-
 /* Synchronised backward from the workspace: dx (dg NULL) from the global
  * sums of all four, or dgamma (dx NULL) from the global statistics and
  * this rank's dy sums (the gradient buckets sum dgamma over the ranks). */
@@ -250,18 +238,8 @@ __global__ void loom_bn_bwd_apply_kernel(int n, int c, int64_t hw, const void *x
 		loom_st(dg, dgdt, ch, (float)(sdyx / sqrt(var + eps)));
 }
 
-__global__ void loom_bn_bwd_gamma_kernel(int n, int c, int64_t hw, const void *x, int xdt,
-					 const void *dy, int dydt, double eps, void *dg, int dgdt)
-{
-	const int ch = blockIdx.x;
-	double mean, var, sdy, sdyx;
-	bn_bwd_sums(n, c, hw, x, xdt, dy, dydt, ch, &mean, &var, &sdy, &sdyx);
-	if (threadIdx.x == 0)
-		loom_st(dg, dgdt, ch, (float)(sdyx / sqrt(var + eps)));
-}
-
 /*
- * The split kernels (LOOM_CUDA_BN_SPLIT, on by default): each channel's
+ * The split kernels: each channel's
  * n * hw values cut into P chunks of about LOOM_CUDA_BN_CHUNK values, one
  * block per (channel, chunk), so that a large batch fills the device (one
  * block per channel left 64 blocks for ResNet's first layers). A chunk's
@@ -534,28 +512,6 @@ extern "C" loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, in
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_bn_bwd_data(char *err, cudaStream_t s, int n, int c,
-					     int64_t hw, const void *x, int xdt, const void *gamma,
-					     int gdt, const void *dy, int dydt, double eps, void *dx,
-					     int dxdt)
-{
-	if (c <= 0)
-		return LOOM_OK;
-	loom_bn_bwd_data_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, gamma, gdt, dy, dydt, eps,
-						       dx, dxdt);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
-extern "C" loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, int c,
-					      int64_t hw, const void *x, int xdt, const void *dy,
-					      int dydt, double eps, void *dg, int dgdt)
-{
-	if (c <= 0)
-		return LOOM_OK;
-	loom_bn_bwd_gamma_kernel<<<c, threads, 0, s>>>(n, c, hw, x, xdt, dy, dydt, eps, dg, dgdt);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
 /* Synchronised batch norm's sums: this rank's into the workspace, then the
  * first 1 + reduce * c of them summed over the ranks in stream order. No
  * process group (world 1, the test hook of engine/ddp.c): the sums are
@@ -600,7 +556,7 @@ loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *c, const loom_plan *plan, lo
 		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
 	const int nb = (int)x->shape.dims[0], ch = (int)x->shape.dims[1];
 	const int64_t hw = x->shape.dims[2] * x->shape.dims[3];
-	if (c->train && !n->a.bn.sync && c->bn_split && ch > 0 && nb * hw > 0)
+	if (c->train && !n->a.bn.sync && ch > 0 && nb * hw > 0)
 		return bn_split_fwd(c->err, c->stream, nb, ch, hw, io, n, (double *)c->arena->ws,
 				    (double *)loom_cuda_saved_slot(c, v, v));
 	if (!c->train || !n->a.bn.sync || ch <= 0)
@@ -652,39 +608,32 @@ loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *c, const loom_plan *plan, lo
 		return loom_cuda_bn_run(plan, c, v, &c->plans[v], c->train, io->src, io->out);
 	if (n->a.bn.sync)
 		return bn_bwd_sync(c, plan, v, io, 1);
-	if (c->bn_split) {
-		const loom_cuda_bn_plan *bp = &c->plans[v].bn;
-		bn_split_out o = { io->out, NULL, NULL, io->odt, 0, 0, NULL, 0 };
-		const void *dy = io->src[2];
-		int dydt = io->dt[2];
-		if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
-			/* The relu backward did nothing: its sources instead. */
-			dy = loom_arena_ptr(c->arena, plan, bp->relu_dy);
-			dydt = plan->g->nodes[bp->relu_dy].dtype;
-			o.ry = loom_arena_ptr(c->arena, plan, bp->relu_y);
-			o.rydt = plan->g->nodes[bp->relu_y].dtype;
-		}
-		if (bp->own_makes && bp->dgamma != LOOM_NONE) {
-			o.dg = loom_arena_ptr(c->arena, plan, bp->dgamma);
-			o.dgdt = plan->g->nodes[bp->dgamma].dtype;
-		}
-		if (bp->own_makes && bp->dbeta != LOOM_NONE) {
-			o.db = loom_arena_ptr(c->arena, plan, bp->dbeta);
-			o.dbdt = plan->g->nodes[bp->dbeta].dtype;
-		}
-		if (loom_shape_numel(&x->shape) <= 0)
-			return LOOM_OK;
-		return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
-				    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0],
-				    io->src[1], io->dt[1], dy, dydt, n->a.bn.eps,
-				    (double *)c->arena->ws,
-				    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
-				    &o);
+	const loom_cuda_bn_plan *bp = &c->plans[v].bn;
+	bn_split_out o = { io->out, NULL, NULL, io->odt, 0, 0, NULL, 0 };
+	const void *dy = io->src[2];
+	int dydt = io->dt[2];
+	if (bp->relu_bwd != LOOM_NONE && loom_cuda_relu_fusion_on(c)) {
+		/* The relu backward did nothing: its sources instead. */
+		dy = loom_arena_ptr(c->arena, plan, bp->relu_dy);
+		dydt = plan->g->nodes[bp->relu_dy].dtype;
+		o.ry = loom_arena_ptr(c->arena, plan, bp->relu_y);
+		o.rydt = plan->g->nodes[bp->relu_y].dtype;
 	}
-	return loom_cuda_bn_bwd_data(c->err, c->stream, (int)x->shape.dims[0],
-				     (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
-				     io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-				     io->dt[2], n->a.bn.eps, io->out, io->odt);
+	if (bp->own_makes && bp->dgamma != LOOM_NONE) {
+		o.dg = loom_arena_ptr(c->arena, plan, bp->dgamma);
+		o.dgdt = plan->g->nodes[bp->dgamma].dtype;
+	}
+	if (bp->own_makes && bp->dbeta != LOOM_NONE) {
+		o.db = loom_arena_ptr(c->arena, plan, bp->dbeta);
+		o.dbdt = plan->g->nodes[bp->dbeta].dtype;
+	}
+	if (loom_shape_numel(&x->shape) <= 0)
+		return LOOM_OK;
+	return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
+			    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0], io->src[1],
+			    io->dt[1], dy, dydt, n->a.bn.eps, (double *)c->arena->ws,
+			    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
+			    &o);
 }
 
 loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
@@ -694,20 +643,14 @@ loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *c, const loom_plan *plan, l
 	const loom_node *x = &plan->g->nodes[n->src[0]];
 	if (n->a.bn.sync)
 		return bn_bwd_sync(c, plan, v, io, 0);
-	if (c->bn_split) {
-		bn_split_out o = { NULL, io->out, NULL, 0, io->odt, 0, NULL, 0 };
-		if (loom_shape_numel(&x->shape) <= 0)
-			return LOOM_OK;
-		return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
-				    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0], NULL,
-				    0, io->src[1], io->dt[1], n->a.bn.eps, (double *)c->arena->ws,
-				    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
-				    &o);
-	}
-	return loom_cuda_bn_bwd_gamma(c->err, c->stream, (int)x->shape.dims[0],
-				      (int)x->shape.dims[1], x->shape.dims[2] * x->shape.dims[3],
-				      io->src[0], io->dt[0], io->src[1], io->dt[1], n->a.bn.eps,
-				      io->out, io->odt);
+	bn_split_out o = { NULL, io->out, NULL, 0, io->odt, 0, NULL, 0 };
+	if (loom_shape_numel(&x->shape) <= 0)
+		return LOOM_OK;
+	return bn_split_bwd(c->err, c->stream, (int)x->shape.dims[0], (int)x->shape.dims[1],
+			    x->shape.dims[2] * x->shape.dims[3], io->src[0], io->dt[0], NULL, 0,
+			    io->src[1], io->dt[1], n->a.bn.eps, (double *)c->arena->ws,
+			    c->train ? (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL,
+			    &o);
 }
 
 /* --dump-graph: how a batch-norm node runs (cuDNN or which own kernels,
@@ -739,8 +682,7 @@ void loom_cuda_bn_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 								       "cudnn Ex nhwc, relu fused" : "cudnn Ex nhwc") :
 						     "cudnn nhwc") :
 						(np->bn.ex ? "cudnn Ex, relu fused" : "cudnn")) :
-			  n->a.bn.sync ? "own kernels, synchronised" :
-			  c->bn_split ? "own split kernels" : "own kernels, a block per channel";
+			  n->a.bn.sync ? "own kernels, synchronised" : "own split kernels";
 	const char *saved = np->saved_by == LOOM_NONE ? "" :
 			    np->saved_by == v ? (bn ? ", saves its statistics" : ", saves its argmax") :
 					       (bn ? ", reads the saved statistics" : ", reads the saved argmax");

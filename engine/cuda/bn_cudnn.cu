@@ -10,9 +10,8 @@
  * writes all three where the memory plan put them. An unmarked gradient
  * goes to scratch in ws and its own node computes it later. The forward
  * saves its mean and inverse std into the slot fuse_plan.cu's plan_saved
- * gave it, and the backward passes them back (LOOM_CUDA_BN_SAVE); a
- * forward with a fused relu asks for the Ex call with the activation
- * (LOOM_CUDA_BN_EX) where cuDNN takes NCHW. A node the format pass put in
+ * gave it, and the backward passes them back; a forward with a fused relu
+ * asks for the Ex call with the activation where cuDNN takes NCHW. A node the format pass put in
  * NHWC (formats.c, LOOM_CUDA_NHWC) runs with NHWC descriptors in
  * CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode, its training forward through
  * the Ex call (with or without the relu), its backward the legacy call in
@@ -162,12 +161,11 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	bp->dgamma = bp->dbeta = LOOM_NONE;
 	bp->own_makes = 0;
 	/* Synchronised batch norm needs its statistics between two kernels;
-	 * cuDNN computes and applies them in one call. LOOM_CUDA_BN_OWN
-	 * takes the own kernels where cuDNN would run. */
-	if (loom_cuda_own_kernels_on || c->bn_own || n->a.bn.sync || !cudnn_takes(p, n)) {
+	 * cuDNN computes and applies them in one call. */
+	if (loom_cuda_own_kernels_on || n->a.bn.sync || !cudnn_takes(p, n)) {
 		/* kind stays NONE: the own kernels run it; the split backward
 		 * writes dgamma and dbeta with dx, in their dtypes. */
-		if (n->op == LOOM_OP_BN_BWD_DATA && !n->a.bn.sync && c->bn_split)
+		if (n->op == LOOM_OP_BN_BWD_DATA && !n->a.bn.sync)
 			bp->own_makes = find_siblings(p, v, bp, 0);
 		return LOOM_OK;
 	}
@@ -195,8 +193,8 @@ loom_status loom_cuda_bn_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			      c->err, sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
-	if (n->op == LOOM_OP_BATCHNORM2D && ((n->a.bn.relu && c->bn_ex) || bp->nhwc))
-		return plan_ex(c, np, n->a.bn.relu && c->bn_ex);
+	if (n->op == LOOM_OP_BATCHNORM2D && (n->a.bn.relu || bp->nhwc))
+		return plan_ex(c, np, n->a.bn.relu);
 	if (n->op != LOOM_OP_BN_BWD_DATA)
 		return LOOM_OK;
 
@@ -286,8 +284,7 @@ static loom_status bn_fwd_legacy(loom_cuda_ctx *c, const loom_node *n,
 }
 
 /* BATCHNORM2D (x, gamma, beta, running mean, running var); the mean and
- * inverse std saved for the backward where the plan gave the node a slot
- * (LOOM_CUDA_BN_SAVE). */
+ * inverse std saved for the backward where the plan gave the node a slot. */
 static loom_status bn_fwd(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 			  const loom_cuda_bn_plan *bp, int train, void *const *src, void *out)
 {

@@ -31,9 +31,6 @@ extern "C" {
 size_t loom_cuda_lt_ws(void);
 /* The most workspace a cuDNN algorithm may ask for to be chosen. */
 #define LOOM_CUDA_CONV_WS_MAX ((size_t)512 << 20)
-/* The largest upload the staged path takes (larger ones, such as weights
- * at load, go through the pinned halves). */
-#define LOOM_CUDA_STAGE_MAX ((size_t)256 << 20)
 /* Elements per optimizer chunk (one block each). */
 #define LOOM_CUDA_OPT_CHUNK 4096
 
@@ -230,8 +227,8 @@ typedef struct loom_cuda_bn_plan {
 	loom_value relu_bwd, relu_y, relu_dy;
 	/* A forward with a fused relu through cudnnBatchNormalizationForwardTrainingEx
 	 * (CUDNN_BATCHNORM_OPS_BN_ACTIVATION), where cuDNN took the NCHW
-	 * descriptors at plan time (LOOM_CUDA_BN_EX); its workspace and reserve
-	 * at the start of ws. 0 after a run-time NOT_SUPPORTED. */
+	 * descriptors at plan time; its workspace and reserve at the start
+	 * of ws. 0 after a run-time NOT_SUPPORTED. */
 	int ex;
 	int ex_ops; /* cudnnBatchNormOps_t: BN_ACTIVATION, or BN (NHWC without a relu) */
 	cudnnActivationDescriptor_t act;
@@ -302,7 +299,7 @@ typedef struct loom_cuda_node_plan {
 	loom_value bn_add, bn_add_z, bn_add_by;
 	size_t bn_add_ws, bn_add_reserve;
 	/* softmax-CE forward: the backward whose dlogits it writes over the
-	 * logits in a training run (LOOM_CUDA_CLASSIFIER, plan_classifier in
+	 * logits in a training run (the fused classifier, plan_classifier in
 	 * fuse_plan.cu), LOOM_NONE if none. */
 	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
@@ -392,14 +389,6 @@ typedef struct loom_cuda_ctx {
 	cudaEvent_t pinned_ev[2];
 	int pinned_next;
 
-	/* The staged upload (LOOM_CUDA_UPLOAD=stream, read at alloc; off by
-	 * default; compiled, not yet run): a copy stream and two fixed
-	 * buffers, each a pinned host half and a device half of the largest
-	 * staged upload so far (up to LOOM_CUDA_STAGE_MAX). The host copies
-	 * into buffer k, the copy stream moves it to the device half while
-	 * the compute stream runs, the compute stream waits for that copy and
-	 * moves the device half into place (a device copy); the host waits
-	 * only for buffer k's previous device copy, two uploads back. */
 	/* The loss read one step late (loss_async): two pinned slots, each
 	 * the loss and the control block as a step left them, an event each;
 	 * the slot whose copy is queued and not yet taken (-1: none). */
@@ -422,13 +411,6 @@ typedef struct loom_cuda_ctx {
 	loom_cuda_input *inputs;
 	int n_inputs;
 
-	int stage_on;
-	cudaStream_t copy;
-	unsigned char *stage_host[2], *stage_dev[2];
-	size_t stage_cap[2];
-	cudaEvent_t stage_copied[2], stage_done[2];
-	int stage_next;
-
 	loom_scaler host_scaler; /* the scaler as last synced with the device */
 	int64_t host_step;
 	/* Pinned staging of a host-side change of scaler and step, read by the
@@ -438,18 +420,10 @@ typedef struct loom_cuda_ctx {
 	cudaEvent_t ctl_stage_ev;
 
 	int tf32;   /* fp32 products and convolutions on TF32 tensor cores (!opts.no_tf32) */
-	/* Switches read from the environment when the plan is made (each
-	 * keeps the old path when 0; compiled, not yet run on a GPU):
-	 * LOOM_CUDA_BN_SAVE (1): batch norm's forward saves its statistics
-	 * and the backward reads them; LOOM_CUDA_BN_SPLIT (1): the own
-	 * batch-norm kernels with several blocks per channel; LOOM_CUDA_BN_OWN
-	 * (0): the own kernels also where cuDNN takes the dtypes (relu fused
-	 * into the forward's one pass); LOOM_CUDA_POOL_IDX (1): max pool saves
-	 * its argmax and the backward gathers through it; LOOM_CUDA_BN_EX (1):
-	 * cuDNN's forward with the relu fused, where cuDNN takes NCHW;
-	 * LOOM_CUDA_BN_RELU_BWD (1): the relu's backward fused into the split
-	 * batch-norm backward where the memory plan allows it. */
-	int bn_save, bn_split, bn_own, pool_idx, bn_ex, bn_relu_bwd;
+	/* LOOM_CUDA_BN_RELU_BWD (1 unless its variable is 0 when the plan is
+	 * made): the relu's backward fused into the split batch-norm backward
+	 * where the memory plan allows it. */
+	int bn_relu_bwd;
 	int bn_add; /* LOOM_CUDA_BN_ADD: batch norm + add + relu in one cuDNN call (NHWC) */
 	/* LOOM_CUDA_BN_BWD_EX (1): NHWC batch norm's backward through
 	 * cudnnBatchNormalizationBackwardEx with the forward's reserve (0: the
@@ -458,17 +432,11 @@ typedef struct loom_cuda_ctx {
 	 * inside it (BN_ACTIVATION, BN_ADD_ACTIVATION). Compiled, not run. */
 	int bn_bwd_ex, bn_bwd_fuse;
 	int conv_krsc; /* LOOM_CUDA_CONV_KRSC (1): NHWC filters reordered once a step (plan_conv_krsc) */
-	/* The GPT's fusions (issue 30 item 5; compiled, not run), each 1
-	 * unless its variable is 0 when the plan is made:
-	 * LOOM_CUDA_CLASSIFIER: softmax-CE in one online pass over the half
-	 * logits, the backward's dlogits written by the forward over the
-	 * logits where the plan allows, else from its saved log-sum-exp
-	 * (loss.cu); LOOM_CUDA_LN_SAVE: layer norm's forward saves each
-	 * row's mean and rstd for the one-pass backward (layernorm.cu);
-	 * LOOM_CUDA_GELU_EPILOGUE: a linear read by a tanh GELU computes it in
-	 * cuBLASLt's GELU_AUX(_BIAS) epilogue, and the product making the
-	 * GELU backward's dy its DGELU (matmul_cublaslt.cu). */
-	int classifier, ln_save, gelu_epi;
+	/* LOOM_CUDA_GELU_EPILOGUE (1 unless its variable is 0 when the plan
+	 * is made): a linear read by a tanh GELU computes it in cuBLASLt's
+	 * GELU_AUX(_BIAS) epilogue, and the product making the GELU
+	 * backward's dy its DGELU (matmul_cublaslt.cu). */
+	int gelu_epi;
 	/* The products' cuBLASLt use against llm.c's (matmul_cublaslt.cu),
 	 * each 1 unless its variable is 0 when the plan is made:
 	 * LOOM_CUDA_BGRAD_EPILOGUE: a weight gradient's bias-gradient sibling
@@ -505,14 +473,6 @@ extern int loom_cuda_own_kernels_on;
 /* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
  * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
 extern int loom_cuda_vec_on;
-/* The GPT kernels' switches, each 1 unless its variable is 0 when the
- * latest plan was made (plan_create reads them): LOOM_CUDA_LN_FUSED
- * (layernorm.cu: the warp-per-row forward and one-pass backward),
- * LOOM_CUDA_EMB_BUCKET (embedding.cu: the backward bucketed by token),
- * LOOM_CUDA_LT_CACHE (matmul_cublaslt.cu: strided products' heuristic
- * answers cached per shape). */
-extern int loom_cuda_emb_bucket_on;
-extern int loom_cuda_ln_fused_on; /* LOOM_CUDA_LN_FUSED */
 extern int loom_cuda_ln_bwd_warp_on; /* LOOM_CUDA_LN_BWD=warp (layernorm.cu), default 0 */
 extern int loom_cuda_adamw_f32_on; /* LOOM_CUDA_ADAMW=f32 (optim.cu), default 0 */
 /* LOOM_CUDA_BGRAD=kernel (elementwise.cu), default 0: a linear's bias
@@ -520,7 +480,6 @@ extern int loom_cuda_adamw_f32_on; /* LOOM_CUDA_ADAMW=f32 (optim.cu), default 0 
  * without BGRADB; and that kernel's workspace for channel-sum node v. */
 extern int loom_cuda_bgrad_kernel_on;
 size_t loom_cuda_colsum_ws(const loom_plan *p, loom_value v);
-extern int loom_cuda_lt_cache_on;
 /* --dump-graph's note on a layer-norm node (layernorm.cu) and on a
  * softmax-CE node (loss.cu): which path it took. */
 void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
@@ -670,7 +629,7 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *ctx, const loom_plan 
 loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan,
 					     loom_value v, const loom_cuda_io *io);
 /* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
- * it makes (LOOM_CUDA_PLAN_LN) under loom_cuda_ln_fused_on, else none. */
+ * it makes (LOOM_CUDA_PLAN_LN) where the row fits it, else none. */
 loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
 /* Workspace bytes of a LAYERNORM_BWD_GAMMA node (row statistics, chunk
@@ -731,12 +690,6 @@ loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n, int c,
 			     int64_t hw, const void *x, int xdt, const void *gamma, int gdt,
 			     const void *beta, int bdt, void *rmean, int rmdt, void *rvar,
 			     int rvdt, double momentum, double eps, int relu, void *y, int ydt);
-loom_status loom_cuda_bn_bwd_data(char *err, cudaStream_t s, int n, int c, int64_t hw,
-				  const void *x, int xdt, const void *gamma, int gdt,
-				  const void *dy, int dydt, double eps, void *dx, int dxdt);
-loom_status loom_cuda_bn_bwd_gamma(char *err, cudaStream_t s, int n, int c, int64_t hw,
-				   const void *x, int xdt, const void *dy, int dydt, double eps,
-				   void *dg, int dgdt);
 
 /* pool.cu — the geometry struct of graph/ops/geometry.h, passed by value;
  * relu: the pool carries a fused relu (graph/fuse.c). */
@@ -771,10 +724,6 @@ loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s, const v
 /* loss.cu: n rows of pitch ld (elements), the first `classes` of each the
  * real classes (ld > classes: a padded vocabulary's logits, whose dlogits
  * get zero in the padding columns; engine/vocab_pad.c). */
-loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n, int classes, int ld,
-				     const void *logits, int ldt, const int32_t *labels,
-				     void *loss, int lossdt, double *row_ws, int node,
-				     loom_cuda_ctl *ctl);
 loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n, int classes, int ld,
 				     const void *logits, int ldt, const int32_t *labels,
 				     const void *dloss, int dldt, void *dlogits, int dxdt);

@@ -1,8 +1,9 @@
 /*
  * engine/cuda/embedding.cu — embedding on the GPU: the gather of table rows
- * by id and its backward scatter-add, bucketed by token (LOOM_CUDA_EMB_BUCKET:
- * the ids sorted, one block per run of equal ids, no atomics) or one thread
- * per column over every token; the entries of EMBEDDING and EMBEDDING_BWD.
+ * by id and its backward scatter-add, bucketed by token (the ids sorted,
+ * one block per run of equal ids, no atomics; one thread per column over
+ * every token where cub cannot size the sort); the entries of EMBEDDING and
+ * EMBEDDING_BWD.
  * CPU twin: engine/cpu/embedding.c (the scatter-add in row order). Status
  * as the rest of engine/cuda (README.md): run on an H200 through the GPU
  * suite.
@@ -43,7 +44,7 @@ __global__ void loom_embedding_bwd_kernel(int64_t n, int v, int c, const int32_t
 		}
 }
 
-/* The bucketed embedding backward (loom_cuda_emb_bucket_on): key[i] = the
+/* The bucketed embedding backward: key[i] = the
  * id of position i (v for an id outside [0, v): no row), val[i] = i; a
  * stable radix sort by key then puts each token's positions together, in
  * position order. */
@@ -87,11 +88,6 @@ __global__ void loom_embedding_bwd_bucket_kernel(int64_t n, int v, int c, const 
 // ----------------------------------------------------------------------------
 // kernel launchers and op entries
 
-/* LOOM_CUDA_EMB_BUCKET=0, read when a plan is made (plan_create): the
- * embedding backward's one thread per column over every token, the kernel
- * the bucketed one replaces. */
-int loom_cuda_emb_bucket_on = 1;
-
 /* The bits a key in [0, v] needs. */
 static int key_bits(int v)
 {
@@ -125,13 +121,12 @@ static size_t emb_bucket_ws(int64_t n, int v, size_t *cub_bytes)
 size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v)
 {
 	const loom_node *n = loom_cuda_node(p, v);
-	size_t cub_bytes, b = 0;
+	size_t cub_bytes;
 	size_t old = n->dtype == LOOM_F32 ?
 			     0 : loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
-	if (loom_cuda_emb_bucket_on)
-		b = emb_bucket_ws(loom_shape_numel(&loom_cuda_src(p, v, 0)->shape), (int)n->shape.dims[0],
-				  &cub_bytes);
-	/* Both: the switch is global, and another plan may turn it off. */
+	size_t b = emb_bucket_ws(loom_shape_numel(&loom_cuda_src(p, v, 0)->shape),
+				 (int)n->shape.dims[0], &cub_bytes);
+	/* The old kernel runs where cub cannot size the sort (b is 0). */
 	return b > old ? b : old;
 }
 
@@ -195,8 +190,7 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	int64_t cnt = loom_shape_numel(&loom_cuda_src(plan, v, 0)->shape), total = loom_shape_numel(&n->shape);
 	int cc = (int)n->shape.dims[1], done = 0;
 	loom_status st;
-	if (loom_cuda_emb_bucket_on &&
-	    ((st = embedding_bwd_bucket(c, plan, v, io, &done)) != LOOM_OK || done))
+	if ((st = embedding_bwd_bucket(c, plan, v, io, &done)) != LOOM_OK || done)
 		return st;
 	float *acc = n->dtype == LOOM_F32 ? (float *)io->out : (float *)c->arena->ws;
 	st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),

@@ -7,9 +7,7 @@
  * engine/cpu/ops_format.c, loom_cpu_reorder in engine/cpu/blocked.c.
  * Compiled, not yet run.
  */
-#include <string.h>
 
-#include "base/options.h"
 #include "engine/cuda/dtype.cuh"
 #include "graph/unary.h"
 
@@ -107,15 +105,14 @@ loom_status loom_cuda_op_reorder(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 }
 
 /* The backend's node_formats (ctx may be NULL): formats.c's rules under
- * LOOM_CUDA_NHWC, the own batch-norm kernels (NCHW) where LOOM_CUDA_BN_OWN
- * or the test hook asks for them. */
+ * LOOM_CUDA_NHWC, the own batch-norm kernels (NCHW) where the test hook
+ * asks for them. */
 extern "C" void loom_cuda_node_formats(void *ctx, const loom_plan *plan, loom_value v,
 				       loom_format_caps *caps)
 {
-	const char *e = loom_opt_env(LOOM_OPT_CUDA_BN_OWN);
-	int own_bn = loom_cuda_own_kernels_on || (e && *e && strcmp(e, "0") != 0);
 	(void)ctx;
-	loom_cuda_formats_query(plan, v, caps, loom_cuda_nhwc_mode_get(), own_bn);
+	loom_cuda_formats_query(plan, v, caps, loom_cuda_nhwc_mode_get(),
+				loom_cuda_own_kernels_on);
 }
 
 /* Whether node v's kernel takes its operands in the formats the planner

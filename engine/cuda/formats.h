@@ -30,7 +30,7 @@ int loom_cuda_bn_cudnn_takes(const loom_plan *p, const loom_node *n);
 
 /*
  * Node v's formats on CUDA, for the format pass (graph/formats.c). own_bn:
- * batch norm runs on the own kernels (LOOM_CUDA_BN_OWN, the test hook), which
+ * batch norm runs on the own kernels (the test hook, loom_cuda_test_own_kernels), which
  * are NCHW. In NHWC: convolutions (mixed: each operand in its format, the
  * kernel reorders what cuDNN's one layout needs into its workspace), batch
  * norm on cuDNN with its dgamma/dbeta siblings, relu, add, casts and the

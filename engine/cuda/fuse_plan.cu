@@ -30,7 +30,7 @@ static int bn_family(const loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	const loom_node *n = &p->g->nodes[v];
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_BN)
 		return 1;
-	return !n->a.bn.sync && c->bn_split ? 2 : 0;
+	return n->a.bn.sync ? 0 : 2;
 }
 
 /* Whether backward node w is the backward of forward node f: same x, the
@@ -110,12 +110,12 @@ static void plan_saved(loom_cuda_ctx *c, const loom_plan *p)
 		return;
 	for (loom_value f = 0; f < g->n; f++) {
 		const loom_node *n = &g->nodes[f];
-		int bn = n->op == LOOM_OP_BATCHNORM2D && c->bn_save && bn_family(c, p, f);
-		int pool = n->op == LOOM_OP_MAXPOOL2D && c->pool_idx;
+		int bn = n->op == LOOM_OP_BATCHNORM2D && bn_family(c, p, f);
+		int pool = n->op == LOOM_OP_MAXPOOL2D;
 		/* Layer norm's rows' mean and rstd (f64), the softmax-CE's rows'
 		 * log-sum-exp (f32) when its forward does not do the backward. */
-		int ln = n->op == LOOM_OP_LAYERNORM && c->ln_save && loom_cuda_ln_fused_on;
-		int ce = n->op == LOOM_OP_SOFTMAX_CE && c->classifier && c->plans[f].ce_bwd == LOOM_NONE;
+		int ln = n->op == LOOM_OP_LAYERNORM;
+		int ce = n->op == LOOM_OP_SOFTMAX_CE && c->plans[f].ce_bwd == LOOM_NONE;
 		if (ln || ce) {
 			plan_saved_gpt(c, p, f, ln);
 			continue;
@@ -199,7 +199,7 @@ static int logits_private(const loom_plan *p, loom_value x, const loom_value *ok
 }
 
 /*
- * The fused classifier (LOOM_CUDA_CLASSIFIER): a softmax-CE forward f
+ * The fused classifier: a softmax-CE forward f
  * writes its backward w's dlogits itself, in the same launch, where
  * - w is the one backward of f's logits and labels, and its dloss is the
  *   graph's seed (the loss scale, which the control block holds when the
@@ -237,8 +237,6 @@ static loom_value classifier_bwd(const loom_plan *p, loom_value f)
 
 static void plan_classifier(loom_cuda_ctx *c, const loom_plan *p)
 {
-	if (!c->classifier)
-		return;
 	for (loom_value f = 0; f < p->g->n; f++) {
 		loom_value bwd = classifier_bwd(p, f);
 		if (bwd == LOOM_NONE)
@@ -370,7 +368,7 @@ static loom_status plan_conv_krsc(loom_cuda_ctx *c, const loom_plan *p)
 static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 {
 	const loom_graph *g = p->g;
-	if (!c->bn_relu_bwd || !c->bn_split || p->pipe)
+	if (!c->bn_relu_bwd || p->pipe)
 		return LOOM_OK;
 	int *step_of = loom_cuda_first_steps(p);
 	if (!step_of)

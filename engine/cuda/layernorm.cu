@@ -1,7 +1,7 @@
 /*
  * engine/cuda/layernorm.cu — layer norm over the last dim on the GPU: the
- * forward (one warp per row with 128-bit loads, LOOM_CUDA_LN_FUSED; else a
- * block per row), dx with dgamma and dbeta in one pass (its siblings,
+ * forward (one warp per row with 128-bit loads; a block per row past the
+ * warp grid's launch limit), dx with dgamma and dbeta in one pass (its siblings,
  * graph/fuse.c), the separate dx and chunked dgamma kernels, and the
  * entries of LAYERNORM and its two backward ops. CPU twin:
  * engine/cpu/layernorm.c (same formulas, statistics in double). Status as
@@ -139,8 +139,8 @@ static void ln_chunks(int64_t rows, int64_t *per, int *chunks)
 }
 
 /*
- * Layer norm, one pass per row each way (loom_cuda_ln_fused_on,
- * LOOM_CUDA_LN_FUSED=0: the kernels above). Rows are read W elements at a
+ * Layer norm, one pass per row each way (the kernels above where a row or
+ * the grid is too large for these). Rows are read W elements at a
  * time: W = 8 (128-bit loads of f16/bf16, two float4 of f32) where the
  * last dim is a multiple of 8 and every pointer 16-byte aligned, else 1.
  * Statistics and sums in double, as above and on the CPU.
@@ -239,7 +239,7 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
 			ss += (v[k] - m) * (v[k] - m);
 	}
 	const double rs = 1.0 / sqrt(warp_sum(ss) / c + eps);
-	if (stats && lane == 0) { /* LOOM_CUDA_LN_SAVE: for the backward */
+	if (stats && lane == 0) { /* saved for the backward */
 		stats[2 * r] = m;
 		stats[2 * r + 1] = rs;
 	}
@@ -288,7 +288,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 	for (int64_t r = r0; r < r1; r++) {
 		const int64_t o = r * c;
 		double s = 0, ss = 0, a = 0, b = 0, m, rs;
-		if (stats) { /* saved by the forward (LOOM_CUDA_LN_SAVE) */
+		if (stats) { /* saved by the forward */
 			m = stats[2 * r];
 			rs = stats[2 * r + 1];
 		} else {
@@ -348,10 +348,10 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
  * [k per, (k + 1) per) one after the other; lane l owns the same columns
  * of every row (G groups of W: columns (q 32 + l) W ... + W - 1), so its
  * share of dgamma and dbeta stays in registers across the rows. The row's
- * mean and rstd are the forward's (saved, LOOM_CUDA_LN_SAVE) or
- * recomputed in fp32. At the end the block's warps add their registers
- * into shared memory in warp order and the block writes one part of 2c
- * floats (dgamma's c, then dbeta's); loom_layernorm_bwd_warp_fold_kernel
+ * mean and rstd are the forward's (saved) or recomputed in fp32. At the
+ * end the block's warps add their registers into shared memory in warp
+ * order and the block writes one part of 2c floats (dgamma's c, then
+ * dbeta's); loom_layernorm_bwd_warp_fold_kernel
  * adds the parts in block order: the same bits every run, two launches
  * per layer norm (the one-pass kernel above takes three, in double).
  * Columns up to 32 W G (1024 for both instantiations); wider rows keep
@@ -505,10 +505,6 @@ __global__ void loom_layernorm_bwd_warp_fold_kernel(int nparts, int c, const flo
 // ----------------------------------------------------------------------------
 // kernel launchers and op entries
 
-/* LOOM_CUDA_LN_FUSED=0, read when a plan is made (plan_create): layer
- * norm's block-per-row forward and separate backward kernels (dx; dgamma;
- * dbeta as a channel sum), the kernels the one-pass ones replace. */
-int loom_cuda_ln_fused_on = 1;
 /* LOOM_CUDA_LN_BWD=warp (default legacy), read when a plan is made: the
  * one-pass backward through loom_layernorm_bwd_warp_kernel (fp32, a warp
  * per row) where the row fits, instead of the block-per-chunk kernel in
@@ -555,6 +551,12 @@ static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, do
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
+/* A grid of rows / 8 blocks: within the launch limit up to 2^34 rows. */
+static int ln_fwd_warp_fits(int64_t rows)
+{
+	return rows / (threads / 32) < 2147483647LL;
+}
+
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io)
 {
@@ -562,8 +564,7 @@ loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom
 	int64_t rows = loom_shape_rows(&n->shape);
 	if (rows <= 0)
 		return LOOM_OK;
-	/* A grid of rows / 8 blocks: within the launch limit up to 2^34 rows. */
-	if (loom_cuda_ln_fused_on && rows / (threads / 32) < 2147483647LL)
+	if (ln_fwd_warp_fits(rows))
 		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io,
 					  (double *)loom_cuda_saved_slot(c, v, v));
 	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
@@ -614,7 +615,7 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	(void)c;
 	np->ln.dgamma = np->ln.dbeta = LOOM_NONE;
 	np->ws = 0;
-	if (!loom_cuda_ln_fused_on || rows <= 0 || cc <= 0 || cc > LOOM_LN_FUSED_MAX_C)
+	if (rows <= 0 || cc <= 0 || cc > LOOM_LN_FUSED_MAX_C)
 		return LOOM_OK; /* the separate kernels */
 	/* dgamma and dbeta, where graph/fuse.c made them this node's siblings. */
 	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w)) {
@@ -763,7 +764,9 @@ void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 	const int saves = np->saved_by == v, reads = np->saved_by != LOOM_NONE && np->saved_by != v;
 	switch (loom_cuda_node(p, v)->op) {
 	case LOOM_OP_LAYERNORM:
-		snprintf(buf, len, "%s%s", loom_cuda_ln_fused_on ? "warp per row" : "block per row",
+		snprintf(buf, len, "%s%s",
+			 ln_fwd_warp_fits(loom_shape_rows(&loom_cuda_node(p, v)->shape)) ?
+			 "warp per row" : "block per row",
 			 saves ? ", saves mean and rstd" : "");
 		break;
 	default: /* LAYERNORM_BWD_DATA */

@@ -1,10 +1,10 @@
 /*
  * engine/cuda/loss.cu — softmax cross-entropy forward (mean over rows of
  * logsumexp - logit[label]) and backward ((softmax - onehot) * dloss / n).
- * CPU twin: loom_cpu_softmax_ce_fwd/bwd in engine/cpu/dense_impl.h, double
- * accumulation as there (LOOM_CUDA_CLASSIFIER=0); by default the fused
- * classifier below (fp32 online softmax, the backward done by the forward
- * or from its saved log-sum-exp).
+ * CPU twin: loom_cpu_softmax_ce_fwd/bwd in engine/cpu/dense_impl.h. The
+ * forward is the fused classifier below (fp32 online softmax, the backward
+ * done by the forward or from its saved log-sum-exp); a backward with no
+ * saved log-sum-exp makes it again in double, as the CPU does.
  *
  * A label outside [0, classes) cannot fail the launch: the kernel records
  * the node and the first bad row in the control block, writes no loss, the
@@ -43,28 +43,6 @@ static __device__ void ce_zero_padding(void *d, int ddt, int classes, int ld)
 		loom_st(d, ddt, j, 0.0f);
 }
 
-/* One block per row (of pitch ld >= classes, a padded vocabulary's):
- * row_ws[i] = logsumexp(row) - row[label] over its first classes. */
-__global__ void loom_ce_rows_kernel(int classes, int ld, const void *logits, int ldt,
-				    const int32_t *labels, double *row_ws, int node,
-				    loom_cuda_ctl *ctl)
-{
-	const int i = blockIdx.x;
-	const int64_t row = (int64_t)i * ld;
-	double lse = ce_logsumexp(classes, logits, ldt, row);
-	if (threadIdx.x != 0)
-		return;
-	int32_t lab = labels[i];
-	if (lab < 0 || lab >= classes) {
-		int prev = atomicCAS(&ctl->ce_node, -1, node);
-		if (prev == -1 || prev == node)
-			atomicMin(&ctl->ce_row, i);
-		row_ws[i] = 0;
-		return;
-	}
-	row_ws[i] = lse - (double)loom_ld(logits, ldt, row + lab);
-}
-
 /* One block: the mean over rows, unless this node saw a bad label. */
 __global__ void loom_ce_mean_kernel(int n, const double *row_ws, void *loss, int lossdt,
 				    int node, const loom_cuda_ctl *ctl)
@@ -101,7 +79,7 @@ __global__ void loom_ce_bwd_kernel(int n, int classes, int ld, const void *logit
 }
 
 /*
- * The fused classifier (LOOM_CUDA_CLASSIFIER, on; compiled, not run): one
+ * The fused classifier (the forward of every softmax-CE): one
  * block per row reads the logits in their own dtype (16-byte loads where
  * the row allows), keeps a running max and sum of exponentials in fp32
  * (the online softmax: each thread its own pair, then the block's pairs
@@ -265,8 +243,8 @@ static __device__ __forceinline__ float ce_seed_grad(const loom_cuda_ctl *ctl, i
 	return n > 0 ? d / n : 0.0f;
 }
 
-/* One block per row: row_ws[i] = lse - logit[label] (a bad label flagged
- * as loom_ce_rows_kernel does); lse_out[i] = lse when lse_out; the row's
+/* One block per row: row_ws[i] = lse - logit[label] (a bad label: the
+ * node and row flagged in the control block, row_ws[i] 0); lse_out[i] = lse when lse_out; the row's
  * dlogits into dlogits (seed_dt: the seed's dtype) when dlogits. */
 __global__ void loom_ce_fused_kernel(int n, int classes, int ld, const void *logits, int ldt,
 				     const int32_t *labels, double *row_ws, int node,
@@ -325,23 +303,6 @@ __global__ void loom_ce_bwd_saved_kernel(int n, int classes, int ld, const void 
 
 static const int threads = 128;
 
-extern "C" loom_status loom_cuda_softmax_ce_fwd(char *err, cudaStream_t s, int n,
-						int classes, int ld, const void *logits, int ldt,
-						const int32_t *labels, void *loss, int lossdt,
-						double *row_ws, int node, loom_cuda_ctl *ctl)
-{
-	loom_status st;
-	if (n > 0 && classes > 0) {
-		loom_ce_rows_kernel<<<n, threads, 0, s>>>(classes, ld, logits, ldt, labels, row_ws,
-							   node, ctl);
-		if ((st = LOOM_CUDA_LAUNCHED(err)) != LOOM_OK)
-			return st;
-	}
-	loom_ce_mean_kernel<<<1, 1024, 0, s>>>(classes > 0 ? n : 0, row_ws, loss, lossdt, node,
-						ctl);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
 extern "C" loom_status loom_cuda_softmax_ce_bwd(char *err, cudaStream_t s, int n,
 						int classes, int ld, const void *logits, int ldt,
 						const int32_t *labels, const void *dloss, int dldt,
@@ -372,10 +333,6 @@ loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *c, const loom_plan *plan, loo
 	/* a padded vocabulary's logits: rows of ld, the first classes real */
 	const int n = (int)x->shape.dims[0], ld = (int)x->shape.dims[1],
 		  classes = (int)loom_node_classes(x);
-	if (!c->classifier)
-		return loom_cuda_softmax_ce_fwd(c->err, c->stream, n, classes, ld, io->src[0], io->dt[0],
-						(const int32_t *)io->src[1], io->out, io->odt,
-						(double *)c->arena->ws, v, c->ctl);
 	const loom_cuda_node_plan *np = &c->plans[v];
 	/* The backward's work too, in a training run (plan_classifier). */
 	const int grad = np->ce_bwd != LOOM_NONE && c->train && loom_cuda_relu_fusion_on(c);
@@ -403,7 +360,7 @@ loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
 	const int n = (int)x->shape.dims[0], ld = (int)x->shape.dims[1],
 		  classes = (int)loom_node_classes(x);
-	const float *lse = c->classifier ? (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
+	const float *lse = (const float *)loom_cuda_saved_slot(c, v, LOOM_NONE);
 	if (!lse)
 		return loom_cuda_softmax_ce_bwd(c->err, c->stream, n, classes, ld, io->src[0], io->dt[0],
 						(const int32_t *)io->src[1], io->src[2], io->dt[2],
@@ -424,9 +381,7 @@ void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 	const int saves = np->saved_by == v, reads = np->saved_by != LOOM_NONE && np->saved_by != v;
 	switch (loom_cuda_node(p, v)->op) {
 	case LOOM_OP_SOFTMAX_CE:
-		if (!c->classifier)
-			snprintf(buf, len, "two passes per row in double (LOOM_CUDA_CLASSIFIER=0)");
-		else if (np->ce_bwd != LOOM_NONE)
+		if (np->ce_bwd != LOOM_NONE)
 			snprintf(buf, len, "fused classifier: one online pass, writes %d's dlogits over "
 				 "the logits in training", (int)np->ce_bwd);
 		else

@@ -866,15 +866,13 @@ static loom_status strided_make(loom_cuda_ctx *c, const loom_cuda_gemm *g, uint3
 
 /*
  * The heuristic's answers, cached for the process per shape, dtypes,
- * layout, alignment and device (LOOM_CUDA_LT_CACHE=0, read when a plan is
- * made: a query per call, as before). GPT-2's attention made 576 queries a
+ * layout, alignment and device. GPT-2's attention made 576 queries a
  * step, each with its descriptors; every call of a step has a shape seen
  * before. Entries live until the process ends (descriptors are host
  * objects; an algorithm is valid on its device for any handle); when the
  * table is full, a new shape is queried per call.
  */
 #define LOOM_LT_CACHE_MAX 256
-int loom_cuda_lt_cache_on = 1;
 static struct {
 	pthread_mutex_t mu;
 	int n;
@@ -923,18 +921,16 @@ loom_status loom_cuda_gemm_strided(loom_cuda_ctx *c, const loom_cuda_gemm *g, in
 	const strided_plan *sp = NULL;
 	strided_plan own;
 	memset(&own, 0, sizeof(own));
-	if (loom_cuda_lt_cache_on) {
-		strided_key key;
-		memset(&key, 0, sizeof(key));
-		key.device = c->device, key.ta = g->ta, key.tb = g->tb, key.m = g->m, key.n = g->n;
-		key.k = g->k, key.batch = g->batch, key.lda = g->lda, key.ldb = g->ldb;
-		key.ldc = g->ldc, key.sa = g->sa, key.sb = g->sb, key.sc = g->sc;
-		key.abt = (int)g->abt, key.ct = (int)g->ct, key.compute = (int)ct, key.align = align;
-		sp = strided_cached(c, g, &key, ct, &st);
-		if (st != LOOM_OK)
-			return st;
-	}
-	if (!sp) { /* the switch is off, or the table is full */
+	strided_key key;
+	memset(&key, 0, sizeof(key));
+	key.device = c->device, key.ta = g->ta, key.tb = g->tb, key.m = g->m, key.n = g->n;
+	key.k = g->k, key.batch = g->batch, key.lda = g->lda, key.ldb = g->ldb;
+	key.ldc = g->ldc, key.sa = g->sa, key.sb = g->sb, key.sc = g->sc;
+	key.abt = (int)g->abt, key.ct = (int)g->ct, key.compute = (int)ct, key.align = align;
+	sp = strided_cached(c, g, &key, ct, &st);
+	if (st != LOOM_OK)
+		return st;
+	if (!sp) { /* the table is full */
 		if ((st = strided_make(c, g, align, ct, &own)) != LOOM_OK)
 			return st;
 		sp = &own;

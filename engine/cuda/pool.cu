@@ -13,8 +13,8 @@
  *
  * The forward saves each output's argmax (a byte: its place in the window)
  * in the slot the backend's plan gives it (fuse_plan.cu, plan_saved), and the
- * backward gathers dy through it without reading x (LOOM_CUDA_POOL_IDX=0:
- * the backward finds the argmax again from x, as before).
+ * backward gathers dy through it without reading x (where the plan gave no
+ * slot, the backward finds the argmax again from x).
  *
  * Own kernels rather than cudnnPoolingForward/Backward: cuDNN's backward
  * needs the forward output y, which the graph's MAXPOOL2D_BWD (x, dy) does
@@ -102,8 +102,7 @@ __global__ void loom_maxpool_fwd_kernel(loom_pool_shape s, const void *x, int xd
 	}
 }
 
-/* The forward saving each output's argmax (LOOM_CUDA_POOL_IDX, on by
- * default; compiled, not yet run on a GPU): idx[o] is the max's place in
+/* The forward saving each output's argmax: idx[o] is the max's place in
  * its window, (ih - h0) k + (iw - w0), or 255 where no gradient goes (an
  * empty window, or under the fused relu a max that is not > 0); o is the
  * output's place in y's memory. */

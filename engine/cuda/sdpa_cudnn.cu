@@ -498,7 +498,9 @@ extern "C" int loom_cuda_test_sdpa_descriptors(int64_t b, int64_t t, int64_t nh,
 
 /* ------------------------------------------------------------ the switch and the check */
 
-/* LOOM_CUDA_ATTN: "sdpa" (default) or "unfused". */
+/* LOOM_CUDA_ATTN: "sdpa" (default) or "unfused", a row for tests and
+ * debugging: the unfused path, the fallback where SDPA cannot run, forced
+ * where it could (measured 1.37x slower on GPT-2). */
 static int attn_unfused(void)
 {
 	return loom_opt_choice(LOOM_OPT_CUDA_ATTN) == 1; /* sdpa|unfused */

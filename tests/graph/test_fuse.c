@@ -568,7 +568,7 @@ Test(fuse, casts_fold_only_at_ops_that_take_any_dtype)
 	cr_assert_eq(n[k.d].op, LOOM_OP_RESHAPE);
 	loom_graph_free(k.g);
 
-	/* No op takes (LOOM_CUDA_FOLD_CASTS=0's answer): nothing changes. */
+	/* No op takes: nothing changes. */
 	cast_case_build(&k);
 	cr_assert_eq(loom_fuse_casts_for(k.g, takes_none), 0);
 	n = k.g->nodes;

@@ -353,8 +353,7 @@ fi
 # default), fp32 exact (--tf32 off), O2 fp16 and O1 bf16, with the
 # convolutions' algorithm search on and off (LOOM_KERNEL_SEARCH=on|off;
 # off, the option's default: cuDNN's heuristic, the former choice), and GPT-2 124M O1 bf16
-# (the GPT kernels' switches off, then on: the default, with attention through cuDNN's SDPA;
-# then LOOM_CUDA_ATTN=unfused), alternating with
+# (GELU in cuBLASLt's epilogue off, then the default), alternating with
 # their PyTorch twins (bench/torch_gpu.py in channels-last and NCHW,
 # bench/torch_gpt.py). Few steps: figures to compare side by side, not to
 # quote to the last percent. One table, speed.txt (gpu_speed.sh); each run
@@ -421,29 +420,15 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 	# GELU epilogue computes, so the epilogue applies; the PyTorch twins
 	# run torch_gpt.py --gelu tanh to match, and llm.c's is tanh too.
 	# (Rows before 2026-12-06 ran the preset with the exact GELU.)
-	# The GPT kernels' switches (engine/cuda/README.md) all off: the
-	# kernels they replace, the same run otherwise (20 steps, ~20 s).
-	srow speed_gpt2_124m_O1_bf16_gptk_off loom_tok bench 60 -- env LOOM_KERNEL_SEARCH=on \
-		LOOM_CUDA_LN_FUSED=0 LOOM_CUDA_EMB_BUCKET=0 LOOM_CUDA_LT_CACHE=0 \
-		LOOM_CUDA_FOLD_CASTS=0 LOOM_CUDA_CLASSIFIER=0 LOOM_CUDA_GELU_EPILOGUE=0 \
-		LOOM_CUDA_LN_SAVE=0 "$bin/gpt_ddp" --device cuda "${text[@]}" \
-		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
-		--log-interval 5 --val-interval 0 --sample 0
-	# The fused classifier, GELU in cuBLASLt's epilogue and layer norm's
-	# saved statistics off, everything else at its default (~20 s).
-	srow speed_gpt2_124m_O1_bf16_fusions_off loom_tok bench 60 -- env LOOM_KERNEL_SEARCH=on \
-		LOOM_CUDA_CLASSIFIER=0 LOOM_CUDA_GELU_EPILOGUE=0 LOOM_CUDA_LN_SAVE=0 \
-		"$bin/gpt_ddp" --device cuda "${text[@]}" \
+	# GELU in cuBLASLt's epilogue off (LOOM_CUDA_GELU_EPILOGUE=0),
+	# everything else at its default (~20 s): against the next row, it
+	# decides the switch.
+	srow speed_gpt2_124m_O1_bf16_gelu_epilogue_off loom_tok bench 60 -- env \
+		LOOM_KERNEL_SEARCH=on LOOM_CUDA_GELU_EPILOGUE=0 "$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
 	srow speed_gpt2_124m_O1_bf16 loom_tok bench 90 -- env LOOM_KERNEL_SEARCH=on \
 		"$bin/gpt_ddp" --device cuda "${text[@]}" \
-		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
-		--log-interval 5 --val-interval 0 --sample 0
-	# The same with attention unfused (LOOM_CUDA_ATTN=unfused: batched
-	# products, P stored), beside the default's cuDNN SDPA.
-	srow speed_gpt2_124m_O1_bf16_attn_unfused loom_tok bench 30 -- env LOOM_KERNEL_SEARCH=on \
-		LOOM_CUDA_ATTN=unfused "$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
 	if [ $torch_ok = 1 ] && [ ${#text[@]} -gt 0 ]; then
@@ -518,16 +503,9 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		LOOM_VOCAB_PAD=128 "$bin/gpt_ddp" --device cuda "${text[@]}" \
 		--preset gpt2 --opt-level O1 --precision bf16 --batch-size 8 --max-steps 20 \
 		--log-interval 5 --val-interval 0 --sample 0
-	# Batch norm, max pool and the upload (engine/cuda, issue 30 items 3
-	# and 6): the rows above run the defaults (statistics saved, split
-	# own kernels, cuDNN's Ex forward where it takes NCHW, saved pool
-	# argmax); these run the old paths (=0) against them at search off,
-	# the own kernels in cuDNN's place (LOOM_CUDA_BN_OWN=1) and the input
-	# path (LOOM_CUDA_UPLOAD=stream, LOOM_ASYNC_LOSS=1: the loss one step
-	# late). 10 steps each, about 25 s in all,
-	# last, so that a short budget cuts these first.
-	bn_old=(LOOM_KERNEL_SEARCH=off LOOM_CUDA_BN_SAVE=0 LOOM_CUDA_BN_SPLIT=0 LOOM_CUDA_BN_EX=0
-		LOOM_CUDA_POOL_IDX=0)
+	# ResNet-50's default at search off and 10 steps, the reference of
+	# the 10-step rows below; last, so that a short budget cuts these
+	# first.
 	r50s=(--device cuda --batch-size 64 --steps 10 --warmup 2)
 	srow speed_r50_O2_fp16_default10 loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
@@ -554,15 +532,6 @@ if [ "${LOOM_GPU_SPEED:-1}" != 0 ]; then
 		LOOM_CUDA_NHWC=half "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
 	srow speed_r50_O2_fp16_nhwc_bn_bwd_legacy loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
 		LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 "$bin/resnet50_synthetic" "${r50s[@]}" \
-		--opt-level O2
-	srow speed_r50_O2_fp16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
-		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
-	srow speed_r50_O1_bf16_bn_old loom_img bench 40 -- env "${bn_old[@]}" \
-		"$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O1 --precision bf16
-	srow speed_r50_O2_fp16_bn_own loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
-		LOOM_CUDA_BN_OWN=1 "$bin/resnet50_synthetic" "${r50s[@]}" --opt-level O2
-	srow speed_r50_O2_fp16_input_path loom_img bench 40 -- env LOOM_KERNEL_SEARCH=off \
-		LOOM_CUDA_UPLOAD=stream LOOM_ASYNC_LOSS=1 "$bin/resnet50_synthetic" "${r50s[@]}" \
 		--opt-level O2
 	# The step as one CUDA graph (loom_compile_opts.cuda_graph, on by
 	# default) against every step eager (--no-cuda-graph): the ConvNet

@@ -226,7 +226,7 @@ Test(cuda_formats, off_keeps_every_value_nchw)
 	loom_graph_free(g);
 }
 
-/* The own batch-norm kernels (LOOM_CUDA_BN_OWN, the test hook) are NCHW:
+/* The own batch-norm kernels (the test hook; bf16 and O3 plans) are NCHW:
  * their nodes stay NCHW, reordered to and from their NHWC neighbours. */
 Test(cuda_formats, own_batchnorm_stays_nchw)
 {

@@ -70,7 +70,6 @@ static double bound(loom_dtype dt)
 
 static uint64_t rng_state;
 static int own_kernels; /* the plugin's test_own_kernels is on */
-static int bn_own_env;  /* LOOM_CUDA_BN_OWN=1: no batch norm on cuDNN */
 
 /* The CUDA plugin this binary links (//engine/cuda:plugin_static), NULL in
  * a build without the toolkit: its test hooks are reached through it. */
@@ -432,9 +431,9 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	if (plugin())
 		plugin()->test_library_use(cuda_ctx, &bn_cudnn, &bgrad);
 	if (t.want_bn_cudnn >= 0)
-		cr_expect_eq(bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn,
+		cr_expect_eq(bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn,
 			     "%s %s: %d batch-norm nodes on cuDNN, want %d", op, loom_dtype_name(dt),
-			     bn_cudnn, own_kernels || bn_own_env ? 0 : t.want_bn_cudnn);
+			     bn_cudnn, own_kernels ? 0 : t.want_bn_cudnn);
 	if (own_kernels)
 		cr_expect_eq(bgrad, 0, "%s: the BGRADB epilogue ran under own kernels", op);
 	const char *bgrad_env = getenv("LOOM_CUDA_BGRAD_EPILOGUE");
@@ -1088,38 +1087,19 @@ static char *dump_of(build_fn b, loom_dtype dt)
 	return buf;
 }
 
-/* The switches of engine/cuda/backend.cu for saved statistics, the split
- * batch-norm kernels, the own kernels in cuDNN's place, cuDNN's Ex forward
- * and the max-pool indices (read when a plan is made); NULL unsets. */
-static void bn_switches(const char *save, const char *split, const char *own, const char *ex,
-			const char *idx, const char *relu_bwd)
-{
-	const char *names[6] = { "LOOM_CUDA_BN_SAVE", "LOOM_CUDA_BN_SPLIT", "LOOM_CUDA_BN_OWN",
-				 "LOOM_CUDA_BN_EX", "LOOM_CUDA_POOL_IDX", "LOOM_CUDA_BN_RELU_BWD" };
-	const char *vals[6] = { save, split, own, ex, idx, relu_bwd };
-	for (int i = 0; i < 6; i++)
-		if (vals[i])
-			setenv(names[i], vals[i], 1);
-		else
-			unsetenv(names[i]);
-	bn_own_env = own && strcmp(own, "0") != 0;
-}
-
 /* Batch norm (alone, with its fused relu, over several chunks) and max
  * pooling (with and without the fused relu) against the CPU in every
- * dtype and under O2, forward, backward and eval, with each switch of
- * engine/cuda on and off: the old paths (one block per channel, nothing
- * saved, the argmax found again), the defaults (split kernels, saved
- * statistics, saved argmax, cuDNN's Ex forward where it takes NCHW, the
- * relu backward fused into the split batch-norm backward), the own
- * kernels where cuDNN would run, the split kernels recomputing the
- * statistics, and the split kernels with the relu backward apart. The
- * plan's notes (--dump-graph) say which ran. */
+ * dtype and under O2, forward, backward and eval: the defaults (split
+ * kernels, saved statistics, saved argmax, cuDNN's Ex forward where it
+ * takes NCHW, the relu backward fused into the split batch-norm
+ * backward), the own kernels where cuDNN would run (the own-kernels hook),
+ * and the split kernels with the relu backward apart
+ * (LOOM_CUDA_BN_RELU_BWD=0). The plan's notes (--dump-graph) say which
+ * ran. */
 Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
 {
 	NEED_GPU();
-	/* The plan: with the defaults every forward saves and every backward
-	 * reads; with the switches off nothing is saved. */
+	/* The plan: every forward saves and every backward reads. */
 	char *on = dump_of(b_bn_chunks_relu, LOOM_BF16);
 	cr_expect_eq(lines_with(on, "own split kernels", "saves its statistics"), 1, "%s", on);
 	cr_expect_eq(lines_with(on, "reads the saved statistics", "writes dgamma and dbeta"), 1,
@@ -1133,44 +1113,33 @@ Test(cuda_ops, batchnorm_saved_split_and_pool_indices)
 	cr_expect_eq(lines_with(on, "saves its argmax", NULL), 1, "%s", on);
 	cr_expect_eq(lines_with(on, "reads the saved argmax", NULL), 1, "%s", on);
 	free(on);
-	bn_switches("0", "0", NULL, "0", "0", "0");
-	on = dump_of(b_bn_chunks_relu, LOOM_BF16);
-	cr_expect_eq(lines_with(on, "saved", NULL), 0, "%s", on);
-	cr_expect_eq(lines_with(on, "done by", NULL), 0, "%s", on);
-	free(on);
 
-	const char *sets[6][6] = {
-		{ "0", "0", NULL, "0", "0", "0" },      /* every old path */
-		{ NULL, NULL, NULL, NULL, NULL, NULL }, /* the defaults */
-		{ NULL, NULL, "1", NULL, NULL, NULL },  /* own kernels where cuDNN would run */
-		{ "0", NULL, NULL, NULL, "0", NULL },   /* split kernels, nothing saved */
-		{ NULL, "0", NULL, "0", NULL, NULL },   /* cuDNN saving, old own kernels */
-		{ NULL, NULL, NULL, NULL, NULL, "0" },  /* split, the relu backward apart */
-	};
-	for (int k = 0; k < 6; k++) {
-		bn_switches(sets[k][0], sets[k][1], sets[k][2], sets[k][3], sets[k][4], sets[k][5]);
-		each_dtype("bn switches: batchnorm2d", b_bn, LOOM_RUN_GRAD);
-		each_dtype("bn switches: batchnorm2d 3 chunks", b_bn_chunks, LOOM_RUN_GRAD);
-		each_dtype("bn switches: batchnorm2d+relu 3 chunks", b_bn_chunks_relu, LOOM_RUN_GRAD);
-		each_dtype("bn switches: batchnorm2d eval", b_bn_chunks_relu, LOOM_RUN_EVAL);
-		each_dtype("bn switches: maxpool 3/2/1", b_pool3, LOOM_RUN_GRAD);
-		each_dtype("bn switches: maxpool 2/2/0", b_pool2, LOOM_RUN_GRAD);
-		each_dtype("bn switches: relu+maxpool 3/2/1", b_relu_pool3, LOOM_RUN_GRAD);
+	for (int k = 0; k < 3; k++) {
+		use_own_kernels(k == 1);
+		if (k == 2)
+			setenv("LOOM_CUDA_BN_RELU_BWD", "0", 1);
+		each_dtype("bn paths: batchnorm2d", b_bn, LOOM_RUN_GRAD);
+		each_dtype("bn paths: batchnorm2d 3 chunks", b_bn_chunks, LOOM_RUN_GRAD);
+		each_dtype("bn paths: batchnorm2d+relu 3 chunks", b_bn_chunks_relu, LOOM_RUN_GRAD);
+		each_dtype("bn paths: batchnorm2d eval", b_bn_chunks_relu, LOOM_RUN_EVAL);
+		each_dtype("bn paths: maxpool 3/2/1", b_pool3, LOOM_RUN_GRAD);
+		each_dtype("bn paths: maxpool 2/2/0", b_pool2, LOOM_RUN_GRAD);
+		each_dtype("bn paths: relu+maxpool 3/2/1", b_relu_pool3, LOOM_RUN_GRAD);
 		for (uint64_t seed = 1; seed <= 2; seed++) {
-			run_case("bn switches: batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
-			run_case("bn switches: batchnorm2d+relu O2", b_bn_relu_o2, LOOM_F32,
+			run_case("bn paths: batchnorm2d O2", b_bn_o2, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case("bn paths: batchnorm2d+relu O2", b_bn_relu_o2, LOOM_F32,
 				 LOOM_RUN_GRAD, seed);
 		}
 		relu_pool_special(2, 2, 0);
 		relu_pool_special(3, 2, 1);
 	}
-	bn_switches(NULL, NULL, NULL, NULL, NULL, NULL);
+	use_own_kernels(0);
+	unsetenv("LOOM_CUDA_BN_RELU_BWD");
 }
 
 /* Several uploads of an input between runs and back to back (the second
- * wins), of two sizes (the staged buffers grow), each run's loss the sum
- * of the last upload: the staged upload (LOOM_CUDA_UPLOAD=stream) against
- * the values that were sent. dev: CPU or CUDA. */
+ * wins), of two sizes, each run's loss the sum of the last upload,
+ * against the values that were sent. dev: CPU or CUDA. */
 static void uploads_in_order(loom_device dev)
 {
 	const int64_t sizes[2] = { 1000, 300000 };
@@ -1219,21 +1188,11 @@ Test(cuda_ops, uploads_in_order_cpu)
 	uploads_in_order(LOOM_DEVICE_CPU);
 }
 
-/* The staged upload (a copy stream, two fixed pinned and device buffers)
- * and the pinned halves it replaces, on the GPU; the batch-norm and
- * cross-entropy cases (labels are an input) under the staged upload. */
-Test(cuda_ops, staged_upload)
+/* The upload through the pinned halves, on the GPU. */
+Test(cuda_ops, uploads_in_order_cuda)
 {
 	NEED_GPU();
-	for (int staged = 0; staged <= 1; staged++) {
-		if (staged)
-			setenv("LOOM_CUDA_UPLOAD", "stream", 1);
-		else
-			unsetenv("LOOM_CUDA_UPLOAD");
-		uploads_in_order(LOOM_DEVICE_CUDA);
-	}
-	each_dtype("staged upload: softmax-CE", b_ce, LOOM_RUN_GRAD);
-	unsetenv("LOOM_CUDA_UPLOAD");
+	uploads_in_order(LOOM_DEVICE_CUDA);
 }
 
 /* The loss read one step late (LOOM_ASYNC_LOSS=1, read by each loom_run):
@@ -1364,10 +1323,10 @@ Test(cuda_ops, vectorised_half_elementwise)
 	unsetenv("LOOM_CUDA_VEC");
 }
 
-/* The GPT kernels' switches (engine/cuda/layernorm.cu, embedding.cu,
- * matmul_cublaslt.cu): each case in every dtype with the new kernel (1)
- * and the old one it replaces (0), both against the CPU; the variable is
- * read when the plan is made. */
+/* A switch of engine/cuda not yet decided by a lease (the products'
+ * epilogues and alignment, recomputation): each case in every dtype with
+ * the new path (1) and the old one (0), both against the CPU; the
+ * variable is read when the plan is made. */
 static void both_switch_values(const char *var, const char *op, build_fn build)
 {
 	char name[128];
@@ -1394,14 +1353,13 @@ static loom_value b_embedding_sparse(loom_graph *g, tcase *t)
 }
 
 /* The embedding backward bucketed by token (a stable sort of the ids, one
- * block per run: the CPU's additions in its order) against the CPU and
- * against the one-thread-per-column kernel it replaces. */
+ * block per run: the CPU's additions in its order) against the CPU. */
 Test(cuda_ops, embedding_backward_bucketed)
 {
 	NEED_GPU();
-	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding", b_embedding);
-	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding 300 ids / 60", b_embedding_runs);
-	both_switch_values("LOOM_CUDA_EMB_BUCKET", "embedding 300 ids / 700", b_embedding_sparse);
+	each_dtype("embedding", b_embedding, LOOM_RUN_GRAD);
+	each_dtype("embedding 300 ids / 60", b_embedding_runs, LOOM_RUN_GRAD);
+	each_dtype("embedding 300 ids / 700", b_embedding_sparse, LOOM_RUN_GRAD);
 }
 
 /* 37 columns: no 128-bit loads (the one-element path of the same kernels);
@@ -1422,15 +1380,14 @@ static loom_value b_layernorm_768(loom_graph *g, tcase *t)
 }
 
 /* Layer norm's warp-per-row forward and one-pass backward (dx with its
- * siblings dgamma and dbeta, graph/fuse.c) against the CPU and against the
- * kernels they replace (LOOM_CUDA_LN_FUSED=0). */
+ * siblings dgamma and dbeta, graph/fuse.c) against the CPU. */
 Test(cuda_ops, layernorm_one_pass)
 {
 	NEED_GPU();
-	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x3x40", b_layernorm);
-	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 3x150x40", b_layernorm_rows);
-	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x300x37", b_layernorm_odd);
-	both_switch_values("LOOM_CUDA_LN_FUSED", "layernorm 2x32x768", b_layernorm_768);
+	each_dtype("layernorm 2x3x40", b_layernorm, LOOM_RUN_GRAD);
+	each_dtype("layernorm 3x150x40", b_layernorm_rows, LOOM_RUN_GRAD);
+	each_dtype("layernorm 2x300x37", b_layernorm_odd, LOOM_RUN_GRAD);
+	each_dtype("layernorm 2x32x768", b_layernorm_768, LOOM_RUN_GRAD);
 }
 
 /* 1 unless the switch var is "0" (how the backend reads it). */
@@ -1440,7 +1397,7 @@ static int switch_set(const char *var)
 	return !(e && !strcmp(e, "0"));
 }
 
-/* The fused classifier (LOOM_CUDA_CLASSIFIER): logits made by a product,
+/* The fused classifier: logits made by a product,
  * 37 rows of 1000 classes (rows off 16-byte alignment in every dtype: the
  * kernel's scalar head and tail), so that the memory plan puts dlogits
  * on the logits and the forward writes them; the backward does nothing. */
@@ -1448,9 +1405,9 @@ static loom_value b_classifier(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 2, 37, 24, 0, 0);
 	loom_value logits = loom_linear(g, x, param(g, t, "w", 2, 1000, 24, 0, 0), LOOM_NONE);
-	t->note[0] = switch_set("LOOM_CUDA_CLASSIFIER") ? "fused classifier" : "two passes";
+	t->note[0] = "fused classifier";
 	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
-	t->note[1] = switch_set("LOOM_CUDA_CLASSIFIER") ? "done by" : "recomputes";
+	t->note[1] = "done by";
 	t->note_op[1] = LOOM_OP_SOFTMAX_CE_BWD;
 	return loom_softmax_cross_entropy(g, logits, labels(g, t, 37, 1000));
 }
@@ -1460,9 +1417,9 @@ static loom_value b_classifier(loom_graph *g, tcase *t)
 static loom_value b_classifier_saved(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "logits", 2, 19, 333, 0, 0);
-	t->note[0] = switch_set("LOOM_CUDA_CLASSIFIER") ? "saves its log-sum-exp" : "two passes";
+	t->note[0] = "saves its log-sum-exp";
 	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
-	t->note[1] = switch_set("LOOM_CUDA_CLASSIFIER") ? "from the saved" : "recomputes";
+	t->note[1] = "from the saved";
 	t->note_op[1] = LOOM_OP_SOFTMAX_CE_BWD;
 	return loom_softmax_cross_entropy(g, x, labels(g, t, 19, 333));
 }
@@ -1475,28 +1432,26 @@ static loom_value b_classifier_bad(loom_graph *g, tcase *t)
 }
 
 /* Softmax-CE in one pass, the dlogits written by its forward or from its
- * saved log-sum-exp, in every dtype, against the CPU and the two-pass
- * kernels it replaces (LOOM_CUDA_CLASSIFIER=0); a bad label still
+ * saved log-sum-exp, in every dtype, against the CPU; a bad label still
  * reported (the forward's flag) with the backward done by the forward. */
 Test(cuda_ops, fused_classifier)
 {
 	NEED_GPU();
-	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier 37x1000", b_classifier);
-	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier saved 19x333", b_classifier_saved);
-	both_switch_values("LOOM_CUDA_CLASSIFIER", "softmax_ce 16x10", b_ce);
+	each_dtype("classifier 37x1000", b_classifier, LOOM_RUN_GRAD);
+	each_dtype("classifier saved 19x333", b_classifier_saved, LOOM_RUN_GRAD);
+	each_dtype("softmax_ce 16x10", b_ce, LOOM_RUN_GRAD);
 	run_case("classifier bad label", b_classifier_bad, LOOM_F32, LOOM_RUN_GRAD, 3);
 	run_case("classifier bad label", b_classifier_bad, LOOM_BF16, LOOM_RUN_GRAD, 4);
 }
 
-/* Layer norm's forward saving mean and rstd for its one-pass backward
- * (LOOM_CUDA_LN_SAVE) against the CPU and against the backward that
- * recomputes them, on 768 columns (128-bit loads) and 37 (scalar). */
+/* Layer norm's forward saving mean and rstd for its one-pass backward,
+ * against the CPU, on 768 columns (128-bit loads) and 37 (scalar). */
 static loom_value b_layernorm_saved(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 3, 2, 50, 768, 0);
-	t->note[0] = switch_set("LOOM_CUDA_LN_SAVE") ? "saves mean and rstd" : "warp per row";
+	t->note[0] = "saves mean and rstd";
 	t->note_op[0] = LOOM_OP_LAYERNORM;
-	t->note[1] = switch_set("LOOM_CUDA_LN_SAVE") ? "reads the saved" : "recomputes";
+	t->note[1] = "reads the saved";
 	t->note_op[1] = LOOM_OP_LAYERNORM_BWD_DATA;
 	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 768, 0, 0, 0),
 			      param(g, t, "ln.bias", 1, 768, 0, 0, 0), 1e-5);
@@ -1505,7 +1460,7 @@ static loom_value b_layernorm_saved(loom_graph *g, tcase *t)
 static loom_value b_layernorm_saved_odd(loom_graph *g, tcase *t)
 {
 	loom_value x = param(g, t, "x", 3, 3, 70, 37, 0);
-	t->note[0] = switch_set("LOOM_CUDA_LN_SAVE") ? "saves mean and rstd" : "warp per row";
+	t->note[0] = "saves mean and rstd";
 	t->note_op[0] = LOOM_OP_LAYERNORM;
 	return loom_layernorm(g, x, param(g, t, "ln.weight", 1, 37, 0, 0, 0),
 			      param(g, t, "ln.bias", 1, 37, 0, 0, 0), 1e-5);
@@ -1514,8 +1469,8 @@ static loom_value b_layernorm_saved_odd(loom_graph *g, tcase *t)
 Test(cuda_ops, layernorm_saved_statistics)
 {
 	NEED_GPU();
-	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 2x50x768", b_layernorm_saved);
-	both_switch_values("LOOM_CUDA_LN_SAVE", "layernorm saved 3x70x37", b_layernorm_saved_odd);
+	each_dtype("layernorm saved 2x50x768", b_layernorm_saved, LOOM_RUN_GRAD);
+	each_dtype("layernorm saved 3x70x37", b_layernorm_saved_odd, LOOM_RUN_GRAD);
 }
 
 /* A switch that picks a path by name (LOOM_CUDA_LN_BWD=warp, ...): each
@@ -1590,29 +1545,41 @@ static loom_value b_ln_warp_many(loom_graph *g, tcase *t)
 	return ln_warp_case(g, t, 2, 2100, 24);
 }
 
+/* Two layer norms of one x: neither forward saves its mean and rstd
+ * (fuse_plan.cu's plan_saved keeps no slot for twins), so each backward
+ * makes them again (in fp32 under LOOM_CUDA_LN_BWD=warp). */
+static loom_value b_ln_twins(loom_graph *g, tcase *t)
+{
+	loom_value x = param(g, t, "x", 3, 2, 50, 768, 0);
+	t->note[0] = "recomputes mean and rstd";
+	t->note_op[0] = LOOM_OP_LAYERNORM_BWD_DATA;
+	loom_value a = loom_layernorm(g, x, param(g, t, "ln1.weight", 1, 768, 0, 0, 0),
+				      param(g, t, "ln1.bias", 1, 768, 0, 0, 0), 1e-5);
+	loom_value b = loom_layernorm(g, x, param(g, t, "ln2.weight", 1, 768, 0, 0, 0),
+				      param(g, t, "ln2.bias", 1, 768, 0, 0, 0), 1e-5);
+	return loom_add(g, a, b);
+}
+
 /* Layer norm's backward one warp per row in fp32 (LOOM_CUDA_LN_BWD=warp,
  * layernorm.cu) against the CPU (statistics and sums in double) and
  * against today's one-pass kernel: 128-bit rows (40, 768, 1024 columns),
  * scalar rows (37), several rows a warp (4200 rows), and 1100 columns,
  * which keep the one-pass kernel; with the forward's saved mean and rstd
- * (LOOM_CUDA_LN_SAVE, the default) and recomputed in fp32 (=0). The
+ * and, for twin layer norms of one x, recomputed in fp32. The
  * per-dtype NMSE bounds of every row here (1e-8 fp32, 1e-4 f16, 1e-3
  * bf16) hold: fp32 sums over at most 1024 columns and the parts' fold
  * are far inside them. */
 Test(cuda_ops, layernorm_backward_warp)
 {
 	NEED_GPU();
-	for (int save = 1; save >= 0; save--) {
-		setenv("LOOM_CUDA_LN_SAVE", save ? "1" : "0", 1);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x3x40", b_ln_warp_40);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 3x150x40", b_ln_warp_rows);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x300x37", b_ln_warp_37);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x50x768", b_ln_warp_768);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 1x40x1024", b_ln_warp_1024);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 1x9x1100", b_ln_warp_1100);
-		both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x2100x24", b_ln_warp_many);
-	}
-	unsetenv("LOOM_CUDA_LN_SAVE");
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x3x40", b_ln_warp_40);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 3x150x40", b_ln_warp_rows);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x300x37", b_ln_warp_37);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x50x768", b_ln_warp_768);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 1x40x1024", b_ln_warp_1024);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 1x9x1100", b_ln_warp_1100);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm 2x2100x24", b_ln_warp_many);
+	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm twins 2x50x768", b_ln_twins);
 }
 
 /* A linear with a bias over rows x k -> c: under LOOM_CUDA_BGRAD=kernel
@@ -1793,8 +1760,8 @@ Test(cuda_ops, padded_vocabulary)
 {
 	NEED_GPU();
 	setenv("LOOM_VOCAB_PAD", "64", 1);
-	both_switch_values("LOOM_CUDA_CLASSIFIER", "tied classifier 67 -> 128", b_classifier_tied);
-	both_switch_values("LOOM_CUDA_CLASSIFIER", "classifier 67 classes padded", b_classifier_odd);
+	each_dtype("tied classifier 67 -> 128", b_classifier_tied, LOOM_RUN_GRAD);
+	each_dtype("classifier 67 classes padded", b_classifier_odd, LOOM_RUN_GRAD);
 	unsetenv("LOOM_VOCAB_PAD");
 }
 
@@ -1955,7 +1922,7 @@ static int casts_in(const loom_graph *g)
  * compiled it unfused): the cast of layer norm's output into the product
  * folds into layer norm, the widened logits go to both cross-entropy
  * nodes as bf16, the gradient's narrowing folds into the cross-entropy
- * backward; LOOM_CUDA_FOLD_CASTS=0 folds none. */
+ * backward. */
 Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
 {
 	const loom_backend *be = plugin() ? plugin()->backend() : NULL;
@@ -1963,73 +1930,58 @@ Test(cuda_ops, cuda_folds_casts_at_its_own_kernels)
 		cr_skip_test("needs a build with the CUDA toolkit (the plugin's backend table)");
 	cr_assert(be->caps & LOOM_BE_FUSES_SOME_CASTS);
 	cr_assert(be->planning->takes_any_dtype);
-	for (int off = 0; off <= 1; off++) {
-		tcase t;
-		loom_graph *g;
-		loom_program *p;
-		loom_compile_opts o;
-		memset(&t, 0, sizeof(t));
-		t.dt = LOOM_F32;
-		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-		loom_value loss = b_classifier_o1(g, &t);
-		cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-		loom_compile_opts_default(&o);
-		o.device = LOOM_DEVICE_CPU;
-		o.no_fusion = 1; /* the plan before any fold */
-		o.amp.level = LOOM_O1;
-		o.amp.half = LOOM_BF16;
-		o.optim.kind = LOOM_OPTIM_NONE;
-		cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-		int before = casts_in(p->plan.g);
-		if (off)
-			setenv("LOOM_CUDA_FOLD_CASTS", "0", 1);
-		int folded = loom_fuse_casts_for(p->plan.g, be->planning->takes_any_dtype);
-		unsetenv("LOOM_CUDA_FOLD_CASTS");
-		int ce_half = 0;
-		for (int v = 0; v < p->plan.g->n; v++) {
-			const loom_node *n = &p->plan.g->nodes[v];
-			if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD)
-				ce_half += p->plan.g->nodes[n->src[0]].dtype == LOOM_BF16;
-			if (n->flags & LOOM_NODE_CAST_FOLDED)
-				cr_expect(be->planning->takes_any_dtype((loom_op)n->op), "node %d op %d", v,
-					  (int)n->op);
-		}
-		if (off) {
-			cr_expect_eq(folded, 0);
-			cr_expect_eq(casts_in(p->plan.g), before);
-		} else {
-			cr_expect_geq(folded, 3, "%d of %d casts folded", folded, before);
-			cr_expect_eq(casts_in(p->plan.g), before - folded);
-			cr_expect_eq(ce_half, 2, "%d cross-entropy nodes read bf16 logits", ce_half);
-		}
-		loom_program_free(p);
-		loom_graph_free(g);
+	tcase t;
+	loom_graph *g;
+	loom_program *p;
+	loom_compile_opts o;
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F32;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = b_classifier_o1(g, &t);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.no_fusion = 1; /* the plan before any fold */
+	o.amp.level = LOOM_O1;
+	o.amp.half = LOOM_BF16;
+	o.optim.kind = LOOM_OPTIM_NONE;
+	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	int before = casts_in(p->plan.g);
+	int folded = loom_fuse_casts_for(p->plan.g, be->planning->takes_any_dtype);
+	int ce_half = 0;
+	for (int v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		if (n->op == LOOM_OP_SOFTMAX_CE || n->op == LOOM_OP_SOFTMAX_CE_BWD)
+			ce_half += p->plan.g->nodes[n->src[0]].dtype == LOOM_BF16;
+		if (n->flags & LOOM_NODE_CAST_FOLDED)
+			cr_expect(be->planning->takes_any_dtype((loom_op)n->op), "node %d op %d", v,
+				  (int)n->op);
 	}
+	cr_expect_geq(folded, 3, "%d of %d casts folded", folded, before);
+	cr_expect_eq(casts_in(p->plan.g), before - folded);
+	cr_expect_eq(ce_half, 2, "%d cross-entropy nodes read bf16 logits", ce_half);
+	loom_program_free(p);
+	loom_graph_free(g);
 }
 
-/* The same classifier on the GPU with and without the folding, against
- * the CPU (O1 runs in fp16 here: run_case's AMP levels). */
+/* The same classifier on the GPU with the folding, against the CPU (O1
+ * runs in fp16 here: run_case's AMP levels). */
 Test(cuda_ops, folded_casts_run_like_the_cpu)
 {
 	NEED_GPU();
-	for (int on = 0; on <= 1; on++) {
-		setenv("LOOM_CUDA_FOLD_CASTS", on ? "1" : "0", 1);
-		for (uint64_t seed = 1; seed <= 2; seed++)
-			run_case(on ? "classifier O1 folded" : "classifier O1 unfolded", b_classifier_o1,
-				 LOOM_F32, LOOM_RUN_GRAD, seed);
-	}
-	unsetenv("LOOM_CUDA_FOLD_CASTS");
+	for (uint64_t seed = 1; seed <= 2; seed++)
+		run_case("classifier O1 folded", b_classifier_o1, LOOM_F32, LOOM_RUN_GRAD, seed);
 }
 
 /* The strided products' cached heuristic answers (the attention's): the
- * same cases twice in one process with the cache (the second run takes
- * every plan from it), and without. */
+ * same cases twice in one process (the second run takes every plan from
+ * the cache). */
 Test(cuda_ops, strided_products_cached)
 {
 	NEED_GPU();
 	for (int twice = 0; twice < 2; twice++) {
-		both_switch_values("LOOM_CUDA_LT_CACHE", "attention 4 heads of 32", b_attention_hs32);
-		both_switch_values("LOOM_CUDA_LT_CACHE", "attention 4 heads of 64", b_attention_hs64);
+		each_dtype("attention 4 heads of 32", b_attention_hs32, LOOM_RUN_GRAD);
+		each_dtype("attention 4 heads of 64", b_attention_hs64, LOOM_RUN_GRAD);
 	}
 }
 
@@ -2717,13 +2669,7 @@ Test(cuda_ops, nhwc_against_cpu)
 		for (uint64_t seed = 1; seed <= 2; seed++)
 			run_case("nhwc conv -> conv", b_nhwc_convs, dts[i], LOOM_RUN_GRAD, seed);
 	for (int i = 0; i < 2; i++)
-		for (int idx = 1; idx >= 0; idx--) {
-			/* the saved argmax and the search from x */
-			setenv("LOOM_CUDA_POOL_IDX", idx ? "1" : "0", 1);
-			run_case(idx ? "nhwc relu + max pool" : "nhwc relu + max pool, no saved argmax",
-				 b_nhwc_pool, dts[i], LOOM_RUN_GRAD, 5 + i);
-		}
-	unsetenv("LOOM_CUDA_POOL_IDX");
+		run_case("nhwc relu + max pool", b_nhwc_pool, dts[i], LOOM_RUN_GRAD, 5 + i);
 	for (int fused = 1; fused >= 0; fused--) {
 		setenv("LOOM_CUDA_BN_ADD", fused ? "1" : "0", 1);
 		char *text = nhwc_dump(b_nhwc_block_o2);
