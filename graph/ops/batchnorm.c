@@ -85,18 +85,6 @@ const loom_op_def loom_op_batchnorm2d = {
 	},
 };
 
-const loom_op_def loom_op_bn_bwd_data = {
-	.name = "bn_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_BN,
-	.src_names = { "input", "weight", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(bn_bwd_data, "bn_bwd_data", LOOM_ATTRS_BN, "input", "weight", "dy");
 
-const loom_op_def loom_op_bn_bwd_gamma = {
-	.name = "bn_bwd_gamma",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_BN,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(bn_bwd_gamma, "bn_bwd_gamma", LOOM_ATTRS_BN, "input", "dy");

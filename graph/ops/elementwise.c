@@ -80,12 +80,7 @@ const loom_op_def loom_op_relu = {
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
-const loom_op_def loom_op_relu_bwd = {
-	.name = "relu_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(relu_bwd, "relu_bwd", LOOM_ATTRS_NONE, "input", "dy");
 
 const loom_op_def loom_op_add = {
 	.name = "add",

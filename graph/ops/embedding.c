@@ -54,9 +54,4 @@ const loom_op_def loom_op_embedding = {
 	.amp = { .cls = LOOM_AMP_FOLLOW, .keep = LOOM_SRC(0) },
 };
 
-const loom_op_def loom_op_embedding_bwd = {
-	.name = "embedding_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "ids", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(embedding_bwd, "embedding_bwd", LOOM_ATTRS_NONE, "ids", "dy");

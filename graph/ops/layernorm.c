@@ -84,18 +84,6 @@ const loom_op_def loom_op_layernorm = {
 	.recompute = 2,
 };
 
-const loom_op_def loom_op_layernorm_bwd_data = {
-	.name = "layernorm_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "gamma", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(layernorm_bwd_data, "layernorm_bwd_data", LOOM_ATTRS_LN, "input", "gamma", "dy");
 
-const loom_op_def loom_op_layernorm_bwd_gamma = {
-	.name = "layernorm_bwd_gamma",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(layernorm_bwd_gamma, "layernorm_bwd_gamma", LOOM_ATTRS_LN, "input", "dy");

@@ -130,6 +130,21 @@ typedef struct loom_op_def {
  * is left open here so that the assertion there can fail). */
 extern const loom_op_def *const loom_op_defs[];
 
+/*
+ * Defines loom_op_<low>, the row of an op that autodiff (or a pass after
+ * it) appends: never differentiated, so no shape or gradient rule, and it
+ * runs at its inputs' precision. The sources' names follow the attributes
+ * member its nodes use (LOOM_ATTRS_NONE: none).
+ */
+#define LOOM_BACKWARD_OP(low, op_name, attrs_kind, ...)  \
+	const loom_op_def loom_op_##low = {              \
+		.name = op_name,                         \
+		.kind = LOOM_OPK_BACKWARD,               \
+		.attrs = attrs_kind,                     \
+		.src_names = { __VA_ARGS__ },            \
+		.amp = { .cls = LOOM_AMP_FOLLOW },       \
+	}
+
 static inline int loom_op_is_leaf(loom_op op)
 {
 	return loom_op_defs[op]->kind == LOOM_OPK_LEAF;

@@ -83,9 +83,4 @@ const loom_op_def loom_op_broadcast = {
 };
 
 /* [N, C, ...] -> [C]: a bias's gradient, made only by gradient rules. */
-const loom_op_def loom_op_channel_sum = {
-	.name = "channel_sum",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(channel_sum, "channel_sum", LOOM_ATTRS_NONE, "dy");

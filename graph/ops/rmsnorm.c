@@ -70,18 +70,6 @@ const loom_op_def loom_op_rmsnorm = {
 	.recompute = 2,
 };
 
-const loom_op_def loom_op_rmsnorm_bwd_data = {
-	.name = "rms_norm_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "gamma", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(rmsnorm_bwd_data, "rms_norm_bwd_data", LOOM_ATTRS_LN, "input", "gamma", "dy");
 
-const loom_op_def loom_op_rmsnorm_bwd_gamma = {
-	.name = "rms_norm_bwd_gamma",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(rmsnorm_bwd_gamma, "rms_norm_bwd_gamma", LOOM_ATTRS_LN, "input", "dy");
