@@ -9,10 +9,8 @@
 
 loom_value loom_embedding(loom_graph *g, loom_value ids, loom_value table)
 {
-	loom_node n;
 	loom_value src[2] = { ids, table };
-	loom_op_init(&n, LOOM_OP_EMBEDDING, 2, src);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_EMBEDDING, 2, src);
 }
 
 static int shape_embedding(loom_graph *g, loom_node *n)

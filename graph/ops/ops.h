@@ -162,6 +162,9 @@ loom_value loom_op_build(loom_graph *g, loom_node *n);
 
 /* A blank node of op op with nsrc sources, for loom_op_build. */
 void loom_op_init(loom_node *n, loom_op op, int nsrc, const loom_value *src);
+/* Builds a node of op from its nsrc sources alone: an op without
+ * attributes (loom_op_init, then loom_op_build). */
+loom_value loom_op_build_plain(loom_graph *g, loom_op op, int nsrc, const loom_value *src);
 /* Shape rule of relu and the unary ops: a float input's shape and dtype. */
 int loom_shape_like_input(loom_graph *g, loom_node *n);
 

@@ -53,9 +53,7 @@ static void grad_maxpool2d(loom_graph *g, loom_value v, loom_value dy, void *ctx
 
 loom_value loom_global_avgpool(loom_graph *g, loom_value x)
 {
-	loom_node n;
-	loom_op_init(&n, LOOM_OP_GLOBAL_AVGPOOL, 1, &x);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_GLOBAL_AVGPOOL, 1, &x);
 }
 
 static int shape_global_avgpool(loom_graph *g, loom_node *n)

@@ -7,9 +7,7 @@
 
 loom_value loom_sum(loom_graph *g, loom_value x)
 {
-	loom_node n;
-	loom_op_init(&n, LOOM_OP_SUM, 1, &x);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_SUM, 1, &x);
 }
 
 static int shape_sum(loom_graph *g, loom_node *n)
