@@ -53,20 +53,7 @@ static void grad_layernorm(loom_graph *g, loom_value v, loom_value dy, void *ctx
 	 * gradients read only values older than dx: graph/fuse.c may then
 	 * have one kernel make them together (siblings). */
 	loom_value rows = loom_grad_needed(ctx, n.src[2]) ? loom_grad_rows(g, dy) : LOOM_NONE;
-	if (loom_grad_needed(ctx, n.src[0])) {
-		loom_value s[3] = { n.src[0], n.src[1], dy };
-		loom_value dx = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_DATA, n.src[0], 3, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n.src[1])) {
-		loom_value s[2] = { n.src[0], dy };
-		loom_value dg = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_GAMMA, n.src[1], 2, s);
-		if (dg != LOOM_NONE)
-			g->nodes[dg].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[1], dg);
-	}
+	loom_grad_norm(g, &n, dy, ctx, LOOM_OP_LAYERNORM_BWD_DATA, LOOM_OP_LAYERNORM_BWD_GAMMA);
 	if (loom_grad_needed(ctx, n.src[2]))
 		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, rows, n.src[2]));
 }

@@ -192,6 +192,12 @@ loom_value loom_grad_node(loom_graph *g, loom_op op, loom_value like, int nsrc,
 			  const loom_value *src);
 /* Column sums of dy (a bias gradient) shaped like the bias. */
 loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like);
+/* A normalisation's dx and dgamma (batch, layer and RMS norm) where they
+ * are needed: dx = data_op(x, gamma, dy), dgamma = gamma_op(x, dy), each
+ * carrying the forward node's attributes. n is a copy of that node, not a
+ * pointer into g (adding nodes may move them). */
+void loom_grad_norm(loom_graph *g, const loom_node *n, loom_value dy, void *ctx, loom_op data_op,
+		    loom_op gamma_op);
 /* v [..., C] seen as [rows, C]: a view (no copy), for products and column
  * sums over every leading dim; v itself when it already has 2 dims. */
 loom_value loom_grad_rows(loom_graph *g, loom_value v);

@@ -41,20 +41,7 @@ static int shape_rmsnorm(loom_graph *g, loom_node *n)
 static void grad_rmsnorm(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (loom_grad_needed(ctx, n.src[0])) {
-		loom_value s[3] = { n.src[0], n.src[1], dy };
-		loom_value dx = loom_grad_node(g, LOOM_OP_RMSNORM_BWD_DATA, n.src[0], 3, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n.src[1])) {
-		loom_value s[2] = { n.src[0], dy };
-		loom_value dg = loom_grad_node(g, LOOM_OP_RMSNORM_BWD_GAMMA, n.src[1], 2, s);
-		if (dg != LOOM_NONE)
-			g->nodes[dg].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[1], dg);
-	}
+	loom_grad_norm(g, &n, dy, ctx, LOOM_OP_RMSNORM_BWD_DATA, LOOM_OP_RMSNORM_BWD_GAMMA);
 }
 
 /* fp32 under O1 as layer norm (a normalisation: apex's FP32 list), half
