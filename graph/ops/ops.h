@@ -167,6 +167,9 @@ void loom_op_init(loom_node *n, loom_op op, int nsrc, const loom_value *src);
 loom_value loom_op_build_plain(loom_graph *g, loom_op op, int nsrc, const loom_value *src);
 /* Shape rule of relu and the unary ops: a float input's shape and dtype. */
 int loom_shape_like_input(loom_graph *g, loom_node *n);
+/* Shape rule of layer norm and RMS norm (graph/ops/layernorm.c): x [..., C],
+ * its 1-D parameters [C], eps > 0. */
+int loom_shape_norm_rows(loom_graph *g, loom_node *n);
 
 /* Checks shared by shape rules; each sets the graph's error naming the op
  * and the source (by its src_names entry) and returns 0 when it fails. */

@@ -16,28 +16,6 @@ loom_value loom_rms_norm(loom_graph *g, loom_value x, loom_value gamma, double e
 	return loom_op_build(g, &n);
 }
 
-static int shape_rmsnorm(loom_graph *g, loom_node *n)
-{
-	char bx[96], bp[96];
-	const loom_node *x = &g->nodes[n->src[0]], *p = &g->nodes[n->src[1]];
-	if (!loom_check_float(g, n, 0) || !loom_check_same_dtype(g, n, 0, 1) ||
-	    !loom_check_ndim(g, n, 1, 1))
-		return 0;
-	if (x->shape.ndim < 1)
-		return loom_graph_fail(g, LOOM_ERR_SHAPE, "rms_norm: input is a scalar"), 0;
-	int64_t c = x->shape.dims[x->shape.ndim - 1];
-	if (p->shape.dims[0] != c)
-		return loom_graph_fail(g, LOOM_ERR_SHAPE, "rms_norm: gamma %s must be [%lld] for input %s",
-				       loom_shape_str(&p->shape, bp, sizeof(bp)), (long long)c,
-				       loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
-	if (!(n->a.ln.eps > 0))
-		return loom_graph_fail(g, LOOM_ERR_INVALID, "rms_norm: eps %g must be positive",
-				       n->a.ln.eps), 0;
-	n->shape = x->shape;
-	n->dtype = x->dtype;
-	return 1;
-}
-
 static void grad_rmsnorm(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
@@ -51,7 +29,7 @@ const loom_op_def loom_op_rmsnorm = {
 	.kind = LOOM_OPK_FORWARD,
 	.attrs = LOOM_ATTRS_LN,
 	.src_names = { "input", "gamma" },
-	.shape = shape_rmsnorm,
+	.shape = loom_shape_norm_rows, /* layernorm.c */
 	.grad = grad_rmsnorm,
 	.amp = { .cls = LOOM_AMP_DENY },
 	.recompute = 2,
