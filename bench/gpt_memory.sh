@@ -31,10 +31,7 @@ with open(sys.argv[1], "wb") as f:
 EOF
 
 run() { # NAME ARGS...: 2 ranks under mpirun, every rank's output in $tmp/out, RSS in $tmp/rss.N
-	rm -f "$tmp"/rss.*
-	mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x LOOM_COMM_TIMEOUT_S -np 2 \
-		sh -c '/usr/bin/time -f "%M" -o '"$tmp"'/rss.$OMPI_COMM_WORLD_RANK "$@"' sh \
-		"$LOOM" "$@" --device cpu --threads 1 --memory-report >"$tmp/out" 2>&1
+	bench_mpirun_rss 2 "$LOOM" "$@" --device cpu --threads 1 --memory-report
 }
 mib() { awk -v k="$1" '$0 ~ k { for (i = 1; i <= NF; i++) if ($i == "MiB") { print $(i-1); exit } }' "$tmp/out"; }
 rss() { awk '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / 1024 }' "$tmp"/rss.0 "$tmp"/rss.1; }

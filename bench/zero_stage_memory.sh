@@ -42,10 +42,7 @@ run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/r
 			--max-steps "$steps" --log-interval 1000 --optimizer adamw --lr 0.001 --opt-level O2
 			--train-images $((8 * np * steps)) --test-images 8)
 	fi
-	rm -f "$tmp"/rss.*
-	mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x LOOM_COMM_TIMEOUT_S -np "$np" \
-		sh -c '/usr/bin/time -f "%M" -o '"$tmp"'/rss.$OMPI_COMM_WORLD_RANK "$@"' sh \
-		"${cmd[@]}" --zero "$zero" --bucket-cap-mb "$bucket" --memory-report >"$tmp/out" 2>&1
+	bench_mpirun_rss "$np" "${cmd[@]}" --zero "$zero" --bucket-cap-mb "$bucket" --memory-report
 }
 
 # Rank 0's --memory-report line for one quantity ("-" where the plan has none).

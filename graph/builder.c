@@ -136,3 +136,10 @@ loom_value loom_op_build(loom_graph *g, loom_node *n)
 	memcpy(g->nodes[v].name, n->name, LOOM_NAME_MAX);
 	return v;
 }
+
+loom_value loom_op_build_plain(loom_graph *g, loom_op op, int nsrc, const loom_value *src)
+{
+	loom_node n;
+	loom_op_init(&n, op, nsrc, src);
+	return loom_op_build(g, &n);
+}

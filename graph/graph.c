@@ -183,28 +183,27 @@ loom_shape loom_value_shape(const loom_graph *g, loom_value v)
 	return g->nodes[v].shape;
 }
 
-loom_status loom_mark_output(loom_graph *g, loom_value v)
+/* Sets flag on value v of g; what names the call in the error. */
+static loom_status mark_value(loom_graph *g, loom_value v, uint32_t flag, const char *what)
 {
 	if (!g)
 		return LOOM_ERR_INVALID;
 	if (v < 0 || v >= g->n) {
-		loom_graph_fail(g, LOOM_ERR_INVALID, "mark_output: no value %d", (int)v);
+		loom_graph_fail(g, LOOM_ERR_INVALID, "%s: no value %d", what, (int)v);
 		return LOOM_ERR_INVALID;
 	}
-	g->nodes[v].flags |= LOOM_NODE_OUTPUT;
+	g->nodes[v].flags |= flag;
 	return LOOM_OK;
+}
+
+loom_status loom_mark_output(loom_graph *g, loom_value v)
+{
+	return mark_value(g, v, LOOM_NODE_OUTPUT, "mark_output");
 }
 
 loom_status loom_stage_boundary(loom_graph *g, loom_value v)
 {
-	if (!g)
-		return LOOM_ERR_INVALID;
-	if (v < 0 || v >= g->n) {
-		loom_graph_fail(g, LOOM_ERR_INVALID, "stage_boundary: no value %d", (int)v);
-		return LOOM_ERR_INVALID;
-	}
-	g->nodes[v].flags |= LOOM_NODE_STAGE_CUT;
-	return LOOM_OK;
+	return mark_value(g, v, LOOM_NODE_STAGE_CUT, "stage_boundary");
 }
 
 void loom_graph_dump(const loom_graph *g, FILE *out)

@@ -32,6 +32,23 @@ static int gather_rows(int64_t n, int v, int c, const int32_t *ids, const void *
 	return 0;
 }
 
+/* The backward's threads own column ranges, so repeated ids never race;
+ * rows are added in order, the same sums whatever the thread count. Every
+ * thread for a large gradient, one for a small, never more than columns. */
+static int bwd_threads(int64_t n, int c)
+{
+	int nt = n * c >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+	return nt > c ? c : nt;
+}
+
+/* The calling thread's columns [*j0, *j1) of c, inside the parallel region. */
+static void bwd_columns(int c, int *j0, int *j1)
+{
+	int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+	*j0 = (int)((int64_t)c * t / cnt);
+	*j1 = (int)((int64_t)c * (t + 1) / cnt);
+}
+
 #define LOOM_CPU_TEMPLATE_FILE "engine/cpu/embedding.c"
 #include "engine/cpu/f32_f64.h"
 
@@ -49,13 +66,10 @@ int loom_cpu_embedding_bwd_bf16(int64_t n, int v, int c, const int32_t *ids, con
 {
 	const int in16 = half & LOOM_CPU_BF16_SRC(1), out16 = half & LOOM_CPU_BF16_OUT;
 	float *acc = out16 ? ws : dtable;
-	int nt = n * c >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
-	if (nt > c)
-		nt = c;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(bwd_threads(n, c))
 	{
-		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
-		int j0 = (int)((int64_t)c * t / cnt), j1 = (int)((int64_t)c * (t + 1) / cnt);
+		int j0, j1;
+		bwd_columns(c, &j0, &j1);
 		for (int64_t r = 0; r < v; r++)
 			memset(acc + r * c + j0, 0, sizeof(float) * (size_t)(j1 - j0));
 		for (int64_t i = 0; i < n; i++) {
@@ -158,15 +172,10 @@ void LOOM_CPU_FN(loom_cpu_embedding_bwd)(int64_t n, int v, int c, const int32_t 
 					 const T *dy, T *dtable)
 {
 	memset(dtable, 0, sizeof(T) * (size_t)v * c);
-	/* Threads own column ranges, so repeated ids never race; rows are
-	 * added in order, the same sums whatever the thread count. */
-	int nt = n * c >= LOOM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
-	if (nt > c)
-		nt = c;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(bwd_threads(n, c))
 	{
-		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
-		int j0 = (int)((int64_t)c * t / cnt), j1 = (int)((int64_t)c * (t + 1) / cnt);
+		int j0, j1;
+		bwd_columns(c, &j0, &j1);
 		for (int64_t i = 0; i < n; i++) {
 			if (ids[i] < 0 || ids[i] >= v)
 				continue;

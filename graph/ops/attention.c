@@ -140,14 +140,8 @@ const loom_op_def loom_op_attn_probs = {
 	.recompute = 3,
 };
 
-const loom_op_def loom_op_attn_probs_bwd = {
-	.name = "attn_probs_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_ATTN,
-	/* fused (graph/fuse_attention.c): qkv, the LSE, dy, y */
-	.src_names = { "qkv", "probs", "dprobs", "y" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+/* Its sources once fused (graph/fuse_attention.c): qkv, the LSE, dy, y. */
+LOOM_BACKWARD_OP(attn_probs_bwd, "attn_probs_bwd", LOOM_ATTRS_ATTN, "qkv", "probs", "dprobs", "y");
 
 const loom_op_def loom_op_attention = {
 	.name = "attention",
@@ -159,18 +153,6 @@ const loom_op_def loom_op_attention = {
 	.amp = { .cls = LOOM_AMP_ALLOW },
 };
 
-const loom_op_def loom_op_attention_bwd_probs = {
-	.name = "attention_bwd_probs",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_ATTN,
-	.src_names = { "qkv", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(attention_bwd_probs, "attention_bwd_probs", LOOM_ATTRS_ATTN, "qkv", "dy");
 
-const loom_op_def loom_op_attention_bwd_qkv = {
-	.name = "attention_bwd_qkv",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_ATTN,
-	.src_names = { "probs", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(attention_bwd_qkv, "attention_bwd_qkv", LOOM_ATTRS_ATTN, "probs", "dy");

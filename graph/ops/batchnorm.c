@@ -49,20 +49,7 @@ static int shape_batchnorm2d(loom_graph *g, loom_node *n)
 static void grad_batchnorm2d(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (loom_grad_needed(ctx, n.src[0])) {
-		loom_value s[3] = { n.src[0], n.src[1], dy };
-		loom_value dx = loom_grad_node(g, LOOM_OP_BN_BWD_DATA, n.src[0], 3, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a = n.a;
-		loom_grad_accum(ctx, n.src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n.src[1])) {
-		loom_value s[2] = { n.src[0], dy };
-		loom_value dg = loom_grad_node(g, LOOM_OP_BN_BWD_GAMMA, n.src[1], 2, s);
-		if (dg != LOOM_NONE)
-			g->nodes[dg].a = n.a;
-		loom_grad_accum(ctx, n.src[1], dg);
-	}
+	loom_grad_norm(g, &n, dy, ctx, LOOM_OP_BN_BWD_DATA, LOOM_OP_BN_BWD_GAMMA);
 	if (loom_grad_needed(ctx, n.src[2]))
 		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, dy, n.src[2]));
 }
@@ -85,18 +72,6 @@ const loom_op_def loom_op_batchnorm2d = {
 	},
 };
 
-const loom_op_def loom_op_bn_bwd_data = {
-	.name = "bn_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_BN,
-	.src_names = { "input", "weight", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(bn_bwd_data, "bn_bwd_data", LOOM_ATTRS_BN, "input", "weight", "dy");
 
-const loom_op_def loom_op_bn_bwd_gamma = {
-	.name = "bn_bwd_gamma",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_BN,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(bn_bwd_gamma, "bn_bwd_gamma", LOOM_ATTRS_BN, "input", "dy");

@@ -10,13 +10,7 @@
  */
 #include "graph/ops/ops.h"
 
-const loom_op_def loom_op_allreduce = {
-	.name = "allreduce",
-	.kind = LOOM_OPK_BACKWARD, /* made after autodiff, never differentiated */
-	.attrs = LOOM_ATTRS_AR,
-	.src_names = { "grad", "grad", "grad", "grad", "grad" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(allreduce, "allreduce", LOOM_ATTRS_AR, "grad", "grad", "grad", "grad", "grad");
 
 const loom_op_def loom_op_allgather = {
 	.name = "allgather",

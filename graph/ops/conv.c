@@ -72,18 +72,6 @@ const loom_op_def loom_op_conv2d = {
 	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
 };
 
-const loom_op_def loom_op_conv2d_bwd_data = {
-	.name = "conv2d_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_CONV,
-	.src_names = { "dy", "weight" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(conv2d_bwd_data, "conv2d_bwd_data", LOOM_ATTRS_CONV, "dy", "weight");
 
-const loom_op_def loom_op_conv2d_bwd_filter = {
-	.name = "conv2d_bwd_filter",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_CONV,
-	.src_names = { "dy", "input" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(conv2d_bwd_filter, "conv2d_bwd_filter", LOOM_ATTRS_CONV, "dy", "input");

@@ -7,10 +7,8 @@
 
 loom_value loom_linear(loom_graph *g, loom_value x, loom_value w, loom_value b)
 {
-	loom_node n;
 	loom_value src[3] = { x, w, b };
-	loom_op_init(&n, LOOM_OP_LINEAR, b == LOOM_NONE ? 2 : 3, src);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_LINEAR, b == LOOM_NONE ? 2 : 3, src);
 }
 
 /* x [..., in] (any leading dims: [N, in], GPT's [B, T, C]), w [out, in],
@@ -68,10 +66,8 @@ static void grad_linear(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 
 loom_value loom_matmul(loom_graph *g, loom_value a, loom_value b)
 {
-	loom_node n;
 	loom_value src[2] = { a, b };
-	loom_op_init(&n, LOOM_OP_MATMUL, 2, src);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_MATMUL, 2, src);
 }
 
 static int shape_matmul(loom_graph *g, loom_node *n)

@@ -8,9 +8,7 @@
 
 loom_value loom_relu(loom_graph *g, loom_value x)
 {
-	loom_node n;
-	loom_op_init(&n, LOOM_OP_RELU, 1, &x);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_RELU, 1, &x);
 }
 
 int loom_shape_like_input(loom_graph *g, loom_node *n)
@@ -34,10 +32,8 @@ static void grad_relu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 
 loom_value loom_add(loom_graph *g, loom_value a, loom_value b)
 {
-	loom_node n;
 	loom_value src[2] = { a, b };
-	loom_op_init(&n, LOOM_OP_ADD, 2, src);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_ADD, 2, src);
 }
 
 static int shape_add(loom_graph *g, loom_node *n)
@@ -80,12 +76,7 @@ const loom_op_def loom_op_relu = {
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
-const loom_op_def loom_op_relu_bwd = {
-	.name = "relu_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(relu_bwd, "relu_bwd", LOOM_ATTRS_NONE, "input", "dy");
 
 const loom_op_def loom_op_add = {
 	.name = "add",

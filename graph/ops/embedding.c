@@ -9,10 +9,8 @@
 
 loom_value loom_embedding(loom_graph *g, loom_value ids, loom_value table)
 {
-	loom_node n;
 	loom_value src[2] = { ids, table };
-	loom_op_init(&n, LOOM_OP_EMBEDDING, 2, src);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_EMBEDDING, 2, src);
 }
 
 static int shape_embedding(loom_graph *g, loom_node *n)
@@ -54,9 +52,4 @@ const loom_op_def loom_op_embedding = {
 	.amp = { .cls = LOOM_AMP_FOLLOW, .keep = LOOM_SRC(0) },
 };
 
-const loom_op_def loom_op_embedding_bwd = {
-	.name = "embedding_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "ids", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(embedding_bwd, "embedding_bwd", LOOM_ATTRS_NONE, "ids", "dy");

@@ -18,28 +18,35 @@ loom_value loom_layernorm(loom_graph *g, loom_value x, loom_value gamma, loom_va
 	return loom_op_build(g, &n);
 }
 
-static int shape_layernorm(loom_graph *g, loom_node *n)
+/* Layer norm's shape rule and RMS norm's (no beta): x [..., C] floating,
+ * each parameter [C] in x's dtype, eps > 0; the output has x's dtype and
+ * shape. Messages name the op and the parameter as its table row does. */
+int loom_shape_norm_rows(loom_graph *g, loom_node *n)
 {
+	const loom_op_def *def = loom_op_defs[n->op];
 	char bx[96], bp[96];
 	const loom_node *x = &g->nodes[n->src[0]];
-	if (!loom_check_float(g, n, 0) || !loom_check_same_dtype(g, n, 0, 1) ||
-	    !loom_check_same_dtype(g, n, 0, 2) || !loom_check_ndim(g, n, 1, 1) ||
-	    !loom_check_ndim(g, n, 2, 1))
+	if (!loom_check_float(g, n, 0))
 		return 0;
+	for (int i = 1; i < n->nsrc; i++)
+		if (!loom_check_same_dtype(g, n, 0, i))
+			return 0;
+	for (int i = 1; i < n->nsrc; i++)
+		if (!loom_check_ndim(g, n, i, 1))
+			return 0;
 	if (x->shape.ndim < 1)
-		return loom_graph_fail(g, LOOM_ERR_SHAPE, "layernorm: input is a scalar"), 0;
+		return loom_graph_fail(g, LOOM_ERR_SHAPE, "%s: input is a scalar", def->name), 0;
 	int64_t c = x->shape.dims[x->shape.ndim - 1];
-	for (int i = 1; i < 3; i++) {
+	for (int i = 1; i < n->nsrc; i++) {
 		const loom_node *p = &g->nodes[n->src[i]];
 		if (p->shape.dims[0] != c)
-			return loom_graph_fail(g, LOOM_ERR_SHAPE,
-					       "layernorm: %s %s must be [%lld] for input %s",
-					       i == 1 ? "gamma" : "beta",
+			return loom_graph_fail(g, LOOM_ERR_SHAPE, "%s: %s %s must be [%lld] for input %s",
+					       def->name, def->src_names[i],
 					       loom_shape_str(&p->shape, bp, sizeof(bp)), (long long)c,
 					       loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
 	}
 	if (!(n->a.ln.eps > 0))
-		return loom_graph_fail(g, LOOM_ERR_INVALID, "layernorm: eps %g must be positive",
+		return loom_graph_fail(g, LOOM_ERR_INVALID, "%s: eps %g must be positive", def->name,
 				       n->a.ln.eps), 0;
 	n->shape = x->shape;
 	n->dtype = x->dtype;
@@ -53,20 +60,7 @@ static void grad_layernorm(loom_graph *g, loom_value v, loom_value dy, void *ctx
 	 * gradients read only values older than dx: graph/fuse.c may then
 	 * have one kernel make them together (siblings). */
 	loom_value rows = loom_grad_needed(ctx, n.src[2]) ? loom_grad_rows(g, dy) : LOOM_NONE;
-	if (loom_grad_needed(ctx, n.src[0])) {
-		loom_value s[3] = { n.src[0], n.src[1], dy };
-		loom_value dx = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_DATA, n.src[0], 3, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n.src[1])) {
-		loom_value s[2] = { n.src[0], dy };
-		loom_value dg = loom_grad_node(g, LOOM_OP_LAYERNORM_BWD_GAMMA, n.src[1], 2, s);
-		if (dg != LOOM_NONE)
-			g->nodes[dg].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[1], dg);
-	}
+	loom_grad_norm(g, &n, dy, ctx, LOOM_OP_LAYERNORM_BWD_DATA, LOOM_OP_LAYERNORM_BWD_GAMMA);
 	if (loom_grad_needed(ctx, n.src[2]))
 		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, rows, n.src[2]));
 }
@@ -78,24 +72,12 @@ const loom_op_def loom_op_layernorm = {
 	.kind = LOOM_OPK_FORWARD,
 	.attrs = LOOM_ATTRS_LN,
 	.src_names = { "input", "gamma", "beta" },
-	.shape = shape_layernorm,
+	.shape = loom_shape_norm_rows,
 	.grad = grad_layernorm,
 	.amp = { .cls = LOOM_AMP_DENY },
 	.recompute = 2,
 };
 
-const loom_op_def loom_op_layernorm_bwd_data = {
-	.name = "layernorm_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "gamma", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(layernorm_bwd_data, "layernorm_bwd_data", LOOM_ATTRS_LN, "input", "gamma", "dy");
 
-const loom_op_def loom_op_layernorm_bwd_gamma = {
-	.name = "layernorm_bwd_gamma",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(layernorm_bwd_gamma, "layernorm_bwd_gamma", LOOM_ATTRS_LN, "input", "dy");

@@ -7,10 +7,8 @@
 
 loom_value loom_softmax_cross_entropy(loom_graph *g, loom_value logits, loom_value labels)
 {
-	loom_node n;
 	loom_value src[2] = { logits, labels };
-	loom_op_init(&n, LOOM_OP_SOFTMAX_CE, 2, src);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_SOFTMAX_CE, 2, src);
 }
 
 static int shape_softmax_ce(loom_graph *g, loom_node *n)

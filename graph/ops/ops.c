@@ -41,6 +41,25 @@ loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like)
 	return loom_grad_node(g, LOOM_OP_CHANNEL_SUM, like, 1, &dy);
 }
 
+void loom_grad_norm(loom_graph *g, const loom_node *n, loom_value dy, void *ctx, loom_op data_op,
+		    loom_op gamma_op)
+{
+	if (loom_grad_needed(ctx, n->src[0])) {
+		loom_value s[3] = { n->src[0], n->src[1], dy };
+		loom_value dx = loom_grad_node(g, data_op, n->src[0], 3, s);
+		if (dx != LOOM_NONE)
+			g->nodes[dx].a = n->a;
+		loom_grad_accum(ctx, n->src[0], dx);
+	}
+	if (loom_grad_needed(ctx, n->src[1])) {
+		loom_value s[2] = { n->src[0], dy };
+		loom_value dg = loom_grad_node(g, gamma_op, n->src[1], 2, s);
+		if (dg != LOOM_NONE)
+			g->nodes[dg].a = n->a;
+		loom_grad_accum(ctx, n->src[1], dg);
+	}
+}
+
 loom_value loom_grad_broadcast(loom_graph *g, loom_value x, loom_value like, double scale)
 {
 	loom_value v = loom_grad_node(g, LOOM_OP_BROADCAST, like, 1, &x);

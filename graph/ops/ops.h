@@ -130,6 +130,21 @@ typedef struct loom_op_def {
  * is left open here so that the assertion there can fail). */
 extern const loom_op_def *const loom_op_defs[];
 
+/*
+ * Defines loom_op_<low>, the row of an op that autodiff (or a pass after
+ * it) appends: never differentiated, so no shape or gradient rule, and it
+ * runs at its inputs' precision. The sources' names follow the attributes
+ * member its nodes use (LOOM_ATTRS_NONE: none).
+ */
+#define LOOM_BACKWARD_OP(low, op_name, attrs_kind, ...)  \
+	const loom_op_def loom_op_##low = {              \
+		.name = op_name,                         \
+		.kind = LOOM_OPK_BACKWARD,               \
+		.attrs = attrs_kind,                     \
+		.src_names = { __VA_ARGS__ },            \
+		.amp = { .cls = LOOM_AMP_FOLLOW },       \
+	}
+
 static inline int loom_op_is_leaf(loom_op op)
 {
 	return loom_op_defs[op]->kind == LOOM_OPK_LEAF;
@@ -147,8 +162,14 @@ loom_value loom_op_build(loom_graph *g, loom_node *n);
 
 /* A blank node of op op with nsrc sources, for loom_op_build. */
 void loom_op_init(loom_node *n, loom_op op, int nsrc, const loom_value *src);
+/* Builds a node of op from its nsrc sources alone: an op without
+ * attributes (loom_op_init, then loom_op_build). */
+loom_value loom_op_build_plain(loom_graph *g, loom_op op, int nsrc, const loom_value *src);
 /* Shape rule of relu and the unary ops: a float input's shape and dtype. */
 int loom_shape_like_input(loom_graph *g, loom_node *n);
+/* Shape rule of layer norm and RMS norm (graph/ops/layernorm.c): x [..., C],
+ * its 1-D parameters [C], eps > 0. */
+int loom_shape_norm_rows(loom_graph *g, loom_node *n);
 
 /* Checks shared by shape rules; each sets the graph's error naming the op
  * and the source (by its src_names entry) and returns 0 when it fails. */
@@ -174,6 +195,12 @@ loom_value loom_grad_node(loom_graph *g, loom_op op, loom_value like, int nsrc,
 			  const loom_value *src);
 /* Column sums of dy (a bias gradient) shaped like the bias. */
 loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like);
+/* A normalisation's dx and dgamma (batch, layer and RMS norm) where they
+ * are needed: dx = data_op(x, gamma, dy), dgamma = gamma_op(x, dy), each
+ * carrying the forward node's attributes. n is a copy of that node, not a
+ * pointer into g (adding nodes may move them). */
+void loom_grad_norm(loom_graph *g, const loom_node *n, loom_value dy, void *ctx, loom_op data_op,
+		    loom_op gamma_op);
 /* v [..., C] seen as [rows, C]: a view (no copy), for products and column
  * sums over every leading dim; v itself when it already has 2 dims. */
 loom_value loom_grad_rows(loom_graph *g, loom_value v);

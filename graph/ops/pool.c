@@ -53,9 +53,7 @@ static void grad_maxpool2d(loom_graph *g, loom_value v, loom_value dy, void *ctx
 
 loom_value loom_global_avgpool(loom_graph *g, loom_value x)
 {
-	loom_node n;
-	loom_op_init(&n, LOOM_OP_GLOBAL_AVGPOOL, 1, &x);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_GLOBAL_AVGPOOL, 1, &x);
 }
 
 static int shape_global_avgpool(loom_graph *g, loom_node *n)
@@ -85,13 +83,7 @@ const loom_op_def loom_op_maxpool2d = {
 	.amp = { .cls = LOOM_AMP_FOLLOW },
 };
 
-const loom_op_def loom_op_maxpool2d_bwd = {
-	.name = "maxpool2d_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_POOL,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(maxpool2d_bwd, "maxpool2d_bwd", LOOM_ATTRS_POOL, "input", "dy");
 
 const loom_op_def loom_op_global_avgpool = {
 	.name = "global_avgpool",
@@ -102,9 +94,4 @@ const loom_op_def loom_op_global_avgpool = {
 	.amp = { .cls = LOOM_AMP_DENY }, /* a reduction */
 };
 
-const loom_op_def loom_op_global_avgpool_bwd = {
-	.name = "global_avgpool_bwd",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(global_avgpool_bwd, "global_avgpool_bwd", LOOM_ATTRS_NONE, "dy");

@@ -7,9 +7,7 @@
 
 loom_value loom_sum(loom_graph *g, loom_value x)
 {
-	loom_node n;
-	loom_op_init(&n, LOOM_OP_SUM, 1, &x);
-	return loom_op_build(g, &n);
+	return loom_op_build_plain(g, LOOM_OP_SUM, 1, &x);
 }
 
 static int shape_sum(loom_graph *g, loom_node *n)
@@ -83,9 +81,4 @@ const loom_op_def loom_op_broadcast = {
 };
 
 /* [N, C, ...] -> [C]: a bias's gradient, made only by gradient rules. */
-const loom_op_def loom_op_channel_sum = {
-	.name = "channel_sum",
-	.kind = LOOM_OPK_BACKWARD,
-	.src_names = { "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(channel_sum, "channel_sum", LOOM_ATTRS_NONE, "dy");

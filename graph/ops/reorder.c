@@ -16,9 +16,4 @@ const char *loom_format_name(loom_format f)
 	return (unsigned)f < LOOM_FORMAT_COUNT ? names[f] : "?";
 }
 
-const loom_op_def loom_op_reorder = {
-	.name = "reorder",
-	.kind = LOOM_OPK_BACKWARD, /* made after autodiff, never differentiated */
-	.src_names = { "input" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(reorder, "reorder", LOOM_ATTRS_NONE, "input");

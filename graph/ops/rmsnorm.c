@@ -16,45 +16,10 @@ loom_value loom_rms_norm(loom_graph *g, loom_value x, loom_value gamma, double e
 	return loom_op_build(g, &n);
 }
 
-static int shape_rmsnorm(loom_graph *g, loom_node *n)
-{
-	char bx[96], bp[96];
-	const loom_node *x = &g->nodes[n->src[0]], *p = &g->nodes[n->src[1]];
-	if (!loom_check_float(g, n, 0) || !loom_check_same_dtype(g, n, 0, 1) ||
-	    !loom_check_ndim(g, n, 1, 1))
-		return 0;
-	if (x->shape.ndim < 1)
-		return loom_graph_fail(g, LOOM_ERR_SHAPE, "rms_norm: input is a scalar"), 0;
-	int64_t c = x->shape.dims[x->shape.ndim - 1];
-	if (p->shape.dims[0] != c)
-		return loom_graph_fail(g, LOOM_ERR_SHAPE, "rms_norm: gamma %s must be [%lld] for input %s",
-				       loom_shape_str(&p->shape, bp, sizeof(bp)), (long long)c,
-				       loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
-	if (!(n->a.ln.eps > 0))
-		return loom_graph_fail(g, LOOM_ERR_INVALID, "rms_norm: eps %g must be positive",
-				       n->a.ln.eps), 0;
-	n->shape = x->shape;
-	n->dtype = x->dtype;
-	return 1;
-}
-
 static void grad_rmsnorm(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (loom_grad_needed(ctx, n.src[0])) {
-		loom_value s[3] = { n.src[0], n.src[1], dy };
-		loom_value dx = loom_grad_node(g, LOOM_OP_RMSNORM_BWD_DATA, n.src[0], 3, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n.src[1])) {
-		loom_value s[2] = { n.src[0], dy };
-		loom_value dg = loom_grad_node(g, LOOM_OP_RMSNORM_BWD_GAMMA, n.src[1], 2, s);
-		if (dg != LOOM_NONE)
-			g->nodes[dg].a.ln.eps = n.a.ln.eps;
-		loom_grad_accum(ctx, n.src[1], dg);
-	}
+	loom_grad_norm(g, &n, dy, ctx, LOOM_OP_RMSNORM_BWD_DATA, LOOM_OP_RMSNORM_BWD_GAMMA);
 }
 
 /* fp32 under O1 as layer norm (a normalisation: apex's FP32 list), half
@@ -64,24 +29,12 @@ const loom_op_def loom_op_rmsnorm = {
 	.kind = LOOM_OPK_FORWARD,
 	.attrs = LOOM_ATTRS_LN,
 	.src_names = { "input", "gamma" },
-	.shape = shape_rmsnorm,
+	.shape = loom_shape_norm_rows, /* layernorm.c */
 	.grad = grad_rmsnorm,
 	.amp = { .cls = LOOM_AMP_DENY },
 	.recompute = 2,
 };
 
-const loom_op_def loom_op_rmsnorm_bwd_data = {
-	.name = "rms_norm_bwd_data",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "gamma", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(rmsnorm_bwd_data, "rms_norm_bwd_data", LOOM_ATTRS_LN, "input", "gamma", "dy");
 
-const loom_op_def loom_op_rmsnorm_bwd_gamma = {
-	.name = "rms_norm_bwd_gamma",
-	.kind = LOOM_OPK_BACKWARD,
-	.attrs = LOOM_ATTRS_LN,
-	.src_names = { "input", "dy" },
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_BACKWARD_OP(rmsnorm_bwd_gamma, "rms_norm_bwd_gamma", LOOM_ATTRS_LN, "input", "dy");
