@@ -53,6 +53,10 @@ enum {
 	/* Runs causal attention as one fused kernel where attn_fusable says
 	 * so (graph/fuse_attention.c). */
 	LOOM_BE_FUSES_ATTENTION = 1u << 11,
+	/* Runs a residual add and the layer norm that reads it as one kernel
+	 * where ln_residual_fusable says so (graph/fuse.c's
+	 * loom_fuse_ln_residual; the add's node makes the layer norm). */
+	LOOM_BE_FUSES_LN_RESIDUAL = 1u << 12,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \
@@ -94,6 +98,11 @@ typedef struct loom_backend_planning {
 	 * the context exists; may build and check the library's plan for the
 	 * shape. LOOM_BE_FUSES_ATTENTION only. // (optional) */
 	int (*attn_fusable)(const loom_graph *g, loom_value probs, int train);
+	/* Whether the residual add a and the layer norm ln reading it run as
+	 * one kernel (the add's; makes_sibling then says so for ln), asked by
+	 * graph/fuse.c before the context exists.
+	 * LOOM_BE_FUSES_LN_RESIDUAL only. // (optional) */
+	int (*ln_residual_fusable)(const loom_graph *g, loom_value a, loom_value ln);
 	/* One line on how node v runs (the kernel plan_create chose for it),
 	 * for --dump-graph; buf[0] = 0 where there is nothing to say. // (optional) */
 	void (*node_note)(void *ctx, const loom_plan *plan, loom_value v, char *buf, size_t len);

@@ -221,6 +221,9 @@ static loom_status fuse_run(loom_program *p, loom_pass_ctx *c)
 		loom_fuse_casts(p->plan.g);
 	else if ((caps & LOOM_BE_FUSES_SOME_CASTS) && pn && pn->takes_any_dtype)
 		loom_fuse_casts_for(p->plan.g, pn->takes_any_dtype);
+	/* After the casts: the dtypes the fused kernel sees are the plan's. */
+	if ((caps & LOOM_BE_FUSES_LN_RESIDUAL) && pn && pn->ln_residual_fusable)
+		loom_fuse_ln_residual(p->plan.g, pn->ln_residual_fusable);
 	return LOOM_OK;
 }
 

@@ -451,3 +451,57 @@ int loom_fuse_casts_for(loom_graph *g, int (*takes)(loom_op op))
 	}
 	return fused;
 }
+
+/*
+ * The residual add into the layer norm that reads it (llm.c's
+ * fused_residual_forward): in a pre-norm transformer each block's
+ * h = h + f(ln(h)) is read by the next layer norm, so ADD writes the sum
+ * and LAYERNORM reads it back, two passes over the rows. Marked here as a
+ * sibling, the layer norm made by the add (made_by): the backend's add
+ * kernel writes the sum (still a value of the graph: the next residual
+ * and the backward read it) and the layer norm's outputs in one pass per
+ * row. A sibling made with its maker may read it (the memory plan allows
+ * that one read where a value is made). Only forward adds without a relu,
+ * a layer norm that is the add's first layer-norm reader (a recomputed
+ * copy in the backward stays apart), whose gamma and beta exist before
+ * the add, and never across a pipeline stage's cut or a sharded value.
+ * Run after the cast folding: the dtypes are then the plan's.
+ */
+/* Does v exist before node a runs: a leaf (a parameter made lazily after
+ * a by the builder is still there from the start) or an earlier node? */
+static int exists_before(const loom_graph *g, loom_value v, loom_value a)
+{
+	return v < a || loom_op_is_leaf(g->nodes[v].op);
+}
+
+static loom_value ln_reader(const loom_graph *g, loom_value a)
+{
+	for (loom_value u = a + 1; u < g->n; u++) {
+		const loom_node *n = &g->nodes[u];
+		if (n->op != LOOM_OP_LAYERNORM || n->src[0] != a)
+			continue;
+		if (n->made_by != LOOM_NONE || (n->flags & (LOOM_NODE_BACKWARD | LOOM_NODE_SHARDED)) ||
+		    !exists_before(g, n->src[1], a) || !exists_before(g, n->src[2], a))
+			return LOOM_NONE;
+		return u;
+	}
+	return LOOM_NONE;
+}
+
+int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable)
+{
+	const unsigned apart = LOOM_NODE_BACKWARD | LOOM_NODE_STAGE_CUT | LOOM_NODE_SHARDED;
+	int fused = 0;
+	for (loom_value a = 0; a < g->n; a++) {
+		const loom_node *an = &g->nodes[a];
+		if (an->op != LOOM_OP_ADD || an->a.ew.relu || (an->flags & apart) ||
+		    an->made_by != LOOM_NONE || keeps_dtype(g, a))
+			continue;
+		loom_value ln = ln_reader(g, a);
+		if (ln == LOOM_NONE || (fusable && !fusable(g, a, ln)))
+			continue;
+		g->nodes[ln].made_by = a;
+		fused++;
+	}
+	return fused;
+}

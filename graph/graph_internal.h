@@ -357,6 +357,16 @@ int loom_graph_readers(const loom_graph *g, loom_value v, loom_value *out, int m
  * autodiff, before memory planning. */
 int loom_fuse_siblings(loom_graph *g);
 
+/* Asks a backend whether its kernel for the residual add a also makes the
+ * layer norm ln that reads it (the dtypes and shapes it sees). */
+typedef int (*loom_ln_residual_fn)(const loom_graph *g, loom_value a, loom_value ln);
+
+/* Marks each forward residual add's layer-norm reader as made by the add
+ * (node->made_by): one kernel writes the sum and the layer norm's outputs.
+ * Only where fusable says yes (NULL: everywhere). Returns how many. Run
+ * after loom_fuse_casts, before memory planning. */
+int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable);
+
 /* What a backend's kernel for one node takes (the format pass asks). */
 typedef struct loom_format_caps {
 	unsigned accept;    /* bit f: the node runs with its 4-D operands in format f */

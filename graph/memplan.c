@@ -168,10 +168,16 @@ static loom_status schedule_init(planner *pl, const loom_value *order)
 		loom_value u = g->nodes[v].made_by;
 		pl->made_at[v] = u != LOOM_NONE && pl->pos[u] < pl->pos[v] ? pl->pos[u] : pl->pos[v];
 	}
+	/* A sibling may read its maker (the one kernel makes both:
+	 * graph/fuse.c's layer norm made by its residual add) and any leaf,
+	 * which is there before the step starts (persistent). */
 	for (int v = 0; v < pl->n; v++)
-		for (int i = 0; i < g->nodes[v].nsrc; i++)
-			if (pl->made_at[g->nodes[v].src[i]] >= pl->made_at[v])
+		for (int i = 0; i < g->nodes[v].nsrc; i++) {
+			loom_value s = g->nodes[v].src[i];
+			if (pl->made_at[s] >= pl->made_at[v] && s != g->nodes[v].made_by &&
+			    !loom_op_is_leaf(g->nodes[s].op))
 				return LOOM_ERR_INVALID; /* read before it is made */
+		}
 	return LOOM_OK;
 }
 

@@ -32,6 +32,11 @@ r gpt_O2_ln_bwd_warp env LOOM_CUDA_LN_BWD=warp $b/gpt_ddp $G --opt-level O2
 r gpt_O2_adamw_f32 env LOOM_CUDA_ADAMW=f32 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_bgrad_kernel env LOOM_CUDA_BGRAD=kernel $b/gpt_ddp $G --opt-level O2
 r gpt_O2_gk_all env LOOM_CUDA_LN_BWD=warp LOOM_CUDA_ADAMW=f32 LOOM_CUDA_BGRAD=kernel $b/gpt_ddp $G --opt-level O2
+# The residual add with its layer norm in one kernel (layernorm.cu), off and on
+# side by side (default off: not yet run on a GPU); the same losses.
+r gpt_O2_ln_residual0 env LOOM_CUDA_LN_RESIDUAL=0 $b/gpt_ddp $G --opt-level O2
+r gpt_O2_ln_residual1 env LOOM_CUDA_LN_RESIDUAL=1 $b/gpt_ddp $G --opt-level O2
+grep -a "^step +20/20" $o/gpt_O2_ln_residual0.log $o/gpt_O2_ln_residual1.log | cut -c1-160
 # The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304), off and on side by side.
 r gpt_O1_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O1
@@ -73,3 +78,4 @@ grep -a "ERROR SUMMARY\|Synthesis" $o/memcheck.log
 LIM=40 r racecheck_cls compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/fused_classifier'
 LIM=40 r racecheck_vpad compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/padded_vocabulary'
 LIM=40 r racecheck_ln compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_saved_statistics'
+LIM=40 r racecheck_ln_residual compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_residual'

@@ -340,6 +340,9 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	loom_cpu_io io = { .out = loom_arena_ptr(a, pl, v), .ws = a->ws };
 	for (int i = 0; i < n->nsrc; i++)
 		io.src[i] = loom_arena_ptr(a, pl, n->src[i]);
+	/* A residual add with the layer norm it makes, in its own dtypes. */
+	if (loom_cpu_ln_residual(pl, a, v))
+		return LOOM_OK;
 	if (!emulated(pl, n))
 		return fn(c, pl, v, &io);
 	/* bf16 products on CPUs that multiply bf16 natively (bf16_node.c). */
@@ -537,7 +540,10 @@ static loom_status cpu_timer_read(void *ctx, int slot, double *seconds)
 static const loom_backend_planning cpu_planning = {
 	.node_formats = loom_cpu_node_formats,
 	.node_note = cpu_node_note,
-	.makes_sibling = NULL, /* each sibling by its own kernel, right after its maker */
+	.ln_residual_fusable = loom_cpu_ln_residual_fusable,
+	/* a residual add's layer norm (ln_residual.c); every other sibling
+	 * by its own kernel, right after its maker */
+	.makes_sibling = loom_cpu_makes_sibling,
 };
 
 static const loom_backend_accumulate cpu_accumulate = {
@@ -557,7 +563,8 @@ static const loom_backend_timing cpu_timing = {
 
 const loom_backend loom_cpu_backend = {
 	.name = "cpu",
-	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_FUSES_CASTS | LOOM_BE_HOST_MEMORY | LOOM_BE_CLIPS_GRAD,
+	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_FUSES_CASTS | LOOM_BE_HOST_MEMORY | LOOM_BE_CLIPS_GRAD |
+		LOOM_BE_FUSES_LN_RESIDUAL,
 	.init = cpu_init,
 	.free = cpu_free,
 	.error = cpu_error,

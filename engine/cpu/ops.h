@@ -170,6 +170,16 @@ int loom_cpu_op_norm_bwd_gamma_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, lo
 size_t loom_cpu_op_norm_bwd_gamma_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				     size_t elem);
 
+/* ln_residual.c: the residual add that makes its layer norm
+ * (graph/fuse.c's loom_fuse_ln_residual). fusable: the planning question
+ * (LOOM_FUSE_LN_RESIDUAL, dtypes f32/bf16/f16, rows of at most
+ * LOOM_CPU_BF16_ROWS); makes_sibling: the executor's (the add's kernel
+ * wrote its layer norm); loom_cpu_ln_residual: runs add node v with its
+ * layer norm and returns 1, or returns 0 where v makes none. */
+int loom_cpu_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value ln);
+int loom_cpu_makes_sibling(void *ctx, const loom_plan *plan, loom_value v, loom_value w);
+int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_value v);
+
 /* side.c: plans the side buffers of plan's nodes into ctx->side (the
  * switches LOOM_CPU_DNNL_POOL and LOOM_CPU_DNNL_BN decide which nodes get
  * one); *bytes gets their total. Releases the previous plan's first. */

@@ -1560,8 +1560,7 @@ static loom_status cuda_run_node(void *ctx, const loom_plan *p, const loom_arena
 static int cuda_makes_sibling(void *ctx, const loom_plan *p, loom_value v, loom_value w)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
-	(void)p;
-	return loom_cuda_plan_makes(&c->plans[v], w);
+	return loom_cuda_plan_makes(&c->plans[v], w) || loom_cuda_ln_residual_makes(p, v, w);
 }
 
 /* Marks the device's first non-finite node; run_end reads the verdict. */
@@ -1708,6 +1707,7 @@ static const loom_backend_planning cuda_planning = {
 	.takes_any_dtype = loom_cuda_takes_any_dtype,
 	.node_formats = loom_cuda_node_formats,
 	.attn_fusable = loom_cuda_attn_fusable,
+	.ln_residual_fusable = loom_cuda_ln_residual_fusable,
 	.node_note = cuda_node_note,
 	.makes_sibling = cuda_makes_sibling,
 };
@@ -1755,7 +1755,7 @@ static const loom_backend_input cuda_input = {
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD |
-		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION,
+		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION | LOOM_BE_FUSES_LN_RESIDUAL,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,

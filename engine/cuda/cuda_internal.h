@@ -632,6 +632,16 @@ loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan
  * it makes (LOOM_CUDA_PLAN_LN) where the row fits it, else none. */
 loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				   loom_cuda_node_plan *np);
+/* The residual add with its layer norm (graph/fuse.c's
+ * loom_fuse_ln_residual; LOOM_CUDA_LN_RESIDUAL, read at compile):
+ * fusable answers the planning question; makes: whether add node v's
+ * kernel wrote w; loom_cuda_ln_residual runs add node v with the layer
+ * norm it makes and returns 1 (its status in *st), or returns 0 where v
+ * makes none. */
+int loom_cuda_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value ln);
+int loom_cuda_ln_residual_makes(const loom_plan *p, loom_value v, loom_value w);
+int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+			  const loom_cuda_io *io, loom_status *st);
 /* Workspace bytes of a LAYERNORM_BWD_GAMMA node (row statistics, chunk
  * parts). */
 size_t loom_cuda_ln_bwd_gamma_ws(const loom_plan *p, loom_value v);

@@ -548,6 +548,9 @@ loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_
 loom_status loom_cuda_op_add(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 			     const loom_cuda_io *io)
 {
+	loom_status st;
+	if (loom_cuda_ln_residual(c, plan, v, io, &st)) /* with its layer norm (layernorm.cu) */
+		return st;
 	return loom_cuda_add(c->err, c->stream, io->src[0], io->dt[0], io->src[1], io->dt[1],
 			     io->out, io->odt, numel_of(plan, v), plan->g->nodes[v].a.ew.relu);
 }

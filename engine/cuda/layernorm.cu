@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/options.h"
 #include "engine/cuda/dtype.cuh"
 
 static const int threads = 256;
@@ -210,27 +211,16 @@ static __device__ __forceinline__ double warp_sum(double v)
 	return v;
 }
 
-/* One warp per row: mean and rstd of the row (two passes, the second from
- * L1), then y = (x - mean) rstd gamma + beta. */
+/* The rest of a warp's row r once its mean m is known: rstd (a second
+ * pass, from L1), the saved statistics, y = (x - mean) rstd gamma + beta. */
 template <int W>
-__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
-					       const void *g, int gdt, const void *b, int bdt,
-					       double eps, void *y, int ydt, double *stats)
+static __device__ __forceinline__ void ln_warp_finish(int64_t r, int c, int lane, const void *x,
+						      int xdt, double m, const void *g, int gdt,
+						      const void *b, int bdt, double eps, void *y,
+						      int ydt, double *stats)
 {
-	const int lane = threadIdx.x & 31;
-	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-	if (r >= rows)
-		return;
 	const int64_t o = r * c;
 	float v[W], gv[W], bv[W];
-	double s = 0;
-	for (int j = lane * W; j < c; j += 32 * W) {
-		ln_ldv<W>(x, xdt, o + j, v);
-#pragma unroll
-		for (int k = 0; k < W; k++)
-			s += v[k];
-	}
-	const double m = warp_sum(s) / c;
 	double ss = 0;
 	for (int j = lane * W; j < c; j += 32 * W) {
 		ln_ldv<W>(x, xdt, o + j, v);
@@ -252,6 +242,64 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
 			v[k] = (float)((v[k] - m) * rs * gv[k] + bv[k]);
 		ln_stv<W>(y, ydt, o + j, v);
 	}
+}
+
+/* One warp per row: the mean of the row, then ln_warp_finish. */
+template <int W>
+__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
+					       const void *g, int gdt, const void *b, int bdt,
+					       double eps, void *y, int ydt, double *stats)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	float v[W];
+	double s = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(x, xdt, r * c + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	}
+	ln_warp_finish<W>(r, c, lane, x, xdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y, ydt, stats);
+}
+
+/*
+ * The residual add with the layer norm that reads it (graph/fuse.c's
+ * loom_fuse_ln_residual; llm.c's fused_residual_forward), one warp per
+ * row: sum = a + b in fp32, stored in the sum's dtype (as
+ * loom_add_kernel), each lane reading back what it stored (the rounded
+ * value the layer norm reads unfused) into the row's total; then
+ * ln_warp_finish over the stored sum, the forward warp kernel's own
+ * arithmetic. LOOM_CUDA_LN_RESIDUAL; never run on a GPU yet.
+ */
+template <int W>
+__global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, int adt,
+					    const void *b, int bdt, void *sum, int sdt,
+					    const void *g, int gdt, const void *beta, int betadt,
+					    double eps, void *y, int ydt, double *stats)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+	if (r >= rows)
+		return;
+	float v[W], w[W];
+	double s = 0;
+	for (int j = lane * W; j < c; j += 32 * W) {
+		ln_ldv<W>(a, adt, r * c + j, v);
+		ln_ldv<W>(b, bdt, r * c + j, w);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			v[k] += w[k];
+		ln_stv<W>(sum, sdt, r * c + j, v);
+		ln_ldv<W>(sum, sdt, r * c + j, v);
+#pragma unroll
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	}
+	ln_warp_finish<W>(r, c, lane, sum, sdt, warp_sum(s) / c, g, gdt, beta, betadt, eps, y, ydt,
+			  stats);
 }
 
 /*
@@ -573,6 +621,90 @@ loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
+/* LOOM_CUDA_LN_RESIDUAL's launcher: rows of c, the sum's pointers and
+ * dtypes in s (a, b, sum), the layer norm's in n (gamma, beta, y). */
+typedef struct ln_residual_ptrs {
+	const void *a, *b, *g, *beta;
+	void *sum, *y;
+	int adt, bdt, sdt, gdt, betadt, ydt;
+} ln_residual_ptrs;
+
+static loom_status ln_residual_fwd(char *err, cudaStream_t stream, int64_t rows, int cc,
+				   double eps, const ln_residual_ptrs *q, double *stats)
+{
+	const void *ptrs[6] = { q->a, q->b, q->sum, q->g, q->beta, q->y };
+	const int per_block = threads / 32;
+	const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
+	if (ln_vec8(cc, ptrs, 6))
+		loom_ln_residual_fwd_kernel<8><<<blocks, threads, 0, stream>>>(
+			rows, cc, q->a, q->adt, q->b, q->bdt, q->sum, q->sdt, q->g, q->gdt, q->beta,
+			q->betadt, eps, q->y, q->ydt, stats);
+	else
+		loom_ln_residual_fwd_kernel<1><<<blocks, threads, 0, stream>>>(
+			rows, cc, q->a, q->adt, q->b, q->bdt, q->sum, q->sdt, q->g, q->gdt, q->beta,
+			q->betadt, eps, q->y, q->ydt, stats);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+static int ln_residual_dtype(loom_dtype dt)
+{
+	return dt == LOOM_F32 || dt == LOOM_F16 || dt == LOOM_BF16;
+}
+
+/* Compile time (the backend's ln_residual_fusable): LOOM_CUDA_LN_RESIDUAL
+ * on, float dtypes the kernel reads, rows within one grid. */
+int loom_cuda_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value ln)
+{
+	const loom_node *an = &g->nodes[a], *l = &g->nodes[ln];
+	if (!loom_opt_bool(LOOM_OPT_CUDA_LN_RESIDUAL) || loom_shape_last(&l->shape) <= 0 ||
+	    loom_shape_rows(&l->shape) / (threads / 32) >= 2147483647LL)
+		return 0;
+	const loom_value v[6] = { a, an->src[0], an->src[1], ln, l->src[1], l->src[2] };
+	for (int i = 0; i < 6; i++)
+		if (!ln_residual_dtype((loom_dtype)g->nodes[v[i]].dtype))
+			return 0;
+	return 1;
+}
+
+/* The layer norm add node v makes (graph/fuse.c), else LOOM_NONE. */
+static loom_value ln_of_add(const loom_plan *p, loom_value v)
+{
+	if (v == LOOM_NONE || loom_cuda_node(p, v)->op != LOOM_OP_ADD)
+		return LOOM_NONE;
+	for (loom_value w = loom_sibling_first(p, v); w != LOOM_NONE; w = loom_sibling_next(p, w))
+		if (loom_cuda_node(p, w)->op == LOOM_OP_LAYERNORM)
+			return w;
+	return LOOM_NONE;
+}
+
+int loom_cuda_ln_residual_makes(const loom_plan *p, loom_value v, loom_value w)
+{
+	return w != LOOM_NONE && ln_of_add(p, v) == w;
+}
+
+int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+			  const loom_cuda_io *io, loom_status *st)
+{
+	const loom_value w = ln_of_add(p, v);
+	if (w == LOOM_NONE)
+		return 0;
+	const loom_node *l = loom_cuda_node(p, w);
+	const int64_t rows = loom_shape_rows(&l->shape);
+	ln_residual_ptrs q = {
+		.a = io->src[0], .b = io->src[1],
+		.g = loom_arena_ptr(c->arena, p, l->src[1]),
+		.beta = loom_arena_ptr(c->arena, p, l->src[2]),
+		.sum = io->out, .y = loom_arena_ptr(c->arena, p, w),
+		.adt = io->dt[0], .bdt = io->dt[1], .sdt = io->odt,
+		.gdt = loom_cuda_src(p, w, 1)->dtype, .betadt = loom_cuda_src(p, w, 2)->dtype,
+		.ydt = l->dtype,
+	};
+	*st = rows <= 0 ? LOOM_OK :
+			  ln_residual_fwd(c->err, c->stream, rows, (int)loom_shape_last(&l->shape),
+					  l->a.ln.eps, &q, (double *)loom_cuda_saved_slot(c, w, w));
+	return 1;
+}
+
 /* The fused backward's chunk parts: dgamma's, then dbeta's. */
 static size_t ln_fused_ws(int64_t rows, int cc)
 {
@@ -765,8 +897,10 @@ void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 	switch (loom_cuda_node(p, v)->op) {
 	case LOOM_OP_LAYERNORM:
 		snprintf(buf, len, "%s%s",
+			 loom_cuda_ln_residual_makes(p, loom_cuda_node(p, v)->made_by, v) ?
+				 "made by its residual add, a warp per row" :
 			 ln_fwd_warp_fits(loom_shape_rows(&loom_cuda_node(p, v)->shape)) ?
-			 "warp per row" : "block per row",
+				 "warp per row" : "block per row",
 			 saves ? ", saves mean and rstd" : "");
 		break;
 	default: /* LAYERNORM_BWD_DATA */

@@ -52,6 +52,36 @@ loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 	return loom_add(g, loom_embedding(g, ids, m->wte), loom_embedding(g, pos, wpe));
 }
 
+int gpt_first_param_differs(loom_program *a, loom_program *b, const gpt *m)
+{
+	int first = -1;
+	for (int i = 0; i < m->n && first == -1; i++) {
+		loom_shape s = loom_value_shape(m->g, m->params[i]);
+		size_t n = (size_t)loom_shape_numel(&s);
+		double *x = malloc(sizeof(double) * n), *y = malloc(sizeof(double) * n);
+		if (!x || !y || loom_read_f64(a, m->params[i], x, n) != LOOM_OK ||
+		    loom_read_f64(b, m->params[i], y, n) != LOOM_OK)
+			first = -2;
+		else if (memcmp(x, y, sizeof(double) * n) != 0)
+			first = i;
+		free(x);
+		free(y);
+	}
+	return first;
+}
+
+void gpt_adamw_opts(loom_compile_opts *o, loom_opt_level amp)
+{
+	loom_compile_opts_default(o);
+	o->device = LOOM_DEVICE_CPU;
+	o->optim.kind = LOOM_OPTIM_ADAMW;
+	o->optim.lr = 3e-3;
+	o->optim.weight_decay = 0.1;
+	o->amp.level = amp;
+	if (amp != LOOM_O0)
+		o->amp.half = LOOM_BF16;
+}
+
 loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class)
 {
 	const size_t n = (size_t)(B * T);

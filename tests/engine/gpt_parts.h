@@ -37,6 +37,12 @@ loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
  * "head": m->loss the cross-entropy over [B*T, V], m->mlp_act the first
  * block's GELU output. The graph's status (LOOM_OK, or its first error). */
 loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
+/* The engine's GPT tests' options: the CPU, AdamW (lr 3e-3, weight decay
+ * 0.1), amp at level, in bf16 above O0. */
+void gpt_adamw_opts(loom_compile_opts *o, loom_opt_level amp);
+/* The first of m's parameters whose bits differ between programs a and
+ * b, or -1 when none does (-2: a read failed or memory ran out). */
+int gpt_first_param_differs(loom_program *a, loom_program *b, const gpt *m);
 /* Batch k: tokens, positions and next-token targets, the same for the
  * same k; last_class: the first target is class V - 1. */
 loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class);

@@ -1582,6 +1582,47 @@ Test(cuda_ops, layernorm_backward_warp)
 	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm twins 2x50x768", b_ln_twins);
 }
 
+/* A residual stream over b x rows x c: s = x + h, y = ln(s) + s, so the
+ * sum is read by the layer norm, its backward and the next add; under
+ * LOOM_CUDA_LN_RESIDUAL=1 the layer norm is made by the add's kernel. */
+static loom_value ln_residual_case(loom_graph *g, tcase *t, int64_t b, int64_t rows, int64_t c)
+{
+	loom_value x = param(g, t, "x", 3, b, rows, c, 0);
+	loom_value s = loom_add(g, x, param(g, t, "h", 3, b, rows, c, 0));
+	const char *e = getenv("LOOM_CUDA_LN_RESIDUAL");
+	t->note[0] = e && !strcmp(e, "1") ? "made by its residual add" : "warp per row";
+	t->note_op[0] = LOOM_OP_LAYERNORM;
+	loom_value y = loom_layernorm(g, s, param(g, t, "ln.weight", 1, c, 0, 0, 0),
+				      param(g, t, "ln.bias", 1, c, 0, 0, 0), 1e-5);
+	return loom_add(g, y, s);
+}
+
+/* The shape b_ln_residual builds, set by its test before each case. */
+static int64_t ln_residual_dims[3];
+
+static loom_value b_ln_residual(loom_graph *g, tcase *t)
+{
+	return ln_residual_case(g, t, ln_residual_dims[0], ln_residual_dims[1],
+				ln_residual_dims[2]);
+}
+
+/* The residual add with its layer norm in one kernel, a warp per row
+ * (LOOM_CUDA_LN_RESIDUAL, layernorm.cu) against the CPU and against the
+ * two kernels it replaces (=0), in every dtype: 128-bit rows (768) and
+ * scalar rows (37). */
+Test(cuda_ops, layernorm_residual)
+{
+	static const int64_t shapes[2][3] = { { 2, 50, 768 }, { 3, 70, 37 } };
+	NEED_GPU();
+	for (int i = 0; i < 2; i++) {
+		char name[64];
+		memcpy(ln_residual_dims, shapes[i], sizeof(ln_residual_dims));
+		snprintf(name, sizeof(name), "ln_residual %dx%dx%d", (int)shapes[i][0],
+			 (int)shapes[i][1], (int)shapes[i][2]);
+		both_switch_values("LOOM_CUDA_LN_RESIDUAL", name, b_ln_residual);
+	}
+}
+
 /* A linear with a bias over rows x k -> c: under LOOM_CUDA_BGRAD=kernel
  * no product's note may name BGRADB, and the bias gradient comes from the
  * column-sum kernel (elementwise.cu). */

@@ -1,0 +1,169 @@
+/*
+ * engine/cpu/ln_residual.c — the residual add with the layer norm that
+ * reads it (graph/fuse.c's loom_fuse_ln_residual; llm.c's
+ * fused_residual_forward): one pass per block of rows writes the sum and
+ * the layer norm's y, the same bits as ADD then LAYERNORM.
+ *
+ * The same arithmetic in the same order: the add widens its sources to
+ * f32, adds and rounds once into the sum's dtype (ops_elementwise.c's
+ * paths all do); the layer norm widens that stored sum, gamma and beta to
+ * f32, runs layernorm.c's f32 row kernel and rounds y once (norm_bf16.c
+ * and backend.c's emulation both do). Here the rows go a block at a time
+ * through the stack, the rounded sum widened back before the layer norm
+ * reads it. f64 (gradient checks) is never fused.
+ */
+#include <string.h>
+
+#include "base/half.h"
+#include "base/options.h"
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/ops.h"
+
+#define ROWS LOOM_CPU_BF16_ROWS
+
+typedef struct ln_residual_args {
+	int64_t rows;
+	int c;
+	double eps;
+	const void *a, *b, *gamma, *beta;
+	void *sum, *y;
+	loom_dtype ta, tb, tg, tbeta, tsum, ty;
+} ln_residual_args;
+
+static int storable(loom_dtype dt)
+{
+	return dt == LOOM_F32 || dt == LOOM_BF16 || dt == LOOM_F16;
+}
+
+/* Elements [off, off + n) of p (of dtype dt) as f32: p itself when f32,
+ * else widened into buf, exactly. */
+static const float *widen(loom_dtype dt, const void *p, int64_t off, int64_t n, float *buf)
+{
+	if (dt == LOOM_F16) {
+		loom_f16_to_f32_array((const uint16_t *)p + off, buf, n);
+		return buf;
+	}
+	return loom_cpu_bf16_in(p, dt == LOOM_BF16, off, n, buf);
+}
+
+/* Where f32 results for [off, ...) of p go: p itself when f32, else buf. */
+static float *out_of(loom_dtype dt, void *p, int64_t off, float *buf)
+{
+	return dt == LOOM_F32 ? (float *)p + off : buf;
+}
+
+/* buf's n results rounded into p (of dtype dt) at off; nothing when f32. */
+static void store(loom_dtype dt, void *p, int64_t off, int64_t n, const float *buf)
+{
+	if (dt == LOOM_F16)
+		loom_f32_to_f16_array(buf, (uint16_t *)p + off, n);
+	else
+		loom_cpu_bf16_done(p, dt == LOOM_BF16, off, n, buf);
+}
+
+/* Rows [r0, r0 + nr): the sum, rounded into its dtype and read back as the
+ * layer norm will read it, then the layer norm of each row. */
+static void block(const ln_residual_args *g, int64_t r0, int64_t nr, const float *gam,
+		  const float *bet, float *xa, float *xb, float *sb, float *yb)
+{
+	const int64_t off = r0 * g->c, n = nr * g->c;
+	const float *pa = widen(g->ta, g->a, off, n, xa);
+	const float *pb = widen(g->tb, g->b, off, n, xb);
+	float *s = out_of(g->tsum, g->sum, off, sb);
+#pragma omp simd
+	for (int64_t i = 0; i < n; i++)
+		s[i] = pa[i] + pb[i];
+	if (g->tsum != LOOM_F32) {
+		store(g->tsum, g->sum, off, n, s);
+		s = (float *)widen(g->tsum, g->sum, off, n, sb);
+	}
+	float *y = out_of(g->ty, g->y, off, yb);
+	loom_cpu_layernorm_fwd_f32(nr, g->c, s, gam, bet, g->eps, y);
+	store(g->ty, g->y, off, n, y);
+}
+
+static void ln_residual_rows(const ln_residual_args *g)
+{
+	const int c = g->c;
+	const int64_t per = ROWS / c, nb = (g->rows + per - 1) / per;
+#pragma omp parallel if (g->rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xa[ROWS] __attribute__((aligned(64))), xb[ROWS] __attribute__((aligned(64)));
+		float sb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
+		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
+		const float *gam = widen(g->tg, g->gamma, 0, c, gb);
+		const float *bet = widen(g->tbeta, g->beta, 0, c, bb);
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
+			block(g, r0, nr, gam, bet, xa, xb, sb, yb);
+		}
+	}
+}
+
+/* ---------------------------------------------------------- planning */
+
+int loom_cpu_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value ln)
+{
+	const loom_node *an = &g->nodes[a], *l = &g->nodes[ln];
+	const int64_t c = loom_shape_last(&l->shape);
+	if (!loom_opt_bool(LOOM_OPT_FUSE_LN_RESIDUAL) || c <= 0 || c > ROWS)
+		return 0;
+	if (!storable(an->dtype) || !storable(l->dtype))
+		return 0;
+	for (int i = 0; i < an->nsrc; i++)
+		if (!storable(g->nodes[an->src[i]].dtype))
+			return 0;
+	for (int i = 1; i < l->nsrc; i++)
+		if (!storable(g->nodes[l->src[i]].dtype))
+			return 0;
+	return 1;
+}
+
+/* The layer norm that add node v makes (graph/fuse.c), else LOOM_NONE. */
+static loom_value made_ln(const loom_plan *plan, loom_value v)
+{
+	if (plan->g->nodes[v].op != LOOM_OP_ADD)
+		return LOOM_NONE;
+	for (loom_value w = loom_sibling_first(plan, v); w != LOOM_NONE;
+	     w = loom_sibling_next(plan, w))
+		if (plan->g->nodes[w].op == LOOM_OP_LAYERNORM)
+			return w;
+	return LOOM_NONE;
+}
+
+int loom_cpu_makes_sibling(void *ctx, const loom_plan *plan, loom_value v, loom_value w)
+{
+	(void)ctx;
+	return w != LOOM_NONE && made_ln(plan, v) == w;
+}
+
+/* ---------------------------------------------------------- entry */
+
+int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_value v)
+{
+	loom_value w = made_ln(plan, v);
+	if (w == LOOM_NONE)
+		return 0;
+	const loom_graph *gr = plan->g;
+	const loom_node *an = &gr->nodes[v], *l = &gr->nodes[w];
+	ln_residual_args g = {
+		.rows = loom_shape_rows(&l->shape),
+		.c = (int)loom_shape_last(&l->shape),
+		.eps = l->a.ln.eps,
+		.a = loom_arena_ptr(arena, plan, an->src[0]),
+		.b = loom_arena_ptr(arena, plan, an->src[1]),
+		.gamma = loom_arena_ptr(arena, plan, l->src[1]),
+		.beta = loom_arena_ptr(arena, plan, l->src[2]),
+		.sum = loom_arena_ptr(arena, plan, v),
+		.y = loom_arena_ptr(arena, plan, w),
+		.ta = gr->nodes[an->src[0]].dtype,
+		.tb = gr->nodes[an->src[1]].dtype,
+		.tg = gr->nodes[l->src[1]].dtype,
+		.tbeta = gr->nodes[l->src[2]].dtype,
+		.tsum = an->dtype,
+		.ty = l->dtype,
+	};
+	ln_residual_rows(&g);
+	return 1;
+}
