@@ -227,6 +227,11 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 			 "in the backward)", info.activation_naive_bytes / 1048576.0,
 			 info.n_recomputed);
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
+	if (info.n_fp8_stored > 0) {
+		snprintf(note, sizeof(note), "(%d tensors kept in 1 byte: %.3f MiB saved)",
+			 info.n_fp8_stored, info.fp8_saved_bytes / 1048576.0);
+		mib_line(out, "fp8 storage", info.fp8_stored_bytes, note);
+	}
 	if (p->plan.zero == 3) {
 		/* the gathered buckets, placed among the activations */
 		char gn[160];
