@@ -230,11 +230,13 @@ const loom_pass loom_pass_fuse = { .name = "fuse", .run = fuse_run };
 /* ------------------------------------------------------------ fp8 storage */
 
 /* LOOM_FP8_STORAGE (default on), amp.fp8, and a backend whose products
- * decode fp8 operands. */
+ * decode fp8 operands; not with pipeline stages, whose transport sends a
+ * value in its dtype's bytes. */
 static int fp8_storage_wanted(const loom_program *p)
 {
 	const loom_backend_planning *pn = p->be->planning;
-	return p->plan.opts.amp.fp8 && pn && pn->reads_fp8 && loom_opt_bool(LOOM_OPT_FP8_STORAGE);
+	return p->plan.opts.amp.fp8 && p->plan.opts.pipeline_stages <= 1 && pn && pn->reads_fp8 &&
+	       loom_opt_bool(LOOM_OPT_FP8_STORAGE);
 }
 
 /* Whether every reader of x reads it as fp8 codes: a node the backend says
