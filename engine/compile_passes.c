@@ -239,9 +239,16 @@ static int fp8_storage_wanted(const loom_program *p)
 	       loom_opt_bool(LOOM_OPT_FP8_STORAGE);
 }
 
+/* A view of all of x's elements from its start (a product's [rows,
+ * features] reshape): its readers read x's bytes. */
+static int whole_view(const loom_graph *g, const loom_node *n, loom_value x)
+{
+	return n->view_off == 0 &&
+	       loom_shape_numel(&n->shape) == loom_shape_numel(&g->nodes[x].shape);
+}
+
 /* Whether every reader of x reads it as fp8 codes: a node the backend says
- * decodes that source, or a whole view of x (a product's [rows, features]
- * reshape) whose readers all do. */
+ * decodes that source, or a whole view of x whose readers all do. */
 static int read_as_fp8(const loom_graph *g, loom_value x,
 		       int (*reads_fp8)(const loom_graph *, loom_value, int))
 {
@@ -250,7 +257,7 @@ static int read_as_fp8(const loom_graph *g, loom_value x,
 		for (int i = 0; i < n->nsrc; i++) {
 			if (n->src[i] != x)
 				continue;
-			if (loom_op_is_view(n->op) ? n->view_off != 0 || !read_as_fp8(g, u, reads_fp8) :
+			if (loom_op_is_view(n->op) ? !whole_view(g, n, x) || !read_as_fp8(g, u, reads_fp8) :
 						     !reads_fp8(g, u, i))
 				return 0;
 		}

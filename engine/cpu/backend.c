@@ -488,8 +488,10 @@ static loom_status cpu_check_finite(void *ctx, const loom_plan *pl, const loom_a
 	const loom_node *n = &pl->g->nodes[v];
 	int64_t cnt = loom_shape_numel(&n->shape);
 	const void *d = loom_arena_ptr(arena, pl, v);
-	/* fp8 codes (a stored value) are finite where their values are */
-	loom_dtype dt = loom_fp8_stored(n) ? n->a.fp8.fwd : n->dtype;
+	/* fp8 codes (a stored value, or a view of one) are finite where
+	 * their values are */
+	const loom_node *q = loom_fp8_stored_under(pl->g, v);
+	loom_dtype dt = q ? q->a.fp8.fwd : n->dtype;
 	(void)ctx;
 	if (n->dtype == LOOM_I32 || ts->first_nonfinite != LOOM_NONE)
 		return LOOM_OK;
