@@ -156,18 +156,34 @@ static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int6
 	st->saturated = sat;
 }
 
+/* A table of the 256 codes' values in odt (f32 or a half), made by the
+ * steps of the unstored rounding, then a gather: each element's bits are
+ * its code's entry, the same as decoding it alone. */
 void loom_cpu_fp8_decode(loom_dtype fmt, const void *stored, int64_t n, loom_dtype odt,
 			 void *y)
 {
-	size_t osz = loom_dtype_size(odt);
-	float scale;
-	memcpy(&scale, (const char *)stored + loom_fp8_scale_off(n), sizeof(scale));
+	const uint8_t *c = stored;
+	float scale, f[256];
+	uint8_t all[256];
+	union {
+		float f32[256];
+		uint16_t half[256];
+	} t;
+	memcpy(&scale, c + loom_fp8_scale_off(n), sizeof(scale));
+	for (int k = 0; k < 256; k++)
+		all[k] = (uint8_t)k;
+	decode_block(all, f, 256, scale, fmt);
+	loom_cpu_cast(LOOM_F32, f, odt, &t, 256);
+	if (loom_dtype_size(odt) == 4) {
+		float *o = y;
 #pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static)
-	for (int64_t i = 0; i < n; i += QDQ_BLOCK) {
-		float buf[QDQ_BLOCK];
-		int64_t k = n - i < QDQ_BLOCK ? n - i : QDQ_BLOCK;
-		decode_block((const uint8_t *)stored + i, buf, k, scale, fmt);
-		loom_cpu_cast(LOOM_F32, buf, odt, (char *)y + i * osz, k);
+		for (int64_t i = 0; i < n; i++)
+			o[i] = t.f32[c[i]];
+	} else {
+		uint16_t *o = y;
+#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			o[i] = t.half[c[i]];
 	}
 }
 
