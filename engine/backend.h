@@ -109,6 +109,13 @@ typedef struct loom_backend_planning {
 	/* Whether running node v also wrote its sibling w (a library call
 	 * that makes both); NULL: never, each sibling runs by itself. // (optional) */
 	int (*makes_sibling)(void *ctx, const loom_plan *plan, loom_value v, loom_value w);
+	/* Whether node v of g reads source i when it is stored as fp8 codes
+	 * and their scale (an FP8_QDQ value with a.fp8.store: graph/ops/ops.h,
+	 * loom_fp8_stored), decoding it to the very bits the FP8_QDQ node
+	 * writes unstored; asked by the fp8 storage pass (engine/
+	 * compile_passes.c) before the context exists. NULL: never, an fp8
+	 * rounding's value keeps its dtype's bytes. // (optional) */
+	int (*reads_fp8)(const loom_graph *g, loom_value v, int i);
 } loom_backend_planning;
 
 /* Gradient accumulation (loom_run's ACCUMULATE and FOLD, a pipeline's

@@ -13,6 +13,7 @@
 #include "base/cuda_plugin.h"
 #include "base/options.h"
 #include "engine/pass.h"
+#include "graph/ops/ops.h"
 
 /* ------------------------------------------------------------ amp */
 
@@ -228,6 +229,71 @@ static loom_status fuse_run(loom_program *p, loom_pass_ctx *c)
 }
 
 const loom_pass loom_pass_fuse = { .name = "fuse", .run = fuse_run };
+
+/* ------------------------------------------------------------ fp8 storage */
+
+/* LOOM_FP8_STORAGE (default on), amp.fp8, and a backend whose products
+ * decode fp8 operands; not with pipeline stages, whose transport sends a
+ * value in its dtype's bytes. */
+static int fp8_storage_wanted(const loom_program *p)
+{
+	const loom_backend_planning *pn = p->be->planning;
+	return p->plan.opts.amp.fp8 && p->plan.opts.pipeline_stages <= 1 && pn && pn->reads_fp8 &&
+	       loom_opt_bool(LOOM_OPT_FP8_STORAGE);
+}
+
+/* A view of all of x's elements from its start (a product's [rows,
+ * features] reshape): its readers read x's bytes. */
+static int whole_view(const loom_graph *g, const loom_node *n, loom_value x)
+{
+	return n->view_off == 0 &&
+	       loom_shape_numel(&n->shape) == loom_shape_numel(&g->nodes[x].shape);
+}
+
+/* Whether every reader of x reads it as fp8 codes: a node the backend says
+ * decodes that source, or a whole view of x whose readers all do. */
+static int read_as_fp8(const loom_graph *g, loom_value x,
+		       int (*reads_fp8)(const loom_graph *, loom_value, int))
+{
+	for (int u = x + 1; u < g->n; u++) {
+		const loom_node *n = &g->nodes[u];
+		for (int i = 0; i < n->nsrc; i++) {
+			if (n->src[i] != x)
+				continue;
+			if (loom_op_is_view(n->op) ? !whole_view(g, n, x) || !read_as_fp8(g, u, reads_fp8) :
+						     !reads_fp8(g, u, i))
+				return 0;
+		}
+	}
+	return 1;
+}
+
+/*
+ * Each fp8 rounding (FP8_QDQ through E4M3 or E5M2) that only products
+ * read is stored as its fp8 codes, one byte an element, and its scale
+ * (a.fp8.store: graph/ops/ops.h): the activations a product keeps for its
+ * backward take a quarter (f32) or half (bf16) of the bytes, and the
+ * memory plan after this pass counts them so. The readers decode to the
+ * bits the rounding writes unstored: the same losses. Not an output, not
+ * f64 (the gradient checks keep their own precision).
+ */
+static loom_status fp8_storage_run(loom_program *p, loom_pass_ctx *c)
+{
+	(void)c;
+	loom_graph *g = p->plan.g;
+	for (int v = 0; v < g->n; v++) {
+		loom_node *n = &g->nodes[v];
+		if (n->op != LOOM_OP_FP8_QDQ || (n->flags & LOOM_NODE_OUTPUT) ||
+		    (n->a.fp8.fwd != LOOM_FP8_E4M3 && n->a.fp8.fwd != LOOM_FP8_E5M2) ||
+		    n->dtype == LOOM_F64 || g->nodes[n->src[0]].dtype == LOOM_F64)
+			continue;
+		n->a.fp8.store = read_as_fp8(g, v, p->be->planning->reads_fp8);
+	}
+	return LOOM_OK;
+}
+
+const loom_pass loom_pass_fp8_storage = { .name = "fp8 storage", .wanted = fp8_storage_wanted,
+					  .run = fp8_storage_run };
 
 /* ------------------------------------------------------------ slots */
 

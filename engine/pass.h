@@ -78,7 +78,7 @@ extern const char *loom_test_skip_pass;
 extern const loom_pass loom_pass_amp, loom_pass_autodiff, loom_pass_device, loom_pass_fuse, loom_pass_formats,
 	loom_pass_slots, loom_pass_memory_plan, loom_pass_accumulation, loom_pass_steps,
 	loom_pass_backend_plan, loom_pass_backend_alloc, loom_pass_initial_values, loom_pass_vocab_pad,
-	loom_pass_recompute;
+	loom_pass_recompute, loom_pass_fp8_storage;
 
 /* The vocab-pad pass's multiple: LOOM_VOCAB_PAD when set (0: off), else
  * loom_compile_opts.vocab_pad (engine/vocab_pad.c). */

@@ -686,6 +686,24 @@ int64_t loom_step_count(const loom_program *p)
 	return p ? p->ts.step : 0;
 }
 
+/* The values the fp8 storage pass keeps in fp8 (engine/compile_passes.c),
+ * as the memory plan counts them (64-byte aligned, graph/memplan.c). */
+static void fp8_storage_info(const loom_program *p, loom_program_info *info)
+{
+	const loom_graph *g = p->plan.g;
+	for (int v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		if (!loom_fp8_stored(n) || !loom_plan_holds(&p->plan, v))
+			continue;
+		int64_t numel = loom_shape_numel(&n->shape);
+		size_t kept = (loom_fp8_stored_bytes(numel) + 63) & ~(size_t)63;
+		size_t full = ((size_t)numel * loom_dtype_size(n->dtype) + 63) & ~(size_t)63;
+		info->n_fp8_stored++;
+		info->fp8_stored_bytes += kept;
+		info->fp8_saved_bytes += full > kept ? full - kept : 0;
+	}
+}
+
 void loom_program_info_get(const loom_program *p, loom_program_info *info)
 {
 	memset(info, 0, sizeof(*info));
@@ -724,6 +742,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->optim_state_bytes = p->plan.state_bytes;
 	info->activation_bytes = p->plan.mp.act_bytes;
 	info->activation_naive_bytes = p->plan.mp.act_naive_bytes;
+	fp8_storage_info(p, info);
 	info->arena_bytes = p->plan.mp.persist_bytes + p->plan.mp.bucket_bytes + p->plan.mp.act_bytes + p->plan.ws_bytes + loom_plan_state_region_bytes(&p->plan);
 	loom_plan_flops(&p->plan, &info->flops_fwd, &info->flops_bwd);
 	info->loss_scale = p->ts.scaler.scale;

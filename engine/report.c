@@ -173,6 +173,19 @@ static void fp8_scales_line(const loom_program *p, FILE *out)
 	mib_line(out, "fp8 scales", loom_fp8_state_bytes(&p->ts.fp8), note);
 }
 
+/* amp.fp8's roundings kept in fp8 (LOOM_FP8_STORAGE), among the
+ * activations above: their bytes, and what their dtype would have taken
+ * more (none without). */
+static void fp8_storage_line(const loom_program_info *info, FILE *out)
+{
+	char note[128];
+	if (info->n_fp8_stored == 0)
+		return;
+	snprintf(note, sizeof(note), "(%d tensors kept in 1 byte: %.3f MiB saved)",
+		 info->n_fp8_stored, info->fp8_saved_bytes / 1048576.0);
+	mib_line(out, "fp8 storage", info->fp8_stored_bytes, note);
+}
+
 void loom_program_memory_report(const loom_program *p, FILE *out)
 {
 	loom_program_info info;
@@ -227,6 +240,7 @@ void loom_program_memory_report(const loom_program *p, FILE *out)
 			 "in the backward)", info.activation_naive_bytes / 1048576.0,
 			 info.n_recomputed);
 	mib_line(out, "activations (reused)", info.activation_bytes, note);
+	fp8_storage_line(&info, out);
 	if (p->plan.zero == 3) {
 		/* the gathered buckets, placed among the activations */
 		char gn[160];

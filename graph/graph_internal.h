@@ -173,6 +173,11 @@ typedef union loom_attrs {
 		/* The plan's recipe, set with slot: delayed scaling's history
 		 * length (0: current scaling) and margin; ranks compare them. */
 		int history, margin;
+		/* 1: the value is stored as its fp8 codes, one byte each, with
+		 * the f32 scale they were cast with after them (graph/ops/ops.h,
+		 * loom_fp8_stored), where only products read it and the backend
+		 * decodes them (the fp8 storage pass, engine/compile_passes.c). */
+		int store;
 	} fp8;
 } loom_attrs;
 

@@ -33,9 +33,13 @@ static size_t align_up(size_t x)
 	return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
 }
 
+/* A stored fp8 value (graph/ops/ops.h): one byte an element and its scale. */
 static size_t value_bytes(const loom_graph *g, loom_value v)
 {
-	return align_up(loom_shape_numel(&g->nodes[v].shape) * loom_dtype_size(g->nodes[v].dtype));
+	int64_t numel = loom_shape_numel(&g->nodes[v].shape);
+	if (loom_fp8_stored(&g->nodes[v]))
+		return align_up(loom_fp8_stored_bytes(numel));
+	return align_up(numel * loom_dtype_size(g->nodes[v].dtype));
 }
 
 /* A free block of the activation region. The list is kept sorted by offset

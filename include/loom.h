@@ -757,6 +757,12 @@ typedef struct loom_program_info {
 	size_t optim_state_bytes;
 	size_t activation_bytes;    /* the planned, reused activation region */
 	size_t activation_naive_bytes; /* the same without reuse */
+	/* amp.fp8's roundings kept as fp8 codes, one byte an element, where
+	 * only products read them (LOOM_FP8_STORAGE; the CPU): how many, the
+	 * bytes they take, and the bytes their dtype would have taken more
+	 * (each value aligned as the memory plan places it). */
+	int n_fp8_stored;
+	size_t fp8_stored_bytes, fp8_saved_bytes;
 	int n_nodes;
 	int n_recomputed; /* values made again in the backward (loom_compile_opts.recompute) */
 	int n_params;

@@ -17,6 +17,7 @@ const loom_pass *const loom_compile_passes[] = {
 	&loom_pass_fuse,           /* the fusions the backend has kernels for */
 	&loom_pass_formats,        /* each activation's memory format, reorders */
 	&loom_pass_vocab_pad,      /* a classifier over a padded vocabulary */
+	&loom_pass_fp8_storage,    /* fp8 roundings only products read, kept in fp8 */
 	&loom_pass_slots,          /* parameter slots and optimizer state */
 	&loom_pass_pipeline_cut,   /* stages: every node's, this rank's values */
 	&loom_pass_data_parallel,  /* buckets and the memory plan with them */

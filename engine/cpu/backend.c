@@ -170,8 +170,8 @@ static unsigned bf16_mask(const loom_plan *pl, const loom_node *n)
 }
 
 /* Bytes of scratch node v needs: its kernel's workspace, then the f32
- * copies of its half sources and result. */
-static size_t node_workspace(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
+ * copies of its half sources and result (fp8_decoded's go after). */
+static size_t node_workspace_own(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 {
 	const loom_node *n = &pl->g->nodes[v];
 	size_t ws = 0;
@@ -184,6 +184,54 @@ static size_t node_workspace(const loom_cpu_ctx *c, const loom_plan *pl, loom_va
 		ws += align64(4 * loom_shape_numel(&n->shape));
 	}
 	return ws;
+}
+
+/* The products read their operands stored as fp8 (the fp8 storage pass,
+ * engine/compile_passes.c): run_node decodes them first. */
+static int cpu_reads_fp8(const loom_graph *g, loom_value v, int i)
+{
+	loom_op op = g->nodes[v].op;
+	return (op == LOOM_OP_LINEAR || op == LOOM_OP_MATMUL) && i < 2;
+}
+
+/* Bytes of node v's sources stored as fp8, decoded into their dtype. */
+static size_t fp8_decoded_bytes(const loom_plan *pl, loom_value v)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	size_t ws = 0;
+	for (int i = 0; i < n->nsrc; i++)
+		if (loom_fp8_stored_under(pl->g, n->src[i]))
+			ws += align64(loom_dtype_size(src_node(pl, n, i)->dtype) *
+				      loom_shape_numel(&src_node(pl, n, i)->shape));
+	return ws;
+}
+
+static size_t node_workspace(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
+{
+	size_t dec = fp8_decoded_bytes(pl, v);
+	return dec ? align64(node_workspace_own(c, pl, v)) + dec : node_workspace_own(c, pl, v);
+}
+
+/* Node v's sources stored as fp8 (codes and scale) decoded into scratch
+ * after its own workspace, to the bits the FP8_QDQ node writes unstored;
+ * io then points at those copies, and the node runs as it always did. */
+static void fp8_decode_sources(const loom_cpu_ctx *c, const loom_plan *pl, loom_value v,
+			       loom_cpu_io *io)
+{
+	const loom_node *n = &pl->g->nodes[v];
+	unsigned char *at = NULL;
+	for (int i = 0; i < n->nsrc; i++) {
+		const loom_node *q = loom_fp8_stored_under(pl->g, n->src[i]);
+		if (!q)
+			continue;
+		if (!at)
+			at = (unsigned char *)c->arena->ws + align64(node_workspace_own(c, pl, v));
+		const loom_node *sn = src_node(pl, n, i);
+		int64_t cnt = loom_shape_numel(&sn->shape);
+		loom_cpu_fp8_decode(q->a.fp8.fwd, io->src[i], cnt, sn->dtype, at);
+		io->src[i] = at;
+		at += align64(loom_dtype_size(sn->dtype) * cnt);
+	}
 }
 
 static loom_status cpu_init(void **out, char *err, size_t errlen)
@@ -343,6 +391,8 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	/* A residual add with the layer norm it makes, in its own dtypes. */
 	if (loom_cpu_ln_residual(pl, a, v))
 		return LOOM_OK;
+	if (!op->raw)
+		fp8_decode_sources(c, pl, v, &io);
 	if (!emulated(pl, n))
 		return fn(c, pl, v, &io);
 	/* bf16 products on CPUs that multiply bf16 natively (bf16_node.c). */
@@ -441,11 +491,15 @@ static loom_status cpu_check_finite(void *ctx, const loom_plan *pl, const loom_a
 	const loom_node *n = &pl->g->nodes[v];
 	int64_t cnt = loom_shape_numel(&n->shape);
 	const void *d = loom_arena_ptr(arena, pl, v);
+	/* fp8 codes (a stored value, or a view of one) are finite where
+	 * their values are */
+	const loom_node *q = loom_fp8_stored_under(pl->g, v);
+	loom_dtype dt = q ? q->a.fp8.fwd : n->dtype;
 	(void)ctx;
 	if (n->dtype == LOOM_I32 || ts->first_nonfinite != LOOM_NONE)
 		return LOOM_OK;
 	for (int64_t i = 0; i < cnt; i++)
-		if (!isfinite(loom_elem_get(n->dtype, d, i))) {
+		if (!isfinite(loom_elem_get(dt, d, i))) {
 			ts->first_nonfinite = v;
 			break;
 		}
@@ -544,6 +598,7 @@ static const loom_backend_planning cpu_planning = {
 	/* a residual add's layer norm (ln_residual.c); every other sibling
 	 * by its own kernel, right after its maker */
 	.makes_sibling = loom_cpu_makes_sibling,
+	.reads_fp8 = cpu_reads_fp8,
 };
 
 static const loom_backend_accumulate cpu_accumulate = {

@@ -7,7 +7,9 @@
  * Under delayed scaling (amp/fp8_scaling.h) the scale is the node's tensor's
  * from its amax history and the amax is taken in the same pass as the cast;
  * a training run records the amax, the scale and the saturated count into
- * the training state for the step end and the report.
+ * the training state for the step end and the report. A stored node
+ * (a.fp8.store) writes the codes and their scale instead, and its readers
+ * decode them (loom_cpu_fp8_decode) to the bits it would have written.
  */
 #include <math.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 #include "base/fp8.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
+#include "graph/ops/ops.h"
 
 #define QDQ_BLOCK 512
 
@@ -34,26 +37,51 @@ static float amax_f32(const float *x, int64_t n)
 	return m;
 }
 
-/* y = fp8(x * scale) / scale, in place allowed. The scale is a power of
- * two, so both products are exact: only the fp8 rounding rounds. Returns
- * how many values saturated (|x * scale| above the format's largest: the
- * conversion clamps them), counted as they are cast. */
-static int64_t qdq_block(const float *x, float *y, int64_t n, float scale, loom_dtype fmt)
+/* c = fp8(x * scale), the codes. The scale is a power of two, so the
+ * product is exact: only the fp8 rounding rounds. Returns how many values
+ * saturated (|x * scale| above the format's largest: the conversion clamps
+ * them), counted as they are cast. */
+static int64_t code_block(const float *x, uint8_t *c, int64_t n, float scale, loom_dtype fmt)
 {
-	float inv = 1.0f / scale, fmax = fmax_of(fmt);
+	float fmax = fmax_of(fmt);
 	int64_t sat = 0;
 	if (fmt == LOOM_FP8_E4M3)
 		for (int64_t i = 0; i < n; i++) {
 			float s = x[i] * scale;
 			sat += fabsf(s) > fmax;
-			y[i] = loom_e4m3_to_f32(loom_f32_to_e4m3(s)) * inv;
+			c[i] = loom_f32_to_e4m3(s);
 		}
 	else
 		for (int64_t i = 0; i < n; i++) {
 			float s = x[i] * scale;
 			sat += fabsf(s) > fmax;
-			y[i] = loom_e5m2_to_f32(loom_f32_to_e5m2(s)) * inv;
+			c[i] = loom_f32_to_e5m2(s);
 		}
+	return sat;
+}
+
+/* y = code / scale, exact (a power of two): the rounding's value. */
+static void decode_block(const uint8_t *c, float *y, int64_t n, float scale, loom_dtype fmt)
+{
+	float inv = 1.0f / scale;
+	if (fmt == LOOM_FP8_E4M3)
+		for (int64_t i = 0; i < n; i++)
+			y[i] = loom_e4m3_to_f32(c[i]) * inv;
+	else
+		for (int64_t i = 0; i < n; i++)
+			y[i] = loom_e5m2_to_f32(c[i]) * inv;
+}
+
+/* y = fp8(x * scale) / scale, in place allowed; the saturated count. */
+static int64_t qdq_block(const float *x, float *y, int64_t n, float scale, loom_dtype fmt)
+{
+	uint8_t c[QDQ_BLOCK];
+	int64_t sat = 0;
+	for (int64_t i = 0; i < n; i += QDQ_BLOCK) {
+		int64_t k = n - i < QDQ_BLOCK ? n - i : QDQ_BLOCK;
+		sat += code_block(x + i, c, k, scale, fmt);
+		decode_block(c, y + i, k, scale, fmt);
+	}
 	return sat;
 }
 
@@ -93,10 +121,11 @@ static float amax_any(loom_dtype sdt, const void *x, int64_t n)
  * with it and takes the amax as it goes; else (current scaling) the amax
  * first, then the cast with its scale. f64 (the gradient checks) keeps its
  * own precision, rounded to f32 before the fp8 rounding (two roundings,
- * exact for the test values of an f64 graph).
+ * exact for the test values of an f64 graph). store: y gets the codes and,
+ * at loom_fp8_scale_off, the scale (graph/ops/ops.h), not the values.
  */
 static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int64_t n,
-		    loom_dtype fmt, qdq_stats *st)
+		    loom_dtype fmt, int store, qdq_stats *st)
 {
 	size_t ssz = loom_dtype_size(sdt), osz = loom_dtype_size(odt);
 	int delayed = st->scale > 0;
@@ -106,18 +135,56 @@ static void qdq_any(loom_dtype sdt, const void *x, loom_dtype odt, void *y, int6
 #pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static) reduction(max : amax) reduction(+ : sat)
 	for (int64_t i = 0; i < n; i += QDQ_BLOCK) {
 		float buf[QDQ_BLOCK];
+		uint8_t code[QDQ_BLOCK];
 		int64_t k = n - i < QDQ_BLOCK ? n - i : QDQ_BLOCK;
 		loom_cpu_cast(sdt, (const char *)x + i * ssz, LOOM_F32, buf, k);
 		if (delayed) {
 			float m = amax_f32(buf, k);
 			amax = m > amax ? m : amax;
 		}
-		sat += qdq_block(buf, buf, k, scale, fmt);
-		loom_cpu_cast(LOOM_F32, buf, odt, (char *)y + i * osz, k);
+		uint8_t *c = store ? (uint8_t *)y + i : code;
+		sat += code_block(buf, c, k, scale, fmt);
+		if (!store) {
+			decode_block(c, buf, k, scale, fmt);
+			loom_cpu_cast(LOOM_F32, buf, odt, (char *)y + i * osz, k);
+		}
 	}
+	if (store)
+		memcpy((char *)y + loom_fp8_scale_off(n), &scale, sizeof(scale));
 	st->amax = amax;
 	st->scale = scale;
 	st->saturated = sat;
+}
+
+/* A table of the 256 codes' values in odt (f32 or a half), made by the
+ * steps of the unstored rounding, then a gather: each element's bits are
+ * its code's entry, the same as decoding it alone. */
+void loom_cpu_fp8_decode(loom_dtype fmt, const void *stored, int64_t n, loom_dtype odt,
+			 void *y)
+{
+	const uint8_t *c = stored;
+	float scale, f[256];
+	uint8_t all[256];
+	union {
+		float f32[256];
+		uint16_t half[256];
+	} t;
+	memcpy(&scale, c + loom_fp8_scale_off(n), sizeof(scale));
+	for (int k = 0; k < 256; k++)
+		all[k] = (uint8_t)k;
+	decode_block(all, f, 256, scale, fmt);
+	loom_cpu_cast(LOOM_F32, f, odt, &t, 256);
+	if (loom_dtype_size(odt) == 4) {
+		float *o = y;
+#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			o[i] = t.f32[c[i]];
+	} else {
+		uint16_t *o = y;
+#pragma omp parallel for if (n >= LOOM_CPU_PAR_MIN) schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			o[i] = t.half[c[i]];
+	}
 }
 
 static void qdq_f64(const double *x, double *y, int64_t n, loom_dtype fmt)
@@ -177,7 +244,7 @@ static loom_status run_qdq(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value 
 		return loom_errnf(ctx->err, LOOM_ERR_MAX, LOOM_ERR_DTYPE,
 				  "fp8_qdq #%d: f64 in and out, or neither", (int)v);
 	else {
-		qdq_any(sdt, io->src[0], n->dtype, io->out, numel, fmt, &st);
+		qdq_any(sdt, io->src[0], n->dtype, io->out, numel, fmt, n->a.fp8.store, &st);
 		record(ctx, t, &st);
 	}
 	return LOOM_OK;

@@ -323,5 +323,11 @@ int loom_cpu_gemm_bf16f32(int ta, int tb, int m, int n, int k, double alpha,
  * (y may be x), s = loom_fp8_scale(amax of x, the format's largest finite),
  * fmt LOOM_FP8_E4M3 or LOOM_FP8_E5M2. */
 void loom_cpu_fp8_qdq_f32(const float *x, float *y, int64_t n, loom_dtype fmt);
+/* A stored FP8_QDQ value's n codes of format fmt and their scale
+ * (graph/ops/ops.h, loom_fp8_stored) decoded into y in dtype odt (f32,
+ * bf16 or f16; the storage pass leaves f64 alone): code -> f32 -> times
+ * 1/scale -> odt, the bits the unstored node writes. */
+void loom_cpu_fp8_decode(loom_dtype fmt, const void *stored, int64_t n, loom_dtype odt,
+			 void *y);
 
 #endif /* LOOM_ENGINE_CPU_KERNELS_H */

@@ -185,6 +185,40 @@ int loom_is_float(loom_dtype dt);
  * x's dtype and shape, flagged LOOM_NODE_AMP. */
 loom_value loom_fp8_qdq_node(loom_graph *g, loom_value x, loom_dtype fwd, loom_dtype bwd);
 
+/*
+ * A stored FP8_QDQ value (a.fp8.store): its numel fp8 codes (a.fp8.fwd's
+ * format), then, at loom_fp8_scale_off, the f32 power-of-two scale they
+ * were cast with. The scale travels with the codes, not in the training
+ * state: a reader decodes what this node wrote in this run whatever ran
+ * since (micro-steps, evaluation runs, a recomputed copy, a plan without
+ * fp8 slots). A reader decodes code -> f32 -> times 1/scale -> the node's
+ * dtype, the very steps by which an unstored FP8_QDQ writes its value.
+ */
+static inline int loom_fp8_stored(const loom_node *n)
+{
+	return n->op == LOOM_OP_FP8_QDQ && n->a.fp8.store;
+}
+
+static inline size_t loom_fp8_scale_off(int64_t numel)
+{
+	return ((size_t)numel + 3) & ~(size_t)3;
+}
+
+/* The bytes of a stored value of numel elements, before alignment. */
+static inline size_t loom_fp8_stored_bytes(int64_t numel)
+{
+	return loom_fp8_scale_off(numel) + sizeof(float);
+}
+
+/* The stored FP8_QDQ node whose bytes v reads (v itself or a whole view
+ * of it), or NULL. */
+static inline const loom_node *loom_fp8_stored_under(const loom_graph *g, loom_value v)
+{
+	while (loom_op_is_view(g->nodes[v].op) && g->nodes[v].view_off == 0)
+		v = g->nodes[v].src[0];
+	return loom_fp8_stored(&g->nodes[v]) ? &g->nodes[v] : NULL;
+}
+
 /* Gradient rules: does source value src need a gradient; add grad to its
  * gradient (autodiff sums the shares of a value used more than once). */
 int loom_grad_needed(void *ctx, loom_value src);

@@ -1463,6 +1463,7 @@ typedef struct pass_case {
 	int conv; /* a conv -> batch norm -> relu -> pool graph, the planner's formats on */
 	int vocab; /* a tied classifier of 50 classes, vocab_pad 64 */
 	int recompute; /* x -> linear -> gelu -> linear, recompute 1 */
+	int fp8; /* amp.fp8 on every product (its stored roundings) */
 } pass_case;
 
 static const pass_case pass_cases[] = {
@@ -1473,6 +1474,7 @@ static const pass_case pass_cases[] = {
 	{ "fuse" },
 	{ "formats", .conv = 1 },
 	{ "vocab pad", .vocab = 1 },
+	{ "fp8 storage", .level = LOOM_O1, .fp8 = 1 },
 	{ "slots" },
 	{ "pipeline cut", .world = 2, .stages = 2 },
 	{ "data parallel", .world = 2 },
@@ -1549,6 +1551,7 @@ static void describe_compile(const pass_case *k, FILE *f)
 	o.pipeline_stages = k->stages;
 	o.vocab_pad = k->vocab ? 64 : 0;
 	o.recompute = k->recompute;
+	o.amp.fp8 = o.amp.fp8_all_products = k->fp8;
 	o.micro_batches = k->stages ? 2 : 0;
 	if (k->conv) { /* .bazelrc pins LOOM_FORMATS=nchw for the other tests */
 		unsetenv("LOOM_FORMATS");

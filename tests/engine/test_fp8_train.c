@@ -7,7 +7,9 @@
  * (its middle conv in fp8; under LOOM_CPU_ISA=avx2, test_fp8_train_avx2,
  * through the planner's blocked nChw8c format) at O1;
  * fp8's loss follows bf16's at the same level within a measured bound at
- * every step, it learns, and it is not bf16 itself (the roundings run).
+ * every step, it learns, and it is not bf16 itself (the roundings run);
+ * the roundings kept in fp8 (LOOM_FP8_STORAGE) give the same losses to the
+ * bit in a smaller plan, and resume across the setting.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -212,6 +214,119 @@ Test(fp8_train, recipe_in_fingerprint)
 	loom_program_free(q);
 	loom_graph_free(m.g);
 	loom_graph_free(n.g);
+}
+
+/* ------------------------------------------------------------ fp8 storage */
+
+/* LOOM_FP8_STORAGE for the compiles that follow. */
+static void fp8_storage(int on)
+{
+	cr_assert_eq(setenv("LOOM_FP8_STORAGE", on ? "1" : "0", 1), 0);
+}
+
+#define STORE_STEPS 8
+
+/* STORE_STEPS steps with fp8 storage on or off; the plan's figures. */
+static void train_stored(loom_opt_level level, int fp8, int store, double *loss,
+			 loom_program_info *info)
+{
+	gpt m;
+	fp8_storage(store);
+	loom_program *p = compile_gpt(&m, level, fp8);
+	loom_program_info_get(p, info);
+	info->backend = NULL; /* the program's, freed below */
+	train_steps(p, 0, STORE_STEPS, loss);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	unsetenv("LOOM_FP8_STORAGE");
+}
+
+/* The roundings only products read kept in fp8 (engine/compile_passes.c's
+ * fp8 storage pass, decoded by the CPU's products) give the losses of the
+ * roundings kept in bf16 to the bit, at both levels and both recipes. */
+static void storage_same_losses(loom_opt_level level, int recipe)
+{
+	double off[STORE_STEPS], on[STORE_STEPS];
+	loom_program_info ioff, ion;
+	train_stored(level, recipe, 0, off, &ioff);
+	train_stored(level, recipe, 1, on, &ion);
+	cr_assert_eq(ioff.n_fp8_stored, 0, "storage off: %d tensors stored", ioff.n_fp8_stored);
+	cr_assert_gt(ion.n_fp8_stored, 0, "storage on: no tensor stored");
+	for (int k = 0; k < STORE_STEPS; k++)
+		cr_assert_eq(on[k], off[k], "O%d recipe %d step %d: stored %.17g, unstored %.17g",
+			     (int)level, recipe, k, on[k], off[k]);
+}
+
+Test(fp8_storage, same_losses_current)
+{
+	storage_same_losses(LOOM_O1, LOOM_FP8_SCALING_CURRENT);
+	storage_same_losses(LOOM_O2, LOOM_FP8_SCALING_CURRENT);
+}
+
+Test(fp8_storage, same_losses_delayed)
+{
+	storage_same_losses(LOOM_O1, LOOM_FP8_SCALING_DELAYED);
+	storage_same_losses(LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+}
+
+/* The plan counts a stored rounding at one byte an element (and its
+ * scale): the activations with one buffer each fall by exactly what the
+ * stored tensors save, the reused region and the arena fall too. The GPT
+ * stores the E4M3 operands of its 8 fp8 products (each block's qkv,
+ * projection, fc and fc projection): 16 tensors; the E5M2 gradients are
+ * read by the bias gradient too, and stay bf16. */
+Test(fp8_storage, plan_counts_one_byte)
+{
+	double loss[STORE_STEPS];
+	loom_program_info ioff, ion;
+	train_stored(LOOM_O1, LOOM_FP8_SCALING_CURRENT, 0, loss, &ioff);
+	train_stored(LOOM_O1, LOOM_FP8_SCALING_CURRENT, 1, loss, &ion);
+	cr_log_info("fp8 storage: %d tensors, %zu bytes kept, %zu saved; activations %zu -> %zu, "
+		    "naive %zu -> %zu, arena %zu -> %zu", ion.n_fp8_stored, ion.fp8_stored_bytes,
+		    ion.fp8_saved_bytes, ioff.activation_bytes, ion.activation_bytes,
+		    ioff.activation_naive_bytes, ion.activation_naive_bytes, ioff.arena_bytes,
+		    ion.arena_bytes);
+	cr_assert_eq(ion.n_fp8_stored, 16);
+	cr_assert_eq(ioff.fp8_saved_bytes, 0);
+	cr_assert_gt(ion.fp8_saved_bytes, 0);
+	cr_assert_eq(ioff.activation_naive_bytes - ion.activation_naive_bytes, ion.fp8_saved_bytes,
+		     "naive activations %zu -> %zu, the stored tensors save %zu",
+		     ioff.activation_naive_bytes, ion.activation_naive_bytes, ion.fp8_saved_bytes);
+	cr_assert_lt(ion.activation_bytes, ioff.activation_bytes);
+	cr_assert_lt(ion.arena_bytes, ioff.arena_bytes);
+}
+
+/* A checkpoint does not hold activations: one saved with fp8 storage on
+ * resumes with it off (and the losses are those of the run never
+ * interrupted, with it on). */
+Test(fp8_storage, resumes_across_the_setting)
+{
+	enum { CUT = 4 };
+	double whole[STORE_STEPS], parts[STORE_STEPS];
+	loom_program_info info;
+	char path[] = "/tmp/loom_fp8_store_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	train_stored(LOOM_O2, LOOM_FP8_SCALING_DELAYED, 1, whole, &info);
+	gpt m;
+	fp8_storage(1);
+	loom_program *p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	train_steps(p, 0, CUT, parts);
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	fp8_storage(0);
+	p = compile_gpt(&m, LOOM_O2, LOOM_FP8_SCALING_DELAYED);
+	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
+	train_steps(p, CUT, STORE_STEPS, parts);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	unsetenv("LOOM_FP8_STORAGE");
+	unlink(path);
+	for (int k = 0; k < STORE_STEPS; k++)
+		cr_assert_eq(parts[k], whole[k], "step %d: resumed %.17g, uninterrupted %.17g", k,
+			     parts[k], whole[k]);
 }
 
 /* The ConvNet (examples/models.c) on 30 batches of 8 synthetic images

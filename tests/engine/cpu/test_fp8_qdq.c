@@ -5,7 +5,9 @@
  * the top of the range (rounding up to the largest finite value), all-zero
  * tensors (scale 1, zeros out, no NaN), a NaN element; and the node in a
  * bf16 program, whose results must be exactly the f32 kernel's (every
- * dequantized value is a bf16).
+ * dequantized value is a bf16); a stored rounding's codes and scale
+ * decoded (loom_cpu_fp8_decode) into f32, bf16 and f16 give the bits of
+ * the rounding cast to that dtype, down to f32's subnormals.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -15,6 +17,7 @@
 #include "base/fp8.h"
 #include "base/splitmix.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/ops.h"
 #include "graph/ops/ops.h"
 #include "loom.h"
 
@@ -218,5 +221,43 @@ Test(fp8_qdq, bf16_node_gives_the_f32_kernels_values)
 		free(xb);
 		loom_program_free(p);
 		loom_graph_free(g);
+	}
+}
+
+/* A stored rounding (graph/ops/ops.h: the codes, then the scale at
+ * loom_fp8_scale_off) decoded into f32, bf16 and f16 gives what the
+ * unstored rounding writes in that dtype: its f32 values cast there. The
+ * tops reach down to f32's subnormals (scales capped at 2^117), where a
+ * decoded value may not be a bf16 and the cast must round as it did. */
+Test(fp8_qdq, stored_codes_decode_to_the_roundings_bits)
+{
+	enum { N = 1500 };
+	static const int tops[] = { 8, -4, -20, -120, -135 };
+	static const loom_dtype dts[] = { LOOM_F32, LOOM_BF16, LOOM_F16 };
+	float x[N], q[N];
+	unsigned char stored[N + 8], want[4 * N], got[4 * N];
+	uint64_t rng = 99;
+	for (int t = 0; t < 10; t++) {
+		loom_dtype fmt = t & 1 ? LOOM_FP8_E5M2 : LOOM_FP8_E4M3;
+		fill_wide(&rng, x, N, tops[t / 2], 16);
+		loom_cpu_fp8_qdq_f32(x, q, N, fmt);
+		float amax = 0;
+		for (int i = 0; i < N; i++)
+			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+		float sc = loom_fp8_scale(amax, fmax_of(fmt));
+		for (int i = 0; i < N; i++)
+			stored[i] = fmt == LOOM_FP8_E4M3 ? loom_f32_to_e4m3(x[i] * sc) :
+							   loom_f32_to_e5m2(x[i] * sc);
+		memcpy(stored + loom_fp8_scale_off(N), &sc, sizeof(sc));
+		for (int d = 0; d < 3; d++) {
+			size_t sz = loom_dtype_size(dts[d]);
+			loom_cpu_cast(LOOM_F32, q, dts[d], want, N);
+			loom_cpu_fp8_decode(fmt, stored, N, dts[d], got);
+			for (int i = 0; i < N; i++)
+				cr_assert(memcmp(got + i * sz, want + i * sz, sz) == 0,
+					  "top 2^%d %s to dtype %d: element %d (%a) decodes to other bits",
+					  tops[t / 2], fmt == LOOM_FP8_E4M3 ? "e4m3" : "e5m2",
+					  (int)dts[d], i, q[i]);
+		}
 	}
 }
