@@ -4,6 +4,7 @@
  * device communicator is asked for and the driver reports a device.
  */
 #include "base/cuda_plugin.h"
+#include "base/options.h"
 #include "comm/comm_internal.h"
 
 #include <stdlib.h>
@@ -69,7 +70,7 @@ typedef struct device_seat {
 static device_seat my_seat(const loom_pg *pg, int visible)
 {
 	char host[256] = "";
-	const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+	const char *cvd = loom_env("CUDA_VISIBLE_DEVICES");
 	device_seat s;
 
 	gethostname(host, sizeof(host) - 1);

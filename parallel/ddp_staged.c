@@ -20,6 +20,11 @@ typedef struct staged_ctx {
 	loom_comm *host;
 	unsigned char *buf;
 	size_t bytes;
+	/* Any other buffer (synchronised batch norm's sums): one at a time,
+	 * through this scratch, grown as needed and kept. */
+	unsigned char *scratch;
+	size_t scratch_bytes;
+	int scratch_busy;
 } staged_ctx;
 
 /* One staged all-reduce: the host's work, and where its sum goes back. */
@@ -28,6 +33,7 @@ struct loom_comm_work {
 	void *dev;
 	const void *host;
 	size_t bytes;
+	int scratch; /* it holds the scratch */
 };
 
 /* A backend's failure, said in the group's error as the executor reads it. */
@@ -40,28 +46,58 @@ static loom_status staged_be(loom_comm *c, loom_status st)
 	return loom_comm_fail(c, st, "host-staged collective: %s", loom_program_error(s->p));
 }
 
-/* The download waits for the compute stream, which produced the bucket
- * (the communication stream only waits for it too), then the host sum
- * starts on the host copy. */
+/* The host buffer that stages buf: its bucket's, or the scratch. */
+static loom_status host_side(loom_comm *c, void *buf, size_t bytes, unsigned char **host,
+			     int *scratch)
+{
+	staged_ctx *s = c->ctx;
+	const unsigned char *region = s->p->arena.bucket, *b = buf;
+	*scratch = !region || b < region || b + bytes > region + s->bytes;
+	if (!*scratch) {
+		*host = s->buf + (b - region);
+		return LOOM_OK;
+	}
+	if (s->scratch_busy)
+		return loom_comm_fail(c, LOOM_ERR_STATE, "host-staged all-reduce of %zu bytes "
+				      "outside the buckets while another is in flight", bytes);
+	if (bytes > s->scratch_bytes) {
+		unsigned char *n = realloc(s->scratch, bytes);
+		if (!n)
+			return loom_comm_fail(c, LOOM_ERR_NOMEM, "host-staged all-reduce: out of memory");
+		s->scratch = n;
+		s->scratch_bytes = bytes;
+	}
+	*host = s->scratch;
+	s->scratch_busy = 1;
+	return LOOM_OK;
+}
+
+/* The download waits for the compute stream, which produced buf (the
+ * communication stream only waits for it too), then the host sum starts
+ * on the host copy. */
 static loom_status staged_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					  void *stream, loom_comm_work **out)
 {
 	staged_ctx *s = c->ctx;
 	loom_program *p = s->p;
 	size_t bytes = count * loom_dtype_size(dt);
-	size_t off = (size_t)((unsigned char *)buf - p->arena.bucket);
+	unsigned char *host = NULL;
+	int scratch;
 	(void)stream;
-	if (!p->arena.bucket || (unsigned char *)buf < p->arena.bucket || off + bytes > s->bytes)
-		return loom_comm_fail(c, LOOM_ERR_INVALID,
-				      "host-staged all-reduce of %zu bytes outside the buckets", bytes);
 	loom_comm_work *w = calloc(1, sizeof(*w));
 	if (!w)
 		return loom_comm_fail(c, LOOM_ERR_NOMEM, "host-staged all-reduce: out of memory");
-	*w = (loom_comm_work){ .dev = buf, .host = s->buf + off, .bytes = bytes };
-	loom_status st = staged_be(c, p->be->download(p->be_ctx, s->buf + off, buf, bytes));
-	if (st == LOOM_OK)
-		st = loom_comm_allreduce_start(s->host, s->buf + off, count, dt, NULL, &w->inner);
+	loom_status st = host_side(c, buf, bytes, &host, &scratch);
 	if (st != LOOM_OK) {
+		free(w);
+		return st;
+	}
+	*w = (loom_comm_work){ .dev = buf, .host = host, .bytes = bytes, .scratch = scratch };
+	st = staged_be(c, p->be->download(p->be_ctx, host, buf, bytes));
+	if (st == LOOM_OK)
+		st = loom_comm_allreduce_start(s->host, host, count, dt, NULL, &w->inner);
+	if (st != LOOM_OK) {
+		s->scratch_busy &= !scratch;
 		free(w);
 		return st;
 	}
@@ -83,8 +119,21 @@ static loom_status staged_wait(loom_comm *c, loom_comm_work *w)
 	loom_status st = loom_comm_wait(s->host, w->inner);
 	if (st == LOOM_OK)
 		st = staged_be(c, s->p->be->upload(s->p->be_ctx, w->dev, w->host, w->bytes));
+	/* the upload went through the backend's own staging: free again */
+	s->scratch_busy &= !w->scratch;
 	free(w);
 	return st;
+}
+
+/* Synchronised batch norm's sums, inside a node: the host waits for the
+ * stream (the download), sums, and the sum goes up before the stream's
+ * later work. */
+static loom_status staged_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream)
+{
+	loom_comm_work *w = NULL;
+	loom_status st = staged_allreduce_start(c, buf, count, dt, stream, &w);
+	return st == LOOM_OK ? staged_wait(c, w) : st;
 }
 
 /* Start-up only (rank 0's parameters): through a host copy made here. */
@@ -129,6 +178,7 @@ static void staged_free(loom_comm *c)
 {
 	staged_ctx *s = c->ctx;
 	free(s->buf);
+	free(s->scratch);
 	free(s);
 	free(c);
 }
@@ -138,6 +188,7 @@ static const loom_comm_i staged_iface = {
 	.no_graph = "its collectives are staged through host memory (ranks sharing a GPU, "
 		    "or LOOM_DDP_STAGE_HOST=1)",
 	.allreduce_start = staged_allreduce_start,
+	.allreduce_ordered = staged_allreduce_ordered,
 	.test = staged_test,
 	.wait = staged_wait,
 	.broadcast = staged_broadcast,
@@ -152,10 +203,6 @@ static const char *staged_refuses(const loom_program *p)
 {
 	if (p->plan.opts.zero_stage > 0)
 		return "ZeRO (its reduce-scatter and all-gather)";
-	if (p->plan.opts.sync_bn)
-		return "synchronised batch norm (sync_bn: its all-reduce in stream order)";
-	if (p->plan.pipe)
-		return "pipeline stages' replicas";
 	return NULL;
 }
 

@@ -32,8 +32,8 @@ loom_status loom_ddp_start(loom_program *p);
 /* parallel/ddp_staged.c: a device backend's buckets summed through host
  * buffers by the group's host communicator (ranks that share a GPU, or
  * LOOM_DDP_STAGE_HOST=1). _new makes p->plan.comm the staged communicator
- * over host, or refuses (err) what it does not stage yet (ZeRO, sync_bn,
- * pipeline replicas); _buffers allocates its host buffers once the bucket
+ * over host, or refuses (err) what it does not stage yet (ZeRO, pipeline
+ * replicas); _buffers allocates its host buffers once the bucket
  * layout is known; _free (any time) frees it. */
 loom_status loom_ddp_staged_new(loom_program *p, struct loom_comm *host, char *err, size_t errlen);
 loom_status loom_ddp_staged_buffers(loom_program *p, char *err, size_t errlen);
