@@ -60,20 +60,22 @@ static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
 
 /* The plan's collectives: a pipeline stage's replicas', the host's for
  * host memory, NCCL for a device; a device without it (ranks that share a
- * GPU) or LOOM_DDP_STAGE_HOST=1: the host's through host buffers
+ * GPU) or LOOM_DDP_STAGE_HOST=1 (on a host backend too, so that tests/ddp
+ * runs the path over real MPI): the host's through host buffers
  * (parallel/ddp_staged.c). NULL: none (the caller says so). */
 static loom_status pick_comm(loom_program *p, char *err, size_t errlen)
 {
 	loom_pg *pg = p->plan.opts.pg;
+	int stage = loom_opt_bool(LOOM_OPT_DDP_STAGE_HOST);
 	if (p->plan.pipe) {
 		p->plan.comm = p->plan.pipe->dp;
 		return LOOM_OK;
 	}
-	if (p->be->caps & LOOM_BE_HOST_MEMORY) {
+	if (!stage && (p->be->caps & LOOM_BE_HOST_MEMORY)) {
 		p->plan.comm = loom_pg_comm(pg, LOOM_COMM_HOST);
 		return LOOM_OK;
 	}
-	if (!loom_opt_bool(LOOM_OPT_DDP_STAGE_HOST) && (p->plan.comm = loom_pg_comm(pg, LOOM_COMM_DEVICE)))
+	if (!stage && (p->plan.comm = loom_pg_comm(pg, LOOM_COMM_DEVICE)))
 		return LOOM_OK;
 	loom_comm *host = loom_pg_comm(pg, LOOM_COMM_HOST);
 	return host ? loom_ddp_staged_new(p, host, err, errlen) : LOOM_OK;

@@ -821,6 +821,16 @@ Test(graph, refused_where_it_cannot_hold_and_off_on_request)
 	loom_set_log(NULL, NULL);
 }
 
+/* A staged run's end: one process's parameters, bit for bit; all freed. */
+static void expect_one_and_free(loom_program *p, loom_graph *g, loom_program *one, loom_graph *g1,
+				loom_pg *pg)
+{
+	expect_params_equal(p, one, 0);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
 /* Ranks that share a GPU: a group with a host communicator only (NCCL
  * refuses two ranks on one device). The buckets go through host buffers
  * (parallel/ddp_staged.c), summed by the host communicator, and the
@@ -839,10 +849,7 @@ Test(async, without_a_device_communicator_the_buckets_are_staged_through_host_bu
 	cr_assert(b && (b < arena || b >= arena + p->plan.buckets.b[nb - 1].base +
 					    p->plan.buckets.b[nb - 1].bytes),
 		  "the host summed the device's bucket in place");
-	expect_params_equal(p, one, 0);
-	free_all(one, g1);
-	free_all(p, g);
-	loom_pg_free(pg);
+	expect_one_and_free(p, g, one, g1, pg);
 }
 
 /* LOOM_DDP_STAGE_HOST=1 stages where the device communicator is open. */
@@ -855,10 +862,7 @@ Test(async, the_switch_stages_beside_an_open_device_communicator)
 	unsetenv("LOOM_DDP_STAGE_HOST");
 	cr_assert_eq(fd.starts, 0, "a collective reached the device communicator");
 	cr_assert_eq(host_in_step, 2 * p->plan.buckets.n);
-	expect_params_equal(p, one, 0);
-	free_all(one, g1);
-	free_all(p, g);
-	loom_pg_free(pg);
+	expect_one_and_free(p, g, one, g1, pg);
 }
 
 /* x [6, 4] as [6, 2, 2, 1] -> batch norm -> linear 4->3 -> CE with y. */
