@@ -60,18 +60,11 @@ loom_status loom_comm_nccl_use_device(loom_pg *pg, int local_rank)
 	return st;
 }
 
-/* What a rank says of its GPU: which host, which devices it sees, which
- * one it picked. */
-typedef struct device_seat {
-	uint64_t host, visible_devices;
-	int64_t device;
-} device_seat;
-
-static device_seat my_seat(const loom_pg *pg, int visible)
+static loom_comm_seat my_seat(const loom_pg *pg, int visible)
 {
 	char host[256] = "";
 	const char *cvd = loom_env("CUDA_VISIBLE_DEVICES");
-	device_seat s;
+	loom_comm_seat s;
 
 	gethostname(host, sizeof(host) - 1);
 	memset(&s, 0, sizeof(s));
@@ -81,8 +74,7 @@ static device_seat my_seat(const loom_pg *pg, int visible)
 	return s;
 }
 
-/* The first rank b > a that sits where rank a sits; -1: none. */
-static int same_seat(const device_seat *all, int world, int *a)
+int loom_comm_seats_shared(const loom_comm_seat *all, int world, int *a)
 {
 	for (*a = 0; *a < world; (*a)++)
 		for (int b = *a + 1; b < world; b++)
@@ -96,14 +88,14 @@ static int same_seat(const device_seat *all, int world, int *a)
 loom_status loom_comm_shared_device(loom_pg *pg, int *shared)
 {
 	int visible = loom_cuda_probe(NULL, 0), world = pg->info.world, a;
-	device_seat me = my_seat(pg, visible), *all = calloc((size_t)world, sizeof(*all));
+	loom_comm_seat me = my_seat(pg, visible), *all = calloc((size_t)world, sizeof(*all));
 	loom_status st;
 
 	*shared = 0;
 	if (!all)
 		return loom_pg_fail(pg, LOOM_ERR_NOMEM, "out of memory");
 	st = loom_comm_allgather(pg->host, &me, sizeof(me), all);
-	int b = st == LOOM_OK ? same_seat(all, world, &a) : -1;
+	int b = st == LOOM_OK ? loom_comm_seats_shared(all, world, &a) : -1;
 	long long dev = b >= 0 ? (long long)all[a].device : -1;
 	free(all);
 	if (b < 0)

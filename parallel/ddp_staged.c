@@ -1,9 +1,10 @@
 /*
  * parallel/ddp_staged.c — data parallelism on a device backend without a
  * device communicator (ranks that share a GPU, where NCCL refuses two ranks
- * on one device, or LOOM_DDP_STAGE_HOST=1): a communicator whose bucket
- * all-reduce copies the bucket to a host buffer, sums it with the group's
- * host communicator (MPI) and copies the sum back when waited for.
+ * on one device), or under LOOM_DDP_STAGE_HOST=1 on any backend: a
+ * communicator whose bucket all-reduce copies the bucket to a host buffer,
+ * sums it with the group's host communicator (MPI) and copies the sum back
+ * when waited for.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +120,8 @@ static loom_status staged_wait(loom_comm *c, loom_comm_work *w)
 	loom_status st = loom_comm_wait(s->host, w->inner);
 	if (st == LOOM_OK)
 		st = staged_be(c, s->p->be->upload(s->p->be_ctx, w->dev, w->host, w->bytes));
-	/* the upload went through the backend's own staging: free again */
+	/* The upload may still read w->host; the next write there is a
+	 * download, which waits for the stream's work before it. */
 	s->scratch_busy &= !w->scratch;
 	free(w);
 	return st;
