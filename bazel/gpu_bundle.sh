@@ -78,7 +78,8 @@ else
 	echo "gpu_bundle: no Open MPI here (ompi-server, $ompi): the two-rank rows will need the host's" >&2
 fi
 cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh tests/engine/cuda/gpu_speed.sh \
-	tests/engine/cuda/gpu_versus.py tests/engine/cuda/gpu_kernels.py tests/engine/cuda/gpu_kprof.sh "$out/"
+	tests/engine/cuda/gpu_versus.py tests/engine/cuda/gpu_kernels.py tests/engine/cuda/gpu_kprof.sh \
+	tests/engine/cuda/gpu_ddp_shared.sh "$out/"
 mkdir -p "$out/bench"
 cp bench/torch_gpu.py bench/torch_convnet.py bench/torch_modes.py bench/torch_gpt.py "$out/bench/"
 # Fashion-MNIST (about 30 MB) travels too, so that the suite can train the

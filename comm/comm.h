@@ -118,6 +118,10 @@ typedef struct loom_comm_i {
 	 * (its later work sees the result; a device backend), so the host
 	 * may hand the work to the watchdog instead of waiting for it. */
 	int stream_ordered;
+	/* Why a step whose collectives go through this communicator cannot
+	 * be captured as one graph, where it has its own reason (a device
+	 * bucket staged through host memory).   // (optional) */
+	const char *no_graph;
 	/* Starts a sum of buf over all ranks; *out waits for it. stream: the CUDA
 	 * stream that produced buf (NULL: the default stream; MPI ignores it). */
 	loom_status (*allreduce_start)(loom_comm *c, void *buf, size_t count, loom_dtype dt,

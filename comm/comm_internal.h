@@ -410,6 +410,21 @@ loom_status loom_comm_nccl_unique_id(uint8_t id[LOOM_COMM_NCCL_ID_BYTES], char *
 				     size_t errlen);
 loom_status loom_comm_nccl_backend_new(loom_pg *pg, loom_comm **out);
 loom_status loom_comm_nccl_use_device(loom_pg *pg, int local_rank);
+/* Collective over the group's host communicator: *shared = 1 on every rank
+ * when two ranks of one host would use one GPU (the same host name, the
+ * same CUDA_VISIBLE_DEVICES and the same device picked), where NCCL refuses
+ * them; then info.device is this rank's pick and rank 0 logs that the
+ * collectives are staged through host memory. 0 where no device shows. */
+loom_status loom_comm_shared_device(loom_pg *pg, int *shared);
+/* What a rank says of its GPU there: its host name's hash, its
+ * CUDA_VISIBLE_DEVICES' (0: unset), the device it picked (-1: none). */
+typedef struct loom_comm_seat {
+	uint64_t host, visible_devices;
+	int64_t device;
+} loom_comm_seat;
+/* The first rank b > *a whose seat is rank *a's (a device, and the same
+ * host, devices shown and device), with *a the lowest such; -1: none. */
+int loom_comm_seats_shared(const loom_comm_seat *all, int world, int *a);
 
 /* Where a group's NCCL unique id comes from: made here by ncclGetUniqueId
  * (rank 0 under mpirun, and a single process: world 1 makes its own id, so

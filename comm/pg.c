@@ -540,11 +540,16 @@ static loom_status open_comms(loom_pg *pg, const loom_comm_options *o)
 {
 	loom_nccl_id_source src;
 	loom_status st;
+	int shared;
 
 	if (pg->info.world > 1)
 		loom_progress_open(pg);
 	st = pg->mpi ? loom_mpi_backend_new(pg, &pg->host) : loom_self_backend_new(pg, &pg->host);
 	if (st || !o->want_device)
+		return st;
+	/* Ranks that share a GPU: no NCCL (it refuses them); data
+	 * parallelism stages its buckets through host memory. */
+	if (pg->info.world > 1 && ((st = loom_comm_shared_device(pg, &shared)) || shared))
 		return st;
 	src = loom_pg_nccl_id_source(pg);
 	pg->info.device = pg->info.local_rank;

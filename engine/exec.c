@@ -603,6 +603,8 @@ static const char *colls_no_graph(const loom_program *p)
 		return "off (LOOM_CUDA_GRAPH_RANKS=0)";
 	if (!pl->comm)
 		return "no communicator";
+	if (pl->comm->i->no_graph)
+		return pl->comm->i->no_graph;
 	if (!(p->be->caps & LOOM_BE_ASYNC_STREAMS) || !loom_comm_stream_ordered(pl->comm))
 		return "its collectives end on the host (a replayed step gives the host no turn)";
 	if (!p->be->marks)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "comm/comm.h"
 #include "parallel/bucket_pass.h"
 #include "parallel/parallel.h"
@@ -57,6 +58,29 @@ static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
 	return LOOM_OK;
 }
 
+/* The plan's collectives: a pipeline stage's replicas', the host's for
+ * host memory, NCCL for a device; a device without it (ranks that share a
+ * GPU) or LOOM_DDP_STAGE_HOST=1 (on a host backend too, so that tests/ddp
+ * runs the path over real MPI): the host's through host buffers
+ * (parallel/ddp_staged.c). NULL: none (the caller says so). */
+static loom_status pick_comm(loom_program *p, char *err, size_t errlen)
+{
+	loom_pg *pg = p->plan.opts.pg;
+	int stage = loom_opt_bool(LOOM_OPT_DDP_STAGE_HOST);
+	if (p->plan.pipe) {
+		p->plan.comm = p->plan.pipe->dp;
+		return LOOM_OK;
+	}
+	if (!stage && (p->be->caps & LOOM_BE_HOST_MEMORY)) {
+		p->plan.comm = loom_pg_comm(pg, LOOM_COMM_HOST);
+		return LOOM_OK;
+	}
+	if (!stage && (p->plan.comm = loom_pg_comm(pg, LOOM_COMM_DEVICE)))
+		return LOOM_OK;
+	loom_comm *host = loom_pg_comm(pg, LOOM_COMM_HOST);
+	return host ? loom_ddp_staged_new(p, host, err, errlen) : LOOM_OK;
+}
+
 loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 {
 	const loom_compile_opts *o = &p->plan.opts;
@@ -67,15 +91,14 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 	p->plan.world = in->world;
 	p->plan.rank = in->rank;
 	p->plan.zero = o->zero_stage;
-	p->plan.comm = loom_pg_comm(o->pg, (p->be->caps & LOOM_BE_HOST_MEMORY) ? LOOM_COMM_HOST :
-										  LOOM_COMM_DEVICE);
 	/* Pipeline stages: data parallelism among this stage's replicas, over
 	 * this stage's parameters (parallel/pipeline_cut.c). */
 	if (p->plan.pipe) {
 		p->plan.world = p->plan.pipe->replicas;
 		p->plan.rank = p->plan.pipe->replica;
-		p->plan.comm = p->plan.pipe->dp;
 	}
+	if ((st = pick_comm(p, err, errlen)) != LOOM_OK)
+		return st;
 	if (!p->plan.comm) {
 		snprintf(err, errlen, "data parallel: no collectives for the %s backend: %s",
 			 p->be->name, loom_pg_error(o->pg));
@@ -112,6 +135,8 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 			 "zero %d: out of memory laying out the buckets", p->plan.zero);
 		return st;
 	}
+	if ((st = loom_ddp_staged_buffers(p, err, errlen)) != LOOM_OK)
+		return st;
 	/* Pipeline stages: the values this rank's stage touches only. */
 	unsigned char *held = NULL;
 	if ((st = loom_pipeline_held(&p->plan, &held)) == LOOM_OK)

@@ -28,6 +28,17 @@ extern int loom_ddp_test_sync_one_rank;
  * compared with rank 0's, then rank 0's parameters and buffers broadcast
  * (queued on a device: the caller synchronises). */
 loom_status loom_ddp_start(loom_program *p);
+
+/* parallel/ddp_staged.c: a device backend's buckets summed through host
+ * buffers by the group's host communicator (ranks that share a GPU, or
+ * LOOM_DDP_STAGE_HOST=1). _new makes p->plan.comm the staged communicator
+ * over host, or refuses (err) what it does not stage yet (ZeRO, pipeline
+ * replicas); _buffers allocates its host buffers once the bucket
+ * layout is known; _free (any time) frees it. */
+loom_status loom_ddp_staged_new(loom_program *p, struct loom_comm *host, char *err, size_t errlen);
+loom_status loom_ddp_staged_buffers(loom_program *p, char *err, size_t errlen);
+int loom_ddp_staged(const loom_plan *pl);
+void loom_ddp_staged_free(loom_program *p);
 /* The start-up fingerprint's hash of node v (op, dtype, shape, sources,
  * flags): parallel/pipeline_transport.c's start-up check uses it too. */
 uint64_t loom_ddp_node_hash(const loom_plan *pl, loom_value v);

@@ -123,11 +123,18 @@ static loom_status data_parallel_eval_sync(loom_program *p)
 	return p->plan.world > 1 ? loom_ddp_broadcast_buffers(p) : LOOM_OK;
 }
 
+/* The host-staged communicator, where the plan made one. */
+static void data_parallel_release(loom_program *p)
+{
+	loom_ddp_staged_free(p);
+}
+
 const loom_pass loom_pass_data_parallel = {
 	.name = "data parallel",
 	.wanted = data_parallel_wanted,
 	.run = data_parallel_run,
 	.start = data_parallel_start,
+	.release = data_parallel_release,
 	.eval_sync = data_parallel_eval_sync,
 };
 

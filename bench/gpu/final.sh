@@ -3,6 +3,11 @@ b=.gpu-bundle/bin; o=$1; mkdir -p $o; d=.gpu-bundle/data
 r() { local n=$1; shift; local t0=$(date +%s); timeout -k 3 ${LIM:-60} "$@" > $o/$n.log 2>&1; local rc=$?; echo "== $n rc=$rc $(( $(date +%s) - t0 ))s: $(grep -aE 'total: .*img/s|^step +20/20|^step +12/12|Synthesis|SUMMARY|accuracy|tok/s' $o/$n.log | tail -1 | cut -c1-150)"; }
 LIM=120 r test_cuda_ops env LOOM_REQUIRE_GPU=1 $b/test_cuda_ops --verbose
 grep -a "FAIL\|Assertion\|^\[----\]   [a-z]" $o/test_cuda_ops.log | grep -v "^\[----\]   $" | head -30
+# Data parallelism at world 2 on one GPU (issue 41 item 6): the buckets staged
+# through host buffers over MPI, the test loss against world 1 at the same
+# global batch (tests/engine/cuda/gpu_ddp_shared.sh; OK or WRONG).
+LIM=300 r ddp_shared_gpu bash .gpu-bundle/gpu_ddp_shared.sh $b --data $d
+grep -aE " OK | WRONG|ERROR|staged through host" $o/ddp_shared_gpu.log | head -4
 R="--device cuda --batch-size 64 --steps 10 --warmup 2"
 r r50_O2 $b/resnet50_synthetic $R --opt-level O2
 r r50_O2_nograph $b/resnet50_synthetic $R --opt-level O2 --no-cuda-graph

@@ -5,7 +5,8 @@
 # process at batch N*B, a plan mismatch and a killed rank reported by every
 # rank, an overflow on one rank skipped by all, checkpoints across world
 # sizes, synchronised batch norm, ZeRO-1 against plain data parallelism and
-# its checkpoints. Prints "N passed, N failed".
+# its checkpoints, the buckets staged through host buffers
+# (LOOM_DDP_STAGE_HOST=1). Prints "N passed, N failed".
 set -u
 W=$1
 EX=${2:-}
@@ -37,6 +38,19 @@ for n in $(pick "2 3" 3); do
 	check "equivalence: $n ranks x batch 4 = 1 rank x batch $((4 * n)) after 20 SGD steps" "$out" \
 		"OK equiv world $n" $n
 done
+
+# LOOM_DDP_STAGE_HOST=1: the buckets and sync_bn's sums through the
+# host-staged communicator (parallel/ddp_staged.c), the path of ranks that
+# share a GPU, here on the CPU over real MPI.
+out=$("${MPIRUN[@]}" -x LOOM_DDP_STAGE_HOST=1 -np 2 "$W" equiv 2>&1)
+check "staged through host buffers: 2 ranks x batch 4 = 1 rank x batch 8 after 20 SGD steps" \
+	"$out" "OK equiv world 2" 2
+out=$("${MPIRUN[@]}" -x LOOM_DDP_STAGE_HOST=1 -np 2 "$W" syncbn_equiv sync 2>&1)
+check "staged through host buffers: sync_bn ConvNet 2 ranks x batch 4 = 1 rank x batch 8" "$out" \
+	"OK syncbn_equiv sync world 2 .* 14 values" 2
+out=$("${MPIRUN[@]}" -x LOOM_DDP_STAGE_HOST=1 -np 2 "$W" zero O0 sgd 2>&1)
+check "staged through host buffers: ZeRO refused at compile, naming it" "$out" \
+	"ERROR compile (zero): .*staged through host memory .*ZeRO (its reduce-scatter and all-gather) is not staged yet" 2
 
 # Synchronised batch norm (loom_compile_opts.sync_bn).
 for n in $(pick "2 3" 2); do

@@ -99,7 +99,9 @@ loom_pg *fake_group_of_two(double timeout_s, const loom_comm_i *host, const loom
 	*h = (loom_comm){ .i = host, .pg = pg, .rank = 0, .world = 2 };
 	*d = (loom_comm){ .i = device, .pg = pg, .rank = 0, .world = 2 };
 	pg->host = h;
-	pg->device = d;
+	pg->device = device ? d : NULL;
+	if (!device)
+		free(d);
 	pg->info.rank = pg->info.local_rank = 0;
 	pg->info.world = pg->info.local_world = 2;
 	return pg;

@@ -42,7 +42,8 @@ void fake_comm_free(loom_comm *c);
 loom_status fake_comm_wait_free(loom_comm *c, loom_comm_work *w);
 
 /* A single process's group (timeout `timeout_s`) made into rank 0 of 2,
- * with `host` and `device` as its communicators. */
+ * with `host` and `device` as its communicators (device NULL: none, as
+ * where two ranks share a GPU). */
 loom_pg *fake_group_of_two(double timeout_s, const loom_comm_i *host, const loom_comm_i *device);
 
 /* The MLP's options: the CPU, SGD at `lr`, group `pg`, ZeRO-`zero`, buckets

@@ -222,6 +222,7 @@ static loom_status fd_broadcast(loom_comm *c, void *buf, size_t bytes, int root)
 /* The host communicator: blocking, world 2 of identical ranks (the
  * start-up checks, ZeRO's verdict). A sum doubles. */
 static int host_in_step;
+static void *fh_last_buf; /* the last host all-reduce's buffer */
 
 static loom_status fh_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				      void *stream, loom_comm_work **out)
@@ -231,6 +232,7 @@ static loom_status fh_allreduce_start(loom_comm *c, void *buf, size_t count, loo
 		host_in_step++;
 	for (size_t e = 0; dt == LOOM_F32 && e < count; e++)
 		((float *)buf)[e] *= (float)c->world;
+	fh_last_buf = buf;
 	*out = calloc(1, sizeof(**out));
 	return LOOM_OK;
 }
@@ -819,6 +821,111 @@ Test(graph, refused_where_it_cannot_hold_and_off_on_request)
 	loom_set_log(NULL, NULL);
 }
 
+/* A staged run's end: one process's parameters, bit for bit; all freed. */
+static void expect_one_and_free(loom_program *p, loom_graph *g, loom_program *one, loom_graph *g1,
+				loom_pg *pg)
+{
+	expect_params_equal(p, one, 0);
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
+/* Ranks that share a GPU: a group with a host communicator only (NCCL
+ * refuses two ranks on one device). The buckets go through host buffers
+ * (parallel/ddp_staged.c), summed by the host communicator, and the
+ * parameters end as one process's, bit for bit. */
+Test(async, without_a_device_communicator_the_buckets_are_staged_through_host_buffers)
+{
+	loom_pg *pg = the_pg = fake_group_of_two(10.0, &fh_iface, NULL);
+	loom_graph *g, *g1;
+	loom_program *one, *p = train_beside_one(pg, 3, &g, &one, &g1);
+	int nb = p->plan.buckets.n;
+	cr_assert_eq(host_in_step, 3 * nb, "host all-reduces %d, buckets %d x 3 steps", host_in_step,
+		     nb);
+	cr_assert_eq(fd.starts, 0, "a collective reached the device communicator");
+	/* the sums were taken in a host copy, not in the arena's buckets */
+	const unsigned char *b = fh_last_buf, *arena = p->arena.bucket;
+	cr_assert(b && (b < arena || b >= arena + p->plan.buckets.b[nb - 1].base +
+					    p->plan.buckets.b[nb - 1].bytes),
+		  "the host summed the device's bucket in place");
+	expect_one_and_free(p, g, one, g1, pg);
+}
+
+/* LOOM_DDP_STAGE_HOST=1 stages where the device communicator is open. */
+Test(async, the_switch_stages_beside_an_open_device_communicator)
+{
+	loom_pg *pg = fake_group(10.0);
+	setenv("LOOM_DDP_STAGE_HOST", "1", 1);
+	loom_graph *g, *g1;
+	loom_program *one, *p = train_beside_one(pg, 2, &g, &one, &g1);
+	unsetenv("LOOM_DDP_STAGE_HOST");
+	cr_assert_eq(fd.starts, 0, "a collective reached the device communicator");
+	cr_assert_eq(host_in_step, 2 * p->plan.buckets.n);
+	expect_one_and_free(p, g, one, g1, pg);
+}
+
+/* x [6, 4] as [6, 2, 2, 1] -> batch norm -> linear 4->3 -> CE with y. */
+static loom_program *compile_bn(loom_graph **gp, loom_pg *pg, int zero, int sync_bn)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t xd[2] = { 6, 4 }, yd[1] = { 6 }, nchw[4] = { 6, 2, 2, 1 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
+	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
+	loom_value h = loom_layer_batchnorm2d(g, "bn", loom_reshape(g, x, 4, nchw));
+	loom_value l = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", loom_flatten(g, h),
+								       3, 1), y);
+	loom_compile_opts o;
+	fake_mlp_opts(&o, pg, zero, 0.1);
+	o.sync_bn = sync_bn;
+	loom_program *p = NULL;
+	*gp = g;
+	if (loom_compile(g, l, &o, &p) != LOOM_OK) {
+		loom_program_free(p);
+		return NULL;
+	}
+	fake_mlp_inputs(p);
+	return p;
+}
+
+/* What staging does not carry yet (ZeRO) is refused with one line naming
+ * it; synchronised batch norm's sums go through the host too, and two
+ * identical ranks train as one process does. */
+Test(async, staging_refuses_zero_and_stages_sync_bn)
+{
+	loom_pg *pg = the_pg = fake_group_of_two(10.0, &fh_iface, NULL);
+	loom_graph *g, *g1;
+	cr_assert_null(compile_bn(&g, pg, 1, 0), "ZeRO compiled under staging");
+	const char *msg = loom_last_error();
+	cr_assert(strstr(msg, "staged through host memory") &&
+		  strstr(msg, "ZeRO (its reduce-scatter and all-gather) is not staged yet"), "%s", msg);
+	loom_graph_free(g);
+	loom_program *p = compile_bn(&g, pg, 0, 1);
+	cr_assert_not_null(p, "%s", loom_last_error());
+	loom_test_backend = NULL;
+	loom_program *one = compile_bn(&g1, NULL, 0, 0);
+	loom_test_backend = &fd_backend;
+	cr_assert_not_null(one, "%s", loom_last_error());
+	for (int step = 0; step < 3; step++) {
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+		cr_assert_eq(loom_run(one, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(one));
+	}
+	/* the statistics' sums (forward and backward) beside the buckets' */
+	cr_assert_gt(host_in_step, 3 * p->plan.buckets.n, "host all-reduces: %d", host_in_step);
+	for (int s = 0; s < p->plan.n_params; s++) {
+		loom_value v = p->plan.params[s].param;
+		const float *a = loom_arena_ptr(&p->arena, &p->plan, v);
+		const float *b = loom_arena_ptr(&one->arena, &one->plan, v);
+		for (int64_t e = 0; e < p->plan.params[s].numel; e++)
+			cr_assert_float_eq(a[e], b[e], 1e-5, "%s[%lld]: %g, one process's %g",
+					   p->plan.g->nodes[v].name, (long long)e, a[e], b[e]);
+	}
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
+}
+
 /* ------------------------------------------------------------ a WAIT for one collective */
 
 Test(async, a_wait_for_one_collective_waits_for_that_one_alone)
@@ -996,6 +1103,13 @@ Test(graph_ranks, refused_where_marks_cannot_hold)
 	/* Collectives through the host communicator (MPI on host buffers). */
 	fd_backend.caps = loom_cpu_backend.caps;
 	expect_refused(pg, "cuda graph: data parallel over 2 ranks: its collectives end on the host");
+	fd_backend.caps = (loom_cpu_backend.caps & ~(unsigned)LOOM_BE_HOST_MEMORY) |
+			  LOOM_BE_ASYNC_STREAMS;
+	/* Collectives staged through host buffers (ranks sharing a GPU). */
+	setenv("LOOM_DDP_STAGE_HOST", "1", 1);
+	expect_refused(pg, "cuda graph: data parallel over 2 ranks: its collectives are staged "
+			   "through host memory");
+	unsetenv("LOOM_DDP_STAGE_HOST");
 	loom_pg_free(pg);
 }
 
