@@ -3,32 +3,14 @@ b=.gpu-bundle/bin; o=$1; mkdir -p $o; d=.gpu-bundle/data
 r() { local n=$1; shift; local t0=$(date +%s); timeout -k 3 ${LIM:-60} "$@" > $o/$n.log 2>&1; local rc=$?; echo "== $n rc=$rc $(( $(date +%s) - t0 ))s: $(grep -aE 'total: .*img/s|^step +20/20|^step +12/12|Synthesis|SUMMARY|accuracy|tok/s' $o/$n.log | tail -1 | cut -c1-150)"; }
 LIM=120 r test_cuda_ops env LOOM_REQUIRE_GPU=1 $b/test_cuda_ops --verbose
 grep -a "FAIL\|Assertion\|^\[----\]   [a-z]" $o/test_cuda_ops.log | grep -v "^\[----\]   $" | head -30
-# Data parallelism at world 2 on one GPU (issue 41 item 6): the buckets staged
-# through host buffers over MPI, the test loss against world 1 at the same
-# global batch (tests/engine/cuda/gpu_ddp_shared.sh; OK or WRONG).
-LIM=300 r ddp_shared_gpu bash .gpu-bundle/gpu_ddp_shared.sh $b --data $d
-grep -aE " OK | WRONG|ERROR|staged through host" $o/ddp_shared_gpu.log | head -4
-R="--device cuda --batch-size 64 --steps 10 --warmup 2"
-r r50_O2 $b/resnet50_synthetic $R --opt-level O2
-r r50_O2_nograph $b/resnet50_synthetic $R --opt-level O2 --no-cuda-graph
-r r50_O1bf16 $b/resnet50_synthetic $R --opt-level O1 --precision bf16
-r r50_fp32 $b/resnet50_synthetic $R
-r r50_O2_nhwc_bn_bwd_ex env LOOM_CUDA_NHWC=half $b/resnet50_synthetic $R --opt-level O2
-r r50_O2_nhwc_bn_bwd_legacy env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 $b/resnet50_synthetic $R --opt-level O2
-# The undecided switches engine/cuda/README.md's table names these rows for:
-# each off against its reference row (NHWC ones against r50_O2_nhwc_bn_bwd_ex,
-# the relu backward on the own split kernels at O2 bf16, the 128-bit loads
-# against r50_O2).
-r r50_O2_nhwc_bn_bwd_nofuse env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_FUSE=0 $b/resnet50_synthetic $R --opt-level O2
-r r50_O2_nhwc_krsc_off env LOOM_CUDA_NHWC=half LOOM_CUDA_CONV_KRSC=0 $b/resnet50_synthetic $R --opt-level O2
-r r50_O2_nhwc_pool_nchw env LOOM_CUDA_NHWC=half LOOM_CUDA_POOL_NHWC=0 $b/resnet50_synthetic $R --opt-level O2
-r r50_O2bf16 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
-r r50_O2bf16_bn_relu_bwd_off env LOOM_CUDA_BN_RELU_BWD=0 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
-r r50_O2_vec_off env LOOM_CUDA_VEC=0 $b/resnet50_synthetic $R --opt-level O2
+# In order of what the next lease must decide first (the run may be cut by
+# its time limit): GPT-2 and llm.c, the GPT switches, then world 2 on one
+# GPU, ResNet-50, the rest.
 G="--device cuda --data $d/fortunes.txt --preset gpt2 --precision bf16 --batch-size 8 --max-steps 20 --log-interval 5 --val-interval 0 --sample 0"
+r gpt_O2 $b/gpt_ddp $G --opt-level O2
+r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .gpu-bundle/llmc/train.bin -j .gpu-bundle/llmc/val.bin
 r gpt_O1 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_nograph $b/gpt_ddp $G --opt-level O1 --no-cuda-graph
-r gpt_O2 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_lt_off env LOOM_CUDA_BGRAD_EPILOGUE=1 LOOM_CUDA_LT_ALIGN=0 LOOM_CUDA_LT_PAD=0 LOOM_INPLACE_DY=0 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_lt_on env LOOM_CUDA_BGRAD_EPILOGUE=0 LOOM_CUDA_LT_ALIGN=1 LOOM_CUDA_LT_PAD=1 LOOM_INPLACE_DY=1 $b/gpt_ddp $G --opt-level O2
 # Issue 41 item 3's kernels against gpt_O2 (every switch at its default):
@@ -52,7 +34,28 @@ grep -a "vocab_pad\|padded" $o/gpt_O1_vpad128.log | head -3
 # none, the same losses, the planned activations on the model line.
 r gpt_O1_recompute2 $b/gpt_ddp $G --opt-level O1 --recompute 2
 grep -a "^model:" $o/gpt_O1.log $o/gpt_O1_recompute2.log | cut -c1-240
-r llmc $b/train_gpt2cu -e d12 -b 8 -t 1024 -x 20 -v 1000 -s 1000 -m 2 -r 0 -i .gpu-bundle/llmc/train.bin -j .gpu-bundle/llmc/val.bin
+# Data parallelism at world 2 on one GPU (issue 41 item 6): the buckets staged
+# through host buffers over MPI, the test loss against world 1 at the same
+# global batch (tests/engine/cuda/gpu_ddp_shared.sh; OK or WRONG).
+LIM=150 r ddp_shared_gpu bash .gpu-bundle/gpu_ddp_shared.sh $b --data $d
+grep -aE " OK | WRONG|ERROR|staged through host" $o/ddp_shared_gpu.log | head -4
+R="--device cuda --batch-size 64 --steps 10 --warmup 2"
+r r50_O2 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nograph $b/resnet50_synthetic $R --opt-level O2 --no-cuda-graph
+r r50_O1bf16 $b/resnet50_synthetic $R --opt-level O1 --precision bf16
+r r50_fp32 $b/resnet50_synthetic $R
+r r50_O2_nhwc_bn_bwd_ex env LOOM_CUDA_NHWC=half $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nhwc_bn_bwd_legacy env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_EX=0 $b/resnet50_synthetic $R --opt-level O2
+# The undecided switches engine/cuda/README.md's table names these rows for:
+# each off against its reference row (NHWC ones against r50_O2_nhwc_bn_bwd_ex,
+# the relu backward on the own split kernels at O2 bf16, the 128-bit loads
+# against r50_O2).
+r r50_O2_nhwc_bn_bwd_nofuse env LOOM_CUDA_NHWC=half LOOM_CUDA_BN_BWD_FUSE=0 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nhwc_krsc_off env LOOM_CUDA_NHWC=half LOOM_CUDA_CONV_KRSC=0 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2_nhwc_pool_nchw env LOOM_CUDA_NHWC=half LOOM_CUDA_POOL_NHWC=0 $b/resnet50_synthetic $R --opt-level O2
+r r50_O2bf16 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
+r r50_O2bf16_bn_relu_bwd_off env LOOM_CUDA_BN_RELU_BWD=0 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
+r r50_O2_vec_off env LOOM_CUDA_VEC=0 $b/resnet50_synthetic $R --opt-level O2
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
 r convnet_staged env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5
