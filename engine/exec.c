@@ -485,6 +485,13 @@ static loom_status fp8_step_end(loom_program *p)
 	int n = fs->n, world = pi && pi->world > 1 ? pi->world : 1;
 	if (n == 0)
 		return LOOM_OK;
+	/* a device copy (loom_backend_fp8; compile refuses it at world > 1):
+	 * the update queued in the step, ts.fp8 read back only by the host
+	 * view (loom_exec_fp8_host) */
+	if (fs->delayed && p->be->fp8) {
+		loom_status st = p->be->fp8->fp8_step_end(p->be_ctx, &p->plan);
+		return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
+	}
 	if (world > 1) {
 		loom_comm *host = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST);
 		double *mine = malloc(sizeof(double) * 2 * (size_t)n);
@@ -514,6 +521,28 @@ static loom_status fp8_step_end(loom_program *p)
 						 loom_pg_error(p->plan.opts.pg));
 	}
 	loom_fp8_step_end(fs);
+	return LOOM_OK;
+}
+
+loom_status loom_exec_fp8_host(loom_program *p)
+{
+	if (!p->fp8_on_device_newer)
+		return LOOM_OK;
+	loom_status st = p->be->fp8->fp8_download(p->be_ctx, &p->ts.fp8);
+	if (st != LOOM_OK)
+		return be_fail(p, st);
+	p->fp8_on_device_newer = 0;
+	return LOOM_OK;
+}
+
+loom_status loom_exec_fp8_device(loom_program *p)
+{
+	if (!p->ts.fp8.delayed || !p->be->fp8)
+		return LOOM_OK;
+	loom_status st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8);
+	if (st != LOOM_OK)
+		return be_fail(p, st);
+	p->fp8_on_device_newer = 0;
 	return LOOM_OK;
 }
 
@@ -672,6 +701,14 @@ static loom_status watch_marks(loom_program *p)
 	return first;
 }
 
+/* A run on a backend that keeps fp8's delayed state on the device: from
+ * now ts.fp8 is older than the device's copy (loom_exec_fp8_host). */
+static void fp8_device_runs(loom_program *p)
+{
+	if (p->ts.fp8.delayed && p->be->fp8)
+		p->fp8_on_device_newer = 1;
+}
+
 /* A replayed step: the host's changes pushed (run_begin), one launch, its
  * collectives handed to the watchdog by mark. The watchdog's verdict on
  * earlier collectives still ends the run. */
@@ -686,6 +723,7 @@ static loom_status graph_replay(loom_program *p)
 				LOOM_EXEC_TRAIN | LOOM_EXEC_REPLAY)) != LOOM_OK ||
 	    (st = be->graph->replay(p->be_ctx, pl)) != LOOM_OK)
 		return be_fail(p, st);
+	fp8_device_runs(p);
 	loom_status watched = watch_marks(p);
 	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
 		return be_fail(p, st);
@@ -743,6 +781,7 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 		p->transport->run_begin(p, first, last);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
 		return be_fail(p, st);
+	fp8_device_runs(p);
 	/* Recorded from here to run_end, outside of run_begin's pushes. */
 	if (capture) {
 		if ((st = be->graph->capture_begin(p->be_ctx, pl)) != LOOM_OK)

@@ -258,6 +258,9 @@ loom_status loom_fp8_tensor_get(const loom_program *p, int i, loom_fp8_tensor_in
 {
 	if (!loom_program_usable(p) || !out)
 		return LOOM_ERR_INVALID;
+	loom_status st = loom_exec_fp8_host((loom_program *)p);
+	if (st != LOOM_OK)
+		return st;
 	const loom_fp8_state *fs = &p->ts.fp8;
 	if (i < 0 || i >= fs->n)
 		return loom_program_fail((loom_program *)p, LOOM_ERR_INVALID,
@@ -277,7 +280,8 @@ loom_status loom_fp8_tensor_get(const loom_program *p, int i, loom_fp8_tensor_in
 
 void loom_amp_report(const loom_program *p, FILE *out)
 {
-	if (!loom_program_usable(p) || !out)
+	/* a device's copy of the state first (the host view; waits) */
+	if (!loom_program_usable(p) || !out || loom_exec_fp8_host((loom_program *)p) != LOOM_OK)
 		return;
 	const loom_fp8_state *fs = &p->ts.fp8;
 	fprintf(out, "amp: loss scale %g, %lld steps skipped\n", (double)p->ts.scaler.scale,
