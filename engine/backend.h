@@ -240,9 +240,17 @@ typedef struct loom_backend_fp8 {
 	/* The device copy into ts.fp8, for the host's readers (the report, a
 	 * checkpoint); waits. Never called per step. */
 	loom_status (*fp8_download)(void *ctx, loom_fp8_state *fs);
+	/* Data parallelism: queues on the compute stream a copy of the step's
+	 * amaxes (f32) and saturation counts (f64), one per tensor, into
+	 * device buffers it returns, for the executor to max-reduce and sum
+	 * over the ranks in stream order. NULL: one process only (delayed
+	 * scaling is refused at world > 1). // (optional) */
+	loom_status (*fp8_reduce_begin)(void *ctx, void **amax, void **saturated);
 	/* Queues the step end of every tensor (loom_fp8_tensor_step_end) on
-	 * the compute stream, no wait: a captured step holds it. */
-	loom_status (*fp8_step_end)(void *ctx, const loom_plan *plan);
+	 * the compute stream, no wait: a captured step holds it. reduced:
+	 * the amaxes and counts are first taken back from fp8_reduce_begin's
+	 * buffers (reduced over the ranks by then). */
+	loom_status (*fp8_step_end)(void *ctx, const loom_plan *plan, int reduced);
 } loom_backend_fp8;
 
 /*

@@ -407,12 +407,20 @@ const loom_pass loom_pass_backend_alloc = { .name = "backend arena", .run = back
 
 /* ------------------------------------------------------------ initial values */
 
+/* Whether the group's device communicator max-reduces in stream order
+ * (fp8's amaxes at a device's step end, engine/exec.c). */
+static int device_max_reduces(loom_program *p)
+{
+	loom_comm *dev = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE);
+	return dev && dev->i->allreduce_max_ordered && dev->i->allreduce_ordered;
+}
+
 /* Where delayed scaling can run: the CPU (the kernels read and write
  * ts.fp8 in host memory) and a device backend that keeps the state on the
- * device (loom_backend_fp8), in one process for now (the step end's
- * reduction over the ranks runs on the host's copy). Elsewhere the default
- * falls back to current scaling (*delayed = 0) and asking for delayed is
- * refused, naming the backend. */
+ * device (loom_backend_fp8), across ranks where it packs the amaxes
+ * (fp8_reduce_begin) and the device communicator has a max. Elsewhere the
+ * default falls back to current scaling (*delayed = 0) and asking for
+ * delayed is refused, naming the backend. */
 static loom_status fp8_delayed_where(loom_program *p, int *delayed)
 {
 	const loom_amp_opts *o = &p->plan.opts.amp;
@@ -423,9 +431,9 @@ static loom_status fp8_delayed_where(loom_program *p, int *delayed)
 		return LOOM_OK;
 	if (!p->be->fp8)
 		why = "its fp8 kernels take each cast's scale from its own amax";
-	else if (world > 1)
-		why = "its scales live on the device and are not yet reduced across ranks "
-		      "(world > 1)";
+	else if (world > 1 && (!p->be->fp8->fp8_reduce_begin || !device_max_reduces(p)))
+		why = "its scales live on the device and its communicator cannot max-reduce "
+		      "them across the ranks in stream order";
 	/* a device backend defaults to current scaling until a lease
 	 * measures both recipes (engine/cuda/README.md) */
 	if (!why && o->fp8_scaling == LOOM_FP8_SCALING_DELAYED)

@@ -309,7 +309,7 @@ typedef struct loom_amp_opts {
 	 * histories are checkpointed and the same on every rank (amaxes
 	 * max-reduced across data-parallel ranks); ranks must agree on all
 	 * three. On CUDA the default is current scaling; delayed keeps its
-	 * state on the device, in one process (refused at world > 1). */
+	 * state on the device (reduced across ranks on NCCL). */
 	int fp8_scaling;
 	int fp8_history;
 	int fp8_margin;

@@ -1756,6 +1756,7 @@ static const loom_backend_input cuda_input = {
 static const loom_backend_fp8 cuda_fp8 = {
 	.fp8_upload = loom_cuda_fp8_state_upload,
 	.fp8_download = loom_cuda_fp8_state_download,
+	.fp8_reduce_begin = loom_cuda_fp8_state_reduce_begin,
 	.fp8_step_end = loom_cuda_fp8_state_step_end,
 };
 

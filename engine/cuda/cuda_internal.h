@@ -341,12 +341,15 @@ typedef struct loom_cuda_input {
 } loom_cuda_input;
 
 /* Delayed FP8 scaling's state on the device (fp8.cu): ts.fp8's tensors
- * (amp/fp8_scaling.h), their amax histories and the ring's {filled, pos},
- * one allocation; t is NULL where the plan has none. */
+ * (amp/fp8_scaling.h), their amax histories, the ring's {filled, pos} and
+ * the packed buffers of the reduction over the ranks, one allocation; t is
+ * NULL where the plan has none. */
 typedef struct loom_cuda_fp8_dev {
 	loom_fp8_tensor *t;
 	float *hist;
 	int *ring;
+	float *amax;     /* the step's amaxes and saturation counts, packed for */
+	double *sat;     /* the all-reduces over the ranks (fp8_reduce_begin) */
 	int n, len, margin;
 	size_t bytes;
 } loom_cuda_fp8_dev;

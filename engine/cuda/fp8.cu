@@ -112,16 +112,30 @@ __global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int
 /* Every tensor's step end (amp/fp8_scaling.h's own inline update), one
  * block; then thread 0 advances the ring, after every thread has read it. */
 __global__ void loom_fp8_step_end_kernel(loom_fp8_tensor *t, float *hist, int *ring, int n,
-					 int len, int margin)
+					 int len, int margin, const float *amax, const double *sat)
 {
 	const int filled = ring[0] < len ? ring[0] + 1 : ring[0], pos = ring[1];
-	for (int i = threadIdx.x; i < n; i += blockDim.x)
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		if (amax) { /* reduced over the ranks (fp8_reduce_begin's buffers) */
+			t[i].amax = amax[i];
+			t[i].saturated = (int64_t)sat[i];
+		}
 		loom_fp8_tensor_step_end(&t[i], hist + (size_t)i * len, len, pos, filled, 1,
 					 margin);
+	}
 	__syncthreads();
 	if (threadIdx.x == 0) {
 		ring[0] = filled;
 		ring[1] = (pos + 1) % len;
+	}
+}
+
+/* The step's amaxes and counts packed for the all-reduces. */
+__global__ void loom_fp8_pack_kernel(const loom_fp8_tensor *t, int n, float *amax, double *sat)
+{
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+		amax[i] = t[i].amax;
+		sat[i] = (double)t[i].saturated;
 	}
 }
 
@@ -212,11 +226,12 @@ loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, 
 }
 
 loom_status loom_cuda_fp8_step_end_launch(char *err, cudaStream_t s, loom_fp8_tensor *t,
-					  float *hist, int *ring, int n, int len, int margin)
+					  float *hist, int *ring, int n, int len, int margin,
+					  const float *amax, const double *sat)
 {
 	if (n <= 0 || len <= 0)
 		return LOOM_OK;
-	loom_fp8_step_end_kernel<<<1, threads, 0, s>>>(t, hist, ring, n, len, margin);
+	loom_fp8_step_end_kernel<<<1, threads, 0, s>>>(t, hist, ring, n, len, margin, amax, sat);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -348,18 +363,22 @@ static loom_status state_alloc(loom_cuda_ctx *c, const loom_fp8_state *fs)
 	loom_cuda_fp8_dev *d = &c->fp8_dev;
 	const size_t tb = loom_cuda_align(sizeof(loom_fp8_tensor) * (size_t)fs->n);
 	const size_t hb = loom_cuda_align(sizeof(float) * (size_t)fs->n * fs->history_len);
+	const size_t ab = loom_cuda_align(sizeof(float) * (size_t)fs->n);
+	const size_t sb = loom_cuda_align(sizeof(double) * (size_t)fs->n);
 	char *base = NULL;
-	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&base, tb + hb + 2 * sizeof(int)),
-					 c->err, sizeof(c->err));
+	d->bytes = tb + hb + ab + sb + 2 * sizeof(int);
+	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&base, d->bytes), c->err,
+					 sizeof(c->err));
 	if (st != LOOM_OK)
 		return st;
 	d->t = (loom_fp8_tensor *)base;
 	d->hist = (float *)(base + tb);
-	d->ring = (int *)(base + tb + hb);
+	d->amax = (float *)(base + tb + hb);
+	d->sat = (double *)(base + tb + hb + ab);
+	d->ring = (int *)(base + tb + hb + ab + sb);
 	d->n = fs->n;
 	d->len = fs->history_len;
 	d->margin = fs->margin;
-	d->bytes = tb + hb + 2 * sizeof(int);
 	return LOOM_OK;
 }
 
@@ -425,14 +444,34 @@ loom_status loom_cuda_fp8_state_download(void *ctx, loom_fp8_state *fs)
 
 /* The step end on the compute stream, inside the step (a captured step
  * holds it); the host's ts.fp8 is left as it was until a download. */
-loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan)
+static loom_status no_state(loom_cuda_ctx *c, const char *what)
+{
+	return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
+			  "cuda fp8 %s: no device state (delayed scaling off)", what);
+}
+
+loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan, int reduced)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	const loom_cuda_fp8_dev *d = &c->fp8_dev;
 	(void)plan;
 	if (!d->t)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
-				  "cuda fp8 step end: no device state (delayed scaling off)");
+		return no_state(c, "step end");
 	return loom_cuda_fp8_step_end_launch(c->err, c->stream, d->t, d->hist, d->ring, d->n,
-					     d->len, d->margin);
+					     d->len, d->margin, reduced ? d->amax : NULL,
+					     reduced ? d->sat : NULL);
+}
+
+/* The step's amaxes and counts packed for the executor's all-reduces. */
+loom_status loom_cuda_fp8_state_reduce_begin(void *ctx, void **amax, void **saturated)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	if (!d->t)
+		return no_state(c, "reduction");
+	loom_fp8_pack_kernel<<<loom_cuda_blocks(d->n, threads), threads, 0, c->stream>>>(
+		d->t, d->n, d->amax, d->sat);
+	*amax = d->amax;
+	*saturated = d->sat;
+	return LOOM_CUDA_LAUNCHED(c->err);
 }

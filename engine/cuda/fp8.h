@@ -33,13 +33,15 @@ float *loom_cuda_fp8_scale(const loom_cuda_ctx *c, loom_value q);
  * Delayed scaling's state on the device (loom_cuda_fp8_dev, the backend's
  * loom_backend_fp8 group): upload puts ts.fp8 there (allocating it the
  * first time; nothing under current scaling) and waits; download brings it
- * back into ts.fp8 and waits (the host view, never per step); step_end
- * queues every tensor's update on the compute stream. free at the
- * context's end.
+ * back into ts.fp8 and waits (the host view, never per step); reduce_begin
+ * packs the step's amaxes (f32) and counts (f64) for the executor's
+ * all-reduces over the ranks; step_end queues every tensor's update on the
+ * compute stream (reduced: from those buffers). free at the context's end.
  */
 loom_status loom_cuda_fp8_state_upload(void *ctx, const loom_fp8_state *fs);
 loom_status loom_cuda_fp8_state_download(void *ctx, loom_fp8_state *fs);
-loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan);
+loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan, int reduced);
+loom_status loom_cuda_fp8_state_reduce_begin(void *ctx, void **amax, void **saturated);
 void loom_cuda_fp8_state_free(loom_cuda_ctx *c);
 
 /* The FP8_QDQ node (fp8.cu). */
@@ -59,9 +61,12 @@ loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, 
 				      int ydt, int64_t n, int fmt, float *slot, loom_fp8_tensor *t,
 				      const int *ring, int record);
 /* amp/fp8_scaling.h's loom_fp8_tensor_step_end for n tensors, the ring
- * ({filled, pos}) advanced, one block on s. */
+ * ({filled, pos}) advanced, one block on s; amax, sat not NULL: each
+ * tensor's amax and saturated count taken from them first (reduced over
+ * the ranks). */
 loom_status loom_cuda_fp8_step_end_launch(char *err, cudaStream_t s, loom_fp8_tensor *t,
-					  float *hist, int *ring, int n, int len, int margin);
+					  float *hist, int *ring, int n, int len, int margin,
+					  const float *amax, const double *sat);
 /* y = fp8(x * scale) / scale with the scale from slot[0] (written to
  * slot[1], slot[2]); fmt anything else: a copy (cast). */
 loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt, void *y,

@@ -271,9 +271,10 @@ static loom_status dev_download(void *ctx, loom_fp8_state *fs)
 	return LOOM_OK;
 }
 
-static loom_status dev_step_end(void *ctx, const loom_plan *plan)
+static loom_status dev_step_end(void *ctx, const loom_plan *plan, int reduced)
 {
 	(void)ctx, (void)plan;
+	cr_assert_eq(reduced, 0, "one process: nothing reduced");
 	loom_fp8_step_end(&dev_ts.fp8);
 	dev_step_ends++;
 	return LOOM_OK;

@@ -3683,6 +3683,25 @@ static void fp8_cases(int gemm)
 		fp8_run_case(&cases[i]);
 }
 
+/* y = gelu(x w1^T) w2^T over [4, 16, 32] rows as a GPT's [B, T, C], so
+ * that the backward's products read the QDQ'd values through reshapes,
+ * and the loss sum(y r) through the head (the classifier: bf16); v gets
+ * x, w1, w2, r. */
+static loom_value fp8_block_net(loom_graph *g, loom_value v[4])
+{
+	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
+	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
+	v[0] = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
+	v[1] = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
+	v[2] = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
+	v[3] = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, v[0], v[1], LOOM_NONE)),
+				   v[2], LOOM_NONE);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), v[3]));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	return loss;
+}
+
 /* matmul_fp8.cu's rule on a plan (a weak reference: absent in a build
  * without the toolkit). */
 extern void loom_cuda_test_fp8_products(const void *plan, int *fp8, int *products)
@@ -3702,16 +3721,8 @@ Test(cuda_ops, fp8_gemm_takes_the_block_products)
 	loom_graph *g;
 	loom_program *p = NULL;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
-	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
-	loom_value x = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
-	loom_value w1 = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
-	loom_value w2 = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
-	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
-	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, x, w1, LOOM_NONE)), w2,
-				   LOOM_NONE);
-	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
 	p = compile_fp8(g, loss, LOOM_DEVICE_CPU, 1);
 	int fp8 = -1, products = -1;
 	loom_cuda_test_fp8_products(&p->plan, &fp8, &products);
@@ -3750,7 +3761,7 @@ static void fp8_same_scales(loom_program *cuda, loom_program *cpu, int step)
 
 /*
  * Delayed scaling with its state on the device (fp8.cu, loom_backend_fp8)
- * against the CPU's: y = gelu(x w1^T) w2^T over [4, 16, 32] rows, SGD,
+ * against the CPU's: fp8_block_net, SGD,
  * four steps at O1 bf16 + fp8 delayed (history 4; the first step casts by
  * current scaling, the next ones from the device's history). After each
  * step the losses agree within FP8_DELAYED_LOSS_REL and every tensor's
@@ -3761,29 +3772,20 @@ Test(cuda_ops, fp8_delayed_trains_as_cpu)
 	NEED_GPU();
 	loom_graph *g;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
-	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
-	loom_value x = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
-	loom_value w1 = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
-	loom_value w2 = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
-	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
-	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, x, w1, LOOM_NONE)), w2,
-				   LOOM_NONE);
-	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
 	loom_program *p[2] = {
 		compile_fp8_as(g, loss, LOOM_DEVICE_CPU, 0, 0.01, LOOM_FP8_SCALING_DELAYED),
 		compile_fp8_as(g, loss, LOOM_DEVICE_CUDA, 0, 0.01, LOOM_FP8_SCALING_DELAYED),
 	};
 	cr_assert(p[1]->ts.fp8.delayed && p[1]->ts.fp8.n > 0, "cuda: delayed scaling");
 	double buf[4 * 16 * 32];
-	const loom_value vals[4] = { x, w1, w2, r };
 	const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
 	rng_state = 0x9e3779b97f4a7c15ull;
 	for (int k = 0; k < 4; k++) {
 		for (size_t i = 0; i < ns[k]; i++)
 			buf[i] = k == 3 ? urand() / 64 : urand();
-		fp8_write(p[0], vals[k], buf, ns[k]), fp8_write(p[1], vals[k], buf, ns[k]);
+		fp8_write(p[0], v[k], buf, ns[k]), fp8_write(p[1], v[k], buf, ns[k]);
 	}
 	for (int step = 0; step < 4; step++) {
 		for (int d = 0; d < 2; d++)
