@@ -159,15 +159,18 @@ static void mib_line(FILE *out, const char *what, size_t bytes, const char *note
 }
 
 /* amp.fp8's scales and histories: host memory beside the loss scaler's
- * state, counted before step 1 (none without fp8). */
+ * state, counted before step 1 (none without fp8); a backend that keeps
+ * delayed scaling's state on the device holds a copy there (and the
+ * packed amaxes of the reduction over the ranks). */
 static void fp8_scales_line(const loom_program *p, FILE *out)
 {
-	char note[128];
+	char note[160];
 	if (p->ts.fp8.n == 0)
 		return;
 	if (p->ts.fp8.delayed)
-		snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of %d steps)",
-			 p->ts.fp8.n, p->ts.fp8.history_len);
+		snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of %d steps%s)",
+			 p->ts.fp8.n, p->ts.fp8.history_len,
+			 p->be->fp8 ? "; and a copy on the device" : "");
 	else
 		snprintf(note, sizeof(note), "(%d tensors, current scaling)", p->ts.fp8.n);
 	mib_line(out, "fp8 scales", loom_fp8_state_bytes(&p->ts.fp8), note);
