@@ -382,6 +382,32 @@ static loom_status state_alloc(loom_cuda_ctx *c, const loom_fp8_state *fs)
 	return LOOM_OK;
 }
 
+/* The tensors, the histories and the ring between ts.fp8 and the device's
+ * copy in the compute stream's order, then a wait: the host arrays are
+ * read or changed once this returns. to_device: fs is only read. */
+static loom_status state_copy(loom_cuda_ctx *c, loom_fp8_state *fs, int to_device)
+{
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	const cudaMemcpyKind k = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+	int ring[2] = { fs->filled, fs->pos };
+	void *host[3] = { fs->t, fs->history, ring }, *dev[3] = { d->t, d->hist, d->ring };
+	const size_t bytes[3] = { sizeof(*fs->t) * (size_t)fs->n,
+				  sizeof(float) * (size_t)fs->n * fs->history_len, sizeof(ring) };
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < 3 && st == LOOM_OK; i++)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(to_device ? dev[i] : host[i],
+						     to_device ? host[i] : dev[i], bytes[i], k,
+						     c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st == LOOM_OK && !to_device) {
+		fs->filled = ring[0];
+		fs->pos = ring[1];
+	}
+	return st;
+}
+
 /* ts.fp8 onto the device (at compile, after a checkpoint's load): the
  * state allocated the first time; nothing under current scaling. */
 loom_status loom_cuda_fp8_state_upload(void *ctx, const loom_fp8_state *fs)
@@ -398,20 +424,7 @@ loom_status loom_cuda_fp8_state_upload(void *ctx, const loom_fp8_state *fs)
 	if (!d->t && (st = state_alloc(c, fs)) != LOOM_OK)
 		return st;
 	d->margin = fs->margin;
-	const int ring[2] = { fs->filled, fs->pos };
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(d->t, fs->t, sizeof(*fs->t) * (size_t)fs->n,
-					     cudaMemcpyHostToDevice, c->stream), c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(d->hist, fs->history,
-						     sizeof(float) * (size_t)fs->n * fs->history_len,
-						     cudaMemcpyHostToDevice, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(d->ring, ring, sizeof(ring), cudaMemcpyHostToDevice,
-						     c->stream), c->err, sizeof(c->err));
-	/* the host arrays may change once this returns */
-	return st == LOOM_OK ? LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err,
-					       sizeof(c->err)) : st;
+	return state_copy(c, (loom_fp8_state *)fs, 1);
 }
 
 /* The device state into ts.fp8 (the host view: report, checkpoint); waits. */
@@ -419,37 +432,20 @@ loom_status loom_cuda_fp8_state_download(void *ctx, loom_fp8_state *fs)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	const loom_cuda_fp8_dev *d = &c->fp8_dev;
-	int ring[2] = { 0, 0 };
 	loom_status st = loom_cuda_use_device(c);
 	if (st != LOOM_OK || !d->t || d->n != fs->n || d->len != fs->history_len)
 		return st;
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(fs->t, d->t, sizeof(*fs->t) * (size_t)fs->n,
-					     cudaMemcpyDeviceToHost, c->stream), c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(fs->history, d->hist,
-						     sizeof(float) * (size_t)fs->n * fs->history_len,
-						     cudaMemcpyDeviceToHost, c->stream),
-				     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(ring, d->ring, sizeof(ring), cudaMemcpyDeviceToHost,
-						     c->stream), c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
-	if (st == LOOM_OK) {
-		fs->filled = ring[0];
-		fs->pos = ring[1];
-	}
-	return st;
+	return state_copy(c, fs, 0);
 }
 
-/* The step end on the compute stream, inside the step (a captured step
- * holds it); the host's ts.fp8 is left as it was until a download. */
 static loom_status no_state(loom_cuda_ctx *c, const char *what)
 {
 	return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
 			  "cuda fp8 %s: no device state (delayed scaling off)", what);
 }
 
+/* The step end on the compute stream, inside the step (a captured step
+ * holds it); the host's ts.fp8 is left as it was until a download. */
 loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan, int reduced)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
