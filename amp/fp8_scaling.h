@@ -15,8 +15,11 @@
  * (inference) has no step end and casts by current scaling.
  *
  * The update of one tensor is a static inline function of plain data, so a
- * device kernel can run the same lines (LOOM_SCALER_HD; loom_fp8_scale of
- * base/fp8.h, which it calls, would need the same marking).
+ * device kernel runs the same lines (LOOM_SCALER_HD, and base/fp8.h's
+ * loom_fp8_scale is LOOM_FP8_HD): the CUDA backend keeps the state on the
+ * device under delayed scaling (engine/cuda/fp8.cu, the backend's
+ * loom_backend_fp8 group) and ts.fp8 is then its host view, brought back
+ * for the report and checkpoints.
  */
 #ifndef LOOM_AMP_FP8_SCALING_H
 #define LOOM_AMP_FP8_SCALING_H

@@ -100,8 +100,9 @@ loom_status loom_comm_allgather_start(loom_comm *c, void *buf, size_t count, loo
 			   stream, out);
 }
 
-loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-					void *stream)
+/* The stream-ordered all-reduces: max 0, the sum; 1, the max. */
+static loom_status ordered(loom_comm *c, int max, void *buf, size_t count, loom_dtype dt,
+			   void *stream)
 {
 	loom_status st = usable(c, "all-reduce");
 
@@ -109,13 +110,26 @@ loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, l
 		return st;
 	if ((count && !buf) || !loom_dtype_size(dt))
 		return loom_pg_fail(c->pg, LOOM_ERR_INVALID, "all-reduce: bad arguments");
-	if (!c->i->allreduce_ordered)
+	if (!(max ? c->i->allreduce_max_ordered : c->i->allreduce_ordered))
 		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED,
-				    "all-reduce in stream order: the %s backend has none (a "
+				    "all-reduce (%s) in stream order: the %s backend has none (a "
 				    "device backend, NCCL, has)",
-				    c->i->name);
-	entering(c, "all-reduce of %zu %s", count, loom_dtype_name(dt));
-	return c->i->allreduce_ordered(c, buf, count, dt, stream);
+				    max ? "max" : "sum", c->i->name);
+	entering(c, "all-reduce (%s) of %zu %s", max ? "max" : "sum", count, loom_dtype_name(dt));
+	return (max ? c->i->allreduce_max_ordered : c->i->allreduce_ordered)(c, buf, count, dt,
+									     stream);
+}
+
+loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					void *stream)
+{
+	return ordered(c, 0, buf, count, dt, stream);
+}
+
+loom_status loom_comm_allreduce_max_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream)
+{
+	return ordered(c, 1, buf, count, dt, stream);
 }
 
 /* Point-to-point: the same checks, and the peer is a rank of c other

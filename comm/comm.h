@@ -191,6 +191,10 @@ typedef struct loom_comm_i {
 	 * wait(). Never frees w.   // (optional) */
 	loom_status (*wait_mark)(loom_comm *c, loom_comm_work *w, const volatile uint64_t *mark,
 				 uint64_t serial, double t0);
+	/* allreduce_ordered with the max for the sum (fp8's amaxes on the
+	 * device, engine/exec.c).   // (optional) */
+	loom_status (*allreduce_max_ordered)(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					     void *stream);
 } loom_comm_i;
 
 /* What every backend shares; the backend keeps its own state in ctx. */
@@ -214,9 +218,12 @@ loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem);
 loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt);
 loom_status loom_comm_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 				      void *stream, loom_comm_work **out);
-/* LOOM_ERR_UNSUPPORTED where the backend has no allreduce_ordered (MPI). */
+/* LOOM_ERR_UNSUPPORTED where the backend has no allreduce_ordered (MPI);
+ * _max_ordered: the max over the ranks, where allreduce_max_ordered is. */
 loom_status loom_comm_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					void *stream);
+loom_status loom_comm_allreduce_max_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream);
 /* ZeRO's reduce-scatter and all-gather (loom_comm_i), in place. */
 loom_status loom_comm_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
 					   void *stream, loom_comm_work **out);

@@ -342,8 +342,8 @@ static loom_status nccl_recv_start(loom_comm *c, void *buf, size_t bytes, int pe
  * call, so they run in the order they were issued, as on every rank), and
  * ready again marks the sum for the stream. Record and wait are back to
  * back on the host, so the one event serves both. */
-static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-					  void *stream)
+static loom_status nccl_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				void *stream, ncclRedOp_t op)
 {
 	nccl_ctx *x = ctx_of(c);
 	ncclDataType_t t;
@@ -354,7 +354,7 @@ static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count,
 		return st;
 	if ((st = CUDA_OK(c->pg, cudaEventRecord(x->ready, (cudaStream_t)stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent(x->stream, x->ready, 0))) ||
-	    (st = issued(c, ncclAllReduce(buf, buf, count, t, ncclSum, x->comm, x->stream),
+	    (st = issued(c, ncclAllReduce(buf, buf, count, t, op, x->comm, x->stream),
 			 "all-reduce enqueue")) ||
 	    (st = CUDA_OK(c->pg, cudaEventRecord(x->ready, x->stream))) ||
 	    (st = CUDA_OK(c->pg, cudaStreamWaitEvent((cudaStream_t)stream, x->ready, 0)))) {
@@ -362,6 +362,19 @@ static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count,
 		return st;
 	}
 	return LOOM_OK;
+}
+
+static loom_status nccl_allreduce_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					  void *stream)
+{
+	return nccl_ordered(c, buf, count, dt, stream, ncclSum);
+}
+
+/* fp8's amaxes (engine/exec.c): ncclMax, the same stream order. */
+static loom_status nccl_allreduce_max_ordered(loom_comm *c, void *buf, size_t count,
+					      loom_dtype dt, void *stream)
+{
+	return nccl_ordered(c, buf, count, dt, stream, ncclMax);
 }
 
 /* What a timeout names: "all-reduce of 4096 f32", "send of 512 bytes". */
@@ -621,6 +634,7 @@ static const loom_comm_i nccl_iface = {
 	.work_make = nccl_work_make,
 	.work_free = nccl_work_free,
 	.wait_mark = nccl_wait_mark,
+	.allreduce_max_ordered = nccl_allreduce_max_ordered,
 };
 
 extern "C" loom_status loom_nccl_use_device(loom_pg *pg, int local_rank)

@@ -236,6 +236,30 @@ typedef struct loom_backend_input {
 	loom_status (*input_release)(void *ctx, void *dst, size_t bytes);
 } loom_backend_input;
 
+/* amp.fp8's delayed scaling kept on the device (amp/fp8_scaling.h's
+ * state, which the kernels read and write there). NULL: the kernels use
+ * ts.fp8 in host memory (the CPU), or a device backend casts by current
+ * scaling only (delayed is refused, naming the backend). */
+typedef struct loom_backend_fp8 {
+	/* ts.fp8 onto the device, at compile and after a checkpoint's load
+	 * (allocating the device copy the first time); waits. */
+	loom_status (*fp8_upload)(void *ctx, const loom_fp8_state *fs);
+	/* The device copy into ts.fp8, for the host's readers (the report, a
+	 * checkpoint); waits. Never called per step. */
+	loom_status (*fp8_download)(void *ctx, loom_fp8_state *fs);
+	/* Data parallelism: queues on the compute stream a copy of the step's
+	 * amaxes (f32) and saturation counts (f64), one per tensor, into
+	 * device buffers it returns, for the executor to max-reduce and sum
+	 * over the ranks in stream order. NULL: one process only (delayed
+	 * scaling is refused at world > 1). // (optional) */
+	loom_status (*fp8_reduce_begin)(void *ctx, void **amax, void **saturated);
+	/* Queues the step end of every tensor (loom_fp8_tensor_step_end) on
+	 * the compute stream, no wait: a captured step holds it. reduced:
+	 * the amaxes and counts are first taken back from fp8_reduce_begin's
+	 * buffers (reduced over the ranks by then). */
+	loom_status (*fp8_step_end)(void *ctx, const loom_plan *plan, int reduced);
+} loom_backend_fp8;
+
 /*
  * The backend: its name, capability bits, the required core (every entry
  * filled) and the optional groups. Every method receives the backend's
@@ -324,6 +348,7 @@ typedef struct loom_backend {
 	const loom_backend_graph_ops *graph;
 	const loom_backend_marks *marks;
 	const loom_backend_input *input;
+	const loom_backend_fp8 *fp8;
 } loom_backend;
 
 /* The core's size: its functions lie between init and event_wait, and stay
@@ -339,7 +364,7 @@ _Static_assert(offsetof(loom_backend, event_wait) - offsetof(loom_backend, init)
 _Static_assert(offsetof(loom_backend, planning) ==
 		       offsetof(loom_backend, event_wait) + sizeof(void (*)(void)),
 	       "loom_backend: the core must end with event_wait, right before the groups");
-_Static_assert(sizeof(loom_backend) == offsetof(loom_backend, input) + sizeof(void *),
+_Static_assert(sizeof(loom_backend) == offsetof(loom_backend, fp8) + sizeof(void *),
 	       "loom_backend: the groups end the struct; a new function goes into one");
 #endif
 

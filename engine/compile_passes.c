@@ -12,6 +12,7 @@
 #include "amp/amp_pass.h"
 #include "base/cuda_plugin.h"
 #include "base/options.h"
+#include "comm/comm.h"
 #include "engine/pass.h"
 #include "graph/ops/ops.h"
 
@@ -472,6 +473,46 @@ const loom_pass loom_pass_backend_alloc = { .name = "backend arena", .run = back
 
 /* ------------------------------------------------------------ initial values */
 
+/* Whether the group's device communicator max-reduces in stream order
+ * (fp8's amaxes at a device's step end, engine/exec.c). */
+static int device_max_reduces(loom_program *p)
+{
+	loom_comm *dev = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE);
+	return dev && dev->i->allreduce_max_ordered && dev->i->allreduce_ordered;
+}
+
+/* Where delayed scaling can run: the CPU (the kernels read and write
+ * ts.fp8 in host memory) and a device backend that keeps the state on the
+ * device (loom_backend_fp8), across ranks where it packs the amaxes
+ * (fp8_reduce_begin) and the device communicator has a max. Elsewhere the
+ * default falls back to current scaling (*delayed = 0) and asking for
+ * delayed is refused, naming the backend. */
+static loom_status fp8_delayed_where(loom_program *p, int *delayed)
+{
+	const loom_amp_opts *o = &p->plan.opts.amp;
+	const loom_pg_info *pi = p->plan.opts.pg ? loom_pg_get_info(p->plan.opts.pg) : NULL;
+	const int world = pi && pi->world > 1 ? pi->world : 1;
+	const char *why = NULL;
+	if (p->be->caps & LOOM_BE_HOST_MEMORY)
+		return LOOM_OK;
+	if (!p->be->fp8)
+		why = "its fp8 kernels take each cast's scale from its own amax";
+	else if (world > 1 && (!p->be->fp8->fp8_reduce_begin || !device_max_reduces(p)))
+		why = "its scales live on the device and its communicator cannot max-reduce "
+		      "them across the ranks in stream order";
+	/* a device backend defaults to current scaling until a lease
+	 * measures both recipes (engine/cuda/README.md) */
+	if (!why && o->fp8_scaling == LOOM_FP8_SCALING_DELAYED)
+		return LOOM_OK;
+	*delayed = 0;
+	if (why && o->fp8_scaling == LOOM_FP8_SCALING_DELAYED)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+					 "amp: fp8 delayed scaling on the %s backend: %s "
+					 "(use --fp8-scaling current)",
+					 p->be->name, why);
+	return LOOM_OK;
+}
+
 /* amp.fp8's scaled tensors: each FP8_QDQ node that rounds through a
  * format gets its slot (a.fp8.slot) in the training state's scales, in
  * node order, the same on every rank; scales 1, histories empty. */
@@ -486,21 +527,10 @@ static loom_status fp8_tensors(loom_program *p)
 			nd->a.fp8.slot = nd->a.fp8.fwd == LOOM_FP8_E4M3 || nd->a.fp8.fwd == LOOM_FP8_E5M2 ?
 						 n++ : -1;
 	}
-	/* Delayed scaling's histories and scales are host state the kernels
-	 * read and write (amp/fp8_scaling.h): a backend whose kernels run on
-	 * a device takes each cast's scale from its own amax (engine/cuda/
-	 * fp8.cu) until it keeps a device copy. The default falls back to
-	 * current scaling there; asking for delayed is refused. */
 	int delayed = loom_fp8_recipe(o) == LOOM_FP8_SCALING_DELAYED;
-	if (n > 0 && delayed && !(p->be->caps & LOOM_BE_HOST_MEMORY)) {
-		if (o->fp8_scaling == LOOM_FP8_SCALING_DELAYED)
-			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-						 "amp: fp8 delayed scaling runs on the CPU only for now: "
-						 "the %s backend's fp8 kernels take each cast's scale from "
-						 "its own amax (use --fp8-scaling current)",
-						 p->be->name);
-		delayed = 0;
-	}
+	loom_status st = n > 0 && delayed ? fp8_delayed_where(p, &delayed) : LOOM_OK;
+	if (st != LOOM_OK)
+		return st;
 	loom_fp8_state_free(&p->ts.fp8);
 	if (loom_fp8_state_init(&p->ts.fp8, n, delayed, loom_fp8_history(o), o->fp8_margin))
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "out of memory for fp8 scales");
@@ -517,6 +547,10 @@ static loom_status fp8_tensors(loom_program *p)
 			t->fmax = t->fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
 		}
 	}
+	/* a device backend's copy of the state (allocated here) */
+	if (p->ts.fp8.delayed && p->be->fp8 &&
+	    (st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8)) != LOOM_OK)
+		return loom_pass_backend_failed(p, loom_program_backend_fail(p, st));
 	return LOOM_OK;
 }
 

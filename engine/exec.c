@@ -469,6 +469,35 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 }
 
 /*
+ * The step end of a device's copy (loom_backend_fp8): the step's amaxes
+ * max-reduced and counts summed over the whole group on the device
+ * communicator in the compute stream's order (compile made sure it has a
+ * max), then the update, all queued in the step (a captured step holds
+ * it); ts.fp8 is read back only by the host view (loom_exec_fp8_host).
+ */
+static loom_status fp8_step_end_device(loom_program *p, int n, int world)
+{
+	const loom_backend_fp8 *f = p->be->fp8;
+	void *amax = NULL, *sat = NULL;
+	loom_status st;
+	if (world > 1) {
+		loom_comm *dev = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE);
+		void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE);
+		if (!dev || !f->fp8_reduce_begin)
+			return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
+						 "fp8 scales across the ranks: no device reduction");
+		if ((st = f->fp8_reduce_begin(p->be_ctx, &amax, &sat)) != LOOM_OK)
+			return be_fail(p, st);
+		if ((st = loom_comm_allreduce_max_ordered(dev, amax, (size_t)n, LOOM_F32, stream)) !=
+			    LOOM_OK ||
+		    (st = loom_comm_allreduce_ordered(dev, sat, (size_t)n, LOOM_F64, stream)) != LOOM_OK)
+			return comm_fail(p, st);
+	}
+	st = f->fp8_step_end(p->be_ctx, &p->plan, world > 1);
+	return st != LOOM_OK ? be_fail(p, st) : LOOM_OK;
+}
+
+/*
  * amp.fp8's step end, beside the loss scaler's update in the optimizer:
  * the step's amaxes max-reduced and saturation counts summed over the
  * ranks of the group (in rank order, on the host communicator, as ZeRO's
@@ -485,6 +514,8 @@ static loom_status fp8_step_end(loom_program *p)
 	int n = fs->n, world = pi && pi->world > 1 ? pi->world : 1;
 	if (n == 0)
 		return LOOM_OK;
+	if (fs->delayed && p->be->fp8)
+		return fp8_step_end_device(p, n, world);
 	if (world > 1) {
 		loom_comm *host = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST);
 		double *mine = malloc(sizeof(double) * 2 * (size_t)n);
@@ -514,6 +545,28 @@ static loom_status fp8_step_end(loom_program *p)
 						 loom_pg_error(p->plan.opts.pg));
 	}
 	loom_fp8_step_end(fs);
+	return LOOM_OK;
+}
+
+loom_status loom_exec_fp8_host(loom_program *p)
+{
+	if (!p->fp8_on_device_newer)
+		return LOOM_OK;
+	loom_status st = p->be->fp8->fp8_download(p->be_ctx, &p->ts.fp8);
+	if (st != LOOM_OK)
+		return be_fail(p, st);
+	p->fp8_on_device_newer = 0;
+	return LOOM_OK;
+}
+
+loom_status loom_exec_fp8_device(loom_program *p)
+{
+	if (!p->ts.fp8.delayed || !p->be->fp8)
+		return LOOM_OK;
+	loom_status st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8);
+	if (st != LOOM_OK)
+		return be_fail(p, st);
+	p->fp8_on_device_newer = 0;
 	return LOOM_OK;
 }
 
@@ -674,6 +727,14 @@ static loom_status watch_marks(loom_program *p)
 	return first;
 }
 
+/* A run on a backend that keeps fp8's delayed state on the device: from
+ * now ts.fp8 is older than the device's copy (loom_exec_fp8_host). */
+static void fp8_device_runs(loom_program *p)
+{
+	if (p->ts.fp8.delayed && p->be->fp8)
+		p->fp8_on_device_newer = 1;
+}
+
 /* A replayed step: the host's changes pushed (run_begin), one launch, its
  * collectives handed to the watchdog by mark. The watchdog's verdict on
  * earlier collectives still ends the run. */
@@ -688,6 +749,7 @@ static loom_status graph_replay(loom_program *p)
 				LOOM_EXEC_TRAIN | LOOM_EXEC_REPLAY)) != LOOM_OK ||
 	    (st = be->graph->replay(p->be_ctx, pl)) != LOOM_OK)
 		return be_fail(p, st);
+	fp8_device_runs(p);
 	loom_status watched = watch_marks(p);
 	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
 		return be_fail(p, st);
@@ -745,6 +807,7 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 		p->transport->run_begin(p, first, last);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts, flags)) != LOOM_OK)
 		return be_fail(p, st);
+	fp8_device_runs(p);
 	/* Recorded from here to run_end, outside of run_begin's pushes. */
 	if (capture) {
 		if ((st = be->graph->capture_begin(p->be_ctx, pl)) != LOOM_OK)

@@ -3,6 +3,7 @@
  * program without its struct, a pipeline's stages through the transport
  * its pass installed, and the group's host collectives.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,16 +112,26 @@ size_t loom_io_fp8_floats(const loom_program *p)
 	return p->ts.fp8.n ? loom_fp8_state_floats(&p->ts.fp8) : 0;
 }
 
-void loom_io_fp8_pack(const loom_program *p, float *out)
+loom_status loom_io_fp8_pack(loom_program *p, float *out)
 {
-	loom_fp8_state_pack(&p->ts.fp8, out);
+	loom_status st = loom_exec_fp8_host(p); /* a device's copy first */
+	if (st == LOOM_OK)
+		loom_fp8_state_pack(&p->ts.fp8, out);
+	return st;
 }
 
 loom_status loom_io_fp8_unpack(loom_program *p, const float *in, int check_only, char *err,
 			       size_t errlen)
 {
-	if (!check_only)
-		return loom_fp8_state_unpack(&p->ts.fp8, in, err, errlen) ? LOOM_ERR_FORMAT : LOOM_OK;
+	if (!check_only) {
+		if (loom_fp8_state_unpack(&p->ts.fp8, in, err, errlen))
+			return LOOM_ERR_FORMAT;
+		/* and onto the device where the state lives there */
+		loom_status st = loom_exec_fp8_device(p);
+		if (st != LOOM_OK)
+			snprintf(err, errlen, "%s", loom_program_error(p));
+		return st;
+	}
 	/* A probe with copies of the tensors and the history, so a refused
 	 * record leaves the state as it was. */
 	loom_fp8_state probe = p->ts.fp8;

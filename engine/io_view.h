@@ -93,7 +93,7 @@ loom_status loom_io_host_allgather(loom_program *p, const void *mine, size_t byt
  * scaled tensors and changes nothing on a refusal (LOOM_ERR_FORMAT, a
  * message in err; LOOM_ERR_NOMEM); check_only: it only checks. */
 size_t loom_io_fp8_floats(const loom_program *p);
-void loom_io_fp8_pack(const loom_program *p, float *out);
+loom_status loom_io_fp8_pack(loom_program *p, float *out);
 loom_status loom_io_fp8_unpack(loom_program *p, const float *in, int check_only, char *err,
 			       size_t errlen);
 

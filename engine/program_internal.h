@@ -151,6 +151,9 @@ struct loom_program {
 	 * (loom_set_input, and a commit of the program's own buffer); a
 	 * commit of the backend's slot copies none (tests, reports). */
 	uint64_t input_upload_bytes;
+	/* A run changed the device's copy of fp8's delayed state since ts.fp8
+	 * was last brought back (loom_exec_fp8_host). */
+	int fp8_on_device_newer;
 	loom_error err; /* the last failure (base/errf.h) */
 };
 
@@ -209,6 +212,12 @@ loom_status loom_pieces_plain(loom_plan *pl);
 loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags);
 /* Waits for every collective in flight, then the backend's synchronize. */
 loom_status loom_exec_synchronize(loom_program *p);
+/* amp.fp8's delayed state kept on the device (loom_backend_fp8): host
+ * brings it into ts.fp8 when a run changed it since (the host view: the
+ * report, a checkpoint; waits); device puts ts.fp8 back there (after a
+ * checkpoint's load). Both nothing elsewhere. */
+loom_status loom_exec_fp8_host(loom_program *p);
+loom_status loom_exec_fp8_device(loom_program *p);
 /* After synchronize: the traced runs' spans, read from the backend's
  * timers, into the trace. */
 loom_status loom_exec_trace_flush(loom_program *p);

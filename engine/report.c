@@ -159,15 +159,18 @@ static void mib_line(FILE *out, const char *what, size_t bytes, const char *note
 }
 
 /* amp.fp8's scales and histories: host memory beside the loss scaler's
- * state, counted before step 1 (none without fp8). */
+ * state, counted before step 1 (none without fp8); a backend that keeps
+ * delayed scaling's state on the device holds a copy there (and the
+ * packed amaxes of the reduction over the ranks). */
 static void fp8_scales_line(const loom_program *p, FILE *out)
 {
-	char note[128];
+	char note[160];
 	if (p->ts.fp8.n == 0)
 		return;
 	if (p->ts.fp8.delayed)
-		snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of %d steps)",
-			 p->ts.fp8.n, p->ts.fp8.history_len);
+		snprintf(note, sizeof(note), "(%d tensors, delayed scaling: amax history of %d steps%s)",
+			 p->ts.fp8.n, p->ts.fp8.history_len,
+			 p->be->fp8 ? "; and a copy on the device" : "");
 	else
 		snprintf(note, sizeof(note), "(%d tensors, current scaling)", p->ts.fp8.n);
 	mib_line(out, "fp8 scales", loom_fp8_state_bytes(&p->ts.fp8), note);
@@ -272,6 +275,9 @@ loom_status loom_fp8_tensor_get(const loom_program *p, int i, loom_fp8_tensor_in
 {
 	if (!loom_program_usable(p) || !out)
 		return LOOM_ERR_INVALID;
+	loom_status st = loom_exec_fp8_host((loom_program *)p);
+	if (st != LOOM_OK)
+		return st;
 	const loom_fp8_state *fs = &p->ts.fp8;
 	if (i < 0 || i >= fs->n)
 		return loom_program_fail((loom_program *)p, LOOM_ERR_INVALID,
@@ -291,7 +297,8 @@ loom_status loom_fp8_tensor_get(const loom_program *p, int i, loom_fp8_tensor_in
 
 void loom_amp_report(const loom_program *p, FILE *out)
 {
-	if (!loom_program_usable(p) || !out)
+	/* a device's copy of the state first (the host view; waits) */
+	if (!loom_program_usable(p) || !out || loom_exec_fp8_host((loom_program *)p) != LOOM_OK)
 		return;
 	const loom_fp8_state *fs = &p->ts.fp8;
 	fprintf(out, "amp: loss scale %g, %lld steps skipped\n", (double)p->ts.scaler.scale,

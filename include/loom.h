@@ -308,7 +308,8 @@ typedef struct loom_amp_opts {
 	 * empty history (the first) casts by current scaling. Scales and
 	 * histories are checkpointed and the same on every rank (amaxes
 	 * max-reduced across data-parallel ranks); ranks must agree on all
-	 * three. */
+	 * three. On CUDA the default is current scaling; delayed keeps its
+	 * state on the device (reduced across ranks on NCCL). */
 	int fp8_scaling;
 	int fp8_history;
 	int fp8_margin;

@@ -60,7 +60,11 @@ static loom_status fp8_pack(loom_program *p, rec_list *l)
 	float *buf = malloc(l->r[l->fp8].bytes);
 	if (!buf)
 		return LOOM_ERR_NOMEM;
-	loom_io_fp8_pack(p, buf);
+	loom_status st = loom_io_fp8_pack(p, buf); /* waits for a device's copy */
+	if (st != LOOM_OK) {
+		free(buf);
+		return st;
+	}
 	l->host[l->fp8] = buf;
 	l->r[l->fp8].data = buf;
 	return LOOM_OK;
@@ -280,7 +284,7 @@ loom_status loom_save(loom_program *p, const char *path)
 	for (int i = 0; i < l.n && st == LOOM_OK; i++) {
 		void *addr = record_addr(p, i);
 		if (i == l.fp8) {
-			if ((st = fp8_pack(p, &l)) != LOOM_OK)
+			if ((st = fp8_pack(p, &l)) == LOOM_ERR_NOMEM)
 				loom_program_fail(p, st, "save %s: out of memory", path);
 			continue;
 		}

@@ -5,7 +5,10 @@
 # First test_cuda_ops' fp8 cases with LOOM_REQUIRE_GPU=1 (FP8_QDQ bit for bit
 # against the CPU, the cuBLASLt FP8 product within its bound), then per size
 # GPT-2 b8 T1024 at O2: --precision bf16, fp8 emulated (LOOM_CUDA_FP8_GEMM=0:
-# the QDQ kernels, bf16 products), fp8 on cuBLASLt FP8 (=1); then PyTorch
+# the QDQ kernels, bf16 products), fp8 on cuBLASLt FP8 (=1) by current scaling
+# (the device default) and, at 124M and 350M, by delayed scaling
+# (--fp8-scaling delayed: the scales and amax histories on the device, the
+# amax taken in the cast's pass; the two decide the device default); then PyTorch
 # compiled (bench/torch_gpt.py --nanogpt --compile) bf16 and torchao float8
 # (--float8) unless LOOM_FP8_TORCH=0. 124M is --preset gpt2; 350M and 774M
 # the preset with --layers/--heads/--embd 24/16/1024 and 36/20/1280.
@@ -50,6 +53,11 @@ for size in "${sizes[@]}"; do
 		--precision fp8
 	r "gpt2_${size}_O2_fp8_gemm" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 "${g[@]}" \
 		--precision fp8 --dump-graph
+	case $size in
+	124m | 350m)
+		r "gpt2_${size}_O2_fp8_gemm_delayed" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 \
+			"${g[@]}" --precision fp8 --fp8-scaling delayed --amp-report ;;
+	esac
 	# How many products took cuBLASLt FP8 (their note in --dump-graph).
 	echo "   cuBLASLt FP8 products: $(grep -ac 'cuBLASLt FP8' "$o/gpt2_${size}_O2_fp8_gemm.log")"
 	if [ "${LOOM_FP8_TORCH:-1}" != 0 ]; then

@@ -674,6 +674,7 @@ static void free_memory(loom_cuda_ctx *c)
 			(void)cudaEventDestroy(c->pinned_ev[i]);
 	if (c->ctl_stage_ev)
 		(void)cudaEventDestroy(c->ctl_stage_ev);
+	loom_cuda_fp8_state_free(c);
 }
 
 /* What init made: the events, the library handles, the streams. */
@@ -1752,6 +1753,13 @@ static const loom_backend_input cuda_input = {
 	.input_release = cuda_input_release,
 };
 
+static const loom_backend_fp8 cuda_fp8 = {
+	.fp8_upload = loom_cuda_fp8_state_upload,
+	.fp8_download = loom_cuda_fp8_state_download,
+	.fp8_reduce_begin = loom_cuda_fp8_state_reduce_begin,
+	.fp8_step_end = loom_cuda_fp8_state_step_end,
+};
+
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD |
@@ -1784,6 +1792,7 @@ static const loom_backend loom_cuda_backend = {
 	.graph = &cuda_graph_ops,
 	.marks = &cuda_marks,
 	.input = &cuda_input,
+	.fp8 = &cuda_fp8,
 };
 
 extern "C" const loom_backend *loom_cuda_backend_get(void)

@@ -340,6 +340,20 @@ typedef struct loom_cuda_input {
 	int node_slot;          /* the slot that node reads */
 } loom_cuda_input;
 
+/* Delayed FP8 scaling's state on the device (fp8.cu): ts.fp8's tensors
+ * (amp/fp8_scaling.h), their amax histories, the ring's {filled, pos} and
+ * the packed buffers of the reduction over the ranks, one allocation; t is
+ * NULL where the plan has none. */
+typedef struct loom_cuda_fp8_dev {
+	loom_fp8_tensor *t;
+	float *hist;
+	int *ring;
+	float *amax;     /* the step's amaxes and saturation counts, packed for */
+	double *sat;     /* the all-reduces over the ranks (fp8_reduce_begin) */
+	int n, len, margin;
+	size_t bytes;
+} loom_cuda_fp8_dev;
+
 typedef struct loom_cuda_ctx {
 	char err[LOOM_ERR_MAX]; /* the last failure's message */
 	/* The step as one CUDA graph (capture_begin / capture_end / replay):
@@ -456,6 +470,9 @@ typedef struct loom_cuda_ctx {
 	 * values, the emulation), and the per-node scale slots. */
 	int fp8_gemm;
 	float *fp8_slots;
+	/* Delayed scaling's state on the device (fp8.cu, a copy of
+	 * ts.fp8's): NULL under current scaling or without fp8. */
+	loom_cuda_fp8_dev fp8_dev;
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */
 	int diagnose;              /* the current run marks non-finite values */

@@ -12,6 +12,7 @@
  * and the CPU is the reference the test holds these to bit for bit.
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "base/fp8.h"
 #include "engine/cuda/dtype.cuh"
@@ -40,8 +41,11 @@ static __device__ __forceinline__ float fp8_round(float f, int fmt)
 /* NaN-blind as the CPU's scan: a NaN never wins '>' and stays out of the
  * scale. The block's max goes into *amax by atomicMax on the bits, which
  * order as the values do for non-negative floats (inf included). */
-__global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned *amax)
+__global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned *amax,
+				     const int *ring)
 {
+	if (ring && ring[0] > 0) /* delayed scaling with a history: the cast's own pass */
+		return;
 	float m = 0.0f;
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -67,6 +71,72 @@ __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, in
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x)
 		loom_st(y, ydt, i, fp8_round(loom_ld(x, xdt, i) * scale, fmt) * inv);
+}
+
+/* Delayed scaling (fp8.h): the scale is the tensor's device scale once the
+ * history holds a step (ring[0], filled), else the amax's in slot[0] as
+ * above; a training run (record) takes the amax and the saturated count in
+ * the same pass as the cast, a block reduction and one atomic each into
+ * the tensor's step in progress (atomicMax on the bits: amax >= 0). */
+__global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
+					    int fmt, float *slot, loom_fp8_tensor *t,
+					    const int *ring, int record)
+{
+	const float fmax = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
+	const float scale = ring[0] > 0 ? t->scale : loom_fp8_scale(slot[0], fmax);
+	const float inv = 1.0f / scale;
+	float m = 0.0f;
+	double sat = 0;
+	if (blockIdx.x == 0 && threadIdx.x == 0) {
+		slot[1] = scale;
+		slot[2] = inv;
+		if (record)
+			t->cur_scale = scale;
+	}
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		const float v = loom_ld(x, xdt, i), a = fabsf(v), s = v * scale;
+		m = a > m ? a : m;
+		sat += fabsf(s) > fmax;
+		loom_st(y, ydt, i, fp8_round(s, fmt) * inv);
+	}
+	if (!record)
+		return;
+	const double bm = loom_block_max((double)m), bs = loom_block_sum(sat);
+	if (threadIdx.x == 0 && bm > 0)
+		atomicMax((unsigned *)&t->amax, __float_as_uint((float)bm));
+	if (threadIdx.x == 0 && bs > 0)
+		atomicAdd((unsigned long long *)&t->saturated, (unsigned long long)bs);
+}
+
+/* Every tensor's step end (amp/fp8_scaling.h's own inline update), one
+ * block; then thread 0 advances the ring, after every thread has read it. */
+__global__ void loom_fp8_step_end_kernel(loom_fp8_tensor *t, float *hist, int *ring, int n,
+					 int len, int margin, const float *amax, const double *sat)
+{
+	const int filled = ring[0] < len ? ring[0] + 1 : ring[0], pos = ring[1];
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		if (amax) { /* reduced over the ranks (fp8_reduce_begin's buffers) */
+			t[i].amax = amax[i];
+			t[i].saturated = (int64_t)sat[i];
+		}
+		loom_fp8_tensor_step_end(&t[i], hist + (size_t)i * len, len, pos, filled, 1,
+					 margin);
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		ring[0] = filled;
+		ring[1] = (pos + 1) % len;
+	}
+}
+
+/* The step's amaxes and counts packed for the all-reduces. */
+__global__ void loom_fp8_pack_kernel(const loom_fp8_tensor *t, int n, float *amax, double *sat)
+{
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+		amax[i] = t[i].amax;
+		sat[i] = (double)t[i].saturated;
+	}
 }
 
 __global__ void loom_fp8_cast_kernel(const void *x, int xdt, int64_t n, int fmt,
@@ -116,7 +186,7 @@ static int is_fp8(int fmt)
 }
 
 loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
-			       float *slot)
+			       float *slot, const int *ring)
 {
 	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(float), s), err, LOOM_ERR_MAX);
 	if (st != LOOM_OK || n <= 0)
@@ -125,7 +195,7 @@ loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt
 	unsigned blocks = loom_cuda_blocks(n, threads);
 	if (blocks > 2048)
 		blocks = 2048;
-	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, (unsigned *)slot);
+	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, (unsigned *)slot, ring);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -138,6 +208,30 @@ loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt,
 		return LOOM_OK;
 	loom_fp8_qdq_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n,
 									     fmt, slot);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, int xdt, void *y,
+				      int ydt, int64_t n, int fmt, float *slot, loom_fp8_tensor *t,
+				      const int *ring, int record)
+{
+	if (n <= 0)
+		return LOOM_OK;
+	unsigned blocks = loom_cuda_blocks(n, threads);
+	if (blocks > 2048) /* grid-stride: a few thousand atomics at most */
+		blocks = 2048;
+	loom_fp8_qdq_delayed_kernel<<<blocks, threads, 0, s>>>(x, xdt, y, ydt, n, fmt, slot, t,
+								ring, record);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+loom_status loom_cuda_fp8_step_end_launch(char *err, cudaStream_t s, loom_fp8_tensor *t,
+					  float *hist, int *ring, int n, int len, int margin,
+					  const float *amax, const double *sat)
+{
+	if (n <= 0 || len <= 0)
+		return LOOM_OK;
+	loom_fp8_step_end_kernel<<<1, threads, 0, s>>>(t, hist, ring, n, len, margin, amax, sat);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -237,8 +331,143 @@ loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
 				  "cuda fp8_qdq #%d: no scale slots (the plan has none)", (int)v);
 	float *slot = c->fp8_slots + (size_t)v * LOOM_CUDA_FP8_SLOT;
-	if ((st = loom_cuda_fp8_amax(c->err, c->stream, io->src[0], io->dt[0], numel, slot)) != LOOM_OK)
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	const int slot_i = n->a.fp8.slot;
+	const int delayed = d->t && slot_i >= 0 && slot_i < d->n;
+	/* delayed: the amax pass returns at once on the device once the
+	 * history holds a step (the host cannot know without a wait) */
+	if ((st = loom_cuda_fp8_amax(c->err, c->stream, io->src[0], io->dt[0], numel, slot,
+				     delayed ? d->ring : NULL)) != LOOM_OK)
 		return st;
+	if (delayed)
+		return loom_cuda_fp8_qdq_delayed(c->err, c->stream, io->src[0], io->dt[0], io->out,
+						 io->odt, numel, fmt, slot, d->t + slot_i, d->ring,
+						 c->train);
 	return loom_cuda_fp8_qdq(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt, numel,
 				 fmt, slot);
+}
+
+// ----------------------------------------------------------------------------
+// delayed scaling's device state (loom_backend_fp8: backend.cu's table)
+
+void loom_cuda_fp8_state_free(loom_cuda_ctx *c)
+{
+	if (c->fp8_dev.t)
+		(void)cudaFree(c->fp8_dev.t);
+	memset(&c->fp8_dev, 0, sizeof(c->fp8_dev));
+}
+
+/* One allocation: the tensors, the histories, the ring. */
+static loom_status state_alloc(loom_cuda_ctx *c, const loom_fp8_state *fs)
+{
+	loom_cuda_fp8_dev *d = &c->fp8_dev;
+	const size_t tb = loom_cuda_align(sizeof(loom_fp8_tensor) * (size_t)fs->n);
+	const size_t hb = loom_cuda_align(sizeof(float) * (size_t)fs->n * fs->history_len);
+	const size_t ab = loom_cuda_align(sizeof(float) * (size_t)fs->n);
+	const size_t sb = loom_cuda_align(sizeof(double) * (size_t)fs->n);
+	char *base = NULL;
+	d->bytes = tb + hb + ab + sb + 2 * sizeof(int);
+	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&base, d->bytes), c->err,
+					 sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	d->t = (loom_fp8_tensor *)base;
+	d->hist = (float *)(base + tb);
+	d->amax = (float *)(base + tb + hb);
+	d->sat = (double *)(base + tb + hb + ab);
+	d->ring = (int *)(base + tb + hb + ab + sb);
+	d->n = fs->n;
+	d->len = fs->history_len;
+	d->margin = fs->margin;
+	return LOOM_OK;
+}
+
+/* The tensors, the histories and the ring between ts.fp8 and the device's
+ * copy in the compute stream's order, then a wait: the host arrays are
+ * read or changed once this returns. to_device: fs is only read. */
+static loom_status state_copy(loom_cuda_ctx *c, loom_fp8_state *fs, int to_device)
+{
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	const cudaMemcpyKind k = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+	int ring[2] = { fs->filled, fs->pos };
+	void *host[3] = { fs->t, fs->history, ring }, *dev[3] = { d->t, d->hist, d->ring };
+	const size_t bytes[3] = { sizeof(*fs->t) * (size_t)fs->n,
+				  sizeof(float) * (size_t)fs->n * fs->history_len, sizeof(ring) };
+	loom_status st = LOOM_OK;
+	for (int i = 0; i < 3 && st == LOOM_OK; i++)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(to_device ? dev[i] : host[i],
+						     to_device ? host[i] : dev[i], bytes[i], k,
+						     c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st == LOOM_OK && !to_device) {
+		fs->filled = ring[0];
+		fs->pos = ring[1];
+	}
+	return st;
+}
+
+/* ts.fp8 onto the device (at compile, after a checkpoint's load): the
+ * state allocated the first time; nothing under current scaling. */
+loom_status loom_cuda_fp8_state_upload(void *ctx, const loom_fp8_state *fs)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_cuda_fp8_dev *d = &c->fp8_dev;
+	loom_status st = loom_cuda_use_device(c);
+	if (st != LOOM_OK)
+		return st;
+	if (d->t && (d->n != fs->n || d->len != fs->history_len))
+		loom_cuda_fp8_state_free(c);
+	if (!fs->delayed || fs->n == 0 || fs->history_len <= 0)
+		return LOOM_OK;
+	if (!d->t && (st = state_alloc(c, fs)) != LOOM_OK)
+		return st;
+	d->margin = fs->margin;
+	return state_copy(c, (loom_fp8_state *)fs, 1);
+}
+
+/* The device state into ts.fp8 (the host view: report, checkpoint); waits. */
+loom_status loom_cuda_fp8_state_download(void *ctx, loom_fp8_state *fs)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	loom_status st = loom_cuda_use_device(c);
+	if (st != LOOM_OK || !d->t || d->n != fs->n || d->len != fs->history_len)
+		return st;
+	return state_copy(c, fs, 0);
+}
+
+static loom_status no_state(loom_cuda_ctx *c, const char *what)
+{
+	return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
+			  "cuda fp8 %s: no device state (delayed scaling off)", what);
+}
+
+/* The step end on the compute stream, inside the step (a captured step
+ * holds it); the host's ts.fp8 is left as it was until a download. */
+loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan, int reduced)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	(void)plan;
+	if (!d->t)
+		return no_state(c, "step end");
+	return loom_cuda_fp8_step_end_launch(c->err, c->stream, d->t, d->hist, d->ring, d->n,
+					     d->len, d->margin, reduced ? d->amax : NULL,
+					     reduced ? d->sat : NULL);
+}
+
+/* The step's amaxes and counts packed for the executor's all-reduces. */
+loom_status loom_cuda_fp8_state_reduce_begin(void *ctx, void **amax, void **saturated)
+{
+	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	const loom_cuda_fp8_dev *d = &c->fp8_dev;
+	if (!d->t)
+		return no_state(c, "reduction");
+	loom_fp8_pack_kernel<<<loom_cuda_blocks(d->n, threads), threads, 0, c->stream>>>(
+		d->t, d->n, d->amax, d->sat);
+	*amax = d->amax;
+	*saturated = d->sat;
+	return LOOM_CUDA_LAUNCHED(c->err);
 }

@@ -245,10 +245,22 @@ static loom_status fd_allreduce_ordered(loom_comm *c, void *buf, size_t count, l
 					void *stream)
 {
 	cr_assert_eq(stream, &fake_streams[LOOM_STREAM_COMPUTE]);
-	cr_assert_eq(dt, LOOM_I32);
-	for (size_t e = 0; e < count; e++)
-		((int32_t *)buf)[e] *= c->world;
+	cr_assert(dt == LOOM_I32 || dt == LOOM_F64);
+	fake_twice(buf, count, dt, c->world);
 	ordered_calls++;
+	return LOOM_OK;
+}
+
+/* The max of two identical ranks' values: the values. */
+static int max_calls;
+
+static loom_status fd_allreduce_max_ordered(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream)
+{
+	(void)c, (void)buf, (void)count;
+	cr_assert_eq(stream, &fake_streams[LOOM_STREAM_COMPUTE]);
+	cr_assert_eq(dt, LOOM_F32);
+	max_calls++;
 	return LOOM_OK;
 }
 
@@ -275,6 +287,7 @@ static const loom_comm_i fd_iface = {
 	.work_make = fd_work_make,
 	.work_free = fd_work_free,
 	.wait_mark = fd_wait_mark,
+	.allreduce_max_ordered = fd_allreduce_max_ordered,
 };
 
 static const loom_comm_i fh_iface = {
@@ -413,13 +426,14 @@ static loom_backend_sharded fd_sharded;
 static loom_backend_graph_ops fd_graph;
 static loom_backend_marks fd_marks;
 static loom_opt_level mlp_level = LOOM_O0; /* the MLP's opt level */
+static int mlp_fp8; /* O1 bf16 + fp8 delayed, every product */
 
 static void setup(void)
 {
 	memset(&fd, 0, sizeof(fd));
 	memset(&mk, 0, sizeof(mk));
 	mk.hung_slot = -1;
-	host_in_step = ordered_calls = device_verdicts = 0;
+	host_in_step = ordered_calls = device_verdicts = max_calls = 0;
 	the_pg = NULL;
 	fd.hung_call = -1;
 	fd.step_thread = pthread_self();
@@ -442,6 +456,7 @@ static void teardown(void)
 {
 	loom_test_backend = NULL;
 	mlp_level = LOOM_O0;
+	mlp_fp8 = 0;
 }
 
 /* A single process's group made into rank 0 of 2, with the fake host and
@@ -457,6 +472,12 @@ static loom_program *compile_mlp(loom_graph **gp, loom_pg *pg, int zero)
 	loom_compile_opts o;
 	fake_mlp_opts(&o, pg, zero, 0.1);
 	o.amp.level = mlp_level;
+	if (mlp_fp8) {
+		o.amp.level = LOOM_O1;
+		o.amp.half = LOOM_BF16;
+		o.amp.fp8 = o.amp.fp8_all_products = 1;
+		o.amp.fp8_scaling = LOOM_FP8_SCALING_DELAYED;
+	}
 	return fake_mlp_compile(gp, &o);
 }
 
@@ -1309,4 +1330,91 @@ Test(slots, set_input_copies_each_batch_on_the_host)
 	cr_assert_eq(loom_input_release(p, "x"), LOOM_OK);
 	cr_assert_eq(loom_set_input(p, "x", xv, LOOM_F32, 24), LOOM_OK);
 	free_all(p, g);
+}
+
+/* ------------------------------------------------------------ fp8 on the device */
+
+/* A device copy of fp8's delayed state (loom_backend_fp8) that is ts.fp8
+ * itself (the CPU's kernels record there; upload keeps its address): what
+ * the executor does around it is what this checks. */
+static loom_fp8_state *fd_fp8;
+static float fd_amax[64];
+static double fd_sat[64];
+static int fd_packs, fd_reduced_ends;
+
+static loom_status fd_fp8_upload(void *ctx, const loom_fp8_state *fs)
+{
+	(void)ctx;
+	cr_assert_leq(fs->n, 64);
+	fd_fp8 = (loom_fp8_state *)fs;
+	return LOOM_OK;
+}
+
+static loom_status fd_fp8_download(void *ctx, loom_fp8_state *fs)
+{
+	(void)ctx, (void)fs;
+	return LOOM_OK;
+}
+
+static loom_status fd_fp8_reduce_begin(void *ctx, void **amax, void **saturated)
+{
+	(void)ctx;
+	for (int i = 0; i < fd_fp8->n; i++) {
+		fd_amax[i] = fd_fp8->t[i].amax;
+		fd_sat[i] = (double)fd_fp8->t[i].saturated;
+	}
+	*amax = fd_amax;
+	*saturated = fd_sat;
+	fd_packs++;
+	return LOOM_OK;
+}
+
+static loom_status fd_fp8_step_end(void *ctx, const loom_plan *plan, int reduced)
+{
+	(void)ctx, (void)plan;
+	for (int i = 0; reduced && i < fd_fp8->n; i++) {
+		fd_fp8->t[i].amax = fd_amax[i];
+		fd_fp8->t[i].saturated = (int64_t)fd_sat[i];
+	}
+	fd_reduced_ends += reduced;
+	loom_fp8_step_end(fd_fp8);
+	return LOOM_OK;
+}
+
+static const loom_backend_fp8 fd_fp8_group = {
+	.fp8_upload = fd_fp8_upload,
+	.fp8_download = fd_fp8_download,
+	.fp8_reduce_begin = fd_fp8_reduce_begin,
+	.fp8_step_end = fd_fp8_step_end,
+};
+
+/* Delayed scaling kept on a device across two ranks: accepted (the device
+ * communicator has a max), each step's amaxes max-reduced and saturation
+ * counts summed in the compute stream's order before the update, no host
+ * wait; the scales one process's, the counts twice its. */
+Test(async, fp8_amaxes_are_reduced_on_the_device)
+{
+	mlp_fp8 = 1;
+	fd_backend.fp8 = &fd_fp8_group;
+	fd_packs = fd_reduced_ends = 0;
+	loom_pg *pg = fake_group(10.0);
+	loom_graph *g, *g1;
+	loom_program *one, *p = train_beside_one(pg, 3, &g, &one, &g1);
+	cr_assert(p->ts.fp8.delayed && p->ts.fp8.n > 0);
+	cr_assert_eq(fd_packs, 3);
+	cr_assert_eq(fd_reduced_ends, 3);
+	cr_assert_eq(max_calls, 3, "%d max-reductions", max_calls);
+	cr_assert_eq(fd.syncs_in_step, 0, "the step synchronised %d times", fd.syncs_in_step);
+	for (int i = 0; i < p->ts.fp8.n; i++) {
+		const loom_fp8_tensor *a = &p->ts.fp8.t[i], *b = &one->ts.fp8.t[i];
+		cr_expect(a->scale == b->scale && a->last_amax == b->last_amax &&
+				  a->last_saturated == 2 * b->last_saturated,
+			  "tensor %d: scale %g amax %g saturated %lld; one process %g %g %lld", i,
+			  a->scale, a->last_amax, (long long)a->last_saturated, b->scale,
+			  b->last_amax, (long long)b->last_saturated);
+	}
+	fd_backend.fp8 = NULL;
+	free_all(one, g1);
+	free_all(p, g);
+	loom_pg_free(pg);
 }

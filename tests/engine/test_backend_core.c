@@ -57,6 +57,7 @@ static loom_backend core_only(void)
 	b.graph = NULL;
 	b.marks = NULL;
 	b.input = NULL;
+	b.fp8 = NULL;
 	return b;
 }
 
@@ -202,10 +203,10 @@ static loom_status fp8_net(const loom_backend *be, int r, loom_graph **gp, loom_
 	return st;
 }
 
-/* Delayed scaling's histories and scales are host state its kernels read
- * and write: a backend without host memory (a device's) runs the default
- * recipe as current scaling and refuses delayed by name; the CPU's default
- * is delayed. */
+/* Delayed scaling's histories and scales are state its kernels read and
+ * write: a backend without host memory (a device's) and without a device
+ * copy (loom_backend_fp8) runs the default recipe as current scaling and
+ * refuses delayed by name; the CPU's default is delayed. */
 Test(backend_core, fp8_delayed_scaling_needs_host_memory)
 {
 	loom_backend dev;
@@ -220,7 +221,8 @@ Test(backend_core, fp8_delayed_scaling_needs_host_memory)
 	loom_graph_free(g);
 
 	cr_assert_neq(fp8_net(&dev, LOOM_FP8_SCALING_DELAYED, &g, &p), LOOM_OK);
-	cr_assert(strstr(loom_last_error(), "delayed scaling runs on the CPU only") &&
+	cr_assert(strstr(loom_last_error(), "delayed scaling on the fake-async backend") &&
+			  strstr(loom_last_error(), "its own amax") &&
 			  strstr(loom_last_error(), "fake-async"),
 		  "%s", loom_last_error());
 	loom_program_free(p); /* a refused compile hands back its program */
@@ -231,4 +233,134 @@ Test(backend_core, fp8_delayed_scaling_needs_host_memory)
 	cr_assert(p->ts.fp8.delayed, "the CPU's default is delayed");
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/* ------------------------------------------------- fp8 state on a "device" */
+
+/* A fake device that keeps fp8's delayed state apart from ts.fp8 (as the
+ * CUDA backend does on the GPU): the CPU's kernels read and write dev_ts's
+ * fp8 (run_begin hands them that), and the loom_backend_fp8 group moves it
+ * to and from ts.fp8, counting each move. */
+static loom_train_state dev_ts;
+static int dev_uploads, dev_downloads, dev_step_ends;
+
+static void fp8_copy(loom_fp8_state *to, const loom_fp8_state *from)
+{
+	memcpy(to->t, from->t, sizeof(*to->t) * (size_t)from->n);
+	memcpy(to->history, from->history, sizeof(float) * (size_t)from->n * from->history_len);
+	to->filled = from->filled;
+	to->pos = from->pos;
+}
+
+static loom_status dev_upload(void *ctx, const loom_fp8_state *fs)
+{
+	(void)ctx;
+	if (dev_ts.fp8.n != fs->n)
+		cr_assert_eq(loom_fp8_state_init(&dev_ts.fp8, fs->n, fs->delayed, fs->history_len,
+						 fs->margin), 0);
+	fp8_copy(&dev_ts.fp8, fs);
+	dev_uploads++;
+	return LOOM_OK;
+}
+
+static loom_status dev_download(void *ctx, loom_fp8_state *fs)
+{
+	(void)ctx;
+	fp8_copy(fs, &dev_ts.fp8);
+	dev_downloads++;
+	return LOOM_OK;
+}
+
+static loom_status dev_step_end(void *ctx, const loom_plan *plan, int reduced)
+{
+	(void)ctx, (void)plan;
+	cr_assert_eq(reduced, 0, "one process: nothing reduced");
+	loom_fp8_step_end(&dev_ts.fp8);
+	dev_step_ends++;
+	return LOOM_OK;
+}
+
+static loom_status dev_run_begin(void *ctx, const loom_plan *plan, const loom_arena *arena,
+				 loom_train_state *ts, unsigned flags)
+{
+	dev_ts.scaler = ts->scaler;
+	return loom_cpu_backend.run_begin(ctx, plan, arena, &dev_ts, flags);
+}
+
+static const loom_backend_fp8 dev_fp8 = {
+	.fp8_upload = dev_upload,
+	.fp8_download = dev_download,
+	.fp8_step_end = dev_step_end,
+};
+
+static void fp8_steps(loom_program *p, int steps)
+{
+	const float x[24] = { 0.5f, -1, 2, 0.25f, 3, -0.5f, 1, 1.5f, -2, 0.75f, 1, -3,
+			      0.1f, 0.2f, -0.3f, 4, 1, 1, -1, 0.5f, 2.5f, -1.5f, 0.5f, 1 };
+	const int32_t y[6] = { 0, 1, 2, 1, 0, 2 };
+	for (int s = 0; s < steps; s++) {
+		cr_assert_eq(loom_set_input(p, "x", x, LOOM_F32, 24), LOOM_OK);
+		cr_assert_eq(loom_set_input(p, "y", y, LOOM_I32, 6), LOOM_OK);
+		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
+	}
+}
+
+/* Every tensor's scales on a and b alike (the host view: a device's copy
+ * brought back first). */
+static void fp8_same_scales(loom_program *a, loom_program *b)
+{
+	cr_assert_eq(loom_fp8_tensor_count(a), loom_fp8_tensor_count(b));
+	for (int i = 0; i < loom_fp8_tensor_count(b); i++) {
+		loom_fp8_tensor_info ta, tb;
+		cr_assert_eq(loom_fp8_tensor_get(a, i, &ta), LOOM_OK);
+		cr_assert_eq(loom_fp8_tensor_get(b, i, &tb), LOOM_OK);
+		cr_expect(ta.scale == tb.scale && ta.next_scale == tb.next_scale &&
+				  ta.amax == tb.amax && ta.saturated == tb.saturated,
+			  "%s: device scale %g next %g amax %g, cpu %g %g %g", tb.name, ta.scale,
+			  ta.next_scale, ta.amax, tb.scale, tb.next_scale, tb.amax);
+	}
+}
+
+/* Delayed scaling with its state on a device (loom_backend_fp8): accepted,
+ * the state uploaded once at compile, the step end queued to the device
+ * every step with no copy back, ts.fp8 brought back once when the host
+ * reads it (the report), after a load put back; the scales the CPU's. */
+Test(backend_core, fp8_delayed_state_on_the_device)
+{
+	loom_backend dev;
+	loom_graph *g, *h;
+	loom_program *p, *cpu;
+	char path[] = "/tmp/loom_fp8_dev_XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+
+	fake_async_backend(&dev);
+	dev.fp8 = &dev_fp8;
+	dev.run_begin = dev_run_begin;
+	dev_uploads = dev_downloads = dev_step_ends = 0;
+	cr_assert_eq(fp8_net(&dev, LOOM_FP8_SCALING_DELAYED, &g, &p), LOOM_OK, "%s",
+		     loom_last_error());
+	cr_assert_eq(fp8_net(NULL, LOOM_FP8_SCALING_DELAYED, &h, &cpu), LOOM_OK);
+	cr_assert(p->ts.fp8.delayed && dev_uploads == 1, "%d uploads", dev_uploads);
+	fp8_steps(p, 3);
+	fp8_steps(cpu, 3);
+	cr_expect_eq(dev_step_ends, 3);
+	cr_expect_eq(dev_downloads, 0, "a copy back per step");
+	cr_expect_eq(p->ts.fp8.filled, 0, "ts.fp8 moved without a read");
+	fp8_same_scales(p, cpu);
+	cr_expect_eq(dev_downloads, 1, "the host view: one copy back, %d", dev_downloads);
+	cr_expect_eq(p->ts.fp8.filled, 3);
+
+	cr_assert_eq(loom_save(p, path), LOOM_OK, "%s", loom_program_error(p));
+	fp8_steps(p, 2);
+	cr_assert_eq(loom_load(p, path), LOOM_OK, "%s", loom_program_error(p));
+	cr_expect_eq(dev_uploads, 2, "a load puts the state back on the device");
+	cr_expect_eq(dev_ts.fp8.filled, 3, "the device's copy is the checkpoint's");
+	loom_program_free(p);
+	loom_program_free(cpu);
+	loom_graph_free(g);
+	loom_graph_free(h);
+	loom_fp8_state_free(&dev_ts.fp8);
+	unlink(path);
 }

@@ -3496,7 +3496,10 @@ typedef struct fp8_case {
 	int64_t lead; /* > 0: x is [lead, m / lead, k], a GPT's [B, T, C] (reshapes in the backward) */
 } fp8_case;
 
-static loom_program *compile_fp8(loom_graph *g, loom_value loss, loom_device dev, int gemm)
+/* O1 bf16 with fp8 on dev; sgd_lr > 0: SGD at that rate, else gradients
+ * only; scaling: amp.fp8_scaling (history 4 under delayed). */
+static loom_program *compile_fp8_as(loom_graph *g, loom_value loss, loom_device dev, int gemm,
+				    double sgd_lr, int scaling)
 {
 	loom_compile_opts o;
 	loom_program *p = NULL;
@@ -3506,13 +3509,21 @@ static loom_program *compile_fp8(loom_graph *g, loom_value loss, loom_device dev
 	o.amp.level = LOOM_O1;
 	o.amp.half = LOOM_BF16;
 	o.amp.fp8 = 1;
-	o.optim.kind = LOOM_OPTIM_NONE;
+	o.amp.fp8_scaling = scaling;
+	o.amp.fp8_history = scaling == LOOM_FP8_SCALING_DELAYED ? 4 : 0;
+	o.optim.kind = sgd_lr > 0 ? LOOM_OPTIM_SGD : LOOM_OPTIM_NONE;
+	o.optim.lr = sgd_lr;
 	setenv("LOOM_CUDA_FP8_GEMM", gemm ? "1" : "0", 1);
 	loom_status st = loom_compile(g, loss, &o, &p);
 	unsetenv("LOOM_CUDA_FP8_GEMM");
 	cr_assert_eq(st, LOOM_OK, "fp8 compile on %s: %s", dev == LOOM_DEVICE_CUDA ? "cuda" : "cpu",
 		     loom_last_error());
 	return p;
+}
+
+static loom_program *compile_fp8(loom_graph *g, loom_value loss, loom_device dev, int gemm)
+{
+	return compile_fp8_as(g, loss, dev, gemm, 0, LOOM_FP8_SCALING_DEFAULT);
 }
 
 /* x's values: random in (-4, 4) with the special ones first. E4M3 at
@@ -3672,6 +3683,25 @@ static void fp8_cases(int gemm)
 		fp8_run_case(&cases[i]);
 }
 
+/* y = gelu(x w1^T) w2^T over [4, 16, 32] rows as a GPT's [B, T, C], so
+ * that the backward's products read the QDQ'd values through reshapes,
+ * and the loss sum(y r) through the head (the classifier: bf16); v gets
+ * x, w1, w2, r. */
+static loom_value fp8_block_net(loom_graph *g, loom_value v[4])
+{
+	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
+	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
+	v[0] = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
+	v[1] = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
+	v[2] = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
+	v[3] = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, v[0], v[1], LOOM_NONE)),
+				   v[2], LOOM_NONE);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), v[3]));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	return loss;
+}
+
 /* matmul_fp8.cu's rule on a plan (a weak reference: absent in a build
  * without the toolkit). */
 extern void loom_cuda_test_fp8_products(const void *plan, int *fp8, int *products)
@@ -3691,16 +3721,8 @@ Test(cuda_ops, fp8_gemm_takes_the_block_products)
 	loom_graph *g;
 	loom_program *p = NULL;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
-	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
-	loom_value x = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
-	loom_value w1 = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
-	loom_value w2 = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
-	loom_value r = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
-	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, x, w1, LOOM_NONE)), w2,
-				   LOOM_NONE);
-	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), r));
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
 	p = compile_fp8(g, loss, LOOM_DEVICE_CPU, 1);
 	int fp8 = -1, products = -1;
 	loom_cuda_test_fp8_products(&p->plan, &fp8, &products);
@@ -3714,6 +3736,69 @@ Test(cuda_ops, fp8_qdq_matches_cpu)
 {
 	NEED_GPU();
 	fp8_cases(0);
+}
+
+/* The delayed-scaling row's loss bound, relative: bf16 activations and
+ * the device's own summation order (its fp8 values are the CPU's). */
+#define FP8_DELAYED_LOSS_REL 2e-2
+
+/* Every scaled tensor's scales on both, through the host view
+ * (loom_fp8_tensor_get: a device's copy brought back). */
+static void fp8_same_scales(loom_program *cuda, loom_program *cpu, int step)
+{
+	int n = loom_fp8_tensor_count(cpu);
+	cr_assert_eq(loom_fp8_tensor_count(cuda), n, "step %d: scaled tensors", step);
+	for (int i = 0; i < n; i++) {
+		loom_fp8_tensor_info a, b;
+		cr_assert_eq(loom_fp8_tensor_get(cuda, i, &a), LOOM_OK, "%s",
+			     loom_program_error(cuda));
+		cr_assert_eq(loom_fp8_tensor_get(cpu, i, &b), LOOM_OK, "%s", loom_program_error(cpu));
+		cr_expect(a.scale == b.scale && a.next_scale == b.next_scale,
+			  "step %d, %s: cuda scale %g next %g, cpu scale %g next %g", step, b.name,
+			  a.scale, a.next_scale, b.scale, b.next_scale);
+	}
+}
+
+/*
+ * Delayed scaling with its state on the device (fp8.cu, loom_backend_fp8)
+ * against the CPU's: fp8_block_net, SGD,
+ * four steps at O1 bf16 + fp8 delayed (history 4; the first step casts by
+ * current scaling, the next ones from the device's history). After each
+ * step the losses agree within FP8_DELAYED_LOSS_REL and every tensor's
+ * scale and next scale equal the CPU's.
+ */
+Test(cuda_ops, fp8_delayed_trains_as_cpu)
+{
+	NEED_GPU();
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
+	loom_program *p[2] = {
+		compile_fp8_as(g, loss, LOOM_DEVICE_CPU, 0, 0.01, LOOM_FP8_SCALING_DELAYED),
+		compile_fp8_as(g, loss, LOOM_DEVICE_CUDA, 0, 0.01, LOOM_FP8_SCALING_DELAYED),
+	};
+	cr_assert(p[1]->ts.fp8.delayed && p[1]->ts.fp8.n > 0, "cuda: delayed scaling");
+	double buf[4 * 16 * 32];
+	const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
+	rng_state = 0x9e3779b97f4a7c15ull;
+	for (int k = 0; k < 4; k++) {
+		for (size_t i = 0; i < ns[k]; i++)
+			buf[i] = k == 3 ? urand() / 64 : urand();
+		fp8_write(p[0], v[k], buf, ns[k]), fp8_write(p[1], v[k], buf, ns[k]);
+	}
+	for (int step = 0; step < 4; step++) {
+		for (int d = 0; d < 2; d++)
+			cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%s step %d: %s",
+				     d ? "cuda" : "cpu", step, loom_program_error(p[d]));
+		double a = loom_loss(p[1]), b = loom_loss(p[0]);
+		cr_expect(fabs(a - b) <= FP8_DELAYED_LOSS_REL * fabs(b) + 1e-6,
+			  "step %d: cuda loss %.9g, cpu %.9g", step, a, b);
+		fp8_same_scales(p[1], p[0], step);
+	}
+	loom_program_free(p[1]);
+	loom_program_free(p[0]);
+	loom_graph_free(g);
 }
 
 /* cuBLASLt's FP8 product (LOOM_CUDA_FP8_GEMM=1) against the CPU's QDQ and
