@@ -213,6 +213,9 @@ struct loom_comm {
 /* The backend of the group for this memory (owned by the group; NULL and an
  * error when there is none, e.g. DEVICE without a GPU or without want_device). */
 loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem);
+/* The same, for a caller that only asks whether there is one (a plan
+ * choosing its path): NULL without recording an error in the group. */
+loom_comm *loom_pg_comm_if(loom_pg *pg, loom_comm_memory mem);
 
 /* Contract wrappers: check the arguments and the broken flag, then dispatch. */
 loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt);

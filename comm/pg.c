@@ -660,15 +660,18 @@ const char *loom_comm_bootstrap_name(loom_comm_bootstrap b)
 	return (unsigned)b < LOOM_COMM_BOOT_COUNT ? boot_names[b] : "?";
 }
 
-loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem)
+loom_comm *loom_pg_comm_if(loom_pg *pg, loom_comm_memory mem)
 {
 	if (!pg)
 		return NULL;
-	if (mem == LOOM_COMM_HOST)
-		return pg->host;
-	if (mem == LOOM_COMM_DEVICE && pg->device)
-		return pg->device;
-	loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
-		     "no device communicator: open the group with want_device on a GPU host");
-	return NULL;
+	return mem == LOOM_COMM_HOST ? pg->host : mem == LOOM_COMM_DEVICE ? pg->device : NULL;
+}
+
+loom_comm *loom_pg_comm(loom_pg *pg, loom_comm_memory mem)
+{
+	loom_comm *c = loom_pg_comm_if(pg, mem);
+	if (pg && !c && mem == LOOM_COMM_DEVICE)
+		loom_pg_fail(pg, LOOM_ERR_UNSUPPORTED,
+			     "no device communicator: open the group with want_device on a GPU host");
+	return c;
 }

@@ -477,7 +477,7 @@ const loom_pass loom_pass_backend_alloc = { .name = "backend arena", .run = back
  * (fp8's amaxes at a device's step end, engine/exec.c). */
 static int device_max_reduces(loom_program *p)
 {
-	loom_comm *dev = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE);
+	loom_comm *dev = loom_pg_comm_if(p->plan.opts.pg, LOOM_COMM_DEVICE);
 	return dev && dev->i->allreduce_max_ordered && dev->i->allreduce_ordered;
 }
 

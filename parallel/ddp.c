@@ -75,7 +75,7 @@ static loom_status pick_comm(loom_program *p, char *err, size_t errlen)
 		p->plan.comm = loom_pg_comm(pg, LOOM_COMM_HOST);
 		return LOOM_OK;
 	}
-	if (!stage && (p->plan.comm = loom_pg_comm(pg, LOOM_COMM_DEVICE)))
+	if (!stage && (p->plan.comm = loom_pg_comm_if(pg, LOOM_COMM_DEVICE)))
 		return LOOM_OK;
 	loom_comm *host = loom_pg_comm(pg, LOOM_COMM_HOST);
 	return host ? loom_ddp_staged_new(p, host, err, errlen) : LOOM_OK;

@@ -73,7 +73,7 @@ loom_status loom_pipe_pick_transport(loom_program *p, loom_pipe *pp, char *err, 
 	 * other once a message outgrows NCCL's buffers. GPipe issues them in
 	 * the same order on both sides of every cut; 1F1B goes through host
 	 * buffers over MPI, whose sends and receives progress on their own. */
-	loom_comm *dev = in->device >= 0 ? loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE) : NULL;
+	loom_comm *dev = in->device >= 0 ? loom_pg_comm_if(p->plan.opts.pg, LOOM_COMM_DEVICE) : NULL;
 	if (dev && dev->i->send_start && dev->i->recv_start && pp->schedule == LOOM_SCHEDULE_GPIPE) {
 		pp->xfer = LOOM_PIPE_XFER_DEVICE;
 		pp->comm = dev;
