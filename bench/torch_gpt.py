@@ -174,6 +174,10 @@ def main():
     p.add_argument("--nanogpt", action="store_true",
                    help="SDPA causal, fused AdamW (CUDA), bf16 autocast, padded table, tanh "
                    "GELU, TF32, 10 warm-up steps, MFU on the last line")
+    p.add_argument("--sdpa", action="store_true",
+                   help="attention by F.scaled_dot_product_attention(is_causal=True), what "
+                   "users run (default: written out, masked softmax, for the f64 golden "
+                   "comparisons; on with --nanogpt)")
     p.add_argument("--vocab-pad", type=int,
                    help="the table's rows (>= --vocab; with --nanogpt default --vocab "
                    "rounded up to 64: 50257 -> 50304)")
@@ -223,7 +227,7 @@ def main():
     windows = (len(train) - 1) // T
 
     m = GPT(a.vocab_pad, T, a.embd, a.layers, a.heads, "tanh" if a.gelu == "tanh" else "none",
-            sdpa=ng).to(dt)
+            sdpa=ng or a.sdpa).to(dt)
     m = m.to(a.device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with torch.no_grad():
