@@ -1098,6 +1098,17 @@ Test(cuda_ops, conv_algorithm_search)
 		     "second compile not from the cache:\n%s", again);
 	cr_expect_eq(lines_with(off, "cudnn algo", "(heuristic: kernel search off"), n,
 		     "search off not heuristic:\n%s", off);
+	/* The search takes any algorithm unless deterministic, so a
+	 * deterministic compile measures again among its own (another
+	 * cache key), then runs against the CPU. */
+	setenv("LOOM_DETERMINISTIC", "1", 1);
+	char *det = conv_dump(1);
+	cr_expect_eq(lines_with(det, "cudnn algo", "(measured"), n, "not all measured:\n%s", det);
+	cr_expect_eq(lines_with(det, "cudnn algo", "(measured earlier"), 0,
+		     "a deterministic compile took the search's cached choice:\n%s", det);
+	both_paths("searched deterministic conv2d+bias", b_conv_bias, LOOM_RUN_GRAD);
+	unsetenv("LOOM_DETERMINISTIC");
+	free(det);
 	free(first);
 	free(again);
 	free(off);
