@@ -99,6 +99,11 @@ loom_status loom_amp_check(const loom_amp_opts *o, char *err, size_t errlen)
 				      "keep_batchnorm_fp32 applies to O2 and O3 only (as apex)");
 		return LOOM_ERR_INVALID;
 	}
+	if (o->bn_half && o->level != LOOM_O1) {
+		snprintf(err, errlen, "amp: bn_half applies to O1 only (O2 and O3 choose batch "
+				      "norm's precision by keep_batchnorm_fp32)");
+		return LOOM_ERR_INVALID;
+	}
 	if (o->fp8 && o->half != LOOM_BF16) {
 		snprintf(err, errlen, "amp: fp8 runs everything but the products in bf16: "
 				      "half must be bf16, got %s", loom_dtype_name(o->half));
@@ -297,6 +302,10 @@ static loom_dtype op_dtype(pass *ps, const loom_node *n, const loom_value *srcs)
 			any_f32 = 1;
 	switch (ps->o->level) {
 	case LOOM_O1:
+		/* bn_half: batch norm in its input's dtype, as autocast; its
+		 * kept (fp32) parameters do not widen it. */
+		if (def->amp.bn_params && ps->o->bn_half)
+			return g->nodes[srcs[0]].dtype;
 		switch (def->amp.cls) {
 		case LOOM_AMP_ALLOW:
 			return ps->half;

@@ -167,6 +167,7 @@ size_t train_settings(const train_program *prog, const train_args *a, loom_comm_
 		setting(s, &n, "--loss-scale", "dynamic");
 	setting(s, &n, "--keep-batchnorm-fp32", "%s",
 		a->keep_bn_fp32 < 0 ? "default" : a->keep_bn_fp32 ? "True" : "False");
+	setting(s, &n, "--bn-half", "%s", a->bn_half ? "given" : "not given");
 	setting(s, &n, "--device", "%s",
 		a->device == LOOM_DEVICE_CPU ? "cpu" : a->device == LOOM_DEVICE_CUDA ? "cuda" : "auto");
 	setting(s, &n, "--seed", "%llu", (unsigned long long)a->seed);
@@ -595,6 +596,7 @@ static void compile_opts(const train_run *t, loom_compile_opts *o)
 	o->amp.fp8_history = a->fp8_history;
 	o->amp.static_scale = a->loss_scale;
 	o->amp.keep_batchnorm_fp32 = a->keep_bn_fp32;
+	o->amp.bn_half = a->bn_half;
 	o->pg = t->pg;
 	o->sync_bn = a->sync_bn;
 	o->zero_stage = a->zero;

@@ -160,6 +160,7 @@ static const flag_place train_places[] = {
 	{ FLAG_AMP_REPORT, P_ALL, AT(amp_report) },
 	{ FLAG_LOSS_SCALE, P_ALL, .set = set_loss_scale },
 	{ FLAG_KEEP_BATCHNORM_FP32, P_ALL, AT(keep_bn_fp32), VALUES(1, 0) },
+	{ FLAG_BN_HALF, P_ALL, AT(bn_half) },
 	{ FLAG_DEVICE, P_ALL | P_CLS, AT(device),
 	  VALUES(LOOM_DEVICE_AUTO, LOOM_DEVICE_CPU, LOOM_DEVICE_CUDA) },
 	{ FLAG_TF32, P_ALL, AT(no_tf32), VALUES(0, 1) },

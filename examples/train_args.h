@@ -49,6 +49,7 @@ typedef struct train_args {
 	int amp_report;        /* --amp-report: loom_amp_report at every log line */
 	double loss_scale; /* 0: the level's default (dynamic) */
 	int keep_bn_fp32;  /* -1: the level's default */
+	int bn_half;       /* --bn-half: O1's batch norm in the half type (amp.bn_half) */
 	int save_every;    /* steps between mid-epoch checkpoints, 0: epoch ends only */
 	int log_interval;
 	int64_t max_steps; /* 0: no limit (for smoke runs) */

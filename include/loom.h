@@ -289,6 +289,14 @@ typedef struct loom_amp_opts {
 	int growth_interval;      /* clean steps before doubling, default 2000 */
 	double static_scale;      /* > 0: fixed scale instead of dynamic */
 	int keep_batchnorm_fp32;  /* -1: the level's default, 0 or 1 override */
+	/* O1 only: batch norm runs in its input's dtype (half after a half
+	 * convolution) with its parameters and statistics fp32, as
+	 * torch.autocast runs batch_norm (on none of its lists) and cuDNN
+	 * takes it: no casts around it, and what reads it (relu, add) stays
+	 * half. 0 (the default): apex's O1, batch norm in fp32 with casts on
+	 * both sides. Refused at other levels (O2 and O3 have
+	 * keep_batchnorm_fp32). */
+	int bn_half;
 	/* FP8 training (the "hybrid" recipe), with half = LOOM_BF16, at O1 and
 	 * O2 (bf16 at O3): every product (linear, matmul, conv2d) takes E4M3
 	 * inputs and an E5M2 output gradient, per-tensor power-of-two scales

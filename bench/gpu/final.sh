@@ -56,6 +56,17 @@ r r50_O2_nhwc_pool_nchw env LOOM_CUDA_NHWC=half LOOM_CUDA_POOL_NHWC=0 $b/resnet5
 r r50_O2bf16 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
 r r50_O2bf16_bn_relu_bwd_off env LOOM_CUDA_BN_RELU_BWD=0 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
 r r50_O2_vec_off env LOOM_CUDA_VEC=0 $b/resnet50_synthetic $R --opt-level O2
+# bf16 batch norm on cuDNN (LOOM_CUDA_BN_BF16_CUDNN, default 0: the own
+# kernels) at O2 and at O1 with --bn-half (batch norm in bf16, as autocast),
+# 0 against 1 side by side; --bn-half itself against O1's default fp32
+# batch norm: r50_O1bf16_bn_half_* against r50_O1bf16, r50_O1_bn_half
+# against r50_O1 (fp16, batch norm on cuDNN either way).
+r r50_O2bf16_bn_cudnn0 env LOOM_CUDA_BN_BF16_CUDNN=0 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
+r r50_O2bf16_bn_cudnn1 env LOOM_CUDA_BN_BF16_CUDNN=1 $b/resnet50_synthetic $R --opt-level O2 --precision bf16
+r r50_O1bf16_bn_half_cudnn0 env LOOM_CUDA_BN_BF16_CUDNN=0 $b/resnet50_synthetic $R --opt-level O1 --precision bf16 --bn-half
+r r50_O1bf16_bn_half_cudnn1 env LOOM_CUDA_BN_BF16_CUDNN=1 $b/resnet50_synthetic $R --opt-level O1 --precision bf16 --bn-half
+r r50_O1 $b/resnet50_synthetic $R --opt-level O1
+r r50_O1_bn_half $b/resnet50_synthetic $R --opt-level O1 --bn-half
 r convnet $b/bench_convnet --device cuda --steps 50 --warmup 5
 r convnet_nograph $b/bench_convnet --device cuda --steps 50 --warmup 5 --no-cuda-graph
 r convnet_staged env LOOM_CUDA_UPLOAD=graph $b/bench_convnet --device cuda --steps 50 --warmup 5

@@ -26,19 +26,24 @@
  *
  * cuDNN takes x, y, dy and dx in one dtype (f32 or f16 here) with gamma,
  * beta and the statistics in f32: the O0, O1 and O2 (keep_batchnorm_fp32)
- * graphs. Anything else (O3's half statistics, bf16, f64) keeps the own
- * kernels of bn.cu, which follow the CPU formula for formula. So does every
- * node under the loom_cuda_test_own_kernels hook, which lets the tests check
- * both paths against the CPU. CPU twin: engine/cpu/bn_impl.h.
+ * graphs. bf16 data with f32 parameters (cuDNN's PSEUDO_BFLOAT16 config:
+ * O2 bf16, O1 bf16 under amp.bn_half) comes here too under
+ * LOOM_CUDA_BN_BF16_CUDNN=1 (formats.c's loom_cuda_bn_cudnn_takes; the same
+ * calls and descriptors, CUDNN_DATA_BFLOAT16; compiled, not yet run), else
+ * it stays on the own kernels. Anything else (O3's half statistics, f64)
+ * keeps the own kernels of bn.cu, which follow the CPU formula for formula.
+ * So does every node under the loom_cuda_test_own_kernels hook, which lets
+ * the tests check both paths against the CPU. CPU twin:
+ * engine/cpu/bn_impl.h.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/cuda/cuda_internal.h"
 
-/* Can cuDNN run node v? (x and the data tensors f32 or f16, the parameter
- * tensors f32: formats.c's loom_cuda_bn_cudnn_takes, which the format
- * pass asks too.) */
+/* Can cuDNN run node v? (x and the data tensors f32 or f16, bf16 under
+ * LOOM_CUDA_BN_BF16_CUDNN, the parameter tensors f32: formats.c's
+ * loom_cuda_bn_cudnn_takes, which the format pass asks too.) */
 static int cudnn_takes(const loom_plan *p, const loom_node *n)
 {
 	return loom_cuda_bn_cudnn_takes(p, n);

@@ -14,10 +14,11 @@
  * The algorithm: the heuristic's (cudnnGet*Algorithm_v7) first usable one,
  * then, unless the kernel search is off (loom_compile_opts.kernel_search,
  * LOOM_KERNEL_SEARCH=off), cuDNN's measurement (cudnnFind*AlgorithmEx) on
- * scratch buffers of the node's shape, under the same rules and among
- * deterministic algorithms only; the measured fastest replaces the
- * heuristic's only when 5% faster, and the choice is
- * cached per shape, dtype and math for the process. A search that cannot
+ * scratch buffers of the node's shape, under the same rules, among every
+ * algorithm unless deterministic (loom_compile_opts.deterministic,
+ * LOOM_DETERMINISTIC=1: the deterministic ones only); the measured fastest
+ * replaces the heuristic's only when 5% faster, and the choice is
+ * cached per shape, dtype, math and determinism for the process. A search that cannot
  * run (no scratch memory, Find failing, its budget spent) keeps the
  * heuristic's; it never fails the compile.
  */
@@ -29,6 +30,8 @@
 
 #include "base/options.h"
 #include "engine/cuda/cuda_internal.h"
+
+static int deterministic_on(const loom_plan *p);
 
 /* The math type a convolution in dt asks the heuristic with. */
 static cudnnMathType_t conv_math(const loom_plan *p, cudnnDataType_t dt)
@@ -117,9 +120,10 @@ static loom_status set_algo(loom_cuda_ctx *c, const loom_node *n, loom_cuda_conv
 #define CACHE_MAX 1024
 
 /* What a measurement depends on: the node's op, shape and dtype, the math
- * allowed (tf32) and the device. */
+ * allowed (tf32), the device and whether only deterministic algorithms
+ * were taken (det). */
 typedef struct conv_key {
-	int op, dt, tf32, device, fmt;
+	int op, dt, tf32, device, fmt, det;
 	int64_t n, c_in, h_in, w_in, c_out, kh, kw, pad, stride;
 } conv_key;
 
@@ -244,10 +248,6 @@ static int scratch_ready(loom_cuda_ctx *c)
 	return 1;
 }
 
-/* From Find's results (fastest first): the fastest deterministic one
- * usable under the rules of first_usable (so that the search never makes
- * a run that repeated bit for bit on the heuristic's choice stop doing
- * so), and the best time of the heuristic's algorithm. */
 /* perf's deterministic answers, in their order, into det (at most 16). */
 template <typename Perf>
 static int deterministic_only(const Perf *perf, int count, Perf *det)
@@ -259,13 +259,19 @@ static int deterministic_only(const Perf *perf, int count, Perf *det)
 	return nd;
 }
 
+/* From Find's results (fastest first): the fastest usable under the rules
+ * of first_usable, among every algorithm (as PyTorch's cudnn.benchmark
+ * searches) or, under deterministic, the deterministic ones only (so that
+ * the search never makes a repeatable run unrepeatable); and the best time
+ * of the heuristic's algorithm. */
 template <typename Perf>
-static int best_measured(const Perf *perf, int count, int f32, int tf32, int heur_algo,
-			 cudnnMathType_t *math, float *ms, float *heur_ms)
+static int best_measured(const Perf *perf, int count, int f32, int tf32, int deterministic,
+			 int heur_algo, cudnnMathType_t *math, float *ms, float *heur_ms)
 {
 	Perf det[16];
-	int nd = deterministic_only(perf, count, det);
-	int algo = first_usable(det, nd, f32, tf32, math);
+	int algo = deterministic ? first_usable(det, deterministic_only(perf, count, det), f32, tf32,
+						math) :
+				   first_usable(perf, count, f32, tf32, math);
 	*heur_ms = 0;
 	*ms = 0;
 	for (int i = 0; i < count; i++) {
@@ -295,6 +301,7 @@ static void conv_key_of(const loom_plan *p, const loom_cuda_ctx *c, const loom_n
 	k->tf32 = tf32;
 	k->device = c->device;
 	k->fmt = cp->fmt;
+	k->det = deterministic_on(p);
 	k->n = cs.n;
 	k->c_in = cs.c_in;
 	k->h_in = cs.h_in;
@@ -310,7 +317,7 @@ static void conv_key_of(const loom_plan *p, const loom_cuda_ctx *c, const loom_n
  * measured algorithm (its math in *bm, its time in *ms, the heuristic
  * algo's in *hms), or -1 when Find failed. */
 static int find_best(loom_cuda_ctx *c, const loom_node *n, const loom_cuda_conv_plan *cp, int f32,
-		     int tf32, int algo, cudnnMathType_t *bm, float *ms, float *hms)
+		     int tf32, int det, int algo, cudnnMathType_t *bm, float *ms, float *hms)
 {
 	loom_cuda_conv_search *s = &c->search;
 	void *x = s->base, *w = s->base + s->x_bytes, *y = s->base + s->x_bytes + s->w_bytes;
@@ -325,7 +332,7 @@ static int find_best(loom_cuda_ctx *c, const loom_node *n, const loom_cuda_conv_
 							    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf,
 							    ws, s->ws_bytes);
 		if (ds == CUDNN_STATUS_SUCCESS)
-			best = best_measured(perf, count, f32, tf32, algo, bm, ms, hms);
+			best = best_measured(perf, count, f32, tf32, det, algo, bm, ms, hms);
 		break;
 	}
 	case LOOM_OP_CONV2D_BWD_DATA: {
@@ -334,7 +341,7 @@ static int find_best(loom_cuda_ctx *c, const loom_node *n, const loom_cuda_conv_
 			c->dnn, cp->w, w, cp->y, y, cp->conv, cp->x, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
 			&count, perf, ws, s->ws_bytes);
 		if (ds == CUDNN_STATUS_SUCCESS)
-			best = best_measured(perf, count, f32, tf32, algo, bm, ms, hms);
+			best = best_measured(perf, count, f32, tf32, det, algo, bm, ms, hms);
 		break;
 	}
 	default: {
@@ -343,7 +350,7 @@ static int find_best(loom_cuda_ctx *c, const loom_node *n, const loom_cuda_conv_
 			c->dnn, cp->x, x, cp->y, y, cp->conv, cp->w, w,
 			CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, s->ws_bytes);
 		if (ds == CUDNN_STATUS_SUCCESS)
-			best = best_measured(perf, count, f32, tf32, algo, bm, ms, hms);
+			best = best_measured(perf, count, f32, tf32, det, algo, bm, ms, hms);
 		break;
 	}
 	}
@@ -379,7 +386,7 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 	}
 	cudnnMathType_t bm = *math;
 	float ms = 0, hms = 0;
-	int best = find_best(c, n, cp, f32, tf32, *algo, &bm, &ms, &hms);
+	int best = find_best(c, n, cp, f32, tf32, k.det, *algo, &bm, &ms, &hms);
 	if (best < 0) {
 		cp->how = LOOM_CUDA_CONV_HOW_FIND_FAILED;
 		return;
@@ -406,9 +413,9 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 }
 
 /* loom_compile_opts.deterministic, or LOOM_DETERMINISTIC=1: the
- * heuristic's answers narrowed to cuDNN's deterministic algorithms (the
- * search keeps to them always), so that two programs of one plan repeat
- * each other bit for bit. */
+ * heuristic's and the search's answers narrowed to cuDNN's deterministic
+ * algorithms, so that two programs of one plan repeat each other bit for
+ * bit. */
 static int deterministic_on(const loom_plan *p)
 {
 	const char *e = loom_opt_env(LOOM_OPT_DETERMINISTIC);

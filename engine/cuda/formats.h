@@ -23,9 +23,14 @@ typedef enum loom_cuda_nhwc_mode {
 /* The mode the environment asks for (read at each compile). */
 loom_cuda_nhwc_mode loom_cuda_nhwc_mode_get(void);
 
+/* LOOM_CUDA_BN_BF16_CUDNN (off unless "1"; read at each call): bf16 batch
+ * norm with f32 parameters goes to cuDNN too. */
+int loom_cuda_bn_bf16_cudnn_on(void);
+
 /* Whether cuDNN's batch-norm calls run batch-norm node n (BATCHNORM2D or
- * BN_BWD_DATA) as its dtypes are: x and the data tensors f32 or f16, the
- * parameters f32 (bn_cudnn.cu's rule; the own kernels, NCHW, run the rest). */
+ * BN_BWD_DATA) as its dtypes are: x and the data tensors f32 or f16 (bf16
+ * under LOOM_CUDA_BN_BF16_CUDNN), the parameters f32 (bn_cudnn.cu's rule;
+ * the own kernels, NCHW, run the rest). */
 int loom_cuda_bn_cudnn_takes(const loom_plan *p, const loom_node *n);
 
 /*

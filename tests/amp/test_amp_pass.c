@@ -295,6 +295,71 @@ Test(amp_pass, o1_bf16_allow_and_deny_lists)
 	check_o1(LOOM_BF16);
 }
 
+/* O1 with bn_half, as torch.autocast runs batch norm: each batch norm
+ * takes its half convolution as it is (no cast) and runs in half, its
+ * parameters and statistics f32 leaves (no cast, no master), and the relu
+ * and max pool after it follow it in half; conv2 then reads the half pool
+ * uncast, and fc the flattened half pool. Casts: x, 3 weights, 3 biases
+ * to half, the logits to f32: 8, against check_o1's 12. The backward nodes (autodiff, after the
+ * pass) take the same dtypes: dx half, dgamma and dbeta f32. */
+static void check_o1_bn_half(loom_dtype half)
+{
+	loom_compile_opts o = amp_opts(LOOM_O1, half);
+	o.amp.bn_half = 1;
+	loom_program *p = compile_convnet(&o);
+	check_casts_well_placed(p);
+	cr_assert_eq(n_masters(p), 0, "O1 made master weights");
+	loom_value convs[2] = { 0 }, bns[2] = { 0 }, relus[2] = { 0 }, pools[2] = { 0 };
+	cr_assert_eq(ops_of(p, LOOM_OP_CONV2D, convs, 2), 2);
+	cr_assert_eq(ops_of(p, LOOM_OP_BATCHNORM2D, bns, 2), 2);
+	cr_assert_eq(ops_of(p, LOOM_OP_RELU, relus, 2), 2);
+	cr_assert_eq(ops_of(p, LOOM_OP_MAXPOOL2D, pools, 2), 2);
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(node(p, bns[k])->dtype, half, "%s runs in %s", node(p, bns[k])->name,
+			     loom_dtype_name(node(p, bns[k])->dtype));
+		cr_assert_eq(node(p, bns[k])->src[0], convs[k], "%s reads a cast",
+			     node(p, bns[k])->name);
+		for (int i = 1; i < 5; i++) {
+			const loom_node *s = node(p, node(p, bns[k])->src[i]);
+			cr_assert_eq(s->op, i < 3 ? LOOM_OP_PARAM : LOOM_OP_BUFFER);
+			cr_assert_eq(s->dtype, LOOM_F32, "%s is %s", s->name, loom_dtype_name(s->dtype));
+			cr_assert_eq(s->master, LOOM_NONE);
+		}
+		cr_assert_eq(node(p, relus[k])->dtype, half);
+		cr_assert_eq(node(p, relus[k])->src[0], bns[k]);
+		cr_assert_eq(node(p, pools[k])->dtype, half);
+	}
+	cr_assert_eq(node(p, convs[1])->src[0], pools[0], "conv2 reads its half input through a cast");
+	cr_assert_eq(count_casts(p, 0), 8, "%d casts", count_casts(p, 0));
+	int dx = 0, dg = 0;
+	for (int v = p->plan.n_fwd; v < p->plan.g->n; v++) {
+		const loom_node *n = node(p, v);
+		if (n->op == LOOM_OP_BN_BWD_DATA) {
+			cr_assert_eq(n->dtype, half);
+			cr_assert_eq(node(p, n->src[1])->dtype, LOOM_F32);
+			dx++;
+		} else if (n->op == LOOM_OP_BN_BWD_GAMMA) {
+			cr_assert_eq(n->dtype, LOOM_F32);
+			dg++;
+		}
+	}
+	cr_assert_eq(dx, 2);
+	cr_assert_eq(dg, 2);
+	check_loss_f32(p);
+	one_step(p);
+	loom_program_free(p);
+}
+
+Test(amp_pass, o1_fp16_bn_half_as_autocast)
+{
+	check_o1_bn_half(LOOM_F16);
+}
+
+Test(amp_pass, o1_bf16_bn_half_as_autocast)
+{
+	check_o1_bn_half(LOOM_BF16);
+}
+
 /* Ops outside both lists follow their widest input: a relu on a half
  * linear runs in half; an add of a half and an f32 value runs in f32; a sum
  * (deny list) runs in f32. */
@@ -588,6 +653,13 @@ Test(amp_pass, invalid_combinations_refused)
 	o = amp_opts(LOOM_O0, LOOM_F16);
 	o.amp.static_scale = 128;
 	refused(&o, LOOM_ERR_INVALID, "O0", "O0 + static scale");
+	for (int l = LOOM_O0; l <= LOOM_O3; l++) {
+		if (l == LOOM_O1)
+			continue;
+		o = amp_opts((loom_opt_level)l, LOOM_F16);
+		o.amp.bn_half = 1;
+		refused(&o, LOOM_ERR_INVALID, "bn_half applies to O1 only", "bn_half off O1");
+	}
 	o = amp_opts(LOOM_O0, LOOM_F16);
 	o.amp.keep_batchnorm_fp32 = 0;
 	refused(&o, LOOM_ERR_INVALID, "O0", "O0 + keep_batchnorm_fp32=0");
@@ -627,6 +699,9 @@ Test(amp_pass, valid_overrides_accepted)
 	cr_assert_eq(loom_amp_check(&o.amp, err, sizeof(err)), LOOM_OK, "%s", err);
 	o = amp_opts(LOOM_O3, LOOM_F16);
 	o.amp.static_scale = 8;
+	cr_assert_eq(loom_amp_check(&o.amp, err, sizeof(err)), LOOM_OK, "%s", err);
+	o = amp_opts(LOOM_O1, LOOM_BF16);
+	o.amp.bn_half = 1;
 	cr_assert_eq(loom_amp_check(&o.amp, err, sizeof(err)), LOOM_OK, "%s", err);
 }
 

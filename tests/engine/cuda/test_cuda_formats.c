@@ -45,6 +45,9 @@ typedef struct fmt_count {
 	int reorders, to_nhwc, to_nchw;
 } fmt_count;
 
+/* amp.bn_half for the next compiles (O1's batch norm in the half type). */
+static int bn_half;
+
 static loom_program *compile_nchw(loom_graph *g, loom_value loss, loom_opt_level level,
 				  loom_dtype half)
 {
@@ -55,6 +58,7 @@ static loom_program *compile_nchw(loom_graph *g, loom_value loss, loom_opt_level
 	o.formats = LOOM_FORMATS_NCHW;
 	o.amp.level = level;
 	o.amp.half = half;
+	o.amp.bn_half = bn_half;
 	o.optim.kind = LOOM_OPTIM_SGD;
 	o.optim.lr = 0.01;
 	setenv("LOOM_FORMATS", "nchw", 1);
@@ -241,6 +245,67 @@ Test(cuda_formats, own_batchnorm_stays_nchw)
 	cr_expect_gt(fc.reorders, 6);
 	loom_program_free(p);
 	loom_graph_free(g);
+}
+
+/*
+ * bf16 batch norm with fp32 parameters (O2 bf16; O1 bf16 under
+ * amp.bn_half) goes to cuDNN under LOOM_CUDA_BN_BF16_CUDNN=1, so the
+ * format pass puts it in NHWC with its neighbours: no reorder in the
+ * ResNet. At 0 (the default) the own kernels keep it NCHW, reordered at
+ * its edges. All-bf16 parameters (O3) never go to cuDNN.
+ */
+static void bf16_bn_case(loom_opt_level level, int on, const char *what)
+{
+	loom_graph *g;
+	setenv("LOOM_CUDA_BN_BF16_CUDNN", on ? "1" : "0", 1);
+	loom_program *p = resnet(&g, 18, level, LOOM_BF16);
+	int takes = 0, bns = 0;
+	for (loom_value v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		if (n->op != LOOM_OP_BATCHNORM2D && n->op != LOOM_OP_BN_BWD_DATA)
+			continue;
+		bns++;
+		takes += loom_cuda_bn_cudnn_takes(&p->plan, n);
+		cr_expect_eq(p->plan.g->nodes[n->src[0]].dtype, LOOM_BF16, "%s: %s's input", what,
+			     n->name);
+	}
+	cr_expect(bns > 0 && takes == (on ? bns : 0), "%s: cuDNN takes %d of %d batch-norm nodes",
+		  what, takes, bns);
+	fmt_count fc = cuda_formats(p, LOOM_CUDA_NHWC_HALF, 0);
+	if (on) {
+		all_nhwc(&fc, what);
+		cr_expect_eq(fc.reorders, 0, "%s: %d reorders", what, fc.reorders);
+	} else {
+		cr_expect_eq(fc.nhwc[LOOM_OP_BATCHNORM2D], 0, "%s", what);
+		cr_expect_gt(fc.reorders, 6, "%s", what);
+	}
+	loom_program_free(p);
+	loom_graph_free(g);
+	unsetenv("LOOM_CUDA_BN_BF16_CUDNN");
+}
+
+Test(cuda_formats, bf16_batchnorm_on_cudnn_under_its_switch)
+{
+	cr_expect_eq(loom_cuda_bn_bf16_cudnn_on(), 0, "LOOM_CUDA_BN_BF16_CUDNN is on by default");
+	for (int on = 0; on <= 1; on++) {
+		bf16_bn_case(LOOM_O2, on, on ? "ResNet-18 O2 bf16, bn on cudnn" : "ResNet-18 O2 bf16");
+		bn_half = 1;
+		bf16_bn_case(LOOM_O1, on,
+			     on ? "ResNet-18 O1 bf16 bn_half, bn on cudnn" : "ResNet-18 O1 bf16 bn_half");
+		bn_half = 0;
+	}
+	setenv("LOOM_CUDA_BN_BF16_CUDNN", "1", 1);
+	loom_graph *g;
+	loom_program *p = resnet(&g, 18, LOOM_O3, LOOM_BF16);
+	for (loom_value v = 0; v < p->plan.g->n; v++) {
+		const loom_node *n = &p->plan.g->nodes[v];
+		if (n->op == LOOM_OP_BATCHNORM2D || n->op == LOOM_OP_BN_BWD_DATA)
+			cr_expect(!loom_cuda_bn_cudnn_takes(&p->plan, n), "O3 bf16: %s on cuDNN",
+				  n->name);
+	}
+	loom_program_free(p);
+	loom_graph_free(g);
+	unsetenv("LOOM_CUDA_BN_BF16_CUDNN");
 }
 
 /* A convolution with a bias (whose kernel adds it in NCHW) and a

@@ -109,7 +109,8 @@ typedef struct tcase {
 	int bad_label;
 	int fused_pools; /* max-pools the plan must carry a fused relu in */
 	int fused_relus; /* batch norms and adds that must carry a fused relu */
-	loom_opt_level level; /* AMP level both programs compile with (fp16) */
+	loom_opt_level level; /* AMP level both programs compile with (amp_half) */
+	int bn_half;          /* amp.bn_half at O1 */
 	int want_bn_cudnn;    /* batch-norm nodes cuDNN must run, -1: any */
 	int want_attn_fused;  /* attentions the CUDA plan must fuse (cuDNN SDPA), -1: any */
 	int want_nhwc;        /* under cuda_nhwc: values the CUDA plan must hold in NHWC, at least */
@@ -276,6 +277,12 @@ static int sync_bn;
  * NCHW). */
 static const char *cuda_nhwc;
 
+/* The half type an AMP level compiles with (fp16 unless a case asks for
+ * bf16, which takes no loss scale), and amp.bn_half (O1's batch norm in
+ * it): both programs alike. */
+static loom_dtype amp_half = LOOM_F16;
+static int amp_bn_half;
+
 static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 			       loom_opt_level level)
 {
@@ -287,9 +294,11 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 	o.device = dev;
 	o.sync_bn = sync_bn;
 	o.amp.level = level;
+	o.amp.half = amp_half;
+	o.amp.bn_half = level == LOOM_O1 && amp_bn_half;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
-	if (level != LOOM_O0)
+	if (level != LOOM_O0 && amp_half == LOOM_F16)
 		o.amp.static_scale = 1.0;
 	o.optim.kind = LOOM_OPTIM_NONE;
 	if (plugin())
@@ -352,12 +361,14 @@ static void run_case(const char *op, build_fn build, loom_dtype dt, loom_run_mod
 	loom_value loss = head(g, &t, y);
 	loom_mark_output(g, y);
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s: %s", op, loom_graph_error(g));
-	/* Under an AMP level the graph is fp32 and runs in fp16. */
+	/* Under an AMP level the graph is fp32 and runs in the half type. */
 	if (t.level != LOOM_O0)
-		dt = LOOM_F16;
+		dt = amp_half;
 
+	amp_bn_half = t.bn_half;
 	loom_program *cpu = compile_at(g, loss, LOOM_DEVICE_CPU, t.level);
 	loom_program *cuda = compile_at(g, loss, LOOM_DEVICE_CUDA, t.level);
+	amp_bn_half = 0;
 	loom_program_info info;
 	loom_program_info_get(cuda, &info);
 	cr_assert(strncmp(info.backend, "cuda", 4) == 0, "%s", info.backend);
@@ -926,6 +937,62 @@ Test(cuda_ops, batchnorm_o2_half_x_fp32_stats)
 	use_own_kernels(0);
 }
 
+/*
+ * bf16 batch norm with fp32 parameters (O2 bf16, and O1 bf16 under
+ * amp.bn_half) through cuDNN (its PSEUDO_BFLOAT16 config) under
+ * LOOM_CUDA_BN_BF16_CUDNN=1, on the own kernels at 0 (the default):
+ * forward, backward and eval, NCHW, then the residual block in NHWC
+ * (persistent mode, the Ex calls), against the CPU. All-bf16 parameters
+ * never go to cuDNN. Compiled, not yet run.
+ */
+static int bn_bf16_cudnn;
+
+static loom_value b_bn_o2_bf16(loom_graph *g, tcase *t)
+{
+	loom_value y = b_bn_o2(g, t);
+	t->want_bn_cudnn = bn_bf16_cudnn ? 2 : 0;
+	return y;
+}
+
+static loom_value b_bn_relu_o2_bf16(loom_graph *g, tcase *t)
+{
+	t->fused_relus = 1;
+	return loom_relu(g, b_bn_o2_bf16(g, t));
+}
+
+static loom_value b_nhwc_block_o2(loom_graph *g, tcase *t);
+static loom_value b_nhwc_block_o1_bn_half(loom_graph *g, tcase *t);
+
+Test(cuda_ops, batchnorm_bf16_cudnn)
+{
+	NEED_GPU();
+	amp_half = LOOM_BF16;
+	for (int on = 0; on <= 1; on++) {
+		bn_bf16_cudnn = on;
+		setenv("LOOM_CUDA_BN_BF16_CUDNN", on ? "1" : "0", 1);
+		for (uint64_t seed = 1; seed <= 2; seed++) {
+			run_case("batchnorm2d O2 bf16", b_bn_o2_bf16, LOOM_F32, LOOM_RUN_GRAD, seed);
+			run_case("batchnorm2d O2 bf16 eval", b_bn_o2_bf16, LOOM_F32, LOOM_RUN_EVAL,
+				 seed);
+			run_case("batchnorm2d+relu O2 bf16", b_bn_relu_o2_bf16, LOOM_F32, LOOM_RUN_GRAD,
+				 seed);
+		}
+		run_case("batchnorm2d bf16, bf16 parameters", b_bn, LOOM_BF16, LOOM_RUN_GRAD, 3);
+	}
+	cuda_nhwc = "half";
+	for (uint64_t seed = 1; seed <= 2; seed++) {
+		run_case("nhwc block O2 bf16, bn on cudnn", b_nhwc_block_o2, LOOM_F32, LOOM_RUN_GRAD,
+			 seed);
+		run_case("nhwc block O1 bf16 bn_half, bn on cudnn", b_nhwc_block_o1_bn_half, LOOM_F32,
+			 LOOM_RUN_GRAD, seed);
+	}
+	run_case("nhwc block O2 bf16 eval, bn on cudnn", b_nhwc_block_o2, LOOM_F32, LOOM_RUN_EVAL, 3);
+	cuda_nhwc = NULL;
+	bn_bf16_cudnn = 0;
+	unsetenv("LOOM_CUDA_BN_BF16_CUDNN");
+	amp_half = LOOM_F16;
+}
+
 /* Synchronised batch norm (sync_bn) at world 1: the split kernels of
  * engine/cuda/bn.cu (per-channel f64 sums into the workspace, then the
  * apply kernels) against the CPU's split path, in every dtype and under O2,
@@ -1031,6 +1098,17 @@ Test(cuda_ops, conv_algorithm_search)
 		     "second compile not from the cache:\n%s", again);
 	cr_expect_eq(lines_with(off, "cudnn algo", "(heuristic: kernel search off"), n,
 		     "search off not heuristic:\n%s", off);
+	/* The search takes any algorithm unless deterministic, so a
+	 * deterministic compile measures again among its own (another
+	 * cache key), then runs against the CPU. */
+	setenv("LOOM_DETERMINISTIC", "1", 1);
+	char *det = conv_dump(1);
+	cr_expect_eq(lines_with(det, "cudnn algo", "(measured"), n, "not all measured:\n%s", det);
+	cr_expect_eq(lines_with(det, "cudnn algo", "(measured earlier"), 0,
+		     "a deterministic compile took the search's cached choice:\n%s", det);
+	both_paths("searched deterministic conv2d+bias", b_conv_bias, LOOM_RUN_GRAD);
+	unsetenv("LOOM_DETERMINISTIC");
+	free(det);
 	free(first);
 	free(again);
 	free(off);
@@ -2674,6 +2752,15 @@ static loom_value b_nhwc_block_o1(loom_graph *g, tcase *t)
 	return nhwc_block(g, t, LOOM_O1);
 }
 
+/* O1 under amp.bn_half: the batch norms take the convolutions' half
+ * output, their parameters fp32; cuDNN runs them (bf16: under
+ * LOOM_CUDA_BN_BF16_CUDNN, which the caller sets). */
+static loom_value b_nhwc_block_o1_bn_half(loom_graph *g, tcase *t)
+{
+	t->bn_half = 1;
+	return nhwc_block(g, t, LOOM_O1);
+}
+
 /* --dump-graph of build's CUDA program compiled in NHWC (cuda_nhwc). */
 static char *nhwc_dump(build_fn build)
 {
@@ -2934,9 +3021,11 @@ static void resnet_steps(loom_opt_level level, double tol)
 	loom_compile_opts_default(&o);
 	o.no_tf32 = 1; /* exact fp32: compared with the CPU */
 	o.amp.level = level;
+	o.amp.half = amp_half;
+	o.amp.bn_half = level == LOOM_O1 && amp_bn_half;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
-	if (level != LOOM_O0)
+	if (level != LOOM_O0 && amp_half == LOOM_F16)
 		o.amp.static_scale = 1.0;
 	o.optim.kind = LOOM_OPTIM_SGD;
 	o.optim.lr = 0.01;
@@ -3025,6 +3114,31 @@ Test(cuda_resnet, o1_fp16_nhwc)
 	cuda_nhwc = "half";
 	resnet_steps(LOOM_O1, 2e-2);
 	cuda_nhwc = NULL;
+}
+
+/* O1 under amp.bn_half (batch norm in the half type, as autocast runs it):
+ * fp16 NCHW and NHWC; bf16 with its batch norms on the own kernels and on
+ * cuDNN (LOOM_CUDA_BN_BF16_CUDNN), then NHWC on cuDNN; bf16's bound wider
+ * (8 bits against fp16's 11). Compiled, not yet run. */
+Test(cuda_resnet, o1_bn_half)
+{
+	NEED_GPU();
+	amp_bn_half = 1;
+	resnet_steps(LOOM_O1, 2e-2);
+	cuda_nhwc = "half";
+	resnet_steps(LOOM_O1, 2e-2);
+	cuda_nhwc = NULL;
+	amp_half = LOOM_BF16;
+	for (int on = 0; on <= 1; on++) {
+		setenv("LOOM_CUDA_BN_BF16_CUDNN", on ? "1" : "0", 1);
+		resnet_steps(LOOM_O1, 5e-2);
+	}
+	cuda_nhwc = "half";
+	resnet_steps(LOOM_O1, 5e-2);
+	cuda_nhwc = NULL;
+	unsetenv("LOOM_CUDA_BN_BF16_CUDNN");
+	amp_half = LOOM_F16;
+	amp_bn_half = 0;
 }
 
 /* ------------------------------------------------------------ the case table */
