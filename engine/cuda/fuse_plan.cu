@@ -472,12 +472,10 @@ static void plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p, const int *step
 	c->err[0] = 0;
 }
 
-loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p)
+/* The passes that follow the steps' order, each behind its switch, with
+ * the tables they share; a pipeline stage's plan keeps to the plain paths. */
+static loom_status plan_step_ordered(loom_cuda_ctx *c, const loom_plan *p)
 {
-	plan_classifier(c, p);
-	plan_saved(c, p);
-	/* The passes that follow the steps' order, each behind its switch;
-	 * a pipeline stage's plan keeps to the plain paths. */
 	if (p->pipe || !(c->conv_krsc || c->bn_relu_bwd || c->bn_add || c->bn_bwd_ex))
 		return LOOM_OK;
 	/* Each value's first step, and two scratch tables of a value each
@@ -504,4 +502,11 @@ out_free:
 	free(bytes);
 	free(values);
 	return st;
+}
+
+loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p)
+{
+	plan_classifier(c, p);
+	plan_saved(c, p);
+	return plan_step_ordered(c, p);
 }
