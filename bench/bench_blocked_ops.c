@@ -563,22 +563,14 @@ int main(int argc, char **argv)
 {
 	int reps = 7, batch = 16, threads[2] = { 1, 2 }, nthreads = 2;
 	const char *set = "all";
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-			reps = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-			batch = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-			threads[0] = atoi(argv[++i]);
-			nthreads = 1;
-		} else if (!strcmp(argv[i], "--set") && i + 1 < argc)
-			set = argv[++i];
-		else {
-			fprintf(stderr, "usage: bench_blocked_ops [--reps N] [--threads T] "
-					"[--batch B] [--set resnet50|resnet18|pool|all]\n");
-			return 2;
-		}
-	}
+	int one = -1; /* --threads T: T alone, else 1 and 2 */
+	if (bench_args(argc, argv,
+		       "usage: bench_blocked_ops [--reps N] [--threads T] [--batch B] "
+		       "[--set resnet50|resnet18|pool|all]",
+		       "--reps=%d --batch=%d --threads=%d --set=%s", &reps, &batch, &one, &set))
+		return 2;
+	if (one != -1)
+		threads[0] = one, nthreads = 1;
 	if (reps < 1 || batch < 1) {
 		fprintf(stderr, "bench_blocked_ops: --reps and --batch must be >= 1\n");
 		return 2;

@@ -153,21 +153,14 @@ int main(int argc, char **argv)
 {
 	int reps = 20, batch = 0;
 	const char *set = "convnet";
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-			reps = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--set") && i + 1 < argc)
-			set = argv[++i];
-		else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-			batch = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-			loom_cpu_set_threads(atoi(argv[++i]));
-		else {
-			fprintf(stderr, "usage: bench_conv [--reps N] [--set convnet|resnet18|"
-					"resnet50|resnet50-1x1] [--batch B] [--threads N]\n");
-			return 2;
-		}
-	}
+	int threads = -1;
+	if (bench_args(argc, argv,
+		       "usage: bench_conv [--reps N] [--set convnet|resnet18|resnet50|resnet50-1x1] "
+		       "[--batch B] [--threads N]",
+		       "--reps=%d --set=%s --batch=%d --threads=%d", &reps, &set, &batch, &threads))
+		return 2;
+	if (threads != -1)
+		loom_cpu_set_threads(threads);
 	char buf[128];
 	printf("%s; %d timed runs each, interleaved; ms, median / fastest\n\n", loom_cpu_describe(buf, sizeof(buf)),
 	       reps);

@@ -169,52 +169,39 @@ static int bench(loom_opt_level level, loom_dtype half, loom_device dev, int b, 
 
 int main(int argc, char **argv)
 {
-	int steps = 200, warmup = 20, b = 100;
-	const char *levels = "0123";
-	loom_device dev = LOOM_DEVICE_AUTO;
-	loom_dtype half = LOOM_F16;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-			steps = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
-			warmup = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--batch-size") && i + 1 < argc)
-			b = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--levels") && i + 1 < argc)
-			levels = argv[++i];
-		else if (!strcmp(argv[i], "--no-fusion"))
-			no_fusion = 1;
-		else if (!strcmp(argv[i], "--no-cuda-graph"))
-			no_cuda_graph = 1;
-		else if (!strcmp(argv[i], "--loader") && i + 1 < argc && !strcmp(argv[i + 1], "own"))
-			feed = FEED_OWN, i++;
-		else if (!strcmp(argv[i], "--loader") && i + 1 < argc && !strcmp(argv[i + 1], "into"))
-			feed = FEED_INTO, i++;
-		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-			loom_cpu_set_threads(atoi(argv[++i]));
-		else if (!strcmp(argv[i], "--peak-flops") && i + 1 < argc) {
-			char *end;
-			peak_flops = strtod(argv[++i], &end);
-			if (*end || !(peak_flops >= 0) || !isfinite(peak_flops)) {
-				fprintf(stderr, "bench_convnet: --peak-flops expects a number >= 0, "
-						"got '%s'\n", argv[i]);
-				return 2;
-			}
-		} else if (!strcmp(argv[i], "--bf16"))
-			half = LOOM_BF16;
-		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
-			i++;
-			dev = !strcmp(argv[i], "cpu") ? LOOM_DEVICE_CPU :
-			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
-		} else {
-			fprintf(stderr, "usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] "
-					"[--levels 0123] [--bf16] [--no-fusion] [--no-cuda-graph] "
-					"[--loader own|into] [--peak-flops X] "
-					"[--device auto|cpu|cuda] "
-					"[--threads N]\n");
+	int steps = 200, warmup = 20, b = 100, bf16 = 0, threads = -1;
+	const char *levels = "0123", *device = "auto", *loader = NULL, *peak = NULL;
+	static const char usage[] =
+		"usage: bench_convnet [--steps N] [--warmup N] [--batch-size N] [--levels 0123] "
+		"[--bf16] [--no-fusion] [--no-cuda-graph] [--loader own|into] [--peak-flops X] "
+		"[--device auto|cpu|cuda] [--threads N]";
+	if (bench_args(argc, argv, usage,
+		       "--steps=%d --warmup=%d --batch-size=%d --levels=%s --no-fusion "
+		       "--no-cuda-graph --loader=%s --threads=%d --peak-flops=%s --bf16 --device=%s",
+		       &steps, &warmup, &b, &levels, &no_fusion, &no_cuda_graph, &loader, &threads,
+		       &peak, &bf16, &device))
+		return 2;
+	if (loader && strcmp(loader, "own") && strcmp(loader, "into")) {
+		fprintf(stderr, "%s\n", usage);
+		return 2;
+	}
+	if (loader)
+		feed = !strcmp(loader, "own") ? FEED_OWN : FEED_INTO;
+	if (threads != -1)
+		loom_cpu_set_threads(threads);
+	if (peak) {
+		char *end;
+		peak_flops = strtod(peak, &end);
+		if (*end || !(peak_flops >= 0) || !isfinite(peak_flops)) {
+			fprintf(stderr, "bench_convnet: --peak-flops expects a number >= 0, got '%s'\n",
+				peak);
 			return 2;
 		}
 	}
+	loom_dtype half = bf16 ? LOOM_BF16 : LOOM_F16;
+	loom_device dev = !strcmp(device, "cpu")  ? LOOM_DEVICE_CPU :
+			  !strcmp(device, "cuda") ? LOOM_DEVICE_CUDA :
+						    LOOM_DEVICE_AUTO;
 	if (steps < 1 || warmup < 0 || b < 1) {
 		fprintf(stderr, "bench_convnet: steps, warmup and batch must be positive\n");
 		return 2;

@@ -113,28 +113,14 @@ int main(int argc, char **argv)
 	int global = 100, steps = 40, warmup = 5, traced = 10, rc = 0;
 	double cap = 25, first = 1;
 	const char *trace = "bench_ddp_trace.json";
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--batch-size") && i + 1 < argc)
-			global = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-			steps = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
-			warmup = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--traced-steps") && i + 1 < argc)
-			traced = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--bucket-cap-mb") && i + 1 < argc)
-			cap = atof(argv[++i]);
-		else if (!strcmp(argv[i], "--first-bucket-mb") && i + 1 < argc)
-			first = atof(argv[++i]);
-		else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
-			trace = argv[++i];
-		else {
-			fprintf(stderr, "usage: bench_ddp [--batch-size GLOBAL] [--steps N] [--warmup N] "
-					"[--traced-steps N] [--bucket-cap-mb X] [--first-bucket-mb X] "
-					"[--trace FILE]   (under mpirun for several ranks)\n");
-			return 2;
-		}
-	}
+	if (bench_args(argc, argv,
+		       "usage: bench_ddp [--batch-size GLOBAL] [--steps N] [--warmup N] "
+		       "[--traced-steps N] [--bucket-cap-mb X] [--first-bucket-mb X] "
+		       "[--trace FILE]   (under mpirun for several ranks)",
+		       "--batch-size=%d --steps=%d --warmup=%d --traced-steps=%d --bucket-cap-mb=%f "
+		       "--first-bucket-mb=%f --trace=%s",
+		       &global, &steps, &warmup, &traced, &cap, &first, &trace))
+		return 2;
 	loom_pg *pg = NULL;
 	if (loom_pg_init(NULL, &pg) != LOOM_OK) {
 		fprintf(stderr, "bench_ddp: %s\n", loom_pg_error(pg));

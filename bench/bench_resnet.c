@@ -95,42 +95,24 @@ static int run(int depth, int b, int size, loom_opt_level level, loom_device dev
 
 int main(int argc, char **argv)
 {
-	int depth = 34, b = 32, size = 32, steps = 5, warmup = 1;
-	const char *levels = "0";
-	loom_device dev = LOOM_DEVICE_AUTO;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--depth") && i + 1 < argc)
-			depth = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--batch-size") && i + 1 < argc)
-			b = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--size") && i + 1 < argc)
-			size = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-			steps = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
-			warmup = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--levels") && i + 1 < argc)
-			levels = argv[++i];
-		else if (!strcmp(argv[i], "--bf16"))
-			half = LOOM_BF16;
-		else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
-			trace_path = argv[++i];
-		else if (!strcmp(argv[i], "--no-fusion"))
-			no_fusion = 1;
-		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-			loom_cpu_set_threads(atoi(argv[++i]));
-		else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
-			i++;
-			dev = !strcmp(argv[i], "cpu") ? LOOM_DEVICE_CPU :
-			      !strcmp(argv[i], "cuda") ? LOOM_DEVICE_CUDA : LOOM_DEVICE_AUTO;
-		} else {
-			fprintf(stderr, "usage: bench_resnet [--depth 18|34|50] [--batch-size N] "
-					"[--size 32|224] [--steps N] [--warmup N] [--levels 0123] "
-					"[--device auto|cpu|cuda] [--threads N] [--bf16] [--no-fusion] "
-					"[--trace FILE.json]\n");
-			return 2;
-		}
-	}
+	int depth = 34, b = 32, size = 32, steps = 5, warmup = 1, bf16 = 0, threads = -1;
+	const char *levels = "0", *device = "auto";
+	if (bench_args(argc, argv,
+		       "usage: bench_resnet [--depth 18|34|50] [--batch-size N] [--size 32|224] "
+		       "[--steps N] [--warmup N] [--levels 0123] [--device auto|cpu|cuda] "
+		       "[--threads N] [--bf16] [--no-fusion] [--trace FILE.json]",
+		       "--depth=%d --batch-size=%d --size=%d --steps=%d --warmup=%d --levels=%s --bf16 "
+		       "--trace=%s --no-fusion --threads=%d --device=%s",
+		       &depth, &b, &size, &steps, &warmup, &levels, &bf16, &trace_path, &no_fusion,
+		       &threads, &device))
+		return 2;
+	if (bf16)
+		half = LOOM_BF16;
+	if (threads != -1)
+		loom_cpu_set_threads(threads);
+	loom_device dev = !strcmp(device, "cpu")  ? LOOM_DEVICE_CPU :
+			  !strcmp(device, "cuda") ? LOOM_DEVICE_CUDA :
+						    LOOM_DEVICE_AUTO;
 	if ((depth != 18 && depth != 34 && depth != 50) || b < 1 || size < 8 || steps < 1 ||
 	    warmup < 0) {
 		fprintf(stderr, "bench_resnet: depth must be 18, 34 or 50; batch, size and steps positive\n");

@@ -14,9 +14,7 @@ cd "$(dirname "$0")/.."
 . bench/common.sh
 LOOM=${LOOM_BIN:-bazel-bin/examples/gpt_ddp}
 STEPS=${STEPS:-20} CTX=${CTX:-1024}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export LOOM_COMM_TIMEOUT_S=600
-bench_tmp
+bench_mpi_env 600
 bench_text "${1:-}"
 # llm.c's token-file layout: 256 int32 (magic, version 1, count), uint16 ids;
 # ids spread over the whole GPT-2 vocabulary, the last id included.

@@ -16,9 +16,8 @@ micro=${3:-4}
 . bench/common.sh
 bench_build //examples:mnist_ddp //examples:cifar_ddp
 bin=$bazel_bin/examples
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none LOOM_COMM_TIMEOUT_S=300
-bench_tmp
+bench_mpi_env 300
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 run() { # MODEL CONFIG: one run, every rank's output in $tmp/out, RSS in $tmp/rss.N
 	local model=$1 cfg=$2 np gb cmd extra=()

@@ -135,16 +135,24 @@ static int object(parser *p, member_fn member, void *ctx)
 	}
 }
 
+/* A member's value as a number into *num: 1; a value of another kind
+ * read past: 0; -1 on a parse error. */
+static int number_member(parser *p, double *num)
+{
+	int c = peek(p);
+	if (c != '-' && !isdigit(c))
+		return value(p, 3, 0) ? -1 : 0;
+	return number(p, num) ? -1 : 1;
+}
+
 /* A member of an event's "args": run, bucket and node kept. */
 static int arg_member(parser *p, const char *key, void *ctx)
 {
 	loom_tj_event *e = ctx;
-	int c = peek(p);
 	double num;
-	if (c != '-' && !isdigit(c))
-		return value(p, 3, 0);
-	if (number(p, &num))
-		return -1;
+	int got = number_member(p, &num);
+	if (got <= 0)
+		return got;
 	if (!strcmp(key, "run"))
 		e->run = (int)num;
 	else if (!strcmp(key, "bucket"))
@@ -174,10 +182,9 @@ static int event_member(parser *p, const char *key, void *ctx)
 			e->ph = sv[0];
 		return 0;
 	}
-	if (c != '-' && !isdigit(c))
-		return value(p, 3, 0);
-	if (number(p, &num))
-		return -1;
+	int got = number_member(p, &num);
+	if (got <= 0)
+		return got;
 	if (!strcmp(key, "pid"))
 		e->pid = (int)num;
 	else if (!strcmp(key, "tid"))

@@ -12,9 +12,7 @@ steps=${1:-20}
 . bench/common.sh
 bench_build //examples:mnist_ddp //examples:cifar_ddp
 bin=$bazel_bin/examples
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export LOOM_COMM_TIMEOUT_S=300
-bench_tmp
+bench_mpi_env 300
 
 run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/rss.N
 	local np=$1 zero=$2 model=$3 cmd

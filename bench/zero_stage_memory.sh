@@ -26,16 +26,13 @@ stages=$(printf '%s\n' 0 $((stage - 1)) "$stage" | sort -nu | tr '\n' ' ')
 . bench/common.sh
 bench_build //examples:gpt_ddp //examples:cifar_ddp
 bin=$bazel_bin/examples
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export LOOM_COMM_TIMEOUT_S=600
-bench_tmp
-{ cat /usr/share/games/fortunes/* 2>/dev/null || true; } | head -c 2000000 >"$tmp/text.txt"
-[ -s "$tmp/text.txt" ] || { echo "no text: apt-get install fortunes"; exit 1; }
+bench_mpi_env 600
+bench_text
 
 run() { # NP ZERO MODEL: one run, every rank's output in $tmp/out, RSS in $tmp/rss.N
 	local np=$1 zero=$2 model=$3 cmd
 	if [ "$model" = gpt ]; then
-		cmd=("$bin/gpt_ddp" --device cpu --data "$tmp/text.txt" --max-steps "$steps"
+		cmd=("$bin/gpt_ddp" --device cpu --data "$text" --max-steps "$steps"
 			--log-interval 1 --val-interval 0 --sample 0 --opt-level O2 --precision bf16)
 	else
 		cmd=("$bin/cifar_ddp" --device cpu --synthetic --depth 18 --epochs 1 --batch-size 8

@@ -359,6 +359,17 @@ static int split_names(char *buf, const char **names)
 	return n;
 }
 
+/* What --init-from and --export share: the model's names in PyTorch's
+ * state_dict and its weights stored as Conv1D (train.h). */
+static void weights_opts(const train_run *t, loom_weights_opts *o)
+{
+	loom_weights_opts_default(o);
+	o->names = t->names;
+	o->n_names = t->n_names;
+	o->conv1d = t->conv1d;
+	o->n_conv1d = t->n_conv1d;
+}
+
 /* --init-from: every rank reads the file into its program. */
 static int init_from(train_run *t)
 {
@@ -368,11 +379,7 @@ static int init_from(train_run *t)
 	loom_weights_opts o;
 	loom_weights_report r;
 
-	loom_weights_opts_default(&o);
-	o.names = t->names;
-	o.n_names = t->n_names;
-	o.conv1d = t->conv1d;
-	o.n_conv1d = t->n_conv1d;
+	weights_opts(t, &o);
 	o.ignore = t->ignore;
 	o.n_ignore = t->n_ignore;
 	o.first_rows = t->first_rows;
@@ -415,11 +422,7 @@ static int init_from(train_run *t)
 static int export_to(train_run *t, const char *path, int collective, char *err, size_t errlen)
 {
 	loom_weights_opts o;
-	loom_weights_opts_default(&o);
-	o.names = t->names;
-	o.n_names = t->n_names;
-	o.conv1d = t->conv1d;
-	o.n_conv1d = t->n_conv1d;
+	weights_opts(t, &o);
 	o.conv1d_export = t->conv1d_export;
 	double bad = loom_export_safetensors(t->p, path, &o) != LOOM_OK;
 	if (bad)

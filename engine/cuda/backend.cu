@@ -49,7 +49,7 @@ extern "C" void loom_cuda_test_own_kernels(int on)
  * has no designated array initialisers, so a constexpr function fills the
  * table by op, which keeps each row keyed by its enum value. */
 struct cuda_op_table {
-	loom_cuda_op_fn fn[LOOM_OP_COUNT];
+	loom_cuda_op_fn *fn[LOOM_OP_COUNT];
 };
 
 static constexpr cuda_op_table make_cuda_ops()
@@ -1212,13 +1212,15 @@ static loom_status cuda_event_wait(void *ctx, int event, loom_stream stream)
 
 /* ------------------------------------------------------------ dispatch */
 
-loom_status loom_cuda_stage_sources(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
-				    void **src)
+loom_status loom_cuda_run_staged(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+				 const loom_cuda_io *io, loom_cuda_run_fn *run)
 {
 	const loom_node *n = &p->g->nodes[v];
 	const loom_cuda_node_plan *np = &c->plans[v];
+	void *src[LOOM_MAX_SRC];
 	loom_status st;
 
+	memcpy(src, io->src, sizeof(src));
 	for (int i = 0; i < n->nsrc; i++) {
 		if (np->stage[i].src < 0)
 			continue;
@@ -1230,7 +1232,7 @@ loom_status loom_cuda_stage_sources(loom_cuda_ctx *c, const loom_plan *p, loom_v
 			return st;
 		src[i] = dst;
 	}
-	return LOOM_OK;
+	return run(p, c, v, np, src, io->out);
 }
 
 static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)

@@ -435,6 +435,43 @@ static int heuristic_usable(const loom_plan *p, const Perf *perf, int count, int
 	return first_usable(det, nd, f32, tf32, math);
 }
 
+/* cuDNN's heuristic list for one direction, picked by its Perf type. */
+static cudnnStatus_t heuristic_list(loom_cuda_ctx *c, const loom_cuda_conv_plan *cp,
+				    cudnnConvolutionFwdAlgoPerf_t *perf, int n, int *count)
+{
+	return cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, cp->x, cp->w, cp->conv, cp->y, n,
+						      count, perf);
+}
+
+static cudnnStatus_t heuristic_list(loom_cuda_ctx *c, const loom_cuda_conv_plan *cp,
+				    cudnnConvolutionBwdDataAlgoPerf_t *perf, int n, int *count)
+{
+	return cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, cp->w, cp->y, cp->conv, cp->x,
+							   n, count, perf);
+}
+
+static cudnnStatus_t heuristic_list(loom_cuda_ctx *c, const loom_cuda_conv_plan *cp,
+				    cudnnConvolutionBwdFilterAlgoPerf_t *perf, int n, int *count)
+{
+	return cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, cp->x, cp->y, cp->conv,
+							     cp->w, n, count, perf);
+}
+
+/* The heuristic's list of N at most for the direction of Perf, and its
+ * first usable algorithm in *algo (heuristic_usable). */
+template <typename Perf, int N>
+static loom_status heuristic_algo(const loom_plan *p, loom_cuda_ctx *c,
+				  const loom_cuda_conv_plan *cp, int f32, int tf32, int *count,
+				  int *algo, cudnnMathType_t *math)
+{
+	Perf perf[N];
+	loom_status st = LOOM_CUDNN_CHECK(heuristic_list(c, cp, perf, N, count), c->err,
+					  sizeof(c->err));
+	if (st == LOOM_OK)
+		*algo = heuristic_usable(p, perf, *count, f32, tf32, math);
+	return st;
+}
+
 static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n,
 			     loom_cuda_conv_plan *cp, int f32)
 {
@@ -443,41 +480,19 @@ static loom_status pick_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_no
 	cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 	const int tf32 = f32 && loom_cuda_tf32_on(p);
 
-	switch (n->op) {
-	case LOOM_OP_CONV2D: {
-		cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-					      c->dnn, cp->x, cp->w, cp->conv, cp->y,
-					      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
-				      c->err, sizeof(c->err));
-		if (st != LOOM_OK)
-			return st;
-		algo = heuristic_usable(p, perf, count, f32, tf32, &math);
-		break;
-	}
-	case LOOM_OP_CONV2D_BWD_DATA: {
-		cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-					      c->dnn, cp->w, cp->y, cp->conv, cp->x,
-					      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
-				      c->err, sizeof(c->err));
-		if (st != LOOM_OK)
-			return st;
-		algo = heuristic_usable(p, perf, count, f32, tf32, &math);
-		break;
-	}
-	default: {
-		cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-		st = LOOM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-					      c->dnn, cp->x, cp->y, cp->conv, cp->w,
-					      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
-				      c->err, sizeof(c->err));
-		if (st != LOOM_OK)
-			return st;
-		algo = heuristic_usable(p, perf, count, f32, tf32, &math);
-		break;
-	}
-	}
+	if (n->op == LOOM_OP_CONV2D)
+		st = heuristic_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+			p, c, cp, f32, tf32, &count, &algo, &math);
+	else if (n->op == LOOM_OP_CONV2D_BWD_DATA)
+		st = heuristic_algo<cudnnConvolutionBwdDataAlgoPerf_t,
+				    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(p, c, cp, f32, tf32,
+									   &count, &algo, &math);
+	else
+		st = heuristic_algo<cudnnConvolutionBwdFilterAlgoPerf_t,
+				    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(p, c, cp, f32, tf32,
+									     &count, &algo, &math);
+	if (st != LOOM_OK)
+		return st;
 	if (algo < 0) {
 		char lb[96];
 		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_UNSUPPORTED,
@@ -837,29 +852,20 @@ loom_status loom_cuda_conv_run(const loom_plan *p, loom_cuda_ctx *c, loom_value 
 // ----------------------------------------------------------------------------
 // op entries: the three convolutions share the staging and the plan's call
 
-static loom_status conv_entry(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-			      const loom_cuda_io *io)
-{
-	void *src[LOOM_MAX_SRC];
-	memcpy(src, io->src, sizeof(src));
-	loom_status st = loom_cuda_stage_sources(c, plan, v, src);
-	return st != LOOM_OK ? st : loom_cuda_conv_run(plan, c, v, &c->plans[v], src, io->out);
-}
-
 loom_status loom_cuda_op_conv2d(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io)
 {
-	return conv_entry(c, plan, v, io);
+	return loom_cuda_run_staged(c, plan, v, io, loom_cuda_conv_run);
 }
 
 loom_status loom_cuda_op_conv2d_bwd_data(loom_cuda_ctx *c, const loom_plan *plan,
 					 loom_value v, const loom_cuda_io *io)
 {
-	return conv_entry(c, plan, v, io);
+	return loom_cuda_run_staged(c, plan, v, io, loom_cuda_conv_run);
 }
 
 loom_status loom_cuda_op_conv2d_bwd_filter(loom_cuda_ctx *c, const loom_plan *plan,
 					   loom_value v, const loom_cuda_io *io)
 {
-	return conv_entry(c, plan, v, io);
+	return loom_cuda_run_staged(c, plan, v, io, loom_cuda_conv_run);
 }

@@ -527,8 +527,10 @@ typedef struct loom_cuda_io {
 	int odt;
 } loom_cuda_io;
 
-typedef loom_status (*loom_cuda_op_fn)(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				       const loom_cuda_io *io);
+/* An op entry: node v of the plan run on its sources' and its own
+ * addresses (io); the entries below are declared through it. */
+typedef loom_status loom_cuda_op_fn(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
+				    const loom_cuda_io *io);
 
 /* backend.cu: the context's device made current (every entry does it
  * first); a host wait on stream s, counted (cuda_counters); a host-side
@@ -538,49 +540,39 @@ loom_status loom_cuda_use_device(loom_cuda_ctx *c);
 cudaError_t loom_cuda_sync_stream(loom_cuda_ctx *c, cudaStream_t s);
 loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *ts);
 /* backend.cu: leaves and views have nothing to compute. */
-loom_status loom_cuda_op_nothing(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cuda_io *io);
-/* backend.cu: casts the sources whose dtype differs from the node's into
- * the node's workspace (np->stage) and points src at the copies. */
-loom_status loom_cuda_stage_sources(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				    void **src);
+loom_cuda_op_fn loom_cuda_op_nothing;
+/* A library call's node (a convolution, a product) run on src (0, 1, ...)
+ * into out, by its plan np. */
+typedef loom_status loom_cuda_run_fn(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
+				     const loom_cuda_node_plan *np, void *const *src, void *out);
+/* backend.cu: the entry of such a node: the sources whose dtype differs
+ * from the node's cast into its workspace (np->stage), then run on them. */
+loom_status loom_cuda_run_staged(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
+				 const loom_cuda_io *io, loom_cuda_run_fn *run);
 
 /* formats.cu: the REORDER node, the backend's node_formats */
-loom_status loom_cuda_op_reorder(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_reorder;
 extern "C" void loom_cuda_node_formats(void *ctx, const loom_plan *plan, loom_value v,
 				       loom_format_caps *caps);
 /* conv_cudnn.cu */
-loom_status loom_cuda_op_conv2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				const loom_cuda_io *io);
-loom_status loom_cuda_op_conv2d_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan,
-					 loom_value v, const loom_cuda_io *io);
-loom_status loom_cuda_op_conv2d_bwd_filter(loom_cuda_ctx *ctx, const loom_plan *plan,
-					   loom_value v, const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_conv2d;
+loom_cuda_op_fn loom_cuda_op_conv2d_bwd_data;
+loom_cuda_op_fn loom_cuda_op_conv2d_bwd_filter;
 /* matmul_cublaslt.cu */
-loom_status loom_cuda_op_linear(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				const loom_cuda_io *io);
-loom_status loom_cuda_op_matmul(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_linear;
+loom_cuda_op_fn loom_cuda_op_matmul;
 /* bn.cu: cuDNN's calls where the node's plan took them, else own kernels;
  * --dump-graph's note on a batch-norm, max-pool or fused ADD node. */
 void loom_cuda_bn_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
 		       size_t len);
-loom_status loom_cuda_op_batchnorm2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				     const loom_cuda_io *io);
-loom_status loom_cuda_op_bn_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				     const loom_cuda_io *io);
-loom_status loom_cuda_op_bn_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				      const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_batchnorm2d;
+loom_cuda_op_fn loom_cuda_op_bn_bwd_data;
+loom_cuda_op_fn loom_cuda_op_bn_bwd_gamma;
 /* pool.cu */
-loom_status loom_cuda_op_maxpool2d(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
-loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				       const loom_cuda_io *io);
-loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-					const loom_cuda_io *io);
-loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *ctx, const loom_plan *plan,
-					    loom_value v, const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_maxpool2d;
+loom_cuda_op_fn loom_cuda_op_maxpool2d_bwd;
+loom_cuda_op_fn loom_cuda_op_global_avgpool;
+loom_cuda_op_fn loom_cuda_op_global_avgpool_bwd;
 /* comm.cu: gradient accumulation on segment s of plan->accum, on the compute stream:
  * add it into its sum, or (fold) add the sum into it and clear the sum. */
 loom_status loom_cuda_accum(loom_cuda_ctx *ctx, const loom_plan *plan, int s, int fold);
@@ -601,50 +593,34 @@ loom_status loom_cuda_grads_finite_device(void *ctx, const loom_plan *p,
 loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_arena *arena,
 				   int first, int last, int *finite);
 /* loss.cu */
-loom_status loom_cuda_op_softmax_ce(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				    const loom_cuda_io *io);
-loom_status loom_cuda_op_softmax_ce_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-					const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_softmax_ce;
+loom_cuda_op_fn loom_cuda_op_softmax_ce_bwd;
 /* A bad label the softmax-CE kernel flagged in the control block
  * (h, read back), reported as the CPU does; the flags cleared. Waits. */
 loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
 				       const loom_cuda_ctl *h);
 /* elementwise.cu */
-loom_status loom_cuda_op_cast(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			      const loom_cuda_io *io);
-loom_status loom_cuda_op_relu(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			      const loom_cuda_io *io);
-loom_status loom_cuda_op_relu_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				  const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_cast;
+loom_cuda_op_fn loom_cuda_op_relu;
+loom_cuda_op_fn loom_cuda_op_relu_bwd;
 /* Every unary op of graph/unary.h, forward and backward. */
-loom_status loom_cuda_op_unary(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			       const loom_cuda_io *io);
-loom_status loom_cuda_op_add(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			     const loom_cuda_io *io);
-loom_status loom_cuda_op_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-			     const loom_cuda_io *io);
-loom_status loom_cuda_op_broadcast(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
-loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				     const loom_cuda_io *io);
-loom_status loom_cuda_op_grad_seed(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_unary;
+loom_cuda_op_fn loom_cuda_op_add;
+loom_cuda_op_fn loom_cuda_op_sum;
+loom_cuda_op_fn loom_cuda_op_broadcast;
+loom_cuda_op_fn loom_cuda_op_channel_sum;
+loom_cuda_op_fn loom_cuda_op_grad_seed;
 
 /* embedding.cu */
-loom_status loom_cuda_op_embedding(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
-loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				       const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_embedding;
+loom_cuda_op_fn loom_cuda_op_embedding_bwd;
 /* Workspace bytes of an EMBEDDING_BWD node (fp32 sums, or the bucketed
  * backward's sort). */
 size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v);
 /* layernorm.cu */
-loom_status loom_cuda_op_layernorm(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
-loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *ctx, const loom_plan *plan,
-					    loom_value v, const loom_cuda_io *io);
-loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *ctx, const loom_plan *plan,
-					     loom_value v, const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_layernorm;
+loom_cuda_op_fn loom_cuda_op_layernorm_bwd_data;
+loom_cuda_op_fn loom_cuda_op_layernorm_bwd_gamma;
 /* A LAYERNORM_BWD_DATA node's plan: the one-pass kernel with the siblings
  * it makes (LOOM_CUDA_PLAN_LN) where the row fits it, else none. */
 loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
@@ -664,16 +640,11 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 size_t loom_cuda_ln_bwd_gamma_ws(const loom_plan *p, loom_value v);
 /* attention.cu: the unfused attention (a fused node's entry calls
  * sdpa_cudnn.cu) */
-loom_status loom_cuda_op_attn_probs(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				    const loom_cuda_io *io);
-loom_status loom_cuda_op_attn_probs_bwd(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-					const loom_cuda_io *io);
-loom_status loom_cuda_op_attention(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cuda_io *io);
-loom_status loom_cuda_op_attention_bwd_probs(loom_cuda_ctx *ctx, const loom_plan *plan,
-					     loom_value v, const loom_cuda_io *io);
-loom_status loom_cuda_op_attention_bwd_qkv(loom_cuda_ctx *ctx, const loom_plan *plan,
-					   loom_value v, const loom_cuda_io *io);
+loom_cuda_op_fn loom_cuda_op_attn_probs;
+loom_cuda_op_fn loom_cuda_op_attn_probs_bwd;
+loom_cuda_op_fn loom_cuda_op_attention;
+loom_cuda_op_fn loom_cuda_op_attention_bwd_probs;
+loom_cuda_op_fn loom_cuda_op_attention_bwd_qkv;
 /* Workspace bytes of an unfused ATTN_PROBS or ATTN_PROBS_BWD node (fp32
  * scores, ds); 0 for the others. */
 size_t loom_cuda_attn_ws(const loom_plan *p, loom_value v);
@@ -720,33 +691,21 @@ loom_status loom_cuda_bn_fwd(char *err, cudaStream_t s, int train, int n, int c,
 
 /* pool.cu — the geometry struct of graph/ops/geometry.h, passed by value;
  * relu: the pool carries a fused relu (graph/fuse.c). */
-/* nhwc: x, y (dy, dx) in NHWC, else NCHW. */
+/* nhwc: x, y (dy, dx) in NHWC, else NCHW. idx, where not NULL: the argmax
+ * of each output (one byte: its place in the window, 255: no gradient; in
+ * y's memory order), saved by the forward and read by the backward in
+ * place of x. */
 loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s, loom_pool_shape ps,
-				  const void *x, int xdt, void *y, int ydt, int nhwc);
+				  const void *x, int xdt, void *y, int ydt, unsigned char *idx,
+				  int nhwc);
 loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s, loom_pool_shape ps,
-				  const void *x, int xdt, const void *dy, int dydt, void *dx,
-				  int dxdt, int nhwc);
-/* The same saving the argmax of each output into idx (one byte: its place
- * in the window, 255: no gradient; in y's memory order), and the backward
- * through idx. */
-loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
-				      const void *x, int xdt, void *y, int ydt,
-				      unsigned char *idx, int nhwc);
-loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s, loom_pool_shape ps,
-				      const unsigned char *idx, const void *dy, int dydt,
-				      void *dx, int dxdt, int nhwc);
-/* Global average pooling: y[nc] = mean of plane nc's hw values; backward
- * dx[nc, i] = dy[nc] / hw. */
-loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s, const void *x,
-					 int xdt, void *y, int ydt, int64_t nc, int64_t hw);
-loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s, const void *dy,
-					 int dydt, void *dx, int dxdt, int64_t nc, int64_t hw);
-/* The same with x (dx) NHWC [n, hw, c]; y (dy) [n, c] as before. */
-loom_status loom_cuda_global_avgpool_nhwc_fwd(char *err, cudaStream_t s, const void *x, int xdt,
-					      void *y, int ydt, int64_t n, int64_t c, int64_t hw);
-loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s, const void *dy,
-					      int dydt, void *dx, int dxdt, int64_t n, int64_t c,
-					      int64_t hw);
+				  const void *x, int xdt, const unsigned char *idx, const void *dy,
+				  int dydt, void *dx, int dxdt, int nhwc);
+/* Global average pooling of n images of c planes of hw values, x NCHW
+ * [n, c, hw] or (nhwc) [n, hw, c]: forward y[n, c] = the plane's mean,
+ * backward (x: dy [n, c], y: dx) dx[n, c, i] = dy[n, c] / hw. */
+loom_status loom_cuda_global_avgpool(char *err, cudaStream_t s, int fwd, int nhwc, const void *x,
+				     int xdt, void *y, int ydt, int64_t n, int64_t c, int64_t hw);
 
 /* loss.cu: n rows of pitch ld (elements), the first `classes` of each the
  * real classes (ld > classes: a padded vocabulary's logits, whose dlogits

@@ -96,6 +96,15 @@ static int bn_on_cudnn(const loom_plan *p, const loom_node *n, int own_bn)
 	return !own_bn && !n->a.bn.sync && !p->opts.sync_bn && loom_cuda_bn_cudnn_takes(p, n);
 }
 
+/* Each operand in NCHW or NHWC, the kernel reading them as they come;
+ * the result NHWC. */
+static void mixed_nhwc(loom_format_caps *caps)
+{
+	caps->accept = 1u << LOOM_FORMAT_NCHW | 1u << LOOM_FORMAT_NHWC;
+	caps->mixed = 1;
+	caps->prefer = LOOM_FORMAT_NHWC;
+}
+
 void loom_cuda_formats_query(const loom_plan *p, loom_value v, loom_format_caps *caps,
 			     loom_cuda_nhwc_mode mode, int own_bn)
 {
@@ -112,9 +121,7 @@ void loom_cuda_formats_query(const loom_plan *p, loom_value v, loom_format_caps 
 		/* fallthrough */
 	case LOOM_OP_CONV2D_BWD_DATA:
 	case LOOM_OP_CONV2D_BWD_FILTER:
-		caps->accept = both;
-		caps->mixed = 1;
-		caps->prefer = LOOM_FORMAT_NHWC;
+		mixed_nhwc(caps);
 		return;
 	case LOOM_OP_BATCHNORM2D:
 	case LOOM_OP_BN_BWD_DATA:
@@ -143,11 +150,8 @@ void loom_cuda_formats_query(const loom_plan *p, loom_value v, loom_format_caps 
 		/* pool.cu reads x (writes dx) in either; y and dy are [N, C].
 		 * LOOM_CUDA_POOL_NHWC=0: NCHW, a reorder before it (the old
 		 * path). */
-		if (pool_nhwc_on()) {
-			caps->accept = both;
-			caps->mixed = 1;
-			caps->prefer = LOOM_FORMAT_NHWC;
-		}
+		if (pool_nhwc_on())
+			mixed_nhwc(caps);
 		return;
 	case LOOM_OP_RELU:
 	case LOOM_OP_RELU_BWD:

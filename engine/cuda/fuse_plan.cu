@@ -315,64 +315,51 @@ static int relu_bwd_fusable(const loom_cuda_ctx *c, const loom_plan *p, loom_val
  * every run that runs a later reader runs the first) and read by the rest.
  * ResNet-50 fp16: about 50 MB of copies.
  */
-static loom_status plan_conv_krsc(loom_cuda_ctx *c, const loom_plan *p)
+/* Whether node v is an NHWC convolution on cuDNN, run in the step, that
+ * reads w as its filter (the forward or the data gradient) unchanged. */
+static int krsc_reader(const loom_cuda_ctx *c, const loom_graph *g, const int *step_of,
+		       loom_value v, loom_value w)
+{
+	const loom_node *n = &g->nodes[v];
+	const loom_cuda_conv_plan *cp = &c->plans[v].conv;
+	return c->plans[v].kind == LOOM_CUDA_PLAN_CONV && n->op != LOOM_OP_CONV2D_BWD_FILTER &&
+	       n->src[1] == w && cp->ro[1] && cp->fmt == LOOM_FORMAT_NHWC && !cp->f32 &&
+	       step_of[v] >= 0;
+}
+
+static void plan_conv_krsc(loom_cuda_ctx *c, const loom_plan *p, const int *step_of)
 {
 	const loom_graph *g = p->g;
-	if (!c->conv_krsc || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	if (!step_of)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	for (loom_value w = 0; w < g->n; w++) {
 		loom_value first = LOOM_NONE;
 		int readers = 0;
-		for (int pass = 0; pass < 2; pass++)
-			for (loom_value v = 0; v < g->n; v++) {
-				const loom_node *n = &g->nodes[v];
-				const loom_cuda_conv_plan *cp = &c->plans[v].conv;
-				if (c->plans[v].kind != LOOM_CUDA_PLAN_CONV ||
-				    n->op == LOOM_OP_CONV2D_BWD_FILTER || n->src[1] != w || !cp->ro[1] ||
-				    cp->fmt != LOOM_FORMAT_NHWC || cp->f32 || step_of[v] < 0)
-					continue;
-				if (pass == 0) {
-					if (first == LOOM_NONE || step_of[v] < step_of[first])
-						first = v;
-					continue;
-				}
-				if (n->dtype == g->nodes[first].dtype)
-					readers++;
-			}
+		for (loom_value v = 0; v < g->n; v++)
+			if (krsc_reader(c, g, step_of, v, w) &&
+			    (first == LOOM_NONE || step_of[v] < step_of[first]))
+				first = v;
+		for (loom_value v = 0; first != LOOM_NONE && v < g->n; v++)
+			readers += krsc_reader(c, g, step_of, v, w) &&
+				   g->nodes[v].dtype == g->nodes[first].dtype;
 		if (readers < 2)
 			continue;
 		const size_t off = c->saved_bytes;
-		for (loom_value v = 0; v < g->n; v++) {
-			const loom_node *n = &g->nodes[v];
-			loom_cuda_conv_plan *cp = &c->plans[v].conv;
-			if (c->plans[v].kind != LOOM_CUDA_PLAN_CONV || n->op == LOOM_OP_CONV2D_BWD_FILTER ||
-			    n->src[1] != w || !cp->ro[1] || cp->fmt != LOOM_FORMAT_NHWC || cp->f32 ||
-			    step_of[v] < 0 || n->dtype != g->nodes[first].dtype)
-				continue;
-			cp->krsc_by = first;
-			cp->krsc_off = off;
-		}
+		for (loom_value v = 0; v < g->n; v++)
+			if (krsc_reader(c, g, step_of, v, w) &&
+			    g->nodes[v].dtype == g->nodes[first].dtype) {
+				c->plans[v].conv.krsc_by = first;
+				c->plans[v].conv.krsc_off = off;
+			}
 		c->saved_bytes += loom_cuda_align((size_t)loom_shape_numel(&g->nodes[w].shape) *
 						  loom_dtype_size(g->nodes[first].dtype));
 	}
-	free(step_of);
-	return LOOM_OK;
 }
 
 /* The relu backwards the split batch-norm backward takes over
  * (LOOM_CUDA_BN_RELU_BWD): ResNet's bn -> relu pairs, whose forward
  * graph/fuse.c already fused. */
-static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
+static void plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p, const int *step_of)
 {
 	const loom_graph *g = p->g;
-	if (!c->bn_relu_bwd || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	if (!step_of)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
 	for (loom_value b = 0; b < g->n; b++) {
 		const loom_node *bn = &g->nodes[b];
 		if (bn->op != LOOM_OP_BN_BWD_DATA || bn->a.bn.sync ||
@@ -386,9 +373,8 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
 		c->plans[b].bn.relu_dy = g->nodes[r].src[1];
 		c->plans[r].fused_into = b;
 	}
-	free(step_of);
-	return LOOM_OK;
 }
+
 /*
  * Batch norm + residual add + relu as one cuDNN call (LOOM_CUDA_BN_ADD,
  * on by default; NHWC only, where cuDNN has it): ResNet's bn3 -> add ->
@@ -403,22 +389,10 @@ static loom_status plan_relu_bwd(loom_cuda_ctx *c, const loom_plan *p)
  * (plan_bn_bwd_ex). Eval runs, and the diagnosis, run the two nodes as
  * they are.
  */
-static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p)
+static void plan_bn_add(loom_cuda_ctx *c, const loom_plan *p, const int *step_of,
+			unsigned char *nhwc, loom_value *taken)
 {
 	const loom_graph *g = p->g;
-	if (!c->bn_add || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	if (!step_of)
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	unsigned char *nhwc = (unsigned char *)calloc(g->n ? g->n : 1, 1);
-	loom_value *taken = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
-	if (!nhwc || !taken) {
-		free(nhwc);
-		free(taken);
-		free(step_of);
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	}
 	for (loom_value v = 0; v < g->n; v++) {
 		nhwc[v] = c->plans[v].kind == LOOM_CUDA_PLAN_BN && c->plans[v].bn.nhwc;
 		taken[v] = LOOM_NONE;
@@ -443,11 +417,7 @@ static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p)
 		c->plans[b].bn_add_by = a;
 		taken[b] = a;
 	}
-	free(nhwc);
-	free(taken);
-	free(step_of);
 	c->err[0] = 0;
-	return LOOM_OK;
 }
 
 /*
@@ -464,20 +434,10 @@ static loom_status plan_bn_add(loom_cuda_ctx *c, const loom_plan *p)
  * (bn.ran_ex), else it runs the relu backward itself and the call that
  * fits (bn_cudnn.cu).
  */
-static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p)
+static void plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p, const int *step_of,
+			   unsigned char *makes, loom_value *add_by)
 {
 	const loom_graph *g = p->g;
-	if (!c->bn_bwd_ex || p->pipe)
-		return LOOM_OK;
-	int *step_of = loom_cuda_first_steps(p);
-	unsigned char *makes = (unsigned char *)calloc(g->n ? g->n : 1, 1);
-	loom_value *add_by = (loom_value *)malloc(sizeof(loom_value) * (g->n ? g->n : 1));
-	if (!step_of || !makes || !add_by) {
-		free(step_of);
-		free(makes);
-		free(add_by);
-		return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
-	}
 	for (loom_value v = 0; v < g->n; v++)
 		add_by[v] = c->plans[v].bn_add_by;
 	for (loom_value b = 0; b < g->n; b++) {
@@ -509,23 +469,44 @@ static loom_status plan_bn_bwd_ex(loom_cuda_ctx *c, const loom_plan *p)
 		np->bn.fuse = fu;
 		c->plans[fu.relu_bwd].fused_into = b;
 	}
-	free(step_of);
-	free(makes);
-	free(add_by);
 	c->err[0] = 0;
-	return LOOM_OK;
+}
+
+/* The passes that follow the steps' order, each behind its switch, with
+ * the tables they share; a pipeline stage's plan keeps to the plain paths. */
+static loom_status plan_step_ordered(loom_cuda_ctx *c, const loom_plan *p)
+{
+	if (p->pipe || !(c->conv_krsc || c->bn_relu_bwd || c->bn_add || c->bn_bwd_ex))
+		return LOOM_OK;
+	/* Each value's first step, and two scratch tables of a value each
+	 * that a pass fills before it reads them. */
+	const size_t n = p->g->n ? (size_t)p->g->n : 1;
+	int *step_of = loom_cuda_first_steps(p);
+	unsigned char *bytes = (unsigned char *)calloc(n, 1);
+	loom_value *values = (loom_value *)malloc(sizeof(loom_value) * n);
+	loom_status st = LOOM_OK;
+	if (!step_of || !bytes || !values) {
+		st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
+		goto out_free;
+	}
+	if (c->conv_krsc)
+		plan_conv_krsc(c, p, step_of);
+	if (c->bn_relu_bwd)
+		plan_relu_bwd(c, p, step_of);
+	if (c->bn_add)
+		plan_bn_add(c, p, step_of, bytes, values);
+	if (c->bn_bwd_ex)
+		plan_bn_bwd_ex(c, p, step_of, bytes, values);
+out_free:
+	free(step_of);
+	free(bytes);
+	free(values);
+	return st;
 }
 
 loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p)
 {
 	plan_classifier(c, p);
 	plan_saved(c, p);
-	loom_status st = plan_conv_krsc(c, p);
-	if (st == LOOM_OK)
-		st = plan_relu_bwd(c, p);
-	if (st == LOOM_OK)
-		st = plan_bn_add(c, p);
-	if (st == LOOM_OK)
-		st = plan_bn_bwd_ex(c, p);
-	return st;
+	return plan_step_ordered(c, p);
 }

@@ -582,17 +582,23 @@ loom_status loom_cuda_mm_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			 loom_dtype_name(nd->dtype));
 }
 
+/* A product's descriptor and its three layouts, any of them NULL (a
+ * half-made plan). */
+static void lt_destroy(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+		       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c)
+{
+	cublasLtMatrixLayout_t layouts[3] = { a, b, c };
+	for (int i = 0; i < 3; i++)
+		if (layouts[i])
+			cublasLtMatrixLayoutDestroy(layouts[i]);
+	if (desc)
+		cublasLtMatmulDescDestroy(desc);
+}
+
 void loom_cuda_mm_plan_free(loom_cuda_node_plan *np)
 {
 	loom_cuda_mm_plan *mp = &np->mm;
-	if (mp->a)
-		cublasLtMatrixLayoutDestroy(mp->a);
-	if (mp->b)
-		cublasLtMatrixLayoutDestroy(mp->b);
-	if (mp->c)
-		cublasLtMatrixLayoutDestroy(mp->c);
-	if (mp->desc)
-		cublasLtMatmulDescDestroy(mp->desc);
+	lt_destroy(mp->desc, mp->a, mp->b, mp->c);
 	memset(mp, 0, sizeof(*mp));
 }
 
@@ -697,25 +703,16 @@ loom_status loom_cuda_mm_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 // ----------------------------------------------------------------------------
 // op entries
 
-static loom_status mm_entry(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-			    const loom_cuda_io *io)
-{
-	void *src[LOOM_MAX_SRC];
-	memcpy(src, io->src, sizeof(src));
-	loom_status st = loom_cuda_stage_sources(c, plan, v, src);
-	return st != LOOM_OK ? st : loom_cuda_mm_run(plan, c, v, &c->plans[v], src, io->out);
-}
-
 loom_status loom_cuda_op_linear(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io)
 {
-	return mm_entry(c, plan, v, io);
+	return loom_cuda_run_staged(c, plan, v, io, loom_cuda_mm_run);
 }
 
 loom_status loom_cuda_op_matmul(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				const loom_cuda_io *io)
 {
-	return mm_entry(c, plan, v, io);
+	return loom_cuda_run_staged(c, plan, v, io, loom_cuda_mm_run);
 }
 
 /* --dump-graph: a product's GELU epilogue, or the llm.c switches that took
@@ -804,14 +801,7 @@ typedef struct strided_key {
 
 static void strided_free(strided_plan *sp)
 {
-	if (sp->lc)
-		cublasLtMatrixLayoutDestroy(sp->lc);
-	if (sp->lb)
-		cublasLtMatrixLayoutDestroy(sp->lb);
-	if (sp->la)
-		cublasLtMatrixLayoutDestroy(sp->la);
-	if (sp->desc)
-		cublasLtMatmulDescDestroy(sp->desc);
+	lt_destroy(sp->desc, sp->la, sp->lb, sp->lc);
 	memset(sp, 0, sizeof(*sp));
 }
 

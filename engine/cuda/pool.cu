@@ -36,24 +36,24 @@ static __device__ __forceinline__ int64_t plane_at(int c, int64_t hw, int64_t pl
 	return pl * hw + i;
 }
 
+/* An element's plane (n * c + ch) and place (h, w) in the plane. */
+struct pool_elem {
+	int64_t pl;
+	int h, w;
+};
+
 /* Element e of a [n, c, h, w] value in its memory order -> its plane and
- * place (h, w) in the plane; threads next to each other take elements
- * next to each other in memory (coalesced) in either format. */
+ * place in the plane; threads next to each other take elements next to
+ * each other in memory (coalesced) in either format. */
 template <bool NHWC>
-static __device__ __forceinline__ void elem_of(int c, int h, int w, int64_t e, int64_t *pl, int *ih,
-					       int *iw)
+static __device__ __forceinline__ pool_elem elem_of(int c, int h, int w, int64_t e)
 {
 	if (NHWC) {
 		int ch = (int)(e % c);
 		int64_t r = e / c;
-		*iw = (int)(r % w);
-		*ih = (int)((r / w) % h);
-		*pl = (r / ((int64_t)w * h)) * c + ch;
-	} else {
-		*iw = (int)(e % w);
-		*ih = (int)((e / w) % h);
-		*pl = e / ((int64_t)w * h);
+		return { (r / ((int64_t)w * h)) * c + ch, (int)((r / w) % h), (int)(r % w) };
 	}
+	return { e / ((int64_t)w * h), (int)((e / w) % h), (int)(e % w) };
 }
 
 /* Flat index in the plane of the max of window (oh, ow), or -1. */
@@ -82,50 +82,31 @@ static __device__ int64_t pool_argmax(const loom_pool_shape &s, const void *x, i
 	return best;
 }
 
-/* One thread per output element (o: its place in y's memory). */
-template <bool NHWC>
+/* One thread per output element (o: its place in y's memory). SAVE: the
+ * forward saving each output's argmax, idx[o] the max's place in its
+ * window, (ih - h0) k + (iw - w0), or 255 where no gradient goes (an empty
+ * window, or under the fused relu a max that is not > 0). */
+template <bool NHWC, bool SAVE>
 __global__ void loom_maxpool_fwd_kernel(loom_pool_shape s, const void *x, int xdt,
-					void *y, int ydt, int64_t total)
+					void *y, int ydt, unsigned char *idx, int64_t total)
 {
 	const int64_t hw = (int64_t)s.h_in * s.w_in;
 	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
 	     o += (int64_t)gridDim.x * blockDim.x) {
-		int64_t pl;
-		int oh, ow;
-		elem_of<NHWC>(s.c, s.h_out, s.w_out, o, &pl, &oh, &ow);
+		const auto [pl, oh, ow] = elem_of<NHWC>(s.c, s.h_out, s.w_out, o);
 		int64_t i = pool_argmax<NHWC>(s, x, xdt, pl, oh, ow);
 		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, plane_at<NHWC>(s.c, hw, pl, i));
+		int route = i >= 0 && (!s.relu || v > 0.0f);
 		/* relu(max) = max(relu), on the smaller output; NaN stays. */
 		if (s.relu && !(v > 0.0f || v != v))
 			v = 0.0f;
 		loom_st(y, ydt, o, v);
-	}
-}
-
-/* The forward saving each output's argmax: idx[o] is the max's place in
- * its window, (ih - h0) k + (iw - w0), or 255 where no gradient goes (an
- * empty window, or under the fused relu a max that is not > 0); o is the
- * output's place in y's memory. */
-template <bool NHWC>
-__global__ void loom_maxpool_fwd_idx_kernel(loom_pool_shape s, const void *x, int xdt,
-					    void *y, int ydt, unsigned char *idx, int64_t total)
-{
-	const int64_t hw = (int64_t)s.h_in * s.w_in;
-	for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
-	     o += (int64_t)gridDim.x * blockDim.x) {
-		int64_t pl;
-		int oh, ow;
-		elem_of<NHWC>(s.c, s.h_out, s.w_out, o, &pl, &oh, &ow);
-		int64_t i = pool_argmax<NHWC>(s, x, xdt, pl, oh, ow);
-		float v = i < 0 ? -INFINITY : loom_ld(x, xdt, plane_at<NHWC>(s.c, hw, pl, i));
-		int route = i >= 0 && (!s.relu || v > 0.0f);
-		if (s.relu && !(v > 0.0f || v != v))
-			v = 0.0f;
-		loom_st(y, ydt, o, v);
-		int h0 = oh * s.stride - s.pad, w0 = ow * s.stride - s.pad;
-		idx[o] = route ? (unsigned char)(((int)(i / s.w_in) - h0) * s.k +
-						 ((int)(i % s.w_in) - w0)) :
-				 (unsigned char)255;
+		if (SAVE) {
+			int h0 = oh * s.stride - s.pad, w0 = ow * s.stride - s.pad;
+			idx[o] = route ? (unsigned char)(((int)(i / s.w_in) - h0) * s.k +
+							 ((int)(i % s.w_in) - w0)) :
+					 (unsigned char)255;
+		}
 	}
 }
 
@@ -141,51 +122,38 @@ __device__ static void pool_windows(loom_pool_shape s, int ih, int iw, int *oh_l
 	*ow_hi = min((iw + s.pad) / s.stride, s.w_out - 1);
 }
 
-/* The backward through the saved argmax: one thread per input element (e:
- * its place in dx's memory), it gathers dy from the windows whose saved
- * max is this element, in the same (oh, ow) order as below; x is not read. */
-template <bool NHWC>
-__global__ void loom_maxpool_bwd_idx_kernel(loom_pool_shape s, const unsigned char *idx,
-					    const void *dy, int dydt, void *dx, int dxdt,
-					    int64_t total)
+/* Whether input element (ih, iw) of plane pl is the max of window (oh, ow)
+ * that its gradient goes to: SAVED, by the forward's idx (x is not read;
+ * the fused relu is in idx, 255); else found again from x. */
+template <bool NHWC, bool SAVED>
+static __device__ __forceinline__ bool pool_is_max(const loom_pool_shape &s, const void *x,
+						   int xdt, const unsigned char *idx, int64_t pl,
+						   int ih, int iw, int oh, int ow)
 {
-	const int64_t ohw = (int64_t)s.h_out * s.w_out;
-	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
-	     e += (int64_t)gridDim.x * blockDim.x) {
-		int64_t pl;
-		int ih, iw;
-		elem_of<NHWC>(s.c, s.h_in, s.w_in, e, &pl, &ih, &iw);
-		int oh_lo, oh_hi, ow_lo, ow_hi;
-		pool_windows(s, ih, iw, &oh_lo, &oh_hi, &ow_lo, &ow_hi);
-		float g = 0.0f;
-		for (int oh = oh_lo; oh <= oh_hi; oh++)
-			for (int ow = ow_lo; ow <= ow_hi; ow++) {
-				int64_t o = plane_at<NHWC>(s.c, ohw, pl, (int64_t)oh * s.w_out + ow);
-				int me = (ih - (oh * s.stride - s.pad)) * s.k + (iw - (ow * s.stride - s.pad));
-				if (idx[o] == me)
-					g += loom_ld(dy, dydt, o);
-			}
-		loom_st(dx, dxdt, e, g);
+	if (SAVED) {
+		int64_t o = plane_at<NHWC>(s.c, (int64_t)s.h_out * s.w_out, pl,
+					   (int64_t)oh * s.w_out + ow);
+		return idx[o] == (ih - (oh * s.stride - s.pad)) * s.k + (iw - (ow * s.stride - s.pad));
 	}
+	return pool_argmax<NHWC>(s, x, xdt, pl, oh, ow) == (int64_t)ih * s.w_in + iw;
 }
 
-/* One thread per input element: it gathers dy from every window whose max
- * it is, in the CPU's (oh, ow) order so that fp32 sums match exactly. */
-template <bool NHWC>
+/* One thread per input element (e: its place in dx's memory): it gathers
+ * dy from every window whose max it is, in the CPU's (oh, ow) order so
+ * that fp32 sums match exactly; SAVED: through the forward's idx. */
+template <bool NHWC, bool SAVED>
 __global__ void loom_maxpool_bwd_kernel(loom_pool_shape s, const void *x, int xdt,
-					const void *dy, int dydt, void *dx, int dxdt,
-					int64_t total)
+					const unsigned char *idx, const void *dy, int dydt,
+					void *dx, int dxdt, int64_t total)
 {
 	const int64_t ohw = (int64_t)s.h_out * s.w_out;
 	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
 	     e += (int64_t)gridDim.x * blockDim.x) {
-		int64_t pl;
-		int ih, iw;
-		elem_of<NHWC>(s.c, s.h_in, s.w_in, e, &pl, &ih, &iw);
-		int64_t me = (int64_t)ih * s.w_in + iw;
-		/* Fused relu: dy reaches a window's max only if it is > 0, and
-		 * this element is the max of every window it gathers from. */
-		if (s.relu && !(loom_ld(x, xdt, e) > 0.0f)) {
+		const auto [pl, ih, iw] = elem_of<NHWC>(s.c, s.h_in, s.w_in, e);
+		/* Fused relu, found again: dy reaches a window's max only if it
+		 * is > 0, and this element is the max of every window it
+		 * gathers from. */
+		if (!SAVED && s.relu && !(loom_ld(x, xdt, e) > 0.0f)) {
 			loom_st(dx, dxdt, e, 0.0f);
 			continue;
 		}
@@ -194,7 +162,7 @@ __global__ void loom_maxpool_bwd_kernel(loom_pool_shape s, const void *x, int xd
 		float g = 0.0f;
 		for (int oh = oh_lo; oh <= oh_hi; oh++)
 			for (int ow = ow_lo; ow <= ow_hi; ow++)
-				if (pool_argmax<NHWC>(s, x, xdt, pl, oh, ow) == me)
+				if (pool_is_max<NHWC, SAVED>(s, x, xdt, idx, pl, ih, iw, oh, ow))
 					g += loom_ld(dy, dydt,
 						     plane_at<NHWC>(s.c, ohw, pl, (int64_t)oh * s.w_out + ow));
 		loom_st(dx, dxdt, e, g);
@@ -262,102 +230,67 @@ __global__ void loom_global_avgpool_bwd_kernel(const void *dy, int dydt, void *d
 
 static const int threads = 256;
 
-#define POOL_LAUNCH(KERNEL, TOTAL, ...)                                                        \
+/* KERNEL<nhwc, WITH_IDX> on TOTAL threads' worth of blocks. */
+#define POOL_LAUNCH(KERNEL, WITH_IDX, TOTAL, ...)                                             \
 	do {                                                                                   \
 		if (nhwc)                                                                      \
-			KERNEL<true><<<loom_cuda_blocks(TOTAL, threads), threads, 0, s>>>(__VA_ARGS__); \
+			KERNEL<true, WITH_IDX><<<loom_cuda_blocks(TOTAL, threads), threads, 0, s>>>( \
+				__VA_ARGS__);                                                  \
 		else                                                                           \
-			KERNEL<false><<<loom_cuda_blocks(TOTAL, threads), threads, 0, s>>>(__VA_ARGS__); \
+			KERNEL<false, WITH_IDX><<<loom_cuda_blocks(TOTAL, threads), threads, 0, s>>>( \
+				__VA_ARGS__);                                                  \
 	} while (0)
 
 extern "C" loom_status loom_cuda_maxpool_fwd(char *err, cudaStream_t s,
 					     loom_pool_shape ps, const void *x, int xdt,
-					     void *y, int ydt, int nhwc)
+					     void *y, int ydt, unsigned char *idx, int nhwc)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
 	if (total <= 0)
 		return LOOM_OK;
-	POOL_LAUNCH(loom_maxpool_fwd_kernel, total, ps, x, xdt, y, ydt, total);
+	if (idx)
+		POOL_LAUNCH(loom_maxpool_fwd_kernel, true, total, ps, x, xdt, y, ydt, idx, total);
+	else
+		POOL_LAUNCH(loom_maxpool_fwd_kernel, false, total, ps, x, xdt, y, ydt, idx, total);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
 extern "C" loom_status loom_cuda_maxpool_bwd(char *err, cudaStream_t s,
 					     loom_pool_shape ps, const void *x, int xdt,
-					     const void *dy, int dydt, void *dx, int dxdt, int nhwc)
+					     const unsigned char *idx, const void *dy, int dydt,
+					     void *dx, int dxdt, int nhwc)
 {
 	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;
 	if (total <= 0)
 		return LOOM_OK;
-	POOL_LAUNCH(loom_maxpool_bwd_kernel, total, ps, x, xdt, dy, dydt, dx, dxdt, total);
+	if (idx)
+		POOL_LAUNCH(loom_maxpool_bwd_kernel, true, total, ps, x, xdt, idx, dy, dydt, dx,
+			    dxdt, total);
+	else
+		POOL_LAUNCH(loom_maxpool_bwd_kernel, false, total, ps, x, xdt, idx, dy, dydt, dx,
+			    dxdt, total);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
-extern "C" loom_status loom_cuda_maxpool_fwd_idx(char *err, cudaStream_t s,
-						 loom_pool_shape ps, const void *x, int xdt,
-						 void *y, int ydt, unsigned char *idx, int nhwc)
+extern "C" loom_status loom_cuda_global_avgpool(char *err, cudaStream_t s, int fwd, int nhwc,
+						const void *x, int xdt, void *y, int ydt,
+						int64_t n, int64_t c, int64_t hw)
 {
-	int64_t total = (int64_t)ps.n * ps.c * ps.h_out * ps.w_out;
-	if (total <= 0)
+	const int64_t nc = n * c, total = nc * hw;
+	if (fwd ? nc <= 0 : total <= 0)
 		return LOOM_OK;
-	POOL_LAUNCH(loom_maxpool_fwd_idx_kernel, total, ps, x, xdt, y, ydt, idx, total);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
-extern "C" loom_status loom_cuda_maxpool_bwd_idx(char *err, cudaStream_t s,
-						 loom_pool_shape ps, const unsigned char *idx,
-						 const void *dy, int dydt, void *dx, int dxdt, int nhwc)
-{
-	int64_t total = (int64_t)ps.n * ps.c * ps.h_in * ps.w_in;
-	if (total <= 0)
-		return LOOM_OK;
-	POOL_LAUNCH(loom_maxpool_bwd_idx_kernel, total, ps, idx, dy, dydt, dx, dxdt, total);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
-extern "C" loom_status loom_cuda_global_avgpool_fwd(char *err, cudaStream_t s,
-						    const void *x, int xdt, void *y, int ydt,
-						    int64_t nc, int64_t hw)
-{
-	if (nc <= 0)
-		return LOOM_OK;
-	loom_global_avgpool_fwd_kernel<<<loom_cuda_blocks(nc, threads / 32), threads, 0, s>>>(
-		x, xdt, y, ydt, nc, hw);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
-extern "C" loom_status loom_cuda_global_avgpool_bwd(char *err, cudaStream_t s,
-						    const void *dy, int dydt, void *dx, int dxdt,
-						    int64_t nc, int64_t hw)
-{
-	int64_t total = nc * hw;
-	if (total <= 0)
-		return LOOM_OK;
-	loom_global_avgpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
-		dy, dydt, dx, dxdt, total, hw);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
-extern "C" loom_status loom_cuda_global_avgpool_nhwc_fwd(char *err, cudaStream_t s,
-							 const void *x, int xdt, void *y, int ydt,
-							 int64_t n, int64_t c, int64_t hw)
-{
-	const int64_t nc = n * c;
-	if (nc <= 0)
-		return LOOM_OK;
-	loom_global_avgpool_nhwc_fwd_kernel<<<loom_cuda_blocks(nc, threads), threads, 0, s>>>(
-		x, xdt, y, ydt, nc, c, hw);
-	return LOOM_CUDA_LAUNCHED(err);
-}
-
-extern "C" loom_status loom_cuda_global_avgpool_nhwc_bwd(char *err, cudaStream_t s,
-							 const void *dy, int dydt, void *dx,
-							 int dxdt, int64_t n, int64_t c, int64_t hw)
-{
-	const int64_t total = n * c * hw;
-	if (total <= 0)
-		return LOOM_OK;
-	loom_global_avgpool_nhwc_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
-		dy, dydt, dx, dxdt, total, c, hw);
+	if (fwd && nhwc)
+		loom_global_avgpool_nhwc_fwd_kernel<<<loom_cuda_blocks(nc, threads), threads, 0, s>>>(
+			x, xdt, y, ydt, nc, c, hw);
+	else if (fwd)
+		loom_global_avgpool_fwd_kernel<<<loom_cuda_blocks(nc, threads / 32), threads, 0, s>>>(
+			x, xdt, y, ydt, nc, hw);
+	else if (nhwc)
+		loom_global_avgpool_nhwc_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0,
+						      s>>>(x, xdt, y, ydt, total, c, hw);
+	else
+		loom_global_avgpool_bwd_kernel<<<loom_cuda_blocks(total, threads), threads, 0, s>>>(
+			x, xdt, y, ydt, total, hw);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -371,11 +304,8 @@ loom_status loom_cuda_op_maxpool2d(loom_cuda_ctx *c, const loom_plan *plan, loom
 	loom_pool_shape_of(plan->g, v, &ps);
 	int nhwc = plan->g->nodes[v].format == LOOM_FORMAT_NHWC;
 	unsigned char *idx = (unsigned char *)loom_cuda_saved_slot(c, v, v);
-	if (idx)
-		return loom_cuda_maxpool_fwd_idx(c->err, c->stream, ps, io->src[0], io->dt[0],
-						 io->out, io->odt, idx, nhwc);
-	return loom_cuda_maxpool_fwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->out,
-				     io->odt, nhwc);
+	return loom_cuda_maxpool_fwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->out, io->odt,
+				     idx, nhwc);
 }
 
 loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
@@ -383,46 +313,38 @@ loom_status loom_cuda_op_maxpool2d_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 {
 	loom_pool_shape ps;
 	loom_pool_shape_of(plan->g, v, &ps);
-	/* The forward's argmax, saved in this (training) run. */
+	/* The forward's argmax, saved in this (training) run; else found
+	 * again from x. */
 	const unsigned char *idx =
 		c->train ? (const unsigned char *)loom_cuda_saved_slot(c, v, LOOM_NONE) : NULL;
 	/* x, dy and dx share the node's format (formats.c) */
 	int nhwc = plan->g->nodes[v].format == LOOM_FORMAT_NHWC;
-	if (idx)
-		return loom_cuda_maxpool_bwd_idx(c->err, c->stream, ps, idx, io->src[1], io->dt[1],
-						 io->out, io->odt, nhwc);
-	return loom_cuda_maxpool_bwd(c->err, c->stream, ps, io->src[0], io->dt[0], io->src[1],
+	return loom_cuda_maxpool_bwd(c->err, c->stream, ps, io->src[0], io->dt[0], idx, io->src[1],
 				     io->dt[1], io->out, io->odt, nhwc);
 }
 
-/* x [N, C, H, W] -> [N, C]; x NCHW or NHWC (formats.c, LOOM_CUDA_POOL_NHWC) */
+/* Global average pooling, forward or backward, of the [N, C, H, W] value
+ * img (x, or dx) in its format: NCHW or NHWC (formats.c,
+ * LOOM_CUDA_POOL_NHWC); the other side is [N, C]. */
+static loom_status global_avgpool(loom_cuda_ctx *c, const loom_cuda_io *io, const loom_node *img,
+				  int fwd)
+{
+	const int64_t *d = img->shape.dims;
+	return loom_cuda_global_avgpool(c->err, c->stream, fwd, img->format == LOOM_FORMAT_NHWC,
+					io->src[0], io->dt[0], io->out, io->odt, d[0], d[1],
+					d[2] * d[3]);
+}
+
+/* x [N, C, H, W] -> [N, C] */
 loom_status loom_cuda_op_global_avgpool(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 					const loom_cuda_io *io)
 {
-	const loom_node *n = &plan->g->nodes[v];
-	const loom_node *x = &plan->g->nodes[n->src[0]];
-	if (x->format == LOOM_FORMAT_NHWC)
-		return loom_cuda_global_avgpool_nhwc_fwd(c->err, c->stream, io->src[0], io->dt[0],
-							 io->out, io->odt, x->shape.dims[0],
-							 x->shape.dims[1],
-							 x->shape.dims[2] * x->shape.dims[3]);
-	return loom_cuda_global_avgpool_fwd(c->err, c->stream, io->src[0], io->dt[0], io->out,
-					    io->odt, loom_shape_numel(&n->shape),
-					    x->shape.dims[2] * x->shape.dims[3]);
+	return global_avgpool(c, io, &plan->g->nodes[plan->g->nodes[v].src[0]], 1);
 }
 
-/* dy [N, C] -> dx [N, C, H, W], dx NCHW or NHWC */
+/* dy [N, C] -> dx [N, C, H, W] */
 loom_status loom_cuda_op_global_avgpool_bwd(loom_cuda_ctx *c, const loom_plan *plan,
 					    loom_value v, const loom_cuda_io *io)
 {
-	const loom_node *n = &plan->g->nodes[v];
-	const loom_node *x = &plan->g->nodes[n->src[0]];
-	if (n->format == LOOM_FORMAT_NHWC)
-		return loom_cuda_global_avgpool_nhwc_bwd(c->err, c->stream, io->src[0], io->dt[0],
-							 io->out, io->odt, n->shape.dims[0],
-							 n->shape.dims[1],
-							 n->shape.dims[2] * n->shape.dims[3]);
-	return loom_cuda_global_avgpool_bwd(c->err, c->stream, io->src[0], io->dt[0], io->out,
-					    io->odt, loom_shape_numel(&x->shape),
-					    n->shape.dims[2] * n->shape.dims[3]);
+	return global_avgpool(c, io, &plan->g->nodes[v], 0);
 }

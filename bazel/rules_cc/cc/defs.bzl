@@ -1,25 +1,10 @@
 """Re-exports Bazel 4's native C/C++ rules: Debian's bazel-rules-cc is too new for it."""
 
-def cc_library(**kwargs):
-    native.cc_library(**kwargs)
-
-def cc_binary(**kwargs):
-    native.cc_binary(**kwargs)
-
-def cc_test(**kwargs):
-    native.cc_test(**kwargs)
-
-def cc_import(**kwargs):
-    native.cc_import(**kwargs)
-
-def cc_proto_library(**kwargs):
-    native.cc_proto_library(**kwargs)
-
-def cc_toolchain(**kwargs):
-    native.cc_toolchain(**kwargs)
-
-def cc_toolchain_suite(**kwargs):
-    native.cc_toolchain_suite(**kwargs)
-
-def objc_library(**kwargs):
-    native.objc_library(**kwargs)
+cc_library = native.cc_library
+cc_binary = native.cc_binary
+cc_test = native.cc_test
+cc_import = native.cc_import
+cc_proto_library = native.cc_proto_library
+cc_toolchain = native.cc_toolchain
+cc_toolchain_suite = native.cc_toolchain_suite
+objc_library = native.objc_library
