@@ -6,7 +6,7 @@
  * where the backend and the transport can, else on the host), why such
  * a step is not captured as one graph, and ZeRO's sharded values (read,
  * written and reported by the engine through these). The executor reaches
- * these through program->shards (engine/program_internal.h), which the
+ * these through program->shards (engine/pass.h), which the
  * passes set (passes.c).
  */
 #include <math.h>
@@ -34,7 +34,7 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 	loom_status st;
 	/* On the device: the flag summed over the ranks in the compute
 	 * stream's order (an NCCL all-reduce of one value), no host wait. */
-	if (p->exec.device_wait && sd && sd->grads_finite_device && pl->zero && !pl->pipe) {
+	if (loom_exec_device_wait(p) && sd && sd->grads_finite_device && pl->zero && !pl->pipe) {
 		void *flag = NULL;
 		if ((st = sd->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
 						     &flag)) != LOOM_OK)
@@ -82,7 +82,7 @@ static loom_status shard_norm(loom_program *p, const loom_step *s)
 	const loom_backend_sharded *sd = p->be->sharded;
 	double mine = 0, *all = NULL, sum = 0;
 	loom_status st;
-	if (p->exec.device_wait && norm_on_device(p)) {
+	if (loom_exec_device_wait(p) && norm_on_device(p)) {
 		void *sumsq = NULL;
 		if ((st = sd->grad_sumsq_device(p->be_ctx, pl, &p->arena, &p->ts, s->first,
 						   s->last, &sumsq)) != LOOM_OK)
