@@ -11,6 +11,13 @@
  * before step 1 (the plan check, the broadcast of rank 0's values, the
  * pipeline's peers). A strategy is a pass (parallel/passes.c), not a
  * branch in loom_compile.
+ *
+ * This header is what a pass sees of the engine: the program (the plan,
+ * the training state, the backend and its arena, the hooks a strategy
+ * installs), the pass table, and the functions the engine offers a pass.
+ * The executor's state and the engine's other helpers stay in
+ * engine/program_internal.h, which builds on this one: parallel/ never
+ * includes it (tests/base:test_include_arrows).
  */
 #ifndef LOOM_ENGINE_PASS_H
 #define LOOM_ENGINE_PASS_H
