@@ -147,7 +147,8 @@ static inline size_t loom_value_bytes(const loom_program *p, loom_value v)
 }
 
 /*
- * What the engine offers a pass (a strategy's run-time hooks included).
+ * What the engine offers a pass, at compile time and in a strategy's
+ * run-time members and hooks.
  */
 
 /* The executor (engine/exec.c): walks steps [first, last) of the plan on

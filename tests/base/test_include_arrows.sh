@@ -5,9 +5,10 @@
 # only and io/ through the header engine exports for it, so that no file
 # outside engine/ includes engine/program_internal.h and engine/ names
 # neither parallel/ nor io/. No file of parallel/ or io/ reaches
-# engine/program_internal.h through a chain of includes either. The arguments are the library's sources
-# (every folder's :sources filegroup); public headers ("loom.h") and a
-# folder's own unprefixed headers are not arrows.
+# engine/program_internal.h through a chain of includes either. The
+# arguments are the library's sources (every folder's :sources
+# filegroup); public headers ("loom.h") and a folder's own unprefixed
+# headers are not arrows.
 set -u
 
 # What each folder may include besides itself and base/: folders, or
