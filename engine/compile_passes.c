@@ -14,6 +14,7 @@
 #include "base/options.h"
 #include "comm/comm.h"
 #include "engine/pass.h"
+#include "engine/program_internal.h" /* the engine's own passes: steps, formats, support */
 #include "graph/ops/ops.h"
 
 /* ------------------------------------------------------------ amp */

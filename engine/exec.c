@@ -48,20 +48,20 @@ static int timer(loom_program *p, loom_stream stream)
 {
 	if (!p->ts.trace)
 		return -1;
-	int slot = p->exec.n_timers;
+	int slot = p->exec->n_timers;
 	const loom_backend_timing *tm = p->be->timing;
 	if (!tm || tm->timer_record(p->be_ctx, slot, stream) != LOOM_OK) {
 		p->ts.trace->lost++;
 		return -1;
 	}
-	p->exec.n_timers++;
+	p->exec->n_timers++;
 	return slot;
 }
 
 /* Index of the new span, -1 if none. */
 static int span(loom_program *p, int kind, int id, int aux, int t0, int t1)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	if (!p->ts.trace || t0 < 0)
 		return -1;
 	if (x->n_spans == x->cap_spans) {
@@ -78,6 +78,11 @@ static int span(loom_program *p, int kind, int id, int aux, int t0, int t1)
 	return x->n_spans++;
 }
 
+int loom_exec_device_wait(const loom_program *p)
+{
+	return p->exec->device_wait;
+}
+
 int loom_exec_timer(loom_program *p, loom_stream stream)
 {
 	return timer(p, stream);
@@ -90,7 +95,7 @@ int loom_exec_add_span(loom_program *p, int kind, int id, int aux, int t0, int t
 
 loom_status loom_exec_trace_flush(loom_program *p)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	loom_trace *tr = p->ts.trace;
 	const loom_backend_timing *tm = p->be->timing; /* none: timer() made no spans */
 	for (int i = 0; tr && tm && i < x->n_spans; i++) {
@@ -118,7 +123,7 @@ static int n_colls(const loom_plan *pl)
 
 static loom_status exec_alloc(loom_program *p)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	int n = n_colls(&p->plan);
 	if (x->pending || n == 0)
 		return LOOM_OK;
@@ -179,10 +184,10 @@ void loom_exec_free(loom_exec *x)
 /* The collective ended (seen by the host): its span, if it waits for an end. */
 static void seen_complete(loom_program *p, int k)
 {
-	int i = p->exec.pending_span[k];
-	if (i >= 0 && p->exec.spans[i].t1 < 0)
-		p->exec.spans[i].t1 = timer(p, LOOM_STREAM_COMPUTE);
-	p->exec.pending_span[k] = -1;
+	int i = p->exec->pending_span[k];
+	if (i >= 0 && p->exec->spans[i].t1 < 0)
+		p->exec->spans[i].t1 = timer(p, LOOM_STREAM_COMPUTE);
+	p->exec->pending_span[k] = -1;
 }
 
 /* Whether collective k may start now: a group, a known bucket, none of its
@@ -194,12 +199,12 @@ static loom_status coll_check(loom_program *p, const loom_step *s, int k)
 	if (!pl->comm || k < 0 || k >= n_colls(pl))
 		return loom_program_fail(p, LOOM_ERR_STATE, "%s of bucket %d: no process group",
 					 loom_coll_name(s->coll), k);
-	if (p->exec.pending[k])
+	if (p->exec->pending[k])
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "%s of bucket %d started before the last one ended",
 					 loom_coll_name(s->coll), k);
 	/* A collective the watchdog saw fail ends the run at the next one. */
-	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+	if (p->exec->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
 	return LOOM_OK;
 }
@@ -223,7 +228,7 @@ static loom_status coll_gather_in(loom_program *p, const loom_gather *gt, const 
  * kept[k] and no mark (-1). */
 static loom_status coll_mark(loom_program *p, const loom_step *s, int k, int *mark)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	*mark = -1;
 	if (!x->capturing)
 		return LOOM_OK;
@@ -256,7 +261,7 @@ static loom_status coll_launch(loom_program *p, const loom_step *s, const loom_b
 static loom_status coll_start(loom_program *p, const loom_step *s)
 {
 	const loom_plan *pl = &p->plan;
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	int k = s->index, mark;
 	loom_status st;
 	if ((st = coll_check(p, s, k)) != LOOM_OK)
@@ -308,7 +313,7 @@ static loom_status coll_start(loom_program *p, const loom_step *s)
  * the outstanding ones between nodes. */
 static loom_status coll_progress(loom_program *p)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	for (int k = 0; k < n_colls(&p->plan); k++) {
 		int done = 0;
 		if (!x->pending[k])
@@ -332,7 +337,7 @@ static loom_status coll_progress(loom_program *p)
  */
 static loom_status coll_wait_device(loom_program *p, int only)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	loom_status st, first = LOOM_OK;
 	if (only >= 0 && (only >= n_colls(&p->plan) || !x->pending[only]))
 		return LOOM_OK; /* not in flight: nothing to wait for */
@@ -366,7 +371,7 @@ static loom_status coll_wait_device(loom_program *p, int only)
  * that one. */
 static loom_status coll_wait(loom_program *p, int only)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	loom_status first = LOOM_OK;
 	if (x->device_wait)
 		return coll_wait_device(p, only);
@@ -390,17 +395,17 @@ static loom_status coll_wait(loom_program *p, int only)
 
 void loom_exec_drain(loom_program *p)
 {
-	if (p->exec.n_pending)
+	if (p->exec->n_pending)
 		(void)coll_wait(p, -1);
-	if (p->exec.device_wait) {
+	if (p->exec->device_wait) {
 		/* The watchdog lets go of the works before they are freed. */
 		(void)loom_comm_watch_drain(p->plan.comm);
 		for (int k = 0; k < n_colls(&p->plan); k++)
-			loom_comm_work_free(p->plan.comm, p->exec.kept[k]);
-		for (int m = 0; p->exec.mark_work && m < p->exec.n_marks; m++)
-			loom_comm_work_free(p->plan.comm, p->exec.mark_work[m]);
-		p->exec.n_marked = 0;
-		p->exec.device_wait = 0;
+			loom_comm_work_free(p->plan.comm, p->exec->kept[k]);
+		for (int m = 0; p->exec->mark_work && m < p->exec->n_marks; m++)
+			loom_comm_work_free(p->plan.comm, p->exec->mark_work[m]);
+		p->exec->n_marked = 0;
+		p->exec->device_wait = 0;
 	}
 	if (p->transport)
 		p->transport->drop(p);
@@ -417,7 +422,7 @@ loom_status loom_exec_synchronize(loom_program *p)
 		return be_fail(p, st);
 	/* The device is idle: the watchdog's works have ended, or failed (a
 	 * timeout aborted the communicator, which let the device go on). */
-	if (p->exec.device_wait && (st = loom_comm_watch_drain(p->plan.comm)) != LOOM_OK)
+	if (p->exec->device_wait && (st = loom_comm_watch_drain(p->plan.comm)) != LOOM_OK)
 		return comm_fail(p, st);
 	return LOOM_OK;
 }
@@ -550,12 +555,12 @@ static loom_status fp8_step_end(loom_program *p)
 
 loom_status loom_exec_fp8_host(loom_program *p)
 {
-	if (!p->fp8_on_device_newer)
+	if (!p->exec->fp8_on_device_newer)
 		return LOOM_OK;
 	loom_status st = p->be->fp8->fp8_download(p->be_ctx, &p->ts.fp8);
 	if (st != LOOM_OK)
 		return be_fail(p, st);
-	p->fp8_on_device_newer = 0;
+	p->exec->fp8_on_device_newer = 0;
 	return LOOM_OK;
 }
 
@@ -566,7 +571,7 @@ loom_status loom_exec_fp8_device(loom_program *p)
 	loom_status st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8);
 	if (st != LOOM_OK)
 		return be_fail(p, st);
-	p->fp8_on_device_newer = 0;
+	p->exec->fp8_on_device_newer = 0;
 	return LOOM_OK;
 }
 
@@ -696,15 +701,15 @@ static int graph_allowed(const loom_program *p, char *why, size_t len)
 /* A run that is one whole training step, as the graph holds it. */
 static int graph_step(const loom_program *p, int first, int last, unsigned flags)
 {
-	return p->exec.graph > 0 && first == 0 && last == p->plan.n_steps &&
+	return p->exec->graph > 0 && first == 0 && last == p->plan.n_steps &&
 	       flags == LOOM_EXEC_TRAIN && !p->ts.trace;
 }
 
 static void graph_off(loom_program *p, const char *fmt, const char *what)
 {
-	p->exec.graph = -1;
-	snprintf(p->exec.graph_note, sizeof(p->exec.graph_note), fmt, what);
-	loom_log("loom: cuda graph: %s; steps run eagerly", p->exec.graph_note);
+	p->exec->graph = -1;
+	snprintf(p->exec->graph_note, sizeof(p->exec->graph_note), fmt, what);
+	loom_log("loom: cuda graph: %s; steps run eagerly", p->exec->graph_note);
 }
 
 /* The launch just queued (capture_end's run or a replay): each collective
@@ -712,7 +717,7 @@ static void graph_off(loom_program *p, const char *fmt, const char *what)
  * launch's serial", with the group's timeout from now. */
 static loom_status watch_marks(loom_program *p)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	loom_status first = LOOM_OK;
 	if (!x->n_marked)
 		return LOOM_OK;
@@ -732,7 +737,7 @@ static loom_status watch_marks(loom_program *p)
 static void fp8_device_runs(loom_program *p)
 {
 	if (p->ts.fp8.delayed && p->be->fp8)
-		p->fp8_on_device_newer = 1;
+		p->exec->fp8_on_device_newer = 1;
 }
 
 /* A replayed step: the host's changes pushed (run_begin), one launch, its
@@ -743,7 +748,7 @@ static loom_status graph_replay(loom_program *p)
 	const loom_plan *pl = &p->plan;
 	const loom_backend *be = p->be;
 	loom_status st;
-	if (p->exec.device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
+	if (p->exec->device_wait && (st = loom_comm_watch_status(pl->comm)) != LOOM_OK)
 		return comm_fail(p, st);
 	if ((st = be->run_begin(p->be_ctx, pl, &p->arena, &p->ts,
 				LOOM_EXEC_TRAIN | LOOM_EXEC_REPLAY)) != LOOM_OK ||
@@ -753,7 +758,7 @@ static loom_status graph_replay(loom_program *p)
 	loom_status watched = watch_marks(p);
 	if ((st = be->run_end(p->be_ctx, pl, &p->arena, &p->ts)) != LOOM_OK)
 		return be_fail(p, st);
-	p->exec.graph_runs++;
+	p->exec->graph_runs++;
 	return watched;
 }
 
@@ -762,7 +767,7 @@ static loom_status walk_steps(loom_program *p, int first, int last, unsigned fla
 
 loom_status loom_exec_run(loom_program *p, int first, int last, unsigned flags)
 {
-	loom_exec *x = &p->exec;
+	loom_exec *x = p->exec;
 	loom_status st;
 	if (x->graph == 0) {
 		char why[128];
@@ -812,7 +817,7 @@ static loom_status exec_walk(loom_program *p, int first, int last, unsigned flag
 	if (capture) {
 		if ((st = be->graph->capture_begin(p->be_ctx, pl)) != LOOM_OK)
 			return be_fail(p, st);
-		loom_exec *x = &p->exec;
+		loom_exec *x = p->exec;
 		x->n_marked = 0;
 		x->capturing = 1;
 		st = walk_steps(p, first, last, flags);
@@ -873,7 +878,7 @@ static loom_status walk_steps(loom_program *p, int first, int last, unsigned fla
 			return st;
 		if ((st = exec_step(p, s, i, flags, diagnose)) != LOOM_OK)
 			return st;
-		if (s->kind == LOOM_STEP_NODE && host_progress && p->exec.n_pending &&
+		if (s->kind == LOOM_STEP_NODE && host_progress && p->exec->n_pending &&
 		    (st = coll_progress(p)) != LOOM_OK)
 			return st;
 		if (s->kind == LOOM_STEP_NODE && p->transport &&

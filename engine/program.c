@@ -145,14 +145,22 @@ static loom_status check_args(const loom_graph *g, loom_value loss, const loom_c
 	return LOOM_OK;
 }
 
+/* A program and its executor's state, allocated (and freed) as one. */
+typedef struct program_alloc {
+	loom_program p; /* first: free(p) frees both */
+	loom_exec exec;
+} program_alloc;
+
 /* The program the passes fill: the options, the training state's start,
  * the plan's fingerprint and world, its own copy of the graph. */
 static loom_status program_new(loom_graph *g, loom_value loss, const loom_compile_opts *o,
 			       loom_program **out)
 {
-	loom_program *p = calloc(1, sizeof(*p));
-	if (!p)
+	program_alloc *a = calloc(1, sizeof(*a));
+	if (!a)
 		return loom_fail(LOOM_ERR_NOMEM, "out of memory");
+	loom_program *p = &a->p;
+	p->exec = &a->exec;
 	*out = p;
 	p->plan.opts = *o;
 	if (o->inference) /* no gradients: nothing to optimize */
@@ -304,7 +312,7 @@ void loom_program_free(loom_program *p)
 	loom_trace_free(p->ts.trace);
 	loom_fp8_state_free(&p->ts.fp8);
 	loom_input_buffers_free(p);
-	loom_exec_free(&p->exec);
+	loom_exec_free(p->exec);
 	for (int i = 0; i < loom_n_compile_passes; i++)
 		if (loom_compile_passes[i]->release)
 			loom_compile_passes[i]->release(p);
@@ -749,7 +757,7 @@ void loom_program_info_get(const loom_program *p, loom_program_info *info)
 	info->skipped_steps = p->ts.scaler.skipped_steps;
 	info->grad_norm = p->ts.grad_norm;
 	info->amp_report = p->ts.amp_report;
-	info->graph_note = p->exec.graph < 0 ? p->exec.graph_note : "";
+	info->graph_note = p->exec->graph < 0 ? p->exec->graph_note : "";
 	if (p->be->timing && p->be->timing->counters) {
 		loom_backend_counters k = { 0 };
 		p->be->timing->counters(p->be_ctx, &k);

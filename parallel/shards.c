@@ -6,7 +6,7 @@
  * where the backend and the transport can, else on the host), why such
  * a step is not captured as one graph, and ZeRO's sharded values (read,
  * written and reported by the engine through these). The executor reaches
- * these through program->shards (engine/program_internal.h), which the
+ * these through program->shards (engine/pass.h), which the
  * passes set (passes.c).
  */
 #include <math.h>
@@ -24,6 +24,16 @@ static loom_status comm_fail(loom_program *p, loom_status st)
 	return loom_program_fail(p, st, "%s", loom_pg_error(p->plan.opts.pg));
 }
 
+/* One value on the device (a shard's flag or sum of squares) summed over
+ * the ranks in the compute stream's order: no host wait, so a captured
+ * step holds it. */
+static loom_status sum_on_device(loom_program *p, void *value, loom_dtype dt)
+{
+	loom_status st = loom_comm_allreduce_ordered(p->plan.comm, value, 1, dt,
+						     p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE));
+	return st != LOOM_OK ? comm_fail(p, st) : LOOM_OK;
+}
+
 /* ZeRO: every rank checked its shard; a step is skipped everywhere when
  * any shard overflowed. */
 static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finite)
@@ -32,17 +42,15 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 	const loom_backend_sharded *sd = p->be->sharded;
 	int mine = 1;
 	loom_status st;
-	/* On the device: the flag summed over the ranks in the compute
-	 * stream's order (an NCCL all-reduce of one value), no host wait. */
-	if (p->exec.device_wait && sd && sd->grads_finite_device && pl->zero && !pl->pipe) {
+	/* On the device: the flag summed over the ranks there (an NCCL
+	 * all-reduce of one value). */
+	if (loom_exec_device_wait(p) && sd && sd->grads_finite_device && pl->zero && !pl->pipe) {
 		void *flag = NULL;
 		if ((st = sd->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
 						     &flag)) != LOOM_OK)
 			return loom_program_backend_fail(p, st);
-		if ((st = loom_comm_allreduce_ordered(pl->comm, flag, 1, LOOM_I32,
-						      p->be->stream_handle(p->be_ctx,
-									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
-			return comm_fail(p, st);
+		if ((st = sum_on_device(p, flag, LOOM_I32)) != LOOM_OK)
+			return st;
 		*finite = LOOM_FINITE_ON_DEVICE;
 		return LOOM_OK;
 	}
@@ -82,16 +90,12 @@ static loom_status shard_norm(loom_program *p, const loom_step *s)
 	const loom_backend_sharded *sd = p->be->sharded;
 	double mine = 0, *all = NULL, sum = 0;
 	loom_status st;
-	if (p->exec.device_wait && norm_on_device(p)) {
+	if (loom_exec_device_wait(p) && norm_on_device(p)) {
 		void *sumsq = NULL;
 		if ((st = sd->grad_sumsq_device(p->be_ctx, pl, &p->arena, &p->ts, s->first,
 						   s->last, &sumsq)) != LOOM_OK)
 			return loom_program_backend_fail(p, st);
-		if ((st = loom_comm_allreduce_ordered(pl->comm, sumsq, 1, LOOM_F64,
-						      p->be->stream_handle(p->be_ctx,
-									   LOOM_STREAM_COMPUTE))) != LOOM_OK)
-			return comm_fail(p, st);
-		return LOOM_OK;
+		return sum_on_device(p, sumsq, LOOM_F64);
 	}
 	if (!sd || !sd->grad_sumsq)
 		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,

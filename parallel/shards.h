@@ -1,5 +1,5 @@
 /*
- * parallel/shards.h — the loom_shards tables (engine/program_internal.h)
+ * parallel/shards.h — the loom_shards tables (engine/pass.h)
  * the passes give a program whose ranks each hold some of the gradients.
  */
 #ifndef LOOM_PARALLEL_SHARDS_H

@@ -4,9 +4,11 @@
 # below it; parallel/ reaches engine/ through the plan and pass headers
 # only and io/ through the header engine exports for it, so that no file
 # outside engine/ includes engine/program_internal.h and engine/ names
-# neither parallel/ nor io/. The arguments are the library's sources
-# (every folder's :sources filegroup); public headers ("loom.h") and a
-# folder's own unprefixed headers are not arrows.
+# neither parallel/ nor io/. No file of parallel/ or io/ reaches
+# engine/program_internal.h through a chain of includes either. The
+# arguments are the library's sources (every folder's :sources
+# filegroup); public headers ("loom.h") and a folder's own unprefixed
+# headers are not arrows.
 set -u
 
 # What each folder may include besides itself and base/: folders, or
@@ -63,6 +65,70 @@ for f in "$@"; do
 		fi
 	done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
 done
+# No file of parallel/ or io/ reaches engine/program_internal.h through the
+# headers it includes either (an engine header that includes it, or a
+# folder's own header that includes such a header); the chain is named.
+declare -A path_of # an include's text ("engine/pass.h") -> the file given
+for f in "$@"; do
+	for folder in $folders; do
+		case "/$f" in */"$folder"/*)
+			g="/$f"
+			path_of["$folder/${g##*/"$folder"/}"]=$f
+			;;
+		esac
+	done
+done
+includes() { # the quoted includes of file $1
+	sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]*)".*/\1/p' "$1"
+}
+resolve() { # the file given that include $2 of file $1 names, else nothing
+	if [ -n "${path_of[$2]:-}" ]; then
+		echo "${path_of[$2]}"
+	elif [[ "$2" != */* ]] && [ -f "$(dirname "$1")/$2" ]; then
+		echo "$(dirname "$1")/$2"
+	fi
+}
+# chain_of[h]: "" when h reaches no engine/program_internal.h, "!" for that
+# header itself, else the includes that lead there ("engine/pass.h ->
+# engine/program_internal.h").
+declare -A chain_of
+reaches() {
+	local h=$1 inc to
+	[ -n "${chain_of[$h]+set}" ] && return
+	chain_of[$h]="" # a cycle ends here
+	case "/$h" in */engine/program_internal.h)
+		chain_of[$h]="!"
+		return
+		;;
+	esac
+	while IFS= read -r inc; do
+		to=$(resolve "$h" "$inc")
+		[ -z "$to" ] && continue
+		reaches "$to"
+		case "${chain_of[$to]}" in
+		"") ;;
+		"!") chain_of[$h]=$inc && return ;;
+		*) chain_of[$h]="$inc -> ${chain_of[$to]}" && return ;;
+		esac
+	done < <(includes "$h")
+}
+for f in "$@"; do
+	case "/$f" in */parallel/* | */io/*) ;; *) continue ;; esac
+	while IFS= read -r inc; do
+		to=$(resolve "$f" "$inc")
+		[ -z "$to" ] && continue
+		reaches "$to"
+		case "${chain_of[$to]}" in
+		"") continue ;;
+		"!") via=$inc ;;
+		*) via="$inc -> ${chain_of[$to]}" ;;
+		esac
+		echo "$f: reaches engine/program_internal.h through $via"
+		bad=1
+		break
+	done < <(includes "$f")
+done
+
 if [ "$n" -lt 100 ]; then
 	echo "only $n source files given: the filegroups are missing some folders"
 	exit 1

@@ -780,7 +780,7 @@ Test(graph, the_first_step_runs_eagerly_the_second_is_captured_the_rest_replayed
 	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(gr.replays, 4);
 	cr_assert_eq(gr.begins, 1);
-	cr_assert_eq(p->exec.graph, 1);
+	cr_assert_eq(p->exec->graph, 1);
 	free_all(p, g);
 }
 
@@ -805,7 +805,7 @@ Test(graph, a_failed_capture_is_said_once_and_the_steps_run_eagerly)
 	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
 	/* walked under capture, then again eagerly */
 	cr_assert_eq(gr.nodes, 3 * per_step);
-	cr_assert_eq(p->exec.graph, -1);
+	cr_assert_eq(p->exec->graph, -1);
 	cr_assert(strstr(logged, "cuda graph: capture failed"), "log: %s", logged);
 	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
 	cr_assert_eq(gr.nodes, 4 * per_step);
@@ -837,7 +837,7 @@ Test(graph, refused_where_it_cannot_hold_and_off_on_request)
 		cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_program_error(p));
 	unsetenv("LOOM_CUDA_GRAPH");
 	cr_assert_eq(gr.begins + gr.replays, 0);
-	cr_assert_str_eq(p->exec.graph_note, "off (LOOM_CUDA_GRAPH=0)");
+	cr_assert_str_eq(p->exec->graph_note, "off (LOOM_CUDA_GRAPH=0)");
 	free_all(p, g);
 	loom_set_log(NULL, NULL);
 }
@@ -991,7 +991,7 @@ Test(graph_ranks, a_captured_step_hands_its_collectives_to_the_watchdog_by_mark)
 	loom_graph *g, *g1;
 	loom_program *one, *p = train_beside_one(pg, 2, &g, &one, &g1);
 	int nb = p->plan.buckets.n;
-	cr_assert_eq(p->exec.graph, 1, "refused: %s", p->exec.graph_note);
+	cr_assert_eq(p->exec->graph, 1, "refused: %s", p->exec->graph_note);
 	cr_assert_eq(gr.begins, 1);
 	cr_assert_eq(gr.keeps, 1);
 	/* A mark after each bucket's collective, recorded in the capture. */
@@ -1005,7 +1005,7 @@ Test(graph_ranks, a_captured_step_hands_its_collectives_to_the_watchdog_by_mark)
 	 * by its mark, each replay's before the device wrote them (the fake
 	 * writes at the host's synchronise, after run_end); the watchdog
 	 * waited on the marks, never the step's thread. */
-	cr_assert_eq(p->exec.mark_handed, (uint64_t)(4 * nb));
+	cr_assert_eq(p->exec->mark_handed, (uint64_t)(4 * nb));
 	cr_assert_eq(mk.late_at_end, 3, "a replay's marks were written before its run ended");
 	cr_assert_geq(mk.handed_by_end, (uint64_t)(4 * nb));
 	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
@@ -1066,12 +1066,12 @@ Test(graph_ranks, every_step_kind_of_zero_runs_captured_and_replayed)
 		for (int s = 0; s < 4; s++)
 			cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_OK, "zero %d: %s", zero,
 				     loom_program_error(p));
-		cr_assert_eq(p->exec.graph, 1, "zero %d refused: %s", zero, p->exec.graph_note);
+		cr_assert_eq(p->exec->graph, 1, "zero %d refused: %s", zero, p->exec->graph_note);
 		cr_assert_eq(gr.replays, 2, "zero %d", zero);
 		/* A mark per collective the step starts (a bucket's
 		 * reduce-scatter and all-gather: two). */
 		cr_assert_eq(mk.n_records, colls, "zero %d", zero);
-		cr_assert_eq(p->exec.n_marked, colls);
+		cr_assert_eq(p->exec->n_marked, colls);
 		cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);
 		cr_assert_eq(atomic_load(&fd.mark_waits), 3 * mk.n_records, "zero %d", zero);
 		cr_assert_eq(fd.host_waits, 0, "zero %d", zero);
@@ -1170,7 +1170,7 @@ Test(graph_ranks, world1_buckets_hook_captures_the_all_reduces)
 		if (s == 1) /* eager, then captured: one process's numbers */
 			expect_params_equal(p, one, 0);
 	}
-	cr_assert_eq(p->exec.graph, 1, "refused: %s", p->exec.graph_note);
+	cr_assert_eq(p->exec->graph, 1, "refused: %s", p->exec->graph_note);
 	cr_assert_eq(gr.replays, 3);
 	cr_assert_eq(mk.n_records, nb);
 	cr_assert_eq(loom_comm_watch_drain(pg->device), LOOM_OK);

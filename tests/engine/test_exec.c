@@ -940,8 +940,8 @@ Test(exec, a_collective_of_another_kind_is_refused_before_it_starts)
 			   loom_program_error(p));
 	cr_expect_eq(rec.copies, 0, "the shard was copied first");
 	cr_expect_eq(fk.n, 0, "%d communicator calls", fk.n);
-	cr_expect_eq(p->exec.n_pending, 0);
-	cr_expect_null(p->exec.pending[pl->steps[i].index], "left in flight");
+	cr_expect_eq(p->exec->n_pending, 0);
+	cr_expect_null(p->exec->pending[pl->steps[i].index], "left in flight");
 	free_ranked(p, g, pg);
 }
 

@@ -3373,17 +3373,17 @@ static void graph_vs_eager(const char *what, loom_opt_level level, loom_dtype ha
 			  "%s step %d: loss %.17g eager, %.17g from the graph", what, s, le, lq);
 	}
 	q->be->timing->counters(q->be_ctx, &c1);
-	cr_assert_eq(q->exec.graph, 1, "%s: the graph was given up: %s", what, q->exec.graph_note);
+	cr_assert_eq(q->exec->graph, 1, "%s: the graph was given up: %s", what, q->exec->graph_note);
 	cr_assert_eq(c1.captures, 1, "%s: %ld captures", what, c1.captures);
 	cr_assert_eq(c1.replays, 18, "%s: %ld replays", what, c1.replays);
 	/* With buckets (graph_pg): every collective of the capture's run and
 	 * of the 18 replays handed to the watchdog by its progress mark. */
 	if (graph_pg) {
 		cr_assert_geq(q->plan.buckets.n, 2, "%s: %d buckets", what, q->plan.buckets.n);
-		cr_assert_eq(q->exec.n_marked, q->plan.buckets.n, "%s: %d marks", what,
-			     q->exec.n_marked);
-		cr_assert_eq(q->exec.mark_handed, (uint64_t)(19 * q->exec.n_marked), "%s: %llu by mark",
-			     what, (unsigned long long)q->exec.mark_handed);
+		cr_assert_eq(q->exec->n_marked, q->plan.buckets.n, "%s: %d marks", what,
+			     q->exec->n_marked);
+		cr_assert_eq(q->exec->mark_handed, (uint64_t)(19 * q->exec->n_marked), "%s: %llu by mark",
+			     what, (unsigned long long)q->exec->mark_handed);
 	}
 	/* The replayed steps (2..19): no host synchronisation inside one. */
 	cr_assert_eq(c1.syncs_in_step - c0.syncs_in_step, 0, "%s: %ld host syncs inside replayed steps",
@@ -3516,7 +3516,7 @@ Test(cuda_ops, cuda_graph_inputs_written_into_the_pinned_slot)
 	loom_program_info_get(e, &ie);
 	unsetenv("LOOM_ASYNC_LOSS");
 	unsetenv("LOOM_CUDA_UPLOAD");
-	cr_assert_eq(q->exec.graph, 1, "the graph was given up: %s", q->exec.graph_note);
+	cr_assert_eq(q->exec->graph, 1, "the graph was given up: %s", q->exec->graph_note);
 	cr_assert_eq(c1.replays, 18, "%ld replays", c1.replays);
 	cr_assert_eq(c1.syncs_in_step - c0.syncs_in_step, 0, "%ld host syncs inside replayed steps",
 		     c1.syncs_in_step - c0.syncs_in_step);
