@@ -3494,6 +3494,7 @@ typedef struct fp8_case {
 	int gemm;   /* LOOM_CUDA_FP8_GEMM */
 	int want_fp8_gemm; /* the plan must run a product on cuBLASLt FP8 */
 	int64_t lead; /* > 0: x is [lead, m / lead, k], a GPT's [B, T, C] (reshapes in the backward) */
+	int want_stored; /* the CUDA plan keeps some roundings as fp8 codes (set by fp8_cases) */
 } fp8_case;
 
 /* O1 bf16 with fp8 on dev; sgd_lr > 0: SGD at that rate, else gradients
@@ -3636,6 +3637,13 @@ static void fp8_run_case(const fp8_case *fc)
 		cr_expect_gt(ng, 0, "%s: no product on cuBLASLt FP8 under LOOM_CUDA_FP8_GEMM=1", fc->what);
 	else
 		cr_expect_eq(ng, 0, "%s: %d products on cuBLASLt FP8", fc->what, ng);
+	loom_program_info info;
+	loom_program_info_get(cuda, &info);
+	if (fc->want_stored)
+		cr_expect_gt(info.n_fp8_stored, 0, "%s: no rounding kept as fp8 codes", fc->what);
+	else
+		cr_expect_eq(info.n_fp8_stored, 0, "%s: %d roundings kept as fp8 codes", fc->what,
+			     info.n_fp8_stored);
 
 	const size_t nx = (size_t)(fc->m * fc->k), nw = (size_t)(fc->k * fc->k);
 	double *buf = malloc(sizeof(double) * (nx > nw ? nx : nw));
@@ -3666,7 +3674,11 @@ static void fp8_run_case(const fp8_case *fc)
 	loom_graph_free(g);
 }
 
-static void fp8_cases(int gemm)
+/* own: the products on their own kernels (loom_cuda_test_own_kernels),
+ * so under gemm the roundings the storage pass keeps as codes for the
+ * FP8 product (reads_fp8 asks the graph) are decoded into ws for a plain
+ * product instead (fp8.cu's loom_cuda_fp8_decode_sources). */
+static void fp8_cases_on(int gemm, int own)
 {
 	/* m, k multiples of 16 take the FP8 product under gemm; 8 rows
 	 * (the forward) and 24 columns do not, and stay on the emulation. */
@@ -3679,8 +3691,19 @@ static void fp8_cases(int gemm)
 		{ "fp8 identity 2x16x32", 32, 32, 1, 0, 0, gemm, gemm, 2 },
 		{ "fp8 random 4x16x64", 64, 64, 0, 0, 0, gemm, gemm, 4 },
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		fp8_run_case(&cases[i]);
+	use_own_kernels(own);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		fp8_case fc = cases[i];
+		fc.want_stored = fc.want_fp8_gemm;
+		fc.want_fp8_gemm &= !own;
+		fp8_run_case(&fc);
+	}
+	use_own_kernels(0);
+}
+
+static void fp8_cases(int gemm)
+{
+	fp8_cases_on(gemm, 0);
 }
 
 /* y = gelu(x w1^T) w2^T over [4, 16, 32] rows as a GPT's [B, T, C], so
@@ -3802,11 +3825,22 @@ Test(cuda_ops, fp8_delayed_trains_as_cpu)
 }
 
 /* cuBLASLt's FP8 product (LOOM_CUDA_FP8_GEMM=1) against the CPU's QDQ and
- * fp32-accumulated product. */
+ * fp32-accumulated product; its operands kept as fp8 codes where only FP8
+ * products read them (FP8 storage, on by default): read in place in the
+ * forward, transposed from the codes in the backward. */
 Test(cuda_ops, fp8_gemm_matches_cpu)
 {
 	NEED_GPU();
 	fp8_cases(1);
+}
+
+/* FP8 storage's fallback: the roundings kept as codes for the FP8 product
+ * (LOOM_CUDA_FP8_GEMM=1 at compile) read by products that run on their
+ * own kernels, decoded first; the emulation's numbers. */
+Test(cuda_ops, fp8_storage_decoded_matches_cpu)
+{
+	NEED_GPU();
+	fp8_cases_on(1, 1);
 }
 
 /* y = gelu(ln(x) w1^T) w2^T: fp8_block_net with a layer norm (gamma,
