@@ -29,7 +29,6 @@ static __host__ __device__ __forceinline__ int is_fp8(int fmt)
 	return fmt == LOOM_FP8_E4M3 || fmt == LOOM_FP8_E5M2;
 }
 
-
 // ----------------------------------------------------------------------------
 // device conversions: base/fp8.h's own (LOOM_FP8_HD), so the GPU rounds with
 // the CPU's code
