@@ -24,6 +24,16 @@ r gpt_O2_gk_all env LOOM_CUDA_LN_BWD=warp LOOM_CUDA_ADAMW=f32 LOOM_CUDA_BGRAD=ke
 r gpt_O2_ln_residual0 env LOOM_CUDA_LN_RESIDUAL=0 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_ln_residual1 env LOOM_CUDA_LN_RESIDUAL=1 $b/gpt_ddp $G --opt-level O2
 grep -a "^step +20/20" $o/gpt_O2_ln_residual0.log $o/gpt_O2_ln_residual1.log | cut -c1-160
+# FP8 casts taking their amax from the layer norm and GELU kernels that write
+# their tensors (LOOM_CUDA_FP8_AMAX_PRODUCER, default 0: the cast's own amax
+# pass), on cuBLASLt FP8, current and delayed scaling; the same losses.
+F="--device cuda --data $d/fortunes.txt --preset gpt2 --precision fp8 --opt-level O2 --batch-size 8 --max-steps 20 --log-interval 5 --val-interval 0 --sample 0"
+r gpt_O2_fp8_amax_pass env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=0 $b/gpt_ddp $F
+r gpt_O2_fp8_amax_producer env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 $b/gpt_ddp $F --dump-graph
+r gpt_O2_fp8_delayed_amax_pass env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=0 $b/gpt_ddp $F --fp8-scaling delayed
+r gpt_O2_fp8_delayed_amax_producer env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 $b/gpt_ddp $F --fp8-scaling delayed
+grep -a "^step +20/20" $o/gpt_O2_fp8_*amax_*.log | cut -c1-160
+echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer.log)"
 # The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304), off and on side by side.
 r gpt_O1_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O1

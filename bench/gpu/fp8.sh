@@ -56,7 +56,11 @@ for size in "${sizes[@]}"; do
 	case $size in
 	124m | 350m)
 		r "gpt2_${size}_O2_fp8_gemm_delayed" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 \
-			"${g[@]}" --precision fp8 --fp8-scaling delayed --amp-report ;;
+			"${g[@]}" --precision fp8 --fp8-scaling delayed --amp-report
+		# The casts' amax from the layer norm and GELU kernels, no amax pass
+		# (LOOM_CUDA_FP8_AMAX_PRODUCER) against gpt2_${size}_O2_fp8_gemm.
+		r "gpt2_${size}_O2_fp8_gemm_producer" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 \
+			LOOM_CUDA_FP8_AMAX_PRODUCER=1 "${g[@]}" --precision fp8 ;;
 	esac
 	# How many products took cuBLASLt FP8 (their note in --dump-graph).
 	echo "   cuBLASLt FP8 products: $(grep -ac 'cuBLASLt FP8' "$o/gpt2_${size}_O2_fp8_gemm.log")"

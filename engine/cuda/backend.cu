@@ -408,6 +408,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->lt_align = env_switch(LOOM_OPT_CUDA_LT_ALIGN);
 	c->lt_pad = env_switch(LOOM_OPT_CUDA_LT_PAD);
 	c->fp8_gemm = env_switch(LOOM_OPT_CUDA_FP8_GEMM);
+	c->fp8_amax_producer = env_switch(LOOM_OPT_CUDA_FP8_AMAX_PRODUCER);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -418,6 +419,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		c->plans[v].saved_by = LOOM_NONE;
 		c->plans[v].fused_into = LOOM_NONE;
 		c->plans[v].ce_bwd = LOOM_NONE;
+		c->plans[v].fp8_amax = LOOM_NONE;
 		c->plans[v].bn.relu_bwd = c->plans[v].bn.relu_y = c->plans[v].bn.relu_dy = LOOM_NONE;
 		c->plans[v].bn.fuse.relu_bwd = c->plans[v].bn.fuse.y = LOOM_NONE;
 		c->plans[v].bn.fuse.dy = c->plans[v].bn.fuse.beta = LOOM_NONE;
@@ -1265,6 +1267,12 @@ static loom_status run_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 	}
 	io.out = loom_arena_ptr(c->arena, p, v);
 	io.odt = n->dtype;
+	/* Stored fp8 sources this node does not read as codes (fp8.cu). */
+	if (c->plans[v].fp8_dec) {
+		loom_status st = loom_cuda_fp8_decode_sources(c, p, v, &io);
+		if (st != LOOM_OK)
+			return st;
+	}
 	return cuda_ops.fn[n->op](c, p, v, &io);
 }
 
@@ -1576,6 +1584,10 @@ static loom_status cuda_check_finite(void *ctx, const loom_plan *p, const loom_a
 	/* a batch norm the add ran (its own output never written) */
 	if (c->plans[w].bn_add_by != LOOM_NONE && loom_cuda_bn_add_on(c))
 		return LOOM_OK;
+	/* fp8 codes (a stored rounding, or a view of one): not in n's dtype;
+	 * finite where their source is, which was checked before them */
+	if (loom_fp8_stored_under(p->g, w))
+		return LOOM_OK;
 	return loom_cuda_mark_nonfinite(c->err, c->stream, loom_arena_ptr(arena, p, w), n->dtype,
 					loom_shape_numel(&n->shape), w, c->ctl);
 }
@@ -1703,7 +1715,19 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 		loom_cuda_mm_note(np, buf, len);
 		return;
 	}
+	if (n->op == LOOM_OP_FP8_QDQ && loom_cuda_fp8_amax_note(c, p, v, buf, len))
+		return;
 	loom_cuda_bn_note(c, p, v, buf, len);
+}
+
+/* The fp8 storage pass's question (engine/compile_passes.c), before the
+ * context exists: under LOOM_CUDA_FP8_GEMM=1 the products cuBLASLt's FP8
+ * path takes read their stored operands' codes as they are (matmul_fp8.cu;
+ * one it declines at plan time has them decoded first, fp8.cu); off, the
+ * emulation's products read bf16 values, and nothing is stored. */
+static int cuda_reads_fp8(const loom_graph *g, loom_value v, int i)
+{
+	return env_switch(LOOM_OPT_CUDA_FP8_GEMM) && loom_cuda_mm_fp8_reads(g, v, i);
 }
 
 static const loom_backend_planning cuda_planning = {
@@ -1713,6 +1737,7 @@ static const loom_backend_planning cuda_planning = {
 	.ln_residual_fusable = loom_cuda_ln_residual_fusable,
 	.node_note = cuda_node_note,
 	.makes_sibling = cuda_makes_sibling,
+	.reads_fp8 = cuda_reads_fp8,
 };
 
 static const loom_backend_accumulate cuda_accumulate = {

@@ -206,9 +206,11 @@ typedef struct loom_cuda_mm_plan {
 	/* LOOM_CUDA_FP8_GEMM (matmul_fp8.cu): on, the product runs in FP8 on
 	 * operands cast from its FP8_QDQ sources q[0] (loom's A) and q[1]
 	 * (its B), formats fmt[], into ws at off[] (trans[]: cast transposed,
-	 * for cuBLASLt's "TN" layout). */
+	 * for cuBLASLt's "TN" layout); stored[]: that QDQ keeps its fp8
+	 * codes (the fp8 storage pass, a.fp8.store), read as they are, or
+	 * transposed from the codes into ws where trans[]. */
 	struct {
-		int on, fmt[2], trans[2];
+		int on, fmt[2], trans[2], stored[2];
 		loom_value q[2];
 		size_t off[2];
 	} fp8;
@@ -303,6 +305,16 @@ typedef struct loom_cuda_node_plan {
 	 * fuse_plan.cu), LOOM_NONE if none. */
 	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
+	/* LOOM_CUDA_FP8_AMAX_PRODUCER (fp8.cu's loom_cuda_fp8_amax_plan): on
+	 * a layer norm or GELU forward, the FP8_QDQ node whose amax slot its
+	 * kernel fills with the max |y| of what it stores; on that FP8_QDQ,
+	 * the producer, so its amax pass is not launched. LOOM_NONE: none. */
+	loom_value fp8_amax;
+	/* FP8 storage (fp8.cu's loom_cuda_fp8_storage_plan): the sources
+	 * (bit i: source i) stored as fp8 codes that this node does not read
+	 * as codes, decoded into ws from fp8_dec_off before it runs. */
+	unsigned fp8_dec;
+	size_t fp8_dec_off;
 } loom_cuda_node_plan;
 
 enum {
@@ -469,6 +481,7 @@ typedef struct loom_cuda_ctx {
 	/* FP8 (fp8.h): LOOM_CUDA_FP8_GEMM (0: the products on the QDQ'd bf16
 	 * values, the emulation), and the per-node scale slots. */
 	int fp8_gemm;
+	int fp8_amax_producer; /* LOOM_CUDA_FP8_AMAX_PRODUCER (0) */
 	float *fp8_slots;
 	/* Delayed scaling's state on the device (fp8.cu, a copy of
 	 * ts.fp8's): NULL under current scaling or without fp8. */
@@ -508,7 +521,8 @@ void loom_cuda_ce_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 /* fuse_plan.cu: the passes over the whole plan after each node's own plan
  * (the fused classifier, the saved region, NHWC filters kept KRSC, the relu
  * backward in the split batch-norm backward, batch norm + add + relu,
- * cuDNN's Ex batch-norm backward), in that order; they widen some nodes'
+ * cuDNN's Ex batch-norm backward, an FP8 cast's amax from its producer,
+ * FP8 storage's decoded copies), in that order; they widen some nodes'
  * workspace. */
 loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p);
 /* formats.cu: whether node v's kernel takes its operands in the formats

@@ -87,6 +87,31 @@ static __device__ __forceinline__ double loom_block_max(double v)
 	return part[32];
 }
 
+/* x as loom_st stores it in dtype dt, read back: an amax taken by the
+ * kernel that writes a tensor is the max of what its readers load. */
+static __device__ __forceinline__ float loom_stored(int dt, float x)
+{
+	switch (dt) {
+	case LOOM_F16: return __half2float(__float2half_rn(x));
+	case LOOM_BF16: return __bfloat162float(__float2bfloat16_rn(x));
+	default: return x;
+	}
+}
+
+/* A producer's share of an FP8 tensor's amax (LOOM_CUDA_FP8_AMAX_PRODUCER,
+ * fp8.cu): m, this thread's max |y| (NaN-blind: kept by '>'), reduced over
+ * the block, then one atomicMax on the float's bits (they order as the
+ * values do for non-negative floats) into *amax, zeroed before the launch.
+ * Every thread of the block calls it, or none (amax uniform: NULL, none). */
+static __device__ __forceinline__ void loom_amax_commit(unsigned *amax, float m)
+{
+	if (!amax)
+		return;
+	const double b = loom_block_max((double)m);
+	if (threadIdx.x == 0 && b > 0)
+		atomicMax(amax, __float_as_uint((float)b));
+}
+
 /* Blocks for a one-thread-per-element launch of n elements. */
 static inline unsigned loom_cuda_blocks(int64_t n, int threads)
 {

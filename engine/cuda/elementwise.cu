@@ -35,17 +35,23 @@ __global__ void loom_relu_bwd_kernel(const void *x, int xdt, const void *dy, int
 }
 
 /* Every unary op of graph/unary.h: one kernel per row (its function
- * inlined), forward (dy NULL) or backward. */
+ * inlined), forward (dy NULL) or backward; amax not NULL: the max |y|
+ * stored, into it (loom_amax_commit: an FP8 cast's amax, fp8.cu). */
 #define UNARY_KERNEL(NAME, low)                                                              \
 	__global__ void loom_unary_##low##_kernel(const void *x, int xdt, const void *dy,    \
 						  int dydt, void *y, int ydt, int64_t n,      \
-						  int attr)                                   \
+						  int attr, unsigned *amax)                   \
 	{                                                                                     \
+		float ym = 0.0f;                                                              \
 		for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;      \
 		     i += (int64_t)gridDim.x * blockDim.x) {                                  \
 			float g = dy ? loom_ld(dy, dydt, i) : 0.0f, v = loom_ld(x, xdt, i);   \
-			loom_st(y, ydt, i, loom_unary_##low##_f32(v, g, dy != NULL, attr));  \
+			const float r = loom_unary_##low##_f32(v, g, dy != NULL, attr);       \
+			const float a = fabsf(loom_stored(ydt, r));                           \
+			ym = a > ym ? a : ym;                                                 \
+			loom_st(y, ydt, i, r);                                                \
 		}                                                                             \
+		loom_amax_commit(amax, ym);                                                   \
 	}
 LOOM_UNARY_OPS(UNARY_KERNEL)
 #undef UNARY_KERNEL
@@ -93,12 +99,14 @@ template <> __device__ __forceinline__ __nv_bfloat16 vec_st<__nv_bfloat16>(float
 	return __float2bfloat16_rn(x);
 }
 
-/* y[i] = op(a[i], b[i]) (b NULL: op(a[i], 0)), 8 at a time. */
+/* y[i] = op(a[i], b[i]) (b NULL: op(a[i], 0)), 8 at a time; amax not
+ * NULL: the max |y| stored, into it (loom_amax_commit). */
 template <typename H, typename Op>
-__global__ void loom_vec8_kernel(const H *a, const H *b, H *y, int64_t n, Op op)
+__global__ void loom_vec8_kernel(const H *a, const H *b, H *y, int64_t n, Op op, unsigned *amax)
 {
 	const int64_t nv = n / 8, stride = (int64_t)gridDim.x * blockDim.x;
 	const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+	float ym = 0.0f;
 	for (int64_t i = first; i < nv; i += stride) {
 		uint4 ra = ((const uint4 *)a)[i], rb = make_uint4(0, 0, 0, 0), ry;
 		if (b)
@@ -106,12 +114,19 @@ __global__ void loom_vec8_kernel(const H *a, const H *b, H *y, int64_t n, Op op)
 		const H *ha = (const H *)&ra, *hb = (const H *)&rb;
 		H *hy = (H *)&ry;
 #pragma unroll
-		for (int k = 0; k < 8; k++)
+		for (int k = 0; k < 8; k++) {
 			hy[k] = vec_st<H>(op(vec_ld<H>(ha[k]), b ? vec_ld<H>(hb[k]) : 0.0f));
+			const float m = fabsf(vec_ld<H>(hy[k]));
+			ym = m > ym ? m : ym;
+		}
 		((uint4 *)y)[i] = ry;
 	}
-	for (int64_t i = nv * 8 + first; i < n; i += stride)
+	for (int64_t i = nv * 8 + first; i < n; i += stride) {
 		y[i] = vec_st<H>(op(vec_ld<H>(a[i]), b ? vec_ld<H>(b[i]) : 0.0f));
+		const float m = fabsf(vec_ld<H>(y[i]));
+		ym = m > ym ? m : ym;
+	}
+	loom_amax_commit(amax, ym);
 }
 
 struct vec_relu_fwd {
@@ -159,15 +174,16 @@ static int vec_takes(int64_t n, int dt, const void *a, int adt, const void *b, i
 
 template <typename Op>
 static loom_status vec_launch(char *err, cudaStream_t s, int dt, const void *a, const void *b,
-			      void *y, int64_t n, Op op)
+			      void *y, int64_t n, Op op, unsigned *amax = NULL)
 {
 	const unsigned blocks = loom_cuda_blocks((n + 7) / 8, threads);
 	if (dt == LOOM_F16)
 		loom_vec8_kernel<__half><<<blocks, threads, 0, s>>>(
-			(const __half *)a, (const __half *)b, (__half *)y, n, op);
+			(const __half *)a, (const __half *)b, (__half *)y, n, op, amax);
 	else
 		loom_vec8_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(
-			(const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, (__nv_bfloat16 *)y, n, op);
+			(const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, (__nv_bfloat16 *)y, n, op,
+			amax);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -501,8 +517,10 @@ loom_status loom_cuda_op_unary(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 	const loom_node *nd = &plan->g->nodes[v];
 	int64_t n = numel_of(plan, v);
 	int bwd = nd->nsrc > 1;
-	if (n <= 0)
-		return LOOM_OK;
+	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
+	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
+	if (st != LOOM_OK || n <= 0)
+		return st;
 	if (vec_takes(n, io->odt, io->src[0], io->dt[0], bwd ? io->src[1] : NULL,
 		      bwd ? io->dt[1] : 0, io->out, io->odt)) {
 		switch (nd->op) {
@@ -513,7 +531,7 @@ loom_status loom_cuda_op_unary(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 		op.bwd = bwd;                                                               \
 		op.attr = nd->a.ew.tanh;                                                    \
 		return vec_launch(c->err, c->stream, io->odt, io->src[0],                   \
-				  bwd ? io->src[1] : NULL, io->out, n, op);                 \
+				  bwd ? io->src[1] : NULL, io->out, n, op, amax);           \
 	}
 			LOOM_UNARY_OPS(UNARY_VEC_LAUNCH)
 #undef UNARY_VEC_LAUNCH
@@ -527,7 +545,7 @@ loom_status loom_cuda_op_unary(loom_cuda_ctx *c, const loom_plan *plan, loom_val
 	case LOOM_OP_##NAME##_BWD:                                                            \
 		loom_unary_##low##_kernel<<<loom_cuda_blocks(n, threads), threads, 0, c->stream>>>( \
 			io->src[0], io->dt[0], bwd ? io->src[1] : NULL, bwd ? io->dt[1] : 0,   \
-			io->out, io->odt, n, nd->a.ew.tanh);                                  \
+			io->out, io->odt, n, nd->a.ew.tanh, amax);                            \
 		break;
 		LOOM_UNARY_OPS(UNARY_LAUNCH)
 #undef UNARY_LAUNCH

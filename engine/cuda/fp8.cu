@@ -12,12 +12,22 @@
  * and the CPU is the reference the test holds these to bit for bit.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/fp8.h"
 #include "engine/cuda/dtype.cuh"
 
+extern "C" {
+#include "graph/ops/ops.h"
+}
+
 static const int threads = 256;
+
+static __host__ __device__ __forceinline__ int is_fp8(int fmt)
+{
+	return fmt == LOOM_FP8_E4M3 || fmt == LOOM_FP8_E5M2;
+}
 
 // ----------------------------------------------------------------------------
 // device conversions: base/fp8.h's own (LOOM_FP8_HD), so the GPU rounds with
@@ -33,6 +43,32 @@ static __device__ __forceinline__ float fp8_round(float f, int fmt)
 {
 	return fmt == LOOM_FP8_E4M3 ? loom_e4m3_to_f32(loom_f32_to_e4m3(f)) :
 				      loom_e5m2_to_f32(loom_f32_to_e5m2(f));
+}
+
+static __device__ __forceinline__ float fp8_decode(unsigned char b, int fmt)
+{
+	return fmt == LOOM_FP8_E4M3 ? loom_e4m3_to_f32(b) : loom_e5m2_to_f32(b);
+}
+
+/* Element i of FP8_QDQ's output from s = x * scale: the rounded value over
+ * the scale in ydt, or (store: a stored value, graph/ops/ops.h's
+ * loom_fp8_stored) its fp8 code, the scale after the n codes at
+ * loom_fp8_scale_off(n) (qdq_put_scale; 4-byte aligned: the arena's values
+ * are 64-byte aligned). Decoded (fp8_decode, times 1 / scale, into ydt)
+ * the code gives the unstored value's bits. */
+static __device__ __forceinline__ void qdq_put(void *y, int ydt, int64_t i, float s, float inv,
+					       int fmt, int store)
+{
+	if (store)
+		((unsigned char *)y)[i] = (unsigned char)fp8_from_f32(s, fmt);
+	else
+		loom_st(y, ydt, i, fp8_round(s, fmt) * inv);
+}
+
+static __device__ __forceinline__ void qdq_put_scale(void *y, int64_t n, float scale, int store)
+{
+	if (store)
+		*(float *)((unsigned char *)y + ((n + 3) & ~(int64_t)3)) = scale;
 }
 
 // ----------------------------------------------------------------------------
@@ -60,27 +96,30 @@ __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned
 /* Every thread derives the scale from the amax (a few instructions); block
  * 0 leaves it and its inverse in the slot for the products that read it. */
 __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
-				    int fmt, float *slot)
+				    int fmt, float *slot, int store)
 {
 	const float scale = loom_fp8_scale(slot[0], fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX);
 	const float inv = 1.0f / scale; /* exact: a power of two */
 	if (blockIdx.x == 0 && threadIdx.x == 0) {
 		slot[1] = scale;
 		slot[2] = inv;
+		qdq_put_scale(y, n, scale, store);
 	}
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x)
-		loom_st(y, ydt, i, fp8_round(loom_ld(x, xdt, i) * scale, fmt) * inv);
+		qdq_put(y, ydt, i, loom_ld(x, xdt, i) * scale, inv, fmt, store);
 }
 
 /* Delayed scaling (fp8.h): the scale is the tensor's device scale once the
  * history holds a step (ring[0], filled), else the amax's in slot[0] as
  * above; a training run (record) takes the amax and the saturated count in
  * the same pass as the cast, a block reduction and one atomic each into
- * the tensor's step in progress (atomicMax on the bits: amax >= 0). */
+ * the tensor's step in progress (atomicMax on the bits: amax >= 0);
+ * given: the producer left the amax in slot[0] (LOOM_CUDA_FP8_AMAX_PRODUCER),
+ * recorded from there by one thread, no reduction of it here. */
 __global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
 					    int fmt, float *slot, loom_fp8_tensor *t,
-					    const int *ring, int record)
+					    const int *ring, int record, int given, int store)
 {
 	const float fmax = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
 	const float scale = ring[0] > 0 ? t->scale : loom_fp8_scale(slot[0], fmax);
@@ -92,17 +131,20 @@ __global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int
 		slot[2] = inv;
 		if (record)
 			t->cur_scale = scale;
+		if (record && given && slot[0] > 0)
+			atomicMax((unsigned *)&t->amax, __float_as_uint(slot[0]));
+		qdq_put_scale(y, n, scale, store);
 	}
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
 		const float v = loom_ld(x, xdt, i), a = fabsf(v), s = v * scale;
 		m = a > m ? a : m;
 		sat += fabsf(s) > fmax;
-		loom_st(y, ydt, i, fp8_round(s, fmt) * inv);
+		qdq_put(y, ydt, i, s, inv, fmt, store);
 	}
 	if (!record)
 		return;
-	const double bm = loom_block_max((double)m), bs = loom_block_sum(sat);
+	const double bm = given ? 0 : loom_block_max((double)m), bs = loom_block_sum(sat);
 	if (threadIdx.x == 0 && bm > 0)
 		atomicMax((unsigned *)&t->amax, __float_as_uint((float)bm));
 	if (threadIdx.x == 0 && bs > 0)
@@ -150,7 +192,8 @@ __global__ void loom_fp8_cast_kernel(const void *x, int xdt, int64_t n, int fmt,
 
 /* x [rows, cols] into q [cols, rows], a 32 x 32 tile per block through
  * shared memory (blockDim 32 x 8), so that both the reads and the writes
- * run along rows; the rows' tiles grid-stride over gridDim.y. */
+ * run along rows; the rows' tiles grid-stride over gridDim.y. xdt an fp8
+ * format: x holds its codes already (a stored QDQ), moved as they are. */
 #define FP8_TILE 32
 __global__ void loom_fp8_cast_t_kernel(const void *x, int xdt, int64_t rows, int64_t cols,
 				       int fmt, const float *scale, unsigned char *q)
@@ -165,7 +208,9 @@ __global__ void loom_fp8_cast_t_kernel(const void *x, int xdt, int64_t rows, int
 			int64_t r = r0 + j, c = c0 + threadIdx.x;
 			if (r < rows && c < cols)
 				tile[j][threadIdx.x] =
-					(unsigned char)fp8_from_f32(loom_ld(x, xdt, r * cols + c) * s, fmt);
+					is_fp8(xdt) ? ((const unsigned char *)x)[r * cols + c] :
+						      (unsigned char)fp8_from_f32(
+							      loom_ld(x, xdt, r * cols + c) * s, fmt);
 		}
 		__syncthreads();
 		for (int j = threadIdx.y; j < FP8_TILE; j += blockDim.y) {
@@ -177,13 +222,18 @@ __global__ void loom_fp8_cast_t_kernel(const void *x, int xdt, int64_t rows, int
 	}
 }
 
+/* A stored QDQ's n codes (scale after them) decoded into y in ydt: the
+ * bits the QDQ writes unstored (a reader that is not an FP8 product). */
+__global__ void loom_fp8_decode_kernel(const unsigned char *q, int64_t n, int fmt, void *y, int ydt)
+{
+	const float inv = 1.0f / *(const float *)(q + ((n + 3) & ~(int64_t)3));
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		loom_st(y, ydt, i, fp8_decode(q[i], fmt) * inv);
+}
+
 // ----------------------------------------------------------------------------
 // kernel launchers
-
-static int is_fp8(int fmt)
-{
-	return fmt == LOOM_FP8_E4M3 || fmt == LOOM_FP8_E5M2;
-}
 
 loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
 			       float *slot, const int *ring)
@@ -200,20 +250,33 @@ loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt
 }
 
 loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt, void *y,
-			      int ydt, int64_t n, int fmt, float *slot)
+			      int ydt, int64_t n, int fmt, float *slot, int store)
 {
 	if (!is_fp8(fmt))
 		return loom_cuda_cast(err, s, x, xdt, y, ydt, n);
 	if (n <= 0)
 		return LOOM_OK;
 	loom_fp8_qdq_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n,
-									     fmt, slot);
+									     fmt, slot, store);
+	return LOOM_CUDA_LAUNCHED(err);
+}
+
+loom_status loom_cuda_fp8_decode(char *err, cudaStream_t s, const void *q, int64_t n, int fmt,
+				 void *y, int ydt)
+{
+	if (!is_fp8(fmt))
+		return loom_errnf(err, LOOM_ERR_MAX, LOOM_ERR_DTYPE,
+				  "cuda fp8 decode: format %d is not fp8", fmt);
+	if (n <= 0)
+		return LOOM_OK;
+	loom_fp8_decode_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(
+		(const unsigned char *)q, n, fmt, y, ydt);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
 loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, int xdt, void *y,
 				      int ydt, int64_t n, int fmt, float *slot, loom_fp8_tensor *t,
-				      const int *ring, int record)
+				      const int *ring, int record, int given, int store)
 {
 	if (n <= 0)
 		return LOOM_OK;
@@ -221,7 +284,7 @@ loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, 
 	if (blocks > 2048) /* grid-stride: a few thousand atomics at most */
 		blocks = 2048;
 	loom_fp8_qdq_delayed_kernel<<<blocks, threads, 0, s>>>(x, xdt, y, ydt, n, fmt, slot, t,
-								ring, record);
+								ring, record, given, store);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -244,6 +307,10 @@ loom_status loom_cuda_fp8_cast(char *err, cudaStream_t s, const void *x, int xdt
 				  fmt);
 	if (rows <= 0 || cols <= 0)
 		return LOOM_OK;
+	if (is_fp8(xdt) && !transpose) /* codes already: a copy */
+		return LOOM_CUDA_CHECK(cudaMemcpyAsync(q, x, (size_t)(rows * cols),
+						       cudaMemcpyDeviceToDevice, s),
+				       err, LOOM_ERR_MAX);
 	if (!transpose) {
 		loom_fp8_cast_kernel<<<loom_cuda_blocks(rows * cols, threads), threads, 0, s>>>(
 			x, xdt, rows * cols, fmt, scale, q);
@@ -316,6 +383,174 @@ float *loom_cuda_fp8_scale(const loom_cuda_ctx *c, loom_value q)
 	return c->fp8_slots + (size_t)q * LOOM_CUDA_FP8_SLOT + 1;
 }
 
+/*
+ * The amax from the kernel that writes the tensor (issue 42 item 3,
+ * LOOM_CUDA_FP8_AMAX_PRODUCER): an FP8_QDQ rounding through E4M3 or E5M2
+ * whose source is a layer norm's or a GELU's forward output, in a float
+ * dtype the producer stores itself, directly or through whole views of
+ * it (no cast between: the amax must be of the very values the QDQ
+ * reads). Plain rule on the
+ * graph, so that a test asks it without a device; the plan adds what
+ * only the node plans know.
+ */
+static loom_value amax_producer_rule(const loom_graph *g, loom_value q)
+{
+	const loom_node *n = &g->nodes[q];
+	if (n->op != LOOM_OP_FP8_QDQ || !is_fp8(n->a.fp8.fwd) || n->nsrc < 1)
+		return LOOM_NONE;
+	loom_value x = n->src[0];
+	/* through whole views of the same dtype (a cast folded into the layer
+	 * norm leaves one): the same bytes */
+	while (loom_op_is_view(g->nodes[x].op) && g->nodes[x].view_off == 0 &&
+	       g->nodes[x].dtype == g->nodes[g->nodes[x].src[0]].dtype &&
+	       loom_shape_numel(&g->nodes[x].shape) ==
+		       loom_shape_numel(&g->nodes[g->nodes[x].src[0]].shape))
+		x = g->nodes[x].src[0];
+	const loom_node *xn = &g->nodes[x];
+	if (xn->op != LOOM_OP_LAYERNORM && xn->op != LOOM_OP_GELU)
+		return LOOM_NONE;
+	if (xn->dtype != LOOM_F32 && xn->dtype != LOOM_F16 && xn->dtype != LOOM_BF16)
+		return LOOM_NONE;
+	return x;
+}
+
+/* Whether node v is a step of this rank's plan. */
+static int amax_runs_here(const loom_plan *p, loom_value v)
+{
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == v)
+			return 1;
+	return 0;
+}
+
+/*
+ * plan_create's pass (fuse_plan.cu, after every node's own plan): each
+ * FP8_QDQ the rule above takes gets its producer's kernel to fill its
+ * amax slot, and skips its own amax pass, under current scaling (the
+ * producer ran just before, on this very tensor) and delayed scaling
+ * alike (the cast records the slot's amax into the tensor's step). Not a
+ * GELU whose work a product's epilogue does (LOOM_CUDA_GELU_EPILOGUE:
+ * cuBLASLt's AMAX_D is refused for a bf16 D, README.md), not a producer
+ * already giving one, not a QDQ or producer another rank runs (a pipeline
+ * stage's received value).
+ */
+loom_status loom_cuda_fp8_amax_plan(loom_cuda_ctx *c, const loom_plan *p)
+{
+	if (!c->fp8_amax_producer || !c->fp8_slots)
+		return LOOM_OK;
+	for (loom_value q = 0; q < p->g->n; q++) {
+		const loom_value x = amax_producer_rule(p->g, q);
+		if (x == LOOM_NONE || c->plans[x].fused_into != LOOM_NONE ||
+		    c->plans[x].fp8_amax != LOOM_NONE || !amax_runs_here(p, q) ||
+		    !amax_runs_here(p, x))
+			continue;
+		c->plans[x].fp8_amax = q;
+		c->plans[q].fp8_amax = x;
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_cuda_fp8_amax_begin(loom_cuda_ctx *c, loom_value v, unsigned **amax)
+{
+	*amax = NULL;
+	if (!c->plans || v < 0 || v >= c->n_plans || c->plans[v].fp8_amax == LOOM_NONE ||
+	    !c->fp8_slots)
+		return LOOM_OK;
+	float *slot = c->fp8_slots + (size_t)c->plans[v].fp8_amax * LOOM_CUDA_FP8_SLOT;
+	*amax = (unsigned *)slot;
+	return LOOM_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(float), c->stream), c->err,
+			       LOOM_ERR_MAX);
+}
+
+int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+			    size_t len)
+{
+	if (!c->plans || c->plans[v].fp8_amax == LOOM_NONE ||
+	    p->g->nodes[v].op != LOOM_OP_FP8_QDQ)
+		return 0;
+	const loom_value x = c->plans[v].fp8_amax;
+	snprintf(buf, len, "amax by its producer %d (%s), no amax pass", (int)x,
+		 p->g->nodes[x].op == LOOM_OP_LAYERNORM ? "layer norm" : "gelu");
+	return 1;
+}
+
+/* Whether node v's source i is read as fp8 codes by v's own plan: the
+ * FP8 product's operands. */
+static int reads_codes(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, int i)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const loom_op op = (loom_op)p->g->nodes[v].op;
+	return (op == LOOM_OP_LINEAR || op == LOOM_OP_MATMUL) && np->kind == LOOM_CUDA_PLAN_MM &&
+	       np->mm.fp8.on && i < 2 && np->mm.fp8.stored[i];
+}
+
+/* The fp8 storage pass kept some QDQs' codes (planning->reads_fp8: the
+ * products LOOM_CUDA_FP8_GEMM takes, by the graph's rule); a reader whose
+ * plan does not read them as codes (cuBLASLt had no algorithm) gets ws
+ * after its own for the decoded copies, as the CPU's run_node does. */
+loom_status loom_cuda_fp8_storage_plan(loom_cuda_ctx *c, const loom_plan *p)
+{
+	const loom_graph *g = p->g;
+	for (loom_value v = 0; v < g->n; v++) {
+		loom_cuda_node_plan *np = &c->plans[v];
+		const loom_node *n = &g->nodes[v];
+		np->fp8_dec = 0;
+		if (loom_op_is_view(n->op))
+			continue;
+		size_t at = loom_cuda_align(np->ws);
+		for (int i = 0; i < n->nsrc; i++) {
+			if (!loom_fp8_stored_under(g, n->src[i]) || reads_codes(c, p, v, i))
+				continue;
+			if (!np->fp8_dec)
+				np->fp8_dec_off = at;
+			np->fp8_dec |= 1u << i;
+			const loom_node *sn = &g->nodes[n->src[i]];
+			at += loom_cuda_align(loom_dtype_size((loom_dtype)sn->dtype) *
+					      (size_t)loom_shape_numel(&sn->shape));
+		}
+		if (np->fp8_dec)
+			np->ws = at;
+	}
+	return LOOM_OK;
+}
+
+loom_status loom_cuda_fp8_decode_sources(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+					 loom_cuda_io *io)
+{
+	const loom_cuda_node_plan *np = &c->plans[v];
+	const loom_node *n = &p->g->nodes[v];
+	unsigned char *at = c->arena->ws + np->fp8_dec_off;
+	for (int i = 0; i < n->nsrc; i++) {
+		if (!(np->fp8_dec & (1u << i)))
+			continue;
+		const loom_node *q = loom_fp8_stored_under(p->g, n->src[i]);
+		const loom_node *sn = &p->g->nodes[n->src[i]];
+		const int64_t cnt = loom_shape_numel(&sn->shape);
+		loom_status st = loom_cuda_fp8_decode(c->err, c->stream, io->src[i], cnt, q->a.fp8.fwd,
+						      at, sn->dtype);
+		if (st != LOOM_OK)
+			return st;
+		io->src[i] = at;
+		io->dt[i] = sn->dtype;
+		at += loom_cuda_align(loom_dtype_size((loom_dtype)sn->dtype) * (size_t)cnt);
+	}
+	return LOOM_OK;
+}
+
+/* Test hook (no device: the rule alone, on any compiled plan): how many of
+ * the plan's FP8_QDQ nodes a producer could give the amax, of how many. */
+extern "C" void loom_cuda_test_fp8_amax_producers(const void *plan, int *given, int *qdqs)
+{
+	const loom_plan *p = (const loom_plan *)plan;
+	*given = *qdqs = 0;
+	for (loom_value v = 0; v < p->g->n; v++) {
+		if (p->g->nodes[v].op != LOOM_OP_FP8_QDQ || !is_fp8(p->g->nodes[v].a.fp8.fwd))
+			continue;
+		*qdqs += 1;
+		*given += amax_producer_rule(p->g, v) != LOOM_NONE;
+	}
+}
+
 loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				 const loom_cuda_io *io)
 {
@@ -334,17 +569,20 @@ loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	const loom_cuda_fp8_dev *d = &c->fp8_dev;
 	const int slot_i = n->a.fp8.slot;
 	const int delayed = d->t && slot_i >= 0 && slot_i < d->n;
-	/* delayed: the amax pass returns at once on the device once the
-	 * history holds a step (the host cannot know without a wait) */
-	if ((st = loom_cuda_fp8_amax(c->err, c->stream, io->src[0], io->dt[0], numel, slot,
-				     delayed ? d->ring : NULL)) != LOOM_OK)
+	/* The producer's kernel left the amax in slot[0] (loom_cuda_fp8_amax_plan):
+	 * no amax pass. Else under delayed scaling the pass returns at once on
+	 * the device once the history holds a step (the host cannot know
+	 * without a wait). */
+	const int given = c->plans && c->plans[v].fp8_amax != LOOM_NONE;
+	if (!given && (st = loom_cuda_fp8_amax(c->err, c->stream, io->src[0], io->dt[0], numel,
+					       slot, delayed ? d->ring : NULL)) != LOOM_OK)
 		return st;
 	if (delayed)
 		return loom_cuda_fp8_qdq_delayed(c->err, c->stream, io->src[0], io->dt[0], io->out,
 						 io->odt, numel, fmt, slot, d->t + slot_i, d->ring,
-						 c->train);
+						 c->train, given, n->a.fp8.store);
 	return loom_cuda_fp8_qdq(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt, numel,
-				 fmt, slot);
+				 fmt, slot, n->a.fp8.store);
 }
 
 // ----------------------------------------------------------------------------

@@ -44,6 +44,31 @@ loom_status loom_cuda_fp8_state_step_end(void *ctx, const loom_plan *plan, int r
 loom_status loom_cuda_fp8_state_reduce_begin(void *ctx, void **amax, void **saturated);
 void loom_cuda_fp8_state_free(loom_cuda_ctx *c);
 
+/*
+ * The amax from the producer (LOOM_CUDA_FP8_AMAX_PRODUCER, fp8.cu): the
+ * plan pass that pairs an FP8_QDQ with the layer norm or GELU kernel
+ * writing its source (loom_cuda_node_plan.fp8_amax on both); a producer's
+ * entry asks amax_begin for the slot its kernel fills (NULL: none; the
+ * slot zeroed on the compute stream first), and --dump-graph's note on
+ * the QDQ says so (0: nothing to say).
+ */
+loom_status loom_cuda_fp8_amax_plan(loom_cuda_ctx *c, const loom_plan *p);
+loom_status loom_cuda_fp8_amax_begin(loom_cuda_ctx *c, loom_value v, unsigned **amax);
+int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
+			    size_t len);
+
+/*
+ * FP8 storage on CUDA (the fp8 storage pass, engine/compile_passes.c, with
+ * planning->reads_fp8 yes under LOOM_CUDA_FP8_GEMM=1): the FP8 product
+ * reads a stored QDQ's codes itself; any other reader of one (a product
+ * cuBLASLt declined at plan time) has the codes decoded into its ws before
+ * it runs. storage_plan (fuse_plan.cu, last) reserves that ws (fp8_dec,
+ * fp8_dec_off on the reader); decode_sources does it (run_node).
+ */
+loom_status loom_cuda_fp8_storage_plan(loom_cuda_ctx *c, const loom_plan *p);
+loom_status loom_cuda_fp8_decode_sources(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
+					 loom_cuda_io *io);
+
 /* The FP8_QDQ node (fp8.cu). */
 loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *ctx, const loom_plan *plan, loom_value v,
 				 const loom_cuda_io *io);
@@ -56,10 +81,13 @@ loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt
 /* Delayed scaling's cast: with t->scale once ring[0] > 0, else slot[0]'s
  * amax's scale; the scale used into slot[1], slot[2] (the products read
  * it there); record: the amax and the saturated count taken in the same
- * pass into t->amax (max) and t->saturated (sum), t->cur_scale set. */
+ * pass into t->amax (max) and t->saturated (sum), t->cur_scale set;
+ * given: the amax recorded is slot[0]'s, the producer's; store: y takes
+ * the codes and the scale (a stored value, graph/ops/ops.h's
+ * loom_fp8_stored), not the rounded values. */
 loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, int xdt, void *y,
 				      int ydt, int64_t n, int fmt, float *slot, loom_fp8_tensor *t,
-				      const int *ring, int record);
+				      const int *ring, int record, int given, int store);
 /* amp/fp8_scaling.h's loom_fp8_tensor_step_end for n tensors, the ring
  * ({filled, pos}) advanced, one block on s; amax, sat not NULL: each
  * tensor's amax and saturated count taken from them first (reduced over
@@ -68,18 +96,28 @@ loom_status loom_cuda_fp8_step_end_launch(char *err, cudaStream_t s, loom_fp8_te
 					  float *hist, int *ring, int n, int len, int margin,
 					  const float *amax, const double *sat);
 /* y = fp8(x * scale) / scale with the scale from slot[0] (written to
- * slot[1], slot[2]); fmt anything else: a copy (cast). */
+ * slot[1], slot[2]); store: y the codes fp8(x * scale) and the scale
+ * after them; fmt anything else: a copy (cast). */
 loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt, void *y,
-			      int ydt, int64_t n, int fmt, float *slot);
+			      int ydt, int64_t n, int fmt, float *slot, int store);
+/* A stored QDQ's n codes in format fmt (and the scale after them) into y
+ * in ydt: the values the QDQ writes unstored. */
+loom_status loom_cuda_fp8_decode(char *err, cudaStream_t s, const void *q, int64_t n, int fmt,
+				 void *y, int ydt);
 /* q = fp8(x * scale[0]), x [rows, cols] row-major; transpose: q is
- * [cols, rows] (Transformer Engine's cast_transpose). */
+ * [cols, rows] (Transformer Engine's cast_transpose). xdt an fp8 format:
+ * x holds codes of that format already (a stored QDQ's), moved as they
+ * are (scale unused). */
 loom_status loom_cuda_fp8_cast(char *err, cudaStream_t s, const void *x, int xdt, int64_t rows,
 			       int64_t cols, int transpose, int fmt, const float *scale,
 			       unsigned char *q);
 
 /* The FP8 product (matmul_fp8.cu), LOOM_CUDA_FP8_GEMM=1: a product whose
  * operands are FP8_QDQ outputs through cuBLASLt in FP8. plan: done says
- * whether it took node v (else the plain product plans it). */
+ * whether it took node v (else the plain product plans it). reads: the
+ * rule on the graph alone, whether product v's source i would be read as
+ * fp8 codes (the backend's planning->reads_fp8 under the switch). */
+int loom_cuda_mm_fp8_reads(const loom_graph *g, loom_value v, int i);
 loom_status loom_cuda_mm_fp8_plan(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				  loom_cuda_node_plan *np, int *done);
 loom_status loom_cuda_mm_fp8_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,

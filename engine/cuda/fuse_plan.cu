@@ -6,7 +6,9 @@
  * mean and rstd, softmax-CE's log-sum-exp, kept from a forward for its
  * backward), NHWC filters kept KRSC for the step, the relu backward done
  * by the split batch-norm backward, batch norm + add + relu as one cuDNN
- * call, and cuDNN's Ex batch-norm backward with its relu fusions. The
+ * call, cuDNN's Ex batch-norm backward with its relu fusions, then
+ * fp8.cu's two: an FP8 cast's amax from the kernel writing its source,
+ * and the decoded copies of stored fp8 sources. The
  * plan-level rules the CPU tests ask without a GPU are plain C in
  * bn_fuse.c; this file holds what reads the backend's node plans (a .cu:
  * cuda_internal.h is CUDA C++). No kernels. CPU twin: none (the CPU
@@ -508,5 +510,14 @@ loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p)
 {
 	plan_classifier(c, p);
 	plan_saved(c, p);
-	return plan_step_ordered(c, p);
+	loom_status st = plan_step_ordered(c, p);
+	/* After the GELU epilogue's choice (each product's plan): an FP8
+	 * cast's amax from its producer's kernel (fp8.cu). */
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_amax_plan(c, p);
+	/* Last, after every pass that widens a node's ws: the decoded copies
+	 * of stored fp8 sources a reader does not read as codes (fp8.cu). */
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_storage_plan(c, p);
+	return st;
 }

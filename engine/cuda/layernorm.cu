@@ -35,17 +35,24 @@ static __device__ void ln_stats(const void *x, int xdt, int64_t r, int c, double
 	*rstd = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
 }
 
-/* One block per row. */
+/* One block per row; amax not NULL: the max |y| stored into it
+ * (loom_amax_commit, an FP8 cast's amax: fp8.cu). */
 __global__ void loom_layernorm_fwd_kernel(int c, const void *x, int xdt, const void *g, int gdt,
-					  const void *b, int bdt, double eps, void *y, int ydt)
+					  const void *b, int bdt, double eps, void *y, int ydt,
+					  unsigned *amax)
 {
 	const int64_t r = blockIdx.x;
 	double m, rs;
+	float ym = 0.0f;
 	ln_stats(x, xdt, r, c, eps, &m, &rs);
-	for (int j = threadIdx.x; j < c; j += blockDim.x)
-		loom_st(y, ydt, r * c + j,
-			(float)((loom_ld(x, xdt, r * c + j) - m) * rs * loom_ld(g, gdt, j) +
-				loom_ld(b, bdt, j)));
+	for (int j = threadIdx.x; j < c; j += blockDim.x) {
+		const float v = (float)((loom_ld(x, xdt, r * c + j) - m) * rs * loom_ld(g, gdt, j) +
+					loom_ld(b, bdt, j));
+		const float a = fabsf(loom_stored(ydt, v));
+		ym = a > ym ? a : ym;
+		loom_st(y, ydt, r * c + j, v);
+	}
+	loom_amax_commit(amax, ym);
 }
 
 /* One block per row: dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). */
@@ -212,13 +219,15 @@ static __device__ __forceinline__ double warp_sum(double v)
 }
 
 /* The rest of a warp's row r once its mean m is known: rstd (a second
- * pass, from L1), the saved statistics, y = (x - mean) rstd gamma + beta. */
+ * pass, from L1), the saved statistics, y = (x - mean) rstd gamma + beta;
+ * the lane's max |y| as stored, returned (an FP8 cast's amax). */
 template <int W>
-static __device__ __forceinline__ void ln_warp_finish(int64_t r, int c, int lane, const void *x,
-						      int xdt, double m, const void *g, int gdt,
-						      const void *b, int bdt, double eps, void *y,
-						      int ydt, double *stats)
+static __device__ __forceinline__ float ln_warp_finish(int64_t r, int c, int lane, const void *x,
+						       int xdt, double m, const void *g, int gdt,
+						       const void *b, int bdt, double eps, void *y,
+						       int ydt, double *stats)
 {
+	float ym = 0.0f;
 	const int64_t o = r * c;
 	float v[W], gv[W], bv[W];
 	double ss = 0;
@@ -238,31 +247,41 @@ static __device__ __forceinline__ void ln_warp_finish(int64_t r, int c, int lane
 		ln_ldv<W>(g, gdt, j, gv);
 		ln_ldv<W>(b, bdt, j, bv);
 #pragma unroll
-		for (int k = 0; k < W; k++)
+		for (int k = 0; k < W; k++) {
 			v[k] = (float)((v[k] - m) * rs * gv[k] + bv[k]);
+			const float a = fabsf(loom_stored(ydt, v[k]));
+			ym = a > ym ? a : ym;
+		}
 		ln_stv<W>(y, ydt, o + j, v);
 	}
+	return ym;
 }
 
-/* One warp per row: the mean of the row, then ln_warp_finish. */
+/* One warp per row: the mean of the row, then ln_warp_finish; amax not
+ * NULL: the block's max |y| into it (loom_amax_commit: every thread of the
+ * block takes part, a warp past the last row with 0). */
 template <int W>
 __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
 					       const void *g, int gdt, const void *b, int bdt,
-					       double eps, void *y, int ydt, double *stats)
+					       double eps, void *y, int ydt, double *stats,
+					       unsigned *amax)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-	if (r >= rows)
-		return;
-	float v[W];
-	double s = 0;
-	for (int j = lane * W; j < c; j += 32 * W) {
-		ln_ldv<W>(x, xdt, r * c + j, v);
+	float ym = 0.0f;
+	if (r < rows) {
+		float v[W];
+		double s = 0;
+		for (int j = lane * W; j < c; j += 32 * W) {
+			ln_ldv<W>(x, xdt, r * c + j, v);
 #pragma unroll
-		for (int k = 0; k < W; k++)
-			s += v[k];
+			for (int k = 0; k < W; k++)
+				s += v[k];
+		}
+		ym = ln_warp_finish<W>(r, c, lane, x, xdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y,
+				       ydt, stats);
 	}
-	ln_warp_finish<W>(r, c, lane, x, xdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y, ydt, stats);
+	loom_amax_commit(amax, ym);
 }
 
 /*
@@ -278,28 +297,31 @@ template <int W>
 __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, int adt,
 					    const void *b, int bdt, void *sum, int sdt,
 					    const void *g, int gdt, const void *beta, int betadt,
-					    double eps, void *y, int ydt, double *stats)
+					    double eps, void *y, int ydt, double *stats,
+					    unsigned *amax)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-	if (r >= rows)
-		return;
-	float v[W], w[W];
-	double s = 0;
-	for (int j = lane * W; j < c; j += 32 * W) {
-		ln_ldv<W>(a, adt, r * c + j, v);
-		ln_ldv<W>(b, bdt, r * c + j, w);
+	float ym = 0.0f;
+	if (r < rows) {
+		float v[W], w[W];
+		double s = 0;
+		for (int j = lane * W; j < c; j += 32 * W) {
+			ln_ldv<W>(a, adt, r * c + j, v);
+			ln_ldv<W>(b, bdt, r * c + j, w);
 #pragma unroll
-		for (int k = 0; k < W; k++)
-			v[k] += w[k];
-		ln_stv<W>(sum, sdt, r * c + j, v);
-		ln_ldv<W>(sum, sdt, r * c + j, v);
+			for (int k = 0; k < W; k++)
+				v[k] += w[k];
+			ln_stv<W>(sum, sdt, r * c + j, v);
+			ln_ldv<W>(sum, sdt, r * c + j, v);
 #pragma unroll
-		for (int k = 0; k < W; k++)
-			s += v[k];
+			for (int k = 0; k < W; k++)
+				s += v[k];
+		}
+		ym = ln_warp_finish<W>(r, c, lane, sum, sdt, warp_sum(s) / c, g, gdt, beta, betadt,
+				       eps, y, ydt, stats);
 	}
-	ln_warp_finish<W>(r, c, lane, sum, sdt, warp_sum(s) / c, g, gdt, beta, betadt, eps, y, ydt,
-			  stats);
+	loom_amax_commit(amax, ym); /* the layer norm's y, as the warp kernel's */
 }
 
 /*
@@ -583,7 +605,7 @@ static int ln_vec8(int cc, const void *const *p, int np)
 }
 
 static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, double eps,
-				      const loom_cuda_io *io, double *stats)
+				      const loom_cuda_io *io, double *stats, unsigned *amax)
 {
 	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
 	const int per_block = threads / 32;
@@ -591,11 +613,11 @@ static loom_status layernorm_fwd_warp(loom_cuda_ctx *c, int64_t rows, int cc, do
 	if (ln_vec8(cc, ptrs, 4))
 		loom_layernorm_fwd_warp_kernel<8><<<blocks, threads, 0, c->stream>>>(
 			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], eps, io->out, io->odt, stats);
+			io->dt[2], eps, io->out, io->odt, stats, amax);
 	else
 		loom_layernorm_fwd_warp_kernel<1><<<blocks, threads, 0, c->stream>>>(
 			rows, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], eps, io->out, io->odt, stats);
+			io->dt[2], eps, io->out, io->odt, stats, amax);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
@@ -610,14 +632,16 @@ loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom
 {
 	const loom_node *n = loom_cuda_node(plan, v);
 	int64_t rows = loom_shape_rows(&n->shape);
-	if (rows <= 0)
-		return LOOM_OK;
+	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
+	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
+	if (st != LOOM_OK || rows <= 0)
+		return st;
 	if (ln_fwd_warp_fits(rows))
 		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io,
-					  (double *)loom_cuda_saved_slot(c, v, v));
+					  (double *)loom_cuda_saved_slot(c, v, v), amax);
 	loom_layernorm_fwd_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
-		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt, amax);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
@@ -630,7 +654,8 @@ typedef struct ln_residual_ptrs {
 } ln_residual_ptrs;
 
 static loom_status ln_residual_fwd(char *err, cudaStream_t stream, int64_t rows, int cc,
-				   double eps, const ln_residual_ptrs *q, double *stats)
+				   double eps, const ln_residual_ptrs *q, double *stats,
+				   unsigned *amax)
 {
 	const void *ptrs[6] = { q->a, q->b, q->sum, q->g, q->beta, q->y };
 	const int per_block = threads / 32;
@@ -638,11 +663,11 @@ static loom_status ln_residual_fwd(char *err, cudaStream_t stream, int64_t rows,
 	if (ln_vec8(cc, ptrs, 6))
 		loom_ln_residual_fwd_kernel<8><<<blocks, threads, 0, stream>>>(
 			rows, cc, q->a, q->adt, q->b, q->bdt, q->sum, q->sdt, q->g, q->gdt, q->beta,
-			q->betadt, eps, q->y, q->ydt, stats);
+			q->betadt, eps, q->y, q->ydt, stats, amax);
 	else
 		loom_ln_residual_fwd_kernel<1><<<blocks, threads, 0, stream>>>(
 			rows, cc, q->a, q->adt, q->b, q->bdt, q->sum, q->sdt, q->g, q->gdt, q->beta,
-			q->betadt, eps, q->y, q->ydt, stats);
+			q->betadt, eps, q->y, q->ydt, stats, amax);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -699,9 +724,11 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 		.gdt = loom_cuda_src(p, w, 1)->dtype, .betadt = loom_cuda_src(p, w, 2)->dtype,
 		.ydt = l->dtype,
 	};
-	*st = rows <= 0 ? LOOM_OK :
-			  ln_residual_fwd(c->err, c->stream, rows, (int)loom_shape_last(&l->shape),
-					  l->a.ln.eps, &q, (double *)loom_cuda_saved_slot(c, w, w));
+	unsigned *amax = NULL; /* the layer norm's FP8 amax (fp8.cu) */
+	*st = loom_cuda_fp8_amax_begin(c, w, &amax);
+	if (*st == LOOM_OK && rows > 0)
+		*st = ln_residual_fwd(c->err, c->stream, rows, (int)loom_shape_last(&l->shape),
+				      l->a.ln.eps, &q, (double *)loom_cuda_saved_slot(c, w, w), amax);
 	return 1;
 }
 

@@ -16,11 +16,21 @@
  * row-major terms A [m, k] and B [n, k], i.e. a linear's forward as it
  * is; a backward's operands stored the other way round are cast
  * transposed (fp8.cu's cast_transpose), as Transformer Engine does.
+ *
+ * FP8 storage: under the switch the backend's reads_fp8 says yes to these
+ * products' operands (loom_cuda_mm_fp8_reads, the rule on the graph), so
+ * the fp8 storage pass keeps a QDQ only they read as its 1-byte codes; the
+ * product reads them where they are when the layout fits (no cast), and
+ * transposes the codes into ws when it does not.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/cuda/cuda_internal.h"
+
+extern "C" {
+#include "graph/ops/ops.h"
+}
 
 typedef struct fp8_shape {
 	int64_t m, n, k; /* C[m, n] = op(A)[m, k] op(B)[k, n], loom's row-major */
@@ -29,9 +39,9 @@ typedef struct fp8_shape {
 
 /* As matmul_cublaslt.cu's mm_shape_of: values of more than 2 dims are
  * their rows. */
-static void shape_of(const loom_plan *p, const loom_node *nd, fp8_shape *s)
+static void shape_of(const loom_graph *g, const loom_node *nd, fp8_shape *s)
 {
-	const loom_node *a = &p->g->nodes[nd->src[0]], *b = &p->g->nodes[nd->src[1]];
+	const loom_node *a = &g->nodes[nd->src[0]], *b = &g->nodes[nd->src[1]];
 	if (nd->op == LOOM_OP_LINEAR) { /* x[N, in] w[out, in]^T */
 		s->ta = 0, s->tb = 1;
 		s->m = loom_shape_rows(&a->shape), s->k = loom_shape_last(&a->shape);
@@ -46,11 +56,11 @@ static void shape_of(const loom_plan *p, const loom_node *nd, fp8_shape *s)
 /* The FP8_QDQ node whose bytes value x is, through reshapes (the
  * backward's products read a QDQ output as [rows, last]: the same bytes,
  * row-major), LOOM_NONE if none; its fp8 format in *fmt. */
-static loom_value qdq_of(const loom_plan *p, loom_value x, int *fmt)
+static loom_value qdq_of(const loom_graph *g, loom_value x, int *fmt)
 {
-	while (p->g->nodes[x].op == LOOM_OP_RESHAPE)
-		x = p->g->nodes[x].src[0];
-	const loom_node *q = &p->g->nodes[x];
+	while (g->nodes[x].op == LOOM_OP_RESHAPE)
+		x = g->nodes[x].src[0];
+	const loom_node *q = &g->nodes[x];
 	*fmt = q->op == LOOM_OP_FP8_QDQ &&
 			       (q->a.fp8.fwd == LOOM_FP8_E4M3 || q->a.fp8.fwd == LOOM_FP8_E5M2) ?
 		       q->a.fp8.fwd : 0;
@@ -68,23 +78,40 @@ static int runs_here(const loom_plan *p, loom_value q)
 	return 0;
 }
 
-/* Whether node v can run in FP8 here: a bf16 product of two QDQ outputs
- * (q[], formats fmt[]), not both E5M2 (cuBLASLt has no E5M2 x E5M2),
- * every dimension a multiple of 16 (FP8's 16-byte leading dimensions,
- * with room to spare). */
-static int fp8_takes(const loom_plan *p, loom_value v, fp8_shape *s, int fmt[2], loom_value q[2])
+/* The rule on the graph alone (the fp8 storage pass asks it before a
+ * plan exists): a bf16 product of two bf16 QDQ outputs (q[], formats
+ * fmt[]), not both E5M2 (cuBLASLt has no E5M2 x E5M2), every dimension a
+ * multiple of 16 (FP8's 16-byte leading dimensions, with room to spare). */
+static int fp8_takes_graph(const loom_graph *g, loom_value v, fp8_shape *s, int fmt[2],
+			   loom_value q[2])
 {
-	const loom_node *nd = &p->g->nodes[v];
+	const loom_node *nd = &g->nodes[v];
 	if ((nd->op != LOOM_OP_LINEAR && nd->op != LOOM_OP_MATMUL) || nd->dtype != LOOM_BF16)
 		return 0;
 	for (int i = 0; i < 2; i++)
-		if ((q[i] = qdq_of(p, nd->src[i], &fmt[i])) == LOOM_NONE || !runs_here(p, q[i]))
+		if ((q[i] = qdq_of(g, nd->src[i], &fmt[i])) == LOOM_NONE ||
+		    g->nodes[nd->src[i]].dtype != LOOM_BF16)
 			return 0;
 	if (fmt[0] == LOOM_FP8_E5M2 && fmt[1] == LOOM_FP8_E5M2)
 		return 0;
-	shape_of(p, nd, s);
+	shape_of(g, nd, s);
 	return s->m > 0 && s->n > 0 && s->k > 0 && s->m % 16 == 0 && s->n % 16 == 0 &&
 	       s->k % 16 == 0 && s->m <= INT32_MAX && s->n <= INT32_MAX && s->k <= INT32_MAX;
+}
+
+/* Whether node v can run in FP8 here: the rule above, both QDQs steps of
+ * this rank's plan. */
+static int fp8_takes(const loom_plan *p, loom_value v, fp8_shape *s, int fmt[2], loom_value q[2])
+{
+	return fp8_takes_graph(p->g, v, s, fmt, q) && runs_here(p, q[0]) && runs_here(p, q[1]);
+}
+
+int loom_cuda_mm_fp8_reads(const loom_graph *g, loom_value v, int i)
+{
+	fp8_shape s;
+	int fmt[2];
+	loom_value q[2];
+	return i >= 0 && i < 2 && fp8_takes_graph(g, v, &s, fmt, q);
 }
 
 static cudaDataType_t fp8_type(int fmt)
@@ -214,9 +241,18 @@ loom_status loom_cuda_mm_fp8_plan(const loom_plan *p, loom_cuda_ctx *c, loom_val
 		return LOOM_OK;
 	}
 	mp->fp8.on = 1;
-	mp->fp8.off[0] = mp->lt_ws;
-	mp->fp8.off[1] = mp->fp8.off[0] + loom_cuda_align((size_t)(s.m * s.k));
-	np->lib_ws = mp->fp8.off[1] + loom_cuda_align((size_t)(s.n * s.k));
+	/* The 1-byte operands in ws after cuBLASLt's part: a cast, or a
+	 * stored QDQ's codes transposed; a stored QDQ whose layout fits is
+	 * read where it is, and takes none. */
+	const int64_t rows[2] = { s.m, s.n };
+	size_t at = mp->lt_ws;
+	for (int i = 0; i < 2; i++) {
+		mp->fp8.stored[i] = loom_fp8_stored(&p->g->nodes[q[i]]);
+		mp->fp8.off[i] = at;
+		if (!mp->fp8.stored[i] || mp->fp8.trans[i])
+			at += loom_cuda_align((size_t)(rows[i] * s.k));
+	}
+	np->lib_ws = at;
 	np->kind = LOOM_CUDA_PLAN_MM;
 	mp->bgrad = mp->gelu = mp->aux = LOOM_NONE;
 	/* The bias and a fused relu by own kernels after the call. */
@@ -243,13 +279,20 @@ loom_status loom_cuda_mm_fp8_run(const loom_plan *p, loom_cuda_ctx *c, loom_valu
 	fp8_shape s;
 	loom_status st = LOOM_OK;
 
-	shape_of(p, nd, &s);
+	shape_of(p->g, nd, &s);
 	const int64_t want_rows[2] = { s.m, s.n };
 	for (int i = 0; i < 2 && st == LOOM_OK; i++) {
 		const int64_t r = mp->fp8.trans[i] ? s.k : want_rows[i];
 		const int64_t cols = mp->fp8.trans[i] ? want_rows[i] : s.k;
-		st = loom_cuda_fp8_cast(c->err, c->stream, src[i], src_dtype(p, nd, np, i), r, cols,
-					mp->fp8.trans[i], mp->fp8.fmt[i],
+		if (mp->fp8.stored[i] && !mp->fp8.trans[i]) { /* the QDQ's own codes */
+			q[i] = (unsigned char *)src[i];
+			continue;
+		}
+		/* A stored QDQ's codes transposed as they are (xdt: their format),
+		 * else the bf16 values cast with the QDQ's scale. */
+		st = loom_cuda_fp8_cast(c->err, c->stream, src[i],
+					mp->fp8.stored[i] ? mp->fp8.fmt[i] : src_dtype(p, nd, np, i),
+					r, cols, mp->fp8.trans[i], mp->fp8.fmt[i],
 					loom_cuda_fp8_scale(c, mp->fp8.q[i]), q[i]);
 	}
 	if (st == LOOM_OK)
@@ -271,10 +314,11 @@ int loom_cuda_mm_fp8_note(const loom_cuda_node_plan *np, char *buf, size_t len)
 {
 	if (np->kind != LOOM_CUDA_PLAN_MM || !np->mm.fp8.on)
 		return 0;
-	snprintf(buf, len, "cuBLASLt FP8 %s x %s%s",
+	snprintf(buf, len, "cuBLASLt FP8 %s x %s%s%s",
 		 np->mm.fp8.fmt[0] == LOOM_FP8_E4M3 ? "E4M3" : "E5M2",
 		 np->mm.fp8.fmt[1] == LOOM_FP8_E4M3 ? "E4M3" : "E5M2",
-		 np->mm.fp8.trans[0] || np->mm.fp8.trans[1] ? ", cast transposed" : "");
+		 np->mm.fp8.trans[0] || np->mm.fp8.trans[1] ? ", cast transposed" : "",
+		 np->mm.fp8.stored[0] || np->mm.fp8.stored[1] ? ", stored fp8 operands" : "");
 	return 1;
 }
 

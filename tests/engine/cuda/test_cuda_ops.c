@@ -3215,7 +3215,7 @@ Test(cuda_ops, table)
 static const char *const covered_elsewhere[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = "AMP casts: batchnorm_o2_half_x_fp32_stats and the ConvNet O1/O2 steps",
 	[LOOM_OP_ALLREDUCE] = "needs a process group of world > 1: tests/ddp (CPU, MPI); NCCL not yet run",
-	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu and fp8_gemm_matches_cpu (bit for bit)",
+	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_amax_producer_matches_cpu",
 };
 
 /*
@@ -3608,6 +3608,7 @@ typedef struct fp8_case {
 	int gemm;   /* LOOM_CUDA_FP8_GEMM */
 	int want_fp8_gemm; /* the plan must run a product on cuBLASLt FP8 */
 	int64_t lead; /* > 0: x is [lead, m / lead, k], a GPT's [B, T, C] (reshapes in the backward) */
+	int want_stored; /* the CUDA plan keeps some roundings as fp8 codes (set by fp8_cases) */
 } fp8_case;
 
 /* O1 bf16 with fp8 on dev; sgd_lr > 0: SGD at that rate, else gradients
@@ -3750,6 +3751,13 @@ static void fp8_run_case(const fp8_case *fc)
 		cr_expect_gt(ng, 0, "%s: no product on cuBLASLt FP8 under LOOM_CUDA_FP8_GEMM=1", fc->what);
 	else
 		cr_expect_eq(ng, 0, "%s: %d products on cuBLASLt FP8", fc->what, ng);
+	loom_program_info info;
+	loom_program_info_get(cuda, &info);
+	if (fc->want_stored)
+		cr_expect_gt(info.n_fp8_stored, 0, "%s: no rounding kept as fp8 codes", fc->what);
+	else
+		cr_expect_eq(info.n_fp8_stored, 0, "%s: %d roundings kept as fp8 codes", fc->what,
+			     info.n_fp8_stored);
 
 	const size_t nx = (size_t)(fc->m * fc->k), nw = (size_t)(fc->k * fc->k);
 	double *buf = malloc(sizeof(double) * (nx > nw ? nx : nw));
@@ -3780,7 +3788,11 @@ static void fp8_run_case(const fp8_case *fc)
 	loom_graph_free(g);
 }
 
-static void fp8_cases(int gemm)
+/* own: the products on their own kernels (loom_cuda_test_own_kernels),
+ * so under gemm the roundings the storage pass keeps as codes for the
+ * FP8 product (reads_fp8 asks the graph) are decoded into ws for a plain
+ * product instead (fp8.cu's loom_cuda_fp8_decode_sources). */
+static void fp8_cases_on(int gemm, int own)
 {
 	/* m, k multiples of 16 take the FP8 product under gemm; 8 rows
 	 * (the forward) and 24 columns do not, and stay on the emulation. */
@@ -3793,8 +3805,19 @@ static void fp8_cases(int gemm)
 		{ "fp8 identity 2x16x32", 32, 32, 1, 0, 0, gemm, gemm, 2 },
 		{ "fp8 random 4x16x64", 64, 64, 0, 0, 0, gemm, gemm, 4 },
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		fp8_run_case(&cases[i]);
+	use_own_kernels(own);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		fp8_case fc = cases[i];
+		fc.want_stored = fc.want_fp8_gemm;
+		fc.want_fp8_gemm &= !own;
+		fp8_run_case(&fc);
+	}
+	use_own_kernels(0);
+}
+
+static void fp8_cases(int gemm)
+{
+	fp8_cases_on(gemm, 0);
 }
 
 /* y = gelu(x w1^T) w2^T over [4, 16, 32] rows as a GPT's [B, T, C], so
@@ -3916,9 +3939,298 @@ Test(cuda_ops, fp8_delayed_trains_as_cpu)
 }
 
 /* cuBLASLt's FP8 product (LOOM_CUDA_FP8_GEMM=1) against the CPU's QDQ and
- * fp32-accumulated product. */
+ * fp32-accumulated product; its operands kept as fp8 codes where only FP8
+ * products read them (FP8 storage, on by default): read in place in the
+ * forward, transposed from the codes in the backward. */
 Test(cuda_ops, fp8_gemm_matches_cpu)
 {
 	NEED_GPU();
 	fp8_cases(1);
+}
+
+/* FP8 storage's fallback: the roundings kept as codes for the FP8 product
+ * (LOOM_CUDA_FP8_GEMM=1 at compile) read by products that run on their
+ * own kernels, decoded first; the emulation's numbers. */
+Test(cuda_ops, fp8_storage_decoded_matches_cpu)
+{
+	NEED_GPU();
+	fp8_cases_on(1, 1);
+}
+
+/* y = gelu(ln(x) w1^T) w2^T: fp8_block_net with a layer norm (gamma,
+ * beta) ahead, so both forward casts read a producer that can give their
+ * amax (LOOM_CUDA_FP8_AMAX_PRODUCER); v gets x, w1, w2, r, gamma, beta. */
+static loom_value fp8_ln_block_net(loom_graph *g, loom_value v[6])
+{
+	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
+	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 }, cd[1] = { 32 };
+	v[0] = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
+	v[1] = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
+	v[2] = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
+	v[3] = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	v[4] = loom_param(g, "ln.g", LOOM_F32, 1, cd, LOOM_INIT_ONES, 1);
+	v[5] = loom_param(g, "ln.b", LOOM_F32, 1, cd, LOOM_INIT_ZEROS, 1);
+	loom_value h = loom_layernorm(g, v[0], v[4], v[5], 1e-5);
+	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, h, v[1], LOOM_NONE)), v[2],
+				   LOOM_NONE);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), v[3]));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	return loss;
+}
+
+/* fp8.cu's producer rule on a plan (a weak reference, as above). */
+extern void loom_cuda_test_fp8_amax_producers(const void *plan, int *given, int *qdqs)
+	__attribute__((weak));
+
+/* The CPU backend with some of the CUDA backend's planning (the plugin's
+ * table): plan_only, its fusions and cast folding too, for a plan that is
+ * compiled and never run (no node plans, every node taken), as
+ * test_cuda_formats.c's cuda_like; else only its reads_fp8, so the fp8
+ * storage pass decides as on CUDA and the CPU runs the plan (its run_node
+ * decodes the stored sources). */
+static loom_backend fp8_cuda_like;
+static loom_backend_planning fp8_cuda_like_planning;
+
+static loom_status fp8_no_node_plans(void *ctx, const loom_plan *plan, size_t *ws_bytes)
+{
+	(void)ctx;
+	(void)plan;
+	*ws_bytes = 0;
+	return LOOM_OK;
+}
+
+static int fp8_every_node(void *ctx, const loom_plan *plan, loom_value v)
+{
+	(void)ctx;
+	(void)plan;
+	(void)v;
+	return 1;
+}
+
+static void fp8_cuda_like_begin(int plan_only)
+{
+	const loom_backend *cuda = plugin()->backend();
+	fp8_cuda_like = loom_cpu_backend;
+	fp8_cuda_like.name = "cpu with cuda's planning";
+	fp8_cuda_like_planning = *loom_cpu_backend.planning;
+	fp8_cuda_like_planning.reads_fp8 = cuda->planning->reads_fp8;
+	if (plan_only) {
+		fp8_cuda_like.caps = cuda->caps;
+		fp8_cuda_like_planning.takes_any_dtype = cuda->planning->takes_any_dtype;
+		fp8_cuda_like_planning.ln_residual_fusable = cuda->planning->ln_residual_fusable;
+		fp8_cuda_like_planning.attn_fusable = cuda->planning->attn_fusable;
+		fp8_cuda_like.plan_create = fp8_no_node_plans;
+		fp8_cuda_like.supports_node = fp8_every_node;
+	}
+	fp8_cuda_like.planning = &fp8_cuda_like_planning;
+	loom_test_backend = &fp8_cuda_like;
+}
+
+/*
+ * Which FP8 casts LOOM_CUDA_FP8_AMAX_PRODUCER=1 lets their producer give
+ * the amax (no GPU needed: the rule on the plan compiled with the CUDA
+ * backend's fusions and cast folding, at O1 and O2): the layer norm's
+ * (at O1 its fp32 output's cast to bf16 folded into it, as CUDA folds it)
+ * and the GELU's, which feed the two linears' forward; not the weights'
+ * nor the E5M2 gradients'.
+ */
+Test(cuda_ops, fp8_amax_producer_takes_ln_and_gelu)
+{
+	if (!loom_cuda_test_fp8_amax_producers || !plugin())
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
+	for (int o2 = 0; o2 < 2; o2++) {
+		loom_graph *g;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value v[6];
+		loom_value loss = fp8_ln_block_net(g, v);
+		loom_compile_opts o;
+		loom_program *p = NULL;
+		loom_compile_opts_default(&o);
+		o.device = LOOM_DEVICE_CPU;
+		o.amp.level = o2 ? LOOM_O2 : LOOM_O1;
+		o.amp.half = LOOM_BF16;
+		o.amp.fp8 = 1;
+		o.optim.kind = LOOM_OPTIM_SGD;
+		o.optim.lr = 0.01;
+		fp8_cuda_like_begin(1);
+		loom_status st = loom_compile(g, loss, &o, &p);
+		loom_test_backend = NULL;
+		cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+		int given = -1, qdqs = -1;
+		loom_cuda_test_fp8_amax_producers(&p->plan, &given, &qdqs);
+		cr_expect_eq(given, 2, "O%d: %d of %d fp8 casts take their producer's amax, want 2",
+			     o2 ? 2 : 1, given, qdqs);
+		loom_program_free(p);
+		loom_graph_free(g);
+	}
+}
+
+/* FP8 casts whose --dump-graph note says their producer gives the amax. */
+static int fp8_amax_given(const loom_program *p)
+{
+	const loom_backend_planning *pn = p->be->planning;
+	int n = 0;
+	for (int v = 0; v < p->plan.g->n && pn && pn->node_note; v++) {
+		char note[512] = "";
+		if (p->plan.g->nodes[v].op != LOOM_OP_FP8_QDQ)
+			continue;
+		pn->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
+		n += strstr(note, "amax by its producer") != NULL;
+	}
+	return n;
+}
+
+/* fp8_ln_block_net on CUDA with the GELU its own kernel (no epilogue) and
+ * LOOM_CUDA_FP8_AMAX_PRODUCER at producer. */
+static loom_program *compile_fp8_producer(loom_graph *g, loom_value loss, int producer,
+					  int scaling)
+{
+	setenv("LOOM_CUDA_FP8_AMAX_PRODUCER", producer ? "1" : "0", 1);
+	setenv("LOOM_CUDA_GELU_EPILOGUE", "0", 1);
+	loom_program *p = compile_fp8_as(g, loss, LOOM_DEVICE_CUDA, 0, 0.01, scaling);
+	unsetenv("LOOM_CUDA_GELU_EPILOGUE");
+	unsetenv("LOOM_CUDA_FP8_AMAX_PRODUCER");
+	return p;
+}
+
+/*
+ * The amax from the producer (LOOM_CUDA_FP8_AMAX_PRODUCER=1: the layer
+ * norm's and the GELU's kernels fill their casts' amax slots, the casts
+ * run no amax pass) against the amax pass (=0) and the CPU, under current
+ * and delayed scaling, three SGD steps: with the switch on the losses are
+ * the switch off's bit for bit (the same amax, so the same scales and
+ * roundings) and within FP8_DELAYED_LOSS_REL of the CPU's; under delayed
+ * scaling every tensor's amax is the switch off's and its scales the
+ * CPU's.
+ */
+Test(cuda_ops, fp8_amax_producer_matches_cpu)
+{
+	NEED_GPU();
+	for (int delayed = 0; delayed < 2; delayed++) {
+		const int scaling = delayed ? LOOM_FP8_SCALING_DELAYED : LOOM_FP8_SCALING_CURRENT;
+		loom_graph *g;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value v[6];
+		loom_value loss = fp8_ln_block_net(g, v);
+		loom_program *p[3] = {
+			compile_fp8_as(g, loss, LOOM_DEVICE_CPU, 0, 0.01, scaling),
+			compile_fp8_producer(g, loss, 0, scaling),
+			compile_fp8_producer(g, loss, 1, scaling),
+		};
+		cr_expect_eq(fp8_amax_given(p[1]), 0, "switch off: casts without their amax pass");
+		cr_expect_eq(fp8_amax_given(p[2]), 2,
+			     "switch on: %d casts take the amax from the layer norm or GELU, want 2",
+			     fp8_amax_given(p[2]));
+		double buf[4 * 16 * 32];
+		const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
+		rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)delayed;
+		for (int k = 0; k < 4; k++) {
+			for (size_t i = 0; i < ns[k]; i++)
+				buf[i] = k == 3 ? urand() / 64 : urand() * (k == 0 ? 3 : 1);
+			for (int d = 0; d < 3; d++)
+				fp8_write(p[d], v[k], buf, ns[k]);
+		}
+		for (int step = 0; step < 3; step++) {
+			for (int d = 0; d < 3; d++)
+				cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%d step %d: %s", d,
+					     step, loom_program_error(p[d]));
+			double on = loom_loss(p[2]), off = loom_loss(p[1]), cpu = loom_loss(p[0]);
+			cr_expect(on == off, "%s step %d: loss %.9g with the producer's amax, %.9g without",
+				  delayed ? "delayed" : "current", step, on, off);
+			cr_expect(fabs(on - cpu) <= FP8_DELAYED_LOSS_REL * fabs(cpu) + 1e-6,
+				  "%s step %d: cuda loss %.9g, cpu %.9g", delayed ? "delayed" : "current",
+				  step, on, cpu);
+			if (!delayed)
+				continue;
+			fp8_same_scales(p[2], p[0], step);
+			for (int i = 0; i < loom_fp8_tensor_count(p[2]); i++) {
+				loom_fp8_tensor_info a, b;
+				cr_assert_eq(loom_fp8_tensor_get(p[2], i, &a), LOOM_OK);
+				cr_assert_eq(loom_fp8_tensor_get(p[1], i, &b), LOOM_OK);
+				cr_expect(a.amax == b.amax && a.saturated == b.saturated,
+					  "step %d, %s: amax %.9g (%lld saturated) by the producer, "
+					  "%.9g (%lld) by the pass",
+					  step, a.name, a.amax, (long long)a.saturated, b.amax,
+					  (long long)b.saturated);
+			}
+		}
+		for (int d = 0; d < 3; d++)
+			loom_program_free(p[d]);
+		loom_graph_free(g);
+	}
+}
+
+/* ------------------------------------------------------------ fp8 storage on CUDA */
+
+/* fp8_cuda_like_begin(0): the CPU asking the CUDA backend's reads_fp8. */
+static loom_program *compile_fp8_cuda_like(loom_graph *g, loom_value loss, int gemm, int store)
+{
+	setenv("LOOM_FP8_STORAGE", store ? "1" : "0", 1);
+	fp8_cuda_like_begin(0);
+	loom_program *p = compile_fp8_as(g, loss, LOOM_DEVICE_CPU, gemm, 0.01,
+					 LOOM_FP8_SCALING_CURRENT);
+	loom_test_backend = NULL;
+	unsetenv("LOOM_FP8_STORAGE");
+	return p;
+}
+
+/*
+ * FP8 storage as the CUDA backend plans it (no GPU needed): with
+ * LOOM_CUDA_FP8_GEMM=1 its reads_fp8 says yes to the operands of the
+ * products cuBLASLt's FP8 path takes, so fp8_block_net's four E4M3
+ * roundings (x, w1, the GELU's output, w2: read by the forward and both
+ * gradients' products, all FP8) and its two E5M2 gradient roundings (the
+ * linears have no bias, whose gradient would read them) are kept as 1-byte
+ * codes, six as the CPU's own plan keeps, and the plan's
+ * memory report counts one byte an element: its activations fall by what
+ * they save. Off, nothing is stored. Run on the CPU (which decodes stored
+ * sources), four SGD steps give the unstored plan's losses to the bit.
+ */
+Test(cuda_ops, fp8_storage_as_cuda_plans_it)
+{
+	if (!plugin() || !plugin()->backend()->planning->reads_fp8)
+		cr_skip_test("needs a build with the CUDA toolkit (the plugin's reads_fp8)");
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
+	loom_program *p[3] = {
+		compile_fp8_cuda_like(g, loss, 1, 0),
+		compile_fp8_cuda_like(g, loss, 1, 1),
+		compile_fp8_cuda_like(g, loss, 0, 1),
+	};
+	loom_program_info info[3];
+	for (int d = 0; d < 3; d++) {
+		loom_program_info_get(p[d], &info[d]);
+		info[d].backend = NULL;
+	}
+	cr_expect_eq(info[0].n_fp8_stored, 0, "storage off: %d stored", info[0].n_fp8_stored);
+	cr_expect_eq(info[1].n_fp8_stored, 6, "LOOM_CUDA_FP8_GEMM=1: %d stored, want 6",
+		     info[1].n_fp8_stored);
+	cr_expect_eq(info[2].n_fp8_stored, 0, "LOOM_CUDA_FP8_GEMM=0: %d stored, want 0",
+		     info[2].n_fp8_stored);
+	cr_expect_gt(info[1].fp8_saved_bytes, 0);
+	cr_expect_eq(info[0].activation_naive_bytes - info[1].activation_naive_bytes,
+		     info[1].fp8_saved_bytes, "naive activations %zu -> %zu, the stored save %zu",
+		     info[0].activation_naive_bytes, info[1].activation_naive_bytes,
+		     info[1].fp8_saved_bytes);
+	double buf[4 * 16 * 32];
+	const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
+	rng_state = 0x9e3779b97f4a7c15ull;
+	for (int k = 0; k < 4; k++) {
+		for (size_t i = 0; i < ns[k]; i++)
+			buf[i] = k == 3 ? urand() / 64 : urand();
+		for (int d = 0; d < 2; d++)
+			fp8_write(p[d], v[k], buf, ns[k]);
+	}
+	for (int step = 0; step < 4; step++) {
+		for (int d = 0; d < 2; d++)
+			cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%d step %d: %s", d, step,
+				     loom_program_error(p[d]));
+		cr_expect_eq(loom_loss(p[1]), loom_loss(p[0]), "step %d: stored %.17g, unstored %.17g",
+			     step, loom_loss(p[1]), loom_loss(p[0]));
+	}
+	for (int d = 0; d < 3; d++)
+		loom_program_free(p[d]);
+	loom_graph_free(g);
 }
