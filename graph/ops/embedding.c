@@ -34,10 +34,8 @@ static int shape_embedding(loom_graph *g, loom_node *n)
 static void grad_embedding(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (!loom_grad_needed(ctx, n.src[1]))
-		return;
 	loom_value s[2] = { n.src[0], dy };
-	loom_grad_accum(ctx, n.src[1], loom_grad_node(g, LOOM_OP_EMBEDDING_BWD, n.src[1], 2, s));
+	loom_grad_op(g, ctx, n.src[1], LOOM_OP_EMBEDDING_BWD, 2, s, NULL);
 }
 
 /* The table's dtype under every level: half under O2, else the table's
