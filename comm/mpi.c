@@ -55,27 +55,19 @@ const char *loom_mpi_error_string(int code)
 
 /* ------------------------------------------------------------ sums */
 
-static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
-{
-	const uint16_t *a = in;
-	uint16_t *b = inout;
-	int i;
+/* MPI user ops: the sum of two halves of one format in fp32, rounded once. */
+#define HALF_SUM_OP(name, to_f32, from_f32)                                     \
+	static void name(void *in, void *inout, int *len, MPI_Datatype *dt)     \
+	{                                                                       \
+		const uint16_t *a = in;                                         \
+		uint16_t *b = inout;                                            \
+		(void)dt;                                                       \
+		for (int i = 0; i < *len; i++)                                  \
+			b[i] = from_f32(to_f32(a[i]) + to_f32(b[i]));           \
+	}
 
-	(void)dt;
-	for (i = 0; i < *len; i++)
-		b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));
-}
-
-static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
-{
-	const uint16_t *a = in;
-	uint16_t *b = inout;
-	int i;
-
-	(void)dt;
-	for (i = 0; i < *len; i++)
-		b[i] = loom_f32_to_bf16(loom_bf16_to_f32(a[i]) + loom_bf16_to_f32(b[i]));
-}
+HALF_SUM_OP(sum_f16, loom_f16_to_f32, loom_f32_to_f16)
+HALF_SUM_OP(sum_bf16, loom_bf16_to_f32, loom_f32_to_bf16)
 
 /* ------------------------------------------------------------ bootstrap */
 
@@ -168,25 +160,32 @@ static loom_status exchange_peers(loom_pg *pg)
 	return LOOM_OK;
 }
 
+/* The group's communicator made: it returns errors, and its rank and size
+ * must be the launcher's (else code, with who and what says them). */
+static loom_status adopt_comm(loom_pg *pg, loom_status code, const char *who, const char *expected)
+{
+	int rank, size;
+
+	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(pg->mpi->comm, &rank);
+	MPI_Comm_size(pg->mpi->comm, &size);
+	if (rank != pg->info.rank || size != pg->info.world)
+		return loom_pg_fail(pg, code, "%s says rank %d of %d, %s %d of %d", who, rank, size,
+				    expected, pg->info.rank, pg->info.world);
+	return LOOM_OK;
+}
+
 loom_status loom_mpi_init_world(loom_pg *pg)
 {
 	loom_status st;
-	int rank, size;
 
 	st = mpi_start(pg);
 	if (st)
 		return st;
 	if ((st = MPI_CHECK(pg, MPI_Comm_dup(MPI_COMM_WORLD, &pg->mpi->comm))))
 		return st;
-	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
-	MPI_Comm_rank(pg->mpi->comm, &rank);
-	MPI_Comm_size(pg->mpi->comm, &size);
-	if (rank != pg->info.rank || size != pg->info.world)
-		return loom_pg_fail(pg, LOOM_ERR_MISMATCH,
-				    "mpirun: MPI says rank %d of %d, OMPI_COMM_WORLD_RANK/SIZE say "
-				    "%d of %d",
-				    rank, size, pg->info.rank, pg->info.world);
-	return exchange_peers(pg);
+	st = adopt_comm(pg, LOOM_ERR_MISMATCH, "mpirun: MPI", "OMPI_COMM_WORLD_RANK/SIZE say");
+	return st ? st : exchange_peers(pg);
 }
 
 loom_status loom_mpi_open(loom_pg *pg, char *port, size_t len)
@@ -229,7 +228,7 @@ loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
 	MPI_Comm cur = MPI_COMM_SELF, inter;
 	char err[LOOM_COMM_ERRLEN];
 	loom_status st;
-	int size = 1, rank, k;
+	int size = 1, k;
 
 	if (pg->info.rank == 0) {
 		for (k = 1; k < pg->info.world; k++) {
@@ -265,15 +264,7 @@ loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
 		MPI_Comm_free(&cur);
 	if (st)
 		return st;
-	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
-	MPI_Comm_rank(pg->mpi->comm, &rank);
-	MPI_Comm_size(pg->mpi->comm, &size);
-	if (rank != pg->info.rank || size != pg->info.world)
-		return loom_pg_fail(pg, LOOM_ERR_STATE,
-				    "env:// join: the joined group says rank %d of %d, expected %d "
-				    "of %d",
-				    rank, size, pg->info.rank, pg->info.world);
-	return LOOM_OK;
+	return adopt_comm(pg, LOOM_ERR_STATE, "env:// join: the joined group", "expected");
 }
 
 void loom_mpi_finish(loom_pg *pg)
