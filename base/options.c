@@ -168,17 +168,13 @@ loom_status loom_opt_parse(loom_opt id, const char *text, char *err, size_t errl
 					  text);
 		return LOOM_OK;
 	case LOOM_OPT_INT:
-		if (!parse_int(text, r->lo, r->hi, &iv))
-			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
-					  "%s=%s: an integer from %.15g to %.15g", name, text, r->lo,
-					  r->hi);
+	case LOOM_OPT_REAL: {
+		const int is_int = r->type == LOOM_OPT_INT;
+		if (is_int ? !parse_int(text, r->lo, r->hi, &iv) : !parse_real(text, r->lo, r->hi, &rv))
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s=%s: %s from %.15g to %.15g",
+					  name, text, is_int ? "an integer" : "a number", r->lo, r->hi);
 		return LOOM_OK;
-	case LOOM_OPT_REAL:
-		if (!parse_real(text, r->lo, r->hi, &rv))
-			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
-					  "%s=%s: a number from %.15g to %.15g", name, text, r->lo,
-					  r->hi);
-		return LOOM_OK;
+	}
 	case LOOM_OPT_CHOICE:
 		if (choice_index(r->choices, text) < 0)
 			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s=%s: one of %s", name,
