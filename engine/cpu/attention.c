@@ -98,7 +98,7 @@ static void attn_batch(loom_cpu_attn_kernel k, const loom_attn_shape *one, int b
 		       const void *const *src, void *out, unsigned char *at, void *kws,
 		       unsigned half)
 {
-	const float *in[3];
+	const void *in[3];
 	for (int i = 0; i < attn_io[k].nsrc; i++) {
 		int64_t per = attn_batch_elems(attn_io[k].src[i], one);
 		in[i] = loom_cpu_bf16_in(src[i], half & LOOM_CPU_BF16_SRC(i), b * per, per, (float *)at);
@@ -107,23 +107,7 @@ static void attn_batch(loom_cpu_attn_kernel k, const loom_attn_shape *one, int b
 	}
 	int64_t oper = attn_batch_elems(attn_io[k].out, one);
 	float *o = loom_cpu_bf16_out(out, half & LOOM_CPU_BF16_OUT, b * oper, (float *)at);
-	switch (k) {
-	case LOOM_CPU_ATTN_PROBS_FWD:
-		loom_cpu_attn_probs_fwd_f32(one, in[0], o);
-		break;
-	case LOOM_CPU_ATTN_PROBS_BWD:
-		loom_cpu_attn_probs_bwd_f32(one, in[0], in[1], in[2], o, kws);
-		break;
-	case LOOM_CPU_ATTENTION_FWD:
-		loom_cpu_attention_fwd_f32(one, in[0], in[1], o);
-		break;
-	case LOOM_CPU_ATTENTION_BWD_PROBS:
-		loom_cpu_attention_bwd_probs_f32(one, in[0], in[1], o);
-		break;
-	case LOOM_CPU_ATTENTION_BWD_QKV:
-		loom_cpu_attention_bwd_qkv_f32(one, in[0], in[1], o);
-		break;
-	}
+	attn_run_f32(k, one, in, o, kws);
 	loom_cpu_bf16_done(out, half & LOOM_CPU_BF16_OUT, b * oper, oper, o);
 }
 
@@ -185,56 +169,6 @@ static loom_attn_shape out_shape(const loom_plan *plan, loom_value v)
 	return s;
 }
 
-static loom_status run_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			     const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attn_probs_fwd,
-			  &s, io->src[0], io->out);
-	return LOOM_OK;
-}
-
-static loom_status run_probs_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attn_probs_bwd,
-			  &s, io->src[0], io->src[1], io->src[2], io->out, io->ws);
-	return LOOM_OK;
-}
-
-static loom_status run_attention(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 1);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attention_fwd,
-			  &s, io->src[0], io->src[1], io->out);
-	return LOOM_OK;
-}
-
-static loom_status run_bwd_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)),
-			  loom_cpu_attention_bwd_probs, &s, io->src[0], io->src[1], io->out);
-	return LOOM_OK;
-}
-
-static loom_status run_bwd_qkv(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			       const loom_cpu_io *io)
-{
-	loom_attn_shape s = out_shape(plan, v);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attention_bwd_qkv,
-			  &s, io->src[0], io->src[1], io->out);
-	return LOOM_OK;
-}
-
 /* The per-thread dS of the probabilities' backward. */
 static size_t ws_probs_bwd(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			   size_t elem)
@@ -258,21 +192,44 @@ static int run_bf16(loom_cpu_attn_kernel k, const loom_attn_shape *s, const loom
 	return loom_cpu_attn_bf16(k, s, (const void *const *)io->src, io->out, io->ws, avail, half);
 }
 
-#define BF16_ENTRY(name, kernel, shape)                                                   \
-	static int name(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,           \
-			const loom_cpu_io *io, unsigned half, loom_status *st)            \
+/* f32 or f64: the kernel on the node's arrays. */
+static void run_f(loom_cpu_attn_kernel k, const loom_attn_shape *s, const loom_plan *plan,
+		  loom_value v, const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	const void *in[3] = { NULL };
+	for (int i = 0; i < n->nsrc && i < 3; i++)
+		in[i] = io->src[i];
+	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
+		attn_run_f64(k, s, in, io->out, io->ws);
+	else
+		attn_run_f32(k, s, in, io->out, io->ws);
+}
+
+/* An op's two entries: run_<name> and bf16_<name>, kernel on shape. */
+#define ENTRIES(name, kernel, shape)                                                      \
+	static loom_status run_##name(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, \
+				      const loom_cpu_io *io)                              \
+	{                                                                                 \
+		loom_attn_shape s = shape;                                                \
+		(void)ctx;                                                                \
+		run_f(kernel, &s, plan, v, io);                                           \
+		return LOOM_OK;                                                           \
+	}                                                                                 \
+	static int bf16_##name(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,    \
+			       const loom_cpu_io *io, unsigned half, loom_status *st)     \
 	{                                                                                 \
 		loom_attn_shape s = shape;                                                \
 		(void)ctx;                                                                \
 		(void)st;                                                                 \
 		return run_bf16(kernel, &s, plan, v, io, half);                           \
 	}
-BF16_ENTRY(bf16_probs, LOOM_CPU_ATTN_PROBS_FWD, attn_shape(plan, v, 0))
-BF16_ENTRY(bf16_probs_bwd, LOOM_CPU_ATTN_PROBS_BWD, attn_shape(plan, v, 0))
-BF16_ENTRY(bf16_attention, LOOM_CPU_ATTENTION_FWD, attn_shape(plan, v, 1))
-BF16_ENTRY(bf16_bwd_probs, LOOM_CPU_ATTENTION_BWD_PROBS, attn_shape(plan, v, 0))
-BF16_ENTRY(bf16_bwd_qkv, LOOM_CPU_ATTENTION_BWD_QKV, out_shape(plan, v))
-#undef BF16_ENTRY
+ENTRIES(probs, LOOM_CPU_ATTN_PROBS_FWD, attn_shape(plan, v, 0))
+ENTRIES(probs_bwd, LOOM_CPU_ATTN_PROBS_BWD, attn_shape(plan, v, 0))
+ENTRIES(attention, LOOM_CPU_ATTENTION_FWD, attn_shape(plan, v, 1))
+ENTRIES(bwd_probs, LOOM_CPU_ATTENTION_BWD_PROBS, attn_shape(plan, v, 0))
+ENTRIES(bwd_qkv, LOOM_CPU_ATTENTION_BWD_QKV, out_shape(plan, v))
+#undef ENTRIES
 
 const loom_cpu_op loom_cpu_attn_probs = { .run = run_probs, .bf16 = bf16_probs };
 const loom_cpu_op loom_cpu_attn_probs_bwd = { .run = run_probs_bwd, .ws = ws_probs_bwd,
@@ -409,6 +366,30 @@ void LOOM_CPU_FN(loom_cpu_attention_bwd_qkv)(const loom_attn_shape *s, const T *
 			   (T)0, dqkv + (int64_t)b * t * c3 + 2 * s->c + h * hs, c3);
 	}
 	loom_cpu_blas_serial_end(blas_prev);
+}
+
+/* Kernel k on the sources in (attn_io's order) into o; kws the
+ * probabilities' backward's ws. */
+static void LOOM_CPU_FN(attn_run)(loom_cpu_attn_kernel k, const loom_attn_shape *s,
+				  const void *const *in, void *o, void *kws)
+{
+	switch (k) {
+	case LOOM_CPU_ATTN_PROBS_FWD:
+		LOOM_CPU_FN(loom_cpu_attn_probs_fwd)(s, in[0], o);
+		break;
+	case LOOM_CPU_ATTN_PROBS_BWD:
+		LOOM_CPU_FN(loom_cpu_attn_probs_bwd)(s, in[0], in[1], in[2], o, kws);
+		break;
+	case LOOM_CPU_ATTENTION_FWD:
+		LOOM_CPU_FN(loom_cpu_attention_fwd)(s, in[0], in[1], o);
+		break;
+	case LOOM_CPU_ATTENTION_BWD_PROBS:
+		LOOM_CPU_FN(loom_cpu_attention_bwd_probs)(s, in[0], in[1], o);
+		break;
+	case LOOM_CPU_ATTENTION_BWD_QKV:
+		LOOM_CPU_FN(loom_cpu_attention_bwd_qkv)(s, in[0], in[1], o);
+		break;
+	}
 }
 
 #endif /* LOOM_CPU_TEMPLATE */
