@@ -203,6 +203,16 @@ loom_status loom_mpi_open(loom_pg *pg, char *port, size_t len)
 	return LOOM_OK;
 }
 
+/* An inter-communicator made one (high: this side's ranks after the
+ * other's), and freed. */
+static loom_status merge_inter(loom_pg *pg, MPI_Comm inter, int high, MPI_Comm *out)
+{
+	loom_status st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, high, out));
+
+	MPI_Comm_free(&inter);
+	return st;
+}
+
 /* The group so far accepts the next rank and merges it in (collective over
  * cur; only rank 0's port counts). */
 static loom_status accept_one(loom_pg *pg, const char *port, MPI_Comm *cur)
@@ -213,9 +223,7 @@ static loom_status accept_one(loom_pg *pg, const char *port, MPI_Comm *cur)
 	st = MPI_CHECK(pg, MPI_Comm_accept(port, MPI_INFO_NULL, 0, *cur, &inter));
 	if (st)
 		return st;
-	st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, 0, &merged));
-	MPI_Comm_free(&inter);
-	if (st)
+	if ((st = merge_inter(pg, inter, 0, &merged)))
 		return st;
 	if (*cur != MPI_COMM_SELF)
 		MPI_Comm_free(cur);
@@ -246,9 +254,7 @@ loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
 		st = MPI_CHECK(pg, MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter));
 		if (st)
 			return st;
-		st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, 1, &cur));
-		MPI_Comm_free(&inter);
-		if (st)
+		if ((st = merge_inter(pg, inter, 1, &cur)))
 			return st;
 		MPI_Comm_size(cur, &size);
 		while (size < pg->info.world) {
@@ -387,49 +393,51 @@ static loom_status started(loom_comm *c, loom_status st, struct loom_comm_work *
 	return LOOM_OK;
 }
 
-static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-				       void *stream, loom_comm_work **out)
-{
-	struct loom_comm_work *w;
-	MPI_Datatype type = MPI_DATATYPE_NULL;
-	MPI_Op op;
-	loom_status st;
-
-	(void)stream;
-	if ((st = mpi_type(c, dt, &type, &op)) || (st = fits_int(c, count, "all-reduce")))
-		return st;
-	if (!(w = work_new(c, count, dt, "all-reduce")))
-		return LOOM_ERR_NOMEM;
-	return started(c, MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
-							  comm_of(c), &w->req)), w, out);
-}
-
 /*
- * MPI_Ireduce_scatter_block in place sums every rank's block r into the
- * start of rank r's buffer; the wait moves it to the rank's own place, so
- * that the shard lies where the bucket's elements are.
+ * All-reduce, or (scatter) MPI_Ireduce_scatter_block in place: it sums
+ * every rank's block r into the start of rank r's buffer; the wait moves it
+ * to the rank's own place, so that the shard lies where the bucket's
+ * elements are.
  */
-static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-					    void *stream, loom_comm_work **out)
+static loom_status mpi_reduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				    loom_comm_work **out, int scatter)
 {
+	const char *what = scatter ? "reduce-scatter" : "all-reduce";
 	struct loom_comm_work *w;
 	MPI_Datatype type = MPI_DATATYPE_NULL;
 	MPI_Op op;
 	loom_status st;
 	size_t esz = loom_dtype_size(dt);
 
-	(void)stream;
 	if ((st = mpi_type(c, dt, &type, &op)) ||
-	    (st = fits_int(c, count * (size_t)c->world, "reduce-scatter")))
+	    (st = fits_int(c, scatter ? count * (size_t)c->world : count, what)))
 		return st;
-	if (!(w = work_new(c, count, dt, "reduce-scatter")))
+	if (!(w = work_new(c, count, dt, what)))
 		return LOOM_ERR_NOMEM;
+	if (!scatter)
+		return started(c, MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count,
+								  type, op, comm_of(c), &w->req)),
+			       w, out);
 	w->move_to = (unsigned char *)buf + (size_t)c->rank * count * esz;
 	w->move_from = buf;
 	w->move_bytes = count * esz;
 	return started(c, MPI_CHECK(c->pg, MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count,
 								     type, op, comm_of(c),
 								     &w->req)), w, out);
+}
+
+static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				       void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_reduce_start(c, buf, count, dt, out, 0);
+}
+
+static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_reduce_start(c, buf, count, dt, out, 1);
 }
 
 /* In place: rank r's block of buf is its contribution. */
