@@ -131,6 +131,16 @@ static int choice_index(const char *choices, const char *word)
 	}
 }
 
+int loom_opt_bool_once(loom_opt id, int *cache)
+{
+	int o = __atomic_load_n(cache, __ATOMIC_RELAXED);
+	if (o < 0) {
+		o = loom_opt_bool(id);
+		__atomic_store_n(cache, o, __ATOMIC_RELAXED);
+	}
+	return o;
+}
+
 int loom_opt_int(loom_opt id, long *out)
 {
 	const loom_opt_row *r = loom_opt_row_get(id);

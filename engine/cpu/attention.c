@@ -21,6 +21,26 @@
  * worth splitting over threads. */
 #define LOOM_CPU_GEMM_PAR_MIN (1 << 21)
 
+/* Where one (batch, head)'s block of an array starts: at + b per_b +
+ * h per_h, rows ld apart. */
+typedef struct attn_arr {
+	int64_t per_b, per_h, at;
+	int ld;
+} attn_arr;
+
+/* P-like [B, nh, T, T]: one T x T block per head. */
+static inline attn_arr attn_probs_arr(const loom_attn_shape *s)
+{
+	return (attn_arr){ (int64_t)s->nh * s->t * s->t, (int64_t)s->t * s->t, 0, s->t };
+}
+
+/* Head h's hs columns of [B, T, width] from column col (y: width C; the
+ * q, k and v of qkv: width 3C, col 0, C or 2C). */
+static inline attn_arr attn_cols_arr(const loom_attn_shape *s, int width, int col)
+{
+	return (attn_arr){ (int64_t)s->t * width, s->c / s->nh, col, width };
+}
+
 #define LOOM_CPU_TEMPLATE_FILE "engine/cpu/attention.c"
 #include "engine/cpu/f32_f64.h"
 
@@ -318,54 +338,53 @@ void LOOM_CPU_FN(loom_cpu_attn_probs_bwd)(const loom_attn_shape *s, const T *qkv
 	loom_cpu_blas_serial_end(blas_prev);
 }
 
+/* c = op(a) op(b) for every (batch, head): m x n x k GEMMs on each
+ * operand's block, the heads over threads with BLAS serial inside. */
+static void LOOM_CPU_FN(head_gemms)(const loom_attn_shape *s, enum CBLAS_TRANSPOSE ta,
+				    enum CBLAS_TRANSPOSE tb, int m, int n, int k, const T *a,
+				    attn_arr la, const T *b, attn_arr lb, T *c, attn_arr lc)
+{
+	int blas_prev = loom_cpu_blas_serial_begin();
+#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
+	for (int bh = 0; bh < s->b * s->nh; bh++) {
+		int64_t bi = bh / s->nh, h = bh % s->nh;
+		CBLAS_GEMM(CblasRowMajor, ta, tb, m, n, k, (T)1,
+			   a + la.at + bi * la.per_b + h * la.per_h, la.ld,
+			   b + lb.at + bi * lb.per_b + h * lb.per_h, lb.ld, (T)0,
+			   c + lc.at + bi * lc.per_b + h * lc.per_h, lc.ld);
+	}
+	loom_cpu_blas_serial_end(blas_prev);
+}
+
+/* y = P v per head. */
 void LOOM_CPU_FN(loom_cpu_attention_fwd)(const loom_attn_shape *s, const T *p, const T *qkv,
 					 T *y)
 {
-	const int t = s->t, c3 = 3 * s->c, hs = s->c / s->nh;
-	int blas_prev = loom_cpu_blas_serial_begin();
-#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
-	for (int bh = 0; bh < s->b * s->nh; bh++) {
-		int b = bh / s->nh, h = bh % s->nh;
-		const T *v = qkv + (int64_t)b * t * c3 + 2 * s->c + h * hs;
-		CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hs, t, (T)1,
-			   p + (int64_t)bh * t * t, t, v, c3, (T)0,
-			   y + (int64_t)b * t * s->c + h * hs, s->c);
-	}
-	loom_cpu_blas_serial_end(blas_prev);
+	const int hs = s->c / s->nh;
+	LOOM_CPU_FN(head_gemms)(s, CblasNoTrans, CblasNoTrans, s->t, hs, s->t, p,
+				attn_probs_arr(s), qkv, attn_cols_arr(s, 3 * s->c, 2 * s->c), y,
+				attn_cols_arr(s, s->c, 0));
 }
 
+/* dP = dy v^T per head. */
 void LOOM_CPU_FN(loom_cpu_attention_bwd_probs)(const loom_attn_shape *s, const T *qkv,
 					       const T *dy, T *dp)
 {
-	const int t = s->t, c3 = 3 * s->c, hs = s->c / s->nh;
-	int blas_prev = loom_cpu_blas_serial_begin();
-#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
-	for (int bh = 0; bh < s->b * s->nh; bh++) {
-		int b = bh / s->nh, h = bh % s->nh;
-		const T *v = qkv + (int64_t)b * t * c3 + 2 * s->c + h * hs;
-		CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, hs, (T)1,
-			   dy + (int64_t)b * t * s->c + h * hs, s->c, v, c3, (T)0,
-			   dp + (int64_t)bh * t * t, t);
-	}
-	loom_cpu_blas_serial_end(blas_prev);
+	const int hs = s->c / s->nh;
+	LOOM_CPU_FN(head_gemms)(s, CblasNoTrans, CblasTrans, s->t, s->t, hs, dy,
+				attn_cols_arr(s, s->c, 0), qkv,
+				attn_cols_arr(s, 3 * s->c, 2 * s->c), dp, attn_probs_arr(s));
 }
 
+/* dv = P^T dy per head; the q and k parts take no gradient through v. */
 void LOOM_CPU_FN(loom_cpu_attention_bwd_qkv)(const loom_attn_shape *s, const T *p, const T *dy,
 					     T *dqkv)
 {
-	const int t = s->t, c3 = 3 * s->c, hs = s->c / s->nh;
-	int blas_prev = loom_cpu_blas_serial_begin();
-	/* The q and k parts take no gradient through v. */
-	for (int64_t r = 0; r < (int64_t)s->b * t; r++)
+	const int c3 = 3 * s->c, hs = s->c / s->nh;
+	for (int64_t r = 0; r < (int64_t)s->b * s->t; r++)
 		memset(dqkv + r * c3, 0, sizeof(T) * 2 * s->c);
-#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
-	for (int bh = 0; bh < s->b * s->nh; bh++) {
-		int b = bh / s->nh, h = bh % s->nh;
-		CBLAS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, t, hs, t, (T)1,
-			   p + (int64_t)bh * t * t, t, dy + (int64_t)b * t * s->c + h * hs, s->c,
-			   (T)0, dqkv + (int64_t)b * t * c3 + 2 * s->c + h * hs, c3);
-	}
-	loom_cpu_blas_serial_end(blas_prev);
+	LOOM_CPU_FN(head_gemms)(s, CblasTrans, CblasNoTrans, s->t, hs, s->t, p, attn_probs_arr(s),
+				dy, attn_cols_arr(s, s->c, 0), dqkv, attn_cols_arr(s, c3, 2 * s->c));
 }
 
 /* Kernel k on the sources in (attn_io's order) into o; kws the

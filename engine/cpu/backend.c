@@ -139,12 +139,7 @@ static int emulated(const loom_plan *pl, const loom_node *n)
 static int family_bf16_on(void)
 {
 	static int on = -1;
-	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
-	if (o < 0) {
-		o = loom_opt_bool(LOOM_OPT_CPU_BF16_NATIVE_GPT);
-		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
-	}
-	return o;
+	return loom_opt_bool_once(LOOM_OPT_CPU_BF16_NATIVE_GPT, &on);
 }
 
 /* The bf16 mask of node n for its row's bf16 entry (ops.h: bit i source i,
