@@ -51,15 +51,8 @@ static void grad_conv2d(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, dy, n.src[2]));
 }
 
-const loom_op_def loom_op_conv2d = {
-	.name = "conv2d",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_CONV,
-	.src_names = { "input", "weight", "bias" },
-	.shape = shape_conv2d,
-	.grad = grad_conv2d,
-	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
-};
+LOOM_FORWARD_OP(conv2d, .attrs = LOOM_ATTRS_CONV, .src_names = { "input", "weight", "bias" },
+		.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) });
 
 LOOM_BACKWARD_OP(conv2d_bwd_data, "conv2d_bwd_data", LOOM_ATTRS_CONV, "dy", "weight");
 

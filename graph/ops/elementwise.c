@@ -73,15 +73,8 @@ const loom_op_def loom_op_relu = {
 
 LOOM_BACKWARD_OP(relu_bwd, "relu_bwd", LOOM_ATTRS_NONE, "input", "dy");
 
-const loom_op_def loom_op_add = {
-	.name = "add",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_EW,
-	.src_names = { "a", "b" },
-	.shape = shape_add,
-	.grad = grad_add,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_FORWARD_OP(add, .attrs = LOOM_ATTRS_EW, .src_names = { "a", "b" },
+		.amp = { .cls = LOOM_AMP_FOLLOW });
 
 const loom_op_def loom_op_cast = {
 	.name = "cast",

@@ -40,14 +40,7 @@ static void grad_embedding(loom_graph *g, loom_value v, loom_value dy, void *ctx
 
 /* The table's dtype under every level: half under O2, else the table's
  * (FOLLOW: the i32 ids are kept and count for nothing). */
-const loom_op_def loom_op_embedding = {
-	.name = "embedding",
-	.kind = LOOM_OPK_FORWARD,
-	.src_names = { "ids", "table" },
-	.nondiff = LOOM_SRC(0),
-	.shape = shape_embedding,
-	.grad = grad_embedding,
-	.amp = { .cls = LOOM_AMP_FOLLOW, .keep = LOOM_SRC(0) },
-};
+LOOM_FORWARD_OP(embedding, .src_names = { "ids", "table" }, .nondiff = LOOM_SRC(0),
+		.amp = { .cls = LOOM_AMP_FOLLOW, .keep = LOOM_SRC(0) });
 
 LOOM_BACKWARD_OP(embedding_bwd, "embedding_bwd", LOOM_ATTRS_NONE, "ids", "dy");

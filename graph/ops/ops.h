@@ -145,6 +145,20 @@ extern const loom_op_def *const loom_op_defs[];
 		.amp = { .cls = LOOM_AMP_FOLLOW },       \
 	}
 
+/*
+ * Defines loom_op_<low>, the row of a forward op named "<low>" whose rules
+ * are the file's shape_<low> and grad_<low>; the rest of the row (sources,
+ * attributes, AMP class, flags) follows as designated initialisers.
+ */
+#define LOOM_FORWARD_OP(low, ...)                \
+	const loom_op_def loom_op_##low = {      \
+		.name = #low,                    \
+		.kind = LOOM_OPK_FORWARD,        \
+		.shape = shape_##low,            \
+		.grad = grad_##low,              \
+		__VA_ARGS__                      \
+	}
+
 static inline int loom_op_is_leaf(loom_op op)
 {
 	return loom_op_defs[op]->kind == LOOM_OPK_LEAF;

@@ -66,25 +66,12 @@ static void grad_global_avgpool(loom_graph *g, loom_value v, loom_value dy, void
 	loom_grad_op(g, ctx, g->nodes[v].src[0], LOOM_OP_GLOBAL_AVGPOOL_BWD, 1, &dy, NULL);
 }
 
-const loom_op_def loom_op_maxpool2d = {
-	.name = "maxpool2d",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_POOL,
-	.src_names = { "input" },
-	.shape = shape_maxpool2d,
-	.grad = grad_maxpool2d,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_FORWARD_OP(maxpool2d, .attrs = LOOM_ATTRS_POOL, .src_names = { "input" },
+		.amp = { .cls = LOOM_AMP_FOLLOW });
 
 LOOM_BACKWARD_OP(maxpool2d_bwd, "maxpool2d_bwd", LOOM_ATTRS_POOL, "input", "dy");
 
-const loom_op_def loom_op_global_avgpool = {
-	.name = "global_avgpool",
-	.kind = LOOM_OPK_FORWARD,
-	.src_names = { "input" },
-	.shape = shape_global_avgpool,
-	.grad = grad_global_avgpool,
-	.amp = { .cls = LOOM_AMP_DENY }, /* a reduction */
-};
+/* DENY: a reduction. */
+LOOM_FORWARD_OP(global_avgpool, .src_names = { "input" }, .amp = { .cls = LOOM_AMP_DENY });
 
 LOOM_BACKWARD_OP(global_avgpool_bwd, "global_avgpool_bwd", LOOM_ATTRS_NONE, "dy");

@@ -69,12 +69,5 @@ static void grad_reshape(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 	loom_grad_op(g, ctx, g->nodes[v].src[0], LOOM_OP_RESHAPE, 1, &dy, NULL);
 }
 
-const loom_op_def loom_op_reshape = {
-	.name = "reshape",
-	.kind = LOOM_OPK_FORWARD,
-	.flags = LOOM_OPF_VIEW,
-	.src_names = { "input" },
-	.shape = shape_reshape,
-	.grad = grad_reshape,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_FORWARD_OP(reshape, .flags = LOOM_OPF_VIEW, .src_names = { "input" },
+		.amp = { .cls = LOOM_AMP_FOLLOW });
