@@ -67,17 +67,28 @@ static int have_avx2(void)
 	return h;
 }
 
-static LOOM_AVX2_FN void f32_to_bf16_avx2(const float *src, uint16_t *dst, int64_t n)
+/* The scalar bf16 converters are branch-light enough for the compiler to
+ * vectorize; no x86-64-v3 instruction does these conversions. Both do all
+ * n elements. */
+static LOOM_AVX2_FN int64_t f32_to_bf16_avx2(const float *src, uint16_t *dst, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++)
 		dst[i] = loom_f32_to_bf16(src[i]);
+	return n;
 }
 
-static LOOM_AVX2_FN void bf16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n)
+static LOOM_AVX2_FN int64_t bf16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++)
 		dst[i] = loom_bf16_to_f32(src[i]);
+	return n;
 }
+
+/* The fast path of a range conversion where the CPU has it: it converts
+ * the first i elements (whole vectors, or all of them). */
+#define HALF_FAST(has, fast) do { if (has()) i = fast(src, dst, n); } while (0)
+#else
+#define HALF_FAST(has, fast) do { } while (0)
 #endif
 
 /* Elements per OpenMP work item: big enough to amortise scheduling, small
@@ -86,55 +97,20 @@ static LOOM_AVX2_FN void bf16_to_f32_avx2(const uint16_t *src, float *dst, int64
 /* Below this a single thread is faster than waking the team. */
 #define LOOM_HALF_PAR_MIN ((int64_t)1 << 17)
 
-static void f32_to_f16_range(const float *src, uint16_t *dst, int64_t n)
-{
-	int64_t i = 0;
-
-#ifdef LOOM_HALF_F16C
-	if (have_f16c())
-		i = f32_to_f16_f16c(src, dst, n);
-#endif
-	for (; i < n; i++)
-		dst[i] = loom_f32_to_f16(src[i]);
-}
-
-static void f16_to_f32_range(const uint16_t *src, float *dst, int64_t n)
-{
-	int64_t i = 0;
-
-#ifdef LOOM_HALF_F16C
-	if (have_f16c())
-		i = f16_to_f32_f16c(src, dst, n);
-#endif
-	for (; i < n; i++)
-		dst[i] = loom_f16_to_f32(src[i]);
-}
-
-static void f32_to_bf16_range(const float *src, uint16_t *dst, int64_t n)
-{
-	/* the scalar converter is branch-light enough for the compiler to
-	 * vectorize; no x86-64-v3 instruction does this conversion */
-#ifdef LOOM_HALF_F16C
-	if (have_avx2()) {
-		f32_to_bf16_avx2(src, dst, n);
-		return;
+/* A range conversion: the fast path's share, then the scalar converter. */
+#define HALF_RANGE(name, S, D, has, fast, convert)         \
+	static void name(const S *src, D *dst, int64_t n)  \
+	{                                                  \
+		int64_t i = 0;                             \
+		HALF_FAST(has, fast);                      \
+		for (; i < n; i++)                         \
+			dst[i] = convert(src[i]);          \
 	}
-#endif
-	for (int64_t i = 0; i < n; i++)
-		dst[i] = loom_f32_to_bf16(src[i]);
-}
 
-static void bf16_to_f32_range(const uint16_t *src, float *dst, int64_t n)
-{
-#ifdef LOOM_HALF_F16C
-	if (have_avx2()) {
-		bf16_to_f32_avx2(src, dst, n);
-		return;
-	}
-#endif
-	for (int64_t i = 0; i < n; i++)
-		dst[i] = loom_bf16_to_f32(src[i]);
-}
+HALF_RANGE(f32_to_f16_range, float, uint16_t, have_f16c, f32_to_f16_f16c, loom_f32_to_f16)
+HALF_RANGE(f16_to_f32_range, uint16_t, float, have_f16c, f16_to_f32_f16c, loom_f16_to_f32)
+HALF_RANGE(f32_to_bf16_range, float, uint16_t, have_avx2, f32_to_bf16_avx2, loom_f32_to_bf16)
+HALF_RANGE(bf16_to_f32_range, uint16_t, float, have_avx2, bf16_to_f32_avx2, loom_bf16_to_f32)
 
 /* The array conversions: chunks of LOOM_HALF_CHUNK over the threads, each
  * converted by its range function. */

@@ -131,6 +131,16 @@ static int choice_index(const char *choices, const char *word)
 	}
 }
 
+int loom_opt_bool_once(loom_opt id, int *cache)
+{
+	int o = __atomic_load_n(cache, __ATOMIC_RELAXED);
+	if (o < 0) {
+		o = loom_opt_bool(id);
+		__atomic_store_n(cache, o, __ATOMIC_RELAXED);
+	}
+	return o;
+}
+
 int loom_opt_int(loom_opt id, long *out)
 {
 	const loom_opt_row *r = loom_opt_row_get(id);
@@ -168,17 +178,13 @@ loom_status loom_opt_parse(loom_opt id, const char *text, char *err, size_t errl
 					  text);
 		return LOOM_OK;
 	case LOOM_OPT_INT:
-		if (!parse_int(text, r->lo, r->hi, &iv))
-			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
-					  "%s=%s: an integer from %.15g to %.15g", name, text, r->lo,
-					  r->hi);
+	case LOOM_OPT_REAL: {
+		const int is_int = r->type == LOOM_OPT_INT;
+		if (is_int ? !parse_int(text, r->lo, r->hi, &iv) : !parse_real(text, r->lo, r->hi, &rv))
+			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s=%s: %s from %.15g to %.15g",
+					  name, text, is_int ? "an integer" : "a number", r->lo, r->hi);
 		return LOOM_OK;
-	case LOOM_OPT_REAL:
-		if (!parse_real(text, r->lo, r->hi, &rv))
-			return loom_errnf(err, errlen, LOOM_ERR_INVALID,
-					  "%s=%s: a number from %.15g to %.15g", name, text, r->lo,
-					  r->hi);
-		return LOOM_OK;
+	}
 	case LOOM_OPT_CHOICE:
 		if (choice_index(r->choices, text) < 0)
 			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s=%s: one of %s", name,

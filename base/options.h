@@ -74,6 +74,9 @@ int loom_opt_bool(loom_opt id);
 int loom_opt_int(loom_opt id, long *out);
 int loom_opt_real(loom_opt id, double *out);
 int loom_opt_choice(loom_opt id);
+/* loom_opt_bool(id) read once into *cache (start it at -1), for a switch
+ * asked on a hot path; every thread reads the same answer. */
+int loom_opt_bool_once(loom_opt id, int *cache);
 
 /* LOOM_OK when text suits row id (type, choices, range); else
  * LOOM_ERR_INVALID with a message naming the variable (or flag) and what

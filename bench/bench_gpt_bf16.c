@@ -87,8 +87,8 @@ static void run(data *d, int op, int native, uint16_t *out)
 		break;
 	case LN_DX:
 		if (native) {
-			loom_cpu_layernorm_bwd_data_bf16(d->rows, c, d->h[0], d->g16, d->h[2], 1e-5, out,
-							 all);
+			loom_cpu_norm_bwd_data_bf16(loom_cpu_layernorm_bwd_data_f32, d->rows, c,
+						    d->h[0], d->g16, d->h[2], 1e-5, out, all);
 			return;
 		}
 		widen(d->h[0], d->f[0], d->ny);
@@ -97,15 +97,16 @@ static void run(data *d, int op, int native, uint16_t *out)
 		break;
 	case LN_DGAMMA:
 		if (native) {
-			loom_cpu_layernorm_bwd_gamma_bf16(d->rows, c, d->h[0], d->h[2], 1e-5, out,
-							  d->ws, LOOM_CPU_BF16_SRC(0) |
-									 LOOM_CPU_BF16_SRC(1) |
-									 LOOM_CPU_BF16_OUT);
+			loom_cpu_norm_bwd_gamma_bf16(loom_cpu_layernorm_gamma_rows_f32, d->rows, c,
+						     d->h[0], d->h[2], 1e-5, out, d->ws,
+						     LOOM_CPU_BF16_SRC(0) | LOOM_CPU_BF16_SRC(1) |
+							     LOOM_CPU_BF16_OUT);
 			return;
 		}
 		widen(d->h[0], d->f[0], d->ny);
 		widen(d->h[2], d->f[2], d->ny);
-		loom_cpu_layernorm_bwd_gamma_f32(d->rows, c, d->f[0], d->f[2], 1e-5, d->fo, d->ws);
+		loom_cpu_norm_bwd_gamma_f32(loom_cpu_layernorm_gamma_rows_f32, d->rows, c, d->f[0],
+					    d->f[2], 1e-5, d->fo, d->ws);
 		loom_f32_to_bf16_array(d->fo, out, c);
 		return;
 	case CE_BWD: {
@@ -244,8 +245,8 @@ static void bench_shape(loom_attn_shape s, int vocab, int reps)
 	for (int k = LOOM_CPU_ATTN_PROBS_FWD; k <= LOOM_CPU_ATTENTION_BWD_QKV; k++)
 		if (ws < loom_cpu_attn_bf16_ws(k, &s))
 			ws = loom_cpu_attn_bf16_ws(k, &s);
-	if (ws < loom_cpu_layernorm_bwd_gamma_ws(s.c))
-		ws = loom_cpu_layernorm_bwd_gamma_ws(s.c);
+	if (ws < loom_cpu_norm_bwd_gamma_ws(s.c))
+		ws = loom_cpu_norm_bwd_gamma_ws(s.c);
 	if (ws < 8 * (size_t)vocab * s.c + 8 * (size_t)vocab)
 		ws = 8 * (size_t)vocab * s.c + 8 * (size_t)vocab;
 	d.ws = xmalloc(ws);

@@ -133,7 +133,7 @@ loom_status loom_comm_allreduce_max_ordered(loom_comm *c, void *buf, size_t coun
 }
 
 /* Point-to-point: the same checks, and the peer is a rank of c other
- * than this one. */
+ * than this one; then the progress record names the transfer. */
 static loom_status p2p_args(loom_comm *c, const void *buf, size_t bytes, int peer,
 			    loom_comm_work **out, const char *what, int have)
 {
@@ -148,6 +148,8 @@ static loom_status p2p_args(loom_comm *c, const void *buf, size_t bytes, int pee
 		return loom_pg_fail(c->pg, LOOM_ERR_UNSUPPORTED, "%s: the %s backend has none",
 				    what, c->i->name);
 	*out = NULL;
+	entering(c, "%s of %zu bytes %s rank %d", what, bytes, strcmp(what, "send") ? "from" : "to",
+		 peer);
 	return LOOM_OK;
 }
 
@@ -156,10 +158,7 @@ loom_status loom_comm_send_start(loom_comm *c, const void *buf, size_t bytes, in
 {
 	loom_status st = p2p_args(c, buf, bytes, peer, out, "send", c && c->i->send_start);
 
-	if (st)
-		return st;
-	entering(c, "send of %zu bytes to rank %d", bytes, peer);
-	return c->i->send_start(c, buf, bytes, peer, tag, stream, out);
+	return st ? st : c->i->send_start(c, buf, bytes, peer, tag, stream, out);
 }
 
 loom_status loom_comm_recv_start(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
@@ -167,10 +166,7 @@ loom_status loom_comm_recv_start(loom_comm *c, void *buf, size_t bytes, int peer
 {
 	loom_status st = p2p_args(c, buf, bytes, peer, out, "receive", c && c->i->recv_start);
 
-	if (st)
-		return st;
-	entering(c, "receive of %zu bytes from rank %d", bytes, peer);
-	return c->i->recv_start(c, buf, bytes, peer, tag, stream, out);
+	return st ? st : c->i->recv_start(c, buf, bytes, peer, tag, stream, out);
 }
 
 void loom_comm_restart(loom_comm *c, loom_comm_work *w)

@@ -55,27 +55,19 @@ const char *loom_mpi_error_string(int code)
 
 /* ------------------------------------------------------------ sums */
 
-static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
-{
-	const uint16_t *a = in;
-	uint16_t *b = inout;
-	int i;
+/* MPI user ops: the sum of two halves of one format in fp32, rounded once. */
+#define HALF_SUM_OP(name, to_f32, from_f32)                                     \
+	static void name(void *in, void *inout, int *len, MPI_Datatype *dt)     \
+	{                                                                       \
+		const uint16_t *a = in;                                         \
+		uint16_t *b = inout;                                            \
+		(void)dt;                                                       \
+		for (int i = 0; i < *len; i++)                                  \
+			b[i] = from_f32(to_f32(a[i]) + to_f32(b[i]));           \
+	}
 
-	(void)dt;
-	for (i = 0; i < *len; i++)
-		b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));
-}
-
-static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
-{
-	const uint16_t *a = in;
-	uint16_t *b = inout;
-	int i;
-
-	(void)dt;
-	for (i = 0; i < *len; i++)
-		b[i] = loom_f32_to_bf16(loom_bf16_to_f32(a[i]) + loom_bf16_to_f32(b[i]));
-}
+HALF_SUM_OP(sum_f16, loom_f16_to_f32, loom_f32_to_f16)
+HALF_SUM_OP(sum_bf16, loom_bf16_to_f32, loom_f32_to_bf16)
 
 /* ------------------------------------------------------------ bootstrap */
 
@@ -168,25 +160,32 @@ static loom_status exchange_peers(loom_pg *pg)
 	return LOOM_OK;
 }
 
+/* The group's communicator made: it returns errors, and its rank and size
+ * must be the launcher's (else code, with who and what says them). */
+static loom_status adopt_comm(loom_pg *pg, loom_status code, const char *who, const char *expected)
+{
+	int rank, size;
+
+	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(pg->mpi->comm, &rank);
+	MPI_Comm_size(pg->mpi->comm, &size);
+	if (rank != pg->info.rank || size != pg->info.world)
+		return loom_pg_fail(pg, code, "%s says rank %d of %d, %s %d of %d", who, rank, size,
+				    expected, pg->info.rank, pg->info.world);
+	return LOOM_OK;
+}
+
 loom_status loom_mpi_init_world(loom_pg *pg)
 {
 	loom_status st;
-	int rank, size;
 
 	st = mpi_start(pg);
 	if (st)
 		return st;
 	if ((st = MPI_CHECK(pg, MPI_Comm_dup(MPI_COMM_WORLD, &pg->mpi->comm))))
 		return st;
-	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
-	MPI_Comm_rank(pg->mpi->comm, &rank);
-	MPI_Comm_size(pg->mpi->comm, &size);
-	if (rank != pg->info.rank || size != pg->info.world)
-		return loom_pg_fail(pg, LOOM_ERR_MISMATCH,
-				    "mpirun: MPI says rank %d of %d, OMPI_COMM_WORLD_RANK/SIZE say "
-				    "%d of %d",
-				    rank, size, pg->info.rank, pg->info.world);
-	return exchange_peers(pg);
+	st = adopt_comm(pg, LOOM_ERR_MISMATCH, "mpirun: MPI", "OMPI_COMM_WORLD_RANK/SIZE say");
+	return st ? st : exchange_peers(pg);
 }
 
 loom_status loom_mpi_open(loom_pg *pg, char *port, size_t len)
@@ -204,6 +203,16 @@ loom_status loom_mpi_open(loom_pg *pg, char *port, size_t len)
 	return LOOM_OK;
 }
 
+/* An inter-communicator made one (high: this side's ranks after the
+ * other's), and freed. */
+static loom_status merge_inter(loom_pg *pg, MPI_Comm inter, int high, MPI_Comm *out)
+{
+	loom_status st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, high, out));
+
+	MPI_Comm_free(&inter);
+	return st;
+}
+
 /* The group so far accepts the next rank and merges it in (collective over
  * cur; only rank 0's port counts). */
 static loom_status accept_one(loom_pg *pg, const char *port, MPI_Comm *cur)
@@ -214,9 +223,7 @@ static loom_status accept_one(loom_pg *pg, const char *port, MPI_Comm *cur)
 	st = MPI_CHECK(pg, MPI_Comm_accept(port, MPI_INFO_NULL, 0, *cur, &inter));
 	if (st)
 		return st;
-	st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, 0, &merged));
-	MPI_Comm_free(&inter);
-	if (st)
+	if ((st = merge_inter(pg, inter, 0, &merged)))
 		return st;
 	if (*cur != MPI_COMM_SELF)
 		MPI_Comm_free(cur);
@@ -229,7 +236,7 @@ loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
 	MPI_Comm cur = MPI_COMM_SELF, inter;
 	char err[LOOM_COMM_ERRLEN];
 	loom_status st;
-	int size = 1, rank, k;
+	int size = 1, k;
 
 	if (pg->info.rank == 0) {
 		for (k = 1; k < pg->info.world; k++) {
@@ -247,9 +254,7 @@ loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
 		st = MPI_CHECK(pg, MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter));
 		if (st)
 			return st;
-		st = MPI_CHECK(pg, MPI_Intercomm_merge(inter, 1, &cur));
-		MPI_Comm_free(&inter);
-		if (st)
+		if ((st = merge_inter(pg, inter, 1, &cur)))
 			return st;
 		MPI_Comm_size(cur, &size);
 		while (size < pg->info.world) {
@@ -265,15 +270,7 @@ loom_status loom_mpi_join(loom_pg *pg, loom_rdv *r, const char *port)
 		MPI_Comm_free(&cur);
 	if (st)
 		return st;
-	MPI_Comm_set_errhandler(pg->mpi->comm, MPI_ERRORS_RETURN);
-	MPI_Comm_rank(pg->mpi->comm, &rank);
-	MPI_Comm_size(pg->mpi->comm, &size);
-	if (rank != pg->info.rank || size != pg->info.world)
-		return loom_pg_fail(pg, LOOM_ERR_STATE,
-				    "env:// join: the joined group says rank %d of %d, expected %d "
-				    "of %d",
-				    rank, size, pg->info.rank, pg->info.world);
-	return LOOM_OK;
+	return adopt_comm(pg, LOOM_ERR_STATE, "env:// join: the joined group", "expected");
 }
 
 void loom_mpi_finish(loom_pg *pg)
@@ -396,49 +393,51 @@ static loom_status started(loom_comm *c, loom_status st, struct loom_comm_work *
 	return LOOM_OK;
 }
 
-static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-				       void *stream, loom_comm_work **out)
-{
-	struct loom_comm_work *w;
-	MPI_Datatype type = MPI_DATATYPE_NULL;
-	MPI_Op op;
-	loom_status st;
-
-	(void)stream;
-	if ((st = mpi_type(c, dt, &type, &op)) || (st = fits_int(c, count, "all-reduce")))
-		return st;
-	if (!(w = work_new(c, count, dt, "all-reduce")))
-		return LOOM_ERR_NOMEM;
-	return started(c, MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op,
-							  comm_of(c), &w->req)), w, out);
-}
-
 /*
- * MPI_Ireduce_scatter_block in place sums every rank's block r into the
- * start of rank r's buffer; the wait moves it to the rank's own place, so
- * that the shard lies where the bucket's elements are.
+ * All-reduce, or (scatter) MPI_Ireduce_scatter_block in place: it sums
+ * every rank's block r into the start of rank r's buffer; the wait moves it
+ * to the rank's own place, so that the shard lies where the bucket's
+ * elements are.
  */
-static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
-					    void *stream, loom_comm_work **out)
+static loom_status mpi_reduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				    loom_comm_work **out, int scatter)
 {
+	const char *what = scatter ? "reduce-scatter" : "all-reduce";
 	struct loom_comm_work *w;
 	MPI_Datatype type = MPI_DATATYPE_NULL;
 	MPI_Op op;
 	loom_status st;
 	size_t esz = loom_dtype_size(dt);
 
-	(void)stream;
 	if ((st = mpi_type(c, dt, &type, &op)) ||
-	    (st = fits_int(c, count * (size_t)c->world, "reduce-scatter")))
+	    (st = fits_int(c, scatter ? count * (size_t)c->world : count, what)))
 		return st;
-	if (!(w = work_new(c, count, dt, "reduce-scatter")))
+	if (!(w = work_new(c, count, dt, what)))
 		return LOOM_ERR_NOMEM;
+	if (!scatter)
+		return started(c, MPI_CHECK(c->pg, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count,
+								  type, op, comm_of(c), &w->req)),
+			       w, out);
 	w->move_to = (unsigned char *)buf + (size_t)c->rank * count * esz;
 	w->move_from = buf;
 	w->move_bytes = count * esz;
 	return started(c, MPI_CHECK(c->pg, MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count,
 								     type, op, comm_of(c),
 								     &w->req)), w, out);
+}
+
+static loom_status mpi_allreduce_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				       void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_reduce_start(c, buf, count, dt, out, 0);
+}
+
+static loom_status mpi_reduce_scatter_start(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+					    void *stream, loom_comm_work **out)
+{
+	(void)stream;
+	return mpi_reduce_start(c, buf, count, dt, out, 1);
 }
 
 /* In place: rank r's block of buf is its contribution. */

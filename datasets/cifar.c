@@ -84,6 +84,21 @@ static loom_status cifar_read(const char *path, int64_t records, loom_dataset *d
 	return st;
 }
 
+/* ds's images (n of per bytes) and labels; out of memory frees both and
+ * fails naming what. */
+static loom_status dataset_alloc(loom_dataset *ds, int64_t n, size_t per, const char *what,
+				 char *err, size_t errlen)
+{
+	ds->images = malloc((size_t)n * per);
+	ds->labels = malloc((size_t)n * sizeof(int32_t));
+	if (!ds->images || !ds->labels) {
+		loom_dataset_free(ds);
+		loom_data_fail(err, errlen, "%s: out of memory for %lld images", what, (long long)n);
+		return LOOM_ERR_NOMEM;
+	}
+	return LOOM_OK;
+}
+
 loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *ds, char *err,
 			      size_t errlen)
 {
@@ -93,12 +108,9 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 	struct stat sb;
 	loom_status st;
 
-	loom_data_clear(err, errlen);
-	if (!ds) {
-		loom_data_fail(err, errlen, "cifar10: no dataset to fill");
-		return LOOM_ERR_INVALID;
-	}
-	memset(ds, 0, sizeof(*ds));
+	st = loom_data_start(ds, sizeof(*ds), "cifar10: no dataset to fill", err, errlen);
+	if (st != LOOM_OK)
+		return st;
 	if (!dir || !split) {
 		loom_data_fail(err, errlen, "cifar10: a directory and a split are required");
 		return LOOM_ERR_INVALID;
@@ -131,13 +143,8 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 			return st;
 		total += records[i];
 	}
-	ds->images = malloc((size_t)total * CIFAR_PIXELS);
-	ds->labels = malloc((size_t)total * sizeof(int32_t));
-	if (!ds->images || !ds->labels) {
-		loom_dataset_free(ds);
-		loom_data_fail(err, errlen, "cifar10: out of memory for %lld images", (long long)total);
-		return LOOM_ERR_NOMEM;
-	}
+	if ((st = dataset_alloc(ds, total, CIFAR_PIXELS, "cifar10", err, errlen)) != LOOM_OK)
+		return st;
 	for (int i = 0, at = 0; i < nfiles; at += (int)records[i], i++) {
 		if ((st = cifar_read(paths[i], records[i], ds, at, err, errlen)) != LOOM_OK) {
 			loom_dataset_free(ds);
@@ -154,12 +161,9 @@ loom_status loom_cifar10_load(const char *dir, const char *split, loom_dataset *
 loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes, uint64_t seed,
 				loom_dataset *ds, char *err, size_t errlen)
 {
-	loom_data_clear(err, errlen);
-	if (!ds) {
-		loom_data_fail(err, errlen, "synthetic: no dataset to fill");
-		return LOOM_ERR_INVALID;
-	}
-	memset(ds, 0, sizeof(*ds));
+	loom_status st = loom_data_start(ds, sizeof(*ds), "synthetic: no dataset to fill", err, errlen);
+	if (st != LOOM_OK)
+		return st;
 	if (n < 1 || c < 1 || h < 1 || w < 1 || classes < 1 || classes > 1 << 20 ||
 	    (int64_t)c * h * w > (int64_t)1 << 30 || n > ((int64_t)1 << 40) / ((int64_t)c * h * w)) {
 		loom_data_fail(err, errlen,
@@ -168,13 +172,8 @@ loom_status loom_synthetic_load(int64_t n, int c, int h, int w, int classes, uin
 		return LOOM_ERR_INVALID;
 	}
 	size_t per = (size_t)c * h * w;
-	ds->images = malloc((size_t)n * per);
-	ds->labels = malloc((size_t)n * sizeof(int32_t));
-	if (!ds->images || !ds->labels) {
-		loom_dataset_free(ds);
-		loom_data_fail(err, errlen, "synthetic: out of memory for %lld images", (long long)n);
-		return LOOM_ERR_NOMEM;
-	}
+	if ((st = dataset_alloc(ds, n, per, "synthetic", err, errlen)) != LOOM_OK)
+		return st;
 	/* splitmix64: the same bytes for the same seed on every machine. */
 	uint64_t s = seed;
 	for (int64_t i = 0; i < n; i++) {

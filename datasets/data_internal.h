@@ -16,5 +16,8 @@ void loom_data_fail(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Empties both at the start of such a call. */
 void loom_data_clear(char *err, size_t errlen);
+/* The start of such a call that fills *out (size bytes): both emptied,
+ * then *out zeroed; out NULL fails with msg (LOOM_ERR_INVALID). */
+loom_status loom_data_start(void *out, size_t size, const char *msg, char *err, size_t errlen);
 
 #endif /* LOOM_DATA_INTERNAL_H */

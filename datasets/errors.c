@@ -5,6 +5,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "base/errf.h"
 #include "data_internal.h"
@@ -24,4 +25,15 @@ void loom_data_clear(char *err, size_t errlen)
 {
 	loom_error_clear(loom_thread_error());
 	loom_errnf(err, errlen, LOOM_OK, "%s", "");
+}
+
+loom_status loom_data_start(void *out, size_t size, const char *msg, char *err, size_t errlen)
+{
+	loom_data_clear(err, errlen);
+	if (!out) {
+		loom_data_fail(err, errlen, "%s", msg);
+		return LOOM_ERR_INVALID;
+	}
+	memset(out, 0, size);
+	return LOOM_OK;
 }

@@ -310,12 +310,9 @@ loom_status loom_idx_load(const char *path, loom_idx *idx, char *err,
 	int64_t fsize;
 	loom_status st;
 
-	loom_data_clear(err, errlen);
-	if (!idx) {
-		loom_data_fail(err, errlen, "loom_idx_load: idx is NULL");
-		return LOOM_ERR_INVALID;
-	}
-	memset(idx, 0, sizeof(*idx));
+	st = loom_data_start(idx, sizeof(*idx), "loom_idx_load: idx is NULL", err, errlen);
+	if (st != LOOM_OK)
+		return st;
 	if (!path) {
 		loom_data_fail(err, errlen, "loom_idx_load: path is NULL");
 		return LOOM_ERR_INVALID;

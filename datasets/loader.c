@@ -75,12 +75,9 @@ loom_status loom_loader_new(const loom_dataset *ds, const loom_sampler *s,
 	loom_status st;
 	int v;
 
-	loom_data_clear(err, errlen);
-	if (!out) {
-		loom_data_fail(err, errlen, "loom_loader_new: out is NULL");
-		return LOOM_ERR_INVALID;
-	}
-	*out = NULL;
+	st = loom_data_start(out, sizeof(*out), "loom_loader_new: out is NULL", err, errlen);
+	if (st != LOOM_OK)
+		return st;
 	st = loader_check(ds, s, batch_size, std, err, errlen);
 	if (st != LOOM_OK)
 		return st;

@@ -151,12 +151,9 @@ loom_status loom_mnist_load(const char *dir, const char *split,
 	loom_idx img = {0}, lab = {0};
 	loom_status st;
 
-	loom_data_clear(err, errlen);
-	if (!ds) {
-		loom_data_fail(err, errlen, "loom_mnist_load: ds is NULL");
-		return LOOM_ERR_INVALID;
-	}
-	memset(ds, 0, sizeof(*ds));
+	st = loom_data_start(ds, sizeof(*ds), "loom_mnist_load: ds is NULL", err, errlen);
+	if (st != LOOM_OK)
+		return st;
 	if (!dir)
 		dir = LOOM_FASHION_MNIST_DIR;
 	if (!split || (strcmp(split, "train") && strcmp(split, "t10k"))) {

@@ -79,13 +79,11 @@ loom_status loom_sampler_new(int64_t n, int rank, int world, int shuffle,
 			     char *err, size_t errlen)
 {
 	loom_sampler *s;
+	loom_status st;
 
-	loom_data_clear(err, errlen);
-	if (!out) {
-		loom_data_fail(err, errlen, "loom_sampler_new: out is NULL");
-		return LOOM_ERR_INVALID;
-	}
-	*out = NULL;
+	st = loom_data_start(out, sizeof(*out), "loom_sampler_new: out is NULL", err, errlen);
+	if (st != LOOM_OK)
+		return st;
 	if (n < 0) {
 		loom_data_fail(err, errlen,
 			       "sampler: dataset size %lld is negative",

@@ -136,44 +136,47 @@ loom_status loom_input_buffer(loom_program *p, const char *name, loom_dtype dt, 
 	return LOOM_OK;
 }
 
-loom_status loom_input_commit(loom_program *p, const char *name)
+/* The end of a hand-out: commit (the buffer's contents become name's
+ * input: the backend's pinned slot, or the staging buffer set as the
+ * input) or release (dropped; nothing handed out is no error). */
+static loom_status input_end(loom_program *p, const char *name, int commit)
 {
+	const char *what = commit ? "input_commit" : "input_release";
 	if (!loom_program_usable(p))
 		return LOOM_ERR_INVALID;
 	loom_value v;
-	loom_input_buf *b = input_state(p, "input_commit", name, &v);
+	loom_input_buf *b = input_state(p, what, name, &v);
 	if (!b)
 		return p->err.st;
+	if (!b->out && !commit)
+		return LOOM_OK;
 	if (!b->out)
 		return loom_program_fail(p, LOOM_ERR_STATE,
 					 "input_commit '%s': no buffer handed out (loom_input_buffer "
 					 "first)",
 					 name);
 	b->out = 0;
-	size_t bytes = b->count * loom_dtype_size(p->plan.g->nodes[v].dtype);
+	loom_dtype dt = p->plan.g->nodes[v].dtype;
 	if (b->slot) {
-		loom_status st = p->be->input->input_commit(p->be_ctx, loom_value_ptr(p, v), bytes);
+		size_t bytes = b->count * loom_dtype_size(dt);
+		loom_status (*end)(void *ctx, void *dst, size_t bytes) =
+			commit ? p->be->input->input_commit : p->be->input->input_release;
+		loom_status st = end(p->be_ctx, loom_value_ptr(p, v), bytes);
 		return st == LOOM_OK ? LOOM_OK : loom_program_backend_fail(p, st);
 	}
+	if (!commit)
+		return LOOM_OK;
 	int k = b->next;
 	b->next ^= 1;
-	return loom_set_input(p, name, b->staging[k], p->plan.g->nodes[v].dtype, b->count);
+	return loom_set_input(p, name, b->staging[k], dt, b->count);
+}
+
+loom_status loom_input_commit(loom_program *p, const char *name)
+{
+	return input_end(p, name, 1);
 }
 
 loom_status loom_input_release(loom_program *p, const char *name)
 {
-	if (!loom_program_usable(p))
-		return LOOM_ERR_INVALID;
-	loom_value v;
-	loom_input_buf *b = input_state(p, "input_release", name, &v);
-	if (!b)
-		return p->err.st;
-	if (!b->out)
-		return LOOM_OK;
-	b->out = 0;
-	if (!b->slot)
-		return LOOM_OK;
-	size_t bytes = b->count * loom_dtype_size(p->plan.g->nodes[v].dtype);
-	loom_status st = p->be->input->input_release(p->be_ctx, loom_value_ptr(p, v), bytes);
-	return st == LOOM_OK ? LOOM_OK : loom_program_backend_fail(p, st);
+	return input_end(p, name, 0);
 }

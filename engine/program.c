@@ -583,22 +583,12 @@ static loom_status read_as_f64(loom_program *p, loom_value v, double *dst, size_
 	return st;
 }
 
-loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count)
+/* v's count values as doubles into d, or as floats into f through a
+ * buffer of doubles (one of d and f is NULL): through the pass that reads
+ * v if one does, else from the arena. */
+static loom_status read_values(loom_program *p, loom_value v, double *d, float *f, size_t count)
 {
-	if (!loom_program_usable(p) || !dst)
-		return LOOM_ERR_INVALID;
-	if ((v = compiled_value(p, v)) == LOOM_NONE)
-		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
-	const loom_pass *ps = LOOM_PASS_WITH(p, read);
-	if (ps)
-		return ps->read(p, v, dst, count);
-	loom_status st = readable(p, v, count, "read");
-	return st != LOOM_OK ? st : read_as_f64(p, v, dst, count);
-}
-
-loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
-{
-	if (!loom_program_usable(p) || !dst)
+	if (!loom_program_usable(p) || (!d && !f))
 		return LOOM_ERR_INVALID;
 	if ((v = compiled_value(p, v)) == LOOM_NONE)
 		return loom_program_fail(p, LOOM_ERR_INVALID, "read: not a value of this program");
@@ -606,14 +596,26 @@ loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
 	loom_status st = ps ? LOOM_OK : readable(p, v, count, "read");
 	if (st != LOOM_OK)
 		return st;
-	double *tmp = malloc(sizeof(double) * (count ? count : 1));
-	if (!tmp)
+	double *buf = d ? d : malloc(sizeof(double) * (count ? count : 1));
+	if (!buf)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "read: out of memory");
-	st = ps ? ps->read(p, v, tmp, count) : read_as_f64(p, v, tmp, count);
-	for (size_t i = 0; st == LOOM_OK && i < count; i++)
-		dst[i] = (float)tmp[i];
-	free(tmp);
+	st = ps ? ps->read(p, v, buf, count) : read_as_f64(p, v, buf, count);
+	if (f) {
+		for (size_t i = 0; st == LOOM_OK && i < count; i++)
+			f[i] = (float)buf[i];
+		free(buf);
+	}
 	return st;
+}
+
+loom_status loom_read_f64(loom_program *p, loom_value v, double *dst, size_t count)
+{
+	return read_values(p, v, dst, NULL, count);
+}
+
+loom_status loom_read(loom_program *p, loom_value v, float *dst, size_t count)
+{
+	return read_values(p, v, NULL, dst, count);
 }
 
 loom_status loom_read_grad_f64(loom_program *p, loom_value v, double *dst, size_t count)

@@ -124,21 +124,39 @@ static loom_value sole_relu(const loom_graph *g, loom_value v)
 	return relu;
 }
 
-int loom_fuse_linear_relu(loom_graph *g)
+/* The field by which a node of op carries its fused relu. */
+static int *relu_flag(loom_node *n)
+{
+	return n->op == LOOM_OP_LINEAR ? &n->a.mm.relu :
+	       n->op == LOOM_OP_BATCHNORM2D ? &n->a.bn.relu :
+					      &n->a.ew.relu;
+}
+
+/* Each node of op that is the sole input of a relu takes the relu in: its
+ * flag set, the relu a view of it. */
+static int fuse_relu_into(loom_graph *g, loom_op op)
 {
 	int fused = 0;
-	for (int l = 0; l < g->n; l++) {
-		loom_node *ln = &g->nodes[l];
-		if (ln->op != LOOM_OP_LINEAR || ln->a.mm.relu)
+	for (int v = 0; v < g->n; v++) {
+		loom_node *n = &g->nodes[v];
+		/* Backward's gradient sums are adds too; only forward ones
+		 * have a relu after them. */
+		if (n->op != op || *relu_flag(n) ||
+		    (op == LOOM_OP_ADD && (n->flags & LOOM_NODE_BACKWARD)))
 			continue;
-		loom_value relu = sole_relu(g, l);
+		loom_value relu = sole_relu(g, v);
 		if (relu == LOOM_NONE)
 			continue;
-		ln->a.mm.relu = 1;
-		loom_fuse_make_view(g, relu, l);
+		*relu_flag(n) = 1;
+		loom_fuse_make_view(g, relu, v);
 		fused++;
 	}
 	return fused;
+}
+
+int loom_fuse_linear_relu(loom_graph *g)
+{
+	return fuse_relu_into(g, LOOM_OP_LINEAR);
 }
 
 /*
@@ -154,38 +172,12 @@ int loom_fuse_linear_relu(loom_graph *g)
  */
 int loom_fuse_bn_relu(loom_graph *g)
 {
-	int fused = 0;
-	for (int b = 0; b < g->n; b++) {
-		loom_node *bn = &g->nodes[b];
-		if (bn->op != LOOM_OP_BATCHNORM2D || bn->a.bn.relu)
-			continue;
-		loom_value relu = sole_relu(g, b);
-		if (relu == LOOM_NONE)
-			continue;
-		bn->a.bn.relu = 1;
-		loom_fuse_make_view(g, relu, b);
-		fused++;
-	}
-	return fused;
+	return fuse_relu_into(g, LOOM_OP_BATCHNORM2D);
 }
 
 int loom_fuse_add_relu(loom_graph *g)
 {
-	int fused = 0;
-	for (int a = 0; a < g->n; a++) {
-		loom_node *an = &g->nodes[a];
-		/* Backward's gradient sums are adds too; only forward ones
-		 * have a relu after them. */
-		if (an->op != LOOM_OP_ADD || an->a.ew.relu || (an->flags & LOOM_NODE_BACKWARD))
-			continue;
-		loom_value relu = sole_relu(g, a);
-		if (relu == LOOM_NONE)
-			continue;
-		an->a.ew.relu = 1;
-		loom_fuse_make_view(g, relu, a);
-		fused++;
-	}
-	return fused;
+	return fuse_relu_into(g, LOOM_OP_ADD);
 }
 
 /*

@@ -200,24 +200,35 @@ static loom_status export_nbt(loom_program *p, const loom_weights_opts *o, loom_
 	return LOOM_OK;
 }
 
+/* An export's or import's checks (what: "export" or "import"); *opts the
+ * defaults in *def when the caller gave none. */
+static loom_status weights_args(loom_program *p, const char *path, const char *what,
+				const loom_weights_opts **opts, loom_weights_opts *def)
+{
+	if (!loom_io_usable(p))
+		return LOOM_ERR_INVALID;
+	if (!path || !path[0])
+		return loom_program_fail(p, LOOM_ERR_INVALID, "%s: no path given", what);
+	/* Each stage holds its own parameters: loom_save gathers them. */
+	if (loom_io_plan(p)->pipe)
+		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "%s: not with pipeline stages yet "
+					 "(loom_save writes the whole model; resume it on one rank)",
+					 what);
+	if (!*opts) {
+		loom_weights_opts_default(def);
+		*opts = def;
+	}
+	return LOOM_OK;
+}
+
 loom_status loom_export_safetensors(loom_program *p, const char *path,
 				    const loom_weights_opts *opts)
 {
 	const loom_plan *pl = loom_io_plan(p);
 	loom_weights_opts def;
-	if (!loom_io_usable(p))
-		return LOOM_ERR_INVALID;
-	if (!path || !path[0])
-		return loom_program_fail(p, LOOM_ERR_INVALID, "export: no path given");
-	/* Each stage holds its own parameters: loom_save gathers them. */
-	if (pl->pipe)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "export: not with pipeline stages yet "
-					 "(loom_save writes the whole model; resume it on one rank)");
-	if (!opts) {
-		loom_weights_opts_default(&def);
-		opts = &def;
-	}
-	loom_status st = LOOM_OK;
+	loom_status st = weights_args(p, path, "export", &opts, &def);
+	if (st != LOOM_OK)
+		return st;
 	int cap = 0;
 	for (int v = 0; v < pl->n_fwd; v++)
 		cap += is_exchanged(&pl->g->nodes[v]) ? 2 : 0;
@@ -460,19 +471,10 @@ loom_status loom_import_safetensors(loom_program *p, const char *path,
 	loom_weights_report r = { 0 };
 	char err[LOOM_ERR_MAX];
 	loom_st_file *f = NULL;
-	if (!loom_io_usable(p))
-		return LOOM_ERR_INVALID;
-	if (!path || !path[0])
-		return loom_program_fail(p, LOOM_ERR_INVALID, "import: no path given");
-	/* Each stage holds its own parameters: loom_save gathers them. */
-	if (pl->pipe)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "import: not with pipeline stages yet "
-					 "(loom_save writes the whole model; resume it on one rank)");
-	if (!opts) {
-		loom_weights_opts_default(&def);
-		opts = &def;
-	}
-	loom_status st = loom_st_read(path, &f, err, sizeof(err));
+	loom_status st = weights_args(p, path, "import", &opts, &def);
+	if (st != LOOM_OK)
+		return st;
+	st = loom_st_read(path, &f, err, sizeof(err));
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "import: %s", err);
 	import_item *items = calloc(pl->n_fwd + 1, sizeof(*items));

@@ -10,6 +10,18 @@
 /* Below this many elements a parallel loop costs more than it saves. */
 #define ACCUM_PAR_MIN 32768
 
+/* sum += x, or, folding, x += sum and sum = 0, over n elements of one
+ * type (f32 or f64). */
+#define ACCUM_LOOP(sum, x, n, fold)              \
+	for (int64_t i = 0; i < (n); i++) {      \
+		if (fold) {                      \
+			(x)[i] += (sum)[i];      \
+			(sum)[i] = 0;            \
+		} else {                         \
+			(sum)[i] += (x)[i];      \
+		}                                \
+	}
+
 /* sum += g (or, folding, g += sum and sum = 0) over n elements of dtype dt;
  * sums are f64 for f64 gradients, else f32. */
 static void accum_f32(float *sum, void *g, loom_dtype dt, int64_t n, int fold)
@@ -17,14 +29,7 @@ static void accum_f32(float *sum, void *g, loom_dtype dt, int64_t n, int fold)
 	if (dt == LOOM_F32) {
 		float *x = g;
 		#pragma omp parallel for if (n > ACCUM_PAR_MIN) schedule(static)
-		for (int64_t i = 0; i < n; i++) {
-			if (fold) {
-				x[i] += sum[i];
-				sum[i] = 0;
-			} else {
-				sum[i] += x[i];
-			}
-		}
+		ACCUM_LOOP(sum, x, n, fold)
 		return;
 	}
 	/* Half: the sum is rounded to the gradient's dtype once, when folded. */
@@ -41,14 +46,7 @@ static void accum_f32(float *sum, void *g, loom_dtype dt, int64_t n, int fold)
 
 static void accum_f64(double *sum, double *x, int64_t n, int fold)
 {
-	for (int64_t i = 0; i < n; i++) {
-		if (fold) {
-			x[i] += sum[i];
-			sum[i] = 0;
-		} else {
-			sum[i] += x[i];
-		}
-	}
+	ACCUM_LOOP(sum, x, n, fold)
 }
 
 void loom_cpu_accum(const loom_plan *plan, const loom_arena *arena, int s, int fold)

@@ -21,6 +21,26 @@
  * worth splitting over threads. */
 #define LOOM_CPU_GEMM_PAR_MIN (1 << 21)
 
+/* Where one (batch, head)'s block of an array starts: at + b per_b +
+ * h per_h, rows ld apart. */
+typedef struct attn_arr {
+	int64_t per_b, per_h, at;
+	int ld;
+} attn_arr;
+
+/* P-like [B, nh, T, T]: one T x T block per head. */
+static inline attn_arr attn_probs_arr(const loom_attn_shape *s)
+{
+	return (attn_arr){ (int64_t)s->nh * s->t * s->t, (int64_t)s->t * s->t, 0, s->t };
+}
+
+/* Head h's hs columns of [B, T, width] from column col (y: width C; the
+ * q, k and v of qkv: width 3C, col 0, C or 2C). */
+static inline attn_arr attn_cols_arr(const loom_attn_shape *s, int width, int col)
+{
+	return (attn_arr){ (int64_t)s->t * width, s->c / s->nh, col, width };
+}
+
 #define LOOM_CPU_TEMPLATE_FILE "engine/cpu/attention.c"
 #include "engine/cpu/f32_f64.h"
 
@@ -98,7 +118,7 @@ static void attn_batch(loom_cpu_attn_kernel k, const loom_attn_shape *one, int b
 		       const void *const *src, void *out, unsigned char *at, void *kws,
 		       unsigned half)
 {
-	const float *in[3];
+	const void *in[3];
 	for (int i = 0; i < attn_io[k].nsrc; i++) {
 		int64_t per = attn_batch_elems(attn_io[k].src[i], one);
 		in[i] = loom_cpu_bf16_in(src[i], half & LOOM_CPU_BF16_SRC(i), b * per, per, (float *)at);
@@ -107,23 +127,7 @@ static void attn_batch(loom_cpu_attn_kernel k, const loom_attn_shape *one, int b
 	}
 	int64_t oper = attn_batch_elems(attn_io[k].out, one);
 	float *o = loom_cpu_bf16_out(out, half & LOOM_CPU_BF16_OUT, b * oper, (float *)at);
-	switch (k) {
-	case LOOM_CPU_ATTN_PROBS_FWD:
-		loom_cpu_attn_probs_fwd_f32(one, in[0], o);
-		break;
-	case LOOM_CPU_ATTN_PROBS_BWD:
-		loom_cpu_attn_probs_bwd_f32(one, in[0], in[1], in[2], o, kws);
-		break;
-	case LOOM_CPU_ATTENTION_FWD:
-		loom_cpu_attention_fwd_f32(one, in[0], in[1], o);
-		break;
-	case LOOM_CPU_ATTENTION_BWD_PROBS:
-		loom_cpu_attention_bwd_probs_f32(one, in[0], in[1], o);
-		break;
-	case LOOM_CPU_ATTENTION_BWD_QKV:
-		loom_cpu_attention_bwd_qkv_f32(one, in[0], in[1], o);
-		break;
-	}
+	attn_run_f32(k, one, in, o, kws);
 	loom_cpu_bf16_done(out, half & LOOM_CPU_BF16_OUT, b * oper, oper, o);
 }
 
@@ -185,56 +189,6 @@ static loom_attn_shape out_shape(const loom_plan *plan, loom_value v)
 	return s;
 }
 
-static loom_status run_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			     const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attn_probs_fwd,
-			  &s, io->src[0], io->out);
-	return LOOM_OK;
-}
-
-static loom_status run_probs_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attn_probs_bwd,
-			  &s, io->src[0], io->src[1], io->src[2], io->out, io->ws);
-	return LOOM_OK;
-}
-
-static loom_status run_attention(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 1);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attention_fwd,
-			  &s, io->src[0], io->src[1], io->out);
-	return LOOM_OK;
-}
-
-static loom_status run_bwd_probs(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				 const loom_cpu_io *io)
-{
-	loom_attn_shape s = attn_shape(plan, v, 0);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)),
-			  loom_cpu_attention_bwd_probs, &s, io->src[0], io->src[1], io->out);
-	return LOOM_OK;
-}
-
-static loom_status run_bwd_qkv(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			       const loom_cpu_io *io)
-{
-	loom_attn_shape s = out_shape(plan, v);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(loom_cpu_node(plan, v)), loom_cpu_attention_bwd_qkv,
-			  &s, io->src[0], io->src[1], io->out);
-	return LOOM_OK;
-}
-
 /* The per-thread dS of the probabilities' backward. */
 static size_t ws_probs_bwd(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 			   size_t elem)
@@ -258,21 +212,44 @@ static int run_bf16(loom_cpu_attn_kernel k, const loom_attn_shape *s, const loom
 	return loom_cpu_attn_bf16(k, s, (const void *const *)io->src, io->out, io->ws, avail, half);
 }
 
-#define BF16_ENTRY(name, kernel, shape)                                                   \
-	static int name(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,           \
-			const loom_cpu_io *io, unsigned half, loom_status *st)            \
+/* f32 or f64: the kernel on the node's arrays. */
+static void run_f(loom_cpu_attn_kernel k, const loom_attn_shape *s, const loom_plan *plan,
+		  loom_value v, const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	const void *in[3] = { NULL };
+	for (int i = 0; i < n->nsrc && i < 3; i++)
+		in[i] = io->src[i];
+	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
+		attn_run_f64(k, s, in, io->out, io->ws);
+	else
+		attn_run_f32(k, s, in, io->out, io->ws);
+}
+
+/* An op's two entries: run_<name> and bf16_<name>, kernel on shape. */
+#define ENTRIES(name, kernel, shape)                                                      \
+	static loom_status run_##name(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, \
+				      const loom_cpu_io *io)                              \
+	{                                                                                 \
+		loom_attn_shape s = shape;                                                \
+		(void)ctx;                                                                \
+		run_f(kernel, &s, plan, v, io);                                           \
+		return LOOM_OK;                                                           \
+	}                                                                                 \
+	static int bf16_##name(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,    \
+			       const loom_cpu_io *io, unsigned half, loom_status *st)     \
 	{                                                                                 \
 		loom_attn_shape s = shape;                                                \
 		(void)ctx;                                                                \
 		(void)st;                                                                 \
 		return run_bf16(kernel, &s, plan, v, io, half);                           \
 	}
-BF16_ENTRY(bf16_probs, LOOM_CPU_ATTN_PROBS_FWD, attn_shape(plan, v, 0))
-BF16_ENTRY(bf16_probs_bwd, LOOM_CPU_ATTN_PROBS_BWD, attn_shape(plan, v, 0))
-BF16_ENTRY(bf16_attention, LOOM_CPU_ATTENTION_FWD, attn_shape(plan, v, 1))
-BF16_ENTRY(bf16_bwd_probs, LOOM_CPU_ATTENTION_BWD_PROBS, attn_shape(plan, v, 0))
-BF16_ENTRY(bf16_bwd_qkv, LOOM_CPU_ATTENTION_BWD_QKV, out_shape(plan, v))
-#undef BF16_ENTRY
+ENTRIES(probs, LOOM_CPU_ATTN_PROBS_FWD, attn_shape(plan, v, 0))
+ENTRIES(probs_bwd, LOOM_CPU_ATTN_PROBS_BWD, attn_shape(plan, v, 0))
+ENTRIES(attention, LOOM_CPU_ATTENTION_FWD, attn_shape(plan, v, 1))
+ENTRIES(bwd_probs, LOOM_CPU_ATTENTION_BWD_PROBS, attn_shape(plan, v, 0))
+ENTRIES(bwd_qkv, LOOM_CPU_ATTENTION_BWD_QKV, out_shape(plan, v))
+#undef ENTRIES
 
 const loom_cpu_op loom_cpu_attn_probs = { .run = run_probs, .bf16 = bf16_probs };
 const loom_cpu_op loom_cpu_attn_probs_bwd = { .run = run_probs_bwd, .ws = ws_probs_bwd,
@@ -361,54 +338,77 @@ void LOOM_CPU_FN(loom_cpu_attn_probs_bwd)(const loom_attn_shape *s, const T *qkv
 	loom_cpu_blas_serial_end(blas_prev);
 }
 
+/* c = op(a) op(b) for every (batch, head): m x n x k GEMMs on each
+ * operand's block, the heads over threads with BLAS serial inside. */
+static void LOOM_CPU_FN(head_gemms)(const loom_attn_shape *s, enum CBLAS_TRANSPOSE ta,
+				    enum CBLAS_TRANSPOSE tb, int m, int n, int k, const T *a,
+				    attn_arr la, const T *b, attn_arr lb, T *c, attn_arr lc)
+{
+	int blas_prev = loom_cpu_blas_serial_begin();
+#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
+	for (int bh = 0; bh < s->b * s->nh; bh++) {
+		int64_t bi = bh / s->nh, h = bh % s->nh;
+		CBLAS_GEMM(CblasRowMajor, ta, tb, m, n, k, (T)1,
+			   a + la.at + bi * la.per_b + h * la.per_h, la.ld,
+			   b + lb.at + bi * lb.per_b + h * lb.per_h, lb.ld, (T)0,
+			   c + lc.at + bi * lc.per_b + h * lc.per_h, lc.ld);
+	}
+	loom_cpu_blas_serial_end(blas_prev);
+}
+
+/* y = P v per head. */
 void LOOM_CPU_FN(loom_cpu_attention_fwd)(const loom_attn_shape *s, const T *p, const T *qkv,
 					 T *y)
 {
-	const int t = s->t, c3 = 3 * s->c, hs = s->c / s->nh;
-	int blas_prev = loom_cpu_blas_serial_begin();
-#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
-	for (int bh = 0; bh < s->b * s->nh; bh++) {
-		int b = bh / s->nh, h = bh % s->nh;
-		const T *v = qkv + (int64_t)b * t * c3 + 2 * s->c + h * hs;
-		CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hs, t, (T)1,
-			   p + (int64_t)bh * t * t, t, v, c3, (T)0,
-			   y + (int64_t)b * t * s->c + h * hs, s->c);
-	}
-	loom_cpu_blas_serial_end(blas_prev);
+	const int hs = s->c / s->nh;
+	LOOM_CPU_FN(head_gemms)(s, CblasNoTrans, CblasNoTrans, s->t, hs, s->t, p,
+				attn_probs_arr(s), qkv, attn_cols_arr(s, 3 * s->c, 2 * s->c), y,
+				attn_cols_arr(s, s->c, 0));
 }
 
+/* dP = dy v^T per head. */
 void LOOM_CPU_FN(loom_cpu_attention_bwd_probs)(const loom_attn_shape *s, const T *qkv,
 					       const T *dy, T *dp)
 {
-	const int t = s->t, c3 = 3 * s->c, hs = s->c / s->nh;
-	int blas_prev = loom_cpu_blas_serial_begin();
-#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
-	for (int bh = 0; bh < s->b * s->nh; bh++) {
-		int b = bh / s->nh, h = bh % s->nh;
-		const T *v = qkv + (int64_t)b * t * c3 + 2 * s->c + h * hs;
-		CBLAS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, hs, (T)1,
-			   dy + (int64_t)b * t * s->c + h * hs, s->c, v, c3, (T)0,
-			   dp + (int64_t)bh * t * t, t);
-	}
-	loom_cpu_blas_serial_end(blas_prev);
+	const int hs = s->c / s->nh;
+	LOOM_CPU_FN(head_gemms)(s, CblasNoTrans, CblasTrans, s->t, s->t, hs, dy,
+				attn_cols_arr(s, s->c, 0), qkv,
+				attn_cols_arr(s, 3 * s->c, 2 * s->c), dp, attn_probs_arr(s));
 }
 
+/* dv = P^T dy per head; the q and k parts take no gradient through v. */
 void LOOM_CPU_FN(loom_cpu_attention_bwd_qkv)(const loom_attn_shape *s, const T *p, const T *dy,
 					     T *dqkv)
 {
-	const int t = s->t, c3 = 3 * s->c, hs = s->c / s->nh;
-	int blas_prev = loom_cpu_blas_serial_begin();
-	/* The q and k parts take no gradient through v. */
-	for (int64_t r = 0; r < (int64_t)s->b * t; r++)
+	const int c3 = 3 * s->c, hs = s->c / s->nh;
+	for (int64_t r = 0; r < (int64_t)s->b * s->t; r++)
 		memset(dqkv + r * c3, 0, sizeof(T) * 2 * s->c);
-#pragma omp parallel for num_threads(LOOM_CPU_FN(attn_threads)(s)) schedule(static)
-	for (int bh = 0; bh < s->b * s->nh; bh++) {
-		int b = bh / s->nh, h = bh % s->nh;
-		CBLAS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, t, hs, t, (T)1,
-			   p + (int64_t)bh * t * t, t, dy + (int64_t)b * t * s->c + h * hs, s->c,
-			   (T)0, dqkv + (int64_t)b * t * c3 + 2 * s->c + h * hs, c3);
+	LOOM_CPU_FN(head_gemms)(s, CblasTrans, CblasNoTrans, s->t, hs, s->t, p, attn_probs_arr(s),
+				dy, attn_cols_arr(s, s->c, 0), dqkv, attn_cols_arr(s, c3, 2 * s->c));
+}
+
+/* Kernel k on the sources in (attn_io's order) into o; kws the
+ * probabilities' backward's ws. */
+static void LOOM_CPU_FN(attn_run)(loom_cpu_attn_kernel k, const loom_attn_shape *s,
+				  const void *const *in, void *o, void *kws)
+{
+	switch (k) {
+	case LOOM_CPU_ATTN_PROBS_FWD:
+		LOOM_CPU_FN(loom_cpu_attn_probs_fwd)(s, in[0], o);
+		break;
+	case LOOM_CPU_ATTN_PROBS_BWD:
+		LOOM_CPU_FN(loom_cpu_attn_probs_bwd)(s, in[0], in[1], in[2], o, kws);
+		break;
+	case LOOM_CPU_ATTENTION_FWD:
+		LOOM_CPU_FN(loom_cpu_attention_fwd)(s, in[0], in[1], o);
+		break;
+	case LOOM_CPU_ATTENTION_BWD_PROBS:
+		LOOM_CPU_FN(loom_cpu_attention_bwd_probs)(s, in[0], in[1], o);
+		break;
+	case LOOM_CPU_ATTENTION_BWD_QKV:
+		LOOM_CPU_FN(loom_cpu_attention_bwd_qkv)(s, in[0], in[1], o);
+		break;
 	}
-	loom_cpu_blas_serial_end(blas_prev);
 }
 
 #endif /* LOOM_CPU_TEMPLATE */

@@ -21,13 +21,11 @@
 
 /* The rows the family files define (one file per op family). */
 extern const loom_cpu_op loom_cpu_embedding, loom_cpu_embedding_bwd;          /* embedding.c */
-extern const loom_cpu_op loom_cpu_layernorm, loom_cpu_layernorm_bwd_data,
-	loom_cpu_layernorm_bwd_gamma;                                          /* layernorm.c */
+extern const loom_cpu_op loom_cpu_norm, loom_cpu_norm_bwd_data,
+	loom_cpu_norm_bwd_gamma;            /* norm_bf16.c: layer norm's and RMS norm's */
 extern const loom_cpu_op loom_cpu_attn_probs, loom_cpu_attn_probs_bwd, loom_cpu_attention,
 	loom_cpu_attention_bwd_probs, loom_cpu_attention_bwd_qkv;             /* attention.c */
 extern const loom_cpu_op loom_cpu_softmax_ce, loom_cpu_softmax_ce_bwd;        /* softmax_xent.c */
-extern const loom_cpu_op loom_cpu_rmsnorm, loom_cpu_rmsnorm_bwd_data,
-	loom_cpu_rmsnorm_bwd_gamma;                                            /* rmsnorm.c */
 extern const loom_cpu_op loom_cpu_fp8_qdq;                                    /* fp8_qdq.c */
 
 /* Batch norm's workspace needs no context: the table's shape for it. */
@@ -74,18 +72,18 @@ static const loom_cpu_op *const cpu_ops[LOOM_OP_COUNT] = {
 #undef UNARY_ENTRY
 	[LOOM_OP_EMBEDDING] = &loom_cpu_embedding,
 	[LOOM_OP_EMBEDDING_BWD] = &loom_cpu_embedding_bwd,
-	[LOOM_OP_LAYERNORM] = &loom_cpu_layernorm,
-	[LOOM_OP_LAYERNORM_BWD_DATA] = &loom_cpu_layernorm_bwd_data,
-	[LOOM_OP_LAYERNORM_BWD_GAMMA] = &loom_cpu_layernorm_bwd_gamma,
+	[LOOM_OP_LAYERNORM] = &loom_cpu_norm,
+	[LOOM_OP_LAYERNORM_BWD_DATA] = &loom_cpu_norm_bwd_data,
+	[LOOM_OP_LAYERNORM_BWD_GAMMA] = &loom_cpu_norm_bwd_gamma,
 	[LOOM_OP_ATTN_PROBS] = &loom_cpu_attn_probs,
 	[LOOM_OP_ATTN_PROBS_BWD] = &loom_cpu_attn_probs_bwd,
 	[LOOM_OP_ATTENTION] = &loom_cpu_attention,
 	[LOOM_OP_ATTENTION_BWD_PROBS] = &loom_cpu_attention_bwd_probs,
 	[LOOM_OP_ATTENTION_BWD_QKV] = &loom_cpu_attention_bwd_qkv,
 	[LOOM_OP_REORDER] = ROW(loom_cpu_op_reorder, .raw = 1),
-	[LOOM_OP_RMSNORM] = &loom_cpu_rmsnorm,
-	[LOOM_OP_RMSNORM_BWD_DATA] = &loom_cpu_rmsnorm_bwd_data,
-	[LOOM_OP_RMSNORM_BWD_GAMMA] = &loom_cpu_rmsnorm_bwd_gamma,
+	[LOOM_OP_RMSNORM] = &loom_cpu_norm,
+	[LOOM_OP_RMSNORM_BWD_DATA] = &loom_cpu_norm_bwd_data,
+	[LOOM_OP_RMSNORM_BWD_GAMMA] = &loom_cpu_norm_bwd_gamma,
 	[LOOM_OP_FP8_QDQ] = &loom_cpu_fp8_qdq,
 };
 #undef ROW
@@ -141,12 +139,7 @@ static int emulated(const loom_plan *pl, const loom_node *n)
 static int family_bf16_on(void)
 {
 	static int on = -1;
-	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
-	if (o < 0) {
-		o = loom_opt_bool(LOOM_OPT_CPU_BF16_NATIVE_GPT);
-		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
-	}
-	return o;
+	return loom_opt_bool_once(LOOM_OPT_CPU_BF16_NATIVE_GPT, &on);
 }
 
 /* The bf16 mask of node n for its row's bf16 entry (ops.h: bit i source i,

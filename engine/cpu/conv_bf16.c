@@ -29,41 +29,37 @@
 int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x, const uint16_t *w,
 			     const float *b, float *y, void *ws)
 {
-	const int k = s->c_in * s->kh * s->kw;
-	const int p = s->h_out * s->w_out;
-	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
-	const int64_t out_img = (int64_t)s->c_out * p;
-	const size_t slot = loom_cpu_conv_slot_bytes(s, 4);
-	const int direct = loom_cpu_conv_is_pointwise(s);
+	const loom_conv_gemm g = loom_cpu_conv_gemm(s, 4);
 	const int tposed = loom_cpu_conv_fwd_transposed(s);
 	const int nt = loom_cpu_slot_threads(s->n);
 	int fail = 0;
 
 #pragma omp parallel num_threads(nt) reduction(| : fail)
 	{
-		char *base = (char *)ws + slot * omp_get_thread_num();
+		char *base = (char *)ws + g.slot * omp_get_thread_num();
 		uint16_t *col = (uint16_t *)base;
-		float *yt = (float *)(base + (size_t)k * p * 4); /* as in the f32 slot */
-		uint16_t *pp = direct ? NULL : conv_padded_plane_bf16(s, base, slot);
+		float *yt = (float *)(base + (size_t)g.k * g.p * 4); /* as in the f32 slot */
+		uint16_t *pp = g.direct ? NULL : conv_padded_plane_bf16(s, base, g.slot);
 #pragma omp for schedule(static)
 		for (int n = 0; n < s->n; n++) {
-			const uint16_t *xn = x + n * in_img, *cn = col;
-			float *yn = y + n * out_img;
+			const uint16_t *xn = x + n * g.in_img, *cn = col;
+			float *yn = y + n * g.out_img;
 
-			if (direct)
+			if (g.direct)
 				cn = xn;
 			else if (pp)
 				im2col_s1_bf16(s, xn, col, pp);
 			else
 				im2col_bf16(s, xn, col);
 			if (tposed) {
-				fail |= loom_cpu_gemm_bf16('T', 'T', p, s->c_out, k, 1, cn, p, w, k, 0,
-							   yt, s->c_out);
-				conv_untranspose_f32(s->c_out, p, yt, b, yn);
+				fail |= loom_cpu_gemm_bf16('T', 'T', g.p, s->c_out, g.k, 1, cn, g.p,
+							   w, g.k, 0, yt, s->c_out);
+				conv_untranspose_f32(s->c_out, g.p, yt, b, yn);
 				continue;
 			}
-			fail |= loom_cpu_gemm_bf16('N', 'N', s->c_out, p, k, 1, w, k, cn, p, 0, yn, p);
-			conv_add_bias_f32(s->c_out, p, b, yn);
+			fail |= loom_cpu_gemm_bf16('N', 'N', s->c_out, g.p, g.k, 1, w, g.k, cn, g.p,
+						   0, yn, g.p);
+			conv_add_bias_f32(s->c_out, g.p, b, yn);
 		}
 	}
 	return fail ? -1 : 0;
@@ -72,29 +68,25 @@ int loom_cpu_conv2d_fwd_bf16_native(const loom_conv_shape *s, const uint16_t *x,
 int loom_cpu_conv2d_bwd_data_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
 				  const uint16_t *w, float *dx, void *ws)
 {
-	const int k = s->c_in * s->kh * s->kw;
-	const int p = s->h_out * s->w_out;
-	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
-	const int64_t out_img = (int64_t)s->c_out * p;
-	const size_t slot = loom_cpu_conv_slot_bytes(s, 4);
-	const int direct = loom_cpu_conv_is_pointwise(s);
+	const loom_conv_gemm g = loom_cpu_conv_gemm(s, 4);
 	const int nt = loom_cpu_slot_threads(s->n);
 	int fail = 0;
 
 #pragma omp parallel num_threads(nt) reduction(| : fail)
 	{
-		float *dcol = (float *)((char *)ws + slot * omp_get_thread_num());
-		float *pp = direct ? NULL : conv_padded_plane_f32(s, dcol, slot);
+		float *dcol = (float *)((char *)ws + g.slot * omp_get_thread_num());
+		float *pp = g.direct ? NULL : conv_padded_plane_f32(s, dcol, g.slot);
 #pragma omp for schedule(static)
 		for (int n = 0; n < s->n; n++) {
-			float *dxn = dx + n * in_img;
+			float *dxn = dx + n * g.in_img;
 
 			/* dcol[K, P] = w^T[K, c_out] dy_n[c_out, P], in fp32 */
-			fail |= loom_cpu_gemm_bf16('T', 'N', k, p, s->c_out, 1, w, k,
-						   dy + n * out_img, p, 0, direct ? dxn : dcol, p);
+			fail |= loom_cpu_gemm_bf16('T', 'N', g.k, g.p, s->c_out, 1, w, g.k,
+						   dy + n * g.out_img, g.p, 0,
+						   g.direct ? dxn : dcol, g.p);
 			if (pp)
 				col2im_s1_f32(s, dcol, dxn, pp);
-			else if (!direct)
+			else if (!g.direct)
 				col2im_f32(s, dcol, dxn);
 		}
 	}
@@ -104,41 +96,37 @@ int loom_cpu_conv2d_bwd_data_bf16_native(const loom_conv_shape *s, const uint16_
 int loom_cpu_conv2d_bwd_filter_bf16_native(const loom_conv_shape *s, const uint16_t *dy,
 				    const uint16_t *x, float *dw, void *ws)
 {
-	const int k = s->c_in * s->kh * s->kw;
-	const int p = s->h_out * s->w_out;
-	const int64_t in_img = (int64_t)s->c_in * s->h_in * s->w_in;
-	const int64_t out_img = (int64_t)s->c_out * p;
-	const int64_t nw = (int64_t)s->c_out * k;
-	const size_t slot = loom_cpu_conv_slot_bytes(s, 4);
-	const int direct = loom_cpu_conv_is_pointwise(s);
+	const loom_conv_gemm g = loom_cpu_conv_gemm(s, 4);
+	const int64_t nw = (int64_t)s->c_out * g.k;
 	const int nt = loom_cpu_slot_threads(s->n);
 	int fail = 0, team = 1;
 
 	/* Per-thread partial dw^T in fp32, summed in a fixed order after. */
 #pragma omp parallel num_threads(nt) reduction(| : fail)
 	{
-		char *base = (char *)ws + slot * omp_get_thread_num();
+		char *base = (char *)ws + g.slot * omp_get_thread_num();
 		uint16_t *col = (uint16_t *)base;
-		float *part = (float *)(base + (size_t)k * p * 4); /* [K, c_out] */
+		float *part = (float *)(base + (size_t)g.k * g.p * 4); /* [K, c_out] */
 
 		if (omp_get_thread_num() == 0)
 			team = omp_get_num_threads();
-		uint16_t *pp = direct ? NULL : conv_padded_plane_bf16(s, base, slot);
+		uint16_t *pp = g.direct ? NULL : conv_padded_plane_bf16(s, base, g.slot);
 		memset(part, 0, sizeof(float) * nw);
 #pragma omp for schedule(static)
 		for (int n = 0; n < s->n; n++) {
-			const uint16_t *xn = x + n * in_img, *cn = direct ? xn : col;
+			const uint16_t *xn = x + n * g.in_img, *cn = g.direct ? xn : col;
 
 			if (pp)
 				im2col_s1_bf16(s, xn, col, pp);
-			else if (!direct)
+			else if (!g.direct)
 				im2col_bf16(s, xn, col);
-			fail |= loom_cpu_gemm_bf16('N', 'T', k, s->c_out, p, 1, cn, p,
-						   dy + n * out_img, p, 1, part, s->c_out);
+			fail |= loom_cpu_gemm_bf16('N', 'T', g.k, s->c_out, g.p, 1, cn, g.p,
+						   dy + n * g.out_img, g.p, 1, part, s->c_out);
 		}
 	}
 	if (fail)
 		return -1;
-	conv_dw_reduce_f32(s->c_out, k, (const char *)ws + (size_t)k * p * 4, slot, team, dw);
+	conv_dw_reduce_f32(s->c_out, g.k, (const char *)ws + (size_t)g.k * g.p * 4, g.slot, team,
+			   dw);
 	return 0;
 }

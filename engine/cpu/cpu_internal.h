@@ -201,23 +201,27 @@ static inline int loom_cpu_conv_fwd_transposed(const loom_conv_shape *s)
 /* Bytes of one thread's conv scratch slot for element size elem (conv.c). */
 size_t loom_cpu_conv_slot_bytes(const loom_conv_shape *s, size_t elem);
 
-/* A row norm's f32 row kernels (layer norm, RMS norm; beta NULL for RMS
- * norm's forward) and their bf16 storage around them (norm_bf16.c); 0: c
- * past LOOM_CPU_BF16_ROWS. */
-typedef void (*loom_cpu_norm_fwd_f32)(int64_t rows, int c, const float *x, const float *gamma,
-				      const float *beta, double eps, float *y);
-int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
-			   const void *gamma, const void *beta, double eps, void *y, unsigned half);
-typedef void (*loom_cpu_norm_bwd_data_f32)(int64_t rows, int c, const float *x,
-					   const float *gamma, const float *dy, double eps,
-					   float *dx);
-typedef void (*loom_cpu_norm_gamma_rows_f32)(int64_t rows, int c, const float *x,
-					     const float *dy, double eps, double *acc);
-int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
-				const void *x, const void *gamma, const void *dy, double eps,
-				void *dx, unsigned half);
-int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t rows, int c,
-				 const void *x, const void *dy, double eps, void *dgamma,
-				 double *ws, unsigned half);
+/* A conv as one GEMM per image: k = c_in kh kw rows of the im2col matrix,
+ * p = h_out w_out its columns, one image's input and output elements, a
+ * thread's scratch slot for element size elem, and whether the input is
+ * the im2col matrix itself (a pointwise conv). */
+typedef struct loom_conv_gemm {
+	int k, p, direct;
+	int64_t in_img, out_img;
+	size_t slot;
+} loom_conv_gemm;
+
+static inline loom_conv_gemm loom_cpu_conv_gemm(const loom_conv_shape *s, size_t elem)
+{
+	loom_conv_gemm g = {
+		.k = s->c_in * s->kh * s->kw,
+		.p = s->h_out * s->w_out,
+		.direct = loom_cpu_conv_is_pointwise(s),
+		.in_img = (int64_t)s->c_in * s->h_in * s->w_in,
+		.out_img = (int64_t)s->c_out * s->h_out * s->w_out,
+		.slot = loom_cpu_conv_slot_bytes(s, elem),
+	};
+	return g;
+}
 
 #endif /* LOOM_ENGINE_CPU_INTERNAL_H */

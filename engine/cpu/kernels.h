@@ -128,25 +128,26 @@ typedef struct loom_attn_shape {
 	void loom_cpu_layernorm_bwd_data_##SFX(int64_t rows, int c, const T *x,          \
 					       const T *gamma, const T *dy, double eps,   \
 					       T *dx);                                    \
-	/* dgamma[j] = sum over rows of dy * xhat; ws: c doubles per thread slot */      \
-	void loom_cpu_layernorm_bwd_gamma_##SFX(int64_t rows, int c, const T *x,         \
-						const T *dy, double eps, T *dgamma,       \
-						double *ws);                              \
 	/* acc[j] += dy xhat over rows (one thread's share of dgamma, in double) */     \
 	void loom_cpu_layernorm_gamma_rows_##SFX(int64_t rows, int c, const T *x,        \
 						 const T *dy, double eps, double *acc);  \
 	/* rmsnorm.c: y = x / sqrt(mean(x^2) + eps) * gamma per row of c; dx;      */ \
-	/* dgamma (ws: loom_cpu_rmsnorm_bwd_gamma_ws(c) bytes); its rows' share */       \
+	/* its rows' share of dgamma */                                                  \
 	void loom_cpu_rmsnorm_fwd_##SFX(int64_t rows, int c, const T *x, const T *gamma,  \
 					double eps, T *y);                                \
 	void loom_cpu_rmsnorm_bwd_data_##SFX(int64_t rows, int c, const T *x,            \
 					     const T *gamma, const T *dy, double eps,     \
 					     T *dx);                                      \
-	void loom_cpu_rmsnorm_bwd_gamma_##SFX(int64_t rows, int c, const T *x,           \
-					      const T *dy, double eps, T *dgamma,         \
-					      double *ws);                                \
 	void loom_cpu_rmsnorm_gamma_rows_##SFX(int64_t rows, int c, const T *x,          \
 					       const T *dy, double eps, double *acc);    \
+	/* norm_bf16.c: a row norm's dgamma[j] = sum over rows of dy * xhat, each   */ \
+	/* thread's rows summed by rows_fn (the norm's gamma_rows) into its slot of */ \
+	/* ws (loom_cpu_norm_bwd_gamma_ws(c) bytes), the slots added in order       */ \
+	void loom_cpu_norm_bwd_gamma_##SFX(void (*rows_fn)(int64_t rows, int c,          \
+							   const T *x, const T *dy,      \
+							   double eps, double *acc),     \
+					   int64_t rows, int c, const T *x, const T *dy,  \
+					   double eps, T *dgamma, double *ws);            \
 	/* attention.c: p[b, h] = causal softmax(q k^T / sqrt(hs)), 0 above the      */ \
 	/* diagonal */                                                                   \
 	void loom_cpu_attn_probs_fwd_##SFX(const loom_attn_shape *s, const T *qkv, T *p); \
@@ -189,9 +190,9 @@ LOOM_CPU_FAMILY_KERNELS(float, f32)
 LOOM_CPU_FAMILY_KERNELS(double, f64)
 
 /* Bytes of workspace of the family kernels that take one (elem: 4 or 8). */
-size_t loom_cpu_layernorm_bwd_gamma_ws(int c);
 size_t loom_cpu_attn_probs_bwd_ws(int t, size_t elem);
-size_t loom_cpu_rmsnorm_bwd_gamma_ws(int c);
+/* layer norm's and RMS norm's dgamma (norm_bf16.c) */
+size_t loom_cpu_norm_bwd_gamma_ws(int c);
 
 /*
  * The family kernels on bf16 storage: each float argument is f32 or bf16 as
@@ -216,22 +217,31 @@ void loom_cpu_bf16_round(int64_t n, const float *src, uint16_t *dst);
 /* acc[i] += widened src[i] */
 void loom_cpu_bf16_acc(int64_t n, const uint16_t *src, float *acc);
 
-/* layernorm.c */
+/* layernorm.c, rmsnorm.c: the forward (RMS norm's sources x, gamma) */
 int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma,
 				const void *beta, double eps, void *y, unsigned half);
-int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
-				     const void *dy, double eps, void *dx, unsigned half);
-/* ws: loom_cpu_layernorm_bwd_gamma_ws(c) bytes */
-int loom_cpu_layernorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
-				      double eps, void *dgamma, double *ws, unsigned half);
-
-/* rmsnorm.c, as layer norm's: sources (x, gamma), (x, gamma, dy), (x, dy). */
 int loom_cpu_rmsnorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma, double eps,
 			      void *y, unsigned half);
-int loom_cpu_rmsnorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
-				   const void *dy, double eps, void *dx, unsigned half);
-int loom_cpu_rmsnorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
-				    double eps, void *dgamma, double *ws, unsigned half);
+
+/* A row norm's f32 row kernels (layer norm, RMS norm; beta NULL for RMS
+ * norm's forward) and their bf16 storage around them (norm_bf16.c); 0: c
+ * past LOOM_CPU_BF16_ROWS. The gamma one's ws: loom_cpu_norm_bwd_gamma_ws(c)
+ * bytes. */
+typedef void (*loom_cpu_norm_fwd_f32)(int64_t rows, int c, const float *x, const float *gamma,
+				      const float *beta, double eps, float *y);
+int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
+			   const void *gamma, const void *beta, double eps, void *y, unsigned half);
+typedef void (*loom_cpu_norm_bwd_data_f32)(int64_t rows, int c, const float *x,
+					   const float *gamma, const float *dy, double eps,
+					   float *dx);
+typedef void (*loom_cpu_norm_gamma_rows_f32)(int64_t rows, int c, const float *x,
+					     const float *dy, double eps, double *acc);
+int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
+				const void *x, const void *gamma, const void *dy, double eps,
+				void *dx, unsigned half);
+int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t rows, int c,
+				 const void *x, const void *dy, double eps, void *dgamma,
+				 double *ws, unsigned half);
 
 /* attention.c: the attention kernels, one batch at a time. */
 typedef enum loom_cpu_attn_kernel {

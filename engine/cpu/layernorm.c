@@ -1,30 +1,21 @@
 /*
  * engine/cpu/layernorm.c — layer norm over the last dim on the CPU: the
  * kernels (f32 and f64, statistics in double; bf16 storage through blocks
- * of widened rows) and the entries of LAYERNORM and its two backward ops.
+ * of widened rows, norm_bf16.c, which holds the entries of both row norms).
  * The f32/f64 kernels are written once at the end of this file, which
  * includes itself once per type (LOOM_CPU_TEMPLATE set), as dense.c
  * instantiates dense_impl.h.
  */
 #ifndef LOOM_CPU_TEMPLATE
 #include <math.h>
-#include <string.h>
 
 #include "base/half.h"
 #include "engine/cpu/cpu_internal.h"
-#include "engine/cpu/ops.h"
 
 #define LOOM_CPU_TEMPLATE_FILE "engine/cpu/layernorm.c"
 #include "engine/cpu/f32_f64.h"
 
-size_t loom_cpu_layernorm_bwd_gamma_ws(int c)
-{
-	return sizeof(double) * (size_t)loom_cpu_slots() * (size_t)c;
-}
-
 /* ------------------------------------------------------------ bf16 */
-
-#define ROWS LOOM_CPU_BF16_ROWS
 
 int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *gamma,
 				const void *beta, double eps, void *y, unsigned half)
@@ -32,54 +23,6 @@ int loom_cpu_layernorm_fwd_bf16(int64_t rows, int c, const void *x, const void *
 	return loom_cpu_norm_fwd_bf16(loom_cpu_layernorm_fwd_f32, rows, c, x, gamma, beta, eps, y,
 				      half);
 }
-
-int loom_cpu_layernorm_bwd_data_bf16(int64_t rows, int c, const void *x, const void *gamma,
-				     const void *dy, double eps, void *dx, unsigned half)
-{
-	return loom_cpu_norm_bwd_data_bf16(loom_cpu_layernorm_bwd_data_f32, rows, c, x, gamma, dy, eps,
-					   dx, half);
-}
-
-/* The f32 kernel's threads, row ranges and ordered sum of the slots, with
- * each thread's rows widened a block at a time. */
-int loom_cpu_layernorm_bwd_gamma_bf16(int64_t rows, int c, const void *x, const void *dy,
-				      double eps, void *dgamma, double *ws, unsigned half)
-{
-	return loom_cpu_norm_bwd_gamma_bf16(loom_cpu_layernorm_gamma_rows_f32, rows, c, x, dy, eps,
-					    dgamma, ws, half);
-}
-
-/* ---------------------------------------------------------- entries */
-
-static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			   const loom_cpu_io *io)
-{
-	const loom_node *n = loom_cpu_node(plan, v);
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_fwd,
-			  loom_shape_rows(&n->shape), (int)loom_shape_last(&n->shape), io->src[0],
-			  io->src[1], io->src[2], n->a.ln.eps, io->out);
-	return LOOM_OK;
-}
-
-static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const loom_cpu_io *io,
-		    unsigned half, loom_status *st)
-{
-	const loom_node *n = loom_cpu_node(plan, v);
-	(void)ctx;
-	(void)st;
-	return loom_cpu_layernorm_fwd_bf16(loom_shape_rows(&n->shape),
-					   (int)loom_shape_last(&n->shape), io->src[0], io->src[1],
-					   io->src[2], n->a.ln.eps, io->out, half);
-}
-
-const loom_cpu_op loom_cpu_layernorm = { .run = run_fwd, .bf16 = bf16_fwd };
-/* The backward ops' entries serve layer norm and RMS norm (norm_bf16.c). */
-const loom_cpu_op loom_cpu_layernorm_bwd_data = { .run = loom_cpu_op_norm_bwd_data,
-						  .bf16 = loom_cpu_op_norm_bwd_data_bf16 };
-const loom_cpu_op loom_cpu_layernorm_bwd_gamma = { .run = loom_cpu_op_norm_bwd_gamma,
-						   .ws = loom_cpu_op_norm_bwd_gamma_ws,
-						   .bf16 = loom_cpu_op_norm_bwd_gamma_bf16 };
 
 #else /* LOOM_CPU_TEMPLATE: the f32 and f64 kernels, T and SFX set */
 
@@ -134,8 +77,8 @@ void LOOM_CPU_FN(loom_cpu_layernorm_bwd_data)(int64_t rows, int c, const T *x, c
 	}
 }
 
-/* acc[j] += dy * xhat over rows (one thread's share; the bf16 kernel calls
- * it per block of widened rows). */
+/* acc[j] += dy * xhat over rows: one thread's share of dgamma
+ * (loom_cpu_norm_bwd_gamma, norm_bf16.c), per block of widened rows on bf16. */
 void LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(int64_t rows, int c, const T *x, const T *dy,
 						double eps, double *acc)
 {
@@ -145,27 +88,6 @@ void LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(int64_t rows, int c, const T *x,
 		LOOM_CPU_FN(ln_stats)(c, xr, eps, &m, &rs);
 		for (int j = 0; j < c; j++)
 			acc[j] += dr[j] * (xr[j] - m) * rs;
-	}
-}
-
-void LOOM_CPU_FN(loom_cpu_layernorm_bwd_gamma)(int64_t rows, int c, const T *x, const T *dy,
-					       double eps, T *dgamma, double *ws)
-{
-	int nt = rows * c >= LOOM_CPU_PAR_MIN ? loom_cpu_slot_threads(rows < 65536 ? (int)rows : 65536) : 1;
-	memset(ws, 0, sizeof(double) * (size_t)nt * c);
-#pragma omp parallel num_threads(nt)
-	{
-		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
-		int64_t r0 = rows * t / cnt, r1 = rows * (t + 1) / cnt;
-		LOOM_CPU_FN(loom_cpu_layernorm_gamma_rows)(r1 - r0, c, x + r0 * c, dy + r0 * c, eps,
-							   ws + (size_t)t * c);
-	}
-	/* The slots in a fixed order: the same sums for the same thread count. */
-	for (int j = 0; j < c; j++) {
-		double s = 0;
-		for (int t = 0; t < nt; t++)
-			s += ws[(size_t)t * c + j];
-		dgamma[j] = (T)s;
 	}
 }
 

@@ -4,14 +4,20 @@
  * widened elements per thread for the forward and the data gradient;
  * for gamma's, the f32 kernel's threads, row ranges and ordered sum of the
  * per-thread slots, so bf16 and f32 give the same sums, each thread's rows
- * widened a block at a time), and the backward ops' entries, one for both
- * norms.
+ * widened a block at a time), the f32/f64 dgamma around a norm's rows
+ * kernel (at the end of this file, which includes itself once per type),
+ * and the ops' entries, one set for both norms (the node's op picks the
+ * kernels).
  */
+#ifndef LOOM_CPU_TEMPLATE
 #include <string.h>
 
 #include "base/half.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/ops.h"
+
+#define LOOM_CPU_TEMPLATE_FILE "engine/cpu/norm_bf16.c"
+#include "engine/cpu/f32_f64.h"
 
 #define ROWS LOOM_CPU_BF16_ROWS
 
@@ -104,45 +110,39 @@ int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t ro
 	return 1;
 }
 
+size_t loom_cpu_norm_bwd_gamma_ws(int c)
+{
+	return sizeof(double) * (size_t)loom_cpu_slots() * (size_t)c;
+}
+
 /* ---------------------------------------------------------- entries */
 
-/* A row norm's backward kernels: layer norm's and RMS norm's take the same
- * arguments, so one pair of entries serves both ops, the node's op picking
+/* A row norm's kernels: layer norm's and RMS norm's backward take the same
+ * arguments, so one set of entries serves both ops, the node's op picking
  * the kernels. */
 typedef struct norm_bwd_kernels {
 	void (*data_f32)(int64_t rows, int c, const float *x, const float *gamma,
 			 const float *dy, double eps, float *dx);
 	void (*data_f64)(int64_t rows, int c, const double *x, const double *gamma,
 			 const double *dy, double eps, double *dx);
-	int (*data_bf16)(int64_t rows, int c, const void *x, const void *gamma, const void *dy,
-			 double eps, void *dx, unsigned half);
-	void (*gamma_f32)(int64_t rows, int c, const float *x, const float *dy, double eps,
-			  float *dgamma, double *ws);
-	void (*gamma_f64)(int64_t rows, int c, const double *x, const double *dy, double eps,
-			  double *dgamma, double *ws);
-	int (*gamma_bf16)(int64_t rows, int c, const void *x, const void *dy, double eps,
-			  void *dgamma, double *ws, unsigned half);
-	size_t (*gamma_ws)(int c);
+	/* a block of rows' share of dgamma */
+	loom_cpu_norm_gamma_rows_f32 gamma_rows_f32;
+	void (*gamma_rows_f64)(int64_t rows, int c, const double *x, const double *dy, double eps,
+			       double *acc);
 } norm_bwd_kernels;
 
 static const norm_bwd_kernels layernorm_bwd = {
 	.data_f32 = loom_cpu_layernorm_bwd_data_f32,
 	.data_f64 = loom_cpu_layernorm_bwd_data_f64,
-	.data_bf16 = loom_cpu_layernorm_bwd_data_bf16,
-	.gamma_f32 = loom_cpu_layernorm_bwd_gamma_f32,
-	.gamma_f64 = loom_cpu_layernorm_bwd_gamma_f64,
-	.gamma_bf16 = loom_cpu_layernorm_bwd_gamma_bf16,
-	.gamma_ws = loom_cpu_layernorm_bwd_gamma_ws,
+	.gamma_rows_f32 = loom_cpu_layernorm_gamma_rows_f32,
+	.gamma_rows_f64 = loom_cpu_layernorm_gamma_rows_f64,
 };
 
 static const norm_bwd_kernels rmsnorm_bwd = {
 	.data_f32 = loom_cpu_rmsnorm_bwd_data_f32,
 	.data_f64 = loom_cpu_rmsnorm_bwd_data_f64,
-	.data_bf16 = loom_cpu_rmsnorm_bwd_data_bf16,
-	.gamma_f32 = loom_cpu_rmsnorm_bwd_gamma_f32,
-	.gamma_f64 = loom_cpu_rmsnorm_bwd_gamma_f64,
-	.gamma_bf16 = loom_cpu_rmsnorm_bwd_gamma_bf16,
-	.gamma_ws = loom_cpu_rmsnorm_bwd_gamma_ws,
+	.gamma_rows_f32 = loom_cpu_rmsnorm_gamma_rows_f32,
+	.gamma_rows_f64 = loom_cpu_rmsnorm_gamma_rows_f64,
 };
 
 static const norm_bwd_kernels *kernels_of(const loom_node *n)
@@ -152,8 +152,40 @@ static const norm_bwd_kernels *kernels_of(const loom_node *n)
 		       &layernorm_bwd;
 }
 
-loom_status loom_cpu_op_norm_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				      const loom_cpu_io *io)
+/* The forward: RMS norm has no beta (its node no third source). */
+static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			   const loom_cpu_io *io)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int c = (int)loom_shape_last(&n->shape);
+	(void)ctx;
+	if (n->op == LOOM_OP_RMSNORM)
+		LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_rmsnorm_fwd, rows, c,
+				  io->src[0], io->src[1], n->a.ln.eps, io->out);
+	else
+		LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_layernorm_fwd, rows, c,
+				  io->src[0], io->src[1], io->src[2], n->a.ln.eps, io->out);
+	return LOOM_OK;
+}
+
+static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, const loom_cpu_io *io,
+		    unsigned half, loom_status *st)
+{
+	const loom_node *n = loom_cpu_node(plan, v);
+	const int64_t rows = loom_shape_rows(&n->shape);
+	const int c = (int)loom_shape_last(&n->shape);
+	(void)ctx;
+	(void)st;
+	if (n->op == LOOM_OP_RMSNORM)
+		return loom_cpu_rmsnorm_fwd_bf16(rows, c, io->src[0], io->src[1], n->a.ln.eps,
+						 io->out, half);
+	return loom_cpu_layernorm_fwd_bf16(rows, c, io->src[0], io->src[1], io->src[2],
+					   n->a.ln.eps, io->out, half);
+}
+
+static loom_status run_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				const loom_cpu_io *io)
 {
 	const loom_node *n = loom_cpu_node(plan, v);
 	const norm_bwd_kernels *k = kernels_of(n);
@@ -167,19 +199,19 @@ loom_status loom_cpu_op_norm_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, 
 	return LOOM_OK;
 }
 
-int loom_cpu_op_norm_bwd_data_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cpu_io *io, unsigned half, loom_status *st)
+static int bf16_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			 const loom_cpu_io *io, unsigned half, loom_status *st)
 {
 	const loom_node *n = loom_cpu_node(plan, v);
 	(void)ctx;
 	(void)st;
-	return kernels_of(n)->data_bf16(loom_shape_rows(&n->shape),
-					(int)loom_shape_last(&n->shape), io->src[0], io->src[1],
-					io->src[2], n->a.ln.eps, io->out, half);
+	return loom_cpu_norm_bwd_data_bf16(kernels_of(n)->data_f32, loom_shape_rows(&n->shape),
+					   (int)loom_shape_last(&n->shape), io->src[0], io->src[1],
+					   io->src[2], n->a.ln.eps, io->out, half);
 }
 
-loom_status loom_cpu_op_norm_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				       const loom_cpu_io *io)
+static loom_status run_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+				 const loom_cpu_io *io)
 {
 	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
 	const norm_bwd_kernels *k = kernels_of(n);
@@ -187,29 +219,62 @@ loom_status loom_cpu_op_norm_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan,
 	const int c = (int)loom_shape_last(&x->shape);
 	(void)ctx;
 	if (loom_cpu_kernel_dtype(n) == LOOM_F64)
-		k->gamma_f64(rows, c, io->src[0], io->src[1], n->a.ln.eps, io->out, io->ws);
+		loom_cpu_norm_bwd_gamma_f64(k->gamma_rows_f64, rows, c, io->src[0], io->src[1],
+					    n->a.ln.eps, io->out, io->ws);
 	else
-		k->gamma_f32(rows, c, io->src[0], io->src[1], n->a.ln.eps, io->out, io->ws);
+		loom_cpu_norm_bwd_gamma_f32(k->gamma_rows_f32, rows, c, io->src[0], io->src[1],
+					    n->a.ln.eps, io->out, io->ws);
 	return LOOM_OK;
 }
 
-int loom_cpu_op_norm_bwd_gamma_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				    const loom_cpu_io *io, unsigned half, loom_status *st)
+static int bf16_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			  const loom_cpu_io *io, unsigned half, loom_status *st)
 {
 	const loom_node *n = loom_cpu_node(plan, v), *x = loom_cpu_src(plan, v, 0);
 	(void)ctx;
 	(void)st;
-	return kernels_of(n)->gamma_bf16(loom_shape_rows(&x->shape),
-					 (int)loom_shape_last(&x->shape), io->src[0], io->src[1],
-					 n->a.ln.eps, io->out, io->ws, half);
+	return loom_cpu_norm_bwd_gamma_bf16(kernels_of(n)->gamma_rows_f32,
+					    loom_shape_rows(&x->shape),
+					    (int)loom_shape_last(&x->shape), io->src[0], io->src[1],
+					    n->a.ln.eps, io->out, io->ws, half);
 }
 
 /* dgamma's per-thread sums. */
-size_t loom_cpu_op_norm_bwd_gamma_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				     size_t elem)
+static size_t bwd_gamma_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+			   size_t elem)
 {
-	const loom_node *n = loom_cpu_node(plan, v);
 	(void)ctx;
 	(void)elem;
-	return kernels_of(n)->gamma_ws((int)loom_shape_last(&n->shape));
+	return loom_cpu_norm_bwd_gamma_ws((int)loom_shape_last(&loom_cpu_node(plan, v)->shape));
 }
+
+const loom_cpu_op loom_cpu_norm = { .run = run_fwd, .bf16 = bf16_fwd };
+const loom_cpu_op loom_cpu_norm_bwd_data = { .run = run_bwd_data, .bf16 = bf16_bwd_data };
+const loom_cpu_op loom_cpu_norm_bwd_gamma = { .run = run_bwd_gamma, .ws = bwd_gamma_ws,
+					      .bf16 = bf16_bwd_gamma };
+
+#else /* LOOM_CPU_TEMPLATE: the f32 and f64 dgamma, T and SFX set */
+
+void LOOM_CPU_FN(loom_cpu_norm_bwd_gamma)(void (*rows_fn)(int64_t rows, int c, const T *x,
+							  const T *dy, double eps, double *acc),
+					  int64_t rows, int c, const T *x, const T *dy, double eps,
+					  T *dgamma, double *ws)
+{
+	int nt = rows * c >= LOOM_CPU_PAR_MIN ? loom_cpu_slot_threads(rows < 65536 ? (int)rows : 65536) : 1;
+	memset(ws, 0, sizeof(double) * (size_t)nt * c);
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), cnt = omp_get_num_threads();
+		int64_t r0 = rows * t / cnt, r1 = rows * (t + 1) / cnt;
+		rows_fn(r1 - r0, c, x + r0 * c, dy + r0 * c, eps, ws + (size_t)t * c);
+	}
+	/* The slots in a fixed order: the same sums for the same thread count. */
+	for (int j = 0; j < c; j++) {
+		double s = 0;
+		for (int t = 0; t < nt; t++)
+			s += ws[(size_t)t * c + j];
+		dgamma[j] = (T)s;
+	}
+}
+
+#endif /* LOOM_CPU_TEMPLATE */

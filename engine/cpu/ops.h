@@ -157,19 +157,6 @@ loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, lo
  * is synchronised over the ranks, else none. */
 size_t loom_cpu_bn_workspace(const loom_plan *plan, loom_value v, size_t elem);
 
-/* norm_bf16.c: the backward ops of layer norm and RMS norm (the node's op
- * picks the kernels); the rows are layernorm.c's and rmsnorm.c's. */
-loom_status loom_cpu_op_norm_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-int loom_cpu_op_norm_bwd_data_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				   const loom_cpu_io *io, unsigned half, loom_status *st);
-loom_status loom_cpu_op_norm_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-int loom_cpu_op_norm_bwd_gamma_bf16(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				    const loom_cpu_io *io, unsigned half, loom_status *st);
-size_t loom_cpu_op_norm_bwd_gamma_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				     size_t elem);
-
 /* ln_residual.c: the residual add that makes its layer norm
  * (graph/fuse.c's loom_fuse_ln_residual). fusable: the planning question
  * (LOOM_FUSE_LN_RESIDUAL, dtypes f32/bf16/f16, rows of at most

@@ -128,12 +128,7 @@ loom_status loom_cpu_op_grad_seed(loom_cpu_ctx *ctx, const loom_plan *plan, loom
 static int bf16_native_on(void)
 {
 	static int on = -1;
-	int o = __atomic_load_n(&on, __ATOMIC_RELAXED);
-	if (o < 0) {
-		o = loom_opt_bool(LOOM_OPT_CPU_BF16_NATIVE_EW);
-		__atomic_store_n(&on, o, __ATOMIC_RELAXED);
-	}
-	return o;
+	return loom_opt_bool_once(LOOM_OPT_CPU_BF16_NATIVE_EW, &on);
 }
 
 int loom_cpu_ew_bf16_native(const loom_plan *plan, loom_value v, const loom_cpu_io *io)

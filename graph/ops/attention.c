@@ -129,29 +129,14 @@ static void grad_attention(loom_graph *g, loom_value v, loom_value dy, void *ctx
  * (fp32 accumulation), the softmax in fp32 inside the kernel (the scores
  * never rounded to half), the probabilities written in half for the
  * attention product that reads them. */
-const loom_op_def loom_op_attn_probs = {
-	.name = "attn_probs",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_ATTN,
-	.src_names = { "qkv" },
-	.shape = shape_attn_probs,
-	.grad = grad_attn_probs,
-	.amp = { .cls = LOOM_AMP_ALLOW },
-	.recompute = 3,
-};
+LOOM_FORWARD_OP(attn_probs, .attrs = LOOM_ATTRS_ATTN, .src_names = { "qkv" },
+		.amp = { .cls = LOOM_AMP_ALLOW }, .recompute = 3);
 
 /* Its sources once fused (graph/fuse_attention.c): qkv, the LSE, dy, y. */
 LOOM_BACKWARD_OP(attn_probs_bwd, "attn_probs_bwd", LOOM_ATTRS_ATTN, "qkv", "probs", "dprobs", "y");
 
-const loom_op_def loom_op_attention = {
-	.name = "attention",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_ATTN,
-	.src_names = { "probs", "qkv" },
-	.shape = shape_attention,
-	.grad = grad_attention,
-	.amp = { .cls = LOOM_AMP_ALLOW },
-};
+LOOM_FORWARD_OP(attention, .attrs = LOOM_ATTRS_ATTN, .src_names = { "probs", "qkv" },
+		.amp = { .cls = LOOM_AMP_ALLOW });
 
 LOOM_BACKWARD_OP(attention_bwd_probs, "attention_bwd_probs", LOOM_ATTRS_ATTN, "qkv", "dy");
 

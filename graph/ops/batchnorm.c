@@ -54,14 +54,10 @@ static void grad_batchnorm2d(loom_graph *g, loom_value v, loom_value dy, void *c
 		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, dy, n.src[2]));
 }
 
-const loom_op_def loom_op_batchnorm2d = {
-	.name = "batchnorm2d",
-	.kind = LOOM_OPK_FORWARD,
+LOOM_FORWARD_OP(batchnorm2d,
 	.attrs = LOOM_ATTRS_BN,
 	.src_names = { "input", "weight", "bias", "running_mean", "running_var" },
 	.nondiff = LOOM_SRC(3) | LOOM_SRC(4),
-	.shape = shape_batchnorm2d,
-	.grad = grad_batchnorm2d,
 	/* Only x takes the compute dtype; the affine parameters and the
 	 * statistics keep their leaves' dtype (fp32 under keep_batchnorm_fp32:
 	 * a half input with fp32 parameters, as cuDNN takes them). */
@@ -69,8 +65,7 @@ const loom_op_def loom_op_batchnorm2d = {
 		.cls = LOOM_AMP_DENY,
 		.keep = LOOM_SRC(1) | LOOM_SRC(2) | LOOM_SRC(3) | LOOM_SRC(4),
 		.bn_params = 1,
-	},
-};
+	});
 
 LOOM_BACKWARD_OP(bn_bwd_data, "bn_bwd_data", LOOM_ATTRS_BN, "input", "weight", "dy");
 

@@ -44,33 +44,15 @@ static int shape_conv2d(loom_graph *g, loom_node *n)
 static void grad_conv2d(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (loom_grad_needed(ctx, n.src[0])) {
-		loom_value s[2] = { dy, n.src[1] };
-		loom_value dx = loom_grad_node(g, LOOM_OP_CONV2D_BWD_DATA, n.src[0], 2, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a = n.a;
-		loom_grad_accum(ctx, n.src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n.src[1])) {
-		loom_value s[2] = { dy, n.src[0] };
-		loom_value dw = loom_grad_node(g, LOOM_OP_CONV2D_BWD_FILTER, n.src[1], 2, s);
-		if (dw != LOOM_NONE)
-			g->nodes[dw].a = n.a;
-		loom_grad_accum(ctx, n.src[1], dw);
-	}
+	loom_value sx[2] = { dy, n.src[1] }, sw[2] = { dy, n.src[0] };
+	loom_grad_op(g, ctx, n.src[0], LOOM_OP_CONV2D_BWD_DATA, 2, sx, &n.a);
+	loom_grad_op(g, ctx, n.src[1], LOOM_OP_CONV2D_BWD_FILTER, 2, sw, &n.a);
 	if (n.nsrc > 2 && loom_grad_needed(ctx, n.src[2]))
 		loom_grad_accum(ctx, n.src[2], loom_grad_channel_sum(g, dy, n.src[2]));
 }
 
-const loom_op_def loom_op_conv2d = {
-	.name = "conv2d",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_CONV,
-	.src_names = { "input", "weight", "bias" },
-	.shape = shape_conv2d,
-	.grad = grad_conv2d,
-	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
-};
+LOOM_FORWARD_OP(conv2d, .attrs = LOOM_ATTRS_CONV, .src_names = { "input", "weight", "bias" },
+		.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) });
 
 LOOM_BACKWARD_OP(conv2d_bwd_data, "conv2d_bwd_data", LOOM_ATTRS_CONV, "dy", "weight");
 

@@ -102,22 +102,8 @@ static void grad_matmul(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		loom_grad_accum(ctx, n.src[1], loom_grad_matmul(g, n.src[0], 1, dy, 0, n.src[1]));
 }
 
-const loom_op_def loom_op_linear = {
-	.name = "linear",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_MM,
-	.src_names = { "input", "weight", "bias" },
-	.shape = shape_linear,
-	.grad = grad_linear,
-	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
-};
+LOOM_FORWARD_OP(linear, .attrs = LOOM_ATTRS_MM, .src_names = { "input", "weight", "bias" },
+		.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) });
 
-const loom_op_def loom_op_matmul = {
-	.name = "matmul",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_MM,
-	.src_names = { "a", "b" },
-	.shape = shape_matmul,
-	.grad = grad_matmul,
-	.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) },
-};
+LOOM_FORWARD_OP(matmul, .attrs = LOOM_ATTRS_MM, .src_names = { "a", "b" },
+		.amp = { .cls = LOOM_AMP_ALLOW, .fp8_src = LOOM_SRC(0) | LOOM_SRC(1) });

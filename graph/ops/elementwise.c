@@ -23,11 +23,8 @@ int loom_shape_like_input(loom_graph *g, loom_node *n)
 
 static void grad_relu(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
-	loom_value x = g->nodes[v].src[0];
-	if (!loom_grad_needed(ctx, x))
-		return;
-	loom_value s[2] = { x, dy };
-	loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_RELU_BWD, x, 2, s));
+	loom_value x = g->nodes[v].src[0], s[2] = { x, dy };
+	loom_grad_op(g, ctx, x, LOOM_OP_RELU_BWD, 2, s, NULL);
 }
 
 loom_value loom_add(loom_graph *g, loom_value a, loom_value b)
@@ -62,9 +59,7 @@ static void grad_add(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 /* The gradient of a cast is dy cast back to the source's dtype. */
 static void grad_cast(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
-	loom_value x = g->nodes[v].src[0];
-	if (loom_grad_needed(ctx, x))
-		loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_CAST, x, 1, &dy));
+	loom_grad_op(g, ctx, g->nodes[v].src[0], LOOM_OP_CAST, 1, &dy, NULL);
 }
 
 const loom_op_def loom_op_relu = {
@@ -78,15 +73,8 @@ const loom_op_def loom_op_relu = {
 
 LOOM_BACKWARD_OP(relu_bwd, "relu_bwd", LOOM_ATTRS_NONE, "input", "dy");
 
-const loom_op_def loom_op_add = {
-	.name = "add",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_EW,
-	.src_names = { "a", "b" },
-	.shape = shape_add,
-	.grad = grad_add,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_FORWARD_OP(add, .attrs = LOOM_ATTRS_EW, .src_names = { "a", "b" },
+		.amp = { .cls = LOOM_AMP_FOLLOW });
 
 const loom_op_def loom_op_cast = {
 	.name = "cast",

@@ -34,22 +34,13 @@ static int shape_embedding(loom_graph *g, loom_node *n)
 static void grad_embedding(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (!loom_grad_needed(ctx, n.src[1]))
-		return;
 	loom_value s[2] = { n.src[0], dy };
-	loom_grad_accum(ctx, n.src[1], loom_grad_node(g, LOOM_OP_EMBEDDING_BWD, n.src[1], 2, s));
+	loom_grad_op(g, ctx, n.src[1], LOOM_OP_EMBEDDING_BWD, 2, s, NULL);
 }
 
 /* The table's dtype under every level: half under O2, else the table's
  * (FOLLOW: the i32 ids are kept and count for nothing). */
-const loom_op_def loom_op_embedding = {
-	.name = "embedding",
-	.kind = LOOM_OPK_FORWARD,
-	.src_names = { "ids", "table" },
-	.nondiff = LOOM_SRC(0),
-	.shape = shape_embedding,
-	.grad = grad_embedding,
-	.amp = { .cls = LOOM_AMP_FOLLOW, .keep = LOOM_SRC(0) },
-};
+LOOM_FORWARD_OP(embedding, .src_names = { "ids", "table" }, .nondiff = LOOM_SRC(0),
+		.amp = { .cls = LOOM_AMP_FOLLOW, .keep = LOOM_SRC(0) });
 
 LOOM_BACKWARD_OP(embedding_bwd, "embedding_bwd", LOOM_ATTRS_NONE, "ids", "dy");

@@ -34,11 +34,8 @@ static int shape_softmax_ce(loom_graph *g, loom_node *n)
 static void grad_softmax_ce(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (!loom_grad_needed(ctx, n.src[0]))
-		return;
 	loom_value s[3] = { n.src[0], n.src[1], dy };
-	loom_grad_accum(ctx, n.src[0],
-			loom_grad_node(g, LOOM_OP_SOFTMAX_CE_BWD, n.src[0], 3, s));
+	loom_grad_op(g, ctx, n.src[0], LOOM_OP_SOFTMAX_CE_BWD, 3, s, NULL);
 }
 
 const loom_op_def loom_op_softmax_ce = {

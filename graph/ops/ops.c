@@ -41,23 +41,23 @@ loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like)
 	return loom_grad_node(g, LOOM_OP_CHANNEL_SUM, like, 1, &dy);
 }
 
+void loom_grad_op(loom_graph *g, void *ctx, loom_value x, loom_op op, int nsrc,
+		  const loom_value *src, const loom_attrs *a)
+{
+	if (!loom_grad_needed(ctx, x))
+		return;
+	loom_value d = loom_grad_node(g, op, x, nsrc, src);
+	if (d != LOOM_NONE && a)
+		g->nodes[d].a = *a;
+	loom_grad_accum(ctx, x, d);
+}
+
 void loom_grad_norm(loom_graph *g, const loom_node *n, loom_value dy, void *ctx, loom_op data_op,
 		    loom_op gamma_op)
 {
-	if (loom_grad_needed(ctx, n->src[0])) {
-		loom_value s[3] = { n->src[0], n->src[1], dy };
-		loom_value dx = loom_grad_node(g, data_op, n->src[0], 3, s);
-		if (dx != LOOM_NONE)
-			g->nodes[dx].a = n->a;
-		loom_grad_accum(ctx, n->src[0], dx);
-	}
-	if (loom_grad_needed(ctx, n->src[1])) {
-		loom_value s[2] = { n->src[0], dy };
-		loom_value dg = loom_grad_node(g, gamma_op, n->src[1], 2, s);
-		if (dg != LOOM_NONE)
-			g->nodes[dg].a = n->a;
-		loom_grad_accum(ctx, n->src[1], dg);
-	}
+	loom_value sx[3] = { n->src[0], n->src[1], dy }, sg[2] = { n->src[0], dy };
+	loom_grad_op(g, ctx, n->src[0], data_op, 3, sx, &n->a);
+	loom_grad_op(g, ctx, n->src[1], gamma_op, 2, sg, &n->a);
 }
 
 loom_value loom_grad_broadcast(loom_graph *g, loom_value x, loom_value like, double scale)

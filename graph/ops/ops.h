@@ -145,6 +145,20 @@ extern const loom_op_def *const loom_op_defs[];
 		.amp = { .cls = LOOM_AMP_FOLLOW },       \
 	}
 
+/*
+ * Defines loom_op_<low>, the row of a forward op named "<low>" whose rules
+ * are the file's shape_<low> and grad_<low>; the rest of the row (sources,
+ * attributes, AMP class, flags) follows as designated initialisers.
+ */
+#define LOOM_FORWARD_OP(low, ...)                \
+	const loom_op_def loom_op_##low = {      \
+		.name = #low,                    \
+		.kind = LOOM_OPK_FORWARD,        \
+		.shape = shape_##low,            \
+		.grad = grad_##low,              \
+		__VA_ARGS__                      \
+	}
+
 static inline int loom_op_is_leaf(loom_op op)
 {
 	return loom_op_defs[op]->kind == LOOM_OPK_LEAF;
@@ -227,6 +241,11 @@ void loom_grad_accum(void *ctx, loom_value src, loom_value grad);
 /* A backward node of op with like's dtype and shape (flagged BACKWARD). */
 loom_value loom_grad_node(loom_graph *g, loom_op op, loom_value like, int nsrc,
 			  const loom_value *src);
+/* Where x needs a gradient: op(src) as one backward node shaped like x,
+ * carrying the attributes *a (a forward node's) unless a is NULL, added to
+ * x's gradient. */
+void loom_grad_op(loom_graph *g, void *ctx, loom_value x, loom_op op, int nsrc,
+		  const loom_value *src, const loom_attrs *a);
 /* Column sums of dy (a bias gradient) shaped like the bias. */
 loom_value loom_grad_channel_sum(loom_graph *g, loom_value dy, loom_value like);
 /* A normalisation's dx and dgamma (batch, layer and RMS norm) where they

@@ -42,13 +42,8 @@ static int shape_maxpool2d(loom_graph *g, loom_node *n)
 static void grad_maxpool2d(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
 	loom_node n = g->nodes[v];
-	if (!loom_grad_needed(ctx, n.src[0]))
-		return;
 	loom_value s[2] = { n.src[0], dy };
-	loom_value dx = loom_grad_node(g, LOOM_OP_MAXPOOL2D_BWD, n.src[0], 2, s);
-	if (dx != LOOM_NONE)
-		g->nodes[dx].a = n.a;
-	loom_grad_accum(ctx, n.src[0], dx);
+	loom_grad_op(g, ctx, n.src[0], LOOM_OP_MAXPOOL2D_BWD, 2, s, &n.a);
 }
 
 loom_value loom_global_avgpool(loom_graph *g, loom_value x)
@@ -68,30 +63,15 @@ static int shape_global_avgpool(loom_graph *g, loom_node *n)
 
 static void grad_global_avgpool(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
-	loom_value x = g->nodes[v].src[0];
-	if (loom_grad_needed(ctx, x))
-		loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_GLOBAL_AVGPOOL_BWD, x, 1, &dy));
+	loom_grad_op(g, ctx, g->nodes[v].src[0], LOOM_OP_GLOBAL_AVGPOOL_BWD, 1, &dy, NULL);
 }
 
-const loom_op_def loom_op_maxpool2d = {
-	.name = "maxpool2d",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_POOL,
-	.src_names = { "input" },
-	.shape = shape_maxpool2d,
-	.grad = grad_maxpool2d,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_FORWARD_OP(maxpool2d, .attrs = LOOM_ATTRS_POOL, .src_names = { "input" },
+		.amp = { .cls = LOOM_AMP_FOLLOW });
 
 LOOM_BACKWARD_OP(maxpool2d_bwd, "maxpool2d_bwd", LOOM_ATTRS_POOL, "input", "dy");
 
-const loom_op_def loom_op_global_avgpool = {
-	.name = "global_avgpool",
-	.kind = LOOM_OPK_FORWARD,
-	.src_names = { "input" },
-	.shape = shape_global_avgpool,
-	.grad = grad_global_avgpool,
-	.amp = { .cls = LOOM_AMP_DENY }, /* a reduction */
-};
+/* DENY: a reduction. */
+LOOM_FORWARD_OP(global_avgpool, .src_names = { "input" }, .amp = { .cls = LOOM_AMP_DENY });
 
 LOOM_BACKWARD_OP(global_avgpool_bwd, "global_avgpool_bwd", LOOM_ATTRS_NONE, "dy");

@@ -61,24 +61,11 @@ static void grad_broadcast(loom_graph *g, loom_value v, loom_value dy, void *ctx
 	loom_grad_accum(ctx, n.src[0], loom_grad_broadcast(g, d, n.src[0], n.a.bc.scale));
 }
 
-const loom_op_def loom_op_sum = {
-	.name = "sum",
-	.kind = LOOM_OPK_FORWARD,
-	.src_names = { "input" },
-	.shape = shape_sum,
-	.grad = grad_sum,
-	.amp = { .cls = LOOM_AMP_FP32 }, /* the loss's reductions */
-};
+/* FP32: the loss's reductions. */
+LOOM_FORWARD_OP(sum, .src_names = { "input" }, .amp = { .cls = LOOM_AMP_FP32 });
 
-const loom_op_def loom_op_broadcast = {
-	.name = "broadcast",
-	.kind = LOOM_OPK_FORWARD,
-	.attrs = LOOM_ATTRS_BC,
-	.src_names = { "input" },
-	.shape = shape_broadcast,
-	.grad = grad_broadcast,
-	.amp = { .cls = LOOM_AMP_FP32 },
-};
+LOOM_FORWARD_OP(broadcast, .attrs = LOOM_ATTRS_BC, .src_names = { "input" },
+		.amp = { .cls = LOOM_AMP_FP32 });
 
 /* [N, C, ...] -> [C]: a bias's gradient, made only by gradient rules. */
 LOOM_BACKWARD_OP(channel_sum, "channel_sum", LOOM_ATTRS_NONE, "dy");

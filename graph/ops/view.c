@@ -66,17 +66,8 @@ static int shape_reshape(loom_graph *g, loom_node *n)
 
 static void grad_reshape(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 {
-	loom_value x = g->nodes[v].src[0];
-	if (loom_grad_needed(ctx, x))
-		loom_grad_accum(ctx, x, loom_grad_node(g, LOOM_OP_RESHAPE, x, 1, &dy));
+	loom_grad_op(g, ctx, g->nodes[v].src[0], LOOM_OP_RESHAPE, 1, &dy, NULL);
 }
 
-const loom_op_def loom_op_reshape = {
-	.name = "reshape",
-	.kind = LOOM_OPK_FORWARD,
-	.flags = LOOM_OPF_VIEW,
-	.src_names = { "input" },
-	.shape = shape_reshape,
-	.grad = grad_reshape,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LOOM_FORWARD_OP(reshape, .flags = LOOM_OPF_VIEW, .src_names = { "input" },
+		.amp = { .cls = LOOM_AMP_FOLLOW });

@@ -163,7 +163,7 @@ static void check_layernorm(int64_t rows, int c)
 	arr x = arr_rand(rows * c, -3, 3), g = arr_rand(c, 0.5, 1.5), b = arr_rand(c, -1, 1);
 	arr dy = arr_rand(rows * c, -1, 1);
 	float *ref = malloc(4 * (size_t)rows * c), *rg = malloc(4 * (size_t)c);
-	double *ws = malloc(loom_cpu_layernorm_bwd_gamma_ws(c));
+	double *ws = malloc(loom_cpu_norm_bwd_gamma_ws(c));
 	char what[64];
 	for (unsigned k = 0; k < sizeof(ln_masks) / sizeof(ln_masks[0]); k++) {
 		unsigned half = ln_masks[k];
@@ -175,17 +175,19 @@ static void check_layernorm(int64_t rows, int c)
 		check_out(what, half, rows * c, y, ref);
 		snprintf(what, sizeof(what), "layernorm dx %lldx%d", (long long)rows, c);
 		loom_cpu_layernorm_bwd_data_f32(rows, c, x.f, g.f, dy.f, 1e-5, ref);
-		cr_assert(loom_cpu_layernorm_bwd_data_bf16(rows, c, as(&x, half, 0),
-							   as(&g, half, 1), as(&dy, half, 2), 1e-5,
-							   y, half));
+		cr_assert(loom_cpu_norm_bwd_data_bf16(loom_cpu_layernorm_bwd_data_f32, rows, c,
+						      as(&x, half, 0), as(&g, half, 1),
+						      as(&dy, half, 2), 1e-5, y, half));
 		check_out(what, half, rows * c, y, ref);
 		/* dgamma's sources are (x, dy): bits 0 and 1. */
 		unsigned hg = (half & LOOM_CPU_BF16_OUT) | (half & LOOM_CPU_BF16_SRC(0)) |
 			      (half & LOOM_CPU_BF16_SRC(2) ? LOOM_CPU_BF16_SRC(1) : 0);
 		snprintf(what, sizeof(what), "layernorm dgamma %lldx%d", (long long)rows, c);
-		loom_cpu_layernorm_bwd_gamma_f32(rows, c, x.f, dy.f, 1e-5, rg, ws);
-		cr_assert(loom_cpu_layernorm_bwd_gamma_bf16(rows, c, as(&x, hg, 0), as(&dy, hg, 1),
-							    1e-5, dg, ws, hg));
+		loom_cpu_norm_bwd_gamma_f32(loom_cpu_layernorm_gamma_rows_f32, rows, c, x.f, dy.f,
+					    1e-5, rg, ws);
+		cr_assert(loom_cpu_norm_bwd_gamma_bf16(loom_cpu_layernorm_gamma_rows_f32, rows, c,
+						       as(&x, hg, 0), as(&dy, hg, 1), 1e-5, dg, ws,
+						       hg));
 		check_out(what, hg, c, dg, rg);
 		free(y), free(dg);
 	}
@@ -219,7 +221,7 @@ static void check_rmsnorm(int64_t rows, int c)
 {
 	arr x = arr_rand(rows * c, -3, 3), g = arr_rand(c, 0.5, 1.5), dy = arr_rand(rows * c, -1, 1);
 	float *ref = malloc(4 * (size_t)rows * c), *rg = malloc(4 * (size_t)c);
-	double *ws = malloc(loom_cpu_rmsnorm_bwd_gamma_ws(c));
+	double *ws = malloc(loom_cpu_norm_bwd_gamma_ws(c));
 	char what[64];
 	/* The f32 forward against the formula, x / sqrt(mean(x^2) + eps) * gamma. */
 	loom_cpu_rmsnorm_fwd_f32(rows, c, x.f, g.f, 1e-5, ref);
@@ -244,16 +246,19 @@ static void check_rmsnorm(int64_t rows, int c)
 		check_out(what, half, rows * c, y, ref);
 		snprintf(what, sizeof(what), "rms_norm dx %lldx%d", (long long)rows, c);
 		loom_cpu_rmsnorm_bwd_data_f32(rows, c, x.f, g.f, dy.f, 1e-5, ref);
-		cr_assert(loom_cpu_rmsnorm_bwd_data_bf16(rows, c, as(&x, half, 0), as(&g, half, 1),
-							 as(&dy, half, 2), 1e-5, y, half));
+		cr_assert(loom_cpu_norm_bwd_data_bf16(loom_cpu_rmsnorm_bwd_data_f32, rows, c,
+						      as(&x, half, 0), as(&g, half, 1),
+						      as(&dy, half, 2), 1e-5, y, half));
 		check_out(what, half, rows * c, y, ref);
 		/* dgamma's sources are (x, dy): bits 0 and 1. */
 		unsigned hg = (half & LOOM_CPU_BF16_OUT) | (half & LOOM_CPU_BF16_SRC(0)) |
 			      (half & LOOM_CPU_BF16_SRC(2) ? LOOM_CPU_BF16_SRC(1) : 0);
 		snprintf(what, sizeof(what), "rms_norm dgamma %lldx%d", (long long)rows, c);
-		loom_cpu_rmsnorm_bwd_gamma_f32(rows, c, x.f, dy.f, 1e-5, rg, ws);
-		cr_assert(loom_cpu_rmsnorm_bwd_gamma_bf16(rows, c, as(&x, hg, 0), as(&dy, hg, 1),
-							  1e-5, dg, ws, hg));
+		loom_cpu_norm_bwd_gamma_f32(loom_cpu_rmsnorm_gamma_rows_f32, rows, c, x.f, dy.f,
+					    1e-5, rg, ws);
+		cr_assert(loom_cpu_norm_bwd_gamma_bf16(loom_cpu_rmsnorm_gamma_rows_f32, rows, c,
+						       as(&x, hg, 0), as(&dy, hg, 1), 1e-5, dg, ws,
+						       hg));
 		check_out(what, hg, c, dg, rg);
 		free(y), free(dg);
 	}
