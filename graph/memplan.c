@@ -14,8 +14,9 @@
  *                its last reader; a best-fit allocator reuses dead space;
  *                an in-place op's value takes over its dying source's bytes
  *                (src[0], or a unary backward's dy: LOOM_OPF_INPLACE_DY,
- *                LOOM_INPLACE_DY=0 never) (kept when that plans no larger
- *                than without).
+ *                LOOM_INPLACE_DY=0 never; the addend a LOOM_NODE_ACCUM
+ *                node adds into) (kept when that plans no larger than
+ *                without).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -341,9 +342,11 @@ static int can_take(const planner *pl, loom_value v, loom_value s, int i)
 
 /*
  * The source whose bytes node v (at position i) may write its own value
- * over: its src[0]'s owner for an op flagged LOOM_OPF_INPLACE, else its
- * src[1]'s for one flagged LOOM_OPF_INPLACE_DY (a unary backward over its
- * dy, where pl->inplace_dy), when can_take says so. LOOM_NONE otherwise.
+ * over: the last source's owner of a node flagged LOOM_NODE_ACCUM (the
+ * addend it adds into, where no other source shares its bytes), its
+ * src[0]'s for an op flagged LOOM_OPF_INPLACE, else its src[1]'s for one
+ * flagged LOOM_OPF_INPLACE_DY (a unary backward over its dy, where
+ * pl->inplace_dy), when can_take says so. LOOM_NONE otherwise.
  */
 static loom_value inplace_source(const planner *pl, loom_value v, int i)
 {
@@ -352,6 +355,14 @@ static loom_value inplace_source(const planner *pl, loom_value v, int i)
 	const unsigned fl = loom_op_defs[nd->op]->flags;
 	if (!pl->inplace_on || nd->made_by != LOOM_NONE)
 		return LOOM_NONE;
+	if ((nd->flags & LOOM_NODE_ACCUM) && nd->nsrc >= 1) {
+		/* A sum made by adding into its last source (graph/fuse.c). */
+		loom_value s = pl->mp->root[nd->src[nd->nsrc - 1]];
+		int other = 0;
+		for (int k = 0; k < nd->nsrc - 1; k++)
+			other |= pl->mp->root[nd->src[k]] == s;
+		return !other && can_take(pl, v, s, i) ? s : LOOM_NONE;
+	}
 	if ((fl & LOOM_OPF_INPLACE) && nd->nsrc >= 1 && can_take(pl, v, pl->mp->root[nd->src[0]], i))
 		return pl->mp->root[nd->src[0]];
 	if ((fl & LOOM_OPF_INPLACE_DY) && pl->inplace_dy && nd->nsrc >= 2) {
