@@ -57,6 +57,11 @@ enum {
 	 * where ln_residual_fusable says so (graph/fuse.c's
 	 * loom_fuse_ln_residual; the add's node makes the layer norm). */
 	LOOM_BE_FUSES_LN_RESIDUAL = 1u << 12,
+	/* Runs a layer norm's data gradient that adds itself into the other
+	 * gradient of its input (autodiff's sum) as one kernel where
+	 * ln_bwd_accum_fusable says so (graph/fuse.c's
+	 * loom_fuse_ln_bwd_accum; the node's src[3] is the addend). */
+	LOOM_BE_FUSES_LN_BWD_ACCUM = 1u << 13,
 };
 
 #define LOOM_BE_FUSES_ALL                                                              \
@@ -103,6 +108,18 @@ typedef struct loom_backend_planning {
 	 * graph/fuse.c before the context exists.
 	 * LOOM_BE_FUSES_LN_RESIDUAL only. // (optional) */
 	int (*ln_residual_fusable)(const loom_graph *g, loom_value a, loom_value ln);
+	/* Whether the layer norm's data gradient d runs with the sum s that
+	 * adds it to another gradient (s's src[other]) in one kernel, dx
+	 * added into that gradient as the sum did; asked by graph/fuse.c
+	 * before the context exists. LOOM_BE_FUSES_LN_BWD_ACCUM only.
+	 * // (optional) */
+	int (*ln_bwd_accum_fusable)(const loom_graph *g, loom_value d, loom_value s, int other);
+	/* The multiple a classifier's vocabulary is padded to when the plan
+	 * leaves it to the backend (loom_compile_opts.vocab_pad -1, the
+	 * default, and LOOM_VOCAB_PAD unset: engine/vocab_pad.c): the row
+	 * alignment its products want; 0: none. Data, not a function.
+	 * // (optional) */
+	int vocab_pad;
 	/* One line on how node v runs (the kernel plan_create chose for it),
 	 * for --dump-graph; buf[0] = 0 where there is nothing to say. // (optional) */
 	void (*node_note)(void *ctx, const loom_plan *plan, loom_value v, char *buf, size_t len);

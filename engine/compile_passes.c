@@ -227,6 +227,8 @@ static loom_status fuse_run(loom_program *p, loom_pass_ctx *c)
 	/* After the casts: the dtypes the fused kernel sees are the plan's. */
 	if ((caps & LOOM_BE_FUSES_LN_RESIDUAL) && pn && pn->ln_residual_fusable)
 		loom_fuse_ln_residual(p->plan.g, pn->ln_residual_fusable);
+	if ((caps & LOOM_BE_FUSES_LN_BWD_ACCUM) && pn && pn->ln_bwd_accum_fusable)
+		loom_fuse_ln_bwd_accum(p->plan.g, pn->ln_bwd_accum_fusable);
 	return LOOM_OK;
 }
 

@@ -41,6 +41,7 @@ void loom_compile_opts_default(loom_compile_opts *o)
 	o->bucket_cap_mb = 25.0;
 	o->first_bucket_mb = 1.0;
 	o->cuda_graph = 1;
+	o->vocab_pad = -1; /* the backend's multiple (engine/vocab_pad.c) */
 }
 
 static loom_status check_optim(const loom_optim_opts *o)
@@ -139,6 +140,10 @@ static loom_status check_args(const loom_graph *g, loom_value loss, const loom_c
 	if (!(o->kernel_search_ms >= 0))
 		return loom_fail(LOOM_ERR_INVALID, "kernel_search_ms %g must be >= 0",
 				    o->kernel_search_ms);
+	if (o->vocab_pad < -1 || o->vocab_pad > 1048576)
+		return loom_fail(LOOM_ERR_INVALID,
+				 "vocab_pad %d must be -1 (the backend's), 0 (none) or a multiple "
+				 "up to 1048576", o->vocab_pad);
 	if (o->inference && group_world(o->pg) > 1)
 		return loom_fail(LOOM_ERR_UNSUPPORTED,
 				    "loom_compile: a forward-only (inference) plan is for one process");
@@ -801,6 +806,8 @@ void loom_program_dump(const loom_program *p, FILE *out)
 			fprintf(out, " (sync)");
 		if (n->flags & LOOM_NODE_CAST_FOLDED)
 			fprintf(out, " (f32 inside)");
+		if (n->flags & LOOM_NODE_ACCUM)
+			fprintf(out, " (adds into %%%d)", (int)n->src[n->nsrc - 1]);
 		if (n->op == LOOM_OP_REORDER)
 			fprintf(out, " [%s -> %s]",
 				loom_format_name(p->plan.g->nodes[n->src[0]].format),

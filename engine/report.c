@@ -38,6 +38,8 @@ static const char *fused_note(const loom_program *p, loom_value v)
 	if ((n->op == LOOM_OP_LINEAR && n->a.mm.relu) ||
 	    (n->op == LOOM_OP_BATCHNORM2D && n->a.bn.relu) || (n->op == LOOM_OP_ADD && n->a.ew.relu))
 		return "relu fused";
+	if (n->flags & LOOM_NODE_ACCUM)
+		return "adds into the other gradient";
 	return NULL;
 }
 

@@ -1,6 +1,8 @@
 /*
  * engine/vocab_pad.c — the vocab-pad compile pass: a classifier over a
- * padded vocabulary (loom_compile_opts.vocab_pad, LOOM_VOCAB_PAD). After
+ * padded vocabulary (loom_compile_opts.vocab_pad, LOOM_VOCAB_PAD; where
+ * neither is given, the backend's multiple: CUDA's 128, so GPT-2's 50257
+ * becomes llm.c's 50304, and none on the CPU). After
  * the fusions, before the parameter slots and the memory plan: the values
  * graph/rowpad.c marks take their padded shapes in the plan's graph (the
  * table [V, C] and its half copies, gradients and their sum, an O2 master:
@@ -24,17 +26,31 @@
 #include "graph/ops/ops.h"
 #include "graph/rowpad.h"
 
+/* -1: left to the backend (the option's default, LOOM_VOCAB_PAD unset). */
 int64_t loom_vocab_pad_multiple(const loom_compile_opts *o)
 {
 	long v;
 	if (loom_opt_int(LOOM_OPT_VOCAB_PAD, &v)) /* 0 to 2^20 */
 		return v;
-	return o->vocab_pad > 0 ? o->vocab_pad : 0;
+	return o->vocab_pad >= 0 ? o->vocab_pad : -1;
+}
+
+/* The plan's multiple: the one asked for, else the backend's (its
+ * products' row alignment: CUDA's 128, the CPU none; applied only where
+ * it adds at most an eighth of the classes), 0 for none. */
+static int64_t multiple_of(const loom_program *p)
+{
+	int64_t m = loom_vocab_pad_multiple(&p->plan.opts);
+	if (m >= 0)
+		return m;
+	return p->be && p->be->planning && p->be->planning->vocab_pad > 0 ?
+		       p->be->planning->vocab_pad :
+		       0;
 }
 
 static int wanted(const loom_program *p)
 {
-	return loom_vocab_pad_multiple(&p->plan.opts) > 0;
+	return multiple_of(p) > 0;
 }
 
 /* Whether a node of op may be marked (its kernel takes the padded shape
@@ -104,11 +120,15 @@ static loom_status run(loom_program *p, loom_pass_ctx *c)
 {
 	(void)c;
 	loom_graph *g = p->plan.g;
-	const int64_t multiple = loom_vocab_pad_multiple(&p->plan.opts);
+	const int64_t multiple = multiple_of(p);
+	/* Left to the backend, a plan it cannot pad is no news: only a
+	 * multiple asked for says why it was not applied. */
+	const int asked = loom_vocab_pad_multiple(&p->plan.opts) > 0;
 	char lb[128];
 	if (p->plan.opts.pipeline_stages > 1) {
-		loom_log("loom: vocab_pad: not with pipeline stages yet; the vocabulary is left "
-			 "unpadded\n");
+		if (asked)
+			loom_log("loom: vocab_pad: not with pipeline stages yet; the vocabulary is "
+				 "left unpadded\n");
 		return LOOM_OK;
 	}
 	unsigned char *mark = malloc((size_t)g->n ? (size_t)g->n : 1);
@@ -116,11 +136,17 @@ static loom_status run(loom_program *p, loom_pass_ctx *c)
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "vocab_pad: out of memory");
 	int64_t padded = 0;
 	int64_t vocab = loom_rowpad_find(g, multiple, mark, &padded);
+	/* The backend's multiple only where it costs little: a small
+	 * classifier (ten classes to 128) would multiply its products' work
+	 * for nothing they gain. */
+	if (!asked && vocab > 0 && (padded - vocab) * 8 > vocab)
+		vocab = 0;
 	loom_value why = vocab > 0 ? refusal(g, mark) : LOOM_NONE;
 	if (why != LOOM_NONE) {
-		loom_log("loom: vocab_pad: %s reads the classifier's values; the vocabulary of "
-			 "%lld is left unpadded\n", loom_node_label(g, why, lb, sizeof(lb)),
-			 (long long)vocab);
+		if (asked)
+			loom_log("loom: vocab_pad: %s reads the classifier's values; the "
+				 "vocabulary of %lld is left unpadded\n",
+				 loom_node_label(g, why, lb, sizeof(lb)), (long long)vocab);
 		vocab = 0;
 	}
 	for (loom_value v = 0; vocab > 0 && v < g->n; v++) {

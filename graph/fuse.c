@@ -1,7 +1,9 @@
 /*
  * graph/fuse.c — the planner's fusion passes, run by loom_compile after
  * autodiff and before memory planning: relu into max-pool, linear, batch
- * norm and the residual add, and the sibling outputs of one library call.
+ * norm and the residual add, the sibling outputs of one library call, the
+ * residual add into its layer norm and layer norm's dx into the
+ * residual's gradient.
  *
  * Relu + max-pool: maxpool(relu(x)) equals
  * relu(maxpool(x)) exactly (max and relu commute, ties and NaN included), so
@@ -494,6 +496,65 @@ int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable)
 			continue;
 		g->nodes[ln].made_by = a;
 		fused++;
+	}
+	return fused;
+}
+
+/*
+ * Layer norm's dx added into the residual's gradient (llm.c's
+ * layernorm_backward, which adds into dresidual): in a pre-norm
+ * transformer each residual value h is read by a layer norm and by the
+ * next residual add, so autodiff sums h's two gradients in an ADD, the
+ * add's (passed through from the block's output) and the norm's dx: dx
+ * written, then read back beside the other addend. Here the norm's
+ * LAYERNORM_BWD_DATA node d takes that addend as src[3] and makes the sum
+ * (LOOM_NODE_ACCUM): dx rounded into its dtype, as d wrote it, then added
+ * to the addend as the ADD did (two addends: the order does not matter),
+ * the same bits. The ADD becomes a view of d. The memory plan writes the
+ * sum over the addend where the addend dies at d (graph/memplan.c), as
+ * llm.c's += does. Only where the ADD is dx's one reader, the addend
+ * exists before d runs, dx and the sum share a dtype and a shape, and
+ * neither is a kept value (an output, a parameter's gradient, a stage's
+ * cut, a sharded value).
+ */
+static int accum_fits(const loom_graph *g, loom_value d, loom_value s, loom_value o)
+{
+	const unsigned kept = LOOM_NODE_OUTPUT | LOOM_NODE_GRAD | LOOM_NODE_STAGE_CUT |
+			      LOOM_NODE_SHARDED | LOOM_NODE_ACCUM;
+	const loom_node *dn = &g->nodes[d], *sn = &g->nodes[s];
+	loom_value rd[2];
+	if (dn->op != LOOM_OP_LAYERNORM_BWD_DATA || dn->nsrc != 3 || (dn->flags & kept) ||
+	    dn->made_by != LOOM_NONE || o == d || !exists_before(g, o, d))
+		return 0;
+	if (dn->dtype != sn->dtype || !loom_shape_eq(&dn->shape, &sn->shape) ||
+	    !loom_shape_eq(&g->nodes[o].shape, &sn->shape))
+		return 0;
+	return loom_graph_readers(g, d, rd, 1) == 1 && rd[0] == s;
+}
+
+int loom_fuse_ln_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable)
+{
+	const unsigned kept = LOOM_NODE_OUTPUT | LOOM_NODE_GRAD | LOOM_NODE_STAGE_CUT |
+			      LOOM_NODE_SHARDED;
+	int fused = 0;
+	for (loom_value s = 0; s < g->n; s++) {
+		loom_node *sn = &g->nodes[s];
+		if (sn->op != LOOM_OP_ADD || sn->nsrc != 2 || sn->a.ew.relu ||
+		    !(sn->flags & LOOM_NODE_BACKWARD) || (sn->flags & kept) ||
+		    sn->made_by != LOOM_NONE)
+			continue;
+		for (int k = 0; k < 2; k++) {
+			loom_value d = sn->src[k], o = sn->src[1 - k];
+			if (!accum_fits(g, d, s, o) || (fusable && !fusable(g, d, s, 1 - k)))
+				continue;
+			loom_node *dn = &g->nodes[d];
+			dn->src[3] = o;
+			dn->nsrc = 4;
+			dn->flags |= LOOM_NODE_ACCUM;
+			loom_fuse_make_view(g, s, d);
+			fused++;
+			break;
+		}
 	}
 	return fused;
 }

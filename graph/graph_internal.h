@@ -96,6 +96,12 @@ enum {
 	/* A reorder the format pass inserted (graph/formats.c): not a value
 	 * of the user's graph. */
 	LOOM_NODE_REORDER = 1u << 7,
+	/* The node adds its result into its last source and makes the sum
+	 * (graph/fuse.c's loom_fuse_ln_bwd_accum: a layer norm's dx into the
+	 * residual's other gradient): the memory plan may write it over
+	 * that source where it dies there, so its kernels read each element
+	 * of it before writing that element. */
+	LOOM_NODE_ACCUM = 1u << 8,
 };
 
 /*
@@ -371,6 +377,20 @@ typedef int (*loom_ln_residual_fn)(const loom_graph *g, loom_value a, loom_value
  * Only where fusable says yes (NULL: everywhere). Returns how many. Run
  * after loom_fuse_casts, before memory planning. */
 int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable);
+
+/* Asks a backend whether its kernel for layer norm's data gradient d
+ * also adds dx into the other addend of the sum s that reads it, s's
+ * src[other] (the dtypes and shapes it sees). */
+typedef int (*loom_ln_bwd_accum_fn)(const loom_graph *g, loom_value d, loom_value s, int other);
+
+/* Fuses each sum of a layer norm's data gradient with another gradient
+ * (autodiff's ADD of a residual value's two gradients) into the
+ * LAYERNORM_BWD_DATA node: it takes the other addend as src[3], carries
+ * LOOM_NODE_ACCUM and makes the sum (dx rounded into its dtype, then
+ * added as the ADD did); the ADD becomes a view of it. Only where fusable
+ * says yes (NULL: everywhere). Returns how many. Run after
+ * loom_fuse_casts, before memory planning. */
+int loom_fuse_ln_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable);
 
 /* What a backend's kernel for one node takes (the format pass asks). */
 typedef struct loom_format_caps {

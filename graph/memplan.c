@@ -14,8 +14,9 @@
  *                its last reader; a best-fit allocator reuses dead space;
  *                an in-place op's value takes over its dying source's bytes
  *                (src[0], or a unary backward's dy: LOOM_OPF_INPLACE_DY,
- *                LOOM_INPLACE_DY=0 never) (kept when that plans no larger
- *                than without).
+ *                LOOM_INPLACE_DY=0 never; the addend a LOOM_NODE_ACCUM
+ *                node adds into) (kept when that plans no larger than
+ *                without).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,11 @@ typedef struct planner {
 	 * position (CSR): dead[dead_at[i] .. dead_at[i + 1]). */
 	int *dead_at;
 	loom_value *dead;
+	/* Per owner: its bytes taken over by an in-place successor (apart
+	 * from mp->inplace, which keeps each successor's source: a chain
+	 * of them, a sum added into an addend that was itself a sum, is one
+	 * storage for the offline placement). */
+	unsigned char *taken;
 	int inplace_on; /* place_activations may write in place (LOOM_OPF_INPLACE) */
 	int inplace_dy; /* ... and over a dy (LOOM_OPF_INPLACE_DY; LOOM_INPLACE_DY) */
 } planner;
@@ -335,15 +341,17 @@ static size_t place_persistent(planner *pl)
 static int can_take(const planner *pl, loom_value v, loom_value s, int i)
 {
 	const loom_graph *g = pl->g;
-	return is_act_owner(pl, s) && pl->last[s] == i && pl->mp->inplace[s] != s &&
+	return is_act_owner(pl, s) && pl->last[s] == i && !pl->taken[s] &&
 	       g->nodes[s].dtype == g->nodes[v].dtype && value_bytes(g, s) == value_bytes(g, v);
 }
 
 /*
  * The source whose bytes node v (at position i) may write its own value
- * over: its src[0]'s owner for an op flagged LOOM_OPF_INPLACE, else its
- * src[1]'s for one flagged LOOM_OPF_INPLACE_DY (a unary backward over its
- * dy, where pl->inplace_dy), when can_take says so. LOOM_NONE otherwise.
+ * over: the last source's owner of a node flagged LOOM_NODE_ACCUM (the
+ * addend it adds into, where no other source shares its bytes), its
+ * src[0]'s for an op flagged LOOM_OPF_INPLACE, else its src[1]'s for one
+ * flagged LOOM_OPF_INPLACE_DY (a unary backward over its dy, where
+ * pl->inplace_dy), when can_take says so. LOOM_NONE otherwise.
  */
 static loom_value inplace_source(const planner *pl, loom_value v, int i)
 {
@@ -352,6 +360,14 @@ static loom_value inplace_source(const planner *pl, loom_value v, int i)
 	const unsigned fl = loom_op_defs[nd->op]->flags;
 	if (!pl->inplace_on || nd->made_by != LOOM_NONE)
 		return LOOM_NONE;
+	if ((nd->flags & LOOM_NODE_ACCUM) && nd->nsrc >= 1) {
+		/* A sum made by adding into its last source (graph/fuse.c). */
+		loom_value s = pl->mp->root[nd->src[nd->nsrc - 1]];
+		int other = 0;
+		for (int k = 0; k < nd->nsrc - 1; k++)
+			other |= pl->mp->root[nd->src[k]] == s;
+		return !other && can_take(pl, v, s, i) ? s : LOOM_NONE;
+	}
 	if ((fl & LOOM_OPF_INPLACE) && nd->nsrc >= 1 && can_take(pl, v, pl->mp->root[nd->src[0]], i))
 		return pl->mp->root[nd->src[0]];
 	if ((fl & LOOM_OPF_INPLACE_DY) && pl->inplace_dy && nd->nsrc >= 2) {
@@ -370,7 +386,7 @@ static loom_value inplace_source(const planner *pl, loom_value v, int i)
  * kernels need not care whether their output aliases an input; except an
  * op flagged LOOM_OPF_INPLACE, whose value takes its dying source's bytes
  * (the source is then not released: its bytes live on as the value's).
- * mp->inplace[s] == s marks a source taken over.
+ * pl->taken[s] marks a source taken over; mp->inplace[w] names w's.
  */
 static loom_status place_activations(planner *pl, allocator *a)
 {
@@ -378,8 +394,10 @@ static loom_status place_activations(planner *pl, allocator *a)
 	a->nfree = 0;
 	a->top = 0;
 	mp->act_naive_bytes = 0;
-	for (int v = 0; v < pl->n; v++)
+	for (int v = 0; v < pl->n; v++) {
 		mp->inplace[v] = LOOM_NONE;
+		pl->taken[v] = 0;
+	}
 	for (int i = 0; i < pl->n; i++) {
 		loom_value v = mp->schedule[i];
 		if (pl->made_at[v] == i) {
@@ -394,7 +412,7 @@ static loom_status place_activations(planner *pl, allocator *a)
 				if (s != LOOM_NONE) {
 					mp->offset[w] = mp->offset[s];
 					mp->inplace[w] = s;
-					mp->inplace[s] = s;
+					pl->taken[s] = 1;
 				} else {
 					mp->offset[w] = alloc_take(a, sz);
 				}
@@ -402,16 +420,12 @@ static loom_status place_activations(planner *pl, allocator *a)
 		}
 		for (int k = pl->dead_at[i]; k < pl->dead_at[i + 1]; k++) {
 			loom_value d = pl->dead[k];
-			if (mp->inplace[d] == d)
+			if (pl->taken[d])
 				continue; /* its bytes are its in-place successor's now */
 			if (alloc_give(a, mp->offset[d], value_bytes(pl->g, d)))
 				return LOOM_ERR_NOMEM;
 		}
 	}
-	/* Only the successors' entries stay: a taken-over source is LOOM_NONE. */
-	for (int v = 0; v < pl->n; v++)
-		if (mp->inplace[v] == v)
-			mp->inplace[v] = LOOM_NONE;
 	return LOOM_OK;
 }
 
@@ -626,8 +640,10 @@ static loom_status plan_alloc(loom_memplan *mp, planner *pl, int n)
 	pl->pos = malloc(sizeof(int) * m);
 	pl->made_at = malloc(sizeof(int) * m);
 	pl->last = malloc(sizeof(int) * m);
+	pl->taken = calloc(m, 1);
 	if (!mp->schedule || !mp->offset || !mp->region || !mp->root || !mp->inplace ||
-	    !mp->sibling || !mp->sibling_next || !pl->pos || !pl->made_at || !pl->last)
+	    !mp->sibling || !mp->sibling_next || !pl->pos || !pl->made_at || !pl->last ||
+	    !pl->taken)
 		return LOOM_ERR_NOMEM;
 	for (int v = 0; v < n; v++)
 		mp->inplace[v] = LOOM_NONE;
@@ -639,6 +655,7 @@ static void planner_free(planner *pl)
 	free(pl->pos);
 	free(pl->made_at);
 	free(pl->last);
+	free(pl->taken);
 	free(pl->dead_at);
 	free(pl->dead);
 }

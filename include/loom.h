@@ -545,9 +545,13 @@ typedef struct loom_compile_opts {
 	 * the classifier's products run at aligned shapes. Everything a user
 	 * sees keeps the real vocabulary: loom_read/loom_write, checkpoints
 	 * (a padded program's loads into an unpadded one and back), safetensors.
-	 * 0 (default, unmeasured on a GPU yet): no padding. The environment
-	 * variable LOOM_VOCAB_PAD=N decides instead (0: off). A graph with no
-	 * such classifier, or an aligned vocabulary, is left as it is. */
+	 * -1 (default): the backend's multiple, the row alignment its
+	 * products want: 128 on CUDA (GPT-2's 50257 -> 50304, as llm.c; not
+	 * yet measured on a GPU), none on the CPU (its products gain nothing);
+	 * only where it adds at most an eighth of the classes (not a
+	 * 10-class head). 0: no padding. The environment variable LOOM_VOCAB_PAD=N decides
+	 * instead (0: off). A graph with no such classifier, or an aligned
+	 * vocabulary, is left as it is. */
 	int vocab_pad;
 	/* Activation recomputation (llm.c's -r, Megatron's selective
 	 * recompute), for less memory at the cost of a little compute: a

@@ -34,7 +34,16 @@ r gpt_O2_fp8_delayed_amax_pass env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODU
 r gpt_O2_fp8_delayed_amax_producer env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 $b/gpt_ddp $F --fp8-scaling delayed
 grep -a "^step +20/20" $o/gpt_O2_fp8_*amax_*.log | cut -c1-160
 echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer.log)"
-# The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304), off and on side by side.
+# Layer norm's dx added into the residual's gradient in its own pass, no add
+# kernel (layernorm.cu, LOOM_CUDA_LN_BWD_ACCUM), off and on side by side, on
+# the default backward and the warp one (default off: not yet run on a GPU);
+# the same losses.
+r gpt_O2_ln_bwd_accum0 env LOOM_CUDA_LN_BWD_ACCUM=0 $b/gpt_ddp $G --opt-level O2
+r gpt_O2_ln_bwd_accum1 env LOOM_CUDA_LN_BWD_ACCUM=1 $b/gpt_ddp $G --opt-level O2
+r gpt_O2_ln_bwd_accum1_warp env LOOM_CUDA_LN_BWD_ACCUM=1 LOOM_CUDA_LN_BWD=warp $b/gpt_ddp $G --opt-level O2
+grep -a "^step +20/20" $o/gpt_O2_ln_bwd_accum0.log $o/gpt_O2_ln_bwd_accum1.log $o/gpt_O2_ln_bwd_accum1_warp.log | cut -c1-160
+# The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304; the CUDA backend's
+# default, so gpt_O1 and gpt_O2 run padded), off and on side by side.
 r gpt_O1_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O1
 r gpt_O1_vpad128 env LOOM_VOCAB_PAD=128 $b/gpt_ddp $G --opt-level O1
 r gpt_O2_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O2
@@ -108,3 +117,4 @@ LIM=40 r racecheck_cls compute-sanitizer --tool racecheck --error-exitcode 86 $b
 LIM=40 r racecheck_vpad compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/padded_vocabulary'
 LIM=40 r racecheck_ln compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_saved_statistics'
 LIM=40 r racecheck_ln_residual compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_residual'
+LIM=40 r racecheck_ln_bwd_accum compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_backward_accum'

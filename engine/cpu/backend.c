@@ -384,6 +384,9 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	/* A residual add with the layer norm it makes, in its own dtypes. */
 	if (loom_cpu_ln_residual(pl, a, v))
 		return LOOM_OK;
+	/* A layer norm's dx added into the residual's other gradient. */
+	if (loom_cpu_ln_bwd_accum(pl, a, v))
+		return LOOM_OK;
 	if (!op->raw)
 		fp8_decode_sources(c, pl, v, &io);
 	if (!emulated(pl, n))
@@ -588,6 +591,7 @@ static const loom_backend_planning cpu_planning = {
 	.node_formats = loom_cpu_node_formats,
 	.node_note = cpu_node_note,
 	.ln_residual_fusable = loom_cpu_ln_residual_fusable,
+	.ln_bwd_accum_fusable = loom_cpu_ln_bwd_accum_fusable,
 	/* a residual add's layer norm (ln_residual.c); every other sibling
 	 * by its own kernel, right after its maker */
 	.makes_sibling = loom_cpu_makes_sibling,
@@ -612,7 +616,7 @@ static const loom_backend_timing cpu_timing = {
 const loom_backend loom_cpu_backend = {
 	.name = "cpu",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_FUSES_CASTS | LOOM_BE_HOST_MEMORY | LOOM_BE_CLIPS_GRAD |
-		LOOM_BE_FUSES_LN_RESIDUAL,
+		LOOM_BE_FUSES_LN_RESIDUAL | LOOM_BE_FUSES_LN_BWD_ACCUM,
 	.init = cpu_init,
 	.free = cpu_free,
 	.error = cpu_error,

@@ -1735,6 +1735,10 @@ static const loom_backend_planning cuda_planning = {
 	.node_formats = loom_cuda_node_formats,
 	.attn_fusable = loom_cuda_attn_fusable,
 	.ln_residual_fusable = loom_cuda_ln_residual_fusable,
+	.ln_bwd_accum_fusable = loom_cuda_ln_bwd_accum_fusable,
+	/* the classifier's rows a multiple of 128 (50257 -> 50304, llm.c's),
+	 * so its three products run at aligned leading dimensions */
+	.vocab_pad = 128,
 	.node_note = cuda_node_note,
 	.makes_sibling = cuda_makes_sibling,
 	.reads_fp8 = cuda_reads_fp8,
@@ -1790,7 +1794,8 @@ static const loom_backend_fp8 cuda_fp8 = {
 static const loom_backend loom_cuda_backend = {
 	.name = "cuda",
 	.caps = LOOM_BE_FUSES_ALL | LOOM_BE_ASYNC_STREAMS | LOOM_BE_CLIPS_GRAD |
-		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION | LOOM_BE_FUSES_LN_RESIDUAL,
+		LOOM_BE_FUSES_SOME_CASTS | LOOM_BE_FUSES_ATTENTION | LOOM_BE_FUSES_LN_RESIDUAL |
+		LOOM_BE_FUSES_LN_BWD_ACCUM,
 	.init = cuda_init,
 	.free = cuda_free,
 	.error = cuda_error,

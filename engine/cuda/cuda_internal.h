@@ -649,6 +649,11 @@ int loom_cuda_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value 
 int loom_cuda_ln_residual_makes(const loom_plan *p, loom_value v, loom_value w);
 int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 			  const loom_cuda_io *io, loom_status *st);
+/* Layer norm's dx added into the residual's other gradient (graph/fuse.c's
+ * loom_fuse_ln_bwd_accum; LOOM_CUDA_LN_BWD_ACCUM, read at compile): the
+ * planning question. The LAYERNORM_BWD_DATA entry adds dx into the
+ * node's last source wherever it carries LOOM_NODE_ACCUM. */
+int loom_cuda_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
 /* Workspace bytes of a LAYERNORM_BWD_GAMMA node (row statistics, chunk
  * parts). */
 size_t loom_cuda_ln_bwd_gamma_ws(const loom_plan *p, loom_value v);

@@ -2,7 +2,9 @@
  * engine/cuda/layernorm.cu — layer norm over the last dim on the GPU: the
  * forward (one warp per row with 128-bit loads; a block per row past the
  * warp grid's launch limit), dx with dgamma and dbeta in one pass (its siblings,
- * graph/fuse.c), the separate dx and chunked dgamma kernels, and the
+ * graph/fuse.c), the separate dx and chunked dgamma kernels, dx added into
+ * the residual's other gradient (graph/fuse.c's loom_fuse_ln_bwd_accum,
+ * LOOM_CUDA_LN_BWD_ACCUM: every dx kernel takes the addend), and the
  * entries of LAYERNORM and its two backward ops. CPU twin:
  * engine/cpu/layernorm.c (same formulas, statistics in double). Status as
  * the rest of engine/cuda (README.md): run on an H200 through the GPU
@@ -18,6 +20,28 @@ static const int threads = 256;
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
+
+/* x rounded into dtype dt and read back: what a store then a load gives. */
+static __device__ __forceinline__ float ln_round(int dt, float x)
+{
+	switch (dt) {
+	case LOOM_F16: return __half2float(__float2half_rn(x));
+	case LOOM_BF16: return __bfloat162float(__float2bfloat16_rn(x));
+	default: return x;
+	}
+}
+
+/* dx's value at element i, added into the addend acc where there is one
+ * (LOOM_NODE_ACCUM): dx rounded into its dtype as the unfused node stored
+ * it, then the addend added in fp32 as autodiff's sum (loom_add_kernel)
+ * did; the caller stores the result in dx's dtype. acc may be dx itself
+ * (the memory plan's in-place sum): each element is read before it is
+ * written, by the thread that writes it. */
+static __device__ __forceinline__ float ln_acc(const void *acc, int accdt, int dxdt, int64_t i,
+					       float v)
+{
+	return acc ? loom_ld(acc, accdt, i) + ln_round(dxdt, v) : v;
+}
 
 /* Mean and 1 / sqrt(var + eps) of row r (every thread of the block). */
 static __device__ void ln_stats(const void *x, int xdt, int64_t r, int c, double eps,
@@ -58,7 +82,7 @@ __global__ void loom_layernorm_fwd_kernel(int c, const void *x, int xdt, const v
 /* One block per row: dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). */
 __global__ void loom_layernorm_bwd_data_kernel(int c, const void *x, int xdt, const void *g,
 					       int gdt, const void *dy, int dydt, double eps,
-					       void *dx, int dxdt)
+					       void *dx, int dxdt, const void *acc, int accdt)
 {
 	const int64_t r = blockIdx.x;
 	double m, rs, a = 0, b = 0;
@@ -73,7 +97,8 @@ __global__ void loom_layernorm_bwd_data_kernel(int c, const void *x, int xdt, co
 	for (int j = threadIdx.x; j < c; j += blockDim.x) {
 		double xh = (loom_ld(x, xdt, r * c + j) - m) * rs;
 		double gd = (double)loom_ld(g, gdt, j) * loom_ld(dy, dydt, r * c + j);
-		loom_st(dx, dxdt, r * c + j, (float)(rs * (gd - a - xh * b)));
+		loom_st(dx, dxdt, r * c + j,
+			ln_acc(acc, accdt, dxdt, r * c + j, (float)(rs * (gd - a - xh * b))));
 	}
 }
 
@@ -211,6 +236,20 @@ static __device__ __forceinline__ void ln_stv(void *p, int dt, int64_t i, const 
 	}
 }
 
+/* ln_acc over W elements from i: the addend read with the row's loads. */
+template <int W>
+static __device__ __forceinline__ void ln_accv(const void *acc, int accdt, int dxdt, int64_t i,
+					       float v[W])
+{
+	if (!acc)
+		return;
+	float a[W];
+	ln_ldv<W>(acc, accdt, i, a);
+#pragma unroll
+	for (int k = 0; k < W; k++)
+		v[k] = a[k] + ln_round(dxdt, v[k]);
+}
+
 static __device__ __forceinline__ double warp_sum(double v)
 {
 	for (int o = 16; o > 0; o >>= 1)
@@ -345,7 +384,8 @@ template <int W>
 __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c, const void *x,
 						int xdt, const void *g, int gdt, const void *dy,
 						int dydt, double eps, void *dx, int dxdt,
-						double *part_g, double *part_b, const double *stats)
+						double *part_g, double *part_b, const double *stats,
+						const void *addend, int addt)
 {
 	extern __shared__ double acc[];
 	const int64_t k = blockIdx.x, r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
@@ -401,6 +441,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
 				xv[q] = (float)(rs * (gd - a - xh * b));
 			}
+			ln_accv<W>(addend, addt, dxdt, o + j, xv);
 			ln_stv<W>(dx, dxdt, o + j, xv);
 		}
 	}
@@ -473,7 +514,8 @@ template <int W, int G>
 __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c, const void *x,
 					       int xdt, const void *g, int gdt, const void *dy,
 					       int dydt, float eps, void *dx, int dxdt,
-					       const double *stats, float *part)
+					       const double *stats, float *part, const void *acc,
+					       int accdt)
 {
 	extern __shared__ float sacc[]; /* 2c: the block's dgamma, then dbeta */
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -522,6 +564,7 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 #pragma unroll
 			for (int k = 0; k < W; k++)
 				xv[k] = rs * (gv[k] * dv[k] - a - (xv[k] - m) * rs * b);
+			ln_accv<W>(acc, accdt, dxdt, o + j, xv);
 			ln_stv<W>(dx, dxdt, o + j, xv);
 		}
 	}
@@ -732,6 +775,21 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 	return 1;
 }
 
+/* Compile time (the backend's ln_bwd_accum_fusable): LOOM_CUDA_LN_BWD_ACCUM
+ * on, and float dtypes the kernels read; every dx kernel (the warp, the
+ * one-pass and the block-per-row one) takes the addend. */
+int loom_cuda_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other)
+{
+	const loom_node *dn = &g->nodes[d];
+	if (!loom_opt_bool(LOOM_OPT_CUDA_LN_BWD_ACCUM) || loom_shape_last(&dn->shape) <= 0)
+		return 0;
+	const loom_value v[6] = { d, dn->src[0], dn->src[1], dn->src[2], s, g->nodes[s].src[other] };
+	for (int i = 0; i < 6; i++)
+		if (!ln_residual_dtype((loom_dtype)g->nodes[v[i]].dtype))
+			return 0;
+	return 1;
+}
+
 /* The fused backward's chunk parts: dgamma's, then dbeta's. */
 static size_t ln_fused_ws(int64_t rows, int cc)
 {
@@ -789,10 +847,22 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	return LOOM_OK;
 }
 
+/* The addend a LAYERNORM_BWD_DATA node v adds dx into (graph/fuse.c's
+ * loom_fuse_ln_bwd_accum: its last source, LOOM_NODE_ACCUM), else NULL. */
+static const void *ln_addend(const loom_plan *plan, loom_value v, const loom_cuda_io *io,
+			     int *accdt)
+{
+	const loom_node *n = loom_cuda_node(plan, v);
+	if (!(n->flags & LOOM_NODE_ACCUM))
+		return NULL;
+	*accdt = io->dt[n->nsrc - 1];
+	return io->src[n->nsrc - 1];
+}
+
 /* LOOM_CUDA_LN_BWD=warp: dx with the siblings dgamma and dbeta, a warp
- * per row in fp32, then one fold of the blocks' parts. dx is written, not
- * added into the residual's gradient: the plan has no such buffer yet (the
- * residual's gradients meet in autodiff's ADD node). */
+ * per row in fp32, then one fold of the blocks' parts. dx is added into
+ * the residual's other gradient where the plan fused the sum
+ * (LOOM_CUDA_LN_BWD_ACCUM). */
 static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				      const loom_cuda_io *io)
 {
@@ -800,21 +870,23 @@ static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, l
 	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
 	const int64_t rows = loom_shape_rows(&n->shape);
 	const int cc = (int)loom_shape_last(&n->shape);
-	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	int accdt = LOOM_F32;
+	const void *acc = ln_addend(plan, v, io, &accdt);
+	const void *ptrs[5] = { io->src[0], io->src[1], io->src[2], io->out, acc };
 	const size_t shm = 2 * sizeof(float) * (size_t)cc;
 	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
 	float *part = (float *)c->arena->ws;
 	int64_t per;
 	unsigned blocks;
 	ln_warp_grid(rows, &per, &blocks);
-	if (ln_vec8(cc, ptrs, 4))
+	if (ln_vec8(cc, ptrs, acc ? 5 : 4))
 		loom_layernorm_bwd_warp_kernel<8, 4><<<blocks, ln_warp_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part);
+			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part, acc, accdt);
 	else
 		loom_layernorm_bwd_warp_kernel<1, 32><<<blocks, ln_warp_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part);
+			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part, acc, accdt);
 	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
 	if (st != LOOM_OK || (lp->dgamma == LOOM_NONE && lp->dbeta == LOOM_NONE))
 		return st;
@@ -843,17 +915,19 @@ static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, 
 	double *part_g = (double *)c->arena->ws;
 	double *part_b = (double *)((char *)c->arena->ws +
 				    loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc));
-	const void *ptrs[4] = { io->src[0], io->src[1], io->src[2], io->out };
+	int accdt = LOOM_F32;
+	const void *acc = ln_addend(plan, v, io, &accdt);
+	const void *ptrs[5] = { io->src[0], io->src[1], io->src[2], io->out, acc };
 	const size_t shm = 2 * sizeof(double) * (size_t)cc;
 	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
-	if (ln_vec8(cc, ptrs, 4))
+	if (ln_vec8(cc, ptrs, acc ? 5 : 4))
 		loom_layernorm_bwd_fused_kernel<8><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats);
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats, acc, accdt);
 	else
 		loom_layernorm_bwd_fused_kernel<1><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats);
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats, acc, accdt);
 	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
 	const loom_value sib[2] = { lp->dgamma, lp->dbeta };
 	const double *part[2] = { part_g, part_b };
@@ -879,9 +953,11 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 		return layernorm_bwd_warp(c, plan, v, io);
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
 		return layernorm_bwd_fused(c, plan, v, io);
+	int accdt = LOOM_F32;
+	const void *acc = ln_addend(plan, v, io, &accdt);
 	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
-		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt);
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt, acc, accdt);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
@@ -931,11 +1007,13 @@ void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 			 saves ? ", saves mean and rstd" : "");
 		break;
 	default: /* LAYERNORM_BWD_DATA */
-		snprintf(buf, len, "%s%s", np->kind != LOOM_CUDA_PLAN_LN ? "separate kernels" :
-					   ln_warp_fits(loom_shape_last(&loom_cuda_node(p, v)->shape)) ?
-					   "warp per row in fp32 with dgamma, dbeta" :
-					   "one pass with dgamma, dbeta",
-			 reads ? ", reads the saved mean and rstd" : ", recomputes mean and rstd");
+		snprintf(buf, len, "%s%s%s", np->kind != LOOM_CUDA_PLAN_LN ? "separate kernels" :
+					     ln_warp_fits(loom_shape_last(&loom_cuda_node(p, v)->shape)) ?
+					     "warp per row in fp32 with dgamma, dbeta" :
+					     "one pass with dgamma, dbeta",
+			 reads ? ", reads the saved mean and rstd" : ", recomputes mean and rstd",
+			 (loom_cuda_node(p, v)->flags & LOOM_NODE_ACCUM) ?
+				 ", dx added into the residual's gradient" : "");
 		break;
 	}
 }

@@ -26,14 +26,15 @@
 #define B 2
 #define STEPS 4
 
-/* One GPT-2 block, the tied classifier; extra: the logits also summed into
- * the loss (a reader the pass does not know: it must leave them unpadded). */
-static void build(gpt *m, int extra)
+/* One GPT-2 block, the tied classifier over vocab classes; extra: the
+ * logits also summed into the loss (a reader the pass does not know: it
+ * must leave them unpadded). */
+static void build_of(gpt *m, int extra, int64_t vocab)
 {
-	loom_value x = gpt_embed(m, B, T, V, C);
+	loom_value x = gpt_embed(m, B, T, vocab, C);
 	cr_assert_neq(x, LOOM_NONE);
 	loom_graph *g = m->g;
-	int64_t lg[2] = { B * T, V };
+	int64_t lg[2] = { B * T, vocab };
 	loom_value h = gpt_layernorm(m, "ln_1", x, C);
 	h = loom_causal_self_attention(g, gpt_linear(m, "c_attn", h, 3 * C, C), 2);
 	x = loom_add(g, x, gpt_linear(m, "c_proj", h, C, C));
@@ -46,6 +47,11 @@ static void build(gpt *m, int extra)
 		m->loss = loom_add(g, m->loss, loom_sum(g, m->logits));
 	loom_mark_output(g, m->logits);
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+}
+
+static void build(gpt *m, int extra)
+{
+	build_of(m, extra, V);
 }
 
 /* SGD with momentum, or AdamW; both with weight decay. */
@@ -368,5 +374,97 @@ Test(vocab_pad, a_forward_only_plan_reads_the_same_logits)
 	for (int k = 0; k < 2; k++)
 		loom_program_free(inf[k]);
 	loom_program_free(t);
+	loom_graph_free(m.g);
+}
+
+/* A device backend's default (the option -1, LOOM_VOCAB_PAD unset): its
+ * planning's multiple, here CUDA's 128 on the CPU's kernels, pads GPT-2's
+ * 50257 classes to llm.c's 50304 and trains as the CPU's unpadded plan;
+ * the option 0 or LOOM_VOCAB_PAD=0 keeps it unpadded, the CPU's own
+ * default pads nothing, and the default leaves a 50-class head alone. */
+static loom_program *compile_on(const loom_backend *be, gpt *m, int pad)
+{
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	loom_compile_opts_default(&o);
+	cr_assert_eq(o.vocab_pad, -1, "the default leaves the multiple to the backend");
+	o.device = LOOM_DEVICE_CPU;
+	o.optim.lr = 0.1;
+	if (pad >= 0)
+		o.vocab_pad = pad;
+	loom_test_backend = be;
+	loom_status st = loom_compile(m->g, m->loss, &o, &p);
+	loom_test_backend = NULL;
+	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+Test(vocab_pad, a_device_backend_pads_gpt2_by_default)
+{
+	static loom_backend dev;
+	static loom_backend_planning dev_planning;
+	dev = loom_cpu_backend;
+	dev_planning = *loom_cpu_backend.planning;
+	dev_planning.vocab_pad = 128;
+	dev.name = "fake-device";
+	dev.planning = &dev_planning;
+	cr_assert_eq(loom_cpu_backend.planning->vocab_pad, 0, "the CPU pads nothing by default");
+	gpt m;
+	build_of(&m, 0, 50257);
+	loom_program *pd = compile_on(&dev, &m, -1);
+	cr_expect_eq(pd->plan.vocab, 50257);
+	cr_expect_eq(pd->plan.vocab_padded, 50304, "the device's default pads 50257 to %lld",
+		     (long long)pd->plan.vocab_padded);
+	loom_program *off = compile_on(&dev, &m, 0);
+	cr_expect_eq(off->plan.vocab_padded, 0, "vocab_pad 0 turns the device's default off");
+	setenv("LOOM_VOCAB_PAD", "0", 1);
+	loom_program *env_off = compile_on(&dev, &m, -1);
+	unsetenv("LOOM_VOCAB_PAD");
+	cr_expect_eq(env_off->plan.vocab_padded, 0, "LOOM_VOCAB_PAD=0 turns it off");
+	loom_program *cpu = compile_on(NULL, &m, -1);
+	cr_expect_eq(cpu->plan.vocab_padded, 0, "the CPU's default is unpadded");
+	/* A small classifier: 50 classes to 128 would add more than an
+	 * eighth; asked for, 64 still pads it. */
+	gpt small;
+	build(&small, 0);
+	loom_program *sp = compile_on(&dev, &small, -1), *sp64 = compile_on(&dev, &small, 64);
+	cr_expect_eq(sp->plan.vocab_padded, 0, "the default padded 50 classes to %lld",
+		     (long long)sp->plan.vocab_padded);
+	cr_expect_eq(sp64->plan.vocab_padded, 64);
+	loom_program_free(sp);
+	loom_program_free(sp64);
+	loom_graph_free(small.g);
+	/* The padded plan's step and the rows a user reads are the unpadded
+	 * plan's (the products' other shapes may sum in another order). */
+	double lp, lu;
+	loom_program *both[2] = { pd, cpu };
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(gpt_feed(both[i], 0, B, T, 50257, 1), LOOM_OK, "%s", loom_last_error());
+		cr_assert_eq(loom_run(both[i], LOOM_RUN_TRAIN), LOOM_OK, "%s", loom_last_error());
+	}
+	lp = loom_loss(pd);
+	lu = loom_loss(cpu);
+	cr_expect(fabs(lp - lu) <= 1e-6 * fabs(lu), "loss %.9g padded, %.9g unpadded", lp, lu);
+	same_params(pd, cpu, &m, 1e-5);
+	loom_program_free(pd);
+	loom_program_free(off);
+	loom_program_free(env_off);
+	loom_program_free(cpu);
+	loom_graph_free(m.g);
+}
+
+/* The option's range: -1 (the backend's) up to 2^20. */
+Test(vocab_pad, a_negative_multiple_is_refused)
+{
+	gpt m;
+	build(&m, 0);
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.vocab_pad = -2;
+	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_ERR_INVALID);
+	cr_expect(strstr(loom_last_error(), "vocab_pad -2") != NULL, "%s", loom_last_error());
+	loom_program_free(p);
 	loom_graph_free(m.g);
 }

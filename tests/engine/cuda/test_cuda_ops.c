@@ -282,6 +282,42 @@ static const char *cuda_nhwc;
  * it): both programs alike. */
 static loom_dtype amp_half = LOOM_F16;
 static int amp_bn_half;
+/* Leave loom_compile_opts.vocab_pad at its default (-1: the backend's
+ * multiple, CUDA's 128, the CPU's none); every other case asks for none,
+ * as the plans before that default were, so that its padding notes and
+ * LOOM_CUDA_LT_PAD's copies are the cases' own. */
+static int vocab_pad_default;
+
+/* The CPU twin plans the fusions the CUDA plan makes under its switches:
+ * the CPU's own switches of the same fusions default to on
+ * (LOOM_FUSE_LN_RESIDUAL, LOOM_FUSE_LN_BWD_ACCUM), CUDA's to off until a
+ * lease decides them, and the plans must agree node for node. keep[i]
+ * gets the CPU switch's value before (NULL: unset), restored by
+ * cpu_twin_switches_restore. */
+static const char *const cpu_twin_vars[2][2] = {
+	{ "LOOM_FUSE_LN_RESIDUAL", "LOOM_CUDA_LN_RESIDUAL" },
+	{ "LOOM_FUSE_LN_BWD_ACCUM", "LOOM_CUDA_LN_BWD_ACCUM" },
+};
+
+static void cpu_twin_switches(char *keep[2])
+{
+	for (int i = 0; i < 2; i++) {
+		const char *was = getenv(cpu_twin_vars[i][0]), *cuda = getenv(cpu_twin_vars[i][1]);
+		keep[i] = was ? strdup(was) : NULL;
+		setenv(cpu_twin_vars[i][0], cuda && !strcmp(cuda, "1") ? "1" : "0", 1);
+	}
+}
+
+static void cpu_twin_switches_restore(char *keep[2])
+{
+	for (int i = 0; i < 2; i++) {
+		if (keep[i])
+			setenv(cpu_twin_vars[i][0], keep[i], 1);
+		else
+			unsetenv(cpu_twin_vars[i][0]);
+		free(keep[i]);
+	}
+}
 
 static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 			       loom_opt_level level)
@@ -296,6 +332,8 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 	o.amp.level = level;
 	o.amp.half = amp_half;
 	o.amp.bn_half = level == LOOM_O1 && amp_bn_half;
+	if (!vocab_pad_default)
+		o.vocab_pad = 0;
 	/* A scale of 1: the one-op heads' gradients would overflow fp16 at
 	 * the dynamic scaler's 2^16. */
 	if (level != LOOM_O0 && amp_half == LOOM_F16)
@@ -307,7 +345,12 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 		setenv("LOOM_FORMATS", "auto", 1);
 		setenv("LOOM_CUDA_NHWC", cuda_nhwc, 1);
 	}
+	char *keep[2] = { NULL, NULL };
+	if (dev == LOOM_DEVICE_CPU)
+		cpu_twin_switches(keep);
 	loom_status st = loom_compile(g, loss, &o, &p);
+	if (dev == LOOM_DEVICE_CPU)
+		cpu_twin_switches_restore(keep);
 	if (nhwc) {
 		setenv("LOOM_FORMATS", "nchw", 1);
 		unsetenv("LOOM_CUDA_NHWC");
@@ -1701,6 +1744,55 @@ Test(cuda_ops, layernorm_residual)
 	}
 }
 
+/* A residual value x read by a layer norm and by the add after it,
+ * y = ln(x) + x over b x rows x c: x's gradient sums the add's (dy) and
+ * the norm's dx; under LOOM_CUDA_LN_BWD_ACCUM=1 the norm's backward adds
+ * dx into dy itself (graph/fuse.c's loom_fuse_ln_bwd_accum: the sum's ADD
+ * a view, the sum written over dy's bytes where dy dies there). */
+static loom_value ln_accum_case(loom_graph *g, tcase *t, int64_t b, int64_t rows, int64_t c)
+{
+	loom_value x = param(g, t, "x", 3, b, rows, c, 0);
+	const char *e = getenv("LOOM_CUDA_LN_BWD_ACCUM");
+	if (e && !strcmp(e, "1")) {
+		t->note[0] = "dx added into the residual's gradient";
+		t->note_op[0] = LOOM_OP_LAYERNORM_BWD_DATA;
+	}
+	loom_value y = loom_layernorm(g, x, param(g, t, "ln.weight", 1, c, 0, 0, 0),
+				      param(g, t, "ln.bias", 1, c, 0, 0, 0), 1e-5);
+	return loom_add(g, y, x);
+}
+
+/* The shape b_ln_accum builds, set by its test before each case. */
+static int64_t ln_accum_dims[3];
+
+static loom_value b_ln_accum(loom_graph *g, tcase *t)
+{
+	return ln_accum_case(g, t, ln_accum_dims[0], ln_accum_dims[1], ln_accum_dims[2]);
+}
+
+/* Layer norm's dx added into the residual's other gradient in the dx
+ * kernel's own pass (LOOM_CUDA_LN_BWD_ACCUM, layernorm.cu) against the
+ * CPU and against the dx kernel and the add it replaces (=0), in every
+ * dtype: 128-bit rows (768), scalar rows (37), each on the one-pass and
+ * the warp backward (LOOM_CUDA_LN_BWD), and rows past the one-pass
+ * kernel's 2048 (the separate kernels). Compiled, not yet run. */
+Test(cuda_ops, layernorm_backward_accum)
+{
+	static const int64_t shapes[3][3] = { { 2, 50, 768 }, { 3, 70, 37 }, { 1, 9, 2100 } };
+	static const char *const bwd[2] = { "legacy", "warp" };
+	NEED_GPU();
+	for (int i = 0; i < 3; i++)
+		for (int k = 0; k < (i < 2 ? 2 : 1); k++) {
+			char name[96];
+			memcpy(ln_accum_dims, shapes[i], sizeof(ln_accum_dims));
+			snprintf(name, sizeof(name), "ln_bwd_accum %dx%dx%d %s", (int)shapes[i][0],
+				 (int)shapes[i][1], (int)shapes[i][2], bwd[k]);
+			setenv("LOOM_CUDA_LN_BWD", bwd[k], 1);
+			both_switch_values("LOOM_CUDA_LN_BWD_ACCUM", name, b_ln_accum);
+		}
+	unsetenv("LOOM_CUDA_LN_BWD");
+}
+
 /* A linear with a bias over rows x k -> c: under LOOM_CUDA_BGRAD=kernel
  * no product's note may name BGRADB, and the bias gradient comes from the
  * column-sum kernel (elementwise.cu). */
@@ -1870,6 +1962,18 @@ static loom_value b_classifier_tied(loom_graph *g, tcase *t)
 	return loom_softmax_cross_entropy(g, loom_linear(g, h, w, LOOM_NONE), ids);
 }
 
+/* A tied classifier over 1000 classes, which the CUDA backend's default
+ * pads to 1024 (an eighth or less added; 67 -> 128 would be more). */
+static loom_value b_classifier_tied_1000(loom_graph *g, tcase *t)
+{
+	t->note[0] = "1000 of 1024 columns (padded)";
+	t->note_op[0] = LOOM_OP_SOFTMAX_CE;
+	loom_value ids = labels(g, t, 16, 1000);
+	loom_value w = param(g, t, "wte", 2, 1000, 32, 0, 0);
+	loom_value h = loom_add(g, loom_embedding(g, ids, w), param(g, t, "x", 2, 16, 32, 0, 0));
+	return loom_softmax_cross_entropy(g, loom_linear(g, h, w, LOOM_NONE), ids);
+}
+
 /* The classifier over a padded vocabulary (LOOM_VOCAB_PAD=64: 67 classes
  * laid out as 128; engine/vocab_pad.c): the loss and every gradient (the
  * real rows a user reads) against the CPU's padded plan, in every dtype,
@@ -1882,6 +1986,12 @@ Test(cuda_ops, padded_vocabulary)
 	each_dtype("tied classifier 67 -> 128", b_classifier_tied, LOOM_RUN_GRAD);
 	each_dtype("classifier 67 classes padded", b_classifier_odd, LOOM_RUN_GRAD);
 	unsetenv("LOOM_VOCAB_PAD");
+	/* The CUDA backend's default pads too (128; the CPU twin's none):
+	 * the same real rows. */
+	vocab_pad_default = 1;
+	each_dtype("tied classifier 1000 -> 1024 by default", b_classifier_tied_1000,
+		   LOOM_RUN_GRAD);
+	vocab_pad_default = 0;
 }
 
 /* The products' switches against llm.c's use of cuBLASLt

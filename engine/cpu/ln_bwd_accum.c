@@ -1,0 +1,149 @@
+/*
+ * engine/cpu/ln_bwd_accum.c — layer norm's data gradient added into the
+ * residual's other gradient (graph/fuse.c's loom_fuse_ln_bwd_accum;
+ * llm.c's layernorm_backward adds into dresidual): one pass per block of
+ * rows makes dx and writes dx + the addend, the same bits as
+ * LAYERNORM_BWD_DATA then autodiff's ADD.
+ *
+ * The same arithmetic in the same order: the layer norm's backward widens
+ * x, gamma and dy to f32, runs layernorm.c's f32 row kernel and rounds dx
+ * once into its dtype (norm_bf16.c and backend.c's emulation both do);
+ * the add widens that stored dx and the addend to f32, adds and rounds
+ * once into the sum's dtype (ops_elementwise.c's paths all do). Here the
+ * rows go a block at a time through the stack, dx rounded and widened
+ * back before the add reads it. The sum may be written over the addend
+ * (the memory plan's in-place write): each element of the addend is read
+ * before that element is written. f64 (gradient checks) is never fused.
+ */
+#include "base/half.h"
+#include "base/options.h"
+#include "engine/cpu/cpu_internal.h"
+#include "engine/cpu/ops.h"
+
+#define ROWS LOOM_CPU_BF16_ROWS
+
+typedef struct ln_bwd_accum_args {
+	int64_t rows;
+	int c;
+	double eps;
+	const void *x, *gamma, *dy, *acc;
+	void *out;
+	loom_dtype tx, tg, tdy, tacc, tout;
+} ln_bwd_accum_args;
+
+static int storable(loom_dtype dt)
+{
+	return dt == LOOM_F32 || dt == LOOM_BF16 || dt == LOOM_F16;
+}
+
+/* Elements [off, off + n) of p (of dtype dt) as f32: p itself when f32,
+ * else widened into buf, exactly. */
+static const float *widen(loom_dtype dt, const void *p, int64_t off, int64_t n, float *buf)
+{
+	if (dt == LOOM_F16) {
+		loom_f16_to_f32_array((const uint16_t *)p + off, buf, n);
+		return buf;
+	}
+	return loom_cpu_bf16_in(p, dt == LOOM_BF16, off, n, buf);
+}
+
+/* buf's n results rounded into p (of dtype dt, a half) at off. */
+static void store_half(loom_dtype dt, void *p, int64_t off, int64_t n, const float *buf)
+{
+	if (dt == LOOM_F16)
+		loom_f32_to_f16_array(buf, (uint16_t *)p + off, n);
+	else
+		loom_cpu_bf16_done(p, 1, off, n, buf);
+}
+
+/* Rows [r0, r0 + nr): dx into d (f32), rounded into the output's dtype and
+ * read back as the unfused add reads it, then the addend added and the sum
+ * stored. */
+static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const float *gam,
+		  float *xb, float *yb, float *d, float *ab, uint16_t *hb)
+{
+	const int64_t off = r0 * g->c, n = nr * g->c;
+	const float *px = widen(g->tx, g->x, off, n, xb);
+	const float *pdy = widen(g->tdy, g->dy, off, n, yb);
+	loom_cpu_layernorm_bwd_data_f32(nr, g->c, px, gam, pdy, g->eps, d);
+	if (g->tout != LOOM_F32) { /* dx as the unfused node stored it */
+		store_half(g->tout, hb, 0, n, d);
+		widen(g->tout, hb, 0, n, d);
+	}
+	const float *pa = widen(g->tacc, g->acc, off, n, ab);
+	if (g->tout == LOOM_F32) {
+		float *o = (float *)g->out + off; /* may be pa itself: element by element */
+#pragma omp simd
+		for (int64_t i = 0; i < n; i++)
+			o[i] = pa[i] + d[i];
+		return;
+	}
+#pragma omp simd
+	for (int64_t i = 0; i < n; i++)
+		d[i] = pa[i] + d[i];
+	store_half(g->tout, g->out, off, n, d);
+}
+
+static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)
+{
+	const int c = g->c;
+	const int64_t per = ROWS / c, nb = (g->rows + per - 1) / per;
+#pragma omp parallel if (g->rows * c >= LOOM_CPU_PAR_MIN)
+	{
+		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
+		float d[ROWS] __attribute__((aligned(64))), ab[ROWS] __attribute__((aligned(64)));
+		float gb[ROWS] __attribute__((aligned(64)));
+		uint16_t hb[ROWS] __attribute__((aligned(64)));
+		const float *gam = widen(g->tg, g->gamma, 0, c, gb);
+#pragma omp for schedule(static)
+		for (int64_t k = 0; k < nb; k++) {
+			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
+			block(g, r0, nr, gam, xb, yb, d, ab, hb);
+		}
+	}
+}
+
+/* ---------------------------------------------------------- planning */
+
+int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other)
+{
+	const loom_node *dn = &g->nodes[d], *sn = &g->nodes[s];
+	const int64_t c = loom_shape_last(&dn->shape);
+	if (!loom_opt_bool(LOOM_OPT_FUSE_LN_BWD_ACCUM) || c <= 0 || c > ROWS)
+		return 0;
+	if (!storable(dn->dtype) || !storable(sn->dtype) ||
+	    !storable(g->nodes[sn->src[other]].dtype))
+		return 0;
+	for (int i = 0; i < dn->nsrc; i++)
+		if (!storable(g->nodes[dn->src[i]].dtype))
+			return 0;
+	return 1;
+}
+
+/* ---------------------------------------------------------- entry */
+
+int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v)
+{
+	const loom_graph *gr = plan->g;
+	const loom_node *n = &gr->nodes[v];
+	if (n->op != LOOM_OP_LAYERNORM_BWD_DATA || !(n->flags & LOOM_NODE_ACCUM))
+		return 0;
+	ln_bwd_accum_args g = {
+		.rows = loom_shape_rows(&n->shape),
+		.c = (int)loom_shape_last(&n->shape),
+		.eps = n->a.ln.eps,
+		.x = loom_arena_ptr(arena, plan, n->src[0]),
+		.gamma = loom_arena_ptr(arena, plan, n->src[1]),
+		.dy = loom_arena_ptr(arena, plan, n->src[2]),
+		.acc = loom_arena_ptr(arena, plan, n->src[3]),
+		.out = loom_arena_ptr(arena, plan, v),
+		.tx = gr->nodes[n->src[0]].dtype,
+		.tg = gr->nodes[n->src[1]].dtype,
+		.tdy = gr->nodes[n->src[2]].dtype,
+		.tacc = gr->nodes[n->src[3]].dtype,
+		.tout = n->dtype,
+	};
+	if (g.rows > 0)
+		ln_bwd_accum_rows(&g);
+	return 1;
+}
