@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "base/half.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/team.h"
@@ -85,6 +86,35 @@ static inline void loom_cpu_bf16_done(void *p, int bf16, int64_t off, int64_t n,
 {
 	if (bf16)
 		loom_cpu_bf16_round(n, buf, (uint16_t *)p + off);
+}
+
+/*
+ * The fused row kernels' (ln_residual.c, ln_bwd_accum.c) dtypes: f32 and
+ * the two halves. Elements [off, off + n) of p as f32 (p itself when f32,
+ * else widened into buf, exactly), and buf's n results rounded into p at
+ * off (nothing when f32: the kernel wrote p itself).
+ */
+static inline int loom_cpu_half_storable(loom_dtype dt)
+{
+	return dt == LOOM_F32 || dt == LOOM_BF16 || dt == LOOM_F16;
+}
+
+static inline const float *loom_cpu_half_in(loom_dtype dt, const void *p, int64_t off, int64_t n,
+					    float *buf)
+{
+	if (dt == LOOM_F16) {
+		loom_f16_to_f32_array((const uint16_t *)p + off, buf, n);
+		return buf;
+	}
+	return loom_cpu_bf16_in(p, dt == LOOM_BF16, off, n, buf);
+}
+
+static inline void loom_cpu_half_done(loom_dtype dt, void *p, int64_t off, int64_t n, const float *buf)
+{
+	if (dt == LOOM_F16)
+		loom_f32_to_f16_array(buf, (uint16_t *)p + off, n);
+	else
+		loom_cpu_bf16_done(p, dt == LOOM_BF16, off, n, buf);
 }
 
 static inline size_t loom_cpu_align64(size_t x)

@@ -31,31 +31,6 @@ typedef struct ln_bwd_accum_args {
 	loom_dtype tx, tg, tdy, tacc, tout;
 } ln_bwd_accum_args;
 
-static int storable(loom_dtype dt)
-{
-	return dt == LOOM_F32 || dt == LOOM_BF16 || dt == LOOM_F16;
-}
-
-/* Elements [off, off + n) of p (of dtype dt) as f32: p itself when f32,
- * else widened into buf, exactly. */
-static const float *widen(loom_dtype dt, const void *p, int64_t off, int64_t n, float *buf)
-{
-	if (dt == LOOM_F16) {
-		loom_f16_to_f32_array((const uint16_t *)p + off, buf, n);
-		return buf;
-	}
-	return loom_cpu_bf16_in(p, dt == LOOM_BF16, off, n, buf);
-}
-
-/* buf's n results rounded into p (of dtype dt, a half) at off. */
-static void store_half(loom_dtype dt, void *p, int64_t off, int64_t n, const float *buf)
-{
-	if (dt == LOOM_F16)
-		loom_f32_to_f16_array(buf, (uint16_t *)p + off, n);
-	else
-		loom_cpu_bf16_done(p, 1, off, n, buf);
-}
-
 /* Rows [r0, r0 + nr): dx into d (f32), rounded into the output's dtype and
  * read back as the unfused add reads it, then the addend added and the sum
  * stored. */
@@ -63,14 +38,14 @@ static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const floa
 		  float *xb, float *yb, float *d, float *ab, uint16_t *hb)
 {
 	const int64_t off = r0 * g->c, n = nr * g->c;
-	const float *px = widen(g->tx, g->x, off, n, xb);
-	const float *pdy = widen(g->tdy, g->dy, off, n, yb);
+	const float *px = loom_cpu_half_in(g->tx, g->x, off, n, xb);
+	const float *pdy = loom_cpu_half_in(g->tdy, g->dy, off, n, yb);
 	loom_cpu_layernorm_bwd_data_f32(nr, g->c, px, gam, pdy, g->eps, d);
 	if (g->tout != LOOM_F32) { /* dx as the unfused node stored it */
-		store_half(g->tout, hb, 0, n, d);
-		widen(g->tout, hb, 0, n, d);
+		loom_cpu_half_done(g->tout, hb, 0, n, d);
+		loom_cpu_half_in(g->tout, hb, 0, n, d);
 	}
-	const float *pa = widen(g->tacc, g->acc, off, n, ab);
+	const float *pa = loom_cpu_half_in(g->tacc, g->acc, off, n, ab);
 	if (g->tout == LOOM_F32) {
 		float *o = (float *)g->out + off; /* may be pa itself: element by element */
 #pragma omp simd
@@ -81,7 +56,7 @@ static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const floa
 #pragma omp simd
 	for (int64_t i = 0; i < n; i++)
 		d[i] = pa[i] + d[i];
-	store_half(g->tout, g->out, off, n, d);
+	loom_cpu_half_done(g->tout, g->out, off, n, d);
 }
 
 static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)
@@ -94,7 +69,7 @@ static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)
 		float d[ROWS] __attribute__((aligned(64))), ab[ROWS] __attribute__((aligned(64)));
 		float gb[ROWS] __attribute__((aligned(64)));
 		uint16_t hb[ROWS] __attribute__((aligned(64)));
-		const float *gam = widen(g->tg, g->gamma, 0, c, gb);
+		const float *gam = loom_cpu_half_in(g->tg, g->gamma, 0, c, gb);
 #pragma omp for schedule(static)
 		for (int64_t k = 0; k < nb; k++) {
 			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
@@ -111,11 +86,11 @@ int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value 
 	const int64_t c = loom_shape_last(&dn->shape);
 	if (!loom_opt_bool(LOOM_OPT_FUSE_LN_BWD_ACCUM) || c <= 0 || c > ROWS)
 		return 0;
-	if (!storable(dn->dtype) || !storable(sn->dtype) ||
-	    !storable(g->nodes[sn->src[other]].dtype))
+	if (!loom_cpu_half_storable(dn->dtype) || !loom_cpu_half_storable(sn->dtype) ||
+	    !loom_cpu_half_storable(g->nodes[sn->src[other]].dtype))
 		return 0;
 	for (int i = 0; i < dn->nsrc; i++)
-		if (!storable(g->nodes[dn->src[i]].dtype))
+		if (!loom_cpu_half_storable(g->nodes[dn->src[i]].dtype))
 			return 0;
 	return 1;
 }

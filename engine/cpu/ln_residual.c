@@ -30,35 +30,10 @@ typedef struct ln_residual_args {
 	loom_dtype ta, tb, tg, tbeta, tsum, ty;
 } ln_residual_args;
 
-static int storable(loom_dtype dt)
-{
-	return dt == LOOM_F32 || dt == LOOM_BF16 || dt == LOOM_F16;
-}
-
-/* Elements [off, off + n) of p (of dtype dt) as f32: p itself when f32,
- * else widened into buf, exactly. */
-static const float *widen(loom_dtype dt, const void *p, int64_t off, int64_t n, float *buf)
-{
-	if (dt == LOOM_F16) {
-		loom_f16_to_f32_array((const uint16_t *)p + off, buf, n);
-		return buf;
-	}
-	return loom_cpu_bf16_in(p, dt == LOOM_BF16, off, n, buf);
-}
-
 /* Where f32 results for [off, ...) of p go: p itself when f32, else buf. */
 static float *out_of(loom_dtype dt, void *p, int64_t off, float *buf)
 {
 	return dt == LOOM_F32 ? (float *)p + off : buf;
-}
-
-/* buf's n results rounded into p (of dtype dt) at off; nothing when f32. */
-static void store(loom_dtype dt, void *p, int64_t off, int64_t n, const float *buf)
-{
-	if (dt == LOOM_F16)
-		loom_f32_to_f16_array(buf, (uint16_t *)p + off, n);
-	else
-		loom_cpu_bf16_done(p, dt == LOOM_BF16, off, n, buf);
 }
 
 /* Rows [r0, r0 + nr): the sum, rounded into its dtype and read back as the
@@ -67,19 +42,19 @@ static void block(const ln_residual_args *g, int64_t r0, int64_t nr, const float
 		  const float *bet, float *xa, float *xb, float *sb, float *yb)
 {
 	const int64_t off = r0 * g->c, n = nr * g->c;
-	const float *pa = widen(g->ta, g->a, off, n, xa);
-	const float *pb = widen(g->tb, g->b, off, n, xb);
+	const float *pa = loom_cpu_half_in(g->ta, g->a, off, n, xa);
+	const float *pb = loom_cpu_half_in(g->tb, g->b, off, n, xb);
 	float *s = out_of(g->tsum, g->sum, off, sb);
 #pragma omp simd
 	for (int64_t i = 0; i < n; i++)
 		s[i] = pa[i] + pb[i];
 	if (g->tsum != LOOM_F32) {
-		store(g->tsum, g->sum, off, n, s);
-		s = (float *)widen(g->tsum, g->sum, off, n, sb);
+		loom_cpu_half_done(g->tsum, g->sum, off, n, s);
+		s = (float *)loom_cpu_half_in(g->tsum, g->sum, off, n, sb);
 	}
 	float *y = out_of(g->ty, g->y, off, yb);
 	loom_cpu_layernorm_fwd_f32(nr, g->c, s, gam, bet, g->eps, y);
-	store(g->ty, g->y, off, n, y);
+	loom_cpu_half_done(g->ty, g->y, off, n, y);
 }
 
 static void ln_residual_rows(const ln_residual_args *g)
@@ -91,8 +66,8 @@ static void ln_residual_rows(const ln_residual_args *g)
 		float xa[ROWS] __attribute__((aligned(64))), xb[ROWS] __attribute__((aligned(64)));
 		float sb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
 		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
-		const float *gam = widen(g->tg, g->gamma, 0, c, gb);
-		const float *bet = widen(g->tbeta, g->beta, 0, c, bb);
+		const float *gam = loom_cpu_half_in(g->tg, g->gamma, 0, c, gb);
+		const float *bet = loom_cpu_half_in(g->tbeta, g->beta, 0, c, bb);
 #pragma omp for schedule(static)
 		for (int64_t k = 0; k < nb; k++) {
 			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
@@ -109,13 +84,13 @@ int loom_cpu_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value l
 	const int64_t c = loom_shape_last(&l->shape);
 	if (!loom_opt_bool(LOOM_OPT_FUSE_LN_RESIDUAL) || c <= 0 || c > ROWS)
 		return 0;
-	if (!storable(an->dtype) || !storable(l->dtype))
+	if (!loom_cpu_half_storable(an->dtype) || !loom_cpu_half_storable(l->dtype))
 		return 0;
 	for (int i = 0; i < an->nsrc; i++)
-		if (!storable(g->nodes[an->src[i]].dtype))
+		if (!loom_cpu_half_storable(g->nodes[an->src[i]].dtype))
 			return 0;
 	for (int i = 1; i < l->nsrc; i++)
-		if (!storable(g->nodes[l->src[i]].dtype))
+		if (!loom_cpu_half_storable(g->nodes[l->src[i]].dtype))
 			return 0;
 	return 1;
 }
