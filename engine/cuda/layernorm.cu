@@ -553,7 +553,11 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		}
 		a = warp_sum_f(a) / c;
 		b = warp_sum_f(b) / c;
-#pragma unroll
+		/* This loop keeps nothing in registers across q, so the scalar
+		 * kernel (W = 1, G = 32) leaves it rolled: unrolled 32 times with
+		 * the loads' and the addend's dtype switches, its PTX alone was
+		 * 520k lines and the file took over 25 minutes to compile. */
+#pragma unroll(W == 1 ? 1 : G)
 		for (int q = 0; q < G; q++) {
 			const int j = (q * 32 + lane) * W;
 			if (j >= c)
