@@ -132,3 +132,34 @@ loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 	m->loss = loom_softmax_cross_entropy(g, logits, m->targets);
 	return loom_graph_status(g);
 }
+
+int gpt_train_same_bits(loom_program *a, loom_program *b, const gpt *m, int steps, int64_t B,
+			int64_t T, int64_t V, char *why, size_t len)
+{
+	for (int k = 0; k < steps; k++) {
+		loom_program *pr[2] = { a, b };
+		double loss[2];
+		for (int i = 0; i < 2; i++) {
+			if (gpt_feed(pr[i], k, B, T, V, 0) != LOOM_OK ||
+			    loom_run(pr[i], LOOM_RUN_TRAIN) != LOOM_OK) {
+				snprintf(why, len, "step %d, program %c: %s", k, "ab"[i],
+					 loom_last_error());
+				return -1;
+			}
+			loss[i] = loom_loss(pr[i]);
+		}
+		if (memcmp(&loss[0], &loss[1], sizeof(double))) {
+			snprintf(why, len, "step %d: loss %.17g against %.17g", k, loss[0], loss[1]);
+			return -1;
+		}
+	}
+	int d = gpt_first_param_differs(a, b, m);
+	if (d != -1) {
+		if (d >= 0)
+			snprintf(why, len, "parameter %d (m->params' order) differs", d);
+		else
+			snprintf(why, len, "reading the parameters failed");
+		return -1;
+	}
+	return 0;
+}

@@ -43,6 +43,12 @@ void gpt_adamw_opts(loom_compile_opts *o, loom_opt_level amp);
 /* The first of m's parameters whose bits differ between programs a and
  * b, or -1 when none does (-2: a read failed or memory ran out). */
 int gpt_first_param_differs(loom_program *a, loom_program *b, const gpt *m);
+/* Trains a and b (two plans of m) side by side for steps batches
+ * (gpt_feed's, B, T, V) and compares every step's loss and then every
+ * parameter bit for bit: 0 when all agree, else -1 with what differed
+ * (or failed) in why. */
+int gpt_train_same_bits(loom_program *a, loom_program *b, const gpt *m, int steps, int64_t B,
+			int64_t T, int64_t V, char *why, size_t len);
 /* Batch k: tokens, positions and next-token targets, the same for the
  * same k; last_class: the first target is class V - 1. */
 loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class);
