@@ -1,12 +1,14 @@
 /*
- * engine/cpu/ln_bwd_accum.c — layer norm's data gradient added into the
- * residual's other gradient (graph/fuse.c's loom_fuse_ln_bwd_accum;
- * llm.c's layernorm_backward adds into dresidual): one pass per block of
- * rows makes dx and writes dx + the addend, the same bits as
- * LAYERNORM_BWD_DATA then autodiff's ADD.
+ * engine/cpu/ln_bwd_accum.c — a row norm's data gradient (layer norm's or
+ * RMS norm's) added into the residual's other gradient (graph/fuse.c's
+ * loom_fuse_ln_bwd_accum; llm.c's layernorm_backward adds into
+ * dresidual): one pass per block of rows makes dx and writes dx + the
+ * addend, the same bits as LAYERNORM_BWD_DATA (or RMSNORM_BWD_DATA) then
+ * autodiff's ADD.
  *
- * The same arithmetic in the same order: the layer norm's backward widens
- * x, gamma and dy to f32, runs layernorm.c's f32 row kernel and rounds dx
+ * The same arithmetic in the same order: the norm's backward widens x,
+ * gamma and dy to f32, runs its f32 row kernel (layernorm.c's or
+ * rmsnorm.c's, the one norm_bf16.c's entries pick) and rounds dx
  * once into its dtype (norm_bf16.c and backend.c's emulation both do);
  * the add widens that stored dx and the addend to f32, adds and rounds
  * once into the sum's dtype (ops_elementwise.c's paths all do). Here the
@@ -26,6 +28,7 @@ typedef struct ln_bwd_accum_args {
 	int64_t rows;
 	int c;
 	double eps;
+	loom_cpu_norm_bwd_data_f32 kernel; /* the norm's f32 rows */
 	const void *x, *gamma, *dy, *acc;
 	void *out;
 	loom_dtype tx, tg, tdy, tacc, tout;
@@ -40,7 +43,7 @@ static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const floa
 	const int64_t off = r0 * g->c, n = nr * g->c;
 	const float *px = loom_cpu_half_in(g->tx, g->x, off, n, xb);
 	const float *pdy = loom_cpu_half_in(g->tdy, g->dy, off, n, yb);
-	loom_cpu_layernorm_bwd_data_f32(nr, g->c, px, gam, pdy, g->eps, d);
+	g->kernel(nr, g->c, px, gam, pdy, g->eps, d);
 	if (g->tout != LOOM_F32) { /* dx as the unfused node stored it */
 		loom_cpu_half_done(g->tout, hb, 0, n, d);
 		loom_cpu_half_in(g->tout, hb, 0, n, d);
@@ -101,12 +104,14 @@ int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_v
 {
 	const loom_graph *gr = plan->g;
 	const loom_node *n = &gr->nodes[v];
-	if (n->op != LOOM_OP_LAYERNORM_BWD_DATA || !(n->flags & LOOM_NODE_ACCUM))
+	if ((n->op != LOOM_OP_LAYERNORM_BWD_DATA && n->op != LOOM_OP_RMSNORM_BWD_DATA) ||
+	    !(n->flags & LOOM_NODE_ACCUM))
 		return 0;
 	ln_bwd_accum_args g = {
 		.rows = loom_shape_rows(&n->shape),
 		.c = (int)loom_shape_last(&n->shape),
 		.eps = n->a.ln.eps,
+		.kernel = loom_cpu_norm_bwd_data_kernel(n),
 		.x = loom_arena_ptr(arena, plan, n->src[0]),
 		.gamma = loom_arena_ptr(arena, plan, n->src[1]),
 		.dy = loom_arena_ptr(arena, plan, n->src[2]),
