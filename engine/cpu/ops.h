@@ -175,6 +175,20 @@ int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_va
  * LOOM_NODE_ACCUM, and returns 1, or returns 0 for any other node. */
 int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
 int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v);
+/* An operand of the fused row kernels (ln_residual.c, ln_bwd_accum.c):
+ * node v's bytes in the arena and its dtype, which travel together. */
+typedef struct loom_cpu_arr {
+	void *p;
+	loom_dtype t;
+} loom_cpu_arr;
+
+static inline loom_cpu_arr loom_cpu_arr_of(const loom_plan *plan, const loom_arena *arena,
+					   loom_value v)
+{
+	loom_cpu_arr a = { loom_arena_ptr(arena, plan, v), (loom_dtype)plan->g->nodes[v].dtype };
+	return a;
+}
+
 /* norm_bf16.c: the f32 row kernel of a row norm's data gradient node n
  * (layer norm's or RMS norm's, by n's op), the one the norms' entries run. */
 loom_cpu_norm_bwd_data_f32 loom_cpu_norm_bwd_data_kernel(const loom_node *n);
