@@ -175,6 +175,7 @@ int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_va
  * LOOM_NODE_ACCUM, and returns 1, or returns 0 for any other node. */
 int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
 int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v);
+
 /* An operand of the fused row kernels (ln_residual.c, ln_bwd_accum.c):
  * node v's bytes in the arena and its dtype, which travel together. */
 typedef struct loom_cpu_arr {
