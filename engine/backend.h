@@ -57,8 +57,9 @@ enum {
 	 * where ln_residual_fusable says so (graph/fuse.c's
 	 * loom_fuse_ln_residual; the add's node makes the layer norm). */
 	LOOM_BE_FUSES_LN_RESIDUAL = 1u << 12,
-	/* Runs a layer norm's data gradient that adds itself into the other
-	 * gradient of its input (autodiff's sum) as one kernel where
+	/* Runs a row norm's data gradient (layer norm's, RMS norm's) that adds
+	 * itself into the other gradient of its input (autodiff's sum) as one
+	 * kernel where
 	 * ln_bwd_accum_fusable says so (graph/fuse.c's
 	 * loom_fuse_ln_bwd_accum; the node's src[3] is the addend). */
 	LOOM_BE_FUSES_LN_BWD_ACCUM = 1u << 13,
@@ -108,11 +109,12 @@ typedef struct loom_backend_planning {
 	 * graph/fuse.c before the context exists.
 	 * LOOM_BE_FUSES_LN_RESIDUAL only. // (optional) */
 	int (*ln_residual_fusable)(const loom_graph *g, loom_value a, loom_value ln);
-	/* Whether the layer norm's data gradient d runs with the sum s that
-	 * adds it to another gradient (s's src[other]) in one kernel, dx
-	 * added into that gradient as the sum did; asked by graph/fuse.c
-	 * before the context exists. LOOM_BE_FUSES_LN_BWD_ACCUM only.
-	 * // (optional) */
+	/* Whether the norm's data gradient d (LAYERNORM_BWD_DATA or
+	 * RMSNORM_BWD_DATA: refuse the op without such a kernel) runs with
+	 * the sum s that adds it to another gradient (s's src[other]) in one
+	 * kernel, dx added into that gradient as the sum did; asked by
+	 * graph/fuse.c before the context exists. LOOM_BE_FUSES_LN_BWD_ACCUM
+	 * only. // (optional) */
 	int (*ln_bwd_accum_fusable)(const loom_graph *g, loom_value d, loom_value s, int other);
 	/* The multiple a classifier's vocabulary is padded to when the plan
 	 * leaves it to the backend (loom_compile_opts.vocab_pad -1, the

@@ -2,8 +2,8 @@
  * graph/fuse.c — the planner's fusion passes, run by loom_compile after
  * autodiff and before memory planning: relu into max-pool, linear, batch
  * norm and the residual add, the sibling outputs of one library call, the
- * residual add into its layer norm and layer norm's dx into the
- * residual's gradient.
+ * residual add into its layer norm and a row norm's dx (layer norm, RMS
+ * norm) into the residual's gradient.
  *
  * Relu + max-pool: maxpool(relu(x)) equals
  * relu(maxpool(x)) exactly (max and relu commute, ties and NaN included), so
@@ -503,11 +503,13 @@ int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable)
 /*
  * Layer norm's dx added into the residual's gradient (llm.c's
  * layernorm_backward, which adds into dresidual): in a pre-norm
- * transformer each residual value h is read by a layer norm and by the
- * next residual add, so autodiff sums h's two gradients in an ADD, the
- * add's (passed through from the block's output) and the norm's dx: dx
- * written, then read back beside the other addend. Here the norm's
- * LAYERNORM_BWD_DATA node d takes that addend as src[3] and makes the sum
+ * transformer each residual value h is read by a norm (layer norm, or RMS
+ * norm as LLaMA's) and by the next residual add, so autodiff sums h's two
+ * gradients in an ADD, the add's (passed through from the block's output)
+ * and the norm's dx: dx written, then read back beside the other addend.
+ * Here the norm's data gradient node d (LAYERNORM_BWD_DATA or
+ * RMSNORM_BWD_DATA, both (x, gamma, dy) -> dx) takes that addend as
+ * src[3] and makes the sum
  * (LOOM_NODE_ACCUM): dx rounded into its dtype, as d wrote it, then added
  * to the addend as the ADD did (two addends: the order does not matter),
  * the same bits. The ADD becomes a view of d. The memory plan writes the
@@ -523,7 +525,8 @@ static int accum_fits(const loom_graph *g, loom_value d, loom_value s, loom_valu
 			      LOOM_NODE_SHARDED | LOOM_NODE_ACCUM;
 	const loom_node *dn = &g->nodes[d], *sn = &g->nodes[s];
 	loom_value rd[2];
-	if (dn->op != LOOM_OP_LAYERNORM_BWD_DATA || dn->nsrc != 3 || (dn->flags & kept) ||
+	if ((dn->op != LOOM_OP_LAYERNORM_BWD_DATA && dn->op != LOOM_OP_RMSNORM_BWD_DATA) ||
+	    dn->nsrc != 3 || (dn->flags & kept) ||
 	    dn->made_by != LOOM_NONE || o == d || !exists_before(g, o, d))
 		return 0;
 	if (dn->dtype != sn->dtype || !loom_shape_eq(&dn->shape, &sn->shape) ||

@@ -97,7 +97,7 @@ enum {
 	 * of the user's graph. */
 	LOOM_NODE_REORDER = 1u << 7,
 	/* The node adds its result into its last source and makes the sum
-	 * (graph/fuse.c's loom_fuse_ln_bwd_accum: a layer norm's dx into the
+	 * (graph/fuse.c's loom_fuse_ln_bwd_accum: a row norm's dx into the
 	 * residual's other gradient): the memory plan may write it over
 	 * that source where it dies there, so its kernels read each element
 	 * of it before writing that element. */
@@ -378,14 +378,15 @@ typedef int (*loom_ln_residual_fn)(const loom_graph *g, loom_value a, loom_value
  * after loom_fuse_casts, before memory planning. */
 int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable);
 
-/* Asks a backend whether its kernel for layer norm's data gradient d
- * also adds dx into the other addend of the sum s that reads it, s's
- * src[other] (the dtypes and shapes it sees). */
+/* Asks a backend whether its kernel for a row norm's data gradient d
+ * (layer norm's or RMS norm's: d's op) also adds dx into the other addend
+ * of the sum s that reads it, s's src[other] (the dtypes and shapes it
+ * sees). */
 typedef int (*loom_ln_bwd_accum_fn)(const loom_graph *g, loom_value d, loom_value s, int other);
 
-/* Fuses each sum of a layer norm's data gradient with another gradient
+/* Fuses each sum of a row norm's data gradient with another gradient
  * (autodiff's ADD of a residual value's two gradients) into the
- * LAYERNORM_BWD_DATA node: it takes the other addend as src[3], carries
+ * LAYERNORM_BWD_DATA or RMSNORM_BWD_DATA node: it takes the other addend as src[3], carries
  * LOOM_NODE_ACCUM and makes the sum (dx rounded into its dtype, then
  * added as the ADD did); the ADD becomes a view of it. Only where fusable
  * says yes (NULL: everywhere). Returns how many. Run after

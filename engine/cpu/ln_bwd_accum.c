@@ -1,12 +1,14 @@
 /*
- * engine/cpu/ln_bwd_accum.c — layer norm's data gradient added into the
- * residual's other gradient (graph/fuse.c's loom_fuse_ln_bwd_accum;
- * llm.c's layernorm_backward adds into dresidual): one pass per block of
- * rows makes dx and writes dx + the addend, the same bits as
- * LAYERNORM_BWD_DATA then autodiff's ADD.
+ * engine/cpu/ln_bwd_accum.c — a row norm's data gradient (layer norm's or
+ * RMS norm's) added into the residual's other gradient (graph/fuse.c's
+ * loom_fuse_ln_bwd_accum; llm.c's layernorm_backward adds into
+ * dresidual): one pass per block of rows makes dx and writes dx + the
+ * addend, the same bits as LAYERNORM_BWD_DATA (or RMSNORM_BWD_DATA) then
+ * autodiff's ADD.
  *
- * The same arithmetic in the same order: the layer norm's backward widens
- * x, gamma and dy to f32, runs layernorm.c's f32 row kernel and rounds dx
+ * The same arithmetic in the same order: the norm's backward widens x,
+ * gamma and dy to f32, runs its f32 row kernel (layernorm.c's or
+ * rmsnorm.c's, the one norm_bf16.c's entries pick) and rounds dx
  * once into its dtype (norm_bf16.c and backend.c's emulation both do);
  * the add widens that stored dx and the addend to f32, adds and rounds
  * once into the sum's dtype (ops_elementwise.c's paths all do). Here the
@@ -26,9 +28,8 @@ typedef struct ln_bwd_accum_args {
 	int64_t rows;
 	int c;
 	double eps;
-	const void *x, *gamma, *dy, *acc;
-	void *out;
-	loom_dtype tx, tg, tdy, tacc, tout;
+	loom_cpu_norm_bwd_data_f32 kernel; /* the norm's f32 rows */
+	loom_cpu_arr x, gamma, dy, acc, out;
 } ln_bwd_accum_args;
 
 /* Rows [r0, r0 + nr): dx into d (f32), rounded into the output's dtype and
@@ -38,16 +39,16 @@ static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const floa
 		  float *xb, float *yb, float *d, float *ab, uint16_t *hb)
 {
 	const int64_t off = r0 * g->c, n = nr * g->c;
-	const float *px = loom_cpu_half_in(g->tx, g->x, off, n, xb);
-	const float *pdy = loom_cpu_half_in(g->tdy, g->dy, off, n, yb);
-	loom_cpu_layernorm_bwd_data_f32(nr, g->c, px, gam, pdy, g->eps, d);
-	if (g->tout != LOOM_F32) { /* dx as the unfused node stored it */
-		loom_cpu_half_done(g->tout, hb, 0, n, d);
-		loom_cpu_half_in(g->tout, hb, 0, n, d);
+	const float *px = loom_cpu_half_in(g->x.t, g->x.p, off, n, xb);
+	const float *pdy = loom_cpu_half_in(g->dy.t, g->dy.p, off, n, yb);
+	g->kernel(nr, g->c, px, gam, pdy, g->eps, d);
+	if (g->out.t != LOOM_F32) { /* dx as the unfused node stored it */
+		loom_cpu_half_done(g->out.t, hb, 0, n, d);
+		loom_cpu_half_in(g->out.t, hb, 0, n, d);
 	}
-	const float *pa = loom_cpu_half_in(g->tacc, g->acc, off, n, ab);
-	if (g->tout == LOOM_F32) {
-		float *o = (float *)g->out + off; /* may be pa itself: element by element */
+	const float *pa = loom_cpu_half_in(g->acc.t, g->acc.p, off, n, ab);
+	if (g->out.t == LOOM_F32) {
+		float *o = (float *)g->out.p + off; /* may be pa itself: element by element */
 #pragma omp simd
 		for (int64_t i = 0; i < n; i++)
 			o[i] = pa[i] + d[i];
@@ -56,7 +57,7 @@ static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const floa
 #pragma omp simd
 	for (int64_t i = 0; i < n; i++)
 		d[i] = pa[i] + d[i];
-	loom_cpu_half_done(g->tout, g->out, off, n, d);
+	loom_cpu_half_done(g->out.t, g->out.p, off, n, d);
 }
 
 static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)
@@ -69,7 +70,7 @@ static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)
 		float d[ROWS] __attribute__((aligned(64))), ab[ROWS] __attribute__((aligned(64)));
 		float gb[ROWS] __attribute__((aligned(64)));
 		uint16_t hb[ROWS] __attribute__((aligned(64)));
-		const float *gam = loom_cpu_half_in(g->tg, g->gamma, 0, c, gb);
+		const float *gam = loom_cpu_half_in(g->gamma.t, g->gamma.p, 0, c, gb);
 #pragma omp for schedule(static)
 		for (int64_t k = 0; k < nb; k++) {
 			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
@@ -99,24 +100,20 @@ int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value 
 
 int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v)
 {
-	const loom_graph *gr = plan->g;
-	const loom_node *n = &gr->nodes[v];
-	if (n->op != LOOM_OP_LAYERNORM_BWD_DATA || !(n->flags & LOOM_NODE_ACCUM))
+	const loom_node *n = &plan->g->nodes[v];
+	if ((n->op != LOOM_OP_LAYERNORM_BWD_DATA && n->op != LOOM_OP_RMSNORM_BWD_DATA) ||
+	    !(n->flags & LOOM_NODE_ACCUM))
 		return 0;
 	ln_bwd_accum_args g = {
 		.rows = loom_shape_rows(&n->shape),
 		.c = (int)loom_shape_last(&n->shape),
 		.eps = n->a.ln.eps,
-		.x = loom_arena_ptr(arena, plan, n->src[0]),
-		.gamma = loom_arena_ptr(arena, plan, n->src[1]),
-		.dy = loom_arena_ptr(arena, plan, n->src[2]),
-		.acc = loom_arena_ptr(arena, plan, n->src[3]),
-		.out = loom_arena_ptr(arena, plan, v),
-		.tx = gr->nodes[n->src[0]].dtype,
-		.tg = gr->nodes[n->src[1]].dtype,
-		.tdy = gr->nodes[n->src[2]].dtype,
-		.tacc = gr->nodes[n->src[3]].dtype,
-		.tout = n->dtype,
+		.kernel = loom_cpu_norm_bwd_data_kernel(n),
+		.x = loom_cpu_arr_of(plan, arena, n->src[0]),
+		.gamma = loom_cpu_arr_of(plan, arena, n->src[1]),
+		.dy = loom_cpu_arr_of(plan, arena, n->src[2]),
+		.acc = loom_cpu_arr_of(plan, arena, n->src[3]),
+		.out = loom_cpu_arr_of(plan, arena, v),
 	};
 	if (g.rows > 0)
 		ln_bwd_accum_rows(&g);

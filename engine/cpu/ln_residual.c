@@ -25,15 +25,13 @@ typedef struct ln_residual_args {
 	int64_t rows;
 	int c;
 	double eps;
-	const void *a, *b, *gamma, *beta;
-	void *sum, *y;
-	loom_dtype ta, tb, tg, tbeta, tsum, ty;
+	loom_cpu_arr a, b, gamma, beta, sum, y;
 } ln_residual_args;
 
-/* Where f32 results for [off, ...) of p go: p itself when f32, else buf. */
-static float *out_of(loom_dtype dt, void *p, int64_t off, float *buf)
+/* Where f32 results for [off, ...) of a go: a itself when f32, else buf. */
+static float *out_of(loom_cpu_arr a, int64_t off, float *buf)
 {
-	return dt == LOOM_F32 ? (float *)p + off : buf;
+	return a.t == LOOM_F32 ? (float *)a.p + off : buf;
 }
 
 /* Rows [r0, r0 + nr): the sum, rounded into its dtype and read back as the
@@ -42,19 +40,19 @@ static void block(const ln_residual_args *g, int64_t r0, int64_t nr, const float
 		  const float *bet, float *xa, float *xb, float *sb, float *yb)
 {
 	const int64_t off = r0 * g->c, n = nr * g->c;
-	const float *pa = loom_cpu_half_in(g->ta, g->a, off, n, xa);
-	const float *pb = loom_cpu_half_in(g->tb, g->b, off, n, xb);
-	float *s = out_of(g->tsum, g->sum, off, sb);
+	const float *pa = loom_cpu_half_in(g->a.t, g->a.p, off, n, xa);
+	const float *pb = loom_cpu_half_in(g->b.t, g->b.p, off, n, xb);
+	float *s = out_of(g->sum, off, sb);
 #pragma omp simd
 	for (int64_t i = 0; i < n; i++)
 		s[i] = pa[i] + pb[i];
-	if (g->tsum != LOOM_F32) {
-		loom_cpu_half_done(g->tsum, g->sum, off, n, s);
-		s = (float *)loom_cpu_half_in(g->tsum, g->sum, off, n, sb);
+	if (g->sum.t != LOOM_F32) {
+		loom_cpu_half_done(g->sum.t, g->sum.p, off, n, s);
+		s = (float *)loom_cpu_half_in(g->sum.t, g->sum.p, off, n, sb);
 	}
-	float *y = out_of(g->ty, g->y, off, yb);
+	float *y = out_of(g->y, off, yb);
 	loom_cpu_layernorm_fwd_f32(nr, g->c, s, gam, bet, g->eps, y);
-	loom_cpu_half_done(g->ty, g->y, off, n, y);
+	loom_cpu_half_done(g->y.t, g->y.p, off, n, y);
 }
 
 static void ln_residual_rows(const ln_residual_args *g)
@@ -66,8 +64,8 @@ static void ln_residual_rows(const ln_residual_args *g)
 		float xa[ROWS] __attribute__((aligned(64))), xb[ROWS] __attribute__((aligned(64)));
 		float sb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
 		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
-		const float *gam = loom_cpu_half_in(g->tg, g->gamma, 0, c, gb);
-		const float *bet = loom_cpu_half_in(g->tbeta, g->beta, 0, c, bb);
+		const float *gam = loom_cpu_half_in(g->gamma.t, g->gamma.p, 0, c, gb);
+		const float *bet = loom_cpu_half_in(g->beta.t, g->beta.p, 0, c, bb);
 #pragma omp for schedule(static)
 		for (int64_t k = 0; k < nb; k++) {
 			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
@@ -120,24 +118,17 @@ int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_va
 	loom_value w = made_ln(plan, v);
 	if (w == LOOM_NONE)
 		return 0;
-	const loom_graph *gr = plan->g;
-	const loom_node *an = &gr->nodes[v], *l = &gr->nodes[w];
+	const loom_node *an = &plan->g->nodes[v], *l = &plan->g->nodes[w];
 	ln_residual_args g = {
 		.rows = loom_shape_rows(&l->shape),
 		.c = (int)loom_shape_last(&l->shape),
 		.eps = l->a.ln.eps,
-		.a = loom_arena_ptr(arena, plan, an->src[0]),
-		.b = loom_arena_ptr(arena, plan, an->src[1]),
-		.gamma = loom_arena_ptr(arena, plan, l->src[1]),
-		.beta = loom_arena_ptr(arena, plan, l->src[2]),
-		.sum = loom_arena_ptr(arena, plan, v),
-		.y = loom_arena_ptr(arena, plan, w),
-		.ta = gr->nodes[an->src[0]].dtype,
-		.tb = gr->nodes[an->src[1]].dtype,
-		.tg = gr->nodes[l->src[1]].dtype,
-		.tbeta = gr->nodes[l->src[2]].dtype,
-		.tsum = an->dtype,
-		.ty = l->dtype,
+		.a = loom_cpu_arr_of(plan, arena, an->src[0]),
+		.b = loom_cpu_arr_of(plan, arena, an->src[1]),
+		.gamma = loom_cpu_arr_of(plan, arena, l->src[1]),
+		.beta = loom_cpu_arr_of(plan, arena, l->src[2]),
+		.sum = loom_cpu_arr_of(plan, arena, v),
+		.y = loom_cpu_arr_of(plan, arena, w),
 	};
 	ln_residual_rows(&g);
 	return 1;

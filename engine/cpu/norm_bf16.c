@@ -21,57 +21,51 @@
 
 #define ROWS LOOM_CPU_BF16_ROWS
 
-int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
-			   const void *gamma, const void *beta, double eps, void *y, unsigned half)
+/* The forward and the data gradient: one f32 row kernel (x, gamma, a
+ * third array, eps) -> out over blocks of widened rows. The third is
+ * beta [c] (NULL: RMS norm's forward) or, per_row, dy [rows, c]; the half
+ * bits name each array by its source's position (x 0, gamma 1, the third
+ * 2). */
+static int norm_rows_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c, const void *x,
+			  const void *gamma, const void *third, int per_row, double eps, void *out,
+			  unsigned half)
 {
 	if (c <= 0 || c > ROWS)
 		return 0;
 	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+	const unsigned h3 = half & LOOM_CPU_BF16_SRC(2);
 #pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
 	{
-		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
-		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
+		float xb[ROWS] __attribute__((aligned(64))), gb[ROWS] __attribute__((aligned(64)));
+		float tb[ROWS] __attribute__((aligned(64))), ob[ROWS] __attribute__((aligned(64)));
 		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
-		const float *b =
-			beta ? loom_cpu_bf16_in(beta, half & LOOM_CPU_BF16_SRC(2), 0, c, bb) : NULL;
+		const float *t = third && !per_row ? loom_cpu_bf16_in(third, h3, 0, c, tb) : NULL;
 #pragma omp for schedule(static)
 		for (int64_t k = 0; k < nb; k++) {
 			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
 			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
 							   nr * c, xb);
-			float *ys = loom_cpu_bf16_out(y, half & LOOM_CPU_BF16_OUT, r0 * c, yb);
-			kernel(nr, c, xs, g, b, eps, ys);
-			loom_cpu_bf16_done(y, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, ys);
+			const float *ts =
+				per_row ? loom_cpu_bf16_in(third, h3, r0 * c, nr * c, tb) : t;
+			float *os = loom_cpu_bf16_out(out, half & LOOM_CPU_BF16_OUT, r0 * c, ob);
+			kernel(nr, c, xs, g, ts, eps, os);
+			loom_cpu_bf16_done(out, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, os);
 		}
 	}
 	return 1;
+}
+
+int loom_cpu_norm_fwd_bf16(loom_cpu_norm_fwd_f32 kernel, int64_t rows, int c, const void *x,
+			   const void *gamma, const void *beta, double eps, void *y, unsigned half)
+{
+	return norm_rows_bf16(kernel, rows, c, x, gamma, beta, 0, eps, y, half);
 }
 
 int loom_cpu_norm_bwd_data_bf16(loom_cpu_norm_bwd_data_f32 kernel, int64_t rows, int c,
 				const void *x, const void *gamma, const void *dy, double eps,
 				void *dx, unsigned half)
 {
-	if (c <= 0 || c > ROWS)
-		return 0;
-	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
-#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
-	{
-		float xb[ROWS] __attribute__((aligned(64))), gb[ROWS] __attribute__((aligned(64)));
-		float db[ROWS] __attribute__((aligned(64))), ob[ROWS] __attribute__((aligned(64)));
-		const float *g = loom_cpu_bf16_in(gamma, half & LOOM_CPU_BF16_SRC(1), 0, c, gb);
-#pragma omp for schedule(static)
-		for (int64_t k = 0; k < nb; k++) {
-			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
-			const float *xs = loom_cpu_bf16_in(x, half & LOOM_CPU_BF16_SRC(0), r0 * c,
-							   nr * c, xb);
-			const float *ds = loom_cpu_bf16_in(dy, half & LOOM_CPU_BF16_SRC(2), r0 * c,
-							   nr * c, db);
-			float *os = loom_cpu_bf16_out(dx, half & LOOM_CPU_BF16_OUT, r0 * c, ob);
-			kernel(nr, c, xs, g, ds, eps, os);
-			loom_cpu_bf16_done(dx, half & LOOM_CPU_BF16_OUT, r0 * c, nr * c, os);
-		}
-	}
-	return 1;
+	return norm_rows_bf16(kernel, rows, c, x, gamma, dy, 1, eps, dx, half);
 }
 
 int loom_cpu_norm_bwd_gamma_bf16(loom_cpu_norm_gamma_rows_f32 kernel, int64_t rows, int c,
@@ -150,6 +144,11 @@ static const norm_bwd_kernels *kernels_of(const loom_node *n)
 	return n->op == LOOM_OP_RMSNORM_BWD_DATA || n->op == LOOM_OP_RMSNORM_BWD_GAMMA ?
 		       &rmsnorm_bwd :
 		       &layernorm_bwd;
+}
+
+loom_cpu_norm_bwd_data_f32 loom_cpu_norm_bwd_data_kernel(const loom_node *n)
+{
+	return kernels_of(n)->data_f32;
 }
 
 /* The forward: RMS norm has no beta (its node no third source). */

@@ -167,14 +167,32 @@ int loom_cpu_ln_residual_fusable(const loom_graph *g, loom_value a, loom_value l
 int loom_cpu_makes_sibling(void *ctx, const loom_plan *plan, loom_value v, loom_value w);
 int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_value v);
 
-/* ln_bwd_accum.c: layer norm's dx added into the residual's other
- * gradient (graph/fuse.c's loom_fuse_ln_bwd_accum). fusable: the planning
- * question (LOOM_FUSE_LN_BWD_ACCUM, dtypes f32/bf16/f16, rows of at most
- * LOOM_CPU_BF16_ROWS); loom_cpu_ln_bwd_accum: runs node v, a
- * LAYERNORM_BWD_DATA carrying LOOM_NODE_ACCUM, and returns 1, or returns
- * 0 for any other node. */
+/* ln_bwd_accum.c: a row norm's dx (layer norm's, RMS norm's) added into
+ * the residual's other gradient (graph/fuse.c's loom_fuse_ln_bwd_accum).
+ * fusable: the planning question (LOOM_FUSE_LN_BWD_ACCUM, dtypes
+ * f32/bf16/f16, rows of at most LOOM_CPU_BF16_ROWS); loom_cpu_ln_bwd_accum:
+ * runs node v, a LAYERNORM_BWD_DATA or RMSNORM_BWD_DATA carrying
+ * LOOM_NODE_ACCUM, and returns 1, or returns 0 for any other node. */
 int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
 int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v);
+
+/* An operand of the fused row kernels (ln_residual.c, ln_bwd_accum.c):
+ * node v's bytes in the arena and its dtype, which travel together. */
+typedef struct loom_cpu_arr {
+	void *p;
+	loom_dtype t;
+} loom_cpu_arr;
+
+static inline loom_cpu_arr loom_cpu_arr_of(const loom_plan *plan, const loom_arena *arena,
+					   loom_value v)
+{
+	loom_cpu_arr a = { loom_arena_ptr(arena, plan, v), (loom_dtype)plan->g->nodes[v].dtype };
+	return a;
+}
+
+/* norm_bf16.c: the f32 row kernel of a row norm's data gradient node n
+ * (layer norm's or RMS norm's, by n's op), the one the norms' entries run. */
+loom_cpu_norm_bwd_data_f32 loom_cpu_norm_bwd_data_kernel(const loom_node *n);
 
 /* side.c: plans the side buffers of plan's nodes into ctx->side (the
  * switches LOOM_CPU_DNNL_POOL and LOOM_CPU_DNNL_BN decide which nodes get

@@ -785,7 +785,9 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 int loom_cuda_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other)
 {
 	const loom_node *dn = &g->nodes[d];
-	if (!loom_opt_bool(LOOM_OPT_CUDA_LN_BWD_ACCUM) || loom_shape_last(&dn->shape) <= 0)
+	/* layer norm's only: RMS norm has no CUDA kernel (the rule asks for both) */
+	if (dn->op != LOOM_OP_LAYERNORM_BWD_DATA || !loom_opt_bool(LOOM_OPT_CUDA_LN_BWD_ACCUM) ||
+	    loom_shape_last(&dn->shape) <= 0)
 		return 0;
 	const loom_value v[6] = { d, dn->src[0], dn->src[1], dn->src[2], s, g->nodes[s].src[other] };
 	for (int i = 0; i < 6; i++)

@@ -37,6 +37,15 @@ loom_value gpt_layernorm(gpt *m, const char *name, loom_value x, int64_t c)
 	return loom_layernorm(m->g, x, w, b, 1e-5);
 }
 
+loom_value gpt_norm(gpt *m, const char *name, loom_value x, int64_t c, int rms)
+{
+	char wn[64];
+	if (!rms)
+		return gpt_layernorm(m, name, x, c);
+	snprintf(wn, sizeof(wn), "%s.weight", name);
+	return loom_rms_norm(m->g, x, gpt_param(m, wn, 1, c, 0, LOOM_INIT_ONES, 0), 1e-5);
+}
+
 loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 {
 	memset(m, 0, sizeof(*m));
@@ -105,6 +114,11 @@ loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, in
 
 loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 {
+	return gpt_two_blocks_norm(m, B, T, V, C, 0);
+}
+
+loom_status gpt_two_blocks_norm(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C, int rms)
+{
 	loom_value x = gpt_embed(m, B, T, V, C);
 	loom_graph *g = m->g;
 	if (x == LOOM_NONE)
@@ -113,13 +127,13 @@ loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 	for (int l = 0; l < 2; l++) {
 		char nm[32];
 		snprintf(nm, sizeof(nm), "h%d.ln_1", l);
-		loom_value h = gpt_layernorm(m, nm, x, C);
+		loom_value h = gpt_norm(m, nm, x, C, rms);
 		snprintf(nm, sizeof(nm), "h%d.c_attn", l);
 		h = loom_causal_self_attention(g, gpt_linear(m, nm, h, 3 * C, C), 2);
 		snprintf(nm, sizeof(nm), "h%d.attn_proj", l);
 		x = loom_add(g, x, gpt_linear(m, nm, h, C, C));
 		snprintf(nm, sizeof(nm), "h%d.ln_2", l);
-		loom_value n2 = gpt_layernorm(m, nm, x, C);
+		loom_value n2 = gpt_norm(m, nm, x, C, rms);
 		snprintf(nm, sizeof(nm), "h%d.c_fc", l);
 		h = loom_gelu(g, gpt_linear(m, nm, n2, 4 * C, C));
 		if (l == 0)
@@ -127,7 +141,7 @@ loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 		snprintf(nm, sizeof(nm), "h%d.mlp_proj", l);
 		x = loom_add(g, x, gpt_linear(m, nm, h, C, 4 * C));
 	}
-	x = gpt_layernorm(m, "ln_f", x, C);
+	x = gpt_norm(m, "ln_f", x, C, rms);
 	loom_value logits = loom_reshape(g, gpt_linear(m, "head", x, V, C), 2, lg);
 	m->loss = loom_softmax_cross_entropy(g, logits, m->targets);
 	return loom_graph_status(g);

@@ -27,6 +27,9 @@ loom_value gpt_param(gpt *m, const char *name, int ndim, int64_t d0, int64_t d1,
 loom_value gpt_linear(gpt *m, const char *name, loom_value x, int64_t out, int64_t in);
 /* name.weight and name.bias [c], ones and zeros, eps 1e-5. */
 loom_value gpt_layernorm(gpt *m, const char *name, loom_value x, int64_t c);
+/* rms 0: gpt_layernorm; else an RMS norm with name.weight [c] (ones),
+ * eps 1e-5, as LLaMA's. */
+loom_value gpt_norm(gpt *m, const char *name, loom_value x, int64_t c, int rms);
 
 /* A new graph in *m (zeroed first) with inputs ids and pos [B, T] and
  * targets [B*T] (m->targets), the token table wte [V, C] (m->wte) and
@@ -37,6 +40,8 @@ loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
  * "head": m->loss the cross-entropy over [B*T, V], m->mlp_act the first
  * block's GELU output. The graph's status (LOOM_OK, or its first error). */
 loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
+/* gpt_two_blocks with its five norms RMS norms where rms (gpt_norm). */
+loom_status gpt_two_blocks_norm(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C, int rms);
 /* The engine's GPT tests' options: the CPU, AdamW (lr 3e-3, weight decay
  * 0.1), amp at level, in bf16 above O0. */
 void gpt_adamw_opts(loom_compile_opts *o, loom_opt_level amp);
