@@ -502,15 +502,6 @@ static loom_status measure(const kprob *q, loom_cpu_node_kern *nk, cache_entry *
 	return LOOM_OK;
 }
 
-/* Whether node v is one of the plan's steps (run, or made by a sibling). */
-static int in_steps(const loom_plan *p, loom_value v)
-{
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == v)
-			return 1;
-	return 0;
-}
-
 loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, char *err)
 {
 	double budget = p->opts.kernel_search_ms > 0 ? p->opts.kernel_search_ms : SEARCH_MS_DEFAULT;
@@ -564,7 +555,7 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 	 * this rank's nodes only, it would change with the cut. */
 	for (loom_value v = 0; v < p->g->n; v++) {
 		kprob q;
-		if (kern[v].kern != LOOM_CPU_KERN_NONE || in_steps(p, v) || prob_of(p, v, &q))
+		if (kern[v].kern != LOOM_CPU_KERN_NONE || loom_step_of(p, v) >= 0 || prob_of(p, v, &q))
 			continue;
 		kern[v].how = LOOM_CPU_KERN_FIXED;
 		if (make(&q, fixed_default(&q), &kern[v]) && !q.fmt &&
