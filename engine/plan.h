@@ -325,6 +325,15 @@ static inline int loom_made_earlier(const loom_plan *pl, loom_value v)
 	return u != LOOM_NONE && u < v;
 }
 
+/* The first step of this rank's plan that runs node v, -1 if none. */
+static inline int loom_step_of(const loom_plan *pl, loom_value v)
+{
+	for (int i = 0; i < pl->n_steps; i++)
+		if (pl->steps[i].kind == LOOM_STEP_NODE && pl->steps[i].v == v)
+			return i;
+	return -1;
+}
+
 /* The one wording of a label outside [0, classes) at softmax-CE node v,
  * for both backends. */
 loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/free_each.h"
 #include "engine/io_view.h"
 #include "io/ckpt_file.h"
 
@@ -150,9 +151,7 @@ static loom_status list_records(loom_program *p, rec_list *l)
 
 static void free_records(rec_list *l)
 {
-	for (int i = 0; l->host && i < l->n; i++)
-		free(l->host[i]);
-	free(l->host);
+	LOOM_FREE_EACH(l->host, l->n);
 	free(l->full);
 	free(l->r);
 	free(l->names);

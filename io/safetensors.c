@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 
 #include "base/errf.h"
+#include "base/free_each.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -79,9 +80,7 @@ void loom_st_free(loom_st_file *f)
 {
 	if (!f)
 		return;
-	for (int i = 0; f->names && i < f->n; i++)
-		free(f->names[i]);
-	free(f->names);
+	LOOM_FREE_EACH(f->names, f->n);
 	free(f->t);
 	json_decref(f->meta);
 	free(f->owned);

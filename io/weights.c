@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/elem.h"
+#include "base/free_each.h"
 #include "engine/io_view.h"
 #include "io/safetensors.h"
 #include "loom_io.h"
@@ -127,9 +128,7 @@ typedef struct export_list {
 
 static void export_free(export_list *l)
 {
-	for (int i = 0; l->host && i < l->n; i++)
-		free(l->host[i]);
-	free(l->host);
+	LOOM_FREE_EACH(l->host, l->n);
 	free(l->names);
 	free(l->t);
 }

@@ -21,6 +21,7 @@
 
 #include <omp.h>
 
+#include "base/memo.h"
 #include "base/options.h"
 #include "engine/cpu/cpu_path.h"
 #include "engine/cpu/kernels.h"
@@ -383,32 +384,10 @@ typedef struct cache_entry {
 	double ms[LOOM_CPU_KERN_COUNT];
 } cache_entry;
 
-static struct {
-	pthread_mutex_t lock;
-	int n;
-	cache_entry e[CACHE_MAX];
-} cache = { .lock = PTHREAD_MUTEX_INITIALIZER };
-
-static int cache_get(const char *key, cache_entry *out)
-{
-	int hit = 0;
-	pthread_mutex_lock(&cache.lock);
-	for (int i = 0; i < cache.n && !hit; i++)
-		if (!strcmp(cache.e[i].key, key)) {
-			*out = cache.e[i];
-			hit = 1;
-		}
-	pthread_mutex_unlock(&cache.lock);
-	return hit;
-}
-
-static void cache_put(const cache_entry *e)
-{
-	pthread_mutex_lock(&cache.lock);
-	if (cache.n < CACHE_MAX)
-		cache.e[cache.n++] = *e;
-	pthread_mutex_unlock(&cache.lock);
-}
+/* Keyed by the whole key buffer: every entry starts zeroed, so the bytes
+ * past the string's end are zero in each. */
+static cache_entry cache_e[CACHE_MAX];
+static loom_memo cache = LOOM_MEMO_INIT(cache_e, sizeof(cache_e[0].key));
 
 /* ------------------------------------------------------------ the plan */
 
@@ -523,15 +502,6 @@ static loom_status measure(const kprob *q, loom_cpu_node_kern *nk, cache_entry *
 	return LOOM_OK;
 }
 
-/* Whether node v is one of the plan's steps (run, or made by a sibling). */
-static int in_steps(const loom_plan *p, loom_value v)
-{
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == v)
-			return 1;
-	return 0;
-}
-
 loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, char *err)
 {
 	double budget = p->opts.kernel_search_ms > 0 ? p->opts.kernel_search_ms : SEARCH_MS_DEFAULT;
@@ -556,7 +526,7 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 		} else if (off) {
 			k = fixed_default(&q);
 			nk->how = LOOM_CPU_KERN_FIXED;
-		} else if (cache_get(e.key, &e)) {
+		} else if (loom_memo_get(&cache, e.key, &e)) {
 			k = e.kern;
 			nk->how = LOOM_CPU_KERN_CACHED;
 		} else if (spent >= budget) {
@@ -565,7 +535,7 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 		} else {
 			if ((s = measure(&q, nk, &e, &spent, err)) != LOOM_OK)
 				return s;
-			cache_put(&e);
+			loom_memo_put(&cache, &e);
 			k = e.kern;
 			nk->how = LOOM_CPU_KERN_MEASURED;
 		}
@@ -585,7 +555,7 @@ loom_status loom_cpu_kern_plan(const loom_plan *p, loom_cpu_node_kern *kern, cha
 	 * this rank's nodes only, it would change with the cut. */
 	for (loom_value v = 0; v < p->g->n; v++) {
 		kprob q;
-		if (kern[v].kern != LOOM_CPU_KERN_NONE || in_steps(p, v) || prob_of(p, v, &q))
+		if (kern[v].kern != LOOM_CPU_KERN_NONE || loom_step_of(p, v) >= 0 || prob_of(p, v, &q))
 			continue;
 		kern[v].how = LOOM_CPU_KERN_FIXED;
 		if (make(&q, fixed_default(&q), &kern[v]) && !q.fmt &&
@@ -609,13 +579,13 @@ loom_cpu_kern loom_cpu_kern_choice(const loom_plan *p, loom_value v)
 		return fixed_default(&q);
 	cache_entry e = { .kern = LOOM_CPU_KERN_NONE };
 	prob_key(&q, e.key, sizeof(e.key));
-	if (cache_get(e.key, &e))
+	if (loom_memo_get(&cache, e.key, &e))
 		return e.kern;
 	loom_cpu_node_kern nk = { 0 };
 	double spent = 0;
 	if (measure(&q, &nk, &e, &spent, err) != LOOM_OK)
 		return fixed_default(&q);
-	cache_put(&e);
+	loom_memo_put(&cache, &e);
 	return e.kern;
 }
 

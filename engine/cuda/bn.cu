@@ -39,15 +39,22 @@ static __device__ __forceinline__ int64_t bn_index(int c, int64_t hw, int ch, in
 	return (i * c + ch) * hw + j;
 }
 
-/* Mean and biased variance of channel ch (every thread gets them). */
-static __device__ void bn_stats(int n, int c, int64_t hw, const void *x, int xdt, int ch,
-				double *mean, double *var)
+/* Mean of channel ch's m = n * hw values (every thread gets it). */
+static __device__ double bn_mean(int n, int c, int64_t hw, const void *x, int xdt, int ch)
 {
 	const int64_t m = (int64_t)n * hw;
 	double s = 0;
 	for (int64_t k = threadIdx.x; k < m; k += blockDim.x)
 		s += loom_ld(x, xdt, bn_index(c, hw, ch, k));
-	const double mu = loom_block_sum(s) / (double)m;
+	return loom_block_sum(s) / (double)m;
+}
+
+/* Mean and biased variance of channel ch (every thread gets them). */
+static __device__ void bn_stats(int n, int c, int64_t hw, const void *x, int xdt, int ch,
+				double *mean, double *var)
+{
+	const int64_t m = (int64_t)n * hw;
+	const double mu = bn_mean(n, c, hw, x, xdt, ch);
 	double q = 0;
 	for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
 		double d = loom_ld(x, xdt, bn_index(c, hw, ch, k)) - mu;
@@ -63,10 +70,7 @@ static __device__ void bn_bwd_sums(int n, int c, int64_t hw, const void *x, int 
 				   double *sdy, double *sdyx)
 {
 	const int64_t m = (int64_t)n * hw;
-	double s = 0;
-	for (int64_t k = threadIdx.x; k < m; k += blockDim.x)
-		s += loom_ld(x, xdt, bn_index(c, hw, ch, k));
-	const double mu = loom_block_sum(s) / (double)m;
+	const double mu = bn_mean(n, c, hw, x, xdt, ch);
 	double q = 0, a = 0, b = 0;
 	for (int64_t k = threadIdx.x; k < m; k += blockDim.x) {
 		int64_t o = bn_index(c, hw, ch, k);

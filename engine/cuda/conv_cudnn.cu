@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/memo.h"
 #include "base/options.h"
 #include "engine/cuda/cuda_internal.h"
 
@@ -133,32 +134,8 @@ typedef struct conv_choice {
 	float ms, heur_ms;
 } conv_choice;
 
-static struct {
-	pthread_mutex_t lock;
-	int n;
-	conv_choice e[CACHE_MAX];
-} cache = { PTHREAD_MUTEX_INITIALIZER, 0, {} };
-
-static int cache_get(const conv_key *k, conv_choice *out)
-{
-	int hit = 0;
-	pthread_mutex_lock(&cache.lock);
-	for (int i = 0; i < cache.n && !hit; i++)
-		if (!memcmp(&cache.e[i].key, k, sizeof(*k))) {
-			*out = cache.e[i];
-			hit = 1;
-		}
-	pthread_mutex_unlock(&cache.lock);
-	return hit;
-}
-
-static void cache_put(const conv_choice *ch)
-{
-	pthread_mutex_lock(&cache.lock);
-	if (cache.n < CACHE_MAX)
-		cache.e[cache.n++] = *ch;
-	pthread_mutex_unlock(&cache.lock);
-}
+static conv_choice cache_e[CACHE_MAX];
+static loom_memo cache = LOOM_MEMO_INIT(cache_e, sizeof(conv_key));
 
 static double now_ms(void)
 {
@@ -368,7 +345,7 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 	if (s->off)
 		return;
 	conv_key_of(p, c, n, cp, f32, tf32, &k);
-	if (cache_get(&k, &ch)) {
+	if (loom_memo_get(&cache, &k, &ch)) {
 		*algo = ch.algo;
 		*math = (cudnnMathType_t)ch.math;
 		cp->ms = ch.ms;
@@ -409,7 +386,7 @@ static void search_algo(const loom_plan *p, loom_cuda_ctx *c, const loom_node *n
 	ch.heur_algo = cp->heur_algo;
 	ch.ms = ms;
 	ch.heur_ms = hms;
-	cache_put(&ch);
+	loom_memo_put(&cache, &ch);
 }
 
 /* loom_compile_opts.deterministic, or LOOM_DETERMINISTIC=1: the

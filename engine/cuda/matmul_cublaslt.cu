@@ -347,15 +347,6 @@ static int mm_tries(int bias, int relu, int bgrad, cublasLtEpilogue_t tries[3])
 	return n;
 }
 
-/* The step node v runs at, -1 if none. */
-static int step_of(const loom_plan *p, loom_value v)
-{
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == v)
-			return i;
-	return -1;
-}
-
 /* Whether values a and b share a byte. */
 static int bytes_overlap(const loom_plan *p, loom_value a, loom_value b)
 {
@@ -464,7 +455,7 @@ loom_value loom_cuda_gelu_partner(const loom_plan *p, loom_value v, int *dgelu, 
 			return LOOM_NONE;
 	}
 	/* Nothing between v and g touches g's bytes (written early). */
-	const int sv = step_of(p, v), sg = step_of(p, gn);
+	const int sv = loom_step_of(p, v), sg = loom_step_of(p, gn);
 	if (sv < 0 || sg <= sv || p->pipe || !quiet_between(p, sv, sg, gn))
 		return LOOM_NONE;
 	/* What the epilogue writes (g's output) apart from what it reads: the

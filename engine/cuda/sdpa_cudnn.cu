@@ -105,6 +105,28 @@ static void push_op(loom_sdpa_graph *b, cudnnBackendDescriptor_t op)
 	b->ops[b->nops++] = op;
 }
 
+/* One input or output of an operation: the attribute that names it, the
+ * tensor or descriptor, and what an error calls it. */
+typedef struct {
+	cudnnBackendAttributeName_t attr;
+	cudnnBackendDescriptor_t d;
+	const char *what;
+} sdpa_link;
+
+/* An operation of type t over its n links (a NULL one is an input the
+ * operation goes without: pointwise's b and t), finalized and appended to
+ * the graph's operations. */
+static void add_op(loom_sdpa_graph *b, cudnnBackendDescriptorType_t t, const char *what,
+		   const sdpa_link *l, int n)
+{
+	cudnnBackendDescriptor_t op = make(b, t, what);
+	for (int i = 0; i < n; i++)
+		if (l[i].d)
+			set(b, op, l[i].attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &l[i].d, l[i].what);
+	fin(b, op, what);
+	push_op(b, op);
+}
+
 /* A tensor: uid 0 takes the next virtual id. */
 static cudnnBackendDescriptor_t tensor(loom_sdpa_graph *b, int64_t uid, cudnnDataType_t dt,
 				       const int64_t dim[4], const int64_t str[4], int virt,
@@ -144,19 +166,14 @@ static void pw(loom_sdpa_graph *b, cudnnPointwiseMode_t mode, cudnnDataType_t pr
 	if (axis >= 0)
 		set(b, d, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
 	fin(b, d, "pointwise");
-	cudnnBackendDescriptor_t op = make(b, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise op");
-	set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d,
-	    "pointwise op desc");
-	set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "pointwise x");
-	if (b2)
-		set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b2,
-		    "pointwise b");
-	if (t)
-		set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t,
-		    "pointwise t");
-	set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "pointwise y");
-	fin(b, op, "pointwise op");
-	push_op(b, op);
+	const sdpa_link l[] = {
+		{ CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, d, "pointwise op desc" },
+		{ CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x" },
+		{ CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b2, "pointwise b" },
+		{ CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t" },
+		{ CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y" },
+	};
+	add_op(b, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise op", l, 5);
 }
 
 /* c = a b, fp32 accumulation. */
@@ -167,13 +184,13 @@ static void mm(loom_sdpa_graph *b, cudnnBackendDescriptor_t a, cudnnBackendDescr
 	cudnnBackendDescriptor_t d = make(b, CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul");
 	set(b, d, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, "matmul compute type");
 	fin(b, d, "matmul");
-	cudnnBackendDescriptor_t op = make(b, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op");
-	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "matmul a");
-	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bb, "matmul b");
-	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "matmul c");
-	set(b, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d, "matmul op desc");
-	fin(b, op, "matmul op");
-	push_op(b, op);
+	const sdpa_link l[] = {
+		{ CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a" },
+		{ CUDNN_ATTR_OPERATION_MATMUL_BDESC, bb, "matmul b" },
+		{ CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c" },
+		{ CUDNN_ATTR_OPERATION_MATMUL_DESC, d, "matmul op desc" },
+	};
+	add_op(b, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op", l, 4);
 }
 
 /* y = the reduction of x over the dims where y is 1. */
@@ -186,23 +203,22 @@ static void red(loom_sdpa_graph *b, cudnnReduceTensorOp_t o, cudnnBackendDescrip
 	    "reduction operator");
 	set(b, d, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, "reduction compute type");
 	fin(b, d, "reduction");
-	cudnnBackendDescriptor_t op = make(b, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction op");
-	set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reduction x");
-	set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reduction y");
-	set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d,
-	    "reduction op desc");
-	fin(b, op, "reduction op");
-	push_op(b, op);
+	const sdpa_link l[] = {
+		{ CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x" },
+		{ CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y" },
+		{ CUDNN_ATTR_OPERATION_REDUCTION_DESC, d, "reduction op desc" },
+	};
+	add_op(b, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction op", l, 3);
 }
 
 /* y = x seen with y's dims and strides (a transpose). */
 static void reshape(loom_sdpa_graph *b, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
-	cudnnBackendDescriptor_t op = make(b, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape op");
-	set(b, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reshape x");
-	set(b, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reshape y");
-	fin(b, op, "reshape op");
-	push_op(b, op);
+	const sdpa_link l[] = {
+		{ CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x" },
+		{ CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y" },
+	};
+	add_op(b, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape op", l, 2);
 }
 
 /* The operation graph, the heuristic's engine configurations (mode A),
