@@ -34,6 +34,14 @@ r gpt_O2_fp8_delayed_amax_pass env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODU
 r gpt_O2_fp8_delayed_amax_producer env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 $b/gpt_ddp $F --fp8-scaling delayed
 grep -a "^step +20/20" $o/gpt_O2_fp8_*amax_*.log | cut -c1-160
 echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer.log)"
+# --amp-report under current scaling (the device default: the casts record
+# each tensor's amax, scale and saturated count on the device, issue 42
+# item 6): a row per scaled tensor with its amax, the losses and tok/s
+# gpt_O2_fp8_amax_pass's (the step computes the same; the report syncs at the
+# log lines only).
+r gpt_O2_fp8_amp_report env LOOM_CUDA_FP8_GEMM=1 $b/gpt_ddp $F --amp-report
+grep -a "^step +20/20" $o/gpt_O2_fp8_amax_pass.log $o/gpt_O2_fp8_amp_report.log | cut -c1-160
+grep -a "^amp: fp8" $o/gpt_O2_fp8_amp_report.log | tail -1; grep -aE "^  [0-9]+ " $o/gpt_O2_fp8_amp_report.log | tail -4
 # Layer norm's dx added into the residual's gradient in its own pass, no add
 # kernel (layernorm.cu, LOOM_CUDA_LN_BWD_ACCUM), off and on side by side, on
 # the default backward and the warp one (default off: not yet run on a GPU);

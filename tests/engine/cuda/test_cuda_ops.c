@@ -4270,6 +4270,111 @@ Test(cuda_ops, fp8_amax_producer_matches_cpu)
 	}
 }
 
+/* Every scaled tensor of the last step on CUDA and the CPU through the
+ * host view (under current scaling the device's per-tensor state, read
+ * back): the same scale and saturated count, the amax within
+ * FP8_DELAYED_LOSS_REL (bf16 activations in the device's summation
+ * order), exactly at step 0 for the weights' roundings (the same
+ * values); the report a row per tensor. */
+static void fp8_same_report(loom_program *cuda, loom_program *cpu, int step)
+{
+	const int n = loom_fp8_tensor_count(cpu);
+	cr_assert_eq(loom_fp8_tensor_count(cuda), n);
+	for (int i = 0; i < n; i++) {
+		loom_fp8_tensor_info a, b;
+		cr_assert_eq(loom_fp8_tensor_get(cuda, i, &a), LOOM_OK, "%s",
+			     loom_program_error(cuda));
+		cr_assert_eq(loom_fp8_tensor_get(cpu, i, &b), LOOM_OK);
+		const int weight = b.name[0] == 'w' && strstr(b.name, ".e4m3");
+		cr_expect(a.scale == b.scale && a.saturated == b.saturated,
+			  "step %d, %s: cuda scale %g (%lld saturated), cpu %g (%lld)", step, b.name,
+			  a.scale, (long long)a.saturated, b.scale, (long long)b.saturated);
+		cr_expect(b.amax > 0 && fabs(a.amax - b.amax) <= FP8_DELAYED_LOSS_REL * b.amax,
+			  "step %d, %s: cuda amax %.9g, cpu %.9g", step, b.name, a.amax, b.amax);
+		cr_expect(step > 0 || !weight || a.amax == b.amax,
+			  "step 0, %s: cuda amax %.9g, cpu %.9g (the same weights)", b.name, a.amax,
+			  b.amax);
+	}
+	char *buf = NULL;
+	size_t len = 0, rows = 0;
+	FILE *f = open_memstream(&buf, &len);
+	loom_amp_report(cuda, f);
+	fclose(f);
+	cr_expect(strstr(buf, "fp8, current scaling"), "%s", buf);
+	for (const char *at = strstr(buf, "\n  "); at; at = strstr(at + 1, "\n  "))
+		rows += at[3] >= '0' && at[3] <= '9'; /* "  <node> <tensor> ..." */
+	cr_expect_eq(rows, (size_t)n, "%zu rows for %d tensors\n%s", rows, n, buf);
+	free(buf);
+}
+
+/*
+ * --amp-report under current scaling on CUDA (issue 42 item 6): the casts
+ * record each tensor's amax, scale and saturated count into the device's
+ * per-tensor state as they cast, read back for the report only. Against
+ * the CPU, three SGD steps of fp8_block_net (the amax pass) and of
+ * fp8_ln_block_net with LOOM_CUDA_FP8_AMAX_PRODUCER=1 (the amax the
+ * layer norm's and GELU's): fp8_same_report after each; then a step of
+ * fp8_block_net with x holding inf and 1000 (scale 1: both saturate in
+ * E4M3) gives x's rounding the CPU's count, 2.
+ */
+Test(cuda_ops, fp8_current_report_matches_cpu)
+{
+	NEED_GPU();
+	for (int ln = 0; ln < 2; ln++) {
+		loom_graph *g;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value v[6];
+		loom_value loss = ln ? fp8_ln_block_net(g, v) : fp8_block_net(g, v);
+		loom_program *p[2] = {
+			compile_fp8_as(g, loss, LOOM_DEVICE_CPU, 0, 0.01, LOOM_FP8_SCALING_CURRENT),
+			compile_fp8_producer(g, loss, ln, LOOM_FP8_SCALING_CURRENT),
+		};
+		cr_assert(!p[1]->ts.fp8.delayed && p[1]->ts.fp8.n > 0, "cuda: current scaling");
+		double buf[4 * 16 * 32];
+		const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
+		rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)ln;
+		for (int k = 0; k < 4; k++) {
+			for (size_t i = 0; i < ns[k]; i++)
+				buf[i] = k == 3 ? urand() / 64 : urand() * (k == 0 ? 3 : 1);
+			for (int d = 0; d < 2; d++)
+				fp8_write(p[d], v[k], buf, ns[k]);
+		}
+		for (int step = 0; step < 3; step++) {
+			for (int d = 0; d < 2; d++)
+				cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%d step %d: %s", d,
+					     step, loom_program_error(p[d]));
+			fp8_same_report(p[1], p[0], step);
+		}
+		if (!ln) {
+			for (size_t i = 0; i < ns[0]; i++)
+				buf[i] = i == 0 ? INFINITY : i == 1 ? -1000 : urand();
+			for (int d = 0; d < 2; d++) {
+				fp8_write(p[d], v[0], buf, ns[0]);
+				cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%s",
+					     loom_program_error(p[d]));
+			}
+			int found = 0;
+			for (int i = 0; i < loom_fp8_tensor_count(p[0]); i++) {
+				loom_fp8_tensor_info a, b;
+				cr_assert_eq(loom_fp8_tensor_get(p[1], i, &a), LOOM_OK);
+				cr_assert_eq(loom_fp8_tensor_get(p[0], i, &b), LOOM_OK);
+				if (strcmp(b.name, "x.e4m3"))
+					continue;
+				found = 1;
+				cr_expect(b.saturated == 2 && a.saturated == 2 && a.scale == 1 &&
+						  isinf(a.amax),
+					  "x: cuda %lld saturated (scale %g, amax %g), cpu %lld",
+					  (long long)a.saturated, a.scale, a.amax,
+					  (long long)b.saturated);
+			}
+			cr_expect(found, "no tensor x.e4m3");
+		}
+		for (int d = 0; d < 2; d++)
+			loom_program_free(p[d]);
+		loom_graph_free(g);
+	}
+}
+
 /* ------------------------------------------------------------ fp8 storage on CUDA */
 
 /* fp8_cuda_like_begin(0): the CPU asking the CUDA backend's reads_fp8. */
