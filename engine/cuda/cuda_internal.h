@@ -306,8 +306,9 @@ typedef struct loom_cuda_node_plan {
 	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
 	/* LOOM_CUDA_FP8_AMAX_PRODUCER (fp8.cu's loom_cuda_fp8_amax_plan): on
-	 * a layer norm or GELU forward, the FP8_QDQ node whose amax slot its
-	 * kernel fills with the max |y| of what it stores; on that FP8_QDQ,
+	 * a layer norm or GELU (forward, or backward: GELU_BWD,
+	 * LAYERNORM_BWD_DATA), the FP8_QDQ node whose amax slot its kernel
+	 * fills with the max |y| of what it stores; on that FP8_QDQ,
 	 * the producer, so its amax pass is not launched. LOOM_NONE: none. */
 	loom_value fp8_amax;
 	/* FP8 storage (fp8.cu's loom_cuda_fp8_storage_plan): the sources

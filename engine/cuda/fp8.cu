@@ -413,12 +413,17 @@ float *loom_cuda_fp8_scale(const loom_cuda_ctx *c, loom_value q)
 /*
  * The amax from the kernel that writes the tensor (issue 42 item 3,
  * LOOM_CUDA_FP8_AMAX_PRODUCER): an FP8_QDQ rounding through E4M3 or E5M2
- * whose source is a layer norm's or a GELU's forward output, in a float
- * dtype the producer stores itself, directly or through whole views of
- * it (no cast between: the amax must be of the very values the QDQ
- * reads). Plain rule on the
- * graph, so that a test asks it without a device; the plan adds what
- * only the node plans know.
+ * whose source is written by a kernel that takes the amax of what it
+ * stores: in the forward a layer norm's or a GELU's output (the E4M3
+ * casts of a product's input), in the backward a GELU's or a layer
+ * norm's data gradient (the E5M2 casts of a product's output gradient:
+ * the fc product's from the GELU, a product's that feeds a layer norm
+ * from its dx, with the residual's other gradient added in where
+ * LOOM_CUDA_LN_BWD_ACCUM fused the sum: the kernel's amax is then the
+ * sum's), in a float dtype the producer stores itself, directly or
+ * through whole views of it (no cast between: the amax must be of the
+ * very values the QDQ reads). Plain rule on the graph, so that a test
+ * asks it without a device; the plan adds what only the node plans know.
  */
 static loom_value amax_producer_rule(const loom_graph *g, loom_value q)
 {
@@ -434,7 +439,8 @@ static loom_value amax_producer_rule(const loom_graph *g, loom_value q)
 		       loom_shape_numel(&g->nodes[g->nodes[x].src[0]].shape))
 		x = g->nodes[x].src[0];
 	const loom_node *xn = &g->nodes[x];
-	if (xn->op != LOOM_OP_LAYERNORM && xn->op != LOOM_OP_GELU)
+	if (xn->op != LOOM_OP_LAYERNORM && xn->op != LOOM_OP_GELU &&
+	    xn->op != LOOM_OP_GELU_BWD && xn->op != LOOM_OP_LAYERNORM_BWD_DATA)
 		return LOOM_NONE;
 	if (xn->dtype != LOOM_F32 && xn->dtype != LOOM_F16 && xn->dtype != LOOM_BF16)
 		return LOOM_NONE;
@@ -496,8 +502,11 @@ int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 	    p->g->nodes[v].op != LOOM_OP_FP8_QDQ)
 		return 0;
 	const loom_value x = c->plans[v].fp8_amax;
+	const int op = p->g->nodes[x].op;
 	snprintf(buf, len, "amax by its producer %d (%s), no amax pass", (int)x,
-		 p->g->nodes[x].op == LOOM_OP_LAYERNORM ? "layer norm" : "gelu");
+		 op == LOOM_OP_LAYERNORM ? "layer norm" :
+		 op == LOOM_OP_LAYERNORM_BWD_DATA ? "layer norm's dx" :
+		 op == LOOM_OP_GELU_BWD ? "gelu's backward" : "gelu");
 	return 1;
 }
 

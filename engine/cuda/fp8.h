@@ -47,8 +47,9 @@ void loom_cuda_fp8_state_free(loom_cuda_ctx *c);
 
 /*
  * The amax from the producer (LOOM_CUDA_FP8_AMAX_PRODUCER, fp8.cu): the
- * plan pass that pairs an FP8_QDQ with the layer norm or GELU kernel
- * writing its source (loom_cuda_node_plan.fp8_amax on both); a producer's
+ * plan pass that pairs an FP8_QDQ with the layer norm or GELU kernel,
+ * forward or backward, writing its source (loom_cuda_node_plan.fp8_amax
+ * on both); a producer's
  * entry asks amax_begin for the slot its kernel fills (NULL: none; the
  * slot zeroed on the compute stream first), and --dump-graph's note on
  * the QDQ says so (0: nothing to say).
