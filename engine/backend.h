@@ -255,10 +255,12 @@ typedef struct loom_backend_input {
 	loom_status (*input_release)(void *ctx, void *dst, size_t bytes);
 } loom_backend_input;
 
-/* amp.fp8's delayed scaling kept on the device (amp/fp8_scaling.h's
- * state, which the kernels read and write there). NULL: the kernels use
- * ts.fp8 in host memory (the CPU), or a device backend casts by current
- * scaling only (delayed is refused, naming the backend). */
+/* amp.fp8's per-tensor state kept on the device (amp/fp8_scaling.h's
+ * state, which the kernels read and write there), under either recipe:
+ * under current scaling the casts record their amaxes, scales and
+ * saturation counts there for the report. NULL: the kernels use ts.fp8
+ * in host memory (the CPU), or a device backend casts by current scaling
+ * only and records nothing (delayed is refused, naming the backend). */
 typedef struct loom_backend_fp8 {
 	/* ts.fp8 onto the device, at compile and after a checkpoint's load
 	 * (allocating the device copy the first time); waits. */

@@ -550,8 +550,9 @@ static loom_status fp8_tensors(loom_program *p)
 			t->fmax = t->fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
 		}
 	}
-	/* a device backend's copy of the state (allocated here) */
-	if (p->ts.fp8.delayed && p->be->fp8 &&
+	/* a device backend's copy of the state (allocated here; under
+	 * current scaling what its casts record for the report) */
+	if (p->ts.fp8.n > 0 && p->be->fp8 &&
 	    (st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8)) != LOOM_OK)
 		return loom_pass_backend_failed(p, loom_program_backend_fail(p, st));
 	return LOOM_OK;

@@ -473,18 +473,39 @@ static loom_status exec_accum(loom_program *p, const loom_step *s, unsigned flag
 	return LOOM_OK;
 }
 
+/* Whether fp8's per-tensor state lives on the device (loom_backend_fp8):
+ * under either recipe where the backend keeps it (under current scaling
+ * for the report alone: the casts take their scales from their amaxes). */
+static int fp8_on_device(const loom_program *p)
+{
+	return p->be->fp8 && p->ts.fp8.n > 0;
+}
+
+/* Whether the device communicator max-reduces and sums in stream order. */
+static int fp8_device_reduces(const loom_program *p)
+{
+	loom_comm *dev = loom_pg_comm_if(p->plan.opts.pg, LOOM_COMM_DEVICE);
+	return p->be->fp8->fp8_reduce_begin && dev && dev->i->allreduce_max_ordered &&
+	       dev->i->allreduce_ordered;
+}
+
 /*
  * The step end of a device's copy (loom_backend_fp8): the step's amaxes
  * max-reduced and counts summed over the whole group on the device
- * communicator in the compute stream's order (compile made sure it has a
- * max), then the update, all queued in the step (a captured step holds
- * it); ts.fp8 is read back only by the host view (loom_exec_fp8_host).
+ * communicator in the compute stream's order (under delayed scaling
+ * compile made sure it has a max; under current scaling, whose scales
+ * need no other rank's, a communicator without one leaves each rank its
+ * own figures), then the update, all queued in the step (a captured step
+ * holds it); ts.fp8 is read back only by the host view
+ * (loom_exec_fp8_host).
  */
 static loom_status fp8_step_end_device(loom_program *p, int n, int world)
 {
 	const loom_backend_fp8 *f = p->be->fp8;
 	void *amax = NULL, *sat = NULL;
 	loom_status st;
+	if (world > 1 && !p->ts.fp8.delayed && !fp8_device_reduces(p))
+		world = 1;
 	if (world > 1) {
 		loom_comm *dev = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_DEVICE);
 		void *stream = p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE);
@@ -519,7 +540,7 @@ static loom_status fp8_step_end(loom_program *p)
 	int n = fs->n, world = pi && pi->world > 1 ? pi->world : 1;
 	if (n == 0)
 		return LOOM_OK;
-	if (fs->delayed && p->be->fp8)
+	if (fp8_on_device(p))
 		return fp8_step_end_device(p, n, world);
 	if (world > 1) {
 		loom_comm *host = loom_pg_comm(p->plan.opts.pg, LOOM_COMM_HOST);
@@ -566,7 +587,7 @@ loom_status loom_exec_fp8_host(loom_program *p)
 
 loom_status loom_exec_fp8_device(loom_program *p)
 {
-	if (!p->ts.fp8.delayed || !p->be->fp8)
+	if (!fp8_on_device(p))
 		return LOOM_OK;
 	loom_status st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8);
 	if (st != LOOM_OK)
@@ -732,11 +753,11 @@ static loom_status watch_marks(loom_program *p)
 	return first;
 }
 
-/* A run on a backend that keeps fp8's delayed state on the device: from
- * now ts.fp8 is older than the device's copy (loom_exec_fp8_host). */
+/* A run on a backend that keeps fp8's state on the device: from now
+ * ts.fp8 is older than the device's copy (loom_exec_fp8_host). */
 static void fp8_device_runs(loom_program *p)
 {
-	if (p->ts.fp8.delayed && p->be->fp8)
+	if (fp8_on_device(p))
 		p->exec->fp8_on_device_newer = 1;
 }
 

@@ -316,8 +316,9 @@ typedef struct loom_amp_opts {
 	 * empty history (the first) casts by current scaling. Scales and
 	 * histories are checkpointed and the same on every rank (amaxes
 	 * max-reduced across data-parallel ranks); ranks must agree on all
-	 * three. On CUDA the default is current scaling; delayed keeps its
-	 * state on the device (reduced across ranks on NCCL). */
+	 * three. On CUDA the default is current scaling; either recipe keeps
+	 * its per-tensor state on the device (reduced across ranks on NCCL),
+	 * under current scaling for loom_amp_report alone. */
 	int fp8_scaling;
 	int fp8_history;
 	int fp8_margin;

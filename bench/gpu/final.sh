@@ -34,6 +34,22 @@ r gpt_O2_fp8_delayed_amax_pass env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODU
 r gpt_O2_fp8_delayed_amax_producer env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 $b/gpt_ddp $F --fp8-scaling delayed
 grep -a "^step +20/20" $o/gpt_O2_fp8_*amax_*.log | cut -c1-160
 echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer.log)"
+# The same with the layer norm's dx summed into the residual's gradient in its
+# kernel (LOOM_CUDA_LN_BWD_ACCUM=1), so that the E5M2 casts of the attention
+# and MLP projections' output gradients take the sum's amax from it too (with
+# the GELU backward's: issue 42 item 2's backward casts); the same losses.
+r gpt_O2_fp8_amax_pass_ln_accum env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=0 LOOM_CUDA_LN_BWD_ACCUM=1 $b/gpt_ddp $F
+r gpt_O2_fp8_amax_producer_ln_accum env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 LOOM_CUDA_LN_BWD_ACCUM=1 $b/gpt_ddp $F --dump-graph
+grep -a "^step +20/20" $o/gpt_O2_fp8_amax_*ln_accum.log | cut -c1-160
+echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer_ln_accum.log) (of them the backward's: $(grep -ac "amax by its producer.*\(backward\|dx\)" $o/gpt_O2_fp8_amax_producer_ln_accum.log))"
+# --amp-report under current scaling (the device default: the casts record
+# each tensor's amax, scale and saturated count on the device, issue 42
+# item 6): a row per scaled tensor with its amax, the losses and tok/s
+# gpt_O2_fp8_amax_pass's (the step computes the same; the report syncs at the
+# log lines only).
+r gpt_O2_fp8_amp_report env LOOM_CUDA_FP8_GEMM=1 $b/gpt_ddp $F --amp-report
+grep -a "^step +20/20" $o/gpt_O2_fp8_amax_pass.log $o/gpt_O2_fp8_amp_report.log | cut -c1-160
+grep -a "^amp: fp8" $o/gpt_O2_fp8_amp_report.log | tail -1; grep -aE "^  [0-9]+ " $o/gpt_O2_fp8_amp_report.log | tail -4
 # Layer norm's dx added into the residual's gradient in its own pass, no add
 # kernel (layernorm.cu, LOOM_CUDA_LN_BWD_ACCUM), off and on side by side, on
 # the default backward and the warp one (default off: not yet run on a GPU);

@@ -306,8 +306,9 @@ typedef struct loom_cuda_node_plan {
 	loom_value ce_bwd;
 	loom_cuda_sdpa_plan sdpa;
 	/* LOOM_CUDA_FP8_AMAX_PRODUCER (fp8.cu's loom_cuda_fp8_amax_plan): on
-	 * a layer norm or GELU forward, the FP8_QDQ node whose amax slot its
-	 * kernel fills with the max |y| of what it stores; on that FP8_QDQ,
+	 * a layer norm or GELU (forward, or backward: GELU_BWD,
+	 * LAYERNORM_BWD_DATA), the FP8_QDQ node whose amax slot its kernel
+	 * fills with the max |y| of what it stores; on that FP8_QDQ,
 	 * the producer, so its amax pass is not launched. LOOM_NONE: none. */
 	loom_value fp8_amax;
 	/* FP8 storage (fp8.cu's loom_cuda_fp8_storage_plan): the sources
@@ -352,10 +353,10 @@ typedef struct loom_cuda_input {
 	int node_slot;          /* the slot that node reads */
 } loom_cuda_input;
 
-/* Delayed FP8 scaling's state on the device (fp8.cu): ts.fp8's tensors
- * (amp/fp8_scaling.h), their amax histories, the ring's {filled, pos} and
- * the packed buffers of the reduction over the ranks, one allocation; t is
- * NULL where the plan has none. */
+/* FP8 scaling's state on the device (fp8.cu): ts.fp8's tensors
+ * (amp/fp8_scaling.h), under delayed scaling their amax histories and the
+ * ring's {filled, pos}, and the packed buffers of the reduction over the
+ * ranks, one allocation; t is NULL where the plan has none. */
 typedef struct loom_cuda_fp8_dev {
 	loom_fp8_tensor *t;
 	float *hist;
@@ -363,6 +364,7 @@ typedef struct loom_cuda_fp8_dev {
 	float *amax;     /* the step's amaxes and saturation counts, packed for */
 	double *sat;     /* the all-reduces over the ranks (fp8_reduce_begin) */
 	int n, len, margin;
+	int delayed;     /* 0: current scaling (len 0, no history; the ring unused) */
 	size_t bytes;
 } loom_cuda_fp8_dev;
 
@@ -483,8 +485,8 @@ typedef struct loom_cuda_ctx {
 	int fp8_gemm;
 	int fp8_amax_producer; /* LOOM_CUDA_FP8_AMAX_PRODUCER (0) */
 	float *fp8_slots;
-	/* Delayed scaling's state on the device (fp8.cu, a copy of
-	 * ts.fp8's): NULL under current scaling or without fp8. */
+	/* fp8's per-tensor state on the device (fp8.cu, a copy of ts.fp8's):
+	 * t NULL without fp8; under current scaling the tensors alone. */
 	loom_cuda_fp8_dev fp8_dev;
 
 	unsigned flags;            /* the current run's LOOM_EXEC_* */

@@ -94,20 +94,43 @@ __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned
 }
 
 /* Every thread derives the scale from the amax (a few instructions); block
- * 0 leaves it and its inverse in the slot for the products that read it. */
+ * 0 leaves it and its inverse in the slot for the products that read it.
+ * t not NULL (a training run with the per-tensor state on the device):
+ * the amax (slot[0]'s, taken before the cast) and the scale into the
+ * tensor's step in progress by one thread, as the CPU's record does. A
+ * scale from a finite amax saturates nothing (amax * scale <= fmax), so
+ * only a non-finite amax (uniform over the launch: every thread reads
+ * the same slot) takes a second look at x to count what saturated; the
+ * cast's own loop is the unrecorded one. */
 __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
-				    int fmt, float *slot, int store)
+				    int fmt, float *slot, int store, loom_fp8_tensor *t)
 {
-	const float scale = loom_fp8_scale(slot[0], fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX);
+	const float fmax = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
+	const float amax = slot[0];
+	const float scale = loom_fp8_scale(amax, fmax);
 	const float inv = 1.0f / scale; /* exact: a power of two */
 	if (blockIdx.x == 0 && threadIdx.x == 0) {
 		slot[1] = scale;
 		slot[2] = inv;
 		qdq_put_scale(y, n, scale, store);
+		if (t) {
+			t->cur_scale = scale;
+			if (amax > 0)
+				atomicMax((unsigned *)&t->amax, __float_as_uint(amax));
+		}
 	}
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x)
 		qdq_put(y, ydt, i, loom_ld(x, xdt, i) * scale, inv, fmt, store);
+	if (!t || amax <= 3.4028234663852886e38f)
+		return;
+	double sat = 0;
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		sat += fabsf(loom_ld(x, xdt, i) * scale) > fmax;
+	const double bs = loom_block_sum(sat);
+	if (threadIdx.x == 0 && bs > 0)
+		atomicAdd((unsigned long long *)&t->saturated, (unsigned long long)bs);
 }
 
 /* Delayed scaling (fp8.h): the scale is the tensor's device scale once the
@@ -152,21 +175,24 @@ __global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int
 }
 
 /* Every tensor's step end (amp/fp8_scaling.h's own inline update), one
- * block; then thread 0 advances the ring, after every thread has read it. */
+ * block; then thread 0 advances the ring, after every thread has read it.
+ * len 0 (current scaling): the step's counters into last_*, no history,
+ * no ring. */
 __global__ void loom_fp8_step_end_kernel(loom_fp8_tensor *t, float *hist, int *ring, int n,
 					 int len, int margin, const float *amax, const double *sat)
 {
+	const int delayed = len > 0;
 	const int filled = ring[0] < len ? ring[0] + 1 : ring[0], pos = ring[1];
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		if (amax) { /* reduced over the ranks (fp8_reduce_begin's buffers) */
 			t[i].amax = amax[i];
 			t[i].saturated = (int64_t)sat[i];
 		}
-		loom_fp8_tensor_step_end(&t[i], hist + (size_t)i * len, len, pos, filled, 1,
+		loom_fp8_tensor_step_end(&t[i], hist + (size_t)i * len, len, pos, filled, delayed,
 					 margin);
 	}
 	__syncthreads();
-	if (threadIdx.x == 0) {
+	if (threadIdx.x == 0 && delayed) {
 		ring[0] = filled;
 		ring[1] = (pos + 1) % len;
 	}
@@ -250,14 +276,15 @@ loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt
 }
 
 loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt, void *y,
-			      int ydt, int64_t n, int fmt, float *slot, int store)
+			      int ydt, int64_t n, int fmt, float *slot, int store,
+			      loom_fp8_tensor *t)
 {
 	if (!is_fp8(fmt))
 		return loom_cuda_cast(err, s, x, xdt, y, ydt, n);
 	if (n <= 0)
 		return LOOM_OK;
 	loom_fp8_qdq_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n,
-									     fmt, slot, store);
+									     fmt, slot, store, t);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -292,7 +319,7 @@ loom_status loom_cuda_fp8_step_end_launch(char *err, cudaStream_t s, loom_fp8_te
 					  float *hist, int *ring, int n, int len, int margin,
 					  const float *amax, const double *sat)
 {
-	if (n <= 0 || len <= 0)
+	if (n <= 0 || len < 0)
 		return LOOM_OK;
 	loom_fp8_step_end_kernel<<<1, threads, 0, s>>>(t, hist, ring, n, len, margin, amax, sat);
 	return LOOM_CUDA_LAUNCHED(err);
@@ -386,12 +413,17 @@ float *loom_cuda_fp8_scale(const loom_cuda_ctx *c, loom_value q)
 /*
  * The amax from the kernel that writes the tensor (issue 42 item 3,
  * LOOM_CUDA_FP8_AMAX_PRODUCER): an FP8_QDQ rounding through E4M3 or E5M2
- * whose source is a layer norm's or a GELU's forward output, in a float
- * dtype the producer stores itself, directly or through whole views of
- * it (no cast between: the amax must be of the very values the QDQ
- * reads). Plain rule on the
- * graph, so that a test asks it without a device; the plan adds what
- * only the node plans know.
+ * whose source is written by a kernel that takes the amax of what it
+ * stores: in the forward a layer norm's or a GELU's output (the E4M3
+ * casts of a product's input), in the backward a GELU's or a layer
+ * norm's data gradient (the E5M2 casts of a product's output gradient:
+ * the fc product's from the GELU, a product's that feeds a layer norm
+ * from its dx, with the residual's other gradient added in where
+ * LOOM_CUDA_LN_BWD_ACCUM fused the sum: the kernel's amax is then the
+ * sum's), in a float dtype the producer stores itself, directly or
+ * through whole views of it (no cast between: the amax must be of the
+ * very values the QDQ reads). Plain rule on the graph, so that a test
+ * asks it without a device; the plan adds what only the node plans know.
  */
 static loom_value amax_producer_rule(const loom_graph *g, loom_value q)
 {
@@ -407,7 +439,8 @@ static loom_value amax_producer_rule(const loom_graph *g, loom_value q)
 		       loom_shape_numel(&g->nodes[g->nodes[x].src[0]].shape))
 		x = g->nodes[x].src[0];
 	const loom_node *xn = &g->nodes[x];
-	if (xn->op != LOOM_OP_LAYERNORM && xn->op != LOOM_OP_GELU)
+	if (xn->op != LOOM_OP_LAYERNORM && xn->op != LOOM_OP_GELU &&
+	    xn->op != LOOM_OP_GELU_BWD && xn->op != LOOM_OP_LAYERNORM_BWD_DATA)
 		return LOOM_NONE;
 	if (xn->dtype != LOOM_F32 && xn->dtype != LOOM_F16 && xn->dtype != LOOM_BF16)
 		return LOOM_NONE;
@@ -469,8 +502,11 @@ int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 	    p->g->nodes[v].op != LOOM_OP_FP8_QDQ)
 		return 0;
 	const loom_value x = c->plans[v].fp8_amax;
+	const int op = p->g->nodes[x].op;
 	snprintf(buf, len, "amax by its producer %d (%s), no amax pass", (int)x,
-		 p->g->nodes[x].op == LOOM_OP_LAYERNORM ? "layer norm" : "gelu");
+		 op == LOOM_OP_LAYERNORM ? "layer norm" :
+		 op == LOOM_OP_LAYERNORM_BWD_DATA ? "layer norm's dx" :
+		 op == LOOM_OP_GELU_BWD ? "gelu's backward" : "gelu");
 	return 1;
 }
 
@@ -568,7 +604,8 @@ loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	float *slot = c->fp8_slots + (size_t)v * LOOM_CUDA_FP8_SLOT;
 	const loom_cuda_fp8_dev *d = &c->fp8_dev;
 	const int slot_i = n->a.fp8.slot;
-	const int delayed = d->t && slot_i >= 0 && slot_i < d->n;
+	loom_fp8_tensor *t = d->t && slot_i >= 0 && slot_i < d->n ? d->t + slot_i : NULL;
+	const int delayed = t && d->delayed;
 	/* The producer's kernel left the amax in slot[0] (loom_cuda_fp8_amax_plan):
 	 * no amax pass. Else under delayed scaling the pass returns at once on
 	 * the device once the history holds a step (the host cannot know
@@ -579,10 +616,11 @@ loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 		return st;
 	if (delayed)
 		return loom_cuda_fp8_qdq_delayed(c->err, c->stream, io->src[0], io->dt[0], io->out,
-						 io->odt, numel, fmt, slot, d->t + slot_i, d->ring,
-						 c->train, given, n->a.fp8.store);
+						 io->odt, numel, fmt, slot, t, d->ring, c->train,
+						 given, n->a.fp8.store);
+	/* current scaling: a training run records into the tensor's state */
 	return loom_cuda_fp8_qdq(c->err, c->stream, io->src[0], io->dt[0], io->out, io->odt, numel,
-				 fmt, slot, n->a.fp8.store);
+				 fmt, slot, n->a.fp8.store, c->train ? t : NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -617,6 +655,7 @@ static loom_status state_alloc(loom_cuda_ctx *c, const loom_fp8_state *fs)
 	d->n = fs->n;
 	d->len = fs->history_len;
 	d->margin = fs->margin;
+	d->delayed = fs->delayed;
 	return LOOM_OK;
 }
 
@@ -632,11 +671,14 @@ static loom_status state_copy(loom_cuda_ctx *c, loom_fp8_state *fs, int to_devic
 	const size_t bytes[3] = { sizeof(*fs->t) * (size_t)fs->n,
 				  sizeof(float) * (size_t)fs->n * fs->history_len, sizeof(ring) };
 	loom_status st = LOOM_OK;
-	for (int i = 0; i < 3 && st == LOOM_OK; i++)
+	for (int i = 0; i < 3 && st == LOOM_OK; i++) {
+		if (!bytes[i]) /* current scaling: no history */
+			continue;
 		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(to_device ? dev[i] : host[i],
 						     to_device ? host[i] : dev[i], bytes[i], k,
 						     c->stream),
 				     c->err, sizeof(c->err));
+	}
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st == LOOM_OK && !to_device) {
@@ -647,7 +689,9 @@ static loom_status state_copy(loom_cuda_ctx *c, loom_fp8_state *fs, int to_devic
 }
 
 /* ts.fp8 onto the device (at compile, after a checkpoint's load): the
- * state allocated the first time; nothing under current scaling. */
+ * state allocated the first time. Current scaling keeps the tensors
+ * alone (no history, the ring unused): what its casts record for the
+ * report. */
 loom_status loom_cuda_fp8_state_upload(void *ctx, const loom_fp8_state *fs)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
@@ -655,9 +699,9 @@ loom_status loom_cuda_fp8_state_upload(void *ctx, const loom_fp8_state *fs)
 	loom_status st = loom_cuda_use_device(c);
 	if (st != LOOM_OK)
 		return st;
-	if (d->t && (d->n != fs->n || d->len != fs->history_len))
+	if (d->t && (d->n != fs->n || d->len != fs->history_len || d->delayed != fs->delayed))
 		loom_cuda_fp8_state_free(c);
-	if (!fs->delayed || fs->n == 0 || fs->history_len <= 0)
+	if (fs->n == 0 || (fs->delayed && fs->history_len <= 0))
 		return LOOM_OK;
 	if (!d->t && (st = state_alloc(c, fs)) != LOOM_OK)
 		return st;
@@ -679,7 +723,7 @@ loom_status loom_cuda_fp8_state_download(void *ctx, loom_fp8_state *fs)
 static loom_status no_state(loom_cuda_ctx *c, const char *what)
 {
 	return loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_STATE,
-			  "cuda fp8 %s: no device state (delayed scaling off)", what);
+			  "cuda fp8 %s: no device state (the plan scales no tensor)", what);
 }
 
 /* The step end on the compute stream, inside the step (a captured step

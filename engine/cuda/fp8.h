@@ -30,9 +30,10 @@ void loom_cuda_fp8_free(loom_cuda_ctx *c);
 float *loom_cuda_fp8_scale(const loom_cuda_ctx *c, loom_value q);
 
 /*
- * Delayed scaling's state on the device (loom_cuda_fp8_dev, the backend's
+ * FP8 scaling's state on the device (loom_cuda_fp8_dev, the backend's
  * loom_backend_fp8 group): upload puts ts.fp8 there (allocating it the
- * first time; nothing under current scaling) and waits; download brings it
+ * first time; under current scaling the tensors alone, which the casts
+ * record into for the report) and waits; download brings it
  * back into ts.fp8 and waits (the host view, never per step); reduce_begin
  * packs the step's amaxes (f32) and counts (f64) for the executor's
  * all-reduces over the ranks; step_end queues every tensor's update on the
@@ -46,8 +47,9 @@ void loom_cuda_fp8_state_free(loom_cuda_ctx *c);
 
 /*
  * The amax from the producer (LOOM_CUDA_FP8_AMAX_PRODUCER, fp8.cu): the
- * plan pass that pairs an FP8_QDQ with the layer norm or GELU kernel
- * writing its source (loom_cuda_node_plan.fp8_amax on both); a producer's
+ * plan pass that pairs an FP8_QDQ with the layer norm or GELU kernel,
+ * forward or backward, writing its source (loom_cuda_node_plan.fp8_amax
+ * on both); a producer's
  * entry asks amax_begin for the slot its kernel fills (NULL: none; the
  * slot zeroed on the compute stream first), and --dump-graph's note on
  * the QDQ says so (0: nothing to say).
@@ -97,9 +99,13 @@ loom_status loom_cuda_fp8_step_end_launch(char *err, cudaStream_t s, loom_fp8_te
 					  const float *amax, const double *sat);
 /* y = fp8(x * scale) / scale with the scale from slot[0] (written to
  * slot[1], slot[2]); store: y the codes fp8(x * scale) and the scale
- * after them; fmt anything else: a copy (cast). */
+ * after them; fmt anything else: a copy (cast). t not NULL (current
+ * scaling's training run): slot[0]'s amax (max), the scale and the
+ * saturated count (sum) into the tensor's step in progress, in the
+ * launch, with no wait; y is the same either way. */
 loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt, void *y,
-			      int ydt, int64_t n, int fmt, float *slot, int store);
+			      int ydt, int64_t n, int fmt, float *slot, int store,
+			      loom_fp8_tensor *t);
 /* A stored QDQ's n codes in format fmt (and the scale after them) into y
  * in ydt: the values the QDQ writes unstored. */
 loom_status loom_cuda_fp8_decode(char *err, cudaStream_t s, const void *q, int64_t n, int fmt,

@@ -43,6 +43,19 @@ static __device__ __forceinline__ float ln_acc(const void *acc, int accdt, int d
 	return acc ? loom_ld(acc, accdt, i) + ln_round(dxdt, v) : v;
 }
 
+/* m and the max |v[k]| as stored in dt (an FP8 cast's amax: the values
+ * its reader loads), NaN-blind as the cast's own pass. */
+template <int W>
+static __device__ __forceinline__ float ln_vmax(int dt, const float v[W], float m)
+{
+#pragma unroll
+	for (int k = 0; k < W; k++) {
+		const float a = fabsf(loom_stored(dt, v[k]));
+		m = a > m ? a : m;
+	}
+	return m;
+}
+
 /* Mean and 1 / sqrt(var + eps) of row r (every thread of the block). */
 static __device__ void ln_stats(const void *x, int xdt, int64_t r, int c, double eps,
 				double *mean, double *rstd)
@@ -79,10 +92,13 @@ __global__ void loom_layernorm_fwd_kernel(int c, const void *x, int xdt, const v
 	loom_amax_commit(amax, ym);
 }
 
-/* One block per row: dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). */
+/* One block per row: dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat));
+ * amax not NULL: the max |dx| stored (after the addend) into it
+ * (loom_amax_commit: an FP8 cast's amax, fp8.cu). */
 __global__ void loom_layernorm_bwd_data_kernel(int c, const void *x, int xdt, const void *g,
 					       int gdt, const void *dy, int dydt, double eps,
-					       void *dx, int dxdt, const void *acc, int accdt)
+					       void *dx, int dxdt, const void *acc, int accdt,
+					       unsigned *amax)
 {
 	const int64_t r = blockIdx.x;
 	double m, rs, a = 0, b = 0;
@@ -94,12 +110,15 @@ __global__ void loom_layernorm_bwd_data_kernel(int c, const void *x, int xdt, co
 	}
 	a = loom_block_sum(a) / c;
 	b = loom_block_sum(b) / c;
+	float ym = 0.0f;
 	for (int j = threadIdx.x; j < c; j += blockDim.x) {
 		double xh = (loom_ld(x, xdt, r * c + j) - m) * rs;
 		double gd = (double)loom_ld(g, gdt, j) * loom_ld(dy, dydt, r * c + j);
-		loom_st(dx, dxdt, r * c + j,
-			ln_acc(acc, accdt, dxdt, r * c + j, (float)(rs * (gd - a - xh * b))));
+		const float d = ln_acc(acc, accdt, dxdt, r * c + j, (float)(rs * (gd - a - xh * b)));
+		ym = ln_vmax<1>(dxdt, &d, ym);
+		loom_st(dx, dxdt, r * c + j, d);
 	}
+	loom_amax_commit(amax, ym);
 }
 
 /* One block per row: its mean and rstd into stats[2r], stats[2r + 1]. */
@@ -385,9 +404,10 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 						int xdt, const void *g, int gdt, const void *dy,
 						int dydt, double eps, void *dx, int dxdt,
 						double *part_g, double *part_b, const double *stats,
-						const void *addend, int addt)
+						const void *addend, int addt, unsigned *amax)
 {
 	extern __shared__ double acc[];
+	float ym = 0.0f; /* the max |dx| stored: an FP8 cast's amax */
 	const int64_t k = blockIdx.x, r0 = k * per, r1 = r0 + per < rows ? r0 + per : rows;
 	const int step = blockDim.x * W;
 	float xv[W], dv[W], gv[W];
@@ -442,6 +462,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 				xv[q] = (float)(rs * (gd - a - xh * b));
 			}
 			ln_accv<W>(addend, addt, dxdt, o + j, xv);
+			ym = ln_vmax<W>(dxdt, xv, ym);
 			ln_stv<W>(dx, dxdt, o + j, xv);
 		}
 	}
@@ -451,6 +472,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 			part_g[k * c + j + q] = acc[j + q];
 			part_b[k * c + j + q] = acc[c + j + q];
 		}
+	loom_amax_commit(amax, ym);
 }
 
 /*
@@ -515,9 +537,10 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 					       int xdt, const void *g, int gdt, const void *dy,
 					       int dydt, float eps, void *dx, int dxdt,
 					       const double *stats, float *part, const void *acc,
-					       int accdt)
+					       int accdt, unsigned *amax)
 {
 	extern __shared__ float sacc[]; /* 2c: the block's dgamma, then dbeta */
+	float ym = 0.0f; /* the max |dx| stored: an FP8 cast's amax */
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 	const int64_t r0 = ((int64_t)blockIdx.x * nwarps + warp) * per;
 	const int64_t r1 = r0 + per < rows ? r0 + per : rows;
@@ -569,6 +592,7 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 			for (int k = 0; k < W; k++)
 				xv[k] = rs * (gv[k] * dv[k] - a - (xv[k] - m) * rs * b);
 			ln_accv<W>(acc, accdt, dxdt, o + j, xv);
+			ym = ln_vmax<W>(dxdt, xv, ym);
 			ln_stv<W>(dx, dxdt, o + j, xv);
 		}
 	}
@@ -591,6 +615,7 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 	}
 	for (int j = threadIdx.x; j < 2 * c; j += blockDim.x)
 		part[(int64_t)blockIdx.x * 2 * c + j] = sacc[j];
+	loom_amax_commit(amax, ym);
 }
 
 /* The blocks' parts added in block order: block x of 32 x 8 threads takes
@@ -870,7 +895,7 @@ static const void *ln_addend(const loom_plan *plan, loom_value v, const loom_cud
  * the residual's other gradient where the plan fused the sum
  * (LOOM_CUDA_LN_BWD_ACCUM). */
 static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-				      const loom_cuda_io *io)
+				      const loom_cuda_io *io, unsigned *amax)
 {
 	const loom_node *n = loom_cuda_node(plan, v);
 	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
@@ -888,11 +913,13 @@ static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, l
 	if (ln_vec8(cc, ptrs, acc ? 5 : 4))
 		loom_layernorm_bwd_warp_kernel<8, 4><<<blocks, ln_warp_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part, acc, accdt);
+			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part, acc, accdt,
+			amax);
 	else
 		loom_layernorm_bwd_warp_kernel<1, 32><<<blocks, ln_warp_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part, acc, accdt);
+			io->dt[2], (float)n->a.ln.eps, io->out, io->odt, stats, part, acc, accdt,
+			amax);
 	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
 	if (st != LOOM_OK || (lp->dgamma == LOOM_NONE && lp->dbeta == LOOM_NONE))
 		return st;
@@ -909,7 +936,7 @@ static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, l
 /* dx with its siblings dgamma and dbeta (those the plan found), in one
  * pass; then each sibling's chunk parts folded in order. */
 static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
-				       const loom_cuda_io *io)
+				       const loom_cuda_io *io, unsigned *amax)
 {
 	const loom_node *n = loom_cuda_node(plan, v);
 	const loom_cuda_ln_plan *lp = &c->plans[v].ln;
@@ -929,11 +956,13 @@ static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, 
 	if (ln_vec8(cc, ptrs, acc ? 5 : 4))
 		loom_layernorm_bwd_fused_kernel<8><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats, acc, accdt);
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats, acc, accdt,
+			amax);
 	else
 		loom_layernorm_bwd_fused_kernel<1><<<(unsigned)chunks, ln_bwd_threads, shm, c->stream>>>(
 			rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], io->src[2],
-			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats, acc, accdt);
+			io->dt[2], n->a.ln.eps, io->out, io->odt, part_g, part_b, stats, acc, accdt,
+			amax);
 	loom_status st = LOOM_CUDA_LAUNCHED(c->err);
 	const loom_value sib[2] = { lp->dgamma, lp->dbeta };
 	const double *part[2] = { part_g, part_b };
@@ -953,17 +982,19 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 {
 	const loom_node *n = loom_cuda_node(plan, v);
 	int64_t rows = loom_shape_rows(&n->shape);
-	if (rows <= 0)
-		return LOOM_OK;
+	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
+	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
+	if (st != LOOM_OK || rows <= 0)
+		return st;
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN && ln_warp_fits(loom_shape_last(&n->shape)))
-		return layernorm_bwd_warp(c, plan, v, io);
+		return layernorm_bwd_warp(c, plan, v, io, amax);
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
-		return layernorm_bwd_fused(c, plan, v, io);
+		return layernorm_bwd_fused(c, plan, v, io, amax);
 	int accdt = LOOM_F32;
 	const void *acc = ln_addend(plan, v, io, &accdt);
 	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
-		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt, acc, accdt);
+		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt, acc, accdt, amax);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 

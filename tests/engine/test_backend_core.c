@@ -247,7 +247,9 @@ static int dev_uploads, dev_downloads, dev_step_ends;
 static void fp8_copy(loom_fp8_state *to, const loom_fp8_state *from)
 {
 	memcpy(to->t, from->t, sizeof(*to->t) * (size_t)from->n);
-	memcpy(to->history, from->history, sizeof(float) * (size_t)from->n * from->history_len);
+	if (from->history_len) /* current scaling: none */
+		memcpy(to->history, from->history,
+		       sizeof(float) * (size_t)from->n * from->history_len);
 	to->filled = from->filled;
 	to->pos = from->pos;
 }
@@ -363,4 +365,60 @@ Test(backend_core, fp8_delayed_state_on_the_device)
 	loom_graph_free(h);
 	loom_fp8_state_free(&dev_ts.fp8);
 	unlink(path);
+}
+
+/* loom_amp_report's text, in a string the caller frees. */
+static char *amp_report_text(const loom_program *p)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert_not_null(f);
+	loom_amp_report(p, f);
+	fclose(f);
+	return buf;
+}
+
+/* Current scaling on a device that keeps fp8's state (issue 42 item 6:
+ * --amp-report's per-tensor scale, amax and saturated count, which the
+ * casts record on the device): the tensors uploaded at compile, the
+ * step end queued every step with no copy back, one download when the
+ * report reads them; the report's text, every row included, the CPU's. */
+Test(backend_core, fp8_current_state_on_the_device)
+{
+	loom_backend dev;
+	loom_graph *g, *h;
+	loom_program *p, *cpu;
+
+	fake_async_backend(&dev);
+	dev.fp8 = &dev_fp8;
+	dev.run_begin = dev_run_begin;
+	dev_uploads = dev_downloads = dev_step_ends = 0;
+	cr_assert_eq(fp8_net(&dev, LOOM_FP8_SCALING_DEFAULT, &g, &p), LOOM_OK, "%s",
+		     loom_last_error());
+	cr_assert_eq(fp8_net(NULL, LOOM_FP8_SCALING_CURRENT, &h, &cpu), LOOM_OK);
+	cr_assert(p->ts.fp8.n == 3 && !p->ts.fp8.delayed, "a device's default is current");
+	cr_expect_eq(dev_uploads, 1, "%d uploads", dev_uploads);
+	fp8_steps(p, 3);
+	fp8_steps(cpu, 3);
+	cr_expect_eq(dev_step_ends, 3);
+	cr_expect_eq(dev_downloads, 0, "a copy back per step");
+	char *a = amp_report_text(p), *b = amp_report_text(cpu);
+	cr_expect_eq(dev_downloads, 1, "the report: one copy back, %d", dev_downloads);
+	cr_assert(strstr(b, "fp8, current scaling"), "%s", b);
+	cr_expect_str_eq(a, b, "the device's report\n%s\nthe CPU's\n%s", a, b);
+	for (int i = 0; i < 3; i++) {
+		loom_fp8_tensor_info ti;
+		cr_assert_eq(loom_fp8_tensor_get(p, i, &ti), LOOM_OK);
+		cr_expect(ti.amax > 0 && ti.scale > 1, "%s: amax %g scale %g, nothing recorded",
+			  ti.name, ti.amax, ti.scale);
+	}
+	fp8_same_scales(p, cpu);
+	free(a);
+	free(b);
+	loom_program_free(p);
+	loom_program_free(cpu);
+	loom_graph_free(g);
+	loom_graph_free(h);
+	loom_fp8_state_free(&dev_ts.fp8);
 }

@@ -4088,6 +4088,30 @@ static loom_value fp8_ln_block_net(loom_graph *g, loom_value v[6])
 	return loss;
 }
 
+/* y = gelu(ln(x w0^T) w1^T) w2^T: fp8_ln_block_net with a product ahead
+ * of the layer norm, so that the norm's dx is that product's output
+ * gradient, rounded through E5M2 (LOOM_CUDA_FP8_AMAX_PRODUCER: the layer
+ * norm's backward gives its amax); v gets x, w1, w2, r, gamma, beta, w0. */
+static loom_value fp8_deep_net(loom_graph *g, loom_value v[7])
+{
+	const int64_t xd[3] = { 4, 16, 32 }, w0d[2] = { 32, 32 }, w1d[2] = { 64, 32 };
+	const int64_t w2d[2] = { 32, 64 }, rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
+	const int64_t cd[1] = { 32 };
+	v[0] = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
+	v[1] = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
+	v[2] = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
+	v[3] = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
+	v[4] = loom_param(g, "ln.g", LOOM_F32, 1, cd, LOOM_INIT_ONES, 1);
+	v[5] = loom_param(g, "ln.b", LOOM_F32, 1, cd, LOOM_INIT_ZEROS, 1);
+	v[6] = loom_param(g, "w0", LOOM_F32, 2, w0d, LOOM_INIT_ZEROS, 1);
+	loom_value h = loom_layernorm(g, loom_linear(g, v[0], v[6], LOOM_NONE), v[4], v[5], 1e-5);
+	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, h, v[1], LOOM_NONE)), v[2],
+				   LOOM_NONE);
+	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), v[3]));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	return loss;
+}
+
 /* fp8.cu's producer rule on a plan (a weak reference, as above). */
 extern void loom_cuda_test_fp8_amax_producers(const void *plan, int *given, int *qdqs)
 	__attribute__((weak));
@@ -4136,42 +4160,72 @@ static void fp8_cuda_like_begin(int plan_only)
 	loom_test_backend = &fp8_cuda_like;
 }
 
+/* How many of the fp8 casts of net's plan, compiled with the CUDA
+ * backend's fusions and cast folding at O1 or O2, LOOM_CUDA_FP8_AMAX_PRODUCER's
+ * rule lets their producer give the amax (of *qdqs). */
+static int fp8_amax_producers_of(loom_value (*net)(loom_graph *, loom_value *), int o2,
+				 int *qdqs)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value v[7];
+	loom_value loss = net(g, v);
+	loom_compile_opts o;
+	loom_program *p = NULL;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.amp.level = o2 ? LOOM_O2 : LOOM_O1;
+	o.amp.half = LOOM_BF16;
+	o.amp.fp8 = 1;
+	o.optim.kind = LOOM_OPTIM_SGD;
+	o.optim.lr = 0.01;
+	fp8_cuda_like_begin(1);
+	loom_status st = loom_compile(g, loss, &o, &p);
+	loom_test_backend = NULL;
+	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+	int given = -1;
+	loom_cuda_test_fp8_amax_producers(&p->plan, &given, qdqs);
+	loom_program_free(p);
+	loom_graph_free(g);
+	return given;
+}
+
+/*
+ * The backward's E5M2 casts whose producer gives the amax (no GPU needed,
+ * as below): on fp8_deep_net, besides the forward's two (the layer
+ * norm's and the GELU's outputs), the GELU backward's (the first
+ * linear's output gradient) and the layer norm's dx (w0's product's
+ * output gradient), at O1 and O2; not the weights' (written by the
+ * optimizer) nor the last linear's output gradient (the head's product).
+ */
+Test(cuda_ops, fp8_amax_producer_takes_backward_casts)
+{
+	if (!loom_cuda_test_fp8_amax_producers || !plugin())
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
+	for (int o2 = 0; o2 < 2; o2++) {
+		int qdqs = -1, given = fp8_amax_producers_of(fp8_deep_net, o2, &qdqs);
+		cr_expect_eq(given, 4, "O%d: %d of %d fp8 casts take their producer's amax, want 4",
+			     o2 ? 2 : 1, given, qdqs);
+	}
+}
+
 /*
  * Which FP8 casts LOOM_CUDA_FP8_AMAX_PRODUCER=1 lets their producer give
  * the amax (no GPU needed: the rule on the plan compiled with the CUDA
  * backend's fusions and cast folding, at O1 and O2): the layer norm's
  * (at O1 its fp32 output's cast to bf16 folded into it, as CUDA folds it)
- * and the GELU's, which feed the two linears' forward; not the weights'
- * nor the E5M2 gradients'.
+ * and the GELU's, which feed the two linears' forward, and the GELU
+ * backward's, the first linear's E5M2 output gradient; not the weights'
+ * nor the second linear's output gradient (the head's product writes it).
  */
 Test(cuda_ops, fp8_amax_producer_takes_ln_and_gelu)
 {
 	if (!loom_cuda_test_fp8_amax_producers || !plugin())
 		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
 	for (int o2 = 0; o2 < 2; o2++) {
-		loom_graph *g;
-		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-		loom_value v[6];
-		loom_value loss = fp8_ln_block_net(g, v);
-		loom_compile_opts o;
-		loom_program *p = NULL;
-		loom_compile_opts_default(&o);
-		o.device = LOOM_DEVICE_CPU;
-		o.amp.level = o2 ? LOOM_O2 : LOOM_O1;
-		o.amp.half = LOOM_BF16;
-		o.amp.fp8 = 1;
-		o.optim.kind = LOOM_OPTIM_SGD;
-		o.optim.lr = 0.01;
-		fp8_cuda_like_begin(1);
-		loom_status st = loom_compile(g, loss, &o, &p);
-		loom_test_backend = NULL;
-		cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
-		int given = -1, qdqs = -1;
-		loom_cuda_test_fp8_amax_producers(&p->plan, &given, &qdqs);
-		cr_expect_eq(given, 2, "O%d: %d of %d fp8 casts take their producer's amax, want 2",
+		int qdqs = -1, given = fp8_amax_producers_of(fp8_ln_block_net, o2, &qdqs);
+		cr_expect_eq(given, 3, "O%d: %d of %d fp8 casts take their producer's amax, want 3",
 			     o2 ? 2 : 1, given, qdqs);
-		loom_program_free(p);
-		loom_graph_free(g);
 	}
 }
 
@@ -4205,66 +4259,176 @@ static loom_program *compile_fp8_producer(loom_graph *g, loom_value loss, int pr
 
 /*
  * The amax from the producer (LOOM_CUDA_FP8_AMAX_PRODUCER=1: the layer
- * norm's and the GELU's kernels fill their casts' amax slots, the casts
- * run no amax pass) against the amax pass (=0) and the CPU, under current
- * and delayed scaling, three SGD steps: with the switch on the losses are
- * the switch off's bit for bit (the same amax, so the same scales and
- * roundings) and within FP8_DELAYED_LOSS_REL of the CPU's; under delayed
- * scaling every tensor's amax is the switch off's and its scales the
- * CPU's.
+ * norm's and the GELU's kernels fill their casts' amax slots, forward and
+ * backward, the casts run no amax pass) against the amax pass (=0) and
+ * the CPU, under current and delayed scaling, three SGD steps of
+ * fp8_ln_block_net (3 casts given: the layer norm's and GELU's outputs,
+ * the GELU backward's) and fp8_deep_net (4: and the layer norm's dx):
+ * with the switch on the losses are the switch off's bit for bit (the
+ * same amax, so the same scales and roundings) and within
+ * FP8_DELAYED_LOSS_REL of the CPU's; every tensor's amax and saturated
+ * count are the switch off's (both recipes keep them on the device), and
+ * under delayed scaling its scales the CPU's.
  */
 Test(cuda_ops, fp8_amax_producer_matches_cpu)
 {
 	NEED_GPU();
-	for (int delayed = 0; delayed < 2; delayed++) {
+	for (int run = 0; run < 4; run++) {
+		const int delayed = run & 1, deep = run >> 1, want = deep ? 4 : 3;
 		const int scaling = delayed ? LOOM_FP8_SCALING_DELAYED : LOOM_FP8_SCALING_CURRENT;
 		loom_graph *g;
 		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-		loom_value v[6];
-		loom_value loss = fp8_ln_block_net(g, v);
+		loom_value v[7];
+		loom_value loss = deep ? fp8_deep_net(g, v) : fp8_ln_block_net(g, v);
 		loom_program *p[3] = {
 			compile_fp8_as(g, loss, LOOM_DEVICE_CPU, 0, 0.01, scaling),
 			compile_fp8_producer(g, loss, 0, scaling),
 			compile_fp8_producer(g, loss, 1, scaling),
 		};
 		cr_expect_eq(fp8_amax_given(p[1]), 0, "switch off: casts without their amax pass");
-		cr_expect_eq(fp8_amax_given(p[2]), 2,
-			     "switch on: %d casts take the amax from the layer norm or GELU, want 2",
-			     fp8_amax_given(p[2]));
+		cr_expect_eq(fp8_amax_given(p[2]), want,
+			     "switch on: %d casts take the amax from their producer, want %d",
+			     fp8_amax_given(p[2]), want);
 		double buf[4 * 16 * 32];
-		const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
-		rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)delayed;
-		for (int k = 0; k < 4; k++) {
+		const size_t ns[7] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32, 0, 0, 32 * 32 };
+		rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)run;
+		for (int k = 0; k < 7; k++) {
+			if (!ns[k] || (k == 6 && !deep))
+				continue;
 			for (size_t i = 0; i < ns[k]; i++)
 				buf[i] = k == 3 ? urand() / 64 : urand() * (k == 0 ? 3 : 1);
 			for (int d = 0; d < 3; d++)
 				fp8_write(p[d], v[k], buf, ns[k]);
 		}
+		const char *what = delayed ? "delayed" : "current";
 		for (int step = 0; step < 3; step++) {
 			for (int d = 0; d < 3; d++)
 				cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%d step %d: %s", d,
 					     step, loom_program_error(p[d]));
 			double on = loom_loss(p[2]), off = loom_loss(p[1]), cpu = loom_loss(p[0]);
 			cr_expect(on == off, "%s step %d: loss %.9g with the producer's amax, %.9g without",
-				  delayed ? "delayed" : "current", step, on, off);
+				  what, step, on, off);
 			cr_expect(fabs(on - cpu) <= FP8_DELAYED_LOSS_REL * fabs(cpu) + 1e-6,
-				  "%s step %d: cuda loss %.9g, cpu %.9g", delayed ? "delayed" : "current",
-				  step, on, cpu);
-			if (!delayed)
-				continue;
-			fp8_same_scales(p[2], p[0], step);
+				  "%s step %d: cuda loss %.9g, cpu %.9g", what, step, on, cpu);
 			for (int i = 0; i < loom_fp8_tensor_count(p[2]); i++) {
 				loom_fp8_tensor_info a, b;
 				cr_assert_eq(loom_fp8_tensor_get(p[2], i, &a), LOOM_OK);
 				cr_assert_eq(loom_fp8_tensor_get(p[1], i, &b), LOOM_OK);
 				cr_expect(a.amax == b.amax && a.saturated == b.saturated,
-					  "step %d, %s: amax %.9g (%lld saturated) by the producer, "
+					  "%s step %d, %s: amax %.9g (%lld saturated) by the producer, "
 					  "%.9g (%lld) by the pass",
-					  step, a.name, a.amax, (long long)a.saturated, b.amax,
+					  what, step, a.name, a.amax, (long long)a.saturated, b.amax,
 					  (long long)b.saturated);
 			}
+			if (delayed)
+				fp8_same_scales(p[2], p[0], step);
 		}
 		for (int d = 0; d < 3; d++)
+			loom_program_free(p[d]);
+		loom_graph_free(g);
+	}
+}
+
+/* Every scaled tensor of the last step on CUDA and the CPU through the
+ * host view (under current scaling the device's per-tensor state, read
+ * back): the same scale and saturated count, the amax within
+ * FP8_DELAYED_LOSS_REL (bf16 activations in the device's summation
+ * order), exactly at step 0 for the weights' roundings (the same
+ * values); the report a row per tensor. */
+static void fp8_same_report(loom_program *cuda, loom_program *cpu, int step)
+{
+	const int n = loom_fp8_tensor_count(cpu);
+	cr_assert_eq(loom_fp8_tensor_count(cuda), n);
+	for (int i = 0; i < n; i++) {
+		loom_fp8_tensor_info a, b;
+		cr_assert_eq(loom_fp8_tensor_get(cuda, i, &a), LOOM_OK, "%s",
+			     loom_program_error(cuda));
+		cr_assert_eq(loom_fp8_tensor_get(cpu, i, &b), LOOM_OK);
+		const int weight = b.name[0] == 'w' && strstr(b.name, ".e4m3");
+		cr_expect(a.scale == b.scale && a.saturated == b.saturated,
+			  "step %d, %s: cuda scale %g (%lld saturated), cpu %g (%lld)", step, b.name,
+			  a.scale, (long long)a.saturated, b.scale, (long long)b.saturated);
+		cr_expect(b.amax > 0 && fabs(a.amax - b.amax) <= FP8_DELAYED_LOSS_REL * b.amax,
+			  "step %d, %s: cuda amax %.9g, cpu %.9g", step, b.name, a.amax, b.amax);
+		cr_expect(step > 0 || !weight || a.amax == b.amax,
+			  "step 0, %s: cuda amax %.9g, cpu %.9g (the same weights)", b.name, a.amax,
+			  b.amax);
+	}
+	char *buf = NULL;
+	size_t len = 0, rows = 0;
+	FILE *f = open_memstream(&buf, &len);
+	loom_amp_report(cuda, f);
+	fclose(f);
+	cr_expect(strstr(buf, "fp8, current scaling"), "%s", buf);
+	for (const char *at = strstr(buf, "\n  "); at; at = strstr(at + 1, "\n  "))
+		rows += at[3] >= '0' && at[3] <= '9'; /* "  <node> <tensor> ..." */
+	cr_expect_eq(rows, (size_t)n, "%zu rows for %d tensors\n%s", rows, n, buf);
+	free(buf);
+}
+
+/*
+ * --amp-report under current scaling on CUDA (issue 42 item 6): the casts
+ * record each tensor's amax, scale and saturated count into the device's
+ * per-tensor state as they cast, read back for the report only. Against
+ * the CPU, three SGD steps of fp8_block_net (the amax pass) and of
+ * fp8_ln_block_net with LOOM_CUDA_FP8_AMAX_PRODUCER=1 (the amax the
+ * layer norm's and GELU's): fp8_same_report after each; then a step of
+ * fp8_block_net with x holding inf and 1000 (scale 1: both saturate in
+ * E4M3) gives x's rounding the CPU's count, 2.
+ */
+Test(cuda_ops, fp8_current_report_matches_cpu)
+{
+	NEED_GPU();
+	for (int ln = 0; ln < 2; ln++) {
+		loom_graph *g;
+		cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+		loom_value v[6];
+		loom_value loss = ln ? fp8_ln_block_net(g, v) : fp8_block_net(g, v);
+		loom_program *p[2] = {
+			compile_fp8_as(g, loss, LOOM_DEVICE_CPU, 0, 0.01, LOOM_FP8_SCALING_CURRENT),
+			compile_fp8_producer(g, loss, ln, LOOM_FP8_SCALING_CURRENT),
+		};
+		cr_assert(!p[1]->ts.fp8.delayed && p[1]->ts.fp8.n > 0, "cuda: current scaling");
+		double buf[4 * 16 * 32];
+		const size_t ns[4] = { 4 * 16 * 32, 64 * 32, 32 * 64, 4 * 16 * 32 };
+		rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)ln;
+		for (int k = 0; k < 4; k++) {
+			for (size_t i = 0; i < ns[k]; i++)
+				buf[i] = k == 3 ? urand() / 64 : urand() * (k == 0 ? 3 : 1);
+			for (int d = 0; d < 2; d++)
+				fp8_write(p[d], v[k], buf, ns[k]);
+		}
+		for (int step = 0; step < 3; step++) {
+			for (int d = 0; d < 2; d++)
+				cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%d step %d: %s", d,
+					     step, loom_program_error(p[d]));
+			fp8_same_report(p[1], p[0], step);
+		}
+		if (!ln) {
+			for (size_t i = 0; i < ns[0]; i++)
+				buf[i] = i == 0 ? INFINITY : i == 1 ? -1000 : urand();
+			for (int d = 0; d < 2; d++) {
+				fp8_write(p[d], v[0], buf, ns[0]);
+				cr_assert_eq(loom_run(p[d], LOOM_RUN_TRAIN), LOOM_OK, "%s",
+					     loom_program_error(p[d]));
+			}
+			int found = 0;
+			for (int i = 0; i < loom_fp8_tensor_count(p[0]); i++) {
+				loom_fp8_tensor_info a, b;
+				cr_assert_eq(loom_fp8_tensor_get(p[1], i, &a), LOOM_OK);
+				cr_assert_eq(loom_fp8_tensor_get(p[0], i, &b), LOOM_OK);
+				if (strcmp(b.name, "x.e4m3"))
+					continue;
+				found = 1;
+				cr_expect(b.saturated == 2 && a.saturated == 2 && a.scale == 1 &&
+						  isinf(a.amax),
+					  "x: cuda %lld saturated (scale %g, amax %g), cpu %lld",
+					  (long long)a.saturated, a.scale, a.amax,
+					  (long long)b.saturated);
+			}
+			cr_expect(found, "no tensor x.e4m3");
+		}
+		for (int d = 0; d < 2; d++)
 			loom_program_free(p[d]);
 		loom_graph_free(g);
 	}
