@@ -68,7 +68,8 @@ static void row(const emb_accum_args *g, int r, float *sum, float *buf, float *a
 		for (int j = 0; j < c; j++)
 			sum[j] += d[j];
 	}
-	if (g->tout != LOOM_F32) { /* the row as the unfused node stored it */
+	/* the row as the unfused node stored it (zero stays zero) */
+	if (g->tout != LOOM_F32 && g->start[r] < g->start[r + 1]) {
 		loom_cpu_half_done(g->tout, hb, 0, c, sum);
 		loom_cpu_half_in(g->tout, hb, 0, c, sum);
 	}
