@@ -24,7 +24,7 @@ extern "C" {
 
 /* Bumped whenever the struct below changes; a plugin of another version
  * is refused with both numbers. */
-#define LOOM_CUDA_PLUGIN_ABI 10 /* 4: test hooks take the backend context, grad_sumsq; 5: loss_async; 6: attn_fusable, test_sdpa_descriptors; 7: test_gpt_fusions; 8: grad_sumsq_device, mark_words/mark_record/mark_serial; 9: loom_backend a core plus optional groups; 10: the planning group's ln_residual_fusable, ln_bwd_accum_fusable, vocab_pad */
+#define LOOM_CUDA_PLUGIN_ABI 11 /* 4: test hooks take the backend context, grad_sumsq; 5: loss_async; 6: attn_fusable, test_sdpa_descriptors; 7: test_gpt_fusions; 8: grad_sumsq_device, mark_words/mark_record/mark_serial; 9: loom_backend a core plus optional groups; 10: the planning group's ln_residual_fusable, ln_bwd_accum_fusable, vocab_pad; 11: ln_bwd_accum_fusable also asked of an embedding's backward */
 /* The file the loader looks for (see loom_cuda_plugin_load). */
 #define LOOM_CUDA_PLUGIN_FILE "libloom_cuda.so"
 /* The one symbol the shared object exports. */

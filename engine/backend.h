@@ -61,7 +61,9 @@ enum {
 	 * itself into the other gradient of its input (autodiff's sum) as one
 	 * kernel where
 	 * ln_bwd_accum_fusable says so (graph/fuse.c's
-	 * loom_fuse_ln_bwd_accum; the node's src[3] is the addend). */
+	 * loom_fuse_ln_bwd_accum; the node's src[3] is the addend), and an
+	 * embedding's gradient that adds itself into the tied table's other
+	 * (loom_fuse_emb_bwd_accum; src[2]). */
 	LOOM_BE_FUSES_LN_BWD_ACCUM = 1u << 13,
 };
 
@@ -109,12 +111,12 @@ typedef struct loom_backend_planning {
 	 * graph/fuse.c before the context exists.
 	 * LOOM_BE_FUSES_LN_RESIDUAL only. // (optional) */
 	int (*ln_residual_fusable)(const loom_graph *g, loom_value a, loom_value ln);
-	/* Whether the norm's data gradient d (LAYERNORM_BWD_DATA or
-	 * RMSNORM_BWD_DATA: refuse the op without such a kernel) runs with
-	 * the sum s that adds it to another gradient (s's src[other]) in one
-	 * kernel, dx added into that gradient as the sum did; asked by
-	 * graph/fuse.c before the context exists. LOOM_BE_FUSES_LN_BWD_ACCUM
-	 * only. // (optional) */
+	/* Whether the gradient node d (a row norm's data gradient,
+	 * LAYERNORM_BWD_DATA or RMSNORM_BWD_DATA: refuse the op without such a
+	 * kernel; or an embedding's backward) runs with the sum s that adds it
+	 * to another gradient (s's src[other]) in one kernel, d's result added
+	 * into that gradient as the sum did; asked by graph/fuse.c before the
+	 * context exists. LOOM_BE_FUSES_LN_BWD_ACCUM only. // (optional) */
 	int (*ln_bwd_accum_fusable)(const loom_graph *g, loom_value d, loom_value s, int other);
 	/* The multiple a classifier's vocabulary is padded to when the plan
 	 * leaves it to the backend (loom_compile_opts.vocab_pad -1, the

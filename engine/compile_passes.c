@@ -229,6 +229,9 @@ static loom_status fuse_run(loom_program *p, loom_pass_ctx *c)
 		loom_fuse_ln_residual(p->plan.g, pn->ln_residual_fusable);
 	if ((caps & LOOM_BE_FUSES_LN_BWD_ACCUM) && pn && pn->ln_bwd_accum_fusable)
 		loom_fuse_ln_bwd_accum(p->plan.g, pn->ln_bwd_accum_fusable);
+	/* The same question, asked of an embedding's backward. */
+	if ((caps & LOOM_BE_FUSES_LN_BWD_ACCUM) && pn && pn->ln_bwd_accum_fusable)
+		loom_fuse_emb_bwd_accum(p->plan.g, pn->ln_bwd_accum_fusable);
 	return LOOM_OK;
 }
 

@@ -2,8 +2,9 @@
  * graph/fuse.c — the planner's fusion passes, run by loom_compile after
  * autodiff and before memory planning: relu into max-pool, linear, batch
  * norm and the residual add, the sibling outputs of one library call, the
- * residual add into its layer norm and a row norm's dx (layer norm, RMS
- * norm) into the residual's gradient.
+ * residual add into its layer norm, a row norm's dx (layer norm, RMS
+ * norm) into the residual's gradient and the embedding's gradient into
+ * the tied table's.
  *
  * Relu + max-pool: maxpool(relu(x)) equals
  * relu(maxpool(x)) exactly (max and relu commute, ties and NaN included), so
@@ -519,14 +520,22 @@ int loom_fuse_ln_residual(loom_graph *g, loom_ln_residual_fn fusable)
  * neither is a kept value (an output, a parameter's gradient, a stage's
  * cut, a sharded value).
  */
-static int accum_fits(const loom_graph *g, loom_value d, loom_value s, loom_value o)
+/* The row norms' data gradients fuse alike: op LAYERNORM_BWD_DATA stands
+ * for RMS norm's too. */
+static int op_matches(loom_op have, loom_op op)
+{
+	return have == op ||
+	       (op == LOOM_OP_LAYERNORM_BWD_DATA && have == LOOM_OP_RMSNORM_BWD_DATA);
+}
+
+static int accum_fits(const loom_graph *g, loom_value d, loom_value s, loom_value o, loom_op op,
+		      int nsrc)
 {
 	const unsigned kept = LOOM_NODE_OUTPUT | LOOM_NODE_GRAD | LOOM_NODE_STAGE_CUT |
 			      LOOM_NODE_SHARDED | LOOM_NODE_ACCUM;
 	const loom_node *dn = &g->nodes[d], *sn = &g->nodes[s];
 	loom_value rd[2];
-	if ((dn->op != LOOM_OP_LAYERNORM_BWD_DATA && dn->op != LOOM_OP_RMSNORM_BWD_DATA) ||
-	    dn->nsrc != 3 || (dn->flags & kept) ||
+	if (!op_matches(dn->op, op) || dn->nsrc != nsrc || (dn->flags & kept) ||
 	    dn->made_by != LOOM_NONE || o == d || !exists_before(g, o, d))
 		return 0;
 	if (dn->dtype != sn->dtype || !loom_shape_eq(&dn->shape, &sn->shape) ||
@@ -535,10 +544,26 @@ static int accum_fits(const loom_graph *g, loom_value d, loom_value s, loom_valu
 	return loom_graph_readers(g, d, rd, 1) == 1 && rd[0] == s;
 }
 
-int loom_fuse_ln_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable)
+/* The sum s of a parameter's two gradients was the parameter's gradient:
+ * d, which now makes it, is (s a view of d with no reader). */
+static void grad_moves(loom_graph *g, loom_value s, loom_value d)
 {
-	const unsigned kept = LOOM_NODE_OUTPUT | LOOM_NODE_GRAD | LOOM_NODE_STAGE_CUT |
-			      LOOM_NODE_SHARDED;
+	if (!(g->nodes[s].flags & LOOM_NODE_GRAD))
+		return;
+	g->nodes[s].flags &= ~LOOM_NODE_GRAD;
+	g->nodes[d].flags |= LOOM_NODE_GRAD;
+	for (loom_value p = 0; p < g->n; p++)
+		if (g->nodes[p].grad == s)
+			g->nodes[p].grad = d;
+}
+
+/* Each backward ADD one of whose addends is an op node of nsrc sources
+ * read by nothing else: that node takes the other addend as its last
+ * source and makes the sum. grad: the sum may be a parameter's gradient. */
+static int fuse_accum(loom_graph *g, loom_op op, int nsrc, int grad, loom_ln_bwd_accum_fn fusable)
+{
+	const unsigned kept = LOOM_NODE_OUTPUT | LOOM_NODE_STAGE_CUT | LOOM_NODE_SHARDED |
+			      (grad ? 0 : LOOM_NODE_GRAD);
 	int fused = 0;
 	for (loom_value s = 0; s < g->n; s++) {
 		loom_node *sn = &g->nodes[s];
@@ -548,16 +573,43 @@ int loom_fuse_ln_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable)
 			continue;
 		for (int k = 0; k < 2; k++) {
 			loom_value d = sn->src[k], o = sn->src[1 - k];
-			if (!accum_fits(g, d, s, o) || (fusable && !fusable(g, d, s, 1 - k)))
+			if (!accum_fits(g, d, s, o, op, nsrc) || (fusable && !fusable(g, d, s, 1 - k)))
 				continue;
 			loom_node *dn = &g->nodes[d];
-			dn->src[3] = o;
-			dn->nsrc = 4;
+			dn->src[nsrc] = o;
+			dn->nsrc = nsrc + 1;
 			dn->flags |= LOOM_NODE_ACCUM;
 			loom_fuse_make_view(g, s, d);
+			grad_moves(g, s, d);
 			fused++;
 			break;
 		}
 	}
 	return fused;
+}
+
+int loom_fuse_ln_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable)
+{
+	return fuse_accum(g, LOOM_OP_LAYERNORM_BWD_DATA, 3, 0, fusable);
+}
+
+/*
+ * The embedding's gradient added into the tied table's other gradient
+ * (llm.c's encoder_backward, which scatter-adds into the classifier's dW):
+ * a table read by an embedding and by the classifier (GPT-2's wte) gets
+ * both gradients summed by autodiff's ADD, the scatter-add's [V, C]
+ * written, zeroed where no id occurs, then read back beside dW. Here the
+ * EMBEDDING_BWD node d takes dW as src[2] and makes the sum
+ * (LOOM_NODE_ACCUM): each row's scatter-add in the same order, rounded
+ * into d's dtype as d wrote it, then added to dW's row as the ADD did; the
+ * ADD becomes a view of d. The sum is usually the table's gradient: then
+ * d is (the parameter's grad, LOOM_NODE_GRAD), and the memory plan lends
+ * dW the gradient's bytes where dW dies at d (graph/memplan.c), so the
+ * product writes the gradient and d adds only the rows its ids touch.
+ * Where the ADD is d's one reader, dW exists before d runs, and the sum
+ * is no output, stage cut or sharded value.
+ */
+int loom_fuse_emb_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable)
+{
+	return fuse_accum(g, LOOM_OP_EMBEDDING_BWD, 2, 1, fusable);
 }

@@ -98,9 +98,11 @@ enum {
 	LOOM_NODE_REORDER = 1u << 7,
 	/* The node adds its result into its last source and makes the sum
 	 * (graph/fuse.c's loom_fuse_ln_bwd_accum: a row norm's dx into the
-	 * residual's other gradient): the memory plan may write it over
-	 * that source where it dies there, so its kernels read each element
-	 * of it before writing that element. */
+	 * residual's other gradient; loom_fuse_emb_bwd_accum: an embedding's
+	 * gradient into the tied table's other): the memory plan may write it
+	 * over that source where it dies there (or, a persistent sum, lend
+	 * that source its bytes), so its kernels read each element of it
+	 * before writing that element. */
 	LOOM_NODE_ACCUM = 1u << 8,
 };
 
@@ -392,6 +394,16 @@ typedef int (*loom_ln_bwd_accum_fn)(const loom_graph *g, loom_value d, loom_valu
  * says yes (NULL: everywhere). Returns how many. Run after
  * loom_fuse_casts, before memory planning. */
 int loom_fuse_ln_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable);
+
+/* Fuses each sum of an embedding's gradient with another gradient (a tied
+ * table's two gradients: the classifier's dW and the scatter-add) into the
+ * EMBEDDING_BWD node: it takes the other addend as src[2], carries
+ * LOOM_NODE_ACCUM and makes the sum (each row's scatter-add rounded into
+ * its dtype, then added as the ADD did); the ADD becomes a view of it, and
+ * where the ADD was the parameter's gradient the node is (node->grad, the
+ * LOOM_NODE_GRAD flag). Only where fusable says yes (NULL: everywhere).
+ * Returns how many. Run after loom_fuse_casts, before memory planning. */
+int loom_fuse_emb_bwd_accum(loom_graph *g, loom_ln_bwd_accum_fn fusable);
 
 /* What a backend's kernel for one node takes (the format pass asks). */
 typedef struct loom_format_caps {

@@ -16,7 +16,8 @@
  *                (src[0], or a unary backward's dy: LOOM_OPF_INPLACE_DY,
  *                LOOM_INPLACE_DY=0 never; the addend a LOOM_NODE_ACCUM
  *                node adds into) (kept when that plans no larger than
- *                without).
+ *                without); a persistent LOOM_NODE_ACCUM sum lends its
+ *                dying addend its own bytes instead.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,9 @@ typedef struct planner {
 	 * of them, a sum added into an addend that was itself a sum, is one
 	 * storage for the offline placement). */
 	unsigned char *taken;
+	/* Per activation owner: the persistent LOOM_NODE_ACCUM sum that lends
+	 * it its bytes (lend_addends), else LOOM_NONE. */
+	loom_value *lent_to;
 	int inplace_on; /* place_activations may write in place (LOOM_OPF_INPLACE) */
 	int inplace_dy; /* ... and over a dy (LOOM_OPF_INPLACE_DY; LOOM_INPLACE_DY) */
 } planner;
@@ -319,6 +323,50 @@ static loom_status death_lists(planner *pl)
 
 /* -------------------------------------------------------------- placement */
 
+/*
+ * A persistent sum made by adding into its last source (a tied table's
+ * gradient, graph/fuse.c's loom_fuse_emb_bwd_accum) cannot take over
+ * that source's activation bytes; instead the source, where it dies at
+ * the sum and has its dtype and size, is placed in the sum's own bytes
+ * (the product writes the gradient, the sum adds into it: llm.c's dW +=).
+ * The source then leaves the activation region.
+ */
+static void lend_addends(planner *pl)
+{
+	const loom_graph *g = pl->g;
+	loom_memplan *mp = pl->mp;
+	for (loom_value v = 0; v < pl->n; v++) {
+		const loom_node *nd = &g->nodes[v];
+		pl->lent_to[v] = LOOM_NONE;
+		if (!(nd->flags & LOOM_NODE_ACCUM) || nd->nsrc < 1 || mp->root[v] != v ||
+		    mp->region[v] == LOOM_REGION_ACT || (nd->flags & LOOM_NODE_SHARDED) ||
+		    nd->made_by != LOOM_NONE || !is_held(mp, v))
+			continue;
+		loom_value a = mp->root[nd->src[nd->nsrc - 1]];
+		int other = 0;
+		for (int k = 0; k < nd->nsrc - 1; k++)
+			other |= mp->root[nd->src[k]] == a;
+		if (other || !is_act_owner(pl, a) || pl->last[a] != pl->pos[v] ||
+		    g->nodes[a].dtype != nd->dtype || value_bytes(g, a) != value_bytes(g, v))
+			continue;
+		pl->lent_to[a] = v;
+		mp->region[a] = mp->region[v];
+	}
+}
+
+/* The lent sources' places: their sums' (after the persistent and bucket
+ * placements). */
+static void place_lent(planner *pl)
+{
+	for (loom_value a = 0; a < pl->n; a++) {
+		loom_value v = pl->lent_to[a];
+		if (v == LOOM_NONE)
+			continue;
+		pl->mp->offset[a] = pl->mp->offset[v];
+		pl->mp->inplace[v] = a;
+	}
+}
+
 /* Persistent region: in schedule order, one after the other, never reused.
  * A sharded value (LOOM_NODE_SHARDED) has no place here: its owner keeps it. */
 static size_t place_persistent(planner *pl)
@@ -328,6 +376,7 @@ static size_t place_persistent(planner *pl)
 	for (int i = 0; i < pl->n; i++) {
 		loom_value v = mp->schedule[i];
 		if (mp->root[v] != v || mp->region[v] != LOOM_REGION_PERSIST ||
+		    pl->lent_to[v] != LOOM_NONE ||
 		    (pl->g->nodes[v].flags & LOOM_NODE_SHARDED) || !is_held(mp, v))
 			continue;
 		mp->offset[v] = top;
@@ -641,7 +690,8 @@ static loom_status plan_alloc(loom_memplan *mp, planner *pl, int n)
 	pl->made_at = malloc(sizeof(int) * m);
 	pl->last = malloc(sizeof(int) * m);
 	pl->taken = calloc(m, 1);
-	if (!mp->schedule || !mp->offset || !mp->region || !mp->root || !mp->inplace ||
+	pl->lent_to = malloc(sizeof(loom_value) * m);
+	if (!pl->lent_to || !mp->schedule || !mp->offset || !mp->region || !mp->root || !mp->inplace ||
 	    !mp->sibling || !mp->sibling_next || !pl->pos || !pl->made_at || !pl->last ||
 	    !pl->taken)
 		return LOOM_ERR_NOMEM;
@@ -656,6 +706,7 @@ static void planner_free(planner *pl)
 	free(pl->made_at);
 	free(pl->last);
 	free(pl->taken);
+	free(pl->lent_to);
 	free(pl->dead_at);
 	free(pl->dead);
 }
@@ -680,11 +731,13 @@ loom_status loom_memplan_build_held(const loom_graph *g, const loom_value *order
 		goto out_free;
 	if (buckets && (st = place_buckets(&pl, buckets)) != LOOM_OK)
 		goto out_free;
+	lend_addends(&pl);
 	if ((st = death_lists(&pl)) != LOOM_OK)
 		goto out_free;
 	mp->persist_bytes = place_persistent(&pl);
 	if ((st = place_activations_best(&pl, &a)) != LOOM_OK)
 		goto out_free;
+	place_lent(&pl);
 	resolve_aliases(g, mp, g->n);
 	mp->act_bytes = a.top;
 	mp->regions[LOOM_REGION_ACT] = (loom_region){ "activations", mp->act_bytes, 1 };

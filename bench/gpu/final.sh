@@ -58,6 +58,14 @@ r gpt_O2_ln_bwd_accum0 env LOOM_CUDA_LN_BWD_ACCUM=0 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_ln_bwd_accum1 env LOOM_CUDA_LN_BWD_ACCUM=1 $b/gpt_ddp $G --opt-level O2
 r gpt_O2_ln_bwd_accum1_warp env LOOM_CUDA_LN_BWD_ACCUM=1 LOOM_CUDA_LN_BWD=warp $b/gpt_ddp $G --opt-level O2
 grep -a "^step +20/20" $o/gpt_O2_ln_bwd_accum0.log $o/gpt_O2_ln_bwd_accum1.log $o/gpt_O2_ln_bwd_accum1_warp.log | cut -c1-160
+# The embedding's gradient added into the tied table's other gradient (the
+# classifier's dW, which the memory plan places in the gradient's bytes): no
+# [50304, 768] add kernel and no embedding-gradient buffer (embedding.cu,
+# LOOM_CUDA_EMB_BWD_ACCUM), off and on side by side (default off: not yet run
+# on a GPU); the same losses.
+r gpt_O2_emb_bwd_accum0 env LOOM_CUDA_EMB_BWD_ACCUM=0 $b/gpt_ddp $G --opt-level O2
+r gpt_O2_emb_bwd_accum1 env LOOM_CUDA_EMB_BWD_ACCUM=1 $b/gpt_ddp $G --opt-level O2
+grep -a "^step +20/20" $o/gpt_O2_emb_bwd_accum0.log $o/gpt_O2_emb_bwd_accum1.log | cut -c1-160
 # The padded vocabulary (engine/vocab_pad.c: 50257 -> 50304; the CUDA backend's
 # default, so gpt_O1 and gpt_O2 run padded), off and on side by side.
 r gpt_O1_vpad0 env LOOM_VOCAB_PAD=0 $b/gpt_ddp $G --opt-level O1
@@ -134,3 +142,4 @@ LIM=40 r racecheck_vpad compute-sanitizer --tool racecheck --error-exitcode 86 $
 LIM=40 r racecheck_ln compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_saved_statistics'
 LIM=40 r racecheck_ln_residual compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_residual'
 LIM=40 r racecheck_ln_bwd_accum compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/layernorm_backward_accum'
+LIM=40 r racecheck_emb_bwd_accum compute-sanitizer --tool racecheck --error-exitcode 86 $b/test_cuda_ops --verbose --filter 'cuda_ops/embedding_backward_accum'

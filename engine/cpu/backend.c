@@ -168,6 +168,9 @@ static size_t node_workspace_own(const loom_cpu_ctx *c, const loom_plan *pl, loo
 {
 	const loom_node *n = &pl->g->nodes[v];
 	size_t ws = 0;
+	/* Its ids grouped by row; no copies (emb_bwd_accum.c widens by rows). */
+	if (n->op == LOOM_OP_EMBEDDING_BWD && (n->flags & LOOM_NODE_ACCUM))
+		return loom_cpu_emb_bwd_accum_ws(pl, v);
 	if (cpu_op(n->op)->ws)
 		ws = cpu_op(n->op)->ws(c, pl, v, loom_dtype_size(loom_cpu_kernel_dtype(n)));
 	if (emulated(pl, n)) {
@@ -387,6 +390,9 @@ static loom_status run_node(loom_cpu_ctx *c, const loom_plan *pl, loom_value v)
 	/* A layer norm's dx added into the residual's other gradient. */
 	if (loom_cpu_ln_bwd_accum(pl, a, v))
 		return LOOM_OK;
+	/* An embedding's gradient added into the tied table's other. */
+	if (loom_cpu_emb_bwd_accum(pl, a, v))
+		return LOOM_OK;
 	if (!op->raw)
 		fp8_decode_sources(c, pl, v, &io);
 	if (!emulated(pl, n))
@@ -591,7 +597,7 @@ static const loom_backend_planning cpu_planning = {
 	.node_formats = loom_cpu_node_formats,
 	.node_note = cpu_node_note,
 	.ln_residual_fusable = loom_cpu_ln_residual_fusable,
-	.ln_bwd_accum_fusable = loom_cpu_ln_bwd_accum_fusable,
+	.ln_bwd_accum_fusable = loom_cpu_bwd_accum_fusable,
 	/* a residual add's layer norm (ln_residual.c); every other sibling
 	 * by its own kernel, right after its maker */
 	.makes_sibling = loom_cpu_makes_sibling,

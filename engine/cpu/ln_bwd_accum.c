@@ -96,6 +96,19 @@ int loom_cpu_ln_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value 
 	return 1;
 }
 
+int loom_cpu_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other)
+{
+	switch (g->nodes[d].op) {
+	case LOOM_OP_LAYERNORM_BWD_DATA:
+	case LOOM_OP_RMSNORM_BWD_DATA:
+		return loom_cpu_ln_bwd_accum_fusable(g, d, s, other);
+	case LOOM_OP_EMBEDDING_BWD:
+		return loom_cpu_emb_bwd_accum_fusable(g, d, s, other);
+	default:
+		return 0;
+	}
+}
+
 /* ---------------------------------------------------------- entry */
 
 int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v)

@@ -193,6 +193,19 @@ static inline loom_cpu_arr loom_cpu_arr_of(const loom_plan *plan, const loom_are
 /* norm_bf16.c: the f32 row kernel of a row norm's data gradient node n
  * (layer norm's or RMS norm's, by n's op), the one the norms' entries run. */
 loom_cpu_norm_bwd_data_f32 loom_cpu_norm_bwd_data_kernel(const loom_node *n);
+/* emb_bwd_accum.c: an embedding's gradient added into the tied table's
+ * other gradient (graph/fuse.c's loom_fuse_emb_bwd_accum). fusable: the
+ * planning question (LOOM_FUSE_EMB_BWD_ACCUM, dtypes f32/bf16/f16, at
+ * most LOOM_CPU_BF16_ROWS columns); ws: the node's workspace (its ids
+ * grouped by row; 0 for any other node); loom_cpu_emb_bwd_accum: runs
+ * node v, an EMBEDDING_BWD carrying LOOM_NODE_ACCUM, and returns 1, or
+ * returns 0 for any other node. */
+int loom_cpu_emb_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
+size_t loom_cpu_emb_bwd_accum_ws(const loom_plan *plan, loom_value v);
+int loom_cpu_emb_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_value v);
+/* The planning group's ln_bwd_accum_fusable: either of the two above's,
+ * by d's op (ln_bwd_accum.c). */
+int loom_cpu_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
 
 /* side.c: plans the side buffers of plan's nodes into ctx->side (the
  * switches LOOM_CPU_DNNL_POOL and LOOM_CPU_DNNL_BN decide which nodes get

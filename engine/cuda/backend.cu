@@ -1673,6 +1673,15 @@ static loom_status cuda_timer_read(void *ctx, int slot, double *seconds)
 	return st;
 }
 
+/* The planning group's ln_bwd_accum_fusable, by the gradient node's op. */
+static int cuda_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other)
+{
+	if (g->nodes[d].op == LOOM_OP_EMBEDDING_BWD)
+		return loom_cuda_emb_bwd_accum_fusable(g, d, s, other);
+	return g->nodes[d].op == LOOM_OP_LAYERNORM_BWD_DATA &&
+	       loom_cuda_ln_bwd_accum_fusable(g, d, s, other);
+}
+
 /* --dump-graph: each family's note on how node v runs (conv_cudnn.cu,
  * sdpa_cudnn.cu, loss.cu, layernorm.cu, matmul_cublaslt.cu, bn.cu), and
  * what does a node's work where another node's call does it. */
@@ -1717,6 +1726,10 @@ static void cuda_node_note(void *ctx, const loom_plan *p, loom_value v, char *bu
 	}
 	if (n->op == LOOM_OP_FP8_QDQ && loom_cuda_fp8_amax_note(c, p, v, buf, len))
 		return;
+	if (n->op == LOOM_OP_EMBEDDING_BWD && (n->flags & LOOM_NODE_ACCUM)) {
+		snprintf(buf, len, "rows added into the tied table's other gradient");
+		return;
+	}
 	loom_cuda_bn_note(c, p, v, buf, len);
 }
 
@@ -1735,7 +1748,7 @@ static const loom_backend_planning cuda_planning = {
 	.node_formats = loom_cuda_node_formats,
 	.attn_fusable = loom_cuda_attn_fusable,
 	.ln_residual_fusable = loom_cuda_ln_residual_fusable,
-	.ln_bwd_accum_fusable = loom_cuda_ln_bwd_accum_fusable,
+	.ln_bwd_accum_fusable = cuda_bwd_accum_fusable,
 	/* the classifier's rows a multiple of 128 (50257 -> 50304, llm.c's),
 	 * so its three products run at aligned leading dimensions */
 	.vocab_pad = 128,

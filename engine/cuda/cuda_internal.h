@@ -633,6 +633,11 @@ loom_cuda_op_fn loom_cuda_op_embedding_bwd;
 /* Workspace bytes of an EMBEDDING_BWD node (fp32 sums, or the bucketed
  * backward's sort). */
 size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v);
+/* An embedding's gradient added into the tied table's other gradient
+ * (graph/fuse.c's loom_fuse_emb_bwd_accum; LOOM_CUDA_EMB_BWD_ACCUM, read
+ * at compile): the planning question. The EMBEDDING_BWD entry adds into
+ * the node's last source wherever it carries LOOM_NODE_ACCUM. */
+int loom_cuda_emb_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other);
 /* layernorm.cu */
 loom_cuda_op_fn loom_cuda_op_layernorm;
 loom_cuda_op_fn loom_cuda_op_layernorm_bwd_data;

@@ -3,7 +3,12 @@
  * by id and its backward scatter-add, bucketed by token (the ids sorted,
  * one block per run of equal ids, no atomics; one thread per column over
  * every token where cub cannot size the sort); the entries of EMBEDDING and
- * EMBEDDING_BWD.
+ * EMBEDDING_BWD. An EMBEDDING_BWD carrying LOOM_NODE_ACCUM (graph/fuse.c's
+ * loom_fuse_emb_bwd_accum: a tied table's two gradients) adds each row's
+ * sum, rounded into its dtype as the unfused node stored it, into the
+ * classifier's dW (its last source) as autodiff's add did, the same bits;
+ * where it writes over dW's bytes, a row no id touches is left as it is
+ * (LOOM_CUDA_EMB_BWD_ACCUM, read at compile; off until run on a GPU).
  * CPU twin: engine/cpu/embedding.c (the scatter-add in row order). Status
  * as the rest of engine/cuda (README.md): run on an H200 through the GPU
  * suite.
@@ -12,6 +17,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "base/options.h"
 #include "engine/cuda/dtype.cuh"
 
 static const int threads = 256;
@@ -64,10 +70,12 @@ __global__ void loom_embedding_keys_kernel(int64_t n, int v, const int32_t *ids,
  * (zeroed first for the ids that never occur), one thread per column: the
  * additions of the CPU's row-order scatter-add, in fp32, rounded once to
  * dw's dtype. Each row of dw is written by one block only, so no atomics
- * and the same bits every run. */
+ * and the same bits every run. add (may be NULL, may be dw itself): the
+ * other gradient the rounded sum is added to, element by element read
+ * before written (the rows no id touches already hold it). */
 __global__ void loom_embedding_bwd_bucket_kernel(int64_t n, int v, int c, const int32_t *key,
 						 const int32_t *val, const void *dy, int dydt,
-						 void *dw, int dwdt)
+						 const void *add, int adt, void *dw, int dwdt)
 {
 	for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
 		const int id = key[s];
@@ -80,13 +88,51 @@ __global__ void loom_embedding_bwd_bucket_kernel(int64_t n, int v, int c, const 
 			float acc = 0;
 			for (int64_t r = s; r < end; r++)
 				acc += loom_ld(dy, dydt, (int64_t)val[r] * c + j);
-			loom_st(dw, dwdt, (int64_t)id * c + j, acc);
+			const int64_t e = (int64_t)id * c + j;
+			loom_st(dw, dwdt, e, add ? loom_stored(dwdt, acc) + loom_ld(add, adt, e) : acc);
 		}
 	}
 }
 
+/* The column kernel's fp32 sums acc rounded into dw's dtype, as the
+ * unfused node stored them, and added to the other gradient add (may be
+ * dw itself: element by element). */
+__global__ void loom_embedding_bwd_add_kernel(int64_t total, const float *acc, const void *add,
+					      int adt, void *dw, int dwdt)
+{
+	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+	     e += (int64_t)gridDim.x * blockDim.x)
+		loom_st(dw, dwdt, e, loom_stored(dwdt, acc[e]) + loom_ld(add, adt, e));
+}
+
 // ----------------------------------------------------------------------------
 // kernel launchers and op entries
+
+int loom_cuda_emb_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_value s, int other)
+{
+	const loom_node *dn = &g->nodes[d];
+	if (!loom_opt_bool(LOOM_OPT_CUDA_EMB_BWD_ACCUM) || dn->shape.ndim != 2)
+		return 0;
+	const loom_value v[4] = { d, dn->src[1], s, g->nodes[s].src[other] };
+	for (int i = 0; i < 4; i++) {
+		const loom_dtype dt = (loom_dtype)g->nodes[v[i]].dtype;
+		if (dt != LOOM_F32 && dt != LOOM_BF16 && dt != LOOM_F16)
+			return 0;
+	}
+	return 1;
+}
+
+/* The other gradient an EMBEDDING_BWD node v adds its rows into (its last
+ * source, LOOM_NODE_ACCUM), else NULL. */
+static const void *emb_addend(const loom_plan *plan, loom_value v, const loom_cuda_io *io,
+			      int *adt)
+{
+	const loom_node *n = loom_cuda_node(plan, v);
+	if (!(n->flags & LOOM_NODE_ACCUM))
+		return NULL;
+	*adt = io->dt[n->nsrc - 1];
+	return io->src[n->nsrc - 1];
+}
 
 /* The bits a key in [0, v] needs. */
 static int key_bits(int v)
@@ -122,7 +168,9 @@ size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v)
 {
 	const loom_node *n = loom_cuda_node(p, v);
 	size_t cub_bytes;
-	size_t old = n->dtype == LOOM_F32 ?
+	/* fp32 sums apart from the result: a half result, or a sum added
+	 * into the other gradient (the result may be its bytes) */
+	size_t old = n->dtype == LOOM_F32 && !(n->flags & LOOM_NODE_ACCUM) ?
 			     0 : loom_cuda_align(sizeof(float) * (size_t)loom_shape_numel(&n->shape));
 	size_t b = emb_bucket_ws(loom_shape_numel(&loom_cuda_src(p, v, 0)->shape),
 				 (int)n->shape.dims[0], &cub_bytes);
@@ -146,9 +194,16 @@ static loom_status embedding_bwd_bucket(loom_cuda_ctx *c, const loom_plan *plan,
 	char *base = (char *)c->arena->ws;
 	int32_t *key = (int32_t *)base, *val = (int32_t *)(base + part);
 	int32_t *skey = (int32_t *)(base + 2 * part), *sval = (int32_t *)(base + 3 * part);
-	loom_status st = LOOM_CUDA_CHECK(
-		cudaMemsetAsync(io->out, 0, loom_dtype_size(n->dtype) * (size_t)total, c->stream),
-		c->err, sizeof(c->err));
+	int adt = 0;
+	const void *add = emb_addend(plan, v, io, &adt);
+	/* The rows no id touches: zero, or the other gradient's (nothing to
+	 * do where the result is its bytes). */
+	loom_status st = !add ? LOOM_CUDA_CHECK(cudaMemsetAsync(io->out, 0,
+								loom_dtype_size(n->dtype) * (size_t)total,
+								c->stream),
+						c->err, sizeof(c->err)) :
+		add != io->out ? loom_cuda_cast(c->err, c->stream, add, adt, io->out, io->odt, total) :
+				 LOOM_OK;
 	if (st != LOOM_OK)
 		return st;
 	loom_embedding_keys_kernel<<<loom_cuda_blocks(cnt, threads), threads, 0, c->stream>>>(
@@ -163,7 +218,7 @@ static loom_status embedding_bwd_bucket(loom_cuda_ctx *c, const loom_plan *plan,
 		return st;
 	unsigned blocks = cnt < 65535 * 16 ? (unsigned)cnt : 65535u * 16;
 	loom_embedding_bwd_bucket_kernel<<<blocks, threads, 0, c->stream>>>(
-		cnt, vocab, cc, skey, sval, io->src[1], io->dt[1], io->out, io->odt);
+		cnt, vocab, cc, skey, sval, io->src[1], io->dt[1], add, adt, io->out, io->odt);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) == LOOM_OK)
 		*done = 1;
 	return st;
@@ -192,7 +247,9 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	loom_status st;
 	if ((st = embedding_bwd_bucket(c, plan, v, io, &done)) != LOOM_OK || done)
 		return st;
-	float *acc = n->dtype == LOOM_F32 ? (float *)io->out : (float *)c->arena->ws;
+	int adt = 0;
+	const void *add = emb_addend(plan, v, io, &adt);
+	float *acc = n->dtype == LOOM_F32 && !add ? (float *)io->out : (float *)c->arena->ws;
 	st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
 					 c->err, sizeof(c->err));
 	if (st != LOOM_OK || cc <= 0)
@@ -200,7 +257,14 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	loom_embedding_bwd_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
 		cnt, (int)n->shape.dims[0], cc, (const int32_t *)io->src[0], io->src[1], io->dt[1],
 		acc);
-	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK || n->dtype == LOOM_F32)
+	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
+		return st;
+	if (add) {
+		loom_embedding_bwd_add_kernel<<<loom_cuda_blocks(total, threads), threads, 0,
+						c->stream>>>(total, acc, add, adt, io->out, io->odt);
+		return LOOM_CUDA_LAUNCHED(c->err);
+	}
+	if (n->dtype == LOOM_F32)
 		return st;
 	return loom_cuda_cast(c->err, c->stream, acc, LOOM_F32, io->out, io->odt, total);
 }

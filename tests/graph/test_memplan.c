@@ -617,6 +617,48 @@ Test(memplan, a_source_read_later_is_not_taken_over)
 	ce_by_hand(0);
 }
 
+/* dw = relu(x) standing in for the classifier's dW; s = dw + relu(x2)
+ * marked as a sum made by adding into its last source (LOOM_NODE_ACCUM,
+ * graph/fuse.c's loom_fuse_emb_bwd_accum) and as a parameter's gradient:
+ * persistent, so dw is lent s's bytes where it dies at s (read_later: a
+ * reader after s keeps dw apart). */
+static void lent_by_hand(int read_later)
+{
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	int64_t d[2] = { 8, 16 };
+	loom_value x = loom_input(g, "x", LOOM_F32, 2, d);
+	loom_value x2 = loom_input(g, "x2", LOOM_F32, 2, d);
+	loom_value dw = loom_relu(g, x);
+	loom_value s = loom_add(g, loom_relu(g, x2), dw);
+	g->nodes[s].flags |= LOOM_NODE_ACCUM | LOOM_NODE_GRAD;
+	if (read_later)
+		(void)loom_relu(g, dw);
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_memplan mp;
+	cr_assert_eq(loom_memplan_build(g, &mp), LOOM_OK);
+	cr_assert_eq(mp.region[s], LOOM_REGION_PERSIST);
+	if (read_later) {
+		cr_assert_eq(mp.region[dw], LOOM_REGION_ACT);
+		cr_assert_eq(mp.inplace[s], LOOM_NONE);
+	} else {
+		cr_assert_eq(mp.region[dw], LOOM_REGION_PERSIST, "dw is not in the gradient's region");
+		cr_assert_eq(mp.offset[dw], mp.offset[s]);
+		cr_assert_eq(mp.inplace[s], dw);
+		/* only s's bytes: dw takes no persistent bytes of its own */
+		cr_assert_eq(mp.persist_bytes, 8 * 16 * sizeof(float) * 3, "%zu persistent bytes",
+			     mp.persist_bytes);
+	}
+	loom_memplan_free(&mp);
+	loom_graph_free(g);
+}
+
+Test(memplan, a_persistent_sum_lends_its_dying_addend_its_bytes)
+{
+	lent_by_hand(0);
+	lent_by_hand(1);
+}
+
 /* h = gelu(x); d = relu(x2) standing in for the product that makes the
  * GELU backward's dy; dh = gelu_bwd(x, d), appended by hand as autodiff
  * would. The backward writes over its dying dy (LOOM_OPF_INPLACE_DY),

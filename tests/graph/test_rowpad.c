@@ -15,8 +15,9 @@
 #include "loom.h"
 
 /* ids -> embedding(wte) + x -> linear(., wte) -> [32, vocab] -> softmax-CE;
- * at level (O0 f32, O1/O2 bf16). */
-static loom_program *tail(int64_t vocab, loom_opt_level level, loom_graph **gp)
+ * at level (O0 f32, O1/O2 bf16); fuse: the table's two gradients summed by
+ * the embedding's backward (LOOM_FUSE_EMB_BWD_ACCUM), else by an ADD. */
+static loom_program *tail_fused(int64_t vocab, loom_opt_level level, int fuse, loom_graph **gp)
 {
 	loom_graph *g;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
@@ -38,8 +39,15 @@ static loom_program *tail(int64_t vocab, loom_opt_level level, loom_graph **gp)
 	o.amp.level = level;
 	if (level != LOOM_O0)
 		o.amp.half = LOOM_BF16;
+	setenv("LOOM_FUSE_EMB_BWD_ACCUM", fuse ? "1" : "0", 1);
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	unsetenv("LOOM_FUSE_EMB_BWD_ACCUM");
 	return p;
+}
+
+static loom_program *tail(int64_t vocab, loom_opt_level level, loom_graph **gp)
+{
+	return tail_fused(vocab, level, 0, gp);
 }
 
 static void expect_marks(loom_opt_level level)
@@ -89,6 +97,42 @@ Test(rowpad, a_tied_classifier_pads_its_table_logits_and_gradients)
 {
 	expect_marks(LOOM_O0);
 	expect_marks(LOOM_O2);
+}
+
+/* The sum made by the embedding's backward (graph/fuse.c's
+ * loom_fuse_emb_bwd_accum): that node, the table's gradient now, and the
+ * ADD's view of it take padded rows; no [97, C] ADD is left. */
+static void expect_marks_fused(loom_opt_level level)
+{
+	loom_graph *user;
+	loom_program *p = tail_fused(97, level, 1, &user);
+	const loom_graph *g = p->plan.g;
+	unsigned char *mark = malloc((size_t)g->n);
+	int64_t padded = -1;
+	cr_assert_eq(loom_rowpad_find(g, 64, mark, &padded), 97);
+	int emb_bwd = 0, view = 0, adds = 0;
+	for (loom_value v = 0; v < g->n; v++) {
+		const loom_node *n = &g->nodes[v];
+		if (n->op == LOOM_OP_EMBEDDING_BWD && (n->flags & LOOM_NODE_ACCUM)) {
+			emb_bwd += mark[v] == LOOM_ROWPAD_ROWS && (n->flags & LOOM_NODE_GRAD);
+			for (loom_value u = v + 1; u < g->n; u++)
+				view += g->nodes[u].op == LOOM_OP_RESHAPE && g->nodes[u].src[0] == v &&
+					mark[u] == LOOM_ROWPAD_ROWS;
+		}
+		adds += n->op == LOOM_OP_ADD && n->shape.ndim == 2 && n->shape.dims[0] == 97;
+	}
+	cr_expect(emb_bwd == 1 && view == 1 && adds == 0,
+		  "level %d: the fused gradient %d, its view %d, sums left %d", (int)level, emb_bwd,
+		  view, adds);
+	free(mark);
+	loom_program_free(p);
+	loom_graph_free(user);
+}
+
+Test(rowpad, the_sum_the_embeddings_backward_makes_pads_too)
+{
+	expect_marks_fused(LOOM_O0);
+	expect_marks_fused(LOOM_O2);
 }
 
 Test(rowpad, an_aligned_vocabulary_pads_nothing)

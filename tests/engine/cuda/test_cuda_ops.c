@@ -290,27 +290,30 @@ static int vocab_pad_default;
 
 /* The CPU twin plans the fusions the CUDA plan makes under its switches:
  * the CPU's own switches of the same fusions default to on
- * (LOOM_FUSE_LN_RESIDUAL, LOOM_FUSE_LN_BWD_ACCUM), CUDA's to off until a
+ * (LOOM_FUSE_LN_RESIDUAL, LOOM_FUSE_LN_BWD_ACCUM, LOOM_FUSE_EMB_BWD_ACCUM),
+ * CUDA's to off until a
  * lease decides them, and the plans must agree node for node. keep[i]
  * gets the CPU switch's value before (NULL: unset), restored by
  * cpu_twin_switches_restore. */
-static const char *const cpu_twin_vars[2][2] = {
+#define CPU_TWIN_VARS 3
+static const char *const cpu_twin_vars[CPU_TWIN_VARS][2] = {
 	{ "LOOM_FUSE_LN_RESIDUAL", "LOOM_CUDA_LN_RESIDUAL" },
 	{ "LOOM_FUSE_LN_BWD_ACCUM", "LOOM_CUDA_LN_BWD_ACCUM" },
+	{ "LOOM_FUSE_EMB_BWD_ACCUM", "LOOM_CUDA_EMB_BWD_ACCUM" },
 };
 
-static void cpu_twin_switches(char *keep[2])
+static void cpu_twin_switches(char *keep[CPU_TWIN_VARS])
 {
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < CPU_TWIN_VARS; i++) {
 		const char *was = getenv(cpu_twin_vars[i][0]), *cuda = getenv(cpu_twin_vars[i][1]);
 		keep[i] = was ? strdup(was) : NULL;
 		setenv(cpu_twin_vars[i][0], cuda && !strcmp(cuda, "1") ? "1" : "0", 1);
 	}
 }
 
-static void cpu_twin_switches_restore(char *keep[2])
+static void cpu_twin_switches_restore(char *keep[CPU_TWIN_VARS])
 {
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < CPU_TWIN_VARS; i++) {
 		if (keep[i])
 			setenv(cpu_twin_vars[i][0], keep[i], 1);
 		else
@@ -345,7 +348,7 @@ static loom_program *compile_at(loom_graph *g, loom_value loss, loom_device dev,
 		setenv("LOOM_FORMATS", "auto", 1);
 		setenv("LOOM_CUDA_NHWC", cuda_nhwc, 1);
 	}
-	char *keep[2] = { NULL, NULL };
+	char *keep[CPU_TWIN_VARS] = { NULL, NULL, NULL };
 	if (dev == LOOM_DEVICE_CPU)
 		cpu_twin_switches(keep);
 	loom_status st = loom_compile(g, loss, &o, &p);
@@ -1992,6 +1995,37 @@ Test(cuda_ops, padded_vocabulary)
 	each_dtype("tied classifier 1000 -> 1024 by default", b_classifier_tied_1000,
 		   LOOM_RUN_GRAD);
 	vocab_pad_default = 0;
+}
+
+/* The tied classifier whose table's two gradients the embedding's
+ * backward sums itself under LOOM_CUDA_EMB_BWD_ACCUM=1 (graph/fuse.c's
+ * loom_fuse_emb_bwd_accum: the ADD a view, dW placed in the gradient's
+ * bytes where their dtypes agree). */
+static loom_value b_classifier_tied_accum(loom_graph *g, tcase *t)
+{
+	const char *e = getenv("LOOM_CUDA_EMB_BWD_ACCUM");
+	loom_value y = b_classifier_tied(g, t);
+	if (e && !strcmp(e, "1")) {
+		t->note[1] = "rows added into the tied table's other gradient";
+		t->note_op[1] = LOOM_OP_EMBEDDING_BWD;
+	}
+	return y;
+}
+
+/* The embedding's gradient added into the tied table's other gradient in
+ * the bucketed kernel's own pass (LOOM_CUDA_EMB_BWD_ACCUM, embedding.cu)
+ * against the CPU (whose twin plans the same fusion) and against the
+ * scatter-add and the add it replaces (=0), in every dtype, the
+ * vocabulary unpadded (67 rows) and padded (128). Compiled, not yet run. */
+Test(cuda_ops, embedding_backward_accum)
+{
+	NEED_GPU();
+	setenv("LOOM_VOCAB_PAD", "0", 1);
+	both_switch_values("LOOM_CUDA_EMB_BWD_ACCUM", "tied classifier 67", b_classifier_tied_accum);
+	setenv("LOOM_VOCAB_PAD", "64", 1);
+	both_switch_values("LOOM_CUDA_EMB_BWD_ACCUM", "tied classifier 67 -> 128",
+			   b_classifier_tied_accum);
+	unsetenv("LOOM_VOCAB_PAD");
 }
 
 /* The products' switches against llm.c's use of cuBLASLt
