@@ -215,7 +215,8 @@ loom_status loom_ddp_staged_new(loom_program *p, loom_comm *host, char *err, siz
 		snprintf(err, errlen,
 			 "data parallel on the %s backend with its collectives staged through host "
 			 "memory (no device communicator: ranks share a GPU, or "
-			 "LOOM_DDP_STAGE_HOST=1): %s is not staged yet", loom_pass_backend_name(p), no);
+			 "LOOM_DDP_STAGE_HOST=1): %s is not staged yet", loom_pass_backend_name(p),
+			 no);
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	loom_comm *c = calloc(1, sizeof(*c));
