@@ -12,27 +12,16 @@
 
 #include "engine/pass.h"
 #include "loom.h"
+#include "tests/engine/tiny_linear.h"
 
 /* The table, for the one test that takes the sharded group away. */
 #include "engine/backend.h"
 
-/* x [5, 4] -> linear "fc" 4->3 -> CE, compiled on the CPU, one run of
- * forward and backward done (the gradients are there). */
+/* tiny_linear.h's program, one run of forward and backward done (the
+ * gradients are there). */
 static loom_program *compile_with_grads(void)
 {
-	loom_graph *g;
-	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	int64_t xd[2] = { 5, 4 }, yd[1] = { 5 };
-	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
-	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
-	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", x, 3, 1), y);
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	loom_program *p;
-	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	loom_graph_free(g);
+	loom_program *p = tiny_linear_compile(LOOM_O0);
 	float xs[20];
 	int32_t ys[5] = { 0, 1, 2, 1, 0 };
 	for (int i = 0; i < 20; i++)
