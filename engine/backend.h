@@ -13,17 +13,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "engine/plan.h"
-
-/* The clock of traces and of the backends' timers: CLOCK_MONOTONIC seconds. */
-static inline double loom_trace_now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "engine/trace.h" /* loom_trace_now, the clock of the timers */
 
 /* Capability bits (loom_backend.caps). */
 enum {
@@ -390,10 +382,6 @@ _Static_assert(offsetof(loom_backend, planning) ==
 _Static_assert(sizeof(loom_backend) == offsetof(loom_backend, fp8) + sizeof(void *),
 	       "loom_backend: the groups end the struct; a new function goes into one");
 #endif
-
-/* optim's finite: the verdict is grads_finite_device's flag, summed over
- * the ranks on the device. */
-#define LOOM_FINITE_ON_DEVICE (-2)
 
 /* Events a backend creates at init, named by index. */
 #define LOOM_BACKEND_EVENTS 16

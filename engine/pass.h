@@ -13,11 +13,14 @@
  * branch in loom_compile.
  *
  * This header is what a pass sees of the engine: the program (the plan,
- * the training state, the backend and its arena, the hooks a strategy
- * installs), the pass table, and the functions the engine offers a pass.
- * The executor's state and the engine's other helpers stay in
- * engine/program_internal.h, which builds on this one: parallel/ never
- * includes it (tests/base:test_include_arrows).
+ * the training state, the arena, the hooks a strategy installs), the pass
+ * table, and the functions the engine offers a pass. The backend is
+ * opaque here: a strategy never touches it, it asks the engine
+ * (loom_pass_backend_name and below, engine/pass_api.c). The backend's
+ * table (engine/backend.h), the executor's state and the engine's other
+ * helpers stay in engine/program_internal.h, which builds on this one:
+ * neither parallel/ nor io/ reaches either header, directly or through
+ * a chain (tests/base:test_include_arrows).
  */
 #ifndef LOOM_ENGINE_PASS_H
 #define LOOM_ENGINE_PASS_H
@@ -25,12 +28,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/backend.h"
 #include "engine/io_view.h" /* loom_program_fail, values by handle, loom_stage_info */
 #include "engine/plan.h"
 #include "loom.h"
 
 typedef struct loom_program loom_program;
+struct loom_backend; /* engine/backend.h: the engine's, never a pass's */
 
 /*
  * A strategy that moves values between ranks as steps of its own (SEND,
@@ -111,7 +114,7 @@ struct loom_exec;
 struct loom_program {
 	loom_plan plan;
 	loom_train_state ts;
-	const loom_backend *be;
+	const struct loom_backend *be; /* the engine's: a pass asks loom_pass_* */
 	void *be_ctx;
 	loom_arena arena; /* the regions be_ctx allocated: the one copy of their
 			   * addresses (the backend reads this one) */
@@ -167,6 +170,49 @@ int loom_exec_add_span(loom_program *p, int kind, int id, int aux, int t0, int t
 
 /* Copies the backend's last message into p's and returns st. */
 loom_status loom_program_backend_fail(loom_program *p, loom_status st);
+
+/*
+ * p's backend, as a pass sees it (engine/pass_api.c). A failure's message,
+ * naming the backend, is in p. loom_program_upload and _download
+ * (engine/io_view.h) copy between host memory and the arena.
+ */
+
+/* Its name ("cpu", "cuda"), for messages. */
+const char *loom_pass_backend_name(const loom_program *p);
+/* Whether the arena is host memory: collectives go through the host (MPI)
+ * communicator; else the device (NCCL) one. */
+int loom_pass_host_memory(const loom_program *p);
+/* The backend's synchronize: waits for all queued work and brings the
+ * state it keeps (scaler, step) into p->ts. No collective is waited for
+ * (loom_exec_synchronize does both). */
+loom_status loom_pass_sync(loom_program *p);
+/* What a communicator needs to order a collective on stream `which` (a
+ * CUDA stream); NULL for host memory. */
+void *loom_pass_stream(loom_program *p, loom_stream which);
+
+/* What the backend does for ranks that each hold part of the gradients
+ * (ZeRO's shards): the optimizer updates pieces of slots, and these
+ * answer for pieces [first, last). loom_pass_shard_caps: LOOM_SHARD_*
+ * bits, 0 where the backend has no sharded optimizer. */
+enum {
+	LOOM_SHARD_OPTIM = 1u << 0,         /* updates a shard; checks its gradients on the host */
+	LOOM_SHARD_FINITE_DEVICE = 1u << 1, /* checks them on the device too */
+	LOOM_SHARD_SUMSQ = 1u << 2,         /* a shard's gradient sum of squares on the host */
+	LOOM_SHARD_SUMSQ_DEVICE = 1u << 3,  /* ... on the device */
+};
+unsigned loom_pass_shard_caps(const loom_program *p);
+/* Host verdict: the gradients of the pieces hold no inf/NaN (*finite 1);
+ * may wait. Device verdict: an i32 left at *flag in the compute stream's
+ * order, 0 when they hold none; no wait. LOOM_ERR_UNSUPPORTED, naming the
+ * backend, where it lacks the check. */
+loom_status loom_pass_grads_finite(loom_program *p, int first, int last, int *finite);
+loom_status loom_pass_grads_finite_device(loom_program *p, int first, int last, void **flag);
+/* The sum of squares of the pieces' gradients as the optimizer applies
+ * them (unscaled), f64: into *sumsq on the host (may wait), or left at
+ * *sumsq on the device in the compute stream's order (no wait).
+ * LOOM_ERR_UNSUPPORTED, naming the backend, where it lacks the sum. */
+loom_status loom_pass_grad_sumsq(loom_program *p, int first, int last, double *sumsq);
+loom_status loom_pass_grad_sumsq_device(loom_program *p, int first, int last, void **sumsq);
 /* The accumulation sums, allocated by the first run that needs them. */
 loom_status loom_program_accum_ready(loom_program *p);
 /* engine/accum.c: the accumulation segments of the plan (buckets, or each

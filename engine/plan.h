@@ -234,6 +234,12 @@ typedef struct loom_train_state {
 				     * before the optimizer step that clips by it */
 } loom_train_state;
 
+/* An optimizer step's finite (the backend's optim): the verdict is the
+ * flag a shard's device check left (the backend's sharded
+ * grads_finite_device), summed over the ranks on the device; non-zero, an
+ * overflow. A strategy's verdict (engine/pass.h's loom_shards) gives it. */
+#define LOOM_FINITE_ON_DEVICE (-2)
+
 /* Base addresses of the arena's regions (backend memory). */
 typedef struct loom_arena {
 	unsigned char *persist, *act, *ws, *state;

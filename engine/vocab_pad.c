@@ -22,6 +22,7 @@
 
 #include "base/errf.h"
 #include "base/options.h"
+#include "engine/backend.h" /* the planning group's vocab_pad */
 #include "engine/pass.h"
 #include "graph/ops/ops.h"
 #include "graph/rowpad.h"

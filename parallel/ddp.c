@@ -46,12 +46,12 @@ void loom_ddp_mark_sync_bn(loom_graph *g)
  * backend (NCCL) has and a host one does not. */
 static loom_status mark_sync_bn(loom_program *p, char *err, size_t errlen)
 {
-	if (!(p->be->caps & LOOM_BE_HOST_MEMORY) && !p->plan.comm->i->allreduce_ordered) {
+	if (!loom_pass_host_memory(p) && !p->plan.comm->i->allreduce_ordered) {
 		snprintf(err, errlen,
 			 "sync_bn: the %s backend's collectives (%s) cannot all-reduce in "
 			 "stream order, which its synchronised batch norm needs; compile "
 			 "without sync_bn or with a group that has NCCL",
-			 p->be->name, p->plan.comm->i->name);
+			 loom_pass_backend_name(p), p->plan.comm->i->name);
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	loom_ddp_mark_sync_bn(p->plan.g);
@@ -71,7 +71,7 @@ static loom_status pick_comm(loom_program *p, char *err, size_t errlen)
 		p->plan.comm = p->plan.pipe->dp;
 		return LOOM_OK;
 	}
-	if (!stage && (p->be->caps & LOOM_BE_HOST_MEMORY)) {
+	if (!stage && loom_pass_host_memory(p)) {
 		p->plan.comm = loom_pg_comm(pg, LOOM_COMM_HOST);
 		return LOOM_OK;
 	}
@@ -101,7 +101,7 @@ loom_status loom_ddp_plan(loom_program *p, char *err, size_t errlen)
 		return st;
 	if (!p->plan.comm) {
 		snprintf(err, errlen, "data parallel: no collectives for the %s backend: %s",
-			 p->be->name, loom_pg_error(o->pg));
+			 loom_pass_backend_name(p), loom_pg_error(o->pg));
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	if (o->sync_bn && (st = mark_sync_bn(p, err, errlen)) != LOOM_OK)
@@ -255,7 +255,7 @@ static loom_status check_plans(loom_program *p, loom_comm *host)
 	memcpy(&clip, &pl->opts.optim.clip_grad, sizeof(clip));
 	int64_t head[] = {
 		pl->opts.amp.level, pl->opts.amp.half, pl->opts.optim.kind, pl->n_params,
-		pl->buckets.n, (p->be->caps & LOOM_BE_HOST_MEMORY) != 0, pl->opts.no_fusion,
+		pl->buckets.n, loom_pass_host_memory(p), pl->opts.no_fusion,
 		pl->zero, clip, pl->opts.optim.decay_matrices_only, pl->opts.no_tf32,
 	};
 	return loom_ddp_check_items(p, host, head, sizeof(head), items, n, describe, "");
@@ -311,10 +311,9 @@ loom_status loom_ddp_start(loom_program *p)
 	 * Every rank waits for its upload first, so that the root does not
 	 * send before its copy lands and a receiver's late upload does not
 	 * overwrite what it received. */
-	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
-	if (st != LOOM_OK)
-		return loom_program_backend_fail(p, st);
-	st = check_plans(p, host);
+	loom_status st = loom_pass_sync(p);
+	if (st == LOOM_OK)
+		st = check_plans(p, host);
 	if (st == LOOM_OK)
 		st = broadcast_values(p, 0);
 	if (st == LOOM_OK)

@@ -37,13 +37,13 @@ struct loom_comm_work {
 	int scratch; /* it holds the scratch */
 };
 
-/* A backend's failure, said in the group's error as the executor reads it. */
+/* A backend's failure (its message in the program), said in the group's
+ * error as the executor reads it. */
 static loom_status staged_be(loom_comm *c, loom_status st)
 {
 	staged_ctx *s = c->ctx;
 	if (st == LOOM_OK)
 		return LOOM_OK;
-	loom_program_backend_fail(s->p, st);
 	return loom_comm_fail(c, st, "host-staged collective: %s", loom_program_error(s->p));
 }
 
@@ -94,7 +94,7 @@ static loom_status staged_allreduce_start(loom_comm *c, void *buf, size_t count,
 		return st;
 	}
 	*w = (loom_comm_work){ .dev = buf, .host = host, .bytes = bytes, .scratch = scratch };
-	st = staged_be(c, p->be->download(p->be_ctx, host, buf, bytes));
+	st = staged_be(c, loom_program_download(p, host, buf, bytes));
 	if (st == LOOM_OK)
 		st = loom_comm_allreduce_start(s->host, host, count, dt, NULL, &w->inner);
 	if (st != LOOM_OK) {
@@ -119,7 +119,7 @@ static loom_status staged_wait(loom_comm *c, loom_comm_work *w)
 	staged_ctx *s = c->ctx;
 	loom_status st = loom_comm_wait(s->host, w->inner);
 	if (st == LOOM_OK)
-		st = staged_be(c, s->p->be->upload(s->p->be_ctx, w->dev, w->host, w->bytes));
+		st = staged_be(c, loom_program_upload(s->p, w->dev, w->host, w->bytes));
 	/* The upload may still read w->host; the next write there is a
 	 * download, which waits for the stream's work before it. */
 	s->scratch_busy &= !w->scratch;
@@ -146,14 +146,14 @@ static loom_status staged_broadcast(loom_comm *c, void *buf, size_t bytes, int r
 	unsigned char *tmp = malloc(bytes ? bytes : 1);
 	if (!tmp)
 		return loom_comm_fail(c, LOOM_ERR_NOMEM, "host-staged broadcast: out of memory");
-	loom_status st = staged_be(c, p->be->download(p->be_ctx, tmp, buf, bytes));
+	loom_status st = staged_be(c, loom_program_download(p, tmp, buf, bytes));
 	if (st == LOOM_OK)
 		st = loom_comm_broadcast(s->host, tmp, bytes, root);
 	if (st == LOOM_OK)
-		st = staged_be(c, p->be->upload(p->be_ctx, buf, tmp, bytes));
+		st = staged_be(c, loom_program_upload(p, buf, tmp, bytes));
 	/* the upload may still read tmp */
 	if (st == LOOM_OK)
-		st = staged_be(c, p->be->synchronize(p->be_ctx, &p->plan, &p->ts));
+		st = staged_be(c, loom_pass_sync(p));
 	free(tmp);
 	return st;
 }
@@ -215,7 +215,8 @@ loom_status loom_ddp_staged_new(loom_program *p, loom_comm *host, char *err, siz
 		snprintf(err, errlen,
 			 "data parallel on the %s backend with its collectives staged through host "
 			 "memory (no device communicator: ranks share a GPU, or "
-			 "LOOM_DDP_STAGE_HOST=1): %s is not staged yet", p->be->name, no);
+			 "LOOM_DDP_STAGE_HOST=1): %s is not staged yet", loom_pass_backend_name(p),
+			 no);
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	loom_comm *c = calloc(1, sizeof(*c));

@@ -60,10 +60,12 @@ loom_status loom_ddp_broadcast_buffers(loom_program *p);
  * shrinks to the shard's) and, under O2, shard-local fp32 masters
  * (master_shard_bytes, after the state), and the step ends with an all-gather of the
  * updated parameters per bucket and their copy back. A no-op without
- * buckets or without an optimizer. caps: the backend's (it must update
- * pieces of a slot).
+ * buckets or without an optimizer. shard_caps: the backend's
+ * (loom_pass_shard_caps: it must update pieces of a slot, and take their
+ * gradient norm for clipping); backend: its name, for messages.
  */
-loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, size_t errlen);
+loom_status loom_zero_plan(loom_plan *pl, unsigned shard_caps, const char *backend, char *err,
+			   size_t errlen);
 
 /*
  * ZeRO-2 (parallel/zero2.c): before the memory plan, each bucket's place in

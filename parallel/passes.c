@@ -216,7 +216,8 @@ static loom_status zero_run(loom_program *p, loom_pass_ctx *c)
 {
 	(void)c;
 	char msg[256];
-	loom_status st = loom_zero_plan(&p->plan, p->be, msg, sizeof(msg));
+	loom_status st = loom_zero_plan(&p->plan, loom_pass_shard_caps(p), loom_pass_backend_name(p),
+					msg, sizeof(msg));
 	if (st != LOOM_OK)
 		return loom_program_fail(p, st, "%s", msg);
 	p->shards = &loom_zero_shards; /* the verdict and norm across the shards */

@@ -52,7 +52,7 @@ loom_status loom_pipe_pick_transport(loom_program *p, loom_pipe *pp, char *err, 
 {
 	const loom_pg_info *in = loom_pg_get_info(p->plan.opts.pg);
 	pp->comm = pp->world;
-	if (p->be->caps & LOOM_BE_HOST_MEMORY) {
+	if (loom_pass_host_memory(p)) {
 		pp->xfer = stage_host_hook() ? LOOM_PIPE_XFER_STAGED : LOOM_PIPE_XFER_HOST;
 		return LOOM_OK;
 	}
@@ -61,7 +61,8 @@ loom_status loom_pipe_pick_transport(loom_program *p, loom_pipe *pp, char *err, 
 	if (pp->replicas > 1) {
 		snprintf(err, errlen, "pipeline: %d replicas per stage on the %s backend: not yet "
 			 "(the stage's replicas would sum device memory over the host "
-			 "communicator); one replica per stage runs", pp->replicas, p->be->name);
+			 "communicator); one replica per stage runs", pp->replicas,
+			 loom_pass_backend_name(p));
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	/* A group has a device communicator where it has a device (asking
@@ -175,10 +176,8 @@ static loom_status broadcast_leaves(loom_program *p)
 
 loom_status loom_pipeline_start(loom_program *p)
 {
-	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
-	if (st != LOOM_OK)
-		return loom_program_backend_fail(p, st);
-	if ((st = check_plans(p)) != LOOM_OK)
+	loom_status st = loom_pass_sync(p);
+	if (st != LOOM_OK || (st = check_plans(p)) != LOOM_OK)
 		return st;
 	return broadcast_leaves(p);
 }
@@ -467,7 +466,7 @@ static loom_status exec_send(loom_program *p, const loom_step *s)
 	}
 	loom_comm_work *w = NULL;
 	st = loom_comm_send_start(pp->comm, buf, bytes, s->peer, s->v,
-				  p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE), &w);
+				  loom_pass_stream(p, LOOM_STREAM_COMPUTE), &w);
 	if (st != LOOM_OK) {
 		free(copy);
 		return comm_fail(p, st);
@@ -524,7 +523,7 @@ static loom_status recv_post(loom_program *p, int k)
 		dst = pp->recv_host[k];
 	}
 	loom_status st = loom_comm_recv_start(pp->comm, dst, bytes, s->peer, s->v,
-					      p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE),
+					      loom_pass_stream(p, LOOM_STREAM_COMPUTE),
 					      &pp->recv_work[k]);
 	if (st != LOOM_OK) {
 		pp->recv_work[k] = NULL;

@@ -30,7 +30,7 @@ static loom_status comm_fail(loom_program *p, loom_status st)
 static loom_status sum_on_device(loom_program *p, void *value, loom_dtype dt)
 {
 	loom_status st = loom_comm_allreduce_ordered(p->plan.comm, value, 1, dt,
-						     p->be->stream_handle(p->be_ctx, LOOM_STREAM_COMPUTE));
+						     loom_pass_stream(p, LOOM_STREAM_COMPUTE));
 	return st != LOOM_OK ? comm_fail(p, st) : LOOM_OK;
 }
 
@@ -39,26 +39,21 @@ static loom_status sum_on_device(loom_program *p, void *value, loom_dtype dt)
 static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finite)
 {
 	const loom_plan *pl = &p->plan;
-	const loom_backend_sharded *sd = p->be->sharded;
 	int mine = 1;
 	loom_status st;
 	/* On the device: the flag summed over the ranks there (an NCCL
 	 * all-reduce of one value). */
-	if (loom_exec_device_wait(p) && sd && sd->grads_finite_device && pl->zero && !pl->pipe) {
+	if (loom_exec_device_wait(p) && (loom_pass_shard_caps(p) & LOOM_SHARD_FINITE_DEVICE) &&
+	    pl->zero && !pl->pipe) {
 		void *flag = NULL;
-		if ((st = sd->grads_finite_device(p->be_ctx, pl, &p->arena, s->first, s->last,
-						     &flag)) != LOOM_OK)
-			return loom_program_backend_fail(p, st);
-		if ((st = sum_on_device(p, flag, LOOM_I32)) != LOOM_OK)
+		if ((st = loom_pass_grads_finite_device(p, s->first, s->last, &flag)) != LOOM_OK ||
+		    (st = sum_on_device(p, flag, LOOM_I32)) != LOOM_OK)
 			return st;
 		*finite = LOOM_FINITE_ON_DEVICE;
 		return LOOM_OK;
 	}
-	if (!sd)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "zero: the %s backend cannot check a shard", p->be->name);
-	if ((st = sd->grads_finite(p->be_ctx, pl, &p->arena, s->first, s->last, &mine)) != LOOM_OK)
-		return loom_program_backend_fail(p, st);
+	if ((st = loom_pass_grads_finite(p, s->first, s->last, &mine)) != LOOM_OK)
+		return st;
 	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
 	float bad = mine ? 0.0f : 1.0f;
 	if (!host || (st = loom_comm_allreduce(host, &bad, 1, LOOM_F32)) != LOOM_OK)
@@ -74,7 +69,7 @@ static loom_status shard_verdict(loom_program *p, const loom_step *s, int *finit
 static int norm_on_device(const loom_program *p)
 {
 	const loom_plan *pl = &p->plan;
-	return p->be->sharded && p->be->sharded->grad_sumsq_device && pl->zero && !pl->pipe &&
+	return (loom_pass_shard_caps(p) & LOOM_SHARD_SUMSQ_DEVICE) && pl->zero && !pl->pipe &&
 	       loom_comm_stream_ordered(pl->comm) && loom_opt_bool(LOOM_OPT_ZERO_DEVICE_NORM);
 }
 
@@ -87,23 +82,16 @@ static int norm_on_device(const loom_program *p)
 static loom_status shard_norm(loom_program *p, const loom_step *s)
 {
 	const loom_plan *pl = &p->plan;
-	const loom_backend_sharded *sd = p->be->sharded;
 	double mine = 0, *all = NULL, sum = 0;
 	loom_status st;
 	if (loom_exec_device_wait(p) && norm_on_device(p)) {
 		void *sumsq = NULL;
-		if ((st = sd->grad_sumsq_device(p->be_ctx, pl, &p->arena, &p->ts, s->first,
-						   s->last, &sumsq)) != LOOM_OK)
-			return loom_program_backend_fail(p, st);
+		if ((st = loom_pass_grad_sumsq_device(p, s->first, s->last, &sumsq)) != LOOM_OK)
+			return st;
 		return sum_on_device(p, sumsq, LOOM_F64);
 	}
-	if (!sd || !sd->grad_sumsq)
-		return loom_program_fail(p, LOOM_ERR_UNSUPPORTED,
-					 "zero: the %s backend cannot take a shard's gradient norm",
-					 p->be->name);
-	if ((st = sd->grad_sumsq(p->be_ctx, pl, &p->arena, &p->ts, s->first, s->last, &mine)) !=
-	    LOOM_OK)
-		return loom_program_backend_fail(p, st);
+	if ((st = loom_pass_grad_sumsq(p, s->first, s->last, &mine)) != LOOM_OK)
+		return st;
 	loom_comm *host = loom_pg_comm(pl->opts.pg, LOOM_COMM_HOST);
 	if (!(all = malloc(sizeof(double) * (size_t)pl->world)))
 		return loom_program_fail(p, LOOM_ERR_NOMEM, "zero: out of memory");
@@ -125,7 +113,7 @@ static const char *zero_no_graph(const loom_program *p)
 	const loom_plan *pl = &p->plan;
 	if (pl->opts.optim.clip_grad > 0 && !norm_on_device(p))
 		return "ZeRO's gradient norm crosses the host";
-	if (pl->scaling && !(p->be->sharded && p->be->sharded->grads_finite_device))
+	if (pl->scaling && !(loom_pass_shard_caps(p) & LOOM_SHARD_FINITE_DEVICE))
 		return "ZeRO's overflow verdict crosses the host";
 	return NULL;
 }

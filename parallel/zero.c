@@ -147,7 +147,8 @@ static loom_status rewrite_steps(loom_plan *pl)
 	return LOOM_OK;
 }
 
-loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, size_t errlen)
+loom_status loom_zero_plan(loom_plan *pl, unsigned shard_caps, const char *backend, char *err,
+			   size_t errlen)
 {
 	loom_status st;
 	if (pl->zero < 1 || pl->zero > 3) {
@@ -159,18 +160,18 @@ loom_status loom_zero_plan(loom_plan *pl, const loom_backend *be, char *err, siz
 		pl->zero = 0;
 		return LOOM_OK;
 	}
-	if (!be->sharded) {
+	if (!(shard_caps & LOOM_SHARD_OPTIM)) {
 		snprintf(err, errlen,
 			 "zero %d: the %s backend's optimizer cannot update a shard of a parameter; "
-			 "compile without zero_stage", pl->zero, be->name);
+			 "compile without zero_stage", pl->zero, backend);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	if (pl->opts.optim.clip_grad > 0 && !be->sharded->grad_sumsq &&
-	    !be->sharded->grad_sumsq_device) {
+	if (pl->opts.optim.clip_grad > 0 &&
+	    !(shard_caps & (LOOM_SHARD_SUMSQ | LOOM_SHARD_SUMSQ_DEVICE))) {
 		snprintf(err, errlen,
 			 "zero %d: the %s backend cannot take a shard's gradient norm, which "
 			 "clip_grad needs; compile without zero_stage or clip_grad", pl->zero,
-			 be->name);
+			 backend);
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	/* ZeRO-3's parameters are gathered by the steps of its own pass, which

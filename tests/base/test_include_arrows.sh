@@ -5,7 +5,9 @@
 # only and io/ through the header engine exports for it, so that no file
 # outside engine/ includes engine/program_internal.h and engine/ names
 # neither parallel/ nor io/. No file of parallel/ or io/ reaches
-# engine/program_internal.h through a chain of includes either. The
+# engine/program_internal.h or engine/backend.h (a strategy never touches
+# a backend: it asks the engine through engine/pass.h) through a chain of
+# includes either. The
 # arguments are the library's sources (every folder's :sources
 # filegroup); public headers ("loom.h") and a folder's own unprefixed
 # headers are not arrows.
@@ -65,9 +67,10 @@ for f in "$@"; do
 		fi
 	done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
 done
-# No file of parallel/ or io/ reaches engine/program_internal.h through the
-# headers it includes either (an engine header that includes it, or a
+# No file of parallel/ or io/ reaches the engine's own headers through the
+# headers it includes either (an engine header that includes one, or a
 # folder's own header that includes such a header); the chain is named.
+engine_own="engine/program_internal.h engine/backend.h"
 declare -A path_of # an include's text ("engine/pass.h") -> the file given
 for f in "$@"; do
 	for folder in $folders; do
@@ -88,15 +91,15 @@ resolve() { # the file given that include $2 of file $1 names, else nothing
 		echo "$(dirname "$1")/$2"
 	fi
 }
-# chain_of[h]: "" when h reaches no engine/program_internal.h, "!" for that
-# header itself, else the includes that lead there ("engine/pass.h ->
-# engine/program_internal.h").
+# chain_of[h]: "" when h reaches no $target, "!" for that header itself,
+# else the includes that lead there ("engine/pass.h -> engine/backend.h").
 declare -A chain_of
+target=""
 reaches() {
 	local h=$1 inc to
 	[ -n "${chain_of[$h]+set}" ] && return
 	chain_of[$h]="" # a cycle ends here
-	case "/$h" in */engine/program_internal.h)
+	case "/$h" in */"$target")
 		chain_of[$h]="!"
 		return
 		;;
@@ -112,21 +115,24 @@ reaches() {
 		esac
 	done < <(includes "$h")
 }
-for f in "$@"; do
-	case "/$f" in */parallel/* | */io/*) ;; *) continue ;; esac
-	while IFS= read -r inc; do
-		to=$(resolve "$f" "$inc")
-		[ -z "$to" ] && continue
-		reaches "$to"
-		case "${chain_of[$to]}" in
-		"") continue ;;
-		"!") via=$inc ;;
-		*) via="$inc -> ${chain_of[$to]}" ;;
-		esac
-		echo "$f: reaches engine/program_internal.h through $via"
-		bad=1
-		break
-	done < <(includes "$f")
+for target in $engine_own; do
+	chain_of=()
+	for f in "$@"; do
+		case "/$f" in */parallel/* | */io/*) ;; *) continue ;; esac
+		while IFS= read -r inc; do
+			to=$(resolve "$f" "$inc")
+			[ -z "$to" ] && continue
+			reaches "$to"
+			case "${chain_of[$to]}" in
+			"") continue ;;
+			"!") via=$inc ;;
+			*) via="$inc -> ${chain_of[$to]}" ;;
+			esac
+			echo "$f: reaches $target through $via"
+			bad=1
+			break
+		done < <(includes "$f")
+	done
 done
 
 if [ "$n" -lt 100 ]; then

@@ -14,30 +14,11 @@
 #include "loom.h"
 #include "parallel/parallel.h"
 #include "parallel/shards.h"
-
-/* x [5, 4] -> linear "fc" 4->3 -> CE: fc.weight is value 2. */
-static loom_program *compile_linear(loom_opt_level level)
-{
-	loom_graph *g;
-	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
-	int64_t xd[2] = { 5, 4 }, yd[1] = { 5 };
-	loom_value x = loom_input(g, "x", LOOM_F32, 2, xd);
-	loom_value y = loom_input(g, "y", LOOM_I32, 1, yd);
-	loom_value loss = loom_softmax_cross_entropy(g, loom_layer_linear(g, "fc", x, 3, 1), y);
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.amp.level = level;
-	loom_program *p;
-	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	loom_graph_free(g);
-	return p;
-}
+#include "tests/engine/tiny_linear.h"
 
 Test(io_view, plain_program_has_one_stage)
 {
-	loom_program *p = compile_linear(LOOM_O0);
+	loom_program *p = tiny_linear_compile(LOOM_O0);
 	loom_stage_info si;
 	memset(&si, 0x55, sizeof(si));
 	cr_assert_eq(loom_io_stages(p, &si), 0);
@@ -53,7 +34,7 @@ Test(io_view, plain_program_has_one_stage)
 
 Test(io_view, no_shards_no_stages_refused_by_name)
 {
-	loom_program *p = compile_linear(LOOM_O0);
+	loom_program *p = tiny_linear_compile(LOOM_O0);
 	float buf[12];
 	int k = 7;
 	cr_assert_eq(loom_value_shard(p, 2, &k), -1);
@@ -71,7 +52,7 @@ Test(io_view, no_shards_no_stages_refused_by_name)
 
 Test(io_view, value_whole_round_trip)
 {
-	loom_program *p = compile_linear(LOOM_O0);
+	loom_program *p = tiny_linear_compile(LOOM_O0);
 	float w[12], back[12];
 	double d[12];
 	for (int i = 0; i < 12; i++)
@@ -91,7 +72,7 @@ Test(io_view, value_whole_round_trip)
  * by handle (loom_write_f64) keeps master and half copy together. */
 Test(io_view, o2_master_round_trip)
 {
-	loom_program *p = compile_linear(LOOM_O2);
+	loom_program *p = tiny_linear_compile(LOOM_O2);
 	float m[12], back[12];
 	double d[12];
 	for (int i = 0; i < 12; i++)
