@@ -9,8 +9,11 @@
  * norm's halves (ops_bn.c): statistics summed over every rank in between.
  */
 
-/* Sum of channel ch over the batch, double accumulator. */
-static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int ch)
+/* Channel ch over the batch summed in blocks: of x, or of (x - center)^2
+ * when square. Always inlined, square a constant at each call, so that each
+ * loop holds only its own arithmetic. */
+static inline __attribute__((always_inline)) double
+LOOM_CPU_FN(bn_chan_blocks)(int n, int c, int64_t hw, const T *x, int ch, T center, int square)
 {
 	double s = 0;
 	for (int i = 0; i < n; i++) {
@@ -19,12 +22,20 @@ static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int
 			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
 			T bs = 0;
 #pragma omp simd reduction(+ : bs)
-			for (int64_t j = j0; j < e; j++)
-				bs += xp[j];
+			for (int64_t j = j0; j < e; j++) {
+				T d = xp[j] - center;
+				bs += square ? d * d : xp[j];
+			}
 			s += bs;
 		}
 	}
 	return s;
+}
+
+/* Sum of channel ch over the batch, double accumulator. */
+static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int ch)
+{
+	return LOOM_CPU_FN(bn_chan_blocks)(n, c, hw, x, ch, 0, 0);
 }
 
 /* Batch mean and biased variance of channel ch. */
@@ -33,21 +44,7 @@ static void LOOM_CPU_FN(bn_chan_stats)(int n, int c, int64_t hw, const T *x, int
 {
 	const double m = (double)n * hw;
 	const double mu = LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch) / m;
-	const T mt = (T)mu;
-	double q = 0;
-	for (int i = 0; i < n; i++) {
-		const T *xp = x + ((int64_t)i * c + ch) * hw;
-		for (int64_t j0 = 0; j0 < hw; j0 += LOOM_CPU_BN_BLOCK) {
-			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
-			T bq = 0;
-#pragma omp simd reduction(+ : bq)
-			for (int64_t j = j0; j < e; j++) {
-				T d = xp[j] - mt;
-				bq += d * d;
-			}
-			q += bq;
-		}
-	}
+	const double q = LOOM_CPU_FN(bn_chan_blocks)(n, c, hw, x, ch, (T)mu, 1);
 	*mean = mu;
 	*var = q / m;
 }
