@@ -24,19 +24,8 @@ void loom_cpu_dnnl_bn_free(loom_cpu_dnnl_bn *b)
 {
 	if (!b)
 		return;
-	for (int i = 0; i < M_COUNT; i++)
-		if (b->m[i])
-			dnnl_memory_destroy(b->m[i]);
-	if (b->fwd)
-		dnnl_primitive_destroy(b->fwd);
-	if (b->bwd)
-		dnnl_primitive_destroy(b->bwd);
-	if (b->fpd)
-		dnnl_primitive_desc_destroy(b->fpd);
-	if (b->bpd)
-		dnnl_primitive_desc_destroy(b->bpd);
-	if (b->stream)
-		dnnl_stream_destroy(b->stream);
+	loom_cpu_dnnl_release(b->stream, M_COUNT, b->m, 2, (dnnl_primitive_t[]){ b->fwd, b->bwd }, 2,
+			      (dnnl_primitive_desc_t[]){ b->fpd, b->bpd });
 	free(b);
 }
 

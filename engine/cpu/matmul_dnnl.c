@@ -37,10 +37,7 @@ void loom_cpu_dnnl_matmul_free(loom_cpu_dnnl_matmul *mm)
 {
 	if (!mm)
 		return;
-	if (mm->prim)
-		dnnl_primitive_destroy(mm->prim);
-	if (mm->pd)
-		dnnl_primitive_desc_destroy(mm->pd);
+	loom_cpu_dnnl_release(NULL, 0, NULL, 1, &mm->prim, 1, &mm->pd);
 	free(mm);
 }
 
@@ -171,10 +168,7 @@ int loom_cpu_dnnl_matmul_run(const loom_cpu_dnnl_matmul *mm, const void *a, cons
 	    dnnl_stream_wait(stream) == dnnl_success)
 		rc = 0;
 out:
-	if (stream)
-		dnnl_stream_destroy(stream);
-	for (int i = 0; i < nargs; i++)
-		dnnl_memory_destroy(mem[i]);
+	loom_cpu_dnnl_release(stream, nargs, mem, 0, NULL, 0, NULL);
 	return rc;
 }
 
