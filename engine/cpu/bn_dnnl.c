@@ -8,7 +8,6 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/bn_dnnl.h"
-#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/dnnl_engine.h"
 
 enum { M_X, M_Y, M_DY, M_DX, M_GAMMA, M_BETA, M_MEAN, M_VAR, M_DGAMMA, M_DBETA, M_COUNT };
@@ -31,11 +30,9 @@ void loom_cpu_dnnl_bn_free(loom_cpu_dnnl_bn *b)
 
 loom_cpu_dnnl_bn *loom_cpu_dnnl_bn_new(int n, int c, int h, int w, double eps)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || c % 8)
+	if (c % 8)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_bn *b = calloc(1, sizeof(*b));
+	loom_cpu_dnnl_bn *b = loom_cpu_dnnl_calloc(sizeof(*b));
 	if (!b)
 		return NULL;
 	const dnnl_dims_t dd = { n, c, h, w }, vd = { c };

@@ -356,13 +356,9 @@ loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_c
 loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new_fmt(loom_cpu_conv_kind kind, const loom_conv_shape *s,
 					       int bf16, int bias, int blocked, unsigned fmt)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE)
-		return NULL;
 	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_conv *c = calloc(1, sizeof(*c));
+	loom_cpu_dnnl_conv *c = loom_cpu_dnnl_calloc(sizeof(*c));
 	if (!c)
 		return NULL;
 	int nt = loom_cpu_slot_threads(s->n);

@@ -11,7 +11,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/dnnl_engine.h"
 #include "engine/cpu/matmul_dnnl.h"
 
@@ -45,11 +44,9 @@ loom_cpu_dnnl_matmul *loom_cpu_dnnl_matmul_new(int ta, int tb, int m, int n, int
 					       int ldb, int ldc, float alpha, int bf16, int bias,
 					       int accumulate, int one_thread)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || m <= 0 || n <= 0 || k <= 0)
+	if (m <= 0 || n <= 0 || k <= 0)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_matmul *mm = calloc(1, sizeof(*mm));
+	loom_cpu_dnnl_matmul *mm = loom_cpu_dnnl_calloc(sizeof(*mm));
 	dnnl_primitive_attr_t attr = NULL;
 	dnnl_post_ops_t po = NULL;
 	dnnl_matmul_desc_t d;

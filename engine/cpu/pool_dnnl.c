@@ -139,11 +139,9 @@ out:
 
 loom_cpu_dnnl_pool *loom_cpu_dnnl_pool_new(const loom_pool_shape *s)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || s->c % 8 || s->n < 1)
+	if (s->c % 8 || s->n < 1)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_pool *p = calloc(1, sizeof(*p));
+	loom_cpu_dnnl_pool *p = loom_cpu_dnnl_calloc(sizeof(*p));
 	if (!p)
 		return NULL;
 	p->s = *s;
