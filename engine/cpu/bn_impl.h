@@ -314,8 +314,8 @@ static T LOOM_CPU_FN(bn_chan_dgamma)(double var, double sdyx, double eps)
 	return (T)(sdyx / sqrt(var + eps));
 }
 
-/* One set of per-channel sums (bn_chan_bwd_sums) makes all three: dx, and
- * dgamma and dbeta where not NULL. Its sum of dy is bn_chan_sum's over dy
+/* One set of per-channel sums (bn_chan_bwd_sums) makes all three: dx,
+ * dgamma and dbeta, each where not NULL. Its sum of dy is bn_chan_sum's over dy
  * bit for bit (the same blocks, lanes and order; tests/engine/cpu checks it
  * on each compiled copy), so the three equal what bn_bwd_data, bn_bwd_gamma
  * and channel_sum make apart, with the sums made once instead of twice and
@@ -327,8 +327,9 @@ static void LOOM_CPU_FN(bn_bwd_part)(void *arg, int64_t lo, int64_t hi)
 		double mean, var, sdy, sdyx;
 		LOOM_CPU_FN(bn_chan_bwd_sums)(a->n, a->c, a->hw, a->x, a->dy, ch, &mean, &var,
 					      &sdy, &sdyx);
-		LOOM_CPU_FN(bn_chan_dx)(a->n, a->c, a->hw, a->x, a->gamma, a->dy, a->eps, ch,
-					mean, var, sdy, sdyx, a->m, a->dx);
+		if (a->dx)
+			LOOM_CPU_FN(bn_chan_dx)(a->n, a->c, a->hw, a->x, a->gamma, a->dy, a->eps,
+						ch, mean, var, sdy, sdyx, a->m, a->dx);
 		if (a->dgamma)
 			a->dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, a->eps);
 		if (a->dbeta)
@@ -372,21 +373,8 @@ void LOOM_CPU_FN(loom_cpu_bn_bwd_data_apply)(int n, int c, int64_t hw, const T *
 	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_data_apply_part));
 }
 
-static void LOOM_CPU_FN(bn_bwd_gamma_part)(void *arg, int64_t lo, int64_t hi)
-{
-	const LOOM_CPU_FN(bn_args) *a = arg;
-	for (int ch = (int)lo; ch < (int)hi; ch++) {
-		double mean, var, sdy, sdyx;
-		LOOM_CPU_FN(bn_chan_bwd_sums)(a->n, a->c, a->hw, a->x, a->dy, ch, &mean, &var,
-					      &sdy, &sdyx);
-		a->dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, a->eps);
-	}
-}
-
 void LOOM_CPU_FN(loom_cpu_bn_bwd_gamma)(int n, int c, int64_t hw, const T *x,
 					const T *dy, double eps, T *dgamma)
 {
-	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .dy = dy, .eps = eps,
-				   .dgamma = dgamma };
-	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_gamma_part));
+	LOOM_CPU_FN(loom_cpu_bn_bwd)(n, c, hw, x, NULL, dy, eps, NULL, dgamma, NULL);
 }
