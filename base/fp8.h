@@ -117,38 +117,34 @@ static inline uint8_t loom_bf16_to_e5m2(uint16_t b)
 }
 
 /*
- * E4M3 -> fp32, exact: every E4M3 value is a normal fp32. 0x7f/0xff give the
- * quiet NaN 0x7fc00000 with the sign (an fp8 NaN has no payload to keep).
+ * fp8 -> fp32 widening, exact, one function per format like the narrowing:
+ * MANT mantissa bits, REBIAS 127 - bias, SUB_STEP the subnormal step 2^-k;
+ * codes from SPECIAL up are the NaNs, INF (if the format has it, else a
+ * code past 0x7f) is infinity. An fp8 NaN has no payload to keep: it gives
+ * the quiet NaN 0x7fc00000 with the sign.
+ *
+ * normal: the fields widened in place, the exponent rebiased; subnormal:
+ * m * SUB_STEP, the product is exact.
  */
-static inline LOOM_FP8_HD float loom_e4m3_to_f32(uint8_t b)
-{
-	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
-	uint32_t ab = (uint32_t)b & 0x7fu;
-	/* normal: the fields widened in place, the exponent rebiased 7 -> 127 */
-	uint32_t norm = (ab << 20) + (120u << 23);
-	/* subnormal: m * 2^-9; the product is exact */
-	uint32_t sub = loom_f32_bits((float)(ab & 7u) * 0x1p-9f);
-	uint32_t r = ab < 0x08u ? sub : norm;
+#define LOOM_FP8_WIDEN_FN(NAME, MANT, REBIAS, SUB_STEP, SPECIAL, INF)                        \
+	static inline LOOM_FP8_HD float NAME(uint8_t b)                                     \
+	{                                                                                   \
+		uint32_t sign = ((uint32_t)b & 0x80u) << 24;                                \
+		uint32_t ab = (uint32_t)b & 0x7fu;                                          \
+		uint32_t norm = (ab << (23 - (MANT))) + ((REBIAS) << 23);                   \
+		uint32_t sub = loom_f32_bits((float)(ab & ((1u << (MANT)) - 1u)) * (SUB_STEP)); \
+		uint32_t r = ab < (1u << (MANT)) ? sub : norm;                              \
+                                                                                            \
+		r = ab >= (SPECIAL) ? (ab == (INF) ? 0x7f800000u : 0x7fc00000u) : r;        \
+		return loom_f32_from_bits(sign | r);                                        \
+	}
 
-	r = ab == 0x7fu ? 0x7fc00000u : r;
-	return loom_f32_from_bits(sign | r);
-}
+/* E4M3 -> fp32: every E4M3 value is a normal fp32; 0x7f/0xff are NaN, no
+ * infinity (0x80 is never a magnitude). */
+LOOM_FP8_WIDEN_FN(loom_e4m3_to_f32, 3, 120u, 0x1p-9f, 0x7fu, 0x80u)
 
-/*
- * E5M2 -> fp32, exact: ±inf stay infinite; a NaN gives the quiet NaN
- * 0x7fc00000 with the sign.
- */
-static inline LOOM_FP8_HD float loom_e5m2_to_f32(uint8_t b)
-{
-	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
-	uint32_t ab = (uint32_t)b & 0x7fu;
-	uint32_t norm = (ab << 21) + (112u << 23);
-	uint32_t sub = loom_f32_bits((float)(ab & 3u) * 0x1p-16f);
-	uint32_t r = ab < 0x04u ? sub : norm;
-
-	r = ab >= 0x7cu ? (ab == 0x7cu ? 0x7f800000u : 0x7fc00000u) : r;
-	return loom_f32_from_bits(sign | r);
-}
+/* E5M2 -> fp32: ±inf (0x7c) stay infinite, 0x7d..0x7f are NaN. */
+LOOM_FP8_WIDEN_FN(loom_e5m2_to_f32, 2, 112u, 0x1p-16f, 0x7cu, 0x7cu)
 
 /*
  * The scale of current scaling, a power of two so that x * scale, the fp8
