@@ -191,8 +191,8 @@ void loom_cpu_side_note(loom_cpu_ctx *ctx, loom_value v, char *buf, size_t len);
 /* ops_pool.c */
 loom_cpu_op_entry loom_cpu_op_maxpool2d;
 loom_cpu_op_entry loom_cpu_op_maxpool2d_bwd;
+/* Forward and backward. */
 loom_cpu_op_entry loom_cpu_op_global_avgpool;
-loom_cpu_op_entry loom_cpu_op_global_avgpool_bwd;
 
 /* ops_dense.c */
 loom_cpu_op_entry loom_cpu_op_linear;
