@@ -79,7 +79,7 @@ static inline LOOM_FP8_HD uint32_t loom_fp8_round_sub(uint32_t mant, uint32_t sh
 					      e > (SUB_TOP) - 1u ? (SUB_TOP) - 1u : e);             \
 		uint32_t sub = loom_fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);             \
 		uint32_t r = ax < (MIN_NORMAL) ? sub : norm;                                        \
-                                                                                                    \
+ \
 		r = ax >= (SAT_FROM) ? (SAT) : r;                                                   \
 		r = ax > 0x7f800000u ? (NAN) : r;                                                   \
 		return (uint8_t)(sign | r);                                                         \
