@@ -55,53 +55,54 @@ static inline LOOM_FP8_HD uint32_t loom_fp8_round_sub(uint32_t mant, uint32_t sh
 }
 
 /*
+ * fp32 -> fp8 narrowing, one function per format with its constants as
+ * literals (see above): DROP low bits go (23 - mantissa bits), REBIAS is
+ * 127 - bias, SUB_TOP = 150 - k for the subnormal step 2^-k, MIN_NORMAL and
+ * SAT_FROM are the fp32 bits of the smallest normal and of the first
+ * magnitude that saturates to the code SAT, NAN the format's NaN.
+ *
+ * normal: rebias and round off DROP bits; a carry out of the mantissa bumps
+ * the exponent, and nothing below SAT_FROM carries past the largest finite
+ * value. subnormal: |x| = mant * 2^(e - 150), counted in steps of 2^-k; the
+ * shift is clamped to 1..31 only so that the unselected lanes stay defined.
+ */
+#define LOOM_FP8_NARROW_FN(NAME, DROP, REBIAS, SUB_TOP, MIN_NORMAL, SAT_FROM, SAT, NAN)            \
+	static inline LOOM_FP8_HD uint8_t NAME(float f)                                             \
+	{                                                                                           \
+		uint32_t x = loom_f32_bits(f);                                                      \
+		uint32_t sign = (x >> 24) & 0x80u;                                                  \
+		uint32_t ax = x & 0x7fffffffu;                                                      \
+		uint32_t norm = (ax + ((1u << ((DROP) - 1u)) - 1u) + ((ax >> (DROP)) & 1u) -         \
+				 ((REBIAS) << 23)) >> (DROP);                                       \
+		uint32_t e = ax >> 23;                                                              \
+		uint32_t shift = (SUB_TOP) - (e < (SUB_TOP) - 31u ? (SUB_TOP) - 31u :               \
+					      e > (SUB_TOP) - 1u ? (SUB_TOP) - 1u : e);             \
+		uint32_t sub = loom_fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);             \
+		uint32_t r = ax < (MIN_NORMAL) ? sub : norm;                                        \
+ \
+		r = ax >= (SAT_FROM) ? (SAT) : r;                                                   \
+		r = ax > 0x7f800000u ? (NAN) : r;                                                   \
+		return (uint8_t)(sign | r);                                                         \
+	}
+
+/*
  * fp32 -> E4M3, round to nearest even, saturating: |x| >= 448 (everything
  * from 448 to 464 rounds to 448 and everything above would overflow) and
  * ±inf give ±448 (0x7e/0xfe); NaN gives 0x7f with the sign; ±0 and values
- * that round to zero keep their sign. Below 2^-6 the result is a subnormal
- * m * 2^-9, m = 0..7 (8 carries into the smallest normal, 0x08).
+ * that round to zero keep their sign. Below 2^-6 (0x3c800000) the result is
+ * a subnormal m * 2^-9, m = 0..7 (8 carries into the smallest normal, 0x08).
  */
-static inline LOOM_FP8_HD uint8_t loom_f32_to_e4m3(float f)
-{
-	uint32_t x = loom_f32_bits(f);
-	uint32_t sign = (x >> 24) & 0x80u;
-	uint32_t ax = x & 0x7fffffffu;
-	/* normal: rebias (127 -> 7) and round off 20 bits; a carry out of the
-	 * mantissa bumps the exponent, and nothing below 448 carries past it */
-	uint32_t norm = (ax + 0x7ffffu + ((ax >> 20) & 1u) - (120u << 23)) >> 20;
-	/* subnormal: |x| = mant * 2^(e - 150), counted in steps of 2^-9; the
-	 * shift is clamped only so that the unselected lanes stay defined */
-	uint32_t e = ax >> 23;
-	uint32_t shift = 141u - (e < 110u ? 110u : e > 140u ? 140u : e); /* 1..31 */
-	uint32_t sub = loom_fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
-	uint32_t r = ax < 0x3c800000u ? sub : norm; /* 2^-6, the smallest normal */
-
-	r = ax >= 0x43e00000u ? 0x7eu : r; /* 448 and up, inf included */
-	r = ax > 0x7f800000u ? LOOM_E4M3_NAN : r;
-	return (uint8_t)(sign | r);
-}
+LOOM_FP8_NARROW_FN(loom_f32_to_e4m3, 20u, 120u, 141u, 0x3c800000u, 0x43e00000u, 0x7eu,
+		   LOOM_E4M3_NAN)
 
 /*
  * fp32 -> E5M2, round to nearest even, saturating: |x| >= 57344 (up to the
  * tie at 61440 it rounds there, beyond it would overflow) and ±inf give
  * ±57344 (0x7b/0xfb); NaN gives 0x7e with the sign; ±0 keeps its sign.
- * Below 2^-14 the result is a subnormal m * 2^-16, m = 0..3.
+ * Below 2^-14 (0x38800000) the result is a subnormal m * 2^-16, m = 0..3.
  */
-static inline LOOM_FP8_HD uint8_t loom_f32_to_e5m2(float f)
-{
-	uint32_t x = loom_f32_bits(f);
-	uint32_t sign = (x >> 24) & 0x80u;
-	uint32_t ax = x & 0x7fffffffu;
-	uint32_t norm = (ax + 0xfffffu + ((ax >> 21) & 1u) - (112u << 23)) >> 21;
-	uint32_t e = ax >> 23;
-	uint32_t shift = 134u - (e < 103u ? 103u : e > 133u ? 133u : e); /* 1..31 */
-	uint32_t sub = loom_fp8_round_sub((ax & 0x7fffffu) | 0x800000u, shift);
-	uint32_t r = ax < 0x38800000u ? sub : norm; /* 2^-14 */
-
-	r = ax >= 0x47600000u ? 0x7bu : r; /* 57344 and up, inf included */
-	r = ax > 0x7f800000u ? LOOM_E5M2_NAN : r;
-	return (uint8_t)(sign | r);
-}
+LOOM_FP8_NARROW_FN(loom_f32_to_e5m2, 21u, 112u, 134u, 0x38800000u, 0x47600000u, 0x7bu,
+		   LOOM_E5M2_NAN)
 
 /* bf16 -> fp8: through fp32, which holds every bf16 exactly, so this is one
  * rounding, the same as narrowing the bf16's value directly. */
@@ -116,38 +117,34 @@ static inline uint8_t loom_bf16_to_e5m2(uint16_t b)
 }
 
 /*
- * E4M3 -> fp32, exact: every E4M3 value is a normal fp32. 0x7f/0xff give the
- * quiet NaN 0x7fc00000 with the sign (an fp8 NaN has no payload to keep).
+ * fp8 -> fp32 widening, exact, one function per format like the narrowing:
+ * MANT mantissa bits, REBIAS 127 - bias, SUB_STEP the subnormal step 2^-k;
+ * codes from SPECIAL up are the NaNs, INF (if the format has it, else a
+ * code past 0x7f) is infinity. An fp8 NaN has no payload to keep: it gives
+ * the quiet NaN 0x7fc00000 with the sign.
+ *
+ * normal: the fields widened in place, the exponent rebiased; subnormal:
+ * m * SUB_STEP, the product is exact.
  */
-static inline LOOM_FP8_HD float loom_e4m3_to_f32(uint8_t b)
-{
-	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
-	uint32_t ab = (uint32_t)b & 0x7fu;
-	/* normal: the fields widened in place, the exponent rebiased 7 -> 127 */
-	uint32_t norm = (ab << 20) + (120u << 23);
-	/* subnormal: m * 2^-9; the product is exact */
-	uint32_t sub = loom_f32_bits((float)(ab & 7u) * 0x1p-9f);
-	uint32_t r = ab < 0x08u ? sub : norm;
+#define LOOM_FP8_WIDEN_FN(NAME, MANT, REBIAS, SUB_STEP, SPECIAL, INF)                        \
+	static inline LOOM_FP8_HD float NAME(uint8_t b)                                     \
+	{                                                                                   \
+		uint32_t sign = ((uint32_t)b & 0x80u) << 24;                                \
+		uint32_t ab = (uint32_t)b & 0x7fu;                                          \
+		uint32_t norm = (ab << (23 - (MANT))) + ((REBIAS) << 23);                   \
+		uint32_t sub = loom_f32_bits((float)(ab & ((1u << (MANT)) - 1u)) * (SUB_STEP)); \
+		uint32_t r = ab < (1u << (MANT)) ? sub : norm;                              \
+                                                                                            \
+		r = ab >= (SPECIAL) ? (ab == (INF) ? 0x7f800000u : 0x7fc00000u) : r;        \
+		return loom_f32_from_bits(sign | r);                                        \
+	}
 
-	r = ab == 0x7fu ? 0x7fc00000u : r;
-	return loom_f32_from_bits(sign | r);
-}
+/* E4M3 -> fp32: every E4M3 value is a normal fp32; 0x7f/0xff are NaN, no
+ * infinity (0x80 is never a magnitude). */
+LOOM_FP8_WIDEN_FN(loom_e4m3_to_f32, 3, 120u, 0x1p-9f, 0x7fu, 0x80u)
 
-/*
- * E5M2 -> fp32, exact: ±inf stay infinite; a NaN gives the quiet NaN
- * 0x7fc00000 with the sign.
- */
-static inline LOOM_FP8_HD float loom_e5m2_to_f32(uint8_t b)
-{
-	uint32_t sign = ((uint32_t)b & 0x80u) << 24;
-	uint32_t ab = (uint32_t)b & 0x7fu;
-	uint32_t norm = (ab << 21) + (112u << 23);
-	uint32_t sub = loom_f32_bits((float)(ab & 3u) * 0x1p-16f);
-	uint32_t r = ab < 0x04u ? sub : norm;
-
-	r = ab >= 0x7cu ? (ab == 0x7cu ? 0x7f800000u : 0x7fc00000u) : r;
-	return loom_f32_from_bits(sign | r);
-}
+/* E5M2 -> fp32: ±inf (0x7c) stay infinite, 0x7d..0x7f are NaN. */
+LOOM_FP8_WIDEN_FN(loom_e5m2_to_f32, 2, 112u, 0x1p-16f, 0x7cu, 0x7cu)
 
 /*
  * The scale of current scaling, a power of two so that x * scale, the fp8

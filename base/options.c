@@ -84,33 +84,28 @@ int loom_opt_bool(loom_opt id)
 	return r && r->def && !strcmp(r->def, "1");
 }
 
-/* text as a whole decimal integer (strtol's leading blanks and sign
- * allowed, as every reader took them) within [lo, hi]. */
-static int parse_int(const char *text, double lo, double hi, long *out)
+/* text as a whole number within [lo, hi]: a decimal integer into *iv
+ * when integer, else a finite real into *rv (strtol's and strtod's leading
+ * blanks and sign allowed, as every reader took them). */
+static int parse_number(const char *text, int integer, double lo, double hi, long *iv,
+			double *rv)
 {
 	char *end;
-	long v;
-	if (!text || !*text)
-		return 0;
-	errno = 0;
-	v = strtol(text, &end, 10);
-	if (*end || errno || v < lo || v > hi)
-		return 0;
-	*out = v;
-	return 1;
-}
-
-static int parse_real(const char *text, double lo, double hi, double *out)
-{
-	char *end;
+	long l = 0;
 	double v;
 	if (!text || !*text)
 		return 0;
 	errno = 0;
-	v = strtod(text, &end);
+	if (integer)
+		v = (double)(l = strtol(text, &end, 10));
+	else
+		v = strtod(text, &end);
 	if (*end || errno || !isfinite(v) || v < lo || v > hi)
 		return 0;
-	*out = v;
+	if (integer)
+		*iv = l;
+	else
+		*rv = v;
 	return 1;
 }
 
@@ -144,13 +139,15 @@ int loom_opt_bool_once(loom_opt id, int *cache)
 int loom_opt_int(loom_opt id, long *out)
 {
 	const loom_opt_row *r = loom_opt_row_get(id);
-	return r && r->type == LOOM_OPT_INT && parse_int(loom_opt_env(id), r->lo, r->hi, out);
+	return r && r->type == LOOM_OPT_INT &&
+	       parse_number(loom_opt_env(id), 1, r->lo, r->hi, out, NULL);
 }
 
 int loom_opt_real(loom_opt id, double *out)
 {
 	const loom_opt_row *r = loom_opt_row_get(id);
-	return r && r->type == LOOM_OPT_REAL && parse_real(loom_opt_env(id), r->lo, r->hi, out);
+	return r && r->type == LOOM_OPT_REAL &&
+	       parse_number(loom_opt_env(id), 0, r->lo, r->hi, NULL, out);
 }
 
 int loom_opt_choice(loom_opt id)
@@ -180,7 +177,7 @@ loom_status loom_opt_parse(loom_opt id, const char *text, char *err, size_t errl
 	case LOOM_OPT_INT:
 	case LOOM_OPT_REAL: {
 		const int is_int = r->type == LOOM_OPT_INT;
-		if (is_int ? !parse_int(text, r->lo, r->hi, &iv) : !parse_real(text, r->lo, r->hi, &rv))
+		if (!parse_number(text, is_int, r->lo, r->hi, &iv, &rv))
 			return loom_errnf(err, errlen, LOOM_ERR_INVALID, "%s=%s: %s from %.15g to %.15g",
 					  name, text, is_int ? "an integer" : "a number", r->lo, r->hi);
 		return LOOM_OK;

@@ -154,6 +154,19 @@ static const char *impl_of(dnnl_primitive_desc_t pd)
 		(ser).cpu[i] = cpu_now() - c0_;                     \
 	} while (0)
 
+/* Times side a's and side b's statements of rep r, a first on even reps
+ * and b first on odd ones, so that neither always follows the other. */
+#define TIME_PAIR(r, sa, stmt_a, sb, stmt_b)     \
+	do {                                     \
+		if ((r) % 2 == 0) {              \
+			TIME(sa, r, stmt_a);     \
+			TIME(sb, r, stmt_b);     \
+		} else {                         \
+			TIME(sb, r, stmt_b);     \
+			TIME(sa, r, stmt_a);     \
+		}                                \
+	} while (0)
+
 static series mk_series(int reps)
 {
 	series s = { malloc(sizeof(double) * reps), malloc(sizeof(double) * reps) };
@@ -237,18 +250,9 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 	series lf = mk_series(reps), df = mk_series(reps), lb = mk_series(reps),
 	       db_ = mk_series(reps);
 	for (int r = 0; r < reps; r++) {
-		/* Alternate which side goes first, so neither always follows the other. */
-		if (r % 2 == 0) {
-			TIME(lf, r, BN_FWD_LOOM());
-			TIME(df, r, exec(fp, nf, fargs));
-			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
-			TIME(db_, r, exec(bp, nb, bargs));
-		} else {
-			TIME(df, r, exec(fp, nf, fargs));
-			TIME(lf, r, BN_FWD_LOOM());
-			TIME(db_, r, exec(bp, nb, bargs));
-			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
-		}
+		TIME_PAIR(r, lf, BN_FWD_LOOM(), df, exec(fp, nf, fargs));
+		TIME_PAIR(r, lb, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl), db_,
+			  exec(bp, nb, bargs));
 	}
 #undef BN_FWD_LOOM
 	char shape[64];
@@ -264,33 +268,18 @@ static void bench_bn(int n, int c, int hw_side, int threads, int reps)
 	loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs);
 	double dsv = rel_diff(dxl, dxs, total);
 	series kb = mk_series(reps), kf = mk_series(reps);
-	for (int r = 0; r < reps; r++) {
-		if (r % 2 == 0) {
-			TIME(lf, r, loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum,
-							   eps, yl));
-			TIME(kf, r, loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv,
-								momentum, eps, yd, sm, sm + c));
-		} else {
-			TIME(kf, r, loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv,
-								momentum, eps, yd, sm, sm + c));
-			TIME(lf, r, loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum,
-							   eps, yl));
-		}
-	}
+	for (int r = 0; r < reps; r++)
+		TIME_PAIR(r, lf,
+			  loom_cpu_bn8_fwd_train(n, c, hw, x, gamma, beta, rm, rv, momentum, eps, yl),
+			  kf,
+			  loom_cpu_bn8_fwd_train_save(n, c, hw, x, gamma, beta, rm, rv, momentum, eps,
+						      yd, sm, sm + c));
 	print_row("bn fwd train, loom's statistics kept", shape, threads, &lf, &kf, reps,
 		  rel_diff(yl, yd, total), "loom (kept)");
 	free_series(&kf);
-	for (int r = 0; r < reps; r++) {
-		if (r % 2 == 0) {
-			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
-			TIME(kb, r,
-			     loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
-		} else {
-			TIME(kb, r,
-			     loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
-			TIME(lb, r, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl));
-		}
-	}
+	for (int r = 0; r < reps; r++)
+		TIME_PAIR(r, lb, loom_cpu_bn8_bwd(n, c, hw, x, gamma, dy, eps, dxl, dgl, dbl), kb,
+			  loom_cpu_bn8_bwd_saved(n, c, hw, x, gamma, dy, eps, sm, sm + c, dxs, dgs, dbs));
 	print_row("bn bwd, loom's statistics kept", shape, threads, &lb, &kb, reps, dsv,
 		  "loom (kept)");
 	free_series(&kb);
@@ -384,32 +373,46 @@ static void maxpool_free(dnnl_maxpool *p)
 	free(p->ws);
 }
 
-/* relu: the fused relu forward (loom's s.relu, oneDNN's eltwise relu post-op)
- * alone; oneDNN's pooling backward has no relu, so no backward then. */
-static void bench_pool(int n, int c, int side, int k, int stride, int pad, int relu, int threads,
-		       int reps)
+/* Max pooling, loom's loops against oneDNN's primitive: on nChw8c
+ * (blocked.c), and there also pool_dnnl.c's sliced primitives, or (nchw)
+ * on NCHW (pool_impl.h; a ResNet stem after its im2col convolution of 3
+ * channels stays NCHW). relu: the fused relu forward (loom's s.relu,
+ * oneDNN's eltwise relu post-op) alone; oneDNN's pooling backward has no
+ * relu, so no backward then. */
+static void bench_pool(int n, int c, int side, int k, int stride, int pad, int relu, int nchw,
+		       int threads, int reps)
 {
 	loom_pool_shape s = { .n = n, .c = c, .h_in = side, .w_in = side, .k = k, .stride = stride,
 			      .pad = pad, .relu = relu };
 	s.h_out = s.w_out = (int)loom_window_out(side, k, stride, pad);
 	const size_t in = (size_t)n * c * side * side, out = (size_t)n * c * s.h_out * s.w_out;
-	unsigned seed = 99u + (unsigned)c;
+	unsigned seed = (nchw ? 77u : 99u) + (unsigned)c;
 	float *x = falloc(in), *dy = falloc(out), *yl = falloc(out), *yd = falloc(out);
 	float *dxl = falloc(in), *dxd = falloc(in);
 	fill(x, in, &seed, -1, 1);
 	fill(dy, out, &seed, -1, 1);
+	void (*lfwd)(const loom_pool_shape *, const float *, float *) =
+		nchw ? loom_cpu_maxpool2d_fwd_f32 : loom_cpu_maxpool8_fwd;
+	void (*lbwd)(const loom_pool_shape *, const float *, const float *, float *) =
+		nchw ? loom_cpu_maxpool2d_bwd_f32 : loom_cpu_maxpool8_bwd;
 
 	dnnl_memory_desc_t xmd, ymd;
-	nchw8c_md(&xmd, n, c, side, side);
-	nchw8c_md(&ymd, n, c, s.h_out, s.w_out);
+	if (nchw) {
+		dnnl_dims_t xd = { n, c, side, side }, yd4 = { n, c, s.h_out, s.w_out };
+		CHECK(dnnl_memory_desc_init_by_tag(&xmd, 4, xd, dnnl_f32, dnnl_nchw));
+		CHECK(dnnl_memory_desc_init_by_tag(&ymd, 4, yd4, dnnl_f32, dnnl_nchw));
+	} else {
+		nchw8c_md(&xmd, n, c, side, side);
+		nchw8c_md(&ymd, n, c, s.h_out, s.w_out);
+	}
 	dnnl_maxpool mp;
 	maxpool_make(&mp, &s, &xmd, &ymd, x, yd, dy, dxd);
 
-	loom_cpu_maxpool8_fwd(&s, x, yl);
+	lfwd(&s, x, yl);
 	exec(mp.fp, 3, mp.fargs);
 	double dfwd = rel_diff(yl, yd, out), dbwd = 0;
 	if (!relu) {
-		loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
+		lbwd(&s, x, dy, dxl);
 		exec(mp.bp, 3, mp.bargs);
 		dbwd = rel_diff(dxl, dxd, in);
 	}
@@ -417,32 +420,22 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 	series lf = mk_series(reps), df = mk_series(reps), lb = mk_series(reps),
 	       db = mk_series(reps);
 	for (int r = 0; r < reps; r++) {
-		if (r % 2 == 0) {
-			TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
-			TIME(df, r, exec(mp.fp, 3, mp.fargs));
-			if (!relu) {
-				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
-				TIME(db, r, exec(mp.bp, 3, mp.bargs));
-			}
-		} else {
-			TIME(df, r, exec(mp.fp, 3, mp.fargs));
-			TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
-			if (!relu) {
-				TIME(db, r, exec(mp.bp, 3, mp.bargs));
-				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
-			}
-		}
+		TIME_PAIR(r, lf, lfwd(&s, x, yl), df, exec(mp.fp, 3, mp.fargs));
+		if (!relu)
+			TIME_PAIR(r, lb, lbwd(&s, x, dy, dxl), db, exec(mp.bp, 3, mp.bargs));
 	}
-	char shape[64];
+	char shape[64], what[64];
+	const char *layout = nchw ? " NCHW" : "";
 	snprintf(shape, sizeof(shape), "%dx%dx%dx%d k%d s%d p%d", n, c, side, side, k, stride, pad);
-	print_row(relu ? "maxpool+relu fwd" : "maxpool fwd", shape, threads, &lf, &df, reps, dfwd,
-		  impl_of(mp.fpd));
+	snprintf(what, sizeof(what), "%s fwd%s", relu ? "maxpool+relu" : "maxpool", layout);
+	print_row(what, shape, threads, &lf, &df, reps, dfwd, impl_of(mp.fpd));
+	snprintf(what, sizeof(what), "maxpool bwd%s", layout);
 	if (!relu)
-		print_row("maxpool bwd", shape, threads, &lb, &db, reps, dbwd, impl_of(mp.bpd));
+		print_row(what, shape, threads, &lb, &db, reps, dbwd, impl_of(mp.bpd));
 
 	/* engine/cpu/pool_dnnl.c as a step runs it: the batch in one slice per
 	 * thread, each slice's primitives made for one thread. */
-	loom_cpu_dnnl_pool *sp = loom_cpu_dnnl_pool_new(&s);
+	loom_cpu_dnnl_pool *sp = nchw ? NULL : loom_cpu_dnnl_pool_new(&s);
 	if (sp) {
 		void *sws = aligned_alloc(64, loom_cpu_dnnl_pool_side(sp) + 64);
 		loom_cpu_dnnl_pool_fwd(sp, x, yd, sws);
@@ -451,17 +444,10 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 		loom_cpu_maxpool8_bwd(&s, x, dy, dxl);
 		sb = rel_diff(dxl, dxd, in);
 		for (int r = 0; r < reps; r++) {
-			if (r % 2 == 0) {
-				TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
-				TIME(df, r, loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
-				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
-				TIME(db, r, loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
-			} else {
-				TIME(df, r, loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
-				TIME(lf, r, loom_cpu_maxpool8_fwd(&s, x, yl));
-				TIME(db, r, loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
-				TIME(lb, r, loom_cpu_maxpool8_bwd(&s, x, dy, dxl));
-			}
+			TIME_PAIR(r, lf, loom_cpu_maxpool8_fwd(&s, x, yl), df,
+				  loom_cpu_dnnl_pool_fwd(sp, x, yd, sws));
+			TIME_PAIR(r, lb, loom_cpu_maxpool8_bwd(&s, x, dy, dxl), db,
+				  loom_cpu_dnnl_pool_bwd(sp, x, dy, dxd, sws));
 		}
 		print_row(relu ? "maxpool+relu fwd, sliced" : "maxpool fwd, sliced", shape, threads,
 			  &lf, &df, reps, sf, "pool_dnnl.c");
@@ -471,61 +457,6 @@ static void bench_pool(int n, int c, int side, int k, int stride, int pad, int r
 		loom_cpu_dnnl_pool_free(sp);
 	}
 
-	free_series(&lf);
-	free_series(&df);
-	free_series(&lb);
-	free_series(&db);
-	maxpool_free(&mp);
-	float *fs[] = { x, dy, yl, yd, dxl, dxd };
-	for (size_t i = 0; i < sizeof(fs) / sizeof(fs[0]); i++)
-		free(fs[i]);
-}
-
-/* Max pooling on NCHW: loom's loops (pool_impl.h) against oneDNN's
- * primitive in NCHW (a ResNet stem after its im2col convolution of 3
- * channels stays NCHW). */
-static void bench_pool_nchw(int n, int c, int side, int k, int stride, int pad, int threads,
-			    int reps)
-{
-	loom_pool_shape s = { .n = n, .c = c, .h_in = side, .w_in = side, .k = k, .stride = stride,
-			      .pad = pad };
-	s.h_out = s.w_out = (int)loom_window_out(side, k, stride, pad);
-	const size_t in = (size_t)n * c * side * side, out = (size_t)n * c * s.h_out * s.w_out;
-	unsigned seed = 77u + (unsigned)c;
-	float *x = falloc(in), *dy = falloc(out), *yl = falloc(out), *yd = falloc(out);
-	float *dxl = falloc(in), *dxd = falloc(in);
-	fill(x, in, &seed, -1, 1);
-	fill(dy, out, &seed, -1, 1);
-	dnnl_memory_desc_t xmd, ymd;
-	dnnl_dims_t xd = { n, c, side, side }, yd4 = { n, c, s.h_out, s.w_out };
-	CHECK(dnnl_memory_desc_init_by_tag(&xmd, 4, xd, dnnl_f32, dnnl_nchw));
-	CHECK(dnnl_memory_desc_init_by_tag(&ymd, 4, yd4, dnnl_f32, dnnl_nchw));
-	dnnl_maxpool mp;
-	maxpool_make(&mp, &s, &xmd, &ymd, x, yd, dy, dxd);
-	loom_cpu_maxpool2d_fwd_f32(&s, x, yl);
-	exec(mp.fp, 3, mp.fargs);
-	loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl);
-	exec(mp.bp, 3, mp.bargs);
-	double dfwd = rel_diff(yl, yd, out), dbwd = rel_diff(dxl, dxd, in);
-	series lf = mk_series(reps), df = mk_series(reps), lb = mk_series(reps),
-	       db = mk_series(reps);
-	for (int r = 0; r < reps; r++) {
-		if (r % 2 == 0) {
-			TIME(lf, r, loom_cpu_maxpool2d_fwd_f32(&s, x, yl));
-			TIME(df, r, exec(mp.fp, 3, mp.fargs));
-			TIME(lb, r, loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl));
-			TIME(db, r, exec(mp.bp, 3, mp.bargs));
-		} else {
-			TIME(df, r, exec(mp.fp, 3, mp.fargs));
-			TIME(lf, r, loom_cpu_maxpool2d_fwd_f32(&s, x, yl));
-			TIME(db, r, exec(mp.bp, 3, mp.bargs));
-			TIME(lb, r, loom_cpu_maxpool2d_bwd_f32(&s, x, dy, dxl));
-		}
-	}
-	char shape[64];
-	snprintf(shape, sizeof(shape), "%dx%dx%dx%d k%d s%d p%d", n, c, side, side, k, stride, pad);
-	print_row("maxpool fwd NCHW", shape, threads, &lf, &df, reps, dfwd, impl_of(mp.fpd));
-	print_row("maxpool bwd NCHW", shape, threads, &lb, &db, reps, dbwd, impl_of(mp.bpd));
 	free_series(&lf);
 	free_series(&df);
 	free_series(&lb);
@@ -588,10 +519,10 @@ int main(int argc, char **argv)
 		loom_cpu_set_threads(threads[t]); /* OpenMP's count: loom's team and oneDNN */
 		/* The ResNet stem's max pool (3x3, stride 2, pad 1, 112 -> 56), then
 		 * the same window on a 56 input. */
-		bench_pool(batch, 64, 112, 3, 2, 1, 0, threads[t], reps);
-		bench_pool(batch, 64, 112, 3, 2, 1, 1, threads[t], reps);
-		bench_pool(batch, 64, 56, 3, 2, 1, 0, threads[t], reps);
-		bench_pool_nchw(batch, 64, 112, 3, 2, 1, threads[t], reps);
+		bench_pool(batch, 64, 112, 3, 2, 1, 0, 0, threads[t], reps);
+		bench_pool(batch, 64, 112, 3, 2, 1, 1, 0, threads[t], reps);
+		bench_pool(batch, 64, 56, 3, 2, 1, 0, 0, threads[t], reps);
+		bench_pool(batch, 64, 112, 3, 2, 1, 0, 1, threads[t], reps);
 		if (!strcmp(set, "pool"))
 			continue;
 		for (size_t i = 0; i < sizeof(bn_shapes) / sizeof(bn_shapes[0]); i++)

@@ -149,6 +149,50 @@ static void layer(const char *name, int n, int ci, int hw, int co, int k, int st
 	free(m.xh), free(m.wh), free(m.yh), free(m.ws);
 }
 
+/* The layers of each --set (input channels, side, output channels, kernel,
+ * stride, pad): a small ConvNet's, ResNet-18's at 32x32, ResNet-50's
+ * pointwise layers past stage 1 (where the channels grow and the images
+ * shrink) and strided shortcuts, and ResNet-50's at 224x224. */
+typedef struct conv_layer {
+	const char *set, *name;
+	int ci, hw, co, k, stride, pad;
+} conv_layer;
+
+static const conv_layer layers[] = {
+	{ "convnet", "conv1", 1, 28, 16, 5, 1, 2 },
+	{ "convnet", "conv2", 16, 14, 32, 5, 1, 2 },
+	{ "resnet18", "stem", 3, 32, 64, 3, 1, 1 },
+	{ "resnet18", "l1", 64, 32, 64, 3, 1, 1 },
+	{ "resnet18", "l2a", 64, 32, 128, 3, 2, 1 },
+	{ "resnet18", "l2sc", 64, 32, 128, 1, 2, 0 },
+	{ "resnet18", "l2", 128, 16, 128, 3, 1, 1 },
+	{ "resnet18", "l3", 256, 8, 256, 3, 1, 1 },
+	{ "resnet18", "l4", 512, 4, 512, 3, 1, 1 },
+	{ "resnet50-1x1", "l2 1x1 in", 512, 28, 128, 1, 1, 0 },
+	{ "resnet50-1x1", "l2 1x1 up", 128, 28, 512, 1, 1, 0 },
+	{ "resnet50-1x1", "l3 1x1 in", 1024, 14, 256, 1, 1, 0 },
+	{ "resnet50-1x1", "l3 1x1 up", 256, 14, 1024, 1, 1, 0 },
+	{ "resnet50-1x1", "l4 1x1 in", 2048, 7, 512, 1, 1, 0 },
+	{ "resnet50-1x1", "l3 shortcut", 512, 28, 1024, 1, 2, 0 },
+	{ "resnet50", "stem", 3, 224, 64, 7, 2, 3 },
+	{ "resnet50", "l1 1x1", 64, 56, 64, 1, 1, 0 },
+	{ "resnet50", "l1 3x3", 64, 56, 64, 3, 1, 1 },
+	{ "resnet50", "l1 1x1 up", 64, 56, 256, 1, 1, 0 },
+	{ "resnet50", "l3 3x3", 256, 14, 256, 3, 1, 1 },
+	{ "resnet50", "l4 1x1", 512, 7, 2048, 1, 1, 0 },
+};
+
+/* Each set's batch when --batch is not given; another name runs resnet50. */
+static const struct {
+	const char *set;
+	int batch;
+} sets[] = {
+	{ "convnet", 100 },
+	{ "resnet18", 32 },
+	{ "resnet50-1x1", 16 },
+	{ "resnet50", 16 },
+};
+
 int main(int argc, char **argv)
 {
 	int reps = 20, batch = 0;
@@ -171,37 +215,14 @@ int main(int argc, char **argv)
 	for (int c = 0; c <= NCAND; c++)
 		printf("---|");
 	printf("\n");
-	if (!strcmp(set, "convnet")) {
-		int b = batch ? batch : 100;
-		layer("conv1", b, 1, 28, 16, 5, 1, 2, reps);
-		layer("conv2", b, 16, 14, 32, 5, 1, 2, reps);
-	} else if (!strcmp(set, "resnet18")) {
-		int b = batch ? batch : 32;
-		layer("stem", b, 3, 32, 64, 3, 1, 1, reps);
-		layer("l1", b, 64, 32, 64, 3, 1, 1, reps);
-		layer("l2a", b, 64, 32, 128, 3, 2, 1, reps);
-		layer("l2sc", b, 64, 32, 128, 1, 2, 0, reps);
-		layer("l2", b, 128, 16, 128, 3, 1, 1, reps);
-		layer("l3", b, 256, 8, 256, 3, 1, 1, reps);
-		layer("l4", b, 512, 4, 512, 3, 1, 1, reps);
-	} else if (!strcmp(set, "resnet50-1x1")) {
-		/* ResNet-50's pointwise layers past stage 1, where the channels
-		 * grow and the images shrink, and the strided shortcuts */
-		int b = batch ? batch : 16;
-		layer("l2 1x1 in", b, 512, 28, 128, 1, 1, 0, reps);
-		layer("l2 1x1 up", b, 128, 28, 512, 1, 1, 0, reps);
-		layer("l3 1x1 in", b, 1024, 14, 256, 1, 1, 0, reps);
-		layer("l3 1x1 up", b, 256, 14, 1024, 1, 1, 0, reps);
-		layer("l4 1x1 in", b, 2048, 7, 512, 1, 1, 0, reps);
-		layer("l3 shortcut", b, 512, 28, 1024, 1, 2, 0, reps);
-	} else {
-		int b = batch ? batch : 16;
-		layer("stem", b, 3, 224, 64, 7, 2, 3, reps);
-		layer("l1 1x1", b, 64, 56, 64, 1, 1, 0, reps);
-		layer("l1 3x3", b, 64, 56, 64, 3, 1, 1, reps);
-		layer("l1 1x1 up", b, 64, 56, 256, 1, 1, 0, reps);
-		layer("l3 3x3", b, 256, 14, 256, 3, 1, 1, reps);
-		layer("l4 1x1", b, 512, 7, 2048, 1, 1, 0, reps);
+	size_t si = 0;
+	while (si + 1 < sizeof(sets) / sizeof(sets[0]) && strcmp(set, sets[si].set))
+		si++;
+	int b = batch ? batch : sets[si].batch;
+	for (size_t i = 0; i < sizeof(layers) / sizeof(layers[0]); i++) {
+		const conv_layer *l = &layers[i];
+		if (!strcmp(l->set, sets[si].set))
+			layer(l->name, b, l->ci, l->hw, l->co, l->k, l->stride, l->pad, reps);
 	}
 	return 0;
 }

@@ -6,6 +6,7 @@
  */
 #include <ctype.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,41 @@ static int number_member(parser *p, double *num)
 	return number(p, num) ? -1 : 1;
 }
 
+/* The numeric members kept, by key: where in the event, int or double. */
+typedef struct num_field {
+	const char *key;
+	size_t off;
+	int is_int;
+} num_field;
+
+static const num_field event_nums[] = {
+	{ "pid", offsetof(loom_tj_event, pid), 1 },
+	{ "tid", offsetof(loom_tj_event, tid), 1 },
+	{ "ts", offsetof(loom_tj_event, ts), 0 },
+	{ "dur", offsetof(loom_tj_event, dur), 0 },
+	{ NULL, 0, 0 },
+};
+
+static const num_field arg_nums[] = {
+	{ "run", offsetof(loom_tj_event, run), 1 },
+	{ "bucket", offsetof(loom_tj_event, bucket), 1 },
+	{ "node", offsetof(loom_tj_event, node), 1 },
+	{ NULL, 0, 0 },
+};
+
+/* num into e's member named key when fields has it; else nothing. */
+static void set_num(loom_tj_event *e, const num_field *fields, const char *key, double num)
+{
+	for (const num_field *f = fields; f->key; f++)
+		if (!strcmp(key, f->key)) {
+			if (f->is_int)
+				*(int *)((char *)e + f->off) = (int)num;
+			else
+				*(double *)((char *)e + f->off) = num;
+			return;
+		}
+}
+
 /* A member of an event's "args": run, bucket and node kept. */
 static int arg_member(parser *p, const char *key, void *ctx)
 {
@@ -153,12 +189,7 @@ static int arg_member(parser *p, const char *key, void *ctx)
 	int got = number_member(p, &num);
 	if (got <= 0)
 		return got;
-	if (!strcmp(key, "run"))
-		e->run = (int)num;
-	else if (!strcmp(key, "bucket"))
-		e->bucket = (int)num;
-	else if (!strcmp(key, "node"))
-		e->node = (int)num;
+	set_num(e, arg_nums, key, num);
 	return 0;
 }
 
@@ -185,14 +216,7 @@ static int event_member(parser *p, const char *key, void *ctx)
 	int got = number_member(p, &num);
 	if (got <= 0)
 		return got;
-	if (!strcmp(key, "pid"))
-		e->pid = (int)num;
-	else if (!strcmp(key, "tid"))
-		e->tid = (int)num;
-	else if (!strcmp(key, "ts"))
-		e->ts = num;
-	else if (!strcmp(key, "dur"))
-		e->dur = num;
+	set_num(e, event_nums, key, num);
 	return 0;
 }
 

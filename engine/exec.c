@@ -574,26 +574,28 @@ static loom_status fp8_step_end(loom_program *p)
 	return LOOM_OK;
 }
 
-loom_status loom_exec_fp8_host(loom_program *p)
+/* After a copy of the fp8 state either way: host and device agree, or the
+ * backend's error. */
+static loom_status fp8_copied(loom_program *p, loom_status st)
 {
-	if (!p->exec->fp8_on_device_newer)
-		return LOOM_OK;
-	loom_status st = p->be->fp8->fp8_download(p->be_ctx, &p->ts.fp8);
 	if (st != LOOM_OK)
 		return be_fail(p, st);
 	p->exec->fp8_on_device_newer = 0;
 	return LOOM_OK;
 }
 
+loom_status loom_exec_fp8_host(loom_program *p)
+{
+	if (!p->exec->fp8_on_device_newer)
+		return LOOM_OK;
+	return fp8_copied(p, p->be->fp8->fp8_download(p->be_ctx, &p->ts.fp8));
+}
+
 loom_status loom_exec_fp8_device(loom_program *p)
 {
 	if (!fp8_on_device(p))
 		return LOOM_OK;
-	loom_status st = p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8);
-	if (st != LOOM_OK)
-		return be_fail(p, st);
-	p->exec->fp8_on_device_newer = 0;
-	return LOOM_OK;
+	return fp8_copied(p, p->be->fp8->fp8_upload(p->be_ctx, &p->ts.fp8));
 }
 
 static loom_status exec_optim(loom_program *p, const loom_step *s)

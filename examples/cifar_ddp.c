@@ -93,11 +93,8 @@ int main(int argc, char **argv)
 	}
 
 	loom_value logits;
-	if (loom_graph_new(&g) != LOOM_OK) {
-		fprintf(stderr, "cifar_ddp: out of memory\n");
+	if (!(g = train_graph_new(&t)))
 		goto out;
-	}
-	loom_graph_set_seed(g, a->seed);
 	loom_value loss = loom_model_resnet_width(g, a->depth, train_graph_batch(&t), 32, 10, a->width, &logits);
 	snprintf(what, sizeof(what), "ResNet-%d%s on %s (%lld train, %lld test images%s)",
 		 a->depth, a->width == 64 ? "" : " (narrow)", a->synthetic ? "synthetic data" : a->data,

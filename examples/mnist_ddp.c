@@ -67,11 +67,8 @@ int main(int argc, char **argv)
 		goto out;
 
 	loom_value logits;
-	if (loom_graph_new(&g) != LOOM_OK) {
-		fprintf(stderr, "mnist_ddp: out of memory\n");
+	if (!(g = train_graph_new(&t)))
 		goto out;
-	}
-	loom_graph_set_seed(g, a->seed);
 	loom_value loss = loom_model_convnet(g, train_graph_batch(&t), &logits);
 	t.names = loom_convnet_torch_names; /* --init-from, --export: PyTorch's names */
 	t.n_names = LOOM_CONVNET_TORCH_NAMES;

@@ -543,6 +543,17 @@ int train_graph_batch(const train_run *t)
 	return a->batch / (a->micro_batches ? a->micro_batches : a->pipeline);
 }
 
+loom_graph *train_graph_new(const train_run *t)
+{
+	loom_graph *g = NULL;
+	if (loom_graph_new(&g) != LOOM_OK) {
+		fprintf(stderr, "%s: out of memory\n", t->prog->name);
+		return NULL;
+	}
+	loom_graph_set_seed(g, t->a.seed);
+	return g;
+}
+
 /* The run's first lines: program, backend, model, precision, optimizer,
  * batch; the ranks, the pipeline and the accumulation when there are. */
 static void print_run(const train_run *t, const loom_program_info *pi, const char *what)

@@ -79,6 +79,9 @@ double train_now(void);
  * under --pipeline. */
 int train_graph_batch(const train_run *t);
 
+/* A new graph seeded with --seed; NULL, said on stderr, when out of memory. */
+loom_graph *train_graph_new(const train_run *t);
+
 /*
  * main()'s first call: --nproc (this process becomes the launcher), the
  * flags, the checkpoint path, the process group; on ranks above 0 stdout is

@@ -66,7 +66,7 @@ static const loom_cpu_op *const cpu_ops[LOOM_OP_COUNT] = {
 	[LOOM_OP_GRAD_SEED] = ROW(loom_cpu_op_grad_seed),
 	[LOOM_OP_CAST] = ROW(loom_cpu_op_cast, .raw = 1),
 	[LOOM_OP_GLOBAL_AVGPOOL] = ROW(loom_cpu_op_global_avgpool),
-	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = ROW(loom_cpu_op_global_avgpool_bwd),
+	[LOOM_OP_GLOBAL_AVGPOOL_BWD] = ROW(loom_cpu_op_global_avgpool),
 #define UNARY_ENTRY(NAME, low) [LOOM_OP_##NAME] = ROW(loom_cpu_op_unary), [LOOM_OP_##NAME##_BWD] = ROW(loom_cpu_op_unary),
 	LOOM_UNARY_OPS(UNARY_ENTRY)
 #undef UNARY_ENTRY

@@ -44,35 +44,38 @@ static inline __m128i round8(__m256 f)
 }
 #endif
 
+/* One row loop: STEP8 for elements i..i+7 with AVX2 (the avx2 copy), then
+ * ONE for element i up to n; the base copy runs ONE alone. */
+#ifdef __AVX2__
+#define BF16_ROW(n, STEP8, ONE)                      \
+	do {                                         \
+		int64_t i = 0;                       \
+		for (; i + 8 <= (n); i += 8)         \
+			STEP8;                       \
+		for (; i < (n); i++)                 \
+			ONE;                         \
+	} while (0)
+#else
+#define BF16_ROW(n, STEP8, ONE)                      \
+	do {                                         \
+		for (int64_t i = 0; i < (n); i++)    \
+			ONE;                         \
+	} while (0)
+#endif
+
 void BF16_FN(loom_cpu_bf16_widen)(int64_t n, const uint16_t *src, float *dst)
 {
-	int64_t i = 0;
-#ifdef __AVX2__
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, widen8(src + i));
-#endif
-	for (; i < n; i++)
-		dst[i] = loom_bf16_to_f32(src[i]);
+	BF16_ROW(n, _mm256_storeu_ps(dst + i, widen8(src + i)), dst[i] = loom_bf16_to_f32(src[i]));
 }
 
 void BF16_FN(loom_cpu_bf16_round)(int64_t n, const float *src, uint16_t *dst)
 {
-	int64_t i = 0;
-#ifdef __AVX2__
-	for (; i + 8 <= n; i += 8)
-		_mm_storeu_si128((__m128i *)(dst + i), round8(_mm256_loadu_ps(src + i)));
-#endif
-	for (; i < n; i++)
-		dst[i] = loom_f32_to_bf16(src[i]);
+	BF16_ROW(n, _mm_storeu_si128((__m128i *)(dst + i), round8(_mm256_loadu_ps(src + i))),
+		 dst[i] = loom_f32_to_bf16(src[i]));
 }
 
 void BF16_FN(loom_cpu_bf16_acc)(int64_t n, const uint16_t *src, float *acc)
 {
-	int64_t i = 0;
-#ifdef __AVX2__
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), widen8(src + i)));
-#endif
-	for (; i < n; i++)
-		acc[i] += loom_bf16_to_f32(src[i]);
+	BF16_ROW(n, _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), widen8(src + i))),
+		 acc[i] += loom_bf16_to_f32(src[i]));
 }

@@ -363,6 +363,7 @@ typedef struct pool8_args {
 	const loom_pool_shape *s;
 	const float *x, *dy;
 	float *y;
+	int64_t in_plane, out_plane; /* floats per nChw8c plane (pool8_run sets them) */
 } pool8_args;
 
 /* Whether v replaces the running max m (pool_impl.h's rule). */
@@ -387,8 +388,7 @@ CLONES static void pool8_fwd_part(void *arg, int64_t lo, int64_t hi)
 {
 	const pool8_args *a = arg;
 	const loom_pool_shape *s = a->s;
-	const int64_t in_plane = (int64_t)s->h_in * s->w_in * BLK;
-	const int64_t out_plane = (int64_t)s->h_out * s->w_out * BLK;
+	const int64_t in_plane = a->in_plane, out_plane = a->out_plane;
 	for (int64_t pl = lo; pl < hi; pl++) {
 		const float *xp = a->x + pl * in_plane;
 		float *yp = a->y + pl * out_plane;
@@ -421,8 +421,7 @@ CLONES static void pool8_bwd_part(void *arg, int64_t lo, int64_t hi)
 {
 	const pool8_args *a = arg;
 	const loom_pool_shape *s = a->s;
-	const int64_t in_plane = (int64_t)s->h_in * s->w_in * BLK;
-	const int64_t out_plane = (int64_t)s->h_out * s->w_out * BLK;
+	const int64_t in_plane = a->in_plane, out_plane = a->out_plane;
 	for (int64_t pl = lo; pl < hi; pl++) {
 		const float *xp = a->x + pl * in_plane, *dp = a->dy + pl * out_plane;
 		float *gp = a->y + pl * in_plane;
@@ -459,6 +458,8 @@ static void pool8_run(pool8_args *a, loom_cpu_team_range_fn fn)
 {
 	const loom_pool_shape *s = a->s;
 	int64_t planes = (int64_t)s->n * (s->c / BLK);
+	a->in_plane = (int64_t)s->h_in * s->w_in * BLK;
+	a->out_plane = (int64_t)s->h_out * s->w_out * BLK;
 	loom_cpu_team_for(planes, threads_for((int64_t)s->n * s->c * s->h_in * s->w_in), fn, a);
 }
 

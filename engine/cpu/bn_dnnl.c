@@ -8,7 +8,6 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "engine/cpu/bn_dnnl.h"
-#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/dnnl_engine.h"
 
 enum { M_X, M_Y, M_DY, M_DX, M_GAMMA, M_BETA, M_MEAN, M_VAR, M_DGAMMA, M_DBETA, M_COUNT };
@@ -24,29 +23,16 @@ void loom_cpu_dnnl_bn_free(loom_cpu_dnnl_bn *b)
 {
 	if (!b)
 		return;
-	for (int i = 0; i < M_COUNT; i++)
-		if (b->m[i])
-			dnnl_memory_destroy(b->m[i]);
-	if (b->fwd)
-		dnnl_primitive_destroy(b->fwd);
-	if (b->bwd)
-		dnnl_primitive_destroy(b->bwd);
-	if (b->fpd)
-		dnnl_primitive_desc_destroy(b->fpd);
-	if (b->bpd)
-		dnnl_primitive_desc_destroy(b->bpd);
-	if (b->stream)
-		dnnl_stream_destroy(b->stream);
+	loom_cpu_dnnl_release(b->stream, M_COUNT, b->m, 2, (dnnl_primitive_t[]){ b->fwd, b->bwd }, 2,
+			      (dnnl_primitive_desc_t[]){ b->fpd, b->bpd });
 	free(b);
 }
 
 loom_cpu_dnnl_bn *loom_cpu_dnnl_bn_new(int n, int c, int h, int w, double eps)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || c % 8)
+	if (c % 8)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_bn *b = calloc(1, sizeof(*b));
+	loom_cpu_dnnl_bn *b = loom_cpu_dnnl_calloc(sizeof(*b));
 	if (!b)
 		return NULL;
 	const dnnl_dims_t dd = { n, c, h, w }, vd = { c };

@@ -9,8 +9,11 @@
  * norm's halves (ops_bn.c): statistics summed over every rank in between.
  */
 
-/* Sum of channel ch over the batch, double accumulator. */
-static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int ch)
+/* Channel ch over the batch summed in blocks: of x, or of (x - center)^2
+ * when square. Always inlined, square a constant at each call, so that each
+ * loop holds only its own arithmetic. */
+static inline __attribute__((always_inline)) double
+LOOM_CPU_FN(bn_chan_blocks)(int n, int c, int64_t hw, const T *x, int ch, T center, int square)
 {
 	double s = 0;
 	for (int i = 0; i < n; i++) {
@@ -19,12 +22,20 @@ static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int
 			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
 			T bs = 0;
 #pragma omp simd reduction(+ : bs)
-			for (int64_t j = j0; j < e; j++)
-				bs += xp[j];
+			for (int64_t j = j0; j < e; j++) {
+				T d = xp[j] - center;
+				bs += square ? d * d : xp[j];
+			}
 			s += bs;
 		}
 	}
 	return s;
+}
+
+/* Sum of channel ch over the batch, double accumulator. */
+static double LOOM_CPU_FN(bn_chan_sum)(int n, int c, int64_t hw, const T *x, int ch)
+{
+	return LOOM_CPU_FN(bn_chan_blocks)(n, c, hw, x, ch, 0, 0);
 }
 
 /* Batch mean and biased variance of channel ch. */
@@ -33,21 +44,7 @@ static void LOOM_CPU_FN(bn_chan_stats)(int n, int c, int64_t hw, const T *x, int
 {
 	const double m = (double)n * hw;
 	const double mu = LOOM_CPU_FN(bn_chan_sum)(n, c, hw, x, ch) / m;
-	const T mt = (T)mu;
-	double q = 0;
-	for (int i = 0; i < n; i++) {
-		const T *xp = x + ((int64_t)i * c + ch) * hw;
-		for (int64_t j0 = 0; j0 < hw; j0 += LOOM_CPU_BN_BLOCK) {
-			int64_t e = j0 + LOOM_CPU_BN_BLOCK < hw ? j0 + LOOM_CPU_BN_BLOCK : hw;
-			T bq = 0;
-#pragma omp simd reduction(+ : bq)
-			for (int64_t j = j0; j < e; j++) {
-				T d = xp[j] - mt;
-				bq += d * d;
-			}
-			q += bq;
-		}
-	}
+	const double q = LOOM_CPU_FN(bn_chan_blocks)(n, c, hw, x, ch, (T)mu, 1);
 	*mean = mu;
 	*var = q / m;
 }
@@ -317,8 +314,8 @@ static T LOOM_CPU_FN(bn_chan_dgamma)(double var, double sdyx, double eps)
 	return (T)(sdyx / sqrt(var + eps));
 }
 
-/* One set of per-channel sums (bn_chan_bwd_sums) makes all three: dx, and
- * dgamma and dbeta where not NULL. Its sum of dy is bn_chan_sum's over dy
+/* One set of per-channel sums (bn_chan_bwd_sums) makes all three: dx,
+ * dgamma and dbeta, each where not NULL. Its sum of dy is bn_chan_sum's over dy
  * bit for bit (the same blocks, lanes and order; tests/engine/cpu checks it
  * on each compiled copy), so the three equal what bn_bwd_data, bn_bwd_gamma
  * and channel_sum make apart, with the sums made once instead of twice and
@@ -330,8 +327,9 @@ static void LOOM_CPU_FN(bn_bwd_part)(void *arg, int64_t lo, int64_t hi)
 		double mean, var, sdy, sdyx;
 		LOOM_CPU_FN(bn_chan_bwd_sums)(a->n, a->c, a->hw, a->x, a->dy, ch, &mean, &var,
 					      &sdy, &sdyx);
-		LOOM_CPU_FN(bn_chan_dx)(a->n, a->c, a->hw, a->x, a->gamma, a->dy, a->eps, ch,
-					mean, var, sdy, sdyx, a->m, a->dx);
+		if (a->dx)
+			LOOM_CPU_FN(bn_chan_dx)(a->n, a->c, a->hw, a->x, a->gamma, a->dy, a->eps,
+						ch, mean, var, sdy, sdyx, a->m, a->dx);
 		if (a->dgamma)
 			a->dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, a->eps);
 		if (a->dbeta)
@@ -375,21 +373,8 @@ void LOOM_CPU_FN(loom_cpu_bn_bwd_data_apply)(int n, int c, int64_t hw, const T *
 	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_data_apply_part));
 }
 
-static void LOOM_CPU_FN(bn_bwd_gamma_part)(void *arg, int64_t lo, int64_t hi)
-{
-	const LOOM_CPU_FN(bn_args) *a = arg;
-	for (int ch = (int)lo; ch < (int)hi; ch++) {
-		double mean, var, sdy, sdyx;
-		LOOM_CPU_FN(bn_chan_bwd_sums)(a->n, a->c, a->hw, a->x, a->dy, ch, &mean, &var,
-					      &sdy, &sdyx);
-		a->dgamma[ch] = LOOM_CPU_FN(bn_chan_dgamma)(var, sdyx, a->eps);
-	}
-}
-
 void LOOM_CPU_FN(loom_cpu_bn_bwd_gamma)(int n, int c, int64_t hw, const T *x,
 					const T *dy, double eps, T *dgamma)
 {
-	LOOM_CPU_FN(bn_args) a = { .n = n, .c = c, .hw = hw, .x = x, .dy = dy, .eps = eps,
-				   .dgamma = dgamma };
-	LOOM_CPU_FN(bn_run)(&a, LOOM_CPU_FN(bn_bwd_gamma_part));
+	LOOM_CPU_FN(loom_cpu_bn_bwd)(n, c, hw, x, NULL, dy, eps, NULL, dgamma, NULL);
 }

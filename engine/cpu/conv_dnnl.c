@@ -87,22 +87,10 @@ static void one_free(conv_one *c)
 {
 	if (!c)
 		return;
-	for (int i = 0; i < NARGS; i++) {
-		if (c->arg[i].reorder)
-			dnnl_primitive_destroy(c->arg[i].reorder);
-		if (c->arg[i].inner)
-			dnnl_memory_destroy(c->arg[i].inner);
-		if (c->arg[i].user)
-			dnnl_memory_destroy(c->arg[i].user);
-	}
-	if (c->scratch)
-		dnnl_memory_destroy(c->scratch);
-	if (c->prim)
-		dnnl_primitive_destroy(c->prim);
-	if (c->stream)
-		dnnl_stream_destroy(c->stream);
-	if (c->pd)
-		dnnl_primitive_desc_destroy(c->pd);
+	for (int i = 0; i < NARGS; i++)
+		loom_cpu_dnnl_release(NULL, 2, (dnnl_memory_t[]){ c->arg[i].inner, c->arg[i].user }, 1,
+				      &c->arg[i].reorder, 0, NULL);
+	loom_cpu_dnnl_release(c->stream, 1, &c->scratch, 1, &c->prim, 1, &c->pd);
 	free(c);
 }
 
@@ -368,13 +356,9 @@ loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new(loom_cpu_conv_kind kind, const loom_c
 loom_cpu_dnnl_conv *loom_cpu_dnnl_conv_new_fmt(loom_cpu_conv_kind kind, const loom_conv_shape *s,
 					       int bf16, int bias, int blocked, unsigned fmt)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE)
-		return NULL;
 	if (bf16 && loom_cpu_isa_get() != LOOM_CPU_ISA_AVX512_BF16)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_conv *c = calloc(1, sizeof(*c));
+	loom_cpu_dnnl_conv *c = loom_cpu_dnnl_calloc(sizeof(*c));
 	if (!c)
 		return NULL;
 	int nt = loom_cpu_slot_threads(s->n);

@@ -21,53 +21,46 @@ static int LOOM_CPU_FN(ew_threads)(int64_t n)
 	return n >= LOOM_CPU_PAR_MIN ? loom_cpu_team_threads() : 1;
 }
 
-static void LOOM_CPU_FN(relu_fwd_part)(void *arg, int64_t lo, int64_t hi)
+/* An elementwise kernel's loop: y[i] = EXPR of a[i] (and b[i]). */
+#ifndef LOOM_CPU_EW_MAP
+#define LOOM_CPU_EW_MAP(NAME, EXPR)                                                   \
+	static void LOOM_CPU_FN(NAME)(void *arg, int64_t lo, int64_t hi)              \
+	{                                                                             \
+		const LOOM_CPU_FN(ew_args) *g = arg;                                  \
+		const T *a = g->a, *b = g->b;                                         \
+		T *y = g->y;                                                          \
+		(void)b;                                                              \
+		_Pragma("omp simd") for (int64_t i = lo; i < hi; i++) y[i] = (EXPR); \
+	}
+#endif
+
+/* Runs an elementwise loop over n elements on loom's team. */
+static void LOOM_CPU_FN(ew_map)(int64_t n, const T *a, const T *b, T *y,
+				loom_cpu_team_range_fn part)
 {
-	const LOOM_CPU_FN(ew_args) *g = arg;
-	const T *x = g->a;
-	T *y = g->y;
-	/* x < 0 ? 0 : x rather than x > 0 ? x : 0, so that NaN passes through. */
-#pragma omp simd
-	for (int64_t i = lo; i < hi; i++)
-		y[i] = x[i] < 0 ? 0 : x[i];
+	LOOM_CPU_FN(ew_args) g = { .a = a, .b = b, .y = y };
+	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), part, &g);
 }
+
+/* a < 0 ? 0 : a rather than a > 0 ? a : 0, so that NaN passes through. */
+LOOM_CPU_EW_MAP(relu_fwd_part, a[i] < 0 ? 0 : a[i])
+/* relu's gradient: a is x, b is dy. */
+LOOM_CPU_EW_MAP(relu_bwd_part, a[i] > 0 ? b[i] : 0)
+LOOM_CPU_EW_MAP(add_part, a[i] + b[i])
 
 void LOOM_CPU_FN(loom_cpu_relu_fwd)(int64_t n, const T *x, T *y)
 {
-	LOOM_CPU_FN(ew_args) g = { .a = x, .y = y };
-	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(relu_fwd_part), &g);
-}
-
-static void LOOM_CPU_FN(relu_bwd_part)(void *arg, int64_t lo, int64_t hi)
-{
-	const LOOM_CPU_FN(ew_args) *g = arg;
-	const T *x = g->a, *dy = g->b;
-	T *dx = g->y;
-#pragma omp simd
-	for (int64_t i = lo; i < hi; i++)
-		dx[i] = x[i] > 0 ? dy[i] : 0;
+	LOOM_CPU_FN(ew_map)(n, x, NULL, y, LOOM_CPU_FN(relu_fwd_part));
 }
 
 void LOOM_CPU_FN(loom_cpu_relu_bwd)(int64_t n, const T *x, const T *dy, T *dx)
 {
-	LOOM_CPU_FN(ew_args) g = { .a = x, .b = dy, .y = dx };
-	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(relu_bwd_part), &g);
-}
-
-static void LOOM_CPU_FN(add_part)(void *arg, int64_t lo, int64_t hi)
-{
-	const LOOM_CPU_FN(ew_args) *g = arg;
-	const T *a = g->a, *b = g->b;
-	T *y = g->y;
-#pragma omp simd
-	for (int64_t i = lo; i < hi; i++)
-		y[i] = a[i] + b[i];
+	LOOM_CPU_FN(ew_map)(n, x, dy, dx, LOOM_CPU_FN(relu_bwd_part));
 }
 
 void LOOM_CPU_FN(loom_cpu_add)(int64_t n, const T *a, const T *b, T *y)
 {
-	LOOM_CPU_FN(ew_args) g = { .a = a, .b = b, .y = y };
-	loom_cpu_team_for(n, LOOM_CPU_FN(ew_threads)(n), LOOM_CPU_FN(add_part), &g);
+	LOOM_CPU_FN(ew_map)(n, a, b, y, LOOM_CPU_FN(add_part));
 }
 
 /* Thread t's blocks of the sum, into part[t]. */

@@ -11,7 +11,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include "engine/cpu/cpu_path.h"
 #include "engine/cpu/dnnl_engine.h"
 #include "engine/cpu/matmul_dnnl.h"
 
@@ -37,10 +36,7 @@ void loom_cpu_dnnl_matmul_free(loom_cpu_dnnl_matmul *mm)
 {
 	if (!mm)
 		return;
-	if (mm->prim)
-		dnnl_primitive_destroy(mm->prim);
-	if (mm->pd)
-		dnnl_primitive_desc_destroy(mm->pd);
+	loom_cpu_dnnl_release(NULL, 0, NULL, 1, &mm->prim, 1, &mm->pd);
 	free(mm);
 }
 
@@ -48,11 +44,9 @@ loom_cpu_dnnl_matmul *loom_cpu_dnnl_matmul_new(int ta, int tb, int m, int n, int
 					       int ldb, int ldc, float alpha, int bf16, int bias,
 					       int accumulate, int one_thread)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || m <= 0 || n <= 0 || k <= 0)
+	if (m <= 0 || n <= 0 || k <= 0)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_matmul *mm = calloc(1, sizeof(*mm));
+	loom_cpu_dnnl_matmul *mm = loom_cpu_dnnl_calloc(sizeof(*mm));
 	dnnl_primitive_attr_t attr = NULL;
 	dnnl_post_ops_t po = NULL;
 	dnnl_matmul_desc_t d;
@@ -171,10 +165,7 @@ int loom_cpu_dnnl_matmul_run(const loom_cpu_dnnl_matmul *mm, const void *a, cons
 	    dnnl_stream_wait(stream) == dnnl_success)
 		rc = 0;
 out:
-	if (stream)
-		dnnl_stream_destroy(stream);
-	for (int i = 0; i < nargs; i++)
-		dnnl_memory_destroy(mem[i]);
+	loom_cpu_dnnl_release(stream, nargs, mem, 0, NULL, 0, NULL);
 	return rc;
 }
 

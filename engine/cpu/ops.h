@@ -68,8 +68,10 @@ typedef struct loom_cpu_io {
 	void *ws;
 } loom_cpu_io;
 
-typedef loom_status (*loom_cpu_op_fn)(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
+/* An op's entry: runs node v on its buffers. */
+typedef loom_status loom_cpu_op_entry(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				      const loom_cpu_io *io);
+typedef loom_cpu_op_entry *loom_cpu_op_fn;
 
 /*
  * One op on the CPU: backend.c's table holds one per op (NULL: the CPU
@@ -123,20 +125,16 @@ static inline loom_dtype loom_cpu_kernel_dtype(const loom_node *n)
 			fn##_f32(__VA_ARGS__);                  \
 	} while (0)
 
-/* Every entry has the loom_cpu_op_fn shape, written out so that grep finds
- * each by its name. */
+/* The entries, declared with their one shape, loom_cpu_op_entry, each by
+ * its full name so that grep finds it. */
 /* backend.c: leaves (set by the caller) and views (the memory planner gave
  * them their source's storage) have nothing to compute. */
-loom_status loom_cpu_op_nothing(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_nothing;
 
 /* ops_conv.c */
-loom_status loom_cpu_op_conv2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_conv2d_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_conv2d_bwd_filter(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_conv2d;
+loom_cpu_op_entry loom_cpu_op_conv2d_bwd_data;
+loom_cpu_op_entry loom_cpu_op_conv2d_bwd_filter;
 /* Bytes of kernel workspace a conv node needs in elements of elem bytes. */
 size_t loom_cpu_conv_workspace(const loom_plan *plan, loom_value v, size_t elem);
 /* Node v's kernel workspace: loom_cpu_conv_workspace, or its chosen
@@ -145,14 +143,10 @@ size_t loom_cpu_conv_node_ws(const loom_cpu_ctx *ctx, const loom_plan *plan, loo
 			     size_t elem);
 
 /* ops_bn.c */
-loom_status loom_cpu_op_batchnorm2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_bn_bwd_data(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_bn_bwd_gamma(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_channel_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_batchnorm2d;
+loom_cpu_op_entry loom_cpu_op_bn_bwd_data;
+loom_cpu_op_entry loom_cpu_op_bn_bwd_gamma;
+loom_cpu_op_entry loom_cpu_op_channel_sum;
 /* Bytes of workspace a batch-norm node needs: its per-channel sums when it
  * is synchronised over the ranks, else none. */
 size_t loom_cpu_bn_workspace(const loom_plan *plan, loom_value v, size_t elem);
@@ -226,45 +220,30 @@ static inline void *loom_cpu_side_ptr(const loom_cpu_ctx *ctx, const loom_cpu_no
 void loom_cpu_side_note(loom_cpu_ctx *ctx, loom_value v, char *buf, size_t len);
 
 /* ops_pool.c */
-loom_status loom_cpu_op_maxpool2d(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_maxpool2d_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_global_avgpool(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_global_avgpool_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_maxpool2d;
+loom_cpu_op_entry loom_cpu_op_maxpool2d_bwd;
+/* Forward and backward. */
+loom_cpu_op_entry loom_cpu_op_global_avgpool;
 
 /* ops_dense.c */
-loom_status loom_cpu_op_linear(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_matmul(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_linear;
+loom_cpu_op_entry loom_cpu_op_matmul;
 
 /* ops_elementwise.c */
-loom_status loom_cpu_op_relu(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_relu_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_relu;
+loom_cpu_op_entry loom_cpu_op_relu_bwd;
 /* Every unary op of graph/unary.h, forward and backward. */
-loom_status loom_cpu_op_unary(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_add(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_sum(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_broadcast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
-loom_status loom_cpu_op_grad_seed(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_unary;
+loom_cpu_op_entry loom_cpu_op_add;
+loom_cpu_op_entry loom_cpu_op_sum;
+loom_cpu_op_entry loom_cpu_op_broadcast;
+loom_cpu_op_entry loom_cpu_op_grad_seed;
 /* Reads and writes any float dtypes itself (no half emulation around it). */
 /* The same values in the node's format (graph/formats.c), any dtype. */
-loom_status loom_cpu_op_reorder(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-				const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_reorder;
 /* Which formats node v runs in (the backend's node_formats). */
 void loom_cpu_node_formats(void *ctx, const loom_plan *plan, loom_value v, loom_format_caps *caps);
-loom_status loom_cpu_op_cast(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			const loom_cpu_io *io);
+loom_cpu_op_entry loom_cpu_op_cast;
 /* A cast of n elements between any two float dtypes. */
 void loom_cpu_cast(loom_dtype from, const void *src, loom_dtype to, void *dst, int64_t n);
 

@@ -50,28 +50,22 @@ loom_status loom_cpu_op_maxpool2d_bwd(loom_cpu_ctx *ctx, const loom_plan *plan, 
 	return LOOM_OK;
 }
 
-/* x [N, C, H, W] -> y [N, C] */
+/* Global average pooling, forward x [N, C, H, W] -> y [N, C] and backward
+ * dy [N, C] -> dx [N, C, H, W]: N C from the 2-D side, H W from the 4-D. */
 loom_status loom_cpu_op_global_avgpool(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
 				       const loom_cpu_io *io)
 {
-	const loom_node *n = &plan->g->nodes[v];
-	const loom_node *x = &plan->g->nodes[n->src[0]];
+	const loom_node *n = &plan->g->nodes[v], *src = &plan->g->nodes[n->src[0]];
+	const int bwd = n->op == LOOM_OP_GLOBAL_AVGPOOL_BWD;
+	const loom_node *img = bwd ? n : src, *vec = bwd ? src : n;
+	const int64_t nc = loom_shape_numel(&vec->shape);
+	const int64_t hw = img->shape.dims[2] * img->shape.dims[3];
 	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_global_avgpool_fwd,
-			  loom_shape_numel(&n->shape), x->shape.dims[2] * x->shape.dims[3],
-			  io->src[0], io->out);
-	return LOOM_OK;
-}
-
-/* dy [N, C] -> dx [N, C, H, W] */
-loom_status loom_cpu_op_global_avgpool_bwd(loom_cpu_ctx *ctx, const loom_plan *plan,
-					   loom_value v, const loom_cpu_io *io)
-{
-	const loom_node *n = &plan->g->nodes[v];
-	const loom_node *x = &plan->g->nodes[n->src[0]];
-	(void)ctx;
-	LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_global_avgpool_bwd,
-			  loom_shape_numel(&x->shape), n->shape.dims[2] * n->shape.dims[3],
-			  io->src[0], io->out);
+	if (bwd)
+		LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_global_avgpool_bwd, nc, hw,
+				  io->src[0], io->out);
+	else
+		LOOM_CPU_DISPATCH(loom_cpu_kernel_dtype(n), loom_cpu_global_avgpool_fwd, nc, hw,
+				  io->src[0], io->out);
 	return LOOM_OK;
 }

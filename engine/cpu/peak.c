@@ -19,63 +19,47 @@ static double now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-__attribute__((target("avx2,fma"))) static double fp32_avx2(long iters, float *sink)
-{
-	__m256 a[ACC], x = _mm256_set1_ps(1.0001f), y = _mm256_set1_ps(0.9999f);
-	for (int i = 0; i < ACC; i++)
-		a[i] = _mm256_setzero_ps();
-	double t0 = now();
-	for (long i = 0; i < iters; i++) {
-#define F(k) a[k] = _mm256_fmadd_ps(x, y, a[k]);
-		F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
-#undef F
-		__asm__ volatile("" ::"x"(a[0]), "x"(a[1]), "x"(a[2]), "x"(a[3]));
+/*
+ * One loop: NAME for TARGET, ACC accumulators of VEC zeroed by ZERO, INPUTS
+ * declaring the x and y of each step, STEP(acc) one multiply-add (FLOPS per
+ * step), REG the asm constraint that holds four of them in registers, SUM
+ * of an accumulator what goes into *sink so that nothing is dropped.
+ */
+#define PEAK_LOOP(NAME, TARGET, VEC, ZERO, INPUTS, STEP, REG, SUM, FLOPS)                     \
+	__attribute__((target(TARGET))) static double NAME(long iters, float *sink)           \
+	{                                                                                     \
+		VEC a[ACC];                                                                   \
+		INPUTS;                                                                       \
+		for (int i = 0; i < ACC; i++)                                                 \
+			a[i] = ZERO;                                                          \
+		double t0 = now();                                                            \
+		for (long i = 0; i < iters; i++) {                                            \
+			a[0] = STEP(a[0]), a[1] = STEP(a[1]), a[2] = STEP(a[2]);              \
+			a[3] = STEP(a[3]), a[4] = STEP(a[4]), a[5] = STEP(a[5]);              \
+			a[6] = STEP(a[6]), a[7] = STEP(a[7]), a[8] = STEP(a[8]);              \
+			a[9] = STEP(a[9]), a[10] = STEP(a[10]), a[11] = STEP(a[11]);          \
+			__asm__ volatile("" ::REG(a[0]), REG(a[1]), REG(a[2]), REG(a[3]));    \
+		}                                                                             \
+		double dt = now() - t0;                                                       \
+		for (int i = 0; i < ACC; i++)                                                 \
+			*sink += SUM(a[i]);                                                   \
+		return dt > 0 ? iters * ACC * (FLOPS) / dt / 1e9 : 0;                         \
 	}
-	double dt = now() - t0;
-	float s[8];
-	for (int i = 0; i < ACC; i++) {
-		_mm256_storeu_ps(s, a[i]);
-		*sink += s[0];
-	}
-	return dt > 0 ? iters * ACC * 16.0 / dt / 1e9 : 0;
-}
 
-__attribute__((target("avx512f"))) static double fp32_avx512(long iters, float *sink)
-{
-	__m512 a[ACC], x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
-	for (int i = 0; i < ACC; i++)
-		a[i] = _mm512_setzero_ps();
-	double t0 = now();
-	for (long i = 0; i < iters; i++) {
-#define F(k) a[k] = _mm512_fmadd_ps(x, y, a[k]);
-		F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
-#undef F
-		__asm__ volatile("" ::"v"(a[0]), "v"(a[1]), "v"(a[2]), "v"(a[3]));
-	}
-	double dt = now() - t0;
-	for (int i = 0; i < ACC; i++)
-		*sink += _mm512_reduce_add_ps(a[i]);
-	return dt > 0 ? iters * ACC * 32.0 / dt / 1e9 : 0;
-}
+#define FMA256(acc) _mm256_fmadd_ps(x, y, acc)
+#define FMA512(acc) _mm512_fmadd_ps(x, y, acc)
+#define DPBF16(acc) _mm512_dpbf16_ps(acc, x, y)
 
-__attribute__((target("avx512f,avx512bf16"))) static double bf16_avx512(long iters, float *sink)
-{
-	__m512 a[ACC];
-	__m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3f80);
-	for (int i = 0; i < ACC; i++)
-		a[i] = _mm512_setzero_ps();
-	double t0 = now();
-	for (long i = 0; i < iters; i++) {
-#define B(k) a[k] = _mm512_dpbf16_ps(a[k], x, y);
-		B(0) B(1) B(2) B(3) B(4) B(5) B(6) B(7) B(8) B(9) B(10) B(11)
-#undef B
-		__asm__ volatile("" ::"v"(a[0]), "v"(a[1]), "v"(a[2]), "v"(a[3]));
-	}
-	double dt = now() - t0;
-	for (int i = 0; i < ACC; i++)
-		*sink += _mm512_reduce_add_ps(a[i]);
-	return dt > 0 ? iters * ACC * 64.0 / dt / 1e9 : 0;
-}
+PEAK_LOOP(fp32_avx2, "avx2,fma", __m256, _mm256_setzero_ps(),
+	  __m256 x = _mm256_set1_ps(1.0001f); __m256 y = _mm256_set1_ps(0.9999f), FMA256, "x",
+	  _mm256_cvtss_f32, 16.0)
+PEAK_LOOP(fp32_avx512, "avx512f", __m512, _mm512_setzero_ps(),
+	  __m512 x = _mm512_set1_ps(1.0001f); __m512 y = _mm512_set1_ps(0.9999f), FMA512, "v",
+	  _mm512_reduce_add_ps, 32.0)
+PEAK_LOOP(bf16_avx512, "avx512f,avx512bf16", __m512, _mm512_setzero_ps(),
+	  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80);
+	  __m512bh y = (__m512bh)_mm512_set1_epi16(0x3f80), DPBF16, "v", _mm512_reduce_add_ps,
+	  64.0)
 
 int loom_cpu_peak_supported(loom_cpu_peak k)
 {

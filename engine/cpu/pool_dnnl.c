@@ -40,19 +40,9 @@ struct loom_cpu_dnnl_pool {
 static void one_free(pool_one *o)
 {
 	dnnl_memory_t m[] = { o->x, o->y, o->dy, o->dx, o->ws, o->scratch };
-	for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
-		if (m[i])
-			dnnl_memory_destroy(m[i]);
-	if (o->fwd)
-		dnnl_primitive_destroy(o->fwd);
-	if (o->bwd)
-		dnnl_primitive_destroy(o->bwd);
-	if (o->fpd)
-		dnnl_primitive_desc_destroy(o->fpd);
-	if (o->bpd)
-		dnnl_primitive_desc_destroy(o->bpd);
-	if (o->stream)
-		dnnl_stream_destroy(o->stream);
+	loom_cpu_dnnl_release(o->stream, (int)(sizeof(m) / sizeof(m[0])), m, 2,
+			      (dnnl_primitive_t[]){ o->fwd, o->bwd }, 2,
+			      (dnnl_primitive_desc_t[]){ o->fpd, o->bpd });
 }
 
 void loom_cpu_dnnl_pool_free(loom_cpu_dnnl_pool *p)
@@ -149,11 +139,9 @@ out:
 
 loom_cpu_dnnl_pool *loom_cpu_dnnl_pool_new(const loom_pool_shape *s)
 {
-	if (loom_cpu_isa_get() == LOOM_CPU_ISA_PORTABLE || s->c % 8 || s->n < 1)
+	if (s->c % 8 || s->n < 1)
 		return NULL;
-	if (!loom_cpu_dnnl_engine())
-		return NULL;
-	loom_cpu_dnnl_pool *p = calloc(1, sizeof(*p));
+	loom_cpu_dnnl_pool *p = loom_cpu_dnnl_calloc(sizeof(*p));
 	if (!p)
 		return NULL;
 	p->s = *s;

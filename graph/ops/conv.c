@@ -24,20 +24,15 @@ static int shape_conv2d(loom_graph *g, loom_node *n)
 	if (!loom_check_weight_bias(g, n, 4, "channels"))
 		return 0;
 	const loom_node *x = &g->nodes[n->src[0]], *w = &g->nodes[n->src[1]];
-	const int64_t *xd = x->shape.dims, *wd = w->shape.dims;
+	const int64_t *wd = w->shape.dims;
 	if (stride < 1 || pad < 0)
 		return loom_graph_fail(g, LOOM_ERR_INVALID, "conv2d: stride %d / pad %d invalid",
 				       stride, pad), 0;
-	int64_t ho = loom_window_out(xd[2], wd[2], stride, pad);
-	int64_t wo = loom_window_out(xd[3], wd[3], stride, pad);
-	if (ho <= 0 || wo <= 0)
+	if (!loom_window_result(n, x, wd[0], wd[2], wd[3], stride, pad))
 		return loom_graph_fail(g, LOOM_ERR_SHAPE,
 				       "conv2d: kernel %s larger than padded input %s (pad %d)",
 				       loom_shape_str(&w->shape, bw, sizeof(bw)),
 				       loom_shape_str(&x->shape, bx, sizeof(bx)), pad), 0;
-	int64_t d[4] = { xd[0], wd[0], ho, wo };
-	n->shape = loom_shape_make(4, d);
-	n->dtype = x->dtype;
 	return 1;
 }
 

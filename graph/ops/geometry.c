@@ -53,3 +53,17 @@ void loom_pool_shape_of(const loom_graph *g, loom_value v, loom_pool_shape *s)
 	s->w_out = (int)y->shape.dims[3];
 	s->relu = n->a.pool.relu;
 }
+
+int loom_window_result(loom_node *n, const loom_node *x, int64_t c, int64_t kh, int64_t kw,
+		       int stride, int pad)
+{
+	const int64_t *xd = x->shape.dims;
+	int64_t ho = loom_window_out(xd[2], kh, stride, pad);
+	int64_t wo = loom_window_out(xd[3], kw, stride, pad);
+	if (ho <= 0 || wo <= 0)
+		return 0;
+	int64_t d[4] = { xd[0], c, ho, wo };
+	n->shape = loom_shape_make(4, d);
+	n->dtype = x->dtype;
+	return 1;
+}

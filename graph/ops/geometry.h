@@ -40,6 +40,12 @@ static inline int64_t loom_window_out(int64_t in, int64_t k, int64_t stride, int
 	return (in + 2 * pad - k) / stride + 1;
 }
 
+/* Node n's result as a window op's over x [N, C, H, W]: [N, c, H_out,
+ * W_out] of x's dtype for a kh x kw window; 0, n untouched, when the window
+ * does not fit (the op's shape rule says so in its own words). */
+int loom_window_result(loom_node *n, const loom_node *x, int64_t c, int64_t kh, int64_t kw,
+		       int stride, int pad);
+
 /* The geometry of node v: a CONV2D (x, w[, b]) -> y, or one of its backward
  * nodes CONV2D_BWD_DATA (dy, w) -> dx and CONV2D_BWD_FILTER (dy, x) -> dw. */
 void loom_conv_shape_of(const loom_graph *g, loom_value v, loom_conv_shape *s);

@@ -103,28 +103,18 @@ loom_value loom_buffer(loom_graph *g, const char *name, loom_dtype dt, int ndim,
 	return leaf(g, LOOM_OP_BUFFER, name, dt, ndim, dims, init, 0);
 }
 
-const loom_op_def loom_op_input = {
-	.name = "input",
-	.kind = LOOM_OPK_LEAF,
-	.attrs = LOOM_ATTRS_LEAF,
-	.flags = LOOM_OPF_FED,
-	.shape = shape_input,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+/* A leaf op's row, as LOOM_FORWARD_OP (ops.h) makes a forward op's: the
+ * leaf attributes, AMP follows what the leaf holds. */
+#define LEAF_OP(low, shape_fn, ...)                   \
+	const loom_op_def loom_op_##low = {           \
+		.name = #low,                         \
+		.kind = LOOM_OPK_LEAF,                \
+		.attrs = LOOM_ATTRS_LEAF,             \
+		.shape = shape_fn,                    \
+		.amp = { .cls = LOOM_AMP_FOLLOW },    \
+		__VA_ARGS__                           \
+	}
 
-const loom_op_def loom_op_param = {
-	.name = "param",
-	.kind = LOOM_OPK_LEAF,
-	.attrs = LOOM_ATTRS_LEAF,
-	.flags = LOOM_OPF_TRAINABLE,
-	.shape = shape_param,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
-
-const loom_op_def loom_op_buffer = {
-	.name = "buffer",
-	.kind = LOOM_OPK_LEAF,
-	.attrs = LOOM_ATTRS_LEAF,
-	.shape = shape_param,
-	.amp = { .cls = LOOM_AMP_FOLLOW },
-};
+LEAF_OP(input, shape_input, .flags = LOOM_OPF_FED);
+LEAF_OP(param, shape_param, .flags = LOOM_OPF_TRAINABLE);
+LEAF_OP(buffer, shape_param);

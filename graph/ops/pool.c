@@ -27,15 +27,9 @@ static int shape_maxpool2d(loom_graph *g, loom_node *n)
 		return loom_graph_fail(g, LOOM_ERR_INVALID,
 				       "maxpool2d: kernel %d, stride %d, pad %d invalid (pad at most half the kernel)",
 				       kernel, stride, pad), 0;
-	const int64_t *d = x->shape.dims;
-	int64_t ho = loom_window_out(d[2], kernel, stride, pad);
-	int64_t wo = loom_window_out(d[3], kernel, stride, pad);
-	if (ho <= 0 || wo <= 0)
+	if (!loom_window_result(n, x, x->shape.dims[1], kernel, kernel, stride, pad))
 		return loom_graph_fail(g, LOOM_ERR_SHAPE, "maxpool2d: kernel %d larger than input %s",
 				       kernel, loom_shape_str(&x->shape, bx, sizeof(bx))), 0;
-	int64_t o[4] = { d[0], d[1], ho, wo };
-	n->shape = loom_shape_make(4, o);
-	n->dtype = x->dtype;
 	return 1;
 }
 
