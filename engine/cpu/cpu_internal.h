@@ -117,6 +117,33 @@ static inline void loom_cpu_half_done(loom_dtype dt, void *p, int64_t off, int64
 		loom_cpu_bf16_done(p, dt == LOOM_BF16, off, n, buf);
 }
 
+/* The fused gradient sums (ln_bwd_accum.c, emb_bwd_accum.c): d (f32, n
+ * elements) as the unfused node stored it (rounded into tout and widened
+ * back where round), plus the addend's elements [off, off + n) (dtype
+ * tacc), stored into out at off in tout. out may be the addend itself:
+ * each element is read before it is written. ab, hb: n-element scratch. */
+static inline void loom_cpu_accum_store(loom_dtype tout, void *out, loom_dtype tacc,
+					const void *acc, int64_t off, int64_t n, float *d,
+					float *ab, uint16_t *hb, int round)
+{
+	if (tout != LOOM_F32 && round) {
+		loom_cpu_half_done(tout, hb, 0, n, d);
+		loom_cpu_half_in(tout, hb, 0, n, d);
+	}
+	const float *pa = loom_cpu_half_in(tacc, acc, off, n, ab);
+	if (tout == LOOM_F32) {
+		float *o = (float *)out + off;
+#pragma omp simd
+		for (int64_t i = 0; i < n; i++)
+			o[i] = pa[i] + d[i];
+		return;
+	}
+#pragma omp simd
+	for (int64_t i = 0; i < n; i++)
+		d[i] = pa[i] + d[i];
+	loom_cpu_half_done(tout, out, off, n, d);
+}
+
 static inline size_t loom_cpu_align64(size_t x)
 {
 	return (x + 63) & ~(size_t)63;

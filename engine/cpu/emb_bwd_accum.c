@@ -69,22 +69,8 @@ static void row(const emb_accum_args *g, int r, float *sum, float *buf, float *a
 			sum[j] += d[j];
 	}
 	/* the row as the unfused node stored it (zero stays zero) */
-	if (g->tout != LOOM_F32 && g->start[r] < g->start[r + 1]) {
-		loom_cpu_half_done(g->tout, hb, 0, c, sum);
-		loom_cpu_half_in(g->tout, hb, 0, c, sum);
-	}
-	const float *pa = loom_cpu_half_in(g->tacc, g->acc, off, c, ab);
-	if (g->tout == LOOM_F32) {
-		float *o = (float *)g->out + off; /* may be pa itself: element by element */
-#pragma omp simd
-		for (int j = 0; j < c; j++)
-			o[j] = pa[j] + sum[j];
-		return;
-	}
-#pragma omp simd
-	for (int j = 0; j < c; j++)
-		sum[j] = pa[j] + sum[j];
-	loom_cpu_half_done(g->tout, g->out, off, c, sum);
+	loom_cpu_accum_store(g->tout, g->out, g->tacc, g->acc, off, c, sum, ab, hb,
+			     g->start[r] < g->start[r + 1]);
 }
 
 static void emb_accum_rows(const emb_accum_args *g)

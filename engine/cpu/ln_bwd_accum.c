@@ -42,22 +42,7 @@ static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const floa
 	const float *px = loom_cpu_half_in(g->x.t, g->x.p, off, n, xb);
 	const float *pdy = loom_cpu_half_in(g->dy.t, g->dy.p, off, n, yb);
 	g->kernel(nr, g->c, px, gam, pdy, g->eps, d);
-	if (g->out.t != LOOM_F32) { /* dx as the unfused node stored it */
-		loom_cpu_half_done(g->out.t, hb, 0, n, d);
-		loom_cpu_half_in(g->out.t, hb, 0, n, d);
-	}
-	const float *pa = loom_cpu_half_in(g->acc.t, g->acc.p, off, n, ab);
-	if (g->out.t == LOOM_F32) {
-		float *o = (float *)g->out.p + off; /* may be pa itself: element by element */
-#pragma omp simd
-		for (int64_t i = 0; i < n; i++)
-			o[i] = pa[i] + d[i];
-		return;
-	}
-#pragma omp simd
-	for (int64_t i = 0; i < n; i++)
-		d[i] = pa[i] + d[i];
-	loom_cpu_half_done(g->out.t, g->out.p, off, n, d);
+	loom_cpu_accum_store(g->out.t, g->out.p, g->acc.t, g->acc.p, off, n, d, ab, hb, 1);
 }
 
 static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)

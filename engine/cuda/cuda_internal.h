@@ -902,6 +902,20 @@ static inline const loom_node *loom_cuda_src(const loom_plan *p, loom_value v, i
 	return &p->g->nodes[p->g->nodes[v].src[i]];
 }
 
+/* The other gradient a fused gradient node v adds its result into (its
+ * last source where it carries LOOM_NODE_ACCUM: graph/fuse.c's
+ * loom_fuse_ln_bwd_accum and loom_fuse_emb_bwd_accum), and its dtype in
+ * *dt; else NULL. */
+static inline const void *loom_cuda_addend(const loom_plan *p, loom_value v,
+					   const loom_cuda_io *io, int *dt)
+{
+	const loom_node *n = loom_cuda_node(p, v);
+	if (!(n->flags & LOOM_NODE_ACCUM))
+		return NULL;
+	*dt = io->dt[n->nsrc - 1];
+	return io->src[n->nsrc - 1];
+}
+
 /* The saved slot node v writes (want == v: only a slot of its own) or
  * reads (want == LOOM_NONE: its forward's); NULL if it has none. */
 static inline void *loom_cuda_saved_slot(const loom_cuda_ctx *c, loom_value v, loom_value want)

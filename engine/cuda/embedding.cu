@@ -122,18 +122,6 @@ int loom_cuda_emb_bwd_accum_fusable(const loom_graph *g, loom_value d, loom_valu
 	return 1;
 }
 
-/* The other gradient an EMBEDDING_BWD node v adds its rows into (its last
- * source, LOOM_NODE_ACCUM), else NULL. */
-static const void *emb_addend(const loom_plan *plan, loom_value v, const loom_cuda_io *io,
-			      int *adt)
-{
-	const loom_node *n = loom_cuda_node(plan, v);
-	if (!(n->flags & LOOM_NODE_ACCUM))
-		return NULL;
-	*adt = io->dt[n->nsrc - 1];
-	return io->src[n->nsrc - 1];
-}
-
 /* The bits a key in [0, v] needs. */
 static int key_bits(int v)
 {
@@ -195,7 +183,7 @@ static loom_status embedding_bwd_bucket(loom_cuda_ctx *c, const loom_plan *plan,
 	int32_t *key = (int32_t *)base, *val = (int32_t *)(base + part);
 	int32_t *skey = (int32_t *)(base + 2 * part), *sval = (int32_t *)(base + 3 * part);
 	int adt = 0;
-	const void *add = emb_addend(plan, v, io, &adt);
+	const void *add = loom_cuda_addend(plan, v, io, &adt);
 	/* The rows no id touches: zero, or the other gradient's (nothing to
 	 * do where the result is its bytes). */
 	loom_status st = !add ? LOOM_CUDA_CHECK(cudaMemsetAsync(io->out, 0,
@@ -248,7 +236,7 @@ loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, 
 	if ((st = embedding_bwd_bucket(c, plan, v, io, &done)) != LOOM_OK || done)
 		return st;
 	int adt = 0;
-	const void *add = emb_addend(plan, v, io, &adt);
+	const void *add = loom_cuda_addend(plan, v, io, &adt);
 	float *acc = n->dtype == LOOM_F32 && !add ? (float *)io->out : (float *)c->arena->ws;
 	st = LOOM_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(float) * total, c->stream),
 					 c->err, sizeof(c->err));

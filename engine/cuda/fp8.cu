@@ -447,15 +447,6 @@ static loom_value amax_producer_rule(const loom_graph *g, loom_value q)
 	return x;
 }
 
-/* Whether node v is a step of this rank's plan. */
-static int amax_runs_here(const loom_plan *p, loom_value v)
-{
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == v)
-			return 1;
-	return 0;
-}
-
 /*
  * plan_create's pass (fuse_plan.cu, after every node's own plan): each
  * FP8_QDQ the rule above takes gets its producer's kernel to fill its
@@ -474,8 +465,8 @@ loom_status loom_cuda_fp8_amax_plan(loom_cuda_ctx *c, const loom_plan *p)
 	for (loom_value q = 0; q < p->g->n; q++) {
 		const loom_value x = amax_producer_rule(p->g, q);
 		if (x == LOOM_NONE || c->plans[x].fused_into != LOOM_NONE ||
-		    c->plans[x].fp8_amax != LOOM_NONE || !amax_runs_here(p, q) ||
-		    !amax_runs_here(p, x))
+		    c->plans[x].fp8_amax != LOOM_NONE || loom_step_of(p, q) < 0 ||
+		    loom_step_of(p, x) < 0)
 			continue;
 		c->plans[x].fp8_amax = q;
 		c->plans[q].fp8_amax = x;

@@ -878,18 +878,6 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	return LOOM_OK;
 }
 
-/* The addend a LAYERNORM_BWD_DATA node v adds dx into (graph/fuse.c's
- * loom_fuse_ln_bwd_accum: its last source, LOOM_NODE_ACCUM), else NULL. */
-static const void *ln_addend(const loom_plan *plan, loom_value v, const loom_cuda_io *io,
-			     int *accdt)
-{
-	const loom_node *n = loom_cuda_node(plan, v);
-	if (!(n->flags & LOOM_NODE_ACCUM))
-		return NULL;
-	*accdt = io->dt[n->nsrc - 1];
-	return io->src[n->nsrc - 1];
-}
-
 /* LOOM_CUDA_LN_BWD=warp: dx with the siblings dgamma and dbeta, a warp
  * per row in fp32, then one fold of the blocks' parts. dx is added into
  * the residual's other gradient where the plan fused the sum
@@ -902,7 +890,7 @@ static loom_status layernorm_bwd_warp(loom_cuda_ctx *c, const loom_plan *plan, l
 	const int64_t rows = loom_shape_rows(&n->shape);
 	const int cc = (int)loom_shape_last(&n->shape);
 	int accdt = LOOM_F32;
-	const void *acc = ln_addend(plan, v, io, &accdt);
+	const void *acc = loom_cuda_addend(plan, v, io, &accdt);
 	const void *ptrs[5] = { io->src[0], io->src[1], io->src[2], io->out, acc };
 	const size_t shm = 2 * sizeof(float) * (size_t)cc;
 	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
@@ -949,7 +937,7 @@ static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, 
 	double *part_b = (double *)((char *)c->arena->ws +
 				    loom_cuda_align(sizeof(double) * (size_t)chunks * (size_t)cc));
 	int accdt = LOOM_F32;
-	const void *acc = ln_addend(plan, v, io, &accdt);
+	const void *acc = loom_cuda_addend(plan, v, io, &accdt);
 	const void *ptrs[5] = { io->src[0], io->src[1], io->src[2], io->out, acc };
 	const size_t shm = 2 * sizeof(double) * (size_t)cc;
 	const double *stats = (const double *)loom_cuda_saved_slot(c, v, LOOM_NONE);
@@ -991,7 +979,7 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
 		return layernorm_bwd_fused(c, plan, v, io, amax);
 	int accdt = LOOM_F32;
-	const void *acc = ln_addend(plan, v, io, &accdt);
+	const void *acc = loom_cuda_addend(plan, v, io, &accdt);
 	loom_layernorm_bwd_data_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
 		(int)loom_shape_last(&n->shape), io->src[0], io->dt[0], io->src[1], io->dt[1],
 		io->src[2], io->dt[2], n->a.ln.eps, io->out, io->odt, acc, accdt, amax);

@@ -72,10 +72,7 @@ static loom_value qdq_of(const loom_graph *g, loom_value x, int *fmt)
  * value whose QDQ ran on another). */
 static int runs_here(const loom_plan *p, loom_value q)
 {
-	for (int i = 0; i < p->n_steps; i++)
-		if (p->steps[i].kind == LOOM_STEP_NODE && p->steps[i].v == q)
-			return 1;
-	return 0;
+	return loom_step_of(p, q) >= 0;
 }
 
 /* The rule on the graph alone (the fp8 storage pass asks it before a
