@@ -147,6 +147,24 @@ loom_status gpt_two_blocks_norm(gpt *m, int64_t B, int64_t T, int64_t V, int64_t
 	return loom_graph_status(g);
 }
 
+loom_status gpt_tied_block(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
+{
+	loom_value x = gpt_embed(m, B, T, V, C);
+	loom_graph *g = m->g;
+	if (x == LOOM_NONE)
+		return g ? loom_graph_status(g) : LOOM_ERR_NOMEM;
+	int64_t lg[2] = { B * T, V };
+	loom_value h = gpt_layernorm(m, "ln_1", x, C);
+	h = loom_causal_self_attention(g, gpt_linear(m, "c_attn", h, 3 * C, C), 2);
+	x = loom_add(g, x, gpt_linear(m, "c_proj", h, C, C));
+	h = loom_gelu(g, gpt_linear(m, "c_fc", gpt_layernorm(m, "ln_2", x, C), 4 * C, C));
+	x = loom_add(g, x, gpt_linear(m, "mlp_proj", h, C, 4 * C));
+	x = gpt_layernorm(m, "ln_f", x, C);
+	m->logits = loom_reshape(g, loom_linear(g, x, m->wte, LOOM_NONE), 2, lg);
+	m->loss = loom_softmax_cross_entropy(g, m->logits, m->targets);
+	return loom_graph_status(g);
+}
+
 int gpt_train_same_bits(loom_program *a, loom_program *b, const gpt *m, int steps, int64_t B,
 			int64_t T, int64_t V, char *why, size_t len)
 {

@@ -42,6 +42,11 @@ loom_value gpt_embed(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
 loom_status gpt_two_blocks(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
 /* gpt_two_blocks with its five norms RMS norms where rms (gpt_norm). */
 loom_status gpt_two_blocks_norm(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C, int rms);
+/* A new graph in *m as gpt_embed makes it, then one GPT-2 block
+ * (pre-norm, 2 heads, GELU MLP of 4C), a final layer norm and the
+ * classifier tied to wte: m->logits [B*T, V], m->loss their cross-entropy.
+ * The graph's status (LOOM_OK, or its first error). */
+loom_status gpt_tied_block(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C);
 /* The engine's GPT tests' options: the CPU, AdamW (lr 3e-3, weight decay
  * 0.1), amp at level, in bf16 above O0. */
 void gpt_adamw_opts(loom_compile_opts *o, loom_opt_level amp);
@@ -57,5 +62,12 @@ int gpt_train_same_bits(loom_program *a, loom_program *b, const gpt *m, int step
 /* Batch k: tokens, positions and next-token targets, the same for the
  * same k; last_class: the first target is class V - 1. */
 loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class);
+
+/* Plan checks (gpt_plan.c, which reads the program's plan): how many
+ * backward ADD nodes p keeps, and whether value v is placed on the bytes
+ * of value a's root (a sum written in place over its addend, or an addend
+ * lent the sum's bytes). */
+int gpt_backward_adds(const loom_program *p);
+int gpt_same_bytes(const loom_program *p, loom_value v, loom_value a);
 
 #endif /* LOOM_TESTS_ENGINE_GPT_PARTS_H */

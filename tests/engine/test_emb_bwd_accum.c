@@ -29,19 +29,8 @@
 /* One GPT-2 block over the tied table (V rows, padded to 64 by pad 16). */
 static void build(gpt *m)
 {
-	loom_value x = gpt_embed(m, B, T, V, C);
-	cr_assert_neq(x, LOOM_NONE);
-	loom_graph *g = m->g;
-	int64_t lg[2] = { B * T, V };
-	loom_value h = gpt_layernorm(m, "ln_1", x, C);
-	h = loom_causal_self_attention(g, gpt_linear(m, "c_attn", h, 3 * C, C), 2);
-	x = loom_add(g, x, gpt_linear(m, "c_proj", h, C, C));
-	h = loom_gelu(g, gpt_linear(m, "c_fc", gpt_layernorm(m, "ln_2", x, C), 4 * C, C));
-	x = loom_add(g, x, gpt_linear(m, "mlp_proj", h, C, 4 * C));
-	x = gpt_layernorm(m, "ln_f", x, C);
-	m->logits = loom_reshape(g, loom_linear(g, x, m->wte, LOOM_NONE), 2, lg);
-	m->loss = loom_softmax_cross_entropy(g, m->logits, m->targets);
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	cr_assert_eq(gpt_tied_block(m, B, T, V, C), LOOM_OK, "%s",
+		     m->g ? loom_graph_error(m->g) : "no memory");
 }
 
 static loom_program *compile(gpt *m, loom_opt_level amp, int fuse, int pad)
@@ -73,21 +62,9 @@ static int fused(const loom_program *p, int *in_place, int *is_grad)
 			continue;
 		cr_assert_eq(nd->nsrc, 3);
 		n++;
-		loom_value a = p->plan.mp.root[nd->src[2]];
-		*in_place += p->plan.mp.region[v] == p->plan.mp.region[a] &&
-			     p->plan.mp.offset[v] == p->plan.mp.offset[a];
+		*in_place += gpt_same_bytes(p, v, nd->src[2]);
 		*is_grad += (nd->flags & LOOM_NODE_GRAD) != 0;
 	}
-	return n;
-}
-
-/* Backward ADD nodes left in the plan. */
-static int backward_adds(const loom_program *p)
-{
-	const loom_graph *g = p->plan.g;
-	int n = 0;
-	for (loom_value v = 0; v < g->n; v++)
-		n += g->nodes[v].op == LOOM_OP_ADD && (g->nodes[v].flags & LOOM_NODE_BACKWARD);
 	return n;
 }
 
@@ -102,8 +79,8 @@ static void same_bits_at(loom_opt_level amp, int pad)
 	cr_assert_eq(fused(f, &fi, &fg), 1, "O%d pad %d: %d embedding gradients add into the "
 		     "classifier's, expected 1", (int)amp, pad, fused(f, &fi, &fg));
 	cr_assert_eq(fused(u, &ui, &ug), 0, "O%d: LOOM_FUSE_EMB_BWD_ACCUM=0 still fuses", (int)amp);
-	cr_expect_eq(backward_adds(u) - backward_adds(f), 1, "O%d pad %d: %d backward adds "
-		     "unfused, %d fused", (int)amp, pad, backward_adds(u), backward_adds(f));
+	cr_expect_eq(gpt_backward_adds(u) - gpt_backward_adds(f), 1, "O%d pad %d: %d backward adds "
+		     "unfused, %d fused", (int)amp, pad, gpt_backward_adds(u), gpt_backward_adds(f));
 	/* O1: dW bf16 (the product's half output), the table's gradient f32
 	 * (its parameter's): no shared bytes, the rows dW widened. */
 	cr_expect_eq(fi, amp != LOOM_O1, "O%d pad %d: %d sums share dW's bytes, expected %d",

@@ -57,20 +57,8 @@ static int fused(const loom_program *p, loom_op op, int *in_place)
 		n++;
 		/* The same bytes: the plan places a value over a source it
 		 * reads only as an in-place write. */
-		loom_value a = p->plan.mp.root[nd->src[3]];
-		*in_place += p->plan.mp.region[v] == p->plan.mp.region[a] &&
-			     p->plan.mp.offset[v] == p->plan.mp.offset[a];
+		*in_place += gpt_same_bytes(p, v, nd->src[3]);
 	}
-	return n;
-}
-
-/* Backward ADD nodes left in the plan. */
-static int backward_adds(const loom_program *p)
-{
-	const loom_graph *g = p->plan.g;
-	int n = 0;
-	for (loom_value v = 0; v < g->n; v++)
-		n += g->nodes[v].op == LOOM_OP_ADD && (g->nodes[v].flags & LOOM_NODE_BACKWARD);
 	return n;
 }
 
@@ -86,9 +74,9 @@ static void same_bits_at(loom_opt_level amp, int ln_residual, int recompute, int
 	cr_assert_eq(fused(f, op, &fi), 4, "O%d: %d norm gradients add into the residual's, "
 		     "expected 4", (int)amp, fused(f, op, &fi));
 	cr_assert_eq(fused(u, op, &ui), 0, "O%d: LOOM_FUSE_LN_BWD_ACCUM=0 still fuses", (int)amp);
-	cr_expect_eq(backward_adds(u) - backward_adds(f), 4,
-		     "O%d: %d backward adds unfused, %d fused", (int)amp, backward_adds(u),
-		     backward_adds(f));
+	cr_expect_eq(gpt_backward_adds(u) - gpt_backward_adds(f), 4,
+		     "O%d: %d backward adds unfused, %d fused", (int)amp, gpt_backward_adds(u),
+		     gpt_backward_adds(f));
 	cr_expect_eq(fi, 4, "O%d: %d of 4 sums written over their addend", (int)amp, fi);
 	char why[256];
 	cr_assert_eq(gpt_train_same_bits(f, u, &m, STEPS, B, T, V, why, sizeof(why)), 0,

@@ -31,18 +31,9 @@
  * must leave them unpadded). */
 static void build_of(gpt *m, int extra, int64_t vocab)
 {
-	loom_value x = gpt_embed(m, B, T, vocab, C);
-	cr_assert_neq(x, LOOM_NONE);
+	cr_assert_eq(gpt_tied_block(m, B, T, vocab, C), LOOM_OK, "%s",
+		     m->g ? loom_graph_error(m->g) : "no memory");
 	loom_graph *g = m->g;
-	int64_t lg[2] = { B * T, vocab };
-	loom_value h = gpt_layernorm(m, "ln_1", x, C);
-	h = loom_causal_self_attention(g, gpt_linear(m, "c_attn", h, 3 * C, C), 2);
-	x = loom_add(g, x, gpt_linear(m, "c_proj", h, C, C));
-	h = loom_gelu(g, gpt_linear(m, "c_fc", gpt_layernorm(m, "ln_2", x, C), 4 * C, C));
-	x = loom_add(g, x, gpt_linear(m, "mlp_proj", h, C, 4 * C));
-	x = gpt_layernorm(m, "ln_f", x, C);
-	m->logits = loom_reshape(g, loom_linear(g, x, m->wte, LOOM_NONE), 2, lg);
-	m->loss = loom_softmax_cross_entropy(g, m->logits, m->targets);
 	if (extra)
 		m->loss = loom_add(g, m->loss, loom_sum(g, m->logits));
 	loom_mark_output(g, m->logits);
