@@ -4224,6 +4224,18 @@ static int fp8_amax_producers_of(loom_value (*net)(loom_graph *, loom_value *), 
 	return given;
 }
 
+/* At O1 and O2, want of net's fp8 casts take their producer's amax. */
+static void expect_amax_producers(loom_value (*net)(loom_graph *, loom_value *), int want)
+{
+	if (!loom_cuda_test_fp8_amax_producers || !plugin())
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
+	for (int o2 = 0; o2 < 2; o2++) {
+		int qdqs = -1, given = fp8_amax_producers_of(net, o2, &qdqs);
+		cr_expect_eq(given, want, "O%d: %d of %d fp8 casts take their producer's amax, "
+			     "want %d", o2 ? 2 : 1, given, qdqs, want);
+	}
+}
+
 /*
  * The backward's E5M2 casts whose producer gives the amax (no GPU needed,
  * as below): on fp8_deep_net, besides the forward's two (the layer
@@ -4234,13 +4246,7 @@ static int fp8_amax_producers_of(loom_value (*net)(loom_graph *, loom_value *), 
  */
 Test(cuda_ops, fp8_amax_producer_takes_backward_casts)
 {
-	if (!loom_cuda_test_fp8_amax_producers || !plugin())
-		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
-	for (int o2 = 0; o2 < 2; o2++) {
-		int qdqs = -1, given = fp8_amax_producers_of(fp8_deep_net, o2, &qdqs);
-		cr_expect_eq(given, 4, "O%d: %d of %d fp8 casts take their producer's amax, want 4",
-			     o2 ? 2 : 1, given, qdqs);
-	}
+	expect_amax_producers(fp8_deep_net, 4);
 }
 
 /*
@@ -4254,13 +4260,7 @@ Test(cuda_ops, fp8_amax_producer_takes_backward_casts)
  */
 Test(cuda_ops, fp8_amax_producer_takes_ln_and_gelu)
 {
-	if (!loom_cuda_test_fp8_amax_producers || !plugin())
-		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
-	for (int o2 = 0; o2 < 2; o2++) {
-		int qdqs = -1, given = fp8_amax_producers_of(fp8_ln_block_net, o2, &qdqs);
-		cr_expect_eq(given, 3, "O%d: %d of %d fp8 casts take their producer's amax, want 3",
-			     o2 ? 2 : 1, given, qdqs);
-	}
+	expect_amax_producers(fp8_ln_block_net, 3);
 }
 
 /* FP8 casts whose --dump-graph note says their producer gives the amax. */
