@@ -276,6 +276,18 @@ static __device__ __forceinline__ double warp_sum(double v)
 	return v;
 }
 
+/* The backward's loads at column j of row o (element o + j): x, dy and
+ * gamma, W of each. */
+template <int W>
+static __device__ __forceinline__ void ln_bwd_ldv(const void *x, int xdt, const void *dy, int dydt,
+						  const void *g, int gdt, int64_t o, int j,
+						  float xv[W], float dv[W], float gv[W])
+{
+	ln_ldv<W>(x, xdt, o + j, xv);
+	ln_ldv<W>(dy, dydt, o + j, dv);
+	ln_ldv<W>(g, gdt, j, gv);
+}
+
 /* The rest of a warp's row r once its mean m is known: rstd (a second
  * pass, from L1), the saved statistics, y = (x - mean) rstd gamma + beta;
  * the lane's max |y| as stored, returned (an FP8 cast's amax). */
@@ -315,14 +327,17 @@ static __device__ __forceinline__ float ln_warp_finish(int64_t r, int c, int lan
 	return ym;
 }
 
-/* One warp per row: the mean of the row, then ln_warp_finish; amax not
- * NULL: the block's max |y| into it (loom_amax_commit: every thread of the
- * block takes part, a warp past the last row with 0). */
-template <int W>
-__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
-					       const void *g, int gdt, const void *b, int bdt,
-					       double eps, void *y, int ydt, double *stats,
-					       unsigned *amax)
+/* One warp per row, both forward warp kernels': row r's W values from
+ * column j by ld(r c + j, v) (the sum as stored, for the residual kernel)
+ * into the row's total, the mean, then ln_warp_finish over xs (the row as
+ * ld left it); amax not NULL: the block's max |y| into it
+ * (loom_amax_commit: every thread of the block takes part, a warp past
+ * the last row with 0). */
+template <int W, typename Ld>
+static __device__ __forceinline__ void ln_fwd_warp_rows(int64_t rows, int c, Ld ld, const void *xs,
+							int xsdt, const void *g, int gdt,
+							const void *b, int bdt, double eps, void *y,
+							int ydt, double *stats, unsigned *amax)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -331,15 +346,27 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
 		float v[W];
 		double s = 0;
 		for (int j = lane * W; j < c; j += 32 * W) {
-			ln_ldv<W>(x, xdt, r * c + j, v);
+			ld(r * c + j, v);
 #pragma unroll
 			for (int k = 0; k < W; k++)
 				s += v[k];
 		}
-		ym = ln_warp_finish<W>(r, c, lane, x, xdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y,
+		ym = ln_warp_finish<W>(r, c, lane, xs, xsdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y,
 				       ydt, stats);
 	}
 	loom_amax_commit(amax, ym);
+}
+
+/* One warp per row: ln_fwd_warp_rows over x. */
+template <int W>
+__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
+					       const void *g, int gdt, const void *b, int bdt,
+					       double eps, void *y, int ydt, double *stats,
+					       unsigned *amax)
+{
+	ln_fwd_warp_rows<W>(
+		rows, c, [&](int64_t i, float v[W]) { ln_ldv<W>(x, xdt, i, v); }, x, xdt, g, gdt, b,
+		bdt, eps, y, ydt, stats, amax);
 }
 
 /*
@@ -349,7 +376,8 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
  * loom_add_kernel), each lane reading back what it stored (the rounded
  * value the layer norm reads unfused) into the row's total; then
  * ln_warp_finish over the stored sum, the forward warp kernel's own
- * arithmetic. LOOM_CUDA_LN_RESIDUAL; never run on a GPU yet.
+ * arithmetic (ln_fwd_warp_rows; amax: the layer norm's y, as there).
+ * LOOM_CUDA_LN_RESIDUAL; never run on a GPU yet.
  */
 template <int W>
 __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, int adt,
@@ -358,28 +386,18 @@ __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, 
 					    double eps, void *y, int ydt, double *stats,
 					    unsigned *amax)
 {
-	const int lane = threadIdx.x & 31;
-	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-	float ym = 0.0f;
-	if (r < rows) {
-		float v[W], w[W];
-		double s = 0;
-		for (int j = lane * W; j < c; j += 32 * W) {
-			ln_ldv<W>(a, adt, r * c + j, v);
-			ln_ldv<W>(b, bdt, r * c + j, w);
+	const auto add = [&](int64_t i, float v[W]) {
+		float w[W];
+		ln_ldv<W>(a, adt, i, v);
+		ln_ldv<W>(b, bdt, i, w);
 #pragma unroll
-			for (int k = 0; k < W; k++)
-				v[k] += w[k];
-			ln_stv<W>(sum, sdt, r * c + j, v);
-			ln_ldv<W>(sum, sdt, r * c + j, v);
-#pragma unroll
-			for (int k = 0; k < W; k++)
-				s += v[k];
-		}
-		ym = ln_warp_finish<W>(r, c, lane, sum, sdt, warp_sum(s) / c, g, gdt, beta, betadt,
-				       eps, y, ydt, stats);
-	}
-	loom_amax_commit(amax, ym); /* the layer norm's y, as the warp kernel's */
+		for (int k = 0; k < W; k++)
+			v[k] += w[k];
+		ln_stv<W>(sum, sdt, i, v);
+		ln_ldv<W>(sum, sdt, i, v);
+	};
+	ln_fwd_warp_rows<W>(rows, c, add, sum, sdt, g, gdt, beta, betadt, eps, y, ydt, stats,
+			    amax);
 }
 
 /*
@@ -438,9 +456,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 			rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
 		}
 		for (int j = threadIdx.x * W; j < c; j += step) {
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int q = 0; q < W; q++) {
 				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
@@ -453,9 +469,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 		a = loom_block_sum(a) / c;
 		b = loom_block_sum(b) / c;
 		for (int j = threadIdx.x * W; j < c; j += step) {
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int q = 0; q < W; q++) {
 				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
@@ -501,33 +515,39 @@ static __device__ __forceinline__ float warp_sum_f(float v)
 	return v;
 }
 
+/* A lane's column groups q < G that lie in the row (c columns): f(j),
+ * j = (q 32 + lane) W the group's first column; the loop unrolled U
+ * times. */
+template <int W, int G, int U, typename F>
+static __device__ __forceinline__ void ln_lane_cols(int c, int lane, F f)
+{
+#pragma unroll(U)
+	for (int q = 0; q < G; q++) {
+		const int j = (q * 32 + lane) * W;
+		if (j < c)
+			f(j);
+	}
+}
+
 /* The row's mean and rstd in fp32 (two passes, the second from L1). */
 template <int W, int G>
 static __device__ void ln_row_stats_f(const void *x, int xdt, int64_t o, int c, float eps,
 				      int lane, float *mean, float *rstd)
 {
 	float v[W], s = 0, ss = 0;
+	ln_lane_cols<W, G, G>(c, lane, [&](int j) {
+		ln_ldv<W>(x, xdt, o + j, v);
 #pragma unroll
-	for (int q = 0; q < G; q++) {
-		const int j = (q * 32 + lane) * W;
-		if (j < c) {
-			ln_ldv<W>(x, xdt, o + j, v);
-#pragma unroll
-			for (int k = 0; k < W; k++)
-				s += v[k];
-		}
-	}
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	});
 	const float m = warp_sum_f(s) / c;
+	ln_lane_cols<W, G, G>(c, lane, [&](int j) {
+		ln_ldv<W>(x, xdt, o + j, v);
 #pragma unroll
-	for (int q = 0; q < G; q++) {
-		const int j = (q * 32 + lane) * W;
-		if (j < c) {
-			ln_ldv<W>(x, xdt, o + j, v);
-#pragma unroll
-			for (int k = 0; k < W; k++)
-				ss += (v[k] - m) * (v[k] - m);
-		}
-	}
+		for (int k = 0; k < W; k++)
+			ss += (v[k] - m) * (v[k] - m);
+	});
 	*mean = m;
 	*rstd = rsqrtf(warp_sum_f(ss) / c + eps);
 }
@@ -557,14 +577,15 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		} else {
 			ln_row_stats_f<W, G>(x, xdt, o, c, eps, lane, &m, &rs);
 		}
+		/* Its own loop over q (q indexes dg and db), not ln_lane_cols:
+		 * through the lambda nvcc unrolled it otherwise (the kernel some
+		 * 3 times smaller, neither version measured). */
 #pragma unroll
 		for (int q = 0; q < G; q++) {
 			const int j = (q * 32 + lane) * W;
 			if (j >= c)
 				continue;
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int k = 0; k < W; k++) {
 				const float xh = (xv[k] - m) * rs, gd = gv[k] * dv[k];
@@ -580,21 +601,15 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		 * kernel (W = 1, G = 32) leaves it rolled: unrolled 32 times with
 		 * the loads' and the addend's dtype switches, its PTX alone was
 		 * 520k lines and the file took over 25 minutes to compile. */
-#pragma unroll(W == 1 ? 1 : G)
-		for (int q = 0; q < G; q++) {
-			const int j = (q * 32 + lane) * W;
-			if (j >= c)
-				continue;
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+		ln_lane_cols<W, G, W == 1 ? 1 : G>(c, lane, [&](int j) {
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int k = 0; k < W; k++)
 				xv[k] = rs * (gv[k] * dv[k] - a - (xv[k] - m) * rs * b);
 			ln_accv<W>(acc, accdt, dxdt, o + j, xv);
 			ym = ln_vmax<W>(dxdt, xv, ym);
 			ln_stv<W>(dx, dxdt, o + j, xv);
-		}
+		});
 	}
 	/* The warps' registers into shared memory, warp 0 first. */
 	for (int w = 0; w < nwarps; w++) {
@@ -699,14 +714,24 @@ static int ln_fwd_warp_fits(int64_t rows)
 	return rows / (threads / 32) < 2147483647LL;
 }
 
+/* Node w's rows to launch over, its FP8 cast's amax begun into *amax
+ * (fp8.cu; NULL: none): 0 where there are none or *st is not LOOM_OK. */
+static int64_t ln_rows_begin(loom_cuda_ctx *c, const loom_plan *p, loom_value w,
+			     unsigned **amax, loom_status *st)
+{
+	*amax = NULL;
+	*st = loom_cuda_fp8_amax_begin(c, w, amax);
+	return *st == LOOM_OK ? loom_shape_rows(&loom_cuda_node(p, w)->shape) : 0;
+}
+
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io)
 {
 	const loom_node *n = loom_cuda_node(plan, v);
-	int64_t rows = loom_shape_rows(&n->shape);
-	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
-	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
-	if (st != LOOM_OK || rows <= 0)
+	unsigned *amax;
+	loom_status st;
+	const int64_t rows = ln_rows_begin(c, plan, v, &amax, &st);
+	if (rows <= 0)
 		return st;
 	if (ln_fwd_warp_fits(rows))
 		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io,
@@ -786,7 +811,6 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 	if (w == LOOM_NONE)
 		return 0;
 	const loom_node *l = loom_cuda_node(p, w);
-	const int64_t rows = loom_shape_rows(&l->shape);
 	ln_residual_ptrs q = {
 		.a = io->src[0], .b = io->src[1],
 		.g = loom_arena_ptr(c->arena, p, l->src[1]),
@@ -796,9 +820,9 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 		.gdt = loom_cuda_src(p, w, 1)->dtype, .betadt = loom_cuda_src(p, w, 2)->dtype,
 		.ydt = l->dtype,
 	};
-	unsigned *amax = NULL; /* the layer norm's FP8 amax (fp8.cu) */
-	*st = loom_cuda_fp8_amax_begin(c, w, &amax);
-	if (*st == LOOM_OK && rows > 0)
+	unsigned *amax; /* the layer norm's FP8 amax */
+	const int64_t rows = ln_rows_begin(c, p, w, &amax, st);
+	if (rows > 0)
 		*st = ln_residual_fwd(c->err, c->stream, rows, (int)loom_shape_last(&l->shape),
 				      l->a.ln.eps, &q, (double *)loom_cuda_saved_slot(c, w, w), amax);
 	return 1;
@@ -969,10 +993,10 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 					    loom_value v, const loom_cuda_io *io)
 {
 	const loom_node *n = loom_cuda_node(plan, v);
-	int64_t rows = loom_shape_rows(&n->shape);
-	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
-	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
-	if (st != LOOM_OK || rows <= 0)
+	unsigned *amax;
+	loom_status st;
+	const int64_t rows = ln_rows_begin(c, plan, v, &amax, &st);
+	if (rows <= 0)
 		return st;
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN && ln_warp_fits(loom_shape_last(&n->shape)))
 		return layernorm_bwd_warp(c, plan, v, io, amax);
