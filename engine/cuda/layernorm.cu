@@ -134,48 +134,20 @@ __global__ void loom_layernorm_stats_kernel(int c, const void *x, int xdt, doubl
 	}
 }
 
-/* dgamma[j] = sum over rows of dy xhat, in two launches whose order of
- * additions depends only on the shape (deterministic, as the CPU's is):
- * the rows are cut into chunks of `per` rows; block (x, k) of 32 x 8
- * threads sums chunk k for 32 columns (thread row y takes rows y, y + 8,
- * ..., the warp's 32 columns side by side, so each load is coalesced), its
- * 8 partial sums added in y order into part[k * c + j]; then one thread
- * per column adds the chunks' parts in k order. One thread per column over
- * all rows (the first version) ran 768 threads for GPT-2: 75 of 166 ms of
- * its step on an H200. */
-static const int ln_cols = 32, ln_lanes = 8;
-
+/* dgamma[j] = sum over rows of dy xhat, in double, through dtype.cuh's
+ * column sums (loom_colsum_part, then loom_colsum_fold_kernel): the order
+ * of additions depends only on the shape (deterministic, as the CPU's
+ * is). One thread per column over all rows (the first version) ran 768
+ * threads for GPT-2: 75 of 166 ms of its step on an H200. */
 __global__ void loom_layernorm_bwd_gamma_part_kernel(int64_t rows, int64_t per, int c,
 						     const void *x, int xdt, const void *dy,
 						     int dydt, const double *stats, double *part)
 {
-	__shared__ double sh[ln_lanes][ln_cols + 1];
-	const int j = blockIdx.x * ln_cols + threadIdx.x;
-	const int64_t k = blockIdx.y, end = (k + 1) * per < rows ? (k + 1) * per : rows;
-	double s = 0;
-	if (j < c)
-		for (int64_t r = k * per + threadIdx.y; r < end; r += ln_lanes)
-			s += (double)loom_ld(dy, dydt, r * c + j) *
-			     (loom_ld(x, xdt, r * c + j) - stats[2 * r]) * stats[2 * r + 1];
-	sh[threadIdx.y][threadIdx.x] = s;
-	__syncthreads();
-	if (threadIdx.y == 0 && j < c) {
-		double t = 0;
-		for (int y = 0; y < ln_lanes; y++)
-			t += sh[y][threadIdx.x];
-		part[k * c + j] = t;
-	}
-}
-
-__global__ void loom_layernorm_bwd_gamma_fold_kernel(int chunks, int c, const double *part,
-						     void *dg, int dgdt)
-{
-	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
-		double s = 0;
-		for (int k = 0; k < chunks; k++)
-			s += part[(int64_t)k * c + j];
-		loom_st(dg, dgdt, j, (float)s);
-	}
+	const auto term = [=](int64_t r, int j) {
+		return (double)loom_ld(dy, dydt, r * c + j) *
+		       (loom_ld(x, xdt, r * c + j) - stats[2 * r]) * stats[2 * r + 1];
+	};
+	loom_colsum_part<double>(rows, per, c, term, part);
 }
 
 /* The chunking of loom_layernorm_bwd_gamma_part_kernel: at most
@@ -406,7 +378,7 @@ __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, 
  * each thread owns the same columns in every row, so it adds the chunk's
  * dy xhat and dy into its own columns of shared memory (acc: 2c doubles)
  * with no atomics, in row order; the chunks' parts go to part_g, part_b
- * ([chunks, c]) and loom_layernorm_bwd_gamma_fold_kernel adds them in
+ * ([chunks, c]) and loom_colsum_fold_kernel adds them in
  * chunk order. Every sum's order depends only on the shape: the same bits
  * every run. The row's statistics are recomputed from the row the block
  * reads anyway (no saved mean/rstd to keep alive between the passes); the
@@ -632,6 +604,8 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		part[(int64_t)blockIdx.x * 2 * c + j] = sacc[j];
 	loom_amax_commit(amax, ym);
 }
+
+static const int ln_cols = 32, ln_lanes = 8;
 
 /* The blocks' parts added in block order: block x of 32 x 8 threads takes
  * 32 of the 2c columns, thread row y the parts y, y + 8, ...; then row 0
@@ -981,8 +955,7 @@ static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, 
 	for (int i = 0; i < 2 && st == LOOM_OK; i++) {
 		if (sib[i] == LOOM_NONE)
 			continue;
-		loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0,
-						       c->stream>>>(
+		loom_colsum_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
 			chunks, cc, part[i], loom_arena_ptr(c->arena, plan, sib[i]), loom_cuda_node(plan, sib[i])->dtype);
 		st = LOOM_CUDA_LAUNCHED(c->err);
 	}
@@ -1030,12 +1003,13 @@ loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *c, const loom_plan *
 	double *part = (double *)((char *)c->arena->ws + loom_cuda_align(2 * sizeof(double) * (size_t)rows));
 	if (cc <= 0)
 		return LOOM_OK;
-	dim3 grid((unsigned)((cc + ln_cols - 1) / ln_cols), (unsigned)chunks), block(ln_cols, ln_lanes);
+	dim3 grid((unsigned)((cc + LOOM_COLSUM_COLS - 1) / LOOM_COLSUM_COLS), (unsigned)chunks),
+		block(LOOM_COLSUM_COLS, LOOM_COLSUM_LANES);
 	loom_layernorm_bwd_gamma_part_kernel<<<grid, block, 0, c->stream>>>(
 		rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], stats, part);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 		return st;
-	loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
+	loom_colsum_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
 		chunks, cc, part, io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
