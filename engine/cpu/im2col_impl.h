@@ -7,25 +7,47 @@
  * may leave some unused.
  */
 
-/* One image x[c_in, h_in, w_in] to col[c_in*kh*kw, ho*wo]; padding reads 0. */
-static inline void LOOM_CPU_FN(im2col)(const loom_conv_shape *s, const T *x, T *col)
+/*
+ * im2col's index map, walked once for both directions: column row
+ * (c, ki, kj, oh) of col[c_in*kh*kw, ho*wo] holds image row
+ * ih = oh st - pad + ki of channel c at columns ow st + off, ow in [lo, hi)
+ * (loom_cpu_valid_range), padding elsewhere. adj 0 (im2col): img read
+ * into col, padding 0; adj 1 (col2im): col added into img, padding
+ * dropped. Both callers pass adj as a constant and it is inlined into
+ * each, so each gets its own loops.
+ */
+static inline __attribute__((always_inline)) void
+LOOM_CPU_FN(im2col_map)(const loom_conv_shape *s, T *img, T *col, int adj)
 {
 	const int ho = s->h_out, wo = s->w_out, st = s->stride, pad = s->pad;
 	const int64_t plane = (int64_t)s->h_in * s->w_in;
 
 	for (int c = 0; c < s->c_in; c++) {
-		const T *src = x + c * plane;
+		T *ch = img + c * plane;
 		for (int ki = 0; ki < s->kh; ki++) {
 			for (int kj = 0; kj < s->kw; kj++) {
 				int off = kj - pad, lo, hi;
 				loom_cpu_valid_range(off, st, s->w_in, wo, &lo, &hi);
 				for (int oh = 0; oh < ho; oh++, col += wo) {
 					int ih = oh * st - pad + ki;
+					if (adj) {
+						if (ih < 0 || ih >= s->h_in)
+							continue;
+						T *row = ch + (int64_t)ih * s->w_in + off;
+						if (st == 1) {
+							for (int ow = lo; ow < hi; ow++)
+								row[ow] += col[ow];
+						} else {
+							for (int ow = lo; ow < hi; ow++)
+								row[ow * st] += col[ow];
+						}
+						continue;
+					}
 					if (ih < 0 || ih >= s->h_in) {
 						memset(col, 0, sizeof(T) * wo);
 						continue;
 					}
-					const T *row = src + (int64_t)ih * s->w_in;
+					const T *row = ch + (int64_t)ih * s->w_in;
 					for (int ow = 0; ow < lo; ow++)
 						col[ow] = 0;
 					/* Rows are short (14 for conv2): an inline loop
@@ -42,6 +64,13 @@ static inline void LOOM_CPU_FN(im2col)(const loom_conv_shape *s, const T *x, T *
 			}
 		}
 	}
+}
+
+/* One image x[c_in, h_in, w_in] to col[c_in*kh*kw, ho*wo]; padding reads 0.
+ * (im2col_map only reads x here.) */
+static inline void LOOM_CPU_FN(im2col)(const loom_conv_shape *s, const T *x, T *col)
+{
+	LOOM_CPU_FN(im2col_map)(s, (T *)x, col, 0);
 }
 
 /*
@@ -92,32 +121,10 @@ static inline T *LOOM_CPU_FN(conv_padded_plane)(const loom_conv_shape *s, void *
  * pixel. Overwrites dx (one image). */
 static inline void LOOM_CPU_FN(col2im)(const loom_conv_shape *s, const T *col, T *dx)
 {
-	const int ho = s->h_out, wo = s->w_out, st = s->stride, pad = s->pad;
 	const int64_t plane = (int64_t)s->h_in * s->w_in;
 
 	memset(dx, 0, sizeof(T) * plane * s->c_in);
-	for (int c = 0; c < s->c_in; c++) {
-		T *dst = dx + c * plane;
-		for (int ki = 0; ki < s->kh; ki++) {
-			for (int kj = 0; kj < s->kw; kj++) {
-				int off = kj - pad, lo, hi;
-				loom_cpu_valid_range(off, st, s->w_in, wo, &lo, &hi);
-				for (int oh = 0; oh < ho; oh++, col += wo) {
-					int ih = oh * st - pad + ki;
-					if (ih < 0 || ih >= s->h_in)
-						continue;
-					T *row = dst + (int64_t)ih * s->w_in + off;
-					if (st == 1) {
-						for (int ow = lo; ow < hi; ow++)
-							row[ow] += col[ow];
-					} else {
-						for (int ow = lo; ow < hi; ow++)
-							row[ow * st] += col[ow];
-					}
-				}
-			}
-		}
-	}
+	LOOM_CPU_FN(im2col_map)(s, dx, (T *)col, 1); /* only reads col */
 }
 
 /*

@@ -32,36 +32,16 @@ typedef struct ln_bwd_accum_args {
 	loom_cpu_arr x, gamma, dy, acc, out;
 } ln_bwd_accum_args;
 
-/* Rows [r0, r0 + nr): dx into d (f32), rounded into the output's dtype and
- * read back as the unfused add reads it, then the addend added and the sum
- * stored. */
-static void block(const ln_bwd_accum_args *g, int64_t r0, int64_t nr, const float *gam,
-		  float *xb, float *yb, float *d, float *ab, uint16_t *hb)
+/* Rows [r0, r0 + nr) (loom_cpu_row_blocks' block; s->in: x, dy): dx
+ * into f[0], rounded into the output's dtype and read back as the unfused
+ * add reads it, then the addend added and the sum stored. */
+static void block(const void *arg, int64_t r0, int64_t nr, loom_cpu_row_scratch *s)
 {
+	const ln_bwd_accum_args *g = arg;
 	const int64_t off = r0 * g->c, n = nr * g->c;
-	const float *px = loom_cpu_half_in(g->x.t, g->x.p, off, n, xb);
-	const float *pdy = loom_cpu_half_in(g->dy.t, g->dy.p, off, n, yb);
-	g->kernel(nr, g->c, px, gam, pdy, g->eps, d);
-	loom_cpu_accum_store(g->out.t, g->out.p, g->acc.t, g->acc.p, off, n, d, ab, hb, 1);
-}
-
-static void ln_bwd_accum_rows(const ln_bwd_accum_args *g)
-{
-	const int c = g->c;
-	const int64_t per = ROWS / c, nb = (g->rows + per - 1) / per;
-#pragma omp parallel if (g->rows * c >= LOOM_CPU_PAR_MIN)
-	{
-		float xb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
-		float d[ROWS] __attribute__((aligned(64))), ab[ROWS] __attribute__((aligned(64)));
-		float gb[ROWS] __attribute__((aligned(64)));
-		uint16_t hb[ROWS] __attribute__((aligned(64)));
-		const float *gam = loom_cpu_half_in(g->gamma.t, g->gamma.p, 0, c, gb);
-#pragma omp for schedule(static)
-		for (int64_t k = 0; k < nb; k++) {
-			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
-			block(g, r0, nr, gam, xb, yb, d, ab, hb);
-		}
-	}
+	g->kernel(nr, g->c, s->in[0], s->par[0], s->in[1], g->eps, s->f[0]);
+	loom_cpu_accum_store(g->out.t, g->out.p, g->acc.t, g->acc.p, off, n, s->f[0], s->f[1],
+			     s->hb, 1);
 }
 
 /* ---------------------------------------------------------- planning */
@@ -113,7 +93,8 @@ int loom_cpu_ln_bwd_accum(const loom_plan *plan, const loom_arena *arena, loom_v
 		.acc = loom_cpu_arr_of(plan, arena, n->src[3]),
 		.out = loom_cpu_arr_of(plan, arena, v),
 	};
+	const loom_cpu_arr in[2] = { g.x, g.dy };
 	if (g.rows > 0)
-		ln_bwd_accum_rows(&g);
+		loom_cpu_row_blocks(&g, g.rows, g.c, &g.gamma, 1, in, block);
 	return 1;
 }

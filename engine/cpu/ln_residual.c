@@ -34,42 +34,45 @@ static float *out_of(loom_cpu_arr a, int64_t off, float *buf)
 	return a.t == LOOM_F32 ? (float *)a.p + off : buf;
 }
 
-/* Rows [r0, r0 + nr): the sum, rounded into its dtype and read back as the
+/* Rows [r0, r0 + nr) (loom_cpu_row_blocks' block; t->in: a, b, t->par:
+ * gamma, beta): the sum, rounded into its dtype and read back as the
  * layer norm will read it, then the layer norm of each row. */
-static void block(const ln_residual_args *g, int64_t r0, int64_t nr, const float *gam,
-		  const float *bet, float *xa, float *xb, float *sb, float *yb)
+static void block(const void *arg, int64_t r0, int64_t nr, loom_cpu_row_scratch *t)
 {
+	const ln_residual_args *g = arg;
 	const int64_t off = r0 * g->c, n = nr * g->c;
-	const float *pa = loom_cpu_half_in(g->a.t, g->a.p, off, n, xa);
-	const float *pb = loom_cpu_half_in(g->b.t, g->b.p, off, n, xb);
-	float *s = out_of(g->sum, off, sb);
+	const float *pa = t->in[0], *pb = t->in[1];
+	float *s = out_of(g->sum, off, t->f[0]);
 #pragma omp simd
 	for (int64_t i = 0; i < n; i++)
 		s[i] = pa[i] + pb[i];
 	if (g->sum.t != LOOM_F32) {
 		loom_cpu_half_done(g->sum.t, g->sum.p, off, n, s);
-		s = (float *)loom_cpu_half_in(g->sum.t, g->sum.p, off, n, sb);
+		s = (float *)loom_cpu_half_in(g->sum.t, g->sum.p, off, n, t->f[0]);
 	}
-	float *y = out_of(g->y, off, yb);
-	loom_cpu_layernorm_fwd_f32(nr, g->c, s, gam, bet, g->eps, y);
+	float *y = out_of(g->y, off, t->f[1]);
+	loom_cpu_layernorm_fwd_f32(nr, g->c, s, t->par[0], t->par[1], g->eps, y);
 	loom_cpu_half_done(g->y.t, g->y.p, off, n, y);
 }
 
-static void ln_residual_rows(const ln_residual_args *g)
+void loom_cpu_row_blocks(const void *g, int64_t rows, int c, const loom_cpu_arr *par, int npar,
+			 const loom_cpu_arr in[2],
+			 void (*block)(const void *g, int64_t r0, int64_t nr,
+				       loom_cpu_row_scratch *s))
 {
-	const int c = g->c;
-	const int64_t per = ROWS / c, nb = (g->rows + per - 1) / per;
-#pragma omp parallel if (g->rows * c >= LOOM_CPU_PAR_MIN)
+	const int64_t per = ROWS / c, nb = (rows + per - 1) / per;
+#pragma omp parallel if (rows * c >= LOOM_CPU_PAR_MIN)
 	{
-		float xa[ROWS] __attribute__((aligned(64))), xb[ROWS] __attribute__((aligned(64)));
-		float sb[ROWS] __attribute__((aligned(64))), yb[ROWS] __attribute__((aligned(64)));
-		float gb[ROWS] __attribute__((aligned(64))), bb[ROWS] __attribute__((aligned(64)));
-		const float *gam = loom_cpu_half_in(g->gamma.t, g->gamma.p, 0, c, gb);
-		const float *bet = loom_cpu_half_in(g->beta.t, g->beta.p, 0, c, bb);
+		loom_cpu_row_scratch s;
+		for (int i = 0; i < npar; i++)
+			s.par[i] = loom_cpu_half_in(par[i].t, par[i].p, 0, c, s.f[4 + i]);
 #pragma omp for schedule(static)
 		for (int64_t k = 0; k < nb; k++) {
-			int64_t r0 = k * per, nr = g->rows - r0 < per ? g->rows - r0 : per;
-			block(g, r0, nr, gam, bet, xa, xb, sb, yb);
+			int64_t r0 = k * per, nr = rows - r0 < per ? rows - r0 : per;
+			const int64_t off = r0 * c, n = nr * c;
+			for (int i = 0; i < 2; i++)
+				s.in[i] = loom_cpu_half_in(in[i].t, in[i].p, off, n, s.f[2 + i]);
+			block(g, r0, nr, &s);
 		}
 	}
 }
@@ -130,6 +133,7 @@ int loom_cpu_ln_residual(const loom_plan *plan, const loom_arena *arena, loom_va
 		.sum = loom_cpu_arr_of(plan, arena, v),
 		.y = loom_cpu_arr_of(plan, arena, w),
 	};
-	ln_residual_rows(&g);
+	const loom_cpu_arr in[2] = { g.a, g.b }, par[2] = { g.gamma, g.beta };
+	loom_cpu_row_blocks(&g, g.rows, g.c, par, 2, in, block);
 	return 1;
 }

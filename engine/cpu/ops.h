@@ -184,6 +184,28 @@ static inline loom_cpu_arr loom_cpu_arr_of(const loom_plan *plan, const loom_are
 	return a;
 }
 
+/* One thread's scratch for the fused row kernels' blocks: f32 arrays of
+ * LOOM_CPU_BF16_ROWS elements (f[0], f[1] the block's own), one of
+ * f16/bf16 bits (hb); par: the per-column operands widened, in: the
+ * block's two row operands widened. */
+typedef struct loom_cpu_row_scratch {
+	float f[6][LOOM_CPU_BF16_ROWS] __attribute__((aligned(64)));
+	uint16_t hb[LOOM_CPU_BF16_ROWS] __attribute__((aligned(64)));
+	const float *par[2], *in[2];
+} loom_cpu_row_scratch;
+
+/* ln_residual.c: the fused row kernels' driver. rows x c (c at most
+ * LOOM_CPU_BF16_ROWS) in blocks of whole rows, at most LOOM_CPU_BF16_ROWS
+ * elements each, over the threads from LOOM_CPU_PAR_MIN elements (a static
+ * schedule). Each thread widens the npar (at most 2) per-column operands
+ * par (c elements: gamma, beta) once into its s->par; for each of its
+ * blocks, rows [r0, r0 + nr), the two row operands in[0], in[1] at
+ * [r0 c, (r0 + nr) c) into s->in, then block(g, r0, nr, s). */
+void loom_cpu_row_blocks(const void *g, int64_t rows, int c, const loom_cpu_arr *par, int npar,
+			 const loom_cpu_arr in[2],
+			 void (*block)(const void *g, int64_t r0, int64_t nr,
+				       loom_cpu_row_scratch *s));
+
 /* norm_bf16.c: the f32 row kernel of a row norm's data gradient node n
  * (layer norm's or RMS norm's, by n's op), the one the norms' entries run. */
 loom_cpu_norm_bwd_data_f32 loom_cpu_norm_bwd_data_kernel(const loom_node *n);

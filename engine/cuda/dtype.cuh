@@ -112,6 +112,53 @@ static __device__ __forceinline__ void loom_amax_commit(unsigned *amax, float m)
 		atomicMax(amax, __float_as_uint((float)b));
 }
 
+/*
+ * Column sums of a [rows, c] matrix in two launches whose order of
+ * additions depends only on the shape (elementwise.cu's bias gradient,
+ * layer norm's dgamma): the rows cut into chunks of `per`; block (x, k)
+ * of LOOM_COLSUM_COLS x LOOM_COLSUM_LANES threads sums chunk k for 32
+ * columns (thread row y takes rows y, y + 8, ..., each warp reading 32
+ * columns side by side, coalesced), its 8 sums added in y order into
+ * part[k c + j]; then loom_colsum_fold_kernel, one thread per column, adds
+ * the chunks in k order. term(r, j): element (r, j), in T.
+ */
+#define LOOM_COLSUM_COLS 32
+#define LOOM_COLSUM_LANES 8
+
+template <typename T, typename Term>
+static __device__ __forceinline__ void loom_colsum_part(int64_t rows, int64_t per, int c, Term term,
+							T *part)
+{
+	__shared__ T sh[LOOM_COLSUM_LANES][LOOM_COLSUM_COLS + 1];
+	const int j = blockIdx.x * LOOM_COLSUM_COLS + threadIdx.x;
+	const int64_t k = blockIdx.y, end = (k + 1) * per < rows ? (k + 1) * per : rows;
+	T s = 0;
+	if (j < c)
+		for (int64_t r = k * per + threadIdx.y; r < end; r += LOOM_COLSUM_LANES)
+			s += term(r, j);
+	sh[threadIdx.y][threadIdx.x] = s;
+	__syncthreads();
+	if (threadIdx.y == 0 && j < c) {
+		T t = 0;
+		for (int y = 0; y < LOOM_COLSUM_LANES; y++)
+			t += sh[y][threadIdx.x];
+		part[k * c + j] = t;
+	}
+}
+
+/* loom_colsum_part's chunks added in k order, column j's sum stored into
+ * y (dtype ydt). */
+template <typename T>
+__global__ void loom_colsum_fold_kernel(int chunks, int c, const T *part, void *y, int ydt)
+{
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
+		T s = 0;
+		for (int k = 0; k < chunks; k++)
+			s += part[(int64_t)k * c + j];
+		loom_st(y, ydt, j, (float)s);
+	}
+}
+
 /* Blocks for a one-thread-per-element launch of n elements. */
 static inline unsigned loom_cuda_blocks(int64_t n, int threads)
 {

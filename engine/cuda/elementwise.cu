@@ -245,44 +245,16 @@ __global__ void loom_channel_sum_kernel(int n, int c, int64_t hw, const void *x,
 /*
  * LOOM_CUDA_BGRAD=kernel: the column sums of a [rows, c] matrix (a
  * linear's bias gradient, outside the weight gradient's product, as
- * llm.c computes it), in fp32 and in two launches whose order of
- * additions depends only on the shape: the rows cut into chunks of `per`;
- * block (x, k) of 32 x 8 threads sums chunk k for 32 columns (thread row
- * y takes rows y, y + 8, ..., each warp reading 32 columns side by side,
- * coalesced, where the one-block-per-channel kernel above reads one
- * column down the rows), its 8 sums added in y order into part[k c + j];
- * then one thread per column adds the chunks in k order.
+ * llm.c computes it), in fp32 through loom_colsum_part (dtype.cuh: each
+ * warp reads 32 columns side by side, coalesced, where the
+ * one-block-per-channel kernel above reads one column down the rows) and
+ * loom_colsum_fold_kernel.
  */
-static const int colsum_cols = 32, colsum_lanes = 8;
-
 __global__ void loom_colsum_part_kernel(int64_t rows, int64_t per, int c, const void *x, int xdt,
 					float *part)
 {
-	__shared__ float sh[colsum_lanes][colsum_cols + 1];
-	const int j = blockIdx.x * colsum_cols + threadIdx.x;
-	const int64_t k = blockIdx.y, end = (k + 1) * per < rows ? (k + 1) * per : rows;
-	float s = 0;
-	if (j < c)
-		for (int64_t r = k * per + threadIdx.y; r < end; r += colsum_lanes)
-			s += loom_ld(x, xdt, r * c + j);
-	sh[threadIdx.y][threadIdx.x] = s;
-	__syncthreads();
-	if (threadIdx.y == 0 && j < c) {
-		float t = 0;
-		for (int y = 0; y < colsum_lanes; y++)
-			t += sh[y][threadIdx.x];
-		part[k * c + j] = t;
-	}
-}
-
-__global__ void loom_colsum_fold_kernel(int chunks, int c, const float *part, void *y, int ydt)
-{
-	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
-		float s = 0;
-		for (int k = 0; k < chunks; k++)
-			s += part[(int64_t)k * c + j];
-		loom_st(y, ydt, j, s);
-	}
+	loom_colsum_part<float>(
+		rows, per, c, [=](int64_t r, int j) { return loom_ld(x, xdt, r * c + j); }, part);
 }
 
 __global__ void loom_bias_add_kernel(int c, int64_t hw, int64_t total, void *y, int ydt,
@@ -448,8 +420,8 @@ static loom_status colsum(loom_cuda_ctx *c, int64_t rows, int cc, const loom_cud
 	int chunks;
 	colsum_chunks(rows, &per, &chunks);
 	float *part = (float *)c->arena->ws;
-	dim3 grid((unsigned)((cc + colsum_cols - 1) / colsum_cols), (unsigned)chunks);
-	dim3 block(colsum_cols, colsum_lanes);
+	dim3 grid((unsigned)((cc + LOOM_COLSUM_COLS - 1) / LOOM_COLSUM_COLS), (unsigned)chunks);
+	dim3 block(LOOM_COLSUM_COLS, LOOM_COLSUM_LANES);
 	loom_colsum_part_kernel<<<grid, block, 0, c->stream>>>(rows, per, cc, io->src[0], io->dt[0],
 							       part);
 	loom_status st = LOOM_CUDA_LAUNCHED(c->err);

@@ -134,48 +134,20 @@ __global__ void loom_layernorm_stats_kernel(int c, const void *x, int xdt, doubl
 	}
 }
 
-/* dgamma[j] = sum over rows of dy xhat, in two launches whose order of
- * additions depends only on the shape (deterministic, as the CPU's is):
- * the rows are cut into chunks of `per` rows; block (x, k) of 32 x 8
- * threads sums chunk k for 32 columns (thread row y takes rows y, y + 8,
- * ..., the warp's 32 columns side by side, so each load is coalesced), its
- * 8 partial sums added in y order into part[k * c + j]; then one thread
- * per column adds the chunks' parts in k order. One thread per column over
- * all rows (the first version) ran 768 threads for GPT-2: 75 of 166 ms of
- * its step on an H200. */
-static const int ln_cols = 32, ln_lanes = 8;
-
+/* dgamma[j] = sum over rows of dy xhat, in double, through dtype.cuh's
+ * column sums (loom_colsum_part, then loom_colsum_fold_kernel): the order
+ * of additions depends only on the shape (deterministic, as the CPU's
+ * is). One thread per column over all rows (the first version) ran 768
+ * threads for GPT-2: 75 of 166 ms of its step on an H200. */
 __global__ void loom_layernorm_bwd_gamma_part_kernel(int64_t rows, int64_t per, int c,
 						     const void *x, int xdt, const void *dy,
 						     int dydt, const double *stats, double *part)
 {
-	__shared__ double sh[ln_lanes][ln_cols + 1];
-	const int j = blockIdx.x * ln_cols + threadIdx.x;
-	const int64_t k = blockIdx.y, end = (k + 1) * per < rows ? (k + 1) * per : rows;
-	double s = 0;
-	if (j < c)
-		for (int64_t r = k * per + threadIdx.y; r < end; r += ln_lanes)
-			s += (double)loom_ld(dy, dydt, r * c + j) *
-			     (loom_ld(x, xdt, r * c + j) - stats[2 * r]) * stats[2 * r + 1];
-	sh[threadIdx.y][threadIdx.x] = s;
-	__syncthreads();
-	if (threadIdx.y == 0 && j < c) {
-		double t = 0;
-		for (int y = 0; y < ln_lanes; y++)
-			t += sh[y][threadIdx.x];
-		part[k * c + j] = t;
-	}
-}
-
-__global__ void loom_layernorm_bwd_gamma_fold_kernel(int chunks, int c, const double *part,
-						     void *dg, int dgdt)
-{
-	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
-		double s = 0;
-		for (int k = 0; k < chunks; k++)
-			s += part[(int64_t)k * c + j];
-		loom_st(dg, dgdt, j, (float)s);
-	}
+	const auto term = [=](int64_t r, int j) {
+		return (double)loom_ld(dy, dydt, r * c + j) *
+		       (loom_ld(x, xdt, r * c + j) - stats[2 * r]) * stats[2 * r + 1];
+	};
+	loom_colsum_part<double>(rows, per, c, term, part);
 }
 
 /* The chunking of loom_layernorm_bwd_gamma_part_kernel: at most
@@ -276,6 +248,18 @@ static __device__ __forceinline__ double warp_sum(double v)
 	return v;
 }
 
+/* The backward's loads at column j of row o (element o + j): x, dy and
+ * gamma, W of each. */
+template <int W>
+static __device__ __forceinline__ void ln_bwd_ldv(const void *x, int xdt, const void *dy, int dydt,
+						  const void *g, int gdt, int64_t o, int j,
+						  float xv[W], float dv[W], float gv[W])
+{
+	ln_ldv<W>(x, xdt, o + j, xv);
+	ln_ldv<W>(dy, dydt, o + j, dv);
+	ln_ldv<W>(g, gdt, j, gv);
+}
+
 /* The rest of a warp's row r once its mean m is known: rstd (a second
  * pass, from L1), the saved statistics, y = (x - mean) rstd gamma + beta;
  * the lane's max |y| as stored, returned (an FP8 cast's amax). */
@@ -315,14 +299,17 @@ static __device__ __forceinline__ float ln_warp_finish(int64_t r, int c, int lan
 	return ym;
 }
 
-/* One warp per row: the mean of the row, then ln_warp_finish; amax not
- * NULL: the block's max |y| into it (loom_amax_commit: every thread of the
- * block takes part, a warp past the last row with 0). */
-template <int W>
-__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
-					       const void *g, int gdt, const void *b, int bdt,
-					       double eps, void *y, int ydt, double *stats,
-					       unsigned *amax)
+/* One warp per row, both forward warp kernels': row r's W values from
+ * column j by ld(r c + j, v) (the sum as stored, for the residual kernel)
+ * into the row's total, the mean, then ln_warp_finish over xs (the row as
+ * ld left it); amax not NULL: the block's max |y| into it
+ * (loom_amax_commit: every thread of the block takes part, a warp past
+ * the last row with 0). */
+template <int W, typename Ld>
+static __device__ __forceinline__ void ln_fwd_warp_rows(int64_t rows, int c, Ld ld, const void *xs,
+							int xsdt, const void *g, int gdt,
+							const void *b, int bdt, double eps, void *y,
+							int ydt, double *stats, unsigned *amax)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -331,15 +318,27 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
 		float v[W];
 		double s = 0;
 		for (int j = lane * W; j < c; j += 32 * W) {
-			ln_ldv<W>(x, xdt, r * c + j, v);
+			ld(r * c + j, v);
 #pragma unroll
 			for (int k = 0; k < W; k++)
 				s += v[k];
 		}
-		ym = ln_warp_finish<W>(r, c, lane, x, xdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y,
+		ym = ln_warp_finish<W>(r, c, lane, xs, xsdt, warp_sum(s) / c, g, gdt, b, bdt, eps, y,
 				       ydt, stats);
 	}
 	loom_amax_commit(amax, ym);
+}
+
+/* One warp per row: ln_fwd_warp_rows over x. */
+template <int W>
+__global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *x, int xdt,
+					       const void *g, int gdt, const void *b, int bdt,
+					       double eps, void *y, int ydt, double *stats,
+					       unsigned *amax)
+{
+	ln_fwd_warp_rows<W>(
+		rows, c, [&](int64_t i, float v[W]) { ln_ldv<W>(x, xdt, i, v); }, x, xdt, g, gdt, b,
+		bdt, eps, y, ydt, stats, amax);
 }
 
 /*
@@ -349,7 +348,8 @@ __global__ void loom_layernorm_fwd_warp_kernel(int64_t rows, int c, const void *
  * loom_add_kernel), each lane reading back what it stored (the rounded
  * value the layer norm reads unfused) into the row's total; then
  * ln_warp_finish over the stored sum, the forward warp kernel's own
- * arithmetic. LOOM_CUDA_LN_RESIDUAL; never run on a GPU yet.
+ * arithmetic (ln_fwd_warp_rows; amax: the layer norm's y, as there).
+ * LOOM_CUDA_LN_RESIDUAL; never run on a GPU yet.
  */
 template <int W>
 __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, int adt,
@@ -358,28 +358,18 @@ __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, 
 					    double eps, void *y, int ydt, double *stats,
 					    unsigned *amax)
 {
-	const int lane = threadIdx.x & 31;
-	const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-	float ym = 0.0f;
-	if (r < rows) {
-		float v[W], w[W];
-		double s = 0;
-		for (int j = lane * W; j < c; j += 32 * W) {
-			ln_ldv<W>(a, adt, r * c + j, v);
-			ln_ldv<W>(b, bdt, r * c + j, w);
+	const auto add = [&](int64_t i, float v[W]) {
+		float w[W];
+		ln_ldv<W>(a, adt, i, v);
+		ln_ldv<W>(b, bdt, i, w);
 #pragma unroll
-			for (int k = 0; k < W; k++)
-				v[k] += w[k];
-			ln_stv<W>(sum, sdt, r * c + j, v);
-			ln_ldv<W>(sum, sdt, r * c + j, v);
-#pragma unroll
-			for (int k = 0; k < W; k++)
-				s += v[k];
-		}
-		ym = ln_warp_finish<W>(r, c, lane, sum, sdt, warp_sum(s) / c, g, gdt, beta, betadt,
-				       eps, y, ydt, stats);
-	}
-	loom_amax_commit(amax, ym); /* the layer norm's y, as the warp kernel's */
+		for (int k = 0; k < W; k++)
+			v[k] += w[k];
+		ln_stv<W>(sum, sdt, i, v);
+		ln_ldv<W>(sum, sdt, i, v);
+	};
+	ln_fwd_warp_rows<W>(rows, c, add, sum, sdt, g, gdt, beta, betadt, eps, y, ydt, stats,
+			    amax);
 }
 
 /*
@@ -388,7 +378,7 @@ __global__ void loom_ln_residual_fwd_kernel(int64_t rows, int c, const void *a, 
  * each thread owns the same columns in every row, so it adds the chunk's
  * dy xhat and dy into its own columns of shared memory (acc: 2c doubles)
  * with no atomics, in row order; the chunks' parts go to part_g, part_b
- * ([chunks, c]) and loom_layernorm_bwd_gamma_fold_kernel adds them in
+ * ([chunks, c]) and loom_colsum_fold_kernel adds them in
  * chunk order. Every sum's order depends only on the shape: the same bits
  * every run. The row's statistics are recomputed from the row the block
  * reads anyway (no saved mean/rstd to keep alive between the passes); the
@@ -438,9 +428,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 			rs = 1.0 / sqrt(loom_block_sum(ss) / c + eps);
 		}
 		for (int j = threadIdx.x * W; j < c; j += step) {
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int q = 0; q < W; q++) {
 				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
@@ -453,9 +441,7 @@ __global__ void loom_layernorm_bwd_fused_kernel(int64_t rows, int64_t per, int c
 		a = loom_block_sum(a) / c;
 		b = loom_block_sum(b) / c;
 		for (int j = threadIdx.x * W; j < c; j += step) {
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int q = 0; q < W; q++) {
 				const double xh = (xv[q] - m) * rs, gd = (double)gv[q] * dv[q];
@@ -501,33 +487,39 @@ static __device__ __forceinline__ float warp_sum_f(float v)
 	return v;
 }
 
+/* A lane's column groups q < G that lie in the row (c columns): f(j),
+ * j = (q 32 + lane) W the group's first column; the loop unrolled U
+ * times. */
+template <int W, int G, int U, typename F>
+static __device__ __forceinline__ void ln_lane_cols(int c, int lane, F f)
+{
+#pragma unroll(U)
+	for (int q = 0; q < G; q++) {
+		const int j = (q * 32 + lane) * W;
+		if (j < c)
+			f(j);
+	}
+}
+
 /* The row's mean and rstd in fp32 (two passes, the second from L1). */
 template <int W, int G>
 static __device__ void ln_row_stats_f(const void *x, int xdt, int64_t o, int c, float eps,
 				      int lane, float *mean, float *rstd)
 {
 	float v[W], s = 0, ss = 0;
+	ln_lane_cols<W, G, G>(c, lane, [&](int j) {
+		ln_ldv<W>(x, xdt, o + j, v);
 #pragma unroll
-	for (int q = 0; q < G; q++) {
-		const int j = (q * 32 + lane) * W;
-		if (j < c) {
-			ln_ldv<W>(x, xdt, o + j, v);
-#pragma unroll
-			for (int k = 0; k < W; k++)
-				s += v[k];
-		}
-	}
+		for (int k = 0; k < W; k++)
+			s += v[k];
+	});
 	const float m = warp_sum_f(s) / c;
+	ln_lane_cols<W, G, G>(c, lane, [&](int j) {
+		ln_ldv<W>(x, xdt, o + j, v);
 #pragma unroll
-	for (int q = 0; q < G; q++) {
-		const int j = (q * 32 + lane) * W;
-		if (j < c) {
-			ln_ldv<W>(x, xdt, o + j, v);
-#pragma unroll
-			for (int k = 0; k < W; k++)
-				ss += (v[k] - m) * (v[k] - m);
-		}
-	}
+		for (int k = 0; k < W; k++)
+			ss += (v[k] - m) * (v[k] - m);
+	});
 	*mean = m;
 	*rstd = rsqrtf(warp_sum_f(ss) / c + eps);
 }
@@ -557,14 +549,15 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		} else {
 			ln_row_stats_f<W, G>(x, xdt, o, c, eps, lane, &m, &rs);
 		}
+		/* Its own loop over q (q indexes dg and db), not ln_lane_cols:
+		 * through the lambda nvcc unrolled it otherwise (the kernel some
+		 * 3 times smaller, neither version measured). */
 #pragma unroll
 		for (int q = 0; q < G; q++) {
 			const int j = (q * 32 + lane) * W;
 			if (j >= c)
 				continue;
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int k = 0; k < W; k++) {
 				const float xh = (xv[k] - m) * rs, gd = gv[k] * dv[k];
@@ -580,21 +573,15 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		 * kernel (W = 1, G = 32) leaves it rolled: unrolled 32 times with
 		 * the loads' and the addend's dtype switches, its PTX alone was
 		 * 520k lines and the file took over 25 minutes to compile. */
-#pragma unroll(W == 1 ? 1 : G)
-		for (int q = 0; q < G; q++) {
-			const int j = (q * 32 + lane) * W;
-			if (j >= c)
-				continue;
-			ln_ldv<W>(x, xdt, o + j, xv);
-			ln_ldv<W>(dy, dydt, o + j, dv);
-			ln_ldv<W>(g, gdt, j, gv);
+		ln_lane_cols<W, G, W == 1 ? 1 : G>(c, lane, [&](int j) {
+			ln_bwd_ldv<W>(x, xdt, dy, dydt, g, gdt, o, j, xv, dv, gv);
 #pragma unroll
 			for (int k = 0; k < W; k++)
 				xv[k] = rs * (gv[k] * dv[k] - a - (xv[k] - m) * rs * b);
 			ln_accv<W>(acc, accdt, dxdt, o + j, xv);
 			ym = ln_vmax<W>(dxdt, xv, ym);
 			ln_stv<W>(dx, dxdt, o + j, xv);
-		}
+		});
 	}
 	/* The warps' registers into shared memory, warp 0 first. */
 	for (int w = 0; w < nwarps; w++) {
@@ -617,6 +604,8 @@ __global__ void loom_layernorm_bwd_warp_kernel(int64_t rows, int64_t per, int c,
 		part[(int64_t)blockIdx.x * 2 * c + j] = sacc[j];
 	loom_amax_commit(amax, ym);
 }
+
+static const int ln_cols = 32, ln_lanes = 8;
 
 /* The blocks' parts added in block order: block x of 32 x 8 threads takes
  * 32 of the 2c columns, thread row y the parts y, y + 8, ...; then row 0
@@ -699,14 +688,24 @@ static int ln_fwd_warp_fits(int64_t rows)
 	return rows / (threads / 32) < 2147483647LL;
 }
 
+/* Node w's rows to launch over, its FP8 cast's amax begun into *amax
+ * (fp8.cu; NULL: none): 0 where there are none or *st is not LOOM_OK. */
+static int64_t ln_rows_begin(loom_cuda_ctx *c, const loom_plan *p, loom_value w,
+			     unsigned **amax, loom_status *st)
+{
+	*amax = NULL;
+	*st = loom_cuda_fp8_amax_begin(c, w, amax);
+	return *st == LOOM_OK ? loom_shape_rows(&loom_cuda_node(p, w)->shape) : 0;
+}
+
 loom_status loom_cuda_op_layernorm(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				   const loom_cuda_io *io)
 {
 	const loom_node *n = loom_cuda_node(plan, v);
-	int64_t rows = loom_shape_rows(&n->shape);
-	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
-	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
-	if (st != LOOM_OK || rows <= 0)
+	unsigned *amax;
+	loom_status st;
+	const int64_t rows = ln_rows_begin(c, plan, v, &amax, &st);
+	if (rows <= 0)
 		return st;
 	if (ln_fwd_warp_fits(rows))
 		return layernorm_fwd_warp(c, rows, (int)loom_shape_last(&n->shape), n->a.ln.eps, io,
@@ -786,7 +785,6 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 	if (w == LOOM_NONE)
 		return 0;
 	const loom_node *l = loom_cuda_node(p, w);
-	const int64_t rows = loom_shape_rows(&l->shape);
 	ln_residual_ptrs q = {
 		.a = io->src[0], .b = io->src[1],
 		.g = loom_arena_ptr(c->arena, p, l->src[1]),
@@ -796,9 +794,9 @@ int loom_cuda_ln_residual(loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 		.gdt = loom_cuda_src(p, w, 1)->dtype, .betadt = loom_cuda_src(p, w, 2)->dtype,
 		.ydt = l->dtype,
 	};
-	unsigned *amax = NULL; /* the layer norm's FP8 amax (fp8.cu) */
-	*st = loom_cuda_fp8_amax_begin(c, w, &amax);
-	if (*st == LOOM_OK && rows > 0)
+	unsigned *amax; /* the layer norm's FP8 amax */
+	const int64_t rows = ln_rows_begin(c, p, w, &amax, st);
+	if (rows > 0)
 		*st = ln_residual_fwd(c->err, c->stream, rows, (int)loom_shape_last(&l->shape),
 				      l->a.ln.eps, &q, (double *)loom_cuda_saved_slot(c, w, w), amax);
 	return 1;
@@ -957,8 +955,7 @@ static loom_status layernorm_bwd_fused(loom_cuda_ctx *c, const loom_plan *plan, 
 	for (int i = 0; i < 2 && st == LOOM_OK; i++) {
 		if (sib[i] == LOOM_NONE)
 			continue;
-		loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0,
-						       c->stream>>>(
+		loom_colsum_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
 			chunks, cc, part[i], loom_arena_ptr(c->arena, plan, sib[i]), loom_cuda_node(plan, sib[i])->dtype);
 		st = LOOM_CUDA_LAUNCHED(c->err);
 	}
@@ -969,10 +966,10 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 					    loom_value v, const loom_cuda_io *io)
 {
 	const loom_node *n = loom_cuda_node(plan, v);
-	int64_t rows = loom_shape_rows(&n->shape);
-	unsigned *amax = NULL; /* an FP8 cast's amax this kernel gives (fp8.cu) */
-	loom_status st = loom_cuda_fp8_amax_begin(c, v, &amax);
-	if (st != LOOM_OK || rows <= 0)
+	unsigned *amax;
+	loom_status st;
+	const int64_t rows = ln_rows_begin(c, plan, v, &amax, &st);
+	if (rows <= 0)
 		return st;
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN && ln_warp_fits(loom_shape_last(&n->shape)))
 		return layernorm_bwd_warp(c, plan, v, io, amax);
@@ -1006,12 +1003,13 @@ loom_status loom_cuda_op_layernorm_bwd_gamma(loom_cuda_ctx *c, const loom_plan *
 	double *part = (double *)((char *)c->arena->ws + loom_cuda_align(2 * sizeof(double) * (size_t)rows));
 	if (cc <= 0)
 		return LOOM_OK;
-	dim3 grid((unsigned)((cc + ln_cols - 1) / ln_cols), (unsigned)chunks), block(ln_cols, ln_lanes);
+	dim3 grid((unsigned)((cc + LOOM_COLSUM_COLS - 1) / LOOM_COLSUM_COLS), (unsigned)chunks),
+		block(LOOM_COLSUM_COLS, LOOM_COLSUM_LANES);
 	loom_layernorm_bwd_gamma_part_kernel<<<grid, block, 0, c->stream>>>(
 		rows, per, cc, io->src[0], io->dt[0], io->src[1], io->dt[1], stats, part);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 		return st;
-	loom_layernorm_bwd_gamma_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
+	loom_colsum_fold_kernel<<<loom_cuda_blocks(cc, threads), threads, 0, c->stream>>>(
 		chunks, cc, part, io->out, io->odt);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }

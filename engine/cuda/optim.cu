@@ -172,21 +172,35 @@ static __device__ void opt_skip_copy(const loom_cuda_opt_slot *slots,
 	}
 }
 
+/* Both update kernels' start: a step the decision skips copies the shard
+ * (opt_skip_copy) and the kernel returns. */
+static __device__ __forceinline__ bool opt_skipped(const loom_cuda_opt_slot *slots,
+						   const loom_cuda_opt_chunk *chunks, int n_chunks,
+						   const loom_cuda_ctl *ctl)
+{
+	if (ctl->apply)
+		return false;
+	opt_skip_copy(slots, chunks, n_chunks);
+	return true;
+}
+
+/* The step's rate: NaN, the control block's (a captured step's). */
+static __device__ __forceinline__ double opt_rate(double lr, const loom_cuda_ctl *ctl)
+{
+	return isnan(lr) ? ctl->lr : lr;
+}
+
 /* update_chunk of engine/cpu/optim.c for one element, in double. */
 __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				       const loom_cuda_opt_chunk *chunks, int n_chunks,
 				       loom_optim_opts o, double lr, int matrices_only,
 				       const loom_cuda_ctl *ctl)
 {
-	if (!ctl->apply) {
-		opt_skip_copy(slots, chunks, n_chunks);
+	if (opt_skipped(slots, chunks, n_chunks, ctl))
 		return;
-	}
 	const double inv = ctl->inv_scale;
 	const int64_t t = ctl->t;
-	/* NaN: the rate is the control block's (a captured step's). */
-	if (isnan(lr))
-		lr = ctl->lr;
+	lr = opt_rate(lr, ctl);
 	double bc1 = 1, bc2 = 1;
 	if (o.kind == LOOM_OPTIM_ADAMW) {
 		bc1 = 1 - pow(o.beta1, (double)t);
@@ -377,12 +391,9 @@ __global__ void loom_opt_adamw_f32_kernel(const loom_cuda_opt_slot *slots,
 					  loom_optim_opts o, double lr, int matrices_only,
 					  const loom_cuda_ctl *ctl)
 {
-	if (!ctl->apply) {
-		opt_skip_copy(slots, chunks, n_chunks);
+	if (opt_skipped(slots, chunks, n_chunks, ctl))
 		return;
-	}
-	if (isnan(lr))
-		lr = ctl->lr;
+	lr = opt_rate(lr, ctl);
 	/* The step's constants once per block (two pow in double). */
 	__shared__ adamw_f32_k k;
 	if (threadIdx.x == 0) {
