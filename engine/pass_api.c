@@ -18,10 +18,15 @@ int loom_pass_host_memory(const loom_program *p)
 	return (p->be->caps & LOOM_BE_HOST_MEMORY) != 0;
 }
 
+/* A backend call's status, its message recorded on p where it failed. */
+static loom_status backend_done(loom_program *p, loom_status st)
+{
+	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
+}
+
 loom_status loom_pass_sync(loom_program *p)
 {
-	loom_status st = p->be->synchronize(p->be_ctx, &p->plan, &p->ts);
-	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
+	return backend_done(p, p->be->synchronize(p->be_ctx, &p->plan, &p->ts));
 }
 
 void *loom_pass_stream(loom_program *p, loom_stream which)
@@ -47,11 +52,6 @@ static const loom_backend_sharded *sharded(loom_program *p, unsigned need, const
 		return p->be->sharded;
 	loom_program_fail(p, LOOM_ERR_UNSUPPORTED, "the %s backend cannot %s", p->be->name, what);
 	return NULL;
-}
-
-static loom_status backend_done(loom_program *p, loom_status st)
-{
-	return st != LOOM_OK ? loom_program_backend_fail(p, st) : LOOM_OK;
 }
 
 loom_status loom_pass_grads_finite(loom_program *p, int first, int last, int *finite)
