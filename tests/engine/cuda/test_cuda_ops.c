@@ -4103,30 +4103,11 @@ Test(cuda_ops, fp8_storage_decoded_matches_cpu)
 
 /* y = gelu(ln(x) w1^T) w2^T: fp8_block_net with a layer norm (gamma,
  * beta) ahead, so both forward casts read a producer that can give their
- * amax (LOOM_CUDA_FP8_AMAX_PRODUCER); v gets x, w1, w2, r, gamma, beta. */
-static loom_value fp8_ln_block_net(loom_graph *g, loom_value v[6])
-{
-	const int64_t xd[3] = { 4, 16, 32 }, w1d[2] = { 64, 32 }, w2d[2] = { 32, 64 };
-	const int64_t rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 }, cd[1] = { 32 };
-	v[0] = loom_param(g, "x", LOOM_F32, 3, xd, LOOM_INIT_ZEROS, 1);
-	v[1] = loom_param(g, "w1", LOOM_F32, 2, w1d, LOOM_INIT_ZEROS, 1);
-	v[2] = loom_param(g, "w2", LOOM_F32, 2, w2d, LOOM_INIT_ZEROS, 1);
-	v[3] = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
-	v[4] = loom_param(g, "ln.g", LOOM_F32, 1, cd, LOOM_INIT_ONES, 1);
-	v[5] = loom_param(g, "ln.b", LOOM_F32, 1, cd, LOOM_INIT_ZEROS, 1);
-	loom_value h = loom_layernorm(g, v[0], v[4], v[5], 1e-5);
-	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, h, v[1], LOOM_NONE)), v[2],
-				   LOOM_NONE);
-	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), v[3]));
-	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
-	return loss;
-}
-
-/* y = gelu(ln(x w0^T) w1^T) w2^T: fp8_ln_block_net with a product ahead
- * of the layer norm, so that the norm's dx is that product's output
- * gradient, rounded through E5M2 (LOOM_CUDA_FP8_AMAX_PRODUCER: the layer
- * norm's backward gives its amax); v gets x, w1, w2, r, gamma, beta, w0. */
-static loom_value fp8_deep_net(loom_graph *g, loom_value v[7])
+ * amax (LOOM_CUDA_FP8_AMAX_PRODUCER); v gets x, w1, w2, r, gamma, beta.
+ * deep: y = gelu(ln(x w0^T) w1^T) w2^T, a product ahead of the layer
+ * norm, so that the norm's dx is that product's output gradient, rounded
+ * through E5M2 (the layer norm's backward gives its amax); v[6] gets w0. */
+static loom_value fp8_ln_net(loom_graph *g, loom_value *v, int deep)
 {
 	const int64_t xd[3] = { 4, 16, 32 }, w0d[2] = { 32, 32 }, w1d[2] = { 64, 32 };
 	const int64_t w2d[2] = { 32, 64 }, rd[2] = { 4 * 16 * 32, 1 }, row[2] = { 1, 4 * 16 * 32 };
@@ -4137,13 +4118,27 @@ static loom_value fp8_deep_net(loom_graph *g, loom_value v[7])
 	v[3] = loom_param(g, "head.r", LOOM_F32, 2, rd, LOOM_INIT_ZEROS, 1);
 	v[4] = loom_param(g, "ln.g", LOOM_F32, 1, cd, LOOM_INIT_ONES, 1);
 	v[5] = loom_param(g, "ln.b", LOOM_F32, 1, cd, LOOM_INIT_ZEROS, 1);
-	v[6] = loom_param(g, "w0", LOOM_F32, 2, w0d, LOOM_INIT_ZEROS, 1);
-	loom_value h = loom_layernorm(g, loom_linear(g, v[0], v[6], LOOM_NONE), v[4], v[5], 1e-5);
+	loom_value x = v[0];
+	if (deep) {
+		v[6] = loom_param(g, "w0", LOOM_F32, 2, w0d, LOOM_INIT_ZEROS, 1);
+		x = loom_linear(g, x, v[6], LOOM_NONE);
+	}
+	loom_value h = loom_layernorm(g, x, v[4], v[5], 1e-5);
 	loom_value y = loom_linear(g, loom_gelu_tanh(g, loom_linear(g, h, v[1], LOOM_NONE)), v[2],
 				   LOOM_NONE);
 	loom_value loss = loom_sum(g, loom_matmul(g, loom_reshape(g, y, 2, row), v[3]));
 	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
 	return loss;
+}
+
+static loom_value fp8_ln_block_net(loom_graph *g, loom_value v[6])
+{
+	return fp8_ln_net(g, v, 0);
+}
+
+static loom_value fp8_deep_net(loom_graph *g, loom_value v[7])
+{
+	return fp8_ln_net(g, v, 1);
 }
 
 /* fp8.cu's producer rule on a plan (a weak reference, as above). */
