@@ -165,6 +165,16 @@ loom_status gpt_tied_block(gpt *m, int64_t B, int64_t T, int64_t V, int64_t C)
 	return loom_graph_status(g);
 }
 
+loom_program *gpt_compile_unfused(const gpt *m)
+{
+	loom_compile_opts o;
+	loom_compile_opts_default(&o);
+	o.device = LOOM_DEVICE_CPU;
+	o.no_fusion = 1;
+	loom_program *p = NULL;
+	return loom_compile(m->g, m->loss, &o, &p) == LOOM_OK ? p : NULL;
+}
+
 int gpt_train_same_bits(loom_program *a, loom_program *b, const gpt *m, int steps, int64_t B,
 			int64_t T, int64_t V, char *why, size_t len)
 {

@@ -63,6 +63,9 @@ int gpt_train_same_bits(loom_program *a, loom_program *b, const gpt *m, int step
  * same k; last_class: the first target is class V - 1. */
 loom_status gpt_feed(loom_program *p, int k, int64_t B, int64_t T, int64_t V, int last_class);
 
+/* m's graph compiled for the CPU with default options but no fusion
+ * (loom_compile_opts.no_fusion), or NULL with loom_last_error's message. */
+loom_program *gpt_compile_unfused(const gpt *m);
 /* Plan checks (gpt_plan.c, which reads the program's plan): how many
  * backward ADD nodes p keeps, and whether value v is placed on the bytes
  * of value a's root (a sum written in place over its addend, or an addend

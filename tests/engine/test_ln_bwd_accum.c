@@ -101,12 +101,8 @@ Test(ln_bwd_accum, no_fusion_plans_none)
 {
 	gpt m;
 	cr_assert_eq(gpt_two_blocks(&m, B, T, V, C), LOOM_OK);
-	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.no_fusion = 1;
-	loom_program *p = NULL;
-	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	loom_program *p = gpt_compile_unfused(&m);
+	cr_assert_not_null(p, "%s", loom_last_error());
 	int in_place;
 	cr_assert_eq(fused(p, LOOM_OP_LAYERNORM_BWD_DATA, &in_place), 0);
 	loom_program_free(p);

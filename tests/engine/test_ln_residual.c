@@ -74,12 +74,8 @@ Test(ln_residual, no_fusion_plans_none)
 {
 	gpt m;
 	cr_assert_eq(gpt_two_blocks(&m, B, T, V, C), LOOM_OK);
-	loom_compile_opts o;
-	loom_compile_opts_default(&o);
-	o.device = LOOM_DEVICE_CPU;
-	o.no_fusion = 1;
-	loom_program *p = NULL;
-	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_OK, "%s", loom_last_error());
+	loom_program *p = gpt_compile_unfused(&m);
+	cr_assert_not_null(p, "%s", loom_last_error());
 	cr_assert_eq(fused(p), 0);
 	loom_program_free(p);
 	loom_graph_free(m.g);

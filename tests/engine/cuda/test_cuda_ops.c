@@ -1706,28 +1706,44 @@ Test(cuda_ops, layernorm_backward_warp)
 	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm twins 2x50x768", b_ln_twins);
 }
 
-/* A residual stream over b x rows x c: s = x + h, y = ln(s) + s, so the
- * sum is read by the layer norm, its backward and the next add; under
- * LOOM_CUDA_LN_RESIDUAL=1 the layer norm is made by the add's kernel. */
-static loom_value ln_residual_case(loom_graph *g, tcase *t, int64_t b, int64_t rows, int64_t c)
+/* y = ln(s) + s over b x rows x c, s read by the layer norm and by the
+ * add after it. residual: s = x + h, a residual stream, so the sum is read
+ * by the layer norm, its backward and the next add (under
+ * LOOM_CUDA_LN_RESIDUAL=1 the layer norm is made by the add's kernel);
+ * else s = x, whose gradient sums the add's (dy) and the norm's dx (under
+ * LOOM_CUDA_LN_BWD_ACCUM=1 the norm's backward adds dx into dy itself:
+ * graph/fuse.c's loom_fuse_ln_bwd_accum, the sum's ADD a view, the sum
+ * written over dy's bytes where dy dies there). */
+static loom_value ln_add_case(loom_graph *g, tcase *t, const int64_t d[3], int residual)
 {
-	loom_value x = param(g, t, "x", 3, b, rows, c, 0);
-	loom_value s = loom_add(g, x, param(g, t, "h", 3, b, rows, c, 0));
-	const char *e = getenv("LOOM_CUDA_LN_RESIDUAL");
-	t->note[0] = e && !strcmp(e, "1") ? "made by its residual add" : "warp per row";
-	t->note_op[0] = LOOM_OP_LAYERNORM;
-	loom_value y = loom_layernorm(g, s, param(g, t, "ln.weight", 1, c, 0, 0, 0),
-				      param(g, t, "ln.bias", 1, c, 0, 0, 0), 1e-5);
+	loom_value s = param(g, t, "x", 3, d[0], d[1], d[2], 0);
+	const char *e = getenv(residual ? "LOOM_CUDA_LN_RESIDUAL" : "LOOM_CUDA_LN_BWD_ACCUM");
+	const int on = e && !strcmp(e, "1");
+	if (residual) {
+		s = loom_add(g, s, param(g, t, "h", 3, d[0], d[1], d[2], 0));
+		t->note[0] = on ? "made by its residual add" : "warp per row";
+		t->note_op[0] = LOOM_OP_LAYERNORM;
+	} else if (on) {
+		t->note[0] = "dx added into the residual's gradient";
+		t->note_op[0] = LOOM_OP_LAYERNORM_BWD_DATA;
+	}
+	loom_value y = loom_layernorm(g, s, param(g, t, "ln.weight", 1, d[2], 0, 0, 0),
+				      param(g, t, "ln.bias", 1, d[2], 0, 0, 0), 1e-5);
 	return loom_add(g, y, s);
 }
 
-/* The shape b_ln_residual builds, set by its test before each case. */
-static int64_t ln_residual_dims[3];
+/* The shape b_ln_residual and b_ln_accum build, set by their test before
+ * each case. */
+static int64_t ln_add_dims[3];
 
 static loom_value b_ln_residual(loom_graph *g, tcase *t)
 {
-	return ln_residual_case(g, t, ln_residual_dims[0], ln_residual_dims[1],
-				ln_residual_dims[2]);
+	return ln_add_case(g, t, ln_add_dims, 1);
+}
+
+static loom_value b_ln_accum(loom_graph *g, tcase *t)
+{
+	return ln_add_case(g, t, ln_add_dims, 0);
 }
 
 /* The residual add with its layer norm in one kernel, a warp per row
@@ -1740,37 +1756,11 @@ Test(cuda_ops, layernorm_residual)
 	NEED_GPU();
 	for (int i = 0; i < 2; i++) {
 		char name[64];
-		memcpy(ln_residual_dims, shapes[i], sizeof(ln_residual_dims));
+		memcpy(ln_add_dims, shapes[i], sizeof(ln_add_dims));
 		snprintf(name, sizeof(name), "ln_residual %dx%dx%d", (int)shapes[i][0],
 			 (int)shapes[i][1], (int)shapes[i][2]);
 		both_switch_values("LOOM_CUDA_LN_RESIDUAL", name, b_ln_residual);
 	}
-}
-
-/* A residual value x read by a layer norm and by the add after it,
- * y = ln(x) + x over b x rows x c: x's gradient sums the add's (dy) and
- * the norm's dx; under LOOM_CUDA_LN_BWD_ACCUM=1 the norm's backward adds
- * dx into dy itself (graph/fuse.c's loom_fuse_ln_bwd_accum: the sum's ADD
- * a view, the sum written over dy's bytes where dy dies there). */
-static loom_value ln_accum_case(loom_graph *g, tcase *t, int64_t b, int64_t rows, int64_t c)
-{
-	loom_value x = param(g, t, "x", 3, b, rows, c, 0);
-	const char *e = getenv("LOOM_CUDA_LN_BWD_ACCUM");
-	if (e && !strcmp(e, "1")) {
-		t->note[0] = "dx added into the residual's gradient";
-		t->note_op[0] = LOOM_OP_LAYERNORM_BWD_DATA;
-	}
-	loom_value y = loom_layernorm(g, x, param(g, t, "ln.weight", 1, c, 0, 0, 0),
-				      param(g, t, "ln.bias", 1, c, 0, 0, 0), 1e-5);
-	return loom_add(g, y, x);
-}
-
-/* The shape b_ln_accum builds, set by its test before each case. */
-static int64_t ln_accum_dims[3];
-
-static loom_value b_ln_accum(loom_graph *g, tcase *t)
-{
-	return ln_accum_case(g, t, ln_accum_dims[0], ln_accum_dims[1], ln_accum_dims[2]);
 }
 
 /* Layer norm's dx added into the residual's other gradient in the dx
@@ -1787,7 +1777,7 @@ Test(cuda_ops, layernorm_backward_accum)
 	for (int i = 0; i < 3; i++)
 		for (int k = 0; k < (i < 2 ? 2 : 1); k++) {
 			char name[96];
-			memcpy(ln_accum_dims, shapes[i], sizeof(ln_accum_dims));
+			memcpy(ln_add_dims, shapes[i], sizeof(ln_add_dims));
 			snprintf(name, sizeof(name), "ln_bwd_accum %dx%dx%d %s", (int)shapes[i][0],
 				 (int)shapes[i][1], (int)shapes[i][2], bwd[k]);
 			setenv("LOOM_CUDA_LN_BWD", bwd[k], 1);
