@@ -82,20 +82,44 @@ cp tests/engine/cuda/gpu_suite.sh tests/engine/cuda/gpu_summary.sh tests/engine/
 	tests/engine/cuda/gpu_ddp_shared.sh "$out/"
 mkdir -p "$out/bench"
 cp bench/torch_gpu.py bench/torch_convnet.py bench/torch_modes.py bench/torch_gpt.py "$out/bench/"
-# Fashion-MNIST (about 30 MB) travels too, so that the suite can train the
-# ConvNet on the GPU and report its accuracy.
+# Fashion-MNIST travels too, so that the suite can train the ConvNet on the
+# GPU and report its accuracy, with gpt_ddp's text (Debian's fortunes, about
+# 2.5 MB of prose: one file, for loom and bench/torch_gpt.py alike). Both go
+# into the xz payload below unpacked (datasets/mnist.c reads the raw files
+# first): xz makes 27 MB of what gzip made 31 and the text a third of its
+# size, room for the torchao wheel under the device tool's 64 MiB.
+mkdir -p "$out/data"
 data=${LOOM_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -d "$data" ]; then
-	mkdir -p "$out/data"
-	cp -L "$data"/*-ubyte* "$out/data/"
+	for f in "$data"/*-ubyte*; do
+		name=$(basename "$f" .gz)
+		case $f in
+		*.gz) gzip -dc "$f" >"$out/data/$name" ;;
+		*) cp -L "$f" "$out/data/$name" ;;
+		esac
+	done
 fi
-# gpt_ddp's text (Debian's fortunes, about 1.5 MB of prose): one file, for
-# loom and bench/torch_gpt.py alike.
 text=${LOOM_TEXT_DIR:-/usr/share/games/fortunes}
 if [ -d "$text" ]; then
-	mkdir -p "$out/data"
 	find "$text" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 | sort -z |
 		xargs -0 cat >"$out/data/fortunes.txt"
+fi
+
+# torchao, for bench/torch_gpt.py --float8 (issue 42's FP8 baseline): the
+# GPU host's PyTorch image lacks it and can fetch nothing, so its wheel
+# travels (the version bench/setup_torch.sh pins, built for torch 2.11 as
+# the host has), and run.sh installs it into the bundle's site/ when that
+# Python cannot import torchao. LOOM_BUNDLE_TORCHAO=0 leaves it out; where
+# pip cannot reach PyPI here it is left out with a note.
+if [ "${LOOM_BUNDLE_TORCHAO:-1}" != 0 ]; then
+	ao=$(sed -n 's/^TORCHAO_VERSION=\([0-9.]*\).*/\1/p' bench/setup_torch.sh)
+	mkdir -p "$out/whl"
+	if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+		--platform manylinux_2_17_x86_64 -d "$out/whl" "torchao==$ao" >/dev/null 2>&1; then
+		echo "gpu_bundle: torchao $ao could not be fetched here; the --float8 rows will say so" >&2
+		rm -rf "$out/whl"
+	fi
 fi
 
 # llm.c's train_gpt2cu, the GPT's reference on the GPU (issue 30's goal),
@@ -110,19 +134,19 @@ if [ -n "${LOOM_LLMC_BIN:-}" ] && [ -x "$LOOM_LLMC_BIN" ]; then
 	fi
 fi
 
-# bin/ and lib/ travel as one archive (oneDNN and OpenBLAS alone are 76 MB):
-# xz makes it 18 MB where gzip makes 32, so that with the dataset (30 MB) and
-# the CUDA plugin the bundle stays under the device tool's 64 MiB. run.sh
-# unpacks it afresh on every run, so a stale bin/ is never run. Open MPI's
-# runtime (mpi/) goes in the same archive.
+# bin/, lib/ and data/ travel as one archive (oneDNN and OpenBLAS alone are
+# 76 MB): xz makes the programs 18 MB where gzip makes 32, so that with the
+# data and the CUDA plugin the bundle stays under the device tool's 64 MiB.
+# run.sh unpacks it afresh on every run, so a stale bin/ is never run. Open
+# MPI's runtime (mpi/) goes in the same archive.
 mpi=()
 [ -d "$out/mpi" ] && mpi=(mpi)
 if command -v xz >/dev/null 2>&1; then
-	tar -C "$out" -cf - bin lib "${mpi[@]}" | xz -T"${LOOM_JOBS:-2}" -6 >"$out/payload.tar.xz"
+	tar -C "$out" -cf - bin lib data "${mpi[@]}" | xz -T"${LOOM_JOBS:-2}" -6 >"$out/payload.tar.xz"
 else
-	tar -C "$out" -czf "$out/payload.tar.gz" bin lib "${mpi[@]}"
+	tar -C "$out" -czf "$out/payload.tar.gz" bin lib data "${mpi[@]}"
 fi
-rm -rf "$out/bin" "$out/lib" "$out/mpi"
+rm -rf "$out/bin" "$out/lib" "$out/data" "$out/mpi"
 git rev-parse --short HEAD >"$out/COMMIT" 2>/dev/null || echo unknown >"$out/COMMIT"
 
 cat >"$out/run.sh" <<'RUN'
@@ -140,7 +164,7 @@ if [ ! -w "$here" ]; then
 	cp -r "$here"/. "$tmp"/
 	here=$tmp
 fi
-rm -rf "$here/bin" "$here/lib" "$here/mpi"
+rm -rf "$here/bin" "$here/lib" "$here/data" "$here/mpi" "$here/site"
 payload=$(ls "$here"/payload.tar.* 2>/dev/null | head -n 1)
 tar -C "$here" -xf "$payload" 2>/dev/null ||
 	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
@@ -171,6 +195,16 @@ if [ -d "$here/mpi" ]; then
 	path=$path:$here/mpi/lib/x86_64-linux-gnu/openmpi/lib:$here/mpi/pmix2/lib
 fi
 export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# torchao for bench/torch_gpt.py --float8, from the bundle's wheel where the
+# host's Python lacks it (its PyTorch image has none and fetches nothing).
+if ls "$here"/whl/*.whl >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1 &&
+	! python3 -c 'import torchao' >/dev/null 2>&1; then
+	[ -d "$here/site/torchao" ] ||
+		python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+			--target "$here/site" "$here"/whl/*.whl >/dev/null 2>&1 ||
+		echo "run.sh: torchao's wheel did not install; the --float8 rows will say so" >&2
+	[ -d "$here/site/torchao" ] && export PYTHONPATH=$here/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 [ -f "$here/bin/libloom_cuda.so" ] && export LOOM_CUDA_PLUGIN=$here/bin/libloom_cuda.so
 # LOOM_BUNDLE_ENV_ONLY=1: runs its arguments (or a shell) in this environment instead
 # (how the bundle's own Open MPI is tried on a host without one).
