@@ -9,7 +9,8 @@
  * bf16 D. The numbers are the emulation's but for the order of the fp32
  * sums. Anything else — a
  * source that is not a QDQ, a dimension not a multiple of 16, no
- * algorithm — is left to the plain product (matmul_cublaslt.cu), which
+ * algorithm, a backward product of a forward QDQ under pipeline stages —
+ * is left to the plain product (matmul_cublaslt.cu), which
  * computes the emulation on the QDQ'd bf16 values.
  *
  * FP8 wants the "TN" layout (cuBLAS's A transposed, B not): in loom's
@@ -96,11 +97,26 @@ static int fp8_takes_graph(const loom_graph *g, loom_value v, fp8_shape *s, int 
 	       s->k % 16 == 0 && s->m <= INT32_MAX && s->n <= INT32_MAX && s->k <= INT32_MAX;
 }
 
+/* Whether backward product v reads a forward QDQ's scale under pipeline
+ * stages: the slot is the node's, not the micro-batch's, and a stage
+ * runs later micro-batches' forwards (GPipe, 1F1B) before an earlier
+ * one's backward, so the cast and cuBLASLt would take another
+ * micro-batch's scale to that one's values (re-rounded, or saturated
+ * where the later scale is larger); as the saved region and the GELU
+ * epilogue, left to the plain product there. */
+static int scale_outlived(const loom_plan *p, loom_value v, const loom_value q[2])
+{
+	const loom_node *n = p->g->nodes;
+	return p->pipe && (n[v].flags & LOOM_NODE_BACKWARD) &&
+	       (!(n[q[0]].flags & LOOM_NODE_BACKWARD) || !(n[q[1]].flags & LOOM_NODE_BACKWARD));
+}
+
 /* Whether node v can run in FP8 here: the rule above, both QDQs steps of
- * this rank's plan. */
+ * this rank's plan whose scales are still this micro-batch's. */
 static int fp8_takes(const loom_plan *p, loom_value v, fp8_shape *s, int fmt[2], loom_value q[2])
 {
-	return fp8_takes_graph(p->g, v, s, fmt, q) && runs_here(p, q[0]) && runs_here(p, q[1]);
+	return fp8_takes_graph(p->g, v, s, fmt, q) && runs_here(p, q[0]) && runs_here(p, q[1]) &&
+	       !scale_outlived(p, v, q);
 }
 
 int loom_cuda_mm_fp8_reads(const loom_graph *g, loom_value v, int i)

@@ -4002,6 +4002,34 @@ Test(cuda_ops, fp8_gemm_takes_the_block_products)
 	loom_graph_free(g);
 }
 
+/*
+ * Under pipeline stages a later micro-batch's forward rewrites a forward
+ * QDQ's scale slot before an earlier one's backward reads it, so the
+ * backward's products that read one (each linear's data and weight
+ * gradients) stay plain and the forward's 2 of the 6 run in FP8: the rule
+ * on the block's plan with its pipe set (the rule asks only whether there
+ * is one).
+ */
+Test(cuda_ops, fp8_gemm_pipeline_keeps_backward_plain)
+{
+	if (!loom_cuda_test_fp8_products)
+		cr_skip_test("needs a build with the CUDA toolkit (matmul_fp8.cu's rule)");
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
+	loom_program *p = compile_fp8(g, loss, LOOM_DEVICE_CPU, 1);
+	struct loom_pipe *was = p->plan.pipe;
+	int stage = 0, fp8 = -1, products = -1;
+	p->plan.pipe = (struct loom_pipe *)&stage;
+	loom_cuda_test_fp8_products(&p->plan, &fp8, &products);
+	p->plan.pipe = was;
+	cr_expect_eq(fp8, 2, "%d of %d products would run on cuBLASLt FP8 in a pipeline, want 2",
+		     fp8, products);
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
 /* FP8_QDQ's kernels: the emulation's numbers, bit for bit where exact. */
 Test(cuda_ops, fp8_qdq_matches_cpu)
 {
