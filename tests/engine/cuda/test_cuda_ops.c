@@ -3351,7 +3351,7 @@ Test(cuda_ops, table)
 static const char *const covered_elsewhere[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = "AMP casts: batchnorm_o2_half_x_fp32_stats and the ConvNet O1/O2 steps",
 	[LOOM_OP_ALLREDUCE] = "needs a process group of world > 1: tests/ddp (CPU, MPI); NCCL not yet run",
-	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_amax_producer_matches_cpu",
+	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_amax_producer_matches_cpu, fp8_amax_optim_matches_the_pass",
 };
 
 /*
