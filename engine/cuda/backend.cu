@@ -765,10 +765,7 @@ static loom_status cuda_input_slot(void *ctx, void *dst, size_t bytes, void **ho
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
 	loom_status st;
-	/* a weight's or master's bytes: its cast's amax from the optimizer
-	 * is stale until the next update (LOOM_CUDA_FP8_AMAX_OPTIM) */
-	if ((st = loom_cuda_use_device(c)) != LOOM_OK ||
-	    (st = loom_cuda_fp8_wamax_touch(c, dst, bytes)) != LOOM_OK)
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
 		return st;
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (!in)
