@@ -520,6 +520,15 @@ int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 	return 1;
 }
 
+/* Whether the plan runs an optimizer step (not a forward-only plan). */
+static int plan_updates(const loom_plan *p)
+{
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_OPTIM)
+			return 1;
+	return 0;
+}
+
 /*
  * The amax of a weight's cast from the optimizer (LOOM_CUDA_FP8_AMAX_OPTIM):
  * the p->params slot of the weight whose FP8_QDQ q (E4M3 or E5M2) reads
@@ -527,22 +536,27 @@ int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_val
  * float CAST (O1's bf16 copy of an f32 weight: the cast's amax is the
  * rounded max of the weight's, loom_fp8_amax_kernel), so that the amax
  * the optimizer takes of what it stores is the one of what q reads; -1:
- * none. The optimizer must write the whole weight itself on this rank,
- * every applied step: refused under ZeRO (each rank updates its shard,
- * the others' come by all-gather), ZeRO-3's gathered weights (sharded),
- * a pipeline (a stage may read a weight another updates, received), with
- * no optimizer, and under delayed scaling (its cast takes the amax in its
- * own pass, nothing to save). O2: the weight is the bf16 copy the
- * optimizer rounds from the f32 master, which q reads. A weight read by
- * several casts (a tied table) has one cell each reads. Plain rule on
- * the plan, so that a test asks it without a device.
+ * none. O2: the weight is the bf16 copy the optimizer rounds from the f32
+ * master, which q reads. A weight read by several casts (a tied table)
+ * has one cell they all read.
+ *
+ * Sound only where this rank's optimizer writes the whole weight, every
+ * applied step, and nothing else writes it unseen: refused under ZeRO
+ * (each rank updates its shard, the others' come by all-gather; also a
+ * piece that is not the whole weight, or packs it for the gather),
+ * ZeRO-3's gathered weights (sharded), a pipeline (a stage may read a
+ * weight another stage updates, received by a transport that writes the
+ * arena directly), a plan with no optimizer step, and under delayed
+ * scaling (its cast takes the amax in its own pass: nothing to save).
+ * What else may write a weight clears the flags (loom_cuda_wamax). Plain
+ * rule on the plan, so that a test asks it without a device.
  */
 static int amax_optim_rule(const loom_plan *p, loom_value q)
 {
 	const loom_graph *g = p->g;
 	const loom_node *n = &g->nodes[q];
 	if (n->op != LOOM_OP_FP8_QDQ || !is_fp8(n->a.fp8.fwd) || n->nsrc < 1 || p->zero ||
-	    p->n_gathers || p->pipe || p->opts.optim.kind == LOOM_OPTIM_NONE ||
+	    p->n_gathers || p->pipe || p->opts.optim.kind == LOOM_OPTIM_NONE || !plan_updates(p) ||
 	    p->opts.amp.fp8_scaling == LOOM_FP8_SCALING_DELAYED)
 		return -1;
 	loom_value x = n->src[0];
