@@ -4529,6 +4529,15 @@ static void wamax_step(loom_program *p[2], int k, int bad, const char *what)
 	cr_expect(bad || !memcmp(&loss[0], &loss[1], sizeof(double)),
 		  "%s: loss %.17g with the optimizer's amax, %.17g with the pass", what, loss[1],
 		  loss[0]);
+	/* every cast's amax as it recorded it (the device's state, read back) */
+	for (int i = 0; !bad && i < loom_fp8_tensor_count(p[1]); i++) {
+		loom_fp8_tensor_info a, b;
+		cr_assert_eq(loom_fp8_tensor_get(p[1], i, &a), LOOM_OK);
+		cr_assert_eq(loom_fp8_tensor_get(p[0], i, &b), LOOM_OK);
+		cr_expect(a.amax == b.amax && a.scale == b.scale,
+			  "%s, %s: amax %.9g (scale %g) from the optimizer, %.9g (%g) by the pass",
+			  what, a.name, a.amax, a.scale, b.amax, b.scale);
+	}
 }
 
 /*
@@ -4550,13 +4559,14 @@ Test(cuda_ops, fp8_amax_optim_matches_the_pass)
 	cr_expect_eq(fp8_amax_by_optim(p[0]), 0, "switch off: no cast takes the optimizer's amax");
 	cr_expect_eq(fp8_amax_by_optim(p[1]), 8, "switch on: %d casts take the optimizer's amax, "
 		     "want 8", fp8_amax_by_optim(p[1]));
-	char ck[64];
-	snprintf(ck, sizeof(ck), "/tmp/loom_wamax_%d.ckpt", (int)getpid());
+	char ck[2][64];
+	for (int i = 0; i < 2; i++)
+		snprintf(ck[i], sizeof(ck[i]), "/tmp/loom_wamax_%d_%d.ckpt", (int)getpid(), i);
 	int k = 0;
 	for (; k < 3; k++)
 		wamax_step(p, k, 0, "first steps");
 	for (int i = 0; i < 2; i++)
-		cr_assert_eq(loom_save(p[i], ck), LOOM_OK, "%s", loom_program_error(p[i]));
+		cr_assert_eq(loom_save(p[i], ck[i]), LOOM_OK, "%s", loom_program_error(p[i]));
 	wamax_step(p, k++, 1, "skipped step");
 	for (int j = 0; j < 2; j++)
 		wamax_step(p, k++, 0, "after the skipped step");
@@ -4575,9 +4585,10 @@ Test(cuda_ops, fp8_amax_optim_matches_the_pass)
 	free(buf);
 	for (int j = 0; j < 2; j++)
 		wamax_step(p, k++, 0, "after a host write");
-	for (int i = 0; i < 2; i++)
-		cr_assert_eq(loom_load(p[i], ck), LOOM_OK, "%s", loom_program_error(p[i]));
-	unlink(ck);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(loom_load(p[i], ck[i]), LOOM_OK, "%s", loom_program_error(p[i]));
+		unlink(ck[i]);
+	}
 	for (int j = 0; j < 2; j++)
 		wamax_step(p, k++, 0, "after a checkpoint's load");
 	cr_expect_eq(gpt_first_param_differs(p[0], p[1], &m), -1,
