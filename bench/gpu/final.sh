@@ -42,6 +42,14 @@ r gpt_O2_fp8_amax_pass_ln_accum env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PROD
 r gpt_O2_fp8_amax_producer_ln_accum env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 LOOM_CUDA_LN_BWD_ACCUM=1 $b/gpt_ddp $F --dump-graph
 grep -a "^step +20/20" $o/gpt_O2_fp8_amax_*ln_accum.log | cut -c1-160
 echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer_ln_accum.log) (of them the backward's: $(grep -ac "amax by its producer.*\(backward\|dx\)" $o/gpt_O2_fp8_amax_producer_ln_accum.log))"
+# The weights' FP8 casts taking their amax from the optimizer that wrote them
+# (LOOM_CUDA_FP8_AMAX_OPTIM, default 0: each weight cast's own amax pass; the
+# first step takes the pass), on cuBLASLt FP8, current scaling; the same
+# losses, and how many casts say so.
+r gpt_O2_fp8_amax_optim0 env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_OPTIM=0 $b/gpt_ddp $F
+r gpt_O2_fp8_amax_optim1 env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_OPTIM=1 $b/gpt_ddp $F --dump-graph
+grep -a "^step +20/20" $o/gpt_O2_fp8_amax_optim0.log $o/gpt_O2_fp8_amax_optim1.log | cut -c1-160
+echo "   casts with the optimizer's amax: $(grep -ac 'amax by the optimizer' $o/gpt_O2_fp8_amax_optim1.log)"
 # --amp-report under current scaling (the device default: the casts record
 # each tensor's amax, scale and saturated count on the device, issue 42
 # item 6): a row per scaled tensor with its amax, the losses and tok/s

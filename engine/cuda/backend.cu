@@ -409,6 +409,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->lt_pad = env_switch(LOOM_OPT_CUDA_LT_PAD);
 	c->fp8_gemm = env_switch(LOOM_OPT_CUDA_FP8_GEMM);
 	c->fp8_amax_producer = env_switch(LOOM_OPT_CUDA_FP8_AMAX_PRODUCER);
+	c->fp8_amax_optim = env_switch(LOOM_OPT_CUDA_FP8_AMAX_OPTIM);
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)
@@ -420,6 +421,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 		c->plans[v].fused_into = LOOM_NONE;
 		c->plans[v].ce_bwd = LOOM_NONE;
 		c->plans[v].fp8_amax = LOOM_NONE;
+		c->plans[v].fp8_wamax = -1;
 		c->plans[v].bn.relu_bwd = c->plans[v].bn.relu_y = c->plans[v].bn.relu_dy = LOOM_NONE;
 		c->plans[v].bn.fuse.relu_bwd = c->plans[v].bn.fuse.y = LOOM_NONE;
 		c->plans[v].bn.fuse.dy = c->plans[v].bn.fuse.beta = LOOM_NONE;
@@ -653,6 +655,7 @@ static void free_plans(loom_cuda_ctx *c)
 			loom_cuda_sdpa_plan_free(&c->plans[v]);
 	}
 	free(c->plans);
+	loom_cuda_fp8_wamax_free(c);
 	loom_cuda_fp8_free(c);
 }
 
@@ -1005,7 +1008,10 @@ static loom_status cuda_upload(void *ctx, void *dst, const void *src, size_t byt
 	unsigned char *d = (unsigned char *)dst;
 	loom_status st = LOOM_OK;
 
-	if ((st = loom_cuda_use_device(c)) != LOOM_OK)
+	/* a weight's or master's bytes: its cast's amax from the optimizer
+	 * is stale until the next update (LOOM_CUDA_FP8_AMAX_OPTIM) */
+	if ((st = loom_cuda_use_device(c)) != LOOM_OK ||
+	    (st = loom_cuda_fp8_wamax_touch(c, dst, bytes)) != LOOM_OK)
 		return st;
 	loom_cuda_input *in = staged_input(c, dst, bytes);
 	if (in)
@@ -1625,6 +1631,9 @@ static void *cuda_stream_handle(void *ctx, loom_stream s)
 static loom_status cuda_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
 	loom_cuda_ctx *c = (loom_cuda_ctx *)ctx;
+	loom_status st = loom_cuda_fp8_wamax_touch(c, dst, bytes); /* as upload */
+	if (st != LOOM_OK)
+		return st;
 	return LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
 			       c->err, sizeof(c->err));
 }

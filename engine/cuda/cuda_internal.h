@@ -100,6 +100,12 @@ typedef struct loom_cuda_opt_slot {
 	int64_t numel;
 	int32_t param_dt, grad_dt, state_dt;
 	int32_t matrix; /* loom_param_slot.matrix: decayed under decay_matrices_only */
+	int32_t pad_;
+	/* LOOM_CUDA_FP8_AMAX_OPTIM (fp8.cu's loom_cuda_fp8_wamax_plan): the
+	 * weight's cell, which the update fills with the max |w| of what it
+	 * stores into param (the bits, by atomicMax; zeroed by the decision
+	 * of an applied step); NULL: none (every piece under ZeRO). */
+	unsigned *amax;
 } loom_cuda_opt_slot;
 
 /* One slot of the loss read one step late (backend.cu, loss_async). */
@@ -311,6 +317,10 @@ typedef struct loom_cuda_node_plan {
 	 * fills with the max |y| of what it stores; on that FP8_QDQ,
 	 * the producer, so its amax pass is not launched. LOOM_NONE: none. */
 	loom_value fp8_amax;
+	/* LOOM_CUDA_FP8_AMAX_OPTIM (fp8.cu's loom_cuda_fp8_wamax_plan): on an
+	 * FP8_QDQ of a weight, the cell (loom_cuda_wamax) the optimizer fills
+	 * with the weight's amax, -1: none. */
+	int fp8_wamax;
 	/* FP8 storage (fp8.cu's loom_cuda_fp8_storage_plan): the sources
 	 * (bit i: source i) stored as fp8 codes that this node does not read
 	 * as codes, decoded into ws from fp8_dec_off before it runs. */
@@ -352,6 +362,28 @@ typedef struct loom_cuda_input {
 	cudaGraphNode_t node;   /* its copy in the captured graph; NULL: none */
 	int node_slot;          /* the slot that node reads */
 } loom_cuda_input;
+
+/*
+ * LOOM_CUDA_FP8_AMAX_OPTIM (fp8.cu): one cell per weight whose FP8 casts
+ * take their amax from the optimizer. amax[i] (device) is the max |w| of
+ * what the last applied update stored into the weight; valid[i] (device)
+ * is 1 only while that update's values are the weight's bytes: the
+ * decision of an applied step clears it as it zeroes the cell, the update
+ * sets it, any host write or device copy into the weight or its master
+ * (upload, copy: fp8_wamax_touch) clears it, and it starts at 0, so the
+ * first step's casts and those after a checkpoint's load take their own
+ * pass. Host side: each cell's weight (param node), its p->params slot,
+ * and the byte ranges of the weight and its master ([lo, hi), two per
+ * cell; the arena's, known at alloc).
+ */
+typedef struct loom_cuda_wamax {
+	float *amax;
+	int *valid;
+	loom_value *param;
+	int *slot;
+	uintptr_t *lo, *hi;
+	int n;
+} loom_cuda_wamax;
 
 /* FP8 scaling's state on the device (fp8.cu): ts.fp8's tensors
  * (amp/fp8_scaling.h), under delayed scaling their amax histories and the
@@ -484,7 +516,9 @@ typedef struct loom_cuda_ctx {
 	 * values, the emulation), and the per-node scale slots. */
 	int fp8_gemm;
 	int fp8_amax_producer; /* LOOM_CUDA_FP8_AMAX_PRODUCER (0) */
+	int fp8_amax_optim;    /* LOOM_CUDA_FP8_AMAX_OPTIM (0) */
 	float *fp8_slots;
+	loom_cuda_wamax wamax; /* the weights' amax cells (n 0: none) */
 	/* fp8's per-tensor state on the device (fp8.cu, a copy of ts.fp8's):
 	 * t NULL without fp8; under current scaling the tensors alone. */
 	loom_cuda_fp8_dev fp8_dev;

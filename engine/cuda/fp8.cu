@@ -13,6 +13,7 @@
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/fp8.h"
@@ -76,12 +77,22 @@ static __device__ __forceinline__ void qdq_put_scale(void *y, int64_t n, float s
 
 /* NaN-blind as the CPU's scan: a NaN never wins '>' and stays out of the
  * scale. The block's max goes into *amax by atomicMax on the bits, which
- * order as the values do for non-negative floats (inf included). */
+ * order as the values do for non-negative floats (inf included). valid
+ * set (LOOM_CUDA_FP8_AMAX_OPTIM): the optimizer left x's amax in *given,
+ * the max |w| of the weight as it stored it; x is that weight or its
+ * cast into xdt, and a rounding to nearest is monotone and odd, so the
+ * max of the rounded |w| is the rounded max: one thread writes it, no
+ * pass. */
 __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned *amax,
-				     const int *ring)
+				     const int *ring, const float *given, const int *valid)
 {
 	if (ring && ring[0] > 0) /* delayed scaling with a history: the cast's own pass */
 		return;
+	if (valid && *valid) {
+		if (blockIdx.x == 0 && threadIdx.x == 0)
+			*(float *)amax = fabsf(loom_stored(xdt, *given));
+		return;
+	}
 	float m = 0.0f;
 	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -262,7 +273,7 @@ __global__ void loom_fp8_decode_kernel(const unsigned char *q, int64_t n, int fm
 // kernel launchers
 
 loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
-			       float *slot, const int *ring)
+			       float *slot, const int *ring, const float *given, const int *valid)
 {
 	loom_status st = LOOM_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(float), s), err, LOOM_ERR_MAX);
 	if (st != LOOM_OK || n <= 0)
@@ -271,7 +282,8 @@ loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt
 	unsigned blocks = loom_cuda_blocks(n, threads);
 	if (blocks > 2048)
 		blocks = 2048;
-	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, (unsigned *)slot, ring);
+	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, (unsigned *)slot, ring, given,
+							 valid);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -489,8 +501,15 @@ loom_status loom_cuda_fp8_amax_begin(loom_cuda_ctx *c, loom_value v, unsigned **
 int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,
 			    size_t len)
 {
-	if (!c->plans || c->plans[v].fp8_amax == LOOM_NONE ||
-	    p->g->nodes[v].op != LOOM_OP_FP8_QDQ)
+	if (!c->plans || p->g->nodes[v].op != LOOM_OP_FP8_QDQ)
+		return 0;
+	const int cell = c->plans[v].fp8_wamax;
+	if (cell >= 0 && cell < c->wamax.n) {
+		snprintf(buf, len, "amax by the optimizer (weight %d '%s'), no amax pass",
+			 (int)c->wamax.param[cell], p->g->nodes[c->wamax.param[cell]].name);
+		return 1;
+	}
+	if (c->plans[v].fp8_amax == LOOM_NONE)
 		return 0;
 	const loom_value x = c->plans[v].fp8_amax;
 	const int op = p->g->nodes[x].op;
@@ -499,6 +518,187 @@ int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 		 op == LOOM_OP_LAYERNORM_BWD_DATA ? "layer norm's dx" :
 		 op == LOOM_OP_GELU_BWD ? "gelu's backward" : "gelu");
 	return 1;
+}
+
+/* Whether the plan runs an optimizer step (not a forward-only plan). */
+static int plan_updates(const loom_plan *p)
+{
+	for (int i = 0; i < p->n_steps; i++)
+		if (p->steps[i].kind == LOOM_STEP_OPTIM)
+			return 1;
+	return 0;
+}
+
+/*
+ * The amax of a weight's cast from the optimizer (LOOM_CUDA_FP8_AMAX_OPTIM):
+ * the p->params slot of the weight whose FP8_QDQ q (E4M3 or E5M2) reads
+ * it, directly, through whole views of the same dtype, or through one
+ * float CAST (O1's bf16 copy of an f32 weight: the cast's amax is the
+ * rounded max of the weight's, loom_fp8_amax_kernel), so that the amax
+ * the optimizer takes of what it stores is the one of what q reads; -1:
+ * none. O2: the weight is the bf16 copy the optimizer rounds from the f32
+ * master, which q reads. A weight read by several casts (a tied table)
+ * has one cell they all read.
+ *
+ * Sound only where this rank's optimizer writes the whole weight, every
+ * applied step, and nothing else writes it unseen: refused under ZeRO
+ * (each rank updates its shard, the others' come by all-gather; also a
+ * piece that is not the whole weight, or packs it for the gather),
+ * ZeRO-3's gathered weights (sharded), a pipeline (a stage may read a
+ * weight another stage updates, received by a transport that writes the
+ * arena directly), a plan with no optimizer step, and under delayed
+ * scaling (its cast takes the amax in its own pass: nothing to save).
+ * What else may write a weight clears the flags (loom_cuda_wamax). Plain
+ * rule on the plan, so that a test asks it without a device.
+ */
+static int amax_optim_rule(const loom_plan *p, loom_value q)
+{
+	const loom_graph *g = p->g;
+	const loom_node *n = &g->nodes[q];
+	if (n->op != LOOM_OP_FP8_QDQ || !is_fp8(n->a.fp8.fwd) || n->nsrc < 1 || p->zero ||
+	    p->n_gathers || p->pipe || p->opts.optim.kind == LOOM_OPTIM_NONE || !plan_updates(p) ||
+	    p->opts.amp.fp8_scaling == LOOM_FP8_SCALING_DELAYED)
+		return -1;
+	loom_value x = n->src[0];
+	for (int casts = 0;;) {
+		const loom_node *xn = &g->nodes[x];
+		const loom_node *sn = xn->nsrc > 0 ? &g->nodes[xn->src[0]] : NULL;
+		const int whole_view = loom_op_is_view(xn->op) && xn->view_off == 0 &&
+				       xn->dtype == sn->dtype &&
+				       loom_shape_numel(&xn->shape) == loom_shape_numel(&sn->shape);
+		const int float_cast = xn->op == LOOM_OP_CAST && !casts &&
+				       loom_is_float((loom_dtype)xn->dtype) &&
+				       loom_is_float((loom_dtype)sn->dtype);
+		if (!whole_view && !float_cast)
+			break;
+		casts += float_cast;
+		x = xn->src[0];
+	}
+	if (g->nodes[x].op != LOOM_OP_PARAM || (g->nodes[x].flags & LOOM_NODE_SHARDED))
+		return -1;
+	for (int s = 0; s < p->n_params; s++) {
+		if (p->params[s].param != x)
+			continue;
+		/* the whole weight in one piece, this rank's */
+		for (int k = 0; k < p->n_pieces; k++) {
+			const loom_optim_piece *pc = &p->pieces[k];
+			if (pc->slot == s)
+				return pc->off == 0 && pc->n == p->params[s].numel && !pc->pack ? s : -1;
+		}
+		return -1;
+	}
+	return -1;
+}
+
+void loom_cuda_fp8_wamax_free(loom_cuda_ctx *c)
+{
+	loom_cuda_wamax *w = &c->wamax;
+	if (w->amax)
+		(void)cudaFree(w->amax);
+	free(w->param);
+	free(w->slot);
+	free(w->lo);
+	free(w->hi);
+	memset(w, 0, sizeof(*w));
+}
+
+/* The cells of the weights the rule pairs, one per weight (by slot). */
+static loom_status wamax_cells(loom_cuda_ctx *c, const loom_plan *p, int *cell_of)
+{
+	loom_cuda_wamax *w = &c->wamax;
+	for (loom_value q = 0; q < p->g->n; q++) {
+		const int s = amax_optim_rule(p, q);
+		if (s < 0 || loom_step_of(p, q) < 0 || c->plans[q].fp8_amax != LOOM_NONE)
+			continue;
+		if (cell_of[s] < 0) {
+			cell_of[s] = w->n;
+			w->param[w->n] = p->params[s].param;
+			w->slot[w->n++] = s;
+		}
+		c->plans[q].fp8_wamax = cell_of[s];
+	}
+	if (!w->n)
+		return LOOM_OK;
+	/* the cells, then the flags: all 0 (no update yet) */
+	const size_t bytes = loom_cuda_align(sizeof(float) * (size_t)w->n) + sizeof(int) * w->n;
+	loom_status st = LOOM_CUDA_CHECK(cudaMalloc((void **)&w->amax, bytes), c->err,
+					 sizeof(c->err));
+	if (st != LOOM_OK) {
+		w->amax = NULL;
+		return st;
+	}
+	w->valid = (int *)((unsigned char *)w->amax + loom_cuda_align(sizeof(float) * (size_t)w->n));
+	return LOOM_CUDA_CHECK(cudaMemset(w->amax, 0, bytes), c->err, sizeof(c->err));
+}
+
+/* plan_create's pass (fuse_plan.cu, after amax_plan): each FP8_QDQ the
+ * rule takes reads its weight's cell (fp8_wamax); a QDQ its producer
+ * gives the amax keeps that. Host arrays sized by the plan's weights. */
+loom_status loom_cuda_fp8_wamax_plan(loom_cuda_ctx *c, const loom_plan *p)
+{
+	loom_cuda_wamax *w = &c->wamax;
+	loom_cuda_fp8_wamax_free(c);
+	for (loom_value v = 0; v < c->n_plans; v++)
+		c->plans[v].fp8_wamax = -1;
+	if (!c->fp8_amax_optim || !c->fp8_slots || p->n_params == 0)
+		return LOOM_OK;
+	const size_t n = (size_t)p->n_params;
+	int *cell_of = (int *)malloc(sizeof(int) * n);
+	w->param = (loom_value *)calloc(n, sizeof(loom_value));
+	w->slot = (int *)calloc(n, sizeof(int));
+	w->lo = (uintptr_t *)calloc(2 * n, sizeof(uintptr_t));
+	w->hi = (uintptr_t *)calloc(2 * n, sizeof(uintptr_t));
+	loom_status st = LOOM_OK;
+	if (!cell_of || !w->param || !w->slot || !w->lo || !w->hi)
+		st = loom_errnf(c->err, LOOM_ERR_MAX, LOOM_ERR_NOMEM, "cuda: out of host memory");
+	for (size_t i = 0; st == LOOM_OK && i < n; i++)
+		cell_of[i] = -1;
+	if (st == LOOM_OK)
+		st = wamax_cells(c, p, cell_of);
+	free(cell_of);
+	if (st != LOOM_OK) {
+		for (loom_value v = 0; v < c->n_plans; v++)
+			c->plans[v].fp8_wamax = -1;
+		loom_cuda_fp8_wamax_free(c);
+	}
+	return st;
+}
+
+/* At alloc (optim.cu's table upload, the arena carved): each cell's
+ * weight and master ranges, and each piece of a weight with a cell its
+ * amax pointer (the rule took whole weights only: one piece each). */
+void loom_cuda_fp8_wamax_tables(loom_cuda_ctx *c, const loom_plan *p, loom_cuda_opt_slot *slots)
+{
+	loom_cuda_wamax *w = &c->wamax;
+	for (int i = 0; i < w->n; i++) {
+		const loom_param_slot *sl = &p->params[w->slot[i]];
+		const loom_value v[2] = { sl->param, sl->master };
+		for (int k = 0; k < 2; k++) {
+			if (v[k] == LOOM_NONE)
+				continue;
+			w->lo[2 * i + k] = (uintptr_t)loom_arena_ptr(c->arena, p, v[k]);
+			w->hi[2 * i + k] = w->lo[2 * i + k] + loom_plan_value_bytes(p, v[k]);
+		}
+		for (int s = 0; s < p->n_pieces; s++)
+			if (p->pieces[s].slot == w->slot[i])
+				slots[s].amax = (unsigned *)(w->amax + i);
+	}
+}
+
+/* Bytes written into a weight or its master by anything but the
+ * optimizer (the host's values, a device copy): every cell stale until
+ * the next applied update, in the stream's order. */
+loom_status loom_cuda_fp8_wamax_touch(loom_cuda_ctx *c, const void *dst, size_t bytes)
+{
+	const loom_cuda_wamax *w = &c->wamax;
+	const uintptr_t a = (uintptr_t)dst, b = a + bytes;
+	int hit = 0;
+	for (int i = 0; i < 2 * w->n && !hit; i++)
+		hit = w->lo[i] < w->hi[i] && a < w->hi[i] && w->lo[i] < b;
+	if (!hit)
+		return LOOM_OK;
+	return LOOM_CUDA_CHECK(cudaMemsetAsync(w->valid, 0, sizeof(int) * w->n, c->stream), c->err,
+			       sizeof(c->err));
 }
 
 /* Whether node v's source i is read as fp8 codes by v's own plan: the
@@ -578,6 +778,20 @@ extern "C" void loom_cuda_test_fp8_amax_producers(const void *plan, int *given, 
 	}
 }
 
+/* Test hook (no device): how many of the plan's FP8_QDQ nodes the
+ * optimizer's amax rule takes, of how many. */
+extern "C" void loom_cuda_test_fp8_amax_optim(const void *plan, int *given, int *qdqs)
+{
+	const loom_plan *p = (const loom_plan *)plan;
+	*given = *qdqs = 0;
+	for (loom_value v = 0; v < p->g->n; v++) {
+		if (p->g->nodes[v].op != LOOM_OP_FP8_QDQ || !is_fp8(p->g->nodes[v].a.fp8.fwd))
+			continue;
+		*qdqs += 1;
+		*given += amax_optim_rule(p, v) >= 0;
+	}
+}
+
 loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,
 				 const loom_cuda_io *io)
 {
@@ -602,8 +816,15 @@ loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *c, const loom_plan *plan, loom_v
 	 * the device once the history holds a step (the host cannot know
 	 * without a wait). */
 	const int given = c->plans && c->plans[v].fp8_amax != LOOM_NONE;
+	/* The optimizer's cell of this weight (loom_cuda_fp8_wamax_plan),
+	 * read while its flag says the weight is what the optimizer wrote;
+	 * current scaling only (delayed takes the amax in the cast's pass). */
+	const int cell = c->plans && !delayed ? c->plans[v].fp8_wamax : -1;
+	const float *wamax = cell >= 0 ? c->wamax.amax + cell : NULL;
+	const int *valid = cell >= 0 ? c->wamax.valid + cell : NULL;
 	if (!given && (st = loom_cuda_fp8_amax(c->err, c->stream, io->src[0], io->dt[0], numel,
-					       slot, delayed ? d->ring : NULL)) != LOOM_OK)
+					       slot, delayed ? d->ring : NULL, wamax, valid)) !=
+			      LOOM_OK)
 		return st;
 	if (delayed)
 		return loom_cuda_fp8_qdq_delayed(c->err, c->stream, io->src[0], io->dt[0], io->out,

@@ -60,6 +60,23 @@ int loom_cuda_fp8_amax_note(const loom_cuda_ctx *c, const loom_plan *p, loom_val
 			    size_t len);
 
 /*
+ * The amax of a weight's cast from the optimizer (LOOM_CUDA_FP8_AMAX_OPTIM,
+ * fp8.cu; loom_cuda_wamax in cuda_internal.h): wamax_plan (plan_create,
+ * after amax_plan) gives each weight that FP8_QDQs read a cell (their
+ * fp8_wamax), allocated with its flags cleared; wamax_tables (at alloc,
+ * from the optimizer's table upload) records the weights' and masters'
+ * arena ranges and gives each piece its cell; wamax_touch (every upload
+ * and device copy) clears every flag when [dst, dst + bytes) meets one
+ * of those ranges; wamax_free with the plan. The optimizer's kernels
+ * (optim.cu) fill the cells; the cast reads one while its flag is set
+ * (loom_cuda_fp8_amax's given/valid), else takes its own pass.
+ */
+loom_status loom_cuda_fp8_wamax_plan(loom_cuda_ctx *c, const loom_plan *p);
+void loom_cuda_fp8_wamax_tables(loom_cuda_ctx *c, const loom_plan *p, loom_cuda_opt_slot *slots);
+loom_status loom_cuda_fp8_wamax_touch(loom_cuda_ctx *c, const void *dst, size_t bytes);
+void loom_cuda_fp8_wamax_free(loom_cuda_ctx *c);
+
+/*
  * FP8 storage on CUDA (the fp8 storage pass, engine/compile_passes.c, with
  * planning->reads_fp8 yes under LOOM_CUDA_FP8_GEMM=1): the FP8 product
  * reads a stored QDQ's codes itself; any other reader of one (a product
@@ -77,9 +94,11 @@ loom_status loom_cuda_op_fp8_qdq(loom_cuda_ctx *ctx, const loom_plan *plan, loom
 
 /* Launchers (fp8.cu). fmt: LOOM_FP8_E4M3 or LOOM_FP8_E5M2. */
 /* slot[0] = max |x| over n elements, NaN-blind (zeroed first); ring not
- * NULL and ring[0] > 0 (delayed scaling with a history): nothing read. */
+ * NULL and ring[0] > 0 (delayed scaling with a history): nothing read;
+ * valid not NULL and *valid (the optimizer's cell holds x's amax): slot[0]
+ * = *given as x's dtype stores it, no pass. */
 loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt, int64_t n,
-			       float *slot, const int *ring);
+			       float *slot, const int *ring, const float *given, const int *valid);
 /* Delayed scaling's cast: with t->scale once ring[0] > 0, else slot[0]'s
  * amax's scale; the scale used into slot[1], slot[2] (the products read
  * it there); record: the amax and the saturated count taken in the same

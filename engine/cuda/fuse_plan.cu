@@ -515,6 +515,10 @@ loom_status loom_cuda_fuse_plan(loom_cuda_ctx *c, const loom_plan *p)
 	 * cast's amax from its producer's kernel (fp8.cu). */
 	if (st == LOOM_OK)
 		st = loom_cuda_fp8_amax_plan(c, p);
+	/* A weight's cast's amax from the optimizer (fp8.cu); after the
+	 * producers', which a cast keeps. */
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_wamax_plan(c, p);
 	/* Last, after every pass that widens a node's ws: the decoded copies
 	 * of stored fp8 sources a reader does not read as codes (fp8.cu). */
 	if (st == LOOM_OK)

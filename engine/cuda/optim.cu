@@ -51,7 +51,7 @@ __global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
  * taken before the update may grow or shrink it (as the CPU does).
  */
 __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int world, int micro,
-				       int verdict)
+				       int verdict, unsigned *wamax, int *wvalid, int n_w)
 {
 	int apply = 1;
 	/* ZeRO: every rank checked its shard, the executor summed them. */
@@ -73,6 +73,14 @@ __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int worl
 	if (apply)
 		ctl->step++;
 	ctl->apply = apply;
+	/* LOOM_CUDA_FP8_AMAX_OPTIM: an applied step's update refills the
+	 * weights' amax cells; stale until it has run (it sets the flags). A
+	 * skipped step leaves the weights, so their cells and flags, as they
+	 * were. */
+	for (int i = 0; apply && i < n_w; i++) {
+		wamax[i] = 0;
+		wvalid[i] = 0;
+	}
 }
 
 /* Each chunk's sum of squares of its gradients times inv into parts[ci],
@@ -184,6 +192,16 @@ static __device__ __forceinline__ bool opt_skipped(const loom_cuda_opt_slot *slo
 	return true;
 }
 
+/* LOOM_CUDA_FP8_AMAX_OPTIM: an update that runs writes every element of
+ * every weight with a cell (whole pieces, no ZeRO), so their cells hold
+ * the max |w| stored once it has run: the flags set, in its launch. */
+static __device__ __forceinline__ void opt_amax_valid(int *wvalid, int n_w)
+{
+	if (blockIdx.x == 0)
+		for (int i = threadIdx.x; i < n_w; i += blockDim.x)
+			wvalid[i] = 1;
+}
+
 /* The step's rate: NaN, the control block's (a captured step's). */
 static __device__ __forceinline__ double opt_rate(double lr, const loom_cuda_ctl *ctl)
 {
@@ -194,10 +212,11 @@ static __device__ __forceinline__ double opt_rate(double lr, const loom_cuda_ctl
 __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				       const loom_cuda_opt_chunk *chunks, int n_chunks,
 				       loom_optim_opts o, double lr, int matrices_only,
-				       const loom_cuda_ctl *ctl)
+				       const loom_cuda_ctl *ctl, int *wvalid, int n_w)
 {
 	if (opt_skipped(slots, chunks, n_chunks, ctl))
 		return;
+	opt_amax_valid(wvalid, n_w);
 	const double inv = ctl->inv_scale;
 	const int64_t t = ctl->t;
 	lr = opt_rate(lr, ctl);
@@ -214,6 +233,7 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 		void *wp = sl.master ? sl.master : sl.param;
 		const double wd = matrices_only && !sl.matrix ? 0 : o.weight_decay;
 		const int wdt = sl.master ? LOOM_F32 : sl.param_dt;
+		float m = 0; /* max |w| as param stores it (sl.amax), NaN-blind */
 		for (int64_t i = chunks[ci].off + threadIdx.x; i < end; i += blockDim.x) {
 			double w = loom_ld(wp, wdt, i);
 			double g = (double)loom_ld(sl.grad, sl.grad_dt, i) * inv;
@@ -242,7 +262,12 @@ __global__ void loom_opt_update_kernel(const loom_cuda_opt_slot *slots,
 				loom_st(sl.param, sl.param_dt, i, (float)w);
 			if (sl.pack)
 				loom_st(sl.pack, sl.param_dt, i, (float)w);
+			if (sl.amax) {
+				const float a = fabsf(loom_stored(sl.param_dt, (float)w));
+				m = a > m ? a : m;
+			}
 		}
+		loom_amax_commit(sl.amax, m); /* uniform over the block: sl is the chunk's */
 	}
 }
 
@@ -315,6 +340,13 @@ static __device__ __forceinline__ void adamw_f32_elem(const adamw_f32_k &k, floa
 	w -= k.step * m / (sqrtf(v) * k.isbc2 + k.eps);
 }
 
+/* m with |x| if it is larger (a NaN never is, as the cast's amax). */
+static __device__ __forceinline__ float opt_amax(float m, float x)
+{
+	const float a = fabsf(x);
+	return a > m ? a : m;
+}
+
 static __device__ __forceinline__ int opt_al16(const void *p)
 {
 	return !p || (uintptr_t)p % 16 == 0;
@@ -331,6 +363,7 @@ static __device__ void adamw_f32_chunk(const loom_cuda_opt_slot &sl, int64_t off
 	float *mp = (float *)sl.master;
 	TP *pp = (TP *)sl.param, *kp = (TP *)sl.pack;
 	int64_t i = off;
+	float am = 0; /* max |w| as pp stores it (sl.amax), NaN-blind */
 	if (sl.state_dt == LOOM_F32 && opt_al16(gp + off) && opt_al16(mp ? mp + off : NULL) &&
 	    opt_al16(pp ? pp + off : NULL) && opt_al16(kp ? kp + off : NULL) &&
 	    opt_al16((float *)sl.st0 + off) && opt_al16((float *)sl.st1 + off)) {
@@ -356,6 +389,9 @@ static __device__ void adamw_f32_chunk(const loom_cuda_opt_slot &sl, int64_t off
 				opt_st8(pp, b, w);
 			if (kp)
 				opt_st8(kp, b, w);
+#pragma unroll
+			for (int q = 0; q < 8 && sl.amax; q++)
+				am = opt_amax(am, opt_f(opt_to<TP>(w[q])));
 		}
 		i = vend;
 	}
@@ -371,7 +407,10 @@ static __device__ void adamw_f32_chunk(const loom_cuda_opt_slot &sl, int64_t off
 			pp[e] = opt_to<TP>(w);
 		if (kp)
 			kp[e] = opt_to<TP>(w);
+		if (sl.amax)
+			am = opt_amax(am, opt_f(opt_to<TP>(w)));
 	}
+	loom_amax_commit(sl.amax, am); /* uniform over the block: sl is the chunk's */
 }
 
 template <typename TG>
@@ -389,10 +428,11 @@ static __device__ void adamw_f32_by_param(const loom_cuda_opt_slot &sl, int64_t 
 __global__ void loom_opt_adamw_f32_kernel(const loom_cuda_opt_slot *slots,
 					  const loom_cuda_opt_chunk *chunks, int n_chunks,
 					  loom_optim_opts o, double lr, int matrices_only,
-					  const loom_cuda_ctl *ctl)
+					  const loom_cuda_ctl *ctl, int *wvalid, int n_w)
 {
 	if (opt_skipped(slots, chunks, n_chunks, ctl))
 		return;
+	opt_amax_valid(wvalid, n_w);
 	lr = opt_rate(lr, ctl);
 	/* The step's constants once per block (two pow in double). */
 	__shared__ adamw_f32_k k;
@@ -485,7 +525,9 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 	 * the ranks' summed check already; 0 or 1: the host's verdict. */
 	if (p->scaling && verdict == -1 && (st = loom_cuda_optim_check(c, p, s)) != LOOM_OK)
 		return st;
-	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro, verdict);
+	const loom_cuda_wamax *w = &c->wamax;
+	loom_opt_decide_kernel<<<1, 1, 0, s>>>(c->ctl, p->scaling, p->world, micro, verdict,
+					       (unsigned *)w->amax, w->valid, w->n);
 	if ((st = LOOM_CUDA_LAUNCHED(c->err)) != LOOM_OK)
 		return st;
 	if (c->n_chunks == 0)
@@ -506,11 +548,12 @@ extern "C" loom_status loom_cuda_optim_launch(loom_cuda_ctx *c, const loom_plan 
 	if (loom_cuda_adamw_f32_on && p->opts.optim.kind == LOOM_OPTIM_ADAMW)
 		loom_opt_adamw_f32_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
 								      c->n_chunks, p->opts.optim, lr,
-								      matrices_only, c->ctl);
+								      matrices_only, c->ctl, w->valid,
+								      w->n);
 	else
 		loom_opt_update_kernel<<<blocks, threads, 0, s>>>(c->d_slots, c->d_chunks,
 								   c->n_chunks, p->opts.optim, lr,
-								   matrices_only, c->ctl);
+								   matrices_only, c->ctl, w->valid, w->n);
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
@@ -560,6 +603,8 @@ loom_status loom_cuda_opt_tables_upload(loom_cuda_ctx *c, const loom_plan *p)
 			k++;
 		}
 	}
+	/* LOOM_CUDA_FP8_AMAX_OPTIM: the weights' cells (NULL elsewhere) */
+	loom_cuda_fp8_wamax_tables(c, p, slots);
 	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->d_slots, slots, sizeof(*slots) * p->n_pieces,
 					     cudaMemcpyHostToDevice, c->stream),
 			     c->err, sizeof(c->err));

@@ -34,6 +34,8 @@
 #include "engine/program_internal.h"
 #include "graph/ops/ops.h"
 #include "examples/models.h"
+#include "tests/engine/fake_async.h"
+#include "tests/engine/gpt_parts.h"
 
 /* Every case here compares a CUDA plan with its CPU twin node for node,
  * both NCHW (the NHWC cases, which set cuda_nhwc, compile the CUDA side
@@ -3349,7 +3351,7 @@ Test(cuda_ops, table)
 static const char *const covered_elsewhere[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = "AMP casts: batchnorm_o2_half_x_fp32_stats and the ConvNet O1/O2 steps",
 	[LOOM_OP_ALLREDUCE] = "needs a process group of world > 1: tests/ddp (CPU, MPI); NCCL not yet run",
-	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_amax_producer_matches_cpu",
+	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_amax_producer_matches_cpu, fp8_amax_optim_matches_the_pass",
 };
 
 /*
@@ -4374,6 +4376,254 @@ Test(cuda_ops, fp8_amax_producer_matches_cpu)
 			loom_program_free(p[d]);
 		loom_graph_free(g);
 	}
+}
+
+/* fp8.cu's optimizer rule on a plan (a weak reference, as above). */
+extern void loom_cuda_test_fp8_amax_optim(const void *plan, int *given, int *qdqs)
+	__attribute__((weak));
+
+enum { WA_B = 2, WA_T = 8, WA_V = 64, WA_C = 32 };
+
+/* A group of two for compiling a data-parallel or ZeRO plan in one
+ * process (tests/engine/fake_async.h): broadcasts leave the buffer,
+ * all-gathers repeat this rank's bytes, no collective runs here. */
+static loom_status wa_no_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype dt,
+				   void *stream, loom_comm_work **out)
+{
+	(void)buf, (void)count, (void)dt, (void)stream, (void)out;
+	return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "fake: compile only");
+}
+
+static const loom_comm_i wa_iface = {
+	.name = "fake",
+	.allreduce_start = wa_no_allreduce,
+	.wait = fake_comm_wait_free,
+	.broadcast = fake_comm_broadcast,
+	.allgather = fake_comm_allgather,
+	.barrier = fake_comm_barrier,
+	.abort = fake_comm_abort,
+	.free = fake_comm_free,
+};
+
+/*
+ * How many of the fp8 casts (of *qdqs) of gpt_parts' GPT (two blocks and
+ * an untied head, or tied: one block, the classifier reading wte) at O1
+ * or O2, fp8 (all: the classifier's product too) under scaling,
+ * LOOM_CUDA_FP8_AMAX_OPTIM's rule gives the optimizer's amax. world 1:
+ * compiled with CUDA's planning (its fusions and cast folding; delayed
+ * scaling, which that needs a device's fp8 state for, on the CPU); 2:
+ * on the CPU as rank 0 of a fake group of two, ZeRO-zero.
+ */
+static int fp8_amax_optim_of(int tied, int o2, int all, int scaling, int world, int zero,
+			     int *qdqs)
+{
+	gpt m;
+	cr_assert_eq(tied ? gpt_tied_block(&m, WA_B, WA_T, WA_V, WA_C) :
+			    gpt_two_blocks(&m, WA_B, WA_T, WA_V, WA_C),
+		     LOOM_OK);
+	loom_compile_opts o;
+	gpt_adamw_opts(&o, o2 ? LOOM_O2 : LOOM_O1);
+	o.amp.fp8 = 1;
+	o.amp.fp8_all_products = all;
+	o.amp.fp8_scaling = scaling;
+	loom_pg *pg = world > 1 ? fake_group_of_two(30.0, &wa_iface, NULL) : NULL;
+	o.pg = pg;
+	o.zero_stage = zero;
+	if (!pg && scaling != LOOM_FP8_SCALING_DELAYED)
+		fp8_cuda_like_begin(1);
+	loom_program *p = NULL;
+	loom_status st = loom_compile(m.g, m.loss, &o, &p);
+	loom_test_backend = NULL;
+	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+	cr_assert_eq(p->plan.world, world);
+	int given = -1;
+	loom_cuda_test_fp8_amax_optim(&p->plan, &given, qdqs);
+	loom_program_free(p);
+	loom_graph_free(m.g);
+	if (pg)
+		loom_pg_free(pg);
+	return given;
+}
+
+static void expect_amax_optim(int tied, int all, int scaling, int world, int zero, int want)
+{
+	if (!loom_cuda_test_fp8_amax_optim || !plugin())
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's rule)");
+	for (int o2 = 0; o2 < 2; o2++) {
+		int qdqs = -1, given = fp8_amax_optim_of(tied, o2, all, scaling, world, zero, &qdqs);
+		cr_expect_eq(given, want, "%s GPT at O%d%s, world %d%s: %d of %d fp8 casts take "
+			     "the optimizer's amax, want %d", tied ? "tied" : "untied", o2 ? 2 : 1,
+			     all ? " (all products)" : "", world, zero ? " ZeRO" : "", given, qdqs,
+			     want);
+	}
+}
+
+/*
+ * Which FP8 casts LOOM_CUDA_FP8_AMAX_OPTIM=1 gives the amax of the weight
+ * the optimizer wrote (no GPU needed: the rule on the plan), at O1 (the
+ * weight's bf16 cast, rounded) and O2 (the bf16 weight the optimizer
+ * rounds from its master): the two blocks' four weights each (c_attn,
+ * attn_proj, c_fc, mlp_proj), not the classifier's (a bf16 product) nor
+ * any activation's or gradient's cast; with every product in fp8, the
+ * head's weight too.
+ */
+Test(cuda_ops, fp8_amax_optim_takes_the_weights)
+{
+	expect_amax_optim(0, 0, LOOM_FP8_SCALING_CURRENT, 1, 0, 8);
+	expect_amax_optim(0, 1, LOOM_FP8_SCALING_CURRENT, 1, 0, 9);
+	/* the default recipe is current scaling on a device */
+	expect_amax_optim(0, 0, LOOM_FP8_SCALING_DEFAULT, 1, 0, 8);
+}
+
+/* The tied table (wte: the embedding's gather and, with every product in
+ * fp8, the classifier's cast) is one weight the optimizer writes whole:
+ * its cast takes the amax too (5 of the tied GPT's weights; 4 without). */
+Test(cuda_ops, fp8_amax_optim_takes_the_tied_table)
+{
+	expect_amax_optim(1, 0, LOOM_FP8_SCALING_CURRENT, 1, 0, 4);
+	expect_amax_optim(1, 1, LOOM_FP8_SCALING_CURRENT, 1, 0, 5);
+}
+
+/*
+ * Where the rule refuses (each cast its own amax pass): delayed scaling
+ * (its cast takes the amax in the same pass), ZeRO (each rank updates
+ * its shard of a weight, the rest comes from the other ranks); data
+ * parallelism without ZeRO keeps it (every rank updates whole weights
+ * from the summed gradients).
+ */
+Test(cuda_ops, fp8_amax_optim_refuses_zero_and_delayed)
+{
+	expect_amax_optim(0, 0, LOOM_FP8_SCALING_DELAYED, 1, 0, 0);
+	expect_amax_optim(0, 0, LOOM_FP8_SCALING_CURRENT, 2, 0, 8);
+	expect_amax_optim(0, 0, LOOM_FP8_SCALING_CURRENT, 2, 1, 0);
+	expect_amax_optim(0, 1, LOOM_FP8_SCALING_CURRENT, 2, 1, 0);
+}
+
+/* FP8 casts whose --dump-graph note says the optimizer gives the amax. */
+static int fp8_amax_by_optim(const loom_program *p)
+{
+	const loom_backend_planning *pn = p->be->planning;
+	int n = 0;
+	for (int v = 0; v < p->plan.g->n && pn && pn->node_note; v++) {
+		char note[512] = "";
+		if (p->plan.g->nodes[v].op != LOOM_OP_FP8_QDQ)
+			continue;
+		pn->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
+		n += strstr(note, "amax by the optimizer") != NULL;
+	}
+	return n;
+}
+
+/* gpt_two_blocks at O2 fp8 (current scaling) on CUDA with
+ * LOOM_CUDA_FP8_AMAX_OPTIM at on. */
+static loom_program *compile_fp8_wamax(const gpt *m, int on)
+{
+	loom_compile_opts o;
+	gpt_adamw_opts(&o, LOOM_O2);
+	o.device = LOOM_DEVICE_CUDA;
+	o.no_tf32 = 1;
+	o.amp.fp8 = 1;
+	o.amp.fp8_scaling = LOOM_FP8_SCALING_CURRENT;
+	setenv("LOOM_CUDA_FP8_AMAX_OPTIM", on ? "1" : "0", 1);
+	loom_program *p = NULL;
+	loom_status st = loom_compile(m->g, m->loss, &o, &p);
+	unsetenv("LOOM_CUDA_FP8_AMAX_OPTIM");
+	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+/* One step of both programs on batch k (bad: a label out of range, the
+ * step skipped on the device, reported): the same loss bit for bit. */
+static void wamax_step(loom_program *p[2], int k, int bad, const char *what)
+{
+	double loss[2];
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(gpt_feed(p[i], k, WA_B, WA_T, WA_V, 0), LOOM_OK);
+		if (bad) {
+			int32_t tg[WA_B * WA_T];
+			for (int j = 0; j < WA_B * WA_T; j++)
+				tg[j] = j % WA_V;
+			tg[3] = WA_V + 5;
+			cr_assert_eq(loom_set_input(p[i], "targets", tg, LOOM_I32, WA_B * WA_T), LOOM_OK);
+		}
+		loom_status st = loom_run(p[i], LOOM_RUN_TRAIN);
+		if (bad) {
+			cr_expect_neq(st, LOOM_OK, "%s: a bad label's step ran", what);
+			continue;
+		}
+		cr_assert_eq(st, LOOM_OK, "%s, program %d: %s", what, i, loom_program_error(p[i]));
+		loss[i] = loom_loss(p[i]);
+	}
+	cr_expect(bad || !memcmp(&loss[0], &loss[1], sizeof(double)),
+		  "%s: loss %.17g with the optimizer's amax, %.17g with the pass", what, loss[1],
+		  loss[0]);
+	/* every cast's amax as it recorded it (the device's state, read back) */
+	for (int i = 0; !bad && i < loom_fp8_tensor_count(p[1]); i++) {
+		loom_fp8_tensor_info a, b;
+		cr_assert_eq(loom_fp8_tensor_get(p[1], i, &a), LOOM_OK);
+		cr_assert_eq(loom_fp8_tensor_get(p[0], i, &b), LOOM_OK);
+		cr_expect(a.amax == b.amax && a.scale == b.scale,
+			  "%s, %s: amax %.9g (scale %g) from the optimizer, %.9g (%g) by the pass",
+			  what, a.name, a.amax, a.scale, b.amax, b.scale);
+	}
+}
+
+/*
+ * The weights' amax from the optimizer (LOOM_CUDA_FP8_AMAX_OPTIM=1: the
+ * update leaves each weight's amax, its casts run no amax pass) against
+ * the pass (=0): gpt_two_blocks at O2 fp8, current scaling, AdamW, the
+ * same losses and parameters bit for bit through the first step (no
+ * update yet: the pass), a step the device skips (a bad label: the
+ * weights and their amaxes as they were), a host write of a weight
+ * (doubled: a stale amax would saturate its cast) and a checkpoint's
+ * load (older weights), each followed by steps.
+ */
+Test(cuda_ops, fp8_amax_optim_matches_the_pass)
+{
+	NEED_GPU();
+	gpt m;
+	cr_assert_eq(gpt_two_blocks(&m, WA_B, WA_T, WA_V, WA_C), LOOM_OK);
+	loom_program *p[2] = { compile_fp8_wamax(&m, 0), compile_fp8_wamax(&m, 1) };
+	cr_expect_eq(fp8_amax_by_optim(p[0]), 0, "switch off: no cast takes the optimizer's amax");
+	cr_expect_eq(fp8_amax_by_optim(p[1]), 8, "switch on: %d casts take the optimizer's amax, "
+		     "want 8", fp8_amax_by_optim(p[1]));
+	char ck[2][64];
+	for (int i = 0; i < 2; i++)
+		snprintf(ck[i], sizeof(ck[i]), "/tmp/loom_wamax_%d_%d.ckpt", (int)getpid(), i);
+	int k = 0;
+	for (; k < 3; k++)
+		wamax_step(p, k, 0, "first steps");
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(loom_save(p[i], ck[i]), LOOM_OK, "%s", loom_program_error(p[i]));
+	wamax_step(p, k++, 1, "skipped step");
+	for (int j = 0; j < 2; j++)
+		wamax_step(p, k++, 0, "after the skipped step");
+	const loom_value w = m.params[4]; /* an fp8 weight: h0.c_attn.weight [3C, C] */
+	const size_t n = (size_t)(3 * WA_C * WA_C);
+	const loom_shape ws = loom_value_shape(m.g, w);
+	cr_assert_eq(loom_shape_numel(&ws), (int64_t)n);
+	double *buf = malloc(n * sizeof(double));
+	cr_assert(buf);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(loom_read_f64(p[i], w, buf, n), LOOM_OK, "%s", loom_program_error(p[i]));
+		for (size_t e = 0; e < n; e++)
+			buf[e] *= 2;
+		fp8_write(p[i], w, buf, n);
+	}
+	free(buf);
+	for (int j = 0; j < 2; j++)
+		wamax_step(p, k++, 0, "after a host write");
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(loom_load(p[i], ck[i]), LOOM_OK, "%s", loom_program_error(p[i]));
+		unlink(ck[i]);
+	}
+	for (int j = 0; j < 2; j++)
+		wamax_step(p, k++, 0, "after a checkpoint's load");
+	cr_expect_eq(gpt_first_param_differs(p[0], p[1], &m), -1,
+		     "a parameter differs between the optimizer's amax and the pass");
+	for (int i = 0; i < 2; i++)
+		loom_program_free(p[i]);
+	loom_graph_free(m.g);
 }
 
 /* Every scaled tensor of the last step on CUDA and the CPU through the
