@@ -353,7 +353,7 @@ static loom_status plan_node(loom_cuda_ctx *c, const loom_plan *p, loom_value v)
 		np->ws = loom_cuda_align(sizeof(double) * (size_t)p->g->nodes[n->src[0]].shape.dims[0]);
 		break;
 	case LOOM_OP_CHANNEL_SUM: /* LOOM_CUDA_BGRAD=kernel's column parts (elementwise.cu) */
-		np->ws = loom_cuda_colsum_ws(p, v);
+		loom_cuda_colsum_plan(p, v, np);
 		break;
 	case LOOM_OP_SUM: /* the per-block sums (elementwise.cu) */
 		np->ws = loom_cuda_align(sizeof(double) * LOOM_CUDA_SUM_PARTS);

@@ -271,6 +271,7 @@ typedef struct loom_cuda_sdpa_plan {
 /* Layer norm's one-pass backward (layernorm.cu): the siblings it writes. */
 typedef struct loom_cuda_ln_plan {
 	loom_value dgamma, dbeta; /* LOOM_NONE: not this node's sibling */
+	int warp; /* the warp backward (LOOM_CUDA_LN_BWD=warp when planned), its ws */
 } loom_cuda_ln_plan;
 
 /* What prepare decided for one node. */
@@ -283,6 +284,9 @@ typedef struct loom_cuda_node_plan {
 	loom_cuda_mm_plan mm;
 	loom_cuda_bn_plan bn;
 	loom_cuda_ln_plan ln;
+	/* CHANNEL_SUM: LOOM_CUDA_BGRAD=kernel's column sums, its ws planned
+	 * (elementwise.cu's colsum_takes when the plan was made). */
+	int colsum;
 	/* A slot of the saved region (between the forward and its backward,
 	 * outside the graph's values): the forward node whose slot this node
 	 * writes (itself) or reads, LOOM_NONE if none; where it starts in
@@ -543,9 +547,10 @@ extern int loom_cuda_ln_bwd_warp_on; /* LOOM_CUDA_LN_BWD=warp (layernorm.cu), de
 extern int loom_cuda_adamw_f32_on; /* LOOM_CUDA_ADAMW=f32 (optim.cu), default 0 */
 /* LOOM_CUDA_BGRAD=kernel (elementwise.cu), default 0: a linear's bias
  * gradient by the column-sum kernel, the weight gradient's product
- * without BGRADB; and that kernel's workspace for channel-sum node v. */
+ * without BGRADB; and whether channel-sum node v takes that kernel, with
+ * its workspace, into its plan. */
 extern int loom_cuda_bgrad_kernel_on;
-size_t loom_cuda_colsum_ws(const loom_plan *p, loom_value v);
+void loom_cuda_colsum_plan(const loom_plan *p, loom_value v, loom_cuda_node_plan *np);
 /* --dump-graph's note on a layer-norm node (layernorm.cu) and on a
  * softmax-CE node (loss.cu): which path it took. */
 void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v, char *buf,

@@ -403,15 +403,19 @@ static int colsum_takes(const loom_plan *p, loom_value v)
 	       x->shape.dims[1] > 0;
 }
 
-size_t loom_cuda_colsum_ws(const loom_plan *p, loom_value v)
+/* The plan's choice (np->colsum) and its parts' workspace: the run takes
+ * the path its ws was sized for, whatever a later plan set the switch to. */
+void loom_cuda_colsum_plan(const loom_plan *p, loom_value v, loom_cuda_node_plan *np)
 {
-	if (!colsum_takes(p, v))
-		return 0;
+	np->colsum = colsum_takes(p, v);
+	np->ws = 0;
+	if (!np->colsum)
+		return;
 	const loom_node *x = &p->g->nodes[p->g->nodes[v].src[0]];
 	int64_t per;
 	int chunks;
 	colsum_chunks(x->shape.dims[0], &per, &chunks);
-	return loom_cuda_align(sizeof(float) * (size_t)chunks * (size_t)x->shape.dims[1]);
+	np->ws = loom_cuda_align(sizeof(float) * (size_t)chunks * (size_t)x->shape.dims[1]);
 }
 
 static loom_status colsum(loom_cuda_ctx *c, int64_t rows, int cc, const loom_cuda_io *io)
@@ -566,7 +570,7 @@ loom_status loom_cuda_op_channel_sum(loom_cuda_ctx *c, const loom_plan *plan, lo
 {
 	const loom_node *x = &plan->g->nodes[plan->g->nodes[v].src[0]];
 	int64_t hw = 1;
-	if (colsum_takes(plan, v))
+	if (c->plans[v].colsum)
 		return colsum(c, x->shape.dims[0], (int)x->shape.dims[1], io);
 	for (int i = 2; i < x->shape.ndim; i++)
 		hw *= x->shape.dims[i];

@@ -860,6 +860,7 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 	const int64_t rows = loom_shape_rows(&n->shape), cc = loom_shape_last(&n->shape);
 	(void)c;
 	np->ln.dgamma = np->ln.dbeta = LOOM_NONE;
+	np->ln.warp = 0;
 	np->ws = 0;
 	if (rows <= 0 || cc <= 0 || cc > LOOM_LN_FUSED_MAX_C)
 		return LOOM_OK; /* the separate kernels */
@@ -872,7 +873,10 @@ loom_status loom_cuda_ln_plan_make(const loom_plan *p, loom_cuda_ctx *c, loom_va
 			np->ln.dbeta = w;
 	}
 	np->kind = LOOM_CUDA_PLAN_LN;
-	np->ws = ln_warp_fits(cc) ? ln_warp_ws(rows, (int)cc) : ln_fused_ws(rows, (int)cc);
+	/* The path is the plan's from here on: ws sized for one path, so the
+	 * run takes that one whatever a later plan set the switch to. */
+	np->ln.warp = ln_warp_fits(cc);
+	np->ws = np->ln.warp ? ln_warp_ws(rows, (int)cc) : ln_fused_ws(rows, (int)cc);
 	return LOOM_OK;
 }
 
@@ -971,7 +975,7 @@ loom_status loom_cuda_op_layernorm_bwd_data(loom_cuda_ctx *c, const loom_plan *p
 	const int64_t rows = ln_rows_begin(c, plan, v, &amax, &st);
 	if (rows <= 0)
 		return st;
-	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN && ln_warp_fits(loom_shape_last(&n->shape)))
+	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN && c->plans[v].ln.warp)
 		return layernorm_bwd_warp(c, plan, v, io, amax);
 	if (c->plans[v].kind == LOOM_CUDA_PLAN_LN)
 		return layernorm_bwd_fused(c, plan, v, io, amax);
@@ -1031,8 +1035,7 @@ void loom_cuda_ln_note(const loom_cuda_ctx *c, const loom_plan *p, loom_value v,
 		break;
 	default: /* LAYERNORM_BWD_DATA */
 		snprintf(buf, len, "%s%s%s", np->kind != LOOM_CUDA_PLAN_LN ? "separate kernels" :
-					     ln_warp_fits(loom_shape_last(&loom_cuda_node(p, v)->shape)) ?
-					     "warp per row in fp32 with dgamma, dbeta" :
+					     np->ln.warp ? "warp per row in fp32 with dgamma, dbeta" :
 					     "one pass with dgamma, dbeta",
 			 reads ? ", reads the saved mean and rstd" : ", recomputes mean and rstd",
 			 (loom_cuda_node(p, v)->flags & LOOM_NODE_ACCUM) ?

@@ -1708,6 +1708,48 @@ Test(cuda_ops, layernorm_backward_warp)
 	both_choices("LOOM_CUDA_LN_BWD", "warp", "layernorm twins 2x50x768", b_ln_twins);
 }
 
+/* The --dump-graph note of p's first node of op (empty: none). */
+static void note_of(loom_program *p, loom_op op, char *buf, size_t len)
+{
+	const loom_backend_planning *pn = p->be->planning;
+	buf[0] = 0;
+	for (int v = 0; v < p->plan.g->n && pn && pn->node_note; v++)
+		if (p->plan.g->nodes[v].op == op) {
+			pn->node_note(p->be_ctx, &p->plan, v, buf, len);
+			return;
+		}
+}
+
+/* The layer-norm backward's path is its plan's: LOOM_CUDA_LN_BWD is a
+ * process global each plan sets, and the workspace is sized for the path
+ * planned (layernorm.cu's loom_cuda_ln_plan.warp), so a program planned
+ * before another program took the other value keeps its own path. The
+ * note reads the field the run reads. */
+Test(cuda_ops, layernorm_backward_keeps_its_plan)
+{
+	NEED_GPU();
+	tcase t;
+	loom_graph *g;
+	char na[512], nb[512];
+	memset(&t, 0, sizeof(t));
+	t.dt = LOOM_F32;
+	unsetenv("LOOM_CUDA_LN_BWD");
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value loss = head(g, &t, b_ln_warp_768(g, &t));
+	cr_assert_eq(loom_graph_status(g), LOOM_OK, "%s", loom_graph_error(g));
+	loom_program *a = compile_at(g, loss, LOOM_DEVICE_CUDA, LOOM_O0);
+	setenv("LOOM_CUDA_LN_BWD", "warp", 1);
+	loom_program *b = compile_at(g, loss, LOOM_DEVICE_CUDA, LOOM_O0);
+	unsetenv("LOOM_CUDA_LN_BWD");
+	note_of(a, LOOM_OP_LAYERNORM_BWD_DATA, na, sizeof(na));
+	note_of(b, LOOM_OP_LAYERNORM_BWD_DATA, nb, sizeof(nb));
+	cr_expect(strstr(na, "one pass with dgamma") != NULL, "planned first: \"%s\"", na);
+	cr_expect(strstr(nb, "warp per row in fp32") != NULL, "planned second: \"%s\"", nb);
+	loom_program_free(b);
+	loom_program_free(a);
+	loom_graph_free(g);
+}
+
 /* y = ln(s) + s over b x rows x c, s read by the layer norm and by the
  * add after it. residual: s = x + h, a residual stream, so the sum is read
  * by the layer norm, its backward and the next add (under
