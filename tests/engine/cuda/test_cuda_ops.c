@@ -4320,8 +4320,9 @@ Test(cuda_ops, fp8_amax_producer_takes_ln_and_gelu)
 	expect_amax_producers(fp8_ln_block_net, 3);
 }
 
-/* FP8 casts whose --dump-graph note says their producer gives the amax. */
-static int fp8_amax_given(const loom_program *p)
+/* FP8 casts whose --dump-graph note says who gives the amax ("amax by its
+ * producer", "amax by the optimizer"). */
+static int fp8_amax_noted(const loom_program *p, const char *by)
 {
 	const loom_backend_planning *pn = p->be->planning;
 	int n = 0;
@@ -4330,9 +4331,14 @@ static int fp8_amax_given(const loom_program *p)
 		if (p->plan.g->nodes[v].op != LOOM_OP_FP8_QDQ)
 			continue;
 		pn->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
-		n += strstr(note, "amax by its producer") != NULL;
+		n += strstr(note, by) != NULL;
 	}
 	return n;
+}
+
+static int fp8_amax_given(const loom_program *p)
+{
+	return fp8_amax_noted(p, "amax by its producer");
 }
 
 /* fp8_ln_block_net on CUDA with the GELU its own kernel (no epilogue) and
@@ -4541,19 +4547,9 @@ Test(cuda_ops, fp8_amax_optim_refuses_zero_and_delayed)
 	expect_amax_optim(0, 1, LOOM_FP8_SCALING_CURRENT, 2, 1, 0);
 }
 
-/* FP8 casts whose --dump-graph note says the optimizer gives the amax. */
 static int fp8_amax_by_optim(const loom_program *p)
 {
-	const loom_backend_planning *pn = p->be->planning;
-	int n = 0;
-	for (int v = 0; v < p->plan.g->n && pn && pn->node_note; v++) {
-		char note[512] = "";
-		if (p->plan.g->nodes[v].op != LOOM_OP_FP8_QDQ)
-			continue;
-		pn->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
-		n += strstr(note, "amax by the optimizer") != NULL;
-	}
-	return n;
+	return fp8_amax_noted(p, "amax by the optimizer");
 }
 
 /* gpt_two_blocks at O2 fp8 (current scaling) on CUDA with
