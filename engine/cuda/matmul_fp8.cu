@@ -149,7 +149,9 @@ int loom_cuda_fp8_fast_accum_mode(void)
 	return m > 0 ? m : 0;
 }
 
-/* Whether product nd accumulates fast under mode (0 off, 1 fwd, 2 all). */
+/* Whether product nd accumulates fast under mode (0 off, 1 fwd, 2 all).
+ * The backward flag tells the forward's products: recompute makes no
+ * product again (graph/recompute.c's copies are flagged backward). */
 static int fast_accum_for(int mode, const loom_node *nd)
 {
 	return mode == 2 || (mode == 1 && !(nd->flags & LOOM_NODE_BACKWARD));
