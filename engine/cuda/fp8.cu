@@ -846,6 +846,18 @@ loom_status loom_cuda_fp8_state_reduce_begin(void *ctx, void **amax, void **satu
 	return LOOM_CUDA_LAUNCHED(c->err);
 }
 
+/* Test hook (no device): the groups of 8 the 128-bit path would take for
+ * these addresses and dtypes under LOOM_CUDA_FP8_CAST_VEC=vec. */
+extern "C" int64_t loom_cuda_test_fp8_vec_groups(int vec, int64_t n, uintptr_t x, int xdt,
+						 uintptr_t y, int ydt, int ycodes)
+{
+	const int was = loom_cuda_fp8_vec_on;
+	loom_cuda_fp8_vec_on = vec;
+	const int64_t g = vec_groups(n, (const void *)x, xdt, (const void *)y, ydt, ycodes);
+	loom_cuda_fp8_vec_on = was;
+	return g;
+}
+
 /*
  * Test hook (needs a device): the casts' launchers, as
  * LOOM_CUDA_FP8_CAST_VEC=vec, on x's n bf16 values placed off elements

@@ -4267,6 +4267,51 @@ Test(cuda_ops, fp8_casts_vec_matches_cpu)
 						      offs[j], (int)(i + j) % 2);
 }
 
+extern int64_t loom_cuda_test_fp8_vec_groups(int vec, int64_t n, uintptr_t x, int xdt,
+					     uintptr_t y, int ydt, int ycodes) __attribute__((weak));
+
+/*
+ * Which casts the 128-bit paths take (no GPU: the launchers' choice on
+ * addresses): with the switch, f16 or bf16 x on 16 bytes, codes on 8 or
+ * halves on 16 bytes, at least 8 elements: n / 8 groups (the rest the
+ * scalar tail); anything else none (the scalar loop does all).
+ */
+Test(cuda_ops, fp8_cast_vec_takes_aligned_halves)
+{
+	if (!loom_cuda_test_fp8_vec_groups)
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's launchers)");
+	static const struct {
+		const char *what;
+		int vec;
+		int64_t n;
+		uintptr_t x;
+		int xdt;
+		uintptr_t y;
+		int ydt, codes;
+		int64_t want;
+	} rows[] = {
+		{ "switch off", 0, 64, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+		{ "bf16 to codes", 1, 64, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 8 },
+		{ "ragged tail", 1, 69, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 8 },
+		{ "f16 to f16", 1, 24, 0x1010, LOOM_F16, 0x2020, LOOM_F16, 0, 3 },
+		{ "codes on 8 bytes", 1, 16, 0x1000, LOOM_BF16, 0x2008, LOOM_BF16, 1, 2 },
+		{ "codes on 4 bytes", 1, 16, 0x1000, LOOM_BF16, 0x2004, LOOM_BF16, 1, 0 },
+		{ "halves on 8 bytes", 1, 16, 0x1000, LOOM_BF16, 0x2008, LOOM_BF16, 0, 0 },
+		{ "x on 2 bytes", 1, 64, 0x1002, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+		{ "x on 8 bytes", 1, 64, 0x1008, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+		{ "f32 x", 1, 64, 0x1000, LOOM_F32, 0x2000, LOOM_BF16, 1, 0 },
+		{ "f32 y", 1, 64, 0x1000, LOOM_BF16, 0x2000, LOOM_F32, 0, 0 },
+		{ "7 elements", 1, 7, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const int64_t g = loom_cuda_test_fp8_vec_groups(rows[i].vec, rows[i].n, rows[i].x,
+								rows[i].xdt, rows[i].y, rows[i].ydt,
+								rows[i].codes);
+		cr_expect_eq(g, rows[i].want, "%s: %lld groups of 8, want %lld", rows[i].what,
+			     (long long)g, (long long)rows[i].want);
+	}
+}
+
 /* The program rows of fp8_qdq_matches_cpu and fp8_gemm_matches_cpu with
  * the casts' 128-bit paths on (the arena's values are aligned: the
  * vector path with a tail where m k is not a multiple of 8). */
