@@ -23,10 +23,10 @@
  * by default cuBLASLt's FP8 kernels on Hopper promote the tensor cores'
  * partial sums into fp32 registers every few k-steps, since the cores'
  * own accumulator keeps fewer bits; CUBLASLT_MATMUL_DESC_FAST_ACCUM
- * skips the promotion, faster and less exact. Transformer Engine turns
- * it on for the forward's products and off for the data and weight
- * gradients (their sums are longer and their E5M2 values wider); fwd
- * does the same by the node's backward flag, all everywhere.
+ * skips the promotion, faster and less exact. Transformer Engine's
+ * default recipe turns it on for the forward's products and off for the
+ * data and weight gradients (split accumulation); fwd does the same by
+ * the node's backward flag, all everywhere.
  *
  * FP8 storage: under the switch the backend's reads_fp8 says yes to these
  * products' operands (loom_cuda_mm_fp8_reads, the rule on the graph), so
