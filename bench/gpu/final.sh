@@ -34,6 +34,15 @@ r gpt_O2_fp8_delayed_amax_pass env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODU
 r gpt_O2_fp8_delayed_amax_producer env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=1 $b/gpt_ddp $F --fp8-scaling delayed
 grep -a "^step +20/20" $o/gpt_O2_fp8_*amax_*.log | cut -c1-160
 echo "   casts with the producer's amax: $(grep -ac 'amax by its producer' $o/gpt_O2_fp8_amax_producer.log)"
+# cuBLASLt's fast accumulation in the forward's FP8 products, as Transformer
+# Engine (LOOM_CUDA_FP8_FAST_ACCUM=fwd; default off: not yet run on a GPU),
+# beside gpt_O2_fp8_amax_pass; the losses differ slightly (not bit-equal).
+# And the casts' 128-bit loads and stores (LOOM_CUDA_FP8_CAST_VEC=1, default
+# 0): the same losses as gpt_O2_fp8_amax_pass, bit for bit.
+r gpt_O2_fp8_fastacc env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=0 LOOM_CUDA_FP8_FAST_ACCUM=fwd $b/gpt_ddp $F --dump-graph
+r gpt_O2_fp8_cast_vec env LOOM_CUDA_FP8_GEMM=1 LOOM_CUDA_FP8_AMAX_PRODUCER=0 LOOM_CUDA_FP8_CAST_VEC=1 $b/gpt_ddp $F
+grep -a "^step +20/20" $o/gpt_O2_fp8_amax_pass.log $o/gpt_O2_fp8_fastacc.log $o/gpt_O2_fp8_cast_vec.log | cut -c1-160
+echo "   FP8 products with fast accumulation: $(grep -ac 'cuBLASLt FP8.*fast accumulation' $o/gpt_O2_fp8_fastacc.log) of $(grep -ac 'cuBLASLt FP8' $o/gpt_O2_fp8_fastacc.log)"
 # The same with the layer norm's dx summed into the residual's gradient in its
 # kernel (LOOM_CUDA_LN_BWD_ACCUM=1), so that the E5M2 casts of the attention
 # and MLP projections' output gradients take the sum's amax from it too (with

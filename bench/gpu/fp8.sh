@@ -8,7 +8,9 @@
 # the QDQ kernels, bf16 products), fp8 on cuBLASLt FP8 (=1) by current scaling
 # (the device default) and, at 124M and 350M, by delayed scaling
 # (--fp8-scaling delayed: the scales and amax histories on the device, the
-# amax taken in the cast's pass; the two decide the device default); then PyTorch
+# amax taken in the cast's pass; the two decide the device default), with
+# fast accumulation in the forward's products (LOOM_CUDA_FP8_FAST_ACCUM=fwd)
+# and with the casts' 128-bit paths (LOOM_CUDA_FP8_CAST_VEC=1); then PyTorch
 # compiled (bench/torch_gpt.py --nanogpt --compile) bf16 and torchao float8
 # (--float8) unless LOOM_FP8_TORCH=0. 124M is --preset gpt2; 350M and 774M
 # the preset with --layers/--heads/--embd 24/16/1024 and 36/20/1280.
@@ -64,6 +66,17 @@ for size in "${sizes[@]}"; do
 		--precision fp8
 	r "gpt2_${size}_O2_fp8_gemm" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 "${g[@]}" \
 		--precision fp8 --dump-graph
+	# cuBLASLt's fast accumulation in the forward's FP8 products, as
+	# Transformer Engine (LOOM_CUDA_FP8_FAST_ACCUM=fwd, default off), and the
+	# casts' 128-bit paths (LOOM_CUDA_FP8_CAST_VEC=1, default 0), each against
+	# gpt2_${size}_O2_fp8_gemm: fast accumulation's losses differ slightly,
+	# the casts' are the same bits.
+	r "gpt2_${size}_O2_fp8_gemm_fastacc" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 \
+		LOOM_CUDA_FP8_FAST_ACCUM=fwd "${g[@]}" --precision fp8
+	r "gpt2_${size}_O2_fp8_gemm_cast_vec" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 \
+		LOOM_CUDA_FP8_CAST_VEC=1 "${g[@]}" --precision fp8
+	grep -a "^step +15/15" "$o/gpt2_${size}_O2_fp8_gemm.log" "$o/gpt2_${size}_O2_fp8_gemm_fastacc.log" \
+		"$o/gpt2_${size}_O2_fp8_gemm_cast_vec.log" | cut -c1-160
 	case $size in
 	124m | 350m)
 		r "gpt2_${size}_O2_fp8_gemm_delayed" env LOOM_KERNEL_SEARCH=on LOOM_CUDA_FP8_GEMM=1 \

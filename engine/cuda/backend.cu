@@ -395,6 +395,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->tf32 = loom_cuda_tf32_on(p);
 	c->attn_off = loom_cuda_sdpa_off();
 	loom_cuda_vec_on = loom_opt_bool(LOOM_OPT_CUDA_VEC);
+	loom_cuda_fp8_vec_on = loom_opt_bool(LOOM_OPT_CUDA_FP8_CAST_VEC);
 	loom_cuda_ln_bwd_warp_on = env_is(LOOM_OPT_CUDA_LN_BWD, "warp");
 	loom_cuda_adamw_f32_on = env_is(LOOM_OPT_CUDA_ADAMW, "f32");
 	loom_cuda_bgrad_kernel_on = env_is(LOOM_OPT_CUDA_BGRAD, "kernel");
@@ -410,6 +411,7 @@ static loom_status cuda_plan_create(void *ctx, const loom_plan *p, size_t *ws_by
 	c->fp8_gemm = env_switch(LOOM_OPT_CUDA_FP8_GEMM);
 	c->fp8_amax_producer = env_switch(LOOM_OPT_CUDA_FP8_AMAX_PRODUCER);
 	c->fp8_amax_optim = env_switch(LOOM_OPT_CUDA_FP8_AMAX_OPTIM);
+	c->fp8_fast_accum = loom_cuda_fp8_fast_accum_mode();
 	for (int v = 0; v < p->g->n; v++) {
 		c->plans[v].bn_add = c->plans[v].bn_add_z = c->plans[v].bn_add_by = LOOM_NONE;
 		for (int i = 0; i < LOOM_MAX_SRC; i++)

@@ -214,9 +214,10 @@ typedef struct loom_cuda_mm_plan {
 	 * (its B), formats fmt[], into ws at off[] (trans[]: cast transposed,
 	 * for cuBLASLt's "TN" layout); stored[]: that QDQ keeps its fp8
 	 * codes (the fp8 storage pass, a.fp8.store), read as they are, or
-	 * transposed from the codes into ws where trans[]. */
+	 * transposed from the codes into ws where trans[]; fast: cuBLASLt's
+	 * fast accumulation (LOOM_CUDA_FP8_FAST_ACCUM took this product). */
 	struct {
-		int on, fmt[2], trans[2], stored[2];
+		int on, fmt[2], trans[2], stored[2], fast;
 		loom_value q[2];
 		size_t off[2];
 	} fp8;
@@ -521,6 +522,7 @@ typedef struct loom_cuda_ctx {
 	int fp8_gemm;
 	int fp8_amax_producer; /* LOOM_CUDA_FP8_AMAX_PRODUCER (0) */
 	int fp8_amax_optim;    /* LOOM_CUDA_FP8_AMAX_OPTIM (0) */
+	int fp8_fast_accum;    /* LOOM_CUDA_FP8_FAST_ACCUM: 0 off, 1 fwd, 2 all */
 	float *fp8_slots;
 	loom_cuda_wamax wamax; /* the weights' amax cells (n 0: none) */
 	/* fp8's per-tensor state on the device (fp8.cu, a copy of ts.fp8's):
@@ -543,6 +545,9 @@ extern int loom_cuda_own_kernels_on;
 /* The 128-bit half elementwise kernels (elementwise.cu): 1 unless
  * LOOM_CUDA_VEC=0 when the latest plan was made (plan_create reads it). */
 extern int loom_cuda_vec_on;
+/* The FP8 casts' 128-bit paths (fp8.cu): LOOM_CUDA_FP8_CAST_VEC=1 when the
+ * latest plan was made, default 0. */
+extern int loom_cuda_fp8_vec_on;
 extern int loom_cuda_ln_bwd_warp_on; /* LOOM_CUDA_LN_BWD=warp (layernorm.cu), default 0 */
 extern int loom_cuda_adamw_f32_on; /* LOOM_CUDA_ADAMW=f32 (optim.cu), default 0 */
 /* LOOM_CUDA_BGRAD=kernel (elementwise.cu), default 0: a linear's bias

@@ -73,6 +73,62 @@ static __device__ __forceinline__ void qdq_put_scale(void *y, int64_t n, float s
 }
 
 // ----------------------------------------------------------------------------
+// 128-bit paths (LOOM_CUDA_FP8_CAST_VEC=1: loom_cuda_fp8_vec_on, read at plan
+// time): where x is f16 or bf16 and x and y are aligned (vec_groups),
+// a thread reads 8 elements in one 16-byte load and writes their 8 codes in
+// one 8-byte store (or 8 halves in 16 bytes), each element converted and
+// rounded by the scalar path's own calls (loom_ld, fp8_from_f32, loom_st on
+// registers), so both paths give the same bits; the max is order-blind and
+// the saturated count an exact integer sum. The n % 8 tail runs scalar in
+// the same launch: elements from nv * 8 (nv = 0: all of them, the scalar
+// path as it was). Compiled, not run.
+
+int loom_cuda_fp8_vec_on = 0;
+
+/* Elements 8g..8g+7 of x (f16 or bf16, 16-byte aligned) as fp32. */
+static __device__ __forceinline__ void ld8(const void *x, int xdt, int64_t g, float v[8])
+{
+	const uint4 r = ((const uint4 *)x)[g];
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		v[k] = loom_ld(&r, xdt, k);
+}
+
+/* qdq_put for elements 8g..8g+7 from s[] = x * scale, one store: codes
+ * (store; 8 bytes), else the rounded values in ydt (f16 or bf16). */
+static __device__ __forceinline__ void qdq_put8(void *y, int ydt, int64_t g, const float s[8],
+						float inv, int fmt, int store)
+{
+	if (store) {
+		uint2 w = make_uint2(0, 0);
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			w.x |= (fp8_from_f32(s[k], fmt) & 0xffu) << (8 * k);
+			w.y |= (fp8_from_f32(s[k + 4], fmt) & 0xffu) << (8 * k);
+		}
+		((uint2 *)y)[g] = w;
+		return;
+	}
+	uint4 w;
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		loom_st(&w, ydt, k, fp8_round(s[k], fmt) * inv);
+	((uint4 *)y)[g] = w;
+}
+
+/* Groups of 8 the 128-bit path takes: n / 8 where the switch is on, x is
+ * f16 or bf16 and 16-byte aligned, y codes 8-byte aligned (ycodes) or a
+ * half dtype 16-byte aligned; else 0 (the scalar loop does all). */
+static int64_t vec_groups(int64_t n, const void *x, int xdt, const void *y, int ydt, int ycodes)
+{
+	if (!loom_cuda_fp8_vec_on || n < 8 || (xdt != LOOM_F16 && xdt != LOOM_BF16))
+		return 0;
+	if (!ycodes && ydt != LOOM_F16 && ydt != LOOM_BF16)
+		return 0;
+	return ((uintptr_t)x & 15) || ((uintptr_t)y & (ycodes ? 7 : 15)) ? 0 : n / 8;
+}
+
+// ----------------------------------------------------------------------------
 // CUDA kernels
 
 /* NaN-blind as the CPU's scan: a NaN never wins '>' and stays out of the
@@ -83,8 +139,9 @@ static __device__ __forceinline__ void qdq_put_scale(void *y, int64_t n, float s
  * cast into xdt, and a rounding to nearest is monotone and odd, so the
  * max of the rounded |w| is the rounded max: one thread writes it, no
  * pass. */
-__global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned *amax,
-				     const int *ring, const float *given, const int *valid)
+__global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, int64_t nv,
+				     unsigned *amax, const int *ring, const float *given,
+				     const int *valid)
 {
 	if (ring && ring[0] > 0) /* delayed scaling with a history: the cast's own pass */
 		return;
@@ -93,9 +150,19 @@ __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned
 			*(float *)amax = fabsf(loom_stored(xdt, *given));
 		return;
 	}
+	const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 	float m = 0.0f;
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-	     i += (int64_t)gridDim.x * blockDim.x) {
+	for (int64_t g = first; g < nv; g += stride) {
+		float v[8];
+		ld8(x, xdt, g, v);
+#pragma unroll
+		for (int k = 0; k < 8; k++) {
+			const float a = fabsf(v[k]);
+			m = a > m ? a : m;
+		}
+	}
+	for (int64_t i = nv * 8 + first; i < n; i += stride) {
 		float a = fabsf(loom_ld(x, xdt, i));
 		m = a > m ? a : m;
 	}
@@ -114,7 +181,7 @@ __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, unsigned
  * the same slot) takes a second look at x to count what saturated; the
  * cast's own loop is the unrecorded one. */
 __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
-				    int fmt, float *slot, int store, loom_fp8_tensor *t)
+				    int64_t nv, int fmt, float *slot, int store, loom_fp8_tensor *t)
 {
 	const float fmax = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
 	const float amax = slot[0];
@@ -130,8 +197,17 @@ __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, in
 				atomicMax((unsigned *)&t->amax, __float_as_uint(amax));
 		}
 	}
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-	     i += (int64_t)gridDim.x * blockDim.x)
+	const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+	for (int64_t g = first; g < nv; g += stride) {
+		float v[8];
+		ld8(x, xdt, g, v);
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			v[k] *= scale;
+		qdq_put8(y, ydt, g, v, inv, fmt, store);
+	}
+	for (int64_t i = nv * 8 + first; i < n; i += stride)
 		qdq_put(y, ydt, i, loom_ld(x, xdt, i) * scale, inv, fmt, store);
 	if (!t || amax <= 3.4028234663852886e38f)
 		return;
@@ -152,7 +228,7 @@ __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, in
  * given: the producer left the amax in slot[0] (LOOM_CUDA_FP8_AMAX_PRODUCER),
  * recorded from there by one thread, no reduction of it here. */
 __global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int ydt, int64_t n,
-					    int fmt, float *slot, loom_fp8_tensor *t,
+					    int64_t nv, int fmt, float *slot, loom_fp8_tensor *t,
 					    const int *ring, int record, int given, int store)
 {
 	const float fmax = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
@@ -169,8 +245,21 @@ __global__ void loom_fp8_qdq_delayed_kernel(const void *x, int xdt, void *y, int
 			atomicMax((unsigned *)&t->amax, __float_as_uint(slot[0]));
 		qdq_put_scale(y, n, scale, store);
 	}
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-	     i += (int64_t)gridDim.x * blockDim.x) {
+	const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+	for (int64_t g = first; g < nv; g += stride) {
+		float v[8];
+		ld8(x, xdt, g, v);
+#pragma unroll
+		for (int k = 0; k < 8; k++) {
+			const float a = fabsf(v[k]);
+			m = a > m ? a : m;
+			v[k] *= scale;
+			sat += fabsf(v[k]) > fmax;
+		}
+		qdq_put8(y, ydt, g, v, inv, fmt, store);
+	}
+	for (int64_t i = nv * 8 + first; i < n; i += stride) {
 		const float v = loom_ld(x, xdt, i), a = fabsf(v), s = v * scale;
 		m = a > m ? a : m;
 		sat += fabsf(s) > fmax;
@@ -218,12 +307,21 @@ __global__ void loom_fp8_pack_kernel(const loom_fp8_tensor *t, int n, float *ama
 	}
 }
 
-__global__ void loom_fp8_cast_kernel(const void *x, int xdt, int64_t n, int fmt,
+__global__ void loom_fp8_cast_kernel(const void *x, int xdt, int64_t n, int64_t nv, int fmt,
 				     const float *scale, unsigned char *q)
 {
 	const float s = scale[0];
-	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-	     i += (int64_t)gridDim.x * blockDim.x)
+	const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+	for (int64_t g = first; g < nv; g += stride) {
+		float v[8];
+		ld8(x, xdt, g, v);
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			v[k] *= s;
+		qdq_put8(q, 0, g, v, 1.0f, fmt, 1);
+	}
+	for (int64_t i = nv * 8 + first; i < n; i += stride)
 		q[i] = (unsigned char)fp8_from_f32(loom_ld(x, xdt, i) * s, fmt);
 }
 
@@ -279,11 +377,12 @@ loom_status loom_cuda_fp8_amax(char *err, cudaStream_t s, const void *x, int xdt
 	if (st != LOOM_OK || n <= 0)
 		return st;
 	/* A block's atomic is one of a few thousand at most. */
-	unsigned blocks = loom_cuda_blocks(n, threads);
+	const int64_t nv = vec_groups(n, x, xdt, x, xdt, 0);
+	unsigned blocks = loom_cuda_blocks(nv ? n / 8 : n, threads);
 	if (blocks > 2048)
 		blocks = 2048;
-	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, (unsigned *)slot, ring, given,
-							 valid);
+	loom_fp8_amax_kernel<<<blocks, threads, 0, s>>>(x, xdt, n, nv, (unsigned *)slot, ring,
+							 given, valid);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -295,8 +394,9 @@ loom_status loom_cuda_fp8_qdq(char *err, cudaStream_t s, const void *x, int xdt,
 		return loom_cuda_cast(err, s, x, xdt, y, ydt, n);
 	if (n <= 0)
 		return LOOM_OK;
-	loom_fp8_qdq_kernel<<<loom_cuda_blocks(n, threads), threads, 0, s>>>(x, xdt, y, ydt, n,
-									     fmt, slot, store, t);
+	const int64_t nv = vec_groups(n, x, xdt, y, ydt, store);
+	loom_fp8_qdq_kernel<<<loom_cuda_blocks(nv ? n / 8 : n, threads), threads, 0, s>>>(
+		x, xdt, y, ydt, n, nv, fmt, slot, store, t);
 	return LOOM_CUDA_LAUNCHED(err);
 }
 
@@ -319,10 +419,11 @@ loom_status loom_cuda_fp8_qdq_delayed(char *err, cudaStream_t s, const void *x, 
 {
 	if (n <= 0)
 		return LOOM_OK;
-	unsigned blocks = loom_cuda_blocks(n, threads);
+	const int64_t nv = vec_groups(n, x, xdt, y, ydt, store);
+	unsigned blocks = loom_cuda_blocks(nv ? n / 8 : n, threads);
 	if (blocks > 2048) /* grid-stride: a few thousand atomics at most */
 		blocks = 2048;
-	loom_fp8_qdq_delayed_kernel<<<blocks, threads, 0, s>>>(x, xdt, y, ydt, n, fmt, slot, t,
+	loom_fp8_qdq_delayed_kernel<<<blocks, threads, 0, s>>>(x, xdt, y, ydt, n, nv, fmt, slot, t,
 								ring, record, given, store);
 	return LOOM_CUDA_LAUNCHED(err);
 }
@@ -351,8 +452,9 @@ loom_status loom_cuda_fp8_cast(char *err, cudaStream_t s, const void *x, int xdt
 						       cudaMemcpyDeviceToDevice, s),
 				       err, LOOM_ERR_MAX);
 	if (!transpose) {
-		loom_fp8_cast_kernel<<<loom_cuda_blocks(rows * cols, threads), threads, 0, s>>>(
-			x, xdt, rows * cols, fmt, scale, q);
+		const int64_t n = rows * cols, nv = vec_groups(n, x, xdt, q, 0, 1);
+		loom_fp8_cast_kernel<<<loom_cuda_blocks(nv ? n / 8 : n, threads), threads, 0, s>>>(
+			x, xdt, n, nv, fmt, scale, q);
 		return LOOM_CUDA_LAUNCHED(err);
 	}
 	int64_t gx = (cols + FP8_TILE - 1) / FP8_TILE, gy = (rows + FP8_TILE - 1) / FP8_TILE;
@@ -964,4 +1066,94 @@ loom_status loom_cuda_fp8_state_reduce_begin(void *ctx, void **amax, void **satu
 	*amax = d->amax;
 	*saturated = d->sat;
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* Test hook (no device): the groups of 8 the 128-bit path would take for
+ * these addresses and dtypes under LOOM_CUDA_FP8_CAST_VEC=vec. */
+extern "C" int64_t loom_cuda_test_fp8_vec_groups(int vec, int64_t n, uintptr_t x, int xdt,
+						 uintptr_t y, int ydt, int ycodes)
+{
+	const int was = loom_cuda_fp8_vec_on;
+	loom_cuda_fp8_vec_on = vec;
+	const int64_t g = vec_groups(n, (const void *)x, xdt, (const void *)y, ydt, ycodes);
+	loom_cuda_fp8_vec_on = was;
+	return g;
+}
+
+/*
+ * Test hook (needs a device): the casts' launchers, as
+ * LOOM_CUDA_FP8_CAST_VEC=vec, on x's n bf16 values placed off elements
+ * into a device buffer (off odd: x not 16-byte aligned, the scalar path;
+ * a multiple of 8: the 128-bit one where vec): current scaling's amax
+ * (out[0]) and QDQ, its scale (out[1]) and values into y (bf16, at the
+ * same offset); the cast of x into codes q (at off bytes) with that
+ * scale; the delayed cast (no history yet: the same scale; recorded)
+ * stored as codes into q2 (at off rounded down to 4 bytes, the scale
+ * after them), its recorded amax (out[2]) and saturated count (*sat).
+ * 0, or -1 with the error in err.
+ */
+extern "C" int loom_cuda_test_fp8_casts(int vec, int fmt, const uint16_t *x, int64_t n,
+					int64_t off, float out[3], int64_t *sat, uint16_t *y,
+					unsigned char *q, unsigned char *q2, char *err, size_t errlen)
+{
+	char e[LOOM_ERR_MAX] = "";
+	const int was = loom_cuda_fp8_vec_on;
+	const int64_t off2 = off & ~(int64_t)3;
+	float *slot = NULL;
+	int *ring = NULL;
+	loom_fp8_tensor *t = NULL, th;
+	unsigned char *xd = NULL, *yd = NULL, *qd = NULL, *q2d = NULL;
+	loom_status st = LOOM_OK;
+	void **bufs[] = { (void **)&slot, (void **)&ring, (void **)&t, (void **)&xd,
+			  (void **)&yd, (void **)&qd, (void **)&q2d };
+	const size_t sizes[] = { 4 * sizeof(float), 2 * sizeof(int), sizeof(loom_fp8_tensor),
+				 (size_t)(n + off) * 2, (size_t)(n + off) * 2, (size_t)(n + off),
+				 (size_t)(off2 + ((n + 3) & ~(int64_t)3) + 4) };
+
+	for (int i = 0; i < 7 && st == LOOM_OK; i++) {
+		st = LOOM_CUDA_CHECK(cudaMalloc(bufs[i], sizes[i]), e, sizeof(e));
+		if (st == LOOM_OK)
+			st = LOOM_CUDA_CHECK(cudaMemset(*bufs[i], 0, sizes[i]), e, sizeof(e));
+	}
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpy(xd + off * 2, x, (size_t)n * 2, cudaMemcpyHostToDevice),
+				     e, sizeof(e));
+	loom_cuda_fp8_vec_on = vec;
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_amax(e, 0, xd + off * 2, LOOM_BF16, n, slot, NULL, NULL, NULL);
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_qdq(e, 0, xd + off * 2, LOOM_BF16, yd + off * 2, LOOM_BF16, n, fmt,
+				       slot, 0, NULL);
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_cast(e, 0, xd + off * 2, LOOM_BF16, 1, n, 0, fmt, slot + 1, qd + off);
+	if (st == LOOM_OK)
+		st = loom_cuda_fp8_qdq_delayed(e, 0, xd + off * 2, LOOM_BF16, q2d + off2, LOOM_BF16, n,
+					       fmt, slot, t, ring, 1, 0, 1);
+	loom_cuda_fp8_vec_on = was;
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaDeviceSynchronize(), e, sizeof(e));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpy(out, slot, 2 * sizeof(float), cudaMemcpyDeviceToHost),
+				     e, sizeof(e));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpy(y, yd + off * 2, (size_t)n * 2, cudaMemcpyDeviceToHost),
+				     e, sizeof(e));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpy(q, qd + off, (size_t)n, cudaMemcpyDeviceToHost), e,
+				     sizeof(e));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpy(q2, q2d + off2, (size_t)n, cudaMemcpyDeviceToHost), e,
+				     sizeof(e));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpy(&th, t, sizeof(th), cudaMemcpyDeviceToHost), e,
+				     sizeof(e));
+	if (st == LOOM_OK) {
+		out[2] = th.amax;
+		*sat = th.saturated;
+	}
+	for (int i = 0; i < 7; i++)
+		if (*bufs[i])
+			(void)cudaFree(*bufs[i]);
+	snprintf(err, errlen, "%s", e);
+	return st == LOOM_OK ? 0 : -1;
 }

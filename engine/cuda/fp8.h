@@ -147,7 +147,11 @@ loom_status loom_cuda_mm_fp8_plan(const loom_plan *p, loom_cuda_ctx *c, loom_val
 				  loom_cuda_node_plan *np, int *done);
 loom_status loom_cuda_mm_fp8_run(const loom_plan *p, loom_cuda_ctx *c, loom_value v,
 				 const loom_cuda_node_plan *np, void *const *src, void *out);
-/* --dump-graph: "cuBLASLt FP8 E4M3 x E5M2" (loom's A x B), or nothing. */
+/* LOOM_CUDA_FP8_FAST_ACCUM read: 0 off (unset, or a word not its own),
+ * 1 fwd (the forward's products), 2 all. */
+int loom_cuda_fp8_fast_accum_mode(void);
+/* --dump-graph: "cuBLASLt FP8 E4M3 x E5M2" (loom's A x B), ", fast
+ * accumulation" where it is on, or nothing. */
 int loom_cuda_mm_fp8_note(const loom_cuda_node_plan *np, char *buf, size_t len);
 
 #endif /* LOOM_ENGINE_CUDA_FP8_H */

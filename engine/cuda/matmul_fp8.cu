@@ -7,7 +7,8 @@
  * QDQ's values are fp8 values over that scale), cuBLASLt told the
  * inverse scales (A_SCALE_POINTER, B_SCALE_POINTER), fp32 accumulation,
  * bf16 D. The numbers are the emulation's but for the order of the fp32
- * sums. Anything else — a
+ * sums (and, under LOOM_CUDA_FP8_FAST_ACCUM, their precision: below).
+ * Anything else — a
  * source that is not a QDQ, a dimension not a multiple of 16, no
  * algorithm, a backward product of a forward QDQ under pipeline stages —
  * is left to the plain product (matmul_cublaslt.cu), which
@@ -18,6 +19,15 @@
  * is; a backward's operands stored the other way round are cast
  * transposed (fp8.cu's cast_transpose), as Transformer Engine does.
  *
+ * Fast accumulation (LOOM_CUDA_FP8_FAST_ACCUM, off unless fwd or all):
+ * by default cuBLASLt's FP8 kernels on Hopper promote the tensor cores'
+ * partial sums into fp32 registers every few k-steps, since the cores'
+ * own accumulator keeps fewer bits; CUBLASLT_MATMUL_DESC_FAST_ACCUM
+ * skips the promotion, faster and less exact. Transformer Engine's
+ * default recipe turns it on for the forward's products and off for the
+ * data and weight gradients (split accumulation); fwd does the same by
+ * the node's backward flag, all everywhere.
+ *
  * FP8 storage: under the switch the backend's reads_fp8 says yes to these
  * products' operands (loom_cuda_mm_fp8_reads, the rule on the graph), so
  * the fp8 storage pass keeps a QDQ only they read as its 1-byte codes; the
@@ -27,6 +37,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/options.h"
 #include "engine/cuda/cuda_internal.h"
 
 extern "C" {
@@ -132,6 +143,20 @@ static cudaDataType_t fp8_type(int fmt)
 	return fmt == LOOM_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }
 
+int loom_cuda_fp8_fast_accum_mode(void)
+{
+	const int m = loom_opt_choice(LOOM_OPT_CUDA_FP8_FAST_ACCUM);
+	return m > 0 ? m : 0;
+}
+
+/* Whether product nd accumulates fast under mode (0 off, 1 fwd, 2 all).
+ * The backward flag tells the forward's products: recompute makes no
+ * product again (graph/recompute.c's copies are flagged backward). */
+static int fast_accum_for(int mode, const loom_node *nd)
+{
+	return mode == 2 || (mode == 1 && !(nd->flags & LOOM_NODE_BACKWARD));
+}
+
 static loom_status set_attr(loom_cuda_ctx *c, cublasLtMatmulDesc_t d,
 			    cublasLtMatmulDescAttributes_t attr, const void *val, size_t sz)
 {
@@ -139,7 +164,8 @@ static loom_status set_attr(loom_cuda_ctx *c, cublasLtMatmulDesc_t d,
 }
 
 /* The descriptor: TN, fp32 compute and scale, each operand's inverse
- * scale (cuBLAS's A is loom's B, its B loom's A: matmul_cublaslt.cu). */
+ * scale (cuBLAS's A is loom's B, its B loom's A: matmul_cublaslt.cu);
+ * fast accumulation set only where on (unset is cuBLASLt's default, 0). */
 static loom_status make_desc(loom_cuda_ctx *c, loom_cuda_mm_plan *mp)
 {
 	const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
@@ -156,6 +182,10 @@ static loom_status make_desc(loom_cuda_ctx *c, loom_cuda_mm_plan *mp)
 		st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &inv_a, sizeof(inv_a));
 	if (st == LOOM_OK)
 		st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &inv_b, sizeof(inv_b));
+	if (st == LOOM_OK && mp->fp8.fast) {
+		const int8_t fast = 1; /* cublasLt.h: int8_t */
+		st = set_attr(c, mp->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+	}
 	return st;
 }
 
@@ -241,6 +271,7 @@ loom_status loom_cuda_mm_fp8_plan(const loom_plan *p, loom_cuda_ctx *c, loom_val
 	 * stored [k, n] unless tb. */
 	mp->fp8.trans[0] = s.ta;
 	mp->fp8.trans[1] = !s.tb;
+	mp->fp8.fast = fast_accum_for(c->fp8_fast_accum, nd);
 	loom_status st = make_desc(c, mp);
 	if (st == LOOM_OK)
 		st = make_layouts(c, mp, &s);
@@ -327,11 +358,12 @@ int loom_cuda_mm_fp8_note(const loom_cuda_node_plan *np, char *buf, size_t len)
 {
 	if (np->kind != LOOM_CUDA_PLAN_MM || !np->mm.fp8.on)
 		return 0;
-	snprintf(buf, len, "cuBLASLt FP8 %s x %s%s%s",
+	snprintf(buf, len, "cuBLASLt FP8 %s x %s%s%s%s",
 		 np->mm.fp8.fmt[0] == LOOM_FP8_E4M3 ? "E4M3" : "E5M2",
 		 np->mm.fp8.fmt[1] == LOOM_FP8_E4M3 ? "E4M3" : "E5M2",
 		 np->mm.fp8.trans[0] || np->mm.fp8.trans[1] ? ", cast transposed" : "",
-		 np->mm.fp8.stored[0] || np->mm.fp8.stored[1] ? ", stored fp8 operands" : "");
+		 np->mm.fp8.stored[0] || np->mm.fp8.stored[1] ? ", stored fp8 operands" : "",
+		 np->mm.fp8.fast ? ", fast accumulation" : "");
 	return 1;
 }
 
@@ -350,5 +382,24 @@ extern "C" void loom_cuda_test_fp8_products(const void *plan, int *fp8, int *pro
 		loom_value q[2];
 		*products += 1;
 		*fp8 += fp8_takes(p, v, &s, fmt, q);
+	}
+}
+
+/* Test hook (no device): of the products the FP8 product would take,
+ * how many LOOM_CUDA_FP8_FAST_ACCUM, as plan_create reads it now, would
+ * give fast accumulation (the choice loom_cuda_mm_fp8_plan makes). */
+extern "C" void loom_cuda_test_fp8_fast_products(const void *plan, int *fast, int *fp8)
+{
+	const loom_plan *p = (const loom_plan *)plan;
+	const int mode = loom_cuda_fp8_fast_accum_mode();
+	*fast = *fp8 = 0;
+	for (loom_value v = 0; v < p->g->n; v++) {
+		fp8_shape s;
+		int fmt[2];
+		loom_value q[2];
+		if (!fp8_takes(p, v, &s, fmt, q))
+			continue;
+		*fp8 += 1;
+		*fast += fast_accum_for(mode, &p->g->nodes[v]);
 	}
 }

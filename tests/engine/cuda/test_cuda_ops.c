@@ -28,6 +28,9 @@
 
 #include "base/cuda_plugin.h"
 #include "comm/comm.h"
+#include "base/fp8.h"
+#include "base/half.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cuda/device.h"
 #include "parallel/parallel.h"
 #include "tests/engine/cuda/need_gpu.h"
@@ -3393,7 +3396,7 @@ Test(cuda_ops, table)
 static const char *const covered_elsewhere[LOOM_OP_COUNT] = {
 	[LOOM_OP_CAST] = "AMP casts: batchnorm_o2_half_x_fp32_stats and the ConvNet O1/O2 steps",
 	[LOOM_OP_ALLREDUCE] = "needs a process group of world > 1: tests/ddp (CPU, MPI); NCCL not yet run",
-	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_amax_producer_matches_cpu, fp8_amax_optim_matches_the_pass",
+	[LOOM_OP_FP8_QDQ] = "amp.fp8 only: fp8_qdq_matches_cpu, fp8_gemm_matches_cpu (bit for bit), fp8_gemm_fast_accum_matches_cpu, fp8_amax_producer_matches_cpu, fp8_amax_optim_matches_the_pass",
 };
 
 /*
@@ -3884,11 +3887,14 @@ static void fp8_compare(const fp8_case *fc, const char *what, loom_program *cuda
 	free(b);
 }
 
-/* Products the CUDA plan runs on cuBLASLt FP8 (their --dump-graph note). */
-static int fp8_gemms(const loom_program *p)
+/* Products the CUDA plan runs on cuBLASLt FP8 (their --dump-graph note);
+ * fast not NULL: how many of them with fast accumulation. */
+static int fp8_gemms(const loom_program *p, int *fast)
 {
 	const loom_backend_planning *pn = p->be->planning;
 	int n = 0;
+	if (fast)
+		*fast = 0;
 	for (int v = 0; v < p->plan.g->n && pn && pn->node_note; v++) {
 		const loom_node *nd = &p->plan.g->nodes[v];
 		char note[512] = "";
@@ -3896,6 +3902,8 @@ static int fp8_gemms(const loom_program *p)
 			continue;
 		pn->node_note(p->be_ctx, &p->plan, v, note, sizeof(note));
 		n += strstr(note, "cuBLASLt FP8") != NULL;
+		if (fast)
+			*fast += strstr(note, "cuBLASLt FP8") && strstr(note, ", fast accumulation");
 	}
 	return n;
 }
@@ -3924,7 +3932,14 @@ static void fp8_run_case(const fp8_case *fc)
 	for (int v = 0; v < cuda->plan.g->n; v++)
 		nq += cuda->plan.g->nodes[v].op == LOOM_OP_FP8_QDQ;
 	cr_expect_gt(nq, 0, "%s: no FP8_QDQ node in the cuda plan", fc->what);
-	int ng = fp8_gemms(cuda);
+	int nfast = 0, ng = fp8_gemms(cuda, &nfast);
+	/* LOOM_CUDA_FP8_FAST_ACCUM=all (fp8_gemm_fast_accum_matches_cpu): every
+	 * FP8 product says so; fwd (from the caller's environment): the
+	 * forward's, some; else none. */
+	const char *fa = getenv("LOOM_CUDA_FP8_FAST_ACCUM");
+	if (!fa || strcmp(fa, "fwd"))
+		cr_expect_eq(nfast, fa && !strcmp(fa, "all") ? ng : 0,
+			     "%s: %d of %d FP8 products note fast accumulation", fc->what, nfast, ng);
 	if (fc->want_fp8_gemm)
 		cr_expect_gt(ng, 0, "%s: no product on cuBLASLt FP8 under LOOM_CUDA_FP8_GEMM=1", fc->what);
 	else
@@ -4074,6 +4089,45 @@ Test(cuda_ops, fp8_gemm_pipeline_keeps_backward_plain)
 	loom_graph_free(g);
 }
 
+extern void loom_cuda_test_fp8_fast_products(const void *plan, int *fast, int *fp8)
+	__attribute__((weak));
+
+/*
+ * Which FP8 products LOOM_CUDA_FP8_FAST_ACCUM gives cuBLASLt's fast
+ * accumulation (no GPU needed: the choice matmul_fp8.cu's plan makes, on
+ * the block's plan): none unset or off, the forward's 2 of the 6 under
+ * fwd (as Transformer Engine: not the data or weight gradients), all 6
+ * under all, none for a word that is not one of the row's.
+ */
+Test(cuda_ops, fp8_fast_accum_takes_the_forward_products)
+{
+	if (!loom_cuda_test_fp8_fast_products)
+		cr_skip_test("needs a build with the CUDA toolkit (matmul_fp8.cu's rule)");
+	static const struct {
+		const char *env;
+		int want;
+	} rows[] = { { NULL, 0 }, { "off", 0 }, { "fwd", 2 }, { "all", 6 }, { "forward", 0 } };
+	loom_graph *g;
+	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
+	loom_value v[4];
+	loom_value loss = fp8_block_net(g, v);
+	loom_program *p = compile_fp8(g, loss, LOOM_DEVICE_CPU, 1);
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		int fast = -1, fp8 = -1;
+		if (rows[i].env)
+			setenv("LOOM_CUDA_FP8_FAST_ACCUM", rows[i].env, 1);
+		else
+			unsetenv("LOOM_CUDA_FP8_FAST_ACCUM");
+		loom_cuda_test_fp8_fast_products(&p->plan, &fast, &fp8);
+		cr_expect_eq(fp8, 6, "%d products on cuBLASLt FP8, want 6", fp8);
+		cr_expect_eq(fast, rows[i].want, "LOOM_CUDA_FP8_FAST_ACCUM=%s: %d of %d fast, want %d",
+			     rows[i].env ? rows[i].env : "(unset)", fast, fp8, rows[i].want);
+	}
+	unsetenv("LOOM_CUDA_FP8_FAST_ACCUM");
+	loom_program_free(p);
+	loom_graph_free(g);
+}
+
 /* FP8_QDQ's kernels: the emulation's numbers, bit for bit where exact. */
 Test(cuda_ops, fp8_qdq_matches_cpu)
 {
@@ -4152,6 +4206,166 @@ Test(cuda_ops, fp8_gemm_matches_cpu)
 {
 	NEED_GPU();
 	fp8_cases(1);
+}
+
+/* The same cases with cuBLASLt's fast accumulation on every FP8 product
+ * (LOOM_CUDA_FP8_FAST_ACCUM=all, so the backward's too, and each plan's
+ * note says so), within the same bounds: the identity cases' sums have
+ * one nonzero term (exact in any accumulator), the others' k <= 64 terms
+ * of products of fp8 values lose far less than FP8_NMSE. */
+Test(cuda_ops, fp8_gemm_fast_accum_matches_cpu)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_FP8_FAST_ACCUM", "all", 1);
+	fp8_cases(1);
+	unsetenv("LOOM_CUDA_FP8_FAST_ACCUM");
+}
+
+extern int loom_cuda_test_fp8_casts(int vec, int fmt, const uint16_t *x, int64_t n, int64_t off,
+				    float out[3], int64_t *sat, uint16_t *y, unsigned char *q,
+				    unsigned char *q2, char *err, size_t errlen) __attribute__((weak));
+
+/* One fp8_casts_vec_matches_cpu row: n random bf16 values at element
+ * offset off, a few special ones among them. */
+static void fp8_casts_row(int vec, int fmt, int64_t n, int64_t off, int with_inf)
+{
+	uint16_t *x = malloc((size_t)n * 2), *y = malloc((size_t)n * 2);
+	float *xf = malloc((size_t)n * sizeof(float)), *yf = malloc((size_t)n * sizeof(float));
+	unsigned char *q = malloc((size_t)n), *q2 = malloc((size_t)n);
+	cr_assert(x && y && xf && yf && q && q2);
+	rng_state = (uint64_t)(n * 977 + off * 31 + fmt) * 0x9e3779b97f4a7c15ull + 1;
+	for (int64_t i = 0; i < n; i++)
+		x[i] = loom_f32_to_bf16((float)(urand() * 4));
+	/* in the first group of 8 and in the tail: a NaN (never the amax),
+	 * 1e-30 (rounds to zero); with_inf: inf (amax inf, scale 1) and
+	 * -1000 (saturates). */
+	const int64_t at[4] = { 3, n - 1, 5, n - 2 };
+	const float sp[4] = { NAN, 1e-30f, with_inf ? INFINITY : 0.5f, with_inf ? -1000.0f : -0.25f };
+	for (int i = 0; i < 4; i++)
+		if (at[i] >= 0 && at[i] < n)
+			x[at[i]] = loom_f32_to_bf16(sp[i]);
+	const float fmax = fmt == LOOM_FP8_E4M3 ? LOOM_E4M3_MAX : LOOM_E5M2_MAX;
+	float amax = 0;
+	for (int64_t i = 0; i < n; i++) {
+		xf[i] = loom_bf16_to_f32(x[i]);
+		amax = fabsf(xf[i]) > amax ? fabsf(xf[i]) : amax;
+	}
+	const float scale = loom_fp8_scale(amax, fmax);
+	loom_cpu_fp8_qdq_f32(xf, yf, n, fmt);
+	float out[3] = { -1, -1, -1 };
+	int64_t sat = -1, want_sat = 0, bad_y = 0, bad_q = 0, bad_q2 = 0, first = -1;
+	char err[512] = "";
+	cr_assert_eq(loom_cuda_test_fp8_casts(vec, fmt, x, n, off, out, &sat, y, q, q2, err,
+					      sizeof(err)),
+		     0, "fp8 casts vec %d n %lld off %lld: %s", vec, (long long)n, (long long)off, err);
+	for (int64_t i = 0; i < n; i++) {
+		const uint8_t c = fmt == LOOM_FP8_E4M3 ? loom_f32_to_e4m3(xf[i] * scale) :
+							 loom_f32_to_e5m2(xf[i] * scale);
+		want_sat += fabsf(xf[i] * scale) > fmax;
+		const uint16_t wy = loom_f32_to_bf16(yf[i]);
+		/* a NaN as a NaN: the device's conversion has its own payload */
+		const int by = y[i] != wy && !(isnan(loom_bf16_to_f32(y[i])) &&
+					       isnan(loom_bf16_to_f32(wy)));
+		const int bq = q[i] != c, bq2 = q2[i] != c;
+		if ((by || bq || bq2) && first < 0)
+			first = i;
+		bad_y += by, bad_q += bq, bad_q2 += bq2;
+	}
+	const char *f = fmt == LOOM_FP8_E4M3 ? "E4M3" : "E5M2";
+	cr_expect(out[0] == amax && out[2] == amax,
+		  "%s vec %d n %lld off %lld: amax %g, recorded %g, cpu %g", f, vec, (long long)n,
+		  (long long)off, out[0], out[2], amax);
+	cr_expect(out[1] == scale, "%s vec %d n %lld off %lld: scale %g, cpu %g", f, vec,
+		  (long long)n, (long long)off, out[1], scale);
+	cr_expect_eq(sat, want_sat, "%s vec %d n %lld off %lld: %lld saturated, cpu %lld", f, vec,
+		     (long long)n, (long long)off, (long long)sat, (long long)want_sat);
+	cr_expect(bad_y == 0 && bad_q == 0 && bad_q2 == 0,
+		  "%s vec %d n %lld off %lld: %lld values, %lld codes, %lld stored codes differ "
+		  "from the CPU's (first [%lld])",
+		  f, vec, (long long)n, (long long)off, (long long)bad_y, (long long)bad_q,
+		  (long long)bad_q2, (long long)first);
+	free(x), free(y), free(xf), free(yf), free(q), free(q2);
+}
+
+/*
+ * The FP8 casts' 128-bit paths (LOOM_CUDA_FP8_CAST_VEC=1) and the scalar
+ * ones, launcher by launcher, against the CPU bit for bit: current
+ * scaling's amax and QDQ, the cast into codes, delayed scaling's recorded
+ * cast stored as codes; lengths below, at and around the width of 8 and
+ * long ones with a ragged tail, x at offsets that are 16-byte aligned (8
+ * elements: the vector path) and not (1, 3: the scalar one), with a NaN,
+ * an inf and a saturating value in the first group and in the tail.
+ */
+Test(cuda_ops, fp8_casts_vec_matches_cpu)
+{
+	NEED_GPU();
+	if (!loom_cuda_test_fp8_casts)
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's launchers)");
+	static const int64_t ns[] = { 1, 7, 8, 9, 15, 64, 1000, 4099, 65536 + 5 };
+	static const int64_t offs[] = { 0, 1, 3, 8 };
+	for (int vec = 0; vec <= 1; vec++)
+		for (int fmt = 0; fmt < 2; fmt++)
+			for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
+				for (size_t j = 0; j < sizeof(offs) / sizeof(offs[0]); j++)
+					fp8_casts_row(vec, fmt ? LOOM_FP8_E5M2 : LOOM_FP8_E4M3, ns[i],
+						      offs[j], (int)(i + j) % 2);
+}
+
+extern int64_t loom_cuda_test_fp8_vec_groups(int vec, int64_t n, uintptr_t x, int xdt,
+					     uintptr_t y, int ydt, int ycodes) __attribute__((weak));
+
+/*
+ * Which casts the 128-bit paths take (no GPU: the launchers' choice on
+ * addresses): with the switch, f16 or bf16 x on 16 bytes, codes on 8 or
+ * halves on 16 bytes, at least 8 elements: n / 8 groups (the rest the
+ * scalar tail); anything else none (the scalar loop does all).
+ */
+Test(cuda_ops, fp8_cast_vec_takes_aligned_halves)
+{
+	if (!loom_cuda_test_fp8_vec_groups)
+		cr_skip_test("needs a build with the CUDA toolkit (fp8.cu's launchers)");
+	static const struct {
+		const char *what;
+		int vec;
+		int64_t n;
+		uintptr_t x;
+		int xdt;
+		uintptr_t y;
+		int ydt, codes;
+		int64_t want;
+	} rows[] = {
+		{ "switch off", 0, 64, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+		{ "bf16 to codes", 1, 64, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 8 },
+		{ "ragged tail", 1, 69, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 8 },
+		{ "f16 to f16", 1, 24, 0x1010, LOOM_F16, 0x2020, LOOM_F16, 0, 3 },
+		{ "codes on 8 bytes", 1, 16, 0x1000, LOOM_BF16, 0x2008, LOOM_BF16, 1, 2 },
+		{ "codes on 4 bytes", 1, 16, 0x1000, LOOM_BF16, 0x2004, LOOM_BF16, 1, 0 },
+		{ "halves on 8 bytes", 1, 16, 0x1000, LOOM_BF16, 0x2008, LOOM_BF16, 0, 0 },
+		{ "x on 2 bytes", 1, 64, 0x1002, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+		{ "x on 8 bytes", 1, 64, 0x1008, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+		{ "f32 x", 1, 64, 0x1000, LOOM_F32, 0x2000, LOOM_BF16, 1, 0 },
+		{ "f32 y", 1, 64, 0x1000, LOOM_BF16, 0x2000, LOOM_F32, 0, 0 },
+		{ "7 elements", 1, 7, 0x1000, LOOM_BF16, 0x2000, LOOM_BF16, 1, 0 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const int64_t g = loom_cuda_test_fp8_vec_groups(rows[i].vec, rows[i].n, rows[i].x,
+								rows[i].xdt, rows[i].y, rows[i].ydt,
+								rows[i].codes);
+		cr_expect_eq(g, rows[i].want, "%s: %lld groups of 8, want %lld", rows[i].what,
+			     (long long)g, (long long)rows[i].want);
+	}
+}
+
+/* The program rows of fp8_qdq_matches_cpu and fp8_gemm_matches_cpu with
+ * the casts' 128-bit paths on (the arena's values are aligned: the
+ * vector path with a tail where m k is not a multiple of 8). */
+Test(cuda_ops, fp8_cast_vec_programs_match_cpu)
+{
+	NEED_GPU();
+	setenv("LOOM_CUDA_FP8_CAST_VEC", "1", 1);
+	fp8_cases(0);
+	fp8_cases(1);
+	unsetenv("LOOM_CUDA_FP8_CAST_VEC");
 }
 
 /* FP8 storage's fallback: the roundings kept as codes for the FP8 product
