@@ -12,10 +12,10 @@
  * An id outside the table's real rows fails the step as on the CPU: the
  * forward flags it in the control block (a zero row in its place), the
  * update is skipped on the device, the next sync reports it in the CPU's
- * words; every kernel here guards its ids, so none reads or writes
- * outside the table or its gradient. CPU twin: engine/cpu/embedding.c (the scatter-add in row order). Status
- * as the rest of engine/cuda (README.md): run on an H200 through the GPU
- * suite.
+ * words (compiled, not yet run); every kernel here guards its ids, so
+ * none reads or writes outside the table or its gradient. CPU twin:
+ * engine/cpu/embedding.c (the scatter-add in row order). Status as the
+ * rest of engine/cuda (README.md): run on an H200 through the GPU suite.
  */
 #include <stdint.h>
 
