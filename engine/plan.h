@@ -343,5 +343,8 @@ static inline int loom_step_of(const loom_plan *pl, loom_value v)
 /* The one wording of a label outside [0, classes) at softmax-CE node v,
  * for both backends. */
 loom_status loom_bad_label(char *err, const loom_plan *pl, loom_value v, int32_t label, int row);
+/* The one wording of an id outside the table's real rows [0, vocab) at
+ * position pos of embedding node v's ids, for both backends. */
+loom_status loom_bad_id(char *err, const loom_plan *pl, loom_value v, int32_t id, int64_t pos);
 
 #endif /* LOOM_ENGINE_PLAN_H */

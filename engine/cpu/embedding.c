@@ -94,14 +94,11 @@ int loom_cpu_embedding_bwd_bf16(int64_t n, int v, int c, const int32_t *ids, con
 
 /* ---------------------------------------------------------- entries */
 
+/* The id at position bad, in the words both backends use (loom_bad_id). */
 static loom_status bad_id(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
-			  const loom_cpu_io *io, int64_t bad, int vocab)
+			  const loom_cpu_io *io, int64_t bad)
 {
-	char lb[96];
-	return loom_errnf(ctx->err, LOOM_ERR_MAX, LOOM_ERR_INVALID,
-			  "%s: id %d at position %lld is outside the table's [0, %d)",
-			  loom_node_label(plan->g, v, lb, sizeof(lb)),
-			  (int)((const int32_t *)io->src[0])[bad], (long long)bad, vocab);
+	return loom_bad_id(ctx->err, plan, v, ((const int32_t *)io->src[0])[bad], bad);
 }
 
 static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v,
@@ -115,7 +112,7 @@ static loom_status run_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value 
 		r = loom_cpu_embedding_fwd_f64(n, vocab, c, io->src[0], io->src[1], io->out, &bad);
 	else
 		r = loom_cpu_embedding_fwd_f32(n, vocab, c, io->src[0], io->src[1], io->out, &bad);
-	return r < 0 ? bad_id(ctx, plan, v, io, bad, vocab) : LOOM_OK;
+	return r < 0 ? bad_id(ctx, plan, v, io, bad) : LOOM_OK;
 }
 
 /* Only a bf16 table into bf16 rows: a copy. */
@@ -129,7 +126,7 @@ static int bf16_fwd(loom_cpu_ctx *ctx, const loom_plan *plan, loom_value v, cons
 	if (loom_cpu_embedding_fwd_bf16(loom_shape_numel(&loom_cpu_src(plan, v, 0)->shape),
 					(int)loom_node_user_shape(w).dims[0], (int)w->shape.dims[1],
 					io->src[0], io->src[1], io->out, &bad) < 0)
-		*st = bad_id(ctx, plan, v, io, bad, (int)loom_node_user_shape(w).dims[0]);
+		*st = bad_id(ctx, plan, v, io, bad);
 	return 1;
 }
 

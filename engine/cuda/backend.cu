@@ -564,6 +564,8 @@ static loom_status ctl_start(loom_cuda_ctx *c, const loom_train_state *ts)
 	ctl->ce_node = -1;
 	ctl->ce_row = INT32_MAX;
 	ctl->first_nonfinite = -1;
+	ctl->emb_node = -1;
+	ctl->emb_pos = INT64_MAX;
 	loom_status st = LOOM_CUDA_CHECK(cudaMemcpyAsync(c->ctl, ctl, sizeof(*ctl),
 							 cudaMemcpyHostToDevice, c->stream),
 					 c->err, sizeof(c->err));
@@ -1087,17 +1089,52 @@ static loom_status cuda_download(void *ctx, void *dst, const void *src, size_t b
 	return st;
 }
 
-/* Both streams drained, and the control block brings the device's scaler,
- * step and error flags back to the host. */
-/* The training state the device kept (h, a copy of the control block)
- * into ts and the host's own copy; a bad label it saw, reported. */
+loom_status loom_cuda_clear_faults(loom_cuda_ctx *c)
+{
+	/* static: the copies may read them after this returns */
+	static const int32_t ce[2] = { -1, INT32_MAX }, emb_node = -1;
+	static const int64_t emb_pos = INT64_MAX;
+	loom_status st;
+
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->ce_node, ce, sizeof(ce),
+					     cudaMemcpyHostToDevice, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->emb_node, &emb_node,
+						     sizeof(emb_node), cudaMemcpyHostToDevice,
+						     c->stream),
+				     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->emb_pos, &emb_pos, sizeof(emb_pos),
+						     cudaMemcpyHostToDevice, c->stream),
+				     c->err, sizeof(c->err));
+	return st;
+}
+
+/*
+ * The training state the device kept (h, a copy of the control block)
+ * into ts and the host's own copy; a bad label or a bad id it saw,
+ * reported in the CPU's words. Every path that brings the control block
+ * back comes here: synchronize, which loom_run's synchronous path calls
+ * right after downloading the loss (so the failed step's loom_run
+ * returns the error, as the CPU's does; a later checkpoint save or free
+ * synchronizes too), and loss_async's take (LOOM_ASYNC_LOSS: one step
+ * late). The step itself changed nothing: the decision kernel skipped the
+ * update (optim.cu). Both faults in one step: the CPU stops at the first
+ * of the two nodes in step order, so that one is reported; every flag is
+ * cleared either way.
+ */
 static loom_status ctl_into_ts(loom_cuda_ctx *c, const loom_plan *p, loom_train_state *ts,
 			       const loom_cuda_ctl *h)
 {
 	ts->scaler = c->host_scaler = h->scaler;
 	ts->step = c->host_step = h->step;
 	ts->grad_norm = h->grad_norm;
-	if (h->ce_node >= 0 && h->ce_node < p->g->n)
+	const int ce = h->ce_node >= 0 && h->ce_node < p->g->n;
+	const int emb = h->emb_node >= 0 && h->emb_node < p->g->n;
+	if (emb && (!ce || loom_step_of(p, h->emb_node) < loom_step_of(p, h->ce_node)))
+		return loom_cuda_report_bad_id(c, p, h);
+	if (ce)
 		return loom_cuda_report_bad_label(c, p, h);
 	return LOOM_OK;
 }

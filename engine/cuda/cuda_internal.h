@@ -62,7 +62,11 @@ typedef struct loom_cuda_ctl {
 	int32_t ce_node;     /* softmax-CE node with a bad label, or -1 */
 	int32_t ce_row;      /* its first bad row (atomicMin), INT32_MAX if none */
 	int32_t first_nonfinite; /* diagnose: first node with inf/NaN, or -1 */
-	int32_t pad_;
+	/* The first embedding node (in launch order: the CPU's step order)
+	 * that saw an id outside its table's real rows, or -1, and that
+	 * node's first bad position (atomicMin), INT64_MAX if none. */
+	int32_t emb_node;
+	int64_t emb_pos;
 	double grad_norm;    /* clipping: the last update's global norm */
 	/* The learning rate the update applies, set by a one-thread kernel
 	 * launched (eagerly, outside any captured graph) when the host's
@@ -599,6 +603,9 @@ typedef loom_status loom_cuda_op_fn(loom_cuda_ctx *ctx, const loom_plan *plan, l
 loom_status loom_cuda_use_device(loom_cuda_ctx *c);
 cudaError_t loom_cuda_sync_stream(loom_cuda_ctx *c, cudaStream_t s);
 loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *ts);
+/* backend.cu: the control block's fault flags (a bad label's, a bad
+ * id's) reset on the stream for the next step, after a report. */
+loom_status loom_cuda_clear_faults(loom_cuda_ctx *c);
 /* backend.cu: leaves and views have nothing to compute. */
 loom_cuda_op_fn loom_cuda_op_nothing;
 /* A library call's node (a convolution, a product) run on src (0, 1, ...)
@@ -656,7 +663,8 @@ loom_status loom_cuda_grads_finite(void *ctx, const loom_plan *p, const loom_are
 loom_cuda_op_fn loom_cuda_op_softmax_ce;
 loom_cuda_op_fn loom_cuda_op_softmax_ce_bwd;
 /* A bad label the softmax-CE kernel flagged in the control block
- * (h, read back), reported as the CPU does; the flags cleared. Waits. */
+ * (h, read back), reported as the CPU does; every fault flag cleared
+ * (loom_cuda_clear_faults). Waits. */
 loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
 				       const loom_cuda_ctl *h);
 /* elementwise.cu */
@@ -674,6 +682,10 @@ loom_cuda_op_fn loom_cuda_op_grad_seed;
 /* embedding.cu */
 loom_cuda_op_fn loom_cuda_op_embedding;
 loom_cuda_op_fn loom_cuda_op_embedding_bwd;
+/* A bad id the embedding's forward flagged in the control block (h, read
+ * back), reported as the CPU does (loom_bad_id); every fault flag
+ * cleared (loom_cuda_clear_faults). Waits. */
+loom_status loom_cuda_report_bad_id(loom_cuda_ctx *c, const loom_plan *p, const loom_cuda_ctl *h);
 /* Workspace bytes of an EMBEDDING_BWD node (fp32 sums, or the bucketed
  * backward's sort). */
 size_t loom_cuda_embedding_bwd_ws(const loom_plan *p, loom_value v);

@@ -9,9 +9,13 @@
  * classifier's dW (its last source) as autodiff's add did, the same bits;
  * where it writes over dW's bytes, a row no id touches is left as it is
  * (LOOM_CUDA_EMB_BWD_ACCUM, read at compile; off until run on a GPU).
- * CPU twin: engine/cpu/embedding.c (the scatter-add in row order). Status
- * as the rest of engine/cuda (README.md): run on an H200 through the GPU
- * suite.
+ * An id outside the table's real rows fails the step as on the CPU: the
+ * forward flags it in the control block (a zero row in its place), the
+ * update is skipped on the device, the next sync reports it in the CPU's
+ * words (compiled, not yet run); every kernel here guards its ids, so
+ * none reads or writes outside the table or its gradient. CPU twin:
+ * engine/cpu/embedding.c (the scatter-add in row order). Status as the
+ * rest of engine/cuda (README.md): run on an H200 through the GPU suite.
  */
 #include <stdint.h>
 
@@ -25,15 +29,32 @@ static const int threads = 256;
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-/* y[i, j] = table[ids[i], j]; an id outside [0, v) gives a zero row. */
+/* Position i of node's ids holds an id outside its table: recorded for
+ * the next sync's report (loom_cuda_report_bad_id). The first node to
+ * flag owns the record (kernels run in step order on one stream, so it is
+ * the node the CPU would stop at), its first bad position by atomicMin. */
+static __device__ void emb_flag_bad(loom_cuda_ctl *ctl, int node, int64_t i)
+{
+	const int prev = atomicCAS(&ctl->emb_node, -1, node);
+	if (prev == -1 || prev == node)
+		atomicMin((long long *)&ctl->emb_pos, (long long)i);
+}
+
+/* y[i, j] = table[ids[i], j]; an id outside [0, v) gives a zero row (the
+ * table is never read there) and is flagged in ctl for node, which fails
+ * the step: the decision skips the update, the next sync reports it. */
 __global__ void loom_embedding_fwd_kernel(int64_t n, int v, int c, const int32_t *ids,
-					  const void *table, int tdt, void *y, int ydt)
+					  const void *table, int tdt, void *y, int ydt, int node,
+					  loom_cuda_ctl *ctl)
 {
 	for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n * c;
 	     e += (int64_t)gridDim.x * blockDim.x) {
 		int64_t i = e / c;
 		int j = (int)(e % c), id = ids[i];
-		loom_st(y, ydt, e, id >= 0 && id < v ? loom_ld(table, tdt, (int64_t)id * c + j) : 0.0f);
+		const bool ok = id >= 0 && id < v;
+		if (!ok && j == 0)
+			emb_flag_bad(ctl, node, i);
+		loom_st(y, ydt, e, ok ? loom_ld(table, tdt, (int64_t)id * c + j) : 0.0f);
 	}
 }
 
@@ -222,8 +243,31 @@ loom_status loom_cuda_op_embedding(loom_cuda_ctx *c, const loom_plan *plan, loom
 		return LOOM_OK;
 	loom_embedding_fwd_kernel<<<loom_cuda_blocks(n * cc, threads), threads, 0, c->stream>>>(
 		n, (int)loom_node_user_shape(w).dims[0] /* a padded table: the real rows */, cc,
-		(const int32_t *)io->src[0], io->src[1], io->dt[1], io->out, io->odt);
+		(const int32_t *)io->src[0], io->src[1], io->dt[1], io->out, io->odt, (int)v,
+		c->ctl);
 	return LOOM_CUDA_LAUNCHED(c->err);
+}
+
+/* The id at the flagged position read back, in the CPU backend's words
+ * (loom_bad_id); the flags cleared for the next step. An error path: it
+ * waits. */
+loom_status loom_cuda_report_bad_id(loom_cuda_ctx *c, const loom_plan *p, const loom_cuda_ctl *h)
+{
+	const loom_node *n = &p->g->nodes[h->emb_node];
+	const int32_t *ids = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[0]);
+	int32_t id = -1;
+	loom_status st;
+
+	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&id, ids + h->emb_pos, sizeof(id),
+					     cudaMemcpyDeviceToHost, c->stream),
+			     c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = loom_cuda_clear_faults(c);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	if (st != LOOM_OK)
+		return st;
+	return loom_bad_id(c->err, p, h->emb_node, id, h->emb_pos);
 }
 
 loom_status loom_cuda_op_embedding_bwd(loom_cuda_ctx *c, const loom_plan *plan, loom_value v,

@@ -43,7 +43,9 @@ static __device__ void ce_zero_padding(void *d, int ddt, int classes, int ld)
 		loom_st(d, ddt, j, 0.0f);
 }
 
-/* One block: the mean over rows, unless this node saw a bad label. */
+/* One block: the mean over rows, unless this node saw a bad label or an
+ * embedding a bad id (the failed step's loss is not written, as on the
+ * CPU). */
 __global__ void loom_ce_mean_kernel(int n, const double *row_ws, void *loss, int lossdt,
 				    int node, const loom_cuda_ctl *ctl)
 {
@@ -51,7 +53,7 @@ __global__ void loom_ce_mean_kernel(int n, const double *row_ws, void *loss, int
 	for (int i = threadIdx.x; i < n; i += blockDim.x)
 		s += row_ws[i];
 	s = loom_block_sum(s);
-	if (threadIdx.x == 0 && ctl->ce_node != node)
+	if (threadIdx.x == 0 && ctl->ce_node != node && ctl->emb_node == -1)
 		loom_st(loss, lossdt, 0, (float)(n > 0 ? s / n : 0));
 }
 
@@ -407,16 +409,14 @@ loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
 {
 	const loom_node *n = &p->g->nodes[h->ce_node];
 	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
-	int32_t lab = -1, clear[2] = { -1, INT32_MAX };
+	int32_t lab = -1;
 	loom_status st;
 
 	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&lab, labels + h->ce_row, sizeof(lab),
 					     cudaMemcpyDeviceToHost, c->stream),
 			     c->err, sizeof(c->err));
 	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&c->ctl->ce_node, clear, sizeof(clear),
-						     cudaMemcpyHostToDevice, c->stream),
-				     c->err, sizeof(c->err));
+		st = loom_cuda_clear_faults(c);
 	if (st == LOOM_OK)
 		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
 	if (st != LOOM_OK)

@@ -46,8 +46,8 @@ __global__ void loom_opt_check_kernel(const loom_cuda_opt_slot *slots,
 
 /*
  * The decision, as loom_optim_step_host takes it. A step whose forward
- * failed (a bad label) changes nothing: the CPU returns before the
- * optimizer. The inverse scale is the one the gradients were scaled by,
+ * failed (a bad label, an embedding's bad id) changes nothing: the CPU
+ * returns before the optimizer. The inverse scale is the one the gradients were scaled by,
  * taken before the update may grow or shrink it (as the CPU does).
  */
 __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int world, int micro,
@@ -60,7 +60,7 @@ __global__ void loom_opt_decide_kernel(loom_cuda_ctl *ctl, int scaling, int worl
 	/* Data parallel: the buckets hold the sum over the ranks; gradient
 	 * accumulation: over micro + 1 micro-steps (engine/cpu/optim.c). */
 	double inv = 1.0 / ((double)ctl->scaler.scale * world * (micro + 1));
-	if (ctl->ce_node != -1) {
+	if (ctl->ce_node != -1 || ctl->emb_node != -1) {
 		ctl->found_inf = 0;
 		ctl->apply = 0;
 		return;

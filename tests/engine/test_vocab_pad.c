@@ -6,7 +6,8 @@
  * the products run at other shapes, so their blocking may sum in another
  * order); the padding rows of the table, its gradient, its O2 master and
  * Adam's state stay exactly zero under weight decay; reads, writes,
- * checkpoints (across padded and unpadded) and safetensors keep 50 rows.
+ * checkpoints (across padded and unpadded) and safetensors keep 50 rows;
+ * an id past the 50 real rows fails its step, naming them.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -456,6 +457,63 @@ Test(vocab_pad, a_negative_multiple_is_refused)
 	o.vocab_pad = -2;
 	cr_assert_eq(loom_compile(m.g, m.loss, &o, &p), LOOM_ERR_INVALID);
 	cr_expect(strstr(loom_last_error(), "vocab_pad -2") != NULL, "%s", loom_last_error());
+	loom_program_free(p);
+	loom_graph_free(m.g);
+}
+
+/* Every parameter of m read from p (freed by the caller). */
+static double **read_all(loom_program *p, const gpt *m)
+{
+	double **x = calloc((size_t)m->n, sizeof(double *));
+	cr_assert(x);
+	for (int i = 0; i < m->n; i++) {
+		size_t n;
+		x[i] = read_param(p, m, i, &n);
+	}
+	return x;
+}
+
+/*
+ * An id past the real vocabulary but inside the padded table (50 of 64
+ * rows): the step fails in the words both backends share (loom_bad_id),
+ * naming the table's real rows, leaves every parameter as it was (bit for
+ * bit), and the next good step trains. The CUDA backend's twin is
+ * test_cuda_ops' bad_id_fails_the_step_like_the_cpu.
+ */
+Test(vocab_pad, an_id_past_the_real_vocabulary_fails_the_step)
+{
+	optim = LOOM_OPTIM_SGD;
+	gpt m;
+	build(&m, 0);
+	for (loom_value v = 0; v < m.g->n; v++)
+		if (m.g->nodes[v].op == LOOM_OP_EMBEDDING && m.g->nodes[v].src[1] == m.wte)
+			loom_set_name(m.g, v, "tok_emb");
+	loom_program *p = compile(&m, 64, LOOM_O0);
+	cr_assert_eq(p->plan.vocab_padded, 64);
+	double loss[1];
+	train(p, 0, 1, loss);
+	double **before = read_all(p, &m);
+	feed(p, 1);
+	int32_t ids[B * T];
+	for (int j = 0; j < B * T; j++)
+		ids[j] = j % V;
+	ids[3] = V;
+	cr_assert_eq(loom_set_input(p, "ids", ids, LOOM_I32, B * T), LOOM_OK);
+	cr_assert_eq(loom_run(p, LOOM_RUN_TRAIN), LOOM_ERR_INVALID, "%s", loom_program_error(p));
+	cr_expect_str_eq(loom_program_error(p),
+			 "embedding 'tok_emb': id 50 at position 3 is outside the table's [0, 50)");
+	double **after = read_all(p, &m);
+	for (int i = 0; i < m.n; i++) {
+		size_t n = (size_t)loom_shape_numel(&m.g->nodes[m.params[i]].shape);
+		cr_expect(!memcmp(before[i], after[i], n * sizeof(double)),
+			  "%s changed by the failed step", m.g->nodes[m.params[i]].name);
+		free(before[i]);
+		free(after[i]);
+	}
+	free(before);
+	free(after);
+	train(p, 2, 1, loss);
+	cr_expect(isfinite(loss[0]), "the next step's loss %g", loss[0]);
 	loom_program_free(p);
 	loom_graph_free(m.g);
 }

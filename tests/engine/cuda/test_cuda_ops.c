@@ -2352,6 +2352,147 @@ Test(cuda_ops, bad_label_fails_the_step_like_the_cpu)
 	run_case("softmax_ce bad label", b_ce_bad, LOOM_F32, LOOM_RUN_GRAD, 3);
 }
 
+enum { BI_B = 2, BI_T = 8, BI_V = 50, BI_C = 32 };
+
+/* gpt_parts' tied GPT (50 rows) compiled for dev at O0 (AdamW), the
+ * vocabulary padded to pad rows (0: not), the embedding's backward adding
+ * into the classifier's gradient where accum (LOOM_CUDA_EMB_BWD_ACCUM). */
+static loom_program *bad_id_program(const gpt *m, loom_device dev, int pad, int accum)
+{
+	loom_compile_opts o;
+	gpt_adamw_opts(&o, LOOM_O0);
+	o.device = dev;
+	o.no_tf32 = 1;
+	o.vocab_pad = pad;
+	setenv("LOOM_CUDA_EMB_BWD_ACCUM", accum ? "1" : "0", 1);
+	loom_program *p = NULL;
+	loom_status st = loom_compile(m->g, m->loss, &o, &p);
+	unsetenv("LOOM_CUDA_EMB_BWD_ACCUM");
+	cr_assert_eq(st, LOOM_OK, "%s", loom_last_error());
+	return p;
+}
+
+/* Every parameter of m read from p as f64 (the f32 values exactly). */
+static double **bad_id_params(loom_program *p, const gpt *m)
+{
+	double **x = calloc((size_t)m->n, sizeof(double *));
+	cr_assert(x);
+	for (int i = 0; i < m->n; i++) {
+		size_t n = (size_t)loom_shape_numel(&m->g->nodes[m->params[i]].shape);
+		x[i] = malloc(n * sizeof(double));
+		cr_assert(x[i]);
+		cr_assert_eq(loom_read_f64(p, m->params[i], x[i], n), LOOM_OK, "%s",
+			     loom_program_error(p));
+	}
+	return x;
+}
+
+static void bad_id_params_free(double **x, const gpt *m)
+{
+	for (int i = 0; i < m->n; i++)
+		free(x[i]);
+	free(x);
+}
+
+/* Batch k (gpt_feed's tokens, positions and targets) into p, then the
+ * bad inputs of case bad (-1: none): 0, the id 50 (the vocabulary) at
+ * position 3; 1, a position 8 (wpe's rows) at position 0; 2, ids -1 at 3
+ * and 52 at 5, that position 8 and a label 50: both embeddings and the
+ * loss bad in one step (the first node in step order reported, its first
+ * position). */
+static void bad_id_feed(loom_program *p, int k, int bad)
+{
+	int32_t ids[BI_B * BI_T], pos[BI_B * BI_T], tg[BI_B * BI_T];
+	for (int j = 0; j < BI_B * BI_T; j++) {
+		ids[j] = (j * 7 + k * 13 + 3) % BI_V;
+		pos[j] = j % BI_T;
+		tg[j] = (j * 11 + k * 5 + 1) % BI_V;
+	}
+	if (bad == 0 || bad == 2)
+		ids[3] = bad == 0 ? BI_V : -1;
+	if (bad == 2) {
+		ids[5] = BI_V + 2;
+		tg[0] = BI_V;
+	}
+	if (bad >= 1)
+		pos[0] = BI_T;
+	cr_assert_eq(loom_set_input(p, "ids", ids, LOOM_I32, BI_B * BI_T), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "pos", pos, LOOM_I32, BI_B * BI_T), LOOM_OK);
+	cr_assert_eq(loom_set_input(p, "targets", tg, LOOM_I32, BI_B * BI_T), LOOM_OK);
+}
+
+/*
+ * An embedding id outside the table (engine/cuda/embedding.cu flags it,
+ * optim.cu's decision skips the update, the sync after the loss reports
+ * it): the tied GPT on CUDA and the CPU, trained one good step, then each
+ * bad case of bad_id_feed: both fail with the same message (loom_bad_id),
+ * no parameter on the device changes (bit for bit), and the next good
+ * step trains on both with the same loss; the vocabulary unpadded and
+ * padded (an id in the padding rows is bad too), the embedding's backward
+ * alone and adding into the classifier's gradient. Compiled, not yet run.
+ */
+Test(cuda_ops, bad_id_fails_the_step_like_the_cpu)
+{
+	NEED_GPU();
+	for (int pad = 0; pad <= 64; pad += 64)
+		for (int accum = 0; accum <= 1; accum++) {
+			gpt m;
+			cr_assert_eq(gpt_tied_block(&m, BI_B, BI_T, BI_V, BI_C), LOOM_OK);
+			for (loom_value v = 0; v < m.g->n; v++)
+				if (m.g->nodes[v].op == LOOM_OP_EMBEDDING)
+					loom_set_name(m.g, v, m.g->nodes[v].src[1] == m.wte ?
+							      "tok_emb" : "pos_emb");
+			loom_program *p[2] = { bad_id_program(&m, LOOM_DEVICE_CPU, pad, accum),
+					       bad_id_program(&m, LOOM_DEVICE_CUDA, pad, accum) };
+			int k = 0;
+			for (int i = 0; i < 2; i++) {
+				bad_id_feed(p[i], k, -1);
+				cr_assert_eq(loom_run(p[i], LOOM_RUN_TRAIN), LOOM_OK, "%s",
+					     loom_program_error(p[i]));
+			}
+			for (int bad = 0; bad < 3; bad++) {
+				double **before = bad_id_params(p[1], &m);
+				k++;
+				for (int i = 0; i < 2; i++) {
+					bad_id_feed(p[i], k, bad);
+					cr_expect_eq(loom_run(p[i], LOOM_RUN_TRAIN), LOOM_ERR_INVALID,
+						     "pad %d accum %d case %d, %s: the step ran", pad,
+						     accum, bad, i ? "cuda" : "cpu");
+				}
+				cr_expect(strstr(loom_program_error(p[1]), "_emb': id") != NULL,
+					  "case %d: %s", bad, loom_program_error(p[1]));
+				cr_expect_str_eq(loom_program_error(p[1]), loom_program_error(p[0]),
+						 "pad %d accum %d case %d", pad, accum, bad);
+				double **after = bad_id_params(p[1], &m);
+				for (int i = 0; i < m.n; i++)
+					cr_expect(!memcmp(before[i], after[i],
+							  sizeof(double) *
+								  (size_t)loom_shape_numel(
+									  &m.g->nodes[m.params[i]].shape)),
+						  "pad %d accum %d case %d: %s changed", pad, accum,
+						  bad, m.g->nodes[m.params[i]].name);
+				bad_id_params_free(before, &m);
+				bad_id_params_free(after, &m);
+				/* the flags cleared: the next step trains as the CPU's */
+				k++;
+				double loss[2];
+				for (int i = 0; i < 2; i++) {
+					bad_id_feed(p[i], k, -1);
+					cr_assert_eq(loom_run(p[i], LOOM_RUN_TRAIN), LOOM_OK,
+						     "pad %d accum %d case %d, the next step: %s", pad,
+						     accum, bad, loom_program_error(p[i]));
+					loss[i] = loom_loss(p[i]);
+				}
+				cr_expect(fabs(loss[1] - loss[0]) <= 1e-3 * fabs(loss[0]),
+					  "pad %d accum %d case %d, the next step's loss: cuda %.9g "
+					  "cpu %.9g", pad, accum, bad, loss[1], loss[0]);
+			}
+			loom_program_free(p[1]);
+			loom_program_free(p[0]);
+			loom_graph_free(m.g);
+		}
+}
+
 Test(cuda_ops, f64_graph_is_refused)
 {
 	NEED_GPU();
