@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 b=.gpu-bundle/bin; o=$1; mkdir -p $o; d=.gpu-bundle/data
-r() { local n=$1; shift; local t0=$(date +%s); timeout -k 3 ${LIM:-60} "$@" > $o/$n.log 2>&1; local rc=$?; echo "== $n rc=$rc $(( $(date +%s) - t0 ))s: $(grep -aE 'total: .*img/s|^step +20/20|^step +12/12|Synthesis|SUMMARY|accuracy|tok/s' $o/$n.log | tail -1 | cut -c1-150)"; }
+. "$(dirname "$0")/lease_gate.sh"
+r() { local n=$1 lim; shift; lease_gate $n ${LIM:-60} || return 0; local t0=$(date +%s); timeout -k 3 $lim "$@" > $o/$n.log 2>&1; local rc=$?; echo "== $n rc=$rc $(( $(date +%s) - t0 ))s: $(grep -aE 'total: .*img/s|^step +20/20|^step +12/12|Synthesis|SUMMARY|accuracy|tok/s' $o/$n.log | tail -1 | cut -c1-150)"; }
 LIM=120 r test_cuda_ops env LOOM_REQUIRE_GPU=1 $b/test_cuda_ops --verbose
 grep -a "FAIL\|Assertion\|^\[----\]   [a-z]" $o/test_cuda_ops.log | grep -v "^\[----\]   $" | head -30
 # In order of what the next lease must decide first (the run may be cut by

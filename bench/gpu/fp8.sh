@@ -33,10 +33,12 @@ py=${LOOM_PY:-python3}
 text=()
 [ -f "$d/fortunes.txt" ] && text=(--data "$d/fortunes.txt")
 
-r() { # name command...: one run, one summary line
-	local n=$1 t0=$(date +%s) rc
+. "$(dirname "$0")/lease_gate.sh"
+r() { # name command...: one run, one summary line (lease_gate: the lease's filters)
+	local n=$1 t0=$(date +%s) rc lim
 	shift
-	timeout -k 5 "${LIM:-150}" "$@" >"$o/$n.log" 2>&1
+	lease_gate "$n" "${LIM:-150}" || return 0
+	timeout -k 5 "$lim" "$@" >"$o/$n.log" 2>&1
 	rc=$?
 	echo "== $n rc=$rc $(($(date +%s) - t0))s: $(grep -aE 'tok/s|Synthesis|needs' \
 		"$o/$n.log" | tail -n 1 | cut -c1-160)"
