@@ -1111,6 +1111,21 @@ loom_status loom_cuda_clear_faults(loom_cuda_ctx *c)
 	return st;
 }
 
+/* A fault's culprit (a bad label, a bad id: the int32 at src on the
+ * device) read back, every fault flag cleared, and the stream drained.
+ * An error path: it waits. */
+loom_status loom_cuda_fault_read(loom_cuda_ctx *c, const int32_t *src, int32_t *val)
+{
+	loom_status st = LOOM_CUDA_CHECK(cudaMemcpyAsync(val, src, sizeof(*val),
+							 cudaMemcpyDeviceToHost, c->stream),
+					 c->err, sizeof(c->err));
+	if (st == LOOM_OK)
+		st = loom_cuda_clear_faults(c);
+	if (st == LOOM_OK)
+		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	return st;
+}
+
 /*
  * The training state the device kept (h, a copy of the control block)
  * into ts and the host's own copy; a bad label or a bad id it saw,

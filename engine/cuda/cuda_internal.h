@@ -606,6 +606,9 @@ loom_status loom_cuda_push_host_state(loom_cuda_ctx *c, const loom_train_state *
 /* backend.cu: the control block's fault flags (a bad label's, a bad
  * id's) reset on the stream for the next step, after a report. */
 loom_status loom_cuda_clear_faults(loom_cuda_ctx *c);
+/* backend.cu: the int32 at src on the device read into *val (a fault's
+ * label or id), the fault flags cleared, the stream drained. Waits. */
+loom_status loom_cuda_fault_read(loom_cuda_ctx *c, const int32_t *src, int32_t *val);
 /* backend.cu: leaves and views have nothing to compute. */
 loom_cuda_op_fn loom_cuda_op_nothing;
 /* A library call's node (a convolution, a product) run on src (0, 1, ...)

@@ -256,15 +256,7 @@ loom_status loom_cuda_report_bad_id(loom_cuda_ctx *c, const loom_plan *p, const 
 	const loom_node *n = &p->g->nodes[h->emb_node];
 	const int32_t *ids = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[0]);
 	int32_t id = -1;
-	loom_status st;
-
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&id, ids + h->emb_pos, sizeof(id),
-					     cudaMemcpyDeviceToHost, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = loom_cuda_clear_faults(c);
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	loom_status st = loom_cuda_fault_read(c, ids + h->emb_pos, &id);
 	if (st != LOOM_OK)
 		return st;
 	return loom_bad_id(c->err, p, h->emb_node, id, h->emb_pos);

@@ -410,15 +410,7 @@ loom_status loom_cuda_report_bad_label(loom_cuda_ctx *c, const loom_plan *p,
 	const loom_node *n = &p->g->nodes[h->ce_node];
 	const int32_t *labels = (const int32_t *)loom_arena_ptr(c->arena, p, n->src[1]);
 	int32_t lab = -1;
-	loom_status st;
-
-	st = LOOM_CUDA_CHECK(cudaMemcpyAsync(&lab, labels + h->ce_row, sizeof(lab),
-					     cudaMemcpyDeviceToHost, c->stream),
-			     c->err, sizeof(c->err));
-	if (st == LOOM_OK)
-		st = loom_cuda_clear_faults(c);
-	if (st == LOOM_OK)
-		st = LOOM_CUDA_CHECK(loom_cuda_sync_stream(c, c->stream), c->err, sizeof(c->err));
+	loom_status st = loom_cuda_fault_read(c, labels + h->ce_row, &lab);
 	if (st != LOOM_OK)
 		return st;
 	return loom_bad_label(c->err, p, h->ce_node, lab, h->ce_row);
