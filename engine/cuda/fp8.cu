@@ -94,6 +94,27 @@ static __device__ __forceinline__ void ld8(const void *x, int xdt, int64_t g, fl
 		v[k] = loom_ld(&r, xdt, k);
 }
 
+/* ld8 times s: the values a cast rounds (x * scale, as the scalar path). */
+static __device__ __forceinline__ void ld8_times(const void *x, int xdt, int64_t g, float s,
+						 float v[8])
+{
+	ld8(x, xdt, g, v);
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		v[k] *= s;
+}
+
+/* m with the largest |v[k]| if larger (a NaN never is). */
+static __device__ __forceinline__ float max8(float m, const float v[8])
+{
+#pragma unroll
+	for (int k = 0; k < 8; k++) {
+		const float a = fabsf(v[k]);
+		m = a > m ? a : m;
+	}
+	return m;
+}
+
 /* qdq_put for elements 8g..8g+7 from s[] = x * scale, one store: codes
  * (store; 8 bytes), else the rounded values in ydt (f16 or bf16). */
 static __device__ __forceinline__ void qdq_put8(void *y, int ydt, int64_t g, const float s[8],
@@ -156,11 +177,7 @@ __global__ void loom_fp8_amax_kernel(const void *x, int xdt, int64_t n, int64_t 
 	for (int64_t g = first; g < nv; g += stride) {
 		float v[8];
 		ld8(x, xdt, g, v);
-#pragma unroll
-		for (int k = 0; k < 8; k++) {
-			const float a = fabsf(v[k]);
-			m = a > m ? a : m;
-		}
+		m = max8(m, v);
 	}
 	for (int64_t i = nv * 8 + first; i < n; i += stride) {
 		float a = fabsf(loom_ld(x, xdt, i));
@@ -201,10 +218,7 @@ __global__ void loom_fp8_qdq_kernel(const void *x, int xdt, void *y, int ydt, in
 	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 	for (int64_t g = first; g < nv; g += stride) {
 		float v[8];
-		ld8(x, xdt, g, v);
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			v[k] *= scale;
+		ld8_times(x, xdt, g, scale, v);
 		qdq_put8(y, ydt, g, v, inv, fmt, store);
 	}
 	for (int64_t i = nv * 8 + first; i < n; i += stride)
@@ -315,10 +329,7 @@ __global__ void loom_fp8_cast_kernel(const void *x, int xdt, int64_t n, int64_t 
 	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 	for (int64_t g = first; g < nv; g += stride) {
 		float v[8];
-		ld8(x, xdt, g, v);
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			v[k] *= s;
+		ld8_times(x, xdt, g, s, v);
 		qdq_put8(q, 0, g, v, 1.0f, fmt, 1);
 	}
 	for (int64_t i = nv * 8 + first; i < n; i += stride)
