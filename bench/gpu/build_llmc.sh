@@ -63,4 +63,4 @@ make -C "$work/llmc" train_gpt2cu NVCC="$cuda/bin/nvcc" USE_CUDNN=1 NO_MULTI_GPU
 	NVCC_LDLIBS="-lnvrtc -lcuda"
 cp "$work/llmc/train_gpt2cu" "$out/train_gpt2cu"
 echo "built: $out/train_gpt2cu"
-echo "bundle: LOOM_LLMC_BIN=$out/train_gpt2cu bash bazel/gpu_bundle.sh"
+echo "bundle: bash bazel/gpu_bundle.sh (from ../llmc, beside the repo; else LOOM_LLMC_BIN=$out/train_gpt2cu)"

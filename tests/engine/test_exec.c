@@ -607,7 +607,7 @@ static int calls_of(int op, const fk_call **out, int max)
 	int n = 0;
 	for (int i = 0; i < fk.n; i++)
 		if (fk.calls[i].op == op) {
-			if (n < max)
+			if ((unsigned)n < (unsigned)max) /* (gcc's -Warray-bounds: n never wraps) */
 				out[n] = &fk.calls[i];
 			n++;
 		}

@@ -201,22 +201,8 @@ torch_vs_gpt=("$here/bench/torch_gpt.py" --nanogpt --device cuda "${text[@]}" --
 	--embd 768 --context 1024 --vocab 50257 --batch-size 8 --steps 30 --warmup 10)
 torch_vs_r50=("$here/bench/torch_gpu.py" resnet50 --batch 64 --steps 20 --warmup 10
 	--layout channels-last --compile-mode reduce-overhead)
+# llm.c's token files, made by bazel/gpu_bundle.sh from the text.
 llmc_data=$here/llmc
-if [ -x "$bin/train_gpt2cu" ] && [ ! -f "$llmc_data/train.bin" ] && [ -n "$py" ] &&
-	[ ${#text[@]} -gt 0 ]; then
-	# llm.c's token files (magic 20240520, version 1, count, uint16 ids)
-	# from the text's bytes, nine tenths for training (outside $OUT).
-	llmc_data=$(mktemp -d)
-	"$py" - "$here/data/fortunes.txt" "$llmc_data" <<'PY'
-import struct, sys
-data = open(sys.argv[1], "rb").read()
-cut = len(data) - len(data) // 10
-for name, part in (("train", data[:cut]), ("val", data[cut:])):
-    with open("%s/%s.bin" % (sys.argv[2], name), "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(part), *([0] * 253)))
-        f.write(bytes(b for c in part for b in (c, 0)))
-PY
-fi
 # train_gpt2cu as the versus and profile rows run it, -x (steps) after it:
 # GPT-2 124M from random weights (-e d12), batch 8, T 1024, no recompute,
 # evaluation and samples only at the first and last steps.
