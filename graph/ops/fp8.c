@@ -10,7 +10,8 @@
 
 #include "graph/ops/ops.h"
 
-/* "h0.c_fc.e4m3", or "e4m3" for a source without a name: plan dumps and
+/* "h0.c_fc.e4m3", or for a source without a name its op and node,
+ * "layernorm#17.e4m3" (the node --dump-graph lists): plan dumps and
  * loom_amp_report say which rounding each node is. An AMP cast has no name
  * of its own: its source's is the tensor's. */
 static void fp8_name(loom_graph *g, loom_value v, loom_value x, const char *what)
@@ -22,7 +23,8 @@ static void fp8_name(loom_graph *g, loom_value v, loom_value x, const char *what
 	if (src[0])
 		snprintf(g->nodes[v].name, LOOM_NAME_MAX, "%.48s.%s", src, what);
 	else
-		snprintf(g->nodes[v].name, LOOM_NAME_MAX, "%s", what);
+		snprintf(g->nodes[v].name, LOOM_NAME_MAX, "%.32s#%d.%s",
+			 loom_op_defs[g->nodes[x].op]->name, (int)x, what);
 }
 
 loom_value loom_fp8_qdq_node(loom_graph *g, loom_value x, loom_dtype fwd, loom_dtype bwd)
@@ -58,7 +60,7 @@ static void grad_fp8_qdq(loom_graph *g, loom_value v, loom_value dy, void *ctx)
 		g->nodes[d].a.fp8.fwd = n.a.fp8.bwd;
 		g->nodes[d].a.fp8.bwd = LOOM_F32;
 		g->nodes[d].a.fp8.slot = -1;
-		fp8_name(g, d, n.src[0], n.a.fp8.bwd == LOOM_FP8_E4M3 ? "e4m3" : "e5m2");
+		fp8_name(g, d, n.src[0], n.a.fp8.bwd == LOOM_FP8_E4M3 ? "grad.e4m3" : "grad.e5m2");
 	}
 	loom_grad_accum(ctx, n.src[0], d);
 }

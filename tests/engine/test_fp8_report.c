@@ -86,13 +86,22 @@ Test(fp8_report, tensors_of_one_product)
 	build(&m, LOOM_FP8_SCALING_DELAYED, 0, 0);
 	/* x and w in E4M3, the output gradient in E5M2 */
 	cr_assert_eq(loom_fp8_tensor_count(m.p), 3);
-	int e5m2 = 0;
+	int e5m2 = 0, named = 0;
 	loom_fp8_tensor_info ti;
 	for (int i = 0; i < 3; i++) {
 		cr_assert_eq(loom_fp8_tensor_get(m.p, i, &ti), LOOM_OK);
 		e5m2 += ti.format == LOOM_FP8_E5M2;
+		/* each by its tensor: the named leaves', the unnamed product
+		 * output's gradient by its op and node ("linear#5.grad.e5m2") */
+		if (ti.format == LOOM_FP8_E4M3)
+			named += !strcmp(ti.name, "x.e4m3") || !strcmp(ti.name, "w.e4m3");
+		else
+			named += !strncmp(ti.name, "linear#", 7) &&
+				 strlen(ti.name) > 17 &&
+				 !strcmp(ti.name + strlen(ti.name) - 10, ".grad.e5m2");
 	}
 	cr_assert_eq(e5m2, 1);
+	cr_assert_eq(named, 3, "the report's names (%d of 3 as expected)", named);
 	cr_assert_eq(loom_fp8_tensor_get(m.p, 3, &ti), LOOM_ERR_INVALID);
 	cr_assert(strstr(loom_program_error(m.p), "fp8 tensor 3"), "%s", loom_program_error(m.p));
 	done(&m);
