@@ -136,15 +136,7 @@ if [ -x "$llmc_bin" ]; then
 	if [ -n "${LOOM_LLMC_DATA:-}" ]; then
 		cp -L "$LOOM_LLMC_DATA"/train.bin "$LOOM_LLMC_DATA"/val.bin "$out/llmc/"
 	elif [ -f "$out/data/fortunes.txt" ]; then
-		python3 - "$out/data/fortunes.txt" "$out/llmc" <<'PY'
-import struct, sys
-data = open(sys.argv[1], "rb").read()
-cut = len(data) - len(data) // 10
-for name, part in (("train", data[:cut]), ("val", data[cut:])):
-    with open("%s/%s.bin" % (sys.argv[2], name), "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(part), *([0] * 253)))
-        f.write(bytes(b for c in part for b in (c, 0)))
-PY
+		python3 bench/llmc_tokens.py "$out/data/fortunes.txt" "$out/llmc"
 	fi
 else
 	echo "gpu_bundle: no llm.c ($llmc_bin; bench/gpu/build_llmc.sh builds it): its rows will say N/A" >&2

@@ -46,15 +46,7 @@ if [ -z "$text" ]; then
 	cat /usr/share/games/fortunes/* 2>/dev/null | head -c 1000000 >"$work/text.txt"
 	text=$work/text.txt
 fi
-python3 - "$text" "$work" <<'PY'
-import struct, sys
-data = open(sys.argv[1], "rb").read()
-cut = len(data) - len(data) // 10
-for name, part in (("train", data[:cut]), ("val", data[cut:])):
-    with open("%s/%s.bin" % (sys.argv[2], name), "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(part), *([0] * 253)))
-        f.write(bytes(b for c in part for b in (c, 0)))
-PY
+python3 bench/llmc_tokens.py "$text" "$work"
 model=(--layers "$LAYERS" --heads "$HEADS" --embd "$EMBD" --context 64 --vocab 50257 --gelu tanh)
 run=(--tokens "$work/train.bin" --val-tokens "$work/val.bin" --batch-size 4 --lr 1e-4
 	--weight-decay 0 --clip-grad 0 --constant-lr --sequential --device cpu --threads "$THREADS"
