@@ -18,6 +18,7 @@
 #include "engine/program_internal.h"
 #include "loom.h"
 #include "tests/engine/fake_async.h"
+#include "tests/engine/print_text.h"
 
 typedef void (*any_fn)(void);
 
@@ -367,18 +368,6 @@ Test(backend_core, fp8_delayed_state_on_the_device)
 	unlink(path);
 }
 
-/* loom_amp_report's text, in a string the caller frees. */
-static char *amp_report_text(const loom_program *p)
-{
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	cr_assert_not_null(f);
-	loom_amp_report(p, f);
-	fclose(f);
-	return buf;
-}
-
 /* Current scaling on a device that keeps fp8's state (issue 42 item 6:
  * --amp-report's per-tensor scale, amax and saturated count, which the
  * casts record on the device): the tensors uploaded at compile, the
@@ -403,7 +392,7 @@ Test(backend_core, fp8_current_state_on_the_device)
 	fp8_steps(cpu, 3);
 	cr_expect_eq(dev_step_ends, 3);
 	cr_expect_eq(dev_downloads, 0, "a copy back per step");
-	char *a = amp_report_text(p), *b = amp_report_text(cpu);
+	char *a = print_text(loom_amp_report, p), *b = print_text(loom_amp_report, cpu);
 	cr_expect_eq(dev_downloads, 1, "the report: one copy back, %d", dev_downloads);
 	cr_assert(strstr(b, "fp8, current scaling"), "%s", b);
 	cr_expect_str_eq(a, b, "the device's report\n%s\nthe CPU's\n%s", a, b);

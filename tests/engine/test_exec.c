@@ -29,6 +29,7 @@
 #include "engine/program_internal.h"
 #include "loom.h"
 #include "tests/engine/fake_async.h"
+#include "tests/engine/print_text.h"
 
 static struct {
 	int nodes, accum_add, accum_fold, optim, optim_first, optim_last, optim_finite, begins;
@@ -530,11 +531,7 @@ Test(exec, the_dump_lists_every_step)
 	loom_graph *g;
 	loom_program *p = compile_mlp(&g, LOOM_OPTIM_SGD);
 	cr_assert_not_null(p, "%s", loom_last_error());
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	loom_program_dump(p, f);
-	fclose(f);
+	char *buf = print_text(loom_program_dump, p);
 	char head[64];
 	snprintf(head, sizeof(head), "steps: %d (", p->plan.n_steps);
 	cr_assert_not_null(strstr(buf, head), "%s", buf);

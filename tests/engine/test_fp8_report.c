@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "loom.h"
+#include "tests/engine/print_text.h"
 
 #define N 4
 #define K 8
@@ -125,11 +126,7 @@ Test(fp8_report, delayed_saturates_what_grew)
 	cr_assert_eq(ti.saturated, 3, "%lld saturated", (long long)ti.saturated);
 	cr_assert_eq(ti.next_scale, 64.0, "448 / 4 -> 2^6, got %g", ti.next_scale);
 
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	loom_amp_report(m.p, f);
-	fclose(f);
+	char *buf = print_text(loom_amp_report, m.p);
 	cr_assert(strstr(buf, "fp8, delayed scaling"), "%s", buf);
 	char want[160];
 	snprintf(want, sizeof(want), "%-32s %5s %12g %12g %12s %10lld\n", ti.name, "e4m3", 256.0,
@@ -176,11 +173,7 @@ Test(fp8_report, memory_report_counts_scales)
 {
 	net m;
 	build(&m, LOOM_FP8_SCALING_DELAYED, 0, 0);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	loom_program_memory_report(m.p, f);
-	fclose(f);
+	char *buf = print_text(loom_program_memory_report, m.p);
 	cr_assert(strstr(buf, "fp8 scales"), "%s", buf);
 	cr_assert(strstr(buf, "(3 tensors, delayed scaling: amax history of 16 steps)"), "%s", buf);
 	free(buf);

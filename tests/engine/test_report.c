@@ -12,6 +12,7 @@
 
 #include "examples/models.h"
 #include "loom.h"
+#include "tests/engine/print_text.h"
 
 static loom_program *convnet(loom_opt_level level)
 {
@@ -91,11 +92,7 @@ Test(report, memory_report_adds_up_to_the_arena)
 	loom_program *p = convnet(LOOM_O2);
 	loom_program_info info;
 	loom_program_info_get(p, &info);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	loom_program_memory_report(p, f);
-	fclose(f);
+	char *buf = print_text(loom_program_memory_report, p);
 	const char *rows[] = { "parameters", "master weights", "gradients", "optimizer state",
 			       "activations", "workspace", "peak" };
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
@@ -125,11 +122,7 @@ Test(report, flops_are_the_products_of_forward_and_backward)
 	cr_assert_float_eq(info.flops_fwd, 8 * (conv1 + conv2 + fc), 1.0, "forward %.0f", info.flops_fwd);
 	cr_assert_float_eq(info.flops_bwd, 8 * (conv1 + 2 * conv2 + 2 * fc), 1.0, "backward %.0f",
 			   info.flops_bwd);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	loom_program_memory_report(p, f);
-	fclose(f);
+	char *buf = print_text(loom_program_memory_report, p);
 	double gf = 0;
 	const char *q = strstr(buf, "compute of one step:");
 	cr_assert(q, "no compute line in:\n%s", buf);

@@ -20,6 +20,7 @@
 #include "examples/models.h"
 #include "graph/ops/ops.h"
 #include "loom.h"
+#include "tests/engine/print_text.h"
 
 static void env_clean(void)
 {
@@ -433,13 +434,7 @@ Test(formats, native_bf16_convolutions_stay_nchw)
 
 static char *dump_of(loom_program *p)
 {
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	cr_assert(f);
-	loom_program_dump(p, f);
-	fclose(f);
-	return text;
+	return print_text(loom_program_dump, p);
 }
 
 Test(formats, dump_graph_prints_formats)

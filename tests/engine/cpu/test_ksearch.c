@@ -20,6 +20,7 @@
 #include "examples/models.h"
 #include "graph/ops/ops.h"
 #include "loom.h"
+#include "tests/engine/print_text.h"
 
 static void env_clean(void)
 {
@@ -207,13 +208,7 @@ Test(ksearch, every_candidate_agrees_with_the_reference)
  * kernel. */
 static char *dump(loom_program *p)
 {
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	cr_assert(f);
-	loom_program_dump(p, f);
-	fclose(f);
-	return buf;
+	return print_text(loom_program_dump, p);
 }
 
 /* Lines holding a and b; a before b when before is set. */

@@ -21,6 +21,7 @@
 #include "graph/ops/ops.h"
 #include "examples/models.h"
 #include "loom.h"
+#include "tests/engine/print_text.h"
 
 static void env_clean(void)
 {
@@ -374,12 +375,7 @@ static void plan_sides(int resnet, int pools, int min_bn)
 	o.device = LOOM_DEVICE_CPU;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_program_error(p));
 	env_clean();
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	cr_assert(f);
-	loom_program_dump(p, f);
-	fclose(f);
+	char *text = print_text(loom_program_dump, p);
 	if (has_dnnl())
 		cr_assert_eq(count(text, "oneDNN max pooling (jit"), 2 * pools, "%s", text);
 	cr_assert(count(text, "statistics kept") >= 2 * min_bn, "%s", text);

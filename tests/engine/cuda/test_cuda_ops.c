@@ -53,6 +53,7 @@ __attribute__((constructor)) static void cpu_twins_plan_nchw(void)
 	setenv("LOOM_FORMATS", "nchw", 1);
 }
 #include "loom.h"
+#include "tests/engine/print_text.h"
 
 /* NULL when this machine can run the CUDA backend, else why not. */
 static const char *no_gpu(void)
@@ -1110,7 +1111,6 @@ static char *conv_dump(int search)
 	loom_program *p;
 	loom_compile_opts o;
 	char *buf = NULL;
-	size_t len = 0;
 	memset(&t, 0, sizeof(t));
 	t.dt = LOOM_F32;
 	t.want_bn_cudnn = -1;
@@ -1121,10 +1121,7 @@ static char *conv_dump(int search)
 	o.optim.kind = LOOM_OPTIM_NONE;
 	o.kernel_search = search ? LOOM_KERNEL_SEARCH_ON : LOOM_KERNEL_SEARCH_OFF;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	FILE *f = open_memstream(&buf, &len);
-	cr_assert(f);
-	loom_program_dump(p, f);
-	fclose(f);
+	buf = print_text(loom_program_dump, p);
 	loom_program_free(p);
 	loom_graph_free(g);
 	return buf;
@@ -1197,7 +1194,6 @@ static char *dump_of(build_fn b, loom_dtype dt)
 	loom_program *p;
 	loom_compile_opts o;
 	char *buf = NULL;
-	size_t len = 0;
 	memset(&t, 0, sizeof(t));
 	t.dt = dt;
 	t.want_bn_cudnn = -1;
@@ -1207,10 +1203,7 @@ static char *dump_of(build_fn b, loom_dtype dt)
 	o.device = LOOM_DEVICE_CUDA;
 	o.optim.kind = LOOM_OPTIM_NONE;
 	cr_assert_eq(loom_compile(g, loss, &o, &p), LOOM_OK, "%s", loom_last_error());
-	FILE *f = open_memstream(&buf, &len);
-	cr_assert(f);
-	loom_program_dump(p, f);
-	fclose(f);
+	buf = print_text(loom_program_dump, p);
 	loom_program_free(p);
 	loom_graph_free(g);
 	return buf;
@@ -3089,7 +3082,6 @@ static char *nhwc_dump(build_fn build)
 	tcase t;
 	loom_graph *g;
 	char *buf = NULL;
-	size_t len = 0;
 	memset(&t, 0, sizeof(t));
 	t.dt = LOOM_F16;
 	cr_assert_eq(loom_graph_new(&g), LOOM_OK);
@@ -3097,10 +3089,7 @@ static char *nhwc_dump(build_fn build)
 	loom_value loss = head(g, &t, y);
 	loom_mark_output(g, y);
 	loom_program *p = compile_at(g, loss, LOOM_DEVICE_CUDA, t.level);
-	FILE *f = open_memstream(&buf, &len);
-	cr_assert(f);
-	loom_program_dump(p, f);
-	fclose(f);
+	buf = print_text(loom_program_dump, p);
 	loom_program_free(p);
 	loom_graph_free(g);
 	return buf;
@@ -5044,11 +5033,8 @@ static void fp8_same_report(loom_program *cuda, loom_program *cpu, int step)
 			  "step 0, %s: cuda amax %.9g, cpu %.9g (the same weights)", b.name, a.amax,
 			  b.amax);
 	}
-	char *buf = NULL;
-	size_t len = 0, rows = 0;
-	FILE *f = open_memstream(&buf, &len);
-	loom_amp_report(cuda, f);
-	fclose(f);
+	char *buf = print_text(loom_amp_report, cuda);
+	size_t rows = 0;
 	cr_expect(strstr(buf, "fp8, current scaling"), "%s", buf);
 	for (const char *at = strstr(buf, "\n  "); at; at = strstr(at + 1, "\n  "))
 		rows += at[3] >= '0' && at[3] <= '9'; /* "  <node> <tensor> ..." */
